@@ -1,0 +1,148 @@
+// The crucible binary in real processes: help, config errors, and a run directory end to end.
+#include <doctest/doctest.h>
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "core/config.hpp"
+#include "process.hpp"
+#include "storage/metrics_log.hpp"
+
+namespace fs = std::filesystem;
+using crucible::testing::run_process;
+
+namespace {
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string tmpl = (fs::temp_directory_path() / "crucible-cli-XXXXXX").string();
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_dir() { fs::remove_all(path); }
+};
+
+auto cli(std::vector<std::string> args, const std::string& cwd = "") {
+  args.insert(args.begin(), CRUCIBLE_CLI);
+  return run_process(args, cwd);
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+} // namespace
+
+TEST_CASE("crucible --help lists every command and each command has its own --help") {
+  auto top = cli({"--help"});
+  CHECK(top.exit_code == 0);
+  for (const char* name : {"train", "status", "config", "info"}) {
+    CAPTURE(name);
+    CHECK(top.out.find(std::string{"  "} + name + " ") != std::string::npos);
+    auto sub = cli({name, "--help"});
+    CHECK(sub.exit_code == 0);
+    CHECK(sub.out.find(std::string{"usage: crucible "} + name) == 0);
+  }
+}
+
+TEST_CASE("unknown commands and options are refused with exit code 2 and a hint") {
+  auto r = cli({"trian"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("unknown command 'trian'") != std::string::npos);
+  r = cli({"train", "x.yaml", "--sett", "a=b"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("unknown option --sett (did you mean --set?)") != std::string::npos);
+  r = cli({"train"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("missing CONFIG") != std::string::npos);
+  r = cli({});
+  CHECK(r.exit_code == 2);
+}
+
+TEST_CASE("a config with an unknown or mistyped key is refused naming file, line and key") {
+  temp_dir tmp;
+  auto cfg = tmp.path / "bad.yaml";
+  std::ofstream(cfg) << "run:\n  name: t\n  dir: " << tmp.path.string() << "\nlog:\n  levle: info\nactors:\n  threads: many\n";
+  auto r = cli({"train", cfg.string()});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find(cfg.string() + ":5: log.levle: unknown key (did you mean log.level?)") != std::string::npos);
+  CHECK(r.err.find(cfg.string() + ":7: actors.threads: expected a non-negative integer, got \"many\"") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path / "t"));  // nothing was created for a refused config
+  r = cli({"config", "check", "--file", cfg.string()});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("log.levle") != std::string::npos);
+}
+
+TEST_CASE("crucible train creates the run directory, runs the lifecycle and status reports it") {
+  temp_dir tmp;
+  auto cfg = tmp.path / "c.yaml";
+  std::ofstream(cfg) << "run:\n  name: r1\n  seed: 5\nactors:\n  threads: 2\n";
+  auto r = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path.string(), "--set", "log.level=warn"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  auto run = tmp.path / "r1";
+  // The resolved config holds the overrides and decodes to the same values.
+  auto resolved = crucible::load_config(run / "config.yaml");
+  REQUIRE(resolved.ok());
+  CHECK(resolved->run.seed == 5);
+  CHECK(resolved->run.dir == tmp.path.string());
+  CHECK(resolved->log.level == crucible::log_level::warn);
+  // metrics.jsonl: whole JSON lines, the run's start and finish.
+  auto lines = crucible::storage::read_metrics(run / "metrics.jsonl");
+  REQUIRE(lines.ok());
+  REQUIRE(lines->size() >= 2);
+  CHECK(YAML::Load(lines->front())["event"].as<std::string>() == "run_started");
+  CHECK(YAML::Load(lines->back())["event"].as<std::string>() == "run_finished");
+  CHECK(slurp(run / "events.log").find("[coordinator]") != std::string::npos);
+  auto status = YAML::Load(slurp(run / "status.json"));
+  CHECK(status["state"].as<std::string>() == "finished");
+  // status, human and JSON.
+  auto st = cli({"status", run.string(), "--json"});
+  CHECK(st.exit_code == 0);
+  CHECK(YAML::Load(st.out)["state"].as<std::string>() == "finished");
+  st = cli({"status", run.string()});
+  CHECK(st.exit_code == 0);
+  CHECK(st.out.find("finished") != std::string::npos);
+  // The same run name again is refused: nothing is overwritten.
+  auto again = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path.string()});
+  CHECK(again.exit_code == 2);
+  CHECK(again.err.find("already holds a run") != std::string::npos);
+}
+
+TEST_CASE("crucible status names a directory that is not a run") {
+  temp_dir tmp;
+  auto r = cli({"status", (tmp.path / "nope").string()});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find((tmp.path / "nope").string()) != std::string::npos);
+}
+
+TEST_CASE("crucible config show prints the resolved configuration and docs the reference") {
+  temp_dir tmp;
+  auto cfg = tmp.path / "c.yaml";
+  std::ofstream(cfg) << "run:\n  seed: 11\n";
+  auto r = cli({"config", "show", "--file", cfg.string(), "--set", "actors.threads=3"});
+  REQUIRE(r.exit_code == 0);
+  auto parsed = crucible::parse_config(r.out, "stdout");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->run.seed == 11);
+  CHECK(parsed->actors.threads == 3);
+  auto docs = cli({"config", "docs"});
+  CHECK(docs.exit_code == 0);
+  CHECK(docs.out == crucible::config_reference_markdown());
+}
+
+TEST_CASE("crucible info reports LibTorch") {
+  auto r = cli({"info", "--json"});
+  REQUIRE(r.exit_code == 0);
+  CHECK(YAML::Load(r.out)["torch"].as<std::string>().rfind("2.11", 0) == 0);
+}

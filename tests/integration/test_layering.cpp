@@ -1,0 +1,91 @@
+// The link graph core <- {env, policy, storage} <- actors <- tools, checked on the includes:
+// a library may include only the folders below it, CAF only in actors/ and tools/, torch only
+// in policy/ (and tests and benchmarks of policy).
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <string>
+
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct rule {
+  std::set<std::string> project; // project folders it may include
+  bool caf = false;
+  bool torch = false;
+};
+
+const std::map<std::string, rule>& rules() {
+  static const std::map<std::string, rule> r = {
+    {"core", {{"core"}, false, false}},
+    {"env", {{"core", "env"}, false, false}},
+    {"policy", {{"core", "policy"}, false, true}},
+    {"storage", {{"core", "storage"}, false, false}},
+    {"actors", {{"core", "env", "policy", "storage", "actors"}, true, false}},
+    {"tools/crucible", {{"core", "env", "policy", "storage", "actors", "tools"}, true, false}},
+  };
+  return r;
+}
+
+std::vector<std::string> violations_in(const fs::path& root, const std::string& folder, const rule& r) {
+  static const std::regex include_re{R"(^\s*#\s*include\s*[<"]([^>"]+)[>"])"};
+  std::vector<std::string> out;
+  if (!fs::exists(root / folder))
+    return out;
+  for (const auto& entry : fs::recursive_directory_iterator(root / folder)) {
+    auto ext = entry.path().extension();
+    if (!entry.is_regular_file() || (ext != ".hpp" && ext != ".cpp" && ext != ".cu" && ext != ".cuh"))
+      continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n) {
+      std::smatch m;
+      if (!std::regex_search(line, m, include_re))
+        continue;
+      auto inc = m[1].str();
+      auto where = fs::relative(entry.path(), root).string() + ":" + std::to_string(n) + ": " + inc;
+      auto top = inc.substr(0, inc.find('/'));
+      if (top == "caf" && !r.caf)
+        out.push_back(where + " (CAF outside actors/ and tools/)");
+      else if ((top == "torch" || top == "ATen" || top == "c10") && !r.torch)
+        out.push_back(where + " (torch outside policy/)");
+      else if (rules().count(top) != 0 || top == "tools")
+        if (r.project.count(top) == 0)
+          out.push_back(where + " (" + folder + " may not depend on " + top + ")");
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("includes follow the layering core <- {env, policy, storage} <- actors <- tools") {
+  fs::path root{CRUCIBLE_SOURCE_DIR};
+  std::vector<std::string> all;
+  for (const auto& [folder, r] : rules()) {
+    auto v = violations_in(root, folder, r);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  for (const auto& v : all)
+    FAIL_CHECK(v);
+  CHECK(all.empty());
+}
+
+TEST_CASE("the layering check sees a violation") {
+  // Guard against a checker that passes vacuously: a temporary tree with a bad include.
+  auto tmp = fs::temp_directory_path() / ("crucible-layering-" + std::to_string(::getpid()));
+  fs::create_directories(tmp / "storage");
+  std::ofstream(tmp / "storage" / "bad.cpp") << "#include <caf/all.hpp>\n#include \"actors/x.hpp\"\n";
+  auto v = violations_in(tmp, "storage", rules().at("storage"));
+  fs::remove_all(tmp);
+  REQUIRE(v.size() == 2);
+  CHECK(v[0].find("CAF outside") != std::string::npos);
+  CHECK(v[1].find("may not depend on actors") != std::string::npos);
+}

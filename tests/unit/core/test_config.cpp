@@ -1,0 +1,155 @@
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/config.hpp"
+
+using namespace crucible;
+
+namespace {
+
+std::string problems_of(std::string_view yaml, const std::vector<std::string>& sets = {}) {
+  auto cfg = parse_config(yaml, "configs/x.yaml", sets);
+  REQUIRE_FALSE(cfg.ok());
+  CHECK(cfg.error().code == errc::config);
+  return cfg.error().message;
+}
+
+} // namespace
+
+TEST_CASE("an empty document gives the documented defaults") {
+  auto cfg = parse_config("", "empty.yaml");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->run.name == "quickstart");
+  CHECK(cfg->run.dir == "runs");
+  CHECK(cfg->run.seed == 0);
+  CHECK(cfg->log.level == log_level::info);
+  CHECK(cfg->actors.threads == 0);
+}
+
+TEST_CASE("values are decoded into typed fields") {
+  auto cfg = parse_config("run:\n  name: exp-1\n  seed: 42\nlog:\n  level: debug\nactors:\n  threads: 3\n",
+                          "a.yaml");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->run.name == "exp-1");
+  CHECK(cfg->run.seed == 42);
+  CHECK(cfg->log.level == log_level::debug);
+  CHECK(cfg->actors.threads == 3);
+}
+
+TEST_CASE("an unknown key is refused with file, line and key path, and a suggestion") {
+  auto msg = problems_of("run:\n  name: a\n  sede: 4\n");
+  CHECK(msg == "configs/x.yaml:3: run.sede: unknown key (did you mean run.seed?)");
+}
+
+TEST_CASE("an unknown section is refused and the known ones are listed") {
+  auto msg = problems_of("run:\n  seed: 1\nzzz_section:\n  a: 1\n");
+  CHECK(msg.find("configs/x.yaml:3: zzz_section: unknown key (expected one of: ") == 0);
+  CHECK(msg.find("run") != std::string::npos);
+}
+
+TEST_CASE("a mistyped value names what was expected and what was given") {
+  CHECK(problems_of("run:\n  seed: fast\n")
+        == "configs/x.yaml:2: run.seed: expected a non-negative integer, got \"fast\"");
+  CHECK(problems_of("run:\n  seed: -3\n")
+        == "configs/x.yaml:2: run.seed: expected a non-negative integer, got -3");
+  CHECK(problems_of("log:\n  level: loud\n")
+        == "configs/x.yaml:2: log.level: expected one of trace, debug, info, warn, error, off, got \"loud\"");
+  CHECK(problems_of("actors:\n  threads: [1, 2]\n")
+        == "configs/x.yaml:2: actors.threads: expected a non-negative integer, got a list");
+  CHECK(problems_of("run: 5\n") == "configs/x.yaml:1: run: expected a map of settings, got 5");
+  CHECK(problems_of("run:\n  name: ../escape\n")
+        == "configs/x.yaml:2: run.name: expected a name of letters, digits, '.', '-' and '_', got \"../escape\"");
+}
+
+TEST_CASE("every problem is reported, not only the first") {
+  auto msg = problems_of("run:\n  seed: x\n  nam: y\nactors:\n  threads: -1\n");
+  std::istringstream lines(msg);
+  std::vector<std::string> all;
+  for (std::string l; std::getline(lines, l);)
+    all.push_back(l);
+  REQUIRE(all.size() == 3);
+  CHECK(all[0].find("configs/x.yaml:2: run.seed:") == 0);
+  CHECK(all[1].find("configs/x.yaml:3: run.nam: unknown key (did you mean run.name?)") == 0);
+  CHECK(all[2].find("configs/x.yaml:5: actors.threads:") == 0);
+}
+
+TEST_CASE("duplicate keys are refused") {
+  CHECK(problems_of("run:\n  seed: 1\n  seed: 2\n") == "configs/x.yaml:3: run.seed: duplicate key");
+}
+
+TEST_CASE("invalid YAML names the line") {
+  auto msg = problems_of("run:\n  seed: [1, 2\n");
+  CHECK(msg.find("configs/x.yaml:") == 0);
+  CHECK(msg.find("not valid YAML") != std::string::npos);
+}
+
+TEST_CASE("a top level that is not a map is refused") {
+  CHECK(problems_of("- a\n- b\n").find("expected a map of sections at the top level") != std::string::npos);
+}
+
+TEST_CASE("--set overrides any key, including ones absent from the file") {
+  auto cfg = parse_config("run:\n  seed: 1\n", "a.yaml", {"run.seed=9", "log.level=warn", "actors.threads=2"});
+  REQUIRE(cfg.ok());
+  CHECK(cfg->run.seed == 9);
+  CHECK(cfg->log.level == log_level::warn);
+  CHECK(cfg->actors.threads == 2);
+}
+
+TEST_CASE("a bad --set names the override") {
+  CHECK(problems_of("", {"run.seed=fast"})
+        == "--set run.seed=fast: run.seed: expected a non-negative integer, got \"fast\"");
+  CHECK(problems_of("", {"run.sed=1"}) == "--set run.sed=1: run.sed: unknown key (did you mean run.seed?)");
+  CHECK(problems_of("", {"noequals"}) == "--set noequals: expected key.path=value");
+  CHECK(problems_of("run:\n  seed: 1\n", {"run.seed.x=1"})
+        == "--set run.seed.x=1: run.seed is not a map of settings");
+  CHECK(problems_of("", {"run..seed=1"}).find("empty component") != std::string::npos);
+}
+
+TEST_CASE("the resolved YAML decodes back to the same configuration") {
+  auto cfg = parse_config("run:\n  name: r1\n  seed: 77\n  dir: \"/tmp/x y\"\nlog:\n  file_level: trace\n", "a.yaml");
+  REQUIRE(cfg.ok());
+  auto text = to_yaml(*cfg);
+  auto again = parse_config(text, "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->run.name == "r1");
+  CHECK(again->run.seed == 77);
+  CHECK(again->run.dir == "/tmp/x y");
+  CHECK(again->log.file_level == log_level::trace);
+  CHECK(to_yaml(*again) == text);
+}
+
+TEST_CASE("a string that looks like a number survives the resolved YAML as a string") {
+  auto cfg = parse_config("run:\n  name: \"007\"\n", "a.yaml");
+  REQUIRE(cfg.ok());
+  auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->run.name == "007");
+}
+
+TEST_CASE("load_config names a missing file") {
+  auto cfg = load_config("/nonexistent/dir/c.yaml");
+  REQUIRE_FALSE(cfg.ok());
+  CHECK(cfg.error().code == errc::not_found);
+  CHECK(cfg.error().message.find("/nonexistent/dir/c.yaml") != std::string::npos);
+}
+
+TEST_CASE("docs/configuration.md is the generated reference") {
+  std::ifstream in(std::string{CRUCIBLE_SOURCE_DIR} + "/docs/configuration.md");
+  REQUIRE(in.good());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  // Regenerate with: crucible config docs > docs/configuration.md
+  CHECK(ss.str() == config_reference_markdown());
+}
+
+TEST_CASE("every shipped config file is valid") {
+  for (const auto& entry : std::filesystem::directory_iterator(std::string{CRUCIBLE_SOURCE_DIR} + "/configs")) {
+    if (entry.path().extension() != ".yaml")
+      continue;
+    CAPTURE(entry.path().string());
+    auto cfg = load_config(entry.path());
+    CHECK_MESSAGE(cfg.ok(), (cfg.ok() ? std::string{} : cfg.error().message));
+  }
+}

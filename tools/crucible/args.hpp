@@ -1,0 +1,51 @@
+// tools/crucible/args.hpp: command-line parsing for the crucible subcommands. Flags are parsed
+// here, in tools/, and nowhere below: libraries receive typed options.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace crucible::cli {
+
+/// One option of a subcommand. An empty `metavar` makes it a flag without a value.
+struct option_spec {
+  std::string name;     ///< "--set"
+  std::string metavar;  ///< "KEY=VALUE", or "" for a flag
+  std::string help;
+  bool repeatable = false;
+};
+
+/// A subcommand: its name, usage line, one-line summary, longer help and options.
+struct command_spec {
+  std::string name;        ///< "train"
+  std::string usage;       ///< "CONFIG [options]"
+  std::string summary;     ///< shown in `crucible --help`
+  std::string description; ///< shown in `crucible NAME --help`
+  std::vector<std::string> positionals; ///< names of required positional arguments
+  std::vector<option_spec> options;
+};
+
+/// The parsed command line of one subcommand.
+struct parsed_args {
+  bool help = false;
+  std::vector<std::string> positional;
+  std::map<std::string, std::vector<std::string>> values;
+
+  bool has(const std::string& name) const { return values.count(name) != 0; }
+  /// Last value given for `name`, or `fallback`.
+  std::string get(const std::string& name, const std::string& fallback = "") const;
+  /// Every value given for a repeatable option.
+  std::vector<std::string> all(const std::string& name) const;
+};
+
+/// Parses `args` (after the subcommand name) against `spec`. Accepts `--opt value`,
+/// `--opt=value` and `--help`/`-h`. errc::invalid_arg names the unknown or malformed option.
+result<parsed_args> parse_args(const command_spec& spec, const std::vector<std::string>& args);
+
+/// `crucible NAME --help` text.
+std::string render_help(const command_spec& spec);
+
+} // namespace crucible::cli
