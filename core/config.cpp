@@ -105,6 +105,79 @@ template <> struct value_traits<log_level> {
   static std::string render(log_level v) { return to_string(v); }
 };
 
+template <class Enum, size_t N>
+struct enum_traits {
+  static bool parse_from(const std::pair<Enum, const char*> (&names)[N], const std::string& s, Enum& out) {
+    for (const auto& [v, n] : names)
+      if (s == n) {
+        out = v;
+        return true;
+      }
+    return false;
+  }
+  static std::string render_from(const std::pair<Enum, const char*> (&names)[N], Enum v) {
+    for (const auto& [e, n] : names)
+      if (e == v)
+        return n;
+    return "?";
+  }
+};
+
+constexpr std::pair<reward_shape, const char*> reward_shape_names[] = {
+  {reward_shape::speedup, "speedup"}, {reward_shape::log_speedup, "log_speedup"}, {reward_shape::clipped, "clipped"}};
+
+template <> struct value_traits<reward_shape> {
+  static constexpr const char* expected = "one of speedup, log_speedup, clipped";
+  static constexpr const char* type_name = "`speedup`, `log_speedup` or `clipped`";
+  static bool parse(const std::string& s, reward_shape& out) {
+    return enum_traits<reward_shape, 3>::parse_from(reward_shape_names, s, out);
+  }
+  static std::string render(reward_shape v) { return enum_traits<reward_shape, 3>::render_from(reward_shape_names, v); }
+};
+
+constexpr std::pair<timing_baseline, const char*> baseline_names[] = {
+  {timing_baseline::eager, "eager"}, {timing_baseline::compile, "compile"},
+  {timing_baseline::compile_reduce_overhead, "compile-reduce-overhead"}, {timing_baseline::cuda_graph, "cuda-graph"}};
+
+template <> struct value_traits<timing_baseline> {
+  static constexpr const char* expected = "one of eager, compile, compile-reduce-overhead, cuda-graph";
+  static constexpr const char* type_name = "`eager`, `compile`, `compile-reduce-overhead` or `cuda-graph`";
+  static bool parse(const std::string& s, timing_baseline& out) {
+    return enum_traits<timing_baseline, 4>::parse_from(baseline_names, s, out);
+  }
+  static std::string render(timing_baseline v) { return enum_traits<timing_baseline, 4>::render_from(baseline_names, v); }
+};
+
+template <> struct value_traits<std::vector<std::string>> {
+  static constexpr const char* expected = "a list of strings";
+  static constexpr const char* type_name = "list of strings";
+  static std::string render(const std::vector<std::string>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i)
+      out += (i ? ", " : "") + v[i];
+    return out + "]";
+  }
+};
+
+// Decodes one node into a value of T; false when the node has the wrong shape or text.
+template <class T>
+bool parse_node(const YAML::Node& n, T& out) {
+  return n.IsScalar() && value_traits<T>::parse(n.Scalar(), out);
+}
+
+template <>
+bool parse_node(const YAML::Node& n, std::vector<std::string>& out) {
+  if (!n.IsSequence())
+    return false;
+  out.clear();
+  for (const auto& item : n) {
+    if (!item.IsScalar())
+      return false;
+    out.push_back(item.Scalar());
+  }
+  return true;
+}
+
 bool looks_numeric(const std::string& s) {
   double d;
   return value_traits<double>::parse(s, d);
@@ -150,6 +223,33 @@ constraint<std::int64_t> at_least(std::int64_t lo, const char* expected) {
   return {expected, [lo](std::int64_t v) { return v >= lo; }};
 }
 
+template <class T>
+constraint<T> positive(const char* expected) {
+  return {expected, [](const T& v) { return v > 0; }};
+}
+
+constraint<double> non_negative_number() {
+  return {"a number ≥ 0", [](double v) { return v >= 0; }};
+}
+
+constraint<double> between(double lo, double hi, const char* expected) {
+  return {expected, [lo, hi](double v) { return v >= lo && v <= hi; }};
+}
+
+bool is_device_name(const std::string& s) {
+  if (s == "cpu")
+    return true;
+  if (s.rfind("cuda:", 0) != 0 || s.size() == 5)
+    return false;
+  return std::all_of(s.begin() + 5, s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+constraint<std::vector<std::string>> device_list() {
+  return {"a non-empty list of devices, each \"cpu\" or \"cuda:N\"", [](const std::vector<std::string>& v) {
+            return !v.empty() && std::all_of(v.begin(), v.end(), is_device_name);
+          }};
+}
+
 template <class V>
 void describe(V& v, config& c) {
   v.section("run", "Naming and placing the run.", [&] {
@@ -164,6 +264,59 @@ void describe(V& v, config& c) {
   v.section("actors", "The actor system of each crucible process.", [&] {
     v.field("threads", c.actors.threads, "Scheduler worker threads; 0 means one per core.",
             at_least(0, "a non-negative integer"));
+  });
+  auto& e = c.evaluator;
+  v.section("evaluator", "Sandboxed workers, correctness trials and the timing protocol (docs/evaluator.md).", [&] {
+    v.field("python", e.python, "Python interpreter of the workers; empty: `.venv/bin/python` of the checkout, else `python3`.");
+    v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`.", device_list());
+    v.field("concurrency", e.concurrency, "Evaluations in flight per device; candidates compile while another is timed.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised).",
+            at_least(0, "a non-negative integer"));
+    v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("rounds", e.rounds, "Timed paired rounds (reference and candidate, order random per round) per measurement.",
+            at_least(4, "an integer ≥ 4"));
+    v.field("max_rounds", e.max_rounds, "Upper bound on rounds when unstable measurements are extended.",
+            at_least(4, "an integer ≥ 4"));
+    v.field("buckets", e.buckets, "Buckets of consecutive rounds; the speedup is the median of their mean ratios.",
+            at_least(2, "an integer ≥ 2"));
+    v.field("max_spread", e.max_spread, "Widest acceptable 95% band (relative half-width) before adding rounds.",
+            positive<double>("a positive number"));
+    v.field("max_bucket_disagreement", e.max_bucket_disagreement,
+            "Largest (max − min bucket mean) / speedup before adding rounds.", positive<double>("a positive number"));
+    v.field("win_threshold", e.win_threshold, "A speedup counts as a win only above this.", positive<double>("a positive number"));
+    v.field("recheck_above", e.recheck_above, "Speedups above this are measured again (on a second device of the same kind if any).",
+            positive<double>("a positive number"));
+    v.field("recheck_tolerance", e.recheck_tolerance, "Relative disagreement of the two measurements above which the candidate is rejected.",
+            between(0, 1, "a number between 0 and 1"));
+    v.field("baseline", e.baseline, "What the speedup is measured against.");
+    v.field("flush_bytes", e.flush_bytes, "Bytes written to flush caches before each timed call; 0: 256 MiB on CUDA, 64 MiB on CPU.");
+    v.field("fp32_atol", e.fp32_atol, "Absolute tolerance for float32 (and float64) outputs.", non_negative_number());
+    v.field("fp32_rtol", e.fp32_rtol, "Relative tolerance for float32 (and float64) outputs.", non_negative_number());
+    v.field("fp16_atol", e.fp16_atol, "Absolute tolerance for float16 outputs.", non_negative_number());
+    v.field("fp16_rtol", e.fp16_rtol, "Relative tolerance for float16 outputs.", non_negative_number());
+    v.field("bf16_atol", e.bf16_atol, "Absolute tolerance for bfloat16 outputs.", non_negative_number());
+    v.field("bf16_rtol", e.bf16_rtol, "Relative tolerance for bfloat16 outputs.", non_negative_number());
+    v.field("start_timeout_s", e.start_timeout_s, "Deadline for a worker to start (torch import, device initialisation).",
+            positive<double>("a positive number"));
+    v.field("reference_timeout_s", e.reference_timeout_s, "Deadline for the reference outputs of all trials.",
+            positive<double>("a positive number"));
+    v.field("load_timeout_s", e.load_timeout_s, "Deadline for importing the candidate, extension builds included.",
+            positive<double>("a positive number"));
+    v.field("run_timeout_s", e.run_timeout_s, "Deadline for the candidate's trials and timing.", positive<double>("a positive number"));
+    v.field("memory_limit_mb", e.memory_limit_mb, "Address-space limit of CPU workers in MiB; 0: none (CUDA workers have none).");
+    v.field("cpu_threads", e.cpu_threads, "Torch threads in a CPU worker.", positive<std::int64_t>("a positive integer"));
+    v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
+    v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
+    v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
+  });
+  v.section("reward", "How a verdict becomes the reward the learner sees.", [&] {
+    v.field("shape", c.reward.shape, "Reward of a correct candidate from its speedup.");
+    v.field("clip_min", c.reward.clip_min, "Lower clip for `clipped`.");
+    v.field("clip_max", c.reward.clip_max, "Upper clip for `clipped`.");
+    v.field("failed", c.reward.failed, "Reward of every status but `ok`.");
+    v.field("format_error", c.reward.format_error, "Reward of a response without usable code.");
   });
 }
 
@@ -208,7 +361,7 @@ public:
       return; // absent: keep the default
     const char* expected = c.expected != nullptr ? c.expected : value_traits<T>::expected;
     T value{};
-    if (!n.IsScalar() || !value_traits<T>::parse(n.Scalar(), value) || (c.ok && !c.ok(value))) {
+    if (!parse_node(n, value) || (c.ok && !c.ok(value))) {
       report(path, n, std::string{"expected "} + expected + ", got " + describe_node(n));
       return;
     }
@@ -375,6 +528,11 @@ public:
     out_ << YAML::Key << name << YAML::Value;
     if constexpr (std::is_same_v<T, std::string>) {
       out_ << YAML::DoubleQuoted << value;
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      out_ << YAML::Flow << YAML::BeginSeq;
+      for (const auto& item : value)
+        out_ << YAML::DoubleQuoted << item;
+      out_ << YAML::EndSeq;
     } else {
       out_ << value_traits<T>::render(value);
     }
@@ -402,6 +560,12 @@ public:
     std::string def = value_traits<T>::render(value);
     if constexpr (std::is_same_v<T, std::string>)
       def = "\"" + def + "\"";
+    if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      def = "[";
+      for (size_t i = 0; i < value.size(); ++i)
+        def += (i ? ", " : "") + std::string{"\""} + value[i] + "\"";
+      def += "]";
+    }
     out_ += "| `" + prefix_ + name + "` | " + type + " | `" + def + "` | " + doc + " |\n";
   }
 
@@ -432,6 +596,19 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
   if (problems.empty()) {
     decoder dec{origin, applied, problems};
     dec.root(root, cfg);
+  }
+  if (problems.empty()) {
+    // Relations between keys, named by the later key of each pair.
+    auto relation = [&](bool ok, const char* path, const std::string& what) {
+      if (!ok)
+        problems.push_back(origin + ": " + path + ": " + what);
+    };
+    const auto& e = cfg.evaluator;
+    relation(e.max_rounds >= e.rounds, "evaluator.max_rounds",
+             "must be at least evaluator.rounds (" + std::to_string(e.rounds) + ")");
+    relation(e.rounds >= e.buckets, "evaluator.rounds",
+             "must be at least evaluator.buckets (" + std::to_string(e.buckets) + ")");
+    relation(cfg.reward.clip_min < cfg.reward.clip_max, "reward.clip_max", "must be greater than reward.clip_min");
   }
   if (!problems.empty()) {
     std::string msg;

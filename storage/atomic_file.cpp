@@ -44,7 +44,8 @@ bool write_all(int fd, std::string_view data, int& err) {
 std::filesystem::path temp_path_for(const std::filesystem::path& path) {
   static std::atomic<unsigned long> counter{0};
   std::string name = ".";
-  name += path.filename().string();
+  // Clipped so that the suffix below never pushes a long (but legal) name past NAME_MAX.
+  name += path.filename().string().substr(0, 200);
   name += ".tmp.";
   name += std::to_string(::getpid());
   name += '.';

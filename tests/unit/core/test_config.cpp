@@ -153,3 +153,32 @@ TEST_CASE("every shipped config file is valid") {
     CHECK_MESSAGE(cfg.ok(), (cfg.ok() ? std::string{} : cfg.error().message));
   }
 }
+
+TEST_CASE("evaluator and reward keys decode, including lists and enums") {
+  auto cfg = parse_config("evaluator:\n  devices: [cuda:0, cuda:1]\n  baseline: compile-reduce-overhead\n"
+                          "  rounds: 40\nreward:\n  shape: log_speedup\n", "a.yaml");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->evaluator.devices == std::vector<std::string>{"cuda:0", "cuda:1"});
+  CHECK(cfg->evaluator.baseline == timing_baseline::compile_reduce_overhead);
+  CHECK(cfg->evaluator.rounds == 40);
+  CHECK(cfg->reward.shape == reward_shape::log_speedup);
+  auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->evaluator.devices == cfg->evaluator.devices);
+  auto set = parse_config("", "a.yaml", {"evaluator.devices=[cpu]"});
+  REQUIRE(set.ok());
+  CHECK(set->evaluator.devices == std::vector<std::string>{"cpu"});
+}
+
+TEST_CASE("evaluator values are validated, alone and against each other") {
+  CHECK(problems_of("evaluator:\n  devices: [gpu0]\n")
+        == "configs/x.yaml:2: evaluator.devices: expected a non-empty list of devices, each \"cpu\" or \"cuda:N\", got a list");
+  CHECK(problems_of("evaluator:\n  devices: cpu\n")
+        == "configs/x.yaml:2: evaluator.devices: expected a non-empty list of devices, each \"cpu\" or \"cuda:N\", got \"cpu\"");
+  CHECK(problems_of("evaluator:\n  max_spread: 0\n")
+        == "configs/x.yaml:2: evaluator.max_spread: expected a positive number, got 0");
+  CHECK(problems_of("evaluator:\n  rounds: 50\n  max_rounds: 40\n")
+        == "configs/x.yaml: evaluator.max_rounds: must be at least evaluator.rounds (50)");
+  CHECK(problems_of("reward:\n  shape: cubic\n")
+        == "configs/x.yaml:2: reward.shape: expected one of speedup, log_speedup, clipped, got \"cubic\"");
+}

@@ -38,3 +38,20 @@ TEST_CASE("non-finite numbers become null; finite ones round-trip") {
     .end_array();
   CHECK(w.str() == "[null,null,0.1,18446744073709551615,-5]");
 }
+
+#include "core/sha256.hpp"
+
+TEST_CASE("sha256 matches the FIPS 180-4 test vectors") {
+  CHECK(crucible::sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(crucible::sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(crucible::sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq")
+        == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  crucible::sha256 h;
+  std::string chunk(1000, 'a');
+  for (int i = 0; i < 1000; ++i)
+    h.update(chunk);
+  auto d = h.finish();
+  CHECK(d[0] == 0xcd);
+  CHECK(d[1] == 0xc7);
+  CHECK(d[31] == 0xd0); // sha256 of one million 'a': cdc76e5c...c7112cd0
+}

@@ -207,6 +207,7 @@ TEST_CASE("a SIGKILLed appender leaves only complete records, and appends contin
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    test::die_with_parent();
     auto log = metrics_log::open(path);
     if (!log.ok()) ::_exit(10);
     for (int i = 0; i < max_records; ++i) {
@@ -214,6 +215,8 @@ TEST_CASE("a SIGKILLed appender leaves only complete records, and appends contin
     }
     for (;;) ::pause();  // wait for the kill; never exit on our own
   }
+
+  test::child_guard child(pid);
 
   // Poll the size until the child has written enough; bounded by a deadline and by the child
   // dying early, never by a sleep.
@@ -228,15 +231,13 @@ TEST_CASE("a SIGKILLed appender leaves only complete records, and appends contin
       break;
     }
     if (::waitpid(pid, &status, WNOHANG) == pid) {
+      child.reaped(status);
       child_died = true;
       break;
     }
     ::sched_yield();
   }
-  if (!child_died) {
-    ::kill(pid, SIGKILL);
-    status = wait_child(pid);
-  }
+  if (!child_died) status = child.kill_and_wait();
   REQUIRE(enough);
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGKILL);

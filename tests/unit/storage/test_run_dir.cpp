@@ -13,7 +13,6 @@ using namespace crucible;
 using namespace crucible::storage;
 using crucible::storage::test::entry_count;
 using crucible::storage::test::temp_dir;
-using crucible::storage::test::wait_child;
 
 namespace {
 
@@ -156,12 +155,14 @@ TEST_CASE("a lock held by another process gives busy, and is free once that proc
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    test::die_with_parent();
     ::close(ready[0]);
     auto run = run_directory::open(dir);
     char byte = run.ok() ? 'k' : 'e';
     if (::write(ready[1], &byte, 1) != 1) ::_exit(2);
     for (;;) ::pause();  // hold the lock until killed
   }
+  test::child_guard child(pid);
   ::close(ready[1]);
   // Blocks until the child holds the lock (or reports failure); EOF if it died first.
   char byte = 0;
@@ -170,11 +171,7 @@ TEST_CASE("a lock held by another process gives busy, and is free once that proc
     n = ::read(ready[0], &byte, 1);
   } while (n < 0 && errno == EINTR);
   ::close(ready[0]);
-  if (n != 1 || byte != 'k') {
-    ::kill(pid, SIGKILL);
-    wait_child(pid);
-    FAIL("child could not take the run lock");
-  }
+  if (n != 1 || byte != 'k') FAIL("child could not take the run lock");
 
   CHECK(run_directory_locked(dir));
   auto opened = run_directory::open(dir);
@@ -191,8 +188,7 @@ TEST_CASE("a lock held by another process gives busy, and is free once that proc
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().code == errc::busy);
 
-  REQUIRE(::kill(pid, SIGKILL) == 0);
-  int status = wait_child(pid);
+  int status = child.kill_and_wait();
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGKILL);
 

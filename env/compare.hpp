@@ -1,0 +1,68 @@
+// env/compare.hpp: comparing candidate outputs with reference outputs, in the evaluator's own
+// process, on raw bytes the worker sent: nothing the candidate's process can patch is involved.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace crucible::env {
+
+enum class dtype : std::uint8_t { f64, f32, f16, bf16, i64, i32, i16, i8, u8, boolean };
+
+/// "float32", ...; the names torch uses without the "torch." prefix.
+const char* to_string(dtype t) noexcept;
+std::optional<dtype> parse_dtype(std::string_view name) noexcept;
+/// Bytes per element.
+std::size_t element_size(dtype t) noexcept;
+bool is_floating(dtype t) noexcept;
+
+/// An output as the worker sent it: dtype, shape and contiguous bytes, or `kind` when it was
+/// not a plain tensor (e.g. "tensor subclass LazyTensor"). Owns its bytes.
+struct tensor_blob {
+  dtype type = dtype::f32;
+  std::vector<std::int64_t> shape;
+  std::vector<std::byte> bytes;
+  std::string kind; ///< empty for a plain tensor
+
+  std::int64_t numel() const noexcept;
+};
+
+/// Absolute and relative tolerance: |got - want| <= atol + rtol * |want|.
+struct tolerance {
+  double atol = 1e-4;
+  double rtol = 1e-4;
+};
+
+/// Tolerances by dtype; integers and bools compare exactly.
+struct tolerances {
+  tolerance f64{1e-4, 1e-4};
+  tolerance f32{1e-4, 1e-4};
+  tolerance f16{1e-2, 1e-2};
+  tolerance bf16{1e-2, 1e-2};
+
+  tolerance for_dtype(dtype t) const noexcept;
+};
+
+/// Result of comparing one output (or a list of outputs). Plain value.
+struct comparison {
+  bool ok = true;
+  std::string message;     ///< first problem found, e.g. "output 0: dtype float16, expected float32"
+  double max_abs_diff = 0; ///< over all elements compared
+  std::uint64_t mismatches = 0;
+};
+
+/// Compares outputs element by element: same count, kind, dtype and shape, then values within
+/// the dtype's tolerance. NaN matches NaN; infinities must match exactly.
+comparison compare_outputs(const std::vector<tensor_blob>& want, const std::vector<tensor_blob>& got,
+                           const tolerances& tol);
+
+/// Decodes IEEE half and bfloat16 values.
+float half_to_float(std::uint16_t h) noexcept;
+float bfloat16_to_float(std::uint16_t b) noexcept;
+
+} // namespace crucible::env

@@ -1,0 +1,619 @@
+// The evaluator's side of the worker protocol: one `evaluation` per candidate walks the
+// phases (reference, load, trials, timing), enforces each phase's deadline, compares outputs
+// on raw bytes and builds the verdict.
+#include "env/evaluator.hpp"
+
+#include <yaml-cpp/yaml.h>
+#include <zmq.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "core/json.hpp"
+#include "core/sha256.hpp"
+#include "env/compare.hpp"
+#include "env/reward.hpp"
+#include "env/timing.hpp"
+
+namespace crucible::env {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+fs::path cache_home() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
+    return fs::path{x} / "crucible";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
+    return fs::path{h} / ".cache" / "crucible";
+  return fs::temp_directory_path() / "crucible-cache";
+}
+
+fs::path executable_dir() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path{} : p.parent_path();
+}
+
+std::string json_string(const std::string& s) {
+  std::string out;
+  append_json_string(out, s);
+  return out;
+}
+
+// Decodes the outputs listed in a message header, taking their bytes from the frames.
+result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg) {
+  std::vector<tensor_blob> out;
+  if (!list.IsDefined() || list.IsNull())
+    return out;
+  if (!list.IsSequence())
+    return fail(errc::protocol, "outputs is not a list");
+  for (const auto& item : list) {
+    tensor_blob b;
+    if (item["kind"].IsDefined()) {
+      b.kind = item["kind"].as<std::string>();
+      out.push_back(std::move(b));
+      continue;
+    }
+    auto type = parse_dtype(item["dtype"].as<std::string>());
+    if (!type) {
+      b.kind = "tensor of unsupported dtype " + item["dtype"].as<std::string>();
+      out.push_back(std::move(b));
+      continue;
+    }
+    b.type = *type;
+    for (const auto& d : item["shape"])
+      b.shape.push_back(d.as<std::int64_t>());
+    auto frame = item["frame"].as<std::size_t>();
+    if (frame == 0 || frame > msg.frames.size())
+      return fail(errc::protocol, "output refers to missing frame ", std::to_string(frame));
+    b.bytes = std::move(msg.frames[frame - 1]);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::vector<double> as_doubles(const YAML::Node& n) {
+  std::vector<double> out;
+  if (n.IsSequence())
+    for (const auto& x : n)
+      out.push_back(x.as<double>());
+  return out;
+}
+
+const char* baseline_name(timing_baseline b) {
+  switch (b) {
+    case timing_baseline::eager: return "eager";
+    case timing_baseline::compile: return "compile";
+    case timing_baseline::compile_reduce_overhead: return "compile-reduce-overhead";
+    case timing_baseline::cuda_graph: return "cuda-graph";
+  }
+  return "eager";
+}
+
+} // namespace
+
+result<harness_location> locate_harness(const evaluator_options& opt) {
+  harness_location loc;
+  std::vector<fs::path> roots;
+  if (const char* h = std::getenv("CRUCIBLE_HARNESS"); h != nullptr && *h != '\0')
+    loc.worker_py = h;
+  // The build tree lives inside (or beside) the checkout: walk up from the executable.
+  for (auto dir = executable_dir(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path())
+    roots.push_back(dir);
+  roots.push_back(fs::current_path());
+  fs::path checkout;
+  for (const auto& r : roots) {
+    if (fs::exists(r / "env" / "harness" / "worker.py")) {
+      checkout = r;
+      break;
+    }
+  }
+  if (loc.worker_py.empty()) {
+    if (checkout.empty())
+      return fail(errc::not_found, "cannot find env/harness/worker.py above ", executable_dir().string(),
+                  " or in the working directory (set CRUCIBLE_HARNESS)");
+    loc.worker_py = checkout / "env" / "harness" / "worker.py";
+  }
+  if (!opt.python.empty()) {
+    loc.python = opt.python;
+  } else if (!checkout.empty() && fs::exists(checkout / ".venv" / "bin" / "python")) {
+    loc.python = (checkout / ".venv" / "bin" / "python").string();
+  } else {
+    for (const char* dir : {"/usr/local/bin", "/usr/bin"})
+      if (fs::exists(fs::path{dir} / "python3")) {
+        loc.python = (fs::path{dir} / "python3").string();
+        break;
+      }
+  }
+  if (loc.python.empty() || !fs::exists(loc.python))
+    return fail(errc::not_found, "no Python interpreter for the workers (set evaluator.python)");
+  return loc;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+device_evaluator::device_evaluator(const evaluator_options& opt, const reward_options& reward,
+                                   harness_location where, std::string device, logger& log,
+                                   std::shared_ptr<verdict_cache> cache)
+  : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
+    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)) {
+  scratch_root_ = fs::temp_directory_path() / "crucible";
+  extensions_dir_ = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
+}
+
+result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluator_options& opt,
+                                                                   const reward_options& reward,
+                                                                   const harness_location& where,
+                                                                   std::string device, logger& log,
+                                                                   std::shared_ptr<verdict_cache> cache) {
+  std::unique_ptr<device_evaluator> ev{new device_evaluator(opt, reward, where, std::move(device), log, std::move(cache))};
+  auto first = ev->start_worker();
+  if (!first)
+    return first.error();
+  {
+    std::lock_guard guard{ev->mtx_};
+    ev->hardware_ = first->hardware;
+    ev->idle_.push_back(std::move(*first));
+  }
+  ev->refill_ = std::thread([raw = ev.get()] { raw->refill_loop(); });
+  log.info("evaluator", ev->device_, ": ", ev->hardware(), " (", where.python, ")");
+  return ev;
+}
+
+device_evaluator::~device_evaluator() {
+  {
+    std::lock_guard guard{mtx_};
+    stopping_ = true;
+  }
+  refill_cv_.notify_all();
+  if (refill_.joinable())
+    refill_.join();
+  idle_.clear(); // kills the idle workers before the ZeroMQ context goes
+}
+
+std::string device_evaluator::hardware() const {
+  std::lock_guard guard{mtx_};
+  return hardware_;
+}
+
+result<device_evaluator::ready_worker> device_evaluator::start_worker() {
+  worker_spec spec;
+  spec.python = where_.python;
+  spec.harness = where_.worker_py;
+  spec.device = device_;
+  spec.scratch_root = scratch_root_;
+  spec.extensions_dir = extensions_dir_;
+  spec.memory_limit_mb = opt_.memory_limit_mb;
+  spec.cpu_threads = opt_.cpu_threads;
+  auto w = worker::start(*zmq_, spec);
+  if (!w)
+    return w.error();
+  ++started_;
+  worker_message msg;
+  auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                        std::chrono::duration<double>(opt_.start_timeout_s));
+  auto got = (*w)->receive(deadline, msg);
+  if (got == receive_outcome::deadline) {
+    (*w)->kill();
+    return fail(errc::timeout, "worker on ", device_, " sent no ready message within ",
+                std::to_string(opt_.start_timeout_s), " s");
+  }
+  if (got == receive_outcome::died)
+    return fail(errc::worker_lost, "worker on ", device_, " ", (*w)->exit_description(),
+                " before it was ready (is torch installed for ", where_.python, "?)");
+  try {
+    auto n = YAML::Load(msg.json);
+    if (n["type"].as<std::string>() != "ready")
+      return fail(errc::protocol, "worker's first message is not ready: ", msg.json.substr(0, 200));
+    return ready_worker{std::move(*w), n["hardware"].as<std::string>()};
+  } catch (const YAML::Exception& e) {
+    return fail(errc::protocol, "worker's ready message is malformed: ", e.what());
+  }
+}
+
+void device_evaluator::refill_loop() {
+  std::unique_lock lock{mtx_};
+  for (;;) {
+    refill_cv_.wait(lock, [&] {
+      return stopping_ || static_cast<std::int64_t>(idle_.size()) < opt_.warm_workers;
+    });
+    if (stopping_)
+      return;
+    lock.unlock();
+    auto w = start_worker();
+    lock.lock();
+    if (!w) {
+      log_.warn("evaluator", device_, ": warm worker failed to start: ", w.error().message);
+      // Back off instead of spinning on a broken interpreter; take_worker() reports the error.
+      refill_cv_.wait_for(lock, std::chrono::seconds{5}, [&] { return stopping_; });
+      continue;
+    }
+    idle_.push_back(std::move(*w));
+  }
+}
+
+result<device_evaluator::ready_worker> device_evaluator::take_worker() {
+  {
+    std::lock_guard guard{mtx_};
+    if (!idle_.empty()) {
+      auto w = std::move(idle_.back());
+      idle_.pop_back();
+      refill_cv_.notify_all();
+      return w;
+    }
+  }
+  refill_cv_.notify_all();
+  return start_worker(); // the pool is empty: start one here rather than wait for the refill
+}
+
+void device_evaluator::give_back(ready_worker w) {
+  std::lock_guard guard{mtx_};
+  idle_.push_back(std::move(w));
+}
+
+std::string device_evaluator::protocol_key() const {
+  // Everything that can change a verdict of the same code on the same hardware.
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;buckets=%lld;spread=%g;disagree=%g;win=%g;"
+                "recheck=%g/%g;baseline=%s;flush=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
+                protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
+                static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.buckets), opt_.max_spread,
+                opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance,
+                baseline_name(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
+                opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
+                opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads));
+  return buf;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// One candidate's walk through the protocol. Lives on the calling thread's stack.
+class evaluation {
+public:
+  evaluation(device_evaluator& ev, const eval_request& req, device_evaluator::ready_worker w)
+    : ev_(ev), req_(req), w_(std::move(w)) {
+    v_.hardware = w_.hardware;
+    v_.baseline = baseline_name(ev.opt_.baseline);
+    tol_.f64 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
+    tol_.f32 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
+    tol_.f16 = {ev.opt_.fp16_atol, ev.opt_.fp16_rtol};
+    tol_.bf16 = {ev.opt_.bf16_atol, ev.opt_.bf16_rtol};
+  }
+
+  verdict run();
+
+private:
+  enum class next { more, finished };
+
+  // Receives one message before `deadline`; on death or deadline fills the verdict and
+  // returns false.
+  bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg);
+  bool send(const std::string& json);
+  // Handles a `done` message: fills the verdict from it.
+  void take_done(const YAML::Node& n);
+  void set(verdict_status s, std::string message) {
+    v_.status = s;
+    v_.message = std::move(message);
+  }
+  bool check_candidate(const YAML::Node& n, worker_message& msg);
+  bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand);
+
+  device_evaluator& ev_;
+  const eval_request& req_;
+  device_evaluator::ready_worker w_;
+  verdict v_;
+  tolerances tol_;
+  std::vector<std::vector<tensor_blob>> reference_;
+  bool done_ = false; // the worker sent `done` (or died): no further messages
+};
+
+bool evaluation::send(const std::string& json) {
+  if (auto r = w_.proc->send(json); !r) {
+    set(verdict_status::runtime_error, "worker stopped listening: " + r.error().message);
+    return false;
+  }
+  return true;
+}
+
+bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
+  auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
+  switch (w_.proc->receive(deadline, msg)) {
+    case receive_outcome::deadline: {
+      w_.proc->kill();
+      done_ = true;
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
+      set(verdict_status::timeout, buf);
+      return false;
+    }
+    case receive_outcome::died: {
+      done_ = true;
+      auto how = w_.proc->exit_description();
+      auto msg_text = "the worker " + how + " while " + phase;
+      if (w_.proc->exit_signal() == 9 && how.find("out-of-memory") != std::string::npos)
+        msg_text += " (out of memory?)";
+      set(verdict_status::runtime_error, msg_text);
+      return false;
+    }
+    case receive_outcome::message: break;
+  }
+  try {
+    header = YAML::Load(msg.json);
+    if (!header.IsMap() || !header["type"].IsDefined())
+      throw YAML::Exception(YAML::Mark::null_mark(), "no type");
+  } catch (const YAML::Exception& e) {
+    w_.proc->kill();
+    done_ = true;
+    set(verdict_status::runtime_error, "the worker broke the protocol while " + std::string{phase} + ": " + e.what());
+    return false;
+  }
+  if (header["type"].as<std::string>() == "done") {
+    take_done(header);
+    done_ = true;
+    return false;
+  }
+  return true;
+}
+
+void evaluation::take_done(const YAML::Node& n) {
+  auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
+  auto s = status.value_or(verdict_status::runtime_error);
+  if (s == verdict_status::ok) {
+    // The worker may only confirm; ok is decided here, from outputs and timings.
+    return;
+  }
+  set(s, n["message"].as<std::string>(""));
+  if (n["checks_failed"].IsSequence())
+    for (const auto& c : n["checks_failed"])
+      v_.checks_failed.push_back(c.as<std::string>());
+}
+
+bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
+  auto trial = n["trial"].as<std::size_t>();
+  if (trial >= reference_.size()) {
+    set(verdict_status::runtime_error, "the worker reported an unknown trial");
+    return false;
+  }
+  auto outs = decode_outputs(n["outputs"], msg);
+  if (!outs) {
+    set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
+    return false;
+  }
+  if (n["threads_after"].IsDefined() && n["threads_before"].IsDefined()
+      && n["threads_after"].as<int>() > n["threads_before"].as<int>()) {
+    v_.checks_failed.push_back("runtime:threads");
+    set(verdict_status::rejected, "the candidate left threads running after its forward");
+    return false;
+  }
+  if (n["kernels"].IsDefined() && n["kernels"].as<long>(1) == 0) {
+    v_.checks_failed.push_back("runtime:no_kernel");
+    set(verdict_status::rejected, "no kernel or operator ran in the candidate's forward");
+    return false;
+  }
+  auto cmp = compare_outputs(reference_[trial], *outs, tol_);
+  if (!cmp.ok) {
+    set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution "
+                                     + std::to_string(trial % 2) + "): " + cmp.message);
+    return false;
+  }
+  if (!n["inputs_unchanged"].as<bool>(true)) {
+    v_.checks_failed.push_back("runtime:input_mutation");
+    set(verdict_status::rejected, "the candidate changed its inputs (trial " + std::to_string(trial) + ")");
+    return false;
+  }
+  if (n["repeat_outputs"].IsDefined()) {
+    auto again = decode_outputs(n["repeat_outputs"], msg);
+    if (!again) {
+      set(verdict_status::runtime_error, "the worker broke the protocol: " + again.error().message);
+      return false;
+    }
+    auto same = compare_outputs(*outs, *again, tol_);
+    if (!same.ok) {
+      set(verdict_status::incorrect, "not deterministic: a second call on the same inputs gave " + same.message);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand) {
+  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + "}"))
+    return false;
+  YAML::Node n;
+  worker_message msg;
+  if (!receive(ev_.opt_.run_timeout_s, "timing", n, msg))
+    return false;
+  if (n["type"].as<std::string>() != "timing") {
+    set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of timing");
+    return false;
+  }
+  auto r = as_doubles(n["ref_ms"]);
+  auto c = as_doubles(n["cand_ms"]);
+  if (r.size() != static_cast<size_t>(rounds) || c.size() != r.size()) {
+    set(verdict_status::runtime_error, "the worker returned a wrong number of timed rounds");
+    return false;
+  }
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (!(r[i] > 0) || !(c[i] > 0) || !std::isfinite(r[i]) || !std::isfinite(c[i])) {
+      v_.checks_failed.push_back("runtime:timer");
+      set(verdict_status::rejected, "a timed round reported a non-positive time");
+      return false;
+    }
+  }
+  ref.insert(ref.end(), r.begin(), r.end());
+  cand.insert(cand.end(), c.begin(), c.end());
+  return true;
+}
+
+verdict evaluation::run() {
+  const auto& opt = ev_.opt_;
+  auto seed = req_.seed;
+  if (seed == 0) {
+    std::random_device rd;
+    seed = (static_cast<std::uint64_t>(rd()) << 20) ^ rd();
+    seed &= (1ull << 52) - 1; // exact in a JSON double
+    if (seed == 0)
+      seed = 1;
+  }
+  std::string job = "{\"type\":\"job\",\"task_name\":" + json_string(req_.target.name)
+                    + ",\"task_source\":" + json_string(req_.target.source)
+                    + ",\"candidate_source\":" + json_string(req_.candidate)
+                    + ",\"seed\":" + std::to_string(seed) + ",\"trials\":" + std::to_string(opt.trials)
+                    + ",\"baseline\":" + json_string(baseline_name(opt.baseline))
+                    + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
+                                                           : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
+                    + ",\"static_checks\":" + (opt.static_checks ? "true" : "false") + "}";
+  YAML::Node n;
+  worker_message msg;
+  {
+    // Phase 1: reference outputs, on the device, before any candidate code runs.
+    std::unique_lock device{ev_.device_mtx_};
+    if (!send(job))
+      return v_;
+    for (;;) {
+      if (!receive(opt.reference_timeout_s, "computing the reference", n, msg))
+        return v_;
+      auto type = n["type"].as<std::string>();
+      if (type == "phase")
+        break;
+      if (type != "reference") {
+        set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
+        return v_;
+      }
+      auto outs = decode_outputs(n["outputs"], msg);
+      if (!outs) {
+        set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
+        return v_;
+      }
+      reference_.push_back(std::move(*outs));
+    }
+    if (static_cast<std::int64_t>(reference_.size()) != opt.trials) {
+      set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
+                                           + std::to_string(opt.trials));
+      return v_;
+    }
+  }
+  // Phase 2: the candidate imports and compiles without the device.
+  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
+    return v_;
+  if (n["type"].as<std::string>() != "loaded") {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
+    return v_;
+  }
+  // Phase 3: trials and timing, holding the device.
+  std::unique_lock device{ev_.device_mtx_};
+  if (!send("{\"type\":\"run\"}"))
+    return v_;
+  for (std::int64_t t = 0; t < opt.trials; ++t) {
+    if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
+      return v_;
+    if (n["type"].as<std::string>() != "candidate") {
+      set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
+      return v_;
+    }
+    if (!check_candidate(n, msg)) {
+      (void) w_.proc->send("{\"type\":\"stop\"}");
+      return v_;
+    }
+  }
+  v_.correct = true;
+  timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
+                       opt.win_threshold};
+  std::vector<double> ref, cand;
+  if (!measure(opt.rounds, ref, cand))
+    return v_;
+  auto summary = summarize_rounds(ref, cand, policy);
+  while (!summary.stable && static_cast<std::int64_t>(ref.size()) + opt.rounds <= opt.max_rounds) {
+    if (!measure(opt.rounds, ref, cand))
+      return v_;
+    summary = summarize_rounds(ref, cand, policy);
+  }
+  auto speedup = summary.speedup;
+  if (speedup > opt.recheck_above) {
+    // A large speedup is measured a second time, independently, before it is believed.
+    std::vector<double> ref2, cand2;
+    if (!measure(opt.rounds, ref2, cand2))
+      return v_;
+    auto second = summarize_rounds(ref2, cand2, policy);
+    auto lo = std::min(speedup, second.speedup);
+    auto hi = std::max(speedup, second.speedup);
+    if ((hi - lo) / lo > opt.recheck_tolerance) {
+      v_.checks_failed.push_back("runtime:recheck");
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "two measurements of a %.2fx speedup disagree: %.3fx and %.3fx", speedup, speedup,
+                    second.speedup);
+      set(verdict_status::rejected, buf);
+      v_.correct = true;
+      return v_;
+    }
+    speedup = lo;
+  }
+  if (!send("{\"type\":\"finish\"}"))
+    return v_;
+  if (receive(opt.run_timeout_s, "finishing", n, msg)) {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " after timing");
+    return v_;
+  }
+  if (v_.status != verdict_status::runtime_error || !v_.message.empty()) {
+    if (!v_.message.empty() || v_.status != verdict_status::runtime_error)
+      return v_; // the worker's done carried a failure (e.g. a runtime check after timing)
+  }
+  v_.status = verdict_status::ok;
+  v_.speedup = round_toward_one(speedup);
+  v_.speedup_spread = summary.spread;
+  v_.ref_ms = summary.ref_ms;
+  v_.cand_ms = summary.cand_ms;
+  v_.rounds = static_cast<std::uint32_t>(ref.size());
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds (band ±%.1f%%)%s",
+                speedup > opt.win_threshold ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
+                speedup, ref.size(), 100 * summary.spread, summary.stable ? "" : "; unstable after max_rounds");
+  v_.message = buf;
+  return v_;
+}
+
+verdict device_evaluator::evaluate(const eval_request& req) {
+  auto t0 = clock_type::now();
+  auto finish = [&](verdict v) {
+    v.wall_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    v.reward = compute_reward(v, reward_);
+    return v;
+  };
+  auto w = take_worker();
+  if (!w) {
+    verdict v;
+    v.status = verdict_status::runtime_error;
+    v.message = "no worker could be started: " + w.error().message;
+    v.hardware = hardware();
+    return finish(v);
+  }
+  verdict_key key{req.target.sha256, sha256_hex(normalize_source(req.candidate)), w->hardware, protocol_key()};
+  if (req.use_cache && cache_) {
+    if (auto hit = cache_->find(key)) {
+      give_back(std::move(*w)); // it never saw the candidate
+      hit->cache_hit = true;
+      auto v = finish(*hit);
+      return v;
+    }
+  }
+  evaluation e{*this, req, std::move(*w)};
+  auto v = finish(e.run());
+  // Timeouts depend on the machine's load and infrastructure failures are not the candidate's:
+  // keep neither.
+  bool cacheable = v.status != verdict_status::timeout
+                   && v.message.find("no worker could be started") == std::string::npos;
+  if (cache_ && cacheable) {
+    if (auto r = cache_->store(key, v); !r)
+      log_.warn("evaluator", r.error().message);
+  }
+  log_.debug("evaluator", device_, " ", req.target.name, ": ", to_string(v.status), " ", v.message);
+  return v;
+}
+
+} // namespace crucible::env

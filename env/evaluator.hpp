@@ -1,0 +1,112 @@
+// env/evaluator.hpp: evaluates candidates on one device: warm sandboxed workers in, verdicts
+// out. Drives the protocol of docs/evaluator-protocol.md, compares outputs itself and turns
+// the timed rounds into a speedup (env/timing.hpp) and a reward (env/reward.hpp).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "env/sandbox.hpp"
+#include "env/task.hpp"
+#include "env/verdict.hpp"
+#include "env/verdict_cache.hpp"
+
+namespace zmq {
+class context_t;
+}
+
+namespace crucible::env {
+
+/// Version of the measurement protocol; part of every cache key.
+inline constexpr const char* protocol_version = "crucible-eval-1";
+
+/// One candidate for one task.
+struct eval_request {
+  task target;
+  std::string candidate;   ///< Python source defining ModelNew
+  std::uint64_t seed = 0;  ///< 0: a fresh random seed
+  bool use_cache = true;
+};
+
+/// Where the harness and the interpreter are; found once by locate_harness().
+struct harness_location {
+  std::string python;
+  std::filesystem::path worker_py;
+};
+
+/// Finds env/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS)
+/// and the Python interpreter (`opt.python`, the checkout's .venv, or python3 on PATH).
+result<harness_location> locate_harness(const evaluator_options& opt);
+
+/// Evaluator for one device. Keeps `warm_workers` started workers ready, holds the device only
+/// while the reference, the trials and the timing run (not while a candidate imports and
+/// compiles), so several evaluations overlap. Thread-safe: evaluate() may be called from up to
+/// `concurrency` threads at once. Owns its workers and a background thread that starts them.
+class device_evaluator final {
+public:
+  /// Starts the warm pool and waits for the first worker, which names the hardware.
+  static result<std::unique_ptr<device_evaluator>> create(const evaluator_options& opt,
+                                                          const reward_options& reward,
+                                                          const harness_location& where,
+                                                          std::string device, logger& log,
+                                                          std::shared_ptr<verdict_cache> cache);
+  ~device_evaluator();
+  device_evaluator(const device_evaluator&) = delete;
+  device_evaluator& operator=(const device_evaluator&) = delete;
+
+  /// Evaluates one candidate. Never throws; every outcome of the candidate is a verdict.
+  verdict evaluate(const eval_request& req);
+
+  const std::string& device() const noexcept { return device_; }
+  /// Device model reported by the workers, e.g. "NVIDIA H100 80GB HBM3" or "cpu: AMD EPYC ...".
+  std::string hardware() const;
+  /// Workers started so far (for tests and metrics).
+  std::uint64_t workers_started() const noexcept { return started_; }
+
+private:
+  device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,
+                   std::string device, logger& log, std::shared_ptr<verdict_cache> cache);
+
+  struct ready_worker {
+    std::unique_ptr<worker> proc;
+    std::string hardware;
+  };
+  result<ready_worker> start_worker();
+  result<ready_worker> take_worker();
+  void give_back(ready_worker w);
+  void refill_loop();
+  std::string protocol_key() const;
+
+  friend class evaluation;
+
+  evaluator_options opt_;
+  reward_options reward_;
+  harness_location where_;
+  std::string device_;
+  logger& log_;
+  std::shared_ptr<verdict_cache> cache_;
+  std::unique_ptr<zmq::context_t> zmq_;
+  std::filesystem::path scratch_root_;
+  std::filesystem::path extensions_dir_;
+
+  mutable std::mutex mtx_;            // guards idle_, hardware_, stopping_
+  std::condition_variable refill_cv_;
+  std::vector<ready_worker> idle_;
+  std::string hardware_;
+  bool stopping_ = false;
+  std::atomic<std::uint64_t> started_{0};
+  std::mutex device_mtx_;             // held while a worker uses the device
+  std::thread refill_;
+};
+
+} // namespace crucible::env

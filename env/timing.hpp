@@ -1,0 +1,41 @@
+// env/timing.hpp: from per-round reference and candidate times to a speedup with a confidence band.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace crucible::env {
+
+/// How the per-round measurements are summarised.
+struct timing_policy {
+  std::size_t buckets = 5;            ///< consecutive rounds per bucket = rounds / buckets
+  double max_spread = 0.02;           ///< a wider band (relative half-width) asks for more rounds
+  double max_bucket_disagreement = 0.05; ///< (max - min bucket mean) / speedup above this: more rounds
+  double win_threshold = 1.01;        ///< a speedup counts as a win only above this
+};
+
+/// The summary of paired rounds. Plain value.
+struct timing_summary {
+  double speedup = 0;        ///< median of the bucket means of per-round ratios ref/cand
+  double spread = 0;         ///< relative half-width of the 95% band of the bucket means
+  double disagreement = 0;   ///< (max - min bucket mean) / speedup
+  double ref_ms = 0;         ///< median reference time per round
+  double cand_ms = 0;        ///< median candidate time per round
+  std::size_t rounds = 0;
+  std::vector<double> bucket_means;
+  bool stable = false;       ///< spread and disagreement within the policy
+};
+
+/// Summarises rounds (ref_ms[i] and cand_ms[i] are one paired round). Needs at least
+/// `policy.buckets` rounds with positive times (asserted).
+timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::vector<double>& cand_ms,
+                                const timing_policy& policy);
+
+/// Rounds a speedup to two decimals toward 1.00 (1.2369 → 1.23, 0.8731 → 0.88), so rounding
+/// never flatters a candidate.
+double round_toward_one(double speedup) noexcept;
+
+/// Two-sided 95% Student-t quantile for `df` degrees of freedom.
+double student_t95(std::size_t df) noexcept;
+
+} // namespace crucible::env

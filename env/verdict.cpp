@@ -1,0 +1,86 @@
+#include "env/verdict.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/json.hpp"
+
+namespace crucible::env {
+
+const char* to_string(verdict_status s) noexcept {
+  switch (s) {
+    case verdict_status::ok: return "ok";
+    case verdict_status::incorrect: return "incorrect";
+    case verdict_status::compile_error: return "compile_error";
+    case verdict_status::runtime_error: return "runtime_error";
+    case verdict_status::timeout: return "timeout";
+    case verdict_status::rejected: return "rejected";
+    case verdict_status::format_error: return "format_error";
+  }
+  return "?";
+}
+
+std::optional<verdict_status> parse_verdict_status(std::string_view s) noexcept {
+  for (auto v : {verdict_status::ok, verdict_status::incorrect, verdict_status::compile_error,
+                 verdict_status::runtime_error, verdict_status::timeout, verdict_status::rejected,
+                 verdict_status::format_error})
+    if (s == to_string(v))
+      return v;
+  return std::nullopt;
+}
+
+std::string to_json(const verdict& v) {
+  json_writer w;
+  w.begin_object()
+    .field("status", to_string(v.status))
+    .field("correct", v.correct)
+    .field("speedup", v.speedup)
+    .field("speedup_spread", v.speedup_spread)
+    .field("ref_ms", v.ref_ms)
+    .field("cand_ms", v.cand_ms)
+    .field("reward", v.reward)
+    .field("checks_failed", v.checks_failed)
+    .field("message", v.message)
+    .field("hardware", v.hardware)
+    .field("cache_hit", v.cache_hit)
+    .field("rounds", static_cast<std::uint64_t>(v.rounds))
+    .field("wall_s", v.wall_s)
+    .field("baseline", v.baseline)
+    .end_object();
+  return std::move(w).take();
+}
+
+std::optional<verdict> verdict_from_json(std::string_view json) {
+  try {
+    auto n = YAML::Load(std::string{json});
+    if (!n.IsMap())
+      return std::nullopt;
+    auto num = [&](const char* key) {
+      auto x = n[key];
+      return !x.IsDefined() || x.IsNull() ? NAN : x.as<double>();
+    };
+    verdict v;
+    auto status = parse_verdict_status(n["status"].as<std::string>());
+    if (!status)
+      return std::nullopt;
+    v.status = *status;
+    v.correct = n["correct"].as<bool>();
+    v.speedup = num("speedup");
+    v.speedup_spread = num("speedup_spread");
+    v.ref_ms = num("ref_ms");
+    v.cand_ms = num("cand_ms");
+    v.reward = n["reward"].as<double>();
+    for (const auto& c : n["checks_failed"])
+      v.checks_failed.push_back(c.as<std::string>());
+    v.message = n["message"].as<std::string>();
+    v.hardware = n["hardware"].as<std::string>();
+    v.cache_hit = n["cache_hit"].as<bool>();
+    v.rounds = n["rounds"].as<std::uint32_t>();
+    v.wall_s = num("wall_s");
+    v.baseline = n["baseline"].as<std::string>();
+    return v;
+  } catch (const YAML::Exception&) {
+    return std::nullopt;
+  }
+}
+
+} // namespace crucible::env

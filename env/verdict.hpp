@@ -1,0 +1,55 @@
+// env/verdict.hpp: the verdict on one candidate (DESIGN §3), as `crucible eval --json` prints it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace crucible::env {
+
+/// Outcome classes of an evaluation. Values are part of the JSON contract.
+enum class verdict_status : std::uint8_t {
+  ok,            ///< correct; speedup measured
+  incorrect,     ///< ran, but outputs differ from the reference (or wrong type/shape/dtype)
+  compile_error, ///< the candidate module or its extension did not build or import
+  runtime_error, ///< an exception, crash, signal or out-of-memory while running
+  timeout,       ///< a wall-clock deadline passed; the worker was killed
+  rejected,      ///< an anti-hacking check failed (named in checks_failed)
+  format_error,  ///< the policy's response had no usable code (never reaches an evaluator)
+};
+
+/// "ok", "compile_error", ...
+const char* to_string(verdict_status s) noexcept;
+std::optional<verdict_status> parse_verdict_status(std::string_view s) noexcept;
+
+/// Everything the evaluator says about one candidate. Plain value.
+struct verdict {
+  verdict_status status = verdict_status::runtime_error;
+  bool correct = false;
+  double speedup = NAN;        ///< reference time / candidate time; NaN unless status is ok
+  double speedup_spread = NAN; ///< relative half-width of the speedup's 95% confidence band
+  double ref_ms = NAN;         ///< median reference time per call
+  double cand_ms = NAN;        ///< median candidate time per call
+  double reward = 0.0;
+  std::vector<std::string> checks_failed; ///< e.g. "static:threads", "runtime:patched"
+  std::string message;                    ///< what happened, for people
+  std::string hardware;                   ///< device model, e.g. "NVIDIA H100 80GB HBM3"
+  bool cache_hit = false;
+  std::uint32_t rounds = 0;   ///< timed rounds behind the speedup
+  double wall_s = 0.0;        ///< wall time of the evaluation
+  std::string baseline = "eager";
+
+  bool has_speedup() const noexcept { return !std::isnan(speedup); }
+};
+
+/// One JSON object with the DESIGN §3 fields (null where a number is absent) plus
+/// `rounds`, `wall_s` and `baseline`.
+std::string to_json(const verdict& v);
+
+/// Parses what to_json wrote (used by the verdict cache). nullopt if malformed.
+std::optional<verdict> verdict_from_json(std::string_view json);
+
+} // namespace crucible::env

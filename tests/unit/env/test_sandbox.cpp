@@ -1,0 +1,159 @@
+// The sandbox with real processes: a probe script stands in for the harness and reports what
+// the sandbox gave it (working directory, environment, network, limits, process group).
+#include <doctest/doctest.h>
+
+#include <yaml-cpp/yaml.h>
+#include <zmq.hpp>
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "env/sandbox.hpp"
+
+namespace fs = std::filesystem;
+using namespace crucible::env;
+using namespace std::chrono_literals;
+
+namespace {
+
+worker_spec probe_spec(const std::string& device = "cpu") {
+  worker_spec spec;
+  spec.python = CRUCIBLE_PYTHON;
+  spec.harness = fs::path{CRUCIBLE_SOURCE_DIR} / "tests" / "unit" / "env" / "sandbox_probe.py";
+  spec.device = device;
+  spec.scratch_root = fs::temp_directory_path() / "crucible-test";
+  spec.extensions_dir = fs::temp_directory_path() / "crucible-test-ext";
+  spec.memory_limit_mb = 4096;
+  return spec;
+}
+
+YAML::Node expect_message(worker& w, std::chrono::seconds within = 60s) {
+  worker_message msg;
+  auto got = w.receive(std::chrono::steady_clock::now() + within, msg);
+  REQUIRE(got == receive_outcome::message);
+  return YAML::Load(msg.json);
+}
+
+bool process_gone(pid_t pid) {
+  // Gone, or a zombie waiting for init: either way it runs no more.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat)
+    return true;
+  std::string line;
+  std::getline(stat, line);
+  auto close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] == 'Z';
+}
+
+} // namespace
+
+TEST_CASE("a worker runs in its scratch directory, with a scrubbed environment, limits and its own session") {
+  ::setenv("CRUCIBLE_TEST_SECRET", "hunter2", 1);
+  zmq::context_t ctx;
+  auto w = worker::start(ctx, probe_spec());
+  REQUIRE(w.ok());
+  auto r = expect_message(**w);
+  auto scratch = (*w)->scratch();
+  CHECK(fs::equivalent(r["cwd"].as<std::string>(), scratch));
+  CHECK(r["env"]["HOME"].as<std::string>() == scratch.string());
+  CHECK(r["env"]["TMPDIR"].as<std::string>() == scratch.string());
+  CHECK_FALSE(r["env"]["CRUCIBLE_TEST_SECRET"].IsDefined());
+  CHECK(r["env"]["CUDA_VISIBLE_DEVICES"].as<std::string>() == "");
+  CHECK(r["rlimit_core"].as<long>() == 0);
+  CHECK(r["rlimit_as"].as<long long>() == 4096ll << 20);
+  CHECK(r["pid"].as<int>() == (*w)->pid());
+  CHECK(r["pgid"].as<int>() == (*w)->pid());
+  CHECK(r["sid"].as<int>() == (*w)->pid());
+  CHECK(r["device"].as<std::string>() == "cpu");
+  if ((*w)->network_isolated()) {
+    REQUIRE(r["interfaces"].size() == 1);
+    CHECK(r["interfaces"][0].as<std::string>() == "lo");
+  } else {
+    WARN_MESSAGE(false, "this machine does not allow a private network namespace");
+  }
+  w->reset();
+  CHECK_FALSE(fs::exists(scratch));
+  ::unsetenv("CRUCIBLE_TEST_SECRET");
+}
+
+TEST_CASE("a CUDA worker sees exactly its one device and no address-space limit") {
+  zmq::context_t ctx;
+  auto w = worker::start(ctx, probe_spec("cuda:3"));
+  REQUIRE(w.ok());
+  auto r = expect_message(**w);
+  CHECK(r["env"]["CUDA_VISIBLE_DEVICES"].as<std::string>() == "3");
+  CHECK(r["device"].as<std::string>() == "cuda");
+  CHECK(r["rlimit_as_unlimited"].as<bool>());
+}
+
+TEST_CASE("exit codes and signals are reported; final messages are not lost") {
+  zmq::context_t ctx;
+  {
+    auto w = worker::start(ctx, probe_spec());
+    REQUIRE(w.ok());
+    expect_message(**w);
+    REQUIRE((*w)->send(R"({"type":"exit","code":3})").ok());
+    CHECK(expect_message(**w)["type"].as<std::string>() == "bye");
+    worker_message msg;
+    CHECK((*w)->receive(std::chrono::steady_clock::now() + 60s, msg) == receive_outcome::died);
+    CHECK((*w)->exit_description() == "exited with code 3");
+    CHECK_FALSE((*w)->died_by_signal());
+  }
+  {
+    auto w = worker::start(ctx, probe_spec());
+    REQUIRE(w.ok());
+    expect_message(**w);
+    REQUIRE((*w)->send(R"({"type":"segv"})").ok());
+    worker_message msg;
+    CHECK((*w)->receive(std::chrono::steady_clock::now() + 60s, msg) == receive_outcome::died);
+    CHECK((*w)->exit_description() == "killed by signal 11 (SIGSEGV)");
+    CHECK((*w)->died_by_signal());
+  }
+}
+
+TEST_CASE("binary frames arrive intact, empty ones included") {
+  zmq::context_t ctx;
+  auto w = worker::start(ctx, probe_spec());
+  REQUIRE(w.ok());
+  expect_message(**w);
+  REQUIRE((*w)->send(R"({"type":"frames"})").ok());
+  worker_message msg;
+  REQUIRE((*w)->receive(std::chrono::steady_clock::now() + 60s, msg) == receive_outcome::message);
+  REQUIRE(msg.frames.size() == 2);
+  CHECK(msg.frames[0].size() == 3);
+  CHECK(msg.frames[0][2] == std::byte{3});
+  CHECK(msg.frames[1].empty());
+}
+
+TEST_CASE("a deadline passes without a message, and kill() ends the whole process group") {
+  zmq::context_t ctx;
+  auto w = worker::start(ctx, probe_spec());
+  REQUIRE(w.ok());
+  expect_message(**w);
+  REQUIRE((*w)->send(R"({"type":"spawn"})").ok());
+  auto grandchild = expect_message(**w)["pid"].as<int>();
+  REQUIRE((*w)->send(R"({"type":"hang"})").ok());
+  worker_message msg;
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK((*w)->receive(t0 + 300ms, msg) == receive_outcome::deadline);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 300ms);
+  (*w)->kill();
+  CHECK((*w)->exit_description() == "killed by signal 9 (SIGKILL)");
+  CHECK_FALSE((*w)->died_by_signal()); // we killed it
+  for (int i = 0; i < 200 && !process_gone(grandchild); ++i)
+    std::this_thread::yield(); // SIGKILL delivery is asynchronous; bounded, not a sleep
+  CHECK(process_gone(grandchild));
+}
+
+TEST_CASE("a missing interpreter is an error naming it") {
+  zmq::context_t ctx;
+  auto spec = probe_spec();
+  spec.python = "/nonexistent/python3";
+  auto w = worker::start(ctx, spec);
+  REQUIRE_FALSE(w.ok());
+  CHECK(w.error().message.find("/nonexistent/python3") != std::string::npos);
+}

@@ -1,0 +1,82 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include <unistd.h>
+
+#include "env/reward.hpp"
+#include "env/verdict.hpp"
+#include "env/verdict_cache.hpp"
+
+using namespace crucible;
+using namespace crucible::env;
+
+TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is absent, and parses back") {
+  verdict v;
+  v.status = verdict_status::rejected;
+  v.checks_failed = {"static:threads", "runtime:patched"};
+  v.message = "line 3: imports \"threading\"\n";
+  v.hardware = "cpu: test";
+  auto json = to_json(v);
+  for (const char* key : {"\"status\":\"rejected\"", "\"correct\":false", "\"speedup\":null", "\"speedup_spread\":null",
+                          "\"ref_ms\":null", "\"cand_ms\":null", "\"reward\":0", "\"checks_failed\":[\"static:threads\"",
+                          "\"message\":", "\"hardware\":\"cpu: test\"", "\"cache_hit\":false"})
+    CHECK_MESSAGE(json.find(key) != std::string::npos, key);
+  auto back = verdict_from_json(json);
+  REQUIRE(back.has_value());
+  CHECK(back->status == verdict_status::rejected);
+  CHECK(back->checks_failed == v.checks_failed);
+  CHECK(back->message == v.message);
+  CHECK_FALSE(back->has_speedup());
+  v.status = verdict_status::ok;
+  v.speedup = 1.37;
+  v.speedup_spread = 0.012;
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(back->speedup == doctest::Approx(1.37));
+  CHECK_FALSE(verdict_from_json("{\"status\": \"great\"}").has_value());
+  CHECK_FALSE(verdict_from_json("not json").has_value());
+}
+
+TEST_CASE("reward shaping") {
+  verdict ok;
+  ok.status = verdict_status::ok;
+  ok.speedup = 2.0;
+  reward_options r;
+  CHECK(compute_reward(ok, r) == doctest::Approx(2.0));
+  r.shape = reward_shape::log_speedup;
+  CHECK(compute_reward(ok, r) == doctest::Approx(0.693147));
+  r.shape = reward_shape::clipped;
+  r.clip_max = 1.5;
+  CHECK(compute_reward(ok, r) == doctest::Approx(1.5));
+  verdict bad;
+  bad.status = verdict_status::incorrect;
+  r.failed = -1;
+  CHECK(compute_reward(bad, r) == -1);
+  bad.status = verdict_status::format_error;
+  r.format_error = -0.5;
+  CHECK(compute_reward(bad, r) == -0.5);
+}
+
+TEST_CASE("the verdict cache stores by key and survives reopening") {
+  auto file = std::filesystem::temp_directory_path() / ("crucible-cache-" + std::to_string(::getpid())) / "v.db";
+  {
+    auto cache = verdict_cache::open(file);
+    REQUIRE(cache.ok());
+    verdict v;
+    v.status = verdict_status::ok;
+    v.speedup = 1.5;
+    verdict_key k{"t", "c", "cpu: x", "p1"};
+    CHECK_FALSE((*cache)->find(k).has_value());
+    REQUIRE((*cache)->store(k, v).ok());
+    auto hit = (*cache)->find(k);
+    REQUIRE(hit.has_value());
+    CHECK(hit->speedup == doctest::Approx(1.5));
+    CHECK_FALSE((*cache)->find({"t", "c", "cpu: y", "p1"}).has_value()); // other hardware
+    CHECK_FALSE((*cache)->find({"t", "c", "cpu: x", "p2"}).has_value()); // other protocol
+  }
+  auto again = verdict_cache::open(file);
+  REQUIRE(again.ok());
+  CHECK((*again)->size() == 1);
+  std::filesystem::remove_all(file.parent_path());
+}
