@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -273,6 +274,15 @@ std::string device_evaluator::protocol_key() const {
 
 // ---------------------------------------------------------------------------------------------
 
+// Adds the time between construction and destruction to a counter.
+struct device_hold {
+  std::atomic<std::uint64_t>& total;
+  clock_type::time_point t0 = clock_type::now();
+  ~device_hold() {
+    total += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
+  }
+};
+
 /// One candidate's walk through the protocol. Lives on the calling thread's stack.
 class evaluation {
 public:
@@ -287,6 +297,8 @@ public:
   }
 
   verdict run();
+  /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
+  bool lost_worker() const noexcept { return lost_worker_; }
 
 private:
   enum class next { more, finished };
@@ -300,6 +312,7 @@ private:
   void set(verdict_status s, std::string message) {
     v_.status = s;
     v_.message = std::move(message);
+    failed_ = true;
   }
   bool check_candidate(const YAML::Node& n, worker_message& msg);
   bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand);
@@ -311,6 +324,8 @@ private:
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
   bool done_ = false; // the worker sent `done` (or died): no further messages
+  bool lost_worker_ = false;
+  bool failed_ = false; // set() was called: the verdict is decided
 };
 
 bool evaluation::send(const std::string& json) {
@@ -336,8 +351,7 @@ bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, 
       done_ = true;
       auto how = w_.proc->exit_description();
       auto msg_text = "the worker " + how + " while " + phase;
-      if (w_.proc->exit_signal() == 9 && how.find("out-of-memory") != std::string::npos)
-        msg_text += " (out of memory?)";
+      lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
       set(verdict_status::runtime_error, msg_text);
       return false;
     }
@@ -423,6 +437,7 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
 }
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand) {
+  device_hold timed{ev_.timing_ns_};
   if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + "}"))
     return false;
   YAML::Node n;
@@ -474,6 +489,7 @@ verdict evaluation::run() {
   {
     // Phase 1: reference outputs, on the device, before any candidate code runs.
     std::unique_lock device{ev_.device_mtx_};
+    device_hold hold{ev_.device_ns_};
     if (!send(job))
       return v_;
     for (;;) {
@@ -508,6 +524,7 @@ verdict evaluation::run() {
   }
   // Phase 3: trials and timing, holding the device.
   std::unique_lock device{ev_.device_mtx_};
+  device_hold hold{ev_.device_ns_};
   if (!send("{\"type\":\"run\"}"))
     return v_;
   for (std::int64_t t = 0; t < opt.trials; ++t) {
@@ -560,10 +577,8 @@ verdict evaluation::run() {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " after timing");
     return v_;
   }
-  if (v_.status != verdict_status::runtime_error || !v_.message.empty()) {
-    if (!v_.message.empty() || v_.status != verdict_status::runtime_error)
-      return v_; // the worker's done carried a failure (e.g. a runtime check after timing)
-  }
+  if (failed_)
+    return v_; // death, deadline, or a `done` that carried a failure (a runtime check after timing)
   v_.status = verdict_status::ok;
   v_.speedup = round_toward_one(speedup);
   v_.speedup_spread = summary.spread;
@@ -602,8 +617,25 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       return v;
     }
   }
-  evaluation e{*this, req, std::move(*w)};
-  auto v = finish(e.run());
+  auto v = [&] {
+    evaluation e{*this, req, std::move(*w)};
+    auto first = e.run();
+    if (!e.lost_worker())
+      return first;
+    // A worker killed from outside is retried once on a fresh worker, so an operator's kill
+    // or a neighbour's memory pressure loses nothing; a candidate that exhausts memory again
+    // is killed again and keeps its runtime_error.
+    log_.warn("evaluator", device_, ": ", first.message, "; retrying on a fresh worker");
+    auto again = take_worker();
+    if (!again)
+      return first;
+    evaluation retry{*this, req, std::move(*again)};
+    auto second = retry.run();
+    if (retry.lost_worker())
+      second.message += " (twice; out of memory?)";
+    return second;
+  }();
+  v = finish(v);
   // Timeouts depend on the machine's load and infrastructure failures are not the candidate's:
   // keep neither.
   bool cacheable = v.status != verdict_status::timeout

@@ -72,6 +72,10 @@ public:
   std::string hardware() const;
   /// Workers started so far (for tests and metrics).
   std::uint64_t workers_started() const noexcept { return started_; }
+  /// Seconds spent in timed rounds so far, all evaluations together (for throughput figures).
+  double timing_seconds() const noexcept { return static_cast<double>(timing_ns_.load()) * 1e-9; }
+  /// Seconds the device was held (reference, trials, timing), all evaluations together.
+  double device_seconds() const noexcept { return static_cast<double>(device_ns_.load()) * 1e-9; }
 
 private:
   device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,
@@ -105,6 +109,8 @@ private:
   std::string hardware_;
   bool stopping_ = false;
   std::atomic<std::uint64_t> started_{0};
+  std::atomic<std::uint64_t> timing_ns_{0};
+  std::atomic<std::uint64_t> device_ns_{0};
   std::mutex device_mtx_;             // held while a worker uses the device
   std::thread refill_;
 };

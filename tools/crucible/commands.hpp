@@ -25,6 +25,8 @@ command train_command();
 command status_command();
 command config_command();
 command info_command();
+command eval_command();
+command tasks_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();

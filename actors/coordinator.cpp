@@ -1,0 +1,176 @@
+#include "actors/coordinator.hpp"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <caf/actor_cast.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "actors/actor_config.hpp"
+#include "core/json.hpp"
+#include "storage/atomic_file.hpp"
+
+namespace crucible {
+
+namespace {
+
+constexpr std::string_view component = "coordinator";
+
+struct coordinator_state {
+  static inline const char* name = "crucible.coordinator";
+
+  // A unique_ptr because CAF default-constructs the state and deps holds references.
+  std::unique_ptr<coordinator_deps> deps;
+  run_status status;
+  bool started = false;
+  // Replies owed to start/resume: sent when the run stops advancing (finished, paused, crashed).
+  std::vector<caf::typed_response_promise<run_status>> waiting;
+};
+
+using self_pointer = coordinator_impl_actor::stateful_pointer<coordinator_state>;
+
+std::string lifecycle_record(std::string_view event, const run_status& s, clock::wall_time t) {
+  json_writer w;
+  w.begin_object()
+    .field("event", event)
+    .field("time", format_iso8601(t))
+    .field("state", to_string(s.state))
+    .field("stage", s.stage)
+    .field("step", s.step)
+    .field("policy_version", s.policy_version.value)
+    .field("variants", s.variants);
+  w.key("best_speedup");
+  std::isnan(s.best_speedup) ? w.null() : w.value(s.best_speedup);
+  w.key("mean_speedup");
+  std::isnan(s.mean_speedup) ? w.null() : w.value(s.mean_speedup);
+  w.field("dropped_stale", s.dropped_stale).end_object();
+  return std::move(w).take();
+}
+
+// Makes the current status durable (status.json, then the metrics record) and logs it.
+result<void> record(coordinator_state& st, std::string_view event) {
+  auto& d = *st.deps;
+  if (auto r = storage::write_file_atomic(d.status_file, to_json(st.status) + "\n"); !r)
+    return r.error();
+  if (auto r = d.metrics.append(lifecycle_record(event, st.status, d.clk.now())); !r)
+    return r.error();
+  d.log.info(component, event, " (state ", to_string(st.status.state), ", step ",
+             st.status.step, ", ", to_string(st.status.policy_version), ")");
+  return {};
+}
+
+// Answers everybody waiting for the run to stop advancing.
+void settle(coordinator_state& st) {
+  for (auto& rp : st.waiting)
+    rp.deliver(st.status);
+  st.waiting.clear();
+}
+
+// The run cannot go on: say so wherever still possible and fail everybody waiting.
+caf::error crash(coordinator_state& st, const crucible::error& err) {
+  auto& d = *st.deps;
+  st.status.state = run_state::crashed;
+  d.log.error(component, "run crashed: ", err.to_string());
+  // Best effort: the failure may be the very file system these writes need.
+  (void) storage::write_file_atomic(d.status_file, to_json(st.status) + "\n");
+  (void) d.metrics.append(lifecycle_record("run_crashed", st.status, d.clk.now()));
+  auto failure = make_error(err);
+  for (auto& rp : st.waiting)
+    rp.deliver(failure);
+  st.waiting.clear();
+  return failure;
+}
+
+// Queues the next advance step and promises the caller the status at which advancing stops.
+caf::result<run_status> keep_advancing(self_pointer self) {
+  self->send(caf::actor_cast<coordinator_impl_actor>(self), advance_atom_v);
+  auto rp = self->make_response_promise<run_status>();
+  self->state.waiting.push_back(rp);
+  return rp;
+}
+
+coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator_deps deps) {
+  self->state.deps = std::make_unique<coordinator_deps>(std::move(deps));
+  return {
+    [self](start_atom) -> caf::result<run_status> {
+      auto& st = self->state;
+      if (st.started)
+        return make_error(errc::invalid_arg, std::string{"run already started (state "}
+                                               + to_string(st.status.state) + ")");
+      st.started = true;
+      st.status.state = run_state::running;
+      if (auto r = record(st, "run_started"); !r)
+        return crash(st, r.error());
+      return keep_advancing(self);
+    },
+    [self](caf::get_atom) -> run_status { return self->state.status; },
+    [self](pause_atom) -> caf::result<run_status> {
+      auto& st = self->state;
+      if (st.status.state != run_state::running)
+        return st.status;
+      // No stage can have work in flight yet, so the run skips `pausing`: nothing to drain.
+      st.status.state = run_state::paused;
+      if (auto r = record(st, "run_paused"); !r)
+        return crash(st, r.error());
+      settle(st);
+      return st.status;
+    },
+    [self](resume_atom) -> caf::result<run_status> {
+      auto& st = self->state;
+      if (st.status.state != run_state::paused)
+        return st.status;
+      st.status.state = run_state::running;
+      if (auto r = record(st, "run_resumed"); !r)
+        return crash(st, r.error());
+      return keep_advancing(self);
+    },
+    [self](stop_atom) -> caf::result<run_status> {
+      auto& st = self->state;
+      auto rp = self->make_response_promise<run_status>();
+      caf::error err;
+      if (st.status.state == run_state::running) {
+        st.status.state = run_state::paused;
+        if (auto r = record(st, "run_stopped"); !r)
+          err = crash(st, r.error());
+      }
+      if (auto r = st.deps->metrics.sync(); !r && !err)
+        err = make_error(r.error());
+      settle(st);
+      st.deps->log.info(component, "stopped (state ", to_string(st.status.state), ")");
+      if (err)
+        rp.deliver(std::move(err));
+      else
+        rp.deliver(st.status);
+      self->quit();
+      return rp;
+    },
+    [self](advance_atom) {
+      auto& st = self->state;
+      if (st.status.state != run_state::running)
+        return; // paused or stopped since this step was queued
+      // The stage schedule is empty in this build (no stage kinds exist yet), so there is no
+      // next stage to run: the run is complete.
+      st.status.state = run_state::finished;
+      st.status.stage.clear();
+      if (auto r = record(st, "run_finished"); !r) {
+        crash(st, r.error());
+        return;
+      }
+      settle(st);
+    },
+  };
+}
+
+} // namespace
+
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_deps deps) {
+  return sys.spawn(coordinator, std::move(deps));
+}
+
+} // namespace crucible

@@ -1,0 +1,38 @@
+// actors/coordinator.hpp: the coordinator owns the run's lifecycle. Commands come from `main`
+// (train, pause, stop); the run's state goes to status.json, metrics.jsonl and the log.
+//
+// Lifecycle: start -> running -> (advance through the stage schedule) -> finished, with
+// pause/resume in between and stop as the graceful end. Every transition rewrites
+// status.json atomically and appends one metrics record {"event":"run_...", "time":...}.
+//
+// The stage schedule (SFT -> self-supervised -> contrastive RL, DESIGN §1.5) is EMPTY in this
+// build: no stage kinds exist yet, so a started run advances once and finishes at once. The
+// advance step is a message the coordinator sends itself, so stages added later run one
+// message at a time and status, pause and stop are served between them.
+#pragma once
+
+#include <filesystem>
+
+#include <caf/actor_system.hpp>
+
+#include "actors/interfaces.hpp"
+#include "core/clock.hpp"
+#include "core/log.hpp"
+#include "storage/metrics_log.hpp"
+
+namespace crucible {
+
+/// What the coordinator needs from outside. The metrics log is moved in and owned by the
+/// actor; the logger and clock are borrowed and must outlive it (both are thread-safe).
+struct coordinator_deps {
+  std::filesystem::path status_file; ///< runs/NAME/status.json; its directory must exist
+  storage::metrics_log metrics;      ///< runs/NAME/metrics.jsonl, opened by the caller
+  logger& log;
+  const clock& clk;
+};
+
+/// Spawns the coordinator of one run (one per actor system). Nothing is written until it
+/// receives start.
+coordinator_actor spawn_coordinator(caf::actor_system& sys, coordinator_deps deps);
+
+} // namespace crucible

@@ -1,0 +1,96 @@
+// actors/interfaces.hpp: the typed interface of every actor role (DESIGN §1), one comment per
+// handler. Messages and atoms come from actors/messages.hpp.
+//
+// In this build only the coordinator has an implementation (actors/coordinator.hpp). The other
+// roles are interfaces only: their actors arrive with the env/ and policy/ code they drive, and
+// tests substitute fakes that implement the same interface.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "actors/messages.hpp"
+
+namespace crucible {
+
+/// Owns the run: stage schedule, counters, pause and resume (DESIGN §1.5).
+using coordinator_actor = caf::typed_actor<
+  // Starts the run and advances through the stage schedule; replies with the status at
+  // which advancing stopped (finished, paused or crashed). An error if already started.
+  caf::replies_to<start_atom>::with<run_status>,
+  // The current status (the same snapshot status.json holds).
+  caf::replies_to<caf::get_atom>::with<run_status>,
+  // Pauses a running run; a no-op reply in any other state.
+  caf::replies_to<pause_atom>::with<run_status>,
+  // Resumes a paused run; replies like start. A no-op reply in any other state.
+  caf::replies_to<resume_atom>::with<run_status>,
+  // Graceful shutdown: a running run is paused, metrics are synced, the actor quits after
+  // replying with the last status.
+  caf::replies_to<stop_atom>::with<run_status>>;
+
+/// The coordinator as implemented: its public interface plus the message it sends itself to
+/// move to the next stage, so that status, pause and stop are served between stages. Only
+/// spawn_coordinator hands this handle out; everybody else holds a coordinator_actor.
+using coordinator_impl_actor = coordinator_actor::extend<
+  // Runs the next stage of the schedule, or finishes the run when none is left.
+  caf::reacts_to<advance_atom>>;
+
+/// Turns tasks into scored GRPO groups: exemplars -> prompt -> engine -> evaluators
+/// (DESIGN §1.1-1.4).
+using rollout_actor = caf::typed_actor<
+  // Collects one group for the task: asks the exemplar actor, builds the contrastive prompt,
+  // samples G completions, evaluates them; the scored variants go to the exemplar actor.
+  caf::replies_to<collect_atom, task_id>::with<rollout_group>,
+  // New weights exist: groups sampled more than max_staleness versions earlier are dropped.
+  caf::reacts_to<weights_published>,
+  // Stops taking tasks and finishes groups in flight (pause); replies with how many it
+  // finished.
+  caf::replies_to<drain_atom>::with<std::uint64_t>>;
+
+/// Samples completions with the current policy on its device (DESIGN §1.2, §5).
+using engine_actor = caf::typed_actor<
+  // Samples `samples` completions of the prompt, with behaviour log-probs and the version.
+  caf::replies_to<generation_request>::with<generation_result>,
+  // Receives the announced weights over NCCL broadcast; replies with the version now served.
+  caf::replies_to<weights_published>::with<policy_version>,
+  // The version of the weights currently served.
+  caf::replies_to<caf::get_atom>::with<policy_version>>;
+
+/// Owns one device exclusively and judges candidates in sandboxed workers (DESIGN §4).
+using evaluator_actor = caf::typed_actor<
+  // Verifies, times and checks one candidate; untrusted outcomes are verdict values, an
+  // error only for infrastructure failure.
+  caf::replies_to<candidate>::with<verdict>,
+  // The device this evaluator owns.
+  caf::replies_to<caf::get_atom>::with<device_info>>;
+
+/// The replay store of scored variants, per task and hardware kind (DESIGN §1.1, §1.4).
+using exemplar_actor = caf::typed_actor<
+  // Chooses up to `count` prior variants of the task for a contrastive prompt.
+  caf::replies_to<exemplar_request>::with<exemplar_set>,
+  // Stores a scored variant as a future exemplar.
+  caf::reacts_to<scored_variant>>;
+
+/// GRPO on one GPU, gradients all-reduced over NCCL (DESIGN §1.4, §5). Runs detached.
+using learner_actor = caf::typed_actor<
+  // Queues a complete group for the next update (stale groups are counted and dropped).
+  caf::reacts_to<rollout_group>,
+  // Runs one optimizer step over the queued groups, publishes the new weights, reports.
+  caf::replies_to<train_atom>::with<train_report>,
+  // Writes this learner's checkpoint shard into the directory; replies with its version.
+  caf::replies_to<save_atom, std::string>::with<policy_version>>;
+
+/// Admits nodes that join with the run's token and tracks them (DESIGN §6).
+using membership_actor = caf::typed_actor<
+  // Admits a node with the right token (errc::refused otherwise) and starts monitoring it.
+  caf::replies_to<node_announce>::with<node_welcome>,
+  // A node leaves in an orderly way; its in-flight work is re-queued.
+  caf::reacts_to<caf::leave_atom, node_id>,
+  // The nodes currently admitted.
+  caf::replies_to<caf::get_atom>::with<std::vector<node_announce>>>;
+
+} // namespace crucible

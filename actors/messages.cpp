@@ -1,0 +1,144 @@
+#include "actors/messages.hpp"
+
+#include <cmath>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/json.hpp"
+
+namespace crucible {
+
+const char* to_string(verdict_status x) noexcept {
+  switch (x) {
+    case verdict_status::ok: return "ok";
+    case verdict_status::incorrect: return "incorrect";
+    case verdict_status::compile_error: return "compile_error";
+    case verdict_status::runtime_error: return "runtime_error";
+    case verdict_status::timeout: return "timeout";
+    case verdict_status::rejected: return "rejected";
+    case verdict_status::format_error: return "format_error";
+  }
+  return "invalid";
+}
+
+const char* to_string(run_state x) noexcept {
+  switch (x) {
+    case run_state::starting: return "starting";
+    case run_state::running: return "running";
+    case run_state::pausing: return "pausing";
+    case run_state::paused: return "paused";
+    case run_state::finished: return "finished";
+    case run_state::crashed: return "crashed";
+  }
+  return "invalid";
+}
+
+const char* to_string(node_role x) noexcept {
+  switch (x) {
+    case node_role::evaluator: return "evaluator";
+    case node_role::engine: return "engine";
+    case node_role::learner: return "learner";
+  }
+  return "invalid";
+}
+
+namespace {
+
+// Linear search over the enumerators through to_string, so a new enumerator only needs a
+// to_string case (and an is_valid bound) to become parseable.
+template <class Enum, Enum Last>
+std::optional<Enum> parse_enum(std::string_view text) noexcept {
+  for (auto i = 0u; i <= static_cast<unsigned>(Last); ++i) {
+    auto e = static_cast<Enum>(i);
+    if (text == to_string(e))
+      return e;
+  }
+  return std::nullopt;
+}
+
+bool same_speedup(double x, double y) noexcept {
+  return (std::isnan(x) && std::isnan(y)) || x == y;
+}
+
+} // namespace
+
+std::optional<verdict_status> parse_verdict_status(std::string_view text) noexcept {
+  return parse_enum<verdict_status, verdict_status::format_error>(text);
+}
+
+std::optional<run_state> parse_run_state(std::string_view text) noexcept {
+  return parse_enum<run_state, run_state::crashed>(text);
+}
+
+std::optional<node_role> parse_node_role(std::string_view text) noexcept {
+  return parse_enum<node_role, node_role::learner>(text);
+}
+
+bool operator==(const run_status& x, const run_status& y) noexcept {
+  return x.state == y.state && x.stage == y.stage && x.step == y.step
+         && x.policy_version == y.policy_version && x.variants == y.variants
+         && same_speedup(x.best_speedup, y.best_speedup)
+         && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale;
+}
+
+std::string to_json(const run_status& x) {
+  json_writer w;
+  w.begin_object()
+    .field("state", to_string(x.state))
+    .field("stage", x.stage)
+    .field("step", x.step)
+    .field("policy_version", x.policy_version.value)
+    .field("variants", x.variants);
+  // json_writer turns NaN into null already; spelled out because null is the contract here.
+  w.key("best_speedup");
+  std::isnan(x.best_speedup) ? w.null() : w.value(x.best_speedup);
+  w.key("mean_speedup");
+  std::isnan(x.mean_speedup) ? w.null() : w.value(x.mean_speedup);
+  w.field("dropped_stale", x.dropped_stale).end_object();
+  return std::move(w).take();
+}
+
+result<run_status> run_status_from_json(std::string_view json) {
+  // JSON is a subset of YAML's flow syntax, so yaml-cpp reads what json_writer writes
+  // (including \uXXXX escapes); it also accepts some non-JSON, which is harmless here.
+  struct missing_key {};
+  const char* key = nullptr; // the key being read, for error messages
+  try {
+    auto root = YAML::Load(std::string{json});
+    if (!root.IsMap())
+      return fail(errc::corrupt, "run status: expected a JSON object");
+    auto get = [&](const char* k) {
+      key = k;
+      auto node = root[k];
+      if (!node.IsDefined())
+        throw missing_key{};
+      return node;
+    };
+    auto speedup = [&](const char* k) {
+      auto node = get(k);
+      return node.IsNull() ? std::numeric_limits<double>::quiet_NaN() : node.as<double>();
+    };
+    run_status st;
+    auto state_text = get("state").as<std::string>();
+    auto state = parse_run_state(state_text);
+    if (!state)
+      return fail(errc::corrupt, "run status: key 'state': unknown state '", state_text, "'");
+    st.state = *state;
+    st.stage = get("stage").as<std::string>();
+    st.step = get("step").as<std::uint64_t>();
+    st.policy_version.value = get("policy_version").as<std::uint64_t>();
+    st.variants = get("variants").as<std::uint64_t>();
+    st.best_speedup = speedup("best_speedup");
+    st.mean_speedup = speedup("mean_speedup");
+    st.dropped_stale = get("dropped_stale").as<std::uint64_t>();
+    return st;
+  } catch (const missing_key&) {
+    return fail(errc::corrupt, "run status: key '", key, "' is missing");
+  } catch (const YAML::ParserException& e) {
+    return fail(errc::corrupt, "run status: malformed JSON: ", e.what());
+  } catch (const YAML::Exception&) {
+    return fail(errc::corrupt, "run status: key '", key ? key : "?", "': value of the wrong type");
+  }
+}
+
+} // namespace crucible

@@ -1,0 +1,436 @@
+// actors/messages.hpp: every message the actors exchange, their inspect() functions, the
+// atoms (verbs) of the typed interfaces and the project's single CAF type-ID block.
+//
+// CAF 0.17 rules this file follows (see STYLE.md):
+//  - every struct that travels in a message is default- and copy-constructible, has an
+//    inspect() below and an entry in the `crucible` type-ID block at the end of this file;
+//    tests/actors/test_messages.cpp round-trips every entry of that block;
+//  - no std::optional / std::variant: "no value" is a flag (`has_speedup`) or NaN;
+//  - enums travel as their underlying integer (CAF 0.17's data_processor does this for any
+//    enum without a serialize() overload; an inspect() overload for an enum would make that
+//    overload ambiguous), and the inspect() of the struct that holds one rejects out-of-range
+//    values on load;
+//  - atoms are verbs of at most 10 characters.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/load_callback.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/sec.hpp>
+#include <caf/type_id.hpp>
+
+#include "core/error.hpp"
+#include "core/ids.hpp"
+
+namespace crucible {
+
+// -- core id types --------------------------------------------------------------------------
+
+/// Inspects any strong_id (task_id, variant_id, group_id, policy_version, node_id) as its
+/// underlying value.
+template <class Inspector, class Tag, class T>
+typename Inspector::result_type inspect(Inspector& f, strong_id<Tag, T>& x) {
+  return f(caf::meta::type_name("strong_id"), x.value);
+}
+
+// -- enums ----------------------------------------------------------------------------------
+
+/// Outcome of evaluating one candidate (DESIGN §3 verdict `status`, plus `format_error` for
+/// a completion from which no candidate code could be extracted).
+enum class verdict_status : std::uint8_t {
+  ok,
+  incorrect,
+  compile_error,
+  runtime_error,
+  timeout,
+  rejected,
+  format_error,
+};
+
+/// Lifecycle of a run as status.json reports it.
+enum class run_state : std::uint8_t { starting, running, pausing, paused, finished, crashed };
+
+/// What a node joining the cluster contributes.
+enum class node_role : std::uint8_t { evaluator, engine, learner };
+
+/// "ok", "compile_error", ... (the names DESIGN §3 prints in a verdict).
+const char* to_string(verdict_status x) noexcept;
+/// "starting", "running", ...
+const char* to_string(run_state x) noexcept;
+/// "evaluator", "engine", "learner".
+const char* to_string(node_role x) noexcept;
+
+/// Inverse of to_string; nullopt for any other text.
+std::optional<verdict_status> parse_verdict_status(std::string_view text) noexcept;
+/// Inverse of to_string; nullopt for any other text.
+std::optional<run_state> parse_run_state(std::string_view text) noexcept;
+/// Inverse of to_string; nullopt for any other text.
+std::optional<node_role> parse_node_role(std::string_view text) noexcept;
+
+/// True if `x` is one of the enumerators (a value loaded from the wire may not be).
+constexpr bool is_valid(verdict_status x) noexcept {
+  return static_cast<std::uint8_t>(x) <= static_cast<std::uint8_t>(verdict_status::format_error);
+}
+/// True if `x` is one of the enumerators.
+constexpr bool is_valid(run_state x) noexcept {
+  return static_cast<std::uint8_t>(x) <= static_cast<std::uint8_t>(run_state::crashed);
+}
+/// True if `x` is one of the enumerators.
+constexpr bool is_valid(node_role x) noexcept {
+  return static_cast<std::uint8_t>(x) <= static_cast<std::uint8_t>(node_role::learner);
+}
+
+namespace detail {
+
+/// A load callback that fails deserialization when `e` holds no enumerator.
+template <class Enum>
+auto check_enum(const Enum& e) {
+  return caf::meta::load_callback([&e]() -> caf::error {
+    if (is_valid(e))
+      return caf::none;
+    return caf::make_error(caf::sec::invalid_argument);
+  });
+}
+
+} // namespace detail
+
+// -- generation (rollout -> engine -> rollout) -----------------------------------------------
+
+/// Sampling settings of one generation request. Value type.
+struct sampling_params {
+  double temperature = 1.0;
+  double top_p = 1.0;
+  std::int32_t top_k = 0;              ///< 0: no top-k filter
+  std::uint32_t max_new_tokens = 1024;
+  std::vector<std::string> stop;       ///< stop strings, not included in the completion
+  std::uint64_t seed = 0;
+
+  friend bool operator==(const sampling_params&, const sampling_params&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_p, x.top_k,
+           x.max_new_tokens, x.stop, x.seed);
+}
+
+/// Rollout -> engine: sample `samples` completions (one GRPO group) of one prompt.
+struct generation_request {
+  group_id group;
+  task_id task;
+  std::string prompt;       ///< the full contrastive prompt text
+  std::uint32_t samples = 0; ///< G, the group size
+  sampling_params params;
+
+  friend bool operator==(const generation_request&, const generation_request&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
+  return f(caf::meta::type_name("generation_request"), x.group, x.task, x.prompt, x.samples,
+           x.params);
+}
+
+/// One sampled completion with its behaviour log-probabilities.
+struct completion {
+  std::string text;
+  std::vector<std::int32_t> token_ids;  ///< generated tokens only (no prompt)
+  std::vector<float> logprobs;          ///< one per token id, under the sampling policy
+  crucible::policy_version policy_version; ///< weights that sampled it
+
+  friend bool operator==(const completion&, const completion&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, completion& x) {
+  return f(caf::meta::type_name("completion"), x.text, x.token_ids, x.logprobs,
+           x.policy_version);
+}
+
+/// Engine -> rollout: the group of completions for one generation_request.
+struct generation_result {
+  group_id group;
+  task_id task;
+  std::vector<std::int32_t> prompt_token_ids; ///< the prompt as the engine tokenized it
+  std::vector<completion> completions;
+
+  friend bool operator==(const generation_result&, const generation_result&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
+  return f(caf::meta::type_name("generation_result"), x.group, x.task, x.prompt_token_ids,
+           x.completions);
+}
+
+// -- evaluation (rollout -> evaluator -> rollout) --------------------------------------------
+
+/// Rollout -> evaluator: one candidate source (DESIGN §3 "Candidate") to verify and time.
+struct candidate {
+  variant_id variant;
+  task_id task;
+  std::string code;     ///< Python source defining ModelNew
+  std::string hardware; ///< hardware kind wanted (e.g. "NVIDIA H100"); empty: any
+
+  friend bool operator==(const candidate&, const candidate&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, candidate& x) {
+  return f(caf::meta::type_name("candidate"), x.variant, x.task, x.code, x.hardware);
+}
+
+/// Evaluator -> rollout: the verdict of DESIGN §3, field by field.
+struct verdict {
+  verdict_status status = verdict_status::rejected;
+  bool correct = false;
+  bool has_speedup = false;  ///< speedup is meaningful (JSON null otherwise); only when ok
+  double speedup = 0;        ///< reference time / candidate time
+  double speedup_spread = 0; ///< relative half-width of the speedup's confidence band
+  double ref_ms = 0;
+  double cand_ms = 0;
+  double reward = 0;
+  std::vector<std::string> checks_failed; ///< names of failed anti-hacking/correctness checks
+  std::string message;
+  std::string hardware;      ///< device name the candidate ran on
+  bool cache_hit = false;
+
+  friend bool operator==(const verdict&, const verdict&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, verdict& x) {
+  return f(caf::meta::type_name("verdict"), x.status, x.correct, x.has_speedup, x.speedup,
+           x.speedup_spread, x.ref_ms, x.cand_ms, x.reward, x.checks_failed, x.message,
+           x.hardware, detail::check_enum(x.status));
+}
+
+/// A candidate with its verdict: rollout -> exemplar store (a future exemplar).
+struct scored_variant {
+  variant_id variant;
+  group_id group;
+  task_id task;
+  std::string code;
+  crucible::verdict verdict;
+
+  friend bool operator==(const scored_variant&, const scored_variant&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, scored_variant& x) {
+  return f(caf::meta::type_name("scored_variant"), x.variant, x.group, x.task, x.code,
+           x.verdict);
+}
+
+// -- exemplars (rollout <-> exemplar actor) --------------------------------------------------
+
+/// Rollout -> exemplar actor: up to `count` prior variants of `task` for a contrastive prompt.
+struct exemplar_request {
+  task_id task;
+  std::string hardware;   ///< exemplars are kept per hardware kind
+  std::uint32_t count = 0;
+
+  friend bool operator==(const exemplar_request&, const exemplar_request&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exemplar_request& x) {
+  return f(caf::meta::type_name("exemplar_request"), x.task, x.hardware, x.count);
+}
+
+/// Exemplar actor -> rollout: the chosen exemplars with their measured speedups.
+struct exemplar_set {
+  task_id task;
+  std::string hardware;
+  std::vector<scored_variant> exemplars;
+
+  friend bool operator==(const exemplar_set&, const exemplar_set&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exemplar_set& x) {
+  return f(caf::meta::type_name("exemplar_set"), x.task, x.hardware, x.exemplars);
+}
+
+// -- learning (rollout -> learner -> engines) ------------------------------------------------
+
+/// Rollout -> learner: a complete GRPO group, completions[i] scored by verdicts[i].
+struct rollout_group {
+  group_id group;
+  task_id task;
+  std::vector<std::int32_t> prompt_token_ids;
+  std::vector<completion> completions;
+  std::vector<verdict> verdicts; ///< same length and order as completions
+
+  friend bool operator==(const rollout_group&, const rollout_group&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_group& x) {
+  return f(caf::meta::type_name("rollout_group"), x.group, x.task, x.prompt_token_ids,
+           x.completions, x.verdicts);
+}
+
+/// Learner -> coordinator: what one optimizer step did.
+struct train_report {
+  crucible::policy_version policy_version; ///< version published by this step
+  std::uint64_t step = 0;
+  std::uint64_t groups = 0;        ///< groups that entered the update
+  std::uint64_t dropped_stale = 0; ///< groups older than max_staleness, discarded
+  double loss = 0;
+  double mean_reward = 0;
+
+  friend bool operator==(const train_report&, const train_report&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, train_report& x) {
+  return f(caf::meta::type_name("train_report"), x.policy_version, x.step, x.groups,
+           x.dropped_stale, x.loss, x.mean_reward);
+}
+
+/// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
+/// broadcast (the weights themselves never travel as CAF messages).
+struct weights_published {
+  crucible::policy_version policy_version;
+  std::uint32_t buckets = 0; ///< number of broadcast buckets
+  std::uint64_t bytes = 0;   ///< total payload
+
+  friend bool operator==(const weights_published&, const weights_published&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, weights_published& x) {
+  return f(caf::meta::type_name("weights_published"), x.policy_version, x.buckets, x.bytes);
+}
+
+// -- membership (nodes -> membership actor) --------------------------------------------------
+
+/// One device a node offers.
+struct device_info {
+  std::uint32_t index = 0;   ///< device ordinal on its node (cuda:N)
+  std::string name;          ///< device model, e.g. "NVIDIA H100 80GB HBM3"
+  std::string hardware;      ///< hardware kind that exemplars and rewards are kept under
+  std::uint64_t memory_bytes = 0;
+
+  friend bool operator==(const device_info&, const device_info&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_info& x) {
+  return f(caf::meta::type_name("device_info"), x.index, x.name, x.hardware, x.memory_bytes);
+}
+
+/// Joining node -> membership actor: who I am and what I bring.
+struct node_announce {
+  std::string token; ///< shared secret of the run
+  std::string host;  ///< "host:port" the node is reachable at
+  node_role role = node_role::evaluator;
+  std::vector<device_info> devices;
+
+  friend bool operator==(const node_announce&, const node_announce&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_announce& x) {
+  return f(caf::meta::type_name("node_announce"), x.token, x.host, x.role, x.devices,
+           detail::check_enum(x.role));
+}
+
+/// Membership actor -> joining node: accepted, with the id it is known by from now on.
+struct node_welcome {
+  node_id node;
+  std::string run;                         ///< run name
+  crucible::policy_version policy_version; ///< current weights version
+
+  friend bool operator==(const node_welcome&, const node_welcome&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_welcome& x) {
+  return f(caf::meta::type_name("node_welcome"), x.node, x.run, x.policy_version);
+}
+
+// -- run status (coordinator -> CLI, status.json) --------------------------------------------
+
+/// A snapshot of the run, as the coordinator replies it and writes it to status.json.
+/// Speedups are NaN while no value exists (null in JSON).
+struct run_status {
+  run_state state = run_state::starting;
+  std::string stage;          ///< current stage of the schedule; empty when none
+  std::uint64_t step = 0;     ///< learner steps completed
+  crucible::policy_version policy_version;
+  std::uint64_t variants = 0; ///< candidates evaluated
+  double best_speedup = std::numeric_limits<double>::quiet_NaN();
+  double mean_speedup = std::numeric_limits<double>::quiet_NaN();
+  std::uint64_t dropped_stale = 0; ///< samples dropped for exceeding max_staleness
+
+  /// Field-wise equality in which two NaN speedups ("no value yet") are equal.
+  friend bool operator==(const run_status& x, const run_status& y) noexcept;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, run_status& x) {
+  return f(caf::meta::type_name("run_status"), x.state, x.stage, x.step, x.policy_version,
+           x.variants, x.best_speedup, x.mean_speedup, x.dropped_stale,
+           detail::check_enum(x.state));
+}
+
+/// One-line JSON object, keys in declaration order; NaN speedups as null. The format of
+/// runs/NAME/status.json.
+std::string to_json(const run_status& x);
+
+/// Parses what to_json wrote (the `crucible status RUN` path). errc::corrupt, naming the key,
+/// for malformed JSON, a missing key or a value of the wrong type.
+result<run_status> run_status_from_json(std::string_view json);
+
+} // namespace crucible
+
+// -- the type-ID block ----------------------------------------------------------------------
+// Append only: IDs are positional and must agree between all nodes of a cluster.
+
+CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
+
+  CAF_ADD_TYPE_ID(crucible, (crucible::task_id))
+  CAF_ADD_TYPE_ID(crucible, (crucible::variant_id))
+  CAF_ADD_TYPE_ID(crucible, (crucible::group_id))
+  CAF_ADD_TYPE_ID(crucible, (crucible::policy_version))
+  CAF_ADD_TYPE_ID(crucible, (crucible::node_id))
+  CAF_ADD_TYPE_ID(crucible, (crucible::sampling_params))
+  CAF_ADD_TYPE_ID(crucible, (crucible::generation_request))
+  CAF_ADD_TYPE_ID(crucible, (crucible::completion))
+  CAF_ADD_TYPE_ID(crucible, (crucible::generation_result))
+  CAF_ADD_TYPE_ID(crucible, (crucible::candidate))
+  CAF_ADD_TYPE_ID(crucible, (crucible::verdict))
+  CAF_ADD_TYPE_ID(crucible, (crucible::scored_variant))
+  CAF_ADD_TYPE_ID(crucible, (crucible::exemplar_request))
+  CAF_ADD_TYPE_ID(crucible, (crucible::exemplar_set))
+  CAF_ADD_TYPE_ID(crucible, (crucible::rollout_group))
+  CAF_ADD_TYPE_ID(crucible, (crucible::train_report))
+  CAF_ADD_TYPE_ID(crucible, (crucible::weights_published))
+  CAF_ADD_TYPE_ID(crucible, (crucible::device_info))
+  CAF_ADD_TYPE_ID(crucible, (crucible::node_announce))
+  CAF_ADD_TYPE_ID(crucible, (crucible::node_welcome))
+  CAF_ADD_TYPE_ID(crucible, (crucible::run_status))
+  CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::node_announce>))
+
+  // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
+  CAF_ADD_ATOM(crucible, crucible, start_atom, "start")
+  CAF_ADD_ATOM(crucible, crucible, pause_atom, "pause")
+  CAF_ADD_ATOM(crucible, crucible, resume_atom, "resume")
+  CAF_ADD_ATOM(crucible, crucible, stop_atom, "stop")
+  CAF_ADD_ATOM(crucible, crucible, advance_atom, "advance")
+  CAF_ADD_ATOM(crucible, crucible, collect_atom, "collect")
+  CAF_ADD_ATOM(crucible, crucible, drain_atom, "drain")
+  CAF_ADD_ATOM(crucible, crucible, train_atom, "train")
+  CAF_ADD_ATOM(crucible, crucible, save_atom, "save")
+
+CAF_END_TYPE_ID_BLOCK(crucible)

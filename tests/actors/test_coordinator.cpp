@@ -1,0 +1,286 @@
+// tests/actors/test_coordinator.cpp: the coordinator's run lifecycle on CAF's deterministic
+// scheduler, against real status.json / metrics.jsonl files in a temp directory and a manual
+// clock.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/coordinator.hpp"
+#include "core/clock.hpp"
+#include "core/log.hpp"
+#include "storage/atomic_file.hpp"
+#include "storage/metrics_log.hpp"
+
+using namespace crucible;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A fresh directory (mkdtemp), removed with its content on destruction.
+class temp_dir final {
+public:
+  temp_dir() {
+    auto tmpl = (std::filesystem::temp_directory_path() / "crucible-actors-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      std::abort();
+    path_ = tmpl;
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+private:
+  std::filesystem::path path_;
+};
+
+actor_config& deterministic(actor_config& cfg) {
+  cfg.set("scheduler.policy", caf::atom("testing"));
+  cfg.set("logger.file-verbosity", caf::atom("quiet"));
+  return cfg;
+}
+
+struct fixture {
+  temp_dir dir;
+  std::filesystem::path status_file = dir.path() / "status.json";
+  std::filesystem::path metrics_file = dir.path() / "metrics.jsonl";
+  std::filesystem::path events_file = dir.path() / "events.log";
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  actor_config cfg;
+  caf::actor_system sys{deterministic(cfg)};
+  caf::scoped_actor self{sys, true};
+  caf::scheduler::test_coordinator& sched =
+    dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  coordinator_actor coord;
+
+  fixture() {
+    REQUIRE(log.open_file(events_file, log_level::info).ok());
+    spawn(status_file);
+  }
+
+  ~fixture() {
+    if (coord) {
+      self->send_exit(coord, caf::exit_reason::user_shutdown);
+      sched.run();
+    }
+  }
+
+  void spawn(const std::filesystem::path& status_path) {
+    auto metrics = storage::metrics_log::open(metrics_file);
+    REQUIRE_MESSAGE(metrics.ok(), metrics.error().to_string());
+    coord = spawn_coordinator(sys, coordinator_deps{status_path, std::move(*metrics), log, clk});
+    sched.run();
+  }
+
+  /// Sends a request, lets every actor run until idle, and returns the reply. A request
+  /// left unanswered is a failure (rather than a blocking receive that never returns).
+  template <class Atom>
+  result<run_status> ask(Atom atom) {
+    auto rh = self->request(coord, caf::infinite, atom);
+    sched.run();
+    return take(rh);
+  }
+
+  template <class Handle>
+  result<run_status> take(Handle& rh) {
+    if (self->mailbox().empty())
+      return fail(errc::timeout, "the coordinator did not reply");
+    std::optional<result<run_status>> out;
+    rh.receive([&](run_status& s) { out.emplace(std::move(s)); },
+               [&](caf::error& e) { out.emplace(to_error(e)); });
+    REQUIRE(out.has_value());
+    return std::move(*out);
+  }
+
+  run_status status_on_disk() {
+    auto text = storage::read_file(status_file);
+    REQUIRE_MESSAGE(text.ok(), text.error().to_string());
+    auto st = run_status_from_json(*text);
+    REQUIRE_MESSAGE(st.ok(), st.error().to_string());
+    return *st;
+  }
+
+  std::vector<std::string> metrics_lines() {
+    auto lines = storage::read_metrics(metrics_file);
+    REQUIRE_MESSAGE(lines.ok(), lines.error().to_string());
+    return *lines;
+  }
+
+  /// The prefix every lifecycle record starts with.
+  std::string record_prefix(const char* event, const char* state) {
+    return std::string{"{\"event\":\""} + event + "\",\"time\":\"" + format_iso8601(clk.now())
+           + "\",\"state\":\"" + state + "\"";
+  }
+};
+
+#define CHECK_STARTS_WITH(text, prefix)                                                    \
+  CHECK_MESSAGE((text).rfind((prefix), 0) == 0, (text) << "\ndoes not start with\n" << (prefix))
+
+run_status ok(result<run_status> r) {
+  REQUIRE_MESSAGE(r.ok(), r.error().to_string());
+  return std::move(r).value();
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(fixture, "before start nothing is written and status says starting") {
+  auto st = ok(ask(caf::get_atom_v));
+  CHECK(st.state == run_state::starting);
+  CHECK(std::isnan(st.best_speedup));
+  CHECK_FALSE(std::filesystem::exists(status_file));
+  CHECK(metrics_lines().empty());
+}
+
+TEST_CASE_FIXTURE(fixture, "start runs the (empty) schedule to the end") {
+  auto st = ok(ask(start_atom_v));
+  CHECK(st.state == run_state::finished);
+  CHECK(st.stage.empty());
+  CHECK(st.step == 0);
+
+  // status.json holds the final status, speedups still null (no variant evaluated).
+  auto disk = status_on_disk();
+  CHECK(disk == st);
+  CHECK(std::isnan(disk.best_speedup));
+  CHECK(std::isnan(disk.mean_speedup));
+  auto raw = storage::read_file(status_file);
+  REQUIRE(raw.ok());
+  CHECK(raw->find("\"best_speedup\":null") != std::string::npos);
+
+  // metrics.jsonl: started (while running), then finished, both stamped by the clock.
+  auto lines = metrics_lines();
+  REQUIRE(lines.size() == 2);
+  CHECK_STARTS_WITH(lines[0], record_prefix("run_started", "running"));
+  CHECK_STARTS_WITH(lines[1], record_prefix("run_finished", "finished"));
+
+  // events.log names both transitions.
+  auto events = storage::read_file(events_file);
+  REQUIRE(events.ok());
+  auto started = events->find("run_started");
+  auto finished = events->find("run_finished");
+  CHECK(started != std::string::npos);
+  CHECK(finished != std::string::npos);
+  CHECK(started < finished);
+
+  // The status handler reports the same snapshot.
+  CHECK(ok(ask(caf::get_atom_v)) == st);
+}
+
+TEST_CASE_FIXTURE(fixture, "a second start is an error and changes nothing") {
+  ok(ask(start_atom_v));
+  auto before = metrics_lines();
+  auto again = ask(start_atom_v);
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error().code == errc::invalid_arg);
+  CHECK(again.error().message.find("already started") != std::string::npos);
+  CHECK(metrics_lines() == before);
+  CHECK(status_on_disk().state == run_state::finished);
+}
+
+TEST_CASE_FIXTURE(fixture, "pause stops a running run between steps and resume finishes it") {
+  // Both requests are queued before the coordinator runs, so pause arrives after start but
+  // before the advance step that start queues behind it: the run is running when paused.
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  auto pause = self->request(coord, caf::infinite, pause_atom_v);
+  sched.run();
+  auto paused = ok(take(pause));
+  CHECK(paused.state == run_state::paused);
+  // start replies with the state at which the run stopped advancing.
+  CHECK(ok(take(start)).state == run_state::paused);
+  CHECK(status_on_disk().state == run_state::paused);
+  CHECK(ok(ask(caf::get_atom_v)).state == run_state::paused);
+
+  auto lines = metrics_lines();
+  REQUIRE(lines.size() == 2);
+  CHECK_STARTS_WITH(lines[0], record_prefix("run_started", "running"));
+  CHECK_STARTS_WITH(lines[1], record_prefix("run_paused", "paused"));
+
+  // Pausing again is a no-op reply.
+  CHECK(ok(ask(pause_atom_v)).state == run_state::paused);
+  CHECK(metrics_lines().size() == 2);
+
+  clk.advance(90s);
+  auto resumed = ok(ask(resume_atom_v));
+  CHECK(resumed.state == run_state::finished);
+  CHECK(status_on_disk().state == run_state::finished);
+  lines = metrics_lines();
+  REQUIRE(lines.size() == 4);
+  CHECK_STARTS_WITH(lines[2], record_prefix("run_resumed", "running"));
+  CHECK_STARTS_WITH(lines[3], record_prefix("run_finished", "finished"));
+  // The earlier records keep their earlier time.
+  CHECK(lines[0].find(format_iso8601(clk.now())) == std::string::npos);
+}
+
+TEST_CASE_FIXTURE(fixture, "pausing or resuming a finished run is a no-op reply") {
+  ok(ask(start_atom_v));
+  auto lines = metrics_lines();
+  auto disk = storage::read_file(status_file);
+  REQUIRE(disk.ok());
+  clk.advance(1s);
+
+  CHECK(ok(ask(pause_atom_v)).state == run_state::finished);
+  CHECK(ok(ask(resume_atom_v)).state == run_state::finished);
+  CHECK(metrics_lines() == lines);
+  auto after = storage::read_file(status_file);
+  REQUIRE(after.ok());
+  CHECK(*after == *disk);
+}
+
+TEST_CASE_FIXTURE(fixture, "stop pauses a running run and replies before the coordinator quits") {
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  auto stop = self->request(coord, caf::infinite, stop_atom_v);
+  sched.run();
+  CHECK(ok(take(stop)).state == run_state::paused);
+  CHECK(ok(take(start)).state == run_state::paused);
+  CHECK(status_on_disk().state == run_state::paused);
+
+  auto lines = metrics_lines();
+  REQUIRE(lines.size() == 2);
+  CHECK_STARTS_WITH(lines[0], record_prefix("run_started", "running"));
+  CHECK_STARTS_WITH(lines[1], record_prefix("run_stopped", "paused"));
+
+  // Gone: a later request fails instead of being answered.
+  auto after = ask(caf::get_atom_v);
+  REQUIRE_FALSE(after.ok());
+  CHECK(after.error().code == errc::worker_lost);
+}
+
+TEST_CASE_FIXTURE(fixture, "stop after the run finished leaves its records alone") {
+  ok(ask(start_atom_v));
+  auto lines = metrics_lines();
+  CHECK(ok(ask(stop_atom_v)).state == run_state::finished);
+  CHECK(metrics_lines() == lines);
+  CHECK(status_on_disk().state == run_state::finished);
+  CHECK_FALSE(ask(caf::get_atom_v).ok());
+}
+
+TEST_CASE_FIXTURE(fixture, "a status file that cannot be written crashes the run with errc::io") {
+  self->send_exit(coord, caf::exit_reason::user_shutdown);
+  sched.run();
+  spawn(dir.path() / "missing-dir" / "status.json");
+
+  auto r = ask(start_atom_v);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == errc::io);
+  CHECK(ok(ask(caf::get_atom_v)).state == run_state::crashed);
+  auto lines = metrics_lines();
+  REQUIRE_FALSE(lines.empty());
+  CHECK_STARTS_WITH(lines.back(), record_prefix("run_crashed", "crashed"));
+}

@@ -1,0 +1,116 @@
+// tools/bench/bench_eval_throughput.cpp: verdicts per minute on one device with a queue of
+// distinct candidates, and the share of wall time the device spends in timed rounds.
+//
+//   bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 [--set key=value]...
+//
+// Candidates are the (task, candidate) pairs of tools/bench/eval_gpu (or --suite DIR), each
+// made distinct k times by a trailing comment (so no verdict is cached), submitted together
+// from `concurrency` threads. A first pass warms the compiled-extension cache; the second,
+// with the verdict cache off, is measured.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "env/evaluator.hpp"
+
+namespace fs = std::filesystem;
+using namespace crucible;
+
+int main(int argc, char** argv) {
+  std::string device = "cuda:0";
+  int concurrency = 3;
+  int count = 20;
+  fs::path suite = fs::path{CRUCIBLE_SOURCE_DIR} / "tools" / "bench" / "eval_gpu";
+  std::vector<std::string> sets;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--device") device = v;
+    else if (k == "--concurrency") concurrency = std::stoi(v);
+    else if (k == "--candidates") count = std::stoi(v);
+    else if (k == "--suite") suite = v;
+    else if (k == "--set") sets.push_back(v);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  auto cfg = parse_config("", "--set", sets);
+  if (!cfg) {
+    std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
+    return 2;
+  }
+  auto opt = cfg->evaluator;
+  opt.concurrency = concurrency;
+  opt.warm_workers = concurrency;
+  std::vector<env::eval_request> queue;
+  std::vector<env::eval_request> base;
+  for (const auto& entry : fs::directory_iterator(suite / "tasks")) {
+    auto t = env::load_task(entry.path());
+    if (!t) {
+      std::fprintf(stderr, "%s\n", t.error().message.c_str());
+      return 2;
+    }
+    std::ifstream in(suite / "candidates" / entry.path().filename());
+    std::ostringstream src;
+    src << in.rdbuf();
+    base.push_back({*t, src.str(), 0, false});
+  }
+  std::sort(base.begin(), base.end(), [](auto& a, auto& b) { return a.target.name < b.target.name; });
+  for (int i = 0; i < count; ++i) {
+    auto r = base[static_cast<size_t>(i) % base.size()];
+    r.candidate += "\n# variant " + std::to_string(i) + "\n";
+    queue.push_back(r);
+  }
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto where = env::locate_harness(opt);
+  if (!where) {
+    std::fprintf(stderr, "%s\n", where.error().message.c_str());
+    return 1;
+  }
+  auto ev = env::device_evaluator::create(opt, cfg->reward, *where, device, log, nullptr);
+  if (!ev) {
+    std::fprintf(stderr, "%s\n", ev.error().message.c_str());
+    return 1;
+  }
+  auto run_pass = [&](const char* label) {
+    std::atomic<size_t> next{0};
+    std::atomic<int> ok{0};
+    auto timing0 = (*ev)->timing_seconds();
+    auto device0 = (*ev)->device_seconds();
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> threads;
+    for (int c = 0; c < concurrency; ++c)
+      threads.emplace_back([&] {
+        for (size_t i; (i = next++) < queue.size();) {
+          auto v = (*ev)->evaluate(queue[i]);
+          if (v.status == env::verdict_status::ok)
+            ++ok;
+          else
+            std::fprintf(stderr, "%s: %s %s\n", queue[i].target.name.c_str(), env::to_string(v.status), v.message.c_str());
+        }
+      });
+    for (auto& t : threads)
+      t.join();
+    double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double timing = (*ev)->timing_seconds() - timing0;
+    double held = (*ev)->device_seconds() - device0;
+    std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall, "
+                "device held %.1f%% of wall (concurrency %d)\n",
+                label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
+                100 * timing / wall, 100 * held / wall, concurrency);
+    std::fflush(stdout);
+  };
+  run_pass("warm-up (builds extensions)");
+  run_pass("measured");
+  return 0;
+}

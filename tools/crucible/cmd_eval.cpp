@@ -1,0 +1,175 @@
+// `crucible eval`: one candidate against one task on one device, as a table or as JSON.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/config.hpp"
+#include "core/log.hpp"
+#include "env/evaluator.hpp"
+#include "env/task.hpp"
+#include "tools/crucible/commands.hpp"
+
+namespace crucible::cli {
+
+namespace {
+
+void print_table(const env::task& t, const std::string& cand_path, const env::verdict& v) {
+  auto num = [](double x, const char* fmt) {
+    if (std::isnan(x))
+      return std::string{"-"};
+    char buf[64];
+    std::snprintf(buf, sizeof buf, fmt, x);
+    return std::string{buf};
+  };
+  std::string checks;
+  for (const auto& c : v.checks_failed)
+    checks += (checks.empty() ? "" : ", ") + c;
+  std::printf("task        %s (%s)\n", t.name.c_str(), t.path.c_str());
+  std::printf("candidate   %s\n", cand_path.c_str());
+  std::printf("hardware    %s\n", v.hardware.c_str());
+  std::printf("status      %s\n", env::to_string(v.status));
+  std::printf("speedup     %s   band ±%s   %u rounds, baseline %s\n", num(v.speedup, "%.2fx").c_str(),
+              num(100 * v.speedup_spread, "%.1f%%").c_str(), v.rounds, v.baseline.c_str());
+  std::printf("time        reference %s   candidate %s\n", num(v.ref_ms, "%.4f ms").c_str(),
+              num(v.cand_ms, "%.4f ms").c_str());
+  std::printf("reward      %.4g\n", v.reward);
+  std::printf("checks      %s\n", checks.empty() ? "-" : checks.c_str());
+  std::printf("message     %s\n", v.message.empty() ? "-" : v.message.c_str());
+  std::printf("wall        %.2f s%s\n", v.wall_s, v.cache_hit ? "   (cached verdict)" : "");
+}
+
+int run_eval(const parsed_args& args) {
+  for (const char* required : {"--task", "--candidate"})
+    if (!args.has(required)) {
+      std::fprintf(stderr, "crucible eval: missing %s; see 'crucible eval --help'\n", required);
+      return exit_usage;
+    }
+  config cfg;
+  if (args.has("--config") || args.has("--set")) {
+    auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
+                                       : parse_config("", "--set", args.all("--set"));
+    if (!loaded) {
+      std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+      return exit_usage;
+    }
+    cfg = *loaded;
+  }
+  auto device = args.get("--device", cfg.evaluator.devices.front());
+  if (device != "cpu" && (device.rfind("cuda:", 0) != 0 || device.size() == 5)) {
+    std::fprintf(stderr, "crucible eval: --device %s: expected cpu or cuda:N\n", device.c_str());
+    return exit_usage;
+  }
+  int repeat = 1;
+  if (args.has("--repeat")) {
+    try {
+      repeat = std::stoi(args.get("--repeat"));
+    } catch (...) {
+      repeat = 0;
+    }
+    if (repeat < 1) {
+      std::fprintf(stderr, "crucible eval: --repeat %s: expected a positive integer\n", args.get("--repeat").c_str());
+      return exit_usage;
+    }
+  }
+  std::uint64_t seed = 0;
+  if (args.has("--seed")) {
+    try {
+      seed = std::stoull(args.get("--seed"));
+    } catch (...) {
+      std::fprintf(stderr, "crucible eval: --seed %s: expected a non-negative integer\n", args.get("--seed").c_str());
+      return exit_usage;
+    }
+  }
+  auto task = env::load_task(args.get("--task"));
+  if (!task) {
+    std::fprintf(stderr, "crucible eval: --task %s\n", task.error().message.c_str());
+    return exit_usage;
+  }
+  std::ifstream in(args.get("--candidate"), std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "crucible eval: --candidate %s: cannot read the file\n", args.get("--candidate").c_str());
+    return exit_usage;
+  }
+  std::ostringstream src;
+  src << in.rdbuf();
+
+  system_clock clk;
+  logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
+  auto where = env::locate_harness(cfg.evaluator);
+  if (!where) {
+    std::fprintf(stderr, "crucible eval: %s\n", where.error().message.c_str());
+    return exit_failure;
+  }
+  std::shared_ptr<env::verdict_cache> cache;
+  if (!args.has("--no-cache")) {
+    auto path = cfg.evaluator.cache;
+    if (path.empty()) {
+      const char* home = std::getenv("HOME");
+      path = std::string{home != nullptr ? home : "/tmp"} + "/.cache/crucible/verdicts.db";
+    }
+    auto opened = env::verdict_cache::open(path);
+    if (!opened) {
+      std::fprintf(stderr, "crucible eval: %s\n", opened.error().message.c_str());
+      return exit_failure;
+    }
+    cache = std::move(*opened);
+  }
+  auto opt = cfg.evaluator;
+  opt.warm_workers = repeat > 1 ? 1 : 0; // a single evaluation needs no spare worker
+  auto ev = env::device_evaluator::create(opt, cfg.reward, *where, device, log, cache);
+  if (!ev) {
+    std::fprintf(stderr, "crucible eval: %s\n", ev.error().message.c_str());
+    return exit_failure;
+  }
+  std::vector<double> speedups;
+  for (int i = 0; i < repeat; ++i) {
+    env::eval_request req{*task, src.str(), seed == 0 ? 0 : seed + static_cast<std::uint64_t>(i),
+                          !args.has("--no-cache") && repeat == 1};
+    auto v = (*ev)->evaluate(req);
+    if (v.has_speedup())
+      speedups.push_back(v.speedup);
+    if (args.has("--json")) {
+      std::printf("%s\n", env::to_json(v).c_str());
+    } else {
+      if (repeat > 1)
+        std::printf("-- evaluation %d of %d\n", i + 1, repeat);
+      print_table(*task, args.get("--candidate"), v);
+    }
+    std::fflush(stdout);
+  }
+  if (repeat > 1 && !args.has("--json") && speedups.size() > 1) {
+    auto [mn, mx] = std::minmax_element(speedups.begin(), speedups.end());
+    std::printf("-- %zu speedups from %.2fx to %.2fx: max/min - 1 = %.1f%%\n", speedups.size(), *mn, *mx,
+                100 * (*mx / *mn - 1));
+  }
+  return exit_ok;
+}
+
+} // namespace
+
+command eval_command() {
+  return {{"eval", "--task TASK.py --candidate CANDIDATE.py [options]",
+           "Evaluate one candidate against one task: correctness, speedup, reward",
+           "Runs the candidate in a sandboxed worker: correctness trials on fresh inputs, anti-hacking\n"
+           "checks, then paired timing against the reference. Prints a table, or with --json one\n"
+           "JSON object per evaluation (status, correct, speedup, speedup_spread, ref_ms, cand_ms,\n"
+           "reward, checks_failed, message, hardware, cache_hit). Exit code 0 whenever a verdict\n"
+           "was produced, 2 for bad arguments or files, 1 when no worker could run.",
+           {},
+           {{"--task", "TASK.py", "task in KernelBench format (class Model, get_inputs, get_init_inputs)"},
+            {"--candidate", "FILE.py", "candidate defining class ModelNew"},
+            {"--device", "DEVICE", "cpu or cuda:N (default: the first of evaluator.devices)"},
+            {"--json", "", "print JSON instead of a table"},
+            {"--repeat", "N", "evaluate N times without the cache, to show stability"},
+            {"--seed", "S", "seed of the first evaluation's inputs (default: random)"},
+            {"--config", "CONFIG", "take evaluator and reward settings from a configuration file"},
+            {"--set", "KEY=VALUE", "override a configuration key, e.g. --set evaluator.rounds=60", true},
+            {"--no-cache", "", "neither read nor write the verdict cache"},
+            {"--verbose", "", "log the evaluator's progress to stderr"}}},
+          run_eval};
+}
+
+} // namespace crucible::cli

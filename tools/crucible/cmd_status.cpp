@@ -1,0 +1,70 @@
+// `crucible status RUN`: what a run is doing (or did), from its status.json and lock.
+#include <cmath>
+#include <cstdio>
+
+#include "actors/messages.hpp"
+#include "storage/atomic_file.hpp"
+#include "storage/run_dir.hpp"
+#include "tools/crucible/commands.hpp"
+
+namespace crucible::cli {
+
+namespace {
+
+int run_status_cmd(const parsed_args& args) {
+  std::filesystem::path dir = args.positional[0];
+  auto config = dir / "config.yaml";
+  std::error_code ec;
+  if (!std::filesystem::exists(config, ec)) {
+    std::fprintf(stderr, "crucible status: %s is not a run directory (no config.yaml)\n", dir.c_str());
+    return exit_usage;
+  }
+  auto text = storage::read_file(dir / "status.json");
+  if (!text) {
+    std::fprintf(stderr, "crucible status: %s: %s\n", dir.c_str(), text.error().message.c_str());
+    return exit_failure;
+  }
+  auto st = run_status_from_json(*text);
+  if (!st) {
+    std::fprintf(stderr, "crucible status: %s: %s\n", (dir / "status.json").c_str(), st.error().message.c_str());
+    return exit_failure;
+  }
+  // A run that says it is running but whose process no longer holds the lock has crashed.
+  if ((st->state == run_state::running || st->state == run_state::starting || st->state == run_state::pausing)
+      && !storage::run_directory_locked(dir))
+    st->state = run_state::crashed;
+  if (args.has("--json")) {
+    std::printf("%s\n", to_json(*st).c_str());
+    return exit_ok;
+  }
+  auto num = [](double x) {
+    if (std::isnan(x))
+      return std::string{"-"};
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3fx", x);
+    return std::string{buf};
+  };
+  std::printf("run            %s\n", dir.c_str());
+  std::printf("state          %s\n", to_string(st->state));
+  std::printf("stage          %s\n", st->stage.empty() ? "-" : st->stage.c_str());
+  std::printf("step           %llu\n", static_cast<unsigned long long>(st->step));
+  std::printf("policy         v%llu\n", static_cast<unsigned long long>(st->policy_version.value));
+  std::printf("variants       %llu\n", static_cast<unsigned long long>(st->variants));
+  std::printf("best speedup   %s\n", num(st->best_speedup).c_str());
+  std::printf("mean speedup   %s\n", num(st->mean_speedup).c_str());
+  std::printf("dropped stale  %llu\n", static_cast<unsigned long long>(st->dropped_stale));
+  return exit_ok;
+}
+
+} // namespace
+
+command status_command() {
+  return {{"status", "RUN [--json]", "Show a run's state, stage, step, policy version and speedups",
+           "Reads RUN/status.json. A run whose status says running but whose process is gone is\n"
+           "reported as crashed.",
+           {"RUN"},
+           {{"--json", "", "print one JSON object"}}},
+          run_status_cmd};
+}
+
+} // namespace crucible::cli

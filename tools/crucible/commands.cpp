@@ -1,0 +1,9 @@
+#include "tools/crucible/commands.hpp"
+
+namespace crucible::cli {
+
+std::vector<command> all_commands() {
+  return {train_command(), status_command(), eval_command(), tasks_command(), config_command(), info_command()};
+}
+
+} // namespace crucible::cli
