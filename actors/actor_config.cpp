@@ -7,7 +7,7 @@
 namespace crucible {
 
 actor_config::actor_config() {
-  // removed
+  add_message_types<caf::id_block::crucible>();
   // The templated add_error_category<T>() of CAF 0.17.6 does not compile (its lambda does not
   // match error_renderer), so the renderer is spelled out.
   add_error_category(error_category,

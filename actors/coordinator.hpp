@@ -27,8 +27,8 @@ namespace crucible {
 struct coordinator_deps {
   std::filesystem::path status_file; ///< runs/NAME/status.json; its directory must exist
   storage::metrics_log metrics;      ///< runs/NAME/metrics.jsonl, opened by the caller
-  logger& log;
-  const clock& clk;
+  logger& log;                       ///< borrowed; events.log and stderr
+  const clock& clk;                  ///< borrowed; stamps metrics records
 };
 
 /// Spawns the coordinator of one run (one per actor system). Nothing is written until it

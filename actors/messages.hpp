@@ -210,7 +210,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, verdict& x) {
   return f(caf::meta::type_name("verdict"), x.status, x.correct, x.has_speedup, x.speedup,
            x.speedup_spread, x.ref_ms, x.cand_ms, x.reward, x.checks_failed, x.message,
-           x.hardware, detail::check_enum(x.status));
+           x.hardware, x.cache_hit, detail::check_enum(x.status));
 }
 
 /// A candidate with its verdict: rollout -> exemplar store (a future exemplar).

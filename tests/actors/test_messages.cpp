@@ -196,7 +196,7 @@ void check_same(const char* name, const T& x, const T& y) {
 template <class T>
 void check_type(caf::actor_system& sys) {
   const char* name = caf::type_name<T>::value;
-  INFO("type ", name);
+  INFO("type ", std::string{name});
   auto x = sample<T>::make();
 
   // The sample sets every field, so a field missing from inspect() cannot round-trip.
