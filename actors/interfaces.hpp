@@ -68,6 +68,21 @@ using evaluator_actor = caf::typed_actor<
   // The device this evaluator owns.
   caf::replies_to<caf::get_atom>::with<device_info>>;
 
+/// Runs evaluations for an evaluator, one at a time, on a detached thread (an evaluation
+/// blocks for seconds). Internal to actors/evaluator.cpp.
+using evaluation_runner_actor = caf::typed_actor<
+  // Evaluates one candidate synchronously; errc::not_found for a task the run does not know.
+  caf::replies_to<candidate>::with<verdict>>;
+
+/// Spreads candidates over the evaluators of every device (DESIGN §1.3, §6).
+using evaluator_pool_actor = caf::typed_actor<
+  // Evaluates on the evaluator of the wanted hardware kind with the shortest queue;
+  // errc::busy when every queue is full (backpressure), errc::not_found when no evaluator
+  // has that hardware kind. A candidate whose evaluator dies is sent to another.
+  caf::replies_to<candidate>::with<verdict>,
+  // The devices behind the pool, with their hardware kinds.
+  caf::replies_to<caf::get_atom>::with<std::vector<device_info>>>;
+
 /// The replay store of scored variants, per task and hardware kind (DESIGN §1.1, §1.4).
 using exemplar_actor = caf::typed_actor<
   // Chooses up to `count` prior variants of the task for a contrastive prompt.

@@ -421,6 +421,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::node_welcome))
   CAF_ADD_TYPE_ID(crucible, (crucible::run_status))
   CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::node_announce>))
+  CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::device_info>))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

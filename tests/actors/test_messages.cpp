@@ -156,6 +156,15 @@ template <> struct sample<std::vector<node_announce>> {
   }
 };
 
+template <> struct sample<std::vector<device_info>> {
+  static std::vector<device_info> make() {
+    auto d2 = sample<device_info>::make();
+    d2.index = 5;
+    d2.name = "cpu: AMD EPYC";
+    return {sample<device_info>::make(), d2};
+  }
+};
+
 // -- round trips ------------------------------------------------------------------------------
 
 struct fixture {
@@ -237,7 +246,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 22, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 23, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

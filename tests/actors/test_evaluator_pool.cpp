@@ -1,0 +1,232 @@
+// tests/actors/test_evaluator_pool.cpp: the evaluator pool on CAF's deterministic scheduler,
+// against fake evaluators that implement evaluator_actor and answer when the test says so.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/evaluator.hpp"
+
+using namespace crucible;
+
+namespace {
+
+// A fake evaluator: the evaluator interface, plus a test-only verb with which the test tells
+// it to answer one of the candidates it holds.
+using fake_evaluator_actor = evaluator_actor::extend<
+  // Answers the held candidate `variant` with an ok verdict of `speedup`.
+  caf::reacts_to<caf::put_atom, std::uint64_t, double>>;
+
+struct held {
+  candidate cand;
+  caf::typed_response_promise<verdict> rp;
+};
+
+struct fake_state {
+  std::vector<held> inbox;
+  static inline const char* name = "fake_evaluator";
+};
+
+// What the test can see of a fake: the variants it holds, in arrival order.
+using seen = std::vector<std::uint64_t>;
+
+fake_evaluator_actor::behavior_type fake(fake_evaluator_actor::stateful_pointer<fake_state> self, device_info info,
+                                         std::shared_ptr<seen> got) {
+  return {
+    [=](candidate& c) -> caf::result<verdict> {
+      auto rp = self->make_response_promise<verdict>();
+      got->push_back(c.variant.value);
+      self->state.inbox.push_back({c, rp});
+      return rp;
+    },
+    [=](caf::get_atom) { return info; },
+    [=](caf::put_atom, std::uint64_t variant, double speedup) {
+      auto& box = self->state.inbox;
+      for (auto it = box.begin(); it != box.end(); ++it) {
+        if (it->cand.variant.value != variant)
+          continue;
+        verdict v;
+        v.status = verdict_status::ok;
+        v.correct = true;
+        v.has_speedup = true;
+        v.speedup = speedup;
+        v.hardware = info.hardware;
+        it->rp.deliver(v);
+        box.erase(it);
+        return;
+      }
+    },
+  };
+}
+
+// A client that submits candidates to the pool and records every outcome.
+struct outcome {
+  std::uint64_t variant;
+  bool ok;
+  double speedup;
+  errc code;
+};
+
+caf::behavior client(caf::event_based_actor* self, evaluator_pool_actor pool, std::shared_ptr<std::vector<outcome>> out) {
+  return {
+    [=](candidate& c) {
+      auto id = c.variant.value;
+      self->request(pool, caf::infinite, std::move(c))
+        .then([=](const verdict& v) { out->push_back({id, true, v.speedup, errc::none}); },
+              [=](const caf::error& e) { out->push_back({id, false, 0, to_error(e).code}); });
+    },
+  };
+}
+
+candidate cand(std::uint64_t id, std::string hw = "") {
+  return candidate{variant_id{id}, task_id{"t"}, "class ModelNew: pass", std::move(hw)};
+}
+
+struct fixture {
+  actor_config cfg;
+  caf::actor_system sys{[this]() -> actor_config& {
+    cfg.set("scheduler.policy", caf::atom("testing"));
+    cfg.set("logger.file-verbosity", caf::atom("quiet"));
+    return cfg;
+  }()};
+  caf::scoped_actor self{sys, true};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  std::vector<std::shared_ptr<seen>> got;
+  std::vector<fake_evaluator_actor> fakes;
+  evaluator_pool_actor pool;
+  std::shared_ptr<std::vector<outcome>> results = std::make_shared<std::vector<outcome>>();
+  caf::actor submitter;
+
+  void start(std::vector<std::string> hardware, evaluator_pool_options opt) {
+    std::vector<evaluator_actor> handles;
+    for (size_t i = 0; i < hardware.size(); ++i) {
+      got.push_back(std::make_shared<seen>());
+      device_info info{static_cast<std::uint32_t>(i), hardware[i] + " device", hardware[i], 1ull << 30};
+      fakes.push_back(sys.spawn(fake, info, got.back()));
+      handles.push_back(fakes.back());
+    }
+    pool = spawn_evaluator_pool(sys, handles, opt);
+    submitter = sys.spawn(client, pool, results);
+    sched.run();
+  }
+
+  ~fixture() {
+    for (auto& f : fakes)
+      self->send_exit(f, caf::exit_reason::user_shutdown);
+    self->send_exit(pool, caf::exit_reason::user_shutdown);
+    self->send_exit(submitter, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  void submit(candidate c) {
+    self->send(submitter, std::move(c));
+    sched.run();
+  }
+
+  void answer(size_t fake_index, std::uint64_t variant, double speedup) {
+    self->send(fakes[fake_index], caf::put_atom_v, variant, speedup);
+    sched.run();
+  }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(fixture, "candidates go to the evaluator with the shortest queue and wait when all are full") {
+  start({"A", "A"}, {2, 8});
+  for (std::uint64_t i = 1; i <= 4; ++i)
+    submit(cand(i));
+  CHECK(*got[0] == seen{1, 3});
+  CHECK(*got[1] == seen{2, 4});
+  submit(cand(5)); // every slot taken: waits in the pool
+  CHECK(got[0]->size() + got[1]->size() == 4);
+  answer(1, 2, 1.5);
+  CHECK(*got[1] == seen{2, 4, 5}); // the freed slot took candidate 5
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).variant == 2);
+  CHECK(results->at(0).ok);
+  CHECK(results->at(0).speedup == 1.5);
+}
+
+TEST_CASE_FIXTURE(fixture, "a candidate that names a hardware kind goes only to evaluators of that kind") {
+  start({"L40", "H100"}, {2, 8});
+  submit(cand(1, "H100"));
+  CHECK(got[0]->empty());
+  CHECK(*got[1] == seen{1});
+  submit(cand(2, "MI300"));
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).variant == 2);
+  CHECK_FALSE(results->at(0).ok);
+  CHECK(results->at(0).code == errc::not_found);
+}
+
+TEST_CASE_FIXTURE(fixture, "a full pool pushes back with errc::busy instead of queueing without bound") {
+  start({"A"}, {1, 1});
+  submit(cand(1)); // sent
+  submit(cand(2)); // waits
+  submit(cand(3)); // refused
+  CHECK(*got[0] == seen{1});
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).variant == 3);
+  CHECK(results->at(0).code == errc::busy);
+  answer(0, 1, 1.2);
+  CHECK(*got[0] == seen{1, 2}); // the waiting one moves up
+}
+
+TEST_CASE_FIXTURE(fixture, "the candidates of an evaluator that dies are sent to another: nothing is lost") {
+  start({"A", "A"}, {1, 8});
+  submit(cand(1));
+  submit(cand(2));
+  REQUIRE(*got[0] == seen{1});
+  REQUIRE(*got[1] == seen{2});
+  self->send_exit(fakes[0], caf::exit_reason::kill);
+  sched.run();
+  answer(1, 2, 1.1); // frees the survivor's slot for the lost candidate
+  CHECK(*got[1] == seen{2, 1});
+  answer(1, 1, 2.0);
+  REQUIRE(results->size() == 2);
+  CHECK(results->at(0).variant == 2);
+  CHECK(results->at(1).variant == 1);
+  CHECK(results->at(1).ok);
+  CHECK(results->at(1).speedup == 2.0);
+}
+
+TEST_CASE_FIXTURE(fixture, "the pool lists its devices and hardware kinds") {
+  start({"A", "B"}, {2, 8});
+  auto h = self->request(pool, caf::infinite, caf::get_atom_v);
+  sched.run();
+  std::vector<device_info> devices;
+  h.receive([&](std::vector<device_info>& d) { devices = d; }, [&](caf::error& e) { FAIL(to_error(e).to_string()); });
+  REQUIRE(devices.size() == 2);
+  CHECK(devices[0].hardware == "A");
+  CHECK(devices[1].hardware == "B");
+}
+
+TEST_CASE("to_message keeps every verdict field and turns NaN speedups into has_speedup = false") {
+  env::verdict v;
+  v.status = env::verdict_status::incorrect;
+  v.checks_failed = {"runtime:threads"};
+  v.message = "m";
+  v.hardware = "h";
+  auto m = to_message(v);
+  CHECK(m.status == verdict_status::incorrect);
+  CHECK_FALSE(m.has_speedup);
+  CHECK(m.checks_failed == v.checks_failed);
+  v.status = env::verdict_status::ok;
+  v.speedup = 1.25;
+  v.speedup_spread = 0.01;
+  m = to_message(v);
+  CHECK(m.status == verdict_status::ok);
+  CHECK(m.has_speedup);
+  CHECK(m.speedup == 1.25);
+  CHECK(m.speedup_spread == 0.01);
+}
