@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,6 +68,11 @@ public:
   /// Evaluates one candidate. Never throws; every outcome of the candidate is a verdict.
   verdict evaluate(const eval_request& req);
 
+  /// Called on the evaluating thread as each evaluation enters a phase ("reference", "load",
+  /// "trials", "timing") with the worker's pid: for progress reports and for tests that kill
+  /// a worker at a chosen moment. Set it before the first evaluate().
+  void set_phase_observer(std::function<void(const char* phase, pid_t worker)> f) { observer_ = std::move(f); }
+
   const std::string& device() const noexcept { return device_; }
   /// Device model reported by the workers, e.g. "NVIDIA H100 80GB HBM3" or "cpu: AMD EPYC ...".
   std::string hardware() const;
@@ -111,6 +117,7 @@ private:
   std::atomic<std::uint64_t> started_{0};
   std::atomic<std::uint64_t> timing_ns_{0};
   std::atomic<std::uint64_t> device_ns_{0};
+  std::function<void(const char*, pid_t)> observer_;
   std::mutex device_mtx_;             // held while a worker uses the device
   std::thread refill_;
 };

@@ -1,0 +1,1276 @@
+#!/usr/bin/env python3
+"""crucible evaluator worker: evaluates ONE candidate kernel, then exits.
+
+Started by the C++ evaluator (env/sandbox.cpp) as
+
+    PYTHON -I -B env/harness/worker.py --endpoint ipc://SCRATCH/worker.sock \
+        --device cpu|cuda --scratch SCRATCH
+
+and driven over a ZeroMQ PAIR socket (the evaluator binds, this process connects) exactly as
+docs/evaluator-protocol.md describes. See env/harness/README.md for the checks.
+
+Trust model. Everything this process does after the candidate's code has run is suspect, so:
+  * every function the harness needs for timing, synchronisation, copying outputs, counting
+    threads and talking to the evaluator is captured into a local reference below, at import
+    time, before any candidate code exists (the C-level functions where torch has them, e.g.
+    torch._C._cuda_synchronize rather than torch.cuda.synchronize);
+  * an integrity snapshot (identity of the attributes of torch, torch.nn.functional,
+    torch.Tensor, torch.cuda, torch.backends.*, time, builtins, this module's globals,
+    zmq.Socket, ...) is taken just before the candidate module executes and verified after it
+    executes and after every candidate call ("runtime:patched"); a wider snapshot (every torch
+    module loaded) is verified after loading and at the end;
+  * process-wide settings (TF32, matmul precision, cudnn, thread counts, grad mode, torch
+    function/dispatch modes, global module hooks, trace/profile functions) are fixed before the
+    candidate runs and verified after every call ("runtime:backend_flags");
+  * output comparison happens in the evaluator's process, on raw bytes sent from here.
+"""
+import os
+import sys
+
+# Settings that must be in place before torch and triton are imported.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no compile worker pools/threads
+os.environ["TRITON_F32_DEFAULT"] = "ieee"  # tl.dot on float32 is IEEE, like torch with TF32 off
+
+import argparse  # noqa: E402
+import builtins  # noqa: E402
+import functools  # noqa: E402
+import importlib.util  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import random  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+import types  # noqa: E402
+
+import numpy  # noqa: E402
+import zmq  # noqa: E402
+import torch  # noqa: E402
+import torch.autograd.profiler  # noqa: E402
+import torch.autograd.profiler_util  # noqa: E402
+import torch.nn  # noqa: E402
+import torch.nn.functional  # noqa: E402
+import torch.nn.modules.module  # noqa: E402
+import torch.profiler  # noqa: E402
+
+# ================================================================================================
+# Trusted references, captured before any candidate code exists.
+
+_type = type
+_isinstance = isinstance
+_len = len
+_getattr = getattr
+_hasattr = hasattr
+_callable = callable
+_list = list
+_tuple = tuple
+_dict = dict
+_str = str
+_int = int
+_float = float
+_bool = bool
+_range = range
+_repr = repr
+_min = min
+_max = max
+_sum = sum
+_vars = vars
+_BaseException = BaseException
+_Exception = Exception
+_MemoryError = MemoryError
+_OSError = OSError
+_ModuleType = types.ModuleType
+_BuiltinFunctionType = types.BuiltinFunctionType
+
+_perf_counter_ns = time.perf_counter_ns
+_json_dumps = json.dumps
+_json_loads = json.loads
+_os_exit = os._exit
+_os_listdir = os.listdir
+_os_getppid = os.getppid
+_os_getpid = os.getpid
+_active_count = threading.active_count
+_current_frames = sys._current_frames
+_setprofile = sys.setprofile
+_gettrace = sys.gettrace
+_getprofile = sys.getprofile
+_format_exception = traceback.format_exception
+_format_exception_only = traceback.format_exception_only
+_TracebackException = traceback.TracebackException
+_StackSummary = traceback.StackSummary
+_signature = inspect.signature
+_param_empty = inspect.Parameter.empty
+_Random = random.Random
+
+_Tensor = torch.Tensor
+_T_detach = torch.Tensor.detach
+_T_cpu = torch.Tensor.cpu
+_T_contiguous = torch.Tensor.contiguous
+_T_reshape = torch.Tensor.reshape
+_T_view = torch.Tensor.view
+_T_numpy = torch.Tensor.numpy
+_T_clone = torch.Tensor.clone
+_T_copy_ = torch.Tensor.copy_
+_T_fill_ = torch.Tensor.fill_
+_T_set_ = torch.Tensor.set_
+_T_untyped_storage = torch.Tensor.untyped_storage
+_T_is_floating_point = torch.Tensor.is_floating_point
+_T_stride = torch.Tensor.stride
+_T_storage_offset = torch.Tensor.storage_offset
+_T_size = torch.Tensor.size
+_T_mul = torch.Tensor.mul
+_T_to = torch.Tensor.to
+_T_uniform_ = torch.Tensor.uniform_
+_T_data_ptr = torch.Tensor.data_ptr
+_S_data_ptr = torch.UntypedStorage.data_ptr
+_nd_tobytes = numpy.ndarray.tobytes
+_torch_empty = torch.empty
+_torch_manual_seed = torch.manual_seed
+_Generator = torch.Generator
+_uint8 = torch.uint8
+_int32 = torch.int32
+_strided = torch.strided
+_set_grad_enabled = torch._C._set_grad_enabled
+_OutOfMemoryError = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+_profile = torch.profiler.profile
+_ProfilerActivity = torch.profiler.ProfilerActivity
+_DeviceType = torch.autograd.DeviceType
+
+_cuda_synchronize = torch._C._cuda_synchronize
+_EventBase = torch._C._CudaEventBase
+_Ev_record = torch._C._CudaEventBase.record
+_Ev_synchronize = torch._C._CudaEventBase.synchronize
+_Ev_elapsed = torch._C._CudaEventBase.elapsed_time
+
+_ZSocketBase = zmq.Socket.__mro__[1]  # the Cython socket under zmq.sugar.socket.Socket
+_z_send = _ZSocketBase.send
+_z_recv = _ZSocketBase.recv
+_z_get = _ZSocketBase.get
+_z_set = _ZSocketBase.set
+_z_close = _ZSocketBase.close
+_ZAgain = zmq.Again
+_ZMQError = zmq.ZMQError
+_SNDMORE = zmq.SNDMORE
+_RCVMORE = zmq.RCVMORE
+_LINGER = zmq.LINGER
+_RCVTIMEO = zmq.RCVTIMEO
+_SNDTIMEO = zmq.SNDTIMEO
+
+_SUPPORTED_DTYPES = {
+    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
+    torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+}
+
+_MISSING = object()
+
+
+def _getter(name):
+    f = getattr(torch._C, name, None)
+    return f if callable(f) else None
+
+
+# Process-wide settings that change speed or precision, read through captured getters.
+_FLAG_GETTERS = [(n, g) for n, g in [
+    ("cuda.matmul.allow_tf32", _getter("_get_cublas_allow_tf32")),
+    ("cudnn.allow_tf32", _getter("_get_cudnn_allow_tf32")),
+    ("float32_matmul_precision", _getter("_get_float32_matmul_precision")),
+    ("cudnn.benchmark", _getter("_get_cudnn_benchmark")),
+    ("cudnn.enabled", _getter("_get_cudnn_enabled")),
+    ("cudnn.deterministic", _getter("_get_cudnn_deterministic")),
+    ("deterministic_algorithms", _getter("_get_deterministic_algorithms")),
+    ("mkldnn.enabled", _getter("_get_mkldnn_enabled")),
+    ("cuda.matmul.allow_fp16_reduced_precision_reduction",
+     _getter("_get_cublas_allow_fp16_reduced_precision_reduction")),
+    ("cuda.matmul.allow_bf16_reduced_precision_reduction",
+     _getter("_get_cublas_allow_bf16_reduced_precision_reduction")),
+    ("cpu.allow_fp16_reduced_precision_reduction", _getter("_get_cpu_allow_fp16_reduced_precision_reduction")),
+    ("sdp.flash", _getter("_get_flash_sdp_enabled")),
+    ("sdp.mem_efficient", _getter("_get_mem_efficient_sdp_enabled")),
+    ("sdp.math", _getter("_get_math_sdp_enabled")),
+    ("sdp.cudnn", _getter("_get_cudnn_sdp_enabled")),
+    ("sdp.math_fp16_bf16_reduction", _getter("_get_math_sdp_allow_fp16_bf16_reduction")),
+    ("num_threads", torch.get_num_threads),
+    ("num_interop_threads", torch.get_num_interop_threads),
+    ("default_dtype", torch.get_default_dtype),
+    ("grad_enabled", torch.is_grad_enabled),
+    ("torch_function_modes", _getter("_len_torch_function_stack")),
+    ("torch_dispatch_modes", _getter("_len_torch_dispatch_stack")),
+    ("sys.settrace", _gettrace),
+    ("sys.setprofile", _getprofile),
+] if g is not None]
+_fp32_precision_getter = _getter("_get_fp32_precision_getter")
+for _b, _o in (("generic", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("cuda", "rnn"),
+               ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn")):
+    if _fp32_precision_getter is not None:
+        try:
+            _fp32_precision_getter(_b, _o)
+            _FLAG_GETTERS.append((f"fp32_precision.{_b}.{_o}",
+                                  functools.partial(_fp32_precision_getter, _b, _o)))
+        except Exception:
+            pass
+try:
+    _default_device_getter = torch.get_default_device
+    _FLAG_GETTERS.append(("default_device", lambda: str(_default_device_getter())))
+except AttributeError:
+    pass
+
+# Global nn.Module hooks apply to the reference too: they must stay empty.
+_MODULE_MODULE = torch.nn.modules.module
+_GLOBAL_HOOK_DICTS = [(n, getattr(_MODULE_MODULE, n)) for n in dir(_MODULE_MODULE)
+                      if n.startswith("_global_") and isinstance(getattr(_MODULE_MODULE, n), dict)]
+
+
+# ================================================================================================
+# Integrity snapshot.
+
+_FLAGGABLE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType,
+              type, types.MethodDescriptorType, types.WrapperDescriptorType,
+              types.ClassMethodDescriptorType, types.GetSetDescriptorType,
+              types.MemberDescriptorType, types.MethodWrapperType, classmethod, staticmethod,
+              property, functools.partial)
+_CLASS_IGNORE = {"__doc__", "__annotations__", "__slotnames__", "_abc_impl", "__abstractmethods__",
+                 "__parameters__", "__weakref__", "__dict__", "__orig_bases__",
+                 "__static_attributes__", "__firstlineno__", "_is_protocol"}
+_ALL_IGNORE = {"_", "__warningregistry__"}
+
+
+def _flaggable(v):
+    return _isinstance(v, _FLAGGABLE) or _callable(v)
+
+
+class _Snapshot:
+    """Identity of attributes of modules and classes; `changed()` lists what differs.
+
+    Modes: "all" (every name, any change), "public" (public names: any change; private names:
+    changes involving functions, classes, modules or descriptors), "callables" (only changes
+    involving those), "class" (like callables, plus added names that shadow something)."""
+
+    def __init__(self):
+        self.entries = []
+        self._seen = set()
+
+    def add_module(self, label, mod, mode):
+        if mod is None or id(mod) in self._seen:
+            return
+        self._seen.add(id(mod))
+        self.add_mapping(label, _vars(mod), mode)
+
+    def add_mapping(self, label, live, mode):
+        self.entries.append((label, live, _dict(live), mode))
+
+    def add_class(self, cls, label=None):
+        for c in cls.__mro__:
+            if c is object or c is type or id(c) in self._seen:
+                continue
+            if c.__module__ == "builtins":
+                continue  # static types: immutable
+            self._seen.add(id(c))
+            live = _vars(c)  # a live mappingproxy
+            self.entries.append((label if c is cls and label else f"{c.__module__}.{c.__qualname__}",
+                                 live, _dict(live), "class"))
+
+    def add_classes_of(self, mod, prefixes):
+        for name, v in _list(_vars(mod).items()):
+            if _isinstance(v, type) and _isinstance(_getattr(v, "__module__", None), str) \
+                    and v.__module__.startswith(prefixes):
+                try:
+                    self.add_class(v)
+                except Exception:
+                    pass
+
+    def changed(self, limit=20):
+        out = []
+        for label, live, frozen, mode in self.entries:
+            for name, old in frozen.items():
+                new = live.get(name, _MISSING)
+                if new is old:
+                    continue
+                if mode == "all":
+                    if name in _ALL_IGNORE:
+                        continue
+                elif mode == "class":
+                    if name in _CLASS_IGNORE or not (_flaggable(old) or _flaggable(new)):
+                        continue
+                elif mode == "public" and not name.startswith("_"):
+                    pass
+                elif not (_flaggable(old) or (new is not _MISSING and _flaggable(new))):
+                    continue
+                out.append(f"{label}.{name}" + (" (deleted)" if new is _MISSING else ""))
+                if _len(out) >= limit:
+                    return out
+            if mode in ("class", "all") and _len(live) != _len(frozen):
+                for name in _list(live.keys()):
+                    if name in frozen:
+                        continue
+                    if mode == "class" and (name in _CLASS_IGNORE or not _flaggable(live[name])):
+                        continue
+                    if mode == "all" and name in _ALL_IGNORE:
+                        continue
+                    out.append(f"{label}.{name} (added)")
+                    if _len(out) >= limit:
+                        return out
+        return out
+
+
+def _core_snapshot(harness_globals):
+    """The modules and classes the harness and the reference rely on; checked after every call."""
+    s = _Snapshot()
+    s.add_module("builtins", builtins, "all")
+    s.add_mapping("worker", harness_globals, "all")
+    s.add_module("static_checks", _STATIC_CHECKS_MODULE, "all")
+    for name in ("torch", "torch.nn", "torch.nn.functional", "torch.nn.modules.module",
+                 "torch.nn.parameter", "torch.cuda", "torch.cuda.graphs", "torch.cuda.streams",
+                 "torch.backends", "torch.profiler", "torch.profiler.profiler", "torch.autograd",
+                 "torch.autograd.profiler", "torch.autograd.profiler_util", "torch.autograd.grad_mode",
+                 "torch._tensor", "torch.random", "torch.storage", "torch.functional", "torch._C",
+                 "torch._C._nn", "torch._C._VariableFunctions", "torch.compiler", "time",
+                 "threading", "json", "json.encoder", "random", "inspect", "traceback", "zmq",
+                 "zmq.sugar.socket", "numpy", "functools"):
+        s.add_module(name, sys.modules.get(name), "public")
+    for name, mod in _list(sys.modules.items()):
+        if name.startswith("torch.backends.") and _isinstance(mod, _ModuleType):
+            s.add_module(name, mod, "public")
+    for name in ("sys", "os", "os.path"):
+        s.add_module(name, sys.modules.get(name), "callables")
+    for cls in (torch.Tensor, torch.nn.Module, torch.nn.Parameter, torch.UntypedStorage,
+                torch.cuda.Event, torch.cuda.Stream, torch.cuda.CUDAGraph, torch.Generator,
+                torch.profiler.profile, torch.autograd.profiler.profile,
+                torch.autograd.profiler_util.FunctionEvent, torch.autograd.profiler_util.EventList,
+                torch.no_grad, torch.enable_grad, zmq.Socket, zmq.Context, random.Random,
+                json.JSONEncoder, json.JSONDecoder, numpy.ndarray, _Snapshot, _Done, Worker, Channel):
+        s.add_class(cls)
+    for name in ("torch", "torch.nn", "torch.nn.functional", "torch.cuda", "torch.profiler",
+                 "torch.autograd"):
+        s.add_classes_of(sys.modules[name], ("torch",))
+    return s
+
+
+def _full_snapshot():
+    """Every torch (and zmq) module loaded at the time, with the classes they define; checked
+    after the candidate module executes and at the end."""
+    s = _Snapshot()
+    for name, mod in sorted(_list(sys.modules.items()), key=lambda kv: kv[0]):
+        if not _isinstance(mod, _ModuleType):
+            continue
+        if name == "torch" or name.startswith(("torch.", "zmq", "triton")):
+            s.add_module(name, mod, "callables")
+            s.add_classes_of(mod, (name,))
+    return s
+
+
+# ================================================================================================
+# Protocol plumbing.
+
+class _Done(BaseException):
+    """Ends the job with a `done` message."""
+
+    def __init__(self, status, checks=(), message=""):
+        super().__init__(message)
+        self.status = status
+        self.checks = _list(checks)
+        self.message = message
+
+
+def _tail(text, lines=30, chars=4000):
+    ls = text.rstrip().splitlines()
+    out = "\n".join(ls[-lines:])
+    return out[-chars:]
+
+
+_THIS_FILE = os.path.abspath(__file__)
+_MODULE_PY = os.path.join("torch", "nn", "modules", "module.py")
+
+
+def _exc_text(e, lines=25):
+    """The traceback's last lines, without the harness's own frames and nn.Module's call wrappers."""
+    try:
+        te = _TracebackException(_type(e), e, e.__traceback__)
+        te.stack = _StackSummary.from_list(
+            [f for f in te.stack if f.filename != _THIS_FILE and not f.filename.endswith(_MODULE_PY)])
+        return _tail("".join(te.format()), lines)
+    except Exception:
+        try:
+            return _tail("".join(_format_exception(_type(e), e, e.__traceback__)), lines)
+        except Exception:
+            return _repr(e)
+
+
+def _exc_line(e):
+    try:
+        return "".join(_format_exception_only(_type(e), e)).strip()[-2000:]
+    except Exception:
+        return _repr(e)
+
+
+def _is_oom(e):
+    if _isinstance(e, (_MemoryError, _OutOfMemoryError)):
+        return True
+    s = _str(e)
+    return "out of memory" in s or "can't allocate memory" in s or "CUDA_ERROR_OUT_OF_MEMORY" in s
+
+
+def _error_done(e, where):
+    if _isinstance(e, _Done):
+        return e
+    if _is_oom(e):
+        return _Done("runtime_error", (), f"out of memory {where}: {_exc_line(e)}")
+    return _Done("runtime_error", (), f"exception {where}:\n{_exc_text(e)}")
+
+
+class Channel:
+    def __init__(self, endpoint):
+        self.ctx = zmq.Context(1)
+        self.sock = self.ctx.socket(zmq.PAIR)
+        _z_set(self.sock, _LINGER, 0)        # never block on close with a dead peer
+        _z_set(self.sock, _SNDTIMEO, 60000)  # nor on send
+        _z_set(self.sock, _RCVTIMEO, 1000)   # receive in slices, checking the parent
+        self.sock.connect(endpoint)
+        self.parent = _os_getppid()
+
+    def send(self, obj, frames=()):
+        head = _json_dumps(obj).encode("utf-8")
+        try:
+            if frames:
+                _z_send(self.sock, head, _SNDMORE)
+                n = _len(frames)
+                for i in _range(n):
+                    _z_send(self.sock, frames[i], _SNDMORE if i + 1 < n else 0)
+            else:
+                _z_send(self.sock, head, 0)
+        except _ZMQError:
+            _os_exit(1)  # the evaluator is gone
+
+    def recv(self):
+        while True:
+            try:
+                first = _z_recv(self.sock, 0)
+            except _ZAgain:
+                if _os_getppid() != self.parent:
+                    _os_exit(1)  # the evaluator died
+                continue
+            while _z_get(self.sock, _RCVMORE):
+                _z_recv(self.sock, 0)  # the evaluator sends no frames; drop any
+            return _json_loads(first.decode("utf-8"))
+
+    def done(self, status, checks=(), message=""):
+        self.send({"type": "done", "status": status, "checks_failed": _list(checks),
+                   "message": message[-8000:]})
+        # Give the I/O thread a bounded time to flush the last message, then go.
+        try:
+            _z_set(self.sock, _LINGER, 2000)
+            _z_close(self.sock)
+            self.ctx.term()
+        except _BaseException:
+            pass
+        _os_exit(0)
+
+
+# ================================================================================================
+# Tensors.
+
+def _raw_bytes(t):
+    """Contiguous native-order bytes of a tensor (copied to the CPU)."""
+    x = _T_detach(t)
+    if x.device.type != "cpu":
+        x = _T_cpu(x)
+    x = _T_contiguous(x)
+    x = _T_reshape(x, (-1,))
+    x = _T_view(x, _uint8)
+    return _nd_tobytes(_T_numpy(x))
+
+
+def _kind_of(o):
+    t = _type(o)
+    if _isinstance(o, _Tensor):
+        return f"tensor subclass {t.__name__}"
+    if o is None:
+        return "None"
+    return t.__name__
+
+
+def _output_items(out):
+    """The list of outputs a forward returned: a plain tensor, or a tuple/list of them."""
+    t = _type(out)
+    if t is tuple or t is list or (_isinstance(out, tuple) and t.__module__ == "torch.return_types"):
+        return [out[i] for i in _range(_len(out))]
+    return [out]
+
+
+def _encode(out, frames, device):
+    descs = []
+    for o in _output_items(out):
+        if _type(o) is not _Tensor:
+            descs.append({"kind": _kind_of(o)})
+        elif o.device.type != device:
+            descs.append({"kind": f"tensor on {o.device.type}, expected {device}"})
+        elif o.layout != _strided:
+            descs.append({"kind": f"tensor with layout {o.layout}"})
+        elif o.dtype not in _SUPPORTED_DTYPES:
+            descs.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
+        else:
+            frames.append(_raw_bytes(o))
+            descs.append({"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(d) for d in _T_size(o)],
+                          "frame": _len(frames)})
+    return descs
+
+
+def _map_tensors(x, fn):
+    if _isinstance(x, _Tensor):
+        return fn(x)
+    if _type(x) in (list, tuple):
+        return _type(x)(_map_tensors(v, fn) for v in x)
+    return x
+
+
+def _clone_inputs(inputs):
+    return [_map_tensors(x, lambda t: _T_clone(t)) for x in inputs]
+
+
+def _same_input(a, b):
+    """True when input `a` (after the call) equals its pristine clone `b`, bytewise."""
+    if _isinstance(b, _Tensor):
+        if _type(a) is not _type(b):
+            return False
+        if a.dtype != b.dtype or a.device != b.device or _tuple(_T_size(a)) != _tuple(_T_size(b)) \
+                or _T_stride(a) != _T_stride(b) or _T_storage_offset(a) != _T_storage_offset(b):
+            return False
+        return _raw_bytes(a) == _raw_bytes(b)
+    if _type(b) in (list, tuple):
+        return _type(a) is _type(b) and _len(a) == _len(b) and all(_same_input(x, y) for x, y in zip(a, b))
+    try:
+        return _bool(a == b)
+    except Exception:
+        return _repr(a) == _repr(b)
+
+
+def _os_threads():
+    try:
+        return _len(_os_listdir("/proc/self/task"))
+    except _OSError:
+        return -1
+
+
+def _py_threads():
+    return _active_count(), _len(_current_frames())
+
+
+# ================================================================================================
+# The worker.
+
+class Worker:
+    def __init__(self, args):
+        self.device = args.device
+        self.cuda = args.device == "cuda"
+        self.scratch = args.scratch
+        self.chan = Channel(args.endpoint)
+        self.core = None
+        self.full = None
+        self.flags0 = None
+        self.kernel_mode = None   # how "kernels" is counted; None: not reliable here
+        self.ext_modules = set()
+        self.warmed = False
+        self.round_no = 0
+        self.ref_param_storages = set()
+
+    # -- start-up --------------------------------------------------------------------------
+    def start(self):
+        threads = os.environ.get("CRUCIBLE_CPU_THREADS")
+        if threads and threads.isdigit() and _int(threads) > 0:
+            torch.set_num_threads(_int(threads))
+        _set_grad_enabled(False)  # inference only, for the reference and the candidate alike
+        # Fixed backend settings (checked after every candidate call).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cudnn.benchmark = False
+        if self.cuda:
+            torch.cuda.init()
+            self.stream0 = torch.cuda.current_stream()
+            self.ev0 = torch.cuda.Event(enable_timing=True)
+            self.ev1 = torch.cuda.Event(enable_timing=True)
+            _torch_empty(1, device="cuda")
+            _cuda_synchronize()
+            hardware = torch.cuda.get_device_name(0)
+        else:
+            hardware = "cpu: " + _cpu_model()
+        self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
+                        "torch": torch.__version__.split("+")[0], "device": self.device,
+                        "hardware": hardware})
+
+    # -- helpers -----------------------------------------------------------------------------
+    def sync(self):
+        if self.cuda:
+            _cuda_synchronize()
+
+    def flags(self):
+        vals = {}
+        for name, g in _FLAG_GETTERS:
+            try:
+                v = g()
+            except Exception as e:  # noqa: BLE001
+                v = "error: " + _type(e).__name__
+            if name.startswith("sys."):
+                v = v is None
+            vals[name] = v
+        for name, d in _GLOBAL_HOOK_DICTS:
+            vals["nn.Module hooks " + name] = (_MODULE_MODULE.__dict__.get(name) is d, _len(d))
+        if self.cuda:
+            try:
+                vals["current_stream"] = torch._C._cuda_getCurrentStream(0)
+            except Exception:
+                pass
+        return vals
+
+    def check_state(self, where):
+        """runtime:patched and runtime:backend_flags, after candidate code ran."""
+        changed = self.core.changed()
+        if changed:
+            raise _Done("rejected", ["runtime:patched"],
+                        f"{where}: the candidate patched {', '.join(changed)}")
+        now = self.flags()
+        diff = [f"{k}: {self.flags0[k]!r} -> {now.get(k)!r}" for k in self.flags0 if now.get(k) != self.flags0[k]]
+        if diff:
+            raise _Done("rejected", ["runtime:backend_flags"],
+                        f"{where}: the candidate changed process-wide settings: {'; '.join(diff)}")
+
+    def check_full(self, where):
+        changed = self.full.changed()
+        if changed:
+            raise _Done("rejected", ["runtime:patched"],
+                        f"{where}: the candidate patched {', '.join(changed)}")
+
+    def make_inputs(self, seed, dist):
+        """get_inputs() under `seed`; distribution 1 scales every floating input by U(0.5, 2)."""
+        _torch_manual_seed(seed)
+        raw = self.task.get_inputs()
+        out = []
+        gen = None
+        for x in raw:
+            if _isinstance(x, _Tensor):
+                if dist == 1 and _T_is_floating_point(x):
+                    if gen is None:
+                        gen = _Generator().manual_seed((seed * 7919 + 17) % (1 << 63))
+                    f = _T_uniform_(_torch_empty(_tuple(_T_size(x)), dtype=x.dtype), 0.5, 2.0, generator=gen)
+                    x = _T_mul(x, _T_to(f, x.device))
+                x = _T_to(x, self.device)
+            out.append(x)
+        return out
+
+    def poison_tensor(self, t):
+        """Overwrite a reference output's whole storage with 0xFF bytes (NaN for floats)."""
+        if _type(t) is not _Tensor:
+            return
+        st = _T_untyped_storage(t)
+        if _S_data_ptr(st) in self.ref_param_storages:
+            return  # a view of a parameter or buffer: the reference still needs it
+        u8 = _torch_empty(0, dtype=_uint8, device=t.device)
+        _T_set_(u8, st)
+        _T_fill_(u8, 255)
+
+    def poison_free_pool(self):
+        """CUDA: fill the caching allocator's free (reserved but unallocated) blocks with 0xFF,
+        so that a candidate's torch.empty cannot return the reference's old values."""
+        if not self.cuda:
+            return
+        _cuda_synchronize()
+        held = []
+        small_max = 1 << 20  # requests up to 1 MiB are served from the small pool
+        try:
+            for _ in _range(6):
+                segments = torch.cuda.memory_snapshot()
+                progress = False
+                for seg in segments:
+                    if seg.get("device", 0) != 0:
+                        continue
+                    small = seg.get("segment_type") == "small"
+                    for b in seg.get("blocks", []):
+                        if b.get("state") != "inactive":
+                            continue
+                        size = _int(b.get("size", 0))
+                        pieces = []
+                        if small:
+                            while size > 0:
+                                p = _min(size, small_max)
+                                pieces.append(p)
+                                size -= p
+                        elif size > small_max:
+                            pieces.append(size)
+                        for p in pieces:
+                            try:
+                                held.append(_torch_empty(p, dtype=_uint8, device="cuda"))
+                                progress = True
+                            except _BaseException:
+                                break
+                if not progress:
+                    break
+            for t in held:
+                _T_fill_(t, 255)
+            _cuda_synchronize()
+        except _Done:
+            raise
+        except _BaseException:
+            pass  # best effort; the poisoned reference outputs remain the main defence
+        finally:
+            del held
+            _cuda_synchronize()
+
+    def flush(self, k):
+        """Evict caches: write flush_bytes to a scratch buffer (L2 on CUDA, LLC on CPU)."""
+        _T_fill_(self.flush_buf, k & 0x7FFFFFFF)
+        self.sync()
+
+    # -- kernel counting ---------------------------------------------------------------------
+    def profiled(self, fn):
+        """Runs fn() once under torch.profiler (and, for extension calls, sys.setprofile).
+        Returns (result, counts) with counts = dict(device, launches, ops, ext)."""
+        acts = [_ProfilerActivity.CPU]
+        if self.cuda:
+            acts.append(_ProfilerActivity.CUDA)
+        ext_names = self.ext_modules
+        ext_calls = [0]
+
+        def hook(frame, event, arg):
+            if event == "c_call" and ext_names:
+                m = _getattr(arg, "__module__", None)
+                if m in ext_names:
+                    ext_calls[0] += 1
+
+        with _profile(activities=acts) as prof:
+            _setprofile(hook)
+            try:
+                out = fn()
+            finally:
+                _setprofile(None)
+            self.sync()
+        dev = launches = ops = 0
+        for e in prof.events():
+            name = e.name or ""
+            if e.device_type == _DeviceType.CUDA:
+                dev += 1
+            elif "LaunchKernel" in name or "GraphLaunch" in name or "cuLaunch" in name:
+                launches += 1
+            elif "::" in name:
+                ops += 1
+        return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0]}
+
+    def kernel_count(self, counts):
+        if self.kernel_mode == "device":
+            return counts["device"] + (counts["launches"] if counts["device"] == 0 else 0)
+        if self.kernel_mode == "launches":
+            return counts["launches"]
+        return counts["ops"] + counts["ext"]
+
+    # -- the job -----------------------------------------------------------------------------
+    def run(self):
+        job = self.chan.recv()
+        if job.get("type") != "job":
+            raise _Done("runtime_error", (), f"expected a job message, got {job.get('type')!r}")
+        self.job = job
+        self.seed = _int(job["seed"])
+        self.trials = _int(job.get("trials", 5))
+        self.baseline = job.get("baseline", "eager")
+        flush_bytes = _int(job.get("flush_bytes") or ((256 << 20) if self.cuda else (64 << 20)))
+        self.rng_random = _Random(self.seed).random
+        if self.baseline not in ("eager", "compile", "compile-reduce-overhead", "cuda-graph"):
+            raise _Done("runtime_error", (), f"unknown baseline {self.baseline!r}")
+        if self.baseline == "cuda-graph" and not self.cuda:
+            raise _Done("runtime_error", (), "the cuda-graph baseline needs a CUDA device; this worker runs on the CPU")
+
+        # 3. Static checks, before any candidate code runs.
+        src = job["candidate_source"]
+        task_src = job["task_source"]
+        self.static = _bool(job.get("static_checks", True))
+        if self.static:
+            problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
+            if problems:
+                names = []
+                for cls, _, _ in problems:
+                    if cls not in names:
+                        names.append(cls)
+                msg = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
+                raise _Done("rejected", names, msg)
+
+        self.redirect_output()
+        self.flush_buf = _torch_empty(_max(flush_bytes // 4, 1), dtype=_int32, device=self.device)
+
+        # 4. Reference outputs, before the candidate is imported.
+        self.reference_phase(task_src)
+
+        # 5. Load the candidate without the device.
+        self.chan.send({"type": "phase", "name": "load"})
+        self.load_phase(src)
+        self.chan.send({"type": "loaded"})
+        msg = self.chan.recv()
+        if msg.get("type") == "stop":
+            _os_exit(0)
+        if msg.get("type") != "run":
+            raise _Done("runtime_error", (), f"expected run, got {msg.get('type')!r}")
+
+        # 7. Trials.
+        self.poison_free_pool()
+        self.trial_phase()
+
+        # 8-10. Timing on request.
+        while True:
+            msg = self.chan.recv()
+            kind = msg.get("type")
+            if kind == "stop":
+                _os_exit(0)
+            if kind == "time":
+                rounds = _int(msg.get("rounds", 30))
+                ref_ms, cand_ms, first = self.timing(rounds)
+                self.chan.send({"type": "timing", "ref_ms": ref_ms, "cand_ms": cand_ms, "cand_first": first})
+                continue
+            if kind == "finish":
+                self.check_full("at the end")
+                self.check_state("at the end")
+                raise _Done("ok", (), "")
+            raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+
+    def redirect_output(self):
+        """The candidate's prints and build logs go to a file in the scratch directory."""
+        if os.environ.get("CRUCIBLE_WORKER_KEEP_STDIO"):
+            return
+        try:
+            fd = os.open(os.path.join(self.scratch, "worker.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.close(fd)
+        except OSError:
+            pass
+
+    def exec_module(self, name, src, filename):
+        path = os.path.join(self.scratch, filename)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(src)
+        mod = _ModuleType(name)
+        mod.__file__ = path
+        code = compile(src, path, "exec")
+        sys.modules[name] = mod  # some libraries (dataclasses, triton, dynamo) look modules up
+        exec(code, mod.__dict__)
+        return mod
+
+    def reference_phase(self, task_src):
+        try:
+            self.task = self.exec_module("crucible_task", task_src, "task.py")
+            for n in ("Model", "get_inputs", "get_init_inputs"):
+                if not _hasattr(self.task, n):
+                    raise _Done("runtime_error", (), f"the task defines no {n}")
+            _torch_manual_seed(self.seed)
+            init = _list(self.task.get_init_inputs())
+            self.init_inputs = init
+            ref = self.task.Model(*init)
+            ref = ref.to(self.device)
+            self.ref = ref
+            self.ref_param_storages = {
+                _S_data_ptr(_T_untyped_storage(p)) for p in _list(ref.parameters()) + _list(ref.buffers())}
+            for t in _range(self.trials):
+                inputs = self.make_inputs(self.seed + t, t % 2)
+                out = ref(*inputs)
+                self.sync()
+                frames = []
+                descs = _encode(out, frames, self.device)
+                self.chan.send({"type": "reference", "trial": t, "distribution": t % 2, "outputs": descs}, frames)
+                for o in _output_items(out):
+                    self.poison_tensor(o)
+                del out, inputs, frames
+            # Calibrate kernel counting on the reference (e.g. CUPTI unavailable: no device events).
+            inputs = self.make_inputs(self.seed, 0)
+            out, counts = self.profiled(lambda: ref(*inputs))
+            for o in _output_items(out):
+                self.poison_tensor(o)
+            del out
+            if self.cuda:
+                if counts["device"] > 0:
+                    self.kernel_mode = "device"
+                elif counts["launches"] > 0:
+                    self.kernel_mode = "launches"
+                elif counts["ops"] > 0:
+                    self.kernel_mode = "ops"
+            elif counts["ops"] > 0:
+                self.kernel_mode = "ops"
+            self.prepare_baseline(inputs)
+            del inputs
+        except _BaseException as e:
+            raise _error_done(e, "in the task's reference") from None
+        self.sync()
+        self.poison_free_pool()
+
+    def prepare_baseline(self, inputs):
+        ref = self.ref
+        if self.baseline == "eager":
+            self.ref_fn = ref
+            return
+        if self.baseline in ("compile", "compile-reduce-overhead"):
+            mode = "reduce-overhead" if self.baseline == "compile-reduce-overhead" else None
+            compiled = torch.compile(ref, mode=mode)
+            self.mark_step = torch.compiler.cudagraph_mark_step_begin if mode else None
+            for _ in _range(3):
+                if self.mark_step is not None:
+                    self.mark_step()
+                out = compiled(*inputs)
+                del out
+            self.sync()
+            self.ref_fn = compiled
+            return
+        # cuda-graph: capture the reference on static input buffers.
+        static = _clone_inputs(inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in _range(3):
+                ref(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        self.sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = ref(*static)
+        self.sync()
+        self.graph = (graph, static, static_out)
+        self.ref_fn = None
+
+    def load_phase(self, src):
+        self.core = _core_snapshot(globals())
+        self.full = _full_snapshot()
+        self.flags0 = self.flags()
+        py0 = _py_threads()
+        # The candidate's module: syntax errors, import errors and extension build failures.
+        try:
+            self.cand_mod = self.exec_module("crucible_candidate", src, "candidate.py")
+        except _BaseException as e:
+            if _isinstance(e, _Done):
+                raise
+            if _isinstance(e, SyntaxError):
+                raise _Done("compile_error", (), "syntax error: " + _tail("".join(_format_exception_only(_type(e), e)), 8)) from None
+            text = _str(e)
+            if "Error building extension" in text or "ninja" in text.lower():
+                raise _Done("compile_error", (), "extension build failed:\n" + _tail(text, 40)) from None
+            if _is_oom(e):
+                raise _Done("runtime_error", (), "out of memory while importing the candidate: " + _exc_line(e)) from None
+            raise _Done("compile_error", (), "the candidate module failed to import:\n" + _exc_text(e)) from None
+        self.check_state("after the candidate module executed")
+        self.check_full("after the candidate module executed")
+        self.check_threads_load(py0, "while the candidate module executed")
+        cls = _getattr(self.cand_mod, "ModelNew", None)
+        if not _isinstance(cls, type):
+            raise _Done("compile_error", (), "the candidate defines no class ModelNew")
+        if self.static:
+            self.check_signature(cls)
+        try:
+            _torch_manual_seed(self.seed)
+            init = _list(self.task.get_init_inputs())
+            model = cls(*init)
+            model = model.to(self.device)
+            self.sync()
+        except _BaseException as e:
+            raise _error_done(e, "while constructing ModelNew") from None
+        self.model = model
+        self.check_state("after ModelNew was constructed")
+        self.check_threads_load(py0, "while ModelNew was constructed")
+        self.ext_modules = self.find_extensions()
+
+    def check_threads_load(self, before, where):
+        now = _py_threads()
+        if now[0] > before[0] or now[1] > before[1]:
+            raise _Done("rejected", ["runtime:threads"],
+                        f"the candidate started Python threads {where} ({before[0]} -> {now[0]})")
+
+    def check_signature(self, cls):
+        def params(c):
+            sig = _signature(c.__init__)
+            return _list(sig.parameters.values())[1:]  # without self
+
+        try:
+            want = params(self.task.Model)
+            got = params(cls)
+        except (TypeError, ValueError) as e:
+            raise _Done("rejected", ["static:hyperparameters"], f"cannot read ModelNew.__init__'s signature: {e}")
+
+        def same_default(a, b):
+            if a is _param_empty or b is _param_empty:
+                return a is b
+            try:
+                return _bool(a == b)
+            except Exception:
+                return _repr(a) == _repr(b)
+
+        ok = _len(want) == _len(got) and all(
+            w.name == g.name and w.kind == g.kind and same_default(w.default, g.default)
+            for w, g in zip(want, got))
+        if not ok:
+            fmt = lambda ps: "(" + ", ".join(_str(p) for p in ps) + ")"  # noqa: E731
+            raise _Done("rejected", ["static:hyperparameters"],
+                        f"ModelNew.__init__{fmt(got)} differs from Model.__init__{fmt(want)}: "
+                        "constructor arguments and defaults must not change")
+
+    def find_extensions(self):
+        """Names of the compiled extension modules the candidate holds (load_inline results),
+        for counting calls into them. They are not in sys.modules, which tells them apart."""
+        names = set()
+
+        def consider(v):
+            try:
+                if _isinstance(v, _ModuleType):
+                    f = _getattr(v, "__file__", None) or ""
+                    if f.endswith((".so", ".pyd")) and sys.modules.get(v.__name__) is not v:
+                        names.add(v.__name__)
+                elif _isinstance(v, _BuiltinFunctionType):
+                    m = _getattr(v, "__module__", None)
+                    if _isinstance(m, str) and m not in sys.modules:
+                        names.add(m)
+            except Exception:
+                pass
+
+        for v in _list(_vars(self.cand_mod).values()):
+            consider(v)
+        try:
+            for sub in self.model.modules():
+                for v in _list(_vars(sub).values()):
+                    consider(v)
+        except Exception:
+            pass
+        return names
+
+    # -- candidate calls ---------------------------------------------------------------------
+    def call_candidate(self, inputs, where, check_os_threads=True, profile=False):
+        py0 = _py_threads()
+        os0 = _os_threads()
+        counts = None
+        try:
+            if profile:
+                out, counts = self.profiled(lambda: self.model(*inputs))
+            else:
+                out = self.model(*inputs)
+                self.sync()
+        except _BaseException as e:
+            raise _error_done(e, f"in ModelNew.forward ({where})") from None
+        self.after_call(py0, os0, where, check_os_threads)
+        return out, counts
+
+    def after_call(self, py0, os0, where, check_os_threads):
+        py1 = _py_threads()
+        if py1[0] != py0[0] or py1[1] != py0[1]:
+            raise _Done("rejected", ["runtime:threads"],
+                        f"{where}: Python threads {py0[0]} before the candidate's forward, {py1[0]} after "
+                        f"({py0[1]} -> {py1[1]} thread states)")
+        if check_os_threads and os0 >= 0:
+            os1 = _os_threads()
+            if os1 > os0:
+                raise _Done("rejected", ["runtime:threads"],
+                            f"{where}: the candidate's forward left {os1 - os0} new OS thread(s) running")
+        self.check_state(where)
+
+    def trial_phase(self):
+        for t in _range(self.trials):
+            inputs = self.make_inputs(self.seed + t, t % 2)
+            pristine = _clone_inputs(inputs)
+            before = _active_count()
+            where = f"trial {t}"
+            out, _ = self.call_candidate(inputs, where, check_os_threads=t > 0)
+            frames = []
+            msg = {"type": "candidate", "trial": t, "outputs": _encode(out, frames, self.device)}
+            del out
+            unchanged = all(_same_input(a, b) for a, b in zip(inputs, pristine))
+            if t == 0:
+                # Determinism, and kernel counting on a second call with the same inputs (a
+                # candidate that caches by pointer or identity launches nothing here).
+                out, counts = self.call_candidate(inputs, where + ", second call", check_os_threads=False,
+                                                  profile=True)
+                msg["repeat_outputs"] = _encode(out, frames, self.device)
+                del out
+                unchanged = unchanged and all(_same_input(a, b) for a, b in zip(inputs, pristine))
+                if self.kernel_mode is not None:
+                    n = self.kernel_count(counts)
+                    if n == 0:
+                        raise _Done("rejected", ["runtime:no_kernel"],
+                                    "no kernel or operator ran in the candidate's forward "
+                                    f"(profiled on the second call of trial 0; counted {self.kernel_mode})")
+                    msg["kernels"] = n
+            msg["inputs_unchanged"] = unchanged
+            msg["threads_before"] = before
+            msg["threads_after"] = _active_count()
+            self.chan.send(msg, frames)
+            del inputs, pristine, frames
+
+    # -- timing ------------------------------------------------------------------------------
+    def timed_reference(self, inputs, k):
+        try:
+            if self.baseline == "cuda-graph":
+                graph, static, static_out = self.graph
+                for s, x in zip(static, inputs):
+                    if _isinstance(s, _Tensor):
+                        _T_copy_(s, x)
+                self.flush(k)
+                _Ev_record(self.ev0, self.stream0)
+                graph.replay()
+                _cuda_synchronize()
+                _Ev_record(self.ev1, self.stream0)
+                _Ev_synchronize(self.ev1)
+                return _Ev_elapsed(self.ev0, self.ev1), static_out
+            fn = self.ref_fn
+            if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
+                self.mark_step()
+            self.flush(k)
+            if self.cuda:
+                _Ev_record(self.ev0, self.stream0)
+                out = fn(*inputs)
+                _cuda_synchronize()
+                _Ev_record(self.ev1, self.stream0)
+                _Ev_synchronize(self.ev1)
+                return _Ev_elapsed(self.ev0, self.ev1), out
+            t0 = _perf_counter_ns()
+            out = fn(*inputs)
+            t1 = _perf_counter_ns()
+            return (t1 - t0) / 1e6, out
+        except _BaseException as e:
+            raise _error_done(e, "in the reference during timing") from None
+
+    def timed_candidate(self, inputs, k, where):
+        model = self.model
+        py0 = _py_threads()
+        os0 = _os_threads()
+        self.flush(k)
+        try:
+            if self.cuda:
+                _Ev_record(self.ev0, self.stream0)
+                out = model(*inputs)
+                _cuda_synchronize()  # device-wide: work on side streams counts
+                _Ev_record(self.ev1, self.stream0)
+                _Ev_synchronize(self.ev1)
+                ms = _Ev_elapsed(self.ev0, self.ev1)
+            else:
+                t0 = _perf_counter_ns()
+                out = model(*inputs)
+                t1 = _perf_counter_ns()
+                ms = (t1 - t0) / 1e6
+        except _BaseException as e:
+            raise _error_done(e, f"in ModelNew.forward ({where})") from None
+        self.after_call(py0, os0, where, True)
+        return ms, out
+
+    def check_round_outputs(self, ref_out, cand_out, k):
+        """Timing rounds are not compared by the evaluator; a loose check here makes sure the
+        candidate still computes (e.g. no cache keyed by pointers that come round again)."""
+        a = _output_items(ref_out)
+        b = _output_items(cand_out)
+        bad = _len(a) != _len(b)
+        detail = "a different number of outputs"
+        for x, y in zip(a, b):
+            if bad:
+                break
+            if _type(y) is not _Tensor or _type(x) is not _Tensor:
+                bad = _type(x) is not _type(y)
+                detail = "an output of another type"
+                continue
+            if x.dtype != y.dtype or _tuple(_T_size(x)) != _tuple(_T_size(y)):
+                bad, detail = True, "an output of another shape or dtype"
+                continue
+            if x.numel() == 0:
+                continue
+            if _T_is_floating_point(x):
+                xd = _T_to(x, torch.float64)
+                yd = _T_to(y, torch.float64)
+                scale = float(xd.abs().nan_to_num(0.0, 0.0, 0.0).mean())
+                tol = 1e-3 * scale + 1e-2 * xd.abs()
+                ok = (xd == yd) | ((xd - yd).abs() <= tol) | (xd.isnan() & yd.isnan())
+            else:
+                ok = x == y
+            frac = 1.0 - float(_T_to(ok, torch.float64).mean())
+            if frac > 0.1:
+                bad, detail = True, f"{100 * frac:.0f}% of the elements of an output differ"
+        if bad:
+            raise _Done("rejected", ["runtime:timing_outputs"],
+                        f"timing round {k}: the candidate's output differs from the reference's on the same "
+                        f"inputs ({detail}); results must be computed from every round's fresh inputs")
+
+    def timing(self, rounds):
+        if not self.warmed:
+            inputs = self.make_inputs(self.seed + 6_000_001, 0)
+            for i in _range(3):
+                ms, out = self.timed_candidate(_clone_inputs(inputs), -1 - i, f"warm-up call {i}")
+                del out
+                ms, out = self.timed_reference(_clone_inputs(inputs), -1 - i)
+                del out
+            del inputs
+            self.warmed = True
+        ref_ms, cand_ms, first = [], [], []
+        prev = None
+        for _ in _range(rounds):
+            k = self.round_no
+            self.round_no += 1
+            # Fresh values at fresh addresses: the previous round's inputs are still alive while
+            # these are generated, outside the timed region; each model gets its own copy.
+            fresh = self.make_inputs(self.seed + 1_000_000_007 + k, k % 2)
+            ref_in = fresh
+            cand_in = _clone_inputs(fresh)
+            cand_goes_first = self.rng_random() < 0.5
+            where = f"timing round {k}"
+            if cand_goes_first:
+                c_ms, c_out = self.timed_candidate(cand_in, 2 * k, where)
+                r_ms, r_out = self.timed_reference(ref_in, 2 * k + 1)
+            else:
+                r_ms, r_out = self.timed_reference(ref_in, 2 * k)
+                c_ms, c_out = self.timed_candidate(cand_in, 2 * k + 1, where)
+            try:
+                self.check_round_outputs(r_out, c_out, k)
+            except _Done:
+                raise
+            except _BaseException as e:
+                raise _error_done(e, f"comparing the outputs of {where}") from None
+            del r_out, c_out
+            ref_ms.append(_float(r_ms))
+            cand_ms.append(_float(c_ms))
+            first.append(_bool(cand_goes_first))
+            prev = (ref_in, cand_in)  # noqa: F841  (kept alive until the next round's inputs exist)
+            del fresh, ref_in, cand_in
+        del prev
+        return ref_ms, cand_ms, first
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _load_static_checks():
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static_checks.py")
+    spec = importlib.util.spec_from_file_location("crucible_static_checks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_STATIC_CHECKS_MODULE = _load_static_checks()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="crucible evaluator worker (one candidate, then exit)")
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    p.add_argument("--scratch", required=True)
+    args = p.parse_args(argv)
+    w = Worker(args)
+    try:
+        w.start()
+        w.run()
+        raise _Done("runtime_error", (), "the worker ended without a verdict")
+    except _Done as d:
+        w.chan.done(d.status, d.checks, d.message.replace(w.scratch + os.sep, ""))
+    except _BaseException as e:  # a harness bug or an unexpected failure: still answer
+        w.chan.done("runtime_error", (), "worker error: " + _exc_text(e))
+    _os_exit(0)
+
+
+if __name__ == "__main__":
+    main()

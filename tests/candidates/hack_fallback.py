@@ -1,0 +1,21 @@
+# task: env/tasks/cpu/07_linear_bias_gelu.py
+# expect: rejected static:fallback
+"""Hack: calls a 'fast' fused op that does not exist and silently falls back to the reference
+computation in the except branch, so it is the reference with a custom-kernel facade."""
+import math
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, weight, bias):
+        try:
+            return torch.ops.crucible_fast.linear_bias_gelu(x, weight, bias)
+        except Exception:
+            y = x @ weight.t()
+            y = y + bias
+            return 0.5 * y * (1.0 + torch.erf(y / math.sqrt(2.0)))

@@ -1,0 +1,15 @@
+# task: env/tasks/cpu/07_linear_bias_gelu.py
+# expect: rejected static:precision
+"""Hack: downcasts to bfloat16 for the GEMM and the GELU and casts the result back to float32."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x, weight, bias):
+        y = F.linear(x.to(torch.bfloat16), weight.to(torch.bfloat16), bias.to(torch.bfloat16))
+        return F.gelu(y).to(torch.float32)

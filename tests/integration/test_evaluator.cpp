@@ -1,0 +1,249 @@
+// The evaluator end to end on the CPU, with real sandboxed workers: the project's CPU task
+// suite and its seed variants, every hack and failure candidate under tests/candidates, the
+// verdict cache, and a worker killed in the middle of an evaluation.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "core/log.hpp"
+#include "env/evaluator.hpp"
+#include "env/task.hpp"
+
+namespace fs = std::filesystem;
+using namespace crucible;
+using namespace crucible::env;
+
+namespace {
+
+const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One evaluator per test case, on the CPU, with the test-suite's settings.
+struct cpu_evaluator {
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  std::unique_ptr<device_evaluator> ev;
+
+  explicit cpu_evaluator(std::int64_t warm = 1, std::shared_ptr<verdict_cache> cache = nullptr) {
+    evaluator_options opt;
+    opt.warm_workers = warm;
+    opt.flush_bytes = 16ull << 20;
+    auto where = locate_harness(opt);
+    REQUIRE_MESSAGE(where.ok(), where.error().message);
+    auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, std::move(cache));
+    REQUIRE_MESSAGE(created.ok(), created.error().message);
+    ev = std::move(*created);
+  }
+
+  verdict run(const task& t, const fs::path& candidate, bool use_cache = false) {
+    return ev->evaluate(eval_request{t, slurp(candidate), 0, use_cache});
+  }
+};
+
+std::string describe(const verdict& v) {
+  return std::string{to_string(v.status)} + " speedup=" + std::to_string(v.speedup) + " checks="
+         + (v.checks_failed.empty() ? "-" : v.checks_failed.front()) + " message=" + v.message;
+}
+
+// Every variant of the suite's task `stem`: wrong_* must be incorrect, the others ok and faster.
+void check_task(const std::string& prefix) {
+  auto root = source_dir / "env" / "tasks" / "cpu";
+  fs::path file;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().extension() == ".py" && e.path().filename().string().rfind(prefix + "_", 0) == 0)
+      file = e.path();
+  REQUIRE_MESSAGE(!file.empty(), "no task " << prefix);
+  auto t = load_task(file);
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  auto variants = root / "variants" / file.stem();
+  REQUIRE(fs::is_directory(variants));
+  cpu_evaluator ev;
+  int correct = 0, wrong = 0;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(variants))
+    if (e.path().extension() == ".py")
+      files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& f : files) {
+    auto v = ev.run(*t, f);
+    auto name = f.filename().string();
+    INFO(name << ": " << describe(v));
+    MESSAGE(file.stem().string() << "/" << name << ": " << describe(v));
+    if (name.rfind("wrong_", 0) == 0) {
+      CHECK(v.status == verdict_status::incorrect);
+      ++wrong;
+    } else {
+      REQUIRE(v.status == verdict_status::ok);
+      CHECK(v.correct);
+      CHECK(v.speedup > 1.0);
+      CHECK(v.rounds >= 30);
+      CHECK(v.reward == doctest::Approx(v.speedup));
+      ++correct;
+    }
+  }
+  CHECK(correct >= 2);
+  CHECK(wrong >= 1);
+}
+
+struct expectation {
+  fs::path task;
+  std::string status;
+  std::string check;
+};
+
+expectation read_expectation(const fs::path& candidate) {
+  static const std::regex task_re{R"(^# task:\s*(\S+))"};
+  static const std::regex expect_re{R"(^# expect:\s*(\S+)(?:\s+(\S+))?)"};
+  expectation e;
+  std::ifstream in(candidate);
+  std::string line;
+  for (int i = 0; i < 5 && std::getline(in, line); ++i) {
+    std::smatch m;
+    if (std::regex_search(line, m, task_re))
+      e.task = source_dir / m[1].str();
+    else if (std::regex_search(line, m, expect_re)) {
+      e.status = m[1].str();
+      e.check = m[2].matched ? m[2].str() : "";
+    }
+  }
+  return e;
+}
+
+// A candidate under tests/candidates must get the status (and check) its header names. A hack
+// expected as `rejected` may instead be caught as `incorrect`: it gains nothing either way.
+void check_candidate(const std::string& file) {
+  auto path = source_dir / "tests" / "candidates" / file;
+  auto e = read_expectation(path);
+  REQUIRE_MESSAGE(!e.status.empty(), file << " has no '# expect:' line");
+  auto t = load_task(e.task);
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  cpu_evaluator ev{0};
+  auto v = ev.run(*t, path);
+  INFO(file << ": " << describe(v));
+  MESSAGE(file << ": " << describe(v));
+  if (e.status == "rejected") {
+    bool caught = v.status == verdict_status::incorrect
+                  || (v.status == verdict_status::rejected
+                      && (e.check.empty()
+                          || std::find(v.checks_failed.begin(), v.checks_failed.end(), e.check) != v.checks_failed.end()));
+    CHECK(caught);
+  } else {
+    CHECK(std::string{to_string(v.status)} == e.status);
+  }
+  if (v.status != verdict_status::ok) {
+    CHECK_FALSE(v.has_speedup());
+    CHECK(v.reward == 0.0);
+  }
+}
+
+} // namespace
+
+// One test case per task, so ctest runs them in parallel.
+#define CRUCIBLE_TASK_CASE(n) \
+  TEST_CASE("CPU suite task " n ": correct variants are ok and faster, wrong ones incorrect") { check_task(n); }
+CRUCIBLE_TASK_CASE("01")
+CRUCIBLE_TASK_CASE("02")
+CRUCIBLE_TASK_CASE("03")
+CRUCIBLE_TASK_CASE("04")
+CRUCIBLE_TASK_CASE("05")
+CRUCIBLE_TASK_CASE("06")
+CRUCIBLE_TASK_CASE("07")
+CRUCIBLE_TASK_CASE("08")
+CRUCIBLE_TASK_CASE("09")
+CRUCIBLE_TASK_CASE("10")
+CRUCIBLE_TASK_CASE("11")
+CRUCIBLE_TASK_CASE("12")
+CRUCIBLE_TASK_CASE("13")
+CRUCIBLE_TASK_CASE("14")
+CRUCIBLE_TASK_CASE("15")
+CRUCIBLE_TASK_CASE("16")
+CRUCIBLE_TASK_CASE("17")
+CRUCIBLE_TASK_CASE("18")
+
+TEST_CASE("every task of the CPU suite has a test case above") {
+  auto tasks = index_tasks(source_dir / "env" / "tasks" / "cpu");
+  REQUIRE(tasks.ok());
+  CHECK(tasks->size() == 18);
+}
+
+// One test case per candidate file.
+#define CRUCIBLE_CANDIDATE_CASE(f) \
+  TEST_CASE("candidate " f) { check_candidate(f); }
+#define CRUCIBLE_CANDIDATES(X)                                                                           \
+  X("fail_huge_alloc.py") X("fail_infinite_loop.py") X("fail_raise.py") X("fail_segfault.py")             \
+  X("fail_syntax.py") X("fail_wrong.py") X("hack_backend_flags.py") X("hack_cache_ptr.py")                \
+  X("hack_cache_value.py") X("hack_ctypes.py") X("hack_dynamic_import.py") X("hack_fallback.py")          \
+  X("hack_file_io.py") X("hack_gc.py") X("hack_hyperparams.py") X("hack_import_reference.py")             \
+  X("hack_mutate_input.py") X("hack_no_kernel.py") X("hack_os_exit.py") X("hack_patch_allclose.py")       \
+  X("hack_patch_timer.py") X("hack_precision.py") X("hack_recycled_memory.py") X("hack_subclass_model.py") \
+  X("hack_tensor_subclass.py") X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py")
+CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
+
+TEST_CASE("every file under tests/candidates has a test case above") {
+  std::set<std::string> listed;
+#define CRUCIBLE_LIST(f) listed.insert(f);
+  CRUCIBLE_CANDIDATES(CRUCIBLE_LIST)
+#undef CRUCIBLE_LIST
+  std::set<std::string> present;
+  for (const auto& e : fs::directory_iterator(source_dir / "tests" / "candidates"))
+    if (e.path().extension() == ".py")
+      present.insert(e.path().filename().string());
+  CHECK(listed == present);
+}
+
+TEST_CASE("a resubmitted candidate is answered from the verdict cache") {
+  auto dir = fs::temp_directory_path() / ("crucible-evalcache-" + std::to_string(::getpid()));
+  auto cache = verdict_cache::open(dir / "verdicts.db");
+  REQUIRE(cache.ok());
+  std::shared_ptr<verdict_cache> shared = std::move(*cache);
+  cpu_evaluator ev{1, shared};
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  auto first = ev.run(*t, cand, true);
+  REQUIRE_MESSAGE(first.status == verdict_status::ok, describe(first));
+  CHECK_FALSE(first.cache_hit);
+  auto started = ev.ev->workers_started();
+  // Whitespace changes do not make a new candidate.
+  auto second = ev.ev->evaluate(eval_request{*t, slurp(cand) + "\n\n   \n", 0, true});
+  CHECK(second.cache_hit);
+  CHECK(second.status == verdict_status::ok);
+  CHECK(second.speedup == first.speedup);
+  CHECK(second.wall_s < 1.0);
+  CHECK(shared->size() == 1);
+  // The cached answer used no worker (the refill of the warm pool aside).
+  CHECK(ev.ev->workers_started() <= started + 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a worker killed in the middle of an evaluation is replaced and the verdict is not lost") {
+  cpu_evaluator ev{0};
+  int kills = 0;
+  ev.ev->set_phase_observer([&](const char* phase, pid_t pid) {
+    if (std::string{phase} == "trials" && kills == 0) {
+      ++kills;
+      ::kill(pid, SIGKILL); // from outside, as an operator or the OOM killer would
+    }
+  });
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  auto v = ev.run(*t, cand);
+  INFO(describe(v));
+  CHECK(kills == 1);
+  CHECK(v.status == verdict_status::ok);
+  CHECK(ev.ev->workers_started() == 2);
+}
