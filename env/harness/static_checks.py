@@ -209,6 +209,8 @@ _OS_OK = {"os.path", "os.environ", "os.getenv", "os.cpu_count", "os.sched_getaff
           # Ending the worker is no hack: it yields runtime_error.
           "os._exit", "os.abort"}
 _OS_ENVIRON_WRITES = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
+# Environment variables a candidate may set: they only steer its own extension builds.
+_ENV_WRITABLE = {"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"}
 
 # Attribute names that are problems on any object.
 _ATTR_CLASSES = {
@@ -588,7 +590,10 @@ class _Checker:
                 self.add("dynamic_code", node, f"{d.split('.')[1]}() with a computed name on {t}")
         # os.environ writes through methods
         if isinstance(f, ast.Attribute) and f.attr in _OS_ENVIRON_WRITES and self.resolve(f.value) == "os.environ":
-            self.add("patching", node, f"changes the environment (os.environ.{f.attr})")
+            key = node.args[0] if node.args else None
+            if not (f.attr in ("setdefault", "__setitem__") and isinstance(key, ast.Constant)
+                    and key.value in _ENV_WRITABLE):
+                self.add("patching", node, f"changes the environment (os.environ.{f.attr})")
         if d is not None:
             # torch.backends.*: reading is fine, calling a setter/flags context is not.
             if d.startswith("torch.backends.") and d.rsplit(".", 1)[-1] not in ("is_available", "is_built", "version",
@@ -644,7 +649,9 @@ class _Checker:
                 self.add("precision", node, f"{what} {root}{'.' + t.attr if isinstance(t, ast.Attribute) else '[...]'} "
                                             "(backend settings are fixed by the harness)")
             elif root == "os.environ" or root.startswith("os.environ"):
-                self.add("patching", node, f"{what} an environment variable")
+                key = t.slice if isinstance(t, ast.Subscript) else None
+                if not (isinstance(key, ast.Constant) and key.value in _ENV_WRITABLE):
+                    self.add("patching", node, f"{what} an environment variable")
             else:
                 name = root + ("." + t.attr if isinstance(t, ast.Attribute) else "[...]")
                 self.add("patching", node, f"{what} {name} (monkey-patching)")

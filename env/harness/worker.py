@@ -43,6 +43,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 import types  # noqa: E402
+import warnings  # noqa: E402
 
 import numpy  # noqa: E402
 import zmq  # noqa: E402
@@ -53,6 +54,28 @@ import torch.nn  # noqa: E402
 import torch.nn.functional  # noqa: E402
 import torch.nn.modules.module  # noqa: E402
 import torch.profiler  # noqa: E402
+
+
+def _prewarm_dynamo():
+    """torch.compile monkey-patches torch the first time it is used (torch.manual_seed,
+    nn.Module.__init__/__setstate__, torch.jit.trace, optimizers). Apply those patches now, so a
+    candidate that legitimately uses torch.compile does not look like it patched torch."""
+    try:
+        import torch._dynamo  # noqa: F401  (wraps torch.manual_seed)
+        from torch._dynamo.eval_frame import TorchPatcher
+        from torch._dynamo.mutation_guard import install_generation_tagging_init
+        TorchPatcher.patch()
+        install_generation_tagging_init()
+    except Exception:  # an older or newer torch without these: the snapshot will tell
+        pass
+    # Inductor creates tqdm progress bars (disabled ones too); every tqdm instance starts tqdm's
+    # monitor thread, which a candidate using torch.compile would then seem to have started.
+    tq = sys.modules.get("tqdm.std")
+    if tq is not None and hasattr(tq, "tqdm"):
+        tq.tqdm.monitor_interval = 0
+
+
+_prewarm_dynamo()
 
 # ================================================================================================
 # Trusted references, captured before any candidate code exists.
@@ -81,7 +104,6 @@ _Exception = Exception
 _MemoryError = MemoryError
 _OSError = OSError
 _ModuleType = types.ModuleType
-_BuiltinFunctionType = types.BuiltinFunctionType
 
 _perf_counter_ns = time.perf_counter_ns
 _json_dumps = json.dumps
@@ -91,10 +113,12 @@ _os_listdir = os.listdir
 _os_getppid = os.getppid
 _os_getpid = os.getpid
 _active_count = threading.active_count
+_enumerate_threads = threading.enumerate
 _current_frames = sys._current_frames
 _setprofile = sys.setprofile
 _gettrace = sys.gettrace
 _getprofile = sys.getprofile
+_sys_modules = sys.modules
 _format_exception = traceback.format_exception
 _format_exception_only = traceback.format_exception_only
 _TracebackException = traceback.TracebackException
@@ -235,6 +259,8 @@ _CLASS_IGNORE = {"__doc__", "__annotations__", "__slotnames__", "_abc_impl", "__
                  "__parameters__", "__weakref__", "__dict__", "__orig_bases__",
                  "__static_attributes__", "__firstlineno__", "_is_protocol"}
 _ALL_IGNORE = {"_", "__warningregistry__"}
+# Benign lazy registrations torch makes when its compiler is first used (full snapshot only).
+_LAZY_REGISTRATIONS = ("torch.compiler._cache.CacheInfo.",)
 
 
 def _flaggable(v):
@@ -284,6 +310,8 @@ class _Snapshot:
     def changed(self, limit=20):
         out = []
         for label, live, frozen, mode in self.entries:
+            if label.startswith(_LAZY_REGISTRATIONS) or (label + ".").startswith(_LAZY_REGISTRATIONS):
+                continue
             for name, old in frozen.items():
                 new = live.get(name, _MISSING)
                 if new is old:
@@ -557,6 +585,13 @@ def _py_threads():
     return _active_count(), _len(_current_frames())
 
 
+def _thread_names():
+    try:
+        return ", ".join(sorted(t.name for t in _enumerate_threads() if t is not threading.main_thread()))
+    except Exception:
+        return "?"
+
+
 # ================================================================================================
 # The worker.
 
@@ -570,10 +605,12 @@ class Worker:
         self.full = None
         self.flags0 = None
         self.kernel_mode = None   # how "kernels" is counted; None: not reliable here
-        self.ext_modules = set()
         self.warmed = False
         self.round_no = 0
         self.ref_param_storages = set()
+        self.ref_fn = None
+        self.graph = None
+        self.mark_step = None
 
     # -- start-up --------------------------------------------------------------------------
     def start(self):
@@ -729,13 +766,16 @@ class Worker:
         acts = [_ProfilerActivity.CPU]
         if self.cuda:
             acts.append(_ProfilerActivity.CUDA)
-        ext_names = self.ext_modules
+        modules = _sys_modules
         ext_calls = [0]
 
         def hook(frame, event, arg):
-            if event == "c_call" and ext_names:
+            # A call into a compiled extension outside every imported package: load_inline's
+            # modules and inductor's CPU kernels ("<hash>.kernel") have no top-level package in
+            # sys.modules, unlike torch's, numpy's or the builtins' functions.
+            if event == "c_call":
                 m = _getattr(arg, "__module__", None)
-                if m in ext_names:
+                if _isinstance(m, str) and m.partition(".")[0] not in modules:
                     ext_calls[0] += 1
 
         with _profile(activities=acts) as prof:
@@ -856,6 +896,7 @@ class Worker:
         return mod
 
     def reference_phase(self, task_src):
+        stage = "in the task's reference"
         try:
             self.task = self.exec_module("crucible_task", task_src, "task.py")
             for n in ("Model", "get_inputs", "get_init_inputs"):
@@ -894,10 +935,11 @@ class Worker:
                     self.kernel_mode = "ops"
             elif counts["ops"] > 0:
                 self.kernel_mode = "ops"
+            stage = f"while preparing the {self.baseline} baseline"
             self.prepare_baseline(inputs)
             del inputs
         except _BaseException as e:
-            raise _error_done(e, "in the task's reference") from None
+            raise _error_done(e, stage) from None
         self.sync()
         self.poison_free_pool()
 
@@ -935,8 +977,13 @@ class Worker:
         self.ref_fn = None
 
     def load_phase(self, src):
-        self.core = _core_snapshot(globals())
-        self.full = _full_snapshot()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # reading deprecated module attributes warns
+            self.core = _core_snapshot(globals())
+            # The task's module and class: the reference is timed after the candidate ran.
+            self.core.add_module("task", self.task, "callables")
+            self.core.add_class(self.task.Model)
+            self.full = _full_snapshot()
         self.flags0 = self.flags()
         py0 = _py_threads()
         # The candidate's module: syntax errors, import errors and extension build failures.
@@ -972,13 +1019,13 @@ class Worker:
         self.model = model
         self.check_state("after ModelNew was constructed")
         self.check_threads_load(py0, "while ModelNew was constructed")
-        self.ext_modules = self.find_extensions()
 
     def check_threads_load(self, before, where):
         now = _py_threads()
         if now[0] > before[0] or now[1] > before[1]:
             raise _Done("rejected", ["runtime:threads"],
-                        f"the candidate started Python threads {where} ({before[0]} -> {now[0]})")
+                        f"the candidate started Python threads {where} ({before[0]} -> {now[0]}: "
+                        f"{_thread_names() or 'threads unknown to threading'})")
 
     def check_signature(self, cls):
         def params(c):
@@ -1008,34 +1055,6 @@ class Worker:
                         f"ModelNew.__init__{fmt(got)} differs from Model.__init__{fmt(want)}: "
                         "constructor arguments and defaults must not change")
 
-    def find_extensions(self):
-        """Names of the compiled extension modules the candidate holds (load_inline results),
-        for counting calls into them. They are not in sys.modules, which tells them apart."""
-        names = set()
-
-        def consider(v):
-            try:
-                if _isinstance(v, _ModuleType):
-                    f = _getattr(v, "__file__", None) or ""
-                    if f.endswith((".so", ".pyd")) and sys.modules.get(v.__name__) is not v:
-                        names.add(v.__name__)
-                elif _isinstance(v, _BuiltinFunctionType):
-                    m = _getattr(v, "__module__", None)
-                    if _isinstance(m, str) and m not in sys.modules:
-                        names.add(m)
-            except Exception:
-                pass
-
-        for v in _list(_vars(self.cand_mod).values()):
-            consider(v)
-        try:
-            for sub in self.model.modules():
-                for v in _list(_vars(sub).values()):
-                    consider(v)
-        except Exception:
-            pass
-        return names
-
     # -- candidate calls ---------------------------------------------------------------------
     def call_candidate(self, inputs, where, check_os_threads=True, profile=False):
         py0 = _py_threads()
@@ -1057,7 +1076,7 @@ class Worker:
         if py1[0] != py0[0] or py1[1] != py0[1]:
             raise _Done("rejected", ["runtime:threads"],
                         f"{where}: Python threads {py0[0]} before the candidate's forward, {py1[0]} after "
-                        f"({py0[1]} -> {py1[1]} thread states)")
+                        f"({py0[1]} -> {py1[1]} thread states; other threads: {_thread_names() or 'none'})")
         if check_os_threads and os0 >= 0:
             os1 = _os_threads()
             if os1 > os0:

@@ -19,7 +19,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(2048, 2048)]
+    return [torch.randn(2048, 1024)]
 
 
 def get_init_inputs():

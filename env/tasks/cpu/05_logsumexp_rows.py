@@ -14,7 +14,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    rows = 8192
+    rows = 4096
     scale = 0.5 + 3.0 * torch.rand(rows, 1)
     offset = 2.0 * torch.randn(rows, 1)
     return [torch.randn(rows, 512) * scale + offset]

@@ -15,7 +15,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(4096, 1024) * (0.5 + torch.rand(4096, 1))
+    x = torch.randn(2048, 1024) * (0.5 + torch.rand(2048, 1))
     weight = 1.0 + 0.5 * torch.randn(1024)
     return [x, weight]
 

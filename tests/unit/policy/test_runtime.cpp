@@ -24,21 +24,3 @@ TEST_CASE("LibTorch computes on the CPU in float32") {
   CHECK(c[1][1].item<float>() == doctest::Approx(12.0f));
 }
 
-#include <filesystem>
-#include <fstream>
-
-#include <unistd.h>
-
-TEST_CASE("std::filesystem works in a program that links LibTorch") {
-  // The pip LibTorch exports its own std::filesystem; if it came first in the program's
-  // dependencies these calls would bind to it and crash (see policy/CMakeLists.txt).
-  namespace fs = std::filesystem;
-  auto root = fs::temp_directory_path() / ("crucible-fs-" + std::to_string(::getpid()));
-  fs::create_directories(root / "a" / "b");
-  std::ofstream(root / "a" / "b" / "f.txt") << "x";
-  int files = 0;
-  for (const auto& e : fs::recursive_directory_iterator(root))
-    files += e.is_regular_file() ? 1 : 0;
-  CHECK(files == 1);
-  CHECK(fs::remove_all(root) == 4);
-}

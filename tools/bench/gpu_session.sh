@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
+# the evaluator figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
+#   tools/bench/gpu_session.sh [precision] [throughput]
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/gpu-out}"
+mkdir -p "$OUT" .deps/prefix
+for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/prefix; done
+PREFIX="$ROOT/.deps/prefix/usr"
+export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+B=build-gpu
+if [[ ! -f $B/build.ninja ]]; then
+  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_TESTS=ON \
+    -DCMAKE_PREFIX_PATH="$PREFIX;$PREFIX/lib/x86_64-linux-gnu/cmake;$PREFIX/share/cmake" \
+    -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
+fi
+cmake --build $B -j "$(nproc)" --target crucible bench_eval_throughput test_policy > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+for what in "$@"; do
+  case "$what" in
+    precision)
+      python3 tools/bench/eval_precision.py --crucible $B/tools/crucible --repeat 10 --out "$OUT/precision.json" 2>&1 | tee "$OUT/precision.txt" ;;
+    throughput)
+      $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 2>&1 | tee "$OUT/throughput.txt" ;;
+    evals)
+      for n in relu_affine gelu_tanh_affine; do
+        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
+          --device cuda:0 --no-cache 2>&1 | tee -a "$OUT/evals.txt"
+      done ;;
+  esac
+done
