@@ -28,7 +28,8 @@ mmap/trim thresholds make the same reference take 6 ms or 25 ms (a 4M-element el
 chain) depending on what the process allocated before: when large blocks come from fresh mmaps
 every output page is faulted in and zeroed. The checker sets the thresholds itself (mallopt)
 and measures both regimes: "warm" (thresholds 1 GiB, freed blocks reused, no faults) and
-"cold" (thresholds 128 KiB, every large allocation a fresh mmap). The reference must take at
+"cold" (thresholds 128 KiB and malloc_trim before each timed call, so every large allocation
+faults its pages in afresh). The reference must take at
 least --min-ms warm and at most --max-ms cold. Variants are timed warm by default (the regime
 where the reference is fastest, so speedups are conservative for variants that allocate
 less); --alloc cold times them in the other regime.
@@ -120,10 +121,12 @@ class Malloc:
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
     def __init__(self):
-        self.mallopt = None
+        self.mallopt = self.malloc_trim = None
+        self.regime = "default"
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             self.mallopt = libc.mallopt
+            self.malloc_trim = libc.malloc_trim
         except (OSError, AttributeError):
             pass
 
@@ -134,9 +137,15 @@ class Malloc:
     def set(self, regime: str):
         if self.mallopt is None:
             return
+        self.regime = regime
         value = (1 << 30) if regime == "warm" else 128 * 1024
         self.mallopt(self.M_MMAP_THRESHOLD, value)
         self.mallopt(self.M_TRIM_THRESHOLD, value)
+
+    def before_timed_call(self):
+        """Cold: hand every free page back to the OS, so the next allocations fault them in again."""
+        if self.regime == "cold" and self.malloc_trim is not None:
+            self.malloc_trim(0)
 
 
 MALLOC = Malloc()
@@ -155,6 +164,7 @@ class Flusher:
 
 def time_once(fn, inputs, flush) -> float:
     flush()
+    MALLOC.before_timed_call()
     t0 = time.perf_counter_ns()
     fn(*inputs)
     return (time.perf_counter_ns() - t0) / 1e6

@@ -378,12 +378,14 @@ def _core_snapshot(harness_globals):
 
 def _full_snapshot():
     """Every torch (and zmq) module loaded at the time, with the classes they define; checked
-    after the candidate module executes and at the end."""
+    after the candidate module executes and at the end. (Not triton: it rebinds module
+    attributes lazily when its driver is first used, and neither the harness nor the eager
+    reference runs through it.)"""
     s = _Snapshot()
     for name, mod in sorted(_list(sys.modules.items()), key=lambda kv: kv[0]):
         if not _isinstance(mod, _ModuleType):
             continue
-        if name == "torch" or name.startswith(("torch.", "zmq", "triton")):
+        if name == "torch" or name.startswith(("torch.", "zmq")):
             s.add_module(name, mod, "callables")
             s.add_classes_of(mod, (name,))
     return s
@@ -408,8 +410,12 @@ def _tail(text, lines=30, chars=4000):
     return out[-chars:]
 
 
-_THIS_FILE = os.path.abspath(__file__)
+_THIS_FILE = os.path.realpath(__file__)
 _MODULE_PY = os.path.join("torch", "nn", "modules", "module.py")
+
+
+def _harness_frame(filename):
+    return filename.endswith(_MODULE_PY) or os.path.realpath(filename) == _THIS_FILE
 
 
 def _exc_text(e, lines=25):
@@ -417,7 +423,7 @@ def _exc_text(e, lines=25):
     try:
         te = _TracebackException(_type(e), e, e.__traceback__)
         te.stack = _StackSummary.from_list(
-            [f for f in te.stack if f.filename != _THIS_FILE and not f.filename.endswith(_MODULE_PY)])
+            [f for f in te.stack if not _harness_frame(f.filename)])
         return _tail("".join(te.format()), lines)
     except Exception:
         try:
@@ -1263,7 +1269,7 @@ def _cpu_model():
 
 
 def _load_static_checks():
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static_checks.py")
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "static_checks.py")
     spec = importlib.util.spec_from_file_location("crucible_static_checks", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

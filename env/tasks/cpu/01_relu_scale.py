@@ -1,4 +1,4 @@
-"""Elementwise chain: y = min(relu(x * scale + shift), clamp_max) -- four separate passes over a 4M-element tensor."""
+"""Elementwise chain: y = min(relu(x * scale + shift), clamp_max) -- four separate passes over a 2M-element tensor."""
 import torch
 import torch.nn as nn
 

@@ -16,7 +16,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    x = torch.randn(4096, 128)
+    x = torch.randn(2048, 128)
     weight = torch.randn(512, 128) / math.sqrt(128.0)
     bias = 0.5 * torch.randn(512)
     return [x, weight, bias]
