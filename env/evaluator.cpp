@@ -341,6 +341,9 @@ private:
   }
   bool check_candidate(const YAML::Node& n, worker_message& msg);
   void phase(const char* name) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(clock_type::now() - t0_).count());
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", name, " at +", buf, " s");
     if (ev_.observer_)
       ev_.observer_(name, w_.proc->pid());
   }
@@ -355,6 +358,7 @@ private:
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;
   bool failed_ = false; // set() was called: the verdict is decided
+  clock_type::time_point t0_ = clock_type::now();
 };
 
 bool evaluation::send(const std::string& json) {
@@ -620,6 +624,7 @@ verdict evaluation::run() {
     }
     speedup = *accepted;
   }
+  phase("finish");
   if (!send("{\"type\":\"finish\"}"))
     return v_;
   if (receive(opt.run_timeout_s, "finishing", n, msg)) {
