@@ -612,6 +612,7 @@ class Worker:
         self.flags0 = None
         self.kernel_mode = None   # how "kernels" is counted; None: not reliable here
         self.warmed = False
+        self.prime_inputs = None
         self.round_no = 0
         self.ref_param_storages = set()
         self.ref_fn = None
@@ -1062,7 +1063,7 @@ class Worker:
                         "constructor arguments and defaults must not change")
 
     # -- candidate calls ---------------------------------------------------------------------
-    def call_candidate(self, inputs, where, check_os_threads=True, profile=False):
+    def call_candidate(self, inputs, where, check_os_threads=True, profile=False, check_state=True):
         py0 = _py_threads()
         os0 = _os_threads()
         counts = None
@@ -1074,10 +1075,10 @@ class Worker:
                 self.sync()
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
-        self.after_call(py0, os0, where, check_os_threads)
+        self.after_call(py0, os0, where, check_os_threads, check_state)
         return out, counts
 
-    def after_call(self, py0, os0, where, check_os_threads):
+    def after_call(self, py0, os0, where, check_os_threads, check_state=True):
         py1 = _py_threads()
         if py1[0] != py0[0] or py1[1] != py0[1]:
             raise _Done("rejected", ["runtime:threads"],
@@ -1088,7 +1089,8 @@ class Worker:
             if os1 > os0:
                 raise _Done("rejected", ["runtime:threads"],
                             f"{where}: the candidate's forward left {os1 - os0} new OS thread(s) running")
-        self.check_state(where)
+        if check_state:
+            self.check_state(where)
 
     def trial_phase(self):
         for t in _range(self.trials):
@@ -1213,6 +1215,27 @@ class Worker:
                         f"timing round {k}: the candidate's output differs from the reference's on the same "
                         f"inputs ({detail}); results must be computed from every round's fresh inputs")
 
+    def prime_reference(self, inputs):
+        """An untimed call of the reference right before its timed call (see timing())."""
+        try:
+            if self.baseline == "cuda-graph":
+                self.graph[0].replay()
+            else:
+                if self.mark_step is not None:
+                    self.mark_step()
+                out = self.ref_fn(*inputs)
+                del out
+            self.sync()
+        except _BaseException as e:
+            raise _error_done(e, "in the reference during timing") from None
+
+    def prime_candidate(self, inputs, where):
+        # Thread checks only: the ~7 ms snapshot walk here would leave the host cold again
+        # before the timed call. The timed call's own check follows; patches persist, so it
+        # covers this call too (the timed region uses captured functions only).
+        out, _ = self.call_candidate(inputs, where + ", untimed priming call", check_state=False)
+        del out
+
     def timing(self, rounds):
         if not self.warmed:
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
@@ -1221,10 +1244,10 @@ class Worker:
                 del out
                 ms, out = self.timed_reference(_clone_inputs(inputs), -1 - i)
                 del out
+            self.prime_inputs = (inputs, _clone_inputs(inputs))
             del inputs
             self.warmed = True
         ref_ms, cand_ms, first = [], [], []
-        prev = None
         for _ in _range(rounds):
             k = self.round_no
             self.round_no += 1
@@ -1233,13 +1256,22 @@ class Worker:
             fresh = self.make_inputs(self.seed + 1_000_000_007 + k, k % 2)
             ref_in = fresh
             cand_in = _clone_inputs(fresh)
+            prev_ref, prev_cand = self.prime_inputs
             cand_goes_first = self.rng_random() < 0.5
             where = f"timing round {k}"
+            # Each timed call directly follows an untimed call of the same model on the previous
+            # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
+            # (host-side state after generating the inputs; measured on an H100), which random
+            # order turned into +-10% of noise on the speedup.
             if cand_goes_first:
+                self.prime_candidate(prev_cand, where)
                 c_ms, c_out = self.timed_candidate(cand_in, 2 * k, where)
+                self.prime_reference(prev_ref)
                 r_ms, r_out = self.timed_reference(ref_in, 2 * k + 1)
             else:
+                self.prime_reference(prev_ref)
                 r_ms, r_out = self.timed_reference(ref_in, 2 * k)
+                self.prime_candidate(prev_cand, where)
                 c_ms, c_out = self.timed_candidate(cand_in, 2 * k + 1, where)
             try:
                 self.check_round_outputs(r_out, c_out, k)
@@ -1251,9 +1283,10 @@ class Worker:
             ref_ms.append(_float(r_ms))
             cand_ms.append(_float(c_ms))
             first.append(_bool(cand_goes_first))
-            prev = (ref_in, cand_in)  # noqa: F841  (kept alive until the next round's inputs exist)
-            del fresh, ref_in, cand_in
-        del prev
+            # Kept alive until the next round's inputs exist (fresh addresses), and used for the
+            # next round's priming calls.
+            self.prime_inputs = (ref_in, cand_in)
+            del fresh, ref_in, cand_in, prev_ref, prev_cand
         return ref_ms, cand_ms, first
 
 
