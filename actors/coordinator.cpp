@@ -37,19 +37,9 @@ using self_pointer = coordinator_impl_actor::stateful_pointer<coordinator_state>
 
 std::string lifecycle_record(std::string_view event, const run_status& s, clock::wall_time t) {
   json_writer w;
-  w.begin_object()
-    .field("event", event)
-    .field("time", format_iso8601(t))
-    .field("state", to_string(s.state))
-    .field("stage", s.stage)
-    .field("step", s.step)
-    .field("policy_version", s.policy_version.value)
-    .field("variants", s.variants);
-  w.key("best_speedup");
-  std::isnan(s.best_speedup) ? w.null() : w.value(s.best_speedup);
-  w.key("mean_speedup");
-  std::isnan(s.mean_speedup) ? w.null() : w.value(s.mean_speedup);
-  w.field("dropped_stale", s.dropped_stale).end_object();
+  w.begin_object().field("event", event).field("time", format_iso8601(t));
+  write_fields(w, s);
+  w.end_object();
   return std::move(w).take();
 }
 

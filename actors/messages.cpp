@@ -81,10 +81,8 @@ bool operator==(const run_status& x, const run_status& y) noexcept {
          && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale;
 }
 
-std::string to_json(const run_status& x) {
-  json_writer w;
-  w.begin_object()
-    .field("state", to_string(x.state))
+void write_fields(json_writer& w, const run_status& x) {
+  w.field("state", to_string(x.state))
     .field("stage", x.stage)
     .field("step", x.step)
     .field("policy_version", x.policy_version.value)
@@ -94,7 +92,14 @@ std::string to_json(const run_status& x) {
   std::isnan(x.best_speedup) ? w.null() : w.value(x.best_speedup);
   w.key("mean_speedup");
   std::isnan(x.mean_speedup) ? w.null() : w.value(x.mean_speedup);
-  w.field("dropped_stale", x.dropped_stale).end_object();
+  w.field("dropped_stale", x.dropped_stale);
+}
+
+std::string to_json(const run_status& x) {
+  json_writer w;
+  w.begin_object();
+  write_fields(w, x);
+  w.end_object();
   return std::move(w).take();
 }
 

@@ -29,6 +29,7 @@
 
 #include "core/error.hpp"
 #include "core/ids.hpp"
+#include "core/json.hpp"
 
 namespace crucible {
 
@@ -387,6 +388,10 @@ typename Inspector::result_type inspect(Inspector& f, run_status& x) {
 /// One-line JSON object, keys in declaration order; NaN speedups as null. The format of
 /// runs/NAME/status.json.
 std::string to_json(const run_status& x);
+
+/// Writes the fields of `x` (state .. dropped_stale, speedups without a value as null) into
+/// the object `w` has open; to_json and the coordinator's metrics records share it.
+void write_fields(json_writer& w, const run_status& x);
 
 /// Parses what to_json wrote (the `crucible status RUN` path). errc::corrupt, naming the key,
 /// for malformed JSON, a missing key or a value of the wrong type.

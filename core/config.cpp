@@ -148,6 +148,17 @@ template <> struct value_traits<timing_baseline> {
   static std::string render(timing_baseline v) { return enum_traits<timing_baseline, 4>::render_from(baseline_names, v); }
 };
 
+} // namespace
+
+const char* to_string(timing_baseline b) noexcept {
+  for (const auto& [v, n] : baseline_names)
+    if (v == b)
+      return n;
+  return "?";
+}
+
+namespace {
+
 template <> struct value_traits<std::vector<std::string>> {
   static constexpr const char* expected = "a list of strings";
   static constexpr const char* type_name = "list of strings";

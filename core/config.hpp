@@ -56,6 +56,9 @@ enum class timing_baseline : std::uint8_t {
   cuda_graph,              ///< the reference captured in a CUDA graph (CUDA devices only)
 };
 
+/// "eager", "compile", "compile-reduce-overhead", "cuda-graph": the names config files use.
+const char* to_string(timing_baseline b) noexcept;
+
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
 struct evaluator_options {
   std::string python;                          ///< "" : .venv/bin/python of the checkout, else python3

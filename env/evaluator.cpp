@@ -87,15 +87,6 @@ std::vector<double> as_doubles(const YAML::Node& n) {
   return out;
 }
 
-const char* baseline_name(timing_baseline b) {
-  switch (b) {
-    case timing_baseline::eager: return "eager";
-    case timing_baseline::compile: return "compile";
-    case timing_baseline::compile_reduce_overhead: return "compile-reduce-overhead";
-    case timing_baseline::cuda_graph: return "cuda-graph";
-  }
-  return "eager";
-}
 
 } // namespace
 
@@ -291,7 +282,7 @@ std::string device_evaluator::protocol_key() const {
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.buckets), opt_.max_spread,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance,
-                baseline_name(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
+                to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads));
   return buf;
@@ -314,7 +305,7 @@ public:
   evaluation(device_evaluator& ev, const eval_request& req, device_evaluator::ready_worker w)
     : ev_(ev), req_(req), w_(std::move(w)) {
     v_.hardware = w_.hardware;
-    v_.baseline = baseline_name(ev.opt_.baseline);
+    v_.baseline = to_string(ev.opt_.baseline);
     tol_.f64 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
     tol_.f32 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
     tol_.f16 = {ev.opt_.fp16_atol, ev.opt_.fp16_rtol};
@@ -513,7 +504,7 @@ verdict evaluation::run() {
                     + ",\"task_source\":" + json_string(req_.target.source)
                     + ",\"candidate_source\":" + json_string(req_.candidate)
                     + ",\"seed\":" + std::to_string(seed) + ",\"trials\":" + std::to_string(opt.trials)
-                    + ",\"baseline\":" + json_string(baseline_name(opt.baseline))
+                    + ",\"baseline\":" + json_string(to_string(opt.baseline))
                     + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false") + "}";
