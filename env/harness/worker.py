@@ -151,6 +151,8 @@ _S_data_ptr = torch.UntypedStorage.data_ptr
 _nd_tobytes = numpy.ndarray.tobytes
 _torch_empty = torch.empty
 _torch_manual_seed = torch.manual_seed
+_torch_equal = torch.equal
+_torch_device = torch.device
 _Generator = torch.Generator
 _uint8 = torch.uint8
 _int32 = torch.int32
@@ -563,6 +565,14 @@ def _clone_inputs(inputs):
     return [_map_tensors(x, lambda t: _T_clone(t)) for x in inputs]
 
 
+def _same_bytes(a, b):
+    """Bytewise equality of two tensors of the same dtype, shape and device (NaN equals NaN),
+    computed where they live."""
+    x = _T_view(_T_reshape(_T_contiguous(_T_detach(a)), (-1,)), _uint8)
+    y = _T_view(_T_reshape(_T_contiguous(_T_detach(b)), (-1,)), _uint8)
+    return _bool(_torch_equal(x, y))
+
+
 def _same_input(a, b):
     """True when input `a` (after the call) equals its pristine clone `b`, bytewise."""
     if _isinstance(b, _Tensor):
@@ -571,7 +581,7 @@ def _same_input(a, b):
         if a.dtype != b.dtype or a.device != b.device or _tuple(_T_size(a)) != _tuple(_T_size(b)) \
                 or _T_stride(a) != _T_stride(b) or _T_storage_offset(a) != _T_storage_offset(b):
             return False
-        return _raw_bytes(a) == _raw_bytes(b)
+        return _same_bytes(a, b)
     if _type(b) in (list, tuple):
         return _type(a) is _type(b) and _len(a) == _len(b) and all(_same_input(x, y) for x, y in zip(a, b))
     try:
@@ -687,19 +697,24 @@ class Worker:
                         f"{where}: the candidate patched {', '.join(changed)}")
 
     def make_inputs(self, seed, dist):
-        """get_inputs() under `seed`; distribution 1 scales every floating input by U(0.5, 2)."""
+        """get_inputs() under `seed`; distribution 1 scales every floating input by U(0.5, 2).
+        Factory calls without a device create their tensors on the worker's device directly:
+        generating tens of millions of values on the host and copying them over took most of
+        a GPU evaluation's time."""
         _torch_manual_seed(seed)
-        raw = self.task.get_inputs()
+        with _torch_device(self.device):
+            raw = self.task.get_inputs()
         out = []
         gen = None
         for x in raw:
             if _isinstance(x, _Tensor):
+                x = _T_to(x, self.device)
                 if dist == 1 and _T_is_floating_point(x):
                     if gen is None:
-                        gen = _Generator().manual_seed((seed * 7919 + 17) % (1 << 63))
-                    f = _T_uniform_(_torch_empty(_tuple(_T_size(x)), dtype=x.dtype), 0.5, 2.0, generator=gen)
-                    x = _T_mul(x, _T_to(f, x.device))
-                x = _T_to(x, self.device)
+                        gen = _Generator(device=self.device).manual_seed((seed * 7919 + 17) % (1 << 63))
+                    f = _T_uniform_(_torch_empty(_tuple(_T_size(x)), dtype=x.dtype, device=self.device),
+                                    0.5, 2.0, generator=gen)
+                    x = _T_mul(x, f)
             out.append(x)
         return out
 

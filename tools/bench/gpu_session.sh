@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [precision] [throughput]
+#   tools/bench/gpu_session.sh [evals] [baselines] [throughput] [precision]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -26,9 +26,18 @@ for what in "$@"; do
     throughput)
       $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 2>&1 | tee "$OUT/throughput.txt" ;;
     evals)
+      # One verdict per GPU candidate with each phase's elapsed time (--verbose).
       for n in relu_affine gelu_tanh_affine; do
         $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
-          --device cuda:0 --no-cache 2>&1 | tee -a "$OUT/evals.txt"
+          --device cuda:0 --no-cache --verbose 2>&1 | tee -a "$OUT/evals.txt"
+      done ;;
+    baselines)
+      # The same candidate against each reference baseline.
+      for b in eager compile compile-reduce-overhead cuda-graph; do
+        echo "== baseline $b" | tee -a "$OUT/baselines.txt"
+        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/relu_affine.py \
+          --candidate tools/bench/eval_gpu/candidates/relu_affine.py --device cuda:0 --no-cache \
+          --set evaluator.baseline=$b 2>&1 | tee -a "$OUT/baselines.txt"
       done ;;
   esac
 done
