@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "core/json.hpp"
 #include "core/sha256.hpp"
@@ -294,9 +295,13 @@ std::string device_evaluator::protocol_key() const {
 struct device_hold {
   std::atomic<std::uint64_t>& total;
   clock_type::time_point t0 = clock_type::now();
-  ~device_hold() {
-    total += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
+  bool held = true;
+  /// Adds the time since construction to `total` (once).
+  void stop() {
+    if (std::exchange(held, false))
+      total += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
   }
+  ~device_hold() { stop(); }
 };
 
 /// One candidate's walk through the protocol. Lives on the calling thread's stack.
@@ -523,6 +528,12 @@ verdict evaluation::run() {
       auto type = n["type"].as<std::string>();
       if (type == "phase")
         break;
+      if (type == "device_done") {
+        // The reference outputs follow; receiving and keeping them needs no device.
+        hold.stop();
+        device.unlock();
+        continue;
+      }
       if (type != "reference") {
         set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
         return v_;
@@ -548,12 +559,21 @@ verdict evaluation::run() {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
     return v_;
   }
-  // Phase 3: trials and timing, holding the device.
+  // Phase 3: trials, holding the device until the worker has computed every output; the
+  // outputs are then compared without it.
   std::unique_lock device{ev_.device_mtx_};
-  device_hold hold{ev_.device_ns_};
+  std::optional<device_hold> hold{std::in_place, ev_.device_ns_};
   phase("trials");
   if (!send("{\"type\":\"run\"}"))
     return v_;
+  if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
+    return v_;
+  if (n["type"].as<std::string>() != "device_done") {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
+    return v_;
+  }
+  hold.reset();
+  device.unlock();
   for (std::int64_t t = 0; t < opt.trials; ++t) {
     if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
       return v_;
@@ -570,6 +590,9 @@ verdict evaluation::run() {
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
                        opt.win_threshold};
   std::vector<double> ref, cand;
+  // Phase 4: timing (and re-measurement), holding the device.
+  device.lock();
+  hold.emplace(ev_.device_ns_);
   phase("timing");
   if (!measure(opt.rounds, ref, cand))
     return v_;

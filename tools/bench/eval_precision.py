@@ -2,10 +2,13 @@
 """Precision of crucible's verdicts against a KernelBench-style measurement, side by side.
 
 For each fixed (task, candidate) pair in tools/bench/eval_gpu/, evaluates the candidate N times
-with `crucible eval --repeat N --no-cache --json` and N times with a KernelBench-style
-measurement in this process (1 correctness trial, 100 CUDA-event timings per model on the
-current stream, the same inputs reused, no pairing). Reports for both: the speedups, their
-spread (max/min - 1) and the wall time per verdict.
+with `crucible eval --repeat N --no-cache --json` (each verdict in a fresh worker process) and N
+times with a KernelBench-style measurement (1 correctness trial, 100 CUDA-event timings per
+model on the current stream, the same inputs reused, no pairing), each in a fresh Python
+process as KernelBench's harness runs them. Reports for both: the speedups, their spread
+(max/min - 1) and the wall time per verdict. The KernelBench-style wall time counts from loading
+the task to the result (torch already imported, the extension already built), so it leaves out
+the interpreter and torch start-up that crucible's warm worker pool keeps off its own figure.
 
   python3 tools/bench/eval_precision.py --crucible build-gpu/tools/crucible --repeat 10
 """
@@ -67,6 +70,13 @@ def kernelbench_style(task_path, cand_path, seed):
             "cand_ms": times["cand"], "wall_s": time.perf_counter() - t0}
 
 
+def kernelbench_style_process(task_path, cand_path, seed):
+    """One KernelBench-style verdict in a fresh Python process."""
+    out = subprocess.run([sys.executable, __file__, "--kb-child", task_path, cand_path, str(seed)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def crucible_verdicts(crucible, task_path, cand_path, device, repeat, extra):
     cmd = [crucible, "eval", "--task", task_path, "--candidate", cand_path, "--device", device, "--json",
            "--no-cache", "--repeat", str(repeat)] + extra
@@ -83,13 +93,20 @@ def spread(xs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--crucible", required=True, help="path of the crucible binary")
+    ap.add_argument("--crucible", default="", help="path of the crucible binary")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--only", default="", help="comma-separated task names")
     ap.add_argument("--set", action="append", default=[], help="passed to crucible eval as --set")
     ap.add_argument("--out", default="", help="write all results as JSON here")
+    ap.add_argument("--kb-child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.kb_child:
+        task_path, cand_path, seed = args.kb_child
+        print(json.dumps(kernelbench_style(task_path, cand_path, int(seed))))
+        return 0
+    if not args.crucible:
+        ap.error("--crucible is required")
     extra = [x for s in args.set for x in ("--set", s)]
     names = sorted(f[:-3] for f in os.listdir(os.path.join(SUITE, "tasks")) if f.endswith(".py"))
     if args.only:
@@ -101,7 +118,8 @@ def main():
         # Warm the compiled-extension cache so neither side pays a build inside the figures.
         crucible_verdicts(args.crucible, task_path, cand_path, args.device, 1, extra)
         ours, ours_total = crucible_verdicts(args.crucible, task_path, cand_path, args.device, args.repeat, extra)
-        kb = [kernelbench_style(task_path, cand_path, seed) for seed in range(args.repeat)]
+        kernelbench_style_process(task_path, cand_path, 12345)  # builds its own extension cache
+        kb = [kernelbench_style_process(task_path, cand_path, seed) for seed in range(args.repeat)]
         ok = [v["speedup"] for v in ours if v["status"] == "ok"]
         row = {
             "task": name,
