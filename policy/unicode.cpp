@@ -39,6 +39,7 @@ struct flag_table {
     mark(ud::letter_ranges, ud::letter_ranges_count, letter);
     mark(ud::number_ranges, ud::number_ranges_count, number);
     mark(ud::space_ranges, ud::space_ranges_count, space);
+    mark(ud::word_ranges, ud::word_ranges_count, word);
     for (std::size_t i = 0; i < ud::combining_ranges_count; ++i)
       for (char32_t cp = ud::combining_ranges[i].first; cp <= ud::combining_ranges[i].last; ++cp)
         all[cp] |= nfc_sensitive;

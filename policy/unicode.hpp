@@ -14,6 +14,7 @@ enum flag : std::uint8_t {
   number = 2,        ///< general category N* (\p{N})
   space = 4,         ///< White_Space (\s of the tokenizers' regex engine)
   nfc_sensitive = 8, ///< NFC may change text that contains it (decomposes, combines or reorders)
+  word = 16,         ///< \w of Rust's regex: Alphabetic, M*, Nd, Pc, Join_Control
 };
 
 namespace detail {

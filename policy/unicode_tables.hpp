@@ -38,13 +38,15 @@ struct composition {
 /// Where the data came from (Python and Unicode versions), for messages and docs.
 extern const char* const source;
 
-/// Sorted, disjoint ranges: general categories L* and N*, and White_Space.
+/// Sorted, disjoint ranges: general categories L* and N*, White_Space, and \w of Rust's regex.
 extern const code_range letter_ranges[];
 extern const std::size_t letter_ranges_count;
 extern const code_range number_ranges[];
 extern const std::size_t number_ranges_count;
 extern const code_range space_ranges[];
 extern const std::size_t space_ranges_count;
+extern const code_range word_ranges[];
+extern const std::size_t word_ranges_count;
 
 /// Sorted by `first`.
 extern const class_range combining_ranges[];

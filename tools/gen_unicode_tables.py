@@ -6,6 +6,9 @@
 What the tokenizer matches and where the data comes from:
   * \\p{L}, \\p{N}, \\s of the pre-tokenizer patterns: general categories L* and N*, and
     White_Space (Zs, Zl, Zp, U+0009..U+000D, U+0085), from Python's `unicodedata`.
+  * \w of Rust's `regex` crate (single_word added tokens): Alphabetic, marks, Nd, Pc and
+    Join_Control, i.e. categories L*, M*, Nd, Nl, Pc, U+200C, U+200D and the Other_Alphabetic
+    symbols (circled and squared Latin letters).
   * NFC: canonical combining classes, full canonical decompositions and the primary
     composites (compositions minus exclusions), from `unicodedata`.
 
@@ -41,8 +44,12 @@ def scalar_values():
     return [cp for cp in range(MAX_CP) if not 0xD800 <= cp <= 0xDFFF]
 
 
+# Other_Alphabetic code points outside L*, M* and Nl (PropList.txt; unchanged since Unicode 6).
+OTHER_ALPHABETIC_SYMBOLS = [(0x24B6, 0x24E9), (0x1F130, 0x1F149), (0x1F150, 0x1F169), (0x1F170, 0x1F189)]
+
+
 def unicodedata_classes(cps):
-    letters, numbers, spaces = set(), set(), set()
+    letters, numbers, spaces, words = set(), set(), set(), set()
     for cp in cps:
         cat = unicodedata.category(chr(cp))
         if cat[0] == "L":
@@ -51,7 +58,11 @@ def unicodedata_classes(cps):
             numbers.add(cp)
         if cat in ("Zs", "Zl", "Zp") or cp in (0x9, 0xA, 0xB, 0xC, 0xD, 0x85):
             spaces.add(cp)
-    return letters, numbers, spaces
+        if cat[0] in "LM" or cat in ("Nd", "Nl", "Pc") or cp in (0x200C, 0x200D):
+            words.add(cp)
+    for a, b in OTHER_ALPHABETIC_SYMBOLS:
+        words.update(range(a, b + 1))
+    return letters, numbers, spaces, words
 
 
 def oniguruma_classes(cps):
@@ -120,7 +131,7 @@ def main():
     args = ap.parse_args()
 
     cps = scalar_values()
-    letters, numbers, spaces = unicodedata_classes(cps)
+    letters, numbers, spaces, words = unicodedata_classes(cps)
     source = f"Python {sys.version.split()[0]} unicodedata {unicodedata.unidata_version}"
     added_letters = added_numbers = 0
     if not args.no_oracle:
@@ -141,6 +152,7 @@ def main():
             new_numbers = o_numbers - assigned
             added_letters, added_numbers = len(new_letters), len(new_numbers)
             letters |= new_letters
+            words |= new_letters
             numbers |= new_numbers
             spaces |= o_spaces - assigned
             source += (f"; plus {added_letters} letters and {added_numbers} numbers assigned since, "
@@ -161,6 +173,7 @@ def main():
     emit_ranges(out, "letter_ranges", ranges(letters))
     emit_ranges(out, "number_ranges", ranges(numbers))
     emit_ranges(out, "space_ranges", ranges(spaces))
+    emit_ranges(out, "word_ranges", ranges(words))
 
     # Combining classes as runs of equal class.
     runs = []
