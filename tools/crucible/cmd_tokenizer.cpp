@@ -167,12 +167,15 @@ int run_encode(const parsed_args& args) {
       return load_error("encode", r.error());
     text = std::move(*r);
   }
+  auto t0 = std::chrono::steady_clock::now();
   auto tok = open_tokenizer(args);
   if (!tok)
     return load_error("encode", tok.error());
-  auto t0 = std::chrono::steady_clock::now();
+  auto t1 = std::chrono::steady_clock::now();
   auto ids = tok->encode(text, !args.has("--no-special"));
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto t2 = std::chrono::steady_clock::now();
+  double load_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  double ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
   if (args.has("--json")) {
     json_writer w;
     w.begin_object().key("ids").begin_array();
@@ -182,7 +185,7 @@ int run_encode(const parsed_args& args) {
     for (auto id : ids)
       w.value(std::string{tok->token_of(id).value_or("")});
     w.end_array().field("count", std::uint64_t{ids.size()}).field("bytes", std::uint64_t{text.size()});
-    w.field("milliseconds", ms).end_object();
+    w.field("load_milliseconds", load_ms).field("encode_milliseconds", ms).end_object();
     std::printf("%s\n", w.str().c_str());
     return exit_ok;
   }

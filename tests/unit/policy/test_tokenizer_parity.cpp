@@ -155,6 +155,19 @@ TEST_CASE("a Qwen2-style tokenizer trained by crucible encodes and decodes like 
   auto tok = tokenizer::load(out);
   REQUIRE_MESSAGE(tok.ok(), (tok.ok() ? "" : tok.error().message));
   CHECK(check_parity(out / "tokenizer.json", *tok, "1") >= 1000);
+
+  // transformers.AutoTokenizer reads the same directory: special tokens, ChatML template, ids.
+  auto tf = run_helper_json({"transformers", out.string()});
+  CHECK(tok->eos_id() == tf.find("eos_id")->as_int());
+  CHECK(tok->pad_id() == tf.find("pad_id")->as_int());
+  CHECK(tf.find("bos_id")->is_null());
+  CHECK_FALSE(tok->bos_id().has_value());
+  CHECK(tok->vocab_size() == static_cast<std::size_t>(tf.find("vocab_size")->as_int()));
+  const auto& chat = tf.find("chat")->as_string();
+  CHECK(chat.rfind("<|im_start|>system\nYou write fast CUDA kernels.<|im_end|>\n<|im_start|>user\n", 0) == 0);
+  CHECK(tok->encode(chat) == ids_of(*tf.find("ids")));
+  CHECK(tok->decode(ids_of(*tf.find("ids"))) == tf.find("decoded")->as_string());
+  CHECK(tok->chat_template() == policy::chatml_template);
 }
 
 TEST_CASE("crucible's trainer learns the same vocabulary and merges as tokenizers' BpeTrainer") {

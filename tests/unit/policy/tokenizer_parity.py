@@ -9,12 +9,15 @@
     tokenizer_parity.py train CORPUS_LIST VOCAB
         trains the Qwen2-style tokenizer that crucible's trainer makes and prints its vocabulary
         and merges as JSON
+    tokenizer_parity.py transformers DIR
+        loads DIR with transformers.AutoTokenizer and prints its special-token ids, a rendered
+        chat template and the ids of that text
     tokenizer_parity.py cases TOKENIZER_JSON CORPUS_LIST SEED
         generates test strings and prints, as JSON, what `tokenizers` makes of them: ids with and
         without special tokens, decoded text with and without special tokens, and decoded text of
         random id sequences
 
-Only `tokenizers` is imported (fast); no network.
+Only `tokenizers` is imported (fast), except by `transformers`; no network.
 """
 import json
 import random
@@ -219,6 +222,18 @@ def cases(tokenizer_json, corpus_list, seed):
     print(json.dumps(out, ensure_ascii=False))
 
 
+def transformers_check(directory):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(directory)
+    messages = [{"role": "system", "content": "You write fast CUDA kernels."},
+                {"role": "user", "content": "Fuse relu(x) * 2 into one kernel.\n\n```python\nx = torch.relu(x) * 2\n```"}]
+    chat = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok(chat)["input_ids"]
+    print(json.dumps({"class": type(tok).__name__, "eos_id": tok.eos_token_id, "pad_id": tok.pad_token_id,
+                      "bos_id": tok.bos_token_id, "vocab_size": len(tok), "chat": chat, "ids": ids,
+                      "decoded": tok.decode(ids)}, ensure_ascii=False))
+
+
 def main():
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "corpus" and len(sys.argv) == 3:
@@ -227,6 +242,8 @@ def main():
         make(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "train" and len(sys.argv) == 4:
         train_reference(sys.argv[2], int(sys.argv[3]))
+    elif cmd == "transformers" and len(sys.argv) == 3:
+        transformers_check(sys.argv[2])
     elif cmd == "cases" and len(sys.argv) == 5:
         cases(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
