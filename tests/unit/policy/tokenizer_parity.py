@@ -12,6 +12,9 @@
     tokenizer_parity.py transformers DIR
         loads DIR with transformers.AutoTokenizer and prints its special-token ids, a rendered
         chat template and the ids of that text
+    tokenizer_parity.py synthetic OUT_DIR
+        writes OUT_DIR/tokenizer.json shaped like Qwen2.5's (151,643 tokens, 151,387 merges as
+        "a b" strings, 22 special tokens, indented), with random merges, for load benchmarks
     tokenizer_parity.py cases TOKENIZER_JSON CORPUS_LIST SEED
         generates test strings and prints, as JSON, what `tokenizers` makes of them: ids with and
         without special tokens, decoded text with and without special tokens, and decoded text of
@@ -234,6 +237,36 @@ def transformers_check(directory):
                       "decoded": tok.decode(ids)}, ensure_ascii=False))
 
 
+def synthetic(out_dir):
+    import os
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = sorted(alphabet)
+    seen, merges = set(vocab), []
+    rng = random.Random(1)
+    while len(vocab) < 151643:
+        a = vocab[rng.randrange(min(len(vocab), 20000))]
+        b = vocab[rng.randrange(min(len(vocab), 20000))]
+        if len(a) + len(b) > 24 or a + b in seen:
+            continue
+        seen.add(a + b)
+        merges.append(a + " " + b)
+        vocab.append(a + b)
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    data = {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": 151643 + i, "content": f"<|special_{i}|>", "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True} for i in range(22)],
+            "normalizer": {"type": "NFC"},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2}, "behavior": "Isolated", "invert": False}, byte_level]},
+            "post_processor": byte_level, "decoder": byte_level,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                      "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+                      "vocab": {v: i for i, v in enumerate(vocab)}, "merges": merges}}
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False, indent=2)
+
+
 def main():
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "corpus" and len(sys.argv) == 3:
@@ -244,6 +277,8 @@ def main():
         train_reference(sys.argv[2], int(sys.argv[3]))
     elif cmd == "transformers" and len(sys.argv) == 3:
         transformers_check(sys.argv[2])
+    elif cmd == "synthetic" and len(sys.argv) == 3:
+        synthetic(sys.argv[2])
     elif cmd == "cases" and len(sys.argv) == 5:
         cases(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
