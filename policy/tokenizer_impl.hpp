@@ -82,7 +82,7 @@ private:
 class word_cache final {
 public:
   static constexpr std::size_t max_word_bytes = 256;
-  static constexpr std::size_t capacity = 1 << 18;
+  static constexpr std::size_t capacity = 1 << 16; // words; a few MB of memory
 
   bool get(std::string_view word, std::vector<std::int32_t>& out) const {
     const auto& s = shards_[shard_of(word)];

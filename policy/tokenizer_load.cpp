@@ -107,6 +107,18 @@ private:
     return t->as_string();
   }
 
+  // Calls f(item, item_key) for each element of the array `name` of a Sequence component.
+  template <class F>
+  result<void> each_of(const json_value& seq, const char* name, const std::string& key, F&& f) {
+    const auto* list = seq.find(name);
+    if (list == nullptr || !list->is_array())
+      return corrupt(key + "." + name, "missing or not an array");
+    for (std::size_t i = 0; i < list->as_array().size(); ++i)
+      if (auto r = f(list->as_array()[i], key + "." + name + "[" + std::to_string(i) + "]"); !r)
+        return r;
+    return {};
+  }
+
   result<bool> flag(const json_value& obj, std::string_view name, const std::string& key, bool fallback) const {
     const auto* v = obj.find(name);
     if (v == nullptr || v->is_null())
@@ -294,22 +306,16 @@ private:
       t_.nfc = true;
       return {};
     }
-    if (*type == "Sequence") {
-      const auto* list = n->find("normalizers");
-      if (list == nullptr || !list->is_array())
-        return corrupt("normalizer.normalizers", "missing or not an array");
-      for (std::size_t i = 0; i < list->as_array().size(); ++i) {
-        const auto& item = list->as_array()[i];
-        const std::string key = "normalizer.normalizers[" + std::to_string(i) + "]";
+    if (*type == "Sequence")
+      return each_of(*n, "normalizers", "normalizer", [&](const json_value& item, const std::string& key) -> result<void> {
         auto t = type_of(item, key);
         if (!t)
           return t.error();
         if (*t != "NFC")
           return unsupported(key + ".type", quoted(*t) + " is not supported (supported: NFC)");
         t_.nfc = true;
-      }
-      return {};
-    }
+        return {};
+      });
     return unsupported("normalizer.type", quoted(*type) + " is not supported (supported: NFC, or none)");
   }
 
@@ -317,15 +323,8 @@ private:
     auto type = type_of(v, key);
     if (!type)
       return type.error();
-    if (*type == "Sequence") {
-      const auto* list = v.find("pretokenizers");
-      if (list == nullptr || !list->is_array())
-        return corrupt(key + ".pretokenizers", "missing or not an array");
-      for (std::size_t i = 0; i < list->as_array().size(); ++i)
-        if (auto r = load_pre_step(list->as_array()[i], key + ".pretokenizers[" + std::to_string(i) + "]"); !r)
-          return r;
-      return {};
-    }
+    if (*type == "Sequence")
+      return each_of(v, "pretokenizers", key, [&](const json_value& item, const std::string& k) { return load_pre_step(item, k); });
     detail::pre_step step;
     if (*type == "ByteLevel") {
       step.byte_level = true;
@@ -390,15 +389,8 @@ private:
       return type.error();
     if (*type == "ByteLevel")
       return {}; // only trims offsets
-    if (*type == "Sequence") {
-      const auto* list = p->find("processors");
-      if (list == nullptr || !list->is_array())
-        return corrupt(key + ".processors", "missing or not an array");
-      for (std::size_t i = 0; i < list->as_array().size(); ++i)
-        if (auto r = load_post_processor(&list->as_array()[i], key + ".processors[" + std::to_string(i) + "]"); !r)
-          return r;
-      return {};
-    }
+    if (*type == "Sequence")
+      return each_of(*p, "processors", key, [&](const json_value& item, const std::string& k) { return load_post_processor(&item, k); });
     if (*type == "TemplateProcessing")
       return load_template(*p, key);
     return unsupported(key + ".type", quoted(*type) + " is not supported (supported: ByteLevel, TemplateProcessing, Sequence)");

@@ -138,6 +138,16 @@ std::size_t check_parity(const fs::path& tokenizer_path, const tokenizer& tok, c
   return compared;
 }
 
+// A tokenizer of `kind` built and trained by `tokenizers` (tokenizer_parity.py make), loaded.
+result<tokenizer> made_by_tokenizers(const std::string& kind, const fs::path& out) {
+  auto r = testing::run_process({CRUCIBLE_PYTHON, helper, "make", kind, shared().corpus_list.string(), out.string()});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  auto tok = tokenizer::load(out);
+  REQUIRE_MESSAGE(tok.ok(), (tok.ok() ? "" : tok.error().message));
+  return tok;
+}
+
 } // namespace
 
 TEST_CASE("a Qwen2-style tokenizer trained by crucible encodes and decodes like tokenizers") {
@@ -205,25 +215,15 @@ TEST_CASE("crucible's trainer learns the same vocabulary and merges as tokenizer
 }
 
 TEST_CASE("GPT-2-style tokenizer.json (ByteLevel regex, prefix space, lstrip/rstrip/single-word/normalized added tokens)") {
-  auto& f = shared();
-  auto out = f.dir / "gpt2";
-  auto r = testing::run_process({CRUCIBLE_PYTHON, helper, "make", "gpt2", f.corpus_list.string(), out.string()});
-  INFO(r.err);
-  REQUIRE(r.exit_code == 0);
-  auto tok = tokenizer::load(out);
-  REQUIRE_MESSAGE(tok.ok(), (tok.ok() ? "" : tok.error().message));
+  auto out = shared().dir / "gpt2";
+  auto tok = made_by_tokenizers("gpt2", out);
   CHECK(tok->describe().find("gpt2 pattern") != std::string::npos);
   CHECK(check_parity(out / "tokenizer.json", *tok, "2") >= 1000);
 }
 
 TEST_CASE("Llama-3-style tokenizer.json (cl100k Split, ignore_merges, BOS template, \"a b\" merges)") {
-  auto& f = shared();
-  auto out = f.dir / "llama3";
-  auto r = testing::run_process({CRUCIBLE_PYTHON, helper, "make", "llama3", f.corpus_list.string(), out.string()});
-  INFO(r.err);
-  REQUIRE(r.exit_code == 0);
-  auto tok = tokenizer::load(out);
-  REQUIRE_MESSAGE(tok.ok(), (tok.ok() ? "" : tok.error().message));
+  auto out = shared().dir / "llama3";
+  auto tok = made_by_tokenizers("llama3", out);
   CHECK(tok->describe().find("llama3 pattern") != std::string::npos);
   // BOS comes from the template; the whole-word vocabulary entries only ignore_merges reaches.
   auto bos = tok->id_of("<|begin_of_text|>");
