@@ -20,7 +20,7 @@
 
 namespace crucible::policy::detail {
 
-// Merge table: (left id, right id) -> (rank, merged id), open addressing on a 64-bit key.
+/// Merge table: (left id, right id) -> (rank, merged id), open addressing on a 64-bit key.
 class merge_map final {
 public:
   struct value {
@@ -37,7 +37,7 @@ public:
     mask_ = cap - 1;
   }
 
-  // A later entry for the same pair replaces the earlier one, as in `tokenizers`.
+  /// A later entry for the same pair replaces the earlier one, as in `tokenizers`.
   void insert(std::int32_t a, std::int32_t b, value v) {
     std::uint64_t k = key(a, b);
     for (std::size_t i = slot(k);; i = (i + 1) & mask_) {
@@ -51,6 +51,8 @@ public:
   }
 
   const value* find(std::int32_t a, std::int32_t b) const noexcept {
+    if (keys_.empty())
+      return nullptr;
     std::uint64_t k = key(a, b);
     for (std::size_t i = slot(k);; i = (i + 1) & mask_) {
       if (keys_[i] == k)
@@ -77,13 +79,14 @@ private:
   std::size_t size_ = 0;
 };
 
-// Word cache shared by concurrent encode calls: shards with reader/writer locks. Like
-// `tokenizers`, it stops admitting words when full instead of evicting.
+/// Word cache shared by concurrent encode calls: shards with reader/writer locks. Like
+/// `tokenizers`, it stops admitting words when full instead of evicting.
 class word_cache final {
 public:
   static constexpr std::size_t max_word_bytes = 256;
   static constexpr std::size_t capacity = 1 << 16; // words; a few MB of memory
 
+  /// Appends the cached ids of `word` to `out`; false if it is not cached.
   bool get(std::string_view word, std::vector<std::int32_t>& out) const {
     const auto& s = shards_[shard_of(word)];
     std::shared_lock lock{s.mutex};
@@ -94,6 +97,7 @@ public:
     return true;
   }
 
+  /// Caches the ids of `word` (short words only, while there is room).
   void put(std::string_view word, std::span<const std::int32_t> ids) const {
     if (word.size() > max_word_bytes || full_.load(std::memory_order_relaxed))
       return;
@@ -117,8 +121,8 @@ private:
   mutable std::atomic<bool> full_{false};
 };
 
-// Added-token matcher: a byte trie scanned leftmost-longest, as `tokenizers`' Aho-Corasick
-// automaton with MatchKind::LeftmostLongest finds them.
+/// Added-token matcher: a byte trie scanned leftmost-longest, as `tokenizers`' Aho-Corasick
+/// automaton with MatchKind::LeftmostLongest finds them.
 class token_trie final {
 public:
   void add(std::string_view text, std::int32_t token) {
@@ -143,7 +147,7 @@ public:
 
   bool empty() const noexcept { return nodes_.size() <= 1; }
 
-  // The leftmost match at or after `from`: (start, end, token index), or start == npos.
+  /// The leftmost match at or after `from`: (start, end, token index), or start == npos.
   struct match {
     std::size_t start = std::string_view::npos, end = 0;
     std::int32_t token = -1;
@@ -182,6 +186,7 @@ private:
   std::array<bool, 256> first_bytes_{};
 };
 
+/// One entry of tokenizer.json's added_tokens.
 struct added_token {
   std::string content;
   std::int32_t id = 0;
@@ -192,8 +197,8 @@ struct added_token {
   bool single_word = false;
 };
 
-// One step of the pre-tokenizer: a Split with a known pattern, or ByteLevel (which may add a
-// prefix space and split with the GPT-2 pattern).
+/// One step of the pre-tokenizer: a Split with a known pattern, or ByteLevel (which may add a
+/// prefix space and split with the GPT-2 pattern).
 struct pre_step {
   bool byte_level = false;
   split_pattern pattern = split_pattern::gpt2;
@@ -201,9 +206,9 @@ struct pre_step {
   bool add_prefix_space = false;
 };
 
-// Finds an id by its spelling without a second copy of the strings: open addressing over ids,
-// the strings staying in the vector (indexed by id) that the index was built over. That vector
-// must not change afterwards.
+/// Finds an id by its spelling without a second copy of the strings: open addressing over ids,
+/// the strings staying in the vector (indexed by id) that the index was built over. That vector
+/// must not change afterwards.
 class spelling_index final {
 public:
   /// Indexes every id with use[id] != 0; returns the first spelling that two ids share, or
@@ -225,8 +230,8 @@ private:
 namespace crucible::policy {
 
 struct tokenizer::impl {
-  // Per id: the model vocabulary's spelling and what the ByteLevel decoder makes of it;
-  // added tokens override both (added_text, added_bytes), as `tokenizers` prefers them.
+  /// Per id: the model vocabulary's spelling and what the ByteLevel decoder makes of it;
+  /// added tokens override both (added_text, added_bytes), as `tokenizers` prefers them.
   std::vector<std::string> model_token;
   std::vector<std::string> model_bytes;
   std::vector<std::uint8_t> flags; // id_* bits
