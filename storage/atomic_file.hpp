@@ -1,23 +1,14 @@
-// storage/atomic_file.hpp: whole-file replacement that a crash cannot leave half-written.
+// storage/atomic_file.hpp: whole-file replacement that a crash cannot leave half-written. The
+// implementation lives in core/file_io.hpp (policy needs it too and may not depend on storage);
+// storage code keeps calling it by these names.
 #pragma once
 
-#include <filesystem>
-#include <string>
-#include <string_view>
-
-#include "core/error.hpp"
+#include "core/file_io.hpp"
 
 namespace crucible::storage {
 
-/// Replaces `path` with `content`: writes a temporary file in the same directory, fsyncs it,
-/// renames it over `path`, then fsyncs the directory. Readers see the old or the new content,
-/// never a mix. The parent directory must exist. Thread-safe for distinct paths.
-result<void> write_file_atomic(const std::filesystem::path& path, std::string_view content);
-
-/// Reads a whole file. errc::not_found if it does not exist, errc::io on other failures.
-result<std::string> read_file(const std::filesystem::path& path);
-
-/// fsyncs a directory so that renames and creations inside it are durable.
-result<void> fsync_directory(const std::filesystem::path& dir);
+using crucible::fsync_directory;
+using crucible::read_file;
+using crucible::write_file_atomic;
 
 } // namespace crucible::storage

@@ -46,7 +46,7 @@ std::string slurp(const fs::path& p) {
 TEST_CASE("crucible --help lists every command and each command has its own --help") {
   auto top = cli({"--help"});
   CHECK(top.exit_code == 0);
-  for (const char* name : {"train", "status", "config", "info"}) {
+  for (const char* name : {"train", "status", "config", "info", "tokenizer"}) {
     CAPTURE(name);
     CHECK(top.out.find(std::string{"  "} + name + " ") != std::string::npos);
     auto sub = cli({name, "--help"});
@@ -145,4 +145,43 @@ TEST_CASE("crucible info reports LibTorch") {
   auto r = cli({"info", "--json"});
   REQUIRE(r.exit_code == 0);
   CHECK(YAML::Load(r.out)["torch"].as<std::string>().rfind("2.11", 0) == 0);
+}
+
+TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad flags exit 2") {
+  temp_dir dir;
+  fs::path src{CRUCIBLE_SOURCE_DIR};
+  auto out = dir.path / "tok";
+  auto train = cli({"tokenizer", "train", "--corpus", (src / "docs").string(), "--corpus", (src / "README.md").string(),
+                    "--vocab", "1000", "--out", out.string(), "--json"});
+  INFO(train.err);
+  REQUIRE(train.exit_code == 0);
+  CHECK(train.out.find("\"vocab_size\":1000") != std::string::npos);
+  CHECK(fs::exists(out / "tokenizer.json"));
+  CHECK(fs::exists(out / "tokenizer_config.json"));
+
+  auto enc = cli({"tokenizer", "encode", "--tokenizer", out.string(), "--text", "<|im_start|>user\nhello<|im_end|>"});
+  REQUIRE(enc.exit_code == 0);
+  CHECK(enc.out.rfind("1 ", 0) == 0); // <|im_start|> has id 1
+  std::string ids = enc.out.substr(0, enc.out.find('\n'));
+  for (auto& c : ids)
+    c = c == ' ' ? ',' : c;
+  auto dec = cli({"tokenizer", "decode", "--tokenizer", out.string(), "--ids", ids, "--skip-special"});
+  REQUIRE(dec.exit_code == 0);
+  CHECK(dec.out == "user\nhello\n");
+  auto json = cli({"tokenizer", "encode", "--tokenizer", out.string(), "--text", "x", "--json"});
+  CHECK(json.out.find("\"tokens\":[\"x\"]") != std::string::npos);
+
+  CHECK(cli({"tokenizer", "train", "--corpus", "README.md", "--out", out.string()}).exit_code == 2); // no --vocab
+  auto small = cli({"tokenizer", "train", "--corpus", (src / "README.md").string(), "--vocab", "10", "--out", out.string()});
+  CHECK(small.exit_code == 2);
+  CHECK(small.err.find("too small") != std::string::npos);
+  auto missing = cli({"tokenizer", "train", "--corpus", (dir.path / "nope").string(), "--vocab", "500", "--out", out.string()});
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.err.find("nope") != std::string::npos);
+  CHECK(cli({"tokenizer", "encode", "--tokenizer", out.string(), "--vocab", "3", "--text", "x"}).exit_code == 2);
+  CHECK(cli({"tokenizer", "frobnicate"}).exit_code == 2);
+  CHECK(cli({"tokenizer", "decode", "--tokenizer", out.string(), "--ids", "1,x"}).exit_code == 2);
+  auto bad_dir = cli({"tokenizer", "encode", "--tokenizer", dir.path.string(), "--text", "x"});
+  CHECK(bad_dir.exit_code == 2);
+  CHECK(bad_dir.err.find("tokenizer.json") != std::string::npos);
 }

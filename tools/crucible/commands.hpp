@@ -27,6 +27,7 @@ command config_command();
 command info_command();
 command eval_command();
 command tasks_command();
+command tokenizer_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();

@@ -1,5 +1,5 @@
-// storage/atomic_file.cpp: whole-file replacement by temp file + fsync + rename + directory fsync.
-#include "storage/atomic_file.hpp"
+// core/file_io.cpp: whole-file reads, and replacement by temp file + fsync + rename + directory fsync.
+#include "core/file_io.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace crucible::storage {
+namespace crucible {
 namespace {
 
 std::string errno_text(int err) { return std::strerror(err); }
@@ -131,4 +131,4 @@ result<void> fsync_directory(const std::filesystem::path& dir) {
   return {};
 }
 
-} // namespace crucible::storage
+} // namespace crucible

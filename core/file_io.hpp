@@ -1,0 +1,24 @@
+// core/file_io.hpp: whole-file reads, and whole-file replacement that a crash cannot leave
+// half-written. Used by storage (run directories, checkpoints) and policy (tokenizer files).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "core/error.hpp"
+
+namespace crucible {
+
+/// Replaces `path` with `content`: writes a temporary file in the same directory, fsyncs it,
+/// renames it over `path`, then fsyncs the directory. Readers see the old or the new content,
+/// never a mix. The parent directory must exist. Thread-safe for distinct paths.
+result<void> write_file_atomic(const std::filesystem::path& path, std::string_view content);
+
+/// Reads a whole file. errc::not_found if it does not exist, errc::io on other failures.
+result<std::string> read_file(const std::filesystem::path& path);
+
+/// fsyncs a directory so that renames and creations inside it are durable.
+result<void> fsync_directory(const std::filesystem::path& dir);
+
+} // namespace crucible

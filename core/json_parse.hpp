@@ -1,0 +1,86 @@
+// core/json_parse.hpp: a strict DOM JSON parser (RFC 8259) for the files crucible reads:
+// tokenizer.json, tokenizer_config.json, model configs, and JSON printed by helper scripts.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace crucible {
+
+class json_value;
+struct json_member;
+
+/// A JSON array: its elements in document order.
+using json_array = std::vector<json_value>;
+/// A JSON object: its members in document order (duplicate keys are kept, `find` sees the first).
+using json_object = std::vector<json_member>;
+
+/// One parsed JSON value. Integers without fraction or exponent that fit in int64 are
+/// integers; every other number is a double. Strings hold UTF-8. Value type; immutable after
+/// parsing, so concurrent readers are safe.
+class json_value {
+public:
+  enum class kind : std::uint8_t { null, boolean, integer, real, string, array, object };
+
+  json_value() = default;
+  explicit json_value(bool b) : v_(b) {}
+  explicit json_value(std::int64_t i) : v_(i) {}
+  explicit json_value(double d) : v_(d) {}
+  explicit json_value(std::string s) : v_(std::move(s)) {}
+  explicit json_value(const char* s) : v_(std::string{s}) {}
+  explicit json_value(json_array a) : v_(std::move(a)) {}
+  explicit json_value(json_object o) : v_(std::move(o)) {}
+
+  kind type() const noexcept { return static_cast<kind>(v_.index()); }
+  bool is_null() const noexcept { return type() == kind::null; }
+  bool is_bool() const noexcept { return type() == kind::boolean; }
+  bool is_int() const noexcept { return type() == kind::integer; }
+  /// An integer or a double.
+  bool is_number() const noexcept { return type() == kind::integer || type() == kind::real; }
+  bool is_string() const noexcept { return type() == kind::string; }
+  bool is_array() const noexcept { return type() == kind::array; }
+  bool is_object() const noexcept { return type() == kind::object; }
+
+  /// Accessors; calling one for the wrong kind is a bug (asserted).
+  bool as_bool() const { return std::get<bool>(v_); }
+  std::int64_t as_int() const { return std::get<std::int64_t>(v_); }
+  /// The number as a double (integers are converted).
+  double as_double() const;
+  const std::string& as_string() const { return std::get<std::string>(v_); }
+  const json_array& as_array() const { return std::get<json_array>(v_); }
+  const json_object& as_object() const { return std::get<json_object>(v_); }
+
+  /// The first member named `key`, or nullptr when there is none or this is not an object.
+  /// A linear scan: meant for objects with a handful of keys.
+  const json_value* find(std::string_view key) const;
+
+  /// "null", "boolean", "integer", "number", "string", "array" or "object", for messages.
+  static const char* kind_name(kind k) noexcept;
+
+private:
+  std::variant<std::monostate, bool, std::int64_t, double, std::string, json_array, json_object> v_;
+};
+
+/// One member of a JSON object.
+struct json_member {
+  std::string key;
+  json_value value;
+};
+
+/// Parses one JSON document (surrounding whitespace allowed, nothing else). Strict: no
+/// comments, trailing commas, NaN, leading zeros, control characters in strings, invalid
+/// UTF-8 or lone surrogates; nesting deeper than 512 levels is refused. Errors are
+/// errc::corrupt with "SOURCE:LINE:COLUMN: what", `source` naming the file (or "json").
+result<json_value> parse_json(std::string_view text, std::string_view source = "json");
+
+/// Reads and parses a JSON file. errc::not_found / errc::io name the file; parse errors as
+/// in parse_json with the path as source.
+result<json_value> read_json_file(const std::filesystem::path& path);
+
+} // namespace crucible
