@@ -419,7 +419,7 @@ void CausalLMImpl::init_weights(std::uint64_t seed) {
   }
 }
 
-torch::Tensor CausalLMImpl::inv_freq(const torch::Tensor& positions) {
+torch::Tensor CausalLMImpl::inv_freq(const torch::Tensor& positions, const torch::Tensor& seq_len) {
   if (!inv_freq_.defined() || inv_freq_.device() != positions.device()) {
     auto [inv, scaling] = static_inv_freq(config_);
     inv_freq_ = inv.to(positions.device());
@@ -427,21 +427,26 @@ torch::Tensor CausalLMImpl::inv_freq(const torch::Tensor& positions) {
   }
   if (config_.rope.type != rope_type::dynamic)
     return inv_freq_;
-  // Dynamic NTK as transformers computes it from the batch's longest position, but on the device
-  // (no host synchronisation, so decoding steps stay capturable in CUDA graphs). Up to
-  // max_position_embeddings this equals the standard table.
+  // Dynamic NTK with transformers' formula, but per row: transformers takes the longest position
+  // of the whole batch, which makes a sequence's logits depend on its batch-mates (and a
+  // learner's log-probs differ from the sampler's). Per row, each sequence gets what it gets
+  // alone. Computed on the device: no host synchronisation, so decoding stays graph-capturable.
+  // Up to max_position_embeddings this is the standard table.
   const auto& r = config_.rope;
   const double dim = static_cast<double>(config_.head_dim);
   const auto max_pos = static_cast<double>(config_.max_position_embeddings);
-  auto seq_len = (positions.max() + 1).to(torch::kFloat).clamp_min(max_pos);
-  auto base = r.theta * torch::pow(r.factor * seq_len / max_pos - (r.factor - 1), dim / (dim - 2));
+  auto len = seq_len.to(torch::kFloat).clamp_min(max_pos).unsqueeze(1); // [B, 1]
+  auto base = r.theta * torch::pow(r.factor * len / max_pos - (r.factor - 1), dim / (dim - 2));
   auto exponents =
       torch::arange(0, config_.head_dim, 2, positions.options().dtype(torch::kLong)).to(torch::kFloat) / dim;
   return 1.0 / torch::pow(base, exponents);
 }
 
-std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::rope(const torch::Tensor& positions, torch::ScalarType dtype) {
-  auto inv = inv_freq(positions);
+std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::rope(const torch::Tensor& positions, const torch::Tensor& seq_len,
+                                                           torch::ScalarType dtype) {
+  auto inv = inv_freq(positions, seq_len);
+  if (inv.dim() == 2)
+    inv = inv.unsqueeze(1); // [B, 1, D/2] against positions [B, T, 1]
   auto freqs = positions.unsqueeze(-1).to(torch::kFloat) * inv;
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos() * attention_scaling_, sin = emb.sin() * attention_scaling_;
@@ -498,8 +503,11 @@ torch::Tensor CausalLMImpl::hidden_states(const token_batch& batch) {
     mask = allowed.unsqueeze(1);
   }
 
+  torch::Tensor seq_len; // each row's longest real position + 1 (dynamic RoPE only)
+  if (config_.rope.type == rope_type::dynamic)
+    seq_len = std::get<0>((valid.defined() ? positions.masked_fill(valid.logical_not(), 0) : positions).max(1)) + 1;
   auto x = model->embed_tokens(ids);
-  auto [cos, sin] = rope(positions, x.scalar_type());
+  auto [cos, sin] = rope(positions, seq_len, x.scalar_type());
   for (auto& layer : model->blocks)
     x = layer->forward(x, cos, sin, mask);
   return model->norm(x);
@@ -548,8 +556,12 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
                 " new tokens overflow a row of the cache (", s, " slots)");
   auto positions = cache.lengths.unsqueeze(1) + torch::arange(t, cache.lengths.options()); // [R, T]
   auto mask = torch::arange(s, cache.lengths.options()).view({1, 1, 1, s}) <= positions.view({r, 1, t, 1});
+  // Each row's length once this step's real tokens are in (dynamic RoPE only).
+  torch::Tensor seq_len;
+  if (config_.rope.type == rope_type::dynamic)
+    seq_len = cache.lengths + (new_tokens.defined() ? new_tokens.to(torch::kLong) : torch::full_like(cache.lengths, t));
   auto x = model->embed_tokens(input_ids);
-  auto [cos, sin] = rope(positions, x.scalar_type());
+  auto [cos, sin] = rope(positions, seq_len, x.scalar_type());
   for (std::size_t l = 0; l < model->blocks.size(); ++l)
     x = model->blocks[l]->forward_cached(x, cos, sin, mask, cache.keys[l], cache.values[l], positions);
   x = model->norm(x);

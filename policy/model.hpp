@@ -135,7 +135,9 @@ public:
 };
 TORCH_MODULE(Decoder);
 
-/// A batch for the training forward. Only input_ids is required.
+/// A batch for the training forward. Only input_ids is required. Every row computes what it
+/// would alone, including dynamic RoPE, which scales by each row's own longest position
+/// (transformers uses the batch's; alone the two agree).
 struct token_batch {
   torch::Tensor input_ids;      ///< [B, T] int64
   /// [B, T], 1 for tokens and 0 for padding (left or right). Padding attends to nothing real and
@@ -218,9 +220,12 @@ public:
   Projection lm_head{nullptr}; ///< null when tied
 
 private:
-  /// cos, sin [B, T, head_dim] for integer positions [B, T], in `dtype`.
-  std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& positions, torch::ScalarType dtype);
-  torch::Tensor inv_freq(const torch::Tensor& positions);
+  /// cos, sin [B, T, head_dim] for integer positions [B, T], in `dtype`. `seq_len` [B] (the
+  /// length each row has reached) matters only to dynamic RoPE.
+  std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& positions, const torch::Tensor& seq_len,
+                                               torch::ScalarType dtype);
+  /// [head_dim / 2], or [B, head_dim / 2] for dynamic RoPE.
+  torch::Tensor inv_freq(const torch::Tensor& positions, const torch::Tensor& seq_len);
 
   model_config config_;
   torch::Tensor inv_freq_; ///< float32, on the last device used (standard/linear/llama3/yarn)

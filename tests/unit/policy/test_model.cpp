@@ -52,6 +52,7 @@ torch::Tensor alone(CausalLM& m, const torch::Tensor& seq) {
 } // namespace
 
 TEST_CASE("parity with transformers: float32 logits within 1e-4 for every variant") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   double worst = 0.0;
   for (const auto& variant : hf_variants()) {
@@ -71,8 +72,9 @@ TEST_CASE("parity with transformers: float32 logits within 1e-4 for every varian
 }
 
 TEST_CASE("the parity check can fail: the RoPE variant and every weight matter") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
-  for (const auto& variant : {"qwen2_yarn", "llama_llama3", "llama_bias_linear", "llama_dynamic"}) {
+  for (std::string variant : {"qwen2_yarn", "llama_llama3", "llama_bias_linear", "llama_dynamic"}) {
     CAPTURE(variant);
     auto dir = hf_reference_dir() / variant;
     auto ref = read_tensors(dir / "reference.safetensors");
@@ -96,6 +98,7 @@ TEST_CASE("the parity check can fail: the RoPE variant and every weight matter")
 }
 
 TEST_CASE("the config read matches what each variant exercises") {
+  torch::manual_seed(1234);
   auto tied = load_variant("qwen2_tied");
   CHECK(tied->config().tie_word_embeddings);
   CHECK(tied->config().qkv_bias);
@@ -110,34 +113,41 @@ TEST_CASE("the config read matches what each variant exercises") {
 }
 
 TEST_CASE("a padded batch (left or right) gives each prompt the logits it has alone") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
-  auto m = load_variant("qwen2_tied");
-  std::vector<torch::Tensor> seqs{torch::randint(0, 300, {7}), torch::randint(0, 300, {3}), torch::randint(0, 300, {5})};
-  const std::int64_t t = 7;
-  for (bool left : {true, false}) {
-    CAPTURE(left);
-    auto input = torch::zeros({3, t}, torch::kLong);
-    auto mask = torch::zeros({3, t}, torch::kLong);
-    for (int i = 0; i < 3; ++i) {
-      auto n = seqs[i].size(0);
-      auto start = left ? t - n : 0;
-      input[i].narrow(0, start, n).copy_(seqs[i]);
-      mask[i].narrow(0, start, n).fill_(1);
+  // For llama_dynamic, lengths on both sides of its max_position_embeddings (48).
+  for (auto [variant, scale] : {std::pair{std::string{"qwen2_tied"}, 1}, std::pair{std::string{"llama_dynamic"}, 10}}) {
+    CAPTURE(variant);
+    auto m = load_variant(variant);
+    std::vector<torch::Tensor> seqs{torch::randint(0, 300, {7 * scale}), torch::randint(0, 300, {3 * scale}),
+                                    torch::randint(0, 300, {5 * scale})};
+    const std::int64_t t = 7 * scale;
+    for (bool left : {true, false}) {
+      CAPTURE(left);
+      auto input = torch::zeros({3, t}, torch::kLong);
+      auto mask = torch::zeros({3, t}, torch::kLong);
+      for (int i = 0; i < 3; ++i) {
+        auto n = seqs[i].size(0);
+        auto start = left ? t - n : 0;
+        input[i].narrow(0, start, n).copy_(seqs[i]);
+        mask[i].narrow(0, start, n).fill_(1);
+      }
+      token_batch b{input, mask, {}, {}};
+      auto logits = m->forward(b);
+      for (int i = 0; i < 3; ++i) {
+        auto n = seqs[i].size(0);
+        auto got = logits[i].narrow(0, left ? t - n : 0, n);
+        CHECK(max_abs_diff(got, alone(m, seqs[i])) <= 1e-5);
+      }
+      CHECK_FALSE(torch::isnan(logits).any().item<bool>());
     }
-    token_batch b{input, mask, {}, {}};
-    auto logits = m->forward(b);
-    for (int i = 0; i < 3; ++i) {
-      auto n = seqs[i].size(0);
-      auto got = logits[i].narrow(0, left ? t - n : 0, n);
-      CHECK(max_abs_diff(got, alone(m, seqs[i])) <= 1e-5);
-    }
-    CHECK_FALSE(torch::isnan(logits).any().item<bool>());
   }
 }
 
 TEST_CASE("a packed batch equals its sequences run separately") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
-  for (const auto& variant : {"qwen2_tied", "llama_llama3"}) {
+  for (std::string variant : {"qwen2_tied", "llama_llama3"}) {
     CAPTURE(variant);
     auto m = load_variant(variant);
     std::vector<torch::Tensor> seqs{torch::randint(0, 300, {4}), torch::randint(0, 300, {6}), torch::randint(0, 300, {2})};
@@ -160,11 +170,12 @@ TEST_CASE("a packed batch equals its sequences run separately") {
 }
 
 TEST_CASE("KV-cache decoding equals the full forward, for prompts of different lengths in one batch") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   // (Dynamic RoPE is left out: there cached keys keep the frequencies of the step that made
   // them, in transformers as here, so cached and full forwards differ by design past
   // max_position_embeddings. Greedy parity with transformers covers it; see test_engine.cpp.)
-  for (const auto& variant : {"qwen2_yarn", "llama_llama3", "llama_bias_linear"}) {
+  for (std::string variant : {"qwen2_yarn", "llama_llama3", "llama_bias_linear"}) {
     CAPTURE(variant);
     auto m = load_variant(variant);
     const std::vector<std::int64_t> lens{5, 9, 2};
@@ -196,6 +207,7 @@ TEST_CASE("KV-cache decoding equals the full forward, for prompts of different l
 }
 
 TEST_CASE("cache views and compaction keep each row's keys, values and length") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   auto m = load_variant("qwen2_tied");
   auto seqs = torch::randint(0, 300, {4, 6});
@@ -215,6 +227,7 @@ TEST_CASE("cache views and compaction keep each row's keys, values and length") 
 }
 
 TEST_CASE("token_log_probs equals log_softmax of the logits, and its chunked gradient the naive one") {
+  torch::manual_seed(1234);
   auto m = load_variant("llama_llama3");
   auto input = torch::randint(0, 300, {2, 9});
   auto targets = torch::randint(0, 300, {2, 9});
@@ -242,12 +255,15 @@ TEST_CASE("token_log_probs equals log_softmax of the logits, and its chunked gra
     auto weights = torch::rand({2, 9});
     auto g_naive = grads_of((naive * weights).sum());
     auto g_chunked = grads_of((m->token_log_probs(b, targets, temperature, 4) * weights).sum());
-    for (std::size_t i = 0; i < params.size(); ++i)
-      CHECK(max_abs_diff(g_chunked[i], g_naive[i]) <= 1e-5);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const double scale = 1.0 + g_naive[i].abs().max().item<double>();
+      CHECK(max_abs_diff(g_chunked[i], g_naive[i]) <= 1e-5 * scale);
+    }
   }
 }
 
 TEST_CASE("LoRA: zero-initialised B equals the base; merged equals unmerged; only adapters train") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   auto m = tiny_model(false, true);
   auto input = torch::randint(0, 300, {2, 6});
@@ -290,6 +306,7 @@ TEST_CASE("LoRA: zero-initialised B equals the base; merged equals unmerged; onl
 }
 
 TEST_CASE("save and load: bf16 sharded and f32 single-file round trips; LoRA saved merged") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   temp_dir dir;
   auto m = tiny_model(true, true);
@@ -320,14 +337,17 @@ TEST_CASE("save and load: bf16 sharded and f32 single-file round trips; LoRA sav
   auto cfg = read_model_config(dir.path / "bf16");
   REQUIRE(cfg.ok());
   CHECK(cfg->dtype == "bfloat16");
-  // bf16 rounding of the weights only.
-  CHECK(max_abs_diff((*bf)->forward(b), logits) < 0.5);
+  // Exactly the f32 model with its weights rounded to bf16.
+  for (auto& p : (*back)->parameters())
+    p.copy_(p.to(torch::kBFloat16).to(torch::kFloat));
+  CHECK(max_abs_diff((*bf)->forward(b), (*back)->forward(b)) <= 1e-4);
   auto bf_bf = load_model(dir.path / "bf16", {torch::kCPU, torch::kBFloat16, true});
   REQUIRE(bf_bf.ok());
   CHECK(((*bf_bf)->forward(b).scalar_type() == torch::kBFloat16));
 }
 
 TEST_CASE("load errors name the missing tensor, the bad shape, the bad key; bad files are refused") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   temp_dir dir;
   auto m = tiny_model(false, true);
@@ -406,6 +426,7 @@ TEST_CASE("load errors name the missing tensor, the bad shape, the bad key; bad 
 }
 
 TEST_CASE("init_model writes presets that load back; tiny is within its advertised size") {
+  torch::manual_seed(1234);
   temp_dir dir;
   init_model_options opts;
   opts.dir = dir.path / "tiny";
@@ -435,6 +456,7 @@ TEST_CASE("init_model writes presets that load back; tiny is within its advertis
 }
 
 TEST_CASE("what crucible writes, transformers loads with the same logits") {
+  torch::manual_seed(1234);
   torch::NoGradGuard g;
   temp_dir dir;
   std::vector<std::string> dirs;
