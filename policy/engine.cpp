@@ -322,7 +322,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
         lengths[(b0 + i) * group + g] = static_cast<std::int64_t>(p.size());
     }
     auto scratch = s.model->make_cache(mb, width);
-    auto logits = s.model->forward_step(ids.to(s.device), scratch, counts.to(s.device));
+    auto logits = s.model->prefill(ids.to(s.device), scratch, counts.to(s.device));
     auto src = torch::arange(mb, long_opts).repeat_interleave(group);
     auto dst = torch::arange(b0 * group, b1 * group, long_opts);
     for (std::size_t l = 0; l < scratch.keys.size(); ++l) {

@@ -38,6 +38,26 @@ torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torc
   return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
 }
 
+// Scaled dot-product attention of q [B, H, T, D] over k, v [B, KVH, S, D]. Without a mask it is
+// causal (T == S), where SDPA's flash kernels take grouped-query attention natively. With a mask
+// [B, 1, T, S] the query heads are folded onto their KV head ([B, KVH, G*T, D]): the masked
+// kernels would otherwise copy the keys and values once per query head (math fallback), which
+// for a decoding step means copying the whole cache.
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                     const torch::Tensor& mask) {
+  const auto heads = q.size(1), kv_heads = k.size(1);
+  if (!mask.defined())
+    return at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, std::nullopt,
+                                            /*enable_gqa=*/heads != kv_heads);
+  if (heads == kv_heads)
+    return at::scaled_dot_product_attention(q, k, v, mask);
+  const auto b = q.size(0), t = q.size(2), d = q.size(3), group = heads / kv_heads;
+  // Head h = kv * group + g (repeat_kv's order); row g * T + t of the fold sees mask row t.
+  auto folded = q.reshape({b, kv_heads, group * t, d});
+  auto out = at::scaled_dot_product_attention(folded, k, v, mask.repeat({1, 1, group, 1}));
+  return out.view({b, heads, t, d});
+}
+
 // transformers' inverse frequencies for the static RoPE types, computed the way it does (float32
 // torch ops on the CPU) so that the tables agree bit for bit where the operations allow.
 std::pair<torch::Tensor, double> static_inv_freq(const model_config& c) {
@@ -305,20 +325,17 @@ torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const torch:
   auto k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   std::tie(q, k) = apply_rope(q, k, cos, sin);
-  if (k_cache.defined()) {
+  if (k_cache.defined() && mask.defined()) {
     auto index = slots.view({b, 1, t, 1}).expand({b, kv_heads_, t, head_dim_});
     k_cache.scatter_(2, index, k);
     v_cache.scatter_(2, index, v);
     k = k_cache;
     v = v_cache;
+  } else if (k_cache.defined()) { // prefill of an empty cache: causal over this step alone
+    k_cache.narrow(2, 0, t).copy_(k);
+    v_cache.narrow(2, 0, t).copy_(v);
   }
-  std::optional<torch::Tensor> attn_mask;
-  if (mask.defined())
-    attn_mask = mask;
-  // Plain causal attention (no mask) lets SDPA pick its flash kernel.
-  auto out = at::scaled_dot_product_attention(q, k, v, attn_mask, 0.0, /*is_causal=*/!mask.defined(),
-                                              std::nullopt, /*enable_gqa=*/kv_heads_ != heads_);
-  return o_proj(out.transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
+  return o_proj(attend(q, k, v, mask).transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
 }
 
 MLPImpl::MLPImpl(const model_config& c) {
@@ -468,8 +485,17 @@ torch::Tensor CausalLMImpl::hidden_states(const token_batch& batch) {
   const auto dev = ids.device();
   auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(dev);
   torch::Tensor valid = batch.attention_mask.defined() ? batch.attention_mask.to(torch::kBool) : torch::Tensor{};
+  torch::Tensor right_padding_valid;
   const torch::Tensor& seq = batch.sequence_ids;
 
+  // Right padding needs no mask: under causal attention real tokens never see the padding that
+  // follows them, and positions are plain. Dropping the mask keeps the flash kernel (memory
+  // linear in T) for the learner's usual batches; padding rows compute values nobody reads.
+  if (valid.defined() && !seq.defined() && !batch.position_ids.defined() && t > 1 &&
+      !(valid.narrow(1, 1, t - 1) & valid.narrow(1, 0, t - 1).logical_not()).any().item<bool>()) {
+    right_padding_valid = valid;
+    valid = torch::Tensor{};
+  }
   torch::Tensor positions = batch.position_ids;
   if (!positions.defined()) {
     if (!valid.defined() && !seq.defined()) {
@@ -504,8 +530,10 @@ torch::Tensor CausalLMImpl::hidden_states(const token_batch& batch) {
   }
 
   torch::Tensor seq_len; // each row's longest real position + 1 (dynamic RoPE only)
-  if (config_.rope.type == rope_type::dynamic)
-    seq_len = std::get<0>((valid.defined() ? positions.masked_fill(valid.logical_not(), 0) : positions).max(1)) + 1;
+  if (config_.rope.type == rope_type::dynamic) {
+    const auto& real = valid.defined() ? valid : right_padding_valid;
+    seq_len = std::get<0>((real.defined() ? positions.masked_fill(real.logical_not(), 0) : positions).max(1)) + 1;
+  }
   auto x = model->embed_tokens(ids);
   auto [cos, sin] = rope(positions, seq_len, x.scalar_type());
   for (auto& layer : model->blocks)
@@ -547,15 +575,29 @@ kv_cache CausalLMImpl::make_cache(std::int64_t rows, std::int64_t slots) {
 
 torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cache& cache,
                                          const torch::Tensor& new_tokens) {
+  return step(input_ids, cache, new_tokens, /*empty=*/false);
+}
+
+torch::Tensor CausalLMImpl::prefill(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens) {
+  return step(input_ids, cache, new_tokens, /*empty=*/true);
+}
+
+torch::Tensor CausalLMImpl::step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens,
+                                 bool empty) {
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(0) == cache.rows(), "forward_step: input_ids ",
               input_ids.sizes(), " do not match a cache of ", cache.rows(), " rows");
   const auto r = input_ids.size(0), t = input_ids.size(1), s = cache.slots();
-  const auto dev = input_ids.device();
-  if (dev.is_cpu()) // free on the CPU; on CUDA it would synchronise (and break graph capture)
+  if (input_ids.device().is_cpu()) { // free on the CPU; on CUDA they would synchronise (and break capture)
     TORCH_CHECK((cache.lengths + t).le(s).all().item<bool>(), "forward_step: ", t,
                 " new tokens overflow a row of the cache (", s, " slots)");
+    TORCH_CHECK(!empty || cache.lengths.eq(0).all().item<bool>(), "prefill: the cache is not empty");
+  }
   auto positions = cache.lengths.unsqueeze(1) + torch::arange(t, cache.lengths.options()); // [R, T]
-  auto mask = torch::arange(s, cache.lengths.options()).view({1, 1, 1, s}) <= positions.view({r, 1, t, 1});
+  // A prefill of right-padded prompts into an empty cache is plain causal attention (no mask);
+  // later steps attend over the cache: slot j is visible to a token at position p iff j <= p.
+  torch::Tensor mask;
+  if (!empty)
+    mask = torch::arange(s, cache.lengths.options()).view({1, 1, 1, s}) <= positions.view({r, 1, t, 1});
   // Each row's length once this step's real tokens are in (dynamic RoPE only).
   torch::Tensor seq_len;
   if (config_.rope.type == rope_type::dynamic)

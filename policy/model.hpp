@@ -77,6 +77,8 @@ public:
                         const torch::Tensor& mask);
   /// The same, appending this step's keys and values to `k_cache`/`v_cache` [B, kv_heads, S,
   /// head_dim] at slots `slots` [B, T] and attending over the whole cache under `mask` [B, 1, T, S].
+  /// Without a mask (a prefill of an empty cache) they go to slots [0, T) and attention is causal
+  /// over this step's tokens.
   torch::Tensor forward_cached(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                const torch::Tensor& mask, torch::Tensor& k_cache, torch::Tensor& v_cache,
                                const torch::Tensor& slots);
@@ -203,6 +205,9 @@ public:
   /// Requires lengths[r] + T <= cache.slots(). Makes no host synchronisation and no shape
   /// decisions from tensor values, so it can be captured in a CUDA graph.
   torch::Tensor forward_step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {});
+  /// forward_step into an empty cache (all lengths 0): the same result, computed as plain causal
+  /// attention over the prompts (flash kernels on CUDA) instead of attention over the cache.
+  torch::Tensor prefill(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {});
 
   /// Adds LoRA adapters to the target projections of every layer and freezes all other
   /// parameters. errc::config naming an unknown target; errc::invalid_arg if already added.
@@ -220,6 +225,7 @@ public:
   Projection lm_head{nullptr}; ///< null when tied
 
 private:
+  torch::Tensor step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens, bool empty);
   /// cos, sin [B, T, head_dim] for integer positions [B, T], in `dtype`. `seq_len` [B] (the
   /// length each row has reached) matters only to dynamic RoPE.
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& positions, const torch::Tensor& seq_len,

@@ -206,6 +206,32 @@ TEST_CASE("KV-cache decoding equals the full forward, for prompts of different l
   }
 }
 
+TEST_CASE("prefill into an empty cache equals forward_step, keys and values included") {
+  torch::manual_seed(1234);
+  torch::NoGradGuard g;
+  for (std::string variant : {"qwen2_tied", "llama_dynamic"}) {
+    CAPTURE(variant);
+    auto m = load_variant(variant);
+    auto prompt = torch::randint(0, 300, {3, 60});
+    auto counts = torch::tensor({60L, 17L, 49L});
+    auto a = m->make_cache(3, 64), b = m->make_cache(3, 64);
+    auto la = m->forward_step(prompt, a, counts);
+    auto lb = m->prefill(prompt, b, counts);
+    CHECK(max_abs_diff(la, lb) <= 1e-5);
+    CHECK(torch::equal(a.lengths, b.lengths));
+    for (int i = 0; i < 3; ++i) {
+      auto n = counts[i].item<std::int64_t>();
+      CHECK(max_abs_diff(a.keys[1][i].narrow(1, 0, n), b.keys[1][i].narrow(1, 0, n)) <= 1e-5);
+      CHECK(max_abs_diff(a.values[0][i].narrow(1, 0, n), b.values[0][i].narrow(1, 0, n)) <= 1e-5);
+    }
+    auto next = torch::randint(0, 300, {3, 1});
+    CHECK(max_abs_diff(m->forward_step(next, a), m->forward_step(next, b)) <= 1e-5);
+    auto c = m->make_cache(3, 64);
+    m->forward_step(next, c);
+    CHECK_THROWS(m->prefill(next, c));
+  }
+}
+
 TEST_CASE("cache views and compaction keep each row's keys, values and length") {
   torch::manual_seed(1234);
   torch::NoGradGuard g;
