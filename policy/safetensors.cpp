@@ -7,8 +7,10 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <set>
+#include <sstream>
 #include <utility>
 
 #include <fcntl.h>
@@ -46,14 +48,13 @@ constexpr dtype_entry dtype_table[] = {
   {st_dtype::boolean, "BOOL", 1},
 };
 
-std::string errno_text(int err) { return std::strerror(err); }
-
-int open_retry(const char* path, int flags, mode_t mode = 0) {
-  int fd;
-  do {
-    fd = ::open(path, flags, mode);
-  } while (fd < 0 && errno == EINTR);
-  return fd;
+// open(2) of a file or directory; EINTR (possible on network file systems) is retried.
+int open_file(const fs::path& path, int flags, mode_t mode = 0) {
+  for (;;) {
+    int fd = ::open(path.empty() ? "." : path.c_str(), flags | O_CLOEXEC, mode);
+    if (fd >= 0 || errno != EINTR)
+      return fd;
+  }
 }
 
 // a * b, or nullopt when it overflows 64 bits.
@@ -98,11 +99,11 @@ public:
     tmp_ = target_.parent_path() /
            ("." + target_.filename().string().substr(0, 200) + ".tmp." + std::to_string(::getpid()) + "." +
             std::to_string(counter.fetch_add(1)));
-    fd_ = open_retry(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    fd_ = open_file(tmp_, O_WRONLY | O_CREAT | O_EXCL, 0644);
     if (fd_ < 0) {
       int err = errno;
       tmp_.clear();
-      return fail(errc::io, "cannot create a temporary file for ", target_.string(), ": ", errno_text(err));
+      return fail(errc::io, "cannot create a temporary file for ", target_.string(), ": ", std::strerror(err));
     }
     return {};
   }
@@ -115,7 +116,7 @@ public:
       if (n < 0) {
         if (errno == EINTR)
           continue;
-        return fail(errc::io, "cannot write ", target_.string(), ": ", errno_text(errno));
+        return fail(errc::io, "cannot write ", target_.string(), ": ", std::strerror(errno));
       }
       p += n;
       size -= static_cast<std::size_t>(n);
@@ -126,26 +127,26 @@ public:
   result<void> commit() {
     // fsync before rename, or a crash could leave the name pointing at unwritten blocks.
     if (::fsync(fd_) != 0)
-      return fail(errc::io, "cannot fsync ", target_.string(), ": ", errno_text(errno));
+      return fail(errc::io, "cannot fsync ", target_.string(), ": ", std::strerror(errno));
     int rc = ::close(fd_);
     fd_ = -1;
     if (rc != 0)
-      return fail(errc::io, "cannot close ", target_.string(), ": ", errno_text(errno));
+      return fail(errc::io, "cannot close ", target_.string(), ": ", std::strerror(errno));
     if (::rename(tmp_.c_str(), target_.c_str()) != 0)
-      return fail(errc::io, "cannot rename a temporary file onto ", target_.string(), ": ", errno_text(errno));
+      return fail(errc::io, "cannot rename a temporary file onto ", target_.string(), ": ", std::strerror(errno));
     committed_ = true;
     return sync_dir(target_.parent_path());
   }
 
   static result<void> sync_dir(const fs::path& dir) {
-    int dfd = open_retry(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = open_file(dir, O_RDONLY | O_DIRECTORY);
     if (dfd < 0)
-      return fail(errc::io, "cannot open directory ", dir.string(), ": ", errno_text(errno));
+      return fail(errc::io, "cannot open directory ", dir.string(), ": ", std::strerror(errno));
     int rc = ::fsync(dfd);
     int err = errno;
     ::close(dfd);
     if (rc != 0)
-      return fail(errc::io, "cannot fsync directory ", dir.string(), ": ", errno_text(err));
+      return fail(errc::io, "cannot fsync directory ", dir.string(), ": ", std::strerror(err));
     return {};
   }
 
@@ -257,16 +258,16 @@ safetensors_file::~safetensors_file() = default;
 
 result<safetensors_file> safetensors_file::open(const fs::path& path) {
   const std::string where = path.string();
-  int fd = open_retry(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open_file(path, O_RDONLY);
   if (fd < 0) {
     int err = errno;
-    return fail(err == ENOENT ? errc::not_found : errc::io, "cannot open ", where, ": ", errno_text(err));
+    return fail(err == ENOENT ? errc::not_found : errc::io, "cannot open ", where, ": ", std::strerror(err));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     ::close(fd);
-    return fail(errc::io, "cannot stat ", where, ": ", errno_text(err));
+    return fail(errc::io, "cannot stat ", where, ": ", std::strerror(err));
   }
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   if (file_size < 8) {
@@ -279,7 +280,7 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
   int err = errno;
   ::close(fd); // the mapping keeps the file's pages reachable
   if (p == MAP_FAILED)
-    return fail(errc::io, "cannot mmap ", where, ": ", errno_text(err));
+    return fail(errc::io, "cannot mmap ", where, ": ", std::strerror(err));
   map->data = static_cast<const std::byte*>(p);
   map->size = file_size;
 
@@ -601,28 +602,17 @@ result<void> write_text_file_atomic(const fs::path& path, std::string_view conte
 }
 
 result<std::string> read_text_file(const fs::path& path) {
-  int fd = open_retry(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int err = errno;
-    return fail(err == ENOENT ? errc::not_found : errc::io, "cannot open ", path.string(), ": ", errno_text(err));
-  }
-  std::string out;
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      int err = errno;
-      ::close(fd);
-      return fail(errc::io, "cannot read ", path.string(), ": ", errno_text(err));
-    }
-    if (n == 0)
-      break;
-    out.append(buf, static_cast<std::size_t>(n));
-  }
-  ::close(fd);
-  return out;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return fail(errc::not_found, "cannot open ", path.string(), ": no such file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in.is_open())
+    return fail(errc::io, "cannot open ", path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad())
+    return fail(errc::io, "cannot read ", path.string());
+  return std::move(text).str();
 }
 
 } // namespace crucible::policy

@@ -9,9 +9,11 @@
 
 #include "policy/engine.hpp"
 #include "policy/model.hpp"
+#include "../unit/policy/policy_test_util.hpp"
 
 using namespace crucible;
 using namespace crucible::policy;
+using namespace crucible::policy::testing;
 
 namespace {
 
@@ -19,17 +21,8 @@ CausalLM random_model(const std::string& preset, model_family family, std::int64
                       std::uint64_t seed = 1) {
   auto c = preset_config(preset, family, vocab);
   REQUIRE(c.ok());
-  CausalLM m(*c);
-  m->init_weights(seed);
-  {
-    // Sharper than the 0.02 init, so that greedy choices are not near-ties.
-    torch::NoGradGuard g;
-    for (auto& p : m->parameters())
-      if (p.dim() == 2)
-        p.mul_(4.0);
-  }
+  auto m = scaled_random_model(*c, seed, 4.0);
   m->to(torch::Device(torch::kCUDA, 0), dtype);
-  m->eval();
   return m;
 }
 
@@ -43,23 +36,11 @@ std::vector<std::vector<std::int32_t>> random_prompts(std::vector<int> lengths, 
   return out;
 }
 
-double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kCPU, torch::kFloat) - b.to(torch::kCPU, torch::kFloat)).abs().max().item<double>();
-}
-
 } // namespace
 
 TEST_CASE("CUDA float32 logits equal the CPU's") {
   auto gpu = random_model("tiny", model_family::qwen2, 1000, torch::kFloat);
-  auto c = gpu->config();
-  CausalLM cpu(c);
-  cpu->init_weights(1);
-  {
-    torch::NoGradGuard g;
-    for (auto& p : cpu->parameters())
-      if (p.dim() == 2)
-        p.mul_(4.0);
-  }
+  auto cpu = scaled_random_model(gpu->config(), 1, 4.0);
   torch::NoGradGuard g;
   token_batch b;
   b.input_ids = torch::randint(0, 1000, {2, 40});
@@ -126,16 +107,8 @@ TEST_CASE("sampled log-probs on CUDA equal a teacher-forced forward") {
   for (std::size_t i = 0; i < out->size(); ++i) {
     const auto& c = (*out)[i];
     CHECK(c.tokens == (*again)[i].tokens); // seeded
-    std::vector<std::int64_t> seq(prompts[c.prompt_index].begin(), prompts[c.prompt_index].end());
-    seq.insert(seq.end(), c.tokens.begin(), c.tokens.end());
-    auto ids = torch::tensor(seq, torch::kLong).cuda();
-    const auto n = ids.size(0);
-    token_batch b;
-    b.input_ids = ids.narrow(0, 0, n - 1).unsqueeze(0);
-    auto lp = m->token_log_probs(b, ids.narrow(0, 1, n - 1).unsqueeze(0), o.temperature)[0];
-    auto p = static_cast<std::int64_t>(prompts[c.prompt_index].size());
-    worst = std::max(worst, max_abs_diff(lp.narrow(0, p - 1, static_cast<std::int64_t>(c.tokens.size())),
-                                         torch::tensor(c.logprobs)));
+    auto lp = teacher_forced_log_probs(*m, prompts[c.prompt_index], c.tokens, o.temperature);
+    worst = std::max(worst, max_abs_diff(lp, torch::tensor(c.logprobs)));
   }
   MESSAGE("CUDA float32: max |engine log-prob - teacher-forced| = " << worst);
   CHECK(worst <= 1e-3);

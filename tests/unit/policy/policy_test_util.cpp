@@ -90,8 +90,32 @@ std::map<std::string, torch::Tensor> read_tensors(const fs::path& file) {
   return out;
 }
 
+CausalLM scaled_random_model(const model_config& config, std::uint64_t seed, double scale) {
+  CausalLM m(config);
+  m->init_weights(seed);
+  torch::NoGradGuard g;
+  for (auto& p : m->parameters())
+    if (p.dim() == 2)
+      p.mul_(scale);
+  m->eval();
+  return m;
+}
+
+torch::Tensor teacher_forced_log_probs(CausalLMImpl& model, const std::vector<std::int32_t>& prompt,
+                                       const std::vector<std::int32_t>& completion, double temperature) {
+  std::vector<std::int64_t> seq(prompt.begin(), prompt.end());
+  seq.insert(seq.end(), completion.begin(), completion.end());
+  auto ids = torch::tensor(seq, torch::kLong).to(model.output_weight().device());
+  const auto n = ids.size(0);
+  token_batch b;
+  b.input_ids = ids.narrow(0, 0, n - 1).unsqueeze(0);
+  torch::NoGradGuard g;
+  auto lp = model.token_log_probs(b, ids.narrow(0, 1, n - 1).unsqueeze(0), temperature)[0];
+  return lp.narrow(0, static_cast<std::int64_t>(prompt.size()) - 1, static_cast<std::int64_t>(completion.size()));
+}
+
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
-  return (a.to(torch::kFloat) - b.to(torch::kFloat)).abs().max().item<double>();
+  return (a.to(torch::kCPU, torch::kFloat) - b.to(torch::kCPU, torch::kFloat)).abs().max().item<double>();
 }
 
 } // namespace crucible::policy::testing

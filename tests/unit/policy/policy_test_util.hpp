@@ -9,6 +9,8 @@
 
 #include <torch/torch.h>
 
+#include "policy/model.hpp"
+
 namespace crucible::policy::testing {
 
 /// A fresh directory under the system temp dir, removed with the object.
@@ -33,6 +35,15 @@ std::map<std::string, torch::Tensor> read_tensors(const std::filesystem::path& f
 
 /// Runs `hf_reference.py ARGS...` with the project's Python; returns exit code and output.
 std::pair<int, std::string> run_reference_script(const std::vector<std::string>& args);
+
+/// A model of `config` with init_weights(seed), its matrices multiplied by `scale` (sharper than
+/// the 0.02 init, so that differences show and greedy choices are not near-ties), in eval mode.
+CausalLM scaled_random_model(const model_config& config, std::uint64_t seed, double scale);
+
+/// Teacher-forced log-probs of `completion` after `prompt` at `temperature`, on the model's
+/// device: what the engine's behaviour log-probs must equal.
+torch::Tensor teacher_forced_log_probs(CausalLMImpl& model, const std::vector<std::int32_t>& prompt,
+                                       const std::vector<std::int32_t>& completion, double temperature);
 
 /// max |a - b| as a double (inputs converted to float32).
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b);

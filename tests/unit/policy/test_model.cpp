@@ -31,15 +31,7 @@ CausalLM tiny_model(bool tied, bool bias, std::uint64_t seed = 1) {
   c->intermediate_size = 128;
   c->tie_word_embeddings = tied;
   c->qkv_bias = bias;
-  CausalLM m(*c);
-  m->init_weights(seed);
-  // Larger weights than the 0.02 init make differences visible.
-  torch::NoGradGuard g;
-  for (auto& p : m->parameters())
-    if (p.dim() == 2)
-      p.mul_(5.0);
-  m->eval();
-  return m;
+  return scaled_random_model(*c, seed, 5.0);
 }
 
 // Logits of each sequence run alone, [T_i, V].
@@ -288,7 +280,7 @@ TEST_CASE("token_log_probs equals log_softmax of the logits, and its chunked gra
   }
 }
 
-TEST_CASE("LoRA: zero-initialised B equals the base; merged equals unmerged; only adapters train") {
+TEST_CASE("LoRA: zero-initialised B equals the base, merged equals unmerged, only adapters train") {
   torch::manual_seed(1234);
   torch::NoGradGuard g;
   auto m = tiny_model(false, true);
@@ -331,7 +323,7 @@ TEST_CASE("LoRA: zero-initialised B equals the base; merged equals unmerged; onl
   CHECK(bad.error().message.find("lm_head") != std::string::npos);
 }
 
-TEST_CASE("save and load: bf16 sharded and f32 single-file round trips; LoRA saved merged") {
+TEST_CASE("save and load: bf16 sharded and f32 single-file round trips, LoRA saved merged") {
   torch::manual_seed(1234);
   torch::NoGradGuard g;
   temp_dir dir;
@@ -372,7 +364,7 @@ TEST_CASE("save and load: bf16 sharded and f32 single-file round trips; LoRA sav
   CHECK(((*bf_bf)->forward(b).scalar_type() == torch::kBFloat16));
 }
 
-TEST_CASE("load errors name the missing tensor, the bad shape, the bad key; bad files are refused") {
+TEST_CASE("load errors name the missing tensor, the bad shape, the bad key, bad files are refused") {
   torch::manual_seed(1234);
   torch::NoGradGuard g;
   temp_dir dir;
@@ -451,7 +443,7 @@ TEST_CASE("load errors name the missing tensor, the bad shape, the bad key; bad 
   }
 }
 
-TEST_CASE("init_model writes presets that load back; tiny is within its advertised size") {
+TEST_CASE("init_model writes presets that load back, tiny is within its advertised size") {
   torch::manual_seed(1234);
   temp_dir dir;
   init_model_options opts;

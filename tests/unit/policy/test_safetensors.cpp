@@ -59,6 +59,12 @@ std::string open_error(const fs::path& p) {
   return f.error().message;
 }
 
+std::string checkpoint_error(const fs::path& dir) {
+  auto c = safetensors_checkpoint::open(dir);
+  REQUIRE_FALSE(c.ok());
+  return c.error().message;
+}
+
 } // namespace
 
 TEST_CASE("safetensors: f32, bf16 and f16 tensors round-trip with metadata") {
@@ -233,29 +239,23 @@ TEST_CASE("safetensors: sharded checkpoints are written with an index and read b
     REQUIRE(pos != std::string::npos);
     idx.replace(pos, 4, "\"t7\"");
     spit(dir.path / "model.safetensors.index.json", idx);
-    auto bad = safetensors_checkpoint::open(dir.path);
-    REQUIRE_FALSE(bad.ok());
-    CHECK(bad.error().message.find("t7") != std::string::npos);
+    CHECK(checkpoint_error(dir.path).find("t7") != std::string::npos);
   }
   SUBCASE("a missing shard refuses the directory") {
     fs::remove(dir.path / "model-00002-of-00003.safetensors");
-    auto bad = safetensors_checkpoint::open(dir.path);
-    REQUIRE_FALSE(bad.ok());
-    CHECK(bad.error().message.find("model-00002-of-00003.safetensors") != std::string::npos);
+    CHECK(checkpoint_error(dir.path).find("model-00002-of-00003.safetensors") != std::string::npos);
   }
   SUBCASE("a truncated shard refuses the directory") {
     auto s = slurp(dir.path / "model-00003-of-00003.safetensors");
     spit(dir.path / "model-00003-of-00003.safetensors", s.substr(0, s.size() - 1));
-    CHECK_FALSE(safetensors_checkpoint::open(dir.path).ok());
+    CHECK(checkpoint_error(dir.path).find("truncated") != std::string::npos);
   }
   SUBCASE("a shard path outside the directory is refused") {
     auto idx = slurp(dir.path / "model.safetensors.index.json");
     auto pos = idx.find("model-00001-of-00003.safetensors");
     idx.replace(pos, 0, "../");
     spit(dir.path / "model.safetensors.index.json", idx);
-    auto bad = safetensors_checkpoint::open(dir.path);
-    REQUIRE_FALSE(bad.ok());
-    CHECK(bad.error().message.find("not a file in the directory") != std::string::npos);
+    CHECK(checkpoint_error(dir.path).find("not a file in the directory") != std::string::npos);
   }
   SUBCASE("saving a single file again removes the shards and the index") {
     REQUIRE(write_checkpoint_weights(dir.path, ts).ok());
@@ -267,8 +267,6 @@ TEST_CASE("safetensors: sharded checkpoints are written with an index and read b
 
 TEST_CASE("safetensors: a directory without weights is not_found") {
   temp_dir dir;
-  auto ck = safetensors_checkpoint::open(dir.path);
-  REQUIRE_FALSE(ck.ok());
-  CHECK(ck.error().code == errc::not_found);
-  CHECK(ck.error().message.find("model.safetensors") != std::string::npos);
+  CHECK(safetensors_checkpoint::open(dir.path).error().code == errc::not_found);
+  CHECK(checkpoint_error(dir.path).find("model.safetensors") != std::string::npos);
 }
