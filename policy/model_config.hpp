@@ -94,7 +94,7 @@ result<model_config> read_model_config(const std::filesystem::path& path);
 std::string to_config_json(const model_config& config, std::string_view dtype);
 
 /// Named architectures for fresh models, for a given vocabulary size:
-///   "tiny"  hidden 128, 4 layers, 4 heads (2 KV), intermediate 384: ~0.7M + vocab*128 parameters
+///   "tiny"  hidden 128, 4 layers, 4 heads (2 KV), intermediate 384: ~0.8M + vocab*128 parameters
 ///   "small" hidden 512, 8 layers, 8 heads (2 KV), intermediate 1408: ~23M + vocab*512
 ///   "0.5b"  Qwen2.5-0.5B: hidden 896, 24 layers, 14 heads (2 KV), intermediate 4864, RoPE theta
 ///           1e6 (~360M + vocab*896; 494M with its vocabulary of 151936)
