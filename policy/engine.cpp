@@ -173,10 +173,10 @@ struct engine::state {
       return;
     }
     release();
-    // Round slots up so that slightly longer calls do not reallocate (and recapture) each time.
+    // Round slots up to a multiple of 256 so that slightly longer calls do not reallocate (and
+    // recapture) each time, without the up-to-2x memory of rounding to a power of two.
     auto grown_rows = std::max(rows, cache.keys.empty() ? 0 : cache.rows());
-    auto grown_slots = std::max(bucket(slots, 256, std::numeric_limits<std::int64_t>::max()),
-                                cache.keys.empty() ? 0 : cache.slots());
+    auto grown_slots = std::max((slots + 255) / 256 * 256, cache.keys.empty() ? 0 : cache.slots());
     cache = model->make_cache(grown_rows, grown_slots);
   }
 
