@@ -1,0 +1,462 @@
+// policy/engine.cpp: prompts (token ids) from the rollout actor in, sampled completions with
+// behaviour log-probs out. Prefill once per prompt, copy its cache to the G sample rows, then
+// decode all rows together, dropping finished rows as the batch empties.
+#include "policy/engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#ifdef CRUCIBLE_HAVE_CUDA
+#  include <ATen/cuda/CUDAContext.h>
+#  include <ATen/cuda/CUDAGeneratorImpl.h>
+#  include <ATen/cuda/CUDAGraph.h>
+#  include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include "policy/model.hpp"
+
+namespace crucible::policy {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// Smallest power of two >= n, at least `floor`, at most `cap`.
+std::int64_t bucket(std::int64_t n, std::int64_t floor, std::int64_t cap) {
+  std::int64_t b = floor;
+  while (b < n)
+    b *= 2;
+  return std::min(b, cap);
+}
+
+// The sampled token of each row and its behaviour log-prob (see completion::logprobs).
+struct sample_result {
+  torch::Tensor tokens;   // [n] int64
+  torch::Tensor logprobs; // [n] float32
+};
+
+sample_result sample(const torch::Tensor& logits, const sampling_options& o, at::Generator& gen) {
+  auto scores = logits.to(torch::kFloat);
+  if (o.temperature == 0.0) {
+    auto tokens = scores.argmax(-1);
+    auto lp = torch::log_softmax(scores, -1).gather(1, tokens.unsqueeze(1)).squeeze(1);
+    return {tokens, lp};
+  }
+  scores = scores / o.temperature;
+  auto policy_logp = torch::log_softmax(scores, -1);
+  auto filtered = scores;
+  const auto vocab = scores.size(-1);
+  if (o.top_k > 0 && o.top_k < vocab) {
+    auto kth = std::get<0>(scores.topk(o.top_k, -1)).narrow(-1, o.top_k - 1, 1);
+    filtered = filtered.masked_fill(filtered < kth, -std::numeric_limits<float>::infinity());
+  }
+  if (o.top_p < 1.0) {
+    auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
+    auto probs = torch::softmax(sorted, -1);
+    // Drop a token once the more likely ones already reach top_p; the first always stays.
+    auto drop = (probs.cumsum(-1) - probs) > o.top_p;
+    sorted = sorted.masked_fill(drop, -std::numeric_limits<float>::infinity());
+    filtered = torch::empty_like(sorted).scatter_(-1, order, sorted);
+  }
+  auto tokens = torch::multinomial(torch::softmax(filtered, -1), 1, /*replacement=*/false, gen).squeeze(1);
+  return {tokens, policy_logp.gather(1, tokens.unsqueeze(1)).squeeze(1)};
+}
+
+at::Generator make_generator(const torch::Device& device, std::uint64_t seed) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  if (device.is_cuda()) {
+    auto gen = at::cuda::detail::createCUDAGenerator(device.has_index() ? device.index() : 0);
+    gen.set_current_seed(seed);
+    return gen;
+  }
+#endif
+  return at::detail::createCPUGenerator(seed);
+}
+
+} // namespace
+
+const char* to_string(finish_reason r) noexcept {
+  switch (r) {
+    case finish_reason::eos: return "eos";
+    case finish_reason::stop: return "stop";
+    case finish_reason::length: return "length";
+  }
+  return "?";
+}
+
+#ifdef CRUCIBLE_HAVE_CUDA
+// Decoding steps captured as CUDA graphs, one per (rows, slots) bucket, over views of one cache.
+// The graphs read the input tokens from `input` and leave the logits in `logits`; both live as
+// long as the graph, as do the cache views' storage (the cache is never reallocated while
+// graphs exist).
+class decode_graphs final {
+public:
+  torch::Tensor step(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots,
+                     const torch::Tensor& tokens, engine_stats& stats) {
+    auto& g = graphs_[{rows, slots}];
+    if (!g) {
+      g = std::make_unique<entry>();
+      capture(model, cache, rows, slots, *g);
+      ++stats.graph_captures;
+    }
+    g->input.copy_(tokens, /*non_blocking=*/true);
+    g->graph.replay();
+    ++stats.graph_replays;
+    return g->logits;
+  }
+
+  void clear() { graphs_.clear(); }
+
+private:
+  struct entry {
+    at::cuda::CUDAGraph graph;
+    torch::Tensor input;  // [rows, 1] int64
+    torch::Tensor logits; // [rows, vocab]
+  };
+
+  void capture(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, entry& g) {
+    auto view = cache.view(rows, slots);
+    g.input = torch::zeros({rows, 1}, cache.lengths.options());
+    if (!pool_)
+      pool_ = at::cuda::graph_pool_handle();
+    auto saved = view.lengths.clone();
+    auto side = at::cuda::getStreamFromPool();
+    // Captures are rare (one per bucket); a device-wide synchronisation is the simple way to
+    // order the side stream after the work queued so far, and the later work after the capture.
+    torch::cuda::synchronize();
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      // A warm-up run initialises lazily created state (cuBLAS handles, the RoPE table) outside
+      // the capture. It writes one slot per row at that row's length, the slot the real step
+      // overwrites next, and advances the lengths, which we put back.
+      model.forward_step(g.input, view);
+      view.lengths.copy_(saved);
+      side.synchronize();
+      g.graph.capture_begin(*pool_);
+      g.logits = model.forward_step(g.input, view);
+      g.graph.capture_end();
+    }
+    torch::cuda::synchronize();
+  }
+
+  std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<entry>> graphs_;
+  std::optional<at::cuda::MempoolId_t> pool_;
+};
+#endif
+
+struct engine::state {
+  CausalLM model{nullptr};
+  torch::Device device{torch::kCPU};
+  bool graphs_enabled = false;
+  std::int64_t max_prefill_tokens = 16384;
+  kv_cache cache;
+  std::atomic<std::uint64_t> version{0};
+  engine_stats stats;
+#ifdef CRUCIBLE_HAVE_CUDA
+  decode_graphs graphs;
+#endif
+
+  // The cache has at least `rows` rows and `slots` slots (regrown, dropping graphs, if not).
+  void reserve(std::int64_t rows, std::int64_t slots) {
+    if (!cache.keys.empty() && cache.rows() >= rows && cache.slots() >= slots) {
+      cache.lengths.zero_();
+      return;
+    }
+    release();
+    // Round slots up to a multiple of 256 so that slightly longer calls do not reallocate (and
+    // recapture) each time, without the up-to-2x memory of rounding to a power of two.
+    auto grown_rows = std::max(rows, cache.keys.empty() ? 0 : cache.rows());
+    auto grown_slots = std::max((slots + 255) / 256 * 256, cache.keys.empty() ? 0 : cache.slots());
+    cache = model->make_cache(grown_rows, grown_slots);
+  }
+
+  void release() {
+#ifdef CRUCIBLE_HAVE_CUDA
+    graphs.clear();
+#endif
+    cache = kv_cache{};
+  }
+
+  // One decoding forward over cache rows [0, rows) with `used` slots in use in the longest row.
+  torch::Tensor decode(const torch::Tensor& tokens, std::int64_t rows, std::int64_t used) {
+#ifdef CRUCIBLE_HAVE_CUDA
+    if (graphs_enabled) {
+      // Bucketed shapes so that a few graphs serve every step; the last bucket is the cache.
+      auto slots = bucket(used + 1, 256, cache.slots());
+      return graphs.step(*model, cache, rows, slots, tokens, stats);
+    }
+#endif
+    auto view = cache.view(rows, used + 1);
+    return model->forward_step(tokens, view);
+  }
+};
+
+result<std::unique_ptr<engine>> engine::load(const std::filesystem::path& model_dir, const engine_options& options) {
+  torch::Device device{torch::kCPU};
+  try {
+    device = torch::Device(options.device);
+  } catch (const c10::Error&) {
+    return fail(errc::config, "engine.device: '", options.device, "' is not a device (cpu, cuda:N)");
+  }
+  if (device.is_cuda() && !torch::cuda::is_available())
+    return fail(errc::device, "engine.device: ", options.device, " requested but no CUDA device is available");
+  load_options lo;
+  lo.device = device;
+  if (!options.dtype.empty()) {
+    auto dt = parse_torch_dtype(options.dtype);
+    if (!dt)
+      return fail(errc::config, "engine.dtype: ", dt.error().message);
+    lo.dtype = *dt;
+  }
+  auto model = load_model(model_dir, lo);
+  if (!model)
+    return model.error();
+  return std::make_unique<engine>(model->ptr(), options);
+}
+
+engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& options) : s_(std::make_unique<state>()) {
+  s_->model = CausalLM(std::move(model));
+  s_->model->eval();
+  s_->device = s_->model->model->embed_tokens->weight.device();
+  s_->graphs_enabled = options.cuda_graphs && s_->device.is_cuda();
+  s_->max_prefill_tokens = std::max<std::int64_t>(1, options.max_prefill_tokens);
+}
+
+engine::~engine() = default;
+
+void engine::set_policy_version(std::uint64_t version) noexcept { s_->version.store(version); }
+std::uint64_t engine::policy_version() const noexcept { return s_->version.load(); }
+const model_config& engine::config() const noexcept { return s_->model->config(); }
+CausalLMImpl& engine::model() noexcept { return *s_->model; }
+void engine::release_graphs() { s_->release(); }
+const engine_stats& engine::last_stats() const noexcept { return s_->stats; }
+
+result<std::vector<completion>> engine::generate(std::span<const std::vector<std::int32_t>> prompts,
+                                                 const sampling_options& o, const detokenize_fn& detokenize) {
+  auto& s = *s_;
+  const auto vocab = s.model->config().vocab_size;
+  auto bad = [](const char* field, const std::string& what) { return fail(errc::invalid_arg, "sampling.", field, ": ", what); };
+  if (!(o.temperature >= 0.0) || !std::isfinite(o.temperature))
+    return bad("temperature", "must be >= 0");
+  if (!(o.top_p > 0.0 && o.top_p <= 1.0))
+    return bad("top_p", "must be in (0, 1]");
+  if (o.top_k < 0)
+    return bad("top_k", "must be >= 0");
+  if (o.max_new_tokens < 1)
+    return bad("max_new_tokens", "must be >= 1");
+  if (o.samples_per_prompt < 1)
+    return bad("samples_per_prompt", "must be >= 1");
+  for (const auto& stop : o.stop)
+    if (stop.empty())
+      return bad("stop", "empty stop string");
+  if (!o.stop.empty() && !detokenize)
+    return bad("stop", "stop strings need a detokenizer");
+  for (auto id : o.eos_ids)
+    if (id < 0 || id >= vocab)
+      return bad("eos_ids", std::to_string(id) + " is outside the vocabulary of " + std::to_string(vocab));
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    if (prompts[i].empty())
+      return fail(errc::invalid_arg, "prompt ", std::to_string(i), " is empty");
+    for (auto id : prompts[i])
+      if (id < 0 || id >= vocab)
+        return fail(errc::invalid_arg, "prompt ", std::to_string(i), " holds token ", std::to_string(id),
+                    ", outside the vocabulary of ", std::to_string(vocab));
+  }
+  s.stats = engine_stats{};
+  const std::int64_t n_prompts = static_cast<std::int64_t>(prompts.size());
+  const std::int64_t group = o.samples_per_prompt;
+  const std::int64_t n = n_prompts * group;
+  std::vector<completion> out(static_cast<std::size_t>(n));
+  const auto version = s.version.load();
+  for (std::int64_t c = 0; c < n; ++c) {
+    out[c].prompt_index = static_cast<std::size_t>(c / group);
+    out[c].sample_index = static_cast<std::size_t>(c % group);
+    out[c].policy_version = version;
+    out[c].tokens.reserve(static_cast<std::size_t>(std::min<std::int64_t>(o.max_new_tokens, 4096)));
+  }
+  if (n == 0)
+    return out;
+
+  torch::NoGradGuard no_grad;
+  std::int64_t longest = 0;
+  for (const auto& p : prompts)
+    longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
+  s.reserve(n, longest + o.max_new_tokens);
+  auto gen = make_generator(s.device, o.seed);
+  auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(s.device);
+
+  // ---- prefill: each prompt once, its keys and values copied to its G rows -------------------
+  auto t0 = clock_type::now();
+  torch::Tensor first_logits; // [n, vocab]
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(n)); // per cache row, on the host
+  for (std::int64_t b0 = 0; b0 < n_prompts;) {
+    // As many prompts as fit the token budget (padded to the longest among them), at least one.
+    std::int64_t b1 = b0, width = 0;
+    while (b1 < n_prompts) {
+      auto w = std::max<std::int64_t>(width, static_cast<std::int64_t>(prompts[b1].size()));
+      if (b1 > b0 && w * (b1 + 1 - b0) > s.max_prefill_tokens)
+        break;
+      width = w;
+      ++b1;
+    }
+    const auto mb = b1 - b0;
+    auto ids = torch::zeros({mb, width}, torch::kLong);
+    auto counts = torch::empty({mb}, torch::kLong);
+    for (std::int64_t i = 0; i < mb; ++i) {
+      const auto& p = prompts[b0 + i];
+      auto row = ids[i].narrow(0, 0, static_cast<std::int64_t>(p.size()));
+      row.copy_(torch::tensor(std::vector<std::int64_t>(p.begin(), p.end()), torch::kLong));
+      counts[i] = static_cast<std::int64_t>(p.size());
+      s.stats.prompt_tokens += static_cast<std::int64_t>(p.size());
+      for (std::int64_t g = 0; g < group; ++g)
+        lengths[(b0 + i) * group + g] = static_cast<std::int64_t>(p.size());
+    }
+    auto scratch = s.model->make_cache(mb, width);
+    auto logits = s.model->prefill(ids.to(s.device), scratch, counts.to(s.device));
+    auto src = torch::arange(mb, long_opts).repeat_interleave(group);
+    auto dst = torch::arange(b0 * group, b1 * group, long_opts);
+    for (std::size_t l = 0; l < scratch.keys.size(); ++l) {
+      s.cache.keys[l].narrow(2, 0, width).index_copy_(0, dst, scratch.keys[l].index_select(0, src));
+      s.cache.values[l].narrow(2, 0, width).index_copy_(0, dst, scratch.values[l].index_select(0, src));
+    }
+    s.cache.lengths.index_copy_(0, dst, scratch.lengths.index_select(0, src));
+    auto rows = logits.index_select(0, src).to(torch::kFloat);
+    first_logits = first_logits.defined() ? torch::cat({first_logits, rows}) : rows;
+    b0 = b1;
+  }
+  s.stats.prefill_seconds = seconds_since(t0);
+
+  // ---- decode -----------------------------------------------------------------------------------
+  t0 = clock_type::now();
+  std::int64_t max_stop = 0;
+  for (const auto& stop : o.stop)
+    max_stop = std::max<std::int64_t>(max_stop, static_cast<std::int64_t>(stop.size()));
+  // Tokens decode to at least one byte each (special tokens aside, hence the margin), so a window
+  // this long holds any stop string that the newest token completes.
+  const std::int64_t window = max_stop + 8;
+  std::vector<std::int64_t> owner(static_cast<std::size_t>(n)); // cache row -> completion (-1: none)
+  for (std::int64_t r = 0; r < n; ++r)
+    owner[r] = r;
+  std::vector<bool> done(static_cast<std::size_t>(n), false);
+  std::vector<std::int64_t> last(static_cast<std::size_t>(n), 0); // per cache row: token to feed next
+  std::int64_t active = n, rows = n;
+
+  // Appends the sampled tokens of `active_rows` and decides which completions are finished.
+  auto take = [&](const std::vector<std::int64_t>& active_rows, const torch::Tensor& logits_rows) {
+    auto picked = sample(logits_rows, o, gen);
+    auto tokens = picked.tokens.to(torch::kCPU);
+    auto logprobs = picked.logprobs.to(torch::kCPU);
+    auto tok = tokens.accessor<std::int64_t, 1>();
+    auto lp = logprobs.accessor<float, 1>();
+    for (std::size_t i = 0; i < active_rows.size(); ++i) {
+      const auto row = active_rows[i];
+      auto& c = out[owner[row]];
+      const auto token = static_cast<std::int32_t>(tok[static_cast<std::int64_t>(i)]);
+      c.tokens.push_back(token);
+      c.logprobs.push_back(lp[static_cast<std::int64_t>(i)]);
+      last[row] = token;
+      bool finished = false;
+      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), token) != o.eos_ids.end()) {
+        c.finish = finish_reason::eos;
+        finished = true;
+      } else if (!o.stop.empty()) {
+        const auto k = std::min<std::int64_t>(window, static_cast<std::int64_t>(c.tokens.size()));
+        const std::string tail = detokenize(std::span<const std::int32_t>(c.tokens).last(static_cast<std::size_t>(k)));
+        for (const auto& stop : o.stop)
+          if (tail.find(stop) != std::string::npos) {
+            c.finish = finish_reason::stop;
+            c.stop_string = stop;
+            finished = true;
+            break;
+          }
+      }
+      if (!finished && static_cast<std::int64_t>(c.tokens.size()) >= o.max_new_tokens) {
+        c.finish = finish_reason::length;
+        finished = true;
+      }
+      if (finished) {
+        done[owner[row]] = true;
+        --active;
+      }
+    }
+  };
+
+  {
+    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
+    for (std::int64_t r = 0; r < n; ++r)
+      all[r] = r;
+    take(all, first_logits);
+    first_logits = torch::Tensor{};
+  }
+
+  while (active > 0) {
+    // Drop finished rows once enough have accumulated: with graphs, when a smaller batch bucket
+    // fits (the rest of the bucket is filled with finished rows, computed and ignored); without,
+    // when a quarter of the rows are finished.
+    std::int64_t target = rows;
+    if (s.graphs_enabled) {
+      target = bucket(active, 1, rows);
+    } else if (active <= rows - std::max<std::int64_t>(1, rows / 4)) {
+      target = active;
+    }
+    if (target < rows) {
+      std::vector<std::int64_t> keep;
+      keep.reserve(static_cast<std::size_t>(target));
+      for (std::int64_t r = 0; r < rows && static_cast<std::int64_t>(keep.size()) < active; ++r)
+        if (!done[owner[r]])
+          keep.push_back(r);
+      for (std::int64_t r = 0; r < rows && static_cast<std::int64_t>(keep.size()) < target; ++r)
+        if (done[owner[r]])
+          keep.push_back(r);
+      std::int64_t used = 0;
+      for (auto r : keep)
+        used = std::max(used, lengths[r]);
+      s.cache.compact(torch::tensor(keep, torch::kLong), used);
+      std::vector<std::int64_t> owner2, lengths2, last2;
+      for (auto r : keep) {
+        owner2.push_back(owner[r]);
+        lengths2.push_back(lengths[r]);
+        last2.push_back(last[r]);
+      }
+      owner = std::move(owner2);
+      lengths = std::move(lengths2);
+      last = std::move(last2);
+      rows = target;
+      ++s.stats.compactions;
+    }
+
+    std::int64_t used = 0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      used = std::max(used, lengths[r]);
+    auto input = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong)
+                     .view({rows, 1})
+                     .to(s.device);
+    auto logits = s.decode(input, rows, used);
+    ++s.stats.decode_steps;
+    s.stats.row_steps += rows;
+    for (std::int64_t r = 0; r < rows; ++r)
+      ++lengths[r];
+    std::vector<std::int64_t> active_rows;
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (!done[owner[r]])
+        active_rows.push_back(r);
+    auto index = torch::tensor(active_rows, torch::kLong).to(s.device);
+    take(active_rows, logits.index_select(0, index));
+  }
+  s.stats.decode_seconds = seconds_since(t0);
+  for (const auto& c : out)
+    s.stats.generated_tokens += static_cast<std::int64_t>(c.tokens.size());
+  return out;
+}
+
+} // namespace crucible::policy

@@ -1,0 +1,136 @@
+// policy/engine.hpp: batched sampling from the policy. Token ids of B prompts in, G completions
+// per prompt out, each token with its log-probability and the policy version that sampled it.
+// No torch types here: the engine actor includes this header without LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "policy/model_config.hpp"
+
+namespace crucible::policy {
+
+class CausalLMImpl;
+
+/// How one generate() call samples. Checked by generate() (errc::invalid_arg naming the field).
+struct sampling_options {
+  /// Softmax temperature; 0 means greedy (argmax, ties to the lowest id).
+  double temperature = 1.0;
+  /// Nucleus sampling: keep the most likely tokens whose probabilities sum to top_p; 1: off.
+  double top_p = 1.0;
+  /// Keep only the top_k most likely tokens; 0: off. Applied before top_p, as transformers does.
+  std::int64_t top_k = 0;
+  /// Most tokens generated per completion.
+  std::int64_t max_new_tokens = 256;
+  /// Completions per prompt (the GRPO group size G).
+  std::int64_t samples_per_prompt = 1;
+  /// Stop after a token that completes one of these strings in the generated text (needs a
+  /// detokenizer). The completing token is kept; callers cut the text at the string.
+  std::vector<std::string> stop;
+  /// Stop after any of these tokens (kept as the last token).
+  std::vector<std::int32_t> eos_ids;
+  /// Seeds the sampler: the same prompts, options and weights give the same completions.
+  std::uint64_t seed = 0;
+};
+
+/// Why a completion ended.
+enum class finish_reason : std::uint8_t {
+  eos,    ///< an eos id was sampled
+  stop,   ///< a stop string was completed
+  length, ///< max_new_tokens reached
+};
+
+/// "eos", "stop", "length".
+const char* to_string(finish_reason r) noexcept;
+
+/// One sampled continuation. Plain value.
+struct completion {
+  std::size_t prompt_index = 0;      ///< which prompt of the call
+  std::size_t sample_index = 0;      ///< which of its G samples
+  std::vector<std::int32_t> tokens;  ///< generated tokens, the stopping token included
+  /// Per token: log-probability under the policy's temperature-scaled distribution,
+  /// log softmax(logits / temperature)[token], *before* top-k/top-p truncation and
+  /// renormalisation: the behaviour log-prob that GRPO's importance ratio needs, equal to what
+  /// CausalLMImpl::token_log_probs computes at the same temperature. Greedy (temperature 0)
+  /// reports log softmax(logits) of the argmax.
+  std::vector<float> logprobs;
+  finish_reason finish = finish_reason::length;
+  std::string stop_string;           ///< the stop string matched, when finish == stop
+  std::uint64_t policy_version = 0;  ///< the engine's version when generate() began
+};
+
+/// Turns token ids into text, for stop strings (the tokenizer's decode).
+using detokenize_fn = std::function<std::string(std::span<const std::int32_t>)>;
+
+/// Where and how the engine runs.
+struct engine_options {
+  std::string device = "cpu"; ///< "cpu" or "cuda:N" (engine::load only)
+  std::string dtype;          ///< "bfloat16", "float32", "float16"; "": bfloat16 on CUDA, float32 on CPU (engine::load only)
+  /// Capture each decoding step's forward in CUDA graphs, one per (batch rows, cache slots)
+  /// bucket, lazily; CUDA only, ignored on the CPU. Graphs hold the cache's and weights'
+  /// addresses: update weights in place (load_weights does) or call release_graphs().
+  bool cuda_graphs = true;
+  /// Prompt tokens (padded) per prefill forward; longer prompt sets are prefilled in pieces.
+  std::int64_t max_prefill_tokens = 16384;
+};
+
+/// What the last generate() did (for logs and benchmarks). Plain value.
+struct engine_stats {
+  std::int64_t prompt_tokens = 0;     ///< prompt tokens prefilled (once per prompt, not per sample)
+  std::int64_t generated_tokens = 0;  ///< tokens in the returned completions
+  std::int64_t decode_steps = 0;      ///< batched decoding forwards
+  std::int64_t row_steps = 0;         ///< sum over steps of rows computed (finished rows included)
+  std::int64_t compactions = 0;       ///< times finished rows were dropped from the batch
+  std::int64_t graph_replays = 0;     ///< decoding steps run as CUDA graph replays
+  std::int64_t graph_captures = 0;    ///< graphs captured during the call
+  double prefill_seconds = 0.0;
+  double decode_seconds = 0.0;
+};
+
+/// Samples completions from a CausalLM. Owns a KV cache that grows to the largest call seen and
+/// is reused (with its CUDA graphs) across calls. Not thread-safe: one caller at a time (the
+/// engine actor); the model must not be used elsewhere during generate().
+class engine final {
+public:
+  /// Loads the HF model directory `model_dir` onto options.device.
+  static result<std::unique_ptr<engine>> load(const std::filesystem::path& model_dir, const engine_options& options);
+
+  /// Samples from `model` where its parameters live (options.device/dtype are not used). The
+  /// model is shared: a learner in the same process may update its weights between calls.
+  engine(std::shared_ptr<CausalLMImpl> model, const engine_options& options);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  /// Samples options.samples_per_prompt completions for each prompt; returns them prompt-major
+  /// (prompt 0's samples, then prompt 1's, ...). Prompts may differ in length. errc::invalid_arg
+  /// for empty prompts, ids outside the vocabulary, bad options, or stop strings without a
+  /// detokenizer.
+  result<std::vector<completion>> generate(std::span<const std::vector<std::int32_t>> prompts,
+                                           const sampling_options& options, const detokenize_fn& detokenize = {});
+
+  /// The version stamped on completions from the next generate() on (e.g. after new weights).
+  void set_policy_version(std::uint64_t version) noexcept;
+  std::uint64_t policy_version() const noexcept;
+
+  const model_config& config() const noexcept;
+  /// The model sampled from (for in-place weight updates between calls).
+  CausalLMImpl& model() noexcept;
+  /// Drops the KV cache and the captured graphs (after replacing parameter tensors, or to free
+  /// memory); the next call rebuilds them.
+  void release_graphs();
+  /// Counters of the last generate() call.
+  const engine_stats& last_stats() const noexcept;
+
+private:
+  struct state;
+  std::unique_ptr<state> s_;
+};
+
+} // namespace crucible::policy

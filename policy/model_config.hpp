@@ -1,0 +1,122 @@
+// policy/model_config.hpp: the `config.json` of Llama and Qwen2 models, read and written in
+// Hugging Face's format, plus named presets for fresh models. No torch types.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+
+namespace crucible::policy {
+
+/// The model families crucible implements (config.json's "model_type").
+enum class model_family : std::uint8_t { llama, qwen2 };
+
+/// "llama", "qwen2".
+const char* to_string(model_family f) noexcept;
+/// Parses "llama" or "qwen2"; errc::unsupported naming the value otherwise.
+result<model_family> parse_model_family(std::string_view name);
+
+/// RoPE frequency variants ("rope_type"), computed exactly as transformers does.
+enum class rope_type : std::uint8_t {
+  standard, ///< "default": inv_freq = theta^(-2i/d)
+  linear,   ///< positions divided by `factor`
+  dynamic,  ///< NTK-aware: theta grows with the sequence once it passes max_position_embeddings
+  llama3,   ///< Llama 3.1: low frequencies divided by `factor`, a smooth band between
+  yarn,     ///< YaRN: ramp between interpolation and extrapolation, cos/sin scaled by mscale
+};
+
+/// "default", "linear", "dynamic", "llama3", "yarn".
+const char* to_string(rope_type t) noexcept;
+
+/// RoPE parameters (config.json's "rope_parameters", or the older "rope_theta" and
+/// "rope_scaling"). Fields not used by `type` are ignored.
+struct rope_options {
+  rope_type type = rope_type::standard;
+  double theta = 10000.0;
+  double factor = 1.0;                          ///< linear, dynamic, llama3, yarn
+  double low_freq_factor = 1.0;                 ///< llama3
+  double high_freq_factor = 4.0;                ///< llama3
+  std::int64_t original_max_position_embeddings = 0; ///< llama3, yarn; 0: max_position_embeddings
+  std::optional<double> attention_factor;       ///< yarn; default from factor (and mscale)
+  double beta_fast = 32.0;                      ///< yarn
+  double beta_slow = 1.0;                       ///< yarn
+  std::optional<double> mscale;                 ///< yarn
+  std::optional<double> mscale_all_dim;         ///< yarn
+  bool truncate = true;                         ///< yarn: round the correction range
+};
+
+/// The architecture of a decoder-only Llama/Qwen2 model. Plain value; check with validate().
+struct model_config {
+  model_family family = model_family::qwen2;
+  std::int64_t vocab_size = 0;
+  std::int64_t hidden_size = 0;
+  std::int64_t intermediate_size = 0;
+  std::int64_t num_layers = 0;          ///< "num_hidden_layers"
+  std::int64_t num_heads = 0;           ///< "num_attention_heads"
+  std::int64_t num_kv_heads = 0;        ///< "num_key_value_heads" (grouped-query attention)
+  std::int64_t head_dim = 0;            ///< "head_dim"; hidden_size / num_heads when absent
+  std::int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  rope_options rope;
+  bool tie_word_embeddings = false;     ///< lm_head shares embed_tokens' weight
+  bool qkv_bias = false;                ///< q/k/v projections have a bias (always in Qwen2)
+  bool o_bias = false;                  ///< o_proj has a bias (Llama's attention_bias)
+  bool mlp_bias = false;                ///< Llama's mlp_bias
+  std::optional<std::int64_t> bos_token_id;
+  std::vector<std::int64_t> eos_token_ids; ///< "eos_token_id": one id or a list
+  std::optional<std::int64_t> pad_token_id;
+  std::string dtype;                    ///< "dtype"/"torch_dtype" as stored, e.g. "bfloat16" ("" if absent)
+
+  /// Checks sizes and their relations (heads divide, head_dim even, rope fields). errc::config
+  /// naming the key.
+  result<void> validate() const;
+  /// Parameters in the model (embeddings counted once when tied).
+  std::int64_t parameter_count() const;
+};
+
+/// Parses a config.json document. `origin` names it in errors ("DIR/config.json: key: ...").
+/// Missing sizes, wrong types, an unknown model_type or rope_type, and features crucible does
+/// not implement (sliding window, partial rotary, activations other than silu) are errors
+/// that name the key.
+result<model_config> parse_model_config(std::string_view json, std::string_view origin = "config.json");
+
+/// Reads `path`, a config.json or a model directory holding one.
+result<model_config> read_model_config(const std::filesystem::path& path);
+
+/// The config.json transformers writes for this model: "rope_parameters" (transformers 5)
+/// together with "rope_theta" and "rope_scaling" (transformers 4), "architectures", sizes,
+/// token ids, and "dtype"/"torch_dtype" set to `dtype` ("bfloat16", "float32", "float16").
+std::string to_config_json(const model_config& config, std::string_view dtype);
+
+/// Named architectures for fresh models, for a given vocabulary size:
+///   "tiny"  hidden 128, 4 layers, 4 heads (2 KV), intermediate 384: ~0.8M + vocab*128 parameters
+///   "small" hidden 512, 8 layers, 8 heads (2 KV), intermediate 1408: ~23M + vocab*512
+///   "0.5b"  Qwen2.5-0.5B: hidden 896, 24 layers, 14 heads (2 KV), intermediate 4864, RoPE theta
+///           1e6 (~360M + vocab*896; 494M with its vocabulary of 151936)
+/// All tie embeddings; Qwen2 presets have qkv bias, Llama ones none. errc::config naming the
+/// preset when unknown.
+result<model_config> preset_config(std::string_view preset, model_family family, std::int64_t vocab_size);
+
+/// What init_model writes.
+struct init_model_options {
+  std::filesystem::path dir;        ///< created if missing; config.json and weights written inside
+  std::string preset = "tiny";      ///< see preset_config
+  model_family family = model_family::qwen2;
+  std::int64_t vocab_size = 0;      ///< required; usually the tokenizer's size
+  std::uint64_t seed = 0;           ///< weights ~ N(0, 0.02) from this seed, norms 1, biases 0
+  std::string dtype = "bfloat16";   ///< "bfloat16", "float16" or "float32"
+  std::optional<std::int64_t> bos_token_id;
+  std::vector<std::int64_t> eos_token_ids;
+  std::optional<std::int64_t> pad_token_id;
+};
+
+/// Writes a randomly initialised model of a preset as an HF directory that transformers loads
+/// (for `crucible init-model`). Implemented in model.cpp; callers need no torch headers.
+result<model_config> init_model(const init_model_options& options);
+
+} // namespace crucible::policy
