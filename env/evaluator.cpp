@@ -212,22 +212,40 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   if (!w)
     return w.error();
   ++started_;
-  worker_message msg;
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                         std::chrono::duration<double>(opt_.start_timeout_s));
-  auto got = (*w)->receive(deadline, msg);
-  if (got == receive_outcome::deadline) {
-    (*w)->kill();
-    return fail(errc::timeout, "worker on ", device_, " sent no ready message within ",
-                std::to_string(opt_.start_timeout_s), " s");
-  }
-  if (got == receive_outcome::died)
-    return fail(errc::worker_lost, "worker on ", device_, " ", (*w)->exit_description(),
-                " before it was ready (is torch installed for ", where_.python, "?)");
+  // Two steps: the worker imports torch on its own ("started"), then initialises the device
+  // while we hold it ("init" -> "ready"), so that a refill never runs on the device while
+  // another candidate is being timed.
+  auto expect = [&](const char* type, YAML::Node& n) -> result<bool> {
+    worker_message msg;
+    auto got = (*w)->receive(deadline, msg);
+    if (got == receive_outcome::deadline) {
+      (*w)->kill();
+      return fail(errc::timeout, "worker on ", device_, " sent no ", type, " message within ",
+                  std::to_string(opt_.start_timeout_s), " s");
+    }
+    if (got == receive_outcome::died)
+      return fail(errc::worker_lost, "worker on ", device_, " ", (*w)->exit_description(),
+                  " before it was ready (is torch installed for ", where_.python, "?)");
+    try {
+      n = YAML::Load(msg.json);
+      if (n["type"].as<std::string>() != type)
+        return fail(errc::protocol, "worker sent ", msg.json.substr(0, 200), " instead of a ", type, " message");
+    } catch (const YAML::Exception& e) {
+      return fail(errc::protocol, "worker's ", type, " message is malformed: ", e.what());
+    }
+    return true;
+  };
+  YAML::Node n;
+  if (auto ok = expect("started", n); !ok)
+    return ok.error();
+  std::lock_guard device{device_mtx_};
+  if (auto sent = (*w)->send("{\"type\":\"init\"}"); !sent)
+    return sent.error();
+  if (auto ok = expect("ready", n); !ok)
+    return ok.error();
   try {
-    auto n = YAML::Load(msg.json);
-    if (n["type"].as<std::string>() != "ready")
-      return fail(errc::protocol, "worker's first message is not ready: ", msg.json.substr(0, 200));
     return ready_worker{std::move(*w), n["hardware"].as<std::string>()};
   } catch (const YAML::Exception& e) {
     return fail(errc::protocol, "worker's ready message is malformed: ", e.what());
@@ -532,6 +550,7 @@ verdict evaluation::run() {
         // The reference outputs follow; receiving and keeping them needs no device.
         hold.stop();
         device.unlock();
+        phase("reference outputs");
         continue;
       }
       if (type != "reference") {
@@ -574,6 +593,7 @@ verdict evaluation::run() {
   }
   hold.reset();
   device.unlock();
+  phase("trial outputs");
   for (std::int64_t t = 0; t < opt.trials; ++t) {
     if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
       return v_;

@@ -642,6 +642,12 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.benchmark = False
+        # Device work waits for the evaluator's word: it holds the device while it answers, so
+        # a starting worker never runs on the device while another candidate is being timed.
+        self.chan.send({"type": "started", "pid": _os_getpid()})
+        msg = self.chan.recv()
+        if msg.get("type") != "init":
+            raise _Done("runtime_error", (), f"expected init, got {msg.get('type')!r}")
         if self.cuda:
             torch.cuda.init()
             self.stream0 = torch.cuda.current_stream()
@@ -650,14 +656,14 @@ class Worker:
             _torch_empty(1, device="cuda")
             _cuda_synchronize()
             hardware = torch.cuda.get_device_name(0)
-            # The profiler's first use in a process (CUPTI) takes about a second: pay it here,
-            # in the warm pool, not in a job's trials.
-            try:
-                self.profiled(lambda: _T_fill_(_torch_empty(1, device="cuda"), 1))
-            except _Exception:
-                pass
         else:
             hardware = "cpu: " + _cpu_model()
+        # The profiler's first use in a process (CUPTI on CUDA) takes about a second: pay it
+        # here, in the warm pool, not in a job's trials.
+        try:
+            self.profiled(lambda: _T_fill_(_torch_empty(1, device=self.device), 1))
+        except _Exception:
+            pass
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
                         "hardware": hardware})
@@ -810,13 +816,15 @@ class Worker:
                 if _isinstance(m, str) and m.partition(".")[0] not in modules:
                     ext_calls[0] += 1
 
-        with _profile(activities=acts) as prof:
-            _setprofile(hook)
-            try:
-                out = fn()
-            finally:
-                _setprofile(None)
-            self.sync()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the profiler warns about its event cycles
+            with _profile(activities=acts) as prof:
+                _setprofile(hook)
+                try:
+                    out = fn()
+                finally:
+                    _setprofile(None)
+                self.sync()
         dev = launches = ops = 0
         for e in prof.events():
             name = e.name or ""
@@ -884,6 +892,7 @@ class Worker:
             raise _Done("runtime_error", (), f"expected run, got {msg.get('type')!r}")
 
         # 7. Trials.
+        self.construct_model()
         self.poison_free_pool()
         self.trial_phase()
 
@@ -1053,6 +1062,13 @@ class Worker:
             raise _Done("compile_error", (), "the candidate defines no class ModelNew")
         if self.static:
             self.check_signature(cls)
+        self.cand_cls = cls
+        self.load_py0 = py0
+
+    def construct_model(self):
+        """ModelNew(*get_init_inputs()) on the device, once the evaluator holds it."""
+        cls = self.cand_cls
+        py0 = self.load_py0
         try:
             _torch_manual_seed(self.seed)
             init = _list(self.task.get_init_inputs())

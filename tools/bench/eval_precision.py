@@ -132,14 +132,14 @@ def main():
                                   "wall_s_per_verdict": statistics.mean(k["wall_s"] for k in kb)},
         }
         results.append(row)
+        if args.out:  # after every task, so an interrupted run keeps what it measured
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
         c, k = row["crucible"], row["kernelbench_style"]
         print(f"{name:18s} crucible {statistics.mean(ok) if ok else float('nan'):6.3f}x spread {100 * c['spread']:5.2f}% "
               f"wall {c['wall_s_per_verdict']:6.2f} s | kernelbench-style "
               f"{statistics.mean(k['speedups']):6.3f}x spread {100 * k['spread']:5.2f}% wall {k['wall_s_per_verdict']:6.2f} s",
               flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
     return 0
 
 
