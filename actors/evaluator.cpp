@@ -10,27 +10,7 @@
 
 namespace crucible {
 
-verdict to_message(const env::verdict& v) {
-  verdict m;
-  m.status = static_cast<verdict_status>(v.status);
-  m.correct = v.correct;
-  m.has_speedup = v.has_speedup();
-  m.speedup = m.has_speedup ? v.speedup : 0;
-  m.speedup_spread = std::isnan(v.speedup_spread) ? 0 : v.speedup_spread;
-  m.ref_ms = std::isnan(v.ref_ms) ? 0 : v.ref_ms;
-  m.cand_ms = std::isnan(v.cand_ms) ? 0 : v.cand_ms;
-  m.reward = v.reward;
-  m.checks_failed = v.checks_failed;
-  m.message = v.message;
-  m.hardware = v.hardware;
-  m.cache_hit = v.cache_hit;
-  return m;
-}
-
 namespace {
-
-static_assert(static_cast<int>(env::verdict_status::format_error) == static_cast<int>(verdict_status::format_error),
-              "env and message verdict statuses must list the same values in the same order");
 
 // -- runner ---------------------------------------------------------------------------------
 
@@ -42,8 +22,10 @@ evaluation_runner_actor::behavior_type runner(evaluation_runner_actor::pointer s
       auto it = tasks->find(c.task);
       if (it == tasks->end())
         return make_error(errc::not_found, "unknown task " + c.task.value);
-      env::eval_request req{it->second, c.code, 0, true};
-      return to_message(device->evaluate(req));
+      // A recheck is a second, independent measurement: a cached verdict would only repeat
+      // the first.
+      env::eval_request req{it->second, c.code, 0, !c.recheck};
+      return device->evaluate(req);
     },
   };
 }
@@ -100,12 +82,26 @@ evaluator_actor::behavior_type evaluator(evaluator_pointer self, evaluator_deps 
 
 // -- pool -----------------------------------------------------------------------------------
 
-// A candidate sent to an evaluator and not yet answered. Kept by the pool so that it can be
-// sent elsewhere when the evaluator goes down: a dead actor's unfulfilled promises never answer.
-struct in_flight {
-  std::uint64_t token;
+// The first verdict of a candidate that is being re-measured on a second device.
+struct first_measurement {
+  verdict v;
+  device_info device;
+  caf::actor_addr source; // the evaluator that gave it: the recheck goes to another
+};
+
+// A candidate on its way through the pool with the promise of the client's reply; for a
+// recheck, `first` holds the verdict that the second one is reconciled with.
+struct job {
   candidate cand;
   caf::typed_response_promise<verdict> rp;
+  std::optional<first_measurement> first;
+};
+
+// A job sent to an evaluator and not yet answered. Kept by the pool so that it can be sent
+// elsewhere when the evaluator goes down: a dead actor's unfulfilled promises never answer.
+struct in_flight {
+  std::uint64_t token;
+  job work;
 };
 
 struct pool_member {
@@ -117,7 +113,7 @@ struct pool_member {
 
 struct pool_state {
   std::vector<pool_member> members;
-  std::deque<std::pair<candidate, caf::typed_response_promise<verdict>>> waiting;
+  std::deque<job> waiting;
   evaluator_pool_options opt;
   std::uint64_t next_token = 0;
   static inline const char* name = "crucible.evaluator_pool";
@@ -125,15 +121,37 @@ struct pool_state {
 
 using pool_pointer = evaluator_pool_actor::stateful_pointer<pool_state>;
 
+// "device 1 (NVIDIA H100 80GB HBM3)": a device as verdict messages name it.
+std::string label(const device_info& d) {
+  return "device " + std::to_string(d.index) + " (" + d.name + ")";
+}
+
 bool matches(const pool_member& m, const candidate& c) {
   return m.ready && (c.hardware.empty() || m.info.hardware == c.hardware || m.info.name == c.hardware);
 }
 
-bool any_match(pool_pointer self, const candidate& c) {
+// A recheck goes only to another device of the first one's hardware kind.
+bool matches(const pool_member& m, const job& j) {
+  if (!j.first)
+    return matches(m, j.cand);
+  return m.ready && m.info.hardware == j.first->device.hardware && m.handle.address() != j.first->source;
+}
+
+template <class Work>
+bool any_match(pool_pointer self, const Work& w) {
   for (const auto& m : self->state.members)
-    if (matches(m, c))
+    if (matches(m, w))
       return true;
   return false;
+}
+
+// Gives up on a job no evaluator can take (any more): a recheck leaves the first verdict
+// standing, anything else is an error.
+void abandon(job& j, const std::string& why) {
+  if (j.first)
+    j.rp.deliver(env::recheck_lost(j.first->v, why));
+  else
+    j.rp.deliver(make_error(errc::not_found, why));
 }
 
 void pump(pool_pointer self);
@@ -151,46 +169,74 @@ std::optional<in_flight> take_in_flight(pool_pointer self, std::uint64_t token) 
   return std::nullopt;
 }
 
-// Sends `c` to the least-loaded matching member with a free slot; false if none has one.
-bool try_send(pool_pointer self, candidate& c, caf::typed_response_promise<verdict>& rp) {
+// A verdict came back for `j` from the evaluator of `device` at `source`: deliver it, or
+// first have it re-measured (a large speedup on a device with a sibling of its kind), or
+// reconcile it with the first measurement (it was the recheck).
+void on_verdict(pool_pointer self, job j, const verdict& v, const device_info& device, const caf::actor_addr& source) {
+  const auto& opt = self->state.opt.recheck;
+  if (j.first) {
+    j.rp.deliver(env::reconcile_recheck(j.first->v, label(j.first->device), v, label(device), opt));
+    return;
+  }
+  if (!j.cand.recheck && env::needs_recheck(v, opt)) {
+    job again{j.cand, j.rp, first_measurement{v, device, source}};
+    again.cand.recheck = true;
+    if (any_match(self, again)) {
+      // Ahead of new candidates: its client has waited for one evaluation already.
+      self->state.waiting.push_front(std::move(again));
+      return;
+    }
+  }
+  j.rp.deliver(v);
+}
+
+// Sends `j` to the least-loaded matching member with a free slot (moving it into that
+// member's in-flight list); false, leaving `j` as it was, if none has one.
+bool try_send(pool_pointer self, job& j) {
   auto& st = self->state;
   pool_member* best = nullptr;
   for (auto& m : st.members)
-    if (matches(m, c) && static_cast<std::int64_t>(m.sent.size()) < st.opt.slots_per_evaluator
+    if (matches(m, j) && static_cast<std::int64_t>(m.sent.size()) < st.opt.slots_per_evaluator
         && (best == nullptr || m.sent.size() < best->sent.size()))
       best = &m;
   if (best == nullptr)
     return false;
   auto token = st.next_token++;
-  best->sent.push_back({token, c, rp});
-  self->request(best->handle, caf::infinite, c)
+  auto device = best->info;
+  auto source = best->handle.address();
+  self->request(best->handle, caf::infinite, j.cand)
     .then(
       [=](const verdict& v) {
         if (auto entry = take_in_flight(self, token)) {
-          entry->rp.deliver(v);
+          on_verdict(self, std::move(entry->work), v, device, source);
           pump(self);
         }
       },
       [=](const caf::error& e) {
         if (auto entry = take_in_flight(self, token)) {
+          auto& work = entry->work;
+          if (work.first)
+            work.rp.deliver(env::recheck_lost(work.first->v, label(device) + ": " + to_error(e).to_string()));
           // An evaluator that is gone takes no candidate with it: back in line.
-          if (e == caf::sec::request_receiver_down && any_match(self, entry->cand))
-            self->state.waiting.emplace_front(std::move(entry->cand), std::move(entry->rp));
+          else if (e == caf::sec::request_receiver_down && any_match(self, work))
+            self->state.waiting.push_front(std::move(work));
           else
-            entry->rp.deliver(e);
+            work.rp.deliver(e);
           pump(self);
         }
       });
+  best->sent.push_back({token, std::move(j)});
   return true;
 }
 
 void pump(pool_pointer self) {
   auto& st = self->state;
   for (auto it = st.waiting.begin(); it != st.waiting.end();) {
-    if (!any_match(self, it->first)) {
-      it->second.deliver(make_error(errc::not_found, "no evaluator left for hardware \"" + it->first.hardware + "\""));
+    if (!any_match(self, *it)) {
+      abandon(*it, it->first ? "no other device of kind \"" + it->first->device.hardware + "\" is left"
+                             : "no evaluator left for hardware \"" + it->cand.hardware + "\"");
       it = st.waiting.erase(it);
-    } else if (try_send(self, it->first, it->second)) {
+    } else if (try_send(self, *it)) {
       it = st.waiting.erase(it);
     } else {
       ++it;
@@ -219,9 +265,14 @@ evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vecto
     if (it == ms.end())
       return;
     auto lost = std::move(it->sent);
+    auto device = label(it->info);
     ms.erase(it);
-    for (auto r = lost.rbegin(); r != lost.rend(); ++r)
-      self->state.waiting.emplace_front(std::move(r->cand), std::move(r->rp));
+    for (auto r = lost.rbegin(); r != lost.rend(); ++r) {
+      if (r->work.first)
+        r->work.rp.deliver(env::recheck_lost(r->work.first->v, "the evaluator of " + device + " went down"));
+      else
+        self->state.waiting.push_front(std::move(r->work));
+    }
     pump(self);
   });
   return {
@@ -240,9 +291,10 @@ evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vecto
       if (!sendable && static_cast<std::int64_t>(st.waiting.size()) >= st.opt.max_pending)
         return make_error(errc::busy, "every evaluator queue is full (" + std::to_string(st.waiting.size())
                                         + " candidates waiting); retry later");
-      auto rp = self->make_response_promise<verdict>();
-      if (!sendable || !try_send(self, c, rp))
-        st.waiting.emplace_back(std::move(c), rp);
+      job j{std::move(c), self->make_response_promise<verdict>(), std::nullopt};
+      auto rp = j.rp;
+      if (!sendable || !try_send(self, j))
+        st.waiting.push_back(std::move(j));
       return rp;
     },
     [=](caf::get_atom) -> std::vector<device_info> {

@@ -1,6 +1,7 @@
 // actors/evaluator.hpp: candidates in, verdicts out. An evaluator owns one device's
 // env::device_evaluator and runs `concurrency` evaluations at once on detached runners; the
-// pool in front of all evaluators balances by queue length and pushes back when full.
+// pool in front of all evaluators balances by queue length, pushes back when full and has a
+// large speedup re-measured on a second device of the same kind.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,9 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/interfaces.hpp"
+#include "core/config.hpp"
 #include "env/evaluator.hpp"
+#include "env/recheck.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
 
@@ -19,9 +22,6 @@ namespace crucible {
 
 /// The tasks of a run by id; shared read-only by every evaluator.
 using task_catalog = std::map<task_id, env::task>;
-
-/// The verdict message for an env::verdict (the same fields; NaN speedup → has_speedup false).
-verdict to_message(const env::verdict& v);
 
 /// What an evaluator actor needs. The device evaluator and the catalogue are shared with its
 /// runners (both are thread-safe for this use).
@@ -33,16 +33,34 @@ struct evaluator_deps {
 };
 
 /// Spawns an evaluator for one device with its runners. Candidates beyond `concurrency` wait
-/// in its mailbox-side queue in arrival order.
+/// in its mailbox-side queue in arrival order. A candidate with `recheck` set is evaluated
+/// without reading the verdict cache.
 evaluator_actor spawn_evaluator(caf::actor_system& sys, evaluator_deps deps);
 
 /// Pool settings.
 struct evaluator_pool_options {
   std::int64_t slots_per_evaluator = 2; ///< candidates sent ahead to one evaluator
   std::int64_t max_pending = 64;        ///< waiting in the pool beyond that; more is errc::busy
+  /// When an ok speedup is re-measured on a second device of the same kind, how far the two
+  /// may differ, and the reward of a rejected one (evaluator.recheck_*, reward:).
+  env::recheck_options recheck;
+
+  /// The defaults, with `recheck` taken from the config's `evaluator:` and `reward:` sections.
+  static evaluator_pool_options from(const config& cfg) noexcept {
+    evaluator_pool_options out;
+    out.recheck = env::recheck_options::from(cfg.evaluator, cfg.reward);
+    return out;
+  }
 };
 
 /// Spawns the pool over `evaluators` (it asks each for its device_info and monitors it).
+///
+/// An ok verdict with a speedup above `opt.recheck.above` is measured again on another ready
+/// evaluator whose device reports the same hardware kind, when there is one, bypassing the
+/// verdict cache; the client gets one verdict, env::reconcile_recheck of the two. If that
+/// evaluator dies (or fails) during the recheck, the first verdict stands with a message
+/// saying so. With no second device of the kind, the first verdict is delivered as it is
+/// (env::device_evaluator has already re-measured it on its own device).
 evaluator_pool_actor spawn_evaluator_pool(caf::actor_system& sys, std::vector<evaluator_actor> evaluators,
                                           evaluator_pool_options opt);
 

@@ -8,19 +8,6 @@
 
 namespace crucible {
 
-const char* to_string(verdict_status x) noexcept {
-  switch (x) {
-    case verdict_status::ok: return "ok";
-    case verdict_status::incorrect: return "incorrect";
-    case verdict_status::compile_error: return "compile_error";
-    case verdict_status::runtime_error: return "runtime_error";
-    case verdict_status::timeout: return "timeout";
-    case verdict_status::rejected: return "rejected";
-    case verdict_status::format_error: return "format_error";
-  }
-  return "invalid";
-}
-
 const char* to_string(run_state x) noexcept {
   switch (x) {
     case run_state::starting: return "starting";
@@ -61,10 +48,6 @@ bool same_speedup(double x, double y) noexcept {
 }
 
 } // namespace
-
-std::optional<verdict_status> parse_verdict_status(std::string_view text) noexcept {
-  return parse_enum<verdict_status, verdict_status::format_error>(text);
-}
 
 std::optional<run_state> parse_run_state(std::string_view text) noexcept {
   return parse_enum<run_state, run_state::crashed>(text);

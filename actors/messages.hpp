@@ -5,31 +5,40 @@
 //  - every struct that travels in a message is default- and copy-constructible, has an
 //    inspect() below and an entry in the `crucible` type-ID block at the end of this file;
 //    tests/actors/test_messages.cpp round-trips every entry of that block;
-//  - no std::optional / std::variant: "no value" is a flag (`has_speedup`) or NaN;
+//  - no std::optional / std::variant: "no value" is a flag or NaN; a double that may be NaN
+//    or infinite travels as its bit pattern (detail::exact), because CAF 0.17's portable float
+//    encoding (pack754) garbles NaN and never returns for infinity;
 //  - enums travel as their underlying integer (CAF 0.17's data_processor does this for any
 //    enum without a serialize() overload; an inspect() overload for an enum would make that
 //    overload ambiguous), and the inspect() of the struct that holds one rejects out-of-range
 //    values on load;
+//  - types of the layers below (env::verdict) are messages as they are: their inspect() is
+//    here, in their own namespace for ADL, because env/ does not include CAF;
 //  - atoms are verbs of at most 10 characters.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <caf/atom.hpp>
+#include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/meta/load_callback.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/sec.hpp>
+#include <caf/serializer.hpp>
 #include <caf/type_id.hpp>
 
 #include "core/error.hpp"
 #include "core/ids.hpp"
 #include "core/json.hpp"
+#include "env/verdict.hpp"
 
 namespace crucible {
 
@@ -45,16 +54,9 @@ typename Inspector::result_type inspect(Inspector& f, strong_id<Tag, T>& x) {
 // -- enums ----------------------------------------------------------------------------------
 
 /// Outcome of evaluating one candidate (DESIGN §3 verdict `status`, plus `format_error` for
-/// a completion from which no candidate code could be extracted).
-enum class verdict_status : std::uint8_t {
-  ok,
-  incorrect,
-  compile_error,
-  runtime_error,
-  timeout,
-  rejected,
-  format_error,
-};
+/// a completion from which no candidate code could be extracted). to_string, parse and
+/// is_valid come with it from env/verdict.hpp.
+using verdict_status = env::verdict_status;
 
 /// Lifecycle of a run as status.json reports it.
 enum class run_state : std::uint8_t { starting, running, pausing, paused, finished, crashed };
@@ -62,25 +64,17 @@ enum class run_state : std::uint8_t { starting, running, pausing, paused, finish
 /// What a node joining the cluster contributes.
 enum class node_role : std::uint8_t { evaluator, engine, learner };
 
-/// "ok", "compile_error", ... (the names DESIGN §3 prints in a verdict).
-const char* to_string(verdict_status x) noexcept;
 /// "starting", "running", ...
 const char* to_string(run_state x) noexcept;
 /// "evaluator", "engine", "learner".
 const char* to_string(node_role x) noexcept;
 
 /// Inverse of to_string; nullopt for any other text.
-std::optional<verdict_status> parse_verdict_status(std::string_view text) noexcept;
-/// Inverse of to_string; nullopt for any other text.
 std::optional<run_state> parse_run_state(std::string_view text) noexcept;
 /// Inverse of to_string; nullopt for any other text.
 std::optional<node_role> parse_node_role(std::string_view text) noexcept;
 
 /// True if `x` is one of the enumerators (a value loaded from the wire may not be).
-constexpr bool is_valid(verdict_status x) noexcept {
-  return static_cast<std::uint8_t>(x) <= static_cast<std::uint8_t>(verdict_status::format_error);
-}
-/// True if `x` is one of the enumerators.
 constexpr bool is_valid(run_state x) noexcept {
   return static_cast<std::uint8_t>(x) <= static_cast<std::uint8_t>(run_state::crashed);
 }
@@ -99,6 +93,30 @@ auto check_enum(const Enum& e) {
       return caf::none;
     return caf::make_error(caf::sec::invalid_argument);
   });
+}
+
+/// A double field inspected through its IEEE 754 bit pattern, so that NaN ("no value") and
+/// infinity survive a round trip (CAF 0.17's float encoding does not). Wraps a reference for
+/// the duration of one inspect() call: `f(..., exact{x.speedup}, ...)`.
+struct exact {
+  double& x;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exact& d) {
+  static_assert(std::numeric_limits<double>::is_iec559 && sizeof(double) == sizeof(std::uint64_t));
+  if constexpr (std::is_base_of_v<caf::serializer, Inspector>) {
+    auto bits = std::bit_cast<std::uint64_t>(d.x);
+    return f(bits);
+  } else if constexpr (std::is_base_of_v<caf::deserializer, Inspector>) {
+    std::uint64_t bits = 0;
+    auto err = f(bits);
+    if (!err)
+      d.x = std::bit_cast<double>(bits);
+    return err;
+  } else {
+    return f(d.x); // printing (deep_to_string): the number itself
+  }
 }
 
 } // namespace detail
@@ -180,39 +198,38 @@ struct candidate {
   task_id task;
   std::string code;     ///< Python source defining ModelNew
   std::string hardware; ///< hardware kind wanted (e.g. "NVIDIA H100"); empty: any
+  /// A second measurement of a large speedup (the pool's cross-device recheck): evaluated
+  /// without reading the verdict cache, and never itself rechecked.
+  bool recheck = false;
 
   friend bool operator==(const candidate&, const candidate&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, candidate& x) {
-  return f(caf::meta::type_name("candidate"), x.variant, x.task, x.code, x.hardware);
+  return f(caf::meta::type_name("candidate"), x.variant, x.task, x.code, x.hardware, x.recheck);
 }
 
-/// Evaluator -> rollout: the verdict of DESIGN §3, field by field.
-struct verdict {
-  verdict_status status = verdict_status::rejected;
-  bool correct = false;
-  bool has_speedup = false;  ///< speedup is meaningful (JSON null otherwise); only when ok
-  double speedup = 0;        ///< reference time / candidate time
-  double speedup_spread = 0; ///< relative half-width of the speedup's confidence band
-  double ref_ms = 0;
-  double cand_ms = 0;
-  double reward = 0;
-  std::vector<std::string> checks_failed; ///< names of failed anti-hacking/correctness checks
-  std::string message;
-  std::string hardware;      ///< device name the candidate ran on
-  bool cache_hit = false;
+} // namespace crucible
 
-  friend bool operator==(const verdict&, const verdict&) = default;
-};
+namespace crucible::env {
 
+/// The verdict (env/verdict.hpp) as a message: every field, numbers bit-exact (NaN speedups
+/// of failed verdicts included); a status outside the enum is rejected on load.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, verdict& x) {
-  return f(caf::meta::type_name("verdict"), x.status, x.correct, x.has_speedup, x.speedup,
-           x.speedup_spread, x.ref_ms, x.cand_ms, x.reward, x.checks_failed, x.message,
-           x.hardware, x.cache_hit, detail::check_enum(x.status));
+  using crucible::detail::exact;
+  return f(caf::meta::type_name("verdict"), x.status, x.correct, exact{x.speedup}, exact{x.speedup_spread},
+           exact{x.ref_ms}, exact{x.cand_ms}, exact{x.reward}, x.checks_failed, x.message, x.hardware,
+           x.cache_hit, x.rounds, exact{x.wall_s}, x.baseline, crucible::detail::check_enum(x.status));
 }
+
+} // namespace crucible::env
+
+namespace crucible {
+
+/// Evaluator -> rollout: the verdict of DESIGN §3 (env/verdict.hpp), field by field.
+using verdict = env::verdict;
 
 /// A candidate with its verdict: rollout -> exemplar store (a future exemplar).
 struct scored_variant {
@@ -381,7 +398,7 @@ struct run_status {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_status& x) {
   return f(caf::meta::type_name("run_status"), x.state, x.stage, x.step, x.policy_version,
-           x.variants, x.best_speedup, x.mean_speedup, x.dropped_stale,
+           x.variants, detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale,
            detail::check_enum(x.state));
 }
 
@@ -414,7 +431,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::completion))
   CAF_ADD_TYPE_ID(crucible, (crucible::generation_result))
   CAF_ADD_TYPE_ID(crucible, (crucible::candidate))
-  CAF_ADD_TYPE_ID(crucible, (crucible::verdict))
+  CAF_ADD_TYPE_ID(crucible, (crucible::env::verdict))
   CAF_ADD_TYPE_ID(crucible, (crucible::scored_variant))
   CAF_ADD_TYPE_ID(crucible, (crucible::exemplar_request))
   CAF_ADD_TYPE_ID(crucible, (crucible::exemplar_set))

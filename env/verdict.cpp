@@ -20,12 +20,27 @@ const char* to_string(verdict_status s) noexcept {
 }
 
 std::optional<verdict_status> parse_verdict_status(std::string_view s) noexcept {
-  for (auto v : {verdict_status::ok, verdict_status::incorrect, verdict_status::compile_error,
-                 verdict_status::runtime_error, verdict_status::timeout, verdict_status::rejected,
-                 verdict_status::format_error})
-    if (s == to_string(v))
-      return v;
+  for (std::uint8_t i = 0; is_valid(static_cast<verdict_status>(i)); ++i)
+    if (s == to_string(static_cast<verdict_status>(i)))
+      return static_cast<verdict_status>(i);
   return std::nullopt;
+}
+
+namespace {
+
+bool same_number(double x, double y) noexcept {
+  return (std::isnan(x) && std::isnan(y)) || x == y;
+}
+
+} // namespace
+
+bool operator==(const verdict& x, const verdict& y) noexcept {
+  return x.status == y.status && x.correct == y.correct && same_number(x.speedup, y.speedup)
+         && same_number(x.speedup_spread, y.speedup_spread) && same_number(x.ref_ms, y.ref_ms)
+         && same_number(x.cand_ms, y.cand_ms) && same_number(x.reward, y.reward)
+         && x.checks_failed == y.checks_failed && x.message == y.message && x.hardware == y.hardware
+         && x.cache_hit == y.cache_hit && x.rounds == y.rounds && same_number(x.wall_s, y.wall_s)
+         && x.baseline == y.baseline;
 }
 
 std::string to_json(const verdict& v) {

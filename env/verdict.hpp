@@ -23,9 +23,16 @@ enum class verdict_status : std::uint8_t {
 
 /// "ok", "compile_error", ...
 const char* to_string(verdict_status s) noexcept;
+/// Inverse of to_string; nullopt for any other text.
 std::optional<verdict_status> parse_verdict_status(std::string_view s) noexcept;
 
-/// Everything the evaluator says about one candidate. Plain value.
+/// True if `s` is one of the enumerators (a value read from a file or the wire may not be).
+constexpr bool is_valid(verdict_status s) noexcept {
+  return static_cast<std::uint8_t>(s) <= static_cast<std::uint8_t>(verdict_status::format_error);
+}
+
+/// Everything the evaluator says about one candidate. Plain value; it is also the verdict
+/// message the actors exchange (actors/messages.hpp holds its inspect()).
 struct verdict {
   verdict_status status = verdict_status::runtime_error;
   bool correct = false;
@@ -43,6 +50,9 @@ struct verdict {
   std::string baseline = "eager";
 
   bool has_speedup() const noexcept { return !std::isnan(speedup); }
+
+  /// Field-wise equality in which two NaN numbers ("no value") are equal.
+  friend bool operator==(const verdict& x, const verdict& y) noexcept;
 };
 
 /// One JSON object with the DESIGN §3 fields (null where a number is absent) plus

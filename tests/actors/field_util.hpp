@@ -52,7 +52,7 @@ constexpr std::size_t field_count() {
 /// Calls f(index, x_field, y_field) for each field of the aggregate T, in order.
 template <class T, class F>
 void for_each_field_pair(const T& x, const T& y, F&& f) {
-  static_assert(field_count<T>() >= 1 && field_count<T>() <= 12, "extend the visitor");
+  static_assert(field_count<T>() >= 1 && field_count<T>() <= 15, "extend the visitor");
   CRUCIBLE_TEST_VISIT(1, a)
   CRUCIBLE_TEST_VISIT(2, a, b)
   CRUCIBLE_TEST_VISIT(3, a, b, c)
@@ -65,6 +65,9 @@ void for_each_field_pair(const T& x, const T& y, F&& f) {
   CRUCIBLE_TEST_VISIT(10, a, b, c, d, e, g, h, i, j, k)
   CRUCIBLE_TEST_VISIT(11, a, b, c, d, e, g, h, i, j, k, l)
   CRUCIBLE_TEST_VISIT(12, a, b, c, d, e, g, h, i, j, k, l, m)
+  CRUCIBLE_TEST_VISIT(13, a, b, c, d, e, g, h, i, j, k, l, m, n)
+  CRUCIBLE_TEST_VISIT(14, a, b, c, d, e, g, h, i, j, k, l, m, n, o)
+  CRUCIBLE_TEST_VISIT(15, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p)
 }
 
 #undef CRUCIBLE_TEST_VISIT

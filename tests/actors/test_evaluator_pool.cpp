@@ -1,5 +1,6 @@
 // tests/actors/test_evaluator_pool.cpp: the evaluator pool on CAF's deterministic scheduler,
-// against fake evaluators that implement evaluator_actor and answer when the test says so.
+// against fake evaluators that implement evaluator_actor and answer when the test says so:
+// balancing, backpressure, lost evaluators and the cross-device recheck of large speedups.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -25,7 +26,9 @@ namespace {
 // it to answer one of the candidates it holds.
 using fake_evaluator_actor = evaluator_actor::extend<
   // Answers the held candidate `variant` with an ok verdict of `speedup`.
-  caf::reacts_to<caf::put_atom, std::uint64_t, double>>;
+  caf::reacts_to<caf::put_atom, std::uint64_t, double>,
+  // Answers the held candidate `variant` with this verdict.
+  caf::reacts_to<caf::put_atom, std::uint64_t, verdict>>;
 
 struct held {
   candidate cand;
@@ -40,32 +43,42 @@ struct fake_state {
 // What the test can see of a fake: the variants it holds, in arrival order.
 using seen = std::vector<std::uint64_t>;
 
+// An ok verdict of `speedup`, as an evaluator of `hardware` reports it.
+verdict ok_verdict(double speedup, const std::string& hardware) {
+  verdict v;
+  v.status = verdict_status::ok;
+  v.correct = true;
+  v.speedup = speedup;
+  v.speedup_spread = 0.01;
+  v.reward = speedup;
+  v.hardware = hardware;
+  v.message = "faster";
+  return v;
+}
+
 fake_evaluator_actor::behavior_type fake(fake_evaluator_actor::stateful_pointer<fake_state> self, device_info info,
-                                         std::shared_ptr<seen> got) {
-  return {
-    [=](candidate& c) -> caf::result<verdict> {
-      auto rp = self->make_response_promise<verdict>();
-      got->push_back(c.variant.value);
-      self->state.inbox.push_back({c, rp});
-      return rp;
-    },
-    [=](caf::get_atom) { return info; },
-    [=](caf::put_atom, std::uint64_t variant, double speedup) {
-      auto& box = self->state.inbox;
-      for (auto it = box.begin(); it != box.end(); ++it) {
-        if (it->cand.variant.value != variant)
-          continue;
-        verdict v;
-        v.status = verdict_status::ok;
-        v.correct = true;
-        v.has_speedup = true;
-        v.speedup = speedup;
-        v.hardware = info.hardware;
+                                         std::shared_ptr<seen> got, std::shared_ptr<seen> rechecks) {
+  auto answer = [=](std::uint64_t variant, const verdict& v) {
+    auto& box = self->state.inbox;
+    for (auto it = box.begin(); it != box.end(); ++it)
+      if (it->cand.variant.value == variant) {
         it->rp.deliver(v);
         box.erase(it);
         return;
       }
+  };
+  return {
+    [=](candidate& c) -> caf::result<verdict> {
+      auto rp = self->make_response_promise<verdict>();
+      got->push_back(c.variant.value);
+      if (c.recheck)
+        rechecks->push_back(c.variant.value);
+      self->state.inbox.push_back({c, rp});
+      return rp;
     },
+    [=](caf::get_atom) { return info; },
+    [=](caf::put_atom, std::uint64_t variant, double speedup) { answer(variant, ok_verdict(speedup, info.hardware)); },
+    [=](caf::put_atom, std::uint64_t variant, const verdict& v) { answer(variant, v); },
   };
 }
 
@@ -75,6 +88,7 @@ struct outcome {
   bool ok;
   double speedup;
   errc code;
+  verdict v; // the whole verdict, when ok
 };
 
 caf::behavior client(caf::event_based_actor* self, evaluator_pool_actor pool, std::shared_ptr<std::vector<outcome>> out) {
@@ -82,8 +96,8 @@ caf::behavior client(caf::event_based_actor* self, evaluator_pool_actor pool, st
     [=](candidate& c) {
       auto id = c.variant.value;
       self->request(pool, caf::infinite, std::move(c))
-        .then([=](const verdict& v) { out->push_back({id, true, v.speedup, errc::none}); },
-              [=](const caf::error& e) { out->push_back({id, false, 0, to_error(e).code}); });
+        .then([=](const verdict& v) { out->push_back({id, true, v.speedup, errc::none, v}); },
+              [=](const caf::error& e) { out->push_back({id, false, 0, to_error(e).code, {}}); });
     },
   };
 }
@@ -102,6 +116,7 @@ struct fixture {
   caf::scoped_actor self{sys, true};
   caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::vector<std::shared_ptr<seen>> got;
+  std::vector<std::shared_ptr<seen>> rechecks; // the candidates of got[i] that were rechecks
   std::vector<fake_evaluator_actor> fakes;
   evaluator_pool_actor pool;
   std::shared_ptr<std::vector<outcome>> results = std::make_shared<std::vector<outcome>>();
@@ -111,8 +126,9 @@ struct fixture {
     std::vector<evaluator_actor> handles;
     for (size_t i = 0; i < hardware.size(); ++i) {
       got.push_back(std::make_shared<seen>());
+      rechecks.push_back(std::make_shared<seen>());
       device_info info{static_cast<std::uint32_t>(i), hardware[i] + " device", hardware[i], 1ull << 30};
-      fakes.push_back(sys.spawn(fake, info, got.back()));
+      fakes.push_back(sys.spawn(fake, info, got.back(), rechecks.back()));
       handles.push_back(fakes.back());
     }
     pool = spawn_evaluator_pool(sys, handles, opt);
@@ -135,6 +151,11 @@ struct fixture {
 
   void answer(size_t fake_index, std::uint64_t variant, double speedup) {
     self->send(fakes[fake_index], caf::put_atom_v, variant, speedup);
+    sched.run();
+  }
+
+  void answer(size_t fake_index, std::uint64_t variant, const verdict& v) {
+    self->send(fakes[fake_index], caf::put_atom_v, variant, v);
     sched.run();
   }
 };
@@ -211,22 +232,155 @@ TEST_CASE_FIXTURE(fixture, "the pool lists its devices and hardware kinds") {
   CHECK(devices[1].hardware == "B");
 }
 
-TEST_CASE("to_message keeps every verdict field and turns NaN speedups into has_speedup = false") {
-  env::verdict v;
-  v.status = env::verdict_status::incorrect;
-  v.checks_failed = {"runtime:threads"};
-  v.message = "m";
-  v.hardware = "h";
-  auto m = to_message(v);
-  CHECK(m.status == verdict_status::incorrect);
-  CHECK_FALSE(m.has_speedup);
-  CHECK(m.checks_failed == v.checks_failed);
-  v.status = env::verdict_status::ok;
-  v.speedup = 1.25;
-  v.speedup_spread = 0.01;
-  m = to_message(v);
-  CHECK(m.status == verdict_status::ok);
-  CHECK(m.has_speedup);
-  CHECK(m.speedup == 1.25);
-  CHECK(m.speedup_spread == 0.01);
+// -- the cross-device recheck of large speedups --------------------------------------------
+
+namespace {
+
+// Recheck above 3x, 10% tolerance, failed verdicts rewarded -1.
+evaluator_pool_options recheck_opt() {
+  evaluator_pool_options opt;
+  opt.recheck.above = 3.0;
+  opt.recheck.tolerance = 0.10;
+  opt.recheck.reward.failed = -1;
+  return opt;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("pool options take the recheck settings and the reward options from the config") {
+  config cfg;
+  cfg.evaluator.recheck_above = 5;
+  cfg.evaluator.recheck_tolerance = 0.2;
+  cfg.reward.failed = -3;
+  auto opt = evaluator_pool_options::from(cfg);
+  CHECK(opt.recheck.above == 5);
+  CHECK(opt.recheck.tolerance == 0.2);
+  CHECK(opt.recheck.reward.failed == -3);
+  CHECK(opt.slots_per_evaluator == evaluator_pool_options{}.slots_per_evaluator);
+}
+
+TEST_CASE_FIXTURE(fixture, "a speedup below the threshold is not rechecked") {
+  start({"A", "A"}, recheck_opt());
+  submit(cand(1));
+  answer(0, 1, 2.9);
+  CHECK(got[1]->empty());
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).speedup == 2.9);
+}
+
+TEST_CASE_FIXTURE(fixture, "a large speedup confirmed on a second device of the kind stands with the lower speedup") {
+  start({"A", "A"}, recheck_opt());
+  submit(cand(1));
+  REQUIRE(*got[0] == seen{1});
+  answer(0, 1, 4.0);
+  CHECK(results->empty()); // not yet: the second device measures it first
+  CHECK(*got[1] == seen{1});
+  CHECK(*rechecks[1] == seen{1});
+  answer(1, 1, 3.7); // within 10% of 3.7
+  REQUIRE(results->size() == 1);
+  const auto& v = results->at(0).v;
+  CHECK(v.status == verdict_status::ok);
+  CHECK(v.speedup == 3.7);
+  CHECK(v.reward == 3.7);
+  CHECK_MESSAGE(contains(v.message, "4.000x on device 0 (A device)"), v.message);
+  CHECK_MESSAGE(contains(v.message, "3.700x on device 1 (A device)"), v.message);
+  CHECK(*got[0] == seen{1}); // a recheck (3.7 > 3) is not itself rechecked
+  CHECK(rechecks[0]->empty());
+}
+
+TEST_CASE_FIXTURE(fixture, "a large speedup that a second device of the kind does not confirm is rejected") {
+  start({"A", "A"}, recheck_opt());
+  submit(cand(1));
+  answer(0, 1, 4.5);
+  answer(1, 1, 3.0);
+  REQUIRE(results->size() == 1);
+  const auto& v = results->at(0).v;
+  CHECK(v.status == verdict_status::rejected);
+  CHECK_FALSE(v.has_speedup());
+  CHECK(v.reward == -1);
+  CHECK(v.checks_failed == std::vector<std::string>{"runtime:recheck"});
+  CHECK_MESSAGE(contains(v.message, "4.500x on device 0 (A device)"), v.message);
+  CHECK_MESSAGE(contains(v.message, "3.000x on device 1 (A device)"), v.message);
+}
+
+TEST_CASE_FIXTURE(fixture, "a recheck that fails on the second device gives the second verdict") {
+  start({"A", "A"}, recheck_opt());
+  submit(cand(1));
+  answer(0, 1, 4.5);
+  verdict wrong;
+  wrong.status = verdict_status::incorrect;
+  wrong.message = "output 0 differs: max abs error 3.1";
+  wrong.reward = -1;
+  answer(1, 1, wrong);
+  REQUIRE(results->size() == 1);
+  const auto& v = results->at(0).v;
+  CHECK(v.status == verdict_status::incorrect);
+  CHECK(v.reward == -1);
+  CHECK_MESSAGE(contains(v.message, "output 0 differs"), v.message);
+  CHECK_MESSAGE(contains(v.message, "4.500x on device 0"), v.message);
+}
+
+TEST_CASE_FIXTURE(fixture, "the recheck goes to a device of the same kind, never to one of another kind") {
+  start({"A", "B", "A"}, recheck_opt());
+  submit(cand(1, "A")); // device 0
+  submit(cand(2, "A")); // device 2: both A devices now hold one candidate, B none
+  REQUIRE(*got[0] == seen{1});
+  REQUIRE(*got[2] == seen{2});
+  answer(0, 1, 6.0);
+  CHECK(got[1]->empty());
+  CHECK(*got[2] == seen{2, 1});
+  CHECK(*rechecks[2] == seen{1});
+  answer(2, 1, 6.1);
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).v.status == verdict_status::ok);
+  CHECK(results->at(0).speedup == 6.0);
+}
+
+TEST_CASE_FIXTURE(fixture, "with only one device of the kind a large speedup is delivered as measured") {
+  start({"A", "B"}, recheck_opt());
+  submit(cand(1, "A"));
+  answer(0, 1, 6.0);
+  CHECK(got[1]->empty());
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).v.status == verdict_status::ok);
+  CHECK(results->at(0).speedup == 6.0);
+  CHECK(results->at(0).v.message == "faster");
+}
+
+TEST_CASE_FIXTURE(fixture, "when the second evaluator dies during the recheck the first verdict stands") {
+  start({"A", "A"}, recheck_opt());
+  submit(cand(1));
+  answer(0, 1, 5.0);
+  REQUIRE(*rechecks[1] == seen{1});
+  self->send_exit(fakes[1], caf::exit_reason::kill);
+  sched.run();
+  REQUIRE(results->size() == 1);
+  const auto& v = results->at(0).v;
+  CHECK(v.status == verdict_status::ok);
+  CHECK(v.speedup == 5.0);
+  CHECK_MESSAGE(contains(v.message, "recheck on a second device was lost"), v.message);
+  CHECK(*got[0] == seen{1}); // not measured again on the first device
+}
+
+TEST_CASE_FIXTURE(fixture, "a recheck waits for a free slot on the second device, ahead of new candidates") {
+  auto opt = recheck_opt();
+  opt.slots_per_evaluator = 1;
+  start({"A", "A"}, opt);
+  submit(cand(1)); // device 0
+  submit(cand(2)); // device 1
+  submit(cand(3)); // waits
+  answer(0, 1, 4.0); // device 0 free: candidate 3 goes there; the recheck of 1 waits for device 1
+  CHECK(*got[0] == seen{1, 3});
+  submit(cand(4));   // waits behind the recheck
+  answer(1, 2, 1.5); // device 1 free: the recheck of 1 goes there, not candidate 4
+  CHECK(*got[1] == seen{2, 1});
+  CHECK(*rechecks[1] == seen{1});
+  answer(1, 1, 4.1);
+  REQUIRE(results->size() == 2);
+  CHECK(results->at(1).variant == 1);
+  CHECK(results->at(1).speedup == 4.0);
 }

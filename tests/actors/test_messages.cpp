@@ -1,8 +1,10 @@
 // tests/actors/test_messages.cpp: every type of the `crucible` type-ID block survives a binary
 // round trip, field by field, both alone and inside a caf::message (which needs the type
-// registered with the actor system); enum names and run_status JSON round-trip too.
+// registered with the actor system), NaN and infinite numbers bit-exactly; enum names and
+// run_status JSON round-trip too.
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -76,16 +78,31 @@ template <> struct sample<generation_result> {
 template <> struct sample<candidate> {
   static candidate make() {
     return {sample<variant_id>::make(), sample<task_id>::make(),
-            "import torch\nclass ModelNew(torch.nn.Module): pass\n", "NVIDIA H100"};
+            "import torch\nclass ModelNew(torch.nn.Module): pass\n", "NVIDIA H100", true};
   }
 };
 
+// The message verdict is env::verdict itself.
+static_assert(std::is_same_v<verdict, env::verdict>);
+
 template <> struct sample<verdict> {
   static verdict make() {
-    return {verdict_status::ok, true, true, 1.75, 0.03, 2.5, 1.4285714285714286, 0.8,
-            {"side_stream", "caching"}, "ok with caveats", "NVIDIA H100 80GB HBM3", true};
+    return {verdict_status::ok, true, 1.75, 0.03, 2.5, 1.4285714285714286, 0.8,
+            {"side_stream", "caching"}, "ok with caveats", "NVIDIA H100 80GB HBM3", true, 90, 12.5,
+            "compile"};
   }
 };
+
+// A failed verdict: every number but the reward and the wall time is NaN ("no value").
+verdict failed_verdict(verdict_status status) {
+  verdict v;
+  v.status = status;
+  v.reward = -1;
+  v.checks_failed = {"runtime:recheck"};
+  v.message = "failed";
+  v.wall_s = 0.5;
+  return v;
+}
 
 template <> struct sample<scored_variant> {
   static scored_variant make() {
@@ -102,16 +119,14 @@ template <> struct sample<exemplar_set> {
   static exemplar_set make() {
     auto v2 = sample<scored_variant>::make();
     v2.variant = variant_id{43};
-    v2.verdict.status = verdict_status::incorrect;
-    v2.verdict.has_speedup = false;
+    v2.verdict = failed_verdict(verdict_status::incorrect);
     return {sample<task_id>::make(), "NVIDIA L40", {sample<scored_variant>::make(), v2}};
   }
 };
 
 template <> struct sample<rollout_group> {
   static rollout_group make() {
-    auto failed = sample<verdict>::make();
-    failed.status = verdict_status::compile_error;
+    auto failed = failed_verdict(verdict_status::compile_error);
     return {sample<group_id>::make(), sample<task_id>::make(), {5, 6, 7},
             sample<generation_result>::make().completions, {sample<verdict>::make(), failed}};
   }
@@ -191,12 +206,21 @@ T deserialize(caf::actor_system& sys, const std::vector<char>& buf) {
   return y;
 }
 
+// Equal, or both NaN.
+template <class T>
+bool same(const T& a, const T& b) {
+  if constexpr (std::is_floating_point_v<T>)
+    return (std::isnan(a) && std::isnan(b)) || a == b;
+  else
+    return a == b;
+}
+
 // x and y agree field by field (for aggregates) and as a whole.
 template <class T>
 void check_same(const char* name, const T& x, const T& y) {
   if constexpr (std::is_aggregate_v<T>) {
     for_each_field_pair(x, y, [&](std::size_t i, const auto& a, const auto& b) {
-      CHECK_MESSAGE(a == b, name << ": field #" << i << " differs after the round trip");
+      CHECK_MESSAGE(same(a, b), name << ": field #" << i << " differs after the round trip");
     });
   }
   CHECK_MESSAGE(x == y, name << ": differs after the round trip");
@@ -289,7 +313,7 @@ TEST_CASE_FIXTURE(fixture, "out-of-range enums are rejected on load") {
 TEST_CASE("enum names round-trip and unknown names are rejected") {
   for (auto i = 0; i <= 6; ++i) {
     auto e = static_cast<verdict_status>(i);
-    CHECK(parse_verdict_status(to_string(e)) == e);
+    CHECK(env::parse_verdict_status(to_string(e)) == e);
   }
   for (auto i = 0; i <= 5; ++i) {
     auto e = static_cast<run_state>(i);
@@ -303,11 +327,46 @@ TEST_CASE("enum names round-trip and unknown names are rejected") {
   CHECK(std::string{to_string(verdict_status::format_error)} == "format_error");
   CHECK(std::string{to_string(run_state::finished)} == "finished");
   CHECK(std::string{to_string(node_role::engine)} == "engine");
-  CHECK_FALSE(parse_verdict_status("OK"));
+  CHECK_FALSE(env::parse_verdict_status("OK"));
   CHECK_FALSE(parse_run_state(""));
   CHECK_FALSE(parse_node_role("invalid"));
   CHECK_FALSE(is_valid(static_cast<verdict_status>(7)));
   CHECK(is_valid(verdict_status::format_error));
+}
+
+TEST_CASE_FIXTURE(fixture, "NaN and infinite numbers round-trip bit-exactly, alone and in a message") {
+  // CAF 0.17's own float encoding turns NaN into a number and never returns for infinity.
+  auto failed = failed_verdict(verdict_status::rejected);
+  REQUIRE_FALSE(failed.has_speedup());
+  auto back = deserialize<verdict>(sys, serialize(sys, failed));
+  CHECK(std::isnan(back.speedup));
+  CHECK(std::isnan(back.speedup_spread));
+  CHECK(std::isnan(back.ref_ms));
+  CHECK(std::isnan(back.cand_ms));
+  CHECK_FALSE(back.has_speedup());
+  CHECK(back == failed);
+
+  auto odd = sample<verdict>::make();
+  odd.speedup = std::numeric_limits<double>::infinity();
+  odd.ref_ms = -std::numeric_limits<double>::infinity();
+  odd.cand_ms = std::numeric_limits<double>::denorm_min();
+  odd.reward = -0.0;
+  auto odd_back = deserialize<verdict>(sys, serialize(sys, odd));
+  for (auto [x, y] : {std::pair{odd.speedup, odd_back.speedup}, std::pair{odd.ref_ms, odd_back.ref_ms},
+                      std::pair{odd.cand_ms, odd_back.cand_ms}, std::pair{odd.reward, odd_back.reward}})
+    CHECK(std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y));
+
+  auto msg = deserialize<caf::message>(sys, serialize(sys, caf::make_message(scored_variant{
+                                                                variant_id{1}, group_id{2}, task_id{"t"}, "c", failed})));
+  REQUIRE(msg.match_elements<scored_variant>());
+  CHECK(std::isnan(msg.get_as<scored_variant>(0).verdict.speedup));
+  CHECK(msg.get_as<scored_variant>(0).verdict == failed);
+  CHECK(caf::deep_to_string(failed).find("nan") != std::string::npos);
+
+  run_status fresh; // NaN speedups: no value yet
+  auto fresh_back = deserialize<run_status>(sys, serialize(sys, fresh));
+  CHECK(std::isnan(fresh_back.best_speedup));
+  CHECK(std::isnan(fresh_back.mean_speedup));
 }
 
 TEST_CASE("run_status JSON round-trips with null for speedups that have no value") {

@@ -1,6 +1,7 @@
 // The evaluator end to end on the CPU, with real sandboxed workers: the project's CPU task
 // suite and its seed variants, every hack and failure candidate under tests/candidates, the
-// verdict cache, and a worker killed in the middle of an evaluation.
+// verdict cache (also through the evaluator actor, whose rechecks bypass it), and a worker
+// killed in the middle of an evaluation.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -12,6 +13,11 @@
 #include <set>
 #include <sstream>
 
+#include <caf/actor_system.hpp>
+#include <caf/scoped_actor.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/evaluator.hpp"
 #include "core/log.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
@@ -230,6 +236,39 @@ TEST_CASE("a resubmitted candidate is answered from the verdict cache") {
   CHECK(shared->size() == 1);
   // The cached answer used no worker (the refill of the warm pool aside).
   CHECK(ev.ev->workers_started() <= started + 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the evaluator actor answers from the verdict cache, except a recheck, which measures again") {
+  auto dir = fs::temp_directory_path() / ("crucible-actorcache-" + std::to_string(::getpid()));
+  auto cache = verdict_cache::open(dir / "verdicts.db");
+  REQUIRE(cache.ok());
+  cpu_evaluator ev{1, std::move(*cache)};
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  auto tasks = std::make_shared<task_catalog>();
+  tasks->emplace(task_id{"t"}, *t);
+  actor_config cfg;
+  caf::actor_system sys{cfg};
+  auto actor = spawn_evaluator(sys, evaluator_deps{std::move(ev.ev), tasks, device_info{0, "cpu", "cpu", 0}, 1});
+  caf::scoped_actor self{sys};
+  auto evaluate = [&](bool recheck) {
+    verdict out;
+    self->request(actor, caf::infinite, candidate{variant_id{1}, task_id{"t"}, slurp(cand), "", recheck})
+      .receive([&](const verdict& v) { out = v; }, [&](const caf::error& e) { FAIL(to_error(e).to_string()); });
+    return out;
+  };
+  auto first = evaluate(false);
+  REQUIRE_MESSAGE(first.status == verdict_status::ok, describe(first));
+  CHECK_FALSE(first.cache_hit);
+  auto cached = evaluate(false);
+  CHECK(cached.cache_hit);
+  CHECK(cached.speedup == first.speedup);
+  auto recheck = evaluate(true);
+  CHECK_MESSAGE(recheck.status == verdict_status::ok, describe(recheck));
+  CHECK_FALSE(recheck.cache_hit);
+  self->send_exit(actor, caf::exit_reason::user_shutdown);
   fs::remove_all(dir);
 }
 
