@@ -5,9 +5,9 @@
 //  - every struct that travels in a message is default- and copy-constructible, has an
 //    inspect() below and an entry in the `crucible` type-ID block at the end of this file;
 //    tests/actors/test_messages.cpp round-trips every entry of that block;
-//  - no std::optional / std::variant: "no value" is a flag or NaN; a double that may be NaN
-//    or infinite travels as its bit pattern (detail::exact), because CAF 0.17's portable float
-//    encoding (pack754) garbles NaN and never returns for infinity;
+//  - no std::optional / std::variant: "no value" is a flag or NaN; every double travels as its
+//    bit pattern (detail::exact), because CAF 0.17's portable float encoding (pack754) garbles
+//    NaN and never returns for infinity (a NaN loss or an infinite speedup can happen);
 //  - enums travel as their underlying integer (CAF 0.17's data_processor does this for any
 //    enum without a serialize() overload; an inspect() overload for an enum would make that
 //    overload ambiguous), and the inspect() of the struct that holds one rejects out-of-range
@@ -137,7 +137,7 @@ struct sampling_params {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
-  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_p, x.top_k,
+  return f(caf::meta::type_name("sampling_params"), detail::exact{x.temperature}, detail::exact{x.top_p}, x.top_k,
            x.max_new_tokens, x.stop, x.seed);
 }
 
@@ -312,7 +312,7 @@ struct train_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, train_report& x) {
   return f(caf::meta::type_name("train_report"), x.policy_version, x.step, x.groups,
-           x.dropped_stale, x.loss, x.mean_reward);
+           x.dropped_stale, detail::exact{x.loss}, detail::exact{x.mean_reward});
 }
 
 /// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
