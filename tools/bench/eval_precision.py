@@ -13,7 +13,6 @@ the interpreter and torch start-up that crucible's warm worker pool keeps off it
   python3 tools/bench/eval_precision.py --crucible build-gpu/tools/crucible --repeat 10
 """
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -21,15 +20,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SUITE = os.path.join(HERE, "eval_gpu")
-
-
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from eval_gpu_suite import SUITE, load_module
 
 
 def kernelbench_style(task_path, cand_path, seed):

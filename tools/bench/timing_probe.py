@@ -14,7 +14,6 @@ Methods (per process, same models, same device):
   python3 tools/bench/timing_probe.py --task gelu_tanh_affine --processes 6
 """
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -22,15 +21,7 @@ import statistics
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SUITE = os.path.join(HERE, "eval_gpu")
-
-
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from eval_gpu_suite import SUITE, load_module
 
 
 def one_process(name, rounds, seed):
