@@ -230,7 +230,8 @@ TEST_CASE("crucible init-model and generate: a self-contained random model, gree
   auto text = cli({"generate", "--model", model.string(), "--prompt", prompt, "--max-new-tokens", "4"});
   CHECK(text.exit_code == 0);
 
-  // transformers loads the directory (model and tokenizer) and continues the prompt identically.
+  // transformers loads the directory (model and tokenizer) and continues the prompt identically,
+  // with the same log-probs.
   auto hf = run_process({CRUCIBLE_PYTHON, (src / "tests" / "integration" / "hf_generate.py").string(), model.string(),
                          prompt, "12"});
   INFO(hf.err);
@@ -238,6 +239,10 @@ TEST_CASE("crucible init-model and generate: a self-contained random model, gree
   auto hdoc = YAML::Load(hf.out);
   CHECK(hdoc["prompt_token_ids"].as<std::vector<int>>() == doc["prompt_token_ids"].as<std::vector<int>>());
   CHECK(hdoc["token_ids"].as<std::vector<int>>() == ids);
+  const auto hf_logprobs = hdoc["logprobs"].as<std::vector<double>>();
+  REQUIRE(hf_logprobs.size() == ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    CHECK(c["logprobs"][i].as<double>() == doctest::Approx(hf_logprobs[i]).epsilon(1e-4));
 
   // Bad flags and inputs: exit 2, naming the flag or the file.
   auto expect_usage = [&](std::vector<std::string> args, const std::string& named) {
@@ -255,7 +260,7 @@ TEST_CASE("crucible init-model and generate: a self-contained random model, gree
   expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--vocab-size", "10"},
                "--vocab-size");
   expect_usage({"init-model", "--tokenizer", (dir.path / "none").string(), "--out", (dir.path / "m2").string()},
-               "tokenizer.json");
+               "--tokenizer: " + (dir.path / "none").string());
   expect_usage({"init-model", "--out", (dir.path / "m2").string()}, "--tokenizer");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--temperature", "-1"}, "--temperature");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--top-p", "0"}, "--top-p");
