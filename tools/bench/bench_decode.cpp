@@ -112,10 +112,7 @@ void field_or_null(json_writer& w, std::string_view key, std::optional<std::int6
     w.null();
 }
 
-} // namespace
-
-int main(int argc, char** argv) {
-  auto o = parse(argc, argv);
+int run(const bench_options& o) {
   const bool cuda = o.device != "cpu";
   const std::string dtype = !o.dtype.empty() ? o.dtype : cuda ? "bfloat16" : "float32";
 
@@ -260,4 +257,16 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  auto o = parse(argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) { // LibTorch failures: out of memory, a device error
+    std::fprintf(stderr, "bench_decode: %s\n", e.what());
+    return 1;
+  }
 }
