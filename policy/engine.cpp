@@ -94,6 +94,17 @@ const char* to_string(finish_reason r) noexcept {
   return "?";
 }
 
+std::string completion_text(const completion& c, const detokenize_fn& detokenize) {
+  std::span<const std::int32_t> tokens{c.tokens};
+  if (c.finish == finish_reason::eos && !tokens.empty())
+    tokens = tokens.first(tokens.size() - 1);
+  auto text = detokenize(tokens);
+  if (c.finish == finish_reason::stop && !c.stop_string.empty())
+    if (auto at = text.find(c.stop_string); at != std::string::npos)
+      text.resize(at);
+  return text;
+}
+
 #ifdef CRUCIBLE_HAVE_CUDA
 // Decoding steps captured as CUDA graphs, one per (rows, slots) bucket, over views of one cache.
 // The graphs read the input tokens from `input` and leave the logits in `logits`; both live as
@@ -292,6 +303,8 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   for (const auto& p : prompts)
     longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
   s.reserve(n, longest + o.max_new_tokens);
+  for (std::size_t l = 0; l < s.cache.keys.size(); ++l)
+    s.stats.cache_bytes += static_cast<std::int64_t>(s.cache.keys[l].nbytes() + s.cache.values[l].nbytes());
   auto gen = make_generator(s.device, o.seed);
   auto long_opts = torch::TensorOptions().dtype(torch::kLong).device(s.device);
 
@@ -334,6 +347,12 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     first_logits = first_logits.defined() ? torch::cat({first_logits, rows}) : rows;
     b0 = b1;
   }
+#ifdef CRUCIBLE_HAVE_CUDA
+  // Kernels run asynchronously: wait for the prefill so that its time is not counted as decoding
+  // (the first sampling step would wait for it anyway).
+  if (s.device.is_cuda())
+    torch::cuda::synchronize(s.device.index());
+#endif
   s.stats.prefill_seconds = seconds_since(t0);
 
   // ---- decode -----------------------------------------------------------------------------------

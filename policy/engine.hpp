@@ -68,6 +68,10 @@ struct completion {
 /// Turns token ids into text, for stop strings (the tokenizer's decode).
 using detokenize_fn = std::function<std::string(std::span<const std::int32_t>)>;
 
+/// The text a caller shows for `c`: its tokens detokenized, less the final token when it is an
+/// eos, cut just before the first occurrence of the stop string it matched.
+std::string completion_text(const completion& c, const detokenize_fn& detokenize);
+
 /// Where and how the engine runs.
 struct engine_options {
   std::string device = "cpu"; ///< "cpu" or "cuda:N" (engine::load only)
@@ -89,8 +93,9 @@ struct engine_stats {
   std::int64_t compactions = 0;       ///< times finished rows were dropped from the batch
   std::int64_t graph_replays = 0;     ///< decoding steps run as CUDA graph replays
   std::int64_t graph_captures = 0;    ///< graphs captured during the call
-  double prefill_seconds = 0.0;
-  double decode_seconds = 0.0;
+  std::int64_t cache_bytes = 0;       ///< bytes of the KV cache held for the call (rows x slots allocated)
+  double prefill_seconds = 0.0;       ///< prompts in to first logits, the device synchronised
+  double decode_seconds = 0.0;        ///< first sampled token to the last
 };
 
 /// Samples completions from a CausalLM. Owns a KV cache that grows to the largest call seen and

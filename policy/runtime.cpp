@@ -1,10 +1,19 @@
 #include "policy/runtime.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include <torch/torch.h>
 #include <torch/version.h>
 
 #include <ATen/Parallel.h>
 
 #ifdef CRUCIBLE_HAVE_CUDA
+#  include <ATen/cuda/CUDAEvent.h>
+#  include <c10/cuda/CUDACachingAllocator.h>
+#  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
 #endif
 
@@ -34,6 +43,112 @@ runtime_info probe_runtime() {
   }
 #endif
   return info;
+}
+
+namespace {
+
+// The index N of "cuda:N", or -1 for anything else.
+int cuda_index(std::string_view device) {
+  if (device.substr(0, 5) != "cuda:" || device.size() == 5 || device.size() > 8)
+    return -1;
+  int index = 0;
+  for (char c : device.substr(5)) {
+    if (c < '0' || c > '9')
+      return -1;
+    index = index * 10 + (c - '0');
+  }
+  return index;
+}
+
+#ifdef CRUCIBLE_HAVE_CUDA
+bool cuda_device_exists(int index) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void) cudaGetLastError();
+    return false;
+  }
+  return index >= 0 && index < count;
+}
+#endif
+
+} // namespace
+
+std::optional<device_memory> memory_stats(std::string_view device) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  const int index = cuda_index(device);
+  if (!cuda_device_exists(index))
+    return std::nullopt;
+  using c10::CachingDeviceAllocator::StatType;
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+  const auto& allocated = stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
+  const auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
+  return device_memory{static_cast<std::uint64_t>(allocated.current), static_cast<std::uint64_t>(allocated.peak),
+                       static_cast<std::uint64_t>(reserved.current)};
+#else
+  (void) device;
+  return std::nullopt;
+#endif
+}
+
+void reset_peak_memory(std::string_view device) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  const int index = cuda_index(device);
+  if (cuda_device_exists(index))
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+#else
+  (void) device;
+#endif
+}
+
+result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats) {
+  if (bytes == 0 || repeats < 1)
+    return fail(errc::invalid_arg, "copy_bandwidth: needs bytes > 0 and repeats >= 1");
+  double best = 0.0; // seconds of the fastest copy
+  if (device == "cpu") {
+    auto src = std::make_unique<char[]>(bytes), dst = std::make_unique<char[]>(bytes);
+    std::memset(src.get(), 1, bytes);
+    std::memset(dst.get(), 2, bytes); // touch every page before timing
+    for (int i = 0; i < repeats; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      std::memcpy(dst.get(), src.get(), bytes);
+      asm volatile("" : : "r"(dst.get()) : "memory"); // the copy is observed: not optimised away
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      best = i == 0 ? s : std::min(best, s);
+    }
+    return 2.0 * static_cast<double>(bytes) / best;
+  }
+  const int index = cuda_index(device);
+  if (index < 0)
+    return fail(errc::invalid_arg, "copy_bandwidth: '", device, "' is not a device (cpu, cuda:N)");
+#ifdef CRUCIBLE_HAVE_CUDA
+  if (!cuda_device_exists(index))
+    return fail(errc::device, "copy_bandwidth: ", device, ": no such CUDA device");
+  try {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    {
+      auto options = torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, index);
+      auto src = torch::ones({static_cast<std::int64_t>(bytes)}, options);
+      auto dst = torch::zeros({static_cast<std::int64_t>(bytes)}, options);
+      dst.copy_(src); // warm-up
+      for (int i = 0; i < repeats; ++i) {
+        at::cuda::CUDAEvent start{cudaEventDefault}, stop{cudaEventDefault};
+        start.record();
+        dst.copy_(src);
+        stop.record();
+        stop.synchronize();
+        double s = static_cast<double>(start.elapsed_time(stop)) / 1e3;
+        best = i == 0 ? s : std::min(best, s);
+      }
+    }
+    // Hand the two buffers back to the driver rather than leave them cached for later callers.
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  } catch (const c10::Error& e) {
+    return fail(errc::device, "copy_bandwidth on ", device, ": ", e.what_without_backtrace());
+  }
+  return 2.0 * static_cast<double>(bytes) / best;
+#else
+  return fail(errc::unsupported, "copy_bandwidth: ", device, ": this build has no CUDA");
+#endif
 }
 
 } // namespace crucible::policy

@@ -2,8 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "core/error.hpp"
 
 namespace crucible::policy {
 
@@ -28,5 +32,26 @@ struct runtime_info {
 /// Probes LibTorch and, in a CUDA build, the CUDA runtime. Never throws; a CUDA build on a
 /// machine without a driver or device reports no devices. Thread-safe.
 runtime_info probe_runtime();
+
+/// What LibTorch's CUDA caching allocator holds for tensors on one device, in bytes. Plain value.
+struct device_memory {
+  std::uint64_t allocated = 0;      ///< held by live tensors now
+  std::uint64_t peak_allocated = 0; ///< most held by live tensors since reset_peak_memory
+  std::uint64_t reserved = 0;       ///< obtained from the driver (live tensors and cached free blocks)
+};
+
+/// The allocator's counters for `device` ("cuda:N"); nullopt for "cpu", in a build without
+/// CUDA, or for a device that does not exist. Thread-safe.
+std::optional<device_memory> memory_stats(std::string_view device);
+
+/// Starts a new peak for memory_stats(device).peak_allocated (no-op where memory_stats has none).
+void reset_peak_memory(std::string_view device);
+
+/// Copy bandwidth of `device`: the best of `repeats` copies of a `bytes`-byte buffer to another
+/// buffer on the same device, in bytes moved (read plus written, 2 x bytes) per second. CUDA
+/// copies are timed with events on the current stream; CPU copies (one thread) with a steady
+/// clock. Allocates 2 x bytes on the device for the duration. errc::invalid_arg for a bad
+/// device name or size, errc::device when CUDA fails (out of memory included).
+result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats = 5);
 
 } // namespace crucible::policy

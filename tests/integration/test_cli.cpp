@@ -46,7 +46,7 @@ std::string slurp(const fs::path& p) {
 TEST_CASE("crucible --help lists every command and each command has its own --help") {
   auto top = cli({"--help"});
   CHECK(top.exit_code == 0);
-  for (const char* name : {"train", "status", "config", "info", "tokenizer"}) {
+  for (const char* name : {"train", "status", "config", "info", "tokenizer", "init-model", "generate"}) {
     CAPTURE(name);
     CHECK(top.out.find(std::string{"  "} + name + " ") != std::string::npos);
     auto sub = cli({name, "--help"});
@@ -184,4 +184,96 @@ TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad fl
   auto bad_dir = cli({"tokenizer", "encode", "--tokenizer", dir.path.string(), "--text", "x"});
   CHECK(bad_dir.exit_code == 2);
   CHECK(bad_dir.err.find("tokenizer.json") != std::string::npos);
+}
+
+TEST_CASE("crucible init-model and generate: a self-contained random model, greedy output as transformers'") {
+  temp_dir dir;
+  fs::path src{CRUCIBLE_SOURCE_DIR};
+  const auto tok = dir.path / "tok", model = dir.path / "model";
+  REQUIRE(cli({"tokenizer", "train", "--corpus", (src / "docs").string(), "--vocab", "600", "--out", tok.string()})
+            .exit_code == 0);
+  auto init = cli({"init-model", "--preset", "tiny", "--tokenizer", tok.string(), "--out", model.string(), "--seed", "3",
+                   "--json"});
+  INFO(init.err);
+  REQUIRE(init.exit_code == 0);
+  CHECK(YAML::Load(init.out)["vocab_size"].as<int>() == 600);
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    CHECK(fs::exists(model / f));
+
+  // Greedy generation is deterministic; one log-prob per token.
+  const std::string prompt = "The engine samples completions";
+  const std::vector<std::string> gen = {"generate", "--model", model.string(), "--prompt", prompt, "--temperature", "0",
+                                        "--max-new-tokens", "12", "--json"};
+  auto a = cli(gen), b = cli(gen);
+  INFO(a.err);
+  REQUIRE(a.exit_code == 0);
+  CHECK(a.out == b.out);
+  auto doc = YAML::Load(a.out);
+  REQUIRE(doc["completions"].size() == 1);
+  auto c = doc["completions"][0];
+  const auto ids = c["token_ids"].as<std::vector<int>>();
+  CHECK(!ids.empty());
+  CHECK(ids.size() <= 12);
+  CHECK(c["logprobs"].size() == ids.size());
+  for (const auto& lp : c["logprobs"])
+    CHECK(lp.as<double>() <= 0.0);
+  CHECK(c["finish_reason"].as<std::string>() == (ids.size() == 12 ? "length" : "eos"));
+
+  // Sampling with several samples, a stop string and plain-text output.
+  auto sampled = cli({"generate", "--model", model.string(), "--prompt", prompt, "--samples", "3", "--top-k", "50",
+                      "--top-p", "0.9", "--seed", "7", "--max-new-tokens", "8", "--stop", "e", "--json"});
+  REQUIRE(sampled.exit_code == 0);
+  auto sdoc = YAML::Load(sampled.out);
+  REQUIRE(sdoc["completions"].size() == 3);
+  for (const auto& s : sdoc["completions"])
+    CHECK(s["text"].as<std::string>().find('e') == std::string::npos); // cut before the stop string
+  auto text = cli({"generate", "--model", model.string(), "--prompt", prompt, "--max-new-tokens", "4"});
+  CHECK(text.exit_code == 0);
+
+  // transformers loads the directory (model and tokenizer) and continues the prompt identically,
+  // with the same log-probs.
+  auto hf = run_process({CRUCIBLE_PYTHON, (src / "tests" / "integration" / "hf_generate.py").string(), model.string(),
+                         prompt, "12"});
+  INFO(hf.err);
+  REQUIRE(hf.exit_code == 0);
+  auto hdoc = YAML::Load(hf.out);
+  CHECK(hdoc["prompt_token_ids"].as<std::vector<int>>() == doc["prompt_token_ids"].as<std::vector<int>>());
+  CHECK(hdoc["token_ids"].as<std::vector<int>>() == ids);
+  const auto hf_logprobs = hdoc["logprobs"].as<std::vector<double>>();
+  REQUIRE(hf_logprobs.size() == ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    CHECK(c["logprobs"][i].as<double>() == doctest::Approx(hf_logprobs[i]).epsilon(1e-4));
+
+  // Bad flags and inputs: exit 2, naming the flag or the file.
+  auto expect_usage = [&](std::vector<std::string> args, const std::string& named) {
+    auto r = cli(std::move(args));
+    CAPTURE(named);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(named) != std::string::npos);
+  };
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", model.string()}, "not empty");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--preset", "huge"},
+               "--preset");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--family", "gpt"},
+               "--family");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--seed", "x"}, "--seed");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--vocab-size", "10"},
+               "--vocab-size");
+  expect_usage({"init-model", "--tokenizer", (dir.path / "none").string(), "--out", (dir.path / "m2").string()},
+               "--tokenizer: " + (dir.path / "none").string());
+  expect_usage({"init-model", "--out", (dir.path / "m2").string()}, "--tokenizer");
+  expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--temperature", "-1"}, "--temperature");
+  expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--top-p", "0"}, "--top-p");
+  expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--max-new-tokens", "0"}, "--max-new-tokens");
+  expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--device", "gpu"}, "--device");
+  expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--temprature", "0"}, "--temperature?");
+  expect_usage({"generate", "--model", (dir.path / "none").string(), "--prompt", "x"}, "none");
+  expect_usage({"generate", "--model", tok.string(), "--prompt", "x"}, "config.json");
+  std::ofstream(model / "model.safetensors", std::ios::trunc) << "not a checkpoint";
+  expect_usage({"generate", "--model", model.string(), "--prompt", "x"}, "model.safetensors");
+  // --force rewrites the directory, and the same seed gives the same weights back.
+  REQUIRE(cli({"init-model", "--preset", "tiny", "--tokenizer", tok.string(), "--out", model.string(), "--seed", "3",
+               "--force"})
+            .exit_code == 0);
+  CHECK(cli(gen).out == a.out);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
-# the evaluator figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [evals] [baselines] [throughput] [precision]
+# the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
+#   tools/bench/gpu_session.sh [evals] [baselines] [throughput] [precision] [decode]
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -17,7 +17,9 @@ if [[ ! -f $B/build.ninja ]]; then
     -DCMAKE_PREFIX_PATH="$PREFIX;$PREFIX/lib/x86_64-linux-gnu/cmake;$PREFIX/share/cmake" \
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
 fi
-cmake --build $B -j "$(nproc)" --target crucible bench_eval_throughput test_policy > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+targets=(crucible bench_eval_throughput test_policy)
+[[ " $* " == *" decode "* ]] && targets+=(bench_decode)
+cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for what in "$@"; do
   case "$what" in
@@ -39,5 +41,11 @@ for what in "$@"; do
           --candidate tools/bench/eval_gpu/candidates/relu_affine.py --device cuda:0 --no-cache \
           --set evaluator.baseline=$b 2>&1 | tee -a "$OUT/baselines.txt"
       done ;;
+    decode)
+      # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
+      # transformers must import in python3; wheels in .whl/ are installed if it does not.
+      python3 -c 'import transformers' 2>/dev/null || { ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl; }
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,16,64 --prompt 512 --new 512 \
+        --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
   esac
 done

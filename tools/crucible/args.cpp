@@ -1,6 +1,9 @@
 #include "tools/crucible/args.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 
 namespace crucible::cli {
 
@@ -82,6 +85,43 @@ result<parsed_args> parse_args(const command_spec& spec, const std::vector<std::
                 out.positional[spec.positionals.size()], "'; usage: crucible ", spec.name, " ",
                 spec.usage);
   return out;
+}
+
+result<std::int64_t> int_option(const parsed_args& args, const std::string& name, std::int64_t fallback,
+                                std::int64_t min, std::int64_t max) {
+  if (!args.has(name))
+    return fallback;
+  const auto text = args.get(name);
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || p != text.data() + text.size() || v < min || v > max)
+    return fail(errc::invalid_arg, name, ": expected an integer from ", std::to_string(min), " to ",
+                std::to_string(max), ", got '", text, "'");
+  return v;
+}
+
+result<double> real_option(const parsed_args& args, const std::string& name, double fallback, double min, double max) {
+  if (!args.has(name))
+    return fallback;
+  const auto text = args.get(name);
+  double v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || p != text.data() + text.size() || !std::isfinite(v) || v < min || v > max) {
+    char range[64];
+    std::snprintf(range, sizeof range, "%g to %g", min, max);
+    return fail(errc::invalid_arg, name, ": expected a number from ", range, ", got '", text, "'");
+  }
+  return v;
+}
+
+result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback) {
+  auto device = args.get(name, fallback);
+  if (device == "cpu")
+    return device;
+  const auto digits = device.size() > 5 ? device.substr(5) : std::string{};
+  if (device.rfind("cuda:", 0) != 0 || digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+    return fail(errc::invalid_arg, name, " ", device, ": expected cpu or cuda:N");
+  return device;
 }
 
 std::string render_help(const command_spec& spec) {

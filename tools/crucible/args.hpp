@@ -2,6 +2,7 @@
 // here, in tools/, and nowhere below: libraries receive typed options.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -44,6 +45,25 @@ struct parsed_args {
 /// Parses `args` (after the subcommand name) against `spec`. Accepts `--opt value`,
 /// `--opt=value` and `--help`/`-h`. errc::invalid_arg names the unknown or malformed option.
 result<parsed_args> parse_args(const command_spec& spec, const std::vector<std::string>& args);
+
+/// The value of option `name` as an integer in [min, max], or `fallback` when it is absent.
+/// errc::invalid_arg naming the option and the value ("--seed: expected an integer ...").
+result<std::int64_t> int_option(const parsed_args& args, const std::string& name, std::int64_t fallback,
+                                std::int64_t min, std::int64_t max);
+
+/// The value of option `name` as a finite real number in [min, max], or `fallback` when absent.
+result<double> real_option(const parsed_args& args, const std::string& name, double fallback, double min, double max);
+
+/// The value of option `name` as a device, "cpu" or "cuda:N", or `fallback` when absent.
+result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback);
+
+/// The first error among `results` (in argument order), or nullptr when all hold values.
+template <class... Ts>
+const crucible::error* first_error(const result<Ts>&... results) {
+  const crucible::error* first = nullptr;
+  ((first == nullptr && !results ? (first = &results.error(), 0) : 0), ...);
+  return first;
+}
 
 /// `crucible NAME --help` text.
 std::string render_help(const command_spec& spec);

@@ -57,31 +57,12 @@ int run_eval(const parsed_args& args) {
     }
     cfg = *loaded;
   }
-  auto device = args.get("--device", cfg.evaluator.devices.front());
-  if (device != "cpu" && (device.rfind("cuda:", 0) != 0 || device.size() == 5)) {
-    std::fprintf(stderr, "crucible eval: --device %s: expected cpu or cuda:N\n", device.c_str());
+  auto device = device_option(args, "--device", cfg.evaluator.devices.front());
+  auto repeat = int_option(args, "--repeat", 1, 1, 1'000'000);
+  auto seed = int_option(args, "--seed", 0, 0, INT64_MAX);
+  if (const auto* bad = first_error(device, repeat, seed)) {
+    std::fprintf(stderr, "crucible eval: %s\n", bad->message.c_str());
     return exit_usage;
-  }
-  int repeat = 1;
-  if (args.has("--repeat")) {
-    try {
-      repeat = std::stoi(args.get("--repeat"));
-    } catch (...) {
-      repeat = 0;
-    }
-    if (repeat < 1) {
-      std::fprintf(stderr, "crucible eval: --repeat %s: expected a positive integer\n", args.get("--repeat").c_str());
-      return exit_usage;
-    }
-  }
-  std::uint64_t seed = 0;
-  if (args.has("--seed")) {
-    try {
-      seed = std::stoull(args.get("--seed"));
-    } catch (...) {
-      std::fprintf(stderr, "crucible eval: --seed %s: expected a non-negative integer\n", args.get("--seed").c_str());
-      return exit_usage;
-    }
   }
   auto task = env::load_task(args.get("--task"));
   if (!task) {
@@ -118,29 +99,29 @@ int run_eval(const parsed_args& args) {
     cache = std::move(*opened);
   }
   auto opt = cfg.evaluator;
-  opt.warm_workers = repeat > 1 ? 1 : 0; // a single evaluation needs no spare worker
-  auto ev = env::device_evaluator::create(opt, cfg.reward, *where, device, log, cache);
+  opt.warm_workers = *repeat > 1 ? 1 : 0; // a single evaluation needs no spare worker
+  auto ev = env::device_evaluator::create(opt, cfg.reward, *where, *device, log, cache);
   if (!ev) {
     std::fprintf(stderr, "crucible eval: %s\n", ev.error().message.c_str());
     return exit_failure;
   }
   std::vector<double> speedups;
-  for (int i = 0; i < repeat; ++i) {
-    env::eval_request req{*task, src.str(), seed == 0 ? 0 : seed + static_cast<std::uint64_t>(i),
-                          !args.has("--no-cache") && repeat == 1};
+  for (std::int64_t i = 0; i < *repeat; ++i) {
+    env::eval_request req{*task, src.str(), *seed == 0 ? 0 : static_cast<std::uint64_t>(*seed + i),
+                          !args.has("--no-cache") && *repeat == 1};
     auto v = (*ev)->evaluate(req);
     if (v.has_speedup())
       speedups.push_back(v.speedup);
     if (args.has("--json")) {
       std::printf("%s\n", env::to_json(v).c_str());
     } else {
-      if (repeat > 1)
-        std::printf("-- evaluation %d of %d\n", i + 1, repeat);
+      if (*repeat > 1)
+        std::printf("-- evaluation %lld of %lld\n", static_cast<long long>(i + 1), static_cast<long long>(*repeat));
       print_table(*task, args.get("--candidate"), v);
     }
     std::fflush(stdout);
   }
-  if (repeat > 1 && !args.has("--json") && speedups.size() > 1) {
+  if (*repeat > 1 && !args.has("--json") && speedups.size() > 1) {
     auto [mn, mx] = std::minmax_element(speedups.begin(), speedups.end());
     std::printf("-- %zu speedups from %.2fx to %.2fx: max/min - 1 = %.1f%%\n", speedups.size(), *mn, *mx,
                 100 * (*mx / *mn - 1));

@@ -28,6 +28,8 @@ command info_command();
 command eval_command();
 command tasks_command();
 command tokenizer_command();
+command init_model_command();
+command generate_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();

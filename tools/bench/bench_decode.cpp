@@ -1,0 +1,272 @@
+// tools/bench/bench_decode.cpp: decode throughput of the policy engine on random prompts, the KV
+// cache's memory against its analytic size, and the batch's distance from the bandwidth bound.
+// One JSON object per line on stdout (setup, bandwidth, then one per batch size).
+//
+//   bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 512]
+//                [--no-graphs] [--dtype bfloat16] [--seed 0] [--warmup 1] [--repeats 1]
+//                [--copy-bytes 1073741824]
+//
+// Each batch size B gets B random prompts of exactly --prompt tokens (ids uniform over the
+// vocabulary, fixed seed) and generates exactly --new tokens per row: greedy, no eos and no stop
+// strings. A warm-up call with the same shapes captures the CUDA graphs; the timed call reports
+// the engine's prefill and decode times. Decode tokens/s counts B x (new - 1) tokens, the ones
+// that needed a decoding forward (the first comes from the prefill), over the decode time.
+//
+// Bandwidth bound: a decoding step must read every weight once (the embedding table only as the
+// tied output matrix) and each row's keys and values, on average (prompt + new/2) positions;
+// at the measured device copy bandwidth that bounds tokens/s at B x bandwidth / bytes per step.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/json.hpp"
+#include "policy/engine.hpp"
+#include "policy/runtime.hpp"
+
+namespace fs = std::filesystem;
+using namespace crucible;
+
+namespace {
+
+struct bench_options {
+  fs::path model;
+  std::string device = "cuda:0";
+  std::vector<std::int64_t> batches{1, 16, 64};
+  std::int64_t prompt = 512;
+  std::int64_t new_tokens = 512;
+  bool graphs = true;
+  std::string dtype; // "": bfloat16 on CUDA, float32 on the CPU (the engine's default)
+  std::uint64_t seed = 0;
+  int warmup = 1;
+  int repeats = 1;
+  std::uint64_t copy_bytes = std::uint64_t{1} << 30;
+};
+
+[[noreturn]] void usage(const std::string& message) {
+  std::fprintf(stderr,
+               "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
+               "       [--new 512] [--no-graphs] [--dtype T] [--seed S] [--warmup N] [--repeats N] [--copy-bytes N]\n",
+               message.c_str());
+  std::exit(2);
+}
+
+std::int64_t integer(const std::string& flag, const std::string& text, std::int64_t min) {
+  char* end = nullptr;
+  long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < min)
+    usage(flag + ": expected an integer of at least " + std::to_string(min) + ", got '" + text + "'");
+  return v;
+}
+
+std::int64_t positive(const std::string& flag, const std::string& text) { return integer(flag, text, 1); }
+
+bench_options parse(int argc, char** argv) {
+  bench_options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--no-graphs") {
+      o.graphs = false;
+      continue;
+    }
+    if (i + 1 >= argc)
+      usage(flag + ": needs a value");
+    const std::string v = argv[++i];
+    if (flag == "--model") o.model = v;
+    else if (flag == "--device") o.device = v;
+    else if (flag == "--prompt") o.prompt = positive(flag, v);
+    else if (flag == "--new") o.new_tokens = positive(flag, v);
+    else if (flag == "--dtype") o.dtype = v;
+    else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(integer(flag, v, 0));
+    else if (flag == "--warmup") o.warmup = static_cast<int>(integer(flag, v, 0));
+    else if (flag == "--repeats") o.repeats = static_cast<int>(positive(flag, v));
+    else if (flag == "--copy-bytes") o.copy_bytes = static_cast<std::uint64_t>(positive(flag, v));
+    else if (flag == "--batches") {
+      o.batches.clear();
+      std::stringstream ss{v};
+      for (std::string item; std::getline(ss, item, ',');)
+        o.batches.push_back(positive(flag, item));
+      if (o.batches.empty())
+        usage("--batches: expected sizes separated by commas");
+    } else {
+      usage("unknown option " + flag);
+    }
+  }
+  if (o.model.empty())
+    usage("--model DIR is required");
+  return o;
+}
+
+std::int64_t element_bytes(const std::string& dtype) { return dtype == "float32" ? 4 : 2; }
+
+// Optional byte counts: null where the device keeps no allocator statistics (the CPU).
+void field_or_null(json_writer& w, std::string_view key, std::optional<std::int64_t> v) {
+  w.key(key);
+  if (v)
+    w.value(*v);
+  else
+    w.null();
+}
+
+int run(const bench_options& o) {
+  const bool cuda = o.device != "cpu";
+  const std::string dtype = !o.dtype.empty() ? o.dtype : cuda ? "bfloat16" : "float32";
+
+  policy::engine_options eo;
+  eo.device = o.device;
+  eo.dtype = dtype;
+  eo.cuda_graphs = o.graphs;
+  auto engine = policy::engine::load(o.model, eo);
+  if (!engine) {
+    std::fprintf(stderr, "bench_decode: %s\n", engine.error().message.c_str());
+    return 1;
+  }
+  const auto& cfg = (*engine)->config();
+  const std::int64_t elem = element_bytes(dtype);
+  // Weights read per step: all parameters, but an untied embedding table only by the rows looked up.
+  const std::int64_t weight_bytes =
+    (cfg.parameter_count() - (cfg.tie_word_embeddings ? 0 : cfg.vocab_size * cfg.hidden_size)) * elem;
+  const std::int64_t kv_token_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem;
+
+  auto rt = policy::probe_runtime();
+  std::string device_name = "cpu";
+  if (cuda) {
+    const int index = std::atoi(o.device.c_str() + 5);
+    for (const auto& d : rt.devices)
+      if (d.index == index)
+        device_name = d.name;
+  }
+  {
+    json_writer w;
+    w.begin_object()
+      .field("kind", "setup")
+      .field("model", o.model.string())
+      .field("device", o.device)
+      .field("device_name", device_name)
+      .field("torch", rt.torch_version)
+      .field("dtype", dtype)
+      .field("cuda_graphs", o.graphs && cuda)
+      .field("family", policy::to_string(cfg.family))
+      .field("parameters", cfg.parameter_count())
+      .field("vocab_size", cfg.vocab_size)
+      .field("layers", cfg.num_layers)
+      .field("kv_heads", cfg.num_kv_heads)
+      .field("head_dim", cfg.head_dim)
+      .field("weight_bytes_per_step", weight_bytes)
+      .field("kv_bytes_per_token", kv_token_bytes)
+      .end_object();
+    std::printf("%s\n", w.str().c_str());
+    std::fflush(stdout);
+  }
+
+  auto bandwidth = policy::copy_bandwidth(o.device, o.copy_bytes);
+  if (!bandwidth) {
+    std::fprintf(stderr, "bench_decode: %s\n", bandwidth.error().message.c_str());
+    return 1;
+  }
+  {
+    json_writer w;
+    w.begin_object()
+      .field("kind", "bandwidth")
+      .field("copy_bytes", o.copy_bytes)
+      .field("bytes_per_s", *bandwidth)
+      .field("gb_per_s", *bandwidth / 1e9)
+      .end_object();
+    std::printf("%s\n", w.str().c_str());
+    std::fflush(stdout);
+  }
+
+  policy::sampling_options so;
+  so.temperature = 0.0; // greedy: the same mode as the transformers side of decode_compare.py
+  so.max_new_tokens = o.new_tokens;
+  so.seed = o.seed;     // no eos ids and no stop strings: every row generates exactly new_tokens
+  std::mt19937_64 rng{o.seed};
+  std::uniform_int_distribution<std::int32_t> token(0, static_cast<std::int32_t>(cfg.vocab_size - 1));
+  for (auto batch : o.batches) {
+    std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(batch));
+    for (auto& p : prompts) {
+      p.resize(static_cast<std::size_t>(o.prompt));
+      for (auto& id : p)
+        id = token(rng);
+    }
+    // A fresh cache per batch size, so that the peak below is this batch's own.
+    (*engine)->release_graphs();
+    policy::reset_peak_memory(o.device);
+    const auto before = policy::memory_stats(o.device);
+    policy::engine_stats best;
+    double best_decode = 0.0;
+    for (int run = 0; run < o.warmup + o.repeats; ++run) {
+      auto out = (*engine)->generate(prompts, so);
+      if (!out) {
+        std::fprintf(stderr, "bench_decode: batch %lld: %s\n", static_cast<long long>(batch), out.error().message.c_str());
+        return 1;
+      }
+      const auto& st = (*engine)->last_stats();
+      if (st.generated_tokens != batch * o.new_tokens) {
+        std::fprintf(stderr, "bench_decode: batch %lld generated %lld tokens, expected %lld\n",
+                     static_cast<long long>(batch), static_cast<long long>(st.generated_tokens),
+                     static_cast<long long>(batch * o.new_tokens));
+        return 1;
+      }
+      if (run >= o.warmup && (best_decode == 0.0 || st.decode_seconds < best_decode)) {
+        best = st;
+        best_decode = st.decode_seconds;
+      }
+    }
+    const auto after = policy::memory_stats(o.device);
+    std::optional<std::int64_t> peak;
+    if (before && after)
+      peak = static_cast<std::int64_t>(after->peak_allocated) - static_cast<std::int64_t>(before->allocated);
+
+    const double decode_tokens = static_cast<double>(batch * (o.new_tokens - 1));
+    const double decode_tps = best.decode_seconds > 0 ? decode_tokens / best.decode_seconds : 0.0;
+    const double total_s = best.prefill_seconds + best.decode_seconds;
+    const double avg_context = static_cast<double>(o.prompt) + static_cast<double>(o.new_tokens) / 2.0;
+    const double step_bytes =
+      static_cast<double>(weight_bytes) + static_cast<double>(batch) * avg_context * static_cast<double>(kv_token_bytes);
+    const double bound_tps = static_cast<double>(batch) * *bandwidth / step_bytes;
+    const std::int64_t analytic = kv_token_bytes * (o.prompt + o.new_tokens) * batch;
+
+    json_writer w;
+    w.begin_object()
+      .field("kind", "decode")
+      .field("batch", batch)
+      .field("prompt", o.prompt)
+      .field("new", o.new_tokens)
+      .field("prefill_s", best.prefill_seconds)
+      .field("decode_s", best.decode_seconds)
+      .field("decode_tokens_per_s", decode_tps)
+      .field("total_tokens_per_s", total_s > 0 ? static_cast<double>(batch * o.new_tokens) / total_s : 0.0)
+      .field("prefill_tokens_per_s",
+             best.prefill_seconds > 0 ? static_cast<double>(best.prompt_tokens) / best.prefill_seconds : 0.0)
+      .field("decode_steps", best.decode_steps)
+      .field("graph_replays", best.graph_replays)
+      .field("compactions", best.compactions)
+      .field("step_bytes", step_bytes)
+      .field("bound_tokens_per_s", bound_tps)
+      .field("bandwidth_fraction", bound_tps > 0 ? decode_tps / bound_tps : 0.0)
+      .field("kv_cache_bytes", best.cache_bytes)
+      .field("kv_analytic_bytes", analytic);
+    field_or_null(w, "peak_bytes", peak);
+    w.end_object();
+    std::printf("%s\n", w.str().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  auto o = parse(argc, argv);
+  try {
+    return run(o);
+  } catch (const std::exception& e) { // LibTorch failures: out of memory, a device error
+    std::fprintf(stderr, "bench_decode: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Decode throughput of crucible's engine beside Hugging Face transformers' `generate`, on the
+same randomly initialised weights: the decode figure of docs/PERFORMANCE.md.
+
+1. If --model holds no model yet, trains a small tokenizer on this repository's docs
+   (`crucible tokenizer train`) and writes a random model of --preset with it
+   (`crucible init-model`; the 0.5b preset gets Qwen2.5's padded vocabulary of 151936 rows).
+2. Runs bench_decode (ours: prefill and decode timed separately, KV cache memory, the device's
+   copy bandwidth and the bandwidth bound), then tools/bench/decode_hf.py (transformers) with
+   the same batch sizes, prompt and new-token lengths, greedy on both sides.
+3. Prints a table and writes every record to --out (JSON).
+
+  python3 tools/bench/decode_compare.py --build build-gpu --device cuda:0 --out gpu-out/decode.json
+  python3 tools/bench/decode_compare.py --build build --device cpu --preset tiny \\
+      --batches 1,2 --prompt 16 --new 16        # proves the pipeline on a CPU; not a figure
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def json_lines(text):
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def run(cmd, what):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(p.stderr)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout)
+        raise SystemExit(f"decode_compare: {what} failed with exit code {p.returncode}")
+    return p.stdout
+
+
+def ensure_model(args, crucible):
+    if os.path.exists(os.path.join(args.model, "config.json")):
+        return
+    with tempfile.TemporaryDirectory(prefix="crucible-tok-") as tok:
+        run([crucible, "tokenizer", "train", "--corpus", os.path.join(ROOT, "docs"), "--corpus",
+             os.path.join(ROOT, "README.md"), "--vocab", "2048", "--out", tok], "tokenizer train")
+        cmd = [crucible, "init-model", "--family", args.family, "--preset", args.preset, "--tokenizer", tok,
+               "--out", args.model, "--seed", "0", "--json"]
+        vocab = args.vocab_size or (151936 if args.preset == "0.5b" else 0)
+        if vocab:
+            cmd += ["--vocab-size", str(vocab)]
+        print(run(cmd, "init-model").strip(), file=sys.stderr)
+
+
+def mib(n):
+    return "-" if n is None else f"{n / 2**20:.1f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build-gpu"), help="build directory with crucible and bench_decode")
+    ap.add_argument("--model", default="", help="model directory (made with init-model when absent; "
+                                                "default: /tmp/crucible-decode-PRESET)")
+    ap.add_argument("--preset", default="0.5b")
+    ap.add_argument("--family", default="qwen2")
+    ap.add_argument("--vocab-size", type=int, default=0, help="embedding rows (default: 151936 for 0.5b, else the tokenizer's)")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--new", type=int, default=512)
+    ap.add_argument("--no-graphs", action="store_true", help="our engine without CUDA graphs")
+    ap.add_argument("--copy-bytes", type=int, default=0, help="bandwidth probe size (default 1 GiB; 64 MiB on the CPU)")
+    ap.add_argument("--skip-hf", action="store_true", help="measure only our engine")
+    ap.add_argument("--out", default="", help="write every record here as JSON")
+    args = ap.parse_args()
+    args.model = args.model or f"/tmp/crucible-decode-{args.preset}"
+    crucible = os.path.join(args.build, "tools", "crucible")
+    bench = os.path.join(args.build, "tools", "bench", "bench_decode")
+    cuda = args.device != "cpu"
+
+    ensure_model(args, crucible)
+    common = ["--device", args.device, "--batches", args.batches, "--prompt", str(args.prompt), "--new", str(args.new)]
+    copy_bytes = args.copy_bytes or (2**30 if cuda else 2**26)
+    ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes)] + common
+                          + (["--no-graphs"] if args.no_graphs else []), "bench_decode"))
+    hf, hf_error = [], None
+    if not args.skip_hf:
+        try:
+            hf = json_lines(run([sys.executable, os.path.join(HERE, "decode_hf.py"), "--model", args.model] + common,
+                                "decode_hf.py (transformers)"))
+        except SystemExit as e:  # still print our side
+            hf_error = str(e)
+
+    setup = next(r for r in ours if r["kind"] == "setup")
+    bandwidth = next(r for r in ours if r["kind"] == "bandwidth")
+    hf_by_batch = {r["batch"]: r for r in hf if r["kind"] == "hf_decode"}
+    rows = [r for r in ours if r["kind"] == "decode"]
+    print(f"\nmodel {args.model}: {setup['family']}, {setup['parameters'] / 1e6:.1f}M parameters, {setup['dtype']}, "
+          f"on {setup['device']} ({setup['device_name']}), CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}")
+    print(f"copy bandwidth {bandwidth['gb_per_s']:.0f} GB/s ({bandwidth['copy_bytes'] / 2**20:.0f} MiB copied); "
+          f"prompt {args.prompt}, {args.new} new tokens, greedy; decode tokens/s = B x (new - 1) / decode time\n")
+    head = (f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>10} {'ratio':>6} {'bound tok/s':>12} {'of bound':>8} "
+            f"{'KV MiB':>8} {'analytic':>8} {'peak MiB':>9} {'HF peak':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        h = hf_by_batch.get(r["batch"])
+        ratio = f"{r['decode_tokens_per_s'] / h['decode_tokens_per_s']:.2f}" if h else "-"
+        print(f"{r['batch']:>5} {r['decode_tokens_per_s']:>11.1f} {h['decode_tokens_per_s'] if h else float('nan'):>10.1f} "
+              f"{ratio:>6} {r['bound_tokens_per_s']:>12.1f} {r['bandwidth_fraction']:>8.1%} "
+              f"{mib(r['kv_cache_bytes']):>8} {mib(r['kv_analytic_bytes']):>8} {mib(r['peak_bytes']):>9} "
+              f"{mib(h['peak_bytes']) if h else '-':>8}")
+    print("\nKV MiB: the engine's cache (rows x slots, slots rounded up to a multiple of 256); analytic:"
+          "\n2 x layers x kv_heads x head_dim x (prompt + new) x batch x bytes; peak: the allocator's peak"
+          "\nabove the loaded weights during the calls (cache, prefill scratch, activations, graph pools).")
+    by_batch = {r["batch"]: r for r in rows}
+    goals = []
+    if 64 in by_batch and 64 in hf_by_batch:
+        ratio = by_batch[64]["decode_tokens_per_s"] / hf_by_batch[64]["decode_tokens_per_s"]
+        goals.append(f"batch 64: {ratio:.2f}x transformers (goal >= 3x: {'met' if ratio >= 3 else 'NOT met'})")
+    if 1 in by_batch:
+        frac = by_batch[1]["bandwidth_fraction"]
+        goals.append(f"batch 1: {frac:.1%} of the bandwidth bound (goal >= 50%: {'met' if frac >= 0.5 else 'NOT met'})")
+    if goals:
+        print("\n" + "\n".join(goals))
+    if hf_error:
+        print(f"\ntransformers side missing: {hf_error}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"ours": ours, "hf": hf, "hf_error": hf_error, "args": vars(args)}, f, indent=1)
+    return 1 if hf_error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
