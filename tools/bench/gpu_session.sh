@@ -18,7 +18,7 @@ if [[ ! -f $B/build.ninja ]]; then
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
 fi
 targets=(crucible bench_eval_throughput test_policy)
-[[ " $* " == *" decode "* ]] && targets+=(bench_decode)
+[[ " $* " == *" decode "* ]] && targets+=(bench_decode test_gpu_engine)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for what in "$@"; do
@@ -45,6 +45,8 @@ for what in "$@"; do
       # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
       # transformers must import in python3; wheels in .whl/ are installed if it does not.
       python3 -c 'import transformers' 2>/dev/null || { ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl; }
+      # The engine's GPU tests (CPU/CUDA parity, CUDA graphs against eager) first.
+      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -30 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,16,64 --prompt 512 --new 512 \
         --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
   esac
