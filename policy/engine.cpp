@@ -126,7 +126,12 @@ public:
     return g->logits;
   }
 
-  void clear() { graphs_.clear(); }
+  /// Drops every graph and the memory pool they shared: a pool whose graphs are all gone is
+  /// freed by the allocator, and capturing into its stale id again trips an internal assert.
+  void clear() {
+    graphs_.clear();
+    pool_.reset();
+  }
 
 private:
   struct entry {
