@@ -24,32 +24,14 @@
 #include "core/log.hpp"
 #include "storage/atomic_file.hpp"
 #include "storage/metrics_log.hpp"
+#include "tests/test_util/temp_dir.hpp"
 
 using namespace crucible;
 using namespace std::chrono_literals;
 
 namespace {
 
-/// A fresh directory (mkdtemp), removed with its content on destruction.
-class temp_dir final {
-public:
-  temp_dir() {
-    auto tmpl = (std::filesystem::temp_directory_path() / "crucible-actors-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr)
-      std::abort();
-    path_ = tmpl;
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const noexcept { return path_; }
-
-private:
-  std::filesystem::path path_;
-};
+using crucible::testing::temp_dir;
 
 actor_config& deterministic(actor_config& cfg) {
   cfg.set("scheduler.policy", caf::atom("testing"));

@@ -13,21 +13,14 @@
 #include "core/config.hpp"
 #include "process.hpp"
 #include "storage/metrics_log.hpp"
+#include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using crucible::testing::run_process;
 
 namespace {
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "crucible-cli-XXXXXX").string();
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
+using crucible::testing::temp_dir;
 
 auto cli(std::vector<std::string> args, const std::string& cwd = "") {
   args.insert(args.begin(), CRUCIBLE_CLI);
@@ -71,13 +64,13 @@ TEST_CASE("unknown commands and options are refused with exit code 2 and a hint"
 
 TEST_CASE("a config with an unknown or mistyped key is refused naming file, line and key") {
   temp_dir tmp;
-  auto cfg = tmp.path / "bad.yaml";
-  std::ofstream(cfg) << "run:\n  name: t\n  dir: " << tmp.path.string() << "\nlog:\n  levle: info\nactors:\n  threads: many\n";
+  auto cfg = tmp.path() / "bad.yaml";
+  std::ofstream(cfg) << "run:\n  name: t\n  dir: " << tmp.path().string() << "\nlog:\n  levle: info\nactors:\n  threads: many\n";
   auto r = cli({"train", cfg.string()});
   CHECK(r.exit_code == 2);
   CHECK(r.err.find(cfg.string() + ":5: log.levle: unknown key (did you mean log.level?)") != std::string::npos);
   CHECK(r.err.find(cfg.string() + ":7: actors.threads: expected a non-negative integer, got \"many\"") != std::string::npos);
-  CHECK_FALSE(fs::exists(tmp.path / "t"));  // nothing was created for a refused config
+  CHECK_FALSE(fs::exists(tmp.path() / "t"));  // nothing was created for a refused config
   r = cli({"config", "check", "--file", cfg.string()});
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("log.levle") != std::string::npos);
@@ -85,17 +78,17 @@ TEST_CASE("a config with an unknown or mistyped key is refused naming file, line
 
 TEST_CASE("crucible train creates the run directory, runs the lifecycle and status reports it") {
   temp_dir tmp;
-  auto cfg = tmp.path / "c.yaml";
+  auto cfg = tmp.path() / "c.yaml";
   std::ofstream(cfg) << "run:\n  name: r1\n  seed: 5\nactors:\n  threads: 2\n";
-  auto r = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path.string(), "--set", "log.level=warn"});
+  auto r = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path().string(), "--set", "log.level=warn"});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
-  auto run = tmp.path / "r1";
+  auto run = tmp.path() / "r1";
   // The resolved config holds the overrides and decodes to the same values.
   auto resolved = crucible::load_config(run / "config.yaml");
   REQUIRE(resolved.ok());
   CHECK(resolved->run.seed == 5);
-  CHECK(resolved->run.dir == tmp.path.string());
+  CHECK(resolved->run.dir == tmp.path().string());
   CHECK(resolved->log.level == crucible::log_level::warn);
   // metrics.jsonl: whole JSON lines, the run's start and finish.
   auto lines = crucible::storage::read_metrics(run / "metrics.jsonl");
@@ -114,21 +107,21 @@ TEST_CASE("crucible train creates the run directory, runs the lifecycle and stat
   CHECK(st.exit_code == 0);
   CHECK(st.out.find("finished") != std::string::npos);
   // The same run name again is refused: nothing is overwritten.
-  auto again = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path.string()});
+  auto again = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path().string()});
   CHECK(again.exit_code == 2);
   CHECK(again.err.find("already holds a run") != std::string::npos);
 }
 
 TEST_CASE("crucible status names a directory that is not a run") {
   temp_dir tmp;
-  auto r = cli({"status", (tmp.path / "nope").string()});
+  auto r = cli({"status", (tmp.path() / "nope").string()});
   CHECK(r.exit_code == 2);
-  CHECK(r.err.find((tmp.path / "nope").string()) != std::string::npos);
+  CHECK(r.err.find((tmp.path() / "nope").string()) != std::string::npos);
 }
 
 TEST_CASE("crucible config show prints the resolved configuration and docs the reference") {
   temp_dir tmp;
-  auto cfg = tmp.path / "c.yaml";
+  auto cfg = tmp.path() / "c.yaml";
   std::ofstream(cfg) << "run:\n  seed: 11\n";
   auto r = cli({"config", "show", "--file", cfg.string(), "--set", "actors.threads=3"});
   REQUIRE(r.exit_code == 0);
@@ -150,7 +143,7 @@ TEST_CASE("crucible info reports LibTorch") {
 TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad flags exit 2") {
   temp_dir dir;
   fs::path src{CRUCIBLE_SOURCE_DIR};
-  auto out = dir.path / "tok";
+  auto out = dir.path() / "tok";
   auto train = cli({"tokenizer", "train", "--corpus", (src / "docs").string(), "--corpus", (src / "README.md").string(),
                     "--vocab", "1000", "--out", out.string(), "--json"});
   INFO(train.err);
@@ -175,13 +168,13 @@ TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad fl
   auto small = cli({"tokenizer", "train", "--corpus", (src / "README.md").string(), "--vocab", "10", "--out", out.string()});
   CHECK(small.exit_code == 2);
   CHECK(small.err.find("too small") != std::string::npos);
-  auto missing = cli({"tokenizer", "train", "--corpus", (dir.path / "nope").string(), "--vocab", "500", "--out", out.string()});
+  auto missing = cli({"tokenizer", "train", "--corpus", (dir.path() / "nope").string(), "--vocab", "500", "--out", out.string()});
   CHECK(missing.exit_code == 2);
   CHECK(missing.err.find("nope") != std::string::npos);
   CHECK(cli({"tokenizer", "encode", "--tokenizer", out.string(), "--vocab", "3", "--text", "x"}).exit_code == 2);
   CHECK(cli({"tokenizer", "frobnicate"}).exit_code == 2);
   CHECK(cli({"tokenizer", "decode", "--tokenizer", out.string(), "--ids", "1,x"}).exit_code == 2);
-  auto bad_dir = cli({"tokenizer", "encode", "--tokenizer", dir.path.string(), "--text", "x"});
+  auto bad_dir = cli({"tokenizer", "encode", "--tokenizer", dir.path().string(), "--text", "x"});
   CHECK(bad_dir.exit_code == 2);
   CHECK(bad_dir.err.find("tokenizer.json") != std::string::npos);
 }
@@ -189,7 +182,7 @@ TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad fl
 TEST_CASE("crucible init-model and generate: a self-contained random model, greedy output as transformers'") {
   temp_dir dir;
   fs::path src{CRUCIBLE_SOURCE_DIR};
-  const auto tok = dir.path / "tok", model = dir.path / "model";
+  const auto tok = dir.path() / "tok", model = dir.path() / "model";
   REQUIRE(cli({"tokenizer", "train", "--corpus", (src / "docs").string(), "--vocab", "600", "--out", tok.string()})
             .exit_code == 0);
   auto init = cli({"init-model", "--preset", "tiny", "--tokenizer", tok.string(), "--out", model.string(), "--seed", "3",
@@ -252,22 +245,22 @@ TEST_CASE("crucible init-model and generate: a self-contained random model, gree
     CHECK(r.err.find(named) != std::string::npos);
   };
   expect_usage({"init-model", "--tokenizer", tok.string(), "--out", model.string()}, "not empty");
-  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--preset", "huge"},
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--preset", "huge"},
                "--preset");
-  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--family", "gpt"},
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--family", "gpt"},
                "--family");
-  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--seed", "x"}, "--seed");
-  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path / "m2").string(), "--vocab-size", "10"},
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--seed", "x"}, "--seed");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--vocab-size", "10"},
                "--vocab-size");
-  expect_usage({"init-model", "--tokenizer", (dir.path / "none").string(), "--out", (dir.path / "m2").string()},
-               "--tokenizer: " + (dir.path / "none").string());
-  expect_usage({"init-model", "--out", (dir.path / "m2").string()}, "--tokenizer");
+  expect_usage({"init-model", "--tokenizer", (dir.path() / "none").string(), "--out", (dir.path() / "m2").string()},
+               "--tokenizer: " + (dir.path() / "none").string());
+  expect_usage({"init-model", "--out", (dir.path() / "m2").string()}, "--tokenizer");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--temperature", "-1"}, "--temperature");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--top-p", "0"}, "--top-p");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--max-new-tokens", "0"}, "--max-new-tokens");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--device", "gpu"}, "--device");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--temprature", "0"}, "--temperature?");
-  expect_usage({"generate", "--model", (dir.path / "none").string(), "--prompt", "x"}, "none");
+  expect_usage({"generate", "--model", (dir.path() / "none").string(), "--prompt", "x"}, "none");
   expect_usage({"generate", "--model", tok.string(), "--prompt", "x"}, "config.json");
   std::ofstream(model / "model.safetensors", std::ios::trunc) << "not a checkpoint";
   expect_usage({"generate", "--model", model.string(), "--prompt", "x"}, "model.safetensors");

@@ -31,19 +31,6 @@ std::string slurp(const fs::path& p) {
 
 } // namespace
 
-temp_dir::temp_dir() {
-  static int counter = 0;
-  path = fs::temp_directory_path() /
-         ("crucible-policy-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-  fs::remove_all(path);
-  fs::create_directories(path);
-}
-
-temp_dir::~temp_dir() {
-  std::error_code ec;
-  fs::remove_all(path, ec);
-}
-
 std::pair<int, std::string> run_reference_script(const std::vector<std::string>& args) {
   std::vector<std::string> argv{CRUCIBLE_PYTHON, script_path.string()};
   argv.insert(argv.end(), args.begin(), args.end());

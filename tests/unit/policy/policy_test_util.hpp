@@ -10,17 +10,12 @@
 #include <torch/torch.h>
 
 #include "policy/model.hpp"
+#include "tests/test_util/temp_dir.hpp"
 
 namespace crucible::policy::testing {
 
 /// A fresh directory under the system temp dir, removed with the object.
-struct temp_dir {
-  std::filesystem::path path;
-  temp_dir();
-  ~temp_dir();
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-};
+using crucible::testing::temp_dir;
 
 /// The directory of reference models made by `hf_reference.py make`: one subdirectory per
 /// variant with an HF model and reference.safetensors. Made on first use (under a file lock, in

@@ -337,29 +337,29 @@ TEST_CASE("save and load: bf16 sharded and f32 single-file round trips, LoRA sav
   token_batch b{input, {}, {}, {}};
   auto logits = m->forward(b);
 
-  REQUIRE(save_model(*m, dir.path / "f32", {torch::kFloat, {}}).ok());
-  auto back = load_model(dir.path / "f32");
+  REQUIRE(save_model(*m, dir.path() / "f32", {torch::kFloat, {}}).ok());
+  auto back = load_model(dir.path() / "f32");
   REQUIRE_MESSAGE(back.ok(), (back.ok() ? "" : back.error().message));
   CHECK(max_abs_diff((*back)->forward(b), logits) <= 1e-4);
-  CHECK_FALSE(fs::exists(dir.path / "f32" / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(dir.path() / "f32" / "model.safetensors.index.json"));
 
   save_options sharded{torch::kBFloat16, {}};
   sharded.shards.max_shard_bytes = 40'000;
-  REQUIRE(save_model(*m, dir.path / "bf16", sharded).ok());
-  CHECK(fs::exists(dir.path / "bf16" / "model.safetensors.index.json"));
-  auto index = safetensors_checkpoint::open(dir.path / "bf16");
+  REQUIRE(save_model(*m, dir.path() / "bf16", sharded).ok());
+  CHECK(fs::exists(dir.path() / "bf16" / "model.safetensors.index.json"));
+  auto index = safetensors_checkpoint::open(dir.path() / "bf16");
   REQUIRE(index.ok());
   CHECK(index->files().size() > 1);
-  auto bf = load_model(dir.path / "bf16");
+  auto bf = load_model(dir.path() / "bf16");
   REQUIRE_MESSAGE(bf.ok(), (bf.ok() ? "" : bf.error().message));
-  auto cfg = read_model_config(dir.path / "bf16");
+  auto cfg = read_model_config(dir.path() / "bf16");
   REQUIRE(cfg.ok());
   CHECK(cfg->dtype == "bfloat16");
   // Exactly the f32 model with its weights rounded to bf16.
   for (auto& p : (*back)->parameters())
     p.copy_(p.to(torch::kBFloat16).to(torch::kFloat));
   CHECK(max_abs_diff((*bf)->forward(b), (*back)->forward(b)) <= 1e-4);
-  auto bf_bf = load_model(dir.path / "bf16", {torch::kCPU, torch::kBFloat16, true});
+  auto bf_bf = load_model(dir.path() / "bf16", {torch::kCPU, torch::kBFloat16, true});
   REQUIRE(bf_bf.ok());
   CHECK(((*bf_bf)->forward(b).scalar_type() == torch::kBFloat16));
 }
@@ -369,16 +369,16 @@ TEST_CASE("load errors name the missing tensor, the bad shape, the bad key, bad 
   torch::NoGradGuard g;
   temp_dir dir;
   auto m = tiny_model(false, true);
-  REQUIRE(save_model(*m, dir.path, {torch::kFloat, {}}).ok());
-  auto tensors = read_tensors(dir.path / "model.safetensors");
+  REQUIRE(save_model(*m, dir.path(), {torch::kFloat, {}}).ok());
+  auto tensors = read_tensors(dir.path() / "model.safetensors");
   auto expect_error = [&](const std::string& needle) {
-    auto r = load_model(dir.path);
+    auto r = load_model(dir.path());
     REQUIRE_FALSE(r.ok());
     CHECK_MESSAGE(r.error().message.find(needle) != std::string::npos, r.error().message);
   };
   auto rewrite = [&](std::map<std::string, torch::Tensor> ts) {
     std::vector<std::pair<std::string, torch::Tensor>> v(ts.begin(), ts.end());
-    REQUIRE(save_tensors(dir.path / "model.safetensors", v).ok());
+    REQUIRE(save_tensors(dir.path() / "model.safetensors", v).ok());
   };
 
   SUBCASE("missing tensor") {
@@ -412,12 +412,12 @@ TEST_CASE("load errors name the missing tensor, the bad shape, the bad key, bad 
     expect_error("model.norm.weight has dtype I32");
   }
   SUBCASE("truncated file") {
-    auto size = fs::file_size(dir.path / "model.safetensors");
-    fs::resize_file(dir.path / "model.safetensors", size - 100);
+    auto size = fs::file_size(dir.path() / "model.safetensors");
+    fs::resize_file(dir.path() / "model.safetensors", size - 100);
     expect_error("truncated");
   }
   SUBCASE("bad config key") {
-    std::ofstream(dir.path / "config.json") << R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+    std::ofstream(dir.path() / "config.json") << R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
       "intermediate_size": 128, "num_hidden_layers": "two", "num_attention_heads": 4})";
     expect_error("num_hidden_layers");
   }
@@ -425,7 +425,7 @@ TEST_CASE("load errors name the missing tensor, the bad shape, the bad key, bad 
     auto cfg = m->config();
     cfg.qkv_bias = false;
     cfg.family = model_family::llama;
-    std::ofstream(dir.path / "config.json") << to_config_json(cfg, "float32");
+    std::ofstream(dir.path() / "config.json") << to_config_json(cfg, "float32");
     expect_error("unexpected tensor model.layers.0.self_attn.");
   }
   SUBCASE("load_weights leaves the model unchanged on error") {
@@ -433,7 +433,7 @@ TEST_CASE("load errors name the missing tensor, the bad shape, the bad key, bad 
     ts.erase("lm_head.weight");
     ts["model.embed_tokens.weight"] = ts["model.embed_tokens.weight"] + 1.0;
     rewrite(ts);
-    auto ck = safetensors_checkpoint::open(dir.path);
+    auto ck = safetensors_checkpoint::open(dir.path());
     REQUIRE(ck.ok());
     auto before = m->model->embed_tokens->weight.clone();
     auto r = load_weights(*m, *ck);
@@ -447,7 +447,7 @@ TEST_CASE("init_model writes presets that load back, tiny is within its advertis
   torch::manual_seed(1234);
   temp_dir dir;
   init_model_options opts;
-  opts.dir = dir.path / "tiny";
+  opts.dir = dir.path() / "tiny";
   opts.vocab_size = 512;
   opts.family = model_family::llama;
   opts.eos_token_ids = {2};
@@ -464,7 +464,7 @@ TEST_CASE("init_model writes presets that load back, tiny is within its advertis
   CHECK(n < 5'000'000);
   CHECK((*m)->config().eos_token_ids == std::vector<std::int64_t>{2});
   // The same seed gives the same weights.
-  opts.dir = dir.path / "again";
+  opts.dir = dir.path() / "again";
   REQUIRE(init_model(opts).ok());
   auto m2 = load_model(opts.dir);
   REQUIRE(m2.ok());
@@ -479,7 +479,7 @@ TEST_CASE("what crucible writes, transformers loads with the same logits") {
   temp_dir dir;
   std::vector<std::string> dirs;
   auto write_case = [&](const std::string& name, CausalLM& m, const save_options& opts) {
-    auto path = dir.path / name;
+    auto path = dir.path() / name;
     REQUIRE(save_model(*m, path, opts).ok());
     // Logits of the model as saved (bf16 weights read back), which transformers must reproduce.
     auto saved = load_model(path);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "policy/safetensors.hpp"
+#include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;
@@ -18,15 +19,7 @@ using namespace crucible::policy;
 
 namespace {
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static int n = 0;
-    path = fs::temp_directory_path() / ("crucible-st-" + std::to_string(::getpid()) + "-" + std::to_string(n++));
-    fs::create_directories(path);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
+using crucible::testing::temp_dir;
 
 template <class T>
 std::span<const std::byte> bytes_of(const std::vector<T>& v) {
@@ -78,7 +71,7 @@ TEST_CASE("safetensors: f32, bf16 and f16 tensors round-trip with metadata") {
     {"scalar", st_dtype::f16, {}, bytes_of(h)},
     {"empty", st_dtype::f32, {0, 4}, {}},
   };
-  auto path = dir.path / "x.safetensors";
+  auto path = dir.path() / "x.safetensors";
   REQUIRE(write_safetensors(path, ts, {{"format", "pt"}}).ok());
   auto f = safetensors_file::open(path);
   REQUIRE_MESSAGE(f.ok(), f.error().message);
@@ -98,7 +91,7 @@ TEST_CASE("safetensors: f32, bf16 and f16 tensors round-trip with metadata") {
   CHECK(f->find("nope") == nullptr);
   // No temporary files are left behind.
   int files = 0;
-  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path))
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path()))
     ++files;
   CHECK(files == 1);
 }
@@ -107,24 +100,24 @@ TEST_CASE("safetensors: the writer refuses inconsistent tensors") {
   temp_dir dir;
   std::vector<float> a{1.f, 2.f};
   std::vector<tensor_view> wrong_size{{"a", st_dtype::f32, {3}, bytes_of(a)}};
-  auto r = write_safetensors(dir.path / "x.safetensors", wrong_size);
+  auto r = write_safetensors(dir.path() / "x.safetensors", wrong_size);
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message.find("tensor a") != std::string::npos);
   std::vector<tensor_view> twice{{"a", st_dtype::f32, {2}, bytes_of(a)}, {"a", st_dtype::f32, {2}, bytes_of(a)}};
-  r = write_safetensors(dir.path / "x.safetensors", twice);
+  r = write_safetensors(dir.path() / "x.safetensors", twice);
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message.find("twice") != std::string::npos);
-  CHECK_FALSE(fs::exists(dir.path / "x.safetensors"));
+  CHECK_FALSE(fs::exists(dir.path() / "x.safetensors"));
 }
 
 TEST_CASE("safetensors: truncated and damaged files are refused whole, naming the fault") {
   temp_dir dir;
   std::vector<float> a(16, 1.f), b(8, 2.f);
   std::vector<tensor_view> ts{{"w.a", st_dtype::f32, {4, 4}, bytes_of(a)}, {"w.b", st_dtype::f32, {8}, bytes_of(b)}};
-  auto good = dir.path / "good.safetensors";
+  auto good = dir.path() / "good.safetensors";
   REQUIRE(write_safetensors(good, ts).ok());
   const std::string bytes = slurp(good);
-  auto bad = dir.path / "bad.safetensors";
+  auto bad = dir.path() / "bad.safetensors";
 
   SUBCASE("truncated in the data") {
     spit(bad, bytes.substr(0, bytes.size() - 5));
@@ -163,7 +156,7 @@ TEST_CASE("safetensors: truncated and damaged files are refused whole, naming th
     CHECK(open_error(bad).find("too short") != std::string::npos);
   }
   SUBCASE("missing file") {
-    auto f = safetensors_file::open(dir.path / "none.safetensors");
+    auto f = safetensors_file::open(dir.path() / "none.safetensors");
     REQUIRE_FALSE(f.ok());
     CHECK(f.error().code == errc::not_found);
   }
@@ -171,7 +164,7 @@ TEST_CASE("safetensors: truncated and damaged files are refused whole, naming th
 
 TEST_CASE("safetensors: headers that lie about dtypes, shapes and offsets are refused") {
   temp_dir dir;
-  auto p = dir.path / "h.safetensors";
+  auto p = dir.path() / "h.safetensors";
   auto check = [&](const std::string& header, std::size_t data, const char* expect) {
     spit(p, raw_file(header, data));
     auto msg = open_error(p);
@@ -204,23 +197,23 @@ TEST_CASE("safetensors: sharded checkpoints are written with an index and read b
     ts.push_back({"t" + std::to_string(i), st_dtype::f32, {10, 10}, bytes_of(data[i])});
 
   // A single file first; a sharded save afterwards must replace it.
-  auto single = write_checkpoint_weights(dir.path, ts);
+  auto single = write_checkpoint_weights(dir.path(), ts);
   REQUIRE(single.ok());
   CHECK(single->size() == 1);
-  CHECK(fs::exists(dir.path / "model.safetensors"));
+  CHECK(fs::exists(dir.path() / "model.safetensors"));
 
   shard_options opts;
   opts.max_shard_bytes = 900; // two 400-byte tensors per shard
-  auto written = write_checkpoint_weights(dir.path, ts, opts);
+  auto written = write_checkpoint_weights(dir.path(), ts, opts);
   REQUIRE_MESSAGE(written.ok(), written.error().message);
   CHECK(written->size() == 4); // 3 shards + index
-  CHECK(fs::exists(dir.path / "model-00001-of-00003.safetensors"));
-  CHECK(fs::exists(dir.path / "model-00003-of-00003.safetensors"));
-  CHECK(fs::exists(dir.path / "model.safetensors.index.json"));
-  CHECK_FALSE(fs::exists(dir.path / "model.safetensors"));
-  CHECK(slurp(dir.path / "model.safetensors.index.json").find("\"total_size\":2000") != std::string::npos);
+  CHECK(fs::exists(dir.path() / "model-00001-of-00003.safetensors"));
+  CHECK(fs::exists(dir.path() / "model-00003-of-00003.safetensors"));
+  CHECK(fs::exists(dir.path() / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(dir.path() / "model.safetensors"));
+  CHECK(slurp(dir.path() / "model.safetensors.index.json").find("\"total_size\":2000") != std::string::npos);
 
-  auto ck = safetensors_checkpoint::open(dir.path);
+  auto ck = safetensors_checkpoint::open(dir.path());
   REQUIRE_MESSAGE(ck.ok(), ck.error().message);
   CHECK(ck->files().size() == 3);
   CHECK(ck->names().size() == 5);
@@ -234,39 +227,39 @@ TEST_CASE("safetensors: sharded checkpoints are written with an index and read b
   CHECK(missing.error().message.find("missing tensor t9") != std::string::npos);
 
   SUBCASE("an index naming a tensor its shard lacks refuses the directory") {
-    auto idx = slurp(dir.path / "model.safetensors.index.json");
+    auto idx = slurp(dir.path() / "model.safetensors.index.json");
     auto pos = idx.find("\"t4\"");
     REQUIRE(pos != std::string::npos);
     idx.replace(pos, 4, "\"t7\"");
-    spit(dir.path / "model.safetensors.index.json", idx);
-    CHECK(checkpoint_error(dir.path).find("t7") != std::string::npos);
+    spit(dir.path() / "model.safetensors.index.json", idx);
+    CHECK(checkpoint_error(dir.path()).find("t7") != std::string::npos);
   }
   SUBCASE("a missing shard refuses the directory") {
-    fs::remove(dir.path / "model-00002-of-00003.safetensors");
-    CHECK(checkpoint_error(dir.path).find("model-00002-of-00003.safetensors") != std::string::npos);
+    fs::remove(dir.path() / "model-00002-of-00003.safetensors");
+    CHECK(checkpoint_error(dir.path()).find("model-00002-of-00003.safetensors") != std::string::npos);
   }
   SUBCASE("a truncated shard refuses the directory") {
-    auto s = slurp(dir.path / "model-00003-of-00003.safetensors");
-    spit(dir.path / "model-00003-of-00003.safetensors", s.substr(0, s.size() - 1));
-    CHECK(checkpoint_error(dir.path).find("truncated") != std::string::npos);
+    auto s = slurp(dir.path() / "model-00003-of-00003.safetensors");
+    spit(dir.path() / "model-00003-of-00003.safetensors", s.substr(0, s.size() - 1));
+    CHECK(checkpoint_error(dir.path()).find("truncated") != std::string::npos);
   }
   SUBCASE("a shard path outside the directory is refused") {
-    auto idx = slurp(dir.path / "model.safetensors.index.json");
+    auto idx = slurp(dir.path() / "model.safetensors.index.json");
     auto pos = idx.find("model-00001-of-00003.safetensors");
     idx.replace(pos, 0, "../");
-    spit(dir.path / "model.safetensors.index.json", idx);
-    CHECK(checkpoint_error(dir.path).find("not a file in the directory") != std::string::npos);
+    spit(dir.path() / "model.safetensors.index.json", idx);
+    CHECK(checkpoint_error(dir.path()).find("not a file in the directory") != std::string::npos);
   }
   SUBCASE("saving a single file again removes the shards and the index") {
-    REQUIRE(write_checkpoint_weights(dir.path, ts).ok());
-    CHECK(fs::exists(dir.path / "model.safetensors"));
-    CHECK_FALSE(fs::exists(dir.path / "model.safetensors.index.json"));
-    CHECK_FALSE(fs::exists(dir.path / "model-00001-of-00003.safetensors"));
+    REQUIRE(write_checkpoint_weights(dir.path(), ts).ok());
+    CHECK(fs::exists(dir.path() / "model.safetensors"));
+    CHECK_FALSE(fs::exists(dir.path() / "model.safetensors.index.json"));
+    CHECK_FALSE(fs::exists(dir.path() / "model-00001-of-00003.safetensors"));
   }
 }
 
 TEST_CASE("safetensors: a directory without weights is not_found") {
   temp_dir dir;
-  CHECK(safetensors_checkpoint::open(dir.path).error().code == errc::not_found);
-  CHECK(checkpoint_error(dir.path).find("model.safetensors") != std::string::npos);
+  CHECK(safetensors_checkpoint::open(dir.path()).error().code == errc::not_found);
+  CHECK(checkpoint_error(dir.path()).find("model.safetensors") != std::string::npos);
 }

@@ -19,6 +19,7 @@
 #include "policy/pre_tokenizer.hpp"
 #include "policy/tokenizer.hpp"
 #include "policy/unicode.hpp"
+#include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;
@@ -89,14 +90,7 @@ std::int32_t id(const tokenizer& t, std::string_view token) {
   return *i;
 }
 
-struct temp_dir {
-  fs::path path = fs::temp_directory_path() / ("crucible-tok-" + std::to_string(::getpid()));
-  temp_dir() { fs::create_directories(path); }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using crucible::testing::temp_dir;
 
 } // namespace
 
@@ -295,20 +289,20 @@ TEST_CASE("unsupported components are refused with an error that quotes them") {
 
 TEST_CASE("load reads a directory or a file, and names what is missing") {
   temp_dir d;
-  auto missing = tokenizer::load(d.path);
+  auto missing = tokenizer::load(d.path());
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().code == errc::not_found);
   CHECK(missing.error().message.find("tokenizer.json") != std::string::npos);
-  REQUIRE(write_file_atomic(d.path / "tokenizer.json", spec{}.json()).ok());
-  CHECK(tokenizer::load(d.path / "tokenizer.json").ok());
-  REQUIRE(write_file_atomic(d.path / "tokenizer_config.json", R"({"eos_token": "<|endoftext|>"})").ok());
-  auto t = tokenizer::load(d.path);
+  REQUIRE(write_file_atomic(d.path() / "tokenizer.json", spec{}.json()).ok());
+  CHECK(tokenizer::load(d.path() / "tokenizer.json").ok());
+  REQUIRE(write_file_atomic(d.path() / "tokenizer_config.json", R"({"eos_token": "<|endoftext|>"})").ok());
+  auto t = tokenizer::load(d.path());
   REQUIRE(t.ok());
   CHECK(t->eos_id() == 300);
-  REQUIRE(write_file_atomic(d.path / "tokenizer.json", "{\"model\": ").ok());
-  auto bad = tokenizer::load(d.path);
+  REQUIRE(write_file_atomic(d.path() / "tokenizer.json", "{\"model\": ").ok());
+  auto bad = tokenizer::load(d.path());
   REQUIRE_FALSE(bad.ok());
-  CHECK(bad.error().message.find((d.path / "tokenizer.json").string() + ":1:11:") == 0);
+  CHECK(bad.error().message.find((d.path() / "tokenizer.json").string() + ":1:11:") == 0);
 }
 
 TEST_CASE("trainer options are checked and its output loads back") {
@@ -335,8 +329,8 @@ TEST_CASE("trainer options are checked and its output loads back") {
   CHECK(model.vocab[0] == "<|endoftext|>");
   CHECK(model.vocab[3] == "!"); // the byte alphabet follows, by code point
   temp_dir d;
-  REQUIRE(policy::write_tokenizer_dir(model, o, d.path / "out").ok());
-  auto t = tokenizer::load(d.path / "out");
+  REQUIRE(policy::write_tokenizer_dir(model, o, d.path() / "out").ok());
+  auto t = tokenizer::load(d.path() / "out");
   REQUIRE_MESSAGE(t.ok(), (t.ok() ? "" : t.error().message));
   CHECK(t->eos_id() == 2);
   CHECK(t->pad_id() == 0);
@@ -344,10 +338,10 @@ TEST_CASE("trainer options are checked and its output loads back") {
   auto ids = t->encode("    return x * 2");
   CHECK(ids.size() < 10); // fewer tokens than bytes: merges were learned
   CHECK(t->decode(ids) == "    return x * 2");
-  auto bad = trainer.feed_file(d.path / "out" / "missing.txt");
+  auto bad = trainer.feed_file(d.path() / "out" / "missing.txt");
   CHECK(bad.error().code == errc::not_found);
-  REQUIRE(write_file_atomic(d.path / "bin", std::string("ok\xff\xfe", 4)).ok());
-  CHECK(trainer.feed_file(d.path / "bin").error().message.find("not UTF-8 text (invalid byte at offset 2)") != std::string::npos);
+  REQUIRE(write_file_atomic(d.path() / "bin", std::string("ok\xff\xfe", 4)).ok());
+  CHECK(trainer.feed_file(d.path() / "bin").error().message.find("not UTF-8 text (invalid byte at offset 2)") != std::string::npos);
 }
 
 TEST_CASE("concurrent encode calls agree with a single thread") {
@@ -362,15 +356,15 @@ TEST_CASE("concurrent encode calls agree with a single thread") {
   }
   trainer.feed(corpus);
   temp_dir d;
-  REQUIRE(policy::write_tokenizer_dir(trainer.train(), o, d.path).ok());
-  auto t = tokenizer::load(d.path);
+  REQUIRE(policy::write_tokenizer_dir(trainer.train(), o, d.path()).ok());
+  auto t = tokenizer::load(d.path());
   REQUIRE(t.ok());
   std::vector<std::string> texts;
   for (std::size_t i = 0; i + 2000 < corpus.size(); i += 1500)
     texts.push_back(corpus.substr(i, 2000));
   std::vector<std::vector<std::int32_t>> want;
   {
-    auto fresh = tokenizer::load(d.path); // cold cache, one thread
+    auto fresh = tokenizer::load(d.path()); // cold cache, one thread
     for (const auto& s : texts)
       want.push_back(fresh->encode(s));
   }

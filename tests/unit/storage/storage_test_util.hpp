@@ -2,6 +2,8 @@
 // helpers for the crash and lock tests.
 #pragma once
 
+#include "tests/test_util/temp_dir.hpp"
+
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -15,26 +17,7 @@
 
 namespace crucible::storage::test {
 
-/// A fresh directory under the system temp dir (mkdtemp), removed with its content on
-/// destruction. Not copyable.
-class temp_dir final {
-public:
-  temp_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "crucible-storage-XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const noexcept { return path_; }
-
-private:
-  std::filesystem::path path_;
-};
+using crucible::testing::temp_dir;
 
 /// waitpid that retries EINTR; returns the raw status, or -1 on failure.
 inline int wait_child(pid_t pid) {
