@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <set>
 
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <ATen/Parallel.h>
 
@@ -149,6 +152,45 @@ result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int 
 #else
   return fail(errc::unsupported, "copy_bandwidth: ", device, ": this build has no CUDA");
 #endif
+}
+
+result<std::vector<profile_row>> profile(const std::function<void()>& fn, bool cuda,
+                                         const std::filesystem::path& trace) {
+  namespace prof = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (cuda)
+    activities.insert(ActivityType::CUDA);
+  std::unique_ptr<prof::ProfilerResult> out;
+  try {
+    prof::prepareProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO), activities);
+    prof::enableProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO), activities);
+    try {
+      fn();
+    } catch (...) {
+      prof::disableProfiler();
+      throw;
+    }
+    out = prof::disableProfiler();
+    if (!trace.empty())
+      out->save(trace.string());
+  } catch (const c10::Error& e) {
+    return fail(errc::unsupported, "profile: ", e.what_without_backtrace());
+  }
+  std::map<std::pair<std::string, std::string>, profile_row> rows;
+  for (const auto& e : out->events()) {
+    const bool on_cuda = e.deviceType() == c10::DeviceType::CUDA;
+    auto& r = rows[{e.name(), on_cuda ? "cuda" : "cpu"}];
+    r.name = e.name();
+    r.device = on_cuda ? "cuda" : "cpu";
+    r.total_ms += static_cast<double>(e.durationNs()) / 1e6;
+    ++r.count;
+  }
+  std::vector<profile_row> sorted;
+  for (auto& [key, row] : rows)
+    sorted.push_back(std::move(row));
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.total_ms > b.total_ms; });
+  return sorted;
 }
 
 } // namespace crucible::policy

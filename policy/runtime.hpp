@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,5 +55,19 @@ void reset_peak_memory(std::string_view device);
 /// clock. Allocates 2 x bytes on the device for the duration. errc::invalid_arg for a bad
 /// device name or size, errc::device when CUDA fails (out of memory included).
 result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats = 5);
+
+/// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
+struct profile_row {
+  std::string name;
+  std::string device; ///< "cpu" or "cuda"
+  double total_ms = 0;
+  std::int64_t count = 0;
+};
+
+/// Runs `fn` under LibTorch's Kineto profiler (CPU operators, and CUDA kernels when `cuda`),
+/// writes a Chrome trace to `trace` unless it is empty, and returns one row per (name, device)
+/// sorted by total time, longest first. Not reentrant: one profile at a time per process.
+result<std::vector<profile_row>> profile(const std::function<void()>& fn, bool cuda,
+                                         const std::filesystem::path& trace);
 
 } // namespace crucible::policy

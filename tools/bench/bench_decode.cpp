@@ -45,12 +45,13 @@ struct bench_options {
   int warmup = 1;
   int repeats = 1;
   std::uint64_t copy_bytes = std::uint64_t{1} << 30;
+  std::string trace; ///< profile one more call per batch: Chrome trace at TRACE-bB.json, top rows printed
 };
 
 [[noreturn]] void usage(const std::string& message) {
   std::fprintf(stderr,
                "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
-               "       [--new 512] [--no-graphs] [--dtype T] [--seed S] [--warmup N] [--repeats N] [--copy-bytes N]\n",
+               "       [--new 512] [--no-graphs] [--dtype T] [--seed S] [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX]\n",
                message.c_str());
   std::exit(2);
 }
@@ -84,6 +85,7 @@ bench_options parse(int argc, char** argv) {
     else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(integer(flag, v, 0));
     else if (flag == "--warmup") o.warmup = static_cast<int>(integer(flag, v, 0));
     else if (flag == "--repeats") o.repeats = static_cast<int>(positive(flag, v));
+    else if (flag == "--trace") o.trace = v;
     else if (flag == "--copy-bytes") o.copy_bytes = static_cast<std::uint64_t>(positive(flag, v));
     else if (flag == "--batches") {
       o.batches.clear();
@@ -255,6 +257,25 @@ int run(const bench_options& o) {
     w.end_object();
     std::printf("%s\n", w.str().c_str());
     std::fflush(stdout);
+    if (!o.trace.empty()) {
+      // One more call under the profiler: where a decoding step's time goes.
+      const auto path = o.trace + "-b" + std::to_string(batch) + ".json";
+      auto rows = policy::profile([&] { (void) (*engine)->generate(prompts, so); }, cuda, path);
+      if (!rows) {
+        std::fprintf(stderr, "bench_decode: %s\n", rows.error().message.c_str());
+        return 1;
+      }
+      json_writer p;
+      p.begin_object().field("kind", "profile").field("batch", batch).field("trace", path).key("top").begin_array();
+      for (std::size_t i = 0; i < rows->size() && i < 25; ++i) {
+        const auto& r = (*rows)[i];
+        p.begin_object().field("name", r.name.substr(0, 120)).field("device", r.device).field("total_ms", r.total_ms)
+          .field("count", r.count).end_object();
+      }
+      p.end_array().end_object();
+      std::printf("%s\n", p.str().c_str());
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
