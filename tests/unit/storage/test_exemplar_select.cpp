@@ -200,7 +200,7 @@ TEST_CASE("random: uniform over successful variants, distinct, failures never ch
   CHECK(pick(cands, o, rng).size() == 7);
 }
 
-TEST_CASE("island: distinct successful picks from one island; deterministic per seed") {
+TEST_CASE("island: distinct successful picks from one island, deterministic per seed") {
   const auto cands = fixture();
   exemplar_options o;
   o.method = selection_method::island;
