@@ -796,7 +796,7 @@ result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_opt
     return views.error();
   if (auto r = write_checkpoint_weights(dir, *views, options.shards); !r)
     return r.error();
-  return write_text_file_atomic(dir / "config.json", to_config_json(model.config(), torch_dtype_name(options.dtype)));
+  return write_file_atomic(dir / "config.json", to_config_json(model.config(), torch_dtype_name(options.dtype)));
 }
 
 result<model_config> init_model(const init_model_options& options) {

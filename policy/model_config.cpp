@@ -380,7 +380,7 @@ result<model_config> parse_model_config(std::string_view json, std::string_view 
 result<model_config> read_model_config(const std::filesystem::path& path) {
   std::error_code ec;
   auto file = std::filesystem::is_directory(path, ec) ? path / "config.json" : path;
-  auto text = read_text_file(file);
+  auto text = read_file(file);
   if (!text)
     return text.error();
   return parse_model_config(*text, file.string());

@@ -135,19 +135,8 @@ public:
     if (::rename(tmp_.c_str(), target_.c_str()) != 0)
       return fail(errc::io, "cannot rename a temporary file onto ", target_.string(), ": ", std::strerror(errno));
     committed_ = true;
-    return sync_dir(target_.parent_path());
-  }
-
-  static result<void> sync_dir(const fs::path& dir) {
-    int dfd = open_file(dir, O_RDONLY | O_DIRECTORY);
-    if (dfd < 0)
-      return fail(errc::io, "cannot open directory ", dir.string(), ": ", std::strerror(errno));
-    int rc = ::fsync(dfd);
-    int err = errno;
-    ::close(dfd);
-    if (rc != 0)
-      return fail(errc::io, "cannot fsync directory ", dir.string(), ": ", std::strerror(err));
-    return {};
+    auto dir = target_.parent_path();
+    return fsync_directory(dir.empty() ? fs::path{"."} : dir);
   }
 
 private:
@@ -434,7 +423,7 @@ result<safetensors_checkpoint> safetensors_checkpoint::open(const fs::path& dir)
       return fail(errc::not_found, dir.string(), ": no such model directory");
     return fail(errc::not_found, dir.string(), ": holds neither ", single_file_name, " nor ", index_file_name);
   }
-  auto text = read_text_file(index_path);
+  auto text = read_file(index_path);
   if (!text)
     return text.error();
   const std::string where = index_path.string();
@@ -575,7 +564,7 @@ result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std:
     for (const auto& [tensor, file] : entries)
       index.field(tensor, file);
     index.end_object().end_object();
-    if (auto r = write_text_file_atomic(dir / index_file_name, index.str()); !r)
+    if (auto r = write_file_atomic(dir / index_file_name, index.str()); !r)
       return r.error();
     written.push_back(dir / index_file_name);
     keep.insert(index_file_name);
@@ -590,29 +579,6 @@ result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std:
       fs::remove(entry.path(), ec);
   }
   return written;
-}
-
-result<void> write_text_file_atomic(const fs::path& path, std::string_view content) {
-  atomic_output out{path};
-  if (auto r = out.open(); !r)
-    return r;
-  if (auto r = out.write(content.data(), content.size()); !r)
-    return r;
-  return out.commit();
-}
-
-result<std::string> read_text_file(const fs::path& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec))
-    return fail(errc::not_found, "cannot open ", path.string(), ": no such file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in.is_open())
-    return fail(errc::io, "cannot open ", path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad())
-    return fail(errc::io, "cannot read ", path.string());
-  return std::move(text).str();
 }
 
 } // namespace crucible::policy

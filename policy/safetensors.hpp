@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/file_io.hpp" // write_file_atomic, read_file: small files of a model directory
 
 namespace crucible::policy {
 
@@ -122,12 +123,5 @@ struct shard_options {
 /// Returns the files written.
 result<std::vector<std::filesystem::path>> write_checkpoint_weights(
     const std::filesystem::path& dir, std::span<const tensor_view> tensors, const shard_options& options = {});
-
-/// Replaces `path` with `content` atomically (see write_safetensors). For config.json and
-/// other small files of a model directory.
-result<void> write_text_file_atomic(const std::filesystem::path& path, std::string_view content);
-
-/// Reads a small text file whole (config.json, an index). errc::not_found or errc::io.
-result<std::string> read_text_file(const std::filesystem::path& path);
 
 } // namespace crucible::policy

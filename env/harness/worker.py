@@ -509,14 +509,16 @@ class Channel:
 # ================================================================================================
 # Tensors.
 
+def _byte_view(t):
+    """The tensor's contents as a flat uint8 tensor in native order, where the tensor lives."""
+    return _T_view(_T_reshape(_T_contiguous(_T_detach(t)), (-1,)), _uint8)
+
+
 def _raw_bytes(t):
     """Contiguous native-order bytes of a tensor (copied to the CPU)."""
-    x = _T_detach(t)
+    x = _byte_view(t)
     if x.device.type != "cpu":
         x = _T_cpu(x)
-    x = _T_contiguous(x)
-    x = _T_reshape(x, (-1,))
-    x = _T_view(x, _uint8)
     return _nd_tobytes(_T_numpy(x))
 
 
@@ -570,9 +572,7 @@ def _clone_inputs(inputs):
 def _same_bytes(a, b):
     """Bytewise equality of two tensors of the same dtype, shape and device (NaN equals NaN),
     computed where they live."""
-    x = _T_view(_T_reshape(_T_contiguous(_T_detach(a)), (-1,)), _uint8)
-    y = _T_view(_T_reshape(_T_contiguous(_T_detach(b)), (-1,)), _uint8)
-    return _bool(_torch_equal(x, y))
+    return _bool(_torch_equal(_byte_view(a), _byte_view(b)))
 
 
 def _same_input(a, b):
