@@ -290,6 +290,10 @@ void describe(V& v, config& c) {
             at_least(4, "an integer ≥ 4"));
     v.field("max_rounds", e.max_rounds, "Upper bound on rounds when unstable measurements are extended.",
             at_least(4, "an integer ≥ 4"));
+    v.field("warmup_ms", e.warmup_ms,
+            "Untimed paired rounds before each measurement, for at least this many milliseconds (and at least 3 "
+            "rounds): after the trials' idle seconds a GPU's clocks are low, and the first rounds run slower.",
+            non_negative_number());
     v.field("buckets", e.buckets, "Buckets of consecutive rounds; the speedup is the median of their mean ratios.",
             at_least(2, "an integer ≥ 2"));
     v.field("max_spread", e.max_spread, "Widest acceptable 95% band (relative half-width) before adding rounds.",

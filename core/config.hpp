@@ -68,6 +68,7 @@ struct evaluator_options {
   std::int64_t trials = 5;                     ///< correctness trials on fresh inputs
   std::int64_t rounds = 30;                    ///< timed paired rounds per measurement
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds
+  double warmup_ms = 300;                      ///< untimed rounds before each measurement, at least this long
   std::int64_t buckets = 5;
   double max_spread = 0.02;
   double max_bucket_disagreement = 0.05;

@@ -296,10 +296,10 @@ std::string device_evaluator::protocol_key() const {
   // Everything that can change a verdict of the same code on the same hardware.
   char buf[512];
   std::snprintf(buf, sizeof buf,
-                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;buckets=%lld;spread=%g;disagree=%g;win=%g;"
+                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
                 "recheck=%g/%g;baseline=%s;flush=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
-                static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.buckets), opt_.max_spread,
+                static_cast<long long>(opt_.max_rounds), opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance,
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
@@ -485,7 +485,9 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand) {
   device_hold timed{ev_.timing_ns_};
-  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + "}"))
+  char warmup[32];
+  std::snprintf(warmup, sizeof warmup, "%.17g", ev_.opt_.warmup_ms);
+  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup + "}"))
     return false;
   YAML::Node n;
   worker_message msg;
@@ -497,17 +499,38 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   }
   auto r = as_doubles(n["ref_ms"]);
   auto c = as_doubles(n["cand_ms"]);
-  if (r.size() != static_cast<size_t>(rounds) || c.size() != r.size()) {
+  auto rs = as_doubles(n["ref_stream_ms"]);
+  auto cs = as_doubles(n["cand_stream_ms"]);
+  if (r.size() != static_cast<size_t>(rounds) || c.size() != r.size() || rs.size() != r.size()
+      || cs.size() != r.size()) {
     set(verdict_status::runtime_error, "the worker returned a wrong number of timed rounds");
     return false;
   }
   for (size_t i = 0; i < r.size(); ++i) {
-    if (!(r[i] > 0) || !(c[i] > 0) || !std::isfinite(r[i]) || !std::isfinite(c[i])) {
+    const bool finite = std::isfinite(r[i]) && std::isfinite(c[i]) && std::isfinite(rs[i]) && std::isfinite(cs[i]);
+    // Both times of a call share its start event, and the synchronised stop event comes after
+    // the stream's own one: anything else is a broken or tampered timer.
+    if (!finite || !(rs[i] > 0) || !(cs[i] > 0) || !(rs[i] <= r[i]) || !(cs[i] <= c[i])) {
       v_.checks_failed.push_back("runtime:timer");
-      set(verdict_status::rejected, "a timed round reported a non-positive time");
+      set(verdict_status::rejected, "a timed round reported a non-positive or inconsistent time");
       return false;
     }
   }
+  auto settled = settle_rounds(r, rs, c, cs);
+  if (ev_.log_.enabled(log_level::debug)) {
+    // Every round's raw times, for studying the protocol (tools/bench/timing_probe.py).
+    std::string rounds_text;
+    char buf[96];
+    for (size_t i = 0; i < r.size(); ++i) {
+      std::snprintf(buf, sizeof buf, " %.4f/%.4f:%.4f/%.4f", rs[i], r[i], cs[i], c[i]);
+      rounds_text += buf;
+    }
+    std::snprintf(buf, sizeof buf, "%.4f", settled.host_latency_ms);
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": host latency floor ", buf,
+                   " ms; rounds ref stream/synced : cand stream/synced (ms):", rounds_text);
+  }
+  r = std::move(settled.ref_ms);
+  c = std::move(settled.cand_ms);
   ref.insert(ref.end(), r.begin(), r.end());
   cand.insert(cand.end(), c.begin(), c.end());
   return true;

@@ -652,6 +652,7 @@ class Worker:
             torch.cuda.init()
             self.stream0 = torch.cuda.current_stream()
             self.ev0 = torch.cuda.Event(enable_timing=True)
+            self.ev_call = torch.cuda.Event(enable_timing=True)
             self.ev1 = torch.cuda.Event(enable_timing=True)
             _torch_empty(1, device="cuda")
             _cuda_synchronize()
@@ -904,8 +905,9 @@ class Worker:
                 _os_exit(0)
             if kind == "time":
                 rounds = _int(msg.get("rounds", 30))
-                ref_ms, cand_ms, first = self.timing(rounds)
-                self.chan.send({"type": "timing", "ref_ms": ref_ms, "cand_ms": cand_ms, "cand_first": first})
+                msg = self.timing(rounds, _float(msg.get("warmup_ms", 300)))
+                msg["type"] = "timing"
+                self.chan.send(msg)
                 continue
             if kind == "finish":
                 self.check_full("at the end")
@@ -1191,10 +1193,11 @@ class Worker:
                 self.flush(k)
                 _Ev_record(self.ev0, self.stream0)
                 graph.replay()
+                _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
-                return _Ev_elapsed(self.ev0, self.ev1), static_out
+                return self.elapsed(), static_out
             fn = self.ref_fn
             if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
                 self.mark_step()
@@ -1202,16 +1205,26 @@ class Worker:
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
                 out = fn(*inputs)
+                _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
-                return _Ev_elapsed(self.ev0, self.ev1), out
+                return self.elapsed(), out
             t0 = _perf_counter_ns()
             out = fn(*inputs)
             t1 = _perf_counter_ns()
-            return (t1 - t0) / 1e6, out
+            ms = (t1 - t0) / 1e6
+            return (ms, ms), out
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
+
+    def elapsed(self):
+        """(synced, stream) milliseconds of the call just timed: from the start event to the stop
+        event recorded after the device-wide synchronisation, and to the event recorded on the
+        stream right after the call returned. The evaluator settles the pair (env/timing.hpp,
+        settle_rounds): the first counts every stream but also the host's wake-up after the
+        synchronisation, which differs from process to process."""
+        return _Ev_elapsed(self.ev0, self.ev1), _Ev_elapsed(self.ev0, self.ev_call)
 
     def timed_candidate(self, inputs, k, where):
         model = self.model
@@ -1222,15 +1235,17 @@ class Worker:
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
                 out = model(*inputs)
+                _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()  # device-wide: work on side streams counts
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
-                ms = _Ev_elapsed(self.ev0, self.ev1)
+                ms = self.elapsed()
             else:
                 t0 = _perf_counter_ns()
                 out = model(*inputs)
                 t1 = _perf_counter_ns()
                 ms = (t1 - t0) / 1e6
+                ms = (ms, ms)
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
         self.after_call(py0, os0, where, True)
@@ -1292,7 +1307,47 @@ class Worker:
         out, _ = self.call_candidate(inputs, where + ", untimed priming call", check_state=False)
         del out
 
-    def timing(self, rounds):
+    def one_round(self):
+        """One paired round: fresh inputs, both models timed in random order; returns
+        ((synced, stream) ms of the reference, the same of the candidate, candidate first)."""
+        k = self.round_no
+        self.round_no += 1
+        # Fresh values at fresh addresses: the previous round's inputs are still alive while
+        # these are generated, outside the timed region; each model gets its own copy.
+        fresh = self.make_inputs(self.seed + 1_000_000_007 + k, k % 2)
+        ref_in = fresh
+        cand_in = _clone_inputs(fresh)
+        prev_ref, prev_cand = self.prime_inputs
+        cand_goes_first = self.rng_random() < 0.5
+        where = f"timing round {k}"
+        # Each timed call directly follows an untimed call of the same model on the previous
+        # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
+        # (host-side state after generating the inputs; measured on an H100), which random
+        # order turned into +-10% of noise on the speedup.
+        if cand_goes_first:
+            self.prime_candidate(prev_cand, where)
+            c_ms, c_out = self.timed_candidate(cand_in, 2 * k, where)
+            self.prime_reference(prev_ref)
+            r_ms, r_out = self.timed_reference(ref_in, 2 * k + 1)
+        else:
+            self.prime_reference(prev_ref)
+            r_ms, r_out = self.timed_reference(ref_in, 2 * k)
+            self.prime_candidate(prev_cand, where)
+            c_ms, c_out = self.timed_candidate(cand_in, 2 * k + 1, where)
+        try:
+            self.check_round_outputs(r_out, c_out, k)
+        except _Done:
+            raise
+        except _BaseException as e:
+            raise _error_done(e, f"comparing the outputs of {where}") from None
+        del r_out, c_out
+        # Kept alive until the next round's inputs exist (fresh addresses), and used for the
+        # next round's priming calls.
+        self.prime_inputs = (ref_in, cand_in)
+        del fresh, ref_in, cand_in, prev_ref, prev_cand
+        return r_ms, c_ms, cand_goes_first
+
+    def timing(self, rounds, warmup_ms):
         if not self.warmed:
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
             for i in _range(3):
@@ -1303,47 +1358,24 @@ class Worker:
             self.prime_inputs = (inputs, _clone_inputs(inputs))
             del inputs
             self.warmed = True
-        ref_ms, cand_ms, first = [], [], []
+        # Warm-up rounds, untimed, until the device has been busy for warmup_ms: after the idle
+        # seconds of the trials (outputs moving to the evaluator) an H200's clocks are low, and
+        # the first ~12 rounds ran up to 30% slower, which decided whole verdicts.
+        t0 = _perf_counter_ns()
+        n = 0
+        while n < 3 or (_perf_counter_ns() - t0) < warmup_ms * 1e6:
+            self.one_round()
+            n += 1
+        ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []
         for _ in _range(rounds):
-            k = self.round_no
-            self.round_no += 1
-            # Fresh values at fresh addresses: the previous round's inputs are still alive while
-            # these are generated, outside the timed region; each model gets its own copy.
-            fresh = self.make_inputs(self.seed + 1_000_000_007 + k, k % 2)
-            ref_in = fresh
-            cand_in = _clone_inputs(fresh)
-            prev_ref, prev_cand = self.prime_inputs
-            cand_goes_first = self.rng_random() < 0.5
-            where = f"timing round {k}"
-            # Each timed call directly follows an untimed call of the same model on the previous
-            # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
-            # (host-side state after generating the inputs; measured on an H100), which random
-            # order turned into +-10% of noise on the speedup.
-            if cand_goes_first:
-                self.prime_candidate(prev_cand, where)
-                c_ms, c_out = self.timed_candidate(cand_in, 2 * k, where)
-                self.prime_reference(prev_ref)
-                r_ms, r_out = self.timed_reference(ref_in, 2 * k + 1)
-            else:
-                self.prime_reference(prev_ref)
-                r_ms, r_out = self.timed_reference(ref_in, 2 * k)
-                self.prime_candidate(prev_cand, where)
-                c_ms, c_out = self.timed_candidate(cand_in, 2 * k + 1, where)
-            try:
-                self.check_round_outputs(r_out, c_out, k)
-            except _Done:
-                raise
-            except _BaseException as e:
-                raise _error_done(e, f"comparing the outputs of {where}") from None
-            del r_out, c_out
-            ref_ms.append(_float(r_ms))
-            cand_ms.append(_float(c_ms))
+            r_ms, c_ms, cand_goes_first = self.one_round()
+            ref_ms.append(_float(r_ms[0]))
+            ref_stream_ms.append(_float(r_ms[1]))
+            cand_ms.append(_float(c_ms[0]))
+            cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
-            # Kept alive until the next round's inputs exist (fresh addresses), and used for the
-            # next round's priming calls.
-            self.prime_inputs = (ref_in, cand_in)
-            del fresh, ref_in, cand_in, prev_ref, prev_cand
-        return ref_ms, cand_ms, first
+        return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
+                "cand_stream_ms": cand_stream_ms, "cand_first": first}
 
 
 def _cpu_model():

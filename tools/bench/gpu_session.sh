@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [evals] [baselines] [throughput] [precision] [decode]
+#   tools/bench/gpu_session.sh [evals] [baselines] [throughput] [precision] [probe] [decode] [trace]
+# PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
+# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -11,20 +13,39 @@ for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/prefix; done
 PREFIX="$ROOT/.deps/prefix/usr"
 export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The worker needs pyzmq (and the decode comparison transformers); the machine cannot download,
+# so wheels carried in .whl/ are installed when an import fails.
+python3 -c 'import zmq, transformers' 2>/dev/null || { ls .whl/*.whl >/dev/null 2>&1 &&
+  python3 -m pip install -q --no-index --no-deps --break-system-packages .whl/*.whl; }
 B=build-gpu
 if [[ ! -f $B/build.ninja ]]; then
   cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_TESTS=ON \
     -DCMAKE_PREFIX_PATH="$PREFIX;$PREFIX/lib/x86_64-linux-gnu/cmake;$PREFIX/share/cmake" \
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
 fi
-targets=(crucible bench_eval_throughput test_policy)
-[[ " $* " == *" decode "* ]] && targets+=(bench_decode test_gpu_engine)
+targets=(crucible)
+[[ " $* " == *" throughput "* ]] && targets+=(bench_eval_throughput)
+[[ " $* " == *" decode "* || " $* " == *" trace "* ]] && targets+=(bench_decode test_gpu_engine)
+start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "gpu_session: build took $(( $(date +%s) - start )) s"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 for what in "$@"; do
   case "$what" in
     precision)
-      python3 tools/bench/eval_precision.py --crucible $B/tools/crucible --repeat 10 --out "$OUT/precision.json" 2>&1 | tee "$OUT/precision.txt" ;;
+      python3 tools/bench/eval_precision.py --crucible $B/tools/crucible --repeat 10 ${PRECISION_ONLY:+--only "$PRECISION_ONLY"} \
+        --out "$OUT/precision.json" 2>&1 | tee "$OUT/precision.txt" ;;
+    probe)
+      for t in layernorm_manual gelu_tanh_affine; do
+        (cd tools/bench && python3 timing_probe.py --task $t --processes 8 --out "$OUT/probe_$t.json") 2>&1 | tail -6 | tee -a "$OUT/probe.txt"
+      done ;;
+    trace)
+      # Where a batch-1 decoding step's time goes: LibTorch's profiler over one call.
+      m=/tmp/crucible-decode-0.5b
+      [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
+      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --trace "$OUT/trace" 2>&1 | tee "$OUT/trace.txt" ;;
+    gpu_engine)
+      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40 ;;
     throughput)
       $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 2>&1 | tee "$OUT/throughput.txt" ;;
     evals)
@@ -44,7 +65,6 @@ for what in "$@"; do
     decode)
       # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
       # transformers must import in python3; wheels in .whl/ are installed if it does not.
-      python3 -c 'import transformers' 2>/dev/null || { ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl; }
       # The engine's GPU tests (CPU/CUDA parity, CUDA graphs against eager) first.
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -30 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,16,64 --prompt 512 --new 512 \
