@@ -321,12 +321,14 @@ torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const torch:
                                             torch::Tensor& k_cache, torch::Tensor& v_cache,
                                             const torch::Tensor& slots) {
   const auto b = x.size(0), t = x.size(1);
-  auto q = q_proj(x).view({b, t, heads_, head_dim_}).transpose(1, 2);
-  auto k = k_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
-  auto v = v_proj(x).view({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  // reshape, not view: under graph capture some of these arrive with strides that view refuses
+  // ("view size is not compatible", seen on an H200); reshape copies only then.
+  auto q = q_proj(x).reshape({b, t, heads_, head_dim_}).transpose(1, 2);
+  auto k = k_proj(x).reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+  auto v = v_proj(x).reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
   std::tie(q, k) = apply_rope(q, k, cos, sin);
   if (k_cache.defined() && mask.defined()) {
-    auto index = slots.view({b, 1, t, 1}).expand({b, kv_heads_, t, head_dim_});
+    auto index = slots.reshape({b, 1, t, 1}).expand({b, kv_heads_, t, head_dim_});
     k_cache.scatter_(2, index, k);
     v_cache.scatter_(2, index, v);
     k = k_cache;
