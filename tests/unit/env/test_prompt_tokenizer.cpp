@@ -50,7 +50,9 @@ TEST_CASE("prompts stay within budget as the policy tokenizer counts them") {
   // Other tasks' sources stand in for exemplar code of realistic length and token density.
   for (std::size_t i = 1; i < 4; ++i)
     req.exemplars.push_back({read(tasks[i]), 1.0 + 0.5 * static_cast<double>(i), "cpu"});
-  chat_format chat{tok->chat_template(), {{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}}};
+  CHECK(tok->special_tokens_map() ==
+        std::map<std::string, std::string>{{"eos_token", "<|im_end|>"}, {"pad_token", "<|endoftext|>"}});
+  chat_format chat{tok->chat_template(), tok->special_tokens_map()};
 
   auto make = [&](std::int64_t budget) {
     prompt_config cfg;
