@@ -151,6 +151,26 @@ std::size_t code_point_count(std::string_view s) {
 
 // Python's str.strip() family with the default (whitespace) or a set of characters.
 std::string py_strip(std::string_view s, bool left, bool right, const std::vector<char32_t>* chars = nullptr) {
+  if (chars == nullptr) {
+    // Whitespace: only the ends are decoded, so trimming a long message stays cheap.
+    std::size_t b = 0, e = s.size();
+    while (left && b < e) {
+      auto c = decode_utf8(s, b);
+      if (c.len == 0 || !py_isspace(c.cp))
+        break;
+      b += c.len;
+    }
+    while (right && e > b) {
+      std::size_t k = e - 1;
+      while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80)
+        --k;
+      auto c = decode_utf8(s, k);
+      if (c.len == 0 || k + c.len != e || !py_isspace(c.cp))
+        break;
+      e = k;
+    }
+    return std::string{s.substr(b, e - b)};
+  }
   auto cps = code_points(s);
   auto drop = [&](char32_t c) {
     return chars != nullptr ? std::find(chars->begin(), chars->end(), c) != chars->end() : py_isspace(c);

@@ -28,10 +28,7 @@ using value_list = std::vector<value>;
 /// A dict in insertion order (Python dicts keep it; tojson and iteration follow it).
 using value_dict = std::vector<std::pair<std::string, value>>;
 
-/// A built-in function a template may call (`raise_exception`, `namespace`, `range`, or a bound
-/// method such as `dict.items`). Positional and keyword arguments in; a value or an error out.
-/// Errors are thrown by the interpreter's own helpers, so a builtin reports through the
-/// `fail` callback it is handed.
+/// The arguments of a call from a template: positional, then keyword (`f(1, indent=4)`).
 struct call_args {
   std::vector<value> positional;
   std::vector<std::pair<std::string, value>> keyword;
@@ -60,7 +57,9 @@ public:
   value(value_dict members);
   /// A namespace object (`namespace(a=1)`): a dict whose attributes `set ns.a = ...` may change.
   static value make_namespace(value_dict members);
-  /// A callable; `name` is used in error messages.
+  /// A callable a template may call (the interpreter's globals and bound methods are made this
+  /// way); `name` is used in error messages. `f` must not throw: a rendering does not catch
+  /// exceptions of caller-supplied functions.
   static value function(std::string name, function_type f);
   /// JSON to value: objects become dicts (document order), arrays lists, null none.
   static value from_json(const json_value& j);

@@ -206,7 +206,8 @@ TEST_CASE("the rendered Qwen2.5 and Llama 3.1 prompts have the expected shape") 
 TEST_CASE("template semantics match jinja2: whitespace control, scoping, values, filters, tests") {
   const std::string msgs = R"({"messages": [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"}],
     "d": {"b": 2, "a": [1, 2.5, null, true, "x\"y\n\u00e9"], "items": 7, "k": {}}, "n": 3, "f": 2.5, "s": "  Hello World  ",
-    "e": [], "z": 0, "u8": "h\u00e9llo \u901f\u3044 \ud83d\ude80", "none": null})";
+    "e": [], "z": 0, "u8": "h\u00e9llo \u901f\u3044 \ud83d\ude80", "none": null,
+    "ws": "\u3000\u00a0 a\u2003b \u2003\n\u0085"})";
   std::vector<parity_case> cases;
   auto add = [&](std::string t, std::string ctx = "") { cases.push_back(plain(std::move(t), ctx.empty() ? msgs : ctx)); };
   // Whitespace control, trim_blocks and lstrip_blocks.
@@ -261,6 +262,7 @@ TEST_CASE("template semantics match jinja2: whitespace control, scoping, values,
   add("{{ d['items'] }} {{ d.get('b') }} {{ d.get('q', 'dflt') }} {{ d.get('q') }} {{ d.keys()|list }} {{ d.values()|length }}");
   add("{{ (1, 2)[1] }}{{ [1, 2][-1] }}{{ [[1, 2], [3]][0][1] }}{{ {'a': 1}['a'] }}{{ true + 1 }}");
   // Filters.
+  add("[{{ ws|trim }}|{{ ws.strip() }}|{{ ws.lstrip() }}|{{ ws.rstrip() }}|{{ ws.split() }}|{{ ws|length }}]");
   add("{{ s|trim }}|{{ s|length }}|{{ u8|length }}|{{ d|length }}|{{ e|count }}|{{ s|upper }}|{{ s|lower }}|{{ 'aB cD'|capitalize }}");
   add("{{ d|tojson }}|{{ d.a|tojson(indent=2) }}|{{ d|tojson(indent=4, sort_keys=true) }}|{{ u8|tojson }}|{{ f|tojson }}");
   add("{{ d|tojson(separators=(',', ':')) }}|{{ d.k|tojson }}|{{ e|tojson(indent=2) }}|{{ u8|tojson(ensure_ascii=true) }}");
