@@ -148,11 +148,68 @@ template <> struct value_traits<timing_baseline> {
   static std::string render(timing_baseline v) { return enum_traits<timing_baseline, 4>::render_from(baseline_names, v); }
 };
 
+constexpr std::pair<exemplar_method, const char*> exemplar_method_names[] = {
+  {exemplar_method::contrastive, "contrastive"}, {exemplar_method::random, "random"}, {exemplar_method::island, "island"}};
+
+template <> struct value_traits<exemplar_method> {
+  static constexpr const char* expected = "one of contrastive, random, island";
+  static constexpr const char* type_name = "`contrastive`, `random` or `island`";
+  static bool parse(const std::string& s, exemplar_method& out) {
+    return enum_traits<exemplar_method, 3>::parse_from(exemplar_method_names, s, out);
+  }
+  static std::string render(exemplar_method v) { return enum_traits<exemplar_method, 3>::render_from(exemplar_method_names, v); }
+};
+
+constexpr std::pair<straggler_policy, const char*> straggler_policy_names[] = {
+  {straggler_policy::drop, "drop"}, {straggler_policy::fill, "fill"}};
+
+template <> struct value_traits<straggler_policy> {
+  static constexpr const char* expected = "one of drop, fill";
+  static constexpr const char* type_name = "`drop` or `fill`";
+  static bool parse(const std::string& s, straggler_policy& out) {
+    return enum_traits<straggler_policy, 2>::parse_from(straggler_policy_names, s, out);
+  }
+  static std::string render(straggler_policy v) { return enum_traits<straggler_policy, 2>::render_from(straggler_policy_names, v); }
+};
+
+constexpr std::pair<chat_template_mode, const char*> chat_template_mode_names[] = {
+  {chat_template_mode::automatic, "auto"}, {chat_template_mode::none, "none"}};
+
+template <> struct value_traits<chat_template_mode> {
+  static constexpr const char* expected = "one of auto, none";
+  static constexpr const char* type_name = "`auto` or `none`";
+  static bool parse(const std::string& s, chat_template_mode& out) {
+    return enum_traits<chat_template_mode, 2>::parse_from(chat_template_mode_names, s, out);
+  }
+  static std::string render(chat_template_mode v) { return enum_traits<chat_template_mode, 2>::render_from(chat_template_mode_names, v); }
+};
+
 } // namespace
 
 const char* to_string(timing_baseline b) noexcept {
   for (const auto& [v, n] : baseline_names)
     if (v == b)
+      return n;
+  return "?";
+}
+
+const char* to_string(exemplar_method m) noexcept {
+  for (const auto& [v, n] : exemplar_method_names)
+    if (v == m)
+      return n;
+  return "?";
+}
+
+const char* to_string(straggler_policy p) noexcept {
+  for (const auto& [v, n] : straggler_policy_names)
+    if (v == p)
+      return n;
+  return "?";
+}
+
+const char* to_string(chat_template_mode m) noexcept {
+  for (const auto& [v, n] : chat_template_mode_names)
+    if (v == m)
       return n;
   return "?";
 }
@@ -332,6 +389,41 @@ void describe(V& v, config& c) {
     v.field("clip_max", c.reward.clip_max, "Upper clip for `clipped`.");
     v.field("failed", c.reward.failed, "Reward of every status but `ok`.");
     v.field("format_error", c.reward.format_error, "Reward of a response without usable code.");
+  });
+  v.section("exemplar", "Exemplars shown in the contrastive prompt (CUDA-L1) and the assembly of GRPO groups.", [&] {
+    auto& x = c.exemplar;
+    v.field("method", x.method, "How exemplars are drawn: CUDA-L1's score buckets, or the `random` and `island` ablations.");
+    v.field("n", x.n, "Exemplars per prompt; fewer are shown when fewer succeeded (none: the reference only).",
+            positive<std::int64_t>("a positive integer"));
+    v.field("tau", x.tau, "Temperature τ of the bucket softmax exp((bucket mean − global mean)/τ).",
+            positive<double>("a positive number"));
+    v.field("bucket_width", x.bucket_width, "Width of a score bucket, in reward units.", positive<double>("a positive number"));
+    v.field("islands", x.islands, "Islands of the `island` method.", positive<std::int64_t>("a positive integer"));
+    v.field("straggler_timeout_s", x.straggler_timeout_s,
+            "Seconds a GRPO group waits for its last scored completions before `straggler_policy` applies.",
+            positive<double>("a positive number"));
+    v.field("straggler_policy", x.straggler,
+            "What happens to a group still incomplete at the timeout: `drop` it, or `fill` the missing members with failed samples.");
+  });
+  v.section("prompt", "The contrastive prompt and the parsing of the policy's responses (docs/prompts.md).", [&] {
+    auto& p = c.prompt;
+    v.field("template", p.template_file,
+            "Prompt-template YAML file; empty: `configs/prompts/contrastive.yaml` of the checkout.");
+    v.field("max_tokens", p.max_tokens,
+            "Token budget of the whole rendered prompt, chat template included; exemplars are shortened, then dropped, to fit.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("max_exemplar_chars", p.max_exemplar_chars,
+            "Each exemplar's code is first cut to this many characters; 0: no cap.",
+            at_least(0, "an integer ≥ 0"));
+    v.field("min_exemplar_chars", p.min_exemplar_chars,
+            "Shortening stops at this many characters of code; an exemplar that still does not fit is dropped.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("chat_template", p.chat_template,
+            "`auto`: wrap the prompt in the tokenizer's chat template when it has one; `none`: plain text.");
+    v.field("max_response_chars", p.max_response_chars, "Responses longer than this are format errors.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("require_sections", p.require_sections,
+            "A response must carry every section heading the template asks for (else: format error).");
   });
 }
 
@@ -624,6 +716,9 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     relation(e.rounds >= e.buckets, "evaluator.rounds",
              "must be at least evaluator.buckets (" + std::to_string(e.buckets) + ")");
     relation(cfg.reward.clip_min < cfg.reward.clip_max, "reward.clip_max", "must be greater than reward.clip_min");
+    relation(cfg.prompt.max_exemplar_chars == 0 || cfg.prompt.max_exemplar_chars >= cfg.prompt.min_exemplar_chars,
+             "prompt.max_exemplar_chars",
+             "must be 0 or at least prompt.min_exemplar_chars (" + std::to_string(cfg.prompt.min_exemplar_chars) + ")");
   }
   if (!problems.empty()) {
     std::string msg;

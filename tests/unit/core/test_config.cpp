@@ -182,3 +182,70 @@ TEST_CASE("evaluator values are validated, alone and against each other") {
   CHECK(problems_of("reward:\n  shape: cubic\n")
         == "configs/x.yaml:2: reward.shape: expected one of speedup, log_speedup, clipped, got \"cubic\"");
 }
+
+TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
+  auto cfg = parse_config("exemplar:\n  method: random\n  n: 4\n  tau: 0.5\n  bucket_width: 0.25\n  islands: 3\n"
+                          "  straggler_timeout_s: 30\n  straggler_policy: fill\n"
+                          "prompt:\n  template: my/prompts.yaml\n  max_tokens: 8192\n  max_exemplar_chars: 5000\n"
+                          "  min_exemplar_chars: 200\n  chat_template: none\n  max_response_chars: 1000\n"
+                          "  require_sections: false\n", "a.yaml");
+  REQUIRE(cfg.ok());
+  const auto& x = cfg->exemplar;
+  CHECK(x.method == exemplar_method::random);
+  CHECK(x.n == 4);
+  CHECK(x.tau == 0.5);
+  CHECK(x.bucket_width == 0.25);
+  CHECK(x.islands == 3);
+  CHECK(x.straggler_timeout_s == 30);
+  CHECK(x.straggler == straggler_policy::fill);
+  const auto& p = cfg->prompt;
+  CHECK(p.template_file == "my/prompts.yaml");
+  CHECK(p.max_tokens == 8192);
+  CHECK(p.max_exemplar_chars == 5000);
+  CHECK(p.min_exemplar_chars == 200);
+  CHECK(p.chat_template == chat_template_mode::none);
+  CHECK(p.max_response_chars == 1000);
+  CHECK_FALSE(p.require_sections);
+  auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->exemplar.straggler == straggler_policy::fill);
+  CHECK(again->exemplar.method == exemplar_method::random);
+  CHECK(again->prompt.template_file == "my/prompts.yaml");
+  CHECK(again->prompt.chat_template == chat_template_mode::none);
+  CHECK(again->prompt.max_tokens == 8192);
+  CHECK(std::string{to_string(chat_template_mode::automatic)} == "auto");
+  CHECK(std::string{to_string(straggler_policy::drop)} == "drop");
+  CHECK(std::string{to_string(exemplar_method::island)} == "island");
+  // Defaults.
+  config d;
+  CHECK(d.exemplar.straggler_timeout_s == 600);
+  CHECK(d.exemplar.straggler == straggler_policy::drop);
+  CHECK(d.prompt.template_file.empty());
+  CHECK(d.prompt.max_tokens == 4096);
+  CHECK(d.prompt.chat_template == chat_template_mode::automatic);
+}
+
+TEST_CASE("exemplar and prompt values are validated with the key named") {
+  CHECK(problems_of("exemplar:\n  method: greedy\n")
+        == "configs/x.yaml:2: exemplar.method: expected one of contrastive, random, island, got \"greedy\"");
+  CHECK(problems_of("exemplar:\n  n: 0\n") == "configs/x.yaml:2: exemplar.n: expected a positive integer, got 0");
+  CHECK(problems_of("exemplar:\n  tau: -1\n") == "configs/x.yaml:2: exemplar.tau: expected a positive number, got -1");
+  CHECK(problems_of("exemplar:\n  bucket_width: 0\n")
+        == "configs/x.yaml:2: exemplar.bucket_width: expected a positive number, got 0");
+  CHECK(problems_of("exemplar:\n  islands: 0\n") == "configs/x.yaml:2: exemplar.islands: expected a positive integer, got 0");
+  CHECK(problems_of("exemplar:\n  straggler_timeout_s: 0\n")
+        == "configs/x.yaml:2: exemplar.straggler_timeout_s: expected a positive number, got 0");
+  CHECK(problems_of("exemplar:\n  straggler_policy: wait\n")
+        == "configs/x.yaml:2: exemplar.straggler_policy: expected one of drop, fill, got \"wait\"");
+  CHECK(problems_of("prompt:\n  max_tokens: 0\n") == "configs/x.yaml:2: prompt.max_tokens: expected a positive integer, got 0");
+  CHECK(problems_of("prompt:\n  chat_template: jinja\n")
+        == "configs/x.yaml:2: prompt.chat_template: expected one of auto, none, got \"jinja\"");
+  CHECK(problems_of("prompt:\n  max_exemplar_chars: -3\n")
+        == "configs/x.yaml:2: prompt.max_exemplar_chars: expected an integer ≥ 0, got -3");
+  CHECK(problems_of("prompt:\n  max_exemplar_chars: 100\n  min_exemplar_chars: 200\n")
+        == "configs/x.yaml: prompt.max_exemplar_chars: must be 0 or at least prompt.min_exemplar_chars (200)");
+  CHECK(problems_of("prompt:\n  templte: x.yaml\n").find("prompt.templte: unknown key (did you mean prompt.template?)")
+        != std::string::npos);
+  CHECK(problems_of("", {"prompt.require_sections=maybe"})
+        == "--set prompt.require_sections=maybe: prompt.require_sections: expected true or false, got \"maybe\"");
+}
