@@ -100,7 +100,8 @@ using exemplar_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom>::with<exemplar_stats>>;
 
 /// The exemplar actor as implemented: its public interface plus the straggler timeout it
-/// sends itself per group. Only spawn_exemplar_actor hands this handle out.
+/// sends itself per group. Internal to actors/exemplar.cpp; spawn_exemplar_actor hands out
+/// only the exemplar_actor part.
 using exemplar_impl_actor = exemplar_actor::extend<
   // The straggler timeout of group `group` (announce number `seq`) has passed.
   caf::reacts_to<expire_atom, group_id, std::uint64_t>>;
