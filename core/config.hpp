@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/learner_options.hpp"
 #include "core/log.hpp"
 
 namespace crucible {
@@ -97,6 +98,7 @@ struct config {
   actor_options actors;
   evaluator_options evaluator;
   reward_options reward;
+  learner_options learner;
 };
 
 /// Decodes `yaml_text` (named `origin` in messages, e.g. "configs/x.yaml"), applying
