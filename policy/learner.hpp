@@ -76,6 +76,10 @@ std::vector<std::vector<std::size_t>> plan_micro_batches(std::span<const std::in
 /// Called once per update after every micro-batch's backward and before clipping, with the
 /// float32 gradients in parameters() order; it may rewrite them in place (the data-parallel
 /// all-reduce goes here). An error aborts the update (gradients dropped, version unchanged).
+/// The gradients are those of this learner's batch loss, normalised by its own batch totals
+/// (loss.hpp's batch_totals): averaging them over data-parallel ranks gives the global batch's
+/// gradient exactly when the ranks' totals agree; otherwise the totals must be all-reduced before
+/// the backward passes, which the data-parallel learner will add.
 using gradient_hook = std::function<result<void>(std::span<const named_parameter>, std::span<torch::Tensor>)>;
 
 /// A GRPO/SFT learner over one model on one device. Owns the model it trains (shared handle),

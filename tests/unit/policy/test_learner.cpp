@@ -247,6 +247,28 @@ TEST_CASE("LoRA: only the adapters change, and the optimiser sees only them") {
   CHECK(adapters_changed == 12);
 }
 
+TEST_CASE("a bfloat16 learner keeps bf16 parameters and updates them through float32 masters") {
+  auto o = base_options();
+  o.dtype = "bfloat16";
+  auto l = make_learner(o, 14, false);
+  const auto& masters = l->optimizer().masters();
+  for (std::size_t i = 0; i < l->parameters().size(); ++i) {
+    CHECK((l->parameters()[i].param.scalar_type() == torch::kBFloat16));
+    CHECK((masters[i].scalar_type() == torch::kFloat));
+    CHECK(l->optimizer().has_master_copy(i));
+  }
+  auto batch = make_batch(l->model(), 5, 2, 4, 0.0, {1.0, 0.0, 0.2, 0.4});
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(l->grpo_step(batch).ok());
+  std::int64_t off_grid = 0;
+  for (std::size_t i = 0; i < l->parameters().size(); ++i) {
+    const auto& p = l->parameters()[i].param;
+    CHECK(torch::equal(p, masters[i].to(torch::kBFloat16))); // the parameter is its master, rounded
+    off_grid += (masters[i] != p.to(torch::kFloat)).sum().item<std::int64_t>();
+  }
+  CHECK(off_grid > 0); // the masters hold what bf16 cannot
+}
+
 TEST_CASE("the gradient hook gets the parameters in the model's order and can abort the update") {
   auto l = make_learner(base_options(), 6, false);
   std::vector<std::string> order;
