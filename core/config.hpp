@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/learner_options.hpp"
 #include "core/log.hpp"
 
 namespace crucible {
@@ -151,6 +152,7 @@ struct config {
   reward_options reward;
   exemplar_config exemplar;
   prompt_config prompt;
+  learner_options learner;
 };
 
 /// Decodes `yaml_text` (named `origin` in messages, e.g. "configs/x.yaml"), applying

@@ -249,3 +249,48 @@ TEST_CASE("exemplar and prompt values are validated with the key named") {
   CHECK(problems_of("", {"prompt.require_sections=maybe"})
         == "--set prompt.require_sections=maybe: prompt.require_sections: expected true or false, got \"maybe\"");
 }
+
+TEST_CASE("learner: defaults, typed values and errors that name the key") {
+  auto defaults = parse_config("", "a.yaml");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->learner.aggregation == loss_aggregation::token_mean);
+  CHECK(defaults->learner.old_log_probs == old_log_probs_source::recompute);
+  CHECK(defaults->learner.dtype == "float32");
+  CHECK_FALSE(defaults->learner.lora);
+
+  auto cfg = parse_config("learner:\n  lr: 2.0e-5\n  aggregation: constant\n  constant_tokens: 4096\n"
+                          "  kl_estimator: k1\n  reward_transform: normalize_clip\n  old_logprobs: auto\n"
+                          "  schedule: cosine\n  warmup_steps: 10\n  total_steps: 100\n  dtype: bfloat16\n"
+                          "  lora: true\n  lora_targets: [q_proj, down_proj]\n  std_normalize: false\n",
+                          "a.yaml");
+  REQUIRE(cfg.ok());
+  const auto& l = cfg->learner;
+  CHECK(l.lr == 2.0e-5);
+  CHECK(l.aggregation == loss_aggregation::constant);
+  CHECK(l.constant_tokens == 4096);
+  CHECK(l.kl == kl_estimator::k1);
+  CHECK(l.rewards == reward_transform::normalize_clip);
+  CHECK(l.old_log_probs == old_log_probs_source::automatic);
+  CHECK(l.schedule == lr_schedule::cosine);
+  CHECK(l.dtype == "bfloat16");
+  CHECK(l.lora);
+  CHECK(l.lora_targets == std::vector<std::string>{"q_proj", "down_proj"});
+  CHECK_FALSE(l.std_normalize);
+  auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(to_yaml(*again) == to_yaml(*cfg));
+  CHECK(again->learner.old_log_probs == old_log_probs_source::automatic);
+
+  CHECK(problems_of("learner:\n  aggregation: mean\n")
+        == "configs/x.yaml:2: learner.aggregation: expected one of token_mean, sequence_mean, constant, got \"mean\"");
+  CHECK(problems_of("learner:\n  clip_low: 1.5\n")
+        == "configs/x.yaml:2: learner.clip_low: expected a number in [0, 1), got 1.5");
+  CHECK(problems_of("learner:\n  dtype: float16\n")
+        == "configs/x.yaml:2: learner.dtype: expected one of float32, bfloat16, got \"float16\"");
+  CHECK(problems_of("learner:\n  lora_targets: [q_proj, qk_proj]\n").find("learner.lora_targets: expected") !=
+        std::string::npos);
+  CHECK(problems_of("learner:\n  micro_batch_tokens: 0\n").find("learner.micro_batch_tokens") != std::string::npos);
+  CHECK(problems_of("learner:\n  schedule: cosine\n  warmup_steps: 10\n")
+        == "configs/x.yaml: learner.total_steps: must exceed learner.warmup_steps (10) with the cosine schedule");
+  CHECK(problems_of("learner:\n  kl_cof: 0.1\n") == "configs/x.yaml:2: learner.kl_cof: unknown key (did you mean learner.kl_coef?)");
+}
