@@ -1,9 +1,10 @@
 // actors/interfaces.hpp: the typed interface of every actor role (DESIGN §1), one comment per
 // handler. Messages and atoms come from actors/messages.hpp.
 //
-// In this build only the coordinator has an implementation (actors/coordinator.hpp). The other
-// roles are interfaces only: their actors arrive with the env/ and policy/ code they drive, and
-// tests substitute fakes that implement the same interface.
+// In this build the coordinator, the evaluators and the exemplar actor have implementations
+// (actors/coordinator.hpp, evaluator.hpp, exemplar.hpp). The other roles are interfaces only:
+// their actors arrive with the env/ and policy/ code they drive, and tests substitute fakes
+// that implement the same interface.
 #pragma once
 
 #include <cstdint>
@@ -83,12 +84,33 @@ using evaluator_pool_actor = caf::typed_actor<
   // The devices behind the pool, with their hardware kinds.
   caf::replies_to<caf::get_atom>::with<std::vector<device_info>>>;
 
-/// The replay store of scored variants, per task and hardware kind (DESIGN §1.1, §1.4).
+/// The replay store of scored variants, per task and hardware kind, and the assembly of
+/// complete GRPO groups for the learners (DESIGN §1.1, §1.4).
 using exemplar_actor = caf::typed_actor<
-  // Chooses up to `count` prior variants of the task for a contrastive prompt.
+  // Chooses up to `count` (0: the configured default) prior successful variants of the task
+  // on that hardware kind for a contrastive prompt; an empty set when there are none.
   caf::replies_to<exemplar_request>::with<exemplar_set>,
-  // Stores a scored variant as a future exemplar.
-  caf::reacts_to<scored_variant>>;
+  // Opens a GRPO group whose scored variants will follow; errc::busy when too many groups are
+  // open (backpressure), errc::invalid_arg for a malformed announce or a group already open.
+  caf::reacts_to<group_announce>,
+  // Stores a scored variant as a future exemplar and fills its slot in its open group; a
+  // complete group goes to a learner. Duplicates and verdicts for no open group are counted.
+  caf::reacts_to<scored_variant>,
+  // The counters: recorded, groups completed, filled, dropped, refused, duplicates, ...
+  caf::replies_to<caf::get_atom>::with<exemplar_stats>>;
+
+/// The exemplar actor as implemented: its public interface plus the straggler timeout it
+/// sends itself per group. Internal to actors/exemplar.cpp; spawn_exemplar_actor hands out
+/// only the exemplar_actor part.
+using exemplar_impl_actor = exemplar_actor::extend<
+  // The straggler timeout of group `group` (announce number `seq`) has passed.
+  caf::reacts_to<expire_atom, group_id, std::uint64_t>>;
+
+/// Where complete GRPO groups go: any actor that takes a rollout_group (a learner_actor
+/// converts to it).
+using group_sink_actor = caf::typed_actor<
+  // Takes one complete group.
+  caf::reacts_to<rollout_group>>;
 
 /// GRPO on one GPU, gradients all-reduced over NCCL (DESIGN §1.4, §5). Runs detached.
 using learner_actor = caf::typed_actor<

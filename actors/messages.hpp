@@ -231,13 +231,18 @@ namespace crucible {
 /// Evaluator -> rollout: the verdict of DESIGN §3 (env/verdict.hpp), field by field.
 using verdict = env::verdict;
 
-/// A candidate with its verdict: rollout -> exemplar store (a future exemplar).
+/// A candidate with its verdict: rollout -> exemplar actor (a future exemplar, and one member
+/// of its GRPO group). In an exemplar_set, `variant` is the replay store's row id, the id that
+/// later records name among their `exemplars`.
 struct scored_variant {
   variant_id variant;
-  group_id group;
+  group_id group;           ///< the GRPO group it belongs to; 0: none
   task_id task;
   std::string code;
   crucible::verdict verdict;
+  std::string hardware;     ///< hardware kind it was evaluated on (e.g. "h100"), not the device model
+  crucible::policy_version policy_version; ///< weights that generated it
+  std::vector<variant_id> exemplars;       ///< exemplars its prompt showed (replay store ids)
 
   friend bool operator==(const scored_variant&, const scored_variant&) = default;
 };
@@ -245,7 +250,7 @@ struct scored_variant {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, scored_variant& x) {
   return f(caf::meta::type_name("scored_variant"), x.variant, x.group, x.task, x.code,
-           x.verdict);
+           x.verdict, x.hardware, x.policy_version, x.exemplars);
 }
 
 // -- exemplars (rollout <-> exemplar actor) --------------------------------------------------
@@ -295,6 +300,47 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_group& x) {
   return f(caf::meta::type_name("rollout_group"), x.group, x.task, x.prompt_token_ids,
            x.completions, x.verdicts);
+}
+
+/// Rollout -> exemplar actor: a GRPO group whose G = completions.size() scored variants will
+/// follow one by one; variants[i] is the variant id of the candidate cut from completions[i].
+/// The exemplar actor sends the complete group on to a learner (DESIGN §1.4).
+struct group_announce {
+  group_id group; ///< not 0 (0 marks a scored variant that belongs to no group)
+  task_id task;
+  std::vector<std::int32_t> prompt_token_ids;
+  std::vector<completion> completions;
+  std::vector<variant_id> variants; ///< same length and order as completions; distinct
+
+  friend bool operator==(const group_announce&, const group_announce&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, group_announce& x) {
+  return f(caf::meta::type_name("group_announce"), x.group, x.task, x.prompt_token_ids,
+           x.completions, x.variants);
+}
+
+/// Exemplar actor -> anyone who asks: its counters since it started.
+struct exemplar_stats {
+  std::uint64_t recorded = 0;         ///< scored variants written to the replay store
+  std::uint64_t record_errors = 0;    ///< scored variants the store failed to write
+  std::uint64_t groups_completed = 0; ///< groups sent on with every verdict in
+  std::uint64_t groups_filled = 0;    ///< groups sent on after the straggler timeout, gaps filled
+  std::uint64_t groups_dropped = 0;   ///< groups discarded after the straggler timeout
+  std::uint64_t groups_refused = 0;   ///< announces answered with errc::busy
+  std::uint64_t duplicates = 0;       ///< verdicts for a group member that already had one
+  std::uint64_t unknown = 0;          ///< verdicts for a group not open, or not a member of it
+  std::uint64_t open_groups = 0;      ///< groups waiting for verdicts now
+
+  friend bool operator==(const exemplar_stats&, const exemplar_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, exemplar_stats& x) {
+  return f(caf::meta::type_name("exemplar_stats"), x.recorded, x.record_errors,
+           x.groups_completed, x.groups_filled, x.groups_dropped, x.groups_refused,
+           x.duplicates, x.unknown, x.open_groups);
 }
 
 /// Learner -> coordinator: what one optimizer step did.
@@ -444,6 +490,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::run_status))
   CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::node_announce>))
   CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::device_info>))
+  CAF_ADD_TYPE_ID(crucible, (crucible::group_announce))
+  CAF_ADD_TYPE_ID(crucible, (crucible::exemplar_stats))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")
@@ -455,5 +503,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, drain_atom, "drain")
   CAF_ADD_ATOM(crucible, crucible, train_atom, "train")
   CAF_ADD_ATOM(crucible, crucible, save_atom, "save")
+  CAF_ADD_ATOM(crucible, crucible, expire_atom, "expire")
 
 CAF_END_TYPE_ID_BLOCK(crucible)

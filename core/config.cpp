@@ -148,6 +148,80 @@ template <> struct value_traits<timing_baseline> {
   static std::string render(timing_baseline v) { return enum_traits<timing_baseline, 4>::render_from(baseline_names, v); }
 };
 
+constexpr std::pair<exemplar_method, const char*> exemplar_method_names[] = {
+  {exemplar_method::contrastive, "contrastive"}, {exemplar_method::random, "random"}, {exemplar_method::island, "island"}};
+
+template <> struct value_traits<exemplar_method> {
+  static constexpr const char* expected = "one of contrastive, random, island";
+  static constexpr const char* type_name = "`contrastive`, `random` or `island`";
+  static bool parse(const std::string& s, exemplar_method& out) {
+    return enum_traits<exemplar_method, 3>::parse_from(exemplar_method_names, s, out);
+  }
+  static std::string render(exemplar_method v) { return enum_traits<exemplar_method, 3>::render_from(exemplar_method_names, v); }
+};
+
+constexpr std::pair<straggler_policy, const char*> straggler_policy_names[] = {
+  {straggler_policy::drop, "drop"}, {straggler_policy::fill, "fill"}};
+
+template <> struct value_traits<straggler_policy> {
+  static constexpr const char* expected = "one of drop, fill";
+  static constexpr const char* type_name = "`drop` or `fill`";
+  static bool parse(const std::string& s, straggler_policy& out) {
+    return enum_traits<straggler_policy, 2>::parse_from(straggler_policy_names, s, out);
+  }
+  static std::string render(straggler_policy v) { return enum_traits<straggler_policy, 2>::render_from(straggler_policy_names, v); }
+};
+
+constexpr std::pair<chat_template_mode, const char*> chat_template_mode_names[] = {
+  {chat_template_mode::automatic, "auto"}, {chat_template_mode::none, "none"}};
+
+template <> struct value_traits<chat_template_mode> {
+  static constexpr const char* expected = "one of auto, none";
+  static constexpr const char* type_name = "`auto` or `none`";
+  static bool parse(const std::string& s, chat_template_mode& out) {
+    return enum_traits<chat_template_mode, 2>::parse_from(chat_template_mode_names, s, out);
+  }
+  static std::string render(chat_template_mode v) { return enum_traits<chat_template_mode, 2>::render_from(chat_template_mode_names, v); }
+};
+// -- learner: the enums of core/learner_options.hpp ------------------------------------------
+
+constexpr std::pair<reward_transform, const char*> reward_transform_names[] = {
+  {reward_transform::none, "none"}, {reward_transform::normalize_clip, "normalize_clip"}};
+constexpr std::pair<loss_aggregation, const char*> aggregation_names[] = {
+  {loss_aggregation::token_mean, "token_mean"}, {loss_aggregation::sequence_mean, "sequence_mean"},
+  {loss_aggregation::constant, "constant"}};
+constexpr std::pair<kl_estimator, const char*> kl_estimator_names[] = {{kl_estimator::k1, "k1"}, {kl_estimator::k3, "k3"}};
+constexpr std::pair<old_log_probs_source, const char*> old_log_probs_names[] = {
+  {old_log_probs_source::recompute, "recompute"}, {old_log_probs_source::behaviour, "behaviour"},
+  {old_log_probs_source::automatic, "auto"}};
+constexpr std::pair<lr_schedule, const char*> lr_schedule_names[] = {
+  {lr_schedule::constant, "constant"}, {lr_schedule::cosine, "cosine"}};
+
+#define CRUCIBLE_ENUM_TRAITS(Enum, table, expected_text, type_text)                                            \
+  template <> struct value_traits<Enum> {                                                                    \
+    static constexpr const char* expected = expected_text;                                                   \
+    static constexpr const char* type_name = type_text;                                                      \
+    static constexpr std::size_t n = std::size(table);                                                       \
+    static bool parse(const std::string& s, Enum& out) { return enum_traits<Enum, n>::parse_from(table, s, out); } \
+    static std::string render(Enum v) { return enum_traits<Enum, n>::render_from(table, v); }                \
+  };
+CRUCIBLE_ENUM_TRAITS(reward_transform, reward_transform_names, "one of none, normalize_clip", "`none` or `normalize_clip`")
+CRUCIBLE_ENUM_TRAITS(loss_aggregation, aggregation_names, "one of token_mean, sequence_mean, constant",
+                     "`token_mean`, `sequence_mean` or `constant`")
+CRUCIBLE_ENUM_TRAITS(kl_estimator, kl_estimator_names, "one of k1, k3", "`k1` or `k3`")
+CRUCIBLE_ENUM_TRAITS(old_log_probs_source, old_log_probs_names, "one of recompute, behaviour, auto",
+                     "`recompute`, `behaviour` or `auto`")
+CRUCIBLE_ENUM_TRAITS(lr_schedule, lr_schedule_names, "one of constant, cosine", "`constant` or `cosine`")
+#undef CRUCIBLE_ENUM_TRAITS
+
+template <class Enum, std::size_t N>
+const char* name_in(const std::pair<Enum, const char*> (&names)[N], Enum v) noexcept {
+  for (const auto& [e, n] : names)
+    if (e == v)
+      return n;
+  return "?";
+}
+
 } // namespace
 
 const char* to_string(timing_baseline b) noexcept {
@@ -156,6 +230,32 @@ const char* to_string(timing_baseline b) noexcept {
       return n;
   return "?";
 }
+
+const char* to_string(exemplar_method m) noexcept {
+  for (const auto& [v, n] : exemplar_method_names)
+    if (v == m)
+      return n;
+  return "?";
+}
+
+const char* to_string(straggler_policy p) noexcept {
+  for (const auto& [v, n] : straggler_policy_names)
+    if (v == p)
+      return n;
+  return "?";
+}
+
+const char* to_string(chat_template_mode m) noexcept {
+  for (const auto& [v, n] : chat_template_mode_names)
+    if (v == m)
+      return n;
+  return "?";
+}
+const char* to_string(reward_transform v) noexcept { return name_in(reward_transform_names, v); }
+const char* to_string(loss_aggregation v) noexcept { return name_in(aggregation_names, v); }
+const char* to_string(kl_estimator v) noexcept { return name_in(kl_estimator_names, v); }
+const char* to_string(old_log_probs_source v) noexcept { return name_in(old_log_probs_names, v); }
+const char* to_string(lr_schedule v) noexcept { return name_in(lr_schedule_names, v); }
 
 namespace {
 
@@ -261,6 +361,79 @@ constraint<std::vector<std::string>> device_list() {
           }};
 }
 
+constraint<double> below_one() {
+  return {"a number in [0, 1)", [](double v) { return v >= 0 && v < 1; }};
+}
+
+constraint<std::string> learner_dtype() {
+  return {"one of float32, bfloat16", [](const std::string& s) { return s == "float32" || s == "bfloat16"; }};
+}
+
+constraint<std::vector<std::string>> lora_target_list() {
+  return {"a non-empty list of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj",
+          [](const std::vector<std::string>& v) {
+            static const std::set<std::string> known{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj"};
+            return !v.empty() && std::all_of(v.begin(), v.end(), [](const std::string& t) { return known.count(t) != 0; });
+          }};
+}
+
+template <class V>
+void describe_learner(V& v, learner_options& l) {
+  v.section("learner", "GRPO and SFT updates: losses, AdamW, schedule, micro-batching, LoRA (policy/learner.hpp).", [&] {
+    v.field("lr", l.lr, "Peak learning rate.", positive<double>("a positive number"));
+    v.field("beta1", l.beta1, "AdamW's first-moment decay.", below_one());
+    v.field("beta2", l.beta2, "AdamW's second-moment decay.", below_one());
+    v.field("eps", l.eps, "AdamW's denominator epsilon.", positive<double>("a positive number"));
+    v.field("weight_decay", l.weight_decay,
+            "Decoupled weight decay (PyTorch's AdamW: p -= lr * weight_decay * p), on matrices and embeddings only.",
+            non_negative_number());
+    v.field("warmup_steps", l.warmup_steps, "Linear warm-up: update n (from 1) uses lr * n / warmup_steps.",
+            at_least(0, "an integer ≥ 0"));
+    v.field("schedule", l.schedule, "Learning rate after the warm-up.");
+    v.field("total_steps", l.total_steps,
+            "`cosine`: the update at which the rate reaches lr * min_lr_ratio (and stays); unused by `constant`.",
+            at_least(0, "an integer ≥ 0"));
+    v.field("min_lr_ratio", l.min_lr_ratio, "Floor of the cosine schedule as a fraction of lr.",
+            between(0, 1, "a number between 0 and 1"));
+    v.field("grad_clip", l.grad_clip, "Global L2 norm the gradient is clipped to; 0: no clipping.", non_negative_number());
+    v.field("micro_batch_tokens", l.micro_batch_tokens,
+            "Padded tokens (rows × longest row) per forward/backward; gradients accumulate over micro-batches.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("clip_low", l.clip_low, "The ratio is clipped below at 1 - clip_low.", below_one());
+    v.field("clip_high", l.clip_high, "The ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28).",
+            non_negative_number());
+    v.field("kl_coef", l.kl_coef, "Weight of the per-token KL to the frozen reference model; 0: no reference.",
+            non_negative_number());
+    v.field("kl_estimator", l.kl, "KL estimator: `k1` (logp - ref_logp) or `k3` (exp(d) - d - 1, d = ref_logp - logp).");
+    v.field("aggregation", l.aggregation,
+            "Per-token losses to one number: token mean over the batch, mean of sequence means, or sum / (sequences × "
+            "constant_tokens).");
+    v.field("constant_tokens", l.constant_tokens,
+            "Normaliser of `constant` (Dr.GRPO: the generation budget); 0: the batch's longest completion.",
+            at_least(0, "an integer ≥ 0"));
+    v.field("std_normalize", l.std_normalize, "Divide group advantages by the group's standard deviation (false: Dr.GRPO).");
+    v.field("std_eps", l.std_eps, "Advantage = (r - mean) / (std + std_eps).", positive<double>("a positive number"));
+    v.field("reward_transform", l.rewards,
+            "Before advantages: `normalize_clip` (CUDA-L1) standardises the batch's rewards and clips them to ±reward_clip.");
+    v.field("reward_clip", l.reward_clip, "k of `normalize_clip`.", positive<double>("a positive number"));
+    v.field("is_cap", l.is_cap,
+            "Cap of the stale-sample weight min(exp(old_logp - behaviour_logp), is_cap) on each token's loss; 0: no "
+            "correction.",
+            non_negative_number());
+    v.field("old_logprobs", l.old_log_probs,
+            "The ratio's denominator: recomputed by a no-grad forward, the engine's behaviour log-probs, or `auto` "
+            "(behaviour when every sample is on-policy).");
+    v.field("dtype", l.dtype, "Parameter dtype; with bfloat16 the optimiser keeps float32 master weights and state.",
+            learner_dtype());
+    v.field("lora", l.lora, "Train LoRA adapters only (the base weights stay frozen).");
+    v.field("lora_rank", l.lora_rank, "LoRA rank.", positive<std::int64_t>("a positive integer"));
+    v.field("lora_alpha", l.lora_alpha, "LoRA scale numerator: scale = lora_alpha / lora_rank.",
+            positive<double>("a positive number"));
+    v.field("lora_targets", l.lora_targets, "Projections that get an adapter.", lora_target_list());
+  });
+}
+
 template <class V>
 void describe(V& v, config& c) {
   v.section("run", "Naming and placing the run.", [&] {
@@ -333,6 +506,42 @@ void describe(V& v, config& c) {
     v.field("failed", c.reward.failed, "Reward of every status but `ok`.");
     v.field("format_error", c.reward.format_error, "Reward of a response without usable code.");
   });
+  v.section("exemplar", "Exemplars shown in the contrastive prompt (CUDA-L1) and the assembly of GRPO groups.", [&] {
+    auto& x = c.exemplar;
+    v.field("method", x.method, "How exemplars are drawn: CUDA-L1's score buckets, or the `random` and `island` ablations.");
+    v.field("n", x.n, "Exemplars per prompt; fewer are shown when fewer succeeded (none: the reference only).",
+            positive<std::int64_t>("a positive integer"));
+    v.field("tau", x.tau, "Temperature τ of the bucket softmax exp((bucket mean − global mean)/τ).",
+            positive<double>("a positive number"));
+    v.field("bucket_width", x.bucket_width, "Width of a score bucket, in reward units.", positive<double>("a positive number"));
+    v.field("islands", x.islands, "Islands of the `island` method.", positive<std::int64_t>("a positive integer"));
+    v.field("straggler_timeout_s", x.straggler_timeout_s,
+            "Seconds a GRPO group waits for its last scored completions before `straggler_policy` applies.",
+            positive<double>("a positive number"));
+    v.field("straggler_policy", x.straggler,
+            "What happens to a group still incomplete at the timeout: `drop` it, or `fill` the missing members with failed samples.");
+  });
+  v.section("prompt", "The contrastive prompt and the parsing of the policy's responses (docs/prompts.md).", [&] {
+    auto& p = c.prompt;
+    v.field("template", p.template_file,
+            "Prompt-template YAML file; empty: `configs/prompts/contrastive.yaml` of the checkout.");
+    v.field("max_tokens", p.max_tokens,
+            "Token budget of the whole rendered prompt, chat template included; exemplars are shortened, then dropped, to fit.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("max_exemplar_chars", p.max_exemplar_chars,
+            "Each exemplar's code is first cut to this many characters; 0: no cap.",
+            at_least(0, "an integer ≥ 0"));
+    v.field("min_exemplar_chars", p.min_exemplar_chars,
+            "Shortening stops at this many characters of code; an exemplar that still does not fit is dropped.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("chat_template", p.chat_template,
+            "`auto`: wrap the prompt in the tokenizer's chat template when it has one; `none`: plain text.");
+    v.field("max_response_chars", p.max_response_chars, "Responses longer than this are format errors.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("require_sections", p.require_sections,
+            "A response must carry every section heading the template asks for (else: format error).");
+  });
+  describe_learner(v, c.learner);
 }
 
 // -- decoding -------------------------------------------------------------------------------
@@ -624,6 +833,12 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     relation(e.rounds >= e.buckets, "evaluator.rounds",
              "must be at least evaluator.buckets (" + std::to_string(e.buckets) + ")");
     relation(cfg.reward.clip_min < cfg.reward.clip_max, "reward.clip_max", "must be greater than reward.clip_min");
+    relation(cfg.prompt.max_exemplar_chars == 0 || cfg.prompt.max_exemplar_chars >= cfg.prompt.min_exemplar_chars,
+             "prompt.max_exemplar_chars",
+             "must be 0 or at least prompt.min_exemplar_chars (" + std::to_string(cfg.prompt.min_exemplar_chars) + ")");
+    const auto& l = cfg.learner;
+    relation(l.schedule != lr_schedule::cosine || l.total_steps > l.warmup_steps, "learner.total_steps",
+             "must exceed learner.warmup_steps (" + std::to_string(l.warmup_steps) + ") with the cosine schedule");
   }
   if (!problems.empty()) {
     std::string msg;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/learner_options.hpp"
 #include "core/log.hpp"
 
 namespace crucible {
@@ -91,6 +92,57 @@ struct evaluator_options {
   bool static_checks = true;
 };
 
+/// How exemplars are drawn (storage::selection_method mirrors it; storage converts).
+enum class exemplar_method : std::uint8_t {
+  contrastive, ///< CUDA-L1: score buckets drawn ∝ exp((bucket mean − global mean)/τ)
+  random,      ///< uniformly among successful variants (ablation baseline)
+  island,      ///< FunSearch-style islands, contrastive within one (ablation baseline)
+};
+
+/// What happens to a GRPO group whose last completions are still unscored at the timeout.
+enum class straggler_policy : std::uint8_t {
+  drop, ///< the incomplete group is discarded
+  fill, ///< the missing members are filled with failed samples and the group is sent
+};
+
+/// `exemplar:` — choosing the exemplars of a prompt and assembling GRPO groups. The selection
+/// fields mirror storage::exemplar_options (storage::to_exemplar_options converts); core holds
+/// the plain values because core may not depend on storage.
+struct exemplar_config {
+  exemplar_method method = exemplar_method::contrastive;
+  std::int64_t n = 2;                 ///< exemplars per prompt (≥ 1)
+  double tau = 1.0;                   ///< temperature of the bucket softmax (> 0)
+  double bucket_width = 0.5;          ///< width of a score bucket in reward units (> 0)
+  std::int64_t islands = 4;           ///< islands for `island` (≥ 1)
+  double straggler_timeout_s = 600;   ///< seconds a group waits for its last completions
+  straggler_policy straggler = straggler_policy::drop; ///< key `straggler_policy`
+};
+
+/// Whether the prompt is wrapped in the model's chat template.
+enum class chat_template_mode : std::uint8_t {
+  automatic, ///< `auto`: the tokenizer's chat_template when it has one, else plain text
+  none,      ///< always plain text (system message, blank line, user message)
+};
+
+/// "contrastive", "random", "island".
+const char* to_string(exemplar_method m) noexcept;
+/// "drop", "fill".
+const char* to_string(straggler_policy p) noexcept;
+/// "auto", "none".
+const char* to_string(chat_template_mode m) noexcept;
+
+/// `prompt:` — the contrastive prompt (env/prompt.hpp) and the parsing of responses
+/// (env/response_parser.hpp).
+struct prompt_config {
+  std::string template_file;            ///< key `template`; "" : configs/prompts/contrastive.yaml of the checkout
+  std::int64_t max_tokens = 4096;       ///< token budget of the whole rendered prompt
+  std::int64_t max_exemplar_chars = 0;  ///< each exemplar's code cut to this many characters first; 0: no cap
+  std::int64_t min_exemplar_chars = 400; ///< shortening stops here; below it an exemplar is dropped
+  chat_template_mode chat_template = chat_template_mode::automatic;
+  std::int64_t max_response_chars = 200000; ///< longer responses are format errors
+  bool require_sections = true;         ///< responses must carry every section heading of the template
+};
+
 /// The whole configuration. Plain value; copy freely.
 struct config {
   run_options run;
@@ -98,6 +150,9 @@ struct config {
   actor_options actors;
   evaluator_options evaluator;
   reward_options reward;
+  exemplar_config exemplar;
+  prompt_config prompt;
+  learner_options learner;
 };
 
 /// Decodes `yaml_text` (named `origin` in messages, e.g. "configs/x.yaml"), applying

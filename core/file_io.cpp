@@ -131,4 +131,10 @@ result<void> fsync_directory(const std::filesystem::path& dir) {
   return {};
 }
 
+std::filesystem::path executable_dir() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path{} : p.parent_path();
+}
+
 } // namespace crucible

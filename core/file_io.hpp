@@ -18,6 +18,10 @@ result<void> write_file_atomic(const std::filesystem::path& path, std::string_vi
 /// Reads a whole file. errc::not_found if it does not exist, errc::io on other failures.
 result<std::string> read_file(const std::filesystem::path& path);
 
+/// The directory of the running executable (/proc/self/exe), or an empty path where unknown.
+/// Files shipped with the checkout (env/harness, configs/prompts) are found by walking up from it.
+std::filesystem::path executable_dir();
+
 /// fsyncs a directory so that renames and creations inside it are durable.
 result<void> fsync_directory(const std::filesystem::path& dir);
 

@@ -3,6 +3,8 @@
 // on raw bytes and builds the verdict.
 #include "env/evaluator.hpp"
 
+#include "core/file_io.hpp"
+
 #include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
 
@@ -34,12 +36,6 @@ fs::path cache_home() {
   if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0')
     return fs::path{h} / ".cache" / "crucible";
   return fs::temp_directory_path() / "crucible-cache";
-}
-
-fs::path executable_dir() {
-  std::error_code ec;
-  auto p = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path{} : p.parent_path();
 }
 
 std::string json_string(const std::string& s) {

@@ -367,6 +367,15 @@ std::optional<std::int32_t> tokenizer::eos_id() const { return impl_->eos; }
 std::optional<std::int32_t> tokenizer::pad_id() const { return impl_->pad; }
 const std::string& tokenizer::chat_template() const { return impl_->chat_template; }
 
+std::map<std::string, std::string> tokenizer::special_tokens_map() const {
+  std::map<std::string, std::string> out;
+  for (auto [name, id] : {std::pair{"bos_token", impl_->bos}, {"eos_token", impl_->eos}, {"pad_token", impl_->pad}})
+    if (id)
+      if (auto t = token_of(*id))
+        out.emplace(name, std::string{*t});
+  return out;
+}
+
 std::string tokenizer::describe() const {
   const impl& t = *impl_;
   std::string pattern = "ByteLevel";

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -79,6 +80,11 @@ public:
 
   /// tokenizer_config.json's `chat_template` (Jinja source, not rendered here), or "".
   const std::string& chat_template() const;
+
+  /// The special tokens a chat template sees, as transformers' special_tokens_map gives them:
+  /// "bos_token", "eos_token" and "pad_token" spelled as in tokenizer.json, for those the
+  /// tokenizer defines (env::chat_format::special_tokens).
+  std::map<std::string, std::string> special_tokens_map() const;
 
   /// A one-line description: pattern, normalizer, vocabulary and merge counts.
   std::string describe() const;

@@ -87,6 +87,22 @@ std::vector<std::size_t> contrastive(std::span<const variant_record> cands,
 
 } // namespace
 
+exemplar_options to_exemplar_options(const exemplar_config& cfg) noexcept {
+  exemplar_options o;
+  switch (cfg.method) {
+    case exemplar_method::contrastive: o.method = selection_method::contrastive; break;
+    case exemplar_method::random: o.method = selection_method::random; break;
+    case exemplar_method::island: o.method = selection_method::island; break;
+  }
+  // The config's integers are validated positive; a negative one (a caller that skipped
+  // parse_config) becomes 0 and is refused by validate().
+  o.n = cfg.n > 0 ? static_cast<std::size_t>(cfg.n) : 0;
+  o.tau = cfg.tau;
+  o.bucket_width = cfg.bucket_width;
+  o.islands = cfg.islands > 0 ? static_cast<std::size_t>(cfg.islands) : 0;
+  return o;
+}
+
 result<void> validate(const exemplar_options& opts) {
   if (opts.n < 1) return fail(errc::config, "exemplar.n: must be at least 1");
   if (!(opts.tau > 0.0) || !std::isfinite(opts.tau))

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "storage/replay_store.hpp"
 
@@ -29,6 +30,11 @@ struct exemplar_options {
   double bucket_width = 0.5;   ///< width of a score bucket, in reward units (> 0)
   std::size_t islands = 4;     ///< island count for selection_method::island (≥ 1)
 };
+
+/// The selection part of the `exemplar:` config section as options of select_exemplars()
+/// (the straggler fields belong to group assembly and are not carried). Values are copied as
+/// they are; validate() still checks them.
+exemplar_options to_exemplar_options(const exemplar_config& cfg) noexcept;
 
 /// errc::config naming the first bad field ("exemplar.n", "exemplar.tau",
 /// "exemplar.bucket_width", "exemplar.islands"); `islands` is checked only for the island method.

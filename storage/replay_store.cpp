@@ -1,4 +1,5 @@
-// storage/replay_store.cpp: the replay store on SQLite (WAL), with JSONL export and import.
+// storage/replay_store.cpp: the replay store on SQLite (WAL): schema and its migrations, batched
+// recording, exemplar queries, prompts, JSONL export and import, and the SFT export.
 #include "storage/replay_store.hpp"
 
 #include <sqlite3.h>
@@ -13,25 +14,21 @@
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "storage/atomic_file.hpp"
+#include "storage/replay_store_detail.hpp"
 
 namespace crucible::storage {
+
+using detail::bind_text;
+using detail::column_text;
+using detail::db_fail;
+using detail::read_row;
+using detail::reset_on_exit;
+using detail::statement;
+using detail::where;
+
 namespace {
 
 constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
-
-struct statement {
-  sqlite3_stmt* s = nullptr;
-  statement() = default;
-  statement(const statement&) = delete;
-  statement& operator=(const statement&) = delete;
-  ~statement() { sqlite3_finalize(s); }
-};
-
-std::string where(const std::filesystem::path& path) { return "replay store " + path.string(); }
-
-crucible::error db_fail(sqlite3* db, const std::filesystem::path& path, std::string_view what) {
-  return fail(errc::io, where(path), ": ", what, ": ", sqlite3_errmsg(db));
-}
 
 std::int64_t now_ms() {
   using namespace std::chrono;
@@ -60,6 +57,7 @@ std::optional<std::string> canonical_array(const json_value& v, bool strings) {
 }
 
 std::optional<std::string> canonical_array_text(std::string_view text, bool strings) {
+  if (text == "[]") return std::string(text);  // the common case, without a parse
   auto v = parse_json(text);
   if (!v.ok()) return std::nullopt;
   return canonical_array(*v, strings);
@@ -106,6 +104,7 @@ std::string to_json_line(const variant_record& v) {
   key(o, "exemplar_ids"); o += v.exemplar_ids;
   key(o, "time_ms"); o += std::to_string(v.time_ms);
   key(o, "count"); o += std::to_string(v.count);
+  key(o, "completion"); append_json_string(o, v.completion);
   o += '}';
   return o;
 }
@@ -164,6 +163,11 @@ std::optional<std::string> from_json(const json_value& j, variant_record& v) {
       (e = integer("time_ms", v.time_ms)) || (e = integer("count", v.count)))
     return e;
   if (v.count < 1) return std::string("field \"count\" must be at least 1");
+  v.completion.clear();
+  if (auto* f = get("completion")) {  // absent in exports of schema 0
+    if (!f->is_string()) return std::string("field \"completion\" is not a string");
+    v.completion = f->as_string();
+  }
   return std::nullopt;
 }
 
@@ -171,15 +175,140 @@ double column_real(sqlite3_stmt* s, int i) {
   return sqlite3_column_type(s, i) == SQLITE_NULL ? nan_v : sqlite3_column_double(s, i);
 }
 
-std::string column_text(sqlite3_stmt* s, int i) {
-  auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, i));
-  return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(s, i))) : std::string();
+result<void> exec(sqlite3* db, const std::filesystem::path& path, const char* sql,
+                  std::string_view what) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db);
+    sqlite3_free(err);
+    return fail(errc::io, where(path), ": ", what, ": ", msg);
+  }
+  return {};
 }
 
-constexpr const char* select_columns =
+void rollback(sqlite3* db) { sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr); }
+
+// Schema 0, the first released schema, exactly as it created files. New files are created as
+// schema 0 and then migrated, so every file takes the same path to the current schema.
+constexpr const char* schema_v0 =
+  "CREATE TABLE IF NOT EXISTS variants ("
+  "  id INTEGER PRIMARY KEY,"
+  "  task_id TEXT NOT NULL, task_name TEXT NOT NULL, hardware TEXT NOT NULL,"
+  "  code TEXT NOT NULL, code_hash TEXT NOT NULL,"
+  "  status TEXT NOT NULL, correct INTEGER NOT NULL, speedup REAL,"
+  "  spread REAL, ref_ms REAL, cand_ms REAL, reward REAL,"  // NULL = not finite
+  "  checks_failed TEXT NOT NULL, message TEXT NOT NULL,"
+  "  policy_version INTEGER NOT NULL, prompt_id TEXT NOT NULL, group_id INTEGER NOT NULL,"
+  "  exemplar_ids TEXT NOT NULL, time_ms INTEGER NOT NULL, count INTEGER NOT NULL,"
+  "  UNIQUE (task_id, hardware, code_hash));";
+
+// Schema 0 → 1: completions, prompts, the exemplar index and the hacking-case tables.
+// - variants_successful is partial (successful rows only) and covering for the summary query of
+//   successful_variants(), so an exemplar query reads index pages only, in the order it returns.
+// - hack_checks splits checks_failed of flagged rows, one row per check, kept by triggers so that
+//   record(), record_batch() and import all maintain it; variants_flagged lists flagged rows per
+//   task. The flag condition is CRUCIBLE_FLAGGED_SQL.
+constexpr const char* migrate_to_v1 =
+  "ALTER TABLE variants ADD COLUMN completion TEXT NOT NULL DEFAULT '';"
+  "CREATE TABLE prompts ("
+  "  prompt_id TEXT PRIMARY KEY, text TEXT NOT NULL, created_ms INTEGER NOT NULL);"
+  "CREATE INDEX variants_successful ON variants"
+  "  (task_id, hardware, reward, code_hash, speedup, status, correct)"
+  "  WHERE status = 'ok' AND correct = 1 AND speedup IS NOT NULL;"
+  "CREATE INDEX variants_flagged ON variants (task_id, id) WHERE " CRUCIBLE_FLAGGED_SQL ";"
+  "CREATE TABLE hack_checks ("
+  "  check_name TEXT NOT NULL, variant_id INTEGER NOT NULL,"
+  "  PRIMARY KEY (check_name, variant_id)) WITHOUT ROWID;"
+  "CREATE INDEX hack_checks_variant ON hack_checks (variant_id);"
+  "CREATE TRIGGER variants_hacks_insert AFTER INSERT ON variants"
+  "  WHEN NEW.status = 'rejected' OR (NEW.status = 'incorrect' AND NEW.checks_failed <> '[]')"
+  "  BEGIN INSERT OR IGNORE INTO hack_checks SELECT value, NEW.id FROM json_each(NEW.checks_failed);"
+  "  END;"
+  "CREATE TRIGGER variants_hacks_update AFTER UPDATE OF status, checks_failed ON variants"
+  "  WHEN OLD.status IS NOT NEW.status OR OLD.checks_failed IS NOT NEW.checks_failed"
+  "  BEGIN DELETE FROM hack_checks WHERE variant_id = OLD.id;"
+  "  INSERT OR IGNORE INTO hack_checks SELECT value, NEW.id FROM json_each(NEW.checks_failed)"
+  "    WHERE NEW.status = 'rejected' OR (NEW.status = 'incorrect' AND NEW.checks_failed <> '[]');"
+  "  END;"
+  "CREATE TRIGGER variants_hacks_delete AFTER DELETE ON variants"
+  "  BEGIN DELETE FROM hack_checks WHERE variant_id = OLD.id; END;"
+  "INSERT OR IGNORE INTO hack_checks SELECT j.value, v.id FROM variants v, json_each(v.checks_failed) j"
+  "  WHERE " CRUCIBLE_FLAGGED_SQL ";";
+
+// A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
+// verdict and provenance columns switch to the new record only when its reward is strictly
+// higher. All right-hand sides see the old row, so the CASEs agree with each other.
+#define CRUCIBLE_BEST(c) c " = CASE WHEN excluded.reward > reward THEN excluded." c " ELSE " c " END"
+constexpr const char* upsert_sql =
+  "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status, correct,"
+  " speedup, spread, ref_ms, cand_ms, reward, checks_failed, message, policy_version,"
+  " prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
+  " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
+  " ?19, ?20, ?21, ?22)"
+  " ON CONFLICT (task_id, hardware, code_hash) DO UPDATE SET count = count + excluded.count, "
+  CRUCIBLE_BEST("task_name") ", " CRUCIBLE_BEST("code") ", " CRUCIBLE_BEST("status") ", "
+  CRUCIBLE_BEST("correct") ", " CRUCIBLE_BEST("speedup") ", " CRUCIBLE_BEST("spread") ", "
+  CRUCIBLE_BEST("ref_ms") ", " CRUCIBLE_BEST("cand_ms") ", " CRUCIBLE_BEST("checks_failed") ", "
+  CRUCIBLE_BEST("message") ", " CRUCIBLE_BEST("policy_version") ", " CRUCIBLE_BEST("prompt_id")
+  ", " CRUCIBLE_BEST("group_id") ", " CRUCIBLE_BEST("exemplar_ids") ", "
+  CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("completion") ", " CRUCIBLE_BEST("reward")
+  " RETURNING id";
+#undef CRUCIBLE_BEST
+
+// The WHERE of successful_variants(); it implies variants_successful's condition, so the
+// planner can use that partial index.
+#define CRUCIBLE_SUCCESS_WHERE                                                               \
+  " WHERE task_id = ?1 AND hardware = ?2 AND status = 'ok' AND correct = 1"                 \
+  " AND speedup IS NOT NULL AND reward IS NOT NULL ORDER BY reward, code_hash"
+
+// Inserts a prompt unless its id exists; an existing id must hold the same text.
+result<void> insert_prompt(sqlite3* db, const std::filesystem::path& path, sqlite3_stmt* ins,
+                           sqlite3_stmt* get, std::string_view id, std::string_view text,
+                           std::int64_t created_ms) {
+  if (id.empty()) return fail(errc::invalid_arg, where(path), ": a prompt needs a prompt_id");
+  {
+    reset_on_exit r{ins};
+    bind_text(ins, 1, id);
+    bind_text(ins, 2, text);
+    sqlite3_bind_int64(ins, 3, created_ms);
+    if (sqlite3_step(ins) != SQLITE_DONE) return db_fail(db, path, "record prompt");
+    if (sqlite3_changes(db) == 1) return {};
+  }
+  reset_on_exit r{get};
+  bind_text(get, 1, id);
+  if (sqlite3_step(get) != SQLITE_ROW) return db_fail(db, path, "prompt lookup");
+  auto* p = static_cast<const char*>(sqlite3_column_blob(get, 1));
+  std::string_view stored(p ? p : "", static_cast<std::size_t>(sqlite3_column_bytes(get, 1)));
+  if (stored != text)
+    return fail(errc::invalid_arg, where(path), ": prompt id ", std::string(id),
+                " already holds a different text");
+  return {};
+}
+
+std::string prompt_json_line(const prompt_record& p) {
+  std::string o = "{";
+  key(o, "kind", true); append_json_string(o, "prompt");
+  key(o, "prompt_id"); append_json_string(o, p.prompt_id);
+  key(o, "text"); append_json_string(o, p.text);
+  key(o, "created_ms"); o += std::to_string(p.created_ms);
+  o += '}';
+  return o;
+}
+
+} // namespace
+
+namespace detail {
+
+const char* const select_columns =
   "SELECT id, task_id, task_name, hardware, code, code_hash, status, correct, speedup, spread,"
   " ref_ms, cand_ms, reward, checks_failed, message, policy_version, prompt_id, group_id,"
-  " exemplar_ids, time_ms, count FROM variants ";
+  " exemplar_ids, time_ms, count, completion FROM variants ";
+
+const char* const select_columns_v =
+  "SELECT v.id, v.task_id, v.task_name, v.hardware, v.code, v.code_hash, v.status, v.correct,"
+  " v.speedup, v.spread, v.ref_ms, v.cand_ms, v.reward, v.checks_failed, v.message,"
+  " v.policy_version, v.prompt_id, v.group_id, v.exemplar_ids, v.time_ms, v.count,"
+  " v.completion FROM ";
 
 variant_record read_row(sqlite3_stmt* s) {
   variant_record v;
@@ -204,10 +333,31 @@ variant_record read_row(sqlite3_stmt* s) {
   v.exemplar_ids = column_text(s, 18);
   v.time_ms = sqlite3_column_int64(s, 19);
   v.count = sqlite3_column_int64(s, 20);
+  v.completion = column_text(s, 21);
   return v;
 }
 
-} // namespace
+} // namespace detail
+
+/// Statements prepared once per connection: preparing the upsert costs about as much as
+/// running it, so a batch re-prepares nothing.
+struct replay_store::statements {
+  sqlite3_stmt* upsert = nullptr;
+  sqlite3_stmt* id_taken = nullptr;
+  sqlite3_stmt* find = nullptr;
+  sqlite3_stmt* success_summary = nullptr;
+  sqlite3_stmt* success_full = nullptr;
+  sqlite3_stmt* prompt_insert = nullptr;
+  sqlite3_stmt* prompt_get = nullptr;
+
+  statements() = default;
+  statements(const statements&) = delete;
+  statements& operator=(const statements&) = delete;
+  ~statements() {
+    for (auto* s : {upsert, id_taken, find, success_summary, success_full, prompt_insert, prompt_get})
+      sqlite3_finalize(s);
+  }
+};
 
 result<replay_store> replay_store::open(const std::filesystem::path& path) {
   sqlite3* db = nullptr;
@@ -217,49 +367,119 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
     sqlite3_close(db);
     return fail(errc::io, where(path), ": cannot open: ", msg);
   }
+  auto give_up = [&](crucible::error e) {
+    sqlite3_close(db);
+    return e;
+  };
   sqlite3_busy_timeout(db, 10000);
   // synchronous=FULL, not NORMAL: in WAL mode NORMAL already survives a process crash, but a
   // power loss or kernel panic may drop the last commits. record() promises the row is durable
-  // once it returns, and the write rate (one row per evaluated variant, each of which costs
-  // a compile and a GPU run) is far too low for the extra fsync per commit to matter.
-  const char* schema =
-    "PRAGMA journal_mode=WAL;"
-    "PRAGMA synchronous=FULL;"
-    "CREATE TABLE IF NOT EXISTS variants ("
-    "  id INTEGER PRIMARY KEY,"
-    "  task_id TEXT NOT NULL, task_name TEXT NOT NULL, hardware TEXT NOT NULL,"
-    "  code TEXT NOT NULL, code_hash TEXT NOT NULL,"
-    "  status TEXT NOT NULL, correct INTEGER NOT NULL, speedup REAL,"
-    "  spread REAL, ref_ms REAL, cand_ms REAL, reward REAL,"  // NULL = not finite
-    "  checks_failed TEXT NOT NULL, message TEXT NOT NULL,"
-    "  policy_version INTEGER NOT NULL, prompt_id TEXT NOT NULL, group_id INTEGER NOT NULL,"
-    "  exemplar_ids TEXT NOT NULL, time_ms INTEGER NOT NULL, count INTEGER NOT NULL,"
-    "  UNIQUE (task_id, hardware, code_hash));";
-  char* err = nullptr;
-  if (sqlite3_exec(db, schema, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : "unknown error";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    return fail(errc::io, where(path), ": cannot create schema: ", msg);
+  // once it returns. A writer that needs more than the disk's fsync rate in rows per second
+  // batches them (record_batch: one commit per batch).
+  if (auto r = exec(db, path, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;", "configure");
+      !r.ok())
+    return give_up(r.error());
+
+  auto user_version = [&]() -> result<int> {
+    statement st;
+    if (sqlite3_prepare_v2(db, "PRAGMA user_version", -1, &st.s, nullptr) != SQLITE_OK ||
+        sqlite3_step(st.s) != SQLITE_ROW)
+      return db_fail(db, path, "read schema version");
+    return sqlite3_column_int(st.s, 0);
+  };
+  auto version = user_version();
+  if (!version.ok()) return give_up(version.error());
+  if (*version < schema_version) {
+    // BEGIN IMMEDIATE: one process migrates; one that waited sees the new version and skips.
+    if (auto r = exec(db, path, "BEGIN IMMEDIATE", "begin migration"); !r.ok())
+      return give_up(r.error());
+    version = user_version();
+    result<void> step = version.ok() ? result<void>{} : result<void>{version.error()};
+    if (step.ok() && *version == 0) {
+      step = exec(db, path, schema_v0, "create schema");
+      if (step.ok()) step = exec(db, path, migrate_to_v1, "migrate schema 0 to 1");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 1", "set schema version");
+    }
+    if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
+    if (!step.ok()) {
+      rollback(db);
+      return give_up(step.error());
+    }
   }
-  return replay_store(db, path);
+  if (*version > schema_version)
+    return give_up(fail(errc::unsupported, where(path), ": schema version ",
+                        std::to_string(*version), " is newer than this build's (",
+                        std::to_string(schema_version), ")"));
+
+  auto st = std::make_unique<statements>();
+  const std::string find_sql = std::string(detail::select_columns) + "WHERE id = ?1";
+  const std::string full_sql = std::string(detail::select_columns) + CRUCIBLE_SUCCESS_WHERE;
+  const std::pair<sqlite3_stmt**, const char*> prepared[] = {
+    {&st->upsert, upsert_sql},
+    {&st->id_taken, "SELECT 1 FROM variants WHERE id = ?1"},
+    {&st->find, find_sql.c_str()},
+    {&st->success_summary,
+     "SELECT id, code_hash, speedup, reward FROM variants" CRUCIBLE_SUCCESS_WHERE},
+    {&st->success_full, full_sql.c_str()},
+    {&st->prompt_insert,
+     "INSERT INTO prompts (prompt_id, text, created_ms) VALUES (?1, ?2, ?3)"
+     " ON CONFLICT (prompt_id) DO NOTHING"},
+    {&st->prompt_get, "SELECT prompt_id, text, created_ms FROM prompts WHERE prompt_id = ?1"},
+  };
+  for (const auto& [slot, sql] : prepared)
+    if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, slot, nullptr) != SQLITE_OK) {
+      auto e = db_fail(db, path, "prepare");
+      st.reset();
+      return give_up(e);
+    }
+  return replay_store(db, path, std::move(st));
 }
 
+replay_store::replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st)
+    : db_(db), path_(std::move(path)), st_(std::move(st)) {}
+
 replay_store::replay_store(replay_store&& other) noexcept
-    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)) {}
+    : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)),
+      st_(std::move(other.st_)) {}
 
 replay_store& replay_store::operator=(replay_store&& other) noexcept {
   if (this != &other) {
+    st_.reset();  // statements before their connection
     sqlite3_close(db_);
     db_ = std::exchange(other.db_, nullptr);
     path_ = std::move(other.path_);
+    st_ = std::move(other.st_);
   }
   return *this;
 }
 
-replay_store::~replay_store() { sqlite3_close(db_); }
+replay_store::~replay_store() {
+  st_.reset();
+  sqlite3_close(db_);
+}
 
 result<std::int64_t> replay_store::record(const variant_record& v) { return upsert(v, false); }
+
+result<std::vector<std::int64_t>> replay_store::record_batch(std::span<const variant_record> rows) {
+  std::vector<std::int64_t> ids;
+  ids.reserve(rows.size());
+  if (rows.empty()) return ids;
+  if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin batch"); !r.ok()) return r.error();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    auto id = upsert(rows[i], false);
+    if (!id.ok()) {
+      rollback(db_);
+      return fail(id.error().code, id.error().message, " (row ", std::to_string(i), " of a batch of ",
+                  std::to_string(rows.size()), "; nothing of the batch was recorded)");
+    }
+    ids.push_back(*id);
+  }
+  if (auto r = exec(db_, path_, "COMMIT", "commit batch"); !r.ok()) {
+    rollback(db_);
+    return r.error();
+  }
+  return ids;
+}
 
 result<std::int64_t> replay_store::upsert(const variant_record& in, bool keep_id) {
   if (in.task_id.empty() || in.hardware.empty() || in.code_hash.empty())
@@ -276,82 +496,56 @@ result<std::int64_t> replay_store::upsert(const variant_record& in, bool keep_id
 
   bool bind_id = false;
   if (keep_id && in.id > 0) {
-    statement q;
-    if (sqlite3_prepare_v2(db_, "SELECT 1 FROM variants WHERE id = ?1", -1, &q.s, nullptr) !=
-        SQLITE_OK)
-      return db_fail(db_, path_, "prepare");
-    sqlite3_bind_int64(q.s, 1, in.id);
-    int rc = sqlite3_step(q.s);
+    sqlite3_stmt* q = st_->id_taken;
+    reset_on_exit r{q};
+    sqlite3_bind_int64(q, 1, in.id);
+    int rc = sqlite3_step(q);
     if (rc != SQLITE_ROW && rc != SQLITE_DONE) return db_fail(db_, path_, "id lookup");
     bind_id = rc == SQLITE_DONE;
   }
 
-  // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
-  // verdict and provenance columns switch to the new record only when its reward is strictly
-  // higher. All right-hand sides see the old row, so the CASEs agree with each other.
-#define CRUCIBLE_BEST(c) c " = CASE WHEN excluded.reward > reward THEN excluded." c " ELSE " c " END"
-  static constexpr const char* sql =
-    "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status, correct,"
-    " speedup, spread, ref_ms, cand_ms, reward, checks_failed, message, policy_version,"
-    " prompt_id, group_id, exemplar_ids, time_ms, count)"
-    " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
-    " ?19, ?20, ?21)"
-    " ON CONFLICT (task_id, hardware, code_hash) DO UPDATE SET count = count + excluded.count, "
-    CRUCIBLE_BEST("task_name") ", " CRUCIBLE_BEST("code") ", " CRUCIBLE_BEST("status") ", "
-    CRUCIBLE_BEST("correct") ", " CRUCIBLE_BEST("speedup") ", " CRUCIBLE_BEST("spread") ", "
-    CRUCIBLE_BEST("ref_ms") ", " CRUCIBLE_BEST("cand_ms") ", " CRUCIBLE_BEST("checks_failed") ", "
-    CRUCIBLE_BEST("message") ", " CRUCIBLE_BEST("policy_version") ", " CRUCIBLE_BEST("prompt_id")
-    ", " CRUCIBLE_BEST("group_id") ", " CRUCIBLE_BEST("exemplar_ids") ", "
-    CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("reward")
-    " RETURNING id";
-#undef CRUCIBLE_BEST
-  statement st;
-  if (sqlite3_prepare_v2(db_, sql, -1, &st.s, nullptr) != SQLITE_OK)
-    return db_fail(db_, path_, "prepare");
-  auto text = [&](int i, const std::string& s) {
-    sqlite3_bind_text(st.s, i, s.data(), static_cast<int>(s.size()), SQLITE_TRANSIENT);
-  };
+  sqlite3_stmt* s = st_->upsert;
+  reset_on_exit r{s};
   auto real = [&](int i, double d) {
-    if (std::isfinite(d)) sqlite3_bind_double(st.s, i, d); else sqlite3_bind_null(st.s, i);
+    if (std::isfinite(d)) sqlite3_bind_double(s, i, d); else sqlite3_bind_null(s, i);
   };
-  if (bind_id) sqlite3_bind_int64(st.s, 1, in.id); else sqlite3_bind_null(st.s, 1);
-  text(2, in.task_id);
-  text(3, in.task_name);
-  text(4, in.hardware);
-  text(5, in.code);
-  text(6, in.code_hash);
-  text(7, in.status);
-  sqlite3_bind_int(st.s, 8, in.correct ? 1 : 0);
+  if (bind_id) sqlite3_bind_int64(s, 1, in.id); else sqlite3_bind_null(s, 1);
+  bind_text(s, 2, in.task_id);
+  bind_text(s, 3, in.task_name);
+  bind_text(s, 4, in.hardware);
+  bind_text(s, 5, in.code);
+  bind_text(s, 6, in.code_hash);
+  bind_text(s, 7, in.status);
+  sqlite3_bind_int(s, 8, in.correct ? 1 : 0);
   real(9, in.speedup ? *in.speedup : nan_v);
   real(10, in.spread);
   real(11, in.ref_ms);
   real(12, in.cand_ms);
   real(13, in.reward);
-  text(14, *checks);
-  text(15, in.message);
-  sqlite3_bind_int64(st.s, 16, static_cast<std::int64_t>(in.policy_version));
-  text(17, in.prompt_id);
-  sqlite3_bind_int64(st.s, 18, static_cast<std::int64_t>(in.group_id));
-  text(19, *exemplars);
-  sqlite3_bind_int64(st.s, 20, in.time_ms != 0 ? in.time_ms : now_ms());
-  sqlite3_bind_int64(st.s, 21, in.count);
-  if (sqlite3_step(st.s) != SQLITE_ROW) return db_fail(db_, path_, "record");
-  std::int64_t id = sqlite3_column_int64(st.s, 0);
-  if (sqlite3_step(st.s) != SQLITE_DONE) return db_fail(db_, path_, "record");
+  bind_text(s, 14, *checks);
+  bind_text(s, 15, in.message);
+  sqlite3_bind_int64(s, 16, static_cast<std::int64_t>(in.policy_version));
+  bind_text(s, 17, in.prompt_id);
+  sqlite3_bind_int64(s, 18, static_cast<std::int64_t>(in.group_id));
+  bind_text(s, 19, *exemplars);
+  sqlite3_bind_int64(s, 20, in.time_ms != 0 ? in.time_ms : now_ms());
+  sqlite3_bind_int64(s, 21, in.count);
+  bind_text(s, 22, in.completion);
+  if (sqlite3_step(s) != SQLITE_ROW) return db_fail(db_, path_, "record");
+  std::int64_t id = sqlite3_column_int64(s, 0);
+  if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record");
   return id;
 }
 
 result<variant_record> replay_store::find(std::int64_t id) const {
-  statement st;
-  std::string sql = std::string(select_columns) + "WHERE id = ?1";
-  if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
-    return db_fail(db_, path_, "prepare");
-  sqlite3_bind_int64(st.s, 1, id);
-  int rc = sqlite3_step(st.s);
+  sqlite3_stmt* s = st_->find;
+  reset_on_exit r{s};
+  sqlite3_bind_int64(s, 1, id);
+  int rc = sqlite3_step(s);
   if (rc == SQLITE_DONE)
     return fail(errc::not_found, where(path_), ": no variant with id ", std::to_string(id));
   if (rc != SQLITE_ROW) return db_fail(db_, path_, "find");
-  return read_row(st.s);
+  return read_row(s);
 }
 
 result<std::int64_t> replay_store::count() const {
@@ -362,12 +556,69 @@ result<std::int64_t> replay_store::count() const {
   return static_cast<std::int64_t>(sqlite3_column_int64(st.s, 0));
 }
 
+result<std::vector<variant_record>> replay_store::successful_variants(std::string_view task_id,
+                                                                      std::string_view hardware,
+                                                                      variant_fields fields) const {
+  const bool full = fields == variant_fields::full;
+  sqlite3_stmt* s = full ? st_->success_full : st_->success_summary;
+  reset_on_exit r{s};
+  bind_text(s, 1, task_id);
+  bind_text(s, 2, hardware);
+  std::vector<variant_record> out;
+  int rc;
+  while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    if (full) {
+      out.push_back(read_row(s));
+      continue;
+    }
+    variant_record& v = out.emplace_back();
+    v.id = sqlite3_column_int64(s, 0);
+    v.task_id = task_id;
+    v.hardware = hardware;
+    v.code_hash = column_text(s, 1);
+    v.status = "ok";
+    v.correct = true;
+    v.speedup = sqlite3_column_double(s, 2);
+    v.reward = sqlite3_column_double(s, 3);
+  }
+  if (rc != SQLITE_DONE) return db_fail(db_, path_, "successful variants");
+  return out;
+}
+
+result<void> replay_store::record_prompt(std::string_view prompt_id, std::string_view text) {
+  return insert_prompt(db_, path_, st_->prompt_insert, st_->prompt_get, prompt_id, text, now_ms());
+}
+
+result<prompt_record> replay_store::find_prompt(std::string_view prompt_id) const {
+  sqlite3_stmt* s = st_->prompt_get;
+  reset_on_exit r{s};
+  bind_text(s, 1, prompt_id);
+  int rc = sqlite3_step(s);
+  if (rc == SQLITE_DONE)
+    return fail(errc::not_found, where(path_), ": no prompt with id ", std::string(prompt_id));
+  if (rc != SQLITE_ROW) return db_fail(db_, path_, "find prompt");
+  return prompt_record{column_text(s, 0), column_text(s, 1), sqlite3_column_int64(s, 2)};
+}
+
 result<void> replay_store::export_jsonl(const std::filesystem::path& path) const {
+  std::string out;
+  {
+    statement st;
+    if (sqlite3_prepare_v2(db_, "SELECT prompt_id, text, created_ms FROM prompts ORDER BY prompt_id",
+                           -1, &st.s, nullptr) != SQLITE_OK)
+      return db_fail(db_, path_, "prepare");
+    int rc;
+    while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
+      out += prompt_json_line(
+        {column_text(st.s, 0), column_text(st.s, 1), sqlite3_column_int64(st.s, 2)});
+      out += '\n';
+    }
+    if (rc != SQLITE_DONE) return db_fail(db_, path_, "export");
+  }
   statement st;
-  std::string sql = std::string(select_columns) + "ORDER BY id";
+  std::string sql = std::string(detail::select_columns) + "ORDER BY id";
   if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &st.s, nullptr) != SQLITE_OK)
     return db_fail(db_, path_, "prepare");
-  std::string out;
   int rc;
   while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
     out += to_json_line(read_row(st.s));
@@ -386,41 +637,104 @@ result<std::int64_t> replay_store::import_jsonl(const std::filesystem::path& pat
   if (!text.ok()) return text.error();
   // Parse and check every line before touching the database.
   std::vector<variant_record> rows;
+  std::vector<std::pair<std::int64_t, prompt_record>> prompts;  // with their line numbers
   std::string_view rest = *text;
   std::int64_t line_no = 0;
+  auto where_line = [&](std::int64_t n) { return path.string() + ":" + std::to_string(n) + ": "; };
   while (!rest.empty()) {
     ++line_no;
     auto nl = rest.find('\n');
     std::string_view line = rest.substr(0, nl);
     rest = nl == std::string_view::npos ? std::string_view{} : rest.substr(nl + 1);
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    auto where_line = [&] { return path.string() + ":" + std::to_string(line_no) + ": "; };
     auto j = parse_json(line, "line");
     if (!j.ok())
-      return fail(errc::corrupt, "replay store import: ", where_line(), j.error().message);
+      return fail(errc::corrupt, "replay store import: ", where_line(line_no), j.error().message);
+    if (const json_value* kind = j->is_object() ? j->find("kind") : nullptr) {
+      if (!kind->is_string() || kind->as_string() != "prompt")
+        return fail(errc::corrupt, "replay store import: ", where_line(line_no),
+                    "field \"kind\" must be \"prompt\" where present");
+      const json_value* id = j->find("prompt_id");
+      const json_value* t = j->find("text");
+      const json_value* created = j->find("created_ms");
+      if (!id || !id->is_string() || id->as_string().empty() || !t || !t->is_string() ||
+          !created || !created->is_int())
+        return fail(errc::corrupt, "replay store import: ", where_line(line_no),
+                    "a prompt line needs prompt_id (non-empty string), text (string) and "
+                    "created_ms (integer)");
+      prompts.emplace_back(line_no, prompt_record{id->as_string(), t->as_string(), created->as_int()});
+      continue;
+    }
     variant_record v;
     if (auto e = from_json(*j, v))
-      return fail(errc::corrupt, "replay store import: ", where_line(), *e);
+      return fail(errc::corrupt, "replay store import: ", where_line(line_no), *e);
     if (v.task_id.empty() || v.hardware.empty() || v.code_hash.empty())
-      return fail(errc::corrupt, "replay store import: ", where_line(),
+      return fail(errc::corrupt, "replay store import: ", where_line(line_no),
                   "task_id, hardware and code_hash must not be empty");
     rows.push_back(std::move(v));
   }
-  if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK)
-    return db_fail(db_, path_, "begin import");
+  if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin import"); !r.ok()) return r.error();
+  for (const auto& [n, p] : prompts) {
+    auto r = insert_prompt(db_, path_, st_->prompt_insert, st_->prompt_get, p.prompt_id, p.text,
+                           p.created_ms);
+    if (!r.ok()) {
+      rollback(db_);
+      return fail(r.error().code, "replay store import: ", where_line(n), r.error().message);
+    }
+  }
   for (const auto& v : rows) {
     auto r = upsert(v, true);
     if (!r.ok()) {
-      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      rollback(db_);
       return r.error();
     }
   }
-  if (sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr) != SQLITE_OK) {
-    auto e = db_fail(db_, path_, "commit import");
-    sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-    return e;
+  if (auto r = exec(db_, path_, "COMMIT", "commit import"); !r.ok()) {
+    rollback(db_);
+    return r.error();
   }
-  return static_cast<std::int64_t>(rows.size());
+  return static_cast<std::int64_t>(rows.size() + prompts.size());
+}
+
+result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::path& path,
+                                                        const sft_options& opts) const {
+  if (!std::isfinite(opts.min_speedup))
+    return fail(errc::invalid_arg, where(path_), ": SFT export: min_speedup must be finite");
+  statement st;
+  const char* sql =
+    "SELECT v.id, v.task_id, v.hardware, v.speedup, v.completion, p.text"
+    " FROM variants v LEFT JOIN prompts p ON p.prompt_id = v.prompt_id"
+    " WHERE v.status = 'ok' AND v.correct = 1 AND v.speedup IS NOT NULL AND v.speedup >= ?1"
+    " AND (?2 = '' OR v.hardware = ?2) ORDER BY v.id";
+  if (sqlite3_prepare_v2(db_, sql, -1, &st.s, nullptr) != SQLITE_OK)
+    return db_fail(db_, path_, "prepare");
+  sqlite3_bind_double(st.s, 1, opts.min_speedup);
+  bind_text(st.s, 2, opts.hardware);
+  sft_export_stats stats;
+  std::string out;
+  int rc;
+  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
+    if (sqlite3_column_type(st.s, 5) == SQLITE_NULL || sqlite3_column_bytes(st.s, 4) == 0) {
+      ++stats.skipped;
+      continue;
+    }
+    std::string o = "{";
+    key(o, "prompt", true); append_json_string(o, column_text(st.s, 5));
+    key(o, "completion"); append_json_string(o, column_text(st.s, 4));
+    key(o, "task"); append_json_string(o, column_text(st.s, 1));
+    key(o, "speedup"); append_double(o, sqlite3_column_double(st.s, 3));
+    key(o, "hardware"); append_json_string(o, column_text(st.s, 2));
+    key(o, "variant_id"); o += std::to_string(sqlite3_column_int64(st.s, 0));
+    o += "}\n";
+    out += o;
+    ++stats.written;
+  }
+  if (rc != SQLITE_DONE) return db_fail(db_, path_, "SFT export");
+  auto w = write_file_atomic(path, out);
+  if (!w.ok())
+    return fail(w.error().code, where(path_), ": SFT export to ", path.string(), ": ",
+                w.error().message);
+  return stats;
 }
 
 } // namespace crucible::storage

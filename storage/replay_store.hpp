@@ -4,8 +4,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/error.hpp"
 
@@ -40,15 +44,68 @@ struct variant_record {
   std::string exemplar_ids = "[]";  ///< JSON array text of the variant ids it was prompted with
   std::int64_t time_ms = 0;         ///< unix ms of the kept verdict; record() fills 0 with now
   std::int64_t count = 1;           ///< times this code was recorded; record() adds `count`
+  std::string completion;  ///< full model response the code was parsed from; empty for seeds
 
   bool operator==(const variant_record&) const = default;
+};
+
+/// A prompt as the replay store keeps it: variants point at it through `prompt_id`. Value type.
+struct prompt_record {
+  std::string prompt_id;
+  std::string text;            ///< the full prompt text the policy saw (chat template applied)
+  std::int64_t created_ms = 0; ///< unix ms of the first record_prompt() call for this id
+
+  bool operator==(const prompt_record&) const = default;
+};
+
+/// A hacking case: a variant the evaluator flagged, with the checks that caught it. A variant
+/// is flagged when its status is "rejected", or "incorrect" with a non-empty checks_failed.
+struct hack_case {
+  variant_record variant;
+  std::vector<std::string> checks;  ///< checks_failed split, e.g. {"static:threads"}
+};
+
+/// A hacking case ranked against a candidate by similar_hacks().
+struct similar_hack {
+  hack_case hack;
+  double similarity = 0.0;  ///< Jaccard similarity of token 3-shingle sets, in [0, 1]
+};
+
+/// Which hacking cases list_hacks() and similar_hacks() consider; empty fields match all.
+struct hack_filter {
+  std::string task_id;
+  std::string check;  ///< a check name, e.g. "runtime:timer"; only cases it caught
+};
+
+/// Which columns successful_variants() fills.
+enum class variant_fields : std::uint8_t {
+  summary,  ///< id, task_id, hardware, code_hash, status, correct, speedup, reward (index only)
+  full,     ///< every column, as find() returns it
+};
+
+/// Options of export_sft_jsonl().
+struct sft_options {
+  double min_speedup = 1.0;  ///< verified variants with speedup ≥ this are written
+  std::string hardware;      ///< only this hardware kind; empty: all
+};
+
+/// What export_sft_jsonl() wrote.
+struct sft_export_stats {
+  std::int64_t written = 0;
+  std::int64_t skipped = 0;  ///< qualifying variants without a stored prompt text or completion
 };
 
 /// The replay store. One SQLite connection; not thread-safe (one owner, e.g. one actor).
 /// Movable, not copyable. Several processes may open the same file (WAL, busy timeout).
 class replay_store final {
 public:
-  /// Opens or creates the database at `path` (WAL, synchronous=FULL). errc::io names the file.
+  /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
+  /// only); open() upgrades older files in place.
+  static constexpr int schema_version = 1;
+
+  /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
+  /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file
+  /// written by a newer schema.
   static result<replay_store> open(const std::filesystem::path& path);
 
   replay_store(replay_store&& other) noexcept;
@@ -59,10 +116,15 @@ public:
 
   /// Records one evaluated variant and returns its row id; durable once this returns. The same
   /// (task_id, hardware, code_hash) is stored once: a repeat adds its count to the row and
-  /// replaces the verdict and provenance only if its reward is strictly higher (best kept;
-  /// ties keep the earlier). errc::invalid_arg for an empty key field or JSON fields that are
-  /// not arrays.
+  /// replaces the verdict and provenance (code and completion included) only if its reward is
+  /// strictly higher (best kept; ties keep the earlier). errc::invalid_arg for an empty key
+  /// field or JSON fields that are not arrays.
   result<std::int64_t> record(const variant_record& v);
+
+  /// Records `rows` as record() would, in one transaction: durable once this returns, and all
+  /// or nothing (a row that fails rolls the whole batch back; the error names its index).
+  /// Returns the row ids in input order. One commit (one fsync) per batch instead of per row.
+  result<std::vector<std::int64_t>> record_batch(std::span<const variant_record> rows);
 
   /// The row with id `id`; errc::not_found when there is none.
   result<variant_record> find(std::int64_t id) const;
@@ -70,15 +132,50 @@ public:
   /// Number of distinct rows (not the sum of counts).
   result<std::int64_t> count() const;
 
-  /// Writes every row, in id order, as one JSON object per line to `path` (replaced
-  /// atomically via a temporary file).
+  /// The successful variants of (task_id, hardware): status "ok", correct, speedup and reward
+  /// present; the candidates of select_exemplars(). Ordered by reward, then code_hash. With
+  /// variant_fields::summary (the default) the rows come from a covering index and carry no
+  /// code or provenance: fetch the chosen ones with find().
+  result<std::vector<variant_record>> successful_variants(
+    std::string_view task_id, std::string_view hardware,
+    variant_fields fields = variant_fields::summary) const;
+
+  /// Stores the text of prompt `prompt_id`; durable once this returns. Idempotent: the same id
+  /// with the same text again changes nothing; the same id with another text is refused with
+  /// errc::invalid_arg (a prompt id names one text).
+  result<void> record_prompt(std::string_view prompt_id, std::string_view text);
+
+  /// The prompt with this id; errc::not_found when there is none.
+  result<prompt_record> find_prompt(std::string_view prompt_id) const;
+
+  /// The hacking cases matching `filter`, in id order.
+  result<std::vector<hack_case>> list_hacks(const hack_filter& filter = {}) const;
+
+  /// The `k` hacking cases (matching `filter`) whose code is most similar to `code`: Jaccard
+  /// similarity of token 3-shingle sets (see code_similarity.hpp; comments and whitespace do
+  /// not count), highest first, ties by id. Exact: every matching case is compared.
+  result<std::vector<similar_hack>> similar_hacks(std::string_view code, std::size_t k,
+                                                  const hack_filter& filter = {}) const;
+
+  /// Writes every prompt, then every variant in id order, as one JSON object per line to
+  /// `path` (replaced atomically via a temporary file). Prompt lines carry "kind":"prompt".
   result<void> export_jsonl(const std::filesystem::path& path) const;
 
-  /// Merges the rows of a file written by export_jsonl, in one transaction: a malformed line
-  /// (bad JSON, missing or mistyped field) is refused with errc::corrupt naming the file and
-  /// its line number, and nothing is imported. Rows keep their exported id when it is free
-  /// in this store; duplicates merge as in record(). Returns the number of lines imported.
+  /// Merges the prompts and rows of a file written by export_jsonl, in one transaction: a
+  /// malformed line (bad JSON, missing or mistyped field) is refused with errc::corrupt naming
+  /// the file and its line number, and nothing is imported. Rows keep their exported id when it
+  /// is free in this store; duplicates merge as in record(). A variant line without
+  /// "completion" (older exports) imports with an empty one. Returns the number of lines
+  /// imported.
   result<std::int64_t> import_jsonl(const std::filesystem::path& path);
+
+  /// Writes the SFT pairs of the verified variants (status "ok", correct, speedup ≥
+  /// opts.min_speedup, of opts.hardware when given) to `path`, in id order, one JSON object per
+  /// line: {"prompt","completion","task","speedup","hardware","variant_id"}; the file is
+  /// replaced atomically. Variants without a stored prompt text or with an empty completion
+  /// are skipped and counted.
+  result<sft_export_stats> export_sft_jsonl(const std::filesystem::path& path,
+                                            const sft_options& opts) const;
 
   /// The database file.
   const std::filesystem::path& path() const noexcept { return path_; }
@@ -87,11 +184,14 @@ public:
   sqlite3* handle() const noexcept { return db_; }
 
 private:
-  replay_store(sqlite3* db, std::filesystem::path path) : db_(db), path_(std::move(path)) {}
+  struct statements;  // prepared once per connection (replay_store.cpp)
+
+  replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st);
   result<std::int64_t> upsert(const variant_record& v, bool keep_id);
 
   sqlite3* db_ = nullptr;
   std::filesystem::path path_;
+  std::unique_ptr<statements> st_;
 };
 
 } // namespace crucible::storage

@@ -107,7 +107,8 @@ verdict failed_verdict(verdict_status status) {
 template <> struct sample<scored_variant> {
   static scored_variant make() {
     return {sample<variant_id>::make(), sample<group_id>::make(), sample<task_id>::make(),
-            sample<candidate>::make().code, sample<verdict>::make()};
+            sample<candidate>::make().code, sample<verdict>::make(), "h100", policy_version{3},
+            {variant_id{5}, variant_id{9}}};
   }
 };
 
@@ -130,6 +131,17 @@ template <> struct sample<rollout_group> {
     return {sample<group_id>::make(), sample<task_id>::make(), {5, 6, 7},
             sample<generation_result>::make().completions, {sample<verdict>::make(), failed}};
   }
+};
+
+template <> struct sample<group_announce> {
+  static group_announce make() {
+    return {sample<group_id>::make(), sample<task_id>::make(), {5, 6, 7},
+            sample<generation_result>::make().completions, {variant_id{11}, variant_id{12}}};
+  }
+};
+
+template <> struct sample<exemplar_stats> {
+  static exemplar_stats make() { return {100, 1, 9, 2, 3, 4, 5, 6, 7}; }
 };
 
 template <> struct sample<train_report> {
@@ -270,7 +282,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 23, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 25, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 
@@ -357,7 +369,7 @@ TEST_CASE_FIXTURE(fixture, "NaN and infinite numbers round-trip bit-exactly, alo
     CHECK(std::bit_cast<std::uint64_t>(x) == std::bit_cast<std::uint64_t>(y));
 
   auto msg = deserialize<caf::message>(sys, serialize(sys, caf::make_message(scored_variant{
-                                                                variant_id{1}, group_id{2}, task_id{"t"}, "c", failed})));
+                                                                variant_id{1}, group_id{2}, task_id{"t"}, "c", failed, "h100", policy_version{1}, {}})));
   REQUIRE(msg.match_elements<scored_variant>());
   CHECK(std::isnan(msg.get_as<scored_variant>(0).verdict.speedup));
   CHECK(msg.get_as<scored_variant>(0).verdict == failed);

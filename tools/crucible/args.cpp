@@ -80,10 +80,10 @@ result<parsed_args> parse_args(const command_spec& spec, const std::vector<std::
   if (out.positional.size() < spec.positionals.size())
     return fail(errc::invalid_arg, who, ": missing ", spec.positionals[out.positional.size()],
                 "; usage: crucible ", spec.name, " ", spec.usage);
-  if (out.positional.size() > spec.positionals.size())
-    return fail(errc::invalid_arg, who, ": unexpected argument '",
-                out.positional[spec.positionals.size()], "'; usage: crucible ", spec.name, " ",
-                spec.usage);
+  const auto most = spec.positionals.size() + spec.optional_positionals.size();
+  if (out.positional.size() > most)
+    return fail(errc::invalid_arg, who, ": unexpected argument '", out.positional[most],
+                "'; usage: crucible ", spec.name, " ", spec.usage);
   return out;
 }
 

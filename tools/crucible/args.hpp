@@ -27,6 +27,7 @@ struct command_spec {
   std::string description; ///< shown in `crucible NAME --help`
   std::vector<std::string> positionals; ///< names of required positional arguments
   std::vector<option_spec> options;
+  std::vector<std::string> optional_positionals = {}; ///< names of trailing positionals that may be absent
 };
 
 /// The parsed command line of one subcommand.

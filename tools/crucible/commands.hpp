@@ -30,6 +30,7 @@ command tasks_command();
 command tokenizer_command();
 command init_model_command();
 command generate_command();
+command replay_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();

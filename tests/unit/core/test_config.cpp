@@ -182,3 +182,115 @@ TEST_CASE("evaluator values are validated, alone and against each other") {
   CHECK(problems_of("reward:\n  shape: cubic\n")
         == "configs/x.yaml:2: reward.shape: expected one of speedup, log_speedup, clipped, got \"cubic\"");
 }
+
+TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
+  auto cfg = parse_config("exemplar:\n  method: random\n  n: 4\n  tau: 0.5\n  bucket_width: 0.25\n  islands: 3\n"
+                          "  straggler_timeout_s: 30\n  straggler_policy: fill\n"
+                          "prompt:\n  template: my/prompts.yaml\n  max_tokens: 8192\n  max_exemplar_chars: 5000\n"
+                          "  min_exemplar_chars: 200\n  chat_template: none\n  max_response_chars: 1000\n"
+                          "  require_sections: false\n", "a.yaml");
+  REQUIRE(cfg.ok());
+  const auto& x = cfg->exemplar;
+  CHECK(x.method == exemplar_method::random);
+  CHECK(x.n == 4);
+  CHECK(x.tau == 0.5);
+  CHECK(x.bucket_width == 0.25);
+  CHECK(x.islands == 3);
+  CHECK(x.straggler_timeout_s == 30);
+  CHECK(x.straggler == straggler_policy::fill);
+  const auto& p = cfg->prompt;
+  CHECK(p.template_file == "my/prompts.yaml");
+  CHECK(p.max_tokens == 8192);
+  CHECK(p.max_exemplar_chars == 5000);
+  CHECK(p.min_exemplar_chars == 200);
+  CHECK(p.chat_template == chat_template_mode::none);
+  CHECK(p.max_response_chars == 1000);
+  CHECK_FALSE(p.require_sections);
+  auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->exemplar.straggler == straggler_policy::fill);
+  CHECK(again->exemplar.method == exemplar_method::random);
+  CHECK(again->prompt.template_file == "my/prompts.yaml");
+  CHECK(again->prompt.chat_template == chat_template_mode::none);
+  CHECK(again->prompt.max_tokens == 8192);
+  CHECK(std::string{to_string(chat_template_mode::automatic)} == "auto");
+  CHECK(std::string{to_string(straggler_policy::drop)} == "drop");
+  CHECK(std::string{to_string(exemplar_method::island)} == "island");
+  // Defaults.
+  config d;
+  CHECK(d.exemplar.straggler_timeout_s == 600);
+  CHECK(d.exemplar.straggler == straggler_policy::drop);
+  CHECK(d.prompt.template_file.empty());
+  CHECK(d.prompt.max_tokens == 4096);
+  CHECK(d.prompt.chat_template == chat_template_mode::automatic);
+}
+
+TEST_CASE("exemplar and prompt values are validated with the key named") {
+  CHECK(problems_of("exemplar:\n  method: greedy\n")
+        == "configs/x.yaml:2: exemplar.method: expected one of contrastive, random, island, got \"greedy\"");
+  CHECK(problems_of("exemplar:\n  n: 0\n") == "configs/x.yaml:2: exemplar.n: expected a positive integer, got 0");
+  CHECK(problems_of("exemplar:\n  tau: -1\n") == "configs/x.yaml:2: exemplar.tau: expected a positive number, got -1");
+  CHECK(problems_of("exemplar:\n  bucket_width: 0\n")
+        == "configs/x.yaml:2: exemplar.bucket_width: expected a positive number, got 0");
+  CHECK(problems_of("exemplar:\n  islands: 0\n") == "configs/x.yaml:2: exemplar.islands: expected a positive integer, got 0");
+  CHECK(problems_of("exemplar:\n  straggler_timeout_s: 0\n")
+        == "configs/x.yaml:2: exemplar.straggler_timeout_s: expected a positive number, got 0");
+  CHECK(problems_of("exemplar:\n  straggler_policy: wait\n")
+        == "configs/x.yaml:2: exemplar.straggler_policy: expected one of drop, fill, got \"wait\"");
+  CHECK(problems_of("prompt:\n  max_tokens: 0\n") == "configs/x.yaml:2: prompt.max_tokens: expected a positive integer, got 0");
+  CHECK(problems_of("prompt:\n  chat_template: jinja\n")
+        == "configs/x.yaml:2: prompt.chat_template: expected one of auto, none, got \"jinja\"");
+  CHECK(problems_of("prompt:\n  max_exemplar_chars: -3\n")
+        == "configs/x.yaml:2: prompt.max_exemplar_chars: expected an integer ≥ 0, got -3");
+  CHECK(problems_of("prompt:\n  max_exemplar_chars: 100\n  min_exemplar_chars: 200\n")
+        == "configs/x.yaml: prompt.max_exemplar_chars: must be 0 or at least prompt.min_exemplar_chars (200)");
+  CHECK(problems_of("prompt:\n  templte: x.yaml\n").find("prompt.templte: unknown key (did you mean prompt.template?)")
+        != std::string::npos);
+  CHECK(problems_of("", {"prompt.require_sections=maybe"})
+        == "--set prompt.require_sections=maybe: prompt.require_sections: expected true or false, got \"maybe\"");
+}
+
+TEST_CASE("learner: defaults, typed values and errors that name the key") {
+  auto defaults = parse_config("", "a.yaml");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->learner.aggregation == loss_aggregation::token_mean);
+  CHECK(defaults->learner.old_log_probs == old_log_probs_source::recompute);
+  CHECK(defaults->learner.dtype == "float32");
+  CHECK_FALSE(defaults->learner.lora);
+
+  auto cfg = parse_config("learner:\n  lr: 2.0e-5\n  aggregation: constant\n  constant_tokens: 4096\n"
+                          "  kl_estimator: k1\n  reward_transform: normalize_clip\n  old_logprobs: auto\n"
+                          "  schedule: cosine\n  warmup_steps: 10\n  total_steps: 100\n  dtype: bfloat16\n"
+                          "  lora: true\n  lora_targets: [q_proj, down_proj]\n  std_normalize: false\n",
+                          "a.yaml");
+  REQUIRE(cfg.ok());
+  const auto& l = cfg->learner;
+  CHECK(l.lr == 2.0e-5);
+  CHECK(l.aggregation == loss_aggregation::constant);
+  CHECK(l.constant_tokens == 4096);
+  CHECK(l.kl == kl_estimator::k1);
+  CHECK(l.rewards == reward_transform::normalize_clip);
+  CHECK(l.old_log_probs == old_log_probs_source::automatic);
+  CHECK(l.schedule == lr_schedule::cosine);
+  CHECK(l.dtype == "bfloat16");
+  CHECK(l.lora);
+  CHECK(l.lora_targets == std::vector<std::string>{"q_proj", "down_proj"});
+  CHECK_FALSE(l.std_normalize);
+  auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(to_yaml(*again) == to_yaml(*cfg));
+  CHECK(again->learner.old_log_probs == old_log_probs_source::automatic);
+
+  CHECK(problems_of("learner:\n  aggregation: mean\n")
+        == "configs/x.yaml:2: learner.aggregation: expected one of token_mean, sequence_mean, constant, got \"mean\"");
+  CHECK(problems_of("learner:\n  clip_low: 1.5\n")
+        == "configs/x.yaml:2: learner.clip_low: expected a number in [0, 1), got 1.5");
+  CHECK(problems_of("learner:\n  dtype: float16\n")
+        == "configs/x.yaml:2: learner.dtype: expected one of float32, bfloat16, got \"float16\"");
+  CHECK(problems_of("learner:\n  lora_targets: [q_proj, qk_proj]\n").find("learner.lora_targets: expected") !=
+        std::string::npos);
+  CHECK(problems_of("learner:\n  micro_batch_tokens: 0\n").find("learner.micro_batch_tokens") != std::string::npos);
+  CHECK(problems_of("learner:\n  schedule: cosine\n  warmup_steps: 10\n")
+        == "configs/x.yaml: learner.total_steps: must exceed learner.warmup_steps (10) with the cosine schedule");
+  CHECK(problems_of("learner:\n  kl_cof: 0.1\n") == "configs/x.yaml:2: learner.kl_cof: unknown key (did you mean learner.kl_coef?)");
+}

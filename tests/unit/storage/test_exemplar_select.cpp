@@ -255,3 +255,29 @@ TEST_CASE("invalid options are refused with errc::config naming the field") {
   refused(o, "exemplar.islands");
   CHECK(validate(exemplar_options{}).ok());
 }
+
+TEST_CASE("the exemplar config section converts field by field") {
+  auto cfg = parse_config("exemplar:\n  method: island\n  n: 3\n  tau: 0.25\n  bucket_width: 0.1\n  islands: 7\n", "t.yaml");
+  REQUIRE(cfg.ok());
+  auto o = to_exemplar_options(cfg->exemplar);
+  CHECK(o.method == selection_method::island);
+  CHECK(o.n == 3);
+  CHECK(o.tau == 0.25);
+  CHECK(o.bucket_width == 0.1);
+  CHECK(o.islands == 7);
+  CHECK(validate(o).ok());
+  CHECK(to_exemplar_options(exemplar_config{}).method == selection_method::contrastive);
+  exemplar_config r;
+  r.method = exemplar_method::random;
+  CHECK(to_exemplar_options(r).method == selection_method::random);
+  // Defaults agree on both sides, so a config without `exemplar:` selects as storage's defaults do.
+  auto d = to_exemplar_options(exemplar_config{});
+  exemplar_options s;
+  CHECK(d.n == s.n);
+  CHECK(d.tau == s.tau);
+  CHECK(d.bucket_width == s.bucket_width);
+  CHECK(d.islands == s.islands);
+  exemplar_config bad;
+  bad.n = -1;
+  CHECK_FALSE(validate(to_exemplar_options(bad)).ok());
+}

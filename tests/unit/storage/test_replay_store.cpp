@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "core/file_io.hpp"
+#include "core/json_parse.hpp"
+#include "storage/exemplar_select.hpp"
 #include "storage/replay_store.hpp"
 #include "storage_test_util.hpp"
 
@@ -42,7 +45,25 @@ variant_record sample(int i) {
   v.group_id = 42;
   v.exemplar_ids = "[1,2,3]";
   v.time_ms = 1700000000000 + i;
+  v.completion = "## Code Implementation\n```python\n" + v.code + "\n```";
   return v;
+}
+
+std::int64_t exec_int(sqlite3* db, const char* sql) {
+  sqlite3_stmt* s = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db, sql, -1, &s, nullptr) == SQLITE_OK);
+  std::int64_t out = -1;
+  if (sqlite3_step(s) == SQLITE_ROW) out = sqlite3_column_int64(s, 0);
+  sqlite3_finalize(s);
+  return out;
+}
+
+void exec_ok(sqlite3* db, const std::string& sql) {
+  char* err = nullptr;
+  int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  INFO(sql, ": ", err ? err : "");
+  sqlite3_free(err);
+  REQUIRE(rc == SQLITE_OK);
 }
 
 std::string exec_text(sqlite3* db, const char* sql) {
@@ -220,6 +241,9 @@ TEST_CASE("a malformed JSONL line is refused with its line number and nothing is
 }
 
 TEST_CASE("a SIGKILLed recorder leaves an intact store holding every returned record") {
+  std::int64_t batch = 1;
+  SUBCASE("record") { batch = 1; }
+  SUBCASE("record_batch") { batch = 25; }
   temp_dir tmp;
   const auto db = tmp.path() / "replay.db";
   constexpr int min_reported = 200;
@@ -234,11 +258,24 @@ TEST_CASE("a SIGKILLed recorder leaves an intact store holding every returned re
     ::close(fds[0]);
     auto store = replay_store::open(db);
     if (!store.ok()) ::_exit(10);
-    for (std::int64_t i = 0; i < max_records; ++i) {
-      auto id = store->record(sample(static_cast<int>(i)));
-      if (!id.ok()) ::_exit(11);
-      std::int64_t msg[2] = {i, *id};
-      if (::write(fds[1], msg, sizeof msg) != static_cast<ssize_t>(sizeof msg)) ::_exit(12);
+    for (std::int64_t i = 0; i < max_records; i += batch) {
+      // Report a record only after record()/record_batch() returned: from then on it is durable.
+      std::vector<variant_record> rows;
+      for (std::int64_t j = i; j < i + batch; ++j) rows.push_back(sample(static_cast<int>(j)));
+      std::vector<std::int64_t> ids;
+      if (batch == 1) {
+        auto id = store->record(rows[0]);
+        if (!id.ok()) ::_exit(11);
+        ids.push_back(*id);
+      } else {
+        auto got = store->record_batch(rows);
+        if (!got.ok()) ::_exit(11);
+        ids = *got;
+      }
+      for (std::int64_t j = 0; j < batch; ++j) {
+        std::int64_t msg[2] = {i + j, ids[static_cast<std::size_t>(j)]};
+        if (::write(fds[1], msg, sizeof msg) != static_cast<ssize_t>(sizeof msg)) ::_exit(12);
+      }
     }
     for (;;) ::pause();
   }
@@ -286,4 +323,334 @@ TEST_CASE("a SIGKILLed recorder leaves an intact store holding every returned re
       FAIL("id ", msg[1], " holds the wrong code");
   }
   REQUIRE(store->record(sample(max_records + 1)).ok());  // the store still takes writes
+}
+
+TEST_CASE("record_batch stores every row in one transaction and returns ids in input order") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  std::vector<variant_record> rows;
+  for (int i = 0; i < 10; ++i) rows.push_back(sample(i));
+  rows.push_back(sample(3));  // a repeat inside the batch merges into row 3
+  auto ids = store->record_batch(rows);
+  REQUIRE(ids.ok());
+  REQUIRE(ids->size() == rows.size());
+  CHECK((*ids)[10] == (*ids)[3]);
+  CHECK(*store->count() == 10);
+  for (int i = 0; i < 10; ++i) {
+    auto got = store->find((*ids)[static_cast<std::size_t>(i)]);
+    REQUIRE(got.ok());
+    auto want = sample(i);
+    want.id = got->id;
+    want.count = i == 3 ? 2 : 1;
+    CHECK(*got == want);
+  }
+  auto none = store->record_batch({});
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+}
+
+TEST_CASE("a failing row rolls the whole batch back") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  auto kept = store->record(sample(0));
+  REQUIRE(kept.ok());
+
+  std::vector<variant_record> rows{sample(1), sample(0), sample(2), sample(3)};  // sample(0): +1 count
+  SUBCASE("a row the store refuses (bad exemplar_ids)") {
+    rows[2].exemplar_ids = "[\"x\"]";
+    auto r = store->record_batch(rows);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().code == errc::invalid_arg);
+    CHECK(r.error().message.find("row 2 of a batch of 4") != std::string::npos);
+  }
+  SUBCASE("a row SQLite aborts mid-transaction") {
+    // A temporary trigger makes the third row fail inside SQLite, after two rows were written.
+    exec_ok(store->handle(),
+            "CREATE TEMP TRIGGER boom BEFORE INSERT ON main.variants WHEN NEW.task_id = 'boom'"
+            " BEGIN SELECT RAISE(ABORT, 'boom'); END");
+    rows[2].task_id = "boom";
+    auto r = store->record_batch(rows);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().code == errc::io);
+    CHECK(r.error().message.find("boom") != std::string::npos);
+    CHECK(r.error().message.find("row 2") != std::string::npos);
+  }
+  CHECK(*store->count() == 1);
+  CHECK(store->find(*kept)->count == 1);  // the merge of row 1 was rolled back too
+  CHECK(sqlite3_get_autocommit(store->handle()) != 0);  // no transaction left open
+  // The store takes the next batch.
+  auto next = store->record_batch(std::vector<variant_record>{sample(5), sample(6)});
+  REQUIRE(next.ok());
+  CHECK(*store->count() == 3);
+}
+
+TEST_CASE("prompts are stored once per id and looked up by id") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  const std::string text = "<|im_start|>system\nWrite a faster kernel.\n\xE2\x9C\x93<|im_end|>";
+  REQUIRE(store->record_prompt("p-1", text).ok());
+  auto p = store->find_prompt("p-1");
+  REQUIRE(p.ok());
+  CHECK(p->prompt_id == "p-1");
+  CHECK(p->text == text);
+  CHECK(p->created_ms > 1700000000000);
+
+  REQUIRE(store->record_prompt("p-1", text).ok());  // idempotent
+  CHECK(store->find_prompt("p-1")->created_ms == p->created_ms);
+  CHECK(exec_int(store->handle(), "SELECT COUNT(*) FROM prompts") == 1);
+
+  auto clash = store->record_prompt("p-1", text + " changed");
+  REQUIRE_FALSE(clash.ok());
+  CHECK(clash.error().code == errc::invalid_arg);
+  CHECK(clash.error().message.find("p-1") != std::string::npos);
+  CHECK(store->find_prompt("p-1")->text == text);
+
+  CHECK(store->find_prompt("p-2").error().code == errc::not_found);
+  CHECK(store->record_prompt("", "x").error().code == errc::invalid_arg);
+}
+
+TEST_CASE("prompts and completions survive export and import") {
+  temp_dir tmp;
+  const auto jsonl = tmp.path() / "replay.jsonl";
+  {
+    auto store = replay_store::open(tmp.path() / "a.db");
+    REQUIRE(store.ok());
+    REQUIRE(store->record_prompt("p-1", "prompt one\n\"quoted\"").ok());
+    REQUIRE(store->record(sample(1)).ok());
+    REQUIRE(store->export_jsonl(jsonl).ok());
+  }
+  auto fresh = replay_store::open(tmp.path() / "b.db");
+  REQUIRE(fresh.ok());
+  auto n = fresh->import_jsonl(jsonl);
+  REQUIRE(n.ok());
+  CHECK(*n == 2);
+  CHECK(fresh->find_prompt("p-1")->text == "prompt one\n\"quoted\"");
+  CHECK(fresh->find(1)->completion == sample(1).completion);
+
+  SUBCASE("a line of the previous format, without completion, imports with an empty one") {
+    std::string text = *read_file(jsonl);
+    auto line = text.substr(text.find('\n') + 1);
+    auto k = line.find(",\"completion\":");
+    REQUIRE(k != std::string::npos);
+    line = line.substr(0, k) + "}\n";
+    auto c = line.find("\"code_hash\":\"hash-1\"");
+    REQUIRE(c != std::string::npos);
+    line.replace(c, 20, "\"code_hash\":\"hash-9\"");
+    std::ofstream(tmp.path() / "old.jsonl") << line;
+    REQUIRE(fresh->import_jsonl(tmp.path() / "old.jsonl").ok());
+    CHECK(fresh->count().value() == 2);
+    auto rows = fresh->successful_variants("level1/19_ReLU", "h100", variant_fields::full);
+    REQUIRE(rows.ok());
+    REQUIRE(rows->size() == 2);
+    CHECK(((*rows)[0].completion.empty() || (*rows)[1].completion.empty()));
+  }
+  SUBCASE("a prompt line whose id holds another text refuses the whole import") {
+    REQUIRE(fresh->record_prompt("p-2", "x").ok());
+    std::ofstream(tmp.path() / "clash.jsonl")
+      << R"({"kind":"prompt","prompt_id":"p-3","text":"y","created_ms":1})" << "\n"
+      << R"({"kind":"prompt","prompt_id":"p-2","text":"not x","created_ms":1})" << "\n";
+    auto r = fresh->import_jsonl(tmp.path() / "clash.jsonl");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find("clash.jsonl:2:") != std::string::npos);
+    CHECK(fresh->find_prompt("p-3").error().code == errc::not_found);
+  }
+}
+
+TEST_CASE("successful_variants returns one task and hardware's successful rows from a covering index") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  std::vector<variant_record> rows;
+  for (int i = 0; i < 12; ++i) {
+    auto v = sample(i);
+    v.reward = 3.0 - 0.25 * i;  // descending, so the reward order differs from id order
+    if (i % 4 == 1) v.hardware = "l40";
+    if (i == 2) v.status = "incorrect", v.correct = false, v.speedup.reset();
+    if (i == 4) v.correct = false;
+    if (i == 6) v.speedup.reset();
+    if (i == 8) v.reward = std::numeric_limits<double>::infinity();  // stored NULL
+    if (i == 10) v.task_id = "level1/20_LeakyReLU";
+    rows.push_back(v);
+  }
+  REQUIRE(store->record_batch(rows).ok());
+  auto summary = store->successful_variants("level1/19_ReLU", "h100");
+  auto full = store->successful_variants("level1/19_ReLU", "h100", variant_fields::full);
+  REQUIRE(summary.ok());
+  REQUIRE(full.ok());
+  // h100, ReLU: 0 3 7 11 are successful (1 5 9: l40; 2 4 6 8: failed or no reward; 10: other task).
+  std::vector<std::string> want{"hash-11", "hash-7", "hash-3", "hash-0"};  // reward ascending
+  REQUIRE(summary->size() == want.size());
+  REQUIRE(full->size() == want.size());
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    const auto& s = (*summary)[k];
+    const auto& f = (*full)[k];
+    CHECK(s.code_hash == want[k]);
+    CHECK(f.code_hash == want[k]);
+    CHECK(s.id == f.id);
+    CHECK(s.speedup == f.speedup);
+    CHECK(s.reward == f.reward);
+    CHECK(s.task_id == f.task_id);
+    CHECK(s.hardware == f.hardware);
+    CHECK(is_successful(s));
+    CHECK(s.code.empty());
+    CHECK(!f.code.empty());
+  }
+  CHECK(store->successful_variants("level1/19_ReLU", "l40")->size() == 3);
+  CHECK(store->successful_variants("nope", "h100")->empty());
+
+  // The query plan reads the partial covering index only.
+  std::string plan;
+  sqlite3_stmt* s = nullptr;
+  REQUIRE(sqlite3_prepare_v2(store->handle(),
+                             "EXPLAIN QUERY PLAN SELECT id, code_hash, speedup, reward FROM variants"
+                             " WHERE task_id = ?1 AND hardware = ?2 AND status = 'ok' AND correct = 1"
+                             " AND speedup IS NOT NULL AND reward IS NOT NULL"
+                             " ORDER BY reward, code_hash",
+                             -1, &s, nullptr) == SQLITE_OK);
+  while (sqlite3_step(s) == SQLITE_ROW) plan += reinterpret_cast<const char*>(sqlite3_column_text(s, 3));
+  sqlite3_finalize(s);
+  CHECK(plan.find("COVERING INDEX variants_successful") != std::string::npos);
+  CHECK(plan.find("TEMP B-TREE") == std::string::npos);  // no sort step
+
+  // The summary rows feed select_exemplars directly.
+  std::mt19937_64 rng(7);
+  exemplar_options opts;
+  opts.n = 2;
+  auto picked = select_exemplars(*summary, opts, rng);
+  REQUIRE(picked.ok());
+  CHECK(picked->size() == 2);
+}
+
+TEST_CASE("a store of the first schema is upgraded in place and keeps its rows") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  {
+    // The schema 0 file exactly as the first replay store created it, with two rows.
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(db_path.c_str(), &db) == SQLITE_OK);
+    exec_ok(db,
+            "PRAGMA journal_mode=WAL;"
+            "PRAGMA synchronous=FULL;"
+            "CREATE TABLE IF NOT EXISTS variants ("
+            "  id INTEGER PRIMARY KEY,"
+            "  task_id TEXT NOT NULL, task_name TEXT NOT NULL, hardware TEXT NOT NULL,"
+            "  code TEXT NOT NULL, code_hash TEXT NOT NULL,"
+            "  status TEXT NOT NULL, correct INTEGER NOT NULL, speedup REAL,"
+            "  spread REAL, ref_ms REAL, cand_ms REAL, reward REAL,"
+            "  checks_failed TEXT NOT NULL, message TEXT NOT NULL,"
+            "  policy_version INTEGER NOT NULL, prompt_id TEXT NOT NULL, group_id INTEGER NOT NULL,"
+            "  exemplar_ids TEXT NOT NULL, time_ms INTEGER NOT NULL, count INTEGER NOT NULL,"
+            "  UNIQUE (task_id, hardware, code_hash));"
+            "INSERT INTO variants VALUES (5, 'level1/19_ReLU', 'ReLU', 'h100', 'code a', 'ha', 'ok',"
+            "  1, 1.5, 0.02, 1.0, 0.66, 0.4, '[]', '', 3, 'p-a', 8, '[1]', 1700000000001, 2);"
+            "INSERT INTO variants VALUES (9, 'level1/19_ReLU', 'ReLU', 'h100', 'code b', 'hb',"
+            "  'rejected', 0, NULL, NULL, NULL, NULL, -1.0, '[\"runtime:timer\",\"static:threads\"]',"
+            "  'patched timer', 3, 'p-b', 8, '[]', 1700000000002, 1);");
+    CHECK(exec_int(db, "PRAGMA user_version") == 0);
+    sqlite3_close(db);
+  }
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == replay_store::schema_version);
+  CHECK(exec_text(store->handle(), "PRAGMA integrity_check") == "ok");
+  CHECK(*store->count() == 2);
+  auto a = store->find(5);
+  REQUIRE(a.ok());
+  CHECK(a->code == "code a");
+  CHECK(a->count == 2);
+  CHECK(a->speedup == 1.5);
+  CHECK(a->exemplar_ids == "[1]");
+  CHECK(a->completion.empty());
+  // The new indexes and tables cover the old rows.
+  auto ok_rows = store->successful_variants("level1/19_ReLU", "h100");
+  REQUIRE(ok_rows.ok());
+  REQUIRE(ok_rows->size() == 1);
+  CHECK(ok_rows->front().id == 5);
+  auto hacks = store->list_hacks({"", "static:threads"});
+  REQUIRE(hacks.ok());
+  REQUIRE(hacks->size() == 1);
+  CHECK(hacks->front().variant.id == 9);
+  CHECK(hacks->front().checks == std::vector<std::string>{"runtime:timer", "static:threads"});
+  // The upgraded file takes the new columns and tables.
+  auto v = sample(1);
+  REQUIRE(store->record(v).ok());
+  REQUIRE(store->record_prompt("p-1", "text").ok());
+  CHECK(store->find(10)->completion == v.completion);
+
+  // Opening again leaves the schema as it is; a file of a newer schema is refused.
+  {
+    auto again = replay_store::open(db_path);
+    REQUIRE(again.ok());
+    store = std::move(*again);
+  }
+  CHECK(*store->count() == 3);
+  exec_ok(store->handle(), "PRAGMA user_version = 99");
+  auto newer = replay_store::open(db_path);
+  REQUIRE_FALSE(newer.ok());
+  CHECK(newer.error().code == errc::unsupported);
+  CHECK(newer.error().message.find("replay.db") != std::string::npos);
+}
+
+TEST_CASE("export_sft_jsonl writes the verified variants with their stored prompt and completion") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  REQUIRE(store->record_prompt("p-1", "prompt one").ok());
+  REQUIRE(store->record_prompt("p-2", "prompt two").ok());
+  std::vector<variant_record> rows;
+  auto add = [&](int i, const char* prompt, double speedup, auto&& edit) {
+    auto v = sample(i);
+    v.prompt_id = prompt;
+    v.speedup = speedup;
+    edit(v);
+    rows.push_back(v);
+  };
+  auto same = [](variant_record&) {};
+  add(0, "p-1", 2.0, same);                                                 // written
+  add(1, "p-2", 1.6, [](variant_record& v) { v.hardware = "l40"; });        // written (no filter)
+  add(2, "p-1", 1.2, same);                                                 // below the bar
+  add(3, "p-9", 3.0, same);                                                 // skipped: no prompt
+  add(4, "p-1", 3.0, [](variant_record& v) { v.completion.clear(); });      // skipped: no completion
+  add(5, "p-1", 3.0, [](variant_record& v) { v.correct = false; });         // not verified
+  add(6, "p-1", 3.0, [](variant_record& v) { v.status = "rejected"; });     // not verified
+  REQUIRE(store->record_batch(rows).ok());
+
+  const auto out = tmp.path() / "sft.jsonl";
+  sft_options opts;
+  opts.min_speedup = 1.5;
+  auto stats = store->export_sft_jsonl(out, opts);
+  REQUIRE(stats.ok());
+  CHECK(stats->written == 2);
+  CHECK(stats->skipped == 2);
+  auto text = read_file(out);
+  REQUIRE(text.ok());
+  std::vector<json_value> lines;
+  std::string_view rest = *text;
+  while (!rest.empty()) {
+    auto nl = rest.find('\n');
+    REQUIRE(nl != std::string_view::npos);
+    auto j = parse_json(rest.substr(0, nl));
+    REQUIRE(j.ok());
+    lines.push_back(*j);
+    rest.remove_prefix(nl + 1);
+  }
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].find("prompt")->as_string() == "prompt one");
+  CHECK(lines[0].find("completion")->as_string() == sample(0).completion);
+  CHECK(lines[0].find("task")->as_string() == "level1/19_ReLU");
+  CHECK(lines[0].find("speedup")->as_double() == 2.0);
+  CHECK(lines[0].find("hardware")->as_string() == "h100");
+  CHECK(lines[0].find("variant_id")->as_int() == 1);
+  CHECK(lines[1].find("prompt")->as_string() == "prompt two");
+  CHECK(lines[1].find("hardware")->as_string() == "l40");
+
+  opts.hardware = "l40";
+  stats = store->export_sft_jsonl(out, opts);
+  REQUIRE(stats.ok());
+  CHECK(stats->written == 1);
+  CHECK(stats->skipped == 0);
+  CHECK(read_file(out)->find("prompt two") != std::string::npos);
 }

@@ -1,0 +1,375 @@
+// Exemplar actor: rollouts -> (scored variants, group announces) -> replay store and open groups
+// -> complete groups -> learners; rollouts <- exemplars drawn from the replay store.
+#include "actors/exemplar.hpp"
+
+#include <caf/all.hpp>
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "actors/actor_config.hpp"
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
+#include "core/sha256.hpp"
+#include "env/task.hpp"
+#include "storage/replay_store.hpp"
+
+namespace crucible {
+
+result<void> exemplar_actor_options::validate() const {
+  if (store.empty())
+    return fail(errc::config, "exemplar.store: the replay store path is empty");
+  // Positive and at most a week: the timeout travels as a caf::timespan (int64 nanoseconds).
+  if (!(straggler_timeout_s > 0) || !(straggler_timeout_s <= 7 * 24 * 3600.0))
+    return fail(errc::config, "exemplar.straggler_timeout_s: must be > 0 and at most 604800 (a week), got ",
+                std::to_string(straggler_timeout_s));
+  if (!std::isfinite(fill_reward))
+    return fail(errc::config, "exemplar.fill_reward: must be a finite number");
+  if (max_open_groups < 1)
+    return fail(errc::config, "exemplar.max_open_groups: must be at least 1");
+  return storage::validate(selection);
+}
+
+namespace {
+
+// -- replay store <-> messages --------------------------------------------------------------
+
+struct statement {
+  sqlite3_stmt* s = nullptr;
+  statement() = default;
+  statement(const statement&) = delete;
+  statement& operator=(const statement&) = delete;
+  ~statement() { sqlite3_finalize(s); }
+};
+
+// TEMPORARY, until storage::replay_store has its own (task, hardware) query for successful
+// variants (being added on another branch): then replace this function by that call.
+//
+// The successful variants of (task, hardware) in id order, each with only the columns that
+// selection reads (id, code_hash, status, correct, speedup, reward); the conditions are those of
+// storage::is_successful (a non-finite reward is stored as NULL). The few chosen rows are then
+// read in full with replay_store::find, so the code of every candidate is never loaded. The
+// lookup uses the index of the UNIQUE (task_id, hardware, code_hash) constraint.
+result<std::vector<storage::variant_record>> successful_variants(const storage::replay_store& store,
+                                                                 const std::string& task,
+                                                                 const std::string& hardware) {
+  static constexpr const char* sql =
+    "SELECT id, code_hash, speedup, reward FROM variants"
+    " WHERE task_id = ?1 AND hardware = ?2 AND status = 'ok' AND correct = 1"
+    " AND speedup IS NOT NULL AND reward IS NOT NULL ORDER BY id";
+  auto db = store.handle();
+  auto db_fail = [&](const char* what) {
+    return fail(errc::io, "replay store ", store.path().string(), ": ", what, ": ", sqlite3_errmsg(db));
+  };
+  statement st;
+  if (sqlite3_prepare_v2(db, sql, -1, &st.s, nullptr) != SQLITE_OK)
+    return db_fail("prepare exemplar query");
+  sqlite3_bind_text(st.s, 1, task.data(), static_cast<int>(task.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_text(st.s, 2, hardware.data(), static_cast<int>(hardware.size()), SQLITE_TRANSIENT);
+  std::vector<storage::variant_record> out;
+  int rc;
+  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
+    storage::variant_record v;
+    v.id = sqlite3_column_int64(st.s, 0);
+    v.task_id = task;
+    v.hardware = hardware;
+    auto* hash = reinterpret_cast<const char*>(sqlite3_column_text(st.s, 1));
+    v.code_hash = hash ? std::string(hash, static_cast<std::size_t>(sqlite3_column_bytes(st.s, 1))) : "";
+    v.status = "ok";
+    v.correct = true;
+    v.speedup = sqlite3_column_double(st.s, 2);
+    v.reward = sqlite3_column_double(st.s, 3);
+    out.push_back(std::move(v));
+  }
+  if (rc != SQLITE_DONE)
+    return db_fail("exemplar query");
+  return out;
+}
+
+std::string json_strings(const std::vector<std::string>& xs) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (i > 0)
+      out += ',';
+    append_json_string(out, xs[i]);
+  }
+  return out + "]";
+}
+
+std::string json_ids(const std::vector<variant_id>& xs) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    if (i > 0)
+      out += ',';
+    out += std::to_string(xs[i].value);
+  }
+  return out + "]";
+}
+
+storage::variant_record to_record(const scored_variant& x) {
+  storage::variant_record r;
+  r.task_id = x.task.value;
+  r.task_name = x.task.value; // the actor knows no other name of the task
+  r.hardware = x.hardware;
+  r.code = x.code;
+  r.code_hash = sha256_hex(env::normalize_source(x.code));
+  r.status = env::to_string(x.verdict.status);
+  r.correct = x.verdict.correct;
+  if (x.verdict.has_speedup())
+    r.speedup = x.verdict.speedup;
+  r.spread = x.verdict.speedup_spread; // NaN is stored as NULL and read back as NaN
+  r.ref_ms = x.verdict.ref_ms;
+  r.cand_ms = x.verdict.cand_ms;
+  r.reward = x.verdict.reward;
+  r.checks_failed = json_strings(x.verdict.checks_failed);
+  r.message = x.verdict.message;
+  r.policy_version = x.policy_version.value;
+  r.group_id = x.group.value;
+  r.exemplar_ids = json_ids(x.exemplars);
+  return r;
+}
+
+// The inverse of to_record for a stored row; `variant` becomes the row id. What the store does
+// not keep (device model, cache_hit, rounds, wall time, baseline) stays at its default. The
+// JSON columns are canonical arrays (replay_store::record checks them), so a parse failure
+// cannot happen short of a damaged file; it leaves the list empty.
+scored_variant from_record(const storage::variant_record& r) {
+  scored_variant x;
+  x.variant = variant_id{static_cast<std::uint64_t>(r.id)};
+  x.group = group_id{r.group_id};
+  x.task = task_id{r.task_id};
+  x.code = r.code;
+  auto& v = x.verdict;
+  v.status = env::parse_verdict_status(r.status).value_or(env::verdict_status::runtime_error);
+  v.correct = r.correct;
+  v.speedup = r.speedup.value_or(NAN);
+  v.speedup_spread = r.spread;
+  v.ref_ms = r.ref_ms;
+  v.cand_ms = r.cand_ms;
+  v.reward = r.reward;
+  if (auto checks = parse_json(r.checks_failed); checks.ok() && checks->is_array())
+    for (const auto& c : checks->as_array())
+      if (c.is_string())
+        v.checks_failed.push_back(c.as_string());
+  v.message = r.message;
+  x.hardware = r.hardware;
+  x.policy_version = policy_version{r.policy_version};
+  if (auto ids = parse_json(r.exemplar_ids); ids.ok() && ids->is_array())
+    for (const auto& id : ids->as_array())
+      if (id.is_int())
+        x.exemplars.push_back(variant_id{static_cast<std::uint64_t>(id.as_int())});
+  return x;
+}
+
+// -- the actor ------------------------------------------------------------------------------
+
+// A group between its announce and its last verdict (or its straggler timeout).
+struct open_group {
+  group_announce announce;
+  std::vector<verdict> verdicts; // verdicts[i] for announce.completions[i] once done[i]
+  std::vector<bool> done;
+  std::size_t missing = 0;
+  std::uint64_t seq = 0; // which announce this is: a timeout of an earlier one does not apply
+};
+
+struct exemplar_state {
+  std::optional<storage::replay_store> store; // set before the first message; owned
+  exemplar_actor_options opt;
+  std::mt19937_64 rng;
+  std::vector<group_sink_actor> learners;
+  std::size_t next_learner = 0;
+  std::unordered_map<std::uint64_t, open_group> groups; // by group id
+  std::uint64_t next_seq = 0;
+  exemplar_stats stats;
+  static inline const char* name = "crucible.exemplar";
+};
+
+using exemplar_pointer = exemplar_impl_actor::stateful_pointer<exemplar_state>;
+
+void record(exemplar_pointer self, const scored_variant& x) {
+  auto& st = self->state;
+  if (st.store->record(to_record(x)).ok())
+    ++st.stats.recorded;
+  else
+    ++st.stats.record_errors; // an empty hardware kind, or the disk; the group goes on regardless
+}
+
+// Sends the group to the next learner and closes it.
+void send_group(exemplar_pointer self, std::unordered_map<std::uint64_t, open_group>::iterator it) {
+  auto& st = self->state;
+  auto& g = it->second;
+  rollout_group out{g.announce.group, g.announce.task, std::move(g.announce.prompt_token_ids),
+                    std::move(g.announce.completions), std::move(g.verdicts)};
+  auto& learner = st.learners[st.next_learner++ % st.learners.size()];
+  st.groups.erase(it);
+  self->send(learner, std::move(out));
+}
+
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+caf::error check_announce(const exemplar_state& st, const group_announce& a) {
+  if (a.group.value == 0)
+    return make_error(errc::invalid_arg, "group announce: group id 0 is reserved for variants of no group");
+  if (a.completions.empty())
+    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": no completions");
+  if (a.variants.size() != a.completions.size())
+    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": "
+                                           + std::to_string(a.variants.size()) + " variant ids for "
+                                           + std::to_string(a.completions.size()) + " completions");
+  std::unordered_set<std::uint64_t> seen;
+  for (const auto& v : a.variants)
+    if (!seen.insert(v.value).second)
+      return make_error(errc::invalid_arg,
+                        "group announce " + to_string(a.group) + ": variant " + to_string(v) + " twice");
+  if (st.groups.count(a.group.value) != 0)
+    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": that group is already open");
+  return {};
+}
+
+exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_ptr<storage::replay_store> store,
+                                            exemplar_actor_options opt, std::vector<group_sink_actor> learners) {
+  auto& init = self->state;
+  init.store.emplace(std::move(*store));
+  init.rng.seed(opt.seed);
+  init.opt = std::move(opt);
+  init.learners = std::move(learners);
+  return {
+    [=](const exemplar_request& req) -> caf::result<exemplar_set> {
+      auto& st = self->state;
+      exemplar_set out{req.task, req.hardware, {}};
+      auto rows = successful_variants(*st.store, req.task.value, req.hardware);
+      if (!rows.ok())
+        return make_error(rows.error());
+      auto sel = st.opt.selection;
+      if (req.count > 0)
+        sel.n = req.count;
+      auto picked = storage::select_exemplars(*rows, sel, st.rng);
+      if (!picked.ok())
+        return make_error(picked.error());
+      for (auto i : *picked) {
+        auto row = st.store->find((*rows)[i].id);
+        if (!row.ok())
+          return make_error(row.error());
+        out.exemplars.push_back(from_record(*row));
+      }
+      return out;
+    },
+    [=](group_announce& a) -> caf::result<void> {
+      auto& st = self->state;
+      if (auto err = check_announce(st, a))
+        return err;
+      if (st.groups.size() >= st.opt.max_open_groups) {
+        ++st.stats.groups_refused;
+        return make_error(errc::busy, std::to_string(st.groups.size()) + " groups are waiting for verdicts (limit "
+                                        + std::to_string(st.opt.max_open_groups) + "); retry later");
+      }
+      auto id = a.group;
+      auto seq = st.next_seq++;
+      auto n = a.completions.size();
+      st.groups.emplace(id.value, open_group{std::move(a), std::vector<verdict>(n), std::vector<bool>(n, false), n, seq});
+      auto timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(st.opt.straggler_timeout_s));
+      self->delayed_send(caf::actor_cast<exemplar_impl_actor>(self), timeout, expire_atom_v, id, seq);
+      return caf::unit;
+    },
+    [=](const scored_variant& x) {
+      auto& st = self->state;
+      auto it = st.groups.end();
+      std::size_t slot = 0;
+      if (x.group.value != 0) {
+        it = st.groups.find(x.group.value);
+        if (it != st.groups.end()) {
+          const auto& ids = it->second.announce.variants;
+          slot = static_cast<std::size_t>(std::find(ids.begin(), ids.end(), x.variant) - ids.begin());
+          if (slot == ids.size()) {
+            it = st.groups.end();
+          } else if (it->second.done[slot]) {
+            ++st.stats.duplicates; // recording it again would count the code twice
+            return;
+          }
+        }
+        if (it == st.groups.end())
+          ++st.stats.unknown; // late (after drop or fill), refused, or never announced
+      }
+      record(self, x);
+      if (it == st.groups.end())
+        return;
+      auto& g = it->second;
+      g.verdicts[slot] = x.verdict;
+      g.done[slot] = true;
+      if (--g.missing == 0) {
+        send_group(self, it);
+        ++st.stats.groups_completed;
+      }
+    },
+    [=](caf::get_atom) -> exemplar_stats {
+      auto out = self->state.stats;
+      out.open_groups = self->state.groups.size();
+      return out;
+    },
+    [=](expire_atom, group_id id, std::uint64_t seq) {
+      auto& st = self->state;
+      auto it = st.groups.find(id.value);
+      if (it == st.groups.end() || it->second.seq != seq)
+        return; // complete before its timeout
+      if (st.opt.on_straggler == straggler_policy::drop) {
+        st.groups.erase(it);
+        ++st.stats.groups_dropped;
+        return;
+      }
+      auto& g = it->second;
+      for (std::size_t i = 0; i < g.done.size(); ++i) {
+        if (g.done[i])
+          continue;
+        verdict v;
+        v.status = verdict_status::timeout;
+        v.correct = false;
+        v.reward = st.opt.fill_reward;
+        v.message = "no verdict within the straggler timeout of " + seconds_text(st.opt.straggler_timeout_s)
+                    + " s; filled in by the exemplar actor";
+        g.verdicts[i] = std::move(v);
+      }
+      send_group(self, it);
+      ++st.stats.groups_filled;
+    },
+  };
+}
+
+} // namespace
+
+result<exemplar_actor> spawn_exemplar_actor(caf::actor_system& sys, exemplar_actor_options opt,
+                                            std::vector<group_sink_actor> learners) {
+  if (auto ok = opt.validate(); !ok.ok())
+    return ok.error();
+  if (learners.empty())
+    return fail(errc::invalid_arg, "exemplar actor: no learner to send complete groups to");
+  for (const auto& l : learners)
+    if (!l)
+      return fail(errc::invalid_arg, "exemplar actor: an invalid learner handle");
+  auto store = storage::replay_store::open(opt.store);
+  if (!store.ok())
+    return store.error();
+  // A shared_ptr because spawn copies its arguments; the actor moves the store out of it.
+  auto owned = std::make_shared<storage::replay_store>(std::move(*store));
+  if (opt.detached) {
+    exemplar_actor h = sys.spawn<caf::detached>(exemplar, std::move(owned), std::move(opt), std::move(learners));
+    return h;
+  }
+  exemplar_actor h = sys.spawn(exemplar, std::move(owned), std::move(opt), std::move(learners));
+  return h;
+}
+
+} // namespace crucible

@@ -1,0 +1,87 @@
+// core/learner_options.hpp: the `learner:` section of the run configuration (GRPO and SFT
+// losses, AdamW, schedule, micro-batching, LoRA), decoded by core/config.cpp and consumed by
+// policy/learner.hpp. No torch types.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace crucible {
+
+/// How rewards are transformed before group advantages are computed.
+enum class reward_transform : std::uint8_t {
+  none,           ///< rewards as the evaluator gave them
+  normalize_clip, ///< CUDA-L1: (r - mean) / std over the batch, then clipped to [-k, k]
+};
+
+/// How per-token losses become one number (see policy/loss.hpp for the exact formulas).
+enum class loss_aggregation : std::uint8_t {
+  token_mean,    ///< sum over all completion tokens / their count (DAPO)
+  sequence_mean, ///< mean over sequences of each sequence's token mean (GRPO)
+  constant,      ///< sum / (sequences x a constant token count) (Dr.GRPO)
+};
+
+/// Estimator of KL(pi_theta || pi_ref) per token, from log-ratio d = ref_logp - logp.
+enum class kl_estimator : std::uint8_t {
+  k1, ///< -d  (= logp - ref_logp)
+  k3, ///< exp(d) - d - 1 (Schulman's unbiased, non-negative estimator; GRPO's choice)
+};
+
+/// Where the "old" log-probs of the clipped ratio come from.
+enum class old_log_probs_source : std::uint8_t {
+  recompute, ///< one no-grad forward of the learner's current weights before the update
+  behaviour, ///< the engine's sampling log-probs (exact only when samples are on-policy)
+  automatic, ///< behaviour when every sample's policy version is the learner's, else recompute
+};
+
+/// Learning-rate schedule after the warm-up.
+enum class lr_schedule : std::uint8_t {
+  constant, ///< lr
+  cosine,   ///< from lr down to lr * min_lr_ratio at total_steps
+};
+
+/// `learner:` — losses, optimiser and schedule of the GRPO/SFT learner. Plain value.
+struct learner_options {
+  // AdamW (PyTorch's torch.optim.AdamW semantics: decoupled decay p -= lr * wd * p).
+  double lr = 1e-6;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;        ///< applied to matrices and embeddings, not biases or norms
+  // Schedule.
+  std::int64_t warmup_steps = 0;    ///< linear warm-up: update n (1-based) uses lr * n / warmup_steps
+  lr_schedule schedule = lr_schedule::constant;
+  std::int64_t total_steps = 0;     ///< cosine: the update at which lr reaches lr * min_lr_ratio
+  double min_lr_ratio = 0.0;
+  double grad_clip = 1.0;           ///< global L2 norm; 0: no clipping
+  std::int64_t micro_batch_tokens = 8192; ///< padded tokens per micro-batch (rows x longest row)
+  // GRPO loss.
+  double clip_low = 0.2;            ///< ratio clipped below at 1 - clip_low
+  double clip_high = 0.2;           ///< ratio clipped above at 1 + clip_high (DAPO: 0.28)
+  double kl_coef = 0.0;             ///< 0: no reference model and no KL term
+  kl_estimator kl = kl_estimator::k3;
+  loss_aggregation aggregation = loss_aggregation::token_mean;
+  std::int64_t constant_tokens = 0; ///< `constant` normaliser; 0: the batch's longest completion
+  bool std_normalize = true;        ///< divide advantages by the group's std (false: Dr.GRPO)
+  double std_eps = 1e-6;            ///< A = (r - mean) / (std + std_eps)
+  reward_transform rewards = reward_transform::none;
+  double reward_clip = 3.0;         ///< k of normalize_clip
+  double is_cap = 2.0;              ///< cap of the stale-sample weight min(pi_old / pi_behaviour, cap); 0: off
+  old_log_probs_source old_log_probs = old_log_probs_source::recompute;
+  // Model.
+  std::string dtype = "float32";    ///< parameter dtype: float32 or bfloat16 (fp32 master weights)
+  bool lora = false;                ///< train LoRA adapters only
+  std::int64_t lora_rank = 16;
+  double lora_alpha = 32.0;
+  std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+};
+
+/// Names as config files spell them: "none", "normalize_clip", "token_mean", ...
+const char* to_string(reward_transform v) noexcept;
+const char* to_string(loss_aggregation v) noexcept;
+const char* to_string(kl_estimator v) noexcept;
+const char* to_string(old_log_probs_source v) noexcept;
+const char* to_string(lr_schedule v) noexcept;
+
+} // namespace crucible

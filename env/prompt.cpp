@@ -1,0 +1,410 @@
+// env/prompt.cpp: prompt-template files in, checked once; prompts out, fitted to the token budget by
+// shortening and then dropping exemplars, and wrapped in the chat template (core/jinja).
+#include "env/prompt.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <numeric>
+#include <optional>
+#include <set>
+
+#include "core/file_io.hpp"
+#include "core/jinja.hpp"
+
+namespace crucible::env {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// One piece of a template file: its key, field, the placeholders it may use and must use.
+struct piece_spec {
+  const char* key;
+  std::string prompt_template::*field;
+  std::vector<std::string> allowed;
+  std::vector<std::string> required;
+};
+
+const std::vector<piece_spec>& piece_specs() {
+  static const std::vector<piece_spec> specs = {
+    {"system", &prompt_template::system, {"hardware"}, {}},
+    {"user", &prompt_template::user, {"task", "exemplars", "instructions"}, {"task", "exemplars", "instructions"}},
+    {"task", &prompt_template::task, {"task_name", "hardware", "reference_code", "fence"}, {"reference_code"}},
+    {"exemplars_header", &prompt_template::exemplars_header, {"count", "hardware"}, {}},
+    {"exemplar", &prompt_template::exemplar, {"index", "speedup", "hardware", "code", "fence"}, {"code", "speedup"}},
+    {"no_exemplars", &prompt_template::no_exemplars, {"hardware"}, {}},
+    {"instructions", &prompt_template::instructions, {"hardware"}, {}},
+    {"truncation_marker", &prompt_template::truncation_marker, {"omitted_lines", "omitted_chars"}, {}},
+  };
+  return specs;
+}
+
+// `{name}` replaced by vars[name]; `{{` and `}}` are literal braces. Single pass: substituted
+// values (code full of braces) are never scanned again. On a malformed or unknown placeholder,
+// returns false with `problem` set.
+bool substitute(std::string_view text, const std::vector<std::pair<std::string, std::string>>& vars, std::string& out,
+                std::string& problem, std::set<std::string>* used = nullptr) {
+  out.clear();
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '}') {
+      if (i + 1 < text.size() && text[i + 1] == '}') {
+        out += '}';
+        ++i;
+        continue;
+      }
+      problem = "a single '}' (write '}}' for a literal brace)";
+      return false;
+    }
+    if (c != '{') {
+      out += c;
+      continue;
+    }
+    if (i + 1 < text.size() && text[i + 1] == '{') {
+      out += '{';
+      ++i;
+      continue;
+    }
+    auto close = text.find('}', i + 1);
+    std::string_view name = close == std::string_view::npos ? std::string_view{} : text.substr(i + 1, close - i - 1);
+    bool ok_name = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
+      return (ch >= 'a' && ch <= 'z') || ch == '_';
+    });
+    if (!ok_name) {
+      problem = "a '{' that does not start a placeholder (write '{{' for a literal brace)";
+      return false;
+    }
+    auto it = std::find_if(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; });
+    if (it == vars.end()) {
+      std::string allowed;
+      for (const auto& v : vars)
+        allowed += (allowed.empty() ? "{" : ", {") + v.first + "}";
+      problem = "unknown placeholder {" + std::string{name} + "} (allowed here: " + (allowed.empty() ? "none" : allowed) + ")";
+      return false;
+    }
+    if (used != nullptr)
+      used->insert(it->first);
+    out += it->second;
+    i = close;
+  }
+  return true;
+}
+
+// Renders a checked piece; the template was validated at load, so failure is a bug.
+std::string fill(const std::string& text, const std::vector<std::pair<std::string, std::string>>& vars) {
+  std::string out, problem;
+  [[maybe_unused]] bool ok = substitute(text, vars, out, problem);
+  assert(ok);
+  return out;
+}
+
+bool contains_ci(const std::string& hay, const std::string& needle) {
+  auto lower = [](std::string s) {
+    for (auto& c : s)
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s;
+  };
+  return lower(hay).find(lower(needle)) != std::string::npos;
+}
+
+std::string where(const std::string& origin, const YAML::Node& n) {
+  auto m = n.Mark();
+  return m.line >= 0 ? origin + ":" + std::to_string(m.line + 1) : origin;
+}
+
+// A fence longer than any backtick run in `code`, so code that itself holds ``` stays inside.
+std::string fence_for(const std::string& code) {
+  std::size_t longest = 0, run = 0;
+  for (char c : code) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  return std::string(std::max<std::size_t>(3, longest + 1), '`');
+}
+
+std::string format_speedup(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", s);
+  return buf;
+}
+
+} // namespace
+
+result<prompt_template> parse_prompt_template(std::string_view yaml_text, const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string{yaml_text});
+  } catch (const YAML::ParserException& e) {
+    return fail(errc::config, origin, ":", std::to_string(e.mark.line + 1), ": not valid YAML: ", e.msg);
+  }
+  if (!root.IsMap())
+    return fail(errc::config, origin, ": expected a map of template pieces at the top level");
+  std::vector<std::string> problems;
+  prompt_template t;
+  t.origin = origin;
+  std::set<std::string> known = {"version", "sections"};
+  for (const auto& spec : piece_specs())
+    known.insert(spec.key);
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    auto key = it->first.IsScalar() ? it->first.Scalar() : std::string{"?"};
+    if (known.count(key) == 0)
+      problems.push_back(where(origin, it->first) + ": " + key + ": unknown key");
+  }
+  auto version = root["version"];
+  if (!version.IsDefined() || !version.IsScalar() || version.Scalar() != "1")
+    problems.push_back(where(origin, version.IsDefined() ? version : root) + ": version: expected 1");
+  auto sections = root["sections"];
+  if (!sections.IsDefined() || !sections.IsSequence() || sections.size() == 0) {
+    problems.push_back(where(origin, sections.IsDefined() ? sections : root) +
+                       ": sections: expected a non-empty list of section headings");
+  } else {
+    for (const auto& s : sections) {
+      if (!s.IsScalar() || s.Scalar().empty())
+        problems.push_back(where(origin, s) + ": sections: expected non-empty strings");
+      else
+        t.sections.push_back(s.Scalar());
+    }
+  }
+  for (const auto& spec : piece_specs()) {
+    auto n = root[spec.key];
+    if (!n.IsDefined() || n.IsNull()) {
+      problems.push_back(origin + ": " + spec.key + ": missing");
+      continue;
+    }
+    if (!n.IsScalar() || n.Scalar().empty()) {
+      problems.push_back(where(origin, n) + ": " + spec.key + ": expected a non-empty string");
+      continue;
+    }
+    t.*spec.field = n.Scalar();
+    std::vector<std::pair<std::string, std::string>> vars;
+    for (const auto& a : spec.allowed)
+      vars.emplace_back(a, "");
+    std::string out, problem;
+    std::set<std::string> used;
+    if (!substitute(t.*spec.field, vars, out, problem, &used)) {
+      problems.push_back(where(origin, n) + ": " + spec.key + ": " + problem);
+      continue;
+    }
+    for (const auto& r : spec.required)
+      if (used.count(r) == 0)
+        problems.push_back(where(origin, n) + ": " + spec.key + ": must contain the placeholder {" + r + "}");
+  }
+  if (problems.empty())
+    for (const auto& s : t.sections)
+      if (!contains_ci(t.instructions, s))
+        problems.push_back(where(origin, root["instructions"]) + ": instructions: does not mention the section \"" + s +
+                           "\" listed in sections");
+  if (!problems.empty()) {
+    std::string msg;
+    for (const auto& p : problems)
+      msg += (msg.empty() ? "" : "\n") + p;
+    return error{errc::config, std::move(msg)};
+  }
+  return t;
+}
+
+result<prompt_template> load_prompt_template(const fs::path& file) {
+  auto text = read_file(file);
+  if (!text.ok())
+    return text.error();
+  return parse_prompt_template(*text, file.string());
+}
+
+result<fs::path> resolve_prompt_template(const std::string& configured) {
+  if (!configured.empty()) {
+    std::error_code ec;
+    if (!fs::exists(configured, ec))
+      return fail(errc::not_found, configured, ": no such prompt template (prompt.template)");
+    return fs::path{configured};
+  }
+  const fs::path rel = fs::path{"configs"} / "prompts" / "contrastive.yaml";
+  std::vector<fs::path> starts = {executable_dir(), fs::current_path()};
+  for (const auto& start : starts)
+    for (auto dir = start; !dir.empty(); dir = dir.parent_path()) {
+      std::error_code ec;
+      if (fs::exists(dir / rel, ec))
+        return dir / rel;
+      if (dir == dir.root_path())
+        break;
+    }
+  return fail(errc::not_found, "cannot find ", rel.string(), " above ", executable_dir().string(),
+              " or the working directory (set prompt.template)");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct prompt_builder::impl {
+  prompt_template t;
+  prompt_config cfg;
+  std::optional<jinja::program> chat;
+  std::map<std::string, std::string> special;
+  token_counter count;
+
+  // The code of one exemplar cut to `cap` bytes (at a UTF-8 boundary, at a line end when that keeps
+  // at least half), followed by the truncation marker.
+  std::string cut(const std::string& code, std::size_t cap, exemplar_placement& place) const {
+    if (code.size() <= cap) {
+      place.shown_bytes = code.size();
+      return code;
+    }
+    std::size_t end = cap;
+    while (end > 0 && (static_cast<unsigned char>(code[end]) & 0xC0) == 0x80)
+      --end;
+    auto nl = code.rfind('\n', end);
+    if (nl != std::string::npos && nl >= cap / 2)
+      end = nl;
+    std::string rest = code.substr(end);
+    if (!rest.empty() && rest.front() == '\n')
+      rest.erase(0, 1);
+    std::size_t lines = static_cast<std::size_t>(std::count(rest.begin(), rest.end(), '\n'));
+    if (!rest.empty() && rest.back() != '\n')
+      ++lines;
+    place.shortened = true;
+    place.shown_bytes = end;
+    return code.substr(0, end) +
+           fill(t.truncation_marker, {{"omitted_lines", std::to_string(lines)},
+                                      {"omitted_chars", std::to_string(code.size() - end)}});
+  }
+
+  // The prompt with the exemplars `kept` (indices into req.exemplars), each code cut to `cap`.
+  result<built_prompt> render(const prompt_request& req, const std::vector<std::size_t>& kept, std::size_t cap) const {
+    built_prompt p;
+    p.exemplars.resize(req.exemplars.size());
+    std::vector<std::size_t> shown = kept;
+    std::stable_sort(shown.begin(), shown.end(), [&](std::size_t a, std::size_t b) {
+      return req.exemplars[a].speedup < req.exemplars[b].speedup;
+    });
+    std::string block;
+    if (shown.empty()) {
+      block = fill(t.no_exemplars, {{"hardware", req.hardware}});
+    } else {
+      block = fill(t.exemplars_header, {{"count", std::to_string(shown.size())}, {"hardware", req.hardware}});
+      for (std::size_t i = 0; i < shown.size(); ++i) {
+        const auto& x = req.exemplars[shown[i]];
+        auto& place = p.exemplars[shown[i]];
+        place.kept = true;
+        std::string code = cut(x.code, cap, place);
+        block += "\n\n" + fill(t.exemplar, {{"index", std::to_string(i + 1)},
+                                            {"speedup", format_speedup(x.speedup)},
+                                            {"hardware", x.hardware},
+                                            {"code", code},
+                                            {"fence", fence_for(code)}});
+      }
+    }
+    std::string task = fill(t.task, {{"task_name", req.task_name},
+                                     {"hardware", req.hardware},
+                                     {"reference_code", req.reference_code},
+                                     {"fence", fence_for(req.reference_code)}});
+    std::string instructions = fill(t.instructions, {{"hardware", req.hardware}});
+    p.system = fill(t.system, {{"hardware", req.hardware}});
+    p.user = fill(t.user, {{"task", task}, {"exemplars", block}, {"instructions", instructions}});
+    if (chat) {
+      std::vector<jinja::chat_message> msgs = {{"system", p.system}, {"user", p.user}};
+      auto text = jinja::render_chat(*chat, msgs, special, true);
+      if (!text.ok())
+        return fail(errc::invalid_arg, "chat template: ", text.error().message);
+      p.text = std::move(*text);
+    } else {
+      p.text = p.system + "\n\n" + p.user;
+    }
+    p.tokens = count(p.text);
+    return p;
+  }
+};
+
+prompt_builder::prompt_builder(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+prompt_builder::prompt_builder(prompt_builder&&) noexcept = default;
+prompt_builder& prompt_builder::operator=(prompt_builder&&) noexcept = default;
+prompt_builder::~prompt_builder() = default;
+
+const prompt_template& prompt_builder::templ() const noexcept { return impl_->t; }
+
+result<prompt_builder> prompt_builder::create(prompt_template tmpl, const prompt_config& cfg, const chat_format& chat,
+                                              token_counter count) {
+  if (cfg.max_tokens <= 0)
+    return fail(errc::config, "prompt.max_tokens: expected a positive integer, got ", std::to_string(cfg.max_tokens));
+  if (cfg.min_exemplar_chars <= 0)
+    return fail(errc::config, "prompt.min_exemplar_chars: expected a positive integer, got ",
+                std::to_string(cfg.min_exemplar_chars));
+  if (cfg.max_exemplar_chars < 0)
+    return fail(errc::config, "prompt.max_exemplar_chars: expected an integer ≥ 0, got ",
+                std::to_string(cfg.max_exemplar_chars));
+  if (!count)
+    return fail(errc::invalid_arg, "prompt_builder: no token counter");
+  auto p = std::make_unique<impl>();
+  p->t = std::move(tmpl);
+  p->cfg = cfg;
+  p->count = std::move(count);
+  if (cfg.chat_template == chat_template_mode::automatic && !chat.chat_template.empty()) {
+    auto prog = jinja::program::parse(chat.chat_template, "chat_template");
+    if (!prog.ok())
+      return prog.error();
+    p->chat.emplace(std::move(*prog));
+    p->special = chat.special_tokens;
+  }
+  return prompt_builder{std::move(p)};
+}
+
+result<built_prompt> prompt_builder::build(const prompt_request& req) const {
+  const auto budget = static_cast<std::size_t>(impl_->cfg.max_tokens);
+  const std::size_t first_cap = impl_->cfg.max_exemplar_chars > 0 ? static_cast<std::size_t>(impl_->cfg.max_exemplar_chars)
+                                                                  : std::numeric_limits<std::size_t>::max();
+  const auto min_cap = static_cast<std::size_t>(impl_->cfg.min_exemplar_chars);
+  // Drop order: the lowest speedup goes first (ties: the later request entry).
+  std::vector<std::size_t> by_speedup(req.exemplars.size());
+  std::iota(by_speedup.begin(), by_speedup.end(), 0);
+  std::stable_sort(by_speedup.begin(), by_speedup.end(), [&](std::size_t a, std::size_t b) {
+    return req.exemplars[a].speedup > req.exemplars[b].speedup;
+  });
+  std::size_t reference_only_tokens = 0;
+  for (std::size_t k = req.exemplars.size() + 1; k-- > 0;) {
+    std::vector<std::size_t> kept(by_speedup.begin(), by_speedup.begin() + static_cast<std::ptrdiff_t>(k));
+    auto full = impl_->render(req, kept, first_cap);
+    if (!full.ok())
+      return full.error();
+    if (full->tokens <= budget)
+      return full;
+    if (k == 0) {
+      reference_only_tokens = full->tokens;
+      break;
+    }
+    // Shorten every shown exemplar to a common cap: the longest cap that fits, found by
+    // bisection (the token count grows with the cap).
+    std::size_t longest = 0;
+    for (auto i : kept)
+      longest = std::max(longest, std::min(req.exemplars[i].code.size(), first_cap));
+    if (longest <= min_cap)
+      continue;
+    auto at_min = impl_->render(req, kept, min_cap);
+    if (!at_min.ok())
+      return at_min.error();
+    if (at_min->tokens > budget)
+      continue;
+    std::size_t lo = min_cap, hi = longest - 1; // lo fits
+    built_prompt best = std::move(*at_min);
+    while (lo < hi) {
+      std::size_t mid = lo + (hi - lo + 1) / 2;
+      auto p = impl_->render(req, kept, mid);
+      if (!p.ok())
+        return p.error();
+      if (p->tokens <= budget) {
+        lo = mid;
+        best = std::move(*p);
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return best;
+  }
+  return fail(errc::invalid_arg, "prompt for ", req.task_name, ": even without exemplars it is ",
+              std::to_string(reference_only_tokens), " tokens, over the budget prompt.max_tokens = ",
+              std::to_string(budget));
+}
+
+} // namespace crucible::env

@@ -1,0 +1,279 @@
+// policy/checkpoint.cpp: learner state to a directory (temporary sibling, fsync, rename) and back,
+// every file checked against the manifest's SHA-256 before anything is restored.
+#include "policy/checkpoint.hpp"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "core/file_io.hpp"
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
+#include "core/sha256.hpp"
+#include "policy/safetensors.hpp"
+
+namespace crucible::policy {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* format_name = "crucible-learner-checkpoint";
+constexpr std::int64_t format_version = 1;
+
+std::string hex(const std::array<std::uint8_t, 32>& digest) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (auto b : digest) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+struct file_digest {
+  std::uint64_t bytes = 0;
+  std::string sha256;
+};
+
+// Streams the file through SHA-256 (weights can be larger than one would read into memory).
+result<file_digest> digest_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    if (!fs::exists(path, ec))
+      return fail(errc::not_found, path.string(), ": missing from the checkpoint");
+    return fail(errc::io, path.string(), ": cannot read");
+  }
+  crucible::sha256 h;
+  file_digest d;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const auto n = in.gcount();
+    h.update(buf.data(), static_cast<std::size_t>(n));
+    d.bytes += static_cast<std::uint64_t>(n);
+  }
+  if (in.bad())
+    return fail(errc::io, path.string(), ": read error");
+  d.sha256 = hex(h.finish());
+  return d;
+}
+
+bool with_masters(const learner& l) { return l.options().lora || l.options().dtype != "float32"; }
+
+std::string dtype_of(learner& l) { return torch_dtype_name(l.parameters().front().param.scalar_type()); }
+
+} // namespace
+
+result<void> save_checkpoint(learner& l, const fs::path& dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec))
+    return fail(errc::invalid_arg, dir.string(), ": a checkpoint directory already exists there");
+  const auto parent = dir.parent_path().empty() ? fs::path{"."} : dir.parent_path();
+  fs::create_directories(parent, ec);
+  if (ec)
+    return fail(errc::io, "cannot create ", parent.string(), ": ", ec.message());
+  const auto tmp = parent / ("." + dir.filename().string() + ".tmp");
+  fs::remove_all(tmp, ec); // a previous attempt that crashed
+  if (!fs::create_directory(tmp, ec) || ec)
+    return fail(errc::io, "cannot create ", tmp.string(), ": ", ec.message());
+
+  auto& model = l.model();
+  save_options so;
+  so.dtype = l.parameters().front().param.scalar_type();
+  if (auto r = save_model(model, tmp / "model", so); !r)
+    return r.error();
+
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = l.optimizer().moments();
+  if (with_masters(l)) {
+    const auto& params = l.parameters();
+    const auto& masters = l.optimizer().masters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      tensors.emplace_back("master." + params[i].name, masters[i]);
+  }
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator(); // a handle sharing the global state
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors.emplace_back("rng.cpu", gen.get_state());
+  }
+  const auto device = l.parameters().front().param.device();
+  if (device.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    tensors.emplace_back("rng.cuda", gen.get_state());
+  }
+  if (auto r = save_tensors(tmp / "optimizer.safetensors", tensors); !r)
+    return r.error();
+
+  // The manifest lists every file written so far, with its checksum.
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(tmp, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->is_regular_file())
+      files.push_back(fs::relative(it->path(), tmp));
+  if (ec)
+    return fail(errc::io, "cannot list ", tmp.string(), ": ", ec.message());
+  std::sort(files.begin(), files.end());
+  json_writer w;
+  w.begin_object()
+    .field("format", format_name)
+    .field("format_version", format_version)
+    .field("version", l.version())
+    .field("steps", l.steps())
+    .field("lora", l.options().lora)
+    .field("dtype", dtype_of(l))
+    .field("frozen_sha256", l.frozen_digest());
+  w.key("files").begin_array();
+  for (const auto& f : files) {
+    auto d = digest_file(tmp / f);
+    if (!d)
+      return d.error();
+    w.begin_object().field("path", f.generic_string()).field("bytes", d->bytes).field("sha256", d->sha256).end_object();
+  }
+  w.end_array().end_object();
+  if (auto r = write_file_atomic(tmp / "manifest.json", std::move(w).take() + "\n"); !r)
+    return r;
+  if (auto r = fsync_directory(tmp / "model"); !r)
+    return r;
+  if (auto r = fsync_directory(tmp); !r)
+    return r;
+  fs::rename(tmp, dir, ec);
+  if (ec)
+    return fail(errc::io, "cannot rename ", tmp.string(), " to ", dir.string(), ": ", ec.message());
+  return fsync_directory(parent);
+}
+
+result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
+  const auto manifest_path = dir / "manifest.json";
+  auto doc = read_json_file(manifest_path);
+  if (!doc)
+    return doc.error().code == errc::not_found
+               ? fail(errc::not_found, manifest_path.string(), ": missing (not a checkpoint, or an unfinished one)")
+               : doc.error();
+  const auto origin = manifest_path.string();
+  auto field = [&](const char* key, json_value::kind kind) -> result<const json_value*> {
+    const auto* v = doc->find(key);
+    if (v == nullptr || (v->type() != kind && !(kind == json_value::kind::real && v->is_number())))
+      return fail(errc::corrupt, origin, ": ", key, ": missing or not a ", json_value::kind_name(kind));
+    return v;
+  };
+  auto format = field("format", json_value::kind::string);
+  if (!format)
+    return format.error();
+  if ((*format)->as_string() != format_name)
+    return fail(errc::corrupt, origin, ": format: \"", (*format)->as_string(), "\" is not ", format_name);
+  auto fv = field("format_version", json_value::kind::integer);
+  if (!fv)
+    return fv.error();
+  if ((*fv)->as_int() != format_version)
+    return fail(errc::unsupported, origin, ": format_version ", std::to_string((*fv)->as_int()),
+                " (this build reads ", std::to_string(format_version), ")");
+  checkpoint_info info;
+  auto version = field("version", json_value::kind::integer);
+  auto steps = field("steps", json_value::kind::integer);
+  auto lora = field("lora", json_value::kind::boolean);
+  auto dtype = field("dtype", json_value::kind::string);
+  auto frozen = field("frozen_sha256", json_value::kind::string);
+  auto files = field("files", json_value::kind::array);
+  for (const auto* r : {&version, &steps, &lora, &dtype, &frozen, &files})
+    if (!*r)
+      return r->error();
+  if ((*version)->as_int() < 0 || (*steps)->as_int() < 0)
+    return fail(errc::corrupt, origin, ": negative version or steps");
+  info.version = static_cast<std::uint64_t>((*version)->as_int());
+  info.steps = (*steps)->as_int();
+  info.lora = (*lora)->as_bool();
+  info.dtype = (*dtype)->as_string();
+  info.frozen_sha256 = (*frozen)->as_string();
+
+  bool has_optimizer = false, has_model = false;
+  for (const auto& entry : (*files)->as_array()) {
+    const auto* path = entry.find("path");
+    const auto* bytes = entry.find("bytes");
+    const auto* sha = entry.find("sha256");
+    if (path == nullptr || !path->is_string() || bytes == nullptr || !bytes->is_int() || sha == nullptr ||
+        !sha->is_string())
+      return fail(errc::corrupt, origin, ": files: an entry lacks path, bytes or sha256");
+    const fs::path rel = fs::path(path->as_string()).lexically_normal();
+    if (rel.is_absolute() || rel.empty() || *rel.begin() == "..")
+      return fail(errc::corrupt, origin, ": files: path \"", path->as_string(), "\" leaves the checkpoint");
+    const auto file = dir / rel;
+    auto d = digest_file(file);
+    if (!d)
+      return d.error();
+    if (static_cast<std::int64_t>(d->bytes) != bytes->as_int())
+      return fail(errc::corrupt, file.string(), ": ", std::to_string(d->bytes), " bytes, the manifest says ",
+                  std::to_string(bytes->as_int()), " (truncated or damaged)");
+    if (d->sha256 != sha->as_string())
+      return fail(errc::corrupt, file.string(), ": SHA-256 differs from the manifest's (damaged)");
+    has_optimizer = has_optimizer || rel == "optimizer.safetensors";
+    has_model = has_model || rel == "model/config.json";
+  }
+  if (!has_optimizer || !has_model)
+    return fail(errc::corrupt, origin, ": files: ", has_model ? "optimizer.safetensors" : "model/config.json",
+                " is not listed");
+  return info;
+}
+
+result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
+  auto info = verify_checkpoint(dir);
+  if (!info)
+    return info.error();
+  const auto origin = (dir / "manifest.json").string();
+  if (info->lora != l.options().lora)
+    return fail(errc::config, origin, ": the checkpoint ", info->lora ? "trains LoRA adapters" : "fine-tunes all weights",
+                " but learner.lora is ", l.options().lora ? "true" : "false");
+  if (info->dtype != dtype_of(l))
+    return fail(errc::config, origin, ": the checkpoint's dtype is ", info->dtype, " but the learner's is ", dtype_of(l),
+                " (learner.dtype)");
+  if (info->frozen_sha256 != l.frozen_digest())
+    return fail(errc::config, origin, ": the learner's frozen base weights differ from the ones the checkpoint's "
+                                      "adapters were trained on");
+
+  const auto opt_path = dir / "optimizer.safetensors";
+  auto file = safetensors_file::open(opt_path);
+  if (!file)
+    return file.error();
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& view : file->tensors())
+    tensors.emplace(view.name, to_tensor(view));
+  const bool masters = with_masters(l);
+  if (auto r = l.optimizer().check_state(tensors, masters, opt_path.string()); !r)
+    return r.error();
+  const auto device = l.parameters().front().param.device();
+  for (const char* key : {"rng.cpu", device.is_cuda() ? "rng.cuda" : nullptr}) {
+    if (key == nullptr)
+      continue;
+    auto it = tensors.find(key);
+    if (it == tensors.end() || it->second.scalar_type() != torch::kByte)
+      return fail(errc::corrupt, opt_path.string(), ": missing generator state ", key);
+  }
+
+  if (!info->lora) {
+    // The weights themselves (for float32 models the optimiser keeps no other copy).
+    auto weights = safetensors_checkpoint::open(dir / "model");
+    if (!weights)
+      return weights.error();
+    if (auto r = load_weights(l.model(), *weights, /*check_finite=*/false); !r)
+      return r.error();
+  }
+  if (auto r = l.optimizer().restore(tensors, info->steps, masters, opt_path.string()); !r)
+    return r.error();
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(tensors.at("rng.cpu"));
+  }
+  if (device.is_cuda()) {
+    at::Generator gen = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(tensors.at("rng.cuda"));
+  }
+  l.set_version(info->version);
+  return info;
+}
+
+} // namespace crucible::policy

@@ -1,0 +1,70 @@
+// storage/replay_store_detail.hpp: internals shared by the replay store's source files
+// (replay_store.cpp, replay_hacks.cpp); not part of the storage API.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "core/error.hpp"
+#include "storage/replay_store.hpp"
+
+namespace crucible::storage::detail {
+
+/// An SQLite statement finalized on scope exit.
+struct statement {
+  sqlite3_stmt* s = nullptr;
+  statement() = default;
+  statement(const statement&) = delete;
+  statement& operator=(const statement&) = delete;
+  ~statement() { sqlite3_finalize(s); }
+};
+
+/// Resets a cached statement (ending its read transaction) and clears its bindings on scope exit.
+struct reset_on_exit {
+  sqlite3_stmt* s;
+  explicit reset_on_exit(sqlite3_stmt* st) : s(st) {}
+  reset_on_exit(const reset_on_exit&) = delete;
+  reset_on_exit& operator=(const reset_on_exit&) = delete;
+  ~reset_on_exit() {
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+  }
+};
+
+inline std::string where(const std::filesystem::path& path) { return "replay store " + path.string(); }
+
+inline crucible::error db_fail(sqlite3* db, const std::filesystem::path& path, std::string_view what) {
+  return fail(errc::io, where(path), ": ", what, ": ", sqlite3_errmsg(db));
+}
+
+inline std::string column_text(sqlite3_stmt* s, int i) {
+  auto* p = reinterpret_cast<const char*>(sqlite3_column_text(s, i));
+  return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(s, i))) : std::string();
+}
+
+inline void bind_text(sqlite3_stmt* s, int i, std::string_view t) {
+  // SQLITE_STATIC: every caller steps the statement while `t` is alive, then resets it.
+  sqlite3_bind_text(s, i, t.data(), static_cast<int>(t.size()), SQLITE_STATIC);
+}
+
+/// Every column of `variants`, in read_row()'s order, ending in " FROM variants ".
+extern const char* const select_columns;
+/// The same columns qualified with the alias `v` (for joins), ending in " FROM ".
+extern const char* const select_columns_v;
+
+/// The row the statement is on, its columns as select_columns lists them.
+variant_record read_row(sqlite3_stmt* s);
+
+/// True for a hacking case's (status, checks_failed); matches the SQL of flagged_sql.
+inline bool is_flagged(std::string_view status, std::string_view checks_failed) {
+  return status == "rejected" || (status == "incorrect" && checks_failed != "[]");
+}
+
+/// SQL condition over `variants` columns that selects the hacking cases (a partial index
+/// uses the same text, so queries must repeat it exactly).
+#define CRUCIBLE_FLAGGED_SQL "(status = 'rejected' OR (status = 'incorrect' AND checks_failed <> '[]'))"
+
+} // namespace crucible::storage::detail
