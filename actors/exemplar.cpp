@@ -4,7 +4,6 @@
 
 #include <caf/all.hpp>
 
-#include <sqlite3.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +25,17 @@
 
 namespace crucible {
 
+exemplar_actor_options exemplar_actor_options::from(const config& cfg, std::filesystem::path store) {
+  exemplar_actor_options o;
+  o.store = std::move(store);
+  o.selection = storage::to_exemplar_options(cfg.exemplar);
+  o.straggler_timeout_s = cfg.exemplar.straggler_timeout_s;
+  o.on_straggler = cfg.exemplar.straggler;
+  o.fill_reward = cfg.reward.failed;
+  o.seed = cfg.run.seed;
+  return o;
+}
+
 result<void> exemplar_actor_options::validate() const {
   if (store.empty())
     return fail(errc::config, "exemplar.store: the replay store path is empty");
@@ -43,58 +53,6 @@ result<void> exemplar_actor_options::validate() const {
 namespace {
 
 // -- replay store <-> messages --------------------------------------------------------------
-
-struct statement {
-  sqlite3_stmt* s = nullptr;
-  statement() = default;
-  statement(const statement&) = delete;
-  statement& operator=(const statement&) = delete;
-  ~statement() { sqlite3_finalize(s); }
-};
-
-// TEMPORARY, until storage::replay_store has its own (task, hardware) query for successful
-// variants (being added on another branch): then replace this function by that call.
-//
-// The successful variants of (task, hardware) in id order, each with only the columns that
-// selection reads (id, code_hash, status, correct, speedup, reward); the conditions are those of
-// storage::is_successful (a non-finite reward is stored as NULL). The few chosen rows are then
-// read in full with replay_store::find, so the code of every candidate is never loaded. The
-// lookup uses the index of the UNIQUE (task_id, hardware, code_hash) constraint.
-result<std::vector<storage::variant_record>> successful_variants(const storage::replay_store& store,
-                                                                 const std::string& task,
-                                                                 const std::string& hardware) {
-  static constexpr const char* sql =
-    "SELECT id, code_hash, speedup, reward FROM variants"
-    " WHERE task_id = ?1 AND hardware = ?2 AND status = 'ok' AND correct = 1"
-    " AND speedup IS NOT NULL AND reward IS NOT NULL ORDER BY id";
-  auto db = store.handle();
-  auto db_fail = [&](const char* what) {
-    return fail(errc::io, "replay store ", store.path().string(), ": ", what, ": ", sqlite3_errmsg(db));
-  };
-  statement st;
-  if (sqlite3_prepare_v2(db, sql, -1, &st.s, nullptr) != SQLITE_OK)
-    return db_fail("prepare exemplar query");
-  sqlite3_bind_text(st.s, 1, task.data(), static_cast<int>(task.size()), SQLITE_TRANSIENT);
-  sqlite3_bind_text(st.s, 2, hardware.data(), static_cast<int>(hardware.size()), SQLITE_TRANSIENT);
-  std::vector<storage::variant_record> out;
-  int rc;
-  while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
-    storage::variant_record v;
-    v.id = sqlite3_column_int64(st.s, 0);
-    v.task_id = task;
-    v.hardware = hardware;
-    auto* hash = reinterpret_cast<const char*>(sqlite3_column_text(st.s, 1));
-    v.code_hash = hash ? std::string(hash, static_cast<std::size_t>(sqlite3_column_bytes(st.s, 1))) : "";
-    v.status = "ok";
-    v.correct = true;
-    v.speedup = sqlite3_column_double(st.s, 2);
-    v.reward = sqlite3_column_double(st.s, 3);
-    out.push_back(std::move(v));
-  }
-  if (rc != SQLITE_DONE)
-    return db_fail("exemplar query");
-  return out;
-}
 
 std::string json_strings(const std::vector<std::string>& xs) {
   std::string out = "[";
@@ -251,7 +209,7 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
     [=](const exemplar_request& req) -> caf::result<exemplar_set> {
       auto& st = self->state;
       exemplar_set out{req.task, req.hardware, {}};
-      auto rows = successful_variants(*st.store, req.task.value, req.hardware);
+      auto rows = st.store->successful_variants(req.task.value, req.hardware);
       if (!rows.ok())
         return make_error(rows.error());
       auto sel = st.opt.selection;

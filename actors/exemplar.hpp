@@ -10,16 +10,11 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/interfaces.hpp"
+#include "core/config.hpp"
 #include "core/error.hpp"
 #include "storage/exemplar_select.hpp"
 
 namespace crucible {
-
-/// What happens to a group whose verdicts are not all in when its straggler timeout passes.
-enum class straggler_policy : std::uint8_t {
-  drop, ///< discard the group (counted in exemplar_stats::groups_dropped)
-  fill, ///< send it on, each missing verdict a `timeout` verdict with `fill_reward`
-};
 
 /// Settings of the exemplar actor. Value type; check with validate(). The `exemplar:` config
 /// section converts into it (the keys in validate()'s messages name that section).
@@ -35,6 +30,10 @@ struct exemplar_actor_options {
   /// On its own thread (the store fsyncs every record, which would stall a scheduler
   /// thread). Tests on the deterministic scheduler set this to false.
   bool detached = true;
+
+  /// The `exemplar:` section of `cfg` for the store at `store`: its selection and straggler
+  /// settings, `reward.failed` as the fill reward, `run.seed` as the seed.
+  static exemplar_actor_options from(const config& cfg, std::filesystem::path store);
 
   /// errc::config naming the first bad key ("exemplar.store", "exemplar.straggler_timeout_s",
   /// "exemplar.fill_reward", "exemplar.max_open_groups", or the selection's keys).

@@ -550,6 +550,24 @@ TEST_CASE_FIXTURE(fixture, "the store persists across an actor restart") {
   CHECK(stats(second).recorded == 0); // counters are per actor; the rows are the store's
 }
 
+TEST_CASE("exemplar actor options come from the exemplar and reward config sections") {
+  auto cfg = parse_config("run:\n  seed: 77\nreward:\n  failed: -0.5\nexemplar:\n  method: island\n  n: 3\n"
+                          "  tau: 0.25\n  islands: 5\n  straggler_timeout_s: 42\n  straggler_policy: fill\n",
+                          "x.yaml");
+  REQUIRE(cfg.ok());
+  auto o = exemplar_actor_options::from(*cfg, "/tmp/run/replay.db");
+  CHECK(o.store == std::filesystem::path("/tmp/run/replay.db"));
+  CHECK(o.selection.method == storage::selection_method::island);
+  CHECK(o.selection.n == 3);
+  CHECK(o.selection.tau == 0.25);
+  CHECK(o.selection.islands == 5);
+  CHECK(o.straggler_timeout_s == 42);
+  CHECK(o.on_straggler == straggler_policy::fill);
+  CHECK(o.fill_reward == -0.5);
+  CHECK(o.seed == 77);
+  CHECK(o.validate().ok());
+}
+
 TEST_CASE("exemplar actor options name the bad key") {
   exemplar_actor_options opt;
   opt.store = "/tmp/x/replay.db";
