@@ -25,7 +25,7 @@ if [[ ! -f $B/build.ninja ]]; then
 fi
 targets=(crucible)
 [[ " $* " == *" throughput "* ]] && targets+=(bench_eval_throughput)
-[[ " $* " == *" decode "* || " $* " == *" trace "* ]] && targets+=(bench_decode test_gpu_engine)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine)
 start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "gpu_session: build took $(( $(date +%s) - start )) s"
