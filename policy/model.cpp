@@ -55,7 +55,7 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
   // Head h = kv * group + g (repeat_kv's order); row g * T + t of the fold sees mask row t.
   auto folded = q.reshape({b, kv_heads, group * t, d});
   auto out = at::scaled_dot_product_attention(folded, k, v, mask.repeat({1, 1, group, 1}));
-  return out.view({b, heads, t, d});
+  return out.reshape({b, heads, t, d}); // cuDNN on CUDA may return non-standard strides
 }
 
 // transformers' inverse frequencies for the static RoPE types, computed the way it does (float32
