@@ -24,6 +24,7 @@
 #include "core/log.hpp"
 #include "storage/atomic_file.hpp"
 #include "storage/metrics_log.hpp"
+#include "tests/actors/deterministic.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 using namespace crucible;
@@ -33,11 +34,7 @@ namespace {
 
 using crucible::testing::temp_dir;
 
-actor_config& deterministic(actor_config& cfg) {
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
+using crucible::testing::deterministic;
 
 struct fixture {
   temp_dir dir;

@@ -25,6 +25,7 @@
 #include "core/sha256.hpp"
 #include "env/task.hpp"
 #include "storage/replay_store.hpp"
+#include "tests/actors/deterministic.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 using namespace crucible;
@@ -34,11 +35,7 @@ namespace {
 
 using crucible::testing::temp_dir;
 
-actor_config& deterministic(actor_config& cfg) {
-  cfg.set("scheduler.policy", caf::atom("testing"));
-  cfg.set("logger.file-verbosity", caf::atom("quiet"));
-  return cfg;
-}
+using crucible::testing::deterministic;
 
 using groups_seen = std::vector<rollout_group>;
 
