@@ -117,6 +117,12 @@ json_writer& json_writer::value(std::string_view v) {
   return *this;
 }
 
+json_writer& json_writer::raw(std::string_view json) {
+  before_value();
+  out_ += json;
+  return *this;
+}
+
 json_writer& json_writer::value(bool v) {
   before_value();
   out_ += v ? "true" : "false";

@@ -33,6 +33,9 @@ public:
   json_writer& value(int v) { return value(static_cast<std::int64_t>(v)); }
   json_writer& value(unsigned v) { return value(static_cast<std::uint64_t>(v)); }
   json_writer& null();
+  /// Writes `json`, a complete JSON value the caller has already validated (e.g. an array kept
+  /// as canonical text), unchanged.
+  json_writer& raw(std::string_view json);
   json_writer& value(const std::vector<std::string>& v);
 
   /// Shorthand for key(k).value(v).

@@ -4,7 +4,6 @@
 
 #include <sqlite3.h>
 
-#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -63,50 +62,34 @@ std::optional<std::string> canonical_array_text(std::string_view text, bool stri
   return canonical_array(*v, strings);
 }
 
-void append_double(std::string& out, double d) {
-  if (!std::isfinite(d)) {
-    out += "null";
-    return;
-  }
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, d);  // shortest text that round-trips
-  out.append(buf, r.ptr);
-}
-
-void key(std::string& out, std::string_view k, bool first = false) {
-  if (!first) out += ',';
-  append_json_string(out, k);
-  out += ':';
-}
-
 std::string to_json_line(const variant_record& v) {
-  std::string o = "{";
-  key(o, "id", true);
-  o += std::to_string(v.id);
-  key(o, "task_id"); append_json_string(o, v.task_id);
-  key(o, "task_name"); append_json_string(o, v.task_name);
-  key(o, "hardware"); append_json_string(o, v.hardware);
-  key(o, "code"); append_json_string(o, v.code);
-  key(o, "code_hash"); append_json_string(o, v.code_hash);
-  key(o, "status"); append_json_string(o, v.status);
-  key(o, "correct"); o += v.correct ? "true" : "false";
-  key(o, "speedup");
-  if (v.speedup) append_double(o, *v.speedup); else o += "null";
-  key(o, "spread"); append_double(o, v.spread);
-  key(o, "ref_ms"); append_double(o, v.ref_ms);
-  key(o, "cand_ms"); append_double(o, v.cand_ms);
-  key(o, "reward"); append_double(o, v.reward);
-  key(o, "checks_failed"); o += v.checks_failed;  // canonical JSON array (checked by record)
-  key(o, "message"); append_json_string(o, v.message);
-  key(o, "policy_version"); o += std::to_string(v.policy_version);
-  key(o, "prompt_id"); append_json_string(o, v.prompt_id);
-  key(o, "group_id"); o += std::to_string(v.group_id);
-  key(o, "exemplar_ids"); o += v.exemplar_ids;
-  key(o, "time_ms"); o += std::to_string(v.time_ms);
-  key(o, "count"); o += std::to_string(v.count);
-  key(o, "completion"); append_json_string(o, v.completion);
-  o += '}';
-  return o;
+  json_writer w;
+  w.begin_object()
+    .field("id", v.id)
+    .field("task_id", v.task_id)
+    .field("task_name", v.task_name)
+    .field("hardware", v.hardware)
+    .field("code", v.code)
+    .field("code_hash", v.code_hash)
+    .field("status", v.status)
+    .field("correct", v.correct)
+    .key("speedup");
+  if (v.speedup) w.value(*v.speedup); else w.null();
+  w.field("spread", v.spread)
+    .field("ref_ms", v.ref_ms)
+    .field("cand_ms", v.cand_ms)
+    .field("reward", v.reward)
+    .key("checks_failed").raw(v.checks_failed)  // canonical JSON array (checked by record)
+    .field("message", v.message)
+    .field("policy_version", v.policy_version)
+    .field("prompt_id", v.prompt_id)
+    .field("group_id", v.group_id)
+    .key("exemplar_ids").raw(v.exemplar_ids)
+    .field("time_ms", v.time_ms)
+    .field("count", v.count)
+    .field("completion", v.completion)
+    .end_object();
+  return std::move(w).take();
 }
 
 // Reads one exported line into `v`; on failure returns what is wrong (no location).
@@ -286,13 +269,14 @@ result<void> insert_prompt(sqlite3* db, const std::filesystem::path& path, sqlit
 }
 
 std::string prompt_json_line(const prompt_record& p) {
-  std::string o = "{";
-  key(o, "kind", true); append_json_string(o, "prompt");
-  key(o, "prompt_id"); append_json_string(o, p.prompt_id);
-  key(o, "text"); append_json_string(o, p.text);
-  key(o, "created_ms"); o += std::to_string(p.created_ms);
-  o += '}';
-  return o;
+  json_writer w;
+  w.begin_object()
+    .field("kind", "prompt")
+    .field("prompt_id", p.prompt_id)
+    .field("text", p.text)
+    .field("created_ms", p.created_ms)
+    .end_object();
+  return std::move(w).take();
 }
 
 } // namespace
@@ -718,15 +702,17 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
       ++stats.skipped;
       continue;
     }
-    std::string o = "{";
-    key(o, "prompt", true); append_json_string(o, column_text(st.s, 5));
-    key(o, "completion"); append_json_string(o, column_text(st.s, 4));
-    key(o, "task"); append_json_string(o, column_text(st.s, 1));
-    key(o, "speedup"); append_double(o, sqlite3_column_double(st.s, 3));
-    key(o, "hardware"); append_json_string(o, column_text(st.s, 2));
-    key(o, "variant_id"); o += std::to_string(sqlite3_column_int64(st.s, 0));
-    o += "}\n";
-    out += o;
+    json_writer w;
+    w.begin_object()
+      .field("prompt", column_text(st.s, 5))
+      .field("completion", column_text(st.s, 4))
+      .field("task", column_text(st.s, 1))
+      .field("speedup", sqlite3_column_double(st.s, 3))
+      .field("hardware", column_text(st.s, 2))
+      .field("variant_id", static_cast<std::int64_t>(sqlite3_column_int64(st.s, 0)))
+      .end_object();
+    out += w.str();
+    out += '\n';
     ++stats.written;
   }
   if (rc != SQLITE_DONE) return db_fail(db_, path_, "SFT export");

@@ -18,6 +18,15 @@ TEST_CASE("json_writer nests objects and arrays with commas in the right places"
   CHECK(w.str() == R"({"a":1,"b":"x","c":[true,false,null],"d":{}})");
 }
 
+TEST_CASE("json_writer writes raw values as given, with the commas around them") {
+  json_writer w;
+  w.begin_object().key("ids").raw("[1,2]").field("n", 3).key("tags").raw(R"(["a"])").end_object();
+  CHECK(w.str() == R"({"ids":[1,2],"n":3,"tags":["a"]})");
+  json_writer a;
+  a.begin_array().raw("{}").raw("null").end_array();
+  CHECK(a.str() == "[{},null]");
+}
+
 TEST_CASE("json strings escape quotes, control characters and invalid UTF-8") {
   std::string out;
   crucible::append_json_string(out, "q\"b\\n\n\t\x01");
