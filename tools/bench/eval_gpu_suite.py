@@ -1,5 +1,5 @@
-"""tools/bench/eval_gpu_suite.py: where the GPU benchmark suite lives, and loading its files as
-modules (shared by eval_precision.py and timing_probe.py)."""
+"""tools/bench/eval_gpu_suite.py: where the GPU benchmark suite lives, loading its files as
+modules, and KernelBench-style timing (shared by eval_precision.py and timing_probe.py)."""
 import importlib.util
 import os
 
@@ -12,3 +12,23 @@ def load_module(path, name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def kb_mean_ms(model, inputs, calls=100):
+    """KernelBench-style time of one model: 3 untimed calls, then the mean of `calls` CUDA-event
+    timings on the current stream, the same inputs reused."""
+    import torch
+
+    for _ in range(3):
+        model(*inputs)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        model(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return sum(samples) / len(samples)

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from eval_gpu_suite import SUITE, load_module
+from eval_gpu_suite import SUITE, kb_mean_ms, load_module
 
 
 def kernelbench_style(task_path, cand_path, seed):
@@ -40,21 +40,7 @@ def kernelbench_style(task_path, cand_path, seed):
     inputs = [x.cuda() if hasattr(x, "cuda") else x for x in task.get_inputs()]
     with torch.no_grad():
         correct = torch.allclose(ref(*inputs), new(*inputs), atol=1e-2, rtol=1e-2)
-        times = {}
-        for label, model in (("ref", ref), ("cand", new)):
-            for _ in range(3):
-                model(*inputs)
-            torch.cuda.synchronize()
-            samples = []
-            for _ in range(100):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
-                model(*inputs)
-                end.record()
-                torch.cuda.synchronize()
-                samples.append(start.elapsed_time(end))
-            times[label] = statistics.mean(samples)
+        times = {label: kb_mean_ms(model, inputs) for label, model in (("ref", ref), ("cand", new))}
     del inputs, ref, new
     torch.cuda.empty_cache()
     return {"correct": bool(correct), "speedup": times["ref"] / times["cand"], "ref_ms": times["ref"],

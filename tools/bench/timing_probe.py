@@ -26,7 +26,7 @@ import statistics
 import subprocess
 import sys
 
-from eval_gpu_suite import SUITE, load_module
+from eval_gpu_suite import SUITE, kb_mean_ms, load_module
 
 
 def one_process(name, rounds, seed):
@@ -73,16 +73,7 @@ def one_process(name, rounds, seed):
             m(*xs)
     torch.cuda.synchronize()
     # kb
-    t = {}
-    for label, m in (("ref", ref), ("cand", new)):
-        s = []
-        for _ in range(100):
-            ev0.record()
-            m(*xs)
-            ev1.record()
-            torch.cuda.synchronize()
-            s.append(ev0.elapsed_time(ev1))
-        t[label] = statistics.mean(s)
+    t = {label: kb_mean_ms(m, xs) for label, m in (("ref", ref), ("cand", new))}
     res["kb"] = {"ref_ms": t["ref"], "cand_ms": t["cand"], "speedup": t["ref"] / t["cand"]}
     # kernels: device time per call from CUPTI
     from torch.profiler import profile, ProfilerActivity
