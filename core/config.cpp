@@ -498,6 +498,10 @@ void describe(V& v, config& c) {
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
+    v.field("outputs_on_device", e.outputs_on_device,
+            "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
+            "compares them with its own kernel. False: outputs are copied to the host and compared there. "
+            "Ignored on the CPU and in builds without CUDA.");
   });
   v.section("reward", "How a verdict becomes the reward the learner sees.", [&] {
     v.field("shape", c.reward.shape, "Reward of a correct candidate from its speedup.");

@@ -1,8 +1,13 @@
 #include "env/compare.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <tuple>
+
+#include "env/device_bytes.hpp"
 
 namespace crucible::env {
 
@@ -28,16 +33,6 @@ std::optional<dtype> parse_dtype(std::string_view name) noexcept {
     if (name == to_string(t))
       return t;
   return std::nullopt;
-}
-
-std::size_t element_size(dtype t) noexcept {
-  switch (t) {
-    case dtype::f64: case dtype::i64: return 8;
-    case dtype::f32: case dtype::i32: return 4;
-    case dtype::f16: case dtype::bf16: case dtype::i16: return 2;
-    case dtype::i8: case dtype::u8: case dtype::boolean: return 1;
-  }
-  return 1;
 }
 
 bool is_floating(dtype t) noexcept {
@@ -95,9 +90,7 @@ float bfloat16_to_float(std::uint16_t b) noexcept {
   return f;
 }
 
-namespace {
-
-double load(const std::byte* p, dtype t) noexcept {
+double element_value(const std::byte* p, dtype t) noexcept {
   switch (t) {
     case dtype::f64: { double v; std::memcpy(&v, p, 8); return v; }
     case dtype::f32: { float v; std::memcpy(&v, p, 4); return v; }
@@ -111,6 +104,10 @@ double load(const std::byte* p, dtype t) noexcept {
   }
   return 0;
 }
+
+namespace {
+
+double load(const std::byte* p, dtype t) noexcept { return element_value(p, t); }
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
   std::string out = "[";
@@ -137,15 +134,51 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
     return fail("shape " + shape_str(got.shape) + ", expected " + shape_str(want.shape));
   auto n = static_cast<size_t>(want.numel());
   auto es = element_size(want.type);
-  if (want.bytes.size() != n * es || got.bytes.size() != n * es)
+  auto stored = [](const tensor_blob& b) { return b.device ? b.device->size() : b.bytes.size(); };
+  if (stored(want) != n * es || stored(got) != n * es)
     return fail("byte count does not match shape and dtype");
   auto t = tol.for_dtype(want.type);
+  auto report = [&](std::uint64_t bad, double worst, std::uint64_t first_bad, double g, double w) {
+    res.max_abs_diff = std::max(res.max_abs_diff, worst);
+    res.mismatches += bad;
+    if (bad > 0) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf,
+                    "%llu of %zu elements outside atol=%g rtol=%g (max abs diff %.3g; first at flat index %llu: got %.6g, expected %.6g)",
+                    static_cast<unsigned long long>(bad), n, t.atol, t.rtol, worst,
+                    static_cast<unsigned long long>(first_bad), g, w);
+      fail(buf);
+    }
+  };
+  if (want.device && got.device) {
+    // Both on the device: the evaluator's own kernel compares them where they are.
+    auto d = device_compare(*want.device, *got.device, want.type, n, t);
+    if (!d)
+      return fail("cannot compare on the device: " + d.error().message);
+    return report(d->mismatches, d->max_abs_diff, d->first_bad, element_value(d->got_first, want.type),
+                  element_value(d->want_first, want.type));
+  }
+  // A device output beside a host one (a worker that could not export one): compare on the host.
+  std::vector<std::byte> want_host, got_host;
+  const std::vector<std::byte>* want_bytes = &want.bytes;
+  const std::vector<std::byte>* got_bytes = &got.bytes;
+  for (auto [blob, host, bytes] : {std::tuple{&want, &want_host, &want_bytes}, std::tuple{&got, &got_host, &got_bytes}}) {
+    if (!blob->device)
+      continue;
+    auto copied = download(*blob->device);
+    if (!copied)
+      return fail("cannot copy an output from the device: " + copied.error().message);
+    *host = std::move(*copied);
+    *bytes = host;
+  }
+  const std::byte* wp = want_bytes->data();
+  const std::byte* gp = got_bytes->data();
   std::uint64_t bad = 0;
   double worst = 0;
   size_t first_bad = n;
   for (size_t i = 0; i < n; ++i) {
-    double w = load(want.bytes.data() + i * es, want.type);
-    double g = load(got.bytes.data() + i * es, want.type);
+    double w = load(wp + i * es, want.type);
+    double g = load(gp + i * es, want.type);
     bool ok;
     if (std::isnan(w) || std::isnan(g)) {
       ok = std::isnan(w) && std::isnan(g);
@@ -162,17 +195,10 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
       ++bad;
     }
   }
-  res.max_abs_diff = std::max(res.max_abs_diff, worst);
-  res.mismatches += bad;
-  if (bad > 0) {
-    char buf[200];
-    std::snprintf(buf, sizeof buf,
-                  "%llu of %zu elements outside atol=%g rtol=%g (max abs diff %.3g; first at flat index %zu: got %.6g, expected %.6g)",
-                  static_cast<unsigned long long>(bad), n, t.atol, t.rtol, worst, first_bad,
-                  load(got.bytes.data() + first_bad * es, want.type),
-                  load(want.bytes.data() + first_bad * es, want.type));
-    fail(buf);
-  }
+  if (bad > 0)
+    report(bad, worst, first_bad, load(gp + first_bad * es, want.type), load(wp + first_bad * es, want.type));
+  else
+    report(0, worst, 0, 0, 0);
 }
 
 } // namespace

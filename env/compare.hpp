@@ -1,41 +1,39 @@
 // env/compare.hpp: comparing candidate outputs with reference outputs, in the evaluator's own
-// process, on raw bytes the worker sent: nothing the candidate's process can patch is involved.
+// process, on raw bytes the worker sent or on device memory it exported (env/device_bytes.hpp):
+// nothing the candidate's process can patch is involved.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "env/dtype.hpp"
+
 namespace crucible::env {
 
-enum class dtype : std::uint8_t { f64, f32, f16, bf16, i64, i32, i16, i8, u8, boolean };
+class device_bytes;
 
 /// "float32", ...; the names torch uses without the "torch." prefix.
 const char* to_string(dtype t) noexcept;
 std::optional<dtype> parse_dtype(std::string_view name) noexcept;
-/// Bytes per element.
-std::size_t element_size(dtype t) noexcept;
 bool is_floating(dtype t) noexcept;
 
-/// An output as the worker sent it: dtype, shape and contiguous bytes, or `kind` when it was
-/// not a plain tensor (e.g. "tensor subclass LazyTensor"). Owns its bytes.
+/// An output as the worker sent it: dtype, shape and contiguous bytes (on the host in `bytes`,
+/// or on a CUDA device in `device`), or `kind` when it was not a plain tensor (e.g. "tensor
+/// subclass LazyTensor"). Owns its bytes or holds its device mapping.
 struct tensor_blob {
   dtype type = dtype::f32;
   std::vector<std::int64_t> shape;
   std::vector<std::byte> bytes;
+  std::shared_ptr<device_bytes> device; ///< set instead of `bytes` for outputs kept on the device
   std::string kind; ///< empty for a plain tensor
 
   std::int64_t numel() const noexcept;
-};
-
-/// Absolute and relative tolerance: |got - want| <= atol + rtol * |want|.
-struct tolerance {
-  double atol = 1e-4;
-  double rtol = 1e-4;
 };
 
 /// Tolerances by dtype; integers and bools compare exactly.
@@ -60,6 +58,9 @@ struct comparison {
 /// the dtype's tolerance. NaN matches NaN; infinities must match exactly.
 comparison compare_outputs(const std::vector<tensor_blob>& want, const std::vector<tensor_blob>& got,
                            const tolerances& tol);
+
+/// One element at `p` (native byte order) as a double.
+double element_value(const std::byte* p, dtype t) noexcept;
 
 /// Decodes IEEE half and bfloat16 values.
 float half_to_float(std::uint16_t h) noexcept;

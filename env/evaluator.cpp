@@ -20,6 +20,7 @@
 #include "core/json.hpp"
 #include "core/sha256.hpp"
 #include "env/compare.hpp"
+#include "env/device_bytes.hpp"
 #include "env/reward.hpp"
 #include "env/timing.hpp"
 
@@ -44,8 +45,9 @@ std::string json_string(const std::string& s) {
   return out;
 }
 
-// Decodes the outputs listed in a message header, taking their bytes from the frames.
-result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg) {
+// Decodes the outputs listed in a message header, taking their bytes from the frames, or mapping
+// the device memory the worker exported (on CUDA device `cuda_device` of this process).
+result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg, int cuda_device) {
   std::vector<tensor_blob> out;
   if (!list.IsDefined() || list.IsNull())
     return out;
@@ -67,6 +69,17 @@ result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_m
     b.type = *type;
     for (const auto& d : item["shape"])
       b.shape.push_back(d.as<std::int64_t>());
+    if (item["ipc"].IsDefined()) {
+      if (cuda_device < 0)
+        return fail(errc::protocol, "a device output arrived but this evaluator asked for host bytes");
+      auto mapped = map_exported(cuda_device, item["ipc"].as<std::string>(), item["offset"].as<std::uint64_t>(),
+                                 item["bytes"].as<std::uint64_t>(), element_size(b.type));
+      if (!mapped)
+        return mapped.error();
+      b.device = std::move(*mapped);
+      out.push_back(std::move(b));
+      continue;
+    }
     auto frame = item["frame"].as<std::size_t>();
     if (frame == 0 || frame > msg.frames.size())
       return fail(errc::protocol, "output refers to missing frame ", std::to_string(frame));
@@ -166,6 +179,24 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
                                                                    std::string device, logger& log,
                                                                    std::shared_ptr<verdict_cache> cache) {
   std::unique_ptr<device_evaluator> ev{new device_evaluator(opt, reward, where, std::move(device), log, std::move(cache))};
+  if (opt.outputs_on_device && ev->device_.rfind("cuda:", 0) == 0) {
+    // Outputs stay on the device: this process maps the workers' exports and compares them with
+    // its own kernel. Its CUDA context is made now, not inside the first verdict.
+    if (!device_bytes_available()) {
+      log.info("evaluator", ev->device_, ": built without CUDA; outputs are compared on the host");
+    } else {
+      const auto digits = ev->device_.substr(5);
+      ev->cuda_index_ = !digits.empty() && digits.size() < 6 && digits.find_first_not_of("0123456789") == std::string::npos
+                            ? std::stoi(digits) : -1;
+      if (ev->cuda_index_ < 0) {
+        log.warn("evaluator", ev->device_, ": not a cuda:N device; outputs are compared on the host");
+      } else if (auto name = device_name(ev->cuda_index_); name) {
+        ev->cuda_outputs_ = true;
+      } else {
+        log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", name.error().message);
+      }
+    }
+  }
   auto first = ev->start_worker();
   if (!first)
     return first.error();
@@ -329,6 +360,8 @@ public:
     tol_.f32 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
     tol_.f16 = {ev.opt_.fp16_atol, ev.opt_.fp16_rtol};
     tol_.bf16 = {ev.opt_.bf16_atol, ev.opt_.bf16_rtol};
+    if (ev.cuda_outputs_)
+      cuda_device_ = ev.cuda_index_;
   }
 
   verdict run();
@@ -365,6 +398,7 @@ private:
   verdict v_;
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
+  int cuda_device_ = -1; // >= 0: outputs stay on this CUDA device (workers export them)
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;
   bool failed_ = false; // set() was called: the verdict is decided
@@ -437,7 +471,7 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     set(verdict_status::runtime_error, "the worker reported an unknown trial");
     return false;
   }
-  auto outs = decode_outputs(n["outputs"], msg);
+  auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
   if (!outs) {
     set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
     return false;
@@ -465,7 +499,7 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     return false;
   }
   if (n["repeat_outputs"].IsDefined()) {
-    auto again = decode_outputs(n["repeat_outputs"], msg);
+    auto again = decode_outputs(n["repeat_outputs"], msg, cuda_device_);
     if (!again) {
       set(verdict_status::runtime_error, "the worker broke the protocol: " + again.error().message);
       return false;
@@ -549,7 +583,8 @@ verdict evaluation::run() {
                     + ",\"baseline\":" + json_string(to_string(opt.baseline))
                     + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
-                    + ",\"static_checks\":" + (opt.static_checks ? "true" : "false") + "}";
+                    + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
+                    + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";
   YAML::Node n;
   worker_message msg;
   {
@@ -566,9 +601,12 @@ verdict evaluation::run() {
       if (type == "phase")
         break;
       if (type == "device_done") {
-        // The reference outputs follow; receiving and keeping them needs no device.
-        hold.stop();
-        device.unlock();
+        // The reference outputs follow. As host bytes, receiving and keeping them needs no
+        // device; kept on the device, they are copied here, still holding it.
+        if (cuda_device_ < 0) {
+          hold.stop();
+          device.unlock();
+        }
         phase("reference outputs");
         continue;
       }
@@ -576,12 +614,26 @@ verdict evaluation::run() {
         set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
         return v_;
       }
-      auto outs = decode_outputs(n["outputs"], msg);
+      auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
       if (!outs) {
         set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
         return v_;
       }
+      for (auto& b : *outs) {
+        if (!b.device)
+          continue;
+        // The worker's export is poisoned and freed before the candidate loads: keep a copy.
+        auto own = copy_to_owned(*b.device);
+        if (!own) {
+          set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
+          return v_;
+        }
+        b.device = std::move(*own);
+      }
       reference_.push_back(std::move(*outs));
+      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials
+          && !send("{\"type\":\"taken\"}"))
+        return v_;
     }
     if (static_cast<std::int64_t>(reference_.size()) != opt.trials) {
       set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
@@ -610,8 +662,11 @@ verdict evaluation::run() {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
     return v_;
   }
-  hold.reset();
-  device.unlock();
+  if (cuda_device_ < 0) {
+    // Host bytes: moving and comparing them needs no device.
+    hold.reset();
+    device.unlock();
+  }
   phase("trial outputs");
   for (std::int64_t t = 0; t < opt.trials; ++t) {
     if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
@@ -630,8 +685,10 @@ verdict evaluation::run() {
                        opt.win_threshold};
   std::vector<double> ref, cand;
   // Phase 4: timing (and re-measurement), holding the device.
-  device.lock();
-  hold.emplace(ev_.device_ns_);
+  if (!device.owns_lock()) {
+    device.lock();
+    hold.emplace(ev_.device_ns_);
+  }
   phase("timing");
   if (!measure(opt.rounds, ref, cand))
     return v_;

@@ -118,6 +118,8 @@ private:
   std::atomic<std::uint64_t> timing_ns_{0};
   std::atomic<std::uint64_t> device_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
+  bool cuda_outputs_ = false;         // outputs stay on CUDA device cuda_index_ of this process
+  int cuda_index_ = -1;
   std::mutex device_mtx_;             // held while a worker uses the device
   std::thread refill_;
 };

@@ -22,7 +22,9 @@ Trust model. Everything this process does after the candidate's code has run is 
   * process-wide settings (TF32, matmul precision, cudnn, thread counts, grad mode, torch
     function/dispatch modes, global module hooks, trace/profile functions) are fixed before the
     candidate runs and verified after every call ("runtime:backend_flags");
-  * output comparison happens in the evaluator's process, on raw bytes sent from here.
+  * output comparison happens in the evaluator's process, on raw bytes sent from here or, on
+    CUDA, on device copies of the outputs it maps from here (CUDA IPC) and compares with its
+    own kernel.
 """
 import os
 import sys
@@ -33,6 +35,7 @@ os.environ["TRITON_F32_DEFAULT"] = "ieee"  # tl.dot on float32 is IEEE, like tor
 
 import argparse  # noqa: E402
 import builtins  # noqa: E402
+import ctypes  # noqa: E402
 import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
@@ -147,6 +150,7 @@ _T_mul = torch.Tensor.mul
 _T_to = torch.Tensor.to
 _T_uniform_ = torch.Tensor.uniform_
 _T_data_ptr = torch.Tensor.data_ptr
+_T_numel = torch.Tensor.numel
 _S_data_ptr = torch.UntypedStorage.data_ptr
 _nd_tobytes = numpy.ndarray.tobytes
 _torch_empty = torch.empty
@@ -193,6 +197,29 @@ _SUPPORTED_DTYPES = {
 }
 
 _MISSING = object()
+
+
+def _load_driver_ipc():
+    """cuIpcGetMemHandle and cuMemGetAddressRange from the CUDA driver, or None (no driver)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        get_handle = lib.cuIpcGetMemHandle
+        get_handle.argtypes = (ctypes.c_void_p, ctypes.c_uint64)
+        get_handle.restype = ctypes.c_int
+        get_range = lib.cuMemGetAddressRange_v2
+        get_range.argtypes = (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64)
+        get_range.restype = ctypes.c_int
+        return get_handle, get_range
+    except (OSError, AttributeError):
+        return None
+
+
+_DRIVER_IPC = _load_driver_ipc()
+_c_uint64 = ctypes.c_uint64
+_c_size_t = ctypes.c_size_t
+_c_byref = ctypes.byref
+_string_buffer = ctypes.create_string_buffer
+_bytes_hex = bytes.hex
 
 
 def _getter(name):
@@ -539,7 +566,26 @@ def _output_items(out):
     return [out]
 
 
-def _encode(out, frames, device):
+def _export(x):
+    """CUDA IPC description of the uint8 device tensor x (kept alive by the caller): the handle of
+    the allocation holding it, its offset there and its size. None if the driver refuses."""
+    if _DRIVER_IPC is None:
+        return None
+    get_handle, get_range = _DRIVER_IPC
+    ptr = _T_data_ptr(x)
+    base, size = _c_uint64(0), _c_size_t(0)
+    if get_range(_c_byref(base), _c_byref(size), ptr) != 0:
+        return None
+    handle = _string_buffer(64)
+    if get_handle(handle, base.value) != 0:
+        return None
+    return {"ipc": _bytes_hex(handle.raw), "offset": ptr - base.value, "bytes": _int(_T_numel(x))}
+
+
+def _encode(out, frames, device, exports=None):
+    """Descriptions of a forward's outputs. Plain tensors travel as raw bytes in `frames`, or,
+    when `exports` is a list, stay on the device: a fresh copy of each is appended to `exports`
+    (the caller keeps it alive until the evaluator has read it) and described by its IPC handle."""
     descs = []
     for o in _output_items(out):
         if _type(o) is not _Tensor:
@@ -551,9 +597,19 @@ def _encode(out, frames, device):
         elif o.dtype not in _SUPPORTED_DTYPES:
             descs.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
         else:
-            frames.append(_raw_bytes(o))
-            descs.append({"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(d) for d in _T_size(o)],
-                          "frame": _len(frames)})
+            desc = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(d) for d in _T_size(o)]}
+            shared = None
+            if exports is not None:
+                x = _T_clone(_byte_view(o))
+                shared = _export(x)
+                if shared is not None:
+                    exports.append(x)
+                    desc.update(shared)
+                del x
+            if shared is None:
+                frames.append(_raw_bytes(o))
+                desc["frame"] = _len(frames)
+            descs.append(desc)
     return descs
 
 
@@ -630,6 +686,7 @@ class Worker:
         self.ref_fn = None
         self.graph = None
         self.mark_step = None
+        self.exports = None  # a list while outputs stay on the device (job "outputs": "device")
 
     # -- start-up --------------------------------------------------------------------------
     def start(self):
@@ -864,6 +921,9 @@ class Worker:
         src = job["candidate_source"]
         task_src = job["task_source"]
         self.static = _bool(job.get("static_checks", True))
+        # Outputs stay on the device when the evaluator asks (each one the driver cannot export
+        # still travels as bytes).
+        self.exports = [] if (self.cuda and job.get("outputs") == "device") else None
         if self.static:
             problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
             if problems:
@@ -900,6 +960,8 @@ class Worker:
         # 8-10. Timing on request.
         while True:
             msg = self.chan.recv()
+            if self.exports:
+                self.exports = []  # the evaluator has compared the trials' outputs
             kind = msg.get("type")
             if kind == "stop":
                 _os_exit(0)
@@ -961,7 +1023,7 @@ class Worker:
                 out = ref(*inputs)
                 self.sync()
                 frames = []
-                descs = _encode(out, frames, self.device)
+                descs = _encode(out, frames, self.device, self.exports)
                 pending.append(({"type": "reference", "trial": t, "distribution": t % 2, "outputs": descs}, frames))
                 for o in _output_items(out):
                     self.poison_tensor(o)
@@ -987,8 +1049,22 @@ class Worker:
         except _BaseException as e:
             raise _error_done(e, stage) from None
         self.sync()
-        self.poison_free_pool()
+        if self.exports is None:
+            self.poison_free_pool()
+            self.device_done(pending)
+            return
+        # Outputs on the device: the evaluator copies them while it holds the device and says
+        # so; the exported copies are then poisoned and freed before any candidate code exists.
         self.device_done(pending)
+        msg = self.chan.recv()
+        if msg.get("type") == "stop":
+            _os_exit(0)
+        if msg.get("type") != "taken":
+            raise _Done("runtime_error", (), f"expected taken, got {msg.get('type')!r}")
+        for x in self.exports:
+            _T_fill_(x, 255)
+        self.exports = []
+        self.poison_free_pool()
 
     def device_done(self, pending):
         """Tells the evaluator that this phase's device work is over, then sends the phase's
@@ -1157,7 +1233,7 @@ class Worker:
             where = f"trial {t}"
             out, _ = self.call_candidate(inputs, where, check_os_threads=t > 0)
             frames = []
-            msg = {"type": "candidate", "trial": t, "outputs": _encode(out, frames, self.device)}
+            msg = {"type": "candidate", "trial": t, "outputs": _encode(out, frames, self.device, self.exports)}
             del out
             unchanged = all(_same_input(a, b) for a, b in zip(inputs, pristine))
             if t == 0:
@@ -1165,7 +1241,7 @@ class Worker:
                 # candidate that caches by pointer or identity launches nothing here).
                 out, counts = self.call_candidate(inputs, where + ", second call", check_os_threads=False,
                                                   profile=True)
-                msg["repeat_outputs"] = _encode(out, frames, self.device)
+                msg["repeat_outputs"] = _encode(out, frames, self.device, self.exports)
                 del out
                 unchanged = unchanged and all(_same_input(a, b) for a, b in zip(inputs, pristine))
                 if self.kernel_mode is not None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [evals] [baselines] [throughput] [precision] [probe] [decode] [trace]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [baselines] [throughput] [precision] [probe] [decode] [trace]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace).
 set -uo pipefail
@@ -25,6 +25,7 @@ if [[ ! -f $B/build.ninja ]]; then
 fi
 targets=(crucible)
 [[ " $* " == *" throughput "* ]] && targets+=(bench_eval_throughput)
+[[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine)
 start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -44,6 +45,8 @@ for what in "$@"; do
       m=/tmp/crucible-decode-0.5b
       [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
       $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --trace "$OUT/trace" 2>&1 | tee "$OUT/trace.txt" ;;
+    gpu_evaluator)
+      timeout 400 $B/tests/gpu/test_gpu_evaluator -s 2>&1 | tee "$OUT/gpu_evaluator.txt" | tail -60 ;;
     gpu_engine)
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40 ;;
     throughput)

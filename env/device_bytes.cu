@@ -1,0 +1,341 @@
+// env/device_bytes.cu: CUDA IPC mappings of workers' exported outputs, owned copies, and the
+// comparison kernel (see device_bytes.hpp).
+#include "env/device_bytes.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+
+namespace crucible::env {
+
+namespace {
+
+std::string cuda_text(cudaError_t e) {
+  return std::string{cudaGetErrorName(e)} + " (" + cudaGetErrorString(e) + ")";
+}
+
+result<void> select(int device) {
+  if (auto e = cudaSetDevice(device); e != cudaSuccess)
+    return fail(errc::device, "cannot use CUDA device ", std::to_string(device), ": ", cuda_text(e));
+  return {};
+}
+
+class mapped final : public device_bytes {
+public:
+  mapped(int device, void* base, const std::byte* data, std::uint64_t size)
+      : device_{device}, base_{base}, data_{data}, size_{size} {}
+  ~mapped() override {
+    if (cudaSetDevice(device_) == cudaSuccess)
+      (void) cudaIpcCloseMemHandle(base_);
+  }
+  const void* data() const noexcept override { return data_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  int device() const noexcept override { return device_; }
+
+private:
+  int device_;
+  void* base_;
+  const std::byte* data_;
+  std::uint64_t size_;
+};
+
+class owned final : public device_bytes {
+public:
+  owned(int device, void* data, std::uint64_t size) : device_{device}, data_{data}, size_{size} {}
+  ~owned() override {
+    if (data_ != nullptr && cudaSetDevice(device_) == cudaSuccess)
+      (void) cudaFreeAsync(data_, cudaStreamPerThread);
+  }
+  const void* data() const noexcept override { return data_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  int device() const noexcept override { return device_; }
+
+private:
+  int device_;
+  void* data_;
+  std::uint64_t size_;
+};
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9')
+    return c - '0';
+  if (c >= 'a' && c <= 'f')
+    return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F')
+    return c - 'A' + 10;
+  return -1;
+}
+
+// --- the comparison kernel -------------------------------------------------------------------
+
+struct diff_state {
+  unsigned long long mismatches;
+  unsigned long long worst_bits; // a non-negative double's bits order like the double
+  unsigned long long first_bad;
+};
+
+template <typename T>
+__device__ double load_as_double(const void* p, unsigned long long i) {
+  return static_cast<double>(static_cast<const T*>(p)[i]);
+}
+
+__device__ double load_half(const void* p, unsigned long long i) {
+  unsigned int h = static_cast<const unsigned short*>(p)[i];
+  unsigned int sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400u) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  return static_cast<double>(__uint_as_float(bits));
+}
+
+__device__ double load_bf16(const void* p, unsigned long long i) {
+  unsigned int b = static_cast<const unsigned short*>(p)[i];
+  return static_cast<double>(__uint_as_float(b << 16));
+}
+
+__device__ double load_any(const void* p, unsigned long long i, int type) {
+  switch (static_cast<dtype>(type)) {
+    case dtype::f64: return load_as_double<double>(p, i);
+    case dtype::f32: return load_as_double<float>(p, i);
+    case dtype::f16: return load_half(p, i);
+    case dtype::bf16: return load_bf16(p, i);
+    case dtype::i64: return load_as_double<long long>(p, i);
+    case dtype::i32: return load_as_double<int>(p, i);
+    case dtype::i16: return load_as_double<short>(p, i);
+    case dtype::i8: return load_as_double<signed char>(p, i);
+    case dtype::u8:
+    case dtype::boolean: return load_as_double<unsigned char>(p, i);
+  }
+  return 0;
+}
+
+template <int Type>
+__global__ void compare_kernel(const void* want, const void* got, unsigned long long n, double atol, double rtol,
+                               diff_state* out) {
+  unsigned long long bad = 0, first = n;
+  double worst = 0;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const double w = load_any(want, i, Type);
+    const double g = load_any(got, i, Type);
+    bool ok;
+    if (isnan(w) || isnan(g)) {
+      ok = isnan(w) && isnan(g);
+    } else if (isinf(w) || isinf(g)) {
+      ok = w == g;
+    } else {
+      const double d = fabs(g - w);
+      worst = fmax(worst, d);
+      ok = d <= atol + rtol * fabs(w);
+    }
+    if (!ok) {
+      ++bad;
+      if (first == n)
+        first = i;
+    }
+  }
+  for (int s = 16; s > 0; s >>= 1) {
+    bad += __shfl_down_sync(0xffffffffu, bad, s);
+    worst = fmax(worst, __shfl_down_sync(0xffffffffu, worst, s));
+    first = min(first, __shfl_down_sync(0xffffffffu, first, s));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bad != 0) {
+      atomicAdd(&out->mismatches, bad);
+      atomicMin(&out->first_bad, first);
+    }
+    if (worst > 0)
+      atomicMax(&out->worst_bits, static_cast<unsigned long long>(__double_as_longlong(worst)));
+  }
+}
+
+template <int Type>
+void launch(const void* want, const void* got, std::uint64_t n, double atol, double rtol, diff_state* out,
+            int blocks) {
+  compare_kernel<Type><<<blocks, 256, 0, cudaStreamPerThread>>>(want, got, n, atol, rtol, out);
+}
+
+} // namespace
+
+bool device_bytes_available() noexcept { return true; }
+
+result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
+                                                   std::uint64_t bytes, std::uint64_t align) {
+  cudaIpcMemHandle_t handle;
+  if (handle_hex.size() != 2 * sizeof handle.reserved)
+    return fail(errc::protocol, "a device handle has ", std::to_string(handle_hex.size()), " hex digits, expected ",
+                std::to_string(2 * sizeof handle.reserved));
+  for (size_t i = 0; i < sizeof handle.reserved; ++i) {
+    int hi = hex_value(handle_hex[2 * i]), lo = hex_value(handle_hex[2 * i + 1]);
+    if (hi < 0 || lo < 0)
+      return fail(errc::protocol, "a device handle is not hexadecimal");
+    handle.reserved[i] = static_cast<char>(hi * 16 + lo);
+  }
+  if (align == 0 || offset % align != 0)
+    return fail(errc::protocol, "an exported output's offset ", std::to_string(offset), " is not aligned to ",
+                std::to_string(align), " bytes");
+  if (auto r = select(device); !r)
+    return r.error();
+  void* base = nullptr;
+  if (auto e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+    (void) cudaGetLastError();
+    return fail(errc::protocol, "the worker's device handle does not open: ", cuda_text(e));
+  }
+  // The allocation's real extent, from this process's driver: the worker's word is not enough.
+  // (The driver's entry point is looked up through the runtime, so that binaries built with
+  // CUDA still start on machines without a driver.)
+  using range_fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (auto e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
+      e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    (void) cudaIpcCloseMemHandle(base);
+    return fail(errc::device, "the CUDA driver has no cuMemGetAddressRange");
+  }
+  CUdeviceptr range_base = 0;
+  size_t range_size = 0;
+  if (auto e = reinterpret_cast<range_fn>(fn)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+      e != CUDA_SUCCESS) {
+    (void) cudaIpcCloseMemHandle(base);
+    return fail(errc::device, "cannot query a mapped allocation's size (CUresult ", std::to_string(static_cast<int>(e)),
+                ")");
+  }
+  const auto start = reinterpret_cast<CUdeviceptr>(base) - range_base;
+  if (offset > range_size - start || bytes > range_size - start - offset) {
+    (void) cudaIpcCloseMemHandle(base);
+    return fail(errc::protocol, "an exported output (", std::to_string(bytes), " bytes at offset ",
+                std::to_string(offset), ") lies outside its allocation of ", std::to_string(range_size - start),
+                " bytes");
+  }
+  return std::shared_ptr<device_bytes>{
+      std::make_shared<mapped>(device, base, static_cast<const std::byte*>(base) + offset, bytes)};
+}
+
+result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
+  if (auto r = select(src.device()); !r)
+    return r.error();
+  void* p = nullptr;
+  if (src.size() > 0) {
+    if (auto e = cudaMallocAsync(&p, src.size(), cudaStreamPerThread); e != cudaSuccess) {
+      (void) cudaGetLastError();
+      return fail(errc::device, "cannot allocate ", std::to_string(src.size()), " bytes for a reference output: ",
+                  cuda_text(e));
+    }
+    auto copy = std::make_shared<owned>(src.device(), p, src.size());
+    if (auto e = cudaMemcpyAsync(p, src.data(), src.size(), cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+        e != cudaSuccess)
+      return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
+    if (auto e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess)
+      return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
+    return std::shared_ptr<device_bytes>{copy};
+  }
+  return std::shared_ptr<device_bytes>{std::make_shared<owned>(src.device(), nullptr, 0)};
+}
+
+result<std::vector<std::byte>> download(const device_bytes& src) {
+  if (auto r = select(src.device()); !r)
+    return r.error();
+  std::vector<std::byte> out(src.size());
+  if (!out.empty()) {
+    if (auto e = cudaMemcpy(out.data(), src.data(), out.size(), cudaMemcpyDeviceToHost); e != cudaSuccess)
+      return fail(errc::device, "cannot copy an output to the host: ", cuda_text(e));
+  }
+  return out;
+}
+
+result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
+                                         const tolerance& tol) {
+  const auto es = element_size(t);
+  if (want.size() < n * es || got.size() < n * es)
+    return fail(errc::invalid_arg, "device_compare: ", std::to_string(n), " elements do not fit the buffers");
+  if (want.device() != got.device())
+    return fail(errc::invalid_arg, "device_compare: buffers on devices ", std::to_string(want.device()), " and ",
+                std::to_string(got.device()));
+  device_difference res;
+  if (n == 0)
+    return res;
+  if (auto r = select(want.device()); !r)
+    return r.error();
+  diff_state* state = nullptr;
+  if (auto e = cudaMallocAsync(reinterpret_cast<void**>(&state), sizeof(diff_state), cudaStreamPerThread);
+      e != cudaSuccess)
+    return fail(errc::device, "device_compare: ", cuda_text(e));
+  diff_state init{0, 0, n};
+  diff_state host{};
+  cudaError_t e = cudaMemcpyAsync(state, &init, sizeof init, cudaMemcpyHostToDevice, cudaStreamPerThread);
+  int sms = 0;
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, want.device());
+  if (e == cudaSuccess) {
+    const auto wanted_blocks = (n + 255) / 256;
+    const int blocks = static_cast<int>(std::min<std::uint64_t>(wanted_blocks, static_cast<std::uint64_t>(sms) * 8));
+    const double atol = tol.atol, rtol = tol.rtol;
+    switch (t) {
+      case dtype::f64: launch<static_cast<int>(dtype::f64)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::f32: launch<static_cast<int>(dtype::f32)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::f16: launch<static_cast<int>(dtype::f16)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::bf16: launch<static_cast<int>(dtype::bf16)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::i64: launch<static_cast<int>(dtype::i64)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::i32: launch<static_cast<int>(dtype::i32)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::i16: launch<static_cast<int>(dtype::i16)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::i8: launch<static_cast<int>(dtype::i8)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::u8: launch<static_cast<int>(dtype::u8)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+      case dtype::boolean: launch<static_cast<int>(dtype::boolean)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+    }
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess)
+    e = cudaMemcpyAsync(&host, state, sizeof host, cudaMemcpyDeviceToHost, cudaStreamPerThread);
+  (void) cudaFreeAsync(state, cudaStreamPerThread);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(cudaStreamPerThread);
+  if (e != cudaSuccess)
+    return fail(errc::device, "comparing outputs on the device: ", cuda_text(e));
+  res.mismatches = host.mismatches;
+  double worst;
+  std::memcpy(&worst, &host.worst_bits, sizeof worst);
+  res.max_abs_diff = worst;
+  if (res.mismatches > 0) {
+    res.first_bad = host.first_bad;
+    // The two values at the first mismatch, for the message.
+    const auto at = res.first_bad * es;
+    if (auto e1 = cudaMemcpy(res.want_first, static_cast<const std::byte*>(want.data()) + at, es,
+                             cudaMemcpyDeviceToHost);
+        e1 != cudaSuccess)
+      return fail(errc::device, "reading a mismatching element: ", cuda_text(e1));
+    if (auto e2 = cudaMemcpy(res.got_first, static_cast<const std::byte*>(got.data()) + at, es,
+                             cudaMemcpyDeviceToHost);
+        e2 != cudaSuccess)
+      return fail(errc::device, "reading a mismatching element: ", cuda_text(e2));
+  }
+  return res;
+}
+
+result<std::string> device_name(int device) {
+  cudaDeviceProp prop{};
+  if (auto e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+    (void) cudaGetLastError();
+    return fail(errc::device, "CUDA device ", std::to_string(device), ": ", cuda_text(e));
+  }
+  return std::string{prop.name};
+}
+
+} // namespace crucible::env

@@ -1,0 +1,66 @@
+// env/device_bytes.hpp: output bytes that stay on a CUDA device. A worker exports each output
+// it computed (a CUDA IPC handle of the allocation, an offset and a size); the evaluator maps
+// it read-only into its own process, copies reference outputs into memory it owns, and compares
+// candidate outputs there with its own kernel (device_compare). Nothing the candidate's process
+// can patch takes part in the comparison, and no output is copied to the host.
+//
+// Built with CUDA (CRUCIBLE_HAVE_CUDA) only; otherwise device_bytes_available() is false and
+// every function fails with errc::unsupported. The evaluator asks for exported outputs only
+// when device_bytes_available() is true.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.hpp"
+#include "env/dtype.hpp"
+
+namespace crucible::env {
+
+/// A span of device memory in this process: a mapping of a worker's export, or an allocation of
+/// the evaluator's own. Unmapped or freed when the last reference goes.
+class device_bytes {
+public:
+  virtual ~device_bytes() = default;
+  virtual const void* data() const noexcept = 0;
+  virtual std::uint64_t size() const noexcept = 0;
+  virtual int device() const noexcept = 0;
+};
+
+/// Whether this build can keep outputs on the device.
+bool device_bytes_available() noexcept;
+
+/// Maps `bytes` bytes at `offset` inside the allocation named by `handle_hex` (a CUDA IPC memory
+/// handle, 128 hex digits) on CUDA device `device` of this process. Refuses a handle that does
+/// not open, a range outside the allocation, and an offset not aligned to `align` bytes: the
+/// worker that sent them may be hostile, and a stray read would break this process's context.
+result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
+                                                   std::uint64_t bytes, std::uint64_t align);
+
+/// A copy of `src` in memory this process owns (reference outputs outlive the worker's exports).
+result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src);
+
+/// Copies device bytes to the host.
+result<std::vector<std::byte>> download(const device_bytes& src);
+
+/// Element-wise difference of two device arrays of `n` elements of type `t`, with the rules of
+/// compare_outputs: |got - want| <= atol + rtol * |want|, NaN matches NaN, infinities match
+/// exactly, integers and bools compare exactly (their tolerance is 0).
+struct device_difference {
+  std::uint64_t mismatches = 0;
+  double max_abs_diff = 0;     ///< over finite pairs
+  std::uint64_t first_bad = 0; ///< flat index of the first mismatch (when mismatches > 0)
+  std::byte got_first[8]{};    ///< the elements at first_bad, native bytes (decode: element_value)
+  std::byte want_first[8]{};
+};
+result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
+                                         const tolerance& tol);
+
+/// The CUDA device's name for `device` (for logs and tests); an error without a device.
+result<std::string> device_name(int device);
+
+} // namespace crucible::env

@@ -1,0 +1,26 @@
+// env/device_bytes_host.cpp: device_bytes in a build without CUDA. Outputs always travel as host
+// bytes there; these functions only say why the device path is missing.
+#include "env/device_bytes.hpp"
+
+namespace crucible::env {
+
+namespace {
+crucible::error no_cuda() {
+  return fail(errc::unsupported, "this build of crucible has no CUDA support (configured with CRUCIBLE_CUDA=OFF or without a toolkit)");
+}
+} // namespace
+
+bool device_bytes_available() noexcept { return false; }
+
+result<std::shared_ptr<device_bytes>> map_exported(int, std::string_view, std::uint64_t, std::uint64_t, std::uint64_t) {
+  return no_cuda();
+}
+result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes&) { return no_cuda(); }
+result<std::vector<std::byte>> download(const device_bytes&) { return no_cuda(); }
+result<device_difference> device_compare(const device_bytes&, const device_bytes&, dtype, std::uint64_t,
+                                         const tolerance&) {
+  return no_cuda();
+}
+result<std::string> device_name(int) { return no_cuda(); }
+
+} // namespace crucible::env
