@@ -399,6 +399,7 @@ private:
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
   int cuda_device_ = -1; // >= 0: outputs stay on this CUDA device (workers export them)
+  bool measured_ = false; // a measurement was made (its warm-up rounds played)
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;
   bool failed_ = false; // set() was called: the verdict is decided
@@ -515,8 +516,11 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand) {
   device_hold timed{ev_.timing_ns_};
+  // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
+  // follow at once, with the device's clocks still up (the worker still plays 3 rounds).
   char warmup[32];
-  std::snprintf(warmup, sizeof warmup, "%.17g", ev_.opt_.warmup_ms);
+  std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
+  measured_ = true;
   if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup + "}"))
     return false;
   YAML::Node n;
