@@ -94,16 +94,13 @@ public:
   ~nccl_communicator() override {
     if (comm_ == nullptr)
       return;
+    // Abort, not finalize + destroy: both of those wait for the other ranks (finalize until the
+    // communicator is globally quiescent, destroy as an intra-node collective), so ranks that
+    // are threads of one process, destroyed one after the other, would wait on each other. By
+    // now no work handle is left (each holds the communicator), so every collective this rank
+    // waited for is complete and abort frees only resources.
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    // Flush what was issued, then free; a peer that is gone turns the flush into an abort.
-    const auto f = ncclCommFinalize(comm_);
-    if (f != ncclSuccess && f != ncclInProgress) {
-      ncclCommAbort(comm_);
-      return;
-    }
-    if (!poll_async("finalize", clock::now()))
-      return; // aborted
-    ncclCommDestroy(comm_);
+    ncclCommAbort(comm_);
   }
 
   result<void> init(const nccl_id& id) {
