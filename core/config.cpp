@@ -431,6 +431,23 @@ void describe_learner(V& v, learner_options& l) {
     v.field("lora_alpha", l.lora_alpha, "LoRA scale numerator: scale = lora_alpha / lora_rank.",
             positive<double>("a positive number"));
     v.field("lora_targets", l.lora_targets, "Projections that get an adapter.", lora_target_list());
+    v.field("bucket_mb", l.bucket_mb,
+            "Data parallel: MiB of float32 gradient reduced per collective; buckets fill in backward order and are "
+            "reduced as each completes.",
+            positive<double>("a positive number"));
+    v.field("overlap", l.overlap,
+            "Data parallel: reduce each gradient bucket during the last micro-batch's backward pass, as soon as it is "
+            "complete (false: all buckets after the backward).");
+    v.field("zero1", l.zero1,
+            "Data parallel: shard AdamW's moments and float32 master weights over the learners (ZeRO-1: gradients "
+            "reduce-scattered, parameters all-gathered after the update).");
+    v.field("collective_timeout_s", l.collective_timeout_s,
+            "Seconds a collective (gradient reduction, weight sync) may take; past it the call fails naming the "
+            "operation and rank, and the communicator is aborted.",
+            positive<double>("a positive number"));
+    v.field("sync_bucket_mb", l.sync_bucket_mb,
+            "Weight sync: MiB of weights per broadcast from the learner to the engines; larger tensors go alone.",
+            positive<double>("a positive number"));
   });
 }
 

@@ -75,6 +75,12 @@ struct learner_options {
   std::int64_t lora_rank = 16;
   double lora_alpha = 32.0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
+  // Data parallel and weight sync (policy/data_parallel.hpp, policy/weight_sync.hpp).
+  double bucket_mb = 25.0;          ///< float32 gradient MiB reduced per collective
+  bool overlap = true;              ///< reduce each bucket during the backward pass, as soon as it is complete
+  bool zero1 = false;               ///< shard AdamW's moments and masters over the data-parallel ranks
+  double collective_timeout_s = 600.0; ///< a collective not complete after this fails and aborts its communicator
+  double sync_bucket_mb = 256.0;    ///< MiB of weights per broadcast of a weight sync
 };
 
 /// Names as config files spell them: "none", "normalize_clip", "token_mean", ...

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -68,19 +69,33 @@ std::string dtype_of(learner& l) { return torch_dtype_name(l.parameters().front(
 
 } // namespace
 
-result<void> save_checkpoint(learner& l, const fs::path& dir) {
+namespace {
+
+fs::path parent_of(const fs::path& dir) { return dir.parent_path().empty() ? fs::path{"."} : dir.parent_path(); }
+fs::path tmp_of(const fs::path& dir) { return parent_of(dir) / ("." + dir.filename().string() + ".tmp"); }
+fs::path shard_file(int rank) { return "optimizer.zero1-" + std::to_string(rank) + ".safetensors"; }
+
+// A fresh temporary directory beside `dir`, which must not exist.
+result<void> prepare(const fs::path& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec))
     return fail(errc::invalid_arg, dir.string(), ": a checkpoint directory already exists there");
-  const auto parent = dir.parent_path().empty() ? fs::path{"."} : dir.parent_path();
+  const auto parent = parent_of(dir);
   fs::create_directories(parent, ec);
   if (ec)
     return fail(errc::io, "cannot create ", parent.string(), ": ", ec.message());
-  const auto tmp = parent / ("." + dir.filename().string() + ".tmp");
+  const auto tmp = tmp_of(dir);
   fs::remove_all(tmp, ec); // a previous attempt that crashed
   if (!fs::create_directory(tmp, ec) || ec)
     return fail(errc::io, "cannot create ", tmp.string(), ": ", ec.message());
+  return {};
+}
 
+// The model, the optimiser file and the manifest into the temporary directory, then the rename.
+result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks) {
+  std::error_code ec;
+  const auto parent = parent_of(dir);
+  const auto tmp = tmp_of(dir);
   auto& model = l.model();
   save_options so;
   so.dtype = l.parameters().front().param.scalar_type();
@@ -88,7 +103,7 @@ result<void> save_checkpoint(learner& l, const fs::path& dir) {
     return r.error();
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors = l.optimizer().moments();
-  if (with_masters(l)) {
+  if (with_masters(l) && zero1_ranks == 0) {
     const auto& params = l.parameters();
     const auto& masters = l.optimizer().masters();
     for (std::size_t i = 0; i < params.size(); ++i)
@@ -125,7 +140,8 @@ result<void> save_checkpoint(learner& l, const fs::path& dir) {
     .field("steps", l.steps())
     .field("lora", l.options().lora)
     .field("dtype", dtype_of(l))
-    .field("frozen_sha256", l.frozen_digest());
+    .field("frozen_sha256", l.frozen_digest())
+    .field("zero1_ranks", zero1_ranks);
   w.key("files").begin_array();
   for (const auto& f : files) {
     auto d = digest_file(tmp / f);
@@ -144,6 +160,41 @@ result<void> save_checkpoint(learner& l, const fs::path& dir) {
   if (ec)
     return fail(errc::io, "cannot rename ", tmp.string(), " to ", dir.string(), ": ", ec.message());
   return fsync_directory(parent);
+}
+
+// Data parallel: every rank learns whether the phase succeeded everywhere. `mine` is this rank's
+// outcome; the others' failures come back as one error naming the phase.
+result<void> agree(data_parallel& dp, result<void> mine, const std::string& phase) {
+  double failed[1] = {mine ? 0.0 : 1.0};
+  if (auto r = dp.all_reduce(failed, reduce_op::sum); !r)
+    return r;
+  if (!mine)
+    return mine;
+  if (failed[0] > 0)
+    return fail(errc::io, phase, ": ", std::to_string(static_cast<long long>(failed[0])),
+                " other data-parallel rank(s) failed (their errors say why)");
+  return {};
+}
+
+} // namespace
+
+result<void> save_checkpoint(learner& l, const fs::path& dir) {
+  auto* dp = l.data_parallel_state();
+  if (dp == nullptr) {
+    if (auto r = prepare(dir); !r)
+      return r;
+    return finish(l, dir, 0);
+  }
+  const int rank = dp->comm().rank();
+  const std::string what = "checkpoint " + dir.string();
+  if (auto r = agree(*dp, rank == 0 ? prepare(dir) : result<void>{}, what); !r)
+    return r;
+  if (dp->sharded()) {
+    result<void> mine = save_tensors(tmp_of(dir) / shard_file(rank), dp->shard_state());
+    if (auto r = agree(*dp, std::move(mine), what); !r)
+      return r;
+  }
+  return agree(*dp, rank == 0 ? finish(l, dir, dp->sharded() ? dp->comm().size() : 0) : result<void>{}, what);
 }
 
 result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
@@ -188,8 +239,14 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
   info.lora = (*lora)->as_bool();
   info.dtype = (*dtype)->as_string();
   info.frozen_sha256 = (*frozen)->as_string();
+  if (const auto* z = doc->find("zero1_ranks"); z != nullptr) {
+    if (!z->is_int() || z->as_int() < 0)
+      return fail(errc::corrupt, origin, ": zero1_ranks: not a non-negative integer");
+    info.zero1_ranks = z->as_int();
+  }
 
   bool has_optimizer = false, has_model = false;
+  std::set<std::string> listed;
   for (const auto& entry : (*files)->as_array()) {
     const auto* path = entry.find("path");
     const auto* bytes = entry.find("bytes");
@@ -210,11 +267,16 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     if (d->sha256 != sha->as_string())
       return fail(errc::corrupt, file.string(), ": SHA-256 differs from the manifest's (damaged)");
     has_optimizer = has_optimizer || rel == "optimizer.safetensors";
+    listed.insert(rel.generic_string());
     has_model = has_model || rel == "model/config.json";
   }
   if (!has_optimizer || !has_model)
     return fail(errc::corrupt, origin, ": files: ", has_model ? "optimizer.safetensors" : "model/config.json",
                 " is not listed");
+  for (std::int64_t r = 0; r < info.zero1_ranks; ++r)
+    if (listed.count(shard_file(static_cast<int>(r)).generic_string()) == 0)
+      return fail(errc::corrupt, origin, ": files: ", shard_file(static_cast<int>(r)).string(),
+                  " is not listed (the checkpoint holds ", std::to_string(info.zero1_ranks), " ZeRO-1 shards)");
   return info;
 }
 
@@ -233,16 +295,41 @@ result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
     return fail(errc::config, origin, ": the learner's frozen base weights differ from the ones the checkpoint's "
                                       "adapters were trained on");
 
+  auto* dp = l.data_parallel_state();
+  const bool sharded = dp != nullptr && dp->sharded();
+  if (sharded != (info->zero1_ranks > 0))
+    return fail(errc::config, origin, ": the checkpoint's optimiser state is ",
+                info->zero1_ranks > 0 ? "sharded over " + std::to_string(info->zero1_ranks) + " ranks" : "not sharded",
+                " but learner.zero1 is ", sharded ? "true" : "false");
+  if (sharded && info->zero1_ranks != dp->comm().size())
+    return fail(errc::config, origin, ": the checkpoint holds ", std::to_string(info->zero1_ranks),
+                " ZeRO-1 shards but the data-parallel group has ", std::to_string(dp->comm().size()),
+                " ranks (resume with as many learners)");
+  auto read_all = [](const fs::path& path) -> result<std::map<std::string, torch::Tensor>> {
+    auto file = safetensors_file::open(path);
+    if (!file)
+      return file.error();
+    std::map<std::string, torch::Tensor> out;
+    for (const auto& view : file->tensors())
+      out.emplace(view.name, to_tensor(view));
+    return out;
+  };
   const auto opt_path = dir / "optimizer.safetensors";
-  auto file = safetensors_file::open(opt_path);
-  if (!file)
-    return file.error();
-  std::map<std::string, torch::Tensor> tensors;
-  for (const auto& view : file->tensors())
-    tensors.emplace(view.name, to_tensor(view));
+  auto opt = read_all(opt_path);
+  if (!opt)
+    return opt.error();
+  auto& tensors = *opt;
   const bool masters = with_masters(l);
-  if (auto r = l.optimizer().check_state(tensors, masters, opt_path.string()); !r)
+  std::map<std::string, torch::Tensor> shard;
+  const auto shard_path = sharded ? dir / shard_file(dp->comm().rank()) : fs::path{};
+  if (sharded) {
+    auto s = read_all(shard_path);
+    if (!s)
+      return s.error();
+    shard = std::move(*s);
+  } else if (auto r = l.optimizer().check_state(tensors, masters, opt_path.string()); !r) {
     return r.error();
+  }
   const auto device = l.parameters().front().param.device();
   for (const char* key : {"rng.cpu", device.is_cuda() ? "rng.cuda" : nullptr}) {
     if (key == nullptr)
@@ -260,8 +347,14 @@ result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
     if (auto r = load_weights(l.model(), *weights, /*check_finite=*/false); !r)
       return r.error();
   }
-  if (auto r = l.optimizer().restore(tensors, info->steps, masters, opt_path.string()); !r)
+  if (sharded) {
+    // Collective: the restored masters are all-gathered into every rank's parameters.
+    if (auto r = dp->restore_shard(shard, shard_path.string()); !r)
+      return r.error();
+    l.optimizer().set_steps(info->steps);
+  } else if (auto r = l.optimizer().restore(tensors, info->steps, masters, opt_path.string()); !r) {
     return r.error();
+  }
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -9,7 +9,10 @@
 //   optimizer.safetensors  "exp_avg.NAME", "exp_avg_sq.NAME" per trainable parameter (float32);
 //                       "master.NAME" (float32 weights) when the model is not float32 or trains
 //                       LoRA (model/ then does not hold them exactly); "rng.cpu" (and "rng.cuda"
-//                       for a CUDA model): torch generator states
+//                       for a CUDA model): torch generator states. Under ZeRO-1 (learner.zero1)
+//                       it holds only the generator states, and each data-parallel rank R of N
+//                       writes its shard of the moments and masters to
+//   optimizer.zero1-R.safetensors  data_parallel::shard_state() of rank R
 //   manifest.json       format, version, steps, lora, dtype, the frozen base's SHA-256, and the
 //                       size and SHA-256 of every other file; written last
 #pragma once
@@ -30,12 +33,15 @@ struct checkpoint_info {
   bool lora = false;
   std::string dtype;           ///< "float32" or "bfloat16"
   std::string frozen_sha256;   ///< learner::frozen_digest() at save time ("" for full fine-tuning)
+  std::int64_t zero1_ranks = 0; ///< data-parallel ranks whose optimiser shards it holds (0: not sharded)
 };
 
 /// Writes `l`'s state to `dir`, which must not exist: everything goes into a temporary sibling
 /// directory (".NAME.tmp"), each file fsynced, then the directory is renamed to `dir` and its
 /// parent fsynced. A crash leaves either no `dir` or a complete one. errc::invalid_arg if `dir`
-/// exists; errc::io naming the path otherwise.
+/// exists; errc::io naming the path otherwise. In a data-parallel group every rank calls it
+/// (collective) and all get the same outcome: rank 0 writes the model and manifest, and under
+/// ZeRO-1 each rank its optimiser shard, so `dir` must be on a file system all ranks share.
 result<void> save_checkpoint(learner& l, const std::filesystem::path& dir);
 
 /// Reads `dir`'s manifest and checks every file it lists (present, size, SHA-256).
@@ -47,6 +53,8 @@ result<checkpoint_info> verify_checkpoint(const std::filesystem::path& dir);
 /// checkpoint that does not fit the learner (LoRA or not, dtype, base digest, parameter names or
 /// shapes) is refused with errc::config or errc::corrupt before anything changes, except that a
 /// full fine-tuning checkpoint's weights are checked and copied before the optimiser state.
+/// In a data-parallel group every rank calls it; a ZeRO-1 checkpoint restores each rank's shard
+/// and needs as many ranks as saved it (errc::config otherwise). Collective under ZeRO-1.
 result<checkpoint_info> load_checkpoint(learner& l, const std::filesystem::path& dir);
 
 } // namespace crucible::policy

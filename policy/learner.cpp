@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <set>
 
@@ -93,6 +94,10 @@ result<std::unique_ptr<learner>> learner::create(CausalLM policy, CausalLM refer
     return fail(errc::config, "learner.dtype: expected float32 or bfloat16, got \"", options.dtype, "\"");
   if (options.micro_batch_tokens <= 0)
     return fail(errc::config, "learner.micro_batch_tokens: must be positive");
+  if (!(options.bucket_mb > 0))
+    return fail(errc::config, "learner.bucket_mb: must be positive");
+  if (!(options.collective_timeout_s > 0))
+    return fail(errc::config, "learner.collective_timeout_s: must be positive");
   if (options.kl_coef > 0 && !reference)
     return fail(errc::config, "learner.kl_coef: ", std::to_string(options.kl_coef),
                 " > 0 needs a reference model, and none was given");
@@ -135,7 +140,7 @@ result<std::unique_ptr<learner>> learner::create(CausalLM policy, CausalLM refer
   std::unique_ptr<learner> l(new learner(std::move(policy), std::move(reference), options, version));
   l->device_ = device;
   l->optimizer_ = std::make_unique<adamw>(
-    std::move(trainable), adamw_options{options.beta1, options.beta2, options.eps, options.weight_decay});
+    std::move(trainable), adamw_options{options.beta1, options.beta2, options.eps, options.weight_decay, options.zero1});
   l->frozen_digest_ = digest_frozen(*l->policy_);
   return l;
 }
@@ -182,37 +187,102 @@ learner::micro_batch learner::build(const std::vector<row>& rows, std::span<cons
   return mb;
 }
 
+result<void> learner::join_data_parallel(std::shared_ptr<communicator> comm) {
+  if (dp_)
+    return fail(errc::invalid_arg, "join_data_parallel: the learner is in a data-parallel group already");
+  if (options_.zero1 && hook_)
+    return fail(errc::invalid_arg, "join_data_parallel: learner.zero1 leaves no rank the whole gradient for a hook");
+  data_parallel_options o;
+  o.bucket_bytes = static_cast<std::int64_t>(options_.bucket_mb * 1024.0 * 1024.0);
+  o.overlap = options_.overlap;
+  o.zero1 = options_.zero1;
+  auto dp = data_parallel::create(std::move(comm), *optimizer_, o, frozen_digest_);
+  if (!dp)
+    return dp.error();
+  dp_ = std::move(*dp);
+  return {};
+}
+
+crucible::error learner::refuse_batch(crucible::error e) {
+  if (dp_) {
+    // The shape of the first reduction of grpo_step and of update: {.., .., .., refused}.
+    double first[4] = {0, 0, 0, 1};
+    (void) dp_->all_reduce(first, reduce_op::sum);
+  }
+  return e;
+}
+
+namespace {
+crucible::error refused_elsewhere(const char* what, double ranks) {
+  return fail(errc::invalid_arg, what, ": ", std::to_string(static_cast<long long>(ranks)),
+              " other data-parallel rank(s) refused their batch; no update");
+}
+} // namespace
+
 result<step_metrics> learner::grpo_step(const grpo_batch& batch) {
   if (batch.groups.empty())
-    return fail(errc::invalid_arg, "grpo_step: the batch has no groups");
+    return refuse_batch(fail(errc::invalid_arg, "grpo_step: the batch has no groups"));
   if (!(batch.temperature > 0))
-    return fail(errc::invalid_arg, "grpo_step: temperature must be positive");
+    return refuse_batch(fail(errc::invalid_arg, "grpo_step: temperature must be positive"));
   std::vector<double> rewards;
+  bool on_policy = true;
   for (std::size_t g = 0; g < batch.groups.size(); ++g) {
     const auto& group = batch.groups[g];
     if (group.prompt.empty())
-      return fail(errc::invalid_arg, "grpo_step: group ", num(g), " has an empty prompt");
+      return refuse_batch(fail(errc::invalid_arg, "grpo_step: group ", num(g), " has an empty prompt"));
     if (group.samples.empty())
-      return fail(errc::invalid_arg, "grpo_step: group ", num(g), " has no samples");
+      return refuse_batch(fail(errc::invalid_arg, "grpo_step: group ", num(g), " has no samples"));
     for (std::size_t s = 0; s < group.samples.size(); ++s) {
       const auto& sample = group.samples[s];
       if (sample.behaviour_log_probs.size() != sample.completion.size())
-        return fail(errc::invalid_arg, "grpo_step: group ", num(g), " sample ", num(s), " has ",
-                    num(sample.behaviour_log_probs.size()), " behaviour log-probs for ", num(sample.completion.size()),
-                    " completion tokens");
+        return refuse_batch(fail(errc::invalid_arg, "grpo_step: group ", num(g), " sample ", num(s), " has ",
+                                 num(sample.behaviour_log_probs.size()), " behaviour log-probs for ",
+                                 num(sample.completion.size()), " completion tokens"));
       rewards.push_back(sample.reward);
     }
+    on_policy = on_policy && group.policy_version == version_;
   }
-  // Reward transform over the whole batch, then advantages within each group.
-  const auto shaped = transform_rewards(rewards, options_.rewards, options_.reward_clip);
+  // Reward transform over the whole batch (every rank's, in a data-parallel group), then
+  // advantages within each group.
+  double reward_sum = std::accumulate(rewards.begin(), rewards.end(), 0.0);
+  double reward_count = static_cast<double>(rewards.size());
+  std::vector<double> shaped;
+  if (!dp_) {
+    shaped = transform_rewards(rewards, options_.rewards, options_.reward_clip);
+  } else {
+    double first[4] = {reward_count, reward_sum, on_policy ? 0.0 : 1.0, 0.0};
+    if (auto r = dp_->all_reduce(first, reduce_op::sum); !r)
+      return r.error();
+    if (first[3] > 0)
+      return refused_elsewhere("grpo_step", first[3]);
+    reward_count = first[0];
+    reward_sum = first[1];
+    on_policy = first[2] == 0;
+    const double mean = reward_sum / reward_count;
+    double sd = 0;
+    bool all_equal = true;
+    if (options_.rewards != reward_transform::none) {
+      double dev[1] = {0};
+      for (double r : rewards)
+        dev[0] += (r - mean) * (r - mean);
+      double range[2] = {-std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()};
+      for (double r : rewards)
+        range[0] = std::max(range[0], r), range[1] = std::max(range[1], -r);
+      if (auto r = dp_->all_reduce(dev, reduce_op::sum); !r)
+        return r.error();
+      if (auto r = dp_->all_reduce(range, reduce_op::max); !r)
+        return r.error();
+      sd = std::sqrt(dev[0] / reward_count);
+      all_equal = range[0] == -range[1];
+    }
+    shaped = transform_rewards(rewards, options_.rewards, options_.reward_clip, mean, sd, all_equal);
+  }
   std::vector<row> rows;
   rows.reserve(rewards.size());
   std::size_t k = 0;
-  bool on_policy = true;
   for (const auto& group : batch.groups) {
     const std::span<const double> group_rewards(shaped.data() + k, group.samples.size());
     const auto adv = group_advantages(group_rewards, options_.std_normalize, options_.std_eps);
-    on_policy = on_policy && group.policy_version == version_;
     for (std::size_t s = 0; s < group.samples.size(); ++s, ++k) {
       const auto& sample = group.samples[s];
       row r;
@@ -229,18 +299,18 @@ result<step_metrics> learner::grpo_step(const grpo_batch& batch) {
                          (options_.old_log_probs == old_log_probs_source::automatic && !on_policy);
   auto m = update(rows, /*grpo=*/true, batch.temperature, recompute);
   if (m)
-    m->reward_mean = std::accumulate(rewards.begin(), rewards.end(), 0.0) / static_cast<double>(rewards.size());
+    m->reward_mean = reward_sum / reward_count;
   return m;
 }
 
 result<step_metrics> learner::sft_step(std::span<const sft_example> examples) {
   if (examples.empty())
-    return fail(errc::invalid_arg, "sft_step: no examples");
+    return refuse_batch(fail(errc::invalid_arg, "sft_step: no examples"));
   std::vector<row> rows;
   for (std::size_t i = 0; i < examples.size(); ++i) {
     const auto& e = examples[i];
     if (e.prompt.empty())
-      return fail(errc::invalid_arg, "sft_step: example ", num(i), " has an empty prompt");
+      return refuse_batch(fail(errc::invalid_arg, "sft_step: example ", num(i), " has an empty prompt"));
     row r;
     r.tokens.assign(e.prompt.begin(), e.prompt.end());
     r.tokens.insert(r.tokens.end(), e.completion.begin(), e.completion.end());
@@ -271,8 +341,31 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
       trained.push_back(i);
     }
   }
+  const char* what = grpo ? "grpo_step" : "sft_step";
+  if (options_.zero1 && !dp_)
+    return fail(errc::config, what, ": learner.zero1 needs a data-parallel group (join_data_parallel)");
+  if (hook_ && dp_ && dp_->sharded())
+    return fail(errc::invalid_arg, what, ": learner.zero1 leaves no rank the whole gradient for a hook");
+  if (dp_) {
+    // Every rank weighs its tokens by the global batch's totals, so that the sum of the ranks'
+    // gradients is the global batch's gradient. Under grpo_step the first reduction (with the
+    // refusals) came before; sft_step's is this one.
+    double sums[4] = {static_cast<double>(totals.tokens), static_cast<double>(totals.sequences),
+                      static_cast<double>(totals.nonempty_sequences), 0.0};
+    double longest[1] = {static_cast<double>(totals.longest)};
+    if (auto r = dp_->all_reduce(sums, reduce_op::sum); !r)
+      return r.error();
+    if (sums[3] > 0)
+      return refused_elsewhere(what, sums[3]);
+    if (auto r = dp_->all_reduce(longest, reduce_op::max); !r)
+      return r.error();
+    totals.tokens = static_cast<std::int64_t>(sums[0]);
+    totals.sequences = static_cast<std::int64_t>(sums[1]);
+    totals.nonempty_sequences = static_cast<std::int64_t>(sums[2]);
+    totals.longest = static_cast<std::int64_t>(longest[0]);
+  }
   if (totals.tokens == 0)
-    return fail(errc::invalid_arg, grpo ? "grpo_step" : "sft_step", ": the batch has no completion tokens");
+    return fail(errc::invalid_arg, what, ": the batch has no completion tokens");
   auto plan = plan_micro_batches(lengths, options_.micro_batch_tokens);
   std::vector<micro_batch> mbs;
   for (auto& p : plan) {
@@ -295,7 +388,8 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
   loss_stats stats;
   double loss = 0.0;
   optimizer_->zero_grad();
-  for (auto& mb : mbs) {
+  for (std::size_t k = 0; k < mbs.size(); ++k) {
+    auto& mb = mbs[k];
     auto logp = policy_->token_log_probs(mb.inputs, mb.targets, temperature);
     loss_result r;
     if (grpo) {
@@ -310,6 +404,8 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
     } else {
       r = sft_loss(logp, mb.mask, &totals);
     }
+    if (dp_)
+      dp_->begin_backward(k + 1 == mbs.size());
     r.loss.backward();
     optimizer_->accumulate_gradients();
     loss += r.loss.item<double>();
@@ -317,19 +413,48 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
   }
 
   auto grads = optimizer_->gradients();
+  if (dp_) {
+    if (auto r = dp_->reduce_gradients(grads); !r) {
+      optimizer_->zero_grad();
+      return r.error();
+    }
+    // The metrics of the global batch: every rank reports the same.
+    double m[8] = {loss, stats.tokens, stats.clipped, stats.ratio_sum, stats.kl_sum, stats.is_weight_sum,
+                   stats.is_capped, stats.nll_sum};
+    if (auto r = dp_->all_reduce(m, reduce_op::sum); !r) {
+      optimizer_->zero_grad();
+      return r.error();
+    }
+    loss = m[0];
+    stats = loss_stats{m[1], m[2], m[3], m[4], m[5], m[6], m[7]};
+  }
   if (hook_) {
     if (auto h = hook_(optimizer_->parameters(), grads); !h) {
       optimizer_->zero_grad();
       return h.error();
     }
   }
-  out.grad_norm = clip_grad_norm(grads, options_.grad_clip);
   out.lr = scheduled_lr(options_, optimizer_->steps() + 1);
-  if (std::isfinite(out.grad_norm)) {
-    optimizer_->step(out.lr);
-    ++version_;
+  if (dp_ && dp_->sharded()) {
+    const adamw_options ao{options_.beta1, options_.beta2, options_.eps, options_.weight_decay, true};
+    auto norm = dp_->sharded_step(options_.grad_clip, out.lr, ao);
+    if (!norm) {
+      optimizer_->zero_grad();
+      return norm.error();
+    }
+    out.grad_norm = *norm;
+    if (std::isfinite(out.grad_norm))
+      ++version_;
+    else
+      out.skipped = true;
   } else {
-    out.skipped = true;
+    out.grad_norm = clip_grad_norm(grads, options_.grad_clip);
+    if (std::isfinite(out.grad_norm)) {
+      optimizer_->step(out.lr);
+      ++version_;
+    } else {
+      out.skipped = true;
+    }
   }
   optimizer_->zero_grad();
 

@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/learner_options.hpp"
+#include "policy/data_parallel.hpp"
 #include "policy/loss.hpp"
 #include "policy/model.hpp"
 #include "policy/optimizer.hpp"
@@ -76,10 +77,11 @@ std::vector<std::vector<std::size_t>> plan_micro_batches(std::span<const std::in
 /// Called once per update after every micro-batch's backward and before clipping, with the
 /// float32 gradients in parameters() order; it may rewrite them in place (the data-parallel
 /// all-reduce goes here). An error aborts the update (gradients dropped, version unchanged).
-/// The gradients are those of this learner's batch loss, normalised by its own batch totals
-/// (loss.hpp's batch_totals): averaging them over data-parallel ranks gives the global batch's
-/// gradient exactly when the ranks' totals agree; otherwise the totals must be all-reduced before
-/// the backward passes, which the data-parallel learner will add.
+/// Alone, the gradients are those of this learner's batch loss, normalised by its own batch totals
+/// (loss.hpp's batch_totals). In a data-parallel group (join_data_parallel) the totals are summed
+/// over the ranks before the backward passes, so each rank's gradient is its share of the global
+/// batch's, and the hook sees their sum: the global batch's gradient, the same on every rank.
+/// With learner.zero1 no rank holds the whole reduced gradient and a hook is refused.
 using gradient_hook = std::function<result<void>(std::span<const named_parameter>, std::span<torch::Tensor>)>;
 
 /// A GRPO/SFT learner over one model on one device. Owns the model it trains (shared handle),
@@ -106,6 +108,18 @@ public:
   /// Installs (or with an empty function removes) the gradient hook.
   void set_gradient_hook(gradient_hook hook) { hook_ = std::move(hook); }
 
+  /// Makes this learner one rank of a data-parallel group over `comm` (every rank calls it, with
+  /// the same options and model): from then on each update's batch is this rank's share of a
+  /// global batch. Batch totals, reward statistics and metrics are reduced over the ranks, the
+  /// gradients in buckets of learner.bucket_mb overlapped with the last micro-batch's backward
+  /// (learner.overlap), and every rank applies the same update (or, with learner.zero1, updates
+  /// its shard of the optimiser state and all-gathers the parameters). Rank 0's parameters are
+  /// broadcast first. A rank whose batch is refused makes every rank's update fail; a rank that
+  /// does not take part makes the others fail after learner.collective_timeout_s. Collective.
+  result<void> join_data_parallel(std::shared_ptr<communicator> comm);
+  /// The data-parallel state (null when alone).
+  data_parallel* data_parallel_state() noexcept { return dp_.get(); }
+
   /// The trainable parameters, in the stable order of the optimiser.
   const std::vector<named_parameter>& parameters() const noexcept { return optimizer_->parameters(); }
   CausalLMImpl& model() { return *policy_; }
@@ -128,6 +142,9 @@ private:
   struct micro_batch;
   /// Forward, loss and backward of every micro-batch, then hook, clip and step.
   result<step_metrics> update(std::vector<row>& rows, bool grpo, double temperature, bool recompute_old);
+  /// Data parallel: a rank whose batch was refused still takes part in the first reduction, so
+  /// that the other ranks fail at once instead of timing out. Returns `e`.
+  crucible::error refuse_batch(crucible::error e);
   micro_batch build(const std::vector<row>& rows, std::span<const std::size_t> index) const;
 
   CausalLM policy_;
@@ -135,6 +152,7 @@ private:
   learner_options options_;
   std::unique_ptr<adamw> optimizer_;
   gradient_hook hook_;
+  std::unique_ptr<data_parallel> dp_;
   std::uint64_t version_ = 0;
   std::string frozen_digest_;
   torch::Device device_ = torch::kCPU;

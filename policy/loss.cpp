@@ -18,6 +18,14 @@ std::vector<double> transform_rewards(std::span<const double> rewards, reward_tr
     var += (r - mean) * (r - mean);
   const double sd = std::sqrt(var / n);
   const bool all_equal = std::all_of(out.begin(), out.end(), [&](double r) { return r == out[0]; });
+  return transform_rewards(rewards, kind, k, mean, sd, all_equal, eps);
+}
+
+std::vector<double> transform_rewards(std::span<const double> rewards, reward_transform kind, double k, double mean,
+                                      double sd, bool all_equal, double eps) {
+  std::vector<double> out(rewards.begin(), rewards.end());
+  if (kind == reward_transform::none)
+    return out;
   for (double& r : out)
     r = all_equal ? 0.0 : std::clamp((r - mean) / (sd + eps), -k, k);
   return out;

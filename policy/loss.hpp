@@ -20,6 +20,10 @@ namespace crucible::policy {
 /// all-equal rewards give zeros. `none` returns the input.
 std::vector<double> transform_rewards(std::span<const double> rewards, reward_transform kind, double k,
                                       double eps = 1e-6);
+/// The same with the statistics of a larger batch that `rewards` is part of (data parallel: every
+/// rank's rewards): its mean, population standard deviation and whether all its rewards are equal.
+std::vector<double> transform_rewards(std::span<const double> rewards, reward_transform kind, double k, double mean,
+                                      double sd, bool all_equal, double eps = 1e-6);
 
 /// Group-relative advantages of one group's rewards (GRPO, arXiv 2402.03300):
 /// A_i = r_i - mean(r), divided by (std(r) + eps) when `std_normalize` (std with Bessel's

@@ -1,6 +1,7 @@
 // policy/optimizer.cpp: AdamW on float32 masters, the schedule and gradient clipping.
 #include "policy/optimizer.hpp"
 
+#include <cassert>
 #include <cmath>
 #include <numbers>
 
@@ -35,17 +36,54 @@ double clip_grad_norm(std::span<const torch::Tensor> grads, double max_norm) {
   return norm;
 }
 
+void adamw_update(torch::Tensor& w, const torch::Tensor& g, torch::Tensor& m, torch::Tensor& v, double lr,
+                  std::int64_t t, const adamw_options& o, bool decay) {
+  const double bias1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
+  const double bias2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(t)));
+  if (o.weight_decay != 0.0 && decay)
+    w.mul_(1.0 - lr * o.weight_decay);
+  m.lerp_(g, 1.0 - o.beta1);
+  v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  auto denom = (v.sqrt() / bias2_sqrt).add_(o.eps);
+  w.addcdiv_(m, denom, -lr / bias1);
+}
+
 adamw::adamw(std::vector<named_parameter> params, adamw_options options)
   : params_(std::move(params)), options_(options) {
   torch::NoGradGuard no_grad;
   for (auto& [name, p] : params_) {
     const bool fp32 = p.scalar_type() == torch::kFloat;
-    masters_.push_back(fp32 ? p : p.detach().to(torch::kFloat).clone());
+    // Sharded: the masters and moments are data_parallel's; masters_ only aliases the parameters.
+    masters_.push_back(fp32 || options_.sharded ? p : p.detach().to(torch::kFloat).clone());
     grads_.push_back(fp32 ? torch::Tensor{} : torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
-    exp_avg_.push_back(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
-    exp_avg_sq_.push_back(torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
+    exp_avg_.push_back(options_.sharded ? torch::Tensor{} : torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
+    exp_avg_sq_.push_back(options_.sharded ? torch::Tensor{}
+                                           : torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
     decays_.push_back(p.dim() >= 2);
   }
+}
+
+void adamw::gradient_into(std::size_t i, torch::Tensor out) const {
+  torch::NoGradGuard no_grad;
+  auto flat = out.view(-1);
+  const auto& p = params_[i].param;
+  const auto& pending = p.grad();
+  if (grads_[i].defined()) {
+    flat.copy_(grads_[i].view(-1));
+    if (pending.defined())
+      flat.add_(pending.reshape(-1)); // float32 += bf16 promotes exactly, as accumulate_gradients does
+  } else if (pending.defined()) {
+    flat.copy_(pending.reshape(-1));
+  } else {
+    flat.zero_();
+  }
+}
+
+void adamw::sync_masters() {
+  torch::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (has_master_copy(i))
+      masters_[i].copy_(params_[i].param);
 }
 
 void adamw::accumulate_gradients() {
@@ -91,21 +129,13 @@ void adamw::zero_grad() {
 }
 
 void adamw::step(double lr) {
+  assert(!options_.sharded && "a sharded adamw is stepped by data_parallel::sharded_step");
   torch::NoGradGuard no_grad;
   auto grads = gradients();
   ++steps_;
-  const double t = static_cast<double>(steps_);
-  const double bias1 = 1.0 - std::pow(options_.beta1, t);
-  const double bias2_sqrt = std::sqrt(1.0 - std::pow(options_.beta2, t));
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& w = masters_[i];
-    const auto& g = grads[i];
-    if (options_.weight_decay != 0.0 && decays_[i])
-      w.mul_(1.0 - lr * options_.weight_decay);
-    exp_avg_[i].lerp_(g, 1.0 - options_.beta1);
-    exp_avg_sq_[i].mul_(options_.beta2).addcmul_(g, g, 1.0 - options_.beta2);
-    auto denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.eps);
-    w.addcdiv_(exp_avg_[i], denom, -lr / bias1);
+    adamw_update(w, grads[i], exp_avg_[i], exp_avg_sq_[i], lr, steps_, options_, decays_[i]);
     if (has_master_copy(i))
       params_[i].param.copy_(w);
   }
@@ -113,6 +143,8 @@ void adamw::step(double lr) {
 
 std::vector<std::pair<std::string, torch::Tensor>> adamw::moments() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (options_.sharded)
+    return out;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     out.emplace_back("exp_avg." + params_[i].name, exp_avg_[i]);
     out.emplace_back("exp_avg_sq." + params_[i].name, exp_avg_sq_[i]);
@@ -131,12 +163,14 @@ result<void> adamw::check_state(const std::map<std::string, torch::Tensor>& tens
                   c10::str(it->second.sizes()), ", expected Float ", c10::str(like.sizes()));
     return {};
   };
+  if (options_.sharded)
+    return fail(errc::config, origin, ": the optimiser state is sharded (learner.zero1): it is restored by rank");
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& name = params_[i].name;
     for (const char* kind : {"exp_avg.", "exp_avg_sq.", "master."}) {
       if (kind[0] == 'm' && !with_masters)
         continue;
-      if (auto r = check(kind + name, masters_[i]); !r)
+      if (auto r = check(kind + name, params_[i].param); !r)
         return r;
     }
   }

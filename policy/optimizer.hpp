@@ -43,7 +43,16 @@ struct adamw_options {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0; ///< decoupled; applied to parameters of two or more dimensions only
+  /// ZeRO-1: the moments and float32 masters live in data_parallel's shards, not here: none are
+  /// allocated, and step(), moments() and restore() are not available (gradients still are).
+  bool sharded = false;
 };
+
+/// The AdamW update of one float32 weight tensor `w` with gradient `g` and moments `m`, `v` in
+/// place, at learning rate `lr` and step `t` (from 1), decoupled decay on `w` when `decay`. The
+/// arithmetic of adamw::step, shared with ZeRO-1's shard update so that both give the same bits.
+void adamw_update(torch::Tensor& w, const torch::Tensor& g, torch::Tensor& m, torch::Tensor& v, double lr,
+                  std::int64_t t, const adamw_options& options, bool decay);
 
 /// AdamW exactly as PyTorch's torch.optim.AdamW (amsgrad off), per parameter p with gradient g
 /// at step t (from 1):
@@ -71,6 +80,10 @@ public:
   /// The float32 gradient of every parameter, in parameters() order (zeros where no gradient
   /// arrived). The tensors are the optimiser's own: an all-reduce may overwrite them in place.
   std::vector<torch::Tensor> gradients();
+  /// Writes parameter i's float32 gradient so far (the accumulated gradient plus the .grad of a
+  /// backward not yet accumulated) into `out` (float32, the parameter's element count, any shape).
+  /// The data-parallel hooks call it as each gradient completes.
+  void gradient_into(std::size_t i, torch::Tensor out) const;
   /// Zeroes every gradient.
   void zero_grad();
 
@@ -78,6 +91,15 @@ public:
   void step(double lr);
   /// Updates done so far (t of the last update).
   std::int64_t steps() const noexcept { return steps_; }
+  /// Counts an update applied elsewhere (ZeRO-1's shards).
+  void count_step() noexcept { ++steps_; }
+  /// Sets the step count (restoring a ZeRO-1 checkpoint, whose state is data_parallel's).
+  void set_steps(std::int64_t steps) noexcept { steps_ = steps; }
+  /// True when the state is sharded over data-parallel ranks (adamw_options::sharded).
+  bool sharded() const noexcept { return options_.sharded; }
+  /// Copies the parameters into the float32 masters (after the parameters were overwritten, e.g.
+  /// by rank 0's broadcast).
+  void sync_masters();
 
   /// The float32 weights the optimiser updates: the parameter itself when it is float32, its
   /// master copy otherwise. Same order as parameters().

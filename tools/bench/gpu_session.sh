@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [baselines] [throughput] [precision] [probe] [decode] [trace]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
-# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace).
+# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace); `learner` runs the
+# data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -27,6 +28,7 @@ targets=(crucible)
 [[ " $* " == *" throughput "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine)
+[[ " $* " == *" learner "* ]] && targets+=(bench_learner test_gpu_dp)
 start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "gpu_session: build took $(( $(date +%s) - start )) s"
@@ -47,6 +49,13 @@ for what in "$@"; do
       $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --trace "$OUT/trace" 2>&1 | tee "$OUT/trace.txt" ;;
     gpu_evaluator)
       timeout 400 $B/tests/gpu/test_gpu_evaluator -s 2>&1 | tee "$OUT/gpu_evaluator.txt" | tail -60 ;;
+    learner)
+      # NCCL collectives, DP and ZeRO-1 against one GPU, weight sync; then the learner figures
+      # (bf16 matmul rate, GRPO MFU, all-reduce bus bandwidth, DP scaling, weight sync s/GB) and
+      # torch.distributed's all-reduce of the same bytes.
+      timeout 600 $B/tests/gpu/test_gpu_dp 2>&1 | tail -40 | tee "$OUT/gpu_dp.txt"
+      timeout 900 $B/tools/bench/bench_learner 2>&1 | tee "$OUT/learner.jsonl"
+      timeout 300 python3 tools/bench/allreduce_torch.py 2>&1 | tee "$OUT/allreduce_torch.jsonl" ;;
     gpu_engine)
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40 ;;
     throughput)
