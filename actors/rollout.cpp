@@ -477,9 +477,12 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
         st.stats.groups_abandoned += st.groups.size();
         st.groups.clear();
       }
+      if (st.groups.empty()) {
+        self->quit();
+        return snapshot(self);
+      }
       auto rp = self->make_response_promise<rollout_stats>();
       st.stop_waiting.push_back(rp);
-      check_stopped(self);
       return rp;
     },
     [=](caf::get_atom) -> rollout_stats { return snapshot(self); },
