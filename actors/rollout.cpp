@@ -530,4 +530,21 @@ result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps d
   return h;
 }
 
+result<std::vector<rollout_actor>> spawn_rollout_actors(caf::actor_system& sys, const rollout_deps& deps,
+                                                        const config& cfg, bool add_special_tokens) {
+  std::vector<rollout_actor> out;
+  for (std::int64_t i = 0; i < cfg.rollout.actors; ++i) {
+    auto opt = rollout_actor_options::from(cfg, static_cast<std::uint64_t>(i));
+    opt.add_special_tokens = add_special_tokens;
+    auto r = spawn_rollout_actor(sys, deps, std::move(opt));
+    if (!r.ok()) {
+      for (const auto& a : out)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      return r.error();
+    }
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
 } // namespace crucible

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor_system.hpp>
 
@@ -99,5 +100,11 @@ struct rollout_deps {
 /// errc::config from validate(); errc::invalid_arg for a missing collaborator or an empty task
 /// catalogue.
 result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps deps, rollout_actor_options opt);
+
+/// Spawns the run's `rollout.actors` rollout actors, numbered 0, 1, ..., with options from
+/// `cfg` (rollout_actor_options::from) and `add_special_tokens` from the prompt setup, all
+/// sharing `deps`. The first error stops the spawning (actors already spawned are told to exit).
+result<std::vector<rollout_actor>> spawn_rollout_actors(caf::actor_system& sys, const rollout_deps& deps,
+                                                        const config& cfg, bool add_special_tokens);
 
 } // namespace crucible

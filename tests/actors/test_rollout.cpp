@@ -532,6 +532,43 @@ TEST_CASE_FIXTURE(fixture, "the actor quits when a collaborator goes down, answe
   CHECK_FALSE(gone->ok());
 }
 
+TEST_CASE_FIXTURE(fixture, "the run's rollout actors share their collaborators and never share an id") {
+  collaborators(distribution(0.5, 0.5, 0));
+  cfg.rollout.actors = 3;
+  cfg.rollout.group_size = 2;
+  cfg.rollout.max_groups_in_flight = 1;
+  cfg.rollout.max_new_tokens = 1;
+  rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+  auto rs = spawn_rollout_actors(sys, deps, cfg, prompts.add_special_tokens);
+  REQUIRE_MESSAGE(rs.ok(), (rs.ok() ? "" : rs.error().to_string()));
+  REQUIRE(rs->size() == 3);
+  for (const auto& r : *rs) {
+    keep(r);
+    self->send(r, start_atom_v);
+  }
+  table->hold = true;
+  sched.run();
+  // One group each: the first request is sampled at once, the two that waited meanwhile share
+  // the next engine call.
+  CHECK(estats().batches == 2);
+  CHECK(estats().requests == 3);
+  CHECK(table->received.size() == 6);
+  std::set<std::uint64_t> variants;
+  for (const auto& c : table->received)
+    variants.insert(c.variant.value);
+  CHECK(variants.size() == 6);
+  for (std::uint64_t i = 0; i < 3; ++i) // index i's ids are i * 2^40 + 1, + 2, ...
+    CHECK(variants.count((i << 40) + 1) == 1);
+  release();
+  CHECK(groups->size() == 3);
+  std::set<std::uint64_t> ids;
+  for (const auto& g : *groups)
+    ids.insert(g.group.value);
+  CHECK(ids == std::set<std::uint64_t>{1, (1ull << 40) + 1, (2ull << 40) + 1});
+  cfg.rollout.group_size = 0;
+  CHECK_FALSE(spawn_rollout_actors(sys, deps, cfg, false).ok());
+}
+
 TEST_CASE_FIXTURE(fixture, "spawning refuses bad options and missing collaborators") {
   collaborators(distribution(1, 0, 0));
   rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
