@@ -1,8 +1,9 @@
 // actors/interfaces.hpp: the typed interface of every actor role (DESIGN §1), one comment per
 // handler. Messages and atoms come from actors/messages.hpp.
 //
-// In this build the coordinator, the evaluators and the exemplar actor have implementations
-// (actors/coordinator.hpp, evaluator.hpp, exemplar.hpp). The other roles are interfaces only:
+// In this build the coordinator, the evaluators, the exemplar actor, the engine and the rollout
+// actors have implementations (actors/coordinator.hpp, evaluator.hpp, exemplar.hpp, engine.hpp,
+// rollout.hpp). The other roles are interfaces only:
 // their actors arrive with the env/ and policy/ code they drive, and tests substitute fakes
 // that implement the same interface.
 #pragma once
@@ -40,26 +41,54 @@ using coordinator_impl_actor = coordinator_actor::extend<
   // Runs the next stage of the schedule, or finishes the run when none is left.
   caf::reacts_to<advance_atom>>;
 
-/// Turns tasks into scored GRPO groups: exemplars -> prompt -> engine -> evaluators
-/// (DESIGN §1.1-1.4).
+/// Turns tasks into scored GRPO groups in a loop: task -> exemplars -> contrastive prompt ->
+/// G completions -> parse -> evaluators -> scored variants to the exemplar actor, which
+/// assembles the groups for the learners (DESIGN §1.1-1.4; actors/rollout.hpp).
 using rollout_actor = caf::typed_actor<
-  // Collects one group for the task: asks the exemplar actor, builds the contrastive prompt,
-  // samples G completions, evaluates them; the scored variants go to the exemplar actor.
-  caf::replies_to<collect_atom, task_id>::with<rollout_group>,
-  // New weights exist: groups sampled more than max_staleness versions earlier are dropped.
-  caf::reacts_to<weights_published>,
-  // Stops taking tasks and finishes groups in flight (pause); replies with how many it
-  // finished.
-  caf::replies_to<drain_atom>::with<std::uint64_t>>;
+  // Starts the loop (a no-op when it runs): up to rollout.max_groups_in_flight groups at once,
+  // a new task taken whenever one finishes.
+  caf::reacts_to<start_atom>,
+  // Takes no new task, finishes or drops the groups in flight (rollout.on_stop), then replies
+  // with the final counters and quits.
+  caf::replies_to<stop_atom>::with<rollout_stats>,
+  // The counters.
+  caf::replies_to<caf::get_atom>::with<rollout_stats>>;
 
-/// Samples completions with the current policy on its device (DESIGN §1.2, §5).
+/// The rollout actor as implemented: its interface plus the messages it sends itself.
+/// Internal to actors/rollout.cpp; spawn_rollout_actor hands out only the rollout_actor part.
+using rollout_impl_actor = rollout_actor::extend<
+  // Starts groups up to the in-flight bound (after a delay, when the last attempt failed).
+  caf::reacts_to<advance_atom>,
+  // Sends group `group`'s refused request again: member `slot`'s candidate, or the group's
+  // own step (generation, announce) for slot == no slot (UINT32_MAX).
+  caf::reacts_to<retry_atom, std::uint64_t, std::uint32_t>>;
+
+/// Samples completions with the current policy on its device (DESIGN §1.2, §5;
+/// actors/engine.hpp).
 using engine_actor = caf::typed_actor<
-  // Samples `samples` completions of the prompt, with behaviour log-probs and the version.
+  // Samples `samples` completions of the prompt, with behaviour log-probs and the version that
+  // sampled them. Waiting requests with equal sampling settings share an engine call.
+  // errc::busy when the queue is full (backpressure); errc::invalid_arg for an empty or too
+  // long prompt or bad settings.
   caf::replies_to<generation_request>::with<generation_result>,
-  // Receives the announced weights over NCCL broadcast; replies with the version now served.
+  // Serves the weights of a model directory as the given version from the next engine call
+  // on; errc::invalid_arg for a version below the one served or another vocabulary.
+  caf::replies_to<weight_update>::with<policy_version>,
+  // Receives the announced weights through the engine's weight receiver (an NCCL broadcast);
+  // replies with the version now served. errc::unsupported when it has none.
   caf::replies_to<weights_published>::with<policy_version>,
-  // The version of the weights currently served.
-  caf::replies_to<caf::get_atom>::with<policy_version>>;
+  // The version served and the queue counters.
+  caf::replies_to<caf::get_atom>::with<engine_status>>;
+
+/// Runs an engine actor's engine calls and weight loads, one at a time, on a detached thread
+/// (a call blocks for seconds). Internal to actors/engine.cpp.
+using engine_runner_actor = caf::typed_actor<
+  // One engine call for every request of the batch; per-request errors in the result.
+  caf::replies_to<generation_batch>::with<generation_batch_result>,
+  // As engine_actor's.
+  caf::replies_to<weight_update>::with<policy_version>,
+  // As engine_actor's.
+  caf::replies_to<weights_published>::with<policy_version>>;
 
 /// Owns one device exclusively and judges candidates in sandboxed workers (DESIGN §4).
 using evaluator_actor = caf::typed_actor<

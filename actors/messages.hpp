@@ -145,7 +145,12 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
 struct generation_request {
   group_id group;
   task_id task;
-  std::string prompt;       ///< the full contrastive prompt text
+  std::string prompt;       ///< the full prompt text (chat template applied); encoded by the engine
+  /// The prompt as token ids; when not empty it is sampled on as is and `prompt` is not encoded.
+  std::vector<std::int32_t> prompt_token_ids;
+  /// Encode `prompt` with the tokens the tokenizer's post-processor adds (e.g. Llama's BOS).
+  /// False for text rendered with a chat template, which writes its own.
+  bool add_special_tokens = false;
   std::uint32_t samples = 0; ///< G, the group size
   sampling_params params;
 
@@ -154,8 +159,8 @@ struct generation_request {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
-  return f(caf::meta::type_name("generation_request"), x.group, x.task, x.prompt, x.samples,
-           x.params);
+  return f(caf::meta::type_name("generation_request"), x.group, x.task, x.prompt, x.prompt_token_ids,
+           x.add_special_tokens, x.samples, x.params);
 }
 
 /// One sampled completion with its behaviour log-probabilities.
@@ -188,6 +193,68 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_result& x) {
   return f(caf::meta::type_name("generation_result"), x.group, x.task, x.prompt_token_ids,
            x.completions);
+}
+
+/// Engine actor -> its runner: waiting requests sampled in one engine call (equal sampling
+/// settings; the seed of the first is the call's).
+struct generation_batch {
+  std::vector<generation_request> requests;
+
+  friend bool operator==(const generation_batch&, const generation_batch&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_batch& x) {
+  return f(caf::meta::type_name("generation_batch"), x.requests);
+}
+
+/// Runner -> engine actor: for request i of a generation_batch, results[i] when errors[i] is
+/// empty, else the error that refused it (its results[i] is empty).
+struct generation_batch_result {
+  std::vector<generation_result> results;
+  std::vector<caf::error> errors;
+
+  friend bool operator==(const generation_batch_result&, const generation_batch_result&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, generation_batch_result& x) {
+  return f(caf::meta::type_name("generation_batch_result"), x.results, x.errors);
+}
+
+/// To an engine: serve the weights of the Hugging Face model directory `model_dir` (same
+/// vocabulary as the served model) as `policy_version` from the next engine call on.
+struct weight_update {
+  std::string model_dir;
+  crucible::policy_version policy_version;
+
+  friend bool operator==(const weight_update&, const weight_update&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, weight_update& x) {
+  return f(caf::meta::type_name("weight_update"), x.model_dir, x.policy_version);
+}
+
+/// Engine actor -> anyone who asks: the version served and its queue counters since it started.
+struct engine_status {
+  crucible::policy_version policy_version; ///< stamped on completions of the next call
+  std::uint64_t queued = 0;         ///< requests waiting now
+  std::uint64_t running = 0;        ///< requests in the engine call under way
+  std::uint64_t requests = 0;       ///< requests answered with completions
+  std::uint64_t failed = 0;         ///< requests answered with an error (bad prompt, engine failure)
+  std::uint64_t refused = 0;        ///< requests refused as busy (queue full)
+  std::uint64_t batches = 0;        ///< engine calls made
+  std::uint64_t samples = 0;        ///< completions returned
+  std::uint64_t weight_updates = 0; ///< weights loaded or received
+
+  friend bool operator==(const engine_status&, const engine_status&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_status& x) {
+  return f(caf::meta::type_name("engine_status"), x.policy_version, x.queued, x.running, x.requests,
+           x.failed, x.refused, x.batches, x.samples, x.weight_updates);
 }
 
 // -- evaluation (rollout -> evaluator -> rollout) --------------------------------------------
@@ -343,6 +410,29 @@ typename Inspector::result_type inspect(Inspector& f, exemplar_stats& x) {
            x.duplicates, x.unknown, x.open_groups);
 }
 
+/// Rollout actor -> anyone who asks: its counters since it started.
+struct rollout_stats {
+  std::uint64_t groups_started = 0;   ///< tasks taken
+  std::uint64_t groups_finished = 0;  ///< every member reported to the exemplar actor or lost
+  std::uint64_t groups_abandoned = 0; ///< given up before evaluation (prompt, engine or exemplar errors; dropped at a stop)
+  std::uint64_t completions = 0;      ///< completions received from the engine
+  std::uint64_t format_errors = 0;    ///< of those, without usable code: never sent to an evaluator
+  std::uint64_t evaluated = 0;        ///< verdicts received from the evaluators
+  std::uint64_t eval_errors = 0;      ///< candidates the evaluators failed on (infrastructure): not reported
+  std::uint64_t retries = 0;          ///< requests sent again after a busy refusal
+  std::uint64_t in_flight = 0;        ///< groups under way now
+  bool running = false;               ///< taking new tasks
+
+  friend bool operator==(const rollout_stats&, const rollout_stats&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rollout_stats& x) {
+  return f(caf::meta::type_name("rollout_stats"), x.groups_started, x.groups_finished,
+           x.groups_abandoned, x.completions, x.format_errors, x.evaluated, x.eval_errors,
+           x.retries, x.in_flight, x.running);
+}
+
 /// Learner -> coordinator: what one optimizer step did.
 struct train_report {
   crucible::policy_version policy_version; ///< version published by this step
@@ -492,6 +582,11 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::device_info>))
   CAF_ADD_TYPE_ID(crucible, (crucible::group_announce))
   CAF_ADD_TYPE_ID(crucible, (crucible::exemplar_stats))
+  CAF_ADD_TYPE_ID(crucible, (crucible::generation_batch))
+  CAF_ADD_TYPE_ID(crucible, (crucible::generation_batch_result))
+  CAF_ADD_TYPE_ID(crucible, (crucible::weight_update))
+  CAF_ADD_TYPE_ID(crucible, (crucible::engine_status))
+  CAF_ADD_TYPE_ID(crucible, (crucible::rollout_stats))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")
@@ -504,5 +599,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, train_atom, "train")
   CAF_ADD_ATOM(crucible, crucible, save_atom, "save")
   CAF_ADD_ATOM(crucible, crucible, expire_atom, "expire")
+  CAF_ADD_ATOM(crucible, crucible, retry_atom, "retry")
 
 CAF_END_TYPE_ID_BLOCK(crucible)

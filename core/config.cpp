@@ -183,6 +183,30 @@ template <> struct value_traits<chat_template_mode> {
   }
   static std::string render(chat_template_mode v) { return enum_traits<chat_template_mode, 2>::render_from(chat_template_mode_names, v); }
 };
+constexpr std::pair<task_sampling, const char*> task_sampling_names[] = {
+  {task_sampling::uniform, "uniform"}, {task_sampling::improvement, "improvement"}};
+
+template <> struct value_traits<task_sampling> {
+  static constexpr const char* expected = "one of uniform, improvement";
+  static constexpr const char* type_name = "`uniform` or `improvement`";
+  static bool parse(const std::string& s, task_sampling& out) {
+    return enum_traits<task_sampling, 2>::parse_from(task_sampling_names, s, out);
+  }
+  static std::string render(task_sampling v) { return enum_traits<task_sampling, 2>::render_from(task_sampling_names, v); }
+};
+
+constexpr std::pair<in_flight_policy, const char*> in_flight_policy_names[] = {
+  {in_flight_policy::finish, "finish"}, {in_flight_policy::drop, "drop"}};
+
+template <> struct value_traits<in_flight_policy> {
+  static constexpr const char* expected = "one of finish, drop";
+  static constexpr const char* type_name = "`finish` or `drop`";
+  static bool parse(const std::string& s, in_flight_policy& out) {
+    return enum_traits<in_flight_policy, 2>::parse_from(in_flight_policy_names, s, out);
+  }
+  static std::string render(in_flight_policy v) { return enum_traits<in_flight_policy, 2>::render_from(in_flight_policy_names, v); }
+};
+
 // -- learner: the enums of core/learner_options.hpp ------------------------------------------
 
 constexpr std::pair<reward_transform, const char*> reward_transform_names[] = {
@@ -251,6 +275,8 @@ const char* to_string(chat_template_mode m) noexcept {
       return n;
   return "?";
 }
+const char* to_string(task_sampling v) noexcept { return name_in(task_sampling_names, v); }
+const char* to_string(in_flight_policy v) noexcept { return name_in(in_flight_policy_names, v); }
 const char* to_string(reward_transform v) noexcept { return name_in(reward_transform_names, v); }
 const char* to_string(loss_aggregation v) noexcept { return name_in(aggregation_names, v); }
 const char* to_string(kl_estimator v) noexcept { return name_in(kl_estimator_names, v); }
@@ -563,6 +589,48 @@ void describe(V& v, config& c) {
             "A response must carry every section heading the template asks for (else: format error).");
   });
   describe_learner(v, c.learner);
+  v.section("rollout", "Rollout actors: task, exemplars, prompt, G completions, parsing, evaluation, scored variants (docs/rollout.md).", [&] {
+    auto& r = c.rollout;
+    v.field("actors", r.actors, "Rollout actors in the process; each keeps its own groups in flight.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("group_size", r.group_size, "G: completions sampled per prompt, one GRPO group.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("temperature", r.temperature, "Sampling temperature; 0 is greedy.", non_negative_number());
+    v.field("top_p", r.top_p, "Nucleus sampling: the most likely tokens whose probabilities sum to top_p; 1: off.",
+            constraint<double>{"a number in (0, 1]", [](double x) { return x > 0 && x <= 1; }});
+    v.field("top_k", r.top_k, "Only the top_k most likely tokens; 0: off.", at_least(0, "an integer ≥ 0"));
+    v.field("max_new_tokens", r.max_new_tokens, "Tokens generated per completion at most.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("stop", r.stop, "Stop strings: generation ends after one of them, which is cut from the completion.",
+            constraint<std::vector<std::string>>{"a list of non-empty strings", [](const std::vector<std::string>& xs) {
+              return std::none_of(xs.begin(), xs.end(), [](const std::string& x) { return x.empty(); });
+            }});
+    v.field("max_groups_in_flight", r.max_groups_in_flight,
+            "Groups one rollout actor works on at once (prompt, generation, evaluation); the next task is taken when one "
+            "finishes.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("sampler", r.sampler,
+            "Task choice: `uniform`, or `improvement`: weight 1 / (1 + best speedup so far) per task, mixed with uniform "
+            "by `sampler_mix`.");
+    v.field("sampler_mix", r.sampler_mix, "Share of uniform draws under `improvement`, so no task starves.",
+            between(0, 1, "a number between 0 and 1"));
+    v.field("hardware", r.hardware, "Hardware kind candidates are evaluated on; empty: that of the first evaluator.");
+    v.field("retry_s", r.retry_s, "Seconds before a request refused as busy (engine, evaluators, exemplar actor) is sent again.",
+            positive<double>("a positive number"));
+    v.field("on_stop", r.on_stop, "Groups in flight at a stop: `finish` them first, or `drop` them.");
+  });
+  v.section("engine", "The engine actor's request queue and batching (docs/rollout.md).", [&] {
+    auto& e = c.engine;
+    v.field("max_queued", e.max_queued, "Generation requests waiting for the engine; more are refused as busy.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("max_batch_prompts", e.max_batch_prompts, "Waiting requests with the same sampling settings sampled in one call.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("max_batch_samples", e.max_batch_samples,
+            "Completions (the sum of the requests' G) per call; a larger single request runs alone.",
+            positive<std::int64_t>("a positive integer"));
+    v.field("max_prompt_tokens", e.max_prompt_tokens, "Longer prompts are refused; 0: no limit.",
+            at_least(0, "an integer ≥ 0"));
+  });
 }
 
 // -- decoding -------------------------------------------------------------------------------

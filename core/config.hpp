@@ -144,6 +144,48 @@ struct prompt_config {
   bool require_sections = true;         ///< responses must carry every section heading of the template
 };
 
+/// How a rollout actor picks the next task (env/task_sampler.hpp has the formulas).
+enum class task_sampling : std::uint8_t {
+  uniform,     ///< every task equally often
+  improvement, ///< weighted toward tasks with room to improve: w = 1 / (1 + best speedup so far)
+};
+
+/// What a rollout actor does with the groups it has in flight when it is told to stop.
+enum class in_flight_policy : std::uint8_t {
+  finish, ///< take no new task, finish the groups under way, then stop
+  drop,   ///< stop at once; replies still on their way are ignored
+};
+
+/// "uniform", "improvement".
+const char* to_string(task_sampling s) noexcept;
+/// "finish", "drop".
+const char* to_string(in_flight_policy p) noexcept;
+
+/// `rollout:` — the rollout actors (actors/rollout.hpp): tasks in, scored GRPO groups out.
+struct rollout_config {
+  std::int64_t actors = 1;               ///< rollout actors in the process
+  std::int64_t group_size = 4;           ///< G: completions sampled per prompt
+  double temperature = 1.0;              ///< sampling temperature (0: greedy)
+  double top_p = 1.0;                    ///< nucleus sampling; 1: off
+  std::int64_t top_k = 0;                ///< top-k filter; 0: off
+  std::int64_t max_new_tokens = 1024;    ///< tokens generated per completion at most
+  std::vector<std::string> stop;         ///< stop strings (cut from the completion)
+  std::int64_t max_groups_in_flight = 2; ///< groups one rollout actor works on at once
+  task_sampling sampler = task_sampling::uniform;
+  double sampler_mix = 0.1;              ///< share of uniform draws under `improvement`
+  std::string hardware;                  ///< hardware kind to evaluate on; "": the first evaluator's
+  double retry_s = 1.0;                  ///< wait before retrying a request refused as busy
+  in_flight_policy on_stop = in_flight_policy::finish;
+};
+
+/// `engine:` — the engine actor's queue and batching (actors/engine.hpp).
+struct engine_config {
+  std::int64_t max_queued = 64;        ///< generation requests waiting; more are refused (busy)
+  std::int64_t max_batch_prompts = 8;  ///< requests sampled together in one engine call
+  std::int64_t max_batch_samples = 64; ///< completions (sum of G) per engine call
+  std::int64_t max_prompt_tokens = 0;  ///< longer prompts are refused; 0: no limit
+};
+
 /// The whole configuration. Plain value; copy freely.
 struct config {
   run_options run;
@@ -154,6 +196,8 @@ struct config {
   exemplar_config exemplar;
   prompt_config prompt;
   learner_options learner;
+  rollout_config rollout;
+  engine_config engine;
 };
 
 /// Decodes `yaml_text` (named `origin` in messages, e.g. "configs/x.yaml"), applying

@@ -52,7 +52,8 @@ template <> struct sample<sampling_params> {
 template <> struct sample<generation_request> {
   static generation_request make() {
     return {sample<group_id>::make(), sample<task_id>::make(),
-            "Task: make ReLU fast. \xc3\xbc\n\"quoted\"\t", 8, sample<sampling_params>::make()};
+            "Task: make ReLU fast. \xc3\xbc\n\"quoted\"\t", {151644, 8948, 0, 2147483647}, true, 8,
+            sample<sampling_params>::make()};
   }
 };
 
@@ -73,6 +74,35 @@ template <> struct sample<generation_result> {
     return {sample<group_id>::make(), sample<task_id>::make(), {1, 2, 3},
             {sample<completion>::make(), c2}};
   }
+};
+
+template <> struct sample<generation_batch> {
+  static generation_batch make() {
+    auto r2 = sample<generation_request>::make();
+    r2.group = group_id{8};
+    r2.prompt_token_ids.clear();
+    return {{sample<generation_request>::make(), r2}};
+  }
+};
+
+template <> struct sample<generation_batch_result> {
+  static generation_batch_result make() {
+    // Request 0 refused (its result empty), request 1 served.
+    return {{generation_result{}, sample<generation_result>::make()},
+            {make_error(errc::invalid_arg, "generation request g7: the prompt is empty"), caf::error{}}};
+  }
+};
+
+template <> struct sample<weight_update> {
+  static weight_update make() { return {"/runs/quickstart/checkpoints/step-12/model", policy_version{12}}; }
+};
+
+template <> struct sample<engine_status> {
+  static engine_status make() { return {policy_version{12}, 3, 8, 1000, 2, 17, 250, 8000, 12}; }
+};
+
+template <> struct sample<rollout_stats> {
+  static rollout_stats make() { return {40, 35, 3, 280, 30, 250, 4, 9, 2, true}; }
 };
 
 template <> struct sample<candidate> {
@@ -282,7 +312,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 25, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 30, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

@@ -1,0 +1,550 @@
+// Rollout actor: task sampler -> exemplar actor (exemplars) -> prompt builder -> engine actor (G
+// completions) -> exemplar actor (group announce) -> response parser -> evaluator pool ->
+// exemplar actor (scored variants, which complete the group for the learners).
+#include "actors/rollout.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "actors/actor_config.hpp"
+#include "env/task_sampler.hpp"
+
+namespace crucible {
+
+rollout_actor_options rollout_actor_options::from(const config& cfg, std::uint64_t index) {
+  const auto& r = cfg.rollout;
+  rollout_actor_options o;
+  o.group_size = static_cast<std::uint32_t>(std::clamp<std::int64_t>(r.group_size, 0, std::numeric_limits<std::uint32_t>::max()));
+  o.sampling.temperature = r.temperature;
+  o.sampling.top_p = r.top_p;
+  o.sampling.top_k = static_cast<std::int32_t>(std::clamp<std::int64_t>(r.top_k, 0, std::numeric_limits<std::int32_t>::max()));
+  o.sampling.max_new_tokens =
+    static_cast<std::uint32_t>(std::clamp<std::int64_t>(r.max_new_tokens, 0, std::numeric_limits<std::uint32_t>::max()));
+  o.sampling.stop = r.stop;
+  o.max_groups_in_flight = static_cast<std::uint64_t>(std::max<std::int64_t>(0, r.max_groups_in_flight));
+  o.sampler = r.sampler;
+  o.sampler_mix = r.sampler_mix;
+  o.hardware = r.hardware;
+  o.retry_s = r.retry_s;
+  o.on_stop = r.on_stop;
+  o.index = index;
+  o.seed = cfg.run.seed;
+  return o;
+}
+
+result<void> rollout_actor_options::validate() const {
+  if (group_size < 1)
+    return fail(errc::config, "rollout.group_size: must be at least 1");
+  if (max_groups_in_flight < 1)
+    return fail(errc::config, "rollout.max_groups_in_flight: must be at least 1");
+  if (!(sampler_mix >= 0 && sampler_mix <= 1))
+    return fail(errc::config, "rollout.sampler_mix: must be in [0, 1]");
+  // At most a day: the delay travels as a caf::timespan (int64 nanoseconds).
+  if (!(retry_s > 0 && retry_s <= 86400))
+    return fail(errc::config, "rollout.retry_s: must be > 0 and at most 86400 (a day)");
+  if (!(sampling.temperature >= 0) || !std::isfinite(sampling.temperature))
+    return fail(errc::config, "rollout.temperature: must be a number >= 0");
+  if (!(sampling.top_p > 0 && sampling.top_p <= 1))
+    return fail(errc::config, "rollout.top_p: must be in (0, 1]");
+  if (sampling.top_k < 0)
+    return fail(errc::config, "rollout.top_k: must be >= 0");
+  if (sampling.max_new_tokens < 1)
+    return fail(errc::config, "rollout.max_new_tokens: must be at least 1");
+  if (index >= (std::uint64_t{1} << 23))
+    return fail(errc::config, "rollout actor index ", std::to_string(index), ": must be below 2^23");
+  return {};
+}
+
+result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const policy::tokenizer> tokenizer) {
+  if (!tokenizer)
+    return fail(errc::invalid_arg, "prompt setup: no tokenizer");
+  auto file = env::resolve_prompt_template(cfg.prompt.template_file);
+  if (!file.ok())
+    return file.error();
+  auto templ = env::load_prompt_template(*file);
+  if (!templ.ok())
+    return templ.error();
+  env::chat_format chat{tokenizer->chat_template(), tokenizer->special_tokens_map()};
+  const bool plain = cfg.prompt.chat_template == chat_template_mode::none || chat.chat_template.empty();
+  env::token_counter count = [tokenizer, plain](std::string_view text) { return tokenizer->encode(text, plain).size(); };
+  auto sections = templ->sections;
+  auto builder = env::prompt_builder::create(std::move(*templ), cfg.prompt, chat, std::move(count));
+  if (!builder.ok())
+    return builder.error();
+  prompt_setup out;
+  out.builder = std::make_shared<const env::prompt_builder>(std::move(*builder));
+  out.parse = env::parse_options_from(cfg.prompt, std::move(sections));
+  out.add_special_tokens = plain;
+  return out;
+}
+
+namespace {
+
+constexpr std::uint32_t no_slot = std::numeric_limits<std::uint32_t>::max();
+constexpr int id_shift = 40; // group and variant ids: index * 2^40 + n
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// One completion of a group on its way to a verdict.
+struct member {
+  variant_id variant;
+  std::string code;           // the candidate; the raw response for a format error
+  policy_version version;     // weights that sampled it
+  bool format_error = false;
+  verdict format_verdict;     // when format_error
+  bool done = false;          // reported, or lost to an evaluator failure
+};
+
+enum class phase : std::uint8_t { exemplars, generating, announcing, evaluating };
+
+struct group_work {
+  group_id id;
+  task_id task;
+  phase step = phase::exemplars;
+  std::vector<variant_id> exemplar_ids; // the exemplars the prompt showed
+  generation_request request;           // kept for a retry
+  group_announce announce;              // kept for a retry; cleared once accepted
+  std::vector<member> members;
+  std::size_t open = 0;                 // members not done
+};
+
+struct rollout_state {
+  // Not an aggregate: CAF constructs a state from the actor pointer when it can, and C++20
+  // would let an aggregate try that through its first member.
+  rollout_state() = default;
+
+  rollout_deps deps;
+  rollout_actor_options opt;
+  std::optional<env::task_sampler> sampler;
+  std::uint64_t seed = 0;                      // this actor's stream, from opt.seed and opt.index
+  std::map<std::uint64_t, group_work> groups;  // by group id
+  rollout_stats stats;
+  std::string kind;    // hardware kind candidates are evaluated on
+  std::string device;  // its device model, as prompts and format-error verdicts name it
+  bool resolved = false, resolving = false;
+  bool stopping = false, advance_pending = false;
+  std::uint64_t next_group = 0, next_variant = 0;
+  std::vector<caf::typed_response_promise<rollout_stats>> stop_waiting;
+  static inline const char* name = "crucible.rollout";
+};
+
+using rollout_pointer = rollout_impl_actor::stateful_pointer<rollout_state>;
+
+rollout_impl_actor me(rollout_pointer self) {
+  return caf::actor_cast<rollout_impl_actor>(self);
+}
+
+caf::timespan retry_delay(rollout_pointer self) {
+  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(self->state.opt.retry_s));
+}
+
+group_work* find(rollout_pointer self, group_id id) {
+  auto it = self->state.groups.find(id.value);
+  return it == self->state.groups.end() ? nullptr : &it->second;
+}
+
+rollout_stats snapshot(rollout_pointer self) {
+  auto out = self->state.stats;
+  out.in_flight = self->state.groups.size();
+  return out;
+}
+
+bool is_busy(const caf::error& e) {
+  return to_error(e).code == errc::busy;
+}
+
+void fill(rollout_pointer self);
+
+// Answers the stops waiting once nothing is in flight, and quits.
+void check_stopped(rollout_pointer self) {
+  auto& st = self->state;
+  if (!st.stopping || !st.groups.empty())
+    return;
+  auto out = snapshot(self);
+  for (auto& rp : st.stop_waiting)
+    rp.deliver(out);
+  st.stop_waiting.clear();
+  self->quit();
+}
+
+void schedule_advance(rollout_pointer self) {
+  auto& st = self->state;
+  if (st.advance_pending || !st.stats.running || st.stopping)
+    return;
+  st.advance_pending = true;
+  self->delayed_send(me(self), retry_delay(self), advance_atom_v);
+}
+
+void finish(rollout_pointer self, group_id id) {
+  auto& st = self->state;
+  if (st.groups.erase(id.value) == 0)
+    return;
+  ++st.stats.groups_finished;
+  check_stopped(self);
+  fill(self);
+}
+
+// Gives up on a group before its evaluation; the next task follows after retry_s, so a failing
+// collaborator is not hammered.
+void abandon(rollout_pointer self, group_id id) {
+  auto& st = self->state;
+  if (st.groups.erase(id.value) == 0)
+    return;
+  ++st.stats.groups_abandoned;
+  check_stopped(self);
+  schedule_advance(self);
+}
+
+void retry_later(rollout_pointer self, group_id id, std::uint32_t slot) {
+  ++self->state.stats.retries;
+  self->delayed_send(me(self), retry_delay(self), retry_atom_v, id.value, slot);
+}
+
+// Sends member `slot`'s scored variant to the exemplar actor; the group finishes with its last.
+void report(rollout_pointer self, group_id id, std::size_t slot, const verdict& v) {
+  auto& st = self->state;
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done)
+    return;
+  auto& m = g->members[slot];
+  st.sampler->observe(g->task.value, v);
+  scored_variant x{m.variant, id, g->task, m.code, v, st.kind, m.version, g->exemplar_ids};
+  self->send(st.deps.exemplars, std::move(x));
+  m.done = true;
+  if (--g->open == 0)
+    finish(self, id);
+}
+
+// A member the evaluators failed on: not reported (no verdict exists), the group goes on.
+void lose(rollout_pointer self, group_id id, std::size_t slot) {
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done)
+    return;
+  g->members[slot].done = true;
+  ++self->state.stats.eval_errors;
+  if (--g->open == 0)
+    finish(self, id);
+}
+
+void send_candidate(rollout_pointer self, group_id id, std::uint32_t slot) {
+  auto& st = self->state;
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done)
+    return;
+  const auto& m = g->members[slot];
+  candidate c{m.variant, g->task, m.code, st.kind, false};
+  self->request(st.deps.evaluators, caf::infinite, std::move(c))
+    .then(
+      [=](const verdict& v) {
+        ++self->state.stats.evaluated;
+        report(self, id, slot, v);
+      },
+      [=](const caf::error& e) {
+        if (is_busy(e) && find(self, id) != nullptr)
+          retry_later(self, id, slot);
+        else
+          lose(self, id, slot);
+      });
+}
+
+void on_announced(rollout_pointer self, group_id id) {
+  auto* g = find(self, id);
+  if (g == nullptr)
+    return;
+  g->step = phase::evaluating;
+  g->announce = group_announce{}; // the exemplar actor holds the completions now
+  const auto n = g->members.size();
+  // Candidates first: a report of the last format error may finish the group.
+  for (std::uint32_t slot = 0; slot < n; ++slot)
+    if (!g->members[slot].format_error)
+      send_candidate(self, id, slot);
+  for (std::uint32_t slot = 0; slot < n; ++slot) {
+    g = find(self, id);
+    if (g == nullptr)
+      break;
+    if (g->members[slot].format_error) {
+      ++self->state.stats.format_errors;
+      auto v = g->members[slot].format_verdict;
+      report(self, id, slot, v);
+    }
+  }
+}
+
+void send_announce(rollout_pointer self, group_id id) {
+  auto* g = find(self, id);
+  if (g == nullptr)
+    return;
+  self->request(self->state.deps.exemplars, caf::infinite, g->announce)
+    .then([=]() { on_announced(self, id); },
+          [=](const caf::error& e) {
+            if (is_busy(e))
+              retry_later(self, id, no_slot);
+            else
+              abandon(self, id);
+          });
+}
+
+void on_generated(rollout_pointer self, group_id id, generation_result& r) {
+  auto& st = self->state;
+  auto* g = find(self, id);
+  if (g == nullptr)
+    return;
+  st.stats.completions += r.completions.size();
+  if (r.completions.empty()) {
+    abandon(self, id);
+    return;
+  }
+  g->announce.group = id;
+  g->announce.task = g->task;
+  g->announce.prompt_token_ids = std::move(r.prompt_token_ids);
+  for (const auto& c : r.completions) {
+    member m;
+    m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
+    m.version = c.policy_version;
+    auto parsed = env::parse_response(c.text, st.deps.parse);
+    if (parsed.ok) {
+      m.code = std::move(parsed.response.code);
+    } else {
+      m.format_error = true;
+      m.code = c.text;
+      m.format_verdict = env::format_error_verdict(parsed, st.deps.reward, st.device);
+    }
+    g->announce.variants.push_back(m.variant);
+    g->members.push_back(std::move(m));
+  }
+  g->announce.completions = std::move(r.completions);
+  g->open = g->members.size();
+  g->request = generation_request{};
+  g->step = phase::announcing;
+  send_announce(self, id);
+}
+
+void send_generation(rollout_pointer self, group_id id) {
+  auto* g = find(self, id);
+  if (g == nullptr)
+    return;
+  self->request(self->state.deps.engine, caf::infinite, g->request)
+    .then([=](generation_result& r) { on_generated(self, id, r); },
+          [=](const caf::error& e) {
+            if (is_busy(e))
+              retry_later(self, id, no_slot);
+            else
+              abandon(self, id);
+          });
+}
+
+void on_exemplars(rollout_pointer self, group_id id, const exemplar_set& set) {
+  auto& st = self->state;
+  auto* g = find(self, id);
+  if (g == nullptr)
+    return;
+  auto task = st.deps.tasks->find(g->task);
+  if (task == st.deps.tasks->end()) {
+    abandon(self, id);
+    return;
+  }
+  env::prompt_request pr;
+  pr.task_name = g->task.value;
+  pr.reference_code = task->second.source;
+  pr.hardware = st.device;
+  for (const auto& x : set.exemplars)
+    pr.exemplars.push_back({x.code, x.verdict.has_speedup() ? x.verdict.speedup : 1.0, st.device});
+  auto built = st.deps.prompts->build(pr);
+  if (!built.ok()) {
+    abandon(self, id);
+    return;
+  }
+  for (std::size_t i = 0; i < set.exemplars.size() && i < built->exemplars.size(); ++i)
+    if (built->exemplars[i].kept)
+      g->exemplar_ids.push_back(set.exemplars[i].variant);
+  auto& req = g->request;
+  req.group = id;
+  req.task = g->task;
+  req.prompt = std::move(built->text);
+  req.add_special_tokens = st.opt.add_special_tokens;
+  req.samples = st.opt.group_size;
+  req.params = st.opt.sampling;
+  req.params.seed = splitmix64(st.seed ^ id.value);
+  g->step = phase::generating;
+  send_generation(self, id);
+}
+
+void launch(rollout_pointer self) {
+  auto& st = self->state;
+  const auto& name = st.sampler->next();
+  group_work g;
+  g.id = group_id{(st.opt.index << id_shift) | ++st.next_group};
+  g.task = task_id{name};
+  auto id = g.id;
+  st.groups.emplace(id.value, std::move(g));
+  ++st.stats.groups_started;
+  self->request(st.deps.exemplars, caf::infinite, exemplar_request{task_id{name}, st.kind, 0})
+    .then([=](const exemplar_set& set) { on_exemplars(self, id, set); },
+          [=](const caf::error&) { abandon(self, id); });
+}
+
+// Picks the hardware kind and device model from the pool's devices; tries again after retry_s
+// while the pool has none of the wanted kind (its evaluators may still be starting).
+void resolve(rollout_pointer self) {
+  auto& st = self->state;
+  if (st.resolving)
+    return;
+  st.resolving = true;
+  self->request(st.deps.evaluators, caf::infinite, caf::get_atom_v)
+    .then(
+      [=](const std::vector<device_info>& devices) {
+        auto& st = self->state;
+        st.resolving = false;
+        const auto& want = st.opt.hardware;
+        auto it = std::find_if(devices.begin(), devices.end(), [&](const device_info& d) {
+          return want.empty() || d.hardware == want || d.name == want;
+        });
+        if (it == devices.end()) {
+          schedule_advance(self);
+          return;
+        }
+        st.kind = it->hardware;
+        st.device = it->name;
+        st.resolved = true;
+        fill(self);
+      },
+      [=](const caf::error&) {
+        self->state.resolving = false;
+        schedule_advance(self);
+      });
+}
+
+void fill(rollout_pointer self) {
+  auto& st = self->state;
+  if (!st.stats.running || st.stopping)
+    return;
+  if (!st.resolved) {
+    resolve(self);
+    return;
+  }
+  while (st.groups.size() < st.opt.max_groups_in_flight
+         && (st.opt.max_groups == 0 || st.stats.groups_started < st.opt.max_groups))
+    launch(self);
+}
+
+rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps deps, rollout_actor_options opt,
+                                          std::shared_ptr<env::task_sampler> sampler) {
+  auto& st = self->state;
+  st.deps = std::move(deps);
+  st.opt = std::move(opt);
+  st.sampler.emplace(std::move(*sampler));
+  st.seed = splitmix64(st.opt.seed ^ splitmix64(st.opt.index + 1));
+  for (const auto& peer : {caf::actor_cast<caf::actor>(st.deps.engine), caf::actor_cast<caf::actor>(st.deps.evaluators),
+                           caf::actor_cast<caf::actor>(st.deps.exemplars)})
+    self->monitor(peer);
+  self->set_down_handler([=](const caf::down_msg& down) {
+    auto& st = self->state;
+    st.stats.groups_abandoned += st.groups.size();
+    st.groups.clear();
+    st.stats.running = false;
+    auto out = snapshot(self);
+    for (auto& rp : st.stop_waiting)
+      rp.deliver(out);
+    st.stop_waiting.clear();
+    self->quit(down.reason ? down.reason : caf::error{make_error(errc::worker_lost, "a collaborator of the rollout actor stopped")});
+  });
+  return {
+    [=](start_atom) {
+      auto& st = self->state;
+      if (st.stopping)
+        return;
+      st.stats.running = true;
+      fill(self);
+    },
+    [=](stop_atom) -> caf::result<rollout_stats> {
+      auto& st = self->state;
+      st.stats.running = false;
+      st.stopping = true;
+      if (st.opt.on_stop == in_flight_policy::drop) {
+        st.stats.groups_abandoned += st.groups.size();
+        st.groups.clear();
+      }
+      if (st.groups.empty()) {
+        self->quit();
+        return snapshot(self);
+      }
+      auto rp = self->make_response_promise<rollout_stats>();
+      st.stop_waiting.push_back(rp);
+      return rp;
+    },
+    [=](caf::get_atom) -> rollout_stats { return snapshot(self); },
+    [=](advance_atom) {
+      self->state.advance_pending = false;
+      fill(self);
+    },
+    [=](retry_atom, std::uint64_t group, std::uint32_t slot) {
+      auto id = group_id{group};
+      auto* g = find(self, id);
+      if (g == nullptr)
+        return;
+      if (slot != no_slot) {
+        if (slot < g->members.size())
+          send_candidate(self, id, slot);
+      } else if (g->step == phase::generating) {
+        send_generation(self, id);
+      } else if (g->step == phase::announcing) {
+        send_announce(self, id);
+      }
+    },
+  };
+}
+
+} // namespace
+
+result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps deps, rollout_actor_options opt) {
+  if (auto ok = opt.validate(); !ok.ok())
+    return ok.error();
+  if (!deps.engine || !deps.evaluators || !deps.exemplars)
+    return fail(errc::invalid_arg, "rollout actor: the engine, evaluator pool and exemplar actor are all needed");
+  if (!deps.prompts)
+    return fail(errc::invalid_arg, "rollout actor: no prompt builder");
+  if (!deps.tasks || deps.tasks->empty())
+    return fail(errc::invalid_arg, "rollout actor: the task catalogue is empty");
+  std::vector<std::string> names;
+  for (const auto& [id, task] : *deps.tasks)
+    names.push_back(id.value);
+  auto sampler = env::task_sampler::create(std::move(names), opt.sampler, opt.sampler_mix,
+                                           splitmix64(opt.seed ^ splitmix64(opt.index + 1) ^ 0x5a4d));
+  if (!sampler.ok())
+    return sampler.error();
+  auto shared = std::make_shared<env::task_sampler>(std::move(*sampler));
+  rollout_actor h = sys.spawn(rollout, std::move(deps), std::move(opt), std::move(shared));
+  return h;
+}
+
+result<std::vector<rollout_actor>> spawn_rollout_actors(caf::actor_system& sys, const rollout_deps& deps,
+                                                        const config& cfg, bool add_special_tokens) {
+  std::vector<rollout_actor> out;
+  for (std::int64_t i = 0; i < cfg.rollout.actors; ++i) {
+    auto opt = rollout_actor_options::from(cfg, static_cast<std::uint64_t>(i));
+    opt.add_special_tokens = add_special_tokens;
+    auto r = spawn_rollout_actor(sys, deps, std::move(opt));
+    if (!r.ok()) {
+      for (const auto& a : out)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      return r.error();
+    }
+    out.push_back(std::move(*r));
+  }
+  return out;
+}
+
+} // namespace crucible

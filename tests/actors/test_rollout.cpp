@@ -1,0 +1,625 @@
+// tests/actors/test_rollout.cpp: rollout actors on CAF's deterministic scheduler with the real
+// engine actor (a scripted model on the CPU: tests/actors/scripted_policy.hpp), the real exemplar
+// actor and replay store, the real prompt builder (configs/prompts/contrastive.yaml) and response
+// parser, and the project's CPU tasks. Only the evaluator pool is a stand-in
+// (`table_evaluator_pool`, the evaluator_pool_actor interface answering from a fixed table of
+// verdicts), because the real evaluators run sandboxed processes on their own threads, which the
+// deterministic scheduler cannot drive; test_rollout_cpu.cpp runs the real pool.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <caf/scoped_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/engine.hpp"
+#include "actors/exemplar.hpp"
+#include "actors/rollout.hpp"
+#include "env/task.hpp"
+#include "tests/actors/deterministic.hpp"
+#include "tests/actors/scripted_policy.hpp"
+#include "tests/test_util/temp_dir.hpp"
+
+using namespace crucible;
+using namespace std::chrono_literals;
+using crucible::testing::deterministic;
+using crucible::testing::response_id;
+using crucible::testing::scripted_response;
+using crucible::testing::temp_dir;
+
+namespace {
+
+const std::string fast_code = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x  # fast\n";
+const std::string slow_code = "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x  # slow\n";
+
+const std::vector<std::string>& responses() {
+  static const std::vector<std::string> r{scripted_response(fast_code), scripted_response(slow_code),
+                                          "I would rather not write code today."};
+  return r;
+}
+const std::int32_t fast = response_id(0), slow = response_id(1), bad = response_id(2);
+
+std::map<std::int32_t, double> distribution(double p_fast, double p_slow, double p_bad) {
+  std::map<std::int32_t, double> out;
+  if (p_fast > 0)
+    out[fast] = 30 + std::log(p_fast);
+  if (p_slow > 0)
+    out[slow] = 30 + std::log(p_slow);
+  if (p_bad > 0)
+    out[bad] = 30 + std::log(p_bad);
+  return out;
+}
+
+// -- the evaluator pool stand-in ------------------------------------------------------------
+
+// What the table pool does with a candidate.
+struct table_control {
+  bool hold = false;              // keep candidates until release() (else answer at once)
+  std::size_t busy_at = 1u << 30; // refuse with errc::busy while holding this many
+  std::vector<candidate> received;
+  std::uint64_t refused = 0;
+};
+
+struct held_candidate {
+  candidate cand;
+  caf::typed_response_promise<verdict> rp;
+};
+
+// A stand-in with evaluator_pool_actor's interface, plus a test-only verb that answers the
+// held candidates (all, or those of one group's variants).
+using table_pool_actor = evaluator_pool_actor::extend<
+  // Answers every held candidate whose variant id is in [first, last].
+  caf::reacts_to<caf::put_atom, std::uint64_t, std::uint64_t>>;
+
+struct table_state {
+  std::vector<held_candidate> held;
+  static inline const char* name = "table_evaluator_pool";
+};
+
+// The table: the fast code is ok at 2x, the slow code incorrect, anything else a runtime error.
+verdict table_verdict(const candidate& c) {
+  verdict v;
+  v.hardware = "cpu: table";
+  if (c.code == fast_code) {
+    v.status = verdict_status::ok;
+    v.correct = true;
+    v.speedup = 2.0;
+    v.speedup_spread = 0.01;
+    v.reward = 2.0;
+  } else if (c.code == slow_code) {
+    v.status = verdict_status::incorrect;
+    v.reward = 0.0;
+    v.message = "outputs differ";
+  } else {
+    v.status = verdict_status::runtime_error;
+    v.reward = 0.0;
+  }
+  return v;
+}
+
+table_pool_actor::behavior_type table_evaluator_pool(table_pool_actor::stateful_pointer<table_state> self,
+                                                     std::shared_ptr<table_control> ctl) {
+  return {
+    [=](candidate& c) -> caf::result<verdict> {
+      if (self->state.held.size() >= ctl->busy_at) {
+        ++ctl->refused;
+        return make_error(errc::busy, "table pool full");
+      }
+      ctl->received.push_back(c);
+      if (!ctl->hold)
+        return table_verdict(c);
+      auto rp = self->make_response_promise<verdict>();
+      self->state.held.push_back({c, rp});
+      return rp;
+    },
+    [=](caf::get_atom) { return std::vector<device_info>{{0, "cpu: table", "cpu", 0}}; },
+    [=](caf::put_atom, std::uint64_t first, std::uint64_t last) {
+      auto& held = self->state.held;
+      for (auto it = held.begin(); it != held.end();) {
+        if (it->cand.variant.value >= first && it->cand.variant.value <= last) {
+          it->rp.deliver(table_verdict(it->cand));
+          it = held.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    },
+  };
+}
+
+// -- complete groups ------------------------------------------------------------------------
+
+using groups_seen = std::vector<rollout_group>;
+
+group_sink_actor::behavior_type sink(group_sink_actor::pointer, std::shared_ptr<groups_seen> got) {
+  return {[=](rollout_group& g) { got->push_back(std::move(g)); }};
+}
+
+// -- fixture --------------------------------------------------------------------------------
+
+struct fixture {
+  temp_dir dir;
+  std::shared_ptr<const policy::tokenizer> tok = crucible::testing::scripted_tokenizer(responses());
+  config cfg = [] {
+    config c;
+    c.reward.format_error = -0.5;
+    return c;
+  }();
+  actor_config acfg;
+  caf::actor_system sys{deterministic(acfg)};
+  caf::scoped_actor self{sys, true};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+  std::shared_ptr<groups_seen> groups = std::make_shared<groups_seen>();
+  std::shared_ptr<table_control> table = std::make_shared<table_control>();
+  std::vector<caf::actor> spawned;
+  std::shared_ptr<const task_catalog> tasks = load_tasks();
+  prompt_setup prompts = [this] {
+    auto p = make_prompt_setup(cfg, tok);
+    REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().to_string()));
+    return std::move(*p);
+  }();
+
+  engine_actor engine;
+  table_pool_actor pool;
+  exemplar_actor exemplars;
+
+  ~fixture() {
+    for (auto& a : spawned)
+      self->send_exit(a, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+
+  static std::shared_ptr<const task_catalog> load_tasks() {
+    auto out = std::make_shared<task_catalog>();
+    for (const char* name : {"01_relu_scale", "02_silu_bias_residual", "03_softmax_rows"}) {
+      auto t = env::load_task(std::filesystem::path{CRUCIBLE_SOURCE_DIR} / "env/tasks/cpu" / (std::string{name} + ".py"),
+                              std::string{"cpu/"} + name);
+      REQUIRE_MESSAGE(t.ok(), (t.ok() ? "" : t.error().message));
+      out->emplace(task_id{t->name}, *t);
+    }
+    return out;
+  }
+
+  template <class Handle>
+  void keep(const Handle& h) {
+    spawned.push_back(caf::actor_cast<caf::actor>(h));
+  }
+
+  // The engine (scripted distribution), the table pool and the exemplar actor.
+  void collaborators(const std::map<std::int32_t, double>& dist, engine_actor_options eopt = {},
+                     std::uint64_t max_open_groups = 256) {
+    auto model_dir = dir.path() / "model";
+    crucible::testing::write_scripted_model(model_dir, static_cast<std::int64_t>(tok->vocab_size()), dist);
+    auto e = policy::engine::load(model_dir, {});
+    REQUIRE(e.ok());
+    eopt.detached = false;
+    auto ea = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(*e)), tok, {}}, eopt);
+    REQUIRE(ea.ok());
+    engine = *ea;
+    keep(engine);
+    pool = sys.spawn(table_evaluator_pool, table);
+    keep(pool);
+    group_sink_actor learner = sys.spawn(sink, groups);
+    keep(learner);
+    auto xopt = exemplar_actor_options::from(cfg, dir.path() / "replay.db");
+    xopt.detached = false;
+    xopt.max_open_groups = max_open_groups;
+    auto xa = spawn_exemplar_actor(sys, xopt, {learner});
+    REQUIRE_MESSAGE(xa.ok(), (xa.ok() ? "" : xa.error().to_string()));
+    exemplars = *xa;
+    keep(exemplars);
+    sched.run();
+  }
+
+  rollout_actor_options options(std::uint32_t g, std::uint64_t in_flight, std::uint64_t max_groups = 0) {
+    auto o = rollout_actor_options::from(cfg, 0);
+    o.group_size = g;
+    o.max_groups_in_flight = in_flight;
+    o.max_groups = max_groups;
+    o.sampling.max_new_tokens = 1; // one token: one whole scripted response
+    o.add_special_tokens = prompts.add_special_tokens;
+    return o;
+  }
+
+  rollout_actor spawn(rollout_actor_options opt) {
+    rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+    auto r = spawn_rollout_actor(sys, deps, opt);
+    REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.error().to_string()));
+    keep(*r);
+    sched.run();
+    return *r;
+  }
+
+  void start(const rollout_actor& r) {
+    self->send(r, start_atom_v);
+    sched.run();
+  }
+
+  template <class Out, class Actor, class Msg>
+  std::optional<result<Out>> try_ask(const Actor& a, Msg msg) {
+    auto rh = self->request(a, caf::infinite, std::move(msg));
+    sched.run();
+    if (self->mailbox().empty())
+      return std::nullopt;
+    std::optional<result<Out>> out;
+    rh.receive([&](Out& x) { out.emplace(std::move(x)); }, [&](caf::error& e) { out.emplace(to_error(e)); });
+    return out;
+  }
+
+  template <class Out, class Actor, class Msg>
+  Out ask(const Actor& a, Msg msg) {
+    auto out = try_ask<Out>(a, std::move(msg));
+    REQUIRE_MESSAGE(out.has_value(), "no reply");
+    REQUIRE_MESSAGE(out->ok(), out->error().to_string());
+    return std::move(**out);
+  }
+
+  rollout_stats stats(const rollout_actor& r) { return ask<rollout_stats>(r, caf::get_atom_v); }
+  exemplar_stats xstats() { return ask<exemplar_stats>(exemplars, caf::get_atom_v); }
+  engine_status estats() { return ask<engine_status>(engine, caf::get_atom_v); }
+
+  // Answers the held candidates with variant ids in [first, last] (all by default).
+  void release(std::uint64_t first = 0, std::uint64_t last = UINT64_MAX) {
+    self->send(pool, caf::put_atom_v, first, last);
+    sched.run();
+  }
+
+  void advance(caf::timespan d) {
+    sched.advance_time(d);
+    sched.run();
+  }
+
+  std::string prompt_text(const rollout_group& g) const { return tok->decode(g.prompt_token_ids, false); }
+};
+
+} // namespace
+
+TEST_CASE_FIXTURE(fixture, "tasks become complete scored groups at the exemplar actor") {
+  collaborators(distribution(0.5, 0.25, 0.25));
+  auto r = spawn(options(4, 2, 6));
+  CHECK(stats(r).groups_started == 0); // nothing before start
+  start(r);
+  auto s = stats(r);
+  CHECK(s.groups_started == 6);
+  CHECK(s.groups_finished == 6);
+  CHECK(s.in_flight == 0);
+  CHECK(s.completions == 24);
+  CHECK(s.evaluated + s.format_errors == 24);
+  CHECK(s.retries == 0);
+  CHECK(s.eval_errors == 0);
+  // Format errors never reached the evaluators.
+  CHECK(table->received.size() == s.evaluated);
+  for (const auto& c : table->received) {
+    CHECK((c.code == fast_code || c.code == slow_code));
+    CHECK(c.hardware == "cpu");
+    CHECK(tasks->count(c.task) == 1);
+  }
+
+  REQUIRE(groups->size() == 6);
+  std::set<std::uint64_t> ids;
+  std::size_t format_errors = 0, with_exemplars = 0;
+  for (const auto& g : *groups) {
+    ids.insert(g.group.value);
+    CHECK(tasks->count(g.task) == 1);
+    REQUIRE(g.completions.size() == 4);
+    REQUIRE(g.verdicts.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      const auto& c = g.completions[i];
+      const auto& v = g.verdicts[i];
+      REQUIRE(c.token_ids.size() == 1);
+      CHECK(c.policy_version == policy_version{0});
+      CHECK(c.logprobs[0] == doctest::Approx(crucible::testing::scripted_log_prob(
+                                               static_cast<std::int64_t>(tok->vocab_size()), distribution(0.5, 0.25, 0.25),
+                                               c.token_ids[0]))
+                                 .epsilon(1e-4));
+      if (c.token_ids[0] == fast) {
+        CHECK(v.status == verdict_status::ok);
+        CHECK(v.speedup == 2.0);
+      } else if (c.token_ids[0] == slow) {
+        CHECK(v.status == verdict_status::incorrect);
+      } else {
+        REQUIRE(c.token_ids[0] == bad);
+        CHECK(v.status == verdict_status::format_error);
+        CHECK(v.reward == -0.5);
+        CHECK(v.checks_failed == std::vector<std::string>{"format:no_code_block"});
+        ++format_errors;
+      }
+    }
+    // The prompt: the contrastive template rendered with the ChatML template, for this task.
+    auto text = prompt_text(g);
+    CHECK(text.rfind("<|im_start|>system\n", 0) == 0);
+    CHECK(text.find("Task: " + g.task.value + ". Target hardware: cpu: table.") != std::string::npos);
+    if (text.find("### Implementation 1: speedup 2.00x") != std::string::npos)
+      ++with_exemplars;
+  }
+  CHECK(ids.size() == 6);
+  CHECK(format_errors == s.format_errors);
+  // Groups started after a fast variant of their task was recorded show it as an exemplar.
+  CHECK(with_exemplars >= 1);
+  auto x = xstats();
+  CHECK(x.recorded == 24);
+  CHECK(x.groups_completed == 6);
+  CHECK(x.open_groups == 0);
+  CHECK(x.unknown == 0);
+  CHECK(x.duplicates == 0);
+}
+
+TEST_CASE_FIXTURE(fixture, "at most max_groups_in_flight groups are under way, the next task is taken when one finishes") {
+  table->hold = true;
+  collaborators(distribution(0.5, 0.5, 0));
+  auto r = spawn(options(3, 2));
+  start(r);
+  auto s = stats(r);
+  CHECK(s.groups_started == 2);
+  CHECK(s.in_flight == 2);
+  CHECK(table->received.size() == 6);
+  CHECK(estats().requests == 2);
+  CHECK(xstats().open_groups == 2);
+  // Nothing more happens while the evaluators hold everything, however long.
+  advance(std::chrono::seconds(60));
+  CHECK(stats(r).groups_started == 2);
+  CHECK(table->received.size() == 6);
+
+  // The first group's verdicts (its variants are the actor's first three ids) free its slot:
+  // exactly one more task is taken.
+  release(1, 3);
+  s = stats(r);
+  CHECK(s.groups_finished == 1);
+  CHECK(s.groups_started == 3);
+  CHECK(s.in_flight == 2);
+  CHECK(groups->size() == 1);
+  CHECK(table->received.size() == 9);
+  for (int round = 0; round < 5; ++round) {
+    release();
+    s = stats(r);
+    CHECK(s.in_flight <= 2);
+    CHECK(xstats().open_groups <= 2);
+    CHECK(estats().queued == 0);
+  }
+  // Each round answers both groups in flight, and each finished group made room for a new one.
+  CHECK(s.groups_finished == 11);
+  CHECK(s.groups_started == 13);
+}
+
+TEST_CASE_FIXTURE(fixture, "requests refused as busy are sent again after retry_s, holding their slot") {
+  SUBCASE("the engine's queue") {
+    engine_actor_options eopt;
+    eopt.max_queued = 1;
+    collaborators(distribution(1, 0, 0), eopt);
+    auto r = spawn(options(2, 3, 3));
+    start(r);
+    // One request ran at once, one waited, the third was refused and waits for its retry.
+    auto s = stats(r);
+    CHECK(s.retries == 1);
+    CHECK(s.groups_finished == 2);
+    CHECK(s.in_flight == 1);
+    CHECK(estats().refused == 1);
+    advance(std::chrono::milliseconds(999));
+    CHECK(stats(r).groups_finished == 2);
+    advance(std::chrono::milliseconds(1));
+    s = stats(r);
+    CHECK(s.groups_finished == 3);
+    CHECK(s.in_flight == 0);
+    CHECK(groups->size() == 3);
+  }
+  SUBCASE("the evaluator pool") {
+    table->hold = true;
+    table->busy_at = 3;
+    collaborators(distribution(1, 0, 0));
+    auto r = spawn(options(2, 2, 2));
+    start(r);
+    CHECK(table->received.size() == 3);
+    CHECK(table->refused == 1);
+    CHECK(stats(r).retries == 1);
+    release();
+    CHECK(groups->size() == 1); // the first group; the second misses a verdict
+    advance(std::chrono::seconds(1));
+    CHECK(table->received.size() == 4);
+    release();
+    auto s = stats(r);
+    CHECK(s.groups_finished == 2);
+    CHECK(groups->size() == 2);
+    CHECK(s.eval_errors == 0);
+  }
+  SUBCASE("the exemplar actor's open groups") {
+    table->hold = true;
+    collaborators(distribution(1, 0, 0), {}, 1);
+    auto r = spawn(options(2, 2, 2));
+    start(r);
+    CHECK(xstats().groups_refused == 1);
+    CHECK(stats(r).retries == 1);
+    CHECK(table->received.size() == 2); // only the announced group is evaluated
+    release();
+    advance(std::chrono::seconds(1));
+    CHECK(table->received.size() == 4);
+    release();
+    CHECK(stats(r).groups_finished == 2);
+    CHECK(groups->size() == 2);
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "stop finishes the groups in flight, or drops them, and the actor quits") {
+  table->hold = true;
+  SUBCASE("finish") {
+    collaborators(distribution(1, 0, 0));
+    auto r = spawn(options(2, 2));
+    start(r);
+    auto rh = self->request(r, caf::infinite, stop_atom_v);
+    sched.run();
+    CHECK(self->mailbox().empty()); // waits for the groups in flight
+    release();
+    REQUIRE_FALSE(self->mailbox().empty());
+    std::optional<rollout_stats> out;
+    rh.receive([&](rollout_stats& s) { out = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    REQUIRE(out.has_value());
+    CHECK(out->groups_started == 2);
+    CHECK(out->groups_finished == 2);
+    CHECK(out->in_flight == 0);
+    CHECK_FALSE(out->running);
+    CHECK(groups->size() == 2);
+    CHECK(table->received.size() == 4); // no task taken after the stop
+    auto gone = try_ask<rollout_stats>(r, caf::get_atom_v);
+    REQUIRE(gone.has_value());
+    CHECK_FALSE(gone->ok());
+  }
+  SUBCASE("drop") {
+    collaborators(distribution(1, 0, 0));
+    auto o = options(2, 2);
+    o.on_stop = in_flight_policy::drop;
+    auto r = spawn(o);
+    start(r);
+    auto out = ask<rollout_stats>(r, stop_atom_v);
+    CHECK(out.groups_started == 2);
+    CHECK(out.groups_abandoned == 2);
+    CHECK(out.groups_finished == 0);
+    CHECK(out.in_flight == 0);
+    release(); // late verdicts go nowhere
+    CHECK(groups->empty());
+  }
+}
+
+TEST_CASE_FIXTURE(fixture, "a prompt that cannot fit the budget abandons its group and the next task follows after retry_s") {
+  cfg.prompt.max_tokens = 50; // smaller than any task's reference code
+  auto small = make_prompt_setup(cfg, tok);
+  REQUIRE(small.ok());
+  prompts = std::move(*small);
+  collaborators(distribution(1, 0, 0));
+  auto r = spawn(options(2, 1, 3));
+  start(r);
+  auto s = stats(r);
+  CHECK(s.groups_started == 1);
+  CHECK(s.groups_abandoned == 1);
+  CHECK(estats().requests == 0);
+  advance(std::chrono::seconds(1));
+  advance(std::chrono::seconds(1));
+  s = stats(r);
+  CHECK(s.groups_started == 3);
+  CHECK(s.groups_abandoned == 3);
+  advance(std::chrono::seconds(10));
+  CHECK(stats(r).groups_started == 3); // max_groups
+  CHECK(groups->empty());
+}
+
+TEST_CASE_FIXTURE(fixture, "the actor quits when a collaborator goes down, answering a stop that waits") {
+  table->hold = true;
+  collaborators(distribution(1, 0, 0));
+  auto r = spawn(options(2, 2));
+  start(r);
+  auto rh = self->request(r, caf::infinite, stop_atom_v);
+  sched.run();
+  CHECK(self->mailbox().empty());
+  self->send_exit(pool, caf::exit_reason::kill);
+  sched.run();
+  REQUIRE_FALSE(self->mailbox().empty());
+  std::optional<rollout_stats> out;
+  rh.receive([&](rollout_stats& s) { out = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+  REQUIRE(out.has_value());
+  CHECK(out->groups_abandoned == 2);
+  auto gone = try_ask<rollout_stats>(r, caf::get_atom_v);
+  REQUIRE(gone.has_value());
+  CHECK_FALSE(gone->ok());
+}
+
+TEST_CASE_FIXTURE(fixture, "the run's rollout actors share their collaborators and never share an id") {
+  collaborators(distribution(0.5, 0.5, 0));
+  cfg.rollout.actors = 3;
+  cfg.rollout.group_size = 2;
+  cfg.rollout.max_groups_in_flight = 1;
+  cfg.rollout.max_new_tokens = 1;
+  rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+  auto rs = spawn_rollout_actors(sys, deps, cfg, prompts.add_special_tokens);
+  REQUIRE_MESSAGE(rs.ok(), (rs.ok() ? "" : rs.error().to_string()));
+  REQUIRE(rs->size() == 3);
+  for (const auto& r : *rs) {
+    keep(r);
+    self->send(r, start_atom_v);
+  }
+  table->hold = true;
+  sched.run();
+  // One group each: the first request is sampled at once, the two that waited meanwhile share
+  // the next engine call.
+  CHECK(estats().batches == 2);
+  CHECK(estats().requests == 3);
+  CHECK(table->received.size() == 6);
+  std::set<std::uint64_t> variants;
+  for (const auto& c : table->received)
+    variants.insert(c.variant.value);
+  CHECK(variants.size() == 6);
+  for (std::uint64_t i = 0; i < 3; ++i) // index i's ids are i * 2^40 + 1, + 2, ...
+    CHECK(variants.count((i << 40) + 1) == 1);
+  release();
+  CHECK(groups->size() == 3);
+  std::set<std::uint64_t> ids;
+  for (const auto& g : *groups)
+    ids.insert(g.group.value);
+  CHECK(ids == std::set<std::uint64_t>{1, (1ull << 40) + 1, (2ull << 40) + 1});
+  cfg.rollout.group_size = 0;
+  CHECK_FALSE(spawn_rollout_actors(sys, deps, cfg, false).ok());
+}
+
+TEST_CASE_FIXTURE(fixture, "spawning refuses bad options and missing collaborators") {
+  collaborators(distribution(1, 0, 0));
+  rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+  auto o = options(0, 1);
+  auto r = spawn_rollout_actor(sys, deps, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("rollout.group_size") != std::string::npos);
+  o = options(2, 1);
+  o.retry_s = 0;
+  CHECK(spawn_rollout_actor(sys, deps, o).error().message.find("rollout.retry_s") != std::string::npos);
+  auto no_tasks = deps;
+  no_tasks.tasks = std::make_shared<const task_catalog>();
+  CHECK(spawn_rollout_actor(sys, no_tasks, options(2, 1)).error().code == errc::invalid_arg);
+  auto no_engine = deps;
+  no_engine.engine = engine_actor{};
+  CHECK(spawn_rollout_actor(sys, no_engine, options(2, 1)).error().code == errc::invalid_arg);
+}
+
+TEST_CASE("rollout options come from the rollout: section") {
+  auto cfg = parse_config("run: {seed: 9}\nrollout: {group_size: 8, temperature: 0.7, top_p: 0.9, top_k: 40, max_new_tokens: 512,"
+                          " stop: [\"</answer>\"], max_groups_in_flight: 3, sampler: improvement, sampler_mix: 0.25,"
+                          " hardware: h100, retry_s: 2.5, on_stop: drop}\n",
+                          "test.yaml");
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? "" : cfg.error().message));
+  auto o = rollout_actor_options::from(*cfg, 5);
+  CHECK(o.group_size == 8);
+  CHECK(o.sampling.temperature == 0.7);
+  CHECK(o.sampling.top_p == 0.9);
+  CHECK(o.sampling.top_k == 40);
+  CHECK(o.sampling.max_new_tokens == 512);
+  CHECK(o.sampling.stop == std::vector<std::string>{"</answer>"});
+  CHECK(o.max_groups_in_flight == 3);
+  CHECK(o.sampler == task_sampling::improvement);
+  CHECK(o.sampler_mix == 0.25);
+  CHECK(o.hardware == "h100");
+  CHECK(o.retry_s == 2.5);
+  CHECK(o.on_stop == in_flight_policy::drop);
+  CHECK(o.index == 5);
+  CHECK(o.seed == 9);
+  CHECK(o.validate().ok());
+  auto bad = parse_config("rollout: {top_p: 0, stop: [\"\"], sampler: greedy}\n", "test.yaml");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("rollout.top_p") != std::string::npos);
+  CHECK(bad.error().message.find("rollout.stop") != std::string::npos);
+  CHECK(bad.error().message.find("rollout.sampler") != std::string::npos);
+  auto e = parse_config("engine: {max_queued: 5, max_batch_prompts: 2, max_batch_samples: 16, max_prompt_tokens: 3000}\n",
+                        "test.yaml");
+  REQUIRE(e.ok());
+  auto eo = engine_actor_options::from(*e);
+  CHECK(eo.max_queued == 5);
+  CHECK(eo.max_batch_prompts == 2);
+  CHECK(eo.max_batch_samples == 16);
+  CHECK(eo.max_prompt_tokens == 3000);
+}
