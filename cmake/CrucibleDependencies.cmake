@@ -61,6 +61,8 @@ if(CRUCIBLE_HAVE_CUDA)
   if(NOT CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
   endif()
+  # One CUDA runtime per process: the shared one, which LibTorch also loads.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   enable_language(CUDA)
   message(STATUS "crucible: CUDA ${CUDAToolkit_VERSION}, NCCL ${NCCL_VERSION}")
 else()

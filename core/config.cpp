@@ -498,7 +498,8 @@ void describe(V& v, config& c) {
     v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`.", device_list());
     v.field("concurrency", e.concurrency, "Evaluations in flight per device; candidates compile while another is timed.",
             positive<std::int64_t>("a positive integer"));
-    v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised).",
+    v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised). Starting one takes a few "
+            "seconds, longer than a warm verdict, so with one a stream of verdicts waits for workers.",
             at_least(0, "a non-negative integer"));
     v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
             positive<std::int64_t>("a positive integer"));
