@@ -3,17 +3,24 @@
 // copied to the host, which must agree.
 #include <doctest/doctest.h>
 
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 #include <sstream>
-
-#include <torch/torch.h>
 
 #include "core/log.hpp"
 #include "env/compare.hpp"
 #include "env/device_bytes.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
+
+// No LibTorch here: a binary linked to libtorch.so resolved std::filesystem::remove_all to the
+// copy libtorch exports, which crashed (the evaluator removes its workers' scratch directories).
 
 namespace fs = std::filesystem;
 using namespace crucible;
@@ -30,43 +37,93 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// Device bytes backed by a CUDA tensor of this process.
-class tensor_bytes final : public device_bytes {
+// Device memory of this process holding a copy of host bytes.
+class uploaded final : public device_bytes {
 public:
-  explicit tensor_bytes(torch::Tensor t) : t_{t.contiguous()} {}
-  const void* data() const noexcept override { return t_.data_ptr(); }
-  std::uint64_t size() const noexcept override { return static_cast<std::uint64_t>(t_.nbytes()); }
-  int device() const noexcept override { return t_.device().index(); }
+  explicit uploaded(const std::vector<std::byte>& host) : size_{host.size()} {
+    REQUIRE(cudaMalloc(&data_, size_) == cudaSuccess);
+    REQUIRE(cudaMemcpy(data_, host.data(), size_, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  ~uploaded() override { cudaFree(data_); }
+  const void* data() const noexcept override { return data_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  int device() const noexcept override { return 0; }
 
 private:
-  torch::Tensor t_;
+  void* data_ = nullptr;
+  std::uint64_t size_;
 };
 
-tensor_blob host_blob(const torch::Tensor& t, dtype type) {
-  auto c = t.contiguous().cpu();
+std::uint16_t to_half(float f) {
+  // Round to nearest even through the float's bits (normal range; tests stay well inside it).
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const std::uint32_t sign = (x >> 16) & 0x8000u;
+  if (std::isnan(f))
+    return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (std::isinf(f))
+    return static_cast<std::uint16_t>(sign | 0x7c00u);
+  const int exp = static_cast<int>((x >> 23) & 0xffu) - 127 + 15;
+  if (exp <= 0)
+    return static_cast<std::uint16_t>(sign);
+  std::uint32_t mant = x & 0x7fffffu;
+  std::uint32_t h = sign | (static_cast<std::uint32_t>(exp) << 10) | (mant >> 13);
+  const std::uint32_t rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
+    ++h;
+  return static_cast<std::uint16_t>(h);
+}
+
+std::uint16_t to_bf16(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if (std::isnan(f))
+    return static_cast<std::uint16_t>((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<std::uint16_t>(x >> 16);
+}
+
+// The values as `type`, in native bytes.
+std::vector<std::byte> encode(const std::vector<float>& v, dtype type) {
+  std::vector<std::byte> out(v.size() * element_size(type));
+  for (size_t i = 0; i < v.size(); ++i) {
+    auto* p = out.data() + i * element_size(type);
+    switch (type) {
+      case dtype::f64: { double d = v[i]; std::memcpy(p, &d, 8); break; }
+      case dtype::f32: std::memcpy(p, &v[i], 4); break;
+      case dtype::f16: { auto h = to_half(v[i]); std::memcpy(p, &h, 2); break; }
+      case dtype::bf16: { auto b = to_bf16(v[i]); std::memcpy(p, &b, 2); break; }
+      case dtype::i32: { auto k = static_cast<std::int32_t>(v[i] * 100); std::memcpy(p, &k, 4); break; }
+      case dtype::boolean: { std::uint8_t b = v[i] > 0; std::memcpy(p, &b, 1); break; }
+      default: FAIL("type not used here");
+    }
+  }
+  return out;
+}
+
+tensor_blob host_blob(const std::vector<float>& v, dtype type) {
   tensor_blob b;
   b.type = type;
-  b.shape.assign(c.sizes().begin(), c.sizes().end());
-  auto p = static_cast<const std::byte*>(c.data_ptr());
-  b.bytes.assign(p, p + c.nbytes());
+  b.shape = {static_cast<std::int64_t>(v.size())};
+  b.bytes = encode(v, type);
   return b;
 }
 
-tensor_blob device_blob(const torch::Tensor& t, dtype type) {
+tensor_blob device_blob(const std::vector<float>& v, dtype type) {
   tensor_blob b;
   b.type = type;
-  b.shape.assign(t.sizes().begin(), t.sizes().end());
-  b.device = std::make_shared<tensor_bytes>(t);
+  b.shape = {static_cast<std::int64_t>(v.size())};
+  b.device = std::make_shared<uploaded>(encode(v, type));
   return b;
 }
 
-// Compares want/got on the host and on the device; both must say the same.
-void same_verdict(const torch::Tensor& want, const torch::Tensor& got, dtype type) {
+// Compares want/got on the host, on the device, and mixed; all must say the same.
+void same_verdict(const std::vector<float>& want, const std::vector<float>& got, dtype type) {
   tolerances tol;
   auto host = compare_outputs({host_blob(want, type)}, {host_blob(got, type)}, tol);
-  auto dev = compare_outputs({device_blob(want.cuda(), type)}, {device_blob(got.cuda(), type)}, tol);
-  auto mixed = compare_outputs({device_blob(want.cuda(), type)}, {host_blob(got, type)}, tol);
-  INFO("host: " << host.message << " | device: " << dev.message);
+  auto dev = compare_outputs({device_blob(want, type)}, {device_blob(got, type)}, tol);
+  auto mixed = compare_outputs({device_blob(want, type)}, {host_blob(got, type)}, tol);
+  INFO(to_string(type) << ": host: " << host.message << " | device: " << dev.message);
   CHECK(host.ok == dev.ok);
   CHECK(host.mismatches == dev.mismatches);
   CHECK(host.max_abs_diff == dev.max_abs_diff);
@@ -78,28 +135,36 @@ void same_verdict(const torch::Tensor& want, const torch::Tensor& got, dtype typ
 
 TEST_CASE("the device comparison kernel agrees with the host comparison, element for element") {
   REQUIRE(device_bytes_available());
-  torch::manual_seed(7);
-  const std::int64_t n = 1 << 20;
-  auto want = torch::randn({n}, torch::kFloat32);
-  SUBCASE("equal") { same_verdict(want, want.clone(), dtype::f32); }
-  SUBCASE("within tolerance") { same_verdict(want, want + 5e-5, dtype::f32); }
-  SUBCASE("mismatches, NaN and infinities") {
-    auto got = want.clone();
-    got.index_put_({torch::arange(1000, n, 7919)}, 3.0);
-    want.index_put_({17}, std::numeric_limits<float>::quiet_NaN());
-    got.index_put_({17}, std::numeric_limits<float>::quiet_NaN());
-    want.index_put_({23}, std::numeric_limits<float>::infinity());
-    got.index_put_({23}, -std::numeric_limits<float>::infinity());
-    got.index_put_({29}, std::numeric_limits<float>::quiet_NaN());
+  std::mt19937 rng{7};
+  std::normal_distribution<float> normal;
+  const size_t n = 1 << 20;
+  std::vector<float> want(n);
+  for (auto& x : want)
+    x = normal(rng);
+  SUBCASE("equal") { same_verdict(want, want, dtype::f32); }
+  SUBCASE("within tolerance") {
+    auto got = want;
+    for (auto& x : got)
+      x += 5e-5f;
     same_verdict(want, got, dtype::f32);
   }
+  SUBCASE("mismatches, NaN and infinities") {
+    auto got = want;
+    for (size_t i = 1000; i < n; i += 7919)
+      got[i] = 3.0f;
+    want[17] = got[17] = std::numeric_limits<float>::quiet_NaN();
+    want[23] = std::numeric_limits<float>::infinity();
+    got[23] = -std::numeric_limits<float>::infinity();
+    got[29] = std::numeric_limits<float>::quiet_NaN();
+    same_verdict(want, got, dtype::f32);
+    CHECK_FALSE(compare_outputs({device_blob(want, dtype::f32)}, {device_blob(got, dtype::f32)}, tolerances{}).ok);
+  }
   SUBCASE("float16, bfloat16, float64, int32, bool") {
-    auto noisy = want + 0.02 * torch::randn({n});
-    same_verdict(want.to(torch::kHalf), noisy.to(torch::kHalf), dtype::f16);
-    same_verdict(want.to(torch::kBFloat16), noisy.to(torch::kBFloat16), dtype::bf16);
-    same_verdict(want.to(torch::kDouble), noisy.to(torch::kDouble), dtype::f64);
-    same_verdict((want * 100).to(torch::kInt32), (noisy * 100).to(torch::kInt32), dtype::i32);
-    same_verdict(want > 0, noisy > 0, dtype::boolean);
+    auto noisy = want;
+    for (auto& x : noisy)
+      x += 0.02f * normal(rng);
+    for (auto type : {dtype::f16, dtype::bf16, dtype::f64, dtype::i32, dtype::boolean})
+      same_verdict(want, noisy, type);
   }
 }
 
@@ -111,8 +176,8 @@ TEST_CASE("a hostile device handle is refused with a message, and the process go
   auto short_handle = map_exported(0, "abcd", 0, 16, 4);
   REQUIRE_FALSE(short_handle.ok());
   // The device still works after the refusals.
-  auto t = torch::ones({4}, torch::kCUDA);
-  CHECK(t.sum().item<float>() == 4.0f);
+  std::vector<float> ones(4, 1.0f);
+  CHECK(compare_outputs({device_blob(ones, dtype::f32)}, {device_blob(ones, dtype::f32)}, tolerances{}).ok);
 }
 
 TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match those with host bytes") {
