@@ -208,10 +208,10 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
           continue;
         auto v = (*ev)->evaluate(eval_request{*t, slurp(e.path()), 0, false});
         auto name = e.path().filename().string();
-        INFO((on_device ? "device: " : "host: ") << stem << "/" << name << ": " << to_string(v.status) << " "
-                                                 << v.message);
-        MESSAGE((on_device ? "device: " : "host: ") << stem << "/" << name << ": " << to_string(v.status) << " "
-                                                    << v.speedup << "x wall " << v.wall_s << " s");
+        const std::string label = std::string{on_device ? "device: " : "host: "} + stem + "/" + name + ": "
+                                  + to_string(v.status);
+        INFO(label << " " << v.message);
+        MESSAGE(label << " " << v.speedup << "x wall " << v.wall_s << " s");
         if (name.rfind("wrong_", 0) == 0) {
           CHECK(v.status == verdict_status::incorrect);
           CHECK(v.message.find("elements outside") != std::string::npos);
