@@ -542,6 +542,10 @@ void describe(V& v, config& c) {
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
+    v.field("init_holds_device", e.init_holds_device,
+            "A starting worker initialises the device (CUDA context, the profiler's first use) only while no "
+            "other evaluation holds it, so that it never runs beside a timed round. False: workers initialise "
+            "at once, which keeps more of the device's time for timing when many evaluations are in flight.");
     v.field("outputs_on_device", e.outputs_on_device,
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "

@@ -90,6 +90,7 @@ struct evaluator_options {
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
   bool static_checks = true;
+  bool init_holds_device = true;               ///< a starting worker initialises the device only while it is free
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
 };
 

@@ -267,11 +267,22 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   YAML::Node n;
   if (auto ok = expect("started", n); !ok)
     return ok.error();
-  std::lock_guard device{device_mtx_};
-  if (auto sent = (*w)->send("{\"type\":\"init\"}"); !sent)
-    return sent.error();
-  if (auto ok = expect("ready", n); !ok)
-    return ok.error();
+  {
+    // Device initialisation (CUDA context, the profiler's first use) while holding the device,
+    // unless evaluator.init_holds_device is off.
+    std::unique_lock device{device_mtx_, std::defer_lock};
+    if (opt_.init_holds_device)
+      device.lock();
+    const auto t0 = clock_type::now();
+    if (auto sent = (*w)->send("{\"type\":\"init\"}"); !sent)
+      return sent.error();
+    if (auto ok = expect("ready", n); !ok)
+      return ok.error();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
+    init_ns_ += static_cast<std::uint64_t>(ns);
+    if (opt_.init_holds_device)
+      device_ns_ += static_cast<std::uint64_t>(ns);
+  }
   try {
     return ready_worker{std::move(*w), n["hardware"].as<std::string>()};
   } catch (const YAML::Exception& e) {

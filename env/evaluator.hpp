@@ -82,6 +82,9 @@ public:
   double timing_seconds() const noexcept { return static_cast<double>(timing_ns_.load()) * 1e-9; }
   /// Seconds the device was held (reference, trials, timing), all evaluations together.
   double device_seconds() const noexcept { return static_cast<double>(device_ns_.load()) * 1e-9; }
+  /// Seconds workers spent initialising the device (counted in device_seconds() too while
+  /// evaluator.init_holds_device holds it).
+  double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
 
 private:
   device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,
@@ -117,6 +120,7 @@ private:
   std::atomic<std::uint64_t> started_{0};
   std::atomic<std::uint64_t> timing_ns_{0};
   std::atomic<std::uint64_t> device_ns_{0};
+  std::atomic<std::uint64_t> init_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
   bool cuda_outputs_ = false;         // outputs stay on CUDA device cuda_index_ of this process
   int cuda_index_ = -1;

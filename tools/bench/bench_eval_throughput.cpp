@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
     std::atomic<int> ok{0};
     auto timing0 = (*ev)->timing_seconds();
     auto device0 = (*ev)->device_seconds();
+    auto init0 = (*ev)->init_seconds();
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     for (int c = 0; c < concurrency; ++c)
@@ -104,10 +105,12 @@ int main(int argc, char** argv) {
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double timing = (*ev)->timing_seconds() - timing0;
     double held = (*ev)->device_seconds() - device0;
+    double init = (*ev)->init_seconds() - init0;
     std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall, "
-                "device held %.1f%% of wall (concurrency %d)\n",
+                "device held %.1f%% of wall (worker device initialisation %.1f%% of wall, %s) (concurrency %d)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
-                100 * timing / wall, 100 * held / wall, concurrency);
+                100 * timing / wall, 100 * held / wall, 100 * init / wall,
+                opt.init_holds_device ? "holding the device" : "not holding it", concurrency);
     std::fflush(stdout);
   };
   run_pass("warm-up (builds extensions)");

@@ -99,7 +99,9 @@ int run_eval(const parsed_args& args) {
     cache = std::move(*opened);
   }
   auto opt = cfg.evaluator;
-  opt.warm_workers = *repeat > 1 ? 1 : 0; // a single evaluation needs no spare worker
+  // A single evaluation needs no spare worker; repeated ones keep the configured pool
+  // (evaluator.warm_workers, at least one) so that each finds a started worker.
+  opt.warm_workers = *repeat > 1 ? std::max<std::int64_t>(opt.warm_workers, 1) : 0;
   auto ev = env::device_evaluator::create(opt, cfg.reward, *where, *device, log, cache);
   if (!ev) {
     std::fprintf(stderr, "crucible eval: %s\n", ev.error().message.c_str());
