@@ -175,7 +175,21 @@ template <> struct sample<exemplar_stats> {
 };
 
 template <> struct sample<train_report> {
-  static train_report make() { return {policy_version{4}, 17, 8, 2, 0.125, -0.25}; }
+  static train_report make() {
+    return {policy_version{4}, 17, 8, 2, 0.125, -0.25, 3.5, 1e-5, 0.75, 4096, 64, true};
+  }
+};
+
+template <> struct sample<learner_batch> {
+  static learner_batch make() {
+    auto g2 = sample<rollout_group>::make();
+    g2.group = group_id{8};
+    return {{sample<rollout_group>::make(), g2}, 0.7};
+  }
+};
+
+template <> struct sample<sft_batch> {
+  static sft_batch make() { return {{{1, 2}, {3}}, {{4, 5, 6}, {7}}}; }
 };
 
 template <> struct sample<weights_published> {
