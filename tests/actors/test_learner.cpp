@@ -272,6 +272,33 @@ TEST_CASE_FIXTURE(fixture, "two learner actors take groups r, r+2, ... of a batc
   CHECK(l0->version() == 2);
 }
 
+TEST_CASE_FIXTURE(fixture, "groups dealt to the ranks in turn train on train_atom as one learner given all of them") {
+  auto single = make_learner(21);
+  const auto batch = make_batch(single->model(), 6, 4, 3);
+  auto expected = single->grpo_step(to_policy(batch));
+  REQUIRE(expected.ok());
+  auto l0 = make_learner(21), l1 = make_learner(22);
+  auto group = policy::inproc_group::create(2, 30s);
+  std::vector<learner_actor> ranks{spawn(l0, rank_spec(0, 2, group)), spawn(l1, rank_spec(1, 2, group))};
+  for (std::size_t i = 0; i < batch.groups.size(); ++i) // as the exemplar actor deals them
+    self->send(ranks[i % 2], batch.groups[i]);
+  auto got = step(ranks, train_atom_v);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    REQUIRE_MESSAGE(got[r].ok(), (got[r].ok() ? "" : got[r].error().to_string()));
+    CHECK(got[r]->policy_version == policy_version{1});
+    CHECK(got[r]->groups == 2);
+    CHECK(got[r]->dropped_stale == 0);
+    CHECK(got[r]->loss == doctest::Approx(expected->loss).epsilon(1e-5));
+  }
+  CHECK(max_param_diff(l0->model(), single->model()) <= 1e-6);
+  // Nothing queued any more: both shares are empty and refused, on every rank at once.
+  auto empty = step(ranks, train_atom_v);
+  CHECK_FALSE(empty[0].ok());
+  CHECK_FALSE(empty[1].ok());
+  CHECK(l0->version() == 1);
+}
+
 TEST_CASE_FIXTURE(fixture, "a learner actor whose peer never arrives fails with a timeout, then at once") {
   auto probe = make_learner(31);
   const auto batch = make_batch(probe->model(), 2, 2, 3);
