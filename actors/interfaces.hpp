@@ -1,9 +1,9 @@
 // actors/interfaces.hpp: the typed interface of every actor role (DESIGN §1), one comment per
 // handler. Messages and atoms come from actors/messages.hpp.
 //
-// In this build the coordinator, the evaluators, the exemplar actor, the engine and the rollout
-// actors have implementations (actors/coordinator.hpp, evaluator.hpp, exemplar.hpp, engine.hpp,
-// rollout.hpp). The other roles are interfaces only:
+// In this build the coordinator, the evaluators, the exemplar actor, the engine, the rollout
+// actors and the learners have implementations (actors/coordinator.hpp, evaluator.hpp,
+// exemplar.hpp, engine.hpp, rollout.hpp, learner.hpp). The other roles are interfaces only:
 // their actors arrive with the env/ and policy/ code they drive, and tests substitute fakes
 // that implement the same interface.
 #pragma once
@@ -141,13 +141,23 @@ using group_sink_actor = caf::typed_actor<
   // Takes one complete group.
   caf::reacts_to<rollout_group>>;
 
-/// GRPO on one GPU, gradients all-reduced over NCCL (DESIGN §1.4, §5). Runs detached.
+/// One data-parallel rank of GRPO/SFT training on one device, gradients all-reduced over its
+/// communicator (DESIGN §1.4, §5; actors/learner.hpp). Runs detached. Every rank of a group must
+/// get the same sequence of update requests (train, learner_batch, sft_batch, save).
 using learner_actor = caf::typed_actor<
-  // Queues a complete group for the next update (stale groups are counted and dropped).
+  // Queues a complete group for the next train_atom update (the exemplar actor deals groups to
+  // the ranks round robin).
   caf::reacts_to<rollout_group>,
-  // Runs one optimizer step over the queued groups, publishes the new weights, reports.
+  // One update over the queued groups (stale ones dropped and counted); rank 0 then publishes
+  // the new weights to the engines. Errors (a refused batch, a collective timeout) come back as
+  // errors with the learner's message.
   caf::replies_to<train_atom>::with<train_report>,
-  // Writes this learner's checkpoint shard into the directory; replies with its version.
+  // One update on this rank's share of a global batch (groups rank, rank + W, ...); as train.
+  caf::replies_to<learner_batch>::with<train_report>,
+  // One SFT update on this rank's share of the examples; as train.
+  caf::replies_to<sft_batch>::with<train_report>,
+  // Writes the learner's checkpoint into the directory (policy/checkpoint.hpp; collective);
+  // replies with its version.
   caf::replies_to<save_atom, std::string>::with<policy_version>>;
 
 /// Admits nodes that join with the run's token and tracks them (DESIGN §6).

@@ -433,14 +433,21 @@ typename Inspector::result_type inspect(Inspector& f, rollout_stats& x) {
            x.retries, x.in_flight, x.running);
 }
 
-/// Learner -> coordinator: what one optimizer step did.
+/// Learner -> coordinator: what one optimizer step did. In a data-parallel group every rank
+/// reports the same numbers except `groups` and `dropped_stale` (its own share).
 struct train_report {
   crucible::policy_version policy_version; ///< version published by this step
-  std::uint64_t step = 0;
-  std::uint64_t groups = 0;        ///< groups that entered the update
+  std::uint64_t step = 0;          ///< optimizer updates applied so far
+  std::uint64_t groups = 0;        ///< groups (SFT: examples) of this rank that entered the update
   std::uint64_t dropped_stale = 0; ///< groups older than max_staleness, discarded
   double loss = 0;
-  double mean_reward = 0;
+  double mean_reward = 0;          ///< over the global batch (GRPO)
+  double grad_norm = 0;            ///< global L2 norm before clipping
+  double lr = 0;                   ///< learning rate of the update
+  double seconds = 0;              ///< wall time of the update (publication not included)
+  std::uint64_t tokens = 0;        ///< completion tokens of the global batch
+  std::uint64_t sequences = 0;     ///< completions of the global batch
+  bool skipped = false;            ///< gradient not finite: no update, version unchanged
 
   friend bool operator==(const train_report&, const train_report&) = default;
 };
@@ -448,7 +455,37 @@ struct train_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, train_report& x) {
   return f(caf::meta::type_name("train_report"), x.policy_version, x.step, x.groups,
-           x.dropped_stale, detail::exact{x.loss}, detail::exact{x.mean_reward});
+           x.dropped_stale, detail::exact{x.loss}, detail::exact{x.mean_reward}, detail::exact{x.grad_norm},
+           detail::exact{x.lr}, detail::exact{x.seconds}, x.tokens, x.sequences, x.skipped);
+}
+
+/// Coordinator -> every learner rank: the complete GRPO groups of one global step. Every rank
+/// gets the same batch and trains on its share: rank r of W takes groups r, r + W, r + 2W, ...
+/// (the order in which the exemplar actor deals groups to learners round robin).
+struct learner_batch {
+  std::vector<rollout_group> groups;
+  double temperature = 1.0; ///< the sampling temperature the completions were drawn at
+
+  friend bool operator==(const learner_batch&, const learner_batch&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, learner_batch& x) {
+  return f(caf::meta::type_name("learner_batch"), x.groups, detail::exact{x.temperature});
+}
+
+/// Coordinator -> every learner rank: the supervised examples of one global SFT step, prompts[i]
+/// followed by completions[i] (the loss covers the completion). Shared out like learner_batch.
+struct sft_batch {
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<std::vector<std::int32_t>> completions; ///< same length as prompts
+
+  friend bool operator==(const sft_batch&, const sft_batch&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sft_batch& x) {
+  return f(caf::meta::type_name("sft_batch"), x.prompts, x.completions);
 }
 
 /// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
@@ -587,6 +624,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::weight_update))
   CAF_ADD_TYPE_ID(crucible, (crucible::engine_status))
   CAF_ADD_TYPE_ID(crucible, (crucible::rollout_stats))
+  CAF_ADD_TYPE_ID(crucible, (crucible::learner_batch))
+  CAF_ADD_TYPE_ID(crucible, (crucible::sft_batch))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

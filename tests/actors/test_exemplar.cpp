@@ -1,5 +1,5 @@
 // tests/actors/test_exemplar.cpp: the exemplar actor on CAF's deterministic scheduler, with a
-// real replay store in a temp directory and fake learners that implement learner_actor:
+// real replay store in a temp directory and group sinks that stand in for learners:
 // exemplars from recorded variants, reproducible selection, group assembly, the straggler
 // timeout (drop and fill) on the test clock, duplicates, backpressure, and restarts.
 #include <doctest/doctest.h>
@@ -39,16 +39,11 @@ using crucible::testing::deterministic;
 
 using groups_seen = std::vector<rollout_group>;
 
-// A learner that keeps the groups it receives; train reports how many it holds.
-learner_actor::behavior_type fake_learner(learner_actor::pointer, std::shared_ptr<groups_seen> got) {
+// A group sink (the part of learner_actor the exemplar actor uses) that keeps the groups it
+// receives.
+group_sink_actor::behavior_type fake_learner(group_sink_actor::pointer, std::shared_ptr<groups_seen> got) {
   return {
     [=](rollout_group& g) { got->push_back(std::move(g)); },
-    [=](train_atom) {
-      train_report r;
-      r.groups = got->size();
-      return r;
-    },
-    [=](save_atom, const std::string&) { return policy_version{}; },
   };
 }
 
@@ -129,7 +124,7 @@ struct fixture {
   caf::scoped_actor self{sys, true};
   caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<groups_seen> got = std::make_shared<groups_seen>();
-  learner_actor learner = sys.spawn(fake_learner, got);
+  group_sink_actor learner = sys.spawn(fake_learner, got);
   std::vector<exemplar_actor> spawned;
 
   ~fixture() {
@@ -375,7 +370,7 @@ TEST_CASE_FIXTURE(fixture, "a complete group reaches the learner with verdicts i
 
 TEST_CASE_FIXTURE(fixture, "complete groups go to the learners in turn") {
   auto got2 = std::make_shared<groups_seen>();
-  learner_actor second = sys.spawn(fake_learner, got2);
+  group_sink_actor second = sys.spawn(fake_learner, got2);
   auto a = spawn(options(), {learner, second});
   for (std::uint64_t g = 1; g <= 3; ++g) {
     REQUIRE(announce(a, announce_of(g, {10 * g})) == errc::none);

@@ -175,7 +175,21 @@ template <> struct sample<exemplar_stats> {
 };
 
 template <> struct sample<train_report> {
-  static train_report make() { return {policy_version{4}, 17, 8, 2, 0.125, -0.25}; }
+  static train_report make() {
+    return {policy_version{4}, 17, 8, 2, 0.125, -0.25, 3.5, 1e-5, 0.75, 4096, 64, true};
+  }
+};
+
+template <> struct sample<learner_batch> {
+  static learner_batch make() {
+    auto g2 = sample<rollout_group>::make();
+    g2.group = group_id{8};
+    return {{sample<rollout_group>::make(), g2}, 0.7};
+  }
+};
+
+template <> struct sample<sft_batch> {
+  static sft_batch make() { return {{{1, 2}, {3}}, {{4, 5, 6}, {7}}}; }
 };
 
 template <> struct sample<weights_published> {
@@ -312,7 +326,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 30, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 32, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

@@ -1,0 +1,285 @@
+// Learner actor: complete GRPO groups (or SFT examples) in, one data-parallel update per request,
+// step metrics out; rank 0 publishes each new version to the engines.
+#include "actors/learner.hpp"
+
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <system_error>
+#include <utility>
+
+#include "actors/actor_config.hpp"
+#include "policy/checkpoint.hpp"
+#include "policy/collective.hpp"
+#include "policy/learner.hpp"
+#include "policy/model.hpp"
+
+namespace crucible {
+
+namespace {
+
+// The learner's view of a complete group: prompt, completions with their behaviour log-probs,
+// verdict rewards, and the oldest version that sampled it. errc::invalid_arg naming the group
+// when verdicts and completions differ in number or a reward is not finite.
+result<policy::grpo_group> to_grpo_group(const rollout_group& g);
+
+} // namespace
+
+result<void> learner_actor_spec::validate() const {
+  if (backend != "inproc" && backend != "nccl")
+    return fail(errc::config, "learner_actor.backend: must be inproc or nccl, got '", backend, "'");
+  if (world_size < 1)
+    return fail(errc::config, "learner_actor.world_size: must be at least 1, got ", std::to_string(world_size));
+  if (rank < 0 || rank >= world_size)
+    return fail(errc::config, "learner_actor.rank: must be in [0, ", std::to_string(world_size), "), got ",
+                std::to_string(rank));
+  if (!(timeout_s > 0) || !(timeout_s <= 7 * 24 * 3600.0))
+    return fail(errc::config, "learner_actor.timeout_s: must be > 0 and at most 604800 (a week)");
+  if (!(temperature > 0) || !std::isfinite(temperature))
+    return fail(errc::config, "learner_actor.temperature: must be a positive number");
+  if (backend == "nccl") {
+    if (auto id = policy::nccl_id::from_hex(nccl_id_hex); !id.ok())
+      return fail(errc::config, "learner_actor.nccl_id_hex: ", id.error().message);
+    if (device < 0)
+      return fail(errc::config, "learner_actor.device: must be a CUDA device ordinal, got ", std::to_string(device));
+  } else if (world_size > 1) {
+    if (!group)
+      return fail(errc::config, "learner_actor.group: an inproc group of ", std::to_string(world_size),
+                  " ranks needs the shared group");
+    if (group->size() != world_size)
+      return fail(errc::config, "learner_actor.group: the group has ", std::to_string(group->size()),
+                  " ranks, world_size is ", std::to_string(world_size));
+  }
+  return {};
+}
+
+namespace {
+
+result<policy::grpo_group> to_grpo_group(const rollout_group& g) {
+  if (g.verdicts.size() != g.completions.size())
+    return fail(errc::invalid_arg, "group ", to_string(g.group), ": ", std::to_string(g.completions.size()),
+                " completions but ", std::to_string(g.verdicts.size()), " verdicts");
+  policy::grpo_group out;
+  out.prompt = g.prompt_token_ids;
+  out.policy_version = UINT64_MAX;
+  for (std::size_t i = 0; i < g.completions.size(); ++i) {
+    const auto& c = g.completions[i];
+    if (!std::isfinite(g.verdicts[i].reward))
+      return fail(errc::invalid_arg, "group ", to_string(g.group), ": completion ", std::to_string(i),
+                  " has a reward that is not finite");
+    out.samples.push_back({c.token_ids, c.logprobs, g.verdicts[i].reward});
+    out.policy_version = std::min(out.policy_version, c.policy_version.value);
+  }
+  if (g.completions.empty())
+    out.policy_version = 0;
+  return out;
+}
+
+struct learner_state {
+  learner_state() = default; // not an aggregate (see actors/engine.cpp's runner_state)
+
+  std::shared_ptr<policy::learner> learner;
+  std::vector<engine_actor> engines;
+  learner_actor_spec spec;
+  bool joined = false;
+  crucible::error join_error; // errc::none until joining fails; then every request gets it
+  std::vector<rollout_group> queued;
+  std::deque<std::filesystem::path> published;
+  static inline const char* name = "crucible.learner";
+};
+
+using learner_pointer = learner_actor::stateful_pointer<learner_state>;
+
+// Makes the communicator and joins the data-parallel group, once (collective).
+result<void> ensure_joined(learner_state& st) {
+  if (st.joined)
+    return {};
+  if (st.join_error.code != errc::none)
+    return st.join_error;
+  const auto& s = st.spec;
+  auto fail_join = [&](crucible::error e) -> result<void> {
+    e.message = "learner rank " + std::to_string(s.rank) + " of " + std::to_string(s.world_size) +
+                ": joining the data-parallel group: " + e.message;
+    st.join_error = e;
+    return e;
+  };
+  if (s.world_size > 1) {
+    auto make_comm = [&]() -> result<std::shared_ptr<policy::communicator>> {
+      if (s.backend != "nccl")
+        return s.group->join(s.rank);
+      auto id = policy::nccl_id::from_hex(s.nccl_id_hex);
+      if (!id.ok())
+        return id.error();
+      return policy::make_nccl_communicator(*id, s.rank, s.world_size, s.device,
+                                            std::chrono::milliseconds(static_cast<std::int64_t>(s.timeout_s * 1e3)));
+    };
+    auto comm = make_comm();
+    if (!comm.ok())
+      return fail_join(comm.error());
+    if (auto j = st.learner->join_data_parallel(*comm); !j.ok())
+      return fail_join(j.error());
+  }
+  st.joined = true;
+  return {};
+}
+
+// Rank 0: writes the new weights as an HF directory and sends them to every engine.
+result<void> publish(learner_pointer self, std::uint64_t version) {
+  auto& st = self->state;
+  if (st.spec.rank != 0 || st.spec.publish_dir.empty())
+    return {};
+  const auto dir = st.spec.publish_dir / ("v" + std::to_string(version));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec); // a partial directory of an earlier failed attempt
+  policy::save_options so;
+  so.dtype = st.learner->model().parameters().front().scalar_type(); // as trained: no rounding
+  if (auto ok = policy::save_model(st.learner->model(), dir, so); !ok.ok())
+    return fail(errc::io, "publishing version ", std::to_string(version), " to ", dir.string(), ": ",
+                ok.error().message);
+  st.published.push_back(dir);
+  while (st.spec.keep_published > 0 && st.published.size() > st.spec.keep_published) {
+    std::filesystem::remove_all(st.published.front(), ec);
+    st.published.pop_front();
+  }
+  for (const auto& engine : st.engines)
+    self->request(engine, caf::infinite, weight_update{dir.string(), policy_version{version}})
+      .then([](policy_version) {},
+            [self, version](const caf::error& err) {
+              aout(self) << "learner: engine refused weights of version " << version << ": "
+                         << to_error(err).message << "\n";
+            });
+  return {};
+}
+
+train_report report_of(const policy::step_metrics& m, const policy::learner& l, std::uint64_t groups,
+                       std::uint64_t dropped) {
+  train_report r;
+  r.policy_version = policy_version{m.version};
+  r.step = static_cast<std::uint64_t>(l.steps());
+  r.groups = groups;
+  r.dropped_stale = dropped;
+  r.loss = m.loss;
+  r.mean_reward = m.reward_mean;
+  r.grad_norm = m.grad_norm;
+  r.lr = m.lr;
+  r.seconds = m.seconds;
+  r.tokens = static_cast<std::uint64_t>(m.tokens);
+  r.sequences = static_cast<std::uint64_t>(m.sequences);
+  r.skipped = m.skipped;
+  return r;
+}
+
+// One GRPO update on this rank's groups. A group that cannot be converted still takes part: the
+// learner is handed an empty batch, which it refuses in a way that fails the other ranks at once.
+caf::result<train_report> grpo_update(learner_pointer self, const std::vector<const rollout_group*>& groups,
+                                      double temperature, std::uint64_t dropped) {
+  auto& st = self->state;
+  if (auto j = ensure_joined(st); !j.ok())
+    return make_error(j.error());
+  policy::grpo_batch batch;
+  batch.temperature = temperature;
+  crucible::error bad{errc::none, {}};
+  for (const auto* g : groups) {
+    auto converted = to_grpo_group(*g);
+    if (!converted.ok()) {
+      bad = converted.error();
+      break;
+    }
+    batch.groups.push_back(std::move(*converted));
+  }
+  if (bad.code != errc::none) {
+    batch.groups.clear();
+    (void)st.learner->grpo_step(batch);
+    return make_error(bad);
+  }
+  auto m = st.learner->grpo_step(batch);
+  if (!m.ok())
+    return make_error(m.error());
+  if (!m->skipped)
+    if (auto p = publish(self, m->version); !p.ok())
+      return make_error(p.error());
+  return report_of(*m, *st.learner, groups.size(), dropped);
+}
+
+learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps deps, learner_actor_spec spec) {
+  auto& init = self->state;
+  init.learner = std::move(deps.learner);
+  init.engines = std::move(deps.engines);
+  init.spec = std::move(spec);
+  return {
+    [=](rollout_group& g) { self->state.queued.push_back(std::move(g)); },
+    [=](train_atom) -> caf::result<train_report> {
+      auto& st = self->state;
+      auto queued = std::move(st.queued);
+      st.queued.clear();
+      const auto now = st.learner->version();
+      std::vector<const rollout_group*> fresh;
+      std::uint64_t dropped = 0;
+      for (const auto& g : queued) {
+        std::uint64_t oldest = now;
+        for (const auto& c : g.completions)
+          oldest = std::min(oldest, c.policy_version.value);
+        if (st.spec.max_staleness > 0 && now - oldest > st.spec.max_staleness)
+          ++dropped;
+        else
+          fresh.push_back(&g);
+      }
+      return grpo_update(self, fresh, st.spec.temperature, dropped);
+    },
+    [=](const learner_batch& b) -> caf::result<train_report> {
+      const auto& s = self->state.spec;
+      std::vector<const rollout_group*> mine;
+      for (std::size_t i = static_cast<std::size_t>(s.rank); i < b.groups.size();
+           i += static_cast<std::size_t>(s.world_size))
+        mine.push_back(&b.groups[i]);
+      return grpo_update(self, mine, b.temperature, 0);
+    },
+    [=](const sft_batch& b) -> caf::result<train_report> {
+      auto& st = self->state;
+      if (auto j = ensure_joined(st); !j.ok())
+        return make_error(j.error());
+      std::vector<policy::sft_example> mine;
+      const bool consistent = b.prompts.size() == b.completions.size();
+      if (consistent)
+        for (std::size_t i = static_cast<std::size_t>(st.spec.rank); i < b.prompts.size();
+             i += static_cast<std::size_t>(st.spec.world_size))
+          mine.push_back({b.prompts[i], b.completions[i]});
+      auto m = st.learner->sft_step(mine); // an empty share is refused on every rank
+      if (!consistent)
+        return make_error(errc::invalid_arg, "sft_batch: " + std::to_string(b.prompts.size()) + " prompts but " +
+                                               std::to_string(b.completions.size()) + " completions");
+      if (!m.ok())
+        return make_error(m.error());
+      if (!m->skipped)
+        if (auto p = publish(self, m->version); !p.ok())
+          return make_error(p.error());
+      return report_of(*m, *st.learner, mine.size(), 0);
+    },
+    [=](save_atom, const std::string& dir) -> caf::result<policy_version> {
+      auto& st = self->state;
+      if (auto j = ensure_joined(st); !j.ok())
+        return make_error(j.error());
+      if (auto ok = policy::save_checkpoint(*st.learner, dir); !ok.ok())
+        return make_error(ok.error());
+      return policy_version{st.learner->version()};
+    },
+  };
+}
+
+} // namespace
+
+result<learner_actor> spawn_learner_actor(caf::actor_system& sys, learner_actor_deps deps, learner_actor_spec spec) {
+  if (auto ok = spec.validate(); !ok.ok())
+    return ok.error();
+  if (!deps.learner)
+    return fail(errc::invalid_arg, "learner actor: no learner");
+  for (const auto& e : deps.engines)
+    if (!e)
+      return fail(errc::invalid_arg, "learner actor: an invalid engine handle");
+  learner_actor h = sys.spawn<caf::detached>(learner_fn, std::move(deps), std::move(spec));
+  return h;
+}
+
+} // namespace crucible
