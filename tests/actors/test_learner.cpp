@@ -299,6 +299,58 @@ TEST_CASE_FIXTURE(fixture, "groups dealt to the ranks in turn train on train_ato
   CHECK(l0->version() == 1);
 }
 
+TEST_CASE_FIXTURE(fixture, "train_atom drops groups older than max_staleness and trains on the rest alone") {
+  // Three updates with max_staleness 1. The third gets two groups sampled at version 0 (two
+  // versions old: dropped) and two at version 2 (fresh); it must equal an update on the fresh
+  // two alone.
+  auto b1 = make_batch(make_learner(31)->model(), 41, 2, 3);
+  auto b2 = make_batch(make_learner(31)->model(), 42, 2, 3);
+  auto b3 = make_batch(make_learner(31)->model(), 43, 4, 3);
+  auto stamp = [](learner_batch& b, std::size_t from, std::size_t to, std::uint64_t v) {
+    for (std::size_t i = from; i < to; ++i)
+      for (auto& c : b.groups[i].completions)
+        c.policy_version = policy_version{v};
+  };
+  stamp(b2, 0, 2, 1);
+  stamp(b3, 0, 2, 0);
+  stamp(b3, 2, 4, 2);
+  auto single = make_learner(31);
+  auto with_versions = [](const learner_batch& b, std::size_t from, std::size_t to) {
+    learner_batch part;
+    part.temperature = b.temperature;
+    part.groups.assign(b.groups.begin() + static_cast<std::ptrdiff_t>(from), b.groups.begin() + static_cast<std::ptrdiff_t>(to));
+    auto out = to_policy(part);
+    for (std::size_t i = 0; i < out.groups.size(); ++i)
+      out.groups[i].policy_version = part.groups[i].completions.front().policy_version.value;
+    return out;
+  };
+  REQUIRE(single->grpo_step(with_versions(b1, 0, 2)).ok());
+  REQUIRE(single->grpo_step(with_versions(b2, 0, 2)).ok());
+  auto expected = single->grpo_step(with_versions(b3, 2, 4));
+  REQUIRE(expected.ok());
+
+  auto l = make_learner(31);
+  auto spec = rank_spec(0, 1, policy::inproc_group::create(1, 30s));
+  spec.max_staleness = 1;
+  std::vector<learner_actor> rank{spawn(l, spec)};
+  std::uint64_t dropped_total = 0;
+  for (auto* b : {&b1, &b2, &b3}) {
+    for (const auto& g : b->groups)
+      self->send(rank[0], g);
+    auto got = step(rank, train_atom_v);
+    REQUIRE_MESSAGE(got[0].ok(), (got[0].ok() ? "" : got[0].error().to_string()));
+    dropped_total += got[0]->dropped_stale;
+    if (b == &b3) {
+      CHECK(got[0]->dropped_stale == 2);
+      CHECK(got[0]->groups == 2);
+      CHECK(got[0]->loss == doctest::Approx(expected->loss).epsilon(1e-5));
+    }
+  }
+  CHECK(dropped_total == 2);
+  CHECK(l->version() == 3);
+  CHECK(max_param_diff(l->model(), single->model()) <= 1e-6);
+}
+
 TEST_CASE_FIXTURE(fixture, "a learner actor whose peer never arrives fails with a timeout, then at once") {
   auto probe = make_learner(31);
   const auto batch = make_batch(probe->model(), 2, 2, 3);
