@@ -1,0 +1,540 @@
+// storage/report.cpp: metrics.jsonl records -> report data -> charts -> SVG in report.html and
+// PNG copies. Each chart is drawn only when its records exist.
+#include "storage/report.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <optional>
+
+#include "core/json_parse.hpp"
+#include "storage/atomic_file.hpp"
+#include "storage/metrics_log.hpp"
+
+namespace crucible::storage {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// -- records ----------------------------------------------------------------------------------
+
+// Reads typed fields of one record; the first wrong type or missing required key is kept as
+// the error and later reads return defaults.
+class field_reader {
+public:
+  field_reader(const json_value& rec, std::string where) : rec_(rec), where_(std::move(where)) {}
+
+  /// The integer at `key`; nullopt when absent (an error when `required`).
+  std::optional<std::int64_t> integer(std::string_view key, bool required) {
+    auto* v = get(key, required);
+    if (v == nullptr)
+      return std::nullopt;
+    if (!v->is_int() || v->as_int() < 0)
+      return wrong(key, "a non-negative integer", *v), std::nullopt;
+    return v->as_int();
+  }
+
+  /// The number at `key`; nullopt when absent or null (absent is an error when `required`).
+  std::optional<double> number(std::string_view key, bool required) {
+    auto* v = get(key, required);
+    if (v == nullptr || v->is_null())
+      return std::nullopt;
+    if (!v->is_number())
+      return wrong(key, "a number or null", *v), std::nullopt;
+    return v->as_double();
+  }
+
+  /// The string at `key`; nullopt when absent (an error when `required`).
+  std::optional<std::string> string(std::string_view key, bool required) {
+    auto* v = get(key, required);
+    if (v == nullptr)
+      return std::nullopt;
+    if (!v->is_string())
+      return wrong(key, "a string", *v), std::nullopt;
+    return v->as_string();
+  }
+
+  bool failed() const noexcept { return err_.code != errc::none; }
+  const crucible::error& error() const noexcept { return err_; }
+
+private:
+  const json_value* get(std::string_view key, bool required) {
+    if (failed())
+      return nullptr;
+    auto* v = rec_.find(key);
+    if (v == nullptr && required)
+      err_ = fail(errc::corrupt, where_, ": key '", key, "': missing");
+    return v;
+  }
+
+  void wrong(std::string_view key, std::string_view expected, const json_value& got) {
+    err_ = fail(errc::corrupt, where_, ": key '", key, "': expected ", expected, ", got ",
+                json_value::kind_name(got.type()));
+  }
+
+  const json_value& rec_;
+  std::string where_;
+  crucible::error err_;
+};
+
+void keep_max(std::map<std::string, double>& m, const std::string& key, double v) {
+  auto [it, inserted] = m.emplace(key, v);
+  if (!inserted)
+    it->second = std::max(it->second, v);
+}
+
+// -- geometry shared by the SVG and the raster ------------------------------------------------
+
+constexpr int width = 640, height = 320;
+constexpr int left = 64, right = 16, top = 32, bottom = 48;
+constexpr int plot_w = width - left - right, plot_h = height - top - bottom;
+
+struct axis {
+  double lo = 0, hi = 1;
+  std::vector<double> ticks;
+};
+
+double nice_step(double span) {
+  double raw = span / 4;
+  double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double f = raw / mag;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+}
+
+// A range covering [lo, hi] that starts and ends on ticks.
+axis make_axis(double lo, double hi) {
+  if (!(hi > lo)) {
+    double pad = lo == 0 ? 1 : std::abs(lo) * 0.1;
+    lo -= pad;
+    hi += pad;
+  }
+  double step = nice_step(hi - lo);
+  axis a;
+  a.lo = std::floor(lo / step) * step;
+  a.hi = std::ceil(hi / step) * step;
+  for (int i = 0;; ++i) {
+    double t = a.lo + i * step;
+    if (t > a.hi + step * 1e-9)
+      break;
+    a.ticks.push_back(t);
+  }
+  return a;
+}
+
+std::string format_number(double v) {
+  if (std::abs(v) < 1e-12)
+    v = 0;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+struct frame {
+  axis x, y;
+  bool bars = false;
+  std::size_t n_bars = 0;
+
+  double px(double v) const { return left + (v - x.lo) / (x.hi - x.lo) * plot_w; }
+  double py(double v) const { return top + plot_h - (v - y.lo) / (y.hi - y.lo) * plot_h; }
+  // Left edge and width of bar i.
+  double bar_x(std::size_t i) const { return left + (static_cast<double>(i) + 0.15) * plot_w / static_cast<double>(n_bars); }
+  double bar_w() const { return 0.7 * plot_w / static_cast<double>(n_bars); }
+};
+
+frame frame_of(const chart& c) {
+  frame f;
+  if (!c.bars.empty()) {
+    f.bars = true;
+    f.n_bars = c.bars.size();
+    double lo = 0, hi = 0;
+    for (const auto& [name, v] : c.bars) {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    f.y = make_axis(lo, hi);
+    return f;
+  }
+  double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
+  for (const auto& s : c.lines)
+    for (const auto& p : s.points) {
+      xlo = std::min(xlo, p.x);
+      xhi = std::max(xhi, p.x);
+      ylo = std::min(ylo, p.y);
+      yhi = std::max(yhi, p.y);
+    }
+  f.x = make_axis(xlo, xhi);
+  f.y = make_axis(ylo, yhi);
+  return f;
+}
+
+constexpr std::array<rgb, 4> palette = {{{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}}};
+constexpr rgb ink{0, 0, 0}, grid{221, 221, 221};
+
+std::string hex(rgb c) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", c.r, c.g, c.b);
+  return buf;
+}
+
+std::string xml_escape(std::string_view s) {
+  std::string out;
+  for (char ch : s) {
+    switch (ch) {
+    case '&': out += "&amp;"; break;
+    case '<': out += "&lt;"; break;
+    case '>': out += "&gt;"; break;
+    case '"': out += "&quot;"; break;
+    default: out += ch;
+    }
+  }
+  return out;
+}
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+std::string json_text(const json_value& v) {
+  switch (v.type()) {
+  case json_value::kind::null: return "-";
+  case json_value::kind::boolean: return v.as_bool() ? "true" : "false";
+  case json_value::kind::integer: return std::to_string(v.as_int());
+  case json_value::kind::real: return format_number(v.as_double());
+  case json_value::kind::string: return v.as_string();
+  default: return json_value::kind_name(v.type());
+  }
+}
+
+} // namespace
+
+result<report_data> collect_report_data(const std::vector<std::string>& lines, const std::string& source) {
+  report_data d;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    auto where = source + ":" + std::to_string(i + 1);
+    auto rec = parse_json(lines[i], source);
+    if (!rec) {
+      // parse_json counts lines within the record ("SOURCE:1:COL: what"); name the file's line.
+      auto msg = rec.error().message;
+      auto own = source + ":1:";
+      if (msg.rfind(own, 0) == 0)
+        msg = where + ":" + msg.substr(own.size());
+      return crucible::error{rec.error().code, std::move(msg)};
+    }
+    if (!rec->is_object())
+      return fail(errc::corrupt, where, ": expected a JSON object, got ", json_value::kind_name(rec->type()));
+    const json_value* k = rec->find("event");
+    const char* key = "event";
+    if (k == nullptr) {
+      k = rec->find("kind");
+      key = "kind";
+    }
+    if (k == nullptr)
+      return fail(errc::corrupt, where, ": record has no 'event' or 'kind' key");
+    if (!k->is_string())
+      return fail(errc::corrupt, where, ": key '", key, "': expected a string, got ", json_value::kind_name(k->type()));
+    const std::string& kind = k->as_string();
+    ++d.kinds[kind];
+
+    field_reader f{*rec, where};
+    auto speedups = [&](double step) {
+      if (auto b = f.number("best_speedup", false))
+        d.best_speedup.push_back({step, *b});
+      if (auto m = f.number("mean_speedup", false))
+        d.mean_speedup.push_back({step, *m});
+    };
+    if (kind == "train_step") {
+      auto step = f.integer("step", true);
+      auto reward = f.number("mean_reward", true);
+      if (!f.failed() && reward)
+        d.reward.push_back({static_cast<double>(*step), *reward});
+      if (!f.failed())
+        speedups(static_cast<double>(*step));
+    } else if (kind.rfind("run_", 0) == 0) {
+      auto step = f.integer("step", true);
+      if (!f.failed())
+        speedups(static_cast<double>(*step));
+    } else if (kind == "verdict") {
+      auto task = f.string("task", true);
+      auto status = f.string("status", true);
+      auto speedup = f.number("speedup", false);
+      auto hardware = f.string("hardware", false);
+      if (!f.failed()) {
+        d.status_counts[*status] += 1;
+        if (speedup) {
+          keep_max(d.best_per_task, *task, *speedup);
+          if (hardware)
+            keep_max(d.best_per_hardware, *hardware, *speedup);
+        }
+      }
+    }
+    if (f.failed())
+      return f.error();
+  }
+  return d;
+}
+
+std::vector<chart> report_charts(const report_data& d) {
+  std::vector<chart> out;
+  chart reward{"reward", "Mean reward over steps", "step", "mean reward", {}, {},
+               "No data yet: no train_step records with a mean_reward."};
+  if (!d.reward.empty())
+    reward.lines.push_back({"mean reward", d.reward});
+  out.push_back(std::move(reward));
+
+  chart speedup{"speedup", "Speedup over steps", "step", "speedup (x)", {}, {},
+                "No data yet: no record with a best_speedup or mean_speedup value."};
+  if (!d.best_speedup.empty())
+    speedup.lines.push_back({"best", d.best_speedup});
+  if (!d.mean_speedup.empty())
+    speedup.lines.push_back({"mean", d.mean_speedup});
+  out.push_back(std::move(speedup));
+
+  auto bars = [](const std::map<std::string, double>& m) {
+    return std::vector<std::pair<std::string, double>>(m.begin(), m.end());
+  };
+  out.push_back({"best_speedup_per_task", "Best speedup per task", "task", "speedup (x)", {},
+                 bars(d.best_per_task), "No data yet: no verdict records with a speedup."});
+  out.push_back({"status", "Verdict status breakdown", "status", "verdicts", {}, bars(d.status_counts),
+                 "No data yet: no verdict records."});
+  out.push_back({"hardware", "Best speedup per hardware", "hardware", "speedup (x)", {},
+                 bars(d.best_per_hardware), "No data yet: no verdict records with a hardware and a speedup."});
+  return out;
+}
+
+std::string render_svg(const chart& c) {
+  if (c.empty())
+    return "";
+  auto f = frame_of(c);
+  std::string s;
+  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"svg-" + c.id + "\" width=\"" +
+       std::to_string(width) + "\" height=\"" + std::to_string(height) + "\" viewBox=\"0 0 " +
+       std::to_string(width) + " " + std::to_string(height) + "\" role=\"img\" aria-label=\"" +
+       xml_escape(c.title) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+  s += "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+  s += "<text x=\"" + std::to_string(width / 2) + "\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">" +
+       xml_escape(c.title) + "</text>\n";
+  // Horizontal grid and y ticks.
+  for (double t : f.y.ticks) {
+    auto y = num(f.py(t));
+    s += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + y + "\" x2=\"" + std::to_string(left + plot_w) +
+         "\" y2=\"" + y + "\" stroke=\"" + hex(grid) + "\"/>\n";
+    s += "<text x=\"" + std::to_string(left - 6) + "\" y=\"" + y + "\" text-anchor=\"end\" dominant-baseline=\"middle\">" +
+         format_number(t) + "</text>\n";
+  }
+  if (f.bars) {
+    for (std::size_t i = 0; i < c.bars.size(); ++i) {
+      const auto& [name, v] = c.bars[i];
+      double y0 = f.py(0), y1 = f.py(v);
+      auto x = f.bar_x(i);
+      s += "<rect x=\"" + num(x) + "\" y=\"" + num(std::min(y0, y1)) + "\" width=\"" + num(f.bar_w()) +
+           "\" height=\"" + num(std::abs(y1 - y0)) + "\" fill=\"" + hex(palette[0]) + "\"><title>" +
+           xml_escape(name) + ": " + format_number(v) + "</title></rect>\n";
+      s += "<text x=\"" + num(x + f.bar_w() / 2) + "\" y=\"" + num(std::min(y0, y1) - 4) +
+           "\" text-anchor=\"middle\">" + format_number(v) + "</text>\n";
+      auto label = name.size() > 16 ? name.substr(0, 15) + "\u2026" : name;
+      s += "<text x=\"" + num(x + f.bar_w() / 2) + "\" y=\"" + std::to_string(top + plot_h + 16) +
+           "\" text-anchor=\"middle\">" + xml_escape(label) + "</text>\n";
+    }
+  } else {
+    for (double t : f.x.ticks) {
+      auto x = num(f.px(t));
+      s += "<line x1=\"" + x + "\" y1=\"" + std::to_string(top + plot_h) + "\" x2=\"" + x + "\" y2=\"" +
+           std::to_string(top + plot_h + 4) + "\" stroke=\"#000000\"/>\n";
+      s += "<text x=\"" + x + "\" y=\"" + std::to_string(top + plot_h + 16) + "\" text-anchor=\"middle\">" +
+           format_number(t) + "</text>\n";
+    }
+    for (std::size_t i = 0; i < c.lines.size(); ++i) {
+      const auto& series = c.lines[i];
+      auto colour = hex(palette[i % palette.size()]);
+      std::string pts;
+      for (const auto& p : series.points)
+        pts += (pts.empty() ? "" : " ") + num(f.px(p.x)) + "," + num(f.py(p.y));
+      s += "<polyline class=\"series\" data-name=\"" + xml_escape(series.name) + "\" fill=\"none\" stroke=\"" +
+           colour + "\" stroke-width=\"2\" points=\"" + pts + "\"/>\n";
+      for (const auto& p : series.points)
+        s += "<circle cx=\"" + num(f.px(p.x)) + "\" cy=\"" + num(f.py(p.y)) + "\" r=\"2.5\" fill=\"" + colour +
+             "\"/>\n";
+      // Legend, top right.
+      auto ly = std::to_string(top + 8 + 14 * static_cast<int>(i));
+      s += "<line x1=\"" + std::to_string(left + plot_w - 90) + "\" y1=\"" + ly + "\" x2=\"" +
+           std::to_string(left + plot_w - 74) + "\" y2=\"" + ly + "\" stroke=\"" + colour + "\" stroke-width=\"2\"/>\n";
+      s += "<text x=\"" + std::to_string(left + plot_w - 70) + "\" y=\"" + ly + "\" dominant-baseline=\"middle\">" +
+           xml_escape(series.name) + "</text>\n";
+    }
+  }
+  // Axes and their labels.
+  s += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + std::to_string(top) + "\" x2=\"" + std::to_string(left) +
+       "\" y2=\"" + std::to_string(top + plot_h) + "\" stroke=\"#000000\"/>\n";
+  s += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + std::to_string(top + plot_h) + "\" x2=\"" +
+       std::to_string(left + plot_w) + "\" y2=\"" + std::to_string(top + plot_h) + "\" stroke=\"#000000\"/>\n";
+  s += "<text x=\"" + std::to_string(left + plot_w / 2) + "\" y=\"" + std::to_string(height - 8) +
+       "\" text-anchor=\"middle\">" + xml_escape(c.x_label) + "</text>\n";
+  s += "<text transform=\"translate(14 " + std::to_string(top + plot_h / 2) +
+       ") rotate(-90)\" text-anchor=\"middle\">" + xml_escape(c.y_label) + "</text>\n";
+  s += "</svg>\n";
+  return s;
+}
+
+raster render_raster(const chart& c) {
+  raster img{width, height};
+  if (c.empty())
+    return img;
+  auto f = frame_of(c);
+  auto ix = [](double v) { return static_cast<int>(std::lround(v)); };
+  for (double t : f.y.ticks) {
+    int y = ix(f.py(t));
+    img.line(left + 1, y, left + plot_w, y, grid);
+    auto label = format_number(t);
+    img.text(left - 6 - raster::text_width(label), y - 3, label, ink);
+  }
+  if (f.bars) {
+    for (std::size_t i = 0; i < c.bars.size(); ++i) {
+      double v = c.bars[i].second;
+      int x0 = ix(f.bar_x(i)), x1 = ix(f.bar_x(i) + f.bar_w()) - 1;
+      int y0 = ix(f.py(0)), y1 = ix(f.py(v));
+      img.fill_rect(x0, y0, x1, y1, palette[0]);
+      auto label = format_number(v);
+      img.text((x0 + x1) / 2 - raster::text_width(label) / 2, std::min(y0, y1) - 10, label, ink);
+      // Categories by number (1-based); the SVG carries their names.
+      auto n = std::to_string(i + 1);
+      img.text((x0 + x1) / 2 - raster::text_width(n) / 2, top + plot_h + 6, n, ink);
+    }
+  } else {
+    for (double t : f.x.ticks) {
+      int x = ix(f.px(t));
+      img.line(x, top + plot_h, x, top + plot_h + 3, ink);
+      auto label = format_number(t);
+      img.text(x - raster::text_width(label) / 2, top + plot_h + 6, label, ink);
+    }
+    for (std::size_t i = 0; i < c.lines.size(); ++i) {
+      const auto& pts = c.lines[i].points;
+      auto colour = palette[i % palette.size()];
+      for (std::size_t k = 0; k < pts.size(); ++k) {
+        int x = ix(f.px(pts[k].x)), y = ix(f.py(pts[k].y));
+        img.fill_rect(x - 1, y - 1, x + 1, y + 1, colour);
+        if (k > 0)
+          img.line(ix(f.px(pts[k - 1].x)), ix(f.py(pts[k - 1].y)), x, y, colour);
+      }
+    }
+  }
+  img.line(left, top, left, top + plot_h, ink);
+  img.line(left, top + plot_h, left + plot_w, top + plot_h, ink);
+  return img;
+}
+
+result<report_files> write_report(const fs::path& run, const fs::path& out) {
+  std::error_code ec;
+  if (!fs::is_directory(run, ec) || !fs::exists(run / "config.yaml", ec))
+    return fail(errc::not_found, run.string(), ": not a run directory (no config.yaml)");
+
+  std::vector<std::string> lines;
+  auto metrics = run / "metrics.jsonl";
+  if (fs::exists(metrics, ec)) {
+    auto read = read_metrics(metrics);
+    if (!read)
+      return read.error();
+    lines = std::move(*read);
+  }
+  auto data = collect_report_data(lines, metrics.string());
+  if (!data)
+    return data.error();
+
+  std::optional<json_value> status;
+  auto status_path = run / "status.json";
+  if (fs::exists(status_path, ec)) {
+    auto st = read_json_file(status_path);
+    if (!st)
+      return st.error();
+    if (!st->is_object())
+      return fail(errc::corrupt, status_path.string(), ": expected a JSON object");
+    status = std::move(*st);
+  }
+  std::vector<std::string> events;
+  auto events_path = run / "events.log";
+  if (fs::exists(events_path, ec)) {
+    auto text = read_file(events_path);
+    if (!text)
+      return text.error();
+    std::size_t begin = 0;
+    for (auto nl = text->find('\n'); nl != std::string::npos; nl = text->find('\n', begin)) {
+      events.emplace_back(*text, begin, nl - begin);
+      begin = nl + 1;
+    }
+    if (events.size() > 20)
+      events.erase(events.begin(), events.end() - 20);
+  }
+
+  fs::create_directories(out, ec);
+  if (ec)
+    return fail(errc::io, out.string(), ": cannot create directory: ", ec.message());
+
+  auto name = run.lexically_normal().filename().string();
+  if (name.empty())
+    name = run.lexically_normal().parent_path().filename().string();
+  std::string html;
+  html += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>crucible report: " +
+          xml_escape(name) + "</title>\n<style>\n"
+          "body{font-family:sans-serif;max-width:700px;margin:2em auto;color:#222}\n"
+          "table{border-collapse:collapse}td{padding:2px 12px 2px 0}\n"
+          ".no-data{color:#777;font-style:italic}pre{background:#f6f6f6;padding:8px;overflow-x:auto}\n"
+          "</style>\n</head>\n<body>\n<h1>Run " +
+          xml_escape(name) + "</h1>\n";
+  if (status) {
+    html += "<h2>Status</h2>\n<table id=\"status\">\n";
+    for (const auto& m : status->as_object())
+      html += "<tr><td>" + xml_escape(m.key) + "</td><td>" + xml_escape(json_text(m.value)) + "</td></tr>\n";
+    html += "</table>\n";
+  } else {
+    html += "<p class=\"no-data\">No status.json yet.</p>\n";
+  }
+  std::size_t total = 0;
+  std::string kinds;
+  for (const auto& [k, n] : data->kinds) {
+    total += n;
+    kinds += (kinds.empty() ? "" : ", ") + xml_escape(k) + " " + std::to_string(n);
+  }
+  html += "<p>" + std::to_string(total) + " metrics records" + (kinds.empty() ? "" : ": " + kinds) + ".</p>\n";
+
+  report_files files;
+  files.html = out / "report.html";
+  for (const auto& c : report_charts(*data)) {
+    html += "<section id=\"" + c.id + "\">\n<h2>" + xml_escape(c.title) + "</h2>\n";
+    if (c.empty()) {
+      html += "<p class=\"no-data\">" + xml_escape(c.no_data) + "</p>\n</section>\n";
+      continue;
+    }
+    html += render_svg(c);
+    if (!c.bars.empty()) {
+      // The PNG numbers its bars; say which number is which.
+      html += "<p>PNG bar numbers: ";
+      for (std::size_t i = 0; i < c.bars.size(); ++i)
+        html += (i ? ", " : "") + std::to_string(i + 1) + " " + xml_escape(c.bars[i].first);
+      html += ".</p>\n";
+    }
+    auto png = out / (c.id + ".png");
+    if (auto w = write_file_atomic(png, encode_png(render_raster(c))); !w)
+      return w.error();
+    files.pngs.push_back(png);
+    html += "<p><a href=\"" + c.id + ".png\">" + c.id + ".png</a></p>\n</section>\n";
+  }
+  html += "<h2>Recent events</h2>\n";
+  if (events.empty()) {
+    html += "<p class=\"no-data\">No events.log yet.</p>\n";
+  } else {
+    html += "<pre>";
+    for (const auto& e : events)
+      html += xml_escape(e) + "\n";
+    html += "</pre>\n";
+  }
+  html += "</body>\n</html>\n";
+  if (auto w = write_file_atomic(files.html, html); !w)
+    return w.error();
+  return files;
+}
+
+} // namespace crucible::storage

@@ -1,0 +1,82 @@
+// storage/report.hpp: `crucible report RUN`: a run's metrics.jsonl (and status.json, events.log)
+// in, a self-contained report.html with inline SVG plots and PNG copies of them out.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "storage/png.hpp"
+
+namespace crucible::storage {
+
+/// One (x, y) point of a line series.
+struct plot_point {
+  double x = 0;
+  double y = 0;
+};
+
+/// A named line of a line chart.
+struct plot_series {
+  std::string name;
+  std::vector<plot_point> points;
+};
+
+/// One plot of the report: either lines over steps or one bar per category. A chart without
+/// data is still listed, and the report shows its `no_data` line instead of a plot.
+struct chart {
+  std::string id;      ///< file stem of its PNG, e.g. "speedup"
+  std::string title;
+  std::string x_label;
+  std::string y_label;
+  std::vector<plot_series> lines;                     ///< a line chart when non-empty
+  std::vector<std::pair<std::string, double>> bars;   ///< a bar chart when non-empty
+  std::string no_data; ///< shown when there is nothing to plot
+
+  bool empty() const noexcept { return lines.empty() && bars.empty(); }
+};
+
+/// What the report draws, gathered from metrics records. Records are JSON objects told apart
+/// by their `event` key (or `kind` when there is no `event`); kinds the report does not know
+/// are counted and otherwise ignored. See docs/report.md for the fields each kind needs.
+struct report_data {
+  std::vector<plot_point> reward;        ///< train_step: (step, mean_reward)
+  std::vector<plot_point> best_speedup;  ///< run_* and train_step: (step, best_speedup)
+  std::vector<plot_point> mean_speedup;  ///< run_* and train_step: (step, mean_speedup)
+  std::map<std::string, double> best_per_task;      ///< verdict: task -> best speedup
+  std::map<std::string, double> status_counts;      ///< verdict: status -> count
+  std::map<std::string, double> best_per_hardware;  ///< verdict: hardware -> best speedup
+  std::map<std::string, std::size_t> kinds;         ///< records seen per kind, unknown ones included
+};
+
+/// Gathers report data from the lines of a metrics file (as read_metrics returns them).
+/// errc::corrupt "SOURCE:LINE: ..." for a line that is not a JSON object, has no string
+/// `event`/`kind`, or holds a field of the wrong type for its kind.
+result<report_data> collect_report_data(const std::vector<std::string>& lines, const std::string& source);
+
+/// The report's charts, in report order: reward over steps, speedup over steps, best speedup
+/// per task, verdict status breakdown, best speedup per hardware. Charts without data are empty.
+std::vector<chart> report_charts(const report_data& data);
+
+/// The chart as an inline SVG element (no XML prolog). An empty chart gives "".
+std::string render_svg(const chart& c);
+
+/// The chart drawn into a 640x320 raster: axes, ticks with numeric labels, lines or bars.
+/// Names (titles, categories, legends) are left to the SVG: the bitmap font holds digits only.
+raster render_raster(const chart& c);
+
+/// Paths written by write_report.
+struct report_files {
+  std::filesystem::path html;
+  std::vector<std::filesystem::path> pngs; ///< one per chart with data, in chart order
+};
+
+/// Reads the run directory `run` (it must hold config.yaml; metrics.jsonl may be absent when no
+/// record was written yet) and writes `out/report.html` and `out/ID.png` for every chart with
+/// data, creating `out`. Errors name the file at fault: errc::not_found for a directory that is
+/// not a run, errc::io for unreadable or unwritable files, errc::corrupt for bad records.
+result<report_files> write_report(const std::filesystem::path& run, const std::filesystem::path& out);
+
+} // namespace crucible::storage

@@ -1,0 +1,191 @@
+// tests/unit/storage/test_report.cpp: report data from synthetic metrics records, the charts
+// and their no-data lines, the raster plots' pixels, and errors naming file, line and key.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "storage/report.hpp"
+#include "storage_test_util.hpp"
+
+using namespace crucible;
+using namespace crucible::storage;
+using crucible::storage::test::temp_dir;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+}
+
+bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// A run directory holding `metrics` as its metrics.jsonl.
+fs::path make_run(const temp_dir& tmp, const std::string& metrics) {
+  auto run = tmp.path() / "r1";
+  fs::create_directories(run);
+  write(run / "config.yaml", "run:\n  name: r1\n");
+  write(run / "status.json", R"({"state":"finished","stage":"","step":3,"best_speedup":1.5})" "\n");
+  write(run / "events.log", "2026-01-01T00:00:00Z info [coordinator] run_started\n");
+  write(run / "metrics.jsonl", metrics);
+  return run;
+}
+
+const char* lifecycle_only =
+    R"({"event":"run_started","time":"t","state":"running","stage":"","step":0,"policy_version":0,"variants":0,"best_speedup":null,"mean_speedup":null,"dropped_stale":0})" "\n"
+    R"({"event":"run_finished","time":"t","state":"finished","stage":"","step":0,"policy_version":0,"variants":0,"best_speedup":null,"mean_speedup":null,"dropped_stale":0})" "\n";
+
+const char* full =
+    R"({"event":"run_started","step":0,"best_speedup":null,"mean_speedup":null})" "\n"
+    R"({"event":"train_step","step":1,"mean_reward":0.25,"loss":1.0})" "\n"
+    R"({"event":"train_step","step":2,"mean_reward":0.5,"best_speedup":1.2,"mean_speedup":0.9})" "\n"
+    R"({"kind":"verdict","task":"softmax","status":"correct","speedup":1.4,"hardware":"h100"})" "\n"
+    R"({"kind":"verdict","task":"softmax","status":"correct","speedup":2.0,"hardware":"h200"})" "\n"
+    R"({"kind":"verdict","task":"matmul","status":"wrong_result","speedup":null})" "\n"
+    R"({"kind":"verdict","task":"matmul","status":"compile_error"})" "\n"
+    R"({"event":"something_new","x":[1,2]})" "\n"
+    R"({"event":"run_finished","step":2,"best_speedup":2.0,"mean_speedup":1.1})" "\n";
+
+} // namespace
+
+TEST_CASE("report data gathers reward, speedups, tasks, statuses and hardware by record kind") {
+  std::vector<std::string> lines;
+  std::istringstream in(full);
+  for (std::string l; std::getline(in, l);)
+    lines.push_back(l);
+  auto d = collect_report_data(lines, "m.jsonl");
+  REQUIRE(d.ok());
+  REQUIRE(d->reward.size() == 2);
+  CHECK(d->reward[1].x == 2);
+  CHECK(d->reward[1].y == 0.5);
+  REQUIRE(d->best_speedup.size() == 2); // step 2 from train_step and from run_finished
+  CHECK(d->best_speedup[1].y == 2.0);
+  CHECK(d->mean_speedup.size() == 2);
+  CHECK(d->best_per_task.size() == 1);
+  CHECK(d->best_per_task.at("softmax") == 2.0);
+  CHECK(d->status_counts.at("correct") == 2);
+  CHECK(d->status_counts.at("wrong_result") == 1);
+  CHECK(d->status_counts.at("compile_error") == 1);
+  CHECK(d->best_per_hardware.at("h100") == 1.4);
+  CHECK(d->best_per_hardware.at("h200") == 2.0);
+  CHECK(d->kinds.at("something_new") == 1);
+  CHECK(d->kinds.at("verdict") == 4);
+}
+
+TEST_CASE("a run with lifecycle records only gets no-data lines for every plot") {
+  temp_dir tmp;
+  auto run = make_run(tmp, lifecycle_only);
+  auto files = write_report(run, run / "report");
+  REQUIRE(files.ok());
+  CHECK(files->html == run / "report" / "report.html");
+  CHECK(files->pngs.empty());
+  auto html = slurp(files->html);
+  CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
+  CHECK_FALSE(contains(html, "<svg"));
+  CHECK(contains(html, "No data yet: no train_step records with a mean_reward."));
+  CHECK(contains(html, "No data yet: no record with a best_speedup or mean_speedup value."));
+  CHECK(contains(html, "No data yet: no verdict records."));
+  CHECK(contains(html, "<td>state</td><td>finished</td>"));
+  CHECK(contains(html, "2 metrics records: run_finished 1, run_started 1."));
+  CHECK(contains(html, "[coordinator] run_started"));
+}
+
+TEST_CASE("a run with every kind of record gets every plot inline and as a PNG") {
+  temp_dir tmp;
+  // The last line is torn (no newline): ignored, as read_metrics does.
+  auto run = make_run(tmp, std::string{full} + R"({"event":"train_step","step":3,"mean_rew)");
+  auto out = tmp.path() / "elsewhere";
+  auto files = write_report(run, out);
+  REQUIRE(files.ok());
+  CHECK(files->html == out / "report.html");
+  REQUIRE(files->pngs.size() == 5);
+  for (const char* id : {"reward", "speedup", "best_speedup_per_task", "status", "hardware"}) {
+    CAPTURE(id);
+    CHECK(fs::exists(out / (std::string{id} + ".png")));
+    CHECK(slurp(out / (std::string{id} + ".png")).rfind("\x89PNG", 0) == 0);
+  }
+  auto html = slurp(files->html);
+  CHECK_FALSE(contains(html, "No data yet"));
+  CHECK(contains(html, "id=\"svg-reward\""));
+  CHECK(contains(html, "id=\"svg-speedup\""));
+  CHECK(contains(html, "data-name=\"best\""));
+  CHECK(contains(html, "data-name=\"mean\""));
+  CHECK(contains(html, "<title>softmax: 2</title>"));
+  CHECK(contains(html, "<title>compile_error: 1</title>"));
+  CHECK(contains(html, "<title>h200: 2</title>"));
+  CHECK_FALSE(contains(html, "matmul:")); // no speedup for matmul: no bar
+  CHECK(contains(html, "9 metrics records"));
+  CHECK_FALSE(contains(html, "src=")); // self-contained: nothing fetched
+}
+
+TEST_CASE("raster plots put the series and the bars at their scaled positions") {
+  const rgb white{255, 255, 255}, blue{31, 119, 180};
+  // x and y both span [0, 10]: x 0..10 maps to pixels 64..624, y 0..10 to 272..32.
+  chart line{"l", "t", "x", "y", {{"s", {{0, 0}, {5, 5}, {10, 10}}}}, {}, ""};
+  auto img = render_raster(line);
+  CHECK(img.width() == 640);
+  CHECK(img.height() == 320);
+  CHECK(img.at(344, 152) == blue); // the marker of (5, 5)
+  CHECK(img.at(623, 33) == blue);  // the marker of (10, 10)
+  CHECK(img.at(344, 100) == white);
+  CHECK(img.at(64, 200) == rgb{0, 0, 0}); // the y axis
+  // Bars 2 and 4 on a 0..4 axis: bar 0 spans x 106..301 up to y 152, bar 1 x 386..581 up to 32.
+  chart bars{"b", "t", "x", "y", {}, {{"a", 2.0}, {"b", 4.0}}, ""};
+  img = render_raster(bars);
+  CHECK(img.at(200, 160) == blue);
+  CHECK(img.at(200, 140) == white);
+  CHECK(img.at(480, 40) == blue);
+  CHECK(img.at(340, 200) == white); // between the bars
+}
+
+TEST_CASE("bad runs and bad records are refused naming the file, the line and the key") {
+  temp_dir tmp;
+  auto missing = write_report(tmp.path() / "nope", tmp.path() / "out");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().code == errc::not_found);
+  CHECK(contains(missing.error().message, (tmp.path() / "nope").string()));
+
+  auto run = make_run(tmp, std::string{lifecycle_only} + R"({"event":"train_step","step":"3","mean_reward":0.1})" "\n");
+  auto metrics = (run / "metrics.jsonl").string();
+  auto r = write_report(run, run / "report");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == errc::corrupt);
+  CHECK(r.error().message == metrics + ":3: key 'step': expected a non-negative integer, got string");
+  CHECK_FALSE(fs::exists(run / "report" / "report.html"));
+
+  write(run / "metrics.jsonl", R"({"kind":"verdict","task":"a","status":"correct","speedup":"fast"})" "\n");
+  r = write_report(run, run / "report");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == metrics + ":1: key 'speedup': expected a number or null, got string");
+
+  write(run / "metrics.jsonl", std::string{lifecycle_only} + R"({"kind":"verdict","status":"correct"})" "\n");
+  r = write_report(run, run / "report");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == metrics + ":3: key 'task': missing");
+
+  write(run / "metrics.jsonl", R"({"step":1})" "\n");
+  r = write_report(run, run / "report");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == metrics + ":1: record has no 'event' or 'kind' key");
+
+  write(run / "metrics.jsonl", "[1]\n");
+  r = write_report(run, run / "report");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message == metrics + ":1: expected a JSON object, got array");
+
+  write(run / "metrics.jsonl", std::string{lifecycle_only} + "{\"event\": }\n");
+  r = write_report(run, run / "report");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == errc::corrupt);
+  CAPTURE(r.error().message);
+  CHECK(r.error().message.rfind(metrics + ":3:11: ", 0) == 0); // line 3, column 11
+}
