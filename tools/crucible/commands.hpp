@@ -31,6 +31,7 @@ command tokenizer_command();
 command init_model_command();
 command generate_command();
 command replay_command();
+command watch_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();
