@@ -43,12 +43,32 @@ std::string lifecycle_record(std::string_view event, const run_status& s, clock:
   return std::move(w).take();
 }
 
+// status.json: the status, plus the endpoint of the live event stream when there is one.
+std::string status_file_text(const coordinator_deps& d, const run_status& s) {
+  if (!d.publisher)
+    return to_json(s) + "\n";
+  json_writer w;
+  w.begin_object();
+  write_fields(w, s);
+  w.field("publish", d.publisher->endpoint());
+  w.end_object();
+  return std::move(w).take() + "\n";
+}
+
+// Appends one metrics record and publishes it (topic = its event) without blocking.
+result<void> append_record(coordinator_deps& d, std::string_view event, const std::string& line) {
+  auto r = d.metrics.append(line);
+  if (d.publisher)
+    d.publisher->publish(event, line);
+  return r;
+}
+
 // Makes the current status durable (status.json, then the metrics record) and logs it.
 result<void> record(coordinator_state& st, std::string_view event) {
   auto& d = *st.deps;
-  if (auto r = storage::write_file_atomic(d.status_file, to_json(st.status) + "\n"); !r)
+  if (auto r = storage::write_file_atomic(d.status_file, status_file_text(d, st.status)); !r)
     return r.error();
-  if (auto r = d.metrics.append(lifecycle_record(event, st.status, d.clk.now())); !r)
+  if (auto r = append_record(d, event, lifecycle_record(event, st.status, d.clk.now())); !r)
     return r.error();
   d.log.info(component, event, " (state ", to_string(st.status.state), ", step ",
              st.status.step, ", ", to_string(st.status.policy_version), ")");
@@ -68,8 +88,8 @@ caf::error crash(coordinator_state& st, const crucible::error& err) {
   st.status.state = run_state::crashed;
   d.log.error(component, "run crashed: ", err.to_string());
   // Best effort: the failure may be the very file system these writes need.
-  (void) storage::write_file_atomic(d.status_file, to_json(st.status) + "\n");
-  (void) d.metrics.append(lifecycle_record("run_crashed", st.status, d.clk.now()));
+  (void) storage::write_file_atomic(d.status_file, status_file_text(d, st.status));
+  (void) append_record(d, "run_crashed", lifecycle_record("run_crashed", st.status, d.clk.now()));
   auto failure = make_error(err);
   for (auto& rp : st.waiting)
     rp.deliver(failure);
@@ -85,6 +105,20 @@ caf::result<run_status> keep_advancing(self_pointer self) {
   return rp;
 }
 
+bool live(run_state s) {
+  return s == run_state::running || s == run_state::pausing || s == run_state::paused;
+}
+
+// The heartbeat record: the status plus the publisher's counters. Not written to metrics.jsonl.
+std::string heartbeat_record(const coordinator_deps& d, const run_status& s) {
+  json_writer w;
+  w.begin_object().field("event", "heartbeat").field("time", format_iso8601(d.clk.now()));
+  write_fields(w, s);
+  w.field("published", d.publisher->sent()).field("dropped_events", d.publisher->dropped());
+  w.end_object();
+  return std::move(w).take();
+}
+
 coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator_deps deps) {
   self->state.deps = std::make_unique<coordinator_deps>(std::move(deps));
   return {
@@ -97,6 +131,8 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
       st.status.state = run_state::running;
       if (auto r = record(st, "run_started"); !r)
         return crash(st, r.error());
+      if (st.deps->publisher)
+        self->send(caf::actor_cast<coordinator_impl_actor>(self), heartbeat_atom_v);
       return keep_advancing(self);
     },
     [self](caf::get_atom) -> run_status { return self->state.status; },
@@ -139,6 +175,13 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
         rp.deliver(st.status);
       self->quit();
       return rp;
+    },
+    [self](heartbeat_atom) {
+      auto& st = self->state;
+      if (!st.deps->publisher || !live(st.status.state))
+        return;
+      st.deps->publisher->publish("heartbeat", heartbeat_record(*st.deps, st.status));
+      self->delayed_send(caf::actor_cast<coordinator_impl_actor>(self), st.deps->heartbeat, heartbeat_atom_v);
     },
     [self](advance_atom) {
       auto& st = self->state;

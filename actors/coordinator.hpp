@@ -1,6 +1,9 @@
 // actors/coordinator.hpp: the coordinator owns the run's lifecycle. Commands come from `main`
 // (train, pause, stop); the run's state goes to status.json, metrics.jsonl and the log.
 //
+// With a publisher (run.publish), the same records go out live on a ZeroMQ PUB socket, plus a
+// periodic heartbeat, for `crucible watch`; publishing never blocks the coordinator.
+//
 // Lifecycle: start -> running -> (advance through the stage schedule) -> finished, with
 // pause/resume in between and stop as the graceful end. Every transition rewrites
 // status.json atomically and appends one metrics record {"event":"run_...", "time":...}.
@@ -11,13 +14,16 @@
 // message at a time and status, pause and stop are served between them.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
+#include <memory>
 
 #include <caf/actor_system.hpp>
 
 #include "actors/interfaces.hpp"
 #include "core/clock.hpp"
 #include "core/log.hpp"
+#include "storage/event_publisher.hpp"
 #include "storage/metrics_log.hpp"
 
 namespace crucible {
@@ -29,6 +35,11 @@ struct coordinator_deps {
   storage::metrics_log metrics;      ///< runs/NAME/metrics.jsonl, opened by the caller
   logger& log;                       ///< borrowed; events.log and stderr
   const clock& clk;                  ///< borrowed; stamps metrics records
+  /// Owned; when set, every metrics record is also published (topic = its `event`), a
+  /// `heartbeat` record with the status goes out every `heartbeat` while the run is running or
+  /// paused, and status.json carries the bound endpoint as `publish`.
+  std::unique_ptr<storage::event_publisher> publisher = nullptr;
+  std::chrono::milliseconds heartbeat{1000};
 };
 
 /// Spawns the coordinator of one run (one per actor system). Nothing is written until it

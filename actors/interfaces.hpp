@@ -39,7 +39,9 @@ using coordinator_actor = caf::typed_actor<
 /// spawn_coordinator hands this handle out; everybody else holds a coordinator_actor.
 using coordinator_impl_actor = coordinator_actor::extend<
   // Runs the next stage of the schedule, or finishes the run when none is left.
-  caf::reacts_to<advance_atom>>;
+  caf::reacts_to<advance_atom>,
+  // Publishes a heartbeat (the status) and schedules the next one while the run is live.
+  caf::reacts_to<heartbeat_atom>>;
 
 /// Turns tasks into scored GRPO groups in a loop: task -> exemplars -> contrastive prompt ->
 /// G completions -> parse -> evaluators -> scored variants to the exemplar actor, which

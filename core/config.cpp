@@ -356,6 +356,13 @@ constraint<std::string> non_empty() {
   return {"a non-empty string", [](const std::string& s) { return !s.empty(); }};
 }
 
+constraint<std::string> zmq_endpoint() {
+  return {"empty or a ZeroMQ endpoint tcp://HOST:PORT or ipc://PATH", [](const std::string& s) {
+            return s.empty() || (s.rfind("tcp://", 0) == 0 && s.size() > 6)
+                   || (s.rfind("ipc://", 0) == 0 && s.size() > 6);
+          }};
+}
+
 constraint<std::int64_t> at_least(std::int64_t lo, const char* expected) {
   return {expected, [lo](std::int64_t v) { return v >= lo; }};
 }
@@ -483,6 +490,13 @@ void describe(V& v, config& c) {
     v.field("name", c.run.name, "Run name; the run directory is `run.dir/run.name`.", run_name());
     v.field("dir", c.run.dir, "Directory that holds the run directories.", non_empty());
     v.field("seed", c.run.seed, "Root of every random stream in the run.");
+    v.field("publish", c.run.publish,
+            "ZeroMQ endpoint on which the coordinator publishes events and metrics for `crucible "
+            "watch` (port 0: any free port; the bound endpoint goes into status.json as `publish`). "
+            "Loopback by default; empty publishes nothing.",
+            zmq_endpoint());
+    v.field("heartbeat_s", c.run.heartbeat_s, "Seconds between heartbeats (the run's status) on `run.publish`.",
+            positive<double>("a positive number"));
   });
   v.section("log", "Logging to stderr and to the run directory's `events.log`.", [&] {
     v.field("level", c.log.level, "Threshold for messages on stderr.");

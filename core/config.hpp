@@ -20,6 +20,9 @@ struct run_options {
   std::string name = "quickstart"; ///< run directory is `dir/name`
   std::string dir = "runs";        ///< parent of run directories (relative to the working dir)
   std::uint64_t seed = 0;          ///< root of every random stream in the run
+  /// ZeroMQ endpoint the coordinator's PUB socket binds (`crucible watch`); empty: none.
+  std::string publish = "tcp://127.0.0.1:0";
+  double heartbeat_s = 1.0;        ///< seconds between heartbeats on the publish socket
 };
 
 /// `log:` — levels for stderr and for the run's events.log.

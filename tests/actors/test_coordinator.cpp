@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
@@ -23,6 +24,7 @@
 #include "core/clock.hpp"
 #include "core/log.hpp"
 #include "storage/atomic_file.hpp"
+#include "storage/event_publisher.hpp"
 #include "storage/metrics_log.hpp"
 #include "tests/actors/deterministic.hpp"
 #include "tests/test_util/temp_dir.hpp"
@@ -262,4 +264,76 @@ TEST_CASE_FIXTURE(fixture, "a status file that cannot be written crashes the run
   auto lines = metrics_lines();
   REQUIRE_FALSE(lines.empty());
   CHECK_STARTS_WITH(lines.back(), record_prefix("run_crashed", "crashed"));
+}
+
+TEST_CASE_FIXTURE(fixture, "with a publisher the records and heartbeats go out live and status.json names the endpoint") {
+  self->send_exit(coord, caf::exit_reason::user_shutdown);
+  sched.run();
+  auto pub = storage::event_publisher::bind("tcp://127.0.0.1:0");
+  REQUIRE_MESSAGE(pub.ok(), pub.error().to_string());
+  const auto endpoint = pub->endpoint();
+  auto sub = storage::event_subscriber::connect(endpoint);
+  REQUIRE(sub.ok());
+  auto metrics = storage::metrics_log::open(metrics_file);
+  REQUIRE(metrics.ok());
+  coord = spawn_coordinator(sys, coordinator_deps{status_file, std::move(*metrics), log, clk,
+                                                  std::make_unique<storage::event_publisher>(std::move(*pub)), 1000ms});
+  sched.run();
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  auto pause = self->request(coord, caf::infinite, pause_atom_v);
+  sched.run();
+  CHECK(ok(take(pause)).state == run_state::paused);
+  CHECK(ok(take(start)).state == run_state::paused);
+  auto text = storage::read_file(status_file);
+  REQUIRE(text.ok());
+  CHECK(text->find("\"publish\":\"" + endpoint + "\"") != std::string::npos);
+  CHECK(status_on_disk().state == run_state::paused); // the extra field leaves the status readable
+
+  // A paused run keeps its heartbeat going: fire the timer until a heartbeat arrives. What
+  // was published before the subscription reached the publisher is lost (ZeroMQ's slow
+  // joiner), so of the two records so far a subscriber sees both, the last or none.
+  auto before = metrics_lines();
+  REQUIRE(before.size() == 2);
+  std::vector<std::string> early;
+  std::optional<storage::published_event> first;
+  for (int i = 0; i < 1000 && !first; ++i) {
+    REQUIRE(sched.trigger_timeout());
+    sched.run();
+    for (;;) {
+      auto got = sub->receive(20ms);
+      REQUIRE(got.ok());
+      if (!*got)
+        break;
+      if ((*got)->topic == "heartbeat") {
+        first = std::move(**got);
+        break;
+      }
+      early.push_back((*got)->json);
+    }
+  }
+  REQUIRE(first.has_value());
+  CHECK((early.empty() || early == std::vector<std::string>{before[1]} || early == before));
+  CHECK_STARTS_WITH(first->json, std::string{"{\"event\":\"heartbeat\",\"time\":\""} + format_iso8601(clk.now())
+                                   + "\",\"state\":\"paused\"");
+  CHECK(first->json.find("\"dropped_events\":0") != std::string::npos);
+
+  CHECK(ok(ask(resume_atom_v)).state == run_state::finished);
+  auto lines = metrics_lines();
+  REQUIRE(lines.size() == 4);
+  std::vector<storage::published_event> live;
+  while (live.empty() || live.back().topic != "run_finished") {
+    auto got = sub->receive(5000ms);
+    REQUIRE(got.ok());
+    REQUIRE(got->has_value());
+    if ((*got)->topic != "heartbeat")
+      live.push_back(std::move(**got));
+  }
+  REQUIRE(live.size() == 2);
+  CHECK(live[0].topic == "run_resumed");
+  CHECK(live[0].json == lines[2]); // the published record is the metrics record
+  CHECK(live[1].json == lines[3]);
+  // A finished run's heartbeat does not come back.
+  while (sched.trigger_timeout())
+    sched.run();
+  CHECK_FALSE(sched.has_pending_timeout());
 }

@@ -6,14 +6,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <stdexcept>
 
 namespace crucible::testing {
 
-process_result run_process(const std::vector<std::string>& argv, const std::string& cwd) {
-  int out_pipe[2];
-  int err_pipe[2];
+namespace {
+
+pid_t spawn(const std::vector<std::string>& argv, const std::string& cwd, int out_pipe[2], int err_pipe[2]) {
   if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)
     throw std::runtime_error("pipe2 failed");
   pid_t pid = fork();
@@ -35,8 +36,12 @@ process_result run_process(const std::vector<std::string>& argv, const std::stri
   }
   close(out_pipe[1]);
   close(err_pipe[1]);
-  process_result res;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  return pid;
+}
+
+// Reads both pipes to their end and reaps `pid`.
+process_result collect(pid_t pid, int out_fd, int err_fd, process_result res) {
+  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
   std::string* sinks[2] = {&res.out, &res.err};
   int open_fds = 2;
   char buf[4096];
@@ -64,6 +69,51 @@ process_result run_process(const std::vector<std::string>& argv, const std::stri
   }
   res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return res;
+}
+
+} // namespace
+
+running_process::running_process(const std::vector<std::string>& argv) {
+  int out_pipe[2];
+  int err_pipe[2];
+  pid_ = spawn(argv, "", out_pipe, err_pipe);
+  out_ = out_pipe[0];
+  err_ = err_pipe[0];
+}
+
+running_process::~running_process() {
+  if (pid_ > 0) {
+    kill(pid_, SIGKILL);
+    (void) collect(pid_, out_, err_, {});
+  }
+}
+
+bool running_process::read_some(int timeout_ms, std::string& out) {
+  pollfd fd{out_, POLLIN, 0};
+  if (poll(&fd, 1, timeout_ms) <= 0 || (fd.revents & POLLIN) == 0)
+    return false;
+  char buf[4096];
+  auto n = read(out_, buf, sizeof buf);
+  if (n <= 0)
+    return false;
+  out_text_.append(buf, static_cast<size_t>(n));
+  out.append(buf, static_cast<size_t>(n));
+  return true;
+}
+
+process_result running_process::wait() {
+  process_result res;
+  res.out = out_text_;
+  res = collect(pid_, out_, err_, std::move(res));
+  pid_ = -1;
+  return res;
+}
+
+process_result run_process(const std::vector<std::string>& argv, const std::string& cwd) {
+  int out_pipe[2];
+  int err_pipe[2];
+  pid_t pid = spawn(argv, cwd, out_pipe, err_pipe);
+  return collect(pid, out_pipe[0], err_pipe[0], {});
 }
 
 } // namespace crucible::testing

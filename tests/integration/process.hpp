@@ -16,4 +16,26 @@ struct process_result {
 /// input, and returns its exit code, stdout and stderr.
 process_result run_process(const std::vector<std::string>& argv, const std::string& cwd = "");
 
+/// A child process running alongside the test, its stdout and stderr on pipes.
+class running_process {
+public:
+  /// Starts `argv` (argv[0] is a path) with no input.
+  explicit running_process(const std::vector<std::string>& argv);
+  running_process(const running_process&) = delete;
+  running_process& operator=(const running_process&) = delete;
+  /// Kills the child if it still runs, and reaps it.
+  ~running_process();
+  /// Waits at most `timeout_ms` for output on stdout, appending it to what `out` holds;
+  /// true when some arrived.
+  bool read_some(int timeout_ms, std::string& out);
+  /// Reads everything that is left and waits for the exit.
+  process_result wait();
+
+private:
+  int pid_ = -1;
+  int out_ = -1;
+  int err_ = -1;
+  std::string out_text_;
+};
+
 } // namespace crucible::testing

@@ -5,12 +5,14 @@
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include "actors/actor_config.hpp"
 #include "actors/coordinator.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "storage/atomic_file.hpp"
+#include "storage/event_publisher.hpp"
 #include "storage/metrics_log.hpp"
 #include "storage/run_dir.hpp"
 #include "tools/crucible/commands.hpp"
@@ -55,12 +57,24 @@ int run_train(const parsed_args& args) {
     return exit_failure;
   }
   log.info("train", "run ", dir->path().string(), " from ", file);
+  std::unique_ptr<storage::event_publisher> publisher;
+  if (!cfg->run.publish.empty()) {
+    auto pub = storage::event_publisher::bind(cfg->run.publish);
+    if (!pub) {
+      std::fprintf(stderr, "crucible train: %s\n", pub.error().message.c_str());
+      return exit_usage;
+    }
+    publisher = std::make_unique<storage::event_publisher>(std::move(*pub));
+    log.info("train", "publishing events on ", publisher->endpoint());
+  }
 
   actor_config acfg;
   if (cfg->actors.threads > 0)
     acfg.set("scheduler.max-threads", static_cast<std::size_t>(cfg->actors.threads));
   caf::actor_system sys{acfg};
-  auto coordinator = spawn_coordinator(sys, coordinator_deps{dir->status_file(), std::move(*metrics), log, clk});
+  auto coordinator = spawn_coordinator(sys, coordinator_deps{dir->status_file(), std::move(*metrics), log, clk, std::move(publisher),
+                                                          std::chrono::milliseconds{static_cast<long long>(
+                                                            std::ceil(cfg->run.heartbeat_s * 1000.0))}});
   caf::scoped_actor self{sys};
   int rc = exit_ok;
   run_status final_status;

@@ -32,6 +32,7 @@ command init_model_command();
 command generate_command();
 command replay_command();
 command report_command();
+command watch_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();
