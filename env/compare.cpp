@@ -107,8 +107,6 @@ double element_value(const std::byte* p, dtype t) noexcept {
 
 namespace {
 
-double load(const std::byte* p, dtype t) noexcept { return element_value(p, t); }
-
 std::string shape_str(const std::vector<std::int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i)
@@ -177,8 +175,8 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
   double worst = 0;
   size_t first_bad = n;
   for (size_t i = 0; i < n; ++i) {
-    double w = load(wp + i * es, want.type);
-    double g = load(gp + i * es, want.type);
+    double w = element_value(wp + i * es, want.type);
+    double g = element_value(gp + i * es, want.type);
     bool ok;
     if (std::isnan(w) || std::isnan(g)) {
       ok = std::isnan(w) && std::isnan(g);
@@ -196,7 +194,8 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
     }
   }
   if (bad > 0)
-    report(bad, worst, first_bad, load(gp + first_bad * es, want.type), load(wp + first_bad * es, want.type));
+    report(bad, worst, first_bad, element_value(gp + first_bad * es, want.type),
+           element_value(wp + first_bad * es, want.type));
   else
     report(0, worst, 0, 0, 0);
 }

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "core/hex.hpp"
+
 
 namespace crucible::env {
 
@@ -59,16 +61,6 @@ private:
   void* data_;
   std::uint64_t size_;
 };
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
 
 // --- the comparison kernel -------------------------------------------------------------------
 
@@ -184,7 +176,7 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
     return fail(errc::protocol, "a device handle has ", std::to_string(handle_hex.size()), " hex digits, expected ",
                 std::to_string(2 * sizeof handle.reserved));
   for (size_t i = 0; i < sizeof handle.reserved; ++i) {
-    int hi = hex_value(handle_hex[2 * i]), lo = hex_value(handle_hex[2 * i + 1]);
+    int hi = hex_digit(handle_hex[2 * i]), lo = hex_digit(handle_hex[2 * i + 1]);
     if (hi < 0 || lo < 0)
       return fail(errc::protocol, "a device handle is not hexadecimal");
     handle.reserved[i] = static_cast<char>(hi * 16 + lo);

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "core/hex.hpp"
+
 namespace crucible::policy {
 
 const char* to_string(reduce_op op) noexcept {
@@ -62,17 +64,8 @@ result<nccl_id> nccl_id::from_hex(std::string_view hex) {
   if (hex.size() != id.bytes.size() * 2)
     return fail(errc::invalid_arg, "NCCL id: expected ", std::to_string(id.bytes.size() * 2), " hex digits, got ",
                 std::to_string(hex.size()), " characters");
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9')
-      return c - '0';
-    if (c >= 'a' && c <= 'f')
-      return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-      return c - 'A' + 10;
-    return -1;
-  };
   for (std::size_t i = 0; i < id.bytes.size(); ++i) {
-    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+    const int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
     if (hi < 0 || lo < 0)
       return fail(errc::invalid_arg, "NCCL id: character ", std::to_string(hi < 0 ? 2 * i : 2 * i + 1),
                   " is not a hex digit");

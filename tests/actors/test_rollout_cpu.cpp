@@ -12,7 +12,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -32,10 +31,12 @@
 #include "env/task.hpp"
 #include "env/verdict_cache.hpp"
 #include "tests/actors/scripted_policy.hpp"
+#include "tests/test_util/read_text.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;
+using crucible::testing::read_text;
 using crucible::testing::response_id;
 using crucible::testing::scripted_response;
 using crucible::testing::temp_dir;
@@ -43,13 +44,6 @@ using crucible::testing::temp_dir;
 namespace {
 
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Sends every actor it holds an exit on destruction, so that a failed check does not leave the
 // actor system waiting for them forever.
@@ -78,8 +72,8 @@ TEST_CASE("groups of real verdicts on the CPU: engine, evaluator pool, exemplar 
   config cfg;
   cfg.reward.format_error = -1.0;
   const auto variants = source_dir / "env/tasks/cpu/variants/01_relu_scale";
-  const auto fast_code = slurp(variants / "fast_inplace.py");
-  const auto wrong_code = slurp(variants / "wrong_clamp_before_shift.py");
+  const auto fast_code = read_text(variants / "fast_inplace.py");
+  const auto wrong_code = read_text(variants / "wrong_clamp_before_shift.py");
   REQUIRE_FALSE(fast_code.empty());
   REQUIRE_FALSE(wrong_code.empty());
   const std::vector<std::string> responses{scripted_response(fast_code), scripted_response(wrong_code),

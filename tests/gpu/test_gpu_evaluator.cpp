@@ -11,13 +11,13 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <sstream>
 
 #include "core/log.hpp"
 #include "env/compare.hpp"
 #include "env/device_bytes.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
+#include "tests/test_util/read_text.hpp"
 
 // No LibTorch here: a binary linked to libtorch.so resolved std::filesystem::remove_all to the
 // copy libtorch exports, which crashed (the evaluator removes its workers' scratch directories).
@@ -25,17 +25,11 @@
 namespace fs = std::filesystem;
 using namespace crucible;
 using namespace crucible::env;
+using crucible::testing::read_text;
 
 namespace {
 
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Device memory of this process holding a copy of host bytes.
 class uploaded final : public device_bytes {
@@ -206,7 +200,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
         // cpp_* variants are CPU extensions: they take CPU tensors only.
         if (e.path().extension() != ".py" || e.path().filename().string().rfind("cpp_", 0) == 0)
           continue;
-        auto v = (*ev)->evaluate(eval_request{*t, slurp(e.path()), 0, false});
+        auto v = (*ev)->evaluate(eval_request{*t, read_text(e.path()), 0, false});
         auto name = e.path().filename().string();
         const std::string label = std::string{on_device ? "device: " : "host: "} + stem + "/" + name + ": "
                                   + to_string(v.status);
@@ -222,7 +216,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
     }
     auto recycled = load_task(root / "01_relu_scale.py");
     REQUIRE(recycled.ok());
-    auto v = (*ev)->evaluate(eval_request{*recycled, slurp(source_dir / "tests" / "candidates" / "hack_recycled_memory.py"), 0, false});
+    auto v = (*ev)->evaluate(eval_request{*recycled, read_text(source_dir / "tests" / "candidates" / "hack_recycled_memory.py"), 0, false});
     INFO("recycled memory: " << to_string(v.status) << " " << v.message);
     CHECK(v.status != verdict_status::ok);
   }

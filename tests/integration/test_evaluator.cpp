@@ -11,7 +11,6 @@
 #include <fstream>
 #include <regex>
 #include <set>
-#include <sstream>
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -21,21 +20,16 @@
 #include "core/log.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
+#include "tests/test_util/read_text.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;
 using namespace crucible::env;
+using crucible::testing::read_text;
 
 namespace {
 
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // One evaluator per test case, on the CPU, with the test-suite's settings.
 struct cpu_evaluator {
@@ -58,7 +52,7 @@ struct cpu_evaluator {
   }
 
   verdict run(const task& t, const fs::path& candidate, bool use_cache = false) {
-    return ev->evaluate(eval_request{t, slurp(candidate), 0, use_cache});
+    return ev->evaluate(eval_request{t, read_text(candidate), 0, use_cache});
   }
 };
 
@@ -228,7 +222,7 @@ TEST_CASE("a resubmitted candidate is answered from the verdict cache") {
   CHECK_FALSE(first.cache_hit);
   auto started = ev.ev->workers_started();
   // Whitespace changes do not make a new candidate.
-  auto second = ev.ev->evaluate(eval_request{*t, slurp(cand) + "\n\n   \n", 0, true});
+  auto second = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n\n   \n", 0, true});
   CHECK(second.cache_hit);
   CHECK(second.status == verdict_status::ok);
   CHECK(second.speedup == first.speedup);
@@ -255,7 +249,7 @@ TEST_CASE("the evaluator actor answers from the verdict cache, except a recheck,
   caf::scoped_actor self{sys};
   auto evaluate = [&](bool recheck) {
     verdict out;
-    self->request(actor, caf::infinite, candidate{variant_id{1}, task_id{"t"}, slurp(cand), "", recheck})
+    self->request(actor, caf::infinite, candidate{variant_id{1}, task_id{"t"}, read_text(cand), "", recheck})
       .receive([&](const verdict& v) { out = v; }, [&](const caf::error& e) { FAIL(to_error(e).to_string()); });
     return out;
   };
