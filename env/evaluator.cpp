@@ -186,12 +186,12 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
       log.info("evaluator", ev->device_, ": built without CUDA; outputs are compared on the host");
     } else {
       const auto digits = ev->device_.substr(5);
-      ev->cuda_index_ = !digits.empty() && digits.size() < 6 && digits.find_first_not_of("0123456789") == std::string::npos
+      const int index = !digits.empty() && digits.size() < 6 && digits.find_first_not_of("0123456789") == std::string::npos
                             ? std::stoi(digits) : -1;
-      if (ev->cuda_index_ < 0) {
+      if (index < 0) {
         log.warn("evaluator", ev->device_, ": not a cuda:N device; outputs are compared on the host");
-      } else if (auto name = device_name(ev->cuda_index_); name) {
-        ev->cuda_outputs_ = true;
+      } else if (auto name = device_name(index); name) {
+        ev->outputs_device_ = index;
       } else {
         log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", name.error().message);
       }
@@ -371,8 +371,6 @@ public:
     tol_.f32 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
     tol_.f16 = {ev.opt_.fp16_atol, ev.opt_.fp16_rtol};
     tol_.bf16 = {ev.opt_.bf16_atol, ev.opt_.bf16_rtol};
-    if (ev.cuda_outputs_)
-      cuda_device_ = ev.cuda_index_;
   }
 
   verdict run();
@@ -409,7 +407,7 @@ private:
   verdict v_;
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
-  int cuda_device_ = -1; // >= 0: outputs stay on this CUDA device (workers export them)
+  const int cuda_device_ = ev_.outputs_device_; // >= 0: outputs stay on this CUDA device
   bool measured_ = false; // a measurement was made (its warm-up rounds played)
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;

@@ -122,8 +122,7 @@ private:
   std::atomic<std::uint64_t> device_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
-  bool cuda_outputs_ = false;         // outputs stay on CUDA device cuda_index_ of this process
-  int cuda_index_ = -1;
+  int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   std::mutex device_mtx_;             // held while a worker uses the device
   std::thread refill_;
 };
