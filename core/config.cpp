@@ -207,6 +207,15 @@ template <> struct value_traits<in_flight_policy> {
   static std::string render(in_flight_policy v) { return enum_traits<in_flight_policy, 2>::render_from(in_flight_policy_names, v); }
 };
 
+constexpr std::pair<run_mode, const char*> run_mode_names[] = {{run_mode::async, "async"}, {run_mode::sync, "sync"}};
+
+template <> struct value_traits<run_mode> {
+  static constexpr const char* expected = "one of async, sync";
+  static constexpr const char* type_name = "`async` or `sync`";
+  static bool parse(const std::string& s, run_mode& out) { return enum_traits<run_mode, 2>::parse_from(run_mode_names, s, out); }
+  static std::string render(run_mode v) { return enum_traits<run_mode, 2>::render_from(run_mode_names, v); }
+};
+
 // -- learner: the enums of core/learner_options.hpp ------------------------------------------
 
 constexpr std::pair<reward_transform, const char*> reward_transform_names[] = {
@@ -277,6 +286,7 @@ const char* to_string(chat_template_mode m) noexcept {
 }
 const char* to_string(task_sampling v) noexcept { return name_in(task_sampling_names, v); }
 const char* to_string(in_flight_policy v) noexcept { return name_in(in_flight_policy_names, v); }
+const char* to_string(run_mode v) noexcept { return name_in(run_mode_names, v); }
 const char* to_string(reward_transform v) noexcept { return name_in(reward_transform_names, v); }
 const char* to_string(loss_aggregation v) noexcept { return name_in(aggregation_names, v); }
 const char* to_string(kl_estimator v) noexcept { return name_in(kl_estimator_names, v); }
@@ -497,6 +507,17 @@ void describe(V& v, config& c) {
             zmq_endpoint());
     v.field("heartbeat_s", c.run.heartbeat_s, "Seconds between heartbeats (the run's status) on `run.publish`.",
             positive<double>("a positive number"));
+    v.field("mode", c.run.mode,
+            "`async`: rollouts keep sampling and evaluating while the learner trains, bounded by "
+            "`stages.rl.max_staleness`; `sync`: each step samples its groups, evaluates them, trains, then samples again.");
+    v.field("checkpoint_every", c.run.checkpoint_every,
+            "Learner steps between checkpoints (`RUN/checkpoints/`); 0: only when the run pauses or ends.",
+            at_least(0, "a non-negative integer"));
+    v.field("on_pause", c.run.on_pause,
+            "Groups in flight when the run pauses: `finish` them (their variants are stored) or `drop` them (their "
+            "prompts are sampled again after resume).");
+    v.field("keep_checkpoints", c.run.keep_checkpoints, "Checkpoints kept; older ones are removed once a newer one is complete.",
+            positive<std::int64_t>("a positive integer"));
   });
   v.section("log", "Logging to stderr and to the run directory's `events.log`.", [&] {
     v.field("level", c.log.level, "Threshold for messages on stderr.");
@@ -637,6 +658,63 @@ void describe(V& v, config& c) {
     v.field("retry_s", r.retry_s, "Seconds before a request refused as busy (engine, evaluators, exemplar actor) is sent again.",
             positive<double>("a positive number"));
     v.field("on_stop", r.on_stop, "Groups in flight at a stop: `finish` them first, or `drop` them.");
+  });
+  v.section("model", "The policy: a Hugging Face model directory, or a fresh model made when the run starts (docs/training.md).", [&] {
+    auto& m = c.model;
+    v.field("dir", m.dir, "Hugging Face model directory (config.json, safetensors, tokenizer files); empty: a fresh model "
+            "(`init`) is made in `RUN/model/`.");
+    v.field("init", m.init, "Preset of the fresh model when `dir` is empty: `tiny`, `small` or `0.5b`.",
+            constraint<std::string>{"one of tiny, small, 0.5b", [](const std::string& x) { return x == "tiny" || x == "small" || x == "0.5b"; }});
+    v.field("family", m.family, "Architecture of the fresh model: `qwen2` or `llama`.",
+            constraint<std::string>{"one of qwen2, llama", [](const std::string& x) { return x == "qwen2" || x == "llama"; }});
+    v.field("tokenizer_vocab", m.tokenizer_vocab, "Vocabulary of the byte-level BPE tokenizer trained for the fresh model.",
+            at_least(300, "an integer ≥ 300"));
+    v.field("tokenizer_corpus", m.tokenizer_corpus, "Files or directories the fresh model's tokenizer is trained on; empty: "
+            "the task suite and its seed variants.");
+    v.field("device", m.device, "Device of the learner and the engine: `cpu` or `cuda:N`.",
+            constraint<std::string>{"\"cpu\" or \"cuda:N\"", is_device_name});
+    v.field("engine_dtype", m.engine_dtype, "Dtype the engine samples in: `float32`, `bfloat16` or `float16`.",
+            constraint<std::string>{"one of float32, bfloat16, float16", [](const std::string& x) {
+              return x == "float32" || x == "bfloat16" || x == "float16"; }});
+  });
+  v.section("tasks", "The task suite the run trains on and its seed variants (docs/training.md).", [&] {
+    auto& t = c.tasks;
+    v.field("suite", t.suite, "Directory of KernelBench-format tasks (level folders allowed), relative to the working directory.",
+            non_empty());
+    v.field("include", t.include, "Task names to train on, e.g. `01_relu_scale` or `level1/03_gemm`; empty: every task.");
+    v.field("seeds", t.seeds, "Seed variants, `SEEDS/<task name>/*.py` (`wrong_*.py` are known-incorrect); empty: `SUITE/variants`.");
+    v.field("warm_start", t.warm_start, "Evaluate the seed variants into the exemplar store when the run starts, so the "
+            "first prompts show measured exemplars.");
+  });
+  v.section("stages", "The stage schedule, run in order SFT, self-supervised, contrastive RL; a stage with 0 steps is skipped.", [&] {
+    auto& g = c.stages;
+    v.section("sft", "Supervised fine-tuning on the correct seed variants, each as the response to its task's contrastive prompt.", [&] {
+      v.field("steps", g.sft.steps, "Updates; 0 skips the stage.", at_least(0, "a non-negative integer"));
+      v.field("batch", g.sft.batch, "Examples per update.", positive<std::int64_t>("a positive integer"));
+      v.field("stop_loss", g.sft.stop_loss, "The stage ends early after an update whose loss is at most this; 0: never.",
+              non_negative_number());
+      v.field("max_minutes", g.sft.max_minutes, "Wall-clock budget of the stage; 0: none.", non_negative_number());
+    });
+    v.section("self_supervised", "Sample groups, keep the policy's own correct variants, train on them (SFT).", [&] {
+      v.field("steps", g.self_supervised.steps, "Updates; 0 skips the stage.", at_least(0, "a non-negative integer"));
+      v.field("groups", g.self_supervised.groups, "Groups sampled and evaluated per update.",
+              positive<std::int64_t>("a positive integer"));
+      v.field("stop_correct", g.self_supervised.stop_correct,
+              "The stage ends early after a step whose share of correct samples is at least this; 0: never.",
+              between(0, 1, "a number between 0 and 1"));
+      v.field("max_minutes", g.self_supervised.max_minutes, "Wall-clock budget of the stage; 0: none.", non_negative_number());
+    });
+    v.section("rl", "Contrastive RL: GRPO updates on groups sampled from contrastive prompts (CUDA-L1).", [&] {
+      v.field("steps", g.rl.steps, "Updates; 0 skips the stage.", at_least(0, "a non-negative integer"));
+      v.field("groups", g.rl.groups, "Complete groups per update.", positive<std::int64_t>("a positive integer"));
+      v.field("max_staleness", g.rl.max_staleness,
+              "Groups sampled more than this many policy versions before the learner's are dropped (and counted).",
+              at_least(0, "a non-negative integer"));
+      v.field("stop_mean_speedup", g.rl.stop_mean_speedup,
+              "The stage ends early after a step whose mean speedup over its correct samples is at least this; 0: never.",
+              non_negative_number());
+      v.field("max_minutes", g.rl.max_minutes, "Wall-clock budget of the stage; 0: none.", non_negative_number());
+    });
   });
   v.section("engine", "The engine actor's request queue and batching (docs/rollout.md).", [&] {
     auto& e = c.engine;
@@ -880,10 +958,13 @@ public:
 
   template <class F>
   void section(const char* name, const char* doc, F body) {
-    prefix_ = std::string{name} + ".";
-    out_ += "\n## `" + std::string{name} + "`\n\n" + doc + "\n\n";
-    out_ += "| key | type | default | meaning |\n|---|---|---|---|\n";
+    const std::string outer = prefix_;
+    prefix_ = outer + name + ".";
+    const std::string title = outer + name;
+    out_ += "\n## `" + title + "`\n\n" + doc + "\n";
+    need_header_ = true; // the table starts with the section's first key
     body();
+    prefix_ = outer;
   }
 
   template <class T>
@@ -898,12 +979,17 @@ public:
         def += (i ? ", " : "") + std::string{"\""} + value[i] + "\"";
       def += "]";
     }
+    if (need_header_) {
+      out_ += "\n| key | type | default | meaning |\n|---|---|---|---|\n";
+      need_header_ = false;
+    }
     out_ += "| `" + prefix_ + name + "` | " + type + " | `" + def + "` | " + doc + " |\n";
   }
 
 private:
   std::string& out_;
   std::string prefix_;
+  bool need_header_ = false;
 };
 
 } // namespace

@@ -15,6 +15,22 @@
 
 namespace crucible {
 
+/// How generation, evaluation and training share time (docs/training.md).
+enum class run_mode : std::uint8_t {
+  async, ///< rollouts keep sampling and evaluating while the learner trains (bounded by max_staleness)
+  sync,  ///< each step: sample the step's groups, evaluate them, train, then sample again
+};
+
+/// "async", "sync".
+const char* to_string(run_mode m) noexcept;
+
+/// What a rollout actor does with the groups it has in flight when it is told to stop (and what a
+/// pausing run does with them).
+enum class in_flight_policy : std::uint8_t {
+  finish, ///< take no new task, finish the groups under way, then stop
+  drop,   ///< stop at once; replies still on their way are ignored
+};
+
 /// `run:` — naming and placing the run.
 struct run_options {
   std::string name = "quickstart"; ///< run directory is `dir/name`
@@ -23,6 +39,10 @@ struct run_options {
   /// ZeroMQ endpoint the coordinator's PUB socket binds (`crucible watch`); empty: none.
   std::string publish = "tcp://127.0.0.1:0";
   double heartbeat_s = 1.0;        ///< seconds between heartbeats on the publish socket
+  run_mode mode = run_mode::async; ///< generation, evaluation and training overlapped, or in lock-step
+  std::int64_t checkpoint_every = 10; ///< learner steps between checkpoints; 0: only at pause and at the end
+  in_flight_policy on_pause = in_flight_policy::finish; ///< groups in flight at a pause: finish or abandon
+  std::int64_t keep_checkpoints = 2; ///< checkpoints kept (older ones are removed); at least 1
 };
 
 /// `log:` — levels for stderr and for the run's events.log.
@@ -154,12 +174,6 @@ enum class task_sampling : std::uint8_t {
   improvement, ///< weighted toward tasks with room to improve: w = 1 / (1 + best speedup so far)
 };
 
-/// What a rollout actor does with the groups it has in flight when it is told to stop.
-enum class in_flight_policy : std::uint8_t {
-  finish, ///< take no new task, finish the groups under way, then stop
-  drop,   ///< stop at once; replies still on their way are ignored
-};
-
 /// "uniform", "improvement".
 const char* to_string(task_sampling s) noexcept;
 /// "finish", "drop".
@@ -190,6 +204,58 @@ struct engine_config {
   std::int64_t max_prompt_tokens = 0;  ///< longer prompts are refused; 0: no limit
 };
 
+/// `model:` — the policy: an existing Hugging Face model directory, or a fresh one made at the
+/// start of the run (a byte-level BPE tokenizer trained on the task sources, random weights).
+struct model_config {
+  std::string dir;                       ///< HF model directory (config.json, *.safetensors, tokenizer); "" : init
+  std::string init = "tiny";             ///< preset of a fresh model when `dir` is empty: tiny, small, 0.5b
+  std::string family = "qwen2";          ///< fresh model: qwen2 or llama
+  std::int64_t tokenizer_vocab = 2048;   ///< fresh model: vocabulary of the tokenizer trained for it
+  std::vector<std::string> tokenizer_corpus; ///< fresh model: files or directories; empty: the task suite and seeds
+  std::string device = "cpu";            ///< device of the learner and the engine: cpu or cuda:N
+  std::string engine_dtype = "float32";  ///< dtype the engine samples in: float32, bfloat16, float16
+};
+
+/// `tasks:` — the task suite a run trains on, and its seed variants.
+struct tasks_config {
+  std::string suite = "env/tasks/cpu";   ///< directory of KernelBench-format tasks (level folders allowed)
+  std::vector<std::string> include;      ///< task names to use (e.g. "01_relu_scale"); empty: every task
+  std::string seeds;                     ///< seed variants: SEEDS/<task name>/*.py; "" : SUITE/variants
+  bool warm_start = true;                ///< evaluate the seed variants into the exemplar store before training
+};
+
+/// `stages.sft:` — supervised fine-tuning on the verified seed variants.
+struct sft_stage_config {
+  std::int64_t steps = 0;                ///< updates; 0: the stage is skipped
+  std::int64_t batch = 8;                ///< examples per update
+  double stop_loss = 0.0;                ///< the stage ends early when an update's loss is at most this; 0: never
+  double max_minutes = 0.0;              ///< wall-clock budget; 0: none
+};
+
+/// `stages.self_supervised:` — sample, keep the policy's own correct variants, train on them.
+struct self_supervised_stage_config {
+  std::int64_t steps = 0;                ///< updates; 0: the stage is skipped
+  std::int64_t groups = 4;               ///< groups sampled per update
+  double stop_correct = 0.0;             ///< ends early when a step's share of correct samples reaches this; 0: never
+  double max_minutes = 0.0;
+};
+
+/// `stages.rl:` — contrastive RL: GRPO on contrastive prompts.
+struct rl_stage_config {
+  std::int64_t steps = 0;                ///< updates; 0: the stage is skipped
+  std::int64_t groups = 4;               ///< complete groups per update
+  std::int64_t max_staleness = 2;        ///< groups sampled this many versions before the learner's are dropped
+  double stop_mean_speedup = 0.0;        ///< ends early when a step's mean speedup of correct samples reaches this; 0: never
+  double max_minutes = 0.0;
+};
+
+/// `stages:` — the schedule, run in this order; a stage with 0 steps is skipped.
+struct stages_config {
+  sft_stage_config sft;
+  self_supervised_stage_config self_supervised;
+  rl_stage_config rl;
+};
+
 /// The whole configuration. Plain value; copy freely.
 struct config {
   run_options run;
@@ -202,6 +268,9 @@ struct config {
   learner_options learner;
   rollout_config rollout;
   engine_config engine;
+  model_config model;
+  tasks_config tasks;
+  stages_config stages;
 };
 
 /// Decodes `yaml_text` (named `origin` in messages, e.g. "configs/x.yaml"), applying
