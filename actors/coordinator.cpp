@@ -1,6 +1,7 @@
 #include "actors/coordinator.hpp"
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -29,6 +30,11 @@ struct coordinator_state {
   std::unique_ptr<coordinator_deps> deps;
   run_status status;
   bool started = false;
+  bool stepping = false;       // a trainer step is under way
+  bool pause_running = false;  // the pause sequence (stop rollouts, checkpoint) is under way
+  std::uint64_t last_checkpoint = 0; // step of the last checkpoint
+  // Stops owed a reply once the pause sequence ends.
+  std::vector<caf::typed_response_promise<run_status>> stopping;
   // Replies owed to start/resume: sent when the run stops advancing (finished, paused, crashed).
   std::vector<caf::typed_response_promise<run_status>> waiting;
 };
@@ -45,12 +51,15 @@ std::string lifecycle_record(std::string_view event, const run_status& s, clock:
 
 // status.json: the status, plus the endpoint of the live event stream when there is one.
 std::string status_file_text(const coordinator_deps& d, const run_status& s) {
-  if (!d.publisher)
+  if (!d.publisher && d.pid == 0)
     return to_json(s) + "\n";
   json_writer w;
   w.begin_object();
   write_fields(w, s);
-  w.field("publish", d.publisher->endpoint());
+  if (d.publisher)
+    w.field("publish", d.publisher->endpoint());
+  if (d.pid != 0)
+    w.field("pid", d.pid);
   w.end_object();
   return std::move(w).take() + "\n";
 }
@@ -119,6 +128,168 @@ std::string heartbeat_record(const coordinator_deps& d, const run_status& s) {
   return std::move(w).take();
 }
 
+// Copies a trainer report into the status and appends its records.
+result<void> take_report(coordinator_state& st, const stage_report& rep) {
+  st.status.stage = rep.stage;
+  st.status.step = rep.step;
+  st.status.policy_version = rep.policy_version;
+  st.status.variants = rep.variants;
+  st.status.best_speedup = rep.best_speedup;
+  st.status.mean_speedup = rep.mean_speedup;
+  st.status.dropped_stale = rep.dropped_stale;
+  for (const auto& line : rep.records) {
+    auto event = std::string_view{"record"};
+    if (auto k = line.find("\"event\":\""); k != std::string::npos) {
+      auto b = k + 9;
+      auto e = line.find('"', b);
+      if (e != std::string::npos)
+        event = std::string_view{line}.substr(b, e - b);
+    }
+    if (auto r = append_record(*st.deps, event, line); !r)
+      return r;
+  }
+  return {};
+}
+
+// Answers the stops waiting for the pause sequence, then quits.
+void answer_stops(self_pointer self) {
+  auto& st = self->state;
+  if (st.stopping.empty())
+    return;
+  (void) st.deps->metrics.sync();
+  for (auto& rp : st.stopping)
+    rp.deliver(st.status);
+  st.stopping.clear();
+  st.deps->log.info(component, "stopped (state ", to_string(st.status.state), ")");
+  self->quit();
+}
+
+// Checkpoints through the trainer, then calls `then` (or crashes the run).
+void checkpoint(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  self->request(st.deps->trainer, caf::infinite, save_atom_v)
+    .then(
+      [self, then](const std::string& dir) {
+        auto& st = self->state;
+        st.last_checkpoint = st.status.step;
+        json_writer w;
+        w.begin_object().field("event", "checkpoint").field("time", format_iso8601(st.deps->clk.now()))
+          .field("step", st.status.step).field("dir", dir).end_object();
+        if (auto r = append_record(*st.deps, "checkpoint", std::move(w).take()); !r) {
+          crash(st, r.error());
+          answer_stops(self);
+          return;
+        }
+        then();
+      },
+      [self](const caf::error& e) {
+        crash(self->state, to_error(e));
+        answer_stops(self);
+      });
+}
+
+// The pause sequence once no step is under way: stop the rollouts, checkpoint, paused.
+void run_pause(self_pointer self) {
+  auto& st = self->state;
+  if (st.pause_running)
+    return;
+  st.pause_running = true;
+  self->request(st.deps->trainer, caf::infinite, stop_atom_v)
+    .then(
+      [self](stage_report& rep) {
+        auto& st = self->state;
+        if (auto r = take_report(st, rep); !r) {
+          st.pause_running = false;
+          crash(st, r.error());
+          answer_stops(self);
+          return;
+        }
+        checkpoint(self, [self] {
+          auto& st = self->state;
+          st.pause_running = false;
+          st.status.state = run_state::paused;
+          if (auto r = record(st, "run_paused"); !r) {
+            crash(st, r.error());
+            answer_stops(self);
+            return;
+          }
+          settle(st);
+          answer_stops(self);
+        });
+      },
+      [self](const caf::error& e) {
+        self->state.pause_running = false;
+        crash(self->state, to_error(e));
+        answer_stops(self);
+      });
+}
+
+// A pause request while running: wait for the step under way, if any.
+void begin_pause(self_pointer self) {
+  auto& st = self->state;
+  st.status.state = run_state::pausing;
+  if (auto r = record(st, "run_pausing"); !r) {
+    crash(st, r.error());
+    answer_stops(self);
+    return;
+  }
+  if (!st.stepping)
+    run_pause(self);
+}
+
+// A step of the schedule is done.
+void on_step(self_pointer self, stage_report rep) {
+  auto& st = self->state;
+  st.stepping = false;
+  const auto before = st.status.step;
+  if (auto r = take_report(st, rep); !r) {
+    crash(st, r.error());
+    answer_stops(self);
+    return;
+  }
+  if (st.status.state == run_state::crashed)
+    return;
+  if (rep.done) {
+    // The end: a last checkpoint (unless this step has one), then finished.
+    auto finish = [self] {
+      auto& st = self->state;
+      st.status.state = run_state::finished;
+      st.status.stage.clear();
+      if (auto r = record(st, "run_finished"); !r) {
+        crash(st, r.error());
+        answer_stops(self);
+        return;
+      }
+      settle(st);
+      answer_stops(self);
+    };
+    if (st.last_checkpoint == st.status.step && st.status.step > 0)
+      finish();
+    else
+      checkpoint(self, finish);
+    return;
+  }
+  auto go_on = [self] {
+    auto& st = self->state;
+    if (st.deps->pause_after > 0 && st.status.step >= st.deps->pause_after && st.status.state == run_state::running) {
+      st.deps->log.info(component, "pausing after step ", st.status.step, " as asked");
+      begin_pause(self);
+      return;
+    }
+    if (st.status.state == run_state::pausing) {
+      run_pause(self);
+      return;
+    }
+    if (st.status.state == run_state::running)
+      self->send(caf::actor_cast<coordinator_impl_actor>(self), advance_atom_v);
+  };
+  const bool stepped = st.status.step > before;
+  if (stepped && st.deps->checkpoint_every > 0 && st.status.step % st.deps->checkpoint_every == 0)
+    checkpoint(self, go_on);
+  else
+    go_on();
+}
+
 coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator_deps deps) {
   self->state.deps = std::make_unique<coordinator_deps>(std::move(deps));
   return {
@@ -128,8 +299,10 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
         return make_error(errc::invalid_arg, std::string{"run already started (state "}
                                                + to_string(st.status.state) + ")");
       st.started = true;
+      st.status = st.deps->initial;
       st.status.state = run_state::running;
-      if (auto r = record(st, "run_started"); !r)
+      st.last_checkpoint = st.deps->resumed ? st.status.step : 0;
+      if (auto r = record(st, st.deps->resumed ? "run_resumed" : "run_started"); !r)
         return crash(st, r.error());
       if (st.deps->publisher)
         self->send(caf::actor_cast<coordinator_impl_actor>(self), heartbeat_atom_v);
@@ -140,11 +313,15 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
       auto& st = self->state;
       if (st.status.state != run_state::running)
         return st.status;
-      // No stage can have work in flight yet, so the run skips `pausing`: nothing to drain.
-      st.status.state = run_state::paused;
-      if (auto r = record(st, "run_paused"); !r)
-        return crash(st, r.error());
-      settle(st);
+      if (!st.deps->trainer) {
+        // No schedule, so nothing in flight: straight to paused.
+        st.status.state = run_state::paused;
+        if (auto r = record(st, "run_paused"); !r)
+          return crash(st, r.error());
+        settle(st);
+        return st.status;
+      }
+      begin_pause(self);
       return st.status;
     },
     [self](resume_atom) -> caf::result<run_status> {
@@ -159,6 +336,13 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
     [self](stop_atom) -> caf::result<run_status> {
       auto& st = self->state;
       auto rp = self->make_response_promise<run_status>();
+      if (st.deps->trainer && (st.status.state == run_state::running || st.status.state == run_state::pausing)) {
+        // Pause properly (step under way, rollouts, checkpoint), then answer and quit.
+        st.stopping.push_back(rp);
+        if (st.status.state == run_state::running)
+          begin_pause(self);
+        return rp;
+      }
       caf::error err;
       if (st.status.state == run_state::running) {
         st.status.state = run_state::paused;
@@ -187,15 +371,26 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
       auto& st = self->state;
       if (st.status.state != run_state::running)
         return; // paused or stopped since this step was queued
-      // The stage schedule is empty in this build (no stage kinds exist yet), so there is no
-      // next stage to run: the run is complete.
-      st.status.state = run_state::finished;
-      st.status.stage.clear();
-      if (auto r = record(st, "run_finished"); !r) {
-        crash(st, r.error());
+      if (!st.deps->trainer) {
+        // The schedule is empty: the run is complete.
+        st.status.state = run_state::finished;
+        st.status.stage.clear();
+        if (auto r = record(st, "run_finished"); !r) {
+          crash(st, r.error());
+          return;
+        }
+        settle(st);
         return;
       }
-      settle(st);
+      st.stepping = true;
+      self->request(st.deps->trainer, caf::infinite, advance_atom_v)
+        .then([self](stage_report& rep) { on_step(self, std::move(rep)); },
+              [self](const caf::error& e) {
+                auto& st = self->state;
+                st.stepping = false;
+                crash(st, to_error(e));
+                answer_stops(self);
+              });
     },
   };
 }

@@ -8,10 +8,12 @@
 // pause/resume in between and stop as the graceful end. Every transition rewrites
 // status.json atomically and appends one metrics record {"event":"run_...", "time":...}.
 //
-// The stage schedule (SFT -> self-supervised -> contrastive RL, DESIGN §1.5) is EMPTY in this
-// build: no stage kinds exist yet, so a started run advances once and finishes at once. The
-// advance step is a message the coordinator sends itself, so stages added later run one
-// message at a time and status, pause and stop are served between them.
+// The stage schedule (warm start -> SFT -> self-supervised -> contrastive RL, DESIGN §1.5) is run
+// by a trainer (actors/trainer.hpp), one step per request: after each step the coordinator
+// records the step's metrics, updates the status, checkpoints every run.checkpoint_every steps,
+// and serves status, pause and stop between steps. Pausing waits for the step under way
+// (state `pausing`), stops the rollouts (run.on_pause), writes a checkpoint, then reports
+// `paused`. Without a trainer the schedule is empty: a started run finishes at once.
 #pragma once
 
 #include <chrono>
@@ -40,6 +42,17 @@ struct coordinator_deps {
   /// paused, and status.json carries the bound endpoint as `publish`.
   std::unique_ptr<storage::event_publisher> publisher = nullptr;
   std::chrono::milliseconds heartbeat{1000};
+  /// Runs the stage schedule; null: the schedule is empty.
+  trainer_actor trainer;
+  /// The status to start from (a resumed run: the checkpoint's step, version and counters). Its
+  /// state is ignored.
+  run_status initial;
+  bool resumed = false;                 ///< start records `run_resumed` instead of `run_started`
+  std::uint64_t checkpoint_every = 0;   ///< steps between checkpoints; 0: only at pause and at the end
+  std::uint64_t pause_after = 0;        ///< pause once this many steps are done (0: never)
+  /// The process running the run, written to status.json as `pid` (`crucible pause` signals it);
+  /// 0: not written.
+  std::int64_t pid = 0;
 };
 
 /// Spawns the coordinator of one run (one per actor system). Nothing is written until it

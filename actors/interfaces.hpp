@@ -162,6 +162,23 @@ using learner_actor = caf::typed_actor<
   // replies with its version.
   caf::replies_to<save_atom, std::string>::with<policy_version>>;
 
+/// Runs a run's stage schedule one step at a time for the coordinator (actors/trainer.hpp).
+using trainer_actor = caf::typed_actor<
+  // Runs the next step of the schedule; the report says what it did and whether the schedule
+  // is complete.
+  caf::replies_to<advance_atom>::with<stage_report>,
+  // Stops the rollout actors (finishing or dropping their groups per run.on_pause); the report
+  // carries the verdicts that arrived meanwhile.
+  caf::replies_to<stop_atom>::with<stage_report>,
+  // Writes a checkpoint (learner and schedule position); replies with its directory.
+  caf::replies_to<save_atom>::with<std::string>,
+  // A complete group from the exemplar actor.
+  caf::reacts_to<rollout_group>>;
+
+/// The trainer as implemented: its interface plus the timer it sends itself while a step waits
+/// (for groups, or for warm-start candidates refused as busy). Internal to actors/trainer.cpp.
+using trainer_impl_actor = trainer_actor::extend<caf::reacts_to<collect_atom>>;
+
 /// Admits nodes that join with the run's token and tracks them (DESIGN §6).
 using membership_actor = caf::typed_actor<
   // Admits a node with the right token (errc::refused otherwise) and starts monitoring it.

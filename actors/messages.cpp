@@ -64,6 +64,13 @@ bool operator==(const run_status& x, const run_status& y) noexcept {
          && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale;
 }
 
+bool operator==(const stage_report& x, const stage_report& y) noexcept {
+  return x.stage == y.stage && x.stage_step == y.stage_step && x.step == y.step && x.done == y.done
+         && x.policy_version == y.policy_version && x.variants == y.variants
+         && same_speedup(x.best_speedup, y.best_speedup) && same_speedup(x.mean_speedup, y.mean_speedup)
+         && x.dropped_stale == y.dropped_stale && x.records == y.records;
+}
+
 void write_fields(json_writer& w, const run_status& x) {
   w.field("state", to_string(x.state))
     .field("stage", x.stage)

@@ -488,6 +488,29 @@ typename Inspector::result_type inspect(Inspector& f, sft_batch& x) {
   return f(caf::meta::type_name("sft_batch"), x.prompts, x.completions);
 }
 
+/// Trainer -> coordinator: what one step of the stage schedule did (actors/trainer.hpp).
+struct stage_report {
+  std::string stage;               ///< "warm_start", "sft", "self_supervised", "rl"; "" once the schedule is complete
+  std::uint64_t stage_step = 0;    ///< updates of that stage so far
+  std::uint64_t step = 0;          ///< learner updates in the run so far
+  bool done = false;               ///< the schedule is complete: nothing is left to run
+  crucible::policy_version policy_version;
+  std::uint64_t variants = 0;      ///< scored variants in the run so far
+  double best_speedup = std::numeric_limits<double>::quiet_NaN(); ///< over correct variants so far
+  double mean_speedup = std::numeric_limits<double>::quiet_NaN(); ///< over correct variants so far
+  std::uint64_t dropped_stale = 0; ///< groups dropped for staleness so far
+  std::vector<std::string> records; ///< metrics records of the step (one JSON object each), in order
+
+  /// Field-wise equality in which two NaN speedups are equal.
+  friend bool operator==(const stage_report& x, const stage_report& y) noexcept;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
+  return f(caf::meta::type_name("stage_report"), x.stage, x.stage_step, x.step, x.done, x.policy_version, x.variants,
+           detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.records);
+}
+
 /// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
 /// broadcast (the weights themselves never travel as CAF messages).
 struct weights_published {
@@ -626,6 +649,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::rollout_stats))
   CAF_ADD_TYPE_ID(crucible, (crucible::learner_batch))
   CAF_ADD_TYPE_ID(crucible, (crucible::sft_batch))
+  CAF_ADD_TYPE_ID(crucible, (crucible::stage_report))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

@@ -192,6 +192,22 @@ template <> struct sample<sft_batch> {
   static sft_batch make() { return {{{1, 2}, {3}}, {{4, 5, 6}, {7}}}; }
 };
 
+template <> struct sample<stage_report> {
+  static stage_report make() {
+    stage_report r;
+    r.stage = "rl";
+    r.stage_step = 3;
+    r.step = 12;
+    r.done = false;
+    r.policy_version = policy_version{12};
+    r.variants = 96;
+    r.best_speedup = 2.5; // mean stays NaN: "no value" must survive
+    r.dropped_stale = 1;
+    r.records = {"{\"event\":\"train_step\"}", "{\"event\":\"verdict\"}"};
+    return r;
+  }
+};
+
 template <> struct sample<weights_published> {
   static weights_published make() { return {policy_version{4}, 12, 3'000'000'000ull}; }
 };
@@ -326,7 +342,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 32, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 33, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

@@ -1,15 +1,30 @@
-// `crucible train CONFIG`: resolve the configuration, create the run directory, start the actor
-// system and let the coordinator run the run's lifecycle.
+// `crucible train CONFIG`, `crucible resume RUN` and `crucible pause RUN`: resolve the
+// configuration, create (or reopen) the run directory, spawn the run's roles and let the
+// coordinator run the stage schedule. SIGINT and SIGTERM pause the run: the step under way
+// finishes, the rollouts stop (run.on_pause), a checkpoint is written, and the process exits 0.
 #include <caf/actor_system.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/send.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <cstdio>
 #include <memory>
+#include <thread>
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "actors/actor_config.hpp"
 #include "actors/coordinator.hpp"
+#include "actors/run_roles.hpp"
 #include "core/config.hpp"
+#include "core/json_parse.hpp"
 #include "core/log.hpp"
 #include "storage/atomic_file.hpp"
 #include "storage/event_publisher.hpp"
@@ -21,11 +36,146 @@ namespace crucible::cli {
 
 namespace {
 
+namespace fs = std::filesystem;
+
+// SIGINT and SIGTERM, taken by a thread of their own (sigwait) and turned into a pause of the
+// run. Blocked in every thread from construction on; a second signal ends the process at once.
+class signal_pauser {
+public:
+  signal_pauser() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    sigaddset(&set_, SIGUSR1); // wakes the thread when the run ends by itself
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~signal_pauser() {
+    if (thread_.joinable()) {
+      done_ = true;
+      pthread_kill(thread_.native_handle(), SIGUSR1);
+      thread_.join();
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  void start(coordinator_actor coordinator, logger& log) {
+    thread_ = std::thread([this, coordinator, &log] {
+      int count = 0;
+      for (;;) {
+        int sig = 0;
+        if (sigwait(&set_, &sig) != 0 || done_)
+          return;
+        if (sig == SIGUSR1)
+          continue;
+        if (++count > 1) {
+          std::fprintf(stderr, "crucible: second %s: exiting without a checkpoint\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+          std::_Exit(130);
+        }
+        log.info("train", sig == SIGINT ? "SIGINT" : "SIGTERM", ": pausing (a second signal exits at once)");
+        caf::anon_send(coordinator, pause_atom_v);
+      }
+    });
+  }
+
+private:
+  sigset_t set_{}, old_{};
+  std::thread thread_;
+  std::atomic<bool> done_{false};
+};
+
+// Runs the coordinator over the run's roles until the run finishes, pauses or crashes.
+int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint64_t pause_after, logger& log,
+          const system_clock& clk) {
+  auto metrics = storage::metrics_log::open(dir.metrics_file());
+  if (!metrics) {
+    std::fprintf(stderr, "crucible: %s\n", metrics.error().message.c_str());
+    return exit_failure;
+  }
+  std::unique_ptr<storage::event_publisher> publisher;
+  if (!cfg.run.publish.empty()) {
+    auto pub = storage::event_publisher::bind(cfg.run.publish);
+    if (!pub) {
+      std::fprintf(stderr, "crucible: %s\n", pub.error().message.c_str());
+      return exit_usage;
+    }
+    publisher = std::make_unique<storage::event_publisher>(std::move(*pub));
+    log.info("train", "publishing events on ", publisher->endpoint());
+  }
+  signal_pauser signals; // before any thread exists, so every thread inherits the mask
+
+  actor_config acfg;
+  if (cfg.actors.threads > 0)
+    acfg.set("scheduler.max-threads", static_cast<std::size_t>(cfg.actors.threads));
+  caf::actor_system sys{acfg};
+  auto roles = spawn_run_roles(sys, cfg, dir.path(), resume, clk, log);
+  if (!roles) {
+    std::fprintf(stderr, "crucible: %s\n", roles.error().message.c_str());
+    return roles.error().code == errc::config || roles.error().code == errc::not_found ? exit_usage : exit_failure;
+  }
+  log.info("train", roles->tasks, " tasks, ", roles->seeds, " seed variants, mode ", to_string(cfg.run.mode));
+  coordinator_deps deps{dir.status_file(), std::move(*metrics), log, clk, std::move(publisher),
+                        std::chrono::milliseconds{static_cast<long long>(std::ceil(cfg.run.heartbeat_s * 1000.0))}};
+  deps.trainer = roles->trainer;
+  deps.initial = roles->initial;
+  deps.resumed = resume;
+  deps.checkpoint_every = static_cast<std::uint64_t>(cfg.run.checkpoint_every);
+  deps.pause_after = pause_after;
+  deps.pid = static_cast<std::int64_t>(::getpid());
+  auto coordinator = spawn_coordinator(sys, std::move(deps));
+  signals.start(coordinator, log);
+  caf::scoped_actor self{sys};
+  int rc = exit_ok;
+  run_status final_status;
+  auto on_error = [&](const caf::error& err) {
+    std::fprintf(stderr, "crucible: %s\n", to_error(err).to_string().c_str());
+    rc = exit_failure;
+  };
+  self->request(coordinator, caf::infinite, start_atom_v).receive([&](const run_status& st) { final_status = st; }, on_error);
+  self->request(coordinator, caf::infinite, stop_atom_v)
+    .receive([&](const run_status& st) { final_status = st; }, [&](const caf::error& err) {
+      if (rc == exit_ok)
+        on_error(err);
+    });
+  for (const auto& a : roles->actors)
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  if (final_status.state == run_state::crashed)
+    rc = exit_failure;
+  auto num = [](double x) {
+    if (std::isnan(x))
+      return std::string{"-"};
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3fx", x);
+    return std::string{buf};
+  };
+  std::printf("run %s: %s at step %llu (%s), policy v%llu, %llu variants, best speedup %s, mean %s\n",
+              dir.path().c_str(), to_string(final_status.state), static_cast<unsigned long long>(final_status.step),
+              final_status.stage.empty() ? "schedule complete" : final_status.stage.c_str(),
+              static_cast<unsigned long long>(final_status.policy_version.value),
+              static_cast<unsigned long long>(final_status.variants), num(final_status.best_speedup).c_str(),
+              num(final_status.mean_speedup).c_str());
+  if (final_status.state == run_state::paused)
+    std::printf("resume with: crucible resume %s\n", dir.path().c_str());
+  return rc;
+}
+
+result<std::uint64_t> pause_after_of(const parsed_args& args) {
+  if (!args.has("--pause-after"))
+    return std::uint64_t{0};
+  auto n = int_option(args, "--pause-after", 0, 1, INT64_MAX);
+  if (!n)
+    return n.error();
+  return static_cast<std::uint64_t>(*n);
+}
+
 int run_train(const parsed_args& args) {
   const auto& file = args.positional[0];
   auto cfg = load_config(file, args.all("--set"));
   if (!cfg) {
     std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
+    return exit_usage;
+  }
+  auto pause_after = pause_after_of(args);
+  if (!pause_after) {
+    std::fprintf(stderr, "crucible train: %s\n", pause_after.error().message.c_str());
     return exit_usage;
   }
   system_clock clk;
@@ -35,7 +185,7 @@ int run_train(const parsed_args& args) {
     auto code = dir.error().code;
     if (code == errc::invalid_arg)
       std::fprintf(stderr,
-                   "crucible train: %s\n  choose another name with --set run.name=NAME\n",
+                   "crucible train: %s\n  choose another name with --set run.name=NAME, or continue it with crucible resume\n",
                    dir.error().message.c_str());
     else
       std::fprintf(stderr, "crucible train: %s\n", dir.error().message.c_str());
@@ -51,62 +201,132 @@ int run_train(const parsed_args& args) {
     std::fprintf(stderr, "crucible train: %s\n", r.error().message.c_str());
     return exit_failure;
   }
-  auto metrics = storage::metrics_log::open(dir->metrics_file());
-  if (!metrics) {
-    std::fprintf(stderr, "crucible train: %s\n", metrics.error().message.c_str());
-    return exit_failure;
-  }
   log.info("train", "run ", dir->path().string(), " from ", file);
-  std::unique_ptr<storage::event_publisher> publisher;
-  if (!cfg->run.publish.empty()) {
-    auto pub = storage::event_publisher::bind(cfg->run.publish);
-    if (!pub) {
-      std::fprintf(stderr, "crucible train: %s\n", pub.error().message.c_str());
+  return drive(*cfg, *dir, false, *pause_after, log, clk);
+}
+
+int run_resume(const parsed_args& args) {
+  const fs::path path = args.positional[0];
+  auto dir = storage::run_directory::open(path);
+  if (!dir) {
+    std::fprintf(stderr, "crucible resume: %s\n", dir.error().message.c_str());
+    return dir.error().code == errc::busy || dir.error().code == errc::not_found || dir.error().code == errc::invalid_arg
+             ? exit_usage
+             : exit_failure;
+  }
+  auto cfg = load_config(dir->config_file(), args.all("--set"));
+  if (!cfg) {
+    std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
+    return exit_usage;
+  }
+  auto pause_after = pause_after_of(args);
+  if (!pause_after) {
+    std::fprintf(stderr, "crucible resume: %s\n", pause_after.error().message.c_str());
+    return exit_usage;
+  }
+  // A finished run has nothing left to do.
+  if (auto text = storage::read_file(dir->status_file()); text) {
+    if (auto st = run_status_from_json(*text); st && st->state == run_state::finished) {
+      std::fprintf(stderr, "crucible resume: %s has finished; nothing to resume\n", path.c_str());
       return exit_usage;
     }
-    publisher = std::make_unique<storage::event_publisher>(std::move(*pub));
-    log.info("train", "publishing events on ", publisher->endpoint());
   }
+  system_clock clk;
+  logger log{clk, cfg->log.level};
+  if (auto r = log.open_file(dir->events_log(), cfg->log.file_level); !r) {
+    std::fprintf(stderr, "crucible resume: %s\n", r.error().message.c_str());
+    return exit_failure;
+  }
+  if (!args.all("--set").empty()) {
+    // The overrides become part of the run's configuration.
+    if (auto r = storage::write_file_atomic(dir->config_file(),
+                                            "# resolved by crucible resume (with --set overrides)\n" + to_yaml(*cfg));
+        !r) {
+      std::fprintf(stderr, "crucible resume: %s\n", r.error().message.c_str());
+      return exit_failure;
+    }
+  }
+  log.info("train", "resuming run ", dir->path().string());
+  return drive(*cfg, *dir, true, *pause_after, log, clk);
+}
 
-  actor_config acfg;
-  if (cfg->actors.threads > 0)
-    acfg.set("scheduler.max-threads", static_cast<std::size_t>(cfg->actors.threads));
-  caf::actor_system sys{acfg};
-  auto coordinator = spawn_coordinator(sys, coordinator_deps{dir->status_file(), std::move(*metrics), log, clk, std::move(publisher),
-                                                          std::chrono::milliseconds{static_cast<long long>(
-                                                            std::ceil(cfg->run.heartbeat_s * 1000.0))}});
-  caf::scoped_actor self{sys};
-  int rc = exit_ok;
-  run_status final_status;
-  self->request(coordinator, caf::infinite, start_atom::value)
-    .receive([&](const run_status& st) { final_status = st; },
-             [&](const caf::error& err) {
-               std::fprintf(stderr, "crucible train: %s\n", to_error(err).to_string().c_str());
-               rc = exit_failure;
-             });
-  self->request(coordinator, caf::infinite, stop_atom::value)
-    .receive([&](const run_status& st) { final_status = st; },
-             [&](const caf::error& err) {
-               std::fprintf(stderr, "crucible train: %s\n", to_error(err).to_string().c_str());
-               rc = exit_failure;
-             });
-  if (rc == exit_ok)
-    std::printf("run %s: %s at step %llu (%s)\n", dir->path().c_str(), to_string(final_status.state),
-                static_cast<unsigned long long>(final_status.step),
-                final_status.stage.empty() ? "no stage is configured" : final_status.stage.c_str());
-  return rc;
+int run_pause(const parsed_args& args) {
+  const fs::path dir = args.positional[0];
+  std::error_code ec;
+  if (!fs::exists(dir / "config.yaml", ec)) {
+    std::fprintf(stderr, "crucible pause: %s is not a run directory (no config.yaml)\n", dir.c_str());
+    return exit_usage;
+  }
+  auto doc = read_json_file(dir / "status.json");
+  if (!doc || !doc->is_object()) {
+    std::fprintf(stderr, "crucible pause: %s: no readable status.json\n", dir.c_str());
+    return exit_failure;
+  }
+  const auto* pid_value = doc->find("pid");
+  const auto* state = doc->find("state");
+  if (!storage::run_directory_locked(dir) || pid_value == nullptr || !pid_value->is_int()) {
+    std::fprintf(stderr, "crucible pause: %s: no process is running this run (state %s)\n", dir.c_str(),
+                 state != nullptr && state->is_string() ? state->as_string().c_str() : "unknown");
+    return exit_usage;
+  }
+  const auto pid = static_cast<pid_t>(pid_value->as_int());
+  if (::kill(pid, SIGTERM) != 0) {
+    std::fprintf(stderr, "crucible pause: cannot signal process %d: %s\n", static_cast<int>(pid), std::strerror(errno));
+    return exit_failure;
+  }
+  auto timeout = args.has("--timeout") ? std::stod(args.get("--timeout")) : 600.0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
+  // The run's process exits once its checkpoint is written and the lock goes with it.
+  while (storage::run_directory_locked(dir)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "crucible pause: %s still running after %.0f s\n", dir.c_str(), timeout);
+      return exit_failure;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto text = storage::read_file(dir / "status.json");
+  auto st = text ? run_status_from_json(*text) : result<run_status>{text.error()};
+  if (!st) {
+    std::fprintf(stderr, "crucible pause: %s\n", st.error().message.c_str());
+    return exit_failure;
+  }
+  std::printf("run %s: %s at step %llu\n", dir.c_str(), to_string(st->state), static_cast<unsigned long long>(st->step));
+  return st->state == run_state::paused ? exit_ok : exit_failure;
 }
 
 } // namespace
 
 command train_command() {
-  return {{"train", "CONFIG [--set KEY=VALUE]...", "Start a training run from a configuration file",
+  return {{"train", "CONFIG [--set KEY=VALUE]... [--pause-after N]", "Start a training run from a configuration file",
            "Checks CONFIG (and the overrides), creates the run directory run.dir/run.name with the\n"
-           "resolved config.yaml, events.log, metrics.jsonl and status.json, and runs the loop.\n"
-           "A configuration error names the file, line and key and creates nothing.",
+           "resolved config.yaml, events.log, metrics.jsonl and status.json, and runs the stage\n"
+           "schedule (docs/training.md). SIGINT or SIGTERM (or crucible pause) pauses the run: the\n"
+           "step under way finishes, a checkpoint is written and the process exits 0; crucible resume\n"
+           "continues it. A configuration error names the file, line and key and creates nothing.",
            {"CONFIG"},
-           {{"--set", "KEY=VALUE", "override a configuration key, e.g. --set run.seed=7", true}}},
+           {{"--set", "KEY=VALUE", "override a configuration key, e.g. --set run.seed=7", true},
+            {"--pause-after", "N", "pause once N learner steps are done"}}},
           run_train};
+}
+
+command resume_command() {
+  return {{"resume", "RUN [--set KEY=VALUE]... [--pause-after N]", "Continue a paused or interrupted run",
+           "Reopens RUN, restores the learner, the schedule position and the counters from its latest\n"
+           "checkpoint (RUN/checkpoints/latest) and runs the rest of the schedule. After kill -9 the\n"
+           "run continues from its last checkpoint; variants stored since then stay in the store.",
+           {"RUN"},
+           {{"--set", "KEY=VALUE", "override a configuration key for the rest of the run", true},
+            {"--pause-after", "N", "pause once the run has done N learner steps"}}},
+          run_resume};
+}
+
+command pause_command() {
+  return {{"pause", "RUN [--timeout S]", "Pause a running run and wait for its checkpoint",
+           "Sends SIGTERM to the process running RUN (its pid is in status.json) and waits until it\n"
+           "has written its checkpoint and exited; prints the final status. Exit 0 when paused.",
+           {"RUN"},
+           {{"--timeout", "S", "seconds to wait (default 600)"}}},
+          run_pause};
 }
 
 } // namespace crucible::cli

@@ -22,6 +22,8 @@ struct command {
 };
 
 command train_command();
+command resume_command();
+command pause_command();
 command status_command();
 command config_command();
 command info_command();

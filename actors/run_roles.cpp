@@ -1,0 +1,348 @@
+#include "actors/run_roles.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <set>
+
+#include <caf/actor_cast.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/send.hpp>
+
+#include "actors/engine.hpp"
+#include "actors/evaluator.hpp"
+#include "actors/learner.hpp"
+#include "actors/rollout.hpp"
+#include "core/file_io.hpp"
+#include "env/evaluator.hpp"
+#include "env/task.hpp"
+#include "env/verdict_cache.hpp"
+#include "policy/bpe_trainer.hpp"
+#include "policy/checkpoint.hpp"
+#include "policy/engine.hpp"
+#include "policy/learner.hpp"
+#include "policy/model.hpp"
+#include "policy/model_config.hpp"
+#include "policy/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace crucible {
+
+namespace {
+
+constexpr std::string_view component = "run";
+
+// "cpu" for the CPU; for a GPU the model's short name ("NVIDIA H100 80GB HBM3" -> "h100").
+std::string hardware_kind_of(const std::string& device, const std::string& name) {
+  if (device == "cpu")
+    return "cpu";
+  std::string lower;
+  for (char c : name)
+    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* vendor : {"nvidia ", "amd "})
+    if (lower.rfind(vendor, 0) == 0)
+      lower = lower.substr(std::string{vendor}.size());
+  auto space = lower.find(' ');
+  auto kind = lower.substr(0, space);
+  return kind.empty() ? "gpu" : kind;
+}
+
+// Files below a corpus path: the file itself, or the regular files of a directory tree (hidden
+// entries skipped), sorted.
+result<std::vector<fs::path>> corpus_files(const fs::path& root) {
+  std::error_code ec;
+  std::vector<fs::path> out;
+  if (fs::is_regular_file(root, ec))
+    return std::vector<fs::path>{root};
+  if (!fs::is_directory(root, ec))
+    return fail(errc::config, "model.tokenizer_corpus: ", root.string(), " is neither a file nor a directory");
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (!name.empty() && name[0] == '.') {
+      if (it->is_directory())
+        it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file())
+      out.push_back(it->path());
+  }
+  if (ec)
+    return fail(errc::io, root.string(), ": ", ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path seeds_dir_of(const config& cfg) {
+  return cfg.tasks.seeds.empty() ? fs::path{cfg.tasks.suite} / "variants" : fs::path{cfg.tasks.seeds};
+}
+
+void exit_all(const std::vector<caf::actor>& actors) {
+  for (const auto& a : actors)
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+} // namespace
+
+fs::path model_dir_of(const config& cfg, const fs::path& run_dir) {
+  return cfg.model.dir.empty() ? run_dir / "model" : fs::path{cfg.model.dir};
+}
+
+result<void> prepare_model(const config& cfg, const fs::path& run_dir, logger& log) {
+  if (!cfg.model.dir.empty()) {
+    std::error_code ec;
+    if (!fs::exists(fs::path{cfg.model.dir} / "config.json", ec))
+      return fail(errc::config, "model.dir: ", cfg.model.dir, " has no config.json (not a Hugging Face model directory)");
+    return {};
+  }
+  const auto dir = run_dir / "model";
+  std::error_code ec;
+  if (fs::exists(dir / "config.json", ec) && fs::exists(dir / "tokenizer.json", ec))
+    return {}; // made by an earlier process of this run
+  // The tokenizer, trained on the corpus.
+  policy::bpe_train_options topt;
+  topt.vocab_size = static_cast<std::size_t>(cfg.model.tokenizer_vocab);
+  policy::bpe_trainer trainer{topt};
+  if (auto r = trainer.validate(); !r)
+    return fail(errc::config, "model.tokenizer_vocab: ", r.error().message);
+  std::vector<std::string> roots = cfg.model.tokenizer_corpus;
+  if (roots.empty())
+    roots = {cfg.tasks.suite, seeds_dir_of(cfg).string()};
+  std::size_t files = 0;
+  for (const auto& root : roots) {
+    std::error_code e2;
+    if (!fs::exists(root, e2)) {
+      if (cfg.model.tokenizer_corpus.empty())
+        continue; // the default seeds folder may not exist
+      return fail(errc::config, "model.tokenizer_corpus: ", root, " does not exist");
+    }
+    auto list = corpus_files(root);
+    if (!list.ok())
+      return list.error();
+    for (const auto& f : *list) {
+      if (f.extension() != ".py" && f.extension() != ".md" && f.extension() != ".txt" && f.extension() != ".yaml")
+        continue;
+      auto r = trainer.feed_file(f);
+      if (!r.ok()) {
+        if (r.error().code == errc::corrupt)
+          continue; // not UTF-8 text
+        return r.error();
+      }
+      ++files;
+    }
+  }
+  if (trainer.bytes_fed() == 0)
+    return fail(errc::config, "model.tokenizer_corpus: no text found to train the tokenizer on");
+  const auto tmp = run_dir / ".model.tmp";
+  fs::remove_all(tmp, ec);
+  auto bpe = trainer.train();
+  if (auto r = policy::write_tokenizer_dir(bpe, topt, tmp); !r)
+    return r.error();
+  auto tok = policy::tokenizer::load(tmp);
+  if (!tok.ok())
+    return tok.error();
+  auto family = policy::parse_model_family(cfg.model.family);
+  if (!family.ok())
+    return fail(errc::config, "model.family: ", family.error().message);
+  policy::init_model_options mo;
+  mo.dir = tmp;
+  mo.preset = cfg.model.init;
+  mo.family = *family;
+  mo.vocab_size = static_cast<std::int64_t>(tok->vocab_size());
+  mo.seed = cfg.run.seed;
+  mo.dtype = "float32";
+  mo.bos_token_id = tok->bos_id();
+  if (auto eos = tok->eos_id())
+    mo.eos_token_ids = {*eos};
+  mo.pad_token_id = tok->pad_id();
+  auto mc = policy::init_model(mo);
+  if (!mc.ok())
+    return mc.error();
+  fs::rename(tmp, dir, ec);
+  if (ec)
+    return fail(errc::io, "cannot rename ", tmp.string(), " to ", dir.string(), ": ", ec.message());
+  log.info(component, "fresh model in ", dir.string(), ": tokenizer of ", tok->vocab_size(), " tokens trained on ", files,
+           " files, ", cfg.model.family, " preset ", cfg.model.init, " (", mc->parameter_count(), " parameters)");
+  return {};
+}
+
+result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg) {
+  std::error_code ec;
+  if (!fs::is_directory(cfg.tasks.suite, ec))
+    return fail(errc::config, "tasks.suite: ", cfg.tasks.suite, " is not a directory");
+  auto tasks = env::index_tasks(cfg.tasks.suite);
+  if (!tasks.ok())
+    return tasks.error();
+  auto out = std::make_shared<task_catalog>();
+  const std::set<std::string> include(cfg.tasks.include.begin(), cfg.tasks.include.end());
+  for (auto& t : *tasks)
+    if (include.empty() || include.count(t.name) != 0)
+      out->emplace(task_id{t.name}, std::move(t));
+  for (const auto& name : include)
+    if (out->count(task_id{name}) == 0)
+      return fail(errc::config, "tasks.include: '", name, "' is not a task of ", cfg.tasks.suite);
+  if (out->empty())
+    return fail(errc::config, "tasks.suite: ", cfg.tasks.suite, " holds no KernelBench-format task");
+  return std::shared_ptr<const task_catalog>(std::move(out));
+}
+
+result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, const fs::path& run_dir, bool resume,
+                                  const clock& clk, logger& log) {
+  run_roles out;
+  auto guard = [&](crucible::error e) -> result<run_roles> {
+    exit_all(out.actors);
+    return e;
+  };
+  // Where to start from.
+  trainer_progress progress;
+  fs::path model_source = model_dir_of(cfg, run_dir);
+  if (resume) {
+    auto ck = latest_checkpoint(run_dir);
+    if (!ck.ok())
+      return ck.error();
+    auto text = read_file(*ck / "trainer.json");
+    if (!text.ok())
+      return text.error();
+    auto p = trainer_progress::from_json(*text, (*ck / "trainer.json").string());
+    if (!p.ok())
+      return p.error();
+    progress = *p;
+    out.checkpoint = *ck;
+    model_source = *ck / "learner" / "model";
+    log.info(component, "resuming from ", ck->string(), " (", stage_name(progress.stage), " step ", progress.stage_step,
+             ", run step ", progress.step, ")");
+  } else if (auto r = prepare_model(cfg, run_dir, log); !r) {
+    return r.error();
+  }
+  const auto model_dir = model_dir_of(cfg, run_dir);
+  auto tok = policy::tokenizer::load(model_dir);
+  if (!tok.ok())
+    return fail(tok.error().code, "model tokenizer: ", tok.error().message);
+  auto tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
+
+  auto tasks = load_task_catalog(cfg);
+  if (!tasks.ok())
+    return tasks.error();
+  out.tasks = (*tasks)->size();
+  auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks);
+  if (!seeds.ok())
+    return seeds.error();
+  out.seeds = seeds->size();
+
+  // Evaluators, one per device, behind the pool.
+  auto where = env::locate_harness(cfg.evaluator);
+  if (!where.ok())
+    return where.error();
+  std::string cache_path = cfg.evaluator.cache;
+  if (cache_path.empty()) {
+    const char* home = std::getenv("HOME");
+    cache_path = std::string{home != nullptr ? home : "/tmp"} + "/.cache/crucible/verdicts.db";
+  }
+  auto vcache = env::verdict_cache::open(cache_path);
+  if (!vcache.ok())
+    return vcache.error();
+  std::shared_ptr<env::verdict_cache> cache(std::move(*vcache));
+  std::vector<evaluator_actor> evaluators;
+  for (std::size_t i = 0; i < cfg.evaluator.devices.size(); ++i) {
+    const auto& device = cfg.evaluator.devices[i];
+    auto dev = env::device_evaluator::create(cfg.evaluator, cfg.reward, *where, device, log, cache);
+    if (!dev.ok())
+      return guard(fail(dev.error().code, "evaluator.devices[", std::to_string(i), "] ", device, ": ", dev.error().message));
+    std::shared_ptr<env::device_evaluator> shared(std::move(*dev));
+    device_info info{static_cast<std::int32_t>(i), shared->hardware(), hardware_kind_of(device, shared->hardware()), 0};
+    auto ev = spawn_evaluator(sys, evaluator_deps{shared, *tasks, info, cfg.evaluator.concurrency});
+    out.actors.push_back(caf::actor_cast<caf::actor>(ev));
+    evaluators.push_back(ev);
+  }
+  auto pool = spawn_evaluator_pool(sys, evaluators, evaluator_pool_options::from(cfg));
+  out.actors.push_back(caf::actor_cast<caf::actor>(pool));
+
+  // The engine.
+  policy::engine_options eopt;
+  eopt.device = cfg.model.device;
+  eopt.dtype = cfg.model.engine_dtype;
+  auto eng = policy::engine::load(model_source, eopt);
+  if (!eng.ok())
+    return guard(fail(eng.error().code, "engine: ", eng.error().message));
+  auto engine_opts = engine_actor_options::from(cfg);
+  engine_opts.load = eopt;
+  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(*eng)), tokenizer, {}}, engine_opts);
+  if (!engine.ok())
+    return guard(engine.error());
+  out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
+
+  // The learner (restored on resume).
+  policy::load_options lopt;
+  try {
+    lopt.device = torch::Device(cfg.model.device);
+  } catch (const std::exception&) {
+    return guard(fail(errc::config, "model.device: '", cfg.model.device, "' is not a device (cpu, cuda:N)"));
+  }
+  if (lopt.device.is_cuda() && !torch::cuda::is_available())
+    return guard(fail(errc::config, "model.device: ", cfg.model.device, ": no CUDA device is available"));
+  lopt.dtype = torch::kFloat;
+  auto model = policy::load_model(model_dir, lopt);
+  if (!model.ok())
+    return guard(fail(model.error().code, "learner model: ", model.error().message));
+  policy::CausalLM reference{nullptr};
+  if (cfg.learner.kl_coef > 0) {
+    auto ref = policy::load_model(model_dir, lopt);
+    if (!ref.ok())
+      return guard(ref.error());
+    reference = *ref;
+  }
+  auto learner = policy::learner::create(*model, reference, cfg.learner, cfg.run.seed, 0);
+  if (!learner.ok())
+    return guard(learner.error());
+  if (resume) {
+    auto info = policy::load_checkpoint(**learner, out.checkpoint / "learner");
+    if (!info.ok())
+      return guard(info.error());
+    progress.version = info->version;
+  }
+  learner_actor_spec spec;
+  spec.publish_dir = run_dir / "policy";
+  spec.keep_published = 4;
+  spec.temperature = cfg.rollout.temperature;
+  auto learner_handle =
+    spawn_learner_actor(sys, learner_actor_deps{std::shared_ptr<policy::learner>(std::move(*learner)), {*engine}}, spec);
+  if (!learner_handle.ok())
+    return guard(learner_handle.error());
+  out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));
+
+  // The prompts and the trainer.
+  auto setup = make_prompt_setup(cfg, tokenizer);
+  if (!setup.ok())
+    return guard(setup.error());
+  trainer_deps td;
+  td.cfg = cfg;
+  td.run_dir = run_dir;
+  td.learner = *learner_handle;
+  td.engine = *engine;
+  td.evaluators = pool;
+  td.tasks = *tasks;
+  td.seeds = std::move(*seeds);
+  td.prompts = *setup;
+  td.tokenizer = tokenizer;
+  td.clk = &clk;
+  td.log = &log;
+  td.progress = progress;
+  auto trainer = spawn_trainer(sys, std::move(td));
+  if (!trainer.ok())
+    return guard(trainer.error());
+  out.trainer = *trainer;
+  out.actors.push_back(caf::actor_cast<caf::actor>(*trainer));
+
+  out.initial.stage = stage_name(progress.stage);
+  out.initial.step = progress.step;
+  out.initial.policy_version = policy_version{progress.version};
+  out.initial.variants = progress.variants;
+  out.initial.best_speedup = progress.best_speedup;
+  out.initial.mean_speedup =
+    progress.correct ? progress.speedup_sum / progress.correct : std::numeric_limits<double>::quiet_NaN();
+  out.initial.dropped_stale = progress.dropped_stale;
+  return out;
+}
+
+} // namespace crucible

@@ -1,0 +1,53 @@
+// actors/run_roles.hpp: every role of a run in one process, made from the configuration
+// (`crucible train` and `crucible resume`): the policy (an existing model directory, or a fresh
+// one with a tokenizer trained on the task sources), the task catalogue and seed variants, one
+// evaluator per `evaluator.devices` entry behind a pool, the engine, the learner (restored from
+// the run's latest checkpoint on resume) and the trainer that runs the stage schedule. Link
+// crucible::run (it compiles torch).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include "actors/interfaces.hpp"
+#include "actors/trainer.hpp"
+#include "core/clock.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+
+namespace crucible {
+
+/// The spawned roles of a run.
+struct run_roles {
+  trainer_actor trainer;
+  std::vector<caf::actor> actors;      ///< every role, for shutdown
+  run_status initial;                  ///< the status to start from (resume: the checkpoint's)
+  std::filesystem::path checkpoint;    ///< the checkpoint resumed from ("" for a fresh run)
+  std::size_t tasks = 0;               ///< tasks in the catalogue
+  std::size_t seeds = 0;               ///< seed variants found
+};
+
+/// Where a fresh model lives in a run directory, and where the policy's model comes from.
+std::filesystem::path model_dir_of(const config& cfg, const std::filesystem::path& run_dir);
+
+/// Makes the fresh model (`model.dir` empty) in RUN/model when it is not there yet: a byte-level
+/// BPE tokenizer of model.tokenizer_vocab trained on model.tokenizer_corpus (default: the task
+/// suite and its seeds), then random weights of preset model.init. Logs what it did.
+result<void> prepare_model(const config& cfg, const std::filesystem::path& run_dir, logger& log);
+
+/// The task catalogue of `tasks:` (names relative to the suite, without .py), filtered by
+/// tasks.include (an unknown name is errc::config naming it).
+result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg);
+
+/// Spawns the roles. `resume`: the learner, the trainer's position and the status come from
+/// RUN/checkpoints/latest (errc::not_found when the run has none). Errors name the key, file
+/// or device at fault; roles already spawned are told to exit.
+result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, const std::filesystem::path& run_dir,
+                                  bool resume, const clock& clk, logger& log);
+
+} // namespace crucible

@@ -1,0 +1,1008 @@
+#include "actors/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <map>
+#include <set>
+#include <utility>
+
+#include <caf/actor_cast.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/exemplar.hpp"
+#include "core/file_io.hpp"
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
+
+namespace fs = std::filesystem;
+
+namespace crucible {
+
+namespace {
+
+constexpr std::string_view component = "trainer";
+constexpr int stage_warm = 0, stage_sft = 1, stage_self = 2, stage_rl = 3, stage_done = 4;
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The first line of a module docstring, or "".
+std::string docstring_summary(const std::string& code) {
+  auto pos = code.find_first_not_of(" \t\r\n");
+  if (pos == std::string::npos)
+    return {};
+  for (const char* q : {"\"\"\"", "'''"}) {
+    if (code.compare(pos, 3, q) == 0) {
+      auto end = code.find(q, pos + 3);
+      if (end == std::string::npos)
+        return {};
+      auto body = code.substr(pos + 3, end - pos - 3);
+      auto nl = body.find('\n');
+      auto line = body.substr(0, nl);
+      auto b = line.find_first_not_of(" \t");
+      auto e = line.find_last_not_of(" \t\r");
+      return b == std::string::npos ? std::string{} : line.substr(b, e - b + 1);
+    }
+  }
+  return {};
+}
+
+} // namespace
+
+const char* stage_name(int stage) noexcept {
+  switch (stage) {
+    case stage_warm:
+      return "warm_start";
+    case stage_sft:
+      return "sft";
+    case stage_self:
+      return "self_supervised";
+    case stage_rl:
+      return "rl";
+    default:
+      return "";
+  }
+}
+
+result<std::vector<seed_variant>> load_seed_variants(const fs::path& dir, const task_catalog& tasks) {
+  std::vector<seed_variant> out;
+  for (const auto& [id, task] : tasks) {
+    const auto folder = dir / id.value;
+    std::error_code ec;
+    if (!fs::is_directory(folder, ec))
+      continue;
+    std::vector<fs::path> files;
+    for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
+      if (it->is_regular_file() && it->path().extension() == ".py")
+        files.push_back(it->path());
+    if (ec)
+      return fail(errc::io, folder.string(), ": cannot list: ", ec.message());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      auto text = read_file(f);
+      if (!text.ok())
+        return text.error();
+      seed_variant v;
+      v.task = id;
+      v.name = f.stem().string();
+      v.code = std::move(*text);
+      v.wrong = v.name.rfind("wrong_", 0) == 0;
+      v.summary = docstring_summary(v.code);
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+std::string seed_response(const std::vector<std::string>& sections, const seed_variant& v) {
+  std::string out;
+  const std::string summary = v.summary.empty() ? "A faster implementation of " + v.task.value + "." : v.summary;
+  for (std::size_t i = 0; i < sections.size(); ++i) {
+    out += "### " + sections[i] + "\n";
+    if (i + 1 < sections.size())
+      out += summary + "\n\n";
+  }
+  std::string code = v.code;
+  while (!code.empty() && (code.back() == '\n' || code.back() == ' '))
+    code.pop_back();
+  out += "```python\n" + code + "\n```\n";
+  return out;
+}
+
+std::string trainer_progress::to_json() const {
+  json_writer w;
+  w.begin_object()
+    .field("format", "crucible-trainer-1")
+    .field("stage", static_cast<std::int64_t>(stage))
+    .field("stage_name", stage_name(stage))
+    .field("stage_step", stage_step)
+    .field("stage_seconds", stage_seconds)
+    .field("step", step)
+    .field("version", version)
+    .field("variants", variants)
+    .field("correct", correct)
+    .field("best_speedup", best_speedup)
+    .field("speedup_sum", speedup_sum)
+    .field("dropped_stale", dropped_stale)
+    .field("rng", rng)
+    .field("rollouts_spawned", generation)
+    .end_object();
+  return std::move(w).take() + "\n";
+}
+
+result<trainer_progress> trainer_progress::from_json(std::string_view text, const std::string& origin) {
+  auto doc = parse_json(text, origin);
+  if (!doc.ok())
+    return fail(errc::corrupt, doc.error().message);
+  if (!doc->is_object())
+    return fail(errc::corrupt, origin, ": expected a JSON object");
+  trainer_progress p;
+  auto u64 = [&](const char* key, std::uint64_t& out) -> result<void> {
+    const auto* v = doc->find(key);
+    if (v == nullptr || !v->is_int() || v->as_int() < 0)
+      return fail(errc::corrupt, origin, ": key '", key, "': expected a non-negative integer");
+    out = static_cast<std::uint64_t>(v->as_int());
+    return {};
+  };
+  auto num = [&](const char* key, double& out, bool nullable) -> result<void> {
+    const auto* v = doc->find(key);
+    if (v != nullptr && v->is_null() && nullable) {
+      out = std::numeric_limits<double>::quiet_NaN();
+      return {};
+    }
+    if (v == nullptr || !v->is_number())
+      return fail(errc::corrupt, origin, ": key '", key, "': expected a number");
+    out = v->as_double();
+    return {};
+  };
+  const auto* fmt = doc->find("format");
+  if (fmt == nullptr || !fmt->is_string() || fmt->as_string() != "crucible-trainer-1")
+    return fail(errc::corrupt, origin, ": key 'format': expected \"crucible-trainer-1\"");
+  std::uint64_t stage = 0;
+  for (auto r : {u64("stage", stage), u64("stage_step", p.stage_step), u64("step", p.step), u64("version", p.version),
+                 u64("variants", p.variants), u64("correct", p.correct), u64("dropped_stale", p.dropped_stale),
+                 u64("rng", p.rng), u64("rollouts_spawned", p.generation), num("stage_seconds", p.stage_seconds, false),
+                 num("best_speedup", p.best_speedup, true), num("speedup_sum", p.speedup_sum, false)})
+    if (!r.ok())
+      return r.error();
+  if (stage > static_cast<std::uint64_t>(stage_done))
+    return fail(errc::corrupt, origin, ": key 'stage': ", std::to_string(stage), " is not a stage (0-4)");
+  p.stage = static_cast<int>(stage);
+  return p;
+}
+
+result<fs::path> latest_checkpoint(const fs::path& run_dir) {
+  const auto pointer = run_dir / "checkpoints" / "latest";
+  std::error_code ec;
+  if (!fs::exists(pointer, ec))
+    return fail(errc::not_found, run_dir.string(), ": no checkpoint (", pointer.string(), " is missing)");
+  auto text = read_file(pointer);
+  if (!text.ok())
+    return text.error();
+  auto name = *text;
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' '))
+    name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    return fail(errc::corrupt, pointer.string(), ": expected a checkpoint directory name, got '", name, "'");
+  auto dir = run_dir / "checkpoints" / name;
+  if (!fs::is_directory(dir, ec))
+    return fail(errc::corrupt, pointer.string(), ": names ", dir.string(), ", which does not exist");
+  return dir;
+}
+
+namespace {
+
+// One sampling step's tallies, for its train_step record and the stopping rules.
+struct sample_tally {
+  std::uint64_t samples = 0, correct = 0, format_errors = 0;
+  double speedup_sum = 0;
+  double reward_sum = 0;
+
+  double correct_share() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
+  double mean_speedup() const { return correct ? speedup_sum / correct : std::numeric_limits<double>::quiet_NaN(); }
+};
+
+// What spawn_trainer and the actor share: the deps, and the exemplar actor, which is spawned
+// after the trainer (the trainer is its sink) and set before the trainer's handle is handed out.
+struct trainer_shared {
+  trainer_deps deps;
+  exemplar_actor exemplars;
+};
+
+struct trainer_state {
+  static inline const char* name = "crucible.trainer";
+
+  std::shared_ptr<trainer_shared> shared;
+  trainer_deps* deps = nullptr;
+  trainer_progress p;
+  exemplar_actor exemplars;
+  std::string kind;   // hardware kind candidates are evaluated on
+  std::string device; // its device model, shown in prompts
+  std::chrono::steady_clock::time_point stage_start = std::chrono::steady_clock::now();
+
+  // The rollouts of the current sampling stage (async) or step (sync), and the groups they sent.
+  std::vector<rollout_actor> rollouts;
+  std::vector<std::uint64_t> rollout_quota; // sync: groups each rollout takes
+  std::deque<rollout_group> groups;
+  std::uint64_t dropped_now = 0; // dropped for staleness since the last report
+
+  // The step under way.
+  bool busy = false;
+  caf::typed_response_promise<stage_report> pending;
+  std::vector<std::string> records;
+  std::function<void()> on_groups; // called when groups arrive while a step waits for them
+  std::uint64_t want = 0;          // groups the waiting step needs
+  bool timer_armed = false;
+
+  // Warm start.
+  std::vector<std::size_t> warm_queue;
+  std::size_t warm_in_flight = 0;
+  std::size_t warm_done = 0;
+
+  // SFT example building.
+  std::vector<std::vector<std::int32_t>> sft_prompts, sft_completions;
+  std::size_t sft_waiting = 0;
+};
+
+using self_pointer = trainer_impl_actor::stateful_pointer<trainer_state>;
+
+std::uint64_t next_random(trainer_state& st) {
+  return splitmix64(st.deps->cfg.run.seed ^ 0x7472616e6572ull ^ splitmix64(++st.p.rng));
+}
+
+double now_seconds(const trainer_state& st) {
+  return st.p.stage_seconds
+         + std::chrono::duration<double>(std::chrono::steady_clock::now() - st.stage_start).count();
+}
+
+std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
+
+stage_report report_of(trainer_state& st, bool done) {
+  stage_report r;
+  r.stage = stage_name(st.p.stage);
+  r.stage_step = st.p.stage_step;
+  r.step = st.p.step;
+  r.done = done;
+  r.policy_version = policy_version{st.p.version};
+  r.variants = st.p.variants;
+  r.best_speedup = st.p.best_speedup;
+  r.mean_speedup = st.p.correct ? st.p.speedup_sum / st.p.correct : std::numeric_limits<double>::quiet_NaN();
+  r.dropped_stale = st.p.dropped_stale;
+  r.records = std::move(st.records);
+  st.records.clear();
+  return r;
+}
+
+// Counts a scored variant into the run's tallies and writes its verdict record.
+void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
+                   sample_tally* tally) {
+  ++st.p.variants;
+  const bool good = v.correct && v.status == verdict_status::ok && v.has_speedup();
+  if (good) {
+    ++st.p.correct;
+    st.p.speedup_sum += v.speedup;
+    if (std::isnan(st.p.best_speedup) || v.speedup > st.p.best_speedup)
+      st.p.best_speedup = v.speedup;
+  }
+  if (tally) {
+    ++tally->samples;
+    tally->reward_sum += v.reward;
+    if (good) {
+      ++tally->correct;
+      tally->speedup_sum += v.speedup;
+    }
+    if (v.status == verdict_status::format_error)
+      ++tally->format_errors;
+  }
+  json_writer w;
+  w.begin_object()
+    .field("event", "verdict")
+    .field("time", time_now(st))
+    .field("stage", stage_name(st.p.stage))
+    .field("step", st.p.step)
+    .field("task", task.value)
+    .field("status", to_string(v.status))
+    .field("correct", v.correct)
+    .field("speedup", v.speedup)
+    .field("reward", v.reward)
+    .field("hardware", st.kind)
+    .field("policy_version", version)
+    .field("group", group)
+    .field("cache_hit", v.cache_hit)
+    .end_object();
+  st.records.push_back(std::move(w).take());
+}
+
+void finish_step(self_pointer self, bool done) {
+  auto& st = self->state;
+  st.busy = false;
+  st.on_groups = nullptr;
+  auto rp = st.pending;
+  rp.deliver(report_of(st, done));
+}
+
+void fail_step(self_pointer self, const crucible::error& err) {
+  auto& st = self->state;
+  st.deps->log->error(component, stage_name(st.p.stage), " step ", st.p.stage_step + 1, " failed: ", err.to_string());
+  st.busy = false;
+  st.on_groups = nullptr;
+  auto rp = st.pending;
+  rp.deliver(make_error(err));
+}
+
+// -- rollouts ----------------------------------------------------------------------------------
+
+result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
+  auto& st = self->state;
+  const auto& cfg = st.deps->cfg;
+  const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.rollout.actors));
+  rollout_deps rd{st.deps->engine,           st.deps->evaluators,       st.exemplars,      st.deps->tasks,
+                  st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward};
+  st.rollout_quota.clear();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::uint64_t quota = 0;
+    if (total_groups > 0) {
+      quota = total_groups / n + (i < total_groups % n ? 1 : 0);
+      if (quota == 0)
+        continue;
+    }
+    auto opt = rollout_actor_options::from(cfg, 1 + st.p.generation++);
+    opt.add_special_tokens = st.deps->prompts.add_special_tokens;
+    opt.max_groups = quota;
+    if (!st.kind.empty() && opt.hardware.empty())
+      opt.hardware = st.kind;
+    auto r = spawn_rollout_actor(self->system(), rd, opt);
+    if (!r.ok())
+      return r.error();
+    self->send(*r, start_atom_v);
+    st.rollouts.push_back(*r);
+    st.rollout_quota.push_back(quota);
+  }
+  return {};
+}
+
+// Stops every rollout actor (in_flight_policy as given) and calls `then` once all have replied.
+void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then) {
+  auto& st = self->state;
+  auto rollouts = std::move(st.rollouts);
+  st.rollouts.clear();
+  st.rollout_quota.clear();
+  if (rollouts.empty()) {
+    then();
+    return;
+  }
+  // A rollout actor's on_stop is fixed at spawn (rollout.on_stop); `drop` is enforced here by
+  // discarding what arrives after the stop.
+  auto left = std::make_shared<std::size_t>(rollouts.size());
+  auto done = [self, left, how, then] {
+    if (--*left > 0)
+      return;
+    // Groups whose last verdict reached the exemplar actor before the stop replies are on their
+    // way to us: a request to the exemplar actor comes back after them (same sender, in order).
+    self->request(self->state.exemplars, caf::infinite, caf::get_atom_v)
+      .then([self, how, then](const exemplar_stats&) {
+              if (how == in_flight_policy::drop)
+                self->state.groups.clear();
+              then();
+            },
+            [then](const caf::error&) { then(); });
+  };
+  for (auto& r : rollouts)
+    self->request(r, caf::infinite, stop_atom_v)
+      .then([done](const rollout_stats&) { done(); }, [done](const caf::error&) { done(); });
+}
+
+// Drops groups sampled more than max_staleness versions before the learner's, and the oldest
+// beyond the queue bound.
+void drop_stale(trainer_state& st, std::uint64_t max_staleness, std::uint64_t bound) {
+  auto stale = [&](const rollout_group& g) {
+    std::uint64_t oldest = st.p.version;
+    for (const auto& c : g.completions)
+      oldest = std::min(oldest, c.policy_version.value);
+    return st.p.version > oldest && st.p.version - oldest > max_staleness;
+  };
+  auto before = st.groups.size();
+  st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(), stale), st.groups.end());
+  while (st.groups.size() > bound)
+    st.groups.pop_front();
+  const auto dropped = before - st.groups.size();
+  st.p.dropped_stale += dropped;
+  st.dropped_now += dropped;
+}
+
+// -- the steps ---------------------------------------------------------------------------------
+
+void advance(self_pointer self);
+
+// Moves to the next stage (stopping the rollouts of a sampling stage first) and runs its step.
+void next_stage(self_pointer self) {
+  auto& st = self->state;
+  stop_rollouts(self, in_flight_policy::drop, [self] {
+    auto& st = self->state;
+    st.groups.clear();
+    ++st.p.stage;
+    st.p.stage_step = 0;
+    st.p.stage_seconds = 0;
+    st.stage_start = std::chrono::steady_clock::now();
+    if (st.p.stage < stage_done)
+      st.deps->log->info(component, "stage ", stage_name(st.p.stage));
+    advance(self);
+  });
+  (void) st;
+}
+
+bool stage_over(trainer_state& st) {
+  const auto& g = st.deps->cfg.stages;
+  std::int64_t steps = 0;
+  double minutes = 0;
+  switch (st.p.stage) {
+    case stage_sft:
+      steps = g.sft.steps, minutes = g.sft.max_minutes;
+      break;
+    case stage_self:
+      steps = g.self_supervised.steps, minutes = g.self_supervised.max_minutes;
+      break;
+    case stage_rl:
+      steps = g.rl.steps, minutes = g.rl.max_minutes;
+      break;
+    default:
+      return true;
+  }
+  if (st.p.stage_step >= static_cast<std::uint64_t>(steps))
+    return true;
+  return minutes > 0 && now_seconds(st) >= minutes * 60.0 && st.p.stage_step > 0;
+}
+
+// The train_step record of an update.
+std::string train_record(trainer_state& st, const train_report& r, const sample_tally* tally, std::size_t groups) {
+  json_writer w;
+  w.begin_object()
+    .field("event", "train_step")
+    .field("time", time_now(st))
+    .field("stage", stage_name(st.p.stage))
+    .field("step", st.p.step)
+    .field("stage_step", st.p.stage_step)
+    .field("policy_version", r.policy_version.value)
+    .field("loss", r.loss)
+    .field("grad_norm", r.grad_norm)
+    .field("lr", r.lr)
+    .field("tokens", r.tokens)
+    .field("sequences", r.sequences)
+    .field("seconds", r.seconds)
+    .field("skipped", r.skipped)
+    .field("groups", static_cast<std::uint64_t>(groups));
+  if (tally) {
+    w.field("mean_reward", tally->samples ? tally->reward_sum / tally->samples : 0.0)
+      .field("samples", tally->samples)
+      .field("correct_share", tally->correct_share())
+      .field("format_error_share", tally->samples ? static_cast<double>(tally->format_errors) / tally->samples : 0.0)
+      .field("mean_speedup", tally->mean_speedup())
+      .field("best_speedup", st.p.best_speedup)
+      .field("dropped_stale", st.dropped_now);
+  }
+  w.end_object();
+  return std::move(w).take();
+}
+
+void after_update(self_pointer self, const train_report& r, const sample_tally* tally, std::size_t groups) {
+  auto& st = self->state;
+  ++st.p.step;
+  ++st.p.stage_step;
+  st.p.version = r.policy_version.value;
+  st.records.push_back(train_record(st, r, tally, groups));
+  st.dropped_now = 0;
+  if (tally)
+    st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
+                       "): ", tally->samples, " samples, ", tally->correct, " correct, mean speedup ",
+                       tally->correct ? std::to_string(tally->mean_speedup()) : std::string{"-"}, ", loss ", r.loss);
+  else
+    st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
+                       "): loss ", r.loss);
+  // Stopping rules.
+  const auto& g = st.deps->cfg.stages;
+  bool stop = false;
+  if (st.p.stage == stage_sft && g.sft.stop_loss > 0 && r.loss <= g.sft.stop_loss)
+    stop = true;
+  if (st.p.stage == stage_self && tally && g.self_supervised.stop_correct > 0
+      && tally->correct_share() >= g.self_supervised.stop_correct)
+    stop = true;
+  if (st.p.stage == stage_rl && tally && g.rl.stop_mean_speedup > 0 && tally->correct
+      && tally->mean_speedup() >= g.rl.stop_mean_speedup)
+    stop = true;
+  if (stop) {
+    st.deps->log->info(component, stage_name(st.p.stage), ": stopping rule met after ", st.p.stage_step, " steps");
+    st.p.stage_step = std::numeric_limits<std::uint64_t>::max() / 2; // over any budget
+  }
+  finish_step(self, false);
+}
+
+// Warm start: every seed variant through the evaluator pool into the exemplar store.
+void warm_pump(self_pointer self);
+
+void warm_finished(self_pointer self) {
+  auto& st = self->state;
+  st.deps->log->info(component, "warm start: ", st.warm_done, " seed variants evaluated");
+  ++st.p.stage;
+  st.p.stage_step = 0;
+  st.p.stage_seconds = 0;
+  st.stage_start = std::chrono::steady_clock::now();
+  // The store must hold the seed variants before the next stage asks for exemplars: a request to
+  // the exemplar actor comes back after the variants we sent it.
+  self->request(st.exemplars, caf::infinite, caf::get_atom_v)
+    .then([self](const exemplar_stats&) { finish_step(self, false); },
+          [self](const caf::error& e) { fail_step(self, to_error(e)); });
+}
+
+void warm_pump(self_pointer self) {
+  auto& st = self->state;
+  constexpr std::size_t max_in_flight = 8;
+  while (st.warm_in_flight < max_in_flight && !st.warm_queue.empty()) {
+    const auto i = st.warm_queue.back();
+    st.warm_queue.pop_back();
+    ++st.warm_in_flight;
+    const auto& s = st.deps->seeds[i];
+    candidate c{variant_id{i + 1}, s.task, s.code, st.kind, false};
+    self->request(st.deps->evaluators, caf::infinite, std::move(c))
+      .then(
+        [self, i](verdict& v) {
+          auto& st = self->state;
+          --st.warm_in_flight;
+          ++st.warm_done;
+          const auto& s = st.deps->seeds[i];
+          if (!s.wrong && !v.correct)
+            st.deps->log->warn(component, "seed variant ", s.task.value, "/", s.name, " is not correct: ", v.message);
+          count_verdict(st, s.task, v, 0, 0, nullptr);
+          self->send(st.exemplars, scored_variant{variant_id{i + 1}, group_id{0}, s.task, s.code, v, st.kind,
+                                                  policy_version{0}, {}});
+          if (st.warm_queue.empty() && st.warm_in_flight == 0)
+            warm_finished(self);
+          else
+            warm_pump(self);
+        },
+        [self, i](const caf::error& e) {
+          auto& st = self->state;
+          --st.warm_in_flight;
+          auto err = to_error(e);
+          if (err.code == errc::busy) {
+            st.warm_queue.push_back(i);
+            if (!st.timer_armed) {
+              st.timer_armed = true;
+              self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
+                                 std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
+                                 collect_atom_v);
+            }
+            return;
+          }
+          fail_step(self, fail(err.code, "warm start: seed variant ", st.deps->seeds[i].task.value, "/",
+                               st.deps->seeds[i].name, ": ", err.message));
+        });
+  }
+}
+
+void warm_start(self_pointer self) {
+  auto& st = self->state;
+  st.warm_queue.clear();
+  for (std::size_t i = st.deps->seeds.size(); i-- > 0;)
+    st.warm_queue.push_back(i);
+  std::reverse(st.warm_queue.begin(), st.warm_queue.end());
+  // Popped from the back: reverse so the first seed goes first.
+  std::reverse(st.warm_queue.begin(), st.warm_queue.end());
+  st.warm_done = 0;
+  if (st.warm_queue.empty()) {
+    warm_finished(self);
+    return;
+  }
+  st.deps->log->info(component, "warm start: evaluating ", st.warm_queue.size(), " seed variants");
+  warm_pump(self);
+}
+
+// SFT: `batch` correct seed variants, each as the response to its task's contrastive prompt.
+void sft_step(self_pointer self) {
+  auto& st = self->state;
+  std::vector<std::size_t> good;
+  for (std::size_t i = 0; i < st.deps->seeds.size(); ++i)
+    if (!st.deps->seeds[i].wrong)
+      good.push_back(i);
+  if (good.empty()) {
+    fail_step(self, fail(errc::config, "stages.sft: no correct seed variants under tasks.seeds for the run's tasks"));
+    return;
+  }
+  const auto batch = static_cast<std::size_t>(st.deps->cfg.stages.sft.batch);
+  st.sft_prompts.assign(batch, {});
+  st.sft_completions.assign(batch, {});
+  st.sft_waiting = batch;
+  const auto eos = st.deps->tokenizer->eos_id();
+  for (std::size_t k = 0; k < batch; ++k) {
+    const auto i = good[next_random(st) % good.size()];
+    const auto& s = st.deps->seeds[i];
+    self->request(st.exemplars, caf::infinite, exemplar_request{s.task, st.kind, 0})
+      .then(
+        [self, k, i, eos](const exemplar_set& set) {
+          auto& st = self->state;
+          if (!st.busy)
+            return;
+          const auto& s = st.deps->seeds[i];
+          auto task = st.deps->tasks->find(s.task);
+          env::prompt_request pr;
+          pr.task_name = s.task.value;
+          pr.reference_code = task->second.source;
+          pr.hardware = st.device;
+          for (const auto& x : set.exemplars)
+            pr.exemplars.push_back({x.code, x.verdict.has_speedup() ? x.verdict.speedup : 1.0, st.device});
+          auto built = st.deps->prompts.builder->build(pr);
+          if (!built.ok()) {
+            fail_step(self, built.error());
+            return;
+          }
+          st.sft_prompts[k] = st.deps->tokenizer->encode(built->text, st.deps->prompts.add_special_tokens);
+          auto completion = st.deps->tokenizer->encode(seed_response(st.deps->prompts.parse.sections, s), false);
+          if (eos)
+            completion.push_back(*eos);
+          st.sft_completions[k] = std::move(completion);
+          if (--st.sft_waiting > 0)
+            return;
+          sft_batch b{std::move(st.sft_prompts), std::move(st.sft_completions)};
+          st.sft_prompts.clear();
+          st.sft_completions.clear();
+          const auto n = b.prompts.size();
+          self->request(st.deps->learner, caf::infinite, std::move(b))
+            .then([self, n](const train_report& r) { after_update(self, r, nullptr, n); },
+                  [self](const caf::error& e) { fail_step(self, to_error(e)); });
+        },
+        [self](const caf::error& e) { fail_step(self, to_error(e)); });
+  }
+}
+
+// A sampling step (self-supervised or RL) once its groups are here.
+void train_on_groups(self_pointer self) {
+  auto& st = self->state;
+  const bool rl = st.p.stage == stage_rl;
+  std::vector<rollout_group> batch;
+  const auto want = st.want;
+  while (!st.groups.empty() && batch.size() < want) {
+    batch.push_back(std::move(st.groups.front()));
+    st.groups.pop_front();
+  }
+  sample_tally tally;
+  const auto step_for_records = st.p.step + 1;
+  (void) step_for_records;
+  for (const auto& g : batch)
+    for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
+      count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, &tally);
+  const auto n = batch.size();
+  if (rl) {
+    learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
+    self->request(st.deps->learner, caf::infinite, std::move(b))
+      .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
+            [self](const caf::error& e) { fail_step(self, to_error(e)); });
+    return;
+  }
+  // Self-supervised: the correct samples as SFT examples.
+  sft_batch b;
+  for (const auto& g : batch)
+    for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
+      if (g.verdicts[i].correct && g.verdicts[i].status == verdict_status::ok) {
+        b.prompts.push_back(g.prompt_token_ids);
+        b.completions.push_back(g.completions[i].token_ids);
+      }
+  if (b.prompts.empty()) {
+    // Nothing to learn from this step: it counts against the budget, the weights stay.
+    train_report r;
+    r.policy_version = policy_version{st.p.version};
+    r.step = st.p.step;
+    r.skipped = true;
+    --st.p.step; // after_update counts an update; none was made
+    after_update(self, r, &tally, n);
+    return;
+  }
+  self->request(st.deps->learner, caf::infinite, std::move(b))
+    .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
+          [self](const caf::error& e) { fail_step(self, to_error(e)); });
+}
+
+void arm_timer(self_pointer self) {
+  auto& st = self->state;
+  if (st.timer_armed)
+    return;
+  st.timer_armed = true;
+  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
+                     std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
+                     collect_atom_v);
+}
+
+void sampling_step(self_pointer self) {
+  auto& st = self->state;
+  const auto& g = st.deps->cfg.stages;
+  const bool rl = st.p.stage == stage_rl;
+  st.want = static_cast<std::uint64_t>(rl ? g.rl.groups : g.self_supervised.groups);
+  const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
+  const bool sync = st.deps->cfg.run.mode == run_mode::sync;
+  if (sync) {
+    st.groups.clear();
+    if (auto r = spawn_rollouts(self, st.want); !r) {
+      fail_step(self, r.error());
+      return;
+    }
+    st.on_groups = [self] {
+      auto& st = self->state;
+      if (st.groups.size() < st.want)
+        return;
+      st.on_groups = nullptr;
+      stop_rollouts(self, in_flight_policy::finish, [self] { train_on_groups(self); });
+    };
+    arm_timer(self); // notices rollouts that finished short (abandoned groups)
+    return;
+  }
+  if (st.rollouts.empty())
+    if (auto r = spawn_rollouts(self, 0); !r) {
+      fail_step(self, r.error());
+      return;
+    }
+  st.on_groups = [self, staleness] {
+    auto& st = self->state;
+    drop_stale(st, staleness, 4 * st.want);
+    if (st.groups.size() < st.want)
+      return;
+    st.on_groups = nullptr;
+    train_on_groups(self);
+  };
+  st.on_groups();
+}
+
+void advance(self_pointer self) {
+  auto& st = self->state;
+  if (st.p.stage >= stage_done) {
+    finish_step(self, true);
+    return;
+  }
+  if (st.p.stage == stage_warm) {
+    if (!st.deps->cfg.tasks.warm_start || st.deps->seeds.empty()) {
+      ++st.p.stage;
+      advance(self);
+      return;
+    }
+    warm_start(self);
+    return;
+  }
+  if (stage_over(st)) {
+    next_stage(self);
+    return;
+  }
+  if (st.p.stage == stage_sft)
+    sft_step(self);
+  else
+    sampling_step(self);
+}
+
+// The hardware kind and device model candidates go to (as the rollout actors choose them).
+void with_devices(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  if (!st.kind.empty()) {
+    then();
+    return;
+  }
+  self->request(st.deps->evaluators, caf::infinite, caf::get_atom_v)
+    .then(
+      [self, then](const std::vector<device_info>& devices) {
+        auto& st = self->state;
+        const auto& want = st.deps->cfg.rollout.hardware;
+        auto it = std::find_if(devices.begin(), devices.end(), [&](const device_info& d) {
+          return want.empty() || d.hardware == want || d.name == want;
+        });
+        if (it == devices.end()) {
+          fail_step(self, fail(errc::not_found, "no evaluator device",
+                               want.empty() ? std::string{} : " of hardware kind '" + want + "' (rollout.hardware)"));
+          return;
+        }
+        st.kind = it->hardware;
+        st.device = it->name;
+        then();
+      },
+      [self](const caf::error& e) { fail_step(self, to_error(e)); });
+}
+
+// -- checkpoints -------------------------------------------------------------------------------
+
+void prune_checkpoints(trainer_state& st, const fs::path& root, const std::string& keep_name) {
+  std::vector<std::pair<std::uint64_t, fs::path>> all;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (it->is_directory() && name.rfind("step-", 0) == 0 && name != keep_name) {
+      try {
+        all.emplace_back(std::stoull(name.substr(5)), it->path());
+      } catch (...) {
+      }
+    }
+  }
+  std::sort(all.begin(), all.end());
+  const auto keep = static_cast<std::size_t>(std::max<std::int64_t>(1, st.deps->cfg.run.keep_checkpoints)) - 1;
+  while (all.size() > keep) {
+    fs::remove_all(all.front().second, ec);
+    all.erase(all.begin());
+  }
+}
+
+caf::result<std::string> save(self_pointer self) {
+  auto& st = self->state;
+  const auto root = st.deps->run_dir / "checkpoints";
+  const auto name = "step-" + std::to_string(st.p.step);
+  const auto dir = root / name;
+  std::error_code ec;
+  if (fs::exists(dir / "trainer.json", ec))
+    return dir.string(); // this step is saved already
+  const auto tmp = root / ("." + name + ".tmp");
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec)
+    return make_error(errc::io, "cannot create " + tmp.string() + ": " + ec.message());
+  auto progress = st.p;
+  progress.stage_seconds = st.p.stage >= stage_sft && st.p.stage < stage_done ? now_seconds(st) : 0.0;
+  auto rp = self->make_response_promise<std::string>();
+  self->request(st.deps->learner, caf::infinite, save_atom_v, (tmp / "learner").string())
+    .then(
+      [self, rp, tmp, dir, root, name, progress](policy_version) mutable {
+        auto& st = self->state;
+        if (auto r = write_file_atomic(tmp / "trainer.json", progress.to_json()); !r) {
+          rp.deliver(make_error(r.error()));
+          return;
+        }
+        std::error_code ec;
+        fs::rename(tmp, dir, ec);
+        if (ec) {
+          rp.deliver(make_error(errc::io, "cannot rename " + tmp.string() + " to " + dir.string() + ": " + ec.message()));
+          return;
+        }
+        if (auto r = fsync_directory(root); !r) {
+          rp.deliver(make_error(r.error()));
+          return;
+        }
+        if (auto r = write_file_atomic(root / "latest", name + "\n"); !r) {
+          rp.deliver(make_error(r.error()));
+          return;
+        }
+        prune_checkpoints(st, root, name);
+        st.deps->log->info(component, "checkpoint ", dir.string());
+        rp.deliver(dir.string());
+      },
+      [rp](const caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
+trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<trainer_shared> shared) {
+  auto& st = self->state;
+  st.shared = shared;
+  st.deps = &shared->deps;
+  st.p = st.deps->progress;
+  st.stage_start = std::chrono::steady_clock::now();
+  // The exemplar actor goes down with the trainer; the rollout actors follow it (they quit when
+  // a collaborator goes down).
+  self->attach_functor([shared](const caf::error&) {
+    if (shared->exemplars)
+      caf::anon_send_exit(shared->exemplars, caf::exit_reason::user_shutdown);
+  });
+  return {
+    [self](advance_atom) -> caf::result<stage_report> {
+      auto& st = self->state;
+      st.exemplars = st.shared->exemplars;
+      if (st.busy)
+        return make_error(errc::busy, "a step of the schedule is already under way");
+      st.busy = true;
+      st.pending = self->make_response_promise<stage_report>();
+      auto rp = st.pending;
+      with_devices(self, [self] { advance(self); });
+      return rp;
+    },
+    [self](stop_atom) -> caf::result<stage_report> {
+      auto& st = self->state;
+      st.exemplars = st.shared->exemplars;
+      auto rp = self->make_response_promise<stage_report>();
+      const auto how = st.deps->cfg.run.on_pause;
+      stop_rollouts(self, how, [self, rp]() mutable {
+        auto& st = self->state;
+        // Groups that finished are in the store; their verdicts are reported, not trained on
+        // (the next process samples its own).
+        for (const auto& g : st.groups)
+          for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
+            count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, nullptr);
+        st.groups.clear();
+        rp.deliver(report_of(st, st.p.stage >= stage_done));
+      });
+      return rp;
+    },
+    [self](save_atom) -> caf::result<std::string> { return save(self); },
+    [self](rollout_group& g) {
+      auto& st = self->state;
+      st.groups.push_back(std::move(g));
+      if (st.on_groups) {
+        auto f = st.on_groups;
+        f();
+      } else if (st.groups.size() > 8 * std::max<std::uint64_t>(1, st.want)) {
+        st.groups.pop_front(); // nobody is training: keep the queue bounded
+        ++st.p.dropped_stale;
+        ++st.dropped_now;
+      }
+    },
+    [self](collect_atom) {
+      auto& st = self->state;
+      st.timer_armed = false;
+      if (!st.busy)
+        return;
+      if (st.p.stage == stage_warm) {
+        warm_pump(self);
+        return;
+      }
+      if (st.deps->cfg.run.mode != run_mode::sync || !st.on_groups || st.rollouts.empty())
+        return;
+      // Sync: if every rollout has taken its quota and has nothing in flight, the groups that
+      // are missing were abandoned: train on what arrived, or sample the rest.
+      auto left = std::make_shared<std::size_t>(st.rollouts.size());
+      auto idle = std::make_shared<bool>(true);
+      for (std::size_t i = 0; i < st.rollouts.size(); ++i) {
+        const auto quota = st.rollout_quota[i];
+        self->request(st.rollouts[i], caf::infinite, caf::get_atom_v)
+          .then(
+            [self, left, idle, quota](const rollout_stats& s) {
+              if (s.in_flight > 0 || s.groups_started < quota)
+                *idle = false;
+              if (--*left > 0)
+                return;
+              auto& st = self->state;
+              if (!*idle || !st.on_groups) {
+                arm_timer(self);
+                return;
+              }
+              st.on_groups = nullptr;
+              stop_rollouts(self, in_flight_policy::finish, [self] {
+                auto& st = self->state;
+                if (st.groups.empty()) {
+                  sampling_step(self); // every group was abandoned: sample again
+                  return;
+                }
+                st.want = st.groups.size();
+                train_on_groups(self);
+              });
+            },
+            [self](const caf::error&) { arm_timer(self); });
+      }
+    },
+  };
+}
+
+} // namespace
+
+result<trainer_actor> spawn_trainer(caf::actor_system& sys, trainer_deps deps) {
+  if (!deps.learner || !deps.engine || !deps.evaluators)
+    return fail(errc::invalid_arg, "trainer: a learner, an engine and an evaluator pool are needed");
+  if (!deps.tasks || deps.tasks->empty())
+    return fail(errc::invalid_arg, "trainer: the task catalogue is empty");
+  if (!deps.tokenizer || !deps.prompts.builder || deps.clk == nullptr || deps.log == nullptr)
+    return fail(errc::invalid_arg, "trainer: a tokenizer, a prompt builder, a clock and a logger are needed");
+  auto xopt = exemplar_actor_options::from(deps.cfg, deps.run_dir / "replay.db");
+  auto shared = std::make_shared<trainer_shared>();
+  shared->deps = std::move(deps);
+  auto handle = sys.spawn(trainer, shared);
+  auto exemplars = spawn_exemplar_actor(sys, xopt, {caf::actor_cast<group_sink_actor>(handle)});
+  if (!exemplars.ok()) {
+    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+    return exemplars.error();
+  }
+  // Set before the handle is handed out, so before any message can reach the trainer (the
+  // exemplar actor sends nothing before rollouts run).
+  shared->exemplars = *exemplars;
+  return caf::actor_cast<trainer_actor>(handle);
+}
+
+} // namespace crucible

@@ -1,0 +1,113 @@
+// actors/trainer.hpp: the stage schedule of a run (DESIGN §1.5), one step at a time for the
+// coordinator: warm start (the seed variants evaluated into the exemplar store), SFT on the
+// verified seed variants, self-supervised (the policy's own correct samples as SFT data) and
+// contrastive RL (GRPO on groups from the rollout actors). The trainer owns the exemplar actor
+// and the rollout actors (it is their groups' sink), asks the learner for updates, and writes
+// checkpoints of the learner and of its own position (docs/training.md).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <caf/actor_system.hpp>
+
+#include "actors/evaluator.hpp"
+#include "actors/interfaces.hpp"
+#include "actors/rollout.hpp"
+#include "core/clock.hpp"
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "policy/tokenizer.hpp"
+
+namespace crucible {
+
+/// One seed variant of a task: SEEDS/<task>/<name>.py.
+struct seed_variant {
+  task_id task;
+  std::string name;    ///< file stem, e.g. "fast_inplace"
+  std::string code;
+  bool wrong = false;  ///< wrong_*.py: known to be incorrect (evaluated for the store, never trained on)
+  std::string summary; ///< the first line of the module docstring ("" when none)
+};
+
+/// The seed variants of every task of `tasks` found under `dir` (dir/<task name>/*.py), ordered by
+/// task and file name. A task without a folder has none. errc::io for an unreadable file.
+result<std::vector<seed_variant>> load_seed_variants(const std::filesystem::path& dir, const task_catalog& tasks);
+
+/// The response an SFT example teaches for `v`: every section heading of `sections` in order,
+/// the summary under each but the last, and the code in a ```python block under the last.
+/// env::parse_response accepts it and gives back v.code.
+std::string seed_response(const std::vector<std::string>& sections, const seed_variant& v);
+
+/// The schedule position and the run's counters: what a checkpoint's trainer.json holds.
+struct trainer_progress {
+  /// 0 warm start, 1 SFT, 2 self-supervised, 3 contrastive RL, 4 complete.
+  int stage = 0;
+  std::uint64_t stage_step = 0;   ///< updates of the current stage
+  double stage_seconds = 0;       ///< wall time spent in the current stage by earlier processes
+  std::uint64_t step = 0;         ///< learner updates of the run
+  std::uint64_t version = 0;      ///< policy version the learner holds
+  std::uint64_t variants = 0;     ///< scored variants (warm start included)
+  std::uint64_t correct = 0;      ///< of those, correct with a speedup
+  double best_speedup = std::numeric_limits<double>::quiet_NaN();
+  double speedup_sum = 0;         ///< over the correct ones
+  std::uint64_t dropped_stale = 0;
+  std::uint64_t rng = 0;          ///< draws taken from the trainer's random stream
+  std::uint64_t generation = 0;   ///< processes that ran this run before this one (ids stay unique)
+
+  std::string to_json() const;
+  /// errc::corrupt naming `origin` and the key.
+  static result<trainer_progress> from_json(std::string_view text, const std::string& origin);
+  friend bool operator==(const trainer_progress&, const trainer_progress&) = default;
+};
+
+/// "warm_start", "sft", "self_supervised", "rl", "" (complete).
+const char* stage_name(int stage) noexcept;
+
+/// What the trainer works with. Handles must be valid; `clk` and `log` are borrowed and must outlive
+/// the actor.
+struct trainer_deps {
+  config cfg;
+  std::filesystem::path run_dir;
+  learner_actor learner;
+  engine_actor engine;
+  evaluator_pool_actor evaluators;
+  std::shared_ptr<const task_catalog> tasks;
+  std::vector<seed_variant> seeds;
+  prompt_setup prompts;
+  std::shared_ptr<const policy::tokenizer> tokenizer;
+  const clock* clk = nullptr;
+  logger* log = nullptr;
+  trainer_progress progress; ///< where to start (a fresh run: the defaults)
+};
+
+/// Spawns the trainer. It opens the exemplar actor over RUN/replay.db with itself as the sink of
+/// complete groups; rollout actors are spawned when a sampling stage begins.
+///
+/// advance: runs the next step of the schedule and replies with a stage_report whose records are
+/// `verdict` records (warm start, and the samples of a sampling step) and one `train_step` record
+/// per update. A stage ends after its steps, its max_minutes, or its stopping rule; the reply
+/// after the last stage has done = true. In async mode (run.mode) the rollouts of a sampling stage
+/// run from its first step to its last, and a step takes the groups that arrived (groups sampled
+/// more than max_staleness versions ago are dropped and counted; at most 4 x groups are kept);
+/// in sync mode each step samples exactly its groups, then trains.
+///
+/// stop: stops the rollouts, finishing or dropping their groups (run.on_pause), and replies with a
+/// report of the verdicts that arrived meanwhile (they are in the store; no update is made).
+/// save: writes RUN/checkpoints/step-N (the learner's checkpoint in learner/ and trainer.json)
+/// atomically, points RUN/checkpoints/latest at it, keeps run.keep_checkpoints, replies with the
+/// path.
+///
+/// errc::invalid_arg for a missing collaborator or an empty task catalogue.
+result<trainer_actor> spawn_trainer(caf::actor_system& sys, trainer_deps deps);
+
+/// The newest complete checkpoint of a run: RUN/checkpoints/latest names it. errc::not_found when
+/// the run has none; errc::corrupt when `latest` names a missing directory.
+result<std::filesystem::path> latest_checkpoint(const std::filesystem::path& run_dir);
+
+} // namespace crucible
