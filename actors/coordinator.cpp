@@ -263,7 +263,7 @@ void on_step(self_pointer self, stage_report rep) {
       settle(st);
       answer_stops(self);
     };
-    if (st.last_checkpoint == st.status.step && st.status.step > 0)
+    if (st.last_checkpoint == st.status.step) // saved already, or nothing trained
       finish();
     else
       checkpoint(self, finish);

@@ -116,4 +116,9 @@ process_result run_process(const std::vector<std::string>& argv, const std::stri
   return collect(pid, out_pipe[0], err_pipe[0], {});
 }
 
+void running_process::signal(int sig) {
+  if (pid_ > 0)
+    ::kill(pid_, sig);
+}
+
 } // namespace crucible::testing

@@ -30,6 +30,8 @@ public:
   bool read_some(int timeout_ms, std::string& out);
   /// Reads everything that is left and waits for the exit.
   process_result wait();
+  /// Sends `sig` to the child (e.g. SIGKILL to test crash recovery).
+  void signal(int sig);
 
 private:
   int pid_ = -1;

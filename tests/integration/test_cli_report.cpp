@@ -56,7 +56,9 @@ print(f'{w}x{h}')
 
 TEST_CASE("crucible report on a quickstart run writes report.html and says what has no data yet") {
   temp_dir tmp;
-  auto train = cli({"train", std::string{CRUCIBLE_SOURCE_DIR} + "/configs/quickstart.yaml", "--set",
+  auto train = cli({"train", std::string{CRUCIBLE_SOURCE_DIR} + "/configs/quickstart.yaml", "--set", "stages.sft.steps=0", "--set",
+                    "stages.rl.steps=0", "--set", "tasks.warm_start=false", "--set", "evaluator.warm_workers=0", "--set",
+                    "tasks.suite=" + std::string{CRUCIBLE_SOURCE_DIR} + "/env/tasks/cpu", "--set",
                     "run.dir=" + tmp.path().string(), "--set", "log.level=warn"});
   INFO(train.err);
   REQUIRE(train.exit_code == 0);

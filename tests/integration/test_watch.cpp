@@ -38,7 +38,9 @@ std::vector<std::string> events_of(const std::string& json_lines) {
 
 TEST_CASE("crucible watch RUN on a finished quickstart run reports its events up to run_finished") {
   temp_dir tmp;
-  auto tr = cli({"train", std::string{CRUCIBLE_SOURCE_DIR} + "/configs/quickstart.yaml", "--set",
+  auto tr = cli({"train", std::string{CRUCIBLE_SOURCE_DIR} + "/configs/quickstart.yaml", "--set", "stages.sft.steps=0", "--set",
+                    "stages.rl.steps=0", "--set", "tasks.warm_start=false", "--set", "evaluator.warm_workers=0", "--set",
+                    "tasks.suite=" + std::string{CRUCIBLE_SOURCE_DIR} + "/env/tasks/cpu", "--set",
                  "run.dir=" + tmp.path().string(), "--set", "log.level=warn"});
   INFO(tr.err);
   REQUIRE(tr.exit_code == 0);

@@ -1,0 +1,238 @@
+// `crucible train`, `resume`, `pause` and `status` in real processes on the CPU with a tiny fresh
+// model: the whole loop for a few steps (warm start, SFT, contrastive RL with real verdicts),
+// pause/resume giving the same weights as an uninterrupted run, recovery after kill -9, and a
+// pause sent by `crucible pause`.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/json_parse.hpp"
+#include "process.hpp"
+#include "tests/test_util/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using crucible::testing::process_result;
+using crucible::testing::run_process;
+using crucible::testing::running_process;
+using crucible::testing::temp_dir;
+
+namespace {
+
+const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
+
+process_result cli(std::vector<std::string> args) {
+  args.insert(args.begin(), CRUCIBLE_CLI);
+  return run_process(args, source_dir.string());
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A small run: two CPU tasks, a tiny model, a short evaluator protocol, one thread of torch.
+std::string test_config(const fs::path& runs, const std::string& name, const std::string& stages) {
+  return "run:\n  name: " + name + "\n  dir: " + runs.string() + "\n  seed: 5\n  checkpoint_every: 2\n  publish: \"\"\n"
+         "log:\n  level: warn\n"
+         "actors:\n  threads: 2\n"
+         "evaluator:\n  warm_workers: 1\n  rounds: 5\n  max_rounds: 10\n  warmup_ms: 10\n  flush_bytes: 1048576\n"
+         "  cache: " + (runs / "verdicts.db").string() + "\n"
+         "model:\n  init: tiny\n  tokenizer_vocab: 600\n"
+         "tasks:\n  include: [02_silu_bias_residual]\n"
+         "prompt:\n  chat_template: none\n"
+         "rollout:\n  group_size: 2\n  max_new_tokens: 16\n  max_groups_in_flight: 1\n"
+         "learner:\n  lr: 0.001\n  micro_batch_tokens: 65536\n"
+         "stages:\n" + stages;
+}
+
+// The same configuration without the warm start (no evaluations at all: SFT only is deterministic).
+std::string without_warm_start(std::string t) {
+  const std::string key = "tasks:\n  include: [02_silu_bias_residual]\n";
+  t.insert(t.find(key) + key.size(), "  warm_start: false\n");
+  return t;
+}
+
+fs::path write_config(const fs::path& dir, const std::string& text) {
+  auto p = dir / "c.yaml";
+  std::ofstream(p) << text;
+  return p;
+}
+
+// Every metrics record as (event, parsed object).
+std::vector<crucible::json_value> records(const fs::path& run) {
+  std::vector<crucible::json_value> out;
+  std::istringstream in(slurp(run / "metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto v = crucible::parse_json(line);
+    REQUIRE_MESSAGE(v.ok(), line);
+    out.push_back(std::move(*v));
+  }
+  return out;
+}
+
+std::string event_of(const crucible::json_value& r) { return r.find("event")->as_string(); }
+
+std::vector<std::int64_t> train_steps(const fs::path& run) {
+  std::vector<std::int64_t> steps;
+  for (const auto& r : records(run))
+    if (event_of(r) == "train_step")
+      steps.push_back(r.find("step")->as_int());
+  return steps;
+}
+
+std::string final_weights(const fs::path& run) {
+  auto latest = slurp(run / "checkpoints" / "latest");
+  while (!latest.empty() && latest.back() == '\n')
+    latest.pop_back();
+  return slurp(run / "checkpoints" / latest / "learner" / "model" / "model.safetensors");
+}
+
+} // namespace
+
+TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with real verdicts, then a report") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "loop", "  sft: {steps: 2, batch: 2}\n  rl: {steps: 2, groups: 1}\n"));
+  auto r = cli({"train", cfg.string()});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("finished at step 4") != std::string::npos);
+  const auto run = tmp.path() / "loop";
+  auto all = records(run);
+  std::map<std::string, int> count;
+  std::set<std::string> statuses;
+  std::vector<std::string> stages;
+  for (const auto& x : all) {
+    ++count[event_of(x)];
+    if (event_of(x) == "verdict")
+      statuses.insert(x.find("status")->as_string());
+    if (event_of(x) == "train_step")
+      stages.push_back(x.find("stage")->as_string());
+  }
+  // Warm start: the three seed variants of the task (two correct, one wrong) were evaluated.
+  CHECK(count["verdict"] >= 3 + 4);
+  CHECK(statuses.count("ok") == 1);
+  CHECK(statuses.count("incorrect") == 1);
+  CHECK(stages == std::vector<std::string>{"sft", "sft", "rl", "rl"});
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4});
+  CHECK(count["run_started"] == 1);
+  CHECK(count["run_finished"] == 1);
+  CHECK(count["checkpoint"] == 2); // steps 2 and 4
+  auto st = cli({"status", run.string(), "--json"});
+  REQUIRE(st.exit_code == 0);
+  auto status = crucible::parse_json(st.out);
+  REQUIRE(status.ok());
+  CHECK(status->find("state")->as_string() == "finished");
+  CHECK(status->find("step")->as_int() == 4);
+  CHECK(status->find("policy_version")->as_int() == 4);
+  CHECK(status->find("best_speedup")->is_number());
+  // The replay store holds every scored variant, and the report draws the run.
+  auto rep = cli({"report", run.string()});
+  CHECK(rep.exit_code == 0);
+  auto html = slurp(run / "report" / "report.html");
+  CHECK(html.find("No data yet: no train_step records with a mean_reward") == std::string::npos);
+  // A finished run cannot be resumed.
+  auto again = cli({"resume", run.string()});
+  CHECK(again.exit_code == 2);
+  CHECK(again.err.find("has finished") != std::string::npos);
+}
+
+TEST_CASE("pause and resume give the weights of an uninterrupted run, each step once") {
+  temp_dir tmp;
+  const std::string stages = "  sft: {steps: 4, batch: 2}\n";
+  auto whole_cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "whole", stages)));
+  auto whole = cli({"train", whole_cfg.string()});
+  INFO(whole.err);
+  REQUIRE(whole.exit_code == 0);
+
+  auto split = cli({"train", whole_cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
+  INFO(split.err);
+  REQUIRE(split.exit_code == 0);
+  CHECK(split.out.find("paused at step 2") != std::string::npos);
+  const auto run = tmp.path() / "split";
+  auto st = cli({"status", run.string(), "--json"});
+  CHECK(st.out.find("\"state\":\"paused\"") != std::string::npos);
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 4") != std::string::npos);
+
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4});
+  std::map<std::string, int> count;
+  for (const auto& x : records(run))
+    ++count[event_of(x)];
+  CHECK(count["run_paused"] == 1);
+  CHECK(count["run_resumed"] == 1);
+  const auto a = final_weights(tmp.path() / "whole");
+  const auto b = final_weights(run);
+  REQUIRE(!a.empty());
+  CHECK(a == b);
+}
+
+TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, and crucible pause pauses a run") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "killed", "  sft: {steps: 6, batch: 2}\n")));
+  const auto run = tmp.path() / "killed";
+  {
+    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.checkpoint_every=1"});
+    // Wait (bounded) for the first checkpoint, then kill the process without warning.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    std::string out;
+    while (!fs::exists(run / "checkpoints" / "latest") && std::chrono::steady_clock::now() < deadline)
+      p.read_some(100, out);
+    REQUIRE(fs::exists(run / "checkpoints" / "latest"));
+    p.signal(SIGKILL);
+    auto res = p.wait();
+    CHECK(res.exit_code == 128 + SIGKILL);
+  }
+  auto st = cli({"status", run.string(), "--json"});
+  CHECK(st.out.find("\"state\":\"crashed\"") != std::string::npos);
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 6") != std::string::npos);
+  // Steps after the last checkpoint were lost with the process and done again; none is missing.
+  auto steps = train_steps(run);
+  std::set<std::int64_t> distinct(steps.begin(), steps.end());
+  CHECK(distinct == std::set<std::int64_t>{1, 2, 3, 4, 5, 6});
+
+  // crucible pause: a second run paused from outside.
+  running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.name=paused", "--set", "stages.sft.steps=1000"});
+  const auto prun = tmp.path() / "paused";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  std::string out;
+  while (!fs::exists(prun / "checkpoints" / "latest") && std::chrono::steady_clock::now() < deadline)
+    p.read_some(100, out);
+  REQUIRE(fs::exists(prun / "checkpoints" / "latest"));
+  auto pause = cli({"pause", prun.string(), "--timeout", "300"});
+  INFO(pause.err);
+  CHECK(pause.exit_code == 0);
+  CHECK(pause.out.find("paused") != std::string::npos);
+  auto res = p.wait();
+  CHECK(res.exit_code == 0);
+  auto pst = cli({"status", prun.string(), "--json"});
+  CHECK(pst.out.find("\"state\":\"paused\"") != std::string::npos);
+}
+
+TEST_CASE("bad training input is refused with the key at fault and nothing is run") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "bad", "  sft: {steps: 1, batch: 2}\n"));
+  auto r = cli({"train", cfg.string(), "--set", "tasks.include=[no_such_task]"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("tasks.include: 'no_such_task'") != std::string::npos);
+  auto r2 = cli({"resume", (tmp.path() / "nothing").string()});
+  CHECK(r2.exit_code == 2);
+  auto r3 = cli({"pause", (tmp.path() / "nothing").string()});
+  CHECK(r3.exit_code == 2);
+}
