@@ -249,9 +249,15 @@ result<report_data> collect_report_data(const std::vector<std::string>& lines, c
     };
     if (kind == "train_step") {
       auto step = f.integer("step", true);
-      auto reward = f.number("mean_reward", true);
+      auto reward = f.number("mean_reward", false); // SFT steps have none
+      auto correct = f.number("correct_share", false);
+      auto loss = f.number("loss", false);
       if (!f.failed() && reward)
         d.reward.push_back({static_cast<double>(*step), *reward});
+      if (!f.failed() && correct)
+        d.correct_share.push_back({static_cast<double>(*step), *correct});
+      if (!f.failed() && loss)
+        d.loss.push_back({static_cast<double>(*step), *loss});
       if (!f.failed())
         speedups(static_cast<double>(*step));
     } else if (kind.rfind("run_", 0) == 0) {
@@ -285,6 +291,17 @@ std::vector<chart> report_charts(const report_data& d) {
   if (!d.reward.empty())
     reward.lines.push_back({"mean reward", d.reward});
   out.push_back(std::move(reward));
+
+  chart correct{"correct", "Share of correct samples over steps", "step", "correct share", {}, {},
+                "No data yet: no train_step records with a correct_share."};
+  if (!d.correct_share.empty())
+    correct.lines.push_back({"correct share", d.correct_share});
+  out.push_back(std::move(correct));
+
+  chart loss{"loss", "Training loss over steps", "step", "loss", {}, {}, "No data yet: no train_step records with a loss."};
+  if (!d.loss.empty())
+    loss.lines.push_back({"loss", d.loss});
+  out.push_back(std::move(loss));
 
   chart speedup{"speedup", "Speedup over steps", "step", "speedup (x)", {}, {},
                 "No data yet: no record with a best_speedup or mean_speedup value."};

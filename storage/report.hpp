@@ -43,6 +43,8 @@ struct chart {
 /// are counted and otherwise ignored. See docs/report.md for the fields each kind needs.
 struct report_data {
   std::vector<plot_point> reward;        ///< train_step: (step, mean_reward)
+  std::vector<plot_point> correct_share; ///< train_step: (step, correct_share)
+  std::vector<plot_point> loss;          ///< train_step: (step, loss)
   std::vector<plot_point> best_speedup;  ///< run_* and train_step: (step, best_speedup)
   std::vector<plot_point> mean_speedup;  ///< run_* and train_step: (step, mean_speedup)
   std::map<std::string, double> best_per_task;      ///< verdict: task -> best speedup
@@ -56,7 +58,8 @@ struct report_data {
 /// `event`/`kind`, or holds a field of the wrong type for its kind.
 result<report_data> collect_report_data(const std::vector<std::string>& lines, const std::string& source);
 
-/// The report's charts, in report order: reward over steps, speedup over steps, best speedup
+/// The report's charts, in report order: reward over steps, share of correct samples over steps,
+/// training loss over steps, speedup over steps, best speedup
 /// per task, verdict status breakdown, best speedup per hardware. Charts without data are empty.
 std::vector<chart> report_charts(const report_data& data);
 

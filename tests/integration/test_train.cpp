@@ -49,7 +49,7 @@ std::string test_config(const fs::path& runs, const std::string& name, const std
          "evaluator:\n  warm_workers: 1\n  rounds: 5\n  max_rounds: 10\n  warmup_ms: 10\n  flush_bytes: 1048576\n"
          "  cache: " + (runs / "verdicts.db").string() + "\n"
          "model:\n  init: tiny\n  tokenizer_vocab: 600\n"
-         "tasks:\n  include: [02_silu_bias_residual]\n"
+         "tasks:\n  include: [02_silu_bias_residual]\n  suite: " + (source_dir / "env/tasks/cpu").string() + "\n"
          "prompt:\n  chat_template: none\n"
          "rollout:\n  group_size: 2\n  max_new_tokens: 16\n  max_groups_in_flight: 1\n"
          "learner:\n  lr: 0.001\n  micro_batch_tokens: 65536\n"
@@ -58,7 +58,7 @@ std::string test_config(const fs::path& runs, const std::string& name, const std
 
 // The same configuration without the warm start (no evaluations at all: SFT only is deterministic).
 std::string without_warm_start(std::string t) {
-  const std::string key = "tasks:\n  include: [02_silu_bias_residual]\n";
+  const std::string key = "tasks:\n  include: [02_silu_bias_residual]\n  suite: " + (source_dir / "env/tasks/cpu").string() + "\n";
   t.insert(t.find(key) + key.size(), "  warm_start: false\n");
   return t;
 }

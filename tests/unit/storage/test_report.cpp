@@ -47,7 +47,7 @@ const char* lifecycle_only =
 const char* full =
     R"({"event":"run_started","step":0,"best_speedup":null,"mean_speedup":null})" "\n"
     R"({"event":"train_step","step":1,"mean_reward":0.25,"loss":1.0})" "\n"
-    R"({"event":"train_step","step":2,"mean_reward":0.5,"best_speedup":1.2,"mean_speedup":0.9})" "\n"
+    R"({"event":"train_step","step":2,"mean_reward":0.5,"correct_share":0.5,"best_speedup":1.2,"mean_speedup":0.9})" "\n"
     R"({"kind":"verdict","task":"softmax","status":"correct","speedup":1.4,"hardware":"h100"})" "\n"
     R"({"kind":"verdict","task":"softmax","status":"correct","speedup":2.0,"hardware":"h200"})" "\n"
     R"({"kind":"verdict","task":"matmul","status":"wrong_result","speedup":null})" "\n"
@@ -67,6 +67,10 @@ TEST_CASE("report data gathers reward, speedups, tasks, statuses and hardware by
   REQUIRE(d->reward.size() == 2);
   CHECK(d->reward[1].x == 2);
   CHECK(d->reward[1].y == 0.5);
+  REQUIRE(d->correct_share.size() == 1);
+  CHECK(d->correct_share[0].x == 2);
+  REQUIRE(d->loss.size() == 1);
+  CHECK(d->loss[0].y == 1.0);
   REQUIRE(d->best_speedup.size() == 2); // step 2 from train_step and from run_finished
   CHECK(d->best_speedup[1].y == 2.0);
   CHECK(d->mean_speedup.size() == 2);
@@ -107,8 +111,8 @@ TEST_CASE("a run with every kind of record gets every plot inline and as a PNG")
   auto files = write_report(run, out);
   REQUIRE(files.ok());
   CHECK(files->html == out / "report.html");
-  REQUIRE(files->pngs.size() == 5);
-  for (const char* id : {"reward", "speedup", "best_speedup_per_task", "status", "hardware"}) {
+  REQUIRE(files->pngs.size() == 7);
+  for (const char* id : {"reward", "correct", "loss", "speedup", "best_speedup_per_task", "status", "hardware"}) {
     CAPTURE(id);
     CHECK(fs::exists(out / (std::string{id} + ".png")));
     CHECK(slurp(out / (std::string{id} + ".png")).rfind("\x89PNG", 0) == 0);
