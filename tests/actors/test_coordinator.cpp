@@ -18,6 +18,9 @@
 #include <caf/exit_reason.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <caf/scoped_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_config.hpp"
 #include "actors/coordinator.hpp"
@@ -336,4 +339,144 @@ TEST_CASE_FIXTURE(fixture, "with a publisher the records and heartbeats go out l
   while (sched.trigger_timeout())
     sched.run();
   CHECK_FALSE(sched.has_pending_timeout());
+}
+
+namespace {
+
+// A scripted trainer: each advance gets the next report of `script` (step n: one train_step
+// record); with `hold`, the reply waits for a collect_atom. Counts stops and saves.
+struct fake_trainer_state {
+  static inline const char* name = "fake.trainer";
+  std::vector<stage_report> script;
+  std::size_t next = 0;
+  bool hold = false;
+  std::vector<caf::typed_response_promise<stage_report>> held;
+  std::shared_ptr<std::vector<std::string>> calls;
+};
+
+trainer_impl_actor::behavior_type fake_trainer(trainer_impl_actor::stateful_pointer<fake_trainer_state> self,
+                                               std::vector<stage_report> script, bool hold,
+                                               std::shared_ptr<std::vector<std::string>> calls) {
+  self->state.script = std::move(script);
+  self->state.hold = hold;
+  self->state.calls = calls;
+  return {
+    [self](advance_atom) -> caf::result<stage_report> {
+      auto& st = self->state;
+      st.calls->push_back("advance");
+      auto rep = st.script.at(std::min(st.next, st.script.size() - 1));
+      ++st.next;
+      if (!st.hold)
+        return rep;
+      auto rp = self->make_response_promise<stage_report>();
+      st.held.push_back(rp);
+      return rp;
+    },
+    [self](stop_atom) -> stage_report {
+      self->state.calls->push_back("stop");
+      auto rep = self->state.script.at(std::min(self->state.next, self->state.script.size()) - 1);
+      rep.records.clear();
+      return rep;
+    },
+    [self](save_atom) -> std::string {
+      self->state.calls->push_back("save");
+      return "ck";
+    },
+    [](rollout_group&) {},
+    [self](collect_atom) {
+      auto& st = self->state;
+      auto held = std::move(st.held);
+      st.held.clear();
+      for (auto& rp : held)
+        rp.deliver(st.script.at(st.next - 1));
+    },
+  };
+}
+
+stage_report step_report(std::uint64_t step, bool done) {
+  stage_report r;
+  r.stage = done ? "" : "sft";
+  r.stage_step = step;
+  r.step = step;
+  r.done = done;
+  r.policy_version = policy_version{step};
+  if (!done)
+    r.records = {"{\"event\":\"train_step\",\"step\":" + std::to_string(step) + "}"};
+  return r;
+}
+
+struct trainer_fixture : fixture {
+  std::shared_ptr<std::vector<std::string>> calls = std::make_shared<std::vector<std::string>>();
+  trainer_impl_actor trainer;
+
+  void respawn(bool hold, std::uint64_t checkpoint_every) {
+    self->send_exit(coord, caf::exit_reason::user_shutdown);
+    sched.run();
+    std::filesystem::remove(metrics_file);
+    trainer = sys.spawn(fake_trainer, std::vector<stage_report>{step_report(1, false), step_report(2, false),
+                                                                step_report(3, false), step_report(3, true)},
+                        hold, calls);
+    auto metrics = storage::metrics_log::open(metrics_file);
+    REQUIRE(metrics.ok());
+    coordinator_deps deps{status_file, std::move(*metrics), log, clk};
+    deps.trainer = caf::actor_cast<trainer_actor>(trainer);
+    deps.checkpoint_every = checkpoint_every;
+    coord = spawn_coordinator(sys, std::move(deps));
+    sched.run();
+  }
+  ~trainer_fixture() {
+    self->send_exit(trainer, caf::exit_reason::user_shutdown);
+    sched.run();
+  }
+};
+
+std::vector<std::string> events(const std::vector<std::string>& lines) {
+  std::vector<std::string> out;
+  for (const auto& l : lines) {
+    auto b = l.find("\"event\":\"") + 9;
+    out.push_back(l.substr(b, l.find('"', b) - b));
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(trainer_fixture, "a trainer's steps are recorded, checkpointed every two steps and at the end") {
+  respawn(false, 2);
+  auto done = ok(ask(start_atom_v));
+  CHECK(done.state == run_state::finished);
+  CHECK(done.step == 3);
+  CHECK(done.policy_version == policy_version{3});
+  CHECK(events(metrics_lines())
+        == std::vector<std::string>{"run_started", "train_step", "train_step", "checkpoint", "train_step", "checkpoint",
+                                    "run_finished"});
+  CHECK(*calls == std::vector<std::string>{"advance", "advance", "save", "advance", "advance", "save"});
+  CHECK(status_on_disk().step == 3);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "a pause waits for the step under way, stops the rollouts and checkpoints") {
+  respawn(true, 0);
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  sched.run();
+  CHECK(*calls == std::vector<std::string>{"advance"}); // the step is under way, its reply held
+  auto pausing = ok(ask(pause_atom_v));
+  CHECK(pausing.state == run_state::pausing);
+  CHECK(status_on_disk().state == run_state::pausing);
+  CHECK(*calls == std::vector<std::string>{"advance"}); // nothing else happens during the step
+  self->send(trainer, collect_atom_v);                  // the step ends
+  sched.run();
+  CHECK(ok(take(start)).state == run_state::paused);
+  CHECK(*calls == std::vector<std::string>{"advance", "stop", "save"});
+  CHECK(events(metrics_lines())
+        == std::vector<std::string>{"run_started", "run_pausing", "train_step", "checkpoint", "run_paused"});
+  CHECK(status_on_disk().state == run_state::paused);
+  CHECK(status_on_disk().step == 1);
+  // Resume runs the rest of the schedule.
+  auto resume = self->request(coord, caf::infinite, resume_atom_v);
+  for (int i = 0; i < 6; ++i) {
+    sched.run();
+    self->send(trainer, collect_atom_v);
+  }
+  sched.run();
+  CHECK(ok(take(resume)).state == run_state::finished);
 }

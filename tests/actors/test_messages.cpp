@@ -198,10 +198,11 @@ template <> struct sample<stage_report> {
     r.stage = "rl";
     r.stage_step = 3;
     r.step = 12;
-    r.done = false;
+    r.done = true;
     r.policy_version = policy_version{12};
     r.variants = 96;
-    r.best_speedup = 2.5; // mean stays NaN: "no value" must survive
+    r.best_speedup = 2.5;
+    r.mean_speedup = 1.25;
     r.dropped_stale = 1;
     r.records = {"{\"event\":\"train_step\"}", "{\"event\":\"verdict\"}"};
     return r;
