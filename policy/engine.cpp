@@ -430,7 +430,8 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   // exactly), copied to the host once at the end of the block. Every row is sampled, finished
   // or not, so the sampler sees the same shapes whenever the host looks.
   const bool fused_now = s.fused && s.model->fused_decode_ready();
-  auto history = torch::empty({n, s.sync_interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+  const std::int64_t interval = std::min(s.sync_interval, o.max_new_tokens); // no block is longer
+  auto history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   while (active > 0) {
     // Drop finished rows once enough have accumulated: with graphs, when a smaller batch bucket
     // fits (the rest of the bucket is filled with finished rows, computed and ignored); without,
@@ -468,7 +469,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     }
 
     // No completion reaches max_new_tokens inside a block: the shortest remaining one ends it.
-    std::int64_t steps = s.sync_interval;
+    std::int64_t steps = interval;
     for (std::int64_t r = 0; r < rows; ++r)
       if (!done[owner[r]])
         steps = std::min(steps, o.max_new_tokens - static_cast<std::int64_t>(out[owner[r]].tokens.size()));
