@@ -113,11 +113,11 @@ std::string completion_text(const completion& c, const detokenize_fn& detokenize
 class decode_graphs final {
 public:
   torch::Tensor step(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots,
-                     const torch::Tensor& tokens, engine_stats& stats) {
+                     const torch::Tensor& tokens, bool fused, engine_stats& stats) {
     auto& g = graphs_[{rows, slots}];
     if (!g) {
       g = std::make_unique<entry>();
-      capture(model, cache, rows, slots, *g);
+      capture(model, cache, rows, slots, fused, *g);
       ++stats.graph_captures;
     }
     g->input.copy_(tokens, /*non_blocking=*/true);
@@ -140,7 +140,7 @@ private:
     torch::Tensor logits; // [rows, vocab]
   };
 
-  void capture(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, entry& g) {
+  void capture(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused, entry& g) {
     auto view = cache.view(rows, slots);
     g.input = torch::zeros({rows, 1}, cache.lengths.options());
     if (!pool_)
@@ -155,11 +155,11 @@ private:
       // A warm-up run initialises lazily created state (cuBLAS handles, the RoPE table) outside
       // the capture. It writes one slot per row at that row's length, the slot the real step
       // overwrites next, and advances the lengths, which we put back.
-      model.forward_step(g.input, view);
+      model.forward_step(g.input, view, {}, fused);
       view.lengths.copy_(saved);
       side.synchronize();
       g.graph.capture_begin(*pool_);
-      g.logits = model.forward_step(g.input, view);
+      g.logits = model.forward_step(g.input, view, {}, fused);
       g.graph.capture_end();
     }
     torch::cuda::synchronize();
@@ -174,7 +174,9 @@ struct engine::state {
   CausalLM model{nullptr};
   torch::Device device{torch::kCPU};
   bool graphs_enabled = false;
+  bool fused = false;
   std::int64_t max_prefill_tokens = 16384;
+  std::int64_t sync_interval = 16;
   kv_cache cache;
   std::atomic<std::uint64_t> version{0};
   engine_stats stats;
@@ -209,11 +211,11 @@ struct engine::state {
     if (graphs_enabled) {
       // Bucketed shapes so that a few graphs serve every step; the last bucket is the cache.
       auto slots = bucket(used + 1, 256, cache.slots());
-      return graphs.step(*model, cache, rows, slots, tokens, stats);
+      return graphs.step(*model, cache, rows, slots, tokens, fused, stats);
     }
 #endif
     auto view = cache.view(rows, used + 1);
-    return model->forward_step(tokens, view);
+    return model->forward_step(tokens, view, {}, fused);
   }
 };
 
@@ -246,6 +248,8 @@ engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& option
   s_->device = s_->model->model->embed_tokens->weight.device();
   s_->graphs_enabled = options.cuda_graphs && s_->device.is_cuda();
   s_->max_prefill_tokens = std::max<std::int64_t>(1, options.max_prefill_tokens);
+  s_->fused = options.fused_kernels && s_->device.is_cuda();
+  s_->sync_interval = std::max<std::int64_t>(1, options.sync_interval);
 }
 
 engine::~engine() = default;
@@ -254,6 +258,7 @@ void engine::set_policy_version(std::uint64_t version) noexcept { s_->version.st
 std::uint64_t engine::policy_version() const noexcept { return s_->version.load(); }
 const model_config& engine::config() const noexcept { return s_->model->config(); }
 CausalLMImpl& engine::model() noexcept { return *s_->model; }
+std::shared_ptr<CausalLMImpl> engine::shared_model() const noexcept { return s_->model.ptr(); }
 void engine::release_graphs() { s_->release(); }
 const engine_stats& engine::last_stats() const noexcept { return s_->stats; }
 
@@ -375,54 +380,58 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   std::vector<std::int64_t> last(static_cast<std::size_t>(n), 0); // per cache row: token to feed next
   std::int64_t active = n, rows = n;
 
-  // Appends the sampled tokens of `active_rows` and decides which completions are finished.
-  auto take = [&](const std::vector<std::int64_t>& active_rows, const torch::Tensor& logits_rows) {
-    auto picked = sample(logits_rows, o, gen);
-    auto tokens = picked.tokens.to(torch::kCPU);
-    auto logprobs = picked.logprobs.to(torch::kCPU);
-    auto tok = tokens.accessor<std::int64_t, 1>();
-    auto lp = logprobs.accessor<float, 1>();
-    for (std::size_t i = 0; i < active_rows.size(); ++i) {
-      const auto row = active_rows[i];
-      auto& c = out[owner[row]];
-      const auto token = static_cast<std::int32_t>(tok[static_cast<std::int64_t>(i)]);
-      c.tokens.push_back(token);
-      c.logprobs.push_back(lp[static_cast<std::int64_t>(i)]);
-      last[row] = token;
-      bool finished = false;
-      if (std::find(o.eos_ids.begin(), o.eos_ids.end(), token) != o.eos_ids.end()) {
-        c.finish = finish_reason::eos;
-        finished = true;
-      } else if (!o.stop.empty()) {
-        const auto k = std::min<std::int64_t>(window, static_cast<std::int64_t>(c.tokens.size()));
-        const std::string tail = detokenize(std::span<const std::int32_t>(c.tokens).last(static_cast<std::size_t>(k)));
-        for (const auto& stop : o.stop)
-          if (tail.find(stop) != std::string::npos) {
-            c.finish = finish_reason::stop;
-            c.stop_string = stop;
-            finished = true;
-            break;
-          }
-      }
-      if (!finished && static_cast<std::int64_t>(c.tokens.size()) >= o.max_new_tokens) {
-        c.finish = finish_reason::length;
-        finished = true;
-      }
-      if (finished) {
-        done[owner[row]] = true;
-        --active;
-      }
+  // Appends a sampled token of cache row `row` to its completion and decides whether that
+  // completion is finished.
+  auto accept = [&](std::int64_t row, std::int32_t token, float logprob) {
+    auto& c = out[owner[row]];
+    c.tokens.push_back(token);
+    c.logprobs.push_back(logprob);
+    bool finished = false;
+    if (std::find(o.eos_ids.begin(), o.eos_ids.end(), token) != o.eos_ids.end()) {
+      c.finish = finish_reason::eos;
+      finished = true;
+    } else if (!o.stop.empty()) {
+      const auto k = std::min<std::int64_t>(window, static_cast<std::int64_t>(c.tokens.size()));
+      const std::string tail = detokenize(std::span<const std::int32_t>(c.tokens).last(static_cast<std::size_t>(k)));
+      for (const auto& stop : o.stop)
+        if (tail.find(stop) != std::string::npos) {
+          c.finish = finish_reason::stop;
+          c.stop_string = stop;
+          finished = true;
+          break;
+        }
+    }
+    if (!finished && static_cast<std::int64_t>(c.tokens.size()) >= o.max_new_tokens) {
+      c.finish = finish_reason::length;
+      finished = true;
+    }
+    if (finished) {
+      done[owner[row]] = true;
+      --active;
     }
   };
 
   {
-    std::vector<std::int64_t> all(static_cast<std::size_t>(n));
-    for (std::int64_t r = 0; r < n; ++r)
-      all[r] = r;
-    take(all, first_logits);
+    auto picked = sample(first_logits, o, gen);
+    auto tokens = picked.tokens.to(torch::kCPU);
+    auto logprobs = picked.logprobs.to(torch::kCPU);
+    ++s.stats.host_syncs;
+    auto tok = tokens.accessor<std::int64_t, 1>();
+    auto lp = logprobs.accessor<float, 1>();
+    for (std::int64_t r = 0; r < n; ++r) {
+      last[r] = tok[r];
+      accept(r, static_cast<std::int32_t>(tok[r]), lp[r]);
+    }
     first_logits = torch::Tensor{};
   }
 
+  // Each block of steps feeds every step's sampled tokens to the next on the device and keeps
+  // them, with their log-probs, in `history` ([row, step, token or log-prob]; doubles hold both
+  // exactly), copied to the host once at the end of the block. Every row is sampled, finished
+  // or not, so the sampler sees the same shapes whenever the host looks.
+  const bool fused_now = s.fused && s.model->fused_decode_ready();
+  const std::int64_t interval = std::min(s.sync_interval, o.max_new_tokens); // no block is longer
+  auto history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   while (active > 0) {
     // Drop finished rows once enough have accumulated: with graphs, when a smaller batch bucket
     // fits (the rest of the bucket is filled with finished rows, computed and ignored); without,
@@ -459,23 +468,39 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
       ++s.stats.compactions;
     }
 
-    std::int64_t used = 0;
-    for (std::int64_t r = 0; r < rows; ++r)
-      used = std::max(used, lengths[r]);
-    auto input = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong)
-                     .view({rows, 1})
-                     .to(s.device);
-    auto logits = s.decode(input, rows, used);
-    ++s.stats.decode_steps;
-    s.stats.row_steps += rows;
-    for (std::int64_t r = 0; r < rows; ++r)
-      ++lengths[r];
-    std::vector<std::int64_t> active_rows;
+    // No completion reaches max_new_tokens inside a block: the shortest remaining one ends it.
+    std::int64_t steps = interval;
     for (std::int64_t r = 0; r < rows; ++r)
       if (!done[owner[r]])
-        active_rows.push_back(r);
-    auto index = torch::tensor(active_rows, torch::kLong).to(s.device);
-    take(active_rows, logits.index_select(0, index));
+        steps = std::min(steps, o.max_new_tokens - static_cast<std::int64_t>(out[owner[r]].tokens.size()));
+    auto tokens = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong).to(s.device);
+    auto block = history.narrow(0, 0, rows);
+    for (std::int64_t j = 0; j < steps; ++j) {
+      std::int64_t used = 0;
+      for (std::int64_t r = 0; r < rows; ++r)
+        used = std::max(used, lengths[r]);
+      auto logits = s.decode(tokens.view({rows, 1}), rows, used);
+      ++s.stats.decode_steps;
+      s.stats.row_steps += rows;
+      if (fused_now)
+        ++s.stats.fused_steps;
+      for (std::int64_t r = 0; r < rows; ++r)
+        ++lengths[r];
+      auto picked = sample(logits, o, gen);
+      auto slot = block.select(1, j); // [rows, 2]
+      slot.select(1, 0).copy_(picked.tokens);
+      slot.select(1, 1).copy_(picked.logprobs);
+      tokens = picked.tokens;
+    }
+    auto host = block.narrow(1, 0, steps).to(torch::kCPU); // waits for the block's steps
+    ++s.stats.host_syncs;
+    auto h = host.accessor<double, 3>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      last[r] = static_cast<std::int64_t>(h[r][steps - 1][0]);
+      // Tokens after a completion's end were computed but are not part of it.
+      for (std::int64_t j = 0; j < steps && !done[owner[r]]; ++j)
+        accept(r, static_cast<std::int32_t>(h[r][j][0]), static_cast<float>(h[r][j][1]));
+    }
   }
   s.stats.decode_seconds = seconds_since(t0);
   for (const auto& c : out)

@@ -82,6 +82,16 @@ struct engine_options {
   bool cuda_graphs = true;
   /// Prompt tokens (padded) per prefill forward; longer prompt sets are prefilled in pieces.
   std::int64_t max_prefill_tokens = 16384;
+  /// Decoding steps run the fused CUDA kernels (CausalLMImpl::forward_step with `fused`) where
+  /// the model allows (CausalLMImpl::fused_decode_ready); false: LibTorch ops only, the reference
+  /// the kernels are tested against. CUDA only; the CPU always runs LibTorch ops.
+  bool fused_kernels = true;
+  /// Decoding steps between copies of the sampled tokens to the host (at least 1). Between
+  /// copies the device feeds each step's tokens to the next without waiting for the host; eos
+  /// ids and stop strings are seen at the copies, so a finished completion may be computed up to
+  /// sync_interval - 1 steps too far (those tokens are dropped). Finished rows leave the batch
+  /// only at copies, so seeded sampling is reproducible for a given interval, not across intervals.
+  std::int64_t sync_interval = 16;
 };
 
 /// What the last generate() did (for logs and benchmarks). Plain value.
@@ -93,6 +103,8 @@ struct engine_stats {
   std::int64_t compactions = 0;       ///< times finished rows were dropped from the batch
   std::int64_t graph_replays = 0;     ///< decoding steps run as CUDA graph replays
   std::int64_t graph_captures = 0;    ///< graphs captured during the call
+  std::int64_t fused_steps = 0;       ///< decoding steps run with the fused kernels
+  std::int64_t host_syncs = 0;        ///< copies of sampled tokens to the host (each waits for the device)
   std::int64_t cache_bytes = 0;       ///< bytes of the KV cache held for the call (rows x slots allocated)
   double prefill_seconds = 0.0;       ///< prompts in to first logits, the device synchronised
   double decode_seconds = 0.0;        ///< first sampled token to the last
@@ -127,6 +139,8 @@ public:
   const model_config& config() const noexcept;
   /// The model sampled from (for in-place weight updates between calls).
   CausalLMImpl& model() noexcept;
+  /// The same model, shared: another engine (other options) can sample from the same weights.
+  std::shared_ptr<CausalLMImpl> shared_model() const noexcept;
   /// Drops the KV cache and the captured graphs (after replacing parameter tensors, or to free
   /// memory); the next call rebuilds them.
   void release_graphs();

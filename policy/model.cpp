@@ -9,6 +9,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#ifdef CRUCIBLE_HAVE_CUDA
+#  include "policy/fused.hpp"
+#endif
+
 namespace crucible::policy {
 
 namespace fs = std::filesystem;
@@ -36,6 +40,50 @@ std::pair<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& q, const
 
 torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) {
   return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
+}
+
+// `parts` as one tensor along dim 0 when they lie back to back, in this order, in one storage
+// (contiguous, one dtype and device, equal trailing sizes); undefined otherwise, or when any is
+// undefined. A view: no copy, no kernel.
+torch::Tensor joined_rows(const std::vector<torch::Tensor>& parts) {
+  if (parts.empty() || !parts.front().defined() || (parts.front().dim() != 1 && parts.front().dim() != 2))
+    return {};
+  const auto& first = parts.front();
+  std::int64_t rows = 0;
+  const char* next = static_cast<const char*>(first.data_ptr());
+  for (const auto& p : parts) {
+    if (!p.defined() || !p.is_contiguous() || p.dim() != first.dim() || p.scalar_type() != first.scalar_type()
+        || p.device() != first.device() || !p.storage().is_alias_of(first.storage())
+        || (p.dim() == 2 && p.size(1) != first.size(1)) || static_cast<const char*>(p.data_ptr()) != next)
+      return {};
+    next += p.nbytes();
+    rows += p.size(0);
+  }
+  if (first.dim() == 1)
+    return first.as_strided({rows}, {1}, first.storage_offset());
+  return first.as_strided({rows, first.size(1)}, {first.size(1), 1}, first.storage_offset());
+}
+
+// Makes the parameters `parts` views of one new tensor, back to back in this order, values kept,
+// unless they already are or none is defined (absent biases).
+void join_rows(std::initializer_list<torch::Tensor*> parts) {
+  std::vector<torch::Tensor> values;
+  for (auto* p : parts)
+    if (p->defined())
+      values.push_back(p->detach());
+  if (values.empty())
+    return;
+  TORCH_CHECK(values.size() == parts.size(), "join_rows: some of the projections have a bias, some do not");
+  if (joined_rows(values).defined())
+    return;
+  torch::NoGradGuard no_grad;
+  auto all = torch::cat(values, 0);
+  std::int64_t offset = 0;
+  for (auto* p : parts) {
+    const auto n = p->size(0);
+    p->set_data(all.narrow(0, offset, n)); // the parameter keeps its identity (optimisers, names)
+    offset += n;
+  }
 }
 
 // Scaled dot-product attention of q [B, H, T, D] over k, v [B, KVH, S, D]. Without a mask it is
@@ -308,6 +356,29 @@ AttentionImpl::AttentionImpl(const model_config& c)
   k_proj = register_module("k_proj", Projection(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   v_proj = register_module("v_proj", Projection(c.hidden_size, kv_heads_ * head_dim_, c.qkv_bias));
   o_proj = register_module("o_proj", Projection(heads_ * head_dim_, c.hidden_size, c.o_bias));
+  join_projections();
+}
+
+void AttentionImpl::join_projections() {
+  join_rows({&q_proj->weight, &k_proj->weight, &v_proj->weight});
+  join_rows({&q_proj->bias, &k_proj->bias, &v_proj->bias});
+}
+
+// Module::to gives every parameter its own new tensor when it moves (and keeps it when it does
+// not): join the projections again afterwards.
+void AttentionImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  join_projections();
+}
+
+void AttentionImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+  join_projections();
+}
+
+void AttentionImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  join_projections();
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -344,6 +415,27 @@ MLPImpl::MLPImpl(const model_config& c) {
   gate_proj = register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
   up_proj = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.mlp_bias));
   down_proj = register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.mlp_bias));
+  join_projections();
+}
+
+void MLPImpl::join_projections() {
+  join_rows({&gate_proj->weight, &up_proj->weight});
+  join_rows({&gate_proj->bias, &up_proj->bias});
+}
+
+void MLPImpl::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(device, dtype, non_blocking);
+  join_projections();
+}
+
+void MLPImpl::to(torch::Dtype dtype, bool non_blocking) {
+  torch::nn::Module::to(dtype, non_blocking);
+  join_projections();
+}
+
+void MLPImpl::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  join_projections();
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -575,9 +667,119 @@ kv_cache CausalLMImpl::make_cache(std::int64_t rows, std::int64_t slots) {
   return c;
 }
 
+namespace {
+
+// One layer's projections as the fused step runs them (views of the parameters).
+struct fused_layer {
+  torch::Tensor qkv_weight, qkv_bias, gate_up_weight, gate_up_bias;
+};
+
+// The joined projections of every layer, or nothing when the fused step cannot run `m`.
+std::optional<std::vector<fused_layer>> fused_layers(const CausalLMImpl& m) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  const auto& c = m.config();
+  const auto& embed = m.model->embed_tokens->weight;
+  if (!embed.is_cuda() || !fused::supported_dtype(embed.scalar_type())
+      || !fused::supported_attention(c.num_heads, c.num_kv_heads, c.head_dim) || m.has_lora())
+    return std::nullopt;
+  // The kernels and GEMMs take one dtype and device throughout.
+  auto alike = [&](const torch::Tensor& t) {
+    return !t.defined() || (t.scalar_type() == embed.scalar_type() && t.device() == embed.device());
+  };
+  if (!alike(m.model->norm->weight) || (m.lm_head && !alike(m.lm_head->weight)))
+    return std::nullopt;
+  std::vector<fused_layer> out;
+  out.reserve(m.model->blocks.size());
+  for (const auto& layer : m.model->blocks) {
+    const auto& attn = *layer->self_attn;
+    const auto& mlp = *layer->mlp;
+    fused_layer f;
+    f.qkv_weight = joined_rows({attn.q_proj->weight, attn.k_proj->weight, attn.v_proj->weight});
+    f.gate_up_weight = joined_rows({mlp.gate_proj->weight, mlp.up_proj->weight});
+    if (!f.qkv_weight.defined() || !f.gate_up_weight.defined())
+      return std::nullopt;
+    if (attn.q_proj->bias.defined()) {
+      f.qkv_bias = joined_rows({attn.q_proj->bias, attn.k_proj->bias, attn.v_proj->bias});
+      if (!f.qkv_bias.defined())
+        return std::nullopt;
+    }
+    if (mlp.gate_proj->bias.defined()) {
+      f.gate_up_bias = joined_rows({mlp.gate_proj->bias, mlp.up_proj->bias});
+      if (!f.gate_up_bias.defined())
+        return std::nullopt;
+    }
+    const torch::Tensor* used[] = {&f.qkv_weight, &f.qkv_bias, &f.gate_up_weight, &f.gate_up_bias,
+                                   &attn.o_proj->weight, &attn.o_proj->bias, &mlp.down_proj->weight,
+                                   &mlp.down_proj->bias, &layer->input_layernorm->weight,
+                                   &layer->post_attention_layernorm->weight};
+    for (const auto* t : used)
+      if (!alike(*t))
+        return std::nullopt;
+    out.push_back(std::move(f));
+  }
+  return out;
+#else
+  (void) m;
+  return std::nullopt;
+#endif
+}
+
+} // namespace
+
+bool CausalLMImpl::fused_decode_ready() const { return fused_layers(*this).has_value(); }
+
 torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cache& cache,
-                                         const torch::Tensor& new_tokens) {
+                                         const torch::Tensor& new_tokens, bool fused) {
+  if (fused && input_ids.dim() == 2 && input_ids.size(1) == 1 && !new_tokens.defined() && input_ids.is_cuda())
+    if (auto logits = fused_step(input_ids, cache); logits.defined())
+      return logits;
   return step(input_ids, cache, new_tokens, /*empty=*/false);
+}
+
+// The LibTorch decoding step of one token per row (step() with T = 1), kernel for kernel:
+//   h = x + delta; n = norm(h)          -> fused::add_rms_norm (the first layer's has no delta)
+//   q, k, v = q_proj(n), k_proj(n), ...  -> one GEMM over the joined weights [q; k; v]
+//   RoPE(q, k); cache.scatter_(k, v)     -> fused::rope_write_kv
+//   SDPA(q, cache, mask)                 -> fused::decode_attention (split-K, GQA)
+//   silu(gate(n)) * up(n)                -> one GEMM over [gate; up], fused::silu_mul
+// The o and down projections and the output matrix stay LibTorch GEMMs.
+torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  auto layers = fused_layers(*this);
+  if (!layers)
+    return {};
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(1) == 1 && input_ids.size(0) == cache.rows(),
+              "forward_step (fused): input_ids ", input_ids.sizes(), " are not one token per row of a cache of ",
+              cache.rows(), " rows");
+  torch::NoGradGuard no_grad;
+  const auto& c = config_;
+  const auto r = input_ids.size(0);
+  torch::Tensor seq_len; // dynamic RoPE only: each row's length once this token is in
+  if (c.rope.type == rope_type::dynamic)
+    seq_len = cache.lengths + 1;
+  auto inv = inv_freq(cache.lengths.unsqueeze(1), seq_len).contiguous(); // [D/2], or [R, D/2] (dynamic)
+  auto residual = model->embed_tokens(input_ids).reshape({r, c.hidden_size}).contiguous();
+  torch::Tensor delta; // what the next norm adds to the residual stream first
+  for (std::size_t l = 0; l < model->blocks.size(); ++l) {
+    auto& layer = model->blocks[l];
+    const auto& w = (*layers)[l];
+    auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
+    auto q = fused::rope_write_kv(project(h, w.qkv_weight, w.qkv_bias), inv, attention_scaling_, cache.lengths,
+                                  cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);
+    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
+    delta = project(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias);
+    h = fused::add_rms_norm(delta, residual, layer->post_attention_layernorm->weight, c.rms_norm_eps);
+    auto gate_up = project(h, w.gate_up_weight, w.gate_up_bias);
+    delta = project(fused::silu_mul(gate_up), layer->mlp->down_proj->weight, layer->mlp->down_proj->bias);
+  }
+  auto last = fused::add_rms_norm(delta, residual, model->norm->weight, c.rms_norm_eps);
+  cache.lengths.add_(1);
+  return logits_from_hidden(last);
+#else
+  (void) input_ids;
+  (void) cache;
+  return {};
+#endif
 }
 
 torch::Tensor CausalLMImpl::prefill(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens) {

@@ -83,6 +83,15 @@ public:
                                const torch::Tensor& mask, torch::Tensor& k_cache, torch::Tensor& v_cache,
                                const torch::Tensor& slots);
 
+  /// Keeps the weights of q_proj, k_proj and v_proj (and their biases) back to back in one
+  /// storage, each parameter a view of it, so that a decoding step can run the three as one GEMM
+  /// (CausalLMImpl::forward_step with `fused`). Done on construction and after every move (the
+  /// to() overrides); in-place updates (load_weights, optimisers) keep it. A no-op when already so.
+  void join_projections();
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+
   Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
 private:
@@ -95,6 +104,12 @@ class MLPImpl : public torch::nn::Module {
 public:
   explicit MLPImpl(const model_config& c);
   torch::Tensor forward(const torch::Tensor& x);
+  /// Keeps gate_proj's and up_proj's weights (and biases) back to back in one storage, gate
+  /// first; see AttentionImpl::join_projections.
+  void join_projections();
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
   Projection gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(MLP);
@@ -204,7 +219,19 @@ public:
   /// for prompts of different lengths); otherwise all T. Advances cache.lengths.
   /// Requires lengths[r] + T <= cache.slots(). Makes no host synchronisation and no shape
   /// decisions from tensor values, so it can be captured in a CUDA graph.
-  torch::Tensor forward_step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {});
+  ///
+  /// With `fused`, a step of one token per row (T = 1, no new_tokens) runs the fused CUDA kernels
+  /// of policy/kernels.cu (residual add + RMSNorm, RoPE with the cache write, split-K decode
+  /// attention, SiLU * mul; q/k/v and gate/up as one GEMM each) when fused_decode_ready(), and the
+  /// LibTorch ops otherwise. Inference only (no autograd). The two agree to rounding: see
+  /// docs/model.md (Fused decoding kernels) for where they can differ.
+  torch::Tensor forward_step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {},
+                             bool fused = false);
+  /// Whether forward_step(..., fused = true) can run the fused kernels: a CUDA build, parameters
+  /// on a CUDA device in float32, float16 or bfloat16, no LoRA adapters, projections joined (see
+  /// AttentionImpl::join_projections; setting parameter data by hand can undo it) and an attention
+  /// shape the kernel takes (head_dim even and at most 256).
+  bool fused_decode_ready() const;
   /// forward_step into an empty cache (all lengths 0): the same result, computed as plain causal
   /// attention over the prompts (flash kernels on CUDA) instead of attention over the cache.
   torch::Tensor prefill(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {});
@@ -226,6 +253,9 @@ public:
 
 private:
   torch::Tensor step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens, bool empty);
+  /// forward_step of one token per row through the fused kernels; undefined when not
+  /// fused_decode_ready() (nothing changed then).
+  torch::Tensor fused_step(const torch::Tensor& input_ids, kv_cache& cache);
   /// cos, sin [B, T, head_dim] for integer positions [B, T], in `dtype`. `seq_len` [B] (the
   /// length each row has reached) matters only to dynamic RoPE.
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& positions, const torch::Tensor& seq_len,

@@ -3,9 +3,12 @@
 // One JSON object per line on stdout (setup, bandwidth, then one per batch size).
 //
 //   bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 512]
-//                [--no-graphs] [--dtype bfloat16] [--seed 0] [--warmup 1] [--repeats 1]
-//                [--copy-bytes 1073741824]
+//                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
+//                [--seed 0] [--warmup 1] [--repeats 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //
+// --fused both (the default) measures each batch size twice on the same weights: with the fused
+// decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
+// says which ("fused": true or false).
 // Each batch size B gets B random prompts of exactly --prompt tokens (ids uniform over the
 // vocabulary, fixed seed) and generates exactly --new tokens per row: greedy, no eos and no stop
 // strings. A warm-up call with the same shapes captures the CUDA graphs; the timed call reports
@@ -40,6 +43,8 @@ struct bench_options {
   std::int64_t prompt = 512;
   std::int64_t new_tokens = 512;
   bool graphs = true;
+  std::vector<bool> fused{true, false}; ///< engine_options::fused_kernels values to measure
+  std::int64_t sync_interval = 16;
   std::string dtype; // "": bfloat16 on CUDA, float32 on the CPU (the engine's default)
   std::uint64_t seed = 0;
   int warmup = 1;
@@ -51,7 +56,8 @@ struct bench_options {
 [[noreturn]] void usage(const std::string& message) {
   std::fprintf(stderr,
                "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
-               "       [--new 512] [--no-graphs] [--dtype T] [--seed S] [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX]\n",
+               "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
+               "       [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX]\n",
                message.c_str());
   std::exit(2);
 }
@@ -86,6 +92,13 @@ bench_options parse(int argc, char** argv) {
     else if (flag == "--warmup") o.warmup = static_cast<int>(integer(flag, v, 0));
     else if (flag == "--repeats") o.repeats = static_cast<int>(positive(flag, v));
     else if (flag == "--trace") o.trace = v;
+    else if (flag == "--sync-interval") o.sync_interval = positive(flag, v);
+    else if (flag == "--fused") {
+      if (v == "on") o.fused = {true};
+      else if (v == "off") o.fused = {false};
+      else if (v == "both") o.fused = {true, false};
+      else usage("--fused: expected on, off or both, got '" + v + "'");
+    }
     else if (flag == "--copy-bytes") o.copy_bytes = static_cast<std::uint64_t>(positive(flag, v));
     else if (flag == "--batches") {
       o.batches.clear();
@@ -122,12 +135,22 @@ int run(const bench_options& o) {
   eo.device = o.device;
   eo.dtype = dtype;
   eo.cuda_graphs = o.graphs;
-  auto engine = policy::engine::load(o.model, eo);
-  if (!engine) {
-    std::fprintf(stderr, "bench_decode: %s\n", engine.error().message.c_str());
+  eo.sync_interval = o.sync_interval;
+  eo.fused_kernels = o.fused.front();
+  auto loaded = policy::engine::load(o.model, eo);
+  if (!loaded) {
+    std::fprintf(stderr, "bench_decode: %s\n", loaded.error().message.c_str());
     return 1;
   }
-  const auto& cfg = (*engine)->config();
+  // One engine per --fused value, all sampling from the same weights.
+  std::vector<std::unique_ptr<policy::engine>> engines;
+  engines.push_back(std::move(*loaded));
+  for (std::size_t i = 1; i < o.fused.size(); ++i) {
+    auto other = eo;
+    other.fused_kernels = o.fused[i];
+    engines.push_back(std::make_unique<policy::engine>(engines.front()->shared_model(), other));
+  }
+  const auto& cfg = engines.front()->config();
   const std::int64_t elem = element_bytes(dtype);
   // Weights read per step: all parameters, but an untied embedding table only by the rows looked up.
   const std::int64_t weight_bytes =
@@ -152,6 +175,7 @@ int run(const bench_options& o) {
       .field("torch", rt.torch_version)
       .field("dtype", dtype)
       .field("cuda_graphs", o.graphs && cuda)
+      .field("sync_interval", o.sync_interval)
       .field("family", policy::to_string(cfg.family))
       .field("parameters", cfg.parameter_count())
       .field("vocab_size", cfg.vocab_size)
@@ -195,86 +219,105 @@ int run(const bench_options& o) {
       for (auto& id : p)
         id = token(rng);
     }
-    // A fresh cache per batch size, so that the peak below is this batch's own.
-    (*engine)->release_graphs();
-    policy::reset_peak_memory(o.device);
-    const auto before = policy::memory_stats(o.device);
-    policy::engine_stats best;
-    double best_decode = 0.0;
-    for (int run = 0; run < o.warmup + o.repeats; ++run) {
-      auto out = (*engine)->generate(prompts, so);
-      if (!out) {
-        std::fprintf(stderr, "bench_decode: batch %lld: %s\n", static_cast<long long>(batch), out.error().message.c_str());
-        return 1;
+    for (std::size_t variant = 0; variant < engines.size(); ++variant) {
+      auto& engine = engines[variant];
+      const bool fused = o.fused[variant];
+      // A fresh cache per batch size and variant, so that the peak below is this one's own.
+      for (auto& e : engines)
+        e->release_graphs();
+      policy::reset_peak_memory(o.device);
+      const auto before = policy::memory_stats(o.device);
+      policy::engine_stats best;
+      double best_decode = 0.0;
+      for (int run = 0; run < o.warmup + o.repeats; ++run) {
+        auto out = engine->generate(prompts, so);
+        if (!out) {
+          std::fprintf(stderr, "bench_decode: batch %lld: %s\n", static_cast<long long>(batch), out.error().message.c_str());
+          return 1;
+        }
+        const auto& st = engine->last_stats();
+        if (st.generated_tokens != batch * o.new_tokens) {
+          std::fprintf(stderr, "bench_decode: batch %lld generated %lld tokens, expected %lld\n",
+                       static_cast<long long>(batch), static_cast<long long>(st.generated_tokens),
+                       static_cast<long long>(batch * o.new_tokens));
+          return 1;
+        }
+        if (run >= o.warmup && (best_decode == 0.0 || st.decode_seconds < best_decode)) {
+          best = st;
+          best_decode = st.decode_seconds;
+        }
       }
-      const auto& st = (*engine)->last_stats();
-      if (st.generated_tokens != batch * o.new_tokens) {
-        std::fprintf(stderr, "bench_decode: batch %lld generated %lld tokens, expected %lld\n",
-                     static_cast<long long>(batch), static_cast<long long>(st.generated_tokens),
-                     static_cast<long long>(batch * o.new_tokens));
-        return 1;
-      }
-      if (run >= o.warmup && (best_decode == 0.0 || st.decode_seconds < best_decode)) {
-        best = st;
-        best_decode = st.decode_seconds;
-      }
-    }
-    const auto after = policy::memory_stats(o.device);
-    std::optional<std::int64_t> peak;
-    if (before && after)
-      peak = static_cast<std::int64_t>(after->peak_allocated) - static_cast<std::int64_t>(before->allocated);
+      const auto after = policy::memory_stats(o.device);
+      std::optional<std::int64_t> peak;
+      if (before && after)
+        peak = static_cast<std::int64_t>(after->peak_allocated) - static_cast<std::int64_t>(before->allocated);
 
-    const double decode_tokens = static_cast<double>(batch * (o.new_tokens - 1));
-    const double decode_tps = best.decode_seconds > 0 ? decode_tokens / best.decode_seconds : 0.0;
-    const double total_s = best.prefill_seconds + best.decode_seconds;
-    const double avg_context = static_cast<double>(o.prompt) + static_cast<double>(o.new_tokens) / 2.0;
-    const double step_bytes =
-      static_cast<double>(weight_bytes) + static_cast<double>(batch) * avg_context * static_cast<double>(kv_token_bytes);
-    const double bound_tps = static_cast<double>(batch) * *bandwidth / step_bytes;
-    const std::int64_t analytic = kv_token_bytes * (o.prompt + o.new_tokens) * batch;
+      const double decode_tokens = static_cast<double>(batch * (o.new_tokens - 1));
+      const double decode_tps = best.decode_seconds > 0 ? decode_tokens / best.decode_seconds : 0.0;
+      const double total_s = best.prefill_seconds + best.decode_seconds;
+      const double avg_context = static_cast<double>(o.prompt) + static_cast<double>(o.new_tokens) / 2.0;
+      const double step_bytes =
+        static_cast<double>(weight_bytes) + static_cast<double>(batch) * avg_context * static_cast<double>(kv_token_bytes);
+      const double bound_tps = static_cast<double>(batch) * *bandwidth / step_bytes;
+      const std::int64_t analytic = kv_token_bytes * (o.prompt + o.new_tokens) * batch;
 
-    json_writer w;
-    w.begin_object()
-      .field("kind", "decode")
-      .field("batch", batch)
-      .field("prompt", o.prompt)
-      .field("new", o.new_tokens)
-      .field("prefill_s", best.prefill_seconds)
-      .field("decode_s", best.decode_seconds)
-      .field("decode_tokens_per_s", decode_tps)
-      .field("total_tokens_per_s", total_s > 0 ? static_cast<double>(batch * o.new_tokens) / total_s : 0.0)
-      .field("prefill_tokens_per_s",
-             best.prefill_seconds > 0 ? static_cast<double>(best.prompt_tokens) / best.prefill_seconds : 0.0)
-      .field("decode_steps", best.decode_steps)
-      .field("graph_replays", best.graph_replays)
-      .field("compactions", best.compactions)
-      .field("step_bytes", step_bytes)
-      .field("bound_tokens_per_s", bound_tps)
-      .field("bandwidth_fraction", bound_tps > 0 ? decode_tps / bound_tps : 0.0)
-      .field("kv_cache_bytes", best.cache_bytes)
-      .field("kv_analytic_bytes", analytic);
-    field_or_null(w, "peak_bytes", peak);
-    w.end_object();
-    std::printf("%s\n", w.str().c_str());
-    std::fflush(stdout);
-    if (!o.trace.empty()) {
-      // One more call under the profiler: where a decoding step's time goes.
-      const auto path = o.trace + "-b" + std::to_string(batch) + ".json";
-      auto rows = policy::profile([&] { (void) (*engine)->generate(prompts, so); }, cuda, path);
-      if (!rows) {
-        std::fprintf(stderr, "bench_decode: %s\n", rows.error().message.c_str());
-        return 1;
-      }
-      json_writer p;
-      p.begin_object().field("kind", "profile").field("batch", batch).field("trace", path).key("top").begin_array();
-      for (std::size_t i = 0; i < rows->size() && i < 25; ++i) {
-        const auto& r = (*rows)[i];
-        p.begin_object().field("name", r.name.substr(0, 120)).field("device", r.device).field("total_ms", r.total_ms)
-          .field("count", r.count).end_object();
-      }
-      p.end_array().end_object();
-      std::printf("%s\n", p.str().c_str());
+      json_writer w;
+      w.begin_object()
+        .field("kind", "decode")
+        .field("batch", batch)
+        .field("fused", fused)
+        .field("prompt", o.prompt)
+        .field("new", o.new_tokens)
+        .field("prefill_s", best.prefill_seconds)
+        .field("decode_s", best.decode_seconds)
+        .field("decode_tokens_per_s", decode_tps)
+        .field("total_tokens_per_s", total_s > 0 ? static_cast<double>(batch * o.new_tokens) / total_s : 0.0)
+        .field("prefill_tokens_per_s",
+               best.prefill_seconds > 0 ? static_cast<double>(best.prompt_tokens) / best.prefill_seconds : 0.0)
+        .field("decode_steps", best.decode_steps)
+        .field("ms_per_step", best.decode_steps > 0 ? 1e3 * best.decode_seconds / static_cast<double>(best.decode_steps) : 0.0)
+        .field("fused_steps", best.fused_steps)
+        .field("host_syncs", best.host_syncs)
+        .field("graph_replays", best.graph_replays)
+        .field("compactions", best.compactions)
+        .field("step_bytes", step_bytes)
+        .field("bound_tokens_per_s", bound_tps)
+        .field("bandwidth_fraction", bound_tps > 0 ? decode_tps / bound_tps : 0.0)
+        .field("kv_cache_bytes", best.cache_bytes)
+        .field("kv_analytic_bytes", analytic);
+      field_or_null(w, "peak_bytes", peak);
+      w.end_object();
+      std::printf("%s\n", w.str().c_str());
       std::fflush(stdout);
+      if (!o.trace.empty()) {
+        // One more call under the profiler: where a decoding step's time goes.
+        const auto path = o.trace + "-b" + std::to_string(batch) + (fused ? "-fused" : "-libtorch") + ".json";
+        auto rows = policy::profile([&] { (void) engine->generate(prompts, so); }, cuda, path);
+        if (!rows) {
+          std::fprintf(stderr, "bench_decode: %s\n", rows.error().message.c_str());
+          return 1;
+        }
+        // Device events (kernels, copies, sets) over the call, per decoding step: prefill and
+        // sampling included, so an upper bound on a step's kernels.
+        std::int64_t device_events = 0;
+        for (const auto& r : *rows)
+          if (r.device == "cuda")
+            device_events += r.count;
+        const auto steps = engine->last_stats().decode_steps;
+        json_writer p;
+        p.begin_object().field("kind", "profile").field("batch", batch).field("fused", fused).field("trace", path)
+          .field("device_events", device_events).field("decode_steps", steps)
+          .field("device_events_per_step", steps > 0 ? static_cast<double>(device_events) / static_cast<double>(steps) : 0.0)
+          .key("top").begin_array();
+        for (std::size_t i = 0; i < rows->size() && i < 25; ++i) {
+          const auto& r = (*rows)[i];
+          p.begin_object().field("name", r.name.substr(0, 120)).field("device", r.device).field("total_ms", r.total_ms)
+            .field("count", r.count).end_object();
+        }
+        p.end_array().end_object();
+        std::printf("%s\n", p.str().c_str());
+        std::fflush(stdout);
+      }
     }
   }
   return 0;

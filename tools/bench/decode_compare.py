@@ -6,8 +6,9 @@ same randomly initialised weights: the decode figure of docs/PERFORMANCE.md.
    (`crucible tokenizer train`) and writes a random model of --preset with it
    (`crucible init-model`; the 0.5b preset gets Qwen2.5's padded vocabulary of 151936 rows).
 2. Runs bench_decode (ours: prefill and decode timed separately, KV cache memory, the device's
-   copy bandwidth and the bandwidth bound), then tools/bench/decode_hf.py (transformers) with
-   the same batch sizes, prompt and new-token lengths, greedy on both sides.
+   copy bandwidth and the bandwidth bound; by default each batch twice on the same weights, with
+   the fused decoding kernels and with LibTorch ops only), then tools/bench/decode_hf.py
+   (transformers) with the same batch sizes, prompt and new-token lengths, greedy on both sides.
 3. Prints a table and writes every record to --out (JSON).
 
   python3 tools/bench/decode_compare.py --build build-gpu --device cuda:0 --out gpu-out/decode.json
@@ -70,6 +71,9 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--new", type=int, default=512)
     ap.add_argument("--no-graphs", action="store_true", help="our engine without CUDA graphs")
+    ap.add_argument("--fused", default="both", choices=["on", "off", "both"],
+                    help="our engine with the fused decoding kernels, with LibTorch ops only, or both (default)")
+    ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--copy-bytes", type=int, default=0, help="bandwidth probe size (default 1 GiB; 64 MiB on the CPU)")
     ap.add_argument("--skip-hf", action="store_true", help="measure only our engine")
     ap.add_argument("--out", default="", help="write every record here as JSON")
@@ -82,7 +86,8 @@ def main():
     ensure_model(args, crucible)
     common = ["--device", args.device, "--batches", args.batches, "--prompt", str(args.prompt), "--new", str(args.new)]
     copy_bytes = args.copy_bytes or (2**30 if cuda else 2**26)
-    ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes)] + common
+    ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes), "--fused", args.fused,
+                           "--sync-interval", str(args.sync_interval)] + common
                           + (["--no-graphs"] if args.no_graphs else []), "bench_decode"))
     hf, hf_error = [], None
     if not args.skip_hf:
@@ -96,31 +101,47 @@ def main():
     bandwidth = next(r for r in ours if r["kind"] == "bandwidth")
     hf_by_batch = {r["batch"]: r for r in hf if r["kind"] == "hf_decode"}
     rows = [r for r in ours if r["kind"] == "decode"]
+    fused_by_batch = {r["batch"]: r for r in rows if r.get("fused", False)}
+    plain_by_batch = {r["batch"]: r for r in rows if not r.get("fused", False)}
+    batches = sorted({r["batch"] for r in rows})
     print(f"\nmodel {args.model}: {setup['family']}, {setup['parameters'] / 1e6:.1f}M parameters, {setup['dtype']}, "
-          f"on {setup['device']} ({setup['device_name']}), CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}")
+          f"on {setup['device']} ({setup['device_name']}), CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, "
+          f"tokens copied to the host every {setup.get('sync_interval', 1)} steps")
     print(f"copy bandwidth {bandwidth['gb_per_s']:.0f} GB/s ({bandwidth['copy_bytes'] / 2**20:.0f} MiB copied); "
           f"prompt {args.prompt}, {args.new} new tokens, greedy; decode tokens/s = B x (new - 1) / decode time\n")
-    head = (f"{'batch':>5} {'ours tok/s':>11} {'HF tok/s':>10} {'ratio':>6} {'bound tok/s':>12} {'of bound':>8} "
-            f"{'KV MiB':>8} {'analytic':>8} {'peak MiB':>9} {'HF peak':>8}")
+    head = (f"{'batch':>5} {'kernels':>8} {'tok/s':>9} {'ms/step':>8} {'HF tok/s':>9} {'ratio':>6} {'bound tok/s':>12} "
+            f"{'of bound':>8} {'KV MiB':>8} {'analytic':>8} {'peak MiB':>9} {'HF peak':>8}")
     print(head)
     print("-" * len(head))
-    for r in rows:
-        h = hf_by_batch.get(r["batch"])
-        ratio = f"{r['decode_tokens_per_s'] / h['decode_tokens_per_s']:.2f}" if h else "-"
-        print(f"{r['batch']:>5} {r['decode_tokens_per_s']:>11.1f} {h['decode_tokens_per_s'] if h else float('nan'):>10.1f} "
-              f"{ratio:>6} {r['bound_tokens_per_s']:>12.1f} {r['bandwidth_fraction']:>8.1%} "
-              f"{mib(r['kv_cache_bytes']):>8} {mib(r['kv_analytic_bytes']):>8} {mib(r['peak_bytes']):>9} "
-              f"{mib(h['peak_bytes']) if h else '-':>8}")
-    print("\nKV MiB: the engine's cache (rows x slots, slots rounded up to a multiple of 256); analytic:"
+    for batch in batches:
+        h = hf_by_batch.get(batch)
+        for r, name in ((fused_by_batch.get(batch), "fused"), (plain_by_batch.get(batch), "LibTorch")):
+            if r is None:
+                continue
+            if name == "fused" and r.get("fused_steps", 0) == 0:
+                name = "fused*"
+            ratio = f"{r['decode_tokens_per_s'] / h['decode_tokens_per_s']:.2f}" if h else "-"
+            print(f"{batch:>5} {name:>8} {r['decode_tokens_per_s']:>9.1f} {r.get('ms_per_step', float('nan')):>8.3f} "
+                  f"{h['decode_tokens_per_s'] if h else float('nan'):>9.1f} {ratio:>6} {r['bound_tokens_per_s']:>12.1f} "
+                  f"{r['bandwidth_fraction']:>8.1%} {mib(r['kv_cache_bytes']):>8} {mib(r['kv_analytic_bytes']):>8} "
+                  f"{mib(r['peak_bytes']):>9} {mib(h['peak_bytes']) if h else '-':>8}")
+    print("\nkernels: fused = the engine's fused decoding kernels, LibTorch = LibTorch ops only (the reference);"
+          "\nfused* = fused kernels asked for but not run (the CPU, or a model they do not take)."
+          "\nKV MiB: the engine's cache (rows x slots, slots rounded up to a multiple of 256); analytic:"
           "\n2 x layers x kv_heads x head_dim x (prompt + new) x batch x bytes; peak: the allocator's peak"
           "\nabove the loaded weights during the calls (cache, prefill scratch, activations, graph pools).")
-    by_batch = {r["batch"]: r for r in rows}
+    for r in ours:
+        if r["kind"] == "profile":
+            print(f"profile, batch {r['batch']}, {'fused' if r.get('fused') else 'LibTorch'}: "
+                  f"{r.get('device_events_per_step', float('nan')):.1f} device events per decoding step ({r['trace']})")
+    # The goals count the engine as configured by default: the fused kernels where measured.
+    best = {b: fused_by_batch.get(b) or plain_by_batch.get(b) for b in batches}
     goals = []
-    if 64 in by_batch and 64 in hf_by_batch:
-        ratio = by_batch[64]["decode_tokens_per_s"] / hf_by_batch[64]["decode_tokens_per_s"]
+    if 64 in best and 64 in hf_by_batch:
+        ratio = best[64]["decode_tokens_per_s"] / hf_by_batch[64]["decode_tokens_per_s"]
         goals.append(f"batch 64: {ratio:.2f}x transformers (goal >= 3x: {'met' if ratio >= 3 else 'NOT met'})")
-    if 1 in by_batch:
-        frac = by_batch[1]["bandwidth_fraction"]
+    if 1 in best:
+        frac = best[1]["bandwidth_fraction"]
         goals.append(f"batch 1: {frac:.1%} of the bandwidth bound (goal >= 50%: {'met' if frac >= 0.5 else 'NOT met'})")
     if goals:
         print("\n" + "\n".join(goals))

@@ -3,7 +3,8 @@
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
 #   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
-# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace); `learner` runs the
+# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
+# and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -27,7 +28,7 @@ fi
 targets=(crucible)
 [[ " $* " == *" throughput "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* ]] && targets+=(bench_learner test_gpu_dp)
 start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
@@ -57,7 +58,8 @@ for what in "$@"; do
       timeout 900 $B/tools/bench/bench_learner 2>&1 | tee "$OUT/learner.jsonl"
       timeout 300 python3 tools/bench/allreduce_torch.py 2>&1 | tee "$OUT/allreduce_torch.jsonl" ;;
     gpu_engine)
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40 ;;
+      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40
+      timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | tail -60 ;;
     throughput)
       $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 2>&1 | tee "$OUT/throughput.txt" ;;
     evals)
@@ -77,8 +79,10 @@ for what in "$@"; do
     decode)
       # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
       # transformers must import in python3; wheels in .whl/ are installed if it does not.
-      # The engine's GPU tests (CPU/CUDA parity, CUDA graphs against eager) first.
+      # The engine's GPU tests (CPU/CUDA parity, CUDA graphs against eager; the fused decoding
+      # kernels against LibTorch, whose MESSAGE lines give the error figures) first.
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -30 | tee "$OUT/gpu_engine.txt"
+      timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|fused|LibTorch|test cases|assertions" | tail -60
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,16,64 --prompt 512 --new 512 \
         --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
   esac

@@ -244,3 +244,48 @@ TEST_CASE("the engine refuses bad requests, naming the field") {
   REQUIRE(empty.ok());
   CHECK(empty->empty());
 }
+
+TEST_CASE("the number of steps between host copies changes no greedy completion, only the copies") {
+  torch::manual_seed(1234);
+  auto ref = reference("llama_llama3");
+  sampling_options o;
+  o.temperature = 0.0;
+  o.max_new_tokens = 40;
+  o.eos_ids = {ref.greedy[0][10]};                          // ends prompt 0 at token 10
+  o.stop = {detok(std::span(ref.greedy[1]).subspan(20, 3))}; // ends prompt 1 by token 22
+  o.samples_per_prompt = 2;
+  std::vector<completion> first;
+  std::int64_t syncs_every_step = 0;
+  for (std::int64_t interval : {1, 3, 16, 1000}) {
+    CAPTURE(interval);
+    engine_options eo;
+    eo.sync_interval = interval;
+    auto e = engine::load(hf_reference_dir() / "llama_llama3", eo);
+    REQUIRE(e.ok());
+    auto out = (*e)->generate(ref.prompts, o, detok);
+    REQUIRE(out.ok());
+    const auto& st = (*e)->last_stats();
+    if (interval == 1) {
+      first = *out;
+      syncs_every_step = st.host_syncs;
+      CHECK(st.host_syncs == 1 + st.decode_steps); // the prefill's token, then one per step
+      CHECK((*out)[0].finish == finish_reason::eos);
+      CHECK((*out)[0].tokens.size() == 11);
+      CHECK((*out)[2].finish == finish_reason::stop);
+      continue;
+    }
+    REQUIRE(out->size() == first.size());
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      CAPTURE(i);
+      CHECK((*out)[i].tokens == first[i].tokens);
+      REQUIRE((*out)[i].logprobs.size() == first[i].logprobs.size());
+      for (std::size_t j = 0; j < first[i].logprobs.size(); ++j) // batch shapes differ: rounding only
+        CHECK(std::abs((*out)[i].logprobs[j] - first[i].logprobs[j]) <= 1e-5);
+      CHECK((*out)[i].finish == first[i].finish);
+      CHECK((*out)[i].stop_string == first[i].stop_string);
+    }
+    CHECK(st.host_syncs < syncs_every_step);
+    // Blocks end at the shortest remaining length: no step past max_new_tokens.
+    CHECK(st.decode_steps <= o.max_new_tokens - 1);
+  }
+}

@@ -519,3 +519,83 @@ TEST_CASE("what crucible writes, transformers loads with the same logits") {
   MESSAGE(output);
   CHECK(code == 0);
 }
+
+namespace {
+
+// Whether the tensors lie back to back, in this order, in one storage.
+bool back_to_back(std::initializer_list<torch::Tensor> parts) {
+  const torch::Tensor* prev = nullptr;
+  for (const auto& p : parts) {
+    if (!p.is_contiguous())
+      return false;
+    if (prev != nullptr && (!p.storage().is_alias_of(prev->storage())
+                            || static_cast<const char*>(prev->data_ptr()) + prev->nbytes() != p.data_ptr()))
+      return false;
+    prev = &p;
+  }
+  return true;
+}
+
+bool projections_joined(CausalLMImpl& m) {
+  for (auto& layer : m.model->blocks) {
+    auto& a = layer->self_attn;
+    auto& f = layer->mlp;
+    if (!back_to_back({a->q_proj->weight, a->k_proj->weight, a->v_proj->weight})
+        || !back_to_back({f->gate_proj->weight, f->up_proj->weight}))
+      return false;
+    if (a->q_proj->bias.defined() && !back_to_back({a->q_proj->bias, a->k_proj->bias, a->v_proj->bias}))
+      return false;
+  }
+  return true;
+}
+
+} // namespace
+
+TEST_CASE("q/k/v and gate/up weights share one storage each: on construction, after to(), after loading") {
+  torch::manual_seed(1234);
+  auto m = tiny_model(/*tied=*/true, /*bias=*/true);
+  CHECK(projections_joined(*m));
+  // The check itself fails on separate tensors.
+  auto& attn = m->model->blocks[0]->self_attn;
+  CHECK_FALSE(back_to_back({attn->k_proj->weight, attn->q_proj->weight}));
+  CHECK_FALSE(back_to_back({attn->q_proj->weight.clone(), attn->k_proj->weight}));
+
+  token_batch b;
+  b.input_ids = torch::randint(0, 300, {2, 7});
+  torch::Tensor before;
+  {
+    torch::NoGradGuard g;
+    before = m->forward(b);
+  }
+  m->to(torch::kDouble); // Module::to gives every parameter a tensor of its own; joined again
+  CHECK(projections_joined(*m));
+  m->to(torch::kFloat);
+  CHECK(projections_joined(*m));
+  m->to(torch::Device(torch::kCPU)); // no move: the same storage
+  CHECK(projections_joined(*m));
+  {
+    torch::NoGradGuard g;
+    CHECK(max_abs_diff(m->forward(b), before) == 0.0); // values kept through the joins
+    // An in-place update of one projection is seen through the joined storage.
+    attn->k_proj->weight.add_(1.0);
+    CHECK(projections_joined(*m));
+    attn->k_proj->weight.sub_(1.0);
+  }
+  // Parameters stay distinct, named and trainable.
+  CHECK(m->named_parameters().contains("model.layers.0.self_attn.k_proj.weight"));
+  CHECK(attn->k_proj->weight.requires_grad());
+  auto loss = m->forward(b).sum();
+  loss.backward();
+  CHECK(attn->q_proj->weight.grad().defined());
+  CHECK(attn->v_proj->bias.grad().sizes() == attn->v_proj->bias.sizes());
+
+  temp_dir dir;
+  save_options so;
+  so.dtype = torch::kFloat;
+  REQUIRE(save_model(*m, dir.path(), so).ok());
+  auto loaded = load_model(dir.path(), {});
+  REQUIRE(loaded.ok());
+  CHECK(projections_joined(**loaded));
+  torch::NoGradGuard g;
+  CHECK(max_abs_diff((*loaded)->forward(b), before) <= 1e-5); // float32 GEMMs may round by alignment
+}

@@ -1,0 +1,204 @@
+// policy/fused.cpp: tensors from policy/model.cpp's fused decoding step in, checked and handed to
+// the raw kernels of policy/kernels.cu on the current stream; new output tensors out.
+#include "policy/fused.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "policy/kernels.hpp"
+
+namespace crucible::policy::fused {
+
+namespace {
+
+kernels::dtype kernel_dtype(const torch::Tensor& t) {
+  switch (t.scalar_type()) {
+    case torch::kFloat: return kernels::dtype::f32;
+    case torch::kHalf: return kernels::dtype::f16;
+    case torch::kBFloat16: return kernels::dtype::bf16;
+    default: TORCH_CHECK(false, "fused kernels: dtype ", t.scalar_type(), " is not float32, float16 or bfloat16");
+  }
+}
+
+void check_launch(cudaError_t e, const char* what) {
+  TORCH_CHECK(e == cudaSuccess, "fused kernel ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+void check_cuda(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "fused kernels: ", what, " must be on ", like.device(),
+              ", got ", t.device());
+}
+
+// A [rows, kv_heads, slots, head_dim] cache with a contiguous last dimension.
+void check_cache(const torch::Tensor& c, const torch::Tensor& like, std::int64_t rows, std::int64_t kv_heads,
+                 std::int64_t head_dim, const char* what) {
+  check_cuda(c, like, what);
+  TORCH_CHECK(c.dim() == 4 && c.size(0) == rows && c.size(1) == kv_heads && c.size(3) == head_dim && c.stride(3) == 1,
+              "fused kernels: ", what, " must be [", rows, ", ", kv_heads, ", slots, ", head_dim,
+              "] with a contiguous last dimension, got ", c.sizes(), " strides ", c.strides());
+  TORCH_CHECK(c.scalar_type() == like.scalar_type(), "fused kernels: ", what, " is ", c.scalar_type(), ", not ",
+              like.scalar_type());
+}
+
+void check_lengths(const torch::Tensor& lengths, const torch::Tensor& like, std::int64_t rows) {
+  check_cuda(lengths, like, "lengths");
+  TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.dim() == 1 && lengths.size(0) == rows
+                && lengths.is_contiguous(),
+              "fused kernels: lengths must be contiguous int64 [", rows, "], got ", lengths.scalar_type(), " ",
+              lengths.sizes());
+}
+
+} // namespace
+
+bool supported_dtype(torch::ScalarType t) { return t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16; }
+
+bool supported_attention(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  return heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && head_dim % 2 == 0
+         && head_dim <= kernels::decode_attention_max_head_dim
+         && kernels::decode_attention_shared_bytes(heads / kv_heads, head_dim) <= 48 * 1024;
+}
+
+torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, const torch::Tensor& weight,
+                           double eps) {
+  TORCH_CHECK(residual.is_cuda() && residual.dim() == 2 && residual.is_contiguous(),
+              "add_rms_norm: residual must be a contiguous CUDA [rows, dim] tensor, got ", residual.sizes());
+  const auto rows = residual.size(0), dim = residual.size(1);
+  check_cuda(weight, residual, "weight");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == dim && weight.is_contiguous()
+                && weight.scalar_type() == residual.scalar_type(),
+              "add_rms_norm: weight must be contiguous [", dim, "] of ", residual.scalar_type(), ", got ",
+              weight.scalar_type(), " ", weight.sizes());
+  if (delta.defined()) {
+    check_cuda(delta, residual, "delta");
+    TORCH_CHECK(delta.sizes() == residual.sizes() && delta.is_contiguous() && delta.scalar_type() == residual.scalar_type(),
+                "add_rms_norm: delta must be contiguous ", residual.sizes(), " of ", residual.scalar_type(), ", got ",
+                delta.scalar_type(), " ", delta.sizes());
+  }
+  c10::cuda::CUDAGuard guard(residual.device());
+  auto out = torch::empty_like(residual);
+  check_launch(kernels::add_rms_norm(kernel_dtype(residual), delta.defined() ? delta.data_ptr() : nullptr,
+                                     residual.data_ptr(), weight.data_ptr(), out.data_ptr(), rows, dim,
+                                     static_cast<float>(eps), at::cuda::getCurrentCUDAStream()),
+               "add_rms_norm");
+  return out;
+}
+
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_freq, double attention_scaling,
+                            const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+                            std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  TORCH_CHECK(qkv.is_cuda() && qkv.dim() == 2 && qkv.is_contiguous()
+                && qkv.size(1) == (heads + 2 * kv_heads) * head_dim,
+              "rope_write_kv: qkv must be a contiguous CUDA [rows, ", (heads + 2 * kv_heads) * head_dim,
+              "] tensor, got ", qkv.sizes());
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_write_kv: head_dim must be even, got ", head_dim);
+  const auto rows = qkv.size(0);
+  check_lengths(lengths, qkv, rows);
+  check_cache(k_cache, qkv, rows, kv_heads, head_dim, "k_cache");
+  check_cache(v_cache, qkv, rows, kv_heads, head_dim, "v_cache");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.size(2) == v_cache.size(2),
+              "rope_write_kv: k_cache and v_cache differ in shape or strides");
+  check_cuda(inv_freq, qkv, "inv_freq");
+  const bool per_row = inv_freq.dim() == 2;
+  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous()
+                && ((inv_freq.dim() == 1 && inv_freq.size(0) == head_dim / 2)
+                    || (per_row && inv_freq.size(0) == rows && inv_freq.size(1) == head_dim / 2)),
+              "rope_write_kv: inv_freq must be contiguous float32 [", head_dim / 2, "] or [", rows, ", ", head_dim / 2,
+              "], got ", inv_freq.scalar_type(), " ", inv_freq.sizes());
+  c10::cuda::CUDAGuard guard(qkv.device());
+  auto q = torch::empty({rows, heads, head_dim}, qkv.options());
+  kernels::rope_kv_args a;
+  a.qkv = qkv.data_ptr();
+  a.q_out = q.data_ptr();
+  a.k_cache = k_cache.data_ptr();
+  a.v_cache = v_cache.data_ptr();
+  a.row_stride = k_cache.stride(0);
+  a.head_stride = k_cache.stride(1);
+  a.slot_stride = k_cache.stride(2);
+  a.lengths = lengths.data_ptr<std::int64_t>();
+  a.inv_freq = inv_freq.data_ptr<float>();
+  a.inv_row_stride = per_row ? head_dim / 2 : 0;
+  a.attention_scaling = static_cast<float>(attention_scaling);
+  a.rows = rows;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.slots = k_cache.size(2);
+  check_launch(kernels::rope_kv_write(kernel_dtype(qkv), a, at::cuda::getCurrentCUDAStream()), "rope_kv_write");
+  return q;
+}
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& lengths, std::int64_t splits) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.is_contiguous(),
+              "decode_attention: q must be a contiguous CUDA [rows, heads, head_dim] tensor, got ", q.sizes());
+  const auto rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  TORCH_CHECK(k_cache.dim() == 4, "decode_attention: k_cache must be [rows, kv_heads, slots, head_dim], got ",
+              k_cache.sizes());
+  const auto kv_heads = k_cache.size(1), slots = k_cache.size(2);
+  TORCH_CHECK(supported_attention(heads, kv_heads, head_dim), "decode_attention: ", heads, " query heads over ",
+              kv_heads, " KV heads of dimension ", head_dim, " are not supported");
+  check_cache(k_cache, q, rows, kv_heads, head_dim, "k_cache");
+  check_cache(v_cache, q, rows, kv_heads, head_dim, "v_cache");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && v_cache.size(2) == slots,
+              "decode_attention: k_cache and v_cache differ in shape or strides");
+  check_lengths(lengths, q, rows);
+  TORCH_CHECK(splits >= 0, "decode_attention: splits must be >= 0, got ", splits);
+  TORCH_CHECK(slots >= 1, "decode_attention: the cache has no slots");
+  c10::cuda::CUDAGuard guard(q.device());
+  const std::int64_t tile = kernels::decode_attention_tile;
+  const std::int64_t tiles = (slots + tile - 1) / tile;
+  if (splits == 0) {
+    // About two blocks per SM in all; a split gets at least one tile.
+    const std::int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const std::int64_t blocks = std::max<std::int64_t>(1, rows * kv_heads);
+    splits = std::max<std::int64_t>(1, (2 * sms + blocks - 1) / blocks);
+  }
+  splits = std::clamp<std::int64_t>(splits, 1, tiles);
+  const std::int64_t chunk = (tiles + splits - 1) / splits * tile;
+  splits = (slots + chunk - 1) / chunk; // no split left without slots
+  auto out = torch::empty({rows, heads * head_dim}, q.options());
+  torch::Tensor partial_out, partial_ml;
+  kernels::decode_attention_args a;
+  if (splits > 1) {
+    auto f32 = q.options().dtype(torch::kFloat);
+    partial_out = torch::empty({rows, heads, splits, head_dim}, f32);
+    partial_ml = torch::empty({rows, heads, splits, 2}, f32);
+    a.partial_out = partial_out.data_ptr<float>();
+    a.partial_ml = partial_ml.data_ptr<float>();
+  }
+  a.q = q.data_ptr();
+  a.k_cache = k_cache.data_ptr();
+  a.v_cache = v_cache.data_ptr();
+  a.row_stride = k_cache.stride(0);
+  a.head_stride = k_cache.stride(1);
+  a.slot_stride = k_cache.stride(2);
+  a.lengths = lengths.data_ptr<std::int64_t>();
+  a.rows = rows;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.slots = slots;
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  a.splits = splits;
+  a.chunk = chunk;
+  a.out = out.data_ptr();
+  check_launch(kernels::decode_attention(kernel_dtype(q), a, at::cuda::getCurrentCUDAStream()), "decode_attention");
+  return out;
+}
+
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_cuda() && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "silu_mul: gate_up must be a contiguous CUDA [rows, 2 * inter] tensor, got ", gate_up.sizes());
+  c10::cuda::CUDAGuard guard(gate_up.device());
+  const auto rows = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, inter}, gate_up.options());
+  check_launch(kernels::silu_mul(kernel_dtype(gate_up), gate_up.data_ptr(), out.data_ptr(), rows, inter,
+                                 at::cuda::getCurrentCUDAStream()),
+               "silu_mul");
+  return out;
+}
+
+} // namespace crucible::policy::fused

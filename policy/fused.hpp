@@ -1,0 +1,48 @@
+// policy/fused.hpp: ATen front ends of the fused decoding kernels (policy/kernels.cu), each a
+// drop-in for a chain of LibTorch ops of policy/model.cpp on CUDA tensors. Shapes, dtypes and
+// devices are checked (TORCH_CHECK, as the model's own checks); kernels run on the current CUDA
+// stream, never synchronise and allocate only their outputs, so they can be captured in CUDA
+// graphs. Inference only: nothing here records autograd history. CUDA builds only.
+#pragma once
+
+#include <cstdint>
+
+#include <torch/torch.h>
+
+namespace crucible::policy::fused {
+
+/// Whether the kernels take tensors of this dtype (float32, float16, bfloat16).
+bool supported_dtype(torch::ScalarType t);
+
+/// Whether decode_attention takes `heads` query heads over `kv_heads` KV heads of `head_dim`.
+bool supported_attention(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+
+/// residual = residual + delta (when delta is defined, in place, rounded to the dtype), then
+/// RMSNorm(residual) with `weight` and `eps`: what `h = x + delta; norm(h)` computes in
+/// policy/model.cpp. residual and delta [rows, dim] contiguous, weight [dim], one dtype; returns
+/// a new [rows, dim] tensor.
+torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, const torch::Tensor& weight, double eps);
+
+/// For qkv [rows, (heads + 2 kv_heads) * head_dim] (the fused q/k/v projection of one new token
+/// per row): rotates q and k at position lengths[r] with `inv_freq` (float32 [head_dim / 2], or
+/// [rows, head_dim / 2] for dynamic RoPE) and `attention_scaling`, writes the rotated key and the
+/// value to slot lengths[r] of k_cache and v_cache ([rows, kv_heads, slots, head_dim], last dim
+/// contiguous, equal strides; views of a larger cache are fine) and returns q rotated, [rows,
+/// heads, head_dim]. A row whose length is not below `slots` writes nothing to the cache.
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_freq, double attention_scaling,
+                            const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+                            std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
+
+/// Attention of q [rows, heads, head_dim] (one token per row) over slots [0, min(lengths[r] + 1,
+/// slots)) of k_cache and v_cache (as in rope_write_kv), grouped-query, scale 1 / sqrt(head_dim):
+/// the masked SDPA of a decoding step. Returns [rows, heads * head_dim]. `splits` pieces of the
+/// slot range run as separate blocks and are combined; 0 picks them from the device's SM count
+/// (about two blocks per SM), 1 makes one kernel. A fixed shape gives a fixed choice (CUDA graphs).
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& lengths, std::int64_t splits = 0);
+
+/// silu(gate) * up for gate_up [rows, 2 inter] (gate columns first): torch::silu(gate) * up with
+/// the same roundings. Returns [rows, inter].
+torch::Tensor silu_mul(const torch::Tensor& gate_up);
+
+} // namespace crucible::policy::fused

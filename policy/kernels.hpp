@@ -1,0 +1,88 @@
+// policy/kernels.hpp: the fused CUDA kernels of a decoding step (policy/kernels.cu), each a
+// drop-in for a chain of LibTorch ops in policy/model.cpp. Raw pointers and sizes in, results
+// written to caller-owned device memory; launched on `stream`, never synchronising, so they can
+// be captured in CUDA graphs. No torch here: kernels.cu is compiled by nvcc as C++17; the ATen
+// wrappers that check shapes are in policy/fused.hpp.
+//
+// Every kernel computes in float32 and rounds to the storage type at the points where the
+// LibTorch ops it replaces round (each elementwise op of the reference rounds its result to the
+// tensor's dtype), with no fused multiply-add where the reference has a rounded product. What
+// cannot match bit for bit is the order of floating-point sums (the RMSNorm mean, attention).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace crucible::policy::kernels {
+
+/// Storage types the kernels take (LibTorch's float, half and bfloat16).
+enum class dtype : std::uint8_t { f32, f16, bf16 };
+
+/// For each of `rows` rows of `dim` contiguous elements: when `delta` is not null,
+/// residual = residual + delta (rounded to the storage type, written back in place); then
+/// out = weight * to_dtype(residual * rsqrt(mean(residual^2) + eps)), the mean and rsqrt in
+/// float32, the product rounded. This is `x + delta` followed by RMSNormImpl::forward.
+/// `out` must not overlap `residual` or `delta`.
+cudaError_t add_rms_norm(dtype t, const void* delta, void* residual, const void* weight, void* out, std::int64_t rows,
+                         std::int64_t dim, float eps, cudaStream_t stream);
+
+/// RoPE of one new token per row, fused with the KV-cache write.
+struct rope_kv_args {
+  const void* qkv = nullptr;         ///< [rows, (heads + 2 kv_heads) * head_dim]: q heads, k heads, v heads
+  void* q_out = nullptr;             ///< [rows, heads, head_dim] contiguous: q rotated
+  void* k_cache = nullptr;           ///< element (r, h, s, d) at r*row_stride + h*head_stride + s*slot_stride + d
+  void* v_cache = nullptr;           ///< same strides as k_cache
+  std::int64_t row_stride = 0, head_stride = 0, slot_stride = 0;
+  const std::int64_t* lengths = nullptr; ///< [rows]: the new token's position and cache slot
+  /// float32 inverse frequencies [head_dim / 2], or [rows, head_dim / 2] with inv_row_stride =
+  /// head_dim / 2 (dynamic RoPE); inv_row_stride 0 shares one table.
+  const float* inv_freq = nullptr;
+  std::int64_t inv_row_stride = 0;
+  float attention_scaling = 1.0f;    ///< cos and sin are multiplied by it (YaRN)
+  std::int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  std::int64_t slots = 0;            ///< cache slots; a row whose length is not below it is not written
+};
+
+/// q_out and the cache's rotated keys and values at slot lengths[r]: with p = lengths[r],
+/// cos = to_dtype(cos(p * inv_freq) * scaling) (sin alike), x' = x * cos + rotate_half(x) * sin with
+/// each product and the sum rounded, as CausalLMImpl::rope and apply_rope compute them.
+cudaError_t rope_kv_write(dtype t, const rope_kv_args& a, cudaStream_t stream);
+
+/// Attention of one query token per row over its cache rows, grouped-query, split over the
+/// slots (flash-decoding) so that a batch of one still spreads over the device.
+struct decode_attention_args {
+  const void* q = nullptr;           ///< [rows, heads, head_dim] contiguous
+  const void* k_cache = nullptr;     ///< strides as in rope_kv_args
+  const void* v_cache = nullptr;
+  std::int64_t row_stride = 0, head_stride = 0, slot_stride = 0;
+  /// [rows]: row r attends to slots [0, min(lengths[r] + 1, slots)), its length before the
+  /// step's increment (the new token's own slot included).
+  const std::int64_t* lengths = nullptr;
+  std::int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0, slots = 0;
+  float scale = 1.0f;                ///< applied to q.k (1 / sqrt(head_dim))
+  /// Pieces of the slot range computed by separate blocks, then combined; 1 writes `out`
+  /// directly. chunk * splits must cover `slots`; chunk a multiple of decode_attention_tile.
+  std::int64_t splits = 1, chunk = 0;
+  void* out = nullptr;               ///< [rows, heads * head_dim] in the storage type
+  float* partial_out = nullptr;      ///< [rows, heads, splits, head_dim] float32 (splits > 1)
+  float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: running max and sum (splits > 1)
+};
+
+/// Slots per tile of the attention kernel (a split's chunk is a multiple of it).
+inline constexpr std::int64_t decode_attention_tile = 32;
+/// The largest head_dim the attention kernel takes.
+inline constexpr std::int64_t decode_attention_max_head_dim = 256;
+/// Shared memory of one attention block for `group` query heads per KV head.
+std::size_t decode_attention_shared_bytes(std::int64_t group, std::int64_t head_dim);
+
+/// out = softmax(q k^T * scale) v per row and head, in float32, rounded once to the storage type.
+cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream);
+
+/// out[r, i] = to_dtype(to_dtype(silu(gate_up[r, i])) * gate_up[r, inter + i]) for gate_up [rows,
+/// 2 inter] (the gate and up projections side by side), out [rows, inter]: torch::silu(gate) * up.
+cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows, std::int64_t inter,
+                     cudaStream_t stream);
+
+} // namespace crucible::policy::kernels

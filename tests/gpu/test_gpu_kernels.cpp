@@ -1,0 +1,386 @@
+// The fused decoding kernels (policy/kernels.cu through policy/fused.hpp) against the LibTorch
+// ops they replace, kernel by kernel and per dtype; a fused decoding step against the LibTorch
+// step on random tiny models; the engine's greedy tokens with and without them.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "policy/engine.hpp"
+#include "policy/fused.hpp"
+#include "policy/model.hpp"
+#include "../unit/policy/policy_test_util.hpp"
+
+using namespace crucible;
+using namespace crucible::policy;
+using namespace crucible::policy::testing;
+
+namespace {
+
+const torch::ScalarType all_dtypes[] = {torch::kFloat, torch::kHalf, torch::kBFloat16};
+
+torch::TensorOptions on_gpu(torch::ScalarType dtype) {
+  return torch::TensorOptions().dtype(dtype).device(torch::kCUDA, 0);
+}
+
+// Relative tolerance per dtype: two units in the last place of float16 and bfloat16 (a rounding
+// point seeing an input one unit off), float32 for sums taken in another order.
+double rtol(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kHalf: return std::ldexp(1.0, -9);
+    case torch::kBFloat16: return std::ldexp(1.0, -6);
+    default: return 1e-5;
+  }
+}
+
+// Every element of `got` within atol + rtol * |want|; reports the worst excess and the share of
+// elements that are bit for bit equal.
+void check_close(const torch::Tensor& got, const torch::Tensor& want, double rel, double atol, const std::string& what) {
+  REQUIRE_MESSAGE(got.sizes() == want.sizes(), what << ": shape " << got.sizes() << " vs " << want.sizes());
+  auto g = got.to(torch::kCPU, torch::kDouble), w = want.to(torch::kCPU, torch::kDouble);
+  auto excess = ((g - w).abs() - (atol + rel * w.abs())).max().item<double>();
+  auto exact = (got.to(torch::kCPU) == want.to(torch::kCPU, got.scalar_type())).to(torch::kDouble).mean().item<double>();
+  MESSAGE(what << ": max excess over tolerance " << excess << ", bitwise equal " << 100.0 * exact << "%");
+  CHECK_MESSAGE(excess <= 0.0, what);
+}
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  auto half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+kv_cache deep_copy(const kv_cache& c) {
+  kv_cache out;
+  for (std::size_t l = 0; l < c.keys.size(); ++l) {
+    out.keys.push_back(c.keys[l].clone());
+    out.values.push_back(c.values[l].clone());
+  }
+  out.lengths = c.lengths.clone();
+  return out;
+}
+
+model_config tiny_config(model_family family, std::int64_t hidden, std::int64_t heads, std::int64_t kv_heads) {
+  auto c = preset_config("tiny", family, 1000);
+  REQUIRE(c.ok());
+  c->hidden_size = hidden;
+  c->num_heads = heads;
+  c->num_kv_heads = kv_heads;
+  c->head_dim = hidden / heads;
+  c->num_layers = 3;
+  c->intermediate_size = 2 * hidden + 64;
+  return *c;
+}
+
+} // namespace
+
+TEST_CASE("add_rms_norm equals x + delta and RMSNormImpl, per dtype") {
+  torch::manual_seed(11);
+  torch::NoGradGuard g;
+  const double eps = 1e-6;
+  for (auto dtype : all_dtypes) {
+    for (auto [rows, dim] : {std::pair<std::int64_t, std::int64_t>{1, 896}, {3, 128}, {64, 1000}, {2, 4096}}) {
+      const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " dim " +
+                               std::to_string(dim);
+      CAPTURE(what);
+      auto residual = torch::randn({rows, dim}, on_gpu(dtype));
+      auto delta = 0.5 * torch::randn({rows, dim}, on_gpu(dtype));
+      RMSNorm norm(dim, eps);
+      norm->to(torch::Device(torch::kCUDA, 0), dtype);
+      norm->weight.copy_(1.0 + 0.2 * torch::randn({dim}, on_gpu(dtype)));
+
+      auto h = residual + delta; // the reference's rounded sum
+      auto want = norm(h);
+      auto res = residual.clone();
+      auto got = fused::add_rms_norm(delta, res, norm->weight, eps);
+      CHECK(torch::equal(res, h)); // the residual is updated in place, rounded as x + delta is
+      check_close(got, want, rtol(dtype), 1e-6, "add + norm, " + what);
+
+      auto untouched = residual.clone();
+      auto plain = fused::add_rms_norm({}, untouched, norm->weight, eps);
+      CHECK(torch::equal(untouched, residual)); // no delta: the residual is only read
+      check_close(plain, norm(residual), rtol(dtype), 1e-6, "norm, " + what);
+    }
+  }
+}
+
+TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtype, static and per-row tables") {
+  torch::manual_seed(12);
+  torch::NoGradGuard g;
+  for (auto dtype : all_dtypes) {
+    for (auto [heads, kv_heads, dim] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{14, 2, 64}, {4, 4, 32},
+                                        {8, 2, 128}}) {
+      for (bool per_row : {false, true}) {
+        for (double scaling : {1.0, 1.25}) {
+          const std::int64_t rows = 5, slots = 40;
+          const std::string what = std::string(c10::toString(dtype)) + " heads " + std::to_string(heads) + "/" +
+                                   std::to_string(kv_heads) + " dim " + std::to_string(dim) +
+                                   (per_row ? " per-row table" : " shared table") + " scaling " +
+                                   std::to_string(scaling);
+          CAPTURE(what);
+          auto f32 = on_gpu(torch::kFloat);
+          auto qkv = torch::randn({rows, (heads + 2 * kv_heads) * dim}, on_gpu(dtype));
+          // Positions: random, the last slot, and the first.
+          auto lengths = torch::randint(0, slots, {rows}, f32.dtype(torch::kLong));
+          lengths[0] = slots - 1;
+          lengths[1] = 0;
+          auto exponents = torch::arange(0, dim, 2, f32) / static_cast<double>(dim);
+          auto inv = 1.0 / torch::pow(10000.0, exponents); // [D/2]
+          if (per_row)
+            inv = inv.unsqueeze(0) * (1.0 + torch::rand({rows, 1}, f32)); // [R, D/2], as dynamic RoPE makes
+          // Views of a larger cache, as the engine's graphs use.
+          auto k_full = torch::randn({rows + 2, kv_heads, slots + 8, dim}, on_gpu(dtype));
+          auto v_full = torch::randn({rows + 2, kv_heads, slots + 8, dim}, on_gpu(dtype));
+
+          // Reference: CausalLMImpl::rope, apply_rope and the scatter of AttentionImpl::forward_cached.
+          auto positions = lengths.unsqueeze(1); // [R, 1]
+          auto freqs = positions.unsqueeze(-1).to(torch::kFloat) * (per_row ? inv.unsqueeze(1) : inv);
+          auto emb = torch::cat({freqs, freqs}, -1);
+          auto cos = (emb.cos() * scaling).to(dtype).unsqueeze(1), sin = (emb.sin() * scaling).to(dtype).unsqueeze(1);
+          auto q = qkv.narrow(1, 0, heads * dim).reshape({rows, 1, heads, dim}).transpose(1, 2);
+          auto k = qkv.narrow(1, heads * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
+          auto v = qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
+          auto q_want = (q * cos + rotate_half(q) * sin).squeeze(2); // [R, H, D]
+          auto k_want = k * cos + rotate_half(k) * sin;
+          auto k_ref = k_full.clone(), v_ref = v_full.clone();
+          auto index = positions.view({rows, 1, 1, 1}).expand({rows, kv_heads, 1, dim});
+          k_ref.narrow(0, 0, rows).narrow(2, 0, slots).scatter_(2, index, k_want);
+          v_ref.narrow(0, 0, rows).narrow(2, 0, slots).scatter_(2, index, v);
+
+          auto k_got = k_full.clone(), v_got = v_full.clone();
+          auto k_view = k_got.narrow(0, 0, rows).narrow(2, 0, slots);
+          auto v_view = v_got.narrow(0, 0, rows).narrow(2, 0, slots);
+          auto q_got = fused::rope_write_kv(qkv, inv.contiguous(), scaling, lengths, k_view, v_view, heads, kv_heads, dim);
+          check_close(q_got, q_want, rtol(dtype), 1e-6, "q, " + what);
+          check_close(k_got, k_ref, rtol(dtype), 1e-6, "k cache, " + what);
+          CHECK(torch::equal(v_got, v_ref)); // values are copied as they are
+          // Nothing but the new token's slot changed.
+          auto written = torch::zeros({rows + 2, kv_heads, slots + 8, 1}, f32.dtype(torch::kBool));
+          written.narrow(0, 0, rows).narrow(2, 0, slots).scatter_(2, positions.view({rows, 1, 1, 1}).expand({rows, kv_heads, 1, 1}), true);
+          auto others = written.logical_not().expand_as(k_got);
+          CHECK(torch::equal(k_got.masked_select(others), k_full.masked_select(others)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_attention equals masked softmax attention in float64, per dtype, GQA, any split count") {
+  torch::manual_seed(13);
+  torch::NoGradGuard g;
+  struct shape {
+    std::int64_t rows, heads, kv_heads, dim, slots;
+  };
+  for (auto dtype : all_dtypes) {
+    for (auto s : {shape{1, 14, 2, 64, 1024}, shape{3, 4, 2, 32, 100}, shape{5, 8, 8, 128, 300}, shape{2, 12, 2, 64, 33},
+                   shape{4, 16, 1, 256, 70}}) {
+      for (std::int64_t splits : {0, 1, 3, 1000}) {
+        const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(s.rows) + " heads " +
+                                 std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " dim " +
+                                 std::to_string(s.dim) + " slots " + std::to_string(s.slots) + " splits " +
+                                 std::to_string(splits);
+        CAPTURE(what);
+        auto k_full = torch::randn({s.rows + 1, s.kv_heads, s.slots + 16, s.dim}, on_gpu(dtype));
+        auto v_full = torch::randn({s.rows + 1, s.kv_heads, s.slots + 16, s.dim}, on_gpu(dtype));
+        auto k = k_full.narrow(0, 0, s.rows).narrow(2, 0, s.slots);
+        auto v = v_full.narrow(0, 0, s.rows).narrow(2, 0, s.slots);
+        auto q = torch::randn({s.rows, s.heads, s.dim}, on_gpu(dtype));
+        auto lengths = torch::randint(0, s.slots, {s.rows}, on_gpu(torch::kLong));
+        lengths[0] = s.slots - 1; // every slot
+        if (s.rows > 1)
+          lengths[1] = 0;          // one slot
+        auto got = fused::decode_attention(q, k, v, lengths, splits);
+
+        // softmax(q k^T / sqrt(d)) v over slots [0, length], query head h on KV head h / group.
+        const auto group = s.heads / s.kv_heads;
+        auto qd = q.to(torch::kDouble), kd = k.to(torch::kDouble).repeat_interleave(group, 1),
+             vd = v.to(torch::kDouble).repeat_interleave(group, 1);
+        auto scores = (qd.unsqueeze(2) * kd).sum(-1) / std::sqrt(static_cast<double>(s.dim)); // [R, H, S]
+        auto visible = torch::arange(s.slots, lengths.options()).view({1, 1, s.slots}) <= lengths.view({s.rows, 1, 1});
+        auto p = scores.masked_fill(visible.logical_not(), -INFINITY).softmax(-1);
+        auto want = (p.unsqueeze(-1) * vd).sum(2).reshape({s.rows, s.heads * s.dim});
+        check_close(got, want, rtol(dtype), 1e-5, "attention, " + what);
+      }
+    }
+  }
+}
+
+TEST_CASE("silu_mul equals torch::silu(gate) * up, per dtype") {
+  torch::manual_seed(14);
+  torch::NoGradGuard g;
+  for (auto dtype : all_dtypes) {
+    for (auto [rows, inter] : {std::pair<std::int64_t, std::int64_t>{1, 4864}, {7, 100}, {64, 1408}}) {
+      const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " inter " +
+                               std::to_string(inter);
+      CAPTURE(what);
+      auto gate_up = 3.0 * torch::randn({rows, 2 * inter}, on_gpu(dtype));
+      auto want = torch::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+      check_close(fused::silu_mul(gate_up), want, rtol(dtype), 1e-6, "silu * up, " + what);
+    }
+  }
+}
+
+TEST_CASE("a fused decoding step equals the LibTorch step: logits, keys, values, lengths") {
+  struct variant {
+    std::string name;
+    model_config config;
+  };
+  std::vector<variant> variants;
+  {
+    auto c = tiny_config(model_family::qwen2, 128, 4, 2); // q/k/v bias
+    variants.push_back({"qwen2 tiny", c});
+    c = tiny_config(model_family::qwen2, 896, 14, 2);     // Qwen2.5-0.5B's heads: 64 wide, 7 per KV head
+    variants.push_back({"qwen2 0.5b heads", c});
+    c = tiny_config(model_family::llama, 256, 8, 2);      // no q/k/v bias; o and MLP biases; dynamic RoPE
+    c.qkv_bias = false, c.o_bias = true, c.mlp_bias = true;
+    c.rope.type = rope_type::dynamic, c.rope.factor = 2.0, c.max_position_embeddings = 16;
+    variants.push_back({"llama biases dynamic", c});
+    c = tiny_config(model_family::llama, 256, 4, 4);      // YaRN: cos and sin scaled
+    c.qkv_bias = false;
+    c.rope.type = rope_type::yarn, c.rope.factor = 4.0, c.rope.original_max_position_embeddings = 32;
+    variants.push_back({"llama yarn, no GQA", c});
+  }
+  for (auto& v : variants) {
+    REQUIRE_MESSAGE(v.config.validate().ok(), v.name);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      const std::string what = v.name + ", " + c10::toString(dtype);
+      CAPTURE(what);
+      auto m = scaled_random_model(v.config, 5, 4.0);
+      m->to(torch::Device(torch::kCUDA, 0), dtype);
+      REQUIRE(m->fused_decode_ready());
+      torch::NoGradGuard g;
+      const std::int64_t rows = 3, width = 17;
+      auto ids = torch::randint(0, 1000, {rows, width}, on_gpu(torch::kLong));
+      auto counts = torch::tensor({5L, 17L, 1L}, on_gpu(torch::kLong));
+      auto cache = m->make_cache(rows, 64);
+      m->prefill(ids, cache, counts);
+      double worst_logits = 0.0;
+      for (int step = 0; step < 12; ++step) {
+        auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
+        auto a = deep_copy(cache), b = deep_copy(cache);
+        auto va = a.view(rows, 48), vb = b.view(rows, 48); // views, as the engine's graphs use
+        auto want = m->forward_step(next, va, {}, /*fused=*/false);
+        auto got = m->forward_step(next, vb, {}, /*fused=*/true);
+        REQUIRE(torch::equal(a.lengths, b.lengths));
+        const double scale = std::max(1.0, want.abs().max().item<double>());
+        worst_logits = std::max(worst_logits, max_abs_diff(got, want) / scale);
+        for (std::size_t l = 0; l < a.keys.size(); ++l) {
+          const double tol = dtype == torch::kFloat ? 1e-4 : 5e-2;
+          CHECK(max_abs_diff(b.keys[l], a.keys[l]) <= tol * std::max(1.0, a.keys[l].abs().max().item<double>()));
+          CHECK(max_abs_diff(b.values[l], a.values[l]) <= tol * std::max(1.0, a.values[l].abs().max().item<double>()));
+        }
+        cache = std::move(b); // go on from the fused step's cache, so differences do not compound
+      }
+      MESSAGE(what << ": max |fused - LibTorch| logits / max |logits| over 12 steps = " << worst_logits);
+      CHECK(worst_logits <= (dtype == torch::kFloat ? 1e-4 : 3e-2));
+    }
+  }
+}
+
+TEST_CASE("without joined projections or with LoRA adapters the fused step runs the LibTorch ops") {
+  auto c = tiny_config(model_family::qwen2, 128, 4, 2);
+  auto m = scaled_random_model(c, 6, 4.0);
+  m->to(torch::Device(torch::kCUDA, 0), torch::kFloat);
+  REQUIRE(m->fused_decode_ready());
+  auto cpu = scaled_random_model(c, 6, 4.0);
+  CHECK_FALSE(cpu->fused_decode_ready()); // parameters on the CPU
+  auto& k = m->model->blocks[1]->self_attn->k_proj->weight;
+  {
+    torch::NoGradGuard g;
+    k.set_data(k.detach().clone()); // a tensor of its own: q/k/v no longer back to back
+  }
+  CHECK_FALSE(m->fused_decode_ready());
+  torch::NoGradGuard g;
+  auto ids = torch::randint(0, 1000, {2, 1}, on_gpu(torch::kLong));
+  auto cache = m->make_cache(2, 8);
+  auto a = deep_copy(cache), b = deep_copy(cache);
+  CHECK(torch::equal(m->forward_step(ids, a, {}, true), m->forward_step(ids, b, {}, false)));
+  m->model->blocks[1]->self_attn->join_projections();
+  CHECK(m->fused_decode_ready());
+  lora_options lo;
+  lo.rank = 2;
+  REQUIRE(m->add_lora(lo).ok());
+  CHECK_FALSE(m->fused_decode_ready());
+}
+
+TEST_CASE("greedy decoding with the fused kernels equals the LibTorch decoding, graphs on and off") {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (bool graphs : {true, false}) {
+      const std::string what = std::string(c10::toString(dtype)) + (graphs ? ", graphs" : ", eager");
+      CAPTURE(what);
+      auto c = preset_config("tiny", model_family::qwen2, 1000);
+      REQUIRE(c.ok());
+      auto m = scaled_random_model(*c, 1, 4.0);
+      m->to(torch::Device(torch::kCUDA, 0), dtype);
+      engine_options on, off;
+      on.cuda_graphs = off.cuda_graphs = graphs;
+      off.fused_kernels = false;
+      engine with_kernels(m.ptr(), on), plain(m.ptr(), off);
+      torch::manual_seed(7);
+      std::vector<std::vector<std::int32_t>> prompts;
+      for (int n : {5, 40, 17, 3, 64}) {
+        auto t = torch::randint(0, 1000, {n}, torch::kInt);
+        prompts.emplace_back(t.data_ptr<std::int32_t>(), t.data_ptr<std::int32_t>() + n);
+      }
+      sampling_options o;
+      o.temperature = 0.0;
+      o.max_new_tokens = 300; // past the first 256-slot bucket
+      o.samples_per_prompt = 2;
+      auto a = with_kernels.generate(prompts, o);
+      auto b = plain.generate(prompts, o);
+      REQUIRE((a.ok() && b.ok()));
+      CHECK(with_kernels.last_stats().fused_steps == with_kernels.last_stats().decode_steps);
+      CHECK(with_kernels.last_stats().fused_steps > 0);
+      CHECK(plain.last_stats().fused_steps == 0);
+      std::size_t same = 0, total = 0;
+      double worst = 0.0;
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        const auto& x = (*a)[i].tokens;
+        const auto& y = (*b)[i].tokens;
+        std::size_t k = 0;
+        while (k < x.size() && k < y.size() && x[k] == y[k])
+          ++k;
+        same += k;
+        total += y.size();
+        for (std::size_t j = 0; j < k; ++j)
+          worst = std::max(worst, static_cast<double>(std::abs((*a)[i].logprobs[j] - (*b)[i].logprobs[j])));
+      }
+      MESSAGE(what << ": fused vs LibTorch greedy tokens equal: " << same << " / " << total
+                   << ", max |log-prob difference| on the shared prefix " << worst);
+      if (dtype == torch::kFloat) {
+        CHECK(same == total);
+        CHECK(worst <= 1e-3);
+      } else { // bf16: a different summation order can flip a near-tie; most must agree
+        CHECK(same >= total * 9 / 10);
+        CHECK(worst <= 5e-2);
+      }
+    }
+  }
+}
+
+TEST_CASE("benchmark: 0.5b preset, bf16, batch 1, 512-token prompt, 128 new tokens, fused and LibTorch steps") {
+  auto c = preset_config("0.5b", model_family::qwen2, 151936);
+  REQUIRE(c.ok());
+  auto m = scaled_random_model(*c, 1, 4.0);
+  m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  torch::manual_seed(7);
+  auto t = torch::randint(0, 151936, {512}, torch::kInt);
+  std::vector<std::vector<std::int32_t>> prompts{{t.data_ptr<std::int32_t>(), t.data_ptr<std::int32_t>() + 512}};
+  sampling_options o;
+  o.temperature = 0.0;
+  o.max_new_tokens = 128;
+  for (bool use_kernels : {true, false}) {
+    engine_options eo;
+    eo.fused_kernels = use_kernels;
+    engine e(m.ptr(), eo);
+    REQUIRE(e.generate(prompts, o).ok()); // warm-up: captures the graphs
+    auto out = e.generate(prompts, o);
+    REQUIRE(out.ok());
+    const auto& st = e.last_stats();
+    MESSAGE((use_kernels ? "fused" : "LibTorch") << ": " << st.decode_steps << " steps in " << st.decode_seconds << " s = "
+                                           << 1e3 * st.decode_seconds / static_cast<double>(st.decode_steps)
+                                           << " ms a step, " << st.host_syncs << " host copies");
+    CHECK(st.fused_steps == (use_kernels ? st.decode_steps : 0));
+  }
+}
