@@ -175,6 +175,7 @@ struct engine::state {
   torch::Device device{torch::kCPU};
   bool graphs_enabled = false;
   bool fused = false;
+  std::int64_t fused_max_rows = 8;
   std::int64_t max_prefill_tokens = 16384;
   std::int64_t sync_interval = 16;
   kv_cache cache;
@@ -249,6 +250,7 @@ engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& option
   s_->graphs_enabled = options.cuda_graphs && s_->device.is_cuda();
   s_->max_prefill_tokens = std::max<std::int64_t>(1, options.max_prefill_tokens);
   s_->fused = options.fused_kernels && s_->device.is_cuda();
+  s_->fused_max_rows = options.fused_max_rows;
   s_->sync_interval = std::max<std::int64_t>(1, options.sync_interval);
 }
 
@@ -429,7 +431,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   // them, with their log-probs, in `history` ([row, step, token or log-prob]; doubles hold both
   // exactly), copied to the host once at the end of the block. Every row is sampled, finished
   // or not, so the sampler sees the same shapes whenever the host looks.
-  const bool fused_now = s.fused && s.model->fused_decode_ready();
+  const bool fused_now = s.fused && n <= s.fused_max_rows && s.model->fused_decode_ready();
   const std::int64_t interval = std::min(s.sync_interval, o.max_new_tokens); // no block is longer
   auto history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   while (active > 0) {

@@ -86,6 +86,11 @@ struct engine_options {
   /// the model allows (CausalLMImpl::fused_decode_ready); false: LibTorch ops only, the reference
   /// the kernels are tested against. CUDA only; the CPU always runs LibTorch ops.
   bool fused_kernels = true;
+  /// The fused kernels serve calls of at most this many rows (completions); larger batches run
+  /// LibTorch ops. On an H100 (docs/PERFORMANCE.md, Decode throughput) the fused step was 1.6x
+  /// faster at batch 1, on par at 16 and 2x slower at 64, where the decode attention kernel's
+  /// one block per (row, KV head, split) loses to cuDNN's.
+  std::int64_t fused_max_rows = 8;
   /// Decoding steps between copies of the sampled tokens to the host (at least 1). Between
   /// copies the device feeds each step's tokens to the next without waiting for the host; eos
   /// ids and stop strings are seen at the copies, so a finished completion may be computed up to
