@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "core/json_parse.hpp"
@@ -444,6 +445,83 @@ raster render_raster(const chart& c) {
   return img;
 }
 
+std::vector<stage_progress> learning_progress(const std::vector<std::string>& lines) {
+  struct step_rec {
+    std::uint64_t samples = 0;
+    double correct = 0;      // correct samples
+    double speedup_sum = 0;  // over correct samples
+  };
+  std::vector<std::string> order;
+  std::map<std::string, std::map<std::uint64_t, step_rec>> by_stage; // a step redone after a crash: the last record
+  for (const auto& line : lines) {
+    auto rec = parse_json(line);
+    if (!rec || !rec->is_object())
+      continue;
+    const auto* ev = rec->find("event");
+    const auto* stage = rec->find("stage");
+    const auto* step = rec->find("step");
+    const auto* samples = rec->find("samples");
+    const auto* share = rec->find("correct_share");
+    if (ev == nullptr || !ev->is_string() || ev->as_string() != "train_step" || stage == nullptr || !stage->is_string()
+        || step == nullptr || !step->is_int() || samples == nullptr || !samples->is_int() || share == nullptr
+        || !share->is_number())
+      continue;
+    step_rec r;
+    r.samples = static_cast<std::uint64_t>(samples->as_int());
+    r.correct = share->as_double() * static_cast<double>(r.samples);
+    if (const auto* m = rec->find("mean_speedup"); m != nullptr && m->is_number())
+      r.speedup_sum = m->as_double() * r.correct;
+    if (by_stage.count(stage->as_string()) == 0)
+      order.push_back(stage->as_string());
+    by_stage[stage->as_string()][static_cast<std::uint64_t>(step->as_int())] = r;
+  }
+  std::vector<stage_progress> out;
+  for (const auto& name : order) {
+    const auto& steps = by_stage[name];
+    std::vector<std::pair<std::uint64_t, step_rec>> v(steps.begin(), steps.end());
+    stage_progress p;
+    p.stage = name;
+    p.steps = v.size();
+    p.window = std::max<std::size_t>(1, v.size() / 3);
+    p.first_step = v.front().first;
+    p.last_step = v.back().first;
+    auto pool = [&](std::size_t from, std::size_t to, double& correct, double& speedup, std::uint64_t& samples) {
+      double c = 0, sum = 0;
+      std::uint64_t n = 0;
+      for (std::size_t i = from; i < to; ++i) {
+        n += v[i].second.samples;
+        c += v[i].second.correct;
+        sum += v[i].second.speedup_sum;
+      }
+      samples = n;
+      correct = n ? c / static_cast<double>(n) : 0.0;
+      speedup = c > 0.5 ? sum / c : std::numeric_limits<double>::quiet_NaN();
+    };
+    pool(0, p.window, p.first_correct, p.first_speedup, p.first_samples);
+    pool(v.size() - p.window, v.size(), p.last_correct, p.last_speedup, p.last_samples);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::string to_string(const stage_progress& p) {
+  char buf[512];
+  auto x = [](double v) {
+    if (std::isnan(v))
+      return std::string{"-"};
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2fx", v);
+    return std::string{b};
+  };
+  std::snprintf(buf, sizeof buf,
+                "%s, first %zu against last %zu of %zu steps: correct samples %.1f%% -> %.1f%%, mean speedup of "
+                "correct samples %s -> %s (%llu and %llu samples)",
+                p.stage.c_str(), p.window, p.window, p.steps, 100.0 * p.first_correct, 100.0 * p.last_correct,
+                x(p.first_speedup).c_str(), x(p.last_speedup).c_str(), static_cast<unsigned long long>(p.first_samples),
+                static_cast<unsigned long long>(p.last_samples));
+  return buf;
+}
+
 result<report_files> write_report(const fs::path& run, const fs::path& out) {
   std::error_code ec;
   if (!fs::is_directory(run, ec) || !fs::exists(run / "config.yaml", ec))
@@ -518,6 +596,13 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
   html += "<p>" + std::to_string(total) + " metrics records" + (kinds.empty() ? "" : ": " + kinds) + ".</p>\n";
 
   report_files files;
+  files.progress = learning_progress(lines);
+  if (!files.progress.empty()) {
+    html += "<h2>Learning</h2>\n<ul id=\"progress\">\n";
+    for (const auto& p : files.progress)
+      html += "<li>" + xml_escape(to_string(p)) + "</li>\n";
+    html += "</ul>\n";
+  }
   files.html = out / "report.html";
   for (const auto& c : report_charts(*data)) {
     html += "<section id=\"" + c.id + "\">\n<h2>" + xml_escape(c.title) + "</h2>\n";

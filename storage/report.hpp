@@ -70,10 +70,31 @@ std::string render_svg(const chart& c);
 /// Names (titles, categories, legends) are left to the SVG: the bitmap font holds digits only.
 raster render_raster(const chart& c);
 
+/// How a sampling stage's samples changed: its first steps against its last (a third of its
+/// steps each, at least one), pooled over their samples.
+struct stage_progress {
+  std::string stage;             ///< "rl" or "self_supervised"
+  std::size_t steps = 0;         ///< distinct sampling steps of the stage (a step done twice counts once: the last record)
+  std::size_t window = 0;        ///< steps in each of the two windows
+  std::uint64_t first_step = 0, last_step = 0; ///< run steps of the stage's first and last update
+  double first_correct = 0, last_correct = 0;  ///< share of correct samples in each window
+  double first_speedup = 0, last_speedup = 0;  ///< mean speedup of the window's correct samples (NaN: none)
+  std::uint64_t first_samples = 0, last_samples = 0;
+};
+
+/// The progress of every sampling stage found in the metrics lines (train_step records with
+/// `samples` and `correct_share`), in the order the stages first appear.
+std::vector<stage_progress> learning_progress(const std::vector<std::string>& lines);
+
+/// "rl, steps 1-5 against 12-16: correct samples 12.5% -> 43.8%, mean speedup of correct samples
+/// 1.02x -> 1.31x (40 and 40 samples)".
+std::string to_string(const stage_progress& p);
+
 /// Paths written by write_report.
 struct report_files {
   std::filesystem::path html;
   std::vector<std::filesystem::path> pngs; ///< one per chart with data, in chart order
+  std::vector<stage_progress> progress;    ///< learning_progress of the run's records
 };
 
 /// Reads the run directory `run` (it must hold config.yaml; metrics.jsonl may be absent when no

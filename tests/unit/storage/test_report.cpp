@@ -193,3 +193,32 @@ TEST_CASE("bad runs and bad records are refused naming the file, the line and th
   CAPTURE(r.error().message);
   CHECK(r.error().message.rfind(metrics + ":3:11: ", 0) == 0); // line 3, column 11
 }
+
+TEST_CASE("learning progress compares a sampling stage's first and last thirds, pooled over samples") {
+  std::vector<std::string> lines = {
+    R"({"event":"train_step","stage":"sft","step":1,"loss":2.0})",
+    R"({"event":"train_step","stage":"rl","step":2,"samples":8,"correct_share":0.0,"mean_speedup":null})",
+    R"({"event":"train_step","stage":"rl","step":3,"samples":8,"correct_share":0.25,"mean_speedup":1.0})",
+    R"({"event":"train_step","stage":"rl","step":4,"samples":8,"correct_share":0.5,"mean_speedup":1.5})",
+    // Step 5 was done, lost in a crash, and done again: the last record counts.
+    R"({"event":"train_step","stage":"rl","step":5,"samples":8,"correct_share":0.0,"mean_speedup":null})",
+    R"({"event":"train_step","stage":"rl","step":5,"samples":8,"correct_share":0.75,"mean_speedup":2.0})",
+    R"({"event":"train_step","stage":"rl","step":6,"samples":4,"correct_share":1.0,"mean_speedup":3.0})",
+    R"({"event":"train_step","stage":"rl","step":7,"samples":8,"correct_share":0.5,"mean_speedup":1.0})",
+    "not json",
+  };
+  auto p = learning_progress(lines);
+  REQUIRE(p.size() == 1); // SFT steps have no samples
+  CHECK(p[0].stage == "rl");
+  CHECK(p[0].steps == 6);
+  CHECK(p[0].window == 2);
+  CHECK(p[0].first_step == 2);
+  CHECK(p[0].last_step == 7);
+  CHECK(p[0].first_samples == 16);
+  CHECK(p[0].first_correct == doctest::Approx(2.0 / 16));
+  CHECK(p[0].first_speedup == doctest::Approx(1.0));
+  CHECK(p[0].last_samples == 12);
+  CHECK(p[0].last_correct == doctest::Approx(8.0 / 12)); // 4 of 4, then 4 of 8
+  CHECK(p[0].last_speedup == doctest::Approx((4 * 3.0 + 4 * 1.0) / 8));
+  CHECK(to_string(p[0]).rfind("rl, first 2 against last 2 of 6 steps: correct samples 12.5% -> 66.7%", 0) == 0);
+}
