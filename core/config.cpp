@@ -564,6 +564,11 @@ void describe(V& v, config& c) {
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "
             "Ignored on the CPU and in builds without CUDA.");
+    v.field("zygote", e.zygote,
+            "Fork each worker from a zygote process that has imported torch and the harness but never used the "
+            "device (tens of milliseconds instead of seconds per worker); every worker is forked from the zygote, "
+            "never from another worker. False: every worker is a new interpreter. A forked worker that fails to "
+            "start turns it off for that device.");
   });
   v.section("reward", "How a verdict becomes the reward the learner sees.", [&] {
     v.field("shape", c.reward.shape, "Reward of a correct candidate from its speedup.");

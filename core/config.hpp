@@ -95,6 +95,7 @@ struct evaluator_options {
   bool static_checks = true;
   bool init_holds_device = true;               ///< a starting worker initialises the device only while it is free
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
+  bool zygote = true;                          ///< fork workers from a process that imported torch once
 };
 
 /// How exemplars are drawn (storage::selection_method mirrors it; storage converts).

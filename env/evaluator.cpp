@@ -226,6 +226,25 @@ std::string device_evaluator::hardware() const {
   return hardware_;
 }
 
+std::shared_ptr<zygote> device_evaluator::current_zygote(const worker_spec& spec) {
+  std::lock_guard guard{zygote_mtx_};
+  if (!opt_.zygote || zygote_off_)
+    return nullptr;
+  if (zygote_ && zygote_->alive())
+    return zygote_;
+  zygote_.reset(); // dead: its workers died with it, and their evaluations say so
+  auto z = zygote::start(spec, std::chrono::duration_cast<clock_type::duration>(
+                                 std::chrono::duration<double>(opt_.start_timeout_s)));
+  if (!z) {
+    log_.warn("evaluator", device_, ": the worker zygote did not start (", z.error().message,
+              "); workers are started one interpreter each");
+    zygote_off_ = true;
+    return nullptr;
+  }
+  zygote_ = std::move(*z);
+  return zygote_;
+}
+
 result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   worker_spec spec;
   spec.python = where_.python;
@@ -235,10 +254,34 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   spec.extensions_dir = extensions_dir_;
   spec.memory_limit_mb = opt_.memory_limit_mb;
   spec.cpu_threads = opt_.cpu_threads;
+  if (auto z = current_zygote(spec)) {
+    auto w = worker::fork_from(*z, *zmq_, spec);
+    if (!w) {
+      log_.warn("evaluator", device_, ": cannot fork a worker (", w.error().message, "); starting one by exec");
+    } else {
+      ++started_;
+      ++forked_;
+      auto ready = handshake(std::move(*w));
+      if (ready)
+        return ready;
+      // A forked worker that cannot start (e.g. a device that refuses to initialise after a
+      // fork) must not cost every later verdict a failed start: execute workers from now on.
+      log_.warn("evaluator", device_, ": a worker forked from the zygote failed to start (", ready.error().message,
+                "); workers are started one interpreter each from now on");
+      std::lock_guard guard{zygote_mtx_};
+      zygote_off_ = true;
+      zygote_.reset();
+    }
+  }
   auto w = worker::start(*zmq_, spec);
   if (!w)
     return w.error();
   ++started_;
+  return handshake(std::move(*w));
+}
+
+result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_ptr<worker> proc) {
+  const auto started = clock_type::now();
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                         std::chrono::duration<double>(opt_.start_timeout_s));
   // Two steps: the worker imports torch on its own ("started"), then initialises the device
@@ -246,14 +289,14 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   // another candidate is being timed.
   auto expect = [&](const char* type, YAML::Node& n) -> result<bool> {
     worker_message msg;
-    auto got = (*w)->receive(deadline, msg);
+    auto got = proc->receive(deadline, msg);
     if (got == receive_outcome::deadline) {
-      (*w)->kill();
+      proc->kill();
       return fail(errc::timeout, "worker on ", device_, " sent no ", type, " message within ",
                   std::to_string(opt_.start_timeout_s), " s");
     }
     if (got == receive_outcome::died)
-      return fail(errc::worker_lost, "worker on ", device_, " ", (*w)->exit_description(),
+      return fail(errc::worker_lost, "worker on ", device_, " ", proc->exit_description(),
                   " before it was ready (is torch installed for ", where_.python, "?)");
     try {
       n = YAML::Load(msg.json);
@@ -274,7 +317,7 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
     if (opt_.init_holds_device)
       device.lock();
     const auto t0 = clock_type::now();
-    if (auto sent = (*w)->send("{\"type\":\"init\"}"); !sent)
+    if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
@@ -282,9 +325,14 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
     init_ns_ += static_cast<std::uint64_t>(ns);
     if (opt_.init_holds_device)
       device_ns_ += static_cast<std::uint64_t>(ns);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.3f s (device initialisation %.3f s)",
+                  std::chrono::duration<double>(clock_type::now() - started).count(), static_cast<double>(ns) * 1e-9);
+    log_.debug("evaluator", device_, ": worker ", std::to_string(proc->pid()), proc->forked() ? " forked" : " executed",
+               ", ready in ", buf);
   }
   try {
-    return ready_worker{std::move(*w), n["hardware"].as<std::string>()};
+    return ready_worker{std::move(proc), n["hardware"].as<std::string>()};
   } catch (const YAML::Exception& e) {
     return fail(errc::protocol, "worker's ready message is malformed: ", e.what());
   }
@@ -778,6 +826,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     return v;
   };
   auto w = take_worker();
+  if (log_.enabled(log_level::debug)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", std::chrono::duration<double>(clock_type::now() - t0).count());
+    log_.debug("evaluator", device_, " ", req.target.name, ": waited ", buf, " s for a worker");
+  }
   if (!w) {
     verdict v;
     v.status = verdict_status::runtime_error;

@@ -78,6 +78,8 @@ public:
   std::string hardware() const;
   /// Workers started so far (for tests and metrics).
   std::uint64_t workers_started() const noexcept { return started_; }
+  /// Of those, workers forked from the zygote (evaluator.zygote) rather than executed.
+  std::uint64_t workers_forked() const noexcept { return forked_; }
   /// Seconds spent in timed rounds so far, all evaluations together (for throughput figures).
   double timing_seconds() const noexcept { return static_cast<double>(timing_ns_.load()) * 1e-9; }
   /// Seconds the device was held (reference, trials, timing), all evaluations together.
@@ -95,6 +97,8 @@ private:
     std::string hardware;
   };
   result<ready_worker> start_worker();
+  result<ready_worker> handshake(std::unique_ptr<worker> proc);
+  std::shared_ptr<zygote> current_zygote(const worker_spec& spec);
   result<ready_worker> take_worker();
   void give_back(ready_worker w);
   void refill_loop();
@@ -118,6 +122,10 @@ private:
   std::string hardware_;
   bool stopping_ = false;
   std::atomic<std::uint64_t> started_{0};
+  std::atomic<std::uint64_t> forked_{0};
+  std::mutex zygote_mtx_;             // guards zygote_, zygote_off_
+  std::shared_ptr<zygote> zygote_;
+  bool zygote_off_ = false;           // the zygote failed: workers are executed from now on
   std::atomic<std::uint64_t> timing_ns_{0};
   std::atomic<std::uint64_t> device_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
