@@ -284,3 +284,62 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   CHECK(v.status == verdict_status::ok);
   CHECK(ev.ev->workers_started() == 2);
 }
+
+TEST_CASE("workers forked from the zygote start clean: what one candidate changed is not in the next") {
+  // Static checks off, so the first candidate may change torch and its environment at import
+  // (the runtime checks do not flag a new module attribute); the second returns a wrong result
+  // if it sees any of that, or if its environment is not its own scratch directory.
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  evaluator_options opt;
+  opt.warm_workers = 1;
+  opt.flush_bytes = 16ull << 20;
+  opt.rounds = 10;
+  opt.static_checks = false;
+  auto where = locate_harness(opt);
+  REQUIRE(where.ok());
+  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+  REQUIRE_MESSAGE(created.ok(), created.error().message);
+  auto& ev = **created;
+  std::vector<pid_t> pids;
+  ev.set_phase_observer([&](const char* phase, pid_t pid) {
+    if (std::string{phase} == "reference")
+      pids.push_back(pid);
+  });
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "09_diag_matmul.py");
+  REQUIRE(t.ok());
+  const std::string meddler = R"(import os
+import torch
+import torch.nn as nn
+torch.crucible_leak = True
+os.environ["CRUCIBLE_LEAK"] = "1"
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, B):
+        return a.unsqueeze(1) * B
+)";
+  const std::string witness = R"(import os
+import tempfile
+import torch
+import torch.nn as nn
+CLEAN = (not hasattr(torch, "crucible_leak") and "CRUCIBLE_LEAK" not in os.environ
+         and os.environ.get("HOME") == os.getcwd() and tempfile.gettempdir() == os.getcwd())
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, B):
+        out = a.unsqueeze(1) * B
+        return out if CLEAN else out + 1
+)";
+  auto first = ev.evaluate(eval_request{*t, meddler, 0, false});
+  INFO(describe(first));
+  CHECK(first.status == verdict_status::ok); // its module ran
+  auto second = ev.evaluate(eval_request{*t, witness, 0, false});
+  INFO(describe(second));
+  CHECK(second.status == verdict_status::ok);
+  REQUIRE(pids.size() == 2);
+  CHECK(pids[0] != pids[1]);
+  CHECK(ev.workers_forked() == ev.workers_started());
+  CHECK(ev.workers_forked() >= 2);
+}
