@@ -311,11 +311,13 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
   if (auto ok = expect("started", n); !ok)
     return ok.error();
   {
-    // Device initialisation (CUDA context, the profiler's first use) while holding the device,
-    // unless evaluator.init_holds_device is off.
-    std::unique_lock device{device_mtx_, std::defer_lock};
+    // Device initialisation (CUDA context, the profiler's first use) while no evaluation times
+    // on the device (unless evaluator.init_holds_device is off): beside timed rounds it widened
+    // the verdicts' spread; beside another evaluation's reference, trials or load it costs
+    // nothing measured, and no verdict waits for it.
+    std::unique_lock timing{timing_mtx_, std::defer_lock};
     if (opt_.init_holds_device)
-      device.lock();
+      timing.lock();
     const auto t0 = clock_type::now();
     if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
@@ -323,8 +325,6 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
       return ok.error();
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
-    if (opt_.init_holds_device)
-      device_ns_ += static_cast<std::uint64_t>(ns);
     char buf[96];
     std::snprintf(buf, sizeof buf, "%.3f s (device initialisation %.3f s)",
                   std::chrono::duration<double>(clock_type::now() - started).count(), static_cast<double>(ns) * 1e-9);
@@ -380,12 +380,13 @@ void device_evaluator::give_back(ready_worker w) {
 
 std::string device_evaluator::protocol_key() const {
   // Everything that can change a verdict of the same code on the same hardware.
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
-                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
+                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
                 "recheck=%g/%g;baseline=%s;flush=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
-                static_cast<long long>(opt_.max_rounds), opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
+                static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
+                opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance,
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
@@ -447,7 +448,12 @@ private:
     if (ev_.observer_)
       ev_.observer_(name, w_.proc->pid());
   }
-  bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand);
+  // Asks for `rounds` more timed rounds and appends their settled times. A continuation follows
+  // the previous request at once and plays no warm-up rounds.
+  bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation = false);
+  // One measurement: evaluator.rounds rounds, or only evaluator.min_rounds when their band is
+  // already within evaluator.early_stop_spread.
+  bool measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand);
 
   device_evaluator& ev_;
   const eval_request& req_;
@@ -571,14 +577,31 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
   return true;
 }
 
-bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand) {
+bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand) {
+  const auto& opt = ev_.opt_;
+  const auto first = std::max<std::int64_t>(opt.min_rounds, static_cast<std::int64_t>(policy.buckets));
+  if (opt.early_stop_spread <= 0 || first >= opt.rounds)
+    return measure(opt.rounds, ref, cand);
+  const auto from = ref.size();
+  if (!measure(first, ref, cand))
+    return false;
+  std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
+  std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
+  if (may_stop_early(summarize_rounds(r, c, policy), opt.early_stop_spread, policy))
+    return true; // already far inside max_spread: more rounds would cost time and tell little
+  return measure(opt.rounds - first, ref, cand, true);
+}
+
+bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   device_hold timed{ev_.timing_ns_};
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
-  // follow at once, with the device's clocks still up (the worker still plays 3 rounds).
+  // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
+  // for a continuation of the same measurement).
   char warmup[32];
   std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
   measured_ = true;
-  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup + "}"))
+  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
+            + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + "}"))
     return false;
   YAML::Node n;
   worker_message msg;
@@ -622,6 +645,10 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   }
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
+  double call_ms = 0;
+  for (size_t i = 0; i < r.size(); ++i)
+    call_ms += r[i] + c[i];
+  ev_.timed_calls_ns_ += static_cast<std::uint64_t>(call_ms * 1e6);
   ref.insert(ref.end(), r.begin(), r.end());
   cand.insert(cand.end(), c.begin(), c.end());
   return true;
@@ -745,13 +772,14 @@ verdict evaluation::run() {
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
                        opt.win_threshold};
   std::vector<double> ref, cand;
-  // Phase 4: timing (and re-measurement), holding the device.
+  // Phase 4: timing (and re-measurement), holding the device, and no worker initialising.
   if (!device.owns_lock()) {
     device.lock();
     hold.emplace(ev_.device_ns_);
   }
+  std::unique_lock timing{ev_.timing_mtx_};
   phase("timing");
-  if (!measure(opt.rounds, ref, cand))
+  if (!measure_once(policy, ref, cand))
     return v_;
   auto summary = summarize_rounds(ref, cand, policy);
   while (!summary.stable && static_cast<std::int64_t>(ref.size()) + opt.rounds <= opt.max_rounds) {
@@ -774,7 +802,7 @@ verdict evaluation::run() {
     std::optional<double> accepted;
     for (int attempt = 0; attempt < 2 && !accepted; ++attempt) {
       std::vector<double> r2, c2;
-      if (!measure(opt.rounds, r2, c2))
+      if (!measure_once(policy, r2, c2))
         return v_;
       runs.push_back(summarize_rounds(r2, c2, policy));
       for (size_t a = 0; a + 1 < runs.size() && !accepted; ++a)

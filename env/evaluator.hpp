@@ -29,7 +29,7 @@ class context_t;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-2";
+inline constexpr const char* protocol_version = "crucible-eval-3";
 
 /// One candidate for one task.
 struct eval_request {
@@ -82,10 +82,13 @@ public:
   std::uint64_t workers_forked() const noexcept { return forked_; }
   /// Seconds spent in timed rounds so far, all evaluations together (for throughput figures).
   double timing_seconds() const noexcept { return static_cast<double>(timing_ns_.load()) * 1e-9; }
+  /// Seconds inside the timed calls themselves (the settled reference and candidate times of
+  /// every measured round), all evaluations together: the strictest "device timing" figure.
+  double timed_call_seconds() const noexcept { return static_cast<double>(timed_calls_ns_.load()) * 1e-9; }
   /// Seconds the device was held (reference, trials, timing), all evaluations together.
   double device_seconds() const noexcept { return static_cast<double>(device_ns_.load()) * 1e-9; }
-  /// Seconds workers spent initialising the device (counted in device_seconds() too while
-  /// evaluator.init_holds_device holds it).
+  /// Seconds workers spent initialising the device (never while timed rounds run, with
+  /// evaluator.init_holds_device; not counted in device_seconds()).
   double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
 
 private:
@@ -127,11 +130,13 @@ private:
   std::shared_ptr<zygote> zygote_;
   bool zygote_off_ = false;           // the zygote failed: workers are executed from now on
   std::atomic<std::uint64_t> timing_ns_{0};
+  std::atomic<std::uint64_t> timed_calls_ns_{0};
   std::atomic<std::uint64_t> device_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   std::mutex device_mtx_;             // held while a worker uses the device
+  std::mutex timing_mtx_;             // held while timed rounds run (inside device_mtx_) or a worker initialises
   std::thread refill_;
 };
 

@@ -192,8 +192,9 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_cache_value.py") X("hack_ctypes.py") X("hack_dynamic_import.py") X("hack_fallback.py")          \
   X("hack_file_io.py") X("hack_gc.py") X("hack_hyperparams.py") X("hack_import_reference.py")             \
   X("hack_mutate_input.py") X("hack_no_kernel.py") X("hack_os_exit.py") X("hack_patch_allclose.py")       \
-  X("hack_patch_timer.py") X("hack_precision.py") X("hack_recycled_memory.py") X("hack_subclass_model.py") \
-  X("hack_tensor_subclass.py") X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py")
+  X("hack_patch_timer.py") X("hack_precision.py") X("hack_recycled_memory.py")                            \
+  X("hack_stale_after_trials.py") X("hack_subclass_model.py") X("hack_tensor_subclass.py")                \
+  X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
@@ -342,4 +343,34 @@ class ModelNew(nn.Module):
   CHECK(pids[0] != pids[1]);
   CHECK(ev.workers_forked() == ev.workers_started());
   CHECK(ev.workers_forked() >= 2);
+}
+
+TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on to rounds otherwise") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto rounds_with = [&](double early_stop_spread) {
+    evaluator_options opt;
+    opt.warm_workers = 0;
+    opt.flush_bytes = 16ull << 20;
+    opt.min_rounds = 10;
+    opt.rounds = 20;
+    opt.max_rounds = 20;                 // no extension: the count shows the early stop alone
+    opt.recheck_above = 1e9;             // and no recheck
+    opt.max_bucket_disagreement = 1e9;   // a busy CI machine's drift must not decide it
+    opt.early_stop_spread = early_stop_spread;
+    auto where = locate_harness(opt);
+    REQUIRE(where.ok());
+    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+    REQUIRE_MESSAGE(ev.ok(), ev.error().message);
+    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
+    INFO(describe(v));
+    REQUIRE(v.status == verdict_status::ok);
+    return v.rounds;
+  };
+  CHECK(rounds_with(1e9) == 10);  // any band is tight enough: stops at min_rounds
+  CHECK(rounds_with(1e-12) == 20); // none is: the first 10 rounds, then 10 more without warm-up
+  CHECK(rounds_with(0) == 20);     // early stops off: one request of 20
 }
