@@ -257,7 +257,11 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   if (auto z = current_zygote(spec)) {
     auto w = worker::fork_from(*z, *zmq_, spec);
     if (!w) {
-      log_.warn("evaluator", device_, ": cannot fork a worker (", w.error().message, "); starting one by exec");
+      log_.warn("evaluator", device_, ": cannot fork a worker (", w.error().message,
+                "); workers are started one interpreter each from now on");
+      std::lock_guard guard{zygote_mtx_};
+      zygote_off_ = true;
+      zygote_.reset();
     } else {
       ++started_;
       ++forked_;
