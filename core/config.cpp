@@ -533,8 +533,9 @@ void describe(V& v, config& c) {
     v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`.", device_list());
     v.field("concurrency", e.concurrency, "Evaluations in flight per device; candidates compile while another is timed.",
             positive<std::int64_t>("a positive integer"));
-    v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised). Starting one takes a few "
-            "seconds, longer than a warm verdict, so with one a stream of verdicts waits for workers.",
+    v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised). A worker forked "
+            "from the zygote starts in well under a second; one started as a new interpreter takes seconds, longer "
+            "than a warm verdict.",
             at_least(0, "a non-negative integer"));
     v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
             positive<std::int64_t>("a positive integer"));
@@ -542,6 +543,14 @@ void describe(V& v, config& c) {
             at_least(4, "an integer ≥ 4"));
     v.field("max_rounds", e.max_rounds, "Upper bound on rounds when unstable measurements are extended.",
             at_least(4, "an integer ≥ 4"));
+    v.field("min_rounds", e.min_rounds,
+            "A measurement stops after this many rounds when their band is already within `early_stop_spread` "
+            "and their buckets agree; otherwise it goes on to `rounds`.",
+            at_least(4, "an integer ≥ 4"));
+    v.field("early_stop_spread", e.early_stop_spread,
+            "Band (relative half-width) within which a measurement stops at `min_rounds`; 0: every measurement "
+            "takes `rounds`.",
+            non_negative_number());
     v.field("warmup_ms", e.warmup_ms,
             "Untimed paired rounds before each measurement, for at least this many milliseconds (and at least 3 "
             "rounds): after the trials' idle seconds a GPU's clocks are low, and the first rounds run slower.",
@@ -579,12 +588,17 @@ void describe(V& v, config& c) {
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
     v.field("init_holds_device", e.init_holds_device,
             "A starting worker initialises the device (CUDA context, the profiler's first use) only while no "
-            "other evaluation holds it, so that it never runs beside a timed round. False: workers initialise "
-            "at once, which keeps more of the device's time for timing when many evaluations are in flight.");
+            "evaluation is timing on it, so that it never runs beside a timed round; beside another evaluation's "
+            "reference, trials or load it may. False: workers initialise at once.");
     v.field("outputs_on_device", e.outputs_on_device,
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "
             "Ignored on the CPU and in builds without CUDA.");
+    v.field("zygote", e.zygote,
+            "Fork each worker from a zygote process that has imported torch and the harness but never used the "
+            "device (tens of milliseconds instead of seconds per worker); every worker is forked from the zygote, "
+            "never from another worker. False: every worker is a new interpreter. A forked worker that fails to "
+            "start turns it off for that device.");
   });
   v.section("reward", "How a verdict becomes the reward the learner sees.", [&] {
     v.field("shape", c.reward.shape, "Reward of a correct candidate from its speedup.");

@@ -92,6 +92,8 @@ struct evaluator_options {
   std::int64_t trials = 5;                     ///< correctness trials on fresh inputs
   std::int64_t rounds = 30;                    ///< timed paired rounds per measurement
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds
+  std::int64_t min_rounds = 15;                ///< a measurement may stop here when its band is tight
+  double early_stop_spread = 0.005;            ///< ... namely within this; 0: always `rounds`
   double warmup_ms = 300;                      ///< untimed rounds before each measurement, at least this long
   std::int64_t buckets = 5;
   double max_spread = 0.02;
@@ -115,6 +117,7 @@ struct evaluator_options {
   bool static_checks = true;
   bool init_holds_device = true;               ///< a starting worker initialises the device only while it is free
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
+  bool zygote = true;                          ///< fork workers from a process that imported torch once
 };
 
 /// How exemplars are drawn (storage::selection_method mirrors it; storage converts).

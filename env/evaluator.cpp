@@ -226,6 +226,25 @@ std::string device_evaluator::hardware() const {
   return hardware_;
 }
 
+std::shared_ptr<zygote> device_evaluator::current_zygote(const worker_spec& spec) {
+  std::lock_guard guard{zygote_mtx_};
+  if (!opt_.zygote || zygote_off_)
+    return nullptr;
+  if (zygote_ && zygote_->alive())
+    return zygote_;
+  zygote_.reset(); // dead: its workers died with it, and their evaluations say so
+  auto z = zygote::start(spec, std::chrono::duration_cast<clock_type::duration>(
+                                 std::chrono::duration<double>(opt_.start_timeout_s)));
+  if (!z) {
+    log_.warn("evaluator", device_, ": the worker zygote did not start (", z.error().message,
+              "); workers are started one interpreter each");
+    zygote_off_ = true;
+    return nullptr;
+  }
+  zygote_ = std::move(*z);
+  return zygote_;
+}
+
 result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   worker_spec spec;
   spec.python = where_.python;
@@ -235,10 +254,38 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   spec.extensions_dir = extensions_dir_;
   spec.memory_limit_mb = opt_.memory_limit_mb;
   spec.cpu_threads = opt_.cpu_threads;
+  if (auto z = current_zygote(spec)) {
+    auto w = worker::fork_from(*z, *zmq_, spec);
+    if (!w) {
+      log_.warn("evaluator", device_, ": cannot fork a worker (", w.error().message,
+                "); workers are started one interpreter each from now on");
+      std::lock_guard guard{zygote_mtx_};
+      zygote_off_ = true;
+      zygote_.reset();
+    } else {
+      ++started_;
+      ++forked_;
+      auto ready = handshake(std::move(*w));
+      if (ready)
+        return ready;
+      // A forked worker that cannot start (e.g. a device that refuses to initialise after a
+      // fork) must not cost every later verdict a failed start: execute workers from now on.
+      log_.warn("evaluator", device_, ": a worker forked from the zygote failed to start (", ready.error().message,
+                "); workers are started one interpreter each from now on");
+      std::lock_guard guard{zygote_mtx_};
+      zygote_off_ = true;
+      zygote_.reset();
+    }
+  }
   auto w = worker::start(*zmq_, spec);
   if (!w)
     return w.error();
   ++started_;
+  return handshake(std::move(*w));
+}
+
+result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_ptr<worker> proc) {
+  const auto started = clock_type::now();
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                         std::chrono::duration<double>(opt_.start_timeout_s));
   // Two steps: the worker imports torch on its own ("started"), then initialises the device
@@ -246,14 +293,14 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   // another candidate is being timed.
   auto expect = [&](const char* type, YAML::Node& n) -> result<bool> {
     worker_message msg;
-    auto got = (*w)->receive(deadline, msg);
+    auto got = proc->receive(deadline, msg);
     if (got == receive_outcome::deadline) {
-      (*w)->kill();
+      proc->kill();
       return fail(errc::timeout, "worker on ", device_, " sent no ", type, " message within ",
                   std::to_string(opt_.start_timeout_s), " s");
     }
     if (got == receive_outcome::died)
-      return fail(errc::worker_lost, "worker on ", device_, " ", (*w)->exit_description(),
+      return fail(errc::worker_lost, "worker on ", device_, " ", proc->exit_description(),
                   " before it was ready (is torch installed for ", where_.python, "?)");
     try {
       n = YAML::Load(msg.json);
@@ -268,23 +315,28 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   if (auto ok = expect("started", n); !ok)
     return ok.error();
   {
-    // Device initialisation (CUDA context, the profiler's first use) while holding the device,
-    // unless evaluator.init_holds_device is off.
-    std::unique_lock device{device_mtx_, std::defer_lock};
+    // Device initialisation (CUDA context, the profiler's first use) while no evaluation times
+    // on the device (unless evaluator.init_holds_device is off): beside timed rounds it widened
+    // the verdicts' spread; beside another evaluation's reference, trials or load it costs
+    // nothing measured, and no verdict waits for it.
+    std::unique_lock timing{timing_mtx_, std::defer_lock};
     if (opt_.init_holds_device)
-      device.lock();
+      timing.lock();
     const auto t0 = clock_type::now();
-    if (auto sent = (*w)->send("{\"type\":\"init\"}"); !sent)
+    if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
-    if (opt_.init_holds_device)
-      device_ns_ += static_cast<std::uint64_t>(ns);
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%.3f s (device initialisation %.3f s)",
+                  std::chrono::duration<double>(clock_type::now() - started).count(), static_cast<double>(ns) * 1e-9);
+    log_.debug("evaluator", device_, ": worker ", std::to_string(proc->pid()), proc->forked() ? " forked" : " executed",
+               ", ready in ", buf);
   }
   try {
-    return ready_worker{std::move(*w), n["hardware"].as<std::string>()};
+    return ready_worker{std::move(proc), n["hardware"].as<std::string>()};
   } catch (const YAML::Exception& e) {
     return fail(errc::protocol, "worker's ready message is malformed: ", e.what());
   }
@@ -332,12 +384,13 @@ void device_evaluator::give_back(ready_worker w) {
 
 std::string device_evaluator::protocol_key() const {
   // Everything that can change a verdict of the same code on the same hardware.
-  char buf[512];
+  char buf[768];
   std::snprintf(buf, sizeof buf,
-                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
+                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
                 "recheck=%g/%g;baseline=%s;flush=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
-                static_cast<long long>(opt_.max_rounds), opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
+                static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
+                opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance,
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
@@ -399,7 +452,12 @@ private:
     if (ev_.observer_)
       ev_.observer_(name, w_.proc->pid());
   }
-  bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand);
+  // Asks for `rounds` more timed rounds and appends their settled times. A continuation follows
+  // the previous request at once and plays no warm-up rounds.
+  bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation = false);
+  // One measurement: evaluator.rounds rounds, or only evaluator.min_rounds when their band is
+  // already within evaluator.early_stop_spread.
+  bool measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand);
 
   device_evaluator& ev_;
   const eval_request& req_;
@@ -523,14 +581,31 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
   return true;
 }
 
-bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand) {
+bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand) {
+  const auto& opt = ev_.opt_;
+  const auto first = std::max<std::int64_t>(opt.min_rounds, static_cast<std::int64_t>(policy.buckets));
+  if (opt.early_stop_spread <= 0 || first >= opt.rounds)
+    return measure(opt.rounds, ref, cand);
+  const auto from = ref.size();
+  if (!measure(first, ref, cand))
+    return false;
+  std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
+  std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
+  if (may_stop_early(summarize_rounds(r, c, policy), opt.early_stop_spread, policy))
+    return true; // already far inside max_spread: more rounds would cost time and tell little
+  return measure(opt.rounds - first, ref, cand, true);
+}
+
+bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   device_hold timed{ev_.timing_ns_};
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
-  // follow at once, with the device's clocks still up (the worker still plays 3 rounds).
+  // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
+  // for a continuation of the same measurement).
   char warmup[32];
   std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
   measured_ = true;
-  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup + "}"))
+  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
+            + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + "}"))
     return false;
   YAML::Node n;
   worker_message msg;
@@ -574,6 +649,10 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   }
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
+  double call_ms = 0;
+  for (size_t i = 0; i < r.size(); ++i)
+    call_ms += r[i] + c[i];
+  ev_.timed_calls_ns_ += static_cast<std::uint64_t>(call_ms * 1e6);
   ref.insert(ref.end(), r.begin(), r.end());
   cand.insert(cand.end(), c.begin(), c.end());
   return true;
@@ -697,13 +776,14 @@ verdict evaluation::run() {
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
                        opt.win_threshold};
   std::vector<double> ref, cand;
-  // Phase 4: timing (and re-measurement), holding the device.
+  // Phase 4: timing (and re-measurement), holding the device, and no worker initialising.
   if (!device.owns_lock()) {
     device.lock();
     hold.emplace(ev_.device_ns_);
   }
+  std::unique_lock timing{ev_.timing_mtx_};
   phase("timing");
-  if (!measure(opt.rounds, ref, cand))
+  if (!measure_once(policy, ref, cand))
     return v_;
   auto summary = summarize_rounds(ref, cand, policy);
   while (!summary.stable && static_cast<std::int64_t>(ref.size()) + opt.rounds <= opt.max_rounds) {
@@ -726,7 +806,7 @@ verdict evaluation::run() {
     std::optional<double> accepted;
     for (int attempt = 0; attempt < 2 && !accepted; ++attempt) {
       std::vector<double> r2, c2;
-      if (!measure(opt.rounds, r2, c2))
+      if (!measure_once(policy, r2, c2))
         return v_;
       runs.push_back(summarize_rounds(r2, c2, policy));
       for (size_t a = 0; a + 1 < runs.size() && !accepted; ++a)
@@ -778,6 +858,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     return v;
   };
   auto w = take_worker();
+  if (log_.enabled(log_level::debug)) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", std::chrono::duration<double>(clock_type::now() - t0).count());
+    log_.debug("evaluator", device_, " ", req.target.name, ": waited ", buf, " s for a worker");
+  }
   if (!w) {
     verdict v;
     v.status = verdict_status::runtime_error;

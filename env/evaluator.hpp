@@ -29,7 +29,7 @@ class context_t;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-2";
+inline constexpr const char* protocol_version = "crucible-eval-3";
 
 /// One candidate for one task.
 struct eval_request {
@@ -78,12 +78,17 @@ public:
   std::string hardware() const;
   /// Workers started so far (for tests and metrics).
   std::uint64_t workers_started() const noexcept { return started_; }
+  /// Of those, workers forked from the zygote (evaluator.zygote) rather than executed.
+  std::uint64_t workers_forked() const noexcept { return forked_; }
   /// Seconds spent in timed rounds so far, all evaluations together (for throughput figures).
   double timing_seconds() const noexcept { return static_cast<double>(timing_ns_.load()) * 1e-9; }
+  /// Seconds inside the timed calls themselves (the settled reference and candidate times of
+  /// every measured round), all evaluations together: the strictest "device timing" figure.
+  double timed_call_seconds() const noexcept { return static_cast<double>(timed_calls_ns_.load()) * 1e-9; }
   /// Seconds the device was held (reference, trials, timing), all evaluations together.
   double device_seconds() const noexcept { return static_cast<double>(device_ns_.load()) * 1e-9; }
-  /// Seconds workers spent initialising the device (counted in device_seconds() too while
-  /// evaluator.init_holds_device holds it).
+  /// Seconds workers spent initialising the device (never while timed rounds run, with
+  /// evaluator.init_holds_device; not counted in device_seconds()).
   double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
 
 private:
@@ -95,6 +100,8 @@ private:
     std::string hardware;
   };
   result<ready_worker> start_worker();
+  result<ready_worker> handshake(std::unique_ptr<worker> proc);
+  std::shared_ptr<zygote> current_zygote(const worker_spec& spec);
   result<ready_worker> take_worker();
   void give_back(ready_worker w);
   void refill_loop();
@@ -118,12 +125,18 @@ private:
   std::string hardware_;
   bool stopping_ = false;
   std::atomic<std::uint64_t> started_{0};
+  std::atomic<std::uint64_t> forked_{0};
+  std::mutex zygote_mtx_;             // guards zygote_, zygote_off_
+  std::shared_ptr<zygote> zygote_;
+  bool zygote_off_ = false;           // the zygote failed: workers are executed from now on
   std::atomic<std::uint64_t> timing_ns_{0};
+  std::atomic<std::uint64_t> timed_calls_ns_{0};
   std::atomic<std::uint64_t> device_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   std::mutex device_mtx_;             // held while a worker uses the device
+  std::mutex timing_mtx_;             // held while timed rounds run (inside device_mtx_) or a worker initialises
   std::thread refill_;
 };
 

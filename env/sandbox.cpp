@@ -3,6 +3,7 @@
 // make async-signal-safe calls.
 #include "env/sandbox.hpp"
 
+#include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -12,6 +13,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +22,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
+
+#include "core/json.hpp"
 
 namespace crucible::env {
 
@@ -71,33 +76,25 @@ std::string cuda_index(const std::string& device) {
 
 } // namespace
 
-result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_spec& spec) {
+namespace {
+
+// A private scratch directory under spec.scratch_root, with a short path: ipc:// endpoints are
+// Unix socket paths (at most 107 bytes).
+result<std::filesystem::path> make_scratch(const worker_spec& spec, const char* prefix) {
   namespace fs = std::filesystem;
-  std::unique_ptr<worker> w{new worker()};
-  // A short scratch path: ipc:// endpoints are Unix socket paths (at most 107 bytes).
   std::error_code ec;
   fs::create_directories(spec.scratch_root, ec);
-  std::string tmpl = (spec.scratch_root / ("w" + std::to_string(::getpid()) + "-"
+  std::string tmpl = (spec.scratch_root / (prefix + std::to_string(::getpid()) + "-"
                                            + std::to_string(scratch_counter++) + "-XXXXXX")).string();
   if (::mkdtemp(tmpl.data()) == nullptr)
     return fail(errc::io, "cannot create a scratch directory under ", spec.scratch_root.string(), ": ",
                 std::strerror(errno));
-  w->scratch_ = tmpl;
-  auto endpoint = "ipc://" + (w->scratch_ / "worker.sock").string();
-  if (endpoint.size() > 100)
-    return fail(errc::invalid_arg, "scratch path too long for an ipc endpoint: ", endpoint);
-  try {
-    w->sock_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
-    w->sock_->set(zmq::sockopt::linger, 0);
-    w->sock_->bind(endpoint);
-  } catch (const zmq::error_t& e) {
-    return fail(errc::io, "cannot bind ", endpoint, ": ", e.what());
-  }
+  return fs::path{tmpl};
+}
 
-  // Everything for the child, prepared now.
-  std::vector<std::string> args = {spec.python, "-I", "-B", spec.harness.string(), "--endpoint", endpoint,
-                                   "--device", spec.device == "cpu" ? "cpu" : "cuda",
-                                   "--scratch", w->scratch_.string()};
+// The environment of a worker, rebuilt from scratch; HOME and TMPDIR are its scratch directory.
+std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesystem::path& scratch) {
+  namespace fs = std::filesystem;
   std::vector<std::string> envs;
   auto pass = [&](const char* name) {
     if (const char* v = std::getenv(name))
@@ -110,8 +107,8 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
   if (!python_dir.empty())
     path = python_dir.string() + ":" + path;
   envs.push_back("PATH=" + path);
-  envs.push_back("HOME=" + w->scratch_.string());
-  envs.push_back("TMPDIR=" + w->scratch_.string());
+  envs.push_back("HOME=" + scratch.string());
+  envs.push_back("TMPDIR=" + scratch.string());
   envs.push_back("LANG=C.UTF-8");
   envs.push_back("PYTHONDONTWRITEBYTECODE=1");
   envs.push_back("PYTHONUNBUFFERED=1");
@@ -134,6 +131,19 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
   pass("CUDA_HOME");
   pass("CC");
   pass("CXX");
+  return envs;
+}
+
+struct spawned {
+  pid_t pid = -1;
+  bool net_isolated = false;
+};
+
+// Forks and executes `args` in the sandbox: own session, rlimits, `scratch` as the working
+// directory, the environment `envs`, a private network namespace where the OS allows, and
+// `stdin_fd` as standard input (-1: /dev/null). Returns once the program runs.
+result<spawned> spawn(const worker_spec& spec, const std::filesystem::path& scratch, std::vector<std::string> args,
+                      std::vector<std::string> envs, int stdin_fd) {
   std::vector<char*> argv;
   for (auto& a : args)
     argv.push_back(a.data());
@@ -145,13 +155,13 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
   const bool as_root = ::geteuid() == 0;
   auto uid_map = std::to_string(::geteuid()) + " " + std::to_string(::geteuid()) + " 1";
   auto gid_map = std::to_string(::getegid()) + " " + std::to_string(::getegid()) + " 1";
-  const auto scratch = w->scratch_.string();
+  const auto scratch_text = scratch.string();
   const rlim_t as_limit = spec.device == "cpu" && spec.memory_limit_mb > 0
                             ? static_cast<rlim_t>(spec.memory_limit_mb) << 20
                             : RLIM_INFINITY;
 
   // The child reports over this pipe: 'N' once in its own network namespace, then "E<errno>"
-  // if exec fails. A successful exec closes it (O_CLOEXEC): EOF means the harness runs.
+  // if exec fails. A successful exec closes it (O_CLOEXEC): EOF means the program runs.
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0)
     return fail(errc::io, "pipe2: ", std::strerror(errno));
@@ -185,12 +195,12 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
     }
     if (isolated)
       write_all(report[1], "N", 1);
-    if (::chdir(scratch.c_str()) != 0)
+    if (::chdir(scratch_text.c_str()) != 0)
       ::_exit(126);
-    int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) {
-      ::dup2(devnull, 0);
-      ::close(devnull);
+    int in = stdin_fd >= 0 ? stdin_fd : ::open("/dev/null", O_RDONLY);
+    if (in >= 0 && in != 0) {
+      ::dup2(in, 0); // the copy on 0 does not close on exec
+      ::close(in);
     }
     // Close every inherited descriptor but stdio and the report pipe (which closes on exec).
     for (int fd = 3; fd < 4096; ++fd)
@@ -212,7 +222,6 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
     ::_exit(127);
   }
   ::close(report[1]);
-  w->pid_ = pid;
   std::string reported;
   char buf[32];
   for (;;) {
@@ -226,14 +235,96 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
     break;
   }
   ::close(report[0]);
-  w->net_isolated_ = !reported.empty() && reported[0] == 'N';
   auto epos = reported.find('E');
   if (epos != std::string::npos) {
     int err = std::atoi(reported.c_str() + epos + 1);
-    w->reap(true);
-    return fail(errc::not_found, "cannot execute ", spec.python, ": ", std::strerror(err));
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    return fail(errc::not_found, "cannot execute ", args.front(), ": ", std::strerror(err));
   }
-  w->pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  return spawned{pid, !reported.empty() && reported[0] == 'N'};
+}
+
+std::vector<std::string> harness_args(const worker_spec& spec, const std::filesystem::path& scratch) {
+  return {spec.python, "-I", "-B", spec.harness.string(), "--device", spec.device == "cpu" ? "cpu" : "cuda",
+          "--scratch", scratch.string()};
+}
+
+} // namespace
+
+result<void> worker::bind(zmq::context_t& ctx, const worker_spec& spec, std::string& endpoint) {
+  auto scratch = make_scratch(spec, "w");
+  if (!scratch)
+    return scratch.error();
+  scratch_ = std::move(*scratch);
+  endpoint = "ipc://" + (scratch_ / "worker.sock").string();
+  if (endpoint.size() > 100)
+    return fail(errc::invalid_arg, "scratch path too long for an ipc endpoint: ", endpoint);
+  try {
+    sock_ = std::make_unique<zmq::socket_t>(ctx, zmq::socket_type::pair);
+    sock_->set(zmq::sockopt::linger, 0);
+    sock_->bind(endpoint);
+  } catch (const zmq::error_t& e) {
+    return fail(errc::io, "cannot bind ", endpoint, ": ", e.what());
+  }
+  return {};
+}
+
+result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_spec& spec) {
+  std::unique_ptr<worker> w{new worker()};
+  std::string endpoint;
+  if (auto bound = w->bind(ctx, spec, endpoint); !bound)
+    return bound.error();
+  auto args = harness_args(spec, w->scratch_);
+  args.push_back("--endpoint");
+  args.push_back(endpoint);
+  auto child = spawn(spec, w->scratch_, std::move(args), sandbox_env(spec, w->scratch_), -1);
+  if (!child)
+    return child.error();
+  w->pid_ = child->pid;
+  w->net_isolated_ = child->net_isolated;
+  w->pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, w->pid_, 0));
+  return w;
+}
+
+result<std::unique_ptr<worker>> worker::fork_from(zygote& z, zmq::context_t& ctx, const worker_spec& spec) {
+  std::unique_ptr<worker> w{new worker()};
+  std::string endpoint;
+  if (auto bound = w->bind(ctx, spec, endpoint); !bound)
+    return bound.error();
+  std::string req = "{\"type\":\"fork\",\"endpoint\":";
+  append_json_string(req, endpoint);
+  req += ",\"scratch\":";
+  append_json_string(req, w->scratch_.string());
+  req += ",\"env\":[";
+  bool first = true;
+  for (const auto& e : sandbox_env(spec, w->scratch_)) {
+    if (!std::exchange(first, false))
+      req += ',';
+    append_json_string(req, e);
+  }
+  req += "]}";
+  auto reply = z.request(req);
+  if (!reply)
+    return reply.error();
+  YAML::Node n;
+  try {
+    n = YAML::Load(*reply);
+    if (n["type"].as<std::string>() != "forked")
+      return fail(errc::refused, "the zygote (pid ", std::to_string(z.pid_), ") did not fork a worker: ",
+                  n["message"].as<std::string>("no reason given"));
+    w->pid_ = n["pid"].as<pid_t>();
+    w->net_isolated_ = n["network_isolated"].as<bool>(false);
+  } catch (const YAML::Exception& e) {
+    return fail(errc::protocol, "the zygote's reply is malformed: ", e.what());
+  }
+  w->zygote_ = z.shared_from_this();
+  // Forked workers are the zygote's children: their end is seen on a pidfd (which works for any
+  // process), their exit status comes from the zygote.
+  w->pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, w->pid_, 0));
+  if (w->pidfd_ < 0)
+    return fail(errc::unsupported, "pidfd_open: ", std::strerror(errno), " (a forked worker cannot be watched)");
   return w;
 }
 
@@ -250,6 +341,24 @@ worker::~worker() {
 bool worker::reap(bool block) {
   if (exited_ || pid_ <= 0)
     return true;
+  if (zygote_) {
+    // Not our child: the pidfd says when it has ended, the zygote reaps it and tells how.
+    struct pollfd p{pidfd_, POLLIN, 0};
+    int r;
+    do {
+      r = ::poll(&p, 1, block ? -1 : 0);
+    } while (r < 0 && errno == EINTR);
+    if (r == 0)
+      return false;
+    exited_ = true;
+    if (auto st = zygote_->reap(pid_)) {
+      exit_code_ = st->code;
+      exit_signal_ = st->signal;
+    } else {
+      exit_signal_ = SIGKILL; // the zygote is gone, and with it (PR_SET_PDEATHSIG) its workers
+    }
+    return true;
+  }
   int status = 0;
   pid_t r;
   do {
@@ -352,6 +461,136 @@ std::string worker::exit_description() const {
     return s;
   }
   return "exited with code " + std::to_string(exit_code_);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+// Reads from fd until `buf` holds a newline or the deadline passes; false on EOF, error or deadline.
+bool read_line(int fd, std::string& buf, std::chrono::steady_clock::time_point deadline, std::string& line) {
+  for (;;) {
+    if (auto nl = buf.find('\n'); nl != std::string::npos) {
+      line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      return true;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0)
+      return false;
+    struct pollfd p{fd, POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return false;
+    char chunk[4096];
+    auto n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    buf.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+} // namespace
+
+result<std::shared_ptr<zygote>> zygote::start(const worker_spec& spec, std::chrono::steady_clock::duration timeout) {
+  std::shared_ptr<zygote> z{new zygote()};
+  auto scratch = make_scratch(spec, "z");
+  if (!scratch)
+    return scratch.error();
+  z->scratch_ = std::move(*scratch);
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return fail(errc::io, "socketpair: ", std::strerror(errno));
+  auto args = harness_args(spec, z->scratch_);
+  args.push_back("--zygote");
+  auto child = spawn(spec, z->scratch_, std::move(args), sandbox_env(spec, z->scratch_), sv[1]);
+  ::close(sv[1]);
+  if (!child) {
+    ::close(sv[0]);
+    return child.error();
+  }
+  z->pid_ = child->pid;
+  z->ctl_ = sv[0];
+  std::string line;
+  if (!read_line(z->ctl_, z->pending_, std::chrono::steady_clock::now() + timeout, line))
+    return fail(errc::timeout, "the worker zygote (", spec.python, " ", spec.harness.string(),
+                " --zygote) did not report ready (is torch installed for ", spec.python, "?)");
+  try {
+    if (YAML::Load(line)["type"].as<std::string>() != "ready")
+      return fail(errc::protocol, "the worker zygote sent ", line.substr(0, 200), " instead of ready");
+  } catch (const YAML::Exception& e) {
+    return fail(errc::protocol, "the worker zygote's ready message is malformed: ", e.what());
+  }
+  return z;
+}
+
+zygote::~zygote() {
+  if (ctl_ >= 0)
+    ::close(ctl_); // the zygote exits when its stdin closes; the kill makes sure
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  std::error_code ec;
+  if (!scratch_.empty())
+    std::filesystem::remove_all(scratch_, ec);
+}
+
+bool zygote::alive() {
+  std::lock_guard guard{mtx_};
+  if (!broken_ && pid_ > 0) {
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1; // reaped: nothing to kill any more
+      broken_ = true;
+    }
+  }
+  return !broken_;
+}
+
+result<std::string> zygote::request(const std::string& line) {
+  std::lock_guard guard{mtx_};
+  if (broken_)
+    return fail(errc::worker_lost, "the worker zygote is gone");
+  std::string out = line + "\n";
+  for (size_t off = 0; off < out.size();) {
+    auto n = ::send(ctl_, out.data() + off, out.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0) {
+      broken_ = true;
+      return fail(errc::worker_lost, "the worker zygote (pid ", std::to_string(pid_), ") stopped listening: ",
+                  std::strerror(errno));
+    }
+    off += static_cast<size_t>(n);
+  }
+  // A fork of a process with torch loaded takes tens of milliseconds; a minute means it is stuck.
+  std::string reply;
+  if (!read_line(ctl_, pending_, std::chrono::steady_clock::now() + std::chrono::seconds{60}, reply)) {
+    broken_ = true;
+    return fail(errc::worker_lost, "the worker zygote (pid ", std::to_string(pid_), ") did not answer");
+  }
+  return reply;
+}
+
+result<zygote::exit_status> zygote::reap(pid_t pid) {
+  auto reply = request("{\"type\":\"reap\",\"pid\":" + std::to_string(pid) + "}");
+  if (!reply)
+    return reply.error();
+  try {
+    auto n = YAML::Load(*reply);
+    if (n["type"].as<std::string>() != "reaped" || n["pid"].as<pid_t>() != pid)
+      return fail(errc::protocol, "the worker zygote answered ", reply->substr(0, 200), " to a reap request");
+    return exit_status{n["code"].as<int>(), n["signal"].as<int>()};
+  } catch (const YAML::Exception& e) {
+    return fail(errc::protocol, "the worker zygote's reply is malformed: ", e.what());
+  }
 }
 
 } // namespace crucible::env

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ struct worker_spec {
   std::int64_t cpu_threads = 1;
 };
 
+class zygote;
+
 /// One message: a JSON header and raw binary frames.
 struct worker_message {
   std::string json;
@@ -49,6 +52,10 @@ public:
   /// Forks and executes the harness. Returns once the process exists; the caller waits for
   /// its `ready` message with receive().
   static result<std::unique_ptr<worker>> start(zmq::context_t& ctx, const worker_spec& spec);
+  /// The same worker, forked by `z` from a process that has already imported the harness
+  /// (seconds faster). `spec` must be the one `z` was started with but for the scratch
+  /// directory, which is the worker's own. Errors: the zygote refused or is gone.
+  static result<std::unique_ptr<worker>> fork_from(zygote& z, zmq::context_t& ctx, const worker_spec& spec);
 
   ~worker();
   worker(const worker&) = delete;
@@ -70,10 +77,13 @@ public:
   const std::filesystem::path& scratch() const noexcept { return scratch_; }
   /// True if the worker runs in its own network namespace.
   bool network_isolated() const noexcept { return net_isolated_; }
+  /// True if a zygote forked it (fork_from), false if it was executed (start).
+  bool forked() const noexcept { return zygote_ != nullptr; }
 
 private:
   worker() = default;
   bool reap(bool block);
+  result<void> bind(zmq::context_t& ctx, const worker_spec& spec, std::string& endpoint);
 
   pid_t pid_ = -1;
   int pidfd_ = -1;
@@ -85,6 +95,47 @@ private:
   int exit_signal_ = 0;
   bool net_isolated_ = false;
   bool drained_ = false;
+  std::shared_ptr<zygote> zygote_; // the parent that reaps it, for forked workers
+};
+
+/// A Python process started like a worker (same sandbox, `worker.py --zygote`) that imports the
+/// harness, torch included, never touches the device, and forks one fresh worker per request:
+/// tens of milliseconds instead of the seconds an interpreter takes to import torch. Every
+/// worker comes from the zygote itself, so no candidate's state reaches another worker. The
+/// zygote is the workers' parent and reaps each one only when its `worker` asks, so a pid is
+/// not reused while the evaluator may still signal it. Owns the process (killed on
+/// destruction) and its scratch directory; workers keep it alive through a shared_ptr.
+/// Thread-safe: fork_from() and reaping may be called from any thread.
+class zygote final : public std::enable_shared_from_this<zygote> {
+public:
+  /// Starts the zygote and waits (until `timeout`) for it to report that it is ready.
+  static result<std::shared_ptr<zygote>> start(const worker_spec& spec, std::chrono::steady_clock::duration timeout);
+
+  ~zygote();
+  zygote(const zygote&) = delete;
+  zygote& operator=(const zygote&) = delete;
+
+  /// False once the process has died or broken the protocol; start a new one.
+  bool alive();
+  pid_t pid() const noexcept { return pid_; }
+
+private:
+  friend class worker;
+  zygote() = default;
+  struct exit_status {
+    int code = 0;
+    int signal = 0;
+  };
+  // One request line, one reply line (JSON), under mtx_.
+  result<std::string> request(const std::string& line);
+  result<exit_status> reap(pid_t pid);
+
+  std::mutex mtx_;
+  pid_t pid_ = -1;
+  int ctl_ = -1; // our end of the control socket (the zygote's stdin)
+  std::string pending_; // bytes read past the last reply line
+  std::filesystem::path scratch_;
+  bool broken_ = false;
 };
 
 } // namespace crucible::env

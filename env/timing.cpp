@@ -70,6 +70,11 @@ timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::ve
   return s;
 }
 
+bool may_stop_early(const timing_summary& first, double early_stop_spread, const timing_policy& policy) noexcept {
+  return early_stop_spread > 0 && std::isfinite(first.spread) && first.spread <= early_stop_spread
+         && first.disagreement <= policy.max_bucket_disagreement;
+}
+
 settled_rounds settle_rounds(const std::vector<double>& ref_synced, const std::vector<double>& ref_stream,
                              const std::vector<double>& cand_synced, const std::vector<double>& cand_stream) {
   assert(ref_synced.size() == ref_stream.size() && cand_synced.size() == cand_stream.size());

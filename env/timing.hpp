@@ -31,6 +31,12 @@ struct timing_summary {
 timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::vector<double>& cand_ms,
                                 const timing_policy& policy);
 
+/// Whether a measurement may end with the rounds summarised in `first` (its first
+/// evaluator.min_rounds rounds) instead of going on to evaluator.rounds: their band is already
+/// within `early_stop_spread` (a fraction of policy.max_spread) and their buckets agree within
+/// policy.max_bucket_disagreement. `early_stop_spread` 0 never stops early.
+bool may_stop_early(const timing_summary& first, double early_stop_spread, const timing_policy& policy) noexcept;
+
 /// The times of a measurement's timed calls after settle_rounds(). Plain value.
 struct settled_rounds {
   std::vector<double> ref_ms;

@@ -192,8 +192,9 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_cache_value.py") X("hack_ctypes.py") X("hack_dynamic_import.py") X("hack_fallback.py")          \
   X("hack_file_io.py") X("hack_gc.py") X("hack_hyperparams.py") X("hack_import_reference.py")             \
   X("hack_mutate_input.py") X("hack_no_kernel.py") X("hack_os_exit.py") X("hack_patch_allclose.py")       \
-  X("hack_patch_timer.py") X("hack_precision.py") X("hack_recycled_memory.py") X("hack_subclass_model.py") \
-  X("hack_tensor_subclass.py") X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py")
+  X("hack_patch_timer.py") X("hack_precision.py") X("hack_recycled_memory.py")                            \
+  X("hack_stale_after_trials.py") X("hack_subclass_model.py") X("hack_tensor_subclass.py")                \
+  X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
@@ -283,4 +284,93 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   CHECK(kills == 1);
   CHECK(v.status == verdict_status::ok);
   CHECK(ev.ev->workers_started() == 2);
+}
+
+TEST_CASE("workers forked from the zygote start clean: what one candidate changed is not in the next") {
+  // Static checks off, so the first candidate may change torch and its environment at import
+  // (the runtime checks do not flag a new module attribute); the second returns a wrong result
+  // if it sees any of that, or if its environment is not its own scratch directory.
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  evaluator_options opt;
+  opt.warm_workers = 1;
+  opt.flush_bytes = 16ull << 20;
+  opt.rounds = 10;
+  opt.static_checks = false;
+  auto where = locate_harness(opt);
+  REQUIRE(where.ok());
+  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+  REQUIRE_MESSAGE(created.ok(), created.error().message);
+  auto& ev = **created;
+  std::vector<pid_t> pids;
+  ev.set_phase_observer([&](const char* phase, pid_t pid) {
+    if (std::string{phase} == "reference")
+      pids.push_back(pid);
+  });
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "09_diag_matmul.py");
+  REQUIRE(t.ok());
+  const std::string meddler = R"(import os
+import torch
+import torch.nn as nn
+torch.crucible_leak = True
+os.environ["CRUCIBLE_LEAK"] = "1"
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, B):
+        return a.unsqueeze(1) * B
+)";
+  const std::string witness = R"(import os
+import tempfile
+import torch
+import torch.nn as nn
+CLEAN = (not hasattr(torch, "crucible_leak") and "CRUCIBLE_LEAK" not in os.environ
+         and os.environ.get("HOME") == os.getcwd() and tempfile.gettempdir() == os.getcwd())
+
+
+class ModelNew(nn.Module):
+    def forward(self, a, B):
+        out = a.unsqueeze(1) * B
+        return out if CLEAN else out + 1
+)";
+  auto first = ev.evaluate(eval_request{*t, meddler, 0, false});
+  INFO(describe(first));
+  CHECK(first.status == verdict_status::ok); // its module ran
+  auto second = ev.evaluate(eval_request{*t, witness, 0, false});
+  INFO(describe(second));
+  CHECK(second.status == verdict_status::ok);
+  REQUIRE(pids.size() == 2);
+  CHECK(pids[0] != pids[1]);
+  CHECK(ev.workers_forked() == ev.workers_started());
+  CHECK(ev.workers_forked() >= 2);
+}
+
+TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on to rounds otherwise") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto rounds_with = [&](double early_stop_spread) {
+    evaluator_options opt;
+    opt.warm_workers = 0;
+    opt.flush_bytes = 16ull << 20;
+    opt.min_rounds = 10;
+    opt.rounds = 20;
+    opt.max_rounds = 20;                 // no extension: the count shows the early stop alone
+    opt.recheck_above = 1e9;             // and no recheck
+    opt.max_bucket_disagreement = 1e9;   // a busy CI machine's drift must not decide it
+    opt.early_stop_spread = early_stop_spread;
+    auto where = locate_harness(opt);
+    REQUIRE(where.ok());
+    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+    REQUIRE_MESSAGE(ev.ok(), ev.error().message);
+    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
+    INFO(describe(v));
+    REQUIRE(v.status == verdict_status::ok);
+    return v.rounds;
+  };
+  CHECK(rounds_with(1e9) == 10);  // any band is tight enough: stops at min_rounds
+  CHECK(rounds_with(1e-12) == 20); // none is: the first 10 rounds, then 10 more without warm-up
+  CHECK(rounds_with(0) == 20);     // early stops off: one request of 20
 }

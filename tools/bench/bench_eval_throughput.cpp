@@ -88,6 +88,9 @@ int main(int argc, char** argv) {
     auto timing0 = (*ev)->timing_seconds();
     auto device0 = (*ev)->device_seconds();
     auto init0 = (*ev)->init_seconds();
+    auto calls0 = (*ev)->timed_call_seconds();
+    auto started0 = (*ev)->workers_started();
+    auto forked0 = (*ev)->workers_forked();
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     for (int c = 0; c < concurrency; ++c)
@@ -106,11 +109,15 @@ int main(int argc, char** argv) {
     double timing = (*ev)->timing_seconds() - timing0;
     double held = (*ev)->device_seconds() - device0;
     double init = (*ev)->init_seconds() - init0;
-    std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall, "
-                "device held %.1f%% of wall (worker device initialisation %.1f%% of wall, %s) (concurrency %d)\n",
+    double calls = (*ev)->timed_call_seconds() - calls0;
+    std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall "
+                "(inside the timed calls %.1f%%), device held %.1f%% of wall; worker device initialisation %.1f%% "
+                "of wall (%s); %llu workers, %llu forked (concurrency %d)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
-                100 * timing / wall, 100 * held / wall, 100 * init / wall,
-                opt.init_holds_device ? "holding the device" : "not holding it", concurrency);
+                100 * timing / wall, 100 * calls / wall, 100 * held / wall, 100 * init / wall,
+                opt.init_holds_device ? "never beside timed rounds" : "at any time",
+                static_cast<unsigned long long>((*ev)->workers_started() - started0),
+                static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency);
     std::fflush(stdout);
   };
   run_pass("warm-up (builds extensions)");

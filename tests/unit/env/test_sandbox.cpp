@@ -7,9 +7,13 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <thread>
 
 #include "env/sandbox.hpp"
@@ -156,4 +160,92 @@ TEST_CASE("a missing interpreter is an error naming it") {
   auto w = worker::start(ctx, spec);
   REQUIRE_FALSE(w.ok());
   CHECK(w.error().message.find("/nonexistent/python3") != std::string::npos);
+}
+
+namespace {
+
+// The /proc view of another process: one line of /proc/PID/FILE that starts with `prefix`, or
+// the whole file with NULs as newlines (environ).
+std::string proc_text(pid_t pid, const char* file) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/" + file, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::replace(text.begin(), text.end(), '\0', '\n');
+  return text;
+}
+
+// Fields 4 (ppid), 5 (pgrp) and 6 (session) of /proc/PID/stat.
+std::array<long, 3> parent_group_session(pid_t pid) {
+  auto stat = proc_text(pid, "stat");
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string state;
+  std::array<long, 3> out{};
+  rest >> state >> out[0] >> out[1] >> out[2];
+  return out;
+}
+
+worker_spec harness_spec() {
+  auto spec = probe_spec();
+  spec.harness = fs::path{CRUCIBLE_SOURCE_DIR} / "env" / "harness" / "worker.py";
+  spec.memory_limit_mb = 16384;
+  return spec;
+}
+
+} // namespace
+
+TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, and its own network") {
+  ::setenv("CRUCIBLE_TEST_SECRET", "hunter2", 1);
+  auto spec = harness_spec();
+  auto z = zygote::start(spec, 180s);
+  REQUIRE_MESSAGE(z.ok(), z.error().message);
+  zmq::context_t ctx;
+  auto a = worker::fork_from(**z, ctx, spec);
+  REQUIRE_MESSAGE(a.ok(), a.error().message);
+  auto b = worker::fork_from(**z, ctx, spec);
+  REQUIRE_MESSAGE(b.ok(), b.error().message);
+  for (auto* w : {a->get(), b->get()}) {
+    CHECK(w->forked());
+    auto started = expect_message(*w);
+    CHECK(started["type"].as<std::string>() == "started");
+    CHECK(started["pid"].as<int>() == w->pid());
+    const auto pid = w->pid();
+    CHECK(fs::equivalent(fs::read_symlink("/proc/" + std::to_string(pid) + "/cwd"), w->scratch()));
+    // /proc shows the environment the zygote was executed with (the worker replaces it in
+    // Python; test_evaluator checks what a candidate sees): scrubbed all the same.
+    auto environ = "\n" + proc_text(pid, "environ");
+    CHECK(environ.find("\nCUDA_VISIBLE_DEVICES=\n") != std::string::npos);
+    CHECK(environ.find("CRUCIBLE_TEST_SECRET") == std::string::npos);
+    auto [ppid, pgrp, session] = parent_group_session(pid);
+    CHECK(ppid == (*z)->pid()); // the zygote's child, not ours
+    CHECK(pgrp == pid);
+    CHECK(session == pid);
+    auto limits = proc_text(pid, "limits");
+    CHECK(limits.find("Max core file size        0") != std::string::npos);
+    CHECK(limits.find(std::to_string(16384ll << 20)) != std::string::npos); // the address-space limit
+  }
+  CHECK((*a)->scratch() != (*b)->scratch());
+  if ((*a)->network_isolated() && (*b)->network_isolated()) {
+    auto net = [](pid_t pid) { return fs::read_symlink("/proc/" + std::to_string(pid) + "/ns/net"); };
+    CHECK(net((*a)->pid()) != net((*b)->pid()));
+    CHECK(net((*a)->pid()) != net((*z)->pid()));
+  } else {
+    WARN_MESSAGE(false, "this machine does not allow a private network namespace");
+  }
+  // The exit status comes through the zygote; a worker's end ends only that worker.
+  ::kill((*a)->pid(), SIGSEGV);
+  worker_message msg;
+  CHECK((*a)->receive(std::chrono::steady_clock::now() + 60s, msg) == receive_outcome::died);
+  CHECK((*a)->exit_description() == "killed by signal 11 (SIGSEGV)");
+  CHECK((*a)->died_by_signal());
+  auto scratch = (*b)->scratch();
+  const auto b_pid = (*b)->pid();
+  REQUIRE((*b)->send(R"({"type":"init"})").ok());
+  CHECK(expect_message(**b)["type"].as<std::string>() == "ready");
+  (*b)->kill();
+  CHECK((*b)->exit_description() == "killed by signal 9 (SIGKILL)");
+  CHECK_FALSE((*b)->died_by_signal());
+  CHECK(process_gone(b_pid));
+  b->reset();
+  CHECK_FALSE(fs::exists(scratch));
+  CHECK((*z)->alive());
+  ::unsetenv("CRUCIBLE_TEST_SECRET");
 }

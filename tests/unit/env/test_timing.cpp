@@ -87,3 +87,30 @@ TEST_CASE("settling removes the host latency floor and keeps side-stream work") 
   CHECK(c.ref_ms == cpu_ref);
   CHECK(c.cand_ms == cpu_cand);
 }
+
+TEST_CASE("a measurement stops at min_rounds only when its band is already tight and its buckets agree") {
+  std::mt19937 rng{11};
+  auto rounds = [&](double noise_sd, double drift) {
+    std::normal_distribution<double> noise{0.0, noise_sd};
+    std::vector<double> ref, cand;
+    for (int i = 0; i < 15; ++i) {
+      cand.push_back(1.0 * (1 + noise(rng)));
+      ref.push_back(2.0 * (1 + noise(rng)) * (1 + drift * i / 14.0)); // drift: the ratio moves over time
+    }
+    return summarize_rounds(ref, cand, {});
+  };
+  timing_policy policy; // max_spread 2%, max_bucket_disagreement 5%
+  auto tight = rounds(0.001, 0.0);
+  CHECK(tight.spread < 0.005);
+  CHECK(may_stop_early(tight, 0.005, policy));
+  CHECK_FALSE(may_stop_early(tight, 0.0, policy)); // 0 turns early stops off
+  auto noisy = rounds(0.05, 0.0);
+  CHECK(noisy.spread > 0.005);
+  CHECK_FALSE(may_stop_early(noisy, 0.005, policy));
+  CHECK(may_stop_early(noisy, 1.0, policy) == (noisy.disagreement <= policy.max_bucket_disagreement));
+  // A steady drift of 8% over the rounds: the buckets disagree, which keeps it going whatever
+  // the band.
+  auto drifting = rounds(0.0005, 0.08);
+  CHECK(drifting.disagreement > policy.max_bucket_disagreement);
+  CHECK_FALSE(may_stop_early(drifting, 1.0, policy));
+}
