@@ -1612,15 +1612,21 @@ def _child_setup(req, zygote_pid, report_fd):
 
 
 def _cuda_touched():
-    """Whether this process has initialised CUDA or loaded the driver: a fork would then give
-    workers a device they cannot use."""
+    """Whether this process has initialised CUDA: a fork would then give workers a driver state
+    they cannot use. The driver library may be loaded without being initialised (torch's CUDA
+    libraries link it): cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) before cuInit,
+    and initialises nothing itself."""
     try:
         if torch.cuda.is_initialized():
             return True
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            return any("/libcuda.so" in line for line in f)
+            if not any("/libcuda.so" in line for line in f):
+                return False
+        lib = ctypes.CDLL("libcuda.so.1", mode=getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1))
+        count = ctypes.c_int(0)
+        return lib.cuDeviceGetCount(ctypes.byref(count)) != 3
     except OSError:
-        return False
+        return True  # cannot tell: do not fork
 
 
 def zygote_main(args):
