@@ -250,7 +250,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     if (!dev.ok())
       return guard(fail(dev.error().code, "evaluator.devices[", std::to_string(i), "] ", device, ": ", dev.error().message));
     std::shared_ptr<env::device_evaluator> shared(std::move(*dev));
-    device_info info{static_cast<std::int32_t>(i), shared->hardware(), hardware_kind_of(device, shared->hardware()), 0};
+    device_info info{static_cast<std::uint32_t>(i), shared->hardware(), hardware_kind_of(device, shared->hardware()), 0};
     auto ev = spawn_evaluator(sys, evaluator_deps{shared, *tasks, info, cfg.evaluator.concurrency});
     out.actors.push_back(caf::actor_cast<caf::actor>(ev));
     evaluators.push_back(ev);
