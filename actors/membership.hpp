@@ -54,7 +54,8 @@ struct membership_deps {
 
 /// Spawns the membership actor without publishing it (tests on the deterministic scheduler;
 /// start_membership publishes). It checks node heartbeats every `opt.heartbeat` and keeps
-/// running until it is sent an exit; nodes still admitted then are removed from the pool.
+/// running until it is sent an exit; nodes still admitted then are removed from the pool
+/// (unless the exit is exit_reason::kill, which no actor can handle).
 membership_actor spawn_membership(caf::actor_system& sys, membership_deps deps, membership_options opt);
 
 /// A published membership actor and the address it is bound to.
