@@ -171,8 +171,9 @@ using learner_actor = caf::typed_actor<
 /// them again when they leave, disconnect or stop sending heartbeats (DESIGN §6;
 /// actors/membership.hpp). Published on the network: every handler checks who is asking.
 using membership_actor = caf::typed_actor<
-  // The run's task sources for a node about to join; errc::refused for a wrong token.
-  caf::replies_to<tasks_request>::with<std::vector<task_source>>,
+  // The run's task sources and configuration for a node about to join; errc::refused for a
+  // wrong token.
+  caf::replies_to<tasks_request>::with<run_setup>,
   // Admits a node with the right token (errc::refused otherwise, and nothing is added), adds its
   // evaluators to the pool, monitors the sender as the node's agent and expects its heartbeats.
   caf::replies_to<node_announce>::with<node_welcome>,

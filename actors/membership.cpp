@@ -47,7 +47,7 @@ struct member {
 
 struct membership_state {
   std::vector<member> nodes;
-  std::vector<task_source> tasks;
+  run_setup setup;
   std::uint64_t admitted = 0; // nodes admitted so far: numbers node ids
   static inline const char* name = "crucible.membership";
 };
@@ -85,7 +85,8 @@ caf::error unknown_node(const node_id& id) {
 
 membership_impl_actor::behavior_type membership(membership_pointer self, membership_deps deps, membership_options opt) {
   for (const auto& [id, t] : *deps.tasks)
-    self->state.tasks.push_back(task_source{id, t.source, t.level, t.number});
+    self->state.setup.tasks.push_back(task_source{id, t.source, t.level, t.number});
+  self->state.setup.config = opt.config_yaml;
   self->set_down_handler([=](const caf::down_msg& down) {
     auto& ns = self->state.nodes;
     auto it = std::find_if(ns.begin(), ns.end(), [&](const member& m) { return m.agent == down.source; });
@@ -99,13 +100,13 @@ membership_impl_actor::behavior_type membership(membership_pointer self, members
   });
   self->delayed_send(self, opt.heartbeat, expire_atom_v);
   return {
-    [=](const tasks_request& req) -> caf::result<std::vector<task_source>> {
+    [=](const tasks_request& req) -> caf::result<run_setup> {
       if (!same_token(req.token, opt.token)) {
         if (deps.log != nullptr)
           deps.log->warn("membership", "refused a task request: wrong token");
         return make_error(errc::refused, "wrong token");
       }
-      return self->state.tasks;
+      return self->state.setup;
     },
     [=](node_announce& a) -> caf::result<node_welcome> {
       if (!same_token(a.token, opt.token)) {
@@ -256,6 +257,7 @@ result<membership_options> membership_options::from(const config& cfg, const std
   membership_options out;
   out.listen = m.listen;
   out.run = cfg.run.name;
+  out.config_yaml = to_yaml(cfg);
   out.heartbeat = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(m.heartbeat_s));
   out.timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(m.timeout_s));
   if (!m.token_file.empty()) {

@@ -4,8 +4,9 @@
 // leaves, disconnects or falls silent has its evaluators removed and their candidates re-queued.
 //
 // The join, step by step (docs/scaling.md):
-//   1. node -> membership: tasks_request{token}        -> the run's task sources (or refused)
-//   2. the node starts one evaluator per device over those tasks
+//   1. node -> membership: tasks_request{token}        -> run_setup: the task sources and the
+//                                                          run's configuration (or refused)
+//   2. the node starts one evaluator per device over those tasks, with the run's settings
 //   3. node's agent -> membership: node_announce{token, host, devices, evaluator handles}
 //                                                       -> node_welcome{node id, heartbeat, timeout}
 //      the membership actor adds the evaluators to the pool and monitors the agent
@@ -34,10 +35,11 @@ struct membership_options {
   std::string listen = "127.0.0.1:0"; ///< HOST:PORT to publish on; port 0: any free port
   std::string token;                  ///< the shared secret a node must present (not empty)
   std::string run;                    ///< run name, told to joining nodes
+  std::string config_yaml;            ///< the run's resolved configuration (to_yaml), sent to joining nodes
   caf::timespan heartbeat = std::chrono::seconds{2}; ///< a node's heartbeat interval; also the check interval
   caf::timespan timeout = std::chrono::seconds{10};  ///< a node silent this long is removed (> heartbeat)
 
-  /// The `membership:` section of `cfg` and `run.name`, with the token read from
+  /// The `membership:` section of `cfg`, `run.name` and `cfg` itself as YAML, with the token read from
   /// `membership.token_file` (core/token.hpp: errors for a missing, empty or world-accessible
   /// file). When that key is empty the token comes from `run_dir/membership.token`, which is
   /// created with a fresh random token (mode 0600) when it does not exist, so a resumed run keeps

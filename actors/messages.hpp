@@ -537,8 +537,24 @@ typename Inspector::result_type inspect(Inspector& f, task_source& x) {
   return f(caf::meta::type_name("task_source"), x.task, x.source, x.level, x.number);
 }
 
-/// Joining node -> membership actor, before it starts its evaluators: the run's task sources,
-/// please. The token is checked here already, so a wrong one fails before any device starts.
+/// Membership actor -> joining node: what its evaluators need to measure as the run's own do.
+struct run_setup {
+  std::vector<task_source> tasks;
+  /// The run's resolved configuration as YAML (core/config.hpp to_yaml): the node takes its
+  /// `evaluator:` and `reward:` settings from it.
+  std::string config;
+
+  friend bool operator==(const run_setup&, const run_setup&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, run_setup& x) {
+  return f(caf::meta::type_name("run_setup"), x.tasks, x.config);
+}
+
+/// Joining node -> membership actor, before it starts its evaluators: the run's tasks and
+/// settings (a run_setup), please. The token is checked here already, so a wrong one fails
+/// before any device starts.
 struct tasks_request {
   std::string token; ///< shared secret of the run
 
@@ -666,6 +682,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::task_source))
   CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::task_source>))
   CAF_ADD_TYPE_ID(crucible, (crucible::tasks_request))
+  CAF_ADD_TYPE_ID(crucible, (crucible::run_setup))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

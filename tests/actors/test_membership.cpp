@@ -76,7 +76,7 @@ struct mute_state {
 
 membership_actor::behavior_type mute_membership(membership_actor::stateful_pointer<mute_state> self) {
   return {
-    [=](const tasks_request&) { return std::vector<task_source>{}; },
+    [=](const tasks_request&) { return run_setup{}; },
     [=](const node_announce&) { return node_welcome{node_id{"n#1"}, "run", 1000, 3000}; },
     [=](heartbeat_atom, const node_id&) -> caf::result<void> {
       auto rp = self->make_response_promise<void>();
@@ -114,6 +114,7 @@ struct fixture {
     membership_options opt;
     opt.token = token;
     opt.run = "quickstart";
+    opt.config_yaml = "evaluator:\n  trials: 2\n";
     opt.heartbeat = 1s;
     opt.timeout = 3s;
     members = spawn_membership(sys, membership_deps{pool, tasks, nullptr}, opt);
@@ -209,7 +210,7 @@ struct fixture {
 TEST_CASE_FIXTURE(fixture, "a wrong token is refused, and nothing is added") {
   auto h = self->request(members, caf::infinite, tasks_request{"guess"});
   sched.run();
-  h.receive([&](std::vector<task_source>&) { FAIL("tasks sent for a wrong token"); },
+  h.receive([&](run_setup&) { FAIL("tasks sent for a wrong token"); },
             [&](caf::error& e) { CHECK(to_error(e).code == errc::refused); });
   auto [agent, welcome] = join(announce("intruder:1", "guess"));
   REQUIRE_FALSE(welcome);
@@ -226,8 +227,10 @@ TEST_CASE_FIXTURE(fixture, "a wrong token is refused, and nothing is added") {
 TEST_CASE_FIXTURE(fixture, "a node with the token gets the task sources and its evaluators join the pool") {
   auto h = self->request(members, caf::infinite, tasks_request{token});
   sched.run();
-  std::vector<task_source> sources;
-  h.receive([&](std::vector<task_source>& xs) { sources = std::move(xs); }, [&](caf::error& e) { FAIL(to_error(e).to_string()); });
+  run_setup setup;
+  h.receive([&](run_setup& x) { setup = std::move(x); }, [&](caf::error& e) { FAIL(to_error(e).to_string()); });
+  CHECK(setup.config == "evaluator:\n  trials: 2\n");
+  const auto& sources = setup.tasks;
   REQUIRE(sources.size() == 1);
   CHECK(sources[0].task == task_id{"01_relu_scale"});
   CHECK(sources[0].source == tasks->begin()->second.source);
@@ -368,6 +371,7 @@ TEST_CASE("membership options come from the membership section, the token from i
   CHECK(opt->heartbeat == caf::timespan{500ms});
   CHECK(opt->timeout == caf::timespan{4s});
   CHECK(opt->token.size() == 64);
+  CHECK(opt->config_yaml == to_yaml(cfg));
   const auto owner_only = std::filesystem::perms::owner_read | std::filesystem::perms::owner_write;
   CHECK((std::filesystem::status(dir / "membership.token").permissions() & std::filesystem::perms::all) == owner_only);
   auto again = membership_options::from(cfg, dir); // a resumed run keeps its token

@@ -240,6 +240,10 @@ template <> struct sample<tasks_request> {
   static tasks_request make() { return {"s3cret"}; }
 };
 
+template <> struct sample<run_setup> {
+  static run_setup make() { return {sample<std::vector<task_source>>::make(), "evaluator:\n  trials: 3\n"}; }
+};
+
 template <> struct sample<run_status> {
   static run_status make() {
     return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9};
@@ -362,7 +366,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 35, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 36, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

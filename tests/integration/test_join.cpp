@@ -41,11 +41,13 @@ namespace {
 
 const fs::path suite = fs::path{CRUCIBLE_SOURCE_DIR} / "env/tasks/cpu";
 
-// Evaluator settings that keep a CPU verdict to seconds: few trials and rounds, no warm-up.
-std::vector<std::string> quick_settings() {
-  return {"--set", "evaluator.trials=2",       "--set", "evaluator.rounds=4",       "--set", "evaluator.buckets=2",
-          "--set", "evaluator.max_rounds=4",   "--set", "evaluator.warmup_ms=0",    "--set", "evaluator.warm_workers=1",
-          "--set", "evaluator.recheck_above=1000"};
+// The run's evaluator settings, which the nodes receive: few trials and rounds, no warm-up, so
+// that a CPU verdict takes seconds.
+config run_config() {
+  auto cfg = parse_config("evaluator:\n  trials: 2\n  rounds: 4\n  buckets: 2\n  max_rounds: 4\n  warmup_ms: 0\n",
+                          "run_config");
+  REQUIRE(cfg);
+  return *cfg;
 }
 
 // The coordinator's side: an evaluator pool with no evaluator of its own and the membership
@@ -77,6 +79,7 @@ struct host {
     opt.run = "join-test";
     opt.heartbeat = heartbeat;
     opt.timeout = timeout;
+    opt.config_yaml = to_yaml(run_config());
     auto started = start_membership(sys, membership_deps{pool, tasks, nullptr}, opt);
     REQUIRE_MESSAGE(started, started.error().to_string());
     members = *started;
@@ -89,11 +92,9 @@ struct host {
   }
 
   std::vector<std::string> node_args(const fs::path& token) const {
-    std::vector<std::string> args{CRUCIBLE_CLI, "evaluator", "--join", members.endpoint(), "--token-file",
-                                  token.string(), "--devices", "cpu", "--no-cache", "--verbose"};
-    for (auto& s : quick_settings())
-      args.push_back(s);
-    return args;
+    // This machine's own setting on top of the run's: one idle worker, not two.
+    return {CRUCIBLE_CLI, "evaluator", "--join", members.endpoint(), "--token-file", token.string(), "--devices",
+            "cpu", "--no-cache", "--verbose", "--set", "evaluator.warm_workers=1"};
   }
 
   std::vector<node_announce> nodes() {
@@ -183,6 +184,8 @@ TEST_CASE("three evaluator nodes join, a killed and a frozen one lose no candida
         INFO("variant ", sent[i].cand.variant.value, ": ", v.message);
         CHECK(v.correct == sent[i].correct);
         CHECK(v.status == (sent[i].correct ? verdict_status::ok : verdict_status::incorrect));
+        if (v.status == verdict_status::ok)
+          CHECK(v.rounds == 4); // measured with the run's settings, not the defaults (30 rounds)
       },
       [&](caf::error& e) { FAIL("variant ", sent[i].cand.variant.value, ": ", to_error(e).to_string()); });
   }

@@ -194,16 +194,15 @@ int run_evaluator(const parsed_args& args) {
     std::fprintf(stderr, "crucible evaluator: --token-file %s\n", token.error().message.c_str());
     return exit_usage;
   }
-  config cfg;
-  if (args.has("--config") || args.has("--set")) {
-    auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
-                                       : parse_config("", "--set", args.all("--set"));
-    if (!loaded) {
-      std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
-      return exit_usage;
-    }
-    cfg = *loaded;
+  // With --config, that file's settings; otherwise the run's, which arrive with the tasks. The
+  // overrides are checked now either way, so that a bad one fails before any connection.
+  auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
+                                     : parse_config("", "--set", args.all("--set"));
+  if (!loaded) {
+    std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+    return exit_usage;
   }
+  config cfg = *loaded;
   const auto endpoint = args.get("--join");
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
@@ -238,11 +237,10 @@ int run_evaluator(const parsed_args& args) {
 
   // 2. The run's tasks; a wrong token stops here, before any device starts.
   caf::scoped_actor self{sys};
-  std::vector<task_source> sources;
+  run_setup setup;
   crucible::error failed;
   self->request(*membership, std::chrono::seconds{60}, tasks_request{*token})
-    .receive([&](std::vector<task_source>& xs) { sources = std::move(xs); },
-             [&](caf::error& e) { failed = to_error(e); });
+    .receive([&](run_setup& x) { setup = std::move(x); }, [&](caf::error& e) { failed = to_error(e); });
   if (failed.code == errc::refused) {
     std::fprintf(stderr, "crucible evaluator: the coordinator at %s refused the token in %s (%s)\n", endpoint.c_str(),
                  args.get("--token-file").c_str(), failed.message.c_str());
@@ -252,8 +250,16 @@ int run_evaluator(const parsed_args& args) {
     std::fprintf(stderr, "crucible evaluator: %s: %s\n", endpoint.c_str(), failed.to_string().c_str());
     return exit_failure;
   }
+  if (!args.has("--config")) {
+    auto run_cfg = parse_config(setup.config, "the configuration of the run at " + endpoint, args.all("--set"));
+    if (!run_cfg) {
+      std::fprintf(stderr, "crucible evaluator: %s\n", run_cfg.error().message.c_str());
+      return exit_failure;
+    }
+    cfg = *run_cfg;
+  }
   auto tasks = std::make_shared<task_catalog>();
-  for (auto& s : sources) {
+  for (auto& s : setup.tasks) {
     env::task t;
     t.name = s.task.value;
     t.path = s.task.value + ".py"; // from the coordinator: no file on this node
@@ -370,15 +376,17 @@ command evaluator_command() {
            "Serves until the coordinator goes away (exit 0) or SIGINT/SIGTERM, on which the node\n"
            "leaves in an orderly way (its candidates in flight are re-queued) and exits 0. Exit 1\n"
            "when the coordinator cannot be reached, refuses the token or removes the node; 2 for\n"
-           "bad arguments, configuration or token file. Evaluator settings come from --config and\n"
-           "--set (evaluator.*, reward.*), not from the run.",
+           "bad arguments, configuration or token file. The evaluator and reward settings are the\n"
+           "run's (its evaluator.* and reward.* keys arrive with the tasks), with --set overrides for\n"
+           "what differs on this machine (evaluator.python, cache, concurrency, ...); --config uses\n"
+           "that file's settings instead of the run's.",
            {},
            {{"--join", "HOST:PORT", "the run's membership endpoint"},
             {"--token-file", "FILE", "file holding the run's token (first line; not readable by others)"},
             {"--devices", "LIST", "cpu, or CUDA device numbers separated by commas (0,1)"},
             {"--wait", "SECONDS", "keep trying to reach the coordinator this long (default 0: once)"},
-            {"--config", "CONFIG", "take evaluator and reward settings from a configuration file"},
-            {"--set", "KEY=VALUE", "override a configuration key, e.g. --set evaluator.trials=3", true},
+            {"--config", "CONFIG", "take evaluator and reward settings from this file instead of the run"},
+            {"--set", "KEY=VALUE", "override a configuration key, e.g. --set evaluator.concurrency=2", true},
             {"--no-cache", "", "neither read nor write the verdict cache"},
             {"--verbose", "", "log progress to stderr and each evaluation phase to stdout"}}},
           run_evaluator};
