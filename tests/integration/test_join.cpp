@@ -246,3 +246,16 @@ TEST_CASE("a wrong token, a token file others can read, bad devices and an unrea
   CHECK(unreachable.exit_code == 1);
   CHECK_MESSAGE(has(unreachable.err, "cannot reach the coordinator at " + args[3]), unreachable.err);
 }
+
+TEST_CASE("a node exits 0 when the coordinator goes away") {
+  host h;
+  running_process node(h.node_args(h.token_file));
+  std::string out;
+  REQUIRE_MESSAGE(node.read_until("joined ", 180'000, out), out);
+  REQUIRE(h.nodes().size() == 1);
+  stop_membership(h.sys, h.members);
+  auto r = node.wait();
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_MESSAGE(has(r.out, "the coordinator went away"), r.out);
+}
