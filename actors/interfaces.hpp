@@ -169,7 +169,8 @@ using learner_actor = caf::typed_actor<
 
 /// Admits nodes that join with the run's token, adds their evaluators to the pool and removes
 /// them again when they leave, disconnect or stop sending heartbeats (DESIGN §6;
-/// actors/membership.hpp). Published on the network: every handler checks who is asking.
+/// actors/membership.hpp). Published on the network: joining needs the token, and a node's
+/// heartbeats and leave are taken only from the agent that announced it.
 using membership_actor = caf::typed_actor<
   // The run's task sources and configuration for a node about to join; errc::refused for a
   // wrong token.
@@ -183,7 +184,7 @@ using membership_actor = caf::typed_actor<
   // The node's agent leaves in an orderly way: its evaluators leave the pool (their in-flight
   // candidates are re-queued) before the (empty) answer; errc::not_found as for a heartbeat.
   caf::reacts_to<caf::leave_atom, node_id>,
-  // The nodes currently admitted, tokens blanked.
+  // The nodes currently admitted: host, role and devices (tokens and handles left out).
   caf::replies_to<caf::get_atom>::with<std::vector<node_announce>>>;
 
 /// The membership actor as implemented: its interface plus the check it sends itself.

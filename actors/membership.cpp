@@ -63,10 +63,10 @@ std::string describe(const node_announce& a) {
 
 // Takes node `it` out: its evaluators leave the pool (which re-queues their candidates).
 void remove_node(membership_pointer self, const membership_deps& deps, std::vector<member>::iterator it,
-                 const std::string& why) {
+                 const std::string& why, log_level level = log_level::warn) {
   if (deps.log != nullptr)
-    deps.log->warn("membership", "node ", it->id.value, " ", why, ": ", it->announce.actors.size(),
-                   " evaluators removed, their candidates re-queued");
+    deps.log->log(level, "membership", "node ", it->id.value, " ", why, ": ", it->announce.actors.size(),
+                  " evaluators removed, their candidates re-queued");
   self->demonitor(it->agent);
   self->send(deps.pool, caf::delete_atom_v, it->announce.actors);
   self->state.nodes.erase(it);
@@ -147,13 +147,17 @@ membership_impl_actor::behavior_type membership(membership_pointer self, members
       auto it = find_from_agent(self, id);
       if (it == self->state.nodes.end())
         return unknown_node(id);
-      remove_node(self, deps, it, "left");
+      remove_node(self, deps, it, "left", log_level::info);
       return caf::unit;
     },
     [=](caf::get_atom) {
+      // For status displays: who is there with which devices. Anybody who reaches the port may
+      // ask, so neither tokens nor evaluator handles are handed out.
       std::vector<node_announce> out;
-      for (const auto& m : self->state.nodes)
+      for (const auto& m : self->state.nodes) {
         out.push_back(m.announce);
+        out.back().actors.clear();
+      }
       return out;
     },
     [=](expire_atom) {

@@ -246,6 +246,8 @@ TEST_CASE_FIXTURE(fixture, "a node with the token gets the task sources and its 
   REQUIRE(listed.size() == 1);
   CHECK(listed[0].host == "node-a:100");
   CHECK(listed[0].token.empty()); // the secret is not handed to whoever asks
+  CHECK(listed[0].actors.empty());
+  CHECK(listed[0].devices.size() == 1);
   auto devices = pool_devices();
   REQUIRE(devices.size() == 1);
   CHECK(devices[0].name == "cpu: node-a:100");
