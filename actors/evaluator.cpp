@@ -145,6 +145,14 @@ bool any_match(pool_pointer self, const Work& w) {
   return false;
 }
 
+// True while an evaluator that could take `j` may still turn up: one whose device is not yet
+// known, or, for a fresh candidate, any at all while the pool is empty (nodes join later).
+bool may_match_later(pool_pointer self, const job& j) {
+  const auto& ms = self->state.members;
+  bool pending = std::any_of(ms.begin(), ms.end(), [](const pool_member& m) { return !m.ready; });
+  return pending || (ms.empty() && !j.first);
+}
+
 // Gives up on a job no evaluator can take (any more): a recheck leaves the first verdict
 // standing, anything else is an error.
 void abandon(job& j, const std::string& why) {
@@ -218,7 +226,7 @@ bool try_send(pool_pointer self, job& j) {
           if (work.first)
             work.rp.deliver(env::recheck_lost(work.first->v, label(device) + ": " + to_error(e).to_string()));
           // An evaluator that is gone takes no candidate with it: back in line.
-          else if (e == caf::sec::request_receiver_down && any_match(self, work))
+          else if (e == caf::sec::request_receiver_down && (any_match(self, work) || may_match_later(self, work)))
             self->state.waiting.push_front(std::move(work));
           else
             work.rp.deliver(e);
@@ -232,7 +240,7 @@ bool try_send(pool_pointer self, job& j) {
 void pump(pool_pointer self) {
   auto& st = self->state;
   for (auto it = st.waiting.begin(); it != st.waiting.end();) {
-    if (!any_match(self, *it)) {
+    if (!any_match(self, *it) && !may_match_later(self, *it)) {
       abandon(*it, it->first ? "no other device of kind \"" + it->first->device.hardware + "\" is left"
                              : "no evaluator left for hardware \"" + it->cand.hardware + "\"");
       it = st.waiting.erase(it);
@@ -244,44 +252,57 @@ void pump(pool_pointer self) {
   }
 }
 
+// Takes `e` into the pool (unless it is there already): monitored, and ready for candidates
+// once its device_info has arrived.
+void add_member(pool_pointer self, const evaluator_actor& e) {
+  auto& ms = self->state.members;
+  if (!e || std::any_of(ms.begin(), ms.end(), [&](const pool_member& m) { return m.handle == e; }))
+    return;
+  ms.push_back(pool_member{e, {}, {}, false});
+  self->monitor(e);
+  self->request(e, caf::infinite, caf::get_atom_v).then([=](const device_info& info) {
+    for (auto& m : self->state.members)
+      if (m.handle == e) {
+        m.info = info;
+        m.ready = true;
+      }
+    pump(self);
+  });
+}
+
+// Takes the member at `source` out of the pool (it died or was removed): its candidates in
+// flight go back to the head of the queue, its rechecks leave the first verdict standing.
+// Verdicts it sends later find no in-flight entry and are dropped.
+void remove_member(pool_pointer self, const caf::actor_addr& source, const std::string& why) {
+  auto& ms = self->state.members;
+  auto it = std::find_if(ms.begin(), ms.end(), [&](const pool_member& m) { return m.handle.address() == source; });
+  if (it == ms.end())
+    return;
+  auto lost = std::move(it->sent);
+  auto device = label(it->info);
+  ms.erase(it);
+  for (auto r = lost.rbegin(); r != lost.rend(); ++r) {
+    if (r->work.first)
+      r->work.rp.deliver(env::recheck_lost(r->work.first->v, "the evaluator of " + device + " " + why));
+    else
+      self->state.waiting.push_front(std::move(r->work));
+  }
+  pump(self);
+}
+
 evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vector<evaluator_actor> evaluators,
                                                    evaluator_pool_options opt) {
   self->state.opt = opt;
-  for (auto& e : evaluators) {
-    self->state.members.push_back(pool_member{e, {}, {}, false});
-    self->monitor(e);
-    self->request(e, caf::infinite, caf::get_atom_v).then([=](const device_info& info) {
-      for (auto& m : self->state.members)
-        if (m.handle == e) {
-          m.info = info;
-          m.ready = true;
-        }
-      pump(self);
-    });
-  }
-  self->set_down_handler([=](const caf::down_msg& down) {
-    auto& ms = self->state.members;
-    auto it = std::find_if(ms.begin(), ms.end(), [&](const pool_member& m) { return m.handle.address() == down.source; });
-    if (it == ms.end())
-      return;
-    auto lost = std::move(it->sent);
-    auto device = label(it->info);
-    ms.erase(it);
-    for (auto r = lost.rbegin(); r != lost.rend(); ++r) {
-      if (r->work.first)
-        r->work.rp.deliver(env::recheck_lost(r->work.first->v, "the evaluator of " + device + " went down"));
-      else
-        self->state.waiting.push_front(std::move(r->work));
-    }
-    pump(self);
-  });
+  for (auto& e : evaluators)
+    add_member(self, e);
+  self->set_down_handler([=](const caf::down_msg& down) { remove_member(self, down.source, "went down"); });
   return {
     [=](candidate& c) -> caf::result<verdict> {
       auto& st = self->state;
       bool pending_info = false;
       for (const auto& m : st.members)
         pending_info = pending_info || !m.ready;
-      if (!any_match(self, c) && !pending_info)
+      if (!any_match(self, c) && !pending_info && !st.members.empty())
         return make_error(errc::not_found, "no evaluator has hardware kind \"" + c.hardware + "\"");
       bool free_slot = false;
       for (const auto& m : st.members)
@@ -304,10 +325,29 @@ evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vecto
           out.push_back(m.info);
       return out;
     },
+    [=](caf::add_atom, const std::vector<caf::actor>& added) {
+      for (const auto& e : added)
+        add_member(self, caf::actor_cast<evaluator_actor>(e));
+      pump(self);
+    },
+    [=](caf::delete_atom, const std::vector<caf::actor>& removed) {
+      for (const auto& e : removed) {
+        self->demonitor(e);
+        remove_member(self, e.address(), "was removed from the pool");
+      }
+    },
   };
 }
 
 } // namespace
+
+device_info device_info_of(const env::device_evaluator& dev, std::uint32_t index) {
+  device_info out;
+  out.index = index;
+  out.name = dev.hardware();
+  out.hardware = dev.device() == "cpu" ? std::string{"cpu"} : out.name;
+  return out;
+}
 
 evaluator_actor spawn_evaluator(caf::actor_system& sys, evaluator_deps deps) {
   return sys.spawn(evaluator, std::move(deps));

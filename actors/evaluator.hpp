@@ -37,6 +37,12 @@ struct evaluator_deps {
 /// without reading the verdict cache.
 evaluator_actor spawn_evaluator(caf::actor_system& sys, evaluator_deps deps);
 
+/// What the pool learns about the device behind `dev` (index `index`, e.g. N of cuda:N): its
+/// model name as the workers report it and its hardware kind, under which exemplars and
+/// rewards are kept: "cpu" for every CPU, the model name for a GPU (two GPUs of one model
+/// share a kind).
+device_info device_info_of(const env::device_evaluator& dev, std::uint32_t index);
+
 /// Pool settings.
 struct evaluator_pool_options {
   std::int64_t slots_per_evaluator = 2; ///< candidates sent ahead to one evaluator
@@ -53,7 +59,12 @@ struct evaluator_pool_options {
   }
 };
 
-/// Spawns the pool over `evaluators` (it asks each for its device_info and monitors it).
+/// Spawns the pool over `evaluators` (it asks each for its device_info and monitors it). More
+/// join later with (add_atom, handles), local or on other nodes (actors/membership.hpp), and
+/// leave with (delete_atom, handles) or by going down; either way their candidates in flight
+/// are sent to another evaluator. While the pool holds no evaluator at all (none yet, or the
+/// last one left), candidates wait for one, up to `max_pending` (then errc::busy); once it
+/// holds some, a candidate for a hardware kind none of them has is errc::not_found.
 ///
 /// An ok verdict with a speedup above `opt.recheck.above` is measured again on another ready
 /// evaluator whose device reports the same hardware kind, when there is one, bypassing the

@@ -2,10 +2,9 @@
 // handler. Messages and atoms come from actors/messages.hpp.
 //
 // In this build the coordinator, the evaluators, the exemplar actor, the engine, the rollout
-// actors and the learners have implementations (actors/coordinator.hpp, evaluator.hpp,
-// exemplar.hpp, engine.hpp, rollout.hpp, learner.hpp). The other roles are interfaces only:
-// their actors arrive with the env/ and policy/ code they drive, and tests substitute fakes
-// that implement the same interface.
+// actors, the learners and membership have implementations (actors/coordinator.hpp,
+// evaluator.hpp, exemplar.hpp, engine.hpp, rollout.hpp, learner.hpp, membership.hpp). Tests
+// substitute fakes that implement the same interfaces.
 #pragma once
 
 #include <cstdint>
@@ -110,10 +109,16 @@ using evaluation_runner_actor = caf::typed_actor<
 using evaluator_pool_actor = caf::typed_actor<
   // Evaluates on the evaluator of the wanted hardware kind with the shortest queue;
   // errc::busy when every queue is full (backpressure), errc::not_found when no evaluator
-  // has that hardware kind. A candidate whose evaluator dies is sent to another.
+  // has that hardware kind. A candidate whose evaluator dies or is removed is sent to another.
   caf::replies_to<candidate>::with<verdict>,
   // The devices behind the pool, with their hardware kinds.
-  caf::replies_to<caf::get_atom>::with<std::vector<device_info>>>;
+  caf::replies_to<caf::get_atom>::with<std::vector<device_info>>,
+  // Adds evaluators (evaluator_actor handles, local or remote) to the running pool; the pool
+  // asks each for its device and monitors it. Handles already in the pool are ignored.
+  caf::reacts_to<caf::add_atom, std::vector<caf::actor>>,
+  // Removes evaluators (a node left or stopped answering): their candidates in flight go back
+  // to the head of the queue, as when an evaluator dies; verdicts they send later are ignored.
+  caf::reacts_to<caf::delete_atom, std::vector<caf::actor>>>;
 
 /// The replay store of scored variants, per task and hardware kind, and the assembly of
 /// complete GRPO groups for the learners (DESIGN §1.1, §1.4).
@@ -179,13 +184,47 @@ using trainer_actor = caf::typed_actor<
 /// (for groups, or for warm-start candidates refused as busy). Internal to actors/trainer.cpp.
 using trainer_impl_actor = trainer_actor::extend<caf::reacts_to<collect_atom>>;
 
-/// Admits nodes that join with the run's token and tracks them (DESIGN §6).
+/// Admits nodes that join with the run's token, adds their evaluators to the pool and removes
+/// them again when they leave, disconnect or stop sending heartbeats (DESIGN §6;
+/// actors/membership.hpp). Published on the network: joining needs the token, and a node's
+/// heartbeats and leave are taken only from the agent that announced it.
 using membership_actor = caf::typed_actor<
-  // Admits a node with the right token (errc::refused otherwise) and starts monitoring it.
+  // The run's task sources and configuration for a node about to join; errc::refused for a
+  // wrong token.
+  caf::replies_to<tasks_request>::with<run_setup>,
+  // Admits a node with the right token (errc::refused otherwise, and nothing is added), adds its
+  // evaluators to the pool, monitors the sender as the node's agent and expects its heartbeats.
   caf::replies_to<node_announce>::with<node_welcome>,
-  // A node leaves in an orderly way; its in-flight work is re-queued.
+  // A heartbeat from the agent of an admitted node; errc::not_found when the node is not (or no
+  // longer) a member or the sender is not its agent.
+  caf::reacts_to<heartbeat_atom, node_id>,
+  // The node's agent leaves in an orderly way: its evaluators leave the pool (their in-flight
+  // candidates are re-queued) before the (empty) answer; errc::not_found as for a heartbeat.
   caf::reacts_to<caf::leave_atom, node_id>,
-  // The nodes currently admitted.
+  // The nodes currently admitted: host, role and devices (tokens and handles left out).
   caf::replies_to<caf::get_atom>::with<std::vector<node_announce>>>;
+
+/// The membership actor as implemented: its interface plus the check it sends itself.
+/// Internal to actors/membership.cpp.
+using membership_impl_actor = membership_actor::extend<
+  // Removes every node whose last heartbeat is older than the timeout; schedules the next check.
+  caf::reacts_to<expire_atom>>;
+
+/// A joined node's side of membership (actors/membership.hpp): announces the node, keeps its
+/// heartbeat and leaves. It quits with an error when the coordinator goes away, stops
+/// answering or no longer knows the node, and normally after a leave.
+using node_agent_actor = caf::typed_actor<
+  // Announces the node to the membership actor; replies with the welcome (or the refusal) and
+  // from then on sends heartbeats at the welcome's interval.
+  caf::replies_to<caf::join_atom>::with<node_welcome>,
+  // Leaves: tells the membership actor, waits for its answer (at most the heartbeat timeout),
+  // then quits normally.
+  caf::reacts_to<caf::leave_atom>>;
+
+/// The node agent as implemented: its interface plus the tick it sends itself.
+/// Internal to actors/membership.cpp.
+using node_agent_impl_actor = node_agent_actor::extend<
+  // Sends the next heartbeat.
+  caf::reacts_to<heartbeat_atom>>;
 
 } // namespace crucible

@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <caf/actor.hpp>
 #include <caf/atom.hpp>
 #include <caf/deserializer.hpp>
 #include <caf/error.hpp>
@@ -543,34 +544,86 @@ typename Inspector::result_type inspect(Inspector& f, device_info& x) {
   return f(caf::meta::type_name("device_info"), x.index, x.name, x.hardware, x.memory_bytes);
 }
 
-/// Joining node -> membership actor: who I am and what I bring.
-struct node_announce {
+/// One task of the run as it travels to a joining node, whose evaluators need the sources
+/// (the node rebuilds the env::task: its hash, the verdict cache's task key, from the source).
+struct task_source {
+  task_id task;          ///< catalogue key, the task's name, e.g. "level1/19_ReLU"
+  std::string source;    ///< the KernelBench file
+  std::int32_t level = 0;
+  std::int32_t number = 0;
+
+  friend bool operator==(const task_source&, const task_source&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_source& x) {
+  return f(caf::meta::type_name("task_source"), x.task, x.source, x.level, x.number);
+}
+
+/// Membership actor -> joining node: what its evaluators need to measure as the run's own do.
+struct run_setup {
+  std::vector<task_source> tasks;
+  /// The run's resolved configuration as YAML (core/config.hpp to_yaml): the node takes its
+  /// `evaluator:` and `reward:` settings from it.
+  std::string config;
+
+  friend bool operator==(const run_setup&, const run_setup&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, run_setup& x) {
+  return f(caf::meta::type_name("run_setup"), x.tasks, x.config);
+}
+
+/// Joining node -> membership actor, before it starts its evaluators: the run's tasks and
+/// settings (a run_setup), please. The token is checked here already, so a wrong one fails
+/// before any device starts.
+struct tasks_request {
   std::string token; ///< shared secret of the run
-  std::string host;  ///< "host:port" the node is reachable at
+
+  friend bool operator==(const tasks_request&, const tasks_request&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tasks_request& x) {
+  return f(caf::meta::type_name("tasks_request"), x.token);
+}
+
+/// Joining node's agent -> membership actor: who I am and what I bring. The membership actor
+/// takes the sender as the node's agent (heartbeats and leave come from it).
+struct node_announce {
+  std::string token; ///< shared secret of the run (blank in the membership actor's node list)
+  std::string host;  ///< where the node runs, "hostname:pid"
   node_role role = node_role::evaluator;
   std::vector<device_info> devices;
+  /// The node's actors for its role, actors[i] serving devices[i]: evaluator_actor handles for
+  /// an evaluator node. Untyped here because the typed handles (actors/interfaces.hpp) are
+  /// declared after this file's type-ID block.
+  std::vector<caf::actor> actors;
 
   friend bool operator==(const node_announce&, const node_announce&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_announce& x) {
-  return f(caf::meta::type_name("node_announce"), x.token, x.host, x.role, x.devices,
+  return f(caf::meta::type_name("node_announce"), x.token, x.host, x.role, x.devices, x.actors,
            detail::check_enum(x.role));
 }
 
-/// Membership actor -> joining node: accepted, with the id it is known by from now on.
+/// Membership actor -> joining node: accepted, with the id it is known by from now on and the
+/// heartbeat it must keep.
 struct node_welcome {
   node_id node;
-  std::string run;                         ///< run name
-  crucible::policy_version policy_version; ///< current weights version
+  std::string run;                ///< run name
+  std::uint64_t heartbeat_ms = 0; ///< send a heartbeat this often
+  std::uint64_t timeout_ms = 0;   ///< silent this long, the node is removed
 
   friend bool operator==(const node_welcome&, const node_welcome&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_welcome& x) {
-  return f(caf::meta::type_name("node_welcome"), x.node, x.run, x.policy_version);
+  return f(caf::meta::type_name("node_welcome"), x.node, x.run, x.heartbeat_ms, x.timeout_ms);
 }
 
 // -- run status (coordinator -> CLI, status.json) --------------------------------------------
@@ -650,6 +703,10 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::learner_batch))
   CAF_ADD_TYPE_ID(crucible, (crucible::sft_batch))
   CAF_ADD_TYPE_ID(crucible, (crucible::stage_report))
+  CAF_ADD_TYPE_ID(crucible, (crucible::task_source))
+  CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::task_source>))
+  CAF_ADD_TYPE_ID(crucible, (crucible::tasks_request))
+  CAF_ADD_TYPE_ID(crucible, (crucible::run_setup))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

@@ -373,6 +373,20 @@ constraint<std::string> zmq_endpoint() {
           }};
 }
 
+// "HOST:PORT" with a port in [0, 65535], or empty.
+constraint<std::string> listen_address() {
+  return {"empty or HOST:PORT with a port from 0 to 65535", [](const std::string& s) {
+            if (s.empty())
+              return true;
+            auto colon = s.rfind(':');
+            if (colon == std::string::npos || colon == 0 || colon + 1 == s.size() || colon + 6 < s.size())
+              return false;
+            auto port = s.substr(colon + 1);
+            return std::all_of(port.begin(), port.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })
+                   && std::stol(port) <= 65535;
+          }};
+}
+
 constraint<std::int64_t> at_least(std::int64_t lo, const char* expected) {
   return {expected, [lo](std::int64_t v) { return v >= lo; }};
 }
@@ -742,6 +756,24 @@ void describe(V& v, config& c) {
     v.field("max_prompt_tokens", e.max_prompt_tokens, "Longer prompts are refused; 0: no limit.",
             at_least(0, "an integer ≥ 0"));
   });
+  v.section("membership", "Evaluator nodes that join a running experiment with `crucible evaluator --join` (docs/scaling.md).", [&] {
+    auto& m = c.membership;
+    v.field("listen", m.listen,
+            "HOST:PORT on which the coordinator's membership actor accepts nodes (port 0: any free port). "
+            "Loopback by default: set an address other hosts reach (e.g. `0.0.0.0:7460`) "
+            "for a multi-node run. Empty: no node can join.",
+            listen_address());
+    v.field("token_file", m.token_file,
+            "File holding the run's shared secret (its first line); a node must present the same token. Refused "
+            "when others may read or write it (chmod 600). Empty: `membership.token` in the run directory, "
+            "created with a fresh random token (mode 600) when missing.");
+    v.field("heartbeat_s", m.heartbeat_s, "Seconds between a joined node's heartbeats (and between the coordinator's checks).",
+            positive<double>("a positive number"));
+    v.field("timeout_s", m.timeout_s,
+            "A node whose heartbeats stop for this long is removed and its in-flight candidates are re-queued (a "
+            "node whose connection closes is removed at once).",
+            positive<double>("a positive number"));
+  });
 }
 
 // -- decoding -------------------------------------------------------------------------------
@@ -1044,6 +1076,8 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     relation(cfg.prompt.max_exemplar_chars == 0 || cfg.prompt.max_exemplar_chars >= cfg.prompt.min_exemplar_chars,
              "prompt.max_exemplar_chars",
              "must be 0 or at least prompt.min_exemplar_chars (" + std::to_string(cfg.prompt.min_exemplar_chars) + ")");
+    relation(cfg.membership.timeout_s > cfg.membership.heartbeat_s, "membership.timeout_s",
+             "must exceed membership.heartbeat_s (" + value_traits<double>::render(cfg.membership.heartbeat_s) + ")");
     const auto& l = cfg.learner;
     relation(l.schedule != lr_schedule::cosine || l.total_steps > l.warmup_steps, "learner.total_steps",
              "must exceed learner.warmup_steps (" + std::to_string(l.warmup_steps) + ") with the cosine schedule");

@@ -259,6 +259,14 @@ struct stages_config {
   rl_stage_config rl;
 };
 
+/// `membership:` — nodes that join a running experiment (actors/membership.hpp, docs/scaling.md).
+struct membership_config {
+  std::string listen = "127.0.0.1:0"; ///< HOST:PORT the membership actor is published on; port 0: any free port; "": none
+  std::string token_file;             ///< shared secret of the run; "": `membership.token` in the run directory
+  double heartbeat_s = 2.0;           ///< seconds between a node's heartbeats
+  double timeout_s = 10.0;            ///< a node silent this long is removed and its work re-queued
+};
+
 /// The whole configuration. Plain value; copy freely.
 struct config {
   run_options run;
@@ -274,6 +282,7 @@ struct config {
   model_config model;
   tasks_config tasks;
   stages_config stages;
+  membership_config membership;
 };
 
 /// Decodes `yaml_text` (named `origin` in messages, e.g. "configs/x.yaml"), applying

@@ -122,17 +122,32 @@ struct fixture {
   std::shared_ptr<std::vector<outcome>> results = std::make_shared<std::vector<outcome>>();
   caf::actor submitter;
 
+  // Spawns fake number fakes.size() with a device of `hardware`; returns its index.
+  size_t spawn_fake(const std::string& hardware) {
+    auto i = fakes.size();
+    got.push_back(std::make_shared<seen>());
+    rechecks.push_back(std::make_shared<seen>());
+    device_info info{static_cast<std::uint32_t>(i), hardware + " device", hardware, 1ull << 30};
+    fakes.push_back(sys.spawn(fake, info, got.back(), rechecks.back()));
+    return i;
+  }
+
   void start(std::vector<std::string> hardware, evaluator_pool_options opt) {
     std::vector<evaluator_actor> handles;
-    for (size_t i = 0; i < hardware.size(); ++i) {
-      got.push_back(std::make_shared<seen>());
-      rechecks.push_back(std::make_shared<seen>());
-      device_info info{static_cast<std::uint32_t>(i), hardware[i] + " device", hardware[i], 1ull << 30};
-      fakes.push_back(sys.spawn(fake, info, got.back(), rechecks.back()));
-      handles.push_back(fakes.back());
-    }
+    for (const auto& hw : hardware)
+      handles.push_back(fakes[spawn_fake(hw)]);
     pool = spawn_evaluator_pool(sys, handles, opt);
     submitter = sys.spawn(client, pool, results);
+    sched.run();
+  }
+
+  // Tells the running pool to take (add_atom) or drop (delete_atom) the fakes `which`.
+  template <class Atom>
+  void change(Atom verb, std::vector<size_t> which) {
+    std::vector<caf::actor> handles;
+    for (auto i : which)
+      handles.push_back(caf::actor_cast<caf::actor>(fakes[i]));
+    self->send(pool, verb, std::move(handles));
     sched.run();
   }
 
@@ -219,6 +234,67 @@ TEST_CASE_FIXTURE(fixture, "the candidates of an evaluator that dies are sent to
   CHECK(results->at(1).variant == 1);
   CHECK(results->at(1).ok);
   CHECK(results->at(1).speedup == 2.0);
+}
+
+TEST_CASE_FIXTURE(fixture, "an empty pool holds candidates until evaluators are added to it") {
+  start({}, {2, 8});
+  submit(cand(1));
+  submit(cand(2, "B"));
+  CHECK(results->empty()); // waiting, not refused: nodes join later
+  auto a = spawn_fake("A");
+  change(caf::add_atom_v, {a});
+  CHECK(*got[a] == seen{1});
+  // Now that the pool holds evaluators, a kind none of them has is refused, the waiting one too.
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).variant == 2);
+  CHECK(results->at(0).code == errc::not_found);
+  submit(cand(3, "B"));
+  REQUIRE(results->size() == 2);
+  CHECK(results->at(1).code == errc::not_found);
+  auto b = spawn_fake("B");
+  change(caf::add_atom_v, {b, a}); // a is in the pool already: ignored
+  submit(cand(4, "B"));
+  CHECK(*got[b] == seen{4});
+  CHECK(*got[a] == seen{1});
+  answer(a, 1, 1.3);
+  REQUIRE(results->size() == 3);
+  CHECK(results->at(2).variant == 1);
+  CHECK(results->at(2).speedup == 1.3);
+}
+
+TEST_CASE_FIXTURE(fixture, "the candidates of evaluators removed from the pool are sent to another and their late verdicts ignored") {
+  start({"A", "A"}, {1, 8});
+  submit(cand(1));
+  submit(cand(2));
+  REQUIRE(*got[0] == seen{1});
+  REQUIRE(*got[1] == seen{2});
+  change(caf::delete_atom_v, {0});
+  answer(0, 1, 9.0); // the removed evaluator answers after all: nobody listens
+  CHECK(results->empty());
+  answer(1, 2, 1.1);
+  CHECK(*got[1] == seen{2, 1});
+  answer(1, 1, 2.0);
+  REQUIRE(results->size() == 2);
+  CHECK(results->at(1).variant == 1);
+  CHECK(results->at(1).speedup == 2.0);
+  submit(cand(3));
+  CHECK(*got[0] == seen{1}); // no longer in the pool
+  CHECK(*got[1] == seen{2, 1, 3});
+}
+
+TEST_CASE_FIXTURE(fixture, "when the last evaluator dies its candidates wait for the next one to join") {
+  start({"A"}, {1, 8});
+  submit(cand(1));
+  REQUIRE(*got[0] == seen{1});
+  self->send_exit(fakes[0], caf::exit_reason::kill);
+  sched.run();
+  CHECK(results->empty());
+  auto b = spawn_fake("A");
+  change(caf::add_atom_v, {b});
+  CHECK(*got[b] == seen{1});
+  answer(b, 1, 1.5);
+  REQUIRE(results->size() == 1);
+  CHECK(results->at(0).ok);
 }
 
 TEST_CASE_FIXTURE(fixture, "the pool lists its devices and hardware kinds") {

@@ -17,6 +17,9 @@
 #include <caf/binary_deserializer.hpp>
 #include <caf/binary_serializer.hpp>
 #include <caf/deep_to_string.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/exit_reason.hpp>
+#include <caf/send.hpp>
 #include <caf/message.hpp>
 #include <caf/uniform_type_info_map.hpp>
 
@@ -217,16 +220,45 @@ template <> struct sample<device_info> {
   static device_info make() { return {1, "NVIDIA H100 80GB HBM3", "h100", 85'899'345'920ull}; }
 };
 
+// The actor whose handle the samples carry (node_announce::actors): a live local actor, which a
+// round trip finds again through the actor system's registry. The fixture sets it while it lives.
+caf::actor sample_actor;
+
 template <> struct sample<node_announce> {
   static node_announce make() {
+    REQUIRE(sample_actor);
     auto d2 = sample<device_info>::make();
     d2.index = 2;
-    return {"s3cret", "gpu-node-3:4711", node_role::learner, {sample<device_info>::make(), d2}};
+    return {"s3cret", "gpu-node-3:4711", node_role::learner, {sample<device_info>::make(), d2},
+            {sample_actor, sample_actor}};
   }
 };
 
 template <> struct sample<node_welcome> {
-  static node_welcome make() { return {sample<node_id>::make(), "quickstart", policy_version{5}}; }
+  static node_welcome make() { return {sample<node_id>::make(), "quickstart", 2000, 10000}; }
+};
+
+template <> struct sample<task_source> {
+  static task_source make() {
+    return {task_id{"level1/19_ReLU"}, "import torch\nclass Model(torch.nn.Module): ...\n", 1, 19};
+  }
+};
+
+template <> struct sample<std::vector<task_source>> {
+  static std::vector<task_source> make() {
+    auto t2 = sample<task_source>::make();
+    t2.task = task_id{"01_relu_scale"};
+    t2.level = 0;
+    return {sample<task_source>::make(), t2};
+  }
+};
+
+template <> struct sample<tasks_request> {
+  static tasks_request make() { return {"s3cret"}; }
+};
+
+template <> struct sample<run_setup> {
+  static run_setup make() { return {sample<std::vector<task_source>>::make(), "evaluator:\n  trials: 3\n"}; }
 };
 
 template <> struct sample<run_status> {
@@ -258,6 +290,14 @@ template <> struct sample<std::vector<device_info>> {
 struct fixture {
   actor_config cfg;
   caf::actor_system sys{cfg};
+
+  fixture() {
+    sample_actor = sys.spawn([]() -> caf::behavior { return {[](caf::get_atom) {}}; });
+  }
+  ~fixture() {
+    caf::anon_send_exit(sample_actor, caf::exit_reason::user_shutdown);
+    sample_actor = nullptr;
+  }
 };
 
 template <class T>
@@ -343,7 +383,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 33, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 37, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

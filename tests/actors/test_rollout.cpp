@@ -125,6 +125,9 @@ table_pool_actor::behavior_type table_evaluator_pool(table_pool_actor::stateful_
       return rp;
     },
     [=](caf::get_atom) { return std::vector<device_info>{{0, "cpu: table", "cpu", 0}}; },
+    // The table has no evaluators to add or remove.
+    [=](caf::add_atom, const std::vector<caf::actor>&) {},
+    [=](caf::delete_atom, const std::vector<caf::actor>&) {},
     [=](caf::put_atom, std::uint64_t first, std::uint64_t last) {
       auto& held = self->state.held;
       for (auto it = held.begin(); it != held.end();) {

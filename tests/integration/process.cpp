@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <stdexcept>
@@ -89,21 +91,52 @@ running_process::~running_process() {
 }
 
 bool running_process::read_some(int timeout_ms, std::string& out) {
-  pollfd fd{out_, POLLIN, 0};
-  if (poll(&fd, 1, timeout_ms) <= 0 || (fd.revents & POLLIN) == 0)
+  if (out_eof_)
+    return false;
+  // stderr is drained too, so that a chatty child never blocks on a full pipe.
+  pollfd fds[2] = {{out_, POLLIN, 0}, {err_eof_ ? -1 : err_, POLLIN, 0}};
+  if (poll(fds, 2, timeout_ms) <= 0)
     return false;
   char buf[4096];
-  auto n = read(out_, buf, sizeof buf);
-  if (n <= 0)
+  if ((fds[1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+    auto n = read(err_, buf, sizeof buf);
+    if (n > 0)
+      err_text_.append(buf, static_cast<size_t>(n));
+    else
+      err_eof_ = true;
+  }
+  if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0)
     return false;
+  auto n = read(out_, buf, sizeof buf);
+  if (n <= 0) {
+    out_eof_ = true;
+    return false;
+  }
   out_text_.append(buf, static_cast<size_t>(n));
   out.append(buf, static_cast<size_t>(n));
   return true;
 }
 
+bool running_process::read_until(const std::string& text, int timeout_ms, std::string& out) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds{timeout_ms};
+  while (out.find(text) == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || out_eof_)
+      return false;
+    read_some(static_cast<int>(left.count()), out);
+  }
+  return true;
+}
+
+void running_process::signal(int sig) {
+  if (pid_ > 0)
+    kill(pid_, sig);
+}
+
 process_result running_process::wait() {
   process_result res;
   res.out = out_text_;
+  res.err = err_text_;
   res = collect(pid_, out_, err_, std::move(res));
   pid_ = -1;
   return res;
@@ -114,11 +147,6 @@ process_result run_process(const std::vector<std::string>& argv, const std::stri
   int err_pipe[2];
   pid_t pid = spawn(argv, cwd, out_pipe, err_pipe);
   return collect(pid, out_pipe[0], err_pipe[0], {});
-}
-
-void running_process::signal(int sig) {
-  if (pid_ > 0)
-    ::kill(pid_, sig);
 }
 
 } // namespace crucible::testing

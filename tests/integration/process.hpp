@@ -26,18 +26,25 @@ public:
   /// Kills the child if it still runs, and reaps it.
   ~running_process();
   /// Waits at most `timeout_ms` for output on stdout, appending it to what `out` holds;
-  /// true when some arrived.
+  /// true when some arrived. Output on stderr is kept for wait().
   bool read_some(int timeout_ms, std::string& out);
+  /// Reads stdout into `out` until `out` contains `text` (true) or `timeout_ms` passed (false).
+  bool read_until(const std::string& text, int timeout_ms, std::string& out);
+  /// Sends signal `sig` to the child (SIGKILL, SIGSTOP, SIGCONT, SIGTERM...).
+  void signal(int sig);
+  /// The child's process id.
+  int pid() const noexcept { return pid_; }
   /// Reads everything that is left and waits for the exit.
   process_result wait();
-  /// Sends `sig` to the child (e.g. SIGKILL to test crash recovery).
-  void signal(int sig);
 
 private:
   int pid_ = -1;
   int out_ = -1;
   int err_ = -1;
   std::string out_text_;
+  std::string err_text_;
+  bool out_eof_ = false;
+  bool err_eof_ = false;
 };
 
 } // namespace crucible::testing

@@ -35,6 +35,7 @@ command generate_command();
 command replay_command();
 command report_command();
 command watch_command();
+command evaluator_command();
 
 /// Every subcommand, in the order `crucible --help` lists them.
 std::vector<command> all_commands();

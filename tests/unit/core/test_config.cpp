@@ -294,3 +294,21 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
         == "configs/x.yaml: learner.total_steps: must exceed learner.warmup_steps (10) with the cosine schedule");
   CHECK(problems_of("learner:\n  kl_cof: 0.1\n") == "configs/x.yaml:2: learner.kl_cof: unknown key (did you mean learner.kl_coef?)");
 }
+
+TEST_CASE("membership keys decode and are validated with the key named") {
+  auto cfg = parse_config("membership:\n  listen: \"0.0.0.0:7460\"\n  token_file: /etc/crucible/token\n"
+                          "  heartbeat_s: 0.5\n  timeout_s: 3\n",
+                          "configs/x.yaml");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->membership.listen == "0.0.0.0:7460");
+  CHECK(cfg->membership.token_file == "/etc/crucible/token");
+  CHECK(cfg->membership.heartbeat_s == 0.5);
+  CHECK(cfg->membership.timeout_s == 3);
+  CHECK(parse_config("membership:\n  listen: \"\"\n", "configs/x.yaml").ok()); // no membership
+  CHECK(problems_of("membership:\n  listen: localhost\n")
+        == "configs/x.yaml:2: membership.listen: expected empty or HOST:PORT with a port from 0 to 65535, got \"localhost\"");
+  CHECK(problems_of("membership:\n  listen: \"h:70000\"\n")
+        == "configs/x.yaml:2: membership.listen: expected empty or HOST:PORT with a port from 0 to 65535, got \"h:70000\"");
+  CHECK(problems_of("membership:\n  heartbeat_s: 5\n  timeout_s: 5\n")
+        == "configs/x.yaml: membership.timeout_s: must exceed membership.heartbeat_s (5.0)");
+}
