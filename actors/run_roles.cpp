@@ -257,6 +257,8 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   }
   auto pool = spawn_evaluator_pool(sys, evaluators, evaluator_pool_options::from(cfg));
   out.actors.push_back(caf::actor_cast<caf::actor>(pool));
+  out.pool = pool;
+  out.catalog = *tasks;
 
   // The engine.
   policy::engine_options eopt;

@@ -13,6 +13,7 @@
 #include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
+#include "actors/evaluator.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/trainer.hpp"
 #include "core/clock.hpp"
@@ -25,6 +26,8 @@ namespace crucible {
 /// The spawned roles of a run.
 struct run_roles {
   trainer_actor trainer;
+  evaluator_pool_actor pool;                  ///< every evaluator; nodes that join add theirs
+  std::shared_ptr<const task_catalog> catalog; ///< the run's tasks
   std::vector<caf::actor> actors;      ///< every role, for shutdown
   run_status initial;                  ///< the status to start from (resume: the checkpoint's)
   std::filesystem::path checkpoint;    ///< the checkpoint resumed from ("" for a fresh run)

@@ -3,6 +3,7 @@
 // coordinator run the stage schedule. SIGINT and SIGTERM pause the run: the step under way
 // finishes, the rollouts stop (run.on_pause), a checkpoint is written, and the process exits 0.
 #include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/send.hpp>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include <pthread.h>
@@ -22,6 +24,7 @@
 
 #include "actors/actor_config.hpp"
 #include "actors/coordinator.hpp"
+#include "actors/membership.hpp"
 #include "actors/run_roles.hpp"
 #include "core/config.hpp"
 #include "core/json_parse.hpp"
@@ -105,11 +108,35 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
   actor_config acfg;
   if (cfg.actors.threads > 0)
     acfg.set("scheduler.max-threads", static_cast<std::size_t>(cfg.actors.threads));
+  const bool membership = !cfg.membership.listen.empty();
+  if (membership)
+    acfg.load<caf::io::middleman>();
   caf::actor_system sys{acfg};
   auto roles = spawn_run_roles(sys, cfg, dir.path(), resume, clk, log);
   if (!roles) {
     std::fprintf(stderr, "crucible: %s\n", roles.error().message.c_str());
     return roles.error().code == errc::config || roles.error().code == errc::not_found ? exit_usage : exit_failure;
+  }
+  // Evaluator nodes join here (crucible evaluator --join HOST:PORT, docs/scaling.md).
+  std::optional<membership_handle> members;
+  if (membership) {
+    auto mopt = membership_options::from(cfg, dir.path());
+    if (!mopt) {
+      std::fprintf(stderr, "crucible: %s\n", mopt.error().message.c_str());
+      for (const auto& a : roles->actors)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      return exit_usage;
+    }
+    auto h = start_membership(sys, membership_deps{roles->pool, roles->catalog, &log}, std::move(*mopt));
+    if (!h) {
+      std::fprintf(stderr, "crucible: %s\n", h.error().message.c_str());
+      for (const auto& a : roles->actors)
+        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      return exit_failure;
+    }
+    members = *h;
+    log.info("train", "evaluator nodes join at ", members->host, ":", members->port,
+             " (crucible evaluator --join ", members->host, ":", members->port, " --token-file ...)");
   }
   log.info("train", roles->tasks, " tasks, ", roles->seeds, " seed variants, mode ", to_string(cfg.run.mode));
   coordinator_deps deps{dir.status_file(), std::move(*metrics), log, clk, std::move(publisher),
@@ -135,6 +162,8 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
       if (rc == exit_ok)
         on_error(err);
     });
+  if (members)
+    stop_membership(sys, *members);
   for (const auto& a : roles->actors)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (final_status.state == run_state::crashed)
