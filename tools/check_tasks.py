@@ -727,6 +727,11 @@ def parse_args(argv=None):
 
 def setup(args):
     torch.set_num_threads(args.threads)
+    # the evaluator's worker's fixed backend settings (env/harness/worker.py): no TF32 anywhere
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.benchmark = False
     if args.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton variants run in the interpreter
         if args.build_cuda:
