@@ -15,7 +15,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(ROWS, COLS, dtype=torch.float16)]
+    return [torch.randn(ROWS, COLS, dtype=torch.float16) * 3.0]
 
 
 def get_init_inputs():

@@ -1,4 +1,4 @@
-"""Fused sequence: rotary position embedding x * cos + rotate_half(x) * sin on bfloat16 16 x 4096 x 32 heads x 128."""
+"""Fused sequence: rotary position embedding x * cos + rotate_half(x) * sin, computed in float32 from bfloat16 16 x 4096 x 32 heads x 128 and rounded back."""
 import torch
 import torch.nn as nn
 
@@ -14,13 +14,15 @@ class Model(nn.Module):
 
     def forward(self, x, cos, sin):
         # x: (batch, seq, heads, head_dim); cos, sin: (seq, head_dim)
+        # in float32 (a bfloat16 product can cancel against the other to far below its rounding error)
+        xf = x.float()
         half = x.shape[-1] // 2
-        x1 = x[..., :half]
-        x2 = x[..., half:]
+        x1 = xf[..., :half]
+        x2 = xf[..., half:]
         rotated = torch.cat((-x2, x1), dim=-1)
-        c = cos[None, :, None, :]
-        s = sin[None, :, None, :]
-        return x * c + rotated * s
+        c = cos.float()[None, :, None, :]
+        s = sin.float()[None, :, None, :]
+        return (xf * c + rotated * s).to(x.dtype)
 
 
 def get_inputs():

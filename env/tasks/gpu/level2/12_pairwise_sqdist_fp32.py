@@ -1,4 +1,4 @@
-"""Fused sequence: pairwise squared distances ((x_i - y_j)^2).sum(-1) via a broadcast 2048 x 2048 x 256 float32 intermediate."""
+"""Fused sequence: pairwise squared distances ((x_i - y_j)^2).sum(-1) via a broadcast 2048 x 2048 x 256 float32 intermediate (points with random scales)."""
 import torch
 import torch.nn as nn
 
@@ -17,7 +17,10 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(N, DIM) * DIM ** -0.5, torch.randn(M, DIM) * DIM ** -0.5 + 0.1]
+    # a random scale per point, so distances do not all concentrate around one value
+    x = torch.randn(N, DIM) * (torch.randn(N, 1) * DIM ** -0.5)
+    y = torch.randn(M, DIM) * (torch.randn(M, 1) * DIM ** -0.5)
+    return [x, y]
 
 
 def get_init_inputs():

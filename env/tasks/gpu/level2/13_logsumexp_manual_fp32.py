@@ -1,4 +1,4 @@
-"""Fused sequence: row log-sum-exp written out (max, subtract, exp, sum, log, add) over 262144 x 2048 float32 rows."""
+"""Fused sequence: row log-sum-exp written out (max, subtract, exp, sum, log, add) over 262144 x 2048 float32 rows (each row with its own offset)."""
 import torch
 import torch.nn as nn
 
@@ -16,7 +16,7 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(ROWS, COLS) * 3.0]
+    return [torch.randn(ROWS, COLS) * 3.0 + torch.randn(ROWS, 1) * 4.0]
 
 
 def get_init_inputs():
