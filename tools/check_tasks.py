@@ -40,7 +40,8 @@ Every task needs at least 2 correct and 1 wrong variant once it has a variants f
 On --device cpu, variants that need CUDA (a load_inline with cuda_sources) are not run: with
 --build-cuda their module is imported, which builds the extension (a compile and link check;
 TORCH_CUDA_ARCH_LIST defaults to 9.0), otherwise they are listed as skipped. Triton variants run
-in Triton's interpreter (TRITON_INTERPRET=1) and are not timed. --shrink F divides every
+in Triton's interpreter (TRITON_INTERPRET=1) and are not timed; with --compile-triton every
+kernel they launch is also compiled for sm_90 (Triton's own ptxas, no GPU needed). --shrink F divides every
 module-level UPPER_CASE integer constant >= 128 of a task by F before get_inputs() and
 get_init_inputs() run, to check the GPU suite's tasks and variants on a CPU at smaller shapes;
 --no-timing skips the time window and the speedups.
@@ -545,8 +546,14 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
         if failed_on:
             problems.append(f"out of tolerance ({worst:.3g} x tol) on (seed, dist) {failed_on[:3]}")
 
+        if dev == "cpu" and uses_triton(src) and getattr(args, "compile_triton", False):
+            found, n = compile_triton_sm90(vpath, task, make_inputs(task, args.seed, 0, dev))
+            problems += found
+            row["sm90_kernels"] = n
         if args.no_timing or (dev == "cpu" and uses_triton(src)):
             row["status"] = "not timed" + (" (Triton interpreter)" if not args.no_timing else "")
+            if row.get("sm90_kernels"):
+                row["status"] += f"; {row['sm90_kernels']} kernel(s) compiled for sm_90"
         else:
             # paired, interleaved timing; fresh inputs each round, random order
             timer = Timer(dev, Flusher(not args.no_flush, dev))
@@ -585,6 +592,70 @@ def ast_docstring(src: str) -> str | None:
         return ast.get_docstring(ast.parse(src))
     except SyntaxError:
         return None
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                 torch.bool: "i1"}
+
+
+def compile_triton_sm90(vpath: Path, task, inputs) -> tuple[list[str], int]:
+    """Imports the variant with Triton's JIT (not its interpreter) and runs ModelNew.forward on
+    `inputs` with every kernel launch replaced by a compilation for sm_90 (Triton's own ptxas,
+    no GPU needed); returns the problems found and the number of kernels compiled. The
+    forward's outputs are not used."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    compiled = {}
+
+    def launch(self, *a, grid, warmup, **kw):
+        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "num_ctas") if k in kw}
+        bound = dict(zip(self.arg_names, a))
+        bound.update(kw)
+        sig, consts = {}, {}
+        for i, pname in enumerate(self.arg_names):
+            v = bound[pname]
+            if self.params[i].is_constexpr:
+                sig[pname], consts[pname] = "constexpr", v
+            elif isinstance(v, torch.Tensor):
+                sig[pname] = "*" + _TRITON_TYPES[v.dtype]
+            elif isinstance(v, bool):
+                sig[pname] = "i1"
+            elif isinstance(v, int):
+                sig[pname] = "i32" if -(1 << 31) <= v < (1 << 31) else "i64"
+            elif isinstance(v, float):
+                sig[pname] = "fp32"
+            else:
+                raise TypeError(f"{self.fn.__name__}: cannot type argument {pname} ({type(v).__name__})")
+        key = (self.fn.__name__, tuple(sig.items()), tuple(sorted(consts.items())), tuple(sorted(opts.items())))
+        if key not in compiled:
+            compiled[key] = triton.compile(ASTSource(self, sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                                           options=opts)
+        return None
+
+    problems = []
+    old_env = os.environ.get("TRITON_INTERPRET")
+    old_run = JITFunction.run
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        mod = load_module(vpath, "variant_sm90")
+        JITFunction.run = launch
+        with torch.no_grad():
+            build_model(mod.ModelNew, task, "cpu")(*inputs)
+        if not compiled:
+            problems.append("Triton compile for sm_90: no kernel was launched")
+    except Exception as e:  # noqa: BLE001
+        problems.append(f"Triton compile for sm_90: {type(e).__name__}: {str(e)[:300]}")
+    finally:
+        JITFunction.run = old_run
+        if old_env is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old_env
+    return problems, len(compiled)
 
 
 # ----------------------------------------------------------------------------- isolation
@@ -709,6 +780,9 @@ def parse_args(argv=None):
                    help="divide every module-level UPPER_CASE int constant >= 128 of a task by this")
     p.add_argument("--build-cuda", action="store_true",
                    help="on --device cpu, import (build) variants that need CUDA instead of skipping them")
+    p.add_argument("--compile-triton", action="store_true",
+                   help="on --device cpu, also compile every Triton kernel a variant launches for sm_90 "
+                        "(Triton's own ptxas; no GPU needed)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per task and per variant (child process)")
     p.add_argument("--in-process", action="store_true", help="no child processes (no timeouts, no crash isolation)")
     p.add_argument("-v", "--verbose", action="store_true")
