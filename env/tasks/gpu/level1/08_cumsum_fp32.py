@@ -1,8 +1,8 @@
-"""Single operator: inclusive prefix sum along the 4096-element rows of a 65536 x 4096 float32 matrix (values scaled so partial sums stay O(1))."""
+"""Single operator: inclusive prefix sum along the 4096-element rows of a 131072 x 4096 float32 matrix (values scaled so partial sums stay O(1))."""
 import torch
 import torch.nn as nn
 
-ROWS = 65536
+ROWS = 131072
 COLS = 4096
 
 

@@ -1,8 +1,8 @@
-"""Single operator: 7x7 depthwise float32 convolution over 32 x 512 x 56 x 56 (groups = channels, padding 3)."""
+"""Single operator: 7x7 depthwise float32 convolution over 64 x 512 x 56 x 56 (groups = channels, padding 3)."""
 import torch
 import torch.nn as nn
 
-BATCH = 32
+BATCH = 64
 CHANNELS = 512
 SIZE = 56
 

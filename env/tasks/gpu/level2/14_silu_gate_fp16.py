@@ -1,9 +1,9 @@
-"""Fused sequence: SwiGLU gate silu(a) * b where a, b are the two halves of a 32768 x 2 x 8192 float16 input."""
+"""Fused sequence: SwiGLU gate silu(a) * b where a, b are the two halves of a 65536 x 2 x 8192 float16 input."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROWS = 32768
+ROWS = 65536
 HIDDEN = 8192
 
 

@@ -1,8 +1,8 @@
-"""Fused sequence: (x @ W^T + b) * scale + x, bfloat16, 16384 x 4096 -> 4096 (550 GFLOP on tensor cores, three epilogue passes)."""
+"""Fused sequence: (x @ W^T + b) * scale + x, bfloat16, 32768 x 4096 -> 4096 (1.1 TFLOP on tensor cores, three epilogue passes)."""
 import torch
 import torch.nn as nn
 
-BATCH = 16384
+BATCH = 32768
 DIM = 4096
 
 

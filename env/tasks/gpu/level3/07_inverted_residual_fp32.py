@@ -1,9 +1,9 @@
-"""Small architecture: MobileNetV2 inverted residual (1x1 expand x6, BN, ReLU6, 3x3 depthwise, BN, ReLU6, 1x1 project, BN, residual), float32, 32 x 64 x 56 x 56."""
+"""Small architecture: MobileNetV2 inverted residual (1x1 expand x6, BN, ReLU6, 3x3 depthwise, BN, ReLU6, 1x1 project, BN, residual), float32, 128 x 64 x 56 x 56."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BATCH = 32
+BATCH = 128
 CHANNELS = 64
 SIZE = 56
 
