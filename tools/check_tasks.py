@@ -501,6 +501,13 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
             traceback.print_exc()
         return row
 
+    if dev == "cpu" and uses_triton(src) and getattr(args, "compile_triton", False):
+        # before the interpreter runs: a kernel compiled after interpreted runs in the same
+        # process can fail to compile (the interpreter patches triton.language while it runs)
+        found, n = compile_triton_sm90(vpath, task, make_inputs(task, args.seed, 0, dev))
+        problems += found
+        row["sm90_kernels"] = n
+
     with torch.no_grad():
         worst = 0.0
         failed_on = []
@@ -546,10 +553,6 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
         if failed_on:
             problems.append(f"out of tolerance ({worst:.3g} x tol) on (seed, dist) {failed_on[:3]}")
 
-        if dev == "cpu" and uses_triton(src) and getattr(args, "compile_triton", False):
-            found, n = compile_triton_sm90(vpath, task, make_inputs(task, args.seed, 0, dev))
-            problems += found
-            row["sm90_kernels"] = n
         if args.no_timing or (dev == "cpu" and uses_triton(src)):
             row["status"] = "not timed" + (" (Triton interpreter)" if not args.no_timing else "")
             if row.get("sm90_kernels"):
