@@ -502,11 +502,11 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
         return row
 
     if dev == "cpu" and uses_triton(src) and getattr(args, "compile_triton", False):
-        # before the interpreter runs: a kernel compiled after interpreted runs in the same
-        # process can fail to compile (the interpreter patches triton.language while it runs)
-        found, n = compile_triton_sm90(vpath, task, make_inputs(task, args.seed, 0, dev))
-        problems += found
-        row["sm90_kernels"] = n
+        # in a child of its own: a process that imported triton under TRITON_INTERPRET=1 holds
+        # interpreted versions of triton.language's own @jit functions and cannot compile
+        res = run_child("compile", [str(task_path), "-", str(vpath)], args, args.timeout, interpret=False)
+        problems += res.get("problems", [])
+        row["sm90_kernels"] = res.get("kernels", 0)
 
     with torch.no_grad():
         worst = 0.0
@@ -603,7 +603,8 @@ _TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "
 
 
 def compile_triton_sm90(vpath: Path, task, inputs) -> tuple[list[str], int]:
-    """Imports the variant with Triton's JIT (not its interpreter) and runs ModelNew.forward on
+    """Imports the variant with Triton's JIT (not its interpreter: call it in a process where
+    TRITON_INTERPRET is not set) and runs ModelNew.forward on
     `inputs` with every kernel launch replaced by a compilation for sm_90 (Triton's own ptxas,
     no GPU needed); returns the problems found and the number of kernels compiled. The
     forward's outputs are not used."""
@@ -640,9 +641,7 @@ def compile_triton_sm90(vpath: Path, task, inputs) -> tuple[list[str], int]:
         return None
 
     problems = []
-    old_env = os.environ.get("TRITON_INTERPRET")
     old_run = JITFunction.run
-    os.environ["TRITON_INTERPRET"] = "0"
     try:
         mod = load_module(vpath, "variant_sm90")
         JITFunction.run = launch
@@ -654,16 +653,12 @@ def compile_triton_sm90(vpath: Path, task, inputs) -> tuple[list[str], int]:
         problems.append(f"Triton compile for sm_90: {type(e).__name__}: {str(e)[:300]}")
     finally:
         JITFunction.run = old_run
-        if old_env is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old_env
     return problems, len(compiled)
 
 
 # ----------------------------------------------------------------------------- isolation
 
-def run_child(kind: str, paths: list[str], args, timeout: float) -> dict:
+def run_child(kind: str, paths: list[str], args, timeout: float, interpret: bool = True) -> dict:
     """Runs one check in a child process (its own session); returns its row, or a failure row
     when it crashed, timed out or wrote nothing."""
     with tempfile.TemporaryDirectory(prefix="check_tasks_") as tmp:
@@ -672,8 +667,11 @@ def run_child(kind: str, paths: list[str], args, timeout: float) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, *paths,
                "--child-out", str(out), "--child-args", json.dumps(opts)]
         t0 = time.monotonic()
+        env = dict(os.environ)
+        if not interpret:
+            env.pop("TRITON_INTERPRET", None)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                text=True, errors="replace")
+                                text=True, errors="replace", env=env)
         try:
             log, _ = proc.communicate(timeout=timeout)
             failure = None if proc.returncode == 0 else f"child exited with status {proc.returncode}"
@@ -708,6 +706,10 @@ def child_main(args) -> int:
         torch.cuda.init()
     if kind == "task":
         row, _, _ = check_task(Path(paths[0]), paths[1], args)
+    elif kind == "compile":
+        task = load_task(Path(paths[0]), args)
+        found, n = compile_triton_sm90(Path(paths[2]), task, make_inputs(task, args.seed, 0, "cpu"))
+        row = {"ok": not found, "problems": found, "kernels": n}
     else:
         task_path, name, vpath = Path(paths[0]), paths[1], Path(paths[2])
         row, task, model = check_task_minimal(task_path, args)
@@ -810,7 +812,8 @@ def setup(args):
     torch.set_float32_matmul_precision("highest")
     torch.backends.cudnn.benchmark = False
     if args.device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton variants run in the interpreter
+        if not (args.child and args.child[0] == "compile"):
+            os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton variants run in the interpreter
         if args.build_cuda:
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
         MALLOC.set(args.alloc)
