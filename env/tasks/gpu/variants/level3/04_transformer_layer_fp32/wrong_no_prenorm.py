@@ -14,7 +14,6 @@ class ModelNew(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.fc1 = nn.Linear(dim, 4 * dim)
         self.fc2 = nn.Linear(4 * dim, dim)
-        self.to(torch.bfloat16)
 
     def forward(self, x):
         b, s, d = x.shape
