@@ -234,12 +234,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   auto where = env::locate_harness(cfg.evaluator);
   if (!where.ok())
     return where.error();
-  std::string cache_path = cfg.evaluator.cache;
-  if (cache_path.empty()) {
-    const char* home = std::getenv("HOME");
-    cache_path = std::string{home != nullptr ? home : "/tmp"} + "/.cache/crucible/verdicts.db";
-  }
-  auto vcache = env::verdict_cache::open(cache_path);
+  auto vcache = env::verdict_cache::open_configured(cfg.evaluator.cache);
   if (!vcache.ok())
     return vcache.error();
   std::shared_ptr<env::verdict_cache> cache(std::move(*vcache));

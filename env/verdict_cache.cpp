@@ -1,5 +1,7 @@
 #include "env/verdict_cache.hpp"
 
+#include <cstdlib>
+
 #include <sqlite3.h>
 
 namespace crucible::env {
@@ -92,6 +94,15 @@ std::size_t verdict_cache::size() {
   if (sqlite3_step(st.s) != SQLITE_ROW)
     return 0;
   return static_cast<std::size_t>(sqlite3_column_int64(st.s, 0));
+}
+
+result<std::unique_ptr<verdict_cache>> verdict_cache::open_configured(const std::string& configured) {
+  std::string path = configured;
+  if (path.empty()) {
+    const char* home = std::getenv("HOME");
+    path = std::string{home != nullptr ? home : "/tmp"} + "/.cache/crucible/verdicts.db";
+  }
+  return open(path);
 }
 
 } // namespace crucible::env

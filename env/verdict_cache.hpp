@@ -29,6 +29,9 @@ class verdict_cache final {
 public:
   /// Opens or creates the cache file (and its directory).
   static result<std::unique_ptr<verdict_cache>> open(const std::filesystem::path& file);
+  /// The cache `evaluator.cache` names, or ~/.cache/crucible/verdicts.db when it is empty
+  /// ($HOME, else /tmp).
+  static result<std::unique_ptr<verdict_cache>> open_configured(const std::string& configured);
   ~verdict_cache();
   verdict_cache(const verdict_cache&) = delete;
   verdict_cache& operator=(const verdict_cache&) = delete;

@@ -141,4 +141,12 @@ std::string render_help(const command_spec& spec) {
   return out;
 }
 
+std::string speedup_text(double x) {
+  if (std::isnan(x))
+    return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3fx", x);
+  return buf;
+}
+
 } // namespace crucible::cli

@@ -49,6 +49,9 @@ result<parsed_args> parse_args(const command_spec& spec, const std::vector<std::
 
 /// The value of option `name` as an integer in [min, max], or `fallback` when it is absent.
 /// errc::invalid_arg naming the option and the value ("--seed: expected an integer ...").
+/// "1.234x", or "-" for NaN (no value yet): how status lines print a speedup.
+std::string speedup_text(double x);
+
 result<std::int64_t> int_option(const parsed_args& args, const std::string& name, std::int64_t fallback,
                                 std::int64_t min, std::int64_t max);
 

@@ -278,12 +278,7 @@ int run_evaluator(const parsed_args& args) {
   }
   std::shared_ptr<env::verdict_cache> cache;
   if (!args.has("--no-cache")) {
-    auto path = cfg.evaluator.cache;
-    if (path.empty()) {
-      const char* home = std::getenv("HOME");
-      path = std::string{home != nullptr ? home : "/tmp"} + "/.cache/crucible/verdicts.db";
-    }
-    auto opened = env::verdict_cache::open(path);
+    auto opened = env::verdict_cache::open_configured(cfg.evaluator.cache);
     if (!opened) {
       std::fprintf(stderr, "crucible evaluator: %s\n", opened.error().message.c_str());
       return exit_failure;

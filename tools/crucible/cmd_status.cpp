@@ -37,21 +37,14 @@ int run_status_cmd(const parsed_args& args) {
     std::printf("%s\n", to_json(*st).c_str());
     return exit_ok;
   }
-  auto num = [](double x) {
-    if (std::isnan(x))
-      return std::string{"-"};
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3fx", x);
-    return std::string{buf};
-  };
   std::printf("run            %s\n", dir.c_str());
   std::printf("state          %s\n", to_string(st->state));
   std::printf("stage          %s\n", st->stage.empty() ? "-" : st->stage.c_str());
   std::printf("step           %llu\n", static_cast<unsigned long long>(st->step));
   std::printf("policy         v%llu\n", static_cast<unsigned long long>(st->policy_version.value));
   std::printf("variants       %llu\n", static_cast<unsigned long long>(st->variants));
-  std::printf("best speedup   %s\n", num(st->best_speedup).c_str());
-  std::printf("mean speedup   %s\n", num(st->mean_speedup).c_str());
+  std::printf("best speedup   %s\n", speedup_text(st->best_speedup).c_str());
+  std::printf("mean speedup   %s\n", speedup_text(st->mean_speedup).c_str());
   std::printf("dropped stale  %llu\n", static_cast<unsigned long long>(st->dropped_stale));
   return exit_ok;
 }

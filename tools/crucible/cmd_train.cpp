@@ -168,19 +168,12 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   if (final_status.state == run_state::crashed)
     rc = exit_failure;
-  auto num = [](double x) {
-    if (std::isnan(x))
-      return std::string{"-"};
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3fx", x);
-    return std::string{buf};
-  };
   std::printf("run %s: %s at step %llu (%s), policy v%llu, %llu variants, best speedup %s, mean %s\n",
               dir.path().c_str(), to_string(final_status.state), static_cast<unsigned long long>(final_status.step),
               final_status.stage.empty() ? "schedule complete" : final_status.stage.c_str(),
               static_cast<unsigned long long>(final_status.policy_version.value),
-              static_cast<unsigned long long>(final_status.variants), num(final_status.best_speedup).c_str(),
-              num(final_status.mean_speedup).c_str());
+              static_cast<unsigned long long>(final_status.variants), speedup_text(final_status.best_speedup).c_str(),
+              speedup_text(final_status.mean_speedup).c_str());
   if (final_status.state == run_state::paused)
     std::printf("resume with: crucible resume %s\n", dir.path().c_str());
   return rc;
