@@ -195,6 +195,10 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     return e;
   };
   // Where to start from.
+  // The task suite first: a wrong tasks.suite is named before anything is made.
+  auto tasks = load_task_catalog(cfg);
+  if (!tasks.ok())
+    return tasks.error();
   trainer_progress progress;
   fs::path model_source = model_dir_of(cfg, run_dir);
   if (resume) {
@@ -221,9 +225,6 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     return fail(tok.error().code, "model tokenizer: ", tok.error().message);
   auto tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
 
-  auto tasks = load_task_catalog(cfg);
-  if (!tasks.ok())
-    return tasks.error();
   out.tasks = (*tasks)->size();
   auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks);
   if (!seeds.ok())

@@ -861,9 +861,17 @@ private:
                                 const std::string& prefix) {
     std::string best;
     size_t best_d = 3;
+    // The closest key; among equally close ones, the one sharing the longest prefix ("sede":
+    // seed, not mode).
+    auto shared = [&](const std::string& c) {
+      std::size_t n = 0;
+      while (n < c.size() && n < key.size() && c[n] == key[n])
+        ++n;
+      return n;
+    };
     for (const auto& cand : declared) {
       auto d = edit_distance(key, cand);
-      if (d < best_d) {
+      if (d < best_d || (d == best_d && !best.empty() && shared(cand) > shared(best))) {
         best_d = d;
         best = cand;
       }

@@ -217,22 +217,26 @@ result<prompt_template> load_prompt_template(const fs::path& file) {
 }
 
 result<fs::path> resolve_prompt_template(const std::string& configured) {
-  if (!configured.empty()) {
-    std::error_code ec;
-    if (!fs::exists(configured, ec))
+  // A relative path is looked up in the working directory, then (for the checkout's own
+  // templates, e.g. configs/prompts/compact.yaml) above the executable's directory.
+  const fs::path rel = configured.empty() ? fs::path{"configs"} / "prompts" / "contrastive.yaml" : fs::path{configured};
+  std::error_code ec;
+  if (!configured.empty() && (rel.is_absolute() || fs::exists(rel, ec))) {
+    if (!fs::exists(rel, ec))
       return fail(errc::not_found, configured, ": no such prompt template (prompt.template)");
-    return fs::path{configured};
+    return rel;
   }
-  const fs::path rel = fs::path{"configs"} / "prompts" / "contrastive.yaml";
   std::vector<fs::path> starts = {executable_dir(), fs::current_path()};
   for (const auto& start : starts)
     for (auto dir = start; !dir.empty(); dir = dir.parent_path()) {
-      std::error_code ec;
       if (fs::exists(dir / rel, ec))
         return dir / rel;
       if (dir == dir.root_path())
         break;
     }
+  if (!configured.empty())
+    return fail(errc::not_found, configured, ": no such prompt template (prompt.template), in the working directory or above ",
+                executable_dir().string());
   return fail(errc::not_found, "cannot find ", rel.string(), " above ", executable_dir().string(),
               " or the working directory (set prompt.template)");
 }

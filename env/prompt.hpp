@@ -40,10 +40,10 @@ result<prompt_template> parse_prompt_template(std::string_view yaml_text, const 
 /// Reads and decodes a template file; errc::not_found / errc::io name it.
 result<prompt_template> load_prompt_template(const std::filesystem::path& file);
 
-/// The template file `prompt.template` names: itself when set (relative to the working
-/// directory), else configs/prompts/contrastive.yaml of the checkout, found by walking up from
-/// the executable's directory and then from the working directory. errc::not_found names where
-/// it looked.
+/// The template file `prompt.template` names (default configs/prompts/contrastive.yaml): an
+/// absolute path as it is; a relative one in the working directory, else in the checkout, found
+/// by walking up from the executable's directory and then from the working directory.
+/// errc::not_found names where it looked.
 result<std::filesystem::path> resolve_prompt_template(const std::string& configured);
 
 /// One earlier implementation shown to the policy.

@@ -79,7 +79,9 @@ TEST_CASE("a config with an unknown or mistyped key is refused naming file, line
 TEST_CASE("crucible train creates the run directory, runs the lifecycle and status reports it") {
   temp_dir tmp;
   auto cfg = tmp.path() / "c.yaml";
-  std::ofstream(cfg) << "run:\n  name: r1\n  seed: 5\nactors:\n  threads: 2\n";
+  // The default schedule is empty (every stage has 0 steps): the run starts and finishes.
+  std::ofstream(cfg) << "run:\n  name: r1\n  seed: 5\nactors:\n  threads: 2\nevaluator:\n  warm_workers: 0\ntasks:\n  suite: "
+                     << CRUCIBLE_SOURCE_DIR << "/env/tasks/cpu\n  warm_start: false\n";
   auto r = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path().string(), "--set", "log.level=warn"});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
