@@ -342,6 +342,14 @@ void fail_step(self_pointer self, const crucible::error& err) {
   rp.deliver(make_error(err));
 }
 
+// Counts (and records) the verdicts of every member of `groups`.
+template <class Groups>
+void count_groups(trainer_state& st, const Groups& groups, sample_tally* tally) {
+  for (const auto& g : groups)
+    for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
+      count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, tally);
+}
+
 // -- rollouts ----------------------------------------------------------------------------------
 
 result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
@@ -428,7 +436,6 @@ void advance(self_pointer self);
 
 // Moves to the next stage (stopping the rollouts of a sampling stage first) and runs its step.
 void next_stage(self_pointer self) {
-  auto& st = self->state;
   stop_rollouts(self, in_flight_policy::drop, [self] {
     auto& st = self->state;
     st.groups.clear();
@@ -440,7 +447,6 @@ void next_stage(self_pointer self) {
       st.deps->log->info(component, "stage ", stage_name(st.p.stage));
     advance(self);
   });
-  (void) st;
 }
 
 bool stage_over(trainer_state& st) {
@@ -496,9 +502,11 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
   return std::move(w).take();
 }
 
-void after_update(self_pointer self, const train_report& r, const sample_tally* tally, std::size_t groups) {
+void after_update(self_pointer self, const train_report& r, const sample_tally* tally, std::size_t groups,
+                  bool updated = true) {
   auto& st = self->state;
-  ++st.p.step;
+  if (updated)
+    ++st.p.step;
   ++st.p.stage_step;
   st.p.version = r.policy_version.value;
   st.records.push_back(train_record(st, r, tally, groups));
@@ -526,6 +534,17 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
     st.p.stage_step = std::numeric_limits<std::uint64_t>::max() / 2; // over any budget
   }
   finish_step(self, false);
+}
+
+// Sends the trainer a collect_atom after rollout.retry_s, unless one is on its way.
+void arm_timer(self_pointer self) {
+  auto& st = self->state;
+  if (st.timer_armed)
+    return;
+  st.timer_armed = true;
+  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
+                     std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
+                     collect_atom_v);
 }
 
 // Warm start: every seed variant through the evaluator pool into the exemplar store.
@@ -577,12 +596,7 @@ void warm_pump(self_pointer self) {
           auto err = to_error(e);
           if (err.code == errc::busy) {
             st.warm_queue.push_back(i);
-            if (!st.timer_armed) {
-              st.timer_armed = true;
-              self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
-                                 std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
-                                 collect_atom_v);
-            }
+            arm_timer(self);
             return;
           }
           fail_step(self, fail(err.code, "warm start: seed variant ", st.deps->seeds[i].task.value, "/",
@@ -593,12 +607,10 @@ void warm_pump(self_pointer self) {
 
 void warm_start(self_pointer self) {
   auto& st = self->state;
+  // Popped from the back: filled last seed first, so the first seed goes first.
   st.warm_queue.clear();
   for (std::size_t i = st.deps->seeds.size(); i-- > 0;)
     st.warm_queue.push_back(i);
-  std::reverse(st.warm_queue.begin(), st.warm_queue.end());
-  // Popped from the back: reverse so the first seed goes first.
-  std::reverse(st.warm_queue.begin(), st.warm_queue.end());
   st.warm_done = 0;
   if (st.warm_queue.empty()) {
     warm_finished(self);
@@ -676,11 +688,7 @@ void train_on_groups(self_pointer self) {
     st.groups.pop_front();
   }
   sample_tally tally;
-  const auto step_for_records = st.p.step + 1;
-  (void) step_for_records;
-  for (const auto& g : batch)
-    for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
-      count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, &tally);
+  count_groups(st, batch, &tally);
   const auto n = batch.size();
   if (rl) {
     learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
@@ -703,23 +711,12 @@ void train_on_groups(self_pointer self) {
     r.policy_version = policy_version{st.p.version};
     r.step = st.p.step;
     r.skipped = true;
-    --st.p.step; // after_update counts an update; none was made
-    after_update(self, r, &tally, n);
+    after_update(self, r, &tally, n, false);
     return;
   }
   self->request(st.deps->learner, caf::infinite, std::move(b))
     .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
           [self](const caf::error& e) { fail_step(self, to_error(e)); });
-}
-
-void arm_timer(self_pointer self) {
-  auto& st = self->state;
-  if (st.timer_armed)
-    return;
-  st.timer_armed = true;
-  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
-                     std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
-                     collect_atom_v);
 }
 
 void sampling_step(self_pointer self) {
@@ -914,9 +911,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         auto& st = self->state;
         // Groups that finished are in the store; their verdicts are reported, not trained on
         // (the next process samples its own).
-        for (const auto& g : st.groups)
-          for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
-            count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, nullptr);
+        count_groups(st, st.groups, nullptr);
         st.groups.clear();
         rp.deliver(report_of(st, st.p.stage >= stage_done));
       });

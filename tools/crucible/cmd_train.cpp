@@ -117,21 +117,23 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
     std::fprintf(stderr, "crucible: %s\n", roles.error().message.c_str());
     return roles.error().code == errc::config || roles.error().code == errc::not_found ? exit_usage : exit_failure;
   }
+  auto shut_down = [&] {
+    for (const auto& a : roles->actors)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  };
   // Evaluator nodes join here (crucible evaluator --join HOST:PORT, docs/scaling.md).
   std::optional<membership_handle> members;
   if (membership) {
     auto mopt = membership_options::from(cfg, dir.path());
     if (!mopt) {
       std::fprintf(stderr, "crucible: %s\n", mopt.error().message.c_str());
-      for (const auto& a : roles->actors)
-        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      shut_down();
       return exit_usage;
     }
     auto h = start_membership(sys, membership_deps{roles->pool, roles->catalog, &log}, std::move(*mopt));
     if (!h) {
       std::fprintf(stderr, "crucible: %s\n", h.error().message.c_str());
-      for (const auto& a : roles->actors)
-        caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      shut_down();
       return exit_failure;
     }
     members = *h;
@@ -164,8 +166,7 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
     });
   if (members)
     stop_membership(sys, *members);
-  for (const auto& a : roles->actors)
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  shut_down();
   if (final_status.state == run_state::crashed)
     rc = exit_failure;
   std::printf("run %s: %s at step %llu (%s), policy v%llu, %llu variants, best speedup %s, mean %s\n",
