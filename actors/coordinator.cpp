@@ -1,5 +1,7 @@
 #include "actors/coordinator.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -31,6 +33,7 @@ struct coordinator_state {
   run_status status;
   bool started = false;
   bool stepping = false;       // a trainer step is under way
+  std::chrono::steady_clock::time_point step_sent; // when the step under way was requested
   bool pause_running = false;  // the pause sequence (stop rollouts, checkpoint) is under way
   std::uint64_t last_checkpoint = 0; // step of the last checkpoint
   // Stops owed a reply once the pause sequence ends.
@@ -242,10 +245,24 @@ void on_step(self_pointer self, stage_report rep) {
   auto& st = self->state;
   st.stepping = false;
   const auto before = st.status.step;
+  const double round_trip = std::chrono::duration<double>(std::chrono::steady_clock::now() - st.step_sent).count();
   if (auto r = take_report(st, rep); !r) {
     crash(st, r.error());
     answer_stops(self);
     return;
+  }
+  // A step that trained: its time as the coordinator saw it, request to reply (the train_step
+  // record splits the trainer's side; tools/bench/actor_overhead.py relates the two).
+  if (std::any_of(rep.records.begin(), rep.records.end(),
+                  [](const std::string& l) { return l.find("\"event\":\"train_step\"") != std::string::npos; })) {
+    json_writer w;
+    w.begin_object().field("event", "step_timing").field("time", format_iso8601(st.deps->clk.now()))
+      .field("step", rep.step).field("round_trip_seconds", round_trip).end_object();
+    if (auto r = append_record(*st.deps, "step_timing", std::move(w).take()); !r) {
+      crash(st, r.error());
+      answer_stops(self);
+      return;
+    }
   }
   if (st.status.state == run_state::crashed)
     return;
@@ -383,6 +400,7 @@ coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator
         return;
       }
       st.stepping = true;
+      st.step_sent = std::chrono::steady_clock::now();
       self->request(st.deps->trainer, caf::infinite, advance_atom_v)
         .then([self](stage_report& rep) { on_step(self, std::move(rep)); },
               [self](const caf::error& e) {

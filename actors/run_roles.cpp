@@ -263,6 +263,9 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   auto eng = policy::engine::load(model_source, eopt);
   if (!eng.ok())
     return guard(fail(eng.error().code, "engine: ", eng.error().message));
+  // On resume the engine serves the checkpoint's weights: it says so, or the rollouts would stamp
+  // their samples version 0 and the trainer would drop them all as stale.
+  (*eng)->set_policy_version(progress.version);
   auto engine_opts = engine_actor_options::from(cfg);
   engine_opts.load = eopt;
   auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(*eng)), tokenizer, {}}, engine_opts);

@@ -245,6 +245,11 @@ struct trainer_state {
   std::function<void()> on_groups; // called when groups arrive while a step waits for them
   std::uint64_t want = 0;          // groups the waiting step needs
   bool timer_armed = false;
+  // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
+  // generation and evaluation) and building SFT examples; the learner reports its own update time.
+  std::chrono::steady_clock::time_point step_began; // the step request's arrival
+  std::chrono::steady_clock::time_point wait_began; // = step_began: a sampling step waits from its start
+  double wait_seconds = 0, prep_seconds = 0;
 
   // Warm start.
   std::vector<std::size_t> warm_queue;
@@ -268,6 +273,10 @@ double now_seconds(const trainer_state& st) {
 }
 
 std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
 
 stage_report report_of(trainer_state& st, bool done) {
   stage_report r;
@@ -487,6 +496,9 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
     .field("tokens", r.tokens)
     .field("sequences", r.sequences)
     .field("seconds", r.seconds)
+    .field("step_seconds", seconds_since(st.step_began))
+    .field("wait_seconds", st.wait_seconds)
+    .field("prep_seconds", st.prep_seconds)
     .field("skipped", r.skipped)
     .field("groups", static_cast<std::uint64_t>(groups));
   if (tally) {
@@ -645,6 +657,7 @@ void sft_step(self_pointer self) {
           auto& st = self->state;
           if (!st.busy)
             return;
+          const auto began = std::chrono::steady_clock::now();
           const auto& s = st.deps->seeds[i];
           auto task = st.deps->tasks->find(s.task);
           env::prompt_request pr;
@@ -663,6 +676,7 @@ void sft_step(self_pointer self) {
           if (eos)
             completion.push_back(*eos);
           st.sft_completions[k] = std::move(completion);
+          st.prep_seconds += seconds_since(began);
           if (--st.sft_waiting > 0)
             return;
           sft_batch b{std::move(st.sft_prompts), std::move(st.sft_completions)};
@@ -680,6 +694,7 @@ void sft_step(self_pointer self) {
 // A sampling step (self-supervised or RL) once its groups are here.
 void train_on_groups(self_pointer self) {
   auto& st = self->state;
+  st.wait_seconds = seconds_since(st.wait_began);
   const bool rl = st.p.stage == stage_rl;
   std::vector<rollout_group> batch;
   const auto want = st.want;
@@ -897,6 +912,8 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       if (st.busy)
         return make_error(errc::busy, "a step of the schedule is already under way");
       st.busy = true;
+      st.step_began = st.wait_began = std::chrono::steady_clock::now();
+      st.wait_seconds = st.prep_seconds = 0;
       st.pending = self->make_response_promise<stage_report>();
       auto rp = st.pending;
       with_devices(self, [self] { advance(self); });

@@ -448,8 +448,14 @@ TEST_CASE_FIXTURE(trainer_fixture, "a trainer's steps are recorded, checkpointed
   CHECK(done.step == 3);
   CHECK(done.policy_version == policy_version{3});
   CHECK(events(metrics_lines())
-        == std::vector<std::string>{"run_started", "train_step", "train_step", "checkpoint", "train_step", "checkpoint",
-                                    "run_finished"});
+        == std::vector<std::string>{"run_started", "train_step", "step_timing", "train_step", "step_timing", "checkpoint",
+                                    "train_step", "step_timing", "checkpoint", "run_finished"});
+  // Each step that trained gets the coordinator's round trip of its request.
+  for (const auto& l : metrics_lines())
+    if (l.find("\"event\":\"step_timing\"") != std::string::npos) {
+      CHECK(l.find("\"round_trip_seconds\":") != std::string::npos);
+      CHECK(l.find("\"step\":") != std::string::npos);
+    }
   CHECK(*calls == std::vector<std::string>{"advance", "advance", "save", "advance", "advance", "save"});
   CHECK(status_on_disk().step == 3);
 }
@@ -468,7 +474,7 @@ TEST_CASE_FIXTURE(trainer_fixture, "a pause waits for the step under way, stops 
   CHECK(ok(take(start)).state == run_state::paused);
   CHECK(*calls == std::vector<std::string>{"advance", "stop", "save"});
   CHECK(events(metrics_lines())
-        == std::vector<std::string>{"run_started", "run_pausing", "train_step", "checkpoint", "run_paused"});
+        == std::vector<std::string>{"run_started", "run_pausing", "train_step", "step_timing", "checkpoint", "run_paused"});
   CHECK(status_on_disk().state == run_state::paused);
   CHECK(status_on_disk().step == 1);
   // Resume runs the rest of the schedule.

@@ -129,6 +129,29 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(count["run_started"] == 1);
   CHECK(count["run_finished"] == 1);
   CHECK(count["checkpoint"] == 2); // steps 2 and 4
+  // Every step's time: the trainer's parts (learner update, waiting for groups, building SFT
+  // examples) lie within its own span, which lies within the coordinator's round trip.
+  CHECK(count["step_timing"] == 4);
+  std::map<std::int64_t, double> trip;
+  for (const auto& x : all)
+    if (event_of(x) == "step_timing")
+      trip[x.find("step")->as_int()] = x.find("round_trip_seconds")->as_double();
+  for (const auto& x : all)
+    if (event_of(x) == "train_step") {
+      const auto step = x.find("step")->as_int();
+      const double span = x.find("step_seconds")->as_double();
+      const double parts = x.find("seconds")->as_double() + x.find("wait_seconds")->as_double()
+                           + x.find("prep_seconds")->as_double();
+      INFO("step ", step);
+      CHECK(x.find("seconds")->as_double() > 0);
+      CHECK(parts <= span + 1e-6);
+      REQUIRE(trip.count(step) == 1);
+      CHECK(span <= trip[step] + 1e-6);
+      if (x.find("stage")->as_string() == "sft")
+        CHECK(x.find("prep_seconds")->as_double() > 0);
+      else
+        CHECK(x.find("wait_seconds")->as_double() > 0);
+    }
   auto st = cli({"status", run.string(), "--json"});
   REQUIRE(st.exit_code == 0);
   auto status = crucible::parse_json(st.out);
@@ -178,6 +201,35 @@ TEST_CASE("pause and resume give the weights of an uninterrupted run, each step 
   const auto b = final_weights(run);
   REQUIRE(!a.empty());
   CHECK(a == b);
+}
+
+TEST_CASE("a run paused during contrastive RL resumes sampling with the restored policy") {
+  temp_dir tmp;
+  // Synchronous steps keep every group they sample, so the versions the samples carry show which
+  // policy the engine served (asynchronous ones would drop mislabelled samples as stale).
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "rlpause", "  sft: {steps: 1, batch: 2}\n  rl: {steps: 3, groups: 1}\n"));
+  const auto run = tmp.path() / "rlpause";
+  auto first = cli({"train", cfg.string(), "--set", "run.mode=sync", "--pause-after", "2"});
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  CHECK(first.out.find("paused at step 2") != std::string::npos);
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 4") != std::string::npos);
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4});
+  // After the resume every sample came from the restored policy (version 2) or a later one.
+  bool after = false;
+  int sampled_after = 0;
+  for (const auto& x : records(run)) {
+    if (event_of(x) == "run_resumed")
+      after = true;
+    if (after && event_of(x) == "verdict" && x.find("stage")->as_string() == "rl") {
+      CHECK(x.find("policy_version")->as_int() >= 2);
+      ++sampled_after;
+    }
+  }
+  CHECK(sampled_after >= 4);
 }
 
 TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, and crucible pause pauses a run") {
