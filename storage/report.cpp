@@ -445,6 +445,81 @@ raster render_raster(const chart& c) {
   return img;
 }
 
+namespace {
+
+// A sampling stage's verdicts by step, each step's from the last process that sampled it.
+struct step_verdicts {
+  struct sample {
+    std::string task;
+    bool correct = false;
+    double speedup = 0;
+  };
+  std::uint64_t segment = 0;
+  std::vector<sample> samples;
+};
+using stage_verdicts = std::map<std::uint64_t, step_verdicts>;
+
+// The per-task windows of `p` from its stage's verdicts (the first and last p.window steps).
+void per_task(stage_progress& p, const stage_verdicts& steps) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  p.first_task_correct = p.last_task_correct = p.first_task_speedup = p.last_task_speedup = nan;
+  if (steps.empty())
+    return;
+  const auto w = std::min(p.window, steps.size());
+  struct tally {
+    std::uint64_t n = 0, correct = 0;
+    double speedup_sum = 0;
+  };
+  std::map<std::string, std::array<tally, 2>> by_task;
+  std::size_t i = 0;
+  for (const auto& [step, sv] : steps) {
+    const bool first = i < w, last = i >= steps.size() - w;
+    ++i;
+    for (const auto& s : sv.samples)
+      for (int k = 0; k < 2; ++k) {
+        if (!(k == 0 ? first : last))
+          continue;
+        auto& t = by_task[s.task][static_cast<std::size_t>(k)];
+        ++t.n;
+        if (s.correct) {
+          ++t.correct;
+          t.speedup_sum += s.speedup;
+        }
+      }
+  }
+  double c0 = 0, c1 = 0, s0 = 0, s1 = 0;
+  for (const auto& [task, t] : by_task) {
+    if (t[0].n == 0 || t[1].n == 0)
+      continue; // sampled in one window only: no comparison
+    stage_progress::task_windows tw;
+    tw.task = task;
+    tw.first_samples = t[0].n;
+    tw.last_samples = t[1].n;
+    tw.first_correct = static_cast<double>(t[0].correct) / static_cast<double>(t[0].n);
+    tw.last_correct = static_cast<double>(t[1].correct) / static_cast<double>(t[1].n);
+    tw.first_speedup = t[0].correct ? t[0].speedup_sum / static_cast<double>(t[0].correct) : nan;
+    tw.last_speedup = t[1].correct ? t[1].speedup_sum / static_cast<double>(t[1].correct) : nan;
+    c0 += tw.first_correct;
+    c1 += tw.last_correct;
+    if (t[0].correct && t[1].correct) {
+      s0 += tw.first_speedup;
+      s1 += tw.last_speedup;
+      ++p.speedup_tasks;
+    }
+    p.tasks.push_back(std::move(tw));
+  }
+  if (!p.tasks.empty()) {
+    p.first_task_correct = c0 / static_cast<double>(p.tasks.size());
+    p.last_task_correct = c1 / static_cast<double>(p.tasks.size());
+  }
+  if (p.speedup_tasks > 0) {
+    p.first_task_speedup = s0 / static_cast<double>(p.speedup_tasks);
+    p.last_task_speedup = s1 / static_cast<double>(p.speedup_tasks);
+  }
+}
+
+} // namespace
+
 std::vector<stage_progress> learning_progress(const std::vector<std::string>& lines) {
   struct step_rec {
     std::uint64_t samples = 0;
@@ -453,6 +528,8 @@ std::vector<stage_progress> learning_progress(const std::vector<std::string>& li
   };
   std::vector<std::string> order;
   std::map<std::string, std::map<std::uint64_t, step_rec>> by_stage; // a step redone after a crash: the last record
+  std::map<std::string, stage_verdicts> verdicts;
+  std::uint64_t segment = 0; // a new process: run_started or run_resumed
   for (const auto& line : lines) {
     auto rec = parse_json(line);
     if (!rec || !rec->is_object())
@@ -460,6 +537,25 @@ std::vector<stage_progress> learning_progress(const std::vector<std::string>& li
     const auto* ev = rec->find("event");
     const auto* stage = rec->find("stage");
     const auto* step = rec->find("step");
+    if (ev != nullptr && ev->is_string() && (ev->as_string() == "run_started" || ev->as_string() == "run_resumed"))
+      ++segment;
+    if (ev != nullptr && ev->is_string() && ev->as_string() == "verdict" && stage != nullptr && stage->is_string()
+        && step != nullptr && step->is_int()) {
+      const auto* task = rec->find("task");
+      const auto* correct = rec->find("correct");
+      if (task == nullptr || !task->is_string() || correct == nullptr || !correct->is_bool())
+        continue;
+      auto& at = verdicts[stage->as_string()][static_cast<std::uint64_t>(step->as_int())];
+      if (at.segment != segment) { // the step sampled again after a resume: its later verdicts count
+        at.segment = segment;
+        at.samples.clear();
+      }
+      double speedup = std::numeric_limits<double>::quiet_NaN();
+      if (const auto* sp = rec->find("speedup"); sp != nullptr && sp->is_number())
+        speedup = sp->as_double();
+      at.samples.push_back({task->as_string(), correct->as_bool() && !std::isnan(speedup), speedup});
+      continue;
+    }
     const auto* samples = rec->find("samples");
     const auto* share = rec->find("correct_share");
     if (ev == nullptr || !ev->is_string() || ev->as_string() != "train_step" || stage == nullptr || !stage->is_string()
@@ -499,6 +595,7 @@ std::vector<stage_progress> learning_progress(const std::vector<std::string>& li
     };
     pool(0, p.window, p.first_correct, p.first_speedup, p.first_samples);
     pool(v.size() - p.window, v.size(), p.last_correct, p.last_speedup, p.last_samples);
+    per_task(p, verdicts[name]);
     out.push_back(std::move(p));
   }
   return out;
@@ -519,6 +616,30 @@ std::string to_string(const stage_progress& p) {
                 p.stage.c_str(), p.window, p.window, p.steps, 100.0 * p.first_correct, 100.0 * p.last_correct,
                 x(p.first_speedup).c_str(), x(p.last_speedup).c_str(), static_cast<unsigned long long>(p.first_samples),
                 static_cast<unsigned long long>(p.last_samples));
+  std::string out = buf;
+  if (!p.tasks.empty()) {
+    std::snprintf(buf, sizeof buf,
+                  "; each of the %zu tasks sampled in both weighted equally: correct %.1f%% -> %.1f%%, mean speedup %s -> %s",
+                  p.tasks.size(), 100.0 * p.first_task_correct, 100.0 * p.last_task_correct,
+                  x(p.first_task_speedup).c_str(), x(p.last_task_speedup).c_str());
+    out += buf;
+  }
+  return out;
+}
+
+std::string to_string(const stage_progress::task_windows& t) {
+  char buf[512];
+  auto x = [](double v) {
+    if (std::isnan(v))
+      return std::string{"-"};
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2fx", v);
+    return std::string{b};
+  };
+  std::snprintf(buf, sizeof buf, "%s: correct %.1f%% -> %.1f%%, mean speedup %s -> %s (%llu and %llu samples)",
+                t.task.c_str(), 100.0 * t.first_correct, 100.0 * t.last_correct, x(t.first_speedup).c_str(),
+                x(t.last_speedup).c_str(), static_cast<unsigned long long>(t.first_samples),
+                static_cast<unsigned long long>(t.last_samples));
   return buf;
 }
 
@@ -599,8 +720,16 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
   files.progress = learning_progress(lines);
   if (!files.progress.empty()) {
     html += "<h2>Learning</h2>\n<ul id=\"progress\">\n";
-    for (const auto& p : files.progress)
-      html += "<li>" + xml_escape(to_string(p)) + "</li>\n";
+    for (const auto& p : files.progress) {
+      html += "<li>" + xml_escape(to_string(p));
+      if (!p.tasks.empty()) {
+        html += "\n<ul>\n";
+        for (const auto& t : p.tasks)
+          html += "<li>" + xml_escape(to_string(t)) + "</li>\n";
+        html += "</ul>\n";
+      }
+      html += "</li>\n";
+    }
     html += "</ul>\n";
   }
   files.html = out / "report.html";

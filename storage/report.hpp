@@ -80,15 +80,38 @@ struct stage_progress {
   double first_correct = 0, last_correct = 0;  ///< share of correct samples in each window
   double first_speedup = 0, last_speedup = 0;  ///< mean speedup of the window's correct samples (NaN: none)
   std::uint64_t first_samples = 0, last_samples = 0;
+
+  /// One task's samples in the two windows (from the stage's verdict records).
+  struct task_windows {
+    std::string task;
+    std::uint64_t first_samples = 0, last_samples = 0;
+    double first_correct = 0, last_correct = 0; ///< share of correct samples
+    double first_speedup = 0, last_speedup = 0; ///< mean speedup of correct samples (NaN: none)
+  };
+  /// The tasks sampled in both windows, by name. Pooled figures follow the mix of tasks a window
+  /// happened to draw (one task at 1.5x, another at 19x); these do not.
+  std::vector<task_windows> tasks;
+  /// Each task of `tasks` weighted equally: the mean of their correct shares (NaN: no task).
+  double first_task_correct = 0, last_task_correct = 0;
+  /// The mean of their mean speedups, over the tasks with correct samples in both windows
+  /// (`speedup_tasks` of them; NaN: none).
+  double first_task_speedup = 0, last_task_speedup = 0;
+  std::size_t speedup_tasks = 0;
 };
 
 /// The progress of every sampling stage found in the metrics lines (train_step records with
-/// `samples` and `correct_share`), in the order the stages first appear.
+/// `samples` and `correct_share`), in the order the stages first appear. The per-task figures come
+/// from the stage's `verdict` records: a window is the first (last) `window` distinct steps its
+/// verdicts carry; verdicts of a step sampled again after a resume replace the earlier ones.
 std::vector<stage_progress> learning_progress(const std::vector<std::string>& lines);
 
-/// "rl, steps 1-5 against 12-16: correct samples 12.5% -> 43.8%, mean speedup of correct samples
-/// 1.02x -> 1.31x (40 and 40 samples)".
+/// "rl, first 5 against last 5 of 16 steps: correct samples 12.5% -> 43.8%, mean speedup of correct
+/// samples 1.02x -> 1.31x (40 and 40 samples); each of the 2 tasks sampled in both weighted
+/// equally: correct 10.0% -> 45.0%, mean speedup 1.01x -> 1.29x".
 std::string to_string(const stage_progress& p);
+
+/// "05_logsumexp_rows: correct 50.0% -> 75.0%, mean speedup 1.49x -> 1.55x (8 and 8 samples)".
+std::string to_string(const stage_progress::task_windows& t);
 
 /// Paths written by write_report.
 struct report_files {

@@ -20,8 +20,11 @@ int run_report_cmd(const parsed_args& args) {
   std::printf("%s\n", files->html.c_str());
   for (const auto& p : files->pngs)
     std::printf("%s\n", p.c_str());
-  for (const auto& p : files->progress)
+  for (const auto& p : files->progress) {
     std::printf("learning: %s\n", storage::to_string(p).c_str());
+    for (const auto& t : p.tasks)
+      std::printf("learning:   %s\n", storage::to_string(t).c_str());
+  }
   return exit_ok;
 }
 

@@ -222,3 +222,52 @@ TEST_CASE("learning progress compares a sampling stage's first and last thirds, 
   CHECK(p[0].last_speedup == doctest::Approx((4 * 3.0 + 4 * 1.0) / 8));
   CHECK(to_string(p[0]).rfind("rl, first 2 against last 2 of 6 steps: correct samples 12.5% -> 66.7%", 0) == 0);
 }
+
+TEST_CASE("learning progress weighs each task equally, from the verdicts of the windows' steps") {
+  auto verdict = [](int step, const char* task, bool correct, double speedup) {
+    std::string sp = correct ? std::to_string(speedup) : std::string{"null"};
+    return std::string{R"({"event":"verdict","stage":"rl","step":)"} + std::to_string(step) + R"(,"task":")" + task
+           + R"(","status":")" + (correct ? "ok" : "incorrect") + R"(","correct":)" + (correct ? "true" : "false")
+           + R"(,"speedup":)" + sp + "}";
+  };
+  auto step = [](int n, int samples, double share) {
+    return R"({"event":"train_step","stage":"rl","step":)" + std::to_string(n) + R"(,"samples":)"
+           + std::to_string(samples) + R"(,"correct_share":)" + std::to_string(share) + "}";
+  };
+  std::vector<std::string> lines = {
+    R"({"event":"run_started"})",
+    R"({"event":"verdict","stage":"warm_start","step":0,"task":"a","correct":true,"speedup":9.0})",
+    // Step 10 (the first window): task a twice (one correct at 2x), task b once (correct, 20x).
+    verdict(10, "a", true, 2.0), verdict(10, "a", false, 0), verdict(10, "b", true, 20.0), step(11, 3, 2.0 / 3),
+    // Step 11 (the middle): task c only.
+    verdict(11, "c", true, 1.0), step(12, 1, 1.0),
+    // Step 12 (the last window), first sampled before a crash, then again after the resume.
+    verdict(12, "a", false, 0), R"({"event":"run_resumed"})",
+    verdict(12, "a", true, 3.0), verdict(12, "a", true, 5.0), verdict(12, "b", true, 10.0), verdict(12, "b", false, 0),
+    verdict(12, "c", true, 7.0), step(13, 5, 0.8),
+  };
+  auto p = learning_progress(lines);
+  REQUIRE(p.size() == 1);
+  CHECK(p[0].window == 1);
+  // Task c was not sampled in the first window: only a and b are compared.
+  REQUIRE(p[0].tasks.size() == 2);
+  CHECK(p[0].tasks[0].task == "a");
+  CHECK(p[0].tasks[0].first_samples == 2);
+  CHECK(p[0].tasks[0].last_samples == 2); // the verdict before the crash is replaced
+  CHECK(p[0].tasks[0].first_correct == doctest::Approx(0.5));
+  CHECK(p[0].tasks[0].last_correct == doctest::Approx(1.0));
+  CHECK(p[0].tasks[0].first_speedup == doctest::Approx(2.0));
+  CHECK(p[0].tasks[0].last_speedup == doctest::Approx(4.0));
+  CHECK(p[0].tasks[1].task == "b");
+  CHECK(p[0].tasks[1].last_correct == doctest::Approx(0.5));
+  CHECK(p[0].first_task_correct == doctest::Approx((0.5 + 1.0) / 2));
+  CHECK(p[0].last_task_correct == doctest::Approx((1.0 + 0.5) / 2));
+  CHECK(p[0].speedup_tasks == 2);
+  CHECK(p[0].first_task_speedup == doctest::Approx((2.0 + 20.0) / 2));
+  CHECK(p[0].last_task_speedup == doctest::Approx((4.0 + 10.0) / 2));
+  // Pooled, the speedup fell (mostly task b's 20x in the first window); per task it did not fall for a.
+  CHECK(to_string(p[0]).find("; each of the 2 tasks sampled in both weighted equally: correct 75.0% -> 75.0%, "
+                             "mean speedup 11.00x -> 7.00x")
+        != std::string::npos);
+  CHECK(to_string(p[0].tasks[0]) == "a: correct 50.0% -> 100.0%, mean speedup 2.00x -> 4.00x (2 and 2 samples)");
+}
