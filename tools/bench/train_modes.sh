@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# tools/bench/train_modes.sh CONFIG RL_STEPS [--set KEY=VALUE]...: asynchronous against synchronous
+# contrastive RL from the same point, for the same number of samples on the same devices.
+#
+# 1. `crucible train CONFIG` runs the warm start and SFT and pauses at SFT's end (its checkpoint).
+# 2. The paused run is copied twice; each copy is resumed for RL_STEPS RL steps, one with
+#    run.mode=async and one with run.mode=sync, each with an empty verdict cache of its own (the
+#    compiled-extension cache is shared: the warm start built the seed variants' extensions).
+# 3. For each: the RL stage's wall time (resume to finish), samples, samples/s, and the
+#    actor-system overhead per step (tools/bench/actor_overhead.py); then the ratio.
+# Results: $OUT/train_modes.json (OUT defaults to ./bench-out), logs beside it.
+# To split the work over several calls: BASE=NAME reuses the paused run RUNS/NAME (RUNS defaults
+# to $OUT/runs) instead of starting one, MODES="async" (or "sync") runs only those modes; the
+# summary is written once both modes' runs exist.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CLI="${CLI:-$ROOT/build/tools/crucible}"
+OUT="${OUT:-$ROOT/bench-out}"
+[[ $# -ge 2 ]] || { echo "usage: $0 CONFIG RL_STEPS [--set KEY=VALUE]..." >&2; exit 2; }
+cfg=$1 steps=$2
+shift 2
+mkdir -p "$OUT"
+runs="${RUNS:-$OUT/runs}"
+base="${BASE:-modes-$(date +%Y%m%d-%H%M%S)}"
+sft=$("$CLI" config show --file "$cfg" "$@" | awk '/^stages:/{s=1} s&&/^  sft:/{t=1} t&&/^    steps:/{print $2; exit}')
+[[ -n "$sft" && "$sft" -gt 0 ]] || { echo "$0: $cfg has no SFT steps (stages.sft.steps); nothing to start RL from" >&2; exit 2; }
+if [[ ! -d "$runs/$base" ]]; then
+  echo "== warm start and $sft SFT steps ($cfg): $runs/$base"
+  start=$(date +%s)
+  "$CLI" train "$cfg" "$@" --set "run.dir=$runs" --set "run.name=$base" --set "stages.rl.steps=$steps" \
+    --pause-after "$sft" > "$OUT/$base-sft.log" 2>&1 || { tail -30 "$OUT/$base-sft.log"; exit 1; }
+  echo "   $(( $(date +%s) - start )) s"
+fi
+grep -q '"state":"paused"' "$runs/$base/status.json" || { echo "$0: $runs/$base is not paused" >&2; exit 2; }
+for mode in ${MODES:-async sync}; do
+  run="$runs/$base-$mode"
+  rm -rf "$run"
+  cp -r "$runs/$base" "$run"
+  rm -f "$run/run.lock"
+  sed -i "0,/^  name: .*/s//  name: \"$base-$mode\"/" "$run/config.yaml"
+  echo "== $mode: $steps RL steps"
+  start=$(date +%s)
+  "$CLI" resume "$run" --set "run.mode=$mode" --set "evaluator.cache=$run/verdicts.db" \
+    > "$OUT/$base-$mode.log" 2>&1 || { tail -30 "$OUT/$base-$mode.log"; exit 1; }
+  echo "   $(( $(date +%s) - start )) s"
+  python3 "$ROOT/tools/bench/actor_overhead.py" "$run" | tee "$OUT/$base-$mode-overhead.txt"
+done
+[[ -f "$runs/$base-async/metrics.jsonl" && -f "$runs/$base-sync/metrics.jsonl" ]] || exit 0
+python3 - "$runs/$base" "$OUT/train_modes.json" <<'PY'
+import json, sys
+from datetime import datetime
+base, out = sys.argv[1], sys.argv[2]
+def t(s): return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+res = {}
+for mode in ("async", "sync"):
+    recs = [json.loads(l) for l in open(f"{base}-{mode}/metrics.jsonl")]
+    resumed = max(i for i, r in enumerate(recs) if r["event"] == "run_resumed")
+    after = recs[resumed:]
+    end = [r for r in after if r["event"] == "run_finished"]
+    steps = [r for r in after if r["event"] == "train_step" and r.get("stage") == "rl"]
+    samples = sum(r.get("samples", 0) for r in steps)
+    wall = t(end[-1]["time"]) - t(after[0]["time"]) if end else float("nan")
+    correct = sum(r.get("samples", 0) * r.get("correct_share", 0) for r in steps)
+    res[mode] = {"rl_steps": len(steps), "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
+                 "correct_share": correct / samples if samples else None,
+                 "dropped_stale": sum(r.get("dropped_stale", 0) for r in steps)}
+res["sync_over_async_wall"] = res["sync"]["wall_s"] / res["async"]["wall_s"]
+json.dump(res, open(out, "w"), indent=1)
+print(json.dumps(res, indent=1))
+PY
