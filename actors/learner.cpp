@@ -2,6 +2,7 @@
 // step metrics out; rank 0 publishes each new version to the engines.
 #include "actors/learner.hpp"
 
+#include <chrono>
 #include <caf/all.hpp>
 
 #include <algorithm>
@@ -197,10 +198,13 @@ caf::result<train_report> grpo_update(learner_pointer self, const std::vector<co
   auto m = st.learner->grpo_step(batch);
   if (!m.ok())
     return make_error(m.error());
+  const auto began = std::chrono::steady_clock::now();
   if (!m->skipped)
     if (auto p = publish(self, m->version); !p.ok())
       return make_error(p.error());
-  return report_of(*m, *st.learner, groups.size(), dropped);
+  auto r = report_of(*m, *st.learner, groups.size(), dropped);
+  r.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return r;
 }
 
 learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps deps, learner_actor_spec spec) {
@@ -252,10 +256,13 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
                                                std::to_string(b.completions.size()) + " completions");
       if (!m.ok())
         return make_error(m.error());
+      const auto began = std::chrono::steady_clock::now();
       if (!m->skipped)
         if (auto p = publish(self, m->version); !p.ok())
           return make_error(p.error());
-      return report_of(*m, *st.learner, mine.size(), 0);
+      auto r = report_of(*m, *st.learner, mine.size(), 0);
+      r.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+      return r;
     },
     [=](save_atom, const std::string& dir) -> caf::result<policy_version> {
       auto& st = self->state;

@@ -446,6 +446,7 @@ struct train_report {
   double grad_norm = 0;            ///< global L2 norm before clipping
   double lr = 0;                   ///< learning rate of the update
   double seconds = 0;              ///< wall time of the update (publication not included)
+  double publish_seconds = 0;      ///< wall time of writing the new weights and sending them to the engines
   std::uint64_t tokens = 0;        ///< completion tokens of the global batch
   std::uint64_t sequences = 0;     ///< completions of the global batch
   bool skipped = false;            ///< gradient not finite: no update, version unchanged
@@ -457,7 +458,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, train_report& x) {
   return f(caf::meta::type_name("train_report"), x.policy_version, x.step, x.groups,
            x.dropped_stale, detail::exact{x.loss}, detail::exact{x.mean_reward}, detail::exact{x.grad_norm},
-           detail::exact{x.lr}, detail::exact{x.seconds}, x.tokens, x.sequences, x.skipped);
+           detail::exact{x.lr}, detail::exact{x.seconds}, detail::exact{x.publish_seconds}, x.tokens, x.sequences,
+           x.skipped);
 }
 
 /// Coordinator -> every learner rank: the complete GRPO groups of one global step. Every rank

@@ -496,6 +496,7 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
     .field("tokens", r.tokens)
     .field("sequences", r.sequences)
     .field("seconds", r.seconds)
+    .field("publish_seconds", r.publish_seconds)
     .field("step_seconds", seconds_since(st.step_began))
     .field("wait_seconds", st.wait_seconds)
     .field("prep_seconds", st.prep_seconds)

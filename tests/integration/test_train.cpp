@@ -129,8 +129,8 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(count["run_started"] == 1);
   CHECK(count["run_finished"] == 1);
   CHECK(count["checkpoint"] == 2); // steps 2 and 4
-  // Every step's time: the trainer's parts (learner update, waiting for groups, building SFT
-  // examples) lie within its own span, which lies within the coordinator's round trip.
+  // Every step's time: the trainer's parts (learner update, weight publication, waiting for
+  // groups, building SFT examples) lie within its own span, which lies within the coordinator's round trip.
   CHECK(count["step_timing"] == 4);
   std::map<std::int64_t, double> trip;
   for (const auto& x : all)
@@ -140,8 +140,8 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
     if (event_of(x) == "train_step") {
       const auto step = x.find("step")->as_int();
       const double span = x.find("step_seconds")->as_double();
-      const double parts = x.find("seconds")->as_double() + x.find("wait_seconds")->as_double()
-                           + x.find("prep_seconds")->as_double();
+      const double parts = x.find("seconds")->as_double() + x.find("publish_seconds")->as_double()
+                           + x.find("wait_seconds")->as_double() + x.find("prep_seconds")->as_double();
       INFO("step ", step);
       CHECK(x.find("seconds")->as_double() > 0);
       CHECK(parts <= span + 1e-6);

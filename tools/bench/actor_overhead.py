@@ -3,12 +3,13 @@
 
 For every step that trained, the coordinator's `step_timing` record holds the round trip of its
 step request (sent to the trainer, reply received), and the trainer's `train_step` record splits
-the trainer's side: `seconds` (the learner's update), `wait_seconds` (waiting for rollout groups:
+the trainer's side: `seconds` (the learner's update), `publish_seconds` (writing the new weights
+and sending them to the engines), `wait_seconds` (waiting for rollout groups:
 their generation, evaluation and delivery) and `prep_seconds` (building SFT examples). The rest
 of the round trip is the actor system's share: the message hops coordinator -> trainer ->
 learner -> trainer -> coordinator, mailbox and scheduling delays, and the trainer's bookkeeping.
 
-    overhead = round_trip - seconds - wait_seconds - prep_seconds
+    overhead = round_trip - seconds - publish_seconds - wait_seconds - prep_seconds
 
 Usage: actor_overhead.py RUN_DIR [--json]
 """
@@ -44,8 +45,9 @@ def main() -> int:
         if step not in trips:
             continue
         rt = trips[step]
-        work = e["seconds"] + e["wait_seconds"] + e["prep_seconds"]
-        rows.append({"step": step, "stage": e["stage"], "round_trip": rt, "learner": e["seconds"],
+        publish = e.get("publish_seconds", 0.0)
+        work = e["seconds"] + publish + e["wait_seconds"] + e["prep_seconds"]
+        rows.append({"step": step, "stage": e["stage"], "round_trip": rt, "learner": e["seconds"], "publish": publish,
                      "wait": e["wait_seconds"], "prep": e["prep_seconds"], "overhead": max(0.0, rt - work)})
     if not rows:
         print(f"actor_overhead: {metrics} has no steps with both train_step timings and step_timing",
@@ -60,6 +62,7 @@ def main() -> int:
             "steps": len(rs),
             "mean_step_s": total_rt / len(rs),
             "mean_learner_s": sum(r["learner"] for r in rs) / len(rs),
+            "mean_publish_s": sum(r["publish"] for r in rs) / len(rs),
             "mean_wait_s": sum(r["wait"] for r in rs) / len(rs),
             "mean_prep_s": sum(r["prep"] for r in rs) / len(rs),
             "mean_overhead_ms": 1e3 * sum(r["overhead"] for r in rs) / len(rs),
@@ -70,10 +73,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'stage':<16}{'steps':>6}{'step s':>9}{'learner s':>10}{'wait s':>9}{'prep s':>9}"
+    print(f"{'stage':<16}{'steps':>6}{'step s':>9}{'learner s':>10}{'publish s':>10}{'wait s':>9}{'prep s':>9}"
           f"{'overhead ms':>12}{'share':>9}{'median':>9}{'max':>9}")
     for stage, s in out["stages"].items():
-        print(f"{stage:<16}{s['steps']:>6}{s['mean_step_s']:>9.3f}{s['mean_learner_s']:>10.3f}"
+        print(f"{stage:<16}{s['steps']:>6}{s['mean_step_s']:>9.3f}{s['mean_learner_s']:>10.3f}{s['mean_publish_s']:>10.3f}"
               f"{s['mean_wait_s']:>9.3f}{s['mean_prep_s']:>9.3f}{s['mean_overhead_ms']:>12.3f}"
               f"{100 * s['overhead_share']:>8.3f}%{100 * s['median_share']:>8.3f}%{100 * s['max_share']:>8.3f}%")
     return 0
