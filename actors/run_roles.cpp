@@ -287,6 +287,9 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   auto eng = policy::engine::load(model_source, eopt);
   if (!eng.ok())
     return guard(fail(eng.error().code, "engine: ", eng.error().message));
+  // Resumed, the engine serves the checkpoint's weights: it stamps their version on what it
+  // samples, or every group would look stale to the learner and be dropped.
+  (*eng)->set_policy_version(progress.version);
   auto engine_opts = engine_actor_options::from(cfg);
   engine_opts.load = eopt;
   auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(*eng)), tokenizer, {}}, engine_opts);

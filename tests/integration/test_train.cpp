@@ -180,6 +180,42 @@ TEST_CASE("pause and resume give the weights of an uninterrupted run, each step 
   CHECK(a == b);
 }
 
+TEST_CASE("a run paused in the RL stage resumes, samples with the checkpoint's policy version and finishes") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "rlpause",
+                                                                      "  sft: {steps: 2, batch: 2}\n"
+                                                                      "  rl: {steps: 3, groups: 1}\n")));
+  auto first = cli({"train", cfg.string(), "--pause-after", "3"});
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  CHECK(first.out.find("paused at step 3 (rl)") != std::string::npos);
+  const auto run = tmp.path() / "rlpause";
+  // The engine of the resumed process serves the checkpoint's weights (version 3): were it to
+  // stamp v0 on its groups, the learner would drop every one as stale and the run would hang.
+  running_process p({CRUCIBLE_CLI, "resume", run.string()});
+  std::string out;
+  const bool finished = p.read_until("finished at step 5", 300000, out);
+  if (!finished)
+    p.signal(SIGKILL);
+  auto res = p.wait();
+  INFO(out);
+  REQUIRE(finished);
+  CHECK(res.exit_code == 0);
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4, 5});
+  bool resumed = false;
+  int sampled_after = 0;
+  for (const auto& r : records(run)) {
+    if (event_of(r) == "run_resumed")
+      resumed = true;
+    if (resumed && event_of(r) == "verdict") {
+      ++sampled_after;
+      CHECK(r.find("policy_version")->as_int() >= 3);
+    }
+  }
+  CHECK(resumed);
+  CHECK(sampled_after >= 2);
+}
+
 TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, and crucible pause pauses a run") {
   temp_dir tmp;
   auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "killed", "  sft: {steps: 6, batch: 2}\n")));
