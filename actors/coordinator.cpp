@@ -131,7 +131,7 @@ std::string heartbeat_record(const coordinator_deps& d, const run_status& s) {
   return std::move(w).take();
 }
 
-// Copies a trainer report into the status and appends its records.
+// Copies a trainer report into the status, appends its records and rewrites status.json.
 result<void> take_report(coordinator_state& st, const stage_report& rep) {
   st.status.stage = rep.stage;
   st.status.step = rep.step;
@@ -151,7 +151,8 @@ result<void> take_report(coordinator_state& st, const stage_report& rep) {
     if (auto r = append_record(*st.deps, event, line); !r)
       return r;
   }
-  return {};
+  // status.json follows every step, so that `crucible status` shows the run's progress.
+  return storage::write_file_atomic(st.deps->status_file, status_file_text(*st.deps, st.status));
 }
 
 // Answers the stops waiting for the pause sequence, then quits.

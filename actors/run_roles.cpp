@@ -23,6 +23,7 @@
 #include "policy/learner.hpp"
 #include "policy/model.hpp"
 #include "policy/model_config.hpp"
+#include "policy/safetensors.hpp"
 #include "policy/tokenizer.hpp"
 
 namespace fs = std::filesystem;
@@ -185,6 +186,29 @@ result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg)
   if (out->empty())
     return fail(errc::config, "tasks.suite: ", cfg.tasks.suite, " holds no KernelBench-format task");
   return std::shared_ptr<const task_catalog>(std::move(out));
+}
+
+result<void> check_run_inputs(const config& cfg) {
+  auto tasks = load_task_catalog(cfg);
+  if (!tasks.ok())
+    return tasks.error();
+  if (auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks); !seeds.ok())
+    return seeds.error();
+  if (cfg.model.dir.empty())
+    return {};
+  const fs::path dir{cfg.model.dir};
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return fail(errc::config, "model.dir: ", cfg.model.dir, " is not a directory");
+  if (!fs::exists(dir / "config.json", ec))
+    return fail(errc::config, "model.dir: ", cfg.model.dir, " has no config.json (not a Hugging Face model directory)");
+  if (auto mc = policy::read_model_config(dir); !mc.ok())
+    return fail(errc::config, "model.dir: ", mc.error().message);
+  if (auto tok = policy::tokenizer::load(dir); !tok.ok())
+    return fail(errc::config, "model.dir: ", tok.error().message);
+  if (auto weights = policy::safetensors_checkpoint::open(dir); !weights.ok())
+    return fail(errc::config, "model.dir: ", weights.error().message);
+  return {};
 }
 
 result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, const fs::path& run_dir, bool resume,

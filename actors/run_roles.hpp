@@ -47,6 +47,13 @@ result<void> prepare_model(const config& cfg, const std::filesystem::path& run_d
 /// tasks.include (an unknown name is errc::config naming it).
 result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg);
 
+/// Checks what a new run reads before its run directory is made, so that a wrong path leaves
+/// nothing behind: the task suite (as load_task_catalog) and its seed variants, and with
+/// `model.dir` set, that the directory holds a config.json crucible supports, a tokenizer it
+/// loads and safetensors weights that open (the weights' shapes are checked when the learner
+/// loads them). Errors are errc::config naming the key and the file at fault.
+result<void> check_run_inputs(const config& cfg);
+
 /// Spawns the roles. `resume`: the learner, the trainer's position and the status come from
 /// RUN/checkpoints/latest (errc::not_found when the run has none). Errors name the key, file
 /// or device at fault; roles already spawned are told to exit.

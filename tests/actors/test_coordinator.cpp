@@ -460,6 +460,29 @@ TEST_CASE_FIXTURE(trainer_fixture, "a trainer's steps are recorded, checkpointed
   CHECK(status_on_disk().step == 3);
 }
 
+TEST_CASE_FIXTURE(trainer_fixture, "status.json follows each step while the run goes on") {
+  respawn(true, 0);
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  sched.run();
+  CHECK(status_on_disk().step == 0);
+  self->send(trainer, collect_atom_v); // step 1 ends; step 2 is under way
+  sched.run();
+  auto disk = status_on_disk();
+  CHECK(disk.state == run_state::running);
+  CHECK(disk.stage == "sft");
+  CHECK(disk.step == 1);
+  CHECK(disk.policy_version == policy_version{1});
+  self->send(trainer, collect_atom_v);
+  sched.run();
+  CHECK(status_on_disk().step == 2);
+  for (int i = 0; i < 4; ++i) {
+    self->send(trainer, collect_atom_v);
+    sched.run();
+  }
+  CHECK(ok(take(start)).state == run_state::finished);
+  CHECK(status_on_disk().state == run_state::finished);
+}
+
 TEST_CASE_FIXTURE(trainer_fixture, "a pause waits for the step under way, stops the rollouts and checkpoints") {
   respawn(true, 0);
   auto start = self->request(coord, caf::infinite, start_atom_v);

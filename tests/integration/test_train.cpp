@@ -288,3 +288,49 @@ TEST_CASE("bad training input is refused with the key at fault and nothing is ru
   auto r3 = cli({"pause", (tmp.path() / "nothing").string()});
   CHECK(r3.exit_code == 2);
 }
+
+TEST_CASE("a wrong task suite or model directory is refused before the run directory is made") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "r", "  sft: {steps: 1, batch: 2}\n"));
+  const auto run = tmp.path() / "r";
+  auto train = [&](const std::string& set) {
+    return cli({"train", cfg.string(), "--set", "tasks.include=[]", "--set", set});
+  };
+  // A suite without a task.
+  fs::create_directories(tmp.path() / "empty_suite" / "level1");
+  auto r = train("tasks.suite=" + (tmp.path() / "empty_suite").string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("tasks.suite: " + (tmp.path() / "empty_suite").string() + " holds no KernelBench-format task")
+        != std::string::npos);
+  CHECK_FALSE(fs::exists(run));
+  // A model directory without config.json, then one whose config.json asks for what crucible
+  // does not implement, then one without a tokenizer, then one without weights.
+  const auto model = tmp.path() / "model";
+  fs::create_directories(model);
+  r = train("model.dir=" + model.string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.dir: " + model.string() + " has no config.json") != std::string::npos);
+  CHECK_FALSE(fs::exists(run));
+  const std::string config_json =
+    "{\"model_type\":\"qwen2\",\"vocab_size\":300,\"hidden_size\":64,\"intermediate_size\":128,"
+    "\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+    "\"max_position_embeddings\":512,\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0,"
+    "\"tie_word_embeddings\":true,\"hidden_act\":\"silu\",";
+  std::ofstream(model / "config.json") << config_json << "\"use_sliding_window\":true,\"sliding_window\":256}";
+  r = train("model.dir=" + model.string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.dir: " + (model / "config.json").string() + ": use_sliding_window") != std::string::npos);
+  CHECK_FALSE(fs::exists(run));
+  std::ofstream(model / "config.json") << config_json << "\"use_sliding_window\":false}";
+  r = train("model.dir=" + model.string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.dir: " + (model / "tokenizer.json").string()) != std::string::npos);
+  CHECK_FALSE(fs::exists(run));
+  auto tok = cli({"tokenizer", "train", "--corpus", (source_dir / "env/tasks/cpu/01_relu_scale.py").string(), "--vocab",
+                  "300", "--out", model.string()});
+  REQUIRE(tok.exit_code == 0);
+  r = train("model.dir=" + model.string());
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("model.dir: " + model.string() + ": holds neither model.safetensors") != std::string::npos);
+  CHECK_FALSE(fs::exists(run));
+}

@@ -61,6 +61,21 @@ TEST_CASE("crucible watch RUN on a finished quickstart run reports its events up
   CHECK(h.out.find("run_finished") != std::string::npos);
   CHECK(h.out.find("step=0") != std::string::npos);
   CHECK(h.err.find("is finished") != std::string::npos);
+  // A verdict line names its task, status and speedup; a training step its stage, loss and
+  // sampling figures (records as the trainer writes them, docs/training.md).
+  std::ofstream(run / "metrics.jsonl", std::ios::app)
+    << "{\"event\":\"verdict\",\"time\":\"2026-01-01T00:00:00.000Z\",\"stage\":\"rl\",\"step\":3,"
+       "\"task\":\"level1/1_LogSumExp\",\"status\":\"ok\",\"correct\":true,\"speedup\":1.5,\"reward\":1.5,"
+       "\"hardware\":\"cpu\",\"policy_version\":3,\"group\":7,\"cache_hit\":false}\n"
+    << "{\"event\":\"train_step\",\"time\":\"2026-01-01T00:00:01.000Z\",\"stage\":\"rl\",\"step\":4,"
+       "\"stage_step\":1,\"policy_version\":4,\"loss\":0.25,\"mean_reward\":0.75,\"correct_share\":0.5,"
+       "\"mean_speedup\":1.5,\"best_speedup\":2}\n";
+  auto detail = cli({"watch", run.string()});
+  CHECK(detail.exit_code == 0);
+  CHECK(detail.out.find("verdict        stage=rl step=3 policy=v3 task=level1/1_LogSumExp status=ok speedup=1.5x")
+        != std::string::npos);
+  CHECK(detail.out.find("train_step     stage=rl step=4 policy=v4 loss=0.25 reward=0.75 correct=0.5 mean=1.5x best=2x")
+        != std::string::npos);
   // An event the finished run never had is an error, not a wait.
   auto never = cli({"watch", run.string(), "--until", "run_paused"});
   CHECK(never.exit_code == 1);

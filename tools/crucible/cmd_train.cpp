@@ -201,6 +201,12 @@ int run_train(const parsed_args& args) {
     std::fprintf(stderr, "crucible train: %s\n", pause_after.error().message.c_str());
     return exit_usage;
   }
+  // The task suite and the model directory are checked before the run directory is made: a
+  // wrong path leaves nothing behind, and the same run name can be used once it is fixed.
+  if (auto r = check_run_inputs(*cfg); !r) {
+    std::fprintf(stderr, "crucible train: %s\n", r.error().message.c_str());
+    return r.error().code == errc::config || r.error().code == errc::not_found ? exit_usage : exit_failure;
+  }
   system_clock clk;
   logger log{clk, cfg->log.level};
   auto dir = storage::run_directory::create(cfg->run.dir, cfg->run.name);

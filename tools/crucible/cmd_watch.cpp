@@ -51,11 +51,22 @@ std::string readable(const std::string& line) {
     if (f)
       out += std::string{" "} + label + "=" + number(*f) + (f->is_number() ? suffix : "");
   };
-  if (auto* s = v->find("state"); s && s->is_string())
-    out += " state=" + s->as_string();
+  auto add_string = [&](const char* label, const char* key) {
+    if (auto* f = v->find(key); f && f->is_string() && !f->as_string().empty())
+      out += std::string{" "} + label + "=" + f->as_string();
+  };
+  add_string("state", "state");
+  add_string("stage", "stage");
   add("step", v->find("step"));
   if (auto* p = v->find("policy_version"); p && p->is_int())
     out += " policy=v" + std::to_string(p->as_int());
+  // A verdict: its task, status and speedup; a training step: its loss and sampling figures.
+  add_string("task", "task");
+  add_string("status", "status");
+  add("speedup", v->find("speedup"), "x");
+  add("loss", v->find("loss"));
+  add("reward", v->find("mean_reward"));
+  add("correct", v->find("correct_share"));
   add("verdicts/min", v->find("verdicts_per_minute"));
   // Queue depths: any `*_queue` member, or the members of a `queues` object.
   for (const auto& m : v->as_object())
