@@ -58,7 +58,8 @@ bool supported_dtype(torch::ScalarType t) { return t == torch::kFloat || t == to
 bool supported_attention(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
   return heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && head_dim % 2 == 0
          && head_dim <= kernels::decode_attention_max_head_dim
-         && kernels::decode_attention_shared_bytes(kernels::decode_attention_max_heads_per_block, head_dim) <= 48 * 1024;
+         && kernels::decode_attention_shared_bytes(kernels::decode_attention_max_heads_per_block, head_dim)
+              <= 48 * 1024;
 }
 
 torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, const torch::Tensor& weight,
@@ -86,14 +87,22 @@ torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, 
   return out;
 }
 
-torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_freq, double attention_scaling,
-                            const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_bias, const torch::Tensor& inv_freq,
+                            double attention_scaling, const torch::Tensor& lengths, torch::Tensor& k_cache,
+                            torch::Tensor& v_cache,
                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
   TORCH_CHECK(qkv.is_cuda() && qkv.dim() == 2 && qkv.is_contiguous()
                 && qkv.size(1) == (heads + 2 * kv_heads) * head_dim,
               "rope_write_kv: qkv must be a contiguous CUDA [rows, ", (heads + 2 * kv_heads) * head_dim,
               "] tensor, got ", qkv.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_write_kv: head_dim must be even, got ", head_dim);
+  if (qkv_bias.defined()) {
+    check_cuda(qkv_bias, qkv, "qkv_bias");
+    TORCH_CHECK(qkv_bias.dim() == 1 && qkv_bias.size(0) == qkv.size(1) && qkv_bias.is_contiguous()
+                  && qkv_bias.scalar_type() == qkv.scalar_type(),
+                "rope_write_kv: qkv_bias must be contiguous [", qkv.size(1), "] of ", qkv.scalar_type(), ", got ",
+                qkv_bias.scalar_type(), " ", qkv_bias.sizes());
+  }
   const auto rows = qkv.size(0);
   check_lengths(lengths, qkv, rows);
   check_cache(k_cache, qkv, rows, kv_heads, head_dim, "k_cache");
@@ -111,6 +120,7 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_f
   auto q = torch::empty({rows, heads, head_dim}, qkv.options());
   kernels::rope_kv_args a;
   a.qkv = qkv.data_ptr();
+  a.qkv_bias = qkv_bias.defined() ? qkv_bias.data_ptr() : nullptr;
   a.q_out = q.data_ptr();
   a.k_cache = k_cache.data_ptr();
   a.v_cache = v_cache.data_ptr();

@@ -24,13 +24,15 @@ bool supported_attention(std::int64_t heads, std::int64_t kv_heads, std::int64_t
 torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, const torch::Tensor& weight, double eps);
 
 /// For qkv [rows, (heads + 2 kv_heads) * head_dim] (the fused q/k/v projection of one new token
-/// per row): rotates q and k at position lengths[r] with `inv_freq` (float32 [head_dim / 2], or
+/// per row) plus `qkv_bias` when defined ([(heads + 2 kv_heads) * head_dim], the sum rounded to
+/// the dtype): rotates q and k at position lengths[r] with `inv_freq` (float32 [head_dim / 2], or
 /// [rows, head_dim / 2] for dynamic RoPE) and `attention_scaling`, writes the rotated key and the
 /// value to slot lengths[r] of k_cache and v_cache ([rows, kv_heads, slots, head_dim], last dim
 /// contiguous, equal strides; views of a larger cache are fine) and returns q rotated, [rows,
 /// heads, head_dim]. A row whose length is not below `slots` writes nothing to the cache.
-torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_freq, double attention_scaling,
-                            const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_bias, const torch::Tensor& inv_freq,
+                            double attention_scaling, const torch::Tensor& lengths, torch::Tensor& k_cache,
+                            torch::Tensor& v_cache,
                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
 
 /// Attention of q [rows, heads, head_dim] (one token per row) over slots [0, min(lengths[r] + 1,

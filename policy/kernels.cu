@@ -120,15 +120,21 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
   const int heads = static_cast<int>(a.heads), kv_heads = static_cast<int>(a.kv_heads);
   const long long width = static_cast<long long>(heads + 2 * kv_heads) * d;
   const T* src = qkv + row * width + static_cast<long long>(head) * d; // this head's d inputs
+  const T* bias = a.qkv_bias == nullptr ? nullptr
+                                         : static_cast<const T*>(a.qkv_bias) + static_cast<long long>(head) * d;
+  // qkv + bias in T, as a projection's output with its bias added in a kernel of its own.
+  auto input = [&](int i) {
+    return bias == nullptr ? to_float(src[i]) : rounded<T>(__fadd_rn(to_float(src[i]), to_float(bias[i])));
+  };
   const long long pos = a.lengths[row];
   const bool in_cache = pos >= 0 && pos < a.slots;
-  if (head >= heads + kv_heads) { // values: copied to the cache as they are
+  if (head >= heads + kv_heads) { // values: copied to the cache as they are (with the bias)
     if (!in_cache)
       return;
     T* dst = static_cast<T*>(a.v_cache) + row * a.row_stride + static_cast<long long>(head - heads - kv_heads) * a.head_stride
              + pos * a.slot_stride;
     for (int i = threadIdx.x; i < d; i += blockDim.x)
-      dst[i] = src[i];
+      dst[i] = from_float<T>(input(i)); // exact without a bias: T to float and back
     return;
   }
   T* dst = nullptr;
@@ -148,7 +154,7 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
     const float f = __fmul_rn(p, inv[i]);
     const float c = rounded<T>(__fmul_rn(cosf(f), a.attention_scaling));
     const float s = rounded<T>(__fmul_rn(sinf(f), a.attention_scaling));
-    const float x1 = to_float(src[i]), x2 = to_float(src[i + half]);
+    const float x1 = input(i), x2 = input(i + half);
     // x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1); each product rounded, then the sum.
     dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
     dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
@@ -177,16 +183,26 @@ constexpr int attention_threads = 32 * decode_attention_warps;
 constexpr int max_head_dim = static_cast<int>(decode_attention_max_head_dim);
 constexpr float log2_e = 1.4426950408889634f;
 
-// What one load brings: 16 bytes as a uint4 when VEC elements fill them, else one element.
+// What one load brings: 16 bytes as a uint4 when VEC elements fill them, else one element,
+// converted to float at once.
 template <class T, int VEC>
-using load_t = std::conditional_t<VEC * sizeof(T) == 16, uint4, T>;
+using load_t = std::conditional_t<VEC * sizeof(T) == 16, uint4, float>;
 
 template <class T, int VEC>
 __device__ __forceinline__ load_t<T, VEC> load_elements(const T* p) {
   if constexpr (VEC * sizeof(T) == 16)
     return __ldg(reinterpret_cast<const uint4*>(p)); // p is 16-byte aligned (the plan's `aligned`)
   else
-    return *p;
+    return to_float(*p);
+}
+
+// Zeros as one load brings them.
+template <class T, int VEC>
+__device__ __forceinline__ load_t<T, VEC> zero_elements() {
+  if constexpr (VEC * sizeof(T) == 16)
+    return make_uint4(0u, 0u, 0u, 0u);
+  else
+    return 0.0f;
 }
 
 template <class T, int VEC>
@@ -197,7 +213,7 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
     for (int c = 0; c < VEC; ++c)
       out[c] = to_float(e[c]);
   } else {
-    out[0] = to_float(raw);
+    out[0] = raw;
   }
 }
 
@@ -222,10 +238,10 @@ __device__ float block_max(float v, float* scratch) {
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
 // plan's heads_per_block). Registers per lane: q and the accumulators, GM * E floats each (E = 8:
 // 32 each at GM = 4), the loads of a round and the scores; 128 registers in all with no spills on
-// sm_90 for 16-byte loads (the element-load variant spills about 20 bytes), so four blocks fit
-// an SM.
+// sm_80 and sm_90 for 16-byte loads, so four blocks fit an SM. The element-load variant (data
+// not 16-byte aligned) keeps its 8 loads a key as floats and gets about 160 (three blocks).
 template <class T, int VEC, int GM>
-__global__ void __launch_bounds__(attention_threads, 4)
+__global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
   constexpr int E = max_vectors * VEC;                            // elements per lane and key
@@ -314,9 +330,9 @@ __global__ void __launch_bounds__(attention_threads, 4)
         if (valid[u] && element[i] >= 0) {
           k_raw[u][i] = load_elements<T, VEC>(k_base + slot * a.slot_stride + element[i]);
           v_raw[u][i] = load_elements<T, VEC>(v_base + slot * a.slot_stride + element[i]);
-        } else {
-          k_raw[u][i] = raw_t{};
-          v_raw[u][i] = raw_t{};
+        } else { // zeros: a weight of 0 times a value must stay 0
+          k_raw[u][i] = zero_elements<T, VEC>();
+          v_raw[u][i] = zero_elements<T, VEC>();
         }
       }
     }

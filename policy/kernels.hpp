@@ -33,6 +33,9 @@ cudaError_t add_rms_norm(dtype t, const void* delta, void* residual, const void*
 /// RoPE of one new token per row, fused with the KV-cache write.
 struct rope_kv_args {
   const void* qkv = nullptr;         ///< [rows, (heads + 2 kv_heads) * head_dim]: q heads, k heads, v heads
+  /// [(heads + 2 kv_heads) * head_dim], added to every row of qkv first (rounded to the storage
+  /// type), or null: the q/k/v projections' bias, which the GEMM then need not add.
+  const void* qkv_bias = nullptr;
   void* q_out = nullptr;             ///< [rows, heads, head_dim] contiguous: q rotated
   void* k_cache = nullptr;           ///< element (r, h, s, d) at r*row_stride + h*head_stride + s*slot_stride + d
   void* v_cache = nullptr;           ///< same strides as k_cache
@@ -47,7 +50,8 @@ struct rope_kv_args {
   std::int64_t slots = 0;            ///< cache slots; a row whose length is not below it is not written
 };
 
-/// q_out and the cache's rotated keys and values at slot lengths[r]: with p = lengths[r],
+/// q_out and the cache's rotated keys and values at slot lengths[r]: x = qkv (+ qkv_bias, rounded);
+/// with p = lengths[r],
 /// cos = to_dtype(cos(p * inv_freq) * scaling) (sin alike), x' = x * cos + rotate_half(x) * sin with
 /// each product and the sum rounded, as CausalLMImpl::rope and apply_rope compute them.
 cudaError_t rope_kv_write(dtype t, const rope_kv_args& a, cudaStream_t stream);

@@ -122,22 +122,26 @@ TEST_CASE("add_rms_norm equals x + delta and RMSNormImpl, per dtype") {
   }
 }
 
-TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtype, static and per-row tables") {
+TEST_CASE("rope_write_kv equals the q/k/v bias, RoPE of q and k and the cache scatter, per dtype and table") {
   torch::manual_seed(12);
   torch::NoGradGuard g;
   for (auto dtype : all_dtypes) {
     for (auto [heads, kv_heads, dim] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{14, 2, 64}, {4, 4, 32},
                                         {8, 2, 128}}) {
       for (bool per_row : {false, true}) {
-        for (double scaling : {1.0, 1.25}) {
+        for (auto [scaling, biased] : {std::pair<double, bool>{1.0, false}, {1.25, false}, {1.0, true}, {1.25, true}}) {
           const std::int64_t rows = 5, slots = 40;
           const std::string what = std::string(c10::toString(dtype)) + " heads " + std::to_string(heads) + "/" +
                                    std::to_string(kv_heads) + " dim " + std::to_string(dim) +
                                    (per_row ? " per-row table" : " shared table") + " scaling " +
-                                   std::to_string(scaling);
+                                   std::to_string(scaling) + (biased ? " with bias" : "");
           CAPTURE(what);
           auto f32 = on_gpu(torch::kFloat);
           auto qkv = torch::randn({rows, (heads + 2 * kv_heads) * dim}, on_gpu(dtype));
+          torch::Tensor bias;
+          if (biased)
+            bias = torch::randn({(heads + 2 * kv_heads) * dim}, on_gpu(dtype));
+          auto x = biased ? qkv + bias : qkv; // the projection's output with its bias, rounded to the dtype
           // Positions: random, the last slot, and the first.
           auto lengths = torch::randint(0, slots, {rows}, f32.dtype(torch::kLong));
           lengths[0] = slots - 1;
@@ -155,9 +159,9 @@ TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtyp
           auto freqs = positions.unsqueeze(-1).to(torch::kFloat) * (per_row ? inv.unsqueeze(1) : inv);
           auto emb = torch::cat({freqs, freqs}, -1);
           auto cos = (emb.cos() * scaling).to(dtype).unsqueeze(1), sin = (emb.sin() * scaling).to(dtype).unsqueeze(1);
-          auto q = qkv.narrow(1, 0, heads * dim).reshape({rows, 1, heads, dim}).transpose(1, 2);
-          auto k = qkv.narrow(1, heads * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
-          auto v = qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
+          auto q = x.narrow(1, 0, heads * dim).reshape({rows, 1, heads, dim}).transpose(1, 2);
+          auto k = x.narrow(1, heads * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
+          auto v = x.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
           auto q_want = (q * cos + rotate_half(q) * sin).squeeze(2); // [R, H, D]
           auto k_want = k * cos + rotate_half(k) * sin;
           auto k_ref = k_full.clone(), v_ref = v_full.clone();
@@ -168,10 +172,11 @@ TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtyp
           auto k_got = k_full.clone(), v_got = v_full.clone();
           auto k_view = k_got.narrow(0, 0, rows).narrow(2, 0, slots);
           auto v_view = v_got.narrow(0, 0, rows).narrow(2, 0, slots);
-          auto q_got = fused::rope_write_kv(qkv, inv.contiguous(), scaling, lengths, k_view, v_view, heads, kv_heads, dim);
+          auto q_got =
+            fused::rope_write_kv(qkv, bias, inv.contiguous(), scaling, lengths, k_view, v_view, heads, kv_heads, dim);
           check_close(q_got, q_want, rtol(dtype), 1e-6, "q, " + what);
           check_close(k_got, k_ref, rtol(dtype), 1e-6, "k cache, " + what);
-          CHECK(torch::equal(v_got, v_ref)); // values are copied as they are
+          CHECK(torch::equal(v_got, v_ref)); // values are copied as they are (plus the bias, rounded once)
           // Nothing but the new token's slot changed.
           auto written = torch::zeros({rows + 2, kv_heads, slots + 8, 1}, f32.dtype(torch::kBool));
           written.narrow(0, 0, rows).narrow(2, 0, slots).scatter_(2, positions.view({rows, 1, 1, 1}).expand({rows, kv_heads, 1, 1}), true);
