@@ -58,7 +58,8 @@ bool supported_dtype(torch::ScalarType t) { return t == torch::kFloat || t == to
 bool supported_attention(std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
   return heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && head_dim % 2 == 0
          && head_dim <= kernels::decode_attention_max_head_dim
-         && kernels::decode_attention_shared_bytes(heads / kv_heads, head_dim) <= 48 * 1024;
+         && kernels::decode_attention_shared_bytes(kernels::decode_attention_max_heads_per_block, head_dim)
+              <= 48 * 1024;
 }
 
 torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, const torch::Tensor& weight,
@@ -86,14 +87,22 @@ torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, 
   return out;
 }
 
-torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_freq, double attention_scaling,
-                            const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_bias, const torch::Tensor& inv_freq,
+                            double attention_scaling, const torch::Tensor& lengths, torch::Tensor& k_cache,
+                            torch::Tensor& v_cache,
                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
   TORCH_CHECK(qkv.is_cuda() && qkv.dim() == 2 && qkv.is_contiguous()
                 && qkv.size(1) == (heads + 2 * kv_heads) * head_dim,
               "rope_write_kv: qkv must be a contiguous CUDA [rows, ", (heads + 2 * kv_heads) * head_dim,
               "] tensor, got ", qkv.sizes());
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_write_kv: head_dim must be even, got ", head_dim);
+  if (qkv_bias.defined()) {
+    check_cuda(qkv_bias, qkv, "qkv_bias");
+    TORCH_CHECK(qkv_bias.dim() == 1 && qkv_bias.size(0) == qkv.size(1) && qkv_bias.is_contiguous()
+                  && qkv_bias.scalar_type() == qkv.scalar_type(),
+                "rope_write_kv: qkv_bias must be contiguous [", qkv.size(1), "] of ", qkv.scalar_type(), ", got ",
+                qkv_bias.scalar_type(), " ", qkv_bias.sizes());
+  }
   const auto rows = qkv.size(0);
   check_lengths(lengths, qkv, rows);
   check_cache(k_cache, qkv, rows, kv_heads, head_dim, "k_cache");
@@ -111,6 +120,7 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_f
   auto q = torch::empty({rows, heads, head_dim}, qkv.options());
   kernels::rope_kv_args a;
   a.qkv = qkv.data_ptr();
+  a.qkv_bias = qkv_bias.defined() ? qkv_bias.data_ptr() : nullptr;
   a.q_out = q.data_ptr();
   a.k_cache = k_cache.data_ptr();
   a.v_cache = v_cache.data_ptr();
@@ -148,27 +158,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   TORCH_CHECK(splits >= 0, "decode_attention: splits must be >= 0, got ", splits);
   TORCH_CHECK(slots >= 1, "decode_attention: the cache has no slots");
   c10::cuda::CUDAGuard guard(q.device());
-  const std::int64_t tile = kernels::decode_attention_tile;
-  const std::int64_t tiles = (slots + tile - 1) / tile;
-  if (splits == 0) {
-    // About two blocks per SM in all; a split gets at least one tile.
-    const std::int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const std::int64_t blocks = std::max<std::int64_t>(1, rows * kv_heads);
-    splits = std::max<std::int64_t>(1, (2 * sms + blocks - 1) / blocks);
-  }
-  splits = std::clamp<std::int64_t>(splits, 1, tiles);
-  const std::int64_t chunk = (tiles + splits - 1) / splits * tile;
-  splits = (slots + chunk - 1) / chunk; // no split left without slots
   auto out = torch::empty({rows, heads * head_dim}, q.options());
-  torch::Tensor partial_out, partial_ml;
   kernels::decode_attention_args a;
-  if (splits > 1) {
-    auto f32 = q.options().dtype(torch::kFloat);
-    partial_out = torch::empty({rows, heads, splits, head_dim}, f32);
-    partial_ml = torch::empty({rows, heads, splits, 2}, f32);
-    a.partial_out = partial_out.data_ptr<float>();
-    a.partial_ml = partial_ml.data_ptr<float>();
-  }
   a.q = q.data_ptr();
   a.k_cache = k_cache.data_ptr();
   a.v_cache = v_cache.data_ptr();
@@ -182,10 +173,23 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   a.head_dim = head_dim;
   a.slots = slots;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  a.splits = splits;
-  a.chunk = chunk;
   a.out = out.data_ptr();
-  check_launch(kernels::decode_attention(kernel_dtype(q), a, at::cuda::getCurrentCUDAStream()), "decode_attention");
+  const auto dtype = kernel_dtype(q);
+  const auto plan = kernels::plan_decode_attention(dtype, a);
+  const auto split = kernels::choose_decode_attention_split(
+    plan, rows, kv_heads, slots, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, splits);
+  splits = split.splits;
+  a.splits = split.splits;
+  a.chunk = split.chunk;
+  torch::Tensor partial_out, partial_ml;
+  if (splits > 1) {
+    auto f32 = q.options().dtype(torch::kFloat);
+    partial_out = torch::empty({rows, heads, splits, head_dim}, f32);
+    partial_ml = torch::empty({rows, heads, splits, 2}, f32);
+    a.partial_out = partial_out.data_ptr<float>();
+    a.partial_ml = partial_ml.data_ptr<float>();
+  }
+  check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");
   return out;
 }
 

@@ -24,20 +24,25 @@ bool supported_attention(std::int64_t heads, std::int64_t kv_heads, std::int64_t
 torch::Tensor add_rms_norm(const torch::Tensor& delta, torch::Tensor& residual, const torch::Tensor& weight, double eps);
 
 /// For qkv [rows, (heads + 2 kv_heads) * head_dim] (the fused q/k/v projection of one new token
-/// per row): rotates q and k at position lengths[r] with `inv_freq` (float32 [head_dim / 2], or
+/// per row) plus `qkv_bias` when defined ([(heads + 2 kv_heads) * head_dim], the sum rounded to
+/// the dtype): rotates q and k at position lengths[r] with `inv_freq` (float32 [head_dim / 2], or
 /// [rows, head_dim / 2] for dynamic RoPE) and `attention_scaling`, writes the rotated key and the
 /// value to slot lengths[r] of k_cache and v_cache ([rows, kv_heads, slots, head_dim], last dim
 /// contiguous, equal strides; views of a larger cache are fine) and returns q rotated, [rows,
 /// heads, head_dim]. A row whose length is not below `slots` writes nothing to the cache.
-torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& inv_freq, double attention_scaling,
-                            const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_bias, const torch::Tensor& inv_freq,
+                            double attention_scaling, const torch::Tensor& lengths, torch::Tensor& k_cache,
+                            torch::Tensor& v_cache,
                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
 
 /// Attention of q [rows, heads, head_dim] (one token per row) over slots [0, min(lengths[r] + 1,
 /// slots)) of k_cache and v_cache (as in rope_write_kv), grouped-query, scale 1 / sqrt(head_dim):
 /// the masked SDPA of a decoding step. Returns [rows, heads * head_dim]. `splits` pieces of the
-/// slot range run as separate blocks and are combined; 0 picks them from the device's SM count
-/// (about two blocks per SM), 1 makes one kernel. A fixed shape gives a fixed choice (CUDA graphs).
+/// slot range run as separate blocks and are combined by a second kernel; 0 picks them from the
+/// device's SM count (kernels::choose_decode_attention_split: about four blocks per SM over
+/// full rows), 1 makes one kernel. A fixed shape gives a fixed choice (CUDA graphs); the
+/// lengths are read on the device. Any strides with a contiguous last dimension work; q and
+/// caches at 16-byte boundaries with strides of whole 16 bytes take the vectorised kernel.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& lengths, std::int64_t splits = 0);
 

@@ -1,7 +1,8 @@
 // policy/kernels.cu: the fused kernels of a decoding step (see policy/kernels.hpp). Called by
-// policy/fused.cpp, which checks shapes; written to be obviously correct first: one block per
-// row (norms) or per (row, KV head, split) (attention), plain loops, float32 arithmetic with the
-// reference's rounding points spelled out (__fmul_rn and __fadd_rn are never contracted to FMA).
+// policy/fused.cpp, which checks shapes. The elementwise kernels are plain loops, one block per
+// row or head, float32 arithmetic with the reference's rounding points spelled out (__fmul_rn
+// and __fadd_rn are never contracted to FMA); the decode attention is written for latency (see
+// its section).
 #include "policy/kernels.hpp"
 
 #include <cuda_bf16.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 namespace crucible::policy::kernels {
@@ -118,15 +120,21 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
   const int heads = static_cast<int>(a.heads), kv_heads = static_cast<int>(a.kv_heads);
   const long long width = static_cast<long long>(heads + 2 * kv_heads) * d;
   const T* src = qkv + row * width + static_cast<long long>(head) * d; // this head's d inputs
+  const T* bias = a.qkv_bias == nullptr ? nullptr
+                                         : static_cast<const T*>(a.qkv_bias) + static_cast<long long>(head) * d;
+  // qkv + bias in T, as a projection's output with its bias added in a kernel of its own.
+  auto input = [&](int i) {
+    return bias == nullptr ? to_float(src[i]) : rounded<T>(__fadd_rn(to_float(src[i]), to_float(bias[i])));
+  };
   const long long pos = a.lengths[row];
   const bool in_cache = pos >= 0 && pos < a.slots;
-  if (head >= heads + kv_heads) { // values: copied to the cache as they are
+  if (head >= heads + kv_heads) { // values: copied to the cache as they are (with the bias)
     if (!in_cache)
       return;
     T* dst = static_cast<T*>(a.v_cache) + row * a.row_stride + static_cast<long long>(head - heads - kv_heads) * a.head_stride
              + pos * a.slot_stride;
     for (int i = threadIdx.x; i < d; i += blockDim.x)
-      dst[i] = src[i];
+      dst[i] = from_float<T>(input(i)); // exact without a bias: T to float and back
     return;
   }
   T* dst = nullptr;
@@ -146,7 +154,7 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
     const float f = __fmul_rn(p, inv[i]);
     const float c = rounded<T>(__fmul_rn(cosf(f), a.attention_scaling));
     const float s = rounded<T>(__fmul_rn(sinf(f), a.attention_scaling));
-    const float x1 = to_float(src[i]), x2 = to_float(src[i + half]);
+    const float x1 = input(i), x2 = input(i + half);
     // x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1); each product rounded, then the sum.
     dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
     dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
@@ -154,157 +162,348 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
 }
 
 // ---- decode attention ---------------------------------------------------------------------------
+//
+// Flash-decoding for one query token per row. A block serves one row, KV head and up to GM of
+// that KV head's query heads (blockIdx.x) and one split of `chunk` slots (blockIdx.y). Its four
+// warps each take a contiguous quarter of the chunk (decode_attention_warp_slots) and keep their
+// own online softmax, so no barrier is crossed until the warps' results are merged once at the
+// end. Within a warp, `lanes_per_key` lanes share a key row, each loading `vec` elements (16
+// bytes, or one element where the data is not so aligned) at a time, and the warp reads
+// keys_per_step keys per step; a round loads
+// decode_attention_steps steps of keys and values before any arithmetic so that their loads are
+// in flight together. Every lane computes the dot products of its elements with all GM query
+// heads (q in registers), reduces them over its key's lanes with shuffles, and accumulates
+// p * v into registers for the same elements (the lane layout of values is that of keys). With
+// splits > 1 each block leaves its unnormalised sums and (max, sum) in float32 and
+// decode_attention_combine_kernel merges the splits that hold slots.
+//
+// Scores are kept in log2 units (q is scaled by scale * log2(e)) so that exp2f serves.
 
-constexpr int attention_threads = 128;
-constexpr int tile = static_cast<int>(decode_attention_tile);
+constexpr int attention_threads = 32 * decode_attention_warps;
 constexpr int max_head_dim = static_cast<int>(decode_attention_max_head_dim);
-constexpr int per_lane = max_head_dim / 32; // head_dim elements each lane holds of one key
+constexpr float log2_e = 1.4426950408889634f;
 
-// One block per (row, KV head) (blockIdx.x) and split of the slots (blockIdx.y); it serves the
-// `group` query heads of that KV head, so each key and value is read once per group. Online
-// softmax over tiles of `tile` slots. Shared memory: q and the accumulators [group][head_dim],
-// the tile's scores [group][tile], and per query head its running max, sum and rescale factor.
-template <class T>
-__global__ void decode_attention_kernel(decode_attention_args a) {
-  extern __shared__ float shared[];
-  const int d = static_cast<int>(a.head_dim);
-  const int heads = static_cast<int>(a.heads), kv_heads = static_cast<int>(a.kv_heads);
-  const int group = heads / kv_heads;
-  const int kv_head = blockIdx.x % kv_heads;
-  const long long row = blockIdx.x / kv_heads;
-  const int split = blockIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+// What one load brings: 16 bytes as a uint4 when VEC elements fill them, else one element,
+// converted to float at once.
+template <class T, int VEC>
+using load_t = std::conditional_t<VEC * sizeof(T) == 16, uint4, float>;
 
-  float* q_s = shared;                    // [group * d]
-  float* acc_s = q_s + group * d;         // [group * d]
-  float* p_s = acc_s + group * d;         // [group * tile]
-  float* m_s = p_s + group * tile;        // [group]
-  float* l_s = m_s + group;               // [group]
-  float* alpha_s = l_s + group;           // [group]
+template <class T, int VEC>
+__device__ __forceinline__ load_t<T, VEC> load_elements(const T* p) {
+  if constexpr (VEC * sizeof(T) == 16)
+    return __ldg(reinterpret_cast<const uint4*>(p)); // p is 16-byte aligned (the plan's `aligned`)
+  else
+    return to_float(*p);
+}
 
-  const long long length = a.lengths[row] + 1; // the new token's slot included
-  const long long n = length < 0 ? 0 : (length > a.slots ? a.slots : length);
-  const long long begin = static_cast<long long>(split) * a.chunk;
-  const long long end = begin + a.chunk < n ? begin + a.chunk : n;
+// Zeros as one load brings them.
+template <class T, int VEC>
+__device__ __forceinline__ load_t<T, VEC> zero_elements() {
+  if constexpr (VEC * sizeof(T) == 16)
+    return make_uint4(0u, 0u, 0u, 0u);
+  else
+    return 0.0f;
+}
 
-  const T* q = static_cast<const T*>(a.q) + (row * heads + static_cast<long long>(kv_head) * group) * d;
-  const T* k_base = static_cast<const T*>(a.k_cache) + row * a.row_stride + kv_head * a.head_stride;
-  const T* v_base = static_cast<const T*>(a.v_cache) + row * a.row_stride + kv_head * a.head_stride;
-  for (int i = threadIdx.x; i < group * d; i += blockDim.x) {
-    q_s[i] = to_float(q[i]); // query heads kv_head * group + g are adjacent in q
-    acc_s[i] = 0.0f;
-  }
-  for (int g = threadIdx.x; g < group; g += blockDim.x) {
-    m_s[g] = -INFINITY;
-    l_s[g] = 0.0f;
-  }
-  __syncthreads();
-
-  for (long long t0 = begin; t0 < end; t0 += tile) { // the same trip count in every thread
-    const int count = static_cast<int>(end - t0 < tile ? end - t0 : tile);
-    // Scores: one warp per slot; each lane holds head_dim / 32 elements of the key.
-    for (int j = warp; j < count; j += warps) {
-      const T* key = k_base + (t0 + j) * a.slot_stride;
-      float k_reg[per_lane];
+template <class T, int VEC>
+__device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
+  if constexpr (VEC * sizeof(T) == 16) {
+    const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-      for (int c = 0; c < per_lane; ++c) {
-        const int e = lane + 32 * c;
-        k_reg[c] = e < d ? to_float(key[e]) : 0.0f;
-      }
-      for (int g = 0; g < group; ++g) {
-        float s = 0.0f;
-#pragma unroll
-        for (int c = 0; c < per_lane; ++c) {
-          const int e = lane + 32 * c;
-          if (e < d)
-            s += q_s[g * d + e] * k_reg[c];
-        }
-        s = warp_sum(s);
-        if (lane == 0)
-          p_s[g * tile + j] = s * a.scale;
-      }
-    }
-    __syncthreads();
-    // Online softmax: one warp per query head rescales its running sum and turns scores into weights.
-    for (int g = warp; g < group; g += warps) {
-      float* p = p_s + g * tile;
-      float tile_max = -INFINITY;
-      for (int j = lane; j < count; j += 32)
-        tile_max = fmaxf(tile_max, p[j]);
-      tile_max = warp_max(tile_max);
-      const float m_old = m_s[g];
-      const float m_new = fmaxf(m_old, tile_max);
-      float sum = 0.0f;
-      for (int j = lane; j < count; j += 32) {
-        const float w = expf(p[j] - m_new);
-        p[j] = w;
-        sum += w;
-      }
-      sum = warp_sum(sum); // every lane has read m_s[g] before lane 0 writes it below
-      if (lane == 0) {
-        const float alpha = expf(m_old - m_new); // 0 for the first tile (m_old = -inf)
-        alpha_s[g] = alpha;
-        l_s[g] = l_s[g] * alpha + sum;
-        m_s[g] = m_new;
-      }
-    }
-    __syncthreads();
-    // Accumulators: each thread owns fixed (g, e) entries; values read across a warp are adjacent.
-    for (int i = threadIdx.x; i < group * d; i += blockDim.x) {
-      const int g = i / d, e = i - g * d;
-      const float* p = p_s + g * tile;
-      const T* value = v_base + t0 * a.slot_stride + e;
-      float acc = acc_s[i] * alpha_s[g];
-      for (int j = 0; j < count; ++j)
-        acc += p[j] * to_float(value[j * a.slot_stride]);
-      acc_s[i] = acc;
-    }
-    __syncthreads();
-  }
-
-  const long long first_head = row * heads + static_cast<long long>(kv_head) * group;
-  if (a.splits == 1) {
-    T* out = static_cast<T*>(a.out) + first_head * d;
-    for (int i = threadIdx.x; i < group * d; i += blockDim.x) {
-      const float l = l_s[i / d];
-      out[i] = from_float<T>(l > 0.0f ? acc_s[i] / l : 0.0f);
-    }
-    return;
-  }
-  for (int i = threadIdx.x; i < group * d; i += blockDim.x) {
-    const int g = i / d, e = i - g * d;
-    a.partial_out[((first_head + g) * a.splits + split) * d + e] = acc_s[i];
-  }
-  for (int g = threadIdx.x; g < group; g += blockDim.x) {
-    const long long at = (first_head + g) * a.splits + split;
-    a.partial_ml[2 * at] = m_s[g];
-    a.partial_ml[2 * at + 1] = l_s[g];
+    for (int c = 0; c < VEC; ++c)
+      out[c] = to_float(e[c]);
+  } else {
+    out[0] = raw;
   }
 }
 
-// One block per (row, query head): the splits' partial results, rescaled to the common max.
-template <class T>
-__global__ void decode_attention_combine_kernel(decode_attention_args a) {
-  const long long head = blockIdx.x; // row * heads + h
+__device__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  if (lane == 0)
+    scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? scratch[lane] : -INFINITY;
+    v = warp_max(v);
+    if (lane == 0)
+      scratch[0] = v;
+  }
+  __syncthreads();
+  const float total = scratch[0];
+  __syncthreads(); // scratch may be reused by the caller
+  return total;
+}
+
+// T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
+// plan's heads_per_block). Registers per lane: q and the accumulators, GM * E floats each (E = 8:
+// 32 each at GM = 4), the loads of a round and the scores; 128 registers in all with no spills on
+// sm_80 and sm_90 for 16-byte loads, so four blocks fit an SM. The element-load variant (data
+// not 16-byte aligned) keeps its 8 loads a key as floats and gets about 160 (three blocks).
+template <class T, int VEC, int GM>
+__global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
+  decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
+  constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
+  constexpr int E = max_vectors * VEC;                            // elements per lane and key
+  constexpr int steps = decode_attention_steps;
+  using raw_t = load_t<T, VEC>;
+
   const int d = static_cast<int>(a.head_dim);
-  const int splits = static_cast<int>(a.splits);
-  const float* ml = a.partial_ml + head * splits * 2;
-  float m = -INFINITY;
-  for (int s = 0; s < splits; ++s)
-    if (ml[2 * s + 1] > 0.0f) // empty splits (past the row's length) hold m = -inf, l = 0
-      m = fmaxf(m, ml[2 * s]);
-  float l = 0.0f;
-  for (int s = 0; s < splits; ++s)
-    if (ml[2 * s + 1] > 0.0f)
-      l += ml[2 * s + 1] * expf(ml[2 * s] - m);
-  T* out = static_cast<T*>(a.out) + head * d;
-  const float* po = a.partial_out + head * splits * d;
-  for (int e = threadIdx.x; e < d; e += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s)
-      if (ml[2 * s + 1] > 0.0f)
-        acc += po[static_cast<long long>(s) * d + e] * expf(ml[2 * s] - m);
-    out[e] = from_float<T>(l > 0.0f ? acc / l : 0.0f);
+  const int heads = static_cast<int>(a.heads), kv_heads = static_cast<int>(a.kv_heads);
+  const int group = heads / kv_heads;
+  const int lanes_per_key = plan.lanes_per_key;
+  long long pair = blockIdx.x;
+  const int head_block = static_cast<int>(pair % plan.head_blocks);
+  pair /= plan.head_blocks;
+  const int kv_head = static_cast<int>(pair % kv_heads);
+  const long long row = pair / kv_heads;
+  const long long split = blockIdx.y;
+  const int g0 = head_block * GM;                        // the block's first query head within the group
+  const int gn = group - g0 < GM ? group - g0 : GM;      // its query heads (at least 1)
+  const long long first_head = row * heads + static_cast<long long>(kv_head) * group + g0;
+
+  const long long n = decode_attention_visible(a.lengths[row], a.slots);
+  if (split * a.chunk >= n) { // no slot of this row here
+    if (a.splits == 1) {      // n == 0: nothing to attend to; zeros, as the combine kernel writes
+      T* out = static_cast<T*>(a.out) + first_head * d;
+      for (int i = threadIdx.x; i < gn * d; i += blockDim.x)
+        out[i] = from_float<T>(0.0f);
+    }
+    return;
+  }
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int key_lane = lane / lanes_per_key; // which key of a step this lane reads
+  // The first element of each of the lane's loads, or -1 past head_dim.
+  int element[max_vectors];
+#pragma unroll
+  for (int i = 0; i < max_vectors; ++i) {
+    const int e = decode_attention_lane_element(plan, lane, i);
+    element[i] = e < d ? e : -1;
+  }
+
+  const float q_scale = a.scale * log2_e;
+  const T* q_ptr = static_cast<const T*>(a.q) + first_head * d;
+  float q[GM][E];
+#pragma unroll
+  for (int g = 0; g < GM; ++g)
+#pragma unroll
+    for (int i = 0; i < max_vectors; ++i) {
+      float f[VEC];
+      if (g < gn && element[i] >= 0) {
+        unpack<T, VEC>(load_elements<T, VEC>(q_ptr + g * d + element[i]), f);
+      } else {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c)
+          f[c] = 0.0f;
+      }
+#pragma unroll
+      for (int c = 0; c < VEC; ++c)
+        q[g][i * VEC + c] = f[c] * q_scale;
+    }
+
+  const T* k_base = static_cast<const T*>(a.k_cache) + row * a.row_stride + kv_head * a.head_stride;
+  const T* v_base = static_cast<const T*>(a.v_cache) + row * a.row_stride + kv_head * a.head_stride;
+  const slot_range run = decode_attention_warp_slots(n, a.chunk, split, warp);
+
+  float m[GM], l[GM], acc[GM][E]; // running max (log2 units), sum of weights, weighted values
+#pragma unroll
+  for (int g = 0; g < GM; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      acc[g][e] = 0.0f;
+  }
+
+  // Each round's first slot is below run.end, so every round has a finite maximum and the
+  // first round's rescale factor exp2(-inf - max) is 0.
+  for (long long round = run.begin; round < run.end; round += plan.warp_tile) {
+    raw_t k_raw[steps][max_vectors], v_raw[steps][max_vectors];
+    bool valid[steps];
+#pragma unroll
+    for (int u = 0; u < steps; ++u) {
+      const long long slot = decode_attention_lane_slot(plan, round, u, lane);
+      valid[u] = slot < run.end;
+#pragma unroll
+      for (int i = 0; i < max_vectors; ++i) {
+        if (valid[u] && element[i] >= 0) {
+          k_raw[u][i] = load_elements<T, VEC>(k_base + slot * a.slot_stride + element[i]);
+          v_raw[u][i] = load_elements<T, VEC>(v_base + slot * a.slot_stride + element[i]);
+        } else { // zeros: a weight of 0 times a value must stay 0
+          k_raw[u][i] = zero_elements<T, VEC>();
+          v_raw[u][i] = zero_elements<T, VEC>();
+        }
+      }
+    }
+    float s[steps][GM]; // scores, then weights
+#pragma unroll
+    for (int u = 0; u < steps; ++u) {
+      float k[E];
+#pragma unroll
+      for (int i = 0; i < max_vectors; ++i)
+        unpack<T, VEC>(k_raw[u][i], k + i * VEC);
+#pragma unroll
+      for (int g = 0; g < GM; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          dot = fmaf(q[g][e], k[e], dot);
+        for (int offset = lanes_per_key >> 1; offset > 0; offset >>= 1) // within the key's lanes
+          dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        s[u][g] = valid[u] ? dot : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      float round_max = s[0][g];
+#pragma unroll
+      for (int u = 1; u < steps; ++u)
+        round_max = fmaxf(round_max, s[u][g]);
+      for (int offset = lanes_per_key; offset < 32; offset <<= 1) // across the step's keys
+        round_max = fmaxf(round_max, __shfl_xor_sync(0xffffffffu, round_max, offset));
+      const float m_new = fmaxf(m[g], round_max); // the same in every lane of the warp
+      const float alpha = exp2f(m[g] - m_new);
+      m[g] = m_new;
+      l[g] *= alpha;
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        acc[g][e] *= alpha;
+#pragma unroll
+      for (int u = 0; u < steps; ++u) {
+        s[u][g] = exp2f(s[u][g] - m_new); // 0 for invalid slots
+        l[g] += s[u][g];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < steps; ++u) {
+      float v[E];
+#pragma unroll
+      for (int i = 0; i < max_vectors; ++i)
+        unpack<T, VEC>(v_raw[u][i], v + i * VEC);
+#pragma unroll
+      for (int g = 0; g < GM; ++g)
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          acc[g][e] = fmaf(s[u][g], v[e], acc[g][e]);
+    }
+  }
+
+  // The warp's keys were spread over keys_per_step lane groups, all against the same max: sum them.
+  for (int offset = lanes_per_key; offset < 32; offset <<= 1) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], offset);
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], offset);
+    }
+  }
+
+  // Merge the warps: one barrier.
+  extern __shared__ float shared[];
+  float* acc_s = shared;                                  // [warps][GM][d]
+  float* m_s = acc_s + decode_attention_warps * GM * d;   // [warps][GM]
+  float* l_s = m_s + decode_attention_warps * GM;         // [warps][GM]
+  if (key_lane == 0) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g)
+#pragma unroll
+      for (int i = 0; i < max_vectors; ++i)
+        if (g < gn && element[i] >= 0)
+#pragma unroll
+          for (int c = 0; c < VEC; ++c)
+            acc_s[(warp * GM + g) * d + element[i] + c] = acc[g][i * VEC + c];
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      m_s[warp * GM + g] = m[g];
+      l_s[warp * GM + g] = l[g];
+    }
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < gn * d; o += blockDim.x) {
+    const int g = o / d, e = o - g * d;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < decode_attention_warps; ++w)
+      mx = fmaxf(mx, m_s[w * GM + g]); // finite: warp 0 read the split's first slot
+    float sum = 0.0f, weight = 0.0f;
+#pragma unroll
+    for (int w = 0; w < decode_attention_warps; ++w) {
+      const float mw = m_s[w * GM + g];
+      if (mw == -INFINITY) // a warp past the row's slots
+        continue;
+      const float f = exp2f(mw - mx);
+      sum += f * acc_s[(w * GM + g) * d + e];
+      weight += f * l_s[w * GM + g];
+    }
+    if (a.splits == 1) {
+      // weight >= 1: the key holding the maximum contributes exp2(0).
+      static_cast<T*>(a.out)[(first_head + g) * d + e] = from_float<T>(sum / weight);
+    } else {
+      const long long at = (first_head + g) * a.splits + split;
+      a.partial_out[at * d + e] = sum;
+      if (e == 0) {
+        a.partial_ml[2 * at] = mx;
+        a.partial_ml[2 * at + 1] = weight;
+      }
+    }
+  }
+}
+
+constexpr int combine_threads = 128;
+
+// One block per (row, query head): the splits that hold slots of the row, rescaled to their
+// common max. Threads are (split group, pair of elements): head_dim / 2 threads cover a split's
+// row, and the block's threads cover combine_threads / (head_dim / 2) splits at once, with a
+// barrier-separated sum over those groups at the end.
+template <class T>
+__global__ void __launch_bounds__(combine_threads) decode_attention_combine_kernel(decode_attention_args a) {
+  __shared__ float2 part[combine_threads];
+  __shared__ float part_weight[combine_threads];
+  __shared__ float scratch[32];
+  const long long head = blockIdx.x; // row * heads + h
+  const long long row = head / a.heads;
+  const int d = static_cast<int>(a.head_dim), pairs = d / 2;
+  const long long n = decode_attention_visible(a.lengths[row], a.slots);
+  const long long used = decode_attention_used_splits(n, a.chunk); // the splits that wrote partials
+  const float* ml = a.partial_ml + head * a.splits * 2;
+  float mx = -INFINITY;
+  for (long long s = threadIdx.x; s < used; s += blockDim.x)
+    mx = fmaxf(mx, ml[2 * s]);
+  mx = block_max(mx, scratch);
+  const int groups = static_cast<int>(blockDim.x) / pairs; // >= 1: head_dim <= 2 * combine_threads
+  const int group = threadIdx.x / pairs, pair = threadIdx.x - group * pairs;
+  if (group < groups) {
+    const float2* po = reinterpret_cast<const float2*>(a.partial_out + head * a.splits * d) + pair;
+    float2 acc = make_float2(0.0f, 0.0f);
+    float weight = 0.0f;
+#pragma unroll 4
+    for (long long s = group; s < used; s += groups) {
+      const float f = exp2f(ml[2 * s] - mx);
+      const float2 x = po[s * pairs];
+      acc.x += f * x.x;
+      acc.y += f * x.y;
+      weight += f * ml[2 * s + 1];
+    }
+    part[threadIdx.x] = acc; // threadIdx.x == group * pairs + pair
+    if (pair == 0)
+      part_weight[group] = weight;
+  }
+  __syncthreads();
+  if (group == 0) {
+    float2 total = make_float2(0.0f, 0.0f);
+    float weight = 0.0f;
+    for (int j = 0; j < groups; ++j) {
+      total.x += part[j * pairs + pair].x;
+      total.y += part[j * pairs + pair].y;
+      weight += part_weight[j];
+    }
+    T* out = static_cast<T*>(a.out) + head * d + 2 * pair;
+    out[0] = from_float<T>(weight > 0.0f ? total.x / weight : 0.0f); // weight 0: no slot visible
+    out[1] = from_float<T>(weight > 0.0f ? total.y / weight : 0.0f);
   }
 }
 
@@ -357,27 +556,49 @@ cudaError_t rope_kv_write(dtype t, const rope_kv_args& a, cudaStream_t stream) {
   });
 }
 
-std::size_t decode_attention_shared_bytes(std::int64_t group, std::int64_t head_dim) {
-  return sizeof(float) * static_cast<std::size_t>(2 * group * head_dim + group * tile + 3 * group);
+decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args& a) {
+  const int bytes = t == dtype::f32 ? 4 : 2;
+  const long long per_16 = 16 / bytes;
+  auto at_16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  const bool aligned = at_16(a.q) && at_16(a.k_cache) && at_16(a.v_cache) && a.head_dim % per_16 == 0
+                       && a.row_stride % per_16 == 0 && a.head_stride % per_16 == 0 && a.slot_stride % per_16 == 0;
+  const long long group = a.kv_heads > 0 ? a.heads / a.kv_heads : 0;
+  return plan_decode_attention(bytes, aligned, static_cast<int>(group), static_cast<int>(a.head_dim));
+}
+
+std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim) {
+  return sizeof(float) * static_cast<std::size_t>(decode_attention_warps * heads_per_block * (head_dim + 2));
 }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream) {
   if (a.rows <= 0)
     return cudaSuccess;
-  if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.heads <= 0 || a.kv_heads <= 0 || a.heads % a.kv_heads != 0
-      || a.splits < 1 || a.splits > 65535 || a.chunk <= 0 || a.chunk % tile != 0 || a.chunk * a.splits < a.slots
-      || a.rows * a.heads > 0x7fffffff || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr)))
+  if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
+      || a.heads % a.kv_heads != 0 || a.slots < 1 || a.splits < 1 || a.splits > 65535 || a.chunk <= 0
+      || a.chunk % decode_attention_warps != 0 || a.chunk * a.splits < a.slots || a.rows * a.heads > 0x7fffffff
+      || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr)))
     return cudaErrorInvalidValue;
-  const std::size_t shared = decode_attention_shared_bytes(a.heads / a.kv_heads, a.head_dim);
+  const decode_attention_plan plan = plan_decode_attention(t, a);
+  const long long blocks = a.rows * a.kv_heads * plan.head_blocks; // per split
+  if (blocks > 0x7fffffff)
+    return cudaErrorInvalidValue;
+  const std::size_t shared = decode_attention_shared_bytes(plan.heads_per_block, a.head_dim);
   if (shared > 48 * 1024)
-    return cudaErrorInvalidValue; // beyond the default limit; decode_attention_shared_bytes lets callers check first
-  const dim3 grid(static_cast<unsigned>(a.rows * a.kv_heads), static_cast<unsigned>(a.splits));
+    return cudaErrorInvalidValue; // not reached: at most 4 warps * 4 heads * 258 floats
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    decode_attention_kernel<T><<<grid, attention_threads, shared, stream>>>(a);
+    constexpr int vec = 16 / sizeof(T);
+    constexpr int most = decode_attention_max_heads_per_block;
+    auto kernel = &decode_attention_kernel<T, 1, most>; // unaligned data: element loads
+    if (plan.vec == vec)
+      kernel = plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1>
+               : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2>
+                                           : &decode_attention_kernel<T, vec, most>;
+    kernel<<<grid, attention_threads, shared, stream>>>(a, plan);
     if (auto e = cudaGetLastError(); e != cudaSuccess || a.splits == 1)
       return e;
-    decode_attention_combine_kernel<T><<<static_cast<unsigned>(a.rows * a.heads), 64, 0, stream>>>(a);
+    decode_attention_combine_kernel<T><<<static_cast<unsigned>(a.rows * a.heads), combine_threads, 0, stream>>>(a);
     return cudaGetLastError();
   });
 }

@@ -15,6 +15,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "policy/attention_plan.hpp"
+
 namespace crucible::policy::kernels {
 
 /// Storage types the kernels take (LibTorch's float, half and bfloat16).
@@ -31,6 +33,9 @@ cudaError_t add_rms_norm(dtype t, const void* delta, void* residual, const void*
 /// RoPE of one new token per row, fused with the KV-cache write.
 struct rope_kv_args {
   const void* qkv = nullptr;         ///< [rows, (heads + 2 kv_heads) * head_dim]: q heads, k heads, v heads
+  /// [(heads + 2 kv_heads) * head_dim], added to every row of qkv first (rounded to the storage
+  /// type), or null: the q/k/v projections' bias, which the GEMM then need not add.
+  const void* qkv_bias = nullptr;
   void* q_out = nullptr;             ///< [rows, heads, head_dim] contiguous: q rotated
   void* k_cache = nullptr;           ///< element (r, h, s, d) at r*row_stride + h*head_stride + s*slot_stride + d
   void* v_cache = nullptr;           ///< same strides as k_cache
@@ -45,7 +50,8 @@ struct rope_kv_args {
   std::int64_t slots = 0;            ///< cache slots; a row whose length is not below it is not written
 };
 
-/// q_out and the cache's rotated keys and values at slot lengths[r]: with p = lengths[r],
+/// q_out and the cache's rotated keys and values at slot lengths[r]: x = qkv (+ qkv_bias, rounded);
+/// with p = lengths[r],
 /// cos = to_dtype(cos(p * inv_freq) * scaling) (sin alike), x' = x * cos + rotate_half(x) * sin with
 /// each product and the sum rounded, as CausalLMImpl::rope and apply_rope compute them.
 cudaError_t rope_kv_write(dtype t, const rope_kv_args& a, cudaStream_t stream);
@@ -58,26 +64,31 @@ struct decode_attention_args {
   const void* v_cache = nullptr;
   std::int64_t row_stride = 0, head_stride = 0, slot_stride = 0;
   /// [rows]: row r attends to slots [0, min(lengths[r] + 1, slots)), its length before the
-  /// step's increment (the new token's own slot included).
+  /// step's increment (the new token's own slot included). Read on the device: a launch of a
+  /// fixed shape serves any lengths (CUDA graphs), blocks past a row's slots return at once.
   const std::int64_t* lengths = nullptr;
   std::int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0, slots = 0;
   float scale = 1.0f;                ///< applied to q.k (1 / sqrt(head_dim))
-  /// Pieces of the slot range computed by separate blocks, then combined; 1 writes `out`
-  /// directly. chunk * splits must cover `slots`; chunk a multiple of decode_attention_tile.
+  /// Pieces of `chunk` slots computed by separate blocks, then combined by a second kernel; 1
+  /// writes `out` directly. chunk * splits must cover `slots`; chunk a multiple of
+  /// decode_attention_warps (a multiple of the plan's granule wastes no lanes).
   std::int64_t splits = 1, chunk = 0;
   void* out = nullptr;               ///< [rows, heads * head_dim] in the storage type
   float* partial_out = nullptr;      ///< [rows, heads, splits, head_dim] float32 (splits > 1)
-  float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: running max and sum (splits > 1)
+  float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: max score (log2 units) and sum (splits > 1)
 };
 
-/// Slots per tile of the attention kernel (a split's chunk is a multiple of it).
-inline constexpr std::int64_t decode_attention_tile = 32;
-/// The largest head_dim the attention kernel takes.
-inline constexpr std::int64_t decode_attention_max_head_dim = 256;
-/// Shared memory of one attention block for `group` query heads per KV head.
-std::size_t decode_attention_shared_bytes(std::int64_t group, std::int64_t head_dim);
+/// The work division decode_attention uses for these arguments (their dtype, alignment, group
+/// and head_dim; policy/attention_plan.hpp): callers pick `chunk` as a multiple of its granule
+/// and count its head_blocks among the blocks.
+decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args& a);
+
+/// Shared memory of one attention block serving `heads_per_block` query heads of `head_dim`.
+std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim);
 
 /// out = softmax(q k^T * scale) v per row and head, in float32, rounded once to the storage type.
+/// One block per (split, row, KV head, block of up to 8 of its query heads), four warps each
+/// reading a contiguous quarter of the split's slots with 16-byte loads; see docs/model.md.
 cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream);
 
 /// out[r, i] = to_dtype(to_dtype(silu(gate_up[r, i])) * gate_up[r, inter + i]) for gate_up [rows,

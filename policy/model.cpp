@@ -739,7 +739,7 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 // The LibTorch decoding step of one token per row (step() with T = 1), kernel for kernel:
 //   h = x + delta; n = norm(h)          -> fused::add_rms_norm (the first layer's has no delta)
 //   q, k, v = q_proj(n), k_proj(n), ...  -> one GEMM over the joined weights [q; k; v]
-//   RoPE(q, k); cache.scatter_(k, v)     -> fused::rope_write_kv
+//   + bias; RoPE(q, k); cache.scatter_   -> fused::rope_write_kv (the bias added there: one kernel fewer)
 //   SDPA(q, cache, mask)                 -> fused::decode_attention (split-K, GQA)
 //   silu(gate(n)) * up(n)                -> one GEMM over [gate; up], fused::silu_mul
 // The o and down projections and the output matrix stay LibTorch GEMMs.
@@ -764,7 +764,7 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
     auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
-    auto q = fused::rope_write_kv(project(h, w.qkv_weight, w.qkv_bias), inv, attention_scaling_, cache.lengths,
+    auto q = fused::rope_write_kv(project(h, w.qkv_weight), w.qkv_bias, inv, attention_scaling_, cache.lengths,
                                   cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);
     auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
     delta = project(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias);

@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cmath>
 
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
 #include "policy/engine.hpp"
@@ -73,6 +76,20 @@ model_config tiny_config(model_family family, std::int64_t hidden, std::int64_t 
   return *c;
 }
 
+// softmax(q k^T / sqrt(d)) v over slots [0, min(length + 1, slots)) in float64, query head h on
+// KV head h / group; rows with no visible slot (length -1) are zeros, as the kernel writes them.
+torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                  const torch::Tensor& lengths) {
+  const auto rows = q.size(0), heads = q.size(1), dim = q.size(2), slots = k.size(2);
+  const auto group = heads / k.size(1);
+  auto qd = q.to(torch::kDouble), kd = k.to(torch::kDouble).repeat_interleave(group, 1),
+       vd = v.to(torch::kDouble).repeat_interleave(group, 1);
+  auto scores = (qd.unsqueeze(2) * kd).sum(-1) / std::sqrt(static_cast<double>(dim)); // [R, H, S]
+  auto visible = torch::arange(slots, lengths.options()).view({1, 1, slots}) <= lengths.view({rows, 1, 1});
+  auto p = scores.masked_fill(visible.logical_not(), -INFINITY).softmax(-1).nan_to_num(0.0);
+  return (p.unsqueeze(-1) * vd).sum(2).reshape({rows, heads * dim});
+}
+
 } // namespace
 
 TEST_CASE("add_rms_norm equals x + delta and RMSNormImpl, per dtype") {
@@ -105,22 +122,26 @@ TEST_CASE("add_rms_norm equals x + delta and RMSNormImpl, per dtype") {
   }
 }
 
-TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtype, static and per-row tables") {
+TEST_CASE("rope_write_kv equals the q/k/v bias, RoPE of q and k and the cache scatter, per dtype and table") {
   torch::manual_seed(12);
   torch::NoGradGuard g;
   for (auto dtype : all_dtypes) {
     for (auto [heads, kv_heads, dim] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{14, 2, 64}, {4, 4, 32},
                                         {8, 2, 128}}) {
       for (bool per_row : {false, true}) {
-        for (double scaling : {1.0, 1.25}) {
+        for (auto [scaling, biased] : {std::pair<double, bool>{1.0, false}, {1.25, false}, {1.0, true}, {1.25, true}}) {
           const std::int64_t rows = 5, slots = 40;
           const std::string what = std::string(c10::toString(dtype)) + " heads " + std::to_string(heads) + "/" +
                                    std::to_string(kv_heads) + " dim " + std::to_string(dim) +
                                    (per_row ? " per-row table" : " shared table") + " scaling " +
-                                   std::to_string(scaling);
+                                   std::to_string(scaling) + (biased ? " with bias" : "");
           CAPTURE(what);
           auto f32 = on_gpu(torch::kFloat);
           auto qkv = torch::randn({rows, (heads + 2 * kv_heads) * dim}, on_gpu(dtype));
+          torch::Tensor bias;
+          if (biased)
+            bias = torch::randn({(heads + 2 * kv_heads) * dim}, on_gpu(dtype));
+          auto x = biased ? qkv + bias : qkv; // the projection's output with its bias, rounded to the dtype
           // Positions: random, the last slot, and the first.
           auto lengths = torch::randint(0, slots, {rows}, f32.dtype(torch::kLong));
           lengths[0] = slots - 1;
@@ -138,9 +159,9 @@ TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtyp
           auto freqs = positions.unsqueeze(-1).to(torch::kFloat) * (per_row ? inv.unsqueeze(1) : inv);
           auto emb = torch::cat({freqs, freqs}, -1);
           auto cos = (emb.cos() * scaling).to(dtype).unsqueeze(1), sin = (emb.sin() * scaling).to(dtype).unsqueeze(1);
-          auto q = qkv.narrow(1, 0, heads * dim).reshape({rows, 1, heads, dim}).transpose(1, 2);
-          auto k = qkv.narrow(1, heads * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
-          auto v = qkv.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
+          auto q = x.narrow(1, 0, heads * dim).reshape({rows, 1, heads, dim}).transpose(1, 2);
+          auto k = x.narrow(1, heads * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
+          auto v = x.narrow(1, (heads + kv_heads) * dim, kv_heads * dim).reshape({rows, 1, kv_heads, dim}).transpose(1, 2);
           auto q_want = (q * cos + rotate_half(q) * sin).squeeze(2); // [R, H, D]
           auto k_want = k * cos + rotate_half(k) * sin;
           auto k_ref = k_full.clone(), v_ref = v_full.clone();
@@ -151,10 +172,11 @@ TEST_CASE("rope_write_kv equals RoPE of q and k with the cache scatter, per dtyp
           auto k_got = k_full.clone(), v_got = v_full.clone();
           auto k_view = k_got.narrow(0, 0, rows).narrow(2, 0, slots);
           auto v_view = v_got.narrow(0, 0, rows).narrow(2, 0, slots);
-          auto q_got = fused::rope_write_kv(qkv, inv.contiguous(), scaling, lengths, k_view, v_view, heads, kv_heads, dim);
+          auto q_got =
+            fused::rope_write_kv(qkv, bias, inv.contiguous(), scaling, lengths, k_view, v_view, heads, kv_heads, dim);
           check_close(q_got, q_want, rtol(dtype), 1e-6, "q, " + what);
           check_close(k_got, k_ref, rtol(dtype), 1e-6, "k cache, " + what);
-          CHECK(torch::equal(v_got, v_ref)); // values are copied as they are
+          CHECK(torch::equal(v_got, v_ref)); // values are copied as they are (plus the bias, rounded once)
           // Nothing but the new token's slot changed.
           auto written = torch::zeros({rows + 2, kv_heads, slots + 8, 1}, f32.dtype(torch::kBool));
           written.narrow(0, 0, rows).narrow(2, 0, slots).scatter_(2, positions.view({rows, 1, 1, 1}).expand({rows, kv_heads, 1, 1}), true);
@@ -191,17 +213,83 @@ TEST_CASE("decode_attention equals masked softmax attention in float64, per dtyp
         if (s.rows > 1)
           lengths[1] = 0;          // one slot
         auto got = fused::decode_attention(q, k, v, lengths, splits);
-
-        // softmax(q k^T / sqrt(d)) v over slots [0, length], query head h on KV head h / group.
-        const auto group = s.heads / s.kv_heads;
-        auto qd = q.to(torch::kDouble), kd = k.to(torch::kDouble).repeat_interleave(group, 1),
-             vd = v.to(torch::kDouble).repeat_interleave(group, 1);
-        auto scores = (qd.unsqueeze(2) * kd).sum(-1) / std::sqrt(static_cast<double>(s.dim)); // [R, H, S]
-        auto visible = torch::arange(s.slots, lengths.options()).view({1, 1, s.slots}) <= lengths.view({s.rows, 1, 1});
-        auto p = scores.masked_fill(visible.logical_not(), -INFINITY).softmax(-1);
-        auto want = (p.unsqueeze(-1) * vd).sum(2).reshape({s.rows, s.heads * s.dim});
-        check_close(got, want, rtol(dtype), 1e-5, "attention, " + what);
+        check_close(got, attention_reference(q, k, v, lengths), rtol(dtype), 1e-5, "attention, " + what);
       }
+    }
+  }
+}
+
+TEST_CASE("decode_attention at the edges: lengths 0, 1 and granule bounds, empty splits, groups 1 to 12, 64 rows") {
+  torch::manual_seed(15);
+  torch::NoGradGuard g;
+  struct shape {
+    std::int64_t rows, heads, kv_heads, dim, slots;
+  };
+  // Group 7 at 64 (Qwen2.5-0.5B), 1 at 128, 8 (two blocks of four heads) at 64, 3 at 256, 12 at
+  // 40 (5 of 8 lanes of a key), 2 at 36 (bf16 and f16: element loads), 64 rows of group 7.
+  const shape shapes[] = {{18, 14, 2, 64, 1024}, {18, 4, 4, 128, 300}, {18, 8, 1, 64, 97}, {18, 6, 2, 256, 64},
+                          {18, 12, 1, 40, 33},   {18, 4, 2, 36, 70},   {64, 14, 2, 64, 520}};
+  for (auto dtype : all_dtypes) {
+    for (const auto& s : shapes) {
+      for (bool offset : {false, true}) { // a cache view 16 bytes off the allocation, or one element off
+        for (std::int64_t splits : {0, 1, 2, 1000}) {
+          const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(s.rows) + " heads " +
+                                   std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " dim " +
+                                   std::to_string(s.dim) + " slots " + std::to_string(s.slots) + " splits " +
+                                   std::to_string(splits) + (offset ? " misaligned view" : "");
+          CAPTURE(what);
+          const std::int64_t cached = s.slots + 7; // a larger cache, as the engine's graphs view
+          auto k_store = torch::randn({(s.rows + 1) * s.kv_heads * cached * s.dim + 8}, on_gpu(dtype));
+          auto v_store = torch::randn_like(k_store);
+          const std::vector<std::int64_t> sizes{s.rows, s.kv_heads, s.slots, s.dim};
+          const std::vector<std::int64_t> strides{s.kv_heads * cached * s.dim, cached * s.dim, s.dim, 1};
+          const std::int64_t start = offset ? 1 : 16 / static_cast<std::int64_t>(k_store.element_size());
+          auto k = k_store.as_strided(sizes, strides, start), v = v_store.as_strided(sizes, strides, start);
+          auto q = 2.0 * torch::randn({s.rows, s.heads, s.dim}, on_gpu(dtype)); // sharper softmaxes
+          // Row r's length: edges[r % 18]: none visible, one slot, around the granules (8, 16 or
+          // 32 slots, by dtype, alignment and head_dim), all slots, past the end.
+          const std::int64_t edges[] = {-1, 0, 1, 6, 7, 8, 14, 15, 16, 30, 31, 32, 33, 63, 64, s.slots - 2, s.slots - 1,
+                                        s.slots + 3};
+          std::vector<std::int64_t> row_lengths;
+          for (std::int64_t r = 0; r < s.rows; ++r)
+            row_lengths.push_back(edges[r % 18]);
+          auto lengths = torch::tensor(row_lengths).to(torch::kCUDA);
+          CAPTURE(lengths.cpu());
+          auto got = fused::decode_attention(q, k, v, lengths, splits);
+          REQUIRE(torch::isfinite(got).all().item<bool>());
+          check_close(got, attention_reference(q, k, v, lengths), rtol(dtype), 1e-5, "attention, " + what);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_attention in a CUDA graph reads the lengths at each replay") {
+  torch::manual_seed(16);
+  torch::NoGradGuard g;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::int64_t rows = 3, heads = 14, kv_heads = 2, dim = 64, slots = 512;
+    const std::string what = c10::toString(dtype);
+    CAPTURE(what);
+    auto k = torch::randn({rows, kv_heads, slots, dim}, on_gpu(dtype));
+    auto v = torch::randn_like(k);
+    auto q = torch::randn({rows, heads, dim}, on_gpu(dtype));
+    auto lengths = torch::full({rows}, slots - 1, on_gpu(torch::kLong));
+    auto stream = at::cuda::getStreamFromPool();
+    c10::cuda::CUDAStreamGuard guard(stream);
+    auto warm = fused::decode_attention(q, k, v, lengths); // allocations and lazy state before capture
+    stream.synchronize();
+    at::cuda::CUDAGraph graph;
+    graph.capture_begin();
+    auto out = fused::decode_attention(q, k, v, lengths);
+    graph.capture_end();
+    for (auto row_lengths : {std::vector<std::int64_t>{0, 1, 2}, {511, 31, -1}, {100, 200, 300}, {32, 64, 96}}) {
+      lengths.copy_(torch::tensor(row_lengths));
+      graph.replay();
+      stream.synchronize();
+      check_close(out, attention_reference(q, k, v, lengths), rtol(dtype), 1e-5,
+                  "graph replay, " + what + " lengths " + std::to_string(row_lengths[0]) + ", " +
+                    std::to_string(row_lengths[1]) + ", " + std::to_string(row_lengths[2]));
     }
   }
 }

@@ -5,10 +5,13 @@
 //   bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 512]
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--copy-bytes 1073741824] [--trace PREFIX]
+//                [--fused-max-rows N]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
-// says which ("fused": true or false).
+// says which ("fused": true or false). The fused kernels serve calls of at most --fused-max-rows
+// rows (engine_options::fused_max_rows, its default when absent); "fused_steps" counts the steps
+// that ran them.
 // Each batch size B gets B random prompts of exactly --prompt tokens (ids uniform over the
 // vocabulary, fixed seed) and generates exactly --new tokens per row: greedy, no eos and no stop
 // strings. A warm-up call with the same shapes captures the CUDA graphs; the timed call reports
@@ -51,13 +54,14 @@ struct bench_options {
   int repeats = 1;
   std::uint64_t copy_bytes = std::uint64_t{1} << 30;
   std::string trace; ///< profile one more call per batch: Chrome trace at TRACE-bB.json, top rows printed
+  std::int64_t fused_max_rows = policy::engine_options{}.fused_max_rows;
 };
 
 [[noreturn]] void usage(const std::string& message) {
   std::fprintf(stderr,
                "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
                "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
-               "       [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX]\n",
+               "       [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n",
                message.c_str());
   std::exit(2);
 }
@@ -93,6 +97,7 @@ bench_options parse(int argc, char** argv) {
     else if (flag == "--repeats") o.repeats = static_cast<int>(positive(flag, v));
     else if (flag == "--trace") o.trace = v;
     else if (flag == "--sync-interval") o.sync_interval = positive(flag, v);
+    else if (flag == "--fused-max-rows") o.fused_max_rows = integer(flag, v, 0);
     else if (flag == "--fused") {
       if (v == "on") o.fused = {true};
       else if (v == "off") o.fused = {false};
@@ -137,6 +142,7 @@ int run(const bench_options& o) {
   eo.cuda_graphs = o.graphs;
   eo.sync_interval = o.sync_interval;
   eo.fused_kernels = o.fused.front();
+  eo.fused_max_rows = o.fused_max_rows;
   auto loaded = policy::engine::load(o.model, eo);
   if (!loaded) {
     std::fprintf(stderr, "bench_decode: %s\n", loaded.error().message.c_str());

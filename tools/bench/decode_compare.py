@@ -74,6 +74,8 @@ def main():
     ap.add_argument("--fused", default="both", choices=["on", "off", "both"],
                     help="our engine with the fused decoding kernels, with LibTorch ops only, or both (default)")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
+    ap.add_argument("--fused-max-rows", type=int, default=None,
+                    help="largest batch the fused kernels serve (default: engine_options::fused_max_rows)")
     ap.add_argument("--copy-bytes", type=int, default=0, help="bandwidth probe size (default 1 GiB; 64 MiB on the CPU)")
     ap.add_argument("--skip-hf", action="store_true", help="measure only our engine")
     ap.add_argument("--out", default="", help="write every record here as JSON")
@@ -88,7 +90,9 @@ def main():
     copy_bytes = args.copy_bytes or (2**30 if cuda else 2**26)
     ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes), "--fused", args.fused,
                            "--sync-interval", str(args.sync_interval)] + common
-                          + (["--no-graphs"] if args.no_graphs else []), "bench_decode"))
+                          + (["--no-graphs"] if args.no_graphs else [])
+                          + (["--fused-max-rows", str(args.fused_max_rows)] if args.fused_max_rows is not None else []),
+                          "bench_decode"))
     hf, hf_error = [], None
     if not args.skip_hf:
         try:
