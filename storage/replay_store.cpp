@@ -218,6 +218,13 @@ constexpr const char* migrate_to_v1 =
   "INSERT OR IGNORE INTO hack_checks SELECT j.value, v.id FROM variants v, json_each(v.checks_failed) j"
   "  WHERE " CRUCIBLE_FLAGGED_SQL ";";
 
+// Schema 1 → 2: a completion holds its code block, so the code was written twice per row (a third
+// of a row's bytes, and every byte is written twice more by the WAL and its checkpoint). From
+// schema 2 on, `completion` is stored without the row's code where the code occurs in it, and
+// completion_code_at is the byte offset to put the code back at; NULL (every older row) means the
+// completion is stored whole. split_completion() and join_completion() are the two directions.
+constexpr const char* migrate_to_v2 = "ALTER TABLE variants ADD COLUMN completion_code_at INTEGER;";
+
 // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
 // verdict and provenance columns switch to the new record only when its reward is strictly
 // higher. All right-hand sides see the old row, so the CASEs agree with each other.
@@ -225,16 +232,17 @@ constexpr const char* migrate_to_v1 =
 constexpr const char* upsert_sql =
   "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status, correct,"
   " speedup, spread, ref_ms, cand_ms, reward, checks_failed, message, policy_version,"
-  " prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
+  " prompt_id, group_id, exemplar_ids, time_ms, count, completion, completion_code_at)"
   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
-  " ?19, ?20, ?21, ?22)"
+  " ?19, ?20, ?21, ?22, ?23)"
   " ON CONFLICT (task_id, hardware, code_hash) DO UPDATE SET count = count + excluded.count, "
   CRUCIBLE_BEST("task_name") ", " CRUCIBLE_BEST("code") ", " CRUCIBLE_BEST("status") ", "
   CRUCIBLE_BEST("correct") ", " CRUCIBLE_BEST("speedup") ", " CRUCIBLE_BEST("spread") ", "
   CRUCIBLE_BEST("ref_ms") ", " CRUCIBLE_BEST("cand_ms") ", " CRUCIBLE_BEST("checks_failed") ", "
   CRUCIBLE_BEST("message") ", " CRUCIBLE_BEST("policy_version") ", " CRUCIBLE_BEST("prompt_id")
   ", " CRUCIBLE_BEST("group_id") ", " CRUCIBLE_BEST("exemplar_ids") ", "
-  CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("completion") ", " CRUCIBLE_BEST("reward")
+  CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("completion") ", "
+  CRUCIBLE_BEST("completion_code_at") ", " CRUCIBLE_BEST("reward")
   " RETURNING id";
 #undef CRUCIBLE_BEST
 
@@ -283,16 +291,35 @@ std::string prompt_json_line(const prompt_record& p) {
 
 namespace detail {
 
+std::optional<std::int64_t> split_completion(std::string_view completion, std::string_view code,
+                                             std::string& rest) {
+  // The code block is the completion's last one, so search from the end.
+  const auto at = code.empty() ? std::string_view::npos : completion.rfind(code);
+  if (at == std::string_view::npos) return std::nullopt;
+  rest.assign(completion.substr(0, at));
+  rest.append(completion.substr(at + code.size()));
+  return static_cast<std::int64_t>(at);
+}
+
+std::string join_completion(std::string stored, std::string_view code, sqlite3_stmt* s, int at_col) {
+  if (sqlite3_column_type(s, at_col) == SQLITE_NULL) return stored;  // stored whole
+  const auto at = sqlite3_column_int64(s, at_col);
+  // An offset past the end cannot be written by split_completion(); keep the text as stored.
+  if (at < 0 || static_cast<std::uint64_t>(at) > stored.size()) return stored;
+  stored.insert(static_cast<std::size_t>(at), code);
+  return stored;
+}
+
 const char* const select_columns =
   "SELECT id, task_id, task_name, hardware, code, code_hash, status, correct, speedup, spread,"
   " ref_ms, cand_ms, reward, checks_failed, message, policy_version, prompt_id, group_id,"
-  " exemplar_ids, time_ms, count, completion FROM variants ";
+  " exemplar_ids, time_ms, count, completion, completion_code_at FROM variants ";
 
 const char* const select_columns_v =
   "SELECT v.id, v.task_id, v.task_name, v.hardware, v.code, v.code_hash, v.status, v.correct,"
   " v.speedup, v.spread, v.ref_ms, v.cand_ms, v.reward, v.checks_failed, v.message,"
   " v.policy_version, v.prompt_id, v.group_id, v.exemplar_ids, v.time_ms, v.count,"
-  " v.completion FROM ";
+  " v.completion, v.completion_code_at FROM ";
 
 variant_record read_row(sqlite3_stmt* s) {
   variant_record v;
@@ -317,7 +344,7 @@ variant_record read_row(sqlite3_stmt* s) {
   v.exemplar_ids = column_text(s, 18);
   v.time_ms = sqlite3_column_int64(s, 19);
   v.count = sqlite3_column_int64(s, 20);
-  v.completion = column_text(s, 21);
+  v.completion = join_completion(column_text(s, 21), v.code, s, 22);
   return v;
 }
 
@@ -333,6 +360,7 @@ struct replay_store::statements {
   sqlite3_stmt* success_full = nullptr;
   sqlite3_stmt* prompt_insert = nullptr;
   sqlite3_stmt* prompt_get = nullptr;
+  std::string completion_rest;  // upsert's buffer for a completion without its code
 
   statements() = default;
   statements(const statements&) = delete;
@@ -383,6 +411,11 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
       step = exec(db, path, schema_v0, "create schema");
       if (step.ok()) step = exec(db, path, migrate_to_v1, "migrate schema 0 to 1");
       if (step.ok()) step = exec(db, path, "PRAGMA user_version = 1", "set schema version");
+      if (step.ok()) *version = 1;
+    }
+    if (step.ok() && *version == 1) {
+      step = exec(db, path, migrate_to_v2, "migrate schema 1 to 2");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 2", "set schema version");
     }
     if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
     if (!step.ok()) {
@@ -514,7 +547,13 @@ result<std::int64_t> replay_store::upsert(const variant_record& in, bool keep_id
   bind_text(s, 19, *exemplars);
   sqlite3_bind_int64(s, 20, in.time_ms != 0 ? in.time_ms : now_ms());
   sqlite3_bind_int64(s, 21, in.count);
-  bind_text(s, 22, in.completion);
+  if (auto at = detail::split_completion(in.completion, in.code, st_->completion_rest)) {
+    bind_text(s, 22, st_->completion_rest);
+    sqlite3_bind_int64(s, 23, *at);
+  } else {
+    bind_text(s, 22, in.completion);
+    sqlite3_bind_null(s, 23);
+  }
   if (sqlite3_step(s) != SQLITE_ROW) return db_fail(db_, path_, "record");
   std::int64_t id = sqlite3_column_int64(s, 0);
   if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record");
@@ -686,7 +725,8 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
     return fail(errc::invalid_arg, where(path_), ": SFT export: min_speedup must be finite");
   statement st;
   const char* sql =
-    "SELECT v.id, v.task_id, v.hardware, v.speedup, v.completion, p.text"
+    "SELECT v.id, v.task_id, v.hardware, v.speedup, v.completion, p.text, v.code,"
+    " v.completion_code_at"
     " FROM variants v LEFT JOIN prompts p ON p.prompt_id = v.prompt_id"
     " WHERE v.status = 'ok' AND v.correct = 1 AND v.speedup IS NOT NULL AND v.speedup >= ?1"
     " AND (?2 = '' OR v.hardware = ?2) ORDER BY v.id";
@@ -698,14 +738,15 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
   std::string out;
   int rc;
   while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
-    if (sqlite3_column_type(st.s, 5) == SQLITE_NULL || sqlite3_column_bytes(st.s, 4) == 0) {
+    if (sqlite3_column_type(st.s, 5) == SQLITE_NULL ||
+        (sqlite3_column_bytes(st.s, 4) == 0 && sqlite3_column_type(st.s, 7) == SQLITE_NULL)) {
       ++stats.skipped;
       continue;
     }
     json_writer w;
     w.begin_object()
       .field("prompt", column_text(st.s, 5))
-      .field("completion", column_text(st.s, 4))
+      .field("completion", detail::join_completion(column_text(st.s, 4), column_text(st.s, 6), st.s, 7))
       .field("task", column_text(st.s, 1))
       .field("speedup", sqlite3_column_double(st.s, 3))
       .field("hardware", column_text(st.s, 2))

@@ -101,7 +101,7 @@ class replay_store final {
 public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
   /// only); open() upgrades older files in place.
-  static constexpr int schema_version = 1;
+  static constexpr int schema_version = 2;
 
   /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
   /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file

@@ -3,6 +3,7 @@
 //
 //   bench_replay [--dir DIR] [--rows 1000000] [--tasks 250] [--queries 2000] [--seconds 3]
 //                [--throughput 0]   (0: skip the record-throughput part)
+//                [--batches 1,10,100,1000]   (the record-throughput modes; 1 is record())
 //
 // Rows are realistic: 2-6 KB of Python/CUDA code with a distinct sha256, a completion of
 // analysis text plus that code, statuses in the proportions of an early run. With --dir the
@@ -184,6 +185,7 @@ int main(int argc, char** argv) {
   int queries = 2000;
   double seconds = 3.0;
   bool throughput = true;
+  std::vector<std::size_t> batches{1, 10, 100, 1000};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--dir") dir = v;
@@ -192,13 +194,26 @@ int main(int argc, char** argv) {
     else if (k == "--queries") queries = std::stoi(v);
     else if (k == "--seconds") seconds = std::stod(v);
     else if (k == "--throughput") throughput = v != "0";
+    else if (k == "--batches") {
+      batches.clear();
+      for (std::size_t p = 0; p < v.size();) {
+        auto c = v.find(',', p);
+        if (c == std::string::npos) c = v.size();
+        batches.push_back(std::stoul(v.substr(p, c - p)));
+        if (batches.back() == 0) {
+          std::fprintf(stderr, "bench_replay: --batches: a batch has at least 1 row\n");
+          return 2;
+        }
+        p = c + 1;
+      }
+    }
     else {
       std::fprintf(stderr, "bench_replay: unknown option %s\n", k.c_str());
       return 2;
     }
   }
   if ((argc - 1) % 2 != 0) {
-    std::fprintf(stderr, "usage: bench_replay [--dir DIR] [--rows N] [--tasks T] [--queries Q] [--seconds S] [--throughput 0|1]\n");
+    std::fprintf(stderr, "usage: bench_replay [--dir DIR] [--rows N] [--tasks T] [--queries Q] [--seconds S] [--throughput 0|1] [--batches 1,10,...]\n");
     return 2;
   }
   const bool temporary = dir.empty();
@@ -216,7 +231,7 @@ int main(int argc, char** argv) {
   // 1. Record throughput, one thread, fresh database per mode.
   std::printf("\nrecord throughput (fresh database, synchronous=FULL, one thread):\n");
   std::printf("%-22s %10s %12s %14s %10s\n", "mode", "rows", "rows/s", "rows/CPU-s", "KB/row");
-  for (std::size_t batch : {std::size_t{1}, std::size_t{10}, std::size_t{100}, std::size_t{1000}}) {
+  for (std::size_t batch : batches) {
     if (!throughput) break;
     const auto db = dir / ("throughput-" + std::to_string(batch) + ".db");
     for (const char* sfx : {"", "-wal", "-shm"}) fs::remove(db.string() + sfx);
