@@ -4,7 +4,11 @@
 
 #include <sqlite3.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <string_view>
@@ -371,6 +375,93 @@ struct replay_store::statements {
   }
 };
 
+/// WAL checkpoints on a thread of their own. A checkpoint copies the committed pages from the
+/// WAL into the database file and fsyncs it: as many bytes again as the commits wrote, plus a
+/// read of the WAL. SQLite's automatic checkpoint runs it in the committing thread, inside
+/// record(); here the WAL hook of the store's connection wakes a thread with a second connection
+/// instead, which copies the WAL while the recording thread goes on. The commits' durability is
+/// the WAL fsync of each commit either way (synchronous=FULL): a checkpoint only moves pages
+/// already durable, and SQLite's checkpoints are crash-safe whichever connection runs them.
+/// If the thread falls behind, the recording thread completes the checkpoint itself once the WAL
+/// reaches `inline_pages`, which bounds the WAL's size; if the thread cannot open its
+/// connection, the recording thread checkpoints as SQLite's automatic checkpoint does.
+struct replay_store::checkpointer {
+  /// WAL size (pages) that wakes the thread: SQLite's default automatic checkpoint size.
+  static constexpr int wake_pages = 1000;
+  /// WAL size (pages) from which the committing thread checkpoints itself.
+  static constexpr int inline_pages = 8 * wake_pages;
+
+  explicit checkpointer(std::filesystem::path p) : path(std::move(p)) {}
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+  ~checkpointer() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_one();
+    if (thread.joinable()) thread.join();
+  }
+
+  // sqlite3_wal_hook callback, after every commit of the store's connection; `pages` is the
+  // WAL's size in frames.
+  static int on_commit(void* self, sqlite3* db, const char* schema, int pages) {
+    auto* c = static_cast<checkpointer*>(self);
+    const bool alone = c->failed.load(std::memory_order_relaxed);
+    if (alone && pages >= wake_pages) {
+      // As SQLite's automatic checkpoint would.
+      sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    } else if (pages >= inline_pages) {
+      // A writer that never pauses keeps the thread behind by the batch in flight, and the WAL
+      // starts over only when a commit begins with every frame copied. So the writer waits for
+      // the thread's checkpoint to end (SQLite does not wait for another checkpoint: BUSY) and
+      // copies the rest itself, which bounds the WAL. Backpressure on the writer.
+      std::lock_guard running(c->checkpointing);
+      sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    } else if (pages >= wake_pages && !alone) {
+      std::lock_guard lock(c->mutex);
+      if (!c->thread.joinable()) c->thread = std::thread([c] { c->run(); });  // on first need
+      c->wanted = true;
+      c->wake.notify_one();
+    }
+    return SQLITE_OK;
+  }
+
+  void run() {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK ||
+        sqlite3_exec(db, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      sqlite3_close(db);
+      failed.store(true, std::memory_order_relaxed);  // the committing thread takes over
+      return;
+    }
+    sqlite3_busy_timeout(db, 10000);
+    std::unique_lock lock(mutex);
+    for (;;) {
+      wake.wait(lock, [this] { return wanted || stop; });
+      if (stop) break;
+      wanted = false;
+      lock.unlock();
+      {
+        // PASSIVE: copies what no reader still needs; never waits for, never blocks the writer.
+        std::lock_guard running(checkpointing);
+        sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+      }
+      lock.lock();
+    }
+    sqlite3_close(db);
+  }
+
+  std::filesystem::path path;
+  std::mutex mutex;          // guards wanted, stop and thread
+  std::mutex checkpointing;  // held by whichever thread runs a checkpoint
+  std::condition_variable wake;
+  bool wanted = false;
+  bool stop = false;
+  std::atomic<bool> failed{false};
+  std::thread thread;
+};
+
 result<replay_store> replay_store::open(const std::filesystem::path& path) {
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
@@ -449,31 +540,45 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
       st.reset();
       return give_up(e);
     }
-  return replay_store(db, path, std::move(st));
+  // Replaces SQLite's automatic checkpoint (a WAL hook of its own) on this connection.
+  auto ckpt = std::make_unique<checkpointer>(path);
+  sqlite3_wal_hook(db, &checkpointer::on_commit, ckpt.get());
+  return replay_store(db, path, std::move(st), std::move(ckpt));
 }
 
-replay_store::replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st)
-    : db_(db), path_(std::move(path)), st_(std::move(st)) {}
+replay_store::replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st,
+                           std::unique_ptr<checkpointer> ckpt)
+    : db_(db), path_(std::move(path)), st_(std::move(st)), ckpt_(std::move(ckpt)) {}
 
 replay_store::replay_store(replay_store&& other) noexcept
     : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)),
-      st_(std::move(other.st_)) {}
+      st_(std::move(other.st_)), ckpt_(std::move(other.ckpt_)) {}
+
+namespace {
+
+// Closes a store's connection: statements first, then the checkpointer's thread and connection,
+// so that this connection is the last and its close checkpoints the WAL and removes it.
+void close_store(sqlite3* db, auto& st, auto& ckpt) {
+  st.reset();
+  if (db) sqlite3_wal_hook(db, nullptr, nullptr);
+  ckpt.reset();
+  sqlite3_close(db);
+}
+
+} // namespace
 
 replay_store& replay_store::operator=(replay_store&& other) noexcept {
   if (this != &other) {
-    st_.reset();  // statements before their connection
-    sqlite3_close(db_);
+    close_store(db_, st_, ckpt_);
     db_ = std::exchange(other.db_, nullptr);
     path_ = std::move(other.path_);
     st_ = std::move(other.st_);
+    ckpt_ = std::move(other.ckpt_);
   }
   return *this;
 }
 
-replay_store::~replay_store() {
-  st_.reset();
-  sqlite3_close(db_);
-}
+replay_store::~replay_store() { close_store(db_, st_, ckpt_); }
 
 result<std::int64_t> replay_store::record(const variant_record& v) { return upsert(v, false); }
 

@@ -184,14 +184,17 @@ public:
   sqlite3* handle() const noexcept { return db_; }
 
 private:
-  struct statements;  // prepared once per connection (replay_store.cpp)
+  struct statements;    // prepared once per connection (replay_store.cpp)
+  struct checkpointer;  // copies the WAL into the database file on a thread of its own
 
-  replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st);
+  replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st,
+               std::unique_ptr<checkpointer> ckpt);
   result<std::int64_t> upsert(const variant_record& v, bool keep_id);
 
   sqlite3* db_ = nullptr;
   std::filesystem::path path_;
   std::unique_ptr<statements> st_;
+  std::unique_ptr<checkpointer> ckpt_;
 };
 
 } // namespace crucible::storage
