@@ -96,7 +96,9 @@ struct sft_export_stats {
 };
 
 /// The replay store. One SQLite connection; not thread-safe (one owner, e.g. one actor).
-/// Movable, not copyable. Several processes may open the same file (WAL, busy timeout).
+/// Movable, not copyable. Several processes may open the same file (WAL, busy timeout). Once
+/// the WAL first reaches 1000 pages, the store starts a thread with a second connection of its
+/// own that copies the WAL into the database file (checkpoints), off the recording thread.
 class replay_store final {
 public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
