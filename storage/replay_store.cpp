@@ -4,7 +4,11 @@
 
 #include <sqlite3.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <string_view>
@@ -218,6 +222,13 @@ constexpr const char* migrate_to_v1 =
   "INSERT OR IGNORE INTO hack_checks SELECT j.value, v.id FROM variants v, json_each(v.checks_failed) j"
   "  WHERE " CRUCIBLE_FLAGGED_SQL ";";
 
+// Schema 1 → 2: a completion holds its code block, so the code was written twice per row (a third
+// of a row's bytes, and every byte is written twice more by the WAL and its checkpoint). From
+// schema 2 on, `completion` is stored without the row's code where the code occurs in it, and
+// completion_code_at is the byte offset to put the code back at; NULL (every older row) means the
+// completion is stored whole. split_completion() and join_completion() are the two directions.
+constexpr const char* migrate_to_v2 = "ALTER TABLE variants ADD COLUMN completion_code_at INTEGER;";
+
 // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
 // verdict and provenance columns switch to the new record only when its reward is strictly
 // higher. All right-hand sides see the old row, so the CASEs agree with each other.
@@ -225,16 +236,17 @@ constexpr const char* migrate_to_v1 =
 constexpr const char* upsert_sql =
   "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status, correct,"
   " speedup, spread, ref_ms, cand_ms, reward, checks_failed, message, policy_version,"
-  " prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
+  " prompt_id, group_id, exemplar_ids, time_ms, count, completion, completion_code_at)"
   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
-  " ?19, ?20, ?21, ?22)"
+  " ?19, ?20, ?21, ?22, ?23)"
   " ON CONFLICT (task_id, hardware, code_hash) DO UPDATE SET count = count + excluded.count, "
   CRUCIBLE_BEST("task_name") ", " CRUCIBLE_BEST("code") ", " CRUCIBLE_BEST("status") ", "
   CRUCIBLE_BEST("correct") ", " CRUCIBLE_BEST("speedup") ", " CRUCIBLE_BEST("spread") ", "
   CRUCIBLE_BEST("ref_ms") ", " CRUCIBLE_BEST("cand_ms") ", " CRUCIBLE_BEST("checks_failed") ", "
   CRUCIBLE_BEST("message") ", " CRUCIBLE_BEST("policy_version") ", " CRUCIBLE_BEST("prompt_id")
   ", " CRUCIBLE_BEST("group_id") ", " CRUCIBLE_BEST("exemplar_ids") ", "
-  CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("completion") ", " CRUCIBLE_BEST("reward")
+  CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("completion") ", "
+  CRUCIBLE_BEST("completion_code_at") ", " CRUCIBLE_BEST("reward")
   " RETURNING id";
 #undef CRUCIBLE_BEST
 
@@ -283,16 +295,35 @@ std::string prompt_json_line(const prompt_record& p) {
 
 namespace detail {
 
+std::optional<std::int64_t> split_completion(std::string_view completion, std::string_view code,
+                                             std::string& rest) {
+  // The code block is the completion's last one, so search from the end.
+  const auto at = code.empty() ? std::string_view::npos : completion.rfind(code);
+  if (at == std::string_view::npos) return std::nullopt;
+  rest.assign(completion.substr(0, at));
+  rest.append(completion.substr(at + code.size()));
+  return static_cast<std::int64_t>(at);
+}
+
+std::string join_completion(std::string stored, std::string_view code, sqlite3_stmt* s, int at_col) {
+  if (sqlite3_column_type(s, at_col) == SQLITE_NULL) return stored;  // stored whole
+  const auto at = sqlite3_column_int64(s, at_col);
+  // An offset past the end cannot be written by split_completion(); keep the text as stored.
+  if (at < 0 || static_cast<std::uint64_t>(at) > stored.size()) return stored;
+  stored.insert(static_cast<std::size_t>(at), code);
+  return stored;
+}
+
 const char* const select_columns =
   "SELECT id, task_id, task_name, hardware, code, code_hash, status, correct, speedup, spread,"
   " ref_ms, cand_ms, reward, checks_failed, message, policy_version, prompt_id, group_id,"
-  " exemplar_ids, time_ms, count, completion FROM variants ";
+  " exemplar_ids, time_ms, count, completion, completion_code_at FROM variants ";
 
 const char* const select_columns_v =
   "SELECT v.id, v.task_id, v.task_name, v.hardware, v.code, v.code_hash, v.status, v.correct,"
   " v.speedup, v.spread, v.ref_ms, v.cand_ms, v.reward, v.checks_failed, v.message,"
   " v.policy_version, v.prompt_id, v.group_id, v.exemplar_ids, v.time_ms, v.count,"
-  " v.completion FROM ";
+  " v.completion, v.completion_code_at FROM ";
 
 variant_record read_row(sqlite3_stmt* s) {
   variant_record v;
@@ -317,7 +348,7 @@ variant_record read_row(sqlite3_stmt* s) {
   v.exemplar_ids = column_text(s, 18);
   v.time_ms = sqlite3_column_int64(s, 19);
   v.count = sqlite3_column_int64(s, 20);
-  v.completion = column_text(s, 21);
+  v.completion = join_completion(column_text(s, 21), v.code, s, 22);
   return v;
 }
 
@@ -333,6 +364,7 @@ struct replay_store::statements {
   sqlite3_stmt* success_full = nullptr;
   sqlite3_stmt* prompt_insert = nullptr;
   sqlite3_stmt* prompt_get = nullptr;
+  std::string completion_rest;  // upsert's buffer for a completion without its code
 
   statements() = default;
   statements(const statements&) = delete;
@@ -341,6 +373,93 @@ struct replay_store::statements {
     for (auto* s : {upsert, id_taken, find, success_summary, success_full, prompt_insert, prompt_get})
       sqlite3_finalize(s);
   }
+};
+
+/// WAL checkpoints on a thread of their own. A checkpoint copies the committed pages from the
+/// WAL into the database file and fsyncs it: as many bytes again as the commits wrote, plus a
+/// read of the WAL. SQLite's automatic checkpoint runs it in the committing thread, inside
+/// record(); here the WAL hook of the store's connection wakes a thread with a second connection
+/// instead, which copies the WAL while the recording thread goes on. The commits' durability is
+/// the WAL fsync of each commit either way (synchronous=FULL): a checkpoint only moves pages
+/// already durable, and SQLite's checkpoints are crash-safe whichever connection runs them.
+/// If the thread falls behind, the recording thread completes the checkpoint itself once the WAL
+/// reaches `inline_pages`, which bounds the WAL's size; if the thread cannot open its
+/// connection, the recording thread checkpoints as SQLite's automatic checkpoint does.
+struct replay_store::checkpointer {
+  /// WAL size (pages) that wakes the thread: SQLite's default automatic checkpoint size.
+  static constexpr int wake_pages = 1000;
+  /// WAL size (pages) from which the committing thread checkpoints itself.
+  static constexpr int inline_pages = 8 * wake_pages;
+
+  explicit checkpointer(std::filesystem::path p) : path(std::move(p)) {}
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+  ~checkpointer() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_one();
+    if (thread.joinable()) thread.join();
+  }
+
+  // sqlite3_wal_hook callback, after every commit of the store's connection; `pages` is the
+  // WAL's size in frames.
+  static int on_commit(void* self, sqlite3* db, const char* schema, int pages) {
+    auto* c = static_cast<checkpointer*>(self);
+    const bool alone = c->failed.load(std::memory_order_relaxed);
+    if (alone && pages >= wake_pages) {
+      // As SQLite's automatic checkpoint would.
+      sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    } else if (pages >= inline_pages) {
+      // A writer that never pauses keeps the thread behind by the batch in flight, and the WAL
+      // starts over only when a commit begins with every frame copied. So the writer waits for
+      // the thread's checkpoint to end (SQLite does not wait for another checkpoint: BUSY) and
+      // copies the rest itself, which bounds the WAL. Backpressure on the writer.
+      std::lock_guard running(c->checkpointing);
+      sqlite3_wal_checkpoint_v2(db, schema, SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+    } else if (pages >= wake_pages && !alone) {
+      std::lock_guard lock(c->mutex);
+      if (!c->thread.joinable()) c->thread = std::thread([c] { c->run(); });  // on first need
+      c->wanted = true;
+      c->wake.notify_one();
+    }
+    return SQLITE_OK;
+  }
+
+  void run() {
+    sqlite3* db = nullptr;
+    if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr) != SQLITE_OK ||
+        sqlite3_exec(db, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr) != SQLITE_OK) {
+      sqlite3_close(db);
+      failed.store(true, std::memory_order_relaxed);  // the committing thread takes over
+      return;
+    }
+    sqlite3_busy_timeout(db, 10000);
+    std::unique_lock lock(mutex);
+    for (;;) {
+      wake.wait(lock, [this] { return wanted || stop; });
+      if (stop) break;
+      wanted = false;
+      lock.unlock();
+      {
+        // PASSIVE: copies what no reader still needs; never waits for, never blocks the writer.
+        std::lock_guard running(checkpointing);
+        sqlite3_wal_checkpoint_v2(db, "main", SQLITE_CHECKPOINT_PASSIVE, nullptr, nullptr);
+      }
+      lock.lock();
+    }
+    sqlite3_close(db);
+  }
+
+  std::filesystem::path path;
+  std::mutex mutex;          // guards wanted, stop and thread
+  std::mutex checkpointing;  // held by whichever thread runs a checkpoint
+  std::condition_variable wake;
+  bool wanted = false;
+  bool stop = false;
+  std::atomic<bool> failed{false};
+  std::thread thread;
 };
 
 result<replay_store> replay_store::open(const std::filesystem::path& path) {
@@ -383,6 +502,11 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
       step = exec(db, path, schema_v0, "create schema");
       if (step.ok()) step = exec(db, path, migrate_to_v1, "migrate schema 0 to 1");
       if (step.ok()) step = exec(db, path, "PRAGMA user_version = 1", "set schema version");
+      if (step.ok()) *version = 1;
+    }
+    if (step.ok() && *version == 1) {
+      step = exec(db, path, migrate_to_v2, "migrate schema 1 to 2");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 2", "set schema version");
     }
     if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
     if (!step.ok()) {
@@ -416,31 +540,45 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
       st.reset();
       return give_up(e);
     }
-  return replay_store(db, path, std::move(st));
+  // Replaces SQLite's automatic checkpoint (a WAL hook of its own) on this connection.
+  auto ckpt = std::make_unique<checkpointer>(path);
+  sqlite3_wal_hook(db, &checkpointer::on_commit, ckpt.get());
+  return replay_store(db, path, std::move(st), std::move(ckpt));
 }
 
-replay_store::replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st)
-    : db_(db), path_(std::move(path)), st_(std::move(st)) {}
+replay_store::replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st,
+                           std::unique_ptr<checkpointer> ckpt)
+    : db_(db), path_(std::move(path)), st_(std::move(st)), ckpt_(std::move(ckpt)) {}
 
 replay_store::replay_store(replay_store&& other) noexcept
     : db_(std::exchange(other.db_, nullptr)), path_(std::move(other.path_)),
-      st_(std::move(other.st_)) {}
+      st_(std::move(other.st_)), ckpt_(std::move(other.ckpt_)) {}
+
+namespace {
+
+// Closes a store's connection: statements first, then the checkpointer's thread and connection,
+// so that this connection is the last and its close checkpoints the WAL and removes it.
+void close_store(sqlite3* db, auto& st, auto& ckpt) {
+  st.reset();
+  if (db) sqlite3_wal_hook(db, nullptr, nullptr);
+  ckpt.reset();
+  sqlite3_close(db);
+}
+
+} // namespace
 
 replay_store& replay_store::operator=(replay_store&& other) noexcept {
   if (this != &other) {
-    st_.reset();  // statements before their connection
-    sqlite3_close(db_);
+    close_store(db_, st_, ckpt_);
     db_ = std::exchange(other.db_, nullptr);
     path_ = std::move(other.path_);
     st_ = std::move(other.st_);
+    ckpt_ = std::move(other.ckpt_);
   }
   return *this;
 }
 
-replay_store::~replay_store() {
-  st_.reset();
-  sqlite3_close(db_);
-}
+replay_store::~replay_store() { close_store(db_, st_, ckpt_); }
 
 result<std::int64_t> replay_store::record(const variant_record& v) { return upsert(v, false); }
 
@@ -514,7 +652,13 @@ result<std::int64_t> replay_store::upsert(const variant_record& in, bool keep_id
   bind_text(s, 19, *exemplars);
   sqlite3_bind_int64(s, 20, in.time_ms != 0 ? in.time_ms : now_ms());
   sqlite3_bind_int64(s, 21, in.count);
-  bind_text(s, 22, in.completion);
+  if (auto at = detail::split_completion(in.completion, in.code, st_->completion_rest)) {
+    bind_text(s, 22, st_->completion_rest);
+    sqlite3_bind_int64(s, 23, *at);
+  } else {
+    bind_text(s, 22, in.completion);
+    sqlite3_bind_null(s, 23);
+  }
   if (sqlite3_step(s) != SQLITE_ROW) return db_fail(db_, path_, "record");
   std::int64_t id = sqlite3_column_int64(s, 0);
   if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record");
@@ -686,7 +830,8 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
     return fail(errc::invalid_arg, where(path_), ": SFT export: min_speedup must be finite");
   statement st;
   const char* sql =
-    "SELECT v.id, v.task_id, v.hardware, v.speedup, v.completion, p.text"
+    "SELECT v.id, v.task_id, v.hardware, v.speedup, v.completion, p.text, v.code,"
+    " v.completion_code_at"
     " FROM variants v LEFT JOIN prompts p ON p.prompt_id = v.prompt_id"
     " WHERE v.status = 'ok' AND v.correct = 1 AND v.speedup IS NOT NULL AND v.speedup >= ?1"
     " AND (?2 = '' OR v.hardware = ?2) ORDER BY v.id";
@@ -698,14 +843,15 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
   std::string out;
   int rc;
   while ((rc = sqlite3_step(st.s)) == SQLITE_ROW) {
-    if (sqlite3_column_type(st.s, 5) == SQLITE_NULL || sqlite3_column_bytes(st.s, 4) == 0) {
+    if (sqlite3_column_type(st.s, 5) == SQLITE_NULL ||
+        (sqlite3_column_bytes(st.s, 4) == 0 && sqlite3_column_type(st.s, 7) == SQLITE_NULL)) {
       ++stats.skipped;
       continue;
     }
     json_writer w;
     w.begin_object()
       .field("prompt", column_text(st.s, 5))
-      .field("completion", column_text(st.s, 4))
+      .field("completion", detail::join_completion(column_text(st.s, 4), column_text(st.s, 6), st.s, 7))
       .field("task", column_text(st.s, 1))
       .field("speedup", sqlite3_column_double(st.s, 3))
       .field("hardware", column_text(st.s, 2))

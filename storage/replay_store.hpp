@@ -96,12 +96,14 @@ struct sft_export_stats {
 };
 
 /// The replay store. One SQLite connection; not thread-safe (one owner, e.g. one actor).
-/// Movable, not copyable. Several processes may open the same file (WAL, busy timeout).
+/// Movable, not copyable. Several processes may open the same file (WAL, busy timeout). Once
+/// the WAL first reaches 1000 pages, the store starts a thread with a second connection of its
+/// own that copies the WAL into the database file (checkpoints), off the recording thread.
 class replay_store final {
 public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
   /// only); open() upgrades older files in place.
-  static constexpr int schema_version = 1;
+  static constexpr int schema_version = 2;
 
   /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
   /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file
@@ -184,14 +186,17 @@ public:
   sqlite3* handle() const noexcept { return db_; }
 
 private:
-  struct statements;  // prepared once per connection (replay_store.cpp)
+  struct statements;    // prepared once per connection (replay_store.cpp)
+  struct checkpointer;  // copies the WAL into the database file on a thread of its own
 
-  replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st);
+  replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st,
+               std::unique_ptr<checkpointer> ckpt);
   result<std::int64_t> upsert(const variant_record& v, bool keep_id);
 
   sqlite3* db_ = nullptr;
   std::filesystem::path path_;
   std::unique_ptr<statements> st_;
+  std::unique_ptr<checkpointer> ckpt_;
 };
 
 } // namespace crucible::storage

@@ -4,7 +4,9 @@
 
 #include <sqlite3.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -49,6 +51,16 @@ inline void bind_text(sqlite3_stmt* s, int i, std::string_view t) {
   // SQLITE_STATIC: every caller steps the statement while `t` is alive, then resets it.
   sqlite3_bind_text(s, i, t.data(), static_cast<int>(t.size()), SQLITE_STATIC);
 }
+
+/// The completion to store for a row whose code is `code`: when `code` occurs in `completion`
+/// (its last occurrence), `rest` becomes the completion without it and the offset to put it back
+/// at is returned (stored in completion_code_at); nullopt when it does not occur (stored whole).
+std::optional<std::int64_t> split_completion(std::string_view completion, std::string_view code,
+                                             std::string& rest);
+
+/// The completion of a row read by `s`: `stored` (column completion) with `code` put back at the
+/// offset in column `at_col` (completion_code_at); `stored` itself where that column is NULL.
+std::string join_completion(std::string stored, std::string_view code, sqlite3_stmt* s, int at_col);
 
 /// Every column of `variants`, in read_row()'s order, ending in " FROM variants ".
 extern const char* const select_columns;

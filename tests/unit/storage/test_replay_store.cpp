@@ -4,12 +4,15 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fcntl.h>
 #include <fstream>
 #include <poll.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/file_io.hpp"
@@ -653,4 +656,148 @@ TEST_CASE("export_sft_jsonl writes the verified variants with their stored promp
   CHECK(stats->written == 1);
   CHECK(stats->skipped == 0);
   CHECK(read_file(out)->find("prompt two") != std::string::npos);
+}
+
+TEST_CASE("a completion is stored without its code block and read back whole") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  sqlite3* db = store->handle();
+  // The code occurs twice: the last occurrence (the final code block) is the one cut out.
+  auto twice = sample(1);
+  twice.completion = "draft:\n" + twice.code + "\n## Code Implementation\n```python\n" + twice.code + "\n```\n";
+  auto absent = sample(2);
+  absent.completion = "## Code Implementation\n```python\n    indented, not the code\n```";
+  auto only_code = sample(3);
+  only_code.completion = only_code.code;
+  auto no_completion = sample(4);
+  no_completion.completion.clear();
+  auto empty_code = sample(5);
+  empty_code.code.clear();
+  for (const auto* v : {&twice, &absent, &only_code, &no_completion, &empty_code}) {
+    auto id = store->record(*v);
+    REQUIRE(id.ok());
+    auto back = store->find(*id);
+    REQUIRE(back.ok());
+    CHECK(back->completion == v->completion);
+    CHECK(back->code == v->code);
+  }
+  CHECK(exec_text(db, "SELECT completion FROM variants WHERE id = 1") ==
+        "draft:\n" + twice.code + "\n## Code Implementation\n```python\n\n```\n");
+  CHECK(exec_int(db, "SELECT completion_code_at FROM variants WHERE id = 1") ==
+        static_cast<std::int64_t>(twice.completion.rfind(twice.code)));
+  CHECK(exec_int(db, "SELECT completion_code_at IS NULL FROM variants WHERE id = 2") == 1);
+  CHECK(exec_int(db, "SELECT length(completion) FROM variants WHERE id = 3") == 0);
+  CHECK(exec_int(db, "SELECT completion_code_at FROM variants WHERE id = 3") == 0);
+  CHECK(exec_int(db, "SELECT completion_code_at IS NULL FROM variants WHERE id = 4") == 1);
+  CHECK(exec_int(db, "SELECT completion_code_at IS NULL FROM variants WHERE id = 5") == 1);
+
+  // A better repeat replaces code and completion together; a worse one neither.
+  auto better = twice;
+  better.code += "\n# tuned";
+  better.completion = "## Code Implementation\n```python\n" + better.code + "\n```";
+  better.reward += 1.0;
+  REQUIRE(store->record(better).ok());
+  auto worse = twice;
+  worse.code += "\n# slower";
+  worse.completion = "short: " + worse.code;
+  worse.reward -= 5.0;
+  REQUIRE(store->record(worse).ok());
+  auto row = store->find(1);
+  REQUIRE(row.ok());
+  CHECK(row->code == better.code);
+  CHECK(row->completion == better.completion);
+  CHECK(row->count == 3);
+
+  // The SFT export and the JSONL round trip see whole completions.
+  REQUIRE(store->record_prompt(twice.prompt_id, "prompt text").ok());
+  auto sft = store->export_sft_jsonl(tmp.path() / "sft.jsonl", {0.0, ""});
+  REQUIRE(sft.ok());
+  auto text = read_file(tmp.path() / "sft.jsonl");
+  REQUIRE(text.ok());
+  auto line = parse_json(text->substr(0, text->find('\n')));
+  REQUIRE(line.ok());
+  CHECK(line->find("completion")->as_string() == better.completion);
+  REQUIRE(store->export_jsonl(tmp.path() / "all.jsonl").ok());
+  auto fresh = replay_store::open(tmp.path() / "fresh.db");
+  REQUIRE(fresh.ok());
+  REQUIRE(fresh->import_jsonl(tmp.path() / "all.jsonl").ok());
+  for (std::int64_t id = 1; id <= 5; ++id) CHECK(fresh->find(id)->completion == store->find(id)->completion);
+  CHECK(exec_int(fresh->handle(), "SELECT completion_code_at FROM variants WHERE id = 1") ==
+        exec_int(db, "SELECT completion_code_at FROM variants WHERE id = 1"));
+}
+
+TEST_CASE("a store of schema 1 is upgraded to 2 and keeps its whole completions") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  const auto v = sample(1);
+  {
+    // A schema 1 file: today's schema less completion_code_at, its row's completion stored whole.
+    auto store = replay_store::open(db_path);
+    REQUIRE(store.ok());
+    sqlite3* db = store->handle();
+    exec_ok(db, "ALTER TABLE variants DROP COLUMN completion_code_at; PRAGMA user_version = 1");
+    exec_ok(db, "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status,"
+                " correct, speedup, spread, ref_ms, cand_ms, reward, checks_failed, message,"
+                " policy_version, prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
+                " VALUES (4, 'level1/19_ReLU', 'ReLU', 'h100', 'code a', 'ha', 'ok', 1, 1.5, 0.02, 1.0,"
+                " 0.66, 0.4, '[]', '', 3, 'p-a', 8, '[]', 1700000000001, 1,"
+                " 'analysis\n```python\ncode a\n```')");
+  }
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == replay_store::schema_version);
+  CHECK(exec_text(store->handle(), "PRAGMA integrity_check") == "ok");
+  auto old = store->find(4);
+  REQUIRE(old.ok());
+  CHECK(old->code == "code a");
+  CHECK(old->completion == "analysis\n```python\ncode a\n```");
+  auto id = store->record(v);
+  REQUIRE(id.ok());
+  CHECK(store->find(*id)->completion == v.completion);
+  CHECK(exec_int(store->handle(), "SELECT completion_code_at IS NOT NULL FROM variants WHERE id = 5") == 1);
+}
+
+TEST_CASE("the WAL is copied into the database file by the store's own thread and stays bounded") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  // Rows of 64 KB of code: 16 per batch is 1 MiB, about 260 WAL pages of 4 KiB.
+  int next = 0;
+  auto batch = [&] {
+    std::vector<variant_record> rows;
+    for (int i = 0; i < 16; ++i, ++next) {
+      auto v = sample(next);
+      v.code = std::string(64 * 1024, static_cast<char>('a' + next % 26)) + std::to_string(next);
+      v.completion.clear();
+      rows.push_back(std::move(v));
+    }
+    REQUIRE(store->record_batch(rows).ok());
+  };
+  // 5 MiB: past the 1000 pages that wake the checkpointer, far below the 8000 from which the
+  // recording thread would checkpoint itself. With no further commit, the database file must
+  // receive the pages from the checkpointer's thread.
+  for (int b = 0; b < 5; ++b) batch();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::filesystem::file_size(db_path) < 4u * 1024 * 1024 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polls the file; no ordering assumed
+  CHECK(std::filesystem::file_size(db_path) >= 4u * 1024 * 1024);
+
+  // 40 MiB more: the WAL is restarted after its checkpoints instead of growing with the data
+  // (bound: the 8000-page backstop plus a batch before it and one after, in WAL frames of
+  // 4096 + 24 bytes).
+  std::uintmax_t largest_wal = 0;
+  const auto wal = tmp.path() / "replay.db-wal";
+  for (int b = 0; b < 40; ++b) {
+    batch();
+    largest_wal = std::max(largest_wal, std::filesystem::file_size(wal));
+  }
+  CHECK(largest_wal <= (8000u + 2 * 300u) * (4096u + 24u));
+  CHECK(*store->count() == next);
+  CHECK(exec_text(store->handle(), "PRAGMA integrity_check") == "ok");
+  auto last = store->find(next);
+  REQUIRE(last.ok());
+  CHECK(last->code.size() == 64 * 1024 + std::to_string(next - 1).size());
 }
