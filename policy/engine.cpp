@@ -158,7 +158,10 @@ private:
       model.forward_step(g.input, view, {}, fused);
       view.lengths.copy_(saved);
       side.synchronize();
-      g.graph.capture_begin(*pool_);
+      // Thread-local capture: the learner's and the evaluator's CUDA calls on other threads of
+      // the process (allocations, copies, synchronisations) neither break the capture nor are
+      // refused while it runs.
+      g.graph.capture_begin(*pool_, cudaStreamCaptureModeThreadLocal);
       g.logits = model.forward_step(g.input, view, {}, fused);
       g.graph.capture_end();
     }
@@ -175,7 +178,7 @@ struct engine::state {
   torch::Device device{torch::kCPU};
   bool graphs_enabled = false;
   bool fused = false;
-  std::int64_t fused_max_rows = 8;
+  std::int64_t fused_max_rows = 64;
   std::int64_t max_prefill_tokens = 16384;
   std::int64_t sync_interval = 16;
   kv_cache cache;

@@ -404,7 +404,7 @@ TEST_CASE("greedy decoding with the fused kernels equals the LibTorch decoding, 
       engine_options on, off;
       on.cuda_graphs = off.cuda_graphs = graphs;
       off.fused_kernels = false;
-      on.fused_max_rows = 1024; // 10 rows: above the default bound
+      on.fused_max_rows = 1024; // every call fused, whatever the default bound
       engine with_kernels(m.ptr(), on), plain(m.ptr(), off);
       torch::manual_seed(7);
       std::vector<std::vector<std::int32_t>> prompts;

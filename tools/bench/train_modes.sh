@@ -6,8 +6,9 @@
 # 2. The paused run is copied twice; each copy is resumed for RL_STEPS RL steps, one with
 #    run.mode=async and one with run.mode=sync, each with an empty verdict cache of its own (the
 #    compiled-extension cache is shared: the warm start built the seed variants' extensions).
-# 3. For each: the RL stage's wall time (resume to finish), samples, samples/s, and the
-#    actor-system overhead per step (tools/bench/actor_overhead.py); then the ratio.
+# 3. For each: the RL stage's wall time (resume to the last update, and to the finish), samples,
+#    samples/s, and the actor-system overhead per step (tools/bench/actor_overhead.py); then the
+#    ratios.
 # Results: $OUT/train_modes.json (OUT defaults to ./bench-out), logs beside it.
 # To split the work over several calls: BASE=NAME reuses the paused run RUNS/NAME (RUNS defaults
 # to $OUT/runs) instead of starting one, MODES="async" (or "sync") runs only those modes; the
@@ -40,7 +41,7 @@ for mode in ${MODES:-async sync}; do
   sed -i "0,/^  name: .*/s//  name: \"$base-$mode\"/" "$run/config.yaml"
   echo "== $mode: $steps RL steps"
   start=$(date +%s)
-  "$CLI" resume "$run" --set "run.mode=$mode" --set "evaluator.cache=$run/verdicts.db" \
+  "$CLI" resume "$run" --set "run.mode=$mode" --set "stages.rl.steps=$steps" --set "evaluator.cache=$run/verdicts.db" \
     > "$OUT/$base-$mode.log" 2>&1 || { tail -30 "$OUT/$base-$mode.log"; exit 1; }
   echo "   $(( $(date +%s) - start )) s"
   python3 "$ROOT/tools/bench/actor_overhead.py" "$run" | tee "$OUT/$base-$mode-overhead.txt"
@@ -60,11 +61,16 @@ for mode in ("async", "sync"):
     steps = [r for r in after if r["event"] == "train_step" and r.get("stage") == "rl"]
     samples = sum(r.get("samples", 0) for r in steps)
     wall = t(end[-1]["time"]) - t(after[0]["time"]) if end else float("nan")
+    # To the last update: the same samples trained on in both modes. The rest of `wall` is the
+    # stop: asynchronous rollouts finish the groups they have in flight (rollout.on_stop).
+    to_last = t(steps[-1]["time"]) - t(after[0]["time"]) if steps else float("nan")
     correct = sum(r.get("samples", 0) * r.get("correct_share", 0) for r in steps)
-    res[mode] = {"rl_steps": len(steps), "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
+    res[mode] = {"rl_steps": len(steps), "samples": samples, "wall_s": wall, "to_last_update_s": to_last,
+                 "samples_per_s": samples / to_last,
                  "correct_share": correct / samples if samples else None,
                  "dropped_stale": sum(r.get("dropped_stale", 0) for r in steps)}
 res["sync_over_async_wall"] = res["sync"]["wall_s"] / res["async"]["wall_s"]
+res["sync_over_async_to_last_update"] = res["sync"]["to_last_update_s"] / res["async"]["to_last_update_s"]
 json.dump(res, open(out, "w"), indent=1)
 print(json.dumps(res, indent=1))
 PY
