@@ -163,6 +163,9 @@ using learner_actor = caf::typed_actor<
   caf::replies_to<learner_batch>::with<train_report>,
   // One SFT update on this rank's share of the examples; as train.
   caf::replies_to<sft_batch>::with<train_report>,
+  // Starts the optimiser's moments afresh for a new training stage (policy::learner::
+  // reset_moments); the updates after it use them. Every rank must get it, like the batches.
+  caf::reacts_to<reset_atom>,
   // Writes the learner's checkpoint into the directory (policy/checkpoint.hpp; collective);
   // replies with its version.
   caf::replies_to<save_atom, std::string>::with<policy_version>>;

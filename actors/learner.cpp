@@ -264,6 +264,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
       r.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
       return r;
     },
+    [=](reset_atom) { self->state.learner->reset_moments(); },
     [=](save_atom, const std::string& dir) -> caf::result<policy_version> {
       auto& st = self->state;
       if (auto j = ensure_joined(st); !j.ok())

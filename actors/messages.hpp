@@ -721,6 +721,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, drain_atom, "drain")
   CAF_ADD_ATOM(crucible, crucible, train_atom, "train")
   CAF_ADD_ATOM(crucible, crucible, save_atom, "save")
+  CAF_ADD_ATOM(crucible, crucible, reset_atom, "reset")
   CAF_ADD_ATOM(crucible, crucible, expire_atom, "expire")
   CAF_ADD_ATOM(crucible, crucible, retry_atom, "retry")
 

@@ -245,6 +245,7 @@ struct trainer_state {
   std::function<void()> on_groups; // called when groups arrive while a step waits for them
   std::uint64_t want = 0;          // groups the waiting step needs
   bool timer_armed = false;
+  bool stage_began = false;        // a stage began in this process: its first update may need fresh moments
   // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
   // generation and evaluation) and building SFT examples; the learner reports its own update time.
   std::chrono::steady_clock::time_point step_began; // the step request's arrival
@@ -441,6 +442,19 @@ void drop_stale(trainer_state& st, std::uint64_t max_staleness, std::uint64_t bo
 
 // -- the steps ---------------------------------------------------------------------------------
 
+// Before a stage's first update: fresh optimiser moments when an earlier stage trained
+// (learner.reset_moments). The learner handles it before the batch that follows.
+void before_update(self_pointer self) {
+  auto& st = self->state;
+  if (!st.stage_began)
+    return;
+  st.stage_began = false;
+  if (st.p.step > 0 && st.deps->cfg.learner.reset_moments) {
+    self->send(st.deps->learner, reset_atom_v);
+    st.deps->log->info(component, stage_name(st.p.stage), ": fresh optimiser moments after ", st.p.step, " updates");
+  }
+}
+
 void advance(self_pointer self);
 
 // Moves to the next stage (stopping the rollouts of a sampling stage first) and runs its step.
@@ -451,6 +465,7 @@ void next_stage(self_pointer self) {
     ++st.p.stage;
     st.p.stage_step = 0;
     st.p.stage_seconds = 0;
+    st.stage_began = true;
     st.stage_start = std::chrono::steady_clock::now();
     if (st.p.stage < stage_done)
       st.deps->log->info(component, "stage ", stage_name(st.p.stage));
@@ -684,6 +699,7 @@ void sft_step(self_pointer self) {
           st.sft_prompts.clear();
           st.sft_completions.clear();
           const auto n = b.prompts.size();
+          before_update(self);
           self->request(st.deps->learner, caf::infinite, std::move(b))
             .then([self, n](const train_report& r) { after_update(self, r, nullptr, n); },
                   [self](const caf::error& e) { fail_step(self, to_error(e)); });
@@ -708,6 +724,7 @@ void train_on_groups(self_pointer self) {
   const auto n = batch.size();
   if (rl) {
     learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
+    before_update(self);
     self->request(st.deps->learner, caf::infinite, std::move(b))
       .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
             [self](const caf::error& e) { fail_step(self, to_error(e)); });
@@ -730,6 +747,7 @@ void train_on_groups(self_pointer self) {
     after_update(self, r, &tally, n, false);
     return;
   }
+  before_update(self);
   self->request(st.deps->learner, caf::infinite, std::move(b))
     .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
           [self](const caf::error& e) { fail_step(self, to_error(e)); });

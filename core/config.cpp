@@ -454,6 +454,10 @@ void describe_learner(V& v, learner_options& l) {
     v.field("min_lr_ratio", l.min_lr_ratio, "Floor of the cosine schedule as a fraction of lr.",
             between(0, 1, "a number between 0 and 1"));
     v.field("grad_clip", l.grad_clip, "Global L2 norm the gradient is clipped to; 0: no clipping.", non_negative_number());
+    v.field("reset_moments", l.reset_moments,
+            "A training stage (SFT, self-supervised, RL) that follows another stage's updates starts with fresh AdamW "
+            "moments (the learning-rate schedule goes on). Moments left by an SFT near convergence would make RL's "
+            "first updates many times lr.");
     v.field("micro_batch_tokens", l.micro_batch_tokens,
             "Padded tokens (rows × longest row) per forward/backward; gradients accumulate over micro-batches.",
             positive<std::int64_t>("a positive integer"));

@@ -138,6 +138,7 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks) {
     .field("format_version", format_version)
     .field("version", l.version())
     .field("steps", l.steps())
+    .field("moments_since", l.optimizer().moments_since())
     .field("lora", l.options().lora)
     .field("dtype", dtype_of(l))
     .field("frozen_sha256", l.frozen_digest())
@@ -236,6 +237,11 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     return fail(errc::corrupt, origin, ": negative version or steps");
   info.version = static_cast<std::uint64_t>((*version)->as_int());
   info.steps = (*steps)->as_int();
+  if (const auto* ms = (*doc).find("moments_since"); ms != nullptr) {
+    if (!ms->is_int() || ms->as_int() < 0 || ms->as_int() > info.steps)
+      return fail(errc::corrupt, origin, ": moments_since must be an integer between 0 and steps");
+    info.moments_since = ms->as_int();
+  }
   info.lora = (*lora)->as_bool();
   info.dtype = (*dtype)->as_string();
   info.frozen_sha256 = (*frozen)->as_string();
@@ -355,6 +361,7 @@ result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
   } else if (auto r = l.optimizer().restore(tensors, info->steps, masters, opt_path.string()); !r) {
     return r.error();
   }
+  l.optimizer().set_moments_since(info->moments_since);
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

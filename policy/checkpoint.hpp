@@ -30,6 +30,7 @@ namespace crucible::policy {
 struct checkpoint_info {
   std::uint64_t version = 0;   ///< policy version of the weights
   std::int64_t steps = 0;      ///< optimiser updates applied (the schedule's position)
+  std::int64_t moments_since = 0; ///< steps at the last reset of the moments (absent in older checkpoints: 0)
   bool lora = false;
   std::string dtype;           ///< "float32" or "bfloat16"
   std::string frozen_sha256;   ///< learner::frozen_digest() at save time ("" for full fine-tuning)

@@ -259,6 +259,14 @@ result<void> data_parallel::reduce_gradients(std::span<torch::Tensor> grads) {
   return {};
 }
 
+void data_parallel::reset_moment_shards() {
+  torch::NoGradGuard no_grad;
+  for (auto& m : exp_avg_)
+    m.zero_();
+  for (auto& v : exp_avg_sq_)
+    v.zero_();
+}
+
 result<double> data_parallel::sharded_step(double max_norm, double lr, const adamw_options& options) {
   assert(options_.zero1);
   torch::NoGradGuard no_grad;
@@ -279,7 +287,7 @@ result<double> data_parallel::sharded_step(double max_norm, double lr, const ada
       g.mul_(scale);
   }
   optimizer_.count_step();
-  const auto t = optimizer_.steps();
+  const auto t = optimizer_.steps() - optimizer_.moments_since();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     if (options.weight_decay != 0.0)
       for (const auto& s : segments_[b])

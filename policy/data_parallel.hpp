@@ -86,6 +86,8 @@ public:
   /// parameters into the model. A non-finite norm changes nothing (on every rank alike).
   /// Collective.
   result<double> sharded_step(double max_norm, double lr, const adamw_options& options);
+  /// ZeRO-1: zeroes this rank's moment shards (adamw::reset_moments restarts the bias correction).
+  void reset_moment_shards();
 
   /// Element-wise sums or maxima of host numbers over the ranks (batch totals), in place.
   result<void> all_reduce(std::span<double> values, reduce_op op) { return all_reduce_host(*comm_, values, op); }

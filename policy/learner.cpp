@@ -472,4 +472,10 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
   return out;
 }
 
+void learner::reset_moments() {
+  optimizer_->reset_moments();
+  if (dp_ && optimizer_->sharded())
+    dp_->reset_moment_shards();
+}
+
 } // namespace crucible::policy

@@ -135,10 +135,21 @@ void adamw::step(double lr) {
   ++steps_;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& w = masters_[i];
-    adamw_update(w, grads[i], exp_avg_[i], exp_avg_sq_[i], lr, steps_, options_, decays_[i]);
+    adamw_update(w, grads[i], exp_avg_[i], exp_avg_sq_[i], lr, steps_ - moments_since_, options_, decays_[i]);
     if (has_master_copy(i))
       params_[i].param.copy_(w);
   }
+}
+
+void adamw::reset_moments() {
+  torch::NoGradGuard no_grad;
+  for (auto& m : exp_avg_)
+    if (m.defined())
+      m.zero_();
+  for (auto& v : exp_avg_sq_)
+    if (v.defined())
+      v.zero_();
+  moments_since_ = steps_;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> adamw::moments() const {

@@ -95,6 +95,14 @@ public:
   void count_step() noexcept { ++steps_; }
   /// Sets the step count (restoring a ZeRO-1 checkpoint, whose state is data_parallel's).
   void set_steps(std::int64_t steps) noexcept { steps_ = steps; }
+  /// Zeroes the moments (this rank's; ZeRO-1's shards are data_parallel's) and restarts their
+  /// bias correction: the next update is the first of fresh moments, while steps() (the
+  /// schedule's position) goes on. A new training stage starts so (learner::reset_moments).
+  void reset_moments();
+  /// steps() at the last reset_moments() (0: never); updates since then are the moments' t.
+  std::int64_t moments_since() const noexcept { return moments_since_; }
+  /// Restores moments_since() from a checkpoint.
+  void set_moments_since(std::int64_t steps) noexcept { moments_since_ = steps; }
   /// True when the state is sharded over data-parallel ranks (adamw_options::sharded).
   bool sharded() const noexcept { return options_.sharded; }
   /// Copies the parameters into the float32 masters (after the parameters were overwritten, e.g.
@@ -124,6 +132,7 @@ private:
   std::vector<torch::Tensor> masters_, grads_, exp_avg_, exp_avg_sq_;
   std::vector<bool> decays_;
   std::int64_t steps_ = 0;
+  std::int64_t moments_since_ = 0;
 };
 
 } // namespace crucible::policy

@@ -478,3 +478,53 @@ TEST_CASE("checkpoints: damaged, truncated or mismatched ones are refused, namin
   REQUIRE(exported.ok());
   CHECK(max_param_diff(**exported, l->model()) == 0.0);
 }
+
+TEST_CASE("fresh moments: after reset_moments an update equals a new optimiser's, and a checkpoint keeps the reset") {
+  auto o = base_options(); // constant learning rate: the schedule's position does not matter here
+  o.old_log_probs = old_log_probs_source::behaviour;
+  auto a = make_learner(o, 31, false);
+  auto first = make_batch(a->model(), 41, 2, 4, 0.2, {1.0, 0.0, 0.3, 0.7});
+  auto second = make_batch(a->model(), 42, 2, 4, 0.2, {0.2, 0.9, 0.0, 0.5});
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(a->grpo_step(first).ok());
+  const auto before = snapshot(a->model());
+  auto carried = make_learner(o, 31, false); // the same three updates, moments carried over
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(carried->grpo_step(first).ok());
+  CHECK(max_param_diff(a->model(), carried->model()) == 0.0);
+
+  a->reset_moments();
+  CHECK(a->optimizer().moments_since() == 3);
+  CHECK(a->steps() == 3); // the schedule's position goes on
+  for (const auto& [name, m] : a->optimizer().moments())
+    CHECK(m.abs().max().item<double>() == 0.0);
+  REQUIRE(a->grpo_step(second).ok());
+
+  // A new learner on the weights before the reset, one update on the same batch.
+  auto fresh = make_learner(o, 99, false);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : fresh->model().named_parameters(true))
+      item.value().copy_(before.at(item.key()));
+    fresh->optimizer().sync_masters();
+  }
+  REQUIRE(fresh->grpo_step(second).ok());
+  REQUIRE(carried->grpo_step(second).ok());
+  const double with_reset = max_param_diff(a->model(), fresh->model());
+  const double without = max_param_diff(carried->model(), fresh->model());
+  MESSAGE("after the reset |a - fresh| = ", with_reset, "; moments carried over: ", without);
+  CHECK(with_reset <= 1e-6);
+  CHECK(without > 1e-4);
+
+  // A checkpoint after the reset restores it: the next updates match the uninterrupted ones.
+  temp_dir tmp;
+  REQUIRE(save_checkpoint(*a, tmp.path() / "ck").ok());
+  auto b = make_learner(o, 31, false);
+  auto info = load_checkpoint(*b, tmp.path() / "ck");
+  REQUIRE(info.ok());
+  CHECK(info->moments_since == 3);
+  CHECK(b->optimizer().moments_since() == 3);
+  REQUIRE(a->grpo_step(first).ok());
+  REQUIRE(b->grpo_step(first).ok());
+  CHECK(max_param_diff(a->model(), b->model()) <= 1e-6);
+}
