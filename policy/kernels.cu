@@ -46,17 +46,18 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
-// `scratch` holds 32 floats.
-__device__ float block_sum(float v, float* scratch) {
+// The sum (MAX false) or maximum (MAX true) over the block (blockDim.x a multiple of 32, at most
+// 1024); every thread gets the result. `scratch` holds 32 floats.
+template <bool MAX>
+__device__ float block_reduce(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = MAX ? warp_max(v) : warp_sum(v);
   if (lane == 0)
     scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < warps ? scratch[lane] : 0.0f;
-    v = warp_sum(v);
+    v = lane < warps ? scratch[lane] : (MAX ? -INFINITY : 0.0f);
+    v = MAX ? warp_max(v) : warp_sum(v);
     if (lane == 0)
       scratch[0] = v;
   }
@@ -65,6 +66,9 @@ __device__ float block_sum(float v, float* scratch) {
   __syncthreads(); // scratch may be reused by the caller
   return total;
 }
+
+__device__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
+__device__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
 
 // Calls f with a null T* for the storage type t.
 template <class F>
@@ -217,23 +221,6 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
   }
 }
 
-__device__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  if (lane == 0)
-    scratch[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? scratch[lane] : -INFINITY;
-    v = warp_max(v);
-    if (lane == 0)
-      scratch[0] = v;
-  }
-  __syncthreads();
-  const float total = scratch[0];
-  __syncthreads(); // scratch may be reused by the caller
-  return total;
-}
 
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
 // plan's heads_per_block). Registers per lane: q and the accumulators, GM * E floats each (E = 8:

@@ -601,27 +601,33 @@ std::vector<stage_progress> learning_progress(const std::vector<std::string>& li
   return out;
 }
 
+namespace {
+
+// "1.50x", or "-" for NaN (no correct sample).
+std::string speedup_text(double v) {
+  if (std::isnan(v))
+    return std::string{"-"};
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2fx", v);
+  return std::string{b};
+}
+
+} // namespace
+
 std::string to_string(const stage_progress& p) {
   char buf[512];
-  auto x = [](double v) {
-    if (std::isnan(v))
-      return std::string{"-"};
-    char b[32];
-    std::snprintf(b, sizeof b, "%.2fx", v);
-    return std::string{b};
-  };
   std::snprintf(buf, sizeof buf,
                 "%s, first %zu against last %zu of %zu steps: correct samples %.1f%% -> %.1f%%, mean speedup of "
                 "correct samples %s -> %s (%llu and %llu samples)",
                 p.stage.c_str(), p.window, p.window, p.steps, 100.0 * p.first_correct, 100.0 * p.last_correct,
-                x(p.first_speedup).c_str(), x(p.last_speedup).c_str(), static_cast<unsigned long long>(p.first_samples),
+                speedup_text(p.first_speedup).c_str(), speedup_text(p.last_speedup).c_str(), static_cast<unsigned long long>(p.first_samples),
                 static_cast<unsigned long long>(p.last_samples));
   std::string out = buf;
   if (!p.tasks.empty()) {
     std::snprintf(buf, sizeof buf,
                   "; each of the %zu tasks sampled in both weighted equally: correct %.1f%% -> %.1f%%, mean speedup %s -> %s",
                   p.tasks.size(), 100.0 * p.first_task_correct, 100.0 * p.last_task_correct,
-                  x(p.first_task_speedup).c_str(), x(p.last_task_speedup).c_str());
+                  speedup_text(p.first_task_speedup).c_str(), speedup_text(p.last_task_speedup).c_str());
     out += buf;
   }
   return out;
@@ -629,16 +635,9 @@ std::string to_string(const stage_progress& p) {
 
 std::string to_string(const stage_progress::task_windows& t) {
   char buf[512];
-  auto x = [](double v) {
-    if (std::isnan(v))
-      return std::string{"-"};
-    char b[32];
-    std::snprintf(b, sizeof b, "%.2fx", v);
-    return std::string{b};
-  };
   std::snprintf(buf, sizeof buf, "%s: correct %.1f%% -> %.1f%%, mean speedup %s -> %s (%llu and %llu samples)",
-                t.task.c_str(), 100.0 * t.first_correct, 100.0 * t.last_correct, x(t.first_speedup).c_str(),
-                x(t.last_speedup).c_str(), static_cast<unsigned long long>(t.first_samples),
+                t.task.c_str(), 100.0 * t.first_correct, 100.0 * t.last_correct, speedup_text(t.first_speedup).c_str(),
+                speedup_text(t.last_speedup).c_str(), static_cast<unsigned long long>(t.first_samples),
                 static_cast<unsigned long long>(t.last_samples));
   return buf;
 }
