@@ -456,8 +456,8 @@ void describe_learner(V& v, learner_options& l) {
     v.field("grad_clip", l.grad_clip, "Global L2 norm the gradient is clipped to; 0: no clipping.", non_negative_number());
     v.field("reset_moments", l.reset_moments,
             "A training stage (SFT, self-supervised, RL) that follows another stage's updates starts with fresh AdamW "
-            "moments (the learning-rate schedule goes on). Moments left by an SFT near convergence would make RL's "
-            "first updates many times lr.");
+            "moments (the learning-rate schedule goes on), as a separate run would; false: the moments carry over. "
+            "Fresh moments make the first updates about lr on every weight: pair them with a lower rate for the stage.");
     v.field("micro_batch_tokens", l.micro_batch_tokens,
             "Padded tokens (rows × longest row) per forward/backward; gradients accumulate over micro-batches.",
             positive<std::int64_t>("a positive integer"));

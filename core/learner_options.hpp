@@ -55,7 +55,7 @@ struct learner_options {
   std::int64_t total_steps = 0;     ///< cosine: the update at which lr reaches lr * min_lr_ratio
   double min_lr_ratio = 0.0;
   double grad_clip = 1.0;           ///< global L2 norm; 0: no clipping
-  bool reset_moments = true;        ///< a training stage after another stage's updates starts with fresh AdamW moments
+  bool reset_moments = false;       ///< a training stage after another stage's updates starts with fresh AdamW moments
   std::int64_t micro_batch_tokens = 8192; ///< padded tokens per micro-batch (rows x longest row)
   // GRPO loss.
   double clip_low = 0.2;            ///< ratio clipped below at 1 - clip_low

@@ -134,9 +134,8 @@ public:
   const std::string& frozen_digest() const noexcept { return frozen_digest_; }
   /// Sets the version after a checkpoint restore.
   void set_version(std::uint64_t v) noexcept { version_ = v; }
-  /// Starts AdamW's moments afresh (ZeRO-1 shards included) and restarts their bias correction;
-  /// the learning-rate schedule goes on. Moments carried over from a stage whose gradients had
-  /// died down (SFT near convergence) would make the next stage's first updates many times lr.
+  /// Starts AdamW's moments afresh (ZeRO-1 shards included) and restarts their bias correction,
+  /// as a new run's optimiser would; the learning-rate schedule goes on.
   void reset_moments();
 
 private:

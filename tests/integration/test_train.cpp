@@ -209,7 +209,8 @@ TEST_CASE("a run paused during contrastive RL resumes sampling with the restored
   // policy the engine served (asynchronous ones would drop mislabelled samples as stale).
   auto cfg = write_config(tmp.path(), test_config(tmp.path(), "rlpause", "  sft: {steps: 1, batch: 2}\n  rl: {steps: 3, groups: 1}\n"));
   const auto run = tmp.path() / "rlpause";
-  auto first = cli({"train", cfg.string(), "--set", "run.mode=sync", "--pause-after", "2"});
+  auto first = cli({"train", cfg.string(), "--set", "run.mode=sync", "--set", "learner.reset_moments=true",
+                    "--pause-after", "2"});
   INFO(first.err);
   REQUIRE(first.exit_code == 0);
   CHECK(first.out.find("paused at step 2") != std::string::npos);
@@ -230,6 +231,13 @@ TEST_CASE("a run paused during contrastive RL resumes sampling with the restored
     }
   }
   CHECK(sampled_after >= 4);
+  // RL began with fresh optimiser moments after SFT's one update; the resume (mid-RL) kept them.
+  auto manifest = crucible::parse_json(slurp(run / "checkpoints" / "step-2" / "learner" / "manifest.json"));
+  REQUIRE(manifest.ok());
+  CHECK(manifest->find("moments_since")->as_int() == 1);
+  auto last = crucible::parse_json(slurp(run / "checkpoints" / "step-4" / "learner" / "manifest.json"));
+  REQUIRE(last.ok());
+  CHECK(last->find("moments_since")->as_int() == 1);
 }
 
 TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, and crucible pause pauses a run") {
