@@ -748,11 +748,24 @@ class Worker:
         else:
             hardware = "cpu: " + _cpu_model()
         # The profiler's first use in a process (CUPTI on CUDA) takes about a second: pay it
-        # here, in the warm pool, not in a job's trials.
+        # here, in the warm pool, not in a job's trials. Without a GPU that first use also logs
+        # "gpuGetDeviceCount failed" (libkineto) to the process's stderr, which is the user's
+        # terminal: on the CPU it runs with fd 2 on /dev/null (no candidate code has run yet).
+        quiet = saved = None
         try:
+            if not self.cuda:
+                quiet = os.open(os.devnull, os.O_WRONLY)
+                saved = os.dup(2)
+                os.dup2(quiet, 2)
             self.profiled(lambda: _T_fill_(_torch_empty(1, device=self.device), 1))
         except _Exception:
             pass
+        finally:
+            if saved is not None:
+                os.dup2(saved, 2)
+                os.close(saved)
+            if quiet is not None:
+                os.close(quiet)
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
                         "hardware": hardware})
