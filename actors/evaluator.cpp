@@ -113,6 +113,8 @@ struct pool_member {
 
 struct pool_state {
   std::vector<pool_member> members;
+  // Device-list requests that arrived while a member had not yet said what device it is.
+  std::vector<caf::typed_response_promise<std::vector<device_info>>> listing;
   std::deque<job> waiting;
   evaluator_pool_options opt;
   std::uint64_t next_token = 0;
@@ -254,6 +256,25 @@ void pump(pool_pointer self) {
 
 // Takes `e` into the pool (unless it is there already): monitored, and ready for candidates
 // once its device_info has arrived.
+std::vector<device_info> ready_devices(const pool_state& st) {
+  std::vector<device_info> out;
+  for (const auto& m : st.members)
+    if (m.ready)
+      out.push_back(m.info);
+  return out;
+}
+
+// Answers the device-list requests held back, once no member is still announcing its device.
+void answer_listing(pool_pointer self) {
+  auto& st = self->state;
+  if (st.listing.empty() || std::any_of(st.members.begin(), st.members.end(), [](const pool_member& m) { return !m.ready; }))
+    return;
+  auto devices = ready_devices(st);
+  for (auto& rp : st.listing)
+    rp.deliver(devices);
+  st.listing.clear();
+}
+
 void add_member(pool_pointer self, const evaluator_actor& e) {
   auto& ms = self->state.members;
   if (!e || std::any_of(ms.begin(), ms.end(), [&](const pool_member& m) { return m.handle == e; }))
@@ -266,6 +287,7 @@ void add_member(pool_pointer self, const evaluator_actor& e) {
         m.info = info;
         m.ready = true;
       }
+    answer_listing(self);
     pump(self);
   });
 }
@@ -281,6 +303,7 @@ void remove_member(pool_pointer self, const caf::actor_addr& source, const std::
   auto lost = std::move(it->sent);
   auto device = label(it->info);
   ms.erase(it);
+  answer_listing(self);
   for (auto r = lost.rbegin(); r != lost.rend(); ++r) {
     if (r->work.first)
       r->work.rp.deliver(env::recheck_lost(r->work.first->v, "the evaluator of " + device + " " + why));
@@ -318,12 +341,14 @@ evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vecto
         st.waiting.push_back(std::move(j));
       return rp;
     },
-    [=](caf::get_atom) -> std::vector<device_info> {
-      std::vector<device_info> out;
-      for (const auto& m : self->state.members)
-        if (m.ready)
-          out.push_back(m.info);
-      return out;
+    [=](caf::get_atom) -> caf::result<std::vector<device_info>> {
+      // A member added but not yet ready (its device_info is on the way): answer once it is,
+      // so a node that has just joined is listed.
+      auto& st = self->state;
+      if (std::none_of(st.members.begin(), st.members.end(), [](const pool_member& m) { return !m.ready; }))
+        return ready_devices(st);
+      st.listing.push_back(self->make_response_promise<std::vector<device_info>>());
+      return st.listing.back();
     },
     [=](caf::add_atom, const std::vector<caf::actor>& added) {
       for (const auto& e : added)

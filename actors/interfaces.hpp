@@ -111,7 +111,8 @@ using evaluator_pool_actor = caf::typed_actor<
   // errc::busy when every queue is full (backpressure), errc::not_found when no evaluator
   // has that hardware kind. A candidate whose evaluator dies or is removed is sent to another.
   caf::replies_to<candidate>::with<verdict>,
-  // The devices behind the pool, with their hardware kinds.
+  // The devices behind the pool, with their hardware kinds; while an added evaluator has not yet
+  // said what device it is, the reply waits for it (or for its removal).
   caf::replies_to<caf::get_atom>::with<std::vector<device_info>>,
   // Adds evaluators (evaluator_actor handles, local or remote) to the running pool; the pool
   // asks each for its device and monitors it. Handles already in the pool are ignored.
