@@ -131,6 +131,16 @@ std::string heartbeat_record(const coordinator_deps& d, const run_status& s) {
   return std::move(w).take();
 }
 
+// The `event` of a record line written by json_writer ("record" when it has none).
+std::string_view event_of(const std::string& line) {
+  if (auto k = line.find("\"event\":\""); k != std::string::npos) {
+    auto b = k + 9;
+    if (auto e = line.find('"', b); e != std::string::npos)
+      return std::string_view{line}.substr(b, e - b);
+  }
+  return "record";
+}
+
 // Copies a trainer report into the status, appends its records and rewrites status.json.
 result<void> take_report(coordinator_state& st, const stage_report& rep) {
   st.status.stage = rep.stage;
@@ -141,14 +151,7 @@ result<void> take_report(coordinator_state& st, const stage_report& rep) {
   st.status.mean_speedup = rep.mean_speedup;
   st.status.dropped_stale = rep.dropped_stale;
   for (const auto& line : rep.records) {
-    auto event = std::string_view{"record"};
-    if (auto k = line.find("\"event\":\""); k != std::string::npos) {
-      auto b = k + 9;
-      auto e = line.find('"', b);
-      if (e != std::string::npos)
-        event = std::string_view{line}.substr(b, e - b);
-    }
-    if (auto r = append_record(*st.deps, event, line); !r)
+    if (auto r = append_record(*st.deps, event_of(line), line); !r)
       return r;
   }
   // status.json follows every step, so that `crucible status` shows the run's progress.
@@ -254,8 +257,7 @@ void on_step(self_pointer self, stage_report rep) {
   }
   // A step that trained: its time as the coordinator saw it, request to reply (the train_step
   // record splits the trainer's side; tools/bench/actor_overhead.py relates the two).
-  if (std::any_of(rep.records.begin(), rep.records.end(),
-                  [](const std::string& l) { return l.find("\"event\":\"train_step\"") != std::string::npos; })) {
+  if (std::any_of(rep.records.begin(), rep.records.end(), [](const std::string& l) { return event_of(l) == "train_step"; })) {
     json_writer w;
     w.begin_object().field("event", "step_timing").field("time", format_iso8601(st.deps->clk.now()))
       .field("step", rep.step).field("round_trip_seconds", round_trip).end_object();

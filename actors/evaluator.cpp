@@ -254,8 +254,11 @@ void pump(pool_pointer self) {
   }
 }
 
-// Takes `e` into the pool (unless it is there already): monitored, and ready for candidates
-// once its device_info has arrived.
+// True while a member added to the pool has not yet said what device it is.
+bool announcing(const pool_state& st) {
+  return std::any_of(st.members.begin(), st.members.end(), [](const pool_member& m) { return !m.ready; });
+}
+
 std::vector<device_info> ready_devices(const pool_state& st) {
   std::vector<device_info> out;
   for (const auto& m : st.members)
@@ -267,7 +270,7 @@ std::vector<device_info> ready_devices(const pool_state& st) {
 // Answers the device-list requests held back, once no member is still announcing its device.
 void answer_listing(pool_pointer self) {
   auto& st = self->state;
-  if (st.listing.empty() || std::any_of(st.members.begin(), st.members.end(), [](const pool_member& m) { return !m.ready; }))
+  if (st.listing.empty() || announcing(st))
     return;
   auto devices = ready_devices(st);
   for (auto& rp : st.listing)
@@ -275,6 +278,8 @@ void answer_listing(pool_pointer self) {
   st.listing.clear();
 }
 
+// Takes `e` into the pool (unless it is there already): monitored, and ready for candidates
+// once its device_info has arrived.
 void add_member(pool_pointer self, const evaluator_actor& e) {
   auto& ms = self->state.members;
   if (!e || std::any_of(ms.begin(), ms.end(), [&](const pool_member& m) { return m.handle == e; }))
@@ -345,7 +350,7 @@ evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vecto
       // A member added but not yet ready (its device_info is on the way): answer once it is,
       // so a node that has just joined is listed.
       auto& st = self->state;
-      if (std::none_of(st.members.begin(), st.members.end(), [](const pool_member& m) { return !m.ready; }))
+      if (!announcing(st))
         return ready_devices(st);
       st.listing.push_back(self->make_response_promise<std::vector<device_info>>());
       return st.listing.back();

@@ -172,6 +172,19 @@ train_report report_of(const policy::step_metrics& m, const policy::learner& l, 
   return r;
 }
 
+// The report of an update, after rank 0 published its weights (unless it was skipped); the
+// publication's time goes into the report.
+caf::result<train_report> published_report(learner_pointer self, const policy::step_metrics& m, std::uint64_t groups,
+                                           std::uint64_t dropped) {
+  const auto began = std::chrono::steady_clock::now();
+  if (!m.skipped)
+    if (auto p = publish(self, m.version); !p.ok())
+      return make_error(p.error());
+  auto r = report_of(m, *self->state.learner, groups, dropped);
+  r.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  return r;
+}
+
 // One GRPO update on this rank's groups. A group that cannot be converted still takes part: the
 // learner is handed an empty batch, which it refuses in a way that fails the other ranks at once.
 caf::result<train_report> grpo_update(learner_pointer self, const std::vector<const rollout_group*>& groups,
@@ -198,13 +211,7 @@ caf::result<train_report> grpo_update(learner_pointer self, const std::vector<co
   auto m = st.learner->grpo_step(batch);
   if (!m.ok())
     return make_error(m.error());
-  const auto began = std::chrono::steady_clock::now();
-  if (!m->skipped)
-    if (auto p = publish(self, m->version); !p.ok())
-      return make_error(p.error());
-  auto r = report_of(*m, *st.learner, groups.size(), dropped);
-  r.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  return r;
+  return published_report(self, *m, groups.size(), dropped);
 }
 
 learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps deps, learner_actor_spec spec) {
@@ -256,13 +263,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
                                                std::to_string(b.completions.size()) + " completions");
       if (!m.ok())
         return make_error(m.error());
-      const auto began = std::chrono::steady_clock::now();
-      if (!m->skipped)
-        if (auto p = publish(self, m->version); !p.ok())
-          return make_error(p.error());
-      auto r = report_of(*m, *st.learner, mine.size(), 0);
-      r.publish_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-      return r;
+      return published_report(self, *m, mine.size(), 0);
     },
     [=](reset_atom) { self->state.learner->reset_moments(); },
     [=](save_atom, const std::string& dir) -> caf::result<policy_version> {

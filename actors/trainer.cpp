@@ -247,9 +247,9 @@ struct trainer_state {
   bool timer_armed = false;
   bool stage_began = false;        // a stage began in this process: its first update may need fresh moments
   // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
-  // generation and evaluation) and building SFT examples; the learner reports its own update time.
+  // generation and evaluation; a sampling step waits from its start) and building SFT examples;
+  // the learner reports its own update time.
   std::chrono::steady_clock::time_point step_began; // the step request's arrival
-  std::chrono::steady_clock::time_point wait_began; // = step_began: a sampling step waits from its start
   double wait_seconds = 0, prep_seconds = 0;
 
   // Warm start.
@@ -268,16 +268,13 @@ std::uint64_t next_random(trainer_state& st) {
   return splitmix64(st.deps->cfg.run.seed ^ 0x7472616e6572ull ^ splitmix64(++st.p.rng));
 }
 
-double now_seconds(const trainer_state& st) {
-  return st.p.stage_seconds
-         + std::chrono::duration<double>(std::chrono::steady_clock::now() - st.stage_start).count();
-}
-
-std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
-
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
+
+double now_seconds(const trainer_state& st) { return st.p.stage_seconds + seconds_since(st.stage_start); }
+
+std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
 
 stage_report report_of(trainer_state& st, bool done) {
   stage_report r;
@@ -711,7 +708,7 @@ void sft_step(self_pointer self) {
 // A sampling step (self-supervised or RL) once its groups are here.
 void train_on_groups(self_pointer self) {
   auto& st = self->state;
-  st.wait_seconds = seconds_since(st.wait_began);
+  st.wait_seconds = seconds_since(st.step_began);
   const bool rl = st.p.stage == stage_rl;
   std::vector<rollout_group> batch;
   const auto want = st.want;
@@ -931,7 +928,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       if (st.busy)
         return make_error(errc::busy, "a step of the schedule is already under way");
       st.busy = true;
-      st.step_began = st.wait_began = std::chrono::steady_clock::now();
+      st.step_began = std::chrono::steady_clock::now();
       st.wait_seconds = st.prep_seconds = 0;
       st.pending = self->make_response_promise<stage_report>();
       auto rp = st.pending;
