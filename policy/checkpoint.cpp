@@ -237,7 +237,7 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     return fail(errc::corrupt, origin, ": negative version or steps");
   info.version = static_cast<std::uint64_t>((*version)->as_int());
   info.steps = (*steps)->as_int();
-  if (const auto* ms = (*doc).find("moments_since"); ms != nullptr) {
+  if (const auto* ms = doc->find("moments_since"); ms != nullptr) {
     if (!ms->is_int() || ms->as_int() < 0 || ms->as_int() > info.steps)
       return fail(errc::corrupt, origin, ": moments_since must be an integer between 0 and steps");
     info.moments_since = ms->as_int();
