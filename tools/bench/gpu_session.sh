@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -62,6 +62,19 @@ for what in "$@"; do
       timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | tail -60 ;;
     throughput)
       $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 2>&1 | tee "$OUT/throughput.txt" ;;
+    phases)
+      # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the
+      # workers' readiness and the timed rounds (--verbose); the first, untimed, builds extensions.
+      for n in relu_affine gelu_tanh_affine layernorm_manual row_sumsq softmax_manual; do
+        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
+          --device cuda:0 --no-cache > /dev/null 2>&1
+        echo "== $n" >> "$OUT/phases.txt"
+        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
+          --device cuda:0 --no-cache --repeat 3 --verbose >> "$OUT/phases.txt" 2>&1
+      done
+      grep -E "^==|at \+|ready in|waited|faster|slower" "$OUT/phases.txt" | cut -c1-200 | tail -150 ;;
+    initprobe)
+      python3 tools/bench/worker_init_probe.py --processes 5 2>&1 | tee "$OUT/initprobe.txt" ;;
     evals)
       # One verdict per GPU candidate with each phase's elapsed time (--verbose).
       for n in relu_affine gelu_tanh_affine; do
