@@ -521,6 +521,13 @@ bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, 
 }
 
 void evaluation::take_done(const YAML::Node& n) {
+  if (n["host_ms"].IsMap() && ev_.log_.enabled(log_level::debug)) {
+    // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
+    std::string text;
+    for (const auto& kv : n["host_ms"])
+      text += "; " + kv.first.as<std::string>() + " " + kv.second.as<std::string>();
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": worker host ms", text);
+  }
   auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
   auto s = status.value_or(verdict_status::runtime_error);
   if (s == verdict_status::ok) {

@@ -105,6 +105,7 @@ _dict = dict
 _str = str
 _int = int
 _float = float
+_round = round
 _bool = bool
 _range = range
 _repr = repr
@@ -457,11 +458,12 @@ def _full_snapshot():
 class _Done(BaseException):
     """Ends the job with a `done` message."""
 
-    def __init__(self, status, checks=(), message=""):
+    def __init__(self, status, checks=(), message="", laps=None):
         super().__init__(message)
         self.status = status
         self.checks = _list(checks)
         self.message = message
+        self.laps = laps
 
 
 def _tail(text, lines=30, chars=4000):
@@ -549,9 +551,11 @@ class Channel:
                 _z_recv(self.sock, 0)  # the evaluator sends no frames; drop any
             return _json_loads(first.decode("utf-8"))
 
-    def done(self, status, checks=(), message=""):
-        self.send({"type": "done", "status": status, "checks_failed": _list(checks),
-                   "message": message[-8000:]})
+    def done(self, status, checks=(), message="", laps=None):
+        msg = {"type": "done", "status": status, "checks_failed": _list(checks), "message": message[-8000:]}
+        if laps:
+            msg["host_ms"] = {k: _round(v, 2) for k, v in laps.items()}
+        self.send(msg)
         # Give the I/O thread a bounded time to flush the last message, then go.
         try:
             _z_set(self.sock, _LINGER, 2000)
@@ -716,6 +720,15 @@ class Worker:
         self.graph = None
         self.mark_step = None
         self.exports = None  # a list while outputs stay on the device (job "outputs": "device")
+        # Host milliseconds per step (reference, load, trials, timing rounds), sent with the
+        # timing results for `crucible eval --verbose`: where a verdict's wall time goes.
+        self.laps = {}
+
+    def lap(self, name, t0):
+        """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
+        now = _perf_counter_ns()
+        self.laps[name] = self.laps.get(name, 0.0) + (now - t0) / 1e6
+        return now
 
     # -- start-up --------------------------------------------------------------------------
     def start(self):
@@ -955,6 +968,7 @@ class Worker:
         if job.get("type") != "job":
             raise _Done("runtime_error", (), f"expected a job message, got {job.get('type')!r}")
         self.job = job
+        self.t_job = _perf_counter_ns()
         self.seed = _int(job["seed"])
         self.trials = _int(job.get("trials", 5))
         self.baseline = job.get("baseline", "eager")
@@ -1003,9 +1017,13 @@ class Worker:
             raise _Done("runtime_error", (), f"expected run, got {msg.get('type')!r}")
 
         # 7. Trials.
+        t0 = _perf_counter_ns()
         self.construct_model()
+        t0 = self.lap("trials: ModelNew", t0)
         self.poison_free_pool()
+        t0 = self.lap("trials: poison free pool", t0)
         self.trial_phase()
+        self.lap("trials: calls and outputs", t0)
 
         # 8-10. Timing on request.
         while True:
@@ -1022,9 +1040,11 @@ class Worker:
                 self.chan.send(msg)
                 continue
             if kind == "finish":
+                t0 = _perf_counter_ns()
                 self.check_full("at the end")
                 self.check_state("at the end")
-                raise _Done("ok", (), "")
+                self.lap("finish: snapshot checks", t0)
+                raise _Done("ok", (), "", self.laps)
             raise _Done("runtime_error", (), f"unexpected message {kind!r}")
 
     def redirect_output(self):
@@ -1068,12 +1088,16 @@ class Worker:
             self.ref_param_storages = {
                 _S_data_ptr(_T_untyped_storage(p)) for p in _list(ref.parameters()) + _list(ref.buffers())}
             pending = []  # sent once the device is free (see device_done())
+            t0 = self.lap("reference: task and Model", self.t_job)
             for t in _range(self.trials):
                 inputs = self.make_inputs(self.seed + t, t % 2)
+                t0 = self.lap("reference: inputs", t0)
                 out = ref(*inputs)
                 self.sync()
+                t0 = self.lap("reference: calls", t0)
                 frames = []
                 descs = _encode(out, frames, self.device, self.exports)
+                t0 = self.lap("reference: outputs encoded", t0)
                 pending.append(({"type": "reference", "trial": t, "distribution": t % 2, "outputs": descs}, frames))
                 for o in _output_items(out):
                     self.poison_tensor(o)
@@ -1093,15 +1117,18 @@ class Worker:
                     self.kernel_mode = "ops"
             elif counts["ops"] > 0:
                 self.kernel_mode = "ops"
+            t0 = self.lap("reference: poison and profiled call", t0)
             stage = f"while preparing the {self.baseline} baseline"
             self.prepare_baseline(inputs)
             del inputs
         except _BaseException as e:
             raise _error_done(e, stage) from None
         self.sync()
+        t0 = self.lap("reference: baseline", t0)
         if self.exports is None:
             self.poison_free_pool()
             self.device_done(pending)
+            self.lap("reference: outputs sent", t0)
             return
         # Outputs on the device: the evaluator copies them while it holds the device and says
         # so; the exported copies are then poisoned and freed before any candidate code exists.
@@ -1111,10 +1138,12 @@ class Worker:
             _os_exit(0)
         if msg.get("type") != "taken":
             raise _Done("runtime_error", (), f"expected taken, got {msg.get('type')!r}")
+        t0 = self.lap("reference: evaluator copies outputs", t0)
         for x in self.exports:
             _T_fill_(x, 255)
         self.exports = []
         self.poison_free_pool()
+        self.lap("reference: poison free pool", t0)
 
     def device_done(self, pending):
         """Tells the evaluator that this phase's device work is over, then sends the phase's
@@ -1159,6 +1188,7 @@ class Worker:
         self.ref_fn = None
 
     def load_phase(self, src):
+        t0 = _perf_counter_ns()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # reading deprecated module attributes warns
             self.core = _core_snapshot(globals())
@@ -1168,6 +1198,7 @@ class Worker:
             self.full = _full_snapshot()
         self.flags0 = self.flags()
         py0 = _py_threads()
+        t0 = self.lap("load: snapshots", t0)
         # The candidate's module: syntax errors, import errors and extension build failures.
         try:
             self.cand_mod = self.exec_module("crucible_candidate", src, "candidate.py")
@@ -1182,9 +1213,11 @@ class Worker:
             if _is_oom(e):
                 raise _Done("runtime_error", (), "out of memory while importing the candidate: " + _exc_line(e)) from None
             raise _Done("compile_error", (), "the candidate module failed to import:\n" + _exc_text(e)) from None
+        t0 = self.lap("load: candidate module", t0)
         self.check_state("after the candidate module executed")
         self.check_full("after the candidate module executed")
         self.check_threads_load(py0, "while the candidate module executed")
+        self.lap("load: snapshot checks", t0)
         cls = _getattr(self.cand_mod, "ModelNew", None)
         if not _isinstance(cls, type):
             raise _Done("compile_error", (), "the candidate defines no class ModelNew")
@@ -1450,6 +1483,7 @@ class Worker:
         ((synced, stream) ms of the reference, the same of the candidate, candidate first)."""
         k = self.round_no
         self.round_no += 1
+        t_round = _perf_counter_ns()
         # Fresh values at fresh addresses: the previous round's inputs are still alive while
         # these are generated, outside the timed region; each model gets its own copy.
         fresh = self.make_inputs(self.seed + 1_000_000_007 + k, k % 2)
@@ -1458,34 +1492,46 @@ class Worker:
         prev_ref, prev_cand = self.prime_inputs
         cand_goes_first = self.rng_random() < 0.5
         where = f"timing round {k}"
+        t0 = self.lap("round: inputs", t_round)
         # Each timed call directly follows an untimed call of the same model on the previous
         # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
         # (host-side state after generating the inputs; measured on an H100), which random
         # order turned into +-10% of noise on the speedup.
         if cand_goes_first:
             self.prime_candidate(prev_cand, where)
+            t0 = self.lap("round: candidate priming", t0)
             c_ms, c_out = self.timed_candidate(cand_in, 2 * k, where)
+            t0 = self.lap("round: candidate timed", t0)
             self.prime_reference(prev_ref)
+            t0 = self.lap("round: reference priming", t0)
             r_ms, r_out = self.timed_reference(ref_in, 2 * k + 1)
+            t0 = self.lap("round: reference timed", t0)
         else:
             self.prime_reference(prev_ref)
+            t0 = self.lap("round: reference priming", t0)
             r_ms, r_out = self.timed_reference(ref_in, 2 * k)
+            t0 = self.lap("round: reference timed", t0)
             self.prime_candidate(prev_cand, where)
+            t0 = self.lap("round: candidate priming", t0)
             c_ms, c_out = self.timed_candidate(cand_in, 2 * k + 1, where)
+            t0 = self.lap("round: candidate timed", t0)
         try:
             self.check_round_outputs(r_out, c_out, k)
         except _Done:
             raise
         except _BaseException as e:
             raise _error_done(e, f"comparing the outputs of {where}") from None
+        t0 = self.lap("round: output check", t0)
         del r_out, c_out
         # Kept alive until the next round's inputs exist (fresh addresses), and used for the
         # next round's priming calls.
         self.prime_inputs = (ref_in, cand_in)
         del fresh, ref_in, cand_in, prev_ref, prev_cand
+        self.lap("round: previous inputs freed", t0)
         return r_ms, c_ms, cand_goes_first
 
     def timing(self, rounds, warmup_ms, warmup_rounds=3):
+        t_first = _perf_counter_ns()
         if not self.warmed:
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
             for i in _range(3):
@@ -1496,6 +1542,7 @@ class Worker:
             self.prime_inputs = (inputs, _clone_inputs(inputs))
             del inputs
             self.warmed = True
+            self.lap("timing: first calls", t_first)
         # Warm-up rounds, untimed, until the device has been busy for warmup_ms: after the idle
         # seconds of the trials (outputs moving to the evaluator) an H200's clocks are low, and
         # the first ~12 rounds ran up to 30% slower, which decided whole verdicts.
@@ -1504,6 +1551,9 @@ class Worker:
         while n < warmup_rounds or (_perf_counter_ns() - t0) < warmup_ms * 1e6:
             self.one_round()
             n += 1
+        self.lap("timing: warm-up rounds", t0)
+        self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
+        t0 = _perf_counter_ns()
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []
         for _ in _range(rounds):
             r_ms, c_ms, cand_goes_first = self.one_round()
@@ -1512,6 +1562,8 @@ class Worker:
             cand_ms.append(_float(c_ms[0]))
             cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
+        self.lap("timing: measured rounds", t0)
+        self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
                 "cand_stream_ms": cand_stream_ms, "cand_first": first}
 
@@ -1545,7 +1597,7 @@ def _run_worker(args):
         w.run()
         raise _Done("runtime_error", (), "the worker ended without a verdict")
     except _Done as d:
-        w.chan.done(d.status, d.checks, d.message.replace(w.scratch + os.sep, ""))
+        w.chan.done(d.status, d.checks, d.message.replace(w.scratch + os.sep, ""), d.laps)
     except _BaseException as e:  # a harness bug or an unexpected failure: still answer
         w.chan.done("runtime_error", (), "worker error: " + _exc_text(e))
     _os_exit(0)
