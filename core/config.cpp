@@ -570,8 +570,9 @@ void describe(V& v, config& c) {
             "takes `rounds`.",
             non_negative_number());
     v.field("warmup_ms", e.warmup_ms,
-            "Untimed paired rounds before each measurement, for at least this many milliseconds (and at least 3 "
-            "rounds): after the trials' idle seconds a GPU's clocks are low, and the first rounds run slower.",
+            "Most milliseconds of untimed paired rounds before a verdict's first measurement: at least 3 rounds, "
+            "then more until both models' times have settled (after idle seconds a GPU's clocks are low and the "
+            "first rounds run slower) or this much time has passed; 0: 3 rounds.",
             non_negative_number());
     v.field("buckets", e.buckets, "Buckets of consecutive rounds; the speedup is the median of their mean ratios.",
             at_least(2, "an integer ≥ 2"));

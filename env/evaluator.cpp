@@ -206,6 +206,7 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
     ev->idle_.push_back(std::move(*first));
   }
   ev->refill_ = std::thread([raw = ev.get()] { raw->refill_loop(); });
+  ev->retire_thread_ = std::thread([raw = ev.get()] { raw->retire_loop(); });
   log.info("evaluator", ev->device_, ": ", ev->hardware(), " (", where.python, ")");
   return ev;
 }
@@ -218,7 +219,43 @@ device_evaluator::~device_evaluator() {
   refill_cv_.notify_all();
   if (refill_.joinable())
     refill_.join();
+  {
+    std::lock_guard guard{retire_mtx_};
+    retire_stop_ = true;
+  }
+  retire_cv_.notify_all();
+  if (retire_thread_.joinable())
+    retire_thread_.join();
+  retiring_.clear();
   idle_.clear(); // kills the idle workers before the ZeroMQ context goes
+}
+
+void device_evaluator::retire(std::unique_ptr<worker> w) {
+  if (!w)
+    return;
+  {
+    std::lock_guard guard{retire_mtx_};
+    if (!retire_stop_ && retire_thread_.joinable()) {
+      retiring_.push_back(std::move(w));
+      retire_cv_.notify_one();
+      return;
+    }
+  }
+  w.reset(); // no retire thread (stopping): here and now
+}
+
+void device_evaluator::retire_loop() {
+  std::unique_lock lock{retire_mtx_};
+  for (;;) {
+    retire_cv_.wait(lock, [&] { return retire_stop_ || !retiring_.empty(); });
+    if (retiring_.empty())
+      return; // stopping, nothing left
+    auto batch = std::move(retiring_);
+    retiring_.clear();
+    lock.unlock();
+    batch.clear(); // kills, reaps, removes the scratch directories
+    lock.lock();
+  }
 }
 
 std::string device_evaluator::hardware() const {
@@ -429,6 +466,8 @@ public:
   verdict run();
   /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
   bool lost_worker() const noexcept { return lost_worker_; }
+  /// The worker's process, after run(): for device_evaluator::retire.
+  std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 
 private:
   enum class next { more, finished };
@@ -521,7 +560,7 @@ bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, 
 }
 
 void evaluation::take_done(const YAML::Node& n) {
-  if (n["host_ms"].IsMap() && ev_.log_.enabled(log_level::debug)) {
+  if (n["host_ms"].IsDefined() && n["host_ms"].IsMap() && ev_.log_.enabled(log_level::debug)) {
     // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
     std::string text;
     for (const auto& kv : n["host_ms"])
@@ -889,6 +928,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   auto v = [&] {
     evaluation e{*this, req, std::move(*w)};
     auto first = e.run();
+    retire(e.take_process());
     if (!e.lost_worker())
       return first;
     // A worker killed from outside is retried once on a fresh worker, so an operator's kill
@@ -900,6 +940,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       return first;
     evaluation retry{*this, req, std::move(*again)};
     auto second = retry.run();
+    retire(retry.take_process());
     if (retry.lost_worker())
       second.message += " (twice; out of memory?)";
     return second;

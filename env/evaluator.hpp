@@ -105,6 +105,11 @@ private:
   result<ready_worker> take_worker();
   void give_back(ready_worker w);
   void refill_loop();
+  // A finished worker is killed, reaped and its scratch directory removed on retire_thread_,
+  // not on the evaluating thread: a CUDA process takes ~0.1 s to exit, which the verdict
+  // need not wait for.
+  void retire(std::unique_ptr<worker> w);
+  void retire_loop();
   std::string protocol_key() const;
 
   friend class evaluation;
@@ -138,6 +143,11 @@ private:
   std::mutex device_mtx_;             // held while a worker uses the device
   std::mutex timing_mtx_;             // held while timed rounds run (inside device_mtx_) or a worker initialises
   std::thread refill_;
+  std::mutex retire_mtx_;             // guards retiring_, retire_stop_
+  std::condition_variable retire_cv_;
+  std::vector<std::unique_ptr<worker>> retiring_;
+  bool retire_stop_ = false;
+  std::thread retire_thread_;
 };
 
 } // namespace crucible::env

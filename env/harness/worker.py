@@ -171,6 +171,8 @@ _torch_sum = torch.sum
 _torch_device = torch.device
 _torch_randint = torch.randint
 _torch_index_select = torch.index_select
+_torch_stack = torch.stack
+_T_tolist = torch.Tensor.tolist
 _Generator = torch.Generator
 _uint8 = torch.uint8
 _int32 = torch.int32
@@ -339,6 +341,9 @@ class _Snapshot:
         self.add_mapping(label, _vars(mod), mode)
 
     def add_mapping(self, label, live, mode):
+        if id(live) in self._seen:
+            return
+        self._seen.add(id(live))
         frozen = _dict(live)
         self.entries.append((label, live, frozen, mode, _tuple(frozen), _tuple(frozen.values())))
 
@@ -362,6 +367,19 @@ class _Snapshot:
                     self.add_class(v)
                 except Exception:
                     pass
+
+    def refresh(self):
+        """Takes the present state of every entry as its snapshot; returns the labels of the
+        entries that had changed. Only before any candidate code exists (a snapshot made ahead
+        of the job, brought up to date when the candidate is about to load)."""
+        out = []
+        for i, (label, live, frozen, mode, keys, values) in enumerate(self.entries):
+            if _len(live) == _len(keys) and _all(_map(_is, keys, live)) and _all(_map(_is, values, live.values())):
+                continue
+            frozen = _dict(live)
+            self.entries[i] = (label, live, frozen, mode, _tuple(frozen), _tuple(frozen.values()))
+            out.append(label)
+        return out
 
     def changed(self, limit=20):
         out = []
@@ -404,9 +422,10 @@ class _Snapshot:
         return out
 
 
-def _core_snapshot(harness_globals):
-    """The modules and classes the harness and the reference rely on; checked after every call."""
-    s = _Snapshot()
+def _core_snapshot(harness_globals, s=None):
+    """The modules and classes the harness and the reference rely on; checked after every call.
+    With `s` (made earlier by this function), adds what was not loaded then."""
+    s = s if s is not None else _Snapshot()
     s.add_module("builtins", builtins, "all")
     s.add_mapping("worker", harness_globals, "all")
     s.add_module("static_checks", _STATIC_CHECKS_MODULE, "all")
@@ -437,19 +456,36 @@ def _core_snapshot(harness_globals):
     return s
 
 
-def _full_snapshot():
+def _full_snapshot(s=None, changed=()):
     """Every torch (and zmq) module loaded at the time, with the classes they define; checked
     after the candidate module executes and at the end. (Not triton: it rebinds module
     attributes lazily when its driver is first used, and neither the harness nor the eager
-    reference runs through it.)"""
-    s = _Snapshot()
+    reference runs through it.) With `s` (made earlier by this function and refreshed, with the
+    labels `changed` that refresh() returned), adds the modules loaded since and the classes
+    new in changed modules."""
+    fresh = s is None
+    s = s if s is not None else _Snapshot()
+    changed = set(changed)
     for name, mod in sorted(_list(sys.modules.items()), key=lambda kv: kv[0]):
         if not _isinstance(mod, _ModuleType):
             continue
         if name == "torch" or name.startswith(("torch.", "zmq")):
-            s.add_module(name, mod, "callables")
-            s.add_classes_of(mod, (name,))
+            if fresh or id(mod) not in s._seen or name in changed:
+                s.add_module(name, mod, "callables")
+                s.add_classes_of(mod, (name,))
     return s
+
+
+def _snapshots(harness_globals, early=None):
+    """(core, full) snapshots as the candidate is about to load; `early` is a pair made by this
+    function ahead of the job (before any task or candidate code), brought up to date here."""
+    if early is None:
+        return _core_snapshot(harness_globals), _full_snapshot()
+    core, full = early
+    core.refresh()
+    _core_snapshot(harness_globals, core)
+    _full_snapshot(full, full.refresh())
+    return core, full
 
 
 # ================================================================================================
@@ -723,6 +759,8 @@ class Worker:
         # Host milliseconds per step (reference, load, trials, timing rounds), sent with the
         # timing results for `crucible eval --verbose`: where a verdict's wall time goes.
         self.laps = {}
+        self.round_fracs = []  # (round, 0-dim device tensor): see check_round_outputs
+        self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
 
     def lap(self, name, t0):
         """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
@@ -964,6 +1002,13 @@ class Worker:
 
     # -- the job -----------------------------------------------------------------------------
     def run(self):
+        if self.cuda:
+            # Ready, waiting for a job: make the snapshots now (~0.1 s on an H100's host), and
+            # only bring them up to date when the candidate loads. (Not on the CPU, where this
+            # would compete with a neighbour's timed rounds for the cores.)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                self.early_snapshots = (_core_snapshot(globals()), _full_snapshot())
         job = self.chan.recv()
         if job.get("type") != "job":
             raise _Done("runtime_error", (), f"expected a job message, got {job.get('type')!r}")
@@ -1191,11 +1236,11 @@ class Worker:
         t0 = _perf_counter_ns()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # reading deprecated module attributes warns
-            self.core = _core_snapshot(globals())
+            self.core, self.full = _snapshots(globals(), self.early_snapshots)
+            self.early_snapshots = None
             # The task's module and class: the reference is timed after the candidate ran.
             self.core.add_module("task", self.task, "callables")
             self.core.add_class(self.task.Model)
-            self.full = _full_snapshot()
         self.flags0 = self.flags()
         py0 = _py_threads()
         t0 = self.lap("load: snapshots", t0)
@@ -1417,7 +1462,11 @@ class Worker:
         after the call from a generator the candidate cannot reach: a result not computed from
         the round's inputs differs almost everywhere, and the share of differing elements is
         estimated to within a fraction of a percent (docs/evaluator.md, Timing). Comparing
-        every element in float64 took longer than the timed calls themselves."""
+        every element in float64 took longer than the timed calls themselves.
+
+        Type, shape and dtype are checked here; the share of differing elements is computed on
+        the device and kept (self.round_fracs), and read once per measurement by
+        check_round_fracs(): reading it every round waited for the device each time."""
         a = _output_items(ref_out)
         b = _output_items(cand_out)
         bad = _len(a) != _len(b)
@@ -1449,13 +1498,25 @@ class Worker:
                 ok = (xd == yd) | ((xd - yd).abs() <= tol) | (xd.isnan() & yd.isnan())
             else:
                 ok = xs == ys
-            frac = 1.0 - _float(_T_to(ok, torch.float64).mean())
-            if frac > 0.1:
-                bad, detail = True, f"{100 * frac:.0f}% of the elements of an output differ"
+            self.round_fracs.append((k, 1.0 - _T_to(ok, torch.float64).mean()))
         if bad:
-            raise _Done("rejected", ["runtime:timing_outputs"],
-                        f"timing round {k}: the candidate's output differs from the reference's on the same "
-                        f"inputs ({detail}); results must be computed from every round's fresh inputs")
+            self.round_failed(k, detail)
+
+    def round_failed(self, k, detail):
+        raise _Done("rejected", ["runtime:timing_outputs"],
+                    f"timing round {k}: the candidate's output differs from the reference's on the same "
+                    f"inputs ({detail}); results must be computed from every round's fresh inputs")
+
+    def check_round_fracs(self):
+        """The kept shares of differing elements (check_round_outputs), read in one transfer."""
+        fracs = self.round_fracs
+        self.round_fracs = []
+        if not fracs:
+            return
+        values = _T_tolist(_torch_stack([f for _, f in fracs]))
+        for (k, _), frac in zip(fracs, values):
+            if frac > 0.1:
+                self.round_failed(k, f"{100 * frac:.0f}% of the elements of an output differ")
 
     def prime_reference(self, inputs):
         """An untimed call of the reference right before its timed call (see timing())."""
@@ -1543,14 +1604,21 @@ class Worker:
             del inputs
             self.warmed = True
             self.lap("timing: first calls", t_first)
-        # Warm-up rounds, untimed, until the device has been busy for warmup_ms: after the idle
-        # seconds of the trials (outputs moving to the evaluator) an H200's clocks are low, and
-        # the first ~12 rounds ran up to 30% slower, which decided whole verdicts.
+        # Warm-up rounds, untimed, until both models' times have settled, for at most warmup_ms:
+        # after idle seconds a GPU's clocks are low, and on an H200 the first ~12 rounds ran up
+        # to 30% slower, which decided whole verdicts. While the clocks rise, each round is
+        # faster than the ones before; settled means the median of the last three rounds is
+        # within _WARMUP_SETTLED of the fastest warm-up round so far, for both models.
         t0 = _perf_counter_ns()
         n = 0
-        while n < warmup_rounds or (_perf_counter_ns() - t0) < warmup_ms * 1e6:
-            self.one_round()
+        ref_seen, cand_seen = [], []
+        while n < warmup_rounds or (warmup_ms > 0 and not (_settled(ref_seen) and _settled(cand_seen))
+                                    and (_perf_counter_ns() - t0) < warmup_ms * 1e6):
+            r_ms, c_ms, _ = self.one_round()
             n += 1
+            ref_seen.append(r_ms[1])
+            cand_seen.append(c_ms[1])
+        self.check_round_fracs()
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
         t0 = _perf_counter_ns()
@@ -1562,10 +1630,22 @@ class Worker:
             cand_ms.append(_float(c_ms[0]))
             cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
+        self.check_round_fracs()
         self.lap("timing: measured rounds", t0)
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
                 "cand_stream_ms": cand_stream_ms, "cand_first": first}
+
+
+_WARMUP_SETTLED = 0.03
+
+
+def _settled(times):
+    """The median of the last three times is within _WARMUP_SETTLED of the smallest so far."""
+    if _len(times) < 3:
+        return False
+    last = sorted(times[-3:])[1]
+    return last <= (1.0 + _WARMUP_SETTLED) * _min(times)
 
 
 def _cpu_model():
