@@ -100,9 +100,9 @@ std::string final_weights(const fs::path& run) {
   return slurp(run / "checkpoints" / latest / "learner" / "model" / "model.safetensors");
 }
 
-// The task samplers of a checkpoint: per task name, the attempts summed over the rollout places
-// (samplers.json holds env::task_sampler::save texts: a header, the task count, then one
-// "NAME\tATTEMPTS\tFAILURES\tBEST" line per task).
+// The task samplers of a checkpoint: per task name, the attempts summed over the rollout places,
+// tasks never attempted left out (samplers.json holds env::task_sampler::save texts: a header,
+// the task count, then one "NAME\tATTEMPTS\tFAILURES\tBEST" line per task).
 std::map<std::string, std::int64_t> sampler_attempts(const fs::path& checkpoint) {
   auto doc = crucible::parse_json(slurp(checkpoint / "samplers.json"));
   REQUIRE(doc.ok());
@@ -122,7 +122,8 @@ std::map<std::string, std::int64_t> sampler_attempts(const fs::path& checkpoint)
       std::int64_t attempts = 0;
       std::getline(row, name, '\t');
       row >> attempts;
-      out[name] += attempts;
+      if (attempts > 0)
+        out[name] += attempts;
     }
   }
   return out;
