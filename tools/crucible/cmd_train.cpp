@@ -359,9 +359,11 @@ command train_command() {
 
 command resume_command() {
   return {{"resume", "RUN [--set KEY=VALUE]... [--pause-after N]", "Continue a paused or interrupted run",
-           "Reopens RUN, restores the learner, the schedule position and the counters from its latest\n"
-           "checkpoint (RUN/checkpoints/latest) and runs the rest of the schedule. After kill -9 the\n"
-           "run continues from its last checkpoint; variants stored since then stay in the store.",
+           "Reopens RUN, restores the learner, the schedule position, the counters and the rollouts'\n"
+           "task samplers from its latest checkpoint (RUN/checkpoints/latest) and runs the rest of the\n"
+           "schedule. After kill -9 the run continues from its last checkpoint; variants stored since\n"
+           "then stay in the store. A task pool that no longer fits the saved samplers is refused\n"
+           "(docs/training.md); --set overrides are written to config.yaml once the run is up.",
            {"RUN"},
            {{"--set", "KEY=VALUE", "override a configuration key for the rest of the run", true},
             {"--pause-after", "N", "pause once the run has done N learner steps"}}},
