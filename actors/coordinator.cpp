@@ -52,9 +52,12 @@ std::string lifecycle_record(std::string_view event, const run_status& s, clock:
   return std::move(w).take();
 }
 
-// status.json: the status, plus the endpoint of the live event stream when there is one.
+// status.json: the status, plus the endpoint of the live event stream when there is one, and
+// where nodes join while the process takes them (running or pausing; a paused or finished run's
+// process is gone, a crashed one's is going).
 std::string status_file_text(const coordinator_deps& d, const run_status& s) {
-  if (!d.publisher && d.pid == 0)
+  const bool joins = !d.join.empty() && (s.state == run_state::running || s.state == run_state::pausing);
+  if (!d.publisher && d.pid == 0 && !joins)
     return to_json(s) + "\n";
   json_writer w;
   w.begin_object();
@@ -63,6 +66,8 @@ std::string status_file_text(const coordinator_deps& d, const run_status& s) {
     w.field("publish", d.publisher->endpoint());
   if (d.pid != 0)
     w.field("pid", d.pid);
+  if (joins)
+    w.field("join", d.join);
   w.end_object();
   return std::move(w).take() + "\n";
 }

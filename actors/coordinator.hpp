@@ -53,6 +53,10 @@ struct coordinator_deps {
   /// The process running the run, written to status.json as `pid` (`crucible pause` signals it);
   /// 0: not written.
   std::int64_t pid = 0;
+  /// Where evaluator nodes join this run ("HOST:PORT", what `crucible evaluator --join` takes),
+  /// written to status.json as `join` while the run is running or pausing, and left out once it
+  /// is paused, finished or crashed; "": the run takes no nodes.
+  std::string join;
 };
 
 /// Spawns the coordinator of one run (one per actor system). Nothing is written until it

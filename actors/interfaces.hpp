@@ -50,10 +50,13 @@ using rollout_actor = caf::typed_actor<
   // a new task taken whenever one finishes.
   caf::reacts_to<start_atom>,
   // Takes no new task, finishes or drops the groups in flight (rollout.on_stop), then replies
-  // with the final counters and quits.
-  caf::replies_to<stop_atom>::with<rollout_stats>,
+  // with the final counters and its task sampler's state (the verdicts of the finished groups
+  // observed), and quits.
+  caf::replies_to<stop_atom>::with<rollout_stats, sampler_state>,
   // The counters.
-  caf::replies_to<caf::get_atom>::with<rollout_stats>>;
+  caf::replies_to<caf::get_atom>::with<rollout_stats>,
+  // Its task sampler's state now, for a checkpoint taken while it runs.
+  caf::replies_to<save_atom>::with<sampler_state>>;
 
 /// The rollout actor as implemented: its interface plus the messages it sends itself.
 /// Internal to actors/rollout.cpp; spawn_rollout_actor hands out only the rollout_actor part.
@@ -179,7 +182,8 @@ using trainer_actor = caf::typed_actor<
   // Stops the rollout actors (finishing or dropping their groups per run.on_pause); the report
   // carries the verdicts that arrived meanwhile.
   caf::replies_to<stop_atom>::with<stage_report>,
-  // Writes a checkpoint (learner and schedule position); replies with its directory.
+  // Writes a checkpoint (learner, schedule position and the rollouts' task samplers); replies
+  // with its directory.
   caf::replies_to<save_atom>::with<std::string>,
   // A complete group from the exemplar actor.
   caf::reacts_to<rollout_group>>;

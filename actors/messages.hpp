@@ -434,6 +434,20 @@ typename Inspector::result_type inspect(Inspector& f, rollout_stats& x) {
            x.retries, x.in_flight, x.running);
 }
 
+/// Rollout actor -> trainer: the state of its task sampler (env::task_sampler::save text: the
+/// records of every task and the generator), so that a checkpoint holds it and the rollout actor
+/// that takes the same place after a resume continues it.
+struct sampler_state {
+  std::string text;
+
+  friend bool operator==(const sampler_state&, const sampler_state&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampler_state& x) {
+  return f(caf::meta::type_name("sampler_state"), x.text);
+}
+
 /// Learner -> coordinator: what one optimizer step did. In a data-parallel group every rank
 /// reports the same numbers except `groups` and `dropped_stale` (its own share).
 struct train_report {
@@ -709,6 +723,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (std::vector<crucible::task_source>))
   CAF_ADD_TYPE_ID(crucible, (crucible::tasks_request))
   CAF_ADD_TYPE_ID(crucible, (crucible::run_setup))
+  CAF_ADD_TYPE_ID(crucible, (crucible::sampler_state))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

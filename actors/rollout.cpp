@@ -137,7 +137,7 @@ struct rollout_state {
   bool resolved = false, resolving = false;
   bool stopping = false, advance_pending = false;
   std::uint64_t next_group = 0, next_variant = 0;
-  std::vector<caf::typed_response_promise<rollout_stats>> stop_waiting;
+  std::vector<caf::typed_response_promise<rollout_stats, sampler_state>> stop_waiting;
   static inline const char* name = "crucible.rollout";
 };
 
@@ -162,6 +162,10 @@ rollout_stats snapshot(rollout_pointer self) {
   return out;
 }
 
+sampler_state saved(rollout_pointer self) {
+  return sampler_state{self->state.sampler->save()};
+}
+
 bool is_busy(const caf::error& e) {
   return to_error(e).code == errc::busy;
 }
@@ -174,8 +178,9 @@ void check_stopped(rollout_pointer self) {
   if (!st.stopping || !st.groups.empty())
     return;
   auto out = snapshot(self);
+  auto sampler = saved(self);
   for (auto& rp : st.stop_waiting)
-    rp.deliver(out);
+    rp.deliver(out, sampler);
   st.stop_waiting.clear();
   self->quit();
 }
@@ -456,8 +461,9 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
     st.groups.clear();
     st.stats.running = false;
     auto out = snapshot(self);
+    auto sampler = saved(self);
     for (auto& rp : st.stop_waiting)
-      rp.deliver(out);
+      rp.deliver(out, sampler);
     st.stop_waiting.clear();
     self->quit(down.reason ? down.reason : caf::error{make_error(errc::worker_lost, "a collaborator of the rollout actor stopped")});
   });
@@ -469,7 +475,7 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
       st.stats.running = true;
       fill(self);
     },
-    [=](stop_atom) -> caf::result<rollout_stats> {
+    [=](stop_atom) -> caf::result<rollout_stats, sampler_state> {
       auto& st = self->state;
       st.stats.running = false;
       st.stopping = true;
@@ -479,13 +485,14 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
       }
       if (st.groups.empty()) {
         self->quit();
-        return snapshot(self);
+        return caf::result<rollout_stats, sampler_state>{snapshot(self), saved(self)};
       }
-      auto rp = self->make_response_promise<rollout_stats>();
+      auto rp = self->make_response_promise<rollout_stats, sampler_state>();
       st.stop_waiting.push_back(rp);
       return rp;
     },
     [=](caf::get_atom) -> rollout_stats { return snapshot(self); },
+    [=](save_atom) -> sampler_state { return saved(self); },
     [=](advance_atom) {
       self->state.advance_pending = false;
       fill(self);
@@ -509,6 +516,24 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
 
 } // namespace
 
+std::vector<std::string> sampler_pool(const task_catalog& tasks) {
+  std::vector<std::string> names;
+  names.reserve(tasks.size());
+  for (const auto& [id, task] : tasks)
+    names.push_back(id.value);
+  return names;
+}
+
+result<env::task_sampler> make_task_sampler(const task_catalog& tasks, const rollout_actor_options& opt) {
+  auto sampler = env::task_sampler::create(sampler_pool(tasks), opt.sampler, opt.sampler_mix,
+                                           splitmix64(opt.seed ^ splitmix64(opt.index + 1) ^ 0x5a4d));
+  if (!sampler.ok() || opt.saved_sampler.empty())
+    return sampler;
+  if (auto r = sampler->restore(opt.saved_sampler); !r.ok())
+    return r.error();
+  return sampler;
+}
+
 result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps deps, rollout_actor_options opt) {
   if (auto ok = opt.validate(); !ok.ok())
     return ok.error();
@@ -518,11 +543,7 @@ result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps d
     return fail(errc::invalid_arg, "rollout actor: no prompt builder");
   if (!deps.tasks || deps.tasks->empty())
     return fail(errc::invalid_arg, "rollout actor: the task catalogue is empty");
-  std::vector<std::string> names;
-  for (const auto& [id, task] : *deps.tasks)
-    names.push_back(id.value);
-  auto sampler = env::task_sampler::create(std::move(names), opt.sampler, opt.sampler_mix,
-                                           splitmix64(opt.seed ^ splitmix64(opt.index + 1) ^ 0x5a4d));
+  auto sampler = make_task_sampler(*deps.tasks, opt);
   if (!sampler.ok())
     return sampler.error();
   auto shared = std::make_shared<env::task_sampler>(std::move(*sampler));

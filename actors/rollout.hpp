@@ -17,6 +17,7 @@
 #include "core/error.hpp"
 #include "env/prompt.hpp"
 #include "env/response_parser.hpp"
+#include "env/task_sampler.hpp"
 #include "policy/tokenizer.hpp"
 
 namespace crucible {
@@ -43,6 +44,10 @@ struct rollout_actor_options {
   /// Text prompts are encoded with the tokenizer's template tokens (BOS): true when the prompt is
   /// plain text, false when a chat template rendered it (prompt_setup says which).
   bool add_special_tokens = false;
+  /// A task sampler to continue (sampler_state::text, env::task_sampler::save): the records and
+  /// generator of the rollout actor that held this place before a pause or a sync step's end.
+  /// Empty: a fresh sampler seeded from `seed` and `index`.
+  std::string saved_sampler;
 
   /// The `rollout:` section of `cfg` for rollout actor number `index`, `run.seed` as the seed.
   static rollout_actor_options from(const config& cfg, std::uint64_t index);
@@ -64,6 +69,15 @@ struct prompt_setup {
 /// chat template and special tokens (unless `prompt.chat_template: none`), prompts counted in
 /// the tokenizer's tokens. Errors of loading the template or creating the builder.
 result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const policy::tokenizer> tokenizer);
+
+/// The task names of `tasks` in the order a rollout actor's sampler holds them (the catalogue's).
+std::vector<std::string> sampler_pool(const task_catalog& tasks);
+
+/// The task sampler of a rollout actor with options `opt` over `tasks`: `opt.sampler` and
+/// `opt.sampler_mix`, seeded from `opt.seed` and `opt.index`, then continued from
+/// `opt.saved_sampler` when it is not empty. Errors of env::task_sampler::create, and
+/// errc::corrupt from restore when the saved state does not fit the pool.
+result<env::task_sampler> make_task_sampler(const task_catalog& tasks, const rollout_actor_options& opt);
 
 /// Whom a rollout actor works with.
 struct rollout_deps {
@@ -97,8 +111,13 @@ struct rollout_deps {
 /// The actor monitors the engine, the pool and the exemplar actor and quits with the error
 /// reason when one of them goes down (a stop waiting is answered first).
 ///
+/// Every verdict it reports goes into its task sampler too (make_task_sampler). `save` replies
+/// with the sampler's state, and so does `stop`, after the last group it finished: whoever holds
+/// the state can hand it to the next rollout actor in `saved_sampler` (the trainer does, across
+/// sync steps, stages and resumes).
+///
 /// errc::config from validate(); errc::invalid_arg for a missing collaborator or an empty task
-/// catalogue.
+/// catalogue; errc::corrupt when `opt.saved_sampler` does not fit the catalogue.
 result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps deps, rollout_actor_options opt);
 
 /// Spawns the run's `rollout.actors` rollout actors, numbered 0, 1, ..., with options from

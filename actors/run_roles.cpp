@@ -224,6 +224,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   if (!tasks.ok())
     return tasks.error();
   trainer_progress progress;
+  std::vector<std::string> samplers;
   fs::path model_source = model_dir_of(cfg, run_dir);
   if (resume) {
     auto ck = latest_checkpoint(run_dir);
@@ -236,6 +237,11 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     if (!p.ok())
       return p.error();
     progress = *p;
+    // Before anything is spawned: a task pool that changed since the pause is named here.
+    auto states = load_sampler_states(*ck, **tasks, log);
+    if (!states.ok())
+      return states.error();
+    samplers = std::move(*states);
     out.checkpoint = *ck;
     model_source = *ck / "learner" / "model";
     log.info(component, "resuming from ", ck->string(), " (", stage_name(progress.stage), " step ", progress.stage_step,
@@ -353,6 +359,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   td.clk = &clk;
   td.log = &log;
   td.progress = progress;
+  td.samplers = std::move(samplers);
   auto trainer = spawn_trainer(sys, std::move(td));
   if (!trainer.ok())
     return guard(trainer.error());

@@ -54,9 +54,10 @@ result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg)
 /// loads them). Errors are errc::config naming the key and the file at fault.
 result<void> check_run_inputs(const config& cfg);
 
-/// Spawns the roles. `resume`: the learner, the trainer's position and the status come from
-/// RUN/checkpoints/latest (errc::not_found when the run has none). Errors name the key, file
-/// or device at fault; roles already spawned are told to exit.
+/// Spawns the roles. `resume`: the learner, the trainer's position, the rollout places' task
+/// samplers and the status come from RUN/checkpoints/latest (errc::not_found when the run has
+/// none; load_sampler_states' errors when the task pool no longer fits the saved samplers).
+/// Errors name the key, file or device at fault; roles already spawned are told to exit.
 result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, const std::filesystem::path& run_dir,
                                   bool resume, const clock& clk, logger& log);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <set>
 #include <utility>
@@ -21,6 +22,7 @@
 #include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
+#include "env/task_sampler.hpp"
 
 namespace fs = std::filesystem;
 
@@ -183,6 +185,117 @@ result<trainer_progress> trainer_progress::from_json(std::string_view text, cons
   return p;
 }
 
+namespace {
+
+constexpr std::string_view samplers_format = "crucible-samplers-1";
+constexpr std::uint64_t max_places = std::uint64_t{1} << 23; // rollout_actor_options::index bound
+
+// "a, b, c" of at most a few names.
+std::string name_list(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < 5; ++i)
+    out += (i ? ", " : "") + names[i];
+  if (names.size() > 5)
+    out += " and " + std::to_string(names.size() - 5) + " more";
+  return out;
+}
+
+} // namespace
+
+std::string sampler_checkpoint::to_json() const {
+  json_writer w;
+  w.begin_object().field("format", samplers_format).key("samplers").begin_array();
+  for (std::size_t k = 0; k < states.size(); ++k)
+    if (!states[k].empty())
+      w.begin_object().field("place", static_cast<std::uint64_t>(k)).field("state", states[k]).end_object();
+  w.end_array().end_object();
+  return std::move(w).take() + "\n";
+}
+
+result<sampler_checkpoint> sampler_checkpoint::from_json(std::string_view text, const std::string& origin) {
+  auto doc = parse_json(text, origin);
+  if (!doc.ok())
+    return fail(errc::corrupt, doc.error().message);
+  if (!doc->is_object())
+    return fail(errc::corrupt, origin, ": expected a JSON object");
+  const auto* fmt = doc->find("format");
+  if (fmt == nullptr || !fmt->is_string() || fmt->as_string() != samplers_format)
+    return fail(errc::corrupt, origin, ": key 'format': expected \"", samplers_format, "\"");
+  const auto* list = doc->find("samplers");
+  if (list == nullptr || !list->is_array())
+    return fail(errc::corrupt, origin, ": key 'samplers': expected an array");
+  sampler_checkpoint out;
+  for (std::size_t i = 0; i < list->as_array().size(); ++i) {
+    const auto& e = list->as_array()[i];
+    const auto at = origin + ": samplers[" + std::to_string(i) + "]";
+    const auto* place = e.is_object() ? e.find("place") : nullptr;
+    const auto* state = e.is_object() ? e.find("state") : nullptr;
+    if (place == nullptr || !place->is_int() || place->as_int() < 0
+        || static_cast<std::uint64_t>(place->as_int()) >= max_places)
+      return fail(errc::corrupt, at, ": key 'place': expected an integer in [0, 2^23)");
+    if (state == nullptr || !state->is_string() || state->as_string().empty())
+      return fail(errc::corrupt, at, ": key 'state': expected a non-empty string");
+    const auto k = static_cast<std::size_t>(place->as_int());
+    if (out.states.size() <= k)
+      out.states.resize(k + 1);
+    if (!out.states[k].empty())
+      return fail(errc::corrupt, at, ": place ", std::to_string(k), " is given twice");
+    out.states[k] = state->as_string();
+  }
+  return out;
+}
+
+result<std::vector<std::string>> load_sampler_states(const fs::path& dir, const task_catalog& tasks, logger& log) {
+  const auto file = dir / "samplers.json";
+  std::error_code ec;
+  if (!fs::exists(file, ec)) {
+    log.warn(component, dir.string(), " has no samplers.json (a checkpoint from before task samplers were saved): "
+             "the task samplers start fresh");
+    return std::vector<std::string>{};
+  }
+  auto text = read_file(file);
+  if (!text.ok())
+    return text.error();
+  auto saved = sampler_checkpoint::from_json(*text, file.string());
+  if (!saved.ok())
+    return saved.error();
+  const auto pool = sampler_pool(tasks);
+  std::size_t restored = 0;
+  for (std::size_t k = 0; k < saved->states.size(); ++k) {
+    const auto& state = saved->states[k];
+    if (state.empty())
+      continue;
+    const auto where = file.string() + ": the task sampler of rollout place " + std::to_string(k);
+    auto names = env::task_sampler::saved_tasks(state);
+    if (!names.ok())
+      return fail(errc::corrupt, where, ": ", names.error().message);
+    if (*names != pool) {
+      std::vector<std::string> gone, added;
+      const std::set<std::string> was(names->begin(), names->end()), now(pool.begin(), pool.end());
+      std::set_difference(was.begin(), was.end(), now.begin(), now.end(), std::back_inserter(gone));
+      std::set_difference(now.begin(), now.end(), was.begin(), was.end(), std::back_inserter(added));
+      std::string diff;
+      if (!gone.empty())
+        diff += "; no longer in the pool: " + name_list(gone);
+      if (!added.empty())
+        diff += "; new in the pool: " + name_list(added);
+      return fail(errc::config, where, " was saved over ", std::to_string(names->size()), " tasks and the run's pool now has ",
+                  std::to_string(pool.size()), diff.empty() ? std::string{" (in another order)"} : diff,
+                  ". The tasks (tasks.suite, tasks.include) changed since this checkpoint: restore them, or delete ",
+                  file.string(), " to resume with fresh task samplers");
+    }
+    auto check = env::task_sampler::create(pool, task_sampling::uniform, 0.0, 0);
+    if (!check.ok())
+      return check.error();
+    if (auto r = check->restore(state); !r.ok())
+      return fail(errc::corrupt, where, ": ", r.error().message);
+    ++restored;
+  }
+  log.info(component, "task samplers of ", restored, " rollout place", restored == 1 ? "" : "s", " restored from ",
+           file.string());
+  return std::move(saved->states);
+}
+
 result<fs::path> latest_checkpoint(const fs::path& run_dir) {
   const auto pointer = run_dir / "checkpoints" / "latest";
   std::error_code ec;
@@ -235,6 +348,10 @@ struct trainer_state {
   // The rollouts of the current sampling stage (async) or step (sync), and the groups they sent.
   std::vector<rollout_actor> rollouts;
   std::vector<std::uint64_t> rollout_quota; // sync: groups each rollout takes
+  std::vector<std::size_t> rollout_place;   // the place each rollout holds (an index into samplers)
+  // Per rollout place, the task sampler state its next rollout actor continues ("": fresh); a
+  // place's state is taken back when its rollout actor stops, or asked for at a checkpoint.
+  std::vector<std::string> samplers;
   std::deque<rollout_group> groups;
   std::uint64_t dropped_now = 0; // dropped for staleness since the last report
 
@@ -378,22 +495,33 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
     opt.max_groups = quota;
     if (!st.kind.empty() && opt.hardware.empty())
       opt.hardware = st.kind;
+    if (i < st.samplers.size())
+      opt.saved_sampler = st.samplers[i];
     auto r = spawn_rollout_actor(self->system(), rd, opt);
     if (!r.ok())
       return r.error();
     self->send(*r, start_atom_v);
     st.rollouts.push_back(*r);
     st.rollout_quota.push_back(quota);
+    st.rollout_place.push_back(static_cast<std::size_t>(i));
   }
   return {};
+}
+
+void keep_sampler(trainer_state& st, std::size_t place, const sampler_state& s) {
+  if (st.samplers.size() <= place)
+    st.samplers.resize(place + 1);
+  st.samplers[place] = s.text;
 }
 
 // Stops every rollout actor (in_flight_policy as given) and calls `then` once all have replied.
 void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then) {
   auto& st = self->state;
   auto rollouts = std::move(st.rollouts);
+  auto places = std::move(st.rollout_place);
   st.rollouts.clear();
   st.rollout_quota.clear();
+  st.rollout_place.clear();
   if (rollouts.empty()) {
     then();
     return;
@@ -414,9 +542,38 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
             },
             [then](const caf::error&) { then(); });
   };
-  for (auto& r : rollouts)
-    self->request(r, caf::infinite, stop_atom_v)
-      .then([done](const rollout_stats&) { done(); }, [done](const caf::error&) { done(); });
+  for (std::size_t i = 0; i < rollouts.size(); ++i)
+    self->request(rollouts[i], caf::infinite, stop_atom_v)
+      .then(
+        [self, done, place = places[i]](const rollout_stats&, const sampler_state& s) {
+          keep_sampler(self->state, place, s);
+          done();
+        },
+        // A rollout actor already gone leaves its place's last saved state.
+        [done](const caf::error&) { done(); });
+}
+
+// Asks every running rollout actor for its task sampler's state (a checkpoint while they run),
+// then calls `then`.
+void collect_samplers(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  if (st.rollouts.empty()) {
+    then();
+    return;
+  }
+  auto left = std::make_shared<std::size_t>(st.rollouts.size());
+  auto done = [left, then] {
+    if (--*left == 0)
+      then();
+  };
+  for (std::size_t i = 0; i < st.rollouts.size(); ++i)
+    self->request(st.rollouts[i], caf::infinite, save_atom_v)
+      .then(
+        [self, done, place = st.rollout_place[i]](const sampler_state& s) {
+          keep_sampler(self->state, place, s);
+          done();
+        },
+        [done](const caf::error&) { done(); });
 }
 
 // Drops groups sampled more than max_staleness versions before the learner's, and the oldest
@@ -863,30 +1020,22 @@ void prune_checkpoints(trainer_state& st, const fs::path& root, const std::strin
   }
 }
 
-caf::result<std::string> save(self_pointer self) {
+// The learner's checkpoint into `tmp`, then trainer.json and samplers.json beside it; `tmp`
+// becomes `root/name` and `latest` names it.
+void write_checkpoint(self_pointer self, caf::typed_response_promise<std::string> rp, fs::path tmp, std::string name,
+                      trainer_progress progress, std::string samplers) {
   auto& st = self->state;
-  const auto root = st.deps->run_dir / "checkpoints";
-  const auto name = "step-" + std::to_string(st.p.step);
-  const auto dir = root / name;
-  std::error_code ec;
-  if (fs::exists(dir / "trainer.json", ec))
-    return dir.string(); // this step is saved already
-  const auto tmp = root / ("." + name + ".tmp");
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec)
-    return make_error(errc::io, "cannot create " + tmp.string() + ": " + ec.message());
-  auto progress = st.p;
-  progress.stage_seconds = st.p.stage >= stage_sft && st.p.stage < stage_done ? now_seconds(st) : 0.0;
-  auto rp = self->make_response_promise<std::string>();
   self->request(st.deps->learner, caf::infinite, save_atom_v, (tmp / "learner").string())
     .then(
-      [self, rp, tmp, dir, root, name, progress](policy_version) mutable {
+      [self, rp, tmp, name, progress, samplers](policy_version) mutable {
         auto& st = self->state;
-        if (auto r = write_file_atomic(tmp / "trainer.json", progress.to_json()); !r) {
-          rp.deliver(make_error(r.error()));
-          return;
-        }
+        const auto root = tmp.parent_path();
+        const auto dir = root / name;
+        for (auto [file, text] : {std::pair{"trainer.json", progress.to_json()}, std::pair{"samplers.json", samplers}})
+          if (auto r = write_file_atomic(tmp / file, text); !r) {
+            rp.deliver(make_error(r.error()));
+            return;
+          }
         std::error_code ec;
         fs::rename(tmp, dir, ec);
         if (ec) {
@@ -906,6 +1055,28 @@ caf::result<std::string> save(self_pointer self) {
         rp.deliver(dir.string());
       },
       [rp](const caf::error& e) mutable { rp.deliver(e); });
+}
+
+caf::result<std::string> save(self_pointer self) {
+  auto& st = self->state;
+  const auto root = st.deps->run_dir / "checkpoints";
+  const auto name = "step-" + std::to_string(st.p.step);
+  const auto dir = root / name;
+  std::error_code ec;
+  if (fs::exists(dir / "trainer.json", ec))
+    return dir.string(); // this step is saved already
+  const auto tmp = root / ("." + name + ".tmp");
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec)
+    return make_error(errc::io, "cannot create " + tmp.string() + ": " + ec.message());
+  auto progress = st.p;
+  progress.stage_seconds = st.p.stage >= stage_sft && st.p.stage < stage_done ? now_seconds(st) : 0.0;
+  auto rp = self->make_response_promise<std::string>();
+  // Rollout actors that run (async) are asked for their samplers; stopped places keep theirs.
+  collect_samplers(self, [self, rp, tmp, name, progress] {
+    write_checkpoint(self, rp, tmp, name, progress, sampler_checkpoint{self->state.samplers}.to_json());
+  });
   return rp;
 }
 
@@ -914,6 +1085,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
   st.shared = shared;
   st.deps = &shared->deps;
   st.p = st.deps->progress;
+  st.samplers = st.deps->samplers;
   st.stage_start = std::chrono::steady_clock::now();
   // The exemplar actor goes down with the trainer; the rollout actors follow it (they quit when
   // a collaborator goes down).

@@ -66,6 +66,30 @@ struct trainer_progress {
   friend bool operator==(const trainer_progress&, const trainer_progress&) = default;
 };
 
+/// The task samplers of a run's rollout places: what a checkpoint's samplers.json holds. Place k
+/// is the k-th rollout actor of a sampling stage (of rollout.actors); each rollout actor that
+/// takes place k (the next sync step, the next stage, a resumed run) continues its sampler.
+struct sampler_checkpoint {
+  /// env::task_sampler::save text per place; "" for a place whose sampler has not run yet.
+  std::vector<std::string> states;
+
+  /// {"format":"crucible-samplers-1","samplers":[{"place":k,"state":TEXT},...]}, places with a
+  /// state only.
+  std::string to_json() const;
+  /// errc::corrupt naming `origin` and the key (a place given twice, a place >= 2^23 included).
+  static result<sampler_checkpoint> from_json(std::string_view text, const std::string& origin);
+  friend bool operator==(const sampler_checkpoint&, const sampler_checkpoint&) = default;
+};
+
+/// The task sampler states to continue from checkpoint directory `dir` over the run's pool
+/// `tasks`, from its samplers.json. A checkpoint without that file (written before samplers were
+/// checkpointed) gives none, and a warning says that the samplers start fresh. errc::config
+/// naming the file, the place and the tasks that differ when the pool changed since the
+/// checkpoint (the message says how to start the samplers fresh instead); errc::corrupt for a
+/// malformed file or state; errc::io when it cannot be read.
+result<std::vector<std::string>> load_sampler_states(const std::filesystem::path& dir, const task_catalog& tasks,
+                                                     logger& log);
+
 /// "warm_start", "sft", "self_supervised", "rl", "" (complete).
 const char* stage_name(int stage) noexcept;
 
@@ -84,6 +108,9 @@ struct trainer_deps {
   const clock* clk = nullptr;
   logger* log = nullptr;
   trainer_progress progress; ///< where to start (a fresh run: the defaults)
+  /// The task sampler state each rollout place continues (load_sampler_states); a place without
+  /// one (or with "") starts a fresh sampler.
+  std::vector<std::string> samplers;
 };
 
 /// Spawns the trainer. It opens the exemplar actor over RUN/replay.db with itself as the sink of
@@ -99,9 +126,13 @@ struct trainer_deps {
 ///
 /// stop: stops the rollouts, finishing or dropping their groups (run.on_pause), and replies with a
 /// report of the verdicts that arrived meanwhile (they are in the store; no update is made).
-/// save: writes RUN/checkpoints/step-N (the learner's checkpoint in learner/ and trainer.json)
-/// atomically, points RUN/checkpoints/latest at it, keeps run.keep_checkpoints, replies with the
-/// path.
+/// save: writes RUN/checkpoints/step-N (the learner's checkpoint in learner/, trainer.json, and
+/// samplers.json with the task samplers of the rollout places: asked of the rollout actors that
+/// run, as their last stop left them for the others) atomically, points RUN/checkpoints/latest
+/// at it, keeps run.keep_checkpoints, replies with the path.
+///
+/// The trainer keeps each place's sampler state when it stops the place's rollout actor and
+/// hands it to the next one, so a place's sampler goes on across sync steps, stages and resumes.
 ///
 /// errc::invalid_arg for a missing collaborator or an empty task catalogue.
 result<trainer_actor> spawn_trainer(caf::actor_system& sys, trainer_deps deps);

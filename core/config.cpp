@@ -766,7 +766,8 @@ void describe(V& v, config& c) {
     v.field("listen", m.listen,
             "HOST:PORT on which the coordinator's membership actor accepts nodes (port 0: any free port). "
             "Loopback by default: set an address other hosts reach (e.g. `0.0.0.0:7460`) "
-            "for a multi-node run. Empty: no node can join.",
+            "for a multi-node run. Empty: no node can join. While the run runs, status.json names the bound "
+            "address as `join`.",
             listen_address());
     v.field("token_file", m.token_file,
             "File holding the run's shared secret (its first line); a node must present the same token. Refused "

@@ -103,6 +103,27 @@ std::string task_sampler::save() const {
   return os.str();
 }
 
+result<std::vector<std::string>> task_sampler::saved_tasks(std::string_view saved) {
+  std::istringstream in{std::string{saved}};
+  std::string line;
+  auto bad = [](const std::string& what) { return fail(errc::corrupt, "task sampler state: ", what); };
+  if (!std::getline(in, line) || line != save_header)
+    return bad("missing header '" + std::string{save_header} + "'");
+  std::size_t n = 0;
+  if (!std::getline(in, line) || std::from_chars(line.data(), line.data() + line.size(), n).ec != std::errc{})
+    return bad("missing task count");
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::getline(in, line))
+      return bad("line of task " + std::to_string(i) + " is missing");
+    auto tab = line.find('\t');
+    if (tab == std::string::npos || tab == 0)
+      return bad("line of task " + std::to_string(i) + " has no task name");
+    out.push_back(line.substr(0, tab));
+  }
+  return out;
+}
+
 result<void> task_sampler::restore(std::string_view saved) {
   std::istringstream in{std::string{saved}};
   std::string line;

@@ -68,6 +68,11 @@ public:
   std::string save() const;
   result<void> restore(std::string_view saved);
 
+  /// The task names a save() text holds, in its order, without a sampler: what a resumed run
+  /// compares with its pool to say which tasks changed. errc::corrupt for a malformed header,
+  /// count or task line.
+  static result<std::vector<std::string>> saved_tasks(std::string_view saved);
+
 private:
   task_sampler(std::vector<std::string> tasks, task_sampling kind, double mix, std::uint64_t seed);
   double weight(std::size_t i) const;

@@ -409,7 +409,7 @@ struct trainer_fixture : fixture {
   std::shared_ptr<std::vector<std::string>> calls = std::make_shared<std::vector<std::string>>();
   trainer_impl_actor trainer;
 
-  void respawn(bool hold, std::uint64_t checkpoint_every) {
+  void respawn(bool hold, std::uint64_t checkpoint_every, std::string join = "") {
     self->send_exit(coord, caf::exit_reason::user_shutdown);
     sched.run();
     std::filesystem::remove(metrics_file);
@@ -421,6 +421,7 @@ struct trainer_fixture : fixture {
     coordinator_deps deps{status_file, std::move(*metrics), log, clk};
     deps.trainer = caf::actor_cast<trainer_actor>(trainer);
     deps.checkpoint_every = checkpoint_every;
+    deps.join = std::move(join);
     coord = spawn_coordinator(sys, std::move(deps));
     sched.run();
   }
@@ -508,4 +509,49 @@ TEST_CASE_FIXTURE(trainer_fixture, "a pause waits for the step under way, stops 
   }
   sched.run();
   CHECK(ok(take(resume)).state == run_state::finished);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "status.json says where nodes join while the run runs or pauses, and not once it is paused or finished") {
+  respawn(true, 0, "127.0.0.1:7460");
+  auto joins = [&] {
+    auto text = storage::read_file(status_file);
+    REQUIRE(text.ok());
+    return text->find("\"join\":\"127.0.0.1:7460\"") != std::string::npos;
+  };
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  sched.run();
+  CHECK(status_on_disk().state == run_state::running);
+  CHECK(joins());
+  self->send(trainer, collect_atom_v); // step 1 ends: status.json is rewritten with the step
+  sched.run();
+  CHECK(status_on_disk().step == 1);
+  CHECK(joins());
+  CHECK(ok(ask(pause_atom_v)).state == run_state::pausing);
+  CHECK(joins()); // the step under way still runs, nodes still help
+  self->send(trainer, collect_atom_v);
+  sched.run();
+  CHECK(ok(take(start)).state == run_state::paused);
+  CHECK(status_on_disk().state == run_state::paused);
+  CHECK_FALSE(joins());
+  auto resume = self->request(coord, caf::infinite, resume_atom_v);
+  sched.run();
+  CHECK(status_on_disk().state == run_state::running);
+  CHECK(joins());
+  for (int i = 0; i < 6; ++i) {
+    self->send(trainer, collect_atom_v);
+    sched.run();
+  }
+  CHECK(ok(take(resume)).state == run_state::finished);
+  CHECK(status_on_disk().state == run_state::finished);
+  CHECK_FALSE(joins());
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "a run that takes no nodes writes no join") {
+  respawn(true, 0);
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  sched.run();
+  CHECK(status_on_disk().state == run_state::running);
+  auto text = storage::read_file(status_file);
+  REQUIRE(text.ok());
+  CHECK(text->find("join") == std::string::npos);
 }

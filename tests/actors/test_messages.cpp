@@ -261,6 +261,13 @@ template <> struct sample<run_setup> {
   static run_setup make() { return {sample<std::vector<task_source>>::make(), "evaluator:\n  trials: 3\n"}; }
 };
 
+template <> struct sample<sampler_state> {
+  static sampler_state make() {
+    return {"crucible-task-sampler 1\n2\ncpu/01_relu_scale\t3\t1\t0x1.8p+0\ncpu/03_softmax_rows\t0\t0\t0x0p+0\n"
+            "5489 42 \xc3\xbc\n"};
+  }
+};
+
 template <> struct sample<run_status> {
   static run_status make() {
     return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9};
@@ -383,7 +390,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 37, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 38, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

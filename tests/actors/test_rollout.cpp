@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -27,9 +28,11 @@
 #include "actors/engine.hpp"
 #include "actors/exemplar.hpp"
 #include "actors/rollout.hpp"
+#include "actors/trainer.hpp"
 #include "env/task.hpp"
 #include "tests/actors/deterministic.hpp"
 #include "tests/actors/scripted_policy.hpp"
+#include "tests/test_util/read_text.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 using namespace crucible;
@@ -270,6 +273,36 @@ struct fixture {
   }
 
   rollout_stats stats(const rollout_actor& r) { return ask<rollout_stats>(r, caf::get_atom_v); }
+
+  // Stops `r` and waits (on the scheduler) for its final counters and sampler state.
+  std::pair<rollout_stats, sampler_state> stop(const rollout_actor& r) {
+    auto rh = self->request(r, caf::infinite, stop_atom_v);
+    sched.run();
+    REQUIRE_MESSAGE(!self->mailbox().empty(), "no reply to stop");
+    std::optional<std::pair<rollout_stats, sampler_state>> out;
+    rh.receive([&](rollout_stats& s, sampler_state& x) { out.emplace(s, x); },
+               [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    REQUIRE(out.has_value());
+    return *out;
+  }
+
+  // A sampler over the fixture's tasks restored from `s`.
+  env::task_sampler restored(const sampler_state& s) {
+    auto x = env::task_sampler::create(sampler_pool(*tasks), task_sampling::uniform, 0, 0);
+    REQUIRE(x.ok());
+    auto r = x->restore(s.text);
+    REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.error().message));
+    return std::move(*x);
+  }
+
+  // Verdicts the sampler of state `s` has seen, over all tasks.
+  std::uint64_t attempts(const sampler_state& s) {
+    std::uint64_t n = 0;
+    const auto x = restored(s);
+    for (const auto& rec : x.records())
+      n += rec.attempts;
+    return n;
+  }
   exemplar_stats xstats() { return ask<exemplar_stats>(exemplars, caf::get_atom_v); }
   engine_status estats() { return ask<engine_status>(engine, caf::get_atom_v); }
 
@@ -465,10 +498,15 @@ TEST_CASE_FIXTURE(fixture, "stop finishes the groups in flight, or drops them, a
     release();
     REQUIRE_FALSE(self->mailbox().empty());
     std::optional<rollout_stats> out;
-    rh.receive([&](rollout_stats& s) { out = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    sampler_state sampler;
+    rh.receive([&](rollout_stats& s, sampler_state& x) { out = s, sampler = x; },
+               [&](caf::error& e) { FAIL(caf::to_string(e)); });
     REQUIRE(out.has_value());
     CHECK(out->groups_started == 2);
     CHECK(out->groups_finished == 2);
+    // The sampler's state comes with the reply, the verdicts of the groups finished after the
+    // stop included.
+    CHECK(attempts(sampler) == 4);
     CHECK(out->in_flight == 0);
     CHECK_FALSE(out->running);
     CHECK(groups->size() == 2);
@@ -483,7 +521,7 @@ TEST_CASE_FIXTURE(fixture, "stop finishes the groups in flight, or drops them, a
     o.on_stop = in_flight_policy::drop;
     auto r = spawn(o);
     start(r);
-    auto out = ask<rollout_stats>(r, stop_atom_v);
+    auto out = stop(r).first;
     CHECK(out.groups_started == 2);
     CHECK(out.groups_abandoned == 2);
     CHECK(out.groups_finished == 0);
@@ -527,7 +565,7 @@ TEST_CASE_FIXTURE(fixture, "the actor quits when a collaborator goes down, answe
   sched.run();
   REQUIRE_FALSE(self->mailbox().empty());
   std::optional<rollout_stats> out;
-  rh.receive([&](rollout_stats& s) { out = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+  rh.receive([&](rollout_stats& s, sampler_state&) { out = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
   REQUIRE(out.has_value());
   CHECK(out->groups_abandoned == 2);
   auto gone = try_ask<rollout_stats>(r, caf::get_atom_v);
@@ -588,6 +626,147 @@ TEST_CASE_FIXTURE(fixture, "spawning refuses bad options and missing collaborato
   auto no_engine = deps;
   no_engine.engine = engine_actor{};
   CHECK(spawn_rollout_actor(sys, no_engine, options(2, 1)).error().code == errc::invalid_arg);
+}
+
+TEST_CASE_FIXTURE(fixture, "the task sampler's state goes out with save and stop, and a rollout actor given it goes on drawing") {
+  collaborators(distribution(1, 0, 0)); // every completion is the fast code: ok at 2x
+  auto opt = options(2, 1, 4);
+  opt.sampler = task_sampling::improvement;
+  opt.sampler_mix = 0.2;
+  // What an uninterrupted actor draws: its sampler, fed each group's two verdicts before the
+  // next draw (one group in flight).
+  verdict fast_ok;
+  fast_ok.status = verdict_status::ok;
+  fast_ok.correct = true;
+  fast_ok.speedup = 2.0;
+  auto whole = make_task_sampler(*tasks, opt);
+  REQUIRE(whole.ok());
+  std::vector<std::string> expected;
+  for (int i = 0; i < 9; ++i) {
+    expected.push_back(whole->next());
+    whole->observe(expected.back(), fast_ok);
+    whole->observe(expected.back(), fast_ok);
+  }
+
+  auto first = spawn(opt);
+  start(first);
+  REQUIRE(groups->size() == 4);
+  auto now = ask<sampler_state>(first, save_atom_v);
+  auto [counters, saved] = stop(first);
+  CHECK(counters.groups_finished == 4);
+  CHECK(now == saved); // nothing was in flight
+  auto seen = restored(saved);
+  std::map<std::string, std::uint64_t> drawn;
+  for (const auto& g : *groups)
+    drawn[g.task.value] += 2;
+  for (std::size_t i = 0; i < seen.tasks().size(); ++i) {
+    const auto& name = seen.tasks()[i];
+    INFO(name);
+    CHECK(seen.records()[i].attempts == drawn[name]);
+    CHECK(seen.records()[i].failures == 0);
+    CHECK(seen.records()[i].best_speedup == (drawn[name] ? 2.0 : 0.0));
+  }
+
+  // The next actor (another index, so other ids and another seed) continues the sampler.
+  auto next = opt;
+  next.index = 1;
+  next.max_groups = 5;
+  auto fresh = make_task_sampler(*tasks, next);
+  REQUIRE(fresh.ok());
+  next.saved_sampler = saved.text;
+  auto second = spawn(next);
+  CHECK(ask<sampler_state>(second, save_atom_v) == saved);
+  start(second);
+  REQUIRE(groups->size() == 9);
+  std::vector<std::string> got;
+  for (const auto& g : *groups)
+    got.push_back(g.task.value);
+  CHECK(got == expected);
+  CHECK(stop(second).second.text == whole->save());
+  // Without the saved state the second actor would have drawn otherwise (so the check above
+  // can fail).
+  std::vector<std::string> unsaved;
+  for (int i = 0; i < 5; ++i)
+    unsaved.push_back(fresh->next());
+  CHECK(unsaved != std::vector<std::string>(expected.begin() + 4, expected.end()));
+}
+
+TEST_CASE_FIXTURE(fixture, "a saved sampler that does not fit the task pool is refused at spawn") {
+  collaborators(distribution(1, 0, 0));
+  auto other = env::task_sampler::create({"cpu/01_relu_scale", "cpu/99_gone"}, task_sampling::uniform, 0, 1);
+  REQUIRE(other.ok());
+  auto opt = options(2, 1);
+  opt.saved_sampler = other->save();
+  rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+  auto r = spawn_rollout_actor(sys, deps, opt);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code == errc::corrupt);
+  CHECK(r.error().message.find("2 tasks saved, the pool has 3") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(fixture, "samplers.json holds each rollout place's sampler, and a resumed run reads it back") {
+  auto a = env::task_sampler::create(sampler_pool(*tasks), task_sampling::improvement, 0.1, 3);
+  REQUIRE(a.ok());
+  verdict v;
+  v.status = verdict_status::ok;
+  v.speedup = 1.0 / 3.0;
+  a->observe("cpu/02_silu_bias_residual", v);
+  a->next();
+  a->next();
+  sampler_checkpoint ck{{a->save(), "", a->save()}};
+  const auto text = ck.to_json();
+  CHECK(text.find("\"format\":\"crucible-samplers-1\"") != std::string::npos);
+  auto back = sampler_checkpoint::from_json(text, "samplers.json");
+  REQUIRE_MESSAGE(back.ok(), (back.ok() ? "" : back.error().message));
+  CHECK(*back == ck); // place 1, which never sampled, is not written and comes back empty
+  for (const auto& [bad, key] : std::vector<std::pair<std::string, std::string>>{
+         {"{\"format\":\"crucible-samplers-2\",\"samplers\":[]}", "'format'"},
+         {"{\"format\":\"crucible-samplers-1\"}", "'samplers'"},
+         {"{\"format\":\"crucible-samplers-1\",\"samplers\":[{\"place\":-1,\"state\":\"x\"}]}", "'place'"},
+         {"{\"format\":\"crucible-samplers-1\",\"samplers\":[{\"place\":0}]}", "'state'"},
+         {"{\"format\":\"crucible-samplers-1\",\"samplers\":[{\"place\":0,\"state\":\"x\"},{\"place\":0,\"state\":\"y\"}]}",
+          "given twice"},
+         {"[1,", "samplers.json"}}) {
+    auto r = sampler_checkpoint::from_json(bad, "samplers.json");
+    INFO(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().code == errc::corrupt);
+    CHECK_MESSAGE(r.error().message.find(key) != std::string::npos, r.error().message);
+  }
+
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  REQUIRE(log.open_file(dir.path() / "events.log", log_level::info).ok());
+  const auto ckdir = dir.path() / "step-4";
+  std::filesystem::create_directories(ckdir);
+  // A checkpoint from before samplers were saved: none, and the log says they start fresh.
+  auto none = load_sampler_states(ckdir, *tasks, log);
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+  CHECK(crucible::testing::read_text(dir.path() / "events.log").find("the task samplers start fresh") != std::string::npos);
+  // One that fits the pool.
+  std::ofstream(ckdir / "samplers.json") << text;
+  auto fits = load_sampler_states(ckdir, *tasks, log);
+  REQUIRE_MESSAGE(fits.ok(), (fits.ok() ? "" : fits.error().message));
+  CHECK(*fits == ck.states);
+  // The pool changed since: the file, the place and the tasks are named, and the way out.
+  auto fewer = std::make_shared<task_catalog>(*tasks);
+  fewer->erase(task_id{"cpu/03_softmax_rows"});
+  auto changed = load_sampler_states(ckdir, *fewer, log);
+  REQUIRE_FALSE(changed.ok());
+  CHECK(changed.error().code == errc::config);
+  const auto& m = changed.error().message;
+  INFO(m);
+  CHECK(m.find((ckdir / "samplers.json").string() + ": the task sampler of rollout place 0") != std::string::npos);
+  CHECK(m.find("saved over 3 tasks and the run's pool now has 2") != std::string::npos);
+  CHECK(m.find("no longer in the pool: cpu/03_softmax_rows") != std::string::npos);
+  CHECK(m.find("delete " + (ckdir / "samplers.json").string()) != std::string::npos);
+  // A state that is not one.
+  std::ofstream(ckdir / "samplers.json") << sampler_checkpoint{{"not a sampler"}}.to_json();
+  auto corrupt = load_sampler_states(ckdir, *tasks, log);
+  REQUIRE_FALSE(corrupt.ok());
+  CHECK(corrupt.error().code == errc::corrupt);
+  CHECK(corrupt.error().message.find("rollout place 0: task sampler state") != std::string::npos);
 }
 
 TEST_CASE("rollout options come from the rollout: section") {

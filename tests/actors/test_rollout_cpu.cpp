@@ -155,9 +155,16 @@ TEST_CASE("groups of real verdicts on the CPU: engine, evaluator pool, exemplar 
   REQUIRE_FALSE(timed_out);
 
   std::optional<rollout_stats> stats;
+  sampler_state sampler;
   self->request(*rollout, std::chrono::seconds(60), stop_atom_v)
-    .receive([&](rollout_stats& s) { stats = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    .receive([&](rollout_stats& s, sampler_state& x) { stats = s, sampler = x; },
+             [&](caf::error& e) { FAIL(caf::to_string(e)); });
   REQUIRE(stats.has_value());
+  // The sampler saw every reported verdict (real ones and format errors) of its one task.
+  auto seen = env::task_sampler::create({"cpu/01_relu_scale"}, task_sampling::uniform, 0, 0);
+  REQUIRE(seen.ok());
+  REQUIRE(seen->restore(sampler.text).ok());
+  CHECK(seen->records()[0].attempts == stats->evaluated + stats->format_errors);
 
   std::map<verdict_status, int> statuses;
   for (const auto& g : got) {

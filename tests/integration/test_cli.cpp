@@ -13,6 +13,7 @@
 #include "core/config.hpp"
 #include "process.hpp"
 #include "storage/metrics_log.hpp"
+#include "storage/run_dir.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -112,6 +113,34 @@ TEST_CASE("crucible train creates the run directory, runs the lifecycle and stat
   auto again = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path().string()});
   CHECK(again.exit_code == 2);
   CHECK(again.err.find("already holds a run") != std::string::npos);
+}
+
+TEST_CASE("crucible status says where nodes join only while the run's process holds the run") {
+  temp_dir tmp;
+  const auto run = tmp.path() / "r";
+  fs::create_directories(run);
+  std::ofstream(run / "config.yaml") << "run: {name: r}\n";
+  std::ofstream(run / "status.json")
+    << "{\"state\":\"running\",\"stage\":\"sft\",\"step\":3,\"policy_version\":3,\"variants\":0,"
+       "\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"pid\":1,\"join\":\"node-7:7460\"}\n";
+  {
+    // This test holds the run's lock, as the run's process would.
+    auto held = crucible::storage::run_directory::open(run);
+    REQUIRE(held.ok());
+    auto st = cli({"status", run.string(), "--json"});
+    REQUIRE(st.exit_code == 0);
+    auto doc = YAML::Load(st.out);
+    CHECK(doc["state"].as<std::string>() == "running");
+    CHECK(doc["join"].as<std::string>() == "node-7:7460");
+    CHECK(cli({"status", run.string()}).out.find("nodes join at  node-7:7460") != std::string::npos);
+  }
+  // The process is gone without rewriting status.json (kill -9): crashed, and nothing takes nodes.
+  auto st = cli({"status", run.string(), "--json"});
+  REQUIRE(st.exit_code == 0);
+  auto doc = YAML::Load(st.out);
+  CHECK(doc["state"].as<std::string>() == "crashed");
+  CHECK_FALSE(doc["join"].IsDefined());
+  CHECK(cli({"status", run.string()}).out.find("nodes join") == std::string::npos);
 }
 
 TEST_CASE("crucible status names a directory that is not a run") {

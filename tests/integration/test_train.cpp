@@ -4,6 +4,7 @@
 // pause sent by `crucible pause`.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -99,6 +100,82 @@ std::string final_weights(const fs::path& run) {
   return slurp(run / "checkpoints" / latest / "learner" / "model" / "model.safetensors");
 }
 
+// The task samplers of a checkpoint: per task name, the attempts summed over the rollout places,
+// tasks never attempted left out (samplers.json holds env::task_sampler::save texts: a header,
+// the task count, then one "NAME\tATTEMPTS\tFAILURES\tBEST" line per task).
+std::map<std::string, std::int64_t> sampler_attempts(const fs::path& checkpoint) {
+  auto doc = crucible::parse_json(slurp(checkpoint / "samplers.json"));
+  REQUIRE(doc.ok());
+  REQUIRE(doc->find("format")->as_string() == "crucible-samplers-1");
+  std::map<std::string, std::int64_t> out;
+  for (const auto& s : doc->find("samplers")->as_array()) {
+    std::istringstream in(s.find("state")->as_string());
+    std::string line;
+    std::getline(in, line);
+    REQUIRE(line == "crucible-task-sampler 1");
+    std::getline(in, line);
+    const auto n = std::stoi(line);
+    for (int i = 0; i < n; ++i) {
+      REQUIRE(std::getline(in, line));
+      std::istringstream row(line);
+      std::string name;
+      std::int64_t attempts = 0;
+      std::getline(row, name, '\t');
+      row >> attempts;
+      if (attempts > 0)
+        out[name] += attempts;
+    }
+  }
+  return out;
+}
+
+// Verdict records of stage `stage` per task, those before the first `until` record only (all
+// when `until` is empty).
+std::map<std::string, std::int64_t> verdicts_per_task(const fs::path& run, const std::string& stage,
+                                                      const std::string& until = "") {
+  std::map<std::string, std::int64_t> out;
+  for (const auto& r : records(run)) {
+    if (!until.empty() && event_of(r) == until)
+      break;
+    if (event_of(r) == "verdict" && r.find("stage")->as_string() == stage)
+      ++out[r.find("task")->as_string()];
+  }
+  return out;
+}
+
+// Per run step of stage `stage`, the tasks of its groups, sorted.
+std::map<std::int64_t, std::vector<std::string>> group_tasks(const fs::path& run, const std::string& stage) {
+  std::map<std::int64_t, std::map<std::int64_t, std::string>> groups;
+  for (const auto& r : records(run))
+    if (event_of(r) == "verdict" && r.find("stage")->as_string() == stage)
+      groups[r.find("step")->as_int()][r.find("group")->as_int()] = r.find("task")->as_string();
+  std::map<std::int64_t, std::vector<std::string>> out;
+  for (const auto& [step, by_group] : groups) {
+    for (const auto& [group, task] : by_group)
+      out[step].push_back(task);
+    std::sort(out[step].begin(), out[step].end());
+  }
+  return out;
+}
+
+fs::path latest_dir(const fs::path& run) {
+  auto latest = slurp(run / "checkpoints" / "latest");
+  while (!latest.empty() && latest.back() == '\n')
+    latest.pop_back();
+  return run / "checkpoints" / latest;
+}
+
+// Three tasks, two rollout actors, synchronous RL steps of two groups with the `improvement`
+// sampler: each step, each rollout place draws one task.
+const std::vector<std::string> sampler_sets = {
+  "--set", "run.mode=sync", "--set", "rollout.actors=2", "--set", "rollout.sampler=improvement", "--set",
+  "tasks.include=[01_relu_scale,02_silu_bias_residual,03_softmax_rows]"};
+
+std::vector<std::string> with_sets(std::vector<std::string> args) {
+  args.insert(args.end(), sampler_sets.begin(), sampler_sets.end());
+  return args;
+}
+
 } // namespace
 
 TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with real verdicts, then a report") {
@@ -132,6 +209,17 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(count["run_started"] == 1);
   CHECK(count["run_finished"] == 1);
   CHECK(count["checkpoint"] == 2); // steps 2 and 4
+  // Each checkpoint holds the rollouts' task samplers (the one at step 2 asked the running
+  // rollout actors); they saw every RL verdict recorded, and maybe more (groups dropped at the
+  // end of the stage).
+  REQUIRE(fs::exists(run / "checkpoints" / "step-2" / "samplers.json"));
+  std::int64_t attempts = 0, rl_verdicts = 0;
+  for (const auto& [task, n] : sampler_attempts(run / "checkpoints" / "step-4"))
+    attempts += n;
+  for (const auto& [task, n] : verdicts_per_task(run, "rl"))
+    rl_verdicts += n;
+  CHECK(rl_verdicts > 0);
+  CHECK(attempts >= rl_verdicts);
   // Every step's time: the trainer's parts (learner update, weight publication, waiting for
   // groups, building SFT examples) lie within its own span, which lies within the coordinator's round trip.
   CHECK(count["step_timing"] == 4);
@@ -241,6 +329,121 @@ TEST_CASE("a run paused during contrastive RL resumes sampling with the restored
   auto last = crucible::parse_json(slurp(run / "checkpoints" / "step-4" / "learner" / "manifest.json"));
   REQUIRE(last.ok());
   CHECK(last->find("moments_since")->as_int() == 1);
+}
+
+TEST_CASE("the task samplers of a run paused during contrastive RL go on where they stopped") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "whole", "  sft: {steps: 0}\n  rl: {steps: 4, groups: 2}\n")));
+  auto whole = cli(with_sets({"train", cfg.string()}));
+  INFO(whole.err);
+  REQUIRE(whole.exit_code == 0);
+  auto first = cli(with_sets({"train", cfg.string(), "--set", "run.name=split", "--pause-after", "2"}));
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  const auto split = tmp.path() / "split";
+  // The pause's checkpoint holds what the samplers saw: every verdict before the pause.
+  const auto before = verdicts_per_task(split, "rl", "run_paused");
+  CHECK(before.size() >= 1);
+  CHECK(sampler_attempts(latest_dir(split)) == before);
+  auto resumed = cli({"resume", split.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 4") != std::string::npos);
+  CHECK(resumed.err.find("start fresh") == std::string::npos);
+  CHECK(train_steps(split) == std::vector<std::int64_t>{1, 2, 3, 4});
+  // After the resume the samplers went on counting from what they had seen...
+  CHECK(sampler_attempts(latest_dir(split)) == verdicts_per_task(split, "rl"));
+  // ... and drew what the uninterrupted run drew: the same tasks at every step, and in the end
+  // the same records and generators. (Draws of `improvement` depend on speedups, which vary
+  // between runs; this tiny model's 16 tokens never hold a correct kernel, so none is ok.)
+  for (const auto& x : records(split))
+    if (event_of(x) == "verdict")
+      REQUIRE(x.find("status")->as_string() != "ok");
+  CHECK(group_tasks(split, "rl") == group_tasks(tmp.path() / "whole", "rl"));
+  CHECK(group_tasks(split, "rl").size() == 4);
+  CHECK(slurp(latest_dir(split) / "samplers.json") == slurp(latest_dir(tmp.path() / "whole") / "samplers.json"));
+}
+
+TEST_CASE("a resume whose task pool no longer fits the saved samplers is refused, and one without them starts them fresh") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "pool", "  sft: {steps: 0}\n  rl: {steps: 2, groups: 2}\n")));
+  auto first = cli(with_sets({"train", cfg.string(), "--pause-after", "1"}));
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  const auto run = tmp.path() / "pool";
+  const auto samplers = latest_dir(run) / "samplers.json";
+  REQUIRE(fs::exists(samplers));
+  const auto config_before = slurp(run / "config.yaml");
+  auto refused = cli({"resume", run.string(), "--set", "tasks.include=[01_relu_scale,02_silu_bias_residual]"});
+  CHECK(refused.exit_code == 2);
+  INFO(refused.err);
+  CHECK(refused.err.find(samplers.string() + ": the task sampler of rollout place 0 was saved over 3 tasks") != std::string::npos);
+  CHECK(refused.err.find("no longer in the pool: 03_softmax_rows") != std::string::npos);
+  CHECK(refused.err.find("delete " + samplers.string()) != std::string::npos);
+  // Nothing changed: the run's configuration keeps its tasks, the run stays paused.
+  CHECK(slurp(run / "config.yaml") == config_before);
+  CHECK(cli({"status", run.string(), "--json"}).out.find("\"state\":\"paused\"") != std::string::npos);
+  // Without samplers.json (as in a checkpoint of an older crucible) the run resumes with fresh
+  // samplers over the new pool, and says so.
+  fs::remove(samplers);
+  auto fresh = cli({"resume", run.string(), "--set", "tasks.include=[01_relu_scale,02_silu_bias_residual]"});
+  INFO(fresh.err);
+  REQUIRE(fresh.exit_code == 0);
+  CHECK(fresh.err.find("has no samplers.json") != std::string::npos);
+  CHECK(fresh.err.find("the task samplers start fresh") != std::string::npos);
+  CHECK(fresh.out.find("finished at step 2") != std::string::npos);
+  // The samplers of the new pool: two tasks each.
+  auto doc = crucible::parse_json(slurp(latest_dir(run) / "samplers.json"));
+  REQUIRE(doc.ok());
+  REQUIRE_FALSE(doc->find("samplers")->as_array().empty());
+  for (const auto& x : doc->find("samplers")->as_array()) {
+    const auto& state = x.find("state")->as_string();
+    CHECK(state.rfind("crucible-task-sampler 1\n2\n", 0) == 0);
+    CHECK(state.find("03_softmax_rows") == std::string::npos);
+  }
+}
+
+TEST_CASE("a run that takes evaluator nodes says where they join while it runs, and a node joins there") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "nodes", "  sft: {steps: 1000, batch: 2}\n")));
+  const auto run = tmp.path() / "nodes";
+  running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "membership.listen=127.0.0.1:0"});
+  // status.json is written when the run starts, with the bound port.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  std::string out;
+  while ((!fs::exists(run / "status.json") || slurp(run / "status.json").find("\"join\"") == std::string::npos)
+         && std::chrono::steady_clock::now() < deadline)
+    p.read_some(100, out);
+  auto st = cli({"status", run.string(), "--json"});
+  REQUIRE(st.exit_code == 0);
+  auto status = crucible::parse_json(st.out);
+  REQUIRE(status.ok());
+  CHECK(status->find("state")->as_string() == "running");
+  const auto* join = status->find("join");
+  REQUIRE(join != nullptr);
+  const auto endpoint = join->as_string();
+  CHECK(endpoint.rfind("127.0.0.1:", 0) == 0);
+  CHECK(endpoint != "127.0.0.1:0");
+  CHECK(slurp(run / "events.log").find("evaluator nodes join at " + endpoint) != std::string::npos);
+  CHECK(cli({"status", run.string()}).out.find("nodes join at  " + endpoint) != std::string::npos);
+  {
+    // A node joins there with the run's token.
+    running_process node({CRUCIBLE_CLI, "evaluator", "--join", endpoint, "--token-file", (run / "membership.token").string(),
+                          "--devices", "cpu", "--no-cache", "--set", "evaluator.warm_workers=1"});
+    std::string said;
+    CHECK_MESSAGE(node.read_until("joined " + endpoint, 180'000, said), said);
+    // Paused, the run takes no node: status.json no longer names the port.
+    auto pause = cli({"pause", run.string(), "--timeout", "300"});
+    INFO(pause.err);
+    CHECK(pause.exit_code == 0);
+    auto r = node.wait();
+    CHECK(r.exit_code == 0); // the coordinator went away
+  }
+  CHECK(p.wait().exit_code == 0);
+  CHECK(slurp(run / "status.json").find("join") == std::string::npos);
+  auto paused = cli({"status", run.string(), "--json"});
+  CHECK(paused.out.find("\"state\":\"paused\"") != std::string::npos);
+  CHECK(paused.out.find("join") == std::string::npos);
 }
 
 TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, and crucible pause pauses a run") {

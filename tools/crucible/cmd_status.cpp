@@ -1,8 +1,11 @@
 // `crucible status RUN`: what a run is doing (or did), from its status.json and lock.
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "actors/messages.hpp"
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
 #include "storage/atomic_file.hpp"
 #include "storage/run_dir.hpp"
 #include "tools/crucible/commands.hpp"
@@ -33,8 +36,20 @@ int run_status_cmd(const parsed_args& args) {
   if ((st->state == run_state::running || st->state == run_state::starting || st->state == run_state::pausing)
       && !storage::run_directory_locked(dir))
     st->state = run_state::crashed;
+  // Where evaluator nodes join, while the run's process takes them.
+  std::string join;
+  if (st->state == run_state::running || st->state == run_state::pausing)
+    if (auto doc = parse_json(*text); doc.ok() && doc->is_object())
+      if (const auto* j = doc->find("join"); j != nullptr && j->is_string())
+        join = j->as_string();
   if (args.has("--json")) {
-    std::printf("%s\n", to_json(*st).c_str());
+    json_writer w;
+    w.begin_object();
+    write_fields(w, *st);
+    if (!join.empty())
+      w.field("join", join);
+    w.end_object();
+    std::printf("%s\n", std::move(w).take().c_str());
     return exit_ok;
   }
   std::printf("run            %s\n", dir.c_str());
@@ -46,6 +61,8 @@ int run_status_cmd(const parsed_args& args) {
   std::printf("best speedup   %s\n", speedup_text(st->best_speedup).c_str());
   std::printf("mean speedup   %s\n", speedup_text(st->mean_speedup).c_str());
   std::printf("dropped stale  %llu\n", static_cast<unsigned long long>(st->dropped_stale));
+  if (!join.empty())
+    std::printf("nodes join at  %s\n", join.c_str());
   return exit_ok;
 }
 
@@ -54,7 +71,8 @@ int run_status_cmd(const parsed_args& args) {
 command status_command() {
   return {{"status", "RUN [--json]", "Show a run's state, stage, step, policy version and speedups",
            "Reads RUN/status.json. A run whose status says running but whose process is gone is\n"
-           "reported as crashed.",
+           "reported as crashed. While a run that takes evaluator nodes runs, its HOST:PORT for\n"
+           "crucible evaluator --join is shown (\"join\" with --json).",
            {"RUN"},
            {{"--json", "", "print one JSON object"}}},
           run_status_cmd};

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include <pthread.h>
@@ -85,9 +86,23 @@ private:
   std::atomic<bool> done_{false};
 };
 
+// Where nodes join: the bound HOST:PORT, with this machine's name for a wildcard address (a
+// node cannot connect to 0.0.0.0).
+std::string join_address(const membership_handle& m) {
+  if (m.host != "0.0.0.0" && m.host != "::" && m.host != "[::]")
+    return m.endpoint();
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0 || name[0] == '\0')
+    return m.endpoint();
+  return std::string{name} + ":" + std::to_string(m.port);
+}
+
 // Runs the coordinator over the run's roles until the run finishes, pauses or crashes.
+// `new_config`, when not empty, replaces the run's config.yaml once the roles are up (resume
+// --set), so that a resume refused on its way (e.g. a task pool that no longer fits the
+// checkpoint) leaves the run's configuration as it was.
 int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint64_t pause_after, logger& log,
-          const system_clock& clk) {
+          const system_clock& clk, const std::string& new_config = {}) {
   auto metrics = storage::metrics_log::open(dir.metrics_file());
   if (!metrics) {
     std::fprintf(stderr, "crucible: %s\n", metrics.error().message.c_str());
@@ -121,6 +136,13 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
     for (const auto& a : roles->actors)
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
+  if (!new_config.empty()) {
+    if (auto r = storage::write_file_atomic(dir.config_file(), new_config); !r) {
+      std::fprintf(stderr, "crucible: %s\n", r.error().message.c_str());
+      shut_down();
+      return exit_failure;
+    }
+  }
   // Evaluator nodes join here (crucible evaluator --join HOST:PORT, docs/scaling.md).
   std::optional<membership_handle> members;
   if (membership) {
@@ -137,8 +159,8 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
       return exit_failure;
     }
     members = *h;
-    log.info("train", "evaluator nodes join at ", members->host, ":", members->port,
-             " (crucible evaluator --join ", members->host, ":", members->port, " --token-file ...)");
+    log.info("train", "evaluator nodes join at ", join_address(*members), " (crucible evaluator --join ",
+             join_address(*members), " --token-file ...)");
   }
   log.info("train", roles->tasks, " tasks, ", roles->seeds, " seed variants, mode ", to_string(cfg.run.mode));
   coordinator_deps deps{dir.status_file(), std::move(*metrics), log, clk, std::move(publisher),
@@ -149,6 +171,8 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
   deps.checkpoint_every = static_cast<std::uint64_t>(cfg.run.checkpoint_every);
   deps.pause_after = pause_after;
   deps.pid = static_cast<std::int64_t>(::getpid());
+  if (members)
+    deps.join = join_address(*members);
   auto coordinator = spawn_coordinator(sys, std::move(deps));
   signals.start(coordinator, log);
   caf::scoped_actor self{sys};
@@ -266,17 +290,12 @@ int run_resume(const parsed_args& args) {
     std::fprintf(stderr, "crucible resume: %s\n", r.error().message.c_str());
     return exit_failure;
   }
-  if (!args.all("--set").empty()) {
-    // The overrides become part of the run's configuration.
-    if (auto r = storage::write_file_atomic(dir->config_file(),
-                                            "# resolved by crucible resume (with --set overrides)\n" + to_yaml(*cfg));
-        !r) {
-      std::fprintf(stderr, "crucible resume: %s\n", r.error().message.c_str());
-      return exit_failure;
-    }
-  }
+  // The overrides become part of the run's configuration once the run is up again.
+  std::string new_config;
+  if (!args.all("--set").empty())
+    new_config = "# resolved by crucible resume (with --set overrides)\n" + to_yaml(*cfg);
   log.info("train", "resuming run ", dir->path().string());
-  return drive(*cfg, *dir, true, *pause_after, log, clk);
+  return drive(*cfg, *dir, true, *pause_after, log, clk, new_config);
 }
 
 int run_pause(const parsed_args& args) {
@@ -340,9 +359,11 @@ command train_command() {
 
 command resume_command() {
   return {{"resume", "RUN [--set KEY=VALUE]... [--pause-after N]", "Continue a paused or interrupted run",
-           "Reopens RUN, restores the learner, the schedule position and the counters from its latest\n"
-           "checkpoint (RUN/checkpoints/latest) and runs the rest of the schedule. After kill -9 the\n"
-           "run continues from its last checkpoint; variants stored since then stay in the store.",
+           "Reopens RUN, restores the learner, the schedule position, the counters and the rollouts'\n"
+           "task samplers from its latest checkpoint (RUN/checkpoints/latest) and runs the rest of the\n"
+           "schedule. After kill -9 the run continues from its last checkpoint; variants stored since\n"
+           "then stay in the store. A task pool that no longer fits the saved samplers is refused\n"
+           "(docs/training.md); --set overrides are written to config.yaml once the run is up.",
            {"RUN"},
            {{"--set", "KEY=VALUE", "override a configuration key for the rest of the run", true},
             {"--pause-after", "N", "pause once the run has done N learner steps"}}},

@@ -167,6 +167,20 @@ TEST_CASE("save and restore continue the same sequence") {
   CHECK_FALSE(b->restore("garbage").ok());
 }
 
+TEST_CASE("the task names of a saved state are read without a sampler") {
+  auto a = task_sampler::create(pool(3), task_sampling::uniform, 0.1, 7);
+  REQUIRE(a.ok());
+  auto names = task_sampler::saved_tasks(a->save());
+  REQUIRE_MESSAGE(names.ok(), (names.ok() ? "" : names.error().message));
+  CHECK(*names == pool(3));
+  CHECK(task_sampler::saved_tasks("garbage").error().code == errc::corrupt);
+  CHECK(task_sampler::saved_tasks("crucible-task-sampler 1\n2\ncpu/0_task\t0\t0\t0x0p+0\n").error().message.find(
+          "line of task 1 is missing")
+        != std::string::npos);
+  CHECK(task_sampler::saved_tasks("crucible-task-sampler 1\n1\nno tab here\n").error().message.find("no task name")
+        != std::string::npos);
+}
+
 TEST_CASE("an empty pool, a duplicate task or a mix outside [0, 1] is refused") {
   CHECK(task_sampler::create({}, task_sampling::uniform, 0.1, 0).error().code == errc::invalid_arg);
   CHECK(task_sampler::create({"a", "b", "a"}, task_sampling::uniform, 0.1, 0).error().message.find("'a'") != std::string::npos);
