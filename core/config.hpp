@@ -92,7 +92,7 @@ struct evaluator_options {
   std::int64_t trials = 5;                     ///< correctness trials on fresh inputs
   std::int64_t rounds = 30;                    ///< timed paired rounds per measurement
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds
-  std::int64_t min_rounds = 15;                ///< a measurement may stop here when its band is tight
+  std::int64_t min_rounds = 20;                ///< a measurement may stop here when its band is tight
   double early_stop_spread = 0.005;            ///< ... namely within this; 0: always `rounds`
   double warmup_ms = 300;                      ///< untimed rounds before each measurement, at least this long
   std::int64_t buckets = 5;

@@ -760,6 +760,7 @@ class Worker:
         # timing results for `crucible eval --verbose`: where a verdict's wall time goes.
         self.laps = {}
         self.round_fracs = []  # (round, 0-dim device tensor): see check_round_outputs
+        self.pair_first = None  # order of the first round of the current pair (one_round)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
 
     def lap(self, name, t0):
@@ -1554,7 +1555,16 @@ class Worker:
         ref_in = fresh
         cand_in = _clone_inputs(fresh)
         prev_ref, prev_cand = self.prime_inputs
-        cand_goes_first = self.rng_random() < 0.5
+        # Order in balanced pairs: a random order, then the other one. Some pairs showed a
+        # steady order effect (on an H100, layernorm's per-round ratio alternated 5.4x/5.6x by
+        # order); with independent coin flips a bucket of rounds holds an uneven mix and its mean
+        # moves with it, while a bucket of whole pairs holds both orders equally.
+        if self.pair_first is None:
+            cand_goes_first = self.rng_random() < 0.5
+            self.pair_first = cand_goes_first
+        else:
+            cand_goes_first = not self.pair_first
+            self.pair_first = None
         where = f"timing round {k}"
         t0 = self.lap("round: inputs", t_round)
         # Each timed call directly follows an untimed call of the same model on the previous
@@ -1625,6 +1635,7 @@ class Worker:
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
         t0 = _perf_counter_ns()
+        self.pair_first = None  # measured rounds start a pair
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []
         for _ in _range(rounds):
             r_ms, c_ms, cand_goes_first = self.one_round()
