@@ -192,6 +192,9 @@ _cuda_sleep = getattr(torch._C, "_cuda_sleep", None)
 # the start event is passed when the call's first kernel can start: the host's launch latency
 # (10-40 us, varying from process to process) stays out of the stream time.
 _LAUNCH_COVER_CYCLES = 200_000
+# Clock warm-up (Worker.clock_warmup): spins per timed batch, and the least time spent spinning.
+_CLOCK_BATCH = 40
+_CLOCK_MIN_MS = 20.0
 # Elements of each output compared in every timing round (check_round_outputs).
 _ROUND_SAMPLE = 1 << 16
 _EventBase = torch._C._CudaEventBase
@@ -1604,6 +1607,37 @@ class Worker:
         self.lap("round: previous inputs freed", t0)
         return r_ms, c_ms, cand_goes_first
 
+    def clock_warmup(self, cap_ms):
+        """CUDA: keeps the device busy with spin kernels until its SM clock stops rising (for at
+        most cap_ms). A spin of C cycles takes C / f, so each batch's elapsed time gives the
+        clock f. The paired rounds keep the device busy only part of the time, so after idle
+        seconds the clock rose slowly over several verdicts: on an H100 the first 2-4 of ten
+        verdicts of a 0.26 ms kernel were 1.5-2.5% slower. Settled: a batch no more than 0.5%
+        faster than the fastest before it, after at least _CLOCK_MIN_MS of spinning."""
+        if not self.cuda or _cuda_sleep is None:
+            return
+        t0 = _perf_counter_ns()
+        best = 0.0
+        spun = 0.0
+        batches = 0
+        while True:
+            _Ev_record(self.ev0, self.stream0)
+            for _ in _range(_CLOCK_BATCH):
+                _cuda_sleep(_LAUNCH_COVER_CYCLES)
+            _Ev_record(self.ev1, self.stream0)
+            _Ev_synchronize(self.ev1)
+            ms = _Ev_elapsed(self.ev0, self.ev1)
+            spun += ms
+            batches += 1
+            mhz = _CLOCK_BATCH * _LAUNCH_COVER_CYCLES / (ms * 1e3) if ms > 0 else 0.0
+            if spun >= _CLOCK_MIN_MS and mhz <= best * 1.005:
+                break
+            best = _max(best, mhz)
+            if (_perf_counter_ns() - t0) >= cap_ms * 1e6:
+                break
+        self.laps["timing: clock warm-up batches"] = self.laps.get("timing: clock warm-up batches", 0) + batches
+        self.laps["timing: SM clock after warm-up (MHz)"] = mhz
+
     def timing(self, rounds, warmup_ms, warmup_rounds=3):
         t_first = _perf_counter_ns()
         if not self.warmed:
@@ -1623,6 +1657,8 @@ class Worker:
         # faster than the ones before; settled means the median of the last three rounds is
         # within _WARMUP_SETTLED of the fastest warm-up round so far, for both models.
         t0 = _perf_counter_ns()
+        if warmup_ms > 0:
+            self.clock_warmup(warmup_ms)
         n = 0
         ref_seen, cand_seen = [], []
         while n < warmup_rounds or (warmup_ms > 0 and not (_settled(ref_seen) and _settled(cand_seen))
