@@ -634,6 +634,8 @@ void describe(V& v, config& c) {
             positive<double>("a positive number"));
     v.field("bucket_width", x.bucket_width, "Width of a score bucket, in reward units.", positive<double>("a positive number"));
     v.field("islands", x.islands, "Islands of the `island` method.", positive<std::int64_t>("a positive integer"));
+    v.field("seeds_only", x.seeds_only,
+            "Exemplars are drawn from the seed variants only (the warm start's), never from the policy's samples.");
     v.field("straggler_timeout_s", x.straggler_timeout_s,
             "Seconds a GRPO group waits for its last scored completions before `straggler_policy` applies.",
             positive<double>("a positive number"));

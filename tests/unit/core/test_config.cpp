@@ -185,7 +185,7 @@ TEST_CASE("evaluator values are validated, alone and against each other") {
 
 TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
   auto cfg = parse_config("exemplar:\n  method: random\n  n: 4\n  tau: 0.5\n  bucket_width: 0.25\n  islands: 3\n"
-                          "  straggler_timeout_s: 30\n  straggler_policy: fill\n"
+                          "  straggler_timeout_s: 30\n  straggler_policy: fill\n  seeds_only: true\n"
                           "prompt:\n  template: my/prompts.yaml\n  max_tokens: 8192\n  max_exemplar_chars: 5000\n"
                           "  min_exemplar_chars: 200\n  chat_template: none\n  max_response_chars: 1000\n"
                           "  require_sections: false\n", "a.yaml");
@@ -198,6 +198,8 @@ TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
   CHECK(x.islands == 3);
   CHECK(x.straggler_timeout_s == 30);
   CHECK(x.straggler == straggler_policy::fill);
+  CHECK(x.seeds_only);
+  CHECK_FALSE(config{}.exemplar.seeds_only);
   const auto& p = cfg->prompt;
   CHECK(p.template_file == "my/prompts.yaml");
   CHECK(p.max_tokens == 8192);
@@ -210,6 +212,7 @@ TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
   REQUIRE(again.ok());
   CHECK(again->exemplar.straggler == straggler_policy::fill);
   CHECK(again->exemplar.method == exemplar_method::random);
+  CHECK(again->exemplar.seeds_only);
   CHECK(again->prompt.template_file == "my/prompts.yaml");
   CHECK(again->prompt.chat_template == chat_template_mode::none);
   CHECK(again->prompt.max_tokens == 8192);
