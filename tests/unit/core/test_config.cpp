@@ -296,6 +296,11 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
   CHECK(problems_of("learner:\n  schedule: cosine\n  warmup_steps: 10\n")
         == "configs/x.yaml: learner.total_steps: must exceed learner.warmup_steps (10) with the cosine schedule");
   CHECK(problems_of("learner:\n  kl_cof: 0.1\n") == "configs/x.yaml:2: learner.kl_cof: unknown key (did you mean learner.kl_coef?)");
+  // LoRA and a KL term: refused only when RL follows an SFT stage (the reference would be taken from the policy).
+  const std::string lora_kl = "learner:\n  lora: true\n  kl_coef: 0.1\nstages:\n  rl: {steps: 5}\n";
+  CHECK(problems_of(lora_kl + "  sft: {steps: 5}\n").find("configs/x.yaml: learner.kl_coef: with learner.lora") == 0);
+  CHECK(problems_of(lora_kl + "  self_supervised: {steps: 5}\n").find("learner.kl_coef") != std::string::npos);
+  CHECK(parse_config(lora_kl, "configs/x.yaml").ok());
 }
 
 TEST_CASE("membership keys decode and are validated with the key named") {
