@@ -33,6 +33,7 @@ exemplar_actor_options exemplar_actor_options::from(const config& cfg, std::file
   o.on_straggler = cfg.exemplar.straggler;
   o.fill_reward = cfg.reward.failed;
   o.seed = cfg.run.seed;
+  o.seeds_only = cfg.exemplar.seeds_only;
   return o;
 }
 
@@ -209,9 +210,12 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
     [=](const exemplar_request& req) -> caf::result<exemplar_set> {
       auto& st = self->state;
       exemplar_set out{req.task, req.hardware, {}};
-      auto rows = st.store->successful_variants(req.task.value, req.hardware);
+      auto rows = st.store->successful_variants(
+        req.task.value, req.hardware, st.opt.seeds_only ? storage::variant_fields::full : storage::variant_fields::summary);
       if (!rows.ok())
         return make_error(rows.error());
+      if (st.opt.seeds_only)
+        std::erase_if(*rows, [](const storage::variant_record& v) { return v.group_id != 0; });
       auto sel = st.opt.selection;
       if (req.count > 0)
         sel.n = req.count;

@@ -27,6 +27,7 @@ struct exemplar_actor_options {
   double fill_reward = 0.0;            ///< reward of a filled verdict (finite)
   std::uint64_t max_open_groups = 256; ///< announces beyond it get errc::busy (≥ 1)
   std::uint64_t seed = 0;              ///< seeds the actor's own exemplar RNG
+  bool seeds_only = false;             ///< draw exemplars among the seed variants (group 0) only
   /// On its own thread (the store fsyncs every record, which would stall a scheduler
   /// thread). Tests on the deterministic scheduler set this to false.
   bool detached = true;

@@ -464,7 +464,10 @@ void describe_learner(V& v, learner_options& l) {
     v.field("clip_low", l.clip_low, "The ratio is clipped below at 1 - clip_low.", below_one());
     v.field("clip_high", l.clip_high, "The ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28).",
             non_negative_number());
-    v.field("kl_coef", l.kl_coef, "Weight of the per-token KL to the frozen reference model; 0: no reference.",
+    v.field("kl_coef", l.kl_coef,
+            "Weight of the per-token KL to the frozen reference model; 0: no reference. The reference is the policy "
+            "as the RL stage starts: the model directory's weights, or, after SFT or self-supervised updates, a copy "
+            "of the policy taken before the first GRPO update (kept in checkpoints).",
             non_negative_number());
     v.field("kl_estimator", l.kl, "KL estimator: `k1` (logp - ref_logp) or `k3` (exp(d) - d - 1, d = ref_logp - logp).");
     v.field("aggregation", l.aggregation,
@@ -635,6 +638,8 @@ void describe(V& v, config& c) {
             positive<double>("a positive number"));
     v.field("bucket_width", x.bucket_width, "Width of a score bucket, in reward units.", positive<double>("a positive number"));
     v.field("islands", x.islands, "Islands of the `island` method.", positive<std::int64_t>("a positive integer"));
+    v.field("seeds_only", x.seeds_only,
+            "Exemplars are drawn from the seed variants only (the warm start's), never from the policy's samples.");
     v.field("straggler_timeout_s", x.straggler_timeout_s,
             "Seconds a GRPO group waits for its last scored completions before `straggler_policy` applies.",
             positive<double>("a positive number"));
@@ -1095,6 +1100,11 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     const auto& l = cfg.learner;
     relation(l.schedule != lr_schedule::cosine || l.total_steps > l.warmup_steps, "learner.total_steps",
              "must exceed learner.warmup_steps (" + std::to_string(l.warmup_steps) + ") with the cosine schedule");
+    relation(l.kl_coef == 0 || !l.lora || cfg.stages.rl.steps == 0 ||
+                 (cfg.stages.sft.steps == 0 && cfg.stages.self_supervised.steps == 0),
+             "learner.kl_coef",
+             "with learner.lora, RL after an SFT or self-supervised stage cannot take its KL reference from the "
+             "policy (the adapters are not merged into it): set it to 0 or run RL alone");
   }
   if (!problems.empty()) {
     std::string msg;

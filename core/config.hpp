@@ -142,6 +142,7 @@ struct exemplar_config {
   double tau = 1.0;                   ///< temperature of the bucket softmax (> 0)
   double bucket_width = 0.5;          ///< width of a score bucket in reward units (> 0)
   std::int64_t islands = 4;           ///< islands for `island` (≥ 1)
+  bool seeds_only = false;            ///< exemplars drawn from the seed variants only, never from samples
   double straggler_timeout_s = 600;   ///< seconds a group waits for its last completions
   straggler_policy straggler = straggler_policy::drop; ///< key `straggler_policy`
 };

@@ -122,6 +122,14 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks) {
   }
   if (auto r = save_tensors(tmp / "optimizer.safetensors", tensors); !r)
     return r.error();
+  // A KL reference taken from the policy (after SFT) exists nowhere else.
+  if (l.reference() != nullptr && l.reference_since() > 0) {
+    std::vector<std::pair<std::string, torch::Tensor>> ref;
+    for (const auto& item : l.reference()->named_parameters(true))
+      ref.emplace_back(item.key(), item.value().detach());
+    if (auto r = save_tensors(tmp / "reference.safetensors", ref); !r)
+      return r.error();
+  }
 
   // The manifest lists every file written so far, with its checksum.
   std::vector<fs::path> files;
@@ -139,6 +147,8 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks) {
     .field("version", l.version())
     .field("steps", l.steps())
     .field("moments_since", l.optimizer().moments_since())
+    .field("sft_until", l.sft_until())
+    .field("reference_since", l.reference() != nullptr ? l.reference_since() : 0)
     .field("lora", l.options().lora)
     .field("dtype", dtype_of(l))
     .field("frozen_sha256", l.frozen_digest())
@@ -242,6 +252,12 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
       return fail(errc::corrupt, origin, ": moments_since must be an integer between 0 and steps");
     info.moments_since = ms->as_int();
   }
+  for (auto [key, out] : {std::pair{"sft_until", &info.sft_until}, std::pair{"reference_since", &info.reference_since}})
+    if (const auto* v = doc->find(key); v != nullptr) {
+      if (!v->is_int() || v->as_int() < 0 || v->as_int() > info.steps)
+        return fail(errc::corrupt, origin, ": ", key, " must be an integer between 0 and steps");
+      *out = v->as_int();
+    }
   info.lora = (*lora)->as_bool();
   info.dtype = (*dtype)->as_string();
   info.frozen_sha256 = (*frozen)->as_string();
@@ -276,6 +292,9 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     listed.insert(rel.generic_string());
     has_model = has_model || rel == "model/config.json";
   }
+  if (info.reference_since > 0 && listed.count("reference.safetensors") == 0)
+    return fail(errc::corrupt, origin, ": files: reference.safetensors is not listed (reference_since is ",
+                std::to_string(info.reference_since), ")");
   if (!has_optimizer || !has_model)
     return fail(errc::corrupt, origin, ": files: ", has_model ? "optimizer.safetensors" : "model/config.json",
                 " is not listed");
@@ -362,6 +381,20 @@ result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
     return r.error();
   }
   l.optimizer().set_moments_since(info->moments_since);
+  l.set_reference_state(info->sft_until, info->reference_since);
+  if (l.reference() != nullptr && info->reference_since > 0) {
+    const auto ref_path = dir / "reference.safetensors";
+    auto ref = read_all(ref_path);
+    if (!ref)
+      return ref.error();
+    torch::NoGradGuard no_grad;
+    for (auto& item : l.reference()->named_parameters(true)) {
+      auto it = ref->find(item.key());
+      if (it == ref->end() || it->second.sizes() != item.value().sizes())
+        return fail(errc::corrupt, ref_path.string(), ": ", item.key(), " is missing or of another shape");
+      item.value().copy_(it->second);
+    }
+  }
   {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

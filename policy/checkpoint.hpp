@@ -31,6 +31,8 @@ struct checkpoint_info {
   std::uint64_t version = 0;   ///< policy version of the weights
   std::int64_t steps = 0;      ///< optimiser updates applied (the schedule's position)
   std::int64_t moments_since = 0; ///< steps at the last reset of the moments (absent in older checkpoints: 0)
+  std::int64_t sft_until = 0;       ///< learner::sft_until() (absent in older checkpoints: 0)
+  std::int64_t reference_since = 0; ///< learner::reference_since(); > 0: reference.safetensors holds the KL reference
   bool lora = false;
   std::string dtype;           ///< "float32" or "bfloat16"
   std::string frozen_sha256;   ///< learner::frozen_digest() at save time ("" for full fine-tuning)

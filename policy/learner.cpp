@@ -295,6 +295,23 @@ result<step_metrics> learner::grpo_step(const grpo_batch& batch) {
       rows.push_back(std::move(r));
     }
   }
+  if (reference_ && sft_until_ > reference_since_) {
+    // RL after SFT: the KL reference becomes the policy as RL starts. Every data-parallel rank
+    // holds the same parameters, so every rank takes the same copy.
+    if (options_.lora)
+      return refuse_batch(fail(errc::config, "learner.kl_coef: with learner.lora the KL reference cannot be taken "
+                                             "from the policy after SFT updates (the adapters are not merged into it)"));
+    torch::NoGradGuard no_grad;
+    auto from = policy_->named_parameters(true);
+    for (auto& item : reference_->named_parameters(true)) {
+      const auto* p = from.find(item.key());
+      if (p == nullptr)
+        return refuse_batch(fail(errc::invalid_arg, "grpo_step: the KL reference's parameter ", item.key(),
+                                 " is not in the policy"));
+      item.value().copy_(*p);
+    }
+    reference_since_ = steps();
+  }
   const bool recompute = options_.old_log_probs == old_log_probs_source::recompute ||
                          (options_.old_log_probs == old_log_probs_source::automatic && !on_policy);
   auto m = update(rows, /*grpo=*/true, batch.temperature, recompute);
@@ -318,7 +335,10 @@ result<step_metrics> learner::sft_step(std::span<const sft_example> examples) {
     r.completion = static_cast<std::int64_t>(e.completion.size());
     rows.push_back(std::move(r));
   }
-  return update(rows, /*grpo=*/false, 1.0, false);
+  auto m = update(rows, /*grpo=*/false, 1.0, false);
+  if (m)
+    sft_until_ = steps();
+  return m;
 }
 
 result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double temperature, bool recompute_old) {

@@ -137,6 +137,19 @@ public:
   /// Starts AdamW's moments afresh (ZeRO-1 shards included) and restarts their bias correction,
   /// as a new run's optimiser would; the learning-rate schedule goes on.
   void reset_moments();
+  /// The frozen KL reference (null without one).
+  CausalLMImpl* reference() noexcept { return reference_ ? reference_.get() : nullptr; }
+  /// steps() after the last SFT update (0: none yet).
+  std::int64_t sft_until() const noexcept { return sft_until_; }
+  /// steps() when the KL reference was last taken from the policy (0: it is the model given to
+  /// create()). A GRPO update that follows SFT updates first copies the policy into the reference,
+  /// so the KL term holds RL near the policy it starts from, not near the weights before SFT.
+  std::int64_t reference_since() const noexcept { return reference_since_; }
+  /// Restores sft_until() and reference_since() from a checkpoint (the reference weights are
+  /// restored separately).
+  void set_reference_state(std::int64_t sft_until, std::int64_t reference_since) noexcept {
+    sft_until_ = sft_until, reference_since_ = reference_since;
+  }
 
 private:
   learner(CausalLM policy, CausalLM reference, const learner_options& options, std::uint64_t version);
@@ -157,6 +170,8 @@ private:
   gradient_hook hook_;
   std::unique_ptr<data_parallel> dp_;
   std::uint64_t version_ = 0;
+  std::int64_t sft_until_ = 0;
+  std::int64_t reference_since_ = 0;
   std::string frozen_digest_;
   torch::Device device_ = torch::kCPU;
 };

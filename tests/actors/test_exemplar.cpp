@@ -293,6 +293,31 @@ TEST_CASE_FIXTURE(fixture, "the same code up to normalisation is stored once") {
   CHECK(set.exemplars[0].verdict.speedup == 2.5); // the better verdict is kept
 }
 
+TEST_CASE_FIXTURE(fixture, "with seeds_only the exemplars are the seed variants, never the policy's samples") {
+  // Seed variants come in as group 0 (the warm start); samples carry their group.
+  auto writer = spawn(options());
+  tell(writer, scored(1, ok_verdict(1.2)));
+  tell(writer, scored(2, ok_verdict(2.0)));
+  REQUIRE(announce(writer, announce_of(9, {3, 4})) == errc::none);
+  tell(writer, member(9, 3, ok_verdict(3.1)));
+  tell(writer, member(9, 4, ok_verdict(4.5)));
+  CHECK(codes(exemplars(writer, 10)) == std::set<std::string>{code_of(1), code_of(2), code_of(3), code_of(4)});
+  stop(writer);
+
+  auto opt = options();
+  opt.seeds_only = true;
+  auto a = spawn(opt);
+  CHECK(codes(exemplars(a, 10)) == std::set<std::string>{code_of(1), code_of(2)});
+  // A sample that reproduces a seed's code with an equal verdict (a verdict-cache hit) leaves it a seed.
+  REQUIRE(announce(a, announce_of(10, {1})) == errc::none);
+  tell(a, member(10, 1, ok_verdict(1.2)));
+  CHECK(codes(exemplars(a, 10)) == std::set<std::string>{code_of(1), code_of(2)});
+  // A task with no seed variant gets the reference-only prompt, even with successful samples.
+  CHECK(exemplars(a, 10, "h100", task_id{"level1/1_Matmul"}).exemplars.empty());
+  tell(a, scored(11, ok_verdict(6.0), "h100", task_id{"level1/1_Matmul"}, 12));
+  CHECK(exemplars(a, 10, "h100", task_id{"level1/1_Matmul"}).exemplars.empty());
+}
+
 TEST_CASE_FIXTURE(fixture, "exemplar selection is reproducible with the same seed") {
   {
     auto writer = spawn(options());
@@ -544,7 +569,7 @@ TEST_CASE_FIXTURE(fixture, "the store persists across an actor restart") {
 
 TEST_CASE("exemplar actor options come from the exemplar and reward config sections") {
   auto cfg = parse_config("run:\n  seed: 77\nreward:\n  failed: -0.5\nexemplar:\n  method: island\n  n: 3\n"
-                          "  tau: 0.25\n  islands: 5\n  straggler_timeout_s: 42\n  straggler_policy: fill\n",
+                          "  tau: 0.25\n  islands: 5\n  straggler_timeout_s: 42\n  straggler_policy: fill\n  seeds_only: true\n",
                           "x.yaml");
   REQUIRE(cfg.ok());
   auto o = exemplar_actor_options::from(*cfg, "/tmp/run/replay.db");
@@ -557,6 +582,8 @@ TEST_CASE("exemplar actor options come from the exemplar and reward config secti
   CHECK(o.on_straggler == straggler_policy::fill);
   CHECK(o.fill_reward == -0.5);
   CHECK(o.seed == 77);
+  CHECK(o.seeds_only);
+  CHECK(!exemplar_actor_options::from(config{}, "/tmp/run/replay.db").seeds_only);
   CHECK(o.validate().ok());
 }
 

@@ -185,7 +185,7 @@ TEST_CASE("evaluator values are validated, alone and against each other") {
 
 TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
   auto cfg = parse_config("exemplar:\n  method: random\n  n: 4\n  tau: 0.5\n  bucket_width: 0.25\n  islands: 3\n"
-                          "  straggler_timeout_s: 30\n  straggler_policy: fill\n"
+                          "  straggler_timeout_s: 30\n  straggler_policy: fill\n  seeds_only: true\n"
                           "prompt:\n  template: my/prompts.yaml\n  max_tokens: 8192\n  max_exemplar_chars: 5000\n"
                           "  min_exemplar_chars: 200\n  chat_template: none\n  max_response_chars: 1000\n"
                           "  require_sections: false\n", "a.yaml");
@@ -198,6 +198,8 @@ TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
   CHECK(x.islands == 3);
   CHECK(x.straggler_timeout_s == 30);
   CHECK(x.straggler == straggler_policy::fill);
+  CHECK(x.seeds_only);
+  CHECK_FALSE(config{}.exemplar.seeds_only);
   const auto& p = cfg->prompt;
   CHECK(p.template_file == "my/prompts.yaml");
   CHECK(p.max_tokens == 8192);
@@ -210,6 +212,7 @@ TEST_CASE("exemplar and prompt keys decode and survive the resolved YAML") {
   REQUIRE(again.ok());
   CHECK(again->exemplar.straggler == straggler_policy::fill);
   CHECK(again->exemplar.method == exemplar_method::random);
+  CHECK(again->exemplar.seeds_only);
   CHECK(again->prompt.template_file == "my/prompts.yaml");
   CHECK(again->prompt.chat_template == chat_template_mode::none);
   CHECK(again->prompt.max_tokens == 8192);
@@ -293,6 +296,11 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
   CHECK(problems_of("learner:\n  schedule: cosine\n  warmup_steps: 10\n")
         == "configs/x.yaml: learner.total_steps: must exceed learner.warmup_steps (10) with the cosine schedule");
   CHECK(problems_of("learner:\n  kl_cof: 0.1\n") == "configs/x.yaml:2: learner.kl_cof: unknown key (did you mean learner.kl_coef?)");
+  // LoRA and a KL term: refused only when RL follows an SFT stage (the reference would be taken from the policy).
+  const std::string lora_kl = "learner:\n  lora: true\n  kl_coef: 0.1\nstages:\n  rl: {steps: 5}\n";
+  CHECK(problems_of(lora_kl + "  sft: {steps: 5}\n").find("configs/x.yaml: learner.kl_coef: with learner.lora") == 0);
+  CHECK(problems_of(lora_kl + "  self_supervised: {steps: 5}\n").find("learner.kl_coef") != std::string::npos);
+  CHECK(parse_config(lora_kl, "configs/x.yaml").ok());
 }
 
 TEST_CASE("membership keys decode and are validated with the key named") {

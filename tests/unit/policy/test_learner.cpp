@@ -528,3 +528,64 @@ TEST_CASE("fresh moments: after reset_moments an update equals a new optimiser's
   REQUIRE(b->grpo_step(first).ok());
   CHECK(max_param_diff(a->model(), b->model()) <= 1e-6);
 }
+
+TEST_CASE("KL reference: RL after SFT takes it from the policy once, and a checkpoint keeps it") {
+  auto o = base_options();
+  o.kl_coef = 0.1;
+  std::mt19937_64 rng(11);
+  std::vector<sft_example> examples;
+  for (int i = 0; i < 4; ++i)
+    examples.push_back({random_tokens(rng, 3 + i), random_tokens(rng, 2 + i)});
+
+  // RL alone: the reference stays the model given to create().
+  {
+    auto l = make_learner(o, 51, true);
+    const auto given = snapshot(*l->reference());
+    REQUIRE(l->grpo_step(make_batch(l->model(), 61, 2, 4, 0.0, {1.0, 0.0, 0.3, 0.7})).ok());
+    CHECK(l->reference_since() == 0);
+    CHECK(l->sft_until() == 0);
+    for (const auto& item : l->reference()->named_parameters(true))
+      CHECK(max_abs_diff(item.value(), given.at(item.key())) == 0.0);
+  }
+
+  auto a = make_learner(o, 51, true);
+  for (int i = 0; i < 2; ++i)
+    REQUIRE(a->sft_step(examples).ok());
+  CHECK(a->sft_until() == 2);
+  CHECK(a->reference_since() == 0);
+  const auto after_sft = snapshot(a->model());
+  CHECK(max_param_diff(*a->reference(), a->model()) > 1e-3); // still the other model given to create()
+
+  auto batch = make_batch(a->model(), 62, 2, 4, 0.0, {1.0, 0.0, 0.3, 0.7});
+  auto m = a->grpo_step(batch);
+  REQUIRE(m.ok());
+  CHECK(m->kl == doctest::Approx(0.0).epsilon(1e-9).scale(1.0)); // the policy before the update is the reference
+  CHECK(a->reference_since() == 2);
+  for (const auto& item : a->reference()->named_parameters(true))
+    CHECK(max_abs_diff(item.value(), after_sft.at(item.key())) == 0.0);
+  REQUIRE(a->grpo_step(batch).ok()); // not taken again: it stays the policy after SFT
+  for (const auto& item : a->reference()->named_parameters(true))
+    CHECK(max_abs_diff(item.value(), after_sft.at(item.key())) == 0.0);
+  CHECK(max_param_diff(*a->reference(), a->model()) > 0.0);
+
+  // A checkpoint keeps the reference; a learner restored from it does not take it again.
+  temp_dir tmp;
+  REQUIRE(save_checkpoint(*a, tmp.path() / "ck").ok());
+  CHECK(fs::exists(tmp.path() / "ck" / "reference.safetensors"));
+  auto b = make_learner(o, 51, true);
+  auto info = load_checkpoint(*b, tmp.path() / "ck");
+  REQUIRE_MESSAGE(info.ok(), info.error().to_string());
+  CHECK(info->sft_until == 2);
+  CHECK(info->reference_since == 2);
+  CHECK(max_param_diff(*b->reference(), *a->reference()) == 0.0);
+  REQUIRE(a->grpo_step(batch).ok());
+  REQUIRE(b->grpo_step(batch).ok());
+  CHECK(max_param_diff(a->model(), b->model()) <= 1e-6);
+  CHECK(max_param_diff(*b->reference(), *a->reference()) == 0.0);
+
+  // A checkpoint that names a reference but lacks its file is refused.
+  fs::remove(tmp.path() / "ck" / "reference.safetensors");
+  auto damaged = load_checkpoint(*make_learner(o, 51, true), tmp.path() / "ck");
+  REQUIRE_FALSE(damaged.ok());
+  CHECK(damaged.error().message.find("reference.safetensors") != std::string::npos);
+}
