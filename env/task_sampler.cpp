@@ -103,15 +103,29 @@ std::string task_sampler::save() const {
   return os.str();
 }
 
+namespace {
+
+// The header line and the task count of a saved state.
+result<std::size_t> read_header(std::istream& in) {
+  std::string line;
+  if (!std::getline(in, line) || line != save_header)
+    return fail(errc::corrupt, "task sampler state: missing header '", save_header, "'");
+  std::size_t n = 0;
+  if (!std::getline(in, line) || std::from_chars(line.data(), line.data() + line.size(), n).ec != std::errc{})
+    return fail(errc::corrupt, "task sampler state: missing task count");
+  return n;
+}
+
+} // namespace
+
 result<std::vector<std::string>> task_sampler::saved_tasks(std::string_view saved) {
   std::istringstream in{std::string{saved}};
   std::string line;
   auto bad = [](const std::string& what) { return fail(errc::corrupt, "task sampler state: ", what); };
-  if (!std::getline(in, line) || line != save_header)
-    return bad("missing header '" + std::string{save_header} + "'");
-  std::size_t n = 0;
-  if (!std::getline(in, line) || std::from_chars(line.data(), line.data() + line.size(), n).ec != std::errc{})
-    return bad("missing task count");
+  auto count = read_header(in);
+  if (!count)
+    return count.error();
+  const std::size_t n = *count;
   std::vector<std::string> out;
   for (std::size_t i = 0; i < n; ++i) {
     if (!std::getline(in, line))
@@ -128,11 +142,10 @@ result<void> task_sampler::restore(std::string_view saved) {
   std::istringstream in{std::string{saved}};
   std::string line;
   auto bad = [](const std::string& what) { return fail(errc::corrupt, "task sampler state: ", what); };
-  if (!std::getline(in, line) || line != save_header)
-    return bad("missing header '" + std::string{save_header} + "'");
-  std::size_t n = 0;
-  if (!std::getline(in, line) || std::from_chars(line.data(), line.data() + line.size(), n).ec != std::errc{})
-    return bad("missing task count");
+  auto count = read_header(in);
+  if (!count)
+    return count.error();
+  const std::size_t n = *count;
   if (n != tasks_.size())
     return bad(std::to_string(n) + " tasks saved, the pool has " + std::to_string(tasks_.size()));
   std::vector<task_record> records(n);
