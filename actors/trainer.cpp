@@ -144,12 +144,27 @@ std::string trainer_progress::to_json() const {
   return std::move(w).take() + "\n";
 }
 
-result<trainer_progress> trainer_progress::from_json(std::string_view text, const std::string& origin) {
+namespace {
+
+// A checkpoint file's JSON object, its "format" key equal to `format`.
+result<json_value> checkpoint_document(std::string_view text, const std::string& origin, std::string_view format) {
   auto doc = parse_json(text, origin);
   if (!doc.ok())
     return fail(errc::corrupt, doc.error().message);
   if (!doc->is_object())
     return fail(errc::corrupt, origin, ": expected a JSON object");
+  const auto* fmt = doc->find("format");
+  if (fmt == nullptr || !fmt->is_string() || fmt->as_string() != format)
+    return fail(errc::corrupt, origin, ": key 'format': expected \"", format, "\"");
+  return doc;
+}
+
+} // namespace
+
+result<trainer_progress> trainer_progress::from_json(std::string_view text, const std::string& origin) {
+  auto doc = checkpoint_document(text, origin, "crucible-trainer-1");
+  if (!doc.ok())
+    return doc.error();
   trainer_progress p;
   auto u64 = [&](const char* key, std::uint64_t& out) -> result<void> {
     const auto* v = doc->find(key);
@@ -169,9 +184,6 @@ result<trainer_progress> trainer_progress::from_json(std::string_view text, cons
     out = v->as_double();
     return {};
   };
-  const auto* fmt = doc->find("format");
-  if (fmt == nullptr || !fmt->is_string() || fmt->as_string() != "crucible-trainer-1")
-    return fail(errc::corrupt, origin, ": key 'format': expected \"crucible-trainer-1\"");
   std::uint64_t stage = 0;
   for (auto r : {u64("stage", stage), u64("stage_step", p.stage_step), u64("step", p.step), u64("version", p.version),
                  u64("variants", p.variants), u64("correct", p.correct), u64("dropped_stale", p.dropped_stale),
@@ -213,14 +225,9 @@ std::string sampler_checkpoint::to_json() const {
 }
 
 result<sampler_checkpoint> sampler_checkpoint::from_json(std::string_view text, const std::string& origin) {
-  auto doc = parse_json(text, origin);
+  auto doc = checkpoint_document(text, origin, samplers_format);
   if (!doc.ok())
-    return fail(errc::corrupt, doc.error().message);
-  if (!doc->is_object())
-    return fail(errc::corrupt, origin, ": expected a JSON object");
-  const auto* fmt = doc->find("format");
-  if (fmt == nullptr || !fmt->is_string() || fmt->as_string() != samplers_format)
-    return fail(errc::corrupt, origin, ": key 'format': expected \"", samplers_format, "\"");
+    return doc.error();
   const auto* list = doc->find("samplers");
   if (list == nullptr || !list->is_array())
     return fail(errc::corrupt, origin, ": key 'samplers': expected an array");

@@ -225,8 +225,7 @@ device_evaluator::~device_evaluator() {
   }
   retire_cv_.notify_all();
   if (retire_thread_.joinable())
-    retire_thread_.join();
-  retiring_.clear();
+    retire_thread_.join(); // it ends with retiring_ empty, and retire() no longer queues
   idle_.clear(); // kills the idle workers before the ZeroMQ context goes
 }
 

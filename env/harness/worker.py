@@ -326,6 +326,12 @@ def _flaggable(v):
     return _isinstance(v, _FLAGGABLE) or _callable(v)
 
 
+def _unchanged(live, keys, values):
+    """Fast path, at C speed: the same keys and values, by identity and in order. (No ==: a
+    replaced value's __eq__ could be the candidate's.)"""
+    return _len(live) == _len(keys) and _all(_map(_is, keys, live)) and _all(_map(_is, values, live.values()))
+
+
 class _Snapshot:
     """Identity of attributes of modules and classes; `changed()` lists what differs.
 
@@ -377,7 +383,7 @@ class _Snapshot:
         of the job, brought up to date when the candidate is about to load)."""
         out = []
         for i, (label, live, frozen, mode, keys, values) in enumerate(self.entries):
-            if _len(live) == _len(keys) and _all(_map(_is, keys, live)) and _all(_map(_is, values, live.values())):
+            if _unchanged(live, keys, values):
                 continue
             frozen = _dict(live)
             self.entries[i] = (label, live, frozen, mode, _tuple(frozen), _tuple(frozen.values()))
@@ -387,10 +393,9 @@ class _Snapshot:
     def changed(self, limit=20):
         out = []
         for label, live, frozen, mode, keys, values in self.entries:
-            # Fast path, at C speed: the same keys and values, by identity and in order. (No ==:
-            # a replaced value's __eq__ could be the candidate's.) Anything else is looked at
-            # name by name below, where ignorable changes are told apart.
-            if _len(live) == _len(keys) and _all(_map(_is, keys, live)) and _all(_map(_is, values, live.values())):
+            # Anything but _unchanged is looked at name by name below, where ignorable changes
+            # are told apart.
+            if _unchanged(live, keys, values):
                 continue
             if label.startswith(_LAZY_REGISTRATIONS) or (label + ".").startswith(_LAZY_REGISTRATIONS):
                 continue
@@ -759,8 +764,8 @@ class Worker:
         self.graph = None
         self.mark_step = None
         self.exports = None  # a list while outputs stay on the device (job "outputs": "device")
-        # Host milliseconds per step (reference, load, trials, timing rounds), sent with the
-        # timing results for `crucible eval --verbose`: where a verdict's wall time goes.
+        # Host milliseconds per step (reference, load, trials, timing rounds, finish), sent in
+        # the `done` message for `crucible eval --verbose`: where a verdict's wall time goes.
         self.laps = {}
         self.round_fracs = []  # (round, 0-dim device tensor): see check_round_outputs
         self.pair_first = None  # order of the first round of the current pair (one_round)
@@ -1609,11 +1614,12 @@ class Worker:
 
     def clock_warmup(self, cap_ms):
         """CUDA: keeps the device busy with spin kernels until its SM clock stops rising (for at
-        most cap_ms). A spin of C cycles takes C / f, so each batch's elapsed time gives the
-        clock f. The paired rounds keep the device busy only part of the time, so after idle
-        seconds the clock rose slowly over several verdicts: on an H100 the first 2-4 of ten
-        verdicts of a 0.26 ms kernel were 1.5-2.5% slower. Settled: a batch no more than 0.5%
-        faster than the fastest before it, after at least _CLOCK_MIN_MS of spinning."""
+        most cap_ms), and logs the clock reached. A spin of C cycles takes C / f, so each batch's
+        elapsed time gives the clock f. The paired rounds keep the device busy only part of the
+        time, so they alone may leave a clock low after idle seconds. (It did not remove the
+        1.5-2.5% slower first verdicts of a 0.26 ms kernel on an H100, which it was tried for: the
+        clock was already at 1938 of 1980 MHz there.) Settled: a batch no more than 0.5% faster
+        than the fastest before it, after at least _CLOCK_MIN_MS of spinning."""
         if not self.cuda or _cuda_sleep is None:
             return
         t0 = _perf_counter_ns()
