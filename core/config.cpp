@@ -588,6 +588,11 @@ void describe(V& v, config& c) {
             positive<double>("a positive number"));
     v.field("recheck_tolerance", e.recheck_tolerance, "Relative disagreement of the two measurements above which the candidate is rejected.",
             between(0, 1, "a number between 0 and 1"));
+    v.field("recheck_rounds", e.recheck_rounds,
+            "Rounds of the second measurement of a speedup above `recheck_above` on the same device: it only has "
+            "to agree with the first within `recheck_tolerance`; when it does, the speedup comes from the rounds "
+            "of both together.",
+            at_least(4, "an integer ≥ 4"));
     v.field("baseline", e.baseline, "What the speedup is measured against.");
     v.field("flush_bytes", e.flush_bytes, "Bytes written to flush caches before each timed call; 0: 256 MiB on CUDA, 64 MiB on CPU.");
     v.field("fp32_atol", e.fp32_atol, "Absolute tolerance for float32 (and float64) outputs.", non_negative_number());
@@ -1089,6 +1094,8 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     const auto& e = cfg.evaluator;
     relation(e.max_rounds >= e.rounds, "evaluator.max_rounds",
              "must be at least evaluator.rounds (" + std::to_string(e.rounds) + ")");
+    relation(e.recheck_rounds >= e.buckets, "evaluator.recheck_rounds",
+             "must be at least evaluator.buckets (" + std::to_string(e.buckets) + ")");
     relation(e.rounds >= e.buckets, "evaluator.rounds",
              "must be at least evaluator.buckets (" + std::to_string(e.buckets) + ")");
     relation(cfg.reward.clip_min < cfg.reward.clip_max, "reward.clip_max", "must be greater than reward.clip_min");

@@ -101,6 +101,7 @@ struct evaluator_options {
   double win_threshold = 1.01;
   double recheck_above = 3.0;                  ///< speedups above this are measured a second time
   double recheck_tolerance = 0.10;             ///< ... and rejected if the two differ by more
+  std::int64_t recheck_rounds = 10;            ///< rounds of that second measurement (on this device)
   timing_baseline baseline = timing_baseline::eager;
   std::uint64_t flush_bytes = 0;               ///< 0: 256 MiB on CUDA, 64 MiB on CPU
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;

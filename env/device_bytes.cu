@@ -221,6 +221,19 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
       std::make_shared<mapped>(device, base, static_cast<const std::byte*>(base) + offset, bytes)};
 }
 
+result<void> keep_freed_memory(int device, std::uint64_t bytes) {
+  if (auto r = select(device); !r)
+    return r.error();
+  cudaMemPool_t pool = nullptr;
+  if (auto e = cudaDeviceGetDefaultMemPool(&pool, device); e != cudaSuccess)
+    return fail(errc::device, "cannot get the default memory pool of CUDA device ", std::to_string(device), ": ",
+                cuda_text(e));
+  std::uint64_t threshold = bytes;
+  if (auto e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold); e != cudaSuccess)
+    return fail(errc::device, "cannot set the memory pool's release threshold: ", cuda_text(e));
+  return {};
+}
+
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
   if (auto r = select(src.device()); !r)
     return r.error();

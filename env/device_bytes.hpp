@@ -60,6 +60,11 @@ struct device_difference {
 result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
                                          const tolerance& tol);
 
+/// Lets this process's default memory pool on `device` keep up to `bytes` of freed memory
+/// instead of returning it to the driver at the next synchronisation: each verdict's reference
+/// copies (copy_to_owned) then reuse the previous verdict's memory rather than map new memory.
+result<void> keep_freed_memory(int device, std::uint64_t bytes);
+
 /// The CUDA device's name for `device` (for logs and tests); an error without a device.
 result<std::string> device_name(int device);
 

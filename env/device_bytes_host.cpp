@@ -21,6 +21,7 @@ result<device_difference> device_compare(const device_bytes&, const device_bytes
                                          const tolerance&) {
   return no_cuda();
 }
+result<void> keep_freed_memory(int, std::uint64_t) { return no_cuda(); }
 result<std::string> device_name(int) { return no_cuda(); }
 
 } // namespace crucible::env

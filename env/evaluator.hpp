@@ -29,7 +29,7 @@ class context_t;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-3";
+inline constexpr const char* protocol_version = "crucible-eval-4";
 
 /// One candidate for one task.
 struct eval_request {
