@@ -141,7 +141,7 @@ private:
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   std::mutex device_mtx_;             // held while a worker uses the device
-  std::mutex timing_mtx_;             // held while timed rounds run (inside device_mtx_) or a worker initialises
+  std::mutex timing_mtx_;             // held while timed rounds run (with device_mtx_, both taken by std::lock) or a worker initialises
   std::thread refill_;
   std::mutex retire_mtx_;             // guards retiring_, retire_stop_
   std::condition_variable retire_cv_;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -73,6 +73,10 @@ for what in "$@"; do
           --device cuda:0 --no-cache --repeat 3 --verbose >> "$OUT/phases.txt" 2>&1
       done
       grep -E "^==|at \+|ready in|waited|faster|slower" "$OUT/phases.txt" | cut -c1-200 | tail -150 ;;
+    firstcall)
+      # A Triton candidate's first forward call in a fresh process, under cProfile.
+      python3 tools/bench/first_call_probe.py --task tools/bench/eval_gpu/tasks/gelu_tanh_affine.py \
+        --candidate tools/bench/eval_gpu/candidates/gelu_tanh_affine.py --processes 3 --top 40 2>&1 | tee "$OUT/firstcall.txt" ;;
     initprobe)
       python3 tools/bench/worker_init_probe.py --processes 5 2>&1 | tee "$OUT/initprobe.txt" ;;
     evals)
