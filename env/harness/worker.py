@@ -88,6 +88,20 @@ def _prewarm_dynamo():
 
 _prewarm_dynamo()
 
+
+def _prewarm_triton():
+    """Host-only work a Triton kernel's first launch does once per process: hashing Triton's
+    own files into its cache key (triton.runtime.cache.triton_key, kept by lru_cache) and
+    importing triton.experimental.gluon. On an H100's host that was ~0.75 s of a Triton
+    candidate's first call (tools/bench/first_call_probe.py). Done in the zygote, before any
+    fork, it is paid once per evaluator; it touches no CUDA driver. CUDA workers only."""
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()
+        import triton.experimental.gluon  # noqa: F401
+    except Exception:  # no Triton, or another version: its first launch pays as before
+        pass
+
 # ================================================================================================
 # Trusted references, captured before any candidate code exists.
 
@@ -896,6 +910,8 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.benchmark = False
+        if self.cuda:
+            _prewarm_triton()  # done already in a worker forked from the zygote
         # Device work waits for the evaluator's word: it holds the device while it answers, so
         # a starting worker never runs on the device while another candidate is being timed.
         self.chan.send({"type": "started", "pid": _os_getpid()})
@@ -1949,6 +1965,8 @@ def zygote_main(args):
         while data:
             data = data[os.write(ctl, data):]
 
+    if args.device == "cuda":
+        _prewarm_triton()
     reply({"type": "ready", "pid": zygote_pid})
     buf = b""
     while True:

@@ -74,9 +74,11 @@ for what in "$@"; do
       done
       grep -E "^==|at \+|ready in|waited|faster|slower" "$OUT/phases.txt" | cut -c1-200 | tail -150 ;;
     firstcall)
-      # A Triton candidate's first forward call in a fresh process, under cProfile.
-      python3 tools/bench/first_call_probe.py --task tools/bench/eval_gpu/tasks/gelu_tanh_affine.py \
-        --candidate tools/bench/eval_gpu/candidates/gelu_tanh_affine.py --processes 3 --top 40 2>&1 | tee "$OUT/firstcall.txt" ;;
+      # A Triton and a load_inline candidate's import and first forward call in fresh processes, under cProfile.
+      for n in gelu_tanh_affine relu_affine; do
+        python3 tools/bench/first_call_probe.py --task tools/bench/eval_gpu/tasks/$n.py \
+          --candidate tools/bench/eval_gpu/candidates/$n.py --processes 3 --top 40 2>&1 | tee -a "$OUT/firstcall.txt"
+      done ;;
     initprobe)
       python3 tools/bench/worker_init_probe.py --processes 5 2>&1 | tee "$OUT/initprobe.txt" ;;
     evals)
