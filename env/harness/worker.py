@@ -47,6 +47,7 @@ import gc  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import operator  # noqa: E402
 import platform  # noqa: E402
 import random  # noqa: E402
@@ -87,6 +88,32 @@ def _prewarm_dynamo():
 
 
 _prewarm_dynamo()
+
+
+def _prewarm_cpp_extension():
+    """Imports torch.utils.cpp_extension, which brings in setuptools, pkg_resources and
+    pyparsing: 0.54 s of a 0.62 s import of a candidate whose load_inline extension was already
+    built (development machine; tools/bench/first_call_probe.py). Its import asks
+    torch.cuda.is_available(), which would initialise CUDA in the zygote and stop it forking;
+    with PYTORCH_NVML_BASED_CUDA_CHECK=1, set only around the import, NVML answers instead.
+    Its warning that no CUDA runtime is found (on a machine without a GPU) is kept quiet."""
+    if "torch.utils.cpp_extension" in sys.modules:
+        return
+    saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    log.setLevel(logging.ERROR)
+    try:
+        import torch.utils.cpp_extension  # noqa: F401
+    except Exception:  # its first use pays the import, as before
+        pass
+    finally:
+        log.setLevel(level)
+        if saved is None:
+            os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = saved
 
 
 def _prewarm_triton():
@@ -910,8 +937,9 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.benchmark = False
+        _prewarm_cpp_extension()  # both done already in a worker forked from the zygote
         if self.cuda:
-            _prewarm_triton()  # done already in a worker forked from the zygote
+            _prewarm_triton()
         # Device work waits for the evaluator's word: it holds the device while it answers, so
         # a starting worker never runs on the device while another candidate is being timed.
         self.chan.send({"type": "started", "pid": _os_getpid()})
@@ -1965,6 +1993,7 @@ def zygote_main(args):
         while data:
             data = data[os.write(ctl, data):]
 
+    _prewarm_cpp_extension()
     if args.device == "cuda":
         _prewarm_triton()
     reply({"type": "ready", "pid": zygote_pid})
