@@ -345,6 +345,56 @@ class ModelNew(nn.Module):
   CHECK(ev.workers_forked() >= 2);
 }
 
+TEST_CASE("a patch a candidate makes while it is timed is caught by the check after that call") {
+  // Static checks off, so the patch is made at run time, on the forward's ninth call: after the
+  // trials (six calls), inside timing's first calls. The per-call check looks only at namespaces
+  // whose dict version tag moved; a module's and a class's namespace must both be caught.
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  evaluator_options opt;
+  opt.warm_workers = 0;
+  opt.flush_bytes = 16ull << 20;
+  opt.rounds = 10;
+  opt.min_rounds = 10;
+  opt.static_checks = false;
+  auto where = locate_harness(opt);
+  REQUIRE(where.ok());
+  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+  REQUIRE_MESSAGE(created.ok(), created.error().message);
+  auto& ev = **created;
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE(t.ok());
+  const std::pair<const char*, const char*> patches[] = {
+      {"torch.nn.functional.relu", "real = F.relu\n            F.relu = lambda t, inplace=False: real(t, inplace)"},
+      {"torch.Tensor.add", "real = torch.Tensor.add\n            torch.Tensor.add = lambda *a, **k: real(*a, **k)"},
+  };
+  for (const auto& [name, patch] : patches) {
+    const std::string cand = R"(import torch
+import torch.nn as nn
+import torch.nn.functional as F
+_calls = [0]
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale=2.0, shift=0.5, clamp_max=6.0):
+        super().__init__()
+        self.scale, self.shift, self.clamp_max = scale, shift, clamp_max
+
+    def forward(self, x):
+        _calls[0] += 1
+        if _calls[0] == 9:
+            )" + std::string{patch} + R"(
+        return torch.clamp(torch.relu(x * self.scale + self.shift), max=self.clamp_max)
+)";
+    auto v = ev.evaluate(eval_request{*t, cand, 0, false});
+    INFO(name << ": " << describe(v));
+    CHECK(v.status == verdict_status::rejected);
+    CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:patched") != v.checks_failed.end());
+    CHECK(v.message.find(name) != std::string::npos);
+    CHECK(v.message.find("warm-up call") != std::string::npos);
+  }
+}
+
 TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on to rounds otherwise") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
