@@ -395,6 +395,32 @@ class ModelNew(nn.Module):
   }
 }
 
+TEST_CASE("a speedup above recheck_above is measured again with recheck_rounds, and both measurements make the verdict") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  evaluator_options opt;
+  opt.warm_workers = 0;
+  opt.flush_bytes = 16ull << 20;
+  opt.min_rounds = 10;
+  opt.rounds = 10;
+  opt.max_rounds = 10;         // the first measurement is 10 rounds, never extended
+  opt.recheck_above = 0.01;    // every ok verdict is rechecked
+  opt.recheck_rounds = 5;
+  opt.recheck_tolerance = 0.5; // ordinary noise cannot make the two disagree
+  auto where = locate_harness(opt);
+  REQUIRE(where.ok());
+  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+  REQUIRE_MESSAGE(created.ok(), created.error().message);
+  auto v = (*created)->evaluate(eval_request{*t, read_text(cand), 0, false});
+  INFO(describe(v));
+  REQUIRE(v.status == verdict_status::ok);
+  CHECK(v.rounds == 15); // the first measurement's 10 rounds and the recheck's 5, together
+  CHECK(v.message.find("15 paired rounds") != std::string::npos);
+}
+
 TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on to rounds otherwise") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
