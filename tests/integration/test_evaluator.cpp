@@ -37,18 +37,26 @@ struct cpu_evaluator {
   logger log{clk, log_level::warn};
   std::unique_ptr<device_evaluator> ev;
 
-  explicit cpu_evaluator(std::int64_t warm = 1, std::shared_ptr<verdict_cache> cache = nullptr) {
+  explicit cpu_evaluator(std::int64_t warm = 1, std::shared_ptr<verdict_cache> cache = nullptr)
+      : cpu_evaluator(suite_options(warm), std::move(cache)) {}
+
+  // An evaluator with options of the test's own (a 16 MiB cache flush is the least a CPU test uses).
+  explicit cpu_evaluator(const evaluator_options& opt, std::shared_ptr<verdict_cache> cache = nullptr) {
+    auto where = locate_harness(opt);
+    REQUIRE_MESSAGE(where.ok(), where.error().message);
+    auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, std::move(cache));
+    REQUIRE_MESSAGE(created.ok(), created.error().message);
+    ev = std::move(*created);
+  }
+
+  static evaluator_options suite_options(std::int64_t warm) {
     evaluator_options opt;
     opt.warm_workers = warm;
     opt.flush_bytes = 16ull << 20;
     opt.rounds = 20; // CI's two cores: fewer rounds, still five buckets of four
     opt.max_rounds = 60;
     opt.run_timeout_s = 30; // the infinite loop is declared a timeout after 30 s, not 300
-    auto where = locate_harness(opt);
-    REQUIRE_MESSAGE(where.ok(), where.error().message);
-    auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, std::move(cache));
-    REQUIRE_MESSAGE(created.ok(), created.error().message);
-    ev = std::move(*created);
+    return opt;
   }
 
   verdict run(const task& t, const fs::path& candidate, bool use_cache = false) {
@@ -290,18 +298,13 @@ TEST_CASE("workers forked from the zygote start clean: what one candidate change
   // Static checks off, so the first candidate may change torch and its environment at import
   // (the runtime checks do not flag a new module attribute); the second returns a wrong result
   // if it sees any of that, or if its environment is not its own scratch directory.
-  system_clock clk;
-  logger log{clk, log_level::warn};
   evaluator_options opt;
   opt.warm_workers = 1;
   opt.flush_bytes = 16ull << 20;
   opt.rounds = 10;
   opt.static_checks = false;
-  auto where = locate_harness(opt);
-  REQUIRE(where.ok());
-  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
-  REQUIRE_MESSAGE(created.ok(), created.error().message);
-  auto& ev = **created;
+  cpu_evaluator made{opt};
+  auto& ev = *made.ev;
   std::vector<pid_t> pids;
   ev.set_phase_observer([&](const char* phase, pid_t pid) {
     if (std::string{phase} == "reference")
@@ -349,19 +352,14 @@ TEST_CASE("a patch a candidate makes while it is timed is caught by the check af
   // Static checks off, so the patch is made at run time, on the forward's ninth call: after the
   // trials (six calls), inside timing's first calls. The per-call check looks only at namespaces
   // whose dict version tag moved; a module's and a class's namespace must both be caught.
-  system_clock clk;
-  logger log{clk, log_level::warn};
   evaluator_options opt;
   opt.warm_workers = 0;
   opt.flush_bytes = 16ull << 20;
   opt.rounds = 10;
   opt.min_rounds = 10;
   opt.static_checks = false;
-  auto where = locate_harness(opt);
-  REQUIRE(where.ok());
-  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
-  REQUIRE_MESSAGE(created.ok(), created.error().message);
-  auto& ev = **created;
+  cpu_evaluator made{opt};
+  auto& ev = *made.ev;
   auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
   REQUIRE(t.ok());
   const std::pair<const char*, const char*> patches[] = {
@@ -399,8 +397,6 @@ TEST_CASE("a speedup above recheck_above is measured again with recheck_rounds, 
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  system_clock clk;
-  logger log{clk, log_level::warn};
   evaluator_options opt;
   opt.warm_workers = 0;
   opt.flush_bytes = 16ull << 20;
@@ -410,11 +406,7 @@ TEST_CASE("a speedup above recheck_above is measured again with recheck_rounds, 
   opt.recheck_above = 0.01;    // every ok verdict is rechecked
   opt.recheck_rounds = 5;
   opt.recheck_tolerance = 0.5; // ordinary noise cannot make the two disagree
-  auto where = locate_harness(opt);
-  REQUIRE(where.ok());
-  auto created = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
-  REQUIRE_MESSAGE(created.ok(), created.error().message);
-  auto v = (*created)->evaluate(eval_request{*t, read_text(cand), 0, false});
+  auto v = cpu_evaluator{opt}.run(*t, cand);
   INFO(describe(v));
   REQUIRE(v.status == verdict_status::ok);
   CHECK(v.rounds == 15); // the first measurement's 10 rounds and the recheck's 5, together
@@ -425,8 +417,6 @@ TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  system_clock clk;
-  logger log{clk, log_level::warn};
   auto rounds_with = [&](double early_stop_spread) {
     evaluator_options opt;
     opt.warm_workers = 0;
@@ -437,11 +427,7 @@ TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on
     opt.recheck_above = 1e9;             // and no recheck
     opt.max_bucket_disagreement = 1e9;   // a busy CI machine's drift must not decide it
     opt.early_stop_spread = early_stop_spread;
-    auto where = locate_harness(opt);
-    REQUIRE(where.ok());
-    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
-    REQUIRE_MESSAGE(ev.ok(), ev.error().message);
-    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
+    auto v = cpu_evaluator{opt}.run(*t, cand);
     INFO(describe(v));
     REQUIRE(v.status == verdict_status::ok);
     return v.rounds;
