@@ -93,7 +93,7 @@ _prewarm_dynamo()
 def _prewarm_cpp_extension():
     """Imports torch.utils.cpp_extension, which brings in setuptools, pkg_resources and
     pyparsing: 0.54 s of a 0.62 s import of a candidate whose load_inline extension was already
-    built (development machine; tools/bench/first_call_probe.py). Its import asks
+    built (development machine, cProfile of the import). Its import asks
     torch.cuda.is_available(), which would initialise CUDA in the zygote and stop it forking;
     with PYTORCH_NVML_BASED_CUDA_CHECK=1, set only around the import, NVML answers instead.
     Its warning that no CUDA runtime is found (on a machine without a GPU) is kept quiet."""
