@@ -434,12 +434,16 @@ TEST_CASE("a run that takes evaluator nodes says where they join while it runs, 
     CHECK_MESSAGE(node.read_until("joined " + endpoint, 180'000, said), said);
     // Paused, the run takes no node: status.json no longer names the port.
     auto pause = cli({"pause", run.string(), "--timeout", "300"});
-    INFO(pause.err);
+    INFO(pause.out << pause.err);
     CHECK(pause.exit_code == 0);
     auto r = node.wait();
+    INFO("node: " << said << r.out << r.err);
     CHECK(r.exit_code == 0); // the coordinator went away
   }
-  CHECK(p.wait().exit_code == 0);
+  auto done = p.wait();
+  // When this fails, the run's own account: its output and its event log.
+  INFO("run: " << out << done.out << done.err << "\nevents.log:\n" << slurp(run / "events.log"));
+  CHECK(done.exit_code == 0);
   CHECK(slurp(run / "status.json").find("join") == std::string::npos);
   auto paused = cli({"status", run.string(), "--json"});
   CHECK(paused.out.find("\"state\":\"paused\"") != std::string::npos);
