@@ -362,6 +362,11 @@ struct trainer_state {
   std::deque<rollout_group> groups;
   std::uint64_t dropped_now = 0; // dropped for staleness since the last report
 
+  // Checkpoints being written, by directory name, with everyone waiting for each: a second
+  // save of the same step (a pause right at a periodic checkpoint) waits for the first instead
+  // of clearing the temporary directory the first is writing into.
+  std::map<std::string, std::vector<caf::typed_response_promise<std::string>>> saving;
+
   // The step under way.
   bool busy = false;
   caf::typed_response_promise<stage_report> pending;
@@ -1027,41 +1032,53 @@ void prune_checkpoints(trainer_state& st, const fs::path& root, const std::strin
   }
 }
 
+// Answers everyone waiting for the checkpoint `name` (trainer_state::saving) with `what`, the
+// directory written or an error.
+template <class T>
+void finish_save(self_pointer self, const std::string& name, const T& what) {
+  auto node = self->state.saving.extract(name);
+  if (node.empty())
+    return;
+  for (auto& rp : node.mapped())
+    rp.deliver(what);
+}
+
 // The learner's checkpoint into `tmp`, then trainer.json and samplers.json beside it; `tmp`
-// becomes `root/name` and `latest` names it.
-void write_checkpoint(self_pointer self, caf::typed_response_promise<std::string> rp, fs::path tmp, std::string name,
-                      trainer_progress progress, std::string samplers) {
+// becomes `root/name` and `latest` names it. Answers through finish_save.
+void write_checkpoint(self_pointer self, fs::path tmp, std::string name, trainer_progress progress,
+                      std::string samplers) {
   auto& st = self->state;
   self->request(st.deps->learner, caf::infinite, save_atom_v, (tmp / "learner").string())
     .then(
-      [self, rp, tmp, name, progress, samplers](policy_version) mutable {
+      [self, tmp, name, progress, samplers](policy_version) {
         auto& st = self->state;
         const auto root = tmp.parent_path();
         const auto dir = root / name;
         for (auto [file, text] : {std::pair{"trainer.json", progress.to_json()}, std::pair{"samplers.json", samplers}})
           if (auto r = write_file_atomic(tmp / file, text); !r) {
-            rp.deliver(make_error(r.error()));
+            finish_save(self, name, make_error(r.error()));
             return;
           }
         std::error_code ec;
         fs::rename(tmp, dir, ec);
         if (ec) {
-          rp.deliver(make_error(errc::io, "cannot rename " + tmp.string() + " to " + dir.string() + ": " + ec.message()));
+          finish_save(self, name,
+                      make_error(errc::io, "cannot rename " + tmp.string() + " to " + dir.string() + ": " + ec.message()));
           return;
         }
         if (auto r = fsync_directory(root); !r) {
-          rp.deliver(make_error(r.error()));
+          finish_save(self, name, make_error(r.error()));
           return;
         }
         if (auto r = write_file_atomic(root / "latest", name + "\n"); !r) {
-          rp.deliver(make_error(r.error()));
+          finish_save(self, name, make_error(r.error()));
           return;
         }
         prune_checkpoints(st, root, name);
         st.deps->log->info(component, "checkpoint ", dir.string());
-        rp.deliver(dir.string());
+        finish_save(self, name, dir.string());
       },
-      [rp](const caf::error& e) mutable { rp.deliver(e); });
+      [self, name](const caf::error& e) { finish_save(self, name, e); });
 }
 
 caf::result<std::string> save(self_pointer self) {
@@ -1072,6 +1089,11 @@ caf::result<std::string> save(self_pointer self) {
   std::error_code ec;
   if (fs::exists(dir / "trainer.json", ec))
     return dir.string(); // this step is saved already
+  if (auto writing = st.saving.find(name); writing != st.saving.end()) {
+    auto rp = self->make_response_promise<std::string>();
+    writing->second.push_back(rp); // being saved: answered when that save ends
+    return rp;
+  }
   const auto tmp = root / ("." + name + ".tmp");
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
@@ -1080,9 +1102,10 @@ caf::result<std::string> save(self_pointer self) {
   auto progress = st.p;
   progress.stage_seconds = st.p.stage >= stage_sft && st.p.stage < stage_done ? now_seconds(st) : 0.0;
   auto rp = self->make_response_promise<std::string>();
+  st.saving[name].push_back(rp);
   // Rollout actors that run (async) are asked for their samplers; stopped places keep theirs.
-  collect_samplers(self, [self, rp, tmp, name, progress] {
-    write_checkpoint(self, rp, tmp, name, progress, sampler_checkpoint{self->state.samplers}.to_json());
+  collect_samplers(self, [self, tmp, name, progress] {
+    write_checkpoint(self, tmp, name, progress, sampler_checkpoint{self->state.samplers}.to_json());
   });
   return rp;
 }
