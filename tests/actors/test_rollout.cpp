@@ -805,3 +805,89 @@ TEST_CASE("rollout options come from the rollout: section") {
   CHECK(eo.max_batch_samples == 16);
   CHECK(eo.max_prompt_tokens == 3000);
 }
+
+// -- the trainer's checkpoints --------------------------------------------------------------
+
+namespace {
+
+// Save requests a learner got, and their answers, held until the test gives them.
+struct held_saves {
+  std::vector<std::string> dirs;
+  std::vector<caf::typed_response_promise<policy_version>> answers;
+};
+
+// A learner whose saves are answered when it is sent put_atom (promises are delivered from the
+// actor's own context).
+using saving_learner_actor = learner_actor::extend<caf::reacts_to<caf::put_atom>>;
+
+saving_learner_actor::behavior_type saving_learner(saving_learner_actor::pointer self,
+                                                   std::shared_ptr<held_saves> saves) {
+  auto none = [] { return caf::make_error(caf::sec::unexpected_message); };
+  return {
+    [saves](caf::put_atom) {
+      auto answers = std::move(saves->answers);
+      saves->answers.clear();
+      for (auto& rp : answers)
+        rp.deliver(policy_version{0});
+    },
+    [](rollout_group&) {},
+    [none](train_atom) -> caf::result<train_report> { return none(); },
+    [none](learner_batch&) -> caf::result<train_report> { return none(); },
+    [none](sft_batch&) -> caf::result<train_report> { return none(); },
+    [](reset_atom) {},
+    [self, saves](save_atom, std::string& dir) -> caf::result<policy_version> {
+      saves->dirs.push_back(dir);
+      std::filesystem::create_directories(dir);
+      auto rp = self->make_response_promise<policy_version>();
+      saves->answers.push_back(rp);
+      return rp;
+    },
+  };
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(fixture, "a second save of a step being saved waits for the first and gets the same checkpoint") {
+  // A pause that arrives while the periodic checkpoint of the same step is being written: the
+  // second save once cleared the temporary directory the first was writing into.
+  collaborators(distribution(0.5, 0.25, 0.25));
+  auto saves = std::make_shared<held_saves>();
+  auto learner = sys.spawn(saving_learner, saves);
+  keep(learner);
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  trainer_deps deps;
+  deps.cfg = cfg;
+  deps.run_dir = dir.path() / "run";
+  std::filesystem::create_directories(deps.run_dir);
+  deps.learner = caf::actor_cast<learner_actor>(learner);
+  deps.engine = engine;
+  deps.evaluators = caf::actor_cast<evaluator_pool_actor>(pool);
+  deps.tasks = tasks;
+  deps.prompts = prompts;
+  deps.tokenizer = tok;
+  deps.clk = &clk;
+  deps.log = &log;
+  auto trainer = spawn_trainer(sys, std::move(deps));
+  REQUIRE_MESSAGE(trainer.ok(), (trainer.ok() ? "" : trainer.error().message));
+  keep(*trainer);
+  sched.run();
+  auto first = self->request(*trainer, caf::infinite, save_atom_v);
+  auto second = self->request(*trainer, caf::infinite, save_atom_v);
+  sched.run();
+  CHECK(saves->dirs.size() == 1); // the learner writes the step once
+  CHECK(self->mailbox().empty()); // nobody is answered before the learner is done
+  REQUIRE(saves->answers.size() == 1);
+  self->send(learner, caf::put_atom_v);
+  sched.run();
+  for (auto* rh : {&first, &second}) {
+    std::optional<std::string> got;
+    rh->receive([&](std::string& d) { got = d; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    REQUIRE(got.has_value());
+    CHECK(*got == (dir.path() / "run" / "checkpoints" / "step-0").string());
+  }
+  CHECK(std::filesystem::exists(dir.path() / "run" / "checkpoints" / "step-0" / "trainer.json"));
+  CHECK(saves->dirs.size() == 1);
+  self->send_exit(*trainer, caf::exit_reason::user_shutdown); // before its clock and logger go
+  sched.run();
+}
