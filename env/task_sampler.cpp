@@ -105,67 +105,76 @@ std::string task_sampler::save() const {
 
 namespace {
 
+crucible::error corrupt(const std::string& what) {
+  return fail(errc::corrupt, "task sampler state: ", what);
+}
+
 // The header line and the task count of a saved state.
 result<std::size_t> read_header(std::istream& in) {
   std::string line;
   if (!std::getline(in, line) || line != save_header)
-    return fail(errc::corrupt, "task sampler state: missing header '", save_header, "'");
+    return corrupt("missing header '" + std::string{save_header} + "'");
   std::size_t n = 0;
   if (!std::getline(in, line) || std::from_chars(line.data(), line.data() + line.size(), n).ec != std::errc{})
-    return fail(errc::corrupt, "task sampler state: missing task count");
+    return corrupt("missing task count");
   return n;
+}
+
+// The line of task `i`, next in `in`.
+result<std::string> read_task_line(std::istream& in, std::size_t i) {
+  std::string line;
+  if (!std::getline(in, line))
+    return corrupt("line of task " + std::to_string(i) + " is missing");
+  return line;
 }
 
 } // namespace
 
 result<std::vector<std::string>> task_sampler::saved_tasks(std::string_view saved) {
   std::istringstream in{std::string{saved}};
-  std::string line;
-  auto bad = [](const std::string& what) { return fail(errc::corrupt, "task sampler state: ", what); };
   auto count = read_header(in);
   if (!count)
     return count.error();
-  const std::size_t n = *count;
   std::vector<std::string> out;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!std::getline(in, line))
-      return bad("line of task " + std::to_string(i) + " is missing");
-    auto tab = line.find('\t');
+  for (std::size_t i = 0; i < *count; ++i) {
+    auto line = read_task_line(in, i);
+    if (!line)
+      return line.error();
+    auto tab = line->find('\t');
     if (tab == std::string::npos || tab == 0)
-      return bad("line of task " + std::to_string(i) + " has no task name");
-    out.push_back(line.substr(0, tab));
+      return corrupt("line of task " + std::to_string(i) + " has no task name");
+    out.push_back(line->substr(0, tab));
   }
   return out;
 }
 
 result<void> task_sampler::restore(std::string_view saved) {
   std::istringstream in{std::string{saved}};
-  std::string line;
-  auto bad = [](const std::string& what) { return fail(errc::corrupt, "task sampler state: ", what); };
   auto count = read_header(in);
   if (!count)
     return count.error();
   const std::size_t n = *count;
   if (n != tasks_.size())
-    return bad(std::to_string(n) + " tasks saved, the pool has " + std::to_string(tasks_.size()));
+    return corrupt(std::to_string(n) + " tasks saved, the pool has " + std::to_string(tasks_.size()));
   std::vector<task_record> records(n);
   for (std::size_t i = 0; i < n; ++i) {
-    if (!std::getline(in, line))
-      return bad("line of task " + std::to_string(i) + " is missing");
-    std::istringstream row{line};
+    auto line = read_task_line(in, i);
+    if (!line)
+      return line.error();
+    std::istringstream row{*line};
     std::string name, best;
     if (!std::getline(row, name, '\t') || name != tasks_[i])
-      return bad("task " + std::to_string(i) + " is '" + name + "', the pool has '" + tasks_[i] + "'");
+      return corrupt("task " + std::to_string(i) + " is '" + name + "', the pool has '" + tasks_[i] + "'");
     auto& r = records[i];
     if (!(row >> r.attempts >> r.failures >> best))
-      return bad("malformed record of task '" + name + "'");
+      return corrupt("malformed record of task '" + name + "'");
     auto [end, ec] = std::from_chars(best.data(), best.data() + best.size(), r.best_speedup, std::chars_format::hex);
     if (ec != std::errc{} || end != best.data() + best.size())
-      return bad("malformed best speedup of task '" + name + "'");
+      return corrupt("malformed best speedup of task '" + name + "'");
   }
   std::mt19937_64 rng;
   if (!(in >> rng))
-    return bad("malformed generator state");
+    return corrupt("malformed generator state");
   records_ = std::move(records);
   rng_ = rng;
   return {};
