@@ -853,7 +853,7 @@ verdict evaluation::run() {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", waited);
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": timing waited ", buf,
-                   " s for a starting worker's device initialisation");
+                   " s for the device and any starting worker's device initialisation");
   }
   phase("timing");
   if (!measure_once(policy, ref, cand))

@@ -129,6 +129,14 @@ def _prewarm_triton():
     except Exception:  # no Triton, or another version: its first launch pays as before
         pass
 
+
+def _prewarm(cuda):
+    """The zygote's warm-ups, before it forks (a worker started as its own interpreter makes
+    them before it says `started`; in a forked one they are already done)."""
+    _prewarm_cpp_extension()
+    if cuda:
+        _prewarm_triton()
+
 # ================================================================================================
 # Trusted references, captured before any candidate code exists.
 
@@ -462,7 +470,7 @@ class _Snapshot:
         view = None
         if _DICT_TAG_VIEW is not None:
             try:
-                d = namespace if _type(namespace) is _dict else _proxied_dict(namespace)
+                d = _proxied_dict(namespace)
                 view = _DICT_TAG_VIEW(d) if d is not None else None
             except _Exception:
                 view = None
@@ -937,9 +945,7 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.benchmark = False
-        _prewarm_cpp_extension()  # both done already in a worker forked from the zygote
-        if self.cuda:
-            _prewarm_triton()
+        _prewarm(self.cuda)
         # Device work waits for the evaluator's word: it holds the device while it answers, so
         # a starting worker never runs on the device while another candidate is being timed.
         self.chan.send({"type": "started", "pid": _os_getpid()})
@@ -1484,7 +1490,7 @@ class Worker:
                         "constructor arguments and defaults must not change")
 
     # -- candidate calls ---------------------------------------------------------------------
-    def call_candidate(self, inputs, where, check_os_threads=True, profile=False, check_state=True):
+    def call_candidate(self, inputs, where, check_os_threads=True, profile=False):
         py0 = _py_threads()
         os0 = _os_threads()
         counts = None
@@ -1496,10 +1502,10 @@ class Worker:
                 self.sync()
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
-        self.after_call(py0, os0, where, check_os_threads, check_state)
+        self.after_call(py0, os0, where, check_os_threads)
         return out, counts
 
-    def after_call(self, py0, os0, where, check_os_threads, check_state=True):
+    def after_call(self, py0, os0, where, check_os_threads):
         py1 = _py_threads()
         if py1[0] != py0[0] or py1[1] != py0[1]:
             raise _Done("rejected", ["runtime:threads"],
@@ -1510,8 +1516,7 @@ class Worker:
             if os1 > os0:
                 raise _Done("rejected", ["runtime:threads"],
                             f"{where}: the candidate's forward left {os1 - os0} new OS thread(s) running")
-        if check_state:
-            self.check_state(where)
+        self.check_state(where)
 
     def trial_phase(self):
         pending = []
@@ -1993,9 +1998,7 @@ def zygote_main(args):
         while data:
             data = data[os.write(ctl, data):]
 
-    _prewarm_cpp_extension()
-    if args.device == "cuda":
-        _prewarm_triton()
+    _prewarm(args.device == "cuda")
     reply({"type": "ready", "pid": zygote_pid})
     buf = b""
     while True:
