@@ -617,6 +617,10 @@ void describe(V& v, config& c) {
             "A starting worker initialises the device (CUDA context, the profiler's first use) only while no "
             "evaluation is timing on it, so that it never runs beside a timed round; beside another evaluation's "
             "reference, trials or load it may. False: workers initialise at once.");
+    v.field("share_untimed", e.share_untimed,
+            "Timed rounds always have the device to themselves. Untimed device work (references, correctness "
+            "trials, workers' device initialisation) of several evaluations may run on it at once; false: one at a "
+            "time. It changes throughput, not verdicts.");
     v.field("outputs_on_device", e.outputs_on_device,
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "

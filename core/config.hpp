@@ -116,7 +116,8 @@ struct evaluator_options {
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
   bool static_checks = true;
-  bool init_holds_device = true;               ///< a starting worker initialises the device only while it is free
+  bool init_holds_device = true;               ///< a starting worker initialises the device only while nothing is timed on it
+  bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
   bool zygote = true;                          ///< fork workers from a process that imported torch once
 };

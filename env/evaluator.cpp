@@ -168,7 +168,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
                                    harness_location where, std::string device, logger& log,
                                    std::shared_ptr<verdict_cache> cache)
   : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
-    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)) {
+    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed) {
   scratch_root_ = fs::temp_directory_path() / "crucible";
   extensions_dir_ = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
 }
@@ -207,7 +207,10 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
     ev->hardware_ = first->hardware;
     ev->idle_.push_back(std::move(*first));
   }
-  ev->refill_ = std::thread([raw = ev.get()] { raw->refill_loop(); });
+  // One refill thread per warm worker: workers start (import, fork, initialise the device)
+  // side by side, so a queue of evaluations never waits for them one after another.
+  for (std::int64_t i = 0; i < std::max<std::int64_t>(1, ev->opt_.warm_workers); ++i)
+    ev->refill_.emplace_back([raw = ev.get()] { raw->refill_loop(); });
   ev->retire_thread_ = std::thread([raw = ev.get()] { raw->retire_loop(); });
   log.info("evaluator", ev->device_, ": ", ev->hardware(), " (", where.python, ")");
   return ev;
@@ -219,8 +222,8 @@ device_evaluator::~device_evaluator() {
     stopping_ = true;
   }
   refill_cv_.notify_all();
-  if (refill_.joinable())
-    refill_.join();
+  for (auto& t : refill_)
+    t.join();
   {
     std::lock_guard guard{retire_mtx_};
     retire_stop_ = true;
@@ -353,13 +356,13 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
   if (auto ok = expect("started", n); !ok)
     return ok.error();
   {
-    // Device initialisation (CUDA context, the profiler's first use) while no evaluation times
-    // on the device (unless evaluator.init_holds_device is off): beside timed rounds it widened
-    // the verdicts' spread; beside another evaluation's reference, trials or load it costs
-    // nothing measured, and no verdict waits for it.
-    std::unique_lock timing{timing_mtx_, std::defer_lock};
+    // Device initialisation (CUDA context, the profiler's first use) is untimed device work:
+    // never beside timed rounds (unless evaluator.init_holds_device is off), where it widened
+    // the verdicts' spread; beside other evaluations' references and trials, and other
+    // workers' initialisation, it costs nothing measured.
+    std::optional<untimed_hold> device;
     if (opt_.init_holds_device)
-      timing.lock();
+      device.emplace(gate_);
     const auto t0 = clock_type::now();
     if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
@@ -384,13 +387,15 @@ void device_evaluator::refill_loop() {
   std::unique_lock lock{mtx_};
   for (;;) {
     refill_cv_.wait(lock, [&] {
-      return stopping_ || static_cast<std::int64_t>(idle_.size()) < opt_.warm_workers;
+      return stopping_ || static_cast<std::int64_t>(idle_.size()) + starting_ < opt_.warm_workers;
     });
     if (stopping_)
       return;
+    ++starting_;
     lock.unlock();
     auto w = start_worker();
     lock.lock();
+    --starting_;
     if (!w) {
       log_.warn("evaluator", device_, ": warm worker failed to start: ", w.error().message);
       // Back off instead of spinning on a broken interpreter; take_worker() reports the error.
@@ -439,16 +444,12 @@ std::string device_evaluator::protocol_key() const {
 // ---------------------------------------------------------------------------------------------
 
 // Adds the time between construction and destruction to a counter.
-struct device_hold {
+struct time_spent {
   std::atomic<std::uint64_t>& total;
   clock_type::time_point t0 = clock_type::now();
-  bool held = true;
-  /// Adds the time since construction to `total` (once).
-  void stop() {
-    if (std::exchange(held, false))
-      total += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
+  ~time_spent() {
+    total += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count());
   }
-  ~device_hold() { stop(); }
 };
 
 /// One candidate's walk through the protocol. Lives on the calling thread's stack.
@@ -645,7 +646,7 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
 }
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
-  device_hold timed{ev_.timing_ns_};
+  time_spent timed{ev_.timing_ns_};
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
   // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
   // for a continuation of the same measurement).
@@ -730,8 +731,7 @@ verdict evaluation::run() {
   {
     // Phase 1: reference outputs, on the device, before any candidate code runs.
     double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
-    std::unique_lock device{ev_.device_mtx_};
-    device_hold hold{ev_.device_ns_};
+    untimed_hold device{ev_.gate_};
     phase("reference");
     if (!send(job))
       return v_;
@@ -744,10 +744,8 @@ verdict evaluation::run() {
       if (type == "device_done") {
         // The reference outputs follow. As host bytes, receiving and keeping them needs no
         // device; kept on the device, they are copied here, still holding it.
-        if (cuda_device_ < 0) {
-          hold.stop();
-          device.unlock();
-        }
+        if (cuda_device_ < 0)
+          device.release();
         phase("reference outputs");
         continue;
       }
@@ -801,8 +799,7 @@ verdict evaluation::run() {
   }
   // Phase 3: trials, holding the device until the worker has computed every output; the
   // outputs are then compared without it.
-  std::unique_lock device{ev_.device_mtx_};
-  std::optional<device_hold> hold{std::in_place, ev_.device_ns_};
+  std::optional<untimed_hold> device{std::in_place, ev_.gate_};
   phase("trials");
   if (!send("{\"type\":\"run\"}"))
     return v_;
@@ -812,11 +809,8 @@ verdict evaluation::run() {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
     return v_;
   }
-  if (cuda_device_ < 0) {
-    // Host bytes: moving and comparing them needs no device.
-    hold.reset();
-    device.unlock();
-  }
+  if (cuda_device_ < 0)
+    device.reset(); // host bytes: moving and comparing them needs no device
   phase("trial outputs");
   for (std::int64_t t = 0; t < opt.trials; ++t) {
     if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
@@ -834,26 +828,18 @@ verdict evaluation::run() {
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
                        opt.win_threshold};
   std::vector<double> ref, cand;
-  // Phase 4: timing (and re-measurement), holding the device, and no worker initialising.
-  // Waiting for a worker's initialisation does not hold the device: other evaluations'
-  // references and trials go on meanwhile (holding it idle cost the throughput run a fifth of
-  // its wall time).
+  // Phase 4: timing (and re-measurement) with the device to itself: no other evaluation's
+  // untimed work and no worker's initialisation beside it. While it waits, no new untimed
+  // work starts; what has started finishes its phase.
   const auto wait0 = clock_type::now();
-  std::unique_lock timing{ev_.timing_mtx_, std::defer_lock};
-  if (!device.owns_lock() || !timing.try_lock()) {
-    if (device.owns_lock()) {
-      hold.reset();
-      device.unlock();
-    }
-    std::lock(device, timing);
-    hold.emplace(ev_.device_ns_);
-  }
+  device.reset();
+  timed_hold timed{ev_.gate_};
   if (const auto waited = std::chrono::duration<double>(clock_type::now() - wait0).count();
       waited > 1e-3 && ev_.log_.enabled(log_level::debug)) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", waited);
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": timing waited ", buf,
-                   " s for the device and any starting worker's device initialisation");
+                   " s for other evaluations' untimed device work and starting workers' initialisation to finish");
   }
   phase("timing");
   if (!measure_once(policy, ref, cand))

@@ -17,6 +17,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "env/device_gate.hpp"
 #include "env/sandbox.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
@@ -49,9 +50,10 @@ struct harness_location {
 /// and the Python interpreter (`opt.python`, the checkout's .venv, or python3 on PATH).
 result<harness_location> locate_harness(const evaluator_options& opt);
 
-/// Evaluator for one device. Keeps `warm_workers` started workers ready, holds the device only
-/// while the reference, the trials and the timing run (not while a candidate imports and
-/// compiles), so several evaluations overlap. Thread-safe: evaluate() may be called from up to
+/// Evaluator for one device. Keeps `warm_workers` started workers ready (started in parallel),
+/// uses the device only while the reference, the trials and the timing run (not while a
+/// candidate imports and compiles), so several evaluations overlap. Timed rounds have the
+/// device to themselves; untimed device work of several evaluations may share it. Thread-safe: evaluate() may be called from up to
 /// `concurrency` threads at once. Owns its workers and a background thread that starts them.
 class device_evaluator final {
 public:
@@ -85,11 +87,14 @@ public:
   /// Seconds inside the timed calls themselves (the settled reference and candidate times of
   /// every measured round), all evaluations together: the strictest "device timing" figure.
   double timed_call_seconds() const noexcept { return static_cast<double>(timed_calls_ns_.load()) * 1e-9; }
-  /// Seconds the device was held (reference, trials, timing), all evaluations together.
-  double device_seconds() const noexcept { return static_cast<double>(device_ns_.load()) * 1e-9; }
-  /// Seconds workers spent initialising the device (never while timed rounds run, with
-  /// evaluator.init_holds_device; not counted in device_seconds()).
+  /// Seconds during which the device was in use by at least one evaluation or starting worker
+  /// (references, trials, timing, and device initialisation when evaluator.init_holds_device).
+  double device_seconds() const { return static_cast<double>(gate_.busy_ns()) * 1e-9; }
+  /// Seconds workers spent initialising the device, summed over workers (several may
+  /// initialise at once; never beside timed rounds with evaluator.init_holds_device).
   double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
+  /// Most evaluations and starting workers that shared the device's untimed work at once.
+  int max_untimed_users() const { return gate_.max_untimed(); }
 
 private:
   device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,
@@ -136,13 +141,12 @@ private:
   bool zygote_off_ = false;           // the zygote failed: workers are executed from now on
   std::atomic<std::uint64_t> timing_ns_{0};
   std::atomic<std::uint64_t> timed_calls_ns_{0};
-  std::atomic<std::uint64_t> device_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
-  std::mutex device_mtx_;             // held while a worker uses the device
-  std::mutex timing_mtx_;             // held while timed rounds run (with device_mtx_, both taken by std::lock) or a worker initialises
-  std::thread refill_;
+  device_gate gate_;                  // timed rounds alone; untimed work shared (evaluator.share_untimed)
+  int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
+  std::vector<std::thread> refill_;
   std::mutex retire_mtx_;             // guards retiring_, retire_stop_
   std::condition_variable retire_cv_;
   std::vector<std::unique_ptr<worker>> retiring_;

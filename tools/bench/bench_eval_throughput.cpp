@@ -50,7 +50,9 @@ int main(int argc, char** argv) {
   }
   auto opt = cfg->evaluator;
   opt.concurrency = concurrency;
-  opt.warm_workers = concurrency;
+  // One warm worker per evaluating thread unless --set evaluator.warm_workers=N says otherwise.
+  if (std::none_of(sets.begin(), sets.end(), [](const std::string& s) { return s.rfind("evaluator.warm_workers=", 0) == 0; }))
+    opt.warm_workers = concurrency;
   std::vector<env::eval_request> queue;
   std::vector<env::eval_request> base;
   for (const auto& entry : fs::directory_iterator(suite / "tasks")) {
@@ -111,13 +113,16 @@ int main(int argc, char** argv) {
     double init = (*ev)->init_seconds() - init0;
     double calls = (*ev)->timed_call_seconds() - calls0;
     std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall "
-                "(inside the timed calls %.1f%%), device held %.1f%% of wall; worker device initialisation %.1f%% "
-                "of wall (%s); %llu workers, %llu forked (concurrency %d)\n",
+                "(inside the timed calls %.1f%%), device in use %.1f%% of wall; worker device initialisation "
+                "%.1f%% of wall summed over workers (%s); untimed work %s (at most %d at once); %llu workers, "
+                "%llu forked (concurrency %d, warm workers %lld)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
                 100 * timing / wall, 100 * calls / wall, 100 * held / wall, 100 * init / wall,
                 opt.init_holds_device ? "never beside timed rounds" : "at any time",
+                opt.share_untimed ? "shared" : "one at a time", (*ev)->max_untimed_users(),
                 static_cast<unsigned long long>((*ev)->workers_started() - started0),
-                static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency);
+                static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency,
+                static_cast<long long>(opt.warm_workers));
     std::fflush(stdout);
   };
   run_pass("warm-up (builds extensions)");

@@ -61,7 +61,13 @@ for what in "$@"; do
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40
       timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | tail -60 ;;
     throughput)
-      $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 2>&1 | tee "$OUT/throughput.txt" ;;
+      # Side by side: untimed device work shared (the default) and one at a time, and a fourth
+      # and a sixth evaluating thread.
+      for run in "3 evaluator.share_untimed=true" "3 evaluator.share_untimed=false" "4 evaluator.share_untimed=true" "6 evaluator.share_untimed=true"; do
+        read -r conc setting <<< "$run"
+        echo "== concurrency $conc, $setting" | tee -a "$OUT/throughput.txt"
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$conc" --candidates 20 --set "$setting" 2>&1 | tee -a "$OUT/throughput.txt"
+      done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the
       # workers' readiness and the timed rounds (--verbose); the first, untimed, builds extensions.

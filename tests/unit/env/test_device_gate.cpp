@@ -1,0 +1,106 @@
+// Unit tests for env/device_gate: timed users alone, untimed users shared (or not), a waiting
+// timed user first, and the busy time as the union of all holds.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "env/device_gate.hpp"
+
+using crucible::env::device_gate;
+using crucible::env::timed_hold;
+using crucible::env::untimed_hold;
+
+namespace {
+// Polls a condition another thread makes true (no sleeping as synchronisation: it returns as
+// soon as the condition holds).
+template <class F>
+void await(F&& ready) {
+  while (!ready())
+    std::this_thread::yield();
+}
+} // namespace
+
+TEST_CASE("untimed users share the device when sharing is on, and take turns when it is off") {
+  device_gate shared{true};
+  shared.lock_untimed();
+  CHECK(shared.try_lock_untimed());
+  CHECK(shared.max_untimed() == 2);
+  shared.unlock_untimed();
+  shared.unlock_untimed();
+
+  device_gate alone{false};
+  alone.lock_untimed();
+  CHECK_FALSE(alone.try_lock_untimed());
+  alone.unlock_untimed();
+  CHECK(alone.try_lock_untimed());
+  alone.unlock_untimed();
+  CHECK(alone.max_untimed() == 1);
+}
+
+TEST_CASE("a timed user waits for the untimed users inside, and no new one enters meanwhile") {
+  device_gate gate;
+  gate.lock_untimed();
+  std::atomic<bool> timing{false};
+  std::thread timer{[&] {
+    timed_hold hold{gate};
+    timing = true;
+  }};
+  await([&] { return gate.timed_waiting() == 1; });
+  CHECK_FALSE(timing.load());
+  CHECK_FALSE(gate.try_lock_untimed()); // the waiting timed user goes first
+  gate.unlock_untimed();
+  timer.join();
+  CHECK(timing.load());
+  CHECK(gate.timed_waiting() == 0);
+  CHECK(gate.try_lock_untimed()); // it has left: untimed users enter again
+  gate.unlock_untimed();
+}
+
+TEST_CASE("untimed users wait while a timed user holds the device") {
+  device_gate gate;
+  gate.lock_timed();
+  CHECK_FALSE(gate.try_lock_untimed());
+  std::atomic<bool> entered{false};
+  std::thread worker{[&] {
+    untimed_hold hold{gate};
+    entered = true;
+  }};
+  CHECK_FALSE(entered.load());
+  gate.unlock_timed();
+  worker.join();
+  CHECK(entered.load());
+}
+
+TEST_CASE("busy time is the union of the holds, timed time only the timed holds") {
+  using clock = std::chrono::steady_clock;
+  device_gate gate;
+  auto spin = [](std::chrono::microseconds d) {
+    const auto until = clock::now() + d;
+    while (clock::now() < until) {
+    }
+  };
+  const auto t0 = clock::now();
+  {
+    untimed_hold a{gate};
+    untimed_hold b{gate}; // overlapping holds count once
+    spin(std::chrono::milliseconds{4});
+    a.release();
+    CHECK_FALSE(a.held());
+    spin(std::chrono::milliseconds{1});
+  }
+  const auto idle0 = gate.busy_ns();
+  spin(std::chrono::milliseconds{2}); // idle: not counted
+  CHECK(gate.busy_ns() == idle0);
+  {
+    timed_hold t{gate};
+    spin(std::chrono::milliseconds{3});
+  }
+  const auto wall = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - t0).count());
+  const auto busy = gate.busy_ns();
+  CHECK(busy >= 8'000'000u);
+  CHECK(busy <= wall - 2'000'000u); // two overlapping 5 ms holds counted twice would exceed it
+  CHECK(gate.timed_ns() >= 3'000'000u);
+  CHECK(gate.timed_ns() < busy);
+}
