@@ -952,6 +952,10 @@ class Worker:
         msg = self.chan.recv()
         if msg.get("type") != "init":
             raise _Done("runtime_error", (), f"expected init, got {msg.get('type')!r}")
+        t_init = _perf_counter_ns()
+        # torch asks NVML for the device count first; NVML cannot start inside the sandbox,
+        # torch falls back to the CUDA runtime, and the warning it prints is noise.
+        warnings.filterwarnings("ignore", message="Can't initialize NVML")
         if self.cuda:
             global _DRIVER_IPC
             _DRIVER_IPC = _load_driver_ipc()
@@ -969,6 +973,7 @@ class Worker:
         # here, in the warm pool, not in a job's trials. Without a GPU that first use also logs
         # "gpuGetDeviceCount failed" (libkineto) to the process's stderr, which is the user's
         # terminal: on the CPU it runs with fd 2 on /dev/null (no candidate code has run yet).
+        t_context = _perf_counter_ns()
         quiet = saved = None
         try:
             if not self.cuda:
@@ -984,9 +989,11 @@ class Worker:
                 os.close(saved)
             if quiet is not None:
                 os.close(quiet)
+        t_profiler = _perf_counter_ns()
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
-                        "hardware": hardware})
+                        "hardware": hardware,
+                        "init_ms": {"device": (t_context - t_init) / 1e6, "profiler": (t_profiler - t_context) / 1e6}})
 
     # -- helpers -----------------------------------------------------------------------------
     def sync(self):

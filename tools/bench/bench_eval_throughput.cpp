@@ -1,7 +1,7 @@
 // tools/bench/bench_eval_throughput.cpp: verdicts per minute on one device with a queue of
 // distinct candidates, and the share of wall time the device spends in timed rounds.
 //
-//   bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 [--set key=value]...
+//   bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 [--set key=value]... [--verbose 1]
 //
 // Candidates are the (task, candidate) pairs of tools/bench/eval_gpu (or --suite DIR), each
 // made distinct k times by a trailing comment (so no verdict is cached), submitted together
@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   int count = 20;
   fs::path suite = fs::path{CRUCIBLE_SOURCE_DIR} / "tools" / "bench" / "eval_gpu";
   std::vector<std::string> sets;
+  bool verbose = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--device") device = v;
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
     else if (k == "--candidates") count = std::stoi(v);
     else if (k == "--suite") suite = v;
     else if (k == "--set") sets.push_back(v);
+    else if (k == "--verbose") verbose = v == "1";
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
     queue.push_back(r);
   }
   system_clock clk;
-  logger log{clk, log_level::warn};
+  logger log{clk, verbose ? log_level::debug : log_level::warn}; // --verbose 1: every phase and worker start
   auto where = env::locate_harness(opt);
   if (!where) {
     std::fprintf(stderr, "%s\n", where.error().message.c_str());

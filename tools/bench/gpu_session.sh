@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -89,6 +89,9 @@ for what in "$@"; do
       # Whether a kernel's speed depends on its buffers' placement, per fresh process (layernorm_manual's candidate).
       (cd tools/bench && python3 placement_probe.py --task layernorm_manual --model candidate --processes 8 \
         --out "$OUT/placement.json") 2>&1 | tee "$OUT/placement.txt" ;;
+    interference)
+      # Whether a starting worker's device initialisation disturbs a kernel timed beside it.
+      python3 tools/bench/init_interference.py --helpers 12 --out "$OUT/interference.json" 2>&1 | grep -Ev "NVML|raw_cnt" | tee "$OUT/interference.txt" ;;
     initprobe)
       python3 tools/bench/worker_init_probe.py --processes 5 2>&1 | tee "$OUT/initprobe.txt" ;;
     evals)
