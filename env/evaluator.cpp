@@ -371,17 +371,19 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
     char buf[160];
-    double device_ms = -1, profiler_ms = -1; // the worker's own laps, when it sends them
+    double driver_ms = -1, context_ms = -1, profiler_ms = -1; // the worker's own laps, when it sends them
     if (const auto laps = n["init_ms"]; laps.IsDefined() && laps.IsMap()) {
       try {
-        device_ms = laps["device"].as<double>();
+        driver_ms = laps["driver"].as<double>();
+        context_ms = laps["context"].as<double>();
         profiler_ms = laps["profiler"].as<double>();
       } catch (const YAML::Exception&) {
       }
     }
-    std::snprintf(buf, sizeof buf, "%.3f s (device initialisation %.3f s: context %.0f ms, profiler's first use %.0f ms)",
+    std::snprintf(buf, sizeof buf,
+                  "%.3f s (device initialisation %.3f s: driver %.0f ms, context %.0f ms, profiler's first use %.0f ms)",
                   std::chrono::duration<double>(clock_type::now() - started).count(), static_cast<double>(ns) * 1e-9,
-                  device_ms, profiler_ms);
+                  driver_ms, context_ms, profiler_ms);
     log_.debug("evaluator", device_, ": worker ", std::to_string(proc->pid()), proc->forked() ? " forked" : " executed",
                ", ready in ", buf);
   }

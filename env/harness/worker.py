@@ -960,6 +960,7 @@ class Worker:
             global _DRIVER_IPC
             _DRIVER_IPC = _load_driver_ipc()
             torch.cuda.init()
+            t_cuinit = _perf_counter_ns()
             self.stream0 = torch.cuda.current_stream()
             self.ev0 = torch.cuda.Event(enable_timing=True)
             self.ev_call = torch.cuda.Event(enable_timing=True)
@@ -969,6 +970,7 @@ class Worker:
             hardware = torch.cuda.get_device_name(0)
         else:
             hardware = "cpu: " + _cpu_model()
+            t_cuinit = _perf_counter_ns()
         # The profiler's first use in a process (CUPTI on CUDA) takes about a second: pay it
         # here, in the warm pool, not in a job's trials. Without a GPU that first use also logs
         # "gpuGetDeviceCount failed" (libkineto) to the process's stderr, which is the user's
@@ -993,7 +995,8 @@ class Worker:
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
                         "hardware": hardware,
-                        "init_ms": {"device": (t_context - t_init) / 1e6, "profiler": (t_profiler - t_context) / 1e6}})
+                        "init_ms": {"driver": (t_cuinit - t_init) / 1e6, "context": (t_context - t_cuinit) / 1e6,
+                                    "profiler": (t_profiler - t_context) / 1e6}})
 
     # -- helpers -----------------------------------------------------------------------------
     def sync(self):

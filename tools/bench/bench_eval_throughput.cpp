@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -89,6 +91,8 @@ int main(int argc, char** argv) {
   auto run_pass = [&](const char* label) {
     std::atomic<size_t> next{0};
     std::atomic<int> ok{0};
+    std::mutex speedups_mtx;
+    std::map<std::string, std::vector<double>> speedups; // per task: the verdicts' speedups
     auto timing0 = (*ev)->timing_seconds();
     auto device0 = (*ev)->device_seconds();
     auto init0 = (*ev)->init_seconds();
@@ -101,9 +105,11 @@ int main(int argc, char** argv) {
       threads.emplace_back([&] {
         for (size_t i; (i = next++) < queue.size();) {
           auto v = (*ev)->evaluate(queue[i]);
-          if (v.status == env::verdict_status::ok)
+          if (v.status == env::verdict_status::ok) {
             ++ok;
-          else
+            std::lock_guard guard{speedups_mtx};
+            speedups[queue[i].target.name].push_back(v.speedup);
+          } else
             std::fprintf(stderr, "%s: %s %s\n", queue[i].target.name.c_str(), env::to_string(v.status), v.message.c_str());
         }
       });
@@ -125,6 +131,11 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>((*ev)->workers_started() - started0),
                 static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency,
                 static_cast<long long>(opt.warm_workers));
+    // Precision under this load: each task's verdicts, max/min - 1 as in eval_precision.py.
+    for (auto& [task, xs] : speedups) {
+      auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());
+      std::printf("  %s: %zu verdicts, %.2f-%.2fx, spread %.2f%%\n", task.c_str(), xs.size(), *lo, *hi, 100 * (*hi / *lo - 1));
+    }
     std::fflush(stdout);
   };
   run_pass("warm-up (builds extensions)");

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [precision] [probe] [decode] [trace] [learner]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [holds] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -26,7 +26,7 @@ if [[ ! -f $B/build.ninja ]]; then
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
 fi
 targets=(crucible)
-[[ " $* " == *" throughput "* ]] && targets+=(bench_eval_throughput)
+[[ " $* " == *" throughput "* || " $* " == *" holds "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* ]] && targets+=(bench_learner test_gpu_dp)
@@ -67,6 +67,14 @@ for what in "$@"; do
         read -r conc setting <<< "$run"
         echo "== concurrency $conc, $setting" | tee -a "$OUT/throughput.txt"
         $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$conc" --candidates 20 --set "$setting" 2>&1 | tee -a "$OUT/throughput.txt"
+      done ;;
+    holds)
+      # Workers' device initialisation beside timed rounds or not, 40 verdicts each (8 per task),
+      # with each task's spread under that load.
+      for h in true false; do
+        echo "== concurrency 4, evaluator.init_holds_device=$h" | tee -a "$OUT/holds.txt"
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 4 --candidates 40 \
+          --set evaluator.init_holds_device=$h 2>&1 | grep -Ev "NVML|raw_cnt|fork|pid = " | tee -a "$OUT/holds.txt"
       done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the

@@ -7,7 +7,8 @@ helper processes, each with torch imported and nothing on the device yet (a fork
 state), go one after another through an evaluator worker's start (env/harness/worker.py,
 Worker.start) and then a reference's first calls:
 
-  context   torch.cuda.init(), the first allocation and synchronisation
+  cuinit    torch.cuda.init() (the driver's initialisation, device properties)
+  context   the first allocation and synchronisation (the CUDA context is made here)
   profiler  the profiler's first use (CUPTI)
   kernels   first calls of a few ops on fresh inputs (what a reference phase does)
 
@@ -32,7 +33,9 @@ import torch.profiler
 sys.stdout.write("ready\n"); sys.stdout.flush()
 sys.stdin.readline()
 marks = [time.monotonic()]
-torch.cuda.init(); torch.empty(1, device="cuda"); torch.cuda.synchronize()
+torch.cuda.init()
+marks.append(time.monotonic())
+torch.empty(1, device="cuda"); torch.cuda.synchronize()
 marks.append(time.monotonic())
 acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
 with torch.profiler.profile(activities=acts):
@@ -43,7 +46,7 @@ y = torch.nn.functional.layer_norm(x, (4096,)); z = x @ x; w = torch.softmax(x, 
 marks.append(time.monotonic())
 sys.stdout.write(json.dumps(marks) + "\n"); sys.stdout.flush()
 """
-STEPS = ["context", "profiler", "kernels"]
+STEPS = ["cuinit", "context", "profiler", "kernels"]
 
 
 def summary(xs):
