@@ -74,7 +74,7 @@ for what in "$@"; do
       for h in true false; do
         echo "== concurrency 4, evaluator.init_holds_device=$h" | tee -a "$OUT/holds.txt"
         $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 4 --candidates 40 \
-          --set evaluator.init_holds_device=$h 2>&1 | grep -Ev "NVML|raw_cnt|fork|pid = " | tee -a "$OUT/holds.txt"
+          --set evaluator.init_holds_device=$h 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/holds.txt"
       done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the
