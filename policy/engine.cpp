@@ -113,11 +113,11 @@ std::string completion_text(const completion& c, const detokenize_fn& detokenize
 class decode_graphs final {
 public:
   torch::Tensor step(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots,
-                     const torch::Tensor& tokens, bool fused, engine_stats& stats) {
+                     const torch::Tensor& tokens, bool fused, bool small_batch, engine_stats& stats) {
     auto& g = graphs_[{rows, slots}];
     if (!g) {
       g = std::make_unique<entry>();
-      capture(model, cache, rows, slots, fused, *g);
+      capture(model, cache, rows, slots, fused, small_batch, *g);
       ++stats.graph_captures;
     }
     g->input.copy_(tokens, /*non_blocking=*/true);
@@ -140,7 +140,8 @@ private:
     torch::Tensor logits; // [rows, vocab]
   };
 
-  void capture(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused, entry& g) {
+  void capture(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused,
+               bool small_batch, entry& g) {
     auto view = cache.view(rows, slots);
     g.input = torch::zeros({rows, 1}, cache.lengths.options());
     if (!pool_)
@@ -155,14 +156,14 @@ private:
       // A warm-up run initialises lazily created state (cuBLAS handles, the RoPE table) outside
       // the capture. It writes one slot per row at that row's length, the slot the real step
       // overwrites next, and advances the lengths, which we put back.
-      model.forward_step(g.input, view, {}, fused);
+      model.forward_step(g.input, view, {}, fused, small_batch);
       view.lengths.copy_(saved);
       side.synchronize();
       // Thread-local capture: the learner's and the evaluator's CUDA calls on other threads of
       // the process (allocations, copies, synchronisations) neither break the capture nor are
       // refused while it runs.
       g.graph.capture_begin(*pool_, cudaStreamCaptureModeThreadLocal);
-      g.logits = model.forward_step(g.input, view, {}, fused);
+      g.logits = model.forward_step(g.input, view, {}, fused, small_batch);
       g.graph.capture_end();
     }
     torch::cuda::synchronize();
@@ -179,6 +180,7 @@ struct engine::state {
   bool graphs_enabled = false;
   bool fused = false;
   std::int64_t fused_max_rows = 64;
+  bool small_batch = true;
   std::int64_t max_prefill_tokens = 16384;
   std::int64_t sync_interval = 16;
   kv_cache cache;
@@ -215,11 +217,11 @@ struct engine::state {
     if (graphs_enabled) {
       // Bucketed shapes so that a few graphs serve every step; the last bucket is the cache.
       auto slots = bucket(used + 1, 256, cache.slots());
-      return graphs.step(*model, cache, rows, slots, tokens, fused, stats);
+      return graphs.step(*model, cache, rows, slots, tokens, fused, small_batch, stats);
     }
 #endif
     auto view = cache.view(rows, used + 1);
-    return model->forward_step(tokens, view, {}, fused);
+    return model->forward_step(tokens, view, {}, fused, small_batch);
   }
 };
 
@@ -254,6 +256,7 @@ engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& option
   s_->max_prefill_tokens = std::max<std::int64_t>(1, options.max_prefill_tokens);
   s_->fused = options.fused_kernels && s_->device.is_cuda();
   s_->fused_max_rows = options.fused_max_rows;
+  s_->small_batch = options.small_batch_kernels;
   s_->sync_interval = std::max<std::int64_t>(1, options.sync_interval);
 }
 

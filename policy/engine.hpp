@@ -91,6 +91,10 @@ struct engine_options {
   /// the rewritten decode attention is 2.5x faster than LibTorch ops at batch 1, 2.3x at 16 and
   /// 1.7x at 64; larger batches are not measured.
   std::int64_t fused_max_rows = 64;
+  /// With fused_kernels, steps of at most 4 rows run each projection as one kernel with the
+  /// work around it (CausalLMImpl::forward_step's `small_batch`); false: cuBLAS GEMMs between the
+  /// fused kernels, as for larger batches.
+  bool small_batch_kernels = true;
   /// Decoding steps between copies of the sampled tokens to the host (at least 1). Between
   /// copies the device feeds each step's tokens to the next without waiting for the host; eos
   /// ids and stop strings are seen at the copies, so a finished completion may be computed up to

@@ -14,14 +14,16 @@ namespace crucible::policy::fused {
 
 namespace {
 
-kernels::dtype kernel_dtype(const torch::Tensor& t) {
-  switch (t.scalar_type()) {
+kernels::dtype kernel_dtype_of(torch::ScalarType t) {
+  switch (t) {
     case torch::kFloat: return kernels::dtype::f32;
     case torch::kHalf: return kernels::dtype::f16;
     case torch::kBFloat16: return kernels::dtype::bf16;
-    default: TORCH_CHECK(false, "fused kernels: dtype ", t.scalar_type(), " is not float32, float16 or bfloat16");
+    default: TORCH_CHECK(false, "fused kernels: dtype ", t, " is not float32, float16 or bfloat16");
   }
 }
+
+kernels::dtype kernel_dtype(const torch::Tensor& t) { return kernel_dtype_of(t.scalar_type()); }
 
 void check_launch(cudaError_t e, const char* what) {
   TORCH_CHECK(e == cudaSuccess, "fused kernel ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
@@ -202,6 +204,133 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   check_launch(kernels::silu_mul(kernel_dtype(gate_up), gate_up.data_ptr(), out.data_ptr(), rows, inter,
                                  at::cuda::getCurrentCUDAStream()),
                "silu_mul");
+  return out;
+}
+
+
+bool small_batch_supported(torch::ScalarType dtype, std::int64_t rows, std::int64_t dim) {
+  return supported_dtype(dtype) && kernels::small_gemm_supported(kernel_dtype_of(dtype), rows, dim);
+}
+
+namespace {
+
+// x [rows, k] and weight [n, k] contiguous CUDA tensors of one dtype on one device, bias [n] or
+// undefined; the arguments they fill.
+kernels::small_gemm_args small_gemm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                    const char* what) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), what, ": input must be a contiguous CUDA [rows, k] tensor, got ",
+              x.sizes());
+  check_cuda(weight, x, "weight");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(1) && weight.is_contiguous()
+                && weight.scalar_type() == x.scalar_type(),
+              what, ": weight must be contiguous [n, ", x.size(1), "] of ", x.scalar_type(), ", got ",
+              weight.scalar_type(), " ", weight.sizes());
+  if (bias.defined()) {
+    check_cuda(bias, x, "bias");
+    TORCH_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.is_contiguous()
+                  && bias.scalar_type() == x.scalar_type(),
+                what, ": bias must be contiguous [", weight.size(0), "] of ", x.scalar_type(), ", got ",
+                bias.scalar_type(), " ", bias.sizes());
+  }
+  TORCH_CHECK(small_batch_supported(x.scalar_type(), x.size(0), x.size(1)), what, ": ", x.size(0), " rows of ",
+              x.size(1), " ", x.scalar_type(), " are not supported (at most 4 rows in 48 KiB, rows of whole 16 bytes)");
+  kernels::small_gemm_args a;
+  a.x = x.data_ptr();
+  a.weight = weight.data_ptr();
+  a.bias = bias.defined() ? bias.data_ptr() : nullptr;
+  a.rows = x.size(0);
+  a.k = x.size(1);
+  a.n = weight.size(0);
+  a.sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return a;
+}
+
+void set_norm(kernels::small_gemm_args& a, const torch::Tensor& x, const torch::Tensor& norm_weight, double eps,
+              const char* what) {
+  check_cuda(norm_weight, x, "norm_weight");
+  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == x.size(1) && norm_weight.is_contiguous()
+                && norm_weight.scalar_type() == x.scalar_type(),
+              what, ": norm_weight must be contiguous [", x.size(1), "] of ", x.scalar_type(), ", got ",
+              norm_weight.scalar_type(), " ", norm_weight.sizes());
+  a.norm_weight = norm_weight.data_ptr();
+  a.eps = static_cast<float>(eps);
+}
+
+} // namespace
+
+torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
+                            const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
+                            const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
+                            torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
+                            std::int64_t kv_heads, std::int64_t head_dim) {
+  auto a = small_gemm(residual, qkv_weight, qkv_bias, "norm_qkv_rope");
+  set_norm(a, residual, norm_weight, eps, "norm_qkv_rope");
+  TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && heads > 0 && kv_heads > 0
+                && qkv_weight.size(0) == (heads + 2 * kv_heads) * head_dim,
+              "norm_qkv_rope: qkv_weight has ", qkv_weight.size(0), " rows, not (", heads, " + 2 * ", kv_heads,
+              ") * ", head_dim);
+  const auto rows = residual.size(0);
+  check_lengths(lengths, residual, rows);
+  check_cache(k_cache, residual, rows, kv_heads, head_dim, "k_cache");
+  check_cache(v_cache, residual, rows, kv_heads, head_dim, "v_cache");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.size(2) == v_cache.size(2),
+              "norm_qkv_rope: k_cache and v_cache differ in shape or strides");
+  check_cuda(inv_freq, residual, "inv_freq");
+  const bool per_row = inv_freq.dim() == 2;
+  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous()
+                && ((inv_freq.dim() == 1 && inv_freq.size(0) == head_dim / 2)
+                    || (per_row && inv_freq.size(0) == rows && inv_freq.size(1) == head_dim / 2)),
+              "norm_qkv_rope: inv_freq must be contiguous float32 [", head_dim / 2, "] or [", rows, ", ", head_dim / 2,
+              "], got ", inv_freq.scalar_type(), " ", inv_freq.sizes());
+  c10::cuda::CUDAGuard guard(residual.device());
+  auto q = torch::empty({rows, heads, head_dim}, residual.options());
+  auto& r = a.rope;
+  r.q_out = q.data_ptr();
+  r.k_cache = k_cache.data_ptr();
+  r.v_cache = v_cache.data_ptr();
+  r.row_stride = k_cache.stride(0);
+  r.head_stride = k_cache.stride(1);
+  r.slot_stride = k_cache.stride(2);
+  r.lengths = lengths.data_ptr<std::int64_t>();
+  r.inv_freq = inv_freq.data_ptr<float>();
+  r.inv_row_stride = per_row ? head_dim / 2 : 0;
+  r.attention_scaling = static_cast<float>(attention_scaling);
+  r.rows = rows;
+  r.heads = heads;
+  r.kv_heads = kv_heads;
+  r.head_dim = head_dim;
+  r.slots = k_cache.size(2);
+  check_launch(kernels::small_gemm_rope_kv(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()),
+               "small_gemm_rope_kv");
+  return q;
+}
+
+void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                 torch::Tensor& residual) {
+  auto a = small_gemm(x, weight, bias, "project_add");
+  check_cuda(residual, x, "residual");
+  TORCH_CHECK(residual.dim() == 2 && residual.size(0) == x.size(0) && residual.size(1) == weight.size(0)
+                && residual.is_contiguous() && residual.scalar_type() == x.scalar_type(),
+              "project_add: residual must be contiguous [", x.size(0), ", ", weight.size(0), "] of ", x.scalar_type(),
+              ", got ", residual.scalar_type(), " ", residual.sizes());
+  TORCH_CHECK(!residual.is_same(x), "project_add: residual and x must be different tensors");
+  c10::cuda::CUDAGuard guard(x.device());
+  a.residual = residual.data_ptr();
+  check_launch(kernels::small_gemm_residual_add(kernel_dtype(x), a, at::cuda::getCurrentCUDAStream()),
+               "small_gemm_residual_add");
+}
+
+torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
+                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias) {
+  auto a = small_gemm(residual, gate_up_weight, gate_up_bias, "norm_gate_up_silu");
+  set_norm(a, residual, norm_weight, eps, "norm_gate_up_silu");
+  TORCH_CHECK(gate_up_weight.size(0) % 2 == 0, "norm_gate_up_silu: gate_up_weight has an odd number of rows, ",
+              gate_up_weight.size(0));
+  c10::cuda::CUDAGuard guard(residual.device());
+  auto out = torch::empty({residual.size(0), gate_up_weight.size(0) / 2}, residual.options());
+  a.out = out.data_ptr();
+  check_launch(kernels::small_gemm_silu_mul(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()),
+               "small_gemm_silu_mul");
   return out;
 }
 

@@ -50,4 +50,28 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
 /// the same roundings. Returns [rows, inter].
 torch::Tensor silu_mul(const torch::Tensor& gate_up);
 
+/// Whether the few-row projections below take `rows` rows of inputs up to `dim` wide in `dtype`
+/// (kernels::small_gemm_supported: at most 4 rows).
+bool small_batch_supported(torch::ScalarType dtype, std::int64_t rows, std::int64_t dim);
+
+/// The input RMSNorm of `residual` [rows, hidden] (weight `norm_weight`, `eps`), the joined q/k/v
+/// projection `qkv_weight` [(heads + 2 kv_heads) * head_dim, hidden] plus `qkv_bias` (when
+/// defined, added before the one rounding), then what rope_write_kv does with the result, in one
+/// kernel. Returns q rotated, [rows, heads, head_dim]; `residual` is only read.
+torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
+                            const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
+                            const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
+                            torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
+                            std::int64_t kv_heads, std::int64_t head_dim);
+
+/// residual += linear(x, weight, bias), each rounded to the dtype as `residual + linear(...)`
+/// rounds: x [rows, k], weight [n, k], residual [rows, n], in place, one kernel.
+void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                 torch::Tensor& residual);
+
+/// silu(gate) * up of the post-attention RMSNorm of `residual` through the joined gate and up
+/// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].
+torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
+                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias);
+
 } // namespace crucible::policy::fused

@@ -511,6 +511,251 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ o
   }
 }
 
+// ---- small GEMMs: projections of a few rows with their neighbours fused -------------------------
+//
+// A warp computes two output rows (a "unit": rows 2u and 2u + 1, or the gate and up rows of one
+// intermediate column, or the pair of a head's rows that RoPE rotates together), its lanes
+// reading 16 bytes of each weight row at a time, four loads of each in flight; `split` warps of
+// the block share a unit's k when units are too few to fill the device. The block first stages
+// its inputs (rows x k, normalised when a norm weight is given) in shared memory as the storage
+// type, which is what the LibTorch ops would hand the GEMM.
+
+constexpr int small_gemm_threads = 128;
+constexpr int small_gemm_warps = small_gemm_threads / 32;
+constexpr int small_gemm_max_rows = 4;
+constexpr std::size_t small_gemm_max_shared = 48 * 1024;
+
+enum class gemm_out { residual_add, silu_mul, rope_kv };
+
+// acc + the dot product of 16 bytes of weights with 16 bytes of inputs, both of type T.
+template <class T>
+__device__ __forceinline__ float dot16(const uint4& w, const uint4& x, float acc) {
+  if constexpr (std::is_same_v<T, float>) {
+    acc = fmaf(__uint_as_float(w.x), __uint_as_float(x.x), acc);
+    acc = fmaf(__uint_as_float(w.y), __uint_as_float(x.y), acc);
+    acc = fmaf(__uint_as_float(w.z), __uint_as_float(x.z), acc);
+    return fmaf(__uint_as_float(w.w), __uint_as_float(x.w), acc);
+  } else {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const T2* wp = reinterpret_cast<const T2*>(&w);
+    const T2* xp = reinterpret_cast<const T2*>(&x);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 a, b;
+      if constexpr (std::is_same_v<T, __half>) {
+        a = __half22float2(wp[i]);
+        b = __half22float2(xp[i]);
+      } else {
+        a = __bfloat1622float2(wp[i]);
+        b = __bfloat1622float2(xp[i]);
+      }
+      acc = fmaf(a.x, b.x, acc);
+      acc = fmaf(a.y, b.y, acc);
+    }
+    return acc;
+  }
+}
+
+template <class T>
+__device__ __forceinline__ float element(const uint4& v, int i) {
+  return to_float(reinterpret_cast<const T*>(&v)[i]);
+}
+
+// The unit's two weight rows (b < 0: none, n odd).
+template <gemm_out MODE>
+__device__ __forceinline__ void unit_rows(const small_gemm_args& a, long long unit, long long& ra, long long& rb) {
+  if constexpr (MODE == gemm_out::residual_add) {
+    ra = 2 * unit;
+    rb = ra + 1 < a.n ? ra + 1 : -1;
+  } else if constexpr (MODE == gemm_out::silu_mul) {
+    ra = unit;
+    rb = a.n / 2 + unit;
+  } else {
+    const long long half = a.rope.head_dim / 2, head = unit / half, i = unit - head * half;
+    ra = head * a.rope.head_dim + i;
+    rb = ra + half;
+  }
+}
+
+template <gemm_out MODE>
+__host__ __device__ __forceinline__ long long gemm_units(const small_gemm_args& a) {
+  if constexpr (MODE == gemm_out::residual_add)
+    return (a.n + 1) / 2;
+  else
+    return a.n / 2;
+}
+
+// R: rows the kernel is compiled for (1, or up to small_gemm_max_rows with a.rows of them used).
+template <class T, int R, gemm_out MODE>
+__global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
+  extern __shared__ uint4 staged[]; // [rows][k] of T
+  __shared__ float partial[small_gemm_warps][2][R];
+  __shared__ float scratch[32];
+  constexpr int vec = 16 / sizeof(T);
+  const int rows = R == 1 ? 1 : static_cast<int>(a.rows);
+  const int k = static_cast<int>(a.k), kv = k / vec;
+  const uint4* x = static_cast<const uint4*>(a.x);
+
+  // 1. Inputs into shared memory: copied, or RMSNorm of the residual rows rounded as add_rms_norm's.
+  if (a.norm_weight == nullptr) {
+    for (int i = threadIdx.x; i < rows * kv; i += blockDim.x)
+      staged[i] = x[i];
+  } else {
+    const uint4* nw = static_cast<const uint4*>(a.norm_weight);
+    const float inv_k = 1.0f / static_cast<float>(k);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows)
+        break;
+      float sum = 0.0f;
+      for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+        const uint4 v = x[r * kv + i];
+#pragma unroll
+        for (int e = 0; e < vec; ++e) {
+          const float f = element<T>(v, e);
+          sum += __fmul_rn(f, f);
+        }
+      }
+      sum = block_sum(sum, scratch);
+      const float inv = rsqrtf(__fadd_rn(__fmul_rn(sum, inv_k), a.eps));
+      for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+        const uint4 v = x[r * kv + i], w = nw[i];
+        uint4 o;
+        T* op = reinterpret_cast<T*>(&o);
+#pragma unroll
+        for (int e = 0; e < vec; ++e)
+          op[e] = from_float<T>(__fmul_rn(element<T>(w, e), rounded<T>(__fmul_rn(element<T>(v, e), inv))));
+        staged[r * kv + i] = o;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. Two rows' dot products with every input row.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per_block = small_gemm_warps / split, s = warp % split;
+  const long long unit = static_cast<long long>(blockIdx.x) * per_block + warp / split;
+  const bool valid = unit < gemm_units<MODE>(a);
+  long long ra = 0, rb = -1;
+  if (valid)
+    unit_rows<MODE>(a, unit, ra, rb);
+  float acc_a[R], acc_b[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    acc_a[r] = acc_b[r] = 0.0f;
+  if (valid) {
+    const uint4* wa = static_cast<const uint4*>(a.weight) + ra * kv;
+    const uint4* wb = static_cast<const uint4*>(a.weight) + (rb < 0 ? ra : rb) * kv;
+    constexpr int U = 4;
+    const int stride = 32 * split;
+    for (int v0 = s * 32 + lane; v0 < kv; v0 += stride * U) {
+      uint4 la[U], lb[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = v0 + u * stride;
+        if (v < kv) {
+          la[u] = __ldg(wa + v);
+          lb[u] = __ldg(wb + v);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int v = v0 + u * stride;
+        if (v < kv) {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (r < rows) {
+              const uint4 xr = staged[r * kv + v];
+              acc_a[r] = dot16<T>(la[u], xr, acc_a[r]);
+              acc_b[r] = dot16<T>(lb[u], xr, acc_b[r]);
+            }
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    acc_a[r] = warp_sum(acc_a[r]);
+    acc_b[r] = warp_sum(acc_b[r]);
+  }
+  if (split > 1) { // the unit's warps add their parts of k, in a fixed order
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        partial[warp][0][r] = acc_a[r];
+        partial[warp][1][r] = acc_b[r];
+      }
+    }
+    __syncthreads();
+    if (s != 0)
+      return;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float ta = 0.0f, tb = 0.0f;
+      for (int j = 0; j < split; ++j) {
+        ta += partial[warp + j][0][r];
+        tb += partial[warp + j][1][r];
+      }
+      acc_a[r] = ta;
+      acc_b[r] = tb;
+    }
+  }
+  if (!valid || lane >= rows)
+    return;
+
+  // 3. Lane r finishes input row r.
+  float da = 0.0f, db = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r == lane) {
+      da = acc_a[r];
+      db = acc_b[r];
+    }
+  const T* bias = static_cast<const T*>(a.bias);
+  const long long row = lane;
+  // linear(x) + bias rounded once, as LibTorch's addmm epilogue does.
+  const float ya = rounded<T>(bias == nullptr ? da : __fadd_rn(da, to_float(bias[ra])));
+  const float yb = rb < 0 ? 0.0f : rounded<T>(bias == nullptr ? db : __fadd_rn(db, to_float(bias[rb])));
+  if constexpr (MODE == gemm_out::residual_add) {
+    T* res = static_cast<T*>(a.residual) + row * a.n;
+    res[ra] = from_float<T>(__fadd_rn(to_float(res[ra]), ya));
+    if (rb >= 0)
+      res[rb] = from_float<T>(__fadd_rn(to_float(res[rb]), yb));
+  } else if constexpr (MODE == gemm_out::silu_mul) {
+    const float silu = rounded<T>(__fdiv_rn(ya, __fadd_rn(1.0f, expf(-ya)))); // torch::silu, in T
+    static_cast<T*>(a.out)[row * (a.n / 2) + unit] = from_float<T>(__fmul_rn(silu, yb));
+  } else {
+    const rope_kv_args& p = a.rope;
+    const long long half = p.head_dim / 2, head = unit / half, i = unit - head * half;
+    const long long pos = p.lengths[row];
+    const bool in_cache = pos >= 0 && pos < p.slots;
+    if (head >= p.heads + p.kv_heads) { // a value: to the cache as it is
+      if (!in_cache)
+        return;
+      T* dst = static_cast<T*>(p.v_cache) + row * p.row_stride + (head - p.heads - p.kv_heads) * p.head_stride
+               + pos * p.slot_stride;
+      dst[i] = from_float<T>(ya);
+      dst[i + half] = from_float<T>(yb);
+      return;
+    }
+    T* dst = nullptr;
+    if (head < p.heads) {
+      dst = static_cast<T*>(p.q_out) + (row * p.heads + head) * p.head_dim;
+    } else {
+      if (!in_cache)
+        return;
+      dst = static_cast<T*>(p.k_cache) + row * p.row_stride + (head - p.heads) * p.head_stride + pos * p.slot_stride;
+    }
+    // As rope_kv_kernel: cos and sin of position * inv_freq, scaled and rounded; each product and the sum rounded.
+    const float f = __fmul_rn(static_cast<float>(pos), p.inv_freq[row * p.inv_row_stride + i]);
+    const float c = rounded<T>(__fmul_rn(cosf(f), p.attention_scaling));
+    const float sn = rounded<T>(__fmul_rn(sinf(f), p.attention_scaling));
+    dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(ya, c)), -rounded<T>(__fmul_rn(yb, sn))));
+    dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(yb, c)), rounded<T>(__fmul_rn(ya, sn))));
+  }
+}
+
 } // namespace
 
 cudaError_t add_rms_norm(dtype t, const void* delta, void* residual, const void* weight, void* out, std::int64_t rows,
@@ -601,6 +846,78 @@ cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows,
                                                                                   static_cast<T*>(out), rows, inter);
     return cudaGetLastError();
   });
+}
+
+
+namespace {
+
+std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
+
+// Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
+// warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
+int small_gemm_split(long long units, long long kv, int sms) {
+  int split = 1;
+  const long long want = 16LL * std::max(sms, 1);
+  while (split < small_gemm_warps && units * split < want && kv >= 128LL * split)
+    split *= 2;
+  return split;
+}
+
+template <gemm_out MODE>
+cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t stream) {
+  if (a.rows <= 0)
+    return cudaSuccess;
+  if (!small_gemm_supported(t, a.rows, a.k) || a.n <= 0 || a.x == nullptr || a.weight == nullptr
+      || reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<std::uintptr_t>(a.weight) % 16 != 0
+      || (a.norm_weight != nullptr && reinterpret_cast<std::uintptr_t>(a.norm_weight) % 16 != 0))
+    return cudaErrorInvalidValue;
+  if (MODE == gemm_out::residual_add && a.residual == nullptr)
+    return cudaErrorInvalidValue;
+  if (MODE == gemm_out::silu_mul && (a.out == nullptr || a.n % 2 != 0))
+    return cudaErrorInvalidValue;
+  if (MODE == gemm_out::rope_kv) {
+    const auto& p = a.rope;
+    if (p.head_dim <= 0 || p.head_dim % 2 != 0 || p.heads <= 0 || p.kv_heads <= 0 || p.q_out == nullptr
+        || p.lengths == nullptr || p.inv_freq == nullptr || a.n != (p.heads + 2 * p.kv_heads) * p.head_dim)
+      return cudaErrorInvalidValue;
+  }
+  const long long kv = a.k / static_cast<long long>(16 / element_bytes(t));
+  const long long units = gemm_units<MODE>(a);
+  const int split = small_gemm_split(units, kv, a.sms);
+  const long long per_block = small_gemm_warps / split;
+  const long long blocks = (units + per_block - 1) / per_block;
+  if (blocks > 0x7fffffff)
+    return cudaErrorInvalidValue;
+  const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (a.rows == 1)
+      small_gemm_kernel<T, 1, MODE><<<static_cast<unsigned>(blocks), small_gemm_threads, shared, stream>>>(a, split);
+    else
+      small_gemm_kernel<T, small_gemm_max_rows, MODE>
+        <<<static_cast<unsigned>(blocks), small_gemm_threads, shared, stream>>>(a, split);
+    return cudaGetLastError();
+  });
+}
+
+} // namespace
+
+bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
+  const auto bytes = element_bytes(t);
+  return rows >= 1 && rows <= small_gemm_max_rows && k > 0 && (k * static_cast<std::int64_t>(bytes)) % 16 == 0
+         && static_cast<std::size_t>(rows * k) * bytes <= small_gemm_max_shared;
+}
+
+cudaError_t small_gemm_residual_add(dtype t, const small_gemm_args& a, cudaStream_t stream) {
+  return launch_small_gemm<gemm_out::residual_add>(t, a, stream);
+}
+
+cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t stream) {
+  return launch_small_gemm<gemm_out::silu_mul>(t, a, stream);
+}
+
+cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream) {
+  return launch_small_gemm<gemm_out::rope_kv>(t, a, stream);
 }
 
 } // namespace crucible::policy::kernels

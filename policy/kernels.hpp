@@ -96,4 +96,40 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream
 cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows, std::int64_t inter,
                      cudaStream_t stream);
 
+/// Projections of a few rows (decoding at batch 1 to 4), each one kernel with the work before and
+/// after it fused in: the weight matrix [n, k] (row-major, 16-byte aligned rows) is read once,
+/// 16 bytes a lane, two output rows a warp (up to four warps splitting k when there are few rows),
+/// float32 sums, the bias added before the one rounding LibTorch's `linear` makes.
+struct small_gemm_args {
+  /// [rows, k] contiguous: the input, or with norm_weight the residual stream, normalised first
+  /// (RMSNorm with norm_weight and eps, rounded as add_rms_norm rounds).
+  const void* x = nullptr;
+  const void* norm_weight = nullptr;
+  float eps = 0.0f;
+  const void* weight = nullptr;      ///< [n, k]
+  const void* bias = nullptr;        ///< [n] or null
+  std::int64_t rows = 0, k = 0, n = 0;
+  void* residual = nullptr;          ///< small_gemm_residual_add: [rows, n], residual += linear(x), in place
+  void* out = nullptr;               ///< small_gemm_silu_mul: [rows, n / 2]
+  rope_kv_args rope;                 ///< small_gemm_rope_kv: where q, k and v go (its qkv and qkv_bias unused)
+  int sms = 0;                       ///< the device's SM count: how finely to split k
+};
+
+/// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the
+/// inputs in 48 KiB of shared memory, rows of whole 16 bytes).
+bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k);
+
+/// residual[r] = to_dtype(residual[r] + to_dtype(x[r] W^T + bias)): the o and down projections
+/// with the residual add of the next norm.
+cudaError_t small_gemm_residual_add(dtype t, const small_gemm_args& a, cudaStream_t stream);
+
+/// out[r, j] = silu_mul of (g, u) = to_dtype(norm(x[r]) W^T + bias) at columns j and n/2 + j: the
+/// post-attention RMSNorm, the joined gate and up projections and silu(gate) * up.
+cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t stream);
+
+/// The input RMSNorm, the joined q/k/v projection with its bias (one rounding) and what
+/// rope_kv_write does with the result: q rotated to rope.q_out, k rotated and v to the cache.
+/// n = (heads + 2 kv_heads) * head_dim.
+cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream);
+
 } // namespace crucible::policy::kernels

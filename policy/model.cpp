@@ -729,9 +729,9 @@ std::optional<std::vector<fused_layer>> fused_layers(const CausalLMImpl& m) {
 bool CausalLMImpl::fused_decode_ready() const { return fused_layers(*this).has_value(); }
 
 torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cache& cache,
-                                         const torch::Tensor& new_tokens, bool fused) {
+                                         const torch::Tensor& new_tokens, bool fused, bool small_batch) {
   if (fused && input_ids.dim() == 2 && input_ids.size(1) == 1 && !new_tokens.defined() && input_ids.is_cuda())
-    if (auto logits = fused_step(input_ids, cache); logits.defined())
+    if (auto logits = fused_step(input_ids, cache, small_batch); logits.defined())
       return logits;
   return step(input_ids, cache, new_tokens, /*empty=*/false);
 }
@@ -742,8 +742,14 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //   + bias; RoPE(q, k); cache.scatter_   -> fused::rope_write_kv (the bias added there: one kernel fewer)
 //   SDPA(q, cache, mask)                 -> fused::decode_attention (split-K, GQA)
 //   silu(gate(n)) * up(n)                -> one GEMM over [gate; up], fused::silu_mul
-// The o and down projections and the output matrix stay LibTorch GEMMs.
-torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache) {
+// The o and down projections and the output matrix stay LibTorch GEMMs. At most 4 rows
+// (`small_batch`), each projection is one kernel with its neighbours (fused::small_batch_supported):
+//   norm, q/k/v + bias, RoPE, cache write -> fused::norm_qkv_rope
+//   o_proj(attn), then h = h + that        -> fused::project_add (the residual updated in place)
+//   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
+//   down_proj(act), h = h + that          -> fused::project_add
+// so a layer is five kernels with the attention's combine.
+torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch) {
 #ifdef CRUCIBLE_HAVE_CUDA
   auto layers = fused_layers(*this);
   if (!layers)
@@ -760,9 +766,34 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
   auto inv = inv_freq(cache.lengths.unsqueeze(1), seq_len).contiguous(); // [D/2], or [R, D/2] (dynamic)
   auto residual = model->embed_tokens(input_ids).reshape({r, c.hidden_size}).contiguous();
   torch::Tensor delta; // what the next norm adds to the residual stream first
+  if (small_batch) {
+    // The kernels read 16-byte vectors: every matrix and norm weight must start on 16 bytes.
+    auto at_16 = [](const torch::Tensor& t) {
+      return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+    };
+    small_batch = fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size));
+    for (std::size_t l = 0; small_batch && l < model->blocks.size(); ++l) {
+      const auto& layer = model->blocks[l];
+      const auto& w = (*layers)[l];
+      small_batch = at_16(w.qkv_weight) && at_16(w.gate_up_weight) && at_16(layer->self_attn->o_proj->weight)
+                    && at_16(layer->mlp->down_proj->weight) && at_16(layer->input_layernorm->weight)
+                    && at_16(layer->post_attention_layernorm->weight);
+    }
+  }
   for (std::size_t l = 0; l < model->blocks.size(); ++l) {
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
+    if (small_batch) {
+      auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
+                                    inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
+                                    c.num_heads, c.num_kv_heads, c.head_dim);
+      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
+      fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual);
+      auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
+                                          w.gate_up_weight, w.gate_up_bias);
+      fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual);
+      continue;
+    }
     auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
     auto q = fused::rope_write_kv(project(h, w.qkv_weight), w.qkv_bias, inv, attention_scaling_, cache.lengths,
                                   cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);

@@ -224,9 +224,12 @@ public:
   /// of policy/kernels.cu (residual add + RMSNorm, RoPE with the cache write, split-K decode
   /// attention, SiLU * mul; q/k/v and gate/up as one GEMM each) when fused_decode_ready(), and the
   /// LibTorch ops otherwise. Inference only (no autograd). The two agree to rounding: see
-  /// docs/model.md (Fused decoding kernels) for where they can differ.
+  /// docs/model.md (Fused decoding kernels) for where they can differ. With `small_batch` too, a
+  /// step of at most 4 rows runs each projection as one kernel with the norm, bias, RoPE and
+  /// cache write, SiLU * mul or residual add around it (fused::small_batch_supported; docs/model.md,
+  /// Small-batch projections).
   torch::Tensor forward_step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {},
-                             bool fused = false);
+                             bool fused = false, bool small_batch = true);
   /// Whether forward_step(..., fused = true) can run the fused kernels: a CUDA build, parameters
   /// on a CUDA device in float32, float16 or bfloat16, no LoRA adapters, projections joined (see
   /// AttentionImpl::join_projections; setting parameter data by hand can undo it) and an attention
@@ -255,7 +258,7 @@ private:
   torch::Tensor step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens, bool empty);
   /// forward_step of one token per row through the fused kernels; undefined when not
   /// fused_decode_ready() (nothing changed then).
-  torch::Tensor fused_step(const torch::Tensor& input_ids, kv_cache& cache);
+  torch::Tensor fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch);
   /// cos, sin [B, T, head_dim] for integer positions [B, T], in `dtype`. `seq_len` [B] (the
   /// length each row has reached) matters only to dynamic RoPE.
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& positions, const torch::Tensor& seq_len,

@@ -309,6 +309,116 @@ TEST_CASE("silu_mul equals torch::silu(gate) * up, per dtype") {
   }
 }
 
+namespace {
+
+// A GEMM's outputs in another summation order: within the dtype's tolerance of the largest
+// output (cancellation makes small outputs' relative error meaningless).
+void check_gemm_close(const torch::Tensor& got, const torch::Tensor& want, torch::ScalarType dtype,
+                      const std::string& what) {
+  const double scale = std::max(1.0, want.abs().max().item<double>());
+  check_close(got, want, rtol(dtype), rtol(dtype) * scale, what);
+}
+
+} // namespace
+
+TEST_CASE("small-batch projections equal norm, linear and what follows them, per dtype, 1 to 4 rows") {
+  torch::manual_seed(15);
+  torch::NoGradGuard g;
+  const double eps = 1e-6;
+  struct shape {
+    std::int64_t hidden, inter, heads, kv_heads, dim;
+  };
+  for (auto dtype : all_dtypes) {
+    for (auto sh : {shape{896, 4864, 14, 2, 64}, shape{128, 352, 4, 4, 32}, shape{256, 688, 2, 1, 128}}) {
+      for (std::int64_t rows : {1, 2, 3, 4}) {
+        for (bool biased : {false, true}) {
+          const std::string what = std::string(c10::toString(dtype)) + " hidden " + std::to_string(sh.hidden) + " inter " +
+                                   std::to_string(sh.inter) + " rows " + std::to_string(rows) +
+                                   (biased ? " with bias" : "");
+          CAPTURE(what);
+          const auto opts = on_gpu(dtype);
+          const bool fits = fused::small_batch_supported(dtype, rows, sh.inter);
+          // float32 rows of 4864 take 19 KiB of shared memory each: three do not fit.
+          CHECK(fits == (dtype != torch::kFloat || rows * sh.inter * 4 <= 48 * 1024));
+          auto residual = torch::randn({rows, sh.hidden}, opts);
+          RMSNorm norm(sh.hidden, eps);
+          norm->to(torch::Device(torch::kCUDA, 0), dtype);
+          norm->weight.copy_(1.0 + 0.2 * torch::randn({sh.hidden}, opts));
+          const auto n_qkv = (sh.heads + 2 * sh.kv_heads) * sh.dim;
+          auto w_qkv = torch::randn({n_qkv, sh.hidden}, opts) / std::sqrt(static_cast<double>(sh.hidden));
+          auto w_gu = torch::randn({2 * sh.inter, sh.hidden}, opts) / std::sqrt(static_cast<double>(sh.hidden));
+          auto w_down = torch::randn({sh.hidden, sh.inter}, opts) / std::sqrt(static_cast<double>(sh.inter));
+          torch::Tensor b_qkv, b_gu, b_down;
+          if (biased) {
+            b_qkv = 0.5 * torch::randn({n_qkv}, opts);
+            b_gu = 0.5 * torch::randn({2 * sh.inter}, opts);
+            b_down = 0.5 * torch::randn({sh.hidden}, opts);
+          }
+          auto act = torch::randn({rows, sh.inter}, opts);
+          if (!fits) {
+            auto res = residual.clone();
+            CHECK_THROWS(fused::project_add(act, w_down, b_down, res));
+            continue;
+          }
+
+          // q/k/v: the norm, linear with its bias, then rope_write_kv (tested above) on the result.
+          const std::int64_t slots = 24;
+          auto lengths = torch::randint(0, slots, {rows}, opts.dtype(torch::kLong));
+          lengths[0] = slots - 1;
+          auto inv = 1.0 / torch::pow(10000.0, torch::arange(0, sh.dim, 2, on_gpu(torch::kFloat)) / static_cast<double>(sh.dim));
+          auto k_full = torch::randn({rows + 1, sh.kv_heads, slots + 4, sh.dim}, opts);
+          auto v_full = torch::randn({rows + 1, sh.kv_heads, slots + 4, sh.dim}, opts);
+          auto k_ref = k_full.clone(), v_ref = v_full.clone(), k_got = k_full.clone(), v_got = v_full.clone();
+          auto view = [&](torch::Tensor& t) { return t.narrow(0, 0, rows).narrow(2, 0, slots); };
+          auto kr = view(k_ref), vr = view(v_ref), kg = view(k_got), vg = view(v_got);
+          auto qkv = torch::linear(norm(residual), w_qkv, b_qkv);
+          auto q_want = fused::rope_write_kv(qkv, {}, inv, 1.0, lengths, kr, vr, sh.heads, sh.kv_heads, sh.dim);
+          auto untouched = residual.clone();
+          auto q_got = fused::norm_qkv_rope(untouched, norm->weight, eps, w_qkv, b_qkv, inv, 1.0, lengths, kg, vg,
+                                            sh.heads, sh.kv_heads, sh.dim);
+          CHECK(torch::equal(untouched, residual));
+          check_gemm_close(q_got, q_want, dtype, "q, " + what);
+          check_gemm_close(k_got, k_ref, dtype, "k cache, " + what);
+          check_gemm_close(v_got, v_ref, dtype, "v cache, " + what);
+          // Only the new tokens' slots changed.
+          auto changed = (k_got != k_full).any(-1) | (v_got != v_full).any(-1); // [R+1, KV, S+4]
+          auto allowed = torch::zeros_like(changed);
+          allowed.narrow(0, 0, rows).narrow(2, 0, slots)
+            .scatter_(2, lengths.view({rows, 1, 1}).expand({rows, sh.kv_heads, 1}), true);
+          CHECK((changed & allowed.logical_not()).any().item<bool>() == false);
+
+          // gate/up: the norm, linear, silu(gate) * up.
+          auto gu = torch::linear(norm(residual), w_gu, b_gu);
+          auto act_want = torch::silu(gu.narrow(1, 0, sh.inter)) * gu.narrow(1, sh.inter, sh.inter);
+          check_gemm_close(fused::norm_gate_up_silu(residual, norm->weight, eps, w_gu, b_gu), act_want, dtype,
+                           "silu(gate) * up, " + what);
+
+          // down (k = inter, split over warps at 4864) and o (k = hidden), each added to the residual.
+          for (auto [x, w, b, name] : {std::tuple{act, w_down, b_down, "down"},
+                                       std::tuple{residual.narrow(1, 0, sh.hidden).clone(), w_down.narrow(1, 0, sh.hidden).contiguous(), b_down, "o"}}) {
+            auto base = torch::randn({rows, sh.hidden}, opts);
+            auto want = base + torch::linear(x, w, b);
+            auto got = base.clone();
+            fused::project_add(x, w, b, got);
+            check_gemm_close(got, want, dtype, std::string(name) + " + residual, " + what);
+          }
+        }
+      }
+    }
+  }
+  // An odd number of output rows: the last warp has one row.
+  auto x = torch::randn({2, 128}, on_gpu(torch::kBFloat16));
+  auto w = torch::randn({129, 128}, on_gpu(torch::kBFloat16)) / 11.0;
+  auto base = torch::randn({2, 129}, on_gpu(torch::kBFloat16));
+  auto want = base + torch::linear(x, w);
+  auto got = base.clone();
+  fused::project_add(x, w, {}, got);
+  check_gemm_close(got, want, torch::kBFloat16, "odd n");
+  // Bad input: a weight whose k does not match the input's.
+  CHECK_THROWS_WITH_AS(fused::project_add(x, torch::randn({129, 64}, on_gpu(torch::kBFloat16)), {}, got),
+                       doctest::Contains("weight must be contiguous"), c10::Error);
+}
+
 TEST_CASE("a fused decoding step equals the LibTorch step: logits, keys, values, lengths") {
   struct variant {
     std::string name;
@@ -331,16 +441,19 @@ TEST_CASE("a fused decoding step equals the LibTorch step: logits, keys, values,
   }
   for (auto& v : variants) {
     REQUIRE_MESSAGE(v.config.validate().ok(), v.name);
-    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
-      const std::string what = v.name + ", " + c10::toString(dtype);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (bool small : {true, false})
+    for (std::int64_t rows : {1, 3}) {
+      const std::string what = v.name + ", " + c10::toString(dtype) + (small ? ", small-batch" : ", cuBLAS") +
+                               " projections, rows " + std::to_string(rows);
       CAPTURE(what);
       auto m = scaled_random_model(v.config, 5, 4.0);
       m->to(torch::Device(torch::kCUDA, 0), dtype);
       REQUIRE(m->fused_decode_ready());
       torch::NoGradGuard g;
-      const std::int64_t rows = 3, width = 17;
+      const std::int64_t width = 17;
       auto ids = torch::randint(0, 1000, {rows, width}, on_gpu(torch::kLong));
-      auto counts = torch::tensor({5L, 17L, 1L}, on_gpu(torch::kLong));
+      auto counts = torch::tensor({5L, 17L, 1L}, on_gpu(torch::kLong)).narrow(0, 0, rows).contiguous();
       auto cache = m->make_cache(rows, 64);
       m->prefill(ids, cache, counts);
       double worst_logits = 0.0;
@@ -349,7 +462,7 @@ TEST_CASE("a fused decoding step equals the LibTorch step: logits, keys, values,
         auto a = deep_copy(cache), b = deep_copy(cache);
         auto va = a.view(rows, 48), vb = b.view(rows, 48); // views, as the engine's graphs use
         auto want = m->forward_step(next, va, {}, /*fused=*/false);
-        auto got = m->forward_step(next, vb, {}, /*fused=*/true);
+        auto got = m->forward_step(next, vb, {}, /*fused=*/true, small);
         REQUIRE(torch::equal(a.lengths, b.lengths));
         const double scale = std::max(1.0, want.abs().max().item<double>());
         worst_logits = std::max(worst_logits, max_abs_diff(got, want) / scale);
@@ -392,10 +505,12 @@ TEST_CASE("without joined projections or with LoRA adapters the fused step runs 
   CHECK_FALSE(m->fused_decode_ready());
 }
 
-TEST_CASE("greedy decoding with the fused kernels equals the LibTorch decoding, graphs on and off") {
-  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+TEST_CASE("greedy decoding with the fused kernels equals the LibTorch decoding, graphs on and off, 10 and 4 rows") {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16})
+  for (std::size_t prompt_count : {5, 2}) { // 2 samples each: 10 rows (cuBLAS projections), 4 (small-batch kernels)
     for (bool graphs : {true, false}) {
-      const std::string what = std::string(c10::toString(dtype)) + (graphs ? ", graphs" : ", eager");
+      const std::string what = std::string(c10::toString(dtype)) + (graphs ? ", graphs" : ", eager") + ", " +
+                               std::to_string(2 * prompt_count) + " rows";
       CAPTURE(what);
       auto c = preset_config("tiny", model_family::qwen2, 1000);
       REQUIRE(c.ok());
@@ -412,6 +527,7 @@ TEST_CASE("greedy decoding with the fused kernels equals the LibTorch decoding, 
         auto t = torch::randint(0, 1000, {n}, torch::kInt);
         prompts.emplace_back(t.data_ptr<std::int32_t>(), t.data_ptr<std::int32_t>() + n);
       }
+      prompts.resize(prompt_count);
       sampling_options o;
       o.temperature = 0.0;
       o.max_new_tokens = 300; // past the first 256-slot bucket

@@ -5,11 +5,14 @@
 //   bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 512]
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--copy-bytes 1073741824] [--trace PREFIX]
-//                [--fused-max-rows N]
+//                [--fused-max-rows N] [--kernels small,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
-// says which ("fused": true or false). The fused kernels serve calls of at most --fused-max-rows
+// says which ("fused": true or false, "kernels": its variant). --kernels names the variants
+// instead: "small" (the fused kernels with the small-batch projections of at most 4 rows, the
+// engine's default), "fused" (the fused kernels with cuBLAS projections,
+// engine_options::small_batch_kernels off) and "libtorch". The fused kernels serve calls of at most --fused-max-rows
 // rows (engine_options::fused_max_rows, its default when absent); "fused_steps" counts the steps
 // that ran them.
 // Each batch size B gets B random prompts of exactly --prompt tokens (ids uniform over the
@@ -46,7 +49,7 @@ struct bench_options {
   std::int64_t prompt = 512;
   std::int64_t new_tokens = 512;
   bool graphs = true;
-  std::vector<bool> fused{true, false}; ///< engine_options::fused_kernels values to measure
+  std::vector<std::string> kernels{"small", "libtorch"}; ///< variants to measure: small, fused, libtorch
   std::int64_t sync_interval = 16;
   std::string dtype; // "": bfloat16 on CUDA, float32 on the CPU (the engine's default)
   std::uint64_t seed = 0;
@@ -61,7 +64,8 @@ struct bench_options {
   std::fprintf(stderr,
                "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
                "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
-               "       [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n",
+               "       [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
+               "       [--kernels small,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -99,9 +103,9 @@ bench_options parse(int argc, char** argv) {
     else if (flag == "--sync-interval") o.sync_interval = positive(flag, v);
     else if (flag == "--fused-max-rows") o.fused_max_rows = integer(flag, v, 0);
     else if (flag == "--fused") {
-      if (v == "on") o.fused = {true};
-      else if (v == "off") o.fused = {false};
-      else if (v == "both") o.fused = {true, false};
+      if (v == "on") o.kernels = {"small"};
+      else if (v == "off") o.kernels = {"libtorch"};
+      else if (v == "both") o.kernels = {"small", "libtorch"};
       else usage("--fused: expected on, off or both, got '" + v + "'");
     }
     else if (flag == "--copy-bytes") o.copy_bytes = static_cast<std::uint64_t>(positive(flag, v));
@@ -112,6 +116,16 @@ bench_options parse(int argc, char** argv) {
         o.batches.push_back(positive(flag, item));
       if (o.batches.empty())
         usage("--batches: expected sizes separated by commas");
+    } else if (flag == "--kernels") {
+      o.kernels.clear();
+      std::stringstream ss{v};
+      for (std::string item; std::getline(ss, item, ',');) {
+        if (item != "small" && item != "fused" && item != "libtorch")
+          usage("--kernels: expected small, fused or libtorch, got '" + item + "'");
+        o.kernels.push_back(item);
+      }
+      if (o.kernels.empty())
+        usage("--kernels: expected variants separated by commas");
     } else {
       usage("unknown option " + flag);
     }
@@ -141,19 +155,23 @@ int run(const bench_options& o) {
   eo.dtype = dtype;
   eo.cuda_graphs = o.graphs;
   eo.sync_interval = o.sync_interval;
-  eo.fused_kernels = o.fused.front();
+  auto set_kernels = [](policy::engine_options& e, const std::string& k) {
+    e.fused_kernels = k != "libtorch";
+    e.small_batch_kernels = k == "small";
+  };
+  set_kernels(eo, o.kernels.front());
   eo.fused_max_rows = o.fused_max_rows;
   auto loaded = policy::engine::load(o.model, eo);
   if (!loaded) {
     std::fprintf(stderr, "bench_decode: %s\n", loaded.error().message.c_str());
     return 1;
   }
-  // One engine per --fused value, all sampling from the same weights.
+  // One engine per variant, all sampling from the same weights.
   std::vector<std::unique_ptr<policy::engine>> engines;
   engines.push_back(std::move(*loaded));
-  for (std::size_t i = 1; i < o.fused.size(); ++i) {
+  for (std::size_t i = 1; i < o.kernels.size(); ++i) {
     auto other = eo;
-    other.fused_kernels = o.fused[i];
+    set_kernels(other, o.kernels[i]);
     engines.push_back(std::make_unique<policy::engine>(engines.front()->shared_model(), other));
   }
   const auto& cfg = engines.front()->config();
@@ -227,7 +245,7 @@ int run(const bench_options& o) {
     }
     for (std::size_t variant = 0; variant < engines.size(); ++variant) {
       auto& engine = engines[variant];
-      const bool fused = o.fused[variant];
+      const bool fused = o.kernels[variant] != "libtorch";
       // A fresh cache per batch size and variant, so that the peak below is this one's own.
       for (auto& e : engines)
         e->release_graphs();
@@ -272,6 +290,7 @@ int run(const bench_options& o) {
         .field("kind", "decode")
         .field("batch", batch)
         .field("fused", fused)
+        .field("kernels", o.kernels[variant])
         .field("prompt", o.prompt)
         .field("new", o.new_tokens)
         .field("prefill_s", best.prefill_seconds)
@@ -297,7 +316,7 @@ int run(const bench_options& o) {
       std::fflush(stdout);
       if (!o.trace.empty()) {
         // One more call under the profiler: where a decoding step's time goes.
-        const auto path = o.trace + "-b" + std::to_string(batch) + (fused ? "-fused" : "-libtorch") + ".json";
+        const auto path = o.trace + "-b" + std::to_string(batch) + "-" + o.kernels[variant] + ".json";
         auto rows = policy::profile([&] { (void) engine->generate(prompts, so); }, cuda, path);
         if (!rows) {
           std::fprintf(stderr, "bench_decode: %s\n", rows.error().message.c_str());
@@ -311,7 +330,8 @@ int run(const bench_options& o) {
             device_events += r.count;
         const auto steps = engine->last_stats().decode_steps;
         json_writer p;
-        p.begin_object().field("kind", "profile").field("batch", batch).field("fused", fused).field("trace", path)
+        p.begin_object().field("kind", "profile").field("batch", batch).field("fused", fused)
+          .field("kernels", o.kernels[variant]).field("trace", path)
           .field("device_events", device_events).field("decode_steps", steps)
           .field("device_events_per_step", steps > 0 ? static_cast<double>(device_events) / static_cast<double>(steps) : 0.0)
           .key("top").begin_array();

@@ -73,6 +73,10 @@ def main():
     ap.add_argument("--no-graphs", action="store_true", help="our engine without CUDA graphs")
     ap.add_argument("--fused", default="both", choices=["on", "off", "both"],
                     help="our engine with the fused decoding kernels, with LibTorch ops only, or both (default)")
+    ap.add_argument("--kernels", default="",
+                    help="variants of our engine, e.g. small,fused,libtorch (bench_decode --kernels; overrides --fused): "
+                         "small = fused kernels with the small-batch projections (the default engine), "
+                         "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,
                     help="largest batch the fused kernels serve (default: engine_options::fused_max_rows)")
@@ -88,8 +92,9 @@ def main():
     ensure_model(args, crucible)
     common = ["--device", args.device, "--batches", args.batches, "--prompt", str(args.prompt), "--new", str(args.new)]
     copy_bytes = args.copy_bytes or (2**30 if cuda else 2**26)
-    ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes), "--fused", args.fused,
-                           "--sync-interval", str(args.sync_interval)] + common
+    variants = ["--kernels", args.kernels] if args.kernels else ["--fused", args.fused]
+    ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes)] + variants
+                          + ["--sync-interval", str(args.sync_interval)] + common
                           + (["--no-graphs"] if args.no_graphs else [])
                           + (["--fused-max-rows", str(args.fused_max_rows)] if args.fused_max_rows is not None else []),
                           "bench_decode"))
@@ -105,8 +110,13 @@ def main():
     bandwidth = next(r for r in ours if r["kind"] == "bandwidth")
     hf_by_batch = {r["batch"]: r for r in hf if r["kind"] == "hf_decode"}
     rows = [r for r in ours if r["kind"] == "decode"]
-    fused_by_batch = {r["batch"]: r for r in rows if r.get("fused", False)}
-    plain_by_batch = {r["batch"]: r for r in rows if not r.get("fused", False)}
+    def variant(r):
+        return r.get("kernels") or ("small" if r.get("fused", False) else "libtorch")
+    names = []  # variants in the order measured
+    for r in rows:
+        if variant(r) not in names:
+            names.append(variant(r))
+    by_variant = {n: {r["batch"]: r for r in rows if variant(r) == n} for n in names}
     batches = sorted({r["batch"] for r in rows})
     print(f"\nmodel {args.model}: {setup['family']}, {setup['parameters'] / 1e6:.1f}M parameters, {setup['dtype']}, "
           f"on {setup['device']} ({setup['device_name']}), CUDA graphs {'on' if setup['cuda_graphs'] else 'off'}, "
@@ -119,27 +129,29 @@ def main():
     print("-" * len(head))
     for batch in batches:
         h = hf_by_batch.get(batch)
-        for r, name in ((fused_by_batch.get(batch), "fused"), (plain_by_batch.get(batch), "LibTorch")):
+        for name in names:
+            r = by_variant[name].get(batch)
             if r is None:
                 continue
-            if name == "fused" and r.get("fused_steps", 0) == 0:
-                name = "fused*"
+            if name != "libtorch" and r.get("fused_steps", 0) == 0:
+                name += "*"
             ratio = f"{r['decode_tokens_per_s'] / h['decode_tokens_per_s']:.2f}" if h else "-"
             print(f"{batch:>5} {name:>8} {r['decode_tokens_per_s']:>9.1f} {r.get('ms_per_step', float('nan')):>8.3f} "
                   f"{h['decode_tokens_per_s'] if h else float('nan'):>9.1f} {ratio:>6} {r['bound_tokens_per_s']:>12.1f} "
                   f"{r['bandwidth_fraction']:>8.1%} {mib(r['kv_cache_bytes']):>8} {mib(r['kv_analytic_bytes']):>8} "
                   f"{mib(r['peak_bytes']):>9} {mib(h['peak_bytes']) if h else '-':>8}")
-    print("\nkernels: fused = the engine's fused decoding kernels, LibTorch = LibTorch ops only (the reference);"
-          "\nfused* = fused kernels asked for but not run (the CPU, or a model they do not take)."
+    print("\nkernels: small = the engine's fused decoding kernels with the small-batch projections (at most 4"
+          "\nrows; the default), fused = the fused kernels with cuBLAS projections, libtorch = LibTorch ops only"
+          "\n(the reference); * = fused kernels asked for but not run (the CPU, or a model they do not take)."
           "\nKV MiB: the engine's cache (rows x slots, slots rounded up to a multiple of 256); analytic:"
           "\n2 x layers x kv_heads x head_dim x (prompt + new) x batch x bytes; peak: the allocator's peak"
           "\nabove the loaded weights during the calls (cache, prefill scratch, activations, graph pools).")
     for r in ours:
         if r["kind"] == "profile":
-            print(f"profile, batch {r['batch']}, {'fused' if r.get('fused') else 'LibTorch'}: "
+            print(f"profile, batch {r['batch']}, {variant(r)}: "
                   f"{r.get('device_events_per_step', float('nan')):.1f} device events per decoding step ({r['trace']})")
     # The goals count the engine as configured by default: the fused kernels where measured.
-    best = {b: fused_by_batch.get(b) or plain_by_batch.get(b) for b in batches}
+    best = {b: next((by_variant[n][b] for n in names if b in by_variant[n]), None) for b in batches}
     goals = []
     if 64 in best and 64 in hf_by_batch:
         ratio = best[64]["decode_tokens_per_s"] / hf_by_batch[64]["decode_tokens_per_s"]

@@ -47,7 +47,8 @@ for what in "$@"; do
       # Where a batch-1 decoding step's time goes: LibTorch's profiler over one call.
       m=/tmp/crucible-decode-0.5b
       [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
-      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --trace "$OUT/trace" 2>&1 | tee "$OUT/trace.txt" ;;
+      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels small,fused \
+        --trace "$OUT/trace" 2>&1 | tee "$OUT/trace.txt" ;;
     gpu_evaluator)
       timeout 400 $B/tests/gpu/test_gpu_evaluator -s 2>&1 | tee "$OUT/gpu_evaluator.txt" | tail -60 ;;
     learner)
@@ -123,7 +124,9 @@ for what in "$@"; do
       # kernels against LibTorch, whose MESSAGE lines give the error figures) first.
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -30 | tee "$OUT/gpu_engine.txt"
       timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|fused|LibTorch|test cases|assertions" | tail -60
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,16,64 --prompt 512 --new 512 \
-        --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+      # Three variants of our engine: the default (small-batch projections at up to 4 rows), the
+      # fused kernels with cuBLAS projections, LibTorch ops only.
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16,64 --prompt 512 --new 512 \
+        --kernels small,fused,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
   esac
 done
