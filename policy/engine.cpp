@@ -181,6 +181,7 @@ struct engine::state {
   bool fused = false;
   std::int64_t fused_max_rows = 64;
   bool small_batch = true;
+  std::int64_t small_batch_max_rows = 1;
   std::int64_t max_prefill_tokens = 16384;
   std::int64_t sync_interval = 16;
   kv_cache cache;
@@ -213,15 +214,16 @@ struct engine::state {
 
   // One decoding forward over cache rows [0, rows) with `used` slots in use in the longest row.
   torch::Tensor decode(const torch::Tensor& tokens, std::int64_t rows, std::int64_t used) {
+    const bool small = small_batch && rows <= small_batch_max_rows;
 #ifdef CRUCIBLE_HAVE_CUDA
     if (graphs_enabled) {
       // Bucketed shapes so that a few graphs serve every step; the last bucket is the cache.
       auto slots = bucket(used + 1, 256, cache.slots());
-      return graphs.step(*model, cache, rows, slots, tokens, fused, small_batch, stats);
+      return graphs.step(*model, cache, rows, slots, tokens, fused, small, stats);
     }
 #endif
     auto view = cache.view(rows, used + 1);
-    return model->forward_step(tokens, view, {}, fused, small_batch);
+    return model->forward_step(tokens, view, {}, fused, small);
   }
 };
 
@@ -257,6 +259,7 @@ engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& option
   s_->fused = options.fused_kernels && s_->device.is_cuda();
   s_->fused_max_rows = options.fused_max_rows;
   s_->small_batch = options.small_batch_kernels;
+  s_->small_batch_max_rows = options.small_batch_max_rows;
   s_->sync_interval = std::max<std::int64_t>(1, options.sync_interval);
 }
 

@@ -91,10 +91,13 @@ struct engine_options {
   /// the rewritten decode attention is 2.5x faster than LibTorch ops at batch 1, 2.3x at 16 and
   /// 1.7x at 64; larger batches are not measured.
   std::int64_t fused_max_rows = 64;
-  /// With fused_kernels, steps of at most 4 rows run each projection as one kernel with the
-  /// work around it (CausalLMImpl::forward_step's `small_batch`); false: cuBLAS GEMMs between the
-  /// fused kernels, as for larger batches.
+  /// With fused_kernels, steps of at most small_batch_max_rows rows (the kernels take up to 4) run
+  /// each projection as one kernel with the work around it (CausalLMImpl::forward_step's
+  /// `small_batch`); false: cuBLAS GEMMs between the fused kernels, as for larger batches. On an
+  /// H100 (docs/PERFORMANCE.md, Small-batch projections) they made a batch-1 step 1.24x faster
+  /// and a batch-4 step 1.15x slower, hence the default bound of 1.
   bool small_batch_kernels = true;
+  std::int64_t small_batch_max_rows = 1;
   /// Decoding steps between copies of the sampled tokens to the host (at least 1). Between
   /// copies the device feeds each step's tokens to the next without waiting for the host; eos
   /// ids and stop strings are seen at the copies, so a finished completion may be computed up to

@@ -520,6 +520,7 @@ TEST_CASE("greedy decoding with the fused kernels equals the LibTorch decoding, 
       on.cuda_graphs = off.cuda_graphs = graphs;
       off.fused_kernels = false;
       on.fused_max_rows = 1024; // every call fused, whatever the default bound
+      on.small_batch_max_rows = 4; // and the small-batch projections at up to 4 rows
       engine with_kernels(m.ptr(), on), plain(m.ptr(), off);
       torch::manual_seed(7);
       std::vector<std::vector<std::int32_t>> prompts;

@@ -10,8 +10,8 @@
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
 // says which ("fused": true or false, "kernels": its variant). --kernels names the variants
-// instead: "small" (the fused kernels with the small-batch projections of at most 4 rows, the
-// engine's default), "fused" (the fused kernels with cuBLAS projections,
+// instead: "small" (the fused kernels with the small-batch projections at up to 4 rows; the
+// engine's default runs them at 1 row), "fused" (the fused kernels with cuBLAS projections,
 // engine_options::small_batch_kernels off) and "libtorch". The fused kernels serve calls of at most --fused-max-rows
 // rows (engine_options::fused_max_rows, its default when absent); "fused_steps" counts the steps
 // that ran them.
@@ -158,6 +158,7 @@ int run(const bench_options& o) {
   auto set_kernels = [](policy::engine_options& e, const std::string& k) {
     e.fused_kernels = k != "libtorch";
     e.small_batch_kernels = k == "small";
+    e.small_batch_max_rows = 4; // "small": every call the kernels take (the engine's default stops at 1 row)
   };
   set_kernels(eo, o.kernels.front());
   eo.fused_max_rows = o.fused_max_rows;

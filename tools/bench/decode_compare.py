@@ -75,7 +75,7 @@ def main():
                     help="our engine with the fused decoding kernels, with LibTorch ops only, or both (default)")
     ap.add_argument("--kernels", default="",
                     help="variants of our engine, e.g. small,fused,libtorch (bench_decode --kernels; overrides --fused): "
-                         "small = fused kernels with the small-batch projections (the default engine), "
+                         "small = fused kernels with the small-batch projections at up to 4 rows (the default engine: at 1), "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,
@@ -140,8 +140,8 @@ def main():
                   f"{h['decode_tokens_per_s'] if h else float('nan'):>9.1f} {ratio:>6} {r['bound_tokens_per_s']:>12.1f} "
                   f"{r['bandwidth_fraction']:>8.1%} {mib(r['kv_cache_bytes']):>8} {mib(r['kv_analytic_bytes']):>8} "
                   f"{mib(r['peak_bytes']):>9} {mib(h['peak_bytes']) if h else '-':>8}")
-    print("\nkernels: small = the engine's fused decoding kernels with the small-batch projections (at most 4"
-          "\nrows; the default), fused = the fused kernels with cuBLAS projections, libtorch = LibTorch ops only"
+    print("\nkernels: small = the engine's fused decoding kernels with the small-batch projections (up to 4"
+          "\nrows; the engine's default at 1 row), fused = the fused kernels with cuBLAS projections, libtorch = LibTorch ops only"
           "\n(the reference); * = fused kernels asked for but not run (the CPU, or a model they do not take)."
           "\nKV MiB: the engine's cache (rows x slots, slots rounded up to a multiple of 256); analytic:"
           "\n2 x layers x kv_heads x head_dim x (prompt + new) x batch x bytes; peak: the allocator's peak"

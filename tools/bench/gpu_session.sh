@@ -48,7 +48,9 @@ for what in "$@"; do
       m=/tmp/crucible-decode-0.5b
       [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
       $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels small,fused \
-        --trace "$OUT/trace" 2>&1 | tee "$OUT/trace.txt" ;;
+        --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
+      # Per-kernel time of the median step of each variant; the traces themselves stay behind.
+      for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
     gpu_evaluator)
       timeout 400 $B/tests/gpu/test_gpu_evaluator -s 2>&1 | tee "$OUT/gpu_evaluator.txt" | tail -60 ;;
     learner)
