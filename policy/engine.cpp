@@ -17,6 +17,8 @@
 #  include <ATen/cuda/CUDAGeneratorImpl.h>
 #  include <ATen/cuda/CUDAGraph.h>
 #  include <c10/cuda/CUDAGuard.h>
+
+#  include "policy/fused.hpp"
 #endif
 
 #include "policy/model.hpp"
@@ -46,6 +48,15 @@ struct sample_result {
 };
 
 sample_result sample(const torch::Tensor& logits, const sampling_options& o, at::Generator& gen) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  // Greedy on the device: two kernels (fused::greedy_logprob) instead of a float copy, an argmax
+  // and a log-softmax of the whole vocabulary.
+  if (o.temperature == 0.0 && logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous()
+      && fused::supported_dtype(logits.scalar_type()) && logits.size(0) <= 65535) {
+    auto [tokens, lp] = fused::greedy_logprob(logits);
+    return {tokens, lp};
+  }
+#endif
   auto scores = logits.to(torch::kFloat);
   if (o.temperature == 0.0) {
     auto tokens = scores.argmax(-1);

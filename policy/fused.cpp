@@ -334,4 +334,21 @@ torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tens
   return out;
 }
 
+
+std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
+              "greedy_logprob: logits must be a contiguous CUDA [rows, vocab] tensor, got ", logits.sizes());
+  c10::cuda::CUDAGuard guard(logits.device());
+  const auto rows = logits.size(0), vocab = logits.size(1);
+  const auto blocks = kernels::greedy_logprob_blocks(vocab);
+  auto tokens = torch::empty({rows}, logits.options().dtype(torch::kLong));
+  auto logprobs = torch::empty({rows}, logits.options().dtype(torch::kFloat));
+  auto partial = torch::empty({rows, blocks, 3}, logits.options().dtype(torch::kFloat));
+  check_launch(kernels::greedy_logprob(kernel_dtype(logits), logits.data_ptr(), rows, vocab,
+                                       tokens.data_ptr<std::int64_t>(), logprobs.data_ptr<float>(),
+                                       partial.data_ptr<float>(), blocks, at::cuda::getCurrentCUDAStream()),
+               "greedy_logprob");
+  return {tokens, logprobs};
+}
+
 } // namespace crucible::policy::fused

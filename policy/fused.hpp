@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -73,5 +74,11 @@ void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torc
 /// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
                                 const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias);
+
+/// Greedy sampling of logits [rows, vocab] (contiguous, float32, float16 or bfloat16): the first
+/// index of each row's maximum (int64 [rows], as torch::argmax) and its log-softmax (float32
+/// [rows], as torch::log_softmax(logits.float()) there), in two kernels instead of a float copy,
+/// an argmax and a log-softmax over the whole row.
+std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logits);
 
 } // namespace crucible::policy::fused

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace crucible::policy::kernels {
 
@@ -69,6 +70,58 @@ __device__ float block_reduce(float v, float* scratch) {
 
 __device__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
 __device__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
+
+// Programmatic dependent launch (sm_90): a kernel launched with it may start while the previous
+// kernel in the stream finishes; grid_dependency_wait() returns once that kernel has completed
+// and its writes are visible, so only reads of data no kernel writes (weights) may come before
+// it. Kernels call grid_dependents_launch() once the next kernel may start its own such reads.
+// Both are no-ops on older devices and in kernels launched without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Whether the current device takes programmatic dependent launches (compute capability 9.0 or
+// newer), asked once per device.
+bool programmatic_launch() {
+  static int known[64] = {}; // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64)
+    return false;
+  if (known[device] == 0) {
+    int major = 0;
+    known[device] = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
+                      ? 2
+                      : 1;
+  }
+  return known[device] == 2;
+}
+
+// kernel<<<grid, block, shared, stream>>>(args...), allowed to start before the previous kernel in
+// the stream ends where the device can (the kernel must call grid_dependency_wait() before reading
+// anything a kernel wrote). Captured into CUDA graphs as programmatic edges.
+template <class... Params, class... Args>
+cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream,
+                         Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = programmatic_launch() ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 // Calls f with a null T* for the storage type t.
 template <class F>
@@ -230,6 +283,8 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 template <class T, int VEC, int GM>
 __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
+  grid_dependency_wait(); // q and the cache come from the previous kernel
+  grid_dependents_launch();
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
   constexpr int E = max_vectors * VEC;                            // elements per lane and key
   constexpr int steps = decode_attention_steps;
@@ -448,6 +503,8 @@ constexpr int combine_threads = 128;
 // barrier-separated sum over those groups at the end.
 template <class T>
 __global__ void __launch_bounds__(combine_threads) decode_attention_combine_kernel(decode_attention_args a) {
+  grid_dependency_wait();
+  grid_dependents_launch();
   __shared__ float2 part[combine_threads];
   __shared__ float part_weight[combine_threads];
   __shared__ float scratch[32];
@@ -596,7 +653,35 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   const int k = static_cast<int>(a.k), kv = k / vec;
   const uint4* x = static_cast<const uint4*>(a.x);
 
-  // 1. Inputs into shared memory: copied, or RMSNorm of the residual rows rounded as add_rms_norm's.
+  // 1. The first loads of the unit's weight rows, before waiting for the previous kernel: weights
+  // are no kernel's output, so under programmatic dependent launch these overlap its tail.
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int per_block = small_gemm_warps / split, s = warp % split;
+  const long long unit = static_cast<long long>(blockIdx.x) * per_block + warp / split;
+  const bool valid = unit < gemm_units<MODE>(a);
+  long long ra = 0, rb = -1;
+  if (valid)
+    unit_rows<MODE>(a, unit, ra, rb);
+  const uint4* wa = static_cast<const uint4*>(a.weight) + ra * kv;
+  const uint4* wb = static_cast<const uint4*>(a.weight) + (rb < 0 ? ra : rb) * kv;
+  constexpr int U = 4;
+  const int stride = 32 * split;
+  uint4 la[U], lb[U];
+  auto load = [&](int v0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * stride;
+      if (valid && v < kv) {
+        la[u] = __ldg(wa + v);
+        lb[u] = __ldg(wb + v);
+      }
+    }
+  };
+  int v0 = s * 32 + lane;
+  load(v0);
+  grid_dependency_wait();
+
+  // 2. Inputs into shared memory: copied, or RMSNorm of the residual rows rounded as add_rms_norm's.
   if (a.norm_weight == nullptr) {
     for (int i = threadIdx.x; i < rows * kv; i += blockDim.x)
       staged[i] = x[i];
@@ -630,49 +715,30 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
     }
   }
   __syncthreads();
+  grid_dependents_launch(); // the next kernel's weight loads may start
 
-  // 2. Two rows' dot products with every input row.
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int per_block = small_gemm_warps / split, s = warp % split;
-  const long long unit = static_cast<long long>(blockIdx.x) * per_block + warp / split;
-  const bool valid = unit < gemm_units<MODE>(a);
-  long long ra = 0, rb = -1;
-  if (valid)
-    unit_rows<MODE>(a, unit, ra, rb);
+  // 3. Two rows' dot products with every input row.
   float acc_a[R], acc_b[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
     acc_a[r] = acc_b[r] = 0.0f;
-  if (valid) {
-    const uint4* wa = static_cast<const uint4*>(a.weight) + ra * kv;
-    const uint4* wb = static_cast<const uint4*>(a.weight) + (rb < 0 ? ra : rb) * kv;
-    constexpr int U = 4;
-    const int stride = 32 * split;
-    for (int v0 = s * 32 + lane; v0 < kv; v0 += stride * U) {
-      uint4 la[U], lb[U];
+  while (valid && v0 < kv) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int v = v0 + u * stride;
-        if (v < kv) {
-          la[u] = __ldg(wa + v);
-          lb[u] = __ldg(wb + v);
-        }
-      }
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * stride;
+      if (v < kv) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int v = v0 + u * stride;
-        if (v < kv) {
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            if (r < rows) {
-              const uint4 xr = staged[r * kv + v];
-              acc_a[r] = dot16<T>(la[u], xr, acc_a[r]);
-              acc_b[r] = dot16<T>(lb[u], xr, acc_b[r]);
-            }
+        for (int r = 0; r < R; ++r) {
+          if (r < rows) {
+            const uint4 xr = staged[r * kv + v];
+            acc_a[r] = dot16<T>(la[u], xr, acc_a[r]);
+            acc_b[r] = dot16<T>(lb[u], xr, acc_b[r]);
           }
         }
       }
     }
+    v0 += stride * U;
+    load(v0);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -704,7 +770,7 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   if (!valid || lane >= rows)
     return;
 
-  // 3. Lane r finishes input row r.
+  // 4. Lane r finishes input row r.
   float da = 0.0f, db = 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -753,6 +819,106 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
     const float sn = rounded<T>(__fmul_rn(sinf(f), p.attention_scaling));
     dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(ya, c)), -rounded<T>(__fmul_rn(yb, sn))));
     dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(yb, c)), rounded<T>(__fmul_rn(ya, sn))));
+  }
+}
+
+// ---- greedy sampling with the token's log-prob ---------------------------------------------------
+
+constexpr int greedy_threads = 256;
+
+// (max, first index of it, sum of exp(x - max)) merged: the larger maximum wins, the lower index
+// on ties, and the sums are rescaled to the common maximum.
+struct greedy_part {
+  float max;
+  long long index;
+  float sum;
+};
+
+__device__ __forceinline__ greedy_part merge(greedy_part a, greedy_part b) {
+  if (b.max > a.max || (b.max == a.max && b.index < a.index) || a.index < 0) {
+    greedy_part t = a;
+    a = b;
+    b = t;
+  }
+  if (b.index < 0)
+    return a;
+  const float sum = a.sum + (b.max == -INFINITY ? 0.0f : b.sum * expf(b.max - a.max));
+  return {a.max, a.index, sum};
+}
+
+__device__ greedy_part block_merge(greedy_part p) {
+  __shared__ float m[32], s_[32];
+  __shared__ long long i_[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    greedy_part o{__shfl_xor_sync(0xffffffffu, p.max, offset), __shfl_xor_sync(0xffffffffu, p.index, offset),
+                  __shfl_xor_sync(0xffffffffu, p.sum, offset)};
+    p = merge(p, o);
+  }
+  if (lane == 0) {
+    m[warp] = p.max;
+    i_[warp] = p.index;
+    s_[warp] = p.sum;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    p = lane < warps ? greedy_part{m[lane], i_[lane], s_[lane]} : greedy_part{-INFINITY, -1, 0.0f};
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      greedy_part o{__shfl_xor_sync(0xffffffffu, p.max, offset), __shfl_xor_sync(0xffffffffu, p.index, offset),
+                    __shfl_xor_sync(0xffffffffu, p.sum, offset)};
+      p = merge(p, o);
+    }
+  }
+  return p; // valid in thread 0
+}
+
+// grid (blocks, rows): block b of row r reduces a contiguous piece of the row.
+template <class T>
+__global__ void __launch_bounds__(greedy_threads) greedy_partial_kernel(const T* __restrict__ logits, long long vocab,
+                                                                         float* __restrict__ partial) {
+  grid_dependency_wait();
+  grid_dependents_launch();
+  const long long row = blockIdx.y, piece = (vocab + gridDim.x - 1) / gridDim.x;
+  const long long begin = blockIdx.x * piece, end = begin + piece < vocab ? begin + piece : vocab;
+  const T* x = logits + row * vocab;
+  greedy_part p{-INFINITY, -1, 0.0f};
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const float v = to_float(x[i]);
+    if (p.index < 0 || v > p.max) {
+      p.sum = p.index < 0 || p.max == -INFINITY ? 1.0f : p.sum * expf(p.max - v) + 1.0f;
+      p.max = v;
+      p.index = i;
+    } else {
+      p.sum += v == -INFINITY ? 0.0f : expf(v - p.max);
+    }
+  }
+  p = block_merge(p);
+  if (threadIdx.x == 0) {
+    float* out = partial + (row * gridDim.x + blockIdx.x) * 3;
+    out[0] = p.max;
+    out[1] = __int_as_float(static_cast<int>(p.index)); // an index below 2^31, kept bit for bit
+    out[2] = p.sum;
+  }
+}
+
+__global__ void __launch_bounds__(greedy_threads) greedy_combine_kernel(const float* __restrict__ partial, int blocks,
+                                                                         long long* __restrict__ tokens,
+                                                                         float* __restrict__ logprobs) {
+  grid_dependency_wait();
+  grid_dependents_launch();
+  const long long row = blockIdx.x;
+  greedy_part p{-INFINITY, -1, 0.0f};
+  for (int b = threadIdx.x; b < blocks; b += blockDim.x) {
+    const float* in = partial + (row * blocks + b) * 3;
+    const long long index = __float_as_int(in[1]);
+    if (index >= 0)
+      p = merge(p, greedy_part{in[0], index, in[2]});
+  }
+  p = block_merge(p);
+  if (threadIdx.x == 0) {
+    tokens[row] = p.index < 0 ? 0 : p.index;
+    // log_softmax at the maximum: (x - max) - log(sum) with x - max = 0; all -inf or NaN rows give NaN as torch's.
+    logprobs[row] = p.max == -INFINITY || p.max != p.max ? NAN : -logf(p.sum);
   }
 }
 
@@ -827,11 +993,11 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream
       kernel = plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1>
                : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2>
                                            : &decode_attention_kernel<T, vec, most>;
-    kernel<<<grid, attention_threads, shared, stream>>>(a, plan);
-    if (auto e = cudaGetLastError(); e != cudaSuccess || a.splits == 1)
+    if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);
+        e != cudaSuccess || a.splits == 1)
       return e;
-    decode_attention_combine_kernel<T><<<static_cast<unsigned>(a.rows * a.heads), combine_threads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
+                        dim3(combine_threads), 0, stream, a);
   });
 }
 
@@ -891,12 +1057,8 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if (a.rows == 1)
-      small_gemm_kernel<T, 1, MODE><<<static_cast<unsigned>(blocks), small_gemm_threads, shared, stream>>>(a, split);
-    else
-      small_gemm_kernel<T, small_gemm_max_rows, MODE>
-        <<<static_cast<unsigned>(blocks), small_gemm_threads, shared, stream>>>(a, split);
-    return cudaGetLastError();
+    auto kernel = a.rows == 1 ? &small_gemm_kernel<T, 1, MODE> : &small_gemm_kernel<T, small_gemm_max_rows, MODE>;
+    return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), dim3(small_gemm_threads), shared, stream, a, split);
   });
 }
 
@@ -918,6 +1080,32 @@ cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t 
 
 cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream) {
   return launch_small_gemm<gemm_out::rope_kv>(t, a, stream);
+}
+
+
+std::int64_t greedy_logprob_blocks(std::int64_t vocab) {
+  // About 1024 logits a block (four a thread), at most 256 blocks a row.
+  return std::max<std::int64_t>(1, std::min<std::int64_t>(256, (vocab + 1023) / 1024));
+}
+
+cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::int64_t vocab, std::int64_t* tokens,
+                           float* logprobs, float* partial, std::int64_t blocks, cudaStream_t stream) {
+  if (rows <= 0)
+    return cudaSuccess;
+  if (vocab <= 0 || vocab > 0x7fffffff || rows > 65535 || blocks < 1 || blocks > 65535 || logits == nullptr
+      || tokens == nullptr || logprobs == nullptr || partial == nullptr)
+    return cudaErrorInvalidValue;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (auto e = launch_early(&greedy_partial_kernel<T>, dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(rows)),
+                              dim3(greedy_threads), 0, stream, static_cast<const T*>(logits),
+                              static_cast<long long>(vocab), partial);
+        e != cudaSuccess)
+      return e;
+    return launch_early(&greedy_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(greedy_threads), 0, stream,
+                        static_cast<const float*>(partial), static_cast<int>(blocks), reinterpret_cast<long long*>(tokens),
+                        logprobs);
+  });
 }
 
 } // namespace crucible::policy::kernels

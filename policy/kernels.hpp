@@ -132,4 +132,14 @@ cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t 
 /// n = (heads + 2 kv_heads) * head_dim.
 cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream);
 
+/// Greedy sampling of `rows` rows of `vocab` logits [rows, vocab] (contiguous, storage type t):
+/// tokens[r] = the first index of the row's maximum (torch::argmax), logprobs[r] = its
+/// log-softmax in float32, -log(sum(exp(x - max))). Two kernels: `blocks` partial (max, index,
+/// sum) triples per row into `partial` ([rows, blocks, 3] float32), then one block per row.
+cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::int64_t vocab, std::int64_t* tokens,
+                           float* logprobs, float* partial, std::int64_t blocks, cudaStream_t stream);
+
+/// The `blocks` greedy_logprob uses for a vocabulary (and its partial buffer's size).
+std::int64_t greedy_logprob_blocks(std::int64_t vocab);
+
 } // namespace crucible::policy::kernels

@@ -419,6 +419,32 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
                        doctest::Contains("weight must be contiguous"), c10::Error);
 }
 
+TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
+  torch::manual_seed(16);
+  torch::NoGradGuard g;
+  for (auto dtype : all_dtypes) {
+    for (auto [rows, vocab] : {std::pair<std::int64_t, std::int64_t>{1, 151936}, {3, 1000}, {64, 32768}, {2, 7}}) {
+      const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " vocab " +
+                               std::to_string(vocab);
+      CAPTURE(what);
+      auto logits = (4.0 * torch::randn({rows, vocab}, on_gpu(torch::kFloat))).to(dtype);
+      if (vocab > 100) {
+        logits.index_put_({0, 17}, 40.0); // a tie: the first index wins
+        logits.index_put_({0, vocab - 3}, 40.0);
+        logits.index_put_({rows - 1, 5}, -INFINITY);
+      }
+      auto [tokens, lp] = fused::greedy_logprob(logits);
+      auto f = logits.to(torch::kFloat);
+      auto want_tokens = f.argmax(-1);
+      CHECK(torch::equal(tokens, want_tokens));
+      if (vocab > 100)
+        CHECK(tokens[0].item<std::int64_t>() == 17);
+      auto want_lp = torch::log_softmax(f, -1).gather(1, want_tokens.unsqueeze(1)).squeeze(1);
+      check_close(lp, want_lp, 1e-5, 1e-5, "log-prob, " + what);
+    }
+  }
+}
+
 TEST_CASE("a fused decoding step equals the LibTorch step: logits, keys, values, lengths") {
   struct variant {
     std::string name;
