@@ -94,8 +94,8 @@ struct engine_options {
   /// With fused_kernels, steps of at most small_batch_max_rows rows (the kernels take up to 4) run
   /// each projection as one kernel with the work around it (CausalLMImpl::forward_step's
   /// `small_batch`); false: cuBLAS GEMMs between the fused kernels, as for larger batches. On an
-  /// H100 (docs/PERFORMANCE.md, Small-batch projections) they made a batch-1 step 1.24x faster
-  /// and a batch-4 step 1.15x slower, hence the default bound of 1.
+  /// H100 (docs/PERFORMANCE.md, Small-batch projections) they made a batch-1 step 1.34x faster
+  /// and a batch-4 step 1.18x slower than the cuBLAS projections, hence the default bound of 1.
   bool small_batch_kernels = true;
   std::int64_t small_batch_max_rows = 1;
   /// Decoding steps between copies of the sampled tokens to the host (at least 1). Between
