@@ -53,6 +53,50 @@ void check_lengths(const torch::Tensor& lengths, const torch::Tensor& like, std:
               lengths.sizes());
 }
 
+// The cache fields that rope_kv_args and decode_attention_args share.
+template <class Args>
+void set_cache(Args& a, const torch::Tensor& k_cache, const torch::Tensor& v_cache, const torch::Tensor& lengths) {
+  a.k_cache = k_cache.data_ptr();
+  a.v_cache = v_cache.data_ptr();
+  a.row_stride = k_cache.stride(0);
+  a.head_stride = k_cache.stride(1);
+  a.slot_stride = k_cache.stride(2);
+  a.lengths = lengths.data_ptr<std::int64_t>();
+}
+
+// Checks the RoPE + cache-write operands of `rows` rows (of `like`'s device and dtype) and fills
+// every field of the kernels' arguments but qkv and qkv_bias; q_out is `q`'s storage.
+kernels::rope_kv_args rope_targets(const char* what, const torch::Tensor& like, std::int64_t rows,
+                                   const torch::Tensor& inv_freq, double attention_scaling,
+                                   const torch::Tensor& lengths, torch::Tensor& k_cache, torch::Tensor& v_cache,
+                                   std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                   const torch::Tensor& q) {
+  check_lengths(lengths, like, rows);
+  check_cache(k_cache, like, rows, kv_heads, head_dim, "k_cache");
+  check_cache(v_cache, like, rows, kv_heads, head_dim, "v_cache");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.size(2) == v_cache.size(2), what,
+              ": k_cache and v_cache differ in shape or strides");
+  check_cuda(inv_freq, like, "inv_freq");
+  const bool per_row = inv_freq.dim() == 2;
+  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous()
+                && ((inv_freq.dim() == 1 && inv_freq.size(0) == head_dim / 2)
+                    || (per_row && inv_freq.size(0) == rows && inv_freq.size(1) == head_dim / 2)),
+              what, ": inv_freq must be contiguous float32 [", head_dim / 2, "] or [", rows, ", ", head_dim / 2,
+              "], got ", inv_freq.scalar_type(), " ", inv_freq.sizes());
+  kernels::rope_kv_args a;
+  a.q_out = q.data_ptr();
+  set_cache(a, k_cache, v_cache, lengths);
+  a.inv_freq = inv_freq.data_ptr<float>();
+  a.inv_row_stride = per_row ? head_dim / 2 : 0;
+  a.attention_scaling = static_cast<float>(attention_scaling);
+  a.rows = rows;
+  a.heads = heads;
+  a.kv_heads = kv_heads;
+  a.head_dim = head_dim;
+  a.slots = k_cache.size(2);
+  return a;
+}
+
 } // namespace
 
 bool supported_dtype(torch::ScalarType t) { return t == torch::kFloat || t == torch::kHalf || t == torch::kBFloat16; }
@@ -106,38 +150,12 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
                 qkv_bias.scalar_type(), " ", qkv_bias.sizes());
   }
   const auto rows = qkv.size(0);
-  check_lengths(lengths, qkv, rows);
-  check_cache(k_cache, qkv, rows, kv_heads, head_dim, "k_cache");
-  check_cache(v_cache, qkv, rows, kv_heads, head_dim, "v_cache");
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.size(2) == v_cache.size(2),
-              "rope_write_kv: k_cache and v_cache differ in shape or strides");
-  check_cuda(inv_freq, qkv, "inv_freq");
-  const bool per_row = inv_freq.dim() == 2;
-  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous()
-                && ((inv_freq.dim() == 1 && inv_freq.size(0) == head_dim / 2)
-                    || (per_row && inv_freq.size(0) == rows && inv_freq.size(1) == head_dim / 2)),
-              "rope_write_kv: inv_freq must be contiguous float32 [", head_dim / 2, "] or [", rows, ", ", head_dim / 2,
-              "], got ", inv_freq.scalar_type(), " ", inv_freq.sizes());
   c10::cuda::CUDAGuard guard(qkv.device());
   auto q = torch::empty({rows, heads, head_dim}, qkv.options());
-  kernels::rope_kv_args a;
+  auto a = rope_targets("rope_write_kv", qkv, rows, inv_freq, attention_scaling, lengths, k_cache, v_cache, heads,
+                        kv_heads, head_dim, q);
   a.qkv = qkv.data_ptr();
   a.qkv_bias = qkv_bias.defined() ? qkv_bias.data_ptr() : nullptr;
-  a.q_out = q.data_ptr();
-  a.k_cache = k_cache.data_ptr();
-  a.v_cache = v_cache.data_ptr();
-  a.row_stride = k_cache.stride(0);
-  a.head_stride = k_cache.stride(1);
-  a.slot_stride = k_cache.stride(2);
-  a.lengths = lengths.data_ptr<std::int64_t>();
-  a.inv_freq = inv_freq.data_ptr<float>();
-  a.inv_row_stride = per_row ? head_dim / 2 : 0;
-  a.attention_scaling = static_cast<float>(attention_scaling);
-  a.rows = rows;
-  a.heads = heads;
-  a.kv_heads = kv_heads;
-  a.head_dim = head_dim;
-  a.slots = k_cache.size(2);
   check_launch(kernels::rope_kv_write(kernel_dtype(qkv), a, at::cuda::getCurrentCUDAStream()), "rope_kv_write");
   return q;
 }
@@ -163,12 +181,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   auto out = torch::empty({rows, heads * head_dim}, q.options());
   kernels::decode_attention_args a;
   a.q = q.data_ptr();
-  a.k_cache = k_cache.data_ptr();
-  a.v_cache = v_cache.data_ptr();
-  a.row_stride = k_cache.stride(0);
-  a.head_stride = k_cache.stride(1);
-  a.slot_stride = k_cache.stride(2);
-  a.lengths = lengths.data_ptr<std::int64_t>();
+  set_cache(a, k_cache, v_cache, lengths);
   a.rows = rows;
   a.heads = heads;
   a.kv_heads = kv_heads;
@@ -270,36 +283,10 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
               "norm_qkv_rope: qkv_weight has ", qkv_weight.size(0), " rows, not (", heads, " + 2 * ", kv_heads,
               ") * ", head_dim);
   const auto rows = residual.size(0);
-  check_lengths(lengths, residual, rows);
-  check_cache(k_cache, residual, rows, kv_heads, head_dim, "k_cache");
-  check_cache(v_cache, residual, rows, kv_heads, head_dim, "v_cache");
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && k_cache.size(2) == v_cache.size(2),
-              "norm_qkv_rope: k_cache and v_cache differ in shape or strides");
-  check_cuda(inv_freq, residual, "inv_freq");
-  const bool per_row = inv_freq.dim() == 2;
-  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous()
-                && ((inv_freq.dim() == 1 && inv_freq.size(0) == head_dim / 2)
-                    || (per_row && inv_freq.size(0) == rows && inv_freq.size(1) == head_dim / 2)),
-              "norm_qkv_rope: inv_freq must be contiguous float32 [", head_dim / 2, "] or [", rows, ", ", head_dim / 2,
-              "], got ", inv_freq.scalar_type(), " ", inv_freq.sizes());
   c10::cuda::CUDAGuard guard(residual.device());
   auto q = torch::empty({rows, heads, head_dim}, residual.options());
-  auto& r = a.rope;
-  r.q_out = q.data_ptr();
-  r.k_cache = k_cache.data_ptr();
-  r.v_cache = v_cache.data_ptr();
-  r.row_stride = k_cache.stride(0);
-  r.head_stride = k_cache.stride(1);
-  r.slot_stride = k_cache.stride(2);
-  r.lengths = lengths.data_ptr<std::int64_t>();
-  r.inv_freq = inv_freq.data_ptr<float>();
-  r.inv_row_stride = per_row ? head_dim / 2 : 0;
-  r.attention_scaling = static_cast<float>(attention_scaling);
-  r.rows = rows;
-  r.heads = heads;
-  r.kv_heads = kv_heads;
-  r.head_dim = head_dim;
-  r.slots = k_cache.size(2);
+  a.rope = rope_targets("norm_qkv_rope", residual, rows, inv_freq, attention_scaling, lengths, k_cache, v_cache, heads,
+                        kv_heads, head_dim, q);
   check_launch(kernels::small_gemm_rope_kv(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()),
                "small_gemm_rope_kv");
   return q;
