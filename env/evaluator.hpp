@@ -53,8 +53,8 @@ result<harness_location> locate_harness(const evaluator_options& opt);
 /// Evaluator for one device. Keeps `warm_workers` started workers ready (started in parallel),
 /// uses the device only while the reference, the trials and the timing run (not while a
 /// candidate imports and compiles), so several evaluations overlap. Timed rounds have the
-/// device to themselves; untimed device work of several evaluations may share it. Thread-safe: evaluate() may be called from up to
-/// `concurrency` threads at once. Owns its workers and a background thread that starts them.
+/// device to themselves; untimed device work of several evaluations may share it.
+/// Thread-safe: evaluate() may be called from up to `concurrency` threads at once. Owns its workers and a background thread that starts them.
 class device_evaluator final {
 public:
   /// Starts the warm pool and waits for the first worker, which names the hardware.

@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -34,6 +35,26 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 // x rounded to T and back: what storing an intermediate result in a T tensor does.
 template <class T>
 __device__ __forceinline__ float rounded(float x) { return to_float(from_float<T>(x)); }
+
+// The reference's rounding points, shared by every kernel that computes these pieces.
+
+// rsqrt(mean + eps) of an RMSNorm from the sum of rounded squares: mean = sum * (1 / dim), as
+// LibTorch's mean kernel computes it.
+__device__ __forceinline__ float rms_inverse(float sum, float inv_dim, float eps) {
+  return rsqrtf(__fadd_rn(__fmul_rn(sum, inv_dim), eps));
+}
+
+// weight * (h * rsqrt(...)).to(dtype): RMSNormImpl::forward of one element.
+template <class T>
+__device__ __forceinline__ T rms_normed(float h, float weight, float inverse) {
+  return from_float<T>(__fmul_rn(weight, rounded<T>(__fmul_rn(h, inverse))));
+}
+
+// torch::silu(gate) * up, the silu rounded to T as its own op.
+template <class T>
+__device__ __forceinline__ T silu_times(float gate, float up) {
+  return from_float<T>(__fmul_rn(rounded<T>(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate)))), up));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1)
@@ -91,17 +112,17 @@ __device__ __forceinline__ void grid_dependents_launch() {
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or
 // newer), asked once per device.
 bool programmatic_launch() {
-  static int known[64] = {}; // 0 unknown, 1 no, 2 yes
+  static std::atomic<int> known[64] = {}; // 0 unknown, 1 no, 2 yes; launches come from several threads
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64)
     return false;
-  if (known[device] == 0) {
+  int k = known[device].load(std::memory_order_relaxed);
+  if (k == 0) {
     int major = 0;
-    known[device] = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9
-                      ? 2
-                      : 1;
+    k = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9 ? 2 : 1;
+    known[device].store(k, std::memory_order_relaxed);
   }
-  return known[device] == 2;
+  return k == 2;
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...), allowed to start before the previous kernel in
@@ -154,16 +175,40 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ delta, T* __restrict__
     }
     sum += __fmul_rn(v, v); // h.pow(2): a rounded square, then the mean's sum
   }
-  sum = block_sum(sum, scratch);
-  // mean = sum * (1 / dim) as LibTorch's mean kernel computes it; rsqrt(mean + eps).
-  const float r = rsqrtf(__fadd_rn(__fmul_rn(sum, inv_dim), eps));
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float normed = rounded<T>(__fmul_rn(to_float(res[i]), r)); // (h * rsqrt(...)).to(dtype)
-    out[base + i] = from_float<T>(__fmul_rn(to_float(weight[i]), normed)); // weight * h
-  }
+  const float r = rms_inverse(block_sum(sum, scratch), inv_dim, eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x)
+    out[base + i] = rms_normed<T>(to_float(res[i]), to_float(weight[i]), r);
 }
 
 // ---- RoPE + KV-cache write ----------------------------------------------------------------------
+
+// Where head `head` (q heads, then k heads, then v heads) of row `row` goes: q_out, or the cache
+// slot at position `pos`; null for a key or value whose position is outside the cache.
+template <class T>
+__device__ __forceinline__ T* rope_destination(const rope_kv_args& a, long long row, long long head, long long pos) {
+  if (head < a.heads)
+    return static_cast<T*>(a.q_out) + (row * a.heads + head) * a.head_dim;
+  if (pos < 0 || pos >= a.slots)
+    return nullptr;
+  const bool value = head >= a.heads + a.kv_heads;
+  const long long kv_head = head - a.heads - (value ? a.kv_heads : 0);
+  return static_cast<T*>(value ? a.v_cache : a.k_cache) + row * a.row_stride + kv_head * a.head_stride
+         + pos * a.slot_stride;
+}
+
+// Entries i and i + half of a rotated head written to dst, from x1 and x2 at position pos with
+// inverse frequency inv. CausalLMImpl::rope: freqs = position * inv_freq (float32), emb =
+// cat(freqs, freqs), cos = (cos(emb) * scaling).to(dtype); then x * cos + rotate_half(x) * sin,
+// rotate_half(x) = cat(-x2, x1), each product rounded, then the sum.
+template <class T>
+__device__ __forceinline__ void rope_pair(float x1, float x2, float pos, float inv, float scaling, T* dst, long long i,
+                                          long long half) {
+  const float f = __fmul_rn(pos, inv);
+  const float c = rounded<T>(__fmul_rn(cosf(f), scaling));
+  const float s = rounded<T>(__fmul_rn(sinf(f), scaling));
+  dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
+  dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
+}
 
 constexpr int rope_threads = 128;
 
@@ -184,38 +229,17 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
     return bias == nullptr ? to_float(src[i]) : rounded<T>(__fadd_rn(to_float(src[i]), to_float(bias[i])));
   };
   const long long pos = a.lengths[row];
-  const bool in_cache = pos >= 0 && pos < a.slots;
+  T* dst = rope_destination<T>(a, row, head, pos);
+  if (dst == nullptr)
+    return;
   if (head >= heads + kv_heads) { // values: copied to the cache as they are (with the bias)
-    if (!in_cache)
-      return;
-    T* dst = static_cast<T*>(a.v_cache) + row * a.row_stride + static_cast<long long>(head - heads - kv_heads) * a.head_stride
-             + pos * a.slot_stride;
     for (int i = threadIdx.x; i < d; i += blockDim.x)
       dst[i] = from_float<T>(input(i)); // exact without a bias: T to float and back
     return;
   }
-  T* dst = nullptr;
-  if (head < heads) {
-    dst = static_cast<T*>(a.q_out) + (row * heads + head) * d;
-  } else {
-    if (!in_cache)
-      return;
-    dst = static_cast<T*>(a.k_cache) + row * a.row_stride + static_cast<long long>(head - heads) * a.head_stride
-          + pos * a.slot_stride;
-  }
   const float* inv = a.inv_freq + row * a.inv_row_stride;
-  const float p = static_cast<float>(pos);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    // CausalLMImpl::rope: freqs = position * inv_freq (float32), emb = cat(freqs, freqs),
-    // cos = (cos(emb) * scaling).to(dtype); entries i and i + half share a frequency.
-    const float f = __fmul_rn(p, inv[i]);
-    const float c = rounded<T>(__fmul_rn(cosf(f), a.attention_scaling));
-    const float s = rounded<T>(__fmul_rn(sinf(f), a.attention_scaling));
-    const float x1 = input(i), x2 = input(i + half);
-    // x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1); each product rounded, then the sum.
-    dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
-    dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
-  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    rope_pair<T>(input(i), input(i + half), static_cast<float>(pos), inv[i], a.attention_scaling, dst, i, half);
 }
 
 // ---- decode attention ---------------------------------------------------------------------------
@@ -563,8 +587,7 @@ __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ o
     const long long r = i / inter, c = i - r * inter;
     const float g = to_float(gate_up[r * 2 * inter + c]);
     const float u = to_float(gate_up[r * 2 * inter + inter + c]);
-    const float silu = rounded<T>(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g)))); // torch::silu, in T
-    out[i] = from_float<T>(__fmul_rn(silu, u));
+    out[i] = silu_times<T>(g, u);
   }
 }
 
@@ -701,15 +724,14 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
           sum += __fmul_rn(f, f);
         }
       }
-      sum = block_sum(sum, scratch);
-      const float inv = rsqrtf(__fadd_rn(__fmul_rn(sum, inv_k), a.eps));
+      const float inv = rms_inverse(block_sum(sum, scratch), inv_k, a.eps);
       for (int i = threadIdx.x; i < kv; i += blockDim.x) {
         const uint4 v = x[r * kv + i], w = nw[i];
         uint4 o;
         T* op = reinterpret_cast<T*>(&o);
 #pragma unroll
         for (int e = 0; e < vec; ++e)
-          op[e] = from_float<T>(__fmul_rn(element<T>(w, e), rounded<T>(__fmul_rn(element<T>(v, e), inv))));
+          op[e] = rms_normed<T>(element<T>(v, e), element<T>(w, e), inv);
         staged[r * kv + i] = o;
       }
     }
@@ -789,36 +811,21 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
     if (rb >= 0)
       res[rb] = from_float<T>(__fadd_rn(to_float(res[rb]), yb));
   } else if constexpr (MODE == gemm_out::silu_mul) {
-    const float silu = rounded<T>(__fdiv_rn(ya, __fadd_rn(1.0f, expf(-ya)))); // torch::silu, in T
-    static_cast<T*>(a.out)[row * (a.n / 2) + unit] = from_float<T>(__fmul_rn(silu, yb));
+    static_cast<T*>(a.out)[row * (a.n / 2) + unit] = silu_times<T>(ya, yb);
   } else {
     const rope_kv_args& p = a.rope;
     const long long half = p.head_dim / 2, head = unit / half, i = unit - head * half;
     const long long pos = p.lengths[row];
-    const bool in_cache = pos >= 0 && pos < p.slots;
+    T* dst = rope_destination<T>(p, row, head, pos);
+    if (dst == nullptr)
+      return;
     if (head >= p.heads + p.kv_heads) { // a value: to the cache as it is
-      if (!in_cache)
-        return;
-      T* dst = static_cast<T*>(p.v_cache) + row * p.row_stride + (head - p.heads - p.kv_heads) * p.head_stride
-               + pos * p.slot_stride;
       dst[i] = from_float<T>(ya);
       dst[i + half] = from_float<T>(yb);
       return;
     }
-    T* dst = nullptr;
-    if (head < p.heads) {
-      dst = static_cast<T*>(p.q_out) + (row * p.heads + head) * p.head_dim;
-    } else {
-      if (!in_cache)
-        return;
-      dst = static_cast<T*>(p.k_cache) + row * p.row_stride + (head - p.heads) * p.head_stride + pos * p.slot_stride;
-    }
-    // As rope_kv_kernel: cos and sin of position * inv_freq, scaled and rounded; each product and the sum rounded.
-    const float f = __fmul_rn(static_cast<float>(pos), p.inv_freq[row * p.inv_row_stride + i]);
-    const float c = rounded<T>(__fmul_rn(cosf(f), p.attention_scaling));
-    const float sn = rounded<T>(__fmul_rn(sinf(f), p.attention_scaling));
-    dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(ya, c)), -rounded<T>(__fmul_rn(yb, sn))));
-    dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(yb, c)), rounded<T>(__fmul_rn(ya, sn))));
+    rope_pair<T>(ya, yb, static_cast<float>(pos), p.inv_freq[row * p.inv_row_stride + i], p.attention_scaling, dst, i,
+                 half);
   }
 }
 

@@ -2,6 +2,7 @@
 // (float32 RMSNorm and RoPE tables, SDPA attention), and its HF checkpoint I/O.
 #include "policy/model.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -672,6 +673,7 @@ namespace {
 // One layer's projections as the fused step runs them (views of the parameters).
 struct fused_layer {
   torch::Tensor qkv_weight, qkv_bias, gate_up_weight, gate_up_bias;
+  bool aligned = false; // every matrix and norm weight at a 16-byte address (the small-batch kernels' loads)
 };
 
 // The joined projections of every layer, or nothing when the fused step cannot run `m`.
@@ -715,6 +717,11 @@ std::optional<std::vector<fused_layer>> fused_layers(const CausalLMImpl& m) {
     for (const auto* t : used)
       if (!alike(*t))
         return std::nullopt;
+    f.aligned = true;
+    const torch::Tensor* loaded[] = {&f.qkv_weight, &f.gate_up_weight, &attn.o_proj->weight, &mlp.down_proj->weight,
+                                     &layer->input_layernorm->weight, &layer->post_attention_layernorm->weight};
+    for (const auto* t : loaded)
+      f.aligned = f.aligned && reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0;
     out.push_back(std::move(f));
   }
   return out;
@@ -766,20 +773,9 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
   auto inv = inv_freq(cache.lengths.unsqueeze(1), seq_len).contiguous(); // [D/2], or [R, D/2] (dynamic)
   auto residual = model->embed_tokens(input_ids).reshape({r, c.hidden_size}).contiguous();
   torch::Tensor delta; // what the next norm adds to the residual stream first
-  if (small_batch) {
-    // The kernels read 16-byte vectors: every matrix and norm weight must start on 16 bytes.
-    auto at_16 = [](const torch::Tensor& t) {
-      return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
-    };
-    small_batch = fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size));
-    for (std::size_t l = 0; small_batch && l < model->blocks.size(); ++l) {
-      const auto& layer = model->blocks[l];
-      const auto& w = (*layers)[l];
-      small_batch = at_16(w.qkv_weight) && at_16(w.gate_up_weight) && at_16(layer->self_attn->o_proj->weight)
-                    && at_16(layer->mlp->down_proj->weight) && at_16(layer->input_layernorm->weight)
-                    && at_16(layer->post_attention_layernorm->weight);
-    }
-  }
+  small_batch = small_batch
+                && fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size))
+                && std::all_of(layers->begin(), layers->end(), [](const fused_layer& f) { return f.aligned; });
   for (std::size_t l = 0; l < model->blocks.size(); ++l) {
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
