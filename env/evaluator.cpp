@@ -441,12 +441,13 @@ std::string device_evaluator::protocol_key() const {
   char buf[768];
   std::snprintf(buf, sizeof buf,
                 "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
-                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
+                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
                 opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance, static_cast<long long>(opt_.recheck_rounds),
-                to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes), opt_.fp32_atol,
+                to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes),
+                static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads));
   return buf;
@@ -735,6 +736,7 @@ verdict evaluation::run() {
                     + ",\"baseline\":" + json_string(to_string(opt.baseline))
                     + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
+                    + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
                     + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";
   YAML::Node n;

@@ -30,7 +30,7 @@ class context_t;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-4";
+inline constexpr const char* protocol_version = "crucible-eval-5";
 
 /// One candidate for one task.
 struct eval_request {

@@ -1196,6 +1196,12 @@ class Worker:
         self.baseline = job.get("baseline", "eager")
         flush_bytes = _int(job.get("flush_bytes") or ((256 << 20) if self.cuda else (64 << 20)))
         self.rng_random = _Random(self.seed).random
+        # Each timing round's inputs (and the outputs the calls allocate) start behind a
+        # random-sized untouched allocation, so a verdict's rounds see many placements instead
+        # of the few blocks the caching allocator would hand back round after round
+        # (docs/evaluator.md, Timing: placement).
+        self.jitter_bytes = _max(_int(job.get("placement_jitter_bytes", 0)), 0)
+        self.placements = set()
         # Positions compared in timing rounds; made here, before any candidate code exists.
         self.sample_gen = _Generator(device=self.device).manual_seed((self.seed * 104729 + 7) % (1 << 63))
         if self.baseline not in ("eager", "compile", "compile-reduce-overhead", "cuda-graph"):
@@ -1716,6 +1722,19 @@ class Worker:
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
 
+    def placement_pads(self):
+        """Two untouched allocations kept for the round: one of 0 to jitter_bytes and one of 0 to
+        64 KiB (at most jitter_bytes), in 512-byte steps (the caching allocator's granularity).
+        Allocators serve small and large requests from different pools (CUDA's caching allocator
+        below and above 1 MiB; glibc's heap and mmap on the CPU): each pad shifts the inputs of
+        its own size class."""
+        pads = []
+        for limit in (self.jitter_bytes, _min(self.jitter_bytes, 64 << 10)):
+            n = _int(self.rng_random() * (limit // 512 + 1)) * 512
+            if n > 0:
+                pads.append(_torch_empty(n, dtype=_uint8, device=self.device))
+        return pads
+
     def prime_candidate(self, inputs, where):
         out, _ = self.call_candidate(inputs, where + ", untimed priming call")
         del out
@@ -1728,9 +1747,15 @@ class Worker:
         t_round = _perf_counter_ns()
         # Fresh values at fresh addresses: the previous round's inputs are still alive while
         # these are generated, outside the timed region; each model gets its own copy.
+        pads = self.placement_pads()
         fresh = self.make_inputs(self.seed + 1_000_000_007 + k, k % 2)
         ref_in = fresh
+        pads += self.placement_pads()
         cand_in = _clone_inputs(fresh)
+        for x in cand_in:
+            if _isinstance(x, _Tensor):
+                self.placements.add(_T_data_ptr(x))
+                break
         prev_ref, prev_cand = self.prime_inputs
         # Order in balanced pairs: a random order, then the other one. Some pairs showed a
         # steady order effect (on an H100, layernorm's per-round ratio alternated 5.4x/5.6x by
@@ -1777,7 +1802,7 @@ class Worker:
         # Kept alive until the next round's inputs exist (fresh addresses), and used for the
         # next round's priming calls.
         self.prime_inputs = (ref_in, cand_in)
-        del fresh, ref_in, cand_in, prev_ref, prev_cand
+        del fresh, ref_in, cand_in, prev_ref, prev_cand, pads
         self.lap("round: previous inputs freed", t0)
         return r_ms, c_ms, cand_goes_first
 
@@ -1858,6 +1883,7 @@ class Worker:
         self.check_round_fracs()
         self.lap("timing: measured rounds", t0)
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
+        self.laps["timing: distinct candidate input addresses"] = _len(self.placements)
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
                 "cand_stream_ms": cand_stream_ms, "cand_first": first}
 

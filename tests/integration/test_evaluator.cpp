@@ -439,3 +439,40 @@ TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on
   CHECK(rounds_with(1e-12) == 20); // none is: the first 10 rounds, then 10 more without warm-up
   CHECK(rounds_with(0) == 20);     // early stops off: one request of 20
 }
+
+TEST_CASE("timing rounds put their inputs at many placements unless placement_jitter_bytes is 0") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  // The worker reports, in its host-time log line, how many distinct addresses the candidate's
+  // first input had over the verdict's rounds.
+  auto placements = [&](std::uint64_t jitter) {
+    auto log_path = fs::temp_directory_path() / ("crucible-placement-" + std::to_string(::getpid()) + "-"
+                                                 + std::to_string(jitter) + ".log");
+    evaluator_options opt = cpu_evaluator::suite_options(0);
+    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
+    opt.recheck_above = 1e9;
+    opt.placement_jitter_bytes = jitter;
+    system_clock clk;
+    logger log{clk, log_level::warn};
+    REQUIRE(log.open_file(log_path, log_level::debug).ok());
+    auto where = locate_harness(opt);
+    REQUIRE(where.ok());
+    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+    REQUIRE(ev.ok());
+    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
+    INFO(describe(v));
+    REQUIRE(v.status == verdict_status::ok);
+    std::smatch m;
+    auto text = read_text(log_path);
+    fs::remove(log_path);
+    static const std::regex re{"timing: distinct candidate input addresses ([0-9]+)"};
+    REQUIRE_MESSAGE(std::regex_search(text, m, re), text);
+    return std::make_pair(std::stoi(m[1].str()), v.rounds);
+  };
+  auto [on, rounds] = placements(64ull << 20);
+  auto [off, rounds_off] = placements(0);
+  INFO("with jitter " << on << " addresses in " << rounds << " measured rounds; without " << off);
+  CHECK(on >= rounds / 2);
+  CHECK(on > off);
+}
