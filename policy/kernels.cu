@@ -300,22 +300,7 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 
 
 template <class T>
-__device__ void combine_splits(const decode_attention_args& a, long long first_head, int gn);
-
-// The query heads of attention block x (a (row, KV head, head block)): the first (row * heads +
-// h) and how many (at least 1).
-__device__ __forceinline__ void attention_block_heads(const decode_attention_args& a, const decode_attention_plan& plan,
-                                                      long long x, long long& first_head, int& gn) {
-  const int heads = static_cast<int>(a.heads), kv_heads = static_cast<int>(a.kv_heads);
-  const int group = heads / kv_heads;
-  const int head_block = static_cast<int>(x % plan.head_blocks);
-  x /= plan.head_blocks;
-  const int kv_head = static_cast<int>(x % kv_heads);
-  const long long row = x / kv_heads;
-  const int g0 = head_block * plan.heads_per_block;
-  gn = group - g0 < plan.heads_per_block ? group - g0 : plan.heads_per_block;
-  first_head = row * heads + static_cast<long long>(kv_head) * group + g0;
-}
+__device__ void combine_splits(const decode_attention_args& a, long long head);
 
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
 // plan's heads_per_block). Registers per lane: q and the accumulators, GM * E floats each (E = 8:
@@ -546,63 +531,78 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0)
-    last = atomicAdd(a.counters + blockIdx.x, 1)
-           == static_cast<int>(decode_attention_used_splits(
-                decode_attention_visible(a.lengths[first_head / a.heads], a.slots), a.chunk)) - 1;
+    last = atomicAdd(a.counters + blockIdx.x, 1) == static_cast<int>(decode_attention_used_splits(n, a.chunk)) - 1;
   __syncthreads();
   if (!last)
     return;
   __threadfence();
-  combine_splits<T>(a, first_head, gn);
+  for (int g = 0; g < gn; ++g)
+    combine_splits<T>(a, first_head + g);
 }
 
-constexpr int combine_threads = attention_threads;
+constexpr int combine_threads = 128;
+static_assert(combine_threads == attention_threads, "an attention block combines with the combine kernel's threads");
 
-// Query heads first_head .. first_head + gn - 1 (row * heads + h, one row), their splits that
-// hold slots of the row rescaled to their common max, into `out`: by the combine kernel or by the
-// attention block that finished the heads' splits last, with the same arithmetic. A thread takes
-// one (head, pair of elements) at a time and adds the splits in order; there are no barriers.
-// Partials are read through L2 (__ldcg): other blocks of the same kernel may have written them.
+// The splits of query head `head` (row * heads + h) that hold slots of its row, rescaled to their
+// common max, into `out`: by the combine kernel (one block a head) or by the attention block that
+// finished a head's splits last. Threads are (split group, pair of elements): head_dim / 2
+// threads cover a split's row, and the block's threads cover combine_threads / (head_dim / 2)
+// splits at once, with a barrier-separated sum over those groups at the end. Partials are read
+// through L2 (__ldcg): other blocks of the same kernel may have written them.
 template <class T>
-__device__ void combine_splits(const decode_attention_args& a, long long first_head, int gn) {
+__device__ void combine_splits(const decode_attention_args& a, long long head) {
+  __shared__ float2 part[combine_threads];
+  __shared__ float part_weight[combine_threads];
+  __shared__ float scratch[32];
+  __syncthreads(); // part may still be read for the block's previous head
+  const long long row = head / a.heads;
   const int d = static_cast<int>(a.head_dim), pairs = d / 2;
-  const long long row = first_head / a.heads;
   const long long n = decode_attention_visible(a.lengths[row], a.slots);
   const long long used = decode_attention_used_splits(n, a.chunk); // the splits that wrote partials
-  for (int t = threadIdx.x; t < gn * pairs; t += blockDim.x) {
-    const int g = t / pairs, pair = t - g * pairs;
-    const long long head = first_head + g;
-    const float* ml = a.partial_ml + head * a.splits * 2;
+  const float* ml = a.partial_ml + head * a.splits * 2;
+  float mx = -INFINITY;
+  for (long long s = threadIdx.x; s < used; s += blockDim.x)
+    mx = fmaxf(mx, __ldcg(ml + 2 * s));
+  mx = block_max(mx, scratch);
+  const int groups = static_cast<int>(blockDim.x) / pairs; // >= 1: head_dim <= 2 * combine_threads
+  const int group = threadIdx.x / pairs, pair = threadIdx.x - group * pairs;
+  if (group < groups) {
     const float2* po = reinterpret_cast<const float2*>(a.partial_out + head * a.splits * d) + pair;
-    float mx = -INFINITY;
-    for (long long s = 0; s < used; ++s)
-      mx = fmaxf(mx, __ldcg(ml + 2 * s));
     float2 acc = make_float2(0.0f, 0.0f);
     float weight = 0.0f;
 #pragma unroll 4
-    for (long long s = 0; s < used; ++s) {
+    for (long long s = group; s < used; s += groups) {
       const float f = exp2f(__ldcg(ml + 2 * s) - mx);
       const float2 x = __ldcg(po + s * pairs);
-      acc.x = fmaf(f, x.x, acc.x);
-      acc.y = fmaf(f, x.y, acc.y);
-      weight = fmaf(f, __ldcg(ml + 2 * s + 1), weight);
+      acc.x += f * x.x;
+      acc.y += f * x.y;
+      weight += f * __ldcg(ml + 2 * s + 1);
+    }
+    part[threadIdx.x] = acc; // threadIdx.x == group * pairs + pair
+    if (pair == 0)
+      part_weight[group] = weight;
+  }
+  __syncthreads();
+  if (group == 0) {
+    float2 total = make_float2(0.0f, 0.0f);
+    float weight = 0.0f;
+    for (int j = 0; j < groups; ++j) {
+      total.x += part[j * pairs + pair].x;
+      total.y += part[j * pairs + pair].y;
+      weight += part_weight[j];
     }
     T* out = static_cast<T*>(a.out) + head * d + 2 * pair;
-    out[0] = from_float<T>(weight > 0.0f ? acc.x / weight : 0.0f); // weight 0: no slot visible
-    out[1] = from_float<T>(weight > 0.0f ? acc.y / weight : 0.0f);
+    out[0] = from_float<T>(weight > 0.0f ? total.x / weight : 0.0f); // weight 0: no slot visible
+    out[1] = from_float<T>(weight > 0.0f ? total.y / weight : 0.0f);
   }
 }
 
-// One block per (row, KV head, head block), as the attention's, for launches without counters.
+// One block per (row, query head), for launches without counters.
 template <class T>
-__global__ void __launch_bounds__(combine_threads) decode_attention_combine_kernel(decode_attention_args a,
-                                                                                    decode_attention_plan plan) {
+__global__ void __launch_bounds__(combine_threads) decode_attention_combine_kernel(decode_attention_args a) {
   grid_dependency_wait();
   grid_dependents_launch();
-  long long first_head;
-  int gn;
-  attention_block_heads(a, plan, blockIdx.x, first_head, gn);
-  combine_splits<T>(a, first_head, gn);
+  combine_splits<T>(a, blockIdx.x);
 }
 
 // ---- SiLU * mul ---------------------------------------------------------------------------------
@@ -1033,8 +1033,8 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream
     if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);
         e != cudaSuccess || a.splits == 1 || a.counters != nullptr)
       return e;
-    return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(combine_threads),
-                        0, stream, a, plan);
+    return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
+                        dim3(combine_threads), 0, stream, a);
   });
 }
 
