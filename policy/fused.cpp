@@ -161,7 +161,7 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
 }
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits, const torch::Tensor& counters) {
+                               const torch::Tensor& lengths, std::int64_t splits) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.is_contiguous(),
               "decode_attention: q must be a contiguous CUDA [rows, heads, head_dim] tensor, got ", q.sizes());
   const auto rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -203,14 +203,6 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
     partial_ml = torch::empty({rows, heads, splits, 2}, f32);
     a.partial_out = partial_out.data_ptr<float>();
     a.partial_ml = partial_ml.data_ptr<float>();
-    if (counters.defined()) {
-      check_cuda(counters, q, "counters");
-      TORCH_CHECK(counters.scalar_type() == torch::kInt && counters.dim() == 1 && counters.is_contiguous()
-                    && counters.size(0) >= rows * heads,
-                  "decode_attention: counters must be a contiguous int32 [", rows * heads, "] tensor of zeros, got ",
-                  counters.scalar_type(), " ", counters.sizes());
-      a.counters = counters.data_ptr<int>();
-    }
   }
   check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");
   return out;

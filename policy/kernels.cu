@@ -299,9 +299,6 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 }
 
 
-template <class T>
-__device__ void combine_splits(const decode_attention_args& a, long long head);
-
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
 // plan's heads_per_block). Registers per lane: q and the accumulators, GM * E floats each (E = 8:
 // 32 each at GM = 4), the loads of a round and the scores; 128 registers in all with no spills on
@@ -333,9 +330,7 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
 
   const long long n = decode_attention_visible(a.lengths[row], a.slots);
   if (split * a.chunk >= n) { // no slot of this row here
-    // n == 0 (split 0 exits only then): nothing to attend to; zeros, as the combine writes. With
-    // counters no block would combine.
-    if (split == 0 && (a.splits == 1 || a.counters != nullptr)) {
+    if (a.splits == 1) {      // n == 0: nothing to attend to; zeros, as the combine kernel writes
       T* out = static_cast<T*>(a.out) + first_head * d;
       for (int i = threadIdx.x; i < gn * d; i += blockDim.x)
         out[i] = from_float<T>(0.0f);
@@ -522,39 +517,22 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
       }
     }
   }
-  if (a.splits == 1 || a.counters == nullptr)
-    return;
-  // The last of this (row, KV head, head block)'s splits to finish combines them (the pattern of
-  // CUDA's threadFenceReduction sample): every thread's partials are visible device-wide before
-  // thread 0 counts the block in, so the block that counts `used` sees all of them.
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0)
-    last = atomicAdd(a.counters + blockIdx.x, 1) == static_cast<int>(decode_attention_used_splits(n, a.chunk)) - 1;
-  __syncthreads();
-  if (!last)
-    return;
-  __threadfence();
-  for (int g = 0; g < gn; ++g)
-    combine_splits<T>(a, first_head + g);
 }
 
 constexpr int combine_threads = 128;
-static_assert(combine_threads == attention_threads, "an attention block combines with the combine kernel's threads");
 
-// The splits of query head `head` (row * heads + h) that hold slots of its row, rescaled to their
-// common max, into `out`: by the combine kernel (one block a head) or by the attention block that
-// finished a head's splits last. Threads are (split group, pair of elements): head_dim / 2
-// threads cover a split's row, and the block's threads cover combine_threads / (head_dim / 2)
-// splits at once, with a barrier-separated sum over those groups at the end. Partials are read
-// through L2 (__ldcg): other blocks of the same kernel may have written them.
+// One block per (row, query head): the splits that hold slots of the row, rescaled to their
+// common max. Threads are (split group, pair of elements): head_dim / 2 threads cover a split's
+// row, and the block's threads cover combine_threads / (head_dim / 2) splits at once, with a
+// barrier-separated sum over those groups at the end.
 template <class T>
-__device__ void combine_splits(const decode_attention_args& a, long long head) {
+__global__ void __launch_bounds__(combine_threads) decode_attention_combine_kernel(decode_attention_args a) {
+  grid_dependency_wait();
+  grid_dependents_launch();
   __shared__ float2 part[combine_threads];
   __shared__ float part_weight[combine_threads];
   __shared__ float scratch[32];
-  __syncthreads(); // part may still be read for the block's previous head
+  const long long head = blockIdx.x; // row * heads + h
   const long long row = head / a.heads;
   const int d = static_cast<int>(a.head_dim), pairs = d / 2;
   const long long n = decode_attention_visible(a.lengths[row], a.slots);
@@ -562,7 +540,7 @@ __device__ void combine_splits(const decode_attention_args& a, long long head) {
   const float* ml = a.partial_ml + head * a.splits * 2;
   float mx = -INFINITY;
   for (long long s = threadIdx.x; s < used; s += blockDim.x)
-    mx = fmaxf(mx, __ldcg(ml + 2 * s));
+    mx = fmaxf(mx, ml[2 * s]);
   mx = block_max(mx, scratch);
   const int groups = static_cast<int>(blockDim.x) / pairs; // >= 1: head_dim <= 2 * combine_threads
   const int group = threadIdx.x / pairs, pair = threadIdx.x - group * pairs;
@@ -572,11 +550,11 @@ __device__ void combine_splits(const decode_attention_args& a, long long head) {
     float weight = 0.0f;
 #pragma unroll 4
     for (long long s = group; s < used; s += groups) {
-      const float f = exp2f(__ldcg(ml + 2 * s) - mx);
-      const float2 x = __ldcg(po + s * pairs);
+      const float f = exp2f(ml[2 * s] - mx);
+      const float2 x = po[s * pairs];
       acc.x += f * x.x;
       acc.y += f * x.y;
-      weight += f * __ldcg(ml + 2 * s + 1);
+      weight += f * ml[2 * s + 1];
     }
     part[threadIdx.x] = acc; // threadIdx.x == group * pairs + pair
     if (pair == 0)
@@ -595,14 +573,6 @@ __device__ void combine_splits(const decode_attention_args& a, long long head) {
     out[0] = from_float<T>(weight > 0.0f ? total.x / weight : 0.0f); // weight 0: no slot visible
     out[1] = from_float<T>(weight > 0.0f ? total.y / weight : 0.0f);
   }
-}
-
-// One block per (row, query head), for launches without counters.
-template <class T>
-__global__ void __launch_bounds__(combine_threads) decode_attention_combine_kernel(decode_attention_args a) {
-  grid_dependency_wait();
-  grid_dependents_launch();
-  combine_splits<T>(a, blockIdx.x);
 }
 
 // ---- SiLU * mul ---------------------------------------------------------------------------------
@@ -1031,7 +1001,7 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream
                : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2>
                                            : &decode_attention_kernel<T, vec, most>;
     if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);
-        e != cudaSuccess || a.splits == 1 || a.counters != nullptr)
+        e != cudaSuccess || a.splits == 1)
       return e;
     return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
                         dim3(combine_threads), 0, stream, a);

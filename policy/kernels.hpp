@@ -69,17 +69,13 @@ struct decode_attention_args {
   const std::int64_t* lengths = nullptr;
   std::int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0, slots = 0;
   float scale = 1.0f;                ///< applied to q.k (1 / sqrt(head_dim))
-  /// Pieces of `chunk` slots computed by separate blocks, then combined by a second kernel (or,
-  /// with `counters`, by the last block to finish); 1 writes `out` directly. chunk * splits must cover `slots`; chunk a multiple of
+  /// Pieces of `chunk` slots computed by separate blocks, then combined by a second kernel; 1
+  /// writes `out` directly. chunk * splits must cover `slots`; chunk a multiple of
   /// decode_attention_warps (a multiple of the plan's granule wastes no lanes).
   std::int64_t splits = 1, chunk = 0;
   void* out = nullptr;               ///< [rows, heads * head_dim] in the storage type
   float* partial_out = nullptr;      ///< [rows, heads, splits, head_dim] float32 (splits > 1)
   float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: max score (log2 units) and sum (splits > 1)
-  /// Zeroed int32 [rows * heads] (at least rows * kv_heads * head_blocks), or null. With splits > 1
-  /// the last block of each (row, KV head, head block) to finish combines its heads' splits, and
-  /// no second kernel runs; the counts are left as they end, so a launch needs fresh zeros.
-  int* counters = nullptr;
 };
 
 /// The work division decode_attention uses for these arguments (their dtype, alignment, group

@@ -755,7 +755,7 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //   o_proj(attn), then h = h + that        -> fused::project_add (the residual updated in place)
 //   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
 //   down_proj(act), h = h + that          -> fused::project_add
-// so a layer is five kernels (the attention combines its splits itself).
+// so a layer is five kernels with the attention's combine.
 torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch) {
 #ifdef CRUCIBLE_HAVE_CUDA
   auto layers = fused_layers(*this);
@@ -773,10 +773,6 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
   auto inv = inv_freq(cache.lengths.unsqueeze(1), seq_len).contiguous(); // [D/2], or [R, D/2] (dynamic)
   auto residual = model->embed_tokens(input_ids).reshape({r, c.hidden_size}).contiguous();
   torch::Tensor delta; // what the next norm adds to the residual stream first
-  // Each layer's attention combines its splits in its last blocks, counting them here: one
-  // memset a step instead of a combine kernel a layer.
-  const auto layer_count = static_cast<std::int64_t>(model->blocks.size());
-  auto counters = torch::zeros({layer_count, r * c.num_heads}, input_ids.options().dtype(torch::kInt));
   small_batch = small_batch
                 && fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size))
                 && std::all_of(layers->begin(), layers->end(), [](const fused_layer& f) { return f.aligned; });
@@ -787,7 +783,7 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
                                     c.num_heads, c.num_kv_heads, c.head_dim);
-      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, counters[l]);
+      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
       fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual);
       auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
                                           w.gate_up_weight, w.gate_up_bias);
@@ -797,7 +793,7 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
     auto q = fused::rope_write_kv(project(h, w.qkv_weight), w.qkv_bias, inv, attention_scaling_, cache.lengths,
                                   cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);
-    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, counters[l]);
+    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
     delta = project(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias);
     h = fused::add_rms_norm(delta, residual, layer->post_attention_layernorm->weight, c.rms_norm_eps);
     auto gate_up = project(h, w.gate_up_weight, w.gate_up_bias);
