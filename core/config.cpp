@@ -596,8 +596,8 @@ void describe(V& v, config& c) {
     v.field("baseline", e.baseline, "What the speedup is measured against.");
     v.field("flush_bytes", e.flush_bytes, "Bytes written to flush caches before each timed call; 0: 256 MiB on CUDA, 64 MiB on CPU.");
     v.field("placement_jitter_bytes", e.placement_jitter_bytes,
-            "Each timing round allocates its inputs behind an untouched block of a random size up to this many bytes, "
-            "so a verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
+            "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
+            "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
             "0: off.");
     v.field("fp32_atol", e.fp32_atol, "Absolute tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp32_rtol", e.fp32_rtol, "Relative tolerance for float32 (and float64) outputs.", non_negative_number());

@@ -104,7 +104,7 @@ struct evaluator_options {
   std::int64_t recheck_rounds = 10;            ///< rounds of that second measurement (on this device)
   timing_baseline baseline = timing_baseline::eager;
   std::uint64_t flush_bytes = 0;               ///< 0: 256 MiB on CUDA, 64 MiB on CPU
-  std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start behind 0..this many bytes; 0: off
+  std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;
   double fp16_atol = 1e-2, fp16_rtol = 1e-2;
   double bf16_atol = 1e-2, bf16_rtol = 1e-2;

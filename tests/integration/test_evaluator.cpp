@@ -473,6 +473,6 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   auto [on, rounds] = placements(64ull << 20);
   auto [off, rounds_off] = placements(0);
   INFO("with jitter " << on << " addresses in " << rounds << " measured rounds; without " << off);
-  CHECK(on >= rounds / 2);
+  CHECK(on >= rounds * 9 / 10); // a random lead each round: a repeat is rare
   CHECK(on > off);
 }
