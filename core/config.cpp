@@ -614,6 +614,11 @@ void describe(V& v, config& c) {
     v.field("run_timeout_s", e.run_timeout_s, "Deadline for the candidate's trials and timing.", positive<double>("a positive number"));
     v.field("memory_limit_mb", e.memory_limit_mb, "Address-space limit of CPU workers in MiB; 0: none (CUDA workers have none).");
     v.field("cpu_threads", e.cpu_threads, "Torch threads in a CPU worker.", positive<std::int64_t>("a positive integer"));
+    v.field("cuda_max_connections", e.cuda_max_connections,
+            "CUDA_DEVICE_MAX_CONNECTIONS of GPU workers: the hardware queues a worker's CUDA context gets. Fewer make "
+            "each worker's context cheaper to create; streams beyond that number share queues. 0: the driver's "
+            "default (8).",
+            constraint<std::int64_t>{"an integer between 0 and 32", [](std::int64_t v) { return v >= 0 && v <= 32; }});
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");

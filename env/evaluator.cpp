@@ -295,6 +295,7 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   spec.extensions_dir = extensions_dir_;
   spec.memory_limit_mb = opt_.memory_limit_mb;
   spec.cpu_threads = opt_.cpu_threads;
+  spec.cuda_max_connections = opt_.cuda_max_connections;
   if (auto z = current_zygote(spec)) {
     auto w = worker::fork_from(*z, *zmq_, spec);
     if (!w) {
@@ -441,7 +442,7 @@ std::string device_evaluator::protocol_key() const {
   char buf[768];
   std::snprintf(buf, sizeof buf,
                 "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
-                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld",
+                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;tol=%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
                 opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
@@ -449,7 +450,8 @@ std::string device_evaluator::protocol_key() const {
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes),
                 static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol,
-                opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads));
+                opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads),
+                static_cast<long long>(opt_.cuda_max_connections));
   return buf;
 }
 

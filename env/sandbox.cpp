@@ -120,6 +120,8 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   envs.push_back("TORCH_EXTENSIONS_DIR=" + (spec.extensions_dir / "torch").string());
   envs.push_back("TRITON_CACHE_DIR=" + (spec.extensions_dir / "triton").string());
   envs.push_back("CUDA_MODULE_LOADING=LAZY");
+  if (spec.cuda_max_connections > 0) // fewer hardware queues: a cheaper context (docs/evaluator.md)
+    envs.push_back("CUDA_DEVICE_MAX_CONNECTIONS=" + std::to_string(spec.cuda_max_connections));
   // Large host buffers reuse freed memory instead of being mapped (and zeroed) fresh on every
   // call, so eager references are not timed on page faults that a candidate which allocates
   // less avoids.

@@ -30,6 +30,7 @@ struct worker_spec {
   std::filesystem::path extensions_dir;  ///< TORCH_EXTENSIONS_DIR / TRITON_CACHE_DIR parent
   std::uint64_t memory_limit_mb = 0;     ///< RLIMIT_AS for CPU workers; 0: none
   std::int64_t cpu_threads = 1;
+  std::int64_t cuda_max_connections = 0; ///< CUDA_DEVICE_MAX_CONNECTIONS; 0: the driver's default
 };
 
 class zygote;
