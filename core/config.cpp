@@ -616,8 +616,8 @@ void describe(V& v, config& c) {
     v.field("cpu_threads", e.cpu_threads, "Torch threads in a CPU worker.", positive<std::int64_t>("a positive integer"));
     v.field("cuda_max_connections", e.cuda_max_connections,
             "CUDA_DEVICE_MAX_CONNECTIONS of GPU workers: the hardware queues a worker's CUDA context gets. Fewer make "
-            "each worker's context cheaper to create; streams beyond that number share queues. 0: the driver's "
-            "default (8).",
+            "each worker's context cheaper to create (every verdict needs one); streams then share queues, so a "
+            "candidate's streams may overlap less. 0: the driver's default (8).",
             constraint<std::int64_t>{"an integer between 0 and 32", [](std::int64_t v) { return v >= 0 && v <= 32; }});
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");

@@ -114,7 +114,7 @@ struct evaluator_options {
   double run_timeout_s = 300;                  ///< trials and timing
   std::uint64_t memory_limit_mb = 16384;       ///< address-space limit of CPU workers; 0: none
   std::int64_t cpu_threads = 1;                ///< torch threads in a CPU worker
-  std::int64_t cuda_max_connections = 0;       ///< CUDA_DEVICE_MAX_CONNECTIONS of GPU workers; 0: the driver's (8)
+  std::int64_t cuda_max_connections = 2;       ///< CUDA_DEVICE_MAX_CONNECTIONS of GPU workers; 0: the driver's (8)
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
   bool static_checks = true;

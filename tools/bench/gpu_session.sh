@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [holds] [precision] [probe] [decode] [trace] [learner]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [precision] [probe] [decode] [trace] [learner]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -26,7 +26,7 @@ if [[ ! -f $B/build.ninja ]]; then
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
 fi
 targets=(crucible)
-[[ " $* " == *" throughput "* || " $* " == *" holds "* ]] && targets+=(bench_eval_throughput)
+[[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* ]] && targets+=(bench_learner test_gpu_dp)
@@ -70,6 +70,16 @@ for what in "$@"; do
         read -r conc setting <<< "$run"
         echo "== concurrency $conc, $setting" | tee -a "$OUT/throughput.txt"
         $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$conc" --candidates 20 --set "$setting" 2>&1 | tee -a "$OUT/throughput.txt"
+      done ;;
+    connections)
+      # Workers' CUDA_DEVICE_MAX_CONNECTIONS: a fresh context's cost under each setting, then
+      # throughput at concurrency 4 with 8 (the driver's), 1 and 2 queues, and at 3, 5 and 6 with 1.
+      python3 tools/bench/context_probe.py --processes 5 --together 4 --out "$OUT/context_probe.json" 2>&1 | tee "$OUT/context_probe.txt"
+      for run in "4 0" "4 1" "4 2" "5 1" "6 1" "3 1"; do
+        read -r conc conn <<< "$run"
+        echo "== concurrency $conc, evaluator.cuda_max_connections=$conn" | tee -a "$OUT/connections.txt"
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$conc" --candidates 20 \
+          --set evaluator.cuda_max_connections=$conn 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/connections.txt"
       done ;;
     holds)
       # Workers' device initialisation beside timed rounds or not, 40 verdicts each (8 per task),

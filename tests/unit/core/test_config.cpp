@@ -179,6 +179,8 @@ TEST_CASE("evaluator values are validated, alone and against each other") {
         == "configs/x.yaml:2: evaluator.max_spread: expected a positive number, got 0");
   CHECK(problems_of("evaluator:\n  rounds: 50\n  max_rounds: 40\n")
         == "configs/x.yaml: evaluator.max_rounds: must be at least evaluator.rounds (50)");
+  CHECK(problems_of("evaluator:\n  cuda_max_connections: 33\n")
+        == "configs/x.yaml:2: evaluator.cuda_max_connections: expected an integer between 0 and 32, got 33");
   CHECK(problems_of("reward:\n  shape: cubic\n")
         == "configs/x.yaml:2: reward.shape: expected one of speedup, log_speedup, clipped, got \"cubic\"");
 }

@@ -92,6 +92,18 @@ TEST_CASE("a CUDA worker sees exactly its one device and no address-space limit"
   CHECK(r["env"]["CUDA_VISIBLE_DEVICES"].as<std::string>() == "3");
   CHECK(r["device"].as<std::string>() == "cuda");
   CHECK(r["rlimit_as_unlimited"].as<bool>());
+  CHECK_FALSE(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].IsDefined()); // 0: the driver's default
+}
+
+TEST_CASE("cuda_max_connections reaches a worker as CUDA_DEVICE_MAX_CONNECTIONS") {
+  zmq::context_t ctx;
+  auto spec = probe_spec("cuda:0");
+  spec.cuda_max_connections = 2;
+  auto w = worker::start(ctx, spec);
+  REQUIRE(w.ok());
+  auto r = expect_message(**w);
+  REQUIRE(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].IsDefined());
+  CHECK(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].as<std::string>() == "2");
 }
 
 TEST_CASE("exit codes and signals are reported; final messages are not lost") {
