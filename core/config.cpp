@@ -139,6 +139,16 @@ constexpr std::pair<timing_baseline, const char*> baseline_names[] = {
   {timing_baseline::eager, "eager"}, {timing_baseline::compile, "compile"},
   {timing_baseline::compile_reduce_overhead, "compile-reduce-overhead"}, {timing_baseline::cuda_graph, "cuda-graph"}};
 
+constexpr std::pair<device_init_hold, const char*> init_hold_names[] = {
+  {device_init_hold::context, "context"}, {device_init_hold::all, "all"}, {device_init_hold::none, "none"}};
+
+template <> struct value_traits<device_init_hold> {
+  static constexpr const char* expected = "one of context, all, none";
+  static constexpr const char* type_name = "`context`, `all` or `none`";
+  static bool parse(const std::string& s, device_init_hold& out) { return enum_traits<device_init_hold, 3>::parse_from(init_hold_names, s, out); }
+  static std::string render(device_init_hold v) { return enum_traits<device_init_hold, 3>::render_from(init_hold_names, v); }
+};
+
 template <> struct value_traits<timing_baseline> {
   static constexpr const char* expected = "one of eager, compile, compile-reduce-overhead, cuda-graph";
   static constexpr const char* type_name = "`eager`, `compile`, `compile-reduce-overhead` or `cuda-graph`";
@@ -260,6 +270,13 @@ const char* name_in(const std::pair<Enum, const char*> (&names)[N], Enum v) noex
 const char* to_string(timing_baseline b) noexcept {
   for (const auto& [v, n] : baseline_names)
     if (v == b)
+      return n;
+  return "?";
+}
+
+const char* to_string(device_init_hold h) noexcept {
+  for (const auto& [v, n] : init_hold_names)
+    if (v == h)
       return n;
   return "?";
 }
@@ -622,10 +639,13 @@ void describe(V& v, config& c) {
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
-    v.field("init_holds_device", e.init_holds_device,
-            "A starting worker initialises the device (CUDA context, the profiler's first use) only while no "
-            "evaluation is timing on it, so that it never runs beside a timed round; beside another evaluation's "
-            "reference, trials or load it may. False: workers initialise at once.");
+    v.field("init_hold", e.init_hold,
+            "Which steps of a starting worker's device initialisation wait until no evaluation is timing on the "
+            "device, so that they never run beside a timed round (beside other evaluations' references and trials "
+            "they may). `context`: creating the CUDA context, which raised the 99th percentile of a kernel timed beside "
+            "it by 10-13% (starting the driver: 5%; the profiler's first use: not at all); the other two run at "
+            "once. `all`: those three. `none`: workers "
+            "initialise at once.");
     v.field("share_untimed", e.share_untimed,
             "Timed rounds always have the device to themselves. Untimed device work (references, correctness "
             "trials, workers' device initialisation) of several evaluations may run on it at once; false: one at a "

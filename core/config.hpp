@@ -83,6 +83,17 @@ enum class timing_baseline : std::uint8_t {
 /// "eager", "compile", "compile-reduce-overhead", "cuda-graph": the names config files use.
 const char* to_string(timing_baseline b) noexcept;
 
+/// Which steps of a starting worker's device initialisation wait until no evaluation is timing
+/// on the device (they then run beside other evaluations' untimed work only).
+enum class device_init_hold : std::uint8_t {
+  context, ///< creating the CUDA context; starting the driver and the profiler's first use run at once
+  all,     ///< starting the driver, creating the context and the profiler's first use
+  none,    ///< nothing: workers initialise at once, beside timed rounds too
+};
+
+/// "context", "all", "none": the names config files use.
+const char* to_string(device_init_hold h) noexcept;
+
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
 struct evaluator_options {
   std::string python;                          ///< "" : .venv/bin/python of the checkout, else python3
@@ -118,7 +129,7 @@ struct evaluator_options {
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
   bool static_checks = true;
-  bool init_holds_device = true;               ///< a starting worker initialises the device only while nothing is timed on it
+  device_init_hold init_hold = device_init_hold::context; ///< steps of a starting worker's device initialisation kept away from timed rounds
   bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
   bool zygote = true;                          ///< fork workers from a process that imported torch once

@@ -57,9 +57,17 @@ void device_gate::unlock_untimed() {
 void device_gate::lock_timed() {
   std::unique_lock lock{mtx_};
   ++timed_waiting_;
+  if (!timed_ && !draining_) {
+    draining_ = true;
+    drain_since_ = clock::now();
+  }
   cv_.wait(lock, [&] { return !timed_ && untimed_ == 0; });
   --timed_waiting_;
   const auto now = clock::now();
+  if (draining_) {
+    drain_ns_ += ns_between(drain_since_, now);
+    draining_ = false;
+  }
   enter_locked(now);
   timed_ = true;
   timed_since_ = now;
@@ -71,6 +79,10 @@ void device_gate::unlock_timed() {
     const auto now = clock::now();
     timed_ = false;
     timed_ns_ += ns_between(timed_since_, now);
+    if (timed_waiting_ > 0) {
+      draining_ = true;
+      drain_since_ = now;
+    }
     leave_locked(now);
   }
   cv_.notify_all();
@@ -84,6 +96,11 @@ std::uint64_t device_gate::busy_ns() const {
 std::uint64_t device_gate::timed_ns() const {
   std::lock_guard lock{mtx_};
   return timed_ns_ + (timed_ ? ns_between(timed_since_, clock::now()) : 0);
+}
+
+std::uint64_t device_gate::drain_ns() const {
+  std::lock_guard lock{mtx_};
+  return drain_ns_ + (draining_ ? ns_between(drain_since_, clock::now()) : 0);
 }
 
 int device_gate::timed_waiting() const {

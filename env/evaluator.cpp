@@ -330,9 +330,11 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
   const auto started = clock_type::now();
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
                                         std::chrono::duration<double>(opt_.start_timeout_s));
-  // Two steps: the worker imports torch on its own ("started"), then initialises the device
-  // while we hold it ("init" -> "ready"), so that a refill never runs on the device while
-  // another candidate is being timed.
+  // The worker imports torch on its own ("started"), then initialises the device in three steps
+  // at our word: starting the driver ("init" -> "driver"), creating its CUDA context ("context"
+  // -> "context"), the profiler's first use (-> "ready"). The steps named by
+  // evaluator.init_hold run while we hold the device as untimed work, so that they never run
+  // while another candidate is being timed.
   auto expect = [&](const char* type, YAML::Node& n) -> result<bool> {
     worker_message msg;
     auto got = proc->receive(deadline, msg);
@@ -357,21 +359,41 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
   if (auto ok = expect("started", n); !ok)
     return ok.error();
   {
-    // Device initialisation (CUDA context, the profiler's first use) is untimed device work:
-    // never beside timed rounds (unless evaluator.init_holds_device is off), where it widened
-    // the verdicts' spread; beside other evaluations' references and trials, and other
-    // workers' initialisation, it costs nothing measured.
+    // Creating a CUDA context beside a timed kernel raised that kernel's p99 by 10-13%; starting
+    // the driver and the profiler's first use left it alone (docs/PERFORMANCE.md, "A device
+    // gate"). Beside other evaluations' references and trials any step costs nothing measured.
     std::optional<untimed_hold> device;
-    if (opt_.init_holds_device)
+    double held_s = 0;
+    auto hold = [&] {
       device.emplace(gate_);
+      return clock_type::now();
+    };
+    auto held_since = opt_.init_hold == device_init_hold::all ? hold() : clock_type::time_point{};
     const auto t0 = clock_type::now();
     if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
+    if (auto ok = expect("driver", n); !ok)
+      return ok.error();
+    if (opt_.init_hold == device_init_hold::context)
+      held_since = hold();
+    if (auto sent = proc->send("{\"type\":\"context\"}"); !sent)
+      return sent.error();
+    if (auto ok = expect("context", n); !ok)
+      return ok.error();
+    if (opt_.init_hold == device_init_hold::context) {
+      device.reset();
+      held_s = std::chrono::duration<double>(clock_type::now() - held_since).count();
+    }
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
+    if (opt_.init_hold == device_init_hold::all) {
+      device.reset();
+      held_s = std::chrono::duration<double>(clock_type::now() - held_since).count();
+    }
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
-    char buf[160];
+    init_held_ns_ += static_cast<std::uint64_t>(held_s * 1e9);
+    char buf[200];
     double driver_ms = -1, context_ms = -1, profiler_ms = -1; // the worker's own laps, when it sends them
     if (const auto laps = n["init_ms"]; laps.IsDefined() && laps.IsMap()) {
       try {
@@ -382,9 +404,10 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
       }
     }
     std::snprintf(buf, sizeof buf,
-                  "%.3f s (device initialisation %.3f s: driver %.0f ms, context %.0f ms, profiler's first use %.0f ms)",
+                  "%.3f s (device initialisation %.3f s, %.3f s of it holding the device: driver %.0f ms, context %.0f "
+                  "ms, profiler's first use %.0f ms)",
                   std::chrono::duration<double>(clock_type::now() - started).count(), static_cast<double>(ns) * 1e-9,
-                  driver_ms, context_ms, profiler_ms);
+                  held_s, driver_ms, context_ms, profiler_ms);
     log_.debug("evaluator", device_, ": worker ", std::to_string(proc->pid()), proc->forked() ? " forked" : " executed",
                ", ready in ", buf);
   }

@@ -88,11 +88,17 @@ public:
   /// every measured round), all evaluations together: the strictest "device timing" figure.
   double timed_call_seconds() const noexcept { return static_cast<double>(timed_calls_ns_.load()) * 1e-9; }
   /// Seconds during which the device was in use by at least one evaluation or starting worker
-  /// (references, trials, timing, and device initialisation when evaluator.init_holds_device).
+  /// (references, trials, timing, and the steps of device initialisation evaluator.init_hold names).
   double device_seconds() const { return static_cast<double>(gate_.busy_ns()) * 1e-9; }
+  /// Seconds during which an evaluation was ready to time but waited for other evaluations'
+  /// untimed work (and starting workers' held initialisation steps) to finish.
+  double drain_seconds() const { return static_cast<double>(gate_.drain_ns()) * 1e-9; }
   /// Seconds workers spent initialising the device, summed over workers (several may
-  /// initialise at once; never beside timed rounds with evaluator.init_holds_device).
+  /// initialise at once).
   double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
+  /// Of those, seconds spent holding the device (the steps evaluator.init_hold names: never
+  /// beside timed rounds), summed over workers.
+  double init_held_seconds() const noexcept { return static_cast<double>(init_held_ns_.load()) * 1e-9; }
   /// Most evaluations and starting workers that shared the device's untimed work at once.
   int max_untimed_users() const { return gate_.max_untimed(); }
 
@@ -142,6 +148,7 @@ private:
   std::atomic<std::uint64_t> timing_ns_{0};
   std::atomic<std::uint64_t> timed_calls_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
+  std::atomic<std::uint64_t> init_held_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   device_gate gate_;                  // timed rounds alone; untimed work shared (evaluator.share_untimed)

@@ -947,12 +947,11 @@ class Worker:
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.benchmark = False
         _prewarm(self.cuda)
-        # Device work waits for the evaluator's word: it holds the device while it answers, so
-        # a starting worker never runs on the device while another candidate is being timed.
+        # Device initialisation goes in three steps, each at the evaluator's word (the driver,
+        # the context, the profiler's first use): it holds the device during those that must
+        # not run beside another candidate's timed rounds (evaluator.init_hold).
         self.chan.send({"type": "started", "pid": _os_getpid()})
-        msg = self.chan.recv()
-        if msg.get("type") != "init":
-            raise _Done("runtime_error", (), f"expected init, got {msg.get('type')!r}")
+        self.await_step("init")
         t_init = _perf_counter_ns()
         # torch asks NVML for the device count first; NVML cannot start inside the sandbox,
         # torch falls back to the CUDA runtime, and the warning it prints is noise.
@@ -960,8 +959,12 @@ class Worker:
         if self.cuda:
             global _DRIVER_IPC
             _DRIVER_IPC = _load_driver_ipc()
-            torch.cuda.init()
-            t_cuinit = _perf_counter_ns()
+            torch.cuda.init()  # cuInit; the context is created on the first allocation
+        t_cuinit = _perf_counter_ns()
+        self.chan.send({"type": "driver"})
+        self.await_step("context")
+        t_context0 = _perf_counter_ns()
+        if self.cuda:
             self.stream0 = torch.cuda.current_stream()
             self.ev0 = torch.cuda.Event(enable_timing=True)
             self.ev_call = torch.cuda.Event(enable_timing=True)
@@ -971,12 +974,12 @@ class Worker:
             hardware = torch.cuda.get_device_name(0)
         else:
             hardware = "cpu: " + _cpu_model()
-            t_cuinit = _perf_counter_ns()
+        t_context = _perf_counter_ns()
+        self.chan.send({"type": "context"})
         # The profiler's first use in a process (CUPTI on CUDA) takes about a second: pay it
         # here, in the warm pool, not in a job's trials. Without a GPU that first use also logs
         # "gpuGetDeviceCount failed" (libkineto) to the process's stderr, which is the user's
         # terminal: on the CPU it runs with fd 2 on /dev/null (no candidate code has run yet).
-        t_context = _perf_counter_ns()
         quiet = saved = None
         try:
             if not self.cuda:
@@ -996,8 +999,14 @@ class Worker:
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
                         "hardware": hardware,
-                        "init_ms": {"driver": (t_cuinit - t_init) / 1e6, "context": (t_context - t_cuinit) / 1e6,
+                        "init_ms": {"driver": (t_cuinit - t_init) / 1e6, "context": (t_context - t_context0) / 1e6,
                                     "profiler": (t_profiler - t_context) / 1e6}})
+
+    def await_step(self, step):
+        """Waits for the evaluator's {"type": step}: its word to go on initialising."""
+        msg = self.chan.recv()
+        if msg.get("type") != step:
+            raise _Done("runtime_error", (), f"expected {step}, got {msg.get('type')!r}")
 
     # -- helpers -----------------------------------------------------------------------------
     def sync(self):

@@ -476,3 +476,30 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   CHECK(on >= rounds * 9 / 10); // a random lead each round: a repeat is rare
   CHECK(on > off);
 }
+
+TEST_CASE("a worker initialises in three steps and holds the device only during those init_hold names") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  for (auto hold : {device_init_hold::context, device_init_hold::all, device_init_hold::none}) {
+    CAPTURE(to_string(hold));
+    evaluator_options opt = cpu_evaluator::suite_options(0); // one worker, started for the verdict
+    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
+    opt.recheck_above = 1e9;
+    opt.init_hold = hold;
+    cpu_evaluator ev{opt};
+    auto v = ev.run(*t, cand);
+    INFO(describe(v));
+    CHECK(v.status == verdict_status::ok);
+    REQUIRE(ev.ev->workers_started() == 1);
+    const double init = ev.ev->init_seconds(), held = ev.ev->init_held_seconds();
+    INFO("initialisation " << init << " s, " << held << " s of it holding the device");
+    CHECK(init > 0);
+    if (hold == device_init_hold::none)
+      CHECK(held == 0);
+    else if (hold == device_init_hold::context)
+      CHECK((held > 0 && held < init)); // the driver's start and the profiler's first use are outside
+    else
+      CHECK(held >= init); // held from before the first step to after the last
+  }
+}

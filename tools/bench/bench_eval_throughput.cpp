@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
     auto timing0 = (*ev)->timing_seconds();
     auto device0 = (*ev)->device_seconds();
     auto init0 = (*ev)->init_seconds();
+    auto init_held0 = (*ev)->init_held_seconds();
+    auto drain0 = (*ev)->drain_seconds();
     auto calls0 = (*ev)->timed_call_seconds();
     auto started0 = (*ev)->workers_started();
     auto forked0 = (*ev)->workers_forked();
@@ -119,14 +121,17 @@ int main(int argc, char** argv) {
     double timing = (*ev)->timing_seconds() - timing0;
     double held = (*ev)->device_seconds() - device0;
     double init = (*ev)->init_seconds() - init0;
+    double init_held = (*ev)->init_held_seconds() - init_held0;
+    double drain = (*ev)->drain_seconds() - drain0;
     double calls = (*ev)->timed_call_seconds() - calls0;
     std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall "
-                "(inside the timed calls %.1f%%), device in use %.1f%% of wall; worker device initialisation "
-                "%.1f%% of wall summed over workers (%s); untimed work %s (at most %d at once); %llu workers, "
+                "(inside the timed calls %.1f%%), a timing waiting for untimed work to finish %.1f%%, device in use "
+                "%.1f%% of wall; worker device initialisation %.1f%% of wall summed over workers, %.1f%% of it "
+                "holding the device (evaluator.init_hold %s); untimed work %s (at most %d at once); %llu workers, "
                 "%llu forked (concurrency %d, warm workers %lld)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
-                100 * timing / wall, 100 * calls / wall, 100 * held / wall, 100 * init / wall,
-                opt.init_holds_device ? "never beside timed rounds" : "at any time",
+                100 * timing / wall, 100 * calls / wall, 100 * drain / wall, 100 * held / wall, 100 * init / wall,
+                100 * init_held / wall, to_string(opt.init_hold),
                 opt.share_untimed ? "shared" : "one at a time", (*ev)->max_untimed_users(),
                 static_cast<unsigned long long>((*ev)->workers_started() - started0),
                 static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency,

@@ -82,12 +82,14 @@ for what in "$@"; do
           --set evaluator.cuda_max_connections=$conn 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/connections.txt"
       done ;;
     holds)
-      # Workers' device initialisation beside timed rounds or not, 40 verdicts each (8 per task),
-      # with each task's spread under that load.
-      for h in true false; do
-        echo "== concurrency 4, evaluator.init_holds_device=$h" | tee -a "$OUT/holds.txt"
+      # Which steps of a worker's device initialisation wait for no timing (evaluator.init_hold):
+      # the context only (the default) against all three, 40 verdicts each (8 per task), with each
+      # task's spread under that load, and the time timings waited for untimed work to finish.
+      # Alternated (HOLDS_ORDER), since passes of one setting differ by more than the settings do.
+      for h in ${HOLDS_ORDER:-context all}; do
+        echo "== concurrency 4, evaluator.init_hold=$h" | tee -a "$OUT/holds.txt"
         $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 4 --candidates 40 \
-          --set evaluator.init_holds_device=$h 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/holds.txt"
+          --set evaluator.init_hold=$h 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/holds.txt"
       done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the

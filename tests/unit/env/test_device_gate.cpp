@@ -50,10 +50,16 @@ TEST_CASE("a timed user waits for the untimed users inside, and no new one enter
   await([&] { return gate.timed_waiting() == 1; });
   CHECK_FALSE(timing.load());
   CHECK_FALSE(gate.try_lock_untimed()); // the waiting timed user goes first
+  // The time it waits for the device to drain is counted, and grows while it waits.
+  const auto drain0 = gate.drain_ns();
+  await([&] { return gate.drain_ns() > drain0; });
   gate.unlock_untimed();
   timer.join();
   CHECK(timing.load());
   CHECK(gate.timed_waiting() == 0);
+  const auto drained = gate.drain_ns();
+  CHECK(drained > drain0);
+  CHECK(gate.drain_ns() == drained); // no longer waiting: no longer counted
   CHECK(gate.try_lock_untimed()); // it has left: untimed users enter again
   gate.unlock_untimed();
 }
@@ -103,4 +109,5 @@ TEST_CASE("busy time is the union of the holds, timed time only the timed holds"
   CHECK(busy <= wall - 2'000'000u); // two overlapping 5 ms holds counted twice would exceed it
   CHECK(gate.timed_ns() >= 3'000'000u);
   CHECK(gate.timed_ns() < busy);
+  CHECK(gate.drain_ns() == 0); // the timed user never waited
 }

@@ -250,7 +250,11 @@ TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, 
   CHECK((*a)->died_by_signal());
   auto scratch = (*b)->scratch();
   const auto b_pid = (*b)->pid();
+  // Device initialisation, one step at a time at our word.
   REQUIRE((*b)->send(R"({"type":"init"})").ok());
+  CHECK(expect_message(**b)["type"].as<std::string>() == "driver");
+  REQUIRE((*b)->send(R"({"type":"context"})").ok());
+  CHECK(expect_message(**b)["type"].as<std::string>() == "context");
   CHECK(expect_message(**b)["type"].as<std::string>() == "ready");
   (*b)->kill();
   CHECK((*b)->exit_description() == "killed by signal 9 (SIGKILL)");
