@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [precision] [probe] [decode] [trace] [learner]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [precision] [probe] [decode] [trace] [learner] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -29,7 +29,7 @@ targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
-[[ " $* " == *" learner "* ]] && targets+=(bench_learner test_gpu_dp)
+[[ " $* " == *" learner "* || " $* " == *" allreduce "* ]] && targets+=(bench_learner test_gpu_dp)
 start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "gpu_session: build took $(( $(date +%s) - start )) s"
@@ -60,6 +60,16 @@ for what in "$@"; do
       timeout 600 $B/tests/gpu/test_gpu_dp 2>&1 | tail -40 | tee "$OUT/gpu_dp.txt"
       timeout 900 $B/tools/bench/bench_learner 2>&1 | tee "$OUT/learner.jsonl"
       timeout 300 python3 tools/bench/allreduce_torch.py 2>&1 | tee "$OUT/allreduce_torch.jsonl" ;;
+    allreduce)
+      # The gradient all-reduce alone, side by side: our communicator (non-blocking, as shipped),
+      # the same with NCCL_COMM_BLOCKING=1, and torch.distributed, twice over; then the DP tests.
+      for i in 1 2; do
+        $B/tools/bench/bench_learner --figures allreduce --sizes-mb 25,100 2>&1 | tee -a "$OUT/allreduce.jsonl"
+        NCCL_COMM_BLOCKING=1 $B/tools/bench/bench_learner --figures allreduce --sizes-mb 25,100 2>&1 \
+          | sed 's/"crucible-nccl"/"crucible-nccl-blocking"/' | tee -a "$OUT/allreduce.jsonl"
+        timeout 300 python3 tools/bench/allreduce_torch.py --sizes-mb 25,100 2>&1 | tee -a "$OUT/allreduce.jsonl"
+      done
+      timeout 300 $B/tests/gpu/test_gpu_dp 2>&1 | tail -20 | tee "$OUT/gpu_dp.txt" ;;
     gpu_engine)
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40
       timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | tail -60 ;;
