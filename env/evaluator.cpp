@@ -386,11 +386,12 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     }
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
+    const auto done = clock_type::now();
     if (opt_.init_hold == device_init_hold::all) {
       device.reset();
-      held_s = std::chrono::duration<double>(clock_type::now() - held_since).count();
+      held_s = std::chrono::duration<double>(done - held_since).count();
     }
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t0).count();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(done - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
     init_held_ns_ += static_cast<std::uint64_t>(held_s * 1e9);
     char buf[200];

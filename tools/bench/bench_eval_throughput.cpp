@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
     double calls = (*ev)->timed_call_seconds() - calls0;
     std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall "
                 "(inside the timed calls %.1f%%), a timing waiting for untimed work to finish %.1f%%, device in use "
-                "%.1f%% of wall; worker device initialisation %.1f%% of wall summed over workers, %.1f%% of it "
+                "%.1f%% of wall; worker device initialisation %.1f%% of wall summed over workers, %.1f%% of wall "
                 "holding the device (evaluator.init_hold %s); untimed work %s (at most %d at once); %llu workers, "
                 "%llu forked (concurrency %d, warm workers %lld)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,

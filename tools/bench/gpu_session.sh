@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [precision] [probe] [decode] [trace] [learner] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [learner] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -26,7 +26,7 @@ if [[ ! -f $B/build.ninja ]]; then
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
 fi
 targets=(crucible)
-[[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* ]] && targets+=(bench_eval_throughput)
+[[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* ]] && targets+=(bench_learner test_gpu_dp)
@@ -100,6 +100,14 @@ for what in "$@"; do
         echo "== concurrency 4, evaluator.init_hold=$h" | tee -a "$OUT/holds.txt"
         $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 4 --candidates 40 \
           --set evaluator.init_hold=$h 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/holds.txt"
+      done ;;
+    concurrency)
+      # Verdicts per minute and the timed share at several concurrencies with the defaults,
+      # 40 candidates each (CONCURRENCIES, in order; both passes of each run count).
+      for c in ${CONCURRENCIES:-5 6 5}; do
+        echo "== concurrency $c" | tee -a "$OUT/concurrency.txt"
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates 40 2>&1 \
+          | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/concurrency.txt"
       done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the
