@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 namespace crucible::policy {
@@ -121,7 +122,9 @@ public:
   // is kept.
   result<void> init(const nccl_id& id) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+    // Once per process, before any of its ranks' threads enters NCCL (which reads it at creation).
+    static std::once_flag eager_connections;
+    std::call_once(eager_connections, [] { ::setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclUniqueId uid;
