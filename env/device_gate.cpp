@@ -57,7 +57,7 @@ void device_gate::unlock_untimed() {
 void device_gate::lock_timed() {
   std::unique_lock lock{mtx_};
   ++timed_waiting_;
-  if (!timed_ && !draining_) {
+  if (!timed_ && untimed_ > 0 && !draining_) {
     draining_ = true;
     drain_since_ = clock::now();
   }
@@ -79,10 +79,6 @@ void device_gate::unlock_timed() {
     const auto now = clock::now();
     timed_ = false;
     timed_ns_ += ns_between(timed_since_, now);
-    if (timed_waiting_ > 0) {
-      draining_ = true;
-      drain_since_ = now;
-    }
     leave_locked(now);
   }
   cv_.notify_all();

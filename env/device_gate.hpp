@@ -31,8 +31,8 @@ public:
   std::uint64_t busy_ns() const;
   /// Nanoseconds during which a timed user held it.
   std::uint64_t timed_ns() const;
-  /// Nanoseconds during which a timed user waited and none held the device: a timing was ready
-  /// while untimed users inside finished their phase.
+  /// Nanoseconds during which a timed user waited for untimed users inside to finish their phase
+  /// (a timing was ready and the device was not being timed).
   std::uint64_t drain_ns() const;
   /// Most untimed users seen inside at once (for tests and figures).
   int max_untimed() const;
@@ -55,7 +55,7 @@ private:
   int max_untimed_ = 0;
   clock::time_point busy_since_{};
   clock::time_point timed_since_{};
-  bool draining_ = false; // a timed user waits and none holds the device
+  bool draining_ = false; // a timed user waits for untimed users to leave
   clock::time_point drain_since_{};
   std::uint64_t drain_ns_ = 0;
   std::uint64_t busy_ns_ = 0;
