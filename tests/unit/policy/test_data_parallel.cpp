@@ -450,6 +450,16 @@ TEST_CASE("ZeRO-1: sharded optimiser state gives plain data parallelism's update
     o.micro_batch_tokens = 48;
     auto probe = make_learner(o, 41);
     std::vector<grpo_batch> batches{make_batch(probe->model(), 8, 6, 3, 0.2), make_batch(probe->model(), 9, 6, 3, 0.2)};
+    // The two paths agree to float32 rounding, not bit for bit: they update the masters in other
+    // pieces (parameters, bucket shards), which ATen's vectorised kernels may round differently
+    // (float32: 9.2e-8 apart after two steps). In bfloat16 a master one float32 step apart can
+    // round to a weight one bfloat16 step apart, and the next step's gradients then differ: on a
+    // 2-core AVX2 machine two steps left the masters 4.8e-5 apart, 7.5e-9 with
+    // ATEN_CPU_CAPABILITY=default (no vectorised kernels), and one step 3.7e-9. So bfloat16 is
+    // compared after one step, float32 after two (the moments' second use).
+    if (dtype == "bfloat16")
+      batches.pop_back();
+    const auto steps = static_cast<std::int64_t>(batches.size());
     std::vector<std::vector<std::unique_ptr<learner>>> runs;
     std::vector<std::vector<double>> norms(2);
     for (bool zero1 : {false, true}) {
@@ -464,9 +474,9 @@ TEST_CASE("ZeRO-1: sharded optimiser state gives plain data parallelism's update
         norms[zero1].push_back(got[0]->grad_norm);
       }
       CHECK(ls[0]->optimizer().sharded() == zero1);
-      CHECK(ls[0]->steps() == 2);
+      CHECK(ls[0]->steps() == steps);
     }
-    for (std::size_t s = 0; s < 2; ++s)
+    for (std::size_t s = 0; s < batches.size(); ++s)
       CHECK(norms[1][s] == doctest::Approx(norms[0][s]).epsilon(1e-5));
     // The float32 master weights: plain DP's from its optimiser, ZeRO-1's put together from the
     // ranks' chunks of each bucket.
