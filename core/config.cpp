@@ -642,10 +642,9 @@ void describe(V& v, config& c) {
     v.field("init_hold", e.init_hold,
             "Which steps of a starting worker's device initialisation wait until no evaluation is timing on the "
             "device, so that they never run beside a timed round (beside other evaluations' references and trials "
-            "they may). `context`: creating the CUDA context, which raised the 99th percentile of a kernel timed beside "
-            "it by 10-13% (starting the driver: 5%; the profiler's first use: not at all); the other two run at "
-            "once. `all`: those three. `none`: workers "
-            "initialise at once.");
+            "they may). `context`: creating the CUDA context, which raised the 99th percentile of a kernel timed "
+            "beside it by 10-13% (starting the driver: 5%; the profiler's first use: not at all); the other two run "
+            "at once. `all`: those three. `none`: workers initialise at once.");
     v.field("share_untimed", e.share_untimed,
             "Timed rounds always have the device to themselves. Untimed device work (references, correctness "
             "trials, workers' device initialisation) of several evaluations may run on it at once; false: one at a "

@@ -363,34 +363,36 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     // the driver and the profiler's first use left it alone (docs/PERFORMANCE.md, "A device
     // gate"). Beside other evaluations' references and trials any step costs nothing measured.
     std::optional<untimed_hold> device;
+    clock_type::time_point held_since{};
     double held_s = 0;
     auto hold = [&] {
       device.emplace(gate_);
-      return clock_type::now();
+      held_since = clock_type::now();
     };
-    auto held_since = opt_.init_hold == device_init_hold::all ? hold() : clock_type::time_point{};
+    auto release = [&](clock_type::time_point now) {
+      device.reset();
+      held_s = std::chrono::duration<double>(now - held_since).count();
+    };
+    if (opt_.init_hold == device_init_hold::all)
+      hold();
     const auto t0 = clock_type::now();
     if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
     if (auto ok = expect("driver", n); !ok)
       return ok.error();
     if (opt_.init_hold == device_init_hold::context)
-      held_since = hold();
+      hold();
     if (auto sent = proc->send("{\"type\":\"context\"}"); !sent)
       return sent.error();
     if (auto ok = expect("context", n); !ok)
       return ok.error();
-    if (opt_.init_hold == device_init_hold::context) {
-      device.reset();
-      held_s = std::chrono::duration<double>(clock_type::now() - held_since).count();
-    }
+    if (opt_.init_hold == device_init_hold::context)
+      release(clock_type::now());
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
     const auto done = clock_type::now();
-    if (opt_.init_hold == device_init_hold::all) {
-      device.reset();
-      held_s = std::chrono::duration<double>(done - held_since).count();
-    }
+    if (opt_.init_hold == device_init_hold::all)
+      release(done);
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(done - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
     init_held_ns_ += static_cast<std::uint64_t>(held_s * 1e9);

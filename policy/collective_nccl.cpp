@@ -81,6 +81,19 @@ private:
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+// The communicator's asynchronous state once it has left ncclInProgress, or ncclInProgress if it
+// has not by `timeout` after `start` (an error of the query itself is returned as the state).
+ncclResult_t settled_state(ncclComm_t comm, clock::time_point start, std::chrono::milliseconds timeout) {
+  for (backoff b;; b.pause()) {
+    ncclResult_t state = ncclSuccess;
+    const auto q = ncclCommGetAsyncError(comm, &state);
+    if (q != ncclSuccess)
+      return q;
+    if (state != ncclInProgress || clock::now() - start > timeout)
+      return state;
+  }
+}
+
 class nccl_communicator;
 
 struct nccl_work final : detail::work_impl {
@@ -156,28 +169,16 @@ public:
         ncclCommAbort(child);
       return p;
     }
-    for (backoff b; child != nullptr;) {
-      ncclCommGetAsyncError(child, &s);
-      if (s != ncclInProgress)
-        break;
-      if (clock::now() - split_start > timeout_) {
-        s = ncclInternalError;
-        break;
-      }
-      b.pause();
-    }
-    if (s == ncclSuccess && child != nullptr) {
+    if (child == nullptr)
+      return {};
+    if (settled_state(child, split_start, timeout_) == ncclSuccess) {
       ncclCommAbort(comm_); // the child has resources of its own (splitShare 0)
       comm_ = child;
-      blocking_ = true;
-    } else if (child != nullptr) {
+    } else {
       ncclCommAbort(child);
     }
     return {};
   }
-
-  /// Whether collectives are launched on a blocking communicator (see init()).
-  bool blocking() const noexcept { return blocking_; }
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
@@ -262,20 +263,12 @@ public:
   // Polls the communicator's asynchronous state until it leaves ncclInProgress. On an error or
   // past the deadline the communicator is aborted.
   result<void> poll_async(const std::string& what, clock::time_point start) {
-    backoff b;
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const auto q = ncclCommGetAsyncError(comm_, &state);
-      if (q != ncclSuccess)
-        state = q;
-      if (state == ncclSuccess)
-        return {};
-      if (state != ncclInProgress)
-        return abort(errc::device, "NCCL " + what + " (" + where() + "): " + nccl_text(state, comm_));
-      if (clock::now() - start > timeout_)
-        return abort(errc::timeout, "NCCL " + what + " (" + where() + "): not complete after " + seconds(timeout_));
-      b.pause();
-    }
+    const auto state = settled_state(comm_, start, timeout_);
+    if (state == ncclSuccess)
+      return {};
+    if (state != ncclInProgress)
+      return abort(errc::device, "NCCL " + what + " (" + where() + "): " + nccl_text(state, comm_));
+    return abort(errc::timeout, "NCCL " + what + " (" + where() + "): not complete after " + seconds(timeout_));
   }
 
   // Aborts the communicator (every later call fails at once) and returns the error.
@@ -338,7 +331,6 @@ private:
   std::chrono::milliseconds timeout_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
-  bool blocking_ = false;
   std::string aborted_;
 };
 
