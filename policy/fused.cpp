@@ -1,4 +1,4 @@
-// policy/fused.cpp: tensors from policy/model.cpp's fused decoding step in, checked and handed to
+// policy/fused.cpp: tensors from policy/model.cpp's fused decoding step and learner log-softmax in, checked and handed to
 // the raw kernels of policy/kernels.cu on the current stream; new output tensors out.
 #include "policy/fused.hpp"
 
@@ -336,6 +336,63 @@ std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logi
                                        partial.data_ptr<float>(), blocks, at::cuda::getCurrentCUDAStream()),
                "greedy_logprob");
   return {tokens, logprobs};
+}
+
+namespace {
+
+// Logits [rows, vocab] and their targets [rows] as the log-softmax kernels take them.
+void check_logprob_operands(const torch::Tensor& logits, const torch::Tensor& targets, const char* what) {
+  TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0, what,
+              ": logits must be a contiguous CUDA [rows, vocab] tensor, got ", logits.sizes(), " on ", logits.device());
+  check_cuda(targets, logits, "targets");
+  TORCH_CHECK(targets.scalar_type() == torch::kLong && targets.dim() == 1 && targets.size(0) == logits.size(0)
+                && targets.is_contiguous(),
+              what, ": targets must be contiguous int64 [", logits.size(0), "], got ", targets.scalar_type(), " ",
+              targets.sizes());
+}
+
+void check_row_floats(const torch::Tensor& t, const torch::Tensor& logits, const char* name, const char* what) {
+  check_cuda(t, logits, name);
+  TORCH_CHECK(t.scalar_type() == torch::kFloat && t.dim() == 1 && t.size(0) == logits.size(0) && t.is_contiguous(),
+              what, ": ", name, " must be contiguous float32 [", logits.size(0), "], got ", t.scalar_type(), " ",
+              t.sizes());
+}
+
+float inverse_temperature(double temperature, const char* what) {
+  TORCH_CHECK(temperature > 0, what, ": temperature must be positive, got ", temperature);
+  return static_cast<float>(1.0 / temperature);
+}
+
+} // namespace
+
+std::pair<torch::Tensor, torch::Tensor> target_logprobs(const torch::Tensor& logits, const torch::Tensor& targets,
+                                                        double temperature) {
+  check_logprob_operands(logits, targets, "target_logprobs");
+  const float inv_t = inverse_temperature(temperature, "target_logprobs");
+  c10::cuda::CUDAGuard guard(logits.device());
+  const auto rows = logits.size(0);
+  auto out = torch::empty({rows}, logits.options().dtype(torch::kFloat));
+  auto lse = torch::empty({rows}, logits.options().dtype(torch::kFloat));
+  check_launch(kernels::target_logprob_forward(kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<std::int64_t>(),
+                                               rows, logits.size(1), inv_t, out.data_ptr<float>(), lse.data_ptr<float>(),
+                                               at::cuda::getCurrentCUDAStream()),
+               "target_logprob_forward");
+  return {out, lse};
+}
+
+torch::Tensor target_logprobs_backward(torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                                       const torch::Tensor& grad, double temperature) {
+  check_logprob_operands(logits, targets, "target_logprobs_backward");
+  check_row_floats(lse, logits, "lse", "target_logprobs_backward");
+  check_row_floats(grad, logits, "grad", "target_logprobs_backward");
+  const float inv_t = inverse_temperature(temperature, "target_logprobs_backward");
+  c10::cuda::CUDAGuard guard(logits.device());
+  check_launch(kernels::target_logprob_backward(kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<std::int64_t>(),
+                                                lse.data_ptr<float>(), grad.data_ptr<float>(), logits.size(0),
+                                                logits.size(1), inv_t, logits.data_ptr(),
+                                                at::cuda::getCurrentCUDAStream()),
+               "target_logprob_backward");
+  return logits;
 }
 
 } // namespace crucible::policy::fused

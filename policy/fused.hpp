@@ -1,8 +1,9 @@
-// policy/fused.hpp: ATen front ends of the fused decoding kernels (policy/kernels.cu), each a
-// drop-in for a chain of LibTorch ops of policy/model.cpp on CUDA tensors. Shapes, dtypes and
+// policy/fused.hpp: ATen front ends of the fused kernels (policy/kernels.cu), each a drop-in for
+// a chain of LibTorch ops of policy/model.cpp on CUDA tensors. Shapes, dtypes and
 // devices are checked (TORCH_CHECK, as the model's own checks); kernels run on the current CUDA
 // stream, never synchronise and allocate only their outputs, so they can be captured in CUDA
-// graphs. Inference only: nothing here records autograd history. CUDA builds only.
+// graphs. Nothing here records autograd history (the learner's log-softmax pair is used by an
+// autograd function in policy/model.cpp). CUDA builds only.
 #pragma once
 
 #include <cstdint>
@@ -80,5 +81,19 @@ torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tens
 /// [rows], as torch::log_softmax(logits.float()) there), in two kernels instead of a float copy,
 /// an argmax and a log-softmax over the whole row.
 std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logits);
+
+/// The learner's target log-probabilities of one chunk of logits [rows, vocab] (contiguous CUDA,
+/// float32, float16 or bfloat16, as `linear` returned them) and targets [rows] (int64): with
+/// x = logits.float() / temperature, {x[r, targets[r]] - logsumexp(x[r]), logsumexp(x[r])}, both
+/// float32 [rows], the first 0 where targets < 0. One read of the logits instead of a float copy,
+/// a log-sum-exp and a gather.
+std::pair<torch::Tensor, torch::Tensor> target_logprobs(const torch::Tensor& logits, const torch::Tensor& targets,
+                                                        double temperature);
+
+/// The gradient of target_logprobs' first result with respect to the logits, given `grad` (float32
+/// [rows]) and its `lse`: (1[j = target] - softmax(x)_j) * grad / temperature, rounded to the
+/// logits' dtype and written over `logits` (returned), zero on rows whose target is < 0.
+torch::Tensor target_logprobs_backward(torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
+                                       const torch::Tensor& grad, double temperature);
 
 } // namespace crucible::policy::fused

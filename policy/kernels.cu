@@ -1,4 +1,5 @@
-// policy/kernels.cu: the fused kernels of a decoding step (see policy/kernels.hpp). Called by
+// policy/kernels.cu: the fused kernels of a decoding step and of the learner's output
+// log-softmax (see policy/kernels.hpp). Called by
 // policy/fused.cpp, which checks shapes. The elementwise kernels are plain loops, one block per
 // row or head, float32 arithmetic with the reference's rounding points spelled out (__fmul_rn
 // and __fadd_rn are never contracted to FMA); the decode attention is written for latency (see
@@ -929,7 +930,188 @@ __global__ void __launch_bounds__(greedy_threads) greedy_combine_kernel(const fl
   }
 }
 
+// ---- the learner's target log-probabilities --------------------------------------------------
+
+constexpr int logprob_threads = 512;
+
+// Eight elements of a row from 16 bytes (or fewer for float32: two 16-byte loads).
+template <class T>
+struct pack8 {
+  alignas(16) T v[8];
+};
+
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
+  const pack8<T> in = *reinterpret_cast<const pack8<T>*>(p);
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    out[i] = to_float(in.v[i]);
+}
+
+// A running (max, sum of exp(x - max)) pair: log-sum-exp in one pass over a row.
+struct lse_part {
+  float max, sum;
+};
+
+__device__ __forceinline__ lse_part lse_merge(lse_part a, lse_part b) {
+  if (a.max == -INFINITY)
+    return b;
+  if (b.max == -INFINITY)
+    return a;
+  const float m = fmaxf(a.max, b.max);
+  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
+}
+
+__device__ __forceinline__ void lse_add(lse_part& p, float x) {
+  if (x > p.max) {
+    p.sum = (p.max == -INFINITY ? 0.0f : p.sum * expf(p.max - x)) + 1.0f;
+    p.max = x;
+  } else if (x != -INFINITY) {
+    p.sum += expf(x - p.max); // a NaN x is caught by the caller's flag
+  }
+}
+
+__device__ lse_part lse_block_merge(lse_part p, float* scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1)
+    p = lse_merge(p, lse_part{__shfl_xor_sync(0xffffffffu, p.max, offset), __shfl_xor_sync(0xffffffffu, p.sum, offset)});
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  if (lane == 0) {
+    scratch[2 * warp] = p.max;
+    scratch[2 * warp + 1] = p.sum;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    p = lane < warps ? lse_part{scratch[2 * lane], scratch[2 * lane + 1]} : lse_part{-INFINITY, 0.0f};
+    for (int offset = 16; offset > 0; offset >>= 1)
+      p = lse_merge(p, lse_part{__shfl_xor_sync(0xffffffffu, p.max, offset), __shfl_xor_sync(0xffffffffu, p.sum, offset)});
+    if (lane == 0) {
+      scratch[0] = p.max;
+      scratch[1] = p.sum;
+    }
+  }
+  __syncthreads();
+  return {scratch[0], scratch[1]};
+}
+
+// VEC: the row is read 8 elements (16 bytes of bf16/fp16) at a time; needs vocab % 8 == 0 and a
+// 16-byte aligned base.
+template <class T, bool VEC>
+__global__ void __launch_bounds__(logprob_threads)
+  target_logprob_forward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ targets, long long vocab,
+                                float inv_t, float* __restrict__ out, float* __restrict__ lse) {
+  __shared__ float scratch[64];
+  const long long row = blockIdx.x;
+  const T* x = logits + row * vocab;
+  lse_part p{-INFINITY, 0.0f};
+  bool nan = false;
+  if (VEC) {
+    for (long long i = 8LL * threadIdx.x; i < vocab; i += 8LL * blockDim.x) {
+      float v[8];
+      load8(x + i, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        nan |= v[k] != v[k];
+        lse_add(p, v[k] * inv_t);
+      }
+    }
+  } else {
+    for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
+      const float v = to_float(x[i]);
+      nan |= v != v;
+      lse_add(p, v * inv_t);
+    }
+  }
+  nan = __syncthreads_or(nan);
+  p = lse_block_merge(p, scratch);
+  if (threadIdx.x == 0) {
+    // All -inf: log(0) = -inf; a NaN anywhere: NaN (torch::logsumexp gives both).
+    const float l = nan ? NAN : p.max == -INFINITY ? -INFINITY : p.max + logf(p.sum);
+    lse[row] = l;
+    const long long t = targets[row];
+    out[row] = t < 0 ? 0.0f : to_float(x[t]) * inv_t - l;
+  }
+}
+
+template <class T, bool VEC>
+__global__ void __launch_bounds__(logprob_threads)
+  target_logprob_backward_kernel(const T* logits, const std::int64_t* __restrict__ targets,
+                                 const float* __restrict__ lse, const float* __restrict__ grad, long long vocab,
+                                 float inv_t, T* grad_logits) {
+  const long long row = blockIdx.x;
+  const long long t = targets[row];
+  const float g = t < 0 ? 0.0f : grad[row] * inv_t, l = lse[row];
+  const T* x = logits + row * vocab;
+  T* y = grad_logits + row * vocab;
+  // d(x_t - lse)/d logit_j = (1[j = t] - softmax_j) / T
+  auto value = [&](long long j, float logit) {
+    const float p = expf(logit * inv_t - l);
+    return from_float<T>(g * ((j == t ? 1.0f : 0.0f) - p));
+  };
+  if (VEC) {
+    for (long long i = 8LL * threadIdx.x; i < vocab; i += 8LL * blockDim.x) {
+      float v[8];
+      load8(x + i, v);
+      pack8<T> o;
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        o.v[k] = value(i + k, v[k]);
+      *reinterpret_cast<pack8<T>*>(y + i) = o;
+    }
+  } else {
+    for (long long i = threadIdx.x; i < vocab; i += blockDim.x)
+      y[i] = value(i, to_float(x[i]));
+  }
+}
+
+template <class T>
+bool vectorised(const void* a, const void* b, std::int64_t vocab) {
+  return vocab % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0
+         && sizeof(pack8<T>) % 16 == 0;
+}
+
 } // namespace
+
+cudaError_t target_logprob_forward(dtype t, const void* logits, const std::int64_t* targets, std::int64_t rows,
+                                   std::int64_t vocab, float inv_temperature, float* out, float* lse,
+                                   cudaStream_t stream) {
+  if (rows <= 0)
+    return cudaSuccess;
+  if (vocab <= 0 || rows > 0x7fffffff || logits == nullptr || targets == nullptr || out == nullptr || lse == nullptr)
+    return cudaErrorInvalidValue;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* x = static_cast<const T*>(logits);
+    if (vectorised<T>(logits, logits, vocab))
+      target_logprob_forward_kernel<T, true><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
+        x, targets, vocab, inv_temperature, out, lse);
+    else
+      target_logprob_forward_kernel<T, false><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
+        x, targets, vocab, inv_temperature, out, lse);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t target_logprob_backward(dtype t, const void* logits, const std::int64_t* targets, const float* lse,
+                                    const float* grad, std::int64_t rows, std::int64_t vocab, float inv_temperature,
+                                    void* grad_logits, cudaStream_t stream) {
+  if (rows <= 0)
+    return cudaSuccess;
+  if (vocab <= 0 || rows > 0x7fffffff || logits == nullptr || targets == nullptr || lse == nullptr || grad == nullptr
+      || grad_logits == nullptr)
+    return cudaErrorInvalidValue;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* x = static_cast<const T*>(logits);
+    auto* y = static_cast<T*>(grad_logits);
+    if (vectorised<T>(logits, grad_logits, vocab))
+      target_logprob_backward_kernel<T, true><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
+        x, targets, lse, grad, vocab, inv_temperature, y);
+    else
+      target_logprob_backward_kernel<T, false><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
+        x, targets, lse, grad, vocab, inv_temperature, y);
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t add_rms_norm(dtype t, const void* delta, void* residual, const void* weight, void* out, std::int64_t rows,
                          std::int64_t dim, float eps, cudaStream_t stream) {

@@ -1,5 +1,5 @@
-// policy/kernels.hpp: the fused CUDA kernels of a decoding step (policy/kernels.cu), each a
-// drop-in for a chain of LibTorch ops in policy/model.cpp. Raw pointers and sizes in, results
+// policy/kernels.hpp: the fused CUDA kernels of a decoding step and of the learner's output
+// log-softmax (policy/kernels.cu), each a drop-in for a chain of LibTorch ops in policy/model.cpp. Raw pointers and sizes in, results
 // written to caller-owned device memory; launched on `stream`, never synchronising, so they can
 // be captured in CUDA graphs. No torch here: kernels.cu is compiled by nvcc as C++17; the ATen
 // wrappers that check shapes are in policy/fused.hpp.
@@ -141,5 +141,21 @@ cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::
 
 /// The `blocks` greedy_logprob uses for a vocabulary (and its partial buffer's size).
 std::int64_t greedy_logprob_blocks(std::int64_t vocab);
+
+/// The learner's log-probabilities of target tokens from one chunk of logits [rows, vocab]
+/// (contiguous, storage type t, as `linear` returned them): with x = float(logit) * inv_temperature,
+/// lse[r] = log(sum_j exp(x[r, j])) and out[r] = x[r, targets[r]] - lse[r] in float32; a row with
+/// targets[r] < 0 gets out 0 (its lse is still written). One block per row, one read of the row.
+cudaError_t target_logprob_forward(dtype t, const void* logits, const std::int64_t* targets, std::int64_t rows,
+                                   std::int64_t vocab, float inv_temperature, float* out, float* lse,
+                                   cudaStream_t stream);
+
+/// The gradient of target_logprob_forward's out with respect to the logits, given grad [rows]
+/// (float32, dL/dout) and the forward's lse: grad_logits[r, j] = to_dtype(grad[r] * inv_temperature
+/// * (1[j = targets[r]] - exp(x[r, j] - lse[r]))), zero on rows with targets[r] < 0. grad_logits
+/// [rows, vocab] contiguous, storage type t; it may be `logits` itself (overwritten in place).
+cudaError_t target_logprob_backward(dtype t, const void* logits, const std::int64_t* targets, const float* lse,
+                                    const float* grad, std::int64_t rows, std::int64_t vocab, float inv_temperature,
+                                    void* grad_logits, cudaStream_t stream);
 
 } // namespace crucible::policy::kernels

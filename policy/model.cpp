@@ -222,7 +222,11 @@ bool is_lora_name(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
-// log p(target) per row with logits recomputed chunk by chunk in the backward pass.
+// log p(target) per row with logits recomputed chunk by chunk in the backward pass. With `fused`
+// on CUDA, each chunk's log-softmax and its gradient are one kernel each over the logits in their
+// own dtype (policy/kernels.cu), the gradient is written over the recomputed logits, and the
+// weight gradient is a GEMM of the weights' dtype accumulating in float32; otherwise LibTorch ops
+// on a float32 copy of the logits (the CPU path, and the reference the kernels are tested against).
 struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
   static torch::Tensor chunk_logits(const torch::Tensor& h, const torch::Tensor& w, double temperature) {
     auto logits = at::linear(h, w).to(torch::kFloat);
@@ -231,7 +235,7 @@ struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
 
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& hidden,
                                const torch::Tensor& weight, const torch::Tensor& targets, double temperature,
-                               std::int64_t chunk) {
+                               std::int64_t chunk, bool fused) {
     const auto n = hidden.size(0);
     auto opts = hidden.options().dtype(torch::kFloat);
     auto out = torch::empty({n}, opts);
@@ -239,16 +243,27 @@ struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
     auto safe = targets.clamp_min(0);
     for (std::int64_t s = 0; s < n; s += chunk) {
       const auto m = std::min(chunk, n - s);
+#ifdef CRUCIBLE_HAVE_CUDA
+      if (fused) {
+        auto [o, l] = fused::target_logprobs(at::linear(hidden.narrow(0, s, m), weight), targets.narrow(0, s, m),
+                                             temperature);
+        out.narrow(0, s, m).copy_(o);
+        lse.narrow(0, s, m).copy_(l);
+        continue;
+      }
+#endif
       auto logits = chunk_logits(hidden.narrow(0, s, m), weight, temperature);
       auto l = torch::logsumexp(logits, -1);
       auto picked = logits.gather(1, safe.narrow(0, s, m).unsqueeze(1)).squeeze(1);
       out.narrow(0, s, m).copy_(picked - l);
       lse.narrow(0, s, m).copy_(l);
     }
-    out.masked_fill_(targets < 0, 0.0);
+    if (!fused)
+      out.masked_fill_(targets < 0, 0.0);
     ctx->save_for_backward({hidden, weight, targets, lse});
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["fused"] = fused;
     return out;
   }
 
@@ -261,7 +276,8 @@ struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
     const auto& lse = saved[3];
     const double temperature = ctx->saved_data["temperature"].toDouble();
     const std::int64_t chunk = ctx->saved_data["chunk"].toInt();
-    auto g = grads[0].to(torch::kFloat).masked_fill(targets < 0, 0.0);
+    const bool fused = ctx->saved_data["fused"].toBool();
+    auto g = grads[0].to(torch::kFloat).masked_fill(targets < 0, 0.0).contiguous();
     auto safe = targets.clamp_min(0);
     const bool want_h = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     torch::Tensor grad_h, grad_w;
@@ -273,6 +289,22 @@ struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
     for (std::int64_t s = 0; s < n && (want_h || want_w); s += chunk) {
       const auto m = std::min(chunk, n - s);
       auto h = hidden.narrow(0, s, m);
+#ifdef CRUCIBLE_HAVE_CUDA
+      if (fused) {
+        auto logits = at::linear(h, weight);
+        auto gl = fused::target_logprobs_backward(logits, targets.narrow(0, s, m), lse.narrow(0, s, m),
+                                                  g.narrow(0, s, m), temperature);
+        if (want_h)
+          grad_h.narrow(0, s, m).copy_(torch::mm(gl, weight));
+        if (want_w) {
+          if (gl.scalar_type() == torch::kFloat)
+            grad_w.addmm_(gl.t(), h);
+          else // bfloat16/float16 operands, float32 sums: the matrix units at full rate
+            at::addmm_out(grad_w, grad_w, gl.t(), h, torch::kFloat);
+        }
+        continue;
+      }
+#endif
       auto gs = g.narrow(0, s, m).unsqueeze(1);
       // d(logit_t/T - lse)/d logit_j = (1[j = t] - p_j) / T
       auto p = torch::exp(chunk_logits(h, weight, temperature) - lse.narrow(0, s, m).unsqueeze(1));
@@ -285,7 +317,7 @@ struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
         grad_w.add_(torch::matmul(gl.t(), h.to(torch::kFloat)));
     }
     return {grad_h, want_w ? grad_w.to(weight.scalar_type()) : torch::Tensor{}, torch::Tensor{}, torch::Tensor{},
-            torch::Tensor{}};
+            torch::Tensor{}, torch::Tensor{}};
   }
 };
 
@@ -646,14 +678,29 @@ torch::Tensor CausalLMImpl::token_log_probs(const token_batch& batch, const torc
   auto h = hidden_states(batch);
   auto flat = h.reshape({-1, h.size(-1)});
   auto out = chunked_target_log_probs(flat, output_weight(), targets.reshape({-1}).to(torch::kLong), temperature,
-                                      chunk_tokens);
+                                      chunk_tokens, fused_log_probs_);
   return out.view(targets.sizes());
 }
 
 torch::Tensor chunked_target_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                       const torch::Tensor& targets, double temperature, std::int64_t chunk) {
+                                       const torch::Tensor& targets, double temperature, std::int64_t chunk,
+                                       bool fused) {
   TORCH_CHECK(chunk > 0, "chunked_target_log_probs: chunk must be positive");
-  return target_log_probs_fn::apply(hidden, weight, targets, temperature, chunk);
+  fused = fused && hidden.is_cuda() && weight.is_cuda();
+#ifdef CRUCIBLE_HAVE_CUDA
+  fused = fused && fused::supported_dtype(weight.scalar_type()) && hidden.scalar_type() == weight.scalar_type();
+#else
+  fused = false;
+#endif
+  const auto t = targets.contiguous();
+  // Only rows with a target need the output projection (a GRPO batch's prompt rows have none):
+  // the others are left out of both GEMMs and the log-softmax. Finding them costs one device sync.
+  auto keep = (t >= 0).nonzero().squeeze(1);
+  if (keep.size(0) == t.size(0))
+    return target_log_probs_fn::apply(hidden, weight, t, temperature, chunk, fused);
+  auto picked = target_log_probs_fn::apply(hidden.index_select(0, keep), weight, t.index_select(0, keep),
+                                           temperature, chunk, fused);
+  return torch::zeros({t.size(0)}, picked.options()).index_copy(0, keep, picked);
 }
 
 kv_cache CausalLMImpl::make_cache(std::int64_t rows, std::int64_t slots) {

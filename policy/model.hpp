@@ -206,6 +206,10 @@ public:
   /// once (the learner's memory is bounded by `chunk_tokens` x vocab).
   torch::Tensor token_log_probs(const token_batch& batch, const torch::Tensor& targets, double temperature = 1.0,
                                 std::int64_t chunk_tokens = 1024);
+  /// Whether token_log_probs on CUDA uses the fused log-softmax kernels (true, the default) or
+  /// LibTorch ops on float32 logits (for comparison: tools/bench/bench_learner --lm-head).
+  void set_fused_log_probs(bool on) noexcept { fused_log_probs_ = on; }
+  bool fused_log_probs() const noexcept { return fused_log_probs_; }
   /// Projects hidden states [..., hidden] to logits [..., vocab].
   torch::Tensor logits_from_hidden(const torch::Tensor& hidden);
   /// The output matrix [vocab, hidden] (the embedding matrix when tied).
@@ -269,14 +273,19 @@ private:
   model_config config_;
   torch::Tensor inv_freq_; ///< float32, on the last device used (standard/linear/llama3/yarn)
   double attention_scaling_ = 1.0;
+  bool fused_log_probs_ = true;
 };
 TORCH_MODULE(CausalLM);
 
 /// log p(targets[n]) under softmax((hidden[n] @ weight^T) / temperature) for hidden [N, H],
-/// weight [V, H], targets [N] (entries < 0 give 0). float32 [N]. Differentiable in hidden and
-/// weight; forward and backward go `chunk` rows at a time and store no [N, V] tensor.
+/// weight [V, H], targets [N] (entries < 0 give 0 and are not computed). float32 [N].
+/// Differentiable in hidden and weight; forward and backward go `chunk` rows at a time and store
+/// no [N, V] tensor. `fused`: on CUDA (float32, float16 or bfloat16 hidden and weight of one
+/// dtype), the log-softmax and its gradient are kernels of policy/kernels.cu over logits in that
+/// dtype and the weight gradient sums in float32 from operands in it; elsewhere it is ignored.
 torch::Tensor chunked_target_log_probs(const torch::Tensor& hidden, const torch::Tensor& weight,
-                                       const torch::Tensor& targets, double temperature, std::int64_t chunk);
+                                       const torch::Tensor& targets, double temperature, std::int64_t chunk,
+                                       bool fused = true);
 
 /// A CPU tensor holding a copy of `view` in its own dtype (f64/f32/f16/bf16/i64/i32/i16/i8/u8/bool).
 torch::Tensor to_tensor(const tensor_view& view);

@@ -1,6 +1,7 @@
 // The fused decoding kernels (policy/kernels.cu through policy/fused.hpp) against the LibTorch
 // ops they replace, kernel by kernel and per dtype; a fused decoding step against the LibTorch
-// step on random tiny models; the engine's greedy tokens with and without them.
+// step on random tiny models; the engine's greedy tokens with and without them; the learner's
+// fused log-softmax and its gradients against float64.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -443,6 +444,84 @@ TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties an
       check_close(lp, want_lp, 1e-5, 1e-5, "log-prob, " + what);
     }
   }
+}
+
+// ||got - want|| / ||want|| over all elements.
+double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
+  auto w = want.to(torch::kCPU, torch::kDouble);
+  return (got.to(torch::kCPU, torch::kDouble) - w).norm().item<double>() / w.norm().item<double>();
+}
+
+TEST_CASE("the learner's fused log-softmax and its gradients equal float64, per dtype, vocab and temperature") {
+  torch::manual_seed(17);
+  // Rows with targets -1 are left out of the output projection; a vocabulary that is not a
+  // multiple of 8 takes the kernels' element-by-element path.
+  for (auto dtype : all_dtypes) {
+    for (auto [rows, vocab, chunk] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{300, 4096, 128},
+                                      {77, 1003, 32}, {5, 151936, 4}}) {
+      for (double temperature : {1.0, 0.7}) {
+        const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows) + " vocab " +
+                                 std::to_string(vocab) + " T " + std::to_string(temperature);
+        CAPTURE(what);
+        const std::int64_t hidden = 64;
+        auto h = torch::randn({rows, hidden}, on_gpu(torch::kFloat)).to(dtype).requires_grad_(true);
+        auto w = (0.3 * torch::randn({vocab, hidden}, on_gpu(torch::kFloat))).to(dtype).requires_grad_(true);
+        auto targets = torch::randint(0, vocab, {rows}, on_gpu(torch::kLong));
+        targets.narrow(0, 0, rows / 4).fill_(-1);
+        auto weights = torch::rand({rows}, on_gpu(torch::kFloat));
+
+        auto lp = chunked_target_log_probs(h, w, targets, temperature, chunk, /*fused=*/true);
+        auto grads = torch::autograd::grad({(lp * weights).sum()}, {h, w});
+
+        // float64 on the same (rounded) operands: logits as the GEMM rounds them.
+        auto h64 = h.detach().to(torch::kDouble).requires_grad_(true);
+        auto w64 = w.detach().to(torch::kDouble).requires_grad_(true);
+        auto logits = at::linear(h64, w64) / temperature;
+        auto want = torch::log_softmax(logits, -1).gather(1, targets.clamp_min(0).unsqueeze(1)).squeeze(1);
+        want = want.masked_fill(targets < 0, 0.0);
+        auto want_grads = torch::autograd::grad({(want * weights.to(torch::kDouble)).sum()}, {h64, w64});
+
+        CHECK(torch::equal(lp.masked_select(targets < 0).cpu(), torch::zeros({rows / 4})));
+        // Both paths take the logits as the GEMM rounds them to the dtype (unit roundoff u), so a
+        // log-prob may be off by the target logit's rounding and the log-sum-exp's: 2 u max|x|.
+        const double u = dtype == torch::kFloat ? 1e-6 : dtype == torch::kHalf ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+        const double max_x = logits.abs().max().item<double>();
+        auto err = (lp.to(torch::kCPU, torch::kDouble) - want.to(torch::kCPU)).abs().max().item<double>();
+        MESSAGE(what << ": log-prob max abs error " << err << " (max |x| " << max_x << ")");
+        CHECK(err <= 2 * u * max_x + 1e-5);
+
+        // The LibTorch path on the same operands (float32 logits and gradient, float32 weight
+        // gradient GEMM): the fused path's forward equals it up to the order of float32 sums, and
+        // its gradients are as close to float64 as that path's, but for one more rounding to the
+        // dtype (the logits' gradient, the GEMMs' operands).
+        auto lp_ref = chunked_target_log_probs(h, w, targets, temperature, chunk, /*fused=*/false);
+        auto grads_ref = torch::autograd::grad({(lp_ref * weights).sum()}, {h, w});
+        CHECK((lp_ref - lp).abs().max().item<double>() <= 1e-5 * (1.0 + want.abs().max().item<double>()));
+        for (int i = 0; i < 2; ++i) {
+          const double e = relative_error(grads[i], want_grads[i]), e_ref = relative_error(grads_ref[i], want_grads[i]);
+          MESSAGE(what << ": relative error of d/d" << (i == 0 ? "hidden" : "weight") << " " << e << " (LibTorch path "
+                       << e_ref << ")");
+          CHECK(e <= 1.25 * e_ref + 2 * u);
+          CHECK(e <= 0.05);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the fused log-softmax gives NaN for a row with a NaN logit and -inf logits no weight") {
+  auto logits = torch::zeros({3, 24}, on_gpu(torch::kBFloat16));
+  logits.index_put_({0, 5}, NAN);
+  logits.index_put_({1, 3}, -INFINITY);
+  logits.index_put_({2}, -INFINITY);
+  auto targets = torch::tensor({int64_t{1}, int64_t{2}, int64_t{0}}, on_gpu(torch::kLong));
+  auto [lp, lse] = fused::target_logprobs(logits, targets, 1.0);
+  auto l = lse.cpu();
+  CHECK(std::isnan(l[0].item<float>()));
+  CHECK(l[1].item<float>() == doctest::Approx(std::log(23.0)).epsilon(1e-6));
+  CHECK(std::isinf(l[2].item<float>()));
+  CHECK(l[2].item<float>() < 0);
+  CHECK(lp.cpu()[1].item<float>() == doctest::Approx(-std::log(23.0)).epsilon(1e-6));
 }
 
 TEST_CASE("a fused decoding step equals the LibTorch step: logits, keys, values, lengths") {

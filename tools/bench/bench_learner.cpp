@@ -7,7 +7,8 @@
 //                 [--vocab 151936] [--groups 8] [--samples 8] [--prompt 256] [--completion 768]
 //                 [--micro-batch-tokens 16384] [--steps 5] [--warmup 2] [--recompute]
 //                 [--bucket-mb 25] [--sizes-mb 25,100,500,2000] [--iters 20]
-//                 [--sync-bucket-mb 256] [--sync-repeats 5] [--no-overlap]
+//                 [--sync-bucket-mb 256] [--sync-repeats 5] [--no-overlap] [--trace FILE]
+//                 [--lm-head fused,libtorch]
 //
 // matmul     bf16 torch::mm of 8192^3 on cuda:0: the peak the MFU is taken against.
 // grpo       GRPO updates on cuda:0 of groups x samples sequences of prompt + completion tokens;
@@ -22,6 +23,13 @@
 //            tools/bench/allreduce_torch.py measures torch.distributed the same way.
 // scaling    the grpo figure on 1 GPU (plain learner) and on N GPUs (data-parallel learners over
 //            NCCL, each with the 1-GPU batch): efficiency = tokens/s per GPU on N / tokens/s on 1.
+//            mfu_required counts the output projection only for the tokens that have a target
+//            (the completions: a prompt token's logits are not needed, and not computed).
+//            --lm-head lists the output log-softmax's implementations to time, one line each, in
+//            one process on one model: fused (the kernels of policy/kernels.cu, the default) and
+//            libtorch (LibTorch ops on float32 logits).
+//            --trace FILE profiles one more update (Chrome trace at FILE) and prints one JSON
+//            line with the 40 operators and kernels that took longest in it.
 // sync       weight sync of the whole bf16 model from cuda:0 (learner) to cuda:1 (engine):
 //            median seconds over repeats, and seconds per GB (1e9 bytes).
 #include <algorithm>
@@ -67,6 +75,8 @@ struct bench_options {
   int iters = 20;
   double sync_bucket_mb = 256;
   int sync_repeats = 5;
+  std::string trace; ///< profile one more GRPO update: Chrome trace here, top rows printed
+  std::vector<std::string> lm_heads{"fused"};
 };
 
 [[noreturn]] void usage(const std::string& message) {
@@ -74,7 +84,8 @@ struct bench_options {
                "bench_learner: %s\nusage: bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N]\n"
                "       [--preset 0.5b] [--vocab N] [--groups N] [--samples N] [--prompt N] [--completion N]\n"
                "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--no-overlap] [--bucket-mb X]\n"
-               "       [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X] [--sync-repeats N]\n",
+               "       [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X] [--sync-repeats N] [--trace FILE]\n"
+               "       [--lm-head fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -141,6 +152,15 @@ bench_options parse(int argc, char** argv) {
     } else if (flag == "--iters") o.iters = static_cast<int>(integer(flag, v, 1));
     else if (flag == "--sync-bucket-mb") o.sync_bucket_mb = number(flag, v);
     else if (flag == "--sync-repeats") o.sync_repeats = static_cast<int>(integer(flag, v, 1));
+    else if (flag == "--trace") o.trace = v;
+    else if (flag == "--lm-head") {
+      o.lm_heads = split(v);
+      for (const auto& h : o.lm_heads)
+        if (h != "fused" && h != "libtorch")
+          usage("--lm-head: expected fused or libtorch, got '" + h + "'");
+      if (o.lm_heads.empty())
+        usage("--lm-head: expected fused, libtorch or both");
+    }
     else usage("unknown flag " + flag);
   }
   return o;
@@ -300,6 +320,35 @@ timed_steps run_steps(const bench_options& o, learner& l, const grpo_batch& batc
   return out;
 }
 
+// One more update under the profiler: where a step's time goes, by operator and by kernel.
+void profile_step(const bench_options& o, learner& l, const grpo_batch& batch) {
+  crucible::error failed;
+  auto rows = profile(
+    [&] {
+      if (auto m = l.grpo_step(batch); !m)
+        failed = m.error();
+      torch::cuda::synchronize(0);
+    },
+    /*cuda=*/true, o.trace);
+  if (failed.code != errc::none)
+    die("profiled grpo step", failed);
+  if (!rows)
+    die("profile", rows.error());
+  double device_ms = 0;
+  for (const auto& r : *rows)
+    if (r.device == "cuda")
+      device_ms += r.total_ms;
+  json_writer p;
+  p.begin_object().field("figure", "grpo_profile").field("trace", o.trace).field("device_ms", device_ms).key("top").begin_array();
+  for (std::size_t i = 0; i < rows->size() && i < 40; ++i) {
+    const auto& r = (*rows)[i];
+    p.begin_object().field("name", r.name.substr(0, 140)).field("device", r.device).field("total_ms", r.total_ms)
+      .field("count", r.count).end_object();
+  }
+  p.end_array().end_object();
+  emit(std::move(p));
+}
+
 struct single_gpu {
   double tokens_per_s = 0;
   std::int64_t parameters = 0;
@@ -309,39 +358,54 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(0));
   auto model = make_model(o, 0, 1);
   const auto params = parameter_count(*model);
+  const auto head_params = model->output_weight().numel();
   auto batch = make_batch(o, *model, 2);
   auto l = learner::create(model, CausalLM{nullptr}, learner_opts(o), 3);
   if (!l)
     die("learner", l.error());
-  reset_peak_memory("cuda:0");
-  auto t = run_steps(o, **l, batch, 0);
-  if (t.error.code != errc::none)
-    die("grpo step", t.error);
   const auto tokens = trained_tokens(o);
-  const double tps = static_cast<double>(tokens) / t.seconds_per_step;
-  const auto mem = memory_stats("cuda:0");
-  json_writer w;
-  w.begin_object()
-    .field("figure", "grpo_update")
-    .field("device", device_name(0))
-    .field("preset", o.preset)
-    .field("parameters", params)
-    .field("dtype", "bfloat16")
-    .field("sequences", static_cast<std::int64_t>(o.groups) * o.samples)
-    .field("prompt", o.prompt)
-    .field("completion", o.completion)
-    .field("micro_batch_tokens", o.micro_batch_tokens)
-    .field("recompute_old", o.recompute)
-    .field("tokens_per_step", tokens)
-    .field("step_s", t.seconds_per_step)
-    .field("tokens_per_s", tps)
-    .field("model_tflops", 6.0 * params * tps / 1e12)
-    .field("matmul_tflops", peak / 1e12)
-    .field("mfu", 6.0 * params * tps / peak)
-    .field("peak_allocated_gib", mem ? static_cast<double>(mem->peak_allocated) / (1ull << 30) : 0.0)
-    .end_object();
-  emit(std::move(w));
-  return {tps, params};
+  const auto head_tokens = static_cast<std::int64_t>(o.groups) * o.samples * o.completion;
+  const double required_flops = 6.0 * static_cast<double>(params - head_params) * static_cast<double>(tokens)
+                                + 6.0 * static_cast<double>(head_params) * static_cast<double>(head_tokens);
+  double tps = 0, single_tps = 0; // the scaling figure's base: the fused head's, as the learners run
+  for (const auto& head : o.lm_heads) {
+    model->set_fused_log_probs(head == "fused");
+    reset_peak_memory("cuda:0");
+    auto t = run_steps(o, **l, batch, 0);
+    if (t.error.code != errc::none)
+      die("grpo step", t.error);
+    tps = static_cast<double>(tokens) / t.seconds_per_step;
+    const auto mem = memory_stats("cuda:0");
+    json_writer w;
+    w.begin_object()
+      .field("figure", "grpo_update")
+      .field("device", device_name(0))
+      .field("preset", o.preset)
+      .field("parameters", params)
+      .field("dtype", "bfloat16")
+      .field("lm_head", head)
+      .field("sequences", static_cast<std::int64_t>(o.groups) * o.samples)
+      .field("prompt", o.prompt)
+      .field("completion", o.completion)
+      .field("micro_batch_tokens", o.micro_batch_tokens)
+      .field("recompute_old", o.recompute)
+      .field("tokens_per_step", tokens)
+      .field("step_s", t.seconds_per_step)
+      .field("tokens_per_s", tps)
+      .field("model_tflops", 6.0 * params * tps / 1e12)
+      .field("matmul_tflops", peak / 1e12)
+      .field("mfu", 6.0 * params * tps / peak)
+      .field("mfu_required", required_flops / t.seconds_per_step / peak)
+      .field("peak_allocated_gib", mem ? static_cast<double>(mem->peak_allocated) / (1ull << 30) : 0.0)
+      .end_object();
+    emit(std::move(w));
+    if (head == "fused" || single_tps == 0)
+      single_tps = tps;
+  }
+  model->set_fused_log_probs(true);
+  if (!o.trace.empty())
+    profile_step(o, **l, batch);
+  return {single_tps, params};
 }
 
 std::vector<std::shared_ptr<communicator>> nccl_group(int n) {

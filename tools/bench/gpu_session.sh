@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [learner] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [learner] [grpo] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -30,6 +30,8 @@ targets=(crucible)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* ]] && targets+=(bench_learner test_gpu_dp)
+# The GRPO update alone needs neither the CLI nor the NCCL tests.
+[[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
 start=$(date +%s)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "gpu_session: build took $(( $(date +%s) - start )) s"
@@ -60,6 +62,22 @@ for what in "$@"; do
       timeout 600 $B/tests/gpu/test_gpu_dp 2>&1 | tail -40 | tee "$OUT/gpu_dp.txt"
       timeout 900 $B/tools/bench/bench_learner 2>&1 | tee "$OUT/learner.jsonl"
       timeout 300 python3 tools/bench/allreduce_torch.py 2>&1 | tee "$OUT/allreduce_torch.jsonl" ;;
+    grpo)
+      # The fused log-softmax's tests; one GPU's GRPO update (tokens/s, MFU against the measured
+      # bf16 matmul rate) with the fused output log-softmax and with LibTorch's, in both orders;
+      # then one more update under the profiler: its 40 longest operators and kernels.
+      [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*' 2>&1 | tee "$OUT/gpu_kernels_logprob.txt" | grep -E "error|relative|FAIL|test cases|assertions" | tail -40
+      for heads in fused,libtorch libtorch,fused; do
+        timeout 300 $B/tools/bench/bench_learner --figures matmul,grpo --lm-head $heads 2>&1 | tee -a "$OUT/grpo.jsonl"
+      done
+      timeout 300 $B/tools/bench/bench_learner --figures grpo --steps 2 --trace /tmp/grpo-trace.json 2>&1 \
+        | tee -a "$OUT/grpo.jsonl" | python3 -c 'import json,sys
+for line in sys.stdin:
+    try: r = json.loads(line)
+    except ValueError: print(line.rstrip()); continue
+    if r.get("figure") != "grpo_profile": print(line.rstrip()); continue
+    print("device ms", round(r["device_ms"], 1))
+    for t in r["top"]: print("%9.2f ms %6d  %-4s %s" % (t["total_ms"], t["count"], t["device"], t["name"][:110]))' ;;
     allreduce)
       # The gradient all-reduce alone, side by side: our communicator (non-blocking, as shipped),
       # the same with NCCL_COMM_BLOCKING=1, and torch.distributed, twice over; then the DP tests.
