@@ -395,4 +395,85 @@ torch::Tensor target_logprobs_backward(torch::Tensor& logits, const torch::Tenso
   return logits;
 }
 
+namespace {
+
+// Tensors of one dtype and shape as `like`, contiguous, on its device.
+void check_same(const torch::Tensor& t, const torch::Tensor& like, const char* name, const char* what) {
+  check_cuda(t, like, name);
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.sizes() == like.sizes() && t.is_contiguous(), what, ": ", name,
+              " must be a contiguous ", like.scalar_type(), " tensor of shape ", like.sizes(), ", got ", t.scalar_type(),
+              " ", t.sizes());
+}
+
+} // namespace
+
+bool rms_norm_backward_supported(std::int64_t dim) { return dim > 0 && dim <= kernels::rms_norm_backward_max_dim; }
+
+std::pair<torch::Tensor, torch::Tensor> rms_norm_backward(const torch::Tensor& x, const torch::Tensor& weight,
+                                                          const torch::Tensor& dy, double eps) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous() && rms_norm_backward_supported(x.size(1)),
+              "rms_norm_backward: x must be a contiguous CUDA [rows, dim] tensor with dim at most ",
+              kernels::rms_norm_backward_max_dim, ", got ", x.sizes());
+  check_same(dy, x, "dy", "rms_norm_backward");
+  check_cuda(weight, x, "weight");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.dim() == 1 && weight.size(0) == x.size(1)
+                && weight.is_contiguous(),
+              "rms_norm_backward: weight must be contiguous ", x.scalar_type(), " [", x.size(1), "], got ",
+              weight.scalar_type(), " ", weight.sizes());
+  c10::cuda::CUDAGuard guard(x.device());
+  const auto rows = x.size(0), dim = x.size(1);
+  auto dx = torch::empty_like(x);
+  const std::int64_t blocks = std::max<std::int64_t>(1, std::min<std::int64_t>(rows, 2048));
+  auto partial = torch::empty({blocks, dim}, x.options().dtype(torch::kFloat));
+  check_launch(kernels::rms_norm_backward(kernel_dtype(x), x.data_ptr(), weight.data_ptr(), dy.data_ptr(), dx.data_ptr(),
+                                          partial.data_ptr<float>(), rows, dim, static_cast<float>(eps), blocks,
+                                          at::cuda::getCurrentCUDAStream()),
+               "rms_norm_backward");
+  return {dx, rows == 0 ? torch::zeros_like(weight) : partial.sum(0).to(weight.scalar_type())};
+}
+
+torch::Tensor rope_rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool backward) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 3 && x.is_contiguous() && x.size(2) % 2 == 0,
+              "rope_rotate: x must be a contiguous CUDA [tokens, heads, head_dim] tensor with an even head_dim, got ",
+              x.sizes());
+  for (const auto* t : {&cos, &sin}) {
+    check_cuda(*t, x, "cos and sin");
+    TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->dim() == 2 && t->size(0) == x.size(0)
+                  && t->size(1) == x.size(2) && t->is_contiguous(),
+                "rope_rotate: cos and sin must be contiguous ", x.scalar_type(), " [", x.size(0), ", ", x.size(2),
+                "], got ", t->scalar_type(), " ", t->sizes());
+  }
+  c10::cuda::CUDAGuard guard(x.device());
+  auto out = torch::empty_like(x);
+  check_launch(kernels::rope_rotate(kernel_dtype(x), x.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr(),
+                                    x.size(0), x.size(1), x.size(2), backward, at::cuda::getCurrentCUDAStream()),
+               "rope_rotate");
+  return out;
+}
+
+torch::Tensor silu_mul_pair(const torch::Tensor& gate, const torch::Tensor& up) {
+  TORCH_CHECK(gate.is_cuda() && gate.is_contiguous(), "silu_mul_pair: gate must be a contiguous CUDA tensor");
+  check_same(up, gate, "up", "silu_mul_pair");
+  c10::cuda::CUDAGuard guard(gate.device());
+  auto out = torch::empty_like(gate);
+  check_launch(kernels::silu_mul_pair(kernel_dtype(gate), gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(),
+                                      at::cuda::getCurrentCUDAStream()),
+               "silu_mul_pair");
+  return out;
+}
+
+std::pair<torch::Tensor, torch::Tensor> silu_mul_pair_backward(const torch::Tensor& gate, const torch::Tensor& up,
+                                                               const torch::Tensor& dy) {
+  TORCH_CHECK(gate.is_cuda() && gate.is_contiguous(), "silu_mul_pair_backward: gate must be a contiguous CUDA tensor");
+  check_same(up, gate, "up", "silu_mul_pair_backward");
+  check_same(dy, gate, "dy", "silu_mul_pair_backward");
+  c10::cuda::CUDAGuard guard(gate.device());
+  auto dgate = torch::empty_like(gate), dup = torch::empty_like(up);
+  check_launch(kernels::silu_mul_pair_backward(kernel_dtype(gate), gate.data_ptr(), up.data_ptr(), dy.data_ptr(),
+                                               dgate.data_ptr(), dup.data_ptr(), gate.numel(),
+                                               at::cuda::getCurrentCUDAStream()),
+               "silu_mul_pair_backward");
+  return {dgate, dup};
+}
+
 } // namespace crucible::policy::fused

@@ -96,4 +96,28 @@ std::pair<torch::Tensor, torch::Tensor> target_logprobs(const torch::Tensor& log
 torch::Tensor target_logprobs_backward(torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
                                        const torch::Tensor& grad, double temperature);
 
+// ---- the training forward's elementwise pieces (autograd functions in policy/model.cpp) ----------
+
+/// The gradient of RMSNorm (RMSNormImpl::forward, or add_rms_norm without delta) of x [rows, dim]
+/// with `weight` [dim] and `eps`, given dy [rows, dim] (all contiguous, one dtype; dim at most
+/// kernels::rms_norm_backward_max_dim): {dx [rows, dim], dweight [dim]} in that dtype, the
+/// weight's gradient summed in float32.
+std::pair<torch::Tensor, torch::Tensor> rms_norm_backward(const torch::Tensor& x, const torch::Tensor& weight,
+                                                          const torch::Tensor& dy, double eps);
+
+/// Whether rms_norm_backward takes rows of `dim` elements.
+bool rms_norm_backward_supported(std::int64_t dim);
+
+/// RoPE of x [tokens, heads, head_dim] with cos and sin [tokens, head_dim] (contiguous, one dtype),
+/// as apply_rope computes it; with `backward`, x is the gradient of the output and the result the
+/// gradient of the input. A new [tokens, heads, head_dim] tensor.
+torch::Tensor rope_rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool backward);
+
+/// torch::silu(gate) * up for gate and up of one shape (contiguous, one dtype), one kernel.
+torch::Tensor silu_mul_pair(const torch::Tensor& gate, const torch::Tensor& up);
+
+/// The gradients {dgate, dup} of silu_mul_pair(gate, up) given dy (as autograd rounds them).
+std::pair<torch::Tensor, torch::Tensor> silu_mul_pair_backward(const torch::Tensor& gate, const torch::Tensor& up,
+                                                               const torch::Tensor& dy);
+
 } // namespace crucible::policy::fused

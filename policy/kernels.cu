@@ -1063,6 +1063,104 @@ __global__ void __launch_bounds__(logprob_threads)
   }
 }
 
+// ---- the training forward's elementwise pieces and their gradients ----------------------------
+
+constexpr int train_threads = 256;
+
+// One block per row at a time (grid-stride over rows); the weight's gradient summed per block in
+// shared memory (dim floats), written once per block.
+template <class T>
+__global__ void __launch_bounds__(train_threads)
+  rms_norm_backward_kernel(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ dy,
+                           T* __restrict__ dx, float* __restrict__ dweight_partial, long long rows, int dim, float eps,
+                           float inv_dim) {
+  extern __shared__ float dw[];
+  __shared__ float scratch[32];
+  for (int i = threadIdx.x; i < dim; i += blockDim.x)
+    dw[i] = 0.0f;
+  for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * dim;
+    const T* gr = dy + row * dim;
+    float sum = 0.0f, dot = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float v = to_float(xr[i]);
+      sum += __fmul_rn(v, v);
+      dot += rounded<T>(__fmul_rn(to_float(gr[i]), to_float(weight[i]))) * v; // dn = dy * weight, in T
+    }
+    const float s = rms_inverse(block_sum(sum, scratch), inv_dim, eps);
+    dot = block_sum(dot, scratch);
+    // dx = s dn - (s^3 / dim) x (dn . x)
+    const float k = s * s * s * inv_dim * dot;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+      const float v = to_float(xr[i]), g = to_float(gr[i]);
+      const float dn = rounded<T>(__fmul_rn(g, to_float(weight[i])));
+      dx[row * dim + i] = from_float<T>(s * dn - k * v);
+      dw[i] += g * rounded<T>(__fmul_rn(v, s));
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < dim; i += blockDim.x)
+    dweight_partial[blockIdx.x * static_cast<long long>(dim) + i] = dw[i];
+}
+
+// One thread per rotated pair (entries i and i + half of one head of one token).
+template <class T, bool BACKWARD>
+__global__ void __launch_bounds__(train_threads)
+  rope_rotate_kernel(const T* __restrict__ x, const T* __restrict__ cos, const T* __restrict__ sin, T* __restrict__ out,
+                     long long tokens, int heads, int head_dim) {
+  const int half = head_dim / 2;
+  const long long pairs = tokens * heads * half;
+  for (long long p = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; p < pairs;
+       p += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(p % half);
+    const long long th = p / half; // token * heads + head
+    const long long token = th / heads;
+    const long long at = th * head_dim + i;
+    const float x1 = to_float(x[at]), x2 = to_float(x[at + half]);
+    const T* c = cos + token * head_dim;
+    const T* s = sin + token * head_dim;
+    const float c1 = to_float(c[i]), c2 = to_float(c[i + half]), s1 = to_float(s[i]), s2 = to_float(s[i + half]);
+    if (!BACKWARD) {
+      // x * cos + cat(-x2, x1) * sin
+      out[at] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c1)), rounded<T>(__fmul_rn(-x2, s1))));
+      out[at + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c2)), rounded<T>(__fmul_rn(x1, s2))));
+    } else {
+      // dy * cos + rotate_half^T(dy * sin), rotate_half^T(g) = cat(g2, -g1)
+      out[at] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c1)), rounded<T>(__fmul_rn(x2, s2))));
+      out[at + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c2)), -rounded<T>(__fmul_rn(x1, s1))));
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(train_threads)
+  silu_mul_pair_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    out[i] = silu_times<T>(to_float(gate[i]), to_float(up[i]));
+}
+
+template <class T>
+__global__ void __launch_bounds__(train_threads)
+  silu_mul_pair_backward_kernel(const T* __restrict__ gate, const T* __restrict__ up, const T* __restrict__ dy,
+                                T* __restrict__ dgate, T* __restrict__ dup, long long n) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const float g = to_float(gate[i]), u = to_float(up[i]), d = to_float(dy[i]);
+    const float e = __fadd_rn(1.0f, expf(-g));
+    const float sig = 1.0f / e;
+    const float act = rounded<T>(__fdiv_rn(g, e)); // torch::silu(gate) in T, as silu_times computes it
+    dup[i] = from_float<T>(__fmul_rn(d, act));
+    const float da = rounded<T>(__fmul_rn(d, u));
+    dgate[i] = from_float<T>(da * (sig * (1.0f + g * (1.0f - sig))));
+  }
+}
+
+// Blocks for a grid-stride loop over n items: enough to fill the device, at most 65535 x 16.
+unsigned stride_blocks(long long n) {
+  return static_cast<unsigned>(std::max<long long>(1, std::min<long long>((n + train_threads - 1) / train_threads, 16 * 65535)));
+}
+
 template <class T>
 bool vectorised(const void* a, const void* b, std::int64_t vocab) {
   return vocab % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0
@@ -1109,6 +1207,70 @@ cudaError_t target_logprob_backward(dtype t, const void* logits, const std::int6
     else
       target_logprob_backward_kernel<T, false><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
         x, targets, lse, grad, vocab, inv_temperature, y);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t rms_norm_backward(dtype t, const void* x, const void* weight, const void* dy, void* dx,
+                              float* dweight_partial, std::int64_t rows, std::int64_t dim, float eps, std::int64_t blocks,
+                              cudaStream_t stream) {
+  if (rows <= 0)
+    return cudaSuccess;
+  if (dim <= 0 || dim > rms_norm_backward_max_dim || blocks < 1 || blocks > rows || blocks > 0x7fffffff)
+    return cudaErrorInvalidValue;
+  const float inv_dim = 1.0f / static_cast<float>(dim);
+  const std::size_t shared = static_cast<std::size_t>(dim) * sizeof(float);
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (shared > 48 * 1024)
+      if (auto e = cudaFuncSetAttribute(&rms_norm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(shared));
+          e != cudaSuccess)
+        return e;
+    rms_norm_backward_kernel<T><<<static_cast<unsigned>(blocks), train_threads, shared, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(dy), static_cast<T*>(dx),
+      dweight_partial, rows, static_cast<int>(dim), eps, inv_dim);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t rope_rotate(dtype t, const void* x, const void* cos, const void* sin, void* out, std::int64_t tokens,
+                        std::int64_t heads, std::int64_t head_dim, bool backward, cudaStream_t stream) {
+  if (tokens <= 0 || heads <= 0)
+    return cudaSuccess;
+  if (head_dim <= 0 || head_dim % 2 != 0 || heads > 0x7fffffff || head_dim > 0x7fffffff)
+    return cudaErrorInvalidValue;
+  const long long pairs = static_cast<long long>(tokens) * heads * (head_dim / 2);
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    auto kernel = backward ? &rope_rotate_kernel<T, true> : &rope_rotate_kernel<T, false>;
+    kernel<<<stride_blocks(pairs), train_threads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(cos),
+                                                               static_cast<const T*>(sin), static_cast<T*>(out), tokens,
+                                                               static_cast<int>(heads), static_cast<int>(head_dim));
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t silu_mul_pair(dtype t, const void* gate, const void* up, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n <= 0)
+    return cudaSuccess;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_mul_pair_kernel<T><<<stride_blocks(n), train_threads, 0, stream>>>(
+      static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<T*>(out), n);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t silu_mul_pair_backward(dtype t, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
+                                   std::int64_t n, cudaStream_t stream) {
+  if (n <= 0)
+    return cudaSuccess;
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    silu_mul_pair_backward_kernel<T><<<stride_blocks(n), train_threads, 0, stream>>>(
+      static_cast<const T*>(gate), static_cast<const T*>(up), static_cast<const T*>(dy), static_cast<T*>(dgate),
+      static_cast<T*>(dup), n);
     return cudaGetLastError();
   });
 }

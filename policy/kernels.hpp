@@ -158,4 +158,32 @@ cudaError_t target_logprob_backward(dtype t, const void* logits, const std::int6
                                     const float* grad, std::int64_t rows, std::int64_t vocab, float inv_temperature,
                                     void* grad_logits, cudaStream_t stream);
 
+// ---- the training forward's elementwise pieces and their gradients ----------------------------
+// Each forward rounds where LibTorch's ops round (see the top of this file); each backward where
+// LibTorch's autograd rounds the gradients of those ops.
+
+/// The gradient of RMSNormImpl::forward (y = weight * to_dtype(x * rsqrt(mean(x^2) + eps))) for
+/// `rows` rows of `dim` contiguous elements: dx (storage type) and per-block partial sums of the
+/// weight's gradient, dweight_partial [blocks, dim] float32 (the caller sums over blocks). dim at
+/// most rms_norm_backward_max_dim; `blocks` between 1 and rows.
+cudaError_t rms_norm_backward(dtype t, const void* x, const void* weight, const void* dy, void* dx,
+                              float* dweight_partial, std::int64_t rows, std::int64_t dim, float eps, std::int64_t blocks,
+                              cudaStream_t stream);
+constexpr std::int64_t rms_norm_backward_max_dim = 12288;
+
+/// RoPE of x [tokens, heads, head_dim] (contiguous) with cos and sin [tokens, head_dim] (storage
+/// type, as CausalLMImpl::rope makes them): out = x * cos + rotate_half(x) * sin, each product and
+/// the sum rounded. With `backward`, x is the output's gradient and out the input's:
+/// rotate_half^T(dy * sin) + dy * cos, rounded as autograd rounds it.
+cudaError_t rope_rotate(dtype t, const void* x, const void* cos, const void* sin, void* out, std::int64_t tokens,
+                        std::int64_t heads, std::int64_t head_dim, bool backward, cudaStream_t stream);
+
+/// out = to_dtype(to_dtype(silu(gate)) * up) for gate and up of n elements each (contiguous).
+cudaError_t silu_mul_pair(dtype t, const void* gate, const void* up, void* out, std::int64_t n, cudaStream_t stream);
+
+/// The gradients of silu_mul_pair given dy: dup = to_dtype(dy * to_dtype(silu(gate))), dgate =
+/// to_dtype(to_dtype(dy * up) * silu'(gate)) (silu' in float32, as torch's silu_backward).
+cudaError_t silu_mul_pair_backward(dtype t, const void* gate, const void* up, const void* dy, void* dgate, void* dup,
+                                   std::int64_t n, cudaStream_t stream);
+
 } // namespace crucible::policy::kernels

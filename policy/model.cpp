@@ -321,7 +321,71 @@ struct target_log_probs_fn : torch::autograd::Function<target_log_probs_fn> {
   }
 };
 
+#ifdef CRUCIBLE_HAVE_CUDA
+// RMSNorm over the last dimension: add_rms_norm's kernel forward, rms_norm_backward's backward.
+struct rms_norm_fn : torch::autograd::Function<rms_norm_fn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, double eps) {
+    auto rows = x.reshape({-1, x.size(-1)}).contiguous();
+    auto y = fused::add_rms_norm(torch::Tensor{}, rows, weight, eps);
+    ctx->save_for_backward({rows, weight});
+    ctx->saved_data["eps"] = eps;
+    return y.view(x.sizes());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto dy = grads[0].reshape({-1, saved[0].size(1)}).contiguous();
+    auto [dx, dw] = fused::rms_norm_backward(saved[0], saved[1], dy, ctx->saved_data["eps"].toDouble());
+    return {dx.view(grads[0].sizes()), dw, torch::Tensor{}};
+  }
+};
+
+// RoPE of x [tokens, heads, head_dim] with cos, sin [tokens, head_dim]; the tables get no gradient.
+struct rope_fn : torch::autograd::Function<rope_fn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return fused::rope_rotate(x, cos, sin, /*backward=*/false);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    return {fused::rope_rotate(grads[0].contiguous(), saved[0], saved[1], /*backward=*/true), torch::Tensor{},
+            torch::Tensor{}};
+  }
+};
+
+// silu(gate) * up; saves its two inputs (LibTorch's ops save silu(gate) as well).
+struct silu_mul_fn : torch::autograd::Function<silu_mul_fn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    auto g = gate.contiguous(), u = up.contiguous();
+    ctx->save_for_backward({g, u});
+    return fused::silu_mul_pair(g, u);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto [dg, du] = fused::silu_mul_pair_backward(saved[0], saved[1], grads[0].contiguous());
+    return {dg, du};
+  }
+};
+#endif
+
 } // namespace
+
+bool fused_training_flag::use_fused(const torch::Tensor& x) const {
+#ifdef CRUCIBLE_HAVE_CUDA
+  return fused_training && x.is_cuda() && torch::GradMode::is_enabled() && fused::supported_dtype(x.scalar_type());
+#else
+  (void) x;
+  return false;
+#endif
+}
 
 // ---- modules ----------------------------------------------------------------------------------
 
@@ -330,6 +394,10 @@ RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps) : eps_(eps) {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  if (use_fused(x) && x.scalar_type() == weight.scalar_type() && fused::rms_norm_backward_supported(x.size(-1)))
+    return rms_norm_fn::apply(x, weight, eps_);
+#endif
   auto h = x.to(torch::kFloat);
   auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
   h = h * torch::rsqrt(variance + eps_);
@@ -425,6 +493,21 @@ torch::Tensor AttentionImpl::forward_cached(const torch::Tensor& x, const torch:
                                             torch::Tensor& k_cache, torch::Tensor& v_cache,
                                             const torch::Tensor& slots) {
   const auto b = x.size(0), t = x.size(1);
+#ifdef CRUCIBLE_HAVE_CUDA
+  if (!k_cache.defined() && use_fused(x) && cos.scalar_type() == x.scalar_type()) {
+    // The training forward: RoPE as one kernel each way over the projections' own layout.
+    auto c = cos.expand({b, t, head_dim_}).contiguous().view({b * t, head_dim_});
+    auto s = sin.expand({b, t, head_dim_}).contiguous().view({b * t, head_dim_});
+    auto rotated = [&](const torch::Tensor& y, std::int64_t heads) {
+      return rope_fn::apply(y.reshape({b * t, heads, head_dim_}).contiguous(), c, s)
+        .view({b, t, heads, head_dim_})
+        .transpose(1, 2);
+    };
+    auto q = rotated(q_proj(x), heads_), k = rotated(k_proj(x), kv_heads_);
+    auto v = v_proj(x).reshape({b, t, kv_heads_, head_dim_}).transpose(1, 2);
+    return o_proj(attend(q, k, v, mask).transpose(1, 2).reshape({b, t, heads_ * head_dim_}));
+  }
+#endif
   // reshape, not view: under graph capture some of these arrive with strides that view refuses
   // ("view size is not compatible", seen on an H200); reshape copies only then.
   auto q = q_proj(x).reshape({b, t, heads_, head_dim_}).transpose(1, 2);
@@ -472,6 +555,10 @@ void MLPImpl::to(torch::Device device, bool non_blocking) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  if (use_fused(x))
+    return down_proj(silu_mul_fn::apply(gate_proj(x), up_proj(x)));
+#endif
   return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
 }
 
@@ -595,6 +682,13 @@ std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::rope(const torch::Tensor& 
   auto emb = torch::cat({freqs, freqs}, -1);
   auto cos = emb.cos() * attention_scaling_, sin = emb.sin() * attention_scaling_;
   return {cos.to(dtype), sin.to(dtype)};
+}
+
+void CausalLMImpl::set_fused_training(bool on) {
+  fused_log_probs_ = on;
+  for (auto& m : modules(/*include_self=*/false))
+    if (auto* f = dynamic_cast<fused_training_flag*>(m.get()))
+      f->fused_training = on;
 }
 
 torch::Tensor CausalLMImpl::output_weight() {

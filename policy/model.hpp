@@ -22,7 +22,18 @@
 namespace crucible::policy {
 
 /// Root-mean-square layer norm, computed in float32 and cast back, as transformers does.
-class RMSNormImpl : public torch::nn::Module {
+/// Whether a module's forward uses the fused training kernels (policy/kernels.cu, with their own
+/// gradients) for its elementwise work: on CUDA, while autograd records (the learner's forward);
+/// inference (the engine, recomputed log-probs under NoGradGuard) keeps LibTorch's ops. The two
+/// round at the same points; they differ in the order of float32 sums only.
+/// CausalLMImpl::set_fused_training sets it for every module of a model.
+struct fused_training_flag {
+  bool fused_training = true;
+  /// fused_training, a CUDA build, `x` on CUDA in float32/float16/bfloat16, and grad mode on.
+  bool use_fused(const torch::Tensor& x) const;
+};
+
+class RMSNormImpl : public torch::nn::Module, public fused_training_flag {
 public:
   RMSNormImpl(std::int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
@@ -68,7 +79,7 @@ private:
 TORCH_MODULE(Projection);
 
 /// Grouped-query self-attention with rotary embeddings.
-class AttentionImpl : public torch::nn::Module {
+class AttentionImpl : public torch::nn::Module, public fused_training_flag {
 public:
   explicit AttentionImpl(const model_config& c);
   /// x [B, T, hidden]; cos/sin [B, T, head_dim]; mask bool [B, 1, T, T] (true: attend) or
@@ -100,7 +111,7 @@ private:
 TORCH_MODULE(Attention);
 
 /// SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
-class MLPImpl : public torch::nn::Module {
+class MLPImpl : public torch::nn::Module, public fused_training_flag {
 public:
   explicit MLPImpl(const model_config& c);
   torch::Tensor forward(const torch::Tensor& x);
@@ -206,10 +217,12 @@ public:
   /// once (the learner's memory is bounded by `chunk_tokens` x vocab).
   torch::Tensor token_log_probs(const token_batch& batch, const torch::Tensor& targets, double temperature = 1.0,
                                 std::int64_t chunk_tokens = 1024);
-  /// Whether token_log_probs on CUDA uses the fused log-softmax kernels (true, the default) or
-  /// LibTorch ops on float32 logits (for comparison: tools/bench/bench_learner --lm-head).
-  void set_fused_log_probs(bool on) noexcept { fused_log_probs_ = on; }
-  bool fused_log_probs() const noexcept { return fused_log_probs_; }
+  /// Whether the training forward on CUDA uses the fused kernels (true, the default): the output
+  /// log-softmax of token_log_probs and, while autograd records, every module's RMSNorm, RoPE and
+  /// silu(gate) * up (fused_training_flag); false: LibTorch ops throughout (for comparison:
+  /// tools/bench/bench_learner --kernels).
+  void set_fused_training(bool on);
+  bool fused_training() const noexcept { return fused_log_probs_; }
   /// Projects hidden states [..., hidden] to logits [..., vocab].
   torch::Tensor logits_from_hidden(const torch::Tensor& hidden);
   /// The output matrix [vocab, hidden] (the embedding matrix when tied).

@@ -509,6 +509,65 @@ TEST_CASE("the learner's fused log-softmax and its gradients equal float64, per 
   }
 }
 
+TEST_CASE("the training forward and backward with the fused kernels equal LibTorch's, against float32 on the CPU") {
+  // RMSNorm, RoPE, silu * up and the output log-softmax, forward and backward, on whole models:
+  // log-probs and every parameter's gradient as close to a float32 CPU run of the same weights as
+  // the LibTorch ops on the GPU are, but for one more rounding to the dtype.
+  std::vector<std::pair<std::string, model_config>> variants;
+  variants.emplace_back("qwen2 tiny", tiny_config(model_family::qwen2, 128, 4, 2));
+  auto yarn = tiny_config(model_family::llama, 256, 4, 4);
+  yarn.qkv_bias = false, yarn.mlp_bias = true;
+  yarn.rope.type = rope_type::yarn, yarn.rope.factor = 4.0, yarn.rope.original_max_position_embeddings = 32;
+  variants.emplace_back("llama yarn, MLP bias", yarn);
+  for (auto& [name, config] : variants) {
+    REQUIRE_MESSAGE(config.validate().ok(), name);
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      const std::string what = name + ", " + c10::toString(dtype);
+      CAPTURE(what);
+      torch::manual_seed(23);
+      auto ids = torch::randint(0, 1000, {3, 41}, torch::kLong);
+      auto targets = torch::randint(0, 1000, {3, 41}, torch::kLong);
+      targets.narrow(1, 0, 9).fill_(-1); // prompt positions: no target
+      auto weights = torch::rand({3, 41});
+      auto run = [&](const std::string& where, bool fused) {
+        auto m = scaled_random_model(config, 7, 2.0);
+        const auto device = where == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+        // The CPU reference takes the dtype's rounded weights in float32.
+        m->to(device, dtype);
+        if (where == "cpu")
+          m->to(device, torch::kFloat);
+        m->set_fused_training(fused);
+        token_batch b{ids.to(device), {}, {}, {}};
+        auto lp = m->token_log_probs(b, targets.to(device), 0.9, /*chunk_tokens=*/32);
+        (lp * weights.to(device)).sum().backward();
+        std::vector<torch::Tensor> out{lp.detach().to(torch::kCPU, torch::kDouble)};
+        for (auto& p : m->parameters())
+          out.push_back(p.grad().to(torch::kCPU, torch::kDouble));
+        return out;
+      };
+      auto ref = run("cpu", false), fused = run("cuda", true), plain = run("cuda", false);
+      REQUIRE(fused.size() == ref.size());
+      const double u = dtype == torch::kFloat ? 1e-6 : dtype == torch::kHalf ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+      // Gradients that are zero but for rounding (a key bias's) are measured against the largest.
+      double largest = 0;
+      for (const auto& r : ref)
+        largest = std::max(largest, r.norm().item<double>());
+      auto error = [&](const torch::Tensor& got, const torch::Tensor& want) {
+        return (got - want).norm().item<double>() / std::max(want.norm().item<double>(), 1e-3 * largest);
+      };
+      double worst = 0, worst_plain = 0;
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        const double e = error(fused[i], ref[i]), e_plain = error(plain[i], ref[i]);
+        worst = std::max(worst, e);
+        worst_plain = std::max(worst_plain, e_plain);
+        CHECK_MESSAGE(e <= 1.25 * e_plain + 4 * u, what << ": tensor " << i << " relative error " << e << " (LibTorch "
+                                                        << e_plain << ")");
+      }
+      MESSAGE(what << ": worst relative error over log-probs and gradients: fused " << worst << ", LibTorch " << worst_plain);
+    }
+  }
+}
+
 TEST_CASE("the fused log-softmax gives NaN for a row with a NaN logit and -inf logits no weight") {
   auto logits = torch::zeros({3, 24}, on_gpu(torch::kBFloat16));
   logits.index_put_({0, 5}, NAN);

@@ -8,7 +8,7 @@
 //                 [--micro-batch-tokens 16384] [--steps 5] [--warmup 2] [--recompute]
 //                 [--bucket-mb 25] [--sizes-mb 25,100,500,2000] [--iters 20]
 //                 [--sync-bucket-mb 256] [--sync-repeats 5] [--no-overlap] [--trace FILE]
-//                 [--lm-head fused,libtorch]
+//                 [--kernels fused,libtorch]
 //
 // matmul     bf16 torch::mm of 8192^3 on cuda:0: the peak the MFU is taken against.
 // grpo       GRPO updates on cuda:0 of groups x samples sequences of prompt + completion tokens;
@@ -25,11 +25,11 @@
 //            NCCL, each with the 1-GPU batch): efficiency = tokens/s per GPU on N / tokens/s on 1.
 //            mfu_required counts the output projection only for the tokens that have a target
 //            (the completions: a prompt token's logits are not needed, and not computed).
-//            --lm-head lists the output log-softmax's implementations to time, one line each, in
-//            one process on one model: fused (the kernels of policy/kernels.cu, the default) and
-//            libtorch (LibTorch ops on float32 logits).
+//            --kernels lists the training forward's implementations to time, one line each, in
+//            one process on one model: fused (the output log-softmax, RMSNorm, RoPE and
+//            silu * up kernels of policy/kernels.cu, the default) and libtorch (LibTorch ops).
 //            --trace FILE profiles one more update (Chrome trace at FILE) and prints one JSON
-//            line with the 40 operators and kernels that took longest in it.
+//            line with the 200 operators and kernels that took longest in it.
 // sync       weight sync of the whole bf16 model from cuda:0 (learner) to cuda:1 (engine):
 //            median seconds over repeats, and seconds per GB (1e9 bytes).
 #include <algorithm>
@@ -76,7 +76,7 @@ struct bench_options {
   double sync_bucket_mb = 256;
   int sync_repeats = 5;
   std::string trace; ///< profile one more GRPO update: Chrome trace here, top rows printed
-  std::vector<std::string> lm_heads{"fused"};
+  std::vector<std::string> kernels{"fused"};
 };
 
 [[noreturn]] void usage(const std::string& message) {
@@ -85,7 +85,7 @@ struct bench_options {
                "       [--preset 0.5b] [--vocab N] [--groups N] [--samples N] [--prompt N] [--completion N]\n"
                "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--no-overlap] [--bucket-mb X]\n"
                "       [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X] [--sync-repeats N] [--trace FILE]\n"
-               "       [--lm-head fused,libtorch]\n",
+               "       [--kernels fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -153,13 +153,13 @@ bench_options parse(int argc, char** argv) {
     else if (flag == "--sync-bucket-mb") o.sync_bucket_mb = number(flag, v);
     else if (flag == "--sync-repeats") o.sync_repeats = static_cast<int>(integer(flag, v, 1));
     else if (flag == "--trace") o.trace = v;
-    else if (flag == "--lm-head") {
-      o.lm_heads = split(v);
-      for (const auto& h : o.lm_heads)
-        if (h != "fused" && h != "libtorch")
-          usage("--lm-head: expected fused or libtorch, got '" + h + "'");
-      if (o.lm_heads.empty())
-        usage("--lm-head: expected fused, libtorch or both");
+    else if (flag == "--kernels") {
+      o.kernels = split(v);
+      for (const auto& k : o.kernels)
+        if (k != "fused" && k != "libtorch")
+          usage("--kernels: expected fused or libtorch, got '" + k + "'");
+      if (o.kernels.empty())
+        usage("--kernels: expected fused, libtorch or both");
     }
     else usage("unknown flag " + flag);
   }
@@ -340,7 +340,7 @@ void profile_step(const bench_options& o, learner& l, const grpo_batch& batch) {
       device_ms += r.total_ms;
   json_writer p;
   p.begin_object().field("figure", "grpo_profile").field("trace", o.trace).field("device_ms", device_ms).key("top").begin_array();
-  for (std::size_t i = 0; i < rows->size() && i < 40; ++i) {
+  for (std::size_t i = 0; i < rows->size() && i < 200; ++i) {
     const auto& r = (*rows)[i];
     p.begin_object().field("name", r.name.substr(0, 140)).field("device", r.device).field("total_ms", r.total_ms)
       .field("count", r.count).end_object();
@@ -367,9 +367,9 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
   const auto head_tokens = static_cast<std::int64_t>(o.groups) * o.samples * o.completion;
   const double required_flops = 6.0 * static_cast<double>(params - head_params) * static_cast<double>(tokens)
                                 + 6.0 * static_cast<double>(head_params) * static_cast<double>(head_tokens);
-  double tps = 0, single_tps = 0; // the scaling figure's base: the fused head's, as the learners run
-  for (const auto& head : o.lm_heads) {
-    model->set_fused_log_probs(head == "fused");
+  double tps = 0, single_tps = 0; // the scaling figure's base: the fused kernels', as the learners run
+  for (const auto& kernels : o.kernels) {
+    model->set_fused_training(kernels == "fused");
     reset_peak_memory("cuda:0");
     auto t = run_steps(o, **l, batch, 0);
     if (t.error.code != errc::none)
@@ -383,7 +383,7 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
       .field("preset", o.preset)
       .field("parameters", params)
       .field("dtype", "bfloat16")
-      .field("lm_head", head)
+      .field("kernels", kernels)
       .field("sequences", static_cast<std::int64_t>(o.groups) * o.samples)
       .field("prompt", o.prompt)
       .field("completion", o.completion)
@@ -399,10 +399,10 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
       .field("peak_allocated_gib", mem ? static_cast<double>(mem->peak_allocated) / (1ull << 30) : 0.0)
       .end_object();
     emit(std::move(w));
-    if (head == "fused" || single_tps == 0)
+    if (kernels == "fused" || single_tps == 0)
       single_tps = tps;
   }
-  model->set_fused_log_probs(true);
+  model->set_fused_training(true);
   if (!o.trace.empty())
     profile_step(o, **l, batch);
   return {single_tps, params};

@@ -66,9 +66,9 @@ for what in "$@"; do
       # The fused log-softmax's tests; one GPU's GRPO update (tokens/s, MFU against the measured
       # bf16 matmul rate) with the fused output log-softmax and with LibTorch's, in both orders;
       # then one more update under the profiler: its 40 longest operators and kernels.
-      [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*' 2>&1 | tee "$OUT/gpu_kernels_logprob.txt" | grep -E "error|relative|FAIL|test cases|assertions" | tail -40
+      [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*,*training forward*' 2>&1 | tee "$OUT/gpu_kernels_train.txt" | grep -E "worst|ERROR|FAIL|test cases|assertions" | tail -40
       for heads in fused,libtorch libtorch,fused; do
-        timeout 300 $B/tools/bench/bench_learner --figures matmul,grpo --lm-head $heads 2>&1 | tee -a "$OUT/grpo.jsonl"
+        timeout 300 $B/tools/bench/bench_learner --figures matmul,grpo --kernels $heads 2>&1 | tee -a "$OUT/grpo.jsonl"
       done
       timeout 300 $B/tools/bench/bench_learner --figures grpo --steps 2 --trace /tmp/grpo-trace.json 2>&1 \
         | tee -a "$OUT/grpo.jsonl" | python3 -c 'import json,sys
@@ -77,7 +77,15 @@ for line in sys.stdin:
     except ValueError: print(line.rstrip()); continue
     if r.get("figure") != "grpo_profile": print(line.rstrip()); continue
     print("device ms", round(r["device_ms"], 1))
-    for t in r["top"]: print("%9.2f ms %6d  %-4s %s" % (t["total_ms"], t["count"], t["device"], t["name"][:110]))' ;;
+    kinds = {}
+    for t in r["top"]:
+        if t["device"] != "cuda": continue
+        n = t["name"]
+        k = ("gemm" if any(w in n for w in ("nvjet", "gemm", "cutlass", "xmma")) else "attention" if any(w in n for w in ("sdpa", "flash", "fmha"))
+             else "crucible" if "crucible" in n else "other")
+        kinds[k] = kinds.get(k, 0) + t["total_ms"]
+    print("device ms by kind:", {k: round(v, 1) for k, v in sorted(kinds.items())})
+    for t in r["top"][:45]: print("%9.2f ms %6d  %-4s %s" % (t["total_ms"], t["count"], t["device"], t["name"][:110]))' ;;
     allreduce)
       # The gradient all-reduce alone, side by side: our communicator (non-blocking, as shipped),
       # the same with NCCL_COMM_BLOCKING=1, and torch.distributed, twice over; then the DP tests.
