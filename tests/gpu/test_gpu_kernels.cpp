@@ -568,6 +568,26 @@ TEST_CASE("the training forward and backward with the fused kernels equal LibTor
   }
 }
 
+TEST_CASE("silu_mul_pair and its gradients equal LibTorch's ops, per dtype, 8 at a time and one at a time") {
+  torch::manual_seed(29);
+  for (auto dtype : all_dtypes) {
+    for (std::int64_t n : {std::int64_t{4096}, std::int64_t{1003}}) {
+      const std::string what = std::string(c10::toString(dtype)) + " n " + std::to_string(n);
+      CAPTURE(what);
+      auto g = (3.0 * torch::randn({n}, on_gpu(torch::kFloat))).to(dtype).requires_grad_(true);
+      auto u = torch::randn({n}, on_gpu(torch::kFloat)).to(dtype).requires_grad_(true);
+      auto dy = torch::randn({n}, on_gpu(torch::kFloat)).to(dtype);
+      auto want = torch::silu(g) * u;
+      auto want_grads = torch::autograd::grad({want}, {g, u}, {dy});
+      torch::NoGradGuard no_grad;
+      check_close(fused::silu_mul_pair(g.detach(), u.detach()), want, rtol(dtype), 1e-6, what + " forward");
+      auto [dg, du] = fused::silu_mul_pair_backward(g.detach(), u.detach(), dy);
+      check_close(du, want_grads[1], rtol(dtype), 1e-6, what + " d/dup");
+      check_close(dg, want_grads[0], 2 * rtol(dtype), 1e-5, what + " d/dgate");
+    }
+  }
+}
+
 TEST_CASE("the fused log-softmax gives NaN for a row with a NaN logit and -inf logits no weight") {
   auto logits = torch::zeros({3, 24}, on_gpu(torch::kBFloat16));
   logits.index_put_({0, 5}, NAN);

@@ -66,7 +66,7 @@ for what in "$@"; do
       # The fused log-softmax's tests; one GPU's GRPO update (tokens/s, MFU against the measured
       # bf16 matmul rate) with the fused output log-softmax and with LibTorch's, in both orders;
       # then one more update under the profiler: its 40 longest operators and kernels.
-      [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*,*training forward*' 2>&1 | tee "$OUT/gpu_kernels_train.txt" | grep -E "worst|ERROR|FAIL|test cases|assertions" | tail -40
+      [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*,*training forward*,*silu_mul_pair*' 2>&1 | tee "$OUT/gpu_kernels_train.txt" | grep -E "worst|ERROR|FAIL|test cases|assertions" | tail -40
       for heads in fused,libtorch libtorch,fused; do
         timeout 300 $B/tools/bench/bench_learner --figures matmul,grpo --kernels $heads 2>&1 | tee -a "$OUT/grpo.jsonl"
       done
