@@ -338,7 +338,8 @@ struct rms_norm_fn : torch::autograd::Function<rms_norm_fn> {
     auto saved = ctx->get_saved_variables();
     auto dy = grads[0].reshape({-1, saved[0].size(1)}).contiguous();
     auto [dx, dw] = fused::rms_norm_backward(saved[0], saved[1], dy, ctx->saved_data["eps"].toDouble());
-    return {dx.view(grads[0].sizes()), dw, torch::Tensor{}};
+    // A frozen weight (LoRA) gets no gradient.
+    return {dx.view(grads[0].sizes()), ctx->needs_input_grad(1) ? dw : torch::Tensor{}, torch::Tensor{}};
   }
 };
 
