@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [learner] [grpo] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [learner] [grpo] [dp] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -29,7 +29,7 @@ targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
 [[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
-[[ " $* " == *" learner "* || " $* " == *" allreduce "* ]] && targets+=(bench_learner test_gpu_dp)
+[[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
 # The GRPO update alone needs neither the CLI nor the NCCL tests.
 [[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
 start=$(date +%s)
@@ -86,6 +86,11 @@ for line in sys.stdin:
         kinds[k] = kinds.get(k, 0) + t["total_ms"]
     print("device ms by kind:", {k: round(v, 1) for k, v in sorted(kinds.items())})
     for t in r["top"][:45]: print("%9.2f ms %6d  %-4s %s" % (t["total_ms"], t["count"], t["device"], t["name"][:110]))' ;;
+    dp)
+      # The data-parallel tests over NCCL, then one GPU's GRPO update (both kernel choices) and
+      # data-parallel scaling on every GPU with the fused kernels, and weight sync.
+      timeout 300 $B/tests/gpu/test_gpu_dp 2>&1 | tail -20 | tee "$OUT/gpu_dp.txt"
+      timeout 400 $B/tools/bench/bench_learner --figures matmul,grpo,scaling,sync --kernels libtorch,fused 2>&1 | tee "$OUT/dp.jsonl" ;;
     allreduce)
       # The gradient all-reduce alone, side by side: our communicator (non-blocking, as shipped),
       # the same with NCCL_COMM_BLOCKING=1, and torch.distributed, twice over; then the DP tests.
