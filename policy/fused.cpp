@@ -1,5 +1,6 @@
-// policy/fused.cpp: tensors from policy/model.cpp's fused decoding step and learner log-softmax in, checked and handed to
-// the raw kernels of policy/kernels.cu on the current stream; new output tensors out.
+// policy/fused.cpp: tensors from policy/model.cpp's fused decoding step and training forward in,
+// checked and handed to the raw kernels of policy/kernels.cu on the current stream; new output
+// tensors out.
 #include "policy/fused.hpp"
 
 #include <algorithm>

@@ -1,5 +1,5 @@
-// policy/kernels.cu: the fused kernels of a decoding step and of the learner's output
-// log-softmax (see policy/kernels.hpp). Called by
+// policy/kernels.cu: the fused kernels of a decoding step and of the learner's training forward
+// (output log-softmax, RMSNorm, RoPE, silu * up; see policy/kernels.hpp). Called by
 // policy/fused.cpp, which checks shapes. The elementwise kernels are plain loops, one block per
 // row or head, float32 arithmetic with the reference's rounding points spelled out (__fmul_rn
 // and __fadd_rn are never contracted to FMA); the decode attention is written for latency (see
@@ -994,8 +994,8 @@ __device__ lse_part lse_block_merge(lse_part p, float* scratch) {
   return {scratch[0], scratch[1]};
 }
 
-// VEC: the row is read 8 elements (16 bytes of bf16/fp16) at a time; needs vocab % 8 == 0 and a
-// 16-byte aligned base.
+// VEC: the row is read 8 elements (16 bytes of bf16/fp16) at a time (eight_wide: vocab % 8 == 0
+// and 16-byte aligned pointers, so every row starts aligned).
 template <class T, bool VEC>
 __global__ void __launch_bounds__(logprob_threads)
   target_logprob_forward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ targets, long long vocab,
@@ -1208,11 +1208,6 @@ unsigned stride_blocks(long long n) {
   return static_cast<unsigned>(std::max<long long>(1, std::min<long long>((n + train_threads - 1) / train_threads, 16 * 65535)));
 }
 
-template <class T>
-bool vectorised(const void* a, const void* b, std::int64_t vocab) {
-  return vocab % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 && reinterpret_cast<std::uintptr_t>(b) % 16 == 0
-         && sizeof(pack8<T>) % 16 == 0;
-}
 
 } // namespace
 
@@ -1226,7 +1221,7 @@ cudaError_t target_logprob_forward(dtype t, const void* logits, const std::int64
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const auto* x = static_cast<const T*>(logits);
-    if (vectorised<T>(logits, logits, vocab))
+    if (eight_wide(vocab, {logits}))
       target_logprob_forward_kernel<T, true><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
         x, targets, vocab, inv_temperature, out, lse);
     else
@@ -1248,7 +1243,7 @@ cudaError_t target_logprob_backward(dtype t, const void* logits, const std::int6
     using T = std::remove_pointer_t<decltype(tag)>;
     const auto* x = static_cast<const T*>(logits);
     auto* y = static_cast<T*>(grad_logits);
-    if (vectorised<T>(logits, grad_logits, vocab))
+    if (eight_wide(vocab, {logits, grad_logits}))
       target_logprob_backward_kernel<T, true><<<static_cast<unsigned>(rows), logprob_threads, 0, stream>>>(
         x, targets, lse, grad, vocab, inv_temperature, y);
     else
@@ -1319,9 +1314,9 @@ cudaError_t silu_mul_pair_backward(dtype t, const void* gate, const void* up, co
     return cudaSuccess;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    auto kernel = eight_wide(n, {gate, up, dy, dgate, dup}) ? &silu_mul_pair_backward_kernel<T, true>
-                                                           : &silu_mul_pair_backward_kernel<T, false>;
-    const long long items = eight_wide(n, {gate, up, dy, dgate, dup}) ? n / 8 : n;
+    const bool wide = eight_wide(n, {gate, up, dy, dgate, dup});
+    auto kernel = wide ? &silu_mul_pair_backward_kernel<T, true> : &silu_mul_pair_backward_kernel<T, false>;
+    const long long items = wide ? n / 8 : n;
     kernel<<<stride_blocks(items), train_threads, 0, stream>>>(static_cast<const T*>(gate), static_cast<const T*>(up),
                                                                static_cast<const T*>(dy), static_cast<T*>(dgate),
                                                                static_cast<T*>(dup), n);

@@ -1,5 +1,5 @@
-// policy/kernels.hpp: the fused CUDA kernels of a decoding step and of the learner's output
-// log-softmax (policy/kernels.cu), each a drop-in for a chain of LibTorch ops in policy/model.cpp. Raw pointers and sizes in, results
+// policy/kernels.hpp: the fused CUDA kernels of a decoding step and of the learner's training
+// forward (policy/kernels.cu), each a drop-in for a chain of LibTorch ops in policy/model.cpp. Raw pointers and sizes in, results
 // written to caller-owned device memory; launched on `stream`, never synchronising, so they can
 // be captured in CUDA graphs. No torch here: kernels.cu is compiled by nvcc as C++17; the ATen
 // wrappers that check shapes are in policy/fused.hpp.
