@@ -686,7 +686,7 @@ std::pair<torch::Tensor, torch::Tensor> CausalLMImpl::rope(const torch::Tensor& 
 }
 
 void CausalLMImpl::set_fused_training(bool on) {
-  fused_log_probs_ = on;
+  fused_training_ = on;
   for (auto& m : modules(/*include_self=*/false))
     if (auto* f = dynamic_cast<fused_training_flag*>(m.get()))
       f->fused_training = on;
@@ -773,7 +773,7 @@ torch::Tensor CausalLMImpl::token_log_probs(const token_batch& batch, const torc
   auto h = hidden_states(batch);
   auto flat = h.reshape({-1, h.size(-1)});
   auto out = chunked_target_log_probs(flat, output_weight(), targets.reshape({-1}).to(torch::kLong), temperature,
-                                      chunk_tokens, fused_log_probs_);
+                                      chunk_tokens, fused_training_);
   return out.view(targets.sizes());
 }
 

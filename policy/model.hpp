@@ -222,7 +222,7 @@ public:
   /// silu(gate) * up (fused_training_flag); false: LibTorch ops throughout (for comparison:
   /// tools/bench/bench_learner --kernels).
   void set_fused_training(bool on);
-  bool fused_training() const noexcept { return fused_log_probs_; }
+  bool fused_training() const noexcept { return fused_training_; }
   /// Projects hidden states [..., hidden] to logits [..., vocab].
   torch::Tensor logits_from_hidden(const torch::Tensor& hidden);
   /// The output matrix [vocab, hidden] (the embedding matrix when tied).
@@ -286,7 +286,7 @@ private:
   model_config config_;
   torch::Tensor inv_freq_; ///< float32, on the last device used (standard/linear/llama3/yarn)
   double attention_scaling_ = 1.0;
-  bool fused_log_probs_ = true;
+  bool fused_training_ = true;
 };
 TORCH_MODULE(CausalLM);
 
