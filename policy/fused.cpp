@@ -46,12 +46,17 @@ void check_cache(const torch::Tensor& c, const torch::Tensor& like, std::int64_t
               like.scalar_type());
 }
 
+// A contiguous [rows] vector of `dtype` (int64 or float32) on like's device; `what` prefixes the error.
+void check_vector(const torch::Tensor& t, const torch::Tensor& like, std::int64_t rows, torch::ScalarType dtype,
+                  const char* name, const char* what) {
+  check_cuda(t, like, name);
+  TORCH_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == rows && t.is_contiguous(), what, ": ", name,
+              " must be contiguous ", dtype == torch::kLong ? "int64" : "float32", " [", rows, "], got ",
+              t.scalar_type(), " ", t.sizes());
+}
+
 void check_lengths(const torch::Tensor& lengths, const torch::Tensor& like, std::int64_t rows) {
-  check_cuda(lengths, like, "lengths");
-  TORCH_CHECK(lengths.scalar_type() == torch::kLong && lengths.dim() == 1 && lengths.size(0) == rows
-                && lengths.is_contiguous(),
-              "fused kernels: lengths must be contiguous int64 [", rows, "], got ", lengths.scalar_type(), " ",
-              lengths.sizes());
+  check_vector(lengths, like, rows, torch::kLong, "lengths", "fused kernels");
 }
 
 // The cache fields that rope_kv_args and decode_attention_args share.
@@ -345,18 +350,7 @@ namespace {
 void check_logprob_operands(const torch::Tensor& logits, const torch::Tensor& targets, const char* what) {
   TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0, what,
               ": logits must be a contiguous CUDA [rows, vocab] tensor, got ", logits.sizes(), " on ", logits.device());
-  check_cuda(targets, logits, "targets");
-  TORCH_CHECK(targets.scalar_type() == torch::kLong && targets.dim() == 1 && targets.size(0) == logits.size(0)
-                && targets.is_contiguous(),
-              what, ": targets must be contiguous int64 [", logits.size(0), "], got ", targets.scalar_type(), " ",
-              targets.sizes());
-}
-
-void check_row_floats(const torch::Tensor& t, const torch::Tensor& logits, const char* name, const char* what) {
-  check_cuda(t, logits, name);
-  TORCH_CHECK(t.scalar_type() == torch::kFloat && t.dim() == 1 && t.size(0) == logits.size(0) && t.is_contiguous(),
-              what, ": ", name, " must be contiguous float32 [", logits.size(0), "], got ", t.scalar_type(), " ",
-              t.sizes());
+  check_vector(targets, logits, logits.size(0), torch::kLong, "targets", what);
 }
 
 float inverse_temperature(double temperature, const char* what) {
@@ -384,8 +378,8 @@ std::pair<torch::Tensor, torch::Tensor> target_logprobs(const torch::Tensor& log
 torch::Tensor target_logprobs_backward(torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
                                        const torch::Tensor& grad, double temperature) {
   check_logprob_operands(logits, targets, "target_logprobs_backward");
-  check_row_floats(lse, logits, "lse", "target_logprobs_backward");
-  check_row_floats(grad, logits, "grad", "target_logprobs_backward");
+  check_vector(lse, logits, logits.size(0), torch::kFloat, "lse", "target_logprobs_backward");
+  check_vector(grad, logits, logits.size(0), torch::kFloat, "grad", "target_logprobs_backward");
   const float inv_t = inverse_temperature(temperature, "target_logprobs_backward");
   c10::cuda::CUDAGuard guard(logits.device());
   check_launch(kernels::target_logprob_backward(kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<std::int64_t>(),

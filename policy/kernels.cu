@@ -855,6 +855,17 @@ __device__ __forceinline__ greedy_part merge(greedy_part a, greedy_part b) {
   return {a.max, a.index, sum};
 }
 
+// Element i with value v added to p: a new maximum rescales the sum (the first index kept on ties).
+__device__ __forceinline__ void add(greedy_part& p, float v, long long i) {
+  if (p.index < 0 || v > p.max) {
+    p.sum = p.index < 0 || p.max == -INFINITY ? 1.0f : p.sum * expf(p.max - v) + 1.0f;
+    p.max = v;
+    p.index = i;
+  } else {
+    p.sum += v == -INFINITY ? 0.0f : expf(v - p.max);
+  }
+}
+
 __device__ greedy_part block_merge(greedy_part p) {
   __shared__ float m[32], s_[32];
   __shared__ long long i_[32];
@@ -891,16 +902,8 @@ __global__ void __launch_bounds__(greedy_threads) greedy_partial_kernel(const T*
   const long long begin = blockIdx.x * piece, end = begin + piece < vocab ? begin + piece : vocab;
   const T* x = logits + row * vocab;
   greedy_part p{-INFINITY, -1, 0.0f};
-  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = to_float(x[i]);
-    if (p.index < 0 || v > p.max) {
-      p.sum = p.index < 0 || p.max == -INFINITY ? 1.0f : p.sum * expf(p.max - v) + 1.0f;
-      p.max = v;
-      p.index = i;
-    } else {
-      p.sum += v == -INFINITY ? 0.0f : expf(v - p.max);
-    }
-  }
+  for (long long i = begin + threadIdx.x; i < end; i += blockDim.x)
+    add(p, to_float(x[i]), i);
   p = block_merge(p);
   if (threadIdx.x == 0) {
     float* out = partial + (row * gridDim.x + blockIdx.x) * 3;
@@ -949,61 +952,16 @@ __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
     out[i] = to_float(in.v[i]);
 }
 
-// A running (max, sum of exp(x - max)) pair: log-sum-exp in one pass over a row.
-struct lse_part {
-  float max, sum;
-};
-
-__device__ __forceinline__ lse_part lse_merge(lse_part a, lse_part b) {
-  if (a.max == -INFINITY)
-    return b;
-  if (b.max == -INFINITY)
-    return a;
-  const float m = fmaxf(a.max, b.max);
-  return {m, a.sum * expf(a.max - m) + b.sum * expf(b.max - m)};
-}
-
-__device__ __forceinline__ void lse_add(lse_part& p, float x) {
-  if (x > p.max) {
-    p.sum = (p.max == -INFINITY ? 0.0f : p.sum * expf(p.max - x)) + 1.0f;
-    p.max = x;
-  } else if (x != -INFINITY) {
-    p.sum += expf(x - p.max); // a NaN x is caught by the caller's flag
-  }
-}
-
-__device__ lse_part lse_block_merge(lse_part p, float* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    p = lse_merge(p, lse_part{__shfl_xor_sync(0xffffffffu, p.max, offset), __shfl_xor_sync(0xffffffffu, p.sum, offset)});
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  if (lane == 0) {
-    scratch[2 * warp] = p.max;
-    scratch[2 * warp + 1] = p.sum;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    p = lane < warps ? lse_part{scratch[2 * lane], scratch[2 * lane + 1]} : lse_part{-INFINITY, 0.0f};
-    for (int offset = 16; offset > 0; offset >>= 1)
-      p = lse_merge(p, lse_part{__shfl_xor_sync(0xffffffffu, p.max, offset), __shfl_xor_sync(0xffffffffu, p.sum, offset)});
-    if (lane == 0) {
-      scratch[0] = p.max;
-      scratch[1] = p.sum;
-    }
-  }
-  __syncthreads();
-  return {scratch[0], scratch[1]};
-}
-
 // VEC: the row is read 8 elements (16 bytes of bf16/fp16) at a time (eight_wide: vocab % 8 == 0
 // and 16-byte aligned pointers, so every row starts aligned).
 template <class T, bool VEC>
 __global__ void __launch_bounds__(logprob_threads)
   target_logprob_forward_kernel(const T* __restrict__ logits, const std::int64_t* __restrict__ targets, long long vocab,
                                 float inv_t, float* __restrict__ out, float* __restrict__ lse) {
-  __shared__ float scratch[64];
+  // The log-sum-exp runs as greedy sampling's (max, index, sum) merge; the index goes unused.
   const long long row = blockIdx.x;
   const T* x = logits + row * vocab;
-  lse_part p{-INFINITY, 0.0f};
+  greedy_part p{-INFINITY, -1, 0.0f};
   bool nan = false;
   if (VEC) {
     for (long long i = 8LL * threadIdx.x; i < vocab; i += 8LL * blockDim.x) {
@@ -1012,18 +970,18 @@ __global__ void __launch_bounds__(logprob_threads)
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         nan |= v[k] != v[k];
-        lse_add(p, v[k] * inv_t);
+        add(p, v[k] * inv_t, i + k);
       }
     }
   } else {
     for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
       const float v = to_float(x[i]);
       nan |= v != v;
-      lse_add(p, v * inv_t);
+      add(p, v * inv_t, i);
     }
   }
   nan = __syncthreads_or(nan);
-  p = lse_block_merge(p, scratch);
+  p = block_merge(p);
   if (threadIdx.x == 0) {
     // All -inf: log(0) = -inf; a NaN anywhere: NaN (torch::logsumexp gives both).
     const float l = nan ? NAN : p.max == -INFINITY ? -INFINITY : p.max + logf(p.sum);
