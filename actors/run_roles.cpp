@@ -192,7 +192,7 @@ result<void> check_run_inputs(const config& cfg) {
   auto tasks = load_task_catalog(cfg);
   if (!tasks.ok())
     return tasks.error();
-  if (auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks); !seeds.ok())
+  if (auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks, cfg.tasks.seed_exclude); !seeds.ok())
     return seeds.error();
   if (cfg.model.dir.empty())
     return {};
@@ -256,7 +256,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   auto tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
 
   out.tasks = (*tasks)->size();
-  auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks);
+  auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks, cfg.tasks.seed_exclude);
   if (!seeds.ok())
     return seeds.error();
   out.seeds = seeds->size();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <fnmatch.h>
 #include <functional>
 #include <iterator>
 #include <map>
@@ -78,7 +79,16 @@ const char* stage_name(int stage) noexcept {
   }
 }
 
-result<std::vector<seed_variant>> load_seed_variants(const fs::path& dir, const task_catalog& tasks) {
+result<std::vector<seed_variant>> load_seed_variants(const fs::path& dir, const task_catalog& tasks,
+                                                     const std::vector<std::string>& exclude) {
+  for (const auto& pattern : exclude)
+    if (pattern.empty() || pattern.find('/') != std::string::npos)
+      return fail(errc::config, "tasks.seed_exclude: '", pattern, "' is not a file-name pattern (empty, or holds a '/')");
+  const auto excluded = [&](const fs::path& f) {
+    const auto name = f.filename().string();
+    return std::any_of(exclude.begin(), exclude.end(),
+                       [&](const std::string& pattern) { return fnmatch(pattern.c_str(), name.c_str(), 0) == 0; });
+  };
   std::vector<seed_variant> out;
   for (const auto& [id, task] : tasks) {
     const auto folder = dir / id.value;
@@ -87,7 +97,7 @@ result<std::vector<seed_variant>> load_seed_variants(const fs::path& dir, const 
       continue;
     std::vector<fs::path> files;
     for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator(); it.increment(ec))
-      if (it->is_regular_file() && it->path().extension() == ".py")
+      if (it->is_regular_file() && it->path().extension() == ".py" && !excluded(it->path()))
         files.push_back(it->path());
     if (ec)
       return fail(errc::io, folder.string(), ": cannot list: ", ec.message());

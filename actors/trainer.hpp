@@ -36,8 +36,11 @@ struct seed_variant {
 };
 
 /// The seed variants of every task of `tasks` found under `dir` (dir/<task name>/*.py), ordered by
-/// task and file name. A task without a folder has none. errc::io for an unreadable file.
-result<std::vector<seed_variant>> load_seed_variants(const std::filesystem::path& dir, const task_catalog& tasks);
+/// task and file name, leaving out files whose names match a pattern of `exclude` (fnmatch: `*`,
+/// `?`, `[...]`). A task without a folder has none. errc::io for an unreadable file; errc::config
+/// for a pattern that is empty or holds a '/'.
+result<std::vector<seed_variant>> load_seed_variants(const std::filesystem::path& dir, const task_catalog& tasks,
+                                                     const std::vector<std::string>& exclude = {});
 
 /// The response an SFT example teaches for `v`: every section heading of `sections` in order,
 /// the summary under each but the last, and the code in a ```python block under the last.

@@ -758,6 +758,8 @@ void describe(V& v, config& c) {
             non_empty());
     v.field("include", t.include, "Task names to train on, e.g. `01_relu_scale` or `level1/03_gemm`; empty: every task.");
     v.field("seeds", t.seeds, "Seed variants, `SEEDS/<task name>/*.py` (`wrong_*.py` are known-incorrect); empty: `SUITE/variants`.");
+    v.field("seed_exclude", t.seed_exclude, "File-name patterns of seed variants to leave out, e.g. `cpp_*.py` "
+            "(`*`, `?` and `[...]` as in the shell); they are neither measured nor trained on.");
     v.field("warm_start", t.warm_start, "Evaluate the seed variants into the exemplar store when the run starts, so the "
             "first prompts show measured exemplars.");
   });

@@ -240,6 +240,7 @@ struct tasks_config {
   std::string suite = "env/tasks/cpu";   ///< directory of KernelBench-format tasks (level folders allowed)
   std::vector<std::string> include;      ///< task names to use (e.g. "01_relu_scale"); empty: every task
   std::string seeds;                     ///< seed variants: SEEDS/<task name>/*.py; "" : SUITE/variants
+  std::vector<std::string> seed_exclude; ///< file-name patterns (`*`, `?`, `[...]`) of seed variants left out
   bool warm_start = true;                ///< evaluate the seed variants into the exemplar store before training
 };
 

@@ -1,6 +1,6 @@
 // tests/actors/test_coordinator.cpp: the coordinator's run lifecycle on CAF's deterministic
 // scheduler, against real status.json / metrics.jsonl files in a temp directory and a manual
-// clock.
+// clock; and the seed variants the trainer loads for a run.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -24,6 +24,7 @@
 
 #include "actors/actor_config.hpp"
 #include "actors/coordinator.hpp"
+#include "actors/trainer.hpp"
 #include "core/clock.hpp"
 #include "core/log.hpp"
 #include "storage/atomic_file.hpp"
@@ -554,4 +555,36 @@ TEST_CASE_FIXTURE(trainer_fixture, "a run that takes no nodes writes no join") {
   auto text = storage::read_file(status_file);
   REQUIRE(text.ok());
   CHECK(text->find("join") == std::string::npos);
+}
+
+TEST_CASE("seed variants: tasks.seed_exclude leaves matching files out, and a pattern with a '/' is refused") {
+  temp_dir dir{"crucible-seeds"};
+  const auto folder = dir.path() / "13_sort_range";
+  std::filesystem::create_directories(folder);
+  for (const char* name : {"cpp_minmax.py", "fast_amax_amin.py", "fast_aminmax.py", "wrong_second_largest.py", "notes.txt"})
+    REQUIRE(storage::write_file_atomic(folder / name, "\"\"\"Summary of " + std::string{name} + ".\"\"\"\n").ok());
+  task_catalog tasks;
+  tasks[task_id{"13_sort_range"}] = env::task{};
+  tasks[task_id{"05_logsumexp_rows"}] = env::task{}; // no folder: no seeds
+
+  auto names = [](const std::vector<seed_variant>& seeds) {
+    std::vector<std::string> out;
+    for (const auto& s : seeds)
+      out.push_back(s.name);
+    return out;
+  };
+  auto all = load_seed_variants(dir.path(), tasks);
+  REQUIRE(all.ok());
+  CHECK(names(*all) == std::vector<std::string>{"cpp_minmax", "fast_amax_amin", "fast_aminmax", "wrong_second_largest"});
+  CHECK(all->at(3).wrong);
+  CHECK(all->at(1).summary == "Summary of fast_amax_amin.py.");
+
+  auto some = load_seed_variants(dir.path(), tasks, {"cpp_*", "fast_amin?ax.py"});
+  REQUIRE(some.ok());
+  CHECK(names(*some) == std::vector<std::string>{"fast_amax_amin", "wrong_second_largest"});
+
+  auto bad = load_seed_variants(dir.path(), tasks, {"13_sort_range/cpp_*"});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == errc::config);
+  CHECK(bad.error().message.find("tasks.seed_exclude: '13_sort_range/cpp_*'") != std::string::npos);
 }
