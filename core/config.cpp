@@ -495,6 +495,10 @@ void describe_learner(V& v, learner_options& l) {
             at_least(0, "an integer ≥ 0"));
     v.field("std_normalize", l.std_normalize, "Divide group advantages by the group's standard deviation (false: Dr.GRPO).");
     v.field("std_eps", l.std_eps, "Advantage = (r - mean) / (std + std_eps).", positive<double>("a positive number"));
+    v.field("negative_weight", l.negative_weight,
+            "Scale of negative advantages: 1 is GRPO; 0 reinforces only the samples better than their group's mean, "
+            "and samples worse than it carry no gradient (docs/learner.md).",
+            between(0, 1, "a number between 0 and 1"));
     v.field("reward_transform", l.rewards,
             "Before advantages: `normalize_clip` (CUDA-L1) standardises the batch's rewards and clips them to ±reward_clip.");
     v.field("reward_clip", l.reward_clip, "k of `normalize_clip`.", positive<double>("a positive number"));

@@ -66,6 +66,7 @@ struct learner_options {
   std::int64_t constant_tokens = 0; ///< `constant` normaliser; 0: the batch's longest completion
   bool std_normalize = true;        ///< divide advantages by the group's std (false: Dr.GRPO)
   double std_eps = 1e-6;            ///< A = (r - mean) / (std + std_eps)
+  double negative_weight = 1.0;     ///< negative advantages are scaled by this (1: GRPO; 0: only above-mean samples learn)
   reward_transform rewards = reward_transform::none;
   double reward_clip = 3.0;         ///< k of normalize_clip
   double is_cap = 2.0;              ///< cap of the stale-sample weight min(pi_old / pi_behaviour, cap); 0: off

@@ -291,7 +291,7 @@ result<step_metrics> learner::grpo_step(const grpo_batch& batch) {
       r.prompt = static_cast<std::int64_t>(group.prompt.size());
       r.completion = static_cast<std::int64_t>(sample.completion.size());
       r.behaviour = &sample.behaviour_log_probs;
-      r.advantage = adv[s];
+      r.advantage = adv[s] < 0 ? adv[s] * options_.negative_weight : adv[s];
       rows.push_back(std::move(r));
     }
   }

@@ -143,6 +143,36 @@ TEST_CASE("GRPO overfits a fixed batch: high-reward completions gain likelihood,
   CHECK(gain_low < -1.0);
 }
 
+TEST_CASE("negative_weight 0: samples below their group's mean carry no gradient; at 1 they do") {
+  // One update on two batches that differ only in the tokens of the zero-reward samples (same
+  // lengths, so token_mean's denominator is the same): with negative_weight 0 the updates are
+  // equal, with 1 (GRPO) they are not.
+  auto update_after = [](double negative_weight, bool scramble) {
+    auto o = base_options();
+    o.negative_weight = negative_weight;
+    auto l = make_learner(o, 3, false);
+    auto batch = make_batch(l->model(), 11, 2, 4, 0.0, {1.0, 0.0, 2.0, 0.0});
+    if (scramble) {
+      std::mt19937_64 rng(99);
+      for (auto& g : batch.groups)
+        for (auto& s : g.samples)
+          if (s.reward == 0.0) {
+            s.completion = random_tokens(rng, static_cast<int>(s.completion.size()));
+            auto lp = teacher_forced_log_probs(l->model(), g.prompt, s.completion, 1.0);
+            for (std::int64_t t = 0; t < lp.size(0); ++t)
+              s.behaviour_log_probs[static_cast<std::size_t>(t)] = static_cast<float>(lp[t].item<double>());
+          }
+    }
+    auto m = l->grpo_step(batch);
+    REQUIRE(m.ok());
+    return l;
+  };
+  auto a = update_after(0.0, false), b = update_after(0.0, true);
+  CHECK(max_param_diff(a->model(), b->model()) < 1e-7);
+  auto c = update_after(1.0, false), d = update_after(1.0, true);
+  CHECK(max_param_diff(c->model(), d->model()) > 1e-5);
+}
+
 TEST_CASE("micro-batches accumulate the full batch's gradient within 1e-6 (GRPO every aggregation, SFT)") {
   for (int variant = 0; variant < 4; ++variant) {
     CAPTURE(variant);
