@@ -497,7 +497,7 @@ void describe_learner(V& v, learner_options& l) {
     v.field("std_eps", l.std_eps, "Advantage = (r - mean) / (std + std_eps).", positive<double>("a positive number"));
     v.field("negative_weight", l.negative_weight,
             "Scale of negative advantages: 1 is GRPO; 0 reinforces only the samples better than their group's mean, "
-            "and samples worse than it carry no gradient (docs/learner.md).",
+            "and samples worse than it carry no gradient (docs/training.md).",
             between(0, 1, "a number between 0 and 1"));
     v.field("reward_transform", l.rewards,
             "Before advantages: `normalize_clip` (CUDA-L1) standardises the batch's rewards and clips them to ±reward_clip.");
