@@ -26,10 +26,6 @@ inline constexpr int decode_attention_steps = 2;
 inline constexpr int decode_attention_max_heads_per_block = 4;
 /// The largest head_dim the attention kernel takes.
 inline constexpr std::int64_t decode_attention_max_head_dim = 256;
-/// The most splits one thread-block cluster holds (the non-portable cluster size of sm_90): up to
-/// this many, the splits of a (row, KV head, head block) combine inside the attention kernel
-/// through distributed shared memory instead of in a second kernel (kernels::decode_attention).
-inline constexpr std::int64_t decode_attention_cluster_max = 16;
 
 /// The work division of one decode attention launch (plan_decode_attention). Plain value.
 struct decode_attention_plan {
@@ -84,21 +80,18 @@ struct decode_attention_split {
 /// numbers, not on the rows' lengths, so a captured CUDA graph keeps it; blocks past a row's
 /// length return at once. Chosen: about eight blocks per SM when every row is full, two waves
 /// of the four 128-thread blocks of 128 registers that fit an SM at once (more, shorter blocks
-/// leave a shorter tail to the last wave), at most `most_chosen` splits: 64 where a second kernel
-/// combines them (it reads every split's partial row and gains nothing from more),
-/// decode_attention_cluster_max where a cluster does.
+/// leave a shorter tail to the last wave), at most 64 splits (the combine kernel reads every
+/// split's partial row and gains nothing from more).
 inline decode_attention_split choose_decode_attention_split(const decode_attention_plan& p, std::int64_t rows,
                                                             std::int64_t kv_heads, std::int64_t slots,
-                                                            std::int64_t sms, std::int64_t requested,
-                                                            std::int64_t most_chosen = 64) {
+                                                            std::int64_t sms, std::int64_t requested) {
   const std::int64_t granules = (slots + p.granule - 1) / p.granule;
   std::int64_t splits = requested;
   if (splits <= 0) {
     std::int64_t blocks = rows * kv_heads * p.head_blocks;
     blocks = blocks < 1 ? 1 : blocks;
     splits = (8 * (sms < 1 ? 1 : sms) + blocks - 1) / blocks;
-    most_chosen = most_chosen < 1 ? 1 : most_chosen;
-    splits = splits > most_chosen ? most_chosen : splits;
+    splits = splits > 64 ? 64 : splits;
   }
   const std::int64_t most = granules < 65535 ? granules : 65535;
   splits = splits < 1 ? 1 : (splits > most ? most : splits);

@@ -197,15 +197,13 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   a.out = out.data_ptr();
   const auto dtype = kernel_dtype(q);
   const auto plan = kernels::plan_decode_attention(dtype, a);
-  // A chosen split stays within one cluster where the device combines splits in clusters.
-  const std::int64_t most_chosen = kernels::decode_attention_clustered(2) ? kernels::decode_attention_cluster_max : 64;
   const auto split = kernels::choose_decode_attention_split(
-    plan, rows, kv_heads, slots, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, splits, most_chosen);
+    plan, rows, kv_heads, slots, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, splits);
   splits = split.splits;
   a.splits = split.splits;
   a.chunk = split.chunk;
   torch::Tensor partial_out, partial_ml;
-  if (splits > 1 && !kernels::decode_attention_clustered(splits)) {
+  if (splits > 1) {
     auto f32 = q.options().dtype(torch::kFloat);
     partial_out = torch::empty({rows, heads, splits, head_dim}, f32);
     partial_ml = torch::empty({rows, heads, splits, 2}, f32);

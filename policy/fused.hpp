@@ -40,11 +40,9 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
 /// Attention of q [rows, heads, head_dim] (one token per row) over slots [0, min(lengths[r] + 1,
 /// slots)) of k_cache and v_cache (as in rope_write_kv), grouped-query, scale 1 / sqrt(head_dim):
 /// the masked SDPA of a decoding step. Returns [rows, heads * head_dim]. `splits` pieces of the
-/// slot range run as separate blocks and are combined inside a thread-block cluster (up to
-/// kernels::decode_attention_cluster_max splits on devices with clusters) or by a second kernel;
-/// 0 picks them from the device's SM count (kernels::choose_decode_attention_split: about eight
-/// blocks per SM over full rows, at most one cluster's worth where clusters combine), 1 makes
-/// one kernel without a combine. A fixed shape gives a fixed choice (CUDA graphs); the
+/// slot range run as separate blocks and are combined by a second kernel; 0 picks them from the
+/// device's SM count (kernels::choose_decode_attention_split: about four blocks per SM over
+/// full rows), 1 makes one kernel. A fixed shape gives a fixed choice (CUDA graphs); the
 /// lengths are read on the device. Any strides with a contiguous last dimension work; q and
 /// caches at 16-byte boundaries with strides of whole 16 bytes take the vectorised kernel.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,

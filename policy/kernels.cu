@@ -6,7 +6,6 @@
 // its section).
 #include "policy/kernels.hpp"
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -147,27 +146,6 @@ cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, std::
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// launch_early with thread-block clusters of `cluster` blocks (sm_90).
-template <class... Params, class... Args>
-cudaError_t launch_early_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared, cudaStream_t stream,
-                         dim3 cluster, Args&&... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = cluster.x;
-  attribute[0].val.clusterDim.y = cluster.y;
-  attribute[0].val.clusterDim.z = cluster.z;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = programmatic_launch() ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
 // Calls f with a null T* for the storage type t.
 template <class F>
 cudaError_t dispatch(dtype t, F&& f) {
@@ -279,10 +257,8 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
 // in flight together. Every lane computes the dot products of its elements with all GM query
 // heads (q in registers), reduces them over its key's lanes with shuffles, and accumulates
 // p * v into registers for the same elements (the lane layout of values is that of keys). With
-// splits > 1 each block leaves its unnormalised sums and (max, sum) in float32: in its shared
-// memory when the splits form one thread-block cluster (CLUSTER), whose blocks then merge them
-// through distributed shared memory, each block a share of the outputs; else in global memory,
-// and decode_attention_combine_kernel merges the splits that hold slots.
+// splits > 1 each block leaves its unnormalised sums and (max, sum) in float32 and
+// decode_attention_combine_kernel merges the splits that hold slots.
 //
 // Scores are kept in log2 units (q is scaled by scale * log2(e)) so that exp2f serves.
 
@@ -330,8 +306,7 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 // 32 each at GM = 4), the loads of a round and the scores; 128 registers in all with no spills on
 // sm_80 and sm_90 for 16-byte loads, so four blocks fit an SM. The element-load variant (data
 // not 16-byte aligned) keeps its 8 loads a key as floats and gets about 160 (three blocks).
-// CLUSTER: launched with clusters of (1, splits, 1), sm_90 only.
-template <class T, int VEC, int GM, bool CLUSTER>
+template <class T, int VEC, int GM>
 __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
   grid_dependency_wait(); // q and the cache come from the previous kernel
@@ -356,10 +331,8 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   const long long first_head = row * heads + static_cast<long long>(kv_head) * group + g0;
 
   const long long n = decode_attention_visible(a.lengths[row], a.slots);
-  // No slot of this row here. A cluster's block goes on to its barriers with nothing read: its
-  // warps' maxima stay -inf and its sums 0.
-  if (!CLUSTER && split * a.chunk >= n) {
-    if (a.splits == 1) { // n == 0: nothing to attend to; zeros, as the combine kernel writes
+  if (split * a.chunk >= n) { // no slot of this row here
+    if (a.splits == 1) {      // n == 0: nothing to attend to; zeros, as the combine kernel writes
       T* out = static_cast<T*>(a.out) + first_head * d;
       for (int i = threadIdx.x; i < gn * d; i += blockDim.x)
         out[i] = from_float<T>(0.0f);
@@ -500,8 +473,6 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   float* acc_s = shared;                                  // [warps][GM][d]
   float* m_s = acc_s + decode_attention_warps * GM * d;   // [warps][GM]
   float* l_s = m_s + decode_attention_warps * GM;         // [warps][GM]
-  float* split_acc = l_s + decode_attention_warps * GM;   // CLUSTER: [GM][d], the block's merged sums
-  float* split_ml = split_acc + GM * d;                   // CLUSTER: [GM][2], its max and sum
   if (key_lane == 0) {
 #pragma unroll
     for (int g = 0; g < GM; ++g)
@@ -525,7 +496,7 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
     float mx = -INFINITY;
 #pragma unroll
     for (int w = 0; w < decode_attention_warps; ++w)
-      mx = fmaxf(mx, m_s[w * GM + g]); // finite where warp 0 read the split's first slot
+      mx = fmaxf(mx, m_s[w * GM + g]); // finite: warp 0 read the split's first slot
     float sum = 0.0f, weight = 0.0f;
 #pragma unroll
     for (int w = 0; w < decode_attention_warps; ++w) {
@@ -536,13 +507,7 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
       sum += f * acc_s[(w * GM + g) * d + e];
       weight += f * l_s[w * GM + g];
     }
-    if constexpr (CLUSTER) {
-      split_acc[g * d + e] = sum;
-      if (e == 0) {
-        split_ml[2 * g] = mx;
-        split_ml[2 * g + 1] = weight;
-      }
-    } else if (a.splits == 1) {
+    if (a.splits == 1) {
       // weight >= 1: the key holding the maximum contributes exp2(0).
       static_cast<T*>(a.out)[(first_head + g) * d + e] = from_float<T>(sum / weight);
     } else {
@@ -553,38 +518,6 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
         a.partial_ml[2 * at + 1] = weight;
       }
     }
-  }
-  if constexpr (CLUSTER) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // The cluster's blocks are this (row, KV head, head block)'s splits, rank == split. Block r
-    // merges outputs r, r + splits, ... of the gn * d: every split's (max, sum, sums) rescaled to
-    // their common max, in split order, as the combine kernel does with the splits that hold slots
-    // (a split without slots has max -inf and adds nothing).
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync(); // every block's split_acc and split_ml written
-    const int blocks = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
-    for (int o = rank + blocks * static_cast<int>(threadIdx.x); o < gn * d; o += blocks * static_cast<int>(blockDim.x)) {
-      const int g = o / d, e = o - g * d;
-      float mx = -INFINITY;
-      for (int b = 0; b < blocks; ++b)
-        mx = fmaxf(mx, cluster.map_shared_rank(split_ml, b)[2 * g]);
-      float sum = 0.0f, weight = 0.0f;
-      for (int b = 0; b < blocks; ++b) {
-        const float* ml = cluster.map_shared_rank(split_ml, b);
-        const float mb = ml[2 * g];
-        if (mb == -INFINITY)
-          continue;
-        const float f = exp2f(mb - mx);
-        sum += f * cluster.map_shared_rank(split_acc, b)[g * d + e];
-        weight += f * ml[2 * g + 1];
-      }
-      static_cast<T*>(a.out)[(first_head + g) * d + e] = from_float<T>(weight > 0.0f ? sum / weight : 0.0f);
-    }
-    cluster.sync(); // no block leaves while another reads its shared memory
-#else
-    __trap(); // never launched below sm_90 (decode_attention_clustered)
-#endif
   }
 }
 
@@ -1390,36 +1323,8 @@ decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args
 }
 
 std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim) {
-  // The warps' results, then a clustered block's merged ones.
-  return sizeof(float) * static_cast<std::size_t>((decode_attention_warps + 1) * heads_per_block * (head_dim + 2));
+  return sizeof(float) * static_cast<std::size_t>(decode_attention_warps * heads_per_block * (head_dim + 2));
 }
-
-namespace {
-std::atomic<bool> clusters_on{true};
-
-// Whether the current device launches thread-block clusters (compute capability 9.0 or newer),
-// asked once per device.
-bool cluster_launch() {
-  static std::atomic<int> known[64] = {}; // 0 unknown, 1 no, 2 yes
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64)
-    return false;
-  int k = known[device].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int supported = 0;
-    k = cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, device) == cudaSuccess && supported != 0 ? 2 : 1;
-    known[device].store(k, std::memory_order_relaxed);
-  }
-  return k == 2;
-}
-} // namespace
-
-bool decode_attention_clustered(std::int64_t splits) {
-  return splits > 1 && splits <= decode_attention_cluster_max && clusters_on.load(std::memory_order_relaxed)
-         && cluster_launch();
-}
-
-void set_decode_attention_clusters(bool on) { clusters_on.store(on, std::memory_order_relaxed); }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream) {
   if (a.rows <= 0)
@@ -1427,10 +1332,8 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
       || a.heads % a.kv_heads != 0 || a.slots < 1 || a.splits < 1 || a.splits > 65535 || a.chunk <= 0
       || a.chunk % decode_attention_warps != 0 || a.chunk * a.splits < a.slots || a.rows * a.heads > 0x7fffffff
-      || (a.splits > 1 && !decode_attention_clustered(a.splits)
-          && (a.partial_out == nullptr || a.partial_ml == nullptr)))
+      || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr)))
     return cudaErrorInvalidValue;
-  const bool clustered = decode_attention_clustered(a.splits);
   const decode_attention_plan plan = plan_decode_attention(t, a);
   const long long blocks = a.rows * a.kv_heads * plan.head_blocks; // per split
   if (blocks > 0x7fffffff)
@@ -1443,24 +1346,12 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int vec = 16 / sizeof(T);
     constexpr int most = decode_attention_max_heads_per_block;
-    auto pick = [&](auto cluster) {
-      constexpr bool C = decltype(cluster)::value;
-      auto kernel = &decode_attention_kernel<T, 1, most, C>; // unaligned data: element loads
-      if (plan.vec == vec)
-        kernel = plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1, C>
-                 : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2, C>
-                                             : &decode_attention_kernel<T, vec, most, C>;
-      return kernel;
-    };
-    if (clustered) {
-      auto kernel = pick(std::true_type{});
-      if (a.splits > 8) // past the portable cluster size
-        if (auto e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1); e != cudaSuccess)
-          return e;
-      return launch_early_clustered(kernel, grid, dim3(attention_threads), shared, stream,
-                                    dim3(1, static_cast<unsigned>(a.splits), 1), a, plan);
-    }
-    if (auto e = launch_early(pick(std::false_type{}), grid, dim3(attention_threads), shared, stream, a, plan);
+    auto kernel = &decode_attention_kernel<T, 1, most>; // unaligned data: element loads
+    if (plan.vec == vec)
+      kernel = plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1>
+               : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2>
+                                           : &decode_attention_kernel<T, vec, most>;
+    if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);
         e != cudaSuccess || a.splits == 1)
       return e;
     return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),

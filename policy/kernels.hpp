@@ -69,28 +69,14 @@ struct decode_attention_args {
   const std::int64_t* lengths = nullptr;
   std::int64_t rows = 0, heads = 0, kv_heads = 0, head_dim = 0, slots = 0;
   float scale = 1.0f;                ///< applied to q.k (1 / sqrt(head_dim))
-  /// Pieces of `chunk` slots computed by separate blocks, then combined inside a cluster of those
-  /// blocks (decode_attention_clustered) or by a second kernel; 1 writes `out` directly. chunk *
-  /// splits must cover `slots`; chunk a multiple of decode_attention_warps (a multiple of the
-  /// plan's granule wastes no lanes).
+  /// Pieces of `chunk` slots computed by separate blocks, then combined by a second kernel; 1
+  /// writes `out` directly. chunk * splits must cover `slots`; chunk a multiple of
+  /// decode_attention_warps (a multiple of the plan's granule wastes no lanes).
   std::int64_t splits = 1, chunk = 0;
   void* out = nullptr;               ///< [rows, heads * head_dim] in the storage type
-  /// [rows, heads, splits, head_dim] float32, for a second kernel's combine (splits > 1 and not
-  /// decode_attention_clustered(splits)); unused otherwise.
-  float* partial_out = nullptr;
-  float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: max score (log2 units) and sum, likewise
+  float* partial_out = nullptr;      ///< [rows, heads, splits, head_dim] float32 (splits > 1)
+  float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: max score (log2 units) and sum (splits > 1)
 };
-
-/// Whether decode_attention combines `splits` splits inside the attention kernel: the splits of
-/// one (row, KV head, head block) run as one thread-block cluster and merge through distributed
-/// shared memory, one kernel boundary fewer a layer. True for 2 to decode_attention_cluster_max
-/// splits on the current device when it has clusters (compute capability 9.0 or newer) and
-/// set_decode_attention_clusters has not turned them off.
-bool decode_attention_clustered(std::int64_t splits);
-
-/// Turns the clustered combine on (the default) or off for this process, so that benchmarks and
-/// tests can run the two-kernel combine beside it.
-void set_decode_attention_clusters(bool on);
 
 /// The work division decode_attention uses for these arguments (their dtype, alignment, group
 /// and head_dim; policy/attention_plan.hpp): callers pick `chunk` as a multiple of its granule

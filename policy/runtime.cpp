@@ -18,8 +18,6 @@
 #  include <c10/cuda/CUDACachingAllocator.h>
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
-
-#  include "policy/kernels.hpp"
 #endif
 
 namespace crucible::policy {
@@ -193,12 +191,6 @@ result<std::vector<profile_row>> profile(const std::function<void()>& fn, bool c
     sorted.push_back(std::move(row));
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.total_ms > b.total_ms; });
   return sorted;
-}
-
-void set_decode_attention_clusters([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_attention_clusters(on);
-#endif
 }
 
 } // namespace crucible::policy

@@ -56,13 +56,6 @@ void reset_peak_memory(std::string_view device);
 /// device name or size, errc::device when CUDA fails (out of memory included).
 result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats = 5);
 
-/// Turns the decode attention's clustered combine (kernels::decode_attention_clustered: the splits
-/// of a head merged inside one thread-block cluster) on, the default, or off for this process,
-/// so that a benchmark can run the two-kernel combine beside it. Engines capture their CUDA
-/// graphs under the setting of the time (engine::release_graphs drops them). No effect without
-/// CUDA.
-void set_decode_attention_clusters(bool on);
-
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

@@ -14,7 +14,6 @@
 
 #include "policy/engine.hpp"
 #include "policy/fused.hpp"
-#include "policy/kernels.hpp"
 #include "policy/model.hpp"
 #include "../unit/policy/policy_test_util.hpp"
 
@@ -294,65 +293,6 @@ TEST_CASE("decode_attention in a CUDA graph reads the lengths at each replay") {
                     std::to_string(row_lengths[1]) + ", " + std::to_string(row_lengths[2]));
     }
   }
-}
-
-TEST_CASE("decode_attention's splits combined in a cluster equal the combine kernel's, in and out of a CUDA graph") {
-  torch::manual_seed(17);
-  torch::NoGradGuard g;
-  int device = 0, major = 0;
-  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
-  REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess);
-  // Clusters combine from sm_90 on, up to one cluster's worth of splits; the two-kernel path is
-  // what older devices and larger split counts take.
-  CHECK(kernels::decode_attention_clustered(2) == (major >= 9));
-  CHECK(kernels::decode_attention_clustered(kernels::decode_attention_cluster_max) == (major >= 9));
-  CHECK_FALSE(kernels::decode_attention_clustered(kernels::decode_attention_cluster_max + 1));
-  CHECK_FALSE(kernels::decode_attention_clustered(1));
-  struct shape {
-    std::int64_t rows, heads, kv_heads, dim, slots;
-  };
-  for (auto dtype : all_dtypes) {
-    for (auto s : {shape{1, 14, 2, 64, 1024}, shape{5, 12, 1, 40, 300}, shape{3, 6, 2, 256, 200}}) {
-      for (std::int64_t splits : {2, 5, 8, 9, 16}) {
-        const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(s.rows) + " heads " +
-                                 std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " dim " +
-                                 std::to_string(s.dim) + " splits " + std::to_string(splits);
-        CAPTURE(what);
-        auto k = torch::randn({s.rows, s.kv_heads, s.slots, s.dim}, on_gpu(dtype));
-        auto v = torch::randn_like(k);
-        auto q = 2.0 * torch::randn({s.rows, s.heads, s.dim}, on_gpu(dtype));
-        // Full rows, empty rows, one slot, and a row whose last splits hold nothing.
-        auto lengths = torch::randint(0, s.slots, {s.rows}, on_gpu(torch::kLong));
-        lengths[0] = s.slots - 1;
-        if (s.rows > 2) {
-          lengths[1] = -1;
-          lengths[2] = 0;
-        }
-        auto want = attention_reference(q, k, v, lengths);
-        kernels::set_decode_attention_clusters(false);
-        auto two_kernels = fused::decode_attention(q, k, v, lengths, splits);
-        kernels::set_decode_attention_clusters(true);
-        auto clustered = fused::decode_attention(q, k, v, lengths, splits);
-        check_close(two_kernels, want, rtol(dtype), 1e-5, "two kernels, " + what);
-        check_close(clustered, want, rtol(dtype), 1e-5, "clustered, " + what);
-        check_close(clustered, two_kernels, rtol(dtype), 1e-6, "clustered against two kernels, " + what);
-        // In a graph, with other lengths at replay.
-        auto stream = at::cuda::getStreamFromPool();
-        c10::cuda::CUDAStreamGuard guard(stream);
-        auto warm = fused::decode_attention(q, k, v, lengths, splits);
-        stream.synchronize();
-        at::cuda::CUDAGraph graph;
-        graph.capture_begin();
-        auto out = fused::decode_attention(q, k, v, lengths, splits);
-        graph.capture_end();
-        lengths.copy_(torch::randint(-1, s.slots + 2, {s.rows}, on_gpu(torch::kLong)));
-        graph.replay();
-        stream.synchronize();
-        check_close(out, attention_reference(q, k, v, lengths), rtol(dtype), 1e-5, "clustered in a graph, " + what);
-      }
-    }
-  }
-  kernels::set_decode_attention_clusters(true);
 }
 
 TEST_CASE("silu_mul equals torch::silu(gate) * up, per dtype") {

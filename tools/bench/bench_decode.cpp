@@ -5,15 +5,13 @@
 //   bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 512]
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--copy-bytes 1073741824] [--trace PREFIX]
-//                [--fused-max-rows N] [--kernels small,small_combine,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
 // says which ("fused": true or false, "kernels": its variant). --kernels names the variants
 // instead: "small" (the fused kernels with the small-batch projections at up to 4 rows; the
-// engine's default runs them at 1 row), "small_combine" (the same, with the attention's splits
-// combined by a second kernel instead of inside a thread-block cluster:
-// policy::set_decode_attention_clusters off), "fused" (the fused kernels with cuBLAS projections,
+// engine's default runs them at 1 row), "fused" (the fused kernels with cuBLAS projections,
 // engine_options::small_batch_kernels off) and "libtorch". The fused kernels serve calls of at most --fused-max-rows
 // rows (engine_options::fused_max_rows, its default when absent); "fused_steps" counts the steps
 // that ran them.
@@ -67,7 +65,7 @@ struct bench_options {
                "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
                "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
                "       [--warmup N] [--repeats N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
-               "       [--kernels small,small_combine,fused,libtorch]\n",
+               "       [--kernels small,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -122,8 +120,8 @@ bench_options parse(int argc, char** argv) {
       o.kernels.clear();
       std::stringstream ss{v};
       for (std::string item; std::getline(ss, item, ',');) {
-        if (item != "small" && item != "small_combine" && item != "fused" && item != "libtorch")
-          usage("--kernels: expected small, small_combine, fused or libtorch, got '" + item + "'");
+        if (item != "small" && item != "fused" && item != "libtorch")
+          usage("--kernels: expected small, fused or libtorch, got '" + item + "'");
         o.kernels.push_back(item);
       }
       if (o.kernels.empty())
@@ -159,7 +157,7 @@ int run(const bench_options& o) {
   eo.sync_interval = o.sync_interval;
   auto set_kernels = [](policy::engine_options& e, const std::string& k) {
     e.fused_kernels = k != "libtorch";
-    e.small_batch_kernels = k == "small" || k == "small_combine";
+    e.small_batch_kernels = k == "small";
     e.small_batch_max_rows = 4; // "small": every call the kernels take (the engine's default stops at 1 row)
   };
   set_kernels(eo, o.kernels.front());
@@ -249,11 +247,9 @@ int run(const bench_options& o) {
     for (std::size_t variant = 0; variant < engines.size(); ++variant) {
       auto& engine = engines[variant];
       const bool fused = o.kernels[variant] != "libtorch";
-      // A fresh cache per batch size and variant, so that the peak below is this one's own; graphs
-      // captured again under this variant's attention combine.
+      // A fresh cache per batch size and variant, so that the peak below is this one's own.
       for (auto& e : engines)
         e->release_graphs();
-      policy::set_decode_attention_clusters(o.kernels[variant] != "small_combine");
       policy::reset_peak_memory(o.device);
       const auto before = policy::memory_stats(o.device);
       policy::engine_stats best;
