@@ -18,6 +18,8 @@
 #  include <c10/cuda/CUDACachingAllocator.h>
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
+
+#  include "policy/kernels.hpp"
 #endif
 
 namespace crucible::policy {
@@ -191,6 +193,12 @@ result<std::vector<profile_row>> profile(const std::function<void()>& fn, bool c
     sorted.push_back(std::move(row));
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.total_ms > b.total_ms; });
   return sorted;
+}
+
+void set_small_gemm_wide([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_small_gemm_wide(on);
+#endif
 }
 
 } // namespace crucible::policy

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [learner] [grpo] [dp] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [learner] [grpo] [dp] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
 # and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -28,7 +28,7 @@ fi
 targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
 # The GRPO update alone needs neither the CLI nor the NCCL tests.
 [[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
@@ -49,7 +49,7 @@ for what in "$@"; do
       # Where a batch-1 decoding step's time goes: LibTorch's profiler over one call.
       m=/tmp/crucible-decode-0.5b
       [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
-      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels small,fused \
+      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels small,small_narrow,fused \
         --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
       # Per-kernel time of the median step of each variant; the traces themselves stay behind.
       for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
@@ -180,6 +180,13 @@ for line in sys.stdin:
           --candidate tools/bench/eval_gpu/candidates/relu_affine.py --device cuda:0 --no-cache \
           --set evaluator.baseline=$b 2>&1 | tee -a "$OUT/baselines.txt"
       done ;;
+    projections)
+      # The one-row projections' wide launches against one unit a warp and four loads: their GPU
+      # tests, then decoding side by side (and LibTorch ops, and transformers).
+      timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*small-batch*,*fused decoding step*,*greedy*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
+      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 512 --new 512 \
+        --kernels small,small_narrow,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     decode)
       # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
       # transformers must import in python3; wheels in .whl/ are installed if it does not.
