@@ -14,10 +14,8 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace crucible::policy::kernels {
 
@@ -669,44 +667,9 @@ __host__ __device__ __forceinline__ long long gemm_units(const small_gemm_args& 
     return a.n / 2;
 }
 
-// The unit's two outputs for input row `row`: bias, then the residual add, SiLU * up, or RoPE and
-// the cache write.
-template <class T, gemm_out MODE>
-__device__ __forceinline__ void finish_unit(const small_gemm_args& a, long long unit, long long ra, long long rb,
-                                            long long row, float da, float db) {
-  const T* bias = static_cast<const T*>(a.bias);
-  // linear(x) + bias rounded once, as LibTorch's addmm epilogue does.
-  const float ya = rounded<T>(bias == nullptr ? da : __fadd_rn(da, to_float(bias[ra])));
-  const float yb = rb < 0 ? 0.0f : rounded<T>(bias == nullptr ? db : __fadd_rn(db, to_float(bias[rb])));
-  if constexpr (MODE == gemm_out::residual_add) {
-    T* res = static_cast<T*>(a.residual) + row * a.n;
-    res[ra] = from_float<T>(__fadd_rn(to_float(res[ra]), ya));
-    if (rb >= 0)
-      res[rb] = from_float<T>(__fadd_rn(to_float(res[rb]), yb));
-  } else if constexpr (MODE == gemm_out::silu_mul) {
-    static_cast<T*>(a.out)[row * (a.n / 2) + unit] = silu_times<T>(ya, yb);
-  } else {
-    const rope_kv_args& p = a.rope;
-    const long long half = p.head_dim / 2, head = unit / half, i = unit - head * half;
-    const long long pos = p.lengths[row];
-    T* dst = rope_destination<T>(p, row, head, pos);
-    if (dst == nullptr)
-      return;
-    if (head >= p.heads + p.kv_heads) { // a value: to the cache as it is
-      dst[i] = from_float<T>(ya);
-      dst[i + half] = from_float<T>(yb);
-      return;
-    }
-    rope_pair<T>(ya, yb, static_cast<float>(pos), p.inv_freq[row * p.inv_row_stride + i], p.attention_scaling, dst, i,
-                 half);
-  }
-}
-
 // R: rows the kernel is compiled for (1, or up to small_gemm_max_rows with a.rows of them used).
-// W: units per warp (2 halves the grid, so that a large projection's blocks are all resident at
-// once and load their weights before the wait; split must then be 1). U: 16-byte loads of each
-// weight row a lane keeps in flight (8 lets one round cover a long k).
-template <class T, int R, gemm_out MODE, int W, int U>
+// U: 16-byte loads of each weight row a lane keeps in flight (8 lets one round cover a long k).
+template <class T, int R, gemm_out MODE, int U>
 __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
   extern __shared__ uint4 staged[]; // [rows][k] of T
   __shared__ float partial[small_gemm_warps][2][R];
@@ -716,37 +679,28 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   const int k = static_cast<int>(a.k), kv = k / vec;
   const uint4* x = static_cast<const uint4*>(a.x);
 
-  // 1. The first loads of the units' weight rows, before waiting for the previous kernel: weights
+  // 1. The first loads of the unit's weight rows, before waiting for the previous kernel: weights
   // are no kernel's output, so under programmatic dependent launch these overlap its tail.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int per_block = small_gemm_warps / split, s = warp % split;
-  const long long first_unit = (static_cast<long long>(blockIdx.x) * per_block + warp / split) * W;
-  bool valid[W];
-  long long ra[W], rb[W];
-  const uint4 *wa[W], *wb[W];
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    valid[w] = first_unit + w < gemm_units<MODE>(a);
-    ra[w] = 0;
-    rb[w] = -1;
-    if (valid[w])
-      unit_rows<MODE>(a, first_unit + w, ra[w], rb[w]);
-    wa[w] = static_cast<const uint4*>(a.weight) + ra[w] * kv;
-    wb[w] = static_cast<const uint4*>(a.weight) + (rb[w] < 0 ? ra[w] : rb[w]) * kv;
-  }
+  const long long unit = static_cast<long long>(blockIdx.x) * per_block + warp / split;
+  const bool valid = unit < gemm_units<MODE>(a);
+  long long ra = 0, rb = -1;
+  if (valid)
+    unit_rows<MODE>(a, unit, ra, rb);
+  const uint4* wa = static_cast<const uint4*>(a.weight) + ra * kv;
+  const uint4* wb = static_cast<const uint4*>(a.weight) + (rb < 0 ? ra : rb) * kv;
   const int stride = 32 * split;
-  uint4 la[W][U], lb[W][U];
+  uint4 la[U], lb[U];
   auto load = [&](int v0) {
 #pragma unroll
-    for (int w = 0; w < W; ++w)
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int v = v0 + u * stride;
-        if (valid[w] && v < kv) {
-          la[w][u] = __ldg(wa[w] + v);
-          lb[w][u] = __ldg(wb[w] + v);
-        }
+    for (int u = 0; u < U; ++u) {
+      const int v = v0 + u * stride;
+      if (valid && v < kv) {
+        la[u] = __ldg(wa + v);
+        lb[u] = __ldg(wb + v);
       }
+    }
   };
   int v0 = s * 32 + lane;
   load(v0);
@@ -787,14 +741,12 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   __syncthreads();
   grid_dependents_launch(); // the next kernel's weight loads may start
 
-  // 3. Two rows' dot products with every input row, per unit.
-  float acc_a[W][R], acc_b[W][R];
+  // 3. Two rows' dot products with every input row.
+  float acc_a[R], acc_b[R];
 #pragma unroll
-  for (int w = 0; w < W; ++w)
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      acc_a[w][r] = acc_b[w][r] = 0.0f;
-  while (valid[0] && v0 < kv) {
+  for (int r = 0; r < R; ++r)
+    acc_a[r] = acc_b[r] = 0.0f;
+  while (valid && v0 < kv) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int v = v0 + u * stride;
@@ -803,11 +755,8 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
         for (int r = 0; r < R; ++r) {
           if (r < rows) {
             const uint4 xr = staged[r * kv + v];
-#pragma unroll
-            for (int w = 0; w < W; ++w) {
-              acc_a[w][r] = dot16<T>(la[w][u], xr, acc_a[w][r]);
-              acc_b[w][r] = dot16<T>(lb[w][u], xr, acc_b[w][r]);
-            }
+            acc_a[r] = dot16<T>(la[u], xr, acc_a[r]);
+            acc_b[r] = dot16<T>(lb[u], xr, acc_b[r]);
           }
         }
       }
@@ -816,18 +765,16 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
     load(v0);
   }
 #pragma unroll
-  for (int w = 0; w < W; ++w)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      acc_a[w][r] = warp_sum(acc_a[w][r]);
-      acc_b[w][r] = warp_sum(acc_b[w][r]);
-    }
-  if (split > 1) { // W == 1: the unit's warps add their parts of k, in a fixed order
+  for (int r = 0; r < R; ++r) {
+    acc_a[r] = warp_sum(acc_a[r]);
+    acc_b[r] = warp_sum(acc_b[r]);
+  }
+  if (split > 1) { // the unit's warps add their parts of k, in a fixed order
     if (lane == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        partial[warp][0][r] = acc_a[0][r];
-        partial[warp][1][r] = acc_b[0][r];
+        partial[warp][0][r] = acc_a[r];
+        partial[warp][1][r] = acc_b[r];
       }
     }
     __syncthreads();
@@ -840,26 +787,47 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
         ta += partial[warp + j][0][r];
         tb += partial[warp + j][1][r];
       }
-      acc_a[0][r] = ta;
-      acc_b[0][r] = tb;
+      acc_a[r] = ta;
+      acc_b[r] = tb;
     }
   }
-  if (lane >= rows)
+  if (!valid || lane >= rows)
     return;
 
-  // 4. Lane r finishes input row r of each unit.
+  // 4. Lane r finishes input row r.
+  float da = 0.0f, db = 0.0f;
 #pragma unroll
-  for (int w = 0; w < W; ++w) {
-    if (!valid[w])
-      break;
-    float da = 0.0f, db = 0.0f;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-      if (r == lane) {
-        da = acc_a[w][r];
-        db = acc_b[w][r];
-      }
-    finish_unit<T, MODE>(a, first_unit + w, ra[w], rb[w], lane, da, db);
+  for (int r = 0; r < R; ++r)
+    if (r == lane) {
+      da = acc_a[r];
+      db = acc_b[r];
+    }
+  const T* bias = static_cast<const T*>(a.bias);
+  const long long row = lane;
+  // linear(x) + bias rounded once, as LibTorch's addmm epilogue does.
+  const float ya = rounded<T>(bias == nullptr ? da : __fadd_rn(da, to_float(bias[ra])));
+  const float yb = rb < 0 ? 0.0f : rounded<T>(bias == nullptr ? db : __fadd_rn(db, to_float(bias[rb])));
+  if constexpr (MODE == gemm_out::residual_add) {
+    T* res = static_cast<T*>(a.residual) + row * a.n;
+    res[ra] = from_float<T>(__fadd_rn(to_float(res[ra]), ya));
+    if (rb >= 0)
+      res[rb] = from_float<T>(__fadd_rn(to_float(res[rb]), yb));
+  } else if constexpr (MODE == gemm_out::silu_mul) {
+    static_cast<T*>(a.out)[row * (a.n / 2) + unit] = silu_times<T>(ya, yb);
+  } else {
+    const rope_kv_args& p = a.rope;
+    const long long half = p.head_dim / 2, head = unit / half, i = unit - head * half;
+    const long long pos = p.lengths[row];
+    T* dst = rope_destination<T>(p, row, head, pos);
+    if (dst == nullptr)
+      return;
+    if (head >= p.heads + p.kv_heads) { // a value: to the cache as it is
+      dst[i] = from_float<T>(ya);
+      dst[i + half] = from_float<T>(yb);
+      return;
+    }
+    rope_pair<T>(ya, yb, static_cast<float>(pos), p.inv_freq[row * p.inv_row_stride + i], p.attention_scaling, dst, i,
+                 half);
   }
 }
 
@@ -1409,35 +1377,8 @@ namespace {
 
 std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
 
-// Whether one-row projections may take two units a warp and eight loads a row in flight
-// (set_small_gemm_wide).
-std::atomic<bool> small_gemm_wide{true};
-
-// Blocks of `kernel` (small_gemm_threads each, `shared` bytes of dynamic shared memory) resident
-// on one SM of the current device, remembered per kernel, device and size.
-template <class Kernel>
-cudaError_t resident_blocks(Kernel kernel, std::size_t shared, int& out) {
-  struct known {
-    int device;
-    std::size_t shared;
-    int blocks;
-  };
-  static std::mutex mutex;
-  static std::vector<known> cache; // one per (device, size) this kernel ran with: a few entries
-  int device = 0;
-  if (auto e = cudaGetDevice(&device); e != cudaSuccess)
-    return e;
-  std::lock_guard lock(mutex);
-  for (const auto& k : cache)
-    if (k.device == device && k.shared == shared) {
-      out = k.blocks;
-      return cudaSuccess;
-    }
-  if (auto e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&out, kernel, small_gemm_threads, shared); e != cudaSuccess)
-    return e;
-  cache.push_back({device, shared, out});
-  return cudaSuccess;
-}
+// Whether one-row projections may keep eight loads a row in flight (set_small_gemm_one_round).
+std::atomic<bool> small_gemm_one_round{true};
 
 // Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
 // warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
@@ -1478,32 +1419,20 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const dim3 threads(small_gemm_threads);
   return dispatch(t, [&](auto* tag) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if (a.rows != 1 || !small_gemm_wide)
-      return launch_early(a.rows == 1 ? &small_gemm_kernel<T, 1, MODE, 1, 4>
-                                      : &small_gemm_kernel<T, small_gemm_max_rows, MODE, 1, 4>,
+    if (a.rows != 1 || !small_gemm_one_round)
+      return launch_early(a.rows == 1 ? &small_gemm_kernel<T, 1, MODE, 4>
+                                      : &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>,
                           dim3(static_cast<unsigned>(blocks)), threads, shared, stream, a, split);
-    // One row: every lane's loads of a row in one round where four do not cover k, and two units
-    // a warp where one unit's grid would not be resident at once (its later blocks could load
-    // nothing before the wait).
+    // One row: every lane's loads of a row in one round where four do not cover k.
     const bool long_k = kv > 4LL * 32 * split;
-    auto narrow = long_k ? &small_gemm_kernel<T, 1, MODE, 1, 8> : &small_gemm_kernel<T, 1, MODE, 1, 4>;
-    if (split == 1 && !long_k) {
-      int resident = 0;
-      if (auto e = resident_blocks(narrow, shared, resident); e != cudaSuccess)
-        return e;
-      if (blocks > static_cast<long long>(resident) * std::max(a.sms, 1)) {
-        const long long wide_blocks = (units + 2 * per_block - 1) / (2 * per_block);
-        return launch_early(&small_gemm_kernel<T, 1, MODE, 2, 4>, dim3(static_cast<unsigned>(wide_blocks)), threads,
-                            shared, stream, a, split);
-      }
-    }
-    return launch_early(narrow, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, a, split);
+    auto kernel = long_k ? &small_gemm_kernel<T, 1, MODE, 8> : &small_gemm_kernel<T, 1, MODE, 4>;
+    return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, a, split);
   });
 }
 
 } // namespace
 
-void set_small_gemm_wide(bool on) { small_gemm_wide.store(on, std::memory_order_relaxed); }
+void set_small_gemm_one_round(bool on) { small_gemm_one_round.store(on, std::memory_order_relaxed); }
 
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
   const auto bytes = element_bytes(t);

@@ -119,11 +119,11 @@ struct small_gemm_args {
 /// inputs in 48 KiB of shared memory, rows of whole 16 bytes).
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k);
 
-/// One-row projections take two output units a warp where one a warp would leave blocks that
-/// cannot be resident while the previous kernel runs, and eight 16-byte loads a row in flight
-/// where four do not cover k (the default, on). Off: one unit a warp and four loads, as at more
-/// rows. For this process; benchmarks and tests compare the two.
-void set_small_gemm_wide(bool on);
+/// One-row projections keep eight 16-byte loads a weight row in flight per lane where four do not
+/// cover k in one round (the default, on: the down projection of Qwen2.5-0.5B, k = 4864, loads
+/// all its weights before waiting for the previous kernel). Off: four, and a second round after
+/// the wait, as at more rows. For this process; benchmarks and tests compare the two.
+void set_small_gemm_one_round(bool on);
 
 /// residual[r] = to_dtype(residual[r] + to_dtype(x[r] W^T + bias)): the o and down projections
 /// with the residual add of the next norm.

@@ -195,9 +195,9 @@ result<std::vector<profile_row>> profile(const std::function<void()>& fn, bool c
   return sorted;
 }
 
-void set_small_gemm_wide([[maybe_unused]] bool on) {
+void set_small_gemm_one_round([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_small_gemm_wide(on);
+  kernels::set_small_gemm_one_round(on);
 #endif
 }
 

@@ -56,11 +56,10 @@ void reset_peak_memory(std::string_view device);
 /// device name or size, errc::device when CUDA fails (out of memory included).
 result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats = 5);
 
-/// Turns the one-row projections' wide launches (kernels::set_small_gemm_wide: two output units a
-/// warp where one would leave blocks waiting for room, eight loads a row in flight for a long k)
-/// on, the default, or off for this process, so that a benchmark can run them side by side. No
-/// effect without CUDA.
-void set_small_gemm_wide(bool on);
+/// Turns the one-row projections' single round of weight loads for a long k
+/// (kernels::set_small_gemm_one_round) on, the default, or off for this process, so that a
+/// benchmark can run them side by side. No effect without CUDA.
+void set_small_gemm_one_round(bool on);
 
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {

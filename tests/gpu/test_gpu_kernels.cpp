@@ -330,17 +330,17 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
   struct shape {
     std::int64_t hidden, inter, heads, kv_heads, dim;
   };
-  // wide: at one row, two units a warp for the 4864-unit gate/up and eight loads in flight for
-  // the down projection's k of 4864 (kernels::set_small_gemm_wide); narrow: one and four.
-  for (bool wide : {true, false})
+  // At one row, the down projection's k of 4864 in one round of eight loads a lane, or in two of
+  // four (kernels::set_small_gemm_one_round).
+  for (bool one_round : {true, false})
   for (auto dtype : all_dtypes) {
-    kernels::set_small_gemm_wide(wide);
+    kernels::set_small_gemm_one_round(one_round);
     for (auto sh : {shape{896, 4864, 14, 2, 64}, shape{128, 352, 4, 4, 32}, shape{256, 688, 2, 1, 128}}) {
       for (std::int64_t rows : {1, 2, 3, 4}) {
         for (bool biased : {false, true}) {
           const std::string what = std::string(c10::toString(dtype)) + " hidden " + std::to_string(sh.hidden) + " inter " +
                                    std::to_string(sh.inter) + " rows " + std::to_string(rows) +
-                                   (biased ? " with bias" : "") + (wide ? ", wide" : ", narrow");
+                                   (biased ? " with bias" : "") + (one_round ? ", one round" : ", two rounds");
           CAPTURE(what);
           const auto opts = on_gpu(dtype);
           const bool fits = fused::small_batch_supported(dtype, rows, sh.inter);
@@ -412,22 +412,23 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
       }
     }
   }
-  kernels::set_small_gemm_wide(true);
-  // An odd number of units at one row, two a warp: the last warp has one unit.
-  for (bool wide : {true, false}) {
-    kernels::set_small_gemm_wide(wide);
-    const std::int64_t hidden = 128, inter = 3999;
-    auto residual = torch::randn({1, hidden}, on_gpu(torch::kBFloat16));
-    RMSNorm norm(hidden, eps);
-    norm->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
-    norm->weight.copy_(1.0 + 0.2 * torch::randn({hidden}, on_gpu(torch::kBFloat16)));
-    auto w_gu = torch::randn({2 * inter, hidden}, on_gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(hidden));
-    auto gu = torch::linear(norm(residual), w_gu);
-    auto want = torch::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
-    check_gemm_close(fused::norm_gate_up_silu(residual, norm->weight, eps, w_gu, {}), want, torch::kBFloat16,
-                     std::string("3999 units at one row, ") + (wide ? "wide" : "narrow"));
+  kernels::set_small_gemm_one_round(true);
+  // One row, k that one round of eight loads a lane covers with a ragged end (3000), and one it
+  // does not (16000: two rounds of eight), against the rounds of four.
+  for (bool one_round : {true, false}) {
+    kernels::set_small_gemm_one_round(one_round);
+    for (std::int64_t k : {3000, 16000}) {
+      auto x = torch::randn({1, k}, on_gpu(torch::kBFloat16));
+      auto w = torch::randn({96, k}, on_gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(k));
+      auto base = torch::randn({1, 96}, on_gpu(torch::kBFloat16));
+      auto want = base + torch::linear(x, w);
+      auto got = base.clone();
+      fused::project_add(x, w, {}, got);
+      check_gemm_close(got, want, torch::kBFloat16,
+                       "k " + std::to_string(k) + " at one row, " + (one_round ? "one round" : "two rounds"));
+    }
   }
-  kernels::set_small_gemm_wide(true);
+  kernels::set_small_gemm_one_round(true);
   // An odd number of output rows: the last warp has one row.
   auto x = torch::randn({2, 128}, on_gpu(torch::kBFloat16));
   auto w = torch::randn({129, 128}, on_gpu(torch::kBFloat16)) / 11.0;

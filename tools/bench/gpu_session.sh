@@ -49,7 +49,7 @@ for what in "$@"; do
       # Where a batch-1 decoding step's time goes: LibTorch's profiler over one call.
       m=/tmp/crucible-decode-0.5b
       [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
-      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels small,small_narrow,fused \
+      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels small,small_rounds,fused \
         --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
       # Per-kernel time of the median step of each variant; the traces themselves stay behind.
       for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
@@ -181,12 +181,12 @@ for line in sys.stdin:
           --set evaluator.baseline=$b 2>&1 | tee -a "$OUT/baselines.txt"
       done ;;
     projections)
-      # The one-row projections' wide launches against one unit a warp and four loads: their GPU
-      # tests, then decoding side by side (and LibTorch ops, and transformers).
+      # The one-row projections' single round of weight loads against two rounds: their GPU tests,
+      # then decoding side by side (and LibTorch ops, and transformers).
       timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*small-batch*,*fused decoding step*,*greedy*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 512 --new 512 \
-        --kernels small,small_narrow,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+        --kernels small,small_rounds,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     decode)
       # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
       # transformers must import in python3; wheels in .whl/ are installed if it does not.
