@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--kernels", default="",
                     help="variants of our engine, e.g. small,fused,libtorch (bench_decode --kernels; overrides --fused): "
                          "small = fused kernels with the small-batch projections at up to 4 rows (the default engine: at 1), "
+                         "small_rounds = the same with a long k's weights loaded in two rounds, "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,
