@@ -1416,17 +1416,14 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   if (blocks > 0x7fffffff)
     return cudaErrorInvalidValue;
   const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
-  const dim3 threads(small_gemm_threads);
-  return dispatch(t, [&](auto* tag) -> cudaError_t {
+  // One row: every lane's loads of a row in one round where four do not cover k.
+  const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
+  return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    if (a.rows != 1 || !small_gemm_one_round)
-      return launch_early(a.rows == 1 ? &small_gemm_kernel<T, 1, MODE, 4>
-                                      : &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>,
-                          dim3(static_cast<unsigned>(blocks)), threads, shared, stream, a, split);
-    // One row: every lane's loads of a row in one round where four do not cover k.
-    const bool long_k = kv > 4LL * 32 * split;
-    auto kernel = long_k ? &small_gemm_kernel<T, 1, MODE, 8> : &small_gemm_kernel<T, 1, MODE, 4>;
-    return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), threads, shared, stream, a, split);
+    auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>
+                  : eight_loads ? &small_gemm_kernel<T, 1, MODE, 8>
+                                : &small_gemm_kernel<T, 1, MODE, 4>;
+    return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), dim3(small_gemm_threads), shared, stream, a, split);
   });
 }
 

@@ -92,6 +92,15 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   return (p.unsqueeze(-1) * vd).sum(2).reshape({rows, heads * dim});
 }
 
+// kernels::set_small_gemm_one_round for a scope; the default (on) again after it, also when a
+// check throws.
+struct one_round_scope {
+  explicit one_round_scope(bool on) { kernels::set_small_gemm_one_round(on); }
+  ~one_round_scope() { kernels::set_small_gemm_one_round(true); }
+  one_round_scope(const one_round_scope&) = delete;
+  one_round_scope& operator=(const one_round_scope&) = delete;
+};
+
 } // namespace
 
 TEST_CASE("add_rms_norm equals x + delta and RMSNormImpl, per dtype") {
@@ -334,7 +343,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
   // four (kernels::set_small_gemm_one_round).
   for (bool one_round : {true, false})
   for (auto dtype : all_dtypes) {
-    kernels::set_small_gemm_one_round(one_round);
+    const one_round_scope scope(one_round);
     for (auto sh : {shape{896, 4864, 14, 2, 64}, shape{128, 352, 4, 4, 32}, shape{256, 688, 2, 1, 128}}) {
       for (std::int64_t rows : {1, 2, 3, 4}) {
         for (bool biased : {false, true}) {
@@ -412,11 +421,10 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
       }
     }
   }
-  kernels::set_small_gemm_one_round(true);
   // One row, k that one round of eight loads a lane covers with a ragged end (3000), and one it
   // does not (16000: two rounds of eight), against the rounds of four.
   for (bool one_round : {true, false}) {
-    kernels::set_small_gemm_one_round(one_round);
+    const one_round_scope scope(one_round);
     for (std::int64_t k : {3000, 16000}) {
       auto x = torch::randn({1, k}, on_gpu(torch::kBFloat16));
       auto w = torch::randn({96, k}, on_gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(k));
@@ -428,7 +436,6 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
                        "k " + std::to_string(k) + " at one row, " + (one_round ? "one round" : "two rounds"));
     }
   }
-  kernels::set_small_gemm_one_round(true);
   // An odd number of output rows: the last warp has one row.
   auto x = torch::randn({2, 128}, on_gpu(torch::kBFloat16));
   auto w = torch::randn({129, 128}, on_gpu(torch::kBFloat16)) / 11.0;

@@ -3,8 +3,9 @@
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
 #   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [learner] [grpo] [dp] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
-# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace, with the fused kernels
-# and with LibTorch ops only); `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
+# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace: the small-batch
+# projections with one round and with two rounds of loads for a long k, and cuBLAS projections);
+# `projections` tests and measures those two small-batch variants side by side; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
