@@ -35,8 +35,10 @@ struct decode_attention_plan {
   int vectors_per_lane = 1; ///< loads of `vec` elements a lane makes per key row
   int heads_per_block = 1;  ///< query heads of one KV head that a block serves: 1, 2 or 4
   int head_blocks = 1;      ///< blocks per (row, KV head, split): ceil(group / heads_per_block)
-  int warp_tile = 1;        ///< slots a warp reads per round: keys_per_step * decode_attention_steps
-  int granule = 1;          ///< slots per block worth splitting at: decode_attention_warps * warp_tile
+  int warps = decode_attention_warps; ///< warps of a block (decode_attention_wide_warps in a wide plan)
+  int steps = decode_attention_steps; ///< key steps a warp loads before it computes
+  int warp_tile = 1;        ///< slots a warp reads per round: keys_per_step * steps
+  int granule = 1;          ///< slots per block worth splitting at: warps * warp_tile
 };
 
 /// The plan for `group` query heads per KV head of `head_dim` elements of `element_bytes` bytes;
@@ -67,6 +69,45 @@ CRUCIBLE_HOST_DEVICE constexpr decode_attention_plan plan_decode_attention(int e
 /// for decode_attention_max_head_dim (plan_decode_attention's vectors_per_lane never exceeds it).
 CRUCIBLE_HOST_DEVICE constexpr int decode_attention_lane_vectors(int vec) {
   return decode_attention_max_head_dim / 32 / vec > 0 ? static_cast<int>(decode_attention_max_head_dim / 32 / vec) : 1;
+}
+
+/// Warps of a wide attention block: one block per (row, query head) covers all of the row's
+/// slots, so no split and no combine kernel (a few rows at short lengths: a batch-1 decoding step).
+inline constexpr int decode_attention_wide_warps = 16;
+/// Rounds of each warp, at most, that a wide launch is chosen for (decode_attention_wide_suits).
+inline constexpr int decode_attention_wide_rounds = 4;
+
+/// Key steps a warp of a wide block loads before it computes with `vec` elements a load: as many
+/// loads in flight as 128 registers a thread leave room for beside one query head (512 threads a
+/// block, one block an SM): 8 with 16-byte loads of 2-byte elements, 4 of floats.
+CRUCIBLE_HOST_DEVICE constexpr int decode_attention_wide_steps(int vec) {
+  return 8 / decode_attention_lane_vectors(vec) > 0 ? 8 / decode_attention_lane_vectors(vec) : 1;
+}
+
+/// The wide plan: 16-byte loads (aligned data whose head_dim is whole 16 bytes; otherwise
+/// `vec` stays 1 and the wide kernel is not used), one query head a block,
+/// decode_attention_wide_warps warps, decode_attention_wide_steps steps a round.
+CRUCIBLE_HOST_DEVICE constexpr decode_attention_plan plan_decode_attention_wide(int element_bytes, bool aligned,
+                                                                                int group, int head_dim) {
+  decode_attention_plan p = plan_decode_attention(element_bytes, aligned, group, head_dim);
+  p.heads_per_block = 1;
+  p.head_blocks = group;
+  p.warps = decode_attention_wide_warps;
+  p.steps = p.vec > 1 ? decode_attention_wide_steps(p.vec) : decode_attention_steps;
+  p.warp_tile = p.keys_per_step * p.steps;
+  p.granule = p.warps * p.warp_tile;
+  return p;
+}
+
+/// Whether a wide launch suits `rows` rows of `heads` query heads over `slots` cache slots on a
+/// device of `sms` SMs: 16-byte loads, the blocks (one a query head) fill at most half the SMs
+/// (the rest of the device would idle under one block's serial rounds otherwise), and a full
+/// row takes each warp at most decode_attention_wide_rounds rounds. Depends on the shape only
+/// (CUDA graphs keep the choice).
+inline bool decode_attention_wide_suits(const decode_attention_plan& wide, std::int64_t rows, std::int64_t heads,
+                                        std::int64_t slots, std::int64_t sms) {
+  return wide.vec > 1 && rows >= 1 && rows * heads <= (sms < 2 ? 1 : sms / 2)
+         && slots <= static_cast<std::int64_t>(decode_attention_wide_rounds) * wide.granule;
 }
 
 /// How a launch divides each row's slots: `splits` blocks of `chunk` slots each.
@@ -130,6 +171,18 @@ CRUCIBLE_HOST_DEVICE inline slot_range decode_attention_warp_slots(std::int64_t 
   r.end = end < visible ? end : visible;
   if (r.end < r.begin)
     r.end = r.begin;
+  return r;
+}
+
+/// The slots warp `warp` of a wide block reads of a row with `visible` slots: the visible slots
+/// cut into `warps` parts of ceil(visible / warps), in order (empty past the last).
+CRUCIBLE_HOST_DEVICE inline slot_range decode_attention_even_slots(std::int64_t visible, int warps, int warp) {
+  const std::int64_t per_warp = visible <= 0 ? 0 : (visible + warps - 1) / warps;
+  slot_range r;
+  r.begin = per_warp * warp;
+  r.begin = r.begin < visible ? r.begin : (visible < 0 ? 0 : visible);
+  const std::int64_t end = r.begin + per_warp;
+  r.end = end < visible ? end : (visible < r.begin ? r.begin : visible);
   return r;
 }
 

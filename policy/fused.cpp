@@ -167,7 +167,7 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
 }
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits) {
+                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.is_contiguous(),
               "decode_attention: q must be a contiguous CUDA [rows, heads, head_dim] tensor, got ", q.sizes());
   const auto rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -181,7 +181,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   TORCH_CHECK(k_cache.strides() == v_cache.strides() && v_cache.size(2) == slots,
               "decode_attention: k_cache and v_cache differ in shape or strides");
   check_lengths(lengths, q, rows);
-  TORCH_CHECK(splits >= 0, "decode_attention: splits must be >= 0, got ", splits);
+  TORCH_CHECK(splits >= attention_wide, "decode_attention: splits must be >= 0 or attention_wide (",
+              attention_wide, "), got ", splits);
   TORCH_CHECK(slots >= 1, "decode_attention: the cache has no slots");
   c10::cuda::CUDAGuard guard(q.device());
   auto out = torch::empty({rows, heads * head_dim}, q.options());
@@ -195,13 +196,27 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   a.slots = slots;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   a.out = out.data_ptr();
+  a.early_reads = early_reads;
   const auto dtype = kernel_dtype(q);
   const auto plan = kernels::plan_decode_attention(dtype, a);
-  const auto split = kernels::choose_decode_attention_split(
-    plan, rows, kv_heads, slots, at::cuda::getCurrentDeviceProperties()->multiProcessorCount, splits);
-  splits = split.splits;
-  a.splits = split.splits;
-  a.chunk = split.chunk;
+  const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto wide = kernels::plan_decode_attention_wide(static_cast<int>(q.element_size()), plan.vec > 1,
+                                                        static_cast<int>(heads / kv_heads), static_cast<int>(head_dim));
+  // The wide kernel where asked for (16-byte aligned data only), or where it suits and may be chosen.
+  a.wide = wide.vec > 1
+           && (splits == attention_wide
+               || (splits == 0 && kernels::decode_wide_attention()
+                   && kernels::decode_attention_wide_suits(wide, rows, heads, slots, sms)));
+  if (a.wide) {
+    splits = 1;
+    a.splits = 1;
+    a.chunk = (slots + wide.granule - 1) / wide.granule * wide.granule;
+  } else {
+    const auto split = kernels::choose_decode_attention_split(plan, rows, kv_heads, slots, sms, std::max<std::int64_t>(splits, 0));
+    splits = split.splits;
+    a.splits = split.splits;
+    a.chunk = split.chunk;
+  }
   torch::Tensor partial_out, partial_ml;
   if (splits > 1) {
     auto f32 = q.options().dtype(torch::kFloat);
@@ -281,8 +296,9 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
                             const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
                             const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
                             torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
-                            std::int64_t kv_heads, std::int64_t head_dim) {
+                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads) {
   auto a = small_gemm(residual, qkv_weight, qkv_bias, "norm_qkv_rope");
+  a.early_reads = early_reads;
   set_norm(a, residual, norm_weight, eps, "norm_qkv_rope");
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && heads > 0 && kv_heads > 0
                 && qkv_weight.size(0) == (heads + 2 * kv_heads) * head_dim,
@@ -299,8 +315,9 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
 }
 
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual) {
+                 torch::Tensor& residual, bool early_reads) {
   auto a = small_gemm(x, weight, bias, "project_add");
+  a.early_reads = early_reads;
   check_cuda(residual, x, "residual");
   TORCH_CHECK(residual.dim() == 2 && residual.size(0) == x.size(0) && residual.size(1) == weight.size(0)
                 && residual.is_contiguous() && residual.scalar_type() == x.scalar_type(),

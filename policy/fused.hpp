@@ -37,16 +37,26 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
                             torch::Tensor& v_cache,
                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
 
+/// `splits` of decode_attention asking for the wide kernel: one block of 16 warps per (row, query
+/// head) over all of the row's slots, no combine kernel (16-byte aligned data only; otherwise as 0).
+inline constexpr std::int64_t attention_wide = -1;
+
 /// Attention of q [rows, heads, head_dim] (one token per row) over slots [0, min(lengths[r] + 1,
 /// slots)) of k_cache and v_cache (as in rope_write_kv), grouped-query, scale 1 / sqrt(head_dim):
 /// the masked SDPA of a decoding step. Returns [rows, heads * head_dim]. `splits` pieces of the
-/// slot range run as separate blocks and are combined by a second kernel; 0 picks them from the
-/// device's SM count (kernels::choose_decode_attention_split: about four blocks per SM over
-/// full rows), 1 makes one kernel. A fixed shape gives a fixed choice (CUDA graphs); the
+/// slot range run as separate blocks and are combined by a second kernel; 1 makes one kernel;
+/// attention_wide takes the wide kernel; 0 chooses: the wide kernel where its blocks fill at
+/// most half the SMs over a short cache (kernels::decode_attention_wide_suits; a decoding step at
+/// batch 1), else splits from the device's SM count (kernels::choose_decode_attention_split:
+/// about eight blocks per SM over full rows). A fixed shape gives a fixed choice (CUDA graphs); the
 /// lengths are read on the device. Any strides with a contiguous last dimension work; q and
-/// caches at 16-byte boundaries with strides of whole 16 bytes take the vectorised kernel.
+/// caches at 16-byte boundaries with strides of whole 16 bytes take the vectorised kernels.
+/// `early_reads`: the kernel launched just before this call writes neither `lengths` nor any
+/// slot below a row's length (true of the decoding step, whose previous kernel writes q and the
+/// new token's slot), so those slots are loaded before waiting for it
+/// (kernels::decode_attention_args::early_reads).
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits = 0);
+                               const torch::Tensor& lengths, std::int64_t splits = 0, bool early_reads = false);
 
 /// silu(gate) * up for gate_up [rows, 2 inter] (gate columns first): torch::silu(gate) * up with
 /// the same roundings. Returns [rows, inter].
@@ -59,17 +69,20 @@ bool small_batch_supported(torch::ScalarType dtype, std::int64_t rows, std::int6
 /// The input RMSNorm of `residual` [rows, hidden] (weight `norm_weight`, `eps`), the joined q/k/v
 /// projection `qkv_weight` [(heads + 2 kv_heads) * head_dim, hidden] plus `qkv_bias` (when
 /// defined, added before the one rounding), then what rope_write_kv does with the result, in one
-/// kernel. Returns q rotated, [rows, heads, head_dim]; `residual` is only read.
+/// kernel. Returns q rotated, [rows, heads, head_dim]; `residual` is only read. `early_reads`:
+/// the kernel launched just before writes neither `lengths` nor `inv_freq`, so they are read
+/// before waiting for it.
 torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
                             const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
                             const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
                             torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
-                            std::int64_t kv_heads, std::int64_t head_dim);
+                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads = false);
 
 /// residual += linear(x, weight, bias), each rounded to the dtype as `residual + linear(...)`
-/// rounds: x [rows, k], weight [n, k], residual [rows, n], in place, one kernel.
+/// rounds: x [rows, k], weight [n, k], residual [rows, n], in place, one kernel. `early_reads`:
+/// the kernel launched just before does not write `residual`, so it is read before waiting for it.
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual);
+                 torch::Tensor& residual, bool early_reads = false);
 
 /// silu(gate) * up of the post-attention RMSNorm of `residual` through the joined gate and up
 /// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].

@@ -302,18 +302,30 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 
 
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
-// plan's heads_per_block). Registers per lane: q and the accumulators, GM * E floats each (E = 8:
-// 32 each at GM = 4), the loads of a round and the scores; 128 registers in all with no spills on
-// sm_80 and sm_90 for 16-byte loads, so four blocks fit an SM. The element-load variant (data
-// not 16-byte aligned) keeps its 8 loads a key as floats and gets about 160 (three blocks).
-template <class T, int VEC, int GM>
-__global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
+// plan's heads_per_block); EARLY: a.early_reads; W: warps (the plan's warps: decode_attention_warps, or
+// decode_attention_wide_warps for one block per query head over all slots); STEPS: the plan's
+// steps. Registers per lane: q and the accumulators, GM * E floats each (E = 8: 32 each at GM =
+// 4), the loads of a round and the scores; 128 registers in all with no spills on sm_80 and
+// sm_90 for 16-byte loads, so four blocks of four warps fit an SM (a wide block of 16 warps
+// holds one head and twice the loads, one block an SM). The element-load variant (data not
+// 16-byte aligned) keeps its 8 loads a key as floats and gets about 160 (three blocks).
+//
+// With a.early_reads the previous kernel in the stream wrote neither the lengths nor any slot
+// below a row's length (the decoding step: it wrote q and the new token's slot), so the block
+// loads those keys and values of its first round before waiting for that kernel; q and the new
+// token's slot come after the wait.
+template <class T, int VEC, int GM, int W, int STEPS, bool EARLY>
+__global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
-  grid_dependency_wait(); // q and the cache come from the previous kernel
-  grid_dependents_launch();
+  constexpr bool wide = W != decode_attention_warps;
+  constexpr bool early = EARLY; // a.early_reads, compiled in: without it the kernel keeps no state across the wait
+  if (!early) {
+    grid_dependency_wait(); // q and the cache come from the previous kernel
+    grid_dependents_launch();
+  }
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
   constexpr int E = max_vectors * VEC;                            // elements per lane and key
-  constexpr int steps = decode_attention_steps;
+  constexpr int steps = STEPS;
   using raw_t = load_t<T, VEC>;
 
   const int d = static_cast<int>(a.head_dim);
@@ -330,8 +342,13 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   const int gn = group - g0 < GM ? group - g0 : GM;      // its query heads (at least 1)
   const long long first_head = row * heads + static_cast<long long>(kv_head) * group + g0;
 
-  const long long n = decode_attention_visible(a.lengths[row], a.slots);
-  if (split * a.chunk >= n) { // no slot of this row here
+  const long long length = a.lengths[row];
+  const long long n = decode_attention_visible(length, a.slots);
+  if (wide ? n <= 0 : split * a.chunk >= n) { // no slot of this row here
+    if (early) {
+      grid_dependency_wait(); // every block waits before it lets the next kernel start or exits
+      grid_dependents_launch();
+    }
     if (a.splits == 1) {      // n == 0: nothing to attend to; zeros, as the combine kernel writes
       T* out = static_cast<T*>(a.out) + first_head * d;
       for (int i = threadIdx.x; i < gn * d; i += blockDim.x)
@@ -348,6 +365,50 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   for (int i = 0; i < max_vectors; ++i) {
     const int e = decode_attention_lane_element(plan, lane, i);
     element[i] = e < d ? e : -1;
+  }
+
+  const T* k_base = static_cast<const T*>(a.k_cache) + row * a.row_stride + kv_head * a.head_stride;
+  const T* v_base = static_cast<const T*>(a.v_cache) + row * a.row_stride + kv_head * a.head_stride;
+  const slot_range run = wide ? decode_attention_even_slots(n, W, warp) : decode_attention_warp_slots(n, a.chunk, split, warp);
+
+  // A round's keys and values: zeros for slots past the warp's range (a weight of 0 times a
+  // value must stay 0), then the loads of the slots in [from, to).
+  raw_t k_raw[steps][max_vectors], v_raw[steps][max_vectors];
+  auto clear_round = [&]() {
+#pragma unroll
+    for (int u = 0; u < steps; ++u) {
+#pragma unroll
+      for (int i = 0; i < max_vectors; ++i) {
+        k_raw[u][i] = zero_elements<T, VEC>();
+        v_raw[u][i] = zero_elements<T, VEC>();
+      }
+    }
+  };
+  auto load_round = [&](long long round, long long from, long long to) {
+#pragma unroll
+    for (int u = 0; u < steps; ++u) {
+      const long long slot = decode_attention_lane_slot(plan, round, u, lane);
+      if (slot < run.end && slot >= from && slot < to) {
+#pragma unroll
+        for (int i = 0; i < max_vectors; ++i) {
+          if (element[i] >= 0) {
+            k_raw[u][i] = load_elements<T, VEC>(k_base + slot * a.slot_stride + element[i]);
+            v_raw[u][i] = load_elements<T, VEC>(v_base + slot * a.slot_stride + element[i]);
+          }
+        }
+      }
+    }
+  };
+  constexpr long long every = 0x7fffffffffffffffLL;
+  if constexpr (early) {
+    if (run.begin < run.end) {
+      clear_round();
+      load_round(run.begin, 0, length); // slots written by earlier steps
+    }
+    grid_dependency_wait(); // q and the new token's slot come from the previous kernel
+    grid_dependents_launch();
+    if (run.begin < run.end)
+      load_round(run.begin, length, every);
   }
 
   const float q_scale = a.scale * log2_e;
@@ -370,10 +431,6 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
         q[g][i * VEC + c] = f[c] * q_scale;
     }
 
-  const T* k_base = static_cast<const T*>(a.k_cache) + row * a.row_stride + kv_head * a.head_stride;
-  const T* v_base = static_cast<const T*>(a.v_cache) + row * a.row_stride + kv_head * a.head_stride;
-  const slot_range run = decode_attention_warp_slots(n, a.chunk, split, warp);
-
   float m[GM], l[GM], acc[GM][E]; // running max (log2 units), sum of weights, weighted values
 #pragma unroll
   for (int g = 0; g < GM; ++g) {
@@ -385,24 +442,12 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   }
 
   // Each round's first slot is below run.end, so every round has a finite maximum and the
-  // first round's rescale factor exp2(-inf - max) is 0.
+  // first round's rescale factor exp2(-inf - max) is 0. With early reads the first round's
+  // loads are in already.
   for (long long round = run.begin; round < run.end; round += plan.warp_tile) {
-    raw_t k_raw[steps][max_vectors], v_raw[steps][max_vectors];
-    bool valid[steps];
-#pragma unroll
-    for (int u = 0; u < steps; ++u) {
-      const long long slot = decode_attention_lane_slot(plan, round, u, lane);
-      valid[u] = slot < run.end;
-#pragma unroll
-      for (int i = 0; i < max_vectors; ++i) {
-        if (valid[u] && element[i] >= 0) {
-          k_raw[u][i] = load_elements<T, VEC>(k_base + slot * a.slot_stride + element[i]);
-          v_raw[u][i] = load_elements<T, VEC>(v_base + slot * a.slot_stride + element[i]);
-        } else { // zeros: a weight of 0 times a value must stay 0
-          k_raw[u][i] = zero_elements<T, VEC>();
-          v_raw[u][i] = zero_elements<T, VEC>();
-        }
-      }
+    if (!early || round != run.begin) {
+      clear_round();
+      load_round(round, 0, every);
     }
     float s[steps][GM]; // scores, then weights
 #pragma unroll
@@ -419,7 +464,7 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
           dot = fmaf(q[g][e], k[e], dot);
         for (int offset = lanes_per_key >> 1; offset > 0; offset >>= 1) // within the key's lanes
           dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        s[u][g] = valid[u] ? dot : -INFINITY;
+        s[u][g] = decode_attention_lane_slot(plan, round, u, lane) < run.end ? dot : -INFINITY;
       }
     }
 #pragma unroll
@@ -471,8 +516,8 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
   // Merge the warps: one barrier.
   extern __shared__ float shared[];
   float* acc_s = shared;                                  // [warps][GM][d]
-  float* m_s = acc_s + decode_attention_warps * GM * d;   // [warps][GM]
-  float* l_s = m_s + decode_attention_warps * GM;         // [warps][GM]
+  float* m_s = acc_s + W * GM * d;   // [warps][GM]
+  float* l_s = m_s + W * GM;         // [warps][GM]
   if (key_lane == 0) {
 #pragma unroll
     for (int g = 0; g < GM; ++g)
@@ -495,11 +540,11 @@ __global__ void __launch_bounds__(attention_threads, VEC == 1 ? 3 : 4)
     const int g = o / d, e = o - g * d;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < decode_attention_warps; ++w)
-      mx = fmaxf(mx, m_s[w * GM + g]); // finite: warp 0 read the split's first slot
+    for (int w = 0; w < W; ++w)
+      mx = fmaxf(mx, m_s[w * GM + g]); // finite: warp 0 read the split's (or row's) first slot
     float sum = 0.0f, weight = 0.0f;
 #pragma unroll
-    for (int w = 0; w < decode_attention_warps; ++w) {
+    for (int w = 0; w < W; ++w) {
       const float mw = m_s[w * GM + g];
       if (mw == -INFINITY) // a warp past the row's slots
         continue;
@@ -704,7 +749,41 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   };
   int v0 = s * 32 + lane;
   load(v0);
+
+  // What lane r (< rows) of a unit's first warp needs at the end for input row r: the bias (a
+  // weight) before the wait; the residual entries (residual_add) or RoPE's position and
+  // frequency (rope_kv) before it too when the previous kernel writes none of them
+  // (a.early_reads), else right after it, in flight while the inputs are staged.
+  const bool finisher = valid && lane < rows && s == 0;
+  const T* bias = static_cast<const T*>(a.bias);
+  float bias_a = 0.0f, bias_b = 0.0f;
+  if (finisher && bias != nullptr) {
+    bias_a = to_float(bias[ra]);
+    if (rb >= 0)
+      bias_b = to_float(bias[rb]);
+  }
+  float res_a = 0.0f, res_b = 0.0f, inv = 0.0f;
+  long long pos = 0;
+  auto read_state = [&] {
+    if (!finisher)
+      return;
+    const long long row = lane;
+    if constexpr (MODE == gemm_out::residual_add) {
+      const T* res = static_cast<const T*>(a.residual) + row * a.n;
+      res_a = to_float(res[ra]);
+      if (rb >= 0)
+        res_b = to_float(res[rb]);
+    } else if constexpr (MODE == gemm_out::rope_kv) {
+      const long long half = a.rope.head_dim / 2;
+      pos = a.rope.lengths[row];
+      inv = a.rope.inv_freq[row * a.rope.inv_row_stride + unit % half];
+    }
+  };
+  if (a.early_reads)
+    read_state();
   grid_dependency_wait();
+  if (!a.early_reads)
+    read_state();
 
   // 2. Inputs into shared memory: copied, or RMSNorm of the residual rows rounded as add_rms_norm's.
   if (a.norm_weight == nullptr) {
@@ -802,22 +881,20 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       da = acc_a[r];
       db = acc_b[r];
     }
-  const T* bias = static_cast<const T*>(a.bias);
   const long long row = lane;
   // linear(x) + bias rounded once, as LibTorch's addmm epilogue does.
-  const float ya = rounded<T>(bias == nullptr ? da : __fadd_rn(da, to_float(bias[ra])));
-  const float yb = rb < 0 ? 0.0f : rounded<T>(bias == nullptr ? db : __fadd_rn(db, to_float(bias[rb])));
+  const float ya = rounded<T>(bias == nullptr ? da : __fadd_rn(da, bias_a));
+  const float yb = rb < 0 ? 0.0f : rounded<T>(bias == nullptr ? db : __fadd_rn(db, bias_b));
   if constexpr (MODE == gemm_out::residual_add) {
     T* res = static_cast<T*>(a.residual) + row * a.n;
-    res[ra] = from_float<T>(__fadd_rn(to_float(res[ra]), ya));
+    res[ra] = from_float<T>(__fadd_rn(res_a, ya));
     if (rb >= 0)
-      res[rb] = from_float<T>(__fadd_rn(to_float(res[rb]), yb));
+      res[rb] = from_float<T>(__fadd_rn(res_b, yb));
   } else if constexpr (MODE == gemm_out::silu_mul) {
     static_cast<T*>(a.out)[row * (a.n / 2) + unit] = silu_times<T>(ya, yb);
   } else {
     const rope_kv_args& p = a.rope;
     const long long half = p.head_dim / 2, head = unit / half, i = unit - head * half;
-    const long long pos = p.lengths[row];
     T* dst = rope_destination<T>(p, row, head, pos);
     if (dst == nullptr)
       return;
@@ -826,8 +903,7 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       dst[i + half] = from_float<T>(yb);
       return;
     }
-    rope_pair<T>(ya, yb, static_cast<float>(pos), p.inv_freq[row * p.inv_row_stride + i], p.attention_scaling, dst, i,
-                 half);
+    rope_pair<T>(ya, yb, static_cast<float>(pos), inv, p.attention_scaling, dst, i, half);
   }
 }
 
@@ -1322,35 +1398,67 @@ decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args
   return plan_decode_attention(bytes, aligned, static_cast<int>(group), static_cast<int>(a.head_dim));
 }
 
-std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim) {
-  return sizeof(float) * static_cast<std::size_t>(decode_attention_warps * heads_per_block * (head_dim + 2));
+std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim, int warps) {
+  return sizeof(float) * static_cast<std::size_t>(warps * heads_per_block * (head_dim + 2));
 }
 
-cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream) {
+namespace {
+// Whether decode_attention may read settled data before waiting (set_decode_early_reads).
+std::atomic<bool> decode_early_reads{true};
+} // namespace
+
+void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
+
+namespace {
+std::atomic<bool> decode_wide{true};
+} // namespace
+
+void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
+bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
+
+cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
+  decode_attention_args a = args;
+  a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
   if (a.rows <= 0)
     return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
       || a.heads % a.kv_heads != 0 || a.slots < 1 || a.splits < 1 || a.splits > 65535 || a.chunk <= 0
       || a.chunk % decode_attention_warps != 0 || a.chunk * a.splits < a.slots || a.rows * a.heads > 0x7fffffff
-      || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr)))
+      || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr)) || (a.wide && a.splits != 1))
     return cudaErrorInvalidValue;
-  const decode_attention_plan plan = plan_decode_attention(t, a);
+  const decode_attention_plan narrow = plan_decode_attention(t, a);
+  const decode_attention_plan plan =
+    a.wide ? plan_decode_attention_wide(t == dtype::f32 ? 4 : 2, narrow.vec > 1,
+                                        static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim))
+           : narrow;
+  if (a.wide && plan.vec == 1)
+    return cudaErrorInvalidValue; // the wide kernel loads 16 bytes at a time
   const long long blocks = a.rows * a.kv_heads * plan.head_blocks; // per split
   if (blocks > 0x7fffffff)
     return cudaErrorInvalidValue;
-  const std::size_t shared = decode_attention_shared_bytes(plan.heads_per_block, a.head_dim);
+  const std::size_t shared = decode_attention_shared_bytes(plan.heads_per_block, a.head_dim, plan.warps);
   if (shared > 48 * 1024)
-    return cudaErrorInvalidValue; // not reached: at most 4 warps * 4 heads * 258 floats
+    return cudaErrorInvalidValue; // not reached: at most 16 warps * 4 heads * 258 floats
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int vec = 16 / sizeof(T);
     constexpr int most = decode_attention_max_heads_per_block;
-    auto kernel = &decode_attention_kernel<T, 1, most>; // unaligned data: element loads
-    if (plan.vec == vec)
-      kernel = plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1>
-               : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2>
-                                           : &decode_attention_kernel<T, vec, most>;
+    constexpr int narrow_warps = decode_attention_warps, wide_warps = decode_attention_wide_warps;
+    constexpr int steps = decode_attention_steps, wide_steps = decode_attention_wide_steps(vec);
+    if (a.wide)
+      return launch_early(a.early_reads ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
+                                        : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>,
+                          grid, dim3(32 * wide_warps), shared, stream, a, plan);
+    auto pick = [&](auto early) {
+      constexpr bool E = decltype(early)::value;
+      if (plan.vec != vec)
+        return &decode_attention_kernel<T, 1, most, narrow_warps, steps, E>; // unaligned data: element loads
+      return plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1, narrow_warps, steps, E>
+             : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2, narrow_warps, steps, E>
+                                         : &decode_attention_kernel<T, vec, most, narrow_warps, steps, E>;
+    };
+    auto kernel = a.early_reads ? pick(std::true_type{}) : pick(std::false_type{});
     if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);
         e != cudaSuccess || a.splits == 1)
       return e;
@@ -1418,12 +1526,15 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
   // One row: every lane's loads of a row in one round where four do not cover k.
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
+  small_gemm_args args = a;
+  args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>
                   : eight_loads ? &small_gemm_kernel<T, 1, MODE, 8>
                                 : &small_gemm_kernel<T, 1, MODE, 4>;
-    return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), dim3(small_gemm_threads), shared, stream, a, split);
+    return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), dim3(small_gemm_threads), shared, stream, args,
+                        split);
   });
 }
 

@@ -76,6 +76,14 @@ struct decode_attention_args {
   void* out = nullptr;               ///< [rows, heads * head_dim] in the storage type
   float* partial_out = nullptr;      ///< [rows, heads, splits, head_dim] float32 (splits > 1)
   float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: max score (log2 units) and sum (splits > 1)
+  /// One block of decode_attention_wide_warps warps per (row, query head) over all of the row's
+  /// slots (splits must be 1; 16-byte aligned data, plan_decode_attention_wide): no combine.
+  bool wide = false;
+  /// The kernel launched just before this one in the stream writes neither `lengths` nor any
+  /// cache slot below a row's length (in a decoding step it writes q and the new token's slot
+  /// only), so the first keys and values are loaded before waiting for it. Off by
+  /// set_decode_early_reads(false).
+  bool early_reads = false;
 };
 
 /// The work division decode_attention uses for these arguments (their dtype, alignment, group
@@ -83,12 +91,24 @@ struct decode_attention_args {
 /// and count its head_blocks among the blocks.
 decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args& a);
 
-/// Shared memory of one attention block serving `heads_per_block` query heads of `head_dim`.
-std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim);
+/// Shared memory of one attention block of `warps` warps serving `heads_per_block` query heads of `head_dim`.
+std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim,
+                                          int warps = decode_attention_warps);
+
+/// Whether decode_attention and the small-batch projections honour `early_reads` (the default,
+/// on) for this process; off, every read waits for the previous kernel, so that benchmarks and
+/// tests compare the two.
+void set_decode_early_reads(bool on);
+
+/// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
+/// off, it always splits, so that benchmarks and tests compare the two.
+void set_decode_wide_attention(bool on);
+bool decode_wide_attention();
 
 /// out = softmax(q k^T * scale) v per row and head, in float32, rounded once to the storage type.
-/// One block per (split, row, KV head, block of up to 8 of its query heads), four warps each
-/// reading a contiguous quarter of the split's slots with 16-byte loads; see docs/model.md.
+/// One block per (split, row, KV head, block of up to 4 of its query heads), four warps each
+/// reading a contiguous quarter of the split's slots with 16-byte loads, then a combine kernel;
+/// or (`wide`) one block of 16 warps per (row, query head); see docs/model.md.
 cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream);
 
 /// out[r, i] = to_dtype(to_dtype(silu(gate_up[r, i])) * gate_up[r, inter + i]) for gate_up [rows,
@@ -113,6 +133,10 @@ struct small_gemm_args {
   void* out = nullptr;               ///< small_gemm_silu_mul: [rows, n / 2]
   rope_kv_args rope;                 ///< small_gemm_rope_kv: where q, k and v go (its qkv and qkv_bias unused)
   int sms = 0;                       ///< the device's SM count: how finely to split k
+  /// The kernel launched just before this one writes neither `residual` (residual_add) nor
+  /// rope.lengths and rope.inv_freq (rope_kv), so they are read before waiting for it (the bias,
+  /// a weight, always is). Off by set_decode_early_reads(false).
+  bool early_reads = false;
 };
 
 /// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the

@@ -889,7 +889,7 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //   h = x + delta; n = norm(h)          -> fused::add_rms_norm (the first layer's has no delta)
 //   q, k, v = q_proj(n), k_proj(n), ...  -> one GEMM over the joined weights [q; k; v]
 //   + bias; RoPE(q, k); cache.scatter_   -> fused::rope_write_kv (the bias added there: one kernel fewer)
-//   SDPA(q, cache, mask)                 -> fused::decode_attention (split-K, GQA)
+//   SDPA(q, cache, mask)                 -> fused::decode_attention (split-K or wide, GQA)
 //   silu(gate(n)) * up(n)                -> one GEMM over [gate; up], fused::silu_mul
 // The o and down projections and the output matrix stay LibTorch GEMMs. At most 4 rows
 // (`small_batch`), each projection is one kernel with its neighbours (fused::small_batch_supported):
@@ -897,7 +897,7 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //   o_proj(attn), then h = h + that        -> fused::project_add (the residual updated in place)
 //   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
 //   down_proj(act), h = h + that          -> fused::project_add
-// so a layer is five kernels with the attention's combine.
+// so a layer is five kernels, with the attention's combine where it splits (not at batch 1).
 torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch) {
 #ifdef CRUCIBLE_HAVE_CUDA
   auto layers = fused_layers(*this);
@@ -922,20 +922,24 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
     if (small_batch) {
+      // Early reads: each kernel reads before its wait what the kernel just before it leaves alone
+      // (the lengths, inv_freq, the cache below the new slot, the residual two kernels on).
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
-                                    c.num_heads, c.num_kv_heads, c.head_dim);
-      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
-      fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual);
+                                    c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);
+      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
+      fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual,
+                         /*early_reads=*/true);
       auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
                                           w.gate_up_weight, w.gate_up_bias);
-      fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual);
+      fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual,
+                         /*early_reads=*/true);
       continue;
     }
     auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
     auto q = fused::rope_write_kv(project(h, w.qkv_weight), w.qkv_bias, inv, attention_scaling_, cache.lengths,
                                   cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);
-    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths);
+    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
     delta = project(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias);
     h = fused::add_rms_norm(delta, residual, layer->post_attention_layernorm->weight, c.rms_norm_eps);
     auto gate_up = project(h, w.gate_up_weight, w.gate_up_bias);

@@ -201,4 +201,16 @@ void set_small_gemm_one_round([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_decode_early_reads([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_early_reads(on);
+#endif
+}
+
+void set_decode_wide_attention([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_wide_attention(on);
+#endif
+}
+
 } // namespace crucible::policy

@@ -61,6 +61,16 @@ result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int 
 /// benchmark can run them side by side. No effect without CUDA.
 void set_small_gemm_one_round(bool on);
 
+/// Turns the decoding kernels' early reads (kernels::set_decode_early_reads: what the previous
+/// kernel leaves alone is read before waiting for it) on, the default, or off for this process.
+/// No effect without CUDA.
+void set_decode_early_reads(bool on);
+
+/// Lets fused::decode_attention choose its wide kernel (kernels::set_decode_wide_attention: one
+/// block per query head, no combine, at batch 1), the default, or not, for this process. No
+/// effect without CUDA.
+void set_decode_wide_attention(bool on);
+
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

@@ -199,7 +199,7 @@ TEST_CASE("rope_write_kv equals the q/k/v bias, RoPE of q and k and the cache sc
   }
 }
 
-TEST_CASE("decode_attention equals masked softmax attention in float64, per dtype, GQA, any split count") {
+TEST_CASE("decode_attention equals masked softmax attention in float64, per dtype, GQA, any split count, wide") {
   torch::manual_seed(13);
   torch::NoGradGuard g;
   struct shape {
@@ -208,7 +208,7 @@ TEST_CASE("decode_attention equals masked softmax attention in float64, per dtyp
   for (auto dtype : all_dtypes) {
     for (auto s : {shape{1, 14, 2, 64, 1024}, shape{3, 4, 2, 32, 100}, shape{5, 8, 8, 128, 300}, shape{2, 12, 2, 64, 33},
                    shape{4, 16, 1, 256, 70}}) {
-      for (std::int64_t splits : {0, 1, 3, 1000}) {
+      for (std::int64_t splits : {std::int64_t{0}, std::int64_t{1}, std::int64_t{3}, std::int64_t{1000}, fused::attention_wide}) {
         const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(s.rows) + " heads " +
                                  std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " dim " +
                                  std::to_string(s.dim) + " slots " + std::to_string(s.slots) + " splits " +
@@ -243,7 +243,7 @@ TEST_CASE("decode_attention at the edges: lengths 0, 1 and granule bounds, empty
   for (auto dtype : all_dtypes) {
     for (const auto& s : shapes) {
       for (bool offset : {false, true}) { // a cache view 16 bytes off the allocation, or one element off
-        for (std::int64_t splits : {0, 1, 2, 1000}) {
+        for (std::int64_t splits : {std::int64_t{0}, std::int64_t{1}, std::int64_t{2}, std::int64_t{1000}, fused::attention_wide}) {
           const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(s.rows) + " heads " +
                                    std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + " dim " +
                                    std::to_string(s.dim) + " slots " + std::to_string(s.slots) + " splits " +
@@ -275,32 +275,65 @@ TEST_CASE("decode_attention at the edges: lengths 0, 1 and granule bounds, empty
   }
 }
 
-TEST_CASE("decode_attention in a CUDA graph reads the lengths at each replay") {
+TEST_CASE("decode_attention in a CUDA graph reads the lengths at each replay, split, wide and with early reads") {
   torch::manual_seed(16);
   torch::NoGradGuard g;
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
-    const std::int64_t rows = 3, heads = 14, kv_heads = 2, dim = 64, slots = 512;
+    for (std::int64_t splits : {std::int64_t{0}, std::int64_t{4}, fused::attention_wide}) {
+      for (bool early : {false, true}) {
+        const std::int64_t rows = 3, heads = 14, kv_heads = 2, dim = 64, slots = 512;
+        const std::string what = std::string(c10::toString(dtype)) + " splits " + std::to_string(splits) +
+                                  (early ? " early reads" : "");
+        CAPTURE(what);
+        auto k = torch::randn({rows, kv_heads, slots, dim}, on_gpu(dtype));
+        auto v = torch::randn_like(k);
+        auto q_next = torch::randn({rows, heads, dim}, on_gpu(dtype));
+        auto q = torch::empty_like(q_next);
+        auto lengths = torch::full({rows}, slots - 1, on_gpu(torch::kLong));
+        auto stream = at::cuda::getStreamFromPool();
+        c10::cuda::CUDAStreamGuard guard(stream);
+        q.copy_(q_next);
+        auto warm = fused::decode_attention(q, k, v, lengths, splits, early); // allocations before capture
+        stream.synchronize();
+        // As in a decoding step: the kernel just before the attention writes q (and, there, the new
+        // token's slot), never the lengths or the older slots, which early reads load before waiting.
+        at::cuda::CUDAGraph graph;
+        graph.capture_begin();
+        q.copy_(q_next);
+        auto out = fused::decode_attention(q, k, v, lengths, splits, early);
+        graph.capture_end();
+        for (auto row_lengths : {std::vector<std::int64_t>{0, 1, 2}, {511, 31, -1}, {100, 200, 300}, {32, 64, 96}}) {
+          lengths.copy_(torch::tensor(row_lengths));
+          q_next.normal_();
+          graph.replay();
+          stream.synchronize();
+          check_close(out, attention_reference(q_next, k, v, lengths), rtol(dtype), 1e-5,
+                      "graph replay, " + what + " lengths " + std::to_string(row_lengths[0]) + ", " +
+                        std::to_string(row_lengths[1]) + ", " + std::to_string(row_lengths[2]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the wide attention kernel equals the split one where both run") {
+  torch::manual_seed(17);
+  torch::NoGradGuard g;
+  for (auto dtype : all_dtypes) {
+    const std::int64_t rows = 2, heads = 14, kv_heads = 2, dim = 64, slots = 1024;
     const std::string what = c10::toString(dtype);
     CAPTURE(what);
     auto k = torch::randn({rows, kv_heads, slots, dim}, on_gpu(dtype));
     auto v = torch::randn_like(k);
-    auto q = torch::randn({rows, heads, dim}, on_gpu(dtype));
-    auto lengths = torch::full({rows}, slots - 1, on_gpu(torch::kLong));
-    auto stream = at::cuda::getStreamFromPool();
-    c10::cuda::CUDAStreamGuard guard(stream);
-    auto warm = fused::decode_attention(q, k, v, lengths); // allocations and lazy state before capture
-    stream.synchronize();
-    at::cuda::CUDAGraph graph;
-    graph.capture_begin();
-    auto out = fused::decode_attention(q, k, v, lengths);
-    graph.capture_end();
-    for (auto row_lengths : {std::vector<std::int64_t>{0, 1, 2}, {511, 31, -1}, {100, 200, 300}, {32, 64, 96}}) {
-      lengths.copy_(torch::tensor(row_lengths));
-      graph.replay();
-      stream.synchronize();
-      check_close(out, attention_reference(q, k, v, lengths), rtol(dtype), 1e-5,
-                  "graph replay, " + what + " lengths " + std::to_string(row_lengths[0]) + ", " +
-                    std::to_string(row_lengths[1]) + ", " + std::to_string(row_lengths[2]));
+    auto q = 2.0 * torch::randn({rows, heads, dim}, on_gpu(dtype));
+    for (std::int64_t length : {0, 1, 17, 511, 512, 700, 1023}) {
+      auto lengths = torch::full({rows}, length, on_gpu(torch::kLong));
+      auto wide = fused::decode_attention(q, k, v, lengths, fused::attention_wide);
+      auto split = fused::decode_attention(q, k, v, lengths, 8);
+      auto want = attention_reference(q, k, v, lengths);
+      check_close(wide, want, rtol(dtype), 1e-5, "wide, " + what + " length " + std::to_string(length));
+      // Both round once from float32 sums taken in different orders: within a unit of the last place.
+      check_close(wide, split, rtol(dtype), 1e-5, "wide against split, " + what + " length " + std::to_string(length));
     }
   }
 }

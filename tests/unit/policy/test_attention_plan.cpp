@@ -179,6 +179,73 @@ TEST_CASE("the split choice: about eight blocks an SM, at most 64 splits, fixed 
   CHECK(s.chunk == 32);
 }
 
+TEST_CASE("a wide launch: one block per query head, its warps cover the visible slots once, in order") {
+  for (int bytes : {4, 2}) {
+    for (const auto& s : shapes) {
+      const int group = s.heads / s.kv_heads;
+      const auto narrow = plan_decode_attention(bytes, true, group, s.head_dim);
+      const auto p = plan_decode_attention_wide(bytes, true, group, s.head_dim);
+      CAPTURE(describe(bytes, true, s));
+      CHECK(p.vec == narrow.vec);
+      CHECK(p.lanes_per_key == narrow.lanes_per_key);
+      CHECK(p.heads_per_block == 1);
+      CHECK(p.head_blocks == group);
+      CHECK(p.warps == decode_attention_wide_warps);
+      CHECK(p.warp_tile == p.keys_per_step * p.steps);
+      CHECK(p.granule == p.warps * p.warp_tile);
+      if (p.vec > 1) // the loads of a round: at most 8 of 16 bytes a lane for keys and as many for values
+        CHECK(p.steps * decode_attention_lane_vectors(p.vec) <= 8);
+      CHECK(plan_decode_attention_wide(bytes, false, group, s.head_dim).vec == 1); // unaligned: never wide
+      for (std::int64_t length : {-1LL, 0LL, 1LL, 14LL, 15LL, 16LL, 17LL, 31LL, 100LL, 511LL, 512LL, 513LL, 1023LL, 1030LL}) {
+        const std::int64_t slots = 1024, n = decode_attention_visible(length, slots);
+        CAPTURE(length);
+        std::vector<int> reads(static_cast<std::size_t>(slots), 0);
+        std::int64_t previous_end = 0, rounds = 0;
+        for (int w = 0; w < p.warps; ++w) {
+          const auto run = decode_attention_even_slots(n, p.warps, w);
+          CHECK(run.begin <= run.end);
+          CHECK(run.begin == previous_end); // contiguous, in warp order
+          previous_end = run.end;
+          if (w == 0 && n > 0)
+            CHECK(run.end > run.begin); // warp 0 has a slot: the block's max is finite
+          std::int64_t warp_rounds = 0;
+          for (std::int64_t round = run.begin; round < run.end; round += p.warp_tile, ++warp_rounds)
+            for (int u = 0; u < p.steps; ++u)
+              for (int lane = 0; lane < 32; lane += p.lanes_per_key) {
+                const auto slot = decode_attention_lane_slot(p, round, u, lane);
+                REQUIRE(slot >= run.begin);
+                if (slot < run.end)
+                  ++reads[static_cast<std::size_t>(slot)];
+              }
+          rounds = std::max(rounds, warp_rounds);
+        }
+        CHECK(previous_end == std::max<std::int64_t>(n, 0));
+        for (std::int64_t i = 0; i < slots; ++i)
+          REQUIRE_MESSAGE(reads[static_cast<std::size_t>(i)] == (i < n ? 1 : 0), "slot " << i << " of " << n);
+        // The even cut takes no more rounds than the fewest any cut of n slots over the warps can.
+        CHECK(rounds == (n + p.granule - 1) / p.granule);
+      }
+    }
+  }
+}
+
+TEST_CASE("the wide choice: 16-byte loads, blocks on at most half the SMs, at most four rounds a warp") {
+  const auto p = plan_decode_attention_wide(2, true, 7, 64); // Qwen2.5-0.5B in bf16
+  CHECK(p.steps == 8);
+  CHECK(p.warp_tile == 32);
+  CHECK(p.granule == 512);
+  CHECK(decode_attention_wide_suits(p, 1, 14, 1024, 132));  // batch 1, 512 + 512 tokens: 14 blocks, 2 rounds
+  CHECK(decode_attention_wide_suits(p, 4, 14, 2048, 132));  // 56 blocks, 4 rounds
+  CHECK_FALSE(decode_attention_wide_suits(p, 5, 14, 1024, 132)); // 70 blocks: more than half of 132
+  CHECK_FALSE(decode_attention_wide_suits(p, 1, 14, 2049, 132)); // five rounds
+  CHECK_FALSE(decode_attention_wide_suits(plan_decode_attention_wide(2, false, 7, 64), 1, 14, 1024, 132));
+  const auto f = plan_decode_attention_wide(4, true, 7, 64); // float32: half the steps, the same registers
+  CHECK(f.steps == 4);
+  CHECK(f.warp_tile == 8);
+  CHECK(decode_attention_wide_suits(f, 1, 14, 512, 132));
+  CHECK_FALSE(decode_attention_wide_suits(f, 1, 14, 1024, 132));
+}
+
 namespace {
 
 // The kernel's arithmetic for one row on the host, in float32: the same plan, splits, warp
