@@ -111,29 +111,6 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
-// An asynchronous 16-byte copy from global to shared memory (sm_80: cp.async), completed for the
-// issuing thread by cp_async_wait_all(). Both addresses 16-byte aligned.
-// With `copy` false the 16 bytes are zeros and nothing is read.
-// `shared_dst` is a shared-memory address (__cvta_generic_to_shared).
-__device__ __forceinline__ void cp_async16(unsigned shared_dst, const void* global_src, bool copy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_dst), "l"(global_src), "r"(copy ? 16 : 0)
-               : "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or
 // newer), asked once per device.
 bool programmatic_launch() {
@@ -324,20 +301,8 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 }
 
 
-// Bytes of an attention block's merge area ([warps][gm][d] sums, [warps][gm] maxima and weights,
-// float32) rounded up to 16: where a wide block's prefetched second round starts.
-__host__ __device__ constexpr int decode_attention_prefetch_offset(int gm, int d, int warps) {
-  return (warps * gm * (d + 2) * 4 + 15) / 16 * 16;
-}
-
-// Bytes of that prefetched round: a key and a value load of 16 bytes per step and load, per thread.
-constexpr int decode_attention_prefetch_bytes(int steps, int vectors, int warps) {
-  return steps * vectors * 2 * 16 * 32 * warps;
-}
-
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
-// plan's heads_per_block); EARLY: a.early_reads; PRE: with early reads, a wide block's second
-// round copied to shared memory before the wait (cp.async; one block an SM has the room); W: warps (the plan's warps: decode_attention_warps, or
+// plan's heads_per_block); EARLY: a.early_reads; W: warps (the plan's warps: decode_attention_warps, or
 // decode_attention_wide_warps for one block per query head over all slots); STEPS: the plan's
 // steps. Registers per lane: q and the accumulators, GM * E floats each (E = 8: 32 each at GM =
 // 4), the loads of a round and the scores; 128 registers in all with no spills on sm_80 and
@@ -349,10 +314,9 @@ constexpr int decode_attention_prefetch_bytes(int steps, int vectors, int warps)
 // below a row's length (the decoding step: it wrote q and the new token's slot), so the block
 // loads those keys and values of its first round before waiting for that kernel; q and the new
 // token's slot come after the wait.
-template <class T, int VEC, int GM, int W, int STEPS, bool EARLY, bool PRE>
+template <class T, int VEC, int GM, int W, int STEPS, bool EARLY>
 __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
-  static_assert(!PRE || (EARLY && VEC * sizeof(T) == 16), "the prefetch copies 16-byte loads before the wait");
   constexpr bool wide = W != decode_attention_warps;
   constexpr bool early = EARLY; // a.early_reads, compiled in: without it the kernel keeps no state across the wait
   if (!early) {
@@ -436,34 +400,7 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
     }
   };
   constexpr long long every = 0x7fffffffffffffffLL;
-  // PRE: the second round's settled slots go to shared memory before the wait too, each lane's
-  // loads to its own 16-byte cells past the merge area (decode_attention_prefetch_offset).
-  extern __shared__ float shared[];
-  const uint4* prefetched =
-    reinterpret_cast<const uint4*>(reinterpret_cast<char*>(shared) + decode_attention_prefetch_offset(GM, d, W))
-    + threadIdx.x;
-  constexpr int cell_stride = 32 * W; // cells of one (step, load, key or value), one a thread
-  auto cell = [&](int u, int i, int value) { return ((u * max_vectors + i) * 2 + value) * cell_stride; };
-  const long long second = run.begin + plan.warp_tile;
   if constexpr (early) {
-    if constexpr (PRE) {
-      if (second < run.end) { // every cell written: the slot's 16 bytes, or zeros
-        const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(prefetched));
-#pragma unroll
-        for (int u = 0; u < steps; ++u) {
-          const long long slot = decode_attention_lane_slot(plan, second, u, lane);
-          const bool settled = slot < run.end && slot < length;
-#pragma unroll
-          for (int i = 0; i < max_vectors; ++i) {
-            const bool copy = settled && element[i] >= 0;
-            const long long at = copy ? slot * a.slot_stride + element[i] : 0;
-            cp_async16(base + 16u * cell(u, i, 0), k_base + at, copy);
-            cp_async16(base + 16u * cell(u, i, 1), v_base + at, copy);
-          }
-        }
-        cp_async_commit();
-      }
-    }
     if (run.begin < run.end) {
       clear_round();
       load_round(run.begin, 0, length); // slots written by earlier steps
@@ -508,17 +445,7 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   // first round's rescale factor exp2(-inf - max) is 0. With early reads the first round's
   // loads are in already.
   for (long long round = run.begin; round < run.end; round += plan.warp_tile) {
-    if (PRE && round == second) {
-      cp_async_wait_all();
-#pragma unroll
-      for (int u = 0; u < steps; ++u)
-#pragma unroll
-        for (int i = 0; i < max_vectors; ++i) {
-          k_raw[u][i] = *reinterpret_cast<const raw_t*>(prefetched + cell(u, i, 0));
-          v_raw[u][i] = *reinterpret_cast<const raw_t*>(prefetched + cell(u, i, 1));
-        }
-      load_round(round, length, every); // the new token's slot
-    } else if (!early || round != run.begin) {
+    if (!early || round != run.begin) {
       clear_round();
       load_round(round, 0, every);
     }
@@ -587,6 +514,7 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   }
 
   // Merge the warps: one barrier.
+  extern __shared__ float shared[];
   float* acc_s = shared;                                  // [warps][GM][d]
   float* m_s = acc_s + W * GM * d;   // [warps][GM]
   float* l_s = m_s + W * GM;         // [warps][GM]
@@ -1483,27 +1411,7 @@ void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_
 
 namespace {
 std::atomic<bool> decode_wide{true};
-std::atomic<bool> decode_attention_prefetch{true};
-
-// The shared memory a block may opt in to on the current device (0 when unknown), asked once per device.
-std::size_t shared_optin_bytes() {
-  static std::atomic<long long> known[64] = {}; // 0 unknown, else bytes + 1
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64)
-    return 0;
-  long long k = known[device].load(std::memory_order_relaxed);
-  if (k == 0) {
-    int bytes = 0;
-    if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
-      bytes = 0;
-    k = static_cast<long long>(bytes) + 1;
-    known[device].store(k, std::memory_order_relaxed);
-  }
-  return static_cast<std::size_t>(k - 1);
-}
 } // namespace
-
-void set_decode_attention_prefetch(bool on) { decode_attention_prefetch.store(on, std::memory_order_relaxed); }
 
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
@@ -1532,41 +1440,23 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
   if (shared > 48 * 1024)
     return cudaErrorInvalidValue; // not reached: at most 16 warps * 4 heads * 258 floats
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
-  // A wide block with early reads whose rows can take a second round prefetches it where the
-  // device lets a block have the shared memory (sm_80 and newer: 163 KiB or more).
-  const int lane_vectors = decode_attention_lane_vectors(plan.vec);
-  const std::size_t prefetch_shared =
-    static_cast<std::size_t>(decode_attention_prefetch_offset(1, static_cast<int>(a.head_dim), plan.warps))
-    + static_cast<std::size_t>(decode_attention_prefetch_bytes(plan.steps, lane_vectors, plan.warps));
-  const bool prefetch = a.wide && a.early_reads && a.slots > plan.granule
-                        && decode_attention_prefetch.load(std::memory_order_relaxed)
-                        && prefetch_shared <= shared_optin_bytes();
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int vec = 16 / sizeof(T);
     constexpr int most = decode_attention_max_heads_per_block;
     constexpr int narrow_warps = decode_attention_warps, wide_warps = decode_attention_wide_warps;
     constexpr int steps = decode_attention_steps, wide_steps = decode_attention_wide_steps(vec);
-    if (a.wide) {
-      if (prefetch) {
-        auto kernel = &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true, true>;
-        if (auto e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(prefetch_shared));
-            e != cudaSuccess)
-          return e;
-        return launch_early(kernel, grid, dim3(32 * wide_warps), prefetch_shared, stream, a, plan);
-      }
-      return launch_early(a.early_reads ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true, false>
-                                        : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false, false>,
+    if (a.wide)
+      return launch_early(a.early_reads ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
+                                        : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>,
                           grid, dim3(32 * wide_warps), shared, stream, a, plan);
-    }
     auto pick = [&](auto early) {
       constexpr bool E = decltype(early)::value;
       if (plan.vec != vec)
-        return &decode_attention_kernel<T, 1, most, narrow_warps, steps, E, false>; // unaligned data: element loads
-      return plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1, narrow_warps, steps, E, false>
-             : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2, narrow_warps, steps, E, false>
-                                         : &decode_attention_kernel<T, vec, most, narrow_warps, steps, E, false>;
+        return &decode_attention_kernel<T, 1, most, narrow_warps, steps, E>; // unaligned data: element loads
+      return plan.heads_per_block == 1   ? &decode_attention_kernel<T, vec, 1, narrow_warps, steps, E>
+             : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2, narrow_warps, steps, E>
+                                         : &decode_attention_kernel<T, vec, most, narrow_warps, steps, E>;
     };
     auto kernel = a.early_reads ? pick(std::true_type{}) : pick(std::false_type{});
     if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);

@@ -103,11 +103,6 @@ void set_decode_early_reads(bool on);
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
 void set_decode_wide_attention(bool on);
-
-/// Whether a wide attention block with early reads copies its second round of settled keys and
-/// values to shared memory before the wait as well (the default, on, where the device lets a
-/// block opt in to the room: about 133 KiB); off, that round is loaded after the first is computed.
-void set_decode_attention_prefetch(bool on);
 bool decode_wide_attention();
 
 /// out = softmax(q k^T * scale) v per row and head, in float32, rounded once to the storage type.

@@ -213,10 +213,4 @@ void set_decode_wide_attention([[maybe_unused]] bool on) {
 #endif
 }
 
-void set_decode_attention_prefetch([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_attention_prefetch(on);
-#endif
-}
-
 } // namespace crucible::policy

@@ -71,11 +71,6 @@ void set_decode_early_reads(bool on);
 /// effect without CUDA.
 void set_decode_wide_attention(bool on);
 
-/// Lets the wide attention copy its second round of cached keys and values to shared memory
-/// before waiting for the previous kernel (kernels::set_decode_attention_prefetch), the default,
-/// or not, for this process. No effect without CUDA.
-void set_decode_attention_prefetch(bool on);
-
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

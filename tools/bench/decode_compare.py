@@ -79,7 +79,6 @@ def main():
                          "small_rounds = the same with a long k's weights loaded in two rounds, "
                          "small_split = the same with the attention always split and combined (no wide kernel), "
                          "small_late = the same with every read after waiting for the previous kernel, "
-                         "small_noprefetch = the same with the wide attention's second round loaded after its first, "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,
@@ -127,7 +126,7 @@ def main():
           f"tokens copied to the host every {setup.get('sync_interval', 1)} steps")
     print(f"copy bandwidth {bandwidth['gb_per_s']:.0f} GB/s ({bandwidth['copy_bytes'] / 2**20:.0f} MiB copied); "
           f"prompt {args.prompt}, {args.new} new tokens, greedy; decode tokens/s = B x (new - 1) / decode time\n")
-    head = (f"{'batch':>5} {'kernels':>16} {'tok/s':>9} {'ms/step':>8} {'HF tok/s':>9} {'ratio':>6} {'bound tok/s':>12} "
+    head = (f"{'batch':>5} {'kernels':>11} {'tok/s':>9} {'ms/step':>8} {'HF tok/s':>9} {'ratio':>6} {'bound tok/s':>12} "
             f"{'of bound':>8} {'KV MiB':>8} {'analytic':>8} {'peak MiB':>9} {'HF peak':>8}")
     print(head)
     print("-" * len(head))
@@ -140,7 +139,7 @@ def main():
             if name != "libtorch" and r.get("fused_steps", 0) == 0:
                 name += "*"
             ratio = f"{r['decode_tokens_per_s'] / h['decode_tokens_per_s']:.2f}" if h else "-"
-            print(f"{batch:>5} {name:>16} {r['decode_tokens_per_s']:>9.1f} {r.get('ms_per_step', float('nan')):>8.3f} "
+            print(f"{batch:>5} {name:>11} {r['decode_tokens_per_s']:>9.1f} {r.get('ms_per_step', float('nan')):>8.3f} "
                   f"{h['decode_tokens_per_s'] if h else float('nan'):>9.1f} {ratio:>6} {r['bound_tokens_per_s']:>12.1f} "
                   f"{r['bandwidth_fraction']:>8.1%} {mib(r['kv_cache_bytes']):>8} {mib(r['kv_analytic_bytes']):>8} "
                   f"{mib(r['peak_bytes']):>9} {mib(h['peak_bytes']) if h else '-':>8}")
