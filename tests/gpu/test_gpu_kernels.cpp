@@ -281,7 +281,9 @@ TEST_CASE("decode_attention in a CUDA graph reads the lengths at each replay, sp
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (std::int64_t splits : {std::int64_t{0}, std::int64_t{4}, fused::attention_wide}) {
       for (bool early : {false, true}) {
-        const std::int64_t rows = 3, heads = 14, kv_heads = 2, dim = 64, slots = 512;
+        // 1024 slots: two rounds of a wide block's warps past 512 visible slots (bf16), so with early
+        // reads the second round is prefetched to shared memory before the wait.
+        const std::int64_t rows = 3, heads = 14, kv_heads = 2, dim = 64, slots = 1024;
         const std::string what = std::string(c10::toString(dtype)) + " splits " + std::to_string(splits) +
                                   (early ? " early reads" : "");
         CAPTURE(what);
@@ -302,7 +304,7 @@ TEST_CASE("decode_attention in a CUDA graph reads the lengths at each replay, sp
         q.copy_(q_next);
         auto out = fused::decode_attention(q, k, v, lengths, splits, early);
         graph.capture_end();
-        for (auto row_lengths : {std::vector<std::int64_t>{0, 1, 2}, {511, 31, -1}, {100, 200, 300}, {32, 64, 96}}) {
+        for (auto row_lengths : {std::vector<std::int64_t>{0, 1, 2}, {1023, 31, -1}, {600, 200, 900}, {512, 513, 96}}) {
           lengths.copy_(torch::tensor(row_lengths));
           q_next.normal_();
           graph.replay();

@@ -189,7 +189,10 @@ for line in sys.stdin:
       timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
-        --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+        --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
+      # The same three at batch 1 in the reverse order, on the same machine: what order alone moves.
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 512 --new 512 --skip-hf \
+        --kernels small_late,small_split,small --out "$OUT/decode_reversed.json" 2>&1 | tee "$OUT/decode_reversed.txt" ;;
     projections)
       # The one-row projections' single round of weight loads against two rounds: their GPU tests,
       # then decoding side by side (and LibTorch ops, and transformers).
