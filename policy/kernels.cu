@@ -258,7 +258,9 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
 // heads (q in registers), reduces them over its key's lanes with shuffles, and accumulates
 // p * v into registers for the same elements (the lane layout of values is that of keys). With
 // splits > 1 each block leaves its unnormalised sums and (max, sum) in float32 and
-// decode_attention_combine_kernel merges the splits that hold slots.
+// decode_attention_combine_kernel merges the splits that hold slots. A wide launch (a.wide) has
+// one block of 16 warps per (row, query head) over all of the row's visible slots, cut evenly
+// (decode_attention_even_slots), eight steps a round: no splits and no combine.
 //
 // Scores are kept in log2 units (q is scaled by scale * log2(e)) so that exp2f serves.
 
