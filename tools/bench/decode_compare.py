@@ -84,6 +84,9 @@ def main():
     ap.add_argument("--fused-max-rows", type=int, default=None,
                     help="largest batch the fused kernels serve (default: engine_options::fused_max_rows)")
     ap.add_argument("--copy-bytes", type=int, default=0, help="bandwidth probe size (default 1 GiB; 64 MiB on the CPU)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="passes over our variants, each starting one later; each variant's median pass is shown "
+                         "(bench_decode --rounds: the first variant in a process measures faster)")
     ap.add_argument("--skip-hf", action="store_true", help="measure only our engine")
     ap.add_argument("--out", default="", help="write every record here as JSON")
     args = ap.parse_args()
@@ -97,7 +100,7 @@ def main():
     copy_bytes = args.copy_bytes or (2**30 if cuda else 2**26)
     variants = ["--kernels", args.kernels] if args.kernels else ["--fused", args.fused]
     ours = json_lines(run([bench, "--model", args.model, "--copy-bytes", str(copy_bytes)] + variants
-                          + ["--sync-interval", str(args.sync_interval)] + common
+                          + ["--sync-interval", str(args.sync_interval), "--rounds", str(args.rounds)] + common
                           + (["--no-graphs"] if args.no_graphs else [])
                           + (["--fused-max-rows", str(args.fused_max_rows)] if args.fused_max_rows is not None else []),
                           "bench_decode"))

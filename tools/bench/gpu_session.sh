@@ -5,7 +5,7 @@
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
 # variants, by default the engine's kernels, the same with the attention split and combined instead
-# of wide, and with every read after the wait); `wide` tests and measures those three side by side (batch 1 again in reverse order);
+# of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
@@ -188,11 +188,9 @@ for line in sys.stdin:
       # side by side (and LibTorch ops, and transformers).
       timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      # Three passes, each starting one variant later; each variant's median pass is shown.
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
-        --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
-      # The same three at batch 1 in the reverse order, on the same machine: what order alone moves.
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 512 --new 512 --skip-hf \
-        --kernels small_late,small_split,small --out "$OUT/decode_reversed.json" 2>&1 | tee "$OUT/decode_reversed.txt" ;;
+        --rounds 3 --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     projections)
       # The one-row projections' single round of weight loads against two rounds: their GPU tests,
       # then decoding side by side (and LibTorch ops, and transformers).
