@@ -1405,16 +1405,13 @@ std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int
 }
 
 namespace {
-// Whether decode_attention may read settled data before waiting (set_decode_early_reads).
+// Whether the decoding kernels may read settled data before waiting (set_decode_early_reads), and
+// whether fused::decode_attention may choose the wide kernel (set_decode_wide_attention).
 std::atomic<bool> decode_early_reads{true};
-} // namespace
-
-void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
-
-namespace {
 std::atomic<bool> decode_wide{true};
 } // namespace
 
+void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
 
