@@ -315,17 +315,15 @@ int run(const bench_options& o) {
       auto sorted = passes[variant];
       std::sort(sorted.begin(), sorted.end(),
                 [](const measured& a, const measured& b) { return a.stats.decode_seconds < b.stats.decode_seconds; });
-      const auto& median = sorted[(sorted.size() - 1) / 2];
-      const auto& best = median.stats;
+      const auto& shown = sorted[(sorted.size() - 1) / 2].stats;
       const auto& peak = passes[variant].front().peak;
-      std::vector<double> step_ms;
-      for (const auto& m : passes[variant])
-        step_ms.push_back(m.stats.decode_steps > 0 ? 1e3 * m.stats.decode_seconds / static_cast<double>(m.stats.decode_steps)
-                                                   : 0.0);
+      auto ms_per_step = [](const policy::engine_stats& st) {
+        return st.decode_steps > 0 ? 1e3 * st.decode_seconds / static_cast<double>(st.decode_steps) : 0.0;
+      };
 
       const double decode_tokens = static_cast<double>(batch * (o.new_tokens - 1));
-      const double decode_tps = best.decode_seconds > 0 ? decode_tokens / best.decode_seconds : 0.0;
-      const double total_s = best.prefill_seconds + best.decode_seconds;
+      const double decode_tps = shown.decode_seconds > 0 ? decode_tokens / shown.decode_seconds : 0.0;
+      const double total_s = shown.prefill_seconds + shown.decode_seconds;
       const double avg_context = static_cast<double>(o.prompt) + static_cast<double>(o.new_tokens) / 2.0;
       const double step_bytes =
         static_cast<double>(weight_bytes) + static_cast<double>(batch) * avg_context * static_cast<double>(kv_token_bytes);
@@ -340,27 +338,27 @@ int run(const bench_options& o) {
         .field("kernels", o.kernels[variant])
         .field("prompt", o.prompt)
         .field("new", o.new_tokens)
-        .field("prefill_s", best.prefill_seconds)
-        .field("decode_s", best.decode_seconds)
+        .field("prefill_s", shown.prefill_seconds)
+        .field("decode_s", shown.decode_seconds)
         .field("decode_tokens_per_s", decode_tps)
         .field("total_tokens_per_s", total_s > 0 ? static_cast<double>(batch * o.new_tokens) / total_s : 0.0)
         .field("prefill_tokens_per_s",
-               best.prefill_seconds > 0 ? static_cast<double>(best.prompt_tokens) / best.prefill_seconds : 0.0)
-        .field("decode_steps", best.decode_steps)
-        .field("ms_per_step", best.decode_steps > 0 ? 1e3 * best.decode_seconds / static_cast<double>(best.decode_steps) : 0.0)
-        .field("fused_steps", best.fused_steps)
-        .field("host_syncs", best.host_syncs)
-        .field("graph_replays", best.graph_replays)
-        .field("compactions", best.compactions)
+               shown.prefill_seconds > 0 ? static_cast<double>(shown.prompt_tokens) / shown.prefill_seconds : 0.0)
+        .field("decode_steps", shown.decode_steps)
+        .field("ms_per_step", ms_per_step(shown))
+        .field("fused_steps", shown.fused_steps)
+        .field("host_syncs", shown.host_syncs)
+        .field("graph_replays", shown.graph_replays)
+        .field("compactions", shown.compactions)
         .field("step_bytes", step_bytes)
         .field("bound_tokens_per_s", bound_tps)
         .field("bandwidth_fraction", bound_tps > 0 ? decode_tps / bound_tps : 0.0)
-        .field("kv_cache_bytes", best.cache_bytes)
+        .field("kv_cache_bytes", shown.cache_bytes)
         .field("kv_analytic_bytes", analytic)
         .field("rounds", o.rounds);
       w.key("ms_per_step_passes").begin_array();
-      for (double ms : step_ms)
-        w.value(ms);
+      for (const auto& m : passes[variant])
+        w.value(ms_per_step(m.stats));
       w.end_array();
       field_or_null(w, "peak_bytes", peak);
       w.end_object();
