@@ -924,14 +924,21 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     if (small_batch) {
       // Early reads: each kernel reads before its wait what the kernel just before it leaves alone
       // (the lengths, inv_freq, the cache below the new slot, the residual two kernels on).
+      // L2 prefetches: the kernels that read little (the attention, the o projection) have the
+      // MLP's weights fetched into L2 for the two that read the most; the gate/up projection,
+      // reading from L2, has the next layer's q/k/v and o weights fetched.
+      fused::l2_prefetch next;
+      if (l + 1 < model->blocks.size())
+        next = {(*layers)[l + 1].qkv_weight, model->blocks[l + 1]->self_attn->o_proj->weight};
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
                                     c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);
-      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
+      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true,
+                                          {w.gate_up_weight});
       fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual,
-                         /*early_reads=*/true);
+                         /*early_reads=*/true, {layer->mlp->down_proj->weight});
       auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
-                                          w.gate_up_weight, w.gate_up_bias);
+                                          w.gate_up_weight, w.gate_up_bias, next);
       fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual,
                          /*early_reads=*/true);
       continue;

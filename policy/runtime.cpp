@@ -213,4 +213,10 @@ void set_decode_wide_attention([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_decode_l2_prefetch([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_l2_prefetch(on);
+#endif
+}
+
 } // namespace crucible::policy

@@ -71,6 +71,11 @@ void set_decode_early_reads(bool on);
 /// effect without CUDA.
 void set_decode_wide_attention(bool on);
 
+/// Turns the decoding step's L2 prefetches (kernels::set_decode_l2_prefetch: the kernels that read
+/// little have a later kernel's weights fetched into L2) on, the default, or off for this process.
+/// No effect without CUDA.
+void set_decode_l2_prefetch(bool on);
+
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

@@ -484,6 +484,104 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
                        doctest::Contains("weight must be contiguous"), c10::Error);
 }
 
+TEST_CASE("L2 prefetch ranges change nothing the decoding kernels compute; bad ranges are refused") {
+  torch::manual_seed(19);
+  torch::NoGradGuard g;
+  const auto opts = on_gpu(torch::kBFloat16);
+  const std::int64_t hidden = 896, inter = 4864, heads = 14, kv_heads = 2, dim = 64, slots = 600;
+  const double eps = 1e-6;
+  auto residual = torch::randn({1, hidden}, opts);
+  auto norm_w = 1.0 + 0.2 * torch::randn({hidden}, opts);
+  auto w_qkv = torch::randn({(heads + 2 * kv_heads) * dim, hidden}, opts) / 30.0;
+  auto w_o = torch::randn({hidden, hidden}, opts) / 30.0;
+  auto w_gu = torch::randn({2 * inter, hidden}, opts) / 30.0;
+  auto w_down = torch::randn({hidden, inter}, opts) / 70.0;
+  auto act = torch::randn({1, inter}, opts);
+  auto k = torch::randn({1, kv_heads, slots, dim}, opts), v = torch::randn_like(k);
+  auto q = torch::randn({1, heads, dim}, opts);
+  auto lengths = torch::full({1}, slots - 1, on_gpu(torch::kLong));
+  auto inv = 1.0 / torch::pow(10000.0, torch::arange(0, dim, 2, on_gpu(torch::kFloat)) / static_cast<double>(dim));
+  // A range with a ragged start and end (an odd element offset of a bfloat16 view), an empty
+  // tensor, an undefined one.
+  const auto ragged = w_down.view({-1}).narrow(0, 3, 1001);
+  const fused::l2_prefetch lists[] = {{w_gu, w_down}, {ragged}, {torch::empty({0}, opts), torch::Tensor()}};
+  for (bool on : {true, false}) {
+    kernels::set_decode_l2_prefetch(on);
+    for (const auto& list : lists) {
+      CAPTURE(on);
+      CAPTURE(list.size());
+      auto plain = residual.clone(), fetched = residual.clone();
+      fused::project_add(act, w_down, {}, plain, true);
+      fused::project_add(act, w_down, {}, fetched, true, list);
+      CHECK(torch::equal(plain, fetched));
+      CHECK(torch::equal(fused::norm_gate_up_silu(residual, norm_w, eps, w_gu, {}),
+                         fused::norm_gate_up_silu(residual, norm_w, eps, w_gu, {}, list)));
+      CHECK(torch::equal(fused::decode_attention(q, k, v, lengths, fused::attention_wide, true),
+                         fused::decode_attention(q, k, v, lengths, fused::attention_wide, true, list)));
+      CHECK(torch::equal(fused::decode_attention(q, k, v, lengths, 4, true),
+                         fused::decode_attention(q, k, v, lengths, 4, true, list)));
+      auto k1 = k.clone(), v1 = v.clone(), k2 = k.clone(), v2 = v.clone();
+      auto q1 = fused::norm_qkv_rope(residual, norm_w, eps, w_qkv, {}, inv, 1.0, lengths, k1, v1, heads, kv_heads, dim);
+      auto q2 = fused::norm_qkv_rope(residual, norm_w, eps, w_qkv, {}, inv, 1.0, lengths, k2, v2, heads, kv_heads, dim,
+                                     false, list);
+      CHECK(torch::equal(q1, q2));
+      CHECK(torch::equal(k1, k2));
+      CHECK(torch::equal(v1, v2));
+    }
+  }
+  kernels::set_decode_l2_prefetch(true);
+  // Bad input: too many tensors, one on the CPU, one not contiguous.
+  auto out = residual.clone();
+  CHECK_THROWS_WITH_AS(fused::project_add(act, w_down, {}, out, true, {w_o, w_gu, w_down}),
+                       doctest::Contains("at most 2 tensors to prefetch, got 3"), c10::Error);
+  CHECK_THROWS_WITH_AS(fused::project_add(act, w_down, {}, out, true, {torch::zeros({64})}),
+                       doctest::Contains("a tensor to prefetch must be on cuda:0"), c10::Error);
+  CHECK_THROWS_WITH_AS(fused::project_add(act, w_down, {}, out, true, {w_o.t()}),
+                       doctest::Contains("a tensor to prefetch must be contiguous"), c10::Error);
+  // The raw kernels refuse ranges that are not whole 16 bytes at 16-byte boundaries.
+  kernels::small_gemm_args a;
+  a.x = act.data_ptr();
+  a.weight = w_down.data_ptr();
+  a.rows = 1, a.k = inter, a.n = hidden;
+  a.residual = out.data_ptr();
+  a.sms = 132;
+  const auto stream = c10::cuda::getCurrentCUDAStream().stream();
+  a.prefetch[0] = {w_gu.data_ptr(), 24};
+  CHECK(kernels::small_gemm_residual_add(kernels::dtype::bf16, a, stream) == cudaErrorInvalidValue);
+  a.prefetch[0] = {static_cast<const char*>(w_gu.data_ptr()) + 2, 32};
+  CHECK(kernels::small_gemm_residual_add(kernels::dtype::bf16, a, stream) == cudaErrorInvalidValue);
+  a.prefetch[0] = {nullptr, 32};
+  CHECK(kernels::small_gemm_residual_add(kernels::dtype::bf16, a, stream) == cudaErrorInvalidValue);
+  a.prefetch[0] = {w_gu.data_ptr(), 32};
+  CHECK(kernels::small_gemm_residual_add(kernels::dtype::bf16, a, stream) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+}
+
+TEST_CASE("a decoding step with L2 prefetches equals one without, bit for bit") {
+  auto c = tiny_config(model_family::qwen2, 896, 14, 2);
+  auto m = scaled_random_model(c, 7, 4.0);
+  m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  REQUIRE(m->fused_decode_ready());
+  torch::NoGradGuard g;
+  auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
+  auto cache = m->make_cache(1, 64);
+  m->prefill(ids, cache, torch::tensor({9L}, on_gpu(torch::kLong)));
+  for (int step = 0; step < 6; ++step) {
+    auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+    auto a = deep_copy(cache), b = deep_copy(cache);
+    kernels::set_decode_l2_prefetch(false);
+    auto without = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+    kernels::set_decode_l2_prefetch(true);
+    auto with = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+    CHECK(torch::equal(without, with));
+    for (std::size_t l = 0; l < a.keys.size(); ++l) {
+      CHECK(torch::equal(a.keys[l], b.keys[l]));
+      CHECK(torch::equal(a.values[l], b.values[l]));
+    }
+    cache = std::move(b);
+  }
+}
+
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
   torch::manual_seed(16);
   torch::NoGradGuard g;
