@@ -4,6 +4,7 @@
 #include "policy/fused.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -265,6 +266,13 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return out;
 }
 
+
+namespace {
+std::atomic<prefetch_plan> the_prefetch_plan{prefetch_plan::none};
+} // namespace
+
+void set_decode_prefetch(prefetch_plan plan) { the_prefetch_plan.store(plan, std::memory_order_relaxed); }
+prefetch_plan decode_prefetch() { return the_prefetch_plan.load(std::memory_order_relaxed); }
 
 bool small_batch_supported(torch::ScalarType dtype, std::int64_t rows, std::int64_t dim) {
   return supported_dtype(dtype) && kernels::small_gemm_supported(kernel_dtype_of(dtype), rows, dim);

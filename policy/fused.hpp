@@ -44,6 +44,20 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
 /// overlaps kernels that read little. What the kernel computes does not change.
 using l2_prefetch = std::vector<torch::Tensor>;
 
+/// Which kernels of the model's decoding step at up to 4 rows (CausalLM's fused step with the
+/// small-batch projections) ask for L2 prefetches, and of what.
+enum class prefetch_plan : std::uint8_t {
+  none,      ///< none (the default)
+  attention, ///< the attention: the gate/up weights; the o projection: the down weights; the
+             ///< gate/up projection: the next layer's q/k/v and o weights
+  spread,    ///< as `attention`, but the q/k/v projection asks for the gate/up weights
+  qkv,       ///< the q/k/v projection: the gate/up and down weights
+};
+
+/// The plan the decoding step follows, for this process (benchmarks and tests compare them).
+void set_decode_prefetch(prefetch_plan plan);
+prefetch_plan decode_prefetch();
+
 /// `splits` of decode_attention asking for the wide kernel: one block of 16 warps per (row, query
 /// head) over all of the row's slots, no combine kernel (16-byte aligned data only; otherwise as 0).
 inline constexpr std::int64_t attention_wide = -1;

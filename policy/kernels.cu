@@ -119,7 +119,7 @@ __device__ __forceinline__ void l2_prefetch_share(const l2_range (&ranges)[max_l
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x >= 32)
     return;
-  // In 16-byte granules, 32-bit (settle_prefetch keeps a range under 32 GiB: no sum wraps).
+  // In 16-byte granules, 32-bit (valid_prefetch keeps a range under 32 GiB: no sum wraps).
   const unsigned grid = gridDim.x * gridDim.y * gridDim.z;
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const unsigned sharers = grid < 128 ? grid : 128;
@@ -1447,23 +1447,17 @@ namespace {
 // whether fused::decode_attention may choose the wide kernel (set_decode_wide_attention).
 std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
-std::atomic<bool> decode_l2_prefetch{true}; // set_decode_l2_prefetch
 
-// Whether the ranges are whole 16 bytes at 16-byte boundaries, each under 32 GiB; with
-// prefetching off they are cleared.
-bool settle_prefetch(l2_range (&ranges)[max_l2_ranges]) {
-  for (auto& r : ranges) {
+// Whether the ranges are whole 16 bytes at 16-byte boundaries, each under 32 GiB.
+bool valid_prefetch(const l2_range (&ranges)[max_l2_ranges]) {
+  for (const auto& r : ranges) {
     if (r.bytes < 0 || r.bytes % 16 != 0 || r.bytes >= (std::int64_t{1} << 35)
         || (r.bytes > 0 && (r.data == nullptr || reinterpret_cast<std::uintptr_t>(r.data) % 16 != 0)))
       return false;
-    if (!decode_l2_prefetch.load(std::memory_order_relaxed))
-      r = l2_range{};
   }
   return true;
 }
 } // namespace
-
-void set_decode_l2_prefetch(bool on) { decode_l2_prefetch.store(on, std::memory_order_relaxed); }
 
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
@@ -1472,7 +1466,7 @@ bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
   a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  if (!settle_prefetch(a.prefetch))
+  if (!valid_prefetch(a.prefetch))
     return cudaErrorInvalidValue;
   if (a.rows <= 0)
     return cudaSuccess;
@@ -1583,7 +1577,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  if (!settle_prefetch(args.prefetch))
+  if (!valid_prefetch(args.prefetch))
     return cudaErrorInvalidValue;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

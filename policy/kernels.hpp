@@ -41,10 +41,6 @@ struct l2_range {
 };
 inline constexpr int max_l2_ranges = 2;
 
-/// Whether the decoding kernels issue their `prefetch` ranges (the default, on); off, they
-/// ignore them, so that benchmarks and tests compare the two. For this process.
-void set_decode_l2_prefetch(bool on);
-
 /// RoPE of one new token per row, fused with the KV-cache write.
 struct rope_kv_args {
   const void* qkv = nullptr;         ///< [rows, (heads + 2 kv_heads) * head_dim]: q heads, k heads, v heads

@@ -19,6 +19,7 @@
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
 
+#  include "policy/fused.hpp"
 #  include "policy/kernels.hpp"
 #endif
 
@@ -213,9 +214,12 @@ void set_decode_wide_attention([[maybe_unused]] bool on) {
 #endif
 }
 
-void set_decode_l2_prefetch([[maybe_unused]] bool on) {
+void set_decode_prefetch([[maybe_unused]] std::string_view plan) {
 #ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_l2_prefetch(on);
+  fused::set_decode_prefetch(plan == "attention" ? fused::prefetch_plan::attention
+                             : plan == "spread"  ? fused::prefetch_plan::spread
+                             : plan == "qkv"     ? fused::prefetch_plan::qkv
+                                                 : fused::prefetch_plan::none);
 #endif
 }
 

@@ -71,10 +71,10 @@ void set_decode_early_reads(bool on);
 /// effect without CUDA.
 void set_decode_wide_attention(bool on);
 
-/// Turns the decoding step's L2 prefetches (kernels::set_decode_l2_prefetch: the kernels that read
-/// little have a later kernel's weights fetched into L2) on, the default, or off for this process.
-/// No effect without CUDA.
-void set_decode_l2_prefetch(bool on);
+/// The decoding step's L2 prefetches (fused::set_decode_prefetch: kernels that read little have a
+/// later kernel's weights fetched into L2): "none" (the default), "attention", "spread" or "qkv"
+/// (fused::prefetch_plan), for this process; any other name is "none". No effect without CUDA.
+void set_decode_prefetch(std::string_view plan);
 
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {

@@ -505,10 +505,8 @@ TEST_CASE("L2 prefetch ranges change nothing the decoding kernels compute; bad r
   // tensor, an undefined one.
   const auto ragged = w_down.view({-1}).narrow(0, 3, 1001);
   const fused::l2_prefetch lists[] = {{w_gu, w_down}, {ragged}, {torch::empty({0}, opts), torch::Tensor()}};
-  for (bool on : {true, false}) {
-    kernels::set_decode_l2_prefetch(on);
+  {
     for (const auto& list : lists) {
-      CAPTURE(on);
       CAPTURE(list.size());
       auto plain = residual.clone(), fetched = residual.clone();
       fused::project_add(act, w_down, {}, plain, true);
@@ -529,7 +527,6 @@ TEST_CASE("L2 prefetch ranges change nothing the decoding kernels compute; bad r
       CHECK(torch::equal(v1, v2));
     }
   }
-  kernels::set_decode_l2_prefetch(true);
   // Bad input: too many tensors, one on the CPU, one not contiguous.
   auto out = residual.clone();
   CHECK_THROWS_WITH_AS(fused::project_add(act, w_down, {}, out, true, {w_o, w_gu, w_down}),
@@ -557,28 +554,42 @@ TEST_CASE("L2 prefetch ranges change nothing the decoding kernels compute; bad r
   CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
 }
 
-TEST_CASE("a decoding step with L2 prefetches equals one without, bit for bit") {
+// fused::set_decode_prefetch for a scope; none again after it, also when a check throws.
+struct prefetch_scope {
+  explicit prefetch_scope(fused::prefetch_plan p) { fused::set_decode_prefetch(p); }
+  ~prefetch_scope() { fused::set_decode_prefetch(fused::prefetch_plan::none); }
+  prefetch_scope(const prefetch_scope&) = delete;
+  prefetch_scope& operator=(const prefetch_scope&) = delete;
+};
+
+TEST_CASE("a decoding step under each L2 prefetch plan equals one without, bit for bit") {
   auto c = tiny_config(model_family::qwen2, 896, 14, 2);
   auto m = scaled_random_model(c, 7, 4.0);
   m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
   REQUIRE(m->fused_decode_ready());
   torch::NoGradGuard g;
-  auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
-  auto cache = m->make_cache(1, 64);
-  m->prefill(ids, cache, torch::tensor({9L}, on_gpu(torch::kLong)));
-  for (int step = 0; step < 6; ++step) {
-    auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
-    auto a = deep_copy(cache), b = deep_copy(cache);
-    kernels::set_decode_l2_prefetch(false);
-    auto without = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-    kernels::set_decode_l2_prefetch(true);
-    auto with = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
-    CHECK(torch::equal(without, with));
-    for (std::size_t l = 0; l < a.keys.size(); ++l) {
-      CHECK(torch::equal(a.keys[l], b.keys[l]));
-      CHECK(torch::equal(a.values[l], b.values[l]));
+  for (std::int64_t rows : {1, 3}) {
+    auto ids = torch::randint(0, 1000, {rows, 9}, on_gpu(torch::kLong));
+    auto cache = m->make_cache(rows, 64);
+    m->prefill(ids, cache, torch::full({rows}, 9L, on_gpu(torch::kLong)));
+    for (int step = 0; step < 4; ++step) {
+      auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
+      auto a = deep_copy(cache);
+      auto without = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+      for (auto plan : {fused::prefetch_plan::attention, fused::prefetch_plan::spread, fused::prefetch_plan::qkv}) {
+        CAPTURE(static_cast<int>(plan));
+        CAPTURE(rows);
+        const prefetch_scope scope(plan);
+        auto b = deep_copy(cache);
+        CHECK(torch::equal(without, m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true)));
+        CHECK(torch::equal(a.lengths, b.lengths));
+        for (std::size_t l = 0; l < a.keys.size(); ++l) {
+          CHECK(torch::equal(a.keys[l], b.keys[l]));
+          CHECK(torch::equal(a.values[l], b.values[l]));
+        }
+      }
+      cache = std::move(a);
     }
-    cache = std::move(b);
   }
 }
 

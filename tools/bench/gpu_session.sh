@@ -6,7 +6,7 @@
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
 # variants, by default the engine's kernels, the same with the attention split and combined instead
 # of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
-# `prefetch` tests and measures the decoding step with and without its L2 prefetches (three rotated passes);
+# `prefetch` tests and measures the decoding step's L2 prefetch plans against none (three rotated passes);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
@@ -193,13 +193,13 @@ for line in sys.stdin:
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     prefetch)
-      # The decoding step's L2 prefetches (the MLP's weights fetched while the attention and the
-      # o projection run, the next layer's q/k/v and o while the gate/up runs) against none: the
-      # GPU tests, then decoding side by side (and LibTorch ops, and transformers).
+      # The decoding step's L2 prefetch plans (fused::prefetch_plan) against none: the GPU tests,
+      # then batch 1 side by side (and LibTorch ops, and transformers).
       timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_noprefetch,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${PREFETCH_BATCHES:-1} --prompt 512 --new 512 \
+        --rounds 3 --kernels small,small_prefetch_attention,small_prefetch_spread,small_prefetch_qkv --skip-hf \
+        --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     projections)
       # The one-row projections' single round of weight loads against two rounds: their GPU tests,
       # then decoding side by side (and LibTorch ops, and transformers).
