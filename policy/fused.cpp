@@ -4,9 +4,7 @@
 #include "policy/fused.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdint>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -55,27 +53,6 @@ void check_vector(const torch::Tensor& t, const torch::Tensor& like, std::int64_
   TORCH_CHECK(t.scalar_type() == dtype && t.dim() == 1 && t.size(0) == rows && t.is_contiguous(), what, ": ", name,
               " must be contiguous ", dtype == torch::kLong ? "int64" : "float32", " [", rows, "], got ",
               t.scalar_type(), " ", t.sizes());
-}
-
-// The ranges of `tensors` (kernels::l2_range): each defined one contiguous on like's device, its
-// bytes from the first 16-byte boundary, whole 16 bytes.
-void set_prefetch(kernels::l2_range (&ranges)[kernels::max_l2_ranges], const l2_prefetch& tensors,
-                  const torch::Tensor& like, const char* what) {
-  TORCH_CHECK(tensors.size() <= static_cast<std::size_t>(kernels::max_l2_ranges), what, ": at most ",
-              kernels::max_l2_ranges, " tensors to prefetch, got ", tensors.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    ranges[i] = {};
-    const auto& t = tensors[i];
-    if (!t.defined())
-      continue;
-    check_cuda(t, like, "a tensor to prefetch");
-    TORCH_CHECK(t.is_contiguous(), what, ": a tensor to prefetch must be contiguous, got strides ", t.strides());
-    const auto start = reinterpret_cast<std::uintptr_t>(t.data_ptr());
-    const auto end = start + static_cast<std::uintptr_t>(t.nbytes());
-    const auto first = (start + 15) / 16 * 16, last = end / 16 * 16;
-    if (last > first)
-      ranges[i] = {reinterpret_cast<const void*>(first), static_cast<std::int64_t>(last - first)};
-  }
 }
 
 void check_lengths(const torch::Tensor& lengths, const torch::Tensor& like, std::int64_t rows) {
@@ -190,8 +167,7 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
 }
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads,
-                               const l2_prefetch& prefetch) {
+                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads) {
   TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.is_contiguous(),
               "decode_attention: q must be a contiguous CUDA [rows, heads, head_dim] tensor, got ", q.sizes());
   const auto rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
@@ -221,7 +197,6 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
   a.out = out.data_ptr();
   a.early_reads = early_reads;
-  set_prefetch(a.prefetch, prefetch, q, "decode_attention");
   const auto dtype = kernel_dtype(q);
   const auto plan = kernels::plan_decode_attention(dtype, a);
   const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -266,13 +241,6 @@ torch::Tensor silu_mul(const torch::Tensor& gate_up) {
   return out;
 }
 
-
-namespace {
-std::atomic<prefetch_plan> the_prefetch_plan{prefetch_plan::none};
-} // namespace
-
-void set_decode_prefetch(prefetch_plan plan) { the_prefetch_plan.store(plan, std::memory_order_relaxed); }
-prefetch_plan decode_prefetch() { return the_prefetch_plan.load(std::memory_order_relaxed); }
 
 bool small_batch_supported(torch::ScalarType dtype, std::int64_t rows, std::int64_t dim) {
   return supported_dtype(dtype) && kernels::small_gemm_supported(kernel_dtype_of(dtype), rows, dim);
@@ -328,11 +296,9 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
                             const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
                             const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
                             torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
-                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads,
-                            const l2_prefetch& prefetch) {
+                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads) {
   auto a = small_gemm(residual, qkv_weight, qkv_bias, "norm_qkv_rope");
   a.early_reads = early_reads;
-  set_prefetch(a.prefetch, prefetch, residual, "norm_qkv_rope");
   set_norm(a, residual, norm_weight, eps, "norm_qkv_rope");
   TORCH_CHECK(head_dim > 0 && head_dim % 2 == 0 && heads > 0 && kv_heads > 0
                 && qkv_weight.size(0) == (heads + 2 * kv_heads) * head_dim,
@@ -349,10 +315,9 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
 }
 
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual, bool early_reads, const l2_prefetch& prefetch) {
+                 torch::Tensor& residual, bool early_reads) {
   auto a = small_gemm(x, weight, bias, "project_add");
   a.early_reads = early_reads;
-  set_prefetch(a.prefetch, prefetch, x, "project_add");
   check_cuda(residual, x, "residual");
   TORCH_CHECK(residual.dim() == 2 && residual.size(0) == x.size(0) && residual.size(1) == weight.size(0)
                 && residual.is_contiguous() && residual.scalar_type() == x.scalar_type(),
@@ -366,10 +331,8 @@ void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torc
 }
 
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
-                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias,
-                                const l2_prefetch& prefetch) {
+                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias) {
   auto a = small_gemm(residual, gate_up_weight, gate_up_bias, "norm_gate_up_silu");
-  set_prefetch(a.prefetch, prefetch, residual, "norm_gate_up_silu");
   set_norm(a, residual, norm_weight, eps, "norm_gate_up_silu");
   TORCH_CHECK(gate_up_weight.size(0) % 2 == 0, "norm_gate_up_silu: gate_up_weight has an odd number of rows, ",
               gate_up_weight.size(0));

@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <utility>
-#include <vector>
 
 #include <torch/torch.h>
 
@@ -38,26 +37,6 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
                             torch::Tensor& v_cache,
                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim);
 
-/// Weights a later kernel of a decoding step reads (at most kernels::max_l2_ranges tensors,
-/// contiguous, on the kernel's device; undefined ones skipped), whose bytes the kernel asks the
-/// L2 cache to fetch before it waits for the kernel before it (kernels::l2_range): the fetch
-/// overlaps kernels that read little. What the kernel computes does not change.
-using l2_prefetch = std::vector<torch::Tensor>;
-
-/// Which kernels of the model's decoding step at up to 4 rows (CausalLM's fused step with the
-/// small-batch projections) ask for L2 prefetches, and of what.
-enum class prefetch_plan : std::uint8_t {
-  none,      ///< none (the default)
-  attention, ///< the attention: the gate/up weights; the o projection: the down weights; the
-             ///< gate/up projection: the next layer's q/k/v and o weights
-  spread,    ///< as `attention`, but the q/k/v projection asks for the gate/up weights
-  qkv,       ///< the q/k/v projection: the gate/up and down weights
-};
-
-/// The plan the decoding step follows, for this process (benchmarks and tests compare them).
-void set_decode_prefetch(prefetch_plan plan);
-prefetch_plan decode_prefetch();
-
 /// `splits` of decode_attention asking for the wide kernel: one block of 16 warps per (row, query
 /// head) over all of the row's slots, no combine kernel (16-byte aligned data only; otherwise as 0).
 inline constexpr std::int64_t attention_wide = -1;
@@ -77,8 +56,7 @@ inline constexpr std::int64_t attention_wide = -1;
 /// new token's slot), so those slots are loaded before waiting for it
 /// (kernels::decode_attention_args::early_reads).
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits = 0, bool early_reads = false,
-                               const l2_prefetch& prefetch = {});
+                               const torch::Tensor& lengths, std::int64_t splits = 0, bool early_reads = false);
 
 /// silu(gate) * up for gate_up [rows, 2 inter] (gate columns first): torch::silu(gate) * up with
 /// the same roundings. Returns [rows, inter].
@@ -98,20 +76,18 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
                             const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
                             const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
                             torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
-                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads = false,
-                            const l2_prefetch& prefetch = {});
+                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads = false);
 
 /// residual += linear(x, weight, bias), each rounded to the dtype as `residual + linear(...)`
 /// rounds: x [rows, k], weight [n, k], residual [rows, n], in place, one kernel. `early_reads`:
 /// the kernel launched just before does not write `residual`, so it is read before waiting for it.
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual, bool early_reads = false, const l2_prefetch& prefetch = {});
+                 torch::Tensor& residual, bool early_reads = false);
 
 /// silu(gate) * up of the post-attention RMSNorm of `residual` through the joined gate and up
 /// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
-                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias,
-                                const l2_prefetch& prefetch = {});
+                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias);
 
 /// Greedy sampling of logits [rows, vocab] (contiguous, float32, float16 or bfloat16): the first
 /// index of each row's maximum (int64 [rows], as torch::argmax) and its log-softmax (float32

@@ -111,42 +111,6 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
-// This block's share of `ranges` for the L2 cache (l2_range): the grid's first min(blocks, 128)
-// blocks (the ones resident first when the grid runs in waves) split each range evenly, and the
-// lanes of warp 0 issue cp.async.bulk.prefetch.L2 for it in pieces of 16 KiB. Fire and forget: no
-// register or barrier waits on it. sm_90 only.
-__device__ __forceinline__ void l2_prefetch_share(const l2_range (&ranges)[max_l2_ranges]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x >= 32)
-    return;
-  // In 16-byte granules, 32-bit (valid_prefetch keeps a range under 32 GiB: no sum wraps).
-  const unsigned grid = gridDim.x * gridDim.y * gridDim.z;
-  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const unsigned sharers = grid < 128 ? grid : 128;
-  if (block >= sharers)
-    return;
-  constexpr unsigned piece = 1024; // granules: 16 KiB
-#pragma unroll
-  for (int r = 0; r < max_l2_ranges; ++r) {
-    const unsigned granules = static_cast<unsigned>(ranges[r].bytes >> 4);
-    if (granules == 0)
-      continue;
-    const unsigned share = (granules + sharers - 1) / sharers;
-    const unsigned begin = block * share;
-    if (begin >= granules)
-      continue;
-    const unsigned end = granules - begin < share ? granules : begin + share;
-    const uint4* base = static_cast<const uint4*>(ranges[r].data);
-    for (unsigned at = begin + threadIdx.x * piece; at < end; at += 32 * piece) {
-      const unsigned size = (end - at < piece ? end - at : piece) * 16;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(size));
-    }
-  }
-#else
-  (void) ranges;
-#endif
-}
-
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or
 // newer), asked once per device.
 bool programmatic_launch() {
@@ -357,7 +321,6 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
   constexpr bool wide = W != decode_attention_warps;
   constexpr bool early = EARLY; // a.early_reads, compiled in: without it the kernel keeps no state across the wait
-  l2_prefetch_share(a.prefetch); // weights of later kernels: no kernel writes them
   if (!early) {
     grid_dependency_wait(); // q and the cache come from the previous kernel
     grid_dependents_launch();
@@ -818,7 +781,6 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       inv = a.rope.inv_freq[row * a.rope.inv_row_stride + unit % half];
     }
   };
-  l2_prefetch_share(a.prefetch); // weights of later kernels, behind this kernel's own first loads
   if (a.early_reads)
     read_state();
   grid_dependency_wait();
@@ -1447,16 +1409,6 @@ namespace {
 // whether fused::decode_attention may choose the wide kernel (set_decode_wide_attention).
 std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
-
-// Whether the ranges are whole 16 bytes at 16-byte boundaries, each under 32 GiB.
-bool valid_prefetch(const l2_range (&ranges)[max_l2_ranges]) {
-  for (const auto& r : ranges) {
-    if (r.bytes < 0 || r.bytes % 16 != 0 || r.bytes >= (std::int64_t{1} << 35)
-        || (r.bytes > 0 && (r.data == nullptr || reinterpret_cast<std::uintptr_t>(r.data) % 16 != 0)))
-      return false;
-  }
-  return true;
-}
 } // namespace
 
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
@@ -1466,8 +1418,6 @@ bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
   a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  if (!valid_prefetch(a.prefetch))
-    return cudaErrorInvalidValue;
   if (a.rows <= 0)
     return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
@@ -1577,8 +1527,6 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  if (!valid_prefetch(args.prefetch))
-    return cudaErrorInvalidValue;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>

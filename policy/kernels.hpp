@@ -30,17 +30,6 @@ enum class dtype : std::uint8_t { f32, f16, bf16 };
 cudaError_t add_rms_norm(dtype t, const void* delta, void* residual, const void* weight, void* out, std::int64_t rows,
                          std::int64_t dim, float eps, cudaStream_t stream);
 
-/// Bytes of device memory a later kernel reads (weights), for the L2 cache to fetch while a
-/// decoding kernel waits for the one before it: `data` 16-byte aligned, `bytes` a multiple of 16
-/// (0: none). The kernel's first blocks (at most 128) share the range out and issue
-/// cp.async.bulk.prefetch.L2 for it, sm_90 only (nothing on older devices); nothing waits for
-/// the bytes to arrive and nothing changes in what the kernel computes.
-struct l2_range {
-  const void* data = nullptr;
-  std::int64_t bytes = 0;
-};
-inline constexpr int max_l2_ranges = 2;
-
 /// RoPE of one new token per row, fused with the KV-cache write.
 struct rope_kv_args {
   const void* qkv = nullptr;         ///< [rows, (heads + 2 kv_heads) * head_dim]: q heads, k heads, v heads
@@ -95,8 +84,6 @@ struct decode_attention_args {
   /// only), so the first keys and values are loaded before waiting for it. Off by
   /// set_decode_early_reads(false).
   bool early_reads = false;
-  /// Ranges a later kernel of the step reads, fetched into L2 before this one waits (l2_range).
-  l2_range prefetch[max_l2_ranges];
 };
 
 /// The work division decode_attention uses for these arguments (their dtype, alignment, group
@@ -150,8 +137,6 @@ struct small_gemm_args {
   /// rope.lengths and rope.inv_freq (rope_kv), so they are read before waiting for it (the bias,
   /// a weight, always is). Off by set_decode_early_reads(false).
   bool early_reads = false;
-  /// Ranges a later kernel of the step reads, fetched into L2 before this one waits (l2_range).
-  l2_range prefetch[max_l2_ranges];
 };
 
 /// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the

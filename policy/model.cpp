@@ -924,30 +924,16 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     if (small_batch) {
       // Early reads: each kernel reads before its wait what the kernel just before it leaves alone
       // (the lengths, inv_freq, the cache below the new slot, the residual two kernels on).
-      // L2 prefetches (fused::prefetch_plan): kernels that read little have the MLP's weights
-      // fetched into L2 for the two that read the most.
-      const auto plan = fused::decode_prefetch();
-      const auto& gate_up = w.gate_up_weight;
-      const auto& down = layer->mlp->down_proj->weight;
-      fused::l2_prefetch at_qkv, at_attention, at_o, at_gate_up;
-      if (plan == fused::prefetch_plan::qkv)
-        at_qkv = {gate_up, down};
-      if (plan == fused::prefetch_plan::attention || plan == fused::prefetch_plan::spread) {
-        (plan == fused::prefetch_plan::spread ? at_qkv : at_attention) = {gate_up};
-        at_o = {down};
-        if (l + 1 < model->blocks.size())
-          at_gate_up = {(*layers)[l + 1].qkv_weight, model->blocks[l + 1]->self_attn->o_proj->weight};
-      }
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
-                                    c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true, at_qkv);
-      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true,
-                                          at_attention);
+                                    c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);
+      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
       fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual,
-                         /*early_reads=*/true, at_o);
+                         /*early_reads=*/true);
       auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
-                                          gate_up, w.gate_up_bias, at_gate_up);
-      fused::project_add(act, down, layer->mlp->down_proj->bias, residual, /*early_reads=*/true);
+                                          w.gate_up_weight, w.gate_up_bias);
+      fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual,
+                         /*early_reads=*/true);
       continue;
     }
     auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);

@@ -19,7 +19,6 @@
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
 
-#  include "policy/fused.hpp"
 #  include "policy/kernels.hpp"
 #endif
 
@@ -211,15 +210,6 @@ void set_decode_early_reads([[maybe_unused]] bool on) {
 void set_decode_wide_attention([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
   kernels::set_decode_wide_attention(on);
-#endif
-}
-
-void set_decode_prefetch([[maybe_unused]] std::string_view plan) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  fused::set_decode_prefetch(plan == "attention" ? fused::prefetch_plan::attention
-                             : plan == "spread"  ? fused::prefetch_plan::spread
-                             : plan == "qkv"     ? fused::prefetch_plan::qkv
-                                                 : fused::prefetch_plan::none);
 #endif
 }
 

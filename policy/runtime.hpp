@@ -71,11 +71,6 @@ void set_decode_early_reads(bool on);
 /// effect without CUDA.
 void set_decode_wide_attention(bool on);
 
-/// The decoding step's L2 prefetches (fused::set_decode_prefetch: kernels that read little have a
-/// later kernel's weights fetched into L2): "none" (the default), "attention", "spread" or "qkv"
-/// (fused::prefetch_plan), for this process; any other name is "none". No effect without CUDA.
-void set_decode_prefetch(std::string_view plan);
-
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

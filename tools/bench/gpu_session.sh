@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [prefetch] [learner] [grpo] [dp] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [learner] [grpo] [dp] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
 # variants, by default the engine's kernels, the same with the attention split and combined instead
 # of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
-# `prefetch` tests and measures the decoding step's L2 prefetch plans against none (three rotated passes);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
@@ -31,7 +30,7 @@ fi
 targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" prefetch "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
 # The GRPO update alone needs neither the CLI nor the NCCL tests.
 [[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
@@ -192,14 +191,6 @@ for line in sys.stdin:
       # Three passes, each starting one variant later; each variant's median pass is shown.
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
-    prefetch)
-      # The decoding step's L2 prefetch plans (fused::prefetch_plan) against none: the GPU tests,
-      # then batch 1 side by side (and LibTorch ops, and transformers).
-      timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${PREFETCH_BATCHES:-1} --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_prefetch_attention,small_prefetch_spread,small_prefetch_qkv --skip-hf \
-        --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     projections)
       # The one-row projections' single round of weight loads against two rounds: their GPU tests,
       # then decoding side by side (and LibTorch ops, and transformers).
