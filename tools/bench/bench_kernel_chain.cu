@@ -4,6 +4,7 @@
 //
 //   bench_kernel_chain [--device 0] [--kernels 130] [--replays 200] [--blocks 14,132,1216]
 //                      [--threads 128] [--mib 0,6] [--layers 24]
+//                      [--decode-blocks 144,14,112,1216,448,1056]... [--decode-threads 128,512,128,128,128,128]
 //
 // Each kernel of a chain reads its share of `weights` (16 bytes a load, up to eight loads a thread
 // before waiting for the previous kernel, the rest after), waits for the previous kernel
@@ -18,9 +19,11 @@
 // launched at the kernel's start or after its wait. The "decode" chain has the launch shapes and
 // weight bytes of a batch-1 decoding step of the random Qwen2.5-0.5B-shaped model (per layer: q/k/v
 // 144 blocks 2.06 MB, attention 14 blocks of 512 threads 0.26 MB, o 112 blocks 1.61 MB, gate/up
-// 1216 blocks 17.4 MB, down 112 blocks 8.72 MB; then the output matrix, 272 MB over 1056 blocks),
+// 1216 blocks 17.4 MB, down 448 blocks 8.72 MB; then the output matrix, 272 MB over 1056 blocks),
 // --layers layers: the time of that chain is what the step's kernels would take with no work but
-// their loads and one dependent read and write each.
+// their loads and one dependent read and write each. Each --decode-blocks (given once or more)
+// measures the chain with those six block counts instead (threads: --decode-threads), and each
+// kind of kernel alone in a chain of --layers kernels ("decode_kind" records).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -186,6 +189,8 @@ result run_chain(std::vector<launch> chain, bool pdl, bool trigger_at_start, con
 int main(int argc, char** argv) {
   int device = 0, kernels = 130, replays = 200, layers = 24;
   std::vector<long long> blocks = {14, 132, 1216}, threads = {128}, mib = {0, 6};
+  std::vector<std::vector<long long>> decode_blocks;
+  std::vector<long long> decode_threads = {128, 512, 128, 128, 128, 128};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) {
@@ -215,10 +220,15 @@ int main(int argc, char** argv) {
       threads = numbers(v, "--threads");
     else if (flag == "--mib")
       mib = numbers(v, "--mib");
+    else if (flag == "--decode-blocks")
+      decode_blocks.push_back(numbers(v, "--decode-blocks"));
+    else if (flag == "--decode-threads")
+      decode_threads = numbers(v, "--decode-threads");
     else {
       std::fprintf(stderr,
                    "usage: bench_kernel_chain [--device 0] [--kernels 130] [--replays 200] [--blocks 14,132,1216] "
-                   "[--threads 128] [--mib 0,6] [--layers 24]\n");
+                   "[--threads 128] [--mib 0,6] [--layers 24] [--decode-blocks 144,14,112,1216,448,1056]... "
+                   "[--decode-threads 128,512,128,128,128,128]\n");
       return 2;
     }
   }
@@ -232,29 +242,48 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_kernel_chain: --threads: each a multiple of 32 up to 1024\n");
       return 2;
     }
+
+  // The decoding step's kinds of kernel (see the top of this file), each with the block counts
+  // of every --decode-blocks.
+  const char* kind_names[6] = {"qkv", "attention", "o", "gate_up", "down", "output"};
+  const long long kind_bytes[6] = {1152LL * 896 * 2, 2LL * 2 * 512 * 64 * 2, 896LL * 896 * 2,
+                                   9728LL * 896 * 2, 896LL * 4864 * 2, 151936LL * 896 * 2};
+  if (decode_blocks.empty())
+    decode_blocks.push_back({144, 14, 112, 1216, 448, 1056});
+  for (const auto& d : decode_blocks)
+    if (d.size() != 6 || decode_threads.size() != 6) {
+      std::fprintf(stderr, "bench_kernel_chain: --decode-blocks and --decode-threads take six numbers each (q/k/v, "
+                           "attention, o, gate/up, down, output)\n");
+      return 2;
+    }
+  for (const auto& d : decode_blocks)
+    for (int k = 0; k < 6; ++k)
+      if (d[k] < 1 || d[k] > 65535 || decode_threads[k] < 32 || decode_threads[k] > 1024 || decode_threads[k] % 32 != 0) {
+        std::fprintf(stderr, "bench_kernel_chain: --decode-blocks between 1 and 65535, --decode-threads multiples of 32 "
+                             "up to 1024\n");
+        return 2;
+      }
+  auto decode_chain = [&](const std::vector<long long>& b) {
+    std::vector<launch> chain;
+    for (int l = 0; l < layers; ++l)
+      for (int k = 0; k < 5; ++k)
+        chain.push_back({static_cast<int>(b[k]), static_cast<int>(decode_threads[k]), kind_bytes[k]});
+    chain.push_back({static_cast<int>(b[5]), static_cast<int>(decode_threads[5]), kind_bytes[5]});
+    return chain;
+  };
+
   check(cudaSetDevice(device), "set device");
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, device), "properties");
-
-  // The decoding step's shapes (see the top of this file).
-  std::vector<launch> decode;
-  for (int l = 0; l < layers; ++l) {
-    decode.push_back({144, 128, 1152LL * 896 * 2});
-    decode.push_back({14, 512, 2LL * 2 * 512 * 64 * 2});
-    decode.push_back({112, 128, 896LL * 896 * 2});
-    decode.push_back({1216, 128, 9728LL * 896 * 2});
-    decode.push_back({112, 128, 896LL * 4864 * 2});
-  }
-  decode.push_back({1056, 128, 151936LL * 896 * 2});
-
   long long most_bytes = 0;
   int most_blocks = 1;
   for (auto m : mib)
     most_bytes = std::max(most_bytes, m << 20);
-  for (const auto& d : decode) {
-    most_bytes = std::max(most_bytes, d.bytes);
-    most_blocks = std::max(most_blocks, d.blocks);
-  }
+  for (const auto& d : decode_blocks)
+    for (int k = 0; k < 6; ++k) {
+      most_bytes = std::max(most_bytes, kind_bytes[k]);
+      most_blocks = std::max(most_blocks, static_cast<int>(d[k]));
+    }
   for (auto b : blocks)
     most_blocks = std::max(most_blocks, static_cast<int>(b));
   // The weights all kernels read (run_chain places each kernel's bytes), at least 1 GiB.
@@ -300,7 +329,21 @@ int main(int argc, char** argv) {
         std::snprintf(extra, sizeof extra, ", \"blocks\": %lld, \"threads\": %lld, \"mib_per_kernel\": %lld", b, t, m);
         report("uniform", chain, extra);
       }
-  report("decode", decode, "");
+  for (const auto& d : decode_blocks) {
+    char extra[160];
+    std::snprintf(extra, sizeof extra, ", \"blocks\": [%lld, %lld, %lld, %lld, %lld, %lld]", d[0], d[1], d[2], d[3], d[4],
+                  d[5]);
+    report("decode", decode_chain(d), extra);
+    for (int k = 0; k < 6; ++k) {
+      const int n = k == 5 ? 1 : layers;
+      std::vector<launch> alone(static_cast<std::size_t>(n),
+                                launch{static_cast<int>(d[k]), static_cast<int>(decode_threads[k]), kind_bytes[k]});
+      char kind[160];
+      std::snprintf(kind, sizeof kind, ", \"kind_of_kernel\": \"%s\", \"blocks\": %lld, \"threads\": %lld",
+                    kind_names[k], d[k], decode_threads[k]);
+      report("decode_kind", alone, kind);
+    }
+  }
   if (!all_correct) {
     std::fprintf(stderr, "bench_kernel_chain: a chain's last kernel saw a wrong value: the dependency was not honoured\n");
     return 1;

@@ -197,7 +197,8 @@ for line in sys.stdin:
     chain)
       # Chains of dependent kernels with no work but their weight loads: uniform ones, and one
       # with the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.
-      $B/tools/bench/bench_kernel_chain --blocks 14,132,264,1216 --mib 0,6 2>&1 | tee "$OUT/chain.jsonl" ;;
+      # CHAIN_ARGS replaces the arguments (e.g. several --decode-blocks).
+      $B/tools/bench/bench_kernel_chain ${CHAIN_ARGS:---blocks 14,132,264,1216 --mib 0,6} 2>&1 | tee "$OUT/chain.jsonl" ;;
     projections)
       # The one-row projections' single round of weight loads against two rounds: their GPU tests,
       # then decoding side by side (and LibTorch ops, and transformers).
