@@ -321,9 +321,12 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
   constexpr bool wide = W != decode_attention_warps;
   constexpr bool early = EARLY; // a.early_reads, compiled in: without it the kernel keeps no state across the wait
+  if (a.early_launch)
+    grid_dependents_launch(); // the next kernel's blocks may take free SMs and load their weights now
   if (!early) {
     grid_dependency_wait(); // q and the cache come from the previous kernel
-    grid_dependents_launch();
+    if (!a.early_launch)
+      grid_dependents_launch();
   }
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
   constexpr int E = max_vectors * VEC;                            // elements per lane and key
@@ -349,7 +352,8 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   if (wide ? n <= 0 : split * a.chunk >= n) { // no slot of this row here
     if (early) {
       grid_dependency_wait(); // every block waits before it lets the next kernel start or exits
-      grid_dependents_launch();
+      if (!a.early_launch)
+        grid_dependents_launch();
     }
     if (a.splits == 1) {      // n == 0: nothing to attend to; zeros, as the combine kernel writes
       T* out = static_cast<T*>(a.out) + first_head * d;
@@ -408,7 +412,8 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
       load_round(run.begin, 0, length); // slots written by earlier steps
     }
     grid_dependency_wait(); // q and the new token's slot come from the previous kernel
-    grid_dependents_launch();
+    if (!a.early_launch)
+      grid_dependents_launch();
     if (run.begin < run.end)
       load_round(run.begin, length, every);
   }
@@ -725,6 +730,8 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   const int rows = R == 1 ? 1 : static_cast<int>(a.rows);
   const int k = static_cast<int>(a.k), kv = k / vec;
   const uint4* x = static_cast<const uint4*>(a.x);
+  if (a.early_launch)
+    grid_dependents_launch(); // the next kernel's blocks may take free SMs and load their weights now
 
   // 1. The first loads of the unit's weight rows, before waiting for the previous kernel: weights
   // are no kernel's output, so under programmatic dependent launch these overlap its tail.
@@ -820,7 +827,8 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
     }
   }
   __syncthreads();
-  grid_dependents_launch(); // the next kernel's weight loads may start
+  if (!a.early_launch)
+    grid_dependents_launch(); // the next kernel's weight loads may start
 
   // 3. Two rows' dot products with every input row.
   float acc_a[R], acc_b[R];
@@ -1409,15 +1417,18 @@ namespace {
 // whether fused::decode_attention may choose the wide kernel (set_decode_wide_attention).
 std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
+std::atomic<bool> decode_early_launch{false}; // set_decode_early_launch
 } // namespace
 
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
+void set_decode_early_launch(bool on) { decode_early_launch.store(on, std::memory_order_relaxed); }
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
   a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
+  a.early_launch = a.early_reads && decode_early_launch.load(std::memory_order_relaxed);
   if (a.rows <= 0)
     return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
@@ -1527,6 +1538,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
+  args.early_launch = args.early_reads && decode_early_launch.load(std::memory_order_relaxed);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>

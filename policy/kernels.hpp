@@ -84,6 +84,8 @@ struct decode_attention_args {
   /// only), so the first keys and values are loaded before waiting for it. Off by
   /// set_decode_early_reads(false).
   bool early_reads = false;
+  /// Set by decode_attention from set_decode_early_launch where early_reads holds; callers leave it.
+  bool early_launch = false;
 };
 
 /// The work division decode_attention uses for these arguments (their dtype, alignment, group
@@ -99,6 +101,13 @@ std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int
 /// on) for this process; off, every read waits for the previous kernel, so that benchmarks and
 /// tests compare the two.
 void set_decode_early_reads(bool on);
+
+/// Whether the decoding kernels launched with early_reads let the next kernel start
+/// (griddepcontrol.launch_dependents) as they begin, before their own wait, so that its blocks take
+/// free SMs and issue their weight loads sooner; off (the default), after their wait and, in the
+/// projections, after staging their inputs. Either way the next kernel's own wait orders its
+/// reads after this kernel. For this process; benchmarks and tests compare the two.
+void set_decode_early_launch(bool on);
 
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
@@ -137,6 +146,8 @@ struct small_gemm_args {
   /// rope.lengths and rope.inv_freq (rope_kv), so they are read before waiting for it (the bias,
   /// a weight, always is). Off by set_decode_early_reads(false).
   bool early_reads = false;
+  /// Set by the launch from set_decode_early_launch where early_reads holds; callers leave it.
+  bool early_launch = false;
 };
 
 /// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the

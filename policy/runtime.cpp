@@ -213,4 +213,10 @@ void set_decode_wide_attention([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_decode_early_launch([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_early_launch(on);
+#endif
+}
+
 } // namespace crucible::policy

@@ -484,6 +484,74 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
                        doctest::Contains("weight must be contiguous"), c10::Error);
 }
 
+// kernels::set_decode_early_launch for a scope; off again after it, also when a check throws.
+struct early_launch_scope {
+  explicit early_launch_scope(bool on) { kernels::set_decode_early_launch(on); }
+  ~early_launch_scope() { kernels::set_decode_early_launch(false); }
+  early_launch_scope(const early_launch_scope&) = delete;
+  early_launch_scope& operator=(const early_launch_scope&) = delete;
+};
+
+TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
+  auto c = tiny_config(model_family::qwen2, 896, 14, 2);
+  auto m = scaled_random_model(c, 7, 4.0);
+  m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  REQUIRE(m->fused_decode_ready());
+  torch::NoGradGuard g;
+  for (std::int64_t rows : {1, 3}) {
+    CAPTURE(rows);
+    auto ids = torch::randint(0, 1000, {rows, 9}, on_gpu(torch::kLong));
+    auto cache = m->make_cache(rows, 64);
+    m->prefill(ids, cache, torch::full({rows}, 9L, on_gpu(torch::kLong)));
+    for (int step = 0; step < 6; ++step) {
+      auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
+      auto a = deep_copy(cache), b = deep_copy(cache);
+      auto late = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+      torch::Tensor early;
+      {
+        const early_launch_scope scope(true);
+        early = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+      }
+      CHECK(torch::equal(late, early));
+      CHECK(torch::equal(a.lengths, b.lengths));
+      for (std::size_t l = 0; l < a.keys.size(); ++l) {
+        CHECK(torch::equal(a.keys[l], b.keys[l]));
+        CHECK(torch::equal(a.values[l], b.values[l]));
+      }
+      cache = std::move(b);
+    }
+  }
+  // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
+  {
+    const early_launch_scope scope(true);
+    auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
+    auto cache = m->make_cache(1, 64);
+    m->prefill(ids, cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
+    auto eager_cache = deep_copy(cache);
+    auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+    auto stream = c10::cuda::getStreamFromPool();
+    at::cuda::CUDAGraph graph;
+    torch::Tensor logits;
+    {
+      c10::cuda::CUDAStreamGuard guard(stream);
+      auto warm = deep_copy(cache);
+      m->forward_step(next, warm, {}, true, true); // allocations and first-call work outside the capture
+      graph.capture_begin();
+      logits = m->forward_step(next, cache, {}, true, true);
+      graph.capture_end();
+    }
+    torch::cuda::synchronize();
+    // The capture ran nothing: the graph's first replay is the first step.
+    for (int step = 0; step < 4; ++step) {
+      graph.replay();
+      auto want = m->forward_step(next, eager_cache, {}, true, true);
+      torch::cuda::synchronize();
+      CHECK(torch::equal(logits, want));
+      CHECK(torch::equal(cache.lengths, eager_cache.lengths));
+    }
+  }
+}
+
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
   torch::manual_seed(16);
   torch::NoGradGuard g;
