@@ -1417,7 +1417,7 @@ namespace {
 // whether fused::decode_attention may choose the wide kernel (set_decode_wide_attention).
 std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
-std::atomic<bool> decode_early_launch{false}; // set_decode_early_launch
+std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
 } // namespace
 
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
@@ -1428,7 +1428,7 @@ bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
   a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  a.early_launch = a.early_reads && decode_early_launch.load(std::memory_order_relaxed);
+  a.early_launch = a.early_reads && a.rows == 1 && decode_early_launch.load(std::memory_order_relaxed);
   if (a.rows <= 0)
     return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
@@ -1538,7 +1538,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  args.early_launch = args.early_reads && decode_early_launch.load(std::memory_order_relaxed);
+  args.early_launch = args.early_reads && a.rows == 1 && decode_early_launch.load(std::memory_order_relaxed);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>

@@ -84,7 +84,7 @@ struct decode_attention_args {
   /// only), so the first keys and values are loaded before waiting for it. Off by
   /// set_decode_early_reads(false).
   bool early_reads = false;
-  /// Set by decode_attention from set_decode_early_launch where early_reads holds; callers leave it.
+  /// Set by decode_attention from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
 };
 
@@ -102,11 +102,12 @@ std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int
 /// tests compare the two.
 void set_decode_early_reads(bool on);
 
-/// Whether the decoding kernels launched with early_reads let the next kernel start
+/// Whether the decoding kernels of one row launched with early_reads let the next kernel start
 /// (griddepcontrol.launch_dependents) as they begin, before their own wait, so that its blocks take
-/// free SMs and issue their weight loads sooner; off (the default), after their wait and, in the
-/// projections, after staging their inputs. Either way the next kernel's own wait orders its
-/// reads after this kernel. For this process; benchmarks and tests compare the two.
+/// free SMs and issue their weight loads sooner (the default, on); off, and at more rows, after
+/// their wait and, in the projections, after staging their inputs (at batch 4 launching early was
+/// slower: docs/PERFORMANCE.md). Either way the next kernel's own wait orders its reads after this
+/// kernel. For this process; benchmarks and tests compare the two.
 void set_decode_early_launch(bool on);
 
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
@@ -146,7 +147,7 @@ struct small_gemm_args {
   /// rope.lengths and rope.inv_freq (rope_kv), so they are read before waiting for it (the bias,
   /// a weight, always is). Off by set_decode_early_reads(false).
   bool early_reads = false;
-  /// Set by the launch from set_decode_early_launch where early_reads holds; callers leave it.
+  /// Set by the launch from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
 };
 

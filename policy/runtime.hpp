@@ -71,8 +71,9 @@ void set_decode_early_reads(bool on);
 /// effect without CUDA.
 void set_decode_wide_attention(bool on);
 
-/// Lets the decoding kernels launch the next kernel as they begin (kernels::set_decode_early_launch),
-/// or after their wait, the default, for this process. No effect without CUDA.
+/// Lets the decoding kernels of one row launch the next kernel as they begin
+/// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No
+/// effect without CUDA.
 void set_decode_early_launch(bool on);
 
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.

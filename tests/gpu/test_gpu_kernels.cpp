@@ -484,10 +484,11 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
                        doctest::Contains("weight must be contiguous"), c10::Error);
 }
 
-// kernels::set_decode_early_launch for a scope; off again after it, also when a check throws.
+// kernels::set_decode_early_launch for a scope; on (the default) again after it, also when a check
+// throws.
 struct early_launch_scope {
   explicit early_launch_scope(bool on) { kernels::set_decode_early_launch(on); }
-  ~early_launch_scope() { kernels::set_decode_early_launch(false); }
+  ~early_launch_scope() { kernels::set_decode_early_launch(true); }
   early_launch_scope(const early_launch_scope&) = delete;
   early_launch_scope& operator=(const early_launch_scope&) = delete;
 };
@@ -506,11 +507,11 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
     for (int step = 0; step < 6; ++step) {
       auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
       auto a = deep_copy(cache), b = deep_copy(cache);
-      auto late = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-      torch::Tensor early;
+      auto early = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true); // at one row
+      torch::Tensor late;
       {
-        const early_launch_scope scope(true);
-        early = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+        const early_launch_scope scope(false);
+        late = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
       }
       CHECK(torch::equal(late, early));
       CHECK(torch::equal(a.lengths, b.lengths));
@@ -523,7 +524,6 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
   }
   // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
   {
-    const early_launch_scope scope(true);
     auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
     auto cache = m->make_cache(1, 64);
     m->prefill(ids, cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
