@@ -552,6 +552,45 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
   }
 }
 
+// kernels::set_decode_norm_prefetch for a scope; off (the default) again after it, also when a
+// check throws.
+struct norm_prefetch_scope {
+  explicit norm_prefetch_scope(bool on) { kernels::set_decode_norm_prefetch(on); }
+  ~norm_prefetch_scope() { kernels::set_decode_norm_prefetch(false); }
+  norm_prefetch_scope(const norm_prefetch_scope&) = delete;
+  norm_prefetch_scope& operator=(const norm_prefetch_scope&) = delete;
+};
+
+TEST_CASE("projections with their norm weight prefetched to L1 equal those without, bit for bit") {
+  auto c = tiny_config(model_family::qwen2, 896, 14, 2);
+  auto m = scaled_random_model(c, 8, 4.0);
+  m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
+  REQUIRE(m->fused_decode_ready());
+  torch::NoGradGuard g;
+  for (std::int64_t rows : {1, 3}) {
+    CAPTURE(rows);
+    auto ids = torch::randint(0, 1000, {rows, 9}, on_gpu(torch::kLong));
+    auto cache = m->make_cache(rows, 64);
+    m->prefill(ids, cache, torch::full({rows}, 9L, on_gpu(torch::kLong)));
+    for (int step = 0; step < 4; ++step) {
+      auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
+      auto a = deep_copy(cache), b = deep_copy(cache);
+      auto plain = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+      torch::Tensor fetched;
+      {
+        const norm_prefetch_scope scope(true);
+        fetched = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+      }
+      CHECK(torch::equal(plain, fetched));
+      for (std::size_t l = 0; l < a.keys.size(); ++l) {
+        CHECK(torch::equal(a.keys[l], b.keys[l]));
+        CHECK(torch::equal(a.values[l], b.values[l]));
+      }
+      cache = std::move(b);
+    }
+  }
+}
+
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
   torch::manual_seed(16);
   torch::NoGradGuard g;
