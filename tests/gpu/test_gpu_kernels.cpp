@@ -484,111 +484,96 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
                        doctest::Contains("weight must be contiguous"), c10::Error);
 }
 
-// kernels::set_decode_early_launch for a scope; on (the default) again after it, also when a check
-// throws.
-struct early_launch_scope {
-  explicit early_launch_scope(bool on) { kernels::set_decode_early_launch(on); }
-  ~early_launch_scope() { kernels::set_decode_early_launch(true); }
-  early_launch_scope(const early_launch_scope&) = delete;
-  early_launch_scope& operator=(const early_launch_scope&) = delete;
+namespace {
+
+// A process-wide decoding switch (kernels::set_decode_*) at `value` for a scope; `restore` (its
+// default) again after it, also when a check throws.
+struct switch_scope {
+  switch_scope(void (*set)(bool), bool value, bool restore) : set_(set), restore_(restore) { set_(value); }
+  ~switch_scope() { set_(restore_); }
+  switch_scope(const switch_scope&) = delete;
+  switch_scope& operator=(const switch_scope&) = delete;
+
+ private:
+  void (*set_)(bool);
+  bool restore_;
 };
 
-TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
-  auto c = tiny_config(model_family::qwen2, 896, 14, 2);
-  auto m = scaled_random_model(c, 7, 4.0);
+// A tiny bf16 model with Qwen2.5-0.5B's heads (14 of 64 over 2 KV heads), on the GPU.
+CausalLM tiny_05b_heads(std::uint64_t seed) {
+  auto m = scaled_random_model(tiny_config(model_family::qwen2, 896, 14, 2), seed, 4.0);
   m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
   REQUIRE(m->fused_decode_ready());
+  return m;
+}
+
+// `steps` fused decoding steps at 1 and 3 rows, each from the same cache with the switch `set`
+// at its default and at the other value: the logits, the caches and the lengths equal bit for bit.
+void check_switch_changes_nothing(void (*set)(bool), bool default_value, std::uint64_t seed, int steps) {
+  auto m = tiny_05b_heads(seed);
   torch::NoGradGuard g;
   for (std::int64_t rows : {1, 3}) {
     CAPTURE(rows);
     auto ids = torch::randint(0, 1000, {rows, 9}, on_gpu(torch::kLong));
     auto cache = m->make_cache(rows, 64);
     m->prefill(ids, cache, torch::full({rows}, 9L, on_gpu(torch::kLong)));
-    for (int step = 0; step < 6; ++step) {
+    for (int step = 0; step < steps; ++step) {
       auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
       auto a = deep_copy(cache), b = deep_copy(cache);
-      auto early = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true); // at one row
-      torch::Tensor late;
+      auto by_default = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+      torch::Tensor other;
       {
-        const early_launch_scope scope(false);
-        late = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+        const switch_scope scope(set, !default_value, default_value);
+        other = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
       }
-      CHECK(torch::equal(late, early));
+      CHECK(torch::equal(by_default, other));
       CHECK(torch::equal(a.lengths, b.lengths));
       for (std::size_t l = 0; l < a.keys.size(); ++l) {
         CHECK(torch::equal(a.keys[l], b.keys[l]));
         CHECK(torch::equal(a.values[l], b.values[l]));
       }
-      cache = std::move(b);
-    }
-  }
-  // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
-  {
-    auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
-    auto cache = m->make_cache(1, 64);
-    m->prefill(ids, cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
-    auto eager_cache = deep_copy(cache);
-    auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
-    auto stream = c10::cuda::getStreamFromPool();
-    at::cuda::CUDAGraph graph;
-    torch::Tensor logits;
-    {
-      c10::cuda::CUDAStreamGuard guard(stream);
-      auto warm = deep_copy(cache);
-      m->forward_step(next, warm, {}, true, true); // allocations and first-call work outside the capture
-      graph.capture_begin();
-      logits = m->forward_step(next, cache, {}, true, true);
-      graph.capture_end();
-    }
-    torch::cuda::synchronize();
-    // The capture ran nothing: the graph's first replay is the first step.
-    for (int step = 0; step < 4; ++step) {
-      graph.replay();
-      auto want = m->forward_step(next, eager_cache, {}, true, true);
-      torch::cuda::synchronize();
-      CHECK(torch::equal(logits, want));
-      CHECK(torch::equal(cache.lengths, eager_cache.lengths));
+      cache = std::move(a);
     }
   }
 }
 
-// kernels::set_decode_norm_prefetch for a scope; off (the default) again after it, also when a
-// check throws.
-struct norm_prefetch_scope {
-  explicit norm_prefetch_scope(bool on) { kernels::set_decode_norm_prefetch(on); }
-  ~norm_prefetch_scope() { kernels::set_decode_norm_prefetch(false); }
-  norm_prefetch_scope(const norm_prefetch_scope&) = delete;
-  norm_prefetch_scope& operator=(const norm_prefetch_scope&) = delete;
-};
+} // namespace
+
+TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
+  // The early launch is the default at one row; at three rows both run the same kernels.
+  check_switch_changes_nothing(kernels::set_decode_early_launch, true, 7, 6);
+  // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
+  auto m = tiny_05b_heads(7);
+  torch::NoGradGuard g;
+  auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
+  auto cache = m->make_cache(1, 64);
+  m->prefill(ids, cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
+  auto eager_cache = deep_copy(cache);
+  auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+  auto stream = c10::cuda::getStreamFromPool();
+  at::cuda::CUDAGraph graph;
+  torch::Tensor logits;
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    auto warm = deep_copy(cache);
+    m->forward_step(next, warm, {}, true, true); // allocations and first-call work outside the capture
+    graph.capture_begin();
+    logits = m->forward_step(next, cache, {}, true, true);
+    graph.capture_end();
+  }
+  torch::cuda::synchronize();
+  // The capture ran nothing: the graph's first replay is the first step.
+  for (int step = 0; step < 4; ++step) {
+    graph.replay();
+    auto want = m->forward_step(next, eager_cache, {}, true, true);
+    torch::cuda::synchronize();
+    CHECK(torch::equal(logits, want));
+    CHECK(torch::equal(cache.lengths, eager_cache.lengths));
+  }
+}
 
 TEST_CASE("projections with their norm weight prefetched to L1 equal those without, bit for bit") {
-  auto c = tiny_config(model_family::qwen2, 896, 14, 2);
-  auto m = scaled_random_model(c, 8, 4.0);
-  m->to(torch::Device(torch::kCUDA, 0), torch::kBFloat16);
-  REQUIRE(m->fused_decode_ready());
-  torch::NoGradGuard g;
-  for (std::int64_t rows : {1, 3}) {
-    CAPTURE(rows);
-    auto ids = torch::randint(0, 1000, {rows, 9}, on_gpu(torch::kLong));
-    auto cache = m->make_cache(rows, 64);
-    m->prefill(ids, cache, torch::full({rows}, 9L, on_gpu(torch::kLong)));
-    for (int step = 0; step < 4; ++step) {
-      auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
-      auto a = deep_copy(cache), b = deep_copy(cache);
-      auto plain = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-      torch::Tensor fetched;
-      {
-        const norm_prefetch_scope scope(true);
-        fetched = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
-      }
-      CHECK(torch::equal(plain, fetched));
-      for (std::size_t l = 0; l < a.keys.size(); ++l) {
-        CHECK(torch::equal(a.keys[l], b.keys[l]));
-        CHECK(torch::equal(a.values[l], b.values[l]));
-      }
-      cache = std::move(b);
-    }
-  }
+  check_switch_changes_nothing(kernels::set_decode_norm_prefetch, false, 8, 4);
 }
 
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
