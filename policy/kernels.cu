@@ -323,10 +323,9 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   constexpr bool early = EARLY; // a.early_reads, compiled in: without it the kernel keeps no state across the wait
   if (a.early_launch)
     grid_dependents_launch(); // the next kernel's blocks may take free SMs and load their weights now
-  if (!early) {
+  if (!early) { // a.early_launch is set only with early reads
     grid_dependency_wait(); // q and the cache come from the previous kernel
-    if (!a.early_launch)
-      grid_dependents_launch();
+    grid_dependents_launch();
   }
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
   constexpr int E = max_vectors * VEC;                            // elements per lane and key
@@ -1426,6 +1425,12 @@ std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
 std::atomic<bool> decode_norm_prefetch{false}; // set_decode_norm_prefetch
+
+// Whether a decoding kernel launches the next as it begins (set_decode_early_launch): with early
+// reads, at one row only.
+bool launch_early_at(bool early_reads, std::int64_t rows) {
+  return early_reads && rows == 1 && decode_early_launch.load(std::memory_order_relaxed);
+}
 } // namespace
 
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
@@ -1437,7 +1442,7 @@ bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
   a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  a.early_launch = a.early_reads && a.rows == 1 && decode_early_launch.load(std::memory_order_relaxed);
+  a.early_launch = launch_early_at(a.early_reads, a.rows);
   if (a.rows <= 0)
     return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
@@ -1547,7 +1552,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  args.early_launch = args.early_reads && a.rows == 1 && decode_early_launch.load(std::memory_order_relaxed);
+  args.early_launch = launch_early_at(args.early_reads, a.rows);
   args.norm_prefetch = decode_norm_prefetch.load(std::memory_order_relaxed);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <random>
 #include <sstream>
 #include <string>
@@ -132,10 +133,15 @@ bench_options parse(int argc, char** argv) {
       o.kernels.clear();
       std::stringstream ss{v};
       for (std::string item; std::getline(ss, item, ',');) {
-        if (item != "small" && item != "small_rounds" && item != "small_split" && item != "small_late"
-            && item != "small_launch_late" && item != "small_norm_prefetch" && item != "fused" && item != "libtorch")
-          usage("--kernels: expected small, small_rounds, small_split, small_late, small_launch_late, "
-                "small_norm_prefetch, fused or libtorch, got '" + item + "'");
+        static const char* const known[] = {"small",      "small_rounds",        "small_split",
+                                            "small_late", "small_launch_late",   "small_norm_prefetch",
+                                            "fused",      "libtorch"};
+        if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
+          std::string names;
+          for (const char* k : known)
+            names += (names.empty() ? "" : ", ") + std::string(k);
+          usage("--kernels: expected one of " + names + ", got '" + item + "'");
+        }
         o.kernels.push_back(item);
       }
       if (o.kernels.empty())

@@ -232,16 +232,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  for (auto b : blocks)
-    if (b < 1 || b > 65535) {
-      std::fprintf(stderr, "bench_kernel_chain: --blocks: each between 1 and 65535\n");
-      return 2;
-    }
-  for (auto t : threads)
-    if (t < 32 || t > 1024 || t % 32 != 0) {
-      std::fprintf(stderr, "bench_kernel_chain: --threads: each a multiple of 32 up to 1024\n");
-      return 2;
-    }
+  auto good_blocks = [](long long b) { return b >= 1 && b <= 65535; };
+  auto good_threads = [](long long t) { return t >= 32 && t <= 1024 && t % 32 == 0; };
+  if (!std::all_of(blocks.begin(), blocks.end(), good_blocks)) {
+    std::fprintf(stderr, "bench_kernel_chain: --blocks: each between 1 and 65535\n");
+    return 2;
+  }
+  if (!std::all_of(threads.begin(), threads.end(), good_threads)) {
+    std::fprintf(stderr, "bench_kernel_chain: --threads: each a multiple of 32 up to 1024\n");
+    return 2;
+  }
 
   // The decoding step's kinds of kernel (see the top of this file), each with the block counts
   // of every --decode-blocks.
@@ -250,19 +250,22 @@ int main(int argc, char** argv) {
                                    9728LL * 896 * 2, 896LL * 4864 * 2, 151936LL * 896 * 2};
   if (decode_blocks.empty())
     decode_blocks.push_back({144, 14, 112, 1216, 448, 1056});
-  for (const auto& d : decode_blocks)
-    if (d.size() != 6 || decode_threads.size() != 6) {
-      std::fprintf(stderr, "bench_kernel_chain: --decode-blocks and --decode-threads take six numbers each (q/k/v, "
-                           "attention, o, gate/up, down, output)\n");
-      return 2;
-    }
-  for (const auto& d : decode_blocks)
-    for (int k = 0; k < 6; ++k)
-      if (d[k] < 1 || d[k] > 65535 || decode_threads[k] < 32 || decode_threads[k] > 1024 || decode_threads[k] % 32 != 0) {
-        std::fprintf(stderr, "bench_kernel_chain: --decode-blocks between 1 and 65535, --decode-threads multiples of 32 "
-                             "up to 1024\n");
-        return 2;
-      }
+  const bool six = decode_threads.size() == 6
+                   && std::all_of(decode_blocks.begin(), decode_blocks.end(), [](const auto& d) { return d.size() == 6; });
+  if (!six) {
+    std::fprintf(stderr, "bench_kernel_chain: --decode-blocks and --decode-threads take six numbers each (q/k/v, "
+                         "attention, o, gate/up, down, output)\n");
+    return 2;
+  }
+  const bool good_decode = std::all_of(decode_threads.begin(), decode_threads.end(), good_threads)
+                           && std::all_of(decode_blocks.begin(), decode_blocks.end(), [&](const auto& d) {
+                                return std::all_of(d.begin(), d.end(), good_blocks);
+                              });
+  if (!good_decode) {
+    std::fprintf(stderr, "bench_kernel_chain: --decode-blocks between 1 and 65535, --decode-threads multiples of 32 "
+                         "up to 1024\n");
+    return 2;
+  }
   auto decode_chain = [&](const std::vector<long long>& b) {
     std::vector<launch> chain;
     for (int l = 0; l < layers; ++l)
