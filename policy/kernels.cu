@@ -787,13 +787,6 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       inv = a.rope.inv_freq[row * a.rope.inv_row_stride + unit % half];
     }
   };
-  // The norm weight (a weight, long out of L2 by now) toward L1 before the wait, a line at a
-  // time, so that the normalising pass after the wait does not wait on memory for it.
-  if (a.norm_weight != nullptr && a.norm_prefetch) {
-    constexpr int per_line = 128 / 16;
-    for (int i = threadIdx.x * per_line; i < kv; i += blockDim.x * per_line)
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(static_cast<const uint4*>(a.norm_weight) + i));
-  }
   if (a.early_reads)
     read_state();
   grid_dependency_wait();
@@ -1424,7 +1417,6 @@ namespace {
 std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
-std::atomic<bool> decode_norm_prefetch{false}; // set_decode_norm_prefetch
 
 // Whether a decoding kernel launches the next as it begins (set_decode_early_launch): with early
 // reads, at one row only.
@@ -1435,7 +1427,6 @@ bool launch_early_at(bool early_reads, std::int64_t rows) {
 
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
 void set_decode_early_launch(bool on) { decode_early_launch.store(on, std::memory_order_relaxed); }
-void set_decode_norm_prefetch(bool on) { decode_norm_prefetch.store(on, std::memory_order_relaxed); }
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
 
@@ -1553,7 +1544,6 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
   args.early_launch = launch_early_at(args.early_reads, a.rows);
-  args.norm_prefetch = decode_norm_prefetch.load(std::memory_order_relaxed);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>

@@ -110,12 +110,6 @@ void set_decode_early_reads(bool on);
 /// kernel. For this process; benchmarks and tests compare the two.
 void set_decode_early_launch(bool on);
 
-/// Whether the projections that start with an RMSNorm prefetch its weight to L1 before their
-/// wait, so that the normalising pass after the wait finds it there; off (the default until it is
-/// measured on a GPU), it is read from memory after the wait. For this process; benchmarks and
-/// tests compare the two.
-void set_decode_norm_prefetch(bool on);
-
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
 void set_decode_wide_attention(bool on);
@@ -155,8 +149,6 @@ struct small_gemm_args {
   bool early_reads = false;
   /// Set by the launch from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
-  /// Set by the launch from set_decode_norm_prefetch; callers leave it.
-  bool norm_prefetch = false;
 };
 
 /// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the

@@ -219,10 +219,4 @@ void set_decode_early_launch([[maybe_unused]] bool on) {
 #endif
 }
 
-void set_decode_norm_prefetch([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_norm_prefetch(on);
-#endif
-}
-
 } // namespace crucible::policy

@@ -76,10 +76,6 @@ void set_decode_wide_attention(bool on);
 /// effect without CUDA.
 void set_decode_early_launch(bool on);
 
-/// Lets the projections that start with an RMSNorm prefetch its weight to L1 before their wait
-/// (kernels::set_decode_norm_prefetch; off by default), for this process. No effect without CUDA.
-void set_decode_norm_prefetch(bool on);
-
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

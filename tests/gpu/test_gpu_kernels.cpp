@@ -572,10 +572,6 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
   }
 }
 
-TEST_CASE("projections with their norm weight prefetched to L1 equal those without, bit for bit") {
-  check_switch_changes_nothing(kernels::set_decode_norm_prefetch, false, 8, 4);
-}
-
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
   torch::manual_seed(16);
   torch::NoGradGuard g;

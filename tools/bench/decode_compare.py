@@ -80,7 +80,6 @@ def main():
                          "small_split = the same with the attention always split and combined (no wide kernel), "
                          "small_late = the same with every read after waiting for the previous kernel, "
                          "small_launch_late = the same with each kernel launching the next after its wait, not as it begins, "
-                         "small_norm_prefetch = the same with the norm weights prefetched to L1 before the wait, "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,

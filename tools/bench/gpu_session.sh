@@ -6,8 +6,8 @@
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
 # variants, by default the engine's kernels, the same with the attention split and combined instead
 # of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
-# `launch` tests and measures the decoding kernels launching the next as they begin against after their wait,
-# and the norm weights prefetched to L1 (and transformers beside them);
+# `launch` tests and measures the decoding kernels launching the next as they begin against after their wait
+# (and transformers beside them);
 # `chain` measures what a chain of dependent kernels costs by itself (bench_kernel_chain);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
@@ -198,13 +198,12 @@ for line in sys.stdin:
         --rounds 3 --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     launch)
       # Each decoding kernel launching the next as it begins (policy::set_decode_early_launch, at
-      # one row) against after its wait, and the norm weights prefetched to L1 before the wait
-      # (policy::set_decode_norm_prefetch): the GPU tests, then decoding side by side (three rotated
+      # one row) against after its wait: the GPU tests, then decoding side by side (three rotated
       # passes) and transformers' generate.
       timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAUNCH_BATCHES:-1,16,64} --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_launch_late,small_norm_prefetch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+        --rounds 3 --kernels small,small_launch_late --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     chain)
       # Chains of dependent kernels with no work but their weight loads: uniform ones, and one
       # with the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.
