@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "policy/decode_layers.hpp"
 #include "policy/kernels.hpp"
 
 namespace crucible::policy::fused {
@@ -344,6 +347,103 @@ torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tens
   return out;
 }
 
+bool decode_layers_ready(torch::ScalarType dtype, std::int64_t layers, const decode_shape& s) {
+  return kernels::decode_layers_enabled() && supported_dtype(dtype)
+         && kernels::decode_layers_supported(kernel_dtype_of(dtype), layers, s.hidden, s.inter, s.heads, s.kv_heads,
+                                             s.head_dim);
+}
+
+void decode_layers(torch::Tensor& residual, const std::vector<decode_layer>& layers, const decode_shape& s,
+                   const torch::Tensor& inv_freq, const torch::Tensor& lengths) {
+  const auto n = static_cast<std::int64_t>(layers.size());
+  TORCH_CHECK(residual.is_cuda() && residual.dim() == 2 && residual.size(0) == 1 && residual.size(1) == s.hidden
+                && residual.is_contiguous(),
+              "decode_layers: residual must be a contiguous CUDA [1, ", s.hidden, "] tensor, got ", residual.sizes());
+  TORCH_CHECK(decode_layers_ready(residual.scalar_type(), n, s), "decode_layers: ", n, " layers of hidden ", s.hidden,
+              ", intermediate ", s.inter, ", ", s.heads, " heads over ", s.kv_heads, " KV heads of ", s.head_dim,
+              " in ", residual.scalar_type(), " are not supported on this device (or the kernel is switched off)");
+  check_lengths(lengths, residual, 1);
+  check_cuda(inv_freq, residual, "inv_freq");
+  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous() && inv_freq.numel() == s.head_dim / 2,
+              "decode_layers: inv_freq must be contiguous float32 with ", s.head_dim / 2, " entries, got ",
+              inv_freq.scalar_type(), " ", inv_freq.sizes());
+  const auto width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+  const auto elem = static_cast<std::int64_t>(residual.element_size());
+  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; };
+  // A matrix: contiguous [rows, cols] of the residual's dtype and device at a 16-byte address.
+  auto matrix = [&](const torch::Tensor& t, std::int64_t rows, std::int64_t cols, const char* what, std::int64_t l) {
+    check_cuda(t, residual, what);
+    TORCH_CHECK(t.dim() == (cols == 0 ? 1 : 2) && t.size(0) == rows && (cols == 0 || t.size(1) == cols)
+                  && t.is_contiguous() && t.scalar_type() == residual.scalar_type() && aligned(t),
+                "decode_layers: layer ", l, "'s ", what, " must be contiguous 16-byte aligned ", residual.scalar_type(),
+                " [", rows, cols == 0 ? "" : ", " + std::to_string(cols), "], got ", t.scalar_type(), " ", t.sizes());
+  };
+  auto bias = [&](const torch::Tensor& t, std::int64_t rows, const char* what, std::int64_t l) -> const void* {
+    if (!t.defined())
+      return nullptr;
+    check_cuda(t, residual, what);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == rows && t.is_contiguous() && t.scalar_type() == residual.scalar_type(),
+                "decode_layers: layer ", l, "'s ", what, " must be contiguous [", rows, "] of ", residual.scalar_type(),
+                ", got ", t.scalar_type(), " ", t.sizes());
+    return t.data_ptr();
+  };
+  kernels::decode_layers_args a;
+  a.layers = static_cast<int>(n);
+  a.hidden = s.hidden, a.inter = s.inter, a.heads = s.heads, a.kv_heads = s.kv_heads, a.head_dim = s.head_dim;
+  a.eps = static_cast<float>(s.eps);
+  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
+  a.attention_scaling = static_cast<float>(s.attention_scaling);
+  for (std::int64_t l = 0; l < n; ++l) {
+    const auto& t = layers[static_cast<std::size_t>(l)];
+    matrix(t.qkv_weight, width, s.hidden, "qkv_weight", l);
+    matrix(t.o_weight, s.hidden, s.heads * s.head_dim, "o_weight", l);
+    matrix(t.gate_up_weight, 2 * s.inter, s.hidden, "gate_up_weight", l);
+    matrix(t.down_weight, s.hidden, s.inter, "down_weight", l);
+    matrix(t.input_norm, s.hidden, 0, "input_norm", l);
+    matrix(t.post_norm, s.hidden, 0, "post_norm", l);
+    check_cache(t.k_cache, residual, 1, s.kv_heads, s.head_dim, "k_cache");
+    check_cache(t.v_cache, residual, 1, s.kv_heads, s.head_dim, "v_cache");
+    const auto& first = layers.front().k_cache;
+    TORCH_CHECK(t.k_cache.strides() == first.strides() && t.v_cache.strides() == first.strides()
+                  && t.k_cache.size(2) == first.size(2) && t.v_cache.size(2) == first.size(2),
+                "decode_layers: layer ", l, "'s caches differ from layer 0's in slots or strides");
+    TORCH_CHECK(aligned(t.k_cache) && aligned(t.v_cache) && (t.k_cache.stride(1) * elem) % 16 == 0
+                  && (t.k_cache.stride(2) * elem) % 16 == 0,
+                "decode_layers: layer ", l, "'s caches must start at 16-byte addresses with rows of whole 16 bytes");
+    auto& p = a.layer[l];
+    p.qkv_weight = t.qkv_weight.data_ptr();
+    p.qkv_bias = bias(t.qkv_bias, width, "qkv_bias", l);
+    p.o_weight = t.o_weight.data_ptr();
+    p.o_bias = bias(t.o_bias, s.hidden, "o_bias", l);
+    p.gate_up_weight = t.gate_up_weight.data_ptr();
+    p.gate_up_bias = bias(t.gate_up_bias, 2 * s.inter, "gate_up_bias", l);
+    p.down_weight = t.down_weight.data_ptr();
+    p.down_bias = bias(t.down_bias, s.hidden, "down_bias", l);
+    p.input_norm = t.input_norm.data_ptr();
+    p.post_norm = t.post_norm.data_ptr();
+    p.k_cache = t.k_cache.data_ptr();
+    p.v_cache = t.v_cache.data_ptr();
+  }
+  const auto& k0 = layers.front().k_cache;
+  a.head_stride = k0.stride(1);
+  a.slot_stride = k0.stride(2);
+  a.slots = k0.size(2);
+  TORCH_CHECK(a.slots >= 1, "decode_layers: the cache has no slots");
+  c10::cuda::CUDAGuard guard(residual.device());
+  auto qkv = torch::empty({width}, residual.options());
+  auto act = torch::empty({s.inter}, residual.options());
+  auto partial = torch::empty({s.heads * kernels::decode_layers_max_splits * (s.head_dim + 2)},
+                              residual.options().dtype(torch::kFloat));
+  auto counters = torch::zeros({n * 5}, residual.options().dtype(torch::kInt));
+  a.lengths = lengths.data_ptr<std::int64_t>();
+  a.inv_freq = inv_freq.data_ptr<float>();
+  a.residual = residual.data_ptr();
+  a.qkv = qkv.data_ptr();
+  a.act = act.data_ptr();
+  a.partial = partial.data_ptr<float>();
+  a.counters = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>());
+  check_launch(kernels::decode_layers(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()), "decode_layers");
+}
 
 std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logits) {
   TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -88,6 +89,32 @@ void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torc
 /// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
                                 const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias);
+
+/// One layer's tensors for decode_layers (views of the parameters and the cache; undefined biases
+/// are absent).
+struct decode_layer {
+  torch::Tensor qkv_weight, qkv_bias, o_weight, o_bias, gate_up_weight, gate_up_bias, down_weight, down_bias;
+  torch::Tensor input_norm, post_norm; ///< RMSNorm weights before attention and before the MLP
+  torch::Tensor k_cache, v_cache;      ///< [1, kv_heads, slots, head_dim]
+};
+
+/// Shapes a model decoding one row has (decode_layers' arguments beside the tensors).
+struct decode_shape {
+  std::int64_t hidden = 0, inter = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double eps = 0.0, attention_scaling = 1.0;
+};
+
+/// Whether decode_layers runs `layers` layers of `shape` in `dtype` on the current device
+/// (kernels::decode_layers_supported) and is switched on (kernels::set_decode_layers).
+bool decode_layers_ready(torch::ScalarType dtype, std::int64_t layers, const decode_shape& shape);
+
+/// Every layer of a one-row decoding step in one persistent kernel (kernels::decode_layers): what
+/// norm_qkv_rope, decode_attention, project_add, norm_gate_up_silu and project_add do per layer,
+/// with `residual` [1, hidden] (the embedded token) updated in place to the stream after the last
+/// layer, and each cache written at slot lengths[0]. inv_freq: float32 [head_dim / 2] or
+/// [1, head_dim / 2].
+void decode_layers(torch::Tensor& residual, const std::vector<decode_layer>& layers, const decode_shape& shape,
+                   const torch::Tensor& inv_freq, const torch::Tensor& lengths);
 
 /// Greedy sampling of logits [rows, vocab] (contiguous, float32, float16 or bfloat16): the first
 /// index of each row's maximum (int64 [rows], as torch::argmax) and its log-softmax (float32

@@ -5,6 +5,7 @@
 // and __fadd_rn are never contracted to FMA); the decode attention is written for latency (see
 // its section).
 #include "policy/kernels.hpp"
+#include "policy/kernel_math.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -20,55 +21,6 @@
 namespace crucible::policy::kernels {
 
 namespace {
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-// x rounded to T and back: what storing an intermediate result in a T tensor does.
-template <class T>
-__device__ __forceinline__ float rounded(float x) { return to_float(from_float<T>(x)); }
-
-// The reference's rounding points, shared by every kernel that computes these pieces.
-
-// rsqrt(mean + eps) of an RMSNorm from the sum of rounded squares: mean = sum * (1 / dim), as
-// LibTorch's mean kernel computes it.
-__device__ __forceinline__ float rms_inverse(float sum, float inv_dim, float eps) {
-  return rsqrtf(__fadd_rn(__fmul_rn(sum, inv_dim), eps));
-}
-
-// weight * (h * rsqrt(...)).to(dtype): RMSNormImpl::forward of one element.
-template <class T>
-__device__ __forceinline__ T rms_normed(float h, float weight, float inverse) {
-  return from_float<T>(__fmul_rn(weight, rounded<T>(__fmul_rn(h, inverse))));
-}
-
-// torch::silu(gate) * up, the silu rounded to T as its own op.
-template <class T>
-__device__ __forceinline__ T silu_times(float gate, float up) {
-  return from_float<T>(__fmul_rn(rounded<T>(__fdiv_rn(gate, __fadd_rn(1.0f, expf(-gate)))), up));
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
 
 // The sum (MAX false) or maximum (MAX true) over the block (blockDim.x a multiple of 32, at most
 // 1024); every thread gets the result. `scratch` holds 32 floats.
@@ -196,20 +148,6 @@ __device__ __forceinline__ T* rope_destination(const rope_kv_args& a, long long 
   const long long kv_head = head - a.heads - (value ? a.kv_heads : 0);
   return static_cast<T*>(value ? a.v_cache : a.k_cache) + row * a.row_stride + kv_head * a.head_stride
          + pos * a.slot_stride;
-}
-
-// Entries i and i + half of a rotated head written to dst, from x1 and x2 at position pos with
-// inverse frequency inv. CausalLMImpl::rope: freqs = position * inv_freq (float32), emb =
-// cat(freqs, freqs), cos = (cos(emb) * scaling).to(dtype); then x * cos + rotate_half(x) * sin,
-// rotate_half(x) = cat(-x2, x1), each product rounded, then the sum.
-template <class T>
-__device__ __forceinline__ void rope_pair(float x1, float x2, float pos, float inv, float scaling, T* dst, long long i,
-                                          long long half) {
-  const float f = __fmul_rn(pos, inv);
-  const float c = rounded<T>(__fmul_rn(cosf(f), scaling));
-  const float s = rounded<T>(__fmul_rn(sinf(f), scaling));
-  dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
-  dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
 }
 
 constexpr int rope_threads = 128;
@@ -659,40 +597,6 @@ constexpr int small_gemm_max_rows = 4;
 constexpr std::size_t small_gemm_max_shared = 48 * 1024;
 
 enum class gemm_out { residual_add, silu_mul, rope_kv };
-
-// acc + the dot product of 16 bytes of weights with 16 bytes of inputs, both of type T.
-template <class T>
-__device__ __forceinline__ float dot16(const uint4& w, const uint4& x, float acc) {
-  if constexpr (std::is_same_v<T, float>) {
-    acc = fmaf(__uint_as_float(w.x), __uint_as_float(x.x), acc);
-    acc = fmaf(__uint_as_float(w.y), __uint_as_float(x.y), acc);
-    acc = fmaf(__uint_as_float(w.z), __uint_as_float(x.z), acc);
-    return fmaf(__uint_as_float(w.w), __uint_as_float(x.w), acc);
-  } else {
-    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-    const T2* wp = reinterpret_cast<const T2*>(&w);
-    const T2* xp = reinterpret_cast<const T2*>(&x);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float2 a, b;
-      if constexpr (std::is_same_v<T, __half>) {
-        a = __half22float2(wp[i]);
-        b = __half22float2(xp[i]);
-      } else {
-        a = __bfloat1622float2(wp[i]);
-        b = __bfloat1622float2(xp[i]);
-      }
-      acc = fmaf(a.x, b.x, acc);
-      acc = fmaf(a.y, b.y, acc);
-    }
-    return acc;
-  }
-}
-
-template <class T>
-__device__ __forceinline__ float element(const uint4& v, int i) {
-  return to_float(reinterpret_cast<const T*>(&v)[i]);
-}
 
 // The unit's two weight rows (b < 0: none, n odd).
 template <gemm_out MODE>

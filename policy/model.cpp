@@ -897,7 +897,9 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //   o_proj(attn), then h = h + that        -> fused::project_add (the residual updated in place)
 //   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
 //   down_proj(act), h = h + that          -> fused::project_add
-// so a layer is five kernels, with the attention's combine where it splits (not at batch 1).
+// so a layer is five kernels, with the attention's combine where it splits (not at batch 1). At
+// one row on a device that takes it, all the layers are one persistent kernel instead
+// (fused::decode_layers, the same stages with the same rounding points).
 torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch) {
 #ifdef CRUCIBLE_HAVE_CUDA
   auto layers = fused_layers(*this);
@@ -918,7 +920,28 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
   small_batch = small_batch
                 && fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size))
                 && std::all_of(layers->begin(), layers->end(), [](const fused_layer& f) { return f.aligned; });
-  for (std::size_t l = 0; l < model->blocks.size(); ++l) {
+  // One row: every layer in one persistent kernel where it runs (fused::decode_layers).
+  fused::decode_shape shape;
+  shape.hidden = c.hidden_size, shape.inter = c.intermediate_size, shape.heads = c.num_heads;
+  shape.kv_heads = c.num_kv_heads, shape.head_dim = c.head_dim, shape.eps = c.rms_norm_eps;
+  shape.attention_scaling = attention_scaling_;
+  const bool one_kernel =
+    small_batch && r == 1
+    && fused::decode_layers_ready(residual.scalar_type(), static_cast<std::int64_t>(model->blocks.size()), shape);
+  if (one_kernel) {
+    std::vector<fused::decode_layer> all;
+    all.reserve(model->blocks.size());
+    for (std::size_t l = 0; l < model->blocks.size(); ++l) {
+      const auto& layer = model->blocks[l];
+      const auto& w = (*layers)[l];
+      all.push_back({w.qkv_weight, w.qkv_bias, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias,
+                     w.gate_up_weight, w.gate_up_bias, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias,
+                     layer->input_layernorm->weight, layer->post_attention_layernorm->weight, cache.keys[l],
+                     cache.values[l]});
+    }
+    fused::decode_layers(residual, all, shape, inv, cache.lengths);
+  }
+  for (std::size_t l = 0; l < model->blocks.size() && !one_kernel; ++l) {
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
     if (small_batch) {

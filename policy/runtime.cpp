@@ -19,6 +19,7 @@
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
 
+#  include "policy/decode_layers.hpp"
 #  include "policy/kernels.hpp"
 #endif
 
@@ -216,6 +217,12 @@ void set_decode_wide_attention([[maybe_unused]] bool on) {
 void set_decode_early_launch([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
   kernels::set_decode_early_launch(on);
+#endif
+}
+
+void set_decode_layers([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_layers(on);
 #endif
 }
 

@@ -76,6 +76,11 @@ void set_decode_wide_attention(bool on);
 /// effect without CUDA.
 void set_decode_early_launch(bool on);
 
+/// Lets the fused decoding step run all its layers in one persistent kernel at one row
+/// (kernels::set_decode_layers; on by default), for this process; off, five kernels a layer. No
+/// effect without CUDA.
+void set_decode_layers(bool on);
+
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

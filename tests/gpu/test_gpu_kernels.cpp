@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
+#include "policy/decode_layers.hpp"
 #include "policy/engine.hpp"
 #include "policy/fused.hpp"
 #include "policy/kernels.hpp"
@@ -569,6 +570,106 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
     torch::cuda::synchronize();
     CHECK(torch::equal(logits, want));
     CHECK(torch::equal(cache.lengths, eager_cache.lengths));
+  }
+}
+
+TEST_CASE("the layers in one persistent kernel equal five kernels a layer within rounding, eagerly and in a graph") {
+  // Qwen2.5-0.5B's shapes take the persistent kernel on this device in every dtype.
+  fused::decode_shape qwen05;
+  qwen05.hidden = 896, qwen05.inter = 4864, qwen05.heads = 14, qwen05.kv_heads = 2, qwen05.head_dim = 64;
+  for (auto dtype : all_dtypes)
+    REQUIRE(fused::decode_layers_ready(dtype, 24, qwen05));
+  struct variant {
+    std::string name;
+    model_config config;
+  };
+  std::vector<variant> variants;
+  {
+    variants.push_back({"qwen2 0.5b heads", tiny_config(model_family::qwen2, 896, 14, 2)});
+    auto c = tiny_config(model_family::qwen2, 128, 4, 2); // head_dim 32
+    variants.push_back({"qwen2 tiny", c});
+    c = tiny_config(model_family::llama, 256, 8, 2);      // o and MLP biases, no q/k/v bias; dynamic RoPE
+    c.qkv_bias = false, c.o_bias = true, c.mlp_bias = true;
+    c.rope.type = rope_type::dynamic, c.rope.factor = 2.0, c.max_position_embeddings = 16;
+    variants.push_back({"llama biases dynamic", c});
+    c = tiny_config(model_family::llama, 256, 4, 4);      // YaRN, no GQA
+    c.qkv_bias = false;
+    c.rope.type = rope_type::yarn, c.rope.factor = 4.0, c.rope.original_max_position_embeddings = 32;
+    variants.push_back({"llama yarn, no GQA", c});
+  }
+  for (auto& v : variants)
+  for (auto dtype : all_dtypes)
+  for (std::int64_t prompt : {9, 600}) { // one split of one tile; eight splits of two tiles
+    const std::string what = v.name + ", " + c10::toString(dtype) + ", prompt " + std::to_string(prompt);
+    CAPTURE(what);
+    auto m = scaled_random_model(v.config, 11, 4.0);
+    m->to(torch::Device(torch::kCUDA, 0), dtype);
+    REQUIRE(m->fused_decode_ready());
+    torch::NoGradGuard g;
+    auto ids = torch::randint(0, 1000, {1, prompt}, on_gpu(torch::kLong));
+    auto cache = m->make_cache(1, 1024);
+    m->prefill(ids, cache, torch::full({1}, prompt, on_gpu(torch::kLong)));
+    double worst = 0.0, worst_cache = 0.0;
+    bool differ = false;
+    for (int step = 0; step < 5; ++step) {
+      auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+      auto a = deep_copy(cache), b = deep_copy(cache);
+      auto one = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+      torch::Tensor per_layer;
+      {
+        const switch_scope scope(kernels::set_decode_layers, false, true);
+        per_layer = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+      }
+      REQUIRE(torch::equal(a.lengths, b.lengths));
+      differ = differ || !torch::equal(one, per_layer);
+      worst = std::max(worst, max_abs_diff(one, per_layer) / std::max(1.0, per_layer.abs().max().item<double>()));
+      for (std::size_t l = 0; l < a.keys.size(); ++l) {
+        const double ks = std::max(1.0, b.keys[l].abs().max().item<double>());
+        const double vs = std::max(1.0, b.values[l].abs().max().item<double>());
+        worst_cache = std::max({worst_cache, max_abs_diff(a.keys[l], b.keys[l]) / ks,
+                                max_abs_diff(a.values[l], b.values[l]) / vs});
+      }
+      cache = std::move(b); // on from the per-layer step's cache, so differences do not compound
+    }
+    MESSAGE(what << ": max |one kernel - per layer| / max |logits| over 5 steps = " << worst << ", caches "
+                 << worst_cache);
+    const double tol = dtype == torch::kFloat ? 1e-4 : 3e-2;
+    CHECK(worst <= tol);
+    CHECK(worst_cache <= (dtype == torch::kFloat ? 1e-4 : 5e-2));
+    if (dtype != torch::kFloat)
+      CHECK(differ); // sums in another order: the persistent kernel ran
+  }
+  // In a CUDA graph, as the engine runs it: replays equal eager steps bit for bit (the kernel's
+  // division of work and order of sums depend only on the shapes and the length).
+  auto m = tiny_05b_heads(12);
+  torch::NoGradGuard g;
+  auto ids = torch::randint(0, 1000, {1, 200}, on_gpu(torch::kLong));
+  auto cache = m->make_cache(1, 512);
+  m->prefill(ids, cache, torch::full({1}, 200L, on_gpu(torch::kLong)));
+  auto eager_cache = deep_copy(cache);
+  auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+  auto stream = c10::cuda::getStreamFromPool();
+  at::cuda::CUDAGraph graph;
+  torch::Tensor logits;
+  {
+    c10::cuda::CUDAStreamGuard guard(stream);
+    auto warm = deep_copy(cache);
+    m->forward_step(next, warm, {}, true, true);
+    graph.capture_begin();
+    logits = m->forward_step(next, cache, {}, true, true);
+    graph.capture_end();
+  }
+  torch::cuda::synchronize();
+  for (int step = 0; step < 70; ++step) { // past a split boundary (every 64 slots)
+    graph.replay();
+    auto want = m->forward_step(next, eager_cache, {}, true, true);
+    torch::cuda::synchronize();
+    CHECK(torch::equal(logits, want));
+    CHECK(torch::equal(cache.lengths, eager_cache.lengths));
+  }
+  for (std::size_t l = 0; l < cache.keys.size(); ++l) {
+    CHECK(torch::equal(cache.keys[l], eager_cache.keys[l]));
+    CHECK(torch::equal(cache.values[l], eager_cache.values[l]));
   }
 }
 

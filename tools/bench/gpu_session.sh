@@ -7,7 +7,8 @@
 # variants, by default the engine's kernels, the same with the attention split and combined instead
 # of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
 # `launch` tests and measures the decoding kernels launching the next as they begin against after their wait
-# (and transformers beside them);
+# (and transformers beside them); `layers` tests and measures a one-row step's layers in one persistent kernel
+# against five kernels a layer (LAYERS_HF= adds transformers);
 # `chain` measures what a chain of dependent kernels costs by itself (bench_kernel_chain);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
@@ -33,7 +34,7 @@ fi
 targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* || " $* " == *" layers "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
 # The GRPO update alone needs neither the CLI nor the NCCL tests.
 [[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
@@ -204,6 +205,15 @@ for line in sys.stdin:
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAUNCH_BATCHES:-1,16,64} --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_launch_late --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+    layers)
+      # A one-row step's layers in one persistent kernel (policy::set_decode_layers) against five
+      # kernels a layer: its GPU test first, then the other kernel tests and the engine's, then
+      # decoding side by side (three rotated passes) and transformers' generate.
+      timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*persistent*' 2>&1 | tee "$OUT/gpu_layers.txt" | grep -E "MESSAGE|ERROR|FATAL|test cases|assertions|persistent" | tail -40
+      timeout 300 $B/tests/gpu/test_gpu_kernels -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
+      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAYERS_BATCHES:-1,16,64} --prompt 512 --new 512 \
+        --rounds 3 --kernels small,small_per_layer ${LAYERS_HF:---skip-hf} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     chain)
       # Chains of dependent kernels with no work but their weight loads: uniform ones, and one
       # with the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.

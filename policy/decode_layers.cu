@@ -1,0 +1,630 @@
+// policy/decode_layers.cu: a one-row decoding step's layers in one persistent kernel (see
+// policy/decode_layers.hpp for why). The residual stream comes in from the embedding and goes out
+// to the final norm; weights stream through shared memory; the stages of a layer meet at
+// counters in global memory.
+//
+// Layout of a block: warps 0-7 compute ("consumers"), warp 8 is the producer. The producer walks
+// the block's weight rows of every layer (q/k/v, o, gate/up, down, in that order) and copies them
+// with cp.async.bulk into a ring of layers_slots slots, each signalled by a "full" mbarrier; the
+// consumers take the slots in the same order and free them through an "empty" mbarrier. Each
+// stage's rows are split evenly among the blocks. A stage's consumers wait until every block has
+// passed the stage before (a counter reaching gridDim.x), read its outputs from L2 (ld.cg), and
+// add one to their stage's counter when their own outputs are written.
+#include "policy/decode_layers.hpp"
+
+#include "policy/kernel_math.cuh"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+namespace crucible::policy::kernels {
+
+namespace {
+
+constexpr int layers_consumer_warps = 8;
+constexpr int layers_consumers = 32 * layers_consumer_warps;
+constexpr int layers_threads = layers_consumers + 32;
+constexpr int layers_slots = 5;
+constexpr int layers_slot_bytes = 32 * 1024;
+[[maybe_unused]] constexpr int layers_max_slot_rows = 128; // rows of a slot, so that its partial sums fit psum
+constexpr int layers_tile = 64;           // attention: cache slots staged at a time
+[[maybe_unused]] constexpr int layers_min_chunk = 64;      // attention: fewest slots a split takes
+[[maybe_unused]] constexpr int stages = 5;                 // q/k/v, attention, o, gate/up, down
+
+enum stage : int { s_qkv = 0, s_attention = 1, s_o = 2, s_gate_up = 3, s_down = 4 };
+
+// The rows of a weight matrix that block b of g takes in a stage, and how they fill slots.
+struct share {
+  const unsigned char* weight = nullptr;
+  long long row0 = 0;     // first row (for gate/up: first intermediate column)
+  int rows = 0;           // rows (gate/up: columns; each brings its gate row and its up row)
+  long long row_bytes = 0;
+  long long up_offset = 0; // gate/up: bytes from a gate row to its up row; 0 otherwise
+  int per_slot = 1;        // rows (columns) a slot holds
+  [[maybe_unused]] __host__ __device__ int slot_count() const { return rows == 0 ? 0 : (rows + per_slot - 1) / per_slot; }
+};
+
+template <class T>
+__host__ __device__ share stage_share(const decode_layers_args& a, int layer, int s, int b, int g) {
+  const decode_layer_params& p = a.layer[layer];
+  long long n = 0, k = 0;
+  share out;
+  switch (s) {
+    case s_qkv: n = (a.heads + 2 * a.kv_heads) * a.head_dim, k = a.hidden, out.weight = static_cast<const unsigned char*>(p.qkv_weight); break;
+    case s_o: n = a.hidden, k = a.heads * a.head_dim, out.weight = static_cast<const unsigned char*>(p.o_weight); break;
+    case s_gate_up: n = a.inter, k = a.hidden, out.weight = static_cast<const unsigned char*>(p.gate_up_weight); break;
+    default: n = a.hidden, k = a.inter, out.weight = static_cast<const unsigned char*>(p.down_weight); break;
+  }
+  out.row0 = n * b / g;
+  out.rows = static_cast<int>(n * (b + 1) / g - out.row0);
+  out.row_bytes = k * static_cast<long long>(sizeof(T));
+  const long long per_row = s == s_gate_up ? 2 * out.row_bytes : out.row_bytes;
+  out.up_offset = s == s_gate_up ? n * out.row_bytes : 0;
+  const long long fit = layers_slot_bytes / per_row;
+  out.per_slot = static_cast<int>(fit < layers_max_slot_rows ? fit : layers_max_slot_rows);
+  return out;
+}
+
+// Byte offsets of the attention's work space (after the ring), for GQ query heads of dimension D.
+struct attention_space {
+  int qrot, knew, vnew, kt, vt, scores, acc, mlc, end;
+};
+
+template <class T>
+__host__ __device__ attention_space attention_layout(int group, int d) {
+  auto up16 = [](int x) { return (x + 15) / 16 * 16; };
+  const int row = d * static_cast<int>(sizeof(T)); // bytes of a head's row: whole 16 bytes
+  attention_space s{};
+  s.qrot = 0;
+  s.knew = s.qrot + up16(group * row);
+  s.vnew = s.knew + up16(row);
+  s.kt = s.vnew + up16(row);
+  s.vt = s.kt + layers_tile * (row + 16); // keys padded by 16 bytes a slot: conflict-free dots
+  s.scores = s.vt + layers_tile * row;
+  s.acc = s.scores + up16(group * layers_tile * 4);
+  s.mlc = s.acc + up16(group * d * 4);
+  s.end = s.mlc + up16(3 * group * 4);
+  return s;
+}
+
+template <class T>
+__host__ __device__ std::size_t work_bytes(const decode_layers_args& a) {
+  long long widest = a.hidden > a.inter ? a.hidden : a.inter;
+  widest = widest > a.heads * a.head_dim ? widest : a.heads * a.head_dim;
+  const long long inputs = (widest * static_cast<long long>(sizeof(T)) + 15) / 16 * 16;
+  const auto att = attention_layout<T>(static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim));
+  return static_cast<std::size_t>(inputs > att.end ? inputs : att.end);
+}
+
+std::size_t shared_bytes(std::size_t work) { return static_cast<std::size_t>(layers_slots) * layers_slot_bytes + work; }
+
+// ---- device primitives (sm_90) ------------------------------------------------------------------
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(smem_addr(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                 smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
+// The consumers' barrier (named barrier 1; the producer never joins it).
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"n"(layers_consumers) : "memory"); }
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_release(unsigned* p) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+}
+
+// Loads of what other blocks wrote in this launch: from L2, never a stale L1 line.
+template <class T>
+__device__ __forceinline__ float load_cg(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __ldcg(p);
+  } else {
+    const unsigned short raw = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    T v;
+    memcpy(&v, &raw, sizeof v);
+    return to_float(v);
+  }
+}
+
+// The sum over the consumers; every consumer gets it. `red` holds 32 floats.
+__device__ float consumers_sum(float v, float* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  if (lane == 0)
+    red[warp] = v;
+  consumers_sync();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < layers_consumer_warps; ++w)
+    total += red[w];
+  consumers_sync(); // red may be reused
+  return total;
+}
+
+// ---- the producer -------------------------------------------------------------------------------
+
+template <class T>
+__device__ void produce(const decode_layers_args& a, unsigned char* ring, unsigned long long* full,
+                        unsigned long long* empty) {
+  constexpr int weighted[] = {s_qkv, s_o, s_gate_up, s_down}; // the stages with weights, in order
+  unsigned fill = 0;
+  for (int l = 0; l < a.layers; ++l) {
+    for (int s : weighted) {
+      const share sh = stage_share<T>(a, l, s, blockIdx.x, gridDim.x);
+      for (int j = 0; j < sh.slot_count(); ++j, ++fill) {
+        const int slot = static_cast<int>(fill % layers_slots);
+        mbar_wait(&empty[slot], ((fill / layers_slots) & 1u) ^ 1u);
+        const int first = j * sh.per_slot, n = min(sh.per_slot, sh.rows - first);
+        const unsigned bytes = static_cast<unsigned>(n * sh.row_bytes);
+        const unsigned char* src = sh.weight + (sh.row0 + first) * sh.row_bytes;
+        unsigned char* dst = ring + static_cast<long long>(slot) * layers_slot_bytes;
+        mbar_expect(&full[slot], sh.up_offset != 0 ? 2 * bytes : bytes);
+        bulk_copy(dst, src, bytes, &full[slot]);
+        if (sh.up_offset != 0)
+          bulk_copy(dst + bytes, src + sh.up_offset, bytes, &full[slot]);
+      }
+    }
+  }
+}
+
+// ---- the consumers ------------------------------------------------------------------------------
+
+template <class T>
+struct consumer {
+  const decode_layers_args& a;
+  unsigned char* ring;
+  unsigned char* work;
+  unsigned long long* full;
+  unsigned long long* empty;
+  float* psum;
+  float* red;
+  unsigned use = 0; // slots taken so far, in the producer's order
+  static constexpr int vec = 16 / sizeof(T);
+
+  __device__ unsigned* counter(int layer, int s) const { return a.counters + layer * stages + s; }
+
+  __device__ void wait_for(int layer, int s) const {
+    if (threadIdx.x == 0) {
+      const unsigned* c = counter(layer, s);
+      while (load_acquire(c) < gridDim.x) {
+      }
+    }
+    consumers_sync();
+  }
+
+  __device__ void passed(int layer, int s) const {
+    consumers_sync(); // every consumer's writes of the stage are issued
+    if (threadIdx.x == 0) {
+      __threadfence();
+      add_release(counter(layer, s));
+    }
+  }
+
+  // xs = RMSNorm(residual) with `weight`, rounded as add_rms_norm rounds.
+  __device__ void normalise(const void* weight) {
+    const T* res = static_cast<const T*>(a.residual);
+    const T* w = static_cast<const T*>(weight);
+    T* xs = reinterpret_cast<T*>(work);
+    const int h = static_cast<int>(a.hidden);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < h; i += layers_consumers) {
+      const float v = load_cg(res + i);
+      sum += __fmul_rn(v, v);
+    }
+    const float inv = rms_inverse(consumers_sum(sum, red), 1.0f / static_cast<float>(h), a.eps);
+    for (int i = threadIdx.x; i < h; i += layers_consumers)
+      xs[i] = rms_normed<T>(load_cg(res + i), to_float(w[i]), inv);
+    consumers_sync();
+  }
+
+  // The block's rows of one matrix-vector stage over xs (k wide); finish(row, value, up_value)
+  // runs on one consumer per row with the float sums (the up row's for gate/up).
+  template <class F>
+  __device__ void project(int layer, int s, long long k, F&& finish) {
+    const share sh = stage_share<T>(a, layer, s, blockIdx.x, gridDim.x);
+    const int kv = static_cast<int>(k / vec);
+    const uint4* xs = reinterpret_cast<const uint4*>(work);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const bool paired = sh.up_offset != 0;
+    for (int j = 0; j < sh.slot_count(); ++j, ++use) {
+      const int slot = static_cast<int>(use % layers_slots);
+      const int first = j * sh.per_slot, n = min(sh.per_slot, sh.rows - first);
+      const int rows = paired ? 2 * n : n; // in the slot: n gate rows, then their n up rows
+      // Warps split a row's k when rows are fewer than warps.
+      const int split = max(1, min(layers_consumer_warps / rows, kv / 32));
+      mbar_wait(&full[slot], (use / layers_slots) & 1u);
+      const uint4* w = reinterpret_cast<const uint4*>(ring + static_cast<long long>(slot) * layers_slot_bytes);
+      for (int u = warp; u < rows * split; u += layers_consumer_warps) {
+        const int r = u / split, part = u - r * split;
+        const int v0 = kv * part / split, v1 = kv * (part + 1) / split;
+        const uint4* wr = w + static_cast<long long>(r) * kv;
+        float acc = 0.0f;
+        for (int v = v0 + lane; v < v1; v += 32)
+          acc = dot16<T>(wr[v], xs[v], acc);
+        acc = warp_sum(acc);
+        if (lane == 0)
+          psum[u] = acc;
+      }
+      __syncwarp();
+      if (lane == 0)
+        mbar_arrive(&empty[slot]); // this warp is done with the slot
+      consumers_sync();
+      if (threadIdx.x < n) {
+        const int r = threadIdx.x;
+        float y = 0.0f, yu = 0.0f;
+        for (int p = 0; p < split; ++p)
+          y += psum[r * split + p];
+        if (paired)
+          for (int p = 0; p < split; ++p)
+            yu += psum[(n + r) * split + p];
+        finish(sh.row0 + first + r, y, yu);
+      }
+      consumers_sync(); // psum is reused
+    }
+  }
+
+  // The inputs of the down projection: act into xs.
+  __device__ void stage_act() {
+    const uint4* act = static_cast<const uint4*>(a.act);
+    uint4* xs = reinterpret_cast<uint4*>(work);
+    for (int i = threadIdx.x; i < a.inter / vec; i += layers_consumers)
+      xs[i] = __ldcg(act + i);
+    consumers_sync();
+  }
+
+  // The attention's splits combined into xs: [heads * head_dim] in T.
+  __device__ void combine(int splits) {
+    const int d = static_cast<int>(a.head_dim), width = d + 2;
+    T* xs = reinterpret_cast<T*>(work);
+    for (int p = threadIdx.x; p < a.heads * d; p += layers_consumers) {
+      const int h = p / d, e = p - h * d;
+      const float* part = a.partial + static_cast<long long>(h) * decode_layers_max_splits * width;
+      float m = -INFINITY;
+      for (int c = 0; c < splits; ++c)
+        m = fmaxf(m, __ldcg(part + c * width));
+      float num = 0.0f, den = 0.0f;
+      for (int c = 0; c < splits; ++c) {
+        const float f = expf(__ldcg(part + c * width) - m);
+        den += __ldcg(part + c * width + 1) * f;
+        num += __ldcg(part + c * width + 2 + e) * f;
+      }
+      xs[p] = from_float<T>(num / den);
+    }
+    consumers_sync();
+  }
+
+  // One attention item: the query heads of KV head g over slots [s0, s1), partial results out.
+  __device__ void attend(int layer, int g, int c, long long s0, long long s1, long long pos) {
+    const int d = static_cast<int>(a.head_dim), half = d / 2;
+    const int group = static_cast<int>(a.heads / a.kv_heads);
+    const int rv = d / vec; // 16-byte vectors in a head's row
+    const auto lay = attention_layout<T>(group, d);
+    T* qrot = reinterpret_cast<T*>(work + lay.qrot);
+    T* knew = reinterpret_cast<T*>(work + lay.knew);
+    T* vnew = reinterpret_cast<T*>(work + lay.vnew);
+    uint4* kt = reinterpret_cast<uint4*>(work + lay.kt);
+    uint4* vt = reinterpret_cast<uint4*>(work + lay.vt);
+    float* sc = reinterpret_cast<float*>(work + lay.scores);
+    float* acc = reinterpret_cast<float*>(work + lay.acc);
+    float* mlc = reinterpret_cast<float*>(work + lay.mlc); // m, l, correction per head
+    const T* qkv = static_cast<const T*>(a.qkv);
+    const decode_layer_params& p = a.layer[layer];
+    const bool has_new = pos < a.slots && pos >= s0 && pos < s1;
+    const float fpos = static_cast<float>(pos);
+    // q rotated (as q_out would hold it); the new key rotated and value, written to the cache.
+    for (int idx = threadIdx.x; idx < group * half; idx += layers_consumers) {
+      const int i = idx / half, e = idx - i * half;
+      const T* q = qkv + static_cast<long long>(g * group + i) * d;
+      rope_pair<T>(load_cg(q + e), load_cg(q + e + half), fpos, a.inv_freq[e], a.attention_scaling, qrot + i * d, e,
+                   half);
+    }
+    if (has_new) {
+      const T* k = qkv + (a.heads + g) * d;
+      const T* v = qkv + (a.heads + a.kv_heads + g) * d;
+      for (int e = threadIdx.x; e < half; e += layers_consumers)
+        rope_pair<T>(load_cg(k + e), load_cg(k + e + half), fpos, a.inv_freq[e], a.attention_scaling, knew, e, half);
+      for (int e = threadIdx.x; e < d; e += layers_consumers)
+        vnew[e] = from_float<T>(load_cg(v + e));
+    }
+    for (int i = threadIdx.x; i < group; i += layers_consumers) {
+      mlc[i] = -INFINITY;
+      mlc[group + i] = 0.0f;
+    }
+    for (int i = threadIdx.x; i < group * d; i += layers_consumers)
+      acc[i] = 0.0f;
+    consumers_sync();
+    if (has_new) {
+      T* kc = static_cast<T*>(p.k_cache) + g * a.head_stride + pos * a.slot_stride;
+      T* vc = static_cast<T*>(p.v_cache) + g * a.head_stride + pos * a.slot_stride;
+      for (int e = threadIdx.x; e < d; e += layers_consumers) {
+        kc[e] = knew[e];
+        vc[e] = vnew[e];
+      }
+    }
+    const uint4* qv = reinterpret_cast<const uint4*>(qrot);
+    const T* kbase = static_cast<const T*>(p.k_cache) + g * a.head_stride;
+    const T* vbase = static_cast<const T*>(p.v_cache) + g * a.head_stride;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (long long t0 = s0; t0 < s1; t0 += layers_tile) {
+      const int n = static_cast<int>(min(static_cast<long long>(layers_tile), s1 - t0));
+      for (int q = threadIdx.x; q < n * rv; q += layers_consumers) {
+        const int s = q / rv, v = q - s * rv;
+        const long long slot = t0 + s;
+        uint4 kk, vv;
+        if (slot == pos) {
+          kk = reinterpret_cast<const uint4*>(knew)[v];
+          vv = reinterpret_cast<const uint4*>(vnew)[v];
+        } else {
+          kk = __ldcg(reinterpret_cast<const uint4*>(kbase + slot * a.slot_stride) + v);
+          vv = __ldcg(reinterpret_cast<const uint4*>(vbase + slot * a.slot_stride) + v);
+        }
+        kt[s * (rv + 1) + v] = kk;
+        vt[s * rv + v] = vv;
+      }
+      consumers_sync();
+      for (int q = threadIdx.x; q < group * n; q += layers_consumers) {
+        const int i = q / n, s = q - i * n;
+        float dot = 0.0f;
+        for (int v = 0; v < rv; ++v)
+          dot = dot16<T>(kt[s * (rv + 1) + v], qv[i * rv + v], dot);
+        sc[i * layers_tile + s] = dot * a.scale;
+      }
+      consumers_sync();
+      for (int i = warp; i < group; i += layers_consumer_warps) {
+        float m = -INFINITY;
+        for (int s = lane; s < n; s += 32)
+          m = fmaxf(m, sc[i * layers_tile + s]);
+        m = fmaxf(warp_max(m), mlc[i]);
+        float sum = 0.0f;
+        for (int s = lane; s < n; s += 32) {
+          const float e = expf(sc[i * layers_tile + s] - m);
+          sc[i * layers_tile + s] = e;
+          sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) {
+          const float corr = expf(mlc[i] - m); // 0 on the first tile (exp(-inf))
+          mlc[group + i] = mlc[group + i] * corr + sum;
+          mlc[2 * group + i] = corr;
+          mlc[i] = m;
+        }
+      }
+      consumers_sync();
+      const T* vts = reinterpret_cast<const T*>(vt);
+      for (int q = threadIdx.x; q < group * d; q += layers_consumers) {
+        const int i = q / d, e = q - i * d;
+        float o = acc[q] * mlc[2 * group + i];
+        for (int s = 0; s < n; ++s)
+          o = fmaf(sc[i * layers_tile + s], to_float(vts[s * d + e]), o);
+        acc[q] = o;
+      }
+      consumers_sync();
+    }
+    const int width = d + 2;
+    for (int q = threadIdx.x; q < group * width; q += layers_consumers) {
+      const int i = q / width, e = q - i * width;
+      float* out = a.partial + (static_cast<long long>(g * group + i) * decode_layers_max_splits + c) * width;
+      out[e] = e == 0 ? mlc[i] : e == 1 ? mlc[group + i] : acc[i * d + e - 2];
+    }
+    consumers_sync(); // the work space is reused
+  }
+
+  __device__ void run() {
+    const long long pos = a.lengths[0];
+    const long long visible = min(pos + 1, static_cast<long long>(a.slots));
+    const int splits = static_cast<int>(
+      max(1LL, min(static_cast<long long>(decode_layers_max_splits), (visible + layers_min_chunk - 1) / layers_min_chunk)));
+    const long long chunk = (visible + splits - 1) / splits;
+    const int items = static_cast<int>(a.kv_heads) * splits;
+    for (int l = 0; l < a.layers; ++l) {
+      const decode_layer_params& p = a.layer[l];
+      // 1. norm, q/k/v + bias (one rounding) into the scratch.
+      if (l > 0)
+        wait_for(l - 1, s_down);
+      normalise(p.input_norm);
+      T* qkv = static_cast<T*>(a.qkv);
+      const T* qkv_bias = static_cast<const T*>(p.qkv_bias);
+      project(l, s_qkv, a.hidden, [&](long long row, float y, float) {
+        qkv[row] = from_float<T>(qkv_bias == nullptr ? y : __fadd_rn(y, to_float(qkv_bias[row])));
+      });
+      passed(l, s_qkv);
+      // 2. attention: RoPE, the cache write and each split's partial softmax.
+      wait_for(l, s_qkv);
+      for (int it = blockIdx.x; it < items; it += gridDim.x) {
+        const int g = it / splits, c = it - g * splits;
+        const long long s0 = c * chunk, s1 = min(visible, s0 + chunk);
+        attend(l, g, c, s0, s1, pos);
+      }
+      passed(l, s_attention);
+      // 3. the splits combined, o projection, residual add.
+      wait_for(l, s_attention);
+      combine(splits);
+      T* res = static_cast<T*>(a.residual);
+      const T* o_bias = static_cast<const T*>(p.o_bias);
+      project(l, s_o, a.heads * a.head_dim, [&](long long row, float y, float) {
+        const float yr = rounded<T>(o_bias == nullptr ? y : __fadd_rn(y, to_float(o_bias[row])));
+        res[row] = from_float<T>(__fadd_rn(load_cg(res + row), yr));
+      });
+      passed(l, s_o);
+      // 4. norm, gate/up + bias, silu(gate) * up.
+      wait_for(l, s_o);
+      normalise(p.post_norm);
+      T* act = static_cast<T*>(a.act);
+      const T* gu_bias = static_cast<const T*>(p.gate_up_bias);
+      project(l, s_gate_up, a.hidden, [&](long long col, float yg, float yu) {
+        const float g = rounded<T>(gu_bias == nullptr ? yg : __fadd_rn(yg, to_float(gu_bias[col])));
+        const float u = rounded<T>(gu_bias == nullptr ? yu : __fadd_rn(yu, to_float(gu_bias[a.inter + col])));
+        act[col] = silu_times<T>(g, u);
+      });
+      passed(l, s_gate_up);
+      // 5. down projection, residual add.
+      wait_for(l, s_gate_up);
+      stage_act();
+      const T* down_bias = static_cast<const T*>(p.down_bias);
+      project(l, s_down, a.inter, [&](long long row, float y, float) {
+        const float yr = rounded<T>(down_bias == nullptr ? y : __fadd_rn(y, to_float(down_bias[row])));
+        res[row] = from_float<T>(__fadd_rn(load_cg(res + row), yr));
+      });
+      passed(l, s_down);
+    }
+  }
+};
+#endif
+
+template <class T>
+__global__ void __launch_bounds__(layers_threads, 1) decode_layers_kernel(const __grid_constant__ decode_layers_args a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char shared[];
+  __shared__ __align__(8) unsigned long long full[layers_slots], empty[layers_slots];
+  __shared__ float psum[2 * layers_max_slot_rows];
+  __shared__ float red[32];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < layers_slots; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], layers_consumer_warps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x >= layers_consumers) {
+    if (threadIdx.x == layers_consumers)
+      produce<T>(a, shared, full, empty);
+    return;
+  }
+  consumer<T> c{a, shared, shared + layers_slots * layers_slot_bytes, full, empty, psum, red};
+  c.run();
+#else
+  (void) a;
+  __trap(); // decode_layers_supported refuses devices below compute capability 9.0
+#endif
+}
+
+std::atomic<bool> layers_on{true}; // set_decode_layers
+
+template <class F>
+cudaError_t dispatch_type(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: return f(static_cast<float*>(nullptr));
+    case dtype::f16: return f(static_cast<__half*>(nullptr));
+    case dtype::bf16: return f(static_cast<__nv_bfloat16*>(nullptr));
+  }
+  return cudaErrorInvalidValue;
+}
+
+std::size_t type_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
+
+} // namespace
+
+void set_decode_layers(bool on) { layers_on.store(on, std::memory_order_relaxed); }
+bool decode_layers_enabled() { return layers_on.load(std::memory_order_relaxed); }
+
+bool decode_layers_supported(dtype t, std::int64_t layers, std::int64_t hidden, std::int64_t inter,
+                             std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
+  const auto size = static_cast<std::int64_t>(type_size(t));
+  const std::int64_t vec = 16 / size;
+  if (layers < 1 || layers > decode_layers_max_layers || hidden <= 0 || inter <= 0 || heads <= 0 || kv_heads <= 0
+      || heads % kv_heads != 0 || head_dim <= 0 || head_dim % 2 != 0)
+    return false;
+  // Rows of whole 16 bytes; a slot holds a gate/up pair of rows and a down row.
+  if (hidden % vec != 0 || inter % vec != 0 || head_dim % vec != 0 || (heads * head_dim) % vec != 0)
+    return false;
+  if (2 * hidden * size > layers_slot_bytes || inter * size > layers_slot_bytes
+      || heads * head_dim * size > layers_slot_bytes)
+    return false;
+  int device = 0, major = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess
+      || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess
+      || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return false;
+  if (major < 9)
+    return false;
+  decode_layers_args a;
+  a.hidden = hidden, a.inter = inter, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
+  std::size_t work = 0;
+  dispatch_type(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    work = work_bytes<T>(a);
+    return cudaSuccess;
+  });
+  // The kernel's static shared memory (barriers, partial sums) is under 2 KiB.
+  return shared_bytes(work) + 2048 <= static_cast<std::size_t>(optin);
+}
+
+cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t stream) {
+  return dispatch_type(t, [&](auto* tag) -> cudaError_t {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    auto kernel = &decode_layers_kernel<T>;
+    const std::size_t shared = shared_bytes(work_bytes<T>(a));
+    int device = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+      return e;
+    if (device < 0 || device >= 64)
+      return cudaErrorInvalidDevice;
+    // The shared memory allowance, raised once per device and type to the most any shape takes
+    // (outside CUDA-graph captures: the first call is eager), then checked for this launch.
+    static std::atomic<int> opened[64] = {};
+    if (opened[device].load(std::memory_order_acquire) == 0) {
+      int optin = 0;
+      if ((e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) != cudaSuccess
+          || (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - 2048)) != cudaSuccess)
+        return e;
+      opened[device].store(1, std::memory_order_release);
+    }
+    int per_sm = 0;
+    if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, layers_threads, shared)) != cudaSuccess)
+      return e;
+    if (per_sm < 1)
+      return cudaErrorCooperativeLaunchTooLarge;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(sms));
+    config.blockDim = dim3(layers_threads);
+    config.dynamicSmemBytes = shared;
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeCooperative; // every block resident at once: blocks wait on each other
+    attribute[0].val.cooperative = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, kernel, a);
+  });
+}
+
+} // namespace crucible::policy::kernels
