@@ -30,9 +30,8 @@ constexpr int layers_threads = layers_consumers + 32;
 constexpr int layers_slots = 5;
 constexpr int layers_slot_bytes = 32 * 1024;
 [[maybe_unused]] constexpr int layers_max_slot_rows = 128; // rows of a slot, so that its partial sums fit psum
-constexpr int layers_tile = 64;           // attention: cache slots staged at a time
 [[maybe_unused]] constexpr int layers_min_chunk = 64;      // attention: fewest slots a split takes
-[[maybe_unused]] constexpr int stages = 5;                 // q/k/v, attention, o, gate/up, down
+constexpr int stages = decode_layers_stages;                 // q/k/v, attention, o, gate/up, down
 
 enum stage : int { s_qkv = 0, s_attention = 1, s_o = 2, s_gate_up = 3, s_down = 4 };
 
@@ -68,35 +67,32 @@ __host__ __device__ share stage_share(const decode_layers_args& a, int layer, in
   return out;
 }
 
-// Byte offsets of the attention's work space (after the ring), for GQ query heads of dimension D.
-struct attention_space {
-  int qrot, knew, vnew, kt, vt, scores, acc, mlc, end;
+// Byte offsets of the work space after the ring: the stage's inputs (xs), then the attention's
+// pieces for GQ query heads of dimension D and tiles of `tile` cache slots. The keys and values
+// of an attention item's first tile are loaded while the block still works on the q/k/v stage,
+// so the two regions do not overlap.
+struct work_space {
+  int qrot, knew, vnew, scores, acc, mlc, kt, vt, end;
 };
 
 template <class T>
-__host__ __device__ attention_space attention_layout(int group, int d) {
-  auto up16 = [](int x) { return (x + 15) / 16 * 16; };
+__host__ __device__ work_space work_layout(const decode_layers_args& a, int tile) {
+  auto up16 = [](long long x) { return static_cast<int>((x + 15) / 16 * 16); };
+  const int group = static_cast<int>(a.heads / a.kv_heads), d = static_cast<int>(a.head_dim);
   const int row = d * static_cast<int>(sizeof(T)); // bytes of a head's row: whole 16 bytes
-  attention_space s{};
-  s.qrot = 0;
-  s.knew = s.qrot + up16(group * row);
-  s.vnew = s.knew + up16(row);
-  s.kt = s.vnew + up16(row);
-  s.vt = s.kt + layers_tile * (row + 16); // keys padded by 16 bytes a slot: conflict-free dots
-  s.scores = s.vt + layers_tile * row;
-  s.acc = s.scores + up16(group * layers_tile * 4);
-  s.mlc = s.acc + up16(group * d * 4);
-  s.end = s.mlc + up16(3 * group * 4);
-  return s;
-}
-
-template <class T>
-__host__ __device__ std::size_t work_bytes(const decode_layers_args& a) {
   long long widest = a.hidden > a.inter ? a.hidden : a.inter;
   widest = widest > a.heads * a.head_dim ? widest : a.heads * a.head_dim;
-  const long long inputs = (widest * static_cast<long long>(sizeof(T)) + 15) / 16 * 16;
-  const auto att = attention_layout<T>(static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim));
-  return static_cast<std::size_t>(inputs > att.end ? inputs : att.end);
+  work_space s{};
+  s.qrot = up16(widest * static_cast<long long>(sizeof(T)));
+  s.knew = s.qrot + up16(group * row);
+  s.vnew = s.knew + up16(row);
+  s.scores = s.vnew + up16(row);
+  s.acc = s.scores + up16(group * tile * 4);
+  s.mlc = s.acc + up16(group * d * 4);
+  s.kt = s.mlc + up16(3 * group * 4);
+  s.vt = s.kt + tile * (row + 16); // keys padded by 16 bytes a slot: conflict-free dots
+  s.end = s.vt + tile * row;
+  return s;
 }
 
 std::size_t shared_bytes(std::size_t work) { return static_cast<std::size_t>(layers_slots) * layers_slot_bytes + work; }
@@ -135,6 +131,18 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                  smem_addr(dst)),
                "l"(src), "r"(bytes), "r"(smem_addr(bar))
                : "memory");
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 // The consumers' barrier (named barrier 1; the producer never joins it).
@@ -243,13 +251,27 @@ struct consumer {
     const T* w = static_cast<const T*>(weight);
     T* xs = reinterpret_cast<T*>(work);
     const int h = static_cast<int>(a.hidden);
+    constexpr int held = 8; // entries a consumer keeps in registers between the two passes
+    float v[held];
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < h; i += layers_consumers) {
-      const float v = load_cg(res + i);
-      sum += __fmul_rn(v, v);
+#pragma unroll
+    for (int j = 0; j < held; ++j) {
+      const int i = threadIdx.x + j * layers_consumers;
+      v[j] = i < h ? load_cg(res + i) : 0.0f;
+      sum += __fmul_rn(v[j], v[j]);
+    }
+    for (int i = threadIdx.x + held * layers_consumers; i < h; i += layers_consumers) {
+      const float x = load_cg(res + i);
+      sum += __fmul_rn(x, x);
     }
     const float inv = rms_inverse(consumers_sum(sum, red), 1.0f / static_cast<float>(h), a.eps);
-    for (int i = threadIdx.x; i < h; i += layers_consumers)
+#pragma unroll
+    for (int j = 0; j < held; ++j) {
+      const int i = threadIdx.x + j * layers_consumers;
+      if (i < h)
+        xs[i] = rms_normed<T>(v[j], to_float(w[i]), inv);
+    }
+    for (int i = threadIdx.x + held * layers_consumers; i < h; i += layers_consumers)
       xs[i] = rms_normed<T>(load_cg(res + i), to_float(w[i]), inv);
     consumers_sync();
   }
@@ -330,12 +352,49 @@ struct consumer {
     consumers_sync();
   }
 
+  // The attention item a block takes first in a layer (it < items), and its slots.
+  struct item {
+    int g = 0, c = 0;
+    long long s0 = 0, s1 = 0;
+  };
+  __device__ item item_of(int it, int splits, long long chunk, long long visible) const {
+    item x;
+    x.g = it / splits;
+    x.c = it - x.g * splits;
+    x.s0 = x.c * chunk;
+    x.s1 = min(visible, x.s0 + chunk);
+    return x;
+  }
+
+  // cp.async of the cached keys and values of slots [t0, t0 + n) of KV head g into the tile, all
+  // but slot `pos` (the new token's, written by this step); cp_wait() completes them.
+  __device__ void load_tile(int layer, int g, long long t0, int n, long long pos) {
+    const int rv = static_cast<int>(a.head_dim) / vec;
+    const auto lay = work_layout<T>(a, a.kv_tile);
+    const decode_layer_params& p = a.layer[layer];
+    const T* kbase = static_cast<const T*>(p.k_cache) + g * a.head_stride;
+    const T* vbase = static_cast<const T*>(p.v_cache) + g * a.head_stride;
+    uint4* kt = reinterpret_cast<uint4*>(work + lay.kt);
+    uint4* vt = reinterpret_cast<uint4*>(work + lay.vt);
+    for (int q = threadIdx.x; q < n * rv; q += layers_consumers) {
+      const int s = q / rv, v = q - s * rv;
+      const long long slot = t0 + s;
+      if (slot == pos)
+        continue;
+      cp_async16(kt + s * (rv + 1) + v, reinterpret_cast<const uint4*>(kbase + slot * a.slot_stride) + v);
+      cp_async16(vt + s * rv + v, reinterpret_cast<const uint4*>(vbase + slot * a.slot_stride) + v);
+    }
+    cp_commit();
+  }
+
   // One attention item: the query heads of KV head g over slots [s0, s1), partial results out.
-  __device__ void attend(int layer, int g, int c, long long s0, long long s1, long long pos) {
-    const int d = static_cast<int>(a.head_dim), half = d / 2;
+  // `loaded`: its first tile's loads are already in flight (load_tile).
+  __device__ void attend(int layer, const item& x, long long pos, bool loaded) {
+    const int d = static_cast<int>(a.head_dim), half = d / 2, tile = a.kv_tile;
     const int group = static_cast<int>(a.heads / a.kv_heads);
     const int rv = d / vec; // 16-byte vectors in a head's row
-    const auto lay = attention_layout<T>(group, d);
+    const int g = x.g;
+    const auto lay = work_layout<T>(a, tile);
     T* qrot = reinterpret_cast<T*>(work + lay.qrot);
     T* knew = reinterpret_cast<T*>(work + lay.knew);
     T* vnew = reinterpret_cast<T*>(work + lay.vnew);
@@ -346,7 +405,7 @@ struct consumer {
     float* mlc = reinterpret_cast<float*>(work + lay.mlc); // m, l, correction per head
     const T* qkv = static_cast<const T*>(a.qkv);
     const decode_layer_params& p = a.layer[layer];
-    const bool has_new = pos < a.slots && pos >= s0 && pos < s1;
+    const bool has_new = pos < a.slots && pos >= x.s0 && pos < x.s1;
     const float fpos = static_cast<float>(pos);
     // q rotated (as q_out would hold it); the new key rotated and value, written to the cache.
     for (int idx = threadIdx.x; idx < group * half; idx += layers_consumers) {
@@ -379,43 +438,37 @@ struct consumer {
       }
     }
     const uint4* qv = reinterpret_cast<const uint4*>(qrot);
-    const T* kbase = static_cast<const T*>(p.k_cache) + g * a.head_stride;
-    const T* vbase = static_cast<const T*>(p.v_cache) + g * a.head_stride;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (long long t0 = s0; t0 < s1; t0 += layers_tile) {
-      const int n = static_cast<int>(min(static_cast<long long>(layers_tile), s1 - t0));
-      for (int q = threadIdx.x; q < n * rv; q += layers_consumers) {
-        const int s = q / rv, v = q - s * rv;
-        const long long slot = t0 + s;
-        uint4 kk, vv;
-        if (slot == pos) {
-          kk = reinterpret_cast<const uint4*>(knew)[v];
-          vv = reinterpret_cast<const uint4*>(vnew)[v];
-        } else {
-          kk = __ldcg(reinterpret_cast<const uint4*>(kbase + slot * a.slot_stride) + v);
-          vv = __ldcg(reinterpret_cast<const uint4*>(vbase + slot * a.slot_stride) + v);
+    for (long long t0 = x.s0; t0 < x.s1; t0 += tile) {
+      const int n = static_cast<int>(min(static_cast<long long>(tile), x.s1 - t0));
+      if (!(loaded && t0 == x.s0))
+        load_tile(layer, g, t0, n, pos);
+      if (has_new && pos >= t0 && pos < t0 + n) {
+        const int s = static_cast<int>(pos - t0);
+        for (int v = threadIdx.x; v < rv; v += layers_consumers) {
+          kt[s * (rv + 1) + v] = reinterpret_cast<const uint4*>(knew)[v];
+          vt[s * rv + v] = reinterpret_cast<const uint4*>(vnew)[v];
         }
-        kt[s * (rv + 1) + v] = kk;
-        vt[s * rv + v] = vv;
       }
+      cp_wait();
       consumers_sync();
       for (int q = threadIdx.x; q < group * n; q += layers_consumers) {
         const int i = q / n, s = q - i * n;
         float dot = 0.0f;
         for (int v = 0; v < rv; ++v)
           dot = dot16<T>(kt[s * (rv + 1) + v], qv[i * rv + v], dot);
-        sc[i * layers_tile + s] = dot * a.scale;
+        sc[i * tile + s] = dot * a.scale;
       }
       consumers_sync();
       for (int i = warp; i < group; i += layers_consumer_warps) {
         float m = -INFINITY;
         for (int s = lane; s < n; s += 32)
-          m = fmaxf(m, sc[i * layers_tile + s]);
+          m = fmaxf(m, sc[i * tile + s]);
         m = fmaxf(warp_max(m), mlc[i]);
         float sum = 0.0f;
         for (int s = lane; s < n; s += 32) {
-          const float e = expf(sc[i * layers_tile + s] - m);
-          sc[i * layers_tile + s] = e;
+          const float e = expf(sc[i * tile + s] - m);
+          sc[i * tile + s] = e;
           sum += e;
         }
         sum = warp_sum(sum);
@@ -430,20 +483,33 @@ struct consumer {
       const T* vts = reinterpret_cast<const T*>(vt);
       for (int q = threadIdx.x; q < group * d; q += layers_consumers) {
         const int i = q / d, e = q - i * d;
-        float o = acc[q] * mlc[2 * group + i];
-        for (int s = 0; s < n; ++s)
-          o = fmaf(sc[i * layers_tile + s], to_float(vts[s * d + e]), o);
-        acc[q] = o;
+        const float* si = sc + i * tile;
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f; // four chains: the loads overlap
+        int s = 0;
+        for (; s + 4 <= n; s += 4) {
+          o0 = fmaf(si[s], to_float(vts[s * d + e]), o0);
+          o1 = fmaf(si[s + 1], to_float(vts[(s + 1) * d + e]), o1);
+          o2 = fmaf(si[s + 2], to_float(vts[(s + 2) * d + e]), o2);
+          o3 = fmaf(si[s + 3], to_float(vts[(s + 3) * d + e]), o3);
+        }
+        for (; s < n; ++s)
+          o0 = fmaf(si[s], to_float(vts[s * d + e]), o0);
+        acc[q] = acc[q] * mlc[2 * group + i] + ((o0 + o1) + (o2 + o3));
       }
       consumers_sync();
     }
     const int width = d + 2;
     for (int q = threadIdx.x; q < group * width; q += layers_consumers) {
       const int i = q / width, e = q - i * width;
-      float* out = a.partial + (static_cast<long long>(g * group + i) * decode_layers_max_splits + c) * width;
+      float* out = a.partial + (static_cast<long long>(g * group + i) * decode_layers_max_splits + x.c) * width;
       out[e] = e == 0 ? mlc[i] : e == 1 ? mlc[group + i] : acc[i * d + e - 2];
     }
     consumers_sync(); // the work space is reused
+  }
+
+  __device__ void stamp(int layer, int s, int end) const {
+    if (a.timeline != nullptr && threadIdx.x == 0)
+      a.timeline[((static_cast<long long>(layer) * stages + s) * gridDim.x + blockIdx.x) * 2 + end] = global_ns();
   }
 
   __device__ void run() {
@@ -453,28 +519,41 @@ struct consumer {
       max(1LL, min(static_cast<long long>(decode_layers_max_splits), (visible + layers_min_chunk - 1) / layers_min_chunk)));
     const long long chunk = (visible + splits - 1) / splits;
     const int items = static_cast<int>(a.kv_heads) * splits;
+    const bool attends = static_cast<int>(blockIdx.x) < items;
     for (int l = 0; l < a.layers; ++l) {
       const decode_layer_params& p = a.layer[l];
+      // The first attention item's cached keys and values, in flight through the q/k/v stage.
+      const item first = item_of(attends ? blockIdx.x : 0, splits, chunk, visible);
+      if (attends)
+        load_tile(l, first.g, first.s0, static_cast<int>(min(static_cast<long long>(a.kv_tile), first.s1 - first.s0)),
+                  pos);
       // 1. norm, q/k/v + bias (one rounding) into the scratch.
       if (l > 0)
         wait_for(l - 1, s_down);
+      stamp(l, s_qkv, 0);
       normalise(p.input_norm);
       T* qkv = static_cast<T*>(a.qkv);
       const T* qkv_bias = static_cast<const T*>(p.qkv_bias);
       project(l, s_qkv, a.hidden, [&](long long row, float y, float) {
         qkv[row] = from_float<T>(qkv_bias == nullptr ? y : __fadd_rn(y, to_float(qkv_bias[row])));
       });
+      stamp(l, s_qkv, 1);
       passed(l, s_qkv);
-      // 2. attention: RoPE, the cache write and each split's partial softmax.
-      wait_for(l, s_qkv);
-      for (int it = blockIdx.x; it < items; it += gridDim.x) {
-        const int g = it / splits, c = it - g * splits;
-        const long long s0 = c * chunk, s1 = min(visible, s0 + chunk);
-        attend(l, g, c, s0, s1, pos);
+      // 2. attention: RoPE, the cache write and each split's partial softmax. Blocks without an
+      // item pass at once.
+      if (attends) {
+        wait_for(l, s_qkv);
+        stamp(l, s_attention, 0);
+        for (int it = blockIdx.x; it < items; it += gridDim.x)
+          attend(l, item_of(it, splits, chunk, visible), pos, it == static_cast<int>(blockIdx.x));
+      } else {
+        stamp(l, s_attention, 0);
       }
+      stamp(l, s_attention, 1);
       passed(l, s_attention);
       // 3. the splits combined, o projection, residual add.
       wait_for(l, s_attention);
+      stamp(l, s_o, 0);
       combine(splits);
       T* res = static_cast<T*>(a.residual);
       const T* o_bias = static_cast<const T*>(p.o_bias);
@@ -482,9 +561,11 @@ struct consumer {
         const float yr = rounded<T>(o_bias == nullptr ? y : __fadd_rn(y, to_float(o_bias[row])));
         res[row] = from_float<T>(__fadd_rn(load_cg(res + row), yr));
       });
+      stamp(l, s_o, 1);
       passed(l, s_o);
       // 4. norm, gate/up + bias, silu(gate) * up.
       wait_for(l, s_o);
+      stamp(l, s_gate_up, 0);
       normalise(p.post_norm);
       T* act = static_cast<T*>(a.act);
       const T* gu_bias = static_cast<const T*>(p.gate_up_bias);
@@ -493,15 +574,18 @@ struct consumer {
         const float u = rounded<T>(gu_bias == nullptr ? yu : __fadd_rn(yu, to_float(gu_bias[a.inter + col])));
         act[col] = silu_times<T>(g, u);
       });
+      stamp(l, s_gate_up, 1);
       passed(l, s_gate_up);
       // 5. down projection, residual add.
       wait_for(l, s_gate_up);
+      stamp(l, s_down, 0);
       stage_act();
       const T* down_bias = static_cast<const T*>(p.down_bias);
       project(l, s_down, a.inter, [&](long long row, float y, float) {
         const float yr = rounded<T>(down_bias == nullptr ? y : __fadd_rn(y, to_float(down_bias[row])));
         res[row] = from_float<T>(__fadd_rn(load_cg(res + row), yr));
       });
+      stamp(l, s_down, 1);
       passed(l, s_down);
     }
   }
@@ -536,7 +620,18 @@ __global__ void __launch_bounds__(layers_threads, 1) decode_layers_kernel(const 
 #endif
 }
 
-std::atomic<bool> layers_on{true}; // set_decode_layers
+std::atomic<bool> layers_on{true};                       // set_decode_layers
+std::atomic<unsigned long long*> timeline_buffer{nullptr}; // set_decode_layers_timeline
+
+// The largest attention tile (cache slots) whose work space fits beside the ring in `optin`
+// bytes of shared memory, or 0.
+template <class T>
+int pick_tile(const decode_layers_args& a, int optin) {
+  for (int tile : {128, 64, 32})
+    if (shared_bytes(static_cast<std::size_t>(work_layout<T>(a, tile).end)) + 2048 <= static_cast<std::size_t>(optin))
+      return tile;
+  return 0;
+}
 
 template <class F>
 cudaError_t dispatch_type(dtype t, F&& f) {
@@ -553,6 +648,18 @@ std::size_t type_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
 } // namespace
 
 void set_decode_layers(bool on) { layers_on.store(on, std::memory_order_relaxed); }
+void set_decode_layers_timeline(unsigned long long* buffer) { timeline_buffer.store(buffer, std::memory_order_relaxed); }
+
+int decode_layers_blocks() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  return sms;
+}
+
+std::int64_t decode_layers_timeline_entries(std::int64_t layers) {
+  return layers * decode_layers_stages * decode_layers_blocks() * 2;
+}
 bool decode_layers_enabled() { return layers_on.load(std::memory_order_relaxed); }
 
 bool decode_layers_supported(dtype t, std::int64_t layers, std::int64_t hidden, std::int64_t inter,
@@ -577,34 +684,37 @@ bool decode_layers_supported(dtype t, std::int64_t layers, std::int64_t hidden, 
     return false;
   decode_layers_args a;
   a.hidden = hidden, a.inter = inter, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
-  std::size_t work = 0;
+  int tile = 0;
   dispatch_type(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    work = work_bytes<T>(a);
+    tile = pick_tile<T>(a, optin);
     return cudaSuccess;
   });
-  // The kernel's static shared memory (barriers, partial sums) is under 2 KiB.
-  return shared_bytes(work) + 2048 <= static_cast<std::size_t>(optin);
+  return tile > 0;
 }
 
 cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t stream) {
   return dispatch_type(t, [&](auto* tag) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = &decode_layers_kernel<T>;
-    const std::size_t shared = shared_bytes(work_bytes<T>(a));
-    int device = 0, sms = 0;
+    int device = 0, sms = 0, optin = 0;
     cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+    if (e != cudaSuccess || (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess
+        || (e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) != cudaSuccess)
       return e;
     if (device < 0 || device >= 64)
       return cudaErrorInvalidDevice;
+    decode_layers_args b = a;
+    b.kv_tile = pick_tile<T>(a, optin);
+    if (b.kv_tile == 0)
+      return cudaErrorInvalidConfiguration;
+    b.timeline = timeline_buffer.load(std::memory_order_relaxed);
+    const std::size_t shared = shared_bytes(static_cast<std::size_t>(work_layout<T>(b, b.kv_tile).end));
     // The shared memory allowance, raised once per device and type to the most any shape takes
     // (outside CUDA-graph captures: the first call is eager), then checked for this launch.
     static std::atomic<int> opened[64] = {};
     if (opened[device].load(std::memory_order_acquire) == 0) {
-      int optin = 0;
-      if ((e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) != cudaSuccess
-          || (e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - 2048)) != cudaSuccess)
+      if ((e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - 2048)) != cudaSuccess)
         return e;
       opened[device].store(1, std::memory_order_release);
     }
@@ -623,7 +733,7 @@ cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t str
     attribute[0].val.cooperative = 1;
     config.attrs = attribute;
     config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, a);
+    return cudaLaunchKernelEx(&config, kernel, b);
   });
 }
 

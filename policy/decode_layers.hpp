@@ -23,7 +23,7 @@ namespace crucible::policy::kernels {
 /// Layers one launch takes (its arguments are passed by value: 96 bytes a layer).
 inline constexpr int decode_layers_max_layers = 96;
 /// Splits of a KV head's slots among blocks (flash-decoding); partial_out holds this many per head.
-inline constexpr int decode_layers_max_splits = 8;
+inline constexpr int decode_layers_max_splits = 16;
 
 /// One layer's parameters and cache (all of the storage type, row-major, 16-byte aligned).
 struct decode_layer_params {
@@ -62,6 +62,10 @@ struct decode_layers_args {
   void* act = nullptr;               ///< scratch [inter]
   float* partial = nullptr;          ///< scratch [heads, decode_layers_max_splits, head_dim + 2]
   unsigned* counters = nullptr;      ///< [layers * 5], zero at launch: blocks through each stage
+  int kv_tile = 0;                   ///< set by decode_layers: cache slots an attention block stages at a time
+  /// Set by decode_layers from set_decode_layers_timeline: where each block writes, per layer and
+  /// stage, the %globaltimer nanoseconds at which it began and ended the stage (null: nowhere).
+  unsigned long long* timeline = nullptr;
 };
 
 /// Whether decode_layers takes these shapes on the current device (compute capability 9.0, the
@@ -78,5 +82,18 @@ cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t str
 /// on) or as five kernels a layer; for this process, so that benchmarks and tests compare the two.
 void set_decode_layers(bool on);
 bool decode_layers_enabled();
+
+/// Stages of a layer in decode_layers' timeline: q/k/v, attention, o, gate/up, down.
+inline constexpr int decode_layers_stages = 5;
+
+/// Makes every later decode_layers launch of this process write its timeline to `buffer` (device
+/// memory of decode_layers_timeline_entries(layers) int64, owned by the caller; null stops it):
+/// entry ((layer * decode_layers_stages + stage) * blocks + block) * 2 + {0: began, 1: ended}.
+/// For benchmarks; launches captured in a CUDA graph keep the pointer they were captured with.
+void set_decode_layers_timeline(unsigned long long* buffer);
+
+/// The blocks decode_layers launches on the current device (one per SM) and the timeline's size.
+int decode_layers_blocks();
+std::int64_t decode_layers_timeline_entries(std::int64_t layers);
 
 } // namespace crucible::policy::kernels

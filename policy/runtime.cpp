@@ -226,4 +226,62 @@ void set_decode_layers([[maybe_unused]] bool on) {
 #endif
 }
 
+result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const std::function<void()>& fn,
+                                                        [[maybe_unused]] std::int64_t layers) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  const std::int64_t blocks = kernels::decode_layers_blocks();
+  if (blocks <= 0 || layers < 2)
+    return fail(errc::unsupported, "time_decode_layers: no CUDA device, or fewer than 2 layers");
+  auto buffer = torch::zeros({kernels::decode_layers_timeline_entries(layers)},
+                             torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA, at::cuda::current_device()));
+  kernels::set_decode_layers_timeline(reinterpret_cast<unsigned long long*>(buffer.data_ptr<std::int64_t>()));
+  try {
+    fn();
+    torch::cuda::synchronize();
+  } catch (...) {
+    kernels::set_decode_layers_timeline(nullptr);
+    throw;
+  }
+  kernels::set_decode_layers_timeline(nullptr);
+  auto t = buffer.cpu();
+  const auto* v = t.data_ptr<std::int64_t>();
+  constexpr int stages = kernels::decode_layers_stages;
+  auto at = [&](std::int64_t l, int s, std::int64_t b, int end) { return v[((l * stages + s) * blocks + b) * 2 + end]; };
+  if (at(layers - 1, stages - 1, 0, 1) == 0)
+    return fail(errc::unsupported, "time_decode_layers: no launch of the persistent kernel was recorded");
+  auto last_end = [&](std::int64_t l, int s) {
+    std::int64_t m = 0;
+    for (std::int64_t b = 0; b < blocks; ++b)
+      m = std::max(m, at(l, s, b, 1));
+    return m;
+  };
+  static const char* const names[stages] = {"qkv", "attention", "o", "gate_up", "down"};
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[(x.size() - 1) / 2];
+  };
+  std::vector<layer_stage_time> out;
+  for (int s = 0; s < stages; ++s) {
+    std::vector<double> span, first, slowest;
+    for (std::int64_t l = 1; l < layers; ++l) {
+      const std::int64_t before = s == 0 ? last_end(l - 1, stages - 1) : last_end(l, s - 1);
+      std::int64_t start = INT64_MAX, longest = 0;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const auto b0 = at(l, s, b, 0), b1 = at(l, s, b, 1);
+        if (s != 1 || b0 >= before) // attention: the blocks that waited for the q/k/v stage
+          start = std::min(start, b0);
+        longest = std::max(longest, b1 - b0);
+      }
+      span.push_back(static_cast<double>(last_end(l, s) - before) / 1e3);
+      first.push_back(static_cast<double>(start - before) / 1e3);
+      slowest.push_back(static_cast<double>(longest) / 1e3);
+    }
+    out.push_back({names[s], median(span), median(first), median(slowest)});
+  }
+  return out;
+#else
+  return fail(errc::unsupported, "time_decode_layers: built without CUDA");
+#endif
+}
+
 } // namespace crucible::policy

@@ -81,6 +81,21 @@ void set_decode_early_launch(bool on);
 /// effect without CUDA.
 void set_decode_layers(bool on);
 
+/// One stage of the persistent decoding kernel's layers, timed by its blocks (medians over the
+/// layers after the first): `span_us` from the end of the stage before (its last block) to the
+/// end of this one (its last block); `first_start_us` from that same end to the first block of
+/// this stage starting (how long the counter took to be seen; attention counts only the blocks
+/// with an attention item); `slowest_us` the longest any block spent in the stage.
+struct layer_stage_time {
+  std::string stage;
+  double span_us = 0, first_start_us = 0, slowest_us = 0;
+};
+
+/// Runs `fn`, which decodes at one row on the current CUDA device, with every launch of the
+/// persistent decoding kernel recording its timeline (kernels::set_decode_layers_timeline), and
+/// summarises the last launch's. Errors without CUDA or when no launch ran.
+result<std::vector<layer_stage_time>> time_decode_layers(const std::function<void()>& fn, std::int64_t layers);
+
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

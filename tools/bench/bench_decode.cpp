@@ -5,6 +5,7 @@
 //   bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512] [--new 512]
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
+//                [--layers-timeline]
 //                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_per_layer,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
@@ -68,6 +69,7 @@ struct bench_options {
   int rounds = 1; ///< passes over the variants, each starting one variant later; the median pass counts
   std::uint64_t copy_bytes = std::uint64_t{1} << 30;
   std::string trace; ///< profile one more call per batch: Chrome trace at TRACE-bB.json, top rows printed
+  bool layers_timeline = false; ///< at batch 1, time the persistent kernel's stages (one more call per variant)
   std::int64_t fused_max_rows = policy::engine_options{}.fused_max_rows;
 };
 
@@ -76,6 +78,7 @@ struct bench_options {
                "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
                "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
                "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
+               "       [--layers-timeline]\n"
                "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_per_layer,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
@@ -97,6 +100,10 @@ bench_options parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--no-graphs") {
       o.graphs = false;
+      continue;
+    }
+    if (flag == "--layers-timeline") {
+      o.layers_timeline = true;
       continue;
     }
     if (i + 1 >= argc)
@@ -375,6 +382,25 @@ int run(const bench_options& o) {
       w.end_object();
       std::printf("%s\n", w.str().c_str());
       std::fflush(stdout);
+      if (o.layers_timeline && batch == 1 && fused) {
+        // One more call with the persistent kernel's blocks timing its stages (its last step).
+        select(variant);
+        auto stages = policy::time_decode_layers([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);
+        json_writer t;
+        t.begin_object().field("kind", "layers_timeline").field("batch", batch).field("kernels", o.kernels[variant]);
+        if (stages) {
+          t.key("stages").begin_array();
+          for (const auto& s : *stages)
+            t.begin_object().field("stage", s.stage).field("span_us", s.span_us).field("first_start_us", s.first_start_us)
+              .field("slowest_us", s.slowest_us).end_object();
+          t.end_array();
+        } else {
+          t.field("error", stages.error().message);
+        }
+        t.end_object();
+        std::printf("%s\n", t.str().c_str());
+        std::fflush(stdout);
+      }
       if (!o.trace.empty()) {
         // One more call under the profiler, after one that captures this variant's graphs again:
         // where a decoding step's time goes.
