@@ -133,6 +133,10 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                : "memory");
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* src, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
@@ -192,8 +196,26 @@ template <class T>
 __device__ void produce(const decode_layers_args& a, unsigned char* ring, unsigned long long* full,
                         unsigned long long* empty) {
   constexpr int weighted[] = {s_qkv, s_o, s_gate_up, s_down}; // the stages with weights, in order
+  // The block's share of a layer's weights toward L2, so that the ring's copies find them there:
+  // memory then streams at its own pace while the consumers take slots in bursts.
+  auto prefetch_layer = [&](int l) {
+    if (!a.prefetch_l2 || l >= a.layers)
+      return;
+    for (int s : weighted) {
+      const share sh = stage_share<T>(a, l, s, blockIdx.x, gridDim.x);
+      const unsigned bytes = static_cast<unsigned>(sh.rows * sh.row_bytes);
+      if (bytes == 0)
+        continue;
+      const unsigned char* src = sh.weight + sh.row0 * sh.row_bytes;
+      prefetch_l2(src, bytes);
+      if (sh.up_offset != 0)
+        prefetch_l2(src + sh.up_offset, bytes);
+    }
+  };
+  prefetch_layer(0);
   unsigned fill = 0;
   for (int l = 0; l < a.layers; ++l) {
+    prefetch_layer(l + 1);
     for (int s : weighted) {
       const share sh = stage_share<T>(a, l, s, blockIdx.x, gridDim.x);
       for (int j = 0; j < sh.slot_count(); ++j, ++fill) {
@@ -252,7 +274,12 @@ struct consumer {
     T* xs = reinterpret_cast<T*>(work);
     const int h = static_cast<int>(a.hidden);
     constexpr int held = 8; // entries a consumer keeps in registers between the two passes
-    float v[held];
+    float v[held], wv[held];
+#pragma unroll
+    for (int j = 0; j < held; ++j) { // the weights' loads in flight with the residual's
+      const int i = threadIdx.x + j * layers_consumers;
+      wv[j] = i < h ? to_float(w[i]) : 0.0f;
+    }
     float sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < held; ++j) {
@@ -269,7 +296,7 @@ struct consumer {
     for (int j = 0; j < held; ++j) {
       const int i = threadIdx.x + j * layers_consumers;
       if (i < h)
-        xs[i] = rms_normed<T>(v[j], to_float(w[i]), inv);
+        xs[i] = rms_normed<T>(v[j], wv[j], inv);
     }
     for (int i = threadIdx.x + held * layers_consumers; i < h; i += layers_consumers)
       xs[i] = rms_normed<T>(load_cg(res + i), to_float(w[i]), inv);
@@ -338,14 +365,28 @@ struct consumer {
     for (int p = threadIdx.x; p < a.heads * d; p += layers_consumers) {
       const int h = p / d, e = p - h * d;
       const float* part = a.partial + static_cast<long long>(h) * decode_layers_max_splits * width;
+      // Every split's three values loaded at once (unrolled over the most splits): one round
+      // trip to L2, not one per split.
+      float ms[decode_layers_max_splits], ls[decode_layers_max_splits], os[decode_layers_max_splits];
+#pragma unroll
+      for (int c = 0; c < decode_layers_max_splits; ++c) {
+        const bool in = c < splits;
+        ms[c] = in ? __ldcg(part + c * width) : -INFINITY;
+        ls[c] = in ? __ldcg(part + c * width + 1) : 0.0f;
+        os[c] = in ? __ldcg(part + c * width + 2 + e) : 0.0f;
+      }
       float m = -INFINITY;
-      for (int c = 0; c < splits; ++c)
-        m = fmaxf(m, __ldcg(part + c * width));
+#pragma unroll
+      for (int c = 0; c < decode_layers_max_splits; ++c)
+        m = fmaxf(m, ms[c]);
       float num = 0.0f, den = 0.0f;
-      for (int c = 0; c < splits; ++c) {
-        const float f = expf(__ldcg(part + c * width) - m);
-        den += __ldcg(part + c * width + 1) * f;
-        num += __ldcg(part + c * width + 2 + e) * f;
+#pragma unroll
+      for (int c = 0; c < decode_layers_max_splits; ++c) {
+        if (c < splits) {
+          const float f = expf(ms[c] - m);
+          den += ls[c] * f;
+          num += os[c] * f;
+        }
       }
       xs[p] = from_float<T>(num / den);
     }
@@ -622,6 +663,7 @@ __global__ void __launch_bounds__(layers_threads, 1) decode_layers_kernel(const 
 
 std::atomic<bool> layers_on{true};                       // set_decode_layers
 std::atomic<unsigned long long*> timeline_buffer{nullptr}; // set_decode_layers_timeline
+std::atomic<bool> layers_prefetch{true};                 // set_decode_layers_prefetch
 
 // The largest attention tile (cache slots) whose work space fits beside the ring in `optin`
 // bytes of shared memory, or 0.
@@ -648,6 +690,7 @@ std::size_t type_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
 } // namespace
 
 void set_decode_layers(bool on) { layers_on.store(on, std::memory_order_relaxed); }
+void set_decode_layers_prefetch(bool on) { layers_prefetch.store(on, std::memory_order_relaxed); }
 void set_decode_layers_timeline(unsigned long long* buffer) { timeline_buffer.store(buffer, std::memory_order_relaxed); }
 
 int decode_layers_blocks() {
@@ -709,6 +752,7 @@ cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t str
     if (b.kv_tile == 0)
       return cudaErrorInvalidConfiguration;
     b.timeline = timeline_buffer.load(std::memory_order_relaxed);
+    b.prefetch_l2 = layers_prefetch.load(std::memory_order_relaxed);
     const std::size_t shared = shared_bytes(static_cast<std::size_t>(work_layout<T>(b, b.kv_tile).end));
     // The shared memory allowance, raised once per device and type to the most any shape takes
     // (outside CUDA-graph captures: the first call is eager), then checked for this launch.

@@ -63,6 +63,9 @@ struct decode_layers_args {
   float* partial = nullptr;          ///< scratch [heads, decode_layers_max_splits, head_dim + 2]
   unsigned* counters = nullptr;      ///< [layers * 5], zero at launch: blocks through each stage
   int kv_tile = 0;                   ///< set by decode_layers: cache slots an attention block stages at a time
+  /// Set by decode_layers from set_decode_layers_prefetch: each block's producer prefetches its
+  /// share of the next layer's weights to L2 as it starts a layer.
+  bool prefetch_l2 = false;
   /// Set by decode_layers from set_decode_layers_timeline: where each block writes, per layer and
   /// stage, the %globaltimer nanoseconds at which it began and ended the stage (null: nowhere).
   unsigned long long* timeline = nullptr;
@@ -82,6 +85,10 @@ cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t str
 /// on) or as five kernels a layer; for this process, so that benchmarks and tests compare the two.
 void set_decode_layers(bool on);
 bool decode_layers_enabled();
+
+/// Whether decode_layers prefetches the next layer's weights to L2 (the default, on); for this
+/// process, so that benchmarks and tests compare the two.
+void set_decode_layers_prefetch(bool on);
 
 /// Stages of a layer in decode_layers' timeline: q/k/v, attention, o, gate/up, down.
 inline constexpr int decode_layers_stages = 5;

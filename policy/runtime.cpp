@@ -226,6 +226,12 @@ void set_decode_layers([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_decode_layers_prefetch([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_layers_prefetch(on);
+#endif
+}
+
 result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const std::function<void()>& fn,
                                                         [[maybe_unused]] std::int64_t layers) {
 #ifdef CRUCIBLE_HAVE_CUDA

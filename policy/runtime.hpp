@@ -81,6 +81,10 @@ void set_decode_early_launch(bool on);
 /// effect without CUDA.
 void set_decode_layers(bool on);
 
+/// Lets the persistent kernel prefetch each next layer's weights to L2
+/// (kernels::set_decode_layers_prefetch; on by default), for this process. No effect without CUDA.
+void set_decode_layers_prefetch(bool on);
+
 /// One stage of the persistent decoding kernel's layers, timed by its blocks (medians over the
 /// layers after the first): `span_us` from the end of the stage before (its last block) to the
 /// end of this one (its last block); `first_start_us` from that same end to the first block of

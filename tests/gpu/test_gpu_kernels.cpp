@@ -690,6 +690,10 @@ TEST_CASE("the layers in one persistent kernel equal five kernels a layer within
   }
 }
 
+TEST_CASE("the persistent kernel with and without its L2 prefetch of the next layer equals itself, bit for bit") {
+  check_switch_changes_nothing(kernels::set_decode_layers_prefetch, true, 14, 4);
+}
+
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {
   torch::manual_seed(16);
   torch::NoGradGuard g;
