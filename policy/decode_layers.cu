@@ -661,9 +661,9 @@ __global__ void __launch_bounds__(layers_threads, 1) decode_layers_kernel(const 
 #endif
 }
 
-std::atomic<bool> layers_on{true};                       // set_decode_layers
+std::atomic<bool> layers_on{false};                      // set_decode_layers
 std::atomic<unsigned long long*> timeline_buffer{nullptr}; // set_decode_layers_timeline
-std::atomic<bool> layers_prefetch{true};                 // set_decode_layers_prefetch
+std::atomic<bool> layers_prefetch{false};                // set_decode_layers_prefetch
 
 // The largest attention tile (cache slots) whose work space fits beside the ring in `optin`
 // bytes of shared memory, or 0.

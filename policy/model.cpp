@@ -898,8 +898,8 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
 //   down_proj(act), h = h + that          -> fused::project_add
 // so a layer is five kernels, with the attention's combine where it splits (not at batch 1). At
-// one row on a device that takes it, all the layers are one persistent kernel instead
-// (fused::decode_layers, the same stages with the same rounding points).
+// one row, with kernels::set_decode_layers on, all the layers are one persistent kernel instead
+// (fused::decode_layers, the same stages with the same rounding points; off by default, slower).
 torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch) {
 #ifdef CRUCIBLE_HAVE_CUDA
   auto layers = fused_layers(*this);
@@ -920,7 +920,7 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
   small_batch = small_batch
                 && fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size))
                 && std::all_of(layers->begin(), layers->end(), [](const fused_layer& f) { return f.aligned; });
-  // One row: every layer in one persistent kernel where it runs (fused::decode_layers).
+  // One row: every layer in one persistent kernel where it runs and is switched on (fused::decode_layers).
   fused::decode_shape shape;
   shape.hidden = c.hidden_size, shape.inter = c.intermediate_size, shape.heads = c.num_heads;
   shape.kv_heads = c.num_kv_heads, shape.head_dim = c.head_dim, shape.eps = c.rms_norm_eps;

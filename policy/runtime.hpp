@@ -77,12 +77,12 @@ void set_decode_wide_attention(bool on);
 void set_decode_early_launch(bool on);
 
 /// Lets the fused decoding step run all its layers in one persistent kernel at one row
-/// (kernels::set_decode_layers; on by default), for this process; off, five kernels a layer. No
+/// (kernels::set_decode_layers; off by default: five kernels a layer), for this process. No
 /// effect without CUDA.
 void set_decode_layers(bool on);
 
 /// Lets the persistent kernel prefetch each next layer's weights to L2
-/// (kernels::set_decode_layers_prefetch; on by default), for this process. No effect without CUDA.
+/// (kernels::set_decode_layers_prefetch; off by default), for this process. No effect without CUDA.
 void set_decode_layers_prefetch(bool on);
 
 /// One stage of the persistent decoding kernel's layers, timed by its blocks (medians over the

@@ -575,6 +575,7 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
 }
 
 TEST_CASE("the layers in one persistent kernel equal five kernels a layer within rounding, eagerly and in a graph") {
+  const switch_scope layers_on(kernels::set_decode_layers, true, false); // off by default
   // Qwen2.5-0.5B's shapes take the persistent kernel on this device in every dtype.
   fused::decode_shape qwen05;
   qwen05.hidden = 896, qwen05.inter = 4864, qwen05.heads = 14, qwen05.kv_heads = 2, qwen05.head_dim = 64;
@@ -691,7 +692,8 @@ TEST_CASE("the layers in one persistent kernel equal five kernels a layer within
 }
 
 TEST_CASE("the persistent kernel with and without its L2 prefetch of the next layer equals itself, bit for bit") {
-  check_switch_changes_nothing(kernels::set_decode_layers_prefetch, true, 14, 4);
+  const switch_scope layers_on(kernels::set_decode_layers, true, false);
+  check_switch_changes_nothing(kernels::set_decode_layers_prefetch, false, 14, 4);
 }
 
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {

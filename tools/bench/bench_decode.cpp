@@ -6,7 +6,7 @@
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //                [--layers-timeline]
-//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_per_layer,small_no_l2,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_layers,small_layers_l2,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
@@ -17,10 +17,10 @@
 // the attention always split and combined: policy::set_decode_wide_attention off), "small_late"
 // (the same as small with every read after the wait: policy::set_decode_early_reads off),
 // "small_launch_late" (the same as small with each kernel launching the next after its wait, not as
-// it begins: policy::set_decode_early_launch off), "small_per_layer" (the same as small with five
-// kernels a layer at one row instead of the one persistent kernel: policy::set_decode_layers off),
-// "small_no_l2" (the persistent kernel without its L2 prefetch of the next layer's weights:
-// policy::set_decode_layers_prefetch off),
+// it begins: policy::set_decode_early_launch off), "small_layers" (the same as small with the
+// layers of a one-row step in one persistent kernel: policy::set_decode_layers on),
+// "small_layers_l2" (that kernel prefetching each next layer's weights to L2:
+// policy::set_decode_layers_prefetch on too),
 // "fused" (the fused kernels with cuBLAS projections, engine_options::small_batch_kernels off) and "libtorch". The fused kernels serve calls of at most --fused-max-rows
 // rows (engine_options::fused_max_rows, its default when absent); "fused_steps" counts the steps
 // that ran them.
@@ -81,7 +81,7 @@ struct bench_options {
                "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
                "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
                "       [--layers-timeline]\n"
-               "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_per_layer,small_no_l2,fused,libtorch]\n",
+               "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_layers,small_layers_l2,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -142,7 +142,7 @@ bench_options parse(int argc, char** argv) {
       std::stringstream ss{v};
       for (std::string item; std::getline(ss, item, ',');) {
         static const char* const known[] = {"small",      "small_rounds",      "small_split",     "small_late",
-                                            "small_launch_late", "small_per_layer", "small_no_l2", "fused", "libtorch"};
+                                            "small_launch_late", "small_layers", "small_layers_l2", "fused", "libtorch"};
         if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
           std::string names;
           for (const char* k : known)
@@ -285,8 +285,8 @@ int run(const bench_options& o) {
       policy::set_decode_wide_attention(o.kernels[variant] != "small_split");
       policy::set_decode_early_reads(o.kernels[variant] != "small_late");
       policy::set_decode_early_launch(o.kernels[variant] != "small_launch_late");
-      policy::set_decode_layers(o.kernels[variant] != "small_per_layer");
-      policy::set_decode_layers_prefetch(o.kernels[variant] != "small_no_l2");
+      policy::set_decode_layers(o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2");
+      policy::set_decode_layers_prefetch(o.kernels[variant] == "small_layers_l2");
     };
     auto measure = [&](std::size_t variant) -> std::optional<measured> {
       auto& engine = engines[variant];

@@ -80,8 +80,8 @@ def main():
                          "small_split = the same with the attention always split and combined (no wide kernel), "
                          "small_late = the same with every read after waiting for the previous kernel, "
                          "small_launch_late = the same with each kernel launching the next after its wait, not as it begins, "
-                         "small_per_layer = the same with five kernels a layer at one row instead of one persistent kernel, "
-                         "small_no_l2 = the persistent kernel without its L2 prefetch of the next layer's weights, "
+                         "small_layers = the same with a one-row step's layers in one persistent kernel, "
+                         "small_layers_l2 = that kernel prefetching each next layer's weights to L2, "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,

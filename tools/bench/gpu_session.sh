@@ -213,10 +213,10 @@ for line in sys.stdin:
       timeout 300 $B/tests/gpu/test_gpu_kernels -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAYERS_BATCHES:-1,16,64} --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_no_l2,small_per_layer ${LAYERS_HF:---skip-hf} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
+        --rounds 3 --kernels small,small_layers,small_layers_l2 ${LAYERS_HF:---skip-hf} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
       # Where the persistent kernel's layer time goes: its blocks' timeline of the stages.
       $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
-        --kernels small,small_no_l2 --layers-timeline 2>&1 | grep -E "layers_timeline|ms_per_step" | tee "$OUT/layers_timeline.jsonl" ;;
+        --kernels small_layers,small_layers_l2 --layers-timeline 2>&1 | grep -E "layers_timeline|ms_per_step" | tee "$OUT/layers_timeline.jsonl" ;;
     chain)
       # Chains of dependent kernels with no work but their weight loads: uniform ones, and one
       # with the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.
