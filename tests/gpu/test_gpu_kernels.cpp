@@ -539,17 +539,15 @@ void check_switch_changes_nothing(void (*set)(bool), bool default_value, std::ui
   }
 }
 
-} // namespace
-
-TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
-  // The early launch is the default at one row; at three rows both run the same kernels.
-  check_switch_changes_nothing(kernels::set_decode_early_launch, true, 7, 6);
-  // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
-  auto m = tiny_05b_heads(7);
+// One-row decoding steps of tiny_05b_heads(seed) after a `prompt`-token prefill into `slots`
+// slots, replayed from a CUDA graph `steps` times as the engine runs them: each replay's logits
+// and lengths, and the caches at the end, equal eager steps' bit for bit.
+void check_graph_equals_eager(std::uint64_t seed, std::int64_t prompt, std::int64_t slots, int steps) {
+  auto m = tiny_05b_heads(seed);
   torch::NoGradGuard g;
-  auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
-  auto cache = m->make_cache(1, 64);
-  m->prefill(ids, cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
+  auto ids = torch::randint(0, 1000, {1, prompt}, on_gpu(torch::kLong));
+  auto cache = m->make_cache(1, slots);
+  m->prefill(ids, cache, torch::full({1}, prompt, on_gpu(torch::kLong)));
   auto eager_cache = deep_copy(cache);
   auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
   auto stream = c10::cuda::getStreamFromPool();
@@ -565,13 +563,26 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
   }
   torch::cuda::synchronize();
   // The capture ran nothing: the graph's first replay is the first step.
-  for (int step = 0; step < 4; ++step) {
+  for (int step = 0; step < steps; ++step) {
     graph.replay();
     auto want = m->forward_step(next, eager_cache, {}, true, true);
     torch::cuda::synchronize();
     CHECK(torch::equal(logits, want));
     CHECK(torch::equal(cache.lengths, eager_cache.lengths));
   }
+  for (std::size_t l = 0; l < cache.keys.size(); ++l) {
+    CHECK(torch::equal(cache.keys[l], eager_cache.keys[l]));
+    CHECK(torch::equal(cache.values[l], eager_cache.values[l]));
+  }
+}
+
+} // namespace
+
+TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
+  // The early launch is the default at one row; at three rows both run the same kernels.
+  check_switch_changes_nothing(kernels::set_decode_early_launch, true, 7, 6);
+  // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
+  check_graph_equals_eager(7, 9, 64, 4);
 }
 
 TEST_CASE("the layers in one persistent kernel equal five kernels a layer within rounding, eagerly and in a graph") {
@@ -658,37 +669,9 @@ TEST_CASE("the layers in one persistent kernel equal five kernels a layer within
     CHECK(launches() == 0);
   }
   // In a CUDA graph, as the engine runs it: replays equal eager steps bit for bit (the kernel's
-  // division of work and order of sums depend only on the shapes and the length).
-  auto m = tiny_05b_heads(12);
-  torch::NoGradGuard g;
-  auto ids = torch::randint(0, 1000, {1, 200}, on_gpu(torch::kLong));
-  auto cache = m->make_cache(1, 512);
-  m->prefill(ids, cache, torch::full({1}, 200L, on_gpu(torch::kLong)));
-  auto eager_cache = deep_copy(cache);
-  auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
-  auto stream = c10::cuda::getStreamFromPool();
-  at::cuda::CUDAGraph graph;
-  torch::Tensor logits;
-  {
-    c10::cuda::CUDAStreamGuard guard(stream);
-    auto warm = deep_copy(cache);
-    m->forward_step(next, warm, {}, true, true);
-    graph.capture_begin();
-    logits = m->forward_step(next, cache, {}, true, true);
-    graph.capture_end();
-  }
-  torch::cuda::synchronize();
-  for (int step = 0; step < 70; ++step) { // past a split boundary (every 64 slots)
-    graph.replay();
-    auto want = m->forward_step(next, eager_cache, {}, true, true);
-    torch::cuda::synchronize();
-    CHECK(torch::equal(logits, want));
-    CHECK(torch::equal(cache.lengths, eager_cache.lengths));
-  }
-  for (std::size_t l = 0; l < cache.keys.size(); ++l) {
-    CHECK(torch::equal(cache.keys[l], eager_cache.keys[l]));
-    CHECK(torch::equal(cache.values[l], eager_cache.values[l]));
-  }
+  // division of work and order of sums depend only on the shapes and the length), past a split
+  // boundary (every 64 slots).
+  check_graph_equals_eager(12, 200, 512, 70);
 }
 
 TEST_CASE("the persistent kernel with and without its L2 prefetch of the next layer equals itself, bit for bit") {
