@@ -31,7 +31,7 @@ constexpr int layers_slots = 5;
 constexpr int layers_slot_bytes = 32 * 1024;
 [[maybe_unused]] constexpr int layers_max_slot_rows = 128; // rows of a slot, so that its partial sums fit psum
 [[maybe_unused]] constexpr int layers_min_chunk = 64;      // attention: fewest slots a split takes
-constexpr int stages = decode_layers_stages;                 // q/k/v, attention, o, gate/up, down
+[[maybe_unused]] constexpr int stages = decode_layers_stages;                 // q/k/v, attention, o, gate/up, down
 
 enum stage : int { s_qkv = 0, s_attention = 1, s_o = 2, s_gate_up = 3, s_down = 4 };
 
@@ -675,18 +675,6 @@ int pick_tile(const decode_layers_args& a, int optin) {
   return 0;
 }
 
-template <class F>
-cudaError_t dispatch_type(dtype t, F&& f) {
-  switch (t) {
-    case dtype::f32: return f(static_cast<float*>(nullptr));
-    case dtype::f16: return f(static_cast<__half*>(nullptr));
-    case dtype::bf16: return f(static_cast<__nv_bfloat16*>(nullptr));
-  }
-  return cudaErrorInvalidValue;
-}
-
-std::size_t type_size(dtype t) { return t == dtype::f32 ? 4 : 2; }
-
 } // namespace
 
 void set_decode_layers(bool on) { layers_on.store(on, std::memory_order_relaxed); }
@@ -707,11 +695,15 @@ bool decode_layers_enabled() { return layers_on.load(std::memory_order_relaxed);
 
 bool decode_layers_supported(dtype t, std::int64_t layers, std::int64_t hidden, std::int64_t inter,
                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim) {
-  const auto size = static_cast<std::int64_t>(type_size(t));
-  const std::int64_t vec = 16 / size;
   if (layers < 1 || layers > decode_layers_max_layers || hidden <= 0 || inter <= 0 || heads <= 0 || kv_heads <= 0
       || heads % kv_heads != 0 || head_dim <= 0 || head_dim % 2 != 0)
     return false;
+  std::int64_t size = 0;
+  dispatch(t, [&](auto* tag) {
+    size = static_cast<std::int64_t>(sizeof(*tag));
+    return cudaSuccess;
+  });
+  const std::int64_t vec = 16 / size;
   // Rows of whole 16 bytes; a slot holds a gate/up pair of rows and a down row.
   if (hidden % vec != 0 || inter % vec != 0 || head_dim % vec != 0 || (heads * head_dim) % vec != 0)
     return false;
@@ -728,7 +720,7 @@ bool decode_layers_supported(dtype t, std::int64_t layers, std::int64_t hidden, 
   decode_layers_args a;
   a.hidden = hidden, a.inter = inter, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = head_dim;
   int tile = 0;
-  dispatch_type(t, [&](auto* tag) {
+  dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     tile = pick_tile<T>(a, optin);
     return cudaSuccess;
@@ -737,7 +729,7 @@ bool decode_layers_supported(dtype t, std::int64_t layers, std::int64_t hidden, 
 }
 
 cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t stream) {
-  return dispatch_type(t, [&](auto* tag) -> cudaError_t {
+  return dispatch(t, [&](auto* tag) -> cudaError_t {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto kernel = &decode_layers_kernel<T>;
     int device = 0, sms = 0, optin = 0;

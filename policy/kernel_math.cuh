@@ -1,12 +1,16 @@
-// policy/kernel_math.cuh: the device arithmetic that policy/kernels.cu and
-// policy/decode_layers.cu share: conversions, the reference's rounding points (RMSNorm, silu * up,
-// RoPE) and 16-byte dot products. Included by .cu files only; everything has internal linkage.
+// policy/kernel_math.cuh: what policy/kernels.cu and policy/decode_layers.cu share: conversions,
+// the reference's rounding points (RMSNorm, silu * up, RoPE), 16-byte dot products, programmatic
+// dependent launch (also used by tools/bench/bench_kernel_chain.cu) and the host's dispatch on the
+// storage type. Included by .cu files only; everything has internal linkage.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
 
 #include <type_traits>
+
+#include "policy/kernels.hpp"
 
 namespace crucible::policy::kernels {
 
@@ -107,6 +111,34 @@ __device__ __forceinline__ float dot16(const uint4& w, const uint4& x, float acc
 template <class T>
 __device__ __forceinline__ float element(const uint4& v, int i) {
   return to_float(reinterpret_cast<const T*>(&v)[i]);
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched with it may start while the previous
+// kernel in the stream finishes; grid_dependency_wait() returns once that kernel has completed
+// and its writes are visible, so only reads of data no kernel writes (weights) may come before
+// it. Kernels call grid_dependents_launch() once the next kernel may start its own such reads.
+// Both are no-ops on older devices and in kernels launched without the attribute.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Calls f with a null T* for the storage type t.
+template <class F>
+cudaError_t dispatch(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: return f(static_cast<float*>(nullptr));
+    case dtype::f16: return f(static_cast<__half*>(nullptr));
+    case dtype::bf16: return f(static_cast<__nv_bfloat16*>(nullptr));
+  }
+  return cudaErrorInvalidValue;
 }
 
 } // namespace

@@ -46,23 +46,6 @@ __device__ float block_reduce(float v, float* scratch) {
 __device__ float block_sum(float v, float* scratch) { return block_reduce<false>(v, scratch); }
 __device__ float block_max(float v, float* scratch) { return block_reduce<true>(v, scratch); }
 
-// Programmatic dependent launch (sm_90): a kernel launched with it may start while the previous
-// kernel in the stream finishes; grid_dependency_wait() returns once that kernel has completed
-// and its writes are visible, so only reads of data no kernel writes (weights) may come before
-// it. Kernels call grid_dependents_launch() once the next kernel may start its own such reads.
-// Both are no-ops on older devices and in kernels launched without the attribute.
-__device__ __forceinline__ void grid_dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void grid_dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
 // Whether the current device takes programmatic dependent launches (compute capability 9.0 or
 // newer), asked once per device.
 bool programmatic_launch() {
@@ -96,17 +79,6 @@ cudaError_t launch_early(void (*kernel)(Params...), dim3 grid, dim3 block, std::
   config.attrs = attribute;
   config.numAttrs = programmatic_launch() ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-// Calls f with a null T* for the storage type t.
-template <class F>
-cudaError_t dispatch(dtype t, F&& f) {
-  switch (t) {
-    case dtype::f32: return f(static_cast<float*>(nullptr));
-    case dtype::f16: return f(static_cast<__half*>(nullptr));
-    case dtype::bf16: return f(static_cast<__nv_bfloat16*>(nullptr));
-  }
-  return cudaErrorInvalidValue;
 }
 
 // ---- residual add + RMSNorm ---------------------------------------------------------------------
@@ -239,7 +211,6 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
     out[0] = raw;
   }
 }
-
 
 // T: storage type; VEC: elements per load (the plan's vec); GM: query heads per block (the
 // plan's heads_per_block); EARLY: a.early_reads; W: warps (the plan's warps: decode_attention_warps, or
@@ -1155,7 +1126,6 @@ unsigned stride_blocks(long long n) {
   return static_cast<unsigned>(std::max<long long>(1, std::min<long long>((n + train_threads - 1) / train_threads, 16 * 65535)));
 }
 
-
 } // namespace
 
 cudaError_t target_logprob_forward(dtype t, const void* logits, const std::int64_t* targets, std::int64_t rows,
@@ -1399,7 +1369,6 @@ cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows,
   });
 }
 
-
 namespace {
 
 std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
@@ -1479,7 +1448,6 @@ cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t 
 cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream) {
   return launch_small_gemm<gemm_out::rope_kv>(t, a, stream);
 }
-
 
 std::int64_t greedy_logprob_blocks(std::int64_t vocab) {
   // About 1024 logits a block (four a thread), at most 256 blocks a row.

@@ -33,27 +33,21 @@
 #include <string>
 #include <vector>
 
+#include "policy/kernel_math.cuh"
+
 namespace {
 
 constexpr int preloads = 8; // 16-byte loads a thread keeps in flight across the wait
 
-__device__ __forceinline__ void dependency_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void dependents_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
+// The engine's kernels' programmatic dependent launch, so that the chain waits as they do.
+using crucible::policy::kernels::grid_dependency_wait;
+using crucible::policy::kernels::grid_dependents_launch;
 
 // in: the previous kernel's values (null for the first kernel: 0); out[block] = in[0] + 1.
 __global__ void chain_kernel(const uint4* __restrict__ weights, long long vectors, const int* in, int* out,
                              int* sink, bool trigger_at_start) {
   if (trigger_at_start)
-    dependents_launch();
+    grid_dependents_launch();
   const long long per_block = (vectors + gridDim.x - 1) / gridDim.x;
   const long long begin = blockIdx.x * per_block;
   const long long end = begin + per_block < vectors ? begin + per_block : vectors;
@@ -64,9 +58,9 @@ __global__ void chain_kernel(const uint4* __restrict__ weights, long long vector
     const long long i = begin + threadIdx.x + static_cast<long long>(u) * blockDim.x;
     held[u] = i < end ? __ldg(weights + i) : make_uint4(0, 0, 0, 0);
   }
-  dependency_wait();
+  grid_dependency_wait();
   if (!trigger_at_start)
-    dependents_launch();
+    grid_dependents_launch();
 #pragma unroll
   for (int u = 0; u < preloads; ++u)
     acc ^= held[u].x ^ held[u].y ^ held[u].z ^ held[u].w;
