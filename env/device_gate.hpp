@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 namespace crucible::env {
 
@@ -39,12 +40,33 @@ public:
   /// Timed users waiting to enter (for tests).
   int timed_waiting() const;
 
+  /// One step of a user through the gate, for timelines (tools/bench/bench_eval_throughput
+  /// --timeline): what happened, when (steady clock), on which thread.
+  struct event {
+    enum kind_t : char {
+      untimed_wait = 'w',
+      untimed_enter = 'u',
+      untimed_leave = 'x',
+      timed_wait = 'W',
+      timed_enter = 'T',
+      timed_leave = 'X',
+    };
+    std::int64_t ns; // steady_clock::time_point::time_since_epoch()
+    kind_t kind;
+    std::size_t thread; // std::hash of std::this_thread::get_id()
+  };
+  /// Starts (or stops) keeping every event; off by default.
+  void record(bool on);
+  /// The events kept so far, oldest first; the gate keeps none after this.
+  std::vector<event> take_events();
+
 private:
   using clock = std::chrono::steady_clock;
   bool untimed_may_enter() const; // mtx_ held
   void enter_untimed_locked();
   void enter_locked(clock::time_point now); // first user in: the device becomes busy
   void leave_locked(clock::time_point now); // last user out
+  void note_locked(event::kind_t kind, clock::time_point now);
 
   const bool share_;
   mutable std::mutex mtx_;
@@ -60,6 +82,8 @@ private:
   std::uint64_t drain_ns_ = 0;
   std::uint64_t busy_ns_ = 0;
   std::uint64_t timed_ns_ = 0;
+  bool recording_ = false;
+  std::vector<event> events_;
 };
 
 /// Holds the device for untimed work; release() ends the hold early.

@@ -101,6 +101,9 @@ public:
   double init_held_seconds() const noexcept { return static_cast<double>(init_held_ns_.load()) * 1e-9; }
   /// Most evaluations and starting workers that shared the device's untimed work at once.
   int max_untimed_users() const { return gate_.max_untimed(); }
+  /// Every step through the device gate from now on (record(true)) until taken: for timelines.
+  void record_gate(bool on) { gate_.record(on); }
+  std::vector<device_gate::event> take_gate_events() { return gate_.take_events(); }
 
 private:
   device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,

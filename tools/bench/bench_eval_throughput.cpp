@@ -2,11 +2,13 @@
 // distinct candidates, and the share of wall time the device spends in timed rounds.
 //
 //   bench_eval_throughput --device cuda:0 --concurrency 3 --candidates 20 [--set key=value]... [--verbose 1]
+//                         [--timeline FILE]
 //
 // Candidates are the (task, candidate) pairs of tools/bench/eval_gpu (or --suite DIR), each
 // made distinct k times by a trailing comment (so no verdict is cached), submitted together
 // from `concurrency` threads. A first pass warms the compiled-extension cache; the second,
-// with the verdict cache off, is measured.
+// with the verdict cache off, is measured. --timeline writes the measured pass's every step
+// through the device gate and every evaluation's phases, for tools/bench/gate_timeline.py.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   fs::path suite = fs::path{CRUCIBLE_SOURCE_DIR} / "tools" / "bench" / "eval_gpu";
   std::vector<std::string> sets;
   bool verbose = false;
+  std::string timeline;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--device") device = v;
@@ -42,6 +45,7 @@ int main(int argc, char** argv) {
     else if (k == "--suite") suite = v;
     else if (k == "--set") sets.push_back(v);
     else if (k == "--verbose") verbose = v == "1";
+    else if (k == "--timeline") timeline = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
@@ -88,7 +92,30 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", ev.error().message.c_str());
     return 1;
   }
-  auto run_pass = [&](const char* label) {
+  // The timeline: "P ns thread pid phase" from the phase observer, "E ns thread begin|end task"
+  // around each evaluation, "G ns thread kind" from the gate (kinds in env/device_gate.hpp).
+  std::mutex timeline_mtx;
+  std::vector<std::string> timeline_lines;
+  bool recording = false;
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  auto thread_key = [] { return std::hash<std::thread::id>{}(std::this_thread::get_id()); };
+  auto note = [&](const std::string& line) {
+    std::lock_guard guard{timeline_mtx};
+    if (recording)
+      timeline_lines.push_back(line);
+  };
+  if (!timeline.empty())
+    (*ev)->set_phase_observer([&](const char* phase, pid_t pid) {
+      note("P " + std::to_string(now_ns()) + " " + std::to_string(thread_key()) + " " + std::to_string(pid) + " " + phase);
+    });
+  auto run_pass = [&](const char* label, bool record) {
+    if (record && !timeline.empty()) {
+      std::lock_guard guard{timeline_mtx};
+      recording = true;
+      (*ev)->record_gate(true);
+    }
     std::atomic<size_t> next{0};
     std::atomic<int> ok{0};
     std::mutex speedups_mtx;
@@ -106,7 +133,9 @@ int main(int argc, char** argv) {
     for (int c = 0; c < concurrency; ++c)
       threads.emplace_back([&] {
         for (size_t i; (i = next++) < queue.size();) {
+          note("E " + std::to_string(now_ns()) + " " + std::to_string(thread_key()) + " begin " + queue[i].target.name);
           auto v = (*ev)->evaluate(queue[i]);
+          note("E " + std::to_string(now_ns()) + " " + std::to_string(thread_key()) + " end " + env::to_string(v.status));
           if (v.status == env::verdict_status::ok) {
             ++ok;
             std::lock_guard guard{speedups_mtx};
@@ -117,6 +146,22 @@ int main(int argc, char** argv) {
       });
     for (auto& t : threads)
       t.join();
+    const auto end_ns = now_ns();
+    if (record && !timeline.empty()) {
+      std::lock_guard guard{timeline_mtx};
+      recording = false;
+      (*ev)->record_gate(false);
+      std::ofstream out(timeline);
+      out << "# " << label << ", concurrency " << concurrency << ", " << queue.size() << " candidates\n";
+      out << "S " << std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count() << "\n";
+      for (const auto& line : timeline_lines)
+        out << line << "\n";
+      for (const auto& e : (*ev)->take_gate_events())
+        out << "G " << e.ns << " " << e.thread << " " << static_cast<char>(e.kind) << "\n";
+      out << "F " << end_ns << "\n";
+      if (!out)
+        std::fprintf(stderr, "cannot write the timeline to %s\n", timeline.c_str());
+    }
     double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double timing = (*ev)->timing_seconds() - timing0;
     double held = (*ev)->device_seconds() - device0;
@@ -143,7 +188,7 @@ int main(int argc, char** argv) {
     }
     std::fflush(stdout);
   };
-  run_pass("warm-up (builds extensions)");
-  run_pass("measured");
+  run_pass("warm-up (builds extensions)", false);
+  run_pass("measured", true);
   return 0;
 }

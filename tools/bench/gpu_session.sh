@@ -143,10 +143,17 @@ for line in sys.stdin:
     concurrency)
       # Verdicts per minute and the timed share at several concurrencies with the defaults,
       # 40 candidates each (CONCURRENCIES, in order; both passes of each run count).
+      # Each measured pass's gate timeline goes to $OUT/timeline_N_cC.txt, with its breakdown
+      # (tools/bench/gate_timeline.py) after the pass's figures. EVAL_SETS: extra --set options.
+      n=0
       for c in ${CONCURRENCIES:-5 6 5}; do
-        echo "== concurrency $c" | tee -a "$OUT/concurrency.txt"
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates 40 2>&1 \
+        n=$((n + 1))
+        sets=(); for s in ${EVAL_SETS:-}; do sets+=(--set "$s"); done
+        echo "== concurrency $c ${EVAL_SETS:-}" | tee -a "$OUT/concurrency.txt"
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates 40 "${sets[@]}" \
+          --timeline "$OUT/timeline_${n}_c$c.txt" 2>&1 \
           | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/concurrency.txt"
+        python3 tools/bench/gate_timeline.py "$OUT/timeline_${n}_c$c.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
       done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "env/device_gate.hpp"
@@ -110,4 +111,38 @@ TEST_CASE("busy time is the union of the holds, timed time only the timed holds"
   CHECK(gate.timed_ns() >= 3'000'000u);
   CHECK(gate.timed_ns() < busy);
   CHECK(gate.drain_ns() == 0); // the timed user never waited
+}
+
+TEST_CASE("a recording gate keeps each step, in order, with its thread; none before or after") {
+  device_gate gate;
+  gate.lock_untimed(); // not recorded
+  gate.unlock_untimed();
+  gate.record(true);
+  gate.lock_untimed();
+  std::size_t timed_thread = 0;
+  std::thread timer{[&] {
+    timed_thread = std::hash<std::thread::id>{}(std::this_thread::get_id());
+    timed_hold t{gate}; // waits for the untimed user
+  }};
+  while (gate.timed_waiting() == 0)
+    std::this_thread::yield();
+  gate.unlock_untimed();
+  timer.join();
+  gate.record(false);
+  gate.lock_untimed();
+  gate.unlock_untimed();
+  auto ev = gate.take_events();
+  using E = device_gate::event;
+  const auto me = std::hash<std::thread::id>{}(std::this_thread::get_id());
+  REQUIRE(ev.size() == 5);
+  CHECK(ev[0].kind == E::untimed_enter);
+  CHECK(ev[0].thread == me);
+  CHECK(ev[1].kind == E::timed_wait);
+  CHECK(ev[1].thread == timed_thread);
+  CHECK(ev[2].kind == E::untimed_leave);
+  CHECK(ev[3].kind == E::timed_enter);
+  CHECK(ev[4].kind == E::timed_leave);
+  for (std::size_t i = 1; i < ev.size(); ++i)
+    CHECK(ev[i].ns >= ev[i - 1].ns);
+  CHECK(gate.take_events().empty());
 }
