@@ -643,10 +643,6 @@ void describe(V& v, config& c) {
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
-    v.field("context_starts", e.context_starts,
-            "Most GPU workers creating their CUDA context at once; 0: no limit. Contexts created together wait for "
-            "one another in the driver.",
-            at_least(0, "a non-negative integer"));
     v.field("init_hold", e.init_hold,
             "Which steps of a starting worker's device initialisation wait until no evaluation is timing on the "
             "device, so that they never run beside a timed round (beside other evaluations' references and trials "

@@ -129,7 +129,6 @@ struct evaluator_options {
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
   bool static_checks = true;
-  std::int64_t context_starts = 0;             ///< workers creating a CUDA context at once; 0: no limit
   device_init_hold init_hold = device_init_hold::context; ///< steps of a starting worker's device initialisation kept away from timed rounds
   bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host

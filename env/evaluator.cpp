@@ -381,38 +381,12 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
       return sent.error();
     if (auto ok = expect("driver", n); !ok)
       return ok.error();
-    {
-      // At most evaluator.context_starts workers create their context at once (0: no limit).
-      struct context_slot {
-        device_evaluator& ev;
-        bool taken = false;
-        explicit context_slot(device_evaluator& e) : ev(e) {
-          if (ev.opt_.context_starts <= 0)
-            return;
-          std::unique_lock lock{ev.contexts_mtx_};
-          ev.contexts_cv_.wait(lock, [&] { return ev.contexts_starting_ < ev.opt_.context_starts; });
-          ++ev.contexts_starting_;
-          taken = true;
-        }
-        ~context_slot() {
-          if (!taken)
-            return;
-          {
-            std::lock_guard lock{ev.contexts_mtx_};
-            --ev.contexts_starting_;
-          }
-          ev.contexts_cv_.notify_all();
-        }
-        context_slot(const context_slot&) = delete;
-        context_slot& operator=(const context_slot&) = delete;
-      } slot{*this};
-      if (opt_.init_hold == device_init_hold::context)
-        hold();
-      if (auto sent = proc->send("{\"type\":\"context\"}"); !sent)
-        return sent.error();
-      if (auto ok = expect("context", n); !ok)
-        return ok.error();
-    }
+    if (opt_.init_hold == device_init_hold::context)
+      hold();
+    if (auto sent = proc->send("{\"type\":\"context\"}"); !sent)
+      return sent.error();
+    if (auto ok = expect("context", n); !ok)
+      return ok.error();
     if (opt_.init_hold == device_init_hold::context)
       release(clock_type::now());
     if (auto ok = expect("ready", n); !ok)

@@ -156,9 +156,6 @@ private:
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   device_gate gate_;                  // timed rounds alone; untimed work shared (evaluator.share_untimed)
   int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
-  std::mutex contexts_mtx_;           // guards contexts_starting_ (evaluator.context_starts)
-  std::condition_variable contexts_cv_;
-  int contexts_starting_ = 0;         // workers creating their CUDA context now
   std::vector<std::thread> refill_;
   std::mutex retire_mtx_;             // guards retiring_, retire_stop_
   std::condition_variable retire_cv_;
