@@ -26,17 +26,21 @@ result<void> select(int device) {
   return {};
 }
 
-class view final : public device_bytes {
+class mapped final : public device_bytes {
 public:
-  view(std::shared_ptr<void> keep, int device, const std::byte* data, std::uint64_t size)
-      : keep_{std::move(keep)}, device_{device}, data_{data}, size_{size} {}
+  mapped(int device, void* base, const std::byte* data, std::uint64_t size)
+      : device_{device}, base_{base}, data_{data}, size_{size} {}
+  ~mapped() override {
+    if (cudaSetDevice(device_) == cudaSuccess)
+      (void) cudaIpcCloseMemHandle(base_);
+  }
   const void* data() const noexcept override { return data_; }
   std::uint64_t size() const noexcept override { return size_; }
   int device() const noexcept override { return device_; }
 
 private:
-  std::shared_ptr<void> keep_; // the mapping this view lies in
   int device_;
+  void* base_;
   const std::byte* data_;
   std::uint64_t size_;
 };
@@ -165,23 +169,8 @@ void launch(const void* want, const void* got, std::uint64_t n, double atol, dou
 
 bool device_bytes_available() noexcept { return true; }
 
-struct export_mappings::allocation {
-  int device;
-  void* base = nullptr;
-  std::uint64_t size = 0; // from base to the end of the allocation, as this process's driver says
-  ~allocation() {
-    if (base != nullptr && cudaSetDevice(device) == cudaSuccess)
-      (void) cudaIpcCloseMemHandle(base);
-  }
-};
-
-export_mappings::export_mappings(int device) : device_{device} {}
-export_mappings::~export_mappings() = default;
-
-void export_mappings::clear() { maps_.clear(); }
-
-result<std::shared_ptr<device_bytes>> export_mappings::map(std::string_view handle_hex, std::uint64_t offset,
-                                                          std::uint64_t bytes, std::uint64_t align) {
+result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
+                                                   std::uint64_t bytes, std::uint64_t align) {
   cudaIpcMemHandle_t handle;
   if (handle_hex.size() != 2 * sizeof handle.reserved)
     return fail(errc::protocol, "a device handle has ", std::to_string(handle_hex.size()), " hex digits, expected ",
@@ -195,51 +184,41 @@ result<std::shared_ptr<device_bytes>> export_mappings::map(std::string_view hand
   if (align == 0 || offset % align != 0)
     return fail(errc::protocol, "an exported output's offset ", std::to_string(offset), " is not aligned to ",
                 std::to_string(align), " bytes");
-  std::shared_ptr<allocation> a;
-  for (const auto& [h, m] : maps_)
-    if (h == handle_hex)
-      a = m;
-  if (!a) {
-    if (auto r = select(device_); !r)
-      return r.error();
-    auto fresh = std::make_shared<allocation>();
-    fresh->device = device_;
-    if (auto e = cudaIpcOpenMemHandle(&fresh->base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
-      fresh->base = nullptr;
-      (void) cudaGetLastError();
-      return fail(errc::protocol, "the worker's device handle does not open: ", cuda_text(e));
-    }
-    // The allocation's real extent, from this process's driver: the worker's word is not enough.
-    // (The driver's entry point is looked up through the runtime, so that binaries built with
-    // CUDA still start on machines without a driver.)
-    using range_fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (auto e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
-        e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr)
-      return fail(errc::device, "the CUDA driver has no cuMemGetAddressRange");
-    CUdeviceptr range_base = 0;
-    size_t range_size = 0;
-    if (auto e = reinterpret_cast<range_fn>(fn)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(fresh->base));
-        e != CUDA_SUCCESS)
-      return fail(errc::device, "cannot query a mapped allocation's size (CUresult ", std::to_string(static_cast<int>(e)),
-                  ")");
-    fresh->size = range_size - (reinterpret_cast<CUdeviceptr>(fresh->base) - range_base);
-    maps_.emplace_back(std::string{handle_hex}, fresh);
-    ++opened_;
-    a = std::move(fresh);
+  if (auto r = select(device); !r)
+    return r.error();
+  void* base = nullptr;
+  if (auto e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+    (void) cudaGetLastError();
+    return fail(errc::protocol, "the worker's device handle does not open: ", cuda_text(e));
   }
-  if (offset > a->size || bytes > a->size - offset)
+  // The allocation's real extent, from this process's driver: the worker's word is not enough.
+  // (The driver's entry point is looked up through the runtime, so that binaries built with
+  // CUDA still start on machines without a driver.)
+  using range_fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (auto e = cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &found);
+      e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    (void) cudaIpcCloseMemHandle(base);
+    return fail(errc::device, "the CUDA driver has no cuMemGetAddressRange");
+  }
+  CUdeviceptr range_base = 0;
+  size_t range_size = 0;
+  if (auto e = reinterpret_cast<range_fn>(fn)(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base));
+      e != CUDA_SUCCESS) {
+    (void) cudaIpcCloseMemHandle(base);
+    return fail(errc::device, "cannot query a mapped allocation's size (CUresult ", std::to_string(static_cast<int>(e)),
+                ")");
+  }
+  const auto start = reinterpret_cast<CUdeviceptr>(base) - range_base;
+  if (offset > range_size - start || bytes > range_size - start - offset) {
+    (void) cudaIpcCloseMemHandle(base);
     return fail(errc::protocol, "an exported output (", std::to_string(bytes), " bytes at offset ",
-                std::to_string(offset), ") lies outside its allocation of ", std::to_string(a->size), " bytes");
-  const auto* data = static_cast<const std::byte*>(a->base) + offset;
-  return std::shared_ptr<device_bytes>{std::make_shared<view>(a, device_, data, bytes)};
-}
-
-result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
-                                                   std::uint64_t bytes, std::uint64_t align) {
-  export_mappings maps{device};
-  return maps.map(handle_hex, offset, bytes, align);
+                std::to_string(offset), ") lies outside its allocation of ", std::to_string(range_size - start),
+                " bytes");
+  }
+  return std::shared_ptr<device_bytes>{
+      std::make_shared<mapped>(device, base, static_cast<const std::byte*>(base) + offset, bytes)};
 }
 
 result<void> keep_freed_memory(int device, std::uint64_t bytes) {

@@ -14,7 +14,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -41,31 +40,6 @@ bool device_bytes_available() noexcept;
 /// worker that sent them may be hostile, and a stray read would break this process's context.
 result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
                                                    std::uint64_t bytes, std::uint64_t align);
-
-/// map_exported for several outputs of one worker: each allocation is opened once, and the
-/// outputs inside it are views of that one mapping (a worker packs each phase's outputs into one
-/// allocation). Opening is a driver call that waits behind other processes' context creation.
-/// A mapping stays open while this object or any view of it lives.
-class export_mappings {
-public:
-  explicit export_mappings(int device);
-  ~export_mappings();
-  export_mappings(const export_mappings&) = delete;
-  export_mappings& operator=(const export_mappings&) = delete;
-  /// As map_exported, with the same checks; reuses the mapping of a handle already opened here.
-  result<std::shared_ptr<device_bytes>> map(std::string_view handle_hex, std::uint64_t offset, std::uint64_t bytes,
-                                            std::uint64_t align);
-  /// Allocations opened so far (for tests and logs).
-  std::size_t opened() const noexcept { return opened_; }
-  /// Forgets every mapping (views already handed out keep theirs open).
-  void clear();
-
-private:
-  struct allocation;
-  int device_;
-  std::vector<std::pair<std::string, std::shared_ptr<allocation>>> maps_;
-  std::size_t opened_ = 0;
-};
 
 /// A copy of `src` in memory this process owns (reference outputs outlive the worker's exports).
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src);

@@ -15,14 +15,6 @@ bool device_bytes_available() noexcept { return false; }
 result<std::shared_ptr<device_bytes>> map_exported(int, std::string_view, std::uint64_t, std::uint64_t, std::uint64_t) {
   return no_cuda();
 }
-struct export_mappings::allocation {};
-export_mappings::export_mappings(int device) : device_{device} {}
-export_mappings::~export_mappings() = default;
-void export_mappings::clear() { maps_.clear(); }
-result<std::shared_ptr<device_bytes>> export_mappings::map(std::string_view, std::uint64_t, std::uint64_t,
-                                                          std::uint64_t) {
-  return no_cuda();
-}
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes&) { return no_cuda(); }
 result<std::vector<std::byte>> download(const device_bytes&) { return no_cuda(); }
 result<device_difference> device_compare(const device_bytes&, const device_bytes&, dtype, std::uint64_t,

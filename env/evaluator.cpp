@@ -47,8 +47,7 @@ std::string json_string(const std::string& s) {
 
 // Decodes the outputs listed in a message header, taking their bytes from the frames, or mapping
 // the device memory the worker exported (on CUDA device `cuda_device` of this process).
-// Device outputs are mapped through `maps` (one mapping per exported allocation); null: host only.
-result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg, export_mappings* maps) {
+result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg, int cuda_device) {
   std::vector<tensor_blob> out;
   if (!list.IsDefined() || list.IsNull())
     return out;
@@ -71,10 +70,10 @@ result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_m
     for (const auto& d : item["shape"])
       b.shape.push_back(d.as<std::int64_t>());
     if (item["ipc"].IsDefined()) {
-      if (maps == nullptr)
+      if (cuda_device < 0)
         return fail(errc::protocol, "a device output arrived but this evaluator asked for host bytes");
-      auto mapped = maps->map(item["ipc"].as<std::string>(), item["offset"].as<std::uint64_t>(),
-                              item["bytes"].as<std::uint64_t>(), element_size(b.type));
+      auto mapped = map_exported(cuda_device, item["ipc"].as<std::string>(), item["offset"].as<std::uint64_t>(),
+                                 item["bytes"].as<std::uint64_t>(), element_size(b.type));
       if (!mapped)
         return mapped.error();
       b.device = std::move(*mapped);
@@ -549,14 +548,6 @@ private:
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
   const int cuda_device_ = ev_.outputs_device_; // >= 0: outputs stay on this CUDA device
-  std::optional<export_mappings> maps_;          // the worker's exports this phase, each opened once
-  export_mappings* maps() {
-    if (cuda_device_ < 0)
-      return nullptr;
-    if (!maps_)
-      maps_.emplace(cuda_device_);
-    return &*maps_;
-  }
   bool measured_ = false; // a measurement was made (its warm-up rounds played)
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;
@@ -637,7 +628,7 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     set(verdict_status::runtime_error, "the worker reported an unknown trial");
     return false;
   }
-  auto outs = decode_outputs(n["outputs"], msg, maps());
+  auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
   if (!outs) {
     set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
     return false;
@@ -665,7 +656,7 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     return false;
   }
   if (n["repeat_outputs"].IsDefined()) {
-    auto again = decode_outputs(n["repeat_outputs"], msg, maps());
+    auto again = decode_outputs(n["repeat_outputs"], msg, cuda_device_);
     if (!again) {
       set(verdict_status::runtime_error, "the worker broke the protocol: " + again.error().message);
       return false;
@@ -804,7 +795,7 @@ verdict evaluation::run() {
         return v_;
       }
       const auto m0 = clock_type::now();
-      auto outs = decode_outputs(n["outputs"], msg, maps());
+      auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
       if (!outs) {
         set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
         return v_;
@@ -829,9 +820,8 @@ verdict evaluation::run() {
         return v_;
     }
     if (ev_.log_.enabled(log_level::debug)) {
-      char buf[128];
-      std::snprintf(buf, sizeof buf, "received in %.4f s (%zu device allocations mapped), copied in %.4f s", mapped_s,
-                    maps_ ? maps_->opened() : std::size_t{0}, copied_s);
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
       ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": reference outputs ", buf);
     }
     if (static_cast<std::int64_t>(reference_.size()) != opt.trials) {
@@ -840,7 +830,6 @@ verdict evaluation::run() {
       return v_;
     }
   }
-  maps_.reset(); // the reference's exports are copied: unmapped
   // Phase 2: the candidate imports and compiles without the device.
   phase("load");
   if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
@@ -877,7 +866,6 @@ verdict evaluation::run() {
     }
   }
   v_.correct = true;
-  maps_.reset(); // the trials' outputs are compared
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
                        opt.win_threshold};
   std::vector<double> ref, cand;

@@ -200,7 +200,6 @@ _T_reshape = torch.Tensor.reshape
 _T_view = torch.Tensor.view
 _T_numpy = torch.Tensor.numpy
 _T_clone = torch.Tensor.clone
-_T_narrow = torch.Tensor.narrow
 _T_is_contiguous = torch.Tensor.is_contiguous
 _T_copy_ = torch.Tensor.copy_
 _T_fill_ = torch.Tensor.fill_
@@ -819,8 +818,8 @@ def _export(x):
 
 def _encode(out, frames, device, exports=None):
     """Descriptions of a forward's outputs. Plain tensors travel as raw bytes in `frames`, or,
-    when `exports` is a list, stay on the device: a fresh copy of each is staged in `exports`,
-    and _pack_exports later gives its description the IPC handle, offset and size."""
+    when `exports` is a list, stay on the device: a fresh copy of each is appended to `exports`
+    (the caller keeps it alive until the evaluator has read it) and described by its IPC handle."""
     descs = []
     for o in _output_items(out):
         if _type(o) is not _Tensor:
@@ -833,51 +832,19 @@ def _encode(out, frames, device, exports=None):
             descs.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
         else:
             desc = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(d) for d in _T_size(o)]}
+            shared = None
             if exports is not None:
-                exports.append((desc, _T_clone(_byte_view(o)), frames))
-            else:
+                x = _T_clone(_byte_view(o))
+                shared = _export(x)
+                if shared is not None:
+                    exports.append(x)
+                    desc.update(shared)
+                del x
+            if shared is None:
                 frames.append(_raw_bytes(o))
                 desc["frame"] = _len(frames)
             descs.append(desc)
     return descs
-
-
-_EXPORT_ALIGN = 256
-
-
-def _pack_exports(staged):
-    """Copies the staged outputs [(description, uint8 device tensor, frames)] of one phase into
-    one allocation, exported once: the evaluator opens one IPC handle per phase instead of one per
-    output (each open waits in the driver behind other processes' context creation). Fills in each
-    description's handle, offset and size and returns the allocation, which the caller keeps alive
-    until the evaluator has read it. If the driver will not export it, the outputs travel as
-    frames instead and None is returned."""
-    if not staged:
-        return None
-    offsets = []
-    total = 0
-    for i in _range(_len(staged)):
-        offsets.append(total)
-        n = _int(_T_numel(staged[i][1]))
-        total += (n + _EXPORT_ALIGN - 1) // _EXPORT_ALIGN * _EXPORT_ALIGN
-    buf = _torch_empty(total if total > 0 else 1, dtype=_uint8, device=staged[0][1].device)
-    for i in _range(_len(staged)):
-        x = staged[i][1]
-        n = _int(_T_numel(x))
-        if n > 0:
-            _T_copy_(_T_narrow(buf, 0, offsets[i], n), x)
-    shared = _export(buf)
-    if shared is None:
-        for desc, x, frames in staged:
-            frames.append(_raw_bytes(x))
-            desc["frame"] = _len(frames)
-        return None
-    for i in _range(_len(staged)):
-        desc, x, _ = staged[i]
-        desc["ipc"] = shared["ipc"]
-        desc["offset"] = shared["offset"] + offsets[i]
-        desc["bytes"] = _int(_T_numel(x))
-    return buf
 
 
 def _map_tensors(x, fn):
@@ -1418,11 +1385,7 @@ class Worker:
     def device_done(self, pending):
         """Tells the evaluator that this phase's device work is over, then sends the phase's
         buffered output messages: moving and comparing large outputs needs no device, so the
-        evaluator can time another candidate meanwhile. Outputs staged for export are packed
-        into one allocation first (_pack_exports), which self.exports then keeps alive."""
-        if self.exports:
-            packed = _pack_exports(self.exports)
-            self.exports = [packed] if packed is not None else []
+        evaluator can time another candidate meanwhile."""
         self.sync()
         self.chan.send({"type": "device_done"})
         for msg, frames in pending:
