@@ -151,8 +151,10 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
   if (want.device && got.device) {
     // Both on the device: the evaluator's own kernel compares them where they are.
     auto d = device_compare(*want.device, *got.device, want.type, n, t);
-    if (!d)
+    if (!d) {
+      res.evaluator_error = res.ok; // only when it is the first problem found
       return fail("cannot compare on the device: " + d.error().message);
+    }
     return report(d->mismatches, d->max_abs_diff, d->first_bad, element_value(d->got_first, want.type),
                   element_value(d->want_first, want.type));
   }
@@ -164,8 +166,10 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
     if (!blob->device)
       continue;
     auto copied = download(*blob->device);
-    if (!copied)
+    if (!copied) {
+      res.evaluator_error = res.ok; // only when it is the first problem found
       return fail("cannot copy an output from the device: " + copied.error().message);
+    }
     *host = std::move(*copied);
     *bytes = host;
   }

@@ -52,6 +52,9 @@ struct comparison {
   std::string message;     ///< first problem found, e.g. "output 0: dtype float16, expected float32"
   double max_abs_diff = 0; ///< over all elements compared
   std::uint64_t mismatches = 0;
+  /// The comparison itself failed in this process (a device error, e.g. out of memory): says
+  /// nothing about the candidate.
+  bool evaluator_error = false;
 };
 
 /// Compares outputs element by element: same count, kind, dtype and shape, then values within

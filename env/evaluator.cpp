@@ -308,15 +308,27 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
       ++started_;
       ++forked_;
       auto ready = handshake(std::move(*w));
-      if (ready)
+      if (ready) {
+        ++forked_ready_;
+        fork_failures_in_a_row_ = 0;
         return ready;
+      }
       // A forked worker that cannot start (e.g. a device that refuses to initialise after a
       // fork) must not cost every later verdict a failed start: execute workers from now on.
-      log_.warn("evaluator", device_, ": a worker forked from the zygote failed to start (", ready.error().message,
-                "); workers are started one interpreter each from now on");
-      std::lock_guard guard{zygote_mtx_};
-      zygote_off_ = true;
-      zygote_.reset();
+      // Once forked workers have started, one failure is more likely the moment's (the device's
+      // memory full while it created its context) than the zygote's: this worker alone is
+      // executed, unless three forked workers in a row failed.
+      const auto in_a_row = ++fork_failures_in_a_row_;
+      if (forked_ready_ > 0 && in_a_row < 3) {
+        log_.warn("evaluator", device_, ": a worker forked from the zygote failed to start (", ready.error().message,
+                  "); starting this one as its own interpreter");
+      } else {
+        log_.warn("evaluator", device_, ": a worker forked from the zygote failed to start (", ready.error().message,
+                  "); workers are started one interpreter each from now on");
+        std::lock_guard guard{zygote_mtx_};
+        zygote_off_ = true;
+        zygote_.reset();
+      }
     }
   }
   auto w = worker::start(*zmq_, spec);
@@ -508,6 +520,9 @@ public:
   verdict run();
   /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
   bool lost_worker() const noexcept { return lost_worker_; }
+  /// The verdict comes from a failure in the evaluator's own process (its device memory, its
+  /// comparison), not from the candidate: it is not cached.
+  bool evaluator_failed() const noexcept { return evaluator_failed_; }
   /// The worker's process, after run(): for device_evaluator::retire.
   std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 
@@ -552,6 +567,7 @@ private:
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;
   bool failed_ = false; // set() was called: the verdict is decided
+  bool evaluator_failed_ = false; // see evaluator_failed()
   clock_type::time_point t0_ = clock_type::now();
 };
 
@@ -645,6 +661,11 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     return false;
   }
   auto cmp = compare_outputs(reference_[trial], *outs, tol_);
+  if (!cmp.ok && cmp.evaluator_error) {
+    evaluator_failed_ = true;
+    set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ": " + cmp.message);
+    return false;
+  }
   if (!cmp.ok) {
     set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution "
                                      + std::to_string(trial % 2) + "): " + cmp.message);
@@ -662,6 +683,11 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
       return false;
     }
     auto same = compare_outputs(*outs, *again, tol_);
+    if (!same.ok && same.evaluator_error) {
+      evaluator_failed_ = true;
+      set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ", second call: " + same.message);
+      return false;
+    }
     if (!same.ok) {
       set(verdict_status::incorrect, "not deterministic: a second call on the same inputs gave " + same.message);
       return false;
@@ -808,6 +834,7 @@ verdict evaluation::run() {
         // The worker's export is poisoned and freed before the candidate loads: keep a copy.
         auto own = copy_to_owned(*b.device);
         if (!own) {
+          evaluator_failed_ = true;
           set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
           return v_;
         }
@@ -991,10 +1018,12 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       return v;
     }
   }
+  bool evaluator_failed = false; // the verdict reports this process's failure, not the candidate's
   auto v = [&] {
     evaluation e{*this, req, std::move(*w)};
     auto first = e.run();
     retire(e.take_process());
+    evaluator_failed = e.evaluator_failed();
     if (!e.lost_worker())
       return first;
     // A worker killed from outside is retried once on a fresh worker, so an operator's kill
@@ -1007,14 +1036,15 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     evaluation retry{*this, req, std::move(*again)};
     auto second = retry.run();
     retire(retry.take_process());
+    evaluator_failed = retry.evaluator_failed();
     if (retry.lost_worker())
       second.message += " (twice; out of memory?)";
     return second;
   }();
   v = finish(v);
-  // Timeouts depend on the machine's load and infrastructure failures are not the candidate's:
-  // keep neither.
-  bool cacheable = v.status != verdict_status::timeout
+  // Timeouts depend on the machine's load and infrastructure failures (no worker, the
+  // evaluator's own device memory or comparison) are not the candidate's: keep none of them.
+  bool cacheable = v.status != verdict_status::timeout && !evaluator_failed
                    && v.message.find("no worker could be started") == std::string::npos;
   if (cache_ && cacheable) {
     if (auto r = cache_->store(key, v); !r)

@@ -145,6 +145,8 @@ private:
   bool stopping_ = false;
   std::atomic<std::uint64_t> started_{0};
   std::atomic<std::uint64_t> forked_{0};
+  std::atomic<std::uint64_t> forked_ready_{0};   // forked workers that started
+  std::atomic<int> fork_failures_in_a_row_{0};   // forked workers that failed since the last that started
   std::mutex zygote_mtx_;             // guards zygote_, zygote_off_
   std::shared_ptr<zygote> zygote_;
   bool zygote_off_ = false;           // the zygote failed: workers are executed from now on

@@ -221,3 +221,74 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
     CHECK(v.status != verdict_status::ok);
   }
 }
+
+TEST_CASE("outputs of several tensors and dtypes on the device are compared as on the host") {
+  // Three outputs of different dtypes and sizes, each exported on its own; a wrong value in the
+  // last one must be found there, with the device comparison as with host bytes.
+  const auto dir = fs::temp_directory_path() / "crucible-test-packed-outputs";
+  fs::create_directories(dir);
+  const auto task_file = dir / "multi_out.py";
+  {
+    std::ofstream(task_file) << R"(import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0, (x > 0).sum(dim=1), x[:, :3].to(torch.float16)
+
+
+def get_inputs():
+    return [torch.randn(257, 129)]
+
+
+def get_init_inputs():
+    return []
+)";
+  }
+  const std::string good = R"(import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x + x, (x > 0).sum(dim=1), x[:, :3].half()
+)";
+  const std::string wrong_last = R"(import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        h = x[:, :3].half()
+        h[-1, -1] += 1.0
+        return x + x, (x > 0).sum(dim=1), h
+)";
+  auto t = load_task(task_file);
+  if (!t)
+    FAIL(t.error().message);
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  for (bool on_device : {true, false}) {
+    evaluator_options opt;
+    opt.devices = {"cuda:0"};
+    opt.outputs_on_device = on_device;
+    opt.rounds = 10;
+    opt.max_rounds = 10;
+    opt.warmup_ms = 20;
+    auto where = locate_harness(opt);
+    if (!where)
+      FAIL(where.error().message);
+    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
+    if (!ev)
+      FAIL(ev.error().message);
+    auto ok = (*ev)->evaluate(eval_request{*t, good, 0, false});
+    INFO((on_device ? "device: " : "host: ") << to_string(ok.status) << " " << ok.message);
+    CHECK(ok.status == verdict_status::ok);
+    auto bad = (*ev)->evaluate(eval_request{*t, wrong_last, 0, false});
+    INFO((on_device ? "device: " : "host: ") << to_string(bad.status) << " " << bad.message);
+    CHECK(bad.status == verdict_status::incorrect);
+    CHECK(bad.message.find("output 2") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}

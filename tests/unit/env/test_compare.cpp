@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "env/compare.hpp"
+#include "env/device_bytes.hpp"
 
 using namespace crucible::env;
 
@@ -16,6 +17,23 @@ tensor_blob f32(std::vector<std::int64_t> shape, std::vector<float> values) {
   b.shape = std::move(shape);
   b.bytes.resize(values.size() * 4);
   std::memcpy(b.bytes.data(), values.data(), b.bytes.size());
+  return b;
+}
+
+// Device bytes on a device that no machine has: every device call on them fails in this
+// process, as one would when the evaluator's device runs out of memory.
+class absent_device final : public device_bytes {
+public:
+  const void* data() const noexcept override { return nullptr; }
+  std::uint64_t size() const noexcept override { return 16; }
+  int device() const noexcept override { return 999; }
+};
+
+tensor_blob on_absent_device() {
+  tensor_blob b;
+  b.type = dtype::f32;
+  b.shape = {4};
+  b.device = std::make_shared<absent_device>();
   return b;
 }
 
@@ -94,4 +112,24 @@ TEST_CASE("dtype names round-trip") {
                  dtype::u8, dtype::boolean})
     CHECK(parse_dtype(to_string(t)) == t);
   CHECK_FALSE(parse_dtype("complex64").has_value());
+}
+
+TEST_CASE("a comparison that fails in the evaluator's own process says so; the candidate's first problem comes first") {
+  // Both on the device (the device comparison fails), and one on the device (the copy fails).
+  for (const auto& got : {on_absent_device(), f32({4}, {1, 2, 3, 4})}) {
+    auto r = compare_outputs({on_absent_device()}, {got}, tolerances{});
+    CHECK_FALSE(r.ok);
+    CHECK(r.evaluator_error);
+    CHECK(r.message.find("output 0: cannot") != std::string::npos);
+  }
+  // A wrong value in output 0 is the candidate's, whatever happens to output 1.
+  auto r = compare_outputs({f32({4}, {1, 2, 3, 4}), on_absent_device()}, {f32({4}, {1, 2, 3, 5}), on_absent_device()},
+                           tolerances{});
+  CHECK_FALSE(r.ok);
+  CHECK_FALSE(r.evaluator_error);
+  CHECK(r.message.find("output 0:") != std::string::npos);
+  // And host bytes that match are no evaluator error.
+  auto same = compare_outputs({f32({4}, {1, 2, 3, 4})}, {f32({4}, {1, 2, 3, 4})}, tolerances{});
+  CHECK(same.ok);
+  CHECK_FALSE(same.evaluator_error);
 }
