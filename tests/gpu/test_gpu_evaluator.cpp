@@ -31,6 +31,25 @@ namespace {
 
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
 
+// An evaluator on cuda:0 with short timing (10 rounds), outputs compared on the device or as
+// host bytes. (No REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on
+// success too.)
+std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log) {
+  evaluator_options opt;
+  opt.devices = {"cuda:0"};
+  opt.outputs_on_device = on_device;
+  opt.rounds = 10;
+  opt.max_rounds = 10;
+  opt.warmup_ms = 20;
+  auto where = locate_harness(opt);
+  if (!where)
+    FAIL(where.error().message);
+  auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
+  if (!ev)
+    FAIL(ev.error().message);
+  return std::move(*ev);
+}
+
 // Device memory of this process holding a copy of host bytes.
 class uploaded final : public device_bytes {
 public:
@@ -179,19 +198,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
   logger log{clk, log_level::warn};
   auto root = source_dir / "env" / "tasks" / "cpu";
   for (bool on_device : {true, false}) {
-    evaluator_options opt;
-    opt.devices = {"cuda:0"};
-    opt.outputs_on_device = on_device;
-    opt.rounds = 10;
-    opt.max_rounds = 10;
-    opt.warmup_ms = 20;
-    // (No REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on success too.)
-    auto where = locate_harness(opt);
-    if (!where)
-      FAIL(where.error().message);
-    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
-    if (!ev)
-      FAIL(ev.error().message);
+    auto ev = short_evaluator(on_device, log);
     for (const char* stem : {"01_relu_scale", "04_layernorm_manual", "09_diag_matmul"}) {
       auto t = load_task(root / (std::string{stem} + ".py"));
       if (!t)
@@ -200,7 +207,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
         // cpp_* variants are CPU extensions: they take CPU tensors only.
         if (e.path().extension() != ".py" || e.path().filename().string().rfind("cpp_", 0) == 0)
           continue;
-        auto v = (*ev)->evaluate(eval_request{*t, read_text(e.path()), 0, false});
+        auto v = ev->evaluate(eval_request{*t, read_text(e.path()), 0, false});
         auto name = e.path().filename().string();
         const std::string label = std::string{on_device ? "device: " : "host: "} + stem + "/" + name + ": "
                                   + to_string(v.status);
@@ -216,7 +223,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
     }
     auto recycled = load_task(root / "01_relu_scale.py");
     REQUIRE(recycled.ok());
-    auto v = (*ev)->evaluate(eval_request{*recycled, read_text(source_dir / "tests" / "candidates" / "hack_recycled_memory.py"), 0, false});
+    auto v = ev->evaluate(eval_request{*recycled, read_text(source_dir / "tests" / "candidates" / "hack_recycled_memory.py"), 0, false});
     INFO("recycled memory: " << to_string(v.status) << " " << v.message);
     CHECK(v.status != verdict_status::ok);
   }
@@ -270,22 +277,11 @@ class ModelNew(nn.Module):
   system_clock clk;
   logger log{clk, log_level::warn};
   for (bool on_device : {true, false}) {
-    evaluator_options opt;
-    opt.devices = {"cuda:0"};
-    opt.outputs_on_device = on_device;
-    opt.rounds = 10;
-    opt.max_rounds = 10;
-    opt.warmup_ms = 20;
-    auto where = locate_harness(opt);
-    if (!where)
-      FAIL(where.error().message);
-    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
-    if (!ev)
-      FAIL(ev.error().message);
-    auto ok = (*ev)->evaluate(eval_request{*t, good, 0, false});
+    auto ev = short_evaluator(on_device, log);
+    auto ok = ev->evaluate(eval_request{*t, good, 0, false});
     INFO((on_device ? "device: " : "host: ") << to_string(ok.status) << " " << ok.message);
     CHECK(ok.status == verdict_status::ok);
-    auto bad = (*ev)->evaluate(eval_request{*t, wrong_last, 0, false});
+    auto bad = ev->evaluate(eval_request{*t, wrong_last, 0, false});
     INFO((on_device ? "device: " : "host: ") << to_string(bad.status) << " " << bad.message);
     CHECK(bad.status == verdict_status::incorrect);
     CHECK(bad.message.find("output 2") != std::string::npos);
