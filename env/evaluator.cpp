@@ -1042,10 +1042,10 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     return second;
   }();
   v = finish(v);
-  // Timeouts depend on the machine's load and infrastructure failures (no worker, the
-  // evaluator's own device memory or comparison) are not the candidate's: keep none of them.
-  bool cacheable = v.status != verdict_status::timeout && !evaluator_failed
-                   && v.message.find("no worker could be started") == std::string::npos;
+  // Timeouts depend on the machine's load, and the evaluator's own failures (its device memory,
+  // its comparison; a verdict without a worker returned above) are not the candidate's: keep
+  // neither.
+  bool cacheable = v.status != verdict_status::timeout && !evaluator_failed;
   if (cache_ && cacheable) {
     if (auto r = cache_->store(key, v); !r)
       log_.warn("evaluator", r.error().message);
