@@ -120,7 +120,7 @@ def main():
         f()
         f()
 
-    def phase(label):
+    def phase():
         times = {k: [] for k in ops}
         for _ in range(args.calls):
             for k, f in ops.items():
@@ -131,19 +131,19 @@ def main():
                     "max_ms": max(v)} for k, v in times.items()}
 
     result = {"storm": args.storm, "calls": args.calls, "phases": {}}
-    result["phases"]["quiet"] = phase("quiet")
+    result["phases"]["quiet"] = phase()
     stop = threading.Event()
     made = [0]
     th = threading.Thread(target=storm, args=(args.storm, stop, made))
     th.start()
     time.sleep(1.0)  # the storm under way
     t0 = time.perf_counter()
-    result["phases"]["storm"] = phase("storm")
+    result["phases"]["storm"] = phase()
     storm_s = time.perf_counter() - t0
     stop.set()
     th.join()
     result["contexts_per_s"] = made[0] / max(storm_s + 1.0, 1e-9)
-    result["phases"]["quiet_after"] = phase("quiet after")
+    result["phases"]["quiet_after"] = phase()
     exporter.stdin.close()
     exporter.wait()
     print(f"storm of {args.storm} processes creating contexts: {result['contexts_per_s']:.1f} contexts/s")
