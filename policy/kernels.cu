@@ -595,8 +595,11 @@ __host__ __device__ __forceinline__ long long gemm_units(const small_gemm_args& 
 
 // R: rows the kernel is compiled for (1, or up to small_gemm_max_rows with a.rows of them used).
 // U: 16-byte loads of each weight row a lane keeps in flight (8 lets one round cover a long k).
-template <class T, int R, gemm_out MODE, int U>
+// HALF: each half-warp takes a unit (one row, split 1; set_small_gemm_half_warps), so that a
+// block holds eight units and one wave of blocks the gate/up projection's 4864 of Qwen2.5-0.5B.
+template <class T, int R, gemm_out MODE, int U, bool HALF = false>
 __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
+  static_assert(!HALF || R == 1, "a half-warp unit serves one row");
   extern __shared__ uint4 staged[]; // [rows][k] of T
   __shared__ float partial[small_gemm_warps][2][R];
   __shared__ float scratch[32];
@@ -609,16 +612,19 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
 
   // 1. The first loads of the unit's weight rows, before waiting for the previous kernel: weights
   // are no kernel's output, so under programmatic dependent launch these overlap its tail.
+  constexpr int unit_lanes = HALF ? 16 : 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int ulane = HALF ? lane & 15 : lane; // the lane within its unit
   const int per_block = small_gemm_warps / split, s = warp % split;
-  const long long unit = static_cast<long long>(blockIdx.x) * per_block + warp / split;
+  const long long unit = HALF ? (static_cast<long long>(blockIdx.x) * small_gemm_warps + warp) * 2 + (lane >> 4)
+                              : static_cast<long long>(blockIdx.x) * per_block + warp / split;
   const bool valid = unit < gemm_units<MODE>(a);
   long long ra = 0, rb = -1;
   if (valid)
     unit_rows<MODE>(a, unit, ra, rb);
   const uint4* wa = static_cast<const uint4*>(a.weight) + ra * kv;
   const uint4* wb = static_cast<const uint4*>(a.weight) + (rb < 0 ? ra : rb) * kv;
-  const int stride = 32 * split;
+  const int stride = unit_lanes * split;
   uint4 la[U], lb[U];
   auto load = [&](int v0) {
 #pragma unroll
@@ -630,14 +636,14 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       }
     }
   };
-  int v0 = s * 32 + lane;
+  int v0 = s * unit_lanes + ulane;
   load(v0);
 
   // What lane r (< rows) of a unit's first warp needs at the end for input row r: the bias (a
   // weight) before the wait; the residual entries (residual_add) or RoPE's position and
   // frequency (rope_kv) before it too when the previous kernel writes none of them
   // (a.early_reads), else right after it, in flight while the inputs are staged.
-  const bool finisher = valid && lane < rows && s == 0;
+  const bool finisher = valid && ulane < rows && s == 0;
   const T* bias = static_cast<const T*>(a.bias);
   float bias_a = 0.0f, bias_b = 0.0f;
   if (finisher && bias != nullptr) {
@@ -650,7 +656,7 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   auto read_state = [&] {
     if (!finisher)
       return;
-    const long long row = lane;
+    const long long row = ulane;
     if constexpr (MODE == gemm_out::residual_add) {
       const T* res = static_cast<const T*>(a.residual) + row * a.n;
       res_a = to_float(res[ra]);
@@ -662,10 +668,15 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       inv = a.rope.inv_freq[row * a.rope.inv_row_stride + unit % half];
     }
   };
-  if (a.early_reads)
+  // With the early launch at the start, the kernels two and more back may still run when this one
+  // begins (every block of the kernel just before may have started, and so launched this one,
+  // before any of them waited): the residual, which the o and down projections write, is then read
+  // after the wait. No kernel of a step writes RoPE's lengths or frequencies.
+  const bool state_early = a.early_reads && !(MODE == gemm_out::residual_add && a.early_launch);
+  if (state_early)
     read_state();
   grid_dependency_wait();
-  if (!a.early_reads)
+  if (!state_early)
     read_state();
 
   // 2. Inputs into shared memory: copied, or RMSNorm of the residual rows rounded as add_rms_norm's.
@@ -729,8 +740,16 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    acc_a[r] = warp_sum(acc_a[r]);
-    acc_b[r] = warp_sum(acc_b[r]);
+    if constexpr (HALF) {
+#pragma unroll
+      for (int offset = 8; offset > 0; offset >>= 1) { // within the half-warp
+        acc_a[r] += __shfl_xor_sync(0xffffffffu, acc_a[r], offset);
+        acc_b[r] += __shfl_xor_sync(0xffffffffu, acc_b[r], offset);
+      }
+    } else {
+      acc_a[r] = warp_sum(acc_a[r]);
+      acc_b[r] = warp_sum(acc_b[r]);
+    }
   }
   if (split > 1) { // the unit's warps add their parts of k, in a fixed order
     if (lane == 0) {
@@ -754,18 +773,18 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
       acc_b[r] = tb;
     }
   }
-  if (!valid || lane >= rows)
+  if (!valid || ulane >= rows)
     return;
 
-  // 4. Lane r finishes input row r.
+  // 4. Lane r (of the unit) finishes input row r.
   float da = 0.0f, db = 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (r == lane) {
+    if (r == ulane) {
       da = acc_a[r];
       db = acc_b[r];
     }
-  const long long row = lane;
+  const long long row = ulane;
   // linear(x) + bias rounded once, as LibTorch's addmm epilogue does.
   const float ya = rounded<T>(bias == nullptr ? da : __fadd_rn(da, bias_a));
   const float yb = rb < 0 ? 0.0f : rounded<T>(bias == nullptr ? db : __fadd_rn(db, bias_b));
@@ -1375,6 +1394,8 @@ std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
 
 // Whether one-row projections may keep eight loads a row in flight (set_small_gemm_one_round).
 std::atomic<bool> small_gemm_one_round{true};
+// Whether the one-row gate/up projection gives each half-warp a unit (set_small_gemm_half_warps).
+std::atomic<bool> small_gemm_half{true};
 
 // Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
 // warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
@@ -1407,7 +1428,10 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const long long kv = a.k / static_cast<long long>(16 / element_bytes(t));
   const long long units = gemm_units<MODE>(a);
   const int split = small_gemm_split(units, kv, a.sms);
-  const long long per_block = small_gemm_warps / split;
+  // gate/up at one row: a unit a half-warp where its eight loads a lane cover k.
+  const bool half = MODE == gemm_out::silu_mul && a.rows == 1 && split == 1 && kv <= 16LL * 8
+                    && small_gemm_half.load(std::memory_order_relaxed);
+  const long long per_block = half ? 2LL * small_gemm_warps : small_gemm_warps / split;
   const long long blocks = (units + per_block - 1) / per_block;
   if (blocks > 0x7fffffff)
     return cudaErrorInvalidValue;
@@ -1422,6 +1446,9 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
     auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>
                   : eight_loads ? &small_gemm_kernel<T, 1, MODE, 8>
                                 : &small_gemm_kernel<T, 1, MODE, 4>;
+    if constexpr (MODE == gemm_out::silu_mul)
+      if (half)
+        kernel = &small_gemm_kernel<T, 1, MODE, 8, true>;
     return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), dim3(small_gemm_threads), shared, stream, args,
                         split);
   });
@@ -1430,6 +1457,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
 } // namespace
 
 void set_small_gemm_one_round(bool on) { small_gemm_one_round.store(on, std::memory_order_relaxed); }
+void set_small_gemm_half_warps(bool on) { small_gemm_half.store(on, std::memory_order_relaxed); }
 
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
   const auto bytes = element_bytes(t);

@@ -79,10 +79,10 @@ struct decode_attention_args {
   /// One block of decode_attention_wide_warps warps per (row, query head) over all of the row's
   /// slots (splits must be 1; 16-byte aligned data, plan_decode_attention_wide): no combine.
   bool wide = false;
-  /// The kernel launched just before this one in the stream writes neither `lengths` nor any
-  /// cache slot below a row's length (in a decoding step it writes q and the new token's slot
-  /// only), so the first keys and values are loaded before waiting for it. Off by
-  /// set_decode_early_reads(false).
+  /// No kernel that may still run when this one begins writes `lengths` or any cache slot below a
+  /// row's length (in a decoding step the kernel just before writes q and the new token's slot
+  /// only, and those before it other layers' caches), so the first keys and values are loaded
+  /// before waiting for it. Off by set_decode_early_reads(false).
   bool early_reads = false;
   /// Set by decode_attention from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
@@ -143,9 +143,12 @@ struct small_gemm_args {
   void* out = nullptr;               ///< small_gemm_silu_mul: [rows, n / 2]
   rope_kv_args rope;                 ///< small_gemm_rope_kv: where q, k and v go (its qkv and qkv_bias unused)
   int sms = 0;                       ///< the device's SM count: how finely to split k
-  /// The kernel launched just before this one writes neither `residual` (residual_add) nor
-  /// rope.lengths and rope.inv_freq (rope_kv), so they are read before waiting for it (the bias,
-  /// a weight, always is). Off by set_decode_early_reads(false).
+  /// No kernel that may still run when this one begins writes rope.lengths or rope.inv_freq
+  /// (rope_kv), nor, when this one launches its successor after its wait, `residual`
+  /// (residual_add: then only the kernel just before may still run, and it does not write it), so
+  /// they are read before waiting (the bias, a weight, always is). With the early launch at the
+  /// start, kernels further back may still run, and the residual is read after the wait. Off by
+  /// set_decode_early_reads(false).
   bool early_reads = false;
   /// Set by the launch from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
@@ -160,6 +163,13 @@ bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k);
 /// all its weights before waiting for the previous kernel). Off: four, and a second round after
 /// the wait, as at more rows. For this process; benchmarks and tests compare the two.
 void set_small_gemm_one_round(bool on);
+
+/// The one-row gate/up projection (small_gemm_silu_mul) gives each half-warp a unit of two weight
+/// rows, eight 16-byte loads a lane, where those cover k (k <= 1024 in 16-bit types): eight units
+/// a block instead of four, so that Qwen2.5-0.5B's 4864 units fit the device in one wave (608
+/// blocks of 96 registers a thread against 1216 of 64, of which 1056 fit) and every block loads
+/// its weights before its wait (the default, on). Off: a warp a unit. For this process.
+void set_small_gemm_half_warps(bool on);
 
 /// residual[r] = to_dtype(residual[r] + to_dtype(x[r] W^T + bias)): the o and down projections
 /// with the residual add of the next norm.

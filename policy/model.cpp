@@ -945,8 +945,9 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
     if (small_batch) {
-      // Early reads: each kernel reads before its wait what the kernel just before it leaves alone
-      // (the lengths, inv_freq, the cache below the new slot, the residual two kernels on).
+      // Early reads: each kernel reads before its wait what no kernel that may still run writes
+      // (the lengths, inv_freq, the cache below the new slot; the residual two kernels on only
+      // where each kernel launches the next after its wait: kernels::small_gemm_args).
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
                                     c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);

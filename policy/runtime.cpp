@@ -202,6 +202,12 @@ void set_small_gemm_one_round([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_small_gemm_half_warps([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_small_gemm_half_warps(on);
+#endif
+}
+
 void set_decode_early_reads([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
   kernels::set_decode_early_reads(on);

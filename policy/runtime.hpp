@@ -61,6 +61,10 @@ result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int 
 /// benchmark can run them side by side. No effect without CUDA.
 void set_small_gemm_one_round(bool on);
 
+/// The one-row gate/up projection with a unit a half-warp (kernels::set_small_gemm_half_warps),
+/// the default, or a unit a warp, for this process. No effect without CUDA.
+void set_small_gemm_half_warps(bool on);
+
 /// Turns the decoding kernels' early reads (kernels::set_decode_early_reads: what the previous
 /// kernel leaves alone is read before waiting for it) on, the default, or off for this process.
 /// No effect without CUDA.

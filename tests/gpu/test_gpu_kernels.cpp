@@ -94,11 +94,18 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   return (p.unsqueeze(-1) * vd).sum(2).reshape({rows, heads * dim});
 }
 
-// kernels::set_small_gemm_one_round for a scope; the default (on) again after it, also when a
+// kernels::set_small_gemm_one_round and set_small_gemm_half_warps for a scope (the one-row
+// projections as by default, or as before either); the defaults (on) again after it, also when a
 // check throws.
 struct one_round_scope {
-  explicit one_round_scope(bool on) { kernels::set_small_gemm_one_round(on); }
-  ~one_round_scope() { kernels::set_small_gemm_one_round(true); }
+  explicit one_round_scope(bool on) {
+    kernels::set_small_gemm_one_round(on);
+    kernels::set_small_gemm_half_warps(on);
+  }
+  ~one_round_scope() {
+    kernels::set_small_gemm_one_round(true);
+    kernels::set_small_gemm_half_warps(true);
+  }
   one_round_scope(const one_round_scope&) = delete;
   one_round_scope& operator=(const one_round_scope&) = delete;
 };
@@ -377,7 +384,8 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
     std::int64_t hidden, inter, heads, kv_heads, dim;
   };
   // At one row, the down projection's k of 4864 in one round of eight loads a lane, or in two of
-  // four (kernels::set_small_gemm_one_round).
+  // four (kernels::set_small_gemm_one_round); gate/up a unit a half-warp, or a warp
+  // (kernels::set_small_gemm_half_warps; every k here takes the half-warps).
   for (bool one_round : {true, false})
   for (auto dtype : all_dtypes) {
     const one_round_scope scope(one_round);
@@ -386,7 +394,8 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
         for (bool biased : {false, true}) {
           const std::string what = std::string(c10::toString(dtype)) + " hidden " + std::to_string(sh.hidden) + " inter " +
                                    std::to_string(sh.inter) + " rows " + std::to_string(rows) +
-                                   (biased ? " with bias" : "") + (one_round ? ", one round" : ", two rounds");
+                                   (biased ? " with bias" : "") +
+                                   (one_round ? ", one round, half-warps" : ", two rounds, warps");
           CAPTURE(what);
           const auto opts = on_gpu(dtype);
           const bool fits = fused::small_batch_supported(dtype, rows, sh.inter);

@@ -6,7 +6,7 @@
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //                [--layers-timeline]
-//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_layers,small_layers_l2,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_layers,small_layers_l2,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
@@ -17,7 +17,9 @@
 // the attention always split and combined: policy::set_decode_wide_attention off), "small_late"
 // (the same as small with every read after the wait: policy::set_decode_early_reads off),
 // "small_launch_late" (the same as small with each kernel launching the next after its wait, not as
-// it begins: policy::set_decode_early_launch off), "small_layers" (the same as small with the
+// it begins: policy::set_decode_early_launch off), "small_gate_up_warps" (the same as small with
+// the one-row gate/up projection a unit a warp: policy::set_small_gemm_half_warps off),
+// "small_layers" (the same as small with the
 // layers of a one-row step in one persistent kernel: policy::set_decode_layers on),
 // "small_layers_l2" (that kernel prefetching each next layer's weights to L2:
 // policy::set_decode_layers_prefetch on too),
@@ -81,7 +83,8 @@ struct bench_options {
                "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
                "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
                "       [--layers-timeline]\n"
-               "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_layers,small_layers_l2,fused,libtorch]\n",
+               "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
+               "                  small_layers,small_layers_l2,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -141,8 +144,10 @@ bench_options parse(int argc, char** argv) {
       o.kernels.clear();
       std::stringstream ss{v};
       for (std::string item; std::getline(ss, item, ',');) {
-        static const char* const known[] = {"small",      "small_rounds",      "small_split",     "small_late",
-                                            "small_launch_late", "small_layers", "small_layers_l2", "fused", "libtorch"};
+        static const char* const known[] = {"small",           "small_rounds",        "small_split",
+                                            "small_late",      "small_launch_late",   "small_gate_up_warps",
+                                            "small_layers",    "small_layers_l2",     "fused",
+                                            "libtorch"};
         if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
           std::string names;
           for (const char* k : known)
@@ -285,6 +290,7 @@ int run(const bench_options& o) {
       policy::set_decode_wide_attention(o.kernels[variant] != "small_split");
       policy::set_decode_early_reads(o.kernels[variant] != "small_late");
       policy::set_decode_early_launch(o.kernels[variant] != "small_launch_late");
+      policy::set_small_gemm_half_warps(o.kernels[variant] != "small_gate_up_warps");
       policy::set_decode_layers(o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2");
       policy::set_decode_layers_prefetch(o.kernels[variant] == "small_layers_l2");
     };

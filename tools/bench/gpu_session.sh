@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [launch] [chain] [learner] [grpo] [dp] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [launch] [halfwarps] [chain] [learner] [grpo] [dp] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
 # variants, by default the engine's kernels, the same with the attention split and combined instead
 # of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
 # `launch` tests and measures the decoding kernels launching the next as they begin against after their wait
-# (and transformers beside them); `layers` tests and measures a one-row step's layers in one persistent kernel
+# (and transformers beside them); `halfwarps` tests and measures the one-row gate/up projection a unit
+# a half-warp against a unit a warp; `layers` tests and measures a one-row step's layers in one persistent kernel
 # against five kernels a layer (LAYERS_HF= adds transformers);
 # `chain` measures what a chain of dependent kernels costs by itself (bench_kernel_chain);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
@@ -34,7 +35,7 @@ fi
 targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* || " $* " == *" layers "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* || " $* " == *" layers "* || " $* " == *" halfwarps "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
 # The GRPO update alone needs neither the CLI nor the NCCL tests.
 [[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
@@ -212,6 +213,17 @@ for line in sys.stdin:
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAUNCH_BATCHES:-1,16,64} --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_launch_late --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
+    halfwarps)
+      # The one-row gate/up projection a unit a half-warp (policy::set_small_gemm_half_warps: one
+      # wave of blocks) against a unit a warp: the GPU tests, then decoding side by side (three
+      # rotated passes; HALFWARPS_HF=--skip-hf leaves transformers out) and the traced batch-1 step of each.
+      timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${HALFWARPS_TESTS:-*}" -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
+      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${HALFWARPS_BATCHES:-1,16,64} --prompt 512 --new 512 \
+        --rounds 3 --kernels small,small_gate_up_warps ${HALFWARPS_HF:-} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
+      $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
+        --kernels small,small_gate_up_warps --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
+      for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
     layers)
       # A one-row step's layers in one persistent kernel (policy::set_decode_layers) against five
       # kernels a layer: its GPU test first, then the other kernel tests and the engine's, then
