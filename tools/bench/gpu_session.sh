@@ -220,9 +220,9 @@ for line in sys.stdin:
       timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${HALFWARPS_TESTS:-*}" -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
       timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${HALFWARPS_BATCHES:-1,16,64} --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_gate_up_warps ${HALFWARPS_HF:-} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
+        --rounds 3 --kernels ${HALFWARPS_KERNELS:-small,small_gate_up_warps} ${HALFWARPS_HF:-} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
       $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
-        --kernels small,small_gate_up_warps --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
+        --kernels ${HALFWARPS_KERNELS:-small,small_gate_up_warps} --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
       for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
     layers)
       # A one-row step's layers in one persistent kernel (policy::set_decode_layers) against five
