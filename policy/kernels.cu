@@ -641,8 +641,8 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
 
   // What lane r (< rows) of a unit's first warp needs at the end for input row r: the bias (a
   // weight) before the wait; the residual entries (residual_add) or RoPE's position and
-  // frequency (rope_kv) before it too when the previous kernel writes none of them
-  // (a.early_reads), else right after it, in flight while the inputs are staged.
+  // frequency (rope_kv) before it too when no kernel that may still run writes them
+  // (state_early, below), else right after it, in flight while the inputs are staged.
   const bool finisher = valid && ulane < rows && s == 0;
   const T* bias = static_cast<const T*>(a.bias);
   float bias_a = 0.0f, bias_b = 0.0f;
