@@ -94,20 +94,19 @@ torch::Tensor attention_reference(const torch::Tensor& q, const torch::Tensor& k
   return (p.unsqueeze(-1) * vd).sum(2).reshape({rows, heads * dim});
 }
 
-// kernels::set_small_gemm_one_round and set_small_gemm_half_warps for a scope (the one-row
-// projections as by default, or as before either); the defaults (on) again after it, also when a
-// check throws.
-struct one_round_scope {
-  explicit one_round_scope(bool on) {
+// kernels::set_small_gemm_one_round and set_small_gemm_half_warps both on (the defaults) or both
+// off for a scope; the defaults again after it, also when a check throws.
+struct projections_scope {
+  explicit projections_scope(bool on) {
     kernels::set_small_gemm_one_round(on);
     kernels::set_small_gemm_half_warps(on);
   }
-  ~one_round_scope() {
+  ~projections_scope() {
     kernels::set_small_gemm_one_round(true);
     kernels::set_small_gemm_half_warps(true);
   }
-  one_round_scope(const one_round_scope&) = delete;
-  one_round_scope& operator=(const one_round_scope&) = delete;
+  projections_scope(const projections_scope&) = delete;
+  projections_scope& operator=(const projections_scope&) = delete;
 };
 
 } // namespace
@@ -388,7 +387,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
   // (kernels::set_small_gemm_half_warps; every k here takes the half-warps).
   for (bool one_round : {true, false})
   for (auto dtype : all_dtypes) {
-    const one_round_scope scope(one_round);
+    const projections_scope scope(one_round);
     for (auto sh : {shape{896, 4864, 14, 2, 64}, shape{128, 352, 4, 4, 32}, shape{256, 688, 2, 1, 128}}) {
       for (std::int64_t rows : {1, 2, 3, 4}) {
         for (bool biased : {false, true}) {
@@ -470,7 +469,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
   // One row, k that one round of eight loads a lane covers with a ragged end (3000), and one it
   // does not (16000: two rounds of eight), against the rounds of four.
   for (bool one_round : {true, false}) {
-    const one_round_scope scope(one_round);
+    const projections_scope scope(one_round);
     for (std::int64_t k : {3000, 16000}) {
       auto x = torch::randn({1, k}, on_gpu(torch::kBFloat16));
       auto w = torch::randn({96, k}, on_gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(k));
