@@ -130,6 +130,35 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
+// The device's nanosecond clock (%globaltimer), one for every SM: the decoding kernels' timelines.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A block's record in a decoding timeline (kernels::set_decode_timeline): when its first thread
+// began, when it returned from grid_dependency_wait, and (the latest of its warps) when it ended;
+// three entries a block, blocks in order of blockIdx.y * gridDim.x + blockIdx.x.
+__device__ __forceinline__ unsigned long long* timeline_block(unsigned long long* t) {
+  return t + (static_cast<unsigned long long>(blockIdx.y) * gridDim.x + blockIdx.x) * 3;
+}
+__device__ __forceinline__ void timeline_began(unsigned long long* t) {
+  if (t != nullptr && threadIdx.x == 0)
+    timeline_block(t)[0] = global_ns();
+}
+__device__ __forceinline__ void timeline_waited(unsigned long long* t) {
+  if (t != nullptr && threadIdx.x == 0)
+    timeline_block(t)[1] = global_ns();
+}
+__device__ __forceinline__ void timeline_ended(unsigned long long* t) {
+  if (t == nullptr)
+    return;
+  __syncwarp();
+  if ((threadIdx.x & 31) == 0)
+    atomicMax(timeline_block(t) + 2, global_ns());
+}
+
 // Calls f with a null T* for the storage type t.
 template <class F>
 cudaError_t dispatch(dtype t, F&& f) {

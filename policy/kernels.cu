@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -225,15 +226,16 @@ __device__ __forceinline__ void unpack(const load_t<T, VEC>& raw, float* out) {
 // below a row's length (the decoding step: it wrote q and the new token's slot), so the block
 // loads those keys and values of its first round before waiting for that kernel; q and the new
 // token's slot come after the wait.
-template <class T, int VEC, int GM, int W, int STEPS, bool EARLY>
-__global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC == 1 ? 3 : 4)
-  decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
+template <class T, int VEC, int GM, int W, int STEPS, bool EARLY, bool TIMED>
+__device__ __forceinline__ void decode_attention_block(const decode_attention_args& a, const decode_attention_plan& plan) {
   constexpr bool wide = W != decode_attention_warps;
   constexpr bool early = EARLY; // a.early_reads, compiled in: without it the kernel keeps no state across the wait
   if (a.early_launch)
     grid_dependents_launch(); // the next kernel's blocks may take free SMs and load their weights now
   if (!early) { // a.early_launch is set only with early reads
     grid_dependency_wait(); // q and the cache come from the previous kernel
+    if constexpr (TIMED)
+      timeline_waited(a.timeline);
     grid_dependents_launch();
   }
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
@@ -260,6 +262,8 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   if (wide ? n <= 0 : split * a.chunk >= n) { // no slot of this row here
     if (early) {
       grid_dependency_wait(); // every block waits before it lets the next kernel start or exits
+      if constexpr (TIMED)
+        timeline_waited(a.timeline);
       if (!a.early_launch)
         grid_dependents_launch();
     }
@@ -320,6 +324,8 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
       load_round(run.begin, 0, length); // slots written by earlier steps
     }
     grid_dependency_wait(); // q and the new token's slot come from the previous kernel
+    if constexpr (TIMED)
+      timeline_waited(a.timeline);
     if (!a.early_launch)
       grid_dependents_launch();
     if (run.begin < run.end)
@@ -481,6 +487,17 @@ __global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC 
   }
 }
 
+// TIMED: as small_gemm_kernel's.
+template <class T, int VEC, int GM, int W, int STEPS, bool EARLY, bool TIMED = false>
+__global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC == 1 ? 3 : 4)
+  decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
+  if constexpr (TIMED)
+    timeline_began(a.timeline);
+  decode_attention_block<T, VEC, GM, W, STEPS, EARLY, TIMED>(a, plan);
+  if constexpr (TIMED)
+    timeline_ended(a.timeline);
+}
+
 constexpr int combine_threads = 128;
 
 // One block per (row, query head): the splits that hold slots of the row, rescaled to their
@@ -597,8 +614,8 @@ __host__ __device__ __forceinline__ long long gemm_units(const small_gemm_args& 
 // U: 16-byte loads of each weight row a lane keeps in flight (8 lets one round cover a long k).
 // HALF: each half-warp takes a unit (one row, split 1; set_small_gemm_half_warps), so that a
 // block holds eight units and one wave of blocks the gate/up projection's 4864 of Qwen2.5-0.5B.
-template <class T, int R, gemm_out MODE, int U, bool HALF = false>
-__global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
+template <class T, int R, gemm_out MODE, int U, bool HALF, bool TIMED>
+__device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) {
   static_assert(!HALF || R == 1, "a half-warp unit serves one row");
   extern __shared__ uint4 staged[]; // [rows][k] of T
   __shared__ float partial[small_gemm_warps][2][R];
@@ -676,6 +693,8 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
   if (state_early)
     read_state();
   grid_dependency_wait();
+  if constexpr (TIMED)
+    timeline_waited(a.timeline);
   if (!state_early)
     read_state();
 
@@ -808,6 +827,17 @@ __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_ge
     }
     rope_pair<T>(ya, yb, static_cast<float>(pos), inv, p.attention_scaling, dst, i, half);
   }
+}
+
+// TIMED: the blocks record their times in a.timeline (set_decode_timeline); a separate
+// instantiation, so that the kernels otherwise run are compiled as if it did not exist.
+template <class T, int R, gemm_out MODE, int U, bool HALF = false, bool TIMED = false>
+__global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
+  if constexpr (TIMED)
+    timeline_began(a.timeline);
+  small_gemm<T, R, MODE, U, HALF, TIMED>(a, split);
+  if constexpr (TIMED)
+    timeline_ended(a.timeline);
 }
 
 // ---- greedy sampling with the token's log-prob ---------------------------------------------------
@@ -1311,6 +1341,27 @@ std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
 
+// set_decode_timeline's buffer and the next record a one-row launch takes.
+struct decode_timeline_state {
+  std::mutex mutex;
+  unsigned long long* buffer = nullptr;
+  long long launches = 0, max_blocks = 0, next = 0;
+};
+decode_timeline_state decode_timeline;
+
+// The record of a launch of `blocks` blocks at `rows` rows, or null (no timeline, more rows or
+// blocks than it records, or a kernel that records nothing: `recorded` false, its record taken).
+unsigned long long* timeline_record(long long blocks, long long rows, bool recorded = true) {
+  if (rows != 1)
+    return nullptr;
+  std::lock_guard<std::mutex> lock(decode_timeline.mutex);
+  auto& d = decode_timeline;
+  if (d.buffer == nullptr)
+    return nullptr;
+  const long long record = d.next++ % d.launches;
+  return recorded && blocks <= d.max_blocks ? d.buffer + record * d.max_blocks * 3 : nullptr;
+}
+
 // Whether a decoding kernel launches the next as it begins (set_decode_early_launch): with early
 // reads, at one row only.
 bool launch_early_at(bool early_reads, std::int64_t rows) {
@@ -1321,6 +1372,16 @@ bool launch_early_at(bool early_reads, std::int64_t rows) {
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
 void set_decode_early_launch(bool on) { decode_early_launch.store(on, std::memory_order_relaxed); }
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
+
+void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks) {
+  std::lock_guard<std::mutex> lock(decode_timeline.mutex);
+  auto& d = decode_timeline;
+  const bool usable = buffer != nullptr && launches > 0 && max_blocks > 0;
+  d.buffer = usable ? buffer : nullptr;
+  d.launches = usable ? launches : 0;
+  d.max_blocks = usable ? max_blocks : 0;
+  d.next = 0;
+}
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
@@ -1348,6 +1409,8 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
   if (shared > 48 * 1024)
     return cudaErrorInvalidValue; // not reached: at most 16 warps * 4 heads * 258 floats
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
+  // Recorded: the wide kernel with early reads, a decoding step's at one row (others take the record and write nothing).
+  a.timeline = timeline_record(blocks, a.rows, a.wide && a.early_reads);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int vec = 16 / sizeof(T);
@@ -1355,8 +1418,9 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
     constexpr int narrow_warps = decode_attention_warps, wide_warps = decode_attention_wide_warps;
     constexpr int steps = decode_attention_steps, wide_steps = decode_attention_wide_steps(vec);
     if (a.wide)
-      return launch_early(a.early_reads ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
-                                        : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>,
+      return launch_early(a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true, true>
+                          : a.early_reads       ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
+                                                : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>,
                           grid, dim3(32 * wide_warps), shared, stream, a, plan);
     auto pick = [&](auto early) {
       constexpr bool E = decltype(early)::value;
@@ -1441,14 +1505,19 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   small_gemm_args args = a;
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
   args.early_launch = launch_early_at(args.early_reads, a.rows);
+  args.timeline = timeline_record(blocks, a.rows);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    auto kernel = a.rows != 1   ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>
-                  : eight_loads ? &small_gemm_kernel<T, 1, MODE, 8>
-                                : &small_gemm_kernel<T, 1, MODE, 4>;
-    if constexpr (MODE == gemm_out::silu_mul)
-      if (half)
-        kernel = &small_gemm_kernel<T, 1, MODE, 8, true>;
+    auto one_row = [&](auto timed) {
+      constexpr bool TIMED = decltype(timed)::value;
+      if constexpr (MODE == gemm_out::silu_mul)
+        if (half)
+          return &small_gemm_kernel<T, 1, MODE, 8, true, TIMED>;
+      return eight_loads ? &small_gemm_kernel<T, 1, MODE, 8, false, TIMED> : &small_gemm_kernel<T, 1, MODE, 4, false, TIMED>;
+    };
+    auto kernel = a.rows != 1                ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>
+                  : args.timeline != nullptr ? one_row(std::true_type{})
+                                             : one_row(std::false_type{});
     return launch_early(kernel, dim3(static_cast<unsigned>(blocks)), dim3(small_gemm_threads), shared, stream, args,
                         split);
   });

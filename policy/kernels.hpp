@@ -86,6 +86,8 @@ struct decode_attention_args {
   bool early_reads = false;
   /// Set by decode_attention from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
+  /// Set by decode_attention from set_decode_timeline (one row); callers leave it.
+  unsigned long long* timeline = nullptr;
 };
 
 /// The work division decode_attention uses for these arguments (their dtype, alignment, group
@@ -109,6 +111,18 @@ void set_decode_early_reads(bool on);
 /// slower: docs/PERFORMANCE.md). Either way the next kernel's own wait orders its reads after this
 /// kernel. For this process; benchmarks and tests compare the two.
 void set_decode_early_launch(bool on);
+
+/// Makes the one-row decoding kernels record when their blocks run, for benchmarks: from now on
+/// each launch of a one-row projection (small_gemm_*) or attention (decode_attention; its combine
+/// kernel is not recorded) takes the next of `launches` records of `buffer` in turn, wrapping
+/// around, and each of its blocks writes three %globaltimer nanoseconds: when it began, when its
+/// wait for the previous kernel returned, and when its last warp ended, at entries
+/// ((record * max_blocks) + block) * 3 + {0, 1, 2} (block = blockIdx.y * gridDim.x + blockIdx.x).
+/// `buffer` is device memory of launches * max_blocks * 3 entries that the caller zeroed (the end
+/// entries are maxima); a launch of more than max_blocks blocks takes its record but writes
+/// nothing. Launches captured in a CUDA graph keep their record on every replay. Null stops it. For
+/// this process; the kernels' work is the same either way.
+void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks);
 
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
@@ -152,6 +166,8 @@ struct small_gemm_args {
   bool early_reads = false;
   /// Set by the launch from set_decode_early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
+  /// Set by the launch from set_decode_timeline (one row); callers leave it.
+  unsigned long long* timeline = nullptr;
 };
 
 /// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the

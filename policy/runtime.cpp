@@ -296,4 +296,96 @@ result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const 
 #endif
 }
 
+result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] const std::function<void()>& fn,
+                                                           [[maybe_unused]] std::int64_t layers) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  constexpr int kinds = 5; // q/k/v, attention, o, gate/up, down
+  constexpr std::int64_t max_blocks = 4096;
+  if (layers < 2 || !torch::cuda::is_available())
+    return fail(errc::unsupported, "time_decode_kernels: no CUDA device, or fewer than 2 layers");
+  const std::int64_t launches = layers * kinds;
+  auto buffer = torch::zeros({launches * max_blocks * 3},
+                             torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA, at::cuda::current_device()));
+  kernels::set_decode_timeline(reinterpret_cast<unsigned long long*>(buffer.data_ptr<std::int64_t>()), launches,
+                               max_blocks);
+  try {
+    fn();
+    torch::cuda::synchronize();
+  } catch (...) {
+    kernels::set_decode_timeline(nullptr, 0, 0);
+    throw;
+  }
+  kernels::set_decode_timeline(nullptr, 0, 0);
+  auto t = buffer.cpu();
+  const auto* v = t.data_ptr<std::int64_t>();
+  auto at = [&](std::int64_t launch, std::int64_t b, int what) { return v[(launch * max_blocks + b) * 3 + what]; };
+  auto blocks_of = [&](std::int64_t launch) {
+    std::int64_t n = 0;
+    while (n < max_blocks && at(launch, n, 2) != 0)
+      ++n;
+    return n;
+  };
+  auto last_end = [&](std::int64_t launch) {
+    std::int64_t m = 0;
+    for (std::int64_t b = 0, n = blocks_of(launch); b < n; ++b)
+      m = std::max(m, at(launch, b, 2));
+    return m;
+  };
+  for (std::int64_t launch = 0; launch < launches; ++launch)
+    if (blocks_of(launch) == 0)
+      return fail(errc::unsupported, "time_decode_kernels: kernel " + std::to_string(launch % kinds) + " of layer "
+                                       + std::to_string(launch / kinds) + " recorded nothing (not five one-row kernels a layer?)");
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x.empty() ? 0.0 : x[(x.size() - 1) / 2];
+  };
+  static const char* const names[kinds] = {"qkv", "attention", "o", "gate_up", "down"};
+  std::vector<layer_kernel_time> out;
+  for (int k = 0; k < kinds; ++k) {
+    std::vector<double> first_start, last_start, first_wait, last_wait, end, after, slowest, late;
+    std::int64_t blocks = 0;
+    for (std::int64_t l = 1; l < layers; ++l) {
+      const std::int64_t launch = l * kinds + k, before = last_end(launch - 1);
+      blocks = blocks_of(launch);
+      std::int64_t s0 = INT64_MAX, s1 = INT64_MIN, w0 = INT64_MAX, w1 = INT64_MIN, e1 = INT64_MIN, n_late = 0;
+      std::vector<double> block_after;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const auto began = at(launch, b, 0), waited = at(launch, b, 1), ended = at(launch, b, 2);
+        s0 = std::min(s0, began);
+        s1 = std::max(s1, began);
+        w0 = std::min(w0, waited);
+        w1 = std::max(w1, waited);
+        e1 = std::max(e1, ended);
+        n_late += began > before ? 1 : 0;
+        block_after.push_back(static_cast<double>(ended - waited) / 1e3);
+      }
+      auto us = [&](std::int64_t ns) { return static_cast<double>(ns - before) / 1e3; };
+      first_start.push_back(us(s0));
+      last_start.push_back(us(s1));
+      first_wait.push_back(us(w0));
+      last_wait.push_back(us(w1));
+      end.push_back(us(e1));
+      slowest.push_back(*std::max_element(block_after.begin(), block_after.end()));
+      after.push_back(median(std::move(block_after)));
+      late.push_back(static_cast<double>(n_late));
+    }
+    layer_kernel_time r;
+    r.kernel = names[k];
+    r.blocks = blocks;
+    r.first_start_us = median(first_start);
+    r.last_start_us = median(last_start);
+    r.first_wait_us = median(first_wait);
+    r.last_wait_us = median(last_wait);
+    r.end_us = median(end);
+    r.after_wait_us = median(after);
+    r.slowest_after_wait_us = median(slowest);
+    r.late_blocks = static_cast<std::int64_t>(median(late));
+    out.push_back(std::move(r));
+  }
+  return out;
+#else
+  return fail(errc::unsupported, "time_decode_kernels: built without CUDA");
+#endif
+}
+
 } // namespace crucible::policy

@@ -104,6 +104,26 @@ struct layer_stage_time {
 /// summarises the last launch's. Errors without CUDA or when no launch ran.
 result<std::vector<layer_stage_time>> time_decode_layers(const std::function<void()>& fn, std::int64_t layers);
 
+/// One kernel of a one-row decoding layer of five kernels (q/k/v, attention, o, gate/up, down),
+/// timed by its blocks (kernels::set_decode_timeline), as medians over the layers after the first
+/// of the last step. Every time is from the end of the kernel before (its last block's): so
+/// `end_us` is the kernel's share of a layer's time, and the five add up to it.
+struct layer_kernel_time {
+  std::string kernel;
+  std::int64_t blocks = 0;
+  double first_start_us = 0, last_start_us = 0; ///< blocks beginning (negative: while the kernel before ran)
+  double first_wait_us = 0, last_wait_us = 0;   ///< blocks' waits for the kernel before returning
+  double end_us = 0;                            ///< the last block ending
+  double after_wait_us = 0, slowest_after_wait_us = 0; ///< a block's time from its wait to its end: median, longest
+  std::int64_t late_blocks = 0;                 ///< blocks that began only after the kernel before ended
+};
+
+/// Runs `fn`, which decodes at one row on the current CUDA device with five kernels a layer and
+/// no CUDA graph captured before it (the launches record where they write when they are made),
+/// with those kernels recording their blocks' times, and summarises the last step's. Errors
+/// without CUDA, with fewer than two layers, or when no step's kernels were recorded.
+result<std::vector<layer_kernel_time>> time_decode_kernels(const std::function<void()>& fn, std::int64_t layers);
+
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {
   std::string name;

@@ -593,6 +593,47 @@ TEST_CASE("a decoding step whose kernels launch the next as they begin equals on
   check_graph_equals_eager(7, 9, 64, 4);
 }
 
+TEST_CASE("the five kernels' timeline records every block of every layer in order and changes no result") {
+  auto m = tiny_05b_heads(11);
+  torch::NoGradGuard g;
+  auto ids = torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong));
+  auto cache = m->make_cache(1, 64);
+  m->prefill(ids, cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
+  auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+  auto a = deep_copy(cache), b = deep_copy(cache);
+  auto untimed = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+  torch::Tensor timed;
+  const auto layers = m->config().num_layers;
+  auto kernels = time_decode_kernels([&] { timed = m->forward_step(next, b, {}, true, true); }, layers);
+  REQUIRE_MESSAGE(kernels.ok(), kernels.error().message);
+  CHECK(torch::equal(untimed, timed));
+  CHECK(torch::equal(a.lengths, b.lengths));
+  for (std::size_t l = 0; l < a.keys.size(); ++l) {
+    CHECK(torch::equal(a.keys[l], b.keys[l]));
+    CHECK(torch::equal(a.values[l], b.values[l]));
+  }
+  REQUIRE(kernels->size() == 5);
+  const char* names[] = {"qkv", "attention", "o", "gate_up", "down"};
+  for (std::size_t k = 0; k < 5; ++k) {
+    const auto& t = (*kernels)[k];
+    CAPTURE(t.kernel);
+    CHECK(t.kernel == names[k]);
+    CHECK(t.blocks > 0);
+    // A wait returns only once the kernel before has ended, and a block ends after its wait.
+    CHECK(t.first_wait_us >= 0.0);
+    CHECK(t.first_start_us <= t.last_start_us);
+    CHECK(t.first_wait_us <= t.last_wait_us);
+    CHECK(t.last_wait_us <= t.end_us);
+    CHECK(t.after_wait_us >= 0.0);
+    CHECK(t.after_wait_us <= t.slowest_after_wait_us);
+    CHECK(t.late_blocks <= t.blocks);
+  }
+  CHECK((*kernels)[1].blocks == 14); // the wide attention: a block a query head
+  // A call that launches no decoding kernel records nothing, and says so.
+  auto none = time_decode_kernels([] {}, layers);
+  CHECK_FALSE(none.ok());
+}
+
 TEST_CASE("the layers in one persistent kernel equal five kernels a layer within rounding, eagerly and in a graph") {
   const switch_scope layers_on(kernels::set_decode_layers, true, false); // off by default
   // Qwen2.5-0.5B's shapes take the persistent kernel on this device in every dtype.

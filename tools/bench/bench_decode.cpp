@@ -34,6 +34,9 @@
 // --rounds N measures every variant N times, pass r starting at variant r, and reports each
 // variant's median pass ("ms_per_step_passes" lists them all): the variant measured first in a
 // process ran 1.5-3% faster on an H100 (docs/PERFORMANCE.md), so one pass favours it.
+// --layers-timeline makes one more batch-1 call per variant with its blocks stamping the device
+// clock: the persistent kernel's stages (small_layers*, policy::time_decode_layers) or the five
+// kernels of a layer (other small variants, policy::time_decode_kernels), one JSON line each.
 //
 // Bandwidth bound: a decoding step must read every weight once (the embedding table only as the
 // tied output matrix) and each row's keys and values, on average (prompt + new/2) positions;
@@ -73,7 +76,9 @@ struct bench_options {
   int rounds = 1; ///< passes over the variants, each starting one variant later; the median pass counts
   std::uint64_t copy_bytes = std::uint64_t{1} << 30;
   std::string trace; ///< profile one more call per batch: Chrome trace at TRACE-bB.json, top rows printed
-  bool layers_timeline = false; ///< at batch 1, time the persistent kernel's stages (one more call per variant)
+  /// At batch 1, one more call per variant with its blocks timed: the persistent kernel's stages
+  /// (small_layers*) or the five kernels of a layer (the other small variants).
+  bool layers_timeline = false;
   std::int64_t fused_max_rows = policy::engine_options{}.fused_max_rows;
 };
 
@@ -391,7 +396,30 @@ int run(const bench_options& o) {
       w.end_object();
       std::printf("%s\n", w.str().c_str());
       std::fflush(stdout);
-      if (o.layers_timeline && batch == 1 && fused) {
+      const bool persistent = o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2";
+      if (o.layers_timeline && batch == 1 && fused && !persistent && o.kernels[variant] != "fused") {
+        // One more call with the five kernels of a layer timing their blocks (the last step).
+        select(variant);
+        auto kernels = policy::time_decode_kernels([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);
+        json_writer t;
+        t.begin_object().field("kind", "kernels_timeline").field("batch", batch).field("kernels", o.kernels[variant]);
+        if (kernels) {
+          t.field("ms_per_step", ms_per_step(engine->last_stats())); // this call's, graphs captured in it
+          t.key("layer").begin_array();
+          for (const auto& k : *kernels)
+            t.begin_object().field("kernel", k.kernel).field("blocks", k.blocks).field("first_start_us", k.first_start_us)
+              .field("last_start_us", k.last_start_us).field("first_wait_us", k.first_wait_us)
+              .field("last_wait_us", k.last_wait_us).field("end_us", k.end_us).field("after_wait_us", k.after_wait_us)
+              .field("slowest_after_wait_us", k.slowest_after_wait_us).field("late_blocks", k.late_blocks).end_object();
+          t.end_array();
+        } else {
+          t.field("error", kernels.error().message);
+        }
+        t.end_object();
+        std::printf("%s\n", t.str().c_str());
+        std::fflush(stdout);
+      }
+      if (o.layers_timeline && batch == 1 && fused && persistent) {
         // One more call with the persistent kernel's blocks timing its stages (its last step).
         select(variant);
         auto stages = policy::time_decode_layers([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
 # the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [launch] [halfwarps] [chain] [learner] [grpo] [dp] [allreduce]
+#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [launch] [halfwarps] [timeline] [chain] [learner] [grpo] [dp] [allreduce]
 # PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
 # on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
 # variants, by default the engine's kernels, the same with the attention split and combined instead
@@ -10,7 +10,8 @@
 # (and transformers beside them); `halfwarps` tests and measures the one-row gate/up projection a unit
 # a half-warp against a unit a warp; `layers` tests and measures a one-row step's layers in one persistent kernel
 # against five kernels a layer (LAYERS_HF= adds transformers);
-# `chain` measures what a chain of dependent kernels costs by itself (bench_kernel_chain);
+# `chain` measures what a chain of dependent kernels costs by itself (bench_kernel_chain); `timeline`
+# times the blocks of a one-row layer's five kernels (TIMELINE_KERNELS names the variants);
 # `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
 # data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
 set -uo pipefail
@@ -35,7 +36,7 @@ fi
 targets=(crucible)
 [[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
 [[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* || " $* " == *" layers "* || " $* " == *" halfwarps "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
+[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* || " $* " == *" layers "* || " $* " == *" halfwarps "* || " $* " == *" timeline "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
 [[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
 # The GRPO update alone needs neither the CLI nor the NCCL tests.
 [[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
@@ -236,6 +237,15 @@ for line in sys.stdin:
       # Where the persistent kernel's layer time goes: its blocks' timeline of the stages.
       $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
         --kernels small_layers,small_layers_l2 --layers-timeline 2>&1 | grep -E "layers_timeline|ms_per_step" | tee "$OUT/layers_timeline.jsonl" ;;
+    timeline)
+      # Where a one-row layer's time goes with five kernels: the timeline's GPU test, then each
+      # variant's blocks stamping the device clock (bench_decode --layers-timeline; the last step,
+      # at about the average length of the decode figures), beside its ms/step in the same process.
+      timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*timeline*,*launch the next as they begin*' 2>&1 | tee "$OUT/gpu_timeline.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -20
+      m=/tmp/crucible-decode-0.5b
+      [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/timeline_setup.txt" 2>&1
+      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 256 --rounds 3 \
+        --kernels "${TIMELINE_KERNELS:-small}" --layers-timeline 2>&1 | tee "$OUT/timeline.jsonl" | grep -E "kernels_timeline|error" ;;
     chain)
       # Chains of dependent kernels with no work but their weight loads: uniform ones, and one
       # with the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.
