@@ -186,6 +186,53 @@ CRUCIBLE_HOST_DEVICE inline slot_range decode_attention_even_slots(std::int64_t 
   return r;
 }
 
+/// The slots warp `warp` of a wide block of split `split` (of `chunk` slots each) reads of a row
+/// with `visible` slots: the split's visible slots cut evenly among `warps`
+/// (decode_attention_even_slots); with one split of chunk >= visible, all of the row's.
+CRUCIBLE_HOST_DEVICE inline slot_range decode_attention_wide_slots(std::int64_t visible, std::int64_t chunk,
+                                                                   std::int64_t split, int warps, int warp) {
+  const std::int64_t first = split * chunk;
+  std::int64_t in = visible - first;
+  in = in < 0 ? 0 : (in > chunk ? chunk : in);
+  slot_range r = decode_attention_even_slots(in, warps, warp);
+  r.begin += first;
+  r.end += first;
+  return r;
+}
+
+/// Splits, at most, of a wide launch whose partials the o projection merges as it stages its input
+/// (decode_attention_args::merge_later, small_gemm_args::attention): its registers hold one value
+/// of each.
+inline constexpr int decode_attention_merge_max_splits = 8;
+
+/// The split of a wide launch over `slots` slots for `rows` rows of `heads` query heads on `sms`
+/// SMs whose partials the o projection merges: as many splits as keep the blocks (one an SM)
+/// within half the SMs, at most decode_attention_merge_max_splits, chunks a whole number of a
+/// wide block's key steps (warps * keys_per_step slots) and each split holding slots. {0, 0}
+/// where that leaves fewer than two splits or a chunk that takes a warp more than
+/// decode_attention_wide_rounds rounds: the launch is not worth splitting, or too long. Depends
+/// on the shape only (CUDA graphs keep the choice).
+inline decode_attention_split choose_decode_attention_merge_split(const decode_attention_plan& wide, std::int64_t rows,
+                                                                  std::int64_t heads, std::int64_t slots,
+                                                                  std::int64_t sms) {
+  decode_attention_split none{0, 0};
+  if (wide.vec <= 1 || rows < 1 || heads < 1 || slots < 1)
+    return none;
+  std::int64_t splits = (sms < 2 ? 1 : sms / 2) / (rows * heads);
+  splits = splits > decode_attention_merge_max_splits ? decode_attention_merge_max_splits : splits;
+  const std::int64_t step = static_cast<std::int64_t>(wide.warps) * wide.keys_per_step;
+  const std::int64_t steps = (slots + step - 1) / step;
+  splits = splits > steps ? steps : splits;
+  if (splits < 2)
+    return none;
+  decode_attention_split out;
+  out.chunk = (steps + splits - 1) / splits * step;
+  out.splits = (slots + out.chunk - 1) / out.chunk;
+  if (out.splits < 2 || out.chunk > static_cast<std::int64_t>(decode_attention_wide_rounds) * wide.granule)
+    return none;
+  return out;
+}
+
 /// The slot that `lane` reads in step `step` of the warp round starting at slot `round_begin`
 /// (valid when below the warp's range end).
 CRUCIBLE_HOST_DEVICE inline std::int64_t decode_attention_lane_slot(const decode_attention_plan& p,

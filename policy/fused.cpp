@@ -169,26 +169,26 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& qkv_b
   return q;
 }
 
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads) {
-  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.is_contiguous(),
-              "decode_attention: q must be a contiguous CUDA [rows, heads, head_dim] tensor, got ", q.sizes());
+namespace {
+
+// q, the caches and the lengths checked (`what` names the caller) and the arguments they fill,
+// with out, splits and chunk left to the caller.
+kernels::decode_attention_args attention_args(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                              const torch::Tensor& v_cache, const torch::Tensor& lengths,
+                                              bool early_reads, const char* what) {
+  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.is_contiguous(), what,
+              ": q must be a contiguous CUDA [rows, heads, head_dim] tensor, got ", q.sizes());
   const auto rows = q.size(0), heads = q.size(1), head_dim = q.size(2);
-  TORCH_CHECK(k_cache.dim() == 4, "decode_attention: k_cache must be [rows, kv_heads, slots, head_dim], got ",
-              k_cache.sizes());
+  TORCH_CHECK(k_cache.dim() == 4, what, ": k_cache must be [rows, kv_heads, slots, head_dim], got ", k_cache.sizes());
   const auto kv_heads = k_cache.size(1), slots = k_cache.size(2);
-  TORCH_CHECK(supported_attention(heads, kv_heads, head_dim), "decode_attention: ", heads, " query heads over ",
-              kv_heads, " KV heads of dimension ", head_dim, " are not supported");
+  TORCH_CHECK(supported_attention(heads, kv_heads, head_dim), what, ": ", heads, " query heads over ", kv_heads,
+              " KV heads of dimension ", head_dim, " are not supported");
   check_cache(k_cache, q, rows, kv_heads, head_dim, "k_cache");
   check_cache(v_cache, q, rows, kv_heads, head_dim, "v_cache");
-  TORCH_CHECK(k_cache.strides() == v_cache.strides() && v_cache.size(2) == slots,
-              "decode_attention: k_cache and v_cache differ in shape or strides");
+  TORCH_CHECK(k_cache.strides() == v_cache.strides() && v_cache.size(2) == slots, what,
+              ": k_cache and v_cache differ in shape or strides");
   check_lengths(lengths, q, rows);
-  TORCH_CHECK(splits >= attention_wide, "decode_attention: splits must be >= 0 or attention_wide (",
-              attention_wide, "), got ", splits);
-  TORCH_CHECK(slots >= 1, "decode_attention: the cache has no slots");
-  c10::cuda::CUDAGuard guard(q.device());
-  auto out = torch::empty({rows, heads * head_dim}, q.options());
+  TORCH_CHECK(slots >= 1, what, ": the cache has no slots");
   kernels::decode_attention_args a;
   a.q = q.data_ptr();
   set_cache(a, k_cache, v_cache, lengths);
@@ -198,36 +198,61 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   a.head_dim = head_dim;
   a.slots = slots;
   a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
-  a.out = out.data_ptr();
   a.early_reads = early_reads;
+  return a;
+}
+
+// The wide plan for these arguments (vec 1: the data is not 16-byte aligned, no wide kernel).
+kernels::decode_attention_plan wide_plan(const kernels::decode_attention_args& a, const torch::Tensor& q) {
+  const auto plan = kernels::plan_decode_attention(kernel_dtype(q), a);
+  return kernels::plan_decode_attention_wide(static_cast<int>(q.element_size()), plan.vec > 1,
+                                             static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim));
+}
+
+// Float32 buffers for `splits` partial results of every (row, head), set in `a`; returned to keep them alive.
+std::pair<torch::Tensor, torch::Tensor> partial_buffers(kernels::decode_attention_args& a, const torch::Tensor& q,
+                                                        std::int64_t splits) {
+  auto f32 = q.options().dtype(torch::kFloat);
+  auto out = torch::empty({a.rows, a.heads, splits, a.head_dim}, f32);
+  auto ml = torch::empty({a.rows, a.heads, splits, 2}, f32);
+  a.partial_out = out.data_ptr<float>();
+  a.partial_ml = ml.data_ptr<float>();
+  return {out, ml};
+}
+
+} // namespace
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads) {
+  auto a = attention_args(q, k_cache, v_cache, lengths, early_reads, "decode_attention");
+  TORCH_CHECK(splits >= attention_wide, "decode_attention: splits must be >= 0 or attention_wide (",
+              attention_wide, "), got ", splits);
+  c10::cuda::CUDAGuard guard(q.device());
+  auto out = torch::empty({a.rows, a.heads * a.head_dim}, q.options());
+  a.out = out.data_ptr();
   const auto dtype = kernel_dtype(q);
   const auto plan = kernels::plan_decode_attention(dtype, a);
   const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const auto wide = kernels::plan_decode_attention_wide(static_cast<int>(q.element_size()), plan.vec > 1,
-                                                        static_cast<int>(heads / kv_heads), static_cast<int>(head_dim));
+  const auto wide = wide_plan(a, q);
   // The wide kernel where asked for (16-byte aligned data only), or where it suits and may be chosen.
   a.wide = wide.vec > 1
            && (splits == attention_wide
                || (splits == 0 && kernels::decode_wide_attention()
-                   && kernels::decode_attention_wide_suits(wide, rows, heads, slots, sms)));
+                   && kernels::decode_attention_wide_suits(wide, a.rows, a.heads, a.slots, sms)));
   if (a.wide) {
     splits = 1;
     a.splits = 1;
-    a.chunk = (slots + wide.granule - 1) / wide.granule * wide.granule;
+    a.chunk = (a.slots + wide.granule - 1) / wide.granule * wide.granule;
   } else {
-    const auto split = kernels::choose_decode_attention_split(plan, rows, kv_heads, slots, sms, std::max<std::int64_t>(splits, 0));
+    const auto split =
+      kernels::choose_decode_attention_split(plan, a.rows, a.kv_heads, a.slots, sms, std::max<std::int64_t>(splits, 0));
     splits = split.splits;
     a.splits = split.splits;
     a.chunk = split.chunk;
   }
-  torch::Tensor partial_out, partial_ml;
-  if (splits > 1) {
-    auto f32 = q.options().dtype(torch::kFloat);
-    partial_out = torch::empty({rows, heads, splits, head_dim}, f32);
-    partial_ml = torch::empty({rows, heads, splits, 2}, f32);
-    a.partial_out = partial_out.data_ptr<float>();
-    a.partial_ml = partial_ml.data_ptr<float>();
-  }
+  std::pair<torch::Tensor, torch::Tensor> partial;
+  if (splits > 1)
+    partial = partial_buffers(a, q, splits);
   check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");
   return out;
 }
@@ -317,20 +342,64 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
   return q;
 }
 
-void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual, bool early_reads) {
-  auto a = small_gemm(x, weight, bias, "project_add");
+namespace {
+
+// The arguments of residual += linear(x, weight, bias) with `residual` checked (`what` names the caller).
+kernels::small_gemm_args project_add_args(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                          torch::Tensor& residual, bool early_reads, const char* what) {
+  auto a = small_gemm(x, weight, bias, what);
   a.early_reads = early_reads;
   check_cuda(residual, x, "residual");
   TORCH_CHECK(residual.dim() == 2 && residual.size(0) == x.size(0) && residual.size(1) == weight.size(0)
                 && residual.is_contiguous() && residual.scalar_type() == x.scalar_type(),
-              "project_add: residual must be contiguous [", x.size(0), ", ", weight.size(0), "] of ", x.scalar_type(),
+              what, ": residual must be contiguous [", x.size(0), ", ", weight.size(0), "] of ", x.scalar_type(),
               ", got ", residual.scalar_type(), " ", residual.sizes());
-  TORCH_CHECK(!residual.is_same(x), "project_add: residual and x must be different tensors");
-  c10::cuda::CUDAGuard guard(x.device());
+  TORCH_CHECK(!residual.is_same(x), what, ": residual and x must be different tensors");
   a.residual = residual.data_ptr();
+  return a;
+}
+
+} // namespace
+
+void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                 torch::Tensor& residual, bool early_reads) {
+  auto a = project_add_args(x, weight, bias, residual, early_reads, "project_add");
+  c10::cuda::CUDAGuard guard(x.device());
   check_launch(kernels::small_gemm_residual_add(kernel_dtype(x), a, at::cuda::getCurrentCUDAStream()),
                "small_gemm_residual_add");
+}
+
+void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& lengths, const torch::Tensor& o_weight, const torch::Tensor& o_bias,
+                           torch::Tensor& residual, bool early_reads) {
+  auto a = attention_args(q, k_cache, v_cache, lengths, early_reads, "attention_project_add");
+  const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto split = a.rows == 1 && kernels::decode_attention_merge() && kernels::decode_wide_attention()
+                       ? kernels::choose_decode_attention_merge_split(wide_plan(a, q), a.rows, a.heads, a.slots, sms)
+                       : kernels::decode_attention_split{0, 0};
+  auto x = q.view({a.rows, a.heads * a.head_dim}); // the o projection's input, as the attention writes it
+  if (split.splits < 2 || !small_batch_supported(q.scalar_type(), a.rows, x.size(1))) {
+    project_add(decode_attention(q, k_cache, v_cache, lengths, 0, early_reads), o_weight, o_bias, residual, early_reads);
+    return;
+  }
+  // Shapes checked before anything is launched; x stands for the merged splits, which replace it.
+  auto g = project_add_args(x, o_weight, o_bias, residual, early_reads, "attention_project_add");
+  c10::cuda::CUDAGuard guard(q.device());
+  a.wide = true;
+  a.splits = split.splits;
+  a.chunk = split.chunk;
+  a.merge_later = true;
+  const auto partial = partial_buffers(a, q, split.splits);
+  const auto dtype = kernel_dtype(q);
+  check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");
+  g.attention.out = a.partial_out;
+  g.attention.ml = a.partial_ml;
+  g.attention.lengths = a.lengths;
+  g.attention.slots = a.slots;
+  g.attention.splits = a.splits;
+  g.attention.chunk = a.chunk;
+  g.attention.head_dim = a.head_dim;
+  check_launch(kernels::small_gemm_residual_add(dtype, g, at::cuda::getCurrentCUDAStream()), "small_gemm_residual_add");
 }
 
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,

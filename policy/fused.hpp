@@ -85,6 +85,17 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                  torch::Tensor& residual, bool early_reads = false);
 
+/// What decode_attention(q, k_cache, v_cache, lengths, 0, early_reads) and then project_add(that,
+/// o_weight, o_bias, residual, early_reads) do, in two kernels at one row where it suits
+/// (kernels::set_decode_attention_merge and set_decode_wide_attention on,
+/// choose_decode_attention_merge_split): the attention in
+/// wide blocks over a few splits of the slots, whose partial results the o projection merges as it
+/// stages its input (the sums in another order than the one wide block a head: within rounding
+/// of it). Elsewhere exactly those two calls.
+void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                           const torch::Tensor& lengths, const torch::Tensor& o_weight, const torch::Tensor& o_bias,
+                           torch::Tensor& residual, bool early_reads = false);
+
 /// silu(gate) * up of the post-attention RMSNorm of `residual` through the joined gate and up
 /// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,

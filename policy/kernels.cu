@@ -259,7 +259,7 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
 
   const long long length = a.lengths[row];
   const long long n = decode_attention_visible(length, a.slots);
-  if (wide ? n <= 0 : split * a.chunk >= n) { // no slot of this row here
+  if (split * a.chunk >= n) { // no slot of this row here (a wide block of one split: n <= 0)
     if (early) {
       grid_dependency_wait(); // every block waits before it lets the next kernel start or exits
       if constexpr (TIMED)
@@ -287,7 +287,8 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
 
   const T* k_base = static_cast<const T*>(a.k_cache) + row * a.row_stride + kv_head * a.head_stride;
   const T* v_base = static_cast<const T*>(a.v_cache) + row * a.row_stride + kv_head * a.head_stride;
-  const slot_range run = wide ? decode_attention_even_slots(n, W, warp) : decode_attention_warp_slots(n, a.chunk, split, warp);
+  const slot_range run =
+    wide ? decode_attention_wide_slots(n, a.chunk, split, W, warp) : decode_attention_warp_slots(n, a.chunk, split, warp);
 
   // A round's keys and values: zeros for slots past the warp's range (a weight of 0 times a
   // value must stay 0), then the loads of the slots in [from, to).
@@ -586,6 +587,63 @@ constexpr std::size_t small_gemm_max_shared = 48 * 1024;
 
 enum class gemm_out { residual_add, silu_mul, rope_kv };
 
+// One row's attention output staged as T (k / vec 16-byte vectors) from the `used` splits of
+// partial sums a wide attention launch with merge_later left: per element, the splits' weighted
+// values over their weighted sums against their common maximum, each product rounded and the
+// products added in split order, as decode_attention_combine_kernel adds them (bit for bit where
+// it gives every split a thread group of its own: used <= 2 * combine_threads / head_dim). All of
+// a thread's loads are issued before any arithmetic.
+template <class T>
+__device__ __forceinline__ void merge_attention_splits(const small_gemm_args::attention_splits& at, long long used,
+                                                       int kv, uint4* staged) {
+  constexpr int vec = 16 / sizeof(T), quads = vec / 4, most = decode_attention_merge_max_splits;
+  const int d = static_cast<int>(at.head_dim);
+  const long long splits = at.splits;
+  for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+    const int e0 = i * vec, head = e0 / d;
+    const float* ml = at.ml + head * splits * 2;
+    const float4* po = reinterpret_cast<const float4*>(at.out + head * splits * d + (e0 - head * d));
+    float m[most], l[most];
+    float4 x[most][quads];
+#pragma unroll
+    for (int s = 0; s < most; ++s) {
+      if (s < used) {
+        m[s] = ml[2 * s];
+        l[s] = ml[2 * s + 1];
+#pragma unroll
+        for (int q = 0; q < quads; ++q)
+          x[s][q] = po[s * (d / 4) + q];
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < most; ++s)
+      if (s < used)
+        mx = fmaxf(mx, m[s]);
+    float total[vec], weight = 0.0f;
+#pragma unroll
+    for (int c = 0; c < vec; ++c)
+      total[c] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < most; ++s) {
+      if (s < used) {
+        const float f = exp2f(m[s] - mx);
+        const float* xs = reinterpret_cast<const float*>(x[s]);
+#pragma unroll
+        for (int c = 0; c < vec; ++c)
+          total[c] = __fadd_rn(total[c], __fmul_rn(f, xs[c]));
+        weight = __fadd_rn(weight, __fmul_rn(f, l[s]));
+      }
+    }
+    uint4 o;
+    T* op = reinterpret_cast<T*>(&o);
+#pragma unroll
+    for (int c = 0; c < vec; ++c)
+      op[c] = from_float<T>(weight > 0.0f ? total[c] / weight : 0.0f); // weight 0: no slot visible
+    staged[i] = o;
+  }
+}
+
 // The unit's two weight rows (b < 0: none, n odd).
 template <gemm_out MODE>
 __device__ __forceinline__ void unit_rows(const small_gemm_args& a, long long unit, long long& ra, long long& rb) {
@@ -614,8 +672,9 @@ __host__ __device__ __forceinline__ long long gemm_units(const small_gemm_args& 
 // U: 16-byte loads of each weight row a lane keeps in flight (8 lets one round cover a long k).
 // HALF: each half-warp takes a unit (one row, split 1; set_small_gemm_half_warps), so that a
 // block holds eight units and one wave of blocks the gate/up projection's 4864 of Qwen2.5-0.5B.
-template <class T, int R, gemm_out MODE, int U, bool HALF, bool TIMED>
+template <class T, int R, gemm_out MODE, int U, bool HALF, bool TIMED, bool MERGE>
 __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) {
+  static_assert(!MERGE || (R == 1 && MODE == gemm_out::residual_add), "attention splits are merged for one row's o projection");
   static_assert(!HALF || R == 1, "a half-warp unit serves one row");
   extern __shared__ uint4 staged[]; // [rows][k] of T
   __shared__ float partial[small_gemm_warps][2][R];
@@ -692,14 +751,28 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   const bool state_early = a.early_reads && !(MODE == gemm_out::residual_add && a.early_launch);
   if (state_early)
     read_state();
+  // MERGE: the attention's splits that hold slots of the row; no kernel of a step writes lengths.
+  long long used = 0;
+  auto read_used = [&] {
+    const auto& at = a.attention;
+    used = decode_attention_used_splits(decode_attention_visible(at.lengths[0], at.slots), at.chunk);
+    used = used < at.splits ? used : at.splits;
+  };
+  if (MERGE && a.early_reads)
+    read_used();
   grid_dependency_wait();
   if constexpr (TIMED)
     timeline_waited(a.timeline);
   if (!state_early)
     read_state();
+  if (MERGE && !a.early_reads)
+    read_used();
 
-  // 2. Inputs into shared memory: copied, or RMSNorm of the residual rows rounded as add_rms_norm's.
-  if (a.norm_weight == nullptr) {
+  // 2. Inputs into shared memory: merged from the attention's splits, copied, or RMSNorm of the
+  // residual rows rounded as add_rms_norm's.
+  if constexpr (MERGE) {
+    merge_attention_splits<T>(a.attention, used, kv, staged);
+  } else if (a.norm_weight == nullptr) {
     for (int i = threadIdx.x; i < rows * kv; i += blockDim.x)
       staged[i] = x[i];
   } else {
@@ -830,12 +903,13 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
 }
 
 // TIMED: the blocks record their times in a.timeline (set_decode_timeline); a separate
-// instantiation, so that the kernels otherwise run are compiled as if it did not exist.
-template <class T, int R, gemm_out MODE, int U, bool HALF = false, bool TIMED = false>
+// instantiation, so that the kernels otherwise run are compiled as if it did not exist. MERGE:
+// the input is a.attention's splits (one row's o projection).
+template <class T, int R, gemm_out MODE, int U, bool HALF = false, bool TIMED = false, bool MERGE = false>
 __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
   if constexpr (TIMED)
     timeline_began(a.timeline);
-  small_gemm<T, R, MODE, U, HALF, TIMED>(a, split);
+  small_gemm<T, R, MODE, U, HALF, TIMED, MERGE>(a, split);
   if constexpr (TIMED)
     timeline_ended(a.timeline);
 }
@@ -1340,6 +1414,7 @@ namespace {
 std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
+std::atomic<bool> decode_merge{true};        // set_decode_attention_merge
 
 // set_decode_timeline's buffer and the next record a one-row launch takes.
 struct decode_timeline_state {
@@ -1383,6 +1458,8 @@ void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std:
   d.next = 0;
 }
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
+void set_decode_attention_merge(bool on) { decode_merge.store(on, std::memory_order_relaxed); }
+bool decode_attention_merge() { return decode_merge.load(std::memory_order_relaxed); }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
@@ -1393,7 +1470,8 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
       || a.heads % a.kv_heads != 0 || a.slots < 1 || a.splits < 1 || a.splits > 65535 || a.chunk <= 0
       || a.chunk % decode_attention_warps != 0 || a.chunk * a.splits < a.slots || a.rows * a.heads > 0x7fffffff
-      || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr)) || (a.wide && a.splits != 1))
+      || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr))
+      || (a.merge_later && (!a.wide || a.splits < 2 || a.splits > decode_attention_merge_max_splits)))
     return cudaErrorInvalidValue;
   const decode_attention_plan narrow = plan_decode_attention(t, a);
   const decode_attention_plan plan =
@@ -1410,18 +1488,23 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
     return cudaErrorInvalidValue; // not reached: at most 16 warps * 4 heads * 258 floats
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
   // Recorded: the wide kernel with early reads, a decoding step's at one row (others take the record and write nothing).
-  a.timeline = timeline_record(blocks, a.rows, a.wide && a.early_reads);
+  a.timeline = timeline_record(blocks * a.splits, a.rows, a.wide && a.early_reads);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int vec = 16 / sizeof(T);
     constexpr int most = decode_attention_max_heads_per_block;
     constexpr int narrow_warps = decode_attention_warps, wide_warps = decode_attention_wide_warps;
     constexpr int steps = decode_attention_steps, wide_steps = decode_attention_wide_steps(vec);
-    if (a.wide)
-      return launch_early(a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true, true>
-                          : a.early_reads       ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
-                                                : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>,
-                          grid, dim3(32 * wide_warps), shared, stream, a, plan);
+    if (a.wide) {
+      auto kernel = a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true, true>
+                    : a.early_reads       ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
+                                          : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>;
+      if (auto e = launch_early(kernel, grid, dim3(32 * wide_warps), shared, stream, a, plan);
+          e != cudaSuccess || a.splits == 1 || a.merge_later)
+        return e;
+      return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
+                          dim3(combine_threads), 0, stream, a);
+    }
     auto pick = [&](auto early) {
       constexpr bool E = decltype(early)::value;
       if (plan.vec != vec)
@@ -1481,6 +1564,13 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
     return cudaErrorInvalidValue;
   if (MODE == gemm_out::residual_add && a.residual == nullptr)
     return cudaErrorInvalidValue;
+  const auto& at = a.attention;
+  const bool merge = at.out != nullptr;
+  if (merge && (MODE != gemm_out::residual_add || a.rows != 1 || at.ml == nullptr || at.lengths == nullptr
+                || at.slots < 1 || at.splits < 1 || at.splits > decode_attention_merge_max_splits || at.chunk <= 0
+                || at.head_dim <= 0 || at.head_dim % static_cast<std::int64_t>(16 / element_bytes(t)) != 0
+                || a.k % at.head_dim != 0 || reinterpret_cast<std::uintptr_t>(at.out) % 16 != 0))
+    return cudaErrorInvalidValue;
   if (MODE == gemm_out::silu_mul && (a.out == nullptr || a.n % 2 != 0))
     return cudaErrorInvalidValue;
   if (MODE == gemm_out::rope_kv) {
@@ -1513,6 +1603,10 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
       if constexpr (MODE == gemm_out::silu_mul)
         if (half)
           return &small_gemm_kernel<T, 1, MODE, 8, true, TIMED>;
+      if constexpr (MODE == gemm_out::residual_add)
+        if (merge)
+          return eight_loads ? &small_gemm_kernel<T, 1, MODE, 8, false, TIMED, true>
+                             : &small_gemm_kernel<T, 1, MODE, 4, false, TIMED, true>;
       return eight_loads ? &small_gemm_kernel<T, 1, MODE, 8, false, TIMED> : &small_gemm_kernel<T, 1, MODE, 4, false, TIMED>;
     };
     auto kernel = a.rows != 1                ? &small_gemm_kernel<T, small_gemm_max_rows, MODE, 4>

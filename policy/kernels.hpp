@@ -76,9 +76,14 @@ struct decode_attention_args {
   void* out = nullptr;               ///< [rows, heads * head_dim] in the storage type
   float* partial_out = nullptr;      ///< [rows, heads, splits, head_dim] float32 (splits > 1)
   float* partial_ml = nullptr;       ///< [rows, heads, splits, 2] float32: max score (log2 units) and sum (splits > 1)
-  /// One block of decode_attention_wide_warps warps per (row, query head) over all of the row's
-  /// slots (splits must be 1; 16-byte aligned data, plan_decode_attention_wide): no combine.
+  /// One block of decode_attention_wide_warps warps per (row, query head) and split (16-byte
+  /// aligned data, plan_decode_attention_wide), each warp an even share of the split's slots; with
+  /// one split of chunk >= slots, over all of the row's slots and no combine.
   bool wide = false;
+  /// splits > 1 (at most decode_attention_merge_max_splits): leave the splits' partial_out and
+  /// partial_ml for the o projection to merge as it stages its input (small_gemm_args::attention),
+  /// with no combine kernel and nothing written to `out`.
+  bool merge_later = false;
   /// No kernel that may still run when this one begins writes `lengths` or any cache slot below a
   /// row's length (in a decoding step the kernel just before writes q and the new token's slot
   /// only, and those before it other layers' caches), so the first keys and values are loaded
@@ -124,6 +129,13 @@ void set_decode_early_launch(bool on);
 /// this process; the kernels' work is the same either way.
 void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks);
 
+/// Whether a one-row decoding step's attention runs in splits whose partials the o projection
+/// merges (fused::attention_project_add: choose_decode_attention_merge_split), where that suits
+/// (the default, on); off, one wide block a query head over the whole row and a separate o
+/// projection. For this process; benchmarks and tests compare the two.
+void set_decode_attention_merge(bool on);
+bool decode_attention_merge();
+
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
 void set_decode_wide_attention(bool on);
@@ -168,6 +180,18 @@ struct small_gemm_args {
   bool early_launch = false;
   /// Set by the launch from set_decode_timeline (one row); callers leave it.
   unsigned long long* timeline = nullptr;
+  /// residual_add only: when `out` is set, `x` is not read; its rows (k = heads * head_dim) are
+  /// the attention's splits that a decode_attention launch with merge_later left, merged as its
+  /// combine kernel merges them (each split's products rounded, added in split order: bit for bit
+  /// the combine kernel's where it gives each split a thread group of its own) while the inputs
+  /// are staged. The splits holding slots are read from `lengths`, which no kernel of a step writes
+  /// (read before the wait with early_reads).
+  struct attention_splits {
+    const float* out = nullptr;            ///< partial_out [rows, heads, splits, head_dim]
+    const float* ml = nullptr;             ///< partial_ml [rows, heads, splits, 2]
+    const std::int64_t* lengths = nullptr; ///< [rows], as decode_attention_args::lengths
+    std::int64_t slots = 0, splits = 0, chunk = 0, head_dim = 0;
+  } attention;
 };
 
 /// Whether the small-GEMM kernels take `rows` rows of inputs `k` wide in `t` (at most 4 rows, the

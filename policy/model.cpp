@@ -894,7 +894,9 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 // The o and down projections and the output matrix stay LibTorch GEMMs. At most 4 rows
 // (`small_batch`), each projection is one kernel with its neighbours (fused::small_batch_supported):
 //   norm, q/k/v + bias, RoPE, cache write -> fused::norm_qkv_rope
-//   o_proj(attn), then h = h + that        -> fused::project_add (the residual updated in place)
+//   SDPA, o_proj(attn), h = h + that       -> fused::attention_project_add (the residual updated in
+//                                            place; at one row the attention's splits merged by the o
+//                                            projection as it stages them, else decode_attention, project_add)
 //   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
 //   down_proj(act), h = h + that          -> fused::project_add
 // so a layer is five kernels, with the attention's combine where it splits (not at batch 1). At
@@ -951,9 +953,8 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
                                     c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);
-      auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
-      fused::project_add(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias, residual,
-                         /*early_reads=*/true);
+      fused::attention_project_add(q, cache.keys[l], cache.values[l], cache.lengths, layer->self_attn->o_proj->weight,
+                                   layer->self_attn->o_proj->bias, residual, /*early_reads=*/true);
       auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
                                           w.gate_up_weight, w.gate_up_bias);
       fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual,

@@ -75,6 +75,11 @@ void set_decode_early_reads(bool on);
 /// effect without CUDA.
 void set_decode_wide_attention(bool on);
 
+/// Lets a one-row decoding step run its attention in splits that the o projection merges
+/// (kernels::set_decode_attention_merge), the default, or in one wide block a query head, for
+/// this process. No effect without CUDA.
+void set_decode_attention_merge(bool on);
+
 /// Lets the decoding kernels of one row launch the next kernel as they begin
 /// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No
 /// effect without CUDA.

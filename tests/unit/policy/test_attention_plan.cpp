@@ -246,6 +246,79 @@ TEST_CASE("the wide choice: 16-byte loads, blocks on at most half the SMs, at mo
   CHECK_FALSE(decode_attention_wide_suits(f, 1, 14, 1024, 132));
 }
 
+TEST_CASE("the merge's split: blocks on at most half the SMs, 2 to 8 splits of whole key steps, each with slots") {
+  const auto p = plan_decode_attention_wide(2, true, 7, 64); // Qwen2.5-0.5B in bf16: steps of 64 slots
+  const auto s = choose_decode_attention_merge_split(p, 1, 14, 1024, 132);
+  CHECK(s.splits == 4); // 66 / 14
+  CHECK(s.chunk == 256);
+  CHECK(choose_decode_attention_merge_split(p, 1, 14, 1000, 132).chunk == 256); // 16 steps over 4
+  CHECK(choose_decode_attention_merge_split(p, 1, 14, 129, 132).splits == 3);   // 3 steps: 3 splits of one
+  CHECK(choose_decode_attention_merge_split(p, 1, 14, 64, 132).splits == 0);    // one step: not split
+  CHECK(choose_decode_attention_merge_split(p, 1, 32, 1024, 132).splits == 2);
+  CHECK(choose_decode_attention_merge_split(p, 1, 40, 1024, 132).splits == 0);  // 66 / 40: one split
+  CHECK(choose_decode_attention_merge_split(p, 1, 2, 8192, 132).splits == 8);   // at most 8
+  CHECK(choose_decode_attention_merge_split(p, 1, 14, 8192, 132).chunk == 2048); // four rounds a warp
+  CHECK(choose_decode_attention_merge_split(p, 1, 14, 8193, 132).splits == 0);  // chunks of 2112: more
+  CHECK(choose_decode_attention_merge_split(plan_decode_attention_wide(2, false, 7, 64), 1, 14, 1024, 132).splits == 0);
+  for (std::int64_t slots : {65LL, 100LL, 256LL, 777LL, 1024LL, 2048LL}) {
+    for (std::int64_t heads : {2LL, 7LL, 14LL, 28LL}) {
+      const auto m = choose_decode_attention_merge_split(p, 1, heads, slots, 132);
+      CAPTURE(slots);
+      CAPTURE(heads);
+      if (m.splits == 0)
+        continue;
+      CHECK(m.splits >= 2);
+      CHECK(m.splits <= decode_attention_merge_max_splits);
+      CHECK(heads * m.splits <= 66);
+      CHECK(m.chunk % (p.warps * p.keys_per_step) == 0);
+      CHECK(m.chunk % decode_attention_warps == 0); // what decode_attention takes
+      CHECK(m.chunk * m.splits >= slots);
+      CHECK((m.splits - 1) * m.chunk < slots); // the last split holds slots
+      CHECK(m.chunk <= decode_attention_wide_rounds * p.granule);
+    }
+  }
+}
+
+TEST_CASE("a wide launch in splits: each split's warps cover its visible slots once, in order") {
+  const auto p = plan_decode_attention_wide(2, true, 7, 64);
+  for (std::int64_t chunk : {64LL, 256LL, 320LL}) {
+    for (std::int64_t length : {-1LL, 0LL, 1LL, 63LL, 64LL, 255LL, 256LL, 700LL, 1023LL}) {
+      const std::int64_t slots = 1024, n = decode_attention_visible(length, slots);
+      const std::int64_t splits = (slots + chunk - 1) / chunk;
+      CAPTURE(chunk);
+      CAPTURE(length);
+      std::vector<int> reads(static_cast<std::size_t>(slots), 0);
+      std::int64_t used = 0;
+      for (std::int64_t split = 0; split < splits; ++split) {
+        const bool holds = split * chunk < n; // what the kernel tests before any read
+        used += holds ? 1 : 0;
+        std::int64_t previous_end = split * chunk;
+        for (int w = 0; w < p.warps; ++w) {
+          const auto run = decode_attention_wide_slots(n, chunk, split, p.warps, w);
+          CHECK(run.begin <= run.end);
+          CHECK(run.begin == previous_end);
+          previous_end = run.end;
+          if (w == 0 && holds)
+            CHECK(run.end > run.begin); // the block's max is finite
+          for (auto slot = run.begin; slot < run.end; ++slot)
+            if (holds)
+              ++reads[static_cast<std::size_t>(slot)];
+        }
+        CHECK(previous_end == std::max(split * chunk, std::min(n, (split + 1) * chunk)));
+      }
+      CHECK(used == decode_attention_used_splits(n, chunk));
+      for (std::int64_t i = 0; i < slots; ++i)
+        REQUIRE_MESSAGE(reads[static_cast<std::size_t>(i)] == (i < n ? 1 : 0), "slot " << i << " of " << n);
+      // One split over the whole row is the wide launch of old.
+      for (int w = 0; w < p.warps; ++w) {
+        const auto one = decode_attention_wide_slots(n, 1024, 0, p.warps, w), even = decode_attention_even_slots(n, p.warps, w);
+        CHECK(one.begin == even.begin);
+        CHECK(one.end == even.end);
+      }
+    }
+  }
+}
+
 namespace {
 
 // The kernel's arithmetic for one row on the host, in float32: the same plan, splits, warp
