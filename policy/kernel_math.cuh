@@ -138,10 +138,11 @@ __device__ __forceinline__ unsigned long long global_ns() {
 }
 
 // A block's record in a decoding timeline (kernels::set_decode_timeline): when its first thread
-// began, when it returned from grid_dependency_wait, and (the latest of its warps) when it ended;
-// three entries a block, blocks in order of blockIdx.y * gridDim.x + blockIdx.x.
+// began, when it returned from grid_dependency_wait, when it reached the kernel's midpoint (see
+// decode_timeline_entries), and (the latest of its warps) when it ended; blocks in order of
+// blockIdx.y * gridDim.x + blockIdx.x.
 __device__ __forceinline__ unsigned long long* timeline_block(unsigned long long* t) {
-  return t + (static_cast<unsigned long long>(blockIdx.y) * gridDim.x + blockIdx.x) * 3;
+  return t + (static_cast<unsigned long long>(blockIdx.y) * gridDim.x + blockIdx.x) * decode_timeline_entries;
 }
 __device__ __forceinline__ void timeline_began(unsigned long long* t) {
   if (t != nullptr && threadIdx.x == 0)
@@ -151,12 +152,16 @@ __device__ __forceinline__ void timeline_waited(unsigned long long* t) {
   if (t != nullptr && threadIdx.x == 0)
     timeline_block(t)[1] = global_ns();
 }
+__device__ __forceinline__ void timeline_midpoint(unsigned long long* t) {
+  if (t != nullptr && threadIdx.x == 0)
+    timeline_block(t)[2] = global_ns();
+}
 __device__ __forceinline__ void timeline_ended(unsigned long long* t) {
   if (t == nullptr)
     return;
   __syncwarp();
   if ((threadIdx.x & 31) == 0)
-    atomicMax(timeline_block(t) + 2, global_ns());
+    atomicMax(timeline_block(t) + 3, global_ns());
 }
 
 // Calls f with a null T* for the storage type t.

@@ -424,6 +424,8 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
     }
   }
 
+  if constexpr (TIMED)
+    timeline_midpoint(a.timeline);
   // The warp's keys were spread over keys_per_step lane groups, all against the same max: sum them.
   for (int offset = lanes_per_key; offset < 32; offset <<= 1) {
 #pragma unroll
@@ -804,6 +806,8 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
     }
   }
   __syncthreads();
+  if constexpr (TIMED)
+    timeline_midpoint(a.timeline);
   if (!a.early_launch)
     grid_dependents_launch(); // the next kernel's weight loads may start
 
@@ -1434,7 +1438,7 @@ unsigned long long* timeline_record(long long blocks, long long rows, bool recor
   if (d.buffer == nullptr)
     return nullptr;
   const long long record = d.next++ % d.launches;
-  return recorded && blocks <= d.max_blocks ? d.buffer + record * d.max_blocks * 3 : nullptr;
+  return recorded && blocks <= d.max_blocks ? d.buffer + record * d.max_blocks * decode_timeline_entries : nullptr;
 }
 
 // Whether a decoding kernel launches the next as it begins (set_decode_early_launch): with early

@@ -117,16 +117,23 @@ void set_decode_early_reads(bool on);
 /// kernel. For this process; benchmarks and tests compare the two.
 void set_decode_early_launch(bool on);
 
+/// Entries of a block in a decoding timeline (set_decode_timeline): %globaltimer nanoseconds when
+/// it began, when its wait for the previous kernel returned, when it reached its midpoint (a
+/// projection: its inputs staged; the attention: its first warp's rounds done, before the warps
+/// merge) and
+/// when its last warp ended.
+inline constexpr int decode_timeline_entries = 4;
+
 /// Makes the one-row decoding kernels record when their blocks run, for benchmarks: from now on
-/// each launch of a one-row projection (small_gemm_*) or attention (decode_attention; its combine
-/// kernel is not recorded) takes the next of `launches` records of `buffer` in turn, wrapping
-/// around, and each of its blocks writes three %globaltimer nanoseconds: when it began, when its
-/// wait for the previous kernel returned, and when its last warp ended, at entries
-/// ((record * max_blocks) + block) * 3 + {0, 1, 2} (block = blockIdx.y * gridDim.x + blockIdx.x).
-/// `buffer` is device memory of launches * max_blocks * 3 entries that the caller zeroed (the end
-/// entries are maxima); a launch of more than max_blocks blocks takes its record but writes
-/// nothing. Launches captured in a CUDA graph keep their record on every replay. Null stops it. For
-/// this process; the kernels' work is the same either way.
+/// each launch of a one-row projection (small_gemm_*) or wide attention with early reads
+/// (decode_attention; its combine kernel is not recorded, nor other attention launches, which
+/// take their record all the same) takes the next of `launches` records of `buffer` in turn,
+/// wrapping around, and each of its blocks writes its decode_timeline_entries at entry
+/// (record * max_blocks + block) * decode_timeline_entries (block = blockIdx.y * gridDim.x +
+/// blockIdx.x). `buffer` is device memory of launches * max_blocks * decode_timeline_entries
+/// entries that the caller zeroed (the end entries are maxima); a launch of more than max_blocks
+/// blocks takes its record but writes nothing. Launches captured in a CUDA graph keep their record
+/// on every replay. Null stops it. For this process; the kernels' work is the same either way.
 void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks);
 
 /// Whether a one-row decoding step's attention runs in splits whose partials the o projection

@@ -310,7 +310,8 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
   if (layers < 2 || !torch::cuda::is_available())
     return fail(errc::unsupported, "time_decode_kernels: no CUDA device, or fewer than 2 layers");
   const std::int64_t launches = layers * kinds;
-  auto buffer = torch::zeros({launches * max_blocks * 3},
+  constexpr int entries = kernels::decode_timeline_entries;
+  auto buffer = torch::zeros({launches * max_blocks * entries},
                              torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA, at::cuda::current_device()));
   kernels::set_decode_timeline(reinterpret_cast<unsigned long long*>(buffer.data_ptr<std::int64_t>()), launches,
                                max_blocks);
@@ -324,17 +325,17 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
   kernels::set_decode_timeline(nullptr, 0, 0);
   auto t = buffer.cpu();
   const auto* v = t.data_ptr<std::int64_t>();
-  auto at = [&](std::int64_t launch, std::int64_t b, int what) { return v[(launch * max_blocks + b) * 3 + what]; };
+  auto at = [&](std::int64_t launch, std::int64_t b, int what) { return v[(launch * max_blocks + b) * entries + what]; };
   auto blocks_of = [&](std::int64_t launch) {
     std::int64_t n = 0;
-    while (n < max_blocks && at(launch, n, 2) != 0)
+    while (n < max_blocks && at(launch, n, 3) != 0)
       ++n;
     return n;
   };
   auto last_end = [&](std::int64_t launch) {
     std::int64_t m = 0;
     for (std::int64_t b = 0, n = blocks_of(launch); b < n; ++b)
-      m = std::max(m, at(launch, b, 2));
+      m = std::max(m, at(launch, b, 3));
     return m;
   };
   for (std::int64_t launch = 0; launch < launches; ++launch)
@@ -348,15 +349,15 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
   static const char* const names[kinds] = {"qkv", "attention", "o", "gate_up", "down"};
   std::vector<layer_kernel_time> out;
   for (int k = 0; k < kinds; ++k) {
-    std::vector<double> first_start, last_start, first_wait, last_wait, end, after, slowest, late;
+    std::vector<double> first_start, last_start, first_wait, last_wait, end, after, slowest, late, to_mid, from_mid;
     std::int64_t blocks = 0;
     for (std::int64_t l = 1; l < layers; ++l) {
       const std::int64_t launch = l * kinds + k, before = last_end(launch - 1);
       blocks = blocks_of(launch);
       std::int64_t s0 = INT64_MAX, s1 = INT64_MIN, w0 = INT64_MAX, w1 = INT64_MIN, e1 = INT64_MIN, n_late = 0;
-      std::vector<double> block_after;
+      std::vector<double> block_after, block_to_mid, block_from_mid;
       for (std::int64_t b = 0; b < blocks; ++b) {
-        const auto began = at(launch, b, 0), waited = at(launch, b, 1), ended = at(launch, b, 2);
+        const auto began = at(launch, b, 0), waited = at(launch, b, 1), mid = at(launch, b, 2), ended = at(launch, b, 3);
         s0 = std::min(s0, began);
         s1 = std::max(s1, began);
         w0 = std::min(w0, waited);
@@ -364,7 +365,13 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
         e1 = std::max(e1, ended);
         n_late += began > before ? 1 : 0;
         block_after.push_back(static_cast<double>(ended - waited) / 1e3);
+        if (mid != 0) { // blocks with no work return before it
+          block_to_mid.push_back(static_cast<double>(mid - waited) / 1e3);
+          block_from_mid.push_back(static_cast<double>(ended - mid) / 1e3);
+        }
       }
+      to_mid.push_back(median(std::move(block_to_mid)));
+      from_mid.push_back(median(std::move(block_from_mid)));
       auto us = [&](std::int64_t ns) { return static_cast<double>(ns - before) / 1e3; };
       first_start.push_back(us(s0));
       last_start.push_back(us(s1));
@@ -385,6 +392,8 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
     r.end_us = median(end);
     r.after_wait_us = median(after);
     r.slowest_after_wait_us = median(slowest);
+    r.to_midpoint_us = median(to_mid);
+    r.from_midpoint_us = median(from_mid);
     r.late_blocks = static_cast<std::int64_t>(median(late));
     out.push_back(std::move(r));
   }

@@ -120,6 +120,9 @@ struct layer_kernel_time {
   double first_wait_us = 0, last_wait_us = 0;   ///< blocks' waits for the kernel before returning
   double end_us = 0;                            ///< the last block ending
   double after_wait_us = 0, slowest_after_wait_us = 0; ///< a block's time from its wait to its end: median, longest
+  /// A block's time from its wait to its midpoint and from there to its end (medians;
+  /// kernels::decode_timeline_entries says where the midpoint is).
+  double to_midpoint_us = 0, from_midpoint_us = 0;
   std::int64_t late_blocks = 0;                 ///< blocks that began only after the kernel before ended
 };
 

@@ -415,7 +415,8 @@ int run(const bench_options& o) {
             t.begin_object().field("kernel", k.kernel).field("blocks", k.blocks).field("first_start_us", k.first_start_us)
               .field("last_start_us", k.last_start_us).field("first_wait_us", k.first_wait_us)
               .field("last_wait_us", k.last_wait_us).field("end_us", k.end_us).field("after_wait_us", k.after_wait_us)
-              .field("slowest_after_wait_us", k.slowest_after_wait_us).field("late_blocks", k.late_blocks).end_object();
+              .field("slowest_after_wait_us", k.slowest_after_wait_us).field("to_midpoint_us", k.to_midpoint_us)
+              .field("from_midpoint_us", k.from_midpoint_us).field("late_blocks", k.late_blocks).end_object();
           t.end_array();
         } else {
           t.field("error", kernels.error().message);

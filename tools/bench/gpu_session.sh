@@ -241,7 +241,7 @@ for line in sys.stdin:
       # Where a one-row layer's time goes with five kernels: the timeline's GPU test, then each
       # variant's blocks stamping the device clock (bench_decode --layers-timeline; the last step,
       # at about the average length of the decode figures), beside its ms/step in the same process.
-      timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*timeline*,*launch the next as they begin*' 2>&1 | tee "$OUT/gpu_timeline.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -20
+      timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${TIMELINE_TESTS:-*timeline*,*launch the next as they begin*}" 2>&1 | tee "$OUT/gpu_timeline.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -20
       m=/tmp/crucible-decode-0.5b
       [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/timeline_setup.txt" 2>&1
       $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 256 --rounds 3 \
