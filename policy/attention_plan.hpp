@@ -212,14 +212,17 @@ inline constexpr int decode_attention_merge_max_splits = 8;
 /// where that leaves fewer than two splits or a chunk that takes a warp more than
 /// decode_attention_wide_rounds rounds: the launch is not worth splitting, or too long. Depends
 /// on the shape only (CUDA graphs keep the choice).
+/// `most` (2 to decode_attention_merge_max_splits) caps the splits further.
 inline decode_attention_split choose_decode_attention_merge_split(const decode_attention_plan& wide, std::int64_t rows,
                                                                   std::int64_t heads, std::int64_t slots,
-                                                                  std::int64_t sms) {
+                                                                  std::int64_t sms,
+                                                                  std::int64_t most = decode_attention_merge_max_splits) {
   decode_attention_split none{0, 0};
   if (wide.vec <= 1 || rows < 1 || heads < 1 || slots < 1)
     return none;
+  most = most > decode_attention_merge_max_splits ? decode_attention_merge_max_splits : most;
   std::int64_t splits = (sms < 2 ? 1 : sms / 2) / (rows * heads);
-  splits = splits > decode_attention_merge_max_splits ? decode_attention_merge_max_splits : splits;
+  splits = splits > most ? most : splits;
   const std::int64_t step = static_cast<std::int64_t>(wide.warps) * wide.keys_per_step;
   const std::int64_t steps = (slots + step - 1) / step;
   splits = splits > steps ? steps : splits;

@@ -375,7 +375,8 @@ void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache,
   auto a = attention_args(q, k_cache, v_cache, lengths, early_reads, "attention_project_add");
   const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto split = a.rows == 1 && kernels::decode_attention_merge() && kernels::decode_wide_attention()
-                       ? kernels::choose_decode_attention_merge_split(wide_plan(a, q), a.rows, a.heads, a.slots, sms)
+                       ? kernels::choose_decode_attention_merge_split(wide_plan(a, q), a.rows, a.heads, a.slots, sms,
+                                                                      kernels::decode_attention_merge_splits())
                        : kernels::decode_attention_split{0, 0};
   auto x = q.view({a.rows, a.heads * a.head_dim}); // the o projection's input, as the attention writes it
   if (split.splits < 2 || !small_batch_supported(q.scalar_type(), a.rows, x.size(1))) {

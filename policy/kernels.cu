@@ -775,8 +775,23 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   if constexpr (MERGE) {
     merge_attention_splits<T>(a.attention, used, kv, staged);
   } else if (a.norm_weight == nullptr) {
-    for (int i = threadIdx.x; i < rows * kv; i += blockDim.x)
-      staged[i] = x[i];
+    if (MODE == gemm_out::residual_add && a.batched_staging) { // every load of a thread in flight before the first store
+      constexpr int most = 8;
+      for (int base = threadIdx.x; base < rows * kv; base += most * blockDim.x) {
+        uint4 v[most];
+#pragma unroll
+        for (int j = 0; j < most; ++j)
+          if (base + j * static_cast<int>(blockDim.x) < rows * kv)
+            v[j] = x[base + j * blockDim.x];
+#pragma unroll
+        for (int j = 0; j < most; ++j)
+          if (base + j * static_cast<int>(blockDim.x) < rows * kv)
+            staged[base + j * blockDim.x] = v[j];
+      }
+    } else {
+      for (int i = threadIdx.x; i < rows * kv; i += blockDim.x)
+        staged[i] = x[i];
+    }
   } else {
     const uint4* nw = static_cast<const uint4*>(a.norm_weight);
     const float inv_k = 1.0f / static_cast<float>(k);
@@ -1419,6 +1434,7 @@ std::atomic<bool> decode_early_reads{true};
 std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
 std::atomic<bool> decode_merge{true};        // set_decode_attention_merge
+std::atomic<int> decode_merge_splits{decode_attention_merge_max_splits}; // set_decode_attention_merge_splits
 
 // set_decode_timeline's buffer and the next record a one-row launch takes.
 struct decode_timeline_state {
@@ -1464,6 +1480,10 @@ void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std:
 bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
 void set_decode_attention_merge(bool on) { decode_merge.store(on, std::memory_order_relaxed); }
 bool decode_attention_merge() { return decode_merge.load(std::memory_order_relaxed); }
+void set_decode_attention_merge_splits(int most) {
+  decode_merge_splits.store(std::clamp(most, 2, decode_attention_merge_max_splits), std::memory_order_relaxed);
+}
+int decode_attention_merge_splits() { return decode_merge_splits.load(std::memory_order_relaxed); }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
@@ -1547,6 +1567,8 @@ std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
 std::atomic<bool> small_gemm_one_round{true};
 // Whether the one-row gate/up projection gives each half-warp a unit (set_small_gemm_half_warps).
 std::atomic<bool> small_gemm_half{true};
+// Whether copied inputs are loaded before any is stored (set_small_gemm_batched_staging).
+std::atomic<bool> small_gemm_batched{false};
 
 // Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
 // warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
@@ -1600,6 +1622,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
   args.early_launch = launch_early_at(args.early_reads, a.rows);
   args.timeline = timeline_record(blocks, a.rows);
+  args.batched_staging = a.rows == 1 && small_gemm_batched.load(std::memory_order_relaxed);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto one_row = [&](auto timed) {
@@ -1625,6 +1648,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
 
 void set_small_gemm_one_round(bool on) { small_gemm_one_round.store(on, std::memory_order_relaxed); }
 void set_small_gemm_half_warps(bool on) { small_gemm_half.store(on, std::memory_order_relaxed); }
+void set_small_gemm_batched_staging(bool on) { small_gemm_batched.store(on, std::memory_order_relaxed); }
 
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
   const auto bytes = element_bytes(t);

@@ -142,6 +142,15 @@ void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std:
 /// projection. For this process; benchmarks and tests compare the two.
 void set_decode_attention_merge(bool on);
 bool decode_attention_merge();
+/// The most splits the merge takes (2 to decode_attention_merge_max_splits, the default), for
+/// this process; benchmarks compare them.
+void set_decode_attention_merge_splits(int most);
+int decode_attention_merge_splits();
+
+/// Whether the one-row projections that copy their inputs (o and down) issue all of a thread's
+/// loads of them before storing any to shared memory (on), or load and store one at a time (off,
+/// the default), for this process; benchmarks compare the two.
+void set_small_gemm_batched_staging(bool on);
 
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
@@ -187,6 +196,8 @@ struct small_gemm_args {
   bool early_launch = false;
   /// Set by the launch from set_decode_timeline (one row); callers leave it.
   unsigned long long* timeline = nullptr;
+  /// Set by the launch from set_small_gemm_batched_staging (one row); callers leave it.
+  bool batched_staging = false;
   /// residual_add only: when `out` is set, `x` is not read; its rows (k = heads * head_dim) are
   /// the attention's splits that a decode_attention launch with merge_later left, merged as its
   /// combine kernel merges them (each split's products rounded, added in split order: bit for bit

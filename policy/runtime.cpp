@@ -226,6 +226,18 @@ void set_decode_attention_merge([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_decode_attention_merge_splits([[maybe_unused]] int most) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_attention_merge_splits(most);
+#endif
+}
+
+void set_small_gemm_batched_staging([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_small_gemm_batched_staging(on);
+#endif
+}
+
 void set_decode_early_launch([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
   kernels::set_decode_early_launch(on);

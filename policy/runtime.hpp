@@ -80,6 +80,12 @@ void set_decode_wide_attention(bool on);
 /// this process. No effect without CUDA.
 void set_decode_attention_merge(bool on);
 
+/// The most splits that merge takes (kernels::set_decode_attention_merge_splits), and whether the
+/// one-row o and down projections load all their inputs before staging them
+/// (kernels::set_small_gemm_batched_staging), for this process. No effect without CUDA.
+void set_decode_attention_merge_splits(int most);
+void set_small_gemm_batched_staging(bool on);
+
 /// Lets the decoding kernels of one row launch the next kernel as they begin
 /// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No
 /// effect without CUDA.
