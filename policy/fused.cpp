@@ -214,7 +214,8 @@ std::pair<torch::Tensor, torch::Tensor> partial_buffers(kernels::decode_attentio
                                                         std::int64_t splits) {
   auto f32 = q.options().dtype(torch::kFloat);
   auto out = torch::empty({a.rows, a.heads, splits, a.head_dim}, f32);
-  auto ml = torch::empty({a.rows, a.heads, splits, 2}, f32);
+  // Whole 16 bytes: the o projection may take it by one bulk copy (kernels::small_gemm_args::attention).
+  auto ml = torch::empty({(a.rows * a.heads * splits * 2 + 3) / 4 * 4}, f32);
   a.partial_out = out.data_ptr<float>();
   a.partial_ml = ml.data_ptr<float>();
   return {out, ml};

@@ -595,16 +595,15 @@ enum class gemm_out { residual_add, silu_mul, rope_kv };
 // products added in split order, as decode_attention_combine_kernel adds them (bit for bit where
 // it gives every split a thread group of its own: used <= 2 * combine_threads / head_dim). All of
 // a thread's loads are issued before any arithmetic.
+// `out` and `ml` are the row's partial_out and partial_ml, in global or shared memory.
 template <class T>
-__device__ __forceinline__ void merge_attention_splits(const small_gemm_args::attention_splits& at, long long used,
-                                                       int kv, uint4* staged) {
+__device__ __forceinline__ void merge_attention_splits(const float* out, const float* ml_all, long long splits, int d,
+                                                       long long used, int kv, uint4* staged) {
   constexpr int vec = 16 / sizeof(T), quads = vec / 4, most = decode_attention_merge_max_splits;
-  const int d = static_cast<int>(at.head_dim);
-  const long long splits = at.splits;
   for (int i = threadIdx.x; i < kv; i += blockDim.x) {
     const int e0 = i * vec, head = e0 / d;
-    const float* ml = at.ml + head * splits * 2;
-    const float4* po = reinterpret_cast<const float4*>(at.out + head * splits * d + (e0 - head * d));
+    const float* ml = ml_all + head * splits * 2;
+    const float4* po = reinterpret_cast<const float4*>(out + head * splits * d + (e0 - head * d));
     float m[most], l[most];
     float4 x[most][quads];
 #pragma unroll
@@ -762,6 +761,21 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   };
   if (MERGE && a.early_reads)
     read_used();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Bulk staging: the inputs (or the attention's splits) come by one bulk copy, on the copy engine
+  // rather than behind the weight loads in this SM's queue; its barrier is set up before the wait.
+  __shared__ unsigned long long staging_bar;
+  const bool bulk = MODE == gemm_out::residual_add && a.bulk_staging;
+  if (bulk) {
+    if (threadIdx.x == 0) {
+      mbar_init(&staging_bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+#else
+  constexpr bool bulk = false;
+#endif
   grid_dependency_wait();
   if constexpr (TIMED)
     timeline_waited(a.timeline);
@@ -772,8 +786,31 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
 
   // 2. Inputs into shared memory: merged from the attention's splits, copied, or RMSNorm of the
   // residual rows rounded as add_rms_norm's.
-  if constexpr (MERGE) {
-    merge_attention_splits<T>(a.attention, used, kv, staged);
+  const auto& at = a.attention;
+  if (bulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // MERGE: the splits after the staged inputs (small_gemm_shared_bytes), then merged from there.
+    float* part_out = reinterpret_cast<float*>(staged + rows * kv);
+    float* part_ml = part_out + at.splits * k;
+    const unsigned out_bytes = static_cast<unsigned>(at.splits * k * 4);
+    const unsigned ml_bytes = static_cast<unsigned>((at.splits * (k / at.head_dim) * 2 + 3) / 4 * 16);
+    if (threadIdx.x == 0) {
+      if constexpr (MERGE) {
+        mbar_expect(&staging_bar, out_bytes + ml_bytes);
+        bulk_copy(part_out, at.out, out_bytes, &staging_bar);
+        bulk_copy(part_ml, at.ml, ml_bytes, &staging_bar);
+      } else {
+        const unsigned bytes = static_cast<unsigned>(rows * kv * 16);
+        mbar_expect(&staging_bar, bytes);
+        bulk_copy(staged, x, bytes, &staging_bar);
+      }
+    }
+    mbar_wait(&staging_bar, 0);
+    if constexpr (MERGE)
+      merge_attention_splits<T>(part_out, part_ml, at.splits, static_cast<int>(at.head_dim), used, kv, staged);
+#endif
+  } else if constexpr (MERGE) {
+    merge_attention_splits<T>(at.out, at.ml, at.splits, static_cast<int>(at.head_dim), used, kv, staged);
   } else if (a.norm_weight == nullptr) {
     if (MODE == gemm_out::residual_add && a.batched_staging) { // every load of a thread in flight before the first store
       constexpr int most = 8;
@@ -1567,8 +1604,13 @@ std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
 std::atomic<bool> small_gemm_one_round{true};
 // Whether the one-row gate/up projection gives each half-warp a unit (set_small_gemm_half_warps).
 std::atomic<bool> small_gemm_half{true};
-// Whether copied inputs are loaded before any is stored (set_small_gemm_batched_staging).
-std::atomic<bool> small_gemm_batched{false};
+// Whether copied inputs are loaded before any is stored (set_small_gemm_batched_staging), and
+// whether they come by a bulk copy where the device has them (set_small_gemm_bulk_staging).
+std::atomic<bool> small_gemm_batched{true};
+std::atomic<bool> small_gemm_bulk{false};
+
+// Whether the current device makes bulk copies (compute capability 9.0 or newer).
+bool bulk_staging_device() { return programmatic_launch(); }
 
 // Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
 // warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
@@ -1595,7 +1637,8 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   if (merge && (MODE != gemm_out::residual_add || a.rows != 1 || at.ml == nullptr || at.lengths == nullptr
                 || at.slots < 1 || at.splits < 1 || at.splits > decode_attention_merge_max_splits || at.chunk <= 0
                 || at.head_dim <= 0 || at.head_dim % static_cast<std::int64_t>(16 / element_bytes(t)) != 0
-                || a.k % at.head_dim != 0 || reinterpret_cast<std::uintptr_t>(at.out) % 16 != 0))
+                || a.k % at.head_dim != 0 || reinterpret_cast<std::uintptr_t>(at.out) % 16 != 0
+                || reinterpret_cast<std::uintptr_t>(at.ml) % 16 != 0))
     return cudaErrorInvalidValue;
   if (MODE == gemm_out::silu_mul && (a.out == nullptr || a.n % 2 != 0))
     return cudaErrorInvalidValue;
@@ -1615,7 +1658,15 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const long long blocks = (units + per_block - 1) / per_block;
   if (blocks > 0x7fffffff)
     return cudaErrorInvalidValue;
-  const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
+  const bool bulk = MODE == gemm_out::residual_add && a.rows == 1 && small_gemm_bulk.load(std::memory_order_relaxed)
+                    && bulk_staging_device();
+  // Bulk merging copies the splits to shared memory after the inputs: partial_out and partial_ml
+  // (the latter's allocation whole 16 bytes, attention_splits::ml).
+  const std::size_t merge_bytes =
+    merge && bulk ? static_cast<std::size_t>(at.splits * a.k * 4 + (at.splits * (a.k / at.head_dim) * 2 + 3) / 4 * 16) : 0;
+  const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t) + merge_bytes;
+  if (shared > small_gemm_max_shared)
+    return cudaErrorInvalidValue;
   // One row: every lane's loads of a row in one round where four do not cover k.
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
@@ -1623,6 +1674,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   args.early_launch = launch_early_at(args.early_reads, a.rows);
   args.timeline = timeline_record(blocks, a.rows);
   args.batched_staging = a.rows == 1 && small_gemm_batched.load(std::memory_order_relaxed);
+  args.bulk_staging = bulk;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto one_row = [&](auto timed) {
@@ -1649,6 +1701,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
 void set_small_gemm_one_round(bool on) { small_gemm_one_round.store(on, std::memory_order_relaxed); }
 void set_small_gemm_half_warps(bool on) { small_gemm_half.store(on, std::memory_order_relaxed); }
 void set_small_gemm_batched_staging(bool on) { small_gemm_batched.store(on, std::memory_order_relaxed); }
+void set_small_gemm_bulk_staging(bool on) { small_gemm_bulk.store(on, std::memory_order_relaxed); }
 
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
   const auto bytes = element_bytes(t);

@@ -238,6 +238,12 @@ void set_small_gemm_batched_staging([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_small_gemm_bulk_staging([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_small_gemm_bulk_staging(on);
+#endif
+}
+
 void set_decode_early_launch([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
   kernels::set_decode_early_launch(on);

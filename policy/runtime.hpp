@@ -85,6 +85,8 @@ void set_decode_attention_merge(bool on);
 /// (kernels::set_small_gemm_batched_staging), for this process. No effect without CUDA.
 void set_decode_attention_merge_splits(int most);
 void set_small_gemm_batched_staging(bool on);
+/// Whether they take those inputs by one bulk copy (kernels::set_small_gemm_bulk_staging).
+void set_small_gemm_bulk_staging(bool on);
 
 /// Lets the decoding kernels of one row launch the next kernel as they begin
 /// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No

@@ -518,16 +518,18 @@ CausalLM tiny_05b_heads(std::uint64_t seed) {
   return m;
 }
 
-// `steps` fused decoding steps at 1 and 3 rows, each from the same cache with the switch `set`
-// at its default and at the other value: the logits, the caches and the lengths equal bit for bit.
-void check_switch_changes_nothing(void (*set)(bool), bool default_value, std::uint64_t seed, int steps) {
+// `steps` fused decoding steps at 1 and 3 rows after a `prompt`-token prefill into `slots` slots,
+// each from the same cache with the switch `set` at its default and at the other value: the
+// logits, the caches and the lengths equal bit for bit.
+void check_switch_changes_nothing(void (*set)(bool), bool default_value, std::uint64_t seed, int steps,
+                                  std::int64_t prompt = 9, std::int64_t slots = 64) {
   auto m = tiny_05b_heads(seed);
   torch::NoGradGuard g;
   for (std::int64_t rows : {1, 3}) {
     CAPTURE(rows);
-    auto ids = torch::randint(0, 1000, {rows, 9}, on_gpu(torch::kLong));
-    auto cache = m->make_cache(rows, 64);
-    m->prefill(ids, cache, torch::full({rows}, 9L, on_gpu(torch::kLong)));
+    auto ids = torch::randint(0, 1000, {rows, prompt}, on_gpu(torch::kLong));
+    auto cache = m->make_cache(rows, slots);
+    m->prefill(ids, cache, torch::full({rows}, prompt, on_gpu(torch::kLong)));
     for (int step = 0; step < steps; ++step) {
       auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
       auto a = deep_copy(cache), b = deep_copy(cache);
@@ -694,6 +696,15 @@ TEST_CASE("a one-row step with the attention merged by the o projection equals t
   }
   // In a CUDA graph, as the engine runs it: replays equal eager steps bit for bit.
   check_graph_equals_eager(21, 150, 256, 4);
+}
+
+TEST_CASE("the o and down projections' inputs staged by loads at once, one at a time or by a bulk copy: the same step") {
+  // 150 tokens in 256 slots: the attention in three splits of the four that the o projection merges.
+  check_switch_changes_nothing(kernels::set_small_gemm_batched_staging, true, 23, 4, 150, 256);
+  check_switch_changes_nothing(kernels::set_small_gemm_bulk_staging, false, 23, 4, 150, 256);
+  check_switch_changes_nothing(kernels::set_small_gemm_bulk_staging, false, 23, 2); // no merge: the inputs copied
+  const switch_scope bulk(kernels::set_small_gemm_bulk_staging, true, false);
+  check_graph_equals_eager(25, 150, 256, 4);
 }
 
 TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
