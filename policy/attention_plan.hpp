@@ -84,15 +84,22 @@ CRUCIBLE_HOST_DEVICE constexpr int decode_attention_wide_steps(int vec) {
   return 8 / decode_attention_lane_vectors(vec) > 0 ? 8 / decode_attention_lane_vectors(vec) : 1;
 }
 
+/// Warps of a wide block, besides decode_attention_wide_warps, that the kernel is built for: half
+/// as many, so that a split of the merge (choose_decode_attention_merge_split) gives each warp a
+/// whole round where sixteen warps would each have half a round.
+inline constexpr int decode_attention_half_wide_warps = 8;
+
 /// The wide plan: 16-byte loads (aligned data whose head_dim is whole 16 bytes; otherwise
-/// `vec` stays 1 and the wide kernel is not used), one query head a block,
-/// decode_attention_wide_warps warps, decode_attention_wide_steps steps a round.
+/// `vec` stays 1 and the wide kernel is not used), one query head a block, `warps` warps
+/// (decode_attention_wide_warps or decode_attention_half_wide_warps), decode_attention_wide_steps
+/// steps a round.
 CRUCIBLE_HOST_DEVICE constexpr decode_attention_plan plan_decode_attention_wide(int element_bytes, bool aligned,
-                                                                                int group, int head_dim) {
+                                                                                int group, int head_dim,
+                                                                                int warps = decode_attention_wide_warps) {
   decode_attention_plan p = plan_decode_attention(element_bytes, aligned, group, head_dim);
   p.heads_per_block = 1;
   p.head_blocks = group;
-  p.warps = decode_attention_wide_warps;
+  p.warps = warps;
   p.steps = p.vec > 1 ? decode_attention_wide_steps(p.vec) : decode_attention_steps;
   p.warp_tile = p.keys_per_step * p.steps;
   p.granule = p.warps * p.warp_tile;

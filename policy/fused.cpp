@@ -202,11 +202,13 @@ kernels::decode_attention_args attention_args(const torch::Tensor& q, const torc
   return a;
 }
 
-// The wide plan for these arguments (vec 1: the data is not 16-byte aligned, no wide kernel).
-kernels::decode_attention_plan wide_plan(const kernels::decode_attention_args& a, const torch::Tensor& q) {
+// The wide plan for these arguments with `warps` warps a block (vec 1: the data is not 16-byte
+// aligned, no wide kernel).
+kernels::decode_attention_plan wide_plan(const kernels::decode_attention_args& a, const torch::Tensor& q,
+                                         int warps = kernels::decode_attention_wide_warps) {
   const auto plan = kernels::plan_decode_attention(kernel_dtype(q), a);
   return kernels::plan_decode_attention_wide(static_cast<int>(q.element_size()), plan.vec > 1,
-                                             static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim));
+                                             static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim), warps);
 }
 
 // Float32 buffers for `splits` partial results of every (row, head), set in `a`; returned to keep them alive.
@@ -214,8 +216,7 @@ std::pair<torch::Tensor, torch::Tensor> partial_buffers(kernels::decode_attentio
                                                         std::int64_t splits) {
   auto f32 = q.options().dtype(torch::kFloat);
   auto out = torch::empty({a.rows, a.heads, splits, a.head_dim}, f32);
-  // Whole 16 bytes: the o projection may take it by one bulk copy (kernels::small_gemm_args::attention).
-  auto ml = torch::empty({(a.rows * a.heads * splits * 2 + 3) / 4 * 4}, f32);
+  auto ml = torch::empty({a.rows, a.heads, splits, 2}, f32);
   a.partial_out = out.data_ptr<float>();
   a.partial_ml = ml.data_ptr<float>();
   return {out, ml};
@@ -374,10 +375,11 @@ void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& lengths, const torch::Tensor& o_weight, const torch::Tensor& o_bias,
                            torch::Tensor& residual, bool early_reads) {
   auto a = attention_args(q, k_cache, v_cache, lengths, early_reads, "attention_project_add");
+  const int warps = kernels::decode_attention_merge_warps();
   const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto split = a.rows == 1 && kernels::decode_attention_merge() && kernels::decode_wide_attention()
-                       ? kernels::choose_decode_attention_merge_split(wide_plan(a, q), a.rows, a.heads, a.slots, sms,
-                                                                      kernels::decode_attention_merge_splits())
+                       ? kernels::choose_decode_attention_merge_split(wide_plan(a, q, warps), a.rows, a.heads, a.slots,
+                                                                      sms, kernels::decode_attention_merge_splits())
                        : kernels::decode_attention_split{0, 0};
   auto x = q.view({a.rows, a.heads * a.head_dim}); // the o projection's input, as the attention writes it
   if (split.splits < 2 || !small_batch_supported(q.scalar_type(), a.rows, x.size(1))) {
@@ -391,6 +393,7 @@ void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache,
   a.splits = split.splits;
   a.chunk = split.chunk;
   a.merge_later = true;
+  a.wide_warps = warps;
   const auto partial = partial_buffers(a, q, split.splits);
   const auto dtype = kernel_dtype(q);
   check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");

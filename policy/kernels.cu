@@ -492,7 +492,9 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
 
 // TIMED: as small_gemm_kernel's.
 template <class T, int VEC, int GM, int W, int STEPS, bool EARLY, bool TIMED = false>
-__global__ void __launch_bounds__(32 * W, W != decode_attention_warps ? 1 : VEC == 1 ? 3 : 4)
+__global__ void __launch_bounds__(32 * W, W == decode_attention_wide_warps ? 1
+                                          : W == decode_attention_half_wide_warps ? 2
+                                          : VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
   if constexpr (TIMED)
     timeline_began(a.timeline);
@@ -761,21 +763,6 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   };
   if (MERGE && a.early_reads)
     read_used();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Bulk staging: the inputs (or the attention's splits) come by one bulk copy, on the copy engine
-  // rather than behind the weight loads in this SM's queue; its barrier is set up before the wait.
-  __shared__ unsigned long long staging_bar;
-  const bool bulk = MODE == gemm_out::residual_add && a.bulk_staging;
-  if (bulk) {
-    if (threadIdx.x == 0) {
-      mbar_init(&staging_bar, 1);
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-  }
-#else
-  constexpr bool bulk = false;
-#endif
   grid_dependency_wait();
   if constexpr (TIMED)
     timeline_waited(a.timeline);
@@ -787,29 +774,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   // 2. Inputs into shared memory: merged from the attention's splits, copied, or RMSNorm of the
   // residual rows rounded as add_rms_norm's.
   const auto& at = a.attention;
-  if (bulk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // MERGE: the splits after the staged inputs (small_gemm_shared_bytes), then merged from there.
-    float* part_out = reinterpret_cast<float*>(staged + rows * kv);
-    float* part_ml = part_out + at.splits * k;
-    const unsigned out_bytes = static_cast<unsigned>(at.splits * k * 4);
-    const unsigned ml_bytes = static_cast<unsigned>((at.splits * (k / at.head_dim) * 2 + 3) / 4 * 16);
-    if (threadIdx.x == 0) {
-      if constexpr (MERGE) {
-        mbar_expect(&staging_bar, out_bytes + ml_bytes);
-        bulk_copy(part_out, at.out, out_bytes, &staging_bar);
-        bulk_copy(part_ml, at.ml, ml_bytes, &staging_bar);
-      } else {
-        const unsigned bytes = static_cast<unsigned>(rows * kv * 16);
-        mbar_expect(&staging_bar, bytes);
-        bulk_copy(staged, x, bytes, &staging_bar);
-      }
-    }
-    mbar_wait(&staging_bar, 0);
-    if constexpr (MERGE)
-      merge_attention_splits<T>(part_out, part_ml, at.splits, static_cast<int>(at.head_dim), used, kv, staged);
-#endif
-  } else if constexpr (MERGE) {
+  if constexpr (MERGE) {
     merge_attention_splits<T>(at.out, at.ml, at.splits, static_cast<int>(at.head_dim), used, kv, staged);
   } else if (a.norm_weight == nullptr) {
     if (MODE == gemm_out::residual_add && a.batched_staging) { // every load of a thread in flight before the first store
@@ -1472,6 +1437,7 @@ std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
 std::atomic<bool> decode_merge{true};        // set_decode_attention_merge
 std::atomic<int> decode_merge_splits{decode_attention_merge_max_splits}; // set_decode_attention_merge_splits
+std::atomic<int> decode_merge_warps{decode_attention_wide_warps};        // set_decode_attention_merge_warps
 
 // set_decode_timeline's buffer and the next record a one-row launch takes.
 struct decode_timeline_state {
@@ -1521,6 +1487,11 @@ void set_decode_attention_merge_splits(int most) {
   decode_merge_splits.store(std::clamp(most, 2, decode_attention_merge_max_splits), std::memory_order_relaxed);
 }
 int decode_attention_merge_splits() { return decode_merge_splits.load(std::memory_order_relaxed); }
+void set_decode_attention_merge_warps(int warps) {
+  decode_merge_warps.store(warps == decode_attention_half_wide_warps ? warps : decode_attention_wide_warps,
+                           std::memory_order_relaxed);
+}
+int decode_attention_merge_warps() { return decode_merge_warps.load(std::memory_order_relaxed); }
 
 cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
   decode_attention_args a = args;
@@ -1532,12 +1503,15 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
       || a.heads % a.kv_heads != 0 || a.slots < 1 || a.splits < 1 || a.splits > 65535 || a.chunk <= 0
       || a.chunk % decode_attention_warps != 0 || a.chunk * a.splits < a.slots || a.rows * a.heads > 0x7fffffff
       || (a.splits > 1 && (a.partial_out == nullptr || a.partial_ml == nullptr))
-      || (a.merge_later && (!a.wide || a.splits < 2 || a.splits > decode_attention_merge_max_splits)))
+      || (a.merge_later && (!a.wide || a.splits < 2 || a.splits > decode_attention_merge_max_splits))
+      || (a.wide_warps != 0 && a.wide_warps != decode_attention_wide_warps && a.wide_warps != decode_attention_half_wide_warps))
     return cudaErrorInvalidValue;
+  const bool half_wide = a.wide_warps == decode_attention_half_wide_warps;
   const decode_attention_plan narrow = plan_decode_attention(t, a);
   const decode_attention_plan plan =
-    a.wide ? plan_decode_attention_wide(t == dtype::f32 ? 4 : 2, narrow.vec > 1,
-                                        static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim))
+    a.wide ? plan_decode_attention_wide(t == dtype::f32 ? 4 : 2, narrow.vec > 1, static_cast<int>(a.heads / a.kv_heads),
+                                        static_cast<int>(a.head_dim),
+                                        half_wide ? decode_attention_half_wide_warps : decode_attention_wide_warps)
            : narrow;
   if (a.wide && plan.vec == 1)
     return cudaErrorInvalidValue; // the wide kernel loads 16 bytes at a time
@@ -1557,10 +1531,15 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
     constexpr int narrow_warps = decode_attention_warps, wide_warps = decode_attention_wide_warps;
     constexpr int steps = decode_attention_steps, wide_steps = decode_attention_wide_steps(vec);
     if (a.wide) {
-      auto kernel = a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true, true>
-                    : a.early_reads       ? &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, true>
-                                          : &decode_attention_kernel<T, vec, 1, wide_warps, wide_steps, false>;
-      if (auto e = launch_early(kernel, grid, dim3(32 * wide_warps), shared, stream, a, plan);
+      auto pick_wide = [&](auto warps) {
+        constexpr int W = decltype(warps)::value;
+        return a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, W, wide_steps, true, true>
+               : a.early_reads       ? &decode_attention_kernel<T, vec, 1, W, wide_steps, true>
+                                     : &decode_attention_kernel<T, vec, 1, W, wide_steps, false>;
+      };
+      auto kernel = half_wide ? pick_wide(std::integral_constant<int, decode_attention_half_wide_warps>{})
+                              : pick_wide(std::integral_constant<int, wide_warps>{});
+      if (auto e = launch_early(kernel, grid, dim3(32 * plan.warps), shared, stream, a, plan);
           e != cudaSuccess || a.splits == 1 || a.merge_later)
         return e;
       return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
@@ -1604,13 +1583,8 @@ std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
 std::atomic<bool> small_gemm_one_round{true};
 // Whether the one-row gate/up projection gives each half-warp a unit (set_small_gemm_half_warps).
 std::atomic<bool> small_gemm_half{true};
-// Whether copied inputs are loaded before any is stored (set_small_gemm_batched_staging), and
-// whether they come by a bulk copy where the device has them (set_small_gemm_bulk_staging).
+// Whether copied inputs are loaded before any is stored (set_small_gemm_batched_staging).
 std::atomic<bool> small_gemm_batched{true};
-std::atomic<bool> small_gemm_bulk{false};
-
-// Whether the current device makes bulk copies (compute capability 9.0 or newer).
-bool bulk_staging_device() { return programmatic_launch(); }
 
 // Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
 // warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
@@ -1637,8 +1611,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   if (merge && (MODE != gemm_out::residual_add || a.rows != 1 || at.ml == nullptr || at.lengths == nullptr
                 || at.slots < 1 || at.splits < 1 || at.splits > decode_attention_merge_max_splits || at.chunk <= 0
                 || at.head_dim <= 0 || at.head_dim % static_cast<std::int64_t>(16 / element_bytes(t)) != 0
-                || a.k % at.head_dim != 0 || reinterpret_cast<std::uintptr_t>(at.out) % 16 != 0
-                || reinterpret_cast<std::uintptr_t>(at.ml) % 16 != 0))
+                || a.k % at.head_dim != 0 || reinterpret_cast<std::uintptr_t>(at.out) % 16 != 0))
     return cudaErrorInvalidValue;
   if (MODE == gemm_out::silu_mul && (a.out == nullptr || a.n % 2 != 0))
     return cudaErrorInvalidValue;
@@ -1658,15 +1631,7 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const long long blocks = (units + per_block - 1) / per_block;
   if (blocks > 0x7fffffff)
     return cudaErrorInvalidValue;
-  const bool bulk = MODE == gemm_out::residual_add && a.rows == 1 && small_gemm_bulk.load(std::memory_order_relaxed)
-                    && bulk_staging_device();
-  // Bulk merging copies the splits to shared memory after the inputs: partial_out and partial_ml
-  // (the latter's allocation whole 16 bytes, attention_splits::ml).
-  const std::size_t merge_bytes =
-    merge && bulk ? static_cast<std::size_t>(at.splits * a.k * 4 + (at.splits * (a.k / at.head_dim) * 2 + 3) / 4 * 16) : 0;
-  const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t) + merge_bytes;
-  if (shared > small_gemm_max_shared)
-    return cudaErrorInvalidValue;
+  const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
   // One row: every lane's loads of a row in one round where four do not cover k.
   const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
@@ -1674,7 +1639,6 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   args.early_launch = launch_early_at(args.early_reads, a.rows);
   args.timeline = timeline_record(blocks, a.rows);
   args.batched_staging = a.rows == 1 && small_gemm_batched.load(std::memory_order_relaxed);
-  args.bulk_staging = bulk;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto one_row = [&](auto timed) {
@@ -1701,7 +1665,6 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
 void set_small_gemm_one_round(bool on) { small_gemm_one_round.store(on, std::memory_order_relaxed); }
 void set_small_gemm_half_warps(bool on) { small_gemm_half.store(on, std::memory_order_relaxed); }
 void set_small_gemm_batched_staging(bool on) { small_gemm_batched.store(on, std::memory_order_relaxed); }
-void set_small_gemm_bulk_staging(bool on) { small_gemm_bulk.store(on, std::memory_order_relaxed); }
 
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
   const auto bytes = element_bytes(t);

@@ -84,6 +84,9 @@ struct decode_attention_args {
   /// partial_ml for the o projection to merge as it stages its input (small_gemm_args::attention),
   /// with no combine kernel and nothing written to `out`.
   bool merge_later = false;
+  /// Wide only: warps a block, decode_attention_wide_warps (0 or 16) or
+  /// decode_attention_half_wide_warps (8).
+  int wide_warps = 0;
   /// No kernel that may still run when this one begins writes `lengths` or any cache slot below a
   /// row's length (in a decoding step the kernel just before writes q and the new token's slot
   /// only, and those before it other layers' caches), so the first keys and values are loaded
@@ -146,16 +149,14 @@ bool decode_attention_merge();
 /// this process; benchmarks compare them.
 void set_decode_attention_merge_splits(int most);
 int decode_attention_merge_splits();
+/// Warps of each block of that split attention (16, the default, or 8), for this process.
+void set_decode_attention_merge_warps(int warps);
+int decode_attention_merge_warps();
 
 /// Whether the one-row projections that copy their inputs (o and down) issue all of a thread's
 /// loads of them before storing any to shared memory (on, the default), or load and store one at
 /// a time (off), for this process; benchmarks compare the two.
 void set_small_gemm_batched_staging(bool on);
-/// Whether those projections, and the o projection merging the attention's splits, take their
-/// inputs by one bulk copy to shared memory (cp.async.bulk, compute capability 9.0: on the copy
-/// engine, not behind the weight loads the SM's threads have in flight) (on) or by loads (off, the
-/// default), for this process; benchmarks compare the two.
-void set_small_gemm_bulk_staging(bool on);
 
 /// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
 /// off, it always splits, so that benchmarks and tests compare the two.
@@ -201,9 +202,8 @@ struct small_gemm_args {
   bool early_launch = false;
   /// Set by the launch from set_decode_timeline (one row); callers leave it.
   unsigned long long* timeline = nullptr;
-  /// Set by the launch from set_small_gemm_batched_staging and set_small_gemm_bulk_staging (one
-  /// row); callers leave them.
-  bool batched_staging = false, bulk_staging = false;
+  /// Set by the launch from set_small_gemm_batched_staging (one row); callers leave it.
+  bool batched_staging = false;
   /// residual_add only: when `out` is set, `x` is not read; its rows (k = heads * head_dim) are
   /// the attention's splits that a decode_attention launch with merge_later left, merged as its
   /// combine kernel merges them (each split's products rounded, added in split order: bit for bit
@@ -212,7 +212,7 @@ struct small_gemm_args {
   /// (read before the wait with early_reads).
   struct attention_splits {
     const float* out = nullptr;            ///< partial_out [rows, heads, splits, head_dim]
-    const float* ml = nullptr;             ///< partial_ml [rows, heads, splits, 2], allocated to whole 16 bytes
+    const float* ml = nullptr;             ///< partial_ml [rows, heads, splits, 2]
     const std::int64_t* lengths = nullptr; ///< [rows], as decode_attention_args::lengths
     std::int64_t slots = 0, splits = 0, chunk = 0, head_dim = 0;
   } attention;

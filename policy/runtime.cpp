@@ -232,15 +232,15 @@ void set_decode_attention_merge_splits([[maybe_unused]] int most) {
 #endif
 }
 
-void set_small_gemm_batched_staging([[maybe_unused]] bool on) {
+void set_decode_attention_merge_warps([[maybe_unused]] int warps) {
 #ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_small_gemm_batched_staging(on);
+  kernels::set_decode_attention_merge_warps(warps);
 #endif
 }
 
-void set_small_gemm_bulk_staging([[maybe_unused]] bool on) {
+void set_small_gemm_batched_staging([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_small_gemm_bulk_staging(on);
+  kernels::set_small_gemm_batched_staging(on);
 #endif
 }
 

@@ -84,9 +84,9 @@ void set_decode_attention_merge(bool on);
 /// one-row o and down projections load all their inputs before staging them
 /// (kernels::set_small_gemm_batched_staging), for this process. No effect without CUDA.
 void set_decode_attention_merge_splits(int most);
+/// Warps of each block of that split attention (kernels::set_decode_attention_merge_warps: 16 or 8).
+void set_decode_attention_merge_warps(int warps);
 void set_small_gemm_batched_staging(bool on);
-/// Whether they take those inputs by one bulk copy (kernels::set_small_gemm_bulk_staging).
-void set_small_gemm_bulk_staging(bool on);
 
 /// Lets the decoding kernels of one row launch the next kernel as they begin
 /// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No

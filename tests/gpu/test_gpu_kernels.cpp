@@ -598,13 +598,18 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
   torch::NoGradGuard g;
   const std::int64_t heads = 14, kv_heads = 2, dim = 64, hidden = 896;
   const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  for (int warps : {kernels::decode_attention_wide_warps, kernels::decode_attention_half_wide_warps})
   for (auto dtype : all_dtypes) {
     for (std::int64_t slots : {64, 256, 1000}) {
       const auto elem = static_cast<int>(torch::elementSize(dtype));
-      const auto plan = kernels::plan_decode_attention_wide(elem, true, static_cast<int>(heads / kv_heads), static_cast<int>(dim));
+      const auto plan =
+        kernels::plan_decode_attention_wide(elem, true, static_cast<int>(heads / kv_heads), static_cast<int>(dim), warps);
       const auto split = kernels::choose_decode_attention_merge_split(plan, 1, heads, slots, sms);
       const std::string what = std::string(c10::toString(dtype)) + " slots " + std::to_string(slots) + " splits " +
-                               std::to_string(split.splits) + " of " + std::to_string(split.chunk);
+                               std::to_string(split.splits) + " of " + std::to_string(split.chunk) + ", " +
+                               std::to_string(warps) + " warps a block";
+      kernels::set_decode_attention_merge_warps(warps);
+      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_wide_warps); } } r;
       CAPTURE(what);
       if (split.splits < 2 || split.splits > 4) {
         MESSAGE("no merge of two to four splits on this device: ", what);
@@ -628,7 +633,7 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
         a.lengths = lengths.data_ptr<std::int64_t>();
         a.rows = 1, a.heads = heads, a.kv_heads = kv_heads, a.head_dim = dim, a.slots = slots;
         a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)));
-        a.wide = true, a.splits = split.splits, a.chunk = split.chunk;
+        a.wide = true, a.splits = split.splits, a.chunk = split.chunk, a.wide_warps = warps;
         auto combined = torch::empty({1, heads * dim}, on_gpu(dtype));
         auto partial_out = torch::empty({1, heads, split.splits, dim}, on_gpu(torch::kFloat));
         auto partial_ml = torch::empty({1, heads, split.splits, 2}, on_gpu(torch::kFloat));
@@ -666,10 +671,14 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
 
 TEST_CASE("a one-row step with the attention merged by the o projection equals the whole-row attention within rounding") {
   // 256 slots: four splits of 64 on an H100; prompts filling one split, and three.
+  for (int warps : {kernels::decode_attention_wide_warps, kernels::decode_attention_half_wide_warps})
   for (auto dtype : all_dtypes) {
     for (std::int64_t prompt : {9, 150}) {
-      const std::string what = std::string(c10::toString(dtype)) + ", prompt " + std::to_string(prompt);
+      const std::string what = std::string(c10::toString(dtype)) + ", prompt " + std::to_string(prompt) + ", " +
+                               std::to_string(warps) + " warps a block";
       CAPTURE(what);
+      kernels::set_decode_attention_merge_warps(warps);
+      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_wide_warps); } } r;
       auto m = scaled_random_model(tiny_config(model_family::qwen2, 896, 14, 2), 19, 4.0);
       m->to(torch::Device(torch::kCUDA, 0), dtype);
       torch::NoGradGuard g;
@@ -698,13 +707,10 @@ TEST_CASE("a one-row step with the attention merged by the o projection equals t
   check_graph_equals_eager(21, 150, 256, 4);
 }
 
-TEST_CASE("the o and down projections' inputs staged by loads at once, one at a time or by a bulk copy: the same step") {
+TEST_CASE("the o and down projections' inputs staged by loads at once or one at a time: the same step") {
   // 150 tokens in 256 slots: the attention in three splits of the four that the o projection merges.
   check_switch_changes_nothing(kernels::set_small_gemm_batched_staging, true, 23, 4, 150, 256);
-  check_switch_changes_nothing(kernels::set_small_gemm_bulk_staging, false, 23, 4, 150, 256);
-  check_switch_changes_nothing(kernels::set_small_gemm_bulk_staging, false, 23, 2); // no merge: the inputs copied
-  const switch_scope bulk(kernels::set_small_gemm_bulk_staging, true, false);
-  check_graph_equals_eager(25, 150, 256, 4);
+  check_switch_changes_nothing(kernels::set_small_gemm_batched_staging, true, 23, 2); // no merge: the inputs copied
 }
 
 TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {

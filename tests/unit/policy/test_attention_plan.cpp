@@ -260,6 +260,13 @@ TEST_CASE("the merge's split: blocks on at most half the SMs, 2 to 8 splits of w
   CHECK(choose_decode_attention_merge_split(p, 1, 14, 8192, 132).chunk == 2048); // four rounds a warp
   CHECK(choose_decode_attention_merge_split(p, 1, 14, 8193, 132).splits == 0);  // chunks of 2112: more
   CHECK(choose_decode_attention_merge_split(plan_decode_attention_wide(2, false, 7, 64), 1, 14, 1024, 132).splits == 0);
+  const auto half = plan_decode_attention_wide(2, true, 7, 64, decode_attention_half_wide_warps);
+  CHECK(half.granule == 256); // a round of eight warps
+  const auto h = choose_decode_attention_merge_split(half, 1, 14, 1024, 132);
+  CHECK(h.splits == 4);
+  CHECK(h.chunk == 256); // one whole round a warp
+  CHECK(choose_decode_attention_merge_split(half, 1, 14, 4096, 132).chunk == 1024);
+  CHECK(choose_decode_attention_merge_split(half, 1, 14, 4097, 132).splits == 0); // five rounds
   for (std::int64_t slots : {65LL, 100LL, 256LL, 777LL, 1024LL, 2048LL}) {
     for (std::int64_t heads : {2LL, 7LL, 14LL, 28LL}) {
       const auto m = choose_decode_attention_merge_split(p, 1, heads, slots, 132);
