@@ -69,14 +69,26 @@ __device__ __forceinline__ float warp_max(float v) {
 // inverse frequency inv. CausalLMImpl::rope: freqs = position * inv_freq (float32), emb =
 // cat(freqs, freqs), cos = (cos(emb) * scaling).to(dtype); then x * cos + rotate_half(x) * sin,
 // rotate_half(x) = cat(-x2, x1), each product rounded, then the sum.
+// rope_pair in two halves: the rounded cos and sin of a position, which need no activation (a
+// kernel may take them before its wait), and the rotation of x1 and x2 by them.
+template <class T>
+__device__ __forceinline__ void rope_cos_sin(float pos, float inv, float scaling, float& c, float& s) {
+  const float f = __fmul_rn(pos, inv);
+  c = rounded<T>(__fmul_rn(cosf(f), scaling));
+  s = rounded<T>(__fmul_rn(sinf(f), scaling));
+}
+template <class T>
+__device__ __forceinline__ void rope_rotate_pair(float x1, float x2, float c, float s, T* dst, long long i,
+                                                 long long half) {
+  dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
+  dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
+}
 template <class T>
 __device__ __forceinline__ void rope_pair(float x1, float x2, float pos, float inv, float scaling, T* dst, long long i,
                                           long long half) {
-  const float f = __fmul_rn(pos, inv);
-  const float c = rounded<T>(__fmul_rn(cosf(f), scaling));
-  const float s = rounded<T>(__fmul_rn(sinf(f), scaling));
-  dst[i] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x1, c)), -rounded<T>(__fmul_rn(x2, s))));
-  dst[i + half] = from_float<T>(__fadd_rn(rounded<T>(__fmul_rn(x2, c)), rounded<T>(__fmul_rn(x1, s))));
+  float c, s;
+  rope_cos_sin<T>(pos, inv, scaling, c, s);
+  rope_rotate_pair<T>(x1, x2, c, s, dst, i, half);
 }
 
 // acc + the dot product of 16 bytes of weights with 16 bytes of inputs, both of type T.

@@ -719,8 +719,8 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   load(v0);
 
   // What lane r (< rows) of a unit's first warp needs at the end for input row r: the bias (a
-  // weight) before the wait; the residual entries (residual_add) or RoPE's position and
-  // frequency (rope_kv) before it too when no kernel that may still run writes them
+  // weight) before the wait; the residual entries (residual_add) or RoPE's position, frequency and
+  // so its cos and sin (rope_kv) before it too when no kernel that may still run writes them
   // (state_early, below), else right after it, in flight while the inputs are staged.
   const bool finisher = valid && ulane < rows && s == 0;
   const T* bias = static_cast<const T*>(a.bias);
@@ -730,7 +730,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
     if (rb >= 0)
       bias_b = to_float(bias[rb]);
   }
-  float res_a = 0.0f, res_b = 0.0f, inv = 0.0f;
+  float res_a = 0.0f, res_b = 0.0f, rope_c = 0.0f, rope_s = 0.0f;
   long long pos = 0;
   auto read_state = [&] {
     if (!finisher)
@@ -744,7 +744,8 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
     } else if constexpr (MODE == gemm_out::rope_kv) {
       const long long half = a.rope.head_dim / 2;
       pos = a.rope.lengths[row];
-      inv = a.rope.inv_freq[row * a.rope.inv_row_stride + unit % half];
+      const float inv = a.rope.inv_freq[row * a.rope.inv_row_stride + unit % half];
+      rope_cos_sin<T>(static_cast<float>(pos), inv, a.rope.attention_scaling, rope_c, rope_s); // before the wait with early reads
     }
   };
   // With the early launch at the start, the kernels two and more back may still run when this one
@@ -919,7 +920,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
       dst[i + half] = from_float<T>(yb);
       return;
     }
-    rope_pair<T>(ya, yb, static_cast<float>(pos), inv, p.attention_scaling, dst, i, half);
+    rope_rotate_pair<T>(ya, yb, rope_c, rope_s, dst, i, half);
   }
 }
 
@@ -1437,7 +1438,7 @@ std::atomic<bool> decode_wide{true};
 std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
 std::atomic<bool> decode_merge{true};        // set_decode_attention_merge
 std::atomic<int> decode_merge_splits{decode_attention_merge_max_splits}; // set_decode_attention_merge_splits
-std::atomic<int> decode_merge_warps{decode_attention_wide_warps};        // set_decode_attention_merge_warps
+std::atomic<int> decode_merge_warps{decode_attention_half_wide_warps};   // set_decode_attention_merge_warps
 
 // set_decode_timeline's buffer and the next record a one-row launch takes.
 struct decode_timeline_state {
@@ -1488,7 +1489,7 @@ void set_decode_attention_merge_splits(int most) {
 }
 int decode_attention_merge_splits() { return decode_merge_splits.load(std::memory_order_relaxed); }
 void set_decode_attention_merge_warps(int warps) {
-  decode_merge_warps.store(warps == decode_attention_half_wide_warps ? warps : decode_attention_wide_warps,
+  decode_merge_warps.store(warps == decode_attention_wide_warps ? warps : decode_attention_half_wide_warps,
                            std::memory_order_relaxed);
 }
 int decode_attention_merge_warps() { return decode_merge_warps.load(std::memory_order_relaxed); }

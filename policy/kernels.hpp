@@ -149,7 +149,8 @@ bool decode_attention_merge();
 /// this process; benchmarks compare them.
 void set_decode_attention_merge_splits(int most);
 int decode_attention_merge_splits();
-/// Warps of each block of that split attention (16, the default, or 8), for this process.
+/// Warps of each block of that split attention (8, the default: a whole round each at 256-slot
+/// splits; or 16), for this process; benchmarks compare the two.
 void set_decode_attention_merge_warps(int warps);
 int decode_attention_merge_warps();
 

@@ -84,7 +84,8 @@ void set_decode_attention_merge(bool on);
 /// one-row o and down projections load all their inputs before staging them
 /// (kernels::set_small_gemm_batched_staging), for this process. No effect without CUDA.
 void set_decode_attention_merge_splits(int most);
-/// Warps of each block of that split attention (kernels::set_decode_attention_merge_warps: 16 or 8).
+/// Warps of each block of that split attention (kernels::set_decode_attention_merge_warps: 8, the
+/// default, or 16).
 void set_decode_attention_merge_warps(int warps);
 void set_small_gemm_batched_staging(bool on);
 

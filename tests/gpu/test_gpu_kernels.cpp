@@ -609,7 +609,7 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
                                std::to_string(split.splits) + " of " + std::to_string(split.chunk) + ", " +
                                std::to_string(warps) + " warps a block";
       kernels::set_decode_attention_merge_warps(warps);
-      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_wide_warps); } } r;
+      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_half_wide_warps); } } r;
       CAPTURE(what);
       if (split.splits < 2 || split.splits > 4) {
         MESSAGE("no merge of two to four splits on this device: ", what);
@@ -678,7 +678,7 @@ TEST_CASE("a one-row step with the attention merged by the o projection equals t
                                std::to_string(warps) + " warps a block";
       CAPTURE(what);
       kernels::set_decode_attention_merge_warps(warps);
-      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_wide_warps); } } r;
+      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_half_wide_warps); } } r;
       auto m = scaled_random_model(tiny_config(model_family::qwen2, 896, 14, 2), 19, 4.0);
       m->to(torch::Device(torch::kCUDA, 0), dtype);
       torch::NoGradGuard g;

@@ -6,7 +6,7 @@
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //                [--layers-timeline]
-//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w8,small_serial_staging,small_layers,small_layers_l2,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_layers,small_layers_l2,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
@@ -22,9 +22,9 @@
 // "small_attention_whole" (the same as small with the one-row attention in one wide block a query
 // head over the whole row and the o projection apart, not in splits that the o projection merges:
 // policy::set_decode_attention_merge off), "small_merge2" (the same as small with that merge of
-// at most two splits: policy::set_decode_attention_merge_splits(2)), "small_merge_w8" (the same
-// as small with eight warps to each block of that split attention:
-// policy::set_decode_attention_merge_warps(8)), "small_serial_staging" (the
+// at most two splits: policy::set_decode_attention_merge_splits(2)), "small_merge_w16" (the same
+// as small with sixteen warps to each block of that split attention, not eight:
+// policy::set_decode_attention_merge_warps(16)), "small_serial_staging" (the
 // same as small with the o and down projections loading and storing their inputs one at a time:
 // policy::set_small_gemm_batched_staging off),
 // "small_layers" (the same as small with the
@@ -97,7 +97,7 @@ struct bench_options {
                "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
                "       [--layers-timeline]\n"
                "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
-               "                  small_attention_whole,small_merge2,small_merge_w8,small_serial_staging,"
+               "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,"
                "                  small_layers,small_layers_l2,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
@@ -160,7 +160,7 @@ bench_options parse(int argc, char** argv) {
       for (std::string item; std::getline(ss, item, ',');) {
         static const char* const known[] = {"small",           "small_rounds",        "small_split",
                                             "small_late",      "small_launch_late",   "small_gate_up_warps",
-                                            "small_attention_whole", "small_merge2", "small_merge_w8", "small_serial_staging",
+                                            "small_attention_whole", "small_merge2", "small_merge_w16", "small_serial_staging",
                                             "small_layers",    "small_layers_l2",
                                             "fused",           "libtorch"};
         if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
@@ -308,7 +308,7 @@ int run(const bench_options& o) {
       policy::set_small_gemm_half_warps(o.kernels[variant] != "small_gate_up_warps");
       policy::set_decode_attention_merge(o.kernels[variant] != "small_attention_whole");
       policy::set_decode_attention_merge_splits(o.kernels[variant] == "small_merge2" ? 2 : 8);
-      policy::set_decode_attention_merge_warps(o.kernels[variant] == "small_merge_w8" ? 8 : 16);
+      policy::set_decode_attention_merge_warps(o.kernels[variant] == "small_merge_w16" ? 16 : 8);
       policy::set_small_gemm_batched_staging(o.kernels[variant] != "small_serial_staging");
       policy::set_decode_layers(o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2");
       policy::set_decode_layers_prefetch(o.kernels[variant] == "small_layers_l2");

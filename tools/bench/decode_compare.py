@@ -83,7 +83,7 @@ def main():
                          "small_gate_up_warps = the same with the one-row gate/up projection a unit a warp, "
                          "small_attention_whole = the same with the one-row attention in one wide block a head, "
                          "not in splits that the o projection merges, small_merge2 = that merge of at most two splits, "
-                         "small_merge_w8 = eight warps to each block of that split attention, "
+                         "small_merge_w16 = sixteen warps to each block of that split attention, not eight, "
                          "small_serial_staging = the o and down projections loading and storing their inputs one at a time, "
                          "small_layers = the same with a one-row step's layers in one persistent kernel, "
                          "small_layers_l2 = that kernel prefetching each next layer's weights to L2, "
