@@ -669,6 +669,40 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
   }
 }
 
+namespace {
+
+// The largest differences over `steps` fused one-row steps of `m` from `cache`, each run with the
+// defaults and with the switch `set` at `value` (restored after): the logits relative to the
+// switched step's largest logit, the caches relative to their largest entries. Each step goes on
+// from the switched step's cache, so differences do not compound.
+struct step_difference {
+  double logits = 0.0, cache = 0.0;
+};
+step_difference switched_step_difference(CausalLM& m, kv_cache& cache, void (*set)(bool), bool value, int steps) {
+  step_difference d;
+  for (int step = 0; step < steps; ++step) {
+    auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
+    auto a = deep_copy(cache), b = deep_copy(cache);
+    auto by_default = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
+    torch::Tensor switched;
+    {
+      const switch_scope scope(set, value, !value);
+      switched = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+    }
+    REQUIRE(torch::equal(a.lengths, b.lengths));
+    d.logits = std::max(d.logits, max_abs_diff(by_default, switched) / std::max(1.0, switched.abs().max().item<double>()));
+    for (std::size_t l = 0; l < a.keys.size(); ++l) {
+      const double ks = std::max(1.0, b.keys[l].abs().max().item<double>());
+      const double vs = std::max(1.0, b.values[l].abs().max().item<double>());
+      d.cache = std::max({d.cache, max_abs_diff(a.keys[l], b.keys[l]) / ks, max_abs_diff(a.values[l], b.values[l]) / vs});
+    }
+    cache = std::move(b);
+  }
+  return d;
+}
+
+} // namespace
+
 TEST_CASE("a one-row step with the attention merged by the o projection equals the whole-row attention within rounding") {
   // 256 slots: four splits of 64 on an H100; prompts filling one split, and three.
   for (int warps : {kernels::decode_attention_wide_warps, kernels::decode_attention_half_wide_warps})
@@ -685,22 +719,9 @@ TEST_CASE("a one-row step with the attention merged by the o projection equals t
       auto cache = m->make_cache(1, 256);
       m->prefill(torch::randint(0, 1000, {1, prompt}, on_gpu(torch::kLong)), cache,
                  torch::full({1}, prompt, on_gpu(torch::kLong)));
-      double worst = 0.0;
-      for (int step = 0; step < 4; ++step) {
-        auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
-        auto a = deep_copy(cache), b = deep_copy(cache);
-        auto merged = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-        torch::Tensor whole;
-        {
-          const switch_scope off(kernels::set_decode_attention_merge, false, true);
-          whole = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
-        }
-        REQUIRE(torch::equal(a.lengths, b.lengths));
-        worst = std::max(worst, max_abs_diff(merged, whole) / std::max(1.0, whole.abs().max().item<double>()));
-        cache = std::move(b);
-      }
-      MESSAGE(what << ": max |merged - whole| / max |logits| over 4 steps = " << worst);
-      CHECK(worst <= (dtype == torch::kFloat ? 1e-4 : 3e-2));
+      const auto d = switched_step_difference(m, cache, kernels::set_decode_attention_merge, false, 4);
+      MESSAGE(what << ": max |merged - whole| / max |logits| over 4 steps = " << d.logits << ", caches " << d.cache);
+      CHECK(d.logits <= (dtype == torch::kFloat ? 1e-4 : 3e-2));
     }
   }
   // In a CUDA graph, as the engine runs it: replays equal eager steps bit for bit.
@@ -801,26 +822,8 @@ TEST_CASE("the layers in one persistent kernel equal five kernels a layer within
     auto ids = torch::randint(0, 1000, {1, prompt}, on_gpu(torch::kLong));
     auto cache = m->make_cache(1, 1024);
     m->prefill(ids, cache, torch::full({1}, prompt, on_gpu(torch::kLong)));
-    double worst = 0.0, worst_cache = 0.0;
-    for (int step = 0; step < 5; ++step) {
-      auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
-      auto a = deep_copy(cache), b = deep_copy(cache);
-      auto one = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-      torch::Tensor per_layer;
-      {
-        const switch_scope scope(kernels::set_decode_layers, false, true);
-        per_layer = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
-      }
-      REQUIRE(torch::equal(a.lengths, b.lengths));
-      worst = std::max(worst, max_abs_diff(one, per_layer) / std::max(1.0, per_layer.abs().max().item<double>()));
-      for (std::size_t l = 0; l < a.keys.size(); ++l) {
-        const double ks = std::max(1.0, b.keys[l].abs().max().item<double>());
-        const double vs = std::max(1.0, b.values[l].abs().max().item<double>());
-        worst_cache = std::max({worst_cache, max_abs_diff(a.keys[l], b.keys[l]) / ks,
-                                max_abs_diff(a.values[l], b.values[l]) / vs});
-      }
-      cache = std::move(b); // on from the per-layer step's cache, so differences do not compound
-    }
+    const auto d = switched_step_difference(m, cache, kernels::set_decode_layers, false, 5);
+    const double worst = d.logits, worst_cache = d.cache;
     MESSAGE(what << ": max |one kernel - per layer| / max |logits| over 5 steps = " << worst << ", caches "
                  << worst_cache);
     const double tol = dtype == torch::kFloat ? 1e-4 : 3e-2;
