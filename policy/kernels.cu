@@ -175,7 +175,6 @@ __global__ void rope_kv_kernel(rope_kv_args a) {
 //
 // Scores are kept in log2 units (q is scaled by scale * log2(e)) so that exp2f serves.
 
-constexpr int attention_threads = 32 * decode_attention_warps;
 constexpr int max_head_dim = static_cast<int>(decode_attention_max_head_dim);
 constexpr float log2_e = 1.4426950408889634f;
 
@@ -596,8 +595,8 @@ enum class gemm_out { residual_add, silu_mul, rope_kv };
 // values over their weighted sums against their common maximum, each product rounded and the
 // products added in split order, as decode_attention_combine_kernel adds them (bit for bit where
 // it gives every split a thread group of its own: used <= 2 * combine_threads / head_dim). All of
-// a thread's loads are issued before any arithmetic.
-// `out` and `ml` are the row's partial_out and partial_ml, in global or shared memory.
+// a thread's loads are issued before any arithmetic. `out` and `ml_all`: the row's partial_out
+// and partial_ml.
 template <class T>
 __device__ __forceinline__ void merge_attention_splits(const float* out, const float* ml_all, long long splits, int d,
                                                        long long used, int kv, uint4* staged) {
@@ -774,8 +773,8 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
 
   // 2. Inputs into shared memory: merged from the attention's splits, copied, or RMSNorm of the
   // residual rows rounded as add_rms_norm's.
-  const auto& at = a.attention;
   if constexpr (MERGE) {
+    const auto& at = a.attention;
     merge_attention_splits<T>(at.out, at.ml, at.splits, static_cast<int>(at.head_dim), used, kv, staged);
   } else if (a.norm_weight == nullptr) {
     if (MODE == gemm_out::residual_add && a.batched_staging) { // every load of a thread in flight before the first store
@@ -1471,6 +1470,7 @@ bool launch_early_at(bool early_reads, std::int64_t rows) {
 void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
 void set_decode_early_launch(bool on) { decode_early_launch.store(on, std::memory_order_relaxed); }
 void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
+bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
 
 void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks) {
   std::lock_guard<std::mutex> lock(decode_timeline.mutex);
@@ -1481,7 +1481,7 @@ void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std:
   d.max_blocks = usable ? max_blocks : 0;
   d.next = 0;
 }
-bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
+
 void set_decode_attention_merge(bool on) { decode_merge.store(on, std::memory_order_relaxed); }
 bool decode_attention_merge() { return decode_merge.load(std::memory_order_relaxed); }
 void set_decode_attention_merge_splits(int most) {
@@ -1531,21 +1531,12 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
     constexpr int most = decode_attention_max_heads_per_block;
     constexpr int narrow_warps = decode_attention_warps, wide_warps = decode_attention_wide_warps;
     constexpr int steps = decode_attention_steps, wide_steps = decode_attention_wide_steps(vec);
-    if (a.wide) {
-      auto pick_wide = [&](auto warps) {
-        constexpr int W = decltype(warps)::value;
-        return a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, W, wide_steps, true, true>
-               : a.early_reads       ? &decode_attention_kernel<T, vec, 1, W, wide_steps, true>
-                                     : &decode_attention_kernel<T, vec, 1, W, wide_steps, false>;
-      };
-      auto kernel = half_wide ? pick_wide(std::integral_constant<int, decode_attention_half_wide_warps>{})
-                              : pick_wide(std::integral_constant<int, wide_warps>{});
-      if (auto e = launch_early(kernel, grid, dim3(32 * plan.warps), shared, stream, a, plan);
-          e != cudaSuccess || a.splits == 1 || a.merge_later)
-        return e;
-      return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
-                          dim3(combine_threads), 0, stream, a);
-    }
+    auto pick_wide = [&](auto warps) {
+      constexpr int W = decltype(warps)::value;
+      return a.timeline != nullptr ? &decode_attention_kernel<T, vec, 1, W, wide_steps, true, true>
+             : a.early_reads       ? &decode_attention_kernel<T, vec, 1, W, wide_steps, true>
+                                   : &decode_attention_kernel<T, vec, 1, W, wide_steps, false>;
+    };
     auto pick = [&](auto early) {
       constexpr bool E = decltype(early)::value;
       if (plan.vec != vec)
@@ -1554,9 +1545,11 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
              : plan.heads_per_block == 2 ? &decode_attention_kernel<T, vec, 2, narrow_warps, steps, E>
                                          : &decode_attention_kernel<T, vec, most, narrow_warps, steps, E>;
     };
-    auto kernel = a.early_reads ? pick(std::true_type{}) : pick(std::false_type{});
-    if (auto e = launch_early(kernel, grid, dim3(attention_threads), shared, stream, a, plan);
-        e != cudaSuccess || a.splits == 1)
+    auto kernel = !a.wide        ? (a.early_reads ? pick(std::true_type{}) : pick(std::false_type{}))
+                  : half_wide    ? pick_wide(std::integral_constant<int, decode_attention_half_wide_warps>{})
+                                 : pick_wide(std::integral_constant<int, wide_warps>{});
+    if (auto e = launch_early(kernel, grid, dim3(32 * plan.warps), shared, stream, a, plan);
+        e != cudaSuccess || a.splits == 1 || a.merge_later)
       return e;
     return launch_early(&decode_attention_combine_kernel<T>, dim3(static_cast<unsigned>(a.rows * a.heads)),
                         dim3(combine_threads), 0, stream, a);

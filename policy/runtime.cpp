@@ -262,6 +262,16 @@ void set_decode_layers_prefetch([[maybe_unused]] bool on) {
 #endif
 }
 
+namespace {
+
+// The lower median (0 for none): the timelines' summaries.
+[[maybe_unused]] double median_of(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x.empty() ? 0.0 : x[(x.size() - 1) / 2];
+}
+
+} // namespace
+
 result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const std::function<void()>& fn,
                                                         [[maybe_unused]] std::int64_t layers) {
 #ifdef CRUCIBLE_HAVE_CUDA
@@ -292,10 +302,6 @@ result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const 
     return m;
   };
   static const char* const names[stages] = {"qkv", "attention", "o", "gate_up", "down"};
-  auto median = [](std::vector<double> x) {
-    std::sort(x.begin(), x.end());
-    return x.empty() ? 0.0 : x[(x.size() - 1) / 2];
-  };
   std::vector<layer_stage_time> out;
   for (int s = 0; s < stages; ++s) {
     std::vector<double> span, first, slowest;
@@ -312,7 +318,7 @@ result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const 
       first.push_back(static_cast<double>(start - before) / 1e3);
       slowest.push_back(static_cast<double>(longest) / 1e3);
     }
-    out.push_back({names[s], median(span), median(first), median(slowest)});
+    out.push_back({names[s], median_of(span), median_of(first), median_of(slowest)});
   }
   return out;
 #else
@@ -360,10 +366,6 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
     if (blocks_of(launch) == 0)
       return fail(errc::unsupported, "time_decode_kernels: kernel " + std::to_string(launch % kinds) + " of layer "
                                        + std::to_string(launch / kinds) + " recorded nothing (not five one-row kernels a layer?)");
-  auto median = [](std::vector<double> x) {
-    std::sort(x.begin(), x.end());
-    return x.empty() ? 0.0 : x[(x.size() - 1) / 2];
-  };
   static const char* const names[kinds] = {"qkv", "attention", "o", "gate_up", "down"};
   std::vector<layer_kernel_time> out;
   for (int k = 0; k < kinds; ++k) {
@@ -388,8 +390,8 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
           block_from_mid.push_back(static_cast<double>(ended - mid) / 1e3);
         }
       }
-      to_mid.push_back(median(std::move(block_to_mid)));
-      from_mid.push_back(median(std::move(block_from_mid)));
+      to_mid.push_back(median_of(std::move(block_to_mid)));
+      from_mid.push_back(median_of(std::move(block_from_mid)));
       auto us = [&](std::int64_t ns) { return static_cast<double>(ns - before) / 1e3; };
       first_start.push_back(us(s0));
       last_start.push_back(us(s1));
@@ -397,22 +399,22 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
       last_wait.push_back(us(w1));
       end.push_back(us(e1));
       slowest.push_back(*std::max_element(block_after.begin(), block_after.end()));
-      after.push_back(median(std::move(block_after)));
+      after.push_back(median_of(std::move(block_after)));
       late.push_back(static_cast<double>(n_late));
     }
     layer_kernel_time r;
     r.kernel = names[k];
     r.blocks = blocks;
-    r.first_start_us = median(first_start);
-    r.last_start_us = median(last_start);
-    r.first_wait_us = median(first_wait);
-    r.last_wait_us = median(last_wait);
-    r.end_us = median(end);
-    r.after_wait_us = median(after);
-    r.slowest_after_wait_us = median(slowest);
-    r.to_midpoint_us = median(to_mid);
-    r.from_midpoint_us = median(from_mid);
-    r.late_blocks = static_cast<std::int64_t>(median(late));
+    r.first_start_us = median_of(first_start);
+    r.last_start_us = median_of(last_start);
+    r.first_wait_us = median_of(first_wait);
+    r.last_wait_us = median_of(last_wait);
+    r.end_us = median_of(end);
+    r.after_wait_us = median_of(after);
+    r.slowest_after_wait_us = median_of(slowest);
+    r.to_midpoint_us = median_of(to_mid);
+    r.from_midpoint_us = median_of(from_mid);
+    r.late_blocks = static_cast<std::int64_t>(median_of(late));
     out.push_back(std::move(r));
   }
   return out;
