@@ -68,9 +68,9 @@ __device__ __forceinline__ float warp_max(float v) {
 // Entries i and i + half of a rotated head written to dst, from x1 and x2 at position pos with
 // inverse frequency inv. CausalLMImpl::rope: freqs = position * inv_freq (float32), emb =
 // cat(freqs, freqs), cos = (cos(emb) * scaling).to(dtype); then x * cos + rotate_half(x) * sin,
-// rotate_half(x) = cat(-x2, x1), each product rounded, then the sum.
-// rope_pair in two halves: the rounded cos and sin of a position, which need no activation (a
-// kernel may take them before its wait), and the rotation of x1 and x2 by them.
+// rotate_half(x) = cat(-x2, x1), each product rounded, then the sum. In two halves: the rounded
+// cos and sin of a position (rope_cos_sin), which need no activation, so a kernel may take them
+// before its wait, and the rotation of x1 and x2 by them (rope_rotate_pair).
 template <class T>
 __device__ __forceinline__ void rope_cos_sin(float pos, float inv, float scaling, float& c, float& s) {
   const float f = __fmul_rn(pos, inv);
@@ -142,44 +142,6 @@ __device__ __forceinline__ void grid_dependents_launch() {
 #endif
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Shared-memory barriers and bulk copies (sm_90): a bulk copy runs on the copy engine, not through
-// the threads' loads, and signals its bytes to an mbarrier.
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
-  do {
-    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-                 : "=r"(done)
-                 : "r"(smem_addr(bar)), "r"(parity)
-                 : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                 smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-}
-
-#endif
-
 // The device's nanosecond clock (%globaltimer), one for every SM: the decoding kernels' timelines.
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
@@ -194,17 +156,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
 __device__ __forceinline__ unsigned long long* timeline_block(unsigned long long* t) {
   return t + (static_cast<unsigned long long>(blockIdx.y) * gridDim.x + blockIdx.x) * decode_timeline_entries;
 }
-__device__ __forceinline__ void timeline_began(unsigned long long* t) {
+// Entry `what` of the block's record (0 began, 1 waited, 2 midpoint), by its first thread.
+__device__ __forceinline__ void timeline_stamp(unsigned long long* t, int what) {
   if (t != nullptr && threadIdx.x == 0)
-    timeline_block(t)[0] = global_ns();
-}
-__device__ __forceinline__ void timeline_waited(unsigned long long* t) {
-  if (t != nullptr && threadIdx.x == 0)
-    timeline_block(t)[1] = global_ns();
-}
-__device__ __forceinline__ void timeline_midpoint(unsigned long long* t) {
-  if (t != nullptr && threadIdx.x == 0)
-    timeline_block(t)[2] = global_ns();
+    timeline_block(t)[what] = global_ns();
 }
 __device__ __forceinline__ void timeline_ended(unsigned long long* t) {
   if (t == nullptr)

@@ -234,7 +234,7 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
   if (!early) { // a.early_launch is set only with early reads
     grid_dependency_wait(); // q and the cache come from the previous kernel
     if constexpr (TIMED)
-      timeline_waited(a.timeline);
+      timeline_stamp(a.timeline, 1);
     grid_dependents_launch();
   }
   constexpr int max_vectors = decode_attention_lane_vectors(VEC); // loads per lane and key
@@ -262,7 +262,7 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
     if (early) {
       grid_dependency_wait(); // every block waits before it lets the next kernel start or exits
       if constexpr (TIMED)
-        timeline_waited(a.timeline);
+        timeline_stamp(a.timeline, 1);
       if (!a.early_launch)
         grid_dependents_launch();
     }
@@ -325,7 +325,7 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
     }
     grid_dependency_wait(); // q and the new token's slot come from the previous kernel
     if constexpr (TIMED)
-      timeline_waited(a.timeline);
+      timeline_stamp(a.timeline, 1);
     if (!a.early_launch)
       grid_dependents_launch();
     if (run.begin < run.end)
@@ -424,7 +424,7 @@ __device__ __forceinline__ void decode_attention_block(const decode_attention_ar
   }
 
   if constexpr (TIMED)
-    timeline_midpoint(a.timeline);
+    timeline_stamp(a.timeline, 2);
   // The warp's keys were spread over keys_per_step lane groups, all against the same max: sum them.
   for (int offset = lanes_per_key; offset < 32; offset <<= 1) {
 #pragma unroll
@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(32 * W, W == decode_attention_wide_warps ? 1
                                           : VEC == 1 ? 3 : 4)
   decode_attention_kernel(decode_attention_args a, decode_attention_plan plan) {
   if constexpr (TIMED)
-    timeline_began(a.timeline);
+    timeline_stamp(a.timeline, 0);
   decode_attention_block<T, VEC, GM, W, STEPS, EARLY, TIMED>(a, plan);
   if constexpr (TIMED)
     timeline_ended(a.timeline);
@@ -765,7 +765,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
     read_used();
   grid_dependency_wait();
   if constexpr (TIMED)
-    timeline_waited(a.timeline);
+    timeline_stamp(a.timeline, 1);
   if (!state_early)
     read_state();
   if (MERGE && !a.early_reads)
@@ -824,7 +824,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   }
   __syncthreads();
   if constexpr (TIMED)
-    timeline_midpoint(a.timeline);
+    timeline_stamp(a.timeline, 2);
   if (!a.early_launch)
     grid_dependents_launch(); // the next kernel's weight loads may start
 
@@ -929,7 +929,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
 template <class T, int R, gemm_out MODE, int U, bool HALF = false, bool TIMED = false, bool MERGE = false>
 __global__ void __launch_bounds__(small_gemm_threads) small_gemm_kernel(small_gemm_args a, int split) {
   if constexpr (TIMED)
-    timeline_began(a.timeline);
+    timeline_stamp(a.timeline, 0);
   small_gemm<T, R, MODE, U, HALF, TIMED, MERGE>(a, split);
   if constexpr (TIMED)
     timeline_ended(a.timeline);
