@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -121,20 +122,52 @@ std::string completion_text(const completion& c, const detokenize_fn& detokenize
 // The graphs read the input tokens from `input` and leave the logits in `logits`; both live as
 // long as the graph, as do the cache views' storage (the cache is never reallocated while
 // graphs exist).
+//
+// Greedy graphs (step_greedy) also sample: their input is the shared `tokens_` buffer, which the
+// step's greedy sampling overwrites with the next tokens, and they record tokens and log-probs in
+// `history_` at the step `counters_[0]`, which each replay advances (fused::greedy_record). A block
+// of steps is then one replay a step, with nothing else queued between them.
 class decode_graphs final {
 public:
   torch::Tensor step(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots,
                      const torch::Tensor& tokens, bool fused, bool small_batch, engine_stats& stats) {
-    auto& g = graphs_[{rows, slots}];
-    if (!g) {
-      g = std::make_unique<entry>();
-      capture(model, cache, rows, slots, fused, small_batch, *g);
-      ++stats.graph_captures;
-    }
-    g->input.copy_(tokens, /*non_blocking=*/true);
-    g->graph.replay();
+    auto& g = entry_for(model, cache, rows, slots, fused, small_batch, /*greedy=*/false, stats);
+    g.input.copy_(tokens, /*non_blocking=*/true);
+    g.graph.replay();
     ++stats.graph_replays;
-    return g->logits;
+    return g.logits;
+  }
+
+  /// Buffers for greedy graphs of up to `rows` rows and blocks of up to `capacity` steps (the
+  /// graphs captured over smaller ones are dropped).
+  void reserve_greedy(const torch::Device& device, std::int64_t rows, std::int64_t capacity) {
+    if (tokens_.defined() && tokens_.size(0) >= rows && history_.size(1) >= capacity)
+      return;
+    clear();
+    auto on = torch::TensorOptions().device(device);
+    tokens_ = torch::zeros({rows}, on.dtype(torch::kLong));
+    history_ = torch::zeros({rows, capacity, 2}, on.dtype(torch::kDouble));
+    counters_ = torch::zeros({2}, on.dtype(torch::kInt));
+  }
+
+  /// Starts a block of greedy steps from `tokens` (int64 [rows]): recorded from step 0.
+  void begin_greedy(const torch::Tensor& tokens) {
+    tokens_.narrow(0, 0, tokens.size(0)).copy_(tokens);
+    counters_.zero_();
+  }
+
+  /// One decoding step with its greedy sampling (reserve_greedy and begin_greedy first).
+  void step_greedy(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused,
+                   bool small_batch, engine_stats& stats) {
+    auto& g = entry_for(model, cache, rows, slots, fused, small_batch, /*greedy=*/true, stats);
+    g.graph.replay();
+    ++stats.graph_replays;
+    ++stats.graph_sampled_steps;
+  }
+
+  /// The first `steps` steps of the block: [rows, steps, token or log-prob] on the device.
+  torch::Tensor greedy_history(std::int64_t rows, std::int64_t steps) const {
+    return history_.narrow(0, 0, rows).narrow(1, 0, steps);
   }
 
   /// Drops every graph and the memory pool they shared: a pool whose graphs are all gone is
@@ -151,10 +184,21 @@ private:
     torch::Tensor logits; // [rows, vocab]
   };
 
+  entry& entry_for(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused,
+                   bool small_batch, bool greedy, engine_stats& stats) {
+    auto& g = graphs_[{rows, slots, greedy}];
+    if (!g) {
+      g = std::make_unique<entry>();
+      capture(model, cache, rows, slots, fused, small_batch, greedy, *g);
+      ++stats.graph_captures;
+    }
+    return *g;
+  }
+
   void capture(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused,
-               bool small_batch, entry& g) {
+               bool small_batch, bool greedy, entry& g) {
     auto view = cache.view(rows, slots);
-    g.input = torch::zeros({rows, 1}, cache.lengths.options());
+    g.input = greedy ? tokens_.narrow(0, 0, rows).view({rows, 1}) : torch::zeros({rows, 1}, cache.lengths.options());
     if (!pool_)
       pool_ = at::cuda::graph_pool_handle();
     auto saved = view.lengths.clone();
@@ -166,7 +210,8 @@ private:
       c10::cuda::CUDAStreamGuard guard(side);
       // A warm-up run initialises lazily created state (cuBLAS handles, the RoPE table) outside
       // the capture. It writes one slot per row at that row's length, the slot the real step
-      // overwrites next, and advances the lengths, which we put back.
+      // overwrites next, and advances the lengths, which we put back. (Greedy sampling has no
+      // such state, and running it here would move the block's step.)
       model.forward_step(g.input, view, {}, fused, small_batch);
       view.lengths.copy_(saved);
       side.synchronize();
@@ -175,13 +220,18 @@ private:
       // refused while it runs.
       g.graph.capture_begin(*pool_, cudaStreamCaptureModeThreadLocal);
       g.logits = model.forward_step(g.input, view, {}, fused, small_batch);
+      if (greedy)
+        fused::greedy_record(g.logits, tokens_.narrow(0, 0, rows), history_.narrow(0, 0, rows), counters_);
       g.graph.capture_end();
     }
     torch::cuda::synchronize();
   }
 
-  std::map<std::pair<std::int64_t, std::int64_t>, std::unique_ptr<entry>> graphs_;
+  std::map<std::tuple<std::int64_t, std::int64_t, bool>, std::unique_ptr<entry>> graphs_;
   std::optional<at::cuda::MempoolId_t> pool_;
+  torch::Tensor tokens_;   // [rows] int64: greedy graphs' input, overwritten by their sampling
+  torch::Tensor history_;  // [rows, capacity, token or log-prob] float64
+  torch::Tensor counters_; // int32 [step, rows finished]
 };
 #endif
 
@@ -189,6 +239,7 @@ struct engine::state {
   CausalLM model{nullptr};
   torch::Device device{torch::kCPU};
   bool graphs_enabled = false;
+  bool greedy_in_graph = true;
   bool fused = false;
   std::int64_t fused_max_rows = 64;
   bool small_batch = true;
@@ -236,6 +287,15 @@ struct engine::state {
     auto view = cache.view(rows, used + 1);
     return model->forward_step(tokens, view, {}, fused, small);
   }
+
+#ifdef CRUCIBLE_HAVE_CUDA
+  // decode() with greedy sampling in the graph (decode_graphs::step_greedy).
+  void decode_greedy(std::int64_t rows, std::int64_t used) {
+    const bool small = small_batch && rows <= small_batch_max_rows;
+    auto slots = bucket(used + 1, 256, cache.slots());
+    graphs.step_greedy(*model, cache, rows, slots, fused, small, stats);
+  }
+#endif
 };
 
 result<std::unique_ptr<engine>> engine::load(const std::filesystem::path& model_dir, const engine_options& options) {
@@ -266,6 +326,7 @@ engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& option
   s_->model->eval();
   s_->device = s_->model->model->embed_tokens->weight.device();
   s_->graphs_enabled = options.cuda_graphs && s_->device.is_cuda();
+  s_->greedy_in_graph = options.greedy_in_graph;
   s_->max_prefill_tokens = std::max<std::int64_t>(1, options.max_prefill_tokens);
   s_->fused = options.fused_kernels && s_->device.is_cuda();
   s_->fused_max_rows = options.fused_max_rows;
@@ -453,7 +514,18 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   // or not, so the sampler sees the same shapes whenever the host looks.
   const bool fused_now = s.fused && n <= s.fused_max_rows && s.model->fused_decode_ready();
   const std::int64_t interval = std::min(s.sync_interval, o.max_new_tokens); // no block is longer
-  auto history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+  // Greedy steps in CUDA graphs sample inside the graph (decode_graphs::step_greedy): their
+  // history is the graphs' own buffer.
+  bool greedy_graphs = false;
+#ifdef CRUCIBLE_HAVE_CUDA
+  greedy_graphs = s.graphs_enabled && s.greedy_in_graph && o.temperature == 0.0
+                  && fused::supported_dtype(s.model->model->embed_tokens->weight.scalar_type()) && n <= 65535;
+  if (greedy_graphs)
+    s.graphs.reserve_greedy(s.device, s.cache.rows(), interval);
+#endif
+  torch::Tensor history;
+  if (!greedy_graphs)
+    history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
   while (active > 0) {
     // Drop finished rows once enough have accumulated: with graphs, when a smaller batch bucket
     // fits (the rest of the bucket is filled with finished rows, computed and ignored); without,
@@ -495,17 +567,33 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     for (std::int64_t r = 0; r < rows; ++r)
       if (!done[owner[r]])
         steps = std::min(steps, o.max_new_tokens - static_cast<std::int64_t>(out[owner[r]].tokens.size()));
-    auto tokens = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong).to(s.device);
-    auto block = history.narrow(0, 0, rows);
+    auto tokens = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong);
+    torch::Tensor block;
+#ifdef CRUCIBLE_HAVE_CUDA
+    if (greedy_graphs)
+      s.graphs.begin_greedy(tokens);
+#endif
+    if (!greedy_graphs) {
+      tokens = tokens.to(s.device);
+      block = history.narrow(0, 0, rows);
+    }
     for (std::int64_t j = 0; j < steps; ++j) {
       std::int64_t used = 0;
       for (std::int64_t r = 0; r < rows; ++r)
         used = std::max(used, lengths[r]);
-      auto logits = s.decode(tokens.view({rows, 1}), rows, used);
       ++s.stats.decode_steps;
       s.stats.row_steps += rows;
       if (fused_now)
         ++s.stats.fused_steps;
+#ifdef CRUCIBLE_HAVE_CUDA
+      if (greedy_graphs) {
+        s.decode_greedy(rows, used);
+        for (std::int64_t r = 0; r < rows; ++r)
+          ++lengths[r];
+        continue;
+      }
+#endif
+      auto logits = s.decode(tokens.view({rows, 1}), rows, used);
       for (std::int64_t r = 0; r < rows; ++r)
         ++lengths[r];
       auto picked = sample(logits, o, gen);
@@ -514,6 +602,10 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
       slot.select(1, 1).copy_(picked.logprobs);
       tokens = picked.tokens;
     }
+#ifdef CRUCIBLE_HAVE_CUDA
+    if (greedy_graphs)
+      block = s.graphs.greedy_history(rows, steps);
+#endif
     auto host = block.narrow(1, 0, steps).to(torch::kCPU); // waits for the block's steps
     ++s.stats.host_syncs;
     auto h = host.accessor<double, 3>();

@@ -80,6 +80,11 @@ struct engine_options {
   /// bucket, lazily; CUDA only, ignored on the CPU. Graphs hold the cache's and weights'
   /// addresses: update weights in place (load_weights does) or call release_graphs().
   bool cuda_graphs = true;
+  /// With cuda_graphs, greedy steps (temperature 0) sample inside the graph: the step's graph
+  /// also picks the tokens, records them with their log-probs and feeds them to the next step, so
+  /// a step is one graph launch. false: greedy sampling after each graph, as for temperature > 0
+  /// (the same kernels; the reference the in-graph path is tested against).
+  bool greedy_in_graph = true;
   /// Prompt tokens (padded) per prefill forward; longer prompt sets are prefilled in pieces.
   std::int64_t max_prefill_tokens = 16384;
   /// Decoding steps run the fused CUDA kernels (CausalLMImpl::forward_step with `fused`) where
@@ -115,6 +120,7 @@ struct engine_stats {
   std::int64_t compactions = 0;       ///< times finished rows were dropped from the batch
   std::int64_t graph_replays = 0;     ///< decoding steps run as CUDA graph replays
   std::int64_t graph_captures = 0;    ///< graphs captured during the call
+  std::int64_t graph_sampled_steps = 0; ///< graph replays that also sampled (engine_options::greedy_in_graph)
   std::int64_t fused_steps = 0;       ///< decoding steps run with the fused kernels
   std::int64_t host_syncs = 0;        ///< copies of sampled tokens to the host (each waits for the device)
   std::int64_t cache_bytes = 0;       ///< bytes of the KV cache held for the call (rows x slots allocated)

@@ -535,6 +535,39 @@ std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logi
   return {tokens, logprobs};
 }
 
+void greedy_record(const torch::Tensor& logits, const torch::Tensor& next, const torch::Tensor& history,
+                   const torch::Tensor& counters) {
+  TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,
+              "greedy_record: logits must be a contiguous CUDA [rows, vocab] tensor, got ", logits.sizes());
+  const auto rows = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(next.device() == logits.device() && next.scalar_type() == torch::kLong && next.dim() == 1
+                && next.size(0) == rows && next.is_contiguous(),
+              "greedy_record: next must be a contiguous int64 [", rows, "] tensor on the logits' device, got ",
+              next.sizes(), " ", next.scalar_type());
+  TORCH_CHECK(history.device() == logits.device() && history.scalar_type() == torch::kDouble && history.dim() == 3
+                && history.size(0) == rows && history.size(1) > 0 && history.size(2) == 2 && history.stride(2) == 1
+                && history.stride(1) == 2 && history.stride(0) >= 2 * history.size(1),
+              "greedy_record: history must be a float64 [", rows, ", capacity, 2] tensor with each row's steps "
+              "contiguous on the logits' device, got ", history.sizes(), " strides ", history.strides());
+  TORCH_CHECK(counters.device() == logits.device() && counters.scalar_type() == torch::kInt && counters.numel() == 2
+                && counters.is_contiguous(),
+              "greedy_record: counters must be a contiguous int32 [2] tensor on the logits' device");
+  c10::cuda::CUDAGuard guard(logits.device());
+  const auto blocks = kernels::greedy_logprob_blocks(vocab);
+  auto logprobs = torch::empty({rows}, logits.options().dtype(torch::kFloat));
+  auto partial = torch::empty({rows, blocks, 3}, logits.options().dtype(torch::kFloat));
+  kernels::greedy_record record;
+  record.history = history.data_ptr<double>();
+  record.row_stride = history.stride(0);
+  record.capacity = history.size(1);
+  record.step = counters.data_ptr<std::int32_t>();
+  record.done = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>() + 1);
+  check_launch(kernels::greedy_logprob(kernel_dtype(logits), logits.data_ptr(), rows, vocab, next.data_ptr<std::int64_t>(),
+                                       logprobs.data_ptr<float>(), partial.data_ptr<float>(), blocks,
+                                       at::cuda::getCurrentCUDAStream(), record),
+               "greedy_record");
+}
+
 namespace {
 
 // Logits [rows, vocab] and their targets [rows] as the log-softmax kernels take them.

@@ -133,6 +133,14 @@ void decode_layers(torch::Tensor& residual, const std::vector<decode_layer>& lay
 /// an argmax and a log-softmax over the whole row.
 std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logits);
 
+/// greedy_logprob for decoding steps replayed in a CUDA graph: the tokens go to `next` (int64
+/// [rows], contiguous: the next step's input) and, with their log-probs, to history[r, s] ([rows,
+/// capacity, 2] float64, each row's steps contiguous) at s = counters[0] (int32 [2] on the device:
+/// the step, then a count the kernel keeps at 0 between calls); then counters[0] advances by one.
+/// A step at or past the capacity is not recorded. The caller zeroes counters[0] to start over.
+void greedy_record(const torch::Tensor& logits, const torch::Tensor& next, const torch::Tensor& history,
+                   const torch::Tensor& counters);
+
 /// The learner's target log-probabilities of one chunk of logits [rows, vocab] (contiguous CUDA,
 /// float32, float16 or bfloat16, as `linear` returned them) and targets [rows] (int64): with
 /// x = logits.float() / temperature, {x[r, targets[r]] - logsumexp(x[r]), logsumexp(x[r])}, both

@@ -1019,7 +1019,8 @@ __global__ void __launch_bounds__(greedy_threads) greedy_partial_kernel(const T*
 
 __global__ void __launch_bounds__(greedy_threads) greedy_combine_kernel(const float* __restrict__ partial, int blocks,
                                                                          long long* __restrict__ tokens,
-                                                                         float* __restrict__ logprobs) {
+                                                                         float* __restrict__ logprobs,
+                                                                         greedy_record record) {
   grid_dependency_wait();
   grid_dependents_launch();
   const long long row = blockIdx.x;
@@ -1032,9 +1033,25 @@ __global__ void __launch_bounds__(greedy_threads) greedy_combine_kernel(const fl
   }
   p = block_merge(p);
   if (threadIdx.x == 0) {
-    tokens[row] = p.index < 0 ? 0 : p.index;
+    const long long token = p.index < 0 ? 0 : p.index;
     // log_softmax at the maximum: (x - max) - log(sum) with x - max = 0; all -inf or NaN rows give NaN as torch's.
-    logprobs[row] = p.max == -INFINITY || p.max != p.max ? NAN : -logf(p.sum);
+    const float lp = p.max == -INFINITY || p.max != p.max ? NAN : -logf(p.sum);
+    tokens[row] = token;
+    logprobs[row] = lp;
+    if (record.history != nullptr) {
+      const int step = *static_cast<volatile int*>(record.step);
+      if (step < record.capacity) {
+        double* slot = record.history + row * record.row_stride + 2LL * step;
+        slot[0] = static_cast<double>(token);
+        slot[1] = static_cast<double>(lp);
+      }
+      // Every row has read the step before the last one to finish advances it.
+      __threadfence();
+      if (atomicAdd(record.done, 1u) == gridDim.x - 1) {
+        *record.done = 0;
+        *static_cast<volatile int*>(record.step) = step + 1;
+      }
+    }
   }
 }
 
@@ -1684,11 +1701,15 @@ std::int64_t greedy_logprob_blocks(std::int64_t vocab) {
 }
 
 cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::int64_t vocab, std::int64_t* tokens,
-                           float* logprobs, float* partial, std::int64_t blocks, cudaStream_t stream) {
+                           float* logprobs, float* partial, std::int64_t blocks, cudaStream_t stream,
+                           const greedy_record& record) {
   if (rows <= 0)
     return cudaSuccess;
   if (vocab <= 0 || vocab > 0x7fffffff || rows > 65535 || blocks < 1 || blocks > 65535 || logits == nullptr
       || tokens == nullptr || logprobs == nullptr || partial == nullptr)
+    return cudaErrorInvalidValue;
+  if (record.history != nullptr
+      && (record.step == nullptr || record.done == nullptr || record.capacity < 1 || record.row_stride < 2 * record.capacity))
     return cudaErrorInvalidValue;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -1699,7 +1720,7 @@ cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::
       return e;
     return launch_early(&greedy_combine_kernel, dim3(static_cast<unsigned>(rows)), dim3(greedy_threads), 0, stream,
                         static_cast<const float*>(partial), static_cast<int>(blocks), reinterpret_cast<long long*>(tokens),
-                        logprobs);
+                        logprobs, record);
   });
 }
 

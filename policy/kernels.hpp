@@ -249,12 +249,27 @@ cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t 
 /// n = (heads + 2 kv_heads) * head_dim.
 cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream);
 
+/// Where greedy_logprob also records its results, for decoding steps replayed in a CUDA graph
+/// (device pointers; history null: nothing recorded). With s = *step (read by every row before
+/// any changes it): history[r * row_stride + 2 s] = tokens[r] and history[... + 1] = logprobs[r]
+/// (doubles hold both exactly), where s < capacity (later steps are not recorded); then the last
+/// row to finish sets *step = s + 1 and *done back to 0 (*done counts the rows finished).
+struct greedy_record {
+  double* history = nullptr;
+  std::int64_t row_stride = 0;
+  std::int64_t capacity = 0;
+  int* step = nullptr;
+  unsigned* done = nullptr;
+};
+
 /// Greedy sampling of `rows` rows of `vocab` logits [rows, vocab] (contiguous, storage type t):
 /// tokens[r] = the first index of the row's maximum (torch::argmax), logprobs[r] = its
 /// log-softmax in float32, -log(sum(exp(x - max))). Two kernels: `blocks` partial (max, index,
-/// sum) triples per row into `partial` ([rows, blocks, 3] float32), then one block per row.
+/// sum) triples per row into `partial` ([rows, blocks, 3] float32), then one block per row,
+/// which also writes `record` (greedy_record).
 cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::int64_t vocab, std::int64_t* tokens,
-                           float* logprobs, float* partial, std::int64_t blocks, cudaStream_t stream);
+                           float* logprobs, float* partial, std::int64_t blocks, cudaStream_t stream,
+                           const greedy_record& record = {});
 
 /// The `blocks` greedy_logprob uses for a vocabulary (and its partial buffer's size).
 std::int64_t greedy_logprob_blocks(std::int64_t vocab);

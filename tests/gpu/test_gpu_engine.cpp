@@ -88,6 +88,59 @@ TEST_CASE("greedy decoding with CUDA graphs equals eager decoding") {
   }
 }
 
+TEST_CASE("greedy sampling inside the CUDA graphs equals sampling after them, bit for bit") {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    for (std::int64_t interval : {16, 5}) {
+      CAPTURE(c10::toString(dtype));
+      CAPTURE(interval);
+      auto m = random_model("tiny", model_family::llama, 1000, dtype);
+      engine_options inside, after;
+      inside.sync_interval = after.sync_interval = interval;
+      after.greedy_in_graph = false;
+      engine with(m.ptr(), inside), without(m.ptr(), after);
+      auto prompts = random_prompts({5, 40, 17, 3, 64}, 1000);
+      sampling_options o;
+      o.temperature = 0.0;
+      o.max_new_tokens = 300; // past the first 256-slot bucket, inside a block
+      o.samples_per_prompt = 2;
+      // An eos id that one completion reaches early, so that rows finish at different steps and
+      // the batch is compacted between blocks.
+      auto probe = without.generate(prompts, o);
+      REQUIRE(probe.ok());
+      o.eos_ids = {(*probe)[3].tokens[40]};
+      auto a = with.generate(prompts, o);
+      const auto sa = with.last_stats();
+      auto b = without.generate(prompts, o);
+      const auto sb = without.last_stats();
+      REQUIRE((a.ok() && b.ok()));
+      CHECK(sa.graph_sampled_steps == sa.decode_steps);
+      CHECK(sa.graph_replays == sa.decode_steps);
+      CHECK(sb.graph_sampled_steps == 0);
+      CHECK(sb.graph_replays == sb.decode_steps);
+      CHECK(sa.decode_steps == sb.decode_steps);
+      CHECK(sa.compactions == sb.compactions);
+      CHECK(sa.compactions > 0);
+      CHECK(sa.host_syncs == sb.host_syncs);
+      REQUIRE(a->size() == b->size());
+      std::size_t finished_early = 0;
+      for (std::size_t i = 0; i < a->size(); ++i) {
+        CAPTURE(i);
+        CHECK((*a)[i].tokens == (*b)[i].tokens);
+        CHECK((*a)[i].logprobs == (*b)[i].logprobs);
+        CHECK((*a)[i].finish == (*b)[i].finish);
+        finished_early += (*a)[i].finish == finish_reason::eos ? 1 : 0;
+      }
+      CHECK(finished_early > 0);
+      // Sampling at a temperature stays outside the graphs.
+      o.temperature = 0.8;
+      o.max_new_tokens = 20;
+      REQUIRE(with.generate(prompts, o).ok());
+      CHECK(with.last_stats().graph_sampled_steps == 0);
+      CHECK(with.last_stats().graph_replays > 0);
+    }
+  }
+}
+
 TEST_CASE("sampled log-probs on CUDA equal a teacher-forced forward") {
   auto m = random_model("tiny", model_family::qwen2, 1000, torch::kFloat);
   engine e(m.ptr(), {});

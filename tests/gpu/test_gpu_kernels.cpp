@@ -887,6 +887,50 @@ TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties an
   }
 }
 
+TEST_CASE("greedy_record writes greedy_logprob's results at the counted step and advances it") {
+  torch::manual_seed(18);
+  torch::NoGradGuard g;
+  for (auto dtype : all_dtypes) {
+    for (std::int64_t rows : {1, 5, 300}) {
+      const std::string what = std::string(c10::toString(dtype)) + " rows " + std::to_string(rows);
+      CAPTURE(what);
+      const std::int64_t capacity = 3, vocab = 4099;
+      // Rows strided past their capacity, as the engine's narrowed buffer is.
+      auto history = torch::full({rows, capacity + 2, 2}, -7.0, on_gpu(torch::kDouble)).narrow(1, 0, capacity);
+      auto counters = torch::zeros({2}, on_gpu(torch::kInt));
+      auto next = torch::full({rows}, -1, on_gpu(torch::kLong));
+      std::vector<torch::Tensor> want_tokens, want_lp;
+      for (int step = 0; step < capacity + 1; ++step) {
+        auto logits = (4.0 * torch::randn({rows, vocab}, on_gpu(torch::kFloat))).to(dtype);
+        auto [tokens, lp] = fused::greedy_logprob(logits);
+        fused::greedy_record(logits, next, history, counters);
+        CHECK(torch::equal(next, tokens));
+        want_tokens.push_back(tokens);
+        want_lp.push_back(lp);
+        auto c = counters.cpu();
+        CHECK(c[0].item<int>() == step + 1);
+        CHECK(c[1].item<int>() == 0);
+      }
+      auto h = history.cpu();
+      for (int step = 0; step < capacity; ++step) {
+        CHECK(torch::equal(h.select(1, step).select(1, 0), want_tokens[step].cpu().to(torch::kDouble)));
+        CHECK(torch::equal(h.select(1, step).select(1, 1), want_lp[step].cpu().to(torch::kDouble)));
+      }
+      // The step past the capacity was not recorded, nor anything beyond a row's capacity.
+      auto whole = history.as_strided({rows, capacity + 2, 2}, history.strides()).cpu();
+      CHECK(torch::all(whole.narrow(1, capacity, 2) == -7.0).item<bool>());
+    }
+  }
+  auto logits = torch::randn({2, 100}, on_gpu(torch::kFloat));
+  auto counters = torch::zeros({2}, on_gpu(torch::kInt));
+  CHECK_THROWS_WITH_AS(fused::greedy_record(logits, torch::zeros({3}, on_gpu(torch::kLong)),
+                                            torch::zeros({2, 4, 2}, on_gpu(torch::kDouble)), counters),
+                       doctest::Contains("next must be"), c10::Error);
+  CHECK_THROWS_WITH_AS(fused::greedy_record(logits, torch::zeros({2}, on_gpu(torch::kLong)),
+                                            torch::zeros({2, 4, 2}, on_gpu(torch::kFloat)), counters),
+                       doctest::Contains("history must be"), c10::Error);
+}
+
 // ||got - want|| / ||want|| over all elements.
 double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
   auto w = want.to(torch::kCPU, torch::kDouble);

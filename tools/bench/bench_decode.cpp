@@ -6,7 +6,7 @@
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //                [--layers-timeline]
-//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_layers,small_layers_l2,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,small_layers,small_layers_l2,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
@@ -26,7 +26,8 @@
 // as small with sixteen warps to each block of that split attention, not eight:
 // policy::set_decode_attention_merge_warps(16)), "small_serial_staging" (the
 // same as small with the o and down projections loading and storing their inputs one at a time:
-// policy::set_small_gemm_batched_staging off),
+// policy::set_small_gemm_batched_staging off), "small_sample_after" (the same as small with the
+// greedy sampling after each step's CUDA graph, not in it: engine_options::greedy_in_graph off),
 // "small_layers" (the same as small with the
 // layers of a one-row step in one persistent kernel: policy::set_decode_layers on),
 // "small_layers_l2" (that kernel prefetching each next layer's weights to L2:
@@ -97,7 +98,7 @@ struct bench_options {
                "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
                "       [--layers-timeline]\n"
                "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
-               "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,"
+               "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,"
                "                  small_layers,small_layers_l2,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
@@ -161,7 +162,7 @@ bench_options parse(int argc, char** argv) {
         static const char* const known[] = {"small",           "small_rounds",        "small_split",
                                             "small_late",      "small_launch_late",   "small_gate_up_warps",
                                             "small_attention_whole", "small_merge2", "small_merge_w16", "small_serial_staging",
-                                            "small_layers",    "small_layers_l2",
+                                            "small_sample_after",    "small_layers",    "small_layers_l2",
                                             "fused",           "libtorch"};
         if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
           std::string names;
@@ -206,6 +207,7 @@ int run(const bench_options& o) {
     e.fused_kernels = k != "libtorch";
     e.small_batch_kernels = k.rfind("small", 0) == 0;
     e.small_batch_max_rows = 4; // "small": every call the kernels take (the engine's default stops at 1 row)
+    e.greedy_in_graph = k != "small_sample_after";
   };
   set_kernels(eo, o.kernels.front());
   eo.fused_max_rows = o.fused_max_rows;
