@@ -15,6 +15,7 @@
 
 #ifdef CRUCIBLE_HAVE_CUDA
 #  include <ATen/cuda/CUDAContext.h>
+#  include <ATen/cuda/CUDAEvent.h>
 #  include <ATen/cuda/CUDAGeneratorImpl.h>
 #  include <ATen/cuda/CUDAGraph.h>
 #  include <c10/cuda/CUDAGuard.h>
@@ -126,7 +127,8 @@ std::string completion_text(const completion& c, const detokenize_fn& detokenize
 // Greedy graphs (step_greedy) also sample: their input is the shared `tokens_` buffer, which the
 // step's greedy sampling overwrites with the next tokens, and they record tokens and log-probs in
 // `history_` at the step `counters_[0]`, which each replay advances (fused::greedy_record). A block
-// of steps is then one replay a step, with nothing else queued between them.
+// of steps is then one replay a step, with nothing else queued between them, and the next block
+// can start on the device before the host has read this one (engine::generate).
 class decode_graphs final {
 public:
   torch::Tensor step(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots,
@@ -138,25 +140,29 @@ public:
     return g.logits;
   }
 
-  /// Buffers for greedy graphs of up to `rows` rows and blocks of up to `capacity` steps (the
-  /// graphs captured over smaller ones are dropped).
-  void reserve_greedy(const torch::Device& device, std::int64_t rows, std::int64_t capacity) {
-    if (tokens_.defined() && tokens_.size(0) >= rows && history_.size(1) >= capacity)
+  /// Buffers for greedy graphs of up to `rows` rows and blocks of up to `interval` steps, in two
+  /// halves so that one block's history can be copied out while the next block records (the
+  /// graphs captured over smaller buffers are dropped).
+  void reserve_greedy(const torch::Device& device, std::int64_t rows, std::int64_t interval) {
+    if (tokens_.defined() && tokens_.size(0) >= rows && half_ >= interval)
       return;
     clear();
     auto on = torch::TensorOptions().device(device);
+    half_ = interval;
     tokens_ = torch::zeros({rows}, on.dtype(torch::kLong));
-    history_ = torch::zeros({rows, capacity, 2}, on.dtype(torch::kDouble));
+    history_ = torch::zeros({rows, 2 * half_, 2}, on.dtype(torch::kDouble));
+    host_ = torch::empty({rows, 2 * half_, 2}, torch::TensorOptions().dtype(torch::kDouble).pinned_memory(true));
     counters_ = torch::zeros({2}, on.dtype(torch::kInt));
   }
 
-  /// Starts a block of greedy steps from `tokens` (int64 [rows]): recorded from step 0.
-  void begin_greedy(const torch::Tensor& tokens) {
-    tokens_.narrow(0, 0, tokens.size(0)).copy_(tokens);
-    counters_.zero_();
-  }
+  /// The next greedy step is recorded as step 0 of `half` (0 or 1), at history step half x interval.
+  void begin_half(int half) { counters_.narrow(0, 0, 1).fill_(half * half_); }
+  std::int64_t half_offset(int half) const { return half * half_; }
 
-  /// One decoding step with its greedy sampling (reserve_greedy and begin_greedy first).
+  /// The next greedy step reads `tokens` (int64 [rows] on the host).
+  void set_tokens(const torch::Tensor& tokens) { tokens_.narrow(0, 0, tokens.size(0)).copy_(tokens); }
+
+  /// One decoding step with its greedy sampling (reserve_greedy and begin_half first).
   void step_greedy(CausalLMImpl& model, kv_cache& cache, std::int64_t rows, std::int64_t slots, bool fused,
                    bool small_batch, engine_stats& stats) {
     auto& g = entry_for(model, cache, rows, slots, fused, small_batch, /*greedy=*/true, stats);
@@ -165,9 +171,19 @@ public:
     ++stats.graph_sampled_steps;
   }
 
-  /// The first `steps` steps of the block: [rows, steps, token or log-prob] on the device.
-  torch::Tensor greedy_history(std::int64_t rows, std::int64_t steps) const {
-    return history_.narrow(0, 0, rows).narrow(1, 0, steps);
+  /// Queues a copy of the first `rows` rows' history to the host (wait_history waits for it).
+  void copy_history(std::int64_t rows) {
+    host_.narrow(0, 0, rows).copy_(history_.narrow(0, 0, rows), /*non_blocking=*/true);
+    copied_.record(at::cuda::getCurrentCUDAStream());
+  }
+
+  /// The first `rows` rows' history on the device: [rows, 2 x interval, token or log-prob].
+  torch::Tensor history(std::int64_t rows) const { return history_.narrow(0, 0, rows); }
+
+  /// The history copy_history queued: [rows (of that call), 2 x interval, token or log-prob].
+  at::TensorAccessor<double, 3> wait_history() {
+    copied_.synchronize();
+    return host_.accessor<double, 3>();
   }
 
   /// Drops every graph and the memory pool they shared: a pool whose graphs are all gone is
@@ -230,8 +246,11 @@ private:
   std::map<std::tuple<std::int64_t, std::int64_t, bool>, std::unique_ptr<entry>> graphs_;
   std::optional<at::cuda::MempoolId_t> pool_;
   torch::Tensor tokens_;   // [rows] int64: greedy graphs' input, overwritten by their sampling
-  torch::Tensor history_;  // [rows, capacity, token or log-prob] float64
+  torch::Tensor history_;  // [rows, 2 x half_, token or log-prob] float64
+  torch::Tensor host_;     // history_'s copy in pinned host memory
   torch::Tensor counters_; // int32 [step, rows finished]
+  std::int64_t half_ = 0;
+  at::cuda::CUDAEvent copied_;
 };
 #endif
 
@@ -523,77 +542,143 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   if (greedy_graphs)
     s.graphs.reserve_greedy(s.device, s.cache.rows(), interval);
 #endif
-  torch::Tensor history;
-  if (!greedy_graphs)
-    history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
-  while (active > 0) {
-    // Drop finished rows once enough have accumulated: with graphs, when a smaller batch bucket
-    // fits (the rest of the bucket is filled with finished rows, computed and ignored); without,
-    // when a quarter of the rows are finished.
-    std::int64_t target = rows;
-    if (s.graphs_enabled) {
-      target = bucket(active, 1, rows);
-    } else if (active <= rows - std::max<std::int64_t>(1, rows / 4)) {
-      target = active;
+  // The rows a smaller batch keeps once enough are finished: with graphs, when a smaller batch
+  // bucket fits (the rest of the bucket is filled with finished rows, computed and ignored);
+  // without, when a quarter of the rows are finished. Returns `rows` for none.
+  auto compaction_target = [&] {
+    if (s.graphs_enabled)
+      return bucket(active, 1, rows);
+    return active <= rows - std::max<std::int64_t>(1, rows / 4) ? active : rows;
+  };
+  auto compact = [&](std::int64_t target) {
+    std::vector<std::int64_t> keep;
+    keep.reserve(static_cast<std::size_t>(target));
+    for (std::int64_t r = 0; r < rows && static_cast<std::int64_t>(keep.size()) < active; ++r)
+      if (!done[owner[r]])
+        keep.push_back(r);
+    for (std::int64_t r = 0; r < rows && static_cast<std::int64_t>(keep.size()) < target; ++r)
+      if (done[owner[r]])
+        keep.push_back(r);
+    std::int64_t used = 0;
+    for (auto r : keep)
+      used = std::max(used, lengths[r]);
+    s.cache.compact(torch::tensor(keep, torch::kLong), used);
+    std::vector<std::int64_t> owner2, lengths2, last2;
+    for (auto r : keep) {
+      owner2.push_back(owner[r]);
+      lengths2.push_back(lengths[r]);
+      last2.push_back(last[r]);
     }
-    if (target < rows) {
-      std::vector<std::int64_t> keep;
-      keep.reserve(static_cast<std::size_t>(target));
-      for (std::int64_t r = 0; r < rows && static_cast<std::int64_t>(keep.size()) < active; ++r)
-        if (!done[owner[r]])
-          keep.push_back(r);
-      for (std::int64_t r = 0; r < rows && static_cast<std::int64_t>(keep.size()) < target; ++r)
-        if (done[owner[r]])
-          keep.push_back(r);
-      std::int64_t used = 0;
-      for (auto r : keep)
-        used = std::max(used, lengths[r]);
-      s.cache.compact(torch::tensor(keep, torch::kLong), used);
-      std::vector<std::int64_t> owner2, lengths2, last2;
-      for (auto r : keep) {
-        owner2.push_back(owner[r]);
-        lengths2.push_back(lengths[r]);
-        last2.push_back(last[r]);
-      }
-      owner = std::move(owner2);
-      lengths = std::move(lengths2);
-      last = std::move(last2);
-      rows = target;
-      ++s.stats.compactions;
-    }
-
-    // No completion reaches max_new_tokens inside a block: the shortest remaining one ends it.
+    owner = std::move(owner2);
+    lengths = std::move(lengths2);
+    last = std::move(last2);
+    rows = target;
+    ++s.stats.compactions;
+  };
+  // No completion reaches max_new_tokens inside a block: the shortest remaining one ends it.
+  auto block_steps = [&] {
     std::int64_t steps = interval;
     for (std::int64_t r = 0; r < rows; ++r)
       if (!done[owner[r]])
         steps = std::min(steps, o.max_new_tokens - static_cast<std::int64_t>(out[owner[r]].tokens.size()));
-    auto tokens = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong);
-    torch::Tensor block;
+    return steps;
+  };
+  auto count_step = [&] {
+    ++s.stats.decode_steps;
+    s.stats.row_steps += rows;
+    if (fused_now)
+      ++s.stats.fused_steps;
+  };
+  auto slots_used = [&] {
+    std::int64_t used = 0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      used = std::max(used, lengths[r]);
+    return used;
+  };
+
 #ifdef CRUCIBLE_HAVE_CUDA
-    if (greedy_graphs)
-      s.graphs.begin_greedy(tokens);
-#endif
-    if (!greedy_graphs) {
-      tokens = tokens.to(s.device);
-      block = history.narrow(0, 0, rows);
-    }
-    for (std::int64_t j = 0; j < steps; ++j) {
-      std::int64_t used = 0;
+  if (greedy_graphs) {
+    // Steps that sample inside their graphs. Blocks alternate between the two halves of the
+    // graphs' history. Once a block's steps and the copy of its history are queued, the next
+    // block's first step is queued too, before the host waits for the copy, so that the device
+    // is not idle while the host reads the block (that step is wasted where every row finishes
+    // in the block). Where the batch is compacted, the host first takes that step's tokens.
+    int half = 0;
+    bool ahead = false; // the current half's first step is already queued
+    bool upload = true; // the graphs' input is not the last step's output (first block, compaction)
+    auto queue_step = [&] {
+      s.decode_greedy(rows, slots_used());
+      count_step();
       for (std::int64_t r = 0; r < rows; ++r)
-        used = std::max(used, lengths[r]);
-      ++s.stats.decode_steps;
-      s.stats.row_steps += rows;
-      if (fused_now)
-        ++s.stats.fused_steps;
-#ifdef CRUCIBLE_HAVE_CUDA
-      if (greedy_graphs) {
-        s.decode_greedy(rows, used);
-        for (std::int64_t r = 0; r < rows; ++r)
-          ++lengths[r];
-        continue;
+        ++lengths[r];
+    };
+    while (active > 0) {
+      if (auto target = compaction_target(); target < rows) {
+        if (ahead) {
+          auto first = s.graphs.history(rows).select(1, s.graphs.half_offset(half)).to(torch::kCPU);
+          ++s.stats.host_syncs;
+          auto h = first.accessor<double, 2>();
+          for (std::int64_t r = 0; r < rows; ++r) {
+            last[r] = static_cast<std::int64_t>(h[r][0]);
+            if (!done[owner[r]])
+              accept(r, static_cast<std::int32_t>(h[r][0]), static_cast<float>(h[r][1]));
+          }
+          ahead = false;
+          target = compaction_target();
+        }
+        if (active == 0)
+          break;
+        if (target < rows)
+          compact(target);
+        upload = true;
       }
+      const std::int64_t steps = block_steps(), begin = ahead ? 1 : 0;
+      if (!ahead) {
+        s.graphs.begin_half(half);
+        if (upload)
+          s.graphs.set_tokens(torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong));
+        upload = false;
+      }
+      for (std::int64_t j = begin; j < steps; ++j)
+        queue_step();
+      s.graphs.copy_history(rows);
+      ++s.stats.host_syncs;
+      ahead = false;
+      for (std::int64_t r = 0; r < rows && !ahead; ++r)
+        ahead = !done[owner[r]] && static_cast<std::int64_t>(out[owner[r]].tokens.size()) + steps < o.max_new_tokens;
+      if (ahead) {
+        s.graphs.begin_half(1 - half);
+        queue_step();
+      }
+      auto h = s.graphs.wait_history();
+      const auto at = s.graphs.half_offset(half);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        last[r] = static_cast<std::int64_t>(h[r][at + steps - 1][0]);
+        // Tokens after a completion's end were computed but are not part of it.
+        for (std::int64_t j = 0; j < steps && !done[owner[r]]; ++j)
+          accept(r, static_cast<std::int32_t>(h[r][at + j][0]), static_cast<float>(h[r][at + j][1]));
+      }
+      half = 1 - half;
+    }
+  }
 #endif
-      auto logits = s.decode(tokens.view({rows, 1}), rows, used);
+
+  // Each block of steps feeds every step's sampled tokens to the next on the device and keeps
+  // them, with their log-probs, in `history` ([row, step, token or log-prob]; doubles hold both
+  // exactly), copied to the host once at the end of the block. Every row is sampled, finished
+  // or not, so the sampler sees the same shapes whenever the host looks.
+  torch::Tensor history;
+  if (!greedy_graphs)
+    history = torch::empty({n, interval, 2}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+  while (!greedy_graphs && active > 0) {
+    if (auto target = compaction_target(); target < rows)
+      compact(target);
+    const std::int64_t steps = block_steps();
+    auto tokens = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong).to(s.device);
+    auto block = history.narrow(0, 0, rows);
+    for (std::int64_t j = 0; j < steps; ++j) {
+      auto logits = s.decode(tokens.view({rows, 1}), rows, slots_used());
+      count_step();
       for (std::int64_t r = 0; r < rows; ++r)
         ++lengths[r];
       auto picked = sample(logits, o, gen);
@@ -602,10 +687,6 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
       slot.select(1, 1).copy_(picked.logprobs);
       tokens = picked.tokens;
     }
-#ifdef CRUCIBLE_HAVE_CUDA
-    if (greedy_graphs)
-      block = s.graphs.greedy_history(rows, steps);
-#endif
     auto host = block.narrow(1, 0, steps).to(torch::kCPU); // waits for the block's steps
     ++s.stats.host_syncs;
     auto h = host.accessor<double, 3>();
