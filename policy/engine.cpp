@@ -235,9 +235,11 @@ private:
       // the process (allocations, copies, synchronisations) neither break the capture nor are
       // refused while it runs.
       g.graph.capture_begin(*pool_, cudaStreamCaptureModeThreadLocal);
-      g.logits = model.forward_step(g.input, view, {}, fused, small_batch);
       if (greedy)
-        fused::greedy_record(g.logits, tokens_.narrow(0, 0, rows), history_.narrow(0, 0, rows), counters_);
+        model.forward_step_greedy(g.input, view, {tokens_.narrow(0, 0, rows), history_.narrow(0, 0, rows), counters_},
+                                  fused, small_batch);
+      else
+        g.logits = model.forward_step(g.input, view, {}, fused, small_batch);
       g.graph.capture_end();
     }
     torch::cuda::synchronize();

@@ -535,6 +535,62 @@ std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logi
   return {tokens, logprobs};
 }
 
+bool greedy_head_ready(torch::ScalarType dtype, std::int64_t k, std::int64_t vocab) {
+  return kernels::decode_greedy_head() && supported_dtype(dtype)
+         && kernels::greedy_head_blocks(kernel_dtype_of(dtype), k, vocab) > 0;
+}
+
+void greedy_head(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
+                 const torch::Tensor& weight, const torch::Tensor& lengths, const torch::Tensor& next,
+                 const torch::Tensor& history, const torch::Tensor& counters) {
+  TORCH_CHECK(residual.is_cuda() && residual.dim() == 2 && residual.size(0) == 1 && residual.is_contiguous(),
+              "greedy_head: residual must be a contiguous CUDA [1, k] tensor, got ", residual.sizes());
+  const auto k = residual.size(1);
+  const auto on = residual.device();
+  const auto dt = residual.scalar_type();
+  TORCH_CHECK(norm_weight.device() == on && norm_weight.scalar_type() == dt && norm_weight.numel() == k
+                && norm_weight.is_contiguous(),
+              "greedy_head: norm_weight must be a contiguous [", k, "] tensor of the residual's dtype and device");
+  TORCH_CHECK(weight.device() == on && weight.scalar_type() == dt && weight.dim() == 2 && weight.size(1) == k
+                && weight.is_contiguous(),
+              "greedy_head: weight must be a contiguous [vocab, ", k, "] tensor of the residual's dtype and device, got ",
+              weight.sizes());
+  TORCH_CHECK(next.device() == on && next.scalar_type() == torch::kLong && next.numel() == 1,
+              "greedy_head: next must be an int64 [1] tensor on the residual's device");
+  TORCH_CHECK(!lengths.defined() || (lengths.device() == on && lengths.scalar_type() == torch::kLong && lengths.numel() == 1),
+              "greedy_head: lengths must be an int64 [1] tensor on the residual's device");
+  TORCH_CHECK(history.device() == on && history.scalar_type() == torch::kDouble && history.dim() == 3
+                && history.size(0) == 1 && history.size(1) > 0 && history.size(2) == 2 && history.stride(2) == 1
+                && history.stride(1) == 2,
+              "greedy_head: history must be a float64 [1, capacity, 2] tensor with its steps contiguous on the "
+              "residual's device, got ", history.sizes());
+  TORCH_CHECK(counters.device() == on && counters.scalar_type() == torch::kInt && counters.numel() == 2
+                && counters.is_contiguous(),
+              "greedy_head: counters must be a contiguous int32 [2] tensor on the residual's device");
+  c10::cuda::CUDAGuard guard(on);
+  const auto blocks = kernels::greedy_head_blocks(kernel_dtype(residual), k, weight.size(0));
+  TORCH_CHECK(blocks > 0, "greedy_head: a row of ", k, " ", dt, " elements is not one the kernel stages");
+  auto logprob = torch::empty({1}, residual.options().dtype(torch::kFloat));
+  auto partial = torch::empty({blocks, 3}, residual.options().dtype(torch::kFloat));
+  kernels::greedy_head_args a;
+  a.x = residual.data_ptr();
+  a.norm_weight = norm_weight.data_ptr();
+  a.eps = static_cast<float>(eps);
+  a.weight = weight.data_ptr();
+  a.k = k;
+  a.vocab = weight.size(0);
+  a.token = next.data_ptr<std::int64_t>();
+  a.logprob = logprob.data_ptr<float>();
+  a.partial = partial.data_ptr<float>();
+  a.done = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>() + 1);
+  a.lengths = lengths.defined() ? lengths.data_ptr<std::int64_t>() : nullptr;
+  a.record.history = history.data_ptr<double>();
+  a.record.row_stride = history.stride(0);
+  a.record.capacity = history.size(1);
+  a.record.step = counters.data_ptr<std::int32_t>();
+  check_launch(kernels::greedy_head(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()), "greedy_head");
+}
+
 void greedy_record(const torch::Tensor& logits, const torch::Tensor& next, const torch::Tensor& history,
                    const torch::Tensor& counters) {
   TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.is_contiguous() && logits.size(1) > 0,

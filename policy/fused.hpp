@@ -141,6 +141,19 @@ std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logi
 void greedy_record(const torch::Tensor& logits, const torch::Tensor& next, const torch::Tensor& history,
                    const torch::Tensor& counters);
 
+/// Whether greedy_head runs for these weights: kernels::decode_greedy_head on, a supported dtype,
+/// and a row of `k` that one block stages (kernels::greedy_head_blocks).
+bool greedy_head_ready(torch::ScalarType dtype, std::int64_t k, std::int64_t vocab);
+
+/// The end of a one-row greedy decoding step in one kernel (kernels::greedy_head): the final
+/// RMSNorm of `residual` ([1, k]) with norm_weight [k] and eps, the output matrix `weight` [vocab,
+/// k] (logits rounded to the dtype, not written) and greedy sampling, the token to next (int64
+/// [1]) and with its log-prob to history as greedy_record writes them (history [1, capacity, 2]
+/// float64 and counters int32 [2] as there); lengths (int64 [1]) then advances by one.
+void greedy_head(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
+                 const torch::Tensor& weight, const torch::Tensor& lengths, const torch::Tensor& next,
+                 const torch::Tensor& history, const torch::Tensor& counters);
+
 /// The learner's target log-probabilities of one chunk of logits [rows, vocab] (contiguous CUDA,
 /// float32, float16 or bfloat16, as `linear` returned them) and targets [rows] (int64): with
 /// x = logits.float() / temperature, {x[r, targets[r]] - logsumexp(x[r]), logsumexp(x[r])}, both

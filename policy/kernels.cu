@@ -1055,6 +1055,132 @@ __global__ void __launch_bounds__(greedy_threads) greedy_combine_kernel(const fl
   }
 }
 
+// ---- the final norm, the output matrix and greedy sampling of one row ----------------------------
+
+constexpr int greedy_head_threads = 256;
+constexpr int greedy_head_loads = 4; // 16-byte loads of each weight row a lane has in flight a round
+
+template <class T>
+__global__ void __launch_bounds__(greedy_head_threads) greedy_head_kernel(greedy_head_args a) {
+  extern __shared__ uint4 staged[]; // xn, [k] of T
+  __shared__ float scratch[32];
+  __shared__ bool last;
+  constexpr int vec = 16 / sizeof(T), U = greedy_head_loads;
+  const int kv = static_cast<int>(a.k) / vec;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const long long units = (a.vocab + 1) / 2, all_warps = static_cast<long long>(gridDim.x) * warps;
+  const uint4* w = static_cast<const uint4*>(a.weight);
+  uint4 la[U], lb[U];
+  // Round v0 of unit u's two rows (the second row is the first again where the vocabulary is odd).
+  auto load = [&](long long u, int v0) {
+    const long long ra = 2 * u, rb = ra + 1 < a.vocab ? ra + 1 : ra;
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      const int v = v0 + i * 32;
+      if (u < units && v < kv) {
+        la[i] = __ldg(w + ra * kv + v);
+        lb[i] = __ldg(w + rb * kv + v);
+      }
+    }
+  };
+  long long unit = static_cast<long long>(blockIdx.x) * warps + warp;
+  load(unit, lane); // weights: no kernel's output, loaded before the wait
+  grid_dependents_launch();
+  grid_dependency_wait();
+
+  // xn into shared memory, rounded as add_rms_norm rounds it.
+  const uint4* x = static_cast<const uint4*>(a.x);
+  const uint4* nw = static_cast<const uint4*>(a.norm_weight);
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+    const uint4 v = x[i];
+#pragma unroll
+    for (int e = 0; e < vec; ++e) {
+      const float f = element<T>(v, e);
+      sum += __fmul_rn(f, f);
+    }
+  }
+  const float inv = rms_inverse(block_sum(sum, scratch), 1.0f / static_cast<float>(a.k), a.eps);
+  for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+    const uint4 v = x[i], nwv = nw[i];
+    uint4 o;
+    T* op = reinterpret_cast<T*>(&o);
+#pragma unroll
+    for (int e = 0; e < vec; ++e)
+      op[e] = rms_normed<T>(element<T>(v, e), element<T>(nwv, e), inv);
+    staged[i] = o;
+  }
+  __syncthreads();
+
+  // Each warp's units, the next one's first round loaded before this one's sums are reduced.
+  greedy_part best{-INFINITY, -1, 0.0f};
+  for (; unit < units; unit += all_warps) {
+    float da = 0.0f, db = 0.0f;
+    for (int v0 = lane; v0 < kv; v0 += 32 * U) {
+      if (v0 != lane)
+        load(unit, v0);
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int v = v0 + i * 32;
+        if (v < kv) {
+          const uint4 xs = staged[v];
+          da = dot16<T>(la[i], xs, da);
+          db = dot16<T>(lb[i], xs, db);
+        }
+      }
+    }
+    load(unit + all_warps, lane);
+    da = warp_sum(da);
+    db = warp_sum(db);
+    if (lane == 0) {
+      const long long ra = 2 * unit;
+      add(best, rounded<T>(da), ra);
+      if (ra + 1 < a.vocab)
+        add(best, rounded<T>(db), ra + 1);
+    }
+  }
+  best = block_merge(best);
+  if (threadIdx.x == 0) {
+    float* out = a.partial + static_cast<long long>(blockIdx.x) * 3;
+    out[0] = best.max;
+    out[1] = __int_as_float(static_cast<int>(best.index)); // an index below 2^31, kept bit for bit
+    out[2] = best.sum;
+    __threadfence();
+    last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last)
+    return;
+  __threadfence();
+  // The last block: every block's triple, merged as greedy_combine_kernel merges them.
+  greedy_part p{-INFINITY, -1, 0.0f};
+  for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x) {
+    const float* in = a.partial + static_cast<long long>(b) * 3;
+    const long long index = __float_as_int(__ldcg(in + 1));
+    if (index >= 0)
+      p = merge(p, greedy_part{__ldcg(in), index, __ldcg(in + 2)});
+  }
+  p = block_merge(p);
+  if (threadIdx.x == 0) {
+    const long long token = p.index < 0 ? 0 : p.index;
+    const float lp = p.max == -INFINITY || p.max != p.max ? NAN : -logf(p.sum);
+    a.token[0] = token;
+    a.logprob[0] = lp;
+    const greedy_record& record = a.record;
+    if (record.history != nullptr) {
+      const int step = *record.step;
+      if (step < record.capacity) {
+        record.history[2LL * step] = static_cast<double>(token);
+        record.history[2LL * step + 1] = static_cast<double>(lp);
+      }
+      *record.step = step + 1;
+    }
+    if (a.lengths != nullptr)
+      a.lengths[0] += 1;
+    *a.done = 0;
+  }
+}
+
 // ---- the learner's target log-probabilities --------------------------------------------------
 
 constexpr int logprob_threads = 512;
@@ -1693,6 +1819,50 @@ cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t 
 
 cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream) {
   return launch_small_gemm<gemm_out::rope_kv>(t, a, stream);
+}
+
+namespace {
+std::atomic<bool> greedy_head_on{true}; // set_decode_greedy_head
+} // namespace
+
+void set_decode_greedy_head(bool on) { greedy_head_on.store(on, std::memory_order_relaxed); }
+bool decode_greedy_head() { return greedy_head_on.load(std::memory_order_relaxed); }
+
+std::int64_t greedy_head_blocks(dtype t, std::int64_t k, std::int64_t vocab) {
+  const auto bytes = static_cast<std::int64_t>(element_bytes(t));
+  if (k <= 0 || (k * bytes) % 16 != 0 || static_cast<std::size_t>(k * bytes) > small_gemm_max_shared || vocab <= 0
+      || vocab > 0x7fffffff)
+    return 0;
+  int device = 0, sms = 0, per_sm = 0;
+  if (cudaGetDevice(&device) != cudaSuccess
+      || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  const auto shared = static_cast<std::size_t>(k * bytes);
+  const cudaError_t e = dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, &greedy_head_kernel<T>, greedy_head_threads, shared);
+  });
+  if (e != cudaSuccess || per_sm < 1)
+    return 0;
+  const std::int64_t warps = greedy_head_threads / 32, units = (vocab + 1) / 2;
+  return std::min<std::int64_t>(static_cast<std::int64_t>(sms) * per_sm, (units + warps - 1) / warps);
+}
+
+cudaError_t greedy_head(dtype t, const greedy_head_args& a, cudaStream_t stream) {
+  const auto blocks = greedy_head_blocks(t, a.k, a.vocab);
+  auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  if (blocks < 1 || a.x == nullptr || a.norm_weight == nullptr || a.weight == nullptr || a.token == nullptr
+      || a.logprob == nullptr || a.partial == nullptr || a.done == nullptr || !aligned(a.x) || !aligned(a.norm_weight)
+      || !aligned(a.weight))
+    return cudaErrorInvalidValue;
+  if (a.record.history != nullptr && (a.record.step == nullptr || a.record.capacity < 1))
+    return cudaErrorInvalidValue;
+  const auto shared = static_cast<std::size_t>(a.k) * element_bytes(t);
+  return dispatch(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return launch_early(&greedy_head_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(greedy_head_threads), shared,
+                        stream, a);
+  });
 }
 
 std::int64_t greedy_logprob_blocks(std::int64_t vocab) {

@@ -274,6 +274,40 @@ cudaError_t greedy_logprob(dtype t, const void* logits, std::int64_t rows, std::
 /// The `blocks` greedy_logprob uses for a vocabulary (and its partial buffer's size).
 std::int64_t greedy_logprob_blocks(std::int64_t vocab);
 
+/// One row's last step of a greedy decoding step: the final RMSNorm of the residual stream, the
+/// output matrix and greedy sampling, without writing the logits (greedy_head).
+struct greedy_head_args {
+  const void* x = nullptr;           ///< [k]: the residual stream after the last layer
+  const void* norm_weight = nullptr; ///< [k]: the final norm's weight
+  float eps = 0.0f;
+  const void* weight = nullptr;      ///< [vocab, k]: the output matrix
+  std::int64_t k = 0, vocab = 0;
+  std::int64_t* token = nullptr;     ///< [1]: the sampled token (the next step's input)
+  float* logprob = nullptr;          ///< [1]: its log-prob
+  float* partial = nullptr;          ///< [blocks, 3] float32 scratch (greedy_head_blocks)
+  unsigned* done = nullptr;          ///< blocks finished; 0 before and after each launch
+  std::int64_t* lengths = nullptr;   ///< [1] or null: advanced by one once the logits are read
+  greedy_record record;              ///< as greedy_logprob's (its `done` is not used)
+};
+
+/// The normed row xn = RMSNorm(x) * norm_weight rounded to t as add_rms_norm rounds it, each
+/// logit xn W[v]^T rounded to t (as the output matrix's GEMM returns it), and greedy_logprob's
+/// token and log-prob of those logits, with `record` and `lengths` written as described. Every
+/// block stages xn in shared memory (k * element size <= 48 KiB, k a whole number of 16-byte
+/// vectors) and its warps take two rows of W at a time; the last block to finish merges the
+/// blocks' (max, first index, sum) triples. Launched under programmatic dependent launch: the
+/// first weight rows are loaded before the wait for the previous kernel.
+cudaError_t greedy_head(dtype t, const greedy_head_args& a, cudaStream_t stream);
+
+/// Lets greedy decoding steps of one row in CUDA graphs end in greedy_head (the default, on)
+/// rather than the output matrix's GEMM and greedy_logprob, for this process.
+void set_decode_greedy_head(bool on);
+bool decode_greedy_head();
+
+/// The blocks greedy_head launches on the current device (as many as are resident at once, at
+/// most one warp per two rows): the rows of its partial buffer. 0 where it cannot run (k).
+std::int64_t greedy_head_blocks(dtype t, std::int64_t k, std::int64_t vocab);
+
 /// The learner's log-probabilities of target tokens from one chunk of logits [rows, vocab]
 /// (contiguous, storage type t, as `linear` returned them): with x = float(logit) * inv_temperature,
 /// lse[r] = log(sum_j exp(x[r, j])) and out[r] = x[r, targets[r]] - lse[r] in float32; a row with

@@ -902,7 +902,28 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 // so a layer is five kernels, with the attention's combine where it splits (not at batch 1). At
 // one row, with kernels::set_decode_layers on, all the layers are one persistent kernel instead
 // (fused::decode_layers, the same stages with the same rounding points; off by default, slower).
-torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch) {
+void CausalLMImpl::forward_step_greedy(const torch::Tensor& input_ids, kv_cache& cache, const greedy_sink& sink,
+                                       bool fused, bool small_batch) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  torch::NoGradGuard no_grad;
+  torch::Tensor logits;
+  if (fused && input_ids.dim() == 2 && input_ids.size(1) == 1 && input_ids.is_cuda()) {
+    bool sampled = false;
+    logits = fused_step(input_ids, cache, small_batch, &sink, &sampled);
+    if (sampled)
+      return;
+  }
+  if (!logits.defined())
+    logits = step(input_ids, cache, {}, /*empty=*/false);
+  fused::greedy_record(logits.contiguous(), sink.next, sink.history, sink.counters);
+#else
+  (void) input_ids, (void) cache, (void) sink, (void) fused, (void) small_batch;
+  throw std::logic_error("forward_step_greedy: this build has no CUDA");
+#endif
+}
+
+torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch,
+                                       const greedy_sink* sink, bool* sampled) {
 #ifdef CRUCIBLE_HAVE_CUDA
   auto layers = fused_layers(*this);
   if (!layers)
@@ -970,12 +991,23 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     auto gate_up = project(h, w.gate_up_weight, w.gate_up_bias);
     delta = project(fused::silu_mul(gate_up), layer->mlp->down_proj->weight, layer->mlp->down_proj->bias);
   }
+  if (sink != nullptr && small_batch && r == 1) {
+    auto weight = output_weight();
+    const bool aligned = reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 16 == 0
+                         && reinterpret_cast<std::uintptr_t>(model->norm->weight.data_ptr()) % 16 == 0;
+    if (aligned && weight.is_contiguous() && fused::greedy_head_ready(residual.scalar_type(), c.hidden_size, c.vocab_size)) {
+      fused::greedy_head(residual, model->norm->weight, c.rms_norm_eps, weight, cache.lengths, sink->next,
+                         sink->history, sink->counters);
+      if (sampled != nullptr)
+        *sampled = true;
+      return {};
+    }
+  }
   auto last = fused::add_rms_norm(delta, residual, model->norm->weight, c.rms_norm_eps);
   cache.lengths.add_(1);
   return logits_from_hidden(last);
 #else
-  (void) input_ids;
-  (void) cache;
+  (void) input_ids, (void) cache, (void) small_batch, (void) sink, (void) sampled;
   return {};
 #endif
 }

@@ -247,6 +247,19 @@ public:
   /// Small-batch projections).
   torch::Tensor forward_step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {},
                              bool fused = false, bool small_batch = true);
+  /// Where forward_step_greedy leaves its greedy sampling (fused::greedy_record's buffers).
+  struct greedy_sink {
+    torch::Tensor next;     ///< int64 [R]: the sampled tokens
+    torch::Tensor history;  ///< float64 [R, capacity, 2]: tokens and log-probs by step
+    torch::Tensor counters; ///< int32 [2]: the step recorded next, then a count kept at 0
+  };
+  /// forward_step(input_ids, cache, {}, fused, small_batch) of one token per row with greedy
+  /// sampling of its logits recorded in `sink` as fused::greedy_record records it. A one-row fused
+  /// step with the small-batch kernels ends instead in fused::greedy_head (the final norm, the
+  /// output matrix and the sampling in one kernel, no logits written) where
+  /// fused::greedy_head_ready allows. CUDA only; capturable in a CUDA graph.
+  void forward_step_greedy(const torch::Tensor& input_ids, kv_cache& cache, const greedy_sink& sink, bool fused,
+                           bool small_batch = true);
   /// Whether forward_step(..., fused = true) can run the fused kernels: a CUDA build, parameters
   /// on a CUDA device in float32, float16 or bfloat16, no LoRA adapters, projections joined (see
   /// AttentionImpl::join_projections; setting parameter data by hand can undo it) and an attention
@@ -275,7 +288,10 @@ private:
   torch::Tensor step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens, bool empty);
   /// forward_step of one token per row through the fused kernels; undefined when not
   /// fused_decode_ready() (nothing changed then).
-  torch::Tensor fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch);
+  /// With `sink` at one row (small_batch), ends in fused::greedy_head where it runs, setting
+  /// *sampled (and returning an undefined tensor).
+  torch::Tensor fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch,
+                           const greedy_sink* sink = nullptr, bool* sampled = nullptr);
   /// cos, sin [B, T, head_dim] for integer positions [B, T], in `dtype`. `seq_len` [B] (the
   /// length each row has reached) matters only to dynamic RoPE.
   std::pair<torch::Tensor, torch::Tensor> rope(const torch::Tensor& positions, const torch::Tensor& seq_len,

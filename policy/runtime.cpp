@@ -220,6 +220,12 @@ void set_decode_wide_attention([[maybe_unused]] bool on) {
 #endif
 }
 
+void set_decode_greedy_head([[maybe_unused]] bool on) {
+#ifdef CRUCIBLE_HAVE_CUDA
+  kernels::set_decode_greedy_head(on);
+#endif
+}
+
 void set_decode_attention_merge([[maybe_unused]] bool on) {
 #ifdef CRUCIBLE_HAVE_CUDA
   kernels::set_decode_attention_merge(on);

@@ -89,6 +89,12 @@ void set_decode_attention_merge_splits(int most);
 void set_decode_attention_merge_warps(int warps);
 void set_small_gemm_batched_staging(bool on);
 
+/// Lets greedy decoding steps of one row in CUDA graphs end in one kernel that applies the final
+/// norm and the output matrix and samples, without writing the logits (kernels::set_decode_greedy_head),
+/// the default, or in the output matrix's GEMM and the two sampling kernels, for this process.
+/// No effect without CUDA.
+void set_decode_greedy_head(bool on);
+
 /// Lets the decoding kernels of one row launch the next kernel as they begin
 /// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No
 /// effect without CUDA.

@@ -9,6 +9,7 @@
 
 #include "policy/engine.hpp"
 #include "policy/model.hpp"
+#include "policy/runtime.hpp"
 #include "../unit/policy/policy_test_util.hpp"
 
 using namespace crucible;
@@ -89,6 +90,11 @@ TEST_CASE("greedy decoding with CUDA graphs equals eager decoding") {
 }
 
 TEST_CASE("greedy sampling inside the CUDA graphs equals sampling after them, bit for bit") {
+  // One row's fused output matrix sums in another order than cuBLAS: off here (next case).
+  set_decode_greedy_head(false);
+  struct restore {
+    ~restore() { set_decode_greedy_head(true); }
+  } restore_head;
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (std::int64_t interval : {16, 5}) {
       CAPTURE(c10::toString(dtype));
@@ -142,6 +148,42 @@ TEST_CASE("greedy sampling inside the CUDA graphs equals sampling after them, bi
       REQUIRE(with.generate(prompts, o).ok());
       CHECK(with.last_stats().graph_sampled_steps == 0);
       CHECK(with.last_stats().graph_replays > 0);
+    }
+  }
+}
+
+TEST_CASE("one row's greedy steps ending in greedy_head equal sampling after the graphs, up to rounding") {
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    CAPTURE(c10::toString(dtype));
+    auto m = random_model("tiny", model_family::qwen2, 1000, dtype);
+    engine_options after;
+    after.greedy_in_graph = false;
+    engine with(m.ptr(), {}), without(m.ptr(), after);
+    sampling_options o;
+    o.temperature = 0.0;
+    o.max_new_tokens = 300;
+    for (auto prompts : {random_prompts({37}, 1000), random_prompts({250}, 1000)}) {
+      auto a = with.generate(prompts, o);
+      const auto sa = with.last_stats();
+      auto b = without.generate(prompts, o);
+      REQUIRE((a.ok() && b.ok()));
+      CHECK(sa.graph_sampled_steps == sa.decode_steps);
+      const auto& x = (*a)[0];
+      const auto& y = (*b)[0];
+      REQUIRE(x.tokens.size() == y.tokens.size());
+      std::size_t k = 0;
+      while (k < x.tokens.size() && x.tokens[k] == y.tokens[k])
+        ++k;
+      double worst = 0.0;
+      for (std::size_t j = 0; j < k; ++j)
+        worst = std::max(worst, static_cast<double>(std::abs(x.logprobs[j] - y.logprobs[j])));
+      MESSAGE(c10::toString(dtype) << ": " << k << " of " << y.tokens.size()
+                                   << " tokens equal; max |log-prob difference| over them " << worst);
+      CHECK(worst <= (dtype == torch::kFloat ? 1e-3 : 5e-2));
+      if (dtype == torch::kFloat)
+        CHECK(k == y.tokens.size());
+      else // bf16: a logit one rounding step apart can flip a near-tie; most must agree
+        CHECK(k >= y.tokens.size() / 2);
     }
   }
 }

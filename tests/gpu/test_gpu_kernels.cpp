@@ -931,6 +931,64 @@ TEST_CASE("greedy_record writes greedy_logprob's results at the counted step and
                        doctest::Contains("history must be"), c10::Error);
 }
 
+TEST_CASE("greedy_head samples the normed row's logits as greedy_logprob samples them rounded from float64") {
+  torch::manual_seed(19);
+  torch::NoGradGuard g;
+  for (auto dtype : all_dtypes) {
+    for (auto [k, vocab] : {std::pair<std::int64_t, std::int64_t>{896, 151936}, {64, 1001}, {4096, 5003}}) {
+      const std::string what = std::string(c10::toString(dtype)) + " k " + std::to_string(k) + " vocab " +
+                               std::to_string(vocab);
+      CAPTURE(what);
+      auto residual = (2.0 * torch::randn({1, k}, on_gpu(torch::kFloat))).to(dtype);
+      auto norm_weight = (1.0 + 0.1 * torch::randn({k}, on_gpu(torch::kFloat))).to(dtype);
+      auto weight = (0.1 * torch::randn({vocab, k}, on_gpu(torch::kFloat))).to(dtype);
+      const double eps = 1e-6;
+      // The reference: the same normed row (add_rms_norm), logits in float64 rounded to the dtype.
+      auto copy = residual.clone();
+      auto xn = fused::add_rms_norm(torch::Tensor{}, copy, norm_weight, eps);
+      auto want_logits = at::linear(xn.to(torch::kDouble), weight.to(torch::kDouble)).to(dtype);
+      auto [want_token, want_lp] = fused::greedy_logprob(want_logits.contiguous());
+      auto lengths = torch::full({1}, 41, on_gpu(torch::kLong));
+      auto next = torch::full({1}, -1, on_gpu(torch::kLong));
+      auto history = torch::full({1, 4, 2}, -7.0, on_gpu(torch::kDouble));
+      auto counters = torch::tensor({2, 0}, on_gpu(torch::kInt));
+      REQUIRE(fused::greedy_head_ready(dtype, k, vocab));
+      for (int call = 0; call < 2; ++call)
+        fused::greedy_head(residual, norm_weight, eps, weight, lengths, next, history, counters);
+      const auto token = next.item<std::int64_t>();
+      const auto want = want_token.item<std::int64_t>();
+      auto ref = want_logits.to(torch::kFloat).squeeze(0);
+      // Float32 sums in another order may move a logit by one rounding step of the dtype: the
+      // token is the reference's or within that step of its maximum.
+      const double top = ref.max().item<double>();
+      const double step = dtype == torch::kFloat ? 1e-4 * std::abs(top) : std::abs(top) * (dtype == torch::kHalf ? 0x1p-10 : 0x1p-7);
+      CHECK(ref[token].item<double>() >= top - 2 * step);
+      auto sorted = std::get<0>(ref.topk(2));
+      if (sorted[0].item<double>() - sorted[1].item<double>() > 4 * step)
+        CHECK(token == want);
+      auto want_at = torch::log_softmax(ref, -1)[token].item<double>();
+      auto h = history.cpu();
+      CHECK(h[0][2][0].item<double>() == static_cast<double>(token));
+      CHECK(h[0][3][0].item<double>() == static_cast<double>(token));
+      CHECK(std::abs(h[0][2][1].item<double>() - want_at) <= (dtype == torch::kFloat ? 1e-4 : 3e-2));
+      CHECK(h[0][0][0].item<double>() == -7.0);
+      CHECK(lengths.item<std::int64_t>() == 43);
+      auto c = counters.cpu();
+      CHECK(c[0].item<int>() == 4);
+      CHECK(c[1].item<int>() == 0);
+      MESSAGE(what << ": token " << token << " (reference " << want << "), log-prob " << h[0][2][1].item<double>()
+                   << " against " << want_lp.item<float>());
+    }
+  }
+  auto residual = torch::randn({1, 64}, on_gpu(torch::kFloat));
+  auto w = torch::ones({64}, on_gpu(torch::kFloat));
+  auto counters = torch::zeros({2}, on_gpu(torch::kInt));
+  CHECK_THROWS_WITH_AS(fused::greedy_head(residual, w, 1e-6, torch::randn({100, 63}, on_gpu(torch::kFloat)), {},
+                                          torch::zeros({1}, on_gpu(torch::kLong)),
+                                          torch::zeros({1, 4, 2}, on_gpu(torch::kDouble)), counters),
+                       doctest::Contains("weight must be"), c10::Error);
+}
+
 // ||got - want|| / ||want|| over all elements.
 double relative_error(const torch::Tensor& got, const torch::Tensor& want) {
   auto w = want.to(torch::kCPU, torch::kDouble);

@@ -6,7 +6,7 @@
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //                [--layers-timeline]
-//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,small_layers,small_layers_l2,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,small_head_gemm,small_layers,small_layers_l2,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
@@ -28,6 +28,9 @@
 // same as small with the o and down projections loading and storing their inputs one at a time:
 // policy::set_small_gemm_batched_staging off), "small_sample_after" (the same as small with the
 // greedy sampling after each step's CUDA graph, not in it: engine_options::greedy_in_graph off),
+// "small_head_gemm" (the same as small with a one-row greedy step's output matrix a GEMM and its
+// sampling two kernels, not one kernel that samples without writing the logits:
+// policy::set_decode_greedy_head off),
 // "small_layers" (the same as small with the
 // layers of a one-row step in one persistent kernel: policy::set_decode_layers on),
 // "small_layers_l2" (that kernel prefetching each next layer's weights to L2:
@@ -99,7 +102,7 @@ struct bench_options {
                "       [--layers-timeline]\n"
                "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
                "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,"
-               "                  small_layers,small_layers_l2,fused,libtorch]\n",
+               "                  small_head_gemm,small_layers,small_layers_l2,fused,libtorch]\n",
                message.c_str());
   std::exit(2);
 }
@@ -162,7 +165,7 @@ bench_options parse(int argc, char** argv) {
         static const char* const known[] = {"small",           "small_rounds",        "small_split",
                                             "small_late",      "small_launch_late",   "small_gate_up_warps",
                                             "small_attention_whole", "small_merge2", "small_merge_w16", "small_serial_staging",
-                                            "small_sample_after",    "small_layers",    "small_layers_l2",
+                                            "small_sample_after",    "small_head_gemm",     "small_layers",    "small_layers_l2",
                                             "fused",           "libtorch"};
         if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
           std::string names;
@@ -312,6 +315,7 @@ int run(const bench_options& o) {
       policy::set_decode_attention_merge_splits(o.kernels[variant] == "small_merge2" ? 2 : 8);
       policy::set_decode_attention_merge_warps(o.kernels[variant] == "small_merge_w16" ? 16 : 8);
       policy::set_small_gemm_batched_staging(o.kernels[variant] != "small_serial_staging");
+      policy::set_decode_greedy_head(o.kernels[variant] != "small_head_gemm");
       policy::set_decode_layers(o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2");
       policy::set_decode_layers_prefetch(o.kernels[variant] == "small_layers_l2");
     };

@@ -86,6 +86,7 @@ def main():
                          "small_merge_w16 = sixteen warps to each block of that split attention, not eight, "
                          "small_serial_staging = the o and down projections loading and storing their inputs one at a time, "
                          "small_sample_after = the greedy sampling after each step's CUDA graph, not in it, "
+                         "small_head_gemm = a one-row greedy step's output matrix a GEMM and its sampling two kernels, "
                          "small_layers = the same with a one-row step's layers in one persistent kernel, "
                          "small_layers_l2 = that kernel prefetching each next layer's weights to L2, "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
