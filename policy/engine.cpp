@@ -603,8 +603,10 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     // Steps that sample inside their graphs. Blocks alternate between the two halves of the
     // graphs' history. Once a block's steps and the copy of its history are queued, the next
     // block's first step is queued too, before the host waits for the copy, so that the device
-    // is not idle while the host reads the block (that step is wasted where every row finishes
-    // in the block). Where the batch is compacted, the host first takes that step's tokens.
+    // is not idle while the host reads the block. That step is wasted where every row finishes in
+    // the block, and dropped where the batch is then compacted: the compacted batch runs it again
+    // (over the same cache slot), so that every step's rounding is that of the batch the host
+    // chose, as when sampling after the graphs.
     int half = 0;
     bool ahead = false; // the current half's first step is already queued
     bool upload = true; // the graphs' input is not the last step's output (first block, compaction)
@@ -616,22 +618,14 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     };
     while (active > 0) {
       if (auto target = compaction_target(); target < rows) {
-        if (ahead) {
-          auto first = s.graphs.history(rows).select(1, s.graphs.half_offset(half)).to(torch::kCPU);
-          ++s.stats.host_syncs;
-          auto h = first.accessor<double, 2>();
-          for (std::int64_t r = 0; r < rows; ++r) {
-            last[r] = static_cast<std::int64_t>(h[r][0]);
-            if (!done[owner[r]])
-              accept(r, static_cast<std::int32_t>(h[r][0]), static_cast<float>(h[r][1]));
-          }
-          ahead = false;
-          target = compaction_target();
-        }
-        if (active == 0)
-          break;
-        if (target < rows)
-          compact(target);
+        const bool dropped = ahead;
+        if (dropped)
+          for (std::int64_t r = 0; r < rows; ++r)
+            --lengths[r];
+        ahead = false;
+        compact(target);
+        if (dropped) // the cache's lengths without the dropped step
+          s.cache.lengths.narrow(0, 0, rows).copy_(torch::tensor(std::vector<std::int64_t>(lengths.begin(), lengths.begin() + rows), torch::kLong));
         upload = true;
       }
       const std::int64_t steps = block_steps(), begin = ahead ? 1 : 0;

@@ -124,14 +124,13 @@ TEST_CASE("greedy sampling inside the CUDA graphs equals sampling after them, bi
       CHECK(sb.graph_sampled_steps == 0);
       CHECK(sb.graph_replays == sb.decode_steps);
       // In the graphs, each block's first step is queued before the host reads the block before
-      // it: one step more where every row finished by then, and a copy more at each compaction
-      // that follows such a step.
+      // it: one step more where every row finished by then, and one more at each compaction (the
+      // step is dropped and run again on the compacted batch).
       CHECK(sa.decode_steps >= sb.decode_steps);
-      CHECK(sa.decode_steps <= sb.decode_steps + 1);
+      CHECK(sa.decode_steps <= sb.decode_steps + 1 + sa.compactions);
       CHECK(sa.compactions == sb.compactions);
       CHECK(sa.compactions > 0);
-      CHECK(sa.host_syncs >= sb.host_syncs);
-      CHECK(sa.host_syncs <= sb.host_syncs + sa.compactions);
+      CHECK(sa.host_syncs == sb.host_syncs);
       REQUIRE(a->size() == b->size());
       std::size_t finished_early = 0;
       for (std::size_t i = 0; i < a->size(); ++i) {

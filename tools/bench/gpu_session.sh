@@ -202,7 +202,7 @@ for line in sys.stdin:
       # against the split attention and every read after the wait: the GPU tests, then decoding
       # side by side (and LibTorch ops, and transformers).
       timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
       # Three passes, each starting one variant later; each variant's median pass is shown.
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
@@ -211,7 +211,7 @@ for line in sys.stdin:
       # one row) against after its wait: the GPU tests, then decoding side by side (three rotated
       # passes) and transformers' generate.
       timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAUNCH_BATCHES:-1,16,64} --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_launch_late --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     halfwarps)
@@ -219,7 +219,7 @@ for line in sys.stdin:
       # wave of blocks) against a unit a warp: the GPU tests, then decoding side by side (three
       # rotated passes; HALFWARPS_HF=--skip-hf leaves transformers out) and the traced batch-1 step of each.
       timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${HALFWARPS_TESTS:-*}" -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${HALFWARPS_BATCHES:-1,16,64} --prompt 512 --new 512 \
         --rounds 3 --kernels ${HALFWARPS_KERNELS:-small,small_gate_up_warps} ${HALFWARPS_HF:-} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
       $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
@@ -231,7 +231,7 @@ for line in sys.stdin:
       # decoding side by side (three rotated passes) and transformers' generate.
       timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*persistent*' 2>&1 | tee "$OUT/gpu_layers.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -20
       timeout 300 $B/tests/gpu/test_gpu_kernels -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAYERS_BATCHES:-1,16,64} --prompt 512 --new 512 \
         --rounds 3 --kernels small,small_layers,small_layers_l2 ${LAYERS_HF:---skip-hf} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
       # Where the persistent kernel's layer time goes: its blocks' timeline of the stages.
@@ -255,7 +255,7 @@ for line in sys.stdin:
       # The one-row projections' single round of weight loads against two rounds: their GPU tests,
       # then decoding side by side (and LibTorch ops, and transformers).
       timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*small-batch*,*fused decoding step*,*greedy*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -5 | tee "$OUT/gpu_engine.txt"
+      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
       python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 512 --new 512 \
         --kernels small,small_rounds,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
     decode)
