@@ -160,8 +160,11 @@ TEST_CASE("a deadline passes without a message, and kill() ends the whole proces
   (*w)->kill();
   CHECK((*w)->exit_description() == "killed by signal 9 (SIGKILL)");
   CHECK_FALSE((*w)->died_by_signal()); // we killed it
-  for (int i = 0; i < 200 && !process_gone(grandchild); ++i)
-    std::this_thread::yield(); // SIGKILL delivery is asynchronous; bounded, not a sleep
+  // SIGKILL delivery and the reaping of the orphan are asynchronous: poll, bounded by a deadline
+  // (200 yields were seen to be too few on a loaded 2-core machine), not a sleep.
+  const auto gone_by = std::chrono::steady_clock::now() + 10s;
+  while (!process_gone(grandchild) && std::chrono::steady_clock::now() < gone_by)
+    std::this_thread::yield();
   CHECK(process_gone(grandchild));
 }
 
