@@ -535,6 +535,31 @@ std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logi
   return {tokens, logprobs};
 }
 
+namespace {
+
+// The history ([rows, capacity, 2] float64, each row's steps contiguous) and counters (int32 [2])
+// of greedy_record and greedy_head, checked, as the kernels take them.
+kernels::greedy_record history_record(const char* name, std::int64_t rows, const torch::Device& device,
+                                      const torch::Tensor& history, const torch::Tensor& counters) {
+  TORCH_CHECK(history.device() == device && history.scalar_type() == torch::kDouble && history.dim() == 3
+                && history.size(0) == rows && history.size(1) > 0 && history.size(2) == 2 && history.stride(2) == 1
+                && history.stride(1) == 2 && history.stride(0) >= 2 * history.size(1),
+              name, ": history must be a float64 [", rows, ", capacity, 2] tensor with each row's steps contiguous on ",
+              device, ", got ", history.sizes(), " strides ", history.strides());
+  TORCH_CHECK(counters.device() == device && counters.scalar_type() == torch::kInt && counters.numel() == 2
+                && counters.is_contiguous(),
+              name, ": counters must be a contiguous int32 [2] tensor on ", device);
+  kernels::greedy_record record;
+  record.history = history.data_ptr<double>();
+  record.row_stride = history.stride(0);
+  record.capacity = history.size(1);
+  record.step = counters.data_ptr<std::int32_t>();
+  record.done = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>() + 1);
+  return record;
+}
+
+} // namespace
+
 bool greedy_head_ready(torch::ScalarType dtype, std::int64_t k, std::int64_t vocab) {
   return kernels::decode_greedy_head() && supported_dtype(dtype)
          && kernels::greedy_head_blocks(kernel_dtype_of(dtype), k, vocab) > 0;
@@ -559,14 +584,7 @@ void greedy_head(const torch::Tensor& residual, const torch::Tensor& norm_weight
               "greedy_head: next must be an int64 [1] tensor on the residual's device");
   TORCH_CHECK(!lengths.defined() || (lengths.device() == on && lengths.scalar_type() == torch::kLong && lengths.numel() == 1),
               "greedy_head: lengths must be an int64 [1] tensor on the residual's device");
-  TORCH_CHECK(history.device() == on && history.scalar_type() == torch::kDouble && history.dim() == 3
-                && history.size(0) == 1 && history.size(1) > 0 && history.size(2) == 2 && history.stride(2) == 1
-                && history.stride(1) == 2,
-              "greedy_head: history must be a float64 [1, capacity, 2] tensor with its steps contiguous on the "
-              "residual's device, got ", history.sizes());
-  TORCH_CHECK(counters.device() == on && counters.scalar_type() == torch::kInt && counters.numel() == 2
-                && counters.is_contiguous(),
-              "greedy_head: counters must be a contiguous int32 [2] tensor on the residual's device");
+  const auto record = history_record("greedy_head", 1, on, history, counters);
   c10::cuda::CUDAGuard guard(on);
   const auto blocks = kernels::greedy_head_blocks(kernel_dtype(residual), k, weight.size(0));
   TORCH_CHECK(blocks > 0, "greedy_head: a row of ", k, " ", dt, " elements is not one the kernel stages");
@@ -582,12 +600,9 @@ void greedy_head(const torch::Tensor& residual, const torch::Tensor& norm_weight
   a.token = next.data_ptr<std::int64_t>();
   a.logprob = logprob.data_ptr<float>();
   a.partial = partial.data_ptr<float>();
-  a.done = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>() + 1);
+  a.done = record.done;
   a.lengths = lengths.defined() ? lengths.data_ptr<std::int64_t>() : nullptr;
-  a.record.history = history.data_ptr<double>();
-  a.record.row_stride = history.stride(0);
-  a.record.capacity = history.size(1);
-  a.record.step = counters.data_ptr<std::int32_t>();
+  a.record = record;
   check_launch(kernels::greedy_head(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()), "greedy_head");
 }
 
@@ -600,24 +615,11 @@ void greedy_record(const torch::Tensor& logits, const torch::Tensor& next, const
                 && next.size(0) == rows && next.is_contiguous(),
               "greedy_record: next must be a contiguous int64 [", rows, "] tensor on the logits' device, got ",
               next.sizes(), " ", next.scalar_type());
-  TORCH_CHECK(history.device() == logits.device() && history.scalar_type() == torch::kDouble && history.dim() == 3
-                && history.size(0) == rows && history.size(1) > 0 && history.size(2) == 2 && history.stride(2) == 1
-                && history.stride(1) == 2 && history.stride(0) >= 2 * history.size(1),
-              "greedy_record: history must be a float64 [", rows, ", capacity, 2] tensor with each row's steps "
-              "contiguous on the logits' device, got ", history.sizes(), " strides ", history.strides());
-  TORCH_CHECK(counters.device() == logits.device() && counters.scalar_type() == torch::kInt && counters.numel() == 2
-                && counters.is_contiguous(),
-              "greedy_record: counters must be a contiguous int32 [2] tensor on the logits' device");
+  const auto record = history_record("greedy_record", rows, logits.device(), history, counters);
   c10::cuda::CUDAGuard guard(logits.device());
   const auto blocks = kernels::greedy_logprob_blocks(vocab);
   auto logprobs = torch::empty({rows}, logits.options().dtype(torch::kFloat));
   auto partial = torch::empty({rows, blocks, 3}, logits.options().dtype(torch::kFloat));
-  kernels::greedy_record record;
-  record.history = history.data_ptr<double>();
-  record.row_stride = history.stride(0);
-  record.capacity = history.size(1);
-  record.step = counters.data_ptr<std::int32_t>();
-  record.done = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>() + 1);
   check_launch(kernels::greedy_logprob(kernel_dtype(logits), logits.data_ptr(), rows, vocab, next.data_ptr<std::int64_t>(),
                                        logprobs.data_ptr<float>(), partial.data_ptr<float>(), blocks,
                                        at::cuda::getCurrentCUDAStream(), record),
