@@ -177,9 +177,6 @@ public:
     copied_.record(at::cuda::getCurrentCUDAStream());
   }
 
-  /// The first `rows` rows' history on the device: [rows, 2 x interval, token or log-prob].
-  torch::Tensor history(std::int64_t rows) const { return history_.narrow(0, 0, rows); }
-
   /// The history copy_history queued: [rows (of that call), 2 x interval, token or log-prob].
   at::TensorAccessor<double, 3> wait_history() {
     copied_.synchronize();
@@ -591,6 +588,19 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     if (fused_now)
       ++s.stats.fused_steps;
   };
+  // The first `rows` entries of a per-row vector, as the int64 tensor the device takes.
+  auto batch_tensor = [&](const std::vector<std::int64_t>& v) {
+    return torch::tensor(std::vector<std::int64_t>(v.begin(), v.begin() + rows), torch::kLong);
+  };
+  // A block's `steps` tokens and log-probs, h[row][at + j], into the completions.
+  auto take_block = [&](const at::TensorAccessor<double, 3>& h, std::int64_t at, std::int64_t steps) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      last[r] = static_cast<std::int64_t>(h[r][at + steps - 1][0]);
+      // Tokens after a completion's end were computed but are not part of it.
+      for (std::int64_t j = 0; j < steps && !done[owner[r]]; ++j)
+        accept(r, static_cast<std::int32_t>(h[r][at + j][0]), static_cast<float>(h[r][at + j][1]));
+    }
+  };
   auto slots_used = [&] {
     std::int64_t used = 0;
     for (std::int64_t r = 0; r < rows; ++r)
@@ -625,14 +635,14 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
         ahead = false;
         compact(target);
         if (dropped) // the cache's lengths without the dropped step
-          s.cache.lengths.narrow(0, 0, rows).copy_(torch::tensor(std::vector<std::int64_t>(lengths.begin(), lengths.begin() + rows), torch::kLong));
+          s.cache.lengths.narrow(0, 0, rows).copy_(batch_tensor(lengths));
         upload = true;
       }
       const std::int64_t steps = block_steps(), begin = ahead ? 1 : 0;
       if (!ahead) {
         s.graphs.begin_half(half);
         if (upload)
-          s.graphs.set_tokens(torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong));
+          s.graphs.set_tokens(batch_tensor(last));
         upload = false;
       }
       for (std::int64_t j = begin; j < steps; ++j)
@@ -646,14 +656,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
         s.graphs.begin_half(1 - half);
         queue_step();
       }
-      auto h = s.graphs.wait_history();
-      const auto at = s.graphs.half_offset(half);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        last[r] = static_cast<std::int64_t>(h[r][at + steps - 1][0]);
-        // Tokens after a completion's end were computed but are not part of it.
-        for (std::int64_t j = 0; j < steps && !done[owner[r]]; ++j)
-          accept(r, static_cast<std::int32_t>(h[r][at + j][0]), static_cast<float>(h[r][at + j][1]));
-      }
+      take_block(s.graphs.wait_history(), s.graphs.half_offset(half), steps);
       half = 1 - half;
     }
   }
@@ -670,7 +673,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     if (auto target = compaction_target(); target < rows)
       compact(target);
     const std::int64_t steps = block_steps();
-    auto tokens = torch::tensor(std::vector<std::int64_t>(last.begin(), last.begin() + rows), torch::kLong).to(s.device);
+    auto tokens = batch_tensor(last).to(s.device);
     auto block = history.narrow(0, 0, rows);
     for (std::int64_t j = 0; j < steps; ++j) {
       auto logits = s.decode(tokens.view({rows, 1}), rows, slots_used());
@@ -685,13 +688,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     }
     auto host = block.narrow(1, 0, steps).to(torch::kCPU); // waits for the block's steps
     ++s.stats.host_syncs;
-    auto h = host.accessor<double, 3>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      last[r] = static_cast<std::int64_t>(h[r][steps - 1][0]);
-      // Tokens after a completion's end were computed but are not part of it.
-      for (std::int64_t j = 0; j < steps && !done[owner[r]]; ++j)
-        accept(r, static_cast<std::int32_t>(h[r][j][0]), static_cast<float>(h[r][j][1]));
-    }
+    take_block(host.accessor<double, 3>(), 0, steps);
   }
   s.stats.decode_seconds = seconds_since(t0);
   for (const auto& c : out)
