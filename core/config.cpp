@@ -657,6 +657,10 @@ void describe(V& v, config& c) {
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "
             "Ignored on the CPU and in builds without CUDA.");
+    v.field("keep_freed_mb", e.keep_freed_mb,
+            "With outputs on a CUDA device: how much freed memory (MiB) the evaluator's own memory pool keeps "
+            "for the next verdicts' reference copies instead of returning it to the driver. Memory it returns must "
+            "be mapped again for the next copy, a call that waits behind other processes' context creations.");
     v.field("zygote", e.zygote,
             "Fork each worker from a zygote process that has imported torch and the harness but never used the "
             "device (tens of milliseconds instead of seconds per worker); every worker is forked from the zygote, "

@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,33 @@
 namespace crucible::env {
 
 namespace {
+
+// device_bytes_time()'s counters: nanoseconds and calls per kind of step.
+struct lap_counter {
+  std::atomic<std::uint64_t> ns{0}, calls{0};
+};
+lap_counter open_laps, close_laps, alloc_laps, copy_laps, compare_laps;
+
+// Adds the time from construction to destruction (or to stop()) to a counter.
+class lap {
+public:
+  explicit lap(lap_counter& c) : c_{&c} {}
+  ~lap() { stop(); }
+  lap(const lap&) = delete;
+  lap& operator=(const lap&) = delete;
+  void stop() {
+    if (c_ == nullptr)
+      return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count();
+    c_->ns += static_cast<std::uint64_t>(ns);
+    ++c_->calls;
+    c_ = nullptr;
+  }
+
+private:
+  lap_counter* c_;
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
 
 std::string cuda_text(cudaError_t e) {
   return std::string{cudaGetErrorName(e)} + " (" + cudaGetErrorString(e) + ")";
@@ -31,6 +60,7 @@ public:
   mapped(int device, void* base, const std::byte* data, std::uint64_t size)
       : device_{device}, base_{base}, data_{data}, size_{size} {}
   ~mapped() override {
+    lap timed{close_laps};
     if (cudaSetDevice(device_) == cudaSuccess)
       (void) cudaIpcCloseMemHandle(base_);
   }
@@ -186,6 +216,7 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
                 std::to_string(align), " bytes");
   if (auto r = select(device); !r)
     return r.error();
+  lap timed{open_laps};
   void* base = nullptr;
   if (auto e = cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
     (void) cudaGetLastError();
@@ -239,11 +270,14 @@ result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
     return r.error();
   void* p = nullptr;
   if (src.size() > 0) {
+    lap allocating{alloc_laps};
     if (auto e = cudaMallocAsync(&p, src.size(), cudaStreamPerThread); e != cudaSuccess) {
       (void) cudaGetLastError();
       return fail(errc::device, "cannot allocate ", std::to_string(src.size()), " bytes for a reference output: ",
                   cuda_text(e));
     }
+    allocating.stop();
+    lap copying{copy_laps};
     auto copy = std::make_shared<owned>(src.device(), p, src.size());
     if (auto e = cudaMemcpyAsync(p, src.data(), src.size(), cudaMemcpyDeviceToDevice, cudaStreamPerThread);
         e != cudaSuccess)
@@ -279,6 +313,7 @@ result<device_difference> device_compare(const device_bytes& want, const device_
     return res;
   if (auto r = select(want.device()); !r)
     return r.error();
+  lap timed{compare_laps};
   diff_state* state = nullptr;
   if (auto e = cudaMallocAsync(reinterpret_cast<void**>(&state), sizeof(diff_state), cudaStreamPerThread);
       e != cudaSuccess)
@@ -332,6 +367,21 @@ result<device_difference> device_compare(const device_bytes& want, const device_
       return fail(errc::device, "reading a mismatching element: ", cuda_text(e2));
   }
   return res;
+}
+
+device_bytes_times device_bytes_time() noexcept {
+  device_bytes_times t;
+  t.open_ns = open_laps.ns;
+  t.opens = open_laps.calls;
+  t.close_ns = close_laps.ns;
+  t.closes = close_laps.calls;
+  t.alloc_ns = alloc_laps.ns;
+  t.allocs = alloc_laps.calls;
+  t.copy_ns = copy_laps.ns;
+  t.copies = copy_laps.calls;
+  t.compare_ns = compare_laps.ns;
+  t.compares = compare_laps.calls;
+  return t;
 }
 
 result<std::string> device_name(int device) {

@@ -65,6 +65,17 @@ result<device_difference> device_compare(const device_bytes& want, const device_
 /// copies (copy_to_owned) then reuse the previous verdict's memory rather than map new memory.
 result<void> keep_freed_memory(int device, std::uint64_t bytes);
 
+/// Where this process's calls above spent their time, summed over its threads since it started
+/// (for figures: tools/bench/bench_eval_throughput prints them per pass). Zero without CUDA.
+struct device_bytes_times {
+  std::uint64_t open_ns = 0, opens = 0;       ///< map_exported: opening the handle, checking the range
+  std::uint64_t close_ns = 0, closes = 0;     ///< unmapping an export
+  std::uint64_t alloc_ns = 0, allocs = 0;     ///< allocating an owned copy
+  std::uint64_t copy_ns = 0, copies = 0;      ///< copying into it and waiting for the copy
+  std::uint64_t compare_ns = 0, compares = 0; ///< device_compare, its wait included
+};
+device_bytes_times device_bytes_time() noexcept;
+
 /// The CUDA device's name for `device` (for logs and tests); an error without a device.
 result<std::string> device_name(int device);
 

@@ -23,5 +23,6 @@ result<device_difference> device_compare(const device_bytes&, const device_bytes
 }
 result<void> keep_freed_memory(int, std::uint64_t) { return no_cuda(); }
 result<std::string> device_name(int) { return no_cuda(); }
+device_bytes_times device_bytes_time() noexcept { return {}; }
 
 } // namespace crucible::env

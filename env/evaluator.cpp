@@ -192,7 +192,7 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
         log.warn("evaluator", ev->device_, ": not a cuda:N device; outputs are compared on the host");
       } else if (auto name = device_name(index); name) {
         ev->outputs_device_ = index;
-        if (auto kept = keep_freed_memory(index, 2ull << 30); !kept)
+        if (auto kept = keep_freed_memory(index, ev->opt_.keep_freed_mb << 20); !kept)
           log.warn("evaluator", ev->device_, ": ", kept.error().message);
       } else {
         log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", name.error().message);
@@ -842,9 +842,11 @@ verdict evaluation::run() {
       }
       copied_s += std::chrono::duration<double>(clock_type::now() - m1).count();
       reference_.push_back(std::move(*outs));
-      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials
-          && !send("{\"type\":\"taken\"}"))
-        return v_;
+      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials) {
+        if (!send("{\"type\":\"taken\"}"))
+          return v_;
+        phase("reference kept"); // the worker now poisons and frees its exports
+      }
     }
     if (ev_.log_.enabled(log_level::debug)) {
       char buf[96];

@@ -24,6 +24,7 @@
 
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "env/device_bytes.hpp"
 #include "env/evaluator.hpp"
 
 namespace fs = std::filesystem;
@@ -128,6 +129,7 @@ int main(int argc, char** argv) {
     auto calls0 = (*ev)->timed_call_seconds();
     auto started0 = (*ev)->workers_started();
     auto forked0 = (*ev)->workers_forked();
+    const auto bytes0 = env::device_bytes_time();
     auto t0 = std::chrono::steady_clock::now();
     std::vector<std::thread> threads;
     for (int c = 0; c < concurrency; ++c)
@@ -181,6 +183,23 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>((*ev)->workers_started() - started0),
                 static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency,
                 static_cast<long long>(opt.warm_workers));
+    // The evaluator's own device-output calls (outputs on the device): milliseconds per verdict
+    // summed over its threads, and the mean of one call.
+    if (const auto b1 = env::device_bytes_time(); b1.opens + b1.allocs > bytes0.opens + bytes0.allocs) {
+      const double n = static_cast<double>(queue.size());
+      auto part = [&](const char* what, std::uint64_t ns1, std::uint64_t ns0, std::uint64_t c1, std::uint64_t c0) {
+        const double ms = static_cast<double>(ns1 - ns0) * 1e-6;
+        std::printf("%s %.1f ms/verdict (%.2f ms a call, %llu calls)", what, ms / n,
+                    c1 > c0 ? ms / static_cast<double>(c1 - c0) : 0.0, static_cast<unsigned long long>(c1 - c0));
+      };
+      std::printf("  evaluator's device-output calls: ");
+      part("mapping", b1.open_ns, bytes0.open_ns, b1.opens, bytes0.opens);
+      part(", unmapping", b1.close_ns, bytes0.close_ns, b1.closes, bytes0.closes);
+      part(", allocating", b1.alloc_ns, bytes0.alloc_ns, b1.allocs, bytes0.allocs);
+      part(", copying", b1.copy_ns, bytes0.copy_ns, b1.copies, bytes0.copies);
+      part(", comparing", b1.compare_ns, bytes0.compare_ns, b1.compares, bytes0.compares);
+      std::printf("\n");
+    }
     // Precision under this load: each task's verdicts, max/min - 1 as in eval_precision.py.
     for (auto& [task, xs] : speedups) {
       auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());

@@ -146,16 +146,23 @@ for line in sys.stdin:
       # Verdicts per minute and the timed share at several concurrencies with the defaults,
       # 40 candidates each (CONCURRENCIES, in order; both passes of each run count).
       # Each measured pass's gate timeline goes to $OUT/timeline_N_cC.txt, with its breakdown
-      # (tools/bench/gate_timeline.py) after the pass's figures. EVAL_SETS: extra --set options.
+      # (tools/bench/gate_timeline.py) after the pass's figures. EVAL_SETS: extra --set options for
+      # every run; RUN_SETS: "|"-separated, the Nth field's --set options for the Nth run only.
+      # LAPS=1: --verbose 1, each run's log in $OUT/laps_N.txt, its steps' medians (eval_laps.py).
       n=0
+      IFS='|' read -r -a run_sets <<< "${RUN_SETS:-}"
       for c in ${CONCURRENCIES:-5 6 5}; do
         n=$((n + 1))
-        sets=(); for s in ${EVAL_SETS:-}; do sets+=(--set "$s"); done
-        echo "== concurrency $c ${EVAL_SETS:-}" | tee -a "$OUT/concurrency.txt"
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates 40 "${sets[@]}" \
-          --timeline "$OUT/timeline_${n}_c$c.txt" 2>&1 \
-          | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/concurrency.txt"
+        extra="${EVAL_SETS:-} ${run_sets[$((n - 1))]:-}"
+        sets=(); for s in $extra; do sets+=(--set "$s"); done
+        echo "== concurrency $c $extra" | tee -a "$OUT/concurrency.txt"
+        verbose=(); [[ "${LAPS:-}" == 1 ]] && verbose=(--verbose 1)
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates 40 "${sets[@]}" "${verbose[@]}" \
+          --timeline "$OUT/timeline_${n}_c$c.txt" > "$OUT/laps_$n.txt" 2>&1
+        grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork| DEBUG |^\s*$" "$OUT/laps_$n.txt" | tee -a "$OUT/concurrency.txt"
         python3 tools/bench/gate_timeline.py "$OUT/timeline_${n}_c$c.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
+        [[ "${LAPS:-}" == 1 ]] && python3 tools/bench/eval_laps.py "$OUT/laps_$n.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
+        [[ "${LAPS:-}" == 1 ]] || rm -f "$OUT/laps_$n.txt"
       done ;;
     phases)
       # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the
