@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -12,11 +13,10 @@
 #include <string_view>
 #include <vector>
 
+#include "env/device_bytes.hpp"
 #include "env/dtype.hpp"
 
 namespace crucible::env {
-
-class device_bytes;
 
 /// "float32", ...; the names torch uses without the "torch." prefix.
 const char* to_string(dtype t) noexcept;
@@ -57,10 +57,24 @@ struct comparison {
   bool evaluator_error = false;
 };
 
+/// Differences of pairs of outputs kept on the device, computed ahead in one batch
+/// (compare_on_device_ahead), keyed by the pair's (want, got) spans.
+using device_differences = std::map<std::pair<const device_bytes*, const device_bytes*>, device_difference>;
+
+/// A list of reference outputs and a list of outputs to compare with them.
+using output_lists = std::pair<const std::vector<tensor_blob>*, const std::vector<tensor_blob>*>;
+
+/// Compares, in one batch on the device (one wait instead of one per output), every pair of
+/// outputs at the same position of each pair of lists that are both kept on the device and have
+/// the same dtype and shape. Pairs it leaves out, and all of them when the batch fails, are
+/// compared one at a time by compare_outputs.
+device_differences compare_on_device_ahead(const std::vector<output_lists>& lists, const tolerances& tol);
+
 /// Compares outputs element by element: same count, kind, dtype and shape, then values within
-/// the dtype's tolerance. NaN matches NaN; infinities must match exactly.
+/// the dtype's tolerance. NaN matches NaN; infinities must match exactly. Device pairs found in
+/// `ahead` take their difference from it.
 comparison compare_outputs(const std::vector<tensor_blob>& want, const std::vector<tensor_blob>& got,
-                           const tolerances& tol);
+                           const tolerances& tol, const device_differences* ahead = nullptr);
 
 /// One element at `p` (native byte order) as a double.
 double element_value(const std::byte* p, dtype t) noexcept;

@@ -265,28 +265,57 @@ result<void> keep_freed_memory(int device, std::uint64_t bytes) {
   return {};
 }
 
-result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
-  if (auto r = select(src.device()); !r)
+result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>& srcs) {
+  std::vector<std::shared_ptr<device_bytes>> out;
+  out.reserve(srcs.size());
+  if (srcs.empty())
+    return out;
+  const int device = srcs.front()->device();
+  for (const auto* src : srcs)
+    if (src->device() != device)
+      return fail(errc::invalid_arg, "copy_all_to_owned: spans on devices ", std::to_string(device), " and ",
+                  std::to_string(src->device()));
+  if (auto r = select(device); !r)
     return r.error();
-  void* p = nullptr;
-  if (src.size() > 0) {
-    lap allocating{alloc_laps};
-    if (auto e = cudaMallocAsync(&p, src.size(), cudaStreamPerThread); e != cudaSuccess) {
-      (void) cudaGetLastError();
-      return fail(errc::device, "cannot allocate ", std::to_string(src.size()), " bytes for a reference output: ",
-                  cuda_text(e));
+  // Every copy is queued first and waited for once: under load each wait on the device costs
+  // milliseconds whatever it waits for (docs/PERFORMANCE.md).
+  lap allocating{alloc_laps};
+  std::vector<void*> dst;
+  dst.reserve(srcs.size());
+  for (const auto* src : srcs) {
+    void* p = nullptr;
+    if (src->size() > 0) {
+      if (auto e = cudaMallocAsync(&p, src->size(), cudaStreamPerThread); e != cudaSuccess) {
+        (void) cudaGetLastError();
+        return fail(errc::device, "cannot allocate ", std::to_string(src->size()), " bytes for a reference output: ",
+                    cuda_text(e));
+      }
     }
-    allocating.stop();
-    lap copying{copy_laps};
-    auto copy = std::make_shared<owned>(src.device(), p, src.size());
-    if (auto e = cudaMemcpyAsync(p, src.data(), src.size(), cudaMemcpyDeviceToDevice, cudaStreamPerThread);
-        e != cudaSuccess)
-      return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
-    if (auto e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess)
-      return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
-    return std::shared_ptr<device_bytes>{copy};
+    out.push_back(std::make_shared<owned>(device, p, src->size()));
+    dst.push_back(p);
   }
-  return std::shared_ptr<device_bytes>{std::make_shared<owned>(src.device(), nullptr, 0)};
+  allocating.stop();
+  lap copying{copy_laps};
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    if (srcs[i]->size() == 0)
+      continue;
+    if (auto e = cudaMemcpyAsync(dst[i], srcs[i]->data(), srcs[i]->size(),
+                                 cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+        e != cudaSuccess) {
+      (void) cudaStreamSynchronize(cudaStreamPerThread); // the copies queued so far end before their sources go
+      return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
+    }
+  }
+  if (auto e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess)
+    return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
+  return out;
+}
+
+result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
+  auto copies = copy_all_to_owned({&src});
+  if (!copies)
+    return copies.error();
+  return std::move(copies->front());
 }
 
 result<std::vector<std::byte>> download(const device_bytes& src) {
@@ -300,73 +329,103 @@ result<std::vector<std::byte>> download(const device_bytes& src) {
   return out;
 }
 
-result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
-                                         const tolerance& tol) {
-  const auto es = element_size(t);
-  if (want.size() < n * es || got.size() < n * es)
-    return fail(errc::invalid_arg, "device_compare: ", std::to_string(n), " elements do not fit the buffers");
-  if (want.device() != got.device())
-    return fail(errc::invalid_arg, "device_compare: buffers on devices ", std::to_string(want.device()), " and ",
-                std::to_string(got.device()));
-  device_difference res;
-  if (n == 0)
+result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>& pairs) {
+  std::vector<device_difference> res(pairs.size());
+  if (pairs.empty())
     return res;
-  if (auto r = select(want.device()); !r)
+  const int device = pairs.front().want->device();
+  for (const auto& c : pairs) {
+    const auto es = element_size(c.type);
+    if (c.want->size() < c.n * es || c.got->size() < c.n * es)
+      return fail(errc::invalid_arg, "device_compare: ", std::to_string(c.n), " elements do not fit the buffers");
+    if (c.want->device() != device || c.got->device() != device)
+      return fail(errc::invalid_arg, "device_compare: buffers on devices ", std::to_string(c.want->device()), " and ",
+                  std::to_string(c.got->device()));
+  }
+  if (auto r = select(device); !r)
     return r.error();
+  // One kernel per pair, each with its own slot of counters, queued together and waited for
+  // once (one wait instead of one per pair; see copy_all_to_owned).
   lap timed{compare_laps};
+  const auto count = pairs.size();
   diff_state* state = nullptr;
-  if (auto e = cudaMallocAsync(reinterpret_cast<void**>(&state), sizeof(diff_state), cudaStreamPerThread);
-      e != cudaSuccess)
+  if (auto e = cudaMallocAsync(reinterpret_cast<void**>(&state), count * sizeof(diff_state), cudaStreamPerThread);
+      e != cudaSuccess) {
+    (void) cudaGetLastError();
     return fail(errc::device, "device_compare: ", cuda_text(e));
-  diff_state init{0, 0, n};
-  diff_state host{};
-  cudaError_t e = cudaMemcpyAsync(state, &init, sizeof init, cudaMemcpyHostToDevice, cudaStreamPerThread);
+  }
+  std::vector<diff_state> host(count);
+  for (size_t i = 0; i < count; ++i)
+    host[i] = diff_state{0, 0, pairs[i].n};
+  cudaError_t e = cudaMemcpyAsync(state, host.data(), count * sizeof(diff_state), cudaMemcpyHostToDevice,
+                                  cudaStreamPerThread);
   int sms = 0;
   if (e == cudaSuccess)
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, want.device());
-  if (e == cudaSuccess) {
-    const auto wanted_blocks = (n + 255) / 256;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  for (size_t i = 0; i < count && e == cudaSuccess; ++i) {
+    const auto& c = pairs[i];
+    if (c.n == 0)
+      continue;
+    const auto wanted_blocks = (c.n + 255) / 256;
     const int blocks = static_cast<int>(std::min<std::uint64_t>(wanted_blocks, static_cast<std::uint64_t>(sms) * 8));
-    const double atol = tol.atol, rtol = tol.rtol;
-    switch (t) {
-      case dtype::f64: launch<static_cast<int>(dtype::f64)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::f32: launch<static_cast<int>(dtype::f32)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::f16: launch<static_cast<int>(dtype::f16)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::bf16: launch<static_cast<int>(dtype::bf16)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::i64: launch<static_cast<int>(dtype::i64)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::i32: launch<static_cast<int>(dtype::i32)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::i16: launch<static_cast<int>(dtype::i16)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::i8: launch<static_cast<int>(dtype::i8)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::u8: launch<static_cast<int>(dtype::u8)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
-      case dtype::boolean: launch<static_cast<int>(dtype::boolean)>(want.data(), got.data(), n, atol, rtol, state, blocks); break;
+    const double atol = c.tol.atol, rtol = c.tol.rtol;
+    const void* want = c.want->data();
+    const void* got = c.got->data();
+    diff_state* out = state + i;
+    switch (c.type) {
+      case dtype::f64: launch<static_cast<int>(dtype::f64)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::f32: launch<static_cast<int>(dtype::f32)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::f16: launch<static_cast<int>(dtype::f16)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::bf16: launch<static_cast<int>(dtype::bf16)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::i64: launch<static_cast<int>(dtype::i64)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::i32: launch<static_cast<int>(dtype::i32)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::i16: launch<static_cast<int>(dtype::i16)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::i8: launch<static_cast<int>(dtype::i8)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::u8: launch<static_cast<int>(dtype::u8)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::boolean: launch<static_cast<int>(dtype::boolean)>(want, got, c.n, atol, rtol, out, blocks); break;
     }
     e = cudaGetLastError();
   }
   if (e == cudaSuccess)
-    e = cudaMemcpyAsync(&host, state, sizeof host, cudaMemcpyDeviceToHost, cudaStreamPerThread);
+    e = cudaMemcpyAsync(host.data(), state, count * sizeof(diff_state), cudaMemcpyDeviceToHost, cudaStreamPerThread);
   (void) cudaFreeAsync(state, cudaStreamPerThread);
   if (e == cudaSuccess)
     e = cudaStreamSynchronize(cudaStreamPerThread);
+  else
+    (void) cudaStreamSynchronize(cudaStreamPerThread);
   if (e != cudaSuccess)
     return fail(errc::device, "comparing outputs on the device: ", cuda_text(e));
-  res.mismatches = host.mismatches;
-  double worst;
-  std::memcpy(&worst, &host.worst_bits, sizeof worst);
-  res.max_abs_diff = worst;
-  if (res.mismatches > 0) {
-    res.first_bad = host.first_bad;
+  for (size_t i = 0; i < count; ++i) {
+    const auto& c = pairs[i];
+    auto& r = res[i];
+    r.mismatches = host[i].mismatches;
+    double worst;
+    std::memcpy(&worst, &host[i].worst_bits, sizeof worst);
+    r.max_abs_diff = worst;
+    if (r.mismatches == 0)
+      continue;
+    r.first_bad = host[i].first_bad;
     // The two values at the first mismatch, for the message.
-    const auto at = res.first_bad * es;
-    if (auto e1 = cudaMemcpy(res.want_first, static_cast<const std::byte*>(want.data()) + at, es,
+    const auto es = element_size(c.type);
+    const auto at = r.first_bad * es;
+    if (auto e1 = cudaMemcpy(r.want_first, static_cast<const std::byte*>(c.want->data()) + at, es,
                              cudaMemcpyDeviceToHost);
         e1 != cudaSuccess)
       return fail(errc::device, "reading a mismatching element: ", cuda_text(e1));
-    if (auto e2 = cudaMemcpy(res.got_first, static_cast<const std::byte*>(got.data()) + at, es,
+    if (auto e2 = cudaMemcpy(r.got_first, static_cast<const std::byte*>(c.got->data()) + at, es,
                              cudaMemcpyDeviceToHost);
         e2 != cudaSuccess)
       return fail(errc::device, "reading a mismatching element: ", cuda_text(e2));
   }
   return res;
+}
+
+result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
+                                         const tolerance& tol) {
+  auto all = device_compare_all({device_comparison{&want, &got, t, n, tol}});
+  if (!all)
+    return all.error();
+  return all->front();
 }
 
 device_bytes_times device_bytes_time() noexcept {

@@ -43,6 +43,9 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
 
 /// A copy of `src` in memory this process owns (reference outputs outlive the worker's exports).
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src);
+/// copy_to_owned for several spans (on one device) at once: the copies are queued together and
+/// waited for once.
+result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>& srcs);
 
 /// Copies device bytes to the host.
 result<std::vector<std::byte>> download(const device_bytes& src);
@@ -59,6 +62,18 @@ struct device_difference {
 };
 result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
                                          const tolerance& tol);
+
+/// One pair for device_compare_all.
+struct device_comparison {
+  const device_bytes* want;
+  const device_bytes* got;
+  dtype type;
+  std::uint64_t n;
+  tolerance tol;
+};
+/// device_compare for several pairs (on one device) at once: the kernels are queued together and
+/// waited for once. One result per pair, in order.
+result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>& pairs);
 
 /// Lets this process's default memory pool on `device` keep up to `bytes` of freed memory
 /// instead of returning it to the driver at the next synchronisation: each verdict's reference

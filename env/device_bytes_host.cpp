@@ -16,11 +16,15 @@ result<std::shared_ptr<device_bytes>> map_exported(int, std::string_view, std::u
   return no_cuda();
 }
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes&) { return no_cuda(); }
+result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>&) {
+  return no_cuda();
+}
 result<std::vector<std::byte>> download(const device_bytes&) { return no_cuda(); }
 result<device_difference> device_compare(const device_bytes&, const device_bytes&, dtype, std::uint64_t,
                                          const tolerance&) {
   return no_cuda();
 }
+result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>&) { return no_cuda(); }
 result<void> keep_freed_memory(int, std::uint64_t) { return no_cuda(); }
 result<std::string> device_name(int) { return no_cuda(); }
 device_bytes_times device_bytes_time() noexcept { return {}; }

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -523,6 +524,9 @@ public:
   /// The verdict comes from a failure in the evaluator's own process (its device memory, its
   /// comparison), not from the candidate: it is not cached.
   bool evaluator_failed() const noexcept { return evaluator_failed_; }
+  /// Closes this evaluation's mappings of the worker's exports (outputs kept on the device), if
+  /// an early end left any: before the worker goes.
+  void drop_outputs() noexcept { reference_.clear(); }
   /// The worker's process, after run(): for device_evaluator::retire.
   std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 
@@ -540,7 +544,16 @@ private:
     v_.message = std::move(message);
     failed_ = true;
   }
-  bool check_candidate(const YAML::Node& n, worker_message& msg);
+  // One trial's `candidate` message with its outputs decoded (mapped, for outputs on the
+  // device); a decoding failure is kept and reported when the checks reach that trial.
+  struct trial_outputs {
+    YAML::Node header;
+    std::vector<tensor_blob> outs, again; // `again`: repeat_outputs, where the message has them
+    bool has_again = false;
+    std::string outs_error, again_error;
+  };
+  trial_outputs decode_trial(const YAML::Node& n, worker_message& msg);
+  bool check_candidate(const trial_outputs& tr, const device_differences& ahead);
   void phase(const char* name) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(clock_type::now() - t0_).count());
@@ -638,15 +651,32 @@ void evaluation::take_done(const YAML::Node& n) {
       v_.checks_failed.push_back(c.as<std::string>());
 }
 
-bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
-  auto trial = n["trial"].as<std::size_t>();
+evaluation::trial_outputs evaluation::decode_trial(const YAML::Node& n, worker_message& msg) {
+  trial_outputs tr;
+  tr.header = n;
+  if (auto outs = decode_outputs(n["outputs"], msg, cuda_device_))
+    tr.outs = std::move(*outs);
+  else
+    tr.outs_error = outs.error().message;
+  if (n["repeat_outputs"].IsDefined()) {
+    tr.has_again = true;
+    if (auto again = decode_outputs(n["repeat_outputs"], msg, cuda_device_))
+      tr.again = std::move(*again);
+    else
+      tr.again_error = again.error().message;
+  }
+  return tr;
+}
+
+bool evaluation::check_candidate(const trial_outputs& tr, const device_differences& ahead) {
+  const auto& n = tr.header;
+  auto trial = n["trial"].as<std::size_t>(reference_.size());
   if (trial >= reference_.size()) {
     set(verdict_status::runtime_error, "the worker reported an unknown trial");
     return false;
   }
-  auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
-  if (!outs) {
-    set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
+  if (!tr.outs_error.empty()) {
+    set(verdict_status::runtime_error, "the worker broke the protocol: " + tr.outs_error);
     return false;
   }
   if (n["threads_after"].IsDefined() && n["threads_before"].IsDefined()
@@ -660,7 +690,7 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     set(verdict_status::rejected, "no kernel or operator ran in the candidate's forward");
     return false;
   }
-  auto cmp = compare_outputs(reference_[trial], *outs, tol_);
+  auto cmp = compare_outputs(reference_[trial], tr.outs, tol_, &ahead);
   if (!cmp.ok && cmp.evaluator_error) {
     evaluator_failed_ = true;
     set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ": " + cmp.message);
@@ -676,13 +706,12 @@ bool evaluation::check_candidate(const YAML::Node& n, worker_message& msg) {
     set(verdict_status::rejected, "the candidate changed its inputs (trial " + std::to_string(trial) + ")");
     return false;
   }
-  if (n["repeat_outputs"].IsDefined()) {
-    auto again = decode_outputs(n["repeat_outputs"], msg, cuda_device_);
-    if (!again) {
-      set(verdict_status::runtime_error, "the worker broke the protocol: " + again.error().message);
+  if (tr.has_again) {
+    if (!tr.again_error.empty()) {
+      set(verdict_status::runtime_error, "the worker broke the protocol: " + tr.again_error);
       return false;
     }
-    auto same = compare_outputs(*outs, *again, tol_);
+    auto same = compare_outputs(tr.outs, tr.again, tol_, &ahead);
     if (!same.ok && same.evaluator_error) {
       evaluator_failed_ = true;
       set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ", second call: " + same.message);
@@ -826,26 +855,35 @@ verdict evaluation::run() {
         set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
         return v_;
       }
-      const auto m1 = clock_type::now();
-      mapped_s += std::chrono::duration<double>(m1 - m0).count();
-      for (auto& b : *outs) {
-        if (!b.device)
-          continue;
-        // The worker's export is poisoned and freed before the candidate loads: keep a copy.
-        auto own = copy_to_owned(*b.device);
+      mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
+      reference_.push_back(std::move(*outs));
+      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials) {
+        // The worker's exports are poisoned and freed before the candidate loads: keep a copy of
+        // each, all queued together and waited for once. The mappings are closed only after the
+        // worker has been told, while it goes on (it keeps its exports until it hears `taken`).
+        const auto c0 = clock_type::now();
+        std::vector<const device_bytes*> exported;
+        for (const auto& outs_of_trial : reference_)
+          for (const auto& b : outs_of_trial)
+            if (b.device)
+              exported.push_back(b.device.get());
+        auto own = copy_all_to_owned(exported);
         if (!own) {
           evaluator_failed_ = true;
           set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
           return v_;
         }
-        b.device = std::move(*own);
-      }
-      copied_s += std::chrono::duration<double>(clock_type::now() - m1).count();
-      reference_.push_back(std::move(*outs));
-      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials) {
+        std::vector<std::shared_ptr<device_bytes>> mappings;
+        size_t k = 0;
+        for (auto& outs_of_trial : reference_)
+          for (auto& b : outs_of_trial)
+            if (b.device)
+              mappings.push_back(std::exchange(b.device, std::move((*own)[k++])));
+        copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
         if (!send("{\"type\":\"taken\"}"))
           return v_;
         phase("reference kept"); // the worker now poisons and frees its exports
+        mappings.clear();
       }
     }
     if (ev_.log_.enabled(log_level::debug)) {
@@ -882,14 +920,32 @@ verdict evaluation::run() {
   if (cuda_device_ < 0)
     device.reset(); // host bytes: moving and comparing them needs no device
   phase("trial outputs");
-  for (std::int64_t t = 0; t < opt.trials; ++t) {
-    if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
-      return v_;
-    if (n["type"].as<std::string>() != "candidate") {
-      set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
-      return v_;
+  {
+    // Every trial's outputs first, then all device comparisons in one batch (one wait on the
+    // device instead of one per output), then the checks trial by trial, in order.
+    std::vector<trial_outputs> trials;
+    for (std::int64_t t = 0; t < opt.trials; ++t) {
+      if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
+        return v_;
+      if (n["type"].as<std::string>() != "candidate") {
+        set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
+        return v_;
+      }
+      trials.push_back(decode_trial(n, msg));
     }
-    if (!check_candidate(n, msg)) {
+    std::vector<output_lists> lists;
+    for (const auto& tr : trials) {
+      const auto trial = tr.header["trial"].as<std::size_t>(reference_.size());
+      if (trial < reference_.size() && tr.outs_error.empty())
+        lists.emplace_back(&reference_[trial], &tr.outs);
+      if (tr.has_again && tr.outs_error.empty() && tr.again_error.empty())
+        lists.emplace_back(&tr.outs, &tr.again);
+    }
+    const auto ahead = compare_on_device_ahead(lists, tol_);
+    const bool all_pass = std::all_of(trials.begin(), trials.end(),
+                                      [&](const trial_outputs& tr) { return check_candidate(tr, ahead); });
+    trials.clear(); // the mappings close before the worker frees what they map (at its next message)
+    if (!all_pass) {
       (void) w_.proc->send("{\"type\":\"stop\"}");
       return v_;
     }
@@ -1024,6 +1080,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   auto v = [&] {
     evaluation e{*this, req, std::move(*w)};
     auto first = e.run();
+    e.drop_outputs();
     retire(e.take_process());
     evaluator_failed = e.evaluator_failed();
     if (!e.lost_worker())
@@ -1037,6 +1094,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       return first;
     evaluation retry{*this, req, std::move(*again)};
     auto second = retry.run();
+    retry.drop_outputs();
     retire(retry.take_process());
     evaluator_failed = retry.evaluator_failed();
     if (retry.lost_worker())

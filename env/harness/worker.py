@@ -1252,6 +1252,8 @@ class Worker:
             _os_exit(0)
         if msg.get("type") != "run":
             raise _Done("runtime_error", (), f"expected run, got {msg.get('type')!r}")
+        if self.exports:
+            self.exports = []  # the reference's exports: the evaluator has closed its mappings
 
         # 7. Trials.
         t0 = _perf_counter_ns()
@@ -1376,9 +1378,10 @@ class Worker:
         if msg.get("type") != "taken":
             raise _Done("runtime_error", (), f"expected taken, got {msg.get('type')!r}")
         t0 = self.lap("reference: evaluator copies outputs", t0)
+        # Poisoned now, freed when `run` arrives: the evaluator closes its mappings of them
+        # meanwhile, and until then nothing (not even the candidate's import) can free them.
         for x in self.exports:
             _T_fill_(x, 255)
-        self.exports = []
         self.poison_free_pool()
         self.lap("reference: poison free pool", t0)
 

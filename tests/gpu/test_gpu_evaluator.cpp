@@ -136,12 +136,20 @@ void same_verdict(const std::vector<float>& want, const std::vector<float>& got,
   auto host = compare_outputs({host_blob(want, type)}, {host_blob(got, type)}, tol);
   auto dev = compare_outputs({device_blob(want, type)}, {device_blob(got, type)}, tol);
   auto mixed = compare_outputs({device_blob(want, type)}, {host_blob(got, type)}, tol);
+  // The same pair compared ahead in a batch (the evaluator's path for a verdict's trials).
+  const std::vector<tensor_blob> want_dev{device_blob(want, type)}, got_dev{device_blob(got, type)};
+  const auto ahead = compare_on_device_ahead({{&want_dev, &got_dev}}, tol);
+  CHECK(ahead.size() == 1);
+  auto batched = compare_outputs(want_dev, got_dev, tol, &ahead);
   INFO(to_string(type) << ": host: " << host.message << " | device: " << dev.message);
   CHECK(host.ok == dev.ok);
   CHECK(host.mismatches == dev.mismatches);
   CHECK(host.max_abs_diff == dev.max_abs_diff);
   CHECK(host.message == dev.message);
   CHECK(mixed.message == host.message);
+  CHECK(batched.message == host.message);
+  CHECK(batched.mismatches == host.mismatches);
+  CHECK(batched.max_abs_diff == host.max_abs_diff);
 }
 
 } // namespace
@@ -178,6 +186,75 @@ TEST_CASE("the device comparison kernel agrees with the host comparison, element
       x += 0.02f * normal(rng);
     for (auto type : {dtype::f16, dtype::bf16, dtype::f64, dtype::i32, dtype::boolean})
       same_verdict(want, noisy, type);
+  }
+}
+
+TEST_CASE("pairs compared in one batch each get their own result, as compared one at a time") {
+  REQUIRE(device_bytes_available());
+  std::mt19937 rng{11};
+  std::normal_distribution<float> normal;
+  tolerances tol;
+  // Five trials' worth of pairs of different sizes and dtypes, some equal, some not (each with its
+  // mismatches at its own places), plus a pair with a different shape (left to compare_outputs).
+  std::vector<std::vector<tensor_blob>> wants, gots;
+  std::vector<comparison> one_by_one;
+  const dtype types[] = {dtype::f32, dtype::f16, dtype::bf16, dtype::f64, dtype::i32};
+  for (int t = 0; t < 5; ++t) {
+    const size_t n = (1u << 16) + 977u * static_cast<size_t>(t);
+    std::vector<float> want(n), got;
+    for (auto& x : want)
+      x = normal(rng);
+    got = want;
+    for (size_t i = 100 + 31 * static_cast<size_t>(t); t % 2 == 1 && i < n; i += 4099u + static_cast<size_t>(t))
+      got[i] += 1.0f;
+    wants.push_back({device_blob(want, types[t])});
+    gots.push_back({device_blob(got, types[t])});
+    one_by_one.push_back(compare_outputs(wants.back(), gots.back(), tol));
+  }
+  wants.push_back({device_blob({1.0f, 2.0f}, dtype::f32)});
+  gots.push_back({device_blob({1.0f, 2.0f, 3.0f}, dtype::f32)});
+  one_by_one.push_back(compare_outputs(wants.back(), gots.back(), tol));
+  std::vector<output_lists> lists;
+  for (size_t k = 0; k < wants.size(); ++k)
+    lists.emplace_back(&wants[k], &gots[k]);
+  const auto ahead = compare_on_device_ahead(lists, tol);
+  CHECK(ahead.size() == 5); // the pair of different shapes is not compared ahead
+  for (size_t k = 0; k < wants.size(); ++k) {
+    auto batched = compare_outputs(wants[k], gots[k], tol, &ahead);
+    INFO("pair " << k << ": one by one: " << one_by_one[k].message << " | batched: " << batched.message);
+    CHECK(batched.ok == one_by_one[k].ok);
+    CHECK(batched.ok == (k % 2 == 0 && k < 5));
+    CHECK(batched.message == one_by_one[k].message);
+    CHECK(batched.mismatches == one_by_one[k].mismatches);
+    CHECK(batched.max_abs_diff == one_by_one[k].max_abs_diff);
+  }
+}
+
+TEST_CASE("copies of several device spans, waited for once, hold the same bytes") {
+  REQUIRE(device_bytes_available());
+  std::vector<std::vector<std::byte>> hosts;
+  std::vector<std::shared_ptr<device_bytes>> srcs;
+  std::vector<const device_bytes*> ptrs;
+  for (size_t k = 0; k < 4; ++k) {
+    std::vector<std::byte> h((k == 2 ? 0 : (3u << 20) + 5 * k));
+    for (size_t i = 0; i < h.size(); ++i)
+      h[i] = static_cast<std::byte>((i * 131 + k) & 0xff);
+    srcs.push_back(std::make_shared<uploaded>(h));
+    ptrs.push_back(srcs.back().get());
+    hosts.push_back(std::move(h));
+  }
+  auto copies = copy_all_to_owned(ptrs);
+  REQUIRE(copies.ok());
+  REQUIRE(copies->size() == 4);
+  for (size_t k = 0; k < 4; ++k)
+    if (!hosts[k].empty())
+      CHECK((*copies)[k]->data() != srcs[k]->data());
+  srcs.clear(); // the copies are the process's own
+  for (size_t k = 0; k < 4; ++k) {
+    CHECK((*copies)[k]->size() == hosts[k].size());
+    auto back = download(*(*copies)[k]);
+    REQUIRE(back.ok());
+    CHECK(*back == hosts[k]);
   }
 }
 
