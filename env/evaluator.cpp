@@ -653,7 +653,7 @@ void evaluation::take_done(const YAML::Node& n) {
 
 evaluation::trial_outputs evaluation::decode_trial(const YAML::Node& n, worker_message& msg) {
   trial_outputs tr;
-  tr.header = n;
+  tr.header = YAML::Clone(n); // a copy: assigning a Node shares it, and `n` is reused for the next message
   if (auto outs = decode_outputs(n["outputs"], msg, cuda_device_))
     tr.outs = std::move(*outs);
   else
