@@ -548,6 +548,7 @@ private:
   // device); a decoding failure is kept and reported when the checks reach that trial.
   struct trial_outputs {
     YAML::Node header;
+    std::size_t trial = 0; // the header's; past the reference's trials when it names none
     std::vector<tensor_blob> outs, again; // `again`: repeat_outputs, where the message has them
     bool has_again = false;
     std::string outs_error, again_error;
@@ -654,6 +655,7 @@ void evaluation::take_done(const YAML::Node& n) {
 evaluation::trial_outputs evaluation::decode_trial(const YAML::Node& n, worker_message& msg) {
   trial_outputs tr;
   tr.header = YAML::Clone(n); // a copy: assigning a Node shares it, and `n` is reused for the next message
+  tr.trial = n["trial"].as<std::size_t>(reference_.size());
   if (auto outs = decode_outputs(n["outputs"], msg, cuda_device_))
     tr.outs = std::move(*outs);
   else
@@ -670,7 +672,7 @@ evaluation::trial_outputs evaluation::decode_trial(const YAML::Node& n, worker_m
 
 bool evaluation::check_candidate(const trial_outputs& tr, const device_differences& ahead) {
   const auto& n = tr.header;
-  auto trial = n["trial"].as<std::size_t>(reference_.size());
+  const auto trial = tr.trial;
   if (trial >= reference_.size()) {
     set(verdict_status::runtime_error, "the worker reported an unknown trial");
     return false;
@@ -858,9 +860,9 @@ verdict evaluation::run() {
       mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
       reference_.push_back(std::move(*outs));
       if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials) {
-        // The worker's exports are poisoned and freed before the candidate loads: keep a copy of
-        // each, all queued together and waited for once. The mappings are closed only after the
-        // worker has been told, while it goes on (it keeps its exports until it hears `taken`).
+        // The worker's exports are poisoned before the candidate loads: keep a copy of each, all
+        // queued together and waited for once. The mappings are closed after the worker has been
+        // told, while it goes on (it frees its exports only when `run` comes).
         const auto c0 = clock_type::now();
         std::vector<const device_bytes*> exported;
         for (const auto& outs_of_trial : reference_)
@@ -882,7 +884,7 @@ verdict evaluation::run() {
         copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
         if (!send("{\"type\":\"taken\"}"))
           return v_;
-        phase("reference kept"); // the worker now poisons and frees its exports
+        phase("reference kept"); // the worker now poisons its exports
         mappings.clear();
       }
     }
@@ -935,9 +937,8 @@ verdict evaluation::run() {
     }
     std::vector<output_lists> lists;
     for (const auto& tr : trials) {
-      const auto trial = tr.header["trial"].as<std::size_t>(reference_.size());
-      if (trial < reference_.size() && tr.outs_error.empty())
-        lists.emplace_back(&reference_[trial], &tr.outs);
+      if (tr.trial < reference_.size() && tr.outs_error.empty())
+        lists.emplace_back(&reference_[tr.trial], &tr.outs);
       if (tr.has_again && tr.outs_error.empty() && tr.again_error.empty())
         lists.emplace_back(&tr.outs, &tr.again);
     }
