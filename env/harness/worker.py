@@ -1379,7 +1379,8 @@ class Worker:
             raise _Done("runtime_error", (), f"expected taken, got {msg.get('type')!r}")
         t0 = self.lap("reference: evaluator copies outputs", t0)
         # Poisoned now, freed when `run` arrives: the evaluator closes its mappings of them
-        # meanwhile, and until then nothing (not even the candidate's import) can free them.
+        # meanwhile, and while they are allocated emptying torch's cache (which the candidate's
+        # import could do) cannot return them to the driver.
         for x in self.exports:
             _T_fill_(x, 255)
         self.poison_free_pool()
