@@ -653,6 +653,11 @@ void describe(V& v, config& c) {
             "Timed rounds always have the device to themselves. Untimed device work (references, correctness "
             "trials, workers' device initialisation) of several evaluations may run on it at once; false: one at a "
             "time. It changes throughput, not verdicts.");
+    v.field("starts_beside_warmup", e.starts_beside_warmup,
+            "With share_untimed: the steps of a starting worker's initialisation that init_hold keeps away from "
+            "timed rounds may still run beside a timing's warm-up (its first calls, clock warm-up and warm-up "
+            "rounds, none of which is measured); the measured rounds wait for them to finish and let none begin. "
+            "False: they wait for the whole timing. It changes throughput, not verdicts.");
     v.field("outputs_on_device", e.outputs_on_device,
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "

@@ -30,17 +30,34 @@ std::vector<device_gate::event> device_gate::take_events() {
 }
 
 void device_gate::enter_locked(clock::time_point now) {
-  if (untimed_ == 0 && !timed_)
+  if (idle_locked())
     busy_since_ = now;
 }
 
 void device_gate::leave_locked(clock::time_point now) {
-  if (untimed_ == 0 && !timed_)
+  if (idle_locked())
     busy_ns_ += ns_between(busy_since_, now);
 }
 
+void device_gate::track_beside_locked(clock::time_point now) {
+  const bool b = timed_ && starts_ > 0;
+  if (b && !beside_now_)
+    beside_since_ = now;
+  else if (!b && beside_now_)
+    beside_ns_ += ns_between(beside_since_, now);
+  beside_now_ = b;
+}
+
 bool device_gate::untimed_may_enter() const {
-  return !timed_ && timed_waiting_ == 0 && (share_ || untimed_ == 0);
+  return !timed_ && timed_waiting_ == 0 && (share_ || untimed_ + starts_ == 0);
+}
+
+bool device_gate::start_may_enter() const {
+  if (!beside_)
+    return untimed_may_enter();
+  // Beside untimed work, beside a timing's warm-up, and while a timing waits to begin its
+  // warm-up; never beside measured rounds, nor once a timing waits to begin them.
+  return !measuring_ && !measure_waiting_;
 }
 
 void device_gate::enter_untimed_locked() {
@@ -48,7 +65,44 @@ void device_gate::enter_untimed_locked() {
   note_locked(event::untimed_enter, now);
   enter_locked(now);
   ++untimed_;
-  max_untimed_ = std::max(max_untimed_, untimed_);
+  max_untimed_ = std::max(max_untimed_, untimed_ + starts_);
+}
+
+void device_gate::enter_start_locked() {
+  const auto now = clock::now();
+  note_locked(event::start_enter, now);
+  enter_locked(now);
+  ++starts_;
+  max_untimed_ = std::max(max_untimed_, untimed_ + starts_);
+  track_beside_locked(now);
+}
+
+void device_gate::lock_start() {
+  std::unique_lock lock{mtx_};
+  if (!start_may_enter())
+    note_locked(event::start_wait, clock::now());
+  cv_.wait(lock, [&] { return start_may_enter(); });
+  enter_start_locked();
+}
+
+bool device_gate::try_lock_start() {
+  std::lock_guard lock{mtx_};
+  if (!start_may_enter())
+    return false;
+  enter_start_locked();
+  return true;
+}
+
+void device_gate::unlock_start() {
+  {
+    std::lock_guard lock{mtx_};
+    const auto now = clock::now();
+    note_locked(event::start_leave, now);
+    --starts_;
+    leave_locked(now);
+    track_beside_locked(now);
+  }
+  cv_.notify_all();
 }
 
 void device_gate::lock_untimed() {
@@ -81,13 +135,15 @@ void device_gate::unlock_untimed() {
 void device_gate::lock_timed() {
   std::unique_lock lock{mtx_};
   ++timed_waiting_;
-  if (timed_ || untimed_ > 0)
+  // What the timing waits for: untimed users, and starts unless they may stay beside warm-up.
+  auto blocking = [&] { return untimed_ > 0 || (!beside_ && starts_ > 0); };
+  if (timed_ || blocking())
     note_locked(event::timed_wait, clock::now());
-  if (!timed_ && untimed_ > 0 && !draining_) {
+  if (!timed_ && blocking() && !draining_) {
     draining_ = true;
     drain_since_ = clock::now();
   }
-  cv_.wait(lock, [&] { return !timed_ && untimed_ == 0; });
+  cv_.wait(lock, [&] { return !timed_ && !blocking(); });
   --timed_waiting_;
   const auto now = clock::now();
   if (draining_) {
@@ -97,7 +153,26 @@ void device_gate::lock_timed() {
   note_locked(event::timed_enter, now);
   enter_locked(now);
   timed_ = true;
+  measuring_ = !beside_; // without starts beside warm-up, none is inside: measuring from the start
   timed_since_ = now;
+  track_beside_locked(now);
+}
+
+void device_gate::begin_measure() {
+  std::unique_lock lock{mtx_};
+  if (measuring_)
+    return;
+  measure_waiting_ = true; // no start begins from now on
+  const auto since = clock::now();
+  if (starts_ > 0)
+    note_locked(event::measure_wait, since);
+  measure_wait_since_ = since;
+  cv_.wait(lock, [&] { return starts_ == 0; });
+  const auto now = clock::now();
+  measure_wait_ns_ += ns_between(since, now);
+  measure_waiting_ = false;
+  measuring_ = true;
+  note_locked(event::measure_enter, now);
 }
 
 void device_gate::unlock_timed() {
@@ -106,15 +181,17 @@ void device_gate::unlock_timed() {
     const auto now = clock::now();
     note_locked(event::timed_leave, now);
     timed_ = false;
+    measuring_ = false;
     timed_ns_ += ns_between(timed_since_, now);
     leave_locked(now);
+    track_beside_locked(now);
   }
   cv_.notify_all();
 }
 
 std::uint64_t device_gate::busy_ns() const {
   std::lock_guard lock{mtx_};
-  return busy_ns_ + (untimed_ > 0 || timed_ ? ns_between(busy_since_, clock::now()) : 0);
+  return busy_ns_ + (!idle_locked() ? ns_between(busy_since_, clock::now()) : 0);
 }
 
 std::uint64_t device_gate::timed_ns() const {
@@ -125,6 +202,21 @@ std::uint64_t device_gate::timed_ns() const {
 std::uint64_t device_gate::drain_ns() const {
   std::lock_guard lock{mtx_};
   return drain_ns_ + (draining_ ? ns_between(drain_since_, clock::now()) : 0);
+}
+
+std::uint64_t device_gate::measure_wait_ns() const {
+  std::lock_guard lock{mtx_};
+  return measure_wait_ns_ + (measure_waiting_ ? ns_between(measure_wait_since_, clock::now()) : 0);
+}
+
+std::uint64_t device_gate::beside_ns() const {
+  std::lock_guard lock{mtx_};
+  return beside_ns_ + (beside_now_ ? ns_between(beside_since_, clock::now()) : 0);
+}
+
+int device_gate::starts() const {
+  std::lock_guard lock{mtx_};
+  return starts_;
 }
 
 int device_gate::timed_waiting() const {

@@ -1,8 +1,13 @@
 // env/device_gate.hpp: who uses an evaluator's device when. Timed rounds have the device to
-// themselves; untimed work (workers' device initialisation, references, correctness trials)
-// measures nothing, so several evaluations' untimed work may share the device. A timed user
-// that waits goes first: no untimed user enters while one waits, and the untimed users inside
-// finish their phase.
+// themselves; untimed work (references, correctness trials) and starting workers' device
+// initialisation measure nothing, so several of them may share the device. A timed user that
+// waits goes first: no untimed user enters while one waits, and the untimed users inside finish
+// their phase.
+//
+// With starts beside warm-up on, a timing holds the device in two steps: its warm-up (first
+// calls, clock warm-up, warm-up rounds), beside which starting workers may go on creating their
+// contexts and new ones may begin; then its measured rounds (begin_measure()), which wait for
+// the starts inside to finish and let none begin until the timing leaves.
 #pragma once
 
 #include <chrono>
@@ -16,8 +21,10 @@ namespace crucible::env {
 
 class device_gate {
 public:
-  /// share_untimed false: untimed users also take the device one at a time.
-  explicit device_gate(bool share_untimed = true) : share_(share_untimed) {}
+  /// share_untimed false: untimed users (starts included) take the device one at a time.
+  /// starts_beside_warmup (with share_untimed only): starts may run beside a timing's warm-up.
+  explicit device_gate(bool share_untimed = true, bool starts_beside_warmup = false)
+      : share_(share_untimed), beside_(share_untimed && starts_beside_warmup) {}
   device_gate(const device_gate&) = delete;
   device_gate& operator=(const device_gate&) = delete;
 
@@ -25,8 +32,20 @@ public:
   /// lock_untimed() if it would not wait; false otherwise.
   bool try_lock_untimed();
   void unlock_untimed();
+  /// A starting worker's held initialisation step(s) (evaluator.init_hold): untimed work that
+  /// may also run beside a timing's warm-up when starts beside warm-up are on.
+  void lock_start();
+  /// lock_start() if it would not wait; false otherwise.
+  bool try_lock_start();
+  void unlock_start();
+  /// Enters for a timing's warm-up: waits for the untimed users inside to leave (and, with starts
+  /// beside warm-up off, the starts too; the timing is then measuring from the start).
   void lock_timed();
+  /// The measured rounds begin: waits for the starts inside to finish; none begins until the
+  /// timed user leaves. Does nothing when already measuring.
+  void begin_measure();
   void unlock_timed();
+  bool starts_beside_warmup() const noexcept { return beside_; }
 
   /// Nanoseconds during which at least one user held the device (union of all holds).
   std::uint64_t busy_ns() const;
@@ -35,8 +54,14 @@ public:
   /// Nanoseconds during which a timed user waited for untimed users inside to finish their phase
   /// (a timing was ready and the device was not being timed).
   std::uint64_t drain_ns() const;
-  /// Most untimed users seen inside at once (for tests and figures).
+  /// Nanoseconds during which a timed user waited in begin_measure() for starts to finish.
+  std::uint64_t measure_wait_ns() const;
+  /// Nanoseconds during which a timed user and at least one start were inside together.
+  std::uint64_t beside_ns() const;
+  /// Most untimed users (starts included) seen inside at once (for tests and figures).
   int max_untimed() const;
+  /// Starts inside now (for tests).
+  int starts() const;
   /// Timed users waiting to enter (for tests).
   int timed_waiting() const;
 
@@ -50,6 +75,11 @@ public:
       timed_wait = 'W',
       timed_enter = 'T',
       timed_leave = 'X',
+      start_wait = 'v',
+      start_enter = 'c',
+      start_leave = 'y',
+      measure_wait = 'M', // begin_measure() waits for starts to finish
+      measure_enter = 'm',
     };
     std::int64_t ns; // steady_clock::time_point::time_since_epoch()
     kind_t kind;
@@ -63,17 +93,30 @@ public:
 private:
   using clock = std::chrono::steady_clock;
   bool untimed_may_enter() const; // mtx_ held
+  bool start_may_enter() const;   // mtx_ held
+  bool idle_locked() const { return untimed_ == 0 && starts_ == 0 && !timed_; }
   void enter_untimed_locked();
+  void enter_start_locked();
+  void track_beside_locked(clock::time_point now); // after timed_ or starts_ changed
   void enter_locked(clock::time_point now); // first user in: the device becomes busy
   void leave_locked(clock::time_point now); // last user out
   void note_locked(event::kind_t kind, clock::time_point now);
 
   const bool share_;
+  const bool beside_;
   mutable std::mutex mtx_;
   std::condition_variable cv_;
   int untimed_ = 0;
+  int starts_ = 0;
   int timed_waiting_ = 0;
   bool timed_ = false;
+  bool measuring_ = false;    // the timed user is in its measured rounds
+  bool measure_waiting_ = false; // ... or waits in begin_measure() for starts to finish
+  clock::time_point measure_wait_since_{};
+  std::uint64_t measure_wait_ns_ = 0;
+  bool beside_now_ = false; // a timed user and a start inside together
+  clock::time_point beside_since_{};
+  std::uint64_t beside_ns_ = 0;
   int max_untimed_ = 0;
   clock::time_point busy_since_{};
   clock::time_point timed_since_{};
@@ -103,7 +146,19 @@ private:
   device_gate* g_;
 };
 
-/// Holds the device for timed rounds.
+/// Holds the device for a starting worker's held initialisation step(s).
+class start_hold {
+public:
+  explicit start_hold(device_gate& g) : g_(g) { g.lock_start(); }
+  ~start_hold() { g_.unlock_start(); }
+  start_hold(const start_hold&) = delete;
+  start_hold& operator=(const start_hold&) = delete;
+
+private:
+  device_gate& g_;
+};
+
+/// Holds the device for timed rounds (see device_gate::begin_measure()).
 class timed_hold {
 public:
   explicit timed_hold(device_gate& g) : g_(g) { g.lock_timed(); }

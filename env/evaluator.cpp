@@ -169,7 +169,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
                                    harness_location where, std::string device, logger& log,
                                    std::shared_ptr<verdict_cache> cache)
   : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
-    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed) {
+    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed, opt.starts_beside_warmup) {
   scratch_root_ = fs::temp_directory_path() / "crucible";
   extensions_dir_ = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
 }
@@ -374,8 +374,9 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
   {
     // Creating a CUDA context beside a timed kernel raised that kernel's p99 by 10-13%; starting
     // the driver and the profiler's first use left it alone (docs/PERFORMANCE.md, "A device
-    // gate"). Beside other evaluations' references and trials any step costs nothing measured.
-    std::optional<untimed_hold> device;
+    // gate"). Beside other evaluations' references and trials any step costs nothing measured,
+    // nor beside a timing's warm-up (evaluator.starts_beside_warmup): its measured rounds wait.
+    std::optional<start_hold> device;
     clock_type::time_point held_since{};
     double held_s = 0;
     auto hold = [&] {
@@ -578,6 +579,7 @@ private:
   std::vector<std::vector<tensor_blob>> reference_;
   const int cuda_device_ = ev_.outputs_device_; // >= 0: outputs stay on this CUDA device
   bool measured_ = false; // a measurement was made (its warm-up rounds played)
+  bool measuring_ = false; // the device gate has let this timing begin its measured rounds
   bool done_ = false; // the worker sent `done` (or died): no further messages
   bool lost_worker_ = false;
   bool failed_ = false; // set() was called: the verdict is decided
@@ -750,13 +752,39 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   char warmup[32];
   std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
   measured_ = true;
+  // Starts beside warm-up: the worker says when its warm-up is over ("warmed") and begins its
+  // measured rounds at our word ("measure"), once the starting workers' held steps are done.
+  const bool announce = !measuring_ && ev_.gate_.starts_beside_warmup();
+  if (!announce && !measuring_) {
+    ev_.gate_.begin_measure();
+    measuring_ = true;
+  }
   if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
-            + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + "}"))
+            + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + ",\"announce\":" + (announce ? "true" : "false")
+            + "}"))
     return false;
   YAML::Node n;
   worker_message msg;
   if (!receive(ev_.opt_.run_timeout_s, "timing", n, msg))
     return false;
+  if (announce) {
+    if (n["type"].as<std::string>() != "warmed") {
+      set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of warmed");
+      return false;
+    }
+    const auto wait0 = clock_type::now();
+    ev_.gate_.begin_measure();
+    measuring_ = true;
+    if (const auto waited = std::chrono::duration<double>(clock_type::now() - wait0).count();
+        waited > 1e-3 && ev_.log_.enabled(log_level::debug)) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.3f", waited);
+      ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": measured rounds waited ", buf,
+                     " s for starting workers' initialisation to finish");
+    }
+    if (!send("{\"type\":\"measure\"}") || !receive(ev_.opt_.run_timeout_s, "timing", n, msg))
+      return false;
+  }
   if (n["type"].as<std::string>() != "timing") {
     set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of timing");
     return false;
@@ -956,8 +984,9 @@ verdict evaluation::run() {
                        opt.win_threshold};
   std::vector<double> ref, cand;
   // Phase 4: timing (and re-measurement) with the device to itself: no other evaluation's
-  // untimed work and no worker's initialisation beside it. While it waits, no new untimed
-  // work starts; what has started finishes its phase.
+  // untimed work beside it, and no worker's held initialisation beside its measured rounds
+  // (beside its warm-up only with evaluator.starts_beside_warmup; measure()). While it waits, no
+  // new untimed work starts; what has started finishes its phase.
   const auto wait0 = clock_type::now();
   device.reset();
   timed_hold timed{ev_.gate_};
@@ -966,7 +995,8 @@ verdict evaluation::run() {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", waited);
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": timing waited ", buf,
-                   " s for other evaluations' untimed device work and starting workers' initialisation to finish");
+                   " s for other evaluations' untimed device work",
+                   ev_.gate_.starts_beside_warmup() ? "" : " and starting workers' initialisation", " to finish");
   }
   phase("timing");
   if (!measure_once(policy, ref, cand))

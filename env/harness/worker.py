@@ -270,6 +270,7 @@ _SNDMORE = zmq.SNDMORE
 _RCVMORE = zmq.RCVMORE
 _LINGER = zmq.LINGER
 _RCVTIMEO = zmq.RCVTIMEO
+_NOBLOCK = zmq.NOBLOCK
 _SNDTIMEO = zmq.SNDTIMEO
 
 _SUPPORTED_DTYPES = {
@@ -751,6 +752,18 @@ class Channel:
             while _z_get(self.sock, _RCVMORE):
                 _z_recv(self.sock, 0)  # the evaluator sends no frames; drop any
             return _json_loads(first.decode("utf-8"))
+
+    def poll(self):
+        """The next message if one has arrived, else None (never waits)."""
+        try:
+            first = _z_recv(self.sock, _NOBLOCK)
+        except _ZAgain:
+            if _os_getppid() != self.parent:
+                _os_exit(1)  # the evaluator died
+            return None
+        while _z_get(self.sock, _RCVMORE):
+            _z_recv(self.sock, 0)
+        return _json_loads(first.decode("utf-8"))
 
     def done(self, status, checks=(), message="", laps=None):
         msg = {"type": "done", "status": status, "checks_failed": _list(checks), "message": message[-8000:]}
@@ -1274,7 +1287,8 @@ class Worker:
                 _os_exit(0)
             if kind == "time":
                 rounds = _int(msg.get("rounds", 30))
-                msg = self.timing(rounds, _float(msg.get("warmup_ms", 300)), _int(msg.get("warmup_rounds", 3)))
+                msg = self.timing(rounds, _float(msg.get("warmup_ms", 300)), _int(msg.get("warmup_rounds", 3)),
+                                  msg.get("announce") is True)
                 msg["type"] = "timing"
                 self.chan.send(msg)
                 continue
@@ -1863,7 +1877,30 @@ class Worker:
         self.laps["timing: clock warm-up batches"] = self.laps.get("timing: clock warm-up batches", 0) + batches
         self.laps["timing: SM clock after warm-up (MHz)"] = mhz
 
-    def timing(self, rounds, warmup_ms, warmup_rounds=3):
+    def await_measure(self):
+        """Says the warm-up is over and waits for the evaluator's word to begin the measured
+        rounds (it lets starting workers' context creations finish first; docs/evaluator.md,
+        Timing). On CUDA the device spins meanwhile, so that its clocks stay up."""
+        t0 = _perf_counter_ns()
+        self.chan.send({"type": "warmed"})
+        while True:
+            if self.cuda and _cuda_sleep is not None:
+                for _ in _range(5):
+                    _cuda_sleep(_LAUNCH_COVER_CYCLES)
+                _cuda_synchronize()
+                msg = self.chan.poll()
+                if msg is None:
+                    continue
+            else:
+                msg = self.chan.recv()
+            break
+        if msg.get("type") == "stop":
+            _os_exit(0)
+        if msg.get("type") != "measure":
+            raise _Done("runtime_error", (), f"expected measure, got {msg.get('type')!r}")
+        self.lap("timing: waiting to measure", t0)
+
+    def timing(self, rounds, warmup_ms, warmup_rounds=3, announce=False):
         t_first = _perf_counter_ns()
         if not self.warmed:
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
@@ -1895,6 +1932,8 @@ class Worker:
         self.check_round_fracs()
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
+        if announce:
+            self.await_measure()
         t0 = _perf_counter_ns()
         self.pair_first = None  # measured rounds start a pair
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []

@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
     auto init0 = (*ev)->init_seconds();
     auto init_held0 = (*ev)->init_held_seconds();
     auto drain0 = (*ev)->drain_seconds();
+    auto measure_wait0 = (*ev)->measure_wait_seconds();
+    auto beside0 = (*ev)->beside_seconds();
     auto calls0 = (*ev)->timed_call_seconds();
     auto started0 = (*ev)->workers_started();
     auto forked0 = (*ev)->workers_forked();
@@ -170,14 +172,20 @@ int main(int argc, char** argv) {
     double init = (*ev)->init_seconds() - init0;
     double init_held = (*ev)->init_held_seconds() - init_held0;
     double drain = (*ev)->drain_seconds() - drain0;
+    double measure_wait = (*ev)->measure_wait_seconds() - measure_wait0;
+    double beside = (*ev)->beside_seconds() - beside0;
     double calls = (*ev)->timed_call_seconds() - calls0;
+    // Timing's share leaves out the measured rounds' waits for starting workers to finish
+    // (evaluator.starts_beside_warmup): the device is not timing then.
     std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall "
-                "(inside the timed calls %.1f%%), a timing waiting for untimed work to finish %.1f%%, device in use "
+                "(inside the timed calls %.1f%%; warm-up beside starting workers %.1f%%; measured rounds waiting for "
+                "them %.1f%%, not counted), a timing waiting for untimed work to finish %.1f%%, device in use "
                 "%.1f%% of wall; worker device initialisation %.1f%% of wall summed over workers, %.1f%% of wall "
                 "holding the device (evaluator.init_hold %s); untimed work %s (at most %d at once); %llu workers, "
                 "%llu forked (concurrency %d, warm workers %lld)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
-                100 * timing / wall, 100 * calls / wall, 100 * drain / wall, 100 * held / wall, 100 * init / wall,
+                100 * (timing - measure_wait) / wall, 100 * calls / wall, 100 * beside / wall, 100 * measure_wait / wall,
+                100 * drain / wall, 100 * held / wall, 100 * init / wall,
                 100 * init_held / wall, to_string(opt.init_hold),
                 opt.share_untimed ? "shared" : "one at a time", (*ev)->max_untimed_users(),
                 static_cast<unsigned long long>((*ev)->workers_started() - started0),

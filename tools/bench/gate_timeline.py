@@ -5,8 +5,10 @@
     python3 tools/bench/gate_timeline.py tl.txt
 
 Reads the timeline (device-gate steps and evaluation phases) and splits the pass's wall time
-into: timed rounds; a ready timing waiting for untimed work to finish ("drain"); untimed work
-with no timing waiting; and the device unused. Untimed and unused time is attributed to what
+into: timing (and the part of it beside starting workers' held initialisation, in warm-up); a
+timing's measured rounds waiting for those starts to finish ("measure wait", not timing); a ready
+timing waiting for untimed work to finish ("drain"); untimed work with no timing waiting; and the
+device unused. Untimed and unused time is attributed to what
 the evaluations and starting workers were doing then. Also prints each phase's mean length
 per verdict, with the part spent waiting for the gate.
 """
@@ -53,7 +55,9 @@ def main():
     phase = {}  # evaluation thread -> its current phase ("worker" before the first)
     eval_threads = set()
     untimed = set()  # threads inside as untimed users
+    starts = set()  # threads inside as starting workers' held initialisation
     timed = None
+    measure_waiting = False  # the timed user waits for starts before its measured rounds
     timed_waiting = 0
     waiting_since = {}  # thread -> ns it started waiting at the gate
     states = collections.Counter()  # state -> seconds
@@ -77,12 +81,17 @@ def main():
     for ns, _, kind, f in events:
         dt = (ns - last) * 1e-9
         if dt > 0 and ns >= start:
-            if timed is not None:
+            if timed is not None and measure_waiting:
+                states["measure wait"] += dt
+                blame[("measure wait", label_of(holder_label(t) for t in starts))] += dt
+            elif timed is not None:
                 states["timed"] += dt
-            elif untimed:
+                if starts:
+                    states["timed: beside starts"] += dt
+            elif untimed or starts:
                 st = "drain" if timed_waiting else "untimed only"
                 states[st] += dt
-                blame[(st, label_of(holder_label(t) for t in untimed))] += dt
+                blame[(st, label_of(holder_label(t) for t in untimed | starts))] += dt
             else:
                 states["unused"] += dt
                 doing = [phase.get(t, "worker") for t in eval_threads if phase.get(t) != "idle"]
@@ -109,7 +118,7 @@ def main():
             phase_since[t] = ns
         else:
             t, k = f
-            if k in ("w", "W"):
+            if k in ("w", "W", "v"):
                 waiting_since[t] = ns
                 if k == "W":
                     timed_waiting += 1
@@ -120,6 +129,16 @@ def main():
                     gate_wait_s[holder_label(t) + " -> untimed"] += (ns - waiting_since.pop(t)) * 1e-9
             elif k == "x":
                 untimed.discard(t)
+            elif k == "c":
+                starts.add(t)
+                if t in waiting_since:
+                    gate_wait_s[holder_label(t) + " -> start"] += (ns - waiting_since.pop(t)) * 1e-9
+            elif k == "y":
+                starts.discard(t)
+            elif k == "M":
+                measure_waiting = True
+            elif k == "m":
+                measure_waiting = False
             elif k == "T":
                 if t in waiting_since:
                     timed_waiting -= 1
@@ -127,11 +146,16 @@ def main():
                 timed = t
             elif k == "X":
                 timed = None
+                measure_waiting = False
 
     print(f"{args.timeline}: {verdicts} verdicts in {wall:.2f} s")
-    for st in ("timed", "drain", "untimed only", "unused"):
+    for st in ("timed", "measure wait", "drain", "untimed only", "unused"):
         print(f"  {st:14s} {states[st]:7.2f} s  {100 * states[st] / wall:5.1f}% of wall  {states[st] / max(verdicts, 1) * 1e3:6.1f} ms/verdict")
-    for st in ("drain", "untimed only", "unused"):
+        if st == "timed":
+            part = states["timed: beside starts"]
+            print(f"    of it beside starts (warm-up) {part:7.2f} s  {100 * part / wall:5.1f}% of wall  "
+                  f"{part / max(verdicts, 1) * 1e3:6.1f} ms/verdict")
+    for st in ("measure wait", "drain", "untimed only", "unused"):
         rows = sorted(((s, w) for (x, w), s in blame.items() if x == st), reverse=True)
         if not rows:
             continue

@@ -1,15 +1,18 @@
 // Unit tests for env/device_gate: timed users alone, untimed users shared (or not), a waiting
-// timed user first, and the busy time as the union of all holds.
+// timed user first, starting workers beside a timing's warm-up but never beside its measured
+// rounds, and the busy time as the union of all holds.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "env/device_gate.hpp"
 
 using crucible::env::device_gate;
+using crucible::env::start_hold;
 using crucible::env::timed_hold;
 using crucible::env::untimed_hold;
 
@@ -145,4 +148,102 @@ TEST_CASE("a recording gate keeps each step, in order, with its thread; none bef
   for (std::size_t i = 1; i < ev.size(); ++i)
     CHECK(ev[i].ns >= ev[i - 1].ns);
   CHECK(gate.take_events().empty());
+}
+
+TEST_CASE("starts beside warm-up: a timing enters beside a start, and its measured rounds wait for it") {
+  device_gate gate{true, true};
+  REQUIRE(gate.starts_beside_warmup());
+  gate.lock_start();
+  gate.lock_untimed();
+  std::atomic<int> step{0};
+  std::thread timer{[&] {
+    timed_hold hold{gate}; // waits for the untimed user, not for the start
+    step = 1;
+    await([&] { return step.load() == 10; });
+    gate.begin_measure(); // waits for the start
+    step = 2;
+    await([&] { return step.load() == 3; });
+  }};
+  await([&] { return gate.timed_waiting() == 1; });
+  CHECK(gate.try_lock_start()); // a waiting timing will begin with its warm-up: starts may enter
+  gate.unlock_start();
+  CHECK_FALSE(gate.try_lock_untimed()); // untimed users may not
+  gate.unlock_untimed();
+  await([&] { return step.load() == 1; });
+  CHECK(gate.try_lock_start()); // beside the warm-up
+  gate.unlock_start();
+  CHECK_FALSE(gate.try_lock_untimed());
+  step = 10;
+  // The timing waits to measure: the start inside holds it back, and no new start begins.
+  const auto wait0 = gate.measure_wait_ns();
+  await([&] { return gate.measure_wait_ns() > wait0; });
+  CHECK(step.load() == 10); // still waiting
+  CHECK_FALSE(gate.try_lock_start());
+  CHECK(gate.starts() == 1);
+  const auto beside = gate.beside_ns();
+  CHECK(beside > 0);
+  gate.unlock_start();
+  await([&] { return step.load() == 2; });
+  CHECK_FALSE(gate.try_lock_start()); // measured rounds: none beside them
+  const auto waited = gate.measure_wait_ns();
+  CHECK(gate.measure_wait_ns() == waited); // no longer waiting: no longer counted
+  CHECK(gate.beside_ns() >= beside);
+  CHECK(gate.drain_ns() > 0); // it waited for the untimed user
+  step = 3;
+  timer.join();
+  CHECK(gate.try_lock_start()); // the timing has left
+  CHECK(gate.max_untimed() >= 2);
+  gate.unlock_start();
+}
+
+TEST_CASE("starts beside warm-up off: a timing waits for starts, and they wait for the whole timing") {
+  device_gate gate{true, false};
+  CHECK_FALSE(gate.starts_beside_warmup());
+  gate.lock_start();
+  std::atomic<bool> timing{false};
+  std::thread timer{[&] {
+    timed_hold hold{gate};
+    gate.begin_measure(); // already measuring: returns at once
+    timing = true;
+    await([&] { return !timing.load(); });
+  }};
+  await([&] { return gate.timed_waiting() == 1; });
+  CHECK_FALSE(timing.load());
+  CHECK_FALSE(gate.try_lock_start()); // the waiting timed user goes first
+  gate.unlock_start();
+  await([&] { return timing.load(); });
+  CHECK_FALSE(gate.try_lock_start());
+  CHECK(gate.measure_wait_ns() == 0);
+  CHECK(gate.beside_ns() == 0);
+  timing = false;
+  timer.join();
+  CHECK(gate.try_lock_start());
+  gate.unlock_start();
+
+  device_gate unshared{false, true}; // beside warm-up needs sharing
+  CHECK_FALSE(unshared.starts_beside_warmup());
+  unshared.lock_untimed();
+  CHECK_FALSE(unshared.try_lock_start()); // one at a time, starts included
+  unshared.unlock_untimed();
+}
+
+TEST_CASE("a recording gate keeps starts and the measured rounds' beginning") {
+  device_gate gate{true, true};
+  gate.record(true);
+  gate.lock_start();
+  std::thread timer{[&] {
+    timed_hold t{gate};
+    gate.begin_measure();
+  }};
+  await([&] { return gate.measure_wait_ns() > 0; });
+  gate.unlock_start();
+  timer.join();
+  auto ev = gate.take_events();
+  using E = device_gate::event;
+  std::string kinds;
+  for (const auto& e : ev)
+    kinds += static_cast<char>(e.kind);
+  CHECK(kinds == std::string{static_cast<char>(E::start_enter), static_cast<char>(E::timed_enter),
+                             static_cast<char>(E::measure_wait), static_cast<char>(E::start_leave),
+                             static_cast<char>(E::measure_enter), static_cast<char>(E::timed_leave)});
 }
