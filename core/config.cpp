@@ -644,11 +644,13 @@ void describe(V& v, config& c) {
     v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
     v.field("init_hold", e.init_hold,
-            "Which steps of a starting worker's device initialisation wait until no evaluation is timing on the "
-            "device, so that they never run beside a timed round (beside other evaluations' references and trials "
-            "they may). `context`: creating the CUDA context, which raised the 99th percentile of a kernel timed "
-            "beside it by 10-13% (starting the driver: 5%; the profiler's first use: not at all); the other two run "
-            "at once. `all`: those three. `none`: workers initialise at once.");
+            "Which steps of a starting worker's device initialisation are kept away from measured rounds (beside "
+            "other evaluations' references and trials they may run, and beside a timing's warm-up with "
+            "starts_beside_warmup). `all`: starting the driver, creating the CUDA context and the profiler's first "
+            "use. `context`: creating the context alone, which raised the 99th percentile of a kernel timed beside "
+            "it by 10-13% (starting the driver: 5%); with starts_beside_warmup the profiler's first use then ran "
+            "beside measured rounds and on an H100 made measurements unstable (60-130 rounds instead of 20-40). "
+            "`none`: workers initialise at once.");
     v.field("share_untimed", e.share_untimed,
             "Timed rounds always have the device to themselves. Untimed device work (references, correctness "
             "trials, workers' device initialisation) of several evaluations may run on it at once; false: one at a "

@@ -129,7 +129,7 @@ struct evaluator_options {
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
   bool static_checks = true;
-  device_init_hold init_hold = device_init_hold::context; ///< steps of a starting worker's device initialisation kept away from timed rounds
+  device_init_hold init_hold = device_init_hold::all; ///< steps of a starting worker's device initialisation kept away from timed rounds
   bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once
   bool starts_beside_warmup = true;            ///< starting workers' held initialisation may run beside a timing's warm-up rounds
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host

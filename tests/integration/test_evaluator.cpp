@@ -477,6 +477,28 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   CHECK(on > off);
 }
 
+TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or never when they are off") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  for (bool beside : {true, false}) {
+    CAPTURE(beside);
+    evaluator_options opt = cpu_evaluator::suite_options(1); // a warm worker starts beside the verdict
+    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
+    opt.recheck_above = 1e9;
+    opt.starts_beside_warmup = beside;
+    cpu_evaluator ev{opt};
+    auto v = ev.run(*t, cand);
+    INFO(describe(v));
+    CHECK(v.status == verdict_status::ok);
+    CHECK(v.rounds == 20);
+    if (!beside) {
+      CHECK(ev.ev->measure_wait_seconds() == 0);
+      CHECK(ev.ev->beside_seconds() == 0);
+    }
+  }
+}
+
 TEST_CASE("a worker initialises in three steps and holds the device only during those init_hold names") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);

@@ -156,10 +156,10 @@ TEST_CASE("every shipped config file is valid") {
 
 TEST_CASE("evaluator and reward keys decode, including lists and enums") {
   auto cfg = parse_config("evaluator:\n  devices: [cuda:0, cuda:1]\n  baseline: compile-reduce-overhead\n"
-                          "  rounds: 40\n  init_hold: all\nreward:\n  shape: log_speedup\n", "a.yaml");
+                          "  rounds: 40\n  init_hold: context\nreward:\n  shape: log_speedup\n", "a.yaml");
   REQUIRE(cfg.ok());
-  CHECK(cfg->evaluator.init_hold == device_init_hold::all);
-  CHECK(parse_config("", "a.yaml")->evaluator.init_hold == device_init_hold::context);
+  CHECK(cfg->evaluator.init_hold == device_init_hold::context);
+  CHECK(parse_config("", "a.yaml")->evaluator.init_hold == device_init_hold::all);
   auto bad = parse_config("evaluator:\n  init_hold: always\n", "a.yaml");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message.find("evaluator.init_hold") != std::string::npos);
