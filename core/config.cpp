@@ -620,6 +620,12 @@ void describe(V& v, config& c) {
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
             "0: off.");
+    v.field("timing_reserve", e.timing_reserve,
+            "CUDA: before its timing's first calls the worker allocates, and hands back to torch's caching "
+            "allocator, one block of 8 times the inputs' bytes plus 4 times placement_jitter_bytes (at most half of "
+            "the device's free memory), so that the rounds' inputs at random places and the models' outputs are "
+            "cut from it instead of each new size asking the driver for memory. It changes time per verdict, not "
+            "what is measured.");
     v.field("fp32_atol", e.fp32_atol, "Absolute tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp32_rtol", e.fp32_rtol, "Relative tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp16_atol", e.fp16_atol, "Absolute tolerance for float16 outputs.", non_negative_number());

@@ -850,6 +850,7 @@ verdict evaluation::run() {
                     + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
                     + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
+                    + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
                     + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";
   YAML::Node n;

@@ -1223,6 +1223,7 @@ class Worker:
         # verdict's rounds see many placements instead of the few blocks the caching allocator
         # would hand back round after round (docs/evaluator.md, Timing: placement).
         self.jitter_bytes = _max(_int(job.get("placement_jitter_bytes", 0)), 0)
+        self.timing_reserve = job.get("timing_reserve") is True
         self.placements = set()
         # Positions compared in timing rounds; made here, before any candidate code exists.
         self.sample_gen = _Generator(device=self.device).manual_seed((self.seed * 104729 + 7) % (1 << 63))
@@ -1900,10 +1901,41 @@ class Worker:
             raise _Done("runtime_error", (), f"expected measure, got {msg.get('type')!r}")
         self.lap("timing: waiting to measure", t0)
 
+    def reserve_for_rounds(self, inputs):
+        """CUDA: one allocation for the timing rounds' buffers, handed back to torch's caching
+        allocator at once. Each round copies its inputs into blocks of their size plus a random
+        lead; blocks the trials left behind are too small for those, so without it each new size
+        asked the driver for memory, in the first rounds above all and sometimes inside a timed
+        call. Blocks cut from one large free block need no driver call."""
+        t0 = _perf_counter_ns()
+        nbytes = 0
+
+        def count(t):
+            nonlocal nbytes
+            if _type(t) is _Tensor:
+                nbytes += _int(_T_numel(t)) * t.element_size()
+            return t
+
+        for x in inputs:
+            _map_tensors(x, count)
+        want = 8 * nbytes + 4 * self.jitter_bytes
+        try:
+            free, _total = torch.cuda.mem_get_info()
+            want = _min(want, free // 2)
+            if want >= (64 << 20):
+                block = _torch_empty(want, dtype=_uint8, device="cuda")
+                del block
+        except _BaseException:
+            pass  # an optimisation only: the rounds then allocate as they go
+        self.laps["timing: reserved MiB"] = want / (1 << 20)
+        self.lap("timing: reserve", t0)
+
     def timing(self, rounds, warmup_ms, warmup_rounds=3, announce=False):
         t_first = _perf_counter_ns()
         if not self.warmed:
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
+            if self.cuda and self.timing_reserve:
+                self.reserve_for_rounds(inputs)
             for i in _range(3):
                 ms, out = self.timed_candidate(_clone_inputs(inputs), -1 - i, f"warm-up call {i}")
                 del out
