@@ -477,15 +477,23 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   CHECK(on > off);
 }
 
+namespace {
+// The suite's options with exactly 20 measured rounds and no recheck.
+evaluator_options twenty_rounds(std::int64_t warm) {
+  evaluator_options opt = cpu_evaluator::suite_options(warm);
+  opt.rounds = opt.min_rounds = opt.max_rounds = 20;
+  opt.recheck_above = 1e9;
+  return opt;
+}
+} // namespace
+
 TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or never when they are off") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
   for (bool beside : {true, false}) {
     CAPTURE(beside);
-    evaluator_options opt = cpu_evaluator::suite_options(1); // a warm worker starts beside the verdict
-    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
-    opt.recheck_above = 1e9;
+    evaluator_options opt = twenty_rounds(1); // a warm worker starts beside the verdict
     opt.starts_beside_warmup = beside;
     cpu_evaluator ev{opt};
     auto v = ev.run(*t, cand);
@@ -505,9 +513,7 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
   REQUIRE(t.ok());
   for (auto hold : {device_init_hold::context, device_init_hold::all, device_init_hold::none}) {
     CAPTURE(to_string(hold));
-    evaluator_options opt = cpu_evaluator::suite_options(0); // one worker, started for the verdict
-    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
-    opt.recheck_above = 1e9;
+    evaluator_options opt = twenty_rounds(0); // one worker, started for the verdict
     opt.init_hold = hold;
     cpu_evaluator ev{opt};
     auto v = ev.run(*t, cand);
