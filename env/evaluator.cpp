@@ -754,11 +754,8 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   measured_ = true;
   // Starts beside warm-up: the worker says when its warm-up is over ("warmed") and begins its
   // measured rounds at our word ("measure"), once the starting workers' held steps are done.
+  // Without starts beside warm-up the gate lets no start beside any part of a timing.
   const bool announce = !measuring_ && ev_.gate_.starts_beside_warmup();
-  if (!announce && !measuring_) {
-    ev_.gate_.begin_measure();
-    measuring_ = true;
-  }
   if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
             + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + ",\"announce\":" + (announce ? "true" : "false")
             + "}"))

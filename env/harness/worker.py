@@ -1884,17 +1884,15 @@ class Worker:
         Timing). On CUDA the device spins meanwhile, so that its clocks stay up."""
         t0 = _perf_counter_ns()
         self.chan.send({"type": "warmed"})
-        while True:
-            if self.cuda and _cuda_sleep is not None:
+        if self.cuda and _cuda_sleep is not None:
+            msg = None
+            while msg is None:
                 for _ in _range(5):
                     _cuda_sleep(_LAUNCH_COVER_CYCLES)
                 _cuda_synchronize()
                 msg = self.chan.poll()
-                if msg is None:
-                    continue
-            else:
-                msg = self.chan.recv()
-            break
+        else:
+            msg = self.chan.recv()
         if msg.get("type") == "stop":
             _os_exit(0)
         if msg.get("type") != "measure":
