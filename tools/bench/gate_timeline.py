@@ -122,19 +122,14 @@ def main():
                 waiting_since[t] = ns
                 if k == "W":
                     timed_waiting += 1
-            elif k == "u":
-                untimed.add(t)
+            elif k in ("u", "c"):  # an untimed user or a start enters
+                (untimed if k == "u" else starts).add(t)
                 if t in waiting_since:
                     # the wait belongs to the phase the thread enters next; attribute to the current label
-                    gate_wait_s[holder_label(t) + " -> untimed"] += (ns - waiting_since.pop(t)) * 1e-9
-            elif k == "x":
-                untimed.discard(t)
-            elif k == "c":
-                starts.add(t)
-                if t in waiting_since:
-                    gate_wait_s[holder_label(t) + " -> start"] += (ns - waiting_since.pop(t)) * 1e-9
-            elif k == "y":
-                starts.discard(t)
+                    what = " -> untimed" if k == "u" else " -> start"
+                    gate_wait_s[holder_label(t) + what] += (ns - waiting_since.pop(t)) * 1e-9
+            elif k in ("x", "y"):  # ... leaves
+                (untimed if k == "x" else starts).discard(t)
             elif k == "M":
                 measure_waiting = True
             elif k == "m":
