@@ -666,6 +666,11 @@ void describe(V& v, config& c) {
             "timed rounds may still run beside a timing's warm-up (its first calls, clock warm-up and warm-up "
             "rounds, none of which is measured); the measured rounds wait for them to finish and let none begin. "
             "False: they wait for the whole timing. It changes throughput, not verdicts.");
+    v.field("untimed_beside_warmup", e.untimed_beside_warmup,
+            "With share_untimed: other evaluations' untimed device work (references, correctness trials, the "
+            "evaluator's copies and comparisons) may also run beside a timing's warm-up; the measured rounds wait "
+            "for the phases inside to finish and let none begin. False: untimed work waits for the whole timing, and "
+            "a timing for the untimed work inside. It changes throughput, not verdicts.");
     v.field("outputs_on_device", e.outputs_on_device,
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "

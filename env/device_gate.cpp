@@ -39,25 +39,39 @@ void device_gate::leave_locked(clock::time_point now) {
     busy_ns_ += ns_between(busy_since_, now);
 }
 
-void device_gate::track_beside_locked(clock::time_point now) {
-  const bool b = timed_ && starts_ > 0;
-  if (b && !beside_now_)
-    beside_since_ = now;
-  else if (!b && beside_now_)
-    beside_ns_ += ns_between(beside_since_, now);
-  beside_now_ = b;
+void device_gate::overlap::track(bool b, clock::time_point t) {
+  if (b && !now)
+    since = t;
+  else if (!b && now)
+    ns += ns_between(since, t);
+  now = b;
 }
 
-bool device_gate::untimed_may_enter() const {
+std::uint64_t device_gate::overlap::total(clock::time_point t) const {
+  return ns + (now ? ns_between(since, t) : 0);
+}
+
+void device_gate::track_beside_locked(clock::time_point now) {
+  beside_starts_.track(timed_ && starts_ > 0, now);
+  beside_untimed_.track(timed_ && untimed_ > 0, now);
+}
+
+bool device_gate::may_enter_alone() const {
   return !timed_ && timed_waiting_ == 0 && (share_ || untimed_ + starts_ == 0);
 }
 
-bool device_gate::start_may_enter() const {
-  if (!beside_)
-    return untimed_may_enter();
+bool device_gate::may_enter_warmup() const {
   // Beside untimed work, beside a timing's warm-up, and while a timing waits to begin its
   // warm-up; never beside measured rounds, nor once a timing waits to begin them.
   return !measuring_ && !measure_waiting_;
+}
+
+bool device_gate::untimed_may_enter() const {
+  return untimed_beside_ ? may_enter_warmup() : may_enter_alone();
+}
+
+bool device_gate::start_may_enter() const {
+  return beside_ ? may_enter_warmup() : may_enter_alone();
 }
 
 void device_gate::enter_untimed_locked() {
@@ -66,6 +80,7 @@ void device_gate::enter_untimed_locked() {
   enter_locked(now);
   ++untimed_;
   max_untimed_ = std::max(max_untimed_, untimed_ + starts_);
+  track_beside_locked(now);
 }
 
 void device_gate::enter_start_locked() {
@@ -128,6 +143,7 @@ void device_gate::unlock_untimed() {
     note_locked(event::untimed_leave, now);
     --untimed_;
     leave_locked(now);
+    track_beside_locked(now);
   }
   cv_.notify_all();
 }
@@ -135,8 +151,8 @@ void device_gate::unlock_untimed() {
 void device_gate::lock_timed() {
   std::unique_lock lock{mtx_};
   ++timed_waiting_;
-  // What the timing waits for: untimed users, and starts unless they may stay beside warm-up.
-  auto blocking = [&] { return untimed_ > 0 || (!beside_ && starts_ > 0); };
+  // What the timing waits for: untimed users and starts, unless they may stay beside warm-up.
+  auto blocking = [&] { return (!untimed_beside_ && untimed_ > 0) || (!beside_ && starts_ > 0); };
   if (timed_ || blocking())
     note_locked(event::timed_wait, clock::now());
   if (!timed_ && blocking() && !draining_) {
@@ -153,7 +169,7 @@ void device_gate::lock_timed() {
   note_locked(event::timed_enter, now);
   enter_locked(now);
   timed_ = true;
-  measuring_ = !beside_; // without starts beside warm-up, none is inside: measuring from the start
+  measuring_ = !warmup_shared(); // no company allowed beside warm-up, none is inside: measuring from the start
   timed_since_ = now;
   track_beside_locked(now);
 }
@@ -162,12 +178,12 @@ void device_gate::begin_measure() {
   std::unique_lock lock{mtx_};
   if (measuring_)
     return;
-  measure_waiting_ = true; // no start begins from now on
+  measure_waiting_ = true; // no start or untimed user begins from now on
   const auto since = clock::now();
-  if (starts_ > 0)
+  if (starts_ + untimed_ > 0)
     note_locked(event::measure_wait, since);
   measure_wait_since_ = since;
-  cv_.wait(lock, [&] { return starts_ == 0; });
+  cv_.wait(lock, [&] { return starts_ == 0 && untimed_ == 0; });
   const auto now = clock::now();
   measure_wait_ns_ += ns_between(since, now);
   measure_waiting_ = false;
@@ -211,7 +227,12 @@ std::uint64_t device_gate::measure_wait_ns() const {
 
 std::uint64_t device_gate::beside_ns() const {
   std::lock_guard lock{mtx_};
-  return beside_ns_ + (beside_now_ ? ns_between(beside_since_, clock::now()) : 0);
+  return beside_starts_.total(clock::now());
+}
+
+std::uint64_t device_gate::untimed_beside_ns() const {
+  std::lock_guard lock{mtx_};
+  return beside_untimed_.total(clock::now());
 }
 
 int device_gate::starts() const {

@@ -4,10 +4,11 @@
 // waits goes first: no untimed user enters while one waits, and the untimed users inside finish
 // their phase.
 //
-// With starts beside warm-up on, a timing holds the device in two steps: its warm-up (first
-// calls, clock warm-up, warm-up rounds), beside which starting workers may go on creating their
-// contexts and new ones may begin; then its measured rounds (begin_measure()), which wait for
-// the starts inside to finish and let none begin until the timing leaves.
+// With starts (or untimed work) beside warm-up on, a timing holds the device in two steps: its
+// warm-up (first calls, clock warm-up, warm-up rounds), beside which starting workers may go on
+// creating their contexts (and other evaluations on with their references and trials) and new
+// ones may begin; then its measured rounds (begin_measure()), which wait for the users inside to
+// finish and let none begin until the timing leaves.
 #pragma once
 
 #include <chrono>
@@ -23,8 +24,11 @@ class device_gate {
 public:
   /// share_untimed false: untimed users (starts included) take the device one at a time.
   /// starts_beside_warmup (with share_untimed only): starts may run beside a timing's warm-up.
-  explicit device_gate(bool share_untimed = true, bool starts_beside_warmup = false)
-      : share_(share_untimed), beside_(share_untimed && starts_beside_warmup) {}
+  /// untimed_beside_warmup (with share_untimed only): so may untimed users.
+  explicit device_gate(bool share_untimed = true, bool starts_beside_warmup = false,
+                       bool untimed_beside_warmup = false)
+      : share_(share_untimed), beside_(share_untimed && starts_beside_warmup),
+        untimed_beside_(share_untimed && untimed_beside_warmup) {}
   device_gate(const device_gate&) = delete;
   device_gate& operator=(const device_gate&) = delete;
 
@@ -38,14 +42,18 @@ public:
   /// lock_start() if it would not wait; false otherwise.
   bool try_lock_start();
   void unlock_start();
-  /// Enters for a timing's warm-up: waits for the untimed users inside to leave (and, with starts
-  /// beside warm-up off, the starts too; the timing is then measuring from the start).
+  /// Enters for a timing's warm-up: waits for another timed user to leave, and for the users
+  /// inside that may not stay beside a warm-up (untimed ones, starts) to leave. With neither kind
+  /// beside warm-up the timing is measuring from the start.
   void lock_timed();
-  /// The measured rounds begin: waits for the starts inside to finish; none begins until the
-  /// timed user leaves. Does nothing when already measuring.
+  /// The measured rounds begin: waits for the starts and untimed users inside to finish; none
+  /// begins until the timed user leaves. Does nothing when already measuring.
   void begin_measure();
   void unlock_timed();
   bool starts_beside_warmup() const noexcept { return beside_; }
+  bool untimed_beside_warmup() const noexcept { return untimed_beside_; }
+  /// A timing's warm-up may have company: its measured rounds must be begun (begin_measure()).
+  bool warmup_shared() const noexcept { return beside_ || untimed_beside_; }
 
   /// Nanoseconds during which at least one user held the device (union of all holds).
   std::uint64_t busy_ns() const;
@@ -54,10 +62,12 @@ public:
   /// Nanoseconds during which a timed user waited for untimed users inside to finish their phase
   /// (a timing was ready and the device was not being timed).
   std::uint64_t drain_ns() const;
-  /// Nanoseconds during which a timed user waited in begin_measure() for starts to finish.
+  /// Nanoseconds during which a timed user waited in begin_measure() for users inside to finish.
   std::uint64_t measure_wait_ns() const;
   /// Nanoseconds during which a timed user and at least one start were inside together.
   std::uint64_t beside_ns() const;
+  /// Nanoseconds during which a timed user and at least one untimed user were inside together.
+  std::uint64_t untimed_beside_ns() const;
   /// Most untimed users (starts included) seen inside at once (for tests and figures).
   int max_untimed() const;
   /// Starts inside now (for tests).
@@ -78,7 +88,7 @@ public:
       start_wait = 'v',
       start_enter = 'c',
       start_leave = 'y',
-      measure_wait = 'M', // begin_measure() waits for starts to finish
+      measure_wait = 'M', // begin_measure() waits for starts (and untimed users) to finish
       measure_enter = 'm',
     };
     std::int64_t ns; // steady_clock::time_point::time_since_epoch()
@@ -94,16 +104,28 @@ private:
   using clock = std::chrono::steady_clock;
   bool untimed_may_enter() const; // mtx_ held
   bool start_may_enter() const;   // mtx_ held
+  bool may_enter_alone() const;   // mtx_ held: the rule for users kept from every part of a timing
+  bool may_enter_warmup() const;  // mtx_ held: the rule for users allowed beside a warm-up
   bool idle_locked() const { return untimed_ == 0 && starts_ == 0 && !timed_; }
   void enter_untimed_locked();
   void enter_start_locked();
-  void track_beside_locked(clock::time_point now); // after timed_ or starts_ changed
+  void track_beside_locked(clock::time_point now); // after timed_, starts_ or untimed_ changed
   void enter_locked(clock::time_point now); // first user in: the device becomes busy
   void leave_locked(clock::time_point now); // last user out
   void note_locked(event::kind_t kind, clock::time_point now);
 
+  // A span of time during which a condition held, summed.
+  struct overlap {
+    bool now = false;
+    clock::time_point since{};
+    std::uint64_t ns = 0;
+    void track(bool b, clock::time_point t);
+    std::uint64_t total(clock::time_point t) const;
+  };
+
   const bool share_;
   const bool beside_;
+  const bool untimed_beside_;
   mutable std::mutex mtx_;
   std::condition_variable cv_;
   int untimed_ = 0;
@@ -114,9 +136,8 @@ private:
   bool measure_waiting_ = false; // ... or waits in begin_measure() for starts to finish
   clock::time_point measure_wait_since_{};
   std::uint64_t measure_wait_ns_ = 0;
-  bool beside_now_ = false; // a timed user and a start inside together
-  clock::time_point beside_since_{};
-  std::uint64_t beside_ns_ = 0;
+  overlap beside_starts_;  // a timed user and a start inside together
+  overlap beside_untimed_; // a timed user and an untimed user inside together
   int max_untimed_ = 0;
   clock::time_point busy_since_{};
   clock::time_point timed_since_{};

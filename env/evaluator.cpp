@@ -169,7 +169,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
                                    harness_location where, std::string device, logger& log,
                                    std::shared_ptr<verdict_cache> cache)
   : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
-    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed, opt.starts_beside_warmup) {
+    cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup) {
   scratch_root_ = fs::temp_directory_path() / "crucible";
   extensions_dir_ = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
 }
@@ -752,10 +752,11 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   char warmup[32];
   std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
   measured_ = true;
-  // Starts beside warm-up: the worker says when its warm-up is over ("warmed") and begins its
-  // measured rounds at our word ("measure"), once the starting workers' held steps are done.
-  // Without starts beside warm-up the gate lets no start beside any part of a timing.
-  const bool announce = !measuring_ && ev_.gate_.starts_beside_warmup();
+  // Company beside warm-up (starts, untimed work): the worker says when its warm-up is over
+  // ("warmed") and begins its measured rounds at our word ("measure"), once the starting
+  // workers' held steps and other evaluations' untimed phases inside are done. Without either
+  // the gate lets nothing beside any part of a timing.
+  const bool announce = !measuring_ && ev_.gate_.warmup_shared();
   if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
             + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + ",\"announce\":" + (announce ? "true" : "false")
             + "}"))
@@ -777,7 +778,8 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       char buf[32];
       std::snprintf(buf, sizeof buf, "%.3f", waited);
       ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": measured rounds waited ", buf,
-                     " s for starting workers' initialisation to finish");
+                     " s for starting workers' initialisation",
+                     ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "", " to finish");
     }
     if (!send("{\"type\":\"measure\"}") || !receive(ev_.opt_.run_timeout_s, "timing", n, msg))
       return false;
@@ -982,9 +984,10 @@ verdict evaluation::run() {
                        opt.win_threshold};
   std::vector<double> ref, cand;
   // Phase 4: timing (and re-measurement) with the device to itself: no other evaluation's
-  // untimed work beside it, and no worker's held initialisation beside its measured rounds
-  // (beside its warm-up only with evaluator.starts_beside_warmup; measure()). While it waits, no
-  // new untimed work starts; what has started finishes its phase.
+  // untimed work and no worker's held initialisation beside its measured rounds (beside its
+  // warm-up only with evaluator.untimed_beside_warmup / starts_beside_warmup; measure()). While
+  // it waits, no new untimed work starts (unless allowed beside warm-up); what has started
+  // finishes its phase.
   const auto wait0 = clock_type::now();
   device.reset();
   timed_hold timed{ev_.gate_};
@@ -993,8 +996,9 @@ verdict evaluation::run() {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", waited);
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": timing waited ", buf,
-                   " s for other evaluations' untimed device work",
-                   ev_.gate_.starts_beside_warmup() ? "" : " and starting workers' initialisation", " to finish");
+                   " s for other timings",
+                   ev_.gate_.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
+                   ev_.gate_.starts_beside_warmup() ? "" : ", starting workers' initialisation", " to finish");
   }
   phase("timing");
   if (!measure_once(policy, ref, cand))

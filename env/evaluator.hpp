@@ -94,11 +94,15 @@ public:
   /// untimed work (and starting workers' held initialisation steps) to finish.
   double drain_seconds() const { return static_cast<double>(gate_.drain_ns()) * 1e-9; }
   /// Seconds during which a timing's measured rounds waited for starting workers' held
-  /// initialisation to finish (evaluator.starts_beside_warmup): part of timing_seconds().
+  /// initialisation (evaluator.starts_beside_warmup) and other evaluations' untimed work
+  /// (evaluator.untimed_beside_warmup) to finish: part of timing_seconds().
   double measure_wait_seconds() const { return static_cast<double>(gate_.measure_wait_ns()) * 1e-9; }
   /// Seconds during which a timing's warm-up and a starting worker's held initialisation shared
   /// the device.
   double beside_seconds() const { return static_cast<double>(gate_.beside_ns()) * 1e-9; }
+  /// Seconds during which a timing's warm-up and other evaluations' untimed work shared the
+  /// device (evaluator.untimed_beside_warmup).
+  double untimed_beside_seconds() const { return static_cast<double>(gate_.untimed_beside_ns()) * 1e-9; }
   /// Seconds workers spent initialising the device, summed over workers (several may
   /// initialise at once).
   double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
@@ -162,7 +166,7 @@ private:
   std::atomic<std::uint64_t> init_held_ns_{0};
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
-  device_gate gate_;                  // timed rounds alone; untimed work shared (evaluator.share_untimed, starts_beside_warmup)
+  device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)
   int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
   std::vector<std::thread> refill_;
   std::mutex retire_mtx_;             // guards retiring_, retire_stop_

@@ -11,6 +11,9 @@
 #include <fstream>
 #include <regex>
 #include <set>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <caf/actor_system.hpp>
 #include <caf/scoped_actor.hpp>
@@ -504,6 +507,42 @@ TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or nev
       CHECK(ev.ev->measure_wait_seconds() == 0);
       CHECK(ev.ev->beside_seconds() == 0);
     }
+  }
+}
+
+TEST_CASE("untimed work beside warm-up: evaluations in flight together each get their own verdict") {
+  // Three evaluations at once, so that one's references and trials may run beside another's
+  // warm-up: the verdicts are those each candidate gets alone; with the setting off nothing
+  // untimed shares a timing.
+  auto root = source_dir / "env" / "tasks" / "cpu";
+  auto t = load_task(root / "09_diag_matmul.py");
+  REQUIRE(t.ok());
+  const std::vector<std::pair<fs::path, verdict_status>> cands{
+      {root / "variants" / "09_diag_matmul" / "fast_broadcast.py", verdict_status::ok},
+      {root / "variants" / "09_diag_matmul" / "wrong_abs_scale.py", verdict_status::incorrect},
+      {source_dir / "tests" / "candidates" / "legit_algebra.py", verdict_status::ok}};
+  for (bool beside : {true, false}) {
+    CAPTURE(beside);
+    evaluator_options opt = twenty_rounds(2);
+    opt.untimed_beside_warmup = beside;
+    cpu_evaluator ev{opt};
+    std::vector<verdict> got(cands.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < cands.size(); ++i)
+      threads.emplace_back([&, i] { got[i] = ev.run(*t, cands[i].first); });
+    for (auto& th : threads)
+      th.join();
+    for (size_t i = 0; i < cands.size(); ++i) {
+      CAPTURE(cands[i].first.filename().string());
+      INFO(describe(got[i]));
+      CHECK(got[i].status == cands[i].second);
+      if (cands[i].second == verdict_status::ok) {
+        CHECK(got[i].speedup > 1.0);
+        CHECK(got[i].rounds >= 20);
+      }
+    }
+    if (!beside)
+      CHECK(ev.ev->untimed_beside_seconds() == 0);
   }
 }
 

@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
     auto drain0 = (*ev)->drain_seconds();
     auto measure_wait0 = (*ev)->measure_wait_seconds();
     auto beside0 = (*ev)->beside_seconds();
+    auto untimed_beside0 = (*ev)->untimed_beside_seconds();
     auto calls0 = (*ev)->timed_call_seconds();
     auto started0 = (*ev)->workers_started();
     auto forked0 = (*ev)->workers_forked();
@@ -174,17 +175,19 @@ int main(int argc, char** argv) {
     double drain = (*ev)->drain_seconds() - drain0;
     double measure_wait = (*ev)->measure_wait_seconds() - measure_wait0;
     double beside = (*ev)->beside_seconds() - beside0;
+    double untimed_beside = (*ev)->untimed_beside_seconds() - untimed_beside0;
     double calls = (*ev)->timed_call_seconds() - calls0;
-    // Timing's share leaves out the measured rounds' waits for starting workers to finish
-    // (evaluator.starts_beside_warmup): the device is not timing then.
+    // Timing's share leaves out the measured rounds' waits for starting workers and untimed work
+    // to finish (evaluator.starts_beside_warmup, untimed_beside_warmup): the device is not timing then.
     std::printf("%s: %zu verdicts (%d ok) in %.1f s on %s: %.1f verdicts/min; timed rounds %.1f%% of wall "
-                "(inside the timed calls %.1f%%; warm-up beside starting workers %.1f%%; measured rounds waiting for "
-                "them %.1f%%, not counted), a timing waiting for untimed work to finish %.1f%%, device in use "
+                "(inside the timed calls %.1f%%; warm-up beside starting workers %.1f%%, beside untimed work %.1f%%; "
+                "measured rounds waiting for them %.1f%%, not counted), a timing waiting for untimed work to finish %.1f%%, device in use "
                 "%.1f%% of wall; worker device initialisation %.1f%% of wall summed over workers, %.1f%% of wall "
                 "holding the device (evaluator.init_hold %s); untimed work %s (at most %d at once); %llu workers, "
                 "%llu forked (concurrency %d, warm workers %lld)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
-                100 * (timing - measure_wait) / wall, 100 * calls / wall, 100 * beside / wall, 100 * measure_wait / wall,
+                100 * (timing - measure_wait) / wall, 100 * calls / wall, 100 * beside / wall, 100 * untimed_beside / wall,
+                100 * measure_wait / wall,
                 100 * drain / wall, 100 * held / wall, 100 * init / wall,
                 100 * init_held / wall, to_string(opt.init_hold),
                 opt.share_untimed ? "shared" : "one at a time", (*ev)->max_untimed_users(),

@@ -5,8 +5,9 @@
     python3 tools/bench/gate_timeline.py tl.txt
 
 Reads the timeline (device-gate steps and evaluation phases) and splits the pass's wall time
-into: timing (and the part of it beside starting workers' held initialisation, in warm-up); a
-timing's measured rounds waiting for those starts to finish ("measure wait", not timing); a ready
+into: timing (and the parts of it beside starting workers' held initialisation and beside other
+evaluations' untimed work, in warm-up); a timing's measured rounds waiting for those to finish
+("measure wait", not timing); a ready
 timing waiting for untimed work to finish ("drain"); untimed work with no timing waiting; and the
 device unused. Untimed and unused time is attributed to what
 the evaluations and starting workers were doing then. Also prints each phase's mean length
@@ -57,7 +58,7 @@ def main():
     untimed = set()  # threads inside as untimed users
     starts = set()  # threads inside as starting workers' held initialisation
     timed = None
-    measure_waiting = False  # the timed user waits for starts before its measured rounds
+    measure_waiting = False  # the timed user waits for starts (and untimed users) before its measured rounds
     timed_waiting = 0
     waiting_since = {}  # thread -> ns it started waiting at the gate
     states = collections.Counter()  # state -> seconds
@@ -83,11 +84,13 @@ def main():
         if dt > 0 and ns >= start:
             if timed is not None and measure_waiting:
                 states["measure wait"] += dt
-                blame[("measure wait", label_of(holder_label(t) for t in starts))] += dt
+                blame[("measure wait", label_of(holder_label(t) for t in untimed | starts))] += dt
             elif timed is not None:
                 states["timed"] += dt
                 if starts:
                     states["timed: beside starts"] += dt
+                if untimed:
+                    states["timed: beside untimed work"] += dt
             elif untimed or starts:
                 st = "drain" if timed_waiting else "untimed only"
                 states[st] += dt
@@ -147,9 +150,10 @@ def main():
     for st in ("timed", "measure wait", "drain", "untimed only", "unused"):
         print(f"  {st:14s} {states[st]:7.2f} s  {100 * states[st] / wall:5.1f}% of wall  {states[st] / max(verdicts, 1) * 1e3:6.1f} ms/verdict")
         if st == "timed":
-            part = states["timed: beside starts"]
-            print(f"    of it beside starts (warm-up) {part:7.2f} s  {100 * part / wall:5.1f}% of wall  "
-                  f"{part / max(verdicts, 1) * 1e3:6.1f} ms/verdict")
+            for what in ("starts", "untimed work"):
+                part = states["timed: beside " + what]
+                print(f"    of it beside {what + ' (warm-up)':20s} {part:7.2f} s  {100 * part / wall:5.1f}% of wall  "
+                      f"{part / max(verdicts, 1) * 1e3:6.1f} ms/verdict")
     for st in ("measure wait", "drain", "untimed only", "unused"):
         rows = sorted(((s, w) for (x, w), s in blame.items() if x == st), reverse=True)
         if not rows:

@@ -1,6 +1,6 @@
 // Unit tests for env/device_gate: timed users alone, untimed users shared (or not), a waiting
-// timed user first, starting workers beside a timing's warm-up but never beside its measured
-// rounds, and the busy time as the union of all holds.
+// timed user first, starting workers (and, when allowed, untimed users) beside a timing's warm-up
+// but never beside its measured rounds, and the busy time as the union of all holds.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -246,4 +246,78 @@ TEST_CASE("a recording gate keeps starts and the measured rounds' beginning") {
   CHECK(kinds == std::string{static_cast<char>(E::start_enter), static_cast<char>(E::timed_enter),
                              static_cast<char>(E::measure_wait), static_cast<char>(E::start_leave),
                              static_cast<char>(E::measure_enter), static_cast<char>(E::timed_leave)});
+}
+
+TEST_CASE("untimed work beside warm-up: a timing enters beside it, and its measured rounds wait for it") {
+  device_gate gate{true, true, true};
+  REQUIRE(gate.untimed_beside_warmup());
+  REQUIRE(gate.warmup_shared());
+  gate.lock_untimed();
+  std::atomic<int> step{0};
+  std::thread timer{[&] {
+    timed_hold hold{gate}; // enters beside the untimed user
+    step = 1;
+    await([&] { return step.load() == 10; });
+    gate.begin_measure(); // waits for it
+    step = 2;
+    await([&] { return step.load() == 3; });
+  }};
+  await([&] { return step.load() == 1; });
+  CHECK(gate.drain_ns() == 0); // the timing did not wait
+  CHECK(gate.try_lock_untimed()); // beside the warm-up, more may enter
+  CHECK(gate.try_lock_start());
+  gate.unlock_start();
+  gate.unlock_untimed();
+  std::atomic<bool> second_in{false};
+  std::thread second{[&] {
+    timed_hold hold{gate}; // waits for the first timing, not for untimed users
+    second_in = true;
+    gate.begin_measure();
+  }};
+  await([&] { return gate.timed_waiting() == 1; });
+  CHECK(gate.try_lock_untimed()); // a timing waiting behind a warm-up does not keep untimed users out
+  gate.unlock_untimed();
+  step = 10;
+  const auto wait0 = gate.measure_wait_ns();
+  await([&] { return gate.measure_wait_ns() > wait0; });
+  CHECK(step.load() == 10); // still waiting for the untimed user inside
+  CHECK_FALSE(gate.try_lock_untimed()); // none begins once the measured rounds wait
+  CHECK_FALSE(gate.try_lock_start());
+  const auto beside = gate.untimed_beside_ns();
+  CHECK(beside > 0);
+  gate.unlock_untimed();
+  await([&] { return step.load() == 2; });
+  CHECK_FALSE(gate.try_lock_untimed()); // measured rounds: nothing beside them
+  CHECK(gate.untimed_beside_ns() >= beside);
+  step = 3;
+  second.join(); // the second timing enters when the first leaves, and measures at once
+  CHECK(second_in.load());
+  timer.join();
+  CHECK(gate.try_lock_untimed());
+  gate.unlock_untimed();
+}
+
+TEST_CASE("untimed work beside warm-up without starts beside it: starts wait for the whole timing") {
+  device_gate gate{true, false, true};
+  CHECK(gate.warmup_shared());
+  CHECK_FALSE(gate.starts_beside_warmup());
+  std::atomic<bool> in{false};
+  std::atomic<bool> leave{false};
+  std::thread timer{[&] {
+    timed_hold hold{gate};
+    in = true;
+    await([&] { return leave.load(); });
+  }};
+  await([&] { return in.load(); });
+  CHECK(gate.try_lock_untimed()); // warm-up: untimed work may enter
+  gate.unlock_untimed();
+  CHECK_FALSE(gate.try_lock_start()); // a start may not
+  leave = true;
+  timer.join();
+  CHECK(gate.try_lock_start());
+  gate.unlock_start();
+
+  device_gate unshared{false, true, true}; // beside warm-up needs sharing
+  CHECK_FALSE(unshared.warmup_shared());
+  CHECK_FALSE(unshared.untimed_beside_warmup());
 }
