@@ -133,7 +133,7 @@ struct evaluator_options {
   device_init_hold init_hold = device_init_hold::all; ///< steps of a starting worker's device initialisation kept away from timed rounds
   bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once
   bool starts_beside_warmup = true;            ///< starting workers' held initialisation may run beside a timing's warm-up rounds
-  bool untimed_beside_warmup = false;          ///< other evaluations' references and trials may run beside a timing's warm-up rounds
+  bool untimed_beside_warmup = true;           ///< other evaluations' references and trials may run beside a timing's warm-up rounds
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
   std::uint64_t keep_freed_mb = 16384;          ///< CUDA, outputs on the device: freed memory the evaluator's pool keeps
   bool zygote = true;                          ///< fork workers from a process that imported torch once

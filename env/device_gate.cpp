@@ -178,17 +178,17 @@ void device_gate::begin_measure() {
   std::unique_lock lock{mtx_};
   if (measuring_)
     return;
-  measure_waiting_ = true; // no start or untimed user begins from now on
-  const auto since = clock::now();
-  if (starts_ + untimed_ > 0)
+  if (starts_ + untimed_ > 0) {
+    measure_waiting_ = true; // no start or untimed user begins from now on
+    const auto since = clock::now();
     note_locked(event::measure_wait, since);
-  measure_wait_since_ = since;
-  cv_.wait(lock, [&] { return starts_ == 0 && untimed_ == 0; });
-  const auto now = clock::now();
-  measure_wait_ns_ += ns_between(since, now);
-  measure_waiting_ = false;
+    measure_wait_since_ = since;
+    cv_.wait(lock, [&] { return starts_ == 0 && untimed_ == 0; });
+    measure_wait_ns_ += ns_between(since, clock::now());
+    measure_waiting_ = false;
+  }
   measuring_ = true;
-  note_locked(event::measure_enter, now);
+  note_locked(event::measure_enter, clock::now());
 }
 
 void device_gate::unlock_timed() {

@@ -490,7 +490,7 @@ evaluator_options twenty_rounds(std::int64_t warm) {
 }
 } // namespace
 
-TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or never when they are off") {
+TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or never when nothing may be beside it") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
@@ -498,6 +498,7 @@ TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or nev
     CAPTURE(beside);
     evaluator_options opt = twenty_rounds(1); // a warm worker starts beside the verdict
     opt.starts_beside_warmup = beside;
+    opt.untimed_beside_warmup = beside;
     cpu_evaluator ev{opt};
     auto v = ev.run(*t, cand);
     INFO(describe(v));
