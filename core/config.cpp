@@ -671,6 +671,11 @@ void describe(V& v, config& c) {
             "evaluator's copies and comparisons) may also run beside a timing's warm-up; the measured rounds wait "
             "for the phases inside to finish and let none begin. False: untimed work waits for the whole timing, and "
             "a timing for the untimed work inside. It changes throughput, not verdicts.");
+    v.field("teardown_hold", e.teardown_hold,
+            "A finished worker's exit, in which the driver tears its CUDA context down on the device, holds the "
+            "device as untimed work: it runs beside references, trials and (with untimed_beside_warmup) warm-ups, "
+            "never beside measured rounds. False: workers end at any time. It changes throughput and what may "
+            "disturb measured rounds, not what is measured.");
     v.field("outputs_on_device", e.outputs_on_device,
             "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
             "compares them with its own kernel. False: outputs are copied to the host and compared there. "

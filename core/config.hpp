@@ -134,6 +134,7 @@ struct evaluator_options {
   bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once
   bool starts_beside_warmup = true;            ///< starting workers' held initialisation may run beside a timing's warm-up rounds
   bool untimed_beside_warmup = true;           ///< other evaluations' references and trials may run beside a timing's warm-up rounds
+  bool teardown_hold = true;                   ///< a finished worker's exit (its context's teardown) holds the device as untimed work
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
   std::uint64_t keep_freed_mb = 16384;          ///< CUDA, outputs on the device: freed memory the evaluator's pool keeps
   bool zygote = true;                          ///< fork workers from a process that imported torch once

@@ -258,7 +258,14 @@ void device_evaluator::retire_loop() {
     auto batch = std::move(retiring_);
     retiring_.clear();
     lock.unlock();
-    batch.clear(); // kills, reaps, removes the scratch directories
+    {
+      // A worker's exit tears its CUDA context down, work the driver does on the device: kept
+      // away from measured rounds like other untimed work (evaluator.teardown_hold).
+      std::optional<untimed_hold> device;
+      if (opt_.teardown_hold)
+        device.emplace(gate_);
+      batch.clear(); // kills, reaps, removes the scratch directories
+    }
     lock.lock();
   }
 }

@@ -131,7 +131,7 @@ private:
   void refill_loop();
   // A finished worker is killed, reaped and its scratch directory removed on retire_thread_,
   // not on the evaluating thread: a CUDA process takes ~0.1 s to exit, which the verdict
-  // need not wait for.
+  // need not wait for. With evaluator.teardown_hold it holds the device as untimed work.
   void retire(std::unique_ptr<worker> w);
   void retire_loop();
   std::string protocol_key() const;

@@ -7,7 +7,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -545,6 +547,31 @@ TEST_CASE("untimed work beside warm-up: evaluations in flight together each get 
     if (!beside)
       CHECK(ev.ev->untimed_beside_seconds() == 0);
   }
+}
+
+TEST_CASE("a finished worker's exit holds the device as untimed work with teardown_hold") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  evaluator_options opt = twenty_rounds(0);
+  opt.teardown_hold = true;
+  cpu_evaluator ev{opt};
+  ev.ev->record_gate(true);
+  auto v = ev.run(*t, cand);
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::ok);
+  // The evaluating thread (this one) and the retire thread enter as untimed users; the worker's
+  // start entered as a start. Wait (without sleeping) for the retire thread's hold to show.
+  const auto me = std::hash<std::thread::id>{}(std::this_thread::get_id());
+  using E = device_gate::event;
+  bool other_untimed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!other_untimed && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& e : ev.ev->take_gate_events())
+      other_untimed |= e.kind == E::untimed_leave && e.thread != me;
+    std::this_thread::yield();
+  }
+  CHECK(other_untimed);
 }
 
 TEST_CASE("a worker initialises in three steps and holds the device only during those init_hold names") {

@@ -7,7 +7,10 @@
 Reads the workers' own laps ("worker host ms; STEP MS; ...", sent with every `done`) and the
 evaluator's "reference outputs received in S s, copied in S s" lines of the measured pass (the
 lines after the warm-up pass's summary) and prints each step's median, 90th percentile and
-count in milliseconds.
+count in milliseconds. Then, from the evaluator's per-round lines ("rounds ref stream/synced :
+cand stream/synced"), the measured rounds that something disturbed on the device: a reference or
+candidate stream time above 1.3 times its measurement's median (nothing else should run beside
+measured rounds, so these count work that did).
 """
 import argparse
 import collections
@@ -28,6 +31,8 @@ def main():
     steps = collections.defaultdict(list)
     measured = False
     received = re.compile(r"reference outputs received in ([0-9.]+) s, copied in ([0-9.]+) s")
+    pair = re.compile(r"([0-9.]+)/([0-9.]+):([0-9.]+)/([0-9.]+)")
+    rounds = disturbed = measurements = disturbed_measurements = 0
     with open(args.log, errors="replace") as f:
         for line in f:
             if line.startswith("warm-up (builds extensions):"):
@@ -43,6 +48,17 @@ def main():
                         steps["worker: " + name].append(float(value))
                     except ValueError:
                         pass
+            elif "rounds ref stream/synced" in line:
+                times = [(float(a), float(c)) for a, _, c, _ in pair.findall(line.split("(ms):", 1)[1])]
+                if not times:
+                    continue
+                ref_median = statistics.median(r for r, _ in times)
+                cand_median = statistics.median(c for _, c in times)
+                k = sum(1 for r, c in times if r > 1.3 * ref_median or c > 1.3 * cand_median)
+                rounds += len(times)
+                disturbed += k
+                measurements += 1
+                disturbed_measurements += k > 0
             elif m := received.search(line):
                 steps["evaluator: reference outputs received (mapped)"].append(1e3 * float(m.group(1)))
                 steps["evaluator: reference outputs copied"].append(1e3 * float(m.group(2)))
@@ -53,6 +69,9 @@ def main():
     for name in sorted(steps):
         xs = steps[name]
         print(f"{name:<{width}}  {statistics.median(xs):9.1f} {quantile(xs, 0.9):9.1f}  {len(xs):5d}")
+    if rounds:
+        print(f"measured rounds disturbed (a stream time above 1.3x its measurement's median): {disturbed} of {rounds} "
+              f"({100 * disturbed / rounds:.2f}%), in {disturbed_measurements} of {measurements} measurements")
 
 
 if __name__ == "__main__":

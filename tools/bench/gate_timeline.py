@@ -70,7 +70,8 @@ def main():
 
     def holder_label(t):
         if t not in eval_threads:
-            return "worker initialisation (refill)"
+            # Threads of the evaluator's own: the refill's starts, the retire thread's teardowns.
+            return "worker initialisation (refill)" if t in starts else "worker teardown"
         p = phase.get(t, "worker")
         return "worker initialisation (inline)" if p == "worker" else p
 
