@@ -2,7 +2,7 @@
 // themselves; untimed work (references, correctness trials) and starting workers' device
 // initialisation measure nothing, so several of them may share the device. A timed user that
 // waits goes first: no untimed user enters while one waits, and the untimed users inside finish
-// their phase.
+// their phase (unless untimed work may stay beside a warm-up, below).
 //
 // With starts (or untimed work) beside warm-up on, a timing holds the device in two steps: its
 // warm-up (first calls, clock warm-up, warm-up rounds), beside which starting workers may go on
@@ -133,7 +133,7 @@ private:
   int timed_waiting_ = 0;
   bool timed_ = false;
   bool measuring_ = false;    // the timed user is in its measured rounds
-  bool measure_waiting_ = false; // ... or waits in begin_measure() for starts to finish
+  bool measure_waiting_ = false; // ... or waits in begin_measure() for starts and untimed users to finish
   clock::time_point measure_wait_since_{};
   std::uint64_t measure_wait_ns_ = 0;
   overlap beside_starts_;  // a timed user and a start inside together
