@@ -570,6 +570,18 @@ private:
     if (ev_.observer_)
       ev_.observer_(name, w_.proc->pid());
   }
+  // At debug level, a wait at the device gate since `since` longer than a millisecond:
+  // "<who> waited S s for <why...> to finish".
+  template <class... Why>
+  void log_gate_wait(clock_type::time_point since, const char* who, const Why&... why) {
+    const auto waited = std::chrono::duration<double>(clock_type::now() - since).count();
+    if (waited <= 1e-3 || !ev_.log_.enabled(log_level::debug))
+      return;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", waited);
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", who, " waited ", buf, " s for ", why...,
+                   " to finish");
+  }
   // Asks for `rounds` more timed rounds and appends their settled times. A continuation (more
   // rounds of the same measurement, or a recheck) follows the previous request at once and
   // plays no warm-up rounds.
@@ -780,14 +792,8 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     const auto wait0 = clock_type::now();
     ev_.gate_.begin_measure();
     measuring_ = true;
-    if (const auto waited = std::chrono::duration<double>(clock_type::now() - wait0).count();
-        waited > 1e-3 && ev_.log_.enabled(log_level::debug)) {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.3f", waited);
-      ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": measured rounds waited ", buf,
-                     " s for starting workers' initialisation",
-                     ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "", " to finish");
-    }
+    log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
+                  ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
     if (!send("{\"type\":\"measure\"}") || !receive(ev_.opt_.run_timeout_s, "timing", n, msg))
       return false;
   }
@@ -998,15 +1004,9 @@ verdict evaluation::run() {
   const auto wait0 = clock_type::now();
   device.reset();
   timed_hold timed{ev_.gate_};
-  if (const auto waited = std::chrono::duration<double>(clock_type::now() - wait0).count();
-      waited > 1e-3 && ev_.log_.enabled(log_level::debug)) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3f", waited);
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": timing waited ", buf,
-                   " s for other timings",
-                   ev_.gate_.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
-                   ev_.gate_.starts_beside_warmup() ? "" : ", starting workers' initialisation", " to finish");
-  }
+  log_gate_wait(wait0, "timing", "other timings",
+                ev_.gate_.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
+                ev_.gate_.starts_beside_warmup() ? "" : ", starting workers' initialisation");
   phase("timing");
   if (!measure_once(policy, ref, cand))
     return v_;
