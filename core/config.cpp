@@ -626,6 +626,16 @@ void describe(V& v, config& c) {
             "the device's free memory), so that the rounds' inputs at random places and the models' outputs are "
             "cut from it instead of each new size asking the driver for memory. It changes time per verdict, not "
             "what is measured.");
+    v.field("preload_kernels", e.preload_kernels,
+            "A starting worker runs once, on small tensors, the kernels the harness itself runs in every verdict (the "
+            "cache flush, the rounds' input copies, the output check): on CUDA the driver then loads them "
+            "(CUDA_MODULE_LOADING=LAZY) in the warm pool instead of in a verdict's first timing round. It changes "
+            "time per verdict, not what is measured.");
+    v.field("quiet_gc", e.quiet_gc,
+            "When a job arrives, the worker moves every object alive (torch, the harness and its snapshots) out of "
+            "the reach of Python's cyclic garbage collector, and turns the collector off during timing, as timeit "
+            "does: a full collection over torch's objects otherwise takes tens to hundreds of milliseconds and may "
+            "run inside a timed call. The job's own objects are still collected outside timing.");
     v.field("fp32_atol", e.fp32_atol, "Absolute tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp32_rtol", e.fp32_rtol, "Relative tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp16_atol", e.fp16_atol, "Absolute tolerance for float16 outputs.", non_negative_number());

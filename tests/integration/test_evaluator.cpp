@@ -482,6 +482,54 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   CHECK(on > off);
 }
 
+TEST_CASE("quiet_gc: no cyclic garbage collection runs while a worker times, and one does without it") {
+  // A correct candidate whose forward leaves cyclic garbage behind (lists that hold themselves):
+  // enough allocations in 20 rounds for the collector to run when it may.
+  auto dir = fs::temp_directory_path() / ("crucible-quiet-gc-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto cand = dir / "cycles.py";
+  {
+    std::ofstream f{cand};
+    f << "import torch\nimport torch.nn as nn\n\n\n"
+         "class ModelNew(nn.Module):\n"
+         "    def __init__(self):\n        super().__init__()\n\n"
+         "    def forward(self, a, B):\n"
+         "        for _ in range(3000):\n            c = []\n            c.append(c)\n"
+         "        return a.unsqueeze(1) * B\n";
+  }
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "09_diag_matmul.py");
+  REQUIRE(t.ok());
+  auto collections_while_timing = [&](bool quiet) {
+    auto log_path = dir / (std::string{"quiet-"} + (quiet ? "on" : "off") + ".log");
+    evaluator_options opt = cpu_evaluator::suite_options(0);
+    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
+    opt.recheck_above = 1e9;
+    opt.quiet_gc = quiet;
+    system_clock clk;
+    logger log{clk, log_level::warn};
+    REQUIRE(log.open_file(log_path, log_level::debug).ok());
+    auto where = locate_harness(opt);
+    REQUIRE(where.ok());
+    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+    REQUIRE(ev.ok());
+    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
+    INFO(describe(v));
+    REQUIRE(v.status == verdict_status::ok);
+    auto text = read_text(log_path);
+    // The worker's host-time line names every collection; those inside timing() apart.
+    REQUIRE_MESSAGE(text.find("worker host ms") != std::string::npos, text);
+    REQUIRE_MESSAGE(text.find("gc: generation 0 collections") != std::string::npos, text);
+    std::smatch m;
+    static const std::regex re{"gc: collections while timing ([0-9]+)"};
+    return std::regex_search(text, m, re) ? std::stoi(m[1].str()) : 0;
+  };
+  const int quiet = collections_while_timing(true), loud = collections_while_timing(false);
+  fs::remove_all(dir);
+  INFO("collections while timing: " << quiet << " with quiet_gc, " << loud << " without");
+  CHECK(quiet == 0);
+  CHECK(loud > 0);
+}
+
 namespace {
 // The suite's options with exactly 20 measured rounds and no recheck.
 evaluator_options twenty_rounds(std::int64_t warm) {

@@ -11,6 +11,13 @@ count in milliseconds. Then, from the evaluator's per-round lines ("rounds ref s
 cand stream/synced"), the measured rounds that something disturbed on the device: a reference or
 candidate stream time above 1.3 times its measurement's median (nothing else should run beside
 measured rounds, so these count work that did).
+
+With --whole the log is read from its first line, as `crucible eval --repeat N --verbose` writes
+it (no warm-up pass), and the time from each verdict's start to its finish step ("finish at
++S s") is a step too:
+
+    crucible eval --task T --candidate C --no-cache --repeat 10 --verbose > log 2>&1
+    python3 tools/bench/eval_laps.py --whole log
 """
 import argparse
 import collections
@@ -27,9 +34,12 @@ def quantile(xs, q):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("log")
+    ap.add_argument("--whole", action="store_true",
+                    help="read the whole log (crucible eval --repeat N --verbose: no warm-up pass)")
     args = ap.parse_args()
     steps = collections.defaultdict(list)
-    measured = False
+    measured = args.whole
+    finish = re.compile(r": finish at \+([0-9.]+) s")
     received = re.compile(r"reference outputs received in ([0-9.]+) s, copied in ([0-9.]+) s")
     pair = re.compile(r"([0-9.]+)/([0-9.]+):([0-9.]+)/([0-9.]+)")
     rounds = disturbed = measurements = disturbed_measurements = 0
@@ -59,6 +69,8 @@ def main():
                 disturbed += k
                 measurements += 1
                 disturbed_measurements += k > 0
+            elif m := finish.search(line):
+                steps["evaluator: at finish, from the verdict's start"].append(1e3 * float(m.group(1)))
             elif m := received.search(line):
                 steps["evaluator: reference outputs received (mapped)"].append(1e3 * float(m.group(1)))
                 steps["evaluator: reference outputs copied"].append(1e3 * float(m.group(2)))
