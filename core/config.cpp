@@ -627,10 +627,10 @@ void describe(V& v, config& c) {
             "cut from it instead of each new size asking the driver for memory. It changes time per verdict, not "
             "what is measured.");
     v.field("preload_kernels", e.preload_kernels,
-            "CUDA: a worker, once ready and waiting for a job, runs once on small tensors the kernels the harness "
-            "itself runs in every verdict (the cache flush, the rounds' input copies, the output check), so that "
-            "the driver loads them (CUDA_MODULE_LOADING=LAZY) in the warm pool and not inside a verdict. It does "
-            "not hold the device. It changes time per verdict, not what is measured.");
+            "A starting worker runs once, on small tensors, the kernels the harness itself runs in every verdict (the "
+            "cache flush, the rounds' input copies, the output check): on CUDA the driver then loads them "
+            "(CUDA_MODULE_LOADING=LAZY) in the warm pool instead of in a verdict's first timing round. It changes "
+            "time per verdict, not what is measured.");
     v.field("quiet_gc", e.quiet_gc,
             "When a job arrives, the worker moves every object alive (torch, the harness and its snapshots) out of "
             "the reach of Python's cyclic garbage collector, and turns the collector off during timing, as timeit "

@@ -938,7 +938,6 @@ class Worker:
         self.graph = None
         self.mark_step = None
         self.exports = None  # a list while outputs stay on the device (job "outputs": "device")
-        self.preload = False  # evaluator.preload_kernels, from the `init` message
         # Host milliseconds per step (reference, load, trials, timing rounds, finish), sent in
         # the `done` message for `crucible eval --verbose`: where a verdict's wall time goes.
         self.laps = {}
@@ -985,7 +984,7 @@ class Worker:
         # the context, the profiler's first use): it holds the device during those that must
         # not run beside another candidate's timed rounds (evaluator.init_hold).
         self.chan.send({"type": "started", "pid": _os_getpid()})
-        self.preload = self.await_step("init").get("preload_kernels") is True
+        preload = self.await_step("init").get("preload_kernels") is True
         t_init = _perf_counter_ns()
         # torch asks NVML for the device count first; NVML cannot start inside the sandbox,
         # torch falls back to the CUDA runtime, and the warning it prints is noise.
@@ -1030,24 +1029,25 @@ class Worker:
             if quiet is not None:
                 os.close(quiet)
         t_profiler = _perf_counter_ns()
+        if preload:
+            self.preload_kernels()
+        t_kernels = _perf_counter_ns()
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
                         "hardware": hardware,
                         "init_ms": {"driver": (t_cuinit - t_init) / 1e6, "context": (t_context - t_context0) / 1e6,
-                                    "profiler": (t_profiler - t_context) / 1e6}})
+                                    "profiler": (t_profiler - t_context) / 1e6,
+                                    "kernels": (t_kernels - t_profiler) / 1e6}})
 
     def preload_kernels(self):
-        """CUDA: runs once, on small float32 tensors, the kernels the harness itself runs in
-        every verdict: the cache flush and the spin, the rounds' input scaling and copies to
-        random places, the output check (sampling, isclose, the counts and their one read) and
-        the poisoning. With CUDA_MODULE_LOADING=LAZY a kernel is loaded at its first launch: on
-        an H100 those loads took 150-200 ms of a verdict, 40-50 ms of it in the first timing round
-        (docs/PERFORMANCE.md). Here they happen in the warm pool, after `ready`, while the
-        worker waits for a job (evaluator.preload_kernels), without holding the device: a
-        process's first calls of a few ops, loads included, beside a timed kernel left its median
-        and 99th percentile alone, though its slowest call of 5,017 took 2.69 ms against 0.70 ms
-        (tools/bench/init_interference.py, docs/PERFORMANCE.md). Leaves nothing behind: the job
-        sets every attribute used here anew."""
+        """Runs once, on small float32 tensors, the kernels the harness itself runs in every
+        verdict: the cache flush and the spin, the rounds' input scaling and copies to random
+        places, the output check (sampling, isclose, the counts and their one read) and the
+        poisoning. With CUDA_MODULE_LOADING=LAZY a kernel is loaded at its first launch, and on
+        an H100 those loads put 50-60 ms into a verdict's first timing round (docs/PERFORMANCE.md);
+        here they happen in the warm pool (evaluator.preload_kernels). On the CPU the same calls
+        only pay the ops' first-call costs. Leaves nothing behind: the job sets every attribute
+        used here anew."""
         dev = self.device
         self.flush_buf = _T_fill_(_torch_empty(1024, dtype=_int32, device=dev), 1)
         self.flush_sum = _torch_empty((), dtype=_int64, device=dev)
@@ -1257,10 +1257,6 @@ class Worker:
 
     # -- the job -----------------------------------------------------------------------------
     def run(self):
-        if self.cuda and self.preload:
-            t0 = _perf_counter_ns()
-            self.preload_kernels()
-            self.lap("start: harness kernels, before the job", t0)
         if self.cuda:
             # Ready, waiting for a job: make the snapshots now (~0.1 s on an H100's host), and
             # only bring them up to date when the candidate loads. (Not on the CPU, where this
