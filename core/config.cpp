@@ -626,11 +626,6 @@ void describe(V& v, config& c) {
             "the device's free memory), so that the rounds' inputs at random places and the models' outputs are "
             "cut from it instead of each new size asking the driver for memory. It changes time per verdict, not "
             "what is measured.");
-    v.field("preload_kernels", e.preload_kernels,
-            "A starting worker runs once, on small tensors, the kernels the harness itself runs in every verdict (the "
-            "cache flush, the rounds' input copies, the output check): on CUDA the driver then loads them "
-            "(CUDA_MODULE_LOADING=LAZY) in the warm pool instead of in a verdict's first timing round. It changes "
-            "time per verdict, not what is measured.");
     v.field("quiet_gc", e.quiet_gc,
             "When a job arrives, the worker moves every object alive (torch, the harness and its snapshots) out of "
             "the reach of Python's cyclic garbage collector, and turns the collector off during timing, as timeit "

@@ -117,7 +117,6 @@ struct evaluator_options {
   std::uint64_t flush_bytes = 0;               ///< 0: 256 MiB on CUDA, 64 MiB on CPU
   std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
   bool timing_reserve = true;                  ///< CUDA: one block for the timing rounds' buffers, reserved before the first calls
-  bool preload_kernels = true;                 ///< a starting worker runs the harness's own kernels once (loaded on CUDA)
   bool quiet_gc = true;                        ///< workers freeze Python's collector's objects at the job and collect nothing while timing
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;
   double fp16_atol = 1e-2, fp16_rtol = 1e-2;

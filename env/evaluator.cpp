@@ -397,9 +397,7 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     if (opt_.init_hold == device_init_hold::all)
       hold();
     const auto t0 = clock_type::now();
-    if (auto sent = proc->send(opt_.preload_kernels ? "{\"type\":\"init\",\"preload_kernels\":true}"
-                                                    : "{\"type\":\"init\"}");
-        !sent)
+    if (auto sent = proc->send("{\"type\":\"init\"}"); !sent)
       return sent.error();
     if (auto ok = expect("driver", n); !ok)
       return ok.error();
@@ -419,22 +417,21 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(done - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
     init_held_ns_ += static_cast<std::uint64_t>(held_s * 1e9);
-    char buf[256];
-    double driver_ms = -1, context_ms = -1, profiler_ms = -1, kernels_ms = -1; // the worker's own laps, when it sends them
+    char buf[200];
+    double driver_ms = -1, context_ms = -1, profiler_ms = -1; // the worker's own laps, when it sends them
     if (const auto laps = n["init_ms"]; laps.IsDefined() && laps.IsMap()) {
       try {
         driver_ms = laps["driver"].as<double>();
         context_ms = laps["context"].as<double>();
         profiler_ms = laps["profiler"].as<double>();
-        kernels_ms = laps["kernels"].as<double>(0);
       } catch (const YAML::Exception&) {
       }
     }
     std::snprintf(buf, sizeof buf,
                   "%.3f s (device initialisation %.3f s, %.3f s of it holding the device: driver %.0f ms, context %.0f "
-                  "ms, profiler's first use %.0f ms, harness kernels %.0f ms)",
+                  "ms, profiler's first use %.0f ms)",
                   std::chrono::duration<double>(clock_type::now() - started).count(), static_cast<double>(ns) * 1e-9,
-                  held_s, driver_ms, context_ms, profiler_ms, kernels_ms);
+                  held_s, driver_ms, context_ms, profiler_ms);
     log_.debug("evaluator", device_, ": worker ", std::to_string(proc->pid()), proc->forked() ? " forked" : " executed",
                ", ready in ", buf);
   }

@@ -942,7 +942,7 @@ class Worker:
         # the `done` message for `crucible eval --verbose`: where a verdict's wall time goes.
         self.laps = {}
         # Python's cyclic garbage collections, by generation, and their milliseconds (laps
-        # "gc: ..."): with torch imported a full collection took 50-250 ms (see quiet_gc in run()).
+        # "gc: ..."; see quiet_gc in run()).
         self.gc_t0 = 0
         self.timing_now = False  # inside timing(): collections then are also counted apart
         gc.callbacks.append(self.gc_lap)
@@ -984,7 +984,7 @@ class Worker:
         # the context, the profiler's first use): it holds the device during those that must
         # not run beside another candidate's timed rounds (evaluator.init_hold).
         self.chan.send({"type": "started", "pid": _os_getpid()})
-        preload = self.await_step("init").get("preload_kernels") is True
+        self.await_step("init")
         t_init = _perf_counter_ns()
         # torch asks NVML for the device count first; NVML cannot start inside the sandbox,
         # torch falls back to the CUDA runtime, and the warning it prints is noise.
@@ -1029,52 +1029,17 @@ class Worker:
             if quiet is not None:
                 os.close(quiet)
         t_profiler = _perf_counter_ns()
-        if preload:
-            self.preload_kernels()
-        t_kernels = _perf_counter_ns()
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,
                         "hardware": hardware,
                         "init_ms": {"driver": (t_cuinit - t_init) / 1e6, "context": (t_context - t_context0) / 1e6,
-                                    "profiler": (t_profiler - t_context) / 1e6,
-                                    "kernels": (t_kernels - t_profiler) / 1e6}})
-
-    def preload_kernels(self):
-        """Runs once, on small float32 tensors, the kernels the harness itself runs in every
-        verdict: the cache flush and the spin, the rounds' input scaling and copies to random
-        places, the output check (sampling, isclose, the counts and their one read) and the
-        poisoning. With CUDA_MODULE_LOADING=LAZY a kernel is loaded at its first launch, and on
-        an H100 those loads put 50-60 ms into a verdict's first timing round (docs/PERFORMANCE.md);
-        here they happen in the warm pool (evaluator.preload_kernels). On the CPU the same calls
-        only pay the ops' first-call costs. Leaves nothing behind: the job sets every attribute
-        used here anew."""
-        dev = self.device
-        self.flush_buf = _T_fill_(_torch_empty(1024, dtype=_int32, device=dev), 1)
-        self.flush_sum = _torch_empty((), dtype=_int64, device=dev)
-        self.sample_gen = _Generator(device=dev).manual_seed(1)
-        self.jitter_bytes = 4 * 512
-        self.rng_random = _Random(0).random
-        gen = _Generator(device=dev).manual_seed(2)
-        x = _T_uniform_(_torch_empty(_ROUND_SAMPLE + 512, device=dev), 0.5, 2.0, generator=gen)
-        x = _T_mul(x, x)  # make_inputs: distribution 1 scales floating inputs
-        self.flush(0)
-        a, = self.placed([x])
-        b, = _clone_inputs([a])
-        for k in (0, 1):  # both input distributions: the first round's scale of each
-            self.check_round_outputs(a, b, k)
-            self.check_round_outputs(_T_reshape(a, (-1,))[:64], _T_reshape(b, (-1,))[:64], k)
-        self.check_round_fracs()
-        self.poison_tensor(b)
-        self.sync()
-        self.round_atol = {}
-        self.round_fracs = []
+                                    "profiler": (t_profiler - t_context) / 1e6}})
 
     def await_step(self, step):
         """Waits for the evaluator's {"type": step}: its word to go on initialising."""
         msg = self.chan.recv()
         if msg.get("type") != step:
             raise _Done("runtime_error", (), f"expected {step}, got {msg.get('type')!r}")
-        return msg
 
     # -- helpers -----------------------------------------------------------------------------
     def sync(self):
@@ -1282,8 +1247,8 @@ class Worker:
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
-        # collection runs inside a timed call. A full collection over torch's objects took
-        # 50-250 ms and could land anywhere in a verdict, a timed call included.
+        # collection runs inside a timed call. A full collection over those objects takes tens
+        # to hundreds of milliseconds (tools/bench/gc_probe.py).
         self.quiet_gc = job.get("quiet_gc") is True
         if self.quiet_gc:
             _gc_freeze()
