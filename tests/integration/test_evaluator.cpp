@@ -445,6 +445,35 @@ TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on
   CHECK(rounds_with(0) == 20);     // early stops off: one request of 20
 }
 
+namespace {
+// The suite's options with exactly 20 measured rounds and no recheck.
+evaluator_options twenty_rounds(std::int64_t warm) {
+  evaluator_options opt = cpu_evaluator::suite_options(warm);
+  opt.rounds = opt.min_rounds = opt.max_rounds = 20;
+  opt.recheck_above = 1e9;
+  return opt;
+}
+
+// One verdict, required ok, from a CPU evaluator of its own with `opt` whose debug log goes to
+// `log_path`; returns the verdict and the log's text (the worker's host-time line among it).
+std::pair<verdict, std::string> logged_verdict(const evaluator_options& opt, const task& t, const std::string& candidate,
+                                               const fs::path& log_path) {
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  REQUIRE(log.open_file(log_path, log_level::debug).ok());
+  auto where = locate_harness(opt);
+  REQUIRE(where.ok());
+  auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+  REQUIRE(ev.ok());
+  auto v = (*ev)->evaluate(eval_request{t, candidate, 0, false});
+  INFO(describe(v));
+  REQUIRE(v.status == verdict_status::ok);
+  auto text = read_text(log_path);
+  fs::remove(log_path);
+  return {std::move(v), std::move(text)};
+}
+} // namespace
+
 TEST_CASE("timing rounds put their inputs at many placements unless placement_jitter_bytes is 0") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
@@ -454,23 +483,10 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   auto placements = [&](std::uint64_t jitter) {
     auto log_path = fs::temp_directory_path() / ("crucible-placement-" + std::to_string(::getpid()) + "-"
                                                  + std::to_string(jitter) + ".log");
-    evaluator_options opt = cpu_evaluator::suite_options(0);
-    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
-    opt.recheck_above = 1e9;
+    evaluator_options opt = twenty_rounds(0);
     opt.placement_jitter_bytes = jitter;
-    system_clock clk;
-    logger log{clk, log_level::warn};
-    REQUIRE(log.open_file(log_path, log_level::debug).ok());
-    auto where = locate_harness(opt);
-    REQUIRE(where.ok());
-    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
-    REQUIRE(ev.ok());
-    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
-    INFO(describe(v));
-    REQUIRE(v.status == verdict_status::ok);
+    auto [v, text] = logged_verdict(opt, *t, read_text(cand), log_path);
     std::smatch m;
-    auto text = read_text(log_path);
-    fs::remove(log_path);
     static const std::regex re{"timing: distinct candidate input addresses ([0-9]+)"};
     REQUIRE_MESSAGE(std::regex_search(text, m, re), text);
     return std::make_pair(std::stoi(m[1].str()), v.rounds);
@@ -501,21 +517,9 @@ TEST_CASE("quiet_gc: no cyclic garbage collection runs while a worker times, and
   REQUIRE(t.ok());
   auto collections_while_timing = [&](bool quiet) {
     auto log_path = dir / (std::string{"quiet-"} + (quiet ? "on" : "off") + ".log");
-    evaluator_options opt = cpu_evaluator::suite_options(0);
-    opt.rounds = opt.min_rounds = opt.max_rounds = 20;
-    opt.recheck_above = 1e9;
+    evaluator_options opt = twenty_rounds(0);
     opt.quiet_gc = quiet;
-    system_clock clk;
-    logger log{clk, log_level::warn};
-    REQUIRE(log.open_file(log_path, log_level::debug).ok());
-    auto where = locate_harness(opt);
-    REQUIRE(where.ok());
-    auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
-    REQUIRE(ev.ok());
-    auto v = (*ev)->evaluate(eval_request{*t, read_text(cand), 0, false});
-    INFO(describe(v));
-    REQUIRE(v.status == verdict_status::ok);
-    auto text = read_text(log_path);
+    auto text = logged_verdict(opt, *t, read_text(cand), log_path).second;
     // The worker's host-time line names every collection; those inside timing() apart.
     REQUIRE_MESSAGE(text.find("worker host ms") != std::string::npos, text);
     REQUIRE_MESSAGE(text.find("gc: generation 0 collections") != std::string::npos, text);
@@ -529,16 +533,6 @@ TEST_CASE("quiet_gc: no cyclic garbage collection runs while a worker times, and
   CHECK(quiet == 0);
   CHECK(loud > 0);
 }
-
-namespace {
-// The suite's options with exactly 20 measured rounds and no recheck.
-evaluator_options twenty_rounds(std::int64_t warm) {
-  evaluator_options opt = cpu_evaluator::suite_options(warm);
-  opt.rounds = opt.min_rounds = opt.max_rounds = 20;
-  opt.recheck_above = 1e9;
-  return opt;
-}
-} // namespace
 
 TEST_CASE("starts beside warm-up: the worker announces its warm-up's end, or never when nothing may be beside it") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
