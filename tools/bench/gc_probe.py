@@ -19,9 +19,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "env", "harness"))
-    argv, sys.argv = sys.argv, [sys.argv[0]]
     import worker  # noqa: F401  (the harness's imports are the point)
-    sys.argv = argv
     print(f"python {sys.version.split()[0]}, objects tracked by the collector: {len(gc.get_objects())}")
     for label in ("before gc.freeze()", "after gc.freeze()"):
         if label.startswith("after"):
