@@ -157,6 +157,12 @@ result<harness_location> locate_harness(const evaluator_options& opt) {
       }
     }
   }
+  if (const char* k = std::getenv("CRUCIBLE_HARNESS_KERNELS"); k != nullptr && *k != '\0')
+    loc.kernels = k; // named: used as it is, and a worker that cannot read it says so
+#ifdef CRUCIBLE_HARNESS_KERNELS
+  else if (std::error_code ec; fs::exists(CRUCIBLE_HARNESS_KERNELS, ec))
+    loc.kernels = CRUCIBLE_HARNESS_KERNELS;
+#endif
   if (loc.python.empty() || !fs::exists(loc.python))
     return fail(errc::not_found, loc.python.empty() ? std::string{"no Python interpreter for the workers (set evaluator.python)"}
                                                    : loc.python + ": no such interpreter (evaluator.python)");
@@ -298,6 +304,7 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   worker_spec spec;
   spec.python = where_.python;
   spec.harness = where_.worker_py;
+  spec.kernels = where_.kernels;
   spec.device = device_;
   spec.scratch_root = scratch_root_;
   spec.extensions_dir = extensions_dir_;
@@ -434,6 +441,13 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
                   held_s, driver_ms, context_ms, profiler_ms);
     log_.debug("evaluator", device_, ": worker ", std::to_string(proc->pid()), proc->forked() ? " forked" : " executed",
                ", ready in ", buf);
+    // CUDA workers report whether they loaded the harness's own kernels; without them every
+    // verdict pays the lazy loading of the torch operations used instead (docs/evaluator.md).
+    if (const auto k = n["kernels"]; k.IsDefined() && k.IsScalar() && device_ != "cpu" && k.Scalar() != "module" &&
+                                      !kernels_warned_.exchange(true))
+      log_.warn("evaluator", device_, ": workers use ", k.Scalar(),
+                " for the harness's own device work; each verdict then pays their first launches (about 0.2 s on "
+                "an H100)");
   }
   try {
     return ready_worker{std::move(proc), n["hardware"].as<std::string>()};

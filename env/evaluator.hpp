@@ -44,10 +44,14 @@ struct eval_request {
 struct harness_location {
   std::string python;
   std::filesystem::path worker_py;
+  /// The harness's own kernels (env/harness/harness_kernels.cu, built into a fatbin); empty
+  /// when the build has no CUDA or the file is gone (CUDA workers then use torch operations).
+  std::filesystem::path kernels;
 };
 
-/// Finds env/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS)
-/// and the Python interpreter (`opt.python`, the checkout's .venv, or python3 on PATH).
+/// Finds env/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS),
+/// the harness kernels' fatbin (CRUCIBLE_HARNESS_KERNELS, else the one this build made) and
+/// the Python interpreter (`opt.python`, the checkout's .venv, or python3 on PATH).
 result<harness_location> locate_harness(const evaluator_options& opt);
 
 /// Evaluator for one device. Keeps `warm_workers` started workers ready (started in parallel),
@@ -109,6 +113,9 @@ public:
   /// Of those, seconds spent holding the device (the steps evaluator.init_hold names: never
   /// beside timed rounds), summed over workers.
   double init_held_seconds() const noexcept { return static_cast<double>(init_held_ns_.load()) * 1e-9; }
+  /// True once a CUDA worker has said it uses torch operations for the harness's own device
+  /// work (no harness kernels: none built, or CRUCIBLE_HARNESS_KERNELS names what it cannot load).
+  bool workers_lack_kernels() const noexcept { return kernels_warned_.load(); }
   /// Most evaluations and starting workers that shared the device's untimed work at once.
   int max_untimed_users() const { return gate_.max_untimed(); }
   /// Every step through the device gate from now on (record(true)) until taken: for timelines.
@@ -164,6 +171,7 @@ private:
   std::atomic<std::uint64_t> timed_calls_ns_{0};
   std::atomic<std::uint64_t> init_ns_{0};
   std::atomic<std::uint64_t> init_held_ns_{0};
+  std::atomic<bool> kernels_warned_{false}; // a CUDA worker without the harness kernels was reported
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)

@@ -249,8 +249,13 @@ result<spawned> spawn(const worker_spec& spec, const std::filesystem::path& scra
 }
 
 std::vector<std::string> harness_args(const worker_spec& spec, const std::filesystem::path& scratch) {
-  return {spec.python, "-I", "-B", spec.harness.string(), "--device", spec.device == "cpu" ? "cpu" : "cuda",
-          "--scratch", scratch.string()};
+  std::vector<std::string> args{spec.python, "-I", "-B", spec.harness.string(), "--device",
+                                spec.device == "cpu" ? "cpu" : "cuda", "--scratch", scratch.string()};
+  if (spec.device != "cpu" && !spec.kernels.empty()) {
+    args.emplace_back("--kernels");
+    args.push_back(spec.kernels.string());
+  }
+  return args;
 }
 
 } // namespace

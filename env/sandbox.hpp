@@ -25,6 +25,7 @@ namespace crucible::env {
 struct worker_spec {
   std::string python;                    ///< interpreter with torch
   std::filesystem::path harness;         ///< env/harness/worker.py
+  std::filesystem::path kernels;         ///< the harness kernels' fatbin (CUDA workers); empty: none
   std::string device = "cpu";            ///< "cpu" or "cuda:N" (physical index)
   std::filesystem::path scratch_root;    ///< parent of the private scratch directories
   std::filesystem::path extensions_dir;  ///< TORCH_EXTENSIONS_DIR / TRITON_CACHE_DIR parent

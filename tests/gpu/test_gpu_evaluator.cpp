@@ -365,3 +365,94 @@ class ModelNew(nn.Module):
   }
   fs::remove_all(dir);
 }
+
+TEST_CASE("the harness's own kernels and torch's operations pass and catch the same candidates") {
+  // Workers load env/harness/harness_kernels.cu's fatbin for their own device work (the round
+  // output check, the input-unchanged check, the second input distribution, the flush); named
+  // as a file that does not exist, they fall back to torch operations. Both must give the same
+  // statuses and name the same checks.
+  const auto dir = fs::temp_directory_path() / "crucible-test-harness-kernels";
+  fs::create_directories(dir);
+  const auto task_file = dir / "mixed_out.py";
+  std::ofstream(task_file) << R"(import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x * 2.0, (x > 0).sum(dim=1), x[:, :3].to(torch.float16)
+
+
+def get_inputs():
+    return [torch.randn(4096, 129)]
+
+
+def get_init_inputs():
+    return []
+)";
+  // Correct in the trials, then (from the 13th call, in the timing rounds) one output is the
+  // first one computed: only the rounds' output check can see it, in that output's dtype.
+  auto stale = [](const char* which) {
+    return std::string{R"(import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.first = None
+
+    def forward(self, x):
+        self.calls += 1
+        out = [x + x, (x > 0).sum(dim=1), x[:, :3].half()]
+        if self.first is None:
+            self.first = [o.clone() for o in out]
+        if self.calls > 12:
+            out[)"} + which + "] = self.first[" + which + "].clone()\n        return tuple(out)\n";
+  };
+  auto mixed = load_task(task_file);
+  auto relu = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  if (!mixed || !relu)
+    FAIL("cannot load the tasks");
+  const auto candidates = source_dir / "tests" / "candidates";
+  struct expectation {
+    const task* t;
+    std::string source;
+    verdict_status status;
+    const char* check; // named in checks_failed, or empty
+  };
+  const std::vector<expectation> cases{
+      {&*relu, read_text(source_dir / "env" / "tasks" / "cpu" / "variants" / "01_relu_scale" / "fast_inplace.py"),
+       verdict_status::ok, ""},
+      {&*relu, read_text(candidates / "hack_stale_after_trials.py"), verdict_status::rejected, "runtime:timing_outputs"},
+      {&*relu, read_text(candidates / "hack_mutate_input.py"), verdict_status::rejected, "runtime:input_mutation"},
+      {&*mixed, stale("0"), verdict_status::rejected, "runtime:timing_outputs"},
+      {&*mixed, stale("1"), verdict_status::rejected, "runtime:timing_outputs"},
+      {&*mixed, stale("2"), verdict_status::rejected, "runtime:timing_outputs"},
+  };
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  for (bool own : {true, false}) {
+    if (own)
+      ::unsetenv("CRUCIBLE_HARNESS_KERNELS");
+    else
+      ::setenv("CRUCIBLE_HARNESS_KERNELS", (dir / "missing.fatbin").c_str(), 1);
+    auto ev = short_evaluator(true, log);
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const auto& c = cases[i];
+      auto v = ev->evaluate(eval_request{*c.t, c.source, 0, false});
+      std::string checks;
+      for (const auto& n : v.checks_failed)
+        checks += n + " ";
+      INFO((own ? "own kernels" : "torch operations") << ", case " << i << ": " << to_string(v.status) << " ["
+                                                         << checks << "] " << v.message);
+      CHECK(v.status == c.status);
+      if (*c.check != '\0')
+        CHECK(checks.find(c.check) != std::string::npos);
+    }
+    CHECK(ev->workers_lack_kernels() == !own);
+  }
+  ::unsetenv("CRUCIBLE_HARNESS_KERNELS");
+  fs::remove_all(dir);
+}
