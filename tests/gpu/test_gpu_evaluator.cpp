@@ -379,6 +379,9 @@ import torch.nn as nn
 
 
 class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
     def forward(self, x):
         return x * 2.0, (x > 0).sum(dim=1), x[:, :3].to(torch.float16)
 
@@ -445,8 +448,9 @@ class ModelNew(nn.Module):
       std::string checks;
       for (const auto& n : v.checks_failed)
         checks += n + " ";
-      INFO((own ? "own kernels" : "torch operations") << ", case " << i << ": " << to_string(v.status) << " ["
-                                                         << checks << "] " << v.message);
+      const std::string label = std::string{own ? "own kernels" : "torch operations"} + ", case " + std::to_string(i)
+                                + ": " + std::string{to_string(v.status)} + " [" + checks + "] " + v.message;
+      INFO(label);
       CHECK(v.status == c.status);
       if (*c.check != '\0')
         CHECK(checks.find(c.check) != std::string::npos);
