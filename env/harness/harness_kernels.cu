@@ -4,7 +4,7 @@
 //
 // Built into one fatbin (env/CMakeLists.txt) that each worker loads with cuModuleLoadData in
 // a fraction of a millisecond. The torch operations they replace loaded lazily at their first
-// launch in every worker process, 150-200 ms a verdict on an H100 (tools/bench/lazy_load_probe.py,
+// launch in every worker process, 156-180 ms on an H100 (tools/bench/lazy_load_probe.py,
 // docs/PERFORMANCE.md). Every kernel runs on the stream the worker passes and takes plain
 // pointers; nothing here allocates.
 #include <cstdint>

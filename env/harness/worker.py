@@ -308,7 +308,7 @@ class _HarnessKernels:
     build makes, loaded with cuModuleLoadData and launched with cuLaunchKernel on torch's current
     stream. torch's operations for the same work (the flush's sum, the spin, randint,
     index_select, isclose, equal, the float64 scale, uniform_ and mul) load lazily at their first
-    launch in each worker: 180 ms in all on an H100 against 0.1 ms for this module
+    launch in each worker: 156-180 ms in all on an H100 against 0.4-0.7 ms for this module
     (tools/bench/lazy_load_probe.py). Without the fatbin the worker uses those torch operations."""
 
     _FLOAT = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}

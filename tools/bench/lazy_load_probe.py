@@ -2,11 +2,14 @@
 """What the first launch of each of the harness's own device operations costs in a fresh process.
 
 torch's kernels load lazily (CUDA_MODULE_LOADING=LAZY): the first launch of a kernel in a process
-loads it, and every evaluator worker is a new process. For each operation the worker runs on
-the device itself (input scaling and copies, poisoning, the cache flush and spin, the round
-output check, the input-unchanged check), this probe times its first and its second call, each
+loads it, and every evaluator worker is a new process. For each torch operation the worker
+used, or still uses, for its own device work (input scaling and copies, poisoning, the cache
+flush and spin, the round output check, the input-unchanged check), this probe times its first
+and its second call, each
 followed by a synchronisation, in fresh processes with the device already initialised. It also
-loads a small module of our own with cuModuleLoadData and times its first and second launch.
+loads the harness's own kernels (env/harness/harness_kernels.cu, compiled with nvcc as the build
+does, or --fatbin) with cuModuleLoadData and times that and the first and second launch of its
+round check.
 
   python3 tools/bench/lazy_load_probe.py --processes 3
 """
@@ -20,24 +23,15 @@ import sys
 import tempfile
 import time
 
-_PROBE_CU = r"""
-extern "C" __global__ void probe_count(const float* a, const float* b, const long long* idx, int n,
-                                       float atol, float rtol, unsigned long long* bad) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  long long j = idx[i];
-  float x = a[j], y = b[j];
-  bool ok = fabsf(y - x) <= atol + rtol * fabsf(x) || (x != x && y != y);
-  if (!ok) atomicAdd(bad, 1ull);
-}
-"""
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_fatbin(path):
-    src = path + ".cu"
-    with open(src, "w") as f:
-        f.write(_PROBE_CU)
-    subprocess.run(["nvcc", "-fatbin", "-gencode", "arch=compute_90,code=sm_90", "-o", path, src], check=True)
+    """The harness kernels' fatbin as the build makes it by default (80-real, 90-real, 90-virtual)."""
+    src = os.path.join(ROOT, "env", "harness", "harness_kernels.cu")
+    subprocess.run(["nvcc", "-fatbin", "-std=c++17", "-gencode", "arch=compute_80,code=sm_80", "-gencode",
+                    "arch=compute_90,code=sm_90", "-gencode", "arch=compute_90,code=compute_90", "-o", path, src],
+                   check=True)
 
 
 def child(fatbin):
@@ -105,15 +99,15 @@ def child(fatbin):
         fn = ctypes.c_void_p()
         t0 = time.perf_counter()
         rc = lib.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(data))
-        rc2 = lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"probe_count")
+        rc2 = lib.cuModuleGetFunction(ctypes.byref(fn), mod, b"crucible_round_check_f32")
         load_ms = (time.perf_counter() - t0) * 1e3
         if rc or rc2:
-            out["own module: load error"] = [rc, rc2]
+            out["harness kernels: load error"] = [rc, rc2]
         else:
-            i = torch.randint(0, x.numel(), (1 << 16,), device=dev)
             bad = torch.zeros((), dtype=torch.int64, device=dev)
-            vals = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_void_p(i.data_ptr()),
-                    ctypes.c_int(1 << 16), ctypes.c_float(1e-3), ctypes.c_float(1e-2), ctypes.c_void_p(bad.data_ptr())]
+            vals = [ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()), ctypes.c_int64(x.numel()),
+                    ctypes.c_uint64(12345), ctypes.c_int64(1 << 16), ctypes.c_double(1e-3), ctypes.c_double(1e-2),
+                    ctypes.c_void_p(bad.data_ptr())]
             params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in vals])
             stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
             times = []
@@ -123,8 +117,8 @@ def child(fatbin):
                 rc = lib.cuLaunchKernel(fn, 256, 1, 1, 256, 1, 1, 0, stream, params, None)
                 torch.cuda.synchronize()
                 times.append((time.perf_counter() - t0) * 1e3)
-            out["own module: cuModuleLoadData + GetFunction"] = [load_ms, 0.0]
-            out["own module: launch (rc %d, mismatches %d)" % (rc, int(bad.item()))] = times
+            out["harness kernels: cuModuleLoadData + GetFunction"] = [load_ms, 0.0]
+            out["harness kernels: round check launch (rc %d, mismatches %d)" % (rc, int(bad.item()))] = times
     print(json.dumps(out))
 
 
@@ -132,18 +126,22 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=3)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--fatbin", default="", help="the build's harness_kernels.fatbin (default: compile it with nvcc)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if args.child is not None:
         child(args.child)
         return 0
     fatbin = ""
-    tmp = tempfile.mkdtemp()
-    try:
-        build_fatbin(os.path.join(tmp, "probe.fatbin"))
-        fatbin = os.path.join(tmp, "probe.fatbin")
-    except (OSError, subprocess.CalledProcessError) as e:
-        print(f"no own module: {e}", file=sys.stderr)
+    if args.fatbin:
+        fatbin = args.fatbin
+    else:
+        try:
+            fatbin = os.path.join(tempfile.mkdtemp(), "harness_kernels.fatbin")
+            build_fatbin(fatbin)
+        except (OSError, subprocess.CalledProcessError) as e:
+            fatbin = ""
+            print(f"no harness kernels: {e}", file=sys.stderr)
     runs = []
     for _ in range(args.processes):
         res = subprocess.run([sys.executable, __file__, "--child", fatbin], check=True, capture_output=True, text=True)
@@ -154,7 +152,7 @@ def main():
     for n in names:
         firsts = [r[n][0] for r in runs if n in r]
         seconds = [r[n][1] for r in runs if n in r]
-        if not n.startswith("own module"):
+        if not n.startswith("harness kernels"):
             total_first += statistics.median(firsts) - statistics.median(seconds)
         print(f"{n:48s} {' '.join(f'{v:7.2f}' for v in firsts):>34s} {statistics.median(seconds):8.3f}")
     print(f"torch operations, first minus second call, sum of medians: {total_first:.1f} ms")
