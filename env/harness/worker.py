@@ -354,10 +354,12 @@ class _HarnessKernels:
 
     def _go(self, name, n, *args):
         """Launches `name` over n elements (grid-stride, at most 8 blocks an SM); args are ctypes values."""
-        blocks = _max(1, _min(self._blocks, (n + self._THREADS - 1) // self._THREADS))
+        self._start(name, _max(1, _min(self._blocks, (n + self._THREADS - 1) // self._THREADS)), self._THREADS, args)
+
+    def _start(self, name, blocks, threads, args):
         params = (_c_void_p * _len(args))(*[_c_cast(_c_byref(a), _c_void_p) for a in args])
         stream = _c_void_p(self._stream().cuda_stream)
-        self._check(self._launch(self._fn[name], blocks, 1, 1, self._THREADS, 1, 1, 0, stream, params, None), name)
+        self._check(self._launch(self._fn[name], blocks, 1, 1, threads, 1, 1, 0, stream, params, None), name)
 
     def _zero(self, ptr, nbytes):
         self._check(self._memset(ptr, 0, nbytes, _c_void_p(self._stream().cuda_stream)), "cuMemsetD8Async")
@@ -370,10 +372,7 @@ class _HarnessKernels:
 
     def spin(self, cycles):
         """One thread spinning for `cycles` SM clock cycles."""
-        cycles = _c_int64(cycles)
-        params = (_c_void_p * 1)(_c_cast(_c_byref(cycles), _c_void_p))
-        stream = _c_void_p(self._stream().cuda_stream)
-        self._check(self._launch(self._fn["crucible_spin"], 1, 1, 1, 1, 1, 1, 0, stream, params, None), "crucible_spin")
+        self._start("crucible_spin", 1, 1, (_c_int64(cycles),))
 
     def bytes_differ(self, a, b):
         """True when two contiguous uint8 tensors of one size differ anywhere (waits for the device)."""
