@@ -42,8 +42,10 @@ _set_harness_env()
 import argparse  # noqa: E402
 import builtins  # noqa: E402
 import ctypes  # noqa: E402
+import fcntl  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
+import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
@@ -90,6 +92,41 @@ def _prewarm_dynamo():
 _prewarm_dynamo()
 
 
+class _FlockBaton:
+    """torch.utils.cpp_extension's FileBaton (the lock around an extension's build) on flock(2).
+    torch's own creates `lock` and removes it when the build ends, so a build killed by a
+    deadline left the file behind, and every later build in that directory waited for it until
+    its own deadline. A flock is released by the kernel when its holder dies; the file stays and
+    means nothing by itself."""
+
+    def __init__(self, lock_file_path, wait_seconds=0.1, warn_after_seconds=None):
+        self.lock_file_path = lock_file_path
+        self.fd = None
+
+    def try_acquire(self):
+        fd = os.open(self.lock_file_path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def wait(self):
+        """Until the build in progress ends, or its process dies."""
+        fd = os.open(self.lock_file_path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        finally:
+            os.close(fd)
+
+    def release(self):
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock
+            self.fd = None
+
+
 def _prewarm_cpp_extension():
     """Imports torch.utils.cpp_extension, which brings in setuptools, pkg_resources and
     pyparsing: 0.54 s of a 0.62 s import of a candidate whose load_inline extension was already
@@ -98,6 +135,7 @@ def _prewarm_cpp_extension():
     with PYTORCH_NVML_BASED_CUDA_CHECK=1, set only around the import, NVML answers instead.
     Its warning that no CUDA runtime is found (on a machine without a GPU) is kept quiet."""
     if "torch.utils.cpp_extension" in sys.modules:
+        sys.modules["torch.utils.cpp_extension"].FileBaton = _FlockBaton
         return
     saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     log = logging.getLogger("torch.utils.cpp_extension")
@@ -106,6 +144,7 @@ def _prewarm_cpp_extension():
     log.setLevel(logging.ERROR)
     try:
         import torch.utils.cpp_extension  # noqa: F401
+        torch.utils.cpp_extension.FileBaton = _FlockBaton
     except Exception:  # its first use pays the import, as before
         pass
     finally:
@@ -1449,6 +1488,14 @@ class Worker:
                         names.append(cls)
                 msg = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
                 raise _Done("rejected", names, msg)
+
+        # Compiled extensions are cached by the candidate's source: each source builds in a
+        # directory of its own under the evaluator's extension cache, so candidates that name
+        # their load_inline extension alike neither rebuild nor overwrite each other's build.
+        ext_root = os.environ.get("TORCH_EXTENSIONS_DIR")
+        if ext_root:
+            digest = hashlib.sha256(src.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(ext_root, digest)
 
         self.redirect_output()
         self.flush_buf = _torch_empty(_max(flush_bytes // 4, 1), dtype=_int32, device=self.device)

@@ -299,6 +299,55 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   CHECK(ev.ev->workers_started() == 2);
 }
 
+TEST_CASE("an extension build killed mid-way holds up no later build, and each source builds in its own directory") {
+  // A worker killed while torch builds its load_inline extension (a deadline, an operator) used
+  // to leave torch's `lock` file behind, and every later build of that extension waited for it
+  // until its own deadline. And candidates naming their extension alike shared one directory.
+  const auto dir = fs::temp_directory_path() / ("crucible-test-ext-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto opt = cpu_evaluator::suite_options(0);
+  opt.extensions_dir = dir.string();
+  opt.load_timeout_s = 300;
+  cpu_evaluator ev{opt};
+  const auto cand = source_dir / "tests" / "candidates" / "legit_cpp_extension.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  // The first build's worker is killed as soon as the build's lock exists (the build is under way).
+  std::thread killer;
+  ev.ev->set_phase_observer([&](const char* phase, pid_t pid) {
+    if (std::string{phase} != "load" || killer.joinable())
+      return;
+    killer = std::thread([&dir, pid] {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      for (bool locked = false; !locked && std::chrono::steady_clock::now() < deadline;) {
+        std::error_code ec;
+        for (fs::recursive_directory_iterator it(dir / "torch", ec), end; !ec && it != end; it.increment(ec))
+          locked = locked || it->path().filename() == "lock";
+        if (!locked)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20)); // polling the file system
+      }
+      ::kill(pid, SIGKILL);
+    });
+  });
+  // A worker killed from outside is retried once on a fresh worker, whose build must not wait
+  // for the killed one's (it did, until load_timeout_s).
+  auto v = ev.run(*t, cand);
+  killer.join();
+  ev.ev->set_phase_observer(nullptr);
+  INFO("killed, then retried: " << describe(v));
+  CHECK(v.status == verdict_status::ok);
+  CHECK(ev.ev->workers_started() == 2);
+  // The same extension name from another source: built apart, both builds kept.
+  auto other = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n# the same extension, another source\n", 0, false});
+  INFO("other source: " << describe(other));
+  CHECK(other.status == verdict_status::ok);
+  int builds = 0;
+  for (const auto& e : fs::directory_iterator(dir / "torch"))
+    builds += fs::exists(e.path() / "crucible_test_legit_cpp_relu_scale") ? 1 : 0;
+  CHECK(builds == 2);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("workers forked from the zygote start clean: what one candidate changed is not in the next") {
   // Static checks off, so the first candidate may change torch and its environment at import
   // (the runtime checks do not flag a new module attribute); the second returns a wrong result
