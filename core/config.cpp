@@ -140,13 +140,14 @@ constexpr std::pair<timing_baseline, const char*> baseline_names[] = {
   {timing_baseline::compile_reduce_overhead, "compile-reduce-overhead"}, {timing_baseline::cuda_graph, "cuda-graph"}};
 
 constexpr std::pair<device_init_hold, const char*> init_hold_names[] = {
-  {device_init_hold::context, "context"}, {device_init_hold::all, "all"}, {device_init_hold::none, "none"}};
+  {device_init_hold::context, "context"}, {device_init_hold::all, "all"}, {device_init_hold::none, "none"},
+  {device_init_hold::context_profiler, "context-profiler"}};
 
 template <> struct value_traits<device_init_hold> {
-  static constexpr const char* expected = "one of context, all, none";
-  static constexpr const char* type_name = "`context`, `all` or `none`";
-  static bool parse(const std::string& s, device_init_hold& out) { return enum_traits<device_init_hold, 3>::parse_from(init_hold_names, s, out); }
-  static std::string render(device_init_hold v) { return enum_traits<device_init_hold, 3>::render_from(init_hold_names, v); }
+  static constexpr const char* expected = "one of context, all, none, context-profiler";
+  static constexpr const char* type_name = "`context`, `all`, `none` or `context-profiler`";
+  static bool parse(const std::string& s, device_init_hold& out) { return enum_traits<device_init_hold, 4>::parse_from(init_hold_names, s, out); }
+  static std::string render(device_init_hold v) { return enum_traits<device_init_hold, 4>::render_from(init_hold_names, v); }
 };
 
 template <> struct value_traits<timing_baseline> {
@@ -661,6 +662,7 @@ void describe(V& v, config& c) {
             "use. `context`: creating the context alone, which raised the 99th percentile of a kernel timed beside "
             "it by 10-13% (starting the driver: 5%); with starts_beside_warmup the profiler's first use then ran "
             "beside measured rounds and on an H100 made measurements unstable (60-130 rounds instead of 20-40). "
+            "`context-profiler`: the context and the profiler's first use; starting the driver runs at once. "
             "`none`: workers initialise at once.");
     v.field("share_untimed", e.share_untimed,
             "Timed rounds always have the device to themselves. Untimed device work (references, correctness "

@@ -89,9 +89,10 @@ enum class device_init_hold : std::uint8_t {
   context, ///< creating the CUDA context; starting the driver and the profiler's first use run at once
   all,     ///< starting the driver, creating the context and the profiler's first use
   none,    ///< nothing: workers initialise at once, beside timed rounds too
+  context_profiler, ///< creating the context and the profiler's first use; starting the driver runs at once
 };
 
-/// "context", "all", "none": the names config files use.
+/// "context", "all", "none", "context-profiler": the names config files use.
 const char* to_string(device_init_hold h) noexcept;
 
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.

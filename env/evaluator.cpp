@@ -408,7 +408,7 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
       return sent.error();
     if (auto ok = expect("driver", n); !ok)
       return ok.error();
-    if (opt_.init_hold == device_init_hold::context)
+    if (opt_.init_hold == device_init_hold::context || opt_.init_hold == device_init_hold::context_profiler)
       hold();
     if (auto sent = proc->send("{\"type\":\"context\"}"); !sent)
       return sent.error();
@@ -419,7 +419,7 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
     const auto done = clock_type::now();
-    if (opt_.init_hold == device_init_hold::all)
+    if (opt_.init_hold == device_init_hold::all || opt_.init_hold == device_init_hold::context_profiler)
       release(done);
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(done - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);

@@ -669,7 +669,8 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  for (auto hold : {device_init_hold::context, device_init_hold::all, device_init_hold::none}) {
+  for (auto hold : {device_init_hold::context, device_init_hold::all, device_init_hold::none,
+                    device_init_hold::context_profiler}) {
     CAPTURE(to_string(hold));
     evaluator_options opt = twenty_rounds(0); // one worker, started for the verdict
     opt.init_hold = hold;
@@ -683,8 +684,8 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
     CHECK(init > 0);
     if (hold == device_init_hold::none)
       CHECK(held == 0);
-    else if (hold == device_init_hold::context)
-      CHECK((held > 0 && held < init)); // the driver's start and the profiler's first use are outside
+    else if (hold == device_init_hold::context || hold == device_init_hold::context_profiler)
+      CHECK((held > 0 && held < init)); // the driver's start (and with `context` the profiler's first use) outside
     else
       CHECK(held >= init); // held from before the first step to after the last
   }

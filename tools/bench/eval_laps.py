@@ -41,6 +41,8 @@ def main():
     measured = args.whole
     finish = re.compile(r": finish at \+([0-9.]+) s")
     received = re.compile(r"reference outputs received in ([0-9.]+) s, copied in ([0-9.]+) s")
+    ready = re.compile(r"ready in [0-9.]+ s \(device initialisation ([0-9.]+) s, ([0-9.]+) s of it holding the device: "
+                       r"driver (-?[0-9.]+) ms, context (-?[0-9.]+) ms, profiler's first use (-?[0-9.]+) ms\)")
     pair = re.compile(r"([0-9.]+)/([0-9.]+):([0-9.]+)/([0-9.]+)")
     rounds = disturbed = measurements = disturbed_measurements = 0
     with open(args.log, errors="replace") as f:
@@ -71,6 +73,14 @@ def main():
                 disturbed_measurements += k > 0
             elif m := finish.search(line):
                 steps["evaluator: at finish, from the verdict's start"].append(1e3 * float(m.group(1)))
+            elif m := ready.search(line):
+                # A worker's start: the evaluator's view (all of it, the part holding the device)
+                # and the worker's own laps of its three steps.
+                steps["start: device initialisation"].append(1e3 * float(m.group(1)))
+                steps["start: held"].append(1e3 * float(m.group(2)))
+                for k, name in ((3, "driver"), (4, "context"), (5, "profiler's first use")):
+                    if float(m.group(k)) >= 0:
+                        steps["start: " + name].append(float(m.group(k)))
             elif m := received.search(line):
                 steps["evaluator: reference outputs received (mapped)"].append(1e3 * float(m.group(1)))
                 steps["evaluator: reference outputs copied"].append(1e3 * float(m.group(2)))
