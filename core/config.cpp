@@ -580,6 +580,13 @@ void describe(V& v, config& c) {
             "from the zygote starts in well under a second; one started as a new interpreter takes seconds, longer "
             "than a warm verdict.",
             at_least(0, "a non-negative integer"));
+    v.field("start_batch", e.start_batch,
+            "Warm workers are started this many at a time: the pool is refilled once this many are missing (or "
+            "it is empty), and the batch's workers go through their held initialisation steps (init_hold) "
+            "together, beside one timing's warm-up, which its measured rounds then wait for. The driver creates "
+            "their contexts one after another either way; together they share one wait instead of one wait each. "
+            "At most warm_workers.",
+            positive<std::int64_t>("a positive integer"));
     v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
             positive<std::int64_t>("a positive integer"));
     v.field("rounds", e.rounds, "Timed paired rounds (reference and candidate, order random per round) per measurement.",

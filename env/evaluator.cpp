@@ -213,6 +213,7 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
     std::lock_guard guard{ev->mtx_};
     ev->hardware_ = first->hardware;
     ev->idle_.push_back(std::move(*first));
+    ev->batch_left_ = ev->opt_.warm_workers - 1; // the rest of the pool is the first batch (evaluator.start_batch)
   }
   // One refill thread per warm worker: workers start (import, fork, initialise the device)
   // side by side, so a queue of evaluations never waits for them one after another.
@@ -457,13 +458,23 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
 }
 
 void device_evaluator::refill_loop() {
+  // evaluator.start_batch: a refill begins once `batch` workers are missing (or none is idle), and
+  // then every missing one starts at once, one refill thread each. Their held steps then share
+  // one timing's warm-up and its measured rounds' one wait, instead of a wait each.
+  const std::int64_t batch = std::clamp<std::int64_t>(opt_.start_batch, 1, std::max<std::int64_t>(1, opt_.warm_workers));
   std::unique_lock lock{mtx_};
+  auto missing = [&] { return opt_.warm_workers - static_cast<std::int64_t>(idle_.size()) - starting_; };
   for (;;) {
     refill_cv_.wait(lock, [&] {
-      return stopping_ || static_cast<std::int64_t>(idle_.size()) + starting_ < opt_.warm_workers;
+      return stopping_ || (missing() > 0 && (batch_left_ > 0 || missing() >= batch || idle_.empty()));
     });
     if (stopping_)
       return;
+    if (batch_left_ <= 0) {
+      batch_left_ = missing(); // a new batch: the other refill threads take up the rest
+      refill_cv_.notify_all();
+    }
+    batch_left_ = std::min(batch_left_, missing()) - 1;
     ++starting_;
     lock.unlock();
     auto w = start_worker();
@@ -496,6 +507,9 @@ result<device_evaluator::ready_worker> device_evaluator::take_worker() {
 void device_evaluator::give_back(ready_worker w) {
   std::lock_guard guard{mtx_};
   idle_.push_back(std::move(w));
+  // A batch begun for workers no longer missing starts no more of them.
+  batch_left_ = std::max<std::int64_t>(
+    0, std::min(batch_left_, opt_.warm_workers - static_cast<std::int64_t>(idle_.size()) - starting_));
 }
 
 std::string device_evaluator::protocol_key() const {

@@ -8,6 +8,16 @@ the device's primary context (what the runtime does), making it current, and a f
 allocation, under each environment variant below, one process at a time and then N at once.
 
   python3 tools/bench/context_probe.py --processes 5 --together 4
+
+--torch times a worker's own steps instead (torch imported before the clock starts, as in a forked
+worker: torch.cuda.init(), then the first allocation and synchronisation, which create the
+context); --busy repeats every measurement while a helper process keeps the device busy with
+back-to-back kernels and a synchronisation after each (as a timing's warm-up rounds do), and
+prints the helper's kernel time beside each; --variants picks variants by name. Each "at once"
+line also gives the wall from the first process's cuInit to the last one's end, over N: what one
+context costs when N are made together.
+
+  python3 tools/bench/context_probe.py --torch --busy --variants max_connections_2 --together 3,6
 """
 import argparse
 import ctypes
@@ -30,9 +40,12 @@ VARIANTS = {
 
 
 def child():
+    if "--torch" in sys.argv:
+        return torch_child()
     cuda = ctypes.CDLL("libcuda.so.1")
     out = {}
     t = time.perf_counter()
+    out["t0"] = time.monotonic()
 
     def step(name, rc):
         nonlocal t
@@ -51,13 +64,75 @@ def child():
     ptr = ctypes.c_uint64()
     step("first_alloc", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 20)))
     step("ctx_synchronize", cuda.cuCtxSynchronize())
+    out["t1"] = time.monotonic()
     print(json.dumps(out))
+
+
+def torch_child():
+    import torch
+
+    out = {}
+    out["t0"] = time.monotonic()
+    t = time.perf_counter()
+
+    def step(name):
+        nonlocal t
+        now = time.perf_counter()
+        out[name] = now - t
+        t = now
+
+    torch.cuda.init()
+    step("torch_cuda_init")
+    torch.empty(1, device="cuda")
+    step("first_alloc")
+    torch.cuda.synchronize()
+    step("synchronize")
+    out["t1"] = time.monotonic()
+    print(json.dumps(out))
+
+
+BUSY = r"""
+import sys, time, torch
+x = torch.randn(16384, 4096, device="cuda")
+w = torch.ones(4096, device="cuda")
+for _ in range(20):
+    torch.nn.functional.layer_norm(x, (4096,), w)
+torch.cuda.synchronize()
+print("ready", flush=True)
+times = []
+a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+while True:
+    a.record()
+    torch.nn.functional.layer_norm(x, (4096,), w)
+    b.record()
+    torch.cuda.synchronize()
+    times.append(a.elapsed_time(b))
+    if len(times) % 50 == 0:
+        print(" ".join(f"{v:.4f}" for v in times), flush=True)
+        times = []
+"""
+
+
+class Busy:
+    """A helper process that keeps the device busy until stopped; reports its kernel times."""
+
+    def __enter__(self):
+        self.p = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+        if self.p.stdout.readline().strip() != "ready":
+            raise SystemExit("the busy helper did not start")
+        return self
+
+    def __exit__(self, *exc):
+        self.p.kill()
+        rest = self.p.stdout.read()
+        self.p.wait()
+        self.times = [float(v) for line in rest.splitlines() for v in line.split()]
 
 
 def run(env_extra, together):
     env = dict(os.environ, **env_extra)
-    procs = [subprocess.Popen([sys.executable, __file__, "--child"], env=env, stdout=subprocess.PIPE, text=True)
-             for _ in range(together)]
+    cmd = [sys.executable, __file__, "--child"] + (["--torch"] if "--torch" in sys.argv else [])
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(together)]
     res = []
     for p in procs:
         out, _ = p.communicate()
@@ -70,7 +145,10 @@ def run(env_extra, together):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--processes", type=int, default=5, help="fresh processes per variant, one at a time")
-    ap.add_argument("--together", type=int, default=4, help="then this many started at once")
+    ap.add_argument("--together", default="4", help="then this many started at once (a comma-separated list)")
+    ap.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
+    ap.add_argument("--torch", action="store_true", help="time a worker's torch steps instead of libcuda's")
+    ap.add_argument("--busy", action="store_true", help="measure again beside a process keeping the device busy")
     ap.add_argument("--out", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -78,18 +156,38 @@ def main():
         child()
         return 0
     results = {}
-    for name, extra in VARIANTS.items():
-        alone = [r for _ in range(args.processes) for r in run(extra, 1)]
-        side = run(extra, args.together) if args.together > 1 else []
-        results[name] = {"alone": alone, "together": side}
-        keys = list(alone[0])
-        med = {k: statistics.median(r[k] for r in alone) * 1e3 for k in keys}
-        total_alone = statistics.median(sum(r.values()) for r in alone) * 1e3
-        line = ", ".join(f"{k} {v:.1f}" for k, v in med.items())
-        print(f"{name:20s} alone (median of {len(alone)}): total {total_alone:.1f} ms; {line}")
-        if side:
-            totals = sorted(sum(r.values()) * 1e3 for r in side)
-            print(f"{'':20s} {len(side)} at once: totals {', '.join(f'{x:.0f}' for x in totals)} ms")
+    together = [int(n) for n in args.together.split(",") if n.strip()]
+    names = [n for n in args.variants.split(",") if n] or list(VARIANTS)
+    for name in names:
+        if name not in VARIANTS:
+            raise SystemExit(f"unknown variant {name!r}; known: {', '.join(VARIANTS)}")
+    steps = lambda r: {k: v for k, v in r.items() if k not in ("t0", "t1")}
+    for busy in ([False, True] if args.busy else [False]):
+        for name in names:
+            extra = VARIANTS[name]
+            label = name + (" (busy)" if busy else "")
+            helper = Busy() if busy else None
+            if helper:
+                helper.__enter__()
+            alone = [r for _ in range(args.processes) for r in run(extra, 1)]
+            sides = {n: run(extra, n) for n in together if n > 1}
+            if helper:
+                helper.__exit__(None, None, None)
+            results[label] = {"alone": alone, "together": sides}
+            keys = list(steps(alone[0]))
+            med = {k: statistics.median(r[k] for r in alone) * 1e3 for k in keys}
+            total_alone = statistics.median(sum(steps(r).values()) for r in alone) * 1e3
+            line = ", ".join(f"{k} {v:.1f}" for k, v in med.items())
+            print(f"{label:27s} alone (median of {len(alone)}): total {total_alone:.1f} ms; {line}")
+            for n, side in sides.items():
+                totals = sorted(sum(steps(r).values()) * 1e3 for r in side)
+                wall = (max(r["t1"] for r in side) - min(r["t0"] for r in side)) * 1e3
+                print(f"{'':27s} {n} at once: totals {', '.join(f'{x:.0f}' for x in totals)} ms; "
+                      f"first start to last end {wall:.0f} ms, {wall / n:.0f} ms a context")
+            if helper and helper.times:
+                ts = sorted(helper.times)
+                print(f"{'':27s} helper's kernel: median {statistics.median(ts):.4f} ms, "
+                      f"p99 {ts[int(0.99 * (len(ts) - 1))]:.4f} ms over {len(ts)} calls")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
