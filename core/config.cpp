@@ -628,6 +628,12 @@ void describe(V& v, config& c) {
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
             "0: off.");
+    v.field("spin_while_waiting", e.spin_while_waiting,
+            "CUDA: while a timing's measured rounds wait for starting workers and other evaluations' untimed work "
+            "to finish (starts_beside_warmup, untimed_beside_warmup), its worker keeps the device busy with spin "
+            "kernels so that the clocks stay up. False: it waits with the device idle, which lets the others' "
+            "device work (a new context's creation above all) run without sharing the device with the spin, and "
+            "repeats the clock warm-up after the wait. It changes time per verdict, not what is measured.");
     v.field("timing_reserve", e.timing_reserve,
             "CUDA: before its timing's first calls the worker allocates, and hands back to torch's caching "
             "allocator, one block of 8 times the inputs' bytes plus 4 times placement_jitter_bytes (at most half of "

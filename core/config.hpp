@@ -118,6 +118,7 @@ struct evaluator_options {
   timing_baseline baseline = timing_baseline::eager;
   std::uint64_t flush_bytes = 0;               ///< 0: 256 MiB on CUDA, 64 MiB on CPU
   std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
+  bool spin_while_waiting = true;              ///< CUDA: the worker spins the device while its measured rounds wait
   bool timing_reserve = true;                  ///< CUDA: one block for the timing rounds' buffers, reserved before the first calls
   bool quiet_gc = true;                        ///< workers freeze Python's collector's objects at the job and collect nothing while timing
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;

@@ -891,6 +891,7 @@ verdict evaluation::run() {
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
                     + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
                     + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
+                    + ",\"spin_while_waiting\":" + (opt.spin_while_waiting ? "true" : "false")
                     + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
                     + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";

@@ -127,6 +127,61 @@ class _FlockBaton:
             self.fd = None
 
 
+# The evaluator's compiled-extension cache (TORCH_EXTENSIONS_DIR as the job found it): builds go
+# to a directory named by what they compile (_keyed_build). None: torch's own directories.
+_EXT_ROOT = [None]
+
+
+def _keyed_build(fn, files):
+    """Wraps torch.utils.cpp_extension.load_inline (or load, files=True) so that a build without
+    a build_directory of its own goes to _EXT_ROOT/<sha256 of its arguments>/<name>: the
+    sources (for load, the source files' contents rather than their paths, which lie in each
+    worker's scratch directory), the functions, the flags and the name. Candidates that compile
+    the same extension share one build whatever else differs in their source; two that name
+    different code alike build apart."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def build(*args, **kwargs):
+        root = _EXT_ROOT[0]
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)  # torch reports the bad call itself
+        if root is None or bound.arguments.get("build_directory"):
+            return fn(*args, **kwargs)
+        h = hashlib.sha256()
+        for key in sorted(bound.arguments):
+            if key in ("build_directory", "verbose"):
+                continue
+            value = bound.arguments[key]
+            h.update(key.encode())
+            if files and key == "sources":
+                for path in [value] if isinstance(value, str) else list(value or ()):
+                    try:
+                        with open(path, "rb") as f:
+                            h.update(f.read())
+                    except OSError:
+                        h.update(repr(path).encode("utf-8", "surrogatepass"))
+            else:
+                h.update(repr(value).encode("utf-8", "surrogatepass"))
+        where = os.path.join(root, h.hexdigest()[:32], str(bound.arguments.get("name")))
+        os.makedirs(where, exist_ok=True)
+        bound.arguments["build_directory"] = where
+        return fn(*bound.args, **bound.kwargs)
+
+    build._crucible_keyed = True
+    return build
+
+
+def _install_cpp_extension_hooks(module):
+    module.FileBaton = _FlockBaton
+    for name, files in (("load_inline", False), ("load", True)):
+        fn = getattr(module, name, None)
+        if fn is not None and not getattr(fn, "_crucible_keyed", False):
+            setattr(module, name, _keyed_build(fn, files))
+
+
 def _prewarm_cpp_extension():
     """Imports torch.utils.cpp_extension, which brings in setuptools, pkg_resources and
     pyparsing: 0.54 s of a 0.62 s import of a candidate whose load_inline extension was already
@@ -135,7 +190,7 @@ def _prewarm_cpp_extension():
     with PYTORCH_NVML_BASED_CUDA_CHECK=1, set only around the import, NVML answers instead.
     Its warning that no CUDA runtime is found (on a machine without a GPU) is kept quiet."""
     if "torch.utils.cpp_extension" in sys.modules:
-        sys.modules["torch.utils.cpp_extension"].FileBaton = _FlockBaton
+        _install_cpp_extension_hooks(sys.modules["torch.utils.cpp_extension"])
         return
     saved = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
     log = logging.getLogger("torch.utils.cpp_extension")
@@ -144,7 +199,7 @@ def _prewarm_cpp_extension():
     log.setLevel(logging.ERROR)
     try:
         import torch.utils.cpp_extension  # noqa: F401
-        torch.utils.cpp_extension.FileBaton = _FlockBaton
+        _install_cpp_extension_hooks(torch.utils.cpp_extension)
     except Exception:  # its first use pays the import, as before
         pass
     finally:
@@ -1449,6 +1504,7 @@ class Worker:
         # would hand back round after round (docs/evaluator.md, Timing: placement).
         self.jitter_bytes = _max(_int(job.get("placement_jitter_bytes", 0)), 0)
         self.timing_reserve = job.get("timing_reserve") is True
+        self.spin_while_waiting = job.get("spin_while_waiting") is not False
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
@@ -1489,11 +1545,14 @@ class Worker:
                 msg = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
                 raise _Done("rejected", names, msg)
 
-        # Compiled extensions are cached by the candidate's source: each source builds in a
-        # directory of its own under the evaluator's extension cache, so candidates that name
-        # their load_inline extension alike neither rebuild nor overwrite each other's build.
+        # Compiled extensions are cached by what they compile: load_inline and load build in a
+        # directory named by their sources, functions, flags and name (_keyed_build), so
+        # candidates that name their extension alike neither rebuild nor overwrite each other's
+        # build, and candidates that differ elsewhere share one. Any other build torch makes
+        # under TORCH_EXTENSIONS_DIR goes to a directory of the candidate's source.
         ext_root = os.environ.get("TORCH_EXTENSIONS_DIR")
         if ext_root:
+            _EXT_ROOT[0] = ext_root
             digest = hashlib.sha256(src.encode("utf-8", "surrogatepass")).hexdigest()[:32]
             os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(ext_root, digest)
 
@@ -2158,13 +2217,24 @@ class Worker:
         self.laps["timing: clock warm-up batches"] = self.laps.get("timing: clock warm-up batches", 0) + batches
         self.laps["timing: SM clock after warm-up (MHz)"] = mhz
 
-    def await_measure(self):
+    def await_measure(self, warmup_ms):
         """Says the warm-up is over and waits for the evaluator's word to begin the measured
         rounds (it lets starting workers' context creations finish first; docs/evaluator.md,
-        Timing). On CUDA the device spins meanwhile, so that its clocks stay up."""
+        Timing). On CUDA the device spins meanwhile, so that its clocks stay up; with
+        evaluator.spin_while_waiting off it waits idle and warms the clocks up again after."""
         t0 = _perf_counter_ns()
         self.chan.send({"type": "warmed"})
-        if self.cuda and self.can_spin:
+        spin = self.cuda and self.can_spin
+        if spin and not self.spin_while_waiting:
+            msg = self.chan.recv()
+            if msg.get("type") == "measure":
+                self.lap("timing: waiting to measure", t0)
+                t0 = _perf_counter_ns()
+                if warmup_ms > 0:
+                    self.clock_warmup(warmup_ms)
+                self.lap("timing: clock warm-up after the wait", t0)
+                return
+        elif spin:
             msg = None
             while msg is None:
                 for _ in _range(5):
@@ -2257,7 +2327,7 @@ class Worker:
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
         if announce:
-            self.await_measure()
+            self.await_measure(warmup_ms)
         t0 = _perf_counter_ns()
         self.pair_first = None  # measured rounds start a pair
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []

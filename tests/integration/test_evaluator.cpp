@@ -299,7 +299,7 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   CHECK(ev.ev->workers_started() == 2);
 }
 
-TEST_CASE("an extension build killed mid-way holds up no later build, and each source builds in its own directory") {
+TEST_CASE("an extension build killed mid-way holds up no later build, and each extension's code builds in its own directory") {
   // A worker killed while torch builds its load_inline extension (a deadline, an operator) used
   // to leave torch's `lock` file behind, and every later build of that extension waited for it
   // until its own deadline. And candidates naming their extension alike shared one directory.
@@ -337,14 +337,27 @@ TEST_CASE("an extension build killed mid-way holds up no later build, and each s
   INFO("killed, then retried: " << describe(v));
   CHECK(v.status == verdict_status::ok);
   CHECK(ev.ev->workers_started() == 2);
-  // The same extension name from another source: built apart, both builds kept.
-  auto other = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n# the same extension, another source\n", 0, false});
-  INFO("other source: " << describe(other));
+  auto builds = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(dir / "torch"))
+      n += fs::exists(e.path() / "crucible_test_legit_cpp_relu_scale") ? 1 : 0;
+    return n;
+  };
+  CHECK(builds() == 1);
+  // The same extension name with other C++ code: built apart, both builds kept.
+  std::string changed = read_text(cand);
+  const std::string line = "auto xc = x.contiguous();";
+  REQUIRE(changed.find(line) != std::string::npos);
+  changed.replace(changed.find(line), line.size(), line + " // another build of the same name");
+  auto other = ev.ev->evaluate(eval_request{*t, changed, 0, false});
+  INFO("other code: " << describe(other));
   CHECK(other.status == verdict_status::ok);
-  int builds = 0;
-  for (const auto& e : fs::directory_iterator(dir / "torch"))
-    builds += fs::exists(e.path() / "crucible_test_legit_cpp_relu_scale") ? 1 : 0;
-  CHECK(builds == 2);
+  CHECK(builds() == 2);
+  // The same extension in a candidate that differs elsewhere: the build is shared.
+  auto same = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n# the same extension, another candidate\n", 0, false});
+  INFO("same extension: " << describe(same));
+  CHECK(same.status == verdict_status::ok);
+  CHECK(builds() == 2);
   fs::remove_all(dir);
 }
 
