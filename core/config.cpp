@@ -140,14 +140,13 @@ constexpr std::pair<timing_baseline, const char*> baseline_names[] = {
   {timing_baseline::compile_reduce_overhead, "compile-reduce-overhead"}, {timing_baseline::cuda_graph, "cuda-graph"}};
 
 constexpr std::pair<device_init_hold, const char*> init_hold_names[] = {
-  {device_init_hold::context, "context"}, {device_init_hold::all, "all"}, {device_init_hold::none, "none"},
-  {device_init_hold::context_profiler, "context-profiler"}};
+  {device_init_hold::context, "context"}, {device_init_hold::all, "all"}, {device_init_hold::none, "none"}};
 
 template <> struct value_traits<device_init_hold> {
-  static constexpr const char* expected = "one of context, all, none, context-profiler";
-  static constexpr const char* type_name = "`context`, `all`, `none` or `context-profiler`";
-  static bool parse(const std::string& s, device_init_hold& out) { return enum_traits<device_init_hold, 4>::parse_from(init_hold_names, s, out); }
-  static std::string render(device_init_hold v) { return enum_traits<device_init_hold, 4>::render_from(init_hold_names, v); }
+  static constexpr const char* expected = "one of context, all, none";
+  static constexpr const char* type_name = "`context`, `all` or `none`";
+  static bool parse(const std::string& s, device_init_hold& out) { return enum_traits<device_init_hold, 3>::parse_from(init_hold_names, s, out); }
+  static std::string render(device_init_hold v) { return enum_traits<device_init_hold, 3>::render_from(init_hold_names, v); }
 };
 
 template <> struct value_traits<timing_baseline> {
@@ -580,13 +579,6 @@ void describe(V& v, config& c) {
             "from the zygote starts in well under a second; one started as a new interpreter takes seconds, longer "
             "than a warm verdict.",
             at_least(0, "a non-negative integer"));
-    v.field("start_batch", e.start_batch,
-            "Warm workers are started this many at a time: the pool is refilled once this many are missing (or "
-            "it is empty), and the batch's workers go through their held initialisation steps (init_hold) "
-            "together, beside one timing's warm-up, which its measured rounds then wait for. The driver creates "
-            "their contexts one after another either way; together they share one wait instead of one wait each. "
-            "At most warm_workers.",
-            positive<std::int64_t>("a positive integer"));
     v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
             positive<std::int64_t>("a positive integer"));
     v.field("rounds", e.rounds, "Timed paired rounds (reference and candidate, order random per round) per measurement.",
@@ -628,12 +620,6 @@ void describe(V& v, config& c) {
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
             "0: off.");
-    v.field("spin_while_waiting", e.spin_while_waiting,
-            "CUDA: while a timing's measured rounds wait for starting workers and other evaluations' untimed work "
-            "to finish (starts_beside_warmup, untimed_beside_warmup), its worker keeps the device busy with spin "
-            "kernels so that the clocks stay up. False: it waits with the device idle, which lets the others' "
-            "device work (a new context's creation above all) run without sharing the device with the spin, and "
-            "repeats the clock warm-up after the wait. It changes time per verdict, not what is measured.");
     v.field("timing_reserve", e.timing_reserve,
             "CUDA: before its timing's first calls the worker allocates, and hands back to torch's caching "
             "allocator, one block of 8 times the inputs' bytes plus 4 times placement_jitter_bytes (at most half of "
@@ -675,7 +661,6 @@ void describe(V& v, config& c) {
             "use. `context`: creating the context alone, which raised the 99th percentile of a kernel timed beside "
             "it by 10-13% (starting the driver: 5%); with starts_beside_warmup the profiler's first use then ran "
             "beside measured rounds and on an H100 made measurements unstable (60-130 rounds instead of 20-40). "
-            "`context-profiler`: the context and the profiler's first use; starting the driver runs at once. "
             "`none`: workers initialise at once.");
     v.field("share_untimed", e.share_untimed,
             "Timed rounds always have the device to themselves. Untimed device work (references, correctness "

@@ -89,10 +89,9 @@ enum class device_init_hold : std::uint8_t {
   context, ///< creating the CUDA context; starting the driver and the profiler's first use run at once
   all,     ///< starting the driver, creating the context and the profiler's first use
   none,    ///< nothing: workers initialise at once, beside timed rounds too
-  context_profiler, ///< creating the context and the profiler's first use; starting the driver runs at once
 };
 
-/// "context", "all", "none", "context-profiler": the names config files use.
+/// "context", "all", "none": the names config files use.
 const char* to_string(device_init_hold h) noexcept;
 
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
@@ -101,7 +100,6 @@ struct evaluator_options {
   std::vector<std::string> devices{"cpu"};     ///< "cpu" or "cuda:N", one evaluator per entry
   std::int64_t concurrency = 1;                ///< evaluations in flight per device (compiles overlap timing)
   std::int64_t warm_workers = 2;               ///< idle pre-started workers kept per device
-  std::int64_t start_batch = 1;                ///< warm workers are started this many together (their held steps share a warm-up)
   std::int64_t trials = 5;                     ///< correctness trials on fresh inputs
   std::int64_t rounds = 30;                    ///< timed paired rounds per measurement
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds
@@ -118,7 +116,6 @@ struct evaluator_options {
   timing_baseline baseline = timing_baseline::eager;
   std::uint64_t flush_bytes = 0;               ///< 0: 256 MiB on CUDA, 64 MiB on CPU
   std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
-  bool spin_while_waiting = true;              ///< CUDA: the worker spins the device while its measured rounds wait
   bool timing_reserve = true;                  ///< CUDA: one block for the timing rounds' buffers, reserved before the first calls
   bool quiet_gc = true;                        ///< workers freeze Python's collector's objects at the job and collect nothing while timing
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;

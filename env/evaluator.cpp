@@ -213,7 +213,6 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
     std::lock_guard guard{ev->mtx_};
     ev->hardware_ = first->hardware;
     ev->idle_.push_back(std::move(*first));
-    ev->batch_left_ = ev->opt_.warm_workers - 1; // the rest of the pool is the first batch (evaluator.start_batch)
   }
   // One refill thread per warm worker: workers start (import, fork, initialise the device)
   // side by side, so a queue of evaluations never waits for them one after another.
@@ -409,7 +408,7 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
       return sent.error();
     if (auto ok = expect("driver", n); !ok)
       return ok.error();
-    if (opt_.init_hold == device_init_hold::context || opt_.init_hold == device_init_hold::context_profiler)
+    if (opt_.init_hold == device_init_hold::context)
       hold();
     if (auto sent = proc->send("{\"type\":\"context\"}"); !sent)
       return sent.error();
@@ -420,7 +419,7 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
     if (auto ok = expect("ready", n); !ok)
       return ok.error();
     const auto done = clock_type::now();
-    if (opt_.init_hold == device_init_hold::all || opt_.init_hold == device_init_hold::context_profiler)
+    if (opt_.init_hold == device_init_hold::all)
       release(done);
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(done - t0).count();
     init_ns_ += static_cast<std::uint64_t>(ns);
@@ -458,23 +457,13 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
 }
 
 void device_evaluator::refill_loop() {
-  // evaluator.start_batch: a refill begins once `batch` workers are missing (or none is idle), and
-  // then every missing one starts at once, one refill thread each. Their held steps then share
-  // one timing's warm-up and its measured rounds' one wait, instead of a wait each.
-  const std::int64_t batch = std::clamp<std::int64_t>(opt_.start_batch, 1, std::max<std::int64_t>(1, opt_.warm_workers));
   std::unique_lock lock{mtx_};
-  auto missing = [&] { return opt_.warm_workers - static_cast<std::int64_t>(idle_.size()) - starting_; };
   for (;;) {
     refill_cv_.wait(lock, [&] {
-      return stopping_ || (missing() > 0 && (batch_left_ > 0 || missing() >= batch || idle_.empty()));
+      return stopping_ || static_cast<std::int64_t>(idle_.size()) + starting_ < opt_.warm_workers;
     });
     if (stopping_)
       return;
-    if (batch_left_ <= 0) {
-      batch_left_ = missing(); // a new batch: the other refill threads take up the rest
-      refill_cv_.notify_all();
-    }
-    batch_left_ = std::min(batch_left_, missing()) - 1;
     ++starting_;
     lock.unlock();
     auto w = start_worker();
@@ -507,9 +496,6 @@ result<device_evaluator::ready_worker> device_evaluator::take_worker() {
 void device_evaluator::give_back(ready_worker w) {
   std::lock_guard guard{mtx_};
   idle_.push_back(std::move(w));
-  // A batch begun for workers no longer missing starts no more of them.
-  batch_left_ = std::max<std::int64_t>(
-    0, std::min(batch_left_, opt_.warm_workers - static_cast<std::int64_t>(idle_.size()) - starting_));
 }
 
 std::string device_evaluator::protocol_key() const {
@@ -891,7 +877,6 @@ verdict evaluation::run() {
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
                     + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
                     + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
-                    + ",\"spin_while_waiting\":" + (opt.spin_while_waiting ? "true" : "false")
                     + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
                     + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";

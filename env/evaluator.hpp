@@ -84,11 +84,6 @@ public:
   std::string hardware() const;
   /// Workers started so far (for tests and metrics).
   std::uint64_t workers_started() const noexcept { return started_; }
-  /// Started workers waiting for a job now (for tests).
-  std::size_t idle_workers() const {
-    std::lock_guard guard{mtx_};
-    return idle_.size();
-  }
   /// Of those, workers forked from the zygote (evaluator.zygote) rather than executed.
   std::uint64_t workers_forked() const noexcept { return forked_; }
   /// Seconds spent in timed rounds so far, all evaluations together (for throughput figures).
@@ -181,7 +176,6 @@ private:
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)
   int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
-  std::int64_t batch_left_ = 0;       // workers of the refill batch begun that no thread has taken up yet (mtx_)
   std::vector<std::thread> refill_;
   std::mutex retire_mtx_;             // guards retiring_, retire_stop_
   std::condition_variable retire_cv_;

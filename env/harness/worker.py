@@ -1504,7 +1504,6 @@ class Worker:
         # would hand back round after round (docs/evaluator.md, Timing: placement).
         self.jitter_bytes = _max(_int(job.get("placement_jitter_bytes", 0)), 0)
         self.timing_reserve = job.get("timing_reserve") is True
-        self.spin_while_waiting = job.get("spin_while_waiting") is not False
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
@@ -2217,24 +2216,13 @@ class Worker:
         self.laps["timing: clock warm-up batches"] = self.laps.get("timing: clock warm-up batches", 0) + batches
         self.laps["timing: SM clock after warm-up (MHz)"] = mhz
 
-    def await_measure(self, warmup_ms):
+    def await_measure(self):
         """Says the warm-up is over and waits for the evaluator's word to begin the measured
         rounds (it lets starting workers' context creations finish first; docs/evaluator.md,
-        Timing). On CUDA the device spins meanwhile, so that its clocks stay up; with
-        evaluator.spin_while_waiting off it waits idle and warms the clocks up again after."""
+        Timing). On CUDA the device spins meanwhile, so that its clocks stay up."""
         t0 = _perf_counter_ns()
         self.chan.send({"type": "warmed"})
-        spin = self.cuda and self.can_spin
-        if spin and not self.spin_while_waiting:
-            msg = self.chan.recv()
-            if msg.get("type") == "measure":
-                self.lap("timing: waiting to measure", t0)
-                t0 = _perf_counter_ns()
-                if warmup_ms > 0:
-                    self.clock_warmup(warmup_ms)
-                self.lap("timing: clock warm-up after the wait", t0)
-                return
-        elif spin:
+        if self.cuda and self.can_spin:
             msg = None
             while msg is None:
                 for _ in _range(5):
@@ -2327,7 +2315,7 @@ class Worker:
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
         if announce:
-            self.await_measure(warmup_ms)
+            self.await_measure()
         t0 = _perf_counter_ns()
         self.pair_first = None  # measured rounds start a pair
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []

@@ -678,52 +678,11 @@ TEST_CASE("a finished worker's exit holds the device as untimed work with teardo
   CHECK(other_untimed);
 }
 
-TEST_CASE("warm workers are started in batches of evaluator.start_batch") {
-  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
-  auto t = load_task(read_expectation(cand).task);
-  REQUIRE(t.ok());
-  auto idle = [](cpu_evaluator& ev, std::size_t n) { // the pool's refill is asynchronous
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds{120};
-    while (ev.ev->idle_workers() != n && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::yield();
-    return ev.ev->idle_workers() == n;
-  };
-  auto ok = [&](cpu_evaluator& ev) {
-    auto v = ev.run(*t, cand);
-    INFO(describe(v));
-    CHECK(v.status == verdict_status::ok);
-  };
-  SUBCASE("one at a time (the default): each worker taken is replaced at once") {
-    evaluator_options opt = twenty_rounds(3);
-    cpu_evaluator ev{opt};
-    REQUIRE(idle(ev, 3));
-    ok(ev);
-    REQUIRE(idle(ev, 3));
-    CHECK(ev.ev->workers_started() == 4);
-  }
-  SUBCASE("three together: the pool refills once three are missing or none is left") {
-    evaluator_options opt = twenty_rounds(3);
-    opt.start_batch = 3;
-    cpu_evaluator ev{opt};
-    REQUIRE(idle(ev, 3));
-    CHECK(ev.ev->workers_started() == 3);
-    ok(ev);
-    ok(ev);
-    CHECK(ev.ev->workers_started() == 3); // two missing: no refill yet
-    CHECK(ev.ev->idle_workers() == 1);
-    ok(ev); // takes the last one: all three missing start together
-    INFO("started " << ev.ev->workers_started() << ", idle " << ev.ev->idle_workers());
-    REQUIRE(idle(ev, 3));
-    CHECK(ev.ev->workers_started() == 6);
-  }
-}
-
 TEST_CASE("a worker initialises in three steps and holds the device only during those init_hold names") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  for (auto hold : {device_init_hold::context, device_init_hold::all, device_init_hold::none,
-                    device_init_hold::context_profiler}) {
+  for (auto hold : {device_init_hold::context, device_init_hold::all, device_init_hold::none}) {
     CAPTURE(to_string(hold));
     evaluator_options opt = twenty_rounds(0); // one worker, started for the verdict
     opt.init_hold = hold;
@@ -737,8 +696,8 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
     CHECK(init > 0);
     if (hold == device_init_hold::none)
       CHECK(held == 0);
-    else if (hold == device_init_hold::context || hold == device_init_hold::context_profiler)
-      CHECK((held > 0 && held < init)); // the driver's start (and with `context` the profiler's first use) outside
+    else if (hold == device_init_hold::context)
+      CHECK((held > 0 && held < init)); // the driver's start and the profiler's first use are outside
     else
       CHECK(held >= init); // held from before the first step to after the last
   }

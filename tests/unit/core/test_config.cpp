@@ -160,8 +160,6 @@ TEST_CASE("evaluator and reward keys decode, including lists and enums") {
   REQUIRE(cfg.ok());
   CHECK(cfg->evaluator.init_hold == device_init_hold::context);
   CHECK(parse_config("", "a.yaml")->evaluator.init_hold == device_init_hold::all);
-  CHECK(parse_config("evaluator:\n  init_hold: context-profiler\n", "a.yaml")->evaluator.init_hold ==
-        device_init_hold::context_profiler);
   auto bad = parse_config("evaluator:\n  init_hold: always\n", "a.yaml");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().message.find("evaluator.init_hold") != std::string::npos);
