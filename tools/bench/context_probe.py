@@ -71,6 +71,10 @@ def child():
 def torch_child():
     import torch
 
+    # Processes started together import torch at different speeds: each says it has, and all
+    # begin when the parent says so, so that their device steps start together.
+    print("imported", flush=True)
+    sys.stdin.readline()
     out = {}
     out["t0"] = time.monotonic()
     t = time.perf_counter()
@@ -131,8 +135,17 @@ class Busy:
 
 def run(env_extra, together):
     env = dict(os.environ, **env_extra)
-    cmd = [sys.executable, __file__, "--child"] + (["--torch"] if "--torch" in sys.argv else [])
-    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(together)]
+    use_torch = "--torch" in sys.argv
+    cmd = [sys.executable, __file__, "--child"] + (["--torch"] if use_torch else [])
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+             for _ in range(together)]
+    if use_torch:
+        for p in procs:
+            if p.stdout.readline().strip() != "imported":
+                raise SystemExit("a child did not import torch")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
     res = []
     for p in procs:
         out, _ = p.communicate()
