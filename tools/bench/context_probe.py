@@ -39,21 +39,30 @@ VARIANTS = {
 }
 
 
+class Laps(dict):
+    """Each step's seconds since the one before (perf_counter), by name; "t0" the start on the
+    host's monotonic clock, which all processes share."""
+
+    def __init__(self):
+        super().__init__(t0=time.monotonic())
+        self._t = time.perf_counter()
+
+    def step(self, name):
+        now = time.perf_counter()
+        self[name] = now - self._t
+        self._t = now
+
+
 def child():
     if "--torch" in sys.argv:
         return torch_child()
     cuda = ctypes.CDLL("libcuda.so.1")
-    out = {}
-    t = time.perf_counter()
-    out["t0"] = time.monotonic()
+    out = Laps()
 
     def step(name, rc):
-        nonlocal t
         if rc != 0:
             raise SystemExit(f"{name} failed: CUresult {rc}")
-        now = time.perf_counter()
-        out[name] = now - t
-        t = now
+        out.step(name)
 
     step("cuInit", cuda.cuInit(0))
     dev = ctypes.c_int()
@@ -75,16 +84,8 @@ def torch_child():
     # begin when the parent says so, so that their device steps start together.
     print("imported", flush=True)
     sys.stdin.readline()
-    out = {}
-    out["t0"] = time.monotonic()
-    t = time.perf_counter()
-
-    def step(name):
-        nonlocal t
-        now = time.perf_counter()
-        out[name] = now - t
-        t = now
-
+    out = Laps()
+    step = out.step
     torch.cuda.init()
     step("torch_cuda_init")
     torch.empty(1, device="cuda")

@@ -14,7 +14,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 
 def child():
@@ -23,14 +22,10 @@ def child():
     import torch
     import torch.profiler
 
-    out = {}
-    t = time.perf_counter()
+    from context_probe import Laps
 
-    def step(name):
-        nonlocal t
-        now = time.perf_counter()
-        out[name] = now - t
-        t = now
+    out = Laps()
+    step = out.step
 
     torch.cuda.init()
     step("cuda_init")
@@ -59,6 +54,7 @@ def child():
         torch.cuda.synchronize()
     len(prof.events())
     step("profiler_cpu_only")
+    del out["t0"]
     print(json.dumps(out))
 
 
