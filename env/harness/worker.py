@@ -129,7 +129,7 @@ class _FlockBaton:
 
 # The evaluator's compiled-extension cache (TORCH_EXTENSIONS_DIR as the job found it): builds go
 # to a directory named by what they compile (_keyed_build). None: torch's own directories.
-_EXT_ROOT = [None]
+_EXT_ROOT = None
 
 
 def _keyed_build(fn, files):
@@ -143,7 +143,7 @@ def _keyed_build(fn, files):
 
     @functools.wraps(fn)
     def build(*args, **kwargs):
-        root = _EXT_ROOT[0]
+        root = _EXT_ROOT
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError:
@@ -1549,9 +1549,10 @@ class Worker:
         # candidates that name their extension alike neither rebuild nor overwrite each other's
         # build, and candidates that differ elsewhere share one. Any other build torch makes
         # under TORCH_EXTENSIONS_DIR goes to a directory of the candidate's source.
+        global _EXT_ROOT
         ext_root = os.environ.get("TORCH_EXTENSIONS_DIR")
         if ext_root:
-            _EXT_ROOT[0] = ext_root
+            _EXT_ROOT = ext_root
             digest = hashlib.sha256(src.encode("utf-8", "surrogatepass")).hexdigest()[:32]
             os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(ext_root, digest)
 

@@ -8,8 +8,8 @@ Reads the workers' own laps ("worker host ms; STEP MS; ...", sent with every `do
 evaluator's "reference outputs received in S s, copied in S s" lines of the measured pass (the
 lines after the warm-up pass's summary), and each worker start's "ready in ..." line (its device
 initialisation, the part holding the device, and the worker's driver, context and profiler
-steps: "start: ..."), and prints each step's median, 90th percentile and count in milliseconds. Then, from the evaluator's per-round lines ("rounds ref stream/synced :
-cand stream/synced"), the measured rounds that something disturbed on the device: a reference or
+steps: "start: ..."), and prints each step's median, 90th percentile and count in milliseconds.
+Then, from the evaluator's per-round lines ("rounds ref stream/synced : cand stream/synced"), the measured rounds that something disturbed on the device: a reference or
 candidate stream time above 1.3 times its measurement's median (nothing else should run beside
 measured rounds, so these count work that did).
 
