@@ -11,9 +11,10 @@ allocation, under each environment variant below, one process at a time and then
 
 --torch times a worker's own steps instead (torch imported before the clock starts, as in a forked
 worker: torch.cuda.init(), then the first allocation and synchronisation, which create the
-context); --busy repeats every measurement while a helper process keeps the device busy with
-back-to-back kernels and a synchronisation after each (as a timing's warm-up rounds do), and
-prints the helper's kernel time beside each; --variants picks variants by name. Each "at once"
+context; with --fork they are forked from the probe's own process, which imported torch without
+touching the device, as the evaluator's zygote forks workers); --busy repeats every measurement
+while a helper process keeps the device busy with back-to-back kernels and a synchronisation
+after each (as a timing's warm-up rounds do), and prints the helper's kernel time beside each; --variants picks variants by name. Each "at once"
 line also gives the wall from the first process's cuInit to the last one's end, over N: what one
 context costs when N are made together.
 
@@ -84,6 +85,11 @@ def torch_child():
     # begin when the parent says so, so that their device steps start together.
     print("imported", flush=True)
     sys.stdin.readline()
+    print(json.dumps(torch_steps(torch)))
+
+
+def torch_steps(torch):
+    """A worker's device steps through torch; returns their Laps."""
     out = Laps()
     step = out.step
     torch.cuda.init()
@@ -93,7 +99,49 @@ def torch_child():
     torch.cuda.synchronize()
     step("synchronize")
     out["t1"] = time.monotonic()
-    print(json.dumps(out))
+    return out
+
+
+def run_forked(env_extra, together):
+    """--fork: children forked from this process, which imported torch without touching the
+    device (as the evaluator's zygote does), each through torch_steps once all exist."""
+    import torch
+
+    kids = []
+    for _ in range(together):
+        go_r, go_w = os.pipe()
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(go_w)
+                os.close(out_r)
+                os.environ.update(env_extra)
+                os.read(go_r, 1)
+                os.write(out_w, json.dumps(torch_steps(torch)).encode())
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(go_r)
+        os.close(out_w)
+        kids.append((pid, go_w, out_r))
+    for _, go_w, _ in kids:
+        os.write(go_w, b"g")
+        os.close(go_w)
+    res = []
+    for pid, _, out_r in kids:
+        with os.fdopen(out_r, "rb") as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        if status != 0 or not data:
+            raise SystemExit(f"forked child failed (status {status})")
+        res.append(json.loads(data))
+    return res
 
 
 BUSY = r"""
@@ -135,6 +183,8 @@ class Busy:
 
 
 def run(env_extra, together):
+    if "--fork" in sys.argv:
+        return run_forked(env_extra, together)
     env = dict(os.environ, **env_extra)
     use_torch = "--torch" in sys.argv
     cmd = [sys.executable, __file__, "--child"] + (["--torch"] if use_torch else [])
@@ -163,6 +213,8 @@ def main():
     ap.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--torch", action="store_true", help="time a worker's torch steps instead of libcuda's")
     ap.add_argument("--busy", action="store_true", help="measure again beside a process keeping the device busy")
+    ap.add_argument("--fork", action="store_true",
+                    help="with --torch: fork the children from this process (torch imported, no device), as the zygote does")
     ap.add_argument("--out", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
