@@ -149,6 +149,16 @@ template <> struct value_traits<device_init_hold> {
   static std::string render(device_init_hold v) { return enum_traits<device_init_hold, 3>::render_from(init_hold_names, v); }
 };
 
+constexpr std::pair<worker_refill, const char*> refill_names[] = {
+  {worker_refill::at_once, "at-once"}, {worker_refill::when_idle, "when-idle"}};
+
+template <> struct value_traits<worker_refill> {
+  static constexpr const char* expected = "one of at-once, when-idle";
+  static constexpr const char* type_name = "`at-once` or `when-idle`";
+  static bool parse(const std::string& s, worker_refill& out) { return enum_traits<worker_refill, 2>::parse_from(refill_names, s, out); }
+  static std::string render(worker_refill v) { return enum_traits<worker_refill, 2>::render_from(refill_names, v); }
+};
+
 template <> struct value_traits<timing_baseline> {
   static constexpr const char* expected = "one of eager, compile, compile-reduce-overhead, cuda-graph";
   static constexpr const char* type_name = "`eager`, `compile`, `compile-reduce-overhead` or `cuda-graph`";
@@ -277,6 +287,13 @@ const char* to_string(timing_baseline b) noexcept {
 const char* to_string(device_init_hold h) noexcept {
   for (const auto& [v, n] : init_hold_names)
     if (v == h)
+      return n;
+  return "?";
+}
+
+const char* to_string(worker_refill r) noexcept {
+  for (const auto& [v, n] : refill_names)
+    if (v == r)
       return n;
   return "?";
 }
@@ -579,6 +596,13 @@ void describe(V& v, config& c) {
             "from the zygote starts in well under a second; one started as a new interpreter takes seconds, longer "
             "than a warm verdict.",
             at_least(0, "a non-negative integer"));
+    v.field("refill", e.refill,
+            "When the warm pool replaces the workers evaluations take. `at-once`: as soon as one is taken; on a GPU "
+            "its start (its CUDA context above all) then runs beside the evaluations in flight, where it holds the "
+            "device about twice as long as on an idle one and the next timing's measured rounds wait for it. "
+            "`when-idle`: only while no evaluation is in flight on the device, several at once; an evaluation that "
+            "finds the pool empty starts its own worker. With a pool as large as the bursts of candidates that "
+            "arrive, a burst is timed without any worker start (docs/evaluator.md, The warm pool).");
     v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
             positive<std::int64_t>("a positive integer"));
     v.field("rounds", e.rounds, "Timed paired rounds (reference and candidate, order random per round) per measurement.",

@@ -94,12 +94,22 @@ enum class device_init_hold : std::uint8_t {
 /// "context", "all", "none": the names config files use.
 const char* to_string(device_init_hold h) noexcept;
 
+/// When the warm pool replaces the workers that evaluations take.
+enum class worker_refill : std::uint8_t {
+  at_once,   ///< as soon as one is taken: its start runs beside the evaluations in flight
+  when_idle, ///< only while no evaluation is in flight on the device; one that finds the pool empty starts its own
+};
+
+/// "at-once", "when-idle": the names config files use.
+const char* to_string(worker_refill r) noexcept;
+
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
 struct evaluator_options {
   std::string python;                          ///< "" : .venv/bin/python of the checkout, else python3
   std::vector<std::string> devices{"cpu"};     ///< "cpu" or "cuda:N", one evaluator per entry
   std::int64_t concurrency = 1;                ///< evaluations in flight per device (compiles overlap timing)
   std::int64_t warm_workers = 2;               ///< idle pre-started workers kept per device
+  worker_refill refill = worker_refill::at_once; ///< when the pool replaces the workers evaluations take
   std::int64_t trials = 5;                     ///< correctness trials on fresh inputs
   std::int64_t rounds = 30;                    ///< timed paired rounds per measurement
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds

@@ -459,8 +459,12 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
 void device_evaluator::refill_loop() {
   std::unique_lock lock{mtx_};
   for (;;) {
+    // evaluator.refill when-idle: starts wait until no evaluation is in flight, so that their
+    // contexts are made on a device nothing else uses, several together, and a burst of
+    // evaluations is timed without them (docs/evaluator.md, The warm pool).
     refill_cv_.wait(lock, [&] {
-      return stopping_ || static_cast<std::int64_t>(idle_.size()) + starting_ < opt_.warm_workers;
+      return stopping_ || (static_cast<std::int64_t>(idle_.size()) + starting_ < opt_.warm_workers
+                           && (opt_.refill == worker_refill::at_once || in_flight_ == 0));
     });
     if (stopping_)
       return;
@@ -472,11 +476,25 @@ void device_evaluator::refill_loop() {
     if (!w) {
       log_.warn("evaluator", device_, ": warm worker failed to start: ", w.error().message);
       // Back off instead of spinning on a broken interpreter; take_worker() reports the error.
+      pool_cv_.notify_all();
       refill_cv_.wait_for(lock, std::chrono::seconds{5}, [&] { return stopping_; });
       continue;
     }
     idle_.push_back(std::move(*w));
+    pool_cv_.notify_all();
   }
+}
+
+bool device_evaluator::wait_warm(double timeout_s) {
+  std::unique_lock lock{mtx_};
+  return pool_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+    return static_cast<std::int64_t>(idle_.size()) >= opt_.warm_workers;
+  });
+}
+
+std::size_t device_evaluator::warm_now() const {
+  std::lock_guard guard{mtx_};
+  return idle_.size();
 }
 
 result<device_evaluator::ready_worker> device_evaluator::take_worker() {
@@ -494,8 +512,11 @@ result<device_evaluator::ready_worker> device_evaluator::take_worker() {
 }
 
 void device_evaluator::give_back(ready_worker w) {
-  std::lock_guard guard{mtx_};
-  idle_.push_back(std::move(w));
+  {
+    std::lock_guard guard{mtx_};
+    idle_.push_back(std::move(w));
+  }
+  pool_cv_.notify_all();
 }
 
 std::string device_evaluator::protocol_key() const {
@@ -1104,6 +1125,26 @@ verdict evaluation::run() {
 
 verdict device_evaluator::evaluate(const eval_request& req) {
   auto t0 = clock_type::now();
+  // In flight from here to the verdict: with evaluator.refill when-idle, the pool refills once
+  // none is.
+  struct in_flight {
+    device_evaluator& ev;
+    explicit in_flight(device_evaluator& e) : ev(e) {
+      std::lock_guard guard{ev.mtx_};
+      ++ev.in_flight_;
+    }
+    ~in_flight() {
+      bool idle;
+      {
+        std::lock_guard guard{ev.mtx_};
+        idle = --ev.in_flight_ == 0;
+      }
+      if (idle)
+        ev.refill_cv_.notify_all();
+    }
+    in_flight(const in_flight&) = delete;
+    in_flight& operator=(const in_flight&) = delete;
+  } flying{*this};
   auto finish = [&](verdict v) {
     v.wall_s = std::chrono::duration<double>(clock_type::now() - t0).count();
     v.reward = compute_reward(v, reward_);

@@ -82,6 +82,11 @@ public:
   const std::string& device() const noexcept { return device_; }
   /// Device model reported by the workers, e.g. "NVIDIA H100 80GB HBM3" or "cpu: AMD EPYC ...".
   std::string hardware() const;
+  /// Waits until the warm pool holds warm_workers workers, or until timeout_s has passed; true
+  /// when it is full. (With refill `when-idle` the pool fills only while nothing is evaluated.)
+  bool wait_warm(double timeout_s);
+  /// Workers in the warm pool now.
+  std::size_t warm_now() const;
   /// Workers started so far (for tests and metrics).
   std::uint64_t workers_started() const noexcept { return started_; }
   /// Of those, workers forked from the zygote (evaluator.zygote) rather than executed.
@@ -155,8 +160,10 @@ private:
   std::filesystem::path scratch_root_;
   std::filesystem::path extensions_dir_;
 
-  mutable std::mutex mtx_;            // guards idle_, hardware_, stopping_
+  mutable std::mutex mtx_;            // guards idle_, hardware_, stopping_, in_flight_
   std::condition_variable refill_cv_;
+  std::condition_variable pool_cv_;   // a worker joined the pool, or a refill gave up (wait_warm())
+  std::int64_t in_flight_ = 0;        // evaluations inside evaluate() (evaluator.refill when-idle)
   std::vector<ready_worker> idle_;
   std::string hardware_;
   bool stopping_ = false;

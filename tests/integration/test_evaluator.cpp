@@ -702,3 +702,47 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
       CHECK(held >= init); // held from before the first step to after the last
   }
 }
+
+TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight; the pool refills once none is") {
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  evaluator_options opt = twenty_rounds(1);
+  opt.refill = worker_refill::when_idle;
+  cpu_evaluator ev{opt};
+  REQUIRE(ev.ev->wait_warm(120));
+  REQUIRE(ev.ev->workers_started() == 1);
+  // The workers started, as each phase of a verdict begins: the pool's one worker only.
+  std::mutex mtx;
+  std::vector<std::uint64_t> seen;
+  ev.ev->set_phase_observer([&](const char*, pid_t) {
+    std::lock_guard guard{mtx};
+    seen.push_back(ev.ev->workers_started());
+  });
+  for (std::uint64_t round : {1, 2}) {
+    CAPTURE(round);
+    auto v = ev.run(*t, cand);
+    INFO(describe(v));
+    CHECK(v.status == verdict_status::ok);
+    {
+      std::lock_guard guard{mtx};
+      REQUIRE(!seen.empty());
+      for (auto n : seen)
+        CHECK(n == round); // the verdict's own worker; its replacement waits for the verdict's end
+      seen.clear();
+    }
+    CHECK(ev.ev->wait_warm(120)); // ... and then starts
+    CHECK(ev.ev->workers_started() == round + 1);
+  }
+  // Two at once with one warm worker: the second finds the pool empty and starts its own.
+  std::vector<verdict> got(2);
+  std::thread other{[&] { got[1] = ev.run(*t, cand); }};
+  got[0] = ev.run(*t, cand);
+  other.join();
+  for (const auto& v : got) {
+    INFO(describe(v));
+    CHECK(v.status == verdict_status::ok);
+  }
+  CHECK(ev.ev->wait_warm(120));
+  CHECK(ev.ev->workers_started() == 5);
+}

@@ -7,7 +7,7 @@
 // Candidates are the (task, candidate) pairs of tools/bench/eval_gpu (or --suite DIR), each
 // made distinct k times by a trailing comment (so no verdict is cached), submitted together
 // from `concurrency` threads. A first pass warms the compiled-extension cache; the second,
-// with the verdict cache off, is measured. --timeline writes the measured pass's every step
+// with the verdict cache off, is measured; each pass begins once the warm pool is full. --timeline writes the measured pass's every step
 // through the device gate and every evaluation's phases, for tools/bench/gate_timeline.py.
 #include <algorithm>
 #include <atomic>
@@ -112,6 +112,12 @@ int main(int argc, char** argv) {
       note("P " + std::to_string(now_ns()) + " " + std::to_string(thread_key()) + " " + std::to_string(pid) + " " + phase);
     });
   auto run_pass = [&](const char* label, bool record) {
+    // The queue arrives at an evaluator whose warm pool is full, as after an idle spell.
+    const auto settle0 = std::chrono::steady_clock::now();
+    const bool full = (*ev)->wait_warm(4 * opt.start_timeout_s);
+    std::printf("%s: the warm pool %s %zu of %lld workers after %.1f s\n", label, full ? "holds" : "still holds only",
+                (*ev)->warm_now(), static_cast<long long>(opt.warm_workers),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - settle0).count());
     if (record && !timeline.empty()) {
       std::lock_guard guard{timeline_mtx};
       recording = true;
@@ -184,7 +190,7 @@ int main(int argc, char** argv) {
                 "measured rounds waiting for them %.1f%%, not counted), a timing waiting for untimed work to finish %.1f%%, device in use "
                 "%.1f%% of wall; worker device initialisation %.1f%% of wall summed over workers, %.1f%% of wall "
                 "holding the device (evaluator.init_hold %s); untimed work %s (at most %d at once); %llu workers, "
-                "%llu forked (concurrency %d, warm workers %lld)\n",
+                "%llu forked (concurrency %d, warm workers %lld, refill %s)\n",
                 label, queue.size(), ok.load(), wall, (*ev)->hardware().c_str(), 60.0 * static_cast<double>(queue.size()) / wall,
                 100 * (timing - measure_wait) / wall, 100 * calls / wall, 100 * beside / wall, 100 * untimed_beside / wall,
                 100 * measure_wait / wall,
@@ -193,7 +199,7 @@ int main(int argc, char** argv) {
                 opt.share_untimed ? "shared" : "one at a time", (*ev)->max_untimed_users(),
                 static_cast<unsigned long long>((*ev)->workers_started() - started0),
                 static_cast<unsigned long long>((*ev)->workers_forked() - forked0), concurrency,
-                static_cast<long long>(opt.warm_workers));
+                static_cast<long long>(opt.warm_workers), to_string(opt.refill));
     // The evaluator's own device-output calls (outputs on the device): milliseconds per verdict
     // summed over its threads, and the mean of one call.
     if (const auto b1 = env::device_bytes_time(); b1.opens + b1.allocs > bytes0.opens + bytes0.allocs) {

@@ -37,6 +37,10 @@ VARIANTS = {
     "module_loading_lazy": {"CUDA_MODULE_LOADING": "LAZY"},
     "visible_0": {"CUDA_VISIBLE_DEVICES": "0"},
     "all_three": {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "CUDA_MODULE_LOADING": "LAZY", "CUDA_VISIBLE_DEVICES": "0"},
+    # The command buffers each hardware queue gets (CUDA 13): smaller ones, less to allocate and map.
+    "queues_2_scale_0.25x": {"CUDA_DEVICE_MAX_CONNECTIONS": "2", "CUDA_SCALE_LAUNCH_QUEUES": "0.25x"},
+    "queues_2_scale_0.5x": {"CUDA_DEVICE_MAX_CONNECTIONS": "2", "CUDA_SCALE_LAUNCH_QUEUES": "0.5x"},
+    "queues_2_scale_4x": {"CUDA_DEVICE_MAX_CONNECTIONS": "2", "CUDA_SCALE_LAUNCH_QUEUES": "4x"},
 }
 
 
@@ -98,6 +102,17 @@ def torch_steps(torch):
     step("first_alloc")
     torch.cuda.synchronize()
     step("synchronize")
+    if "--profiler" in sys.argv:
+        # The worker's third held step: the profiler's first use (CUPTI), on one small kernel.
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            with torch.profiler.profile(activities=acts):
+                torch.empty(1, device="cuda").fill_(1)
+                torch.cuda.synchronize()
+        step("profiler_first_use")
     out["t1"] = time.monotonic()
     return out
 
@@ -187,7 +202,8 @@ def run(env_extra, together):
         return run_forked(env_extra, together)
     env = dict(os.environ, **env_extra)
     use_torch = "--torch" in sys.argv
-    cmd = [sys.executable, __file__, "--child"] + (["--torch"] if use_torch else [])
+    cmd = [sys.executable, __file__, "--child"] + (["--torch"] if use_torch else []) + (
+        ["--profiler"] if "--profiler" in sys.argv else [])
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
              for _ in range(together)]
     if use_torch:
@@ -215,6 +231,8 @@ def main():
     ap.add_argument("--busy", action="store_true", help="measure again beside a process keeping the device busy")
     ap.add_argument("--fork", action="store_true",
                     help="with --torch: fork the children from this process (torch imported, no device), as the zygote does")
+    ap.add_argument("--profiler", action="store_true",
+                    help="with --torch: also time the profiler's first use (CUPTI), the worker's third held step")
     ap.add_argument("--out", default="")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -144,7 +144,7 @@ for line in sys.stdin:
       done ;;
     concurrency)
       # Verdicts per minute and the timed share at several concurrencies with the defaults,
-      # 40 candidates each (CONCURRENCIES, in order; both passes of each run count).
+      # 40 candidates each (CANDIDATES=N: N) (CONCURRENCIES, in order; both passes of each run count).
       # Each measured pass's gate timeline goes to $OUT/timeline_N_cC.txt, with its breakdown
       # (tools/bench/gate_timeline.py) after the pass's figures. EVAL_SETS: extra --set options for
       # every run; RUN_SETS: "|"-separated, the Nth field's --set options for the Nth run only.
@@ -157,7 +157,7 @@ for line in sys.stdin:
         sets=(); for s in $extra; do sets+=(--set "$s"); done
         echo "== concurrency $c $extra" | tee -a "$OUT/concurrency.txt"
         verbose=(); [[ "${LAPS:-}" == 1 ]] && verbose=(--verbose 1)
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates 40 "${sets[@]}" "${verbose[@]}" \
+        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates "${CANDIDATES:-40}" "${sets[@]}" "${verbose[@]}" \
           --timeline "$OUT/timeline_${n}_c$c.txt" > "$OUT/laps_$n.txt" 2>&1
         grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork| DEBUG |^\s*$" "$OUT/laps_$n.txt" | tee -a "$OUT/concurrency.txt"
         python3 tools/bench/gate_timeline.py "$OUT/timeline_${n}_c$c.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
