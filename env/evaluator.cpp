@@ -461,10 +461,12 @@ void device_evaluator::refill_loop() {
   for (;;) {
     // evaluator.refill when-idle: starts wait until no evaluation is in flight, so that their
     // contexts are made on a device nothing else uses, several together, and a burst of
-    // evaluations is timed without them (docs/evaluator.md, The warm pool).
+    // evaluations is timed without them; but an empty pool gets one start at once, so that a
+    // stream of evaluations does not wait for its workers' starts (docs/evaluator.md, The warm pool).
     refill_cv_.wait(lock, [&] {
-      return stopping_ || (static_cast<std::int64_t>(idle_.size()) + starting_ < opt_.warm_workers
-                           && (opt_.refill == worker_refill::at_once || in_flight_ == 0));
+      const auto pool = static_cast<std::int64_t>(idle_.size()) + starting_;
+      return stopping_ || (pool < opt_.warm_workers
+                           && (opt_.refill == worker_refill::at_once || in_flight_ == 0 || pool == 0));
     });
     if (stopping_)
       return;

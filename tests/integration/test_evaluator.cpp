@@ -703,16 +703,16 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
   }
 }
 
-TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight; the pool refills once none is") {
+TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight, unless the pool is empty") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  evaluator_options opt = twenty_rounds(1);
+  evaluator_options opt = twenty_rounds(2);
   opt.refill = worker_refill::when_idle;
   cpu_evaluator ev{opt};
   REQUIRE(ev.ev->wait_warm(120));
-  REQUIRE(ev.ev->workers_started() == 1);
-  // The workers started, as each phase of a verdict begins: the pool's one worker only.
+  REQUIRE(ev.ev->workers_started() == 2);
+  // The workers started, as each phase of a verdict begins.
   std::mutex mtx;
   std::vector<std::uint64_t> seen;
   ev.ev->set_phase_observer([&](const char*, pid_t) {
@@ -728,13 +728,14 @@ TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight; 
       std::lock_guard guard{mtx};
       REQUIRE(!seen.empty());
       for (auto n : seen)
-        CHECK(n == round); // the verdict's own worker; its replacement waits for the verdict's end
+        CHECK(n == round + 1); // one worker left in the pool: its replacement waits for the verdict's end
       seen.clear();
     }
     CHECK(ev.ev->wait_warm(120)); // ... and then starts
-    CHECK(ev.ev->workers_started() == round + 1);
+    CHECK(ev.ev->workers_started() == round + 2);
   }
-  // Two at once with one warm worker: the second finds the pool empty and starts its own.
+  // Two at once take the pool's two workers: the empty pool gets one start while they run, the
+  // other once they are done.
   std::vector<verdict> got(2);
   std::thread other{[&] { got[1] = ev.run(*t, cand); }};
   got[0] = ev.run(*t, cand);
@@ -743,6 +744,11 @@ TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight; 
     INFO(describe(v));
     CHECK(v.status == verdict_status::ok);
   }
+  {
+    std::lock_guard guard{mtx};
+    REQUIRE(!seen.empty());
+    CHECK(seen.back() == 5);
+  }
   CHECK(ev.ev->wait_warm(120));
-  CHECK(ev.ev->workers_started() == 5);
+  CHECK(ev.ev->workers_started() == 6);
 }
