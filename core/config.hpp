@@ -109,7 +109,7 @@ struct evaluator_options {
   std::vector<std::string> devices{"cpu"};     ///< "cpu" or "cuda:N", one evaluator per entry
   std::int64_t concurrency = 1;                ///< evaluations in flight per device (compiles overlap timing)
   std::int64_t warm_workers = 2;               ///< idle pre-started workers kept per device
-  worker_refill refill = worker_refill::when_idle; ///< when the pool replaces the workers evaluations take
+  worker_refill refill = worker_refill::at_once; ///< when the pool replaces the workers evaluations take
   std::int64_t trials = 5;                     ///< correctness trials on fresh inputs
   std::int64_t rounds = 30;                    ///< timed paired rounds per measurement
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds
