@@ -602,8 +602,8 @@ void describe(V& v, config& c) {
             "timing's measured rounds wait for it. `when-idle`: while no evaluation is in flight on the device, "
             "several at once, and one at a time while the pool is empty. With a pool as large as the bursts of "
             "candidates that arrive (configs/gpu-*.yaml), a burst is timed without worker starts: on an H100, 20 "
-            "queued candidates at concurrency 6 had timing 83-89% of the wall against 72-79% (docs/evaluator.md, "
-            "The warm pool).");
+            "queued candidates at concurrency 6 with 20 warm workers had timing 81-89% of the wall, against 65-79% "
+            "with at-once and 6 (docs/evaluator.md, The warm pool).");
     v.field("trials", e.trials, "Correctness trials, each on fresh random inputs; distributions alternate.",
             positive<std::int64_t>("a positive integer"));
     v.field("rounds", e.rounds, "Timed paired rounds (reference and candidate, order random per round) per measurement.",
