@@ -97,7 +97,7 @@ const char* to_string(device_init_hold h) noexcept;
 /// When the warm pool replaces the workers that evaluations take.
 enum class worker_refill : std::uint8_t {
   at_once,   ///< as soon as one is taken: its start runs beside the evaluations in flight
-  when_idle, ///< only while no evaluation is in flight on the device; one that finds the pool empty starts its own
+  when_idle, ///< while no evaluation is in flight on the device, and one at a time while the pool is empty
 };
 
 /// "at-once", "when-idle": the names config files use.

@@ -83,7 +83,7 @@ public:
   /// Device model reported by the workers, e.g. "NVIDIA H100 80GB HBM3" or "cpu: AMD EPYC ...".
   std::string hardware() const;
   /// Waits until the warm pool holds warm_workers workers, or until timeout_s has passed; true
-  /// when it is full. (With refill `when-idle` the pool fills only while nothing is evaluated.)
+  /// when it is full. (With refill `when-idle` it fills only while nothing is evaluated.)
   bool wait_warm(double timeout_s);
   /// Workers in the warm pool now.
   std::size_t warm_now() const;

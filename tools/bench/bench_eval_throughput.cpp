@@ -7,8 +7,9 @@
 // Candidates are the (task, candidate) pairs of tools/bench/eval_gpu (or --suite DIR), each
 // made distinct k times by a trailing comment (so no verdict is cached), submitted together
 // from `concurrency` threads. A first pass warms the compiled-extension cache; the second,
-// with the verdict cache off, is measured; each pass begins once the warm pool is full. --timeline writes the measured pass's every step
-// through the device gate and every evaluation's phases, for tools/bench/gate_timeline.py.
+// with the verdict cache off, is measured; each pass begins once the warm pool is full.
+// --timeline writes the measured pass's every step through the device gate and every
+// evaluation's phases, for tools/bench/gate_timeline.py.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
