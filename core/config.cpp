@@ -291,12 +291,7 @@ const char* to_string(device_init_hold h) noexcept {
   return "?";
 }
 
-const char* to_string(worker_refill r) noexcept {
-  for (const auto& [v, n] : refill_names)
-    if (v == r)
-      return n;
-  return "?";
-}
+const char* to_string(worker_refill v) noexcept { return name_in(refill_names, v); }
 
 const char* to_string(exemplar_method m) noexcept {
   for (const auto& [v, n] : exemplar_method_names)
