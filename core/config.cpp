@@ -277,42 +277,12 @@ const char* name_in(const std::pair<Enum, const char*> (&names)[N], Enum v) noex
 
 } // namespace
 
-const char* to_string(timing_baseline b) noexcept {
-  for (const auto& [v, n] : baseline_names)
-    if (v == b)
-      return n;
-  return "?";
-}
-
-const char* to_string(device_init_hold h) noexcept {
-  for (const auto& [v, n] : init_hold_names)
-    if (v == h)
-      return n;
-  return "?";
-}
-
+const char* to_string(timing_baseline v) noexcept { return name_in(baseline_names, v); }
+const char* to_string(device_init_hold v) noexcept { return name_in(init_hold_names, v); }
 const char* to_string(worker_refill v) noexcept { return name_in(refill_names, v); }
-
-const char* to_string(exemplar_method m) noexcept {
-  for (const auto& [v, n] : exemplar_method_names)
-    if (v == m)
-      return n;
-  return "?";
-}
-
-const char* to_string(straggler_policy p) noexcept {
-  for (const auto& [v, n] : straggler_policy_names)
-    if (v == p)
-      return n;
-  return "?";
-}
-
-const char* to_string(chat_template_mode m) noexcept {
-  for (const auto& [v, n] : chat_template_mode_names)
-    if (v == m)
-      return n;
-  return "?";
-}
+const char* to_string(exemplar_method v) noexcept { return name_in(exemplar_method_names, v); }
+const char* to_string(straggler_policy v) noexcept { return name_in(straggler_policy_names, v); }
+const char* to_string(chat_template_mode v) noexcept { return name_in(chat_template_mode_names, v); }
 const char* to_string(task_sampling v) noexcept { return name_in(task_sampling_names, v); }
 const char* to_string(in_flight_policy v) noexcept { return name_in(in_flight_policy_names, v); }
 const char* to_string(run_mode v) noexcept { return name_in(run_mode_names, v); }
