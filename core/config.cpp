@@ -159,6 +159,16 @@ template <> struct value_traits<worker_refill> {
   static std::string render(worker_refill v) { return enum_traits<worker_refill, 2>::render_from(refill_names, v); }
 };
 
+constexpr std::pair<isolation_mode, const char*> isolation_names[] = {
+  {isolation_mode::strict, "strict"}, {isolation_mode::best_effort, "best-effort"}};
+
+template <> struct value_traits<isolation_mode> {
+  static constexpr const char* expected = "one of strict, best-effort";
+  static constexpr const char* type_name = "`strict` or `best-effort`";
+  static bool parse(const std::string& s, isolation_mode& out) { return enum_traits<isolation_mode, 2>::parse_from(isolation_names, s, out); }
+  static std::string render(isolation_mode v) { return enum_traits<isolation_mode, 2>::render_from(isolation_names, v); }
+};
+
 template <> struct value_traits<timing_baseline> {
   static constexpr const char* expected = "one of eager, compile, compile-reduce-overhead, cuda-graph";
   static constexpr const char* type_name = "`eager`, `compile`, `compile-reduce-overhead` or `cuda-graph`";
@@ -280,6 +290,7 @@ const char* name_in(const std::pair<Enum, const char*> (&names)[N], Enum v) noex
 const char* to_string(timing_baseline v) noexcept { return name_in(baseline_names, v); }
 const char* to_string(device_init_hold v) noexcept { return name_in(init_hold_names, v); }
 const char* to_string(worker_refill v) noexcept { return name_in(refill_names, v); }
+const char* to_string(isolation_mode v) noexcept { return name_in(isolation_names, v); }
 const char* to_string(exemplar_method v) noexcept { return name_in(exemplar_method_names, v); }
 const char* to_string(straggler_policy v) noexcept { return name_in(straggler_policy_names, v); }
 const char* to_string(chat_template_mode v) noexcept { return name_in(chat_template_mode_names, v); }
@@ -642,7 +653,22 @@ void describe(V& v, config& c) {
             "candidate's streams may overlap less. 0: the driver's default (8).",
             constraint<std::int64_t>{"an integer between 0 and 32", [](std::int64_t v) { return v >= 0 && v <= 32; }});
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
-    v.field("extensions_dir", e.extensions_dir, "Compiled-extension cache; empty: `~/.cache/crucible/extensions`.");
+    v.field("extensions_dir", e.extensions_dir,
+            "Compiled-extension cache; empty: `~/.cache/crucible/extensions`. Only the evaluator writes it: the "
+            "`load_inline` and `load` calls a candidate's module makes are built by a sandboxed builder process, "
+            "keyed by the whole request, and workers load the result read-only.");
+    v.field("isolation", e.isolation,
+            "Where this machine cannot give workers every layer of the sandbox (namespaces, a read-only file "
+            "system with a private scratch, an unprivileged identity, no_new_privs, Landlock, seccomp: "
+            "`crucible info` lists them): `strict` refuses to start and names the missing layer and why; "
+            "`best-effort` starts with the layers there are and says what is missing in the log and in every "
+            "verdict's message.");
+    v.field("scratch_mb", e.scratch_mb,
+            "Size in MiB of a worker's private tmpfs, which holds its scratch directory, its /tmp and its "
+            "extension and Triton builds: what a candidate writes never reaches the disk, and a candidate that "
+            "fills it gets ENOSPC. It is memory, counted while the worker lives.",
+            constraint<std::uint64_t>{"an integer between 64 and 65536",
+                                      [](std::uint64_t v) { return v >= 64 && v <= 65536; }});
     v.field("static_checks", e.static_checks, "Run the static anti-hacking checks on candidate sources.");
     v.field("init_hold", e.init_hold,
             "Which steps of a starting worker's device initialisation are kept away from measured rounds (beside "

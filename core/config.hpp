@@ -103,6 +103,15 @@ enum class worker_refill : std::uint8_t {
 /// "at-once", "when-idle": the names config files use.
 const char* to_string(worker_refill r) noexcept;
 
+/// What the evaluator does where the machine lacks a layer of the workers' sandbox.
+enum class isolation_mode : std::uint8_t {
+  strict,      ///< refuse to start, naming the missing layer and the kernel feature behind it
+  best_effort, ///< start with the layers there are; a warning in the log and in every verdict
+};
+
+/// "strict", "best-effort": the names config files use.
+const char* to_string(isolation_mode m) noexcept;
+
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
 struct evaluator_options {
   std::string python;                          ///< "" : .venv/bin/python of the checkout, else python3
@@ -139,7 +148,9 @@ struct evaluator_options {
   std::int64_t cpu_threads = 1;                ///< torch threads in a CPU worker
   std::int64_t cuda_max_connections = 2;       ///< CUDA_DEVICE_MAX_CONNECTIONS of GPU workers; 0: the driver's (8)
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
-  std::string extensions_dir;                  ///< compiled extensions; "" : ~/.cache/crucible/extensions
+  std::string extensions_dir;                  ///< compiled extensions (the build service's cache); "" : ~/.cache/crucible/extensions
+  isolation_mode isolation = isolation_mode::strict; ///< a machine without every sandbox layer: refuse, or warn
+  std::uint64_t scratch_mb = 2048;             ///< a worker's private tmpfs (scratch, /tmp, its builds)
   bool static_checks = true;
   device_init_hold init_hold = device_init_hold::all; ///< steps of a starting worker's device initialisation kept away from timed rounds
   bool share_untimed = true;                   ///< untimed device work (references, trials, initialisation) of several evaluations at once

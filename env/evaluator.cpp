@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <utility>
@@ -178,6 +180,11 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
     cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup) {
   scratch_root_ = fs::temp_directory_path() / "crucible";
   extensions_dir_ = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
+  // Workers read the cache (a worker started as root reads it as nobody); only we write it.
+  std::error_code ec;
+  fs::create_directories(extensions_dir_, ec);
+  fs::permissions(extensions_dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
+                                     | fs::perms::others_read | fs::perms::others_exec, ec);
 }
 
 result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluator_options& opt,
@@ -281,6 +288,11 @@ std::string device_evaluator::hardware() const {
   return hardware_;
 }
 
+isolation_report device_evaluator::isolation() const {
+  std::lock_guard guard{mtx_};
+  return isolation_;
+}
+
 std::shared_ptr<zygote> device_evaluator::current_zygote(const worker_spec& spec) {
   std::lock_guard guard{zygote_mtx_};
   if (!opt_.zygote || zygote_off_)
@@ -300,7 +312,7 @@ std::shared_ptr<zygote> device_evaluator::current_zygote(const worker_spec& spec
   return zygote_;
 }
 
-result<device_evaluator::ready_worker> device_evaluator::start_worker() {
+worker_spec device_evaluator::spec() const {
   worker_spec spec;
   spec.python = where_.python;
   spec.harness = where_.worker_py;
@@ -308,9 +320,158 @@ result<device_evaluator::ready_worker> device_evaluator::start_worker() {
   spec.device = device_;
   spec.scratch_root = scratch_root_;
   spec.extensions_dir = extensions_dir_;
+  spec.scratch_mb = opt_.scratch_mb;
   spec.memory_limit_mb = opt_.memory_limit_mb;
   spec.cpu_threads = opt_.cpu_threads;
   spec.cuda_max_connections = opt_.cuda_max_connections;
+  return spec;
+}
+
+result<void> device_evaluator::check_isolation(const YAML::Node& started) {
+  // The worker has confined itself (env/harness/confine.py) and says how; no candidate code
+  // has run in it yet.
+  auto iso = parse_isolation(YAML::Dump(started["isolation"]));
+  std::lock_guard guard{mtx_};
+  if (!iso.missing.empty()) {
+    if (opt_.isolation == isolation_mode::strict)
+      return fail(errc::unsupported, "the workers' sandbox on ", device_, " lacks: ", iso.missing_text(),
+                  ". evaluator.isolation is strict; set it to best-effort to evaluate without these layers");
+    if (isolation_.missing.empty())
+      log_.warn("evaluator", device_, ": evaluator.isolation is best-effort and the workers' sandbox lacks: ",
+                iso.missing_text());
+  }
+  isolation_ = std::move(iso);
+  return {};
+}
+
+result<std::unique_ptr<worker>> device_evaluator::start_builder(clock_type::time_point deadline) {
+  const auto s = spec();
+  result<std::unique_ptr<worker>> w = fail(errc::unsupported, "no zygote");
+  if (auto z = current_zygote(s))
+    w = worker::fork_from(*z, *zmq_, s);
+  if (!w)
+    w = worker::start(*zmq_, s);
+  if (!w)
+    return w.error();
+  ++started_;
+  worker_message msg;
+  switch ((*w)->receive(deadline, msg)) {
+    case receive_outcome::deadline: return fail(errc::timeout, "the extension builder sent no started message in time");
+    case receive_outcome::died: return fail(errc::worker_lost, "the extension builder ", (*w)->exit_description(), " before it started");
+    case receive_outcome::message: break;
+  }
+  try {
+    auto n = YAML::Load(msg.json);
+    if (n["type"].as<std::string>() != "started")
+      return fail(errc::protocol, "the extension builder sent ", msg.json.substr(0, 200), " instead of started");
+    if (auto ok = check_isolation(n); !ok)
+      return ok.error();
+  } catch (const YAML::Exception& e) {
+    return fail(errc::protocol, "the extension builder's started message is malformed: ", e.what());
+  }
+  return w;
+}
+
+std::string device_evaluator::build_extension(const std::string& request, clock_type::time_point deadline) {
+  auto failed = [](const std::string& log) {
+    std::string r = "{\"type\":\"build_failed\",\"log\":";
+    append_json_string(r, log);
+    return r + "}";
+  };
+  std::string name;
+  try {
+    name = YAML::Load(request)["args"]["name"].as<std::string>();
+  } catch (const YAML::Exception& e) {
+    return failed(std::string{"the build request is malformed: "} + e.what());
+  }
+  const bool identifier = !name.empty() && name.size() <= 200 && std::isdigit(static_cast<unsigned char>(name[0])) == 0
+                          && name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+                               == std::string::npos;
+  if (!identifier)
+    return failed("the extension's name '" + name.substr(0, 200) + "' is not a Python identifier");
+  // The key covers the whole request (sources, functions, flags, name, build environment), the
+  // interpreter (torch's version and headers) and the device model.
+  const auto key = sha256_hex(request + "\n" + where_.python + "\n" + hardware()).substr(0, 32);
+  const auto dir = extensions_dir_ / key;
+  const auto lib = dir / (name + ".so");
+  auto built = [&] {
+    std::string r = "{\"type\":\"built\",\"dir\":";
+    append_json_string(r, dir.string());
+    return r + "}";
+  };
+  std::error_code ec;
+  {
+    std::unique_lock lock{build_mtx_};
+    build_cv_.wait(lock, [&] { return building_.count(key) == 0; });
+    if (fs::exists(lib, ec))
+      return built();
+    building_.insert(key);
+  }
+  struct done_building {
+    device_evaluator& ev;
+    const std::string& key;
+    ~done_building() {
+      {
+        std::lock_guard lock{ev.build_mtx_};
+        ev.building_.erase(key);
+      }
+      ev.build_cv_.notify_all();
+    }
+  } guard{*this, key};
+  auto b = start_builder(deadline);
+  if (!b)
+    return failed("the build service could not start a builder: " + b.error().message);
+  ++builds_;
+  std::unique_ptr<worker> builder = std::move(*b);
+  if (auto sent = builder->send(request); !sent) {
+    retire(std::move(builder));
+    return failed("the builder stopped listening: " + sent.error().message);
+  }
+  worker_message msg;
+  const auto got = builder->receive(deadline, msg);
+  std::string reply;
+  if (got == receive_outcome::deadline) {
+    reply = failed("the build did not finish within evaluator.load_timeout_s");
+  } else if (got == receive_outcome::died) {
+    reply = failed("the builder " + builder->exit_description());
+  } else {
+    try {
+      auto n = YAML::Load(msg.json);
+      const auto type = n["type"].as<std::string>();
+      if (type == "build_failed") {
+        reply = failed(n["log"].as<std::string>(""));
+      } else if (type != "built" || msg.frames.size() != 1 || msg.frames[0].empty()) {
+        reply = failed("the builder broke the protocol: " + msg.json.substr(0, 200));
+      } else {
+        // Written beside, then renamed: a reader sees the whole library or none.
+        fs::create_directories(dir, ec);
+        fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read
+                               | fs::perms::others_exec, ec);
+        const auto tmp = dir / (name + ".so.tmp" + std::to_string(::getpid()));
+        {
+          std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+          out.write(reinterpret_cast<const char*>(msg.frames[0].data()), static_cast<std::streamsize>(msg.frames[0].size()));
+          if (!out)
+            ec = std::make_error_code(std::errc::io_error);
+        }
+        if (!ec)
+          fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+        if (!ec)
+          fs::rename(tmp, lib, ec);
+        reply = ec ? failed("cannot keep the built library in " + dir.string() + ": " + ec.message()) : built();
+        if (ec)
+          fs::remove(tmp, ec);
+      }
+    } catch (const YAML::Exception& e) {
+      reply = failed(std::string{"the builder's reply is malformed: "} + e.what());
+    }
+  }
+  retire(std::move(builder));
+  return reply;
+}
+
+result<device_evaluator::ready_worker> device_evaluator::start_worker() {
+  const auto spec = this->spec();
   if (auto z = current_zygote(spec)) {
     auto w = worker::fork_from(*z, *zmq_, spec);
     if (!w) {
@@ -385,6 +546,10 @@ result<device_evaluator::ready_worker> device_evaluator::handshake(std::unique_p
   YAML::Node n;
   if (auto ok = expect("started", n); !ok)
     return ok.error();
+  if (auto ok = check_isolation(n); !ok) {
+    proc->kill();
+    return ok.error();
+  }
   {
     // Creating a CUDA context beside a timed kernel raised that kernel's p99 by 10-13%; starting
     // the driver and the profiler's first use left it alone (docs/PERFORMANCE.md, "A device
@@ -978,10 +1143,20 @@ verdict evaluation::run() {
       return v_;
     }
   }
-  // Phase 2: the candidate imports and compiles without the device.
+  // Phase 2: the candidate imports and compiles without the device; the extensions its module
+  // builds are built by our build service (device_evaluator::build_extension), not by it.
   phase("load");
-  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
-    return v_;
+  const auto load_deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                   std::chrono::duration<double>(opt.load_timeout_s));
+  for (;;) {
+    const double left = std::max(0.0, std::chrono::duration<double>(load_deadline - clock_type::now()).count());
+    if (!receive(left, "loading the candidate", n, msg))
+      return v_;
+    if (n["type"].as<std::string>() != "build")
+      break;
+    if (!send(ev_.build_extension(msg.json, load_deadline)))
+      return v_;
+  }
   if (n["type"].as<std::string>() != "loaded") {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
     return v_;
@@ -1152,6 +1327,12 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     v.reward = compute_reward(v, reward_);
     return v;
   };
+  // evaluator.isolation best-effort: every verdict says what the sandbox lacked.
+  auto note_isolation = [&](verdict v) {
+    if (auto iso = isolation(); !iso.missing.empty())
+      v.message = "[sandbox best-effort, without: " + iso.missing_text() + "] " + v.message;
+    return v;
+  };
   auto w = take_worker();
   if (log_.enabled(log_level::debug)) {
     char buf[32];
@@ -1170,8 +1351,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     if (auto hit = cache_->find(key)) {
       give_back(std::move(*w)); // it never saw the candidate
       hit->cache_hit = true;
-      auto v = finish(*hit);
-      return v;
+      return note_isolation(finish(*hit));
     }
   }
   bool evaluator_failed = false; // the verdict reports this process's failure, not the candidate's
@@ -1209,7 +1389,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       log_.warn("evaluator", r.error().message);
   }
   log_.debug("evaluator", device_, " ", req.target.name, ": ", to_string(v.status), " ", v.message);
-  return v;
+  return note_isolation(std::move(v));
 }
 
 } // namespace crucible::env

@@ -4,12 +4,14 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +27,9 @@
 
 namespace zmq {
 class context_t;
+}
+namespace YAML {
+class Node;
 }
 
 namespace crucible::env {
@@ -82,6 +87,16 @@ public:
   const std::string& device() const noexcept { return device_; }
   /// Device model reported by the workers, e.g. "NVIDIA H100 80GB HBM3" or "cpu: AMD EPYC ...".
   std::string hardware() const;
+  /// The build service: builds a worker's `build` request (the load_inline or load call its
+  /// candidate's module made, as JSON) in a sandboxed builder process of its own, keeps the
+  /// library in the extension cache under the hash of the whole request, and returns the reply
+  /// for the worker (`built` with the cache directory, or `build_failed` with the log). Only
+  /// this process writes the cache. Concurrent requests of one key build once.
+  std::string build_extension(const std::string& request, std::chrono::steady_clock::time_point deadline);
+  /// Extension builds made so far (not answered from the cache), for tests and metrics.
+  std::uint64_t extension_builds() const noexcept { return builds_; }
+  /// The sandbox layers the last started worker reported (env/harness/confine.py).
+  isolation_report isolation() const;
   /// Waits until the warm pool holds warm_workers workers, or until timeout_s has passed; true
   /// when it is full. (With refill `when-idle` it fills only while nothing is evaluated.)
   bool wait_warm(double timeout_s);
@@ -135,7 +150,12 @@ private:
     std::unique_ptr<worker> proc;
     std::string hardware;
   };
+  worker_spec spec() const;
   result<ready_worker> start_worker();
+  // A started process (forked from the zygote where there is one) that has said `started` with
+  // the sandbox's layers, checked against evaluator.isolation; for builders.
+  result<std::unique_ptr<worker>> start_builder(std::chrono::steady_clock::time_point deadline);
+  result<void> check_isolation(const YAML::Node& started);
   result<ready_worker> handshake(std::unique_ptr<worker> proc);
   std::shared_ptr<zygote> current_zygote(const worker_spec& spec);
   result<ready_worker> take_worker();
@@ -159,8 +179,13 @@ private:
   std::unique_ptr<zmq::context_t> zmq_;
   std::filesystem::path scratch_root_;
   std::filesystem::path extensions_dir_;
+  std::mutex build_mtx_;              // guards building_
+  std::condition_variable build_cv_;  // a build ended
+  std::set<std::string> building_;    // cache keys being built now
+  std::atomic<std::uint64_t> builds_{0};
+  isolation_report isolation_;        // the last worker's sandbox layers (guarded by mtx_)
 
-  mutable std::mutex mtx_;            // guards idle_, hardware_, stopping_, in_flight_
+  mutable std::mutex mtx_;            // guards idle_, hardware_, isolation_, stopping_, in_flight_
   std::condition_variable refill_cv_;
   std::condition_variable pool_cv_;   // a worker joined the pool, or a refill gave up (wait_warm())
   std::int64_t in_flight_ = 0;        // evaluations inside evaluate() (evaluator.refill when-idle)

@@ -21,8 +21,11 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <utility>
+
+#include <sys/stat.h>
 
 #include "core/json.hpp"
 
@@ -43,14 +46,6 @@ void write_all(int fd, const char* s, size_t n) {
     }
     s += w;
     n -= static_cast<size_t>(w);
-  }
-}
-
-void write_file(const char* path, const char* text) {
-  int fd = ::open(path, O_WRONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    write_all(fd, text, std::strlen(text));
-    ::close(fd);
   }
 }
 
@@ -117,8 +112,13 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   envs.push_back("MKL_NUM_THREADS=" + threads);
   envs.push_back("CRUCIBLE_CPU_THREADS=" + threads);
   envs.push_back("CUDA_VISIBLE_DEVICES=" + cuda_index(spec.device));
-  envs.push_back("TORCH_EXTENSIONS_DIR=" + (spec.extensions_dir / "torch").string());
-  envs.push_back("TRITON_CACHE_DIR=" + (spec.extensions_dir / "triton").string());
+  // Builds stay in the worker's own scratch (a private tmpfs): no worker writes a compiled
+  // extension or Triton kernel that another candidate will load (docs/evaluator.md, Isolation).
+  envs.push_back("TORCH_EXTENSIONS_DIR=" + (scratch / "torch-extensions").string());
+  envs.push_back("TRITON_CACHE_DIR=" + (scratch / "triton").string());
+  envs.push_back("CRUCIBLE_SCRATCH_MB=" + std::to_string(spec.scratch_mb));
+  if (!spec.extensions_dir.empty())
+    envs.push_back("CRUCIBLE_EXTENSIONS=" + spec.extensions_dir.string());
   envs.push_back("CUDA_MODULE_LOADING=LAZY");
   if (spec.cuda_max_connections > 0) // fewer hardware queues: a cheaper context (docs/evaluator.md)
     envs.push_back("CUDA_DEVICE_MAX_CONNECTIONS=" + std::to_string(spec.cuda_max_connections));
@@ -136,15 +136,10 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   return envs;
 }
 
-struct spawned {
-  pid_t pid = -1;
-  bool net_isolated = false;
-};
-
-// Forks and executes `args` in the sandbox: own session, rlimits, `scratch` as the working
-// directory, the environment `envs`, a private network namespace where the OS allows, and
-// `stdin_fd` as standard input (-1: /dev/null). Returns once the program runs.
-result<spawned> spawn(const worker_spec& spec, const std::filesystem::path& scratch, std::vector<std::string> args,
+// Forks and executes `args`: own session, rlimits, `scratch` as the working directory, the
+// environment `envs`, and `stdin_fd` as standard input (-1: /dev/null). Returns once the
+// program runs. The program confines itself (env/harness/confine.py) before any candidate code.
+result<pid_t> spawn(const worker_spec& spec, const std::filesystem::path& scratch, std::vector<std::string> args,
                       std::vector<std::string> envs, int stdin_fd) {
   std::vector<char*> argv;
   for (auto& a : args)
@@ -154,16 +149,12 @@ result<spawned> spawn(const worker_spec& spec, const std::filesystem::path& scra
   for (auto& e : envs)
     envp.push_back(e.data());
   envp.push_back(nullptr);
-  const bool as_root = ::geteuid() == 0;
-  auto uid_map = std::to_string(::geteuid()) + " " + std::to_string(::geteuid()) + " 1";
-  auto gid_map = std::to_string(::getegid()) + " " + std::to_string(::getegid()) + " 1";
   const auto scratch_text = scratch.string();
   const rlim_t as_limit = spec.device == "cpu" && spec.memory_limit_mb > 0
                             ? static_cast<rlim_t>(spec.memory_limit_mb) << 20
                             : RLIM_INFINITY;
 
-  // The child reports over this pipe: 'N' once in its own network namespace, then "E<errno>"
-  // if exec fails. A successful exec closes it (O_CLOEXEC): EOF means the program runs.
+  // The child reports over this pipe "E<errno>" if exec fails. A successful exec closes it (O_CLOEXEC): EOF means the program runs.
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0)
     return fail(errc::io, "pipe2: ", std::strerror(errno));
@@ -185,18 +176,6 @@ result<spawned> spawn(const worker_spec& spec, const std::filesystem::path& scra
     ::setrlimit(RLIMIT_NOFILE, &files);
     struct rlimit fsize{rlim_t{8} << 30, rlim_t{8} << 30};
     ::setrlimit(RLIMIT_FSIZE, &fsize);
-    // No network: a fresh network namespace has only a down loopback. ipc:// still works.
-    bool isolated = false;
-    if (as_root) {
-      isolated = ::unshare(CLONE_NEWNET) == 0;
-    } else if (::unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0) {
-      write_file("/proc/self/setgroups", "deny");
-      write_file("/proc/self/uid_map", uid_map.c_str());
-      write_file("/proc/self/gid_map", gid_map.c_str());
-      isolated = true;
-    }
-    if (isolated)
-      write_all(report[1], "N", 1);
     if (::chdir(scratch_text.c_str()) != 0)
       ::_exit(126);
     int in = stdin_fd >= 0 ? stdin_fd : ::open("/dev/null", O_RDONLY);
@@ -245,7 +224,7 @@ result<spawned> spawn(const worker_spec& spec, const std::filesystem::path& scra
     }
     return fail(errc::not_found, "cannot execute ", args.front(), ": ", std::strerror(err));
   }
-  return spawned{pid, !reported.empty() && reported[0] == 'N'};
+  return pid;
 }
 
 std::vector<std::string> harness_args(const worker_spec& spec, const std::filesystem::path& scratch) {
@@ -275,6 +254,10 @@ result<void> worker::bind(zmq::context_t& ctx, const worker_spec& spec, std::str
   } catch (const zmq::error_t& e) {
     return fail(errc::io, "cannot bind ", endpoint, ": ", e.what());
   }
+  // A worker started by root confines itself as nobody, who must be able to connect: the
+  // socket is open to all, the directory it lies in (mode 700) to us alone, and the worker
+  // reaches the socket through a bind mount (env/harness/confine.py).
+  ::chmod((scratch_ / "worker.sock").c_str(), 0666);
   return {};
 }
 
@@ -289,8 +272,7 @@ result<std::unique_ptr<worker>> worker::start(zmq::context_t& ctx, const worker_
   auto child = spawn(spec, w->scratch_, std::move(args), sandbox_env(spec, w->scratch_), -1);
   if (!child)
     return child.error();
-  w->pid_ = child->pid;
-  w->net_isolated_ = child->net_isolated;
+  w->pid_ = *child;
   w->pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, w->pid_, 0));
   return w;
 }
@@ -322,7 +304,6 @@ result<std::unique_ptr<worker>> worker::fork_from(zygote& z, zmq::context_t& ctx
       return fail(errc::refused, "the zygote (pid ", std::to_string(z.pid_), ") did not fork a worker: ",
                   n["message"].as<std::string>("no reason given"));
     w->pid_ = n["pid"].as<pid_t>();
-    w->net_isolated_ = n["network_isolated"].as<bool>(false);
   } catch (const YAML::Exception& e) {
     return fail(errc::protocol, "the zygote's reply is malformed: ", e.what());
   }
@@ -390,6 +371,14 @@ void worker::kill() {
   if (pid_ <= 0 || exited_)
     return;
   killed_by_us_ = true;
+  // The sandbox's keeper has one child, PID 1 of the worker's PID namespace: killed, it takes
+  // every process of that namespace with it, whatever process group they moved to.
+  if (std::FILE* f = std::fopen(("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children").c_str(), "r")) {
+    long child = 0;
+    while (std::fscanf(f, "%ld", &child) == 1)
+      ::kill(static_cast<pid_t>(child), SIGKILL);
+    std::fclose(f);
+  }
   ::kill(-pid_, SIGKILL);
   ::kill(pid_, SIGKILL);
   reap(true);
@@ -520,7 +509,7 @@ result<std::shared_ptr<zygote>> zygote::start(const worker_spec& spec, std::chro
     ::close(sv[0]);
     return child.error();
   }
-  z->pid_ = child->pid;
+  z->pid_ = *child;
   z->ctl_ = sv[0];
   std::string line;
   if (!read_line(z->ctl_, z->pending_, std::chrono::steady_clock::now() + timeout, line))
@@ -598,6 +587,59 @@ result<zygote::exit_status> zygote::reap(pid_t pid) {
   } catch (const YAML::Exception& e) {
     return fail(errc::protocol, "the worker zygote's reply is malformed: ", e.what());
   }
+}
+
+std::string isolation_report::missing_text() const {
+  std::string out;
+  for (const auto& [layer, why] : missing) {
+    if (!out.empty())
+      out += "; ";
+    out += layer + " (" + why + ")";
+  }
+  return out;
+}
+
+isolation_report parse_isolation(const std::string& json_object) {
+  isolation_report r;
+  try {
+    auto n = YAML::Load(json_object);
+    if (n["layers"].IsSequence())
+      for (const auto& l : n["layers"])
+        r.layers.push_back(l.as<std::string>());
+    if (n["missing"].IsMap())
+      for (const auto& m : n["missing"])
+        r.missing.emplace_back(m.first.as<std::string>(), m.second.as<std::string>());
+    r.landlock_abi = n["landlock_abi"].as<int>(0);
+  } catch (const YAML::Exception& e) {
+    r.layers.clear();
+    r.missing = {{"sandbox", std::string{"the report is malformed: "} + e.what()}};
+    return r;
+  }
+  if (r.layers.empty() && r.missing.empty())
+    r.missing.emplace_back("sandbox", "the worker reported no isolation (an older harness?)");
+  return r;
+}
+
+result<isolation_report> probe_isolation(const std::string& python, const std::filesystem::path& worker_py) {
+  auto quote = [](const std::string& s) {
+    std::string q = "'";
+    for (char c : s)
+      q += c == '\'' ? std::string{"'\\''"} : std::string(1, c);
+    return q + "'";
+  };
+  const auto confine = worker_py.parent_path() / "confine.py";
+  const auto cmd = quote(python) + " -I -B " + quote(confine.string()) + " 2>&1";
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr)
+    return fail(errc::io, "cannot run ", python, ": ", std::strerror(errno));
+  std::string out;
+  char buf[4096];
+  while (auto n = std::fread(buf, 1, sizeof buf, p))
+    out.append(buf, n);
+  const int status = ::pclose(p);
+  if (status != 0 || out.empty() || out[0] != '{')
+    return fail(errc::not_found, "the isolation probe (", python, " ", confine.string(), ") failed: ", out.substr(0, 400));
+  return parse_isolation(out);
 }
 
 } // namespace crucible::env

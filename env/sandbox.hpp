@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <sys/types.h>
@@ -28,11 +29,30 @@ struct worker_spec {
   std::filesystem::path kernels;         ///< the harness kernels' fatbin (CUDA workers); empty: none
   std::string device = "cpu";            ///< "cpu" or "cuda:N" (physical index)
   std::filesystem::path scratch_root;    ///< parent of the private scratch directories
-  std::filesystem::path extensions_dir;  ///< TORCH_EXTENSIONS_DIR / TRITON_CACHE_DIR parent
+  std::filesystem::path extensions_dir;  ///< the build service's cache, which workers read (never write)
   std::uint64_t memory_limit_mb = 0;     ///< RLIMIT_AS for CPU workers; 0: none
   std::int64_t cpu_threads = 1;
   std::int64_t cuda_max_connections = 0; ///< CUDA_DEVICE_MAX_CONNECTIONS; 0: the driver's default
+  std::uint64_t scratch_mb = 2048;       ///< size of the worker's private tmpfs (its scratch directory and /tmp)
 };
+
+/// The sandbox's layers (env/harness/confine.py) as a worker or a probe reported them.
+struct isolation_report {
+  std::vector<std::string> layers;                           ///< in force
+  std::vector<std::pair<std::string, std::string>> missing;  ///< layer, why it is not
+  int landlock_abi = 0;                                      ///< the kernel's Landlock ABI; 0: none
+  /// "landlock (the kernel has no Landlock ...); seccomp (...)": the missing layers and why.
+  std::string missing_text() const;
+};
+
+/// Reads the `isolation` object of a worker's `started` message (or of the probe's output):
+/// {"layers": [...], "missing": {layer: why}, "landlock_abi": N}. A worker that sends none is
+/// reported as missing every layer.
+isolation_report parse_isolation(const std::string& json_object);
+
+/// Confines a fresh process as a worker would be (`PYTHON -I -B HARNESS_DIR/confine.py`) and
+/// returns what this machine allows, for `crucible info`. Errors: the interpreter cannot run.
+result<isolation_report> probe_isolation(const std::string& python, const std::filesystem::path& worker_py);
 
 class zygote;
 
@@ -45,9 +65,13 @@ struct worker_message {
 /// What receive() saw.
 enum class receive_outcome { message, deadline, died };
 
-/// A worker process in its own process group, session, scratch directory and (where the OS
-/// allows) network namespace, with a PAIR socket bound to ipc://SCRATCH/worker.sock. Owns the
-/// process group (killed on destruction) and the scratch directory (removed on destruction).
+/// A worker process in its own process group, session and scratch directory, with a PAIR
+/// socket bound to ipc://SCRATCH/worker.sock. The process confines itself before any candidate
+/// code runs (env/harness/confine.py: namespaces, a read-only file system with a private
+/// scratch, an unprivileged identity, Landlock, seccomp) and says which layers are in force in
+/// its `started` message. Where it makes a PID namespace, pid() is the sandbox's keeper and the
+/// candidate runs in its one child. Owns the process group and the keeper's child (killed on
+/// destruction) and the scratch directory (removed on destruction).
 /// Not thread-safe: one thread at a time may use it; ownership may move between threads.
 class worker final {
 public:
@@ -77,8 +101,6 @@ public:
 
   pid_t pid() const noexcept { return pid_; }
   const std::filesystem::path& scratch() const noexcept { return scratch_; }
-  /// True if the worker runs in its own network namespace.
-  bool network_isolated() const noexcept { return net_isolated_; }
   /// True if a zygote forked it (fork_from), false if it was executed (start).
   bool forked() const noexcept { return zygote_ != nullptr; }
 
@@ -95,7 +117,6 @@ private:
   bool killed_by_us_ = false;
   int exit_code_ = 0;
   int exit_signal_ = 0;
-  bool net_isolated_ = false;
   bool drained_ = false;
   std::shared_ptr<zygote> zygote_; // the parent that reaps it, for forked workers
 };

@@ -127,51 +127,107 @@ class _FlockBaton:
             self.fd = None
 
 
-# The evaluator's compiled-extension cache (TORCH_EXTENSIONS_DIR as the job found it): builds go
-# to a directory named by what they compile (_keyed_build). None: torch's own directories.
-_EXT_ROOT = None
+# The evaluator's build service, set while the candidate's module executes (Worker.load_phase):
+# a function that sends a build request and returns the evaluator's reply. None: builds are made
+# here, in the worker's own scratch directory (TORCH_EXTENSIONS_DIR).
+_BUILD_SERVICE = None
+# Environment variables a build reads from the candidate's process, sent with its request.
+_BUILD_ENV = ("TORCH_CUDA_ARCH_LIST", "TORCH_NVCC_FLAGS")
+
+
+def _build_request(fn_name, bound, files):
+    """The evaluator's build request for a load_inline (or load, files=True) call, or None
+    where the call names something only this worker can see (a path in its scratch directory
+    other than load's sources) or an argument JSON cannot carry: such a build is made here."""
+    args = {}
+    for key, value in bound.arguments.items():
+        if key in ("build_directory", "verbose"):
+            continue
+        if files and key == "sources":
+            texts = []
+            for path in [value] if isinstance(value, str) else list(value or ()):
+                try:
+                    with open(path, "r", encoding="utf-8") as f:
+                        texts.append({"name": os.path.basename(path), "text": f.read()})
+                except (OSError, UnicodeDecodeError, TypeError):
+                    return None
+            value = texts
+        elif key == "extra_include_paths" and value:
+            return None  # headers of its own: only this worker sees them
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return None
+        args[key] = value
+    env = {k: os.environ[k] for k in _BUILD_ENV if k in os.environ}
+    if "TORCH_CUDA_ARCH_LIST" not in env and torch.cuda.is_initialized():
+        major, minor = torch.cuda.get_device_capability()
+        env["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}"
+    return {"type": "build", "fn": fn_name, "args": args, "env": env}
 
 
 def _keyed_build(fn, files):
-    """Wraps torch.utils.cpp_extension.load_inline (or load, files=True) so that a build without
-    a build_directory of its own goes to _EXT_ROOT/<sha256 of its arguments>/<name>: the
-    sources (for load, the source files' contents rather than their paths, which lie in each
-    worker's scratch directory), the functions, the flags and the name. Candidates that compile
-    the same extension share one build whatever else differs in their source; two that name
-    different code alike build apart."""
+    """Wraps torch.utils.cpp_extension.load_inline (or load, files=True). While the candidate's
+    module executes, a call without a build_directory of its own is built by the evaluator in a
+    sandboxed builder process and kept in the evaluator's extension cache, keyed by the whole
+    request (sources, functions, flags, name, build environment); this worker only imports the
+    result, read-only. No worker can write what another candidate will load. Other calls build
+    here, in the worker's own scratch directory."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
     def build(*args, **kwargs):
-        root = _EXT_ROOT
+        service = _BUILD_SERVICE
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError:
             return fn(*args, **kwargs)  # torch reports the bad call itself
-        if root is None or bound.arguments.get("build_directory"):
+        if service is None or bound.arguments.get("build_directory"):
             return fn(*args, **kwargs)
-        h = hashlib.sha256()
-        for key in sorted(bound.arguments):
-            if key in ("build_directory", "verbose"):
-                continue
-            value = bound.arguments[key]
-            h.update(key.encode())
-            if files and key == "sources":
-                for path in [value] if isinstance(value, str) else list(value or ()):
-                    try:
-                        with open(path, "rb") as f:
-                            h.update(f.read())
-                    except OSError:
-                        h.update(repr(path).encode("utf-8", "surrogatepass"))
-            else:
-                h.update(repr(value).encode("utf-8", "surrogatepass"))
-        where = os.path.join(root, h.hexdigest()[:32], str(bound.arguments.get("name")))
-        os.makedirs(where, exist_ok=True)
-        bound.arguments["build_directory"] = where
-        return fn(*bound.args, **bound.kwargs)
+        bound.apply_defaults()
+        req = _build_request("load" if files else "load_inline", bound, files)
+        if req is None:
+            return fn(*args, **kwargs)
+        name = str(bound.arguments.get("name"))
+        reply = service(req)
+        if reply.get("type") != "built":
+            raise RuntimeError(f"Error building extension '{name}': {reply.get('log', 'the build service failed')}")
+        return sys.modules["torch.utils.cpp_extension"]._import_module_from_library(
+            name, reply["dir"], bound.arguments.get("is_python_module", True))
 
     build._crucible_keyed = True
+    build._crucible_original = fn
     return build
+
+
+def build_extension(req, scratch):
+    """A builder's job (the evaluator's build service): builds the request with torch's own
+    load_inline or load in `scratch`, and returns the built library's bytes. Runs in a worker's
+    sandbox that has never run candidate code and never touches the device."""
+    import torch.utils.cpp_extension as ce
+    os.environ.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the architecture comes with the request
+    args = dict(req["args"])
+    name = str(args.get("name", ""))
+    if not name.isidentifier():
+        raise ValueError(f"the extension's name {name!r} is not a Python identifier")
+    build_dir = os.path.join(scratch, "build")
+    os.makedirs(build_dir, exist_ok=True)
+    fn = getattr(ce, "load" if req.get("fn") == "load" else "load_inline")
+    fn = getattr(fn, "_crucible_original", fn)
+    if req.get("fn") == "load":
+        paths = []
+        for i, src in enumerate(args.get("sources") or ()):
+            base = os.path.basename(str(src.get("name", ""))) or f"source{i}.cpp"
+            path = os.path.join(scratch, "sources", f"{i}_{base}")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(str(src.get("text", "")))
+            paths.append(path)
+        args["sources"] = paths
+    fn(**args, build_directory=build_dir, verbose=False)
+    with open(os.path.join(build_dir, name + ".so"), "rb") as f:
+        return f.read()
 
 
 def _install_cpp_extension_hooks(module):
@@ -1002,7 +1058,10 @@ class Channel:
         if laps:
             msg["host_ms"] = {k: _round(v, 2) for k, v in laps.items()}
         self.send(msg)
-        # Give the I/O thread a bounded time to flush the last message, then go.
+        self.exit()
+
+    def exit(self):
+        """Gives the I/O thread a bounded time to flush the last message, then ends the process."""
         try:
             _z_set(self.sock, _LINGER, 2000)
             _z_close(self.sock)
@@ -1181,6 +1240,7 @@ class Worker:
         self.round_atol = {}  # (output index, input distribution) -> absolute tolerance (check_round_outputs)
         self.pair_first = None  # order of the first round of the current pair (one_round)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
+        self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
 
     def lap(self, name, t0):
         """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
@@ -1214,7 +1274,7 @@ class Worker:
         # Device initialisation goes in three steps, each at the evaluator's word (the driver,
         # the context, the profiler's first use): it holds the device during those that must
         # not run beside another candidate's timed rounds (evaluator.init_hold).
-        self.chan.send({"type": "started", "pid": _os_getpid()})
+        self.chan.send({"type": "started", "pid": _os_getpid(), "isolation": self.isolation})
         self.await_step("init")
         t_init = _perf_counter_ns()
         # torch asks NVML for the device count first; NVML cannot start inside the sandbox,
@@ -1289,10 +1349,25 @@ class Worker:
             _cuda_sleep(cycles)
 
     def await_step(self, step):
-        """Waits for the evaluator's {"type": step}: its word to go on initialising."""
+        """Waits for the evaluator's {"type": step}: its word to go on initialising. A worker
+        asked to `build` instead is a builder (the evaluator's build service): it builds, sends
+        the library and exits, never touching the device."""
         msg = self.chan.recv()
+        if step == "init" and msg.get("type") == "build":
+            try:
+                lib = build_extension(msg, self.scratch)
+            except _BaseException as e:  # the build's own failure: its log goes back
+                self.chan.send({"type": "build_failed", "log": _tail(_str(e), 60)})
+            else:
+                self.chan.send({"type": "built"}, [lib])
+            self.chan.exit()
         if msg.get("type") != step:
             raise _Done("runtime_error", (), f"expected {step}, got {msg.get('type')!r}")
+
+    def request_build(self, req):
+        """The evaluator's build service (_keyed_build): one request, one reply."""
+        self.chan.send(req)
+        return self.chan.recv()
 
     # -- helpers -----------------------------------------------------------------------------
     def sync(self):
@@ -1544,18 +1619,6 @@ class Worker:
                 msg = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
                 raise _Done("rejected", names, msg)
 
-        # Compiled extensions are cached by what they compile: load_inline and load build in a
-        # directory named by their sources, functions, flags and name (_keyed_build), so
-        # candidates that name their extension alike neither rebuild nor overwrite each other's
-        # build, and candidates that differ elsewhere share one. Any other build torch makes
-        # under TORCH_EXTENSIONS_DIR goes to a directory of the candidate's source.
-        global _EXT_ROOT
-        ext_root = os.environ.get("TORCH_EXTENSIONS_DIR")
-        if ext_root:
-            _EXT_ROOT = ext_root
-            digest = hashlib.sha256(src.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-            os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(ext_root, digest)
-
         self.redirect_output()
         self.flush_buf = _torch_empty(_max(flush_bytes // 4, 1), dtype=_int32, device=self.device)
         _T_fill_(self.flush_buf, 1)
@@ -1763,6 +1826,10 @@ class Worker:
         py0 = _py_threads()
         t0 = self.lap("load: snapshots", t0)
         # The candidate's module: syntax errors, import errors and extension build failures.
+        # load_inline and load calls made while the module executes are built by the evaluator
+        # (_keyed_build): the request goes out on the channel, the reply names the cache entry.
+        global _BUILD_SERVICE
+        _BUILD_SERVICE = self.request_build
         try:
             self.cand_mod = self.exec_module("crucible_candidate", src, "candidate.py")
         except _BaseException as e:
@@ -1776,6 +1843,8 @@ class Worker:
             if _is_oom(e):
                 raise _Done("runtime_error", (), "out of memory while importing the candidate: " + _exc_line(e)) from None
             raise _Done("compile_error", (), "the candidate module failed to import:\n" + _exc_text(e)) from None
+        finally:
+            _BUILD_SERVICE = None
         t0 = self.lap("load: candidate module", t0)
         self.check_state("after the candidate module executed")
         self.check_full("after the candidate module executed")
@@ -2357,19 +2426,31 @@ def _cpu_model():
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _load_static_checks():
-    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "static_checks.py")
-    spec = importlib.util.spec_from_file_location("crucible_static_checks", path)
+_HARNESS_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def _load_harness_module(file, name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(_HARNESS_DIR, file))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-_STATIC_CHECKS_MODULE = _load_static_checks()
+_STATIC_CHECKS_MODULE = _load_harness_module("static_checks.py", "crucible_static_checks")
+_CONFINE = _load_harness_module("confine.py", "crucible_confine")
 
 
-def _run_worker(args):
+def _confine_worker(scratch, endpoint):
+    """Enters the worker's sandbox (confine.py); forks where a PID namespace can be made, and
+    only the child returns. Returns what is in force, for the `started` message."""
+    socket_path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+    mb = os.environ.get("CRUCIBLE_SCRATCH_MB", "")
+    return _CONFINE.enter_worker(scratch, socket_path, _HARNESS_DIR, _int(mb) if mb.isdigit() else 2048)
+
+
+def _run_worker(args, isolation):
     w = Worker(args)
+    w.isolation = isolation
     try:
         w.start()
         w.run()
@@ -2391,48 +2472,24 @@ def _run_worker(args):
 # The evaluator (env/sandbox.cpp, zygote) starts it like a worker, sandbox and all, with
 # `--zygote` and a Unix socket as its stdin, and sends one JSON object per line:
 #   {"type": "fork", "endpoint": "ipc://...", "scratch": DIR, "env": ["K=V", ...]}
-#       -> {"type": "forked", "pid": N, "network_isolated": true|false} or {"type": "error", ...}
+#       -> {"type": "forked", "pid": N} or {"type": "error", ...}
 #   {"type": "reap", "pid": N}  (once the evaluator has seen N end or has killed it)
 #       -> {"type": "reaped", "pid": N, "code": C, "signal": S}
 # The zygote reaps a worker only when asked, so a worker's pid cannot be reused while the
 # evaluator may still signal its process group.
 
 _PR_SET_PDEATHSIG = 1
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWNET = 0x40000000
-
-
-def _write_proc(path, text):
-    try:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _child_setup(req, zygote_pid, report_fd):
-    """In a freshly forked worker: the sandbox the evaluator gives a worker it executes itself
-    (env/sandbox.cpp), applied to this process. Returns whether the network is private."""
+    """In a freshly forked worker: the session, environment and descriptors a worker the
+    evaluator executes itself gets (env/sandbox.cpp), then the worker's sandbox (confine.py),
+    which forks once more: only the worker itself returns, with what is in force."""
     libc = ctypes.CDLL(None, use_errno=True)
     os.setsid()  # own session and process group: kill(-pid) reaches every descendant
     libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the zygote goes
     if os.getppid() != zygote_pid:
         os._exit(1)  # the zygote died between the fork and the prctl
-    # A network namespace of its own (a nested user namespace where we are not root), so two
-    # workers share no abstract Unix sockets either.
-    isolated = False
-    if os.geteuid() == 0:
-        isolated = libc.unshare(_CLONE_NEWNET) == 0
-    else:
-        uid, gid = os.geteuid(), os.getegid()
-        if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0:
-            _write_proc("/proc/self/setgroups", "deny")
-            _write_proc("/proc/self/uid_map", f"{uid} {uid} 1")
-            _write_proc("/proc/self/gid_map", f"{gid} {gid} 1")
-            isolated = True
     os.chdir(req["scratch"])
     os.environ.clear()
     for kv in req["env"]:
@@ -2448,10 +2505,11 @@ def _child_setup(req, zygote_pid, report_fd):
     os.close(devnull)
     os.closerange(3, report_fd)
     os.closerange(report_fd + 1, 65536)
+    isolation = _confine_worker(req["scratch"], req["endpoint"])
     # Fresh seeds for the global generators, as a new process would have.
     random.seed()
     numpy.random.seed()
-    return isolated
+    return isolation
 
 
 def _cuda_touched():
@@ -2482,7 +2540,8 @@ def zygote_main(args):
             data = data[os.write(ctl, data):]
 
     _prewarm(args.device == "cuda")
-    reply({"type": "ready", "pid": zygote_pid})
+    isolation = _CONFINE.enter_zygote()
+    reply({"type": "ready", "pid": zygote_pid, "isolation": isolation})
     buf = b""
     while True:
         while b"\n" not in buf:
@@ -2513,10 +2572,11 @@ def zygote_main(args):
         if pid == 0:
             try:
                 os.close(r)
-                isolated = _child_setup(req, zygote_pid, w)
-                os.write(w, b"N" if isolated else b"-")
+                isolation = _child_setup(req, zygote_pid, w)
+                os.write(w, b"+")
                 os.close(w)
-                _run_worker(argparse.Namespace(endpoint=req["endpoint"], device=args.device, scratch=req["scratch"]))
+                _run_worker(argparse.Namespace(endpoint=req["endpoint"], device=args.device, scratch=req["scratch"]),
+                            isolation)
             except _BaseException:
                 pass
             _os_exit(126)
@@ -2528,14 +2588,14 @@ def zygote_main(args):
                 break
             got += chunk
         os.close(r)
-        if got[:1] not in (b"N", b"-"):
+        if got[:1] != b"+":
             try:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
             reply({"type": "error", "message": "the forked worker failed to set itself up"})
             continue
-        reply({"type": "forked", "pid": pid, "network_isolated": got[:1] == b"N"})
+        reply({"type": "forked", "pid": pid})
 
 
 def main(argv=None):
@@ -2559,7 +2619,7 @@ def main(argv=None):
         _os_exit(0)
     if not args.endpoint:
         p.error("--endpoint is required")
-    _run_worker(args)
+    _run_worker(args, _confine_worker(args.scratch, args.endpoint))
 
 
 if __name__ == "__main__":

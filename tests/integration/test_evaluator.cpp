@@ -10,6 +10,9 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <sstream>
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -299,52 +302,204 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   CHECK(ev.ev->workers_started() == 2);
 }
 
-TEST_CASE("an extension build killed mid-way holds up no later build, and each extension's code builds in its own directory") {
-  // A worker killed while torch builds its load_inline extension (a deadline, an operator) used
-  // to leave torch's `lock` file behind, and every later build of that extension waited for it
-  // until its own deadline. And candidates naming their extension alike shared one directory.
+namespace {
+
+// The processes of this test process's evaluator: its zygote, and the zygote's children (the
+// sandboxes' keepers) with theirs (the workers, PID 1 of their namespaces), from /proc.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    long ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && state != "Z")
+      out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+std::string cmdline(pid_t pid) {
+  auto text = read_text(fs::path{"/proc"} / std::to_string(pid) / "cmdline");
+  std::replace(text.begin(), text.end(), '\0', ' ');
+  return text;
+}
+
+bool any_process_named(const std::string& comm) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    std::ifstream in(e.path() / "comm");
+    std::string name;
+    if (in && std::getline(in, name) && name == comm)
+      return true;
+  }
+  return false;
+}
+
+std::string json_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (const auto& i : items)
+    out += (out.size() > 1 ? ", \"" : "\"") + i + "\"";
+  return out + "]";
+}
+
+// A correct candidate that tries, at run time, every way out of its sandbox that the issue of
+// candidate isolation lists (write, delete or rename outside the scratch directory, read the
+// run's token, signal, trace or read the memory of the evaluator, the zygote and a sibling
+// worker, leave a process behind, fill the disk). Static checks are off: the sandbox alone must
+// hold. The verdict must be the honest part's (ok), and nothing outside the scratch may change.
+void check_escape(const std::string& file) {
+  const auto tag = "crucible-escape-" + std::to_string(::getpid());
+  const auto run = fs::temp_directory_path() / (tag + "-run");
+  fs::remove_all(run);
+  fs::create_directories(run);
+  auto put = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  const auto task_copy = run / "task.py";
+  fs::copy_file(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py", task_copy);
+  put(run / "token", "secret-token-" + tag + "\n");
+  put(run / "victim.txt", "keep me\n");
+  put(run / "config.yaml", "run: {name: escape}\n");
+  const fs::path home = std::getenv("HOME") ? std::getenv("HOME") : "/root";
+  const auto home_secret = home / ("." + tag + "-secret");
+  put(home_secret, "home secret\n");
+  auto cache = verdict_cache::open(run / "verdicts.db");
+  REQUIRE(cache.ok());
+  std::shared_ptr<verdict_cache> shared = std::move(*cache);
+
+  auto opt = cpu_evaluator::suite_options(2);
+  opt.static_checks = false;
+  opt.scratch_mb = 64;
+  opt.extensions_dir = (run / "extensions").string();
+  opt.load_timeout_s = 300;
+  opt.recheck_above = 1e9;
+  cpu_evaluator made{opt, shared};
+  REQUIRE(made.ev->wait_warm(120));
+  pid_t zygote = 0;
+  for (auto c : children_of(::getpid()))
+    if (cmdline(c).find("--zygote") != std::string::npos)
+      zygote = c;
+  REQUIRE(zygote > 0);
+  std::vector<pid_t> pids{::getpid(), zygote};
+  const auto keepers = children_of(zygote);
+  for (auto keeper : keepers) {
+    pids.push_back(keeper);
+    for (auto worker : children_of(keeper))
+      pids.push_back(worker);
+  }
+  REQUIRE(pids.size() >= 6); // two warm workers, each a keeper and its worker
+
+  const std::vector<std::string> create{
+    (home / tag).string(), (source_dir / tag).string(), (source_dir / "env" / "harness" / tag).string(),
+    (source_dir / "env" / "tasks" / "cpu" / tag).string(), (run / "created").string(), (run / "checkpoints").string(),
+    (run / "extensions" / tag).string()};
+  // Inside the sandbox these land in its private tmpfs; outside they must not appear.
+  const std::vector<std::string> private_paths{(fs::temp_directory_path() / tag).string(),
+                                               (fs::temp_directory_path() / "crucible" / tag).string(),
+                                               "/dev/shm/" + tag};
+  const std::vector<std::string> append{task_copy.string(), (run / "config.yaml").string(), (run / "verdicts.db").string(),
+                                        (source_dir / "env" / "harness" / "worker.py").string()};
+  const std::vector<std::string> victims{(run / "victim.txt").string(), (run / "token").string()};
+  const std::vector<std::string> secrets{(run / "token").string(), home_secret.string()};
+  std::map<std::string, std::string> before;
+  std::map<std::string, fs::perms> modes;
+  for (const auto& p : append) {
+    before[p] = read_text(p);
+    modes[p] = fs::status(p).permissions();
+  }
+  for (const auto& p : victims)
+    before[p] = read_text(p);
+  std::string pid_list = "[";
+  for (auto p : pids)
+    pid_list += (pid_list.size() > 1 ? ", " : "") + std::to_string(p);
+  pid_list += "]";
+  const std::string leftover = "crucible-left"; // a process name, at most 15 characters
+  auto creates = create;
+  creates.insert(creates.end(), private_paths.begin(), private_paths.end());
+  const std::string targets = "{\"create\": " + json_list(create) + ", \"append\": " + json_list(append)
+                              + ", \"victims\": " + json_list(victims) + ", \"secrets\": " + json_list(secrets)
+                              + ", \"pids\": " + pid_list + ", \"leftover_name\": \"" + leftover
+                              + "\", \"fill_limit\": " + std::to_string(1ll << 30) + "}";
+  std::string src = read_text(source_dir / "tests" / "candidates" / "escape" / file);
+  const std::string mark = "@TARGETS@";
+  REQUIRE(src.find(mark) != std::string::npos);
+  src.replace(src.find(mark), mark.size(), targets);
+  // The private paths are written without a check inside (they may succeed there).
+  const std::string model = "class ModelNew(nn.Module):";
+  REQUIRE(src.find(model) != std::string::npos);
+  std::string privates;
+  for (const auto& p : private_paths)
+    privates += "try:\n    open(\"" + p + "\", \"w\").write(\"x\")\nexcept OSError:\n    pass\n";
+  src.replace(src.find(model), 0, privates + "\n\n");
+
+  auto t = load_task(task_copy);
+  REQUIRE(t.ok());
+  auto v = made.ev->evaluate(eval_request{*t, src, 0, false});
+  INFO(file << ": " << describe(v));
+  CHECK(v.status == verdict_status::ok);
+  CHECK(v.message.find("ESCAPED") == std::string::npos);
+  for (const auto& p : creates) {
+    CHECK_MESSAGE(!fs::exists(p), p);
+    CHECK_MESSAGE(!fs::exists(p + ".d"), p);
+  }
+  for (const auto& [p, text] : before)
+    CHECK_MESSAGE(read_text(p) == text, p);
+  for (const auto& p : victims)
+    CHECK_MESSAGE(!fs::exists(p + ".moved"), p);
+  for (const auto& [p, mode] : modes)
+    CHECK_MESSAGE(fs::status(p).permissions() == mode, p);
+  // The zygote and the sibling (the warm worker the evaluation did not take) live on.
+  CHECK(::kill(zygote, 0) == 0);
+  CHECK(std::count_if(keepers.begin(), keepers.end(), [](pid_t k) { return ::kill(k, 0) == 0; }) >= 1);
+  // The daemon the candidate left is gone once its worker is: the worker's end is asynchronous
+  // (its retirement), so poll, bounded by a deadline.
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (any_process_named(leftover) && std::chrono::steady_clock::now() < by)
+    std::this_thread::yield();
+  CHECK_FALSE(any_process_named(leftover));
+  // The evaluator still works, and it said which layers the sandbox had.
+  auto iso = made.ev->isolation();
+  CHECK_MESSAGE(iso.missing.empty(), iso.missing_text());
+  made.ev.reset();
+  fs::remove(home_secret);
+  fs::remove_all(run);
+}
+
+} // namespace
+
+TEST_CASE("the evaluator builds a candidate's extension in a builder of its own and keeps it; workers only load it") {
   const auto dir = fs::temp_directory_path() / ("crucible-test-ext-" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  auto opt = cpu_evaluator::suite_options(0);
+  auto opt = cpu_evaluator::suite_options(1);
   opt.extensions_dir = dir.string();
   opt.load_timeout_s = 300;
   cpu_evaluator ev{opt};
   const auto cand = source_dir / "tests" / "candidates" / "legit_cpp_extension.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  // The first build's worker is killed as soon as the build's lock exists (the build is under way).
-  std::thread killer;
-  ev.ev->set_phase_observer([&](const char* phase, pid_t pid) {
-    if (std::string{phase} != "load" || killer.joinable())
-      return;
-    killer = std::thread([&dir, pid] {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-      for (bool locked = false; !locked && std::chrono::steady_clock::now() < deadline;) {
-        std::error_code ec;
-        for (fs::recursive_directory_iterator it(dir / "torch", ec), end; !ec && it != end; it.increment(ec))
-          locked = locked || it->path().filename() == "lock";
-        if (!locked)
-          std::this_thread::sleep_for(std::chrono::milliseconds(20)); // polling the file system
-      }
-      ::kill(pid, SIGKILL);
-    });
-  });
-  // A worker killed from outside is retried once on a fresh worker, whose build must not wait
-  // for the killed one's (it did, until load_timeout_s).
-  auto v = ev.run(*t, cand);
-  killer.join();
-  ev.ev->set_phase_observer(nullptr);
-  INFO("killed, then retried: " << describe(v));
-  CHECK(v.status == verdict_status::ok);
-  CHECK(ev.ev->workers_started() == 2);
-  auto builds = [&] {
+  auto libs = [&] {
     int n = 0;
-    for (const auto& e : fs::directory_iterator(dir / "torch"))
-      n += fs::exists(e.path() / "crucible_test_legit_cpp_relu_scale") ? 1 : 0;
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      n += e.path().filename() == "crucible_test_legit_cpp_relu_scale.so" ? 1 : 0;
     return n;
   };
-  CHECK(builds() == 1);
-  // The same extension name with other C++ code: built apart, both builds kept.
+  auto first = ev.run(*t, cand);
+  INFO("first: " << describe(first));
+  CHECK(first.status == verdict_status::ok);
+  CHECK(ev.ev->extension_builds() == 1);
+  CHECK(libs() == 1);
+  // The same extension in a candidate that differs elsewhere: no new build.
+  auto same = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n# the same extension, another candidate\n", 0, false});
+  INFO("same extension: " << describe(same));
+  CHECK(same.status == verdict_status::ok);
+  CHECK(ev.ev->extension_builds() == 1);
+  // The same extension name with other C++ code: built apart, both kept.
   std::string changed = read_text(cand);
   const std::string line = "auto xc = x.contiguous();";
   REQUIRE(changed.find(line) != std::string::npos);
@@ -352,13 +507,24 @@ TEST_CASE("an extension build killed mid-way holds up no later build, and each e
   auto other = ev.ev->evaluate(eval_request{*t, changed, 0, false});
   INFO("other code: " << describe(other));
   CHECK(other.status == verdict_status::ok);
-  CHECK(builds() == 2);
-  // The same extension in a candidate that differs elsewhere: the build is shared.
-  auto same = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n# the same extension, another candidate\n", 0, false});
-  INFO("same extension: " << describe(same));
-  CHECK(same.status == verdict_status::ok);
-  CHECK(builds() == 2);
+  CHECK(ev.ev->extension_builds() == 2);
+  CHECK(libs() == 2);
+  // A build that fails is the candidate's compile_error, with the compiler's words.
+  std::string broken = read_text(cand);
+  broken.replace(broken.find(line), line.size(), "auto xc = x.contiguous() no_such_token;");
+  auto bad = ev.ev->evaluate(eval_request{*t, broken, 0, false});
+  INFO("broken: " << describe(bad));
+  CHECK(bad.status == verdict_status::compile_error);
+  CHECK(bad.message.find("no_such_token") != std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("escape attempts through Python change nothing outside the scratch directory and reach no other process") {
+  check_escape("escape_python.py");
+}
+
+TEST_CASE("escape attempts through a C++ extension's raw system calls change nothing outside the scratch directory") {
+  check_escape("escape_cpp.py");
 }
 
 TEST_CASE("workers forked from the zygote start clean: what one candidate changed is not in the next") {
