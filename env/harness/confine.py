@@ -238,18 +238,41 @@ def _read_only(report, skip=()):
         report.ok("read-only-filesystem")
 
 
-def _private_scratch(report, scratch, socket_path, scratch_mb):
+def _outermost(paths):
+    return [p for p in paths if not any(q != p and _under(p, q) for q in paths)]
+
+
+def _bind_back(fds):
+    """Binds each (path, O_PATH descriptor opened before a tmpfs hid it) back at its path,
+    read-only, making the mount point in the tmpfs."""
+    for p, fd in fds:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(p, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
+            os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+        _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
+        _mount(None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _private_scratch(report, scratch, socket_path, scratch_mb, readable):
     """A size-limited tmpfs on /tmp (and on the scratch directory's parent, where that is not
-    under /tmp) with the scratch directory in it, the evaluator's socket bound in; private
-    /dev/shm and an empty /run."""
+    under /tmp) with the scratch directory in it, the evaluator's socket bound in, and the
+    readable paths that lay beneath (an extension cache under /tmp, say) bound back read-only;
+    private /dev/shm and an empty /run."""
     sock_fd = os.open(socket_path, os.O_PATH | os.O_CLOEXEC) if socket_path else -1
+    parent = os.path.dirname(scratch.rstrip("/"))
+    hidden = _outermost([p for p in readable if _under(p, "/tmp") or _under(p, parent)])
+    keep = []
     try:
+        for p in hidden:
+            keep.append((p, os.open(p, os.O_PATH | os.O_CLOEXEC)))
         size = f"size={int(scratch_mb)}m,nr_inodes=65536,mode=1777"
         _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
-        parent = os.path.dirname(scratch.rstrip("/"))
         if not _under(parent, "/tmp"):
             _mount("tmpfs", parent, "tmpfs", MS_NOSUID | MS_NODEV, size)
         os.makedirs(scratch, mode=0o700, exist_ok=True)
+        _bind_back(keep)
         if sock_fd >= 0:
             target = os.path.join(scratch, os.path.basename(socket_path))
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
@@ -264,6 +287,8 @@ def _private_scratch(report, scratch, socket_path, scratch_mb):
     finally:
         if sock_fd >= 0:
             os.close(sock_fd)
+        for _, fd in keep:
+            os.close(fd)
 
 
 def _within_reach(readable):
@@ -283,18 +308,10 @@ def _within_reach(readable):
             except OSError:
                 break
     for top, paths in tops.items():
-        paths = [p for p in paths if not any(q != p and _under(p, q) for q in paths)]
-        fds = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in paths]
+        fds = [(p, os.open(p, os.O_PATH | os.O_CLOEXEC)) for p in _outermost(paths)]
         try:
             _mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-            for p, fd in fds:
-                if os.path.isdir(f"/proc/self/fd/{fd}"):
-                    os.makedirs(p, mode=0o755, exist_ok=True)
-                else:
-                    os.makedirs(os.path.dirname(p), mode=0o755, exist_ok=True)
-                    os.close(os.open(p, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
-                _mount(f"/proc/self/fd/{fd}", p, None, MS_BIND | MS_REC)
-                _mount(None, p, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            _bind_back(fds)
             _mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
         finally:
             for _, fd in fds:
@@ -593,7 +610,7 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
             _read_only(report)
-            _private_scratch(report, scratch, socket_path, scratch_mb)
+            _private_scratch(report, scratch, socket_path, scratch_mb, readable)
             if os.geteuid() == 0:
                 _within_reach(readable)
             if "pid-namespace" in report.layers:

@@ -357,7 +357,10 @@ std::string json_list(const std::vector<std::string>& items) {
 // hold. The verdict must be the honest part's (ok), and nothing outside the scratch may change.
 void check_escape(const std::string& file) {
   const auto tag = "crucible-escape-" + std::to_string(::getpid());
-  const auto run = fs::temp_directory_path() / (tag + "-run");
+  const fs::path home = std::getenv("HOME") ? std::getenv("HOME") : "/root";
+  // The stand-in run directory lies outside /tmp: inside the sandbox /tmp is the worker's own
+  // tmpfs, where a write succeeds and changes nothing outside.
+  const auto run = home / ("." + tag + "-run");
   fs::remove_all(run);
   fs::create_directories(run);
   auto put = [](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
@@ -366,7 +369,6 @@ void check_escape(const std::string& file) {
   put(run / "token", "secret-token-" + tag + "\n");
   put(run / "victim.txt", "keep me\n");
   put(run / "config.yaml", "run: {name: escape}\n");
-  const fs::path home = std::getenv("HOME") ? std::getenv("HOME") : "/root";
   const auto home_secret = home / ("." + tag + "-secret");
   put(home_secret, "home secret\n");
   auto cache = verdict_cache::open(run / "verdicts.db");
