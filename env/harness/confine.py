@@ -30,6 +30,10 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import pwd
+import resource
+import select
+import signal
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -328,10 +332,9 @@ def _new_proc(report):
 
 def _nobody():
     try:
-        import pwd
         p = pwd.getpwnam("nobody")
         return p.pw_uid, p.pw_gid
-    except (ImportError, KeyError):
+    except KeyError:
         return 65534, 65534
 
 
@@ -460,8 +463,8 @@ def _landlock(report, readable, writable, files_writable):
             allow(p, read)
         for p in writable:
             allow(p, read | write)
-        for p in files_writable:
-            allow(p, read | LL_WRITE_FILE)
+        for p in files_writable:  # CUDA opens /proc/self/task/TID/comm to write, truncating
+            allow(p, read | LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0))
         if _libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), _err("landlock_restrict_self"))
         report.ok("landlock")
@@ -492,11 +495,21 @@ class _ScmpArgCmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
 
 
-def _seccomp(report):
-    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+def _load_libseccomp():
+    """libseccomp, loaded once when this module is (in the zygote, before any fork: find_library
+    runs ldconfig, which a worker should not wait for); None where it is not installed."""
     try:
-        lib = ctypes.CDLL(name, use_errno=True)
+        return ctypes.CDLL(ctypes.util.find_library("seccomp") or "libseccomp.so.2", use_errno=True)
     except OSError:
+        return None
+
+
+_LIBSECCOMP = _load_libseccomp()
+
+
+def _seccomp(report):
+    lib = _LIBSECCOMP
+    if lib is None:
         report.miss("seccomp", "libseccomp is not installed (Debian: libseccomp2)")
         return
     lib.seccomp_init.restype = ctypes.c_void_p
@@ -556,8 +569,6 @@ def _keep(child):
     """The keeper: the process outside the worker's PID namespace, whose one child is the
     worker. Waits for it and ends as it did (the same exit code, or killed by the same signal),
     so the evaluator sees the worker's end on the keeper. Never returns."""
-    import resource
-    import signal
     os.closerange(3, 65536)
     while True:
         try:
@@ -602,7 +613,6 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
         if child != 0:
             _keep(child)
         _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the keeper goes
-        import select
         if select.select([keeper], [], [], 0)[0]:
             os._exit(1)  # the keeper died between the fork and the prctl
         os.close(keeper)

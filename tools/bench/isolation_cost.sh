@@ -4,7 +4,7 @@
 # checkout) and without it (OLD_SRC, default old-src/: a checkout of the commit before the
 # sandbox, built beside this one), the two alternated task by task in each pass, three verdicts
 # per evaluator (--repeat 3). One JSON line per verdict in $OUT/isolation_cost.jsonl; the first
-# pass fills the extension caches and is left out of the medians.
+# pass fills the extension caches and is left out of the medians. TASKS="a b" limits the tasks.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -30,11 +30,11 @@ wait
 echo "isolation_cost: builds took $(( $(date +%s) - start )) s"
 [[ -x build-gpu/tools/crucible && -x build-old/tools/crucible ]] || { tail -20 "$OUT"/build-*.log; exit 1; }
 for pass in $(seq 1 "$PASSES"); do
-  for task in relu_affine gelu_tanh_affine layernorm_manual row_sumsq softmax_manual; do
+  for task in ${TASKS:-relu_affine gelu_tanh_affine layernorm_manual row_sumsq softmax_manual}; do
     for side in new old; do
       if [[ $side == new ]]; then bin="$ROOT/build-gpu/tools/crucible"; base="$ROOT"; else bin="$ROOT/build-old/tools/crucible"; base="$OLD_SRC"; fi
       (cd "$base" && "$bin" eval --task tools/bench/eval_gpu/tasks/$task.py \
-        --candidate tools/bench/eval_gpu/candidates/$task.py --device cuda:0 --repeat 3 --json 2>>"$OUT/eval-stderr.log") |
+        --candidate tools/bench/eval_gpu/candidates/$task.py --device cuda:0 --repeat 3 --json 2>>"$OUT/eval-stderr-$side.log") |
         python3 -c 'import json, sys
 for line in sys.stdin:
     if line.startswith("{"):
