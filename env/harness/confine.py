@@ -488,6 +488,7 @@ _SECCOMP_DENY = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pid
                  "acct", "quotactl", "io_uring_setup", "io_uring_enter", "io_uring_register", "lookup_dcookie",
                  "open_by_handle_at", "name_to_handle_at", "personality")
 _SCMP_ACT_ALLOW = 0x7FFF0000
+_SCMP_CMP_EQ = 4
 _SCMP_CMP_MASKED_EQ = 7
 
 
@@ -534,6 +535,10 @@ def _seccomp(report):
         nr = lib.seccomp_syscall_resolve_name(b"clone3")
         if nr >= 0 and lib.seccomp_rule_add_array(ctx, 0x00050000 | errno.ENOSYS, nr, 0, None) != 0:
             raise OSError(errno.EINVAL, "seccomp rule for clone3")
+        # The parent-death signal that ties the worker to its keeper stays as it is.
+        cmp = _ScmpArgCmp(0, _SCMP_CMP_EQ, PR_SET_PDEATHSIG, 0)
+        if lib.seccomp_rule_add_array(ctx, eperm, lib.seccomp_syscall_resolve_name(b"prctl"), 1, ctypes.byref(cmp)) != 0:
+            raise OSError(errno.EINVAL, "seccomp rule for prctl(PR_SET_PDEATHSIG)")
         clone = lib.seccomp_syscall_resolve_name(b"clone")
         # CLONE_NEWUTS and CLONE_NEWCGROUP besides the five above.
         for flag in (CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC, 0x04000000, 0x02000000):
@@ -591,6 +596,14 @@ def _keep(child):
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 125)
 
 
+def _keeper_watch(keeper):
+    """SIGKILL when the keeper goes (PR_SET_PDEATHSIG), and an end now if it has already gone
+    (its pidfd, opened before the fork, is readable): the worker never outlives its keeper."""
+    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    if select.select([keeper], [], [], 0)[0]:
+        os._exit(1)
+
+
 def _wanted(layers):
     """Run as root, no user namespace is needed (nor made): the worker's identity changes."""
     return [x for x in layers if not (x == "user-namespace" and os.geteuid() == 0)]
@@ -605,6 +618,7 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
     report = Report(_wanted(WORKER_LAYERS))
     readable = readable_paths(harness_dir)  # before the mounts: sys.path may name /tmp
     _namespaces(report, pid=True)
+    keeper = None
     if "pid-namespace" in report.layers:
         # The keeper's pidfd, opened before the fork: the child cannot name its parent from
         # inside the new namespace, and must not outlive it.
@@ -612,10 +626,7 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
         child = os.fork()
         if child != 0:
             _keep(child)
-        _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the keeper goes
-        if select.select([keeper], [], [], 0)[0]:
-            os._exit(1)  # the keeper died between the fork and the prctl
-        os.close(keeper)
+        _keeper_watch(keeper)
     if "mount-namespace" in report.layers:
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -635,6 +646,11 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
     except OSError:
         pass
     _identity(report, [scratch] if "private-scratch" in report.layers else [])
+    if keeper is not None:
+        # A change of identity clears the parent-death signal: set it again, and make sure the
+        # keeper did not go meanwhile.
+        _keeper_watch(keeper)
+        os.close(keeper)
     _no_new_privs(report)
     writable = ["/tmp", "/dev/shm", scratch]
     _landlock(report, readable, writable, ["/dev", "/proc"])

@@ -475,7 +475,7 @@ void check_escape(const std::string& file) {
 
 } // namespace
 
-TEST_CASE("the evaluator builds a candidate's extension in a builder of its own and keeps it; workers only load it") {
+TEST_CASE("the evaluator builds a candidate's extension in a builder of its own and keeps it, and workers only load it") {
   const auto dir = fs::temp_directory_path() / ("crucible-test-ext-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   auto opt = cpu_evaluator::suite_options(1);

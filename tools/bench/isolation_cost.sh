@@ -22,17 +22,17 @@ configure() { # SRC BUILD
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure-$(basename "$2").log" 2>&1
 }
 configure "$ROOT" "$ROOT/build-gpu"
-configure "$OLD_SRC" "$ROOT/build-old"
+configure "$OLD_SRC" "$OLD_SRC/build"
 start=$(date +%s)
 cmake --build "$ROOT/build-gpu" --target crucible -j 10 > "$OUT/build-new.log" 2>&1 &
-cmake --build "$ROOT/build-old" --target crucible -j 6 > "$OUT/build-old.log" 2>&1 &
+cmake --build "$OLD_SRC/build" --target crucible -j 6 > "$OUT/build-old.log" 2>&1 &
 wait
 echo "isolation_cost: builds took $(( $(date +%s) - start )) s"
-[[ -x build-gpu/tools/crucible && -x build-old/tools/crucible ]] || { tail -20 "$OUT"/build-*.log; exit 1; }
+[[ -x build-gpu/tools/crucible && -x "$OLD_SRC/build/tools/crucible" ]] || { tail -20 "$OUT"/build-*.log; exit 1; }
 for pass in $(seq 1 "$PASSES"); do
   for task in ${TASKS:-relu_affine gelu_tanh_affine layernorm_manual row_sumsq softmax_manual}; do
     for side in new old; do
-      if [[ $side == new ]]; then bin="$ROOT/build-gpu/tools/crucible"; base="$ROOT"; else bin="$ROOT/build-old/tools/crucible"; base="$OLD_SRC"; fi
+      if [[ $side == new ]]; then bin="$ROOT/build-gpu/tools/crucible"; base="$ROOT"; else bin="$OLD_SRC/build/tools/crucible"; base="$OLD_SRC"; fi
       (cd "$base" && "$bin" eval --task tools/bench/eval_gpu/tasks/$task.py \
         --candidate tools/bench/eval_gpu/candidates/$task.py --device cuda:0 --repeat 3 --json 2>>"$OUT/eval-stderr-$side.log") |
         python3 -c 'import json, sys

@@ -243,12 +243,22 @@ TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, 
     CHECK(net((*a)->pid()) != net((*z)->pid()));
     CHECK(net((*z)->pid()) != net(::getpid()));
   }
-  // The exit status comes through the zygote; a worker's end ends only that worker.
-  ::kill((*a)->pid(), SIGSEGV);
+  // The exit status comes through the zygote; a worker's end ends only that worker. The keeper
+  // dies here, not the worker inside its PID namespace (PID 1 there, running as nobody when we
+  // are root): that worker must not outlive its keeper.
+  const auto keeper = (*a)->pid();
+  const auto inner = proc_text(keeper, ("task/" + std::to_string(keeper) + "/children").c_str());
+  REQUIRE_FALSE(inner.empty());
+  const pid_t inner_pid = std::stoi(inner);
+  ::kill(keeper, SIGSEGV);
   worker_message msg;
   CHECK((*a)->receive(std::chrono::steady_clock::now() + 60s, msg) == receive_outcome::died);
   CHECK((*a)->exit_description() == "killed by signal 11 (SIGSEGV)");
   CHECK((*a)->died_by_signal());
+  const auto gone_by = std::chrono::steady_clock::now() + 10s;
+  while (!process_gone(inner_pid) && std::chrono::steady_clock::now() < gone_by)
+    std::this_thread::yield();
+  CHECK(process_gone(inner_pid));
   auto scratch = (*b)->scratch();
   const auto b_pid = (*b)->pid();
   // Device initialisation, one step at a time at our word.
