@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <map>
 #include <set>
 
 #include <caf/actor_cast.hpp>
@@ -191,79 +192,77 @@ result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg)
   return std::shared_ptr<const task_catalog>(std::move(out));
 }
 
-// The task sources a run started with, kept in RUN/tasks/ by content (SHA256.py) with a
-// manifest of names (tasks.json). On a fresh run they are written; on resume the run goes on
-// with them, whatever the files under tasks.suite hold now: a candidate that rewrote a task
-// file (or anyone else) cannot change the rewards of a resumed run. A file that changed on disk
-// is reported by name, as is a kept source that no longer matches its hash.
+// The task sources a run uses, kept in RUN/tasks/ by content (SHA256.py) with a manifest of
+// names (tasks.json). A task is kept the first time the run uses it; from then on (on resume)
+// the run goes on with the kept source, whatever the file under tasks.suite holds now: a
+// candidate that rewrote a task file (or anyone else) cannot change the rewards of a resumed
+// run. A file that changed on disk is reported by name, as is a kept source that no longer
+// matches its hash. Which tasks are in the pool is still the configuration's (tasks.include).
 result<std::shared_ptr<const task_catalog>> keep_task_sources(const fs::path& run_dir, std::shared_ptr<const task_catalog> suite,
-                                                            bool resume, logger& log) {
+                                                            logger& log) {
   const auto dir = run_dir / "tasks";
   const auto manifest = dir / "tasks.json";
   std::error_code ec;
-  if (!resume || !fs::exists(manifest, ec)) {
-    if (resume)
-      log.warn(component, "the run keeps no task sources (", manifest.string(),
-               " is missing: a run from an older crucible); it goes on with tasks.suite as it is now, and keeps that");
-    fs::create_directories(dir, ec);
-    if (ec)
-      return fail(errc::io, "cannot create ", dir.string(), ": ", ec.message());
+  std::map<std::string, std::pair<std::string, std::string>> kept; // name -> (sha256, path)
+  if (fs::exists(manifest, ec)) {
+    auto text = read_file(manifest);
+    if (!text)
+      return text.error();
+    auto doc = parse_json(*text, manifest.string());
+    if (!doc)
+      return doc.error();
+    if (!doc->is_object())
+      return fail(errc::corrupt, manifest.string(), ": not a JSON object of task names");
+    for (const auto& [name, entry] : doc->as_object()) {
+      const auto* sha = entry.find("sha256");
+      const auto* path = entry.find("path");
+      if (sha == nullptr || !sha->is_string() || path == nullptr || !path->is_string())
+        return fail(errc::corrupt, manifest.string(), ": task '", name, "' lacks sha256 or path");
+      kept[name] = {sha->as_string(), path->as_string()};
+    }
+  }
+  fs::create_directories(dir, ec);
+  if (ec)
+    return fail(errc::io, "cannot create ", dir.string(), ": ", ec.message());
+  auto out = std::make_shared<task_catalog>();
+  bool added = false;
+  for (const auto& [id, t] : *suite) {
+    auto it = kept.find(id.value);
+    if (it == kept.end()) { // first use: keep it
+      const auto file = dir / (t.sha256 + ".py");
+      if (!fs::exists(file, ec))
+        if (auto r = write_file_atomic(file, t.source); !r)
+          return r.error();
+      kept[id.value] = {t.sha256, t.path.string()};
+      added = true;
+      out->emplace(id, t);
+      continue;
+    }
+    const auto& [sha, path] = it->second;
+    const auto file = dir / (sha + ".py");
+    auto source = read_file(file);
+    if (!source)
+      return fail(errc::corrupt, "the run's kept source of task '", id.value, "' (", file.string(), "): ", source.error().message);
+    if (sha256_hex(*source) != sha)
+      return fail(errc::corrupt, "the run's kept source of task '", id.value, "' (", file.string(),
+                  ") does not match its SHA-256: it was changed after the run kept it");
+    if (t.sha256 != sha)
+      log.warn(component, "task file ", t.path.string(), " changed since the run first used it; the run goes on with "
+               "the source it kept (", file.string(), "), not the file as it is now");
+    env::task k = t;
+    k.source = std::move(*source);
+    k.sha256 = sha;
+    out->emplace(id, std::move(k));
+  }
+  if (added) {
     json_writer w;
     w.begin_object();
-    for (const auto& [id, t] : *suite) {
-      const auto kept = dir / (t.sha256 + ".py");
-      if (!fs::exists(kept, ec))
-        if (auto r = write_file_atomic(kept, t.source); !r)
-          return r.error();
-      w.key(id.value).begin_object().field("sha256", t.sha256).field("path", t.path.string()).end_object();
-    }
+    for (const auto& [name, entry] : kept)
+      w.key(name).begin_object().field("sha256", entry.first).field("path", entry.second).end_object();
     w.end_object();
     if (auto r = write_file_atomic(manifest, w.str() + "\n"); !r)
       return r.error();
-    return suite;
   }
-  auto text = read_file(manifest);
-  if (!text)
-    return text.error();
-  auto doc = parse_json(*text, manifest.string());
-  if (!doc)
-    return doc.error();
-  if (!doc->is_object())
-    return fail(errc::corrupt, manifest.string(), ": not a JSON object of task names");
-  auto out = std::make_shared<task_catalog>();
-  for (const auto& [name, entry] : doc->as_object()) {
-    const auto* sha = entry.find("sha256");
-    const auto* path = entry.find("path");
-    if (sha == nullptr || !sha->is_string() || path == nullptr || !path->is_string())
-      return fail(errc::corrupt, manifest.string(), ": task '", name, "' lacks sha256 or path");
-    const auto kept = dir / (sha->as_string() + ".py");
-    auto source = read_file(kept);
-    if (!source)
-      return fail(errc::corrupt, "the run's kept source of task '", name, "' (", kept.string(), "): ", source.error().message);
-    if (sha256_hex(*source) != sha->as_string())
-      return fail(errc::corrupt, "the run's kept source of task '", name, "' (", kept.string(),
-                  ") does not match its SHA-256: it was changed after the run started");
-    env::task t;
-    t.name = name;
-    t.path = path->as_string();
-    t.source = std::move(*source);
-    t.sha256 = sha->as_string();
-    if (auto it = suite->find(task_id{name}); it == suite->end())
-      log.warn(component, "task '", name, "' (", t.path.string(), ") is gone from tasks.suite; the run goes on with the source it started with");
-    else if (it->second.sha256 != t.sha256)
-      log.warn(component, "task file ", it->second.path.string(), " changed since the run started; the run goes on with "
-               "the source it started with (", kept.string(), "), not the file as it is now");
-    if (auto it = suite->find(task_id{name}); it != suite->end()) {
-      t.level = it->second.level;
-      t.number = it->second.number;
-    }
-    out->emplace(task_id{name}, std::move(t));
-  }
-  for (const auto& [id, t] : *suite)
-    if (out->count(id) == 0)
-      log.warn(component, "task file ", t.path.string(), " was added to tasks.suite after the run started; the run does not use it");
-  if (out->empty())
-    return fail(errc::corrupt, manifest.string(), ": no tasks");
   return std::shared_ptr<const task_catalog>(std::move(out));
 }
 
@@ -303,7 +302,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   auto suite = load_task_catalog(cfg);
   if (!suite.ok())
     return suite.error();
-  auto tasks = keep_task_sources(run_dir, std::move(*suite), resume, log);
+  auto tasks = keep_task_sources(run_dir, std::move(*suite), log);
   if (!tasks.ok())
     return tasks.error();
   trainer_progress progress;

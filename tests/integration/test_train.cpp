@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/json_parse.hpp"
+#include "core/sha256.hpp"
 #include "process.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
@@ -401,6 +402,34 @@ TEST_CASE("a resume whose task pool no longer fits the saved samplers is refused
     CHECK(state.rfind("crucible-task-sampler 1\n2\n", 0) == 0);
     CHECK(state.find("03_softmax_rows") == std::string::npos);
   }
+}
+
+TEST_CASE("a task file changed on disk after a pause: the resumed run goes on with the source it kept and names the file") {
+  temp_dir tmp;
+  // The run's own copy of the CPU suite, so that a task file can change.
+  const auto suite = tmp.path() / "suite";
+  fs::copy(source_dir / "env/tasks/cpu", suite, fs::copy_options::recursive);
+  std::string text = without_warm_start(test_config(tmp.path(), "kept", "  sft: {steps: 0}\n  rl: {steps: 2, groups: 2}\n"));
+  const auto from = (source_dir / "env/tasks/cpu").string();
+  text.replace(text.find("suite: " + from), 7 + from.size(), "suite: " + suite.string());
+  auto cfg = write_config(tmp.path(), text);
+  auto first = cli(with_sets({"train", cfg.string(), "--pause-after", "1"}));
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  const auto run = tmp.path() / "kept";
+  const auto task_file = suite / "02_silu_bias_residual.py";
+  const auto original = slurp(task_file);
+  const auto kept = run / "tasks" / (crucible::sha256_hex(original) + ".py");
+  REQUIRE(fs::exists(run / "tasks" / "tasks.json"));
+  REQUIRE(fs::exists(kept));
+  CHECK(slurp(kept) == original);
+  // What a candidate that rewrote the task file would have left: the reference runs 20 times.
+  std::ofstream(task_file, std::ios::app) << "\n_forward = Model.forward\nModel.forward = lambda self, *a: [_forward(self, *a) for _ in range(20)][-1]\n";
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.err.find("task file " + task_file.string() + " changed since the run first used it") != std::string::npos);
+  CHECK(slurp(kept) == original);
 }
 
 TEST_CASE("a run that takes evaluator nodes says where they join while it runs, and a node joins there") {
