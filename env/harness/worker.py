@@ -2539,8 +2539,10 @@ def zygote_main(args):
         while data:
             data = data[os.write(ctl, data):]
 
-    _prewarm(args.device == "cuda")
+    # Confined first, while the process has one thread: a CUDA zygote's warm-ups (Triton's) start
+    # threads, and a multi-threaded process cannot make a mount namespace (unshare: EINVAL).
     isolation = _CONFINE.enter_zygote()
+    _prewarm(args.device == "cuda")
     reply({"type": "ready", "pid": zygote_pid, "isolation": isolation})
     buf = b""
     while True:
