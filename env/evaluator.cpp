@@ -34,6 +34,10 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+// A directory of the extension cache: workers (nobody, where we are root) read it, we alone write.
+constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
+                              | fs::perms::others_read | fs::perms::others_exec;
+
 fs::path cache_home() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
     return fs::path{x} / "crucible";
@@ -183,8 +187,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
   // Workers read the cache (a worker started as root reads it as nobody); only we write it.
   std::error_code ec;
   fs::create_directories(extensions_dir_, ec);
-  fs::permissions(extensions_dir_, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
-                                     | fs::perms::others_read | fs::perms::others_exec, ec);
+  fs::permissions(extensions_dir_, readable_dir, ec);
 }
 
 result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluator_options& opt,
@@ -445,8 +448,7 @@ std::string device_evaluator::build_extension(const std::string& request, clock_
       } else {
         // Written beside, then renamed: a reader sees the whole library or none.
         fs::create_directories(dir, ec);
-        fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read
-                               | fs::perms::others_exec, ec);
+        fs::permissions(dir, readable_dir, ec);
         const auto tmp = dir / (name + ".so.tmp" + std::to_string(::getpid()));
         {
           std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

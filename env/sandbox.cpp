@@ -154,7 +154,8 @@ result<pid_t> spawn(const worker_spec& spec, const std::filesystem::path& scratc
                             ? static_cast<rlim_t>(spec.memory_limit_mb) << 20
                             : RLIM_INFINITY;
 
-  // The child reports over this pipe "E<errno>" if exec fails. A successful exec closes it (O_CLOEXEC): EOF means the program runs.
+  // The child reports over this pipe "E<errno>" if exec fails. A successful exec closes it
+  // (O_CLOEXEC): EOF means the program runs.
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0)
     return fail(errc::io, "pipe2: ", std::strerror(errno));

@@ -596,10 +596,16 @@ def _keep(child):
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 125)
 
 
+def die_with_parent():
+    """SIGKILL to this process when its parent goes (PR_SET_PDEATHSIG). A change of identity
+    clears it."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def _keeper_watch(keeper):
-    """SIGKILL when the keeper goes (PR_SET_PDEATHSIG), and an end now if it has already gone
-    (its pidfd, opened before the fork, is readable): the worker never outlives its keeper."""
-    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+    """SIGKILL when the keeper goes, and an end now if it has already gone (its pidfd, opened
+    before the fork, is readable): the worker never outlives its keeper."""
+    die_with_parent()
     if select.select([keeper], [], [], 0)[0]:
         os._exit(1)
 

@@ -45,7 +45,6 @@ import ctypes  # noqa: E402
 import fcntl  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
-import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
@@ -2478,16 +2477,12 @@ def _run_worker(args, isolation):
 # The zygote reaps a worker only when asked, so a worker's pid cannot be reused while the
 # evaluator may still signal its process group.
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _child_setup(req, zygote_pid, report_fd):
     """In a freshly forked worker: the session, environment and descriptors a worker the
     evaluator executes itself gets (env/sandbox.cpp), then the worker's sandbox (confine.py),
     which forks once more: only the worker itself returns, with what is in force."""
-    libc = ctypes.CDLL(None, use_errno=True)
     os.setsid()  # own session and process group: kill(-pid) reaches every descendant
-    libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the zygote goes
+    _CONFINE.die_with_parent()  # the zygote
     if os.getppid() != zygote_pid:
         os._exit(1)  # the zygote died between the fork and the prctl
     os.chdir(req["scratch"])
