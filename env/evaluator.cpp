@@ -382,8 +382,11 @@ std::string device_evaluator::build_extension(const std::string& request, clock_
     return r + "}";
   };
   std::string name;
+  std::string fn;
   try {
-    name = YAML::Load(request)["args"]["name"].as<std::string>();
+    const auto n = YAML::Load(request);
+    name = n["args"]["name"].as<std::string>();
+    fn = n["fn"].as<std::string>("");
   } catch (const YAML::Exception& e) {
     return failed(std::string{"the build request is malformed: "} + e.what());
   }
@@ -396,7 +399,9 @@ std::string device_evaluator::build_extension(const std::string& request, clock_
   // interpreter (torch's version and headers) and the device model.
   const auto key = sha256_hex(request + "\n" + where_.python + "\n" + hardware()).substr(0, 32);
   const auto dir = extensions_dir_ / key;
-  const auto lib = dir / (name + ".so");
+  // A Triton kernel's build is its stages' files in one JSON document; every other build is a
+  // library.
+  const auto lib = dir / (name + (fn == "triton_kernel" ? ".json" : ".so"));
   auto built = [&] {
     std::string r = "{\"type\":\"built\",\"dir\":";
     append_json_string(r, dir.string());
@@ -449,7 +454,7 @@ std::string device_evaluator::build_extension(const std::string& request, clock_
         // Written beside, then renamed: a reader sees the whole library or none.
         fs::create_directories(dir, ec);
         fs::permissions(dir, readable_dir, ec);
-        const auto tmp = dir / (name + ".so.tmp" + std::to_string(::getpid()));
+        const auto tmp = dir / (lib.filename().string() + ".tmp" + std::to_string(::getpid()));
         {
           std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
           out.write(reinterpret_cast<const char*>(msg.frames[0].data()), static_cast<std::streamsize>(msg.frames[0].size()));
@@ -820,41 +825,51 @@ bool evaluation::send(const std::string& json) {
 
 bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
-  switch (w_.proc->receive(deadline, msg)) {
-    case receive_outcome::deadline: {
+  for (;;) {
+    switch (w_.proc->receive(deadline, msg)) {
+      case receive_outcome::deadline: {
+        w_.proc->kill();
+        done_ = true;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
+        set(verdict_status::timeout, buf);
+        return false;
+      }
+      case receive_outcome::died: {
+        done_ = true;
+        auto how = w_.proc->exit_description();
+        auto msg_text = std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " while " + phase;
+        lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
+        set(verdict_status::runtime_error, msg_text);
+        return false;
+      }
+      case receive_outcome::message: break;
+    }
+    try {
+      header = YAML::Load(msg.json);
+      if (!header.IsMap() || !header["type"].IsDefined())
+        throw YAML::Exception(YAML::Mark::null_mark(), "no type");
+    } catch (const YAML::Exception& e) {
       w_.proc->kill();
       done_ = true;
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
-      set(verdict_status::timeout, buf);
+      set(verdict_status::runtime_error, "the worker broke the protocol while " + std::string{phase} + ": " + e.what());
       return false;
     }
-    case receive_outcome::died: {
+    const auto type = header["type"].as<std::string>();
+    if (type == "build") {
+      // The build service, in any phase (Triton builds at a kernel's first launch), within the
+      // phase's deadline; then the message the phase waits for.
+      if (!send(ev_.build_extension(msg.json, deadline)))
+        return false;
+      continue;
+    }
+    if (type == "done") {
+      take_done(header);
       done_ = true;
-      auto how = w_.proc->exit_description();
-      auto msg_text = std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " while " + phase;
-      lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
-      set(verdict_status::runtime_error, msg_text);
       return false;
     }
-    case receive_outcome::message: break;
+    return true;
   }
-  try {
-    header = YAML::Load(msg.json);
-    if (!header.IsMap() || !header["type"].IsDefined())
-      throw YAML::Exception(YAML::Mark::null_mark(), "no type");
-  } catch (const YAML::Exception& e) {
-    w_.proc->kill();
-    done_ = true;
-    set(verdict_status::runtime_error, "the worker broke the protocol while " + std::string{phase} + ": " + e.what());
-    return false;
-  }
-  if (header["type"].as<std::string>() == "done") {
-    take_done(header);
-    done_ = true;
-    return false;
-  }
-  return true;
 }
 
 void evaluation::take_done(const YAML::Node& n) {
@@ -1146,19 +1161,11 @@ verdict evaluation::run() {
     }
   }
   // Phase 2: the candidate imports and compiles without the device; the extensions its module
-  // builds are built by our build service (device_evaluator::build_extension), not by it.
+  // builds are built by our build service (device_evaluator::build_extension, answered inside
+  // receive), not by it.
   phase("load");
-  const auto load_deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                                                   std::chrono::duration<double>(opt.load_timeout_s));
-  for (;;) {
-    const double left = std::max(0.0, std::chrono::duration<double>(load_deadline - clock_type::now()).count());
-    if (!receive(left, "loading the candidate", n, msg))
-      return v_;
-    if (n["type"].as<std::string>() != "build")
-      break;
-    if (!send(ev_.build_extension(msg.json, load_deadline)))
-      return v_;
-  }
+  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
+    return v_;
   if (n["type"].as<std::string>() != "loaded") {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
     return v_;

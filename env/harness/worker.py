@@ -40,11 +40,13 @@ def _set_harness_env():
 _set_harness_env()
 
 import argparse  # noqa: E402
+import base64  # noqa: E402
 import builtins  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
 import functools  # noqa: E402
 import gc  # noqa: E402
+import hashlib  # noqa: E402
 import importlib.util  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
@@ -229,6 +231,186 @@ def build_extension(req, scratch):
         return f.read()
 
 
+# The build service for Triton, set when the worker starts and kept for its life (Triton compiles
+# at a kernel's first launch, in the trials or the timing; the evaluator answers in any phase): a
+# function that sends a build request and returns the evaluator's reply. None: Triton builds
+# here, in the worker's own scratch directory (TRITON_CACHE_DIR), as it does by itself.
+_TRITON_SERVICE = None
+# The worker's scratch directory as it appears in the paths of a kernel's IR locations; taken out
+# of the request, so that workers (each with a scratch of its own) share a kernel's build.
+_TRITON_SCRATCH = None
+
+
+def _triton_built(reply, what):
+    if reply.get("type") != "built":
+        raise RuntimeError(f"Triton could not build {what}: {reply.get('log', 'the build service failed')}")
+    return reply["dir"]
+
+
+def _triton_cc(name, src, srcdir, library_dirs, include_dirs, libraries):
+    """triton.knobs.build.impl: Triton's C modules (its driver's cuda_utils, each kernel
+    signature's launcher) are compiled by the evaluator's build service, which keeps them; this
+    worker loads its copy. Without the service, Triton's own compiler call, here."""
+    service = _TRITON_SERVICE
+    if service is None:
+        import triton
+        from triton.runtime import build
+        saved, triton.knobs.build.impl = triton.knobs.build.impl, None
+        try:
+            return build._build(name, src, srcdir, library_dirs, include_dirs, libraries, [])
+        finally:
+            triton.knobs.build.impl = saved
+    with open(src, "r", encoding="utf-8") as f:
+        text = f.read()
+    args = {"name": name, "source": text, "library_dirs": list(library_dirs), "include_dirs": list(include_dirs),
+            "libraries": list(libraries)}
+    reply = service({"type": "build", "fn": "triton_cc", "args": args, "env": {}})
+    return os.path.join(_triton_built(reply, f"its module {name}"), name + ".so")
+
+
+def _triton_request(src, target, options, env_vars):
+    """(request, local cache manager, kernel file name, hash) for a Triton kernel's compile, or
+    None where it compiles here: a source other than a Triton function (Gluon, IR files), a
+    knob that dumps, overrides or inspects stages, a kernel already in this worker's cache, or
+    anything JSON cannot carry. The request holds the kernel's first IR (TTIR, made here from the
+    candidate's Python, which only this process may run): the builder lowers it to a binary."""
+    import triton
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import Language
+    from triton.compiler import compiler as tc
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+    knobs = triton.knobs
+    if type(src) is not tc.ASTSource or src.language != Language.TRITON:
+        return None
+    if (knobs.compilation.always_compile or knobs.compilation.override or knobs.compilation.dump_ir
+            or knobs.runtime.add_stages_inspection_hook is not None):
+        return None
+    if target is None:
+        target = triton.runtime.driver.active.get_current_target()
+    backend = tc.make_backend(target)
+    opts = backend.parse_options(dict(options or {}, **src.parse_options()))
+    env_vars = tc.get_cache_invalidating_env_vars() if env_vars is None else env_vars
+    key_hash = hashlib.sha256(get_cache_key(src, backend, opts, env_vars=env_vars).encode("utf-8")).hexdigest()
+    file_name = src.name[:150]
+    cache = get_cache_manager(key_hash)
+    if cache.get_group(f"{file_name}.json"):
+        return None
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    module = src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx)
+    ttir = str(module)
+    if _TRITON_SCRATCH:
+        ttir = ttir.replace('"' + os.path.join(_TRITON_SCRATCH, ""), '"')
+    args = {"name": "kernel", "kernel": file_name, "ttir": ttir,
+            "target": [target.backend, target.arch, target.warp_size], "options": dict(opts.__dict__),
+            "env_vars": dict(env_vars)}
+    json.dumps(args)
+    return {"type": "build", "fn": "triton_kernel", "args": args, "env": {}}, cache, file_name, key_hash
+
+
+def _triton_compile(orig):
+    """Wraps triton.compile: with the build service, a kernel's binary is built by the
+    evaluator (keyed by its TTIR, options, target and Triton's build environment; kept in the
+    extension cache, which only the evaluator writes), put in this worker's own Triton cache,
+    and loaded from there by Triton's compile as a cache hit."""
+
+    @functools.wraps(orig)
+    def compile(src, target=None, options=None, _env_vars=None):
+        service = _TRITON_SERVICE
+        made = None
+        if service is not None:
+            try:
+                made = _triton_request(src, target, options, _env_vars)
+            except Exception:  # the front end's own error: Triton's compile reports it itself
+                made = None
+        if made is not None:
+            req, cache, file_name, key_hash = made
+            d = _triton_built(service(req), f"the kernel {file_name}")
+            with open(os.path.join(d, "kernel.json"), "r", encoding="utf-8") as f:
+                files = json.load(f)["files"]
+            group = {}
+            for fname, item in files.items():
+                data = item["text"] if "text" in item else base64.b64decode(item["base64"])
+                if fname == f"{file_name}.json":
+                    meta = json.loads(data)
+                    meta["hash"] = key_hash
+                    data = json.dumps(meta)
+                group[fname] = cache.put(data, fname, binary=isinstance(data, bytes))
+            cache.put_group(f"{file_name}.json", group)
+        return orig(src, target=target, options=options, _env_vars=_env_vars)
+
+    compile._crucible_keyed = True
+    compile._crucible_original = orig
+    return compile
+
+
+def _install_triton_hooks():
+    import triton
+    import triton.compiler
+    import triton.compiler.compiler as tc
+    triton.knobs.build.impl = _triton_cc
+    if not getattr(tc.compile, "_crucible_keyed", False):
+        keyed = _triton_compile(tc.compile)
+        tc.compile = keyed
+        triton.compiler.compile = keyed
+        triton.compile = keyed
+
+
+def build_triton(req, scratch):
+    """A builder's job for Triton (the build service): `triton_cc` compiles one of Triton's C
+    modules with Triton's own compiler call; `triton_kernel` lowers a kernel's TTIR through
+    Triton's stages for the request's target, as triton.compile does after its front end, and
+    returns every stage's file as JSON."""
+    import triton
+    from triton.runtime import build
+    args = req["args"]
+    name = str(args["name"])
+    os.makedirs(scratch, exist_ok=True)
+    if req.get("fn") == "triton_cc":
+        path = os.path.join(scratch, name + ".c")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(str(args["source"]))
+        triton.knobs.build.impl = None
+        so = build._build(name, path, scratch, [str(x) for x in args.get("library_dirs") or ()],
+                          [str(x) for x in args.get("include_dirs") or ()],
+                          [str(x) for x in args.get("libraries") or ()], [])
+        with open(so, "rb") as f:
+            return f.read()
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget, Language
+    from triton.compiler import compiler as tc
+    os.environ.update({str(k): str(v) for k, v in (args.get("env_vars") or {}).items()})
+
+    def tupled(v):
+        return tuple(tupled(x) for x in v) if isinstance(v, list) else v
+
+    backend_name, arch, warp_size = args["target"]
+    target = GPUTarget(str(backend_name), arch if isinstance(arch, str) else int(arch), int(warp_size))
+    backend = tc.make_backend(target)
+    opts = backend.parse_options({str(k): tupled(v) for k, v in dict(args["options"]).items()})
+    file_name = str(args["kernel"])[:150]
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    path = os.path.join(scratch, "kernel.ttir")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(str(args["ttir"]))
+    module = ir.parse_mlir_module(path, ctx)
+    module.context = ctx
+    metadata = {"hash": "", "target": target, **opts.__dict__, **dict(args.get("env_vars") or {}),
+                "triton_version": triton.__version__}
+    stages = {}
+    backend.add_stages(stages, opts, Language.TRITON)
+    files = {f"{file_name}.source": {"text": str(args["ttir"])}}
+    for ext, lower in stages.items():
+        module = lower(module, metadata)
+        files[f"{file_name}.{ext}"] = ({"base64": base64.b64encode(module).decode("ascii")} if isinstance(module, bytes)
+                                       else {"text": str(module)})
+    files[f"{file_name}.json"] = {"text": json.dumps(metadata, default=vars)}
+    return json.dumps({"files": files}).encode("utf-8")
+
+
 def _install_cpp_extension_hooks(module):
     module.FileBaton = _FlockBaton
     for name, files in (("load_inline", False), ("load", True)):
@@ -270,11 +452,13 @@ def _prewarm_triton():
     own files into its cache key (triton.runtime.cache.triton_key, kept by lru_cache) and
     importing triton.experimental.gluon. On an H100's host that was ~0.75 s of a Triton
     candidate's first call (tools/bench/first_call_probe.py). Done in the zygote, before any
-    fork, it is paid once per evaluator; it touches no CUDA driver. CUDA workers only."""
+    fork, it is paid once per evaluator; it touches no CUDA driver. CUDA workers only. Also
+    puts Triton's builds on the evaluator's build service (_install_triton_hooks)."""
     try:
         from triton.runtime.cache import triton_key
         triton_key()
         import triton.experimental.gluon  # noqa: F401
+        _install_triton_hooks()
     except Exception:  # no Triton, or another version: its first launch pays as before
         pass
 
@@ -1214,6 +1398,11 @@ class Worker:
         self.cuda = args.device == "cuda"
         self.scratch = args.scratch
         self.chan = Channel(args.endpoint)
+        # Triton's builds go to the evaluator's build service from here on (set before the
+        # worker's snapshots, so that they are part of what the runtime checks compare against).
+        global _TRITON_SERVICE, _TRITON_SCRATCH
+        _TRITON_SERVICE = self.request_build
+        _TRITON_SCRATCH = self.scratch
         self.core = None
         self.full = None
         self.flags0 = None
@@ -1353,8 +1542,13 @@ class Worker:
         the library and exits, never touching the device."""
         msg = self.chan.recv()
         if step == "init" and msg.get("type") == "build":
+            global _TRITON_SERVICE
+            _TRITON_SERVICE = None  # a builder builds here
             try:
-                lib = build_extension(msg, self.scratch)
+                if msg.get("fn") in ("triton_cc", "triton_kernel"):
+                    lib = build_triton(msg, self.scratch)
+                else:
+                    lib = build_extension(msg, self.scratch)
             except _BaseException as e:  # the build's own failure: its log goes back
                 self.chan.send({"type": "build_failed", "log": _tail(_str(e), 60)})
             else:
@@ -1364,9 +1558,12 @@ class Worker:
             raise _Done("runtime_error", (), f"expected {step}, got {msg.get('type')!r}")
 
     def request_build(self, req):
-        """The evaluator's build service (_keyed_build): one request, one reply."""
+        """The evaluator's build service (_keyed_build, Triton's hooks): one request, one reply."""
         self.chan.send(req)
-        return self.chan.recv()
+        reply = self.chan.recv()
+        if reply.get("type") == "stop":
+            _os_exit(0)
+        return reply
 
     # -- helpers -----------------------------------------------------------------------------
     def sync(self):

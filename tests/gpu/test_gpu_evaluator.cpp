@@ -460,3 +460,58 @@ class ModelNew(nn.Module):
   ::unsetenv("CRUCIBLE_HARNESS_KERNELS");
   fs::remove_all(dir);
 }
+
+TEST_CASE("a Triton kernel is built by the evaluator's build service once, and later workers load it") {
+  // Triton's C modules (its driver's cuda_utils, the kernel's launcher) and the kernel's binary
+  // come from builders and are kept in the extension cache: a second verdict of the candidate,
+  // and a candidate that differs outside the kernel, build nothing; another kernel builds once
+  // more (its launcher's C source is the same).
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  const auto dir = fs::temp_directory_path() / ("crucible-test-triton-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  evaluator_options opt;
+  opt.devices = {"cuda:0"};
+  opt.rounds = 10;
+  opt.max_rounds = 10;
+  opt.warmup_ms = 20;
+  opt.extensions_dir = dir.string();
+  auto where = locate_harness(opt);
+  if (!where)
+    FAIL(where.error().message);
+  auto made = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
+  if (!made)
+    FAIL(made.error().message);
+  auto& ev = **made;
+  const auto bench = source_dir / "tools" / "bench" / "eval_gpu";
+  auto t = load_task(bench / "tasks" / "gelu_tanh_affine.py");
+  if (!t)
+    FAIL(t.error().message);
+  const auto cand = read_text(bench / "candidates" / "gelu_tanh_affine.py");
+  auto kernels = [&] {
+    int n = 0;
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      n += e.path().filename() == "kernel.json" ? 1 : 0;
+    return n;
+  };
+  auto first = ev.evaluate(eval_request{*t, cand, 0, false});
+  INFO("first: " << to_string(first.status) << " " << first.message);
+  CHECK(first.status == verdict_status::ok);
+  CHECK(ev.extension_builds() == 3);
+  CHECK(kernels() == 1);
+  auto again = ev.evaluate(eval_request{*t, cand + "\n# the same kernel, another candidate\n", 0, false});
+  INFO("again: " << to_string(again.status) << " " << again.message);
+  CHECK(again.status == verdict_status::ok);
+  CHECK(ev.extension_builds() == 3);
+  std::string other = cand;
+  const std::string line = "g = 0.5 * x * (1.0 + t)";
+  REQUIRE(other.find(line) != std::string::npos);
+  other.replace(other.find(line), line.size(), "g = x * (0.5 + 0.5 * t)");
+  auto changed = ev.evaluate(eval_request{*t, other, 0, false});
+  INFO("another kernel: " << to_string(changed.status) << " " << changed.message);
+  CHECK(changed.status == verdict_status::ok);
+  CHECK(ev.extension_builds() == 4);
+  CHECK(kernels() == 2);
+  made->reset();
+  fs::remove_all(dir);
+}
