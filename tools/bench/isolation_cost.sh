@@ -4,7 +4,10 @@
 # checkout) and without it (OLD_SRC, default old-src/: a checkout of the commit before the
 # sandbox, built beside this one), the two alternated task by task in each pass, three verdicts
 # per evaluator (--repeat 3). One JSON line per verdict in $OUT/isolation_cost.jsonl; the first
-# pass fills the extension caches and is left out of the medians. TASKS="a b" limits the tasks.
+# pass fills the extension caches and is left out of the medians. TASKS="a b" limits the tasks;
+# EVAL_ARGS goes to every `crucible eval` (e.g. fixed rounds: "--set evaluator.min_rounds=30
+# --set evaluator.max_rounds=30 --set evaluator.recheck_above=1e9", so that both sides time the
+# same number of rounds and the difference is the rest of the verdict).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -34,7 +37,7 @@ for pass in $(seq 1 "$PASSES"); do
     for side in new old; do
       if [[ $side == new ]]; then bin="$ROOT/build-gpu/tools/crucible"; base="$ROOT"; else bin="$OLD_SRC/build/tools/crucible"; base="$OLD_SRC"; fi
       (cd "$base" && "$bin" eval --task tools/bench/eval_gpu/tasks/$task.py \
-        --candidate tools/bench/eval_gpu/candidates/$task.py --device cuda:0 --repeat 3 --json 2>>"$OUT/eval-stderr-$side.log") |
+        --candidate tools/bench/eval_gpu/candidates/$task.py --device cuda:0 --repeat 3 --json ${EVAL_ARGS:-} 2>>"$OUT/eval-stderr-$side.log") |
         python3 -c 'import json, sys
 for line in sys.stdin:
     if line.startswith("{"):
