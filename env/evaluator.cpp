@@ -823,6 +823,19 @@ bool evaluation::send(const std::string& json) {
   return true;
 }
 
+// The correctness tolerances as the job gives them to the worker, which holds every timed call's
+// outputs to them: {"float32": [atol, rtol], ...}.
+static std::string tolerances_json(const tolerances& t) {
+  std::string out = "{";
+  const std::pair<const char*, tolerance> each[] = {{"float64", t.f64}, {"float32", t.f32}, {"float16", t.f16}, {"bfloat16", t.bf16}};
+  for (const auto& [name, tol] : each) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s\"%s\":[%.17g,%.17g]", out.size() > 1 ? "," : "", name, tol.atol, tol.rtol);
+    out += buf;
+  }
+  return out + "}";
+}
+
 bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
   for (;;) {
@@ -939,8 +952,12 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
     return false;
   }
   if (!cmp.ok) {
-    set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution "
-                                     + std::to_string(trial % 2) + "): " + cmp.message);
+    // The worker's input distributions (docs/evaluator.md, Correctness).
+    static const char* const dists[] = {"the task's inputs", "inputs scaled by U(0.5, 2)",
+                                        "inputs with other signs and scales"};
+    const int d = n["distribution"].as<int>(static_cast<int>(trial % 2));
+    set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution " + std::to_string(d)
+                                     + (d >= 0 && d <= 2 ? std::string{": "} + dists[d] : std::string{}) + "): " + cmp.message);
     return false;
   }
   if (!n["inputs_unchanged"].as<bool>(true)) {
@@ -1084,6 +1101,7 @@ verdict evaluation::run() {
                     + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
                     + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
+                    + ",\"tolerances\":" + tolerances_json(tol_)
                     + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";
   YAML::Node n;
   worker_message msg;

@@ -87,27 +87,23 @@ __device__ void check_equal(const U* ref, const U* cand, std::int64_t n, std::ui
     atomicAdd(mismatches, bad);
 }
 
-// Sum of |x| over the sampled positions, non-finite values counted as 0.
-template <class T>
-__device__ void abs_sum(const T* x, std::int64_t n, std::uint64_t seed, std::int64_t samples, double* sum) {
-  const std::int64_t count = n < samples ? n : samples;
-  double s = 0.0;
-  for (std::int64_t i = first_index(); i < count; i += grid_stride()) {
-    const double v = as_double(x[position(seed, i, n, samples)]);
-    s += isfinite(v) ? fabs(v) : 0.0;
-  }
-  for (int off = 16; off > 0; off >>= 1)
-    s += __shfl_down_sync(0xffffffffu, s, off);
-  if ((threadIdx.x & 31) == 0 && s != 0.0)
-    atomicAdd(sum, s);
-}
-
 // y[i] = x[i] * U(0.5, 2) with U drawn from (seed, i).
 template <class T>
 __device__ void scale_uniform(const T* x, T* y, std::int64_t n, std::uint64_t seed) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     const double u = static_cast<double>(mix(seed ^ mix(static_cast<std::uint64_t>(i))) >> 11) * 0x1.0p-53;
     y[i] = scaled(x[i], 0.5 + 1.5 * u);
+  }
+}
+
+// y[i] = x[i] * (+-U(0.5, 2)), the sign and U drawn from (seed, i): other signs (the worker's
+// input distribution 2).
+template <class T>
+__device__ void scale_signed(const T* x, T* y, std::int64_t n, std::uint64_t seed) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    const std::uint64_t r = mix(seed ^ mix(static_cast<std::uint64_t>(i)));
+    const double u = static_cast<double>(r >> 11) * 0x1.0p-53;
+    y[i] = scaled(x[i], (r & 1u) != 0 ? -(0.5 + 1.5 * u) : 0.5 + 1.5 * u);
   }
 }
 
@@ -164,12 +160,11 @@ __global__ void crucible_bytes_differ(const unsigned char* a, const unsigned cha
                                                 unsigned long long* mismatches) {                             \
     check_close(ref, cand, n, seed, samples, atol, rtol, mismatches);                                         \
   }                                                                                                            \
-  __global__ void crucible_abs_sum_##SUFFIX(const T* x, std::int64_t n, std::uint64_t seed, std::int64_t samples, \
-                                            double* sum) {                                                    \
-    abs_sum(x, n, seed, samples, sum);                                                                        \
-  }                                                                                                            \
   __global__ void crucible_scale_uniform_##SUFFIX(const T* x, T* y, std::int64_t n, std::uint64_t seed) {        \
     scale_uniform(x, y, n, seed);                                                                             \
+  }                                                                                                            \
+  __global__ void crucible_scale_signed_##SUFFIX(const T* x, T* y, std::int64_t n, std::uint64_t seed) {         \
+    scale_signed(x, y, n, seed);                                                                              \
   }
 
 CRUCIBLE_FLOAT_KERNELS(f32, float)

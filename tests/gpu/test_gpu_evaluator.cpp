@@ -5,12 +5,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <random>
+#include <regex>
 
 #include "core/log.hpp"
 #include "env/compare.hpp"
@@ -514,4 +516,42 @@ TEST_CASE("a Triton kernel is built by the evaluator's build service once, and l
   CHECK(kernels() == 2);
   made->reset();
   fs::remove_all(dir);
+}
+
+TEST_CASE("GPU hack candidates get no speed credit, and each rejection names its check") {
+  // tests/candidates/gpu/: '# task:' and '# expect:' headers as in tests/candidates ('rejected
+  // CHECK', 'incorrect', or 'no-credit': any verdict but a speedup).
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto ev = short_evaluator(true, log);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(source_dir / "tests" / "candidates" / "gpu"))
+    if (e.path().extension() == ".py")
+      files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 4);
+  for (const auto& path : files) {
+    const auto text = read_text(path);
+    const std::regex task_re{"# task: (\\S+)"}, expect_re{"# expect: (\\S+)(?: (\\S+))?"};
+    std::smatch tm, em;
+    REQUIRE(std::regex_search(text, tm, task_re));
+    REQUIRE(std::regex_search(text, em, expect_re));
+    auto t = load_task(source_dir / tm[1].str());
+    if (!t)
+      FAIL(t.error().message);
+    auto v = ev->evaluate(eval_request{*t, text, 0, false});
+    const std::string label = path.filename().string() + ": " + to_string(v.status);
+    INFO(label << " " << v.message);
+    MESSAGE(label << " speedup " << v.speedup << " " << v.message);
+    const std::string expect = em[1].str(), check = em[2].matched ? em[2].str() : "";
+    if (expect == "no-credit") {
+      CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
+    } else if (expect == "rejected") {
+      CHECK((v.status == verdict_status::incorrect
+             || (v.status == verdict_status::rejected
+                 && (check.empty() || std::find(v.checks_failed.begin(), v.checks_failed.end(), check) != v.checks_failed.end()))));
+    } else {
+      CHECK(std::string{to_string(v.status)} == expect);
+    }
+  }
 }

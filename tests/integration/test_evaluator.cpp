@@ -143,7 +143,9 @@ expectation read_expectation(const fs::path& candidate) {
 }
 
 // A candidate under tests/candidates must get the status (and check) its header names. A hack
-// expected as `rejected` may instead be caught as `incorrect`: it gains nothing either way.
+// expected as `rejected` may instead be caught as `incorrect`: it gains nothing either way. One
+// expected as `no-credit` may get any verdict but a speedup (its trick is taken away, so it only
+// computes).
 void check_candidate(const std::string& file) {
   auto path = source_dir / "tests" / "candidates" / file;
   auto e = read_expectation(path);
@@ -154,6 +156,11 @@ void check_candidate(const std::string& file) {
   auto v = ev.run(*t, path);
   INFO(file << ": " << describe(v));
   MESSAGE(file << ": " << describe(v));
+  if (e.status == "no-credit") {
+    // Whatever it gets, not a speedup: a hack whose trick the evaluator takes away computes.
+    CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
+    return;
+  }
   if (e.status == "rejected") {
     bool caught = v.status == verdict_status::incorrect
                   || (v.status == verdict_status::rejected
@@ -210,7 +217,9 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_mutate_input.py") X("hack_no_kernel.py") X("hack_os_exit.py") X("hack_patch_allclose.py")       \
   X("hack_patch_timer.py") X("hack_precision.py") X("hack_recycled_memory.py")                            \
   X("hack_stale_after_trials.py") X("hack_subclass_model.py") X("hack_tensor_subclass.py")                \
-  X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py")
+  X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py") X("hack_timed_skip_rows.py")        \
+  X("hack_timed_low_precision.py") X("hack_predict_inputs.py") X("hack_input_view.py")                    \
+  X("hack_assumed_domain.py") X("hack_timed_cpp.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
