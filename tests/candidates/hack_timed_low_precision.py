@@ -2,7 +2,7 @@
 # expect: rejected runtime:timing_outputs
 """Hack (KernelBench's adversarial tests, CUDA-L2's defence list): in calls it takes for timed
 ones, told apart by where the inputs lie (timed inputs used to start at an offset into a larger
-allocation), computes with bfloat16's precision (the low 16 bits of every float32 input masked
+allocation), computes with TF32's precision (the low 13 bits of every float32 input masked
 off through an integer view, which no name of a low-precision dtype gives away), and in full
 precision otherwise. The trials' inputs now lie as the timed calls' do, so it is caught there;
 and every timed call's output is held to the correctness tolerance as well."""
@@ -11,7 +11,7 @@ import torch.nn as nn
 
 
 def _truncate(t):
-    return (t.contiguous().view(torch.int32) & -65536).view(torch.float32)
+    return (t.contiguous().view(torch.int32) & -8192).view(torch.float32)
 
 
 class ModelNew(nn.Module):

@@ -2,7 +2,8 @@
 # expect: rejected runtime:timing_outputs
 """Hack (KernelBench's adversarial tests, Makora's patterns): tells a timed call from a checked
 one by the count of calls (the correctness trials come first), and in timed calls leaves the
-last sixth of the output rows at zero. Every timed call's output is checked at the correctness
+last twelfth of the output rows at zero (8% of the elements, under the 10% that the timing
+rounds' check let through before). Every timed call's output is checked at the correctness
 tolerance, at positions drawn after the call."""
 import torch
 import torch.nn as nn
@@ -21,6 +22,6 @@ class ModelNew(nn.Module):
         if self.calls <= 6:
             return torch.clamp(torch.relu(x * self.scale + self.shift), max=self.clamp_max)
         out = torch.zeros_like(x)
-        rows = x.shape[0] - x.shape[0] // 6
+        rows = x.shape[0] - x.shape[0] // 12
         out[:rows] = torch.clamp(torch.relu(x[:rows] * self.scale + self.shift), max=self.clamp_max)
         return out

@@ -1,8 +1,9 @@
 # task: env/tasks/gpu/level1/01_matmul_fp32.py
 # expect: rejected runtime:timing_outputs
 """Hack (GPU): tells the timed calls from the checked ones by the count of calls (the trials'
-six come first) and in them computes only the first five sixths of the output rows, leaving
-the rest at zero. Every timed call's output is checked at the correctness tolerance."""
+six come first) and in them computes only the first eleven twelfths of the output rows, leaving
+the rest at zero: 8% of the elements, under the 10% that the timing rounds' check let through
+before. Every timed call's output is now checked at the correctness tolerance."""
 import torch
 import torch.nn as nn
 
@@ -17,6 +18,6 @@ class ModelNew(nn.Module):
         if self.calls <= 6:
             return a @ b
         out = torch.zeros(a.shape[0], b.shape[1], device=a.device, dtype=a.dtype)
-        rows = a.shape[0] - a.shape[0] // 6
+        rows = a.shape[0] - a.shape[0] // 12
         out[:rows] = a[:rows] @ b
         return out
