@@ -689,7 +689,8 @@ class _HarnessKernels:
         self._module = module
         self._fn = {}
         names = ["crucible_flush", "crucible_spin", "crucible_bytes_differ"]
-        names += [f"crucible_{k}_{s}" for s in self._FLOAT.values() for k in ("round_check", "scale_uniform", "scale_signed")]
+        names += [f"crucible_{k}_{s}" for s in self._FLOAT.values()
+                  for k in ("round_check", "scale_uniform", "scale_signed")]
         names += [f"crucible_round_check_{s}" for s in self._BITS.values()]
         for name in names:
             fn = ctypes.c_void_p()
@@ -1675,11 +1676,11 @@ class Worker:
     def make_inputs(self, seed, dist):
         """get_inputs() under `seed`. Distribution 1 scales every floating input elementwise by
         U(0.5, 2) (signs and domains kept); distribution 2 by U(0.5, 2) with a random sign, which
-        a task whose get_inputs() keeps a sign never makes (docs/evaluator.md, Correctness). Contiguous CUDA tensors go through
-        _HarnessKernels.scale_uniform, others through torch operations. Factory calls without a
-        device create their tensors on the worker's device directly: generating tens of
-        millions of values on the host and copying them over took most of a GPU evaluation's
-        time."""
+        a task whose get_inputs() keeps a sign never makes (docs/evaluator.md, Correctness).
+        Contiguous CUDA tensors go through _HarnessKernels.scale_uniform, others through torch
+        operations. Factory calls without a device create their tensors on the worker's device
+        directly: generating tens of millions of values on the host and copying them over took
+        most of a GPU evaluation's time."""
         _torch_manual_seed(seed)
         with _torch_device(self.device):
             raw = self.task.get_inputs()
@@ -1699,7 +1700,8 @@ class Worker:
                     size = _tuple(_T_size(x))
                     f = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.5, 2.0, generator=gen)
                     if dist == 2:
-                        sign = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.0, 1.0, generator=gen)
+                        sign = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.0, 1.0,
+                                           generator=gen)
                         f = _T_mul(f, _torch_where(_T_lt(sign, 0.5), -1.0, 1.0))
                     x = _T_mul(x, f)
             out.append(x)
@@ -1840,12 +1842,9 @@ class Worker:
         self.seed = _int(job["seed"])
         # The correctness tolerances (evaluator.fp32_atol ...), which every timed call's outputs
         # are held to as well (check_round_outputs).
-        tol = job.get("tolerances") or {}
-        self.tolerances = {dt: (_float(tol.get(name, dflt)[0]), _float(tol.get(name, dflt)[1]))
-                           for dt, name, dflt in ((torch.float64, "float64", (1e-4, 1e-4)),
-                                                  (torch.float32, "float32", (1e-4, 1e-4)),
-                                                  (torch.float16, "float16", (1e-2, 1e-2)),
-                                                  (torch.bfloat16, "bfloat16", (1e-2, 1e-2)))}
+        tol = {"float64": (1e-4, 1e-4), "float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (1e-2, 1e-2)}
+        tol.update(job.get("tolerances") or {})
+        self.tolerances = {_getattr(torch, name): (_float(a), _float(r)) for name, (a, r) in tol.items()}
         self.trials = _int(job.get("trials", 5))
         self.baseline = job.get("baseline", "eager")
         flush_bytes = _int(job.get("flush_bytes") or ((256 << 20) if self.cuda else (64 << 20)))
@@ -1994,7 +1993,8 @@ class Worker:
             # reference's outputs are not finite there while they are on the task's own inputs.
             domain = _getattr(self.task, "INPUT_DOMAIN", "any")
             if domain not in ("any", "as-given"):
-                raise _Done("runtime_error", (), f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
+                raise _Done("runtime_error", (),
+                            f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
             self.dists = [0, 1, 2] if domain == "any" else [0, 1]
             self.trial_dists = []
             finite0 = True

@@ -713,6 +713,36 @@ std::pair<verdict, std::string> logged_verdict(const evaluator_options& opt, con
 }
 } // namespace
 
+TEST_CASE("a task's INPUT_DOMAIN: \"as-given\" keeps the inputs' signs, another value is named as wrong") {
+  // The task of hack_assumed_domain.py (a copy for ReLU on torch.rand inputs), declared as
+  // keeping its domain: the copy is right on every input drawn, so it is ok. A value that is
+  // not a domain is the task's error, named.
+  const auto dir = fs::temp_directory_path() / ("crucible-test-domain-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto src = read_text(source_dir / "tests" / "tasks" / "relu_nonnegative.py");
+  auto task_with = [&](const std::string& name, const std::string& line) {
+    const auto path = dir / name;
+    std::ofstream(path) << src << "\n" << line << "\n";
+    auto t = load_task(path);
+    REQUIRE_MESSAGE(t.ok(), t.error().message);
+    return *t;
+  };
+  cpu_evaluator ev{0};
+  const auto copy = source_dir / "tests" / "candidates" / "hack_assumed_domain.py";
+  auto kept = ev.run(task_with("kept.py", "INPUT_DOMAIN = \"as-given\""), copy);
+  INFO("as-given: " << describe(kept));
+  CHECK(kept.status == verdict_status::ok);
+  auto any = ev.run(task_with("any.py", "INPUT_DOMAIN = \"any\""), copy);
+  INFO("any: " << describe(any));
+  CHECK(any.status == verdict_status::incorrect);
+  CHECK(any.message.find("distribution 2") != std::string::npos);
+  auto bad = ev.run(task_with("bad.py", "INPUT_DOMAIN = \"positive\""), copy);
+  INFO("bad: " << describe(bad));
+  CHECK(bad.status == verdict_status::runtime_error);
+  CHECK(bad.message.find("INPUT_DOMAIN is 'positive'") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("timing rounds put their inputs at many placements unless placement_jitter_bytes is 0") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
