@@ -954,7 +954,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
   if (!cmp.ok) {
     // The worker's input distributions (docs/evaluator.md, Correctness).
     static const char* const dists[] = {"the task's inputs", "inputs scaled by U(0.5, 2)",
-                                        "inputs with other signs and scales"};
+                                        "inputs scaled by U(0.5, 2) with random signs"};
     const int d = n["distribution"].as<int>(static_cast<int>(trial % 2));
     set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution " + std::to_string(d)
                                      + (d >= 0 && d <= 2 ? std::string{": "} + dists[d] : std::string{}) + "): " + cmp.message);

@@ -268,6 +268,15 @@ def _triton_cc(name, src, srcdir, library_dirs, include_dirs, libraries):
     return os.path.join(_triton_built(reply, f"its module {name}"), name + ".so")
 
 
+def _triton_context(backend):
+    """An MLIR context with Triton's dialects and the backend's loaded, as triton.compile makes."""
+    from triton._C.libtriton import ir
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    backend.load_dialects(ctx)
+    return ctx
+
+
 def _triton_request(src, target, options, env_vars):
     """(request, local cache manager, kernel file name, hash) for a Triton kernel's compile, or
     None where it compiles here: a source other than a Triton function (Gluon, IR files), a
@@ -275,7 +284,6 @@ def _triton_request(src, target, options, env_vars):
     anything JSON cannot carry. The request holds the kernel's first IR (TTIR, made here from the
     candidate's Python, which only this process may run): the builder lowers it to a binary."""
     import triton
-    from triton._C.libtriton import ir
     from triton.backends.compiler import Language
     from triton.compiler import compiler as tc
     from triton.runtime.cache import get_cache_key, get_cache_manager
@@ -295,9 +303,7 @@ def _triton_request(src, target, options, env_vars):
     cache = get_cache_manager(key_hash)
     if cache.get_group(f"{file_name}.json"):
         return None
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    backend.load_dialects(ctx)
+    ctx = _triton_context(backend)
     module = src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(), ctx)
     ttir = str(module)
     if _TRITON_SCRATCH:
@@ -390,9 +396,7 @@ def build_triton(req, scratch):
     backend = tc.make_backend(target)
     opts = backend.parse_options({str(k): tupled(v) for k, v in dict(args["options"]).items()})
     file_name = str(args["kernel"])[:150]
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    backend.load_dialects(ctx)
+    ctx = _triton_context(backend)
     path = os.path.join(scratch, "kernel.ttir")
     with open(path, "w", encoding="utf-8") as f:
         f.write(str(args["ttir"]))
@@ -2005,7 +2009,7 @@ class Worker:
                 out = ref(*inputs)
                 self.sync()
                 if t == 0:
-                    finite0 = _all_finite(out)
+                    finite0 = 2 in self.dists and _all_finite(out)
                     self.ref_aliased = _aliased_outputs(out, inputs)
                 elif dist == 2 and finite0 and not _all_finite(out):
                     del out, inputs
@@ -2401,7 +2405,7 @@ class Worker:
                 ys = _torch_index_select(ys, 0, idx)
             if _T_is_floating_point(xs):
                 # |y - x| <= atol + rtol * |x| in float64, NaN matching NaN (env/compare.cpp).
-                atol, rtol = self.tolerances.get(x.dtype, (1e-4, 1e-4))
+                atol, rtol = self.tolerance(x.dtype)
                 ok = _torch_isclose(_T_to(ys, torch.float64), _T_to(xs, torch.float64), rtol=rtol, atol=atol,
                                     equal_nan=True)
             else:
@@ -2419,13 +2423,18 @@ class Worker:
         if not _T_is_contiguous(y):
             y = _T_contiguous(y)
         seed = self.sample_bits(64)
-        atol, rtol = self.tolerances.get(x.dtype, (0.0, 0.0))
+        atol, rtol = self.tolerance(x.dtype)
         if self.round_used == _ROUND_SLOTS:
             self.check_round_fracs()
         slot = self.round_used
         self.round_used += 1
         _KERNELS.round_check(x, y, seed, _ROUND_SAMPLE, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
         self.round_fracs.append((k, i, _min(_T_numel(x), _ROUND_SAMPLE), slot))
+
+    def tolerance(self, dtype):
+        """(atol, rtol) of the correctness comparison for outputs of `dtype` (env/compare.cpp:
+        exact for the dtypes it names no tolerance for)."""
+        return self.tolerances.get(dtype, (0.0, 0.0))
 
     def round_failed(self, k, detail):
         raise _Done("rejected", ["runtime:timing_outputs"],

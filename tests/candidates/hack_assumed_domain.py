@@ -2,7 +2,7 @@
 # expect: incorrect
 """Hack (inputs that make the task trivial): ReLU of inputs that come from torch.rand, computed
 as a copy, right for every input the task itself draws. The trials also draw inputs the task
-never makes (other signs and scales), where the copy is wrong."""
+never makes (random signs), where the copy is wrong."""
 import torch
 import torch.nn as nn
 

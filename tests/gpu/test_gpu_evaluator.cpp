@@ -12,13 +12,13 @@
 #include <fstream>
 #include <limits>
 #include <random>
-#include <regex>
 
 #include "core/log.hpp"
 #include "env/compare.hpp"
 #include "env/device_bytes.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
+#include "tests/test_util/candidate_expectation.hpp"
 #include "tests/test_util/read_text.hpp"
 
 // No LibTorch here: a binary linked to libtorch.so resolved std::filesystem::remove_all to the
@@ -27,6 +27,8 @@
 namespace fs = std::filesystem;
 using namespace crucible;
 using namespace crucible::env;
+using crucible::testing::check_expected;
+using crucible::testing::read_expectation;
 using crucible::testing::read_text;
 
 namespace {
@@ -34,12 +36,14 @@ namespace {
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
 
 // An evaluator on cuda:0 with short timing (10 rounds), outputs compared on the device or as
-// host bytes. (No REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on
-// success too.)
-std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log) {
+// host bytes; its build service's cache in `extensions_dir` where given. (No
+// REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on success too.)
+std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, const fs::path& extensions_dir = {}) {
   evaluator_options opt;
   opt.devices = {"cuda:0"};
   opt.outputs_on_device = on_device;
+  if (!extensions_dir.empty())
+    opt.extensions_dir = extensions_dir.string();
   opt.rounds = 10;
   opt.max_rounds = 10;
   opt.warmup_ms = 20;
@@ -472,19 +476,8 @@ TEST_CASE("a Triton kernel is built by the evaluator's build service once, and l
   logger log{clk, log_level::warn};
   const auto dir = fs::temp_directory_path() / ("crucible-test-triton-" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  evaluator_options opt;
-  opt.devices = {"cuda:0"};
-  opt.rounds = 10;
-  opt.max_rounds = 10;
-  opt.warmup_ms = 20;
-  opt.extensions_dir = dir.string();
-  auto where = locate_harness(opt);
-  if (!where)
-    FAIL(where.error().message);
-  auto made = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
-  if (!made)
-    FAIL(made.error().message);
-  auto& ev = **made;
+  auto made = short_evaluator(true, log, dir);
+  auto& ev = *made;
   const auto bench = source_dir / "tools" / "bench" / "eval_gpu";
   auto t = load_task(bench / "tasks" / "gelu_tanh_affine.py");
   if (!t)
@@ -514,13 +507,13 @@ TEST_CASE("a Triton kernel is built by the evaluator's build service once, and l
   CHECK(changed.status == verdict_status::ok);
   CHECK(ev.extension_builds() == 4);
   CHECK(kernels() == 2);
-  made->reset();
+  made.reset();
   fs::remove_all(dir);
 }
 
 TEST_CASE("GPU hack candidates get no speed credit, and each rejection names its check") {
-  // tests/candidates/gpu/: '# task:' and '# expect:' headers as in tests/candidates ('rejected
-  // CHECK', 'incorrect', or 'no-credit': any verdict but a speedup).
+  // tests/candidates/gpu/: headers and expectations as in tests/candidates
+  // (tests/test_util/candidate_expectation.hpp).
   system_clock clk;
   logger log{clk, log_level::warn};
   auto ev = short_evaluator(true, log);
@@ -531,27 +524,15 @@ TEST_CASE("GPU hack candidates get no speed credit, and each rejection names its
   std::sort(files.begin(), files.end());
   REQUIRE(files.size() >= 4);
   for (const auto& path : files) {
-    const auto text = read_text(path);
-    const std::regex task_re{"# task: (\\S+)"}, expect_re{"# expect: (\\S+)(?: (\\S+))?"};
-    std::smatch tm, em;
-    REQUIRE(std::regex_search(text, tm, task_re));
-    REQUIRE(std::regex_search(text, em, expect_re));
-    auto t = load_task(source_dir / tm[1].str());
+    const auto e = read_expectation(path, source_dir);
+    REQUIRE_MESSAGE(!e.status.empty(), path.filename().string() << " has no '# expect:' line");
+    auto t = load_task(e.task);
     if (!t)
       FAIL(t.error().message);
-    auto v = ev->evaluate(eval_request{*t, text, 0, false});
+    auto v = ev->evaluate(eval_request{*t, read_text(path), 0, false});
     const std::string label = path.filename().string() + ": " + to_string(v.status);
     INFO(label << " " << v.message);
     MESSAGE(label << " speedup " << v.speedup << " " << v.message);
-    const std::string expect = em[1].str(), check = em[2].matched ? em[2].str() : "";
-    if (expect == "no-credit") {
-      CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
-    } else if (expect == "rejected") {
-      CHECK((v.status == verdict_status::incorrect
-             || (v.status == verdict_status::rejected
-                 && (check.empty() || std::find(v.checks_failed.begin(), v.checks_failed.end(), check) != v.checks_failed.end()))));
-    } else {
-      CHECK(std::string{to_string(v.status)} == expect);
-    }
+    check_expected(e, v);
   }
 }
