@@ -1,6 +1,7 @@
 // The evaluator worker's own device operations (env/harness/worker.py, _HarnessKernels): the
-// cache flush and the spin before each timed call, the timing rounds' output check and its
-// scale, the input-unchanged check, and the second input distribution's scaling.
+// cache flush and the spin before each timed call, the timing rounds' output snapshot (a gather
+// at positions drawn after the call) and check, the input-unchanged check, and the second input
+// distribution's scaling.
 //
 // Built into one fatbin (env/CMakeLists.txt) that each worker loads with cuModuleLoadData in
 // a fraction of a millisecond. The torch operations they replace loaded lazily at their first
@@ -51,17 +52,26 @@ __device__ inline std::int64_t first_index() {
 }
 __device__ inline std::int64_t grid_stride() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
 
+// The snapshot of a timed call's output: taken[i] = src[position(seed, i, n, samples)], as bits.
+template <class U>
+__device__ void gather(const U* src, std::int64_t n, std::uint64_t seed, std::int64_t samples, U* taken) {
+  const std::int64_t count = n < samples ? n : samples;
+  for (std::int64_t i = first_index(); i < count; i += grid_stride())
+    taken[i] = src[position(seed, i, n, samples)];
+}
+
 // Floating outputs: |cand - ref| <= atol + rtol * |ref| (torch.isclose(cand, ref)), NaN
-// matching NaN and equal infinities matching.
+// matching NaN and equal infinities matching. `taken` is the candidate's snapshot (gather, with
+// the same seed): its i-th element is the candidate's value at the i-th position.
 template <class T>
-__device__ void check_close(const T* ref, const T* cand, std::int64_t n, std::uint64_t seed, std::int64_t samples,
+__device__ void check_close(const T* ref, const T* taken, std::int64_t n, std::uint64_t seed, std::int64_t samples,
                             double atol, double rtol, unsigned long long* mismatches) {
   const std::int64_t count = n < samples ? n : samples;
   unsigned long long bad = 0;
   for (std::int64_t i = first_index(); i < count; i += grid_stride()) {
     const std::int64_t j = position(seed, i, n, samples);
     const double x = as_double(ref[j]);
-    const double y = as_double(cand[j]);
+    const double y = as_double(taken[i]);
     bool ok;
     if (isnan(x) || isnan(y))
       ok = isnan(x) && isnan(y);
@@ -75,13 +85,13 @@ __device__ void check_close(const T* ref, const T* cand, std::int64_t n, std::ui
 
 // Other outputs (integers, bool): the same element bits.
 template <class U>
-__device__ void check_equal(const U* ref, const U* cand, std::int64_t n, std::uint64_t seed, std::int64_t samples,
+__device__ void check_equal(const U* ref, const U* taken, std::int64_t n, std::uint64_t seed, std::int64_t samples,
                             unsigned long long* mismatches) {
   const std::int64_t count = n < samples ? n : samples;
   unsigned long long bad = 0;
   for (std::int64_t i = first_index(); i < count; i += grid_stride()) {
     const std::int64_t j = position(seed, i, n, samples);
-    bad += ref[j] == cand[j] ? 0 : 1;
+    bad += ref[j] == taken[i] ? 0 : 1;
   }
   if (bad != 0)
     atomicAdd(mismatches, bad);
@@ -176,6 +186,10 @@ CRUCIBLE_FLOAT_KERNELS(bf16, __nv_bfloat16)
   __global__ void crucible_round_check_##SUFFIX(const U* ref, const U* cand, std::int64_t n, std::uint64_t seed, \
                                                 std::int64_t samples, unsigned long long* mismatches) {       \
     check_equal(ref, cand, n, seed, samples, mismatches);                                                     \
+  }                                                                                                            \
+  __global__ void crucible_gather_##SUFFIX(const U* src, std::int64_t n, std::uint64_t seed, std::int64_t samples, \
+                                           U* taken) {                                                         \
+    gather(src, n, seed, samples, taken);                                                                     \
   }
 
 CRUCIBLE_EQUAL_KERNEL(b1, std::uint8_t)

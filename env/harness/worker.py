@@ -695,7 +695,7 @@ class _HarnessKernels:
         names = ["crucible_flush", "crucible_spin", "crucible_bytes_differ"]
         names += [f"crucible_{k}_{s}" for s in self._FLOAT.values()
                   for k in ("round_check", "scale_uniform", "scale_signed")]
-        names += [f"crucible_round_check_{s}" for s in self._BITS.values()]
+        names += [f"crucible_{k}_{s}" for s in self._BITS.values() for k in ("round_check", "gather")]
         for name in names:
             fn = ctypes.c_void_p()
             self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding {name}")
@@ -748,12 +748,23 @@ class _HarnessKernels:
     def supports(self, t):
         return t.dtype in self._FLOAT or t.element_size() in self._BITS
 
-    def round_check(self, ref, cand, seed, samples, atol, rtol, counter_ptr):
+    def gather(self, src, seed, samples):
+        """A new 1-D tensor of src's dtype: src's elements at `samples` positions drawn from
+        `seed` (all of them, in order, when src is smaller). src: contiguous."""
+        n = _T_numel(src)
+        taken = _torch_empty(_min(n, samples), dtype=src.dtype, device=src.device)
+        self._go("crucible_gather_" + self._BITS[src.element_size()], _min(n, samples),
+                 _c_void_p(_T_data_ptr(src)), _c_int64(n), _c_uint64(seed), _c_int64(samples),
+                 _c_void_p(_T_data_ptr(taken)))
+        return taken
+
+    def round_check(self, ref, taken, seed, samples, atol, rtol, counter_ptr):
         """Adds to the uint64 at counter_ptr how many of `samples` positions drawn from `seed`
         (all of them when the output is smaller) differ: beyond atol + rtol * |ref| for floating
-        outputs, in any bit otherwise. ref and cand: contiguous, of one dtype and size."""
+        outputs, in any bit otherwise. ref: contiguous; taken: the candidate's values at those
+        positions (gather with the same seed), of ref's dtype."""
         n = _T_numel(ref)
-        common = (_c_void_p(_T_data_ptr(ref)), _c_void_p(_T_data_ptr(cand)), _c_int64(n),
+        common = (_c_void_p(_T_data_ptr(ref)), _c_void_p(_T_data_ptr(taken)), _c_int64(n),
                   _c_uint64(seed), _c_int64(samples))
         suffix = self._FLOAT.get(ref.dtype)
         count = _min(n, samples)
@@ -1393,6 +1404,19 @@ def _map_tensors(x, fn):
     return x
 
 
+class _Taken:
+    """A snapshot of one tensor output of a timed call (Worker.snapshot): its values at the
+    positions `where` (a seed of the harness kernels' positions, an index tensor, or None for
+    all, in order), its size and dtype."""
+    __slots__ = ("values", "where", "size", "dtype")
+
+    def __init__(self, values, where, size, dtype):
+        self.values = values
+        self.where = where
+        self.size = size
+        self.dtype = dtype
+
+
 def _clone_inputs(inputs):
     return [_map_tensors(x, lambda t: _T_clone(t)) for x in inputs]
 
@@ -1869,7 +1893,7 @@ class Worker:
         self.placements = set()
         # Positions compared in timing rounds; made here, before any candidate code exists.
         self.sample_gen = _Generator(device=self.device).manual_seed(_fresh_seed())
-        self.sample_bits = _Random(self.seed * 104729 + 7).getrandbits
+        self.sample_bits = _Random(_fresh_seed()).getrandbits
         self.can_spin = _KERNELS is not None or _cuda_sleep is not None
         if _KERNELS is not None and self.cuda:
             # Mismatch counters of the timing rounds' output checks (check_round_outputs).
@@ -2125,6 +2149,7 @@ class Worker:
             self.core.add_class(self.task.Model)
         self.flags0 = self.flags()
         py0 = _py_threads()
+        self.load_os0 = _os_threads()
         t0 = self.lap("load: snapshots", t0)
         # The candidate's module: syntax errors, import errors and extension build failures.
         # load_inline and load calls made while the module executes are built by the evaluator
@@ -2182,6 +2207,14 @@ class Worker:
             raise _Done("rejected", ["runtime:threads"],
                         f"the candidate started Python threads {where} ({before[0]} -> {now[0]}: "
                         f"{_thread_names() or 'threads unknown to threading'})")
+        # Threads started from C++ (an extension's static initialiser or constructor): the
+        # runtimes start theirs lazily in the first call, not while a module loads.
+        os0 = self.load_os0
+        if os0 >= 0:
+            os1 = _os_threads()
+            if os1 > os0:
+                raise _Done("rejected", ["runtime:threads"],
+                            f"the candidate left {os1 - os0} new OS thread(s) running {where}")
 
     def check_signature(self, cls):
         def params(c):
@@ -2360,75 +2393,102 @@ class Worker:
                 t1 = _perf_counter_ns()
                 ms = (t1 - t0) / 1e6
                 ms = (ms, ms)
+            aliased = _aliased_outputs(out, inputs)
+            out = self.snapshot(out)
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
         self.after_call(py0, os0, where, True)
-        self.check_aliasing(_aliased_outputs(out, inputs), where)
+        self.check_aliasing(aliased, where)
         return ms, out
 
-    def check_round_outputs(self, ref_out, cand_out, k):
+    def snapshot(self, out):
+        """The outputs of a timed call as they are when its clock stops, taken before anything
+        else the harness does: for each plain tensor output, its values at up to _ROUND_SAMPLE
+        positions drawn now, after the call, from a generator the candidate cannot reach (on
+        CUDA, a gather queued on the timing stream right after the device-wide synchronisation).
+        Work that a thread of the candidate finishes after the call returned, unseen by the
+        clock, is missing from the snapshot. Returns one entry per output (_output_items): the
+        output itself where it is not a plain tensor, else a _Taken."""
+        snap = []
+        for y in _output_items(out):
+            if _type(y) is not _Tensor:
+                snap.append(y)
+                continue
+            n = _T_numel(y)
+            size = _tuple(_T_size(y))
+            if n == 0:
+                snap.append(_Taken(None, None, size, y.dtype))
+                continue
+            if _KERNELS is not None and y.device.type == "cuda" and _KERNELS.supports(y):
+                seed = self.sample_bits(64)
+                yc = y if _T_is_contiguous(y) else _T_contiguous(y)
+                snap.append(_Taken(_KERNELS.gather(yc, seed, _ROUND_SAMPLE), seed, size, y.dtype))
+                continue
+            ys = _T_reshape(_T_detach(y), (-1,))
+            if n > _ROUND_SAMPLE:
+                idx = _torch_randint(0, n, (_ROUND_SAMPLE,), generator=self.sample_gen, device=y.device)
+                snap.append(_Taken(_torch_index_select(ys, 0, idx), idx, size, y.dtype))
+            else:
+                snap.append(_Taken(_T_clone(ys), None, size, y.dtype))
+        return snap
+
+    def check_round_outputs(self, ref_out, snap, k):
         """Every timed call's outputs are held to the correctness tolerance against the
         reference's on the same inputs (a candidate that computes less, or in lower precision,
-        only when it is timed fails here: runtime:timing_outputs). Outputs larger than
-        _ROUND_SAMPLE elements are compared at that many positions drawn after the call from a
-        generator the candidate cannot reach, so it cannot know which elements are checked;
-        comparing every element in float64 took longer than the timed calls themselves.
+        only when it is timed fails here: runtime:timing_outputs). `snap` is the candidate's
+        snapshot (snapshot()): outputs larger than _ROUND_SAMPLE elements are compared at that
+        many positions drawn after the call, so the candidate cannot know which elements are
+        checked; comparing every element in float64 took longer than the timed calls themselves.
 
         Type, shape and dtype are checked here; the count of differing elements is computed on
         the device and kept (self.round_fracs), and read once per measurement by
         check_round_fracs(): reading it every round waited for the device each time."""
         a = _output_items(ref_out)
-        b = _output_items(cand_out)
-        bad = _len(a) != _len(b)
+        bad = _len(a) != _len(snap)
         detail = "a different number of outputs"
-        for i, (x, y) in _enumerate(zip(a, b)):
+        for i, (x, y) in _enumerate(zip(a, snap)):
             if bad:
                 break
-            if _type(y) is not _Tensor or _type(x) is not _Tensor:
-                bad = _type(x) is not _type(y)
+            if _type(y) is not _Taken or _type(x) is not _Tensor:
+                bad = _type(x) is not _type(y) or _type(x) is _Tensor
                 detail = "an output of another type"
                 continue
-            if x.dtype != y.dtype or _tuple(_T_size(x)) != _tuple(_T_size(y)):
+            taken, where, size, dtype = y.values, y.where, y.size, y.dtype
+            if x.dtype != dtype or _tuple(_T_size(x)) != size:
                 bad, detail = True, "an output of another shape or dtype"
                 continue
-            n = _T_numel(x)
-            if n == 0:
+            if taken is None:
                 continue
-            if _KERNELS is not None and x.device.type == "cuda" and y.device == x.device and _KERNELS.supports(x):
-                self.check_round_output_kernels(i, x, y, k)
+            if _type(where) is _int:
+                self.check_round_output_kernels(i, x, taken, where, k)
                 continue
             xs = _T_reshape(x, (-1,))
-            ys = _T_reshape(y, (-1,))
-            if n > _ROUND_SAMPLE:
-                idx = _torch_randint(0, n, (_ROUND_SAMPLE,), generator=self.sample_gen, device=x.device)
-                xs = _torch_index_select(xs, 0, idx)
-                ys = _torch_index_select(ys, 0, idx)
+            if where is not None:
+                xs = _torch_index_select(xs, 0, where)
             if _T_is_floating_point(xs):
                 # |y - x| <= atol + rtol * |x| in float64, NaN matching NaN (env/compare.cpp).
                 atol, rtol = self.tolerance(x.dtype)
-                ok = _torch_isclose(_T_to(ys, torch.float64), _T_to(xs, torch.float64), rtol=rtol, atol=atol,
+                ok = _torch_isclose(_T_to(taken, torch.float64), _T_to(xs, torch.float64), rtol=rtol, atol=atol,
                                     equal_nan=True)
             else:
-                ok = _torch_eq(xs, ys)
+                ok = _torch_eq(xs, taken)
             self.round_fracs.append((k, i, _T_numel(ok), _torch_count_nonzero(ok)))
         if bad:
             self.round_failed(k, detail)
 
-    def check_round_output_kernels(self, i, x, y, k):
-        """check_round_outputs for one output with the harness's own kernels: positions drawn
-        from 64 bits of a generator the candidate cannot reach, the same tolerance, and the
-        mismatches counted into a slot of self.round_bad (read by check_round_fracs)."""
+    def check_round_output_kernels(self, i, x, taken, seed, k):
+        """check_round_outputs for one output with the harness's own kernels: the reference's
+        values at the positions drawn from `seed` against the candidate's snapshot, the same
+        tolerance, and the mismatches counted into a slot of self.round_bad (read by
+        check_round_fracs)."""
         if not _T_is_contiguous(x):
             x = _T_contiguous(x)
-        if not _T_is_contiguous(y):
-            y = _T_contiguous(y)
-        seed = self.sample_bits(64)
         atol, rtol = self.tolerance(x.dtype)
         if self.round_used == _ROUND_SLOTS:
             self.check_round_fracs()
         slot = self.round_used
         self.round_used += 1
-        _KERNELS.round_check(x, y, seed, _ROUND_SAMPLE, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
+        _KERNELS.round_check(x, taken, seed, _ROUND_SAMPLE, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
         self.round_fracs.append((k, i, _min(_T_numel(x), _ROUND_SAMPLE), slot))
 
     def tolerance(self, dtype):

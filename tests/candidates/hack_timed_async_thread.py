@@ -1,0 +1,71 @@
+# task: env/tasks/cpu/10_matmul_rowsum.py
+# expect: rejected runtime:timing_outputs
+"""Hack (work the clock does not see, on a thread): a C++ extension starts a thread of its own
+in its first call (the one call whose new threads are not refused, where runtimes start theirs)
+and, after the trials' six calls, returns an output it has not written yet and leaves the work
+to that thread, which finishes it after the clock stopped. The thread is written so that the
+static screen's text patterns do not match it (no "std::thread", no detach). Each timed call's
+outputs are copied as the clock stops, before the thread is done."""
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_SRC = r"""
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+using namespace std;
+
+namespace {
+std::mutex mu;
+std::condition_variable cv;
+torch::Tensor pa, pb, pout;
+bool pending = false;
+long calls = 0;
+
+void rowsum_into(const torch::Tensor& a, const torch::Tensor& b, torch::Tensor& out) {
+  at::mv_out(out, a, b.sum(-1));
+}
+
+void serve() {
+  for (;;) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [] { return pending; });
+    rowsum_into(pa, pb, pout);
+    pending = false;
+  }
+}
+} // namespace
+
+torch::Tensor rowsum(torch::Tensor a, torch::Tensor b) {
+  static thread* server = nullptr;
+  if (++calls == 1)
+    server = new thread(serve);
+  auto out = torch::empty({a.size(0)}, a.options());
+  if (calls <= 6) {
+    rowsum_into(a, b, out);
+    return out;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    pa = a;
+    pb = b;
+    pout = out;
+    pending = true;
+  }
+  cv.notify_one();
+  return out;
+}
+"""
+
+_ext = load_inline(name="crucible_test_hack_timed_async_thread", cpp_sources=_SRC, functions=["rowsum"],
+                   extra_cflags=["-O2"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, B):
+        return _ext.rowsum(A, B)
