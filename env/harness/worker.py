@@ -499,6 +499,8 @@ _repr = repr
 _min = min
 _max = max
 _sum = sum
+_abs = abs
+_sorted = sorted
 _vars = vars
 _BaseException = BaseException
 _Exception = Exception
@@ -560,6 +562,7 @@ _T_reshape = torch.Tensor.reshape
 _T_view = torch.Tensor.view
 _T_numpy = torch.Tensor.numpy
 _T_clone = torch.Tensor.clone
+_T_zero_ = torch.Tensor.zero_
 _T_is_contiguous = torch.Tensor.is_contiguous
 _T_copy_ = torch.Tensor.copy_
 _T_fill_ = torch.Tensor.fill_
@@ -1404,6 +1407,21 @@ def _map_tensors(x, fn):
     return x
 
 
+def _output_bytes(out):
+    """The bytes a call must have written to produce `out`: for each storage its tensor outputs
+    use, the largest span of memory one of them covers there (a broadcast or strided view
+    covers less than its numel; two views of one buffer count once)."""
+    spans = {}
+    for o in _output_items(out):
+        if _type(o) is not _Tensor or _T_numel(o) == 0:
+            continue
+        span = 1 + _sum((n - 1) * _abs(st) for n, st in zip(_T_size(o), _T_stride(o)))
+        nbytes = _min(_int(_T_numel(o)), span) * o.element_size()
+        key = _S_data_ptr(_T_untyped_storage(o))
+        spans[key] = _max(spans.get(key, 0), nbytes)
+    return _sum(spans.values())
+
+
 class _Taken:
     """A snapshot of one tensor output of a timed call (Worker.snapshot): its values at the
     positions `where` (a seed of the harness kernels' positions, an index tensor, or None for
@@ -1518,6 +1536,8 @@ class Worker:
         self.gc_t0 = 0
         self.timing_now = False  # inside timing(): collections then are also counted apart
         gc.callbacks.append(self.gc_lap)
+        self.floor_bytes = None  # bytes the candidate's first timed call wrote (_output_bytes)
+        self.floor_ms = None  # the physics floor of a timed call (measure_floor)
         self.round_fracs = []  # (round, elements compared, count matching or mismatch slot): check_round_outputs
         self.can_spin = False  # set per job: the harness's spin kernel or torch's _cuda_sleep exists
         self.pair_first = None  # order of the first round of the current pair (one_round)
@@ -1826,25 +1846,61 @@ class Worker:
                 if _isinstance(m, str) and m.partition(".")[0] not in modules:
                     ext_calls[0] += 1
 
+        window_ms = None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the profiler warns about its event cycles
             with _profile(activities=acts) as prof:
+                if self.cuda:
+                    _Ev_record(self.ev0, self.stream0)
                 _setprofile(hook)
                 try:
                     out = fn()
                 finally:
                     _setprofile(None)
                 self.sync()
+                if self.cuda:
+                    _Ev_record(self.ev1, self.stream0)
+                    _Ev_synchronize(self.ev1)
+                    window_ms = _Ev_elapsed(self.ev0, self.ev1)
         dev = launches = ops = 0
+        spans = []
         for e in prof.events():
             name = e.name or ""
             if e.device_type == _DeviceType.CUDA:
                 dev += 1
+                spans.append((e.time_range.start, e.time_range.end))
             elif "LaunchKernel" in name or "GraphLaunch" in name or "cuLaunch" in name:
                 launches += 1
             elif "::" in name:
                 ops += 1
-        return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0]}
+        # The device's busy time over all streams (the union of its activities' intervals, us).
+        busy_us = 0.0
+        end = None
+        for a, b in _sorted(spans):
+            if end is None or a > end:
+                busy_us += b - a
+                end = b
+            elif b > end:
+                busy_us += b - end
+                end = b
+        return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0],
+                     "busy_ms": busy_us / 1e3, "window_ms": window_ms}
+
+    def check_device_time(self, counts, where):
+        """The cross-check of the clock (CUDA Agent's): the profiler's device time over all
+        streams for a call (profiled) against the clock's window for it, from the start event to
+        the event after a device-wide synchronisation. Work the call started that the window
+        does not hold (queued after the synchronisation, by a thread of the candidate) is a
+        finding: runtime:unseen_work."""
+        window = counts.get("window_ms")
+        if window is None:
+            return
+        busy = counts["busy_ms"]
+        if busy > window * 1.05 + 0.05:
+            raise _Done("rejected", ["runtime:unseen_work"],
+                        f"{where}: the profiler saw {busy * 1e3:.1f} us of device work from the candidate's "
+                        f"call on all streams, the clock's window for it holds {window * 1e3:.1f} us; "
+                        "work that runs after the call's clock stopped is not counted, so it is refused")
 
     def kernel_count(self, counts):
         if self.kernel_mode == "device":
@@ -2309,6 +2365,7 @@ class Worker:
                                     "no kernel or operator ran in the candidate's forward "
                                     f"(profiled on the second call of trial 0; counted {self.kernel_mode})")
                     msg["kernels"] = n
+                self.check_device_time(counts, where + ", second call")
                 if unchanged:  # after the kernel count
                     self.check_aliasing(aliased, where)
             msg["inputs_unchanged"] = unchanged
@@ -2394,6 +2451,8 @@ class Worker:
                 ms = (t1 - t0) / 1e6
                 ms = (ms, ms)
             aliased = _aliased_outputs(out, inputs)
+            if self.floor_bytes is None:
+                self.floor_bytes = _output_bytes(out)
             out = self.snapshot(out)
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
@@ -2716,6 +2775,53 @@ class Worker:
         self.laps["timing: reserved MiB"] = want / (1 << 20)
         self.lap("timing: reserve", t0)
 
+    def measure_floor(self):
+        """The physics floor of a timed call (KernelGuard's): half the fastest of five fills of
+        as many bytes as the candidate's output holds (_output_bytes), timed as a timed call is
+        (after the cache flush and, on CUDA, from the start event on the timing stream to the
+        event after the fill). No call can produce its outputs faster than the device writes
+        them, nor in less than one launch, which the fill also takes; the half leaves room for
+        a fill slower than the best possible writes. Measured once, after the first calls."""
+        t0 = _perf_counter_ns()
+        nbytes = _max(_int(self.floor_bytes or 0), 1)
+        buf = _torch_empty(nbytes, dtype=_uint8, device=self.device)
+        best = None
+        for i in _range(5):
+            self.flush(-10 - i)
+            if self.cuda:
+                _Ev_record(self.ev0, self.stream0)
+                if _KERNELS is not None:
+                    _KERNELS._zero(_T_data_ptr(buf), nbytes)
+                else:
+                    _T_zero_(buf)
+                _Ev_record(self.ev_call, self.stream0)
+                _Ev_synchronize(self.ev_call)
+                ms = _Ev_elapsed(self.ev0, self.ev_call)
+            else:
+                t1 = _perf_counter_ns()
+                _T_zero_(buf)
+                ms = (_perf_counter_ns() - t1) / 1e6
+            best = ms if best is None else _min(best, ms)
+        del buf
+        self.floor_ms = 0.5 * best
+        self.laps["timing: floor (us)"] = self.floor_ms * 1e3
+        self.laps["timing: floor bytes"] = nbytes
+        self.lap("timing: floor", t0)
+
+    def check_floor(self, cand_stream_ms):
+        """runtime:below_floor: the candidate's median time (on CUDA its own stream's, which
+        the settled time is never below) under the physics floor (measure_floor)."""
+        if self.floor_ms is None or not cand_stream_ms:
+            return
+        times = _sorted(cand_stream_ms)
+        median = times[_len(times) // 2]
+        if median < self.floor_ms:
+            raise _Done("rejected", ["runtime:below_floor"],
+                        f"the candidate's median timed call took {median * 1e3:.2f} us, below the floor of "
+                        f"{self.floor_ms * 1e3:.2f} us (half the fastest fill of its "
+                        f"{self.laps.get('timing: floor bytes', 0)} output bytes on this device); no call "
+                        "produces its outputs faster than the hardware writes them")
+
     def timing(self, rounds, warmup_ms, warmup_rounds=3, announce=False):
         """Warm-up and `rounds` measured rounds (timing_rounds), with the cyclic garbage
         collector off under evaluator.quiet_gc."""
@@ -2745,6 +2851,7 @@ class Worker:
             del inputs
             self.warmed = True
             self.lap("timing: first calls", t_first)
+            self.measure_floor()
         # Warm-up rounds, untimed, until both models' times have settled, for at most warmup_ms:
         # after idle seconds a GPU's clocks are low, and on an H200 the first ~12 rounds ran up
         # to 30% slower, which decided whole verdicts. While the clocks rise, each round is
@@ -2777,6 +2884,7 @@ class Worker:
             cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
         self.check_round_fracs()
+        self.check_floor(cand_stream_ms)
         self.lap("timing: measured rounds", t0)
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
         self.laps["timing: distinct candidate input addresses"] = _len(self.placements)
