@@ -2,8 +2,9 @@
 # tools/bench/hack_suite_gpu.sh [CANDIDATE...]: on a GPU machine, after tools/bench/isolation_cost.sh
 # has built this checkout (build-gpu) and OLD_SRC (default old-src/, built in OLD_SRC/build), one
 # verdict of each GPU hack candidate (default: every file under tests/candidates/gpu) from each
-# side, `crucible eval --json --no-cache` on its '# task:', the sides alternated. One JSON line a
-# verdict in $OUT/hacks.jsonl: candidate, side, status, speedup, checks, message.
+# side (SIDES="new old" by default), `crucible eval --json --no-cache` on its '# task:', the sides
+# alternated. One JSON line a verdict in $OUT/hacks.jsonl: candidate, side, status, speedup,
+# checks, wall time, message.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -16,7 +17,7 @@ files=("$@")
 for f in "${files[@]}"; do
   cand="$ROOT/$f"
   task="$(sed -n 's/^# task:[[:space:]]*//p' "$cand" | head -1)"
-  for side in new old; do
+  for side in ${SIDES:-new old}; do
     if [[ $side == new ]]; then bin="$ROOT/build-gpu/tools/crucible"; base="$ROOT"; else bin="$OLD_SRC/build/tools/crucible"; base="$OLD_SRC"; fi
     start=$(date +%s)
     (cd "$base" && timeout 300 "$bin" eval --task "$ROOT/$task" --candidate "$cand" --device cuda:0 --json --no-cache \
