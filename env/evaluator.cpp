@@ -1069,6 +1069,23 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": host latency floor ", buf,
                    " ms; rounds ref stream/synced : cand stream/synced (ms):", rounds_text);
   }
+  // The physics floor the worker measured (Worker.measure_floor): the candidate's median
+  // settled time under it is faster than the device writes the outputs.
+  if (const auto f = n["floor_ms"]; f.IsDefined() && f.IsScalar()) {
+    const double floor_ms = f.as<double>(0.0);
+    const double m = median(settled.cand_ms);
+    if (m < floor_ms) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "the candidate's median timed call took %.2f us, below the floor of %.2f us (half the fastest "
+                    "fill of its %lld output bytes on this device); no call produces its outputs faster than the "
+                    "hardware writes them",
+                    m * 1e3, floor_ms * 1e3, n["floor_bytes"].as<long long>(0));
+      v_.checks_failed.push_back("runtime:below_floor");
+      set(verdict_status::rejected, buf);
+      return false;
+    }
+  }
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
   double call_ms = 0;

@@ -6,8 +6,6 @@
 
 namespace crucible::env {
 
-namespace {
-
 double median(std::vector<double> v) {
   assert(!v.empty());
   auto mid = v.begin() + static_cast<long>(v.size() / 2);
@@ -17,8 +15,6 @@ double median(std::vector<double> v) {
   auto lo = *std::max_element(v.begin(), mid);
   return (lo + *mid) / 2;
 }
-
-} // namespace
 
 double student_t95(std::size_t df) noexcept {
   static const double table[] = {0,      12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,

@@ -59,6 +59,9 @@ struct settled_rounds {
 settled_rounds settle_rounds(const std::vector<double>& ref_synced, const std::vector<double>& ref_stream,
                              const std::vector<double>& cand_synced, const std::vector<double>& cand_stream);
 
+/// The median of `v` (the mean of the two middle values of an even count). `v` non-empty.
+double median(std::vector<double> v);
+
 /// Rounds a speedup to two decimals toward 1.00 (1.2369 → 1.23, 0.8731 → 0.88), so rounding
 /// never flatters a candidate.
 double round_toward_one(double speedup) noexcept;

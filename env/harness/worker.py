@@ -1323,19 +1323,24 @@ def _output_items(out):
     return [out]
 
 
-def _input_storages(inputs):
-    """Data pointers of the storages of the tensors among `inputs` (nested lists and tuples too)."""
-    ptrs = set()
+def _tensors_in(inputs):
+    """The plain tensors among `inputs` (nested lists and tuples too), in order."""
+    found = []
 
     def add(t):
         if _type(t) is _Tensor:
-            p = _S_data_ptr(_T_untyped_storage(t))
-            if p:
-                ptrs.add(p)
+            found.append(t)
         return t
 
     for x in inputs:
         _map_tensors(x, add)
+    return found
+
+
+def _input_storages(inputs):
+    """Data pointers of the storages of the tensors among `inputs`."""
+    ptrs = {_S_data_ptr(_T_untyped_storage(t)) for t in _tensors_in(inputs)}
+    ptrs.discard(0)
     return ptrs
 
 
@@ -1454,16 +1459,13 @@ def _input_layout(inputs):
     """Where each input tensor lies: (data pointer, storage offset, size, stride) in order. A
     clone starts at offset 0, so the trials compare this before and after a call besides
     _same_input's bytes (their inputs lie at offsets into larger allocations, as timed ones do)."""
-    out = []
+    return [(_T_data_ptr(t), _T_storage_offset(t), _tuple(_T_size(t)), _T_stride(t)) for t in _tensors_in(inputs)]
 
-    def add(t):
-        if _type(t) is _Tensor:
-            out.append((_T_data_ptr(t), _T_storage_offset(t), _tuple(_T_size(t)), _T_stride(t)))
-        return t
 
-    for x in inputs:
-        _map_tensors(x, add)
-    return out
+def _inputs_unchanged(inputs, layout, pristine):
+    """Whether a call left `inputs` where they lay (_input_layout before it) and as they were
+    (their pristine clones)."""
+    return _input_layout(inputs) == layout and all(_same_input(a, b) for a, b in zip(inputs, pristine))
 
 
 def _same_input(a, b):
@@ -2356,7 +2358,7 @@ class Worker:
             msg = {"type": "candidate", "trial": t, "distribution": self.trial_dists[t],
                    "outputs": _encode(out, frames, self.device, self.exports)}
             del out
-            unchanged = _input_layout(inputs) == layout and all(_same_input(a, b) for a, b in zip(inputs, pristine))
+            unchanged = _inputs_unchanged(inputs, layout, pristine)
             if t > 0 and unchanged:  # a changed input is the evaluator's runtime:input_mutation
                 self.check_aliasing(aliased, where)
             if t == 0:
@@ -2366,8 +2368,7 @@ class Worker:
                                                   profile=True)
                 msg["repeat_outputs"] = _encode(out, frames, self.device, self.exports)
                 del out
-                unchanged = unchanged and _input_layout(inputs) == layout \
-                    and all(_same_input(a, b) for a, b in zip(inputs, pristine))
+                unchanged = unchanged and _inputs_unchanged(inputs, layout, pristine)
                 if self.kernel_mode is not None:
                     n = self.kernel_count(counts)
                     if n == 0:
@@ -2763,16 +2764,7 @@ class Worker:
         asked the driver for memory, in the first rounds above all and sometimes inside a timed
         call. Blocks cut from one large free block need no driver call."""
         t0 = _perf_counter_ns()
-        nbytes = 0
-
-        def count(t):
-            nonlocal nbytes
-            if _type(t) is _Tensor:
-                nbytes += _int(_T_numel(t)) * t.element_size()
-            return t
-
-        for x in inputs:
-            _map_tensors(x, count)
+        nbytes = _sum(_int(_T_numel(t)) * t.element_size() for t in _tensors_in(inputs))
         want = 8 * nbytes + 4 * self.jitter_bytes
         try:
             free, _total = torch.cuda.mem_get_info()
@@ -2791,7 +2783,9 @@ class Worker:
         (after the cache flush and, on CUDA, from the start event on the timing stream to the
         event after the fill). No call can produce its outputs faster than the device writes
         them, nor in less than one launch, which the fill also takes; the half leaves room for
-        a fill slower than the best possible writes. Measured once, after the first calls."""
+        a fill slower than the best possible writes. Measured once, after the first calls; sent
+        with every measurement, and the evaluator compares the candidate's median settled time
+        with it (runtime:below_floor, env/evaluator.cpp)."""
         t0 = _perf_counter_ns()
         nbytes = _max(_int(self.floor_bytes or 0), 1)
         buf = _torch_empty(nbytes, dtype=_uint8, device=self.device)
@@ -2817,24 +2811,6 @@ class Worker:
         self.laps["timing: floor (us)"] = self.floor_ms * 1e3
         self.laps["timing: floor bytes"] = nbytes
         self.lap("timing: floor", t0)
-
-    def check_floor(self, ref_synced, ref_stream, cand_synced, cand_stream):
-        """runtime:below_floor: the candidate's median time under the physics floor
-        (measure_floor). Each call's time is settled as the evaluator settles it (env/timing.cpp,
-        settle_rounds): max(stream, synced - host latency), the host latency being the 10th
-        percentile of the reference's synced - stream; work on other streams counts."""
-        if self.floor_ms is None or not cand_stream:
-            return
-        gaps = _sorted(_max(0.0, a - b) for a, b in zip(ref_synced, ref_stream))
-        latency = gaps[_len(gaps) // 10] if gaps else 0.0
-        times = _sorted(_max(b, a - latency) for a, b in zip(cand_synced, cand_stream))
-        median = times[_len(times) // 2]
-        if median < self.floor_ms:
-            raise _Done("rejected", ["runtime:below_floor"],
-                        f"the candidate's median timed call took {median * 1e3:.2f} us, below the floor of "
-                        f"{self.floor_ms * 1e3:.2f} us (half the fastest fill of its "
-                        f"{self.laps.get('timing: floor bytes', 0)} output bytes on this device); no call "
-                        "produces its outputs faster than the hardware writes them")
 
     def timing(self, rounds, warmup_ms, warmup_rounds=3, announce=False):
         """Warm-up and `rounds` measured rounds (timing_rounds), with the cyclic garbage
@@ -2898,12 +2874,12 @@ class Worker:
             cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
         self.check_round_fracs()
-        self.check_floor(ref_ms, ref_stream_ms, cand_ms, cand_stream_ms)
         self.lap("timing: measured rounds", t0)
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
         self.laps["timing: distinct candidate input addresses"] = _len(self.placements)
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
-                "cand_stream_ms": cand_stream_ms, "cand_first": first}
+                "cand_stream_ms": cand_stream_ms, "cand_first": first, "floor_ms": self.floor_ms,
+                "floor_bytes": self.laps.get("timing: floor bytes", 0)}
 
 
 _WARMUP_SETTLED = 0.03
