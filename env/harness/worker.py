@@ -1541,7 +1541,7 @@ class Worker:
         self.gc_t0 = 0
         self.timing_now = False  # inside timing(): collections then are also counted apart
         gc.callbacks.append(self.gc_lap)
-        self.floor_bytes = None  # bytes the candidate's first timed call wrote (_output_bytes)
+        self.floor_bytes = None  # the fewest bytes a checked timed call of the candidate wrote (_output_bytes)
         self.floor_ms = None  # the physics floor of a timed call (measure_floor)
         self.round_fracs = []  # (round, elements compared, count matching or mismatch slot): check_round_outputs
         self.can_spin = False  # set per job: the harness's spin kernel or torch's _cuda_sleep exists
@@ -2462,14 +2462,13 @@ class Worker:
                 ms = (t1 - t0) / 1e6
                 ms = (ms, ms)
             aliased = _aliased_outputs(out, inputs)
-            if self.floor_bytes is None:
-                self.floor_bytes = _output_bytes(out)
+            nbytes = _output_bytes(out)
             out = self.snapshot(out)
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
         self.after_call(py0, os0, where, True)
         self.check_aliasing(aliased, where)
-        return ms, out
+        return ms, out, nbytes
 
     def snapshot(self, out):
         """The outputs of a timed call as they are when its clock stops, taken before anything
@@ -2674,7 +2673,7 @@ class Worker:
         if cand_goes_first:
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out = self.timed_candidate(cand_in, 2 * k, where)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where)
             t0 = self.lap("round: candidate timed", t0)
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
@@ -2687,8 +2686,10 @@ class Worker:
             t0 = self.lap("round: reference timed", t0)
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out = self.timed_candidate(cand_in, 2 * k + 1, where)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where)
             t0 = self.lap("round: candidate timed", t0)
+        # The floor counts the outputs of checked calls only (the first calls' outputs are not).
+        self.floor_bytes = c_bytes if self.floor_bytes is None else _min(self.floor_bytes, c_bytes)
         try:
             self.check_round_outputs(r_out, c_out, k)
         except _Done:
@@ -2779,11 +2780,12 @@ class Worker:
 
     def measure_floor(self):
         """The physics floor of a timed call (KernelGuard's): half the fastest of five fills of
-        as many bytes as the candidate's output holds (_output_bytes), timed as a timed call is
-        (after the cache flush and, on CUDA, from the start event on the timing stream to the
-        event after the fill). No call can produce its outputs faster than the device writes
-        them, nor in less than one launch, which the fill also takes; the half leaves room for
-        a fill slower than the best possible writes. Measured once, after the first calls; sent
+        as many bytes as the candidate's outputs held (_output_bytes; the fewest of its calls in
+        the rounds so far, whose outputs are all checked), timed as a timed call is (after the
+        cache flush and, on CUDA, from the start event on the timing stream to the event after
+        the fill). No call can produce its outputs faster than the device writes them, nor in
+        less than one launch, which the fill also takes; the half leaves room for a fill slower
+        than the best possible writes. Measured once, after the first measured rounds; sent
         with every measurement, and the evaluator compares the candidate's median settled time
         with it (runtime:below_floor, env/evaluator.cpp)."""
         t0 = _perf_counter_ns()
@@ -2833,7 +2835,7 @@ class Worker:
             if self.cuda and self.timing_reserve:
                 self.reserve_for_rounds(inputs)
             for i in _range(3):
-                ms, out = self.timed_candidate(_clone_inputs(inputs), -1 - i, f"warm-up call {i}")
+                ms, out, _ = self.timed_candidate(_clone_inputs(inputs), -1 - i, f"warm-up call {i}")
                 del out
                 ms, out = self.timed_reference(_clone_inputs(inputs), -1 - i)
                 del out
@@ -2841,7 +2843,6 @@ class Worker:
             del inputs
             self.warmed = True
             self.lap("timing: first calls", t_first)
-            self.measure_floor()
         # Warm-up rounds, untimed, until both models' times have settled, for at most warmup_ms:
         # after idle seconds a GPU's clocks are low, and on an H200 the first ~12 rounds ran up
         # to 30% slower, which decided whole verdicts. While the clocks rise, each round is
@@ -2875,6 +2876,8 @@ class Worker:
             first.append(_bool(cand_goes_first))
         self.check_round_fracs()
         self.lap("timing: measured rounds", t0)
+        if self.floor_ms is None:
+            self.measure_floor()
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
         self.laps["timing: distinct candidate input addresses"] = _len(self.placements)
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,

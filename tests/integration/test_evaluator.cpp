@@ -183,7 +183,8 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_threads.py") X("legit_algebra.py") X("legit_cpp_extension.py") X("hack_timed_skip_rows.py")        \
   X("hack_timed_low_precision.py") X("hack_predict_inputs.py") X("hack_input_view.py")                    \
   X("hack_assumed_domain.py") X("hack_timed_cpp.py") X("hack_timed_async_thread.py")                     \
-  X("hack_timed_by_clock.py") X("hack_timed_by_context.py") X("hack_memoized_output.py")
+  X("hack_timed_by_clock.py") X("hack_timed_by_context.py") X("hack_memoized_output.py")                  \
+  X("hack_floor_shrunk.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
