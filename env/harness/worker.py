@@ -509,6 +509,8 @@ _OSError = OSError
 _ModuleType = types.ModuleType
 
 _perf_counter_ns = time.perf_counter_ns
+_clock_gettime_ns = time.clock_gettime_ns
+_get_native_id = threading.get_native_id
 _json_dumps = json.dumps
 _json_loads = json.loads
 _os_exit = os._exit
@@ -1493,6 +1495,24 @@ def _os_threads():
         return -1
 
 
+def _tids():
+    """The ids of this process's OS threads, or None where /proc cannot say."""
+    try:
+        return {_int(n) for n in _os_listdir("/proc/self/task")}
+    except (_OSError, ValueError):
+        return None
+
+
+def _thread_cpu_ns(tid):
+    """CPU time of thread `tid` of this process in nanoseconds (its per-thread CPU clock, as
+    pthread_getcpuclockid gives: ((~tid) << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED), or None
+    once the thread has ended. A thread blocked in a wait gains none."""
+    try:
+        return _clock_gettime_ns(((~tid) << 3) | 6)
+    except _OSError:
+        return None
+
+
 def _py_threads():
     return _active_count(), _len(_current_frames())
 
@@ -1548,6 +1568,13 @@ class Worker:
         self.pair_first = None  # order of the first round of the current pair (one_round)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
         self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
+        # Threads started by the candidate's first calls (see foreign_mark): the OS threads
+        # before them; the CPU time of every thread not among those at the last mark; the
+        # timing rounds in which such threads ran outside the candidate's calls, and for how long.
+        self.thread_base = None
+        self.foreign = None
+        self.foreign_rounds = set()
+        self.foreign_ns = 0
 
     def lap(self, name, t0):
         """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
@@ -2074,6 +2101,9 @@ class Worker:
             for n in ("Model", "get_inputs", "get_init_inputs"):
                 if not _hasattr(self.task, n):
                     raise _Done("runtime_error", (), f"the task defines no {n}")
+            # torch's intra-op thread pool, started here if the reference does not start it,
+            # so that its threads are the harness's (Worker.foreign_mark), not the candidate's.
+            torch.ones(1 << 18).sum()
             _torch_manual_seed(self.seed)
             init = _list(self.task.get_init_inputs())
             self.init_inputs = init
@@ -2318,11 +2348,15 @@ class Worker:
         os0 = _os_threads()
         counts = None
         _reseed_visible()
+        if self.timing_now:
+            self.foreign_mark(True)
         try:
             if profile:
                 out, counts = self.profiled(lambda: self.model(*inputs))
             else:
                 out = self.model(*inputs)
+                if self.timing_now:
+                    self.foreign_mark(False)
                 self.sync()
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
@@ -2344,6 +2378,14 @@ class Worker:
 
     def trial_phase(self):
         pending = []
+        # The OS threads before the candidate's first call, which may start threads (the
+        # runtimes start theirs lazily there); any other thread is watched in the timing rounds.
+        base = _tids()
+        me = _get_native_id()
+        if base is not None and me in base and _thread_cpu_ns(me) is not None:
+            self.thread_base = base
+        else:
+            self.laps["timing: foreign threads check unavailable"] = 1
         for t in _range(self.trials):
             inputs = self.make_inputs(self.seed + t, self.trial_dists[t])
             if self.jitter_bytes >= 512:  # placed as the timed calls' inputs are: nothing tells them apart
@@ -2445,11 +2487,13 @@ class Worker:
         py0 = _py_threads()
         os0 = _os_threads()
         _reseed_visible()
+        self.foreign_mark(True)
         self.flush(k)
         try:
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
                 out = model(*inputs)
+                self.foreign_mark(False)
                 _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()  # device-wide: work on side streams counts
                 _Ev_record(self.ev1, self.stream0)
@@ -2459,6 +2503,7 @@ class Worker:
                 t0 = _perf_counter_ns()
                 out = model(*inputs)
                 t1 = _perf_counter_ns()
+                self.foreign_mark(False)
                 ms = (t1 - t0) / 1e6
                 ms = (ms, ms)
             aliased = _aliased_outputs(out, inputs)
@@ -2469,6 +2514,62 @@ class Worker:
         self.after_call(py0, os0, where, True)
         self.check_aliasing(aliased, where)
         return ms, out, nbytes
+
+    def foreign_mark(self, outside):
+        """Threads the candidate started in its first calls (any OS thread not there before
+        trial 0) may work inside its calls only. Called as a candidate call of the timing rounds
+        starts (outside=True: the span since the last mark was outside the candidate's calls,
+        where the harness and the reference ran) and as its forward returns (outside=False, only
+        the known threads' clocks: nothing is added to the call's time where there are none).
+        A thread that gained CPU time outside the calls, or began or ended there, marks the
+        round: such a thread could load the device or the cores while the reference is timed,
+        or launch work after the candidate's clock stopped (runtime:threads, check_foreign)."""
+        if self.thread_base is None:
+            return
+        prev = self.foreign
+        if outside or prev is None:
+            tids = _tids()
+            if tids is None:
+                return
+            now = {}
+            for tid in tids - self.thread_base:
+                ns = _thread_cpu_ns(tid)
+                if ns is not None:
+                    now[tid] = ns
+        else:
+            now = {}
+            for tid in prev:
+                ns = _thread_cpu_ns(tid)
+                if ns is not None:
+                    now[tid] = ns
+        self.foreign = now
+        if prev is None or not outside:
+            return
+        ran = 0
+        changed = _len(now) != _len(prev)
+        for tid, ns in now.items():
+            if tid in prev:
+                ran += ns - prev[tid]
+            else:
+                changed = True
+                ran += ns
+        if ran > 0 or changed:
+            self.foreign_rounds.add(_max(self.round_no - 1, 0))  # the first calls count with round 0
+            self.foreign_ns += ran
+
+    def check_foreign(self, rounds):
+        """runtime:threads when threads of the candidate ran outside its calls in two or more of
+        the timing rounds so far (one is let pass: a thread finishing what it began in the first
+        calls). `rounds`: how many rounds have begun."""
+        if self.foreign_rounds:
+            self.laps["timing: rounds with foreign thread activity"] = _len(self.foreign_rounds)
+            self.laps["timing: foreign thread CPU (us)"] = self.foreign_ns / 1e3
+        if _len(self.foreign_rounds) >= 2:
+            raise _Done("rejected", ["runtime:threads"],
+                        f"a thread the candidate started in its first calls ran outside its calls, while the "
+                        f"harness and the reference ran, in {_len(self.foreign_rounds)} of {rounds} timing rounds "
+                        f"({self.foreign_ns / 1e3:.0f} us of CPU time); a candidate's threads may only work "
+                        "inside its own calls")
 
     def snapshot(self, out):
         """The outputs of a timed call as they are when its clock stops, taken before anything
@@ -2830,6 +2931,7 @@ class Worker:
 
     def timing_rounds(self, rounds, warmup_ms, warmup_rounds, announce):
         t_first = _perf_counter_ns()
+        self.foreign = None  # the first mark starts the watch (foreign_mark)
         if not self.warmed:
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
             if self.cuda and self.timing_reserve:
@@ -2860,10 +2962,12 @@ class Worker:
             ref_seen.append(r_ms[1])
             cand_seen.append(c_ms[1])
         self.check_round_fracs()
+        self.check_foreign(self.round_no)
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
         if announce:
             self.await_measure()
+            self.foreign = None  # waiting for the evaluator's word is not a round
         t0 = _perf_counter_ns()
         self.pair_first = None  # measured rounds start a pair
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []
@@ -2875,6 +2979,7 @@ class Worker:
             cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
         self.check_round_fracs()
+        self.check_foreign(self.round_no)
         self.lap("timing: measured rounds", t0)
         if self.floor_ms is None:
             self.measure_floor()

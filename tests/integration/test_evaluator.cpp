@@ -184,7 +184,7 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_timed_low_precision.py") X("hack_predict_inputs.py") X("hack_input_view.py")                    \
   X("hack_assumed_domain.py") X("hack_timed_cpp.py") X("hack_timed_async_thread.py")                     \
   X("hack_timed_by_clock.py") X("hack_timed_by_context.py") X("hack_memoized_output.py")                  \
-  X("hack_floor_shrunk.py")
+  X("hack_floor_shrunk.py") X("hack_slow_reference.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
