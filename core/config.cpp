@@ -638,6 +638,8 @@ void describe(V& v, config& c) {
     v.field("fp16_rtol", e.fp16_rtol, "Relative tolerance for float16 outputs.", non_negative_number());
     v.field("bf16_atol", e.bf16_atol, "Absolute tolerance for bfloat16 outputs.", non_negative_number());
     v.field("bf16_rtol", e.bf16_rtol, "Relative tolerance for bfloat16 outputs.", non_negative_number());
+    v.field("rounding_factor", e.rounding_factor,
+            "Outputs may differ from the reference by this many times the reference's own rounding error, beyond atol and rtol: per output and trial, the largest difference between the reference's output and a float64 copy of the reference on the same inputs. A sum taken in another order stays within it; a result computed in lower precision does not. 0: the fixed tolerances only.", non_negative_number());
     v.field("start_timeout_s", e.start_timeout_s, "Deadline for a worker to start (torch import, device initialisation).",
             positive<double>("a positive number"));
     v.field("reference_timeout_s", e.reference_timeout_s, "Deadline for the reference outputs of all trials.",

@@ -140,6 +140,7 @@ struct evaluator_options {
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;
   double fp16_atol = 1e-2, fp16_rtol = 1e-2;
   double bf16_atol = 1e-2, bf16_rtol = 1e-2;
+  double rounding_factor = 8;                  ///< atol widened by this times the reference's own rounding error; 0: off
   double start_timeout_s = 120;                ///< worker start (torch import, device init)
   double reference_timeout_s = 120;            ///< reference outputs for all trials
   double load_timeout_s = 600;                 ///< candidate import, extension builds included

@@ -136,14 +136,19 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
   if (stored(want) != n * es || stored(got) != n * es)
     return fail("byte count does not match shape and dtype");
   auto t = tol.for_dtype(want.type);
+  if (t.atol > 0 || t.rtol > 0)
+    t.atol += want.slack;
   auto report = [&](std::uint64_t bad, double worst, std::uint64_t first_bad, double g, double w) {
     res.max_abs_diff = std::max(res.max_abs_diff, worst);
     res.mismatches += bad;
     if (bad > 0) {
-      char buf[200];
+      char buf[320];
+      char widened[96] = "";
+      if (t.atol > 0 && want.slack > 0)
+        std::snprintf(widened, sizeof widened, " (%g of it for the reference's own rounding error)", want.slack);
       std::snprintf(buf, sizeof buf,
-                    "%llu of %zu elements outside atol=%g rtol=%g (max abs diff %.3g; first at flat index %llu: got %.6g, expected %.6g)",
-                    static_cast<unsigned long long>(bad), n, t.atol, t.rtol, worst,
+                    "%llu of %zu elements outside atol=%g%s rtol=%g (max abs diff %.3g; first at flat index %llu: got %.6g, expected %.6g)",
+                    static_cast<unsigned long long>(bad), n, t.atol, widened, t.rtol, worst,
                     static_cast<unsigned long long>(first_bad), g, w);
       fail(buf);
     }
@@ -227,7 +232,10 @@ device_differences compare_on_device_ahead(const std::vector<output_lists>& list
       const auto bytes = n * element_size(w.type);
       if (w.device->size() != bytes || g.device->size() != bytes)
         continue; // compare_one names the problem
-      pairs.push_back({w.device.get(), g.device.get(), w.type, n, tol.for_dtype(w.type)});
+      auto t = tol.for_dtype(w.type);
+      if (t.atol > 0 || t.rtol > 0)
+        t.atol += w.slack;
+      pairs.push_back({w.device.get(), g.device.get(), w.type, n, t});
     }
   }
   device_differences out;

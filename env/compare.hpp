@@ -32,6 +32,9 @@ struct tensor_blob {
   std::vector<std::byte> bytes;
   std::shared_ptr<device_bytes> device; ///< set instead of `bytes` for outputs kept on the device
   std::string kind; ///< empty for a plain tensor
+  /// Added to atol when this blob is the reference of a comparison: evaluator.rounding_factor
+  /// times the reference's own rounding error on this output (docs/evaluator.md, Correctness).
+  double slack = 0;
 
   std::int64_t numel() const noexcept;
 };

@@ -8,11 +8,15 @@ Check names are "static:<class>". The checks work on the Python AST, following i
 string constants that hold C++/CUDA sources for load_inline (comments stripped). A source that
 does not parse yields no findings here: the worker reports it as compile_error when it runs it.
 
-They are deliberately strict about what a kernel has no business doing (threads, sockets,
-ctypes, frames, patching, dynamic code, file I/O, tensor subclasses, precision changes) and
-permissive about what legitimate candidates do (plain torch, torch.utils.cpp_extension.load_inline
-with C++/CUDA and OpenMP, Triton, torch.cuda streams). The runtime checks in worker.py back
-them up for what static analysis cannot see.
+They refuse only constructs that have no legitimate use in a kernel: threads and processes,
+sockets, raw memory and ctypes, frame and garbage-collector introspection, dynamic code,
+tensor subclasses that defer work, assignments to torch's, the timer's or synchronisation's
+attributes and process-wide settings, and importing the task or the harness. Everything else is
+judged by what happens when it runs (docs/evaluator.md, Threat model): a fallback by whether the
+candidate's own kernels ran, caching by fresh inputs and checked timed outputs, files by the
+sandbox (a worker writes only in its scratch directory), precision by the outputs' error
+against the reference's own rounding error, torch.backends.cudnn.benchmark and .deterministic
+by applying them to the candidate's calls only.
 """
 from __future__ import annotations
 
@@ -20,19 +24,13 @@ import ast
 import builtins as _builtins_module
 import re
 
-__all__ = ["check_source", "ALLOWED_IMPORTS"]
+__all__ = ["check_source"]
 
 # ------------------------------------------------------------------------------------------------
 # Imports.
 
-# Top-level modules a candidate may import. Anything else is static:reference_import (the task
-# module, the harness, and every library a kernel does not need).
-ALLOWED_IMPORTS = frozenset({
-    "torch", "triton", "numpy", "math", "cmath", "functools", "typing", "typing_extensions",
-    "dataclasses", "itertools", "collections", "operator", "string", "re", "textwrap",
-    "warnings", "os", "sys", "__future__", "abc", "enum", "numbers", "copy", "contextlib",
-    "struct", "statistics",
-})
+# Imports are refused by what they are (the classes below) or when they name the reference or
+# the harness (_REFERENCE_NAMES); any other module may be imported.
 
 # Modules whose import is a specific class of problem (checked before the allowlist).
 _MODULE_CLASSES = [
@@ -70,7 +68,6 @@ _MODULE_CLASSES = [
     ("gc", "introspection", "the garbage collector's object graph"),
     ("inspect", "introspection", "frame and object introspection"),
     ("traceback", "introspection", "frame introspection"),
-    ("weakref", "caching", "weak references (object-identity caches)"),
     ("importlib", "dynamic_code", "dynamic imports"),
     ("imp", "dynamic_code", "dynamic imports"),
     ("runpy", "dynamic_code", "running code dynamically"),
@@ -80,22 +77,8 @@ _MODULE_CLASSES = [
     ("types", "dynamic_code", "constructing code and functions"),
     ("codeop", "dynamic_code", "compiling code"),
     ("builtins", "patching", "the builtins module"),
-    ("shutil", "file_io", "file operations"),
-    ("pathlib", "file_io", "file operations"),
-    ("tempfile", "file_io", "temporary files"),
-    ("io", "file_io", "file streams"),
-    ("pickle", "file_io", "pickling"),
-    ("shelve", "file_io", "persistent storage"),
-    ("sqlite3", "file_io", "databases"),
-    ("glob", "file_io", "file system access"),
-    ("fileinput", "file_io", "file access"),
-    ("torch.serialization", "file_io", "saving/loading tensors"),
-    ("torch.package", "file_io", "packages on disk"),
     ("torch.overrides", "tensor_subclass", "__torch_function__ machinery"),
     ("torch.utils._python_dispatch", "tensor_subclass", "__torch_dispatch__ machinery"),
-    ("torch.amp", "precision", "automatic mixed precision"),
-    ("torch.cuda.amp", "precision", "automatic mixed precision"),
-    ("torch.cpu.amp", "precision", "automatic mixed precision"),
 ]
 
 # Module names that mean "the reference or the harness".
@@ -107,7 +90,7 @@ _REFERENCE_NAMES = re.compile(
 # Dotted names (after alias resolution) that are problems wherever they are used.
 
 _NAME_CLASSES: list[tuple[str, str, str]] = [
-    # os: only os.path, os.environ reads and a few harmless queries are allowed (see _OS_OK).
+    # os: processes and signals (file operations are the sandbox's to contain).
     ("os.fork", "threads", "forks the process"),
     ("os.forkpty", "threads", "forks the process"),
     ("os.system", "threads", "runs a shell command"),
@@ -146,10 +129,6 @@ _NAME_CLASSES: list[tuple[str, str, str]] = [
     ("builtins.compile", "dynamic_code", "compile()"),
     ("builtins.__import__", "dynamic_code", "__import__()"),
     ("builtins.breakpoint", "introspection", "breakpoint()"),
-    ("builtins.open", "file_io", "open()"),
-    ("builtins.input", "file_io", "input()"),
-    ("builtins.id", "caching", "id() (object-identity caching)"),
-    ("builtins.hash", "caching", "hash() (identity/value caching)"),
     ("builtins.vars", "introspection", "vars() (module and object dictionaries)"),
     ("builtins.globals", "introspection", "globals()"),
     ("builtins.locals", "introspection", "locals()"),
@@ -159,12 +138,7 @@ _NAME_CLASSES: list[tuple[str, str, str]] = [
     ("torch.jit._fork", "threads", "asynchronous tasks on the inter-op thread pool"),
     ("torch.jit.wait", "threads", "asynchronous tasks on the inter-op thread pool"),
     ("torch.jit._wait", "threads", "asynchronous tasks on the inter-op thread pool"),
-    ("torch.save", "file_io", "torch.save"),
-    ("torch.load", "file_io", "torch.load"),
-    ("torch.from_file", "file_io", "torch.from_file"),
-    ("torch.UntypedStorage.from_file", "file_io", "storage from a file"),
     ("torch.cuda.cudart", "ctypes", "raw CUDA runtime access"),
-    ("torch.utils.cpp_extension.load", "file_io", "builds extensions from files on disk"),
     ("torch.nn.modules.module.register_module_", "patching", "global module hooks (affect the reference)"),
     ("torch.nn.modules.module._global_", "patching", "global module hooks (affect the reference)"),
     ("torch.set_num_threads", "patching", "changes the process's thread count"),
@@ -175,10 +149,6 @@ _NAME_CLASSES: list[tuple[str, str, str]] = [
     ("torch.set_default_dtype", "precision", "changes the default dtype"),
     ("torch.set_float32_matmul_precision", "precision", "changes float32 matmul precision"),
     ("torch.set_flush_denormal", "precision", "changes denormal handling"),
-    ("torch.autocast", "precision", "autocast"),
-    ("torch.cuda.amp", "precision", "autocast"),
-    ("torch.cpu.amp", "precision", "autocast"),
-    ("torch.amp", "precision", "autocast"),
     ("torch.overrides", "tensor_subclass", "__torch_function__ machinery"),
     ("torch.utils._python_dispatch", "tensor_subclass", "__torch_dispatch__ machinery"),
     ("torch.multiprocessing", "threads", "processes"),
@@ -186,28 +156,9 @@ _NAME_CLASSES: list[tuple[str, str, str]] = [
     ("torch.hub", "network", "downloads"),
     ("torch.futures", "threads", "asynchronous futures"),
     ("numpy.ctypeslib", "ctypes", "raw memory"),
-    ("numpy.save", "file_io", "numpy file I/O"),
-    ("numpy.savez", "file_io", "numpy file I/O"),
-    ("numpy.savez_compressed", "file_io", "numpy file I/O"),
-    ("numpy.load", "file_io", "numpy file I/O"),
-    ("numpy.fromfile", "file_io", "numpy file I/O"),
     ("numpy.memmap", "ctypes", "memory-mapped files"),
-    ("numpy.loadtxt", "file_io", "numpy file I/O"),
-    ("numpy.savetxt", "file_io", "numpy file I/O"),
-    ("numpy.genfromtxt", "file_io", "numpy file I/O"),
-    ("numpy.lib.format", "file_io", "numpy file I/O"),
-    ("contextlib.suppress", "fallback", "contextlib.suppress (swallowed exceptions)"),
-    ("functools.cache", "caching", "functools.cache"),
-    ("functools.lru_cache", "caching", "functools.lru_cache"),
-    ("functools.cached_property", "caching", "functools.cached_property"),
 ]
 
-# os attributes that are fine to read.
-_OS_OK = {"os.path", "os.environ", "os.getenv", "os.cpu_count", "os.sched_getaffinity", "os.sep",
-          "os.name", "os.linesep", "os.pathsep", "os.curdir", "os.pardir", "os.extsep", "os.getpid",
-          "os.fspath", "os.devnull",
-          # Ending the worker is no hack: it yields runtime_error.
-          "os._exit", "os.abort"}
 _OS_ENVIRON_WRITES = {"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"}
 # Environment variables a candidate may set: they only steer its own extension builds.
 _ENV_WRITABLE = {"TORCH_CUDA_ARCH_LIST", "MAX_JOBS"}
@@ -225,32 +176,18 @@ _ATTR_CLASSES = {
     "__import__": "dynamic_code", "__setattr__": "patching", "__delattr__": "patching",
     "__getattribute__": "introspection", "__reduce__": "introspection",
     "__reduce_ex__": "introspection",
-    "data_ptr": "caching", "_cdata": "caching", "__cuda_array_interface__": "caching",
-    "__array_interface__": "caching", "_version": "caching", "untyped_storage": "caching",
-    "_typed_storage": "caching", "storage": "caching", "_storage": "caching",
     "__torch_function__": "tensor_subclass", "__torch_dispatch__": "tensor_subclass",
     "_make_subclass": "tensor_subclass", "_make_wrapper_subclass": "tensor_subclass",
     "as_subclass": "tensor_subclass", "_disabled_torch_function_impl": "tensor_subclass",
     "_disabled_torch_dispatch_impl": "tensor_subclass", "TorchFunctionMode": "tensor_subclass",
     "TorchDispatchMode": "tensor_subclass",
-    "tofile": "file_io",
 }
 
 # String constants that are attribute names used to reach internals via getattr() & co.
 _DANGEROUS_STRINGS = {k for k, v in _ATTR_CLASSES.items()
-                      if v in ("introspection", "patching", "dynamic_code", "tensor_subclass")
-                      or k in ("data_ptr", "_cdata")} | {
+                      if v in ("introspection", "patching", "dynamic_code", "tensor_subclass")} | {
     "__dict__", "__import__", "eval", "exec", "__builtins__", "modules", "_getframe", "settrace",
     "setprofile"}
-
-# Low-precision dtypes (allowed only when the reference uses them).
-_LOW_PRECISION_ATTRS = {"float16", "half", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-                        "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
-                        "fp8e4nv", "fp8e5", "fp8e4b8", "fp8e5b16", "fp8e4b15", "complex32",
-                        "chalf"}
-_LOW_PRECISION_METHODS = {"half", "bfloat16"}
-_REFERENCE_LOW_PRECISION = re.compile(
-    r"float16|bfloat16|\bhalf\b|\.half\(|\bfp16\b|\bbf16\b|float8|autocast")
 
 # Base classes that make a tensor subclass or a mode.
 _TENSOR_BASES = {"torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase", "torch.nn.Parameter",
@@ -261,6 +198,9 @@ _TENSOR_BASES = {"torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase", 
 # Imported roots whose attributes must not be assigned (any imported module counts; these are
 # named in the message).
 _PATCH_ROOTS_PRECISION = ("torch.backends",)
+# torch.backends.cudnn settings that do not change numerics: a candidate may set them, and the
+# worker applies them to its calls only (the reference runs under the harness's).
+_CANDIDATE_FLAGS = {"benchmark", "deterministic"}
 
 # ------------------------------------------------------------------------------------------------
 # C++/CUDA source patterns (inside string constants; comments removed first).
@@ -283,10 +223,6 @@ _CPP_PATTERNS: list[tuple[re.Pattern, str, str]] = [
      "network", "sockets"),
     (re.compile(r"\bdl(?:open|sym|mopen)\s*\("), "ctypes", "dlopen/dlsym"),
     (re.compile(r"\bmprotect\s*\(|/proc/self/mem"), "ctypes", "rewriting process memory"),
-    (re.compile(r"\b(?:fopen|freopen|open|creat|unlink|remove|rename|truncate|ftruncate|mkdir|rmdir)"
-                r"\s*\(\s*(?:\"|[A-Za-z_][\w.]*\s*[,)])"), "file_io", "file operations"),
-    (re.compile(r"\bstd\s*::\s*(?:i|o)?fstream\b|\bstd\s*::\s*filesystem\b"), "file_io",
-     "file streams"),
     (re.compile(r"\bPy(?:Import_\w+|Run_\w+|Eval_EvalCode\w*|Eval_GetFrame|Eval_GetGlobals|"
                 r"Eval_GetBuiltins|Eval_GetLocals|Sys_GetObject|Sys_SetObject)\b"),
      "dynamic_code", "Python C API imports/evaluation"),
@@ -302,15 +238,11 @@ _CPP_PATTERNS: list[tuple[re.Pattern, str, str]] = [
     (re.compile(r"\b(?:at::globalContext\s*\(\s*\)\s*\.\s*set\w+|at::set_num_threads|"
                 r"at::set_num_interop_threads|omp_set_num_threads|omp_set_dynamic)\s*\("),
      "patching", "changing process-wide settings"),
-    (re.compile(r"\bCUBLAS_(?:TF32_TENSOR_OP_MATH|COMPUTE_32F_FAST_\w+|TENSOR_OP_MATH)\b|"
-                r"\bwmma\s*::\s*precision\s*::\s*tf32\b|\b__float_to_tf32\b|\.tf32\b|"
-                r"\bcvt\.rna\.tf32"), "precision", "TF32 / reduced-precision math"),
+    # cuBLAS math modes set on a handle the reference shares (a kernel's own precision is judged
+    # by its outputs' error: docs/evaluator.md, Correctness).
+    (re.compile(r"\bCUBLAS_(?:TF32_TENSOR_OP_MATH|COMPUTE_32F_FAST_\w+|TENSOR_OP_MATH)\b"), "precision",
+     "reduced-precision cuBLAS math modes"),
 ]
-# Low-precision C++/CUDA types (allowed only when the reference uses low precision).
-_CPP_LOW_PRECISION = re.compile(
-    r"\b__half2?\b|\b__nv_bfloat162?\b|\b__float2half\w*|\b__float2bfloat16\w*|\b__floats2half2\w*|"
-    r"\b(?:at|torch|c10)\s*::\s*(?:kHalf|kBFloat16|kFloat16|Half|BFloat16|kFloat8\w*|Float8\w*)\b|"
-    r"\b__nv_fp8\w*")
 _CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # Strings that look like C/C++/CUDA code (other strings, e.g. messages, are not scanned).
 _LOOKS_LIKE_CPP = re.compile(
@@ -360,7 +292,6 @@ def _name_class(dotted: str):
 class _Checker:
     def __init__(self, src: str, reference_src: str):
         self.src = src
-        self.reference_low_precision = bool(_REFERENCE_LOW_PRECISION.search(reference_src or ""))
         self.reference_tf32 = "tf32" in (reference_src or "").lower()
         self.problems: list[tuple[str, int, str]] = []
         self._seen: set[tuple[str, int, str]] = set()
@@ -483,7 +414,6 @@ class _Checker:
             m = getattr(self, "visit_" + type(node).__name__, None)
             if m is not None:
                 m(node)
-        self.check_fallback(tree)
         self.check_strings(tree)
 
     def check_import_name(self, node, modname: str):
@@ -492,11 +422,8 @@ class _Checker:
         if cls is not None:
             self.add(cls[0], node, f"imports {modname} ({cls[1]})")
             return
-        if top not in ALLOWED_IMPORTS:
-            if _REFERENCE_NAMES.match(top):
-                self.add("reference_import", node, f"imports {modname} (the reference or the harness)")
-            else:
-                self.add("reference_import", node, f"imports {modname}, which is not on the allowlist")
+        if _REFERENCE_NAMES.match(top):
+            self.add("reference_import", node, f"imports {modname} (the reference or the harness)")
 
     def visit_Import(self, node: ast.Import):
         for a in node.names:
@@ -515,19 +442,12 @@ class _Checker:
             hit = _name_class(full)
             if hit is not None and _module_class(mod) is None:
                 self.add(hit[0], node, f"imports {full} ({hit[1]})")
-            if mod == "os" and full not in _OS_OK and hit is None:
-                self.add("file_io", node, f"imports {full} (only os.path and os.environ reads are allowed)")
 
     def check_dotted_use(self, node, dotted: str):
         hit = _name_class(dotted)
         if hit is not None:
             self.add(hit[0], node, f"uses {dotted} ({hit[1]})")
             return True
-        if dotted.startswith("os.") and dotted.split(".")[0] == "os":
-            first = ".".join(dotted.split(".")[:2])
-            if first not in _OS_OK:
-                self.add("file_io", node, f"uses {first} (only os.path and os.environ reads are allowed)")
-                return True
         return False
 
     def visit_Name(self, node: ast.Name):
@@ -552,10 +472,6 @@ class _Checker:
             base = node.value
             if not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
                 self.add("introspection", node, "reads an object's __dict__")
-        if attr in _LOW_PRECISION_ATTRS and not self.reference_low_precision:
-            base = self.resolve(node.value)
-            if base is not None:
-                self.add("precision", node, f"uses the low-precision dtype {attr} (the reference does not)")
         d = self.resolve(node)
         if d is not None:
             # Only report the outermost resolvable attribute once: the parent visit covers it.
@@ -564,9 +480,6 @@ class _Checker:
     def visit_Call(self, node: ast.Call):
         f = node.func
         d = self.resolve(f)
-        if isinstance(f, ast.Attribute) and f.attr in _LOW_PRECISION_METHODS and not node.args \
-                and not self.reference_low_precision:
-            self.add("precision", node, f"converts to {f.attr} (the reference does not use low precision)")
         if d in ("builtins.setattr", "builtins.delattr") and node.args:
             target = node.args[0]
             t = self.resolve(target) or self.root_is_module(target)
@@ -588,6 +501,15 @@ class _Checker:
             t = self.resolve(node.args[0])
             if t is not None and not t.startswith("builtins."):
                 self.add("dynamic_code", node, f"{d.split('.')[1]}() with a computed name on {t}")
+        # An attribute whose name is put together at run time can be any of those refused above
+        # ("tb_" + "frame", "f_" + "back" ...: a walk from an exception to the harness's frames).
+        if d in ("builtins.getattr", "builtins.hasattr", "builtins.setattr", "builtins.delattr") \
+                and len(node.args) >= 2 and not isinstance(node.args[1], ast.Constant):
+            self.add("introspection", node, f"{d.split('.')[1]}() with an attribute name computed at run time "
+                                            "(name attributes in the source, or keep objects in a dict or nn.ModuleList)")
+        if d in ("operator.attrgetter", "operator.methodcaller") and \
+                any(not isinstance(a, ast.Constant) for a in node.args[:1 if d.endswith("methodcaller") else None]):
+            self.add("introspection", node, f"{d} with an attribute name computed at run time")
         # os.environ writes through methods
         if isinstance(f, ast.Attribute) and f.attr in _OS_ENVIRON_WRITES and self.resolve(f.value) == "os.environ":
             key = node.args[0] if node.args else None
@@ -605,27 +527,6 @@ class _Checker:
                             re.match(r"^\s*(aten|prim|prims|_)\s*(::|$)", a.value):
                         self.add("patching", node, f"{d} on built-in operators (affects the reference)")
                         break
-            if d.rsplit(".", 1)[-1] in ("load_inline", "load") and d.startswith("torch.utils.cpp_extension"):
-                for k in node.keywords:
-                    if k.arg == "build_directory":
-                        self.add("file_io", node, "load_inline(build_directory=...) writes outside the extension cache")
-        # triton: tl.dot(..., allow_tf32=True / input_precision="tf32")
-        for k in node.keywords:
-            if k.arg == "allow_tf32" and isinstance(k.value, ast.Constant) and k.value.value is True \
-                    and not self.reference_tf32:
-                self.add("precision", node, "allow_tf32=True")
-            if k.arg == "input_precision" and isinstance(k.value, ast.Constant) and \
-                    isinstance(k.value.value, str) and "tf32" in k.value.value and not self.reference_tf32:
-                self.add("precision", node, f'input_precision="{k.value.value}"')
-            if k.arg in ("dtype", "out_dtype") and isinstance(k.value, ast.Constant) and \
-                    isinstance(k.value.value, str) and not self.reference_low_precision and \
-                    re.search(r"float16|bfloat16|half|fp16|bf16|float8", k.value.value):
-                self.add("precision", node, f'{k.arg}="{k.value.value}" (the reference does not use low precision)')
-        if isinstance(f, ast.Attribute) and f.attr == "to" and not self.reference_low_precision:
-            for a in list(node.args) + [k.value for k in node.keywords]:
-                if isinstance(a, ast.Constant) and isinstance(a.value, str) and \
-                        re.search(r"float16|bfloat16|half", a.value):
-                    self.add("precision", node, "converts to a low-precision dtype")
         if isinstance(f, ast.Name) and f.id == "Model":
             self.add("subclass_model", node, "calls the reference class Model")
 
@@ -645,6 +546,8 @@ class _Checker:
             root = self.root_is_module(t)
             if root is None:
                 return
+            if root == "torch.backends.cudnn" and isinstance(t, ast.Attribute) and t.attr in _CANDIDATE_FLAGS:
+                return  # the worker applies it to the candidate's own calls only
             if root.startswith(_PATCH_ROOTS_PRECISION):
                 self.add("precision", node, f"{what} {root}{'.' + t.attr if isinstance(t, ast.Attribute) else '[...]'} "
                                             "(backend settings are fixed by the harness)")
@@ -695,11 +598,6 @@ class _Checker:
                 self.add("tensor_subclass", item, f"defines {item.name}")
 
     def visit_FunctionDef(self, node):
-        for dec in node.decorator_list:
-            target = dec.func if isinstance(dec, ast.Call) else dec
-            d = self.resolve(target)
-            if d in ("functools.cache", "functools.lru_cache", "functools.cached_property"):
-                self.add("caching", dec, f"decorates {node.name} with {d}")
         if node.name in ("__torch_function__", "__torch_dispatch__"):
             self.add("tensor_subclass", node, f"defines {node.name}")
 
@@ -711,48 +609,6 @@ class _Checker:
             cls = _ATTR_CLASSES.get(v, "introspection" if v not in ("eval", "exec", "__import__", "modules")
                                     else "dynamic_code")
             self.add(cls, node, f"names the internal attribute {v!r} in a string")
-
-    # -- fallback: try statements reachable from forward -------------------------------------
-    def check_fallback(self, tree: ast.Module):
-        functions: dict[str, list] = {}   # module-level function name -> defs
-        methods: dict[str, dict[str, list]] = {}  # class -> method name -> defs
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                functions.setdefault(node.name, []).append(node)
-            elif isinstance(node, ast.ClassDef):
-                ms = methods.setdefault(node.name, {})
-                for item in node.body:
-                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                        ms.setdefault(item.name, []).append(item)
-        work = []
-        for cls, ms in methods.items():
-            for name in ("forward", "__call__"):
-                for fn in ms.get(name, []):
-                    work.append((cls, fn, f"{cls}.{name}"))
-        for fn in functions.get("forward", []):
-            work.append((None, fn, "forward"))
-        seen: set[int] = set()
-        while work:
-            cls, fn, label = work.pop()
-            if id(fn) in seen:
-                continue
-            seen.add(id(fn))
-            for n in ast.walk(fn):
-                if isinstance(n, ast.Try) or type(n).__name__ == "TryStar":
-                    self.add("fallback", n, f"try statement in {label} (a fallback path)")
-                elif isinstance(n, ast.Call):
-                    f = n.func
-                    if isinstance(f, ast.Name) and f.id in functions:
-                        for g in functions[f.id]:
-                            work.append((None, g, f"{f.id} (called from {label})"))
-                    elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and \
-                            f.value.id in ("self", "cls") and cls is not None:
-                        for g in methods.get(cls, {}).get(f.attr, []):
-                            work.append((cls, g, f"{cls}.{f.attr} (called from {label})"))
-                    elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and \
-                            f.value.id in methods:
-                        for g in methods[f.value.id].get(f.attr, []):
-                            work.append((f.value.id, g, f"{f.value.id}.{f.attr} (called from {label})"))
 
     # -- C++/CUDA sources in strings ---------------------------------------------------------
     def check_strings(self, tree: ast.Module):
@@ -777,13 +633,6 @@ class _Checker:
                 if m:
                     line = node.lineno + code.count("\n", 0, m.start())
                     self.add(cls, _Line(line), f"C++/CUDA source uses {what}")
-            if not self.reference_low_precision:
-                m = _CPP_LOW_PRECISION.search(code)
-                if m:
-                    line = node.lineno + code.count("\n", 0, m.start())
-                    self.add("precision", _Line(line),
-                             f"C++/CUDA source uses the low-precision type {m.group(0).strip()} "
-                             "(the reference does not)")
 
 
 class _Line:

@@ -42,6 +42,7 @@ _set_harness_env()
 import argparse  # noqa: E402
 import base64  # noqa: E402
 import builtins  # noqa: E402
+import copy  # noqa: E402
 import ctypes  # noqa: E402
 import fcntl  # noqa: E402
 import functools  # noqa: E402
@@ -499,6 +500,7 @@ _repr = repr
 _min = min
 _max = max
 _sum = sum
+_set = set
 _abs = abs
 _sorted = sorted
 _vars = vars
@@ -578,6 +580,7 @@ _T_mul = torch.Tensor.mul
 _T_lt = torch.Tensor.lt
 _torch_where = torch.where
 _torch_isfinite = torch.isfinite
+_torch_abs = torch.abs
 _T_all = torch.Tensor.all
 _T_to = torch.Tensor.to
 _T_uniform_ = torch.Tensor.uniform_
@@ -815,9 +818,27 @@ _string_buffer = ctypes.create_string_buffer
 _bytes_hex = bytes.hex
 
 
+# Operators that compute nothing (views, metadata, allocation, reading a scalar): not evidence of
+# a candidate's own work when they are all it adds to the reference's operators (own_work, CPU).
+_NO_KERNEL_OPS = frozenset("aten::" + n for n in (
+    "view", "view_as", "reshape", "_reshape_alias", "_unsafe_view", "flatten", "unflatten", "slice", "select",
+    "narrow", "split", "split_with_sizes", "chunk", "unbind", "as_strided", "expand", "expand_as", "permute",
+    "transpose", "t", "numpy_T", "unsqueeze", "squeeze", "contiguous", "detach", "alias", "lift_fresh",
+    "empty", "empty_like", "empty_strided", "resize_", "item", "_local_scalar_dense", "size", "stride",
+    "is_nonzero", "result_type", "to", "_to_copy", "numpy", "set_"))
+
+
 def _getter(name):
     f = getattr(torch._C, name, None)
     return f if callable(f) else None
+
+
+# Settings that do not change numerics, which a candidate may set for itself: the worker applies
+# its values around its calls only (Worker.candidate_flags), the reference runs under the harness's.
+_CANDIDATE_FLAG_SETTERS = [(n, f) for n, f in [
+    ("cudnn.benchmark", _getter("_set_cudnn_benchmark")),
+    ("cudnn.deterministic", _getter("_set_cudnn_deterministic")),
+] if f is not None]
 
 
 # Process-wide settings that change speed or precision, read through captured getters.
@@ -1571,6 +1592,8 @@ class Worker:
         # Threads started by the candidate's first calls (see foreign_mark): the OS threads
         # before them; the CPU time of every thread not among those at the last mark; the
         # timing rounds in which such threads ran outside the candidate's calls, and for how long.
+        self.ref_profile = None  # the reference's profiled call's counts and names (own_work)
+        self.cand_flags = {}  # settings the candidate chose for its own calls (_CANDIDATE_FLAG_SETTERS)
         self.thread_base = None
         self.foreign = None
         self.foreign_rounds = set()
@@ -1737,15 +1760,33 @@ class Worker:
 
     def check_state(self, where):
         """runtime:patched and runtime:backend_flags, after candidate code ran."""
-        changed = self.core.changed()
+        changed = _list(self.core.changed())
+        # The worker's own methods replaced on its instance (reached through frames: refused
+        # statically, and looked for here as well).
+        changed += ["Worker." + k for k in _list(self.__dict__) if k in _WORKER_METHODS]
         if changed:
             raise _Done("rejected", ["runtime:patched"],
                         f"{where}: the candidate patched {', '.join(changed)}")
         now = self.flags()
+        # The candidate's own settings (applied again before each of its calls, in
+        # candidate_flags) are kept, and the harness's put back for everything else.
+        for name, setter in _CANDIDATE_FLAG_SETTERS:
+            if name in self.cand_flags or now.get(name) != self.flags0.get(name):
+                self.cand_flags[name] = now.get(name)
+                setter(self.flags0[name])
+                now[name] = self.flags0[name]
         diff = [f"{k}: {self.flags0[k]!r} -> {now.get(k)!r}" for k in self.flags0 if now.get(k) != self.flags0[k]]
         if diff:
             raise _Done("rejected", ["runtime:backend_flags"],
                         f"{where}: the candidate changed process-wide settings: {'; '.join(diff)}")
+
+    def candidate_flags(self):
+        """Puts the settings the candidate chose for itself (check_state) in force for its
+        next call."""
+        for name, setter in _CANDIDATE_FLAG_SETTERS:
+            v = self.cand_flags.get(name)
+            if v is not None:
+                setter(v)
 
     def check_full(self, where):
         changed = self.full.changed()
@@ -1756,7 +1797,9 @@ class Worker:
     def make_inputs(self, seed, dist):
         """get_inputs() under `seed`. Distribution 1 scales every floating input elementwise by
         U(0.5, 2) (signs and domains kept); distribution 2 by U(0.5, 2) with a random sign, which
-        a task whose get_inputs() keeps a sign never makes (docs/evaluator.md, Correctness).
+        a task whose get_inputs() keeps a sign never makes; distribution 3 as 2, times 32
+        (magnitudes the task never makes, where a shortcut that holds only near its own scale
+        fails: a softmax without its max subtraction overflows; docs/evaluator.md, Correctness).
         Contiguous CUDA tensors go through _HarnessKernels.scale_uniform, others through torch
         operations. Factory calls without a device create their tensors on the worker's device
         directly: generating tens of millions of values on the host and copying them over took
@@ -1773,17 +1816,19 @@ class Worker:
                     pass
                 elif _KERNELS is not None and x.device.type == "cuda" and x.dtype in _HarnessKernels._FLOAT \
                         and _T_is_contiguous(x):
-                    x = _KERNELS.scale_uniform(x, (seed * 7919 + 17 + 1_000_003 * i) % (1 << 64), signed=dist == 2)
+                    x = _KERNELS.scale_uniform(x, (seed * 7919 + 17 + 1_000_003 * i) % (1 << 64), signed=dist >= 2)
                 else:
                     if gen is None:
                         gen = _Generator(device=self.device).manual_seed((seed * 7919 + 17) % (1 << 63))
                     size = _tuple(_T_size(x))
                     f = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.5, 2.0, generator=gen)
-                    if dist == 2:
+                    if dist >= 2:
                         sign = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.0, 1.0,
                                            generator=gen)
                         f = _T_mul(f, _torch_where(_T_lt(sign, 0.5), -1.0, 1.0))
                     x = _T_mul(x, f)
+                if dist == 3 and _T_is_floating_point(x):
+                    x = _T_mul(x, _DIST3_FACTOR)
             out.append(x)
         return out
 
@@ -1903,15 +1948,18 @@ class Worker:
                     self.sync()
         dev = launches = ops = 0
         spans = []
+        kernels, operators = {}, {}  # name -> count
         for e in prof.events():
             name = e.name or ""
             if e.device_type == _DeviceType.CUDA:
                 dev += 1
                 spans.append((e.time_range.start, e.time_range.end))
+                kernels[name] = kernels.get(name, 0) + 1
             elif "LaunchKernel" in name or "GraphLaunch" in name or "cuLaunch" in name:
                 launches += 1
             elif "::" in name:
                 ops += 1
+                operators[name] = operators.get(name, 0) + 1
         # The device's busy time over all streams (the union of its activities' intervals, us).
         busy_us = 0.0
         end = None
@@ -1923,7 +1971,7 @@ class Worker:
                 busy_us += b - end
                 end = b
         return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0],
-                     "busy_ms": busy_us / 1e3, "window_ms": window_ms}
+                     "busy_ms": busy_us / 1e3, "window_ms": window_ms, "kernels": kernels, "operators": operators}
 
     def check_device_time(self, counts, where):
         """The cross-check of the clock (CUDA Agent's): the profiler's device time over all
@@ -1940,6 +1988,24 @@ class Worker:
                         f"{where}: the profiler saw {busy * 1e3:.1f} us of device work from the candidate's "
                         f"call on all streams, the clock's window for it holds {window * 1e3:.1f} us; "
                         "work that runs after the call's clock stopped is not counted, so it is refused")
+
+    def own_work(self, counts):
+        """How far what the candidate's profiled call ran is from what the reference's profiled
+        call ran: the launches by which their kernels differ, counted by name (device kernels
+        where the device's activities are counted; else operators, views, metadata and
+        allocations left out), plus the candidate's calls into compiled extensions. 0: it ran
+        the reference's own kernels, each as many times (a fallback, or the reference itself:
+        Dr. Kernel's lazy optimisation), which earns no speed credit (the evaluator caps its
+        speedup at 1). The same kernels in other numbers (a chain of products reassociated, a
+        normalisation folded away) differ. None where the reference's profile is not known."""
+        ref = self.ref_profile
+        if ref is None:
+            return None
+        key = "kernels" if self.kernel_mode == "device" and counts["device"] > 0 else "operators"
+        a, b = counts[key], ref[key]
+        drop = _NO_KERNEL_OPS if key == "operators" else ()
+        names = (_set(a) | _set(b)) - _set(drop)
+        return _sum(_abs(a.get(n, 0) - b.get(n, 0)) for n in names) + counts["ext"]
 
     def kernel_count(self, counts):
         if self.kernel_mode == "device":
@@ -1969,6 +2035,13 @@ class Worker:
         tol.update(job.get("tolerances") or {})
         self.tolerances = {_getattr(torch, name): (_float(a), _float(r)) for name, (a, r) in tol.items()}
         self.trials = _int(job.get("trials", 5))
+        # Outputs may differ from the reference by this many times its own rounding error on the
+        # same inputs (rounding_error), beyond atol and rtol; 0: fixed tolerances only.
+        self.rounding_factor = _max(_float(job.get("rounding_factor", 0) or 0), 0.0)
+        # Per input distribution, per output: rounding_factor times the output's largest rounding
+        # error in that distribution's trials; the current round's (tolerance).
+        self.round_slack = {}
+        self.cur_slack = []
         self.baseline = job.get("baseline", "eager")
         flush_bytes = _int(job.get("flush_bytes") or ((256 << 20) if self.cuda else (64 << 20)))
         self.rng_random = _Random(_fresh_seed()).random
@@ -2110,6 +2183,7 @@ class Worker:
             ref = self.task.Model(*init)
             ref = ref.to(self.device)
             self.ref = ref
+            ref64 = self.reference_float64(ref)
             self.ref_param_storages = {
                 _S_data_ptr(_T_untyped_storage(p)) for p in _list(ref.parameters()) + _list(ref.buffers())}
             pending = []  # sent once the device is free (see device_done())
@@ -2121,7 +2195,7 @@ class Worker:
             if domain not in ("any", "as-given"):
                 raise _Done("runtime_error", (),
                             f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
-            self.dists = [0, 1, 2] if domain == "any" else [0, 1]
+            self.dists = [0, 1, 2, 3] if domain == "any" else [0, 1]
             self.trial_dists = []
             finite0 = True
             for t in _range(self.trials):
@@ -2131,27 +2205,48 @@ class Worker:
                 out = ref(*inputs)
                 self.sync()
                 if t == 0:
-                    finite0 = 2 in self.dists and _all_finite(out)
+                    finite0 = _len(self.dists) > 2 and _all_finite(out)
                     self.ref_aliased = _aliased_outputs(out, inputs)
-                elif dist == 2 and finite0 and not _all_finite(out):
+                while dist >= 2 and finite0 and not _all_finite(out):
+                    # The reference is not finite there: that distribution is left out.
                     del out, inputs
-                    self.dists = [0, 1]
-                    dist = 1
+                    self.dists.remove(dist)
+                    dist = self.dists[t % _len(self.dists)]
                     inputs = self.make_inputs(self.seed + t, dist)
                     out = ref(*inputs)
                     self.sync()
                 self.trial_dists.append(dist)
                 t0 = self.lap("reference: calls", t0)
+                rounding = None
+                if ref64 is not None:
+                    rounding = self.rounding_error(ref64, inputs, out)
+                    if rounding is None:
+                        ref64 = None
+                    t0 = self.lap("reference: float64 calls", t0)
                 frames = []
                 descs = _encode(out, frames, self.device, self.exports)
                 t0 = self.lap("reference: outputs encoded", t0)
-                pending.append(({"type": "reference", "trial": t, "distribution": dist, "outputs": descs}, frames))
+                msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs}
+                if rounding is not None:
+                    msg["rounding"] = rounding
+                    slack = self.round_slack.setdefault(dist, [])
+                    if _len(slack) < _len(rounding):
+                        slack += [0.0] * (_len(rounding) - _len(slack))
+                    for i, e in _enumerate(rounding):
+                        slack[i] = _max(slack[i], self.rounding_factor * e)
+                pending.append((msg, frames))
                 for o in _output_items(out):
                     self.poison_tensor(o)
                 del out, inputs, frames
+            if ref64 is None:
+                self.round_slack = {}  # the trials' messages may carry it; the rounds use none
+                for msg, _ in pending:
+                    msg.pop("rounding", None)
+            del ref64
             # Calibrate kernel counting on the reference (e.g. CUPTI unavailable: no device events).
             inputs = self.make_inputs(self.seed, 0)
             out, counts = self.profiled(lambda: ref(*inputs))
+            self.ref_profile = counts
             for o in _output_items(out):
                 self.poison_tensor(o)
             del out
@@ -2193,6 +2288,51 @@ class Worker:
             _T_fill_(x, 255)
         self.poison_free_pool()
         self.lap("reference: poison free pool", t0)
+
+    def reference_float64(self, ref):
+        """A copy of the reference in float64 (floating parameters and buffers), whose outputs
+        on each trial's inputs say how far the reference's own rounding takes it from the exact
+        result (rounding_error); None where rounding_factor is 0 or the copy cannot be made."""
+        if self.rounding_factor <= 0:
+            return None
+        try:
+            return copy.deepcopy(ref).to(torch.float64)
+        except _BaseException as e:
+            self.laps["reference: no float64 copy (" + _exc_line(e)[:120] + ")"] = 1
+            return None
+
+    def rounding_error(self, ref64, inputs, out):
+        """Per output of the reference's call on `inputs` (`out`): the largest difference, over
+        the elements finite in both, between it and the float64 copy's output on the same inputs
+        in float64 (0 for outputs that are not floating tensors). None where the float64 call
+        fails or gives outputs of another structure: the tolerances then stay fixed."""
+        def wide(x):
+            if _type(x) is _Tensor and _T_is_floating_point(x):
+                return _T_to(x, torch.float64)
+            return x
+
+        try:
+            with torch.no_grad():
+                out64 = ref64(*[_map_tensors(x, wide) for x in inputs])
+            a = _output_items(out)
+            b = _output_items(out64)
+            if _len(a) != _len(b):
+                raise ValueError(f"{_len(b)} outputs in float64, {_len(a)} in the reference's dtype")
+            errs = []
+            for x, y in zip(a, b):
+                if _type(x) is not _Tensor or not _T_is_floating_point(x):
+                    errs.append(0.0)
+                    continue
+                if _type(y) is not _Tensor or _T_size(x) != _T_size(y):
+                    raise ValueError("an output of another type or shape in float64")
+                d = _torch_abs(_T_to(x, torch.float64) - _T_to(y, torch.float64))
+                d = torch.where(_torch_isfinite(d), d, torch.zeros_like(d))
+                errs.append(_float(d.max()) if _T_numel(d) else 0.0)
+            self.sync()
+            return errs
+        except _BaseException as e:
+            self.laps["reference: float64 call failed (" + _exc_line(e)[:120] + ")"] = 1
+            return None
 
     def device_done(self, pending):
         """Tells the evaluator that this phase's device work is over, then sends the phase's
@@ -2290,6 +2430,7 @@ class Worker:
         try:
             _torch_manual_seed(self.seed)
             init = _list(self.task.get_init_inputs())
+            self.candidate_flags()
             model = cls(*init)
             model = model.to(self.device)
             self.sync()
@@ -2348,6 +2489,7 @@ class Worker:
         os0 = _os_threads()
         counts = None
         _reseed_visible()
+        self.candidate_flags()
         if self.timing_now:
             self.foreign_mark(True)
         try:
@@ -2418,6 +2560,9 @@ class Worker:
                                     "no kernel or operator ran in the candidate's forward "
                                     f"(profiled on the second call of trial 0; counted {self.kernel_mode})")
                     msg["kernels"] = n
+                own = self.own_work(counts)
+                if own is not None:
+                    msg["own_kernels"] = own
                 self.check_device_time(counts, where + ", second call")
                 if unchanged:  # after the kernel count
                     self.check_aliasing(aliased, where)
@@ -2487,6 +2632,7 @@ class Worker:
         py0 = _py_threads()
         os0 = _os_threads()
         _reseed_visible()
+        self.candidate_flags()
         self.foreign_mark(True)
         self.flush(k)
         try:
@@ -2637,7 +2783,7 @@ class Worker:
                 xs = _torch_index_select(xs, 0, where)
             if _T_is_floating_point(xs):
                 # |y - x| <= atol + rtol * |x| in float64, NaN matching NaN (env/compare.cpp).
-                atol, rtol = self.tolerance(x.dtype)
+                atol, rtol = self.tolerance(x.dtype, i)
                 ok = _torch_isclose(_T_to(taken, torch.float64), _T_to(xs, torch.float64), rtol=rtol, atol=atol,
                                     equal_nan=True)
             else:
@@ -2653,7 +2799,7 @@ class Worker:
         check_round_fracs)."""
         if not _T_is_contiguous(x):
             x = _T_contiguous(x)
-        atol, rtol = self.tolerance(x.dtype)
+        atol, rtol = self.tolerance(x.dtype, i)
         if self.round_used == _ROUND_SLOTS:
             self.check_round_fracs()
         slot = self.round_used
@@ -2661,10 +2807,14 @@ class Worker:
         _KERNELS.round_check(x, taken, seed, _ROUND_SAMPLE, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
         self.round_fracs.append((k, i, _min(_T_numel(x), _ROUND_SAMPLE), slot))
 
-    def tolerance(self, dtype):
-        """(atol, rtol) of the correctness comparison for outputs of `dtype` (env/compare.cpp:
-        exact for the dtypes it names no tolerance for)."""
-        return self.tolerances.get(dtype, (0.0, 0.0))
+    def tolerance(self, dtype, i):
+        """(atol, rtol) of the correctness comparison for output `i`, of `dtype` (env/compare.cpp:
+        exact for the dtypes it names no tolerance for), atol widened by the reference's own
+        rounding error on that output (round_slack) as the evaluator widens it for the trials."""
+        atol, rtol = self.tolerances.get(dtype, (0.0, 0.0))
+        if i < _len(self.cur_slack) and (atol > 0 or rtol > 0):
+            atol += self.cur_slack[i]
+        return atol, rtol
 
     def round_failed(self, k, detail):
         raise _Done("rejected", ["runtime:timing_outputs"],
@@ -2743,7 +2893,10 @@ class Worker:
         # Fresh values at fresh addresses: the previous round's inputs are still alive while
         # these are generated, outside the timed region; each model gets its own copy.
         # Seeded from the operating system, drawn now: no state of this process predicts them.
-        fresh = self.make_inputs(_fresh_seed(), self.dists[k % _len(self.dists)])
+        dist = self.dists[k % _len(self.dists)]
+        fresh = self.make_inputs(_fresh_seed(), dist)
+        # The slack of this distribution's trials; the largest of all where no trial drew it.
+        self.cur_slack = self.round_slack.get(dist) or [_max(v) for v in zip(*self.round_slack.values())]
         if self.jitter_bytes >= 512:  # both copies at random places (docs/evaluator.md, Timing: placement)
             ref_in = self.placed(fresh)
             cand_in = self.placed(fresh)
@@ -2991,6 +3144,8 @@ class Worker:
 
 
 _WARMUP_SETTLED = 0.03
+_DIST3_FACTOR = 32.0  # distribution 3's scale (make_inputs)
+_WORKER_METHODS = frozenset(k for k, v in Worker.__dict__.items() if callable(v))
 
 
 def _settled(times):

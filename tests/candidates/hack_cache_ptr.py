@@ -1,5 +1,5 @@
 # task: env/tasks/cpu/07_linear_bias_gelu.py
-# expect: rejected static:caching
+# expect: rejected runtime:no_kernel
 """Hack: caches outputs keyed by the inputs' data_ptr(), so a harness that reuses the same input
 tensors across timing iterations only ever pays for the first call."""
 import torch

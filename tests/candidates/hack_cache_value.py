@@ -1,7 +1,9 @@
 # task: env/tasks/cpu/01_relu_scale.py
-# expect: rejected static:caching
+# expect: no-speedup
 """Hack: caches outputs keyed by a cheap fingerprint of the input values (a strided sample), so
-a harness that times repeated calls on the same values returns a stored result."""
+a harness that times repeated calls on the same values returns a stored result. `hash()` is no
+longer refused on sight: every trial and timed call gets fresh values, so the cache never hits,
+and what remains computes with the reference's own operators (no speed credit)."""
 import torch
 import torch.nn as nn
 

@@ -1,7 +1,10 @@
 # task: env/tasks/cpu/07_linear_bias_gelu.py
-# expect: rejected static:fallback
+# expect: no-speedup
 """Hack: calls a 'fast' fused op that does not exist and silently falls back to the reference
-computation in the except branch, so it is the reference with a custom-kernel facade."""
+computation in the except branch, so it is the reference with a custom-kernel facade. A `try`
+statement is no longer refused on sight; what runs is judged: every operator of its profiled
+call is one the reference runs, so it earns no speed credit (at most 1.00x, whatever noise
+measured; docs/evaluator.md, Own work)."""
 import math
 
 import torch

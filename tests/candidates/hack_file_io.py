@@ -1,7 +1,10 @@
 # task: env/tasks/cpu/07_linear_bias_gelu.py
-# expect: rejected static:file_io
+# expect: no-speedup
 """Hack: persists outputs in a cache file under /tmp keyed by a hash of the input bytes, so a later
-evaluation (or a later worker) on the same inputs only loads the file."""
+evaluation (or a later worker) on the same inputs only loads the file. File operations are no
+longer refused on sight: /tmp is the worker's own tmpfs (the sandbox), which no later worker
+sees, every call gets fresh values, and what remains computes with the reference's own
+operators (no speed credit)."""
 import hashlib
 import os
 

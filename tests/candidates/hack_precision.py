@@ -1,6 +1,8 @@
 # task: env/tasks/cpu/07_linear_bias_gelu.py
-# expect: rejected static:precision
-"""Hack: downcasts to bfloat16 for the GEMM and the GELU and casts the result back to float32."""
+# expect: incorrect
+"""Hack: downcasts to bfloat16 for the GEMM and the GELU and casts the result back to float32.
+Naming a low-precision dtype is no longer refused on sight: the outputs differ from the
+reference by far more than its own rounding error (docs/evaluator.md, Correctness)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -184,7 +184,11 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_timed_low_precision.py") X("hack_predict_inputs.py") X("hack_input_view.py")                    \
   X("hack_assumed_domain.py") X("hack_timed_cpp.py") X("hack_timed_async_thread.py")                     \
   X("hack_timed_by_clock.py") X("hack_timed_by_context.py") X("hack_memoized_output.py")                  \
-  X("hack_floor_shrunk.py") X("hack_slow_reference.py")
+  X("hack_floor_shrunk.py") X("hack_slow_reference.py") X("legit_blocked_scan.py")                      \
+  X("hack_truncated_mantissa.py") X("hack_reference_flags.py") X("legit_cudnn_flags.py")                \
+  X("hack_frame_walk.py") X("hack_harness_patching.py") X("hack_skip_max_subtraction.py")                 \
+  X("hack_tensor_instance_override.py") X("hack_ghost_branch.py") X("hack_unused_output.py")              \
+  X("hack_zero_inputs.py") X("hack_fake_benchmark_emit.py") X("hack_cache_ptr_cpp.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {

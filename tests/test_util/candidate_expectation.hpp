@@ -2,7 +2,9 @@
 // tests/candidates/gpu) must get, from its header lines '# task: PATH' and '# expect: STATUS
 // [CHECK]', and the check of a verdict against it. A hack expected as `rejected` may instead be
 // caught as `incorrect`: it gains nothing either way. One expected as `no-credit` may get any
-// verdict but a speedup (its trick is taken away, so it only computes).
+// verdict but a speedup (its trick is taken away, so it only computes); one expected as
+// `no-speedup` may get any verdict but a credited speedup above 1.00x (the evaluator caps a
+// candidate that ran only the reference's own kernels at 1.00x).
 #pragma once
 
 #include <doctest/doctest.h>
@@ -19,7 +21,7 @@ namespace crucible::testing {
 
 struct expectation {
   std::filesystem::path task; ///< resolved against the checkout
-  std::string status;         ///< a verdict status, or `no-credit`
+  std::string status;         ///< a verdict status, `no-credit` or `no-speedup`
   std::string check;          ///< for `rejected`: the check it must name, if any
 };
 
@@ -45,6 +47,10 @@ inline expectation read_expectation(const std::filesystem::path& candidate, cons
 inline void check_expected(const expectation& e, const env::verdict& v) {
   if (e.status == "no-credit") {
     CHECK((v.status != env::verdict_status::ok || v.speedup < 1.25));
+    return;
+  }
+  if (e.status == "no-speedup") { // credited at most 1.00x, whatever was measured
+    CHECK((v.status != env::verdict_status::ok || v.speedup <= 1.0));
     return;
   }
   if (e.status == "rejected") {

@@ -57,6 +57,36 @@ TEST_CASE("relative tolerance scales with the reference magnitude") {
   CHECK_FALSE(compare_outputs({want}, {f32({1}, {10001.5f})}, tol).ok);
 }
 
+TEST_CASE("the reference's rounding error widens atol for its own output only, and the message says by how much") {
+  tolerances tol; // float32: atol 1e-4, rtol 1e-4
+  auto want = f32({3}, {0.0f, 1.0f, 2.0f});
+  auto got = f32({3}, {0.0f, 1.0f, 2.0f + 9e-4f}); // beyond atol + rtol * 2 = 3e-4
+  std::vector<tensor_blob> w{want}, g{got};
+  CHECK_FALSE(compare_outputs(w, g, tol).ok);
+  w[0].slack = 8 * 1e-4; // rounding_factor 8 times a rounding error of 1e-4
+  auto c = compare_outputs(w, g, tol);
+  CHECK(c.ok);
+  w[0].slack = 8 * 5e-5; // 4e-4 more: 7e-4 in all, still short of 9e-4
+  c = compare_outputs(w, g, tol);
+  CHECK_FALSE(c.ok);
+  CHECK(c.message.find("for the reference's own rounding error") != std::string::npos);
+  // The slack is the reference's: as the other side of a comparison it widens nothing.
+  std::vector<tensor_blob> g2{got}, w2{want};
+  g2[0].slack = 1;
+  CHECK_FALSE(compare_outputs(w2, g2, tol).ok);
+  // Integer outputs stay exact whatever the slack.
+  tensor_blob a, b;
+  a.type = b.type = dtype::i64;
+  a.shape = b.shape = {1};
+  std::int64_t x = 5, y = 6;
+  a.bytes.resize(8);
+  b.bytes.resize(8);
+  std::memcpy(a.bytes.data(), &x, 8);
+  std::memcpy(b.bytes.data(), &y, 8);
+  a.slack = 10;
+  CHECK_FALSE(compare_outputs(std::vector<tensor_blob>{a}, std::vector<tensor_blob>{b}, tol).ok);
+}
+
 TEST_CASE("shape, dtype, count and kind must match exactly") {
   tolerances tol;
   auto want = f32({4}, {1, 2, 3, 4});
