@@ -114,14 +114,17 @@ result<double> real_option(const parsed_args& args, const std::string& name, dou
   return v;
 }
 
-result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback) {
-  auto device = args.get(name, fallback);
+result<std::string> parse_device(const std::string& name, const std::string& device) {
   if (device == "cpu")
     return device;
   const auto digits = device.size() > 5 ? device.substr(5) : std::string{};
   if (device.rfind("cuda:", 0) != 0 || digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
     return fail(errc::invalid_arg, name, " ", device, ": expected cpu or cuda:N");
   return device;
+}
+
+result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback) {
+  return parse_device(name, args.get(name, fallback));
 }
 
 std::string render_help(const command_spec& spec) {

@@ -58,6 +58,9 @@ result<std::int64_t> int_option(const parsed_args& args, const std::string& name
 /// The value of option `name` as a finite real number in [min, max], or `fallback` when absent.
 result<double> real_option(const parsed_args& args, const std::string& name, double fallback, double min, double max);
 
+/// `device` checked as a device, "cpu" or "cuda:N"; errc::invalid_arg naming option `name`.
+result<std::string> parse_device(const std::string& name, const std::string& device);
+
 /// The value of option `name` as a device, "cpu" or "cuda:N", or `fallback` when absent.
 result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback);
 

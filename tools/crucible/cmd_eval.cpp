@@ -1,4 +1,5 @@
-// `crucible eval`: one candidate against one task on one device, as a table or as JSON.
+// `crucible eval`: one candidate against one task on one device, as a table or as JSON; with
+// --set-dir or --pairs, a set of pairs on several devices (tools/crucible/cmd_eval_set.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "tools/crucible/commands.hpp"
+#include "tools/crucible/eval_set.hpp"
 
 namespace crucible::cli {
 
@@ -42,11 +44,24 @@ void print_table(const env::task& t, const std::string& cand_path, const env::ve
 }
 
 int run_eval(const parsed_args& args) {
-  for (const char* required : {"--task", "--candidate"})
-    if (!args.has(required)) {
-      std::fprintf(stderr, "crucible eval: missing %s; see 'crucible eval --help'\n", required);
+  const bool set_mode = args.has("--set-dir") || args.has("--pairs");
+  if (!set_mode) {
+    for (const char* required : {"--task", "--candidate"})
+      if (!args.has(required)) {
+        std::fprintf(stderr, "crucible eval: missing %s (or --set-dir DIR / --pairs FILE for a set); see 'crucible eval --help'\n",
+                     required);
+        return exit_usage;
+      }
+    for (const char* set_only : {"--out", "--format"})
+      if (args.has(set_only)) {
+        std::fprintf(stderr, "crucible eval: %s is for a set of pairs (--set-dir or --pairs)\n", set_only);
+        return exit_usage;
+      }
+    if (args.all("--device").size() > 1) {
+      std::fprintf(stderr, "crucible eval: one pair is evaluated on one --device; several are for a set (--set-dir, --pairs)\n");
       return exit_usage;
     }
+  }
   config cfg;
   if (args.has("--config") || args.has("--set")) {
     auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
@@ -57,6 +72,8 @@ int run_eval(const parsed_args& args) {
     }
     cfg = *loaded;
   }
+  if (set_mode)
+    return eval_set::run(args, cfg);
   auto device = device_option(args, "--device", cfg.evaluator.devices.front());
   auto repeat = int_option(args, "--repeat", 1, 1, 1'000'000);
   auto seed = int_option(args, "--seed", 0, 0, INT64_MAX);
@@ -129,18 +146,42 @@ int run_eval(const parsed_args& args) {
 } // namespace
 
 command eval_command() {
-  return {{"eval", "--task TASK.py --candidate CANDIDATE.py [options]",
-           "Evaluate one candidate against one task: correctness, speedup, reward",
+  return {{"eval", "--task TASK.py --candidate CANDIDATE.py [options]\n       crucible eval --set-dir DIR | --pairs FILE.tsv|FILE.jsonl [--out RECORDS.jsonl] [options]",
+           "Evaluate candidates against tasks: correctness, speedup, reward",
            "Runs the candidate in a sandboxed worker: correctness trials on fresh inputs, anti-hacking\n"
            "checks, then paired timing against the reference. Prints a table, or with --json one\n"
            "JSON object per evaluation (status, correct, speedup, speedup_spread, ref_ms, cand_ms,\n"
            "reward, checks_failed, message, hardware, cache_hit). Exit code 0 whenever a verdict\n"
-           "was produced, 2 for bad arguments or files, 1 when no worker could run.",
+           "was produced, 2 for bad arguments or files, 1 when no worker could run.\n"
+           "\n"
+           "A set of pairs (docs/eval-sets.md), evaluated on every --device at once (default: the\n"
+           "devices of evaluator.devices) through the evaluator pool, evaluator.concurrency each:\n"
+           "  --set-dir DIR        every DIR/variants/TASK/*.py against DIR/TASK.py, the layout of a\n"
+           "                       suite's seed variants (level folders too: variants/level1/X/*.py\n"
+           "                       against DIR/level1/X.py)\n"
+           "  --pairs FILE.tsv     one TASK<TAB>CANDIDATE line per pair, paths relative to the file's\n"
+           "                       folder; blank lines and '#' lines skipped\n"
+           "  --pairs FILE.jsonl   CUDA-L1's layout: one JSON object a line with level_id, task_id,\n"
+           "                       ref_code (the task's source) and custom_code (the candidate's);\n"
+           "                       other fields are echoed into the record under \"input\"\n"
+           "A progress line goes to stderr; --out appends one JSON record per pair as it finishes (the\n"
+           "verdict's fields, the pair and its device); run the same command again to resume: pairs\n"
+           "already in --out are skipped, an incomplete last line is dropped. A pair whose files are\n"
+           "bad gets a record with status \"error\". At the end a summary: pairs, credited (ok and\n"
+           "faster than evaluator.win_threshold), statuses, checks failed, geometric mean and median\n"
+           "speedup of the ok verdicts, fast_1.0 and fast_1.2 (KernelBench's fast_p over all pairs);\n"
+           "with --json as one JSON object. Exit 0 when every pair has a record, 1 when some got none\n"
+           "(run again to retry them), 2 for bad arguments or a malformed set file.",
            {},
            {{"--task", "TASK.py", "task in KernelBench format (class Model, get_inputs, get_init_inputs)"},
             {"--candidate", "FILE.py", "candidate defining class ModelNew"},
-            {"--device", "DEVICE", "cpu or cuda:N (default: the first of evaluator.devices)"},
-            {"--json", "", "print JSON instead of a table"},
+            {"--set-dir", "DIR", "evaluate a set: DIR/variants/TASK/*.py against DIR/TASK.py"},
+            {"--pairs", "FILE", "evaluate a set listed in a TSV (.tsv, .txt) or JSONL (.jsonl, .json) file"},
+            {"--format", "tsv|jsonl", "the format of --pairs when its extension does not say"},
+            {"--out", "FILE.jsonl", "a set's per-pair records, appended as they finish; resumes from it"},
+            {"--device", "DEVICE", "cpu or cuda:N (default: the first of evaluator.devices); a set takes "
+                                   "several: cuda:0,cuda:1 or the flag again", true},
+            {"--json", "", "print JSON instead of a table (for a set: the summary object)"},
             {"--repeat", "N", "evaluate N times without the cache, to show stability"},
             {"--seed", "S", "seed of the first evaluation's inputs (default: random)"},
             {"--config", "CONFIG", "take evaluator and reward settings from a configuration file"},
