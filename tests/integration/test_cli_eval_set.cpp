@@ -382,7 +382,7 @@ TEST_CASE("a CUDA-L1 JSONL: sources from ref_code and custom_code, ids and line 
                       << json_string(read_text(suite / "variants/02_silu_bias_residual/wrong_gate_without_bias.py"))
                       << ",\"score_default\":[0.9,null]}\n"
                       << "{\"level_id\":2,\"task_id\":\"7\",\"ref_code\":" << json_string(relu)
-                      << ",\"custom_code\":\"\"}\n";
+                      << ",\"custom_code\":null}\n"; // CUDA-L1's lines without a kernel
   const auto out = tmp.path() / "verdicts.jsonl";
   auto r = eval_set({"--pairs", file.string(), "--out", out.string(), "--json"});
   INFO(r.err);

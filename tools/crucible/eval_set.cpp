@@ -228,7 +228,10 @@ result<pair_set> load_pairs_jsonl(const fs::path& file) {
       if (v == nullptr)
         return fail(errc::invalid_arg, where, "no ", key,
                     " (a CUDA-L1 line has level_id, task_id, ref_code and custom_code)");
-      if (!v->is_string())
+      // A null custom_code is a kernel the release has none for (CUDA-L1 has such lines): an
+      // error record, as an empty one is; anything else but a string is a malformed line.
+      const bool null_candidate = std::string_view{key} == "custom_code" && v->is_null();
+      if (!v->is_string() && !null_candidate)
         return fail(errc::invalid_arg, where, key, " is a JSON ", json_value::kind_name(v->type()), ", expected a string");
     }
     const auto* level = doc->find("level_id");
@@ -251,11 +254,12 @@ result<pair_set> load_pairs_jsonl(const fs::path& file) {
     input.end_object();
     p.input_json = std::move(input).take();
     const auto& ref = doc->find("ref_code")->as_string();
-    const auto& custom = doc->find("custom_code")->as_string();
+    const auto* custom_value = doc->find("custom_code");
+    const std::string custom = custom_value->is_null() ? std::string{} : custom_value->as_string();
     if (auto missing = env::missing_task_parts(ref); !missing.empty()) {
       p.problem = "ref_code is not a KernelBench task: missing " + missing;
     } else if (trim(custom).empty()) {
-      p.problem = "custom_code is empty: no candidate to evaluate";
+      p.problem = "custom_code is empty or null: no candidate to evaluate";
     } else {
       // The sources stay in memory: the evaluator sends them to its workers as they are.
       p.task.name = p.task_label;
