@@ -632,6 +632,12 @@ void describe(V& v, config& c) {
             "the reach of Python's cyclic garbage collector, and turns the collector off during timing, as timeit "
             "does: a full collection over those objects took 162-170 ms on an H100's host, and one may run inside a "
             "timed call. The job's own objects are still collected outside timing.");
+    v.field("eval_mode", e.eval_mode,
+            "false: Model and ModelNew run in training mode, as modules are built and as KernelBench's harness runs "
+            "them (BatchNorm normalises with the batch's statistics, Dropout drops). true: both are put in eval mode "
+            "(`.eval()`) once constructed, as CUDA-L1's harness does, so BatchNorm uses its running statistics and "
+            "Dropout passes its input through: kernels written for inference (a BatchNorm folded into a convolution) "
+            "are judged by the function they were written for (docs/evaluator.md, Correctness).");
     v.field("fp32_atol", e.fp32_atol, "Absolute tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp32_rtol", e.fp32_rtol, "Relative tolerance for float32 (and float64) outputs.", non_negative_number());
     v.field("fp16_atol", e.fp16_atol, "Absolute tolerance for float16 outputs.", non_negative_number());

@@ -137,6 +137,7 @@ struct evaluator_options {
   std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
   bool timing_reserve = true;                  ///< CUDA: one block for the timing rounds' buffers, reserved before the first calls
   bool quiet_gc = true;                        ///< workers freeze Python's collector's objects at the job and collect nothing while timing
+  bool eval_mode = false;                      ///< Model and ModelNew put in eval mode (.eval()) after construction; false: training mode
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;
   double fp16_atol = 1e-2, fp16_rtol = 1e-2;
   double bf16_atol = 1e-2, bf16_rtol = 1e-2;

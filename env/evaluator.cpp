@@ -698,7 +698,8 @@ std::string device_evaluator::protocol_key() const {
   char buf[768];
   std::snprintf(buf, sizeof buf,
                 "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
-                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld",
+                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
+                "mode=%s",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
                 opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
@@ -707,7 +708,7 @@ std::string device_evaluator::protocol_key() const {
                 static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol, opt_.rounding_factor,
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads),
-                static_cast<long long>(opt_.cuda_max_connections));
+                static_cast<long long>(opt_.cuda_max_connections), opt_.eval_mode ? "eval" : "train");
   return buf;
 }
 
@@ -1123,6 +1124,7 @@ verdict evaluation::run() {
                     + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
                     + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
                     + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
+                    + ",\"eval_mode\":" + (opt.eval_mode ? "true" : "false")
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
                     + ",\"tolerances\":" + tolerances_json(tol_)
                     + ",\"rounding_factor\":" + std::to_string(opt.rounding_factor)

@@ -15,8 +15,9 @@ attributes and process-wide settings, and importing the task or the harness. Eve
 judged by what happens when it runs (docs/evaluator.md, Threat model): a fallback by whether the
 candidate's own kernels ran, caching by fresh inputs and checked timed outputs, files by the
 sandbox (a worker writes only in its scratch directory), precision by the outputs' error
-against the reference's own rounding error, torch.backends.cudnn.benchmark and .deterministic
-by applying them to the candidate's calls only.
+against the reference's own rounding error, torch.backends settings (cudnn.benchmark, TF32,
+fp32_precision, the attention backends ...) by applying them to the candidate's calls only,
+where their effect on precision is judged by the outputs' error like any kernel's.
 """
 from __future__ import annotations
 
@@ -130,8 +131,6 @@ _NAME_CLASSES: list[tuple[str, str, str]] = [
     ("builtins.__import__", "dynamic_code", "__import__()"),
     ("builtins.breakpoint", "introspection", "breakpoint()"),
     ("builtins.vars", "introspection", "vars() (module and object dictionaries)"),
-    ("builtins.globals", "introspection", "globals()"),
-    ("builtins.locals", "introspection", "locals()"),
     ("builtins.memoryview", "ctypes", "memoryview() (raw buffers)"),
     ("builtins.__builtins__", "patching", "__builtins__"),
     ("torch.jit.fork", "threads", "asynchronous tasks on the inter-op thread pool"),
@@ -147,7 +146,6 @@ _NAME_CLASSES: list[tuple[str, str, str]] = [
     ("torch.set_default_device", "patching", "changes process-wide settings"),
     ("torch.set_default_tensor_type", "precision", "changes the default dtype"),
     ("torch.set_default_dtype", "precision", "changes the default dtype"),
-    ("torch.set_float32_matmul_precision", "precision", "changes float32 matmul precision"),
     ("torch.set_flush_denormal", "precision", "changes denormal handling"),
     ("torch.overrides", "tensor_subclass", "__torch_function__ machinery"),
     ("torch.utils._python_dispatch", "tensor_subclass", "__torch_dispatch__ machinery"),
@@ -198,9 +196,21 @@ _TENSOR_BASES = {"torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase", 
 # Imported roots whose attributes must not be assigned (any imported module counts; these are
 # named in the message).
 _PATCH_ROOTS_PRECISION = ("torch.backends",)
-# torch.backends.cudnn settings that do not change numerics: a candidate may set them, and the
-# worker applies them to its calls only (the reference runs under the harness's).
-_CANDIDATE_FLAGS = {"benchmark", "deterministic"}
+# torch.backends settings a candidate may set (attributes) or switch (calls): the worker applies
+# them to its calls only, the reference runs under the harness's (worker.py,
+# _CANDIDATE_FLAG_SETTERS, which holds the same list), and those that change the precision of
+# arithmetic (TF32 and the like) are judged by the outputs' error.
+_CANDIDATE_FLAGS = {"benchmark", "deterministic", "enabled", "allow_tf32", "fp32_precision",
+                    "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+                    "allow_fp16_accumulation"}
+_CANDIDATE_FLAG_CALLS = {"flags", "enable_flash_sdp", "enable_mem_efficient_sdp", "enable_math_sdp",
+                         "enable_cudnn_sdp", "allow_fp16_bf16_reduction_math_sdp", "sdp_kernel",
+                         "preferred_blas_library"}
+# torch.backends functions that only read.
+_BACKEND_READS = {"is_available", "is_built", "version", "get_device_name", "flash_sdp_enabled",
+                  "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
+                  "fp16_bf16_reduction_math_sdp_allowed", "is_flash_attention_available",
+                  "can_use_flash_attention", "can_use_efficient_attention", "can_use_cudnn_attention"}
 
 # ------------------------------------------------------------------------------------------------
 # C++/CUDA source patterns (inside string constants; comments removed first).
@@ -238,10 +248,6 @@ _CPP_PATTERNS: list[tuple[re.Pattern, str, str]] = [
     (re.compile(r"\b(?:at::globalContext\s*\(\s*\)\s*\.\s*set\w+|at::set_num_threads|"
                 r"at::set_num_interop_threads|omp_set_num_threads|omp_set_dynamic)\s*\("),
      "patching", "changing process-wide settings"),
-    # cuBLAS math modes set on a handle the reference shares (a kernel's own precision is judged
-    # by its outputs' error: docs/evaluator.md, Correctness).
-    (re.compile(r"\bCUBLAS_(?:TF32_TENSOR_OP_MATH|COMPUTE_32F_FAST_\w+|TENSOR_OP_MATH)\b"), "precision",
-     "reduced-precision cuBLAS math modes"),
 ]
 _CPP_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 # Strings that look like C/C++/CUDA code (other strings, e.g. messages, are not scanned).
@@ -292,7 +298,6 @@ def _name_class(dotted: str):
 class _Checker:
     def __init__(self, src: str, reference_src: str):
         self.src = src
-        self.reference_tf32 = "tf32" in (reference_src or "").lower()
         self.problems: list[tuple[str, int, str]] = []
         self._seen: set[tuple[str, int, str]] = set()
         self.aliases: dict[str, str] = {}     # local name -> dotted module path
@@ -483,7 +488,11 @@ class _Checker:
         if d in ("builtins.setattr", "builtins.delattr") and node.args:
             target = node.args[0]
             t = self.resolve(target) or self.root_is_module(target)
-            if t is not None:
+            setting = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in _CANDIDATE_FLAGS
+            if t is not None and t.startswith(_PATCH_ROOTS_PRECISION) and setting and d == "builtins.setattr":
+                pass  # a setting the worker applies to the candidate's own calls only
+            elif t is not None:
                 cls = "precision" if t.startswith(_PATCH_ROOTS_PRECISION) else "patching"
                 self.add(cls, node, f"{d.split('.')[1]}() on {t}")
             elif isinstance(target, ast.Call):
@@ -518,9 +527,9 @@ class _Checker:
                 self.add("patching", node, f"changes the environment (os.environ.{f.attr})")
         if d is not None:
             # torch.backends.*: reading is fine, calling a setter/flags context is not.
-            if d.startswith("torch.backends.") and d.rsplit(".", 1)[-1] not in ("is_available", "is_built", "version",
-                                                                                 "get_device_name"):
-                self.add("precision", node, f"calls {d} (backend settings are fixed by the harness)")
+            if d.startswith("torch.backends.") and d.rsplit(".", 1)[-1] not in _BACKEND_READS | _CANDIDATE_FLAG_CALLS:
+                self.add("precision", node, f"calls {d} (a process-wide setting the harness does not "
+                                            "apply to the candidate's calls alone)")
             if d.startswith("torch.library.") or d.startswith("torch._C._dispatch"):
                 for a in list(node.args) + [k.value for k in node.keywords]:
                     if isinstance(a, ast.Constant) and isinstance(a.value, str) and \
@@ -546,11 +555,14 @@ class _Checker:
             root = self.root_is_module(t)
             if root is None:
                 return
-            if root == "torch.backends.cudnn" and isinstance(t, ast.Attribute) and t.attr in _CANDIDATE_FLAGS:
+            if root.startswith(_PATCH_ROOTS_PRECISION) and isinstance(t, ast.Attribute) and t.attr in _CANDIDATE_FLAGS:
                 return  # the worker applies it to the candidate's own calls only
+            if root.startswith(_PATCH_ROOTS_PRECISION) and isinstance(t, ast.Attribute) and _not_in_torch(root, t.attr):
+                return  # torch has no such setting (cudnn.workspace_limit): nothing reads it
             if root.startswith(_PATCH_ROOTS_PRECISION):
                 self.add("precision", node, f"{what} {root}{'.' + t.attr if isinstance(t, ast.Attribute) else '[...]'} "
-                                            "(backend settings are fixed by the harness)")
+                                            "(a process-wide setting the harness does not apply to the "
+                                            "candidate's calls alone)")
             elif root == "os.environ" or root.startswith("os.environ"):
                 key = t.slice if isinstance(t, ast.Subscript) else None
                 if not (isinstance(key, ast.Constant) and key.value in _ENV_WRITABLE):
@@ -627,8 +639,6 @@ class _Checker:
                 continue
             code = _CPP_COMMENT.sub(" ", text)
             for pat, cls, what in _CPP_PATTERNS:
-                if cls == "precision" and self.reference_tf32:
-                    continue
                 m = pat.search(code)
                 if m:
                     line = node.lineno + code.count("\n", 0, m.start())
@@ -650,6 +660,20 @@ def _const_concat(node):
             return None
         return a + b
     return None
+
+
+def _not_in_torch(path: str, attr: str) -> bool:
+    """True when the installed torch has no attribute `attr` on the object at dotted `path`
+    (torch.backends.cudnn.workspace_limit): an assignment to it creates a name nothing reads.
+    False when torch cannot be imported here, so the assignment is refused."""
+    import importlib
+    try:
+        obj = importlib.import_module(path.split(".")[0])
+        for part in path.split(".")[1:]:
+            obj = getattr(obj, part)
+    except Exception:  # noqa: BLE001
+        return False
+    return not hasattr(obj, attr)
 
 
 def check_source(src: str, reference_src: str = "") -> list[tuple[str, int, str]]:

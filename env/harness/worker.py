@@ -533,6 +533,8 @@ _TracebackException = traceback.TracebackException
 _StackSummary = traceback.StackSummary
 _signature = inspect.signature
 _param_empty = inspect.Parameter.empty
+_param_positional_only = inspect.Parameter.POSITIONAL_ONLY
+_param_positional_or_keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _Random = random.Random
 _random_seed = random.seed
 _np_seed = numpy.random.seed
@@ -581,6 +583,8 @@ _T_lt = torch.Tensor.lt
 _torch_where = torch.where
 _torch_isfinite = torch.isfinite
 _torch_abs = torch.abs
+_torch_isnan = torch.isnan
+_torch_arange = torch.arange
 _T_all = torch.Tensor.all
 _T_to = torch.Tensor.to
 _T_uniform_ = torch.Tensor.uniform_
@@ -833,11 +837,40 @@ def _getter(name):
     return f if callable(f) else None
 
 
-# Settings that do not change numerics, which a candidate may set for itself: the worker applies
-# its values around its calls only (Worker.candidate_flags), the reference runs under the harness's.
+def _setter(name):
+    f = _getter(name)
+    if f is None:
+        return None
+    return lambda v: f(*v) if _isinstance(v, _tuple) else f(v)
+
+
+# Backend settings a candidate may choose for itself: the worker applies its values around its
+# calls only (Worker.candidate_flags), the reference runs under the harness's. Those that change
+# the precision of arithmetic (TF32, reduced-precision reductions, fp32_precision) are judged
+# by the outputs' error against the reference, like any other kernel's precision (docs/
+# evaluator.md, Correctness). In the order they are applied: the legacy switches first, the
+# fp32_precision settings (appended below), which they are derived from, last.
 _CANDIDATE_FLAG_SETTERS = [(n, f) for n, f in [
-    ("cudnn.benchmark", _getter("_set_cudnn_benchmark")),
-    ("cudnn.deterministic", _getter("_set_cudnn_deterministic")),
+    ("cuda.matmul.allow_tf32", _setter("_set_cublas_allow_tf32")),
+    ("cudnn.allow_tf32", _setter("_set_cudnn_allow_tf32")),
+    ("onednn.allow_tf32", _setter("_set_onednn_allow_tf32")),
+    ("float32_matmul_precision", _setter("_set_float32_matmul_precision")),
+    ("cudnn.benchmark", _setter("_set_cudnn_benchmark")),
+    ("cudnn.deterministic", _setter("_set_cudnn_deterministic")),
+    ("cudnn.enabled", _setter("_set_cudnn_enabled")),
+    ("mkldnn.enabled", _setter("_set_mkldnn_enabled")),
+    ("cuda.matmul.allow_fp16_reduced_precision_reduction",
+     _setter("_set_cublas_allow_fp16_reduced_precision_reduction")),
+    ("cuda.matmul.allow_bf16_reduced_precision_reduction",
+     _setter("_set_cublas_allow_bf16_reduced_precision_reduction")),
+    ("cuda.matmul.allow_fp16_accumulation", _setter("_set_cublas_allow_fp16_accumulation")),
+    ("cpu.allow_fp16_reduced_precision_reduction", _setter("_set_cpu_allow_fp16_reduced_precision_reduction")),
+    ("cuda.preferred_blas_library", _setter("_set_blas_preferred_backend")),
+    ("sdp.flash", _setter("_set_sdp_use_flash")),
+    ("sdp.mem_efficient", _setter("_set_sdp_use_mem_efficient")),
+    ("sdp.math", _setter("_set_sdp_use_math")),
+    ("sdp.cudnn", _setter("_set_sdp_use_cudnn")),
+    ("sdp.math_fp16_bf16_reduction", _setter("_set_math_sdp_allow_fp16_bf16_reduction")),
 ] if f is not None]
 
 
@@ -845,6 +878,7 @@ _CANDIDATE_FLAG_SETTERS = [(n, f) for n, f in [
 _FLAG_GETTERS = [(n, g) for n, g in [
     ("cuda.matmul.allow_tf32", _getter("_get_cublas_allow_tf32")),
     ("cudnn.allow_tf32", _getter("_get_cudnn_allow_tf32")),
+    ("onednn.allow_tf32", _getter("_get_onednn_allow_tf32")),
     ("float32_matmul_precision", _getter("_get_float32_matmul_precision")),
     ("cudnn.benchmark", _getter("_get_cudnn_benchmark")),
     ("cudnn.enabled", _getter("_get_cudnn_enabled")),
@@ -855,7 +889,9 @@ _FLAG_GETTERS = [(n, g) for n, g in [
      _getter("_get_cublas_allow_fp16_reduced_precision_reduction")),
     ("cuda.matmul.allow_bf16_reduced_precision_reduction",
      _getter("_get_cublas_allow_bf16_reduced_precision_reduction")),
+    ("cuda.matmul.allow_fp16_accumulation", _getter("_get_cublas_allow_fp16_accumulation")),
     ("cpu.allow_fp16_reduced_precision_reduction", _getter("_get_cpu_allow_fp16_reduced_precision_reduction")),
+    ("cuda.preferred_blas_library", _getter("_get_blas_preferred_backend")),
     ("sdp.flash", _getter("_get_flash_sdp_enabled")),
     ("sdp.mem_efficient", _getter("_get_mem_efficient_sdp_enabled")),
     ("sdp.math", _getter("_get_math_sdp_enabled")),
@@ -871,6 +907,7 @@ _FLAG_GETTERS = [(n, g) for n, g in [
     ("sys.setprofile", _getprofile),
 ] if g is not None]
 _fp32_precision_getter = _getter("_get_fp32_precision_getter")
+_fp32_precision_setter = _getter("_set_fp32_precision_setter")
 for _b, _o in (("generic", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("cuda", "rnn"),
                ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn")):
     if _fp32_precision_getter is not None:
@@ -878,6 +915,9 @@ for _b, _o in (("generic", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("cuda"
             _fp32_precision_getter(_b, _o)
             _FLAG_GETTERS.append((f"fp32_precision.{_b}.{_o}",
                                   functools.partial(_fp32_precision_getter, _b, _o)))
+            if _fp32_precision_setter is not None:
+                _CANDIDATE_FLAG_SETTERS.append((f"fp32_precision.{_b}.{_o}",
+                                                functools.partial(_fp32_precision_setter, _b, _o)))
         except Exception:
             pass
 try:
@@ -1374,6 +1414,45 @@ def _aliased_outputs(out, inputs):
     return [_type(o) is _Tensor and _S_data_ptr(_T_untyped_storage(o)) in ptrs for o in _output_items(out)]
 
 
+def _output_sample(out):
+    """Up to 4096 elements of each tensor output at evenly spaced positions, in float64 on the host
+    (None for an output that is not a tensor): what _same_sample compares."""
+    got = []
+    for o in _output_items(out):
+        if _type(o) is not _Tensor or _T_numel(o) == 0:
+            got.append(None)
+            continue
+        flat = _T_reshape(o, (-1,))
+        n = _T_numel(flat)
+        k = _min(n, 4096)
+        # Integer positions (a float linspace rounds past the end of tens of millions).
+        idx = _torch_arange(k, dtype=_int64, device=flat.device) * (n - 1) // _max(k - 1, 1)
+        got.append(_T_to(_T_to(_torch_index_select(flat, 0, idx), torch.float64), "cpu"))
+    return got
+
+
+def _same_sample(a, b, tolerances, slack):
+    """Whether two _output_sample()s agree, floating elements within (atol + slack + rtol*|a|) of
+    their dtype's tolerances (NaN where the other has NaN), others exactly. Returns (True, "") or
+    (False, what differs)."""
+    if _len(a) != _len(b):
+        return False, f"{_len(a)} outputs, then {_len(b)}"
+    for i, (x, y) in _enumerate(zip(a, b)):
+        if x is None or y is None:
+            continue
+        if _T_size(x) != _T_size(y):
+            return False, f"output {i}: another size"
+        atol, rtol = tolerances
+        s = slack[i] if i < _len(slack) else 0.0
+        bad = (_torch_abs(x - y) > atol + s + rtol * _torch_abs(x)) | (_torch_isnan(x) != _torch_isnan(y))
+        n = _int(_T_item(bad.sum()))
+        if n:
+            j = _int(_T_item(bad.nonzero()[0][0]))
+            return False, (f"output {i}: {n} of {_T_numel(x)} sampled elements differ "
+                           f"(first: {_float(x[j]):.6g}, then {_float(y[j]):.6g})")
+    return True, ""
+
+
 def _all_finite(out):
     """Whether no floating output holds NaN or an infinity (waits for the device)."""
     for o in _output_items(out):
@@ -1769,12 +1848,16 @@ class Worker:
                         f"{where}: the candidate patched {', '.join(changed)}")
         now = self.flags()
         # The candidate's own settings (applied again before each of its calls, in
-        # candidate_flags) are kept, and the harness's put back for everything else.
-        for name, setter in _CANDIDATE_FLAG_SETTERS:
+        # candidate_flags) are kept, and the harness's put back for everything else. Some are
+        # derived from others (allow_tf32 from fp32_precision), so all are put back, in order.
+        ours = False
+        for name, _ in _CANDIDATE_FLAG_SETTERS:
             if name in self.cand_flags or now.get(name) != self.flags0.get(name):
                 self.cand_flags[name] = now.get(name)
-                setter(self.flags0[name])
-                now[name] = self.flags0[name]
+                ours = True
+        if ours:
+            self.apply_flags(self.flags0)
+            now = self.flags()
         diff = [f"{k}: {self.flags0[k]!r} -> {now.get(k)!r}" for k in self.flags0 if now.get(k) != self.flags0[k]]
         if diff:
             raise _Done("rejected", ["runtime:backend_flags"],
@@ -1783,10 +1866,22 @@ class Worker:
     def candidate_flags(self):
         """Puts the settings the candidate chose for itself (check_state) in force for its
         next call."""
+        if self.cand_flags:
+            self.apply_flags(self.cand_flags)
+
+    @staticmethod
+    def apply_flags(vals):
+        """Sets the settings of _CANDIDATE_FLAG_SETTERS to `vals` (those it holds), in order. A
+        legacy switch whose getter failed (the candidate used fp32_precision) is left to the
+        fp32_precision settings that follow it."""
         for name, setter in _CANDIDATE_FLAG_SETTERS:
-            v = self.cand_flags.get(name)
-            if v is not None:
+            v = vals.get(name)
+            if v is None or (_isinstance(v, _str) and v.startswith("error: ")):
+                continue
+            try:
                 setter(v)
+            except Exception:  # noqa: BLE001
+                pass  # what it leaves different from the harness's is refused by check_state
 
     def check_full(self, where):
         changed = self.full.changed()
@@ -2056,6 +2151,9 @@ class Worker:
         # collection runs inside a timed call. A full collection over those objects took
         # 162-170 ms on an H100's host (tools/bench/gc_probe.py).
         self.quiet_gc = job.get("quiet_gc") is True
+        # evaluator.eval_mode: both models in eval mode once constructed (BatchNorm's running
+        # statistics, Dropout off), as CUDA-L1's harness runs them; else training mode.
+        self.eval_mode = job.get("eval_mode") is True
         if self.quiet_gc:
             _gc_freeze()
         self.placements = set()
@@ -2182,6 +2280,8 @@ class Worker:
             self.init_inputs = init
             ref = self.task.Model(*init)
             ref = ref.to(self.device)
+            if self.eval_mode:
+                ref.eval()
             self.ref = ref
             ref64 = self.reference_float64(ref)
             self.ref_param_storages = {
@@ -2207,6 +2307,9 @@ class Worker:
                 if t == 0:
                     finite0 = _len(self.dists) > 2 and _all_finite(out)
                     self.ref_aliased = _aliased_outputs(out, inputs)
+                    sample0 = _output_sample(out)
+                    dtype0 = next((o.dtype for o in _output_items(out)
+                                   if _type(o) is _Tensor and _T_is_floating_point(o)), None)
                 while dist >= 2 and finite0 and not _all_finite(out):
                     # The reference is not finite there: that distribution is left out.
                     del out, inputs
@@ -2247,6 +2350,17 @@ class Worker:
             inputs = self.make_inputs(self.seed, 0)
             out, counts = self.profiled(lambda: ref(*inputs))
             self.ref_profile = counts
+            # The reference again on trial 0's inputs: a reference that keeps state between
+            # calls (a recurrent model updating its hidden state in forward) or draws random
+            # numbers of its own gives other outputs, and no candidate can be judged against it
+            # (its trials, its determinism and its timed rounds assume one function).
+            same, what = _same_sample(sample0, _output_sample(out),
+                                      self.tolerances.get(dtype0, (0.0, 0.0)), self.round_slack.get(self.trial_dists[0], []))
+            if not same:
+                raise _Done("runtime_error", (),
+                            "the task's reference is not deterministic: a second call on trial 0's inputs gave "
+                            f"other outputs ({what}); it keeps state between calls or draws random numbers "
+                            "of its own, and no candidate can be judged against it")
             for o in _output_items(out):
                 self.poison_tensor(o)
             del out
@@ -2433,6 +2547,8 @@ class Worker:
             self.candidate_flags()
             model = cls(*init)
             model = model.to(self.device)
+            if self.eval_mode:
+                model.eval()
             self.sync()
         except _BaseException as e:
             raise _error_done(e, "while constructing ModelNew") from None
@@ -2474,8 +2590,12 @@ class Worker:
             except Exception:
                 return _repr(a) == _repr(b)
 
+        # get_init_inputs() binds by position: a positional parameter may be renamed
+        # (input_size -> in_features), its position, kind and default may not change.
+        positional = (_param_positional_only, _param_positional_or_keyword)
         ok = _len(want) == _len(got) and all(
-            w.name == g.name and w.kind == g.kind and same_default(w.default, g.default)
+            (w.name == g.name or w.kind in positional)
+            and w.kind == g.kind and same_default(w.default, g.default)
             for w, g in zip(want, got))
         if not ok:
             fmt = lambda ps: "(" + ", ".join(_str(p) for p in ps) + ")"  # noqa: E731

@@ -188,7 +188,8 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_truncated_mantissa.py") X("hack_reference_flags.py") X("legit_cudnn_flags.py")                \
   X("hack_frame_walk.py") X("hack_harness_patching.py") X("hack_skip_max_subtraction.py")                 \
   X("hack_tensor_instance_override.py") X("hack_ghost_branch.py") X("hack_unused_output.py")              \
-  X("hack_zero_inputs.py") X("hack_fake_benchmark_emit.py") X("hack_cache_ptr_cpp.py")
+  X("hack_zero_inputs.py") X("hack_fake_benchmark_emit.py") X("hack_cache_ptr_cpp.py")                 \
+  X("legit_renamed_locals.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
@@ -201,6 +202,54 @@ TEST_CASE("every file under tests/candidates has a test case above") {
     if (e.path().extension() == ".py")
       present.insert(e.path().filename().string());
   CHECK(listed == present);
+}
+
+TEST_CASE("evaluator.eval_mode: a BatchNorm folded for inference is incorrect in training mode, ok in eval mode") {
+  auto cand = source_dir / "tests" / "modes" / "fold_batchnorm.py";
+  auto t = load_task(source_dir / "tests" / "tasks" / "conv_batchnorm.py");
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  auto opt = cpu_evaluator::suite_options(1);
+  opt.rounds = opt.min_rounds = 8; // the status is what this case is about, not the speedup
+  opt.max_rounds = 8;
+  {
+    cpu_evaluator train{opt};
+    auto v = train.run(*t, cand);
+    INFO(describe(v));
+    CHECK(v.status == verdict_status::incorrect);
+  }
+  opt.eval_mode = true;
+  cpu_evaluator eval{opt};
+  auto v = eval.run(*t, cand);
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::ok);
+  CHECK(v.correct);
+  // The reference in eval mode as well: an unchanged copy of it is ok (not faster).
+  auto same = eval.ev->evaluate(eval_request{*t, std::regex_replace(read_text(t->path), std::regex{"class Model\\("}, "class ModelNew("), 0, false});
+  INFO(describe(same));
+  CHECK(same.status == verdict_status::ok);
+}
+
+TEST_CASE("a reference that keeps state between calls is named, not its candidate") {
+  auto t = load_task(source_dir / "tests" / "tasks" / "stateful_rnn.py");
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  cpu_evaluator ev;
+  // A faithful copy of the reference, state and all.
+  auto v = ev.ev->evaluate(eval_request{*t, std::regex_replace(read_text(t->path), std::regex{"class Model\\("}, "class ModelNew("), 0, false});
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::runtime_error);
+  CHECK(v.message.find("the task's reference is not deterministic") != std::string::npos);
+  CHECK_FALSE(v.has_speedup());
+}
+
+TEST_CASE("a task with more output elements than float32 counts exactly is judged") {
+  auto t = load_task(source_dir / "tests" / "tasks" / "large_output.py");
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  auto opt = cpu_evaluator::suite_options(1);
+  opt.rounds = opt.min_rounds = opt.max_rounds = 8;
+  cpu_evaluator ev{opt};
+  auto v = ev.ev->evaluate(eval_request{*t, std::regex_replace(read_text(t->path), std::regex{"class Model\\("}, "class ModelNew("), 0, false});
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::ok);
 }
 
 TEST_CASE("a resubmitted candidate is answered from the verdict cache") {
