@@ -1430,11 +1430,13 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     e.drop_outputs();
     retire(e.take_process());
     evaluator_failed = e.evaluator_failed();
-    if (!e.lost_worker())
+    if (!e.lost_worker() && !evaluator_failed)
       return first;
     // A worker killed from outside is retried once on a fresh worker, so an operator's kill
     // or a neighbour's memory pressure loses nothing; a candidate that exhausts memory again
-    // is killed again and keeps its runtime_error.
+    // is killed again and keeps its runtime_error. So is a failure of this process's own (its
+    // copy of a reference output found the device full while other evaluations held it: CUDA-L1's
+    // 3090 release, level 1 task 60, at concurrency 6): the candidate is not to blame for it.
     log_.warn("evaluator", device_, ": ", first.message, "; retrying on a fresh worker");
     auto again = take_worker();
     if (!again)

@@ -382,14 +382,15 @@ TEST_CASE("a CUDA-L1 JSONL: sources from ref_code and custom_code, ids and line 
                       << json_string(read_text(suite / "variants/02_silu_bias_residual/wrong_gate_without_bias.py"))
                       << ",\"score_default\":[0.9,null]}\n"
                       << "{\"level_id\":2,\"task_id\":\"7\",\"ref_code\":" << json_string(relu)
-                      << ",\"custom_code\":null}\n"; // CUDA-L1's lines without a kernel
+                      << ",\"custom_code\":null}\n" // CUDA-L1's lines without a kernel, null or "None"
+                      << "{\"level_id\":2,\"task_id\":8,\"ref_code\":" << json_string(relu) << ",\"custom_code\":\"None\"}\n";
   const auto out = tmp.path() / "verdicts.jsonl";
   auto r = eval_set({"--pairs", file.string(), "--out", out.string(), "--json"});
   INFO(r.err);
   REQUIRE(r.exit_code == 0);
   auto records = read_records(out);
-  REQUIRE(records.size() == 3);
-  auto pairs = by_pair(records, 3);
+  REQUIRE(records.size() == 4);
+  auto pairs = by_pair(records, 4);
   const auto& first = pairs.at(1);
   CHECK(first.find("level_id")->as_int() == 1);
   CHECK(first.find("task_id")->as_int() == 1);
@@ -410,9 +411,11 @@ TEST_CASE("a CUDA-L1 JSONL: sources from ref_code and custom_code, ids and line 
   CHECK(str(pairs.at(3), "status") == "error");
   CHECK(str(pairs.at(3), "message").find("custom_code is empty") != std::string::npos);
   CHECK(pairs.at(3).find("task_id")->as_string() == "7");
+  CHECK(str(pairs.at(4), "status") == "error");
+  CHECK(str(pairs.at(4), "message").find("\"None\"") != std::string::npos);
   auto summary = parse(r.out);
-  check_summary(summary, records, 3);
-  CHECK(count(summary, "evaluated") == 3);
+  check_summary(summary, records, 4);
+  CHECK(count(summary, "evaluated") == 4);
   CHECK(r.err.find(file.string() + ":4: custom_code is empty") != std::string::npos);
 }
 

@@ -81,6 +81,11 @@ std::string describe(const verdict& v) {
          + (v.checks_failed.empty() ? "-" : v.checks_failed.front()) + " message=" + v.message;
 }
 
+// The task's own source with its Model renamed ModelNew: an unchanged copy of the reference.
+std::string reference_as_candidate(const task& t) {
+  return std::regex_replace(t.source, std::regex{"class Model\\("}, "class ModelNew(");
+}
+
 // Every variant of the suite's task `stem`: wrong_* must be incorrect, the others ok and faster.
 void check_task(const std::string& prefix) {
   auto root = source_dir / "env" / "tasks" / "cpu";
@@ -224,7 +229,7 @@ TEST_CASE("evaluator.eval_mode: a BatchNorm folded for inference is incorrect in
   CHECK(v.status == verdict_status::ok);
   CHECK(v.correct);
   // The reference in eval mode as well: an unchanged copy of it is ok (not faster).
-  auto same = eval.ev->evaluate(eval_request{*t, std::regex_replace(read_text(t->path), std::regex{"class Model\\("}, "class ModelNew("), 0, false});
+  auto same = eval.ev->evaluate(eval_request{*t, reference_as_candidate(*t), 0, false});
   INFO(describe(same));
   CHECK(same.status == verdict_status::ok);
 }
@@ -234,7 +239,7 @@ TEST_CASE("a reference that keeps state between calls is named, not its candidat
   REQUIRE_MESSAGE(t.ok(), t.error().message);
   cpu_evaluator ev;
   // A faithful copy of the reference, state and all.
-  auto v = ev.ev->evaluate(eval_request{*t, std::regex_replace(read_text(t->path), std::regex{"class Model\\("}, "class ModelNew("), 0, false});
+  auto v = ev.ev->evaluate(eval_request{*t, reference_as_candidate(*t), 0, false});
   INFO(describe(v));
   CHECK(v.status == verdict_status::runtime_error);
   CHECK(v.message.find("the task's reference is not deterministic") != std::string::npos);
@@ -247,7 +252,7 @@ TEST_CASE("a task with more output elements than float32 counts exactly is judge
   auto opt = cpu_evaluator::suite_options(1);
   opt.rounds = opt.min_rounds = opt.max_rounds = 8;
   cpu_evaluator ev{opt};
-  auto v = ev.ev->evaluate(eval_request{*t, std::regex_replace(read_text(t->path), std::regex{"class Model\\("}, "class ModelNew("), 0, false});
+  auto v = ev.ev->evaluate(eval_request{*t, reference_as_candidate(*t), 0, false});
   INFO(describe(v));
   CHECK(v.status == verdict_status::ok);
 }

@@ -258,8 +258,9 @@ result<pair_set> load_pairs_jsonl(const fs::path& file) {
     const std::string custom = custom_value->is_null() ? std::string{} : custom_value->as_string();
     if (auto missing = env::missing_task_parts(ref); !missing.empty()) {
       p.problem = "ref_code is not a KernelBench task: missing " + missing;
-    } else if (trim(custom).empty()) {
-      p.problem = "custom_code is empty or null: no candidate to evaluate";
+    } else if (trim(custom).empty() || trim(custom) == "None") {
+      // CUDA-L1's releases write a missing kernel as null or as the text "None".
+      p.problem = "custom_code is empty, null or \"None\": no candidate to evaluate";
     } else {
       // The sources stay in memory: the evaluator sends them to its workers as they are.
       p.task.name = p.task_label;
