@@ -113,6 +113,39 @@ result<std::string> read_file(const std::filesystem::path& path) {
   return out;
 }
 
+result<std::string> read_source_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(st))
+    return fail(errc::invalid_arg, path.string(), ": is a directory, not a source file");
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    return fail(errc::invalid_arg, path.string(), ": is not a regular file");
+  auto text = read_file(path);
+  if (!text)
+    return text;
+  const auto& s = *text;
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0)
+      return fail(errc::invalid_arg, path.string(), ": is not a text file (a NUL byte at offset ", std::to_string(i), ")");
+    // UTF-8: the sequence's length from its first byte, then continuation bytes 10xxxxxx; no
+    // overlong forms, surrogates or code points past U+10FFFF.
+    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = len != 0 && i + len <= s.size();
+    for (std::size_t k = 1; ok && k < len; ++k)
+      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    if (ok && len > 1) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xC0 || c == 0xC1) && !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0)
+           && !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90) && c <= 0xF4;
+    }
+    if (!ok)
+      return fail(errc::invalid_arg, path.string(), ": is not a text file (bytes that are not UTF-8 at offset ", std::to_string(i), ")");
+    i += len;
+  }
+  return text;
+}
+
 result<void> fsync_directory(const std::filesystem::path& dir) {
   int fd = open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {

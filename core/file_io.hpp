@@ -18,6 +18,11 @@ result<void> write_file_atomic(const std::filesystem::path& path, std::string_vi
 /// Reads a whole file. errc::not_found if it does not exist, errc::io on other failures.
 result<std::string> read_file(const std::filesystem::path& path);
 
+/// Reads a source file (a task, a candidate): like read_file, and refuses with errc::invalid_arg
+/// what is not a regular file (a directory, a device) or not text (a NUL byte, bytes that are not
+/// UTF-8), naming the path and the offset of the first offending byte.
+result<std::string> read_source_file(const std::filesystem::path& path);
+
 /// The directory of the running executable (/proc/self/exe), or an empty path where unknown.
 /// Files shipped with the checkout (env/harness, configs/prompts) are found by walking up from it.
 std::filesystem::path executable_dir();

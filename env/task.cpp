@@ -5,6 +5,7 @@
 #include <regex>
 #include <sstream>
 
+#include "core/file_io.hpp"
 #include "core/sha256.hpp"
 
 namespace crucible::env {
@@ -51,17 +52,14 @@ int level_of(const fs::path& rel) {
 } // namespace
 
 result<task> load_task(const fs::path& file, std::string name) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    if (!fs::exists(file, ec))
+  auto text = read_source_file(file);
+  if (!text) {
+    if (text.error().code == errc::not_found)
       return fail(errc::not_found, file.string(), ": no such task file");
-    return fail(errc::io, file.string(), ": cannot read");
+    return text.error();
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
   task t;
-  t.source = ss.str();
+  t.source = std::move(*text);
   if (auto missing = missing_task_parts(t.source); !missing.empty())
     return fail(errc::invalid_arg, file.string(), ": not a KernelBench task: missing ", missing);
   t.path = file;

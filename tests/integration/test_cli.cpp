@@ -63,6 +63,31 @@ TEST_CASE("unknown commands and options are refused with exit code 2 and a hint"
   CHECK(r.exit_code == 2);
 }
 
+TEST_CASE("crucible eval refuses a task or candidate that is not a readable text file, naming it") {
+  temp_dir tmp;
+  const std::string task = std::string{CRUCIBLE_SOURCE_DIR} + "/env/tasks/cpu/01_relu_scale.py";
+  const auto binary = tmp.path() / "model.so";
+  std::ofstream(binary, std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\0\0\0", 10);
+  const auto latin1 = tmp.path() / "latin1.py";
+  std::ofstream(latin1, std::ios::binary) << "# caf\xe9\nclass ModelNew: pass\n";
+  struct bad { std::vector<std::string> args; std::string named, what; };
+  for (const auto& b : std::vector<bad>{
+         {{"--task", task, "--candidate", tmp.path().string()}, "--candidate " + tmp.path().string(), "is a directory"},
+         {{"--task", task, "--candidate", binary.string()}, "--candidate " + binary.string(), "a NUL byte at offset 7"},
+         {{"--task", task, "--candidate", latin1.string()}, "--candidate " + latin1.string(), "not UTF-8 at offset 5"},
+         {{"--task", tmp.path().string(), "--candidate", latin1.string()}, "--task " + tmp.path().string(), "is a directory"},
+         {{"--task", binary.string(), "--candidate", task}, "--task " + binary.string(), "not a text file"}}) {
+    std::vector<std::string> args{"eval", "--device", "cpu"};
+    args.insert(args.end(), b.args.begin(), b.args.end());
+    auto r = cli(args);
+    CAPTURE(r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(b.named) != std::string::npos);
+    CHECK(r.err.find(b.what) != std::string::npos);
+    CHECK(r.out.empty()); // no verdict
+  }
+}
+
 TEST_CASE("a config with an unknown or mistyped key is refused naming file, line and key") {
   temp_dir tmp;
   auto cfg = tmp.path() / "bad.yaml";

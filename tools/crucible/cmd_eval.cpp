@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/config.hpp"
+#include "core/file_io.hpp"
 #include "core/log.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
@@ -86,13 +87,11 @@ int run_eval(const parsed_args& args) {
     std::fprintf(stderr, "crucible eval: --task %s\n", task.error().message.c_str());
     return exit_usage;
   }
-  std::ifstream in(args.get("--candidate"), std::ios::binary);
-  if (!in) {
-    std::fprintf(stderr, "crucible eval: --candidate %s: cannot read the file\n", args.get("--candidate").c_str());
+  auto src = read_source_file(args.get("--candidate"));
+  if (!src) {
+    std::fprintf(stderr, "crucible eval: --candidate %s\n", src.error().message.c_str());
     return exit_usage;
   }
-  std::ostringstream src;
-  src << in.rdbuf();
 
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
@@ -121,7 +120,7 @@ int run_eval(const parsed_args& args) {
   }
   std::vector<double> speedups;
   for (std::int64_t i = 0; i < *repeat; ++i) {
-    env::eval_request req{*task, src.str(), *seed == 0 ? 0 : static_cast<std::uint64_t>(*seed + i),
+    env::eval_request req{*task, *src, *seed == 0 ? 0 : static_cast<std::uint64_t>(*seed + i),
                           !args.has("--no-cache") && *repeat == 1};
     auto v = (*ev)->evaluate(req);
     if (v.has_speedup())

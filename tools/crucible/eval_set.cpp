@@ -192,7 +192,7 @@ result<pair_set> load_pairs_tsv(const fs::path& file) {
     else
       p.task = std::move(*t);
     if (p.problem.empty()) {
-      if (auto c = read_file(cand_path); !c)
+      if (auto c = read_source_file(cand_path); !c)
         p.problem = "candidate: " + c.error().message;
       else
         p.candidate = std::move(*c);

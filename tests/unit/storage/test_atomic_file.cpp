@@ -54,6 +54,44 @@ TEST_CASE("read_file reports a missing file as not_found, naming it") {
   CHECK(dir.error().code == errc::io);
 }
 
+TEST_CASE("read_source_file refuses a directory, a device and bytes that are not UTF-8 text, naming them") {
+  temp_dir tmp;
+  const auto good = tmp.path() / "c.py";
+  const std::string text = "# \xc3\xa9t\xc3\xa9 \xe2\x88\x91 \xf0\x9f\x94\xa5\nclass ModelNew: pass\n";
+  REQUIRE(write_file_atomic(good, text).ok());
+  auto ok = read_source_file(good);
+  REQUIRE(ok.ok());
+  CHECK(*ok == text);
+
+  auto missing = read_source_file(tmp.path() / "nope.py");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().code == errc::not_found);
+
+  auto dir = read_source_file(tmp.path());
+  REQUIRE_FALSE(dir.ok());
+  CHECK(dir.error().code == errc::invalid_arg);
+  CHECK(dir.error().message.find("is a directory") != std::string::npos);
+
+  auto dev = read_source_file("/dev/null");
+  REQUIRE_FALSE(dev.ok());
+  CHECK(dev.error().message.find("not a regular file") != std::string::npos);
+
+  auto refused = [&](const std::string& bytes, const std::string& what) {
+    const auto f = tmp.path() / "bad.py";
+    REQUIRE(write_file_atomic(f, bytes).ok());
+    auto r = read_source_file(f);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().code == errc::invalid_arg);
+    CHECK_MESSAGE(r.error().message.find(what) != std::string::npos, r.error().message);
+    CHECK(r.error().message.find(f.string()) != std::string::npos);
+  };
+  refused(std::string("import torch\n\0\x01", 15), "a NUL byte at offset 13");
+  refused("x = 1\n\x7f" "ELF\xff\xfe", "not UTF-8 at offset 10");
+  refused("\xc0\xaf", "not UTF-8 at offset 0");          // an overlong '/'
+  refused("ok\xed\xa0\x80", "not UTF-8 at offset 2");  // a surrogate
+  refused("ok\xe2\x88", "not UTF-8 at offset 2");       // cut short at the end
+}
+
 TEST_CASE("write_file_atomic fails with io when the parent directory does not exist") {
   temp_dir tmp;
   const auto target = tmp.path() / "no-such-dir" / "config.yaml";
