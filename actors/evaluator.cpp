@@ -128,6 +128,28 @@ std::string label(const device_info& d) {
   return "device " + std::to_string(d.index) + " (" + d.name + ")";
 }
 
+// The device of the evaluator at `source` as a recheck's messages name it: distinct for any two
+// members of the pool, so that a disagreement does not name one device twice. Another node's
+// device names its node; two members of one node with the same device (two nodes' "cpu" devices
+// both seen locally, two CPU evaluators) their places in the pool.
+std::string label(pool_pointer self, const device_info& d, const caf::actor_addr& source) {
+  auto out = label(d);
+  if (source && source.node() != self->node())
+    out += " on node " + caf::to_string(source.node());
+  std::size_t alike = 0, place = 0;
+  const auto& ms = self->state.members;
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    const auto& m = ms[i];
+    if (m.info.index == d.index && m.info.name == d.name && m.handle.node() == source.node())
+      ++alike;
+    if (m.handle.address() == source)
+      place = i + 1;
+  }
+  if (alike > 1 && place > 0)
+    out += ", pool member " + std::to_string(place);
+  return out;
+}
+
 bool matches(const pool_member& m, const candidate& c) {
   return m.ready && (c.hardware.empty() || m.info.hardware == c.hardware || m.info.name == c.hardware);
 }
@@ -185,7 +207,8 @@ std::optional<in_flight> take_in_flight(pool_pointer self, std::uint64_t token) 
 void on_verdict(pool_pointer self, job j, const verdict& v, const device_info& device, const caf::actor_addr& source) {
   const auto& opt = self->state.opt.recheck;
   if (j.first) {
-    j.rp.deliver(env::reconcile_recheck(j.first->v, label(j.first->device), v, label(device), opt));
+    j.rp.deliver(env::reconcile_recheck(j.first->v, label(self, j.first->device, j.first->source), v,
+                                        label(self, device, source), opt));
     return;
   }
   if (!j.cand.recheck && env::needs_recheck(v, opt)) {
@@ -226,7 +249,7 @@ bool try_send(pool_pointer self, job& j) {
         if (auto entry = take_in_flight(self, token)) {
           auto& work = entry->work;
           if (work.first)
-            work.rp.deliver(env::recheck_lost(work.first->v, label(device) + ": " + to_error(e).to_string()));
+            work.rp.deliver(env::recheck_lost(work.first->v, label(self, device, source) + ": " + to_error(e).to_string()));
           // An evaluator that is gone takes no candidate with it: back in line.
           else if (e == caf::sec::request_receiver_down && (any_match(self, work) || may_match_later(self, work)))
             self->state.waiting.push_front(std::move(work));

@@ -123,11 +123,14 @@ struct fixture {
   caf::actor submitter;
 
   // Spawns fake number fakes.size() with a device of `hardware`; returns its index.
+  // With same_index, every fake says it is device 0 (two nodes' "cpu" devices).
+  bool same_index = false;
+
   size_t spawn_fake(const std::string& hardware) {
     auto i = fakes.size();
     got.push_back(std::make_shared<seen>());
     rechecks.push_back(std::make_shared<seen>());
-    device_info info{static_cast<std::uint32_t>(i), hardware + " device", hardware, 1ull << 30};
+    device_info info{static_cast<std::uint32_t>(same_index ? 0 : i), hardware + " device", hardware, 1ull << 30};
     fakes.push_back(sys.spawn(fake, info, got.back(), rechecks.back()));
     return i;
   }
@@ -381,6 +384,19 @@ TEST_CASE_FIXTURE(fixture, "a large speedup that a second device of the kind doe
   CHECK(v.checks_failed == std::vector<std::string>{"runtime:recheck"});
   CHECK_MESSAGE(contains(v.message, "4.500x on device 0 (A device)"), v.message);
   CHECK_MESSAGE(contains(v.message, "3.000x on device 1 (A device)"), v.message);
+}
+
+TEST_CASE_FIXTURE(fixture, "a disagreement between two devices of one name and index names them apart") {
+  same_index = true; // two evaluators' "device 0 (cpu)", as two CPU nodes' are
+  start({"A", "A"}, recheck_opt());
+  submit(cand(1));
+  answer(0, 1, 4.5);
+  answer(1, 1, 3.0);
+  REQUIRE(results->size() == 1);
+  const auto& v = results->at(0).v;
+  CHECK(v.status == verdict_status::rejected);
+  CHECK_MESSAGE(contains(v.message, "4.500x on device 0 (A device), pool member 1"), v.message);
+  CHECK_MESSAGE(contains(v.message, "3.000x on device 0 (A device), pool member 2"), v.message);
 }
 
 TEST_CASE_FIXTURE(fixture, "a recheck that fails on the second device gives the second verdict") {
