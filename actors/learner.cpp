@@ -136,6 +136,7 @@ result<void> publish(learner_pointer self, std::uint64_t version) {
   std::filesystem::remove_all(dir, ec); // a partial directory of an earlier failed attempt
   policy::save_options so;
   so.dtype = st.learner->model().parameters().front().scalar_type(); // as trained: no rounding
+  so.tokenizer_from = st.spec.tokenizer_dir;
   if (auto ok = policy::save_model(st.learner->model(), dir, so); !ok.ok())
     return fail(errc::io, "publishing version ", std::to_string(version), " to ", dir.string(), ": ",
                 ok.error().message);
@@ -270,7 +271,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
       auto& st = self->state;
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
-      if (auto ok = policy::save_checkpoint(*st.learner, dir); !ok.ok())
+      if (auto ok = policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir); !ok.ok())
         return make_error(ok.error());
       return policy_version{st.learner->version()};
     },

@@ -43,6 +43,9 @@ struct learner_actor_spec {
   /// Rank 0: each update's weights are written to publish_dir/v<version> (an HF directory) and
   /// sent to every engine as weight_update; empty: nothing is published.
   std::filesystem::path publish_dir;
+  /// A model directory whose tokenizer files go beside the weights of every published version
+  /// and checkpoint (policy::save_options::tokenizer_from); empty: none.
+  std::filesystem::path tokenizer_dir;
   /// Published directories kept (older ones are removed once a newer one is written); 0: all.
   std::uint64_t keep_published = 2;
   /// train_atom: groups sampled more than this many versions before the learner's are dropped

@@ -416,6 +416,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   }
   learner_actor_spec spec;
   spec.publish_dir = run_dir / "policy";
+  spec.tokenizer_dir = model_dir_of(cfg, run_dir);
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
   auto learner_handle =

@@ -92,13 +92,14 @@ result<void> prepare(const fs::path& dir) {
 }
 
 // The model, the optimiser file and the manifest into the temporary directory, then the rename.
-result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks) {
+result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, const fs::path& tokenizer_from) {
   std::error_code ec;
   const auto parent = parent_of(dir);
   const auto tmp = tmp_of(dir);
   auto& model = l.model();
   save_options so;
   so.dtype = l.parameters().front().param.scalar_type();
+  so.tokenizer_from = tokenizer_from;
   if (auto r = save_model(model, tmp / "model", so); !r)
     return r.error();
 
@@ -189,12 +190,12 @@ result<void> agree(data_parallel& dp, result<void> mine, const std::string& phas
 
 } // namespace
 
-result<void> save_checkpoint(learner& l, const fs::path& dir) {
+result<void> save_checkpoint(learner& l, const fs::path& dir, const fs::path& tokenizer_from) {
   auto* dp = l.data_parallel_state();
   if (dp == nullptr) {
     if (auto r = prepare(dir); !r)
       return r;
-    return finish(l, dir, 0);
+    return finish(l, dir, 0, tokenizer_from);
   }
   const int rank = dp->comm().rank();
   const std::string what = "checkpoint " + dir.string();
@@ -205,7 +206,8 @@ result<void> save_checkpoint(learner& l, const fs::path& dir) {
     if (auto r = agree(*dp, std::move(mine), what); !r)
       return r;
   }
-  return agree(*dp, rank == 0 ? finish(l, dir, dp->sharded() ? dp->comm().size() : 0) : result<void>{}, what);
+  return agree(*dp, rank == 0 ? finish(l, dir, dp->sharded() ? dp->comm().size() : 0, tokenizer_from) : result<void>{},
+               what);
 }
 
 result<checkpoint_info> verify_checkpoint(const fs::path& dir) {

@@ -45,7 +45,11 @@ struct checkpoint_info {
 /// exists; errc::io naming the path otherwise. In a data-parallel group every rank calls it
 /// (collective) and all get the same outcome: rank 0 writes the model and manifest, and under
 /// ZeRO-1 each rank its optimiser shard, so `dir` must be on a file system all ranks share.
-result<void> save_checkpoint(learner& l, const std::filesystem::path& dir);
+/// `tokenizer_from` (a model directory) gives the tokenizer files written beside the weights in
+/// `dir`/model (save_options::tokenizer_from), so that folder opens in transformers and in
+/// `crucible generate` as it is; empty: weights and config.json only.
+result<void> save_checkpoint(learner& l, const std::filesystem::path& dir,
+                             const std::filesystem::path& tokenizer_from = {});
 
 /// Reads `dir`'s manifest and checks every file it lists (present, size, SHA-256).
 /// errc::not_found / errc::corrupt naming the file at fault.

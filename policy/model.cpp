@@ -2,6 +2,8 @@
 // (float32 RMSNorm and RoPE tables, SDPA attention), and its HF checkpoint I/O.
 #include "policy/model.hpp"
 
+#include "core/file_io.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -1230,6 +1232,20 @@ result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_opt
     return views.error();
   if (auto r = write_checkpoint_weights(dir, *views, options.shards); !r)
     return r.error();
+  if (!options.tokenizer_from.empty()) {
+    if (!fs::exists(options.tokenizer_from / "tokenizer.json", ec))
+      return fail(errc::not_found, options.tokenizer_from.string(), ": no tokenizer.json to copy beside the weights");
+    for (const char* name : model_side_files) {
+      const auto from = options.tokenizer_from / name;
+      if (!fs::exists(from, ec))
+        continue;
+      auto text = read_file(from);
+      if (!text)
+        return text.error();
+      if (auto r = write_file_atomic(dir / name, *text); !r)
+        return r.error();
+    }
+  }
   return write_file_atomic(dir / "config.json", to_config_json(model.config(), torch_dtype_name(options.dtype)));
 }
 

@@ -351,10 +351,22 @@ result<void> load_weights(CausalLMImpl& model, const safetensors_checkpoint& che
 struct save_options {
   torch::ScalarType dtype = torch::kBFloat16; ///< tensors are converted to this
   shard_options shards;
+  /// A model directory whose tokenizer and generation files (model_side_files: tokenizer.json,
+  /// tokenizer_config.json, ...; those present) are copied beside the weights, so that the folder
+  /// opens in transformers and in `crucible generate` with its tokenizer; empty: none copied.
+  std::filesystem::path tokenizer_from;
 };
 
+/// The files of a model directory, beside config.json and the weights, that its tokenizer and
+/// generation settings live in (the names transformers reads).
+inline constexpr const char* model_side_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                                   "generation_config.json", "chat_template.jinja", "vocab.json",
+                                                   "merges.txt", "added_tokens.json"};
+
 /// Writes config.json and the weights (merged with any LoRA adapters) as transformers does, so
-/// transformers and crucible both load the directory. Creates `dir` if needed.
+/// transformers and crucible both load the directory, and copies options.tokenizer_from's
+/// tokenizer files beside them (errc::not_found if it holds no tokenizer.json). Creates `dir`
+/// if needed.
 result<void> save_model(CausalLMImpl& model, const std::filesystem::path& dir, const save_options& options = {});
 
 } // namespace crucible::policy

@@ -261,6 +261,38 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   auto again = cli({"resume", run.string()});
   CHECK(again.exit_code == 2);
   CHECK(again.err.find("has finished") != std::string::npos);
+
+  // A checkpoint's model folder and a published version are Hugging Face folders as they are:
+  // the tokenizer beside the weights (listed in the manifest), `crucible generate` opens it, and
+  // transformers continues a prompt with the same greedy tokens.
+  const auto ckpt_model = run / "checkpoints" / "step-4" / "learner" / "model";
+  for (const auto& folder : {ckpt_model, run / "policy" / "v4"})
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+      CHECK_MESSAGE(fs::exists(folder / f), (folder / f).string());
+  const auto manifest = slurp(run / "checkpoints" / "step-4" / "learner" / "manifest.json");
+  CHECK(manifest.find("\"model/tokenizer.json\"") != std::string::npos);
+  const std::string prompt = "def forward(self, x):";
+  auto gen = cli({"generate", "--model", ckpt_model.string(), "--prompt", prompt, "--temperature", "0",
+                  "--max-new-tokens", "8", "--json"});
+  INFO(gen.err);
+  REQUIRE(gen.exit_code == 0);
+  auto ours = crucible::parse_json(gen.out);
+  REQUIRE(ours.ok());
+  auto hf = run_process({CRUCIBLE_PYTHON, (source_dir / "tests" / "integration" / "hf_generate.py").string(),
+                         ckpt_model.string(), prompt, "8"});
+  INFO(hf.err);
+  REQUIRE(hf.exit_code == 0);
+  auto theirs = crucible::parse_json(hf.out);
+  REQUIRE(theirs.ok());
+  auto ids = [](const crucible::json_value& a) {
+    std::vector<std::int64_t> out;
+    for (const auto& x : a.as_array())
+      out.push_back(x.as_int());
+    return out;
+  };
+  const auto& completion = ours->find("completions")->as_array().at(0);
+  CHECK(ids(*theirs->find("prompt_token_ids")) == ids(*ours->find("prompt_token_ids")));
+  CHECK(ids(*theirs->find("token_ids")) == ids(*completion.find("token_ids")));
 }
 
 TEST_CASE("pause and resume give the weights of an uninterrupted run, each step once") {
