@@ -900,7 +900,11 @@ void evaluation::take_done(const YAML::Node& n) {
   auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
   auto s = status.value_or(verdict_status::runtime_error);
   if (s == verdict_status::ok) {
-    // The worker may only confirm; ok is decided here, from outputs and timings.
+    // The worker may only confirm; ok is decided here, from outputs and timings. A check of a
+    // task alone (check_task) ran no candidate code: the worker's word that the reference ran
+    // is the result.
+    if (req_.reference_only)
+      set(verdict_status::ok, n["message"].as<std::string>(""));
     return;
   }
   set(s, n["message"].as<std::string>(""));
@@ -1117,7 +1121,9 @@ verdict evaluation::run() {
   std::string job = "{\"type\":\"job\",\"task_name\":" + json_string(req_.target.name)
                     + ",\"task_source\":" + json_string(req_.target.source)
                     + ",\"candidate_source\":" + json_string(req_.candidate)
-                    + ",\"seed\":" + std::to_string(seed) + ",\"trials\":" + std::to_string(opt.trials)
+                    + ",\"seed\":" + std::to_string(seed)
+                    + ",\"trials\":" + std::to_string(req_.reference_only ? 1 : opt.trials)
+                    + (req_.reference_only ? ",\"reference_only\":true" : "")
                     + ",\"baseline\":" + json_string(to_string(opt.baseline))
                     + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
@@ -1128,7 +1134,7 @@ verdict evaluation::run() {
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
                     + ",\"tolerances\":" + tolerances_json(tol_)
                     + ",\"rounding_factor\":" + std::to_string(opt.rounding_factor)
-                    + ",\"outputs\":" + (cuda_device_ >= 0 ? "\"device\"" : "\"host\"") + "}";
+                    + ",\"outputs\":" + (cuda_device_ >= 0 && !req_.reference_only ? "\"device\"" : "\"host\"") + "}";
   YAML::Node n;
   worker_message msg;
   {
@@ -1367,6 +1373,12 @@ verdict evaluation::run() {
                                       : "");
   v_.message = buf;
   return v_;
+}
+
+verdict device_evaluator::check_task(const task& t) {
+  eval_request req{t, "", 0, false};
+  req.reference_only = true;
+  return evaluate(req);
 }
 
 verdict device_evaluator::evaluate(const eval_request& req) {

@@ -43,6 +43,9 @@ struct eval_request {
   std::string candidate;   ///< Python source defining ModelNew
   std::uint64_t seed = 0;  ///< 0: a fresh random seed
   bool use_cache = true;
+  /// The task alone (device_evaluator::check_task): its reference is built and run once, on one
+  /// trial's inputs, and `candidate` is not looked at.
+  bool reference_only = false;
 };
 
 /// Where the harness and the interpreter are; found once by locate_harness().
@@ -78,6 +81,12 @@ public:
 
   /// Evaluates one candidate. Never throws; every outcome of the candidate is a verdict.
   verdict evaluate(const eval_request& req);
+
+  /// Runs `t`'s reference once in a sandboxed worker, as every verdict does before its candidate
+  /// loads (task source executed, Model built, get_inputs(), forward, a second call on the same
+  /// inputs): status ok, or runtime_error whose message has the exception with the task file's
+  /// line (or says the reference is not deterministic), timeout, compile_error. Not cached.
+  verdict check_task(const task& t);
 
   /// Called on the evaluating thread as each evaluation enters a phase ("reference", "load",
   /// "trials", "timing") with the worker's pid: for progress reports and for tests that kill

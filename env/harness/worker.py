@@ -2174,7 +2174,10 @@ class Worker:
         # 3. Static checks, before any candidate code runs.
         src = job["candidate_source"]
         task_src = job["task_source"]
-        self.static = _bool(job.get("static_checks", True))
+        # A check of the task alone (device_evaluator::check_task): its reference is built and
+        # run on the first trial's inputs, and nothing of a candidate's is looked at.
+        self.reference_only = job.get("reference_only") is True
+        self.static = _bool(job.get("static_checks", True)) and not self.reference_only
         # Outputs stay on the device when the evaluator asks (each one the driver cannot export
         # still travels as bytes).
         self.exports = [] if (self.cuda and job.get("outputs") == "device") else None
@@ -2195,6 +2198,9 @@ class Worker:
 
         # 4. Reference outputs, before the candidate is imported.
         self.reference_phase(task_src)
+        if self.reference_only:
+            raise _Done("ok", (), f"the task's reference ran on {self.trials} trial input(s) and gave the same "
+                                  "outputs when called again")
 
         # 5. Load the candidate without the device.
         self.chan.send({"type": "phase", "name": "load"})

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/config.hpp"
+#include "core/json_parse.hpp"
 #include "process.hpp"
 #include "storage/metrics_log.hpp"
 #include "storage/run_dir.hpp"
@@ -86,6 +87,42 @@ TEST_CASE("crucible eval refuses a task or candidate that is not a readable text
     CHECK(r.err.find(b.what) != std::string::npos);
     CHECK(r.out.empty()); // no verdict
   }
+}
+
+TEST_CASE("crucible tasks import runs every reference once and names a task that does not run, with its line") {
+  temp_dir tmp;
+  const auto kb = tmp.path() / "kb" / "level1";
+  fs::create_directories(kb);
+  fs::copy_file(fs::path{CRUCIBLE_SOURCE_DIR} / "env/tasks/cpu/01_relu_scale.py", kb / "1_relu_scale.py");
+  const std::string tail = "\ndef get_inputs():\n    return [torch.randn(4, 3)]\n\ndef get_init_inputs():\n    return []\n";
+  std::ofstream(kb / "2_syntax.py") << "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                                       "    def forward(self, x)\n        return x\n" << tail;
+  std::ofstream(kb / "3_shapes.py") << "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                                       "    def forward(self, x):\n        return x @ x\n" << tail;
+  const auto dir = (tmp.path() / "kb").string();
+  auto r = cli({"tasks", "import", dir});
+  CAPTURE(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("task level1/2_syntax does not run") != std::string::npos);
+  CHECK(r.err.find((kb / "2_syntax.py").string() + "\", line 5") != std::string::npos);
+  CHECK(r.err.find("SyntaxError") != std::string::npos);
+  CHECK(r.err.find("task level1/3_shapes does not run") != std::string::npos);
+  CHECK(r.err.find((kb / "3_shapes.py").string() + "\", line 6") != std::string::npos);
+  CHECK(r.err.find("relu_scale does not run") == std::string::npos);
+  CHECK(r.err.find("2 of 3 tasks") != std::string::npos);
+
+  auto skip = cli({"tasks", "import", dir, "--skip-broken", "--json"});
+  CAPTURE(skip.err);
+  REQUIRE(skip.exit_code == 0);
+  auto doc = crucible::parse_json(skip.out);
+  REQUIRE(doc.ok());
+  REQUIRE(doc->find("tasks")->as_array().size() == 1);
+  CHECK(doc->find("tasks")->as_array()[0].find("name")->as_string() == "level1/1_relu_scale");
+  CHECK(doc->find("broken")->as_array().size() == 2);
+
+  auto unchecked = cli({"tasks", "import", dir, "--no-check", "--json"});
+  REQUIRE(unchecked.exit_code == 0);
+  CHECK(crucible::parse_json(unchecked.out)->find("tasks")->as_array().size() == 3);
 }
 
 TEST_CASE("a config with an unknown or mistyped key is refused naming file, line and key") {

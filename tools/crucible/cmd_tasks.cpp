@@ -1,7 +1,14 @@
 // `crucible tasks import DIR`: index a KernelBench-style directory without changing it.
+#include <algorithm>
 #include <cstdio>
+#include <regex>
 
+#include <unistd.h>
+
+#include "core/config.hpp"
 #include "core/json.hpp"
+#include "core/log.hpp"
+#include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "storage/atomic_file.hpp"
 #include "tools/crucible/commands.hpp"
@@ -22,6 +29,61 @@ int run_tasks(const parsed_args& args) {
     std::fprintf(stderr, "crucible tasks import: %s\n", tasks.error().message.c_str());
     return exit_usage;
   }
+  // Every task's reference is run once in a sandboxed worker, as a verdict runs it before its
+  // candidate: a task that does not run is refused here by name and line, not found out by
+  // every verdict of a training run.
+  std::vector<std::pair<std::string, std::string>> broken; // name, what is wrong
+  if (!args.has("--no-check")) {
+    config cfg;
+    auto device = device_option(args, "--device", "cpu");
+    if (!device) {
+      std::fprintf(stderr, "crucible tasks import: %s\n", device.error().message.c_str());
+      return exit_usage;
+    }
+    system_clock clk;
+    logger log{clk, log_level::warn};
+    auto where = env::locate_harness(cfg.evaluator);
+    if (!where) {
+      std::fprintf(stderr, "crucible tasks import: %s\n", where.error().message.c_str());
+      return exit_failure;
+    }
+    auto opt = cfg.evaluator;
+    opt.warm_workers = 1;
+    auto ev = env::device_evaluator::create(opt, cfg.reward, *where, *device, log, nullptr);
+    if (!ev) {
+      std::fprintf(stderr, "crucible tasks import: %s\n", ev.error().message.c_str());
+      return exit_failure;
+    }
+    std::size_t i = 0;
+    const bool terminal = ::isatty(2) != 0;
+    for (const auto& t : *tasks) {
+      ++i;
+      if (terminal)
+        std::fprintf(stderr, "\r[%zu/%zu] checking %s\x1b[K", i, tasks->size(), t.name.c_str());
+      auto v = (*ev)->check_task(t);
+      if (v.status != env::verdict_status::ok) {
+        // The worker runs the source as task.py in its scratch directory: name the real file.
+        static const std::regex scratch_file{R"(File "[^"]*task\.py")"};
+        auto what = std::regex_replace(v.message, scratch_file, "File \"" + t.path.string() + "\"");
+        broken.emplace_back(t.name, std::string{env::to_string(v.status)} + ": " + what);
+      }
+    }
+    if (terminal)
+      std::fprintf(stderr, "\r\x1b[K");
+    if (!broken.empty() && !args.has("--skip-broken")) {
+      for (const auto& [name, what] : broken)
+        std::fprintf(stderr, "crucible tasks import: task %s does not run: %s\n", name.c_str(), what.c_str());
+      std::fprintf(stderr, "crucible tasks import: %zu of %zu tasks in %s do not run; fix them, or leave them out with "
+                           "--skip-broken\n", broken.size(), tasks->size(), dir.c_str());
+      return exit_failure;
+    }
+    tasks->erase(std::remove_if(tasks->begin(), tasks->end(),
+                                [&](const env::task& t) {
+                                  return std::any_of(broken.begin(), broken.end(),
+                                                     [&](const auto& b) { return b.first == t.name; });
+                                }),
+                 tasks->end());
+  }
   json_writer w;
   w.begin_object().field("root", dir).key("tasks").begin_array();
   for (const auto& t : *tasks)
@@ -32,7 +94,10 @@ int run_tasks(const parsed_args& args) {
       .field("number", t.number)
       .field("sha256", t.sha256)
       .end_object();
-  w.end_array().field("skipped", skipped).end_object();
+  w.end_array().field("skipped", skipped).key("broken").begin_array();
+  for (const auto& [name, what] : broken)
+    w.begin_object().field("name", name).field("error", what).end_object();
+  w.end_array().end_object();
   if (args.has("--out")) {
     if (auto r = storage::write_file_atomic(args.get("--out"), w.str() + "\n"); !r) {
       std::fprintf(stderr, "crucible tasks import: %s\n", r.error().message.c_str());
@@ -49,6 +114,8 @@ int run_tasks(const parsed_args& args) {
   std::printf("%zu tasks in %s\n", tasks->size(), dir.c_str());
   for (const auto& s : skipped)
     std::printf("skipped %s\n", s.c_str());
+  for (const auto& [name, what] : broken)
+    std::printf("left out %s (does not run): %s\n", name.c_str(), what.c_str());
   if (args.has("--out"))
     std::printf("index written to %s\n", args.get("--out").c_str());
   return exit_ok;
@@ -57,13 +124,20 @@ int run_tasks(const parsed_args& args) {
 } // namespace
 
 command tasks_command() {
-  return {{"tasks", "import DIR [--out INDEX.json] [--json]", "Index a KernelBench-style task directory",
+  return {{"tasks", "import DIR [--out INDEX.json] [--json] [--device D] [--skip-broken] [--no-check]",
+           "Index a KernelBench-style task directory",
            "Finds every task file below DIR (level folders, numbered files such as\n"
            "level1/19_ReLU.py), checks that each defines Model, get_inputs and get_init_inputs,\n"
-           "and lists them with their source hashes. DIR is only read.",
+           "runs each task's reference once in a sandboxed worker (built, called on its inputs,\n"
+           "called again: it must run and give the same outputs), and lists them with their source\n"
+           "hashes. A task that does not run is named with its error (file and line) and the\n"
+           "import fails (exit 1), unless --skip-broken leaves it out and lists it. DIR is only read.",
            {"ACTION (import)", "DIR"},
            {{"--out", "INDEX.json", "also write the index as JSON to this file"},
-            {"--json", "", "print the index as JSON"}}},
+            {"--json", "", "print the index as JSON"},
+            {"--device", "D", "where the references run: cpu (default) or cuda:N"},
+            {"--skip-broken", "", "leave out tasks that do not run (listed under broken) instead of failing"},
+            {"--no-check", "", "index only: do not run the references"}}},
           run_tasks};
 }
 
