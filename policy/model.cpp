@@ -1219,6 +1219,7 @@ result<void> save_tensors(const fs::path& path, const std::vector<std::pair<std:
   return write_safetensors(path, *views);
 }
 
+
 result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_options& options) {
   if (!torch::isFloatingType(options.dtype) || !st_dtype_of(options.dtype))
     return fail(errc::invalid_arg, "save_model: dtype ", c10::toString(options.dtype), " is not a float type");
@@ -1235,16 +1236,8 @@ result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_opt
   if (!options.tokenizer_from.empty()) {
     if (!fs::exists(options.tokenizer_from / "tokenizer.json", ec))
       return fail(errc::not_found, options.tokenizer_from.string(), ": no tokenizer.json to copy beside the weights");
-    for (const char* name : model_side_files) {
-      const auto from = options.tokenizer_from / name;
-      if (!fs::exists(from, ec))
-        continue;
-      auto text = read_file(from);
-      if (!text)
-        return text.error();
-      if (auto r = write_file_atomic(dir / name, *text); !r)
-        return r.error();
-    }
+    if (auto r = copy_model_side_files(options.tokenizer_from, dir); !r)
+      return r.error();
   }
   return write_file_atomic(dir / "config.json", to_config_json(model.config(), torch_dtype_name(options.dtype)));
 }

@@ -357,12 +357,6 @@ struct save_options {
   std::filesystem::path tokenizer_from;
 };
 
-/// The files of a model directory, beside config.json and the weights, that its tokenizer and
-/// generation settings live in (the names transformers reads).
-inline constexpr const char* model_side_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                                                   "generation_config.json", "chat_template.jinja", "vocab.json",
-                                                   "merges.txt", "added_tokens.json"};
-
 /// Writes config.json and the weights (merged with any LoRA adapters) as transformers does, so
 /// transformers and crucible both load the directory, and copies options.tokenizer_from's
 /// tokenizer files beside them (errc::not_found if it holds no tokenizer.json). Creates `dir`

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "policy/json_input.hpp"
 #include "policy/safetensors.hpp"
@@ -477,6 +478,23 @@ result<model_config> preset_config(std::string_view preset, model_family family,
   if (auto v = c.validate(); !v)
     return v.error();
   return c;
+}
+
+result<void> copy_model_side_files(const std::filesystem::path& from, const std::filesystem::path& to,
+                                   const std::filesystem::path& tokenizer_json) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const char* name : model_side_files) {
+    const fs::path src = !tokenizer_json.empty() && std::string_view{name} == "tokenizer.json" ? tokenizer_json : from / name;
+    if (!fs::exists(src, ec))
+      continue;
+    auto text = read_file(src);
+    if (!text)
+      return text.error();
+    if (auto r = write_file_atomic(to / name, *text); !r)
+      return r.error();
+  }
+  return {};
 }
 
 } // namespace crucible::policy

@@ -119,4 +119,15 @@ struct init_model_options {
 /// (for `crucible init-model`). Implemented in model.cpp; callers need no torch headers.
 result<model_config> init_model(const init_model_options& options);
 
+/// The files of a model directory, beside config.json and the weights, that its tokenizer and
+/// generation settings live in (the names transformers reads).
+inline constexpr const char* model_side_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                                   "generation_config.json", "chat_template.jinja", "vocab.json",
+                                                   "merges.txt", "added_tokens.json"};
+
+/// Copies the model_side_files present in directory `from` into `to` (each written atomically).
+/// `tokenizer_json`, when given, is copied as tokenizer.json in place of `from`'s.
+result<void> copy_model_side_files(const std::filesystem::path& from, const std::filesystem::path& to,
+                                   const std::filesystem::path& tokenizer_json = {});
+
 } // namespace crucible::policy

@@ -18,7 +18,6 @@ namespace fs = std::filesystem;
 
 // The tokenizer files a model directory carries so that it is self-contained (transformers'
 // AutoTokenizer and crucible's tokenizer both read them); tokenizer.json is required.
-constexpr const char* tokenizer_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
 
 int fail_with(const crucible::error& e, int code) {
   std::fprintf(stderr, "crucible init-model: %s\n", e.message.c_str());
@@ -39,17 +38,7 @@ result<void> copy_tokenizer(const fs::path& source, const fs::path& out) {
   const fs::path dir = is_file ? source.parent_path() : source;
   if (fs::equivalent(dir.empty() ? fs::path{"."} : dir, out, ec))
     return {}; // the tokenizer already lives in the output directory
-  for (const char* name : tokenizer_files) {
-    const fs::path from = is_file && std::string{name} == "tokenizer.json" ? source : dir / name;
-    if (!fs::exists(from, ec))
-      continue;
-    auto text = read_file(from);
-    if (!text)
-      return text.error();
-    if (auto r = write_file_atomic(out / name, *text); !r)
-      return r.error();
-  }
-  return {};
+  return policy::copy_model_side_files(dir.empty() ? fs::path{"."} : dir, out, is_file ? source : fs::path{});
 }
 
 int run_init_model(const parsed_args& args) {
