@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/utf8.hpp"
+
 namespace crucible {
 namespace {
 
@@ -123,25 +125,15 @@ result<std::string> read_source_file(const std::filesystem::path& path) {
   auto text = read_file(path);
   if (!text)
     return text;
-  const auto& s = *text;
+  const std::string_view s = *text;
   for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c == 0)
+    if (s[i] == '\0')
       return fail(errc::invalid_arg, path.string(), ": is not a text file (a NUL byte at offset ", std::to_string(i), ")");
-    // UTF-8: the sequence's length from its first byte, then continuation bytes 10xxxxxx; no
-    // overlong forms, surrogates or code points past U+10FFFF.
-    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len != 0 && i + len <= s.size();
-    for (std::size_t k = 1; ok && k < len; ++k)
-      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok && len > 1) {
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      ok = !(c == 0xC0 || c == 0xC1) && !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0)
-           && !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90) && c <= 0xF4;
-    }
-    if (!ok)
-      return fail(errc::invalid_arg, path.string(), ": is not a text file (bytes that are not UTF-8 at offset ", std::to_string(i), ")");
-    i += len;
+    const auto u = decode_utf8(s, i);
+    if (u.len == 0)
+      return fail(errc::invalid_arg, path.string(), ": is not a text file (bytes that are not UTF-8 at offset ",
+                  std::to_string(i), ")");
+    i += u.len;
   }
   return text;
 }
