@@ -1466,7 +1466,9 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   // Timeouts depend on the machine's load, and the evaluator's own failures (its device memory,
   // its comparison; a verdict without a worker returned above) are not the candidate's: keep
   // neither.
-  bool cacheable = v.status != verdict_status::timeout && !evaluator_failed;
+  // Nor a check of a task alone (check_task): its "ok" says the reference ran, and kept under the
+  // key of an empty candidate it would answer an empty submission.
+  bool cacheable = v.status != verdict_status::timeout && !evaluator_failed && !req.reference_only;
   if (cache_ && cacheable) {
     if (auto r = cache_->store(key, v); !r)
       log_.warn("evaluator", r.error().message);

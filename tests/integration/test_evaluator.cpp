@@ -257,6 +257,24 @@ TEST_CASE("a task with more output elements than float32 counts exactly is judge
   CHECK(v.status == verdict_status::ok);
 }
 
+TEST_CASE("a check of a task alone is not kept in the verdict cache") {
+  auto dir = fs::temp_directory_path() / ("crucible-checktask-" + std::to_string(::getpid()));
+  auto cache = verdict_cache::open(dir / "verdicts.db");
+  REQUIRE(cache.ok());
+  std::shared_ptr<verdict_cache> shared = std::move(*cache);
+  cpu_evaluator ev{1, shared};
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE(t.ok());
+  auto checked = ev.ev->check_task(*t);
+  CHECK_MESSAGE(checked.status == verdict_status::ok, describe(checked));
+  CHECK(shared->size() == 0);
+  // An empty submission is judged, not answered with the check's "ok".
+  auto empty = ev.ev->evaluate(eval_request{*t, "", 0, true});
+  CHECK_FALSE(empty.cache_hit);
+  CHECK(empty.status != verdict_status::ok);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("a resubmitted candidate is answered from the verdict cache") {
   auto dir = fs::temp_directory_path() / ("crucible-evalcache-" + std::to_string(::getpid()));
   auto cache = verdict_cache::open(dir / "verdicts.db");
