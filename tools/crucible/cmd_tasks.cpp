@@ -1,5 +1,4 @@
 // `crucible tasks import DIR`: index a KernelBench-style directory without changing it.
-#include <algorithm>
 #include <cstdio>
 #include <regex>
 
@@ -54,6 +53,7 @@ int run_tasks(const parsed_args& args) {
       std::fprintf(stderr, "crucible tasks import: %s\n", ev.error().message.c_str());
       return exit_failure;
     }
+    std::vector<env::task> runs; // the tasks whose reference ran
     std::size_t i = 0;
     const bool terminal = ::isatty(2) != 0;
     for (const auto& t : *tasks) {
@@ -61,7 +61,9 @@ int run_tasks(const parsed_args& args) {
       if (terminal)
         std::fprintf(stderr, "\r[%zu/%zu] checking %s\x1b[K", i, tasks->size(), t.name.c_str());
       auto v = (*ev)->check_task(t);
-      if (v.status != env::verdict_status::ok) {
+      if (v.status == env::verdict_status::ok) {
+        runs.push_back(t);
+      } else {
         // The worker runs the source as task.py in its scratch directory: name the real file.
         static const std::regex scratch_file{R"(File "[^"]*task\.py")"};
         auto what = std::regex_replace(v.message, scratch_file, "File \"" + t.path.string() + "\"");
@@ -77,12 +79,7 @@ int run_tasks(const parsed_args& args) {
                            "--skip-broken\n", broken.size(), tasks->size(), dir.c_str());
       return exit_failure;
     }
-    tasks->erase(std::remove_if(tasks->begin(), tasks->end(),
-                                [&](const env::task& t) {
-                                  return std::any_of(broken.begin(), broken.end(),
-                                                     [&](const auto& b) { return b.first == t.name; });
-                                }),
-                 tasks->end());
+    *tasks = std::move(runs);
   }
   json_writer w;
   w.begin_object().field("root", dir).key("tasks").begin_array();
