@@ -1359,18 +1359,25 @@ verdict evaluation::run() {
   // times, earns no speed credit: a fallback to the reference's code, or the reference itself
   // (docs/evaluator.md, Own work). Its measured times stay in ref_ms and cand_ms.
   const bool lazy = own_kernels_ == 0;
-  v_.speedup = round_toward_one(lazy ? std::min(speedup, 1.0) : speedup);
+  // A speedup counts only when its whole band clears the threshold: a verdict of 1.04x within
+  // ±11% may as well be 0.93x, and crediting it rewards noise (docs/evaluator.md, Timing: the
+  // band). Below 1.00x the measured figure stands: the best estimate of a slower kernel.
+  const bool cleared = band_clears(summary, opt.win_threshold);
+  const bool uncertain = speedup > 1.0 && !cleared;
+  v_.speedup = credited_speedup(summary, opt.win_threshold, lazy);
   v_.speedup_spread = summary.spread;
   v_.ref_ms = summary.ref_ms;
   v_.cand_ms = summary.cand_ms;
   v_.rounds = static_cast<std::uint32_t>(ref.size());
-  char buf[320];
-  std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds (band ±%.1f%%)%s%s",
-                speedup > opt.win_threshold ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
+  char buf[400];
+  std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds (band ±%.1f%%)%s%s%s",
+                cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
                 speedup, ref.size(), 100 * summary.spread, settled ? "" : "; unstable after max_rounds",
                 lazy && speedup > 1.0 ? "; no speed credit: the candidate ran the reference's own kernels, each as many "
                                         "times (credited 1.00x)"
-                                      : "");
+                                      : "",
+                uncertain && !lazy ? "; the band reaches below the win threshold, so no speedup is credited (1.00x)"
+                                   : "");
   v_.message = buf;
   return v_;
 }

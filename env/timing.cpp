@@ -66,6 +66,15 @@ timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::ve
   return s;
 }
 
+bool band_clears(const timing_summary& s, double threshold) noexcept {
+  return std::isfinite(s.spread) && std::isfinite(s.speedup) && s.speedup * (1.0 - s.spread) > threshold;
+}
+
+double credited_speedup(const timing_summary& s, double threshold, bool no_own_work) noexcept {
+  const bool capped = no_own_work || (s.speedup > 1.0 && !band_clears(s, threshold));
+  return round_toward_one(capped ? std::min(s.speedup, 1.0) : s.speedup);
+}
+
 bool may_stop_early(const timing_summary& first, double early_stop_spread, const timing_policy& policy) noexcept {
   return early_stop_spread > 0 && std::isfinite(first.spread) && first.spread <= early_stop_spread
          && first.disagreement <= policy.max_bucket_disagreement;

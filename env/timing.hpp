@@ -31,6 +31,15 @@ struct timing_summary {
 timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::vector<double>& cand_ms,
                                 const timing_policy& policy);
 
+/// Whether the whole 95% band of `s` lies above `threshold`: speedup × (1 − spread) > threshold.
+/// Only then is a speedup credited (a NaN or infinite band never clears).
+bool band_clears(const timing_summary& s, double threshold) noexcept;
+
+/// The speedup a verdict credits from its summary: the measured speedup (rounded toward 1.00)
+/// when the band clears `threshold`; at most 1.00 when it does not, or when the candidate ran
+/// only the reference's own kernels (`no_own_work`). Below 1.00 the measured figure stands.
+double credited_speedup(const timing_summary& s, double threshold, bool no_own_work) noexcept;
+
 /// Whether a measurement may end with the rounds summarised in `first` (its first
 /// evaluator.min_rounds rounds) instead of going on to evaluator.rounds: their band is already
 /// within `early_stop_spread` (a fraction of policy.max_spread) and their buckets agree within
