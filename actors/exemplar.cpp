@@ -75,6 +75,12 @@ std::string json_ids(const std::vector<variant_id>& xs) {
   return out + "]";
 }
 
+// A prompt's id in the replay store: "sha256:" and the hex digest of its text, so that a group's
+// members and every group sampled on the same prompt share one stored text.
+std::string prompt_id_of(std::string_view prompt) {
+  return "sha256:" + sha256_hex(prompt);
+}
+
 storage::variant_record to_record(const scored_variant& x) {
   storage::variant_record r;
   r.task_id = x.task.value;
@@ -95,6 +101,9 @@ storage::variant_record to_record(const scored_variant& x) {
   r.policy_version = x.policy_version.value;
   r.group_id = x.group.value;
   r.exemplar_ids = json_ids(x.exemplars);
+  r.completion = x.completion;
+  if (!x.prompt.empty())
+    r.prompt_id = prompt_id_of(x.prompt);
   return r;
 }
 
@@ -157,6 +166,12 @@ using exemplar_pointer = exemplar_impl_actor::stateful_pointer<exemplar_state>;
 
 void record(exemplar_pointer self, const scored_variant& x) {
   auto& st = self->state;
+  // The prompt first (once per text: its id is its hash), so that no stored variant points at
+  // a prompt the store lacks.
+  if (!x.prompt.empty() && !st.store->record_prompt(prompt_id_of(x.prompt), x.prompt).ok()) {
+    ++st.stats.record_errors;
+    return;
+  }
   if (st.store->record(to_record(x)).ok())
     ++st.stats.recorded;
   else

@@ -311,6 +311,12 @@ struct scored_variant {
   std::string hardware;     ///< hardware kind it was evaluated on (e.g. "h100"), not the device model
   crucible::policy_version policy_version; ///< weights that generated it
   std::vector<variant_id> exemplars;       ///< exemplars its prompt showed (replay store ids)
+  /// The full prompt text the policy saw (chat template applied); empty for a seed variant, and
+  /// in exemplar sets (the store keeps it once, by its hash).
+  std::string prompt;
+  /// The policy's whole response the code was cut from (the code itself for a format error);
+  /// empty for a seed variant, and in exemplar sets.
+  std::string completion;
 
   friend bool operator==(const scored_variant&, const scored_variant&) = default;
 };
@@ -318,7 +324,7 @@ struct scored_variant {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, scored_variant& x) {
   return f(caf::meta::type_name("scored_variant"), x.variant, x.group, x.task, x.code,
-           x.verdict, x.hardware, x.policy_version, x.exemplars);
+           x.verdict, x.hardware, x.policy_version, x.exemplars, x.prompt, x.completion);
 }
 
 // -- exemplars (rollout <-> exemplar actor) --------------------------------------------------

@@ -102,6 +102,7 @@ std::uint64_t splitmix64(std::uint64_t x) {
 struct member {
   variant_id variant;
   std::string code;           // the candidate; the raw response for a format error
+  std::string completion;     // the whole response, for the replay store
   policy_version version;     // weights that sampled it
   bool format_error = false;
   verdict format_verdict;     // when format_error
@@ -115,6 +116,7 @@ struct group_work {
   task_id task;
   phase step = phase::exemplars;
   std::vector<variant_id> exemplar_ids; // the exemplars the prompt showed
+  std::string prompt;                   // the prompt text the policy saw, for the replay store
   generation_request request;           // kept for a retry
   group_announce announce;              // kept for a retry; cleared once accepted
   std::vector<member> members;
@@ -226,7 +228,7 @@ void report(rollout_pointer self, group_id id, std::size_t slot, const verdict& 
     return;
   auto& m = g->members[slot];
   st.sampler->observe(g->task.value, v);
-  scored_variant x{m.variant, id, g->task, m.code, v, st.kind, m.version, g->exemplar_ids};
+  scored_variant x{m.variant, id, g->task, m.code, v, st.kind, m.version, g->exemplar_ids, g->prompt, m.completion};
   self->send(st.deps.exemplars, std::move(x));
   m.done = true;
   if (--g->open == 0)
@@ -319,6 +321,7 @@ void on_generated(rollout_pointer self, group_id id, generation_result& r) {
     member m;
     m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
     m.version = c.policy_version;
+    m.completion = c.text;
     auto parsed = env::parse_response(c.text, st.deps.parse);
     if (parsed.ok) {
       m.code = std::move(parsed.response.code);
@@ -378,6 +381,7 @@ void on_exemplars(rollout_pointer self, group_id id, const exemplar_set& set) {
   auto& req = g->request;
   req.group = id;
   req.task = g->task;
+  g->prompt = built->text;
   req.prompt = std::move(built->text);
   req.add_special_tokens = st.opt.add_special_tokens;
   req.samples = st.opt.group_size;

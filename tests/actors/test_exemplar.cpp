@@ -626,3 +626,45 @@ TEST_CASE_FIXTURE(fixture, "spawning fails on bad options, no learner or an unus
   CHECK(r.error().code == errc::io);
   CHECK_MESSAGE(r.error().message.find("missing") != std::string::npos, r.error().message);
 }
+
+TEST_CASE_FIXTURE(fixture, "a policy sample is stored with its whole completion and its prompt, kept once per text") {
+  auto a = spawn(options());
+  const std::string prompt = "<|im_start|>user\nWrite ModelNew for level1/19_ReLU\n<|im_end|>\n";
+  auto x = member(5, 11, ok_verdict(1.5));
+  x.prompt = prompt;
+  x.completion = "## Analysis\nfuse it\n```python\n" + x.code + "```\n";
+  auto y = member(5, 12, failed_verdict(verdict_status::incorrect));
+  y.prompt = prompt;
+  y.completion = "```python\n" + y.code + "```\n";
+  auto seed = scored(13, ok_verdict(1.1)); // a seed variant: no prompt, no completion
+  REQUIRE(announce(a, announce_of(5, {11, 12})) == errc::none);
+  tell(a, x);
+  tell(a, y);
+  tell(a, seed);
+  CHECK(stats(a).recorded == 3);
+  CHECK(stats(a).record_errors == 0);
+  auto open = storage::replay_store::open(db);
+  REQUIRE(open.ok());
+  std::set<std::string> prompt_ids;
+  for (const auto& [want, id] : {std::pair{&x, 1}, std::pair{&y, 2}}) {
+    auto row = open->find(id);
+    REQUIRE_MESSAGE(row.ok(), row.error().to_string());
+    CHECK(row->code == want->code);
+    CHECK(row->completion == want->completion);
+    CHECK(row->prompt_id == "sha256:" + sha256_hex(prompt));
+    prompt_ids.insert(row->prompt_id);
+    auto p = open->find_prompt(row->prompt_id);
+    REQUIRE_MESSAGE(p.ok(), p.error().to_string());
+    CHECK(p->text == prompt);
+  }
+  CHECK(prompt_ids.size() == 1); // the group's members share one stored prompt
+  auto s = open->find(3);
+  REQUIRE(s.ok());
+  CHECK(s->completion.empty());
+  CHECK(s->prompt_id.empty());
+  // Exemplar sets carry the code and verdict, not the texts.
+  for (const auto& e : exemplars(a, 5).exemplars) {
+    CHECK(e.prompt.empty());
+    CHECK(e.completion.empty());
+  }
+}

@@ -257,6 +257,44 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(rep.exit_code == 0);
   auto html = slurp(run / "report" / "report.html");
   CHECK(html.find("No data yet: no train_step records with a mean_reward") == std::string::npos);
+  // The replay store keeps what the policy saw and wrote: every RL sample (a group's member)
+  // with its whole completion, which holds the code cut from it, and the id of a stored prompt
+  // that names the task; seed variants have neither.
+  const auto exported = tmp.path() / "replay.jsonl";
+  auto ex = cli({"replay", "export", run.string(), "--out", exported.string()});
+  INFO(ex.err);
+  REQUIRE(ex.exit_code == 0);
+  std::map<std::string, std::string> prompts;
+  std::vector<crucible::json_value> samples, seeds;
+  {
+    std::istringstream in(slurp(exported));
+    for (std::string line; std::getline(in, line);) {
+      auto j = crucible::parse_json(line);
+      REQUIRE(j.ok());
+      if (const auto* kind = j->find("kind"); kind && kind->as_string() == "prompt")
+        prompts[j->find("prompt_id")->as_string()] = j->find("text")->as_string();
+      else if (j->find("group_id")->as_int() != 0)
+        samples.push_back(*j);
+      else
+        seeds.push_back(*j);
+    }
+  }
+  REQUIRE_FALSE(samples.empty());
+  CHECK_FALSE(prompts.empty());
+  for (const auto& x : samples) {
+    const auto& completion = x.find("completion")->as_string();
+    const auto& id = x.find("prompt_id")->as_string();
+    INFO("variant ", x.find("id")->as_int());
+    CHECK_FALSE(completion.empty());
+    CHECK(completion.find(x.find("code")->as_string()) != std::string::npos);
+    REQUIRE(prompts.count(id) == 1);
+    CHECK(id == "sha256:" + crucible::sha256_hex(prompts[id]));
+    CHECK(prompts[id].find(x.find("task_id")->as_string()) != std::string::npos);
+  }
+  for (const auto& x : seeds) {
+    CHECK(x.find("completion")->as_string().empty());
+    CHECK(x.find("prompt_id")->as_string().empty());
+  }
   // A finished run cannot be resumed.
   auto again = cli({"resume", run.string()});
   CHECK(again.exit_code == 2);

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tools/bench/timing_precision_gpu.sh start|wait|collect: the timing precision figures of
+# docs/PERFORMANCE.md ("Timing precision") on one GPU machine, across several device calls of one
+# lease. `start` builds crucible (tools/bench/eval_set_gpu.sh build) and starts, in a session of
+# its own (setsid), one after the other:
+#   1. self-l1   every KernelBench level 1 task against itself (tools/bench/reference_as_candidate.py
+#                on data/kernelbench/level1): crucible eval --pairs, concurrency CONC (6)
+#   2. dev6      six released CUDA-L1 kernels, 10 verdicts each (tools/bench/pick_pairs.py; the
+#                pairs in data/dev6, made on the development machine), --no-cache
+#   3. kb-self   KernelBench's own timing of step 1's pairs (tools/bench/kernelbench_timing.py)
+#   4. kb-dev6   the same for dev6, 3 verdicts each
+#   5. before    steps 1 and 2 with one call per timed sample (evaluator.sample_ms=0), the
+#                protocol before it: 25 self-l1 tasks and 3 verdicts of each dev6 kernel
+# then waits like `wait`. `wait` waits until the pipeline ends or WAIT_S seconds (540) have passed;
+# `collect` copies every record and log to $OUT. The data folders travel with the call (carry
+# data/kernelbench and data/dev6, with .deps/debs and .whl for the build).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-$ROOT/gpu-out}"
+RUNS="$ROOT/data/runs/precision"
+mkdir -p "$OUT" "$RUNS"
+export LD_LIBRARY_PATH="$ROOT/.deps/prefix/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+CRUCIBLE="$ROOT/build-gpu/tools/crucible"
+SETARGS=(--device cuda:0 --json --set evaluator.concurrency="${CONC:-6}" --set evaluator.warm_workers="${WARM:-12}")
+
+step() { # NAME: runs the rest, logging to $RUNS/NAME.log, once (a mark file says it is done)
+  local name="$1"; shift
+  [[ -f "$RUNS/$name.done" ]] && return 0
+  echo "[$(date +%T)] $name: start" >>"$RUNS/pipeline.log"
+  local t0; t0=$(date +%s)
+  "$@" >"$RUNS/$name.out" 2>"$RUNS/$name.log"
+  echo "[$(date +%T)] $name: rc $? after $(( $(date +%s) - t0 )) s" >>"$RUNS/pipeline.log"
+  touch "$RUNS/$name.done"
+}
+
+pipeline() {
+  python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
+  grep -v '^#' data/self-l1/pairs.tsv | head -25 >data/self-l1/pairs-25.tsv
+  head -1 data/dev6/pairs.tsv >data/dev6/pairs-3.tsv
+  grep -E '_r[123]\.py$' data/dev6/pairs.tsv >>data/dev6/pairs-3.tsv
+  step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$RUNS/self-l1.jsonl" "${SETARGS[@]}"
+  step dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs.tsv --out "$RUNS/dev6.jsonl" --no-cache "${SETARGS[@]}"
+  step kb-self python3 tools/bench/kernelbench_timing.py --pairs data/self-l1/pairs.tsv --out "$RUNS/kb-self-l1.jsonl" --json
+  step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs data/dev6/pairs-3.tsv --out "$RUNS/kb-dev6.jsonl" --json
+  step before-self "$CRUCIBLE" eval --pairs data/self-l1/pairs-25.tsv --out "$RUNS/before-self-l1.jsonl" --no-cache \
+    "${SETARGS[@]}" --set evaluator.sample_ms=0
+  step before-dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs-3.tsv --out "$RUNS/before-dev6.jsonl" --no-cache \
+    "${SETARGS[@]}" --set evaluator.sample_ms=0
+  echo "[$(date +%T)] pipeline: end" >>"$RUNS/pipeline.log"
+}
+
+running() { [[ -f "$RUNS/pid" ]] && kill -0 "$(cat "$RUNS/pid")" 2>/dev/null; }
+
+collect() {
+  cp "$RUNS"/*.jsonl "$RUNS"/*.out "$RUNS"/*.log "$OUT/" 2>/dev/null
+  for f in "$RUNS"/*.log; do tr '\r' '\n' <"$f" | grep -v '^$' | tail -1 | sed "s|^|$(basename "$f"): |"; done
+}
+
+wait_run() {
+  local until=$(( $(date +%s) + ${WAIT_S:-540} ))
+  while running && (( $(date +%s) < until )); do
+    sleep $(( until - $(date +%s) < 60 ? until - $(date +%s) : 60 ))
+    echo "[$(date +%T)] $(tail -1 "$RUNS/pipeline.log")"
+  done
+  if running; then echo "timing_precision: still running"; else echo "timing_precision: ended"; fi
+  collect
+}
+
+case "${1:-}" in
+  start)
+    tools/bench/eval_set_gpu.sh build || exit 1
+    if [[ ! -f "$RUNS/smoke.done" ]]; then # one verdict first, in the open: a broken build shows here
+      python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
+      timeout 120 "$CRUCIBLE" eval --task data/kernelbench/level1/19_ReLU.py --candidate data/self-l1/candidates/19_ReLU.py \
+        --device cuda:0 --no-cache --verbose 2>&1 | grep -E "calls per sample|message|status|error|Error" | cut -c1-600
+      touch "$RUNS/smoke.done"
+    fi
+    if running; then echo "timing_precision: already running"; else
+      setsid nohup bash "$0" pipeline </dev/null >"$RUNS/pipeline.stdout" 2>&1 &
+      echo $! >"$RUNS/pid"
+    fi
+    wait_run ;;
+  pipeline) pipeline ;;
+  wait) wait_run ;;
+  collect) collect ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
+esac
