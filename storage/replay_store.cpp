@@ -519,6 +519,33 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
                         std::to_string(*version), " is newer than this build's (",
                         std::to_string(schema_version), ")"));
 
+  // A file damaged past its first pages opens and reads its header fine, and fails (or, on a
+  // damaged free list, loops) only when a query reaches the bad pages: a run resumed on such a
+  // file once logged its stage and then nothing. SQLite's quick_check reads every page
+  // (O(size), about a second per GB) and is refused here, naming the file.
+  {
+    statement qc;
+    std::string found;
+    int rc = sqlite3_prepare_v2(db, "PRAGMA quick_check(5)", -1, &qc.s, nullptr);
+    if (rc == SQLITE_OK) {
+      while ((rc = sqlite3_step(qc.s)) == SQLITE_ROW) {
+        std::string line = reinterpret_cast<const char*>(sqlite3_column_text(qc.s, 0));
+        if (line == "ok")
+          continue;
+        for (auto& c : line)
+          if (c == '\n')
+            c = ' ';
+        found += (found.empty() ? "" : "; ") + line;
+      }
+    }
+    if (rc != SQLITE_DONE && found.empty())
+      found = sqlite3_errmsg(db);
+    if (!found.empty())
+      return give_up(fail(errc::corrupt, where(path), ": the replay store is damaged (SQLite's quick_check: ", found,
+                          "); restore it from a copy, or move it aside: an empty store is made in its place at the next "
+                          "start (a run's checkpoints do not depend on it; its exemplars start over)"));
+  }
+
   auto st = std::make_unique<statements>();
   const std::string find_sql = std::string(detail::select_columns) + "WHERE id = ?1";
   const std::string full_sql = std::string(detail::select_columns) + CRUCIBLE_SUCCESS_WHERE;

@@ -801,3 +801,32 @@ TEST_CASE("the WAL is copied into the database file by the store's own thread an
   REQUIRE(last.ok());
   CHECK(last->code.size() == 64 * 1024 + std::to_string(next - 1).size());
 }
+
+TEST_CASE("a store damaged past its first pages is refused at open, naming the file, not when a query reaches the damage") {
+  temp_dir tmp;
+  const auto path = tmp.path() / "replay.db";
+  {
+    auto store = replay_store::open(path);
+    REQUIRE(store.ok());
+    std::vector<variant_record> rows;
+    for (int i = 0; i < 400; ++i)
+      rows.push_back(sample(i));
+    REQUIRE(store->record_batch(rows).ok());
+  } // the last connection's close moves the WAL into the file
+  REQUIRE_FALSE(std::filesystem::exists(tmp.path() / "replay.db-wal"));
+  const auto size = std::filesystem::file_size(path);
+  REQUIRE(size > 16 * 4096);
+  {
+    // The first page (header and schema) stays intact; pages from the middle on are garbage.
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    std::string junk(size / 2, '\x5a');
+    f.seekp(static_cast<std::streamoff>(size / 3));
+    f.write(junk.data(), static_cast<std::streamsize>(size - size / 3));
+  }
+  auto again = replay_store::open(path);
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.error().code == errc::corrupt);
+  CHECK(again.error().message.find(path.string()) != std::string::npos);
+  CHECK(again.error().message.find("damaged") != std::string::npos);
+  MESSAGE(again.error().message);
+}
