@@ -22,6 +22,8 @@ evaluation_runner_actor::behavior_type runner(evaluation_runner_actor::pointer s
       auto it = tasks->find(c.task);
       if (it == tasks->end())
         return make_error(errc::not_found, "unknown task " + c.task.value);
+      if (c.reference_only)
+        return device->check_task(it->second);
       // A recheck is a second, independent measurement: a cached verdict would only repeat
       // the first.
       env::eval_request req{it->second, c.code, 0, !c.recheck};

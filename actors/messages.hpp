@@ -269,13 +269,16 @@ struct candidate {
   /// A second measurement of a large speedup (the pool's cross-device recheck): evaluated
   /// without reading the verdict cache, and never itself rechecked.
   bool recheck = false;
+  /// No candidate: the task's reference is built and run once (device_evaluator::check_task),
+  /// the check a run makes of every task before its first step. `code` is ignored.
+  bool reference_only = false;
 
   friend bool operator==(const candidate&, const candidate&) = default;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, candidate& x) {
-  return f(caf::meta::type_name("candidate"), x.variant, x.task, x.code, x.hardware, x.recheck);
+  return f(caf::meta::type_name("candidate"), x.variant, x.task, x.code, x.hardware, x.recheck, x.reference_only);
 }
 
 } // namespace crucible

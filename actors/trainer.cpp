@@ -393,6 +393,10 @@ struct trainer_state {
 
   // Warm start.
   std::vector<std::size_t> warm_queue;
+  bool tasks_checked = false;          // every task's reference ran (tasks.check_references), in this process
+  std::vector<task_id> check_queue;    // tasks whose reference is still to be run
+  std::size_t check_in_flight = 0;
+  std::vector<std::string> broken;     // "NAME (FILE): message" of each task whose reference failed
   std::size_t warm_in_flight = 0;
   std::size_t warm_done = 0;
 
@@ -632,6 +636,7 @@ void before_update(self_pointer self) {
 }
 
 void advance(self_pointer self);
+void check_tasks(self_pointer self);
 
 // Moves to the next stage (stopping the rollouts of a sampling stage first) and runs its step.
 void next_stage(self_pointer self) {
@@ -970,6 +975,10 @@ void sampling_step(self_pointer self) {
 
 void advance(self_pointer self) {
   auto& st = self->state;
+  if (!st.tasks_checked && st.deps->cfg.tasks.check_references && st.p.stage < stage_done) {
+    check_tasks(self);
+    return;
+  }
   if (st.p.stage >= stage_done) {
     finish_step(self, true);
     return;
@@ -991,6 +1000,78 @@ void advance(self_pointer self) {
     sft_step(self);
   else
     sampling_step(self);
+}
+
+// Before the first step of this process: every task's reference built and run once through the
+// evaluator pool (tasks.check_references). Any failure stops the run, naming each broken task.
+void check_pump(self_pointer self) {
+  auto& st = self->state;
+  constexpr std::size_t max_in_flight = 8;
+  auto done = [self]() {
+    auto& st = self->state;
+    if (!st.check_queue.empty() || st.check_in_flight > 0)
+      return;
+    if (st.broken.empty()) {
+      st.tasks_checked = true;
+      st.deps->log->info(component, "tasks: the reference of each of ", st.deps->tasks->size(), " tasks ran");
+      advance(self);
+      return;
+    }
+    std::string what;
+    for (const auto& b : st.broken)
+      what += "\n  " + b;
+    auto n = st.broken.size();
+    st.broken.clear();
+    st.check_queue.clear();
+    fail_step(self, fail(errc::invalid_arg, std::to_string(n), " of ", std::to_string(st.deps->tasks->size()),
+                         " tasks cannot run their reference:", what,
+                         "\nfix them, leave them out with tasks.include, or import the suite with `crucible tasks "
+                         "import --skip-broken` (tasks.check_references: false skips this check)"));
+  };
+  while (st.check_in_flight < max_in_flight && !st.check_queue.empty()) {
+    auto t = st.check_queue.back();
+    st.check_queue.pop_back();
+    ++st.check_in_flight;
+    candidate c{variant_id{0}, t, "", st.kind, false, true};
+    self->request(st.deps->evaluators, caf::infinite, std::move(c))
+      .then(
+        [self, t, done](const verdict& v) {
+          auto& st = self->state;
+          --st.check_in_flight;
+          if (v.status != verdict_status::ok) {
+            auto it = st.deps->tasks->find(t);
+            st.broken.push_back(t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
+                                + ": " + v.message);
+          }
+          done();
+          check_pump(self);
+        },
+        [self, t, done](const caf::error& e) {
+          auto& st = self->state;
+          --st.check_in_flight;
+          auto err = to_error(e);
+          if (err.code == errc::busy) {
+            st.check_queue.push_back(t);
+            arm_timer(self);
+            return;
+          }
+          st.broken.push_back(t.value + ": the evaluators failed: " + err.message);
+          done();
+          check_pump(self);
+        });
+  }
+}
+
+void check_tasks(self_pointer self) {
+  auto& st = self->state;
+  if (st.check_in_flight > 0 || !st.check_queue.empty())
+    return; // under way
+  st.broken.clear();
+  for (const auto& [id, t] : *st.deps->tasks)
+    st.check_queue.push_back(id);
+  std::reverse(st.check_queue.begin(), st.check_queue.end()); // popped from the back: catalogue order
+  st.deps->log->info(component, "tasks: running the reference of each of ", st.check_queue.size(), " tasks once");
+  check_pump(self);
 }
 
 // The hardware kind and device model candidates go to (as the rollout actors choose them).
@@ -1180,6 +1261,10 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       st.timer_armed = false;
       if (!st.busy)
         return;
+      if (!st.tasks_checked && !st.check_queue.empty()) {
+        check_pump(self);
+        return;
+      }
       if (st.p.stage == stage_warm) {
         warm_pump(self);
         return;

@@ -617,6 +617,14 @@ void describe(V& v, config& c) {
             at_least(4, "an integer ≥ 4"));
     v.field("baseline", e.baseline, "What the speedup is measured against.");
     v.field("flush_bytes", e.flush_bytes, "Bytes written to flush caches before each timed call; 0: 256 MiB on CUDA, 64 MiB on CPU.");
+    v.field("sample_ms", e.sample_ms,
+            "A timed sample lasts about this long: each model is called several times back to back between one "
+            "start and one stop, each call on its own fresh inputs, as many calls as make the faster model's "
+            "sample last this long by the first calls' times (at most `max_calls`, fewer where the inputs would not "
+            "fit a quarter of the free memory). A single call of a 10 us kernel is as short as the clock's jitter; "
+            "0: one call per sample. The times are per call (docs/evaluator.md, Timing).",
+            non_negative_number());
+    v.field("max_calls", e.max_calls, "Most calls in one timed sample (`sample_ms`).", positive<std::int64_t>("a positive integer"));
     v.field("placement_jitter_bytes", e.placement_jitter_bytes,
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
@@ -822,6 +830,12 @@ void describe(V& v, config& c) {
             "(`*`, `?` and `[...]` as in the shell); they are neither measured nor trained on.");
     v.field("warm_start", t.warm_start, "Evaluate the seed variants into the exemplar store when the run starts, so the "
             "first prompts show measured exemplars.");
+    v.field("check_references", t.check_references,
+            "Before its first step (of a new run and of each resume), the run builds and runs every task's reference "
+            "once through the evaluator pool; a task whose reference fails (a syntax error, an exception, a "
+            "reference that is not deterministic) stops the run with the task's name and the error, before any "
+            "training. To leave broken tasks out, name the others in `include`, or import the suite with "
+            "`crucible tasks import --skip-broken`.");
   });
   v.section("stages", "The stage schedule, run in order SFT, self-supervised, contrastive RL; a stage with 0 steps is skipped.", [&] {
     auto& g = c.stages;

@@ -134,6 +134,8 @@ struct evaluator_options {
   std::int64_t recheck_rounds = 10;            ///< rounds of that second measurement (on this device)
   timing_baseline baseline = timing_baseline::eager;
   std::uint64_t flush_bytes = 0;               ///< 0: 256 MiB on CUDA, 64 MiB on CPU
+  double sample_ms = 1.0;                      ///< a timed sample lasts about this long: calls back to back, each on fresh inputs; 0: one call
+  std::int64_t max_calls = 100;                ///< most calls in one timed sample
   std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
   bool timing_reserve = true;                  ///< CUDA: one block for the timing rounds' buffers, reserved before the first calls
   bool quiet_gc = true;                        ///< workers freeze Python's collector's objects at the job and collect nothing while timing
@@ -271,6 +273,7 @@ struct tasks_config {
   std::string seeds;                     ///< seed variants: SEEDS/<task name>/*.py; "" : SUITE/variants
   std::vector<std::string> seed_exclude; ///< file-name patterns (`*`, `?`, `[...]`) of seed variants left out
   bool warm_start = true;                ///< evaluate the seed variants into the exemplar store before training
+  bool check_references = true;          ///< run every task's reference once before the first step; a broken task stops the run
 };
 
 /// `stages.sft:` — supervised fine-tuning on the verified seed variants.

@@ -111,7 +111,7 @@ template <> struct sample<rollout_stats> {
 template <> struct sample<candidate> {
   static candidate make() {
     return {sample<variant_id>::make(), sample<task_id>::make(),
-            "import torch\nclass ModelNew(torch.nn.Module): pass\n", "NVIDIA H100", true};
+            "import torch\nclass ModelNew(torch.nn.Module): pass\n", "NVIDIA H100", true, true};
   }
 };
 
@@ -141,7 +141,8 @@ template <> struct sample<scored_variant> {
   static scored_variant make() {
     return {sample<variant_id>::make(), sample<group_id>::make(), sample<task_id>::make(),
             sample<candidate>::make().code, sample<verdict>::make(), "h100", policy_version{3},
-            {variant_id{5}, variant_id{9}}};
+            {variant_id{5}, variant_id{9}}, "<|im_start|>user\nWrite ModelNew\n<|im_end|>\n",
+            "## Analysis\n```python\n" + sample<candidate>::make().code + "```\n"};
   }
 };
 

@@ -606,6 +606,35 @@ TEST_CASE("bad training input is refused with the key at fault and nothing is ru
   CHECK(r3.exit_code == 2);
 }
 
+TEST_CASE("a task whose reference cannot run stops the run before its first step, by name and line") {
+  temp_dir tmp;
+  const auto suite = tmp.path() / "suite";
+  fs::create_directories(suite);
+  fs::copy_file(source_dir / "env/tasks/cpu/02_silu_bias_residual.py", suite / "02_silu_bias_residual.py");
+  // A task file that looks like a task (class Model, get_inputs, get_init_inputs) and does not parse.
+  std::ofstream(suite / "03_broken.py") << "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                                           "    def forward(self, x):\n        return torch.relu(x\n\n\n"
+                                           "def get_inputs():\n    return [torch.randn(8)]\n\n\n"
+                                           "def get_init_inputs():\n    return []\n";
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "broken", "  sft: {steps: 1, batch: 2}\n"));
+  auto r = cli({"train", cfg.string(), "--set", "tasks.suite=" + suite.string(), "--set",
+                "tasks.include=[02_silu_bias_residual,03_broken]"});
+  INFO(r.err);
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("1 of 2 tasks cannot run their reference") != std::string::npos);
+  CHECK(r.err.find("03_broken (" + (suite / "03_broken.py").string() + ")") != std::string::npos);
+  CHECK(r.err.find("line 7") != std::string::npos);
+  CHECK(train_steps(tmp.path() / "broken").empty());
+  // With the check off the run starts (and the broken task's samples would score runtime_error).
+  auto off = cli({"train", cfg.string(), "--set", "tasks.suite=" + suite.string(), "--set",
+                  "tasks.include=[02_silu_bias_residual,03_broken]", "--set", "tasks.check_references=false",
+                  "--set", "run.name=unchecked", "--set", "tasks.warm_start=false", "--set",
+                  "tasks.seeds=" + (source_dir / "env/tasks/cpu/variants").string()});
+  INFO(off.err);
+  CHECK(off.exit_code == 0);
+  CHECK(train_steps(tmp.path() / "unchecked") == std::vector<std::int64_t>{1});
+}
+
 TEST_CASE("a wrong task suite or model directory is refused before the run directory is made") {
   temp_dir tmp;
   auto cfg = write_config(tmp.path(), test_config(tmp.path(), "r", "  sft: {steps: 1, batch: 2}\n"));
