@@ -698,14 +698,15 @@ std::string device_evaluator::protocol_key() const {
   char buf[768];
   std::snprintf(buf, sizeof buf,
                 "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
-                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
+                "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;sample=%g/%lld;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
                 "mode=%s",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
                 opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance, static_cast<long long>(opt_.recheck_rounds),
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes),
-                static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.fp32_atol,
+                static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.sample_ms,
+                static_cast<long long>(opt_.max_calls), opt_.fp32_atol,
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol, opt_.rounding_factor,
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads),
                 static_cast<long long>(opt_.cuda_max_connections), opt_.eval_mode ? "eval" : "train");
@@ -816,6 +817,8 @@ private:
   /// Kernels (or operators) of the candidate's profiled call that the reference's did not run
   /// (the worker's own_work); -1 unknown. 0: no speed credit.
   long own_kernels_ = -1;
+  /// Calls per timed sample (evaluator.sample_ms; the worker's choice): the times are per call.
+  long calls_ = 1;
   clock_type::time_point t0_ = clock_type::now();
 };
 
@@ -1097,6 +1100,8 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       return false;
     }
   }
+  if (const auto k = n["calls"]; k.IsDefined() && k.IsScalar())
+    calls_ = k.as<long>(1);
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
   double call_ms = 0;
@@ -1128,6 +1133,8 @@ verdict evaluation::run() {
                     + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
                                                            : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
                     + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
+                    + ",\"sample_ms\":" + std::to_string(opt.sample_ms)
+                    + ",\"max_calls\":" + std::to_string(opt.max_calls)
                     + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
                     + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
                     + ",\"eval_mode\":" + (opt.eval_mode ? "true" : "false")
@@ -1370,9 +1377,12 @@ verdict evaluation::run() {
   v_.cand_ms = summary.cand_ms;
   v_.rounds = static_cast<std::uint32_t>(ref.size());
   char buf[400];
-  std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds (band ±%.1f%%)%s%s%s",
+  char calls[48] = "";
+  if (calls_ > 1)
+    std::snprintf(calls, sizeof calls, " of %ld calls", calls_);
+  std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds%s (band ±%.1f%%)%s%s%s",
                 cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
-                speedup, ref.size(), 100 * summary.spread, settled ? "" : "; unstable after max_rounds",
+                speedup, ref.size(), calls, 100 * summary.spread, settled ? "" : "; unstable after max_rounds",
                 lazy && speedup > 1.0 ? "; no speed credit: the candidate ran the reference's own kernels, each as many "
                                         "times (credited 1.00x)"
                                       : "",

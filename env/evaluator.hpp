@@ -35,7 +35,7 @@ class Node;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-6";
+inline constexpr const char* protocol_version = "crucible-eval-7";
 
 /// One candidate for one task.
 struct eval_request {

@@ -1517,6 +1517,35 @@ def _map_tensors(x, fn):
     return x
 
 
+def _output_storages(out):
+    """For each output (see _output_items), where its data starts (a slice of a larger buffer
+    starts where it starts); None for one that is not a plain tensor."""
+    return [_T_data_ptr(o) if _type(o) is _Tensor else None for o in _output_items(out)]
+
+
+def _checked_reference(ref_outs, storages, i):
+    """The reference's outputs that call `i` of a timed sample is checked against, output by
+    output: those of the last call of the sample whose same output used the same storage (a
+    candidate may hand back one buffer call after call; the buffer then holds the last such
+    call's values when the sample ends), else call i's own. `storages`: the candidate's
+    _output_storages per call."""
+    mine = storages[i]
+    items = _output_items(ref_outs[i])
+    got = []
+    for m, ptr in _enumerate(mine):
+        j = i
+        if ptr is not None and ptr != 0:
+            for later in _range(_len(storages) - 1, i, -1):
+                if m < _len(storages[later]) and storages[later][m] == ptr:
+                    j = later
+                    break
+        src = _output_items(ref_outs[j]) if j != i else items
+        got.append(src[m] if m < _len(src) else None)
+    if _len(items) > _len(mine):
+        got.extend(items[_len(mine):])  # a different number of outputs: check_round_outputs says so
+    return got
+
+
 def _output_bytes(out):
     """The bytes a call must have written to produce `out`: for each storage its tensor outputs
     use, the largest span of memory one of them covers there (a broadcast or strided view
@@ -2145,6 +2174,12 @@ class Worker:
         # would hand back round after round (docs/evaluator.md, Timing: placement).
         self.jitter_bytes = _max(_int(job.get("placement_jitter_bytes", 0)), 0)
         self.timing_reserve = job.get("timing_reserve") is True
+        # evaluator.sample_ms / max_calls: a timed sample is `calls` calls back to back, each on
+        # its own fresh inputs, as many as make the sample last sample_ms (choose_calls); 0 or
+        # a cuda-graph baseline: one call per sample.
+        self.sample_ms = _max(_float(job.get("sample_ms", 0) or 0), 0.0)
+        self.max_calls = _max(_int(job.get("max_calls", 1) or 1), 1)
+        self.calls = 1
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
@@ -2711,10 +2746,14 @@ class Worker:
 
     # -- timing ------------------------------------------------------------------------------
     def timed_reference(self, inputs, k):
+        """One timed sample of the reference: a call on each entry of `inputs` (a list of input
+        lists), back to back between one start and one stop. Returns ((synced, stream) ms per
+        call, the list of the calls' outputs)."""
+        n = _len(inputs)
         try:
-            if self.baseline == "cuda-graph":
+            if self.baseline == "cuda-graph":  # one call per sample (choose_calls)
                 graph, static, static_out = self.graph
-                for s, x in zip(static, inputs):
+                for s, x in zip(static, inputs[0]):
                     if _isinstance(s, _Tensor):
                         _T_copy_(s, x)
                 self.flush(k)
@@ -2724,37 +2763,52 @@ class Worker:
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
-                return self.elapsed(), static_out
+                return self.elapsed(1), [static_out]
             fn = self.ref_fn
-            if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
-                self.mark_step()
+            step = self.mark_step if self.baseline == "compile-reduce-overhead" else None
+            outs = []
             self.flush(k)
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                out = fn(*inputs)
+                for x in inputs:
+                    if step is not None:
+                        step()
+                    outs.append(fn(*x))
                 _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
-                return self.elapsed(), out
+                return self.elapsed(n), outs
             t0 = _perf_counter_ns()
-            out = fn(*inputs)
+            for x in inputs:
+                if step is not None:
+                    step()
+                outs.append(fn(*x))
             t1 = _perf_counter_ns()
-            ms = (t1 - t0) / 1e6
-            return (ms, ms), out
+            ms = (t1 - t0) / 1e6 / n
+            return (ms, ms), outs
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
 
-    def elapsed(self):
-        """(synced, stream) milliseconds of the call just timed: from the start event to the stop
-        event recorded after the device-wide synchronisation, and to the event recorded on the
-        stream right after the call returned. The evaluator settles the pair (env/timing.hpp,
-        settle_rounds): the first counts every stream but also the host's wake-up after the
-        synchronisation, which differs from process to process."""
-        return _Ev_elapsed(self.ev0, self.ev1), _Ev_elapsed(self.ev0, self.ev_call)
+    def elapsed(self, n):
+        """(synced, stream) milliseconds per call of the `n` calls just timed: from the start
+        event to the stop event recorded after the device-wide synchronisation, and to the event
+        recorded on the stream right after the last call returned, each divided by `n`. The
+        evaluator settles the pair (env/timing.hpp, settle_rounds): the first counts every stream
+        but also the host's wake-up after the synchronisation, which differs from process to
+        process."""
+        return _Ev_elapsed(self.ev0, self.ev1) / n, _Ev_elapsed(self.ev0, self.ev_call) / n
 
-    def timed_candidate(self, inputs, k, where):
+    def timed_candidate(self, inputs, k, where, checked=1):
+        """One timed sample of the candidate: a call on each entry of `inputs` (a list of input
+        lists), back to back between one start and one stop. Returns ((synced, stream) ms per
+        call, [(call index, snapshot)] for `checked` calls drawn at random, the fewest output
+        bytes among those calls). The snapshots (snapshot()) are taken as the clock stops,
+        before anything else; every call's outputs are alive until then, so a candidate that
+        hands back one buffer call after call is checked against the last call that returned it
+        (check_indices)."""
         model = self.model
+        n = _len(inputs)
         py0 = _py_threads()
         os0 = _os_threads()
         _reseed_visible()
@@ -2762,30 +2816,49 @@ class Worker:
         self.foreign_mark(True)
         self.flush(k)
         try:
+            outs = []
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                out = model(*inputs)
-                self.foreign_mark(False)
+                for x in inputs:
+                    outs.append(model(*x))
+                # The stream's stop before the harness's own bookkeeping: its host time is no
+                # part of the candidate's calls (the reference has none).
                 _Ev_record(self.ev_call, self.stream0)
+                self.foreign_mark(False)
                 _cuda_synchronize()  # device-wide: work on side streams counts
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
-                ms = self.elapsed()
+                ms = self.elapsed(n)
             else:
                 t0 = _perf_counter_ns()
-                out = model(*inputs)
+                for x in inputs:
+                    outs.append(model(*x))
                 t1 = _perf_counter_ns()
                 self.foreign_mark(False)
-                ms = (t1 - t0) / 1e6
+                ms = (t1 - t0) / 1e6 / n
                 ms = (ms, ms)
-            aliased = _aliased_outputs(out, inputs)
-            nbytes = _output_bytes(out)
-            out = self.snapshot(out)
+            picks = self.check_indices(n, checked)
+            snaps = [(i, self.snapshot(outs[i])) for i in picks]
+            nbytes = _min(_output_bytes(outs[i]) for i in picks)
+            aliased = [_aliased_outputs(out, x) for out, x in zip(outs, inputs)]
+            storages = [_output_storages(out) for out in outs]
         except _BaseException as e:
             raise _error_done(e, f"in ModelNew.forward ({where})") from None
+        del outs
         self.after_call(py0, os0, where, True)
-        self.check_aliasing(aliased, where)
-        return ms, out, nbytes
+        for a in aliased:
+            self.check_aliasing(a, where)
+        return ms, (snaps, storages), nbytes
+
+    def check_indices(self, n, checked):
+        """`checked` distinct call indices of a sample of `n` calls, drawn from the harness's
+        generator (all of them when n <= checked)."""
+        if n <= checked:
+            return _list(_range(n))
+        picks = _set()
+        while _len(picks) < checked:
+            picks.add(_int(self.rng_random() * n))
+        return _sorted(picks)
 
     def foreign_mark(self, outside):
         """Threads the candidate started in its first calls (any OS thread not there before
@@ -2983,15 +3056,16 @@ class Worker:
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
 
-    def placed(self, inputs):
-        """A copy of `inputs` whose contiguous tensors each start 0 to jitter_bytes (in 512-byte
-        steps) into a fresh allocation of their size plus that lead; other tensors are cloned.
-        The caching allocator hands back blocks of the sizes a round frees, so new allocations
-        alone land at the same few addresses round after round (4 over 33 rounds on an H100);
-        the random lead moves every round's inputs."""
-        if self.jitter_bytes < 512:
+    def placed(self, inputs, jitter_bytes=None):
+        """A copy of `inputs` whose contiguous tensors each start 0 to `jitter_bytes`
+        (self.jitter_bytes by default; in 512-byte steps) into a fresh allocation of their size
+        plus that lead; other tensors are cloned. The caching allocator hands back blocks of the
+        sizes a round frees, so new allocations alone land at the same few addresses round after
+        round (4 over 33 rounds on an H100); the random lead moves every round's inputs."""
+        jitter = self.jitter_bytes if jitter_bytes is None else jitter_bytes
+        if jitter < 512:
             return _clone_inputs(inputs)
-        steps = self.jitter_bytes // 512
+        steps = jitter // 512
 
         def place(t):
             if _type(t) is not _Tensor or t.requires_grad or not _T_is_contiguous(t):
@@ -3011,25 +3085,30 @@ class Worker:
         del out
 
     def one_round(self):
-        """One paired round: fresh inputs, both models timed in random order; returns
-        ((synced, stream) ms of the reference, the same of the candidate, candidate first)."""
+        """One paired round: each model timed once, in random order, on a sample of self.calls
+        calls, each call on its own fresh inputs; returns ((synced, stream) ms per call of the
+        reference, the same of the candidate, candidate first)."""
         k = self.round_no
         self.round_no += 1
         t_round = _perf_counter_ns()
+        n = self.calls
         # Fresh values at fresh addresses: the previous round's inputs are still alive while
         # these are generated, outside the timed region; each model gets its own copy.
         # Seeded from the operating system, drawn now: no state of this process predicts them.
+        # Every call of a sample has its own: no call can reuse another's work.
         dist = self.dists[k % _len(self.dists)]
-        fresh = self.make_inputs(_fresh_seed(), dist)
+        fresh = [self.make_inputs(_fresh_seed(), dist) for _ in _range(n)]
         # The slack of this distribution's trials; the largest of all where no trial drew it.
         self.cur_slack = self.round_slack.get(dist) or [_max(v) for v in zip(*self.round_slack.values())]
         if self.jitter_bytes >= 512:  # both copies at random places (docs/evaluator.md, Timing: placement)
-            ref_in = self.placed(fresh)
-            cand_in = self.placed(fresh)
+            # A sample's calls share the jitter: n leads of up to jitter / n bytes each.
+            jitter = self.jitter_bytes // n
+            ref_in = [self.placed(x, jitter) for x in fresh]
+            cand_in = [self.placed(x, jitter) for x in fresh]
         else:
             ref_in = fresh
-            cand_in = _clone_inputs(fresh)
-        for x in cand_in:
+            cand_in = [_clone_inputs(x) for x in fresh]
+        for x in cand_in[0]:
             if _isinstance(x, _Tensor):
                 self.placements.add(_T_data_ptr(x))
                 break
@@ -3046,44 +3125,69 @@ class Worker:
             self.pair_first = None
         where = f"timing round {k}"
         t0 = self.lap("round: inputs", t_round)
-        # Each timed call directly follows an untimed call of the same model on the previous
+        # Each timed sample directly follows an untimed call of the same model on the previous
         # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
         # (host-side state after generating the inputs; measured on an H100), which random
         # order turned into +-10% of noise on the speedup.
         if cand_goes_first:
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where, _ROUND_CHECKS)
             t0 = self.lap("round: candidate timed", t0)
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
-            r_ms, r_out = self.timed_reference(ref_in, 2 * k + 1)
+            r_ms, r_outs = self.timed_reference(ref_in, 2 * k + 1)
             t0 = self.lap("round: reference timed", t0)
         else:
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
-            r_ms, r_out = self.timed_reference(ref_in, 2 * k)
+            r_ms, r_outs = self.timed_reference(ref_in, 2 * k)
             t0 = self.lap("round: reference timed", t0)
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where, _ROUND_CHECKS)
             t0 = self.lap("round: candidate timed", t0)
-        # The floor counts the outputs of checked calls only (the first calls' outputs are not).
+        # The floor counts the outputs of checked calls only (the other calls' outputs are not).
         self.floor_bytes = c_bytes if self.floor_bytes is None else _min(self.floor_bytes, c_bytes)
+        snaps, storages = c_out
         try:
-            self.check_round_outputs(r_out, c_out, k)
+            for i, snap in snaps:
+                self.check_round_outputs(_checked_reference(r_outs, storages, i), snap, k)
         except _Done:
             raise
         except _BaseException as e:
             raise _error_done(e, f"comparing the outputs of {where}") from None
         t0 = self.lap("round: output check", t0)
-        del r_out, c_out
+        del r_outs, c_out, snaps
         # Kept alive until the next round's inputs exist (fresh addresses), and used for the
         # next round's priming calls.
-        self.prime_inputs = (ref_in, cand_in)
+        self.prime_inputs = (ref_in[-1], cand_in[-1])
         del fresh, ref_in, cand_in, prev_ref, prev_cand
         self.lap("round: previous inputs freed", t0)
         return r_ms, c_ms, cand_goes_first
+
+    def choose_calls(self, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms):
+        """Calls per timed sample: as many as make the faster model's sample last
+        self.sample_ms, at most self.max_calls; fewer where a round's inputs and outputs for
+        both models would take more than a quarter of the device's free memory (an eighth of
+        the process's limit on the CPU) or drawing the inputs more than _INPUTS_MS_PER_ROUND of
+        host time; one with a cuda-graph baseline (its static inputs are copied before each
+        replay) or sample_ms 0. `ref_ms`, `cand_ms`: the first calls' stream times."""
+        if self.sample_ms <= 0 or self.baseline == "cuda-graph":
+            return 1
+        fastest = _max(_min(_sorted(ref_ms)[_len(ref_ms) // 2], _sorted(cand_ms)[_len(cand_ms) // 2]), 1e-6)
+        calls = _min(self.max_calls, _max(1, _int(-(-self.sample_ms // fastest))))
+        per_call = 2 * (in_bytes + out_bytes) + 1
+        budget = 1 << 30
+        if self.cuda:
+            try:
+                budget = torch.cuda.mem_get_info()[0] // 4
+            except _BaseException:
+                pass
+        calls = _min(calls, _max(1, budget // per_call))
+        if inputs_ms > 0:
+            calls = _min(calls, _max(1, _int(_INPUTS_MS_PER_ROUND // inputs_ms)))
+        return calls
 
     def clock_warmup(self, cap_ms):
         """CUDA: keeps the device busy with spin kernels until its SM clock stops rising (for at
@@ -3172,21 +3276,24 @@ class Worker:
         nbytes = _max(_int(self.floor_bytes or 0), 1)
         buf = _torch_empty(nbytes, dtype=_uint8, device=self.device)
         best = None
+        n = self.calls  # fills back to back, as many as a timed sample's calls
         for i in _range(5):
             self.flush(-10 - i)
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                if _KERNELS is not None:
-                    _KERNELS._zero(_T_data_ptr(buf), nbytes)
-                else:
-                    _T_zero_(buf)
+                for _ in _range(n):
+                    if _KERNELS is not None:
+                        _KERNELS._zero(_T_data_ptr(buf), nbytes)
+                    else:
+                        _T_zero_(buf)
                 _Ev_record(self.ev_call, self.stream0)
                 _Ev_synchronize(self.ev_call)
-                ms = _Ev_elapsed(self.ev0, self.ev_call)
+                ms = _Ev_elapsed(self.ev0, self.ev_call) / n
             else:
                 t1 = _perf_counter_ns()
-                _T_zero_(buf)
-                ms = (_perf_counter_ns() - t1) / 1e6
+                for _ in _range(n):
+                    _T_zero_(buf)
+                ms = (_perf_counter_ns() - t1) / 1e6 / n
             best = ms if best is None else _min(best, ms)
         del buf
         self.floor_ms = 0.5 * best
@@ -3212,14 +3319,27 @@ class Worker:
         t_first = _perf_counter_ns()
         self.foreign = None  # the first mark starts the watch (foreign_mark)
         if not self.warmed:
+            t_in = _perf_counter_ns()
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
+            placed = self.placed(inputs)
+            inputs_ms = (_perf_counter_ns() - t_in) / 1e6  # what one call's inputs cost to draw and place
+            del placed
             if self.cuda and self.timing_reserve:
                 self.reserve_for_rounds(inputs)
+            ref_first, cand_first = [], []
+            out_bytes = 0
             for i in _range(3):
-                ms, out, _ = self.timed_candidate(_clone_inputs(inputs), -1 - i, f"warm-up call {i}")
+                ms, out, nbytes = self.timed_candidate([_clone_inputs(inputs)], -1 - i, f"warm-up call {i}")
+                cand_first.append(ms[1])
+                out_bytes = _max(out_bytes, nbytes)
                 del out
-                ms, out = self.timed_reference(_clone_inputs(inputs), -1 - i)
+                ms, out = self.timed_reference([_clone_inputs(inputs)], -1 - i)
+                ref_first.append(ms[1])
                 del out
+            in_bytes = _sum(_int(_T_numel(t)) * t.element_size() for t in _tensors_in(inputs))
+            self.calls = self.choose_calls(ref_first, cand_first, in_bytes, out_bytes, inputs_ms)
+            self.laps["timing: calls per sample"] = self.calls
+            self.laps["timing: first calls' inputs (ms)"] = inputs_ms
             self.prime_inputs = (inputs, _clone_inputs(inputs))
             del inputs
             self.warmed = True
@@ -3265,11 +3385,13 @@ class Worker:
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
         self.laps["timing: distinct candidate input addresses"] = _len(self.placements)
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
-                "cand_stream_ms": cand_stream_ms, "cand_first": first, "floor_ms": self.floor_ms,
+                "cand_stream_ms": cand_stream_ms, "cand_first": first, "floor_ms": self.floor_ms, "calls": self.calls,
                 "floor_bytes": self.laps.get("timing: floor bytes", 0)}
 
 
 _WARMUP_SETTLED = 0.03
+_ROUND_CHECKS = 4  # calls of a timed sample whose outputs are checked (timed_candidate)
+_INPUTS_MS_PER_ROUND = 100.0  # host time a round may spend drawing its calls' inputs (choose_calls)
 _DIST3_FACTOR = 32.0  # distribution 3's scale (make_inputs)
 _WORKER_METHODS = frozenset(k for k, v in Worker.__dict__.items() if callable(v))
 
