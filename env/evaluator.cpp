@@ -183,6 +183,12 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
   : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
     cache_(std::move(cache)), zmq_(std::make_unique<zmq::context_t>(1)), gate_(opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup) {
   scratch_root_ = fs::temp_directory_path() / "crucible";
+  // What an evaluator killed earlier (kill -9, a crash) left behind: its workers died with it
+  // (PR_SET_PDEATHSIG), their scratch folders did not.
+  if (auto r = reclaim_scratch(scratch_root_); r.removed > 0 || r.failed > 0)
+    log_.info("evaluator", device_, ": removed ", r.removed, " scratch folders of evaluators no longer running (",
+              r.bytes >> 20, " MiB) under ", scratch_root_.string(),
+              r.failed > 0 ? "; " + std::to_string(r.failed) + " could not be removed" : std::string{});
   extensions_dir_ = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
   // Workers read the cache (a worker started as root reads it as nobody); only we write it.
   std::error_code ec;

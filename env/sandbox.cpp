@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -87,6 +88,61 @@ result<std::filesystem::path> make_scratch(const worker_spec& spec, const char* 
   return fs::path{tmpl};
 }
 
+// The pid in a scratch directory's name ("w" or "z", the pid of the process that made it, "-",
+// a counter, "-", six characters); 0 when the name is not one.
+pid_t scratch_owner(const std::string& name) {
+  if (name.size() < 2 || (name[0] != 'w' && name[0] != 'z'))
+    return 0;
+  std::size_t i = 1;
+  long long pid = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && pid < (1ll << 31))
+    pid = pid * 10 + (name[i++] - '0');
+  if (i == 1 || i >= name.size() || name[i] != '-')
+    return 0;
+  const auto dash = name.find('-', i + 1);
+  if (dash == std::string::npos || name.size() - dash - 1 != 6)
+    return 0;
+  for (auto j = i + 1; j < dash; ++j)
+    if (name[j] < '0' || name[j] > '9')
+      return 0;
+  return static_cast<pid_t>(pid);
+}
+
+} // namespace
+
+scratch_reclaim reclaim_scratch(const std::filesystem::path& root) {
+  namespace fs = std::filesystem;
+  scratch_reclaim out;
+  std::error_code ec;
+  for (fs::directory_iterator it{root, ec}, end; !ec && it != end; it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    const pid_t pid = scratch_owner(name);
+    if (pid <= 0 || !it->is_directory(ec) || it->is_symlink(ec))
+      continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH)
+      continue; // its maker lives (or is another user's): not ours to remove
+    std::uint64_t bytes = 0;
+    std::error_code walk;
+    for (fs::recursive_directory_iterator f{it->path(), fs::directory_options::skip_permission_denied, walk}, fend;
+         !walk && f != fend; f.increment(walk)) {
+      std::error_code e;
+      if (f->is_regular_file(e) && !f->is_symlink(e))
+        bytes += f->file_size(e);
+    }
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+    if (rm) {
+      ++out.failed;
+      continue;
+    }
+    ++out.removed;
+    out.bytes += bytes;
+  }
+  return out;
+}
+
+namespace {
+
 // The environment of a worker, rebuilt from scratch; HOME and TMPDIR are its scratch directory.
 std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesystem::path& scratch) {
   namespace fs = std::filesystem;
@@ -153,6 +209,7 @@ result<pid_t> spawn(const worker_spec& spec, const std::filesystem::path& scratc
   const rlim_t as_limit = spec.device == "cpu" && spec.memory_limit_mb > 0
                             ? static_cast<rlim_t>(spec.memory_limit_mb) << 20
                             : RLIM_INFINITY;
+  const rlim_t fsize_limit = static_cast<rlim_t>(std::max<std::uint64_t>(spec.scratch_mb, 64)) << 20;
 
   // The child reports over this pipe "E<errno>" if exec fails. A successful exec closes it
   // (O_CLOEXEC): EOF means the program runs.
@@ -175,7 +232,11 @@ result<pid_t> spawn(const worker_spec& spec, const std::filesystem::path& scratc
     ::setrlimit(RLIMIT_AS, &as);
     struct rlimit files{4096, 4096};
     ::setrlimit(RLIMIT_NOFILE, &files);
-    struct rlimit fsize{rlim_t{8} << 30, rlim_t{8} << 30};
+    // No file larger than the scratch itself (evaluator.scratch_mb): where the private tmpfs is
+    // not in force the scratch is a folder on disk, and a candidate printing in a loop filled
+    // its log up to the former 8 GiB limit. Python ignores SIGXFSZ: the write fails with EFBIG
+    // ("File too large") in the candidate's own call.
+    struct rlimit fsize{fsize_limit, fsize_limit};
     ::setrlimit(RLIMIT_FSIZE, &fsize);
     if (::chdir(scratch_text.c_str()) != 0)
       ::_exit(126);

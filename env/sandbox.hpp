@@ -36,6 +36,19 @@ struct worker_spec {
   std::uint64_t scratch_mb = 2048;       ///< size of the worker's private tmpfs (its scratch directory and /tmp)
 };
 
+/// What reclaim_scratch() found.
+struct scratch_reclaim {
+  std::size_t removed = 0; ///< scratch directories of processes that no longer exist, removed
+  std::uint64_t bytes = 0; ///< the bytes of the files they held
+  std::size_t failed = 0;  ///< such directories that could not be removed
+};
+
+/// Removes the scratch directories under `root` (worker and zygote scratch, named
+/// "w<pid>-N-XXXXXX" / "z<pid>-N-XXXXXX") whose maker no longer runs: what an evaluator killed
+/// with -9 left behind. A directory whose maker lives, or that is not of that form, is left
+/// alone. Called by each device evaluator as it starts.
+scratch_reclaim reclaim_scratch(const std::filesystem::path& root);
+
 /// The sandbox's layers (env/harness/confine.py) as a worker or a probe reported them.
 struct isolation_report {
   std::vector<std::string> layers;                           ///< in force

@@ -3040,11 +3040,12 @@ class Worker:
                 self.round_failed(k, f"{bad} of {n} checked elements of output {i} beyond the correctness tolerance")
 
     def prime_reference(self, inputs):
-        """An untimed call of the reference right before its timed call (see timing()). Nothing
-        waits for it: the timed call's flush, spin and start event queue behind it on the same
-        stream, so the host launches the timed call while the device still works. (The
-        candidate's priming call is waited for: work it left on other streams would otherwise
-        be counted in its timed call.)"""
+        """An untimed call of the reference right before its timed sample (see timing()),
+        waited for like the candidate's (whose side-stream work would otherwise be counted in
+        its sample). When nothing waited for it, the host queued the reference's timed calls
+        while the device still ran the priming call, so a reference of many small kernels was
+        timed without the host's launch gaps that the candidate's sample paid: identical code
+        came out slower as the candidate."""
         try:
             if self.baseline == "cuda-graph":
                 self.graph[0].replay()
@@ -3053,6 +3054,7 @@ class Worker:
                     self.mark_step()
                 out = self.ref_fn(*inputs)
                 del out
+            self.sync()
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
 

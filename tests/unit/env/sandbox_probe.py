@@ -24,6 +24,7 @@ report = {
     "interfaces": interfaces,
     "rlimit_core": resource.getrlimit(resource.RLIMIT_CORE)[0],
     "rlimit_as": resource.getrlimit(resource.RLIMIT_AS)[0],
+    "rlimit_fsize": resource.getrlimit(resource.RLIMIT_FSIZE)[0],
     "rlimit_as_unlimited": resource.getrlimit(resource.RLIMIT_AS)[0] == resource.RLIM_INFINITY,
     "pid": os.getpid(),
     "pgid": os.getpgid(0),

@@ -6,6 +6,8 @@
 #include <zmq.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -68,6 +70,8 @@ TEST_CASE("a worker runs in its scratch directory, with a scrubbed environment, 
   CHECK(r["env"]["CUDA_VISIBLE_DEVICES"].as<std::string>() == "");
   CHECK(r["rlimit_core"].as<long>() == 0);
   CHECK(r["rlimit_as"].as<long long>() == 4096ll << 20);
+  // No file larger than the scratch (evaluator.scratch_mb, 2048 by default), not 8 GiB.
+  CHECK(r["rlimit_fsize"].as<long long>() == 2048ll << 20);
   CHECK(r["pid"].as<int>() == (*w)->pid());
   CHECK(r["pgid"].as<int>() == (*w)->pid());
   CHECK(r["sid"].as<int>() == (*w)->pid());
@@ -275,4 +279,39 @@ TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, 
   CHECK_FALSE(fs::exists(scratch));
   CHECK((*z)->alive());
   ::unsetenv("CRUCIBLE_TEST_SECRET");
+}
+
+TEST_CASE("scratch folders of makers that no longer run are reclaimed; a living maker's and other folders are not") {
+  const auto root = fs::temp_directory_path() / ("crucible-reclaim-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  // A pid that no longer runs: a child that has exited and been reaped.
+  pid_t dead = ::fork();
+  if (dead == 0)
+    ::_exit(0);
+  REQUIRE(dead > 0);
+  int status = 0;
+  REQUIRE(::waitpid(dead, &status, 0) == dead);
+  const auto me = std::to_string(::getpid());
+  const auto gone_w = root / ("w" + std::to_string(dead) + "-3-AbC123");
+  const auto gone_z = root / ("z" + std::to_string(dead) + "-0-xYz789");
+  const auto alive = root / ("w" + me + "-1-QwErTy");
+  const auto other = root / "notes";
+  const auto odd = root / ("w" + std::to_string(dead) + "-x-AbC123");
+  for (const auto& d : {gone_w, gone_z, alive, other, odd})
+    fs::create_directories(d / "sub");
+  std::ofstream(gone_w / "sub" / "worker.log") << std::string(5000, 'x');
+  std::ofstream(gone_z / "task.py") << "print(1)\n";
+  auto r = reclaim_scratch(root);
+  CHECK(r.removed == 2);
+  CHECK(r.failed == 0);
+  CHECK(r.bytes == 5000 + 9);
+  CHECK_FALSE(fs::exists(gone_w));
+  CHECK_FALSE(fs::exists(gone_z));
+  CHECK(fs::exists(alive));
+  CHECK(fs::exists(other));
+  CHECK(fs::exists(odd));
+  // A root that does not exist is nothing to reclaim.
+  CHECK(reclaim_scratch(root / "none").removed == 0);
+  fs::remove_all(root);
 }
