@@ -35,6 +35,7 @@ struct coordinator_state {
   bool stepping = false;       // a trainer step is under way
   std::chrono::steady_clock::time_point step_sent; // when the step under way was requested
   bool pause_running = false;  // the pause sequence (stop rollouts, checkpoint) is under way
+  std::uint64_t pauses = 0;    // pause requests so far (matches a grace reminder to its pause)
   std::uint64_t last_checkpoint = 0; // step of the last checkpoint
   // Stops owed a reply once the pause sequence ends.
   std::vector<caf::typed_response_promise<run_status>> stopping;
@@ -245,8 +246,13 @@ void begin_pause(self_pointer self) {
     answer_stops(self);
     return;
   }
-  if (!st.stepping)
+  if (!st.stepping) {
     run_pause(self);
+    return;
+  }
+  st.deps->log.info(component, "pausing: waiting for step ", st.status.step + 1, " under way to finish");
+  if (st.deps->pause_grace.count() > 0)
+    self->delayed_send(self, st.deps->pause_grace, drain_atom_v, ++st.pauses);
 }
 
 // A step of the schedule is done.
@@ -318,6 +324,16 @@ void on_step(self_pointer self, stage_report rep) {
 coordinator_impl_actor::behavior_type coordinator(self_pointer self, coordinator_deps deps) {
   self->state.deps = std::make_unique<coordinator_deps>(std::move(deps));
   return {
+    [self](drain_atom, std::uint64_t pause) {
+      auto& st = self->state;
+      if (pause != st.pauses || st.status.state != run_state::pausing || !st.stepping || !st.deps->trainer)
+        return;
+      self->request(st.deps->trainer, caf::infinite, drain_atom_v)
+        .then([self](const std::string& what) { self->state.deps->log.info(component, "pausing: ", what); },
+              [self](const caf::error& e) {
+                self->state.deps->log.warn(component, "pausing: the trainer did not answer: ", to_error(e).to_string());
+              });
+    },
     [self](start_atom) -> caf::result<run_status> {
       auto& st = self->state;
       if (st.started)

@@ -50,6 +50,9 @@ struct coordinator_deps {
   bool resumed = false;                 ///< start records `run_resumed` instead of `run_started`
   std::uint64_t checkpoint_every = 0;   ///< steps between checkpoints; 0: only at pause and at the end
   std::uint64_t pause_after = 0;        ///< pause once this many steps are done (0: never)
+  /// A pause that has waited this long for the step under way asks the trainer to end it
+  /// without training if it only waits for groups (run.pause_grace_s); 0: the pause waits.
+  std::chrono::milliseconds pause_grace{60000};
   /// The process running the run, written to status.json as `pid` (`crucible pause` signals it);
   /// 0: not written.
   std::int64_t pid = 0;

@@ -40,7 +40,10 @@ using coordinator_impl_actor = coordinator_actor::extend<
   // Runs the next stage of the schedule, or finishes the run when none is left.
   caf::reacts_to<advance_atom>,
   // Publishes a heartbeat (the status) and schedules the next one while the run is live.
-  caf::reacts_to<heartbeat_atom>>;
+  caf::reacts_to<heartbeat_atom>,
+  // A pause has waited run.pause_grace_s for the step under way (the number counts pauses, so
+  // that a late reminder of an earlier one is ignored).
+  caf::reacts_to<drain_atom, std::uint64_t>>;
 
 /// Turns tasks into scored GRPO groups in a loop: task -> exemplars -> contrastive prompt ->
 /// G completions -> parse -> evaluators -> scored variants to the exemplar actor, which
@@ -185,6 +188,9 @@ using trainer_actor = caf::typed_actor<
   // Writes a checkpoint (learner, schedule position and the rollouts' task samplers); replies
   // with its directory.
   caf::replies_to<save_atom>::with<std::string>,
+  // Ends the step under way without training when it only waits for groups (a pause that
+  // waited run.pause_grace_s for it); replies with what it did, or why the step goes on.
+  caf::replies_to<drain_atom>::with<std::string>,
   // A complete group from the exemplar actor.
   caf::reacts_to<rollout_group>>;
 

@@ -1244,6 +1244,22 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       return rp;
     },
     [self](save_atom) -> caf::result<std::string> { return save(self); },
+    [self](drain_atom) -> std::string {
+      auto& st = self->state;
+      if (!st.busy)
+        return "no step under way";
+      if (!st.on_groups)
+        return std::string{stage_name(st.p.stage)} + " step " + std::to_string(st.p.stage_step + 1)
+               + " is past waiting for groups (an update, evaluations or a checkpoint under way): the pause waits for it";
+      const auto have = st.groups.size();
+      st.on_groups = nullptr;
+      const auto what = std::string{stage_name(st.p.stage)} + " step " + std::to_string(st.p.stage_step + 1)
+                        + " waited for groups (" + std::to_string(have) + " of " + std::to_string(st.want)
+                        + " in); ended without training, the run pauses at step " + std::to_string(st.p.step);
+      st.deps->log->info(component, what);
+      finish_step(self, false);
+      return what;
+    },
     [self](rollout_group& g) {
       auto& st = self->state;
       st.groups.push_back(std::move(g));

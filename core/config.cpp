@@ -548,6 +548,12 @@ void describe(V& v, config& c) {
     v.field("checkpoint_every", c.run.checkpoint_every,
             "Learner steps between checkpoints (`RUN/checkpoints/`); 0: only when the run pauses or ends.",
             at_least(0, "a non-negative integer"));
+    v.field("pause_grace_s", c.run.pause_grace_s,
+            "A pause (crucible pause, SIGINT, SIGTERM) waits this long for the step under way; then, if that step only "
+            "waits for groups (rollouts that are slow, or evaluators that went silent), it ends without training and "
+            "the run pauses at the last completed step (the groups that had arrived are not trained on). A step in "
+            "its update or its evaluations is waited for, and the log says so. 0: always wait.",
+            non_negative_number());
     v.field("on_pause", c.run.on_pause,
             "Groups in flight when the run pauses: `finish` them (their variants are stored) or `drop` them (their "
             "prompts are sampled again after resume).");

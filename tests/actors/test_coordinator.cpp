@@ -383,6 +383,22 @@ trainer_impl_actor::behavior_type fake_trainer(trainer_impl_actor::stateful_poin
       self->state.calls->push_back("save");
       return "ck";
     },
+    [self](drain_atom) -> std::string {
+      // As the trainer does for a step that only waits for groups: it ends without training,
+      // its reply the last completed step's report.
+      auto& st = self->state;
+      st.calls->push_back("drain");
+      if (st.held.empty())
+        return "no step under way";
+      --st.next;
+      auto rep = st.next > 0 ? st.script.at(st.next - 1) : stage_report{};
+      rep.records.clear();
+      auto held = std::move(st.held);
+      st.held.clear();
+      for (auto& rp : held)
+        rp.deliver(rep);
+      return "ended without training";
+    },
     [](rollout_group&) {},
     [self](collect_atom) {
       auto& st = self->state;
@@ -483,6 +499,27 @@ TEST_CASE_FIXTURE(trainer_fixture, "status.json follows each step while the run 
   }
   CHECK(ok(take(start)).state == run_state::finished);
   CHECK(status_on_disk().state == run_state::finished);
+}
+
+TEST_CASE_FIXTURE(trainer_fixture, "a pause whose step does not end within run.pause_grace_s asks the trainer to end it, and pauses") {
+  respawn(true, 0);
+  auto start = self->request(coord, caf::infinite, start_atom_v);
+  sched.run();
+  self->send(trainer, collect_atom_v); // step 1 ends; step 2 is under way and never ends by itself
+  sched.run();
+  auto pausing = ok(ask(pause_atom_v));
+  CHECK(pausing.state == run_state::pausing);
+  CHECK(std::count(calls->begin(), calls->end(), "drain") == 0); // the grace first
+  for (int i = 0; i < 10 && std::count(calls->begin(), calls->end(), "drain") == 0; ++i) {
+    sched.trigger_timeout();
+    sched.run();
+  }
+  CHECK(std::count(calls->begin(), calls->end(), "drain") == 1);
+  auto paused = ok(take(start));
+  CHECK(paused.state == run_state::paused);
+  CHECK(paused.step == 1); // the ended step did not count
+  CHECK(status_on_disk().state == run_state::paused);
+  CHECK(calls->back() == "save");
 }
 
 TEST_CASE_FIXTURE(trainer_fixture, "a pause waits for the step under way, stops the rollouts and checkpoints") {

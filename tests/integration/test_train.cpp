@@ -594,6 +594,33 @@ TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, 
   CHECK(pst.out.find("\"state\":\"paused\"") != std::string::npos);
 }
 
+TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses; the resumed run does it again") {
+  temp_dir tmp;
+  // Long responses keep the RL step waiting for its group for seconds; the grace is 50 ms.
+  auto text = test_config(tmp.path(), "grace", "  sft: {steps: 1, batch: 2}\n  rl: {steps: 2, groups: 1}\n");
+  auto cfg = write_config(tmp.path(), text);
+  const auto run = tmp.path() / "grace";
+  running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.pause_grace_s=0.05", "--set",
+                     "rollout.max_new_tokens=4000", "--set", "run.checkpoint_every=0"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  std::string out;
+  while (train_steps(run).empty() && std::chrono::steady_clock::now() < deadline)
+    p.read_some(20, out);
+  REQUIRE(train_steps(run) == std::vector<std::int64_t>{1}); // SFT done; the first RL step waits for its group
+  auto pause = cli({"pause", run.string(), "--timeout", "120"});
+  INFO(pause.err);
+  CHECK(pause.exit_code == 0);
+  CHECK(pause.out.find("paused at step 1") != std::string::npos);
+  CHECK(p.wait().exit_code == 0);
+  CHECK(slurp(run / "events.log").find("waited for groups") != std::string::npos);
+  auto resumed = cli({"resume", run.string(), "--set", "rollout.max_new_tokens=16"});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 3") != std::string::npos);
+  auto steps = train_steps(run);
+  CHECK(steps == std::vector<std::int64_t>{1, 2, 3});
+}
+
 TEST_CASE("bad training input is refused with the key at fault and nothing is run") {
   temp_dir tmp;
   auto cfg = write_config(tmp.path(), test_config(tmp.path(), "bad", "  sft: {steps: 1, batch: 2}\n"));

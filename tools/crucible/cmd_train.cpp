@@ -170,6 +170,7 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
   deps.resumed = resume;
   deps.checkpoint_every = static_cast<std::uint64_t>(cfg.run.checkpoint_every);
   deps.pause_after = pause_after;
+  deps.pause_grace = std::chrono::milliseconds{static_cast<long long>(std::ceil(cfg.run.pause_grace_s * 1000.0))};
   deps.pid = static_cast<std::int64_t>(::getpid());
   if (members)
     deps.join = join_address(*members);
@@ -327,7 +328,23 @@ int run_pause(const parsed_args& args) {
   // The run's process exits once its checkpoint is written and the lock goes with it.
   while (storage::run_directory_locked(dir)) {
     if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "crucible pause: %s still running after %.0f s\n", dir.c_str(), timeout);
+      // Why: the state it reached and the last thing it logged (a step it waits for, past
+      // run.pause_grace_s only when that step is in its update or its evaluations).
+      std::string state_text = "unknown", last;
+      if (auto now = read_json_file(dir / "status.json"); now && now->is_object())
+        if (const auto* s = now->find("state"); s != nullptr && s->is_string())
+          state_text = s->as_string();
+      if (auto log = storage::read_file(dir / "events.log")) {
+        auto end = log->find_last_not_of("\n");
+        if (end != std::string::npos) {
+          auto begin = log->rfind('\n', end);
+          last = log->substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+        }
+      }
+      std::fprintf(stderr,
+                   "crucible pause: %s still running after %.0f s (state %s; it pauses once the step under way ends, "
+                   "or after run.pause_grace_s if that step only waits for groups); its last log line: %s\n",
+                   dir.c_str(), timeout, state_text.c_str(), last.empty() ? "(none)" : last.c_str());
       return exit_failure;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
