@@ -61,14 +61,15 @@ bool operator==(const run_status& x, const run_status& y) noexcept {
   return x.state == y.state && x.stage == y.stage && x.step == y.step
          && x.policy_version == y.policy_version && x.variants == y.variants
          && same_speedup(x.best_speedup, y.best_speedup)
-         && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale;
+         && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale
+         && x.discarded == y.discarded;
 }
 
 bool operator==(const stage_report& x, const stage_report& y) noexcept {
   return x.stage == y.stage && x.stage_step == y.stage_step && x.step == y.step && x.done == y.done
          && x.policy_version == y.policy_version && x.variants == y.variants
          && same_speedup(x.best_speedup, y.best_speedup) && same_speedup(x.mean_speedup, y.mean_speedup)
-         && x.dropped_stale == y.dropped_stale && x.records == y.records;
+         && x.dropped_stale == y.dropped_stale && x.discarded == y.discarded && x.records == y.records;
 }
 
 void write_fields(json_writer& w, const run_status& x) {
@@ -83,6 +84,7 @@ void write_fields(json_writer& w, const run_status& x) {
   w.key("mean_speedup");
   std::isnan(x.mean_speedup) ? w.null() : w.value(x.mean_speedup);
   w.field("dropped_stale", x.dropped_stale);
+  w.field("discarded", x.discarded);
 }
 
 std::string to_json(const run_status& x) {
@@ -126,6 +128,9 @@ result<run_status> run_status_from_json(std::string_view json) {
     st.best_speedup = speedup("best_speedup");
     st.mean_speedup = speedup("mean_speedup");
     st.dropped_stale = get("dropped_stale").as<std::uint64_t>();
+    key = "discarded"; // written since the counter exists; an older status.json has none
+    if (auto d = root["discarded"]; d.IsDefined())
+      st.discarded = d.as<std::uint64_t>();
     return st;
   } catch (const missing_key&) {
     return fail(errc::corrupt, "run status: key '", key, "' is missing");

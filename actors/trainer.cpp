@@ -148,6 +148,7 @@ std::string trainer_progress::to_json() const {
     .field("best_speedup", best_speedup)
     .field("speedup_sum", speedup_sum)
     .field("dropped_stale", dropped_stale)
+    .field("discarded", discarded)
     .field("rng", rng)
     .field("rollouts_spawned", generation)
     .end_object();
@@ -201,6 +202,11 @@ result<trainer_progress> trainer_progress::from_json(std::string_view text, cons
                  num("best_speedup", p.best_speedup, true), num("speedup_sum", p.speedup_sum, false)})
     if (!r.ok())
       return r.error();
+  if (const auto* d = doc->find("discarded"); d != nullptr) { // absent from checkpoints before the counter
+    if (!d->is_int() || d->as_int() < 0)
+      return fail(errc::corrupt, origin, ": key 'discarded': expected a non-negative integer");
+    p.discarded = static_cast<std::uint64_t>(d->as_int());
+  }
   if (stage > static_cast<std::uint64_t>(stage_done))
     return fail(errc::corrupt, origin, ": key 'stage': ", std::to_string(stage), " is not a stage (0-4)");
   p.stage = static_cast<int>(stage);
@@ -430,6 +436,7 @@ stage_report report_of(trainer_state& st, bool done) {
   r.best_speedup = st.p.best_speedup;
   r.mean_speedup = st.p.correct ? st.p.speedup_sum / st.p.correct : std::numeric_limits<double>::quiet_NaN();
   r.dropped_stale = st.p.dropped_stale;
+  r.discarded = st.p.discarded;
   r.records = std::move(st.records);
   st.records.clear();
   return r;
@@ -541,6 +548,8 @@ void keep_sampler(trainer_state& st, std::size_t place, const sampler_state& s) 
 }
 
 // Stops every rollout actor (in_flight_policy as given) and calls `then` once all have replied.
+void discard_groups(trainer_state& st);
+
 void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then) {
   auto& st = self->state;
   auto rollouts = std::move(st.rollouts);
@@ -563,7 +572,7 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
     self->request(self->state.exemplars, caf::infinite, caf::get_atom_v)
       .then([self, how, then](const exemplar_stats&) {
               if (how == in_flight_policy::drop)
-                self->state.groups.clear();
+                discard_groups(self->state);
               then();
             },
             [then](const caf::error&) { then(); });
@@ -611,13 +620,25 @@ void drop_stale(trainer_state& st, std::uint64_t max_staleness, std::uint64_t bo
       oldest = std::min(oldest, c.policy_version.value);
     return st.p.version > oldest && st.p.version - oldest > max_staleness;
   };
-  auto before = st.groups.size();
+  std::uint64_t dropped = 0; // samples
+  for (const auto& g : st.groups)
+    if (stale(g))
+      dropped += g.completions.size();
   st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(), stale), st.groups.end());
-  while (st.groups.size() > bound)
+  while (st.groups.size() > bound) {
+    dropped += st.groups.front().completions.size();
     st.groups.pop_front();
-  const auto dropped = before - st.groups.size();
+  }
   st.p.dropped_stale += dropped;
   st.dropped_now += dropped;
+}
+
+// Empties the queue of groups that arrived and will not be trained on (a stage ended, or a
+// pause with run.on_pause drop), counting their samples: the replay store holds them all the same.
+void discard_groups(trainer_state& st) {
+  for (const auto& g : st.groups)
+    st.p.discarded += g.completions.size();
+  st.groups.clear();
 }
 
 // -- the steps ---------------------------------------------------------------------------------
@@ -642,7 +663,7 @@ void check_tasks(self_pointer self);
 void next_stage(self_pointer self) {
   stop_rollouts(self, in_flight_policy::drop, [self] {
     auto& st = self->state;
-    st.groups.clear();
+    discard_groups(st);
     ++st.p.stage;
     st.p.stage_step = 0;
     st.p.stage_seconds = 0;
@@ -942,7 +963,7 @@ void sampling_step(self_pointer self) {
   const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
   const bool sync = st.deps->cfg.run.mode == run_mode::sync;
   if (sync) {
-    st.groups.clear();
+    discard_groups(st);
     if (auto r = spawn_rollouts(self, st.want); !r) {
       fail_step(self, r.error());
       return;
@@ -1267,9 +1288,10 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         auto f = st.on_groups;
         f();
       } else if (st.groups.size() > 8 * std::max<std::uint64_t>(1, st.want)) {
+        const auto n = st.groups.front().completions.size();
         st.groups.pop_front(); // nobody is training: keep the queue bounded
-        ++st.p.dropped_stale;
-        ++st.dropped_now;
+        st.p.dropped_stale += n;
+        st.dropped_now += n;
       }
     },
     [self](collect_atom) {

@@ -59,7 +59,8 @@ struct trainer_progress {
   std::uint64_t correct = 0;      ///< of those, correct with a speedup
   double best_speedup = std::numeric_limits<double>::quiet_NaN();
   double speedup_sum = 0;         ///< over the correct ones
-  std::uint64_t dropped_stale = 0;
+  std::uint64_t dropped_stale = 0; ///< samples dropped for staleness
+  std::uint64_t discarded = 0;     ///< samples of groups never trained on (left when a stage ended)
   std::uint64_t rng = 0;          ///< draws taken from the trainer's random stream
   std::uint64_t generation = 0;   ///< processes that ran this run before this one (ids stay unique)
 

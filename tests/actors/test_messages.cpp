@@ -208,6 +208,7 @@ template <> struct sample<stage_report> {
     r.best_speedup = 2.5;
     r.mean_speedup = 1.25;
     r.dropped_stale = 1;
+    r.discarded = 8;
     r.records = {"{\"event\":\"train_step\"}", "{\"event\":\"verdict\"}"};
     return r;
   }
@@ -271,7 +272,7 @@ template <> struct sample<sampler_state> {
 
 template <> struct sample<run_status> {
   static run_status make() {
-    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9};
+    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16};
   }
 };
 
@@ -505,9 +506,15 @@ TEST_CASE("run_status JSON round-trips with null for speedups that have no value
   auto fresh_json = to_json(fresh);
   CHECK(fresh_json
         == "{\"state\":\"starting\",\"stage\":\"\",\"step\":0,\"policy_version\":0,"
-           "\"variants\":0,\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0}");
+           "\"variants\":0,\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"discarded\":0}");
   auto fresh_back = run_status_from_json(fresh_json);
   REQUIRE(fresh_back.ok());
+  // A status.json written before the `discarded` counter reads as 0 discarded.
+  auto old = run_status_from_json("{\"state\":\"paused\",\"stage\":\"\",\"step\":3,\"policy_version\":3,"
+                                  "\"variants\":9,\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":2}");
+  REQUIRE_MESSAGE(old.ok(), old.error().to_string());
+  CHECK(old->discarded == 0);
+  CHECK(old->dropped_stale == 2);
   CHECK(std::isnan(fresh_back->best_speedup));
   CHECK(std::isnan(fresh_back->mean_speedup));
   CHECK(*fresh_back == fresh);

@@ -295,6 +295,18 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
     CHECK(x.find("completion")->as_string().empty());
     CHECK(x.find("prompt_id")->as_string().empty());
   }
+  // The store, the status and the metrics agree on every sample: each one recorded (a row's
+  // count) was trained on (a `verdict` record, `variants`), dropped for staleness, or discarded
+  // when its stage ended.
+  std::int64_t stored = 0;
+  for (const auto& x : samples)
+    stored += x.find("count")->as_int();
+  for (const auto& x : seeds)
+    stored += x.find("count")->as_int();
+  const auto counted = status->find("variants")->as_int() + status->find("dropped_stale")->as_int()
+                       + status->find("discarded")->as_int();
+  CHECK(stored == counted);
+  CHECK(count["verdict"] == status->find("variants")->as_int());
   // A finished run cannot be resumed.
   auto again = cli({"resume", run.string()});
   CHECK(again.exit_code == 2);

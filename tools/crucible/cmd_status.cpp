@@ -60,7 +60,9 @@ int run_status_cmd(const parsed_args& args) {
   std::printf("variants       %llu\n", static_cast<unsigned long long>(st->variants));
   std::printf("best speedup   %s\n", speedup_text(st->best_speedup).c_str());
   std::printf("mean speedup   %s\n", speedup_text(st->mean_speedup).c_str());
-  std::printf("dropped stale  %llu\n", static_cast<unsigned long long>(st->dropped_stale));
+  std::printf("dropped stale  %llu samples\n", static_cast<unsigned long long>(st->dropped_stale));
+  std::printf("discarded      %llu samples (arrived after their stage's last update)\n",
+              static_cast<unsigned long long>(st->discarded));
   if (!join.empty())
     std::printf("nodes join at  %s\n", join.c_str());
   return exit_ok;
