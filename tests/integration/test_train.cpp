@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -85,6 +86,50 @@ std::vector<crucible::json_value> records(const fs::path& run) {
 }
 
 std::string event_of(const crucible::json_value& r) { return r.find("event")->as_string(); }
+
+// The processes below `root` (children, theirs, ...), from /proc: the run's zygote, workers and
+// their keepers.
+std::vector<pid_t> descendants(pid_t root) {
+  std::multimap<pid_t, pid_t> children;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    std::ifstream in(e.path() / "stat");
+    std::string line;
+    if (!std::getline(in, line))
+      continue;
+    auto close = line.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (state != 'Z')
+      children.emplace(ppid, static_cast<pid_t>(std::stol(name)));
+  }
+  std::vector<pid_t> out, todo{root};
+  while (!todo.empty()) {
+    auto p = todo.back();
+    todo.pop_back();
+    auto [b, e] = children.equal_range(p);
+    for (auto it = b; it != e; ++it) {
+      out.push_back(it->second);
+      todo.push_back(it->second);
+    }
+  }
+  return out;
+}
+
+bool running(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line))
+    return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z';
+}
 
 std::vector<std::int64_t> train_steps(const fs::path& run) {
   std::vector<std::int64_t> steps;
@@ -631,6 +676,77 @@ TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that 
   CHECK(resumed.out.find("finished at step 3") != std::string::npos);
   auto steps = train_steps(run);
   CHECK(steps == std::vector<std::int64_t>{1, 2, 3});
+}
+
+TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged store; the run resumes, every step once, nothing left running") {
+  temp_dir tmp;
+  std::mt19937 rng{std::random_device{}()};
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "faults", "  sft: {steps: 6, batch: 2}\n  rl: {steps: 2, groups: 1}\n"));
+  const auto run = tmp.path() / "faults";
+  std::vector<pid_t> seen;
+  {
+    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.checkpoint_every=1"});
+    std::string out;
+    // Fault 1, at a random moment while the run checks its tasks and measures its seed variants:
+    // every process below the run (the zygote, the workers, their keepers) killed with -9.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
+    // (The zygote first, then the workers it forks, each a keeper and its child: wait for those.)
+    while (descendants(p.pid()).size() < 3 && std::chrono::steady_clock::now() < deadline)
+      p.read_some(20, out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>{0, 1000}(rng)));
+    auto victims = descendants(p.pid());
+    MESSAGE("fault 1: killing " << victims.size() << " processes below the run");
+    for (auto v : victims)
+      ::kill(v, SIGKILL);
+    // Fault 2, at a random moment after the first checkpoint: the run's own process, with -9.
+    while (!fs::exists(run / "checkpoints" / "latest") && std::chrono::steady_clock::now() < deadline + std::chrono::minutes(3))
+      p.read_some(20, out);
+    REQUIRE(fs::exists(run / "checkpoints" / "latest"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>{0, 1000}(rng)));
+    seen = descendants(p.pid());
+    p.signal(SIGKILL);
+    CHECK(p.wait().exit_code == 128 + SIGKILL);
+  }
+  // Nothing of the killed run goes on running: its workers and zygote die with it.
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::any_of(seen.begin(), seen.end(), running) && std::chrono::steady_clock::now() < by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (auto pid : seen)
+    CHECK_MESSAGE(!running(pid), "process " << pid << " of the killed run still runs");
+  CHECK(cli({"status", run.string(), "--json"}).out.find("\"state\":\"crashed\"") != std::string::npos);
+  // Fault 3: the replay store damaged (its first page past the header, WAL gone): the resume is
+  // refused naming the file; with the copy back it goes on.
+  const auto db = run / "replay.db";
+  const auto backup = tmp.path() / "replay-backup";
+  fs::create_directories(backup);
+  for (const char* f : {"replay.db", "replay.db-wal", "replay.db-shm"})
+    if (fs::exists(run / f))
+      fs::copy_file(run / f, backup / f);
+  fs::remove(run / "replay.db-wal");
+  fs::remove(run / "replay.db-shm");
+  {
+    std::fstream f(db, std::ios::in | std::ios::out | std::ios::binary);
+    const std::string junk(4096 - 100, '\x5a');
+    f.seekp(100);
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  auto refused = cli({"resume", run.string()});
+  CHECK(refused.exit_code != 0);
+  CHECK(refused.err.find(db.string()) != std::string::npos);
+  for (const auto& e : fs::directory_iterator(backup))
+    fs::copy_file(e.path(), run / e.path().filename(), fs::copy_options::overwrite_existing);
+  // The resume finishes the schedule; no committed step is lost or done twice in the end.
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 8") != std::string::npos);
+  auto steps = train_steps(run);
+  CHECK(std::set<std::int64_t>(steps.begin(), steps.end()) == std::set<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(std::is_sorted(steps.begin(), steps.end())); // a step done again comes after its first time, never out of order
+  auto st = crucible::parse_json(cli({"status", run.string(), "--json"}).out);
+  REQUIRE(st.ok());
+  CHECK(st->find("state")->as_string() == "finished");
+  CHECK(st->find("step")->as_int() == 8);
 }
 
 TEST_CASE("bad training input is refused with the key at fault and nothing is run") {
