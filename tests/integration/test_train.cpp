@@ -653,12 +653,14 @@ TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, 
 
 TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses; the resumed run does it again") {
   temp_dir tmp;
-  // Long responses keep the RL step waiting for its group for seconds; the grace is 50 ms.
+  // Long responses (8 of up to 4000 tokens from an untrained model) keep the RL step waiting
+  // for its group for seconds; the grace is 50 ms.
   auto text = test_config(tmp.path(), "grace", "  sft: {steps: 1, batch: 2}\n  rl: {steps: 2, groups: 1}\n");
   auto cfg = write_config(tmp.path(), text);
   const auto run = tmp.path() / "grace";
   running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.pause_grace_s=0.05", "--set",
-                     "rollout.max_new_tokens=4000", "--set", "run.checkpoint_every=0"});
+                     "rollout.max_new_tokens=4000", "--set", "rollout.group_size=8", "--set",
+                     "run.checkpoint_every=0"});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   std::string out;
   while (train_steps(run).empty() && std::chrono::steady_clock::now() < deadline)
