@@ -2745,10 +2745,12 @@ class Worker:
                             "not; returning an input or a view of one is not a computation")
 
     # -- timing ------------------------------------------------------------------------------
-    def timed_reference(self, inputs, k):
+    def timed_reference(self, inputs, k, mid=None):
         """One timed sample of the reference: a call on each entry of `inputs` (a list of input
-        lists), back to back between one start and one stop. Returns ((synced, stream) ms per
-        call, the list of the calls' outputs)."""
+        lists), back to back between one start and one stop; after call `mid` (if any) the same
+        snapshot as the candidate's in-sample one is taken and dropped, so that both samples
+        hold the same work. Returns ((synced, stream) ms per call, the list of the calls'
+        outputs)."""
         n = _len(inputs)
         try:
             if self.baseline == "cuda-graph":  # one call per sample (choose_calls)
@@ -2770,20 +2772,24 @@ class Worker:
             self.flush(k)
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                for x in inputs:
+                for i, x in _enumerate(inputs):
                     if step is not None:
                         step()
                     outs.append(fn(*x))
+                    if i == mid:
+                        self.snapshot(outs[i])
                 _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
                 return self.elapsed(n), outs
             t0 = _perf_counter_ns()
-            for x in inputs:
+            for i, x in _enumerate(inputs):
                 if step is not None:
                     step()
                 outs.append(fn(*x))
+                if i == mid:
+                    self.snapshot(outs[i])
             t1 = _perf_counter_ns()
             ms = (t1 - t0) / 1e6 / n
             return (ms, ms), outs
@@ -2799,14 +2805,21 @@ class Worker:
         process."""
         return _Ev_elapsed(self.ev0, self.ev1) / n, _Ev_elapsed(self.ev0, self.ev_call) / n
 
-    def timed_candidate(self, inputs, k, where, checked=1):
+    def timed_candidate(self, inputs, k, where, checked=1, mid=None):
         """One timed sample of the candidate: a call on each entry of `inputs` (a list of input
         lists), back to back between one start and one stop. Returns ((synced, stream) ms per
-        call, [(call index, snapshot)] for `checked` calls drawn at random, the fewest output
-        bytes among those calls). The snapshots (snapshot()) are taken as the clock stops,
-        before anything else; every call's outputs are alive until then, so a candidate that
-        hands back one buffer call after call is checked against the last call that returned it
-        (check_indices)."""
+        call, ([(call index, snapshot, in-sample)], the calls' output pointers), the fewest
+        output bytes among the checked calls).
+
+        Call `mid` (drawn by the caller, never the last) has its outputs snapshotted inside the
+        sample, right after it returns: the gather is queued on the stream behind the call's
+        work, so it sees what the call left in its outputs before any later call ran (the
+        reference's sample takes the same snapshot). A candidate that hands back one buffer and
+        fills it only on some calls (the last of a sample, or whichever a device-side counter
+        says is the newest) fails there. `checked` more calls drawn at random are snapshotted
+        as the clock stops, before anything else; every call's outputs are alive until then, and
+        one that shares its buffer with later calls is checked against the last call that
+        returned it (_checked_reference)."""
         model = self.model
         n = _len(inputs)
         py0 = _py_threads()
@@ -2817,10 +2830,13 @@ class Worker:
         self.flush(k)
         try:
             outs = []
+            inside = None
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                for x in inputs:
+                for i, x in _enumerate(inputs):
                     outs.append(model(*x))
+                    if i == mid:
+                        inside = self.snapshot(outs[i])
                 # The stream's stop before the harness's own bookkeeping: its host time is no
                 # part of the candidate's calls (the reference has none).
                 _Ev_record(self.ev_call, self.stream0)
@@ -2831,14 +2847,19 @@ class Worker:
                 ms = self.elapsed(n)
             else:
                 t0 = _perf_counter_ns()
-                for x in inputs:
+                for i, x in _enumerate(inputs):
                     outs.append(model(*x))
+                    if i == mid:
+                        inside = self.snapshot(outs[i])
                 t1 = _perf_counter_ns()
                 self.foreign_mark(False)
                 ms = (t1 - t0) / 1e6 / n
                 ms = (ms, ms)
             picks = self.check_indices(n, checked)
-            snaps = [(i, self.snapshot(outs[i])) for i in picks]
+            snaps = [(i, self.snapshot(outs[i]), False) for i in picks]
+            if inside is not None:
+                snaps.append((mid, inside, True))
+                picks.append(mid)
             nbytes = _min(_output_bytes(outs[i]) for i in picks)
             aliased = [_aliased_outputs(out, x) for out, x in zip(outs, inputs)]
             storages = [_output_storages(out) for out in outs]
@@ -3126,6 +3147,8 @@ class Worker:
             cand_goes_first = not self.pair_first
             self.pair_first = None
         where = f"timing round {k}"
+        # The call snapshotted inside both samples (timed_candidate): any but the last.
+        mid = _int(self.rng_random() * (n - 1)) if n > 1 else None
         t0 = self.lap("round: inputs", t_round)
         # Each timed sample directly follows an untimed call of the same model on the previous
         # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
@@ -3134,27 +3157,28 @@ class Worker:
         if cand_goes_first:
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where, _ROUND_CHECKS)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where, _ROUND_CHECKS, mid)
             t0 = self.lap("round: candidate timed", t0)
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
-            r_ms, r_outs = self.timed_reference(ref_in, 2 * k + 1)
+            r_ms, r_outs = self.timed_reference(ref_in, 2 * k + 1, mid)
             t0 = self.lap("round: reference timed", t0)
         else:
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
-            r_ms, r_outs = self.timed_reference(ref_in, 2 * k)
+            r_ms, r_outs = self.timed_reference(ref_in, 2 * k, mid)
             t0 = self.lap("round: reference timed", t0)
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where, _ROUND_CHECKS)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where, _ROUND_CHECKS, mid)
             t0 = self.lap("round: candidate timed", t0)
         # The floor counts the outputs of checked calls only (the other calls' outputs are not).
         self.floor_bytes = c_bytes if self.floor_bytes is None else _min(self.floor_bytes, c_bytes)
         snaps, storages = c_out
         try:
-            for i, snap in snaps:
-                self.check_round_outputs(_checked_reference(r_outs, storages, i), snap, k)
+            for i, snap, in_sample in snaps:
+                ref = _output_items(r_outs[i]) if in_sample else _checked_reference(r_outs, storages, i)
+                self.check_round_outputs(ref, snap, k)
         except _Done:
             raise
         except _BaseException as e:
