@@ -2767,14 +2767,13 @@ class Worker:
                 _Ev_synchronize(self.ev1)
                 return self.elapsed(1), [static_out]
             fn = self.ref_fn
-            step = self.mark_step if self.baseline == "compile-reduce-overhead" else None
+            if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
+                self.mark_step()  # one call per sample with this baseline (choose_calls)
             outs = []
             self.flush(k)
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
                 for i, x in _enumerate(inputs):
-                    if step is not None:
-                        step()
                     outs.append(fn(*x))
                     if i == mid:
                         self.snapshot(outs[i])
@@ -2785,8 +2784,6 @@ class Worker:
                 return self.elapsed(n), outs
             t0 = _perf_counter_ns()
             for i, x in _enumerate(inputs):
-                if step is not None:
-                    step()
                 outs.append(fn(*x))
                 if i == mid:
                     self.snapshot(outs[i])
@@ -3195,11 +3192,12 @@ class Worker:
     def choose_calls(self, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms):
         """Calls per timed sample: as many as make the faster model's sample last
         self.sample_ms, at most self.max_calls; fewer where a round's inputs and outputs for
-        both models would take more than a quarter of the device's free memory (an eighth of
-        the process's limit on the CPU) or drawing the inputs more than _INPUTS_MS_PER_ROUND of
-        host time; one with a cuda-graph baseline (its static inputs are copied before each
-        replay) or sample_ms 0. `ref_ms`, `cand_ms`: the first calls' stream times."""
-        if self.sample_ms <= 0 or self.baseline == "cuda-graph":
+        both models would take more than a quarter of the device's free memory (1 GiB on the
+        CPU) or drawing the inputs more than _INPUTS_MS_PER_ROUND of host time; one with sample_ms
+        0 and with the graph baselines: cuda-graph copies its static inputs before each replay,
+        and compile-reduce-overhead's graphs overwrite their outputs at the next step, where a
+        sample keeps every call's outputs. `ref_ms`, `cand_ms`: the first calls' stream times."""
+        if self.sample_ms <= 0 or self.baseline in ("cuda-graph", "compile-reduce-overhead"):
             return 1
         fastest = _max(_min(_sorted(ref_ms)[_len(ref_ms) // 2], _sorted(cand_ms)[_len(cand_ms) // 2]), 1e-6)
         calls = _min(self.max_calls, _max(1, _int(-(-self.sample_ms // fastest))))
