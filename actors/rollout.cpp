@@ -116,7 +116,7 @@ struct group_work {
   task_id task;
   phase step = phase::exemplars;
   std::vector<variant_id> exemplar_ids; // the exemplars the prompt showed
-  std::string prompt;                   // the prompt text the policy saw, for the replay store
+  std::string prompt;                   // the prompt text the policy saw (moved from the request once generated), for the replay store
   generation_request request;           // kept for a retry
   group_announce announce;              // kept for a retry; cleared once accepted
   std::vector<member> members;
@@ -335,6 +335,7 @@ void on_generated(rollout_pointer self, group_id id, generation_result& r) {
   }
   g->announce.completions = std::move(r.completions);
   g->open = g->members.size();
+  g->prompt = std::move(g->request.prompt); // kept for the replay store; the request is done
   g->request = generation_request{};
   g->step = phase::announcing;
   send_announce(self, id);
@@ -381,7 +382,6 @@ void on_exemplars(rollout_pointer self, group_id id, const exemplar_set& set) {
   auto& req = g->request;
   req.group = id;
   req.task = g->task;
-  g->prompt = built->text;
   req.prompt = std::move(built->text);
   req.add_special_tokens = st.opt.add_special_tokens;
   req.samples = st.opt.group_size;

@@ -549,6 +549,7 @@ void keep_sampler(trainer_state& st, std::size_t place, const sampler_state& s) 
 
 // Stops every rollout actor (in_flight_policy as given) and calls `then` once all have replied.
 void discard_groups(trainer_state& st);
+void drop_oldest(trainer_state& st, std::size_t bound);
 
 void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then) {
   auto& st = self->state;
@@ -625,12 +626,19 @@ void drop_stale(trainer_state& st, std::uint64_t max_staleness, std::uint64_t bo
     if (stale(g))
       dropped += g.completions.size();
   st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(), stale), st.groups.end());
-  while (st.groups.size() > bound) {
-    dropped += st.groups.front().completions.size();
-    st.groups.pop_front();
-  }
   st.p.dropped_stale += dropped;
   st.dropped_now += dropped;
+  drop_oldest(st, bound);
+}
+
+// Drops the oldest waiting groups until at most `bound` wait, counting their samples as stale.
+void drop_oldest(trainer_state& st, std::size_t bound) {
+  while (st.groups.size() > bound) {
+    const auto n = st.groups.front().completions.size();
+    st.groups.pop_front();
+    st.p.dropped_stale += n;
+    st.dropped_now += n;
+  }
 }
 
 // Empties the queue of groups that arrived and will not be trained on (a stage ended, or a
@@ -1287,11 +1295,8 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       if (st.on_groups) {
         auto f = st.on_groups;
         f();
-      } else if (st.groups.size() > 8 * std::max<std::uint64_t>(1, st.want)) {
-        const auto n = st.groups.front().completions.size();
-        st.groups.pop_front(); // nobody is training: keep the queue bounded
-        st.p.dropped_stale += n;
-        st.dropped_now += n;
+      } else {
+        drop_oldest(st, 8 * std::max<std::uint64_t>(1, st.want)); // nobody is training: keep the queue bounded
       }
     },
     [self](collect_atom) {

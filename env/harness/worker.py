@@ -1517,6 +1517,20 @@ def _map_tensors(x, fn):
     return x
 
 
+def _call_all(fn, inputs, mid, snapshot):
+    """The calls of one timed sample, back to back: fn on each entry of `inputs` (a list of
+    input lists). Returns (the outputs in order, snapshot() of call `mid`'s outputs taken right
+    after it returned, or None when mid is None); the reference's sample and the candidate's run
+    this same code, so both hold the same work."""
+    outs = []
+    inside = None
+    for i, x in _enumerate(inputs):
+        outs.append(fn(*x))
+        if i == mid:
+            inside = snapshot(outs[i])
+    return outs, inside
+
+
 def _output_storages(out):
     """For each output (see _output_items), where its data starts (a slice of a larger buffer
     starts where it starts); None for one that is not a plain tensor."""
@@ -2769,24 +2783,17 @@ class Worker:
             fn = self.ref_fn
             if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
                 self.mark_step()  # one call per sample with this baseline (choose_calls)
-            outs = []
             self.flush(k)
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                for i, x in _enumerate(inputs):
-                    outs.append(fn(*x))
-                    if i == mid:
-                        self.snapshot(outs[i])
+                outs, _ = _call_all(fn, inputs, mid, self.snapshot)
                 _Ev_record(self.ev_call, self.stream0)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
                 return self.elapsed(n), outs
             t0 = _perf_counter_ns()
-            for i, x in _enumerate(inputs):
-                outs.append(fn(*x))
-                if i == mid:
-                    self.snapshot(outs[i])
+            outs, _ = _call_all(fn, inputs, mid, self.snapshot)
             t1 = _perf_counter_ns()
             ms = (t1 - t0) / 1e6 / n
             return (ms, ms), outs
@@ -2826,14 +2833,9 @@ class Worker:
         self.foreign_mark(True)
         self.flush(k)
         try:
-            outs = []
-            inside = None
             if self.cuda:
                 _Ev_record(self.ev0, self.stream0)
-                for i, x in _enumerate(inputs):
-                    outs.append(model(*x))
-                    if i == mid:
-                        inside = self.snapshot(outs[i])
+                outs, inside = _call_all(model, inputs, mid, self.snapshot)
                 # The stream's stop before the harness's own bookkeeping: its host time is no
                 # part of the candidate's calls (the reference has none).
                 _Ev_record(self.ev_call, self.stream0)
@@ -2844,10 +2846,7 @@ class Worker:
                 ms = self.elapsed(n)
             else:
                 t0 = _perf_counter_ns()
-                for i, x in _enumerate(inputs):
-                    outs.append(model(*x))
-                    if i == mid:
-                        inside = self.snapshot(outs[i])
+                outs, inside = _call_all(model, inputs, mid, self.snapshot)
                 t1 = _perf_counter_ns()
                 self.foreign_mark(False)
                 ms = (t1 - t0) / 1e6 / n
