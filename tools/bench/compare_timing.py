@@ -68,7 +68,9 @@ def keys(r):
     task, cand = str(r.get("task")), str(r.get("candidate"))
     out = [("path", os.path.normpath(task), os.path.normpath(cand)),
            ("real", os.path.realpath(task), os.path.realpath(cand))]
-    if r.get("line") is not None:
+    if r.get("line") is not None and r.get("task") is None:
+        # A line number joins only records without paths: two pair files of one set (all of it,
+        # and a part) number their lines differently.
         out.append(("line", r.get("line")))
     return out
 

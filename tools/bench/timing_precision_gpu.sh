@@ -7,8 +7,8 @@
 #                on data/kernelbench/level1): crucible eval --pairs, concurrency CONC (6)
 #   2. dev6      six released CUDA-L1 kernels, 10 verdicts each (tools/bench/pick_pairs.py; the
 #                pairs in data/dev6, made on the development machine), --no-cache
-#   3. kb-self   KernelBench's own timing of step 1's pairs (tools/bench/kernelbench_timing.py)
-#   4. kb-dev6   the same for dev6, 3 verdicts each
+#   3. kb-dev6   KernelBench's own timing of dev6's pairs, 3 verdicts each (tools/bench/kernelbench_timing.py)
+#   4. kb-self   the same for step 1's pairs
 #   5. before    steps 1 and 2 with one call per timed sample (evaluator.sample_ms=0), the
 #                protocol before it: 25 self-l1 tasks and 3 verdicts of each dev6 kernel
 # then waits like `wait`. `wait` waits until the pipeline ends or WAIT_S seconds (540) have passed;
@@ -41,8 +41,8 @@ pipeline() {
   grep -E '_r[123]\.py$' data/dev6/pairs.tsv >>data/dev6/pairs-3.tsv
   step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$RUNS/self-l1.jsonl" "${SETARGS[@]}"
   step dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs.tsv --out "$RUNS/dev6.jsonl" --no-cache "${SETARGS[@]}"
-  step kb-self python3 tools/bench/kernelbench_timing.py --pairs data/self-l1/pairs.tsv --out "$RUNS/kb-self-l1.jsonl" --json
   step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs data/dev6/pairs-3.tsv --out "$RUNS/kb-dev6.jsonl" --json
+  step kb-self python3 tools/bench/kernelbench_timing.py --pairs data/self-l1/pairs.tsv --out "$RUNS/kb-self-l1.jsonl" --json
   step before-self "$CRUCIBLE" eval --pairs data/self-l1/pairs-25.tsv --out "$RUNS/before-self-l1.jsonl" --no-cache \
     "${SETARGS[@]}" --set evaluator.sample_ms=0
   step before-dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs-3.tsv --out "$RUNS/before-dev6.jsonl" --no-cache \
@@ -62,6 +62,7 @@ wait_run() {
   while running && (( $(date +%s) < until )); do
     sleep $(( until - $(date +%s) < 60 ? until - $(date +%s) : 60 ))
     echo "[$(date +%T)] $(tail -1 "$RUNS/pipeline.log")"
+    collect >/dev/null # every minute: a call cut short by its limit still brings the records back
   done
   if running; then echo "timing_precision: still running"; else echo "timing_precision: ended"; fi
   collect
