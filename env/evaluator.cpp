@@ -825,6 +825,9 @@ private:
   long own_kernels_ = -1;
   /// Calls per timed sample (evaluator.sample_ms; the worker's choice): the times are per call.
   long calls_ = 1;
+  /// Correctness trials: evaluator.trials, or fewer where the worker found that their outputs
+  /// would not fit the device (its reference messages say so; Worker.fit_trials).
+  std::int64_t trials_ = 0;
   clock_type::time_point t0_ = clock_type::now();
 };
 
@@ -1129,6 +1132,7 @@ verdict evaluation::run() {
     if (seed == 0)
       seed = 1;
   }
+  trials_ = req_.reference_only ? 1 : opt.trials;
   std::string job = "{\"type\":\"job\",\"task_name\":" + json_string(req_.target.name)
                     + ",\"task_source\":" + json_string(req_.target.source)
                     + ",\"candidate_source\":" + json_string(req_.candidate)
@@ -1192,7 +1196,9 @@ verdict evaluation::run() {
         }
       }
       reference_.push_back(std::move(*outs));
-      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == opt.trials) {
+      if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
+        trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
+      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == trials_) {
         // The worker's exports are poisoned before the candidate loads: keep a copy of each, all
         // queued together and waited for once. The mappings are closed after the worker has been
         // told, while it goes on (it frees its exports only when `run` comes).
@@ -1226,9 +1232,9 @@ verdict evaluation::run() {
       std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
       ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": reference outputs ", buf);
     }
-    if (static_cast<std::int64_t>(reference_.size()) != opt.trials) {
+    if (static_cast<std::int64_t>(reference_.size()) != trials_) {
       set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
-                                           + std::to_string(opt.trials));
+                                           + std::to_string(trials_));
       return v_;
     }
   }
@@ -1261,7 +1267,7 @@ verdict evaluation::run() {
     // Every trial's outputs first, then all device comparisons in one batch (one wait on the
     // device instead of one per output), then the checks trial by trial, in order.
     std::vector<trial_outputs> trials;
-    for (std::int64_t t = 0; t < opt.trials; ++t) {
+    for (std::int64_t t = 0; t < trials_; ++t) {
       if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
         return v_;
       if (n["type"].as<std::string>() != "candidate") {
@@ -1395,6 +1401,9 @@ verdict evaluation::run() {
                 uncertain && !lazy ? "; the band reaches below the win threshold, so no speedup is credited (1.00x)"
                                    : "");
   v_.message = buf;
+  if (trials_ < opt.trials)
+    v_.message += "; " + std::to_string(trials_) + " correctness trial" + (trials_ == 1 ? "" : "s") + " of "
+                  + std::to_string(opt.trials) + ": more of the task's outputs would not fit the device";
   return v_;
 }
 
@@ -1403,6 +1412,20 @@ verdict device_evaluator::check_task(const task& t) {
   req.reference_only = true;
   return evaluate(req);
 }
+
+namespace {
+/// A worker's or this process's message for running out of device memory: torch's
+/// OutOfMemoryError, the CUDA runtime's and driver's codes, and the assertion torch's caching
+/// allocator fails while describing an out-of-memory error where NVML cannot start (in the
+/// worker's sandbox: 26 of KernelBench's level 1 tasks on an H100 at concurrency 6).
+bool out_of_device_memory(const std::string& m) {
+  for (const char* s : {"out of memory", "OutOfMemoryError", "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY",
+                        "DriverAPI::get()->nvmlInit"})
+    if (m.find(s) != std::string::npos)
+      return true;
+  return false;
+}
+} // namespace
 
 verdict device_evaluator::evaluate(const eval_request& req) {
   auto t0 = clock_type::now();
@@ -1460,11 +1483,32 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   }
   bool evaluator_failed = false; // the verdict reports this process's failure, not the candidate's
   auto v = [&] {
+    std::optional<solo_hold> beside{std::in_place, solo_, false};
     evaluation e{*this, req, std::move(*w)};
     auto first = e.run();
     e.drop_outputs();
     retire(e.take_process());
+    beside.reset();
     evaluator_failed = e.evaluator_failed();
+    if (device_ != "cpu" && first.status == verdict_status::runtime_error && out_of_device_memory(first.message)) {
+      // Out of device memory beside other evaluations (KernelBench's level 1 at concurrency 6 on
+      // an H100: tasks of 6.4 GB inputs and outputs): once more alone on the device, after the
+      // evaluations running now have ended. Out of memory alone is the task's or candidate's.
+      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.message.substr(0, 200),
+                "; retrying alone on the device");
+      auto again = take_worker();
+      if (!again)
+        return first;
+      solo_hold alone{solo_, true};
+      evaluation retry{*this, req, std::move(*again)};
+      auto second = retry.run();
+      retry.drop_outputs();
+      retire(retry.take_process());
+      evaluator_failed = retry.evaluator_failed();
+      if (second.status == verdict_status::runtime_error && out_of_device_memory(second.message))
+        second.message += " (alone on the device as well)";
+      return second;
+    }
     if (!e.lost_worker() && !evaluator_failed)
       return first;
     // A worker killed from outside is retried once on a fresh worker, so an operator's kill

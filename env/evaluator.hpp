@@ -21,6 +21,7 @@
 #include "core/log.hpp"
 #include "env/device_gate.hpp"
 #include "env/sandbox.hpp"
+#include "env/solo_gate.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
 #include "env/verdict_cache.hpp"
@@ -35,7 +36,7 @@ class Node;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-7";
+inline constexpr const char* protocol_version = "crucible-eval-8"; // 8: samples behind the gate, every call snapshotted
 
 /// One candidate for one task.
 struct eval_request {
@@ -216,6 +217,7 @@ private:
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
   device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)
+  solo_gate solo_;                    // an evaluation out of device memory beside others is retried alone
   int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
   std::vector<std::thread> refill_;
   std::mutex retire_mtx_;             // guards retiring_, retire_stop_

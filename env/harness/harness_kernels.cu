@@ -141,6 +141,28 @@ __global__ void crucible_spin(std::int64_t cycles) {
   }
 }
 
+// The gate before a timed sample: every thread slot of every SM held until the host writes a
+// nonzero value to *open (mapped host memory) or `max_cycles` SM cycles have passed. Launched
+// with as many 1024-thread blocks as the device holds at once, it leaves no room for any other
+// kernel, on any stream of the context, so the host can queue a whole sample's calls while
+// nothing of them runs; once open, the device runs the calls back to back, and the host's launch
+// times are in no call's time. Thread 0 of each block polls; *timed_out is set when a block gave
+// up waiting (the host then knows the sample's first calls may have waited for their launches).
+__global__ void __launch_bounds__(1024, 2)
+    crucible_gate(const volatile unsigned int* open, std::int64_t max_cycles, volatile unsigned int* timed_out) {
+  if (threadIdx.x == 0) {
+    const long long t0 = clock64();
+    while (*open == 0) {
+      if (clock64() - t0 >= max_cycles) {
+        *timed_out = 1;
+        break;
+      }
+      __nanosleep(256);
+    }
+  }
+  __syncthreads();
+}
+
 // *differs = 1 when the n bytes at a and b differ anywhere; `wide` when both are 16-byte
 // aligned (then the first n / 16 * 16 bytes are read 16 at a time).
 __global__ void crucible_bytes_differ(const unsigned char* a, const unsigned char* b, std::int64_t n, int wide,

@@ -629,6 +629,15 @@ _CLOCK_BATCH = 40
 _CLOCK_MIN_MS = 20.0
 # Elements of each output compared in every timing round (check_round_outputs).
 _ROUND_SAMPLE = 1 << 16
+# Elements of each output snapshotted inside a timed sample, after every call but the last
+# (_call_all): enough to catch a call that left its outputs unwritten or unfinished, few enough
+# that the gather, which both samples hold, adds little to a 10 us call.
+_INSIDE_SAMPLE = 1 << 12
+# How long the gate before a timed sample (Worker.begin_sample) waits at most for the host to
+# queue the sample's calls: 4e7 SM cycles, 20 ms at 2 GHz. choose_calls keeps a sample's host
+# time under half of it; a forward that waits for the device inside the sample waits this long.
+_GATE_CYCLES = 40_000_000
+_GATE_MS = 20.0
 # How long the profiled call of trial 0 stays under the profiler after its stop event
 # (Worker.profiled, check_device_time).
 _LATE_WORK_NS = 2_000_000
@@ -707,7 +716,7 @@ class _HarnessKernels:
         self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "loading the harness kernels")
         self._module = module
         self._fn = {}
-        names = ["crucible_flush", "crucible_spin", "crucible_bytes_differ"]
+        names = ["crucible_flush", "crucible_spin", "crucible_gate", "crucible_bytes_differ"]
         names += [f"crucible_{k}_{s}" for s in self._FLOAT.values()
                   for k in ("round_check", "scale_uniform", "scale_signed")]
         names += [f"crucible_{k}_{s}" for s in self._BITS.values() for k in ("round_check", "gather")]
@@ -715,7 +724,23 @@ class _HarnessKernels:
             fn = ctypes.c_void_p()
             self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding {name}")
             self._fn[name] = fn
-        self._blocks = 8 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self._blocks = 8 * props.multi_processor_count
+        # The gate (gate_close): 1024-thread blocks enough to fill every SM's thread slots.
+        per_sm = _int(_getattr(props, "max_threads_per_multi_processor", 2048) or 2048)
+        self._gate_blocks = props.multi_processor_count * _max(1, per_sm // 1024)
+        # Its two words in mapped host memory: [0] open, written by the host; [1] timed out,
+        # written by the gate. CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP.
+        host = _c_void_p()
+        self._check(lib.cuMemHostAlloc(_c_byref(host), ctypes.c_size_t(8), ctypes.c_uint(0x01 | 0x02)),
+                    "cuMemHostAlloc (the gate's flags)")
+        dev = ctypes.c_uint64()
+        self._check(lib.cuMemHostGetDevicePointer_v2(_c_byref(dev), host, ctypes.c_uint(0)),
+                    "cuMemHostGetDevicePointer (the gate's flags)")
+        self._gate_words = (ctypes.c_uint32 * 2).from_address(host.value)
+        self._gate_words[0] = 1
+        self._gate_words[1] = 0
+        self._gate_dev = dev.value
         self._stream = torch.cuda.current_stream
         # Small results: [0] the flush's sink, [1] the bytes-differ flag (int32), [2] a float64 sum.
         self._scratch = torch.empty(3, dtype=torch.int64, device="cuda")
@@ -749,6 +774,22 @@ class _HarnessKernels:
     def spin(self, cycles):
         """One thread spinning for `cycles` SM clock cycles."""
         self._start("crucible_spin", 1, 1, (_c_int64(cycles),))
+
+    def gate_close(self, max_cycles):
+        """Queues the gate (harness_kernels.cu, crucible_gate): from when it starts until
+        gate_open() or `max_cycles` SM cycles later, no other kernel of this context runs, on
+        any stream. The previous gate must have ended (the caller waited for the device)."""
+        self._gate_words[0] = 0
+        self._gate_words[1] = 0
+        self._start("crucible_gate", self._gate_blocks, 1024,
+                    (_c_void_p(self._gate_dev), _c_int64(_int(max_cycles)), _c_void_p(self._gate_dev + 4)))
+
+    def gate_open(self):
+        self._gate_words[0] = 1
+
+    def gate_timed_out(self):
+        """Whether the last gate stopped waiting before gate_open() (read after the device is waited for)."""
+        return self._gate_words[1] != 0
 
     def bytes_differ(self, a, b):
         """True when two contiguous uint8 tensors of one size differ anywhere (waits for the device)."""
@@ -1517,18 +1558,19 @@ def _map_tensors(x, fn):
     return x
 
 
-def _call_all(fn, inputs, mid, snapshot):
+def _call_all(fn, inputs, inside, snapshot):
     """The calls of one timed sample, back to back: fn on each entry of `inputs` (a list of
-    input lists). Returns (the outputs in order, snapshot() of call `mid`'s outputs taken right
-    after it returned, or None when mid is None); the reference's sample and the candidate's run
-    this same code, so both hold the same work."""
+    input lists). Returns (the outputs in order, [(i, snapshot(outputs of call i))] taken right
+    after each call but the last returned, where `inside`, else []); the reference's sample and
+    the candidate's run this same code, so both hold the same work."""
     outs = []
-    inside = None
+    snaps = []
+    last = _len(inputs) - 1
     for i, x in _enumerate(inputs):
         outs.append(fn(*x))
-        if i == mid:
-            inside = snapshot(outs[i])
-    return outs, inside
+        if inside and i < last:
+            snaps.append((i, snapshot(outs[i])))
+    return outs, snaps
 
 
 def _output_storages(out):
@@ -2028,19 +2070,66 @@ class Worker:
             del held
             _cuda_synchronize()
 
-    def flush(self, k):
+    def flush(self, k, cover=True):
         """Evict caches by reading flush_bytes of a scratch buffer (L2 on CUDA, LLC on CPU).
         Reading leaves clean lines behind: after a write-based flush the timed call paid for
         writing the flush's dirty lines back, a fixed cost that pulled every speedup toward 1.
-        CUDA: nothing waits for it; a spin follows on the stream (see _LAUNCH_COVER_CYCLES), and
-        the caller records the start event and makes the call while the device works through
-        both."""
+        CUDA: nothing waits for it; with `cover` a spin follows on the stream (see
+        _LAUNCH_COVER_CYCLES), and the caller records the start event and makes the call while
+        the device works through both (a timed sample closes the gate instead: begin_sample)."""
         if _KERNELS is not None and self.cuda:
             _KERNELS.flush(self.flush_buf)
         else:
             _torch_sum(self.flush_buf, 0, dtype=_int64, out=self.flush_sum)
-        if self.cuda and self.can_spin:
+        if cover and self.cuda and self.can_spin:
             self.spin(_LAUNCH_COVER_CYCLES)
+
+    def begin_sample(self, k):
+        """CUDA, before a timed sample's start event: the cache flush, then the gate
+        (_HarnessKernels.gate_close) where the harness kernels are loaded, else the spin that
+        covers the first call's launch (flush). Returns whether the gate is closed: the caller
+        queues the start event and the sample's calls, records its stop, and calls
+        end_sample(gated) (in a finally), before it waits for the device.
+
+        Behind the gate the device runs nothing until the host has queued the whole sample, so
+        the calls run back to back as fast as the device runs them, and no call waits for the
+        host to launch it: without it, a sample of 60 calls of a 15 us kernel was timed at the
+        host's pace (25 us a call on an H100 host busy with other workers' builds, and that pace
+        moved with the host's load). What is timed is the device's time for the calls' work; a
+        forward that waits for the device (a synchronisation, .item()) holds the gate until
+        _GATE_CYCLES run out and is then timed at the host's pace from there on. The gate fills
+        every SM, so no stream of the candidate's runs ahead of the start event either."""
+        self.flush(k, cover=_KERNELS is None)
+        if _KERNELS is None:
+            return False
+        _KERNELS.gate_close(_GATE_CYCLES)
+        return True
+
+    def gated_calls(self, fn, inputs, inside, k):
+        """CUDA: a timed sample's calls (_call_all) between the start event and the stream's stop
+        event, behind the gate (begin_sample), which is opened however they end. The reference's
+        sample and the candidate's run this same code. Returns (outputs, in-sample snapshots,
+        whether the gate was closed); the caller waits for the device and reads the times."""
+        gated = self.begin_sample(k)
+        _Ev_record(self.ev0, self.stream0)
+        try:
+            t_host = _perf_counter_ns()
+            outs, inner = _call_all(fn, inputs, inside, self.snapshot_inside)
+            _Ev_record(self.ev_call, self.stream0)
+            self.host_ms = (_perf_counter_ns() - t_host) / 1e6 / _len(inputs)
+        finally:
+            self.end_sample(gated)
+        return outs, inner, gated
+
+    def end_sample(self, gated):
+        if gated:
+            _KERNELS.gate_open()
+
+    def gate_outcome(self, gated):
+        """After the device was waited for: counts a gate that stopped waiting before the host
+        opened it (`timing: gate timeouts` in --verbose's laps)."""
+        if gated and _KERNELS.gate_timed_out():
+            self.laps["timing: gate timeouts"] = self.laps.get("timing: gate timeouts", 0) + 1
 
     # -- kernel counting ---------------------------------------------------------------------
     def profiled(self, fn):
@@ -2194,6 +2283,7 @@ class Worker:
         self.sample_ms = _max(_float(job.get("sample_ms", 0) or 0), 0.0)
         self.max_calls = _max(_int(job.get("max_calls", 1) or 1), 1)
         self.calls = 1
+        self.host_ms = 0.0  # the host's time per call of the last timed sample (choose_calls)
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
@@ -2353,13 +2443,15 @@ class Worker:
             self.dists = [0, 1, 2, 3] if domain == "any" else [0, 1]
             self.trial_dists = []
             finite0 = True
-            for t in _range(self.trials):
+            t = 0
+            while t < self.trials:  # fit_trials may lower self.trials after the first call
                 dist = self.dists[t % _len(self.dists)]
                 inputs = self.make_inputs(self.seed + t, dist)
                 t0 = self.lap("reference: inputs", t0)
                 out = ref(*inputs)
                 self.sync()
                 if t == 0:
+                    ref64 = self.fit_trials(inputs, out, ref64)
                     finite0 = _len(self.dists) > 2 and _all_finite(out)
                     self.ref_aliased = _aliased_outputs(out, inputs)
                     sample0 = _output_sample(out)
@@ -2384,7 +2476,7 @@ class Worker:
                 frames = []
                 descs = _encode(out, frames, self.device, self.exports)
                 t0 = self.lap("reference: outputs encoded", t0)
-                msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs}
+                msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs, "trials": self.trials}
                 if rounding is not None:
                     msg["rounding"] = rounding
                     slack = self.round_slack.setdefault(dist, [])
@@ -2396,6 +2488,9 @@ class Worker:
                 for o in _output_items(out):
                     self.poison_tensor(o)
                 del out, inputs, frames
+                t += 1
+            for msg, _ in pending:
+                msg["trials"] = self.trials
             if ref64 is None:
                 self.round_slack = {}  # the trials' messages may carry it; the rounds use none
                 for msg, _ in pending:
@@ -2457,6 +2552,33 @@ class Worker:
             _T_fill_(x, 255)
         self.poison_free_pool()
         self.lap("reference: poison free pool", t0)
+
+    def fit_trials(self, inputs, out, ref64):
+        """CUDA: fewer correctness trials where their outputs would not fit the device. Each
+        trial's outputs are held three times over (the reference's kept by the evaluator, its
+        export until then, the candidate's), the float64 copy of the reference takes twice the
+        inputs and outputs again, and other evaluations share the device: the trials' outputs may
+        take half of the device's memory, the float64 calls a quarter. KernelBench's level 1 tasks
+        have inputs and outputs of up to 6.4 GB each (19_ReLU: 4096 x 393216 float32), and five
+        trials of those asked for more memory than an 80 GB device has. Returns ref64, or None
+        where the float64 calls do not fit (the tolerances then stay fixed). The evaluator is told
+        the number in every reference message and says it in the verdict."""
+        if not self.cuda:
+            return ref64
+        try:
+            total = torch.cuda.mem_get_info()[1]
+        except _BaseException:
+            return ref64
+        out_bytes = _sum(_int(_T_numel(o)) * o.element_size() for o in _output_items(out) if _type(o) is _Tensor)
+        in_bytes = _sum(_int(_T_numel(x)) * x.element_size() for x in _tensors_in(inputs))
+        fit = _max(1, _int((total // 2) // _max(3 * out_bytes, 1)))
+        if fit < self.trials:
+            self.laps["reference: trials the device holds"] = fit
+            self.trials = fit
+        if ref64 is not None and 2 * (in_bytes + out_bytes) > total // 4:
+            self.laps["reference: no float64 copy (its calls would not fit the device)"] = 1
+            return None
+        return ref64
 
     def reference_float64(self, ref):
         """A copy of the reference in float64 (floating parameters and buffers), whose outputs
@@ -2759,12 +2881,12 @@ class Worker:
                             "not; returning an input or a view of one is not a computation")
 
     # -- timing ------------------------------------------------------------------------------
-    def timed_reference(self, inputs, k, mid=None):
+    def timed_reference(self, inputs, k, inside=False):
         """One timed sample of the reference: a call on each entry of `inputs` (a list of input
-        lists), back to back between one start and one stop; after call `mid` (if any) the same
-        snapshot as the candidate's in-sample one is taken and dropped, so that both samples
-        hold the same work. Returns ((synced, stream) ms per call, the list of the calls'
-        outputs)."""
+        lists), back to back between one start and one stop; with `inside`, the same snapshots as
+        the candidate's in-sample ones are taken after every call but the last and dropped, so
+        that both samples hold the same work. Returns ((synced, stream) ms per call, the list of
+        the calls' outputs)."""
         n = _len(inputs)
         try:
             if self.baseline == "cuda-graph":  # one call per sample (choose_calls)
@@ -2772,30 +2894,36 @@ class Worker:
                 for s, x in zip(static, inputs[0]):
                     if _isinstance(s, _Tensor):
                         _T_copy_(s, x)
-                self.flush(k)
+                gated = self.begin_sample(k)
                 _Ev_record(self.ev0, self.stream0)
-                graph.replay()
-                _Ev_record(self.ev_call, self.stream0)
+                try:
+                    t_host = _perf_counter_ns()
+                    graph.replay()
+                    _Ev_record(self.ev_call, self.stream0)
+                    self.host_ms = (_perf_counter_ns() - t_host) / 1e6
+                finally:
+                    self.end_sample(gated)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
+                self.gate_outcome(gated)
                 return self.elapsed(1), [static_out]
             fn = self.ref_fn
             if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
                 self.mark_step()  # one call per sample with this baseline (choose_calls)
-            self.flush(k)
             if self.cuda:
-                _Ev_record(self.ev0, self.stream0)
-                outs, _ = _call_all(fn, inputs, mid, self.snapshot)
-                _Ev_record(self.ev_call, self.stream0)
+                outs, _, gated = self.gated_calls(fn, inputs, inside, k)
                 _cuda_synchronize()
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
+                self.gate_outcome(gated)
                 return self.elapsed(n), outs
+            self.flush(k)
             t0 = _perf_counter_ns()
-            outs, _ = _call_all(fn, inputs, mid, self.snapshot)
+            outs, _ = _call_all(fn, inputs, inside, self.snapshot_inside)
             t1 = _perf_counter_ns()
             ms = (t1 - t0) / 1e6 / n
+            self.host_ms = ms
             return (ms, ms), outs
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
@@ -2809,21 +2937,23 @@ class Worker:
         process."""
         return _Ev_elapsed(self.ev0, self.ev1) / n, _Ev_elapsed(self.ev0, self.ev_call) / n
 
-    def timed_candidate(self, inputs, k, where, checked=1, mid=None):
+    def timed_candidate(self, inputs, k, where, checked=1, inside=False):
         """One timed sample of the candidate: a call on each entry of `inputs` (a list of input
         lists), back to back between one start and one stop. Returns ((synced, stream) ms per
         call, ([(call index, snapshot, in-sample)], the calls' output pointers), the fewest
         output bytes among the checked calls).
 
-        Call `mid` (drawn by the caller, never the last) has its outputs snapshotted inside the
-        sample, right after it returns: the gather is queued on the stream behind the call's
-        work, so it sees what the call left in its outputs before any later call ran (the
-        reference's sample takes the same snapshot). A candidate that hands back one buffer and
-        fills it only on some calls (the last of a sample, or whichever a device-side counter
-        says is the newest) fails there. `checked` more calls drawn at random are snapshotted
-        as the clock stops, before anything else; every call's outputs are alive until then, and
-        one that shares its buffer with later calls is checked against the last call that
-        returned it (_checked_reference)."""
+        With `inside`, every call but the last has its outputs snapshotted inside the sample,
+        right after it returns (_INSIDE_SAMPLE elements of each): the gather is queued on the
+        stream behind the call's work, so it sees what the call left in its outputs before any
+        later call ran (the reference's sample takes the same snapshots). A candidate that hands
+        back one buffer and fills it only on some calls (the last of a sample, or whichever a
+        device-side counter says is the newest), or leaves a call's work to a later call, fails
+        there; and since every call is snapshotted, no call can learn (from the host's timing
+        between calls, or on the device) which ones are. `checked` calls drawn at random are
+        snapshotted in full as the clock stops, before anything else; every call's outputs are
+        alive until then, and one that shares its buffer with later calls is checked against the
+        last call that returned it (_checked_reference)."""
         model = self.model
         n = _len(inputs)
         py0 = _py_threads()
@@ -2831,32 +2961,30 @@ class Worker:
         _reseed_visible()
         self.candidate_flags()
         self.foreign_mark(True)
-        self.flush(k)
         try:
             if self.cuda:
-                _Ev_record(self.ev0, self.stream0)
-                outs, inside = _call_all(model, inputs, mid, self.snapshot)
-                # The stream's stop before the harness's own bookkeeping: its host time is no
-                # part of the candidate's calls (the reference has none).
-                _Ev_record(self.ev_call, self.stream0)
+                # The stream's stop comes before the harness's own bookkeeping (the thread watch):
+                # its host time is no part of the candidate's calls (the reference has none).
+                outs, inner, gated = self.gated_calls(model, inputs, inside, k)
                 self.foreign_mark(False)
                 _cuda_synchronize()  # device-wide: work on side streams counts
                 _Ev_record(self.ev1, self.stream0)
                 _Ev_synchronize(self.ev1)
+                self.gate_outcome(gated)
                 ms = self.elapsed(n)
             else:
+                self.flush(k)
                 t0 = _perf_counter_ns()
-                outs, inside = _call_all(model, inputs, mid, self.snapshot)
+                outs, inner = _call_all(model, inputs, inside, self.snapshot_inside)
                 t1 = _perf_counter_ns()
                 self.foreign_mark(False)
                 ms = (t1 - t0) / 1e6 / n
+                self.host_ms = ms
                 ms = (ms, ms)
             picks = self.check_indices(n, checked)
             snaps = [(i, self.snapshot(outs[i]), False) for i in picks]
-            if inside is not None:
-                snaps.append((mid, inside, True))
-                picks.append(mid)
             nbytes = _min(_output_bytes(outs[i]) for i in picks)
+            snaps.extend((i, snap, True) for i, snap in inner)
             aliased = [_aliased_outputs(out, x) for out, x in zip(outs, inputs)]
             storages = [_output_storages(out) for out in outs]
         except _BaseException as e:
@@ -2933,7 +3061,11 @@ class Worker:
                         f"({self.foreign_ns / 1e3:.0f} us of CPU time); a candidate's threads may only work "
                         "inside its own calls")
 
-    def snapshot(self, out):
+    def snapshot_inside(self, out):
+        """snapshot() of _INSIDE_SAMPLE elements of each output, inside a timed sample."""
+        return self.snapshot(out, _INSIDE_SAMPLE)
+
+    def snapshot(self, out, samples=_ROUND_SAMPLE):
         """The outputs of a timed call as they are when its clock stops, taken before anything
         else the harness does: for each plain tensor output, its values at up to _ROUND_SAMPLE
         positions drawn now, after the call, from a generator the candidate cannot reach (on
@@ -2954,11 +3086,11 @@ class Worker:
             if _KERNELS is not None and y.device.type == "cuda" and _KERNELS.supports(y):
                 seed = self.sample_bits(64)
                 yc = y if _T_is_contiguous(y) else _T_contiguous(y)
-                snap.append(_Taken(_KERNELS.gather(yc, seed, _ROUND_SAMPLE), seed, size, y.dtype))
+                snap.append(_Taken(_KERNELS.gather(yc, seed, samples), seed, size, y.dtype))
                 continue
             ys = _T_reshape(_T_detach(y), (-1,))
-            if n > _ROUND_SAMPLE:
-                idx = _torch_randint(0, n, (_ROUND_SAMPLE,), generator=self.sample_gen, device=y.device)
+            if n > samples:
+                idx = _torch_randint(0, n, (samples,), generator=self.sample_gen, device=y.device)
                 snap.append(_Taken(_torch_index_select(ys, 0, idx), idx, size, y.dtype))
             else:
                 snap.append(_Taken(_T_clone(ys), None, size, y.dtype))
@@ -3020,8 +3152,11 @@ class Worker:
             self.check_round_fracs()
         slot = self.round_used
         self.round_used += 1
-        _KERNELS.round_check(x, taken, seed, _ROUND_SAMPLE, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
-        self.round_fracs.append((k, i, _min(_T_numel(x), _ROUND_SAMPLE), slot))
+        # The snapshot's size says how many positions it drew (all of them, in order, when the
+        # output had no more elements than that).
+        samples = _T_numel(taken)
+        _KERNELS.round_check(x, taken, seed, samples, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
+        self.round_fracs.append((k, i, samples, slot))
 
     def tolerance(self, dtype, i):
         """(atol, rtol) of the correctness comparison for output `i`, of `dtype` (env/compare.cpp:
@@ -3143,8 +3278,8 @@ class Worker:
             cand_goes_first = not self.pair_first
             self.pair_first = None
         where = f"timing round {k}"
-        # The call snapshotted inside both samples (timed_candidate): any but the last.
-        mid = _int(self.rng_random() * (n - 1)) if n > 1 else None
+        # Every call but the last is snapshotted inside both samples (timed_candidate).
+        inside = n > 1
         t0 = self.lap("round: inputs", t_round)
         # Each timed sample directly follows an untimed call of the same model on the previous
         # round's inputs. Without it, whichever call came first in a round ran 8-15% slower
@@ -3153,20 +3288,20 @@ class Worker:
         if cand_goes_first:
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where, _ROUND_CHECKS, mid)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k, where, _ROUND_CHECKS, inside)
             t0 = self.lap("round: candidate timed", t0)
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
-            r_ms, r_outs = self.timed_reference(ref_in, 2 * k + 1, mid)
+            r_ms, r_outs = self.timed_reference(ref_in, 2 * k + 1, inside)
             t0 = self.lap("round: reference timed", t0)
         else:
             self.prime_reference(prev_ref)
             t0 = self.lap("round: reference priming", t0)
-            r_ms, r_outs = self.timed_reference(ref_in, 2 * k, mid)
+            r_ms, r_outs = self.timed_reference(ref_in, 2 * k, inside)
             t0 = self.lap("round: reference timed", t0)
             self.prime_candidate(prev_cand, where)
             t0 = self.lap("round: candidate priming", t0)
-            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where, _ROUND_CHECKS, mid)
+            c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where, _ROUND_CHECKS, inside)
             t0 = self.lap("round: candidate timed", t0)
         # The floor counts the outputs of checked calls only (the other calls' outputs are not).
         self.floor_bytes = c_bytes if self.floor_bytes is None else _min(self.floor_bytes, c_bytes)
@@ -3188,7 +3323,7 @@ class Worker:
         self.lap("round: previous inputs freed", t0)
         return r_ms, c_ms, cand_goes_first
 
-    def choose_calls(self, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms):
+    def choose_calls(self, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms, host_ms=0.0):
         """Calls per timed sample: as many as make the faster model's sample last
         self.sample_ms, at most self.max_calls; fewer where a round's inputs and outputs for
         both models would take more than a quarter of the device's free memory (1 GiB on the
@@ -3210,6 +3345,8 @@ class Worker:
         calls = _min(calls, _max(1, budget // per_call))
         if inputs_ms > 0:
             calls = _min(calls, _max(1, _int(_INPUTS_MS_PER_ROUND // inputs_ms)))
+        if self.cuda and host_ms > 0:  # the host queues a sample within half the gate's wait
+            calls = _min(calls, _max(1, _int(0.5 * _GATE_MS // host_ms)))
         return calls
 
     def clock_warmup(self, cap_ms):
@@ -3301,18 +3438,23 @@ class Worker:
         best = None
         n = self.calls  # fills back to back, as many as a timed sample's calls
         for i in _range(5):
-            self.flush(-10 - i)
             if self.cuda:
+                gated = self.begin_sample(-10 - i)  # the fills run back to back, as a sample's calls do
                 _Ev_record(self.ev0, self.stream0)
-                for _ in _range(n):
-                    if _KERNELS is not None:
-                        _KERNELS._zero(_T_data_ptr(buf), nbytes)
-                    else:
-                        _T_zero_(buf)
-                _Ev_record(self.ev_call, self.stream0)
+                try:
+                    for _ in _range(n):
+                        if _KERNELS is not None:
+                            _KERNELS._zero(_T_data_ptr(buf), nbytes)
+                        else:
+                            _T_zero_(buf)
+                    _Ev_record(self.ev_call, self.stream0)
+                finally:
+                    self.end_sample(gated)
                 _Ev_synchronize(self.ev_call)
+                self.gate_outcome(gated)
                 ms = _Ev_elapsed(self.ev0, self.ev_call) / n
             else:
+                self.flush(-10 - i)
                 t1 = _perf_counter_ns()
                 for _ in _range(n):
                     _T_zero_(buf)
@@ -3351,16 +3493,24 @@ class Worker:
                 self.reserve_for_rounds(inputs)
             ref_first, cand_first = [], []
             out_bytes = 0
+            host_first = []
+            if warmup_ms > 0:  # the first calls' times choose the calls per sample: clocks up first
+                self.clock_warmup(warmup_ms)
             for i in _range(3):
                 ms, out, nbytes = self.timed_candidate([_clone_inputs(inputs)], -1 - i, f"warm-up call {i}")
                 cand_first.append(ms[1])
+                host_first.append(self.host_ms)
                 out_bytes = _max(out_bytes, nbytes)
                 del out
                 ms, out = self.timed_reference([_clone_inputs(inputs)], -1 - i)
                 ref_first.append(ms[1])
+                host_first.append(self.host_ms)
                 del out
             in_bytes = _sum(_int(_T_numel(t)) * t.element_size() for t in _tensors_in(inputs))
-            self.calls = self.choose_calls(ref_first, cand_first, in_bytes, out_bytes, inputs_ms)
+            # The slower model's median host time per call (the first call of each may be slow).
+            host_ms = _max(_sorted(host_first[0::2])[1], _sorted(host_first[1::2])[1])
+            self.calls = self.choose_calls(ref_first, cand_first, in_bytes, out_bytes, inputs_ms, host_ms)
+            self.laps["timing: first calls' host time per call (ms)"] = host_ms
             self.laps["timing: calls per sample"] = self.calls
             self.laps["timing: first calls' inputs (ms)"] = inputs_ms
             self.prime_inputs = (inputs, _clone_inputs(inputs))
