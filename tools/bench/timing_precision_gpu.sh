@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
 # tools/bench/timing_precision_gpu.sh start|wait|collect: the timing precision figures of
 # docs/PERFORMANCE.md ("Timing precision") on one GPU machine, across several device calls of one
-# lease. `start` builds crucible (tools/bench/eval_set_gpu.sh build) and starts, in a session of
-# its own (setsid), one after the other:
+# lease. `start` builds crucible (tools/bench/eval_set_gpu.sh build), checks the gate
+# (tools/bench/gate_probe.py) and one verdict in the open, and starts, in a session of its own
+# (setsid), one after the other:
 #   1. self-l1   every KernelBench level 1 task against itself (tools/bench/reference_as_candidate.py
 #                on data/kernelbench/level1): crucible eval --pairs, concurrency CONC (6)
 #   2. dev6      six released CUDA-L1 kernels, 10 verdicts each (tools/bench/pick_pairs.py; the
 #                pairs in data/dev6, made on the development machine), --no-cache
 #   3. kb-dev6   KernelBench's own timing of dev6's pairs, 3 verdicts each (tools/bench/kernelbench_timing.py)
-#   4. kb-self   the same for step 1's pairs
-#   5. before    steps 1 and 2 with one call per timed sample (evaluator.sample_ms=0), the
-#                protocol before it: 25 self-l1 tasks and 3 verdicts of each dev6 kernel
+#   4. before-dev6  3 verdicts of each dev6 kernel with one call per timed sample
+#                (evaluator.sample_ms=0), the protocol before samples of several calls
+#   5. kb-self   KernelBench's timing of the first 25 pairs of step 1 (22 s a task on an H100)
+#   6. before-self  the same 25 with one call per timed sample
 # then waits like `wait`. `wait` waits until the pipeline ends or WAIT_S seconds (540) have passed;
-# `collect` copies every record and log to $OUT. The data folders travel with the call (carry
-# data/kernelbench and data/dev6, with .deps/debs and .whl for the build).
+# `collect` copies every record and log to $OUT. The data folders travel with the `start` call
+# (carry data/kernelbench and data/dev6, with .deps/debs and .whl for the build); carry nothing on
+# the `wait` calls: a carried folder replaces the one there while the pipeline reads it. The
+# machine goes back after 30 s idle, so issue each `wait` as soon as the last returns.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -34,18 +38,24 @@ step() { # NAME: runs the rest, logging to $RUNS/NAME.log, once (a mark file say
   touch "$RUNS/$name.done"
 }
 
+absolute() { # DIR: a pairs file's relative paths made absolute (they were relative to DIR)
+  awk -F'\t' -v OFS='\t' -v d="$1" '{ for (i = 1; i <= 2; i++) if (substr($i, 1, 1) != "/") $i = d "/" $i; print }'
+}
+
 pipeline() {
   python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
-  grep -v '^#' data/self-l1/pairs.tsv | head -25 >data/self-l1/pairs-25.tsv
-  head -1 data/dev6/pairs.tsv >data/dev6/pairs-3.tsv
-  grep -E '_r[123]\.py$' data/dev6/pairs.tsv >>data/dev6/pairs-3.tsv
+  # The partial pair files live with the records, not in the data folders: a later call that
+  # carries data/dev6 again replaces that folder while the pipeline runs.
+  grep -v '^#' data/self-l1/pairs.tsv | head -25 | absolute "$ROOT/data/self-l1" >"$RUNS/self-l1-25.tsv"
+  grep -E '_r[123]\.py$' data/dev6/pairs.tsv | absolute "$ROOT/data/dev6" >"$RUNS/dev6-3.tsv"
   step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$RUNS/self-l1.jsonl" "${SETARGS[@]}"
   step dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs.tsv --out "$RUNS/dev6.jsonl" --no-cache "${SETARGS[@]}"
-  step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs data/dev6/pairs-3.tsv --out "$RUNS/kb-dev6.jsonl" --json
-  step kb-self python3 tools/bench/kernelbench_timing.py --pairs data/self-l1/pairs.tsv --out "$RUNS/kb-self-l1.jsonl" --json
-  step before-self "$CRUCIBLE" eval --pairs data/self-l1/pairs-25.tsv --out "$RUNS/before-self-l1.jsonl" --no-cache \
+  step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs "$RUNS/dev6-3.tsv" --out "$RUNS/kb-dev6.jsonl" --json
+  step before-dev6 "$CRUCIBLE" eval --pairs "$RUNS/dev6-3.tsv" --out "$RUNS/before-dev6.jsonl" --no-cache \
     "${SETARGS[@]}" --set evaluator.sample_ms=0
-  step before-dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs-3.tsv --out "$RUNS/before-dev6.jsonl" --no-cache \
+  # KernelBench's timing took 22 s a task of level 1 on an H100 (2026-11-25): 25 of them.
+  step kb-self python3 tools/bench/kernelbench_timing.py --pairs "$RUNS/self-l1-25.tsv" --out "$RUNS/kb-self-l1.jsonl" --json
+  step before-self "$CRUCIBLE" eval --pairs "$RUNS/self-l1-25.tsv" --out "$RUNS/before-self-l1.jsonl" --no-cache \
     "${SETARGS[@]}" --set evaluator.sample_ms=0
   echo "[$(date +%T)] pipeline: end" >>"$RUNS/pipeline.log"
 }
@@ -53,7 +63,7 @@ pipeline() {
 running() { [[ -f "$RUNS/pid" ]] && kill -0 "$(cat "$RUNS/pid")" 2>/dev/null; }
 
 collect() {
-  cp "$RUNS"/*.jsonl "$RUNS"/*.out "$RUNS"/*.log "$OUT/" 2>/dev/null
+  cp "$RUNS"/*.jsonl "$RUNS"/*.json "$RUNS"/*.out "$RUNS"/*.log "$OUT/" 2>/dev/null
   for f in "$RUNS"/*.log; do tr '\r' '\n' <"$f" | grep -v '^$' | tail -1 | sed "s|^|$(basename "$f"): |"; done
 }
 
@@ -71,6 +81,10 @@ wait_run() {
 case "${1:-}" in
   start)
     tools/bench/eval_set_gpu.sh build || exit 1
+    if [[ ! -f "$RUNS/gate.json" ]]; then # the gate itself (tools/bench/gate_probe.py), in the open
+      timeout 120 python3 tools/bench/gate_probe.py --kernels build-gpu/env/harness_kernels.fatbin --json \
+        >"$RUNS/gate.json" 2>"$RUNS/gate.log"; echo "gate_probe: rc $?"; cat "$RUNS/gate.json"; tail -5 "$RUNS/gate.log"
+    fi
     if [[ ! -f "$RUNS/smoke.done" ]]; then # one verdict first, in the open: a broken build shows here
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
       timeout 120 "$CRUCIBLE" eval --task data/kernelbench/level1/19_ReLU.py --candidate data/self-l1/candidates/19_ReLU.py \
