@@ -457,6 +457,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   out.initial.mean_speedup =
     progress.correct ? progress.speedup_sum / progress.correct : std::numeric_limits<double>::quiet_NaN();
   out.initial.dropped_stale = progress.dropped_stale;
+  out.initial.discarded = progress.discarded;
   return out;
 }
 
