@@ -752,6 +752,16 @@ public:
   /// Closes this evaluation's mappings of the worker's exports (outputs kept on the device), if
   /// an early end left any: before the worker goes.
   void drop_outputs() noexcept { reference_.clear(); }
+  /// Bytes of one trial's reference outputs (0 before the reference ran): how much memory the
+  /// task itself asks of the device.
+  std::uint64_t reference_bytes() const noexcept {
+    std::uint64_t n = 0;
+    if (!reference_.empty())
+      for (const auto& b : reference_.front())
+        if (b.kind.empty())
+          n += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
+    return n;
+  }
   /// The worker's process, after run(): for device_evaluator::retire.
   std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 
@@ -1414,6 +1424,10 @@ verdict device_evaluator::check_task(const task& t) {
 }
 
 namespace {
+/// A candidate's call out of device memory is retried alone only where one trial's reference
+/// outputs take at least this much (256 MiB).
+constexpr std::uint64_t retry_alone_bytes = 256ull << 20;
+
 /// A worker's or this process's message for running out of device memory: torch's
 /// OutOfMemoryError, the CUDA runtime's and driver's codes, and the assertion torch's caching
 /// allocator fails while describing an out-of-memory error where NVML cannot start (in the
@@ -1486,14 +1500,19 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     std::optional<solo_hold> beside{std::in_place, solo_, false};
     evaluation e{*this, req, std::move(*w)};
     auto first = e.run();
+    const auto task_bytes = e.reference_bytes();
     e.drop_outputs();
     retire(e.take_process());
     beside.reset();
     evaluator_failed = e.evaluator_failed();
-    if (device_ != "cpu" && first.status == verdict_status::runtime_error && out_of_device_memory(first.message)) {
+    if (device_ != "cpu" && first.status == verdict_status::runtime_error && out_of_device_memory(first.message)
+        && (first.message.find("ModelNew") == std::string::npos || task_bytes >= retry_alone_bytes)) {
       // Out of device memory beside other evaluations (KernelBench's level 1 at concurrency 6 on
       // an H100: tasks of 6.4 GB inputs and outputs): once more alone on the device, after the
-      // evaluations running now have ended. Out of memory alone is the task's or candidate's.
+      // evaluations running now have ended. Out of memory alone is the task's or candidate's. A
+      // candidate's own call out of memory is retried so only where the task's outputs are large
+      // (retry_alone_bytes): else a policy writing allocations that fail would hold up the
+      // evaluator's other verdicts each time.
       log_.warn("evaluator", device_, " ", req.target.name, ": ", first.message.substr(0, 200),
                 "; retrying alone on the device");
       auto again = take_worker();
