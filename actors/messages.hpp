@@ -526,6 +526,7 @@ struct stage_report {
   double mean_speedup = std::numeric_limits<double>::quiet_NaN(); ///< over correct variants so far
   std::uint64_t dropped_stale = 0; ///< samples (members of groups) dropped for staleness so far
   std::uint64_t discarded = 0;     ///< samples of groups that arrived and were never trained on (stage ends) so far
+  std::vector<std::string> skipped_tasks; ///< tasks left out because their reference cannot run (tasks.skip_broken)
   std::vector<std::string> records; ///< metrics records of the step (one JSON object each), in order
 
   /// Field-wise equality in which two NaN speedups are equal.
@@ -535,7 +536,8 @@ struct stage_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
   return f(caf::meta::type_name("stage_report"), x.stage, x.stage_step, x.step, x.done, x.policy_version, x.variants,
-           detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded, x.records);
+           detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded, x.skipped_tasks,
+           x.records);
 }
 
 /// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
@@ -668,6 +670,8 @@ struct run_status {
   /// Samples of groups that arrived and were never trained on: left waiting when a stage ended
   /// (and, with run.on_pause drop, at a pause). Recorded in the replay store all the same.
   std::uint64_t discarded = 0;
+  /// Tasks this run leaves out because their reference cannot run (tasks.skip_broken), by name.
+  std::vector<std::string> skipped_tasks;
 
   /// Field-wise equality in which two NaN speedups ("no value yet") are equal.
   friend bool operator==(const run_status& x, const run_status& y) noexcept;
@@ -677,7 +681,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_status& x) {
   return f(caf::meta::type_name("run_status"), x.state, x.stage, x.step, x.policy_version,
            x.variants, detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded,
-           detail::check_enum(x.state));
+           x.skipped_tasks, detail::check_enum(x.state));
 }
 
 /// One-line JSON object, keys in declaration order; NaN speedups as null. The format of

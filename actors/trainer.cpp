@@ -403,6 +403,11 @@ struct trainer_state {
   std::vector<task_id> check_queue;    // tasks whose reference is still to be run
   std::size_t check_in_flight = 0;
   std::vector<std::string> broken;     // "NAME (FILE): message" of each task whose reference failed
+  std::vector<task_id> broken_ids;     // the same tasks
+  // tasks.skip_broken: the tasks the run trains on (the catalogue less the skipped ones; null:
+  // the whole catalogue) and the names of those it skips, in catalogue order.
+  std::shared_ptr<const task_catalog> pool;
+  std::vector<std::string> skipped;
   std::size_t warm_in_flight = 0;
   std::size_t warm_done = 0;
 
@@ -425,6 +430,13 @@ double now_seconds(const trainer_state& st) { return st.p.stage_seconds + second
 
 std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
 
+// The tasks the run trains on: the catalogue, less those tasks.skip_broken left out.
+std::shared_ptr<const task_catalog> tasks_of(const trainer_state& st) { return st.pool ? st.pool : st.deps->tasks; }
+
+bool is_skipped(const trainer_state& st, const task_id& t) {
+  return st.pool && st.pool->find(t) == st.pool->end();
+}
+
 stage_report report_of(trainer_state& st, bool done) {
   stage_report r;
   r.stage = stage_name(st.p.stage);
@@ -437,6 +449,7 @@ stage_report report_of(trainer_state& st, bool done) {
   r.mean_speedup = st.p.correct ? st.p.speedup_sum / st.p.correct : std::numeric_limits<double>::quiet_NaN();
   r.dropped_stale = st.p.dropped_stale;
   r.discarded = st.p.discarded;
+  r.skipped_tasks = st.skipped;
   r.records = std::move(st.records);
   st.records.clear();
   return r;
@@ -513,7 +526,7 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
   auto& st = self->state;
   const auto& cfg = st.deps->cfg;
   const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.rollout.actors));
-  rollout_deps rd{st.deps->engine,           st.deps->evaluators,       st.exemplars,      st.deps->tasks,
+  rollout_deps rd{st.deps->engine,           st.deps->evaluators,       st.exemplars,      tasks_of(st),
                   st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward};
   st.rollout_quota.clear();
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -848,7 +861,8 @@ void warm_start(self_pointer self) {
   // Popped from the back: filled last seed first, so the first seed goes first.
   st.warm_queue.clear();
   for (std::size_t i = st.deps->seeds.size(); i-- > 0;)
-    st.warm_queue.push_back(i);
+    if (!is_skipped(st, st.deps->seeds[i].task))
+      st.warm_queue.push_back(i);
   st.warm_done = 0;
   if (st.warm_queue.empty()) {
     warm_finished(self);
@@ -863,7 +877,7 @@ void sft_step(self_pointer self) {
   auto& st = self->state;
   std::vector<std::size_t> good;
   for (std::size_t i = 0; i < st.deps->seeds.size(); ++i)
-    if (!st.deps->seeds[i].wrong)
+    if (!st.deps->seeds[i].wrong && !is_skipped(st, st.deps->seeds[i].task))
       good.push_back(i);
   if (good.empty()) {
     fail_step(self, fail(errc::config, "stages.sft: no correct seed variants under tasks.seeds for the run's tasks"));
@@ -1050,12 +1064,38 @@ void check_pump(self_pointer self) {
     for (const auto& b : st.broken)
       what += "\n  " + b;
     auto n = st.broken.size();
+    const auto all = st.deps->tasks->size();
+    if (st.deps->cfg.tasks.skip_broken && n < all) {
+      // Left out of this process's run, by name, in the log and in status.
+      auto pool = std::make_shared<task_catalog>(*st.deps->tasks);
+      for (const auto& t : st.broken_ids)
+        pool->erase(t);
+      st.skipped.clear();
+      for (const auto& [id, t] : *st.deps->tasks)
+        if (pool->find(id) == pool->end())
+          st.skipped.push_back(id.value);
+      st.pool = std::move(pool);
+      st.deps->log->warn(component, "tasks: skipping ", n, " of ", all, " tasks whose reference cannot run (tasks.skip_broken):",
+                         what);
+      if (!st.samplers.empty()) {
+        st.deps->log->info(component, "tasks: the task samplers start fresh over the ", all - n, " tasks left");
+        st.samplers.clear();
+      }
+      st.broken.clear();
+      st.broken_ids.clear();
+      st.tasks_checked = true;
+      advance(self);
+      return;
+    }
     st.broken.clear();
+    st.broken_ids.clear();
     st.check_queue.clear();
-    fail_step(self, fail(errc::invalid_arg, std::to_string(n), " of ", std::to_string(st.deps->tasks->size()),
+    fail_step(self, fail(errc::invalid_arg, std::to_string(n), " of ", std::to_string(all),
                          " tasks cannot run their reference:", what,
-                         "\nfix them, leave them out with tasks.include, or import the suite with `crucible tasks "
-                         "import --skip-broken` (tasks.check_references: false skips this check)"));
+                         n < all ? "\nfix them, leave them out with tasks.include or tasks.skip_broken: true, or import the "
+                                   "suite with `crucible tasks import --skip-broken` (tasks.check_references: false skips "
+                                   "this check)"
+                                 : "\nfix them (tasks.check_references: false skips this check)"));
   };
   while (st.check_in_flight < max_in_flight && !st.check_queue.empty()) {
     auto t = st.check_queue.back();
@@ -1069,6 +1109,7 @@ void check_pump(self_pointer self) {
           --st.check_in_flight;
           if (v.status != verdict_status::ok) {
             auto it = st.deps->tasks->find(t);
+            st.broken_ids.push_back(t);
             st.broken.push_back(t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
                                 + ": " + v.message);
           }
@@ -1084,6 +1125,7 @@ void check_pump(self_pointer self) {
             arm_timer(self);
             return;
           }
+          st.broken_ids.push_back(t);
           st.broken.push_back(t.value + ": the evaluators failed: " + err.message);
           done();
           check_pump(self);
@@ -1096,6 +1138,7 @@ void check_tasks(self_pointer self) {
   if (st.check_in_flight > 0 || !st.check_queue.empty())
     return; // under way
   st.broken.clear();
+  st.broken_ids.clear();
   for (const auto& [id, t] : *st.deps->tasks)
     st.check_queue.push_back(id);
   std::reverse(st.check_queue.begin(), st.check_queue.end()); // popped from the back: catalogue order

@@ -840,8 +840,13 @@ void describe(V& v, config& c) {
             "Before its first step (of a new run and of each resume), the run builds and runs every task's reference "
             "once through the evaluator pool; a task whose reference fails (a syntax error, an exception, a "
             "reference that is not deterministic) stops the run with the task's name and the error, before any "
-            "training. To leave broken tasks out, name the others in `include`, or import the suite with "
-            "`crucible tasks import --skip-broken`.");
+            "training. To leave broken tasks out, name the others in `include`, set `skip_broken`, or import the "
+            "suite with `crucible tasks import --skip-broken`.");
+    v.field("skip_broken", t.skip_broken,
+            "With `check_references`: a task whose reference fails is left out of the run instead of stopping it "
+            "(unless every task fails): it is named with its error in the log, listed under `skipped_tasks` in "
+            "status.json and by `crucible status`, and neither sampled, warm-started nor used for SFT. Checked again "
+            "on each resume; the task samplers then start fresh.");
   });
   v.section("stages", "The stage schedule, run in order SFT, self-supervised, contrastive RL; a stage with 0 steps is skipped.", [&] {
     auto& g = c.stages;

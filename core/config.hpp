@@ -275,6 +275,7 @@ struct tasks_config {
   std::vector<std::string> seed_exclude; ///< file-name patterns (`*`, `?`, `[...]`) of seed variants left out
   bool warm_start = true;                ///< evaluate the seed variants into the exemplar store before training
   bool check_references = true;          ///< run every task's reference once before the first step; a broken task stops the run
+  bool skip_broken = false;              ///< with check_references: leave broken tasks out (listed) instead of stopping
 };
 
 /// `stages.sft:` — supervised fine-tuning on the verified seed variants.

@@ -209,6 +209,7 @@ template <> struct sample<stage_report> {
     r.mean_speedup = 1.25;
     r.dropped_stale = 1;
     r.discarded = 8;
+    r.skipped_tasks = {"03_broken", "level1/7_bad"};
     r.records = {"{\"event\":\"train_step\"}", "{\"event\":\"verdict\"}"};
     return r;
   }
@@ -272,7 +273,7 @@ template <> struct sample<sampler_state> {
 
 template <> struct sample<run_status> {
   static run_status make() {
-    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16};
+    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16, {"03_broken"}};
   }
 };
 
@@ -498,6 +499,7 @@ TEST_CASE("run_status JSON round-trips with null for speedups that have no value
   CHECK(json.find('\n') == std::string::npos);
   CHECK(json.find("\"state\":\"paused\"") != std::string::npos);
   CHECK(json.find("\"best_speedup\":3.25") != std::string::npos);
+  CHECK(json.find("\"skipped_tasks\":[\"03_broken\"]") != std::string::npos);
   auto back = run_status_from_json(json);
   REQUIRE_MESSAGE(back.ok(), back.error().to_string());
   check_same("run_status", s, *back);

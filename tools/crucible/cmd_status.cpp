@@ -63,6 +63,13 @@ int run_status_cmd(const parsed_args& args) {
   std::printf("dropped stale  %llu samples\n", static_cast<unsigned long long>(st->dropped_stale));
   std::printf("discarded      %llu samples (arrived after their stage's last update)\n",
               static_cast<unsigned long long>(st->discarded));
+  if (!st->skipped_tasks.empty()) {
+    std::string names;
+    for (const auto& t : st->skipped_tasks)
+      names += (names.empty() ? "" : ", ") + t;
+    std::printf("skipped tasks  %zu (their reference cannot run; tasks.skip_broken): %s\n", st->skipped_tasks.size(),
+                names.c_str());
+  }
   if (!join.empty())
     std::printf("nodes join at  %s\n", join.c_str());
   return exit_ok;
