@@ -680,10 +680,10 @@ TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that 
   CHECK(steps == std::vector<std::int64_t>{1, 2, 3});
 }
 
-TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged store; the run resumes, every step once, nothing left running") {
+TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged store, a killed evaluator node; the run resumes, every step once, nothing left running") {
   temp_dir tmp;
   std::mt19937 rng{std::random_device{}()};
-  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "faults", "  sft: {steps: 6, batch: 2}\n  rl: {steps: 2, groups: 1}\n"));
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "faults", "  sft: {steps: 6, batch: 2}\n  rl: {steps: 4, groups: 1}\n"));
   const auto run = tmp.path() / "faults";
   std::vector<pid_t> seen;
   {
@@ -703,7 +703,8 @@ TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged s
     // Fault 2, at a random moment after the first checkpoint: the run's own process, with -9.
     while (!fs::exists(run / "checkpoints" / "latest") && std::chrono::steady_clock::now() < deadline + std::chrono::minutes(3))
       p.read_some(20, out);
-    REQUIRE(fs::exists(run / "checkpoints" / "latest"));
+    REQUIRE_MESSAGE(fs::exists(run / "checkpoints" / "latest"), "no checkpoint; the run: ", out, "\nevents.log:\n",
+                    slurp(run / "events.log"));
     std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>{0, 1000}(rng)));
     seen = descendants(p.pid());
     p.signal(SIGKILL);
@@ -737,18 +738,103 @@ TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged s
   CHECK(refused.err.find(db.string()) != std::string::npos);
   for (const auto& e : fs::directory_iterator(backup))
     fs::copy_file(e.path(), run / e.path().filename(), fs::copy_options::overwrite_existing);
+  // Fault 4, during the resume: an evaluator node that joined the run is killed with -9 at a
+  // random moment after it joined (while it evaluates, if it has a candidate then); the run goes
+  // on and none of the node's processes does. Long responses (8 of up to 800 tokens from an
+  // untrained model) keep the resumed run's RL steps going for seconds while the node starts.
+  // (tests/integration/test_join.cpp kills a node mid-evaluation and checks its candidate.)
+  // The endpoint is the one the resumed run logs (status.json may still name the killed run's).
+  const std::string said_join = "evaluator nodes join at ";
+  auto joins = [&] {
+    const auto log = slurp(run / "events.log");
+    std::vector<std::string> at;
+    for (auto i = log.find(said_join); i != std::string::npos; i = log.find(said_join, i + 1)) {
+      const auto from = i + said_join.size();
+      at.push_back(log.substr(from, log.find_first_of(" \n", from) - from));
+    }
+    return at;
+  };
+  const auto joins_before = joins().size();
+  running_process r({CRUCIBLE_CLI, "resume", run.string(), "--set", "membership.listen=127.0.0.1:0", "--set",
+                     "rollout.max_new_tokens=800", "--set", "rollout.group_size=8"});
+  std::string out;
+  const auto join_by = std::chrono::steady_clock::now() + std::chrono::minutes(3);
+  while (joins().size() <= joins_before && std::chrono::steady_clock::now() < join_by)
+    r.read_some(50, out);
+  REQUIRE(joins().size() > joins_before);
+  const auto endpoint = joins().back();
+  std::vector<pid_t> node_seen;
+  {
+    running_process node({CRUCIBLE_CLI, "evaluator", "--join", endpoint, "--token-file", (run / "membership.token").string(),
+                          "--devices", "cpu", "--no-cache", "--verbose", "--set", "evaluator.warm_workers=1"});
+    std::string said;
+    if (!node.read_until("joined " + endpoint, 180'000, said)) {
+      node.signal(SIGKILL);
+      auto n = node.wait();
+      auto run_end = r.wait();
+      FAIL("the node did not join: " << said << n.out << n.err << "\nthe run: " << out << run_end.out << run_end.err
+                                     << "\nevents.log:\n" << slurp(run / "events.log"));
+    }
+    node.read_until("(worker ", std::uniform_int_distribution<int>{0, 2000}(rng), said);
+    const bool evaluating = said.find("(worker ") != std::string::npos;
+    node_seen = descendants(node.pid());
+    MESSAGE("fault 4: killing the evaluator node " << std::string(evaluating ? "while it evaluates" : "between evaluations")
+                                                   << " and " << node_seen.size() << " processes below it");
+    node.signal(SIGKILL);
+    CHECK(node.wait().exit_code == 128 + SIGKILL);
+  }
   // The resume finishes the schedule; no committed step is lost or done twice in the end.
-  auto resumed = cli({"resume", run.string()});
-  INFO(resumed.err);
+  auto resumed = r.wait();
+  INFO("resume: " << out << resumed.out << resumed.err << "\nevents.log:\n" << slurp(run / "events.log"));
   REQUIRE(resumed.exit_code == 0);
-  CHECK(resumed.out.find("finished at step 8") != std::string::npos);
+  CHECK((out + resumed.out).find("finished at step 10") != std::string::npos);
+  const auto node_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::any_of(node_seen.begin(), node_seen.end(), running) && std::chrono::steady_clock::now() < node_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (auto pid : node_seen)
+    CHECK_MESSAGE(!running(pid), "process " << pid << " of the killed evaluator node still runs");
   auto steps = train_steps(run);
-  CHECK(std::set<std::int64_t>(steps.begin(), steps.end()) == std::set<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8});
+  CHECK(std::set<std::int64_t>(steps.begin(), steps.end()) == std::set<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   CHECK(std::is_sorted(steps.begin(), steps.end())); // a step done again comes after its first time, never out of order
   auto st = crucible::parse_json(cli({"status", run.string(), "--json"}).out);
   REQUIRE(st.ok());
   CHECK(st->find("state")->as_string() == "finished");
-  CHECK(st->find("step")->as_int() == 8);
+  CHECK(st->find("step")->as_int() == 10);
+}
+
+TEST_CASE("a full disk while the run saves a checkpoint: it stops naming the file, the last checkpoint stays whole, the resume finishes") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "full", "  sft: {steps: 4, batch: 2}\n")));
+  const auto run = tmp.path() / "full";
+  auto first = cli({"train", cfg.string(), "--pause-after", "2"});
+  INFO(first.err);
+  REQUIRE(first.exit_code == 0);
+  // The largest file the first checkpoint holds; the resumed run may write no file half that size
+  // (RLIMIT_FSIZE, with SIGXFSZ ignored: a write past it fails with EFBIG, as one on a full disk
+  // fails with ENOSPC), so saving step 4 fails while its logs and status still fit.
+  std::uintmax_t largest = 0;
+  for (const auto& e : fs::recursive_directory_iterator(run / "checkpoints" / "step-2"))
+    if (e.is_regular_file())
+      largest = std::max(largest, e.file_size());
+  REQUIRE(largest > 256u << 10);
+  const auto kib = largest / 2 / 1024;
+  auto full = run_process({"/bin/bash", "-c",
+                           "trap '' XFSZ; ulimit -S -f " + std::to_string(kib) + "; exec \"$0\" resume \"$1\"",
+                           CRUCIBLE_CLI, run.string()});
+  INFO("full disk: " << full.out << full.err << "\nevents.log:\n" << slurp(run / "events.log"));
+  CHECK(full.exit_code != 0);
+  CHECK(full.err.find((run / "checkpoints").string()) != std::string::npos); // the file it could not write
+  CHECK(full.err.find("File too large") != std::string::npos);
+  CHECK(slurp(run / "checkpoints" / "latest") == "step-2\n"); // still the whole one
+  // Room again: the resume goes on from step 2 and finishes, every step once.
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 4") != std::string::npos);
+  auto steps = train_steps(run);
+  CHECK(std::set<std::int64_t>(steps.begin(), steps.end()) == std::set<std::int64_t>{1, 2, 3, 4});
+  for (const auto& e : fs::directory_iterator(run / "checkpoints")) // the half-written one is gone
+    CHECK_MESSAGE(e.path().filename().string().find(".tmp") == std::string::npos, e.path());
 }
 
 TEST_CASE("bad training input is refused with the key at fault and nothing is run") {
@@ -763,7 +849,7 @@ TEST_CASE("bad training input is refused with the key at fault and nothing is ru
   CHECK(r3.exit_code == 2);
 }
 
-TEST_CASE("a task whose reference cannot run stops the run before its first step, by name and line") {
+TEST_CASE("a task whose reference cannot run stops the run before its first step, by name and line, or with tasks.skip_broken is left out and listed") {
   temp_dir tmp;
   const auto suite = tmp.path() / "suite";
   fs::create_directories(suite);
@@ -790,6 +876,34 @@ TEST_CASE("a task whose reference cannot run stops the run before its first step
   INFO(off.err);
   CHECK(off.exit_code == 0);
   CHECK(train_steps(tmp.path() / "unchecked") == std::vector<std::int64_t>{1});
+  // tasks.skip_broken: the run leaves the broken task out, names it in the log and in status, and
+  // samples only the other (one SFT and two contrastive RL steps).
+  auto skip = cli({"train", cfg.string(), "--set", "tasks.suite=" + suite.string(), "--set",
+                   "tasks.include=[02_silu_bias_residual,03_broken]", "--set", "tasks.skip_broken=true", "--set",
+                   "run.name=skipping", "--set", "tasks.seeds=" + (source_dir / "env/tasks/cpu/variants").string(),
+                   "--set", "stages.rl.steps=2", "--set", "stages.rl.groups=1"});
+  const auto run = tmp.path() / "skipping";
+  INFO(skip.err << "\nevents.log:\n" << slurp(run / "events.log"));
+  REQUIRE(skip.exit_code == 0);
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3});
+  const auto events = slurp(run / "events.log");
+  CHECK(events.find("skipping 1 of 2 tasks whose reference cannot run") != std::string::npos);
+  CHECK(events.find("03_broken (" + (suite / "03_broken.py").string() + ")") != std::string::npos);
+  auto st = crucible::parse_json(cli({"status", run.string(), "--json"}).out);
+  REQUIRE(st.ok());
+  const auto* listed = st->find("skipped_tasks");
+  REQUIRE(listed != nullptr);
+  REQUIRE(listed->is_array());
+  REQUIRE(listed->as_array().size() == 1);
+  CHECK(listed->as_array()[0].as_string() == "03_broken");
+  CHECK(cli({"status", run.string()}).out.find("skipped tasks  1") != std::string::npos);
+  int sampled = 0;
+  for (const auto& x : records(run))
+    if (event_of(x) == "verdict") {
+      CHECK(x.find("task")->as_string() == "02_silu_bias_residual");
+      ++sampled;
+    }
+  CHECK(sampled > 0);
 }
 
 TEST_CASE("a wrong task suite or model directory is refused before the run directory is made") {

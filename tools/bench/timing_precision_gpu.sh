@@ -4,14 +4,15 @@
 # lease. `start` builds crucible (tools/bench/eval_set_gpu.sh build), checks the gate
 # (tools/bench/gate_probe.py) and one verdict in the open, and starts, in a session of its own
 # (setsid), one after the other:
-#   1. self-l1   every KernelBench level 1 task against itself (tools/bench/reference_as_candidate.py
-#                on data/kernelbench/level1): crucible eval --pairs, concurrency CONC (6)
-#   2. dev6      six released CUDA-L1 kernels, 10 verdicts each (tools/bench/pick_pairs.py; the
-#                pairs in data/dev6, made on the development machine), --no-cache
+#   1. dev6      six released CUDA-L1 kernels, 10 verdicts each (tools/bench/pick_pairs.py; the
+#                pairs in data/dev6, made on the development machine), --no-cache, concurrency
+#                CONC (6); 10 min 21 s on an H100 on 2026-11-25
+#   2. self-l1   every KernelBench level 1 task against itself (tools/bench/reference_as_candidate.py
+#                on data/kernelbench/level1): crucible eval --pairs
 #   3. kb-dev6   KernelBench's own timing of dev6's pairs, 3 verdicts each (tools/bench/kernelbench_timing.py)
 #   4. before-dev6  3 verdicts of each dev6 kernel with one call per timed sample
 #                (evaluator.sample_ms=0), the protocol before samples of several calls
-#   5. kb-self   KernelBench's timing of the first 25 pairs of step 1 (22 s a task on an H100)
+#   5. kb-self   KernelBench's timing of the first 25 pairs of self-l1 (22 s a task on an H100)
 #   6. before-self  the same 25 with one call per timed sample
 # then waits like `wait`. `wait` waits until the pipeline ends or WAIT_S seconds (540) have passed;
 # `collect` copies every record and log to $OUT. The data folders travel with the `start` call
@@ -48,8 +49,8 @@ pipeline() {
   # carries data/dev6 again replaces that folder while the pipeline runs.
   grep -v '^#' data/self-l1/pairs.tsv | head -25 | absolute "$ROOT/data/self-l1" >"$RUNS/self-l1-25.tsv"
   grep -E '_r[123]\.py$' data/dev6/pairs.tsv | absolute "$ROOT/data/dev6" >"$RUNS/dev6-3.tsv"
-  step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$RUNS/self-l1.jsonl" "${SETARGS[@]}"
   step dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs.tsv --out "$RUNS/dev6.jsonl" --no-cache "${SETARGS[@]}"
+  step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$RUNS/self-l1.jsonl" "${SETARGS[@]}"
   step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs "$RUNS/dev6-3.tsv" --out "$RUNS/kb-dev6.jsonl" --json
   step before-dev6 "$CRUCIBLE" eval --pairs "$RUNS/dev6-3.tsv" --out "$RUNS/before-dev6.jsonl" --no-cache \
     "${SETARGS[@]}" --set evaluator.sample_ms=0
