@@ -402,8 +402,7 @@ struct trainer_state {
   bool tasks_checked = false;          // every task's reference ran (tasks.check_references), in this process
   std::vector<task_id> check_queue;    // tasks whose reference is still to be run
   std::size_t check_in_flight = 0;
-  std::vector<std::string> broken;     // "NAME (FILE): message" of each task whose reference failed
-  std::vector<task_id> broken_ids;     // the same tasks
+  std::vector<std::pair<task_id, std::string>> broken; // each task whose reference failed, "NAME (FILE): message"
   // tasks.skip_broken: the tasks the run trains on (the catalogue less the skipped ones; null:
   // the whole catalogue) and the names of those it skips, in catalogue order.
   std::shared_ptr<const task_catalog> pool;
@@ -1061,15 +1060,15 @@ void check_pump(self_pointer self) {
       return;
     }
     std::string what;
-    for (const auto& b : st.broken)
+    for (const auto& [id, b] : st.broken)
       what += "\n  " + b;
     auto n = st.broken.size();
     const auto all = st.deps->tasks->size();
     if (st.deps->cfg.tasks.skip_broken && n < all) {
       // Left out of this process's run, by name, in the log and in status.
       auto pool = std::make_shared<task_catalog>(*st.deps->tasks);
-      for (const auto& t : st.broken_ids)
-        pool->erase(t);
+      for (const auto& [id, b] : st.broken)
+        pool->erase(id);
       st.skipped.clear();
       for (const auto& [id, t] : *st.deps->tasks)
         if (pool->find(id) == pool->end())
@@ -1082,13 +1081,11 @@ void check_pump(self_pointer self) {
         st.samplers.clear();
       }
       st.broken.clear();
-      st.broken_ids.clear();
       st.tasks_checked = true;
       advance(self);
       return;
     }
     st.broken.clear();
-    st.broken_ids.clear();
     st.check_queue.clear();
     fail_step(self, fail(errc::invalid_arg, std::to_string(n), " of ", std::to_string(all),
                          " tasks cannot run their reference:", what,
@@ -1109,9 +1106,8 @@ void check_pump(self_pointer self) {
           --st.check_in_flight;
           if (v.status != verdict_status::ok) {
             auto it = st.deps->tasks->find(t);
-            st.broken_ids.push_back(t);
-            st.broken.push_back(t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
-                                + ": " + v.message);
+            st.broken.emplace_back(t, t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
+                                          + ": " + v.message);
           }
           done();
           check_pump(self);
@@ -1125,8 +1121,7 @@ void check_pump(self_pointer self) {
             arm_timer(self);
             return;
           }
-          st.broken_ids.push_back(t);
-          st.broken.push_back(t.value + ": the evaluators failed: " + err.message);
+          st.broken.emplace_back(t, t.value + ": the evaluators failed: " + err.message);
           done();
           check_pump(self);
         });
@@ -1138,7 +1133,6 @@ void check_tasks(self_pointer self) {
   if (st.check_in_flight > 0 || !st.check_queue.empty())
     return; // under way
   st.broken.clear();
-  st.broken_ids.clear();
   for (const auto& [id, t] : *st.deps->tasks)
     st.check_queue.push_back(id);
   std::reverse(st.check_queue.begin(), st.check_queue.end()); // popped from the back: catalogue order

@@ -1496,57 +1496,59 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     }
   }
   bool evaluator_failed = false; // the verdict reports this process's failure, not the candidate's
-  auto v = [&] {
-    std::optional<solo_hold> beside{std::in_place, solo_, false};
-    evaluation e{*this, req, std::move(*w)};
-    auto first = e.run();
-    const auto task_bytes = e.reference_bytes();
+  // One evaluation on a worker, beside the others or alone on the device (solo_gate).
+  struct attempt {
+    verdict v;
+    bool lost_worker = false;
+    std::uint64_t task_bytes = 0; // one trial's reference outputs
+  };
+  auto run_once = [&](auto&& worker, bool alone) {
+    solo_hold hold{solo_, alone};
+    evaluation e{*this, req, std::move(worker)};
+    attempt a{e.run()};
+    a.task_bytes = e.reference_bytes();
     e.drop_outputs();
     retire(e.take_process());
-    beside.reset();
+    a.lost_worker = e.lost_worker();
     evaluator_failed = e.evaluator_failed();
-    if (device_ != "cpu" && first.status == verdict_status::runtime_error && out_of_device_memory(first.message)
-        && (first.message.find("ModelNew") == std::string::npos || task_bytes >= retry_alone_bytes)) {
+    return a;
+  };
+  auto v = [&] {
+    auto first = run_once(*w, false);
+    const bool out_of_memory = device_ != "cpu" && first.v.status == verdict_status::runtime_error
+                               && out_of_device_memory(first.v.message);
+    if (out_of_memory && (first.v.message.find("ModelNew") == std::string::npos || first.task_bytes >= retry_alone_bytes)) {
       // Out of device memory beside other evaluations (KernelBench's level 1 at concurrency 6 on
       // an H100: tasks of 6.4 GB inputs and outputs): once more alone on the device, after the
       // evaluations running now have ended. Out of memory alone is the task's or candidate's. A
       // candidate's own call out of memory is retried so only where the task's outputs are large
       // (retry_alone_bytes): else a policy writing allocations that fail would hold up the
       // evaluator's other verdicts each time.
-      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.message.substr(0, 200),
+      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.v.message.substr(0, 200),
                 "; retrying alone on the device");
       auto again = take_worker();
       if (!again)
-        return first;
-      solo_hold alone{solo_, true};
-      evaluation retry{*this, req, std::move(*again)};
-      auto second = retry.run();
-      retry.drop_outputs();
-      retire(retry.take_process());
-      evaluator_failed = retry.evaluator_failed();
-      if (second.status == verdict_status::runtime_error && out_of_device_memory(second.message))
-        second.message += " (alone on the device as well)";
-      return second;
+        return first.v;
+      auto second = run_once(*again, true);
+      if (second.v.status == verdict_status::runtime_error && out_of_device_memory(second.v.message))
+        second.v.message += " (alone on the device as well)";
+      return second.v;
     }
-    if (!e.lost_worker() && !evaluator_failed)
-      return first;
+    if (!first.lost_worker && !evaluator_failed)
+      return first.v;
     // A worker killed from outside is retried once on a fresh worker, so an operator's kill
     // or a neighbour's memory pressure loses nothing; a candidate that exhausts memory again
     // is killed again and keeps its runtime_error. So is a failure of this process's own (its
     // copy of a reference output found the device full while other evaluations held it: CUDA-L1's
     // 3090 release, level 1 task 60, at concurrency 6): the candidate is not to blame for it.
-    log_.warn("evaluator", device_, ": ", first.message, "; retrying on a fresh worker");
+    log_.warn("evaluator", device_, ": ", first.v.message, "; retrying on a fresh worker");
     auto again = take_worker();
     if (!again)
-      return first;
-    evaluation retry{*this, req, std::move(*again)};
-    auto second = retry.run();
-    retry.drop_outputs();
-    retire(retry.take_process());
-    evaluator_failed = retry.evaluator_failed();
-    if (retry.lost_worker())
-      second.message += " (twice; out of memory?)";
-    return second;
+      return first.v;
+    auto second = run_once(*again, false);
+    if (second.lost_worker)
+      second.v.message += " (twice; out of memory?)";
+    return second.v;
   }();
   v = finish(v);
   // Timeouts depend on the machine's load, and the evaluator's own failures (its device memory,

@@ -2121,6 +2121,16 @@ class Worker:
             self.end_sample(gated)
         return outs, inner, gated
 
+    def finish_sample(self, gated, n):
+        """CUDA, after gated_calls: waits for the whole device (work on side streams counts),
+        records the stop event after it, counts a gate timeout, and returns the (synced, stream)
+        milliseconds per call of the `n` calls (elapsed)."""
+        _cuda_synchronize()
+        _Ev_record(self.ev1, self.stream0)
+        _Ev_synchronize(self.ev1)
+        self.gate_outcome(gated)
+        return self.elapsed(n)
+
     def end_sample(self, gated):
         if gated:
             _KERNELS.gate_open()
@@ -2489,8 +2499,6 @@ class Worker:
                     self.poison_tensor(o)
                 del out, inputs, frames
                 t += 1
-            for msg, _ in pending:
-                msg["trials"] = self.trials
             if ref64 is None:
                 self.round_slack = {}  # the trials' messages may carry it; the rounds use none
                 for msg, _ in pending:
@@ -2889,35 +2897,20 @@ class Worker:
         the calls' outputs)."""
         n = _len(inputs)
         try:
+            fn = self.ref_fn
+            static_out = None
             if self.baseline == "cuda-graph":  # one call per sample (choose_calls)
                 graph, static, static_out = self.graph
                 for s, x in zip(static, inputs[0]):
                     if _isinstance(s, _Tensor):
                         _T_copy_(s, x)
-                gated = self.begin_sample(k)
-                _Ev_record(self.ev0, self.stream0)
-                try:
-                    t_host = _perf_counter_ns()
-                    graph.replay()
-                    _Ev_record(self.ev_call, self.stream0)
-                    self.host_ms = (_perf_counter_ns() - t_host) / 1e6
-                finally:
-                    self.end_sample(gated)
-                _cuda_synchronize()
-                _Ev_record(self.ev1, self.stream0)
-                _Ev_synchronize(self.ev1)
-                self.gate_outcome(gated)
-                return self.elapsed(1), [static_out]
-            fn = self.ref_fn
-            if self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
+                fn, inputs = graph.replay, [()]
+            elif self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
                 self.mark_step()  # one call per sample with this baseline (choose_calls)
             if self.cuda:
                 outs, _, gated = self.gated_calls(fn, inputs, inside, k)
-                _cuda_synchronize()
-                _Ev_record(self.ev1, self.stream0)
-                _Ev_synchronize(self.ev1)
-                self.gate_outcome(gated)
-                return self.elapsed(n), outs
+                ms = self.finish_sample(gated, n)
+                return ms, ([static_out] if static_out is not None else outs)
             self.flush(k)
             t0 = _perf_counter_ns()
             outs, _ = _call_all(fn, inputs, inside, self.snapshot_inside)
@@ -2967,11 +2960,7 @@ class Worker:
                 # its host time is no part of the candidate's calls (the reference has none).
                 outs, inner, gated = self.gated_calls(model, inputs, inside, k)
                 self.foreign_mark(False)
-                _cuda_synchronize()  # device-wide: work on side streams counts
-                _Ev_record(self.ev1, self.stream0)
-                _Ev_synchronize(self.ev1)
-                self.gate_outcome(gated)
-                ms = self.elapsed(n)
+                ms = self.finish_sample(gated, n)
             else:
                 self.flush(k)
                 t0 = _perf_counter_ns()
@@ -3449,19 +3438,17 @@ class Worker:
         buf = _torch_empty(nbytes, dtype=_uint8, device=self.device)
         best = None
         n = self.calls  # fills back to back, as many as a timed sample's calls
+
+        def fill():
+            if _KERNELS is not None:
+                _KERNELS._zero(_T_data_ptr(buf), nbytes)
+            else:
+                _T_zero_(buf)
+
         for i in _range(5):
             if self.cuda:
-                gated = self.begin_sample(-10 - i)  # the fills run back to back, as a sample's calls do
-                _Ev_record(self.ev0, self.stream0)
-                try:
-                    for _ in _range(n):
-                        if _KERNELS is not None:
-                            _KERNELS._zero(_T_data_ptr(buf), nbytes)
-                        else:
-                            _T_zero_(buf)
-                    _Ev_record(self.ev_call, self.stream0)
-                finally:
-                    self.end_sample(gated)
+                # The fills behind the gate, back to back, as a sample's calls are.
+                _, _, gated = self.gated_calls(fill, [()] * n, False, -10 - i)
                 _Ev_synchronize(self.ev_call)
                 self.gate_outcome(gated)
                 ms = _Ev_elapsed(self.ev0, self.ev_call) / n
@@ -3469,7 +3456,7 @@ class Worker:
                 self.flush(-10 - i)
                 t1 = _perf_counter_ns()
                 for _ in _range(n):
-                    _T_zero_(buf)
+                    fill()
                 ms = (_perf_counter_ns() - t1) / 1e6 / n
             best = ms if best is None else _min(best, ms)
         del buf
@@ -3495,6 +3482,7 @@ class Worker:
     def timing_rounds(self, rounds, warmup_ms, warmup_rounds, announce):
         t_first = _perf_counter_ns()
         self.foreign = None  # the first mark starts the watch (foreign_mark)
+        clocked = False  # the clock warm-up ran in this call
         if not self.warmed:
             t_in = _perf_counter_ns()
             inputs = self.make_inputs(self.seed + 6_000_001, 0)
@@ -3508,6 +3496,7 @@ class Worker:
             host_first = []
             if warmup_ms > 0:  # the first calls' times choose the calls per sample: clocks up first
                 self.clock_warmup(warmup_ms)
+                clocked = True
             for i in _range(3):
                 ms, out, nbytes = self.timed_candidate([_clone_inputs(inputs)], -1 - i, f"warm-up call {i}")
                 cand_first.append(ms[1])
@@ -3535,7 +3524,7 @@ class Worker:
         # faster than the ones before; settled means the median of the last three rounds is
         # within _WARMUP_SETTLED of the fastest warm-up round so far, for both models.
         t0 = _perf_counter_ns()
-        if warmup_ms > 0:
+        if warmup_ms > 0 and not clocked:  # not again right after the first calls' warm-up
             self.clock_warmup(warmup_ms)
         n = 0
         ref_seen, cand_seen = [], []

@@ -131,6 +131,15 @@ bool running(pid_t pid) {
   return close != std::string::npos && line.size() > close + 2 && line[close + 2] != 'Z';
 }
 
+// Each of `pids` ends within 30 s (the processes below a killed one die with it).
+void check_all_end(const std::vector<pid_t>& pids, const std::string& whose) {
+  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::any_of(pids.begin(), pids.end(), running) && std::chrono::steady_clock::now() < by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (auto pid : pids)
+    CHECK_MESSAGE(!running(pid), "process " << pid << " of " << whose << " still runs");
+}
+
 std::vector<std::int64_t> train_steps(const fs::path& run) {
   std::vector<std::int64_t> steps;
   for (const auto& r : records(run))
@@ -711,11 +720,7 @@ TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged s
     CHECK(p.wait().exit_code == 128 + SIGKILL);
   }
   // Nothing of the killed run goes on running: its workers and zygote die with it.
-  const auto by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::any_of(seen.begin(), seen.end(), running) && std::chrono::steady_clock::now() < by)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  for (auto pid : seen)
-    CHECK_MESSAGE(!running(pid), "process " << pid << " of the killed run still runs");
+  check_all_end(seen, "the killed run");
   CHECK(cli({"status", run.string(), "--json"}).out.find("\"state\":\"crashed\"") != std::string::npos);
   // Fault 3: the replay store damaged (its first page past the header, WAL gone): the resume is
   // refused naming the file; with the copy back it goes on.
@@ -788,11 +793,7 @@ TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged s
   INFO("resume: " << out << resumed.out << resumed.err << "\nevents.log:\n" << slurp(run / "events.log"));
   REQUIRE(resumed.exit_code == 0);
   CHECK((out + resumed.out).find("finished at step 10") != std::string::npos);
-  const auto node_by = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::any_of(node_seen.begin(), node_seen.end(), running) && std::chrono::steady_clock::now() < node_by)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  for (auto pid : node_seen)
-    CHECK_MESSAGE(!running(pid), "process " << pid << " of the killed evaluator node still runs");
+  check_all_end(node_seen, "the killed evaluator node");
   auto steps = train_steps(run);
   CHECK(std::set<std::int64_t>(steps.begin(), steps.end()) == std::set<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10});
   CHECK(std::is_sorted(steps.begin(), steps.end())); // a step done again comes after its first time, never out of order
