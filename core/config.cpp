@@ -609,6 +609,12 @@ void describe(V& v, config& c) {
             at_least(2, "an integer ≥ 2"));
     v.field("max_spread", e.max_spread, "Widest acceptable 95% band (relative half-width) before adding rounds.",
             positive<double>("a positive number"));
+    v.field("band_floor", e.band_floor,
+            "Relative half-width by which repeated verdicts of one kernel differ beyond their own rounds' band "
+            "(each verdict's fresh worker, allocations and device state), added in quadrature to that band: the "
+            "band a verdict reports and credits by. 0.015: the smallest floor under which 95% of 10 repeated "
+            "verdicts of six kernels covered each other on an H100 (docs/evaluator.md, Timing: the band).",
+            between(0, 1, "a number between 0 and 1"));
     v.field("max_bucket_disagreement", e.max_bucket_disagreement,
             "Largest (max − min bucket mean) / speedup before adding rounds.", positive<double>("a positive number"));
     v.field("win_threshold", e.win_threshold, "A speedup counts as a win only above this.", positive<double>("a positive number"));

@@ -128,6 +128,7 @@ struct evaluator_options {
   double warmup_ms = 300;                      ///< untimed rounds before each measurement, at least this long
   std::int64_t buckets = 5;
   double max_spread = 0.02;
+  double band_floor = 0.015;                   ///< repeat-to-repeat variation added to each verdict's band
   double max_bucket_disagreement = 0.05;
   double win_threshold = 1.01;
   double recheck_above = 3.0;                  ///< speedups above this are measured a second time

@@ -265,6 +265,22 @@ result<void> keep_freed_memory(int device, std::uint64_t bytes) {
   return {};
 }
 
+result<void> release_freed_memory(int device) {
+  if (auto r = select(device); !r)
+    return r.error();
+  // The frees are ordered on the evaluating threads' streams: done once the device is.
+  if (auto e = cudaDeviceSynchronize(); e != cudaSuccess)
+    return fail(errc::device, "cannot wait for CUDA device ", std::to_string(device), ": ", cuda_text(e));
+  cudaMemPool_t pool = nullptr;
+  if (auto e = cudaDeviceGetDefaultMemPool(&pool, device); e != cudaSuccess)
+    return fail(errc::device, "cannot get the default memory pool of CUDA device ", std::to_string(device), ": ",
+                cuda_text(e));
+  if (auto e = cudaMemPoolTrimTo(pool, 0); e != cudaSuccess)
+    return fail(errc::device, "cannot trim the memory pool of CUDA device ", std::to_string(device), ": ",
+                cuda_text(e));
+  return {};
+}
+
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>& srcs) {
   std::vector<std::shared_ptr<device_bytes>> out;
   out.reserve(srcs.size());

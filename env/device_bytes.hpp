@@ -80,6 +80,10 @@ result<std::vector<device_difference>> device_compare_all(const std::vector<devi
 /// copies (copy_to_owned) then reuse the previous verdict's memory rather than map new memory.
 result<void> keep_freed_memory(int device, std::uint64_t bytes);
 
+/// Returns the freed memory that pool keeps to the driver, after this process's work on `device`
+/// has ended: for an evaluation that must have the device's memory to itself (a retry alone).
+result<void> release_freed_memory(int device);
+
 /// Where this process's calls above spent their time, summed over its threads since it started
 /// (for figures: tools/bench/bench_eval_throughput prints them per pass). Zero without CUDA.
 struct device_bytes_times {

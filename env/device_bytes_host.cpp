@@ -26,6 +26,7 @@ result<device_difference> device_compare(const device_bytes&, const device_bytes
 }
 result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>&) { return no_cuda(); }
 result<void> keep_freed_memory(int, std::uint64_t) { return no_cuda(); }
+result<void> release_freed_memory(int) { return no_cuda(); }
 result<std::string> device_name(int) { return no_cuda(); }
 device_bytes_times device_bytes_time() noexcept { return {}; }
 

@@ -279,6 +279,7 @@ void device_evaluator::retire_loop() {
       return; // stopping, nothing left
     auto batch = std::move(retiring_);
     retiring_.clear();
+    reaping_ = true;
     lock.unlock();
     {
       // A worker's exit tears its CUDA context down, work the driver does on the device: kept
@@ -289,7 +290,15 @@ void device_evaluator::retire_loop() {
       batch.clear(); // kills, reaps, removes the scratch directories
     }
     lock.lock();
+    reaping_ = false;
+    if (retiring_.empty())
+      retired_cv_.notify_all();
   }
+}
+
+void device_evaluator::await_retired() {
+  std::unique_lock lock{retire_mtx_};
+  retired_cv_.wait(lock, [&] { return (retiring_.empty() && !reaping_) || !retire_thread_.joinable(); });
 }
 
 std::string device_evaluator::hardware() const {
@@ -703,12 +712,12 @@ std::string device_evaluator::protocol_key() const {
   // Everything that can change a verdict of the same code on the same hardware.
   char buf[768];
   std::snprintf(buf, sizeof buf,
-                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g;disagree=%g;win=%g;"
+                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g/%g;disagree=%g;win=%g;"
                 "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;sample=%g/%lld;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
                 "mode=%s",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
-                opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread,
+                opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread, opt_.band_floor,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance, static_cast<long long>(opt_.recheck_rounds),
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes),
                 static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.sample_ms,
@@ -752,10 +761,10 @@ public:
   /// Closes this evaluation's mappings of the worker's exports (outputs kept on the device), if
   /// an early end left any: before the worker goes.
   void drop_outputs() noexcept { reference_.clear(); }
-  /// Bytes of one trial's reference outputs (0 before the reference ran): how much memory the
-  /// task itself asks of the device.
-  std::uint64_t reference_bytes() const noexcept {
-    std::uint64_t n = 0;
+  /// Bytes of one trial's inputs and reference outputs (0 before the reference ran): how much
+  /// memory the task itself asks of the device. A loss of two 4 GiB inputs has a 4-byte output.
+  std::uint64_t task_bytes() const noexcept {
+    std::uint64_t n = input_bytes_;
     if (!reference_.empty())
       for (const auto& b : reference_.front())
         if (b.kind.empty())
@@ -838,6 +847,7 @@ private:
   /// Correctness trials: evaluator.trials, or fewer where the worker found that their outputs
   /// would not fit the device (its reference messages say so; Worker.fit_trials).
   std::int64_t trials_ = 0;
+  std::uint64_t input_bytes_ = 0; // one trial's inputs, from the reference messages
   clock_type::time_point t0_ = clock_type::now();
 };
 
@@ -1208,6 +1218,8 @@ verdict evaluation::run() {
       reference_.push_back(std::move(*outs));
       if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
         trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
+      if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
+        input_bytes_ = std::max<std::uint64_t>(input_bytes_, b.as<std::uint64_t>(0));
       if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == trials_) {
         // The worker's exports are poisoned before the candidate loads: keep a copy of each, all
         // queued together and waited for once. The mappings are closed after the worker has been
@@ -1304,7 +1316,7 @@ verdict evaluation::run() {
   }
   v_.correct = true;
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
-                       opt.win_threshold};
+                       opt.win_threshold, opt.band_floor};
   std::vector<double> ref, cand;
   // Phase 4: timing (and re-measurement) with the device to itself: no other evaluation's
   // untimed work and no worker's held initialisation beside its measured rounds (beside its
@@ -1342,7 +1354,7 @@ verdict evaluation::run() {
     auto agree = [&](const timing_summary& a, const timing_summary& b) {
       auto lo = std::min(a.speedup, b.speedup);
       auto hi = std::max(a.speedup, b.speedup);
-      return (hi - lo) / lo <= opt.recheck_tolerance + a.spread + b.spread;
+      return (hi - lo) / lo <= opt.recheck_tolerance + a.band + b.band;
     };
     std::optional<std::size_t> partner; // of runs.back()
     for (int attempt = 0; attempt < 2 && !partner; ++attempt) {
@@ -1360,7 +1372,7 @@ verdict evaluation::run() {
       std::string what = "independent measurements of a large speedup disagree:";
       for (const auto& r : runs) {
         char buf[64];
-        std::snprintf(buf, sizeof buf, " %.3fx (±%.1f%%)", r.summary.speedup, 100 * r.summary.spread);
+        std::snprintf(buf, sizeof buf, " %.3fx (±%.1f%%)", r.summary.speedup, 100 * r.summary.band);
         what += buf;
       }
       set(verdict_status::rejected, what);
@@ -1394,7 +1406,7 @@ verdict evaluation::run() {
   const bool cleared = band_clears(summary, opt.win_threshold);
   const bool uncertain = speedup > 1.0 && !cleared;
   v_.speedup = credited_speedup(summary, opt.win_threshold, lazy);
-  v_.speedup_spread = summary.spread;
+  v_.speedup_spread = summary.band;
   v_.ref_ms = summary.ref_ms;
   v_.cand_ms = summary.cand_ms;
   v_.rounds = static_cast<std::uint32_t>(ref.size());
@@ -1404,7 +1416,7 @@ verdict evaluation::run() {
     std::snprintf(calls, sizeof calls, " of %ld calls", calls_);
   std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds%s (band ±%.1f%%)%s%s%s",
                 cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
-                speedup, ref.size(), calls, 100 * summary.spread, settled ? "" : "; unstable after max_rounds",
+                speedup, ref.size(), calls, 100 * summary.band, settled ? "" : "; unstable after max_rounds",
                 lazy && speedup > 1.0 ? "; no speed credit: the candidate ran the reference's own kernels, each as many "
                                         "times (credited 1.00x)"
                                       : "",
@@ -1424,8 +1436,8 @@ verdict device_evaluator::check_task(const task& t) {
 }
 
 namespace {
-/// A candidate's call out of device memory is retried alone only where one trial's reference
-/// outputs take at least this much (256 MiB).
+/// A candidate's call out of device memory is retried alone only where one trial's inputs and
+/// reference outputs take at least this much (256 MiB).
 constexpr std::uint64_t retry_alone_bytes = 256ull << 20;
 
 /// A worker's or this process's message for running out of device memory: torch's
@@ -1500,13 +1512,22 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   struct attempt {
     verdict v;
     bool lost_worker = false;
-    std::uint64_t task_bytes = 0; // one trial's reference outputs
+    std::uint64_t task_bytes = 0; // one trial's inputs and reference outputs
   };
   auto run_once = [&](auto&& worker, bool alone) {
     solo_hold hold{solo_, alone};
+    if (alone) {
+      // The device's memory to this evaluation: the workers of the evaluations that ended are
+      // reaped, and this process's pool returns what it kept of their reference copies (up to
+      // evaluator.keep_freed_mb; KernelBench level 1 on an H100 failed alone for want of it).
+      await_retired();
+      if (outputs_device_ >= 0)
+        if (auto r = release_freed_memory(outputs_device_); !r)
+          log_.warn("evaluator", device_, ": ", r.error().message);
+    }
     evaluation e{*this, req, std::move(worker)};
     attempt a{e.run()};
-    a.task_bytes = e.reference_bytes();
+    a.task_bytes = e.task_bytes();
     e.drop_outputs();
     retire(e.take_process());
     a.lost_worker = e.lost_worker();
@@ -1521,7 +1542,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       // Out of device memory beside other evaluations (KernelBench's level 1 at concurrency 6 on
       // an H100: tasks of 6.4 GB inputs and outputs): once more alone on the device, after the
       // evaluations running now have ended. Out of memory alone is the task's or candidate's. A
-      // candidate's own call out of memory is retried so only where the task's outputs are large
+      // candidate's own call out of memory is retried so only where the task's inputs and outputs are large
       // (retry_alone_bytes): else a policy writing allocations that fail would hold up the
       // evaluator's other verdicts each time.
       log_.warn("evaluator", device_, " ", req.target.name, ": ", first.v.message.substr(0, 200),

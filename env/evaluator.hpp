@@ -36,7 +36,7 @@ class Node;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-8"; // 8: samples behind the gate, every call snapshotted
+inline constexpr const char* protocol_version = "crucible-eval-9"; // 9: bands with the repeat floor (evaluator.band_floor)
 
 /// One candidate for one task.
 struct eval_request {
@@ -176,6 +176,9 @@ private:
   // need not wait for. With evaluator.teardown_hold it holds the device as untimed work.
   void retire(std::unique_ptr<worker> w);
   void retire_loop();
+  /// Waits until every worker given to retire() so far has been killed and reaped: their device
+  /// memory is the driver's again (an evaluation retried alone on the device needs it).
+  void await_retired();
   std::string protocol_key() const;
 
   friend class evaluation;
@@ -220,9 +223,11 @@ private:
   solo_gate solo_;                    // an evaluation out of device memory beside others is retried alone
   int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
   std::vector<std::thread> refill_;
-  std::mutex retire_mtx_;             // guards retiring_, retire_stop_
+  std::mutex retire_mtx_;             // guards retiring_, retire_stop_, reaping_
   std::condition_variable retire_cv_;
+  std::condition_variable retired_cv_; // retiring_ empty and no batch being reaped
   std::vector<std::unique_ptr<worker>> retiring_;
+  bool reaping_ = false;              // the retire thread is reaping a batch
   bool retire_stop_ = false;
   std::thread retire_thread_;
 };

@@ -20,11 +20,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include <sys/stat.h>
 
@@ -435,15 +437,34 @@ void worker::kill() {
   killed_by_us_ = true;
   // The sandbox's keeper has one child, PID 1 of the worker's PID namespace: killed, it takes
   // every process of that namespace with it, whatever process group they moved to.
+  std::vector<int> children; // pidfds: the keeper's reaping does not wait for its children's ends
   if (std::FILE* f = std::fopen(("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children").c_str(), "r")) {
     long child = 0;
-    while (std::fscanf(f, "%ld", &child) == 1)
+    while (std::fscanf(f, "%ld", &child) == 1) {
+      if (int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(child), 0)); fd >= 0)
+        children.push_back(fd);
       ::kill(static_cast<pid_t>(child), SIGKILL);
+    }
     std::fclose(f);
   }
   ::kill(-pid_, SIGKILL);
   ::kill(pid_, SIGKILL);
   reap(true);
+  // Until the namespace's PID 1 has ended, and with it every process of the namespace (its end
+  // waits for theirs), the worker's device memory is not the driver's again: an H100 worker of
+  // 70 GB outlived its keeper's reaping, and the evaluation retried alone after it ran out of
+  // memory. Ten seconds at most: a process stuck in the driver must not stop the evaluator.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int fd : children) {
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+      struct pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left)));
+      if (r >= 0 || errno != EINTR)
+        break;
+    }
+    ::close(fd);
+  }
 }
 
 result<void> worker::send(const std::string& json) {

@@ -58,6 +58,7 @@ timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::ve
     var += (m - mean) * (m - mean);
   var /= static_cast<double>(k - 1);
   s.spread = student_t95(k - 1) * std::sqrt(var / static_cast<double>(k)) / s.speedup;
+  s.band = std::hypot(s.spread, policy.band_floor);
   auto [mn, mx] = std::minmax_element(s.bucket_means.begin(), s.bucket_means.end());
   s.disagreement = (*mx - *mn) / s.speedup;
   s.ref_ms = median(ref_ms);
@@ -67,7 +68,7 @@ timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::ve
 }
 
 bool band_clears(const timing_summary& s, double threshold) noexcept {
-  return std::isfinite(s.spread) && std::isfinite(s.speedup) && s.speedup * (1.0 - s.spread) > threshold;
+  return std::isfinite(s.band) && std::isfinite(s.speedup) && s.speedup * (1.0 - s.band) > threshold;
 }
 
 double credited_speedup(const timing_summary& s, double threshold, bool no_own_work) noexcept {

@@ -12,12 +12,17 @@ struct timing_policy {
   double max_spread = 0.02;           ///< a wider band (relative half-width) asks for more rounds
   double max_bucket_disagreement = 0.05; ///< (max - min bucket mean) / speedup above this: more rounds
   double win_threshold = 1.01;        ///< a speedup counts as a win only above this
+  /// Relative half-width that repeated verdicts of one kernel vary by beyond their own rounds'
+  /// band (a fresh worker, its allocations, the device's state): added in quadrature to the
+  /// rounds' band to give the band a verdict reports and credits by (timing_summary::band).
+  double band_floor = 0;
 };
 
 /// The summary of paired rounds. Plain value.
 struct timing_summary {
   double speedup = 0;        ///< median of the bucket means of per-round ratios ref/cand
   double spread = 0;         ///< relative half-width of the 95% band of the bucket means
+  double band = 0;           ///< the verdict's band: hypot(spread, policy.band_floor)
   double disagreement = 0;   ///< (max - min bucket mean) / speedup
   double ref_ms = 0;         ///< median reference time per round
   double cand_ms = 0;        ///< median candidate time per round
@@ -27,11 +32,13 @@ struct timing_summary {
 };
 
 /// Summarises rounds (ref_ms[i] and cand_ms[i] are one paired round). Needs at least
-/// `policy.buckets` rounds with positive times (asserted).
+/// `policy.buckets` rounds with positive times (asserted). `stable` and early stopping judge
+/// `spread` (more rounds narrow it); credit judges `band`, which more rounds cannot narrow below
+/// the floor.
 timing_summary summarize_rounds(const std::vector<double>& ref_ms, const std::vector<double>& cand_ms,
                                 const timing_policy& policy);
 
-/// Whether the whole 95% band of `s` lies above `threshold`: speedup × (1 − spread) > threshold.
+/// Whether the whole band of `s` lies above `threshold`: speedup × (1 − band) > threshold.
 /// Only then is a speedup credited (a NaN or infinite band never clears).
 bool band_clears(const timing_summary& s, double threshold) noexcept;
 

@@ -2486,7 +2486,8 @@ class Worker:
                 frames = []
                 descs = _encode(out, frames, self.device, self.exports)
                 t0 = self.lap("reference: outputs encoded", t0)
-                msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs, "trials": self.trials}
+                msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs, "trials": self.trials,
+                       "input_bytes": self.input_bytes}
                 if rounding is not None:
                     msg["rounding"] = rounding
                     slack = self.round_slack.setdefault(dist, [])
@@ -2571,6 +2572,8 @@ class Worker:
         trials of those asked for more memory than an 80 GB device has. Returns ref64, or None
         where the float64 calls do not fit (the tolerances then stay fixed). The evaluator is told
         the number in every reference message and says it in the verdict."""
+        in_bytes = _sum(_int(_T_numel(x)) * x.element_size() for x in _tensors_in(inputs))
+        self.input_bytes = in_bytes  # in every reference message: the evaluator's retry alone
         if not self.cuda:
             return ref64
         try:
@@ -2578,7 +2581,6 @@ class Worker:
         except _BaseException:
             return ref64
         out_bytes = _sum(_int(_T_numel(o)) * o.element_size() for o in _output_items(out) if _type(o) is _Tensor)
-        in_bytes = _sum(_int(_T_numel(x)) * x.element_size() for x in _tensors_in(inputs))
         fit = _max(1, _int((total // 2) // _max(3 * out_bytes, 1)))
         if fit < self.trials:
             self.laps["reference: trials the device holds"] = fit

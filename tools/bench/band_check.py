@@ -6,23 +6,27 @@ covering the others; the reference as its own candidate at 1.00x within 2% and n
 
   tools/bench/band_check.py data/runs/precision/dev6.jsonl
   tools/bench/band_check.py data/runs/precision/self-l1.jsonl --self
+  tools/bench/band_check.py data/runs/precision/dev6.jsonl --calibrate 0.95
 
 Reads the records of `crucible eval --pairs ... --out` (or `--json --repeat N` output, one object a
 line) and groups them by task and candidate source file name with its `_rN` repetition suffix
 taken off (tools/bench/pick_pairs.py writes the copies of one kernel as NAME_r1.py ... NAME_rN.py).
-Uses the measured speedup (ref_ms / cand_ms), which the credited `speedup` caps at 1.00 where a
-band does not clear the win threshold.
+Uses the verdict's measured speedup (the figure in its message, which its band is around; the
+credited `speedup` caps it at 1.00 where the band does not clear the win threshold).
 
 Per group: n verdicts, the measured speedups' median, their spread ((max - min) / median), the
 widest band, and coverage: the share of ordered pairs (a, b) whose measured speedups differ by at
 most a's band (relative half-width, `speedup_spread`). With --self (the reference as its own
 candidate) each verdict is one group of its own: |speedup - 1| against 2% and the band, and any
-credited speedup above 1.00 is listed.
+credited speedup above 1.00 is listed. --calibrate COVERAGE prints the smallest
+evaluator.band_floor under which that share of all ordered pairs is covered, from records made
+with evaluator.band_floor=0.
 
 Exit 0; --json prints one object.
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -45,11 +49,52 @@ def read(path):
     return out
 
 
+_SPEEDUP = re.compile(r"(\d+(?:\.\d+)?)x over \d+ paired rounds")
+
+
 def measured(r):
+    """The verdict's own measured speedup (the median of its bucket means, which its band is
+    around), from its message ("faster: 1.552x over 20 paired rounds ..."); ref_ms / cand_ms (the
+    ratio of the medians, which can differ from it by a percent) where the message lacks it."""
     ref, cand = r.get("ref_ms"), r.get("cand_ms")
     if r.get("status") != "ok" or not isinstance(ref, (int, float)) or not isinstance(cand, (int, float)) or cand <= 0:
         return None
-    return ref / cand
+    m = _SPEEDUP.search(str(r.get("message", "")))
+    return float(m.group(1)) if m else ref / cand
+
+
+def coverage(ok, floor=0.0):
+    """The share of ordered pairs (a, b) of (speedup, band) whose speedups differ by at most a's
+    band, widened by `floor` in quadrature (evaluator.band_floor)."""
+    pairs = covered = 0
+    for i, (a, ba) in enumerate(ok):
+        for j, (b, _) in enumerate(ok):
+            if i != j:
+                pairs += 1
+                covered += abs(a - b) <= math.hypot(ba, floor) * a
+    return covered / pairs if pairs else None
+
+
+def calibrate(records, target):
+    """The smallest evaluator.band_floor (in steps of 0.05%) under which `target` of all ordered
+    pairs of repeated verdicts, over every group, are covered: run on records made with
+    evaluator.band_floor=0."""
+    oks = []
+    for rs in grouped(records).values():
+        oks.append([(measured(r), r["speedup_spread"]) for r in rs
+                    if measured(r) is not None and isinstance(r.get("speedup_spread"), (int, float))])
+    for step in range(0, 401):
+        floor = step * 0.0005
+        pairs = covered = 0
+        for ok in oks:
+            n = len(ok) * (len(ok) - 1)
+            c = coverage(ok, floor)
+            if c is not None:
+                pairs += n
+                covered += c * n
+        if pairs and covered / pairs >= target:
+            return floor, covered / pairs
+    return None, None
 
 
 def key(r):
@@ -59,12 +104,16 @@ def key(r):
     return f"{os.path.basename(task)} / {cand}" if cand else os.path.basename(task)
 
 
-def groups(records):
+def grouped(records):
     by = {}
     for r in records:
         by.setdefault(key(r), []).append(r)
+    return by
+
+
+def groups(records):
     rows = []
-    for name, rs in sorted(by.items()):
+    for name, rs in sorted(grouped(records).items()):
         sp = [(measured(r), r.get("speedup_spread")) for r in rs]
         ok = [(s, b) for s, b in sp if s is not None and isinstance(b, (int, float))]
         row = {"group": name, "n": len(rs), "ok": len(ok),
@@ -75,13 +124,7 @@ def groups(records):
             med = statistics.median(s)
             row.update({"median": med, "spread": (max(s) - min(s)) / med, "widest_band": max(b for _, b in ok),
                         "cand_ms_median": statistics.median([r["cand_ms"] for r in rs if measured(r) is not None])})
-            pairs = covered = 0
-            for i, (a, ba) in enumerate(ok):
-                for j, (b, _) in enumerate(ok):
-                    if i != j:
-                        pairs += 1
-                        covered += abs(a - b) <= ba * a
-            row["coverage"] = covered / pairs if pairs else None
+            row["coverage"] = coverage(ok)
         rows.append(row)
     return rows
 
@@ -103,9 +146,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", help="crucible eval records, one JSON object a line")
     ap.add_argument("--self", action="store_true", help="the reference as its own candidate: each verdict against 1.00")
+    ap.add_argument("--calibrate", type=float, metavar="COVERAGE",
+                    help="print the smallest evaluator.band_floor under which this share (0.95) of ordered pairs of "
+                         "repeated verdicts is covered (records made with evaluator.band_floor=0)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     recs = read(args.records)
+    if args.calibrate is not None:
+        floor, got = calibrate(recs, args.calibrate)
+        print(json.dumps({"band_floor": floor, "coverage": got, "target": args.calibrate}))
+        return
     if args.self:
         rows = self_rows(recs)
         summary = {"verdicts": len(rows), "ok": sum(r["status"] == "ok" for r in rows),

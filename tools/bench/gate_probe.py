@@ -69,6 +69,13 @@ def main():
     # held: a side stream's kernel does not run while the gate is closed
     side = torch.cuda.Stream()
     x = torch.zeros(1 << 20, device="cuda")
+    # The side kernel once before: under CUDA's lazy module loading (torch's default) the first
+    # launch of a kernel loads its module, which waits for the device, so behind a closed gate it
+    # would wait for the gate's timeout (measured on an H100, 2026-11-25). Every kernel a timed
+    # sample launches ran before in the worker's untimed calls.
+    with torch.cuda.stream(side):
+        x.add_(1.0)
+        x.zero_()
     torch.cuda.synchronize()
     k.gate_close(400_000_000)  # about 200 ms at 2 GHz: opened long before
     ev = torch.cuda.Event()

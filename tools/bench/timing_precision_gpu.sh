@@ -14,8 +14,9 @@
 #                (evaluator.sample_ms=0), the protocol before samples of several calls
 #   5. kb-self   KernelBench's timing of the first 25 pairs of self-l1 (22 s a task on an H100)
 #   6. before-self  the same 25 with one call per timed sample
-# then waits like `wait`. `wait` waits until the pipeline ends or WAIT_S seconds (540) have passed;
-# `collect` copies every record and log to $OUT. The data folders travel with the `start` call
+# then waits like `wait`. STEPS="dev6 self-l1" runs those steps only. `wait` waits until the
+# pipeline ends or WAIT_S seconds (540) have passed; `collect` packs every record and log into
+# $OUT/precision.tgz. The data folders travel with the `start` call
 # (carry data/kernelbench and data/dev6, with .deps/debs and .whl for the build); carry nothing on
 # the `wait` calls: a carried folder replaces the one there while the pipeline reads it. The
 # machine goes back after 30 s idle, so issue each `wait` as soon as the last returns.
@@ -32,6 +33,7 @@ SETARGS=(--device cuda:0 --json --set evaluator.concurrency="${CONC:-6}" --set e
 step() { # NAME: runs the rest, logging to $RUNS/NAME.log, once (a mark file says it is done)
   local name="$1"; shift
   [[ -f "$RUNS/$name.done" ]] && return 0
+  if [[ -n "${STEPS:-}" && " $STEPS " != *" $name "* ]]; then return 0; fi
   echo "[$(date +%T)] $name: start" >>"$RUNS/pipeline.log"
   local t0; t0=$(date +%s)
   "$@" >"$RUNS/$name.out" 2>"$RUNS/$name.log"
@@ -63,8 +65,8 @@ pipeline() {
 
 running() { [[ -f "$RUNS/pid" ]] && kill -0 "$(cat "$RUNS/pid")" 2>/dev/null; }
 
-collect() {
-  cp "$RUNS"/*.jsonl "$RUNS"/*.json "$RUNS"/*.out "$RUNS"/*.log "$OUT/" 2>/dev/null
+collect() { # one archive: the device tool brings back only a few files a call
+  tar czf "$OUT/precision.tgz.part" -C "$RUNS" . 2>/dev/null && mv "$OUT/precision.tgz.part" "$OUT/precision.tgz"
   for f in "$RUNS"/*.log; do tr '\r' '\n' <"$f" | grep -v '^$' | tail -1 | sed "s|^|$(basename "$f"): |"; done
 }
 
@@ -89,7 +91,7 @@ case "${1:-}" in
     if [[ ! -f "$RUNS/smoke.done" ]]; then # one verdict first, in the open: a broken build shows here
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
       timeout 120 "$CRUCIBLE" eval --task data/kernelbench/level1/19_ReLU.py --candidate data/self-l1/candidates/19_ReLU.py \
-        --device cuda:0 --no-cache --verbose 2>&1 | grep -E "calls per sample|message|status|error|Error" | cut -c1-600
+        --device cuda:0 --no-cache --verbose 2>&1 | grep -oE "timing: [^;]+|^(message|status) .*|.*(error|Error).*" | cut -c1-600
       touch "$RUNS/smoke.done"
     fi
     if running; then echo "timing_precision: already running"; else
