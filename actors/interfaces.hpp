@@ -196,7 +196,10 @@ using trainer_actor = caf::typed_actor<
 
 /// The trainer as implemented: its interface plus the timer it sends itself while a step waits
 /// (for groups, or for warm-start candidates refused as busy). Internal to actors/trainer.cpp.
-using trainer_impl_actor = trainer_actor::extend<caf::reacts_to<collect_atom>>;
+using trainer_impl_actor = trainer_actor::extend<
+  caf::reacts_to<collect_atom>,
+  // A step's wait for groups (its number) checked for silence: the groups seen when it was armed.
+  caf::reacts_to<stall_atom, std::uint64_t, std::uint64_t>>;
 
 /// Admits nodes that join with the run's token, adds their evaluators to the pool and removes
 /// them again when they leave, disconnect or stop sending heartbeats (DESIGN §6;

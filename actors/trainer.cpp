@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <fnmatch.h>
 #include <functional>
@@ -390,6 +391,8 @@ struct trainer_state {
   std::function<void()> on_groups; // called when groups arrive while a step waits for them
   std::uint64_t want = 0;          // groups the waiting step needs
   bool timer_armed = false;
+  std::uint64_t waits = 0;         // waits for groups so far (matches a stall check to its wait)
+  std::uint64_t groups_in = 0;     // groups arrived so far (a stall check sees whether any came)
   bool stage_began = false;        // a stage began in this process: its first update may need fresh moments
   // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
   // generation and evaluation; a sampling step waits from its start) and building SFT examples;
@@ -509,6 +512,38 @@ void fail_step(self_pointer self, const crucible::error& err) {
   st.on_groups = nullptr;
   auto rp = st.pending;
   rp.deliver(make_error(err));
+}
+
+// run.stall_timeout_s; zero: off.
+std::chrono::milliseconds stall_limit(const trainer_state& st) {
+  const auto s = st.deps->cfg.run.stall_timeout_s;
+  return std::chrono::milliseconds{s > 0 ? static_cast<long long>(std::ceil(s * 1000.0)) : 0};
+}
+
+// How long a request to the learner may go unanswered (run.stall_timeout_s).
+caf::duration learner_wait(const trainer_state& st) {
+  const auto limit = stall_limit(st);
+  return limit.count() > 0 ? caf::duration{limit} : caf::duration{caf::infinite};
+}
+
+// The learner's error; its silence (the request timed out) named as such.
+crucible::error learner_error(const trainer_state& st, const caf::error& e, const char* what) {
+  if (e != caf::sec::request_timeout)
+    return to_error(e);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", st.deps->cfg.run.stall_timeout_s);
+  return crucible::error{errc::timeout, std::string{"the learner did not answer "} + what + " in " + secs
+                                            + " s (run.stall_timeout_s): it is stuck or gone (a collective waiting "
+                                              "for a peer, a device fault); the run stops, its last checkpoint stays"};
+}
+
+// A step starts waiting for groups: its silence is checked after run.stall_timeout_s.
+void arm_stall_check(self_pointer self) {
+  auto& st = self->state;
+  const auto limit = stall_limit(st);
+  if (limit.count() <= 0)
+    return;
+  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), limit, stall_atom_v, ++st.waits, st.groups_in);
 }
 
 // Counts (and records) the verdicts of every member of `groups`.
@@ -923,9 +958,9 @@ void sft_step(self_pointer self) {
           st.sft_completions.clear();
           const auto n = b.prompts.size();
           before_update(self);
-          self->request(st.deps->learner, caf::infinite, std::move(b))
+          self->request(st.deps->learner, learner_wait(st), std::move(b))
             .then([self, n](const train_report& r) { after_update(self, r, nullptr, n); },
-                  [self](const caf::error& e) { fail_step(self, to_error(e)); });
+                  [self](const caf::error& e) { fail_step(self, learner_error(self->state, e, "an SFT update")); });
         },
         [self](const caf::error& e) { fail_step(self, to_error(e)); });
   }
@@ -948,9 +983,9 @@ void train_on_groups(self_pointer self) {
   if (rl) {
     learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
     before_update(self);
-    self->request(st.deps->learner, caf::infinite, std::move(b))
+    self->request(st.deps->learner, learner_wait(st), std::move(b))
       .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
-            [self](const caf::error& e) { fail_step(self, to_error(e)); });
+            [self](const caf::error& e) { fail_step(self, learner_error(self->state, e, "an RL update")); });
     return;
   }
   // Self-supervised: the correct samples as SFT examples.
@@ -971,9 +1006,9 @@ void train_on_groups(self_pointer self) {
     return;
   }
   before_update(self);
-  self->request(st.deps->learner, caf::infinite, std::move(b))
+  self->request(st.deps->learner, learner_wait(st), std::move(b))
     .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
-          [self](const caf::error& e) { fail_step(self, to_error(e)); });
+          [self](const caf::error& e) { fail_step(self, learner_error(self->state, e, "a self-supervised update")); });
 }
 
 void sampling_step(self_pointer self) {
@@ -997,6 +1032,7 @@ void sampling_step(self_pointer self) {
       stop_rollouts(self, in_flight_policy::finish, [self] { train_on_groups(self); });
     };
     arm_timer(self); // notices rollouts that finished short (abandoned groups)
+    arm_stall_check(self);
     return;
   }
   if (st.rollouts.empty())
@@ -1012,6 +1048,7 @@ void sampling_step(self_pointer self) {
     st.on_groups = nullptr;
     train_on_groups(self);
   };
+  arm_stall_check(self);
   st.on_groups();
 }
 
@@ -1205,7 +1242,7 @@ void finish_save(self_pointer self, const std::string& name, const T& what) {
 void write_checkpoint(self_pointer self, fs::path tmp, std::string name, trainer_progress progress,
                       std::string samplers) {
   auto& st = self->state;
-  self->request(st.deps->learner, caf::infinite, save_atom_v, (tmp / "learner").string())
+  self->request(st.deps->learner, learner_wait(st), save_atom_v, (tmp / "learner").string())
     .then(
       [self, tmp, name, progress, samplers](policy_version) {
         auto& st = self->state;
@@ -1235,7 +1272,12 @@ void write_checkpoint(self_pointer self, fs::path tmp, std::string name, trainer
         st.deps->log->info(component, "checkpoint ", dir.string());
         finish_save(self, name, dir.string());
       },
-      [self, name](const caf::error& e) { finish_save(self, name, e); });
+      [self, name](const caf::error& e) {
+        if (e == caf::sec::request_timeout)
+          finish_save(self, name, make_error(learner_error(self->state, e, "a checkpoint save")));
+        else
+          finish_save(self, name, e);
+      });
 }
 
 caf::result<std::string> save(self_pointer self) {
@@ -1328,6 +1370,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
     },
     [self](rollout_group& g) {
       auto& st = self->state;
+      ++st.groups_in;
       st.groups.push_back(std::move(g));
       if (st.on_groups) {
         auto f = st.on_groups;
@@ -1335,6 +1378,25 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       } else {
         drop_oldest(st, 8 * std::max<std::uint64_t>(1, st.want)); // nobody is training: keep the queue bounded
       }
+    },
+    [self](stall_atom, std::uint64_t wait, std::uint64_t seen) {
+      auto& st = self->state;
+      if (!st.busy || !st.on_groups || wait != st.waits)
+        return; // that wait is over
+      if (st.groups_in != seen) { // groups came: check the next period
+        self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), stall_limit(st), stall_atom_v, wait, st.groups_in);
+        return;
+      }
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", st.deps->cfg.run.stall_timeout_s);
+      st.on_groups = nullptr;
+      fail_step(self, crucible::error{errc::timeout,
+                                      std::string{"no rollout group arrived in "} + secs + " s (run.stall_timeout_s) while "
+                                          + stage_name(st.p.stage) + " step " + std::to_string(st.p.stage_step + 1)
+                                          + " waited for them (" + std::to_string(st.groups.size()) + " of "
+                                          + std::to_string(st.want) + " in, " + std::to_string(st.rollouts.size())
+                                          + " rollout actors): the policy engine or the evaluators are silent; the run "
+                                            "stops, its last checkpoint stays"});
     },
     [self](collect_atom) {
       auto& st = self->state;

@@ -554,6 +554,13 @@ void describe(V& v, config& c) {
             "the run pauses at the last completed step (the groups that had arrived are not trained on). A step in "
             "its update or its evaluations is waited for, and the log says so. 0: always wait.",
             non_negative_number());
+    v.field("stall_timeout_s", c.run.stall_timeout_s,
+            "The longest the trainer waits for the learner's answer (an update, a checkpoint) or, while a step waits "
+            "for rollout groups, for the next group. Past it the role is named as silent in the log and the run stops "
+            "with that error (state `crashed`); its last checkpoint stays, and `crucible resume` goes on from there. "
+            "Groups are checked once a period: a step is stopped after one to two periods without a group. 0: wait "
+            "for ever.",
+            non_negative_number());
     v.field("on_pause", c.run.on_pause,
             "Groups in flight when the run pauses: `finish` them (their variants are stored) or `drop` them (their "
             "prompts are sampled again after resume).");

@@ -42,6 +42,7 @@ struct run_options {
   run_mode mode = run_mode::async; ///< generation, evaluation and training overlapped, or in lock-step
   std::int64_t checkpoint_every = 10; ///< learner steps between checkpoints; 0: only at pause and at the end
   double pause_grace_s = 60;          ///< a pause waits this long for the step under way, then ends it if it only waits for groups
+  double stall_timeout_s = 1800;      ///< a learner silent this long, or no group in this long while a step waits: the run stops; 0: off
   in_flight_policy on_pause = in_flight_policy::finish; ///< groups in flight at a pause: finish or abandon
   std::int64_t keep_checkpoints = 2; ///< checkpoints kept (older ones are removed); at least 1
 };

@@ -407,6 +407,7 @@ trainer_impl_actor::behavior_type fake_trainer(trainer_impl_actor::stateful_poin
       for (auto& rp : held)
         rp.deliver(st.script.at(st.next - 1));
     },
+    [](stall_atom, std::uint64_t, std::uint64_t) {}, // the real trainer's silence check
   };
 }
 

@@ -845,6 +845,28 @@ saving_learner_actor::behavior_type saving_learner(saving_learner_actor::pointer
   };
 }
 
+// A trainer over the fixture's collaborators and `learner`, its run folder in the test's.
+trainer_actor saving_trainer(fixture& f, const saving_learner_actor& learner, const config& cfg, manual_clock& clk,
+                             logger& log) {
+  trainer_deps deps;
+  deps.cfg = cfg;
+  deps.run_dir = f.dir.path() / "run";
+  std::filesystem::create_directories(deps.run_dir);
+  deps.learner = caf::actor_cast<learner_actor>(learner);
+  deps.engine = f.engine;
+  deps.evaluators = caf::actor_cast<evaluator_pool_actor>(f.pool);
+  deps.tasks = f.tasks;
+  deps.prompts = f.prompts;
+  deps.tokenizer = f.tok;
+  deps.clk = &clk;
+  deps.log = &log;
+  auto trainer = spawn_trainer(f.sys, std::move(deps));
+  REQUIRE_MESSAGE(trainer.ok(), (trainer.ok() ? "" : trainer.error().message));
+  f.keep(*trainer);
+  f.sched.run();
+  return *trainer;
+}
+
 } // namespace
 
 TEST_CASE_FIXTURE(fixture, "a second save of a step being saved waits for the first and gets the same checkpoint") {
@@ -852,28 +874,13 @@ TEST_CASE_FIXTURE(fixture, "a second save of a step being saved waits for the fi
   // second save once cleared the temporary directory the first was writing into.
   collaborators(distribution(0.5, 0.25, 0.25));
   auto saves = std::make_shared<held_saves>();
-  auto learner = sys.spawn(saving_learner, saves);
-  keep(learner);
   manual_clock clk;
   logger log{clk, log_level::off};
-  trainer_deps deps;
-  deps.cfg = cfg;
-  deps.run_dir = dir.path() / "run";
-  std::filesystem::create_directories(deps.run_dir);
-  deps.learner = caf::actor_cast<learner_actor>(learner);
-  deps.engine = engine;
-  deps.evaluators = caf::actor_cast<evaluator_pool_actor>(pool);
-  deps.tasks = tasks;
-  deps.prompts = prompts;
-  deps.tokenizer = tok;
-  deps.clk = &clk;
-  deps.log = &log;
-  auto trainer = spawn_trainer(sys, std::move(deps));
-  REQUIRE_MESSAGE(trainer.ok(), (trainer.ok() ? "" : trainer.error().message));
-  keep(*trainer);
-  sched.run();
-  auto first = self->request(*trainer, caf::infinite, save_atom_v);
-  auto second = self->request(*trainer, caf::infinite, save_atom_v);
+  auto learner = sys.spawn(saving_learner, saves);
+  keep(learner);
+  auto trainer = saving_trainer(*this, learner, cfg, clk, log);
+  auto first = self->request(trainer, caf::infinite, save_atom_v);
+  auto second = self->request(trainer, caf::infinite, save_atom_v);
   sched.run();
   CHECK(saves->dirs.size() == 1); // the learner writes the step once
   CHECK(self->mailbox().empty()); // nobody is answered before the learner is done
@@ -888,6 +895,70 @@ TEST_CASE_FIXTURE(fixture, "a second save of a step being saved waits for the fi
   }
   CHECK(std::filesystem::exists(dir.path() / "run" / "checkpoints" / "step-0" / "trainer.json"));
   CHECK(saves->dirs.size() == 1);
-  self->send_exit(*trainer, caf::exit_reason::user_shutdown); // before its clock and logger go
+  self->send_exit(trainer, caf::exit_reason::user_shutdown); // before its clock and logger go
+  sched.run();
+}
+
+TEST_CASE_FIXTURE(fixture, "a learner that does not answer a checkpoint save is named as silent after run.stall_timeout_s") {
+  collaborators(distribution(0.5, 0.25, 0.25));
+  auto saves = std::make_shared<held_saves>();
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  auto c = cfg;
+  c.run.stall_timeout_s = 90;
+  auto learner = sys.spawn(saving_learner, saves); // never told to answer
+  keep(learner);
+  auto trainer = saving_trainer(*this, learner, c, clk, log);
+  auto saved = self->request(trainer, caf::infinite, save_atom_v);
+  sched.run();
+  REQUIRE(saves->dirs.size() == 1);
+  CHECK(self->mailbox().empty()); // the learner is silent: nothing yet
+  // run.stall_timeout_s passes (other actors' timers may come first).
+  for (int i = 0; i < 20 && self->mailbox().empty(); ++i) {
+    if (!sched.trigger_timeout())
+      break;
+    sched.run();
+  }
+  std::optional<std::string> failed;
+  saved.receive([&](std::string& d) { FAIL("saved to " << d); },
+                [&](caf::error& e) { failed = to_error(e).message; });
+  REQUIRE(failed.has_value());
+  CHECK(failed->find("the learner did not answer a checkpoint save in 90 s (run.stall_timeout_s)") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "run" / "checkpoints" / "latest")); // no checkpoint claimed
+  self->send_exit(trainer, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
+TEST_CASE_FIXTURE(fixture, "a step that waits for groups and gets none stops after run.stall_timeout_s, naming the silence") {
+  table->hold = true; // a candidate that reaches the evaluators is kept: they are connected and silent
+  collaborators(distribution(0.5, 0.25, 0.25));
+  auto saves = std::make_shared<held_saves>();
+  auto learner = sys.spawn(saving_learner, saves);
+  keep(learner);
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  auto c = cfg;
+  c.tasks.warm_start = false;
+  c.tasks.check_references = false;
+  c.stages.rl.steps = 1;
+  c.stages.rl.groups = 1;
+  c.run.stall_timeout_s = 60;
+  auto trainer = saving_trainer(*this, learner, c, clk, log);
+  auto step = self->request(trainer, caf::infinite, advance_atom_v);
+  sched.run();
+  CHECK(self->mailbox().empty()); // waiting for its group
+  for (int i = 0; i < 1000 && self->mailbox().empty(); ++i) {
+    if (!sched.trigger_timeout())
+      break;
+    sched.run();
+  }
+  std::optional<std::string> failed;
+  step.receive([&](stage_report&) { FAIL("the step ended without its group"); },
+               [&](caf::error& e) { failed = to_error(e).message; });
+  REQUIRE(failed.has_value());
+  INFO(*failed);
+  CHECK(failed->find("no rollout group arrived in 60 s (run.stall_timeout_s) while rl step 1 waited for them (0 of 1 in")
+        != std::string::npos);
+  self->send_exit(trainer, caf::exit_reason::user_shutdown);
   sched.run();
 }
