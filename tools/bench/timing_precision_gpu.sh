@@ -6,7 +6,7 @@
 # (setsid), one after the other:
 #   1. dev6      six released CUDA-L1 kernels, 10 verdicts each (tools/bench/pick_pairs.py; the
 #                pairs in data/dev6, made on the development machine), --no-cache, concurrency
-#                CONC (6); 10 min 21 s on an H100 on 2026-11-25
+#                CONC (6); 6 min 29 s on an H100 on 2026-11-26 (10 min 21 s before the gate)
 #   2. self-l1   every KernelBench level 1 task against itself (tools/bench/reference_as_candidate.py
 #                on data/kernelbench/level1): crucible eval --pairs
 #   3. kb-dev6   KernelBench's own timing of dev6's pairs, 3 verdicts each (tools/bench/kernelbench_timing.py)
