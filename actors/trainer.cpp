@@ -526,24 +526,33 @@ caf::duration learner_wait(const trainer_state& st) {
   return limit.count() > 0 ? caf::duration{limit} : caf::duration{caf::infinite};
 }
 
+// "90 s (run.stall_timeout_s)": how long a role was silent, for its error.
+std::string stall_text(const trainer_state& st) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", st.deps->cfg.run.stall_timeout_s);
+  return std::string{secs} + " s (run.stall_timeout_s)";
+}
+
 // The learner's error; its silence (the request timed out) named as such.
 crucible::error learner_error(const trainer_state& st, const caf::error& e, const char* what) {
   if (e != caf::sec::request_timeout)
     return to_error(e);
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%g", st.deps->cfg.run.stall_timeout_s);
-  return crucible::error{errc::timeout, std::string{"the learner did not answer "} + what + " in " + secs
-                                            + " s (run.stall_timeout_s): it is stuck or gone (a collective waiting "
+  return crucible::error{errc::timeout, std::string{"the learner did not answer "} + what + " in " + stall_text(st)
+                                            + ": it is stuck or gone (a collective waiting "
                                               "for a peer, a device fault); the run stops, its last checkpoint stays"};
+}
+
+// Checks wait `wait` for silence after run.stall_timeout_s, against the groups in by now.
+void send_stall_check(self_pointer self, std::uint64_t wait) {
+  auto& st = self->state;
+  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), stall_limit(st), stall_atom_v, wait, st.groups_in);
 }
 
 // A step starts waiting for groups: its silence is checked after run.stall_timeout_s.
 void arm_stall_check(self_pointer self) {
   auto& st = self->state;
-  const auto limit = stall_limit(st);
-  if (limit.count() <= 0)
-    return;
-  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), limit, stall_atom_v, ++st.waits, st.groups_in);
+  if (stall_limit(st).count() > 0)
+    send_stall_check(self, ++st.waits);
 }
 
 // Counts (and records) the verdicts of every member of `groups`.
@@ -1384,14 +1393,12 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       if (!st.busy || !st.on_groups || wait != st.waits)
         return; // that wait is over
       if (st.groups_in != seen) { // groups came: check the next period
-        self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), stall_limit(st), stall_atom_v, wait, st.groups_in);
+        send_stall_check(self, wait);
         return;
       }
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g", st.deps->cfg.run.stall_timeout_s);
       st.on_groups = nullptr;
       fail_step(self, crucible::error{errc::timeout,
-                                      std::string{"no rollout group arrived in "} + secs + " s (run.stall_timeout_s) while "
+                                      "no rollout group arrived in " + stall_text(st) + " while "
                                           + stage_name(st.p.stage) + " step " + std::to_string(st.p.stage_step + 1)
                                           + " waited for them (" + std::to_string(st.groups.size()) + " of "
                                           + std::to_string(st.want) + " in, " + std::to_string(st.rollouts.size())

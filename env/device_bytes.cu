@@ -252,30 +252,37 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
       std::make_shared<mapped>(device, base, static_cast<const std::byte*>(base) + offset, bytes)};
 }
 
-result<void> keep_freed_memory(int device, std::uint64_t bytes) {
+namespace {
+// `device` selected, its default memory pool (where cudaMallocAsync takes from).
+result<cudaMemPool_t> default_pool(int device) {
   if (auto r = select(device); !r)
     return r.error();
   cudaMemPool_t pool = nullptr;
   if (auto e = cudaDeviceGetDefaultMemPool(&pool, device); e != cudaSuccess)
     return fail(errc::device, "cannot get the default memory pool of CUDA device ", std::to_string(device), ": ",
                 cuda_text(e));
+  return pool;
+}
+} // namespace
+
+result<void> keep_freed_memory(int device, std::uint64_t bytes) {
+  auto pool = default_pool(device);
+  if (!pool)
+    return pool.error();
   std::uint64_t threshold = bytes;
-  if (auto e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold); e != cudaSuccess)
+  if (auto e = cudaMemPoolSetAttribute(*pool, cudaMemPoolAttrReleaseThreshold, &threshold); e != cudaSuccess)
     return fail(errc::device, "cannot set the memory pool's release threshold: ", cuda_text(e));
   return {};
 }
 
 result<void> release_freed_memory(int device) {
-  if (auto r = select(device); !r)
-    return r.error();
+  auto pool = default_pool(device);
+  if (!pool)
+    return pool.error();
   // The frees are ordered on the evaluating threads' streams: done once the device is.
   if (auto e = cudaDeviceSynchronize(); e != cudaSuccess)
     return fail(errc::device, "cannot wait for CUDA device ", std::to_string(device), ": ", cuda_text(e));
-  cudaMemPool_t pool = nullptr;
-  if (auto e = cudaDeviceGetDefaultMemPool(&pool, device); e != cudaSuccess)
-    return fail(errc::device, "cannot get the default memory pool of CUDA device ", std::to_string(device), ": ",
-                cuda_text(e));
-  if (auto e = cudaMemPoolTrimTo(pool, 0); e != cudaSuccess)
+  if (auto e = cudaMemPoolTrimTo(*pool, 0); e != cudaSuccess)
     return fail(errc::device, "cannot trim the memory pool of CUDA device ", std::to_string(device), ": ",
                 cuda_text(e));
   return {};

@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -390,17 +391,31 @@ worker::~worker() {
     std::filesystem::remove_all(scratch_, ec);
 }
 
+namespace {
+// poll() for POLLIN on `fd` (a pidfd: readable once its process has ended), again after a
+// signal: until `until` (steady clock; a past one: no wait), or for ever without one. poll's result.
+int poll_readable(int fd, std::optional<std::chrono::steady_clock::time_point> until) {
+  for (;;) {
+    int timeout = -1;
+    if (until) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*until - std::chrono::steady_clock::now());
+      timeout = static_cast<int>(std::max<long long>(0, left.count()));
+    }
+    struct pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, timeout);
+    if (r >= 0 || errno != EINTR)
+      return r;
+  }
+}
+} // namespace
+
 bool worker::reap(bool block) {
   if (exited_ || pid_ <= 0)
     return true;
   if (zygote_) {
     // Not our child: the pidfd says when it has ended, the zygote reaps it and tells how.
-    struct pollfd p{pidfd_, POLLIN, 0};
-    int r;
-    do {
-      r = ::poll(&p, 1, block ? -1 : 0);
-    } while (r < 0 && errno == EINTR);
-    if (r == 0)
+    const auto until = block ? std::nullopt : std::optional{std::chrono::steady_clock::time_point{}};
+    if (poll_readable(pidfd_, until) == 0)
       return false;
     exited_ = true;
     if (auto st = zygote_->reap(pid_)) {
@@ -456,13 +471,7 @@ void worker::kill() {
   // memory. Ten seconds at most: a process stuck in the driver must not stop the evaluator.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (int fd : children) {
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
-      struct pollfd p{fd, POLLIN, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(std::max<long long>(0, left)));
-      if (r >= 0 || errno != EINTR)
-        break;
-    }
+    (void) poll_readable(fd, until);
     ::close(fd);
   }
 }
