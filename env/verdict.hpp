@@ -37,7 +37,7 @@ struct verdict {
   verdict_status status = verdict_status::runtime_error;
   bool correct = false;
   double speedup = NAN;        ///< reference time / candidate time; NaN unless status is ok
-  double speedup_spread = NAN; ///< relative half-width of the speedup's 95% confidence band
+  double speedup_spread = NAN; ///< relative half-width of the speedup's band: the rounds' 95% band and evaluator.band_floor in quadrature
   double ref_ms = NAN;         ///< median reference time per call
   double cand_ms = NAN;        ///< median candidate time per call
   double reward = 0.0;
