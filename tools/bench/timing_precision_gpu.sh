@@ -14,7 +14,9 @@
 #                (evaluator.sample_ms=0), the protocol before samples of several calls
 #   5. kb-self   KernelBench's timing of the first 25 pairs of self-l1 (22 s a task on an H100)
 #   6. before-self  the same 25 with one call per timed sample
-# then waits like `wait`. STEPS="dev6 self-l1" runs those steps only. `wait` waits until the
+#   7. t51-solo  L2_T51's ten pairs of dev6 at concurrency 1, --verbose (the worker's laps)
+#   8. hacks     every GPU hack candidate (tests/candidates/gpu) once, tools/bench/hack_suite_gpu.sh
+# (run in the order 1, 2, 7, 8, 3, 4, 5, 6) then waits like `wait`. STEPS="dev6 self-l1" runs those steps only. `wait` waits until the
 # pipeline ends or WAIT_S seconds (540) have passed; `collect` packs every record and log into
 # $OUT/precision.tgz. The data folders travel with the `start` call
 # (carry data/kernelbench and data/dev6, with .deps/debs and .whl for the build); carry nothing on
@@ -53,6 +55,13 @@ pipeline() {
   grep -E '_r[123]\.py$' data/dev6/pairs.tsv | absolute "$ROOT/data/dev6" >"$RUNS/dev6-3.tsv"
   step dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs.tsv --out "$RUNS/dev6.jsonl" --no-cache "${SETARGS[@]}"
   step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$RUNS/self-l1.jsonl" "${SETARGS[@]}"
+  # L2_T51's ten kernels alone on the device, one verdict at a time, each with the worker's laps
+  # (clock, calls per sample, gate timeouts): whether its spread comes from the other verdicts.
+  grep -E 'L2_T51_' data/dev6/pairs.tsv | absolute "$ROOT/data/dev6" >"$RUNS/t51.tsv"
+  step t51-solo "$CRUCIBLE" eval --pairs "$RUNS/t51.tsv" --out "$RUNS/t51-solo.jsonl" --no-cache --verbose \
+    "${SETARGS[@]}" --set evaluator.concurrency=1
+  # Every GPU hack candidate once (tests/candidates/gpu): none may be credited.
+  step hacks env OUT="$RUNS" SIDES=new OLD_SRC="$ROOT" tools/bench/hack_suite_gpu.sh
   step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs "$RUNS/dev6-3.tsv" --out "$RUNS/kb-dev6.jsonl" --json
   step before-dev6 "$CRUCIBLE" eval --pairs "$RUNS/dev6-3.tsv" --out "$RUNS/before-dev6.jsonl" --no-cache \
     "${SETARGS[@]}" --set evaluator.sample_ms=0
