@@ -157,6 +157,7 @@ result<void> take_report(coordinator_state& st, const stage_report& rep) {
   st.status.mean_speedup = rep.mean_speedup;
   st.status.dropped_stale = rep.dropped_stale;
   st.status.discarded = rep.discarded;
+  st.status.unfinished = rep.unfinished;
   st.status.skipped_tasks = rep.skipped_tasks;
   for (const auto& line : rep.records) {
     if (auto r = append_record(*st.deps, event_of(line), line); !r)

@@ -164,7 +164,9 @@ struct exemplar_state {
 
 using exemplar_pointer = exemplar_impl_actor::stateful_pointer<exemplar_state>;
 
-void record(exemplar_pointer self, const scored_variant& x) {
+// Stores a scored variant; a policy sample's row starts with `fate` (empty: undecided until the
+// trainer decides it).
+void record(exemplar_pointer self, const scored_variant& x, std::string_view fate) {
   auto& st = self->state;
   // The prompt first (once per text: its id is its hash), so that no stored variant points at
   // a prompt the store lacks.
@@ -172,7 +174,9 @@ void record(exemplar_pointer self, const scored_variant& x) {
     ++st.stats.record_errors;
     return;
   }
-  if (st.store->record(to_record(x)).ok())
+  auto row = to_record(x);
+  row.sample_fate = fate;
+  if (st.store->record(row).ok())
     ++st.stats.recorded;
   else
     ++st.stats.record_errors; // an empty hardware kind, or the disk; the group goes on regardless
@@ -281,7 +285,8 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
         if (it == st.groups.end())
           ++st.stats.unknown; // late (after drop or fill), refused, or never announced
       }
-      record(self, x);
+      // A sample of no open group reaches no trainer: its fate is decided here.
+      record(self, x, x.group.value != 0 && it == st.groups.end() ? storage::sample_fate::orphan : std::string_view{});
       if (it == st.groups.end())
         return;
       auto& g = it->second;
@@ -297,6 +302,20 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       out.open_groups = self->state.groups.size();
       return out;
     },
+    [=](const sample_fates& f) {
+      auto& st = self->state;
+      for (const auto& g : f.groups)
+        if (g.value != 0 && !st.store->set_group_fate(g.value, f.fate, f.step, f.seq).ok())
+          ++st.stats.record_errors;
+    },
+    [=](settle_atom, std::int64_t kept_seq) -> caf::result<std::int64_t> {
+      auto& st = self->state;
+      st.groups.clear(); // their members still to come are orphans
+      auto n = st.store->settle_samples(kept_seq >= 0 ? std::optional<std::int64_t>{kept_seq} : std::nullopt);
+      if (!n.ok())
+        return make_error(n.error());
+      return *n;
+    },
     [=](expire_atom, group_id id, std::uint64_t seq) {
       auto& st = self->state;
       auto it = st.groups.find(id.value);
@@ -305,6 +324,8 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       if (st.opt.on_straggler == straggler_policy::drop) {
         st.groups.erase(it);
         ++st.stats.groups_dropped;
+        if (!st.store->set_group_fate(id.value, storage::sample_fate::straggler, 0).ok())
+          ++st.stats.record_errors;
         return;
       }
       auto& g = it->second;

@@ -140,7 +140,13 @@ using exemplar_actor = caf::typed_actor<
   // complete group goes to a learner. Duplicates and verdicts for no open group are counted.
   caf::reacts_to<scored_variant>,
   // The counters: recorded, groups completed, filled, dropped, refused, duplicates, ...
-  caf::replies_to<caf::get_atom>::with<exemplar_stats>>;
+  caf::replies_to<caf::get_atom>::with<exemplar_stats>,
+  // Sets the fate of the samples of groups the trainer took (trained, stale, discarded, paused).
+  caf::reacts_to<sample_fates>,
+  // Settles the store's samples (replay_store::settle_samples; `kept_seq` < 0: none) and forgets
+  // the open groups, whose later verdicts are orphans; replies how many samples it marked
+  // unfinished. Sent when the rollouts have stopped, and at the start of a resumed run.
+  caf::replies_to<settle_atom, std::int64_t>::with<std::int64_t>>;
 
 /// The exemplar actor as implemented: its public interface plus the straggler timeout it
 /// sends itself per group. Internal to actors/exemplar.cpp; spawn_exemplar_actor hands out

@@ -62,15 +62,15 @@ bool operator==(const run_status& x, const run_status& y) noexcept {
          && x.policy_version == y.policy_version && x.variants == y.variants
          && same_speedup(x.best_speedup, y.best_speedup)
          && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale
-         && x.discarded == y.discarded && x.skipped_tasks == y.skipped_tasks;
+         && x.discarded == y.discarded && x.unfinished == y.unfinished && x.skipped_tasks == y.skipped_tasks;
 }
 
 bool operator==(const stage_report& x, const stage_report& y) noexcept {
   return x.stage == y.stage && x.stage_step == y.stage_step && x.step == y.step && x.done == y.done
          && x.policy_version == y.policy_version && x.variants == y.variants
          && same_speedup(x.best_speedup, y.best_speedup) && same_speedup(x.mean_speedup, y.mean_speedup)
-         && x.dropped_stale == y.dropped_stale && x.discarded == y.discarded && x.skipped_tasks == y.skipped_tasks
-         && x.records == y.records;
+         && x.dropped_stale == y.dropped_stale && x.discarded == y.discarded && x.unfinished == y.unfinished
+         && x.skipped_tasks == y.skipped_tasks && x.records == y.records;
 }
 
 void write_fields(json_writer& w, const run_status& x) {
@@ -86,6 +86,7 @@ void write_fields(json_writer& w, const run_status& x) {
   std::isnan(x.mean_speedup) ? w.null() : w.value(x.mean_speedup);
   w.field("dropped_stale", x.dropped_stale);
   w.field("discarded", x.discarded);
+  w.field("unfinished", x.unfinished);
   if (!x.skipped_tasks.empty()) {
     w.key("skipped_tasks").begin_array();
     for (const auto& t : x.skipped_tasks)
@@ -138,6 +139,9 @@ result<run_status> run_status_from_json(std::string_view json) {
     key = "discarded"; // written since the counter exists; an older status.json has none
     if (auto d = root["discarded"]; d.IsDefined())
       st.discarded = d.as<std::uint64_t>();
+    key = "unfinished"; // likewise
+    if (auto u = root["unfinished"]; u.IsDefined())
+      st.unfinished = u.as<std::uint64_t>();
     key = "skipped_tasks"; // written only where a run skips tasks (tasks.skip_broken)
     if (auto k = root["skipped_tasks"]; k.IsSequence())
       for (const auto& t : k)

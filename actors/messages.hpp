@@ -420,6 +420,24 @@ typename Inspector::result_type inspect(Inspector& f, exemplar_stats& x) {
            x.duplicates, x.unknown, x.open_groups);
 }
 
+/// Trainer -> exemplar actor: the fate of every sample of `groups` (a storage::sample_fate),
+/// decided at update `step` (trained) or when `step` updates were done (the others); `seq` is
+/// the trainer's count of such decisions (trainer_progress::fates), kept in the store so that a
+/// resumed run can tell the decisions its checkpoint counted from those it did not.
+struct sample_fates {
+  std::vector<group_id> groups;
+  std::string fate;
+  std::int64_t step = 0;
+  std::int64_t seq = 0;
+
+  friend bool operator==(const sample_fates&, const sample_fates&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sample_fates& x) {
+  return f(caf::meta::type_name("sample_fates"), x.groups, x.fate, x.step, x.seq);
+}
+
 /// Rollout actor -> anyone who asks: its counters since it started.
 struct rollout_stats {
   std::uint64_t groups_started = 0;   ///< tasks taken
@@ -526,6 +544,7 @@ struct stage_report {
   double mean_speedup = std::numeric_limits<double>::quiet_NaN(); ///< over correct variants so far
   std::uint64_t dropped_stale = 0; ///< samples (members of groups) dropped for staleness so far
   std::uint64_t discarded = 0;     ///< samples of groups that arrived and were never trained on (stage ends) so far
+  std::uint64_t unfinished = 0;    ///< samples whose group never reached the trainer, or whose fate a crashed process decided after the last checkpoint
   std::vector<std::string> skipped_tasks; ///< tasks left out because their reference cannot run (tasks.skip_broken)
   std::vector<std::string> records; ///< metrics records of the step (one JSON object each), in order
 
@@ -536,8 +555,8 @@ struct stage_report {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
   return f(caf::meta::type_name("stage_report"), x.stage, x.stage_step, x.step, x.done, x.policy_version, x.variants,
-           detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded, x.skipped_tasks,
-           x.records);
+           detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded, x.unfinished,
+           x.skipped_tasks, x.records);
 }
 
 /// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
@@ -670,6 +689,10 @@ struct run_status {
   /// Samples of groups that arrived and were never trained on: left waiting when a stage ended
   /// (and, with run.on_pause drop, at a pause). Recorded in the replay store all the same.
   std::uint64_t discarded = 0;
+  /// Samples recorded in the replay store whose group never reached the trainer (in flight at a
+  /// pause, a stage's end or a crash), or whose fate a crashed process decided after the
+  /// checkpoint the run resumed from (docs/replay.md, Samples and their fates).
+  std::uint64_t unfinished = 0;
   /// Tasks this run leaves out because their reference cannot run (tasks.skip_broken), by name.
   std::vector<std::string> skipped_tasks;
 
@@ -681,7 +704,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_status& x) {
   return f(caf::meta::type_name("run_status"), x.state, x.stage, x.step, x.policy_version,
            x.variants, detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded,
-           x.skipped_tasks, detail::check_enum(x.state));
+           x.unfinished, x.skipped_tasks, detail::check_enum(x.state));
 }
 
 /// One-line JSON object, keys in declaration order; NaN speedups as null. The format of
@@ -741,6 +764,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::tasks_request))
   CAF_ADD_TYPE_ID(crucible, (crucible::run_setup))
   CAF_ADD_TYPE_ID(crucible, (crucible::sampler_state))
+  CAF_ADD_TYPE_ID(crucible, (crucible::sample_fates))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")
@@ -757,5 +781,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, reset_atom, "reset")
   CAF_ADD_ATOM(crucible, crucible, expire_atom, "expire")
   CAF_ADD_ATOM(crucible, crucible, retry_atom, "retry")
+  CAF_ADD_ATOM(crucible, crucible, settle_atom, "settle")
 
 CAF_END_TYPE_ID_BLOCK(crucible)

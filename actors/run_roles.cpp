@@ -458,6 +458,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     progress.correct ? progress.speedup_sum / progress.correct : std::numeric_limits<double>::quiet_NaN();
   out.initial.dropped_stale = progress.dropped_stale;
   out.initial.discarded = progress.discarded;
+  out.initial.unfinished = progress.unfinished;
   return out;
 }
 

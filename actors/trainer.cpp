@@ -25,6 +25,7 @@
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "env/task_sampler.hpp"
+#include "storage/replay_store.hpp"
 
 namespace fs = std::filesystem;
 
@@ -150,6 +151,8 @@ std::string trainer_progress::to_json() const {
     .field("speedup_sum", speedup_sum)
     .field("dropped_stale", dropped_stale)
     .field("discarded", discarded)
+    .field("unfinished", unfinished)
+    .field("fates", fates)
     .field("rng", rng)
     .field("rollouts_spawned", generation)
     .end_object();
@@ -203,11 +206,12 @@ result<trainer_progress> trainer_progress::from_json(std::string_view text, cons
                  num("best_speedup", p.best_speedup, true), num("speedup_sum", p.speedup_sum, false)})
     if (!r.ok())
       return r.error();
-  if (const auto* d = doc->find("discarded"); d != nullptr) { // absent from checkpoints before the counter
-    if (!d->is_int() || d->as_int() < 0)
-      return fail(errc::corrupt, origin, ": key 'discarded': expected a non-negative integer");
-    p.discarded = static_cast<std::uint64_t>(d->as_int());
-  }
+  // Absent from checkpoints written before these counters.
+  for (auto [key, out] : {std::pair{"discarded", &p.discarded}, std::pair{"unfinished", &p.unfinished},
+                          std::pair{"fates", &p.fates}})
+    if (doc->find(key) != nullptr)
+      if (auto r = u64(key, *out); !r.ok())
+        return r.error();
   if (stage > static_cast<std::uint64_t>(stage_done))
     return fail(errc::corrupt, origin, ": key 'stage': ", std::to_string(stage), " is not a stage (0-4)");
   p.stage = static_cast<int>(stage);
@@ -393,6 +397,7 @@ struct trainer_state {
   bool timer_armed = false;
   std::uint64_t waits = 0;         // waits for groups so far (matches a stall check to its wait)
   std::uint64_t groups_in = 0;     // groups arrived so far (a stall check sees whether any came)
+  bool settled = false;            // the store's samples were settled against p.fates at this process's start
   bool stage_began = false;        // a stage began in this process: its first update may need fresh moments
   // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
   // generation and evaluation; a sampling step waits from its start) and building SFT examples;
@@ -451,6 +456,7 @@ stage_report report_of(trainer_state& st, bool done) {
   r.mean_speedup = st.p.correct ? st.p.speedup_sum / st.p.correct : std::numeric_limits<double>::quiet_NaN();
   r.dropped_stale = st.p.dropped_stale;
   r.discarded = st.p.discarded;
+  r.unfinished = st.p.unfinished;
   r.skipped_tasks = st.skipped;
   r.records = std::move(st.records);
   st.records.clear();
@@ -603,9 +609,41 @@ void keep_sampler(trainer_state& st, std::size_t place, const sampler_state& s) 
   st.samplers[place] = s.text;
 }
 
+// Tells the replay store (through the exemplar actor) the fate of the samples of `ids`, counted
+// as the run's decision number p.fates (docs/replay.md, Samples and their fates).
+void send_fates(self_pointer self, std::vector<group_id> ids, std::string_view fate, std::uint64_t step) {
+  auto& st = self->state;
+  if (ids.empty())
+    return;
+  ++st.p.fates;
+  self->send(st.exemplars, sample_fates{std::move(ids), std::string(fate), static_cast<std::int64_t>(step),
+                                        static_cast<std::int64_t>(st.p.fates)});
+}
+
+// Has the exemplar actor settle the store's samples (those of groups that will not come, and,
+// with `kept` >= 0, those whose fates came after decision `kept`), counts them as unfinished, and
+// calls `then`. A store that fails is logged, and the run goes on (as a failed record does).
+void settle_samples(self_pointer self, std::int64_t kept, std::function<void()> then) {
+  auto& st = self->state;
+  self->request(st.exemplars, caf::infinite, settle_atom_v, kept)
+    .then(
+      [self, then](std::int64_t n) {
+        auto& st = self->state;
+        st.p.unfinished += static_cast<std::uint64_t>(std::max<std::int64_t>(0, n));
+        if (n > 0)
+          st.deps->log->info(component, n, " sample", n == 1 ? "" : "s",
+                             " of groups that never reached training counted as unfinished (replay store)");
+        then();
+      },
+      [self, then](const caf::error& e) {
+        self->state.deps->log->warn(component, "the replay store's samples were not settled: ", to_string(e));
+        then();
+      });
+}
+
 // Stops every rollout actor (in_flight_policy as given) and calls `then` once all have replied.
-void discard_groups(trainer_state& st);
-void drop_oldest(trainer_state& st, std::size_t bound);
+void discard_groups(self_pointer self);
+void drop_oldest(self_pointer self, std::size_t bound);
 
 void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then) {
   auto& st = self->state;
@@ -628,9 +666,14 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
     // way to us: a request to the exemplar actor comes back after them (same sender, in order).
     self->request(self->state.exemplars, caf::infinite, caf::get_atom_v)
       .then([self, how, then](const exemplar_stats&) {
-              if (how == in_flight_policy::drop)
-                discard_groups(self->state);
-              then();
+              if (how != in_flight_policy::drop) {
+                then();
+                return;
+              }
+              // Nothing in flight will be trained on: the queue is discarded, and the groups
+              // still open at the exemplar actor will not come.
+              discard_groups(self);
+              settle_samples(self, -1, then);
             },
             [then](const caf::error&) { then(); });
   };
@@ -670,7 +713,8 @@ void collect_samplers(self_pointer self, std::function<void()> then) {
 
 // Drops groups sampled more than max_staleness versions before the learner's, and the oldest
 // beyond the queue bound.
-void drop_stale(trainer_state& st, std::uint64_t max_staleness, std::uint64_t bound) {
+void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bound) {
+  auto& st = self->state;
   auto stale = [&](const rollout_group& g) {
     std::uint64_t oldest = st.p.version;
     for (const auto& c : g.completions)
@@ -678,31 +722,44 @@ void drop_stale(trainer_state& st, std::uint64_t max_staleness, std::uint64_t bo
     return st.p.version > oldest && st.p.version - oldest > max_staleness;
   };
   std::uint64_t dropped = 0; // samples
+  std::vector<group_id> ids;
   for (const auto& g : st.groups)
-    if (stale(g))
+    if (stale(g)) {
       dropped += g.completions.size();
+      ids.push_back(g.group);
+    }
   st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(), stale), st.groups.end());
   st.p.dropped_stale += dropped;
   st.dropped_now += dropped;
-  drop_oldest(st, bound);
+  send_fates(self, std::move(ids), storage::sample_fate::stale, st.p.step);
+  drop_oldest(self, bound);
 }
 
 // Drops the oldest waiting groups until at most `bound` wait, counting their samples as stale.
-void drop_oldest(trainer_state& st, std::size_t bound) {
+void drop_oldest(self_pointer self, std::size_t bound) {
+  auto& st = self->state;
+  std::vector<group_id> ids;
   while (st.groups.size() > bound) {
     const auto n = st.groups.front().completions.size();
+    ids.push_back(st.groups.front().group);
     st.groups.pop_front();
     st.p.dropped_stale += n;
     st.dropped_now += n;
   }
+  send_fates(self, std::move(ids), storage::sample_fate::stale, st.p.step);
 }
 
 // Empties the queue of groups that arrived and will not be trained on (a stage ended, or a
 // pause with run.on_pause drop), counting their samples: the replay store holds them all the same.
-void discard_groups(trainer_state& st) {
-  for (const auto& g : st.groups)
+void discard_groups(self_pointer self) {
+  auto& st = self->state;
+  std::vector<group_id> ids;
+  for (const auto& g : st.groups) {
     st.p.discarded += g.completions.size();
+    ids.push_back(g.group);
+  }
   st.groups.clear();
+  send_fates(self, std::move(ids), storage::sample_fate::discarded, st.p.step);
 }
 
 // -- the steps ---------------------------------------------------------------------------------
@@ -727,7 +784,7 @@ void check_tasks(self_pointer self);
 void next_stage(self_pointer self) {
   stop_rollouts(self, in_flight_policy::drop, [self] {
     auto& st = self->state;
-    discard_groups(st);
+    discard_groups(self);
     ++st.p.stage;
     st.p.stage_step = 0;
     st.p.stage_seconds = 0;
@@ -989,6 +1046,10 @@ void train_on_groups(self_pointer self) {
   sample_tally tally;
   count_groups(st, batch, &tally);
   const auto n = batch.size();
+  std::vector<group_id> ids;
+  for (const auto& g : batch)
+    ids.push_back(g.group);
+  send_fates(self, std::move(ids), storage::sample_fate::trained, st.p.step + 1);
   if (rl) {
     learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
     before_update(self);
@@ -1028,7 +1089,7 @@ void sampling_step(self_pointer self) {
   const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
   const bool sync = st.deps->cfg.run.mode == run_mode::sync;
   if (sync) {
-    discard_groups(st);
+    discard_groups(self);
     if (auto r = spawn_rollouts(self, st.want); !r) {
       fail_step(self, r.error());
       return;
@@ -1051,7 +1112,7 @@ void sampling_step(self_pointer self) {
     }
   st.on_groups = [self, staleness] {
     auto& st = self->state;
-    drop_stale(st, staleness, 4 * st.want);
+    drop_stale(self, staleness, 4 * st.want);
     if (st.groups.size() < st.want)
       return;
     st.on_groups = nullptr;
@@ -1342,7 +1403,21 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       st.wait_seconds = st.prep_seconds = 0;
       st.pending = self->make_response_promise<stage_report>();
       auto rp = st.pending;
-      with_devices(self, [self] { advance(self); });
+      with_devices(self, [self] {
+        auto& st = self->state;
+        if (st.settled) {
+          advance(self);
+          return;
+        }
+        // This process's first step: what an earlier process left undecided in the store, or
+        // decided after the checkpoint this one resumed from, is unfinished (a crash's samples).
+        // The step need not wait for the answer: the exemplar actor takes the settle before any
+        // fate this process sends it (one sender, in order) and before any sample of its
+        // rollouts, which start after it was sent.
+        st.settled = true;
+        settle_samples(self, static_cast<std::int64_t>(st.p.fates), [] {});
+        advance(self);
+      });
       return rp;
     },
     [self](stop_atom) -> caf::result<stage_report> {
@@ -1355,8 +1430,14 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         // Groups that finished are in the store; their verdicts are reported, not trained on
         // (the next process samples its own).
         count_groups(st, st.groups, nullptr);
+        std::vector<group_id> ids;
+        for (const auto& g : st.groups)
+          ids.push_back(g.group);
         st.groups.clear();
-        rp.deliver(report_of(st, st.p.stage >= stage_done));
+        send_fates(self, std::move(ids), storage::sample_fate::paused, st.p.step);
+        settle_samples(self, -1, [self, rp]() mutable {
+          rp.deliver(report_of(self->state, self->state.p.stage >= stage_done));
+        });
       });
       return rp;
     },
@@ -1385,7 +1466,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         auto f = st.on_groups;
         f();
       } else {
-        drop_oldest(st, 8 * std::max<std::uint64_t>(1, st.want)); // nobody is training: keep the queue bounded
+        drop_oldest(self, 8 * std::max<std::uint64_t>(1, st.want)); // nobody is training: keep the queue bounded
       }
     },
     [self](stall_atom, std::uint64_t wait, std::uint64_t seen) {

@@ -61,6 +61,8 @@ struct trainer_progress {
   double speedup_sum = 0;         ///< over the correct ones
   std::uint64_t dropped_stale = 0; ///< samples dropped for staleness
   std::uint64_t discarded = 0;     ///< samples of groups never trained on (left when a stage ended)
+  std::uint64_t unfinished = 0;    ///< samples whose group never reached the trainer (in flight at a stop or crash), or whose fate a crashed process decided after the checkpoint
+  std::uint64_t fates = 0;         ///< fate decisions sent to the replay store (sample_fates::seq)
   std::uint64_t rng = 0;          ///< draws taken from the trainer's random stream
   std::uint64_t generation = 0;   ///< processes that ran this run before this one (ids stay unique)
 

@@ -4,9 +4,11 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <cmath>
@@ -229,6 +231,17 @@ constexpr const char* migrate_to_v1 =
 // completion is stored whole. split_completion() and join_completion() are the two directions.
 constexpr const char* migrate_to_v2 = "ALTER TABLE variants ADD COLUMN completion_code_at INTEGER;";
 
+// Schema 2 → 3: one row per policy sample (a variant row merges every sample of the same code),
+// with its own prompt id and whole completion and its fate (replay_store::set_group_fate,
+// settle_samples). samples_undecided finds a group's undecided samples.
+constexpr const char* migrate_to_v3 =
+  "CREATE TABLE samples ("
+  "  id INTEGER PRIMARY KEY, variant_id INTEGER NOT NULL, group_id INTEGER NOT NULL,"
+  "  policy_version INTEGER NOT NULL, prompt_id TEXT NOT NULL, completion TEXT NOT NULL,"
+  "  time_ms INTEGER NOT NULL, fate TEXT, fate_step INTEGER NOT NULL DEFAULT 0, fate_seq INTEGER);"
+  "CREATE INDEX samples_undecided ON samples (group_id) WHERE fate IS NULL;"
+  "CREATE INDEX samples_group ON samples (group_id, id);";
+
 // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
 // verdict and provenance columns switch to the new record only when its reward is strictly
 // higher. All right-hand sides see the old row, so the CASEs agree with each other.
@@ -364,13 +377,14 @@ struct replay_store::statements {
   sqlite3_stmt* success_full = nullptr;
   sqlite3_stmt* prompt_insert = nullptr;
   sqlite3_stmt* prompt_get = nullptr;
+  sqlite3_stmt* sample_insert = nullptr;
   std::string completion_rest;  // upsert's buffer for a completion without its code
 
   statements() = default;
   statements(const statements&) = delete;
   statements& operator=(const statements&) = delete;
   ~statements() {
-    for (auto* s : {upsert, id_taken, find, success_summary, success_full, prompt_insert, prompt_get})
+    for (auto* s : {upsert, id_taken, find, success_summary, success_full, prompt_insert, prompt_get, sample_insert})
       sqlite3_finalize(s);
   }
 };
@@ -507,6 +521,11 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
     if (step.ok() && *version == 1) {
       step = exec(db, path, migrate_to_v2, "migrate schema 1 to 2");
       if (step.ok()) step = exec(db, path, "PRAGMA user_version = 2", "set schema version");
+      if (step.ok()) *version = 2;
+    }
+    if (step.ok() && *version == 2) {
+      step = exec(db, path, migrate_to_v3, "migrate schema 2 to 3");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 3", "set schema version");
     }
     if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
     if (!step.ok()) {
@@ -560,6 +579,9 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
      "INSERT INTO prompts (prompt_id, text, created_ms) VALUES (?1, ?2, ?3)"
      " ON CONFLICT (prompt_id) DO NOTHING"},
     {&st->prompt_get, "SELECT prompt_id, text, created_ms FROM prompts WHERE prompt_id = ?1"},
+    {&st->sample_insert,
+     "INSERT INTO samples (variant_id, group_id, policy_version, prompt_id, completion, time_ms, fate)"
+     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
   };
   for (const auto& [slot, sql] : prepared)
     if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, slot, nullptr) != SQLITE_OK) {
@@ -607,7 +629,40 @@ replay_store& replay_store::operator=(replay_store&& other) noexcept {
 
 replay_store::~replay_store() { close_store(db_, st_, ckpt_); }
 
-result<std::int64_t> replay_store::record(const variant_record& v) { return upsert(v, false); }
+result<std::int64_t> replay_store::record(const variant_record& v) {
+  if (v.group_id == 0) return upsert(v, false);
+  // The variant's row and the sample's, both or neither.
+  if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin record"); !r.ok()) return r.error();
+  auto id = upsert(v, false);
+  result<void> added = id.ok() ? add_sample(v, *id) : result<void>{id.error()};
+  if (!added.ok()) {
+    rollback(db_);
+    return added.error();
+  }
+  if (auto r = exec(db_, path_, "COMMIT", "commit record"); !r.ok()) {
+    rollback(db_);
+    return r.error();
+  }
+  return id;
+}
+
+result<void> replay_store::add_sample(const variant_record& v, std::int64_t variant_id) {
+  if (v.group_id == 0) return {};
+  if (!v.sample_fate.empty() &&
+      std::find(std::begin(sample_fate::all), std::end(sample_fate::all), v.sample_fate) == std::end(sample_fate::all))
+    return fail(errc::invalid_arg, where(path_), ": '", v.sample_fate, "' is not a sample fate");
+  sqlite3_stmt* s = st_->sample_insert;
+  reset_on_exit r{s};
+  sqlite3_bind_int64(s, 1, variant_id);
+  sqlite3_bind_int64(s, 2, static_cast<std::int64_t>(v.group_id));
+  sqlite3_bind_int64(s, 3, static_cast<std::int64_t>(v.policy_version));
+  bind_text(s, 4, v.prompt_id);
+  bind_text(s, 5, v.completion);
+  sqlite3_bind_int64(s, 6, v.time_ms != 0 ? v.time_ms : now_ms());
+  if (v.sample_fate.empty()) sqlite3_bind_null(s, 7); else bind_text(s, 7, v.sample_fate);
+  if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record sample");
+  return {};
+}
 
 result<std::vector<std::int64_t>> replay_store::record_batch(std::span<const variant_record> rows) {
   std::vector<std::int64_t> ids;
@@ -616,6 +671,8 @@ result<std::vector<std::int64_t>> replay_store::record_batch(std::span<const var
   if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin batch"); !r.ok()) return r.error();
   for (std::size_t i = 0; i < rows.size(); ++i) {
     auto id = upsert(rows[i], false);
+    if (id.ok())
+      if (auto added = add_sample(rows[i], *id); !added.ok()) id = added.error();
     if (!id.ok()) {
       rollback(db_);
       return fail(id.error().code, id.error().message, " (row ", std::to_string(i), " of a batch of ",

@@ -45,8 +45,54 @@ struct variant_record {
   std::int64_t time_ms = 0;         ///< unix ms of the kept verdict; record() fills 0 with now
   std::int64_t count = 1;           ///< times this code was recorded; record() adds `count`
   std::string completion;  ///< full model response the code was parsed from; empty for seeds
+  /// record() and record_batch() only, for a policy sample (group_id not 0): the fate its sample
+  /// row starts with; empty: undecided (sample_fate). Not stored in the variant's row.
+  std::string sample_fate;
 
   bool operator==(const variant_record&) const = default;
+};
+
+/// What became of a policy sample, the `fate` of its row in `samples` (docs/replay.md).
+namespace sample_fate {
+inline constexpr std::string_view trained = "trained";      ///< in the batch of update `step`
+inline constexpr std::string_view paused = "paused";        ///< its group finished while the run paused (scored, not trained)
+inline constexpr std::string_view stale = "stale";          ///< its group was dropped for staleness
+inline constexpr std::string_view discarded = "discarded";  ///< its group arrived and was never trained on (a stage ended, or `run.on_pause: drop`)
+inline constexpr std::string_view unfinished = "unfinished"; ///< its group never reached the trainer (in flight at a pause or crash), or its fate was decided after the checkpoint the run resumed from
+inline constexpr std::string_view orphan = "orphan";        ///< scored after its group had been sent on or dropped (a straggler's late verdict)
+inline constexpr std::string_view straggler = "straggler";  ///< its group was dropped at the straggler timeout (exemplar.on_straggler drop)
+/// Every fate, in the order sample_counts lists them.
+inline constexpr std::string_view all[] = {trained, paused, stale, discarded, unfinished, orphan, straggler};
+} // namespace sample_fate
+
+/// One policy sample as the replay store keeps it: a row of `samples`, pointing at its variant
+/// (the deduplicated code and verdict). Value type.
+struct sample_record {
+  std::int64_t id = 0;
+  std::int64_t variant_id = 0;  ///< the variants row of its code
+  std::uint64_t group_id = 0;
+  std::uint64_t policy_version = 0;
+  std::string prompt_id;        ///< the prompt it was sampled on (prompts table); may be empty
+  std::string completion;       ///< the policy's whole response, as written
+  std::int64_t time_ms = 0;     ///< unix ms when it was recorded
+  std::string fate;             ///< one of sample_fate::all; empty while undecided
+  std::int64_t fate_step = 0;   ///< trained: the update; other trainer fates: the updates done then
+  std::optional<std::int64_t> fate_seq;  ///< the trainer's fate counter (trainer fates only)
+
+  bool operator==(const sample_record&) const = default;
+};
+
+/// The samples of a store by fate. Value type.
+struct sample_counts {
+  std::int64_t total = 0;
+  std::int64_t pending = 0;  ///< no fate yet: groups in flight now
+  std::int64_t trained = 0, paused = 0, stale = 0, discarded = 0, unfinished = 0, orphan = 0, straggler = 0;
+
+  /// The count of `fate` (one of sample_fate::all; 0 for another string).
+  std::int64_t of(std::string_view fate) const noexcept;
+  /// "N samples: T trained, ..." with every non-zero fate.
+  std::string text() const;
+  bool operator==(const sample_counts&) const = default;
 };
 
 /// A prompt as the replay store keeps it: variants point at it through `prompt_id`. Value type.
@@ -102,8 +148,8 @@ struct sft_export_stats {
 class replay_store final {
 public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
-  /// only); open() upgrades older files in place.
-  static constexpr int schema_version = 2;
+  /// only); open() upgrades older files in place. Version 3 added `samples`.
+  static constexpr int schema_version = 3;
 
   /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
   /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file
@@ -119,8 +165,10 @@ public:
   /// Records one evaluated variant and returns its row id; durable once this returns. The same
   /// (task_id, hardware, code_hash) is stored once: a repeat adds its count to the row and
   /// replaces the verdict and provenance (code and completion included) only if its reward is
-  /// strictly higher (best kept; ties keep the earlier). errc::invalid_arg for an empty key
-  /// field or JSON fields that are not arrays.
+  /// strictly higher (best kept; ties keep the earlier). A policy sample (group_id not 0) also
+  /// gets a row of its own in `samples`, with its prompt id, whole completion and
+  /// v.sample_fate, in the same transaction. errc::invalid_arg for an empty key field, JSON
+  /// fields that are not arrays, or a sample_fate not in sample_fate::all.
   result<std::int64_t> record(const variant_record& v);
 
   /// Records `rows` as record() would, in one transaction: durable once this returns, and all
@@ -149,6 +197,24 @@ public:
 
   /// The prompt with this id; errc::not_found when there is none.
   result<prompt_record> find_prompt(std::string_view prompt_id) const;
+
+  /// Sets the fate of the undecided samples of group `group_id` (not 0): `fate` one of
+  /// sample_fate::all, `step` and `seq` as sample_record has them (`seq` for the trainer's fates).
+  /// Returns how many samples it set; durable once this returns. errc::invalid_arg for another
+  /// fate or group 0.
+  result<std::int64_t> set_group_fate(std::uint64_t group_id, std::string_view fate, std::int64_t step,
+                                      std::optional<std::int64_t> seq = std::nullopt);
+
+  /// Marks sample_fate::unfinished every sample with no fate, and, with `kept_seq`, every sample
+  /// whose trainer fate came after it (fate_seq > kept_seq: decided by a process after the
+  /// checkpoint a run resumes from, which does not count it). Returns how many it marked.
+  result<std::int64_t> settle_samples(std::optional<std::int64_t> kept_seq);
+
+  /// The samples by fate.
+  result<sample_counts> count_samples() const;
+
+  /// The samples of group `group_id` (every sample with 0), in id order.
+  result<std::vector<sample_record>> samples(std::uint64_t group_id = 0) const;
 
   /// The hacking cases matching `filter`, in id order.
   result<std::vector<hack_case>> list_hacks(const hack_filter& filter = {}) const;
@@ -192,6 +258,7 @@ private:
   replay_store(sqlite3* db, std::filesystem::path path, std::unique_ptr<statements> st,
                std::unique_ptr<checkpointer> ckpt);
   result<std::int64_t> upsert(const variant_record& v, bool keep_id);
+  result<void> add_sample(const variant_record& v, std::int64_t variant_id);
 
   sqlite3* db_ = nullptr;
   std::filesystem::path path_;

@@ -668,3 +668,42 @@ TEST_CASE_FIXTURE(fixture, "a policy sample is stored with its whole completion 
     CHECK(e.completion.empty());
   }
 }
+
+TEST_CASE_FIXTURE(fixture, "each sample gets its fate: the trainer's, straggler, orphan, or unfinished when settled") {
+  auto opt = options();
+  opt.on_straggler = straggler_policy::drop;
+  auto a = spawn(opt);
+  REQUIRE(announce(a, announce_of(5, {11, 12})) == errc::none);
+  tell(a, member(5, 11, ok_verdict(1.5)));
+  tell(a, member(5, 12, ok_verdict(2.5)));
+  REQUIRE(got->size() == 1); // complete: on its way to the trainer, undecided until it decides
+  REQUIRE(announce(a, announce_of(6, {21, 22})) == errc::none);
+  tell(a, member(6, 21, ok_verdict(1.1)));
+  advance(31s);                            // group 6 dropped at the straggler timeout
+  tell(a, member(6, 22, ok_verdict(1.2))); // its late member: an orphan
+  REQUIRE(announce(a, announce_of(7, {31, 32})) == errc::none);
+  tell(a, member(7, 31, ok_verdict(1.3))); // in flight when the rollouts stop
+  self->send(a, sample_fates{{group_id{5}}, std::string(storage::sample_fate::trained), 1, 1});
+  sched.run();
+  auto rh = self->request(a, caf::infinite, settle_atom_v, std::int64_t{-1});
+  sched.run();
+  std::int64_t settled = -1;
+  rh.receive([&](std::int64_t n) { settled = n; }, [&](caf::error& e) { FAIL(to_string(e)); });
+  CHECK(settled == 1);
+  CHECK(stats(a).open_groups == 0);        // forgotten: group 7 will not come
+  tell(a, member(7, 32, ok_verdict(1.4))); // so its last member is an orphan too
+  auto store = storage::replay_store::open(db);
+  REQUIRE(store.ok());
+  auto c = store->count_samples();
+  REQUIRE(c.ok());
+  CHECK(c->total == 6);
+  CHECK(c->trained == 2);
+  CHECK(c->straggler == 1);
+  CHECK(c->orphan == 2);
+  CHECK(c->unfinished == 1);
+  CHECK(c->pending == 0);
+  auto five = store->samples(5);
+  REQUIRE(five->size() == 2);
+  CHECK((*five)[0].fate_step == 1);
+  CHECK((*five)[0].fate_seq == std::optional<std::int64_t>(1));
+}

@@ -209,6 +209,7 @@ template <> struct sample<stage_report> {
     r.mean_speedup = 1.25;
     r.dropped_stale = 1;
     r.discarded = 8;
+    r.unfinished = 3;
     r.skipped_tasks = {"03_broken", "level1/7_bad"};
     r.records = {"{\"event\":\"train_step\"}", "{\"event\":\"verdict\"}"};
     return r;
@@ -273,8 +274,12 @@ template <> struct sample<sampler_state> {
 
 template <> struct sample<run_status> {
   static run_status make() {
-    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16, {"03_broken"}};
+    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16, 5, {"03_broken"}};
   }
+};
+
+template <> struct sample<sample_fates> {
+  static sample_fates make() { return {{group_id{7}, group_id{(3ULL << 40) | 9}}, "trained", 12, 31}; }
 };
 
 template <> struct sample<std::vector<node_announce>> {
@@ -393,7 +398,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 38, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 39, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 
@@ -508,7 +513,7 @@ TEST_CASE("run_status JSON round-trips with null for speedups that have no value
   auto fresh_json = to_json(fresh);
   CHECK(fresh_json
         == "{\"state\":\"starting\",\"stage\":\"\",\"step\":0,\"policy_version\":0,"
-           "\"variants\":0,\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"discarded\":0}");
+           "\"variants\":0,\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"discarded\":0,\"unfinished\":0}");
   auto fresh_back = run_status_from_json(fresh_json);
   REQUIRE(fresh_back.ok());
   // A status.json written before the `discarded` counter reads as 0 discarded.

@@ -148,6 +148,30 @@ std::vector<std::int64_t> train_steps(const fs::path& run) {
   return steps;
 }
 
+// `crucible status RUN --json` as parsed, with the replay store's samples by fate checked against
+// the run's counters (docs/training.md, What a run promises): none undecided once the run has
+// stopped, each trainer fate as many as its counter, and the trained and paused ones, with the
+// `seeds` scored variants of the warm start, as many as `variants`.
+crucible::json_value samples_agree(const fs::path& run, std::int64_t seeds, const char* when) {
+  auto out = cli({"status", run.string(), "--json"});
+  INFO(when, ": ", out.out, out.err);
+  REQUIRE(out.exit_code == 0);
+  auto st = crucible::parse_json(out.out);
+  REQUIRE(st.ok());
+  const auto* s = st->find("samples");
+  REQUIRE(s != nullptr);
+  auto n = [&](const crucible::json_value& x, const char* key) { return x.find(key)->as_int(); };
+  MESSAGE(std::string(when) << ": " << out.out);
+  CHECK(n(*s, "undecided") == 0);
+  CHECK(n(*s, "stale") == n(*st, "dropped_stale"));
+  CHECK(n(*s, "discarded") == n(*st, "discarded"));
+  CHECK(n(*s, "unfinished") == n(*st, "unfinished"));
+  CHECK(n(*s, "trained") + n(*s, "paused") + seeds == n(*st, "variants"));
+  CHECK(n(*s, "total") == n(*s, "trained") + n(*s, "paused") + n(*s, "stale") + n(*s, "discarded")
+                            + n(*s, "unfinished") + n(*s, "orphan") + n(*s, "straggler"));
+  return std::move(*st);
+}
+
 std::string final_weights(const fs::path& run) {
   auto latest = slurp(run / "checkpoints" / "latest");
   while (!latest.empty() && latest.back() == '\n')
@@ -358,9 +382,19 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   for (const auto& x : seeds)
     stored += x.find("count")->as_int();
   const auto counted = status->find("variants")->as_int() + status->find("dropped_stale")->as_int()
-                       + status->find("discarded")->as_int();
+                       + status->find("discarded")->as_int() + status->find("unfinished")->as_int();
   CHECK(stored == counted);
   CHECK(count["verdict"] == status->find("variants")->as_int());
+  // Sample by sample: each policy sample has a row of its own, and its fate.
+  std::int64_t seed_count = 0;
+  for (const auto& x : seeds)
+    seed_count += x.find("count")->as_int();
+  auto fates = samples_agree(run, seed_count, "the whole loop");
+  std::int64_t policy_samples = 0;
+  for (const auto& x : samples)
+    policy_samples += x.find("count")->as_int();
+  CHECK(fates.find("samples")->find("total")->as_int() == policy_samples);
+  CHECK(fates.find("samples")->find("trained")->as_int() >= 2); // two RL steps of a group each
   // A finished run cannot be resumed.
   auto again = cli({"resume", run.string()});
   CHECK(again.exit_code == 2);
@@ -658,6 +692,45 @@ TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, 
   CHECK(res.exit_code == 0);
   auto pst = cli({"status", prun.string(), "--json"});
   CHECK(pst.out.find("\"state\":\"paused\"") != std::string::npos);
+}
+
+TEST_CASE("the replay store's samples agree with the run's counters after a pause dropping groups in flight and a crash in contrastive RL") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "fates",
+                                                                     "  sft: {steps: 1, batch: 2}\n  rl: {steps: 8, groups: 1}\n")));
+  const auto run = tmp.path() / "fates";
+  auto wait_steps = [&](running_process& p, std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    std::string out;
+    while (train_steps(run).size() < n && std::chrono::steady_clock::now() < deadline)
+      p.read_some(20, out);
+    REQUIRE_MESSAGE(train_steps(run).size() >= n, out, "\nevents.log:\n", slurp(run / "events.log"));
+  };
+  {
+    // Paused in RL with run.on_pause drop: queued groups are discarded, those in flight unfinished.
+    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.on_pause=drop", "--set", "run.checkpoint_every=1"});
+    wait_steps(p, 3);
+    auto pause = cli({"pause", run.string(), "--timeout", "300"});
+    INFO(pause.err);
+    CHECK(pause.exit_code == 0);
+    CHECK(p.wait().exit_code == 0);
+  }
+  samples_agree(run, 0, "after a pause that dropped the groups in flight");
+  {
+    // Resumed, then killed with -9 after its next step: what the killed process decided after its
+    // last checkpoint, and what it left undecided, is unfinished once the run resumes.
+    const auto before = train_steps(run).size();
+    running_process r({CRUCIBLE_CLI, "resume", run.string()});
+    wait_steps(r, before + 2);
+    r.signal(SIGKILL);
+    CHECK(r.wait().exit_code == 128 + SIGKILL);
+  }
+  auto fin = cli({"resume", run.string()});
+  INFO(fin.err);
+  REQUIRE(fin.exit_code == 0);
+  CHECK(fin.out.find("finished at step 9") != std::string::npos);
+  auto st = samples_agree(run, 0, "after the crash and the resume to the end");
+  CHECK(st.find("samples")->find("trained")->as_int() >= 8);
 }
 
 TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses; the resumed run does it again") {

@@ -1,12 +1,14 @@
 // `crucible status RUN`: what a run is doing (or did), from its status.json and lock.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "actors/messages.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "storage/atomic_file.hpp"
+#include "storage/replay_store.hpp"
 #include "storage/run_dir.hpp"
 #include "tools/crucible/commands.hpp"
 
@@ -42,12 +44,29 @@ int run_status_cmd(const parsed_args& args) {
     if (auto doc = parse_json(*text); doc.ok() && doc->is_object())
       if (const auto* j = doc->find("join"); j != nullptr && j->is_string())
         join = j->as_string();
+  // The replay store's samples by fate, where it exists (status creates nothing).
+  std::optional<storage::sample_counts> samples;
+  std::string samples_error;
+  if (std::filesystem::exists(dir / "replay.db", ec)) {
+    auto store = storage::replay_store::open(dir / "replay.db");
+    auto counts = store ? store->count_samples() : result<storage::sample_counts>{store.error()};
+    if (counts)
+      samples = *counts;
+    else
+      samples_error = counts.error().message;
+  }
   if (args.has("--json")) {
     json_writer w;
     w.begin_object();
     write_fields(w, *st);
     if (!join.empty())
       w.field("join", join);
+    if (samples) {
+      w.key("samples").begin_object().field("total", samples->total).field("undecided", samples->pending);
+      for (auto fate : storage::sample_fate::all)
+        w.field(std::string(fate), samples->of(fate));
+      w.end_object();
+    }
     w.end_object();
     std::printf("%s\n", std::move(w).take().c_str());
     return exit_ok;
@@ -63,6 +82,12 @@ int run_status_cmd(const parsed_args& args) {
   std::printf("dropped stale  %llu samples\n", static_cast<unsigned long long>(st->dropped_stale));
   std::printf("discarded      %llu samples (arrived after their stage's last update)\n",
               static_cast<unsigned long long>(st->discarded));
+  std::printf("unfinished     %llu samples (their group never reached training)\n",
+              static_cast<unsigned long long>(st->unfinished));
+  if (samples)
+    std::printf("replay store   %s\n", samples->text().c_str());
+  else if (!samples_error.empty())
+    std::printf("replay store   unreadable: %s\n", samples_error.c_str());
   if (!st->skipped_tasks.empty()) {
     std::string names;
     for (const auto& t : st->skipped_tasks)

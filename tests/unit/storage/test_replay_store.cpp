@@ -736,7 +736,7 @@ TEST_CASE("a store of schema 1 is upgraded to 2 and keeps its whole completions"
     auto store = replay_store::open(db_path);
     REQUIRE(store.ok());
     sqlite3* db = store->handle();
-    exec_ok(db, "ALTER TABLE variants DROP COLUMN completion_code_at; PRAGMA user_version = 1");
+    exec_ok(db, "DROP TABLE samples; ALTER TABLE variants DROP COLUMN completion_code_at; PRAGMA user_version = 1");
     exec_ok(db, "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status,"
                 " correct, speedup, spread, ref_ms, cand_ms, reward, checks_failed, message,"
                 " policy_version, prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
@@ -829,4 +829,90 @@ TEST_CASE("a store damaged past its first pages is refused at open, naming the f
   CHECK(again.error().message.find(path.string()) != std::string::npos);
   CHECK(again.error().message.find("damaged") != std::string::npos);
   MESSAGE(again.error().message);
+}
+
+TEST_CASE("every policy sample gets a row of its own with its completion, and its fate once") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  auto a = sample(1);
+  auto b = sample(1);  // the same code from another sample of the group: one variant row, two samples
+  b.completion = "another response\n```python\n" + b.code + "\n```";
+  b.policy_version = 8;
+  auto seed = sample(2);
+  seed.group_id = 0;  // a seed variant: no sample row
+  auto late = sample(3);
+  late.group_id = 43;
+  late.sample_fate = std::string(sample_fate::orphan);
+  for (const auto& v : {a, b, seed, late}) REQUIRE(store->record(v).ok());
+  CHECK(*store->count() == 3);
+  CHECK(store->find(1)->count == 2);
+  auto rows = store->samples(42);
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 2);
+  CHECK((*rows)[0].variant_id == 1);
+  CHECK((*rows)[1].variant_id == 1);
+  CHECK((*rows)[0].completion == a.completion);
+  CHECK((*rows)[1].completion == b.completion);
+  CHECK((*rows)[1].policy_version == 8);
+  CHECK((*rows)[0].prompt_id == a.prompt_id);
+  CHECK((*rows)[0].fate.empty());
+  auto counts = store->count_samples();
+  REQUIRE(counts.ok());
+  CHECK(counts->total == 3);
+  CHECK(counts->pending == 2);
+  CHECK(counts->orphan == 1);
+  CHECK(counts->text() == "3 samples: 1 orphan, 2 undecided");
+
+  // A fate is set once: the group's undecided samples only.
+  CHECK(*store->set_group_fate(42, sample_fate::trained, 5, 3) == 2);
+  CHECK(*store->set_group_fate(42, sample_fate::stale, 6, 4) == 0);
+  rows = store->samples(42);
+  CHECK((*rows)[0].fate == "trained");
+  CHECK((*rows)[0].fate_step == 5);
+  CHECK((*rows)[0].fate_seq == std::optional<std::int64_t>(3));
+  CHECK(store->set_group_fate(42, "eaten", 1).error().code == errc::invalid_arg);
+  CHECK(store->set_group_fate(0, sample_fate::stale, 1).error().code == errc::invalid_arg);
+  auto bad = sample(4);
+  bad.sample_fate = "eaten";
+  CHECK(store->record(bad).error().code == errc::invalid_arg);
+  CHECK(*store->count() == 3);  // the variant's row went back with its sample's
+
+  // A resume from the checkpoint that counted fates up to 2: fate 3 came after it, and the
+  // undecided samples of groups in flight never reached the trainer.
+  auto c = sample(5);
+  c.group_id = 44;
+  REQUIRE(store->record(c).ok());
+  CHECK(*store->settle_samples(2) == 3);
+  counts = store->count_samples();
+  CHECK(counts->unfinished == 3);
+  CHECK(counts->orphan == 1);
+  CHECK(counts->pending == 0);
+  CHECK(counts->trained == 0);
+  // Settled fates stay settled; a pause settles what is undecided only.
+  auto d = sample(6);
+  d.group_id = 45;
+  REQUIRE(store->record(d).ok());
+  REQUIRE(*store->set_group_fate(45, sample_fate::discarded, 7, 9) == 1);
+  CHECK(*store->settle_samples(std::nullopt) == 0);
+  CHECK(store->count_samples()->discarded == 1);
+  CHECK(store->count_samples()->total == 5);
+}
+
+TEST_CASE("a store of schema 2 is upgraded to 3 with an empty samples table") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  {
+    auto store = replay_store::open(db_path);
+    REQUIRE(store.ok());
+    REQUIRE(store->record(sample(1)).ok());
+    exec_ok(store->handle(), "DROP TABLE samples; PRAGMA user_version = 2");
+  }
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 3);
+  CHECK(*store->count() == 1);
+  CHECK(store->count_samples()->total == 0);  // its samples were never kept one by one
+  REQUIRE(store->record(sample(2)).ok());
+  CHECK(store->count_samples()->pending == 1);
 }
