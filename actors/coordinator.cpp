@@ -180,6 +180,20 @@ void answer_stops(self_pointer self) {
   self->quit();
 }
 
+// Notes where metrics.jsonl stood when checkpoint `dir` (of `step`) was recorded, in the run's
+// metrics.checkpoint: a resume after a crash sets aside what came after it (cmd_train.cpp,
+// set_aside_after_crash), the records of steps the resumed run does again.
+result<void> note_metrics_offset(coordinator_deps& d, const std::string& dir, std::uint64_t step) {
+  if (auto r = d.metrics.sync(); !r)
+    return r.error();
+  auto bytes = d.metrics.size();
+  if (!bytes)
+    return bytes.error();
+  json_writer w;
+  w.begin_object().field("dir", dir).field("step", step).field("bytes", *bytes).end_object();
+  return storage::write_file_atomic(d.status_file.parent_path() / "metrics.checkpoint", std::move(w).take() + "\n");
+}
+
 // Checkpoints through the trainer, then calls `then` (or crashes the run).
 void checkpoint(self_pointer self, std::function<void()> then) {
   auto& st = self->state;
@@ -192,6 +206,11 @@ void checkpoint(self_pointer self, std::function<void()> then) {
         w.begin_object().field("event", "checkpoint").field("time", format_iso8601(st.deps->clk.now()))
           .field("step", st.status.step).field("dir", dir).end_object();
         if (auto r = append_record(*st.deps, "checkpoint", std::move(w).take()); !r) {
+          crash(st, r.error());
+          answer_stops(self);
+          return;
+        }
+        if (auto r = note_metrics_offset(*st.deps, dir, st.status.step); !r) {
           crash(st, r.error());
           answer_stops(self);
           return;

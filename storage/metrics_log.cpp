@@ -153,6 +153,38 @@ result<void> metrics_log::sync() {
   return {};
 }
 
+result<std::uint64_t> metrics_log::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    int err = errno;
+    return fail(errc::io, "cannot stat ", path_.string(), ": ", errno_text(err));
+  }
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+result<std::uint64_t> cut_metrics(const std::filesystem::path& path, std::uint64_t keep,
+                                  const std::filesystem::path& aside) {
+  auto text = read_file(path);
+  if (!text) return text.error();
+  if (text->size() <= keep) return std::uint64_t{0};
+  if (keep > 0 && (*text)[keep - 1] != '\n')
+    return fail(errc::invalid_arg, path.string(), ": byte ", std::to_string(keep), " does not start a record");
+  if (auto w = write_file_atomic(aside, std::string_view(*text).substr(keep)); !w) return w.error();
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    int err = errno;
+    return fail(errc::io, "cannot open ", path.string(), ": ", errno_text(err));
+  }
+  const bool ok = ::ftruncate(fd, static_cast<off_t>(keep)) == 0 && ::fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return fail(errc::io, "cannot cut ", path.string(), " back to ", std::to_string(keep), " bytes: ", errno_text(err));
+  return static_cast<std::uint64_t>(text->size() - keep);
+}
+
 result<std::vector<std::string>> read_metrics(const std::filesystem::path& path) {
   auto content = read_file(path);
   if (!content) return content.error();

@@ -33,6 +33,8 @@ public:
   result<void> sync();
   /// Bytes of a torn last line that open() removed (0 for a clean file).
   std::uint64_t repaired_bytes() const noexcept { return repaired_bytes_; }
+  /// The file's size now (every record appended so far).
+  result<std::uint64_t> size() const;
 
 private:
   metrics_log(int fd, std::uint64_t repaired) : fd_(fd), repaired_bytes_(repaired) {}
@@ -40,6 +42,14 @@ private:
   std::uint64_t repaired_bytes_ = 0;
   std::filesystem::path path_;  ///< only to name the file in error messages
 };
+
+/// Moves the records of `path` after its first `keep` bytes into `aside` (written whole and
+/// synced first) and truncates `path` to `keep` bytes; returns the bytes moved (0, with nothing
+/// written, where the file is no longer than `keep`). errc::invalid_arg where byte `keep` does
+/// not start a line. A resumed run uses it to set aside what a crashed process recorded after
+/// its last checkpoint (steps the resumed run does again).
+result<std::uint64_t> cut_metrics(const std::filesystem::path& path, std::uint64_t keep,
+                                  const std::filesystem::path& aside);
 
 /// The complete lines of a metrics file, in order; a torn last line is skipped.
 result<std::vector<std::string>> read_metrics(const std::filesystem::path& path);

@@ -177,6 +177,24 @@ result<void> exec(sqlite3* db, const std::filesystem::path& path, const char* sq
 
 void rollback(sqlite3* db) { sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr); }
 
+// Runs `body` (which returns a result) between BEGIN IMMEDIATE and COMMIT: all of it is recorded
+// or, when it or the commit fails, nothing. `what` names the work in a failure's message.
+template <class Body>
+auto in_transaction(sqlite3* db, const std::filesystem::path& path, const std::string& what, Body&& body)
+    -> decltype(body()) {
+  if (auto r = exec(db, path, "BEGIN IMMEDIATE", "begin " + what); !r.ok()) return r.error();
+  auto out = body();
+  if (!out.ok()) {
+    rollback(db);
+    return out;
+  }
+  if (auto r = exec(db, path, "COMMIT", "commit " + what); !r.ok()) {
+    rollback(db);
+    return r.error();
+  }
+  return out;
+}
+
 // Schema 0, the first released schema, exactly as it created files. New files are created as
 // schema 0 and then migrated, so every file takes the same path to the current schema.
 constexpr const char* schema_v0 =
@@ -632,18 +650,12 @@ replay_store::~replay_store() { close_store(db_, st_, ckpt_); }
 result<std::int64_t> replay_store::record(const variant_record& v) {
   if (v.group_id == 0) return upsert(v, false);
   // The variant's row and the sample's, both or neither.
-  if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin record"); !r.ok()) return r.error();
-  auto id = upsert(v, false);
-  result<void> added = id.ok() ? add_sample(v, *id) : result<void>{id.error()};
-  if (!added.ok()) {
-    rollback(db_);
-    return added.error();
-  }
-  if (auto r = exec(db_, path_, "COMMIT", "commit record"); !r.ok()) {
-    rollback(db_);
-    return r.error();
-  }
-  return id;
+  return in_transaction(db_, path_, "record", [&]() -> result<std::int64_t> {
+    auto id = upsert(v, false);
+    if (id.ok())
+      if (auto added = add_sample(v, *id); !added.ok()) return added.error();
+    return id;
+  });
 }
 
 result<void> replay_store::add_sample(const variant_record& v, std::int64_t variant_id) {
@@ -668,23 +680,18 @@ result<std::vector<std::int64_t>> replay_store::record_batch(std::span<const var
   std::vector<std::int64_t> ids;
   ids.reserve(rows.size());
   if (rows.empty()) return ids;
-  if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin batch"); !r.ok()) return r.error();
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    auto id = upsert(rows[i], false);
-    if (id.ok())
-      if (auto added = add_sample(rows[i], *id); !added.ok()) id = added.error();
-    if (!id.ok()) {
-      rollback(db_);
-      return fail(id.error().code, id.error().message, " (row ", std::to_string(i), " of a batch of ",
-                  std::to_string(rows.size()), "; nothing of the batch was recorded)");
+  return in_transaction(db_, path_, "batch", [&]() -> result<std::vector<std::int64_t>> {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto id = upsert(rows[i], false);
+      if (id.ok())
+        if (auto added = add_sample(rows[i], *id); !added.ok()) id = added.error();
+      if (!id.ok())
+        return fail(id.error().code, id.error().message, " (row ", std::to_string(i), " of a batch of ",
+                    std::to_string(rows.size()), "; nothing of the batch was recorded)");
+      ids.push_back(*id);
     }
-    ids.push_back(*id);
-  }
-  if (auto r = exec(db_, path_, "COMMIT", "commit batch"); !r.ok()) {
-    rollback(db_);
-    return r.error();
-  }
-  return ids;
+    return std::move(ids);
+  });
 }
 
 result<std::int64_t> replay_store::upsert(const variant_record& in, bool keep_id) {
@@ -885,27 +892,16 @@ result<std::int64_t> replay_store::import_jsonl(const std::filesystem::path& pat
                   "task_id, hardware and code_hash must not be empty");
     rows.push_back(std::move(v));
   }
-  if (auto r = exec(db_, path_, "BEGIN IMMEDIATE", "begin import"); !r.ok()) return r.error();
-  for (const auto& [n, p] : prompts) {
-    auto r = insert_prompt(db_, path_, st_->prompt_insert, st_->prompt_get, p.prompt_id, p.text,
-                           p.created_ms);
-    if (!r.ok()) {
-      rollback(db_);
-      return fail(r.error().code, "replay store import: ", where_line(n), r.error().message);
+  return in_transaction(db_, path_, "import", [&]() -> result<std::int64_t> {
+    for (const auto& [n, p] : prompts) {
+      auto r = insert_prompt(db_, path_, st_->prompt_insert, st_->prompt_get, p.prompt_id, p.text,
+                             p.created_ms);
+      if (!r.ok()) return fail(r.error().code, "replay store import: ", where_line(n), r.error().message);
     }
-  }
-  for (const auto& v : rows) {
-    auto r = upsert(v, true);
-    if (!r.ok()) {
-      rollback(db_);
-      return r.error();
-    }
-  }
-  if (auto r = exec(db_, path_, "COMMIT", "commit import"); !r.ok()) {
-    rollback(db_);
-    return r.error();
-  }
-  return static_cast<std::int64_t>(rows.size() + prompts.size());
+    for (const auto& v : rows)
+      if (auto r = upsert(v, true); !r.ok()) return r.error();
+    return static_cast<std::int64_t>(rows.size() + prompts.size());
+  });
 }
 
 result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::path& path,

@@ -193,3 +193,43 @@ TEST_CASE("crucible replay lists hacking cases, exports SFT pairs and moves a st
     CHECK(r.out.find("export-sft RUN --min-speedup X") != std::string::npos);
   }
 }
+
+TEST_CASE("crucible replay samples writes each policy sample with its fate and completion, all or of one fate") {
+  temp_dir tmp;
+  const auto run = tmp.path() / "runs" / "r2";
+  fs::create_directories(run);
+  {
+    auto store = storage::replay_store::open(run / "replay.db");
+    REQUIRE(store.ok());
+    auto a = row(1, "ok", "[]", "def a(): return 1");
+    a.group_id = 7;
+    auto b = row(3, "ok", "[]", "def b(): return 3");
+    b.group_id = 7;
+    auto c = row(5, "incorrect", "[]", "def c(): return 5");
+    c.group_id = 8;
+    auto seed = row(2, "ok", "[]", "def s(): return 2"); // group 0: no sample row
+    for (const auto& v : {a, b, c, seed})
+      REQUIRE(store->record(v).ok());
+    REQUIRE(*store->set_group_fate(7, storage::sample_fate::trained, 3, 1) == 2);
+  }
+  const auto out = tmp.path() / "samples.jsonl";
+  auto r = cli({"replay", "samples", run.string(), "--out", out.string()});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("3 samples: 2 trained, 1 undecided") != std::string::npos);
+  auto lines = json_lines(*read_file(out));
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].find("fate")->as_string() == "trained");
+  CHECK(lines[0].find("fate_step")->as_int() == 3);
+  CHECK(lines[0].find("task")->as_string() == "level1/19_ReLU");
+  CHECK(lines[0].find("completion")->as_string() == "analysis 1\n```python\ndef a(): return 1\n```");
+  CHECK(lines[2].find("fate")->as_string() == "undecided");
+  CHECK(lines[2].find("status")->as_string() == "incorrect");
+  CHECK(lines[2].find("speedup")->is_null());
+  auto trained = cli({"replay", "samples", run.string(), "--out", out.string(), "--fate", "trained"});
+  REQUIRE(trained.exit_code == 0);
+  CHECK(json_lines(*read_file(out)).size() == 2);
+  auto bad = cli({"replay", "samples", run.string(), "--out", out.string(), "--fate", "eaten"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("--fate eaten is not a fate") != std::string::npos);
+}

@@ -148,6 +148,24 @@ std::vector<std::int64_t> train_steps(const fs::path& run) {
   return steps;
 }
 
+// The seed variants the replay store of `run` holds (rows of group 0, by count), through
+// `crucible replay export` into `scratch`.
+std::int64_t stored_seeds(const fs::path& run, const fs::path& scratch) {
+  const auto out = scratch / "seeds.jsonl";
+  auto ex = cli({"replay", "export", run.string(), "--out", out.string()});
+  INFO(ex.err);
+  REQUIRE(ex.exit_code == 0);
+  std::int64_t n = 0;
+  std::istringstream in(slurp(out));
+  for (std::string line; std::getline(in, line);) {
+    auto j = crucible::parse_json(line);
+    REQUIRE(j.ok());
+    if (j->find("kind") == nullptr && j->find("group_id")->as_int() == 0)
+      n += j->find("count")->as_int();
+  }
+  return n;
+}
+
 // `crucible status RUN --json` as parsed, with the replay store's samples by fate checked against
 // the run's counters (docs/training.md, What a run promises): none undecided once the run has
 // stopped, each trainer fate as many as its counter, and the trained and paused ones, with the
@@ -731,6 +749,13 @@ TEST_CASE("the replay store's samples agree with the run's counters after a paus
   CHECK(fin.out.find("finished at step 9") != std::string::npos);
   auto st = samples_agree(run, 0, "after the crash and the resume to the end");
   CHECK(st.find("samples")->find("trained")->as_int() >= 8);
+  // metrics.jsonl agrees as well: what the killed process recorded after its last checkpoint was
+  // set aside at the resume (metrics-after-step-N-*.jsonl), so each step and verdict is there once.
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  std::int64_t verdicts = 0;
+  for (const auto& x : records(run))
+    verdicts += event_of(x) == "verdict" ? 1 : 0;
+  CHECK(verdicts == st.find("variants")->as_int());
 }
 
 TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses; the resumed run does it again") {
@@ -874,6 +899,8 @@ TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged s
   REQUIRE(st.ok());
   CHECK(st->find("state")->as_string() == "finished");
   CHECK(st->find("step")->as_int() == 10);
+  // The replay store and the run's counters agree, sample by sample.
+  samples_agree(run, stored_seeds(run, tmp.path()), "after the faults and the resume to the end");
 }
 
 TEST_CASE("a full disk while the run saves a checkpoint: it stops naming the file, the last checkpoint stays whole, the resume finishes") {

@@ -1,7 +1,9 @@
 // `crucible replay ACTION RUN`: the replay store of a run directory (RUN/replay.db): its hacking
-// cases, SFT pairs of verified variants, and JSONL export and import.
+// cases, SFT pairs of verified variants, its samples and their fates, and JSONL export and import.
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <iterator>
 #include <filesystem>
 #include <set>
 
@@ -22,10 +24,12 @@ const std::set<std::string>& allowed_options(const std::string& action) {
   static const std::set<std::string> hacks{"--task", "--check", "--json", "--similar-to", "--top"};
   static const std::set<std::string> sft{"--min-speedup", "--out", "--hardware"};
   static const std::set<std::string> exp{"--out"};
+  static const std::set<std::string> samples{"--out", "--fate"};
   static const std::set<std::string> none{};
   if (action == "hacks") return hacks;
   if (action == "export-sft") return sft;
   if (action == "export") return exp;
+  if (action == "samples") return samples;
   return none;
 }
 
@@ -174,11 +178,79 @@ int run_export_sft(const std::string& who, const parsed_args& args, const fs::pa
   return exit_ok;
 }
 
+// `samples`: every policy sample (or those of one fate) as JSON lines with its variant's task
+// and verdict, and the counts by fate on stdout.
+int run_samples(const std::string& who, const parsed_args& args, storage::replay_store& store) {
+  if (!args.has("--out")) {
+    std::fprintf(stderr, "%s: --out FILE is required\n", who.c_str());
+    return exit_usage;
+  }
+  const auto fate = args.get("--fate");
+  if (!fate.empty() && fate != "undecided"
+      && std::find(std::begin(storage::sample_fate::all), std::end(storage::sample_fate::all), fate)
+           == std::end(storage::sample_fate::all)) {
+    std::string known;
+    for (auto f : storage::sample_fate::all)
+      known += std::string(f) + ", ";
+    std::fprintf(stderr, "%s: --fate %s is not a fate (%sundecided)\n", who.c_str(), fate.c_str(), known.c_str());
+    return exit_usage;
+  }
+  auto rows = store.samples();
+  auto counts = store.count_samples();
+  if (!rows || !counts) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), (!rows ? rows.error() : counts.error()).message.c_str());
+    return exit_failure;
+  }
+  std::string out;
+  std::int64_t written = 0;
+  for (const auto& x : *rows) {
+    const auto& f = x.fate.empty() ? std::string("undecided") : x.fate;
+    if (!fate.empty() && f != fate)
+      continue;
+    auto v = store.find(x.variant_id);
+    if (!v) {
+      std::fprintf(stderr, "%s: sample %lld: %s\n", who.c_str(), static_cast<long long>(x.id), v.error().message.c_str());
+      return exit_failure;
+    }
+    json_writer w;
+    w.begin_object()
+      .field("id", x.id)
+      .field("variant_id", x.variant_id)
+      .field("task", v->task_id)
+      .field("hardware", v->hardware)
+      .field("group_id", x.group_id)
+      .field("policy_version", x.policy_version)
+      .field("fate", f)
+      .field("fate_step", x.fate_step)
+      .field("status", v->status)
+      .field("correct", v->correct);
+    w.key("speedup");
+    v->speedup ? w.value(*v->speedup) : w.null();
+    w.field("reward", v->reward)
+      .field("prompt_id", x.prompt_id)
+      .field("completion", x.completion)
+      .field("time_ms", x.time_ms)
+      .end_object();
+    out += std::move(w).take();
+    out += '\n';
+    ++written;
+  }
+  const auto path = args.get("--out");
+  if (auto r = storage::write_file_atomic(path, out); !r) {
+    std::fprintf(stderr, "%s: %s\n", who.c_str(), r.error().message.c_str());
+    return exit_failure;
+  }
+  std::printf("%s\nwrote %lld sample%s%s to %s\n", counts->text().c_str(), static_cast<long long>(written),
+              written == 1 ? "" : "s", fate.empty() ? "" : (" (" + fate + ")").c_str(), path.c_str());
+  return exit_ok;
+}
+
 int run_replay(const parsed_args& args) {
   const auto& action = args.positional[0];
   const std::string who = "crucible replay " + action;
-  if (action != "hacks" && action != "export-sft" && action != "export" && action != "import") {
-    std::fprintf(stderr, "crucible replay: unknown action '%s' (expected hacks, export-sft, export or import)\n",
+  if (action != "hacks" && action != "export-sft" && action != "export" && action != "import" && action != "samples") {
+    std::fprintf(stderr,
+                 "crucible replay: unknown action '%s' (expected hacks, export-sft, samples, export or import)\n",
                  action.c_str());
     return exit_usage;
   }
@@ -206,6 +278,8 @@ int run_replay(const parsed_args& args) {
     std::fprintf(stderr, "%s\n", store.error().message.c_str());
     return store.error().code == errc::not_found ? exit_usage : exit_failure;
   }
+  if (action == "samples")
+    return run_samples(who, args, *store);
   if (action == "export") {
     if (!args.has("--out")) {
       std::fprintf(stderr, "%s: --out FILE is required\n", who.c_str());
@@ -236,7 +310,7 @@ int run_replay(const parsed_args& args) {
 command replay_command() {
   return {{"replay",
            "ACTION RUN [FILE] [options]",
-           "Inspect and move a run's replay store: hacking cases, SFT pairs, JSONL export/import",
+           "Inspect and move a run's replay store: hacking cases, SFT pairs, samples, JSONL export/import",
            "Actions on RUN/replay.db (RUN is a run directory, runs/NAME):\n"
            "  hacks RUN [--task T] [--check C] [--json] [--similar-to FILE [--top K]]\n"
            "      list the variants the evaluator flagged (status rejected, or incorrect with a\n"
@@ -246,16 +320,21 @@ command replay_command() {
            "      write {prompt, completion, task, speedup, hardware, variant_id} per verified\n"
            "      variant (ok, correct, speedup >= X); variants without a stored prompt or\n"
            "      completion are skipped and counted on stderr; FILE is replaced atomically\n"
+           "  samples RUN --out FILE.jsonl [--fate F]\n"
+           "      every policy sample (of fate F: trained, paused, stale, discarded, unfinished,\n"
+           "      orphan, straggler or undecided) with its completion, prompt id, fate and its\n"
+           "      variant's task and verdict, one JSON object per line; the counts by fate\n"
            "  export RUN --out FILE.jsonl    every prompt and variant as JSON lines\n"
            "  import RUN FILE.jsonl          merge such a file (all or nothing; creates replay.db)",
-           {"ACTION (hacks, export-sft, export, import)", "RUN"},
+           {"ACTION (hacks, export-sft, samples, export, import)", "RUN"},
            {{"--task", "T", "hacks: only this task id"},
             {"--check", "C", "hacks: only cases this check caught, e.g. runtime:timer"},
             {"--json", "", "hacks: print one JSON array"},
             {"--similar-to", "FILE", "hacks: rank the cases by similarity to this candidate"},
             {"--top", "K", "hacks: with --similar-to, how many to show (default 10)"},
             {"--min-speedup", "X", "export-sft: lowest speedup written (required)"},
-            {"--out", "FILE", "export-sft, export: the file to write (required)"},
+            {"--out", "FILE", "export-sft, samples, export: the file to write (required)"},
+            {"--fate", "F", "samples: only the samples of this fate"},
             {"--hardware", "H", "export-sft: only this hardware kind"}},
            {"FILE (import)"}},
           run_replay};

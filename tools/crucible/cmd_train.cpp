@@ -97,6 +97,40 @@ std::string join_address(const membership_handle& m) {
   return std::string{name} + ":" + std::to_string(m.port);
 }
 
+// After a crash: the records metrics.jsonl got after the last checkpoint (of steps the resumed
+// run does again, and the crash's lifecycle records) move to metrics-after-step-N-<ms>.jsonl,
+// so that metrics.jsonl agrees with the counters the run resumes from. Where metrics.checkpoint
+// names another checkpoint than `latest` (a crash between the two writes), nothing moves.
+result<void> set_aside_after_crash(storage::run_directory& dir, logger& log) {
+  const auto note_file = dir.path() / "metrics.checkpoint";
+  std::error_code ec;
+  if (!std::filesystem::exists(note_file, ec))
+    return {};
+  auto note = read_json_file(note_file);
+  const auto* d = note && note->is_object() ? note->find("dir") : nullptr;
+  const auto* b = note && note->is_object() ? note->find("bytes") : nullptr;
+  const auto* n = note && note->is_object() ? note->find("step") : nullptr;
+  if (d == nullptr || !d->is_string() || b == nullptr || !b->is_int() || b->as_int() < 0 || n == nullptr || !n->is_int())
+    return fail(errc::corrupt, note_file.string(), ": expected {\"dir\",\"step\",\"bytes\"}; delete it to resume ",
+                "without setting aside the records after the last checkpoint");
+  auto latest = latest_checkpoint(dir.path());
+  if (!latest || std::filesystem::path(d->as_string()).filename() != latest->filename()) {
+    log.warn("train", note_file.string(), " names ", d->as_string(), ", not the checkpoint resumed from: metrics.jsonl is kept whole");
+    return {};
+  }
+  const auto aside = dir.path() / ("metrics-after-step-" + std::to_string(n->as_int()) + "-"
+                                   + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      std::chrono::system_clock::now().time_since_epoch()).count())
+                                   + ".jsonl");
+  auto moved = storage::cut_metrics(dir.metrics_file(), static_cast<std::uint64_t>(b->as_int()), aside);
+  if (!moved)
+    return moved.error();
+  if (*moved > 0)
+    log.info("train", "the crashed process's ", *moved, " bytes of records after checkpoint step ", n->as_int(),
+             " moved from metrics.jsonl to ", aside.string(), " (their steps are done again)");
+  return {};
+}
+
 // Runs the coordinator over the run's roles until the run finishes, pauses or crashes.
 // `new_config`, when not empty, replaces the run's config.yaml once the roles are up (resume
 // --set), so that a resume refused on its way (e.g. a task pool that no longer fits the
@@ -279,10 +313,13 @@ int run_resume(const parsed_args& args) {
     return exit_usage;
   }
   // A finished run has nothing left to do.
+  bool crashed = false; // its last process stopped without pausing (it holds no lock: we do)
   if (auto text = storage::read_file(dir->status_file()); text) {
     if (auto st = run_status_from_json(*text); st && st->state == run_state::finished) {
       std::fprintf(stderr, "crucible resume: %s has finished; nothing to resume\n", path.c_str());
       return exit_usage;
+    } else if (st) {
+      crashed = st->state != run_state::paused;
     }
   }
   system_clock clk;
@@ -291,6 +328,11 @@ int run_resume(const parsed_args& args) {
     std::fprintf(stderr, "crucible resume: %s\n", r.error().message.c_str());
     return exit_failure;
   }
+  if (crashed)
+    if (auto r = set_aside_after_crash(*dir, log); !r) {
+      std::fprintf(stderr, "crucible resume: %s\n", r.error().message.c_str());
+      return exit_failure;
+    }
   // The overrides become part of the run's configuration once the run is up again.
   std::string new_config;
   if (!args.all("--set").empty())

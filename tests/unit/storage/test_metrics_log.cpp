@@ -270,3 +270,35 @@ TEST_CASE("a SIGKILLed appender leaves only complete records, and appends contin
   CHECK((*after)[after->size() - 2] == record(static_cast<int>(before->size()) - 1));
   CHECK(raw(path).back() == '\n');
 }
+
+TEST_CASE("cut_metrics sets aside the records after an offset and keeps the file before it") {
+  temp_dir tmp;
+  const auto path = tmp.path() / "metrics.jsonl";
+  const auto aside = tmp.path() / "metrics-after.jsonl";
+  std::uint64_t keep = 0;
+  {
+    auto log = metrics_log::open(path);
+    REQUIRE(log.ok());
+    REQUIRE(log->append(R"({"step":1})").ok());
+    keep = *log->size();
+    REQUIRE(log->append(R"({"step":2})").ok());
+    REQUIRE(log->append(R"({"event":"run_crashed"})").ok());
+  }
+  CHECK(cut_metrics(path, keep - 1, aside).error().code == errc::invalid_arg); // not a record's start
+  CHECK(raw(path) == "{\"step\":1}\n{\"step\":2}\n{\"event\":\"run_crashed\"}\n");
+  auto moved = cut_metrics(path, keep, aside);
+  REQUIRE(moved.ok());
+  CHECK(*moved == raw(aside).size());
+  CHECK(raw(path) == "{\"step\":1}\n");
+  CHECK(raw(aside) == "{\"step\":2}\n{\"event\":\"run_crashed\"}\n");
+  // Nothing after the offset: nothing moves, nothing is written.
+  std::filesystem::remove(aside);
+  CHECK(*cut_metrics(path, keep, aside) == 0);
+  CHECK_FALSE(std::filesystem::exists(aside));
+  {
+    auto log = metrics_log::open(path); // appends go on after the cut
+    REQUIRE(log.ok());
+    REQUIRE(log->append(R"({"step":2})").ok());
+  }
+  CHECK(raw(path) == "{\"step\":1}\n{\"step\":2}\n");
+}
