@@ -97,6 +97,9 @@ result<std::vector<std::string>> load_sampler_states(const std::filesystem::path
                                                      logger& log);
 
 /// "warm_start", "sft", "self_supervised", "rl", "" (complete).
+/// The stages of the schedule, as trainer_progress::stage counts them.
+inline constexpr int stage_warm = 0, stage_sft = 1, stage_self = 2, stage_rl = 3, stage_done = 4;
+
 const char* stage_name(int stage) noexcept;
 
 /// What the trainer works with. Handles must be valid; `clk` and `log` are borrowed and must outlive
