@@ -1,0 +1,537 @@
+// actors/trainer_steps.cpp: the trainer's stage steps: warm start, SFT, the sampling steps of
+// the self-supervised and RL stages, the stage transitions and the task check before the first
+// step. The actor's messages and checkpoints are in trainer.cpp; their shared state in
+// trainer_state.hpp.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <utility>
+
+#include <caf/actor_cast.hpp>
+#include <caf/send.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/trainer_state.hpp"
+#include "core/file_io.hpp"
+#include "core/json.hpp"
+#include "storage/replay_store.hpp"
+
+namespace fs = std::filesystem;
+
+namespace crucible::trainer_detail {
+
+// -- the steps ---------------------------------------------------------------------------------
+
+// Before a stage's first update: fresh optimiser moments when an earlier stage trained
+// (learner.reset_moments). The learner handles it before the batch that follows.
+void before_update(self_pointer self) {
+  auto& st = self->state;
+  if (!st.stage_began)
+    return;
+  st.stage_began = false;
+  if (st.p.step > 0 && st.deps->cfg.learner.reset_moments) {
+    self->send(st.deps->learner, reset_atom_v);
+    st.deps->log->info(component, stage_name(st.p.stage), ": fresh optimiser moments after ", st.p.step, " updates");
+  }
+}
+
+void advance(self_pointer self);
+void check_tasks(self_pointer self);
+
+// Moves to the next stage (stopping the rollouts of a sampling stage first) and runs its step.
+void next_stage(self_pointer self) {
+  stop_rollouts(self, in_flight_policy::drop, [self] {
+    auto& st = self->state;
+    discard_groups(self);
+    ++st.p.stage;
+    st.p.stage_step = 0;
+    st.p.stage_seconds = 0;
+    st.stage_began = true;
+    st.stage_start = std::chrono::steady_clock::now();
+    if (st.p.stage < stage_done)
+      st.deps->log->info(component, "stage ", stage_name(st.p.stage));
+    advance(self);
+  });
+}
+
+bool stage_over(trainer_state& st) {
+  const auto& g = st.deps->cfg.stages;
+  std::int64_t steps = 0;
+  double minutes = 0;
+  switch (st.p.stage) {
+    case stage_sft:
+      steps = g.sft.steps, minutes = g.sft.max_minutes;
+      break;
+    case stage_self:
+      steps = g.self_supervised.steps, minutes = g.self_supervised.max_minutes;
+      break;
+    case stage_rl:
+      steps = g.rl.steps, minutes = g.rl.max_minutes;
+      break;
+    default:
+      return true;
+  }
+  if (st.p.stage_step >= static_cast<std::uint64_t>(steps))
+    return true;
+  return minutes > 0 && now_seconds(st) >= minutes * 60.0 && st.p.stage_step > 0;
+}
+
+// The train_step record of an update.
+std::string train_record(trainer_state& st, const train_report& r, const sample_tally* tally, std::size_t groups) {
+  json_writer w;
+  w.begin_object()
+    .field("event", "train_step")
+    .field("time", time_now(st))
+    .field("stage", stage_name(st.p.stage))
+    .field("step", st.p.step)
+    .field("stage_step", st.p.stage_step)
+    .field("policy_version", r.policy_version.value)
+    .field("loss", r.loss)
+    .field("grad_norm", r.grad_norm)
+    .field("lr", r.lr)
+    .field("tokens", r.tokens)
+    .field("sequences", r.sequences)
+    .field("seconds", r.seconds)
+    .field("publish_seconds", r.publish_seconds)
+    .field("step_seconds", seconds_since(st.step_began))
+    .field("wait_seconds", st.wait_seconds)
+    .field("prep_seconds", st.prep_seconds)
+    .field("skipped", r.skipped)
+    .field("groups", static_cast<std::uint64_t>(groups));
+  if (tally) {
+    w.field("mean_reward", tally->samples ? tally->reward_sum / tally->samples : 0.0)
+      .field("samples", tally->samples)
+      .field("correct_share", tally->correct_share())
+      .field("format_error_share", tally->samples ? static_cast<double>(tally->format_errors) / tally->samples : 0.0)
+      .field("mean_speedup", tally->mean_speedup())
+      .field("best_speedup", st.p.best_speedup)
+      .field("dropped_stale", st.dropped_now);
+  }
+  w.end_object();
+  return std::move(w).take();
+}
+
+void after_update(self_pointer self, const train_report& r, const sample_tally* tally, std::size_t groups,
+                  bool updated = true) {
+  auto& st = self->state;
+  if (updated)
+    ++st.p.step;
+  ++st.p.stage_step;
+  st.p.version = r.policy_version.value;
+  st.records.push_back(train_record(st, r, tally, groups));
+  st.dropped_now = 0;
+  if (tally)
+    st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
+                       "): ", tally->samples, " samples, ", tally->correct, " correct, mean speedup ",
+                       tally->correct ? std::to_string(tally->mean_speedup()) : std::string{"-"}, ", loss ", r.loss);
+  else
+    st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
+                       "): loss ", r.loss);
+  // Stopping rules.
+  const auto& g = st.deps->cfg.stages;
+  bool stop = false;
+  if (st.p.stage == stage_sft && g.sft.stop_loss > 0 && r.loss <= g.sft.stop_loss)
+    stop = true;
+  if (st.p.stage == stage_self && tally && g.self_supervised.stop_correct > 0
+      && tally->correct_share() >= g.self_supervised.stop_correct)
+    stop = true;
+  if (st.p.stage == stage_rl && tally && g.rl.stop_mean_speedup > 0 && tally->correct
+      && tally->mean_speedup() >= g.rl.stop_mean_speedup)
+    stop = true;
+  if (stop) {
+    st.deps->log->info(component, stage_name(st.p.stage), ": stopping rule met after ", st.p.stage_step, " steps");
+    st.p.stage_step = std::numeric_limits<std::uint64_t>::max() / 2; // over any budget
+  }
+  finish_step(self, false);
+}
+
+// Sends the trainer a collect_atom after rollout.retry_s, unless one is on its way.
+void arm_timer(self_pointer self) {
+  auto& st = self->state;
+  if (st.timer_armed)
+    return;
+  st.timer_armed = true;
+  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
+                     std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
+                     collect_atom_v);
+}
+
+// Warm start: every seed variant through the evaluator pool into the exemplar store.
+void warm_pump(self_pointer self);
+
+void warm_finished(self_pointer self) {
+  auto& st = self->state;
+  st.deps->log->info(component, "warm start: ", st.warm_done, " seed variants evaluated");
+  ++st.p.stage;
+  st.p.stage_step = 0;
+  st.p.stage_seconds = 0;
+  st.stage_start = std::chrono::steady_clock::now();
+  // The store must hold the seed variants before the next stage asks for exemplars: a request to
+  // the exemplar actor comes back after the variants we sent it.
+  self->request(st.exemplars, caf::infinite, caf::get_atom_v)
+    .then([self](const exemplar_stats&) { finish_step(self, false); },
+          [self](const caf::error& e) { fail_step(self, to_error(e)); });
+}
+
+void warm_pump(self_pointer self) {
+  auto& st = self->state;
+  constexpr std::size_t max_in_flight = 8;
+  while (st.warm_in_flight < max_in_flight && !st.warm_queue.empty()) {
+    const auto i = st.warm_queue.back();
+    st.warm_queue.pop_back();
+    ++st.warm_in_flight;
+    const auto& s = st.deps->seeds[i];
+    candidate c{variant_id{i + 1}, s.task, s.code, st.kind, false};
+    self->request(st.deps->evaluators, caf::infinite, std::move(c))
+      .then(
+        [self, i](verdict& v) {
+          auto& st = self->state;
+          --st.warm_in_flight;
+          ++st.warm_done;
+          const auto& s = st.deps->seeds[i];
+          if (!s.wrong && !v.correct)
+            st.deps->log->warn(component, "seed variant ", s.task.value, "/", s.name, " is not correct: ", v.message);
+          count_verdict(st, s.task, v, 0, 0, nullptr);
+          self->send(st.exemplars, scored_variant{variant_id{i + 1}, group_id{0}, s.task, s.code, v, st.kind,
+                                                  policy_version{0}, {}});
+          if (st.warm_queue.empty() && st.warm_in_flight == 0)
+            warm_finished(self);
+          else
+            warm_pump(self);
+        },
+        [self, i](const caf::error& e) {
+          auto& st = self->state;
+          --st.warm_in_flight;
+          auto err = to_error(e);
+          if (err.code == errc::busy) {
+            st.warm_queue.push_back(i);
+            arm_timer(self);
+            return;
+          }
+          fail_step(self, fail(err.code, "warm start: seed variant ", st.deps->seeds[i].task.value, "/",
+                               st.deps->seeds[i].name, ": ", err.message));
+        });
+  }
+}
+
+void warm_start(self_pointer self) {
+  auto& st = self->state;
+  // Popped from the back: filled last seed first, so the first seed goes first.
+  st.warm_queue.clear();
+  for (std::size_t i = st.deps->seeds.size(); i-- > 0;)
+    if (!is_skipped(st, st.deps->seeds[i].task))
+      st.warm_queue.push_back(i);
+  st.warm_done = 0;
+  if (st.warm_queue.empty()) {
+    warm_finished(self);
+    return;
+  }
+  st.deps->log->info(component, "warm start: evaluating ", st.warm_queue.size(), " seed variants");
+  warm_pump(self);
+}
+
+// SFT: `batch` correct seed variants, each as the response to its task's contrastive prompt.
+void sft_step(self_pointer self) {
+  auto& st = self->state;
+  std::vector<std::size_t> good;
+  for (std::size_t i = 0; i < st.deps->seeds.size(); ++i)
+    if (!st.deps->seeds[i].wrong && !is_skipped(st, st.deps->seeds[i].task))
+      good.push_back(i);
+  if (good.empty()) {
+    fail_step(self, fail(errc::config, "stages.sft: no correct seed variants under tasks.seeds for the run's tasks"));
+    return;
+  }
+  const auto batch = static_cast<std::size_t>(st.deps->cfg.stages.sft.batch);
+  st.sft_prompts.assign(batch, {});
+  st.sft_completions.assign(batch, {});
+  st.sft_waiting = batch;
+  const auto eos = st.deps->tokenizer->eos_id();
+  for (std::size_t k = 0; k < batch; ++k) {
+    const auto i = good[next_random(st) % good.size()];
+    const auto& s = st.deps->seeds[i];
+    self->request(st.exemplars, caf::infinite, exemplar_request{s.task, st.kind, 0})
+      .then(
+        [self, k, i, eos](const exemplar_set& set) {
+          auto& st = self->state;
+          if (!st.busy)
+            return;
+          const auto began = std::chrono::steady_clock::now();
+          const auto& s = st.deps->seeds[i];
+          auto task = st.deps->tasks->find(s.task);
+          env::prompt_request pr;
+          pr.task_name = s.task.value;
+          pr.reference_code = task->second.source;
+          pr.hardware = st.device;
+          for (const auto& x : set.exemplars)
+            pr.exemplars.push_back({x.code, x.verdict.has_speedup() ? x.verdict.speedup : 1.0, st.device});
+          auto built = st.deps->prompts.builder->build(pr);
+          if (!built.ok()) {
+            fail_step(self, built.error());
+            return;
+          }
+          st.sft_prompts[k] = st.deps->tokenizer->encode(built->text, st.deps->prompts.add_special_tokens);
+          auto completion = st.deps->tokenizer->encode(seed_response(st.deps->prompts.parse.sections, s), false);
+          if (eos)
+            completion.push_back(*eos);
+          st.sft_completions[k] = std::move(completion);
+          st.prep_seconds += seconds_since(began);
+          if (--st.sft_waiting > 0)
+            return;
+          sft_batch b{std::move(st.sft_prompts), std::move(st.sft_completions)};
+          st.sft_prompts.clear();
+          st.sft_completions.clear();
+          const auto n = b.prompts.size();
+          before_update(self);
+          self->request(st.deps->learner, learner_wait(st), std::move(b))
+            .then([self, n](const train_report& r) { after_update(self, r, nullptr, n); },
+                  [self](const caf::error& e) { fail_step(self, learner_error(self->state, e, "an SFT update")); });
+        },
+        [self](const caf::error& e) { fail_step(self, to_error(e)); });
+  }
+}
+
+// A sampling step (self-supervised or RL) once its groups are here.
+void train_on_groups(self_pointer self) {
+  auto& st = self->state;
+  st.wait_seconds = seconds_since(st.step_began);
+  const bool rl = st.p.stage == stage_rl;
+  std::vector<rollout_group> batch;
+  const auto want = st.want;
+  while (!st.groups.empty() && batch.size() < want) {
+    batch.push_back(std::move(st.groups.front()));
+    st.groups.pop_front();
+  }
+  sample_tally tally;
+  count_groups(st, batch, &tally);
+  const auto n = batch.size();
+  std::vector<group_id> ids;
+  for (const auto& g : batch)
+    ids.push_back(g.group);
+  send_fates(self, std::move(ids), storage::sample_fate::trained, st.p.step + 1);
+  if (rl) {
+    learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
+    before_update(self);
+    self->request(st.deps->learner, learner_wait(st), std::move(b))
+      .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
+            [self](const caf::error& e) { fail_step(self, learner_error(self->state, e, "an RL update")); });
+    return;
+  }
+  // Self-supervised: the correct samples as SFT examples.
+  sft_batch b;
+  for (const auto& g : batch)
+    for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
+      if (g.verdicts[i].correct && g.verdicts[i].status == verdict_status::ok) {
+        b.prompts.push_back(g.prompt_token_ids);
+        b.completions.push_back(g.completions[i].token_ids);
+      }
+  if (b.prompts.empty()) {
+    // Nothing to learn from this step: it counts against the budget, the weights stay.
+    train_report r;
+    r.policy_version = policy_version{st.p.version};
+    r.step = st.p.step;
+    r.skipped = true;
+    after_update(self, r, &tally, n, false);
+    return;
+  }
+  before_update(self);
+  self->request(st.deps->learner, learner_wait(st), std::move(b))
+    .then([self, tally, n](const train_report& r) { after_update(self, r, &tally, n); },
+          [self](const caf::error& e) { fail_step(self, learner_error(self->state, e, "a self-supervised update")); });
+}
+
+void sampling_step(self_pointer self) {
+  auto& st = self->state;
+  const auto& g = st.deps->cfg.stages;
+  const bool rl = st.p.stage == stage_rl;
+  st.want = static_cast<std::uint64_t>(rl ? g.rl.groups : g.self_supervised.groups);
+  const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
+  const bool sync = st.deps->cfg.run.mode == run_mode::sync;
+  if (sync) {
+    discard_groups(self);
+    if (auto r = spawn_rollouts(self, st.want); !r) {
+      fail_step(self, r.error());
+      return;
+    }
+    st.on_groups = [self] {
+      auto& st = self->state;
+      if (st.groups.size() < st.want)
+        return;
+      st.on_groups = nullptr;
+      stop_rollouts(self, in_flight_policy::finish, [self] { train_on_groups(self); });
+    };
+    arm_timer(self); // notices rollouts that finished short (abandoned groups)
+    arm_stall_check(self);
+    return;
+  }
+  if (st.rollouts.empty())
+    if (auto r = spawn_rollouts(self, 0); !r) {
+      fail_step(self, r.error());
+      return;
+    }
+  st.on_groups = [self, staleness] {
+    auto& st = self->state;
+    drop_stale(self, staleness, 4 * st.want);
+    if (st.groups.size() < st.want)
+      return;
+    st.on_groups = nullptr;
+    train_on_groups(self);
+  };
+  arm_stall_check(self);
+  st.on_groups();
+}
+
+void advance(self_pointer self) {
+  auto& st = self->state;
+  if (!st.tasks_checked && st.deps->cfg.tasks.check_references && st.p.stage < stage_done) {
+    check_tasks(self);
+    return;
+  }
+  if (st.p.stage >= stage_done) {
+    finish_step(self, true);
+    return;
+  }
+  if (st.p.stage == stage_warm) {
+    if (!st.deps->cfg.tasks.warm_start || st.deps->seeds.empty()) {
+      ++st.p.stage;
+      advance(self);
+      return;
+    }
+    warm_start(self);
+    return;
+  }
+  if (stage_over(st)) {
+    next_stage(self);
+    return;
+  }
+  if (st.p.stage == stage_sft)
+    sft_step(self);
+  else
+    sampling_step(self);
+}
+
+// Before the first step of this process: every task's reference built and run once through the
+// evaluator pool (tasks.check_references). Any failure stops the run, naming each broken task.
+void check_pump(self_pointer self) {
+  auto& st = self->state;
+  constexpr std::size_t max_in_flight = 8;
+  auto done = [self]() {
+    auto& st = self->state;
+    if (!st.check_queue.empty() || st.check_in_flight > 0)
+      return;
+    if (st.broken.empty()) {
+      st.tasks_checked = true;
+      st.deps->log->info(component, "tasks: the reference of each of ", st.deps->tasks->size(), " tasks ran");
+      advance(self);
+      return;
+    }
+    std::string what;
+    for (const auto& [id, b] : st.broken)
+      what += "\n  " + b;
+    auto n = st.broken.size();
+    const auto all = st.deps->tasks->size();
+    if (st.deps->cfg.tasks.skip_broken && n < all) {
+      // Left out of this process's run, by name, in the log and in status.
+      auto pool = std::make_shared<task_catalog>(*st.deps->tasks);
+      for (const auto& [id, b] : st.broken)
+        pool->erase(id);
+      st.skipped.clear();
+      for (const auto& [id, t] : *st.deps->tasks)
+        if (pool->find(id) == pool->end())
+          st.skipped.push_back(id.value);
+      st.pool = std::move(pool);
+      st.deps->log->warn(component, "tasks: skipping ", n, " of ", all, " tasks whose reference cannot run (tasks.skip_broken):",
+                         what);
+      if (!st.samplers.empty()) {
+        st.deps->log->info(component, "tasks: the task samplers start fresh over the ", all - n, " tasks left");
+        st.samplers.clear();
+      }
+      st.broken.clear();
+      st.tasks_checked = true;
+      advance(self);
+      return;
+    }
+    st.broken.clear();
+    st.check_queue.clear();
+    fail_step(self, fail(errc::invalid_arg, std::to_string(n), " of ", std::to_string(all),
+                         " tasks cannot run their reference:", what,
+                         n < all ? "\nfix them, leave them out with tasks.include or tasks.skip_broken: true, or import the "
+                                   "suite with `crucible tasks import --skip-broken` (tasks.check_references: false skips "
+                                   "this check)"
+                                 : "\nfix them (tasks.check_references: false skips this check)"));
+  };
+  while (st.check_in_flight < max_in_flight && !st.check_queue.empty()) {
+    auto t = st.check_queue.back();
+    st.check_queue.pop_back();
+    ++st.check_in_flight;
+    candidate c{variant_id{0}, t, "", st.kind, false, true};
+    self->request(st.deps->evaluators, caf::infinite, std::move(c))
+      .then(
+        [self, t, done](const verdict& v) {
+          auto& st = self->state;
+          --st.check_in_flight;
+          if (v.status != verdict_status::ok) {
+            auto it = st.deps->tasks->find(t);
+            st.broken.emplace_back(t, t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
+                                          + ": " + v.message);
+          }
+          done();
+          check_pump(self);
+        },
+        [self, t, done](const caf::error& e) {
+          auto& st = self->state;
+          --st.check_in_flight;
+          auto err = to_error(e);
+          if (err.code == errc::busy) {
+            st.check_queue.push_back(t);
+            arm_timer(self);
+            return;
+          }
+          st.broken.emplace_back(t, t.value + ": the evaluators failed: " + err.message);
+          done();
+          check_pump(self);
+        });
+  }
+}
+
+void check_tasks(self_pointer self) {
+  auto& st = self->state;
+  if (st.check_in_flight > 0 || !st.check_queue.empty())
+    return; // under way
+  st.broken.clear();
+  for (const auto& [id, t] : *st.deps->tasks)
+    st.check_queue.push_back(id);
+  std::reverse(st.check_queue.begin(), st.check_queue.end()); // popped from the back: catalogue order
+  st.deps->log->info(component, "tasks: running the reference of each of ", st.check_queue.size(), " tasks once");
+  check_pump(self);
+}
+
+// The hardware kind and device model candidates go to (as the rollout actors choose them).
+void with_devices(self_pointer self, std::function<void()> then) {
+  auto& st = self->state;
+  if (!st.kind.empty()) {
+    then();
+    return;
+  }
+  self->request(st.deps->evaluators, caf::infinite, caf::get_atom_v)
+    .then(
+      [self, then](const std::vector<device_info>& devices) {
+        auto& st = self->state;
+        const auto& want = st.deps->cfg.rollout.hardware;
+        auto it = std::find_if(devices.begin(), devices.end(), [&](const device_info& d) {
+          return want.empty() || d.hardware == want || d.name == want;
+        });
+        if (it == devices.end()) {
+          fail_step(self, fail(errc::not_found, "no evaluator device",
+                               want.empty() ? std::string{} : " of hardware kind '" + want + "' (rollout.hardware)"));
+          return;
+        }
+        st.kind = it->hardware;
+        st.device = it->name;
+        then();
+      },
+      [self](const caf::error& e) { fail_step(self, to_error(e)); });
+}
+
+} // namespace crucible::trainer_detail
