@@ -357,13 +357,10 @@ void drop_oldest(self_pointer self, std::size_t bound) {
 // pause with run.on_pause drop), counting their samples: the replay store holds them all the same.
 void discard_groups(self_pointer self) {
   auto& st = self->state;
-  std::vector<group_id> ids;
-  for (const auto& g : st.groups) {
+  for (const auto& g : st.groups)
     st.p.discarded += g.completions.size();
-    ids.push_back(g.group);
-  }
+  send_fates(self, group_ids(st.groups), storage::sample_fate::discarded, st.p.step);
   st.groups.clear();
-  send_fates(self, std::move(ids), storage::sample_fate::discarded, st.p.step);
 }
 
 // -- checkpoints -------------------------------------------------------------------------------
@@ -522,11 +519,8 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         // Groups that finished are in the store; their verdicts are reported, not trained on
         // (the next process samples its own).
         count_groups(st, st.groups, nullptr);
-        std::vector<group_id> ids;
-        for (const auto& g : st.groups)
-          ids.push_back(g.group);
+        send_fates(self, group_ids(st.groups), storage::sample_fate::paused, st.p.step);
         st.groups.clear();
-        send_fates(self, std::move(ids), storage::sample_fate::paused, st.p.step);
         settle_samples(self, -1, [self, rp]() mutable {
           rp.deliver(report_of(self->state, self->state.p.stage >= stage_done));
         });

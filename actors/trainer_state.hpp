@@ -142,6 +142,15 @@ void count_groups(trainer_state& st, const Groups& groups, sample_tally* tally) 
       count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, tally);
 }
 
+// The group ids of `groups`, in order (sample_fates).
+template <class Groups>
+std::vector<group_id> group_ids(const Groups& groups) {
+  std::vector<group_id> ids;
+  for (const auto& g : groups)
+    ids.push_back(g.group);
+  return ids;
+}
+
 // -- trainer_steps.cpp ---------------------------------------------------------------------------
 
 void advance(self_pointer self);

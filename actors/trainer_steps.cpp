@@ -306,10 +306,7 @@ void train_on_groups(self_pointer self) {
   sample_tally tally;
   count_groups(st, batch, &tally);
   const auto n = batch.size();
-  std::vector<group_id> ids;
-  for (const auto& g : batch)
-    ids.push_back(g.group);
-  send_fates(self, std::move(ids), storage::sample_fate::trained, st.p.step + 1);
+  send_fates(self, group_ids(batch), storage::sample_fate::trained, st.p.step + 1);
   if (rl) {
     learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
     before_update(self);

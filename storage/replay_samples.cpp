@@ -1,9 +1,6 @@
 // storage/replay_samples.cpp: the replay store's samples, one row per policy sample with its fate
 // (trained at step N, dropped as stale, discarded, unfinished, ...): set per group, settled at a
 // pause or resume, counted (docs/replay.md, "Samples and their fates").
-#include <algorithm>
-#include <iterator>
-
 #include "storage/replay_store.hpp"
 #include "storage/replay_store_detail.hpp"
 
@@ -17,21 +14,24 @@ using detail::where;
 
 namespace {
 
-bool known_fate(std::string_view fate) {
-  return std::find(std::begin(sample_fate::all), std::end(sample_fate::all), fate) != std::end(sample_fate::all);
+// The field of `c` that counts `fate`; nullptr for a string that is not a fate.
+template <class Counts>
+auto field_of(Counts& c, std::string_view fate) noexcept -> decltype(&c.trained) {
+  if (fate == sample_fate::trained) return &c.trained;
+  if (fate == sample_fate::paused) return &c.paused;
+  if (fate == sample_fate::stale) return &c.stale;
+  if (fate == sample_fate::discarded) return &c.discarded;
+  if (fate == sample_fate::unfinished) return &c.unfinished;
+  if (fate == sample_fate::orphan) return &c.orphan;
+  if (fate == sample_fate::straggler) return &c.straggler;
+  return nullptr;
 }
 
 } // namespace
 
 std::int64_t sample_counts::of(std::string_view fate) const noexcept {
-  if (fate == sample_fate::trained) return trained;
-  if (fate == sample_fate::paused) return paused;
-  if (fate == sample_fate::stale) return stale;
-  if (fate == sample_fate::discarded) return discarded;
-  if (fate == sample_fate::unfinished) return unfinished;
-  if (fate == sample_fate::orphan) return orphan;
-  if (fate == sample_fate::straggler) return straggler;
-  return 0;
+  const auto* n = field_of(*this, fate);
+  return n ? *n : 0;
 }
 
 std::string sample_counts::text() const {
@@ -47,7 +47,7 @@ std::string sample_counts::text() const {
 result<std::int64_t> replay_store::set_group_fate(std::uint64_t group_id, std::string_view fate, std::int64_t step,
                                                   std::optional<std::int64_t> seq) {
   if (group_id == 0) return fail(errc::invalid_arg, where(path_), ": group 0 holds no samples");
-  if (!known_fate(fate)) return fail(errc::invalid_arg, where(path_), ": '", std::string(fate), "' is not a sample fate");
+  if (!sample_fate::known(fate)) return fail(errc::invalid_arg, where(path_), ": '", std::string(fate), "' is not a sample fate");
   statement st;
   if (sqlite3_prepare_v2(db_, "UPDATE samples SET fate = ?1, fate_step = ?2, fate_seq = ?3"
                               " WHERE group_id = ?4 AND fate IS NULL",
@@ -87,14 +87,7 @@ result<sample_counts> replay_store::count_samples() const {
       continue;
     }
     const auto fate = column_text(st.s, 0);
-    std::int64_t* slot = fate == sample_fate::trained     ? &c.trained
-                         : fate == sample_fate::paused    ? &c.paused
-                         : fate == sample_fate::stale     ? &c.stale
-                         : fate == sample_fate::discarded ? &c.discarded
-                         : fate == sample_fate::unfinished ? &c.unfinished
-                         : fate == sample_fate::orphan    ? &c.orphan
-                         : fate == sample_fate::straggler ? &c.straggler
-                                                          : nullptr;
+    std::int64_t* slot = field_of(c, fate);
     if (slot == nullptr)  // only set_group_fate and record write fates, and they check them
       return fail(errc::corrupt, where(path_), ": a sample has the unknown fate '", fate, "'");
     *slot += n;

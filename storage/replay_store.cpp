@@ -4,11 +4,9 @@
 
 #include <sqlite3.h>
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <iterator>
 #include <mutex>
 #include <thread>
 #include <cmath>
@@ -660,8 +658,7 @@ result<std::int64_t> replay_store::record(const variant_record& v) {
 
 result<void> replay_store::add_sample(const variant_record& v, std::int64_t variant_id) {
   if (v.group_id == 0) return {};
-  if (!v.sample_fate.empty() &&
-      std::find(std::begin(sample_fate::all), std::end(sample_fate::all), v.sample_fate) == std::end(sample_fate::all))
+  if (!v.sample_fate.empty() && !sample_fate::known(v.sample_fate))
     return fail(errc::invalid_arg, where(path_), ": '", v.sample_fate, "' is not a sample fate");
   sqlite3_stmt* s = st_->sample_insert;
   reset_on_exit r{s};

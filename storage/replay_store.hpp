@@ -63,6 +63,12 @@ inline constexpr std::string_view orphan = "orphan";        ///< scored after it
 inline constexpr std::string_view straggler = "straggler";  ///< its group was dropped at the straggler timeout (exemplar.on_straggler drop)
 /// Every fate, in the order sample_counts lists them.
 inline constexpr std::string_view all[] = {trained, paused, stale, discarded, unfinished, orphan, straggler};
+/// Whether `fate` is one of `all`.
+constexpr bool known(std::string_view fate) noexcept {
+  for (auto f : all)
+    if (f == fate) return true;
+  return false;
+}
 } // namespace sample_fate
 
 /// One policy sample as the replay store keeps it: a row of `samples`, pointing at its variant

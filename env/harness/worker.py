@@ -3640,8 +3640,8 @@ def _run_worker(args, isolation):
         w.chan.done(d.status, d.checks, d.message.replace(w.scratch + os.sep, ""), d.laps)
     except _BaseException as e:  # a harness bug or an unexpected failure: still answer
         if _is_oom(e):  # the harness's own buffers (a round's inputs, copies): named as such
-            w.chan.done("runtime_error", (), "out of memory in the harness's own buffers (inputs, outputs and "
-                        "copies of the timing rounds): " + _exc_line(e))
+            d = _error_done(e, "in the harness's own buffers (inputs, outputs and copies of the timing rounds)")
+            w.chan.done(d.status, d.checks, d.message)
         else:
             w.chan.done("runtime_error", (), "worker error: " + _exc_text(e))
     _os_exit(0)

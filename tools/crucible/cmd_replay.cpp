@@ -1,9 +1,7 @@
 // `crucible replay ACTION RUN`: the replay store of a run directory (RUN/replay.db): its hacking
 // cases, SFT pairs of verified variants, its samples and their fates, and JSONL export and import.
-#include <algorithm>
 #include <cstdio>
 #include <ctime>
-#include <iterator>
 #include <filesystem>
 #include <set>
 
@@ -186,9 +184,7 @@ int run_samples(const std::string& who, const parsed_args& args, storage::replay
     return exit_usage;
   }
   const auto fate = args.get("--fate");
-  if (!fate.empty() && fate != "undecided"
-      && std::find(std::begin(storage::sample_fate::all), std::end(storage::sample_fate::all), fate)
-           == std::end(storage::sample_fate::all)) {
+  if (!fate.empty() && fate != "undecided" && !storage::sample_fate::known(fate)) {
     std::string known;
     for (auto f : storage::sample_fate::all)
       known += std::string(f) + ", ";
