@@ -1,6 +1,7 @@
 // core/config.hpp: the typed run configuration, decoded once from YAML (plus --set overrides)
 // and passed down by value. Every key, its type, default and meaning is declared once, in
-// config.cpp's describe(); decoding, the resolved YAML and docs/configuration.md all come from it.
+// describe() (core/config_keys.hpp); decoding, the resolved YAML and docs/configuration.md all
+// come from it.
 #pragma once
 
 #include <cstdint>
