@@ -1,0 +1,663 @@
+// One candidate's walk through the worker protocol (env/evaluation.hpp): the job goes to a worker
+// the pool handed over, the reference's and candidate's messages come back, outputs are compared
+// on raw bytes or on the device, the timing rounds are asked for and the verdict is built.
+// device_evaluator::evaluate (env/evaluator.cpp) runs it and owns the retries and the cache.
+#include "env/evaluation.hpp"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+
+#include "core/json.hpp"
+#include "env/device_bytes.hpp"
+#include "env/reward.hpp"
+
+namespace crucible::env {
+
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out;
+  append_json_string(out, s);
+  return out;
+}
+
+// Decodes the outputs listed in a message header, taking their bytes from the frames, or mapping
+// the device memory the worker exported (on CUDA device `cuda_device` of this process).
+result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg, int cuda_device) {
+  std::vector<tensor_blob> out;
+  if (!list.IsDefined() || list.IsNull())
+    return out;
+  if (!list.IsSequence())
+    return fail(errc::protocol, "outputs is not a list");
+  for (const auto& item : list) {
+    tensor_blob b;
+    if (item["kind"].IsDefined()) {
+      b.kind = item["kind"].as<std::string>();
+      out.push_back(std::move(b));
+      continue;
+    }
+    auto type = parse_dtype(item["dtype"].as<std::string>());
+    if (!type) {
+      b.kind = "tensor of unsupported dtype " + item["dtype"].as<std::string>();
+      out.push_back(std::move(b));
+      continue;
+    }
+    b.type = *type;
+    for (const auto& d : item["shape"])
+      b.shape.push_back(d.as<std::int64_t>());
+    if (item["ipc"].IsDefined()) {
+      if (cuda_device < 0)
+        return fail(errc::protocol, "a device output arrived but this evaluator asked for host bytes");
+      auto mapped = map_exported(cuda_device, item["ipc"].as<std::string>(), item["offset"].as<std::uint64_t>(),
+                                 item["bytes"].as<std::uint64_t>(), element_size(b.type));
+      if (!mapped)
+        return mapped.error();
+      b.device = std::move(*mapped);
+      out.push_back(std::move(b));
+      continue;
+    }
+    auto frame = item["frame"].as<std::size_t>();
+    if (frame == 0 || frame > msg.frames.size())
+      return fail(errc::protocol, "output refers to missing frame ", std::to_string(frame));
+    b.bytes = std::move(msg.frames[frame - 1]);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::vector<double> as_doubles(const YAML::Node& n) {
+  std::vector<double> out;
+  if (n.IsSequence())
+    for (const auto& x : n)
+      out.push_back(x.as<double>());
+  return out;
+}
+
+} // namespace
+
+bool evaluation::send(const std::string& json) {
+  if (auto r = w_.proc->send(json); !r) {
+    set(verdict_status::runtime_error, "worker stopped listening: " + r.error().message);
+    return false;
+  }
+  return true;
+}
+
+// The correctness tolerances as the job gives them to the worker, which holds every timed call's
+// outputs to them: {"float32": [atol, rtol], ...}.
+static std::string tolerances_json(const tolerances& t) {
+  std::string out = "{";
+  const std::pair<const char*, tolerance> each[] = {{"float64", t.f64}, {"float32", t.f32}, {"float16", t.f16}, {"bfloat16", t.bf16}};
+  for (const auto& [name, tol] : each) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s\"%s\":[%.17g,%.17g]", out.size() > 1 ? "," : "", name, tol.atol, tol.rtol);
+    out += buf;
+  }
+  return out + "}";
+}
+
+bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
+  auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
+  for (;;) {
+    switch (w_.proc->receive(deadline, msg)) {
+      case receive_outcome::deadline: {
+        w_.proc->kill();
+        done_ = true;
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
+        set(verdict_status::timeout, buf);
+        return false;
+      }
+      case receive_outcome::died: {
+        done_ = true;
+        auto how = w_.proc->exit_description();
+        auto msg_text = std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " while " + phase;
+        lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
+        set(verdict_status::runtime_error, msg_text);
+        return false;
+      }
+      case receive_outcome::message: break;
+    }
+    try {
+      header = YAML::Load(msg.json);
+      if (!header.IsMap() || !header["type"].IsDefined())
+        throw YAML::Exception(YAML::Mark::null_mark(), "no type");
+    } catch (const YAML::Exception& e) {
+      w_.proc->kill();
+      done_ = true;
+      set(verdict_status::runtime_error, "the worker broke the protocol while " + std::string{phase} + ": " + e.what());
+      return false;
+    }
+    const auto type = header["type"].as<std::string>();
+    if (type == "build") {
+      // The build service, in any phase (Triton builds at a kernel's first launch), within the
+      // phase's deadline; then the message the phase waits for.
+      if (!send(ev_.build_extension(msg.json, deadline)))
+        return false;
+      continue;
+    }
+    if (type == "done") {
+      take_done(header);
+      done_ = true;
+      return false;
+    }
+    return true;
+  }
+}
+
+void evaluation::take_done(const YAML::Node& n) {
+  if (n["host_ms"].IsDefined() && n["host_ms"].IsMap() && ev_.log_.enabled(log_level::debug)) {
+    // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
+    std::string text;
+    for (const auto& kv : n["host_ms"])
+      text += "; " + kv.first.as<std::string>() + " " + kv.second.as<std::string>();
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": worker host ms", text);
+  }
+  auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
+  auto s = status.value_or(verdict_status::runtime_error);
+  if (s == verdict_status::ok) {
+    // The worker may only confirm; ok is decided here, from outputs and timings. A check of a
+    // task alone (check_task) ran no candidate code: the worker's word that the reference ran
+    // is the result.
+    if (req_.reference_only)
+      set(verdict_status::ok, n["message"].as<std::string>(""));
+    return;
+  }
+  set(s, n["message"].as<std::string>(""));
+  if (n["checks_failed"].IsSequence())
+    for (const auto& c : n["checks_failed"])
+      v_.checks_failed.push_back(c.as<std::string>());
+}
+
+evaluation::trial_outputs evaluation::decode_trial(const YAML::Node& n, worker_message& msg) {
+  trial_outputs tr;
+  tr.header = YAML::Clone(n); // a copy: assigning a Node shares it, and `n` is reused for the next message
+  tr.trial = n["trial"].as<std::size_t>(reference_.size());
+  if (auto outs = decode_outputs(n["outputs"], msg, cuda_device_))
+    tr.outs = std::move(*outs);
+  else
+    tr.outs_error = outs.error().message;
+  if (n["repeat_outputs"].IsDefined()) {
+    tr.has_again = true;
+    if (auto again = decode_outputs(n["repeat_outputs"], msg, cuda_device_))
+      tr.again = std::move(*again);
+    else
+      tr.again_error = again.error().message;
+  }
+  return tr;
+}
+
+bool evaluation::check_candidate(const trial_outputs& tr, const device_differences& ahead) {
+  const auto& n = tr.header;
+  const auto trial = tr.trial;
+  if (trial >= reference_.size()) {
+    set(verdict_status::runtime_error, "the worker reported an unknown trial");
+    return false;
+  }
+  if (!tr.outs_error.empty()) {
+    set(verdict_status::runtime_error, "the worker broke the protocol: " + tr.outs_error);
+    return false;
+  }
+  if (n["threads_after"].IsDefined() && n["threads_before"].IsDefined()
+      && n["threads_after"].as<int>() > n["threads_before"].as<int>()) {
+    v_.checks_failed.push_back("runtime:threads");
+    set(verdict_status::rejected, "the candidate left threads running after its forward");
+    return false;
+  }
+  if (const auto own = n["own_kernels"]; own.IsDefined() && own.IsScalar())
+    own_kernels_ = own.as<long>(-1);
+  if (n["kernels"].IsDefined() && n["kernels"].as<long>(1) == 0) {
+    v_.checks_failed.push_back("runtime:no_kernel");
+    set(verdict_status::rejected, "no kernel or operator ran in the candidate's forward");
+    return false;
+  }
+  auto cmp = compare_outputs(reference_[trial], tr.outs, tol_, &ahead);
+  if (!cmp.ok && cmp.evaluator_error) {
+    evaluator_failed_ = true;
+    set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ": " + cmp.message);
+    return false;
+  }
+  if (!cmp.ok) {
+    // The worker's input distributions (docs/evaluator.md, Correctness).
+    static const char* const dists[] = {"the task's inputs", "inputs scaled by U(0.5, 2)",
+                                        "inputs scaled by U(0.5, 2) with random signs",
+                                        "inputs scaled by U(0.5, 2) with random signs, times 32"};
+    const int d = n["distribution"].as<int>(static_cast<int>(trial % 2));
+    set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution " + std::to_string(d)
+                                     + (d >= 0 && d <= 3 ? std::string{": "} + dists[d] : std::string{}) + "): " + cmp.message);
+    return false;
+  }
+  if (!n["inputs_unchanged"].as<bool>(true)) {
+    v_.checks_failed.push_back("runtime:input_mutation");
+    set(verdict_status::rejected, "the candidate changed its inputs (trial " + std::to_string(trial) + ")");
+    return false;
+  }
+  if (tr.has_again) {
+    if (!tr.again_error.empty()) {
+      set(verdict_status::runtime_error, "the worker broke the protocol: " + tr.again_error);
+      return false;
+    }
+    auto same = compare_outputs(tr.outs, tr.again, tol_, &ahead);
+    if (!same.ok && same.evaluator_error) {
+      evaluator_failed_ = true;
+      set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ", second call: " + same.message);
+      return false;
+    }
+    if (!same.ok) {
+      set(verdict_status::incorrect, "not deterministic: a second call on the same inputs gave " + same.message);
+      return false;
+    }
+  }
+  return true;
+}
+
+bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand) {
+  const auto& opt = ev_.opt_;
+  const auto first = std::max<std::int64_t>(opt.min_rounds, static_cast<std::int64_t>(policy.buckets));
+  if (opt.early_stop_spread <= 0 || first >= opt.rounds)
+    return measure(opt.rounds, ref, cand);
+  const auto from = ref.size();
+  if (!measure(first, ref, cand))
+    return false;
+  std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
+  std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
+  if (may_stop_early(summarize_rounds(r, c, policy), opt.early_stop_spread, policy))
+    return true; // already far inside max_spread: more rounds would cost time and tell little
+  return measure(opt.rounds - first, ref, cand, true);
+}
+
+bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
+  time_spent timed{ev_.timing_ns_};
+  // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
+  // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
+  // for a continuation of the same measurement).
+  char warmup[32];
+  std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
+  measured_ = true;
+  // Company beside warm-up (starts, untimed work): the worker says when its warm-up is over
+  // ("warmed") and begins its measured rounds at our word ("measure"), once the starting
+  // workers' held steps and other evaluations' untimed phases inside are done. Without either
+  // the gate lets nothing beside any part of a timing.
+  const bool announce = !measuring_ && ev_.gate_.warmup_shared();
+  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
+            + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + ",\"announce\":" + (announce ? "true" : "false")
+            + "}"))
+    return false;
+  YAML::Node n;
+  worker_message msg;
+  if (!receive(ev_.opt_.run_timeout_s, "timing", n, msg))
+    return false;
+  if (announce) {
+    if (n["type"].as<std::string>() != "warmed") {
+      set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of warmed");
+      return false;
+    }
+    const auto wait0 = clock_type::now();
+    ev_.gate_.begin_measure();
+    measuring_ = true;
+    log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
+                  ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
+    if (!send("{\"type\":\"measure\"}") || !receive(ev_.opt_.run_timeout_s, "timing", n, msg))
+      return false;
+  }
+  if (n["type"].as<std::string>() != "timing") {
+    set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of timing");
+    return false;
+  }
+  auto r = as_doubles(n["ref_ms"]);
+  auto c = as_doubles(n["cand_ms"]);
+  auto rs = as_doubles(n["ref_stream_ms"]);
+  auto cs = as_doubles(n["cand_stream_ms"]);
+  if (r.size() != static_cast<size_t>(rounds) || c.size() != r.size() || rs.size() != r.size()
+      || cs.size() != r.size()) {
+    set(verdict_status::runtime_error, "the worker returned a wrong number of timed rounds");
+    return false;
+  }
+  for (size_t i = 0; i < r.size(); ++i) {
+    const bool finite = std::isfinite(r[i]) && std::isfinite(c[i]) && std::isfinite(rs[i]) && std::isfinite(cs[i]);
+    // Both times of a call share its start event, and the synchronised stop event comes after
+    // the stream's own one: anything else is a broken or tampered timer.
+    if (!finite || !(rs[i] > 0) || !(cs[i] > 0) || !(rs[i] <= r[i]) || !(cs[i] <= c[i])) {
+      v_.checks_failed.push_back("runtime:timer");
+      set(verdict_status::rejected, "a timed round reported a non-positive or inconsistent time");
+      return false;
+    }
+  }
+  auto settled = settle_rounds(r, rs, c, cs);
+  if (ev_.log_.enabled(log_level::debug)) {
+    // Every round's raw times, for studying the protocol (tools/bench/eval_laps.py counts the
+    // rounds that something disturbed).
+    std::string rounds_text;
+    char buf[96];
+    for (size_t i = 0; i < r.size(); ++i) {
+      std::snprintf(buf, sizeof buf, " %.4f/%.4f:%.4f/%.4f", rs[i], r[i], cs[i], c[i]);
+      rounds_text += buf;
+    }
+    std::snprintf(buf, sizeof buf, "%.4f", settled.host_latency_ms);
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": host latency floor ", buf,
+                   " ms; rounds ref stream/synced : cand stream/synced (ms):", rounds_text);
+  }
+  // The physics floor the worker measured (Worker.measure_floor): the candidate's median
+  // settled time under it is faster than the device writes the outputs.
+  if (const auto f = n["floor_ms"]; f.IsDefined() && f.IsScalar()) {
+    const double floor_ms = f.as<double>(0.0);
+    const double m = median(settled.cand_ms);
+    if (m < floor_ms) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "the candidate's median timed call took %.2f us, below the floor of %.2f us (half the fastest "
+                    "fill of its %lld output bytes on this device); no call produces its outputs faster than the "
+                    "hardware writes them",
+                    m * 1e3, floor_ms * 1e3, n["floor_bytes"].as<long long>(0));
+      v_.checks_failed.push_back("runtime:below_floor");
+      set(verdict_status::rejected, buf);
+      return false;
+    }
+  }
+  if (const auto k = n["calls"]; k.IsDefined() && k.IsScalar())
+    calls_ = k.as<long>(1);
+  r = std::move(settled.ref_ms);
+  c = std::move(settled.cand_ms);
+  double call_ms = 0;
+  for (size_t i = 0; i < r.size(); ++i)
+    call_ms += r[i] + c[i];
+  ev_.timed_calls_ns_ += static_cast<std::uint64_t>(call_ms * 1e6);
+  ref.insert(ref.end(), r.begin(), r.end());
+  cand.insert(cand.end(), c.begin(), c.end());
+  return true;
+}
+
+verdict evaluation::run() {
+  const auto& opt = ev_.opt_;
+  auto seed = req_.seed;
+  if (seed == 0) {
+    std::random_device rd;
+    seed = (static_cast<std::uint64_t>(rd()) << 20) ^ rd();
+    seed &= (1ull << 52) - 1; // exact in a JSON double
+    if (seed == 0)
+      seed = 1;
+  }
+  trials_ = req_.reference_only ? 1 : opt.trials;
+  std::string job = "{\"type\":\"job\",\"task_name\":" + json_string(req_.target.name)
+                    + ",\"task_source\":" + json_string(req_.target.source)
+                    + ",\"candidate_source\":" + json_string(req_.candidate)
+                    + ",\"seed\":" + std::to_string(seed)
+                    + ",\"trials\":" + std::to_string(req_.reference_only ? 1 : opt.trials)
+                    + (req_.reference_only ? ",\"reference_only\":true" : "")
+                    + ",\"baseline\":" + json_string(to_string(opt.baseline))
+                    + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
+                                                           : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
+                    + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
+                    + ",\"sample_ms\":" + std::to_string(opt.sample_ms)
+                    + ",\"max_calls\":" + std::to_string(opt.max_calls)
+                    + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
+                    + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
+                    + ",\"eval_mode\":" + (opt.eval_mode ? "true" : "false")
+                    + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
+                    + ",\"tolerances\":" + tolerances_json(tol_)
+                    + ",\"rounding_factor\":" + std::to_string(opt.rounding_factor)
+                    + ",\"outputs\":" + (cuda_device_ >= 0 && !req_.reference_only ? "\"device\"" : "\"host\"") + "}";
+  YAML::Node n;
+  worker_message msg;
+  {
+    // Phase 1: reference outputs, on the device, before any candidate code runs.
+    double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
+    untimed_hold device{ev_.gate_};
+    phase("reference");
+    if (!send(job))
+      return v_;
+    for (;;) {
+      if (!receive(opt.reference_timeout_s, "computing the reference", n, msg))
+        return v_;
+      auto type = n["type"].as<std::string>();
+      if (type == "phase")
+        break;
+      if (type == "device_done") {
+        // The reference outputs follow. As host bytes, receiving and keeping them needs no
+        // device; kept on the device, they are copied here, still holding it.
+        if (cuda_device_ < 0)
+          device.release();
+        phase("reference outputs");
+        continue;
+      }
+      if (type != "reference") {
+        set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
+        return v_;
+      }
+      const auto m0 = clock_type::now();
+      auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
+      if (!outs) {
+        set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
+        return v_;
+      }
+      mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
+      // The reference's own rounding error per output (its distance from a float64 copy of
+      // itself on these inputs, measured before any candidate code existed) widens atol.
+      if (const auto r = n["rounding"]; r.IsSequence()) {
+        for (size_t i = 0; i < std::min<size_t>(r.size(), outs->size()); ++i) {
+          const double e = r[i].as<double>(0);
+          if (std::isfinite(e) && e > 0)
+            (*outs)[i].slack = opt.rounding_factor * e;
+        }
+      }
+      reference_.push_back(std::move(*outs));
+      if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
+        trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
+      if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
+        input_bytes_ = std::max<std::uint64_t>(input_bytes_, b.as<std::uint64_t>(0));
+      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == trials_) {
+        // The worker's exports are poisoned before the candidate loads: keep a copy of each, all
+        // queued together and waited for once. The mappings are closed after the worker has been
+        // told, while it goes on (it frees its exports only when `run` comes).
+        const auto c0 = clock_type::now();
+        std::vector<const device_bytes*> exported;
+        for (const auto& outs_of_trial : reference_)
+          for (const auto& b : outs_of_trial)
+            if (b.device)
+              exported.push_back(b.device.get());
+        auto own = copy_all_to_owned(exported);
+        if (!own) {
+          evaluator_failed_ = true;
+          set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
+          return v_;
+        }
+        std::vector<std::shared_ptr<device_bytes>> mappings;
+        size_t k = 0;
+        for (auto& outs_of_trial : reference_)
+          for (auto& b : outs_of_trial)
+            if (b.device)
+              mappings.push_back(std::exchange(b.device, std::move((*own)[k++])));
+        copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
+        if (!send("{\"type\":\"taken\"}"))
+          return v_;
+        phase("reference kept"); // the worker now poisons its exports
+        mappings.clear();
+      }
+    }
+    if (ev_.log_.enabled(log_level::debug)) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
+      ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": reference outputs ", buf);
+    }
+    if (static_cast<std::int64_t>(reference_.size()) != trials_) {
+      set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
+                                           + std::to_string(trials_));
+      return v_;
+    }
+  }
+  // Phase 2: the candidate imports and compiles without the device; the extensions its module
+  // builds are built by our build service (device_evaluator::build_extension, answered inside
+  // receive), not by it.
+  phase("load");
+  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
+    return v_;
+  if (n["type"].as<std::string>() != "loaded") {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
+    return v_;
+  }
+  // Phase 3: trials, holding the device until the worker has computed every output; the
+  // outputs are then compared without it.
+  std::optional<untimed_hold> device{std::in_place, ev_.gate_};
+  phase("trials");
+  if (!send("{\"type\":\"run\"}"))
+    return v_;
+  if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
+    return v_;
+  if (n["type"].as<std::string>() != "device_done") {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
+    return v_;
+  }
+  if (cuda_device_ < 0)
+    device.reset(); // host bytes: moving and comparing them needs no device
+  phase("trial outputs");
+  {
+    // Every trial's outputs first, then all device comparisons in one batch (one wait on the
+    // device instead of one per output), then the checks trial by trial, in order.
+    std::vector<trial_outputs> trials;
+    for (std::int64_t t = 0; t < trials_; ++t) {
+      if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
+        return v_;
+      if (n["type"].as<std::string>() != "candidate") {
+        set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
+        return v_;
+      }
+      trials.push_back(decode_trial(n, msg));
+    }
+    std::vector<output_lists> lists;
+    for (const auto& tr : trials) {
+      if (tr.trial < reference_.size() && tr.outs_error.empty())
+        lists.emplace_back(&reference_[tr.trial], &tr.outs);
+      if (tr.has_again && tr.outs_error.empty() && tr.again_error.empty())
+        lists.emplace_back(&tr.outs, &tr.again);
+    }
+    const auto ahead = compare_on_device_ahead(lists, tol_);
+    const bool all_pass = std::all_of(trials.begin(), trials.end(),
+                                      [&](const trial_outputs& tr) { return check_candidate(tr, ahead); });
+    trials.clear(); // the mappings close before the worker frees what they map (at its next message)
+    if (!all_pass) {
+      (void) w_.proc->send("{\"type\":\"stop\"}");
+      return v_;
+    }
+  }
+  v_.correct = true;
+  timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
+                       opt.win_threshold, opt.band_floor};
+  std::vector<double> ref, cand;
+  // Phase 4: timing (and re-measurement) with the device to itself: no other evaluation's
+  // untimed work and no worker's held initialisation beside its measured rounds (beside its
+  // warm-up only with evaluator.untimed_beside_warmup / starts_beside_warmup; measure()). While
+  // it waits, no new untimed work starts (unless allowed beside warm-up); what has started
+  // finishes its phase.
+  const auto wait0 = clock_type::now();
+  device.reset();
+  timed_hold timed{ev_.gate_};
+  log_gate_wait(wait0, "timing", "other timings",
+                ev_.gate_.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
+                ev_.gate_.starts_beside_warmup() ? "" : ", starting workers' initialisation");
+  phase("timing");
+  if (!measure_once(policy, ref, cand))
+    return v_;
+  auto summary = summarize_rounds(ref, cand, policy);
+  while (!summary.stable && static_cast<std::int64_t>(ref.size()) + opt.rounds <= opt.max_rounds) {
+    if (!measure(opt.rounds, ref, cand))
+      return v_;
+    summary = summarize_rounds(ref, cand, policy);
+  }
+  const bool settled = summary.stable; // the first measurement's, before any recheck's rounds join it
+  if (summary.speedup > opt.recheck_above) {
+    // A large speedup is measured again, independently, before it is believed. The second
+    // measurement is shorter (evaluator.recheck_rounds): it only has to agree. Two measurements
+    // agree when they differ by less than the tolerance plus both their bands (ordinary noise);
+    // when the first two do not, a third decides. The speedup then comes from the rounds of an
+    // agreeing pair together; a candidate with no agreeing pair is rejected.
+    struct rounds_of {
+      std::vector<double> ref, cand;
+      timing_summary summary;
+    };
+    std::vector<rounds_of> runs;
+    runs.push_back({std::move(ref), std::move(cand), summary});
+    auto agree = [&](const timing_summary& a, const timing_summary& b) {
+      auto lo = std::min(a.speedup, b.speedup);
+      auto hi = std::max(a.speedup, b.speedup);
+      return (hi - lo) / lo <= opt.recheck_tolerance + a.band + b.band;
+    };
+    std::optional<std::size_t> partner; // of runs.back()
+    for (int attempt = 0; attempt < 2 && !partner; ++attempt) {
+      rounds_of again;
+      if (!measure(opt.recheck_rounds, again.ref, again.cand, true))
+        return v_;
+      again.summary = summarize_rounds(again.ref, again.cand, policy);
+      runs.push_back(std::move(again));
+      for (std::size_t a = 0; a + 1 < runs.size() && !partner; ++a)
+        if (agree(runs[a].summary, runs.back().summary))
+          partner = a;
+    }
+    if (!partner) {
+      v_.checks_failed.push_back("runtime:recheck");
+      std::string what = "independent measurements of a large speedup disagree:";
+      for (const auto& r : runs) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " %.3fx (±%.1f%%)", r.summary.speedup, 100 * r.summary.band);
+        what += buf;
+      }
+      set(verdict_status::rejected, what);
+      v_.correct = true;
+      return v_;
+    }
+    ref = std::move(runs[*partner].ref);
+    cand = std::move(runs[*partner].cand);
+    ref.insert(ref.end(), runs.back().ref.begin(), runs.back().ref.end());
+    cand.insert(cand.end(), runs.back().cand.begin(), runs.back().cand.end());
+    summary = summarize_rounds(ref, cand, policy);
+  }
+  const auto speedup = summary.speedup;
+  phase("finish");
+  if (!send("{\"type\":\"finish\"}"))
+    return v_;
+  if (receive(opt.run_timeout_s, "finishing", n, msg)) {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " after timing");
+    return v_;
+  }
+  if (failed_)
+    return v_; // death, deadline, or a `done` that carried a failure (a runtime check after timing)
+  v_.status = verdict_status::ok;
+  // A candidate whose forward ran the reference's own kernels (operators on the CPU), each as many
+  // times, earns no speed credit: a fallback to the reference's code, or the reference itself
+  // (docs/evaluator.md, Own work). Its measured times stay in ref_ms and cand_ms.
+  const bool lazy = own_kernels_ == 0;
+  // A speedup counts only when its whole band clears the threshold: a verdict of 1.04x within
+  // ±11% may as well be 0.93x, and crediting it rewards noise (docs/evaluator.md, Timing: the
+  // band). Below 1.00x the measured figure stands: the best estimate of a slower kernel.
+  const bool cleared = band_clears(summary, opt.win_threshold);
+  const bool uncertain = speedup > 1.0 && !cleared;
+  v_.speedup = credited_speedup(summary, opt.win_threshold, lazy);
+  v_.speedup_spread = summary.band;
+  v_.ref_ms = summary.ref_ms;
+  v_.cand_ms = summary.cand_ms;
+  v_.rounds = static_cast<std::uint32_t>(ref.size());
+  char buf[400];
+  char calls[48] = "";
+  if (calls_ > 1)
+    std::snprintf(calls, sizeof calls, " of %ld calls", calls_);
+  std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds%s (band ±%.1f%%)%s%s%s",
+                cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
+                speedup, ref.size(), calls, 100 * summary.band, settled ? "" : "; unstable after max_rounds",
+                lazy && speedup > 1.0 ? "; no speed credit: the candidate ran the reference's own kernels, each as many "
+                                        "times (credited 1.00x)"
+                                      : "",
+                uncertain && !lazy ? "; the band reaches below the win threshold, so no speedup is credited (1.00x)"
+                                   : "");
+  v_.message = buf;
+  if (trials_ < opt.trials)
+    v_.message += "; " + std::to_string(trials_) + " correctness trial" + (trials_ == 1 ? "" : "s") + " of "
+                  + std::to_string(opt.trials) + ": more of the task's outputs would not fit the device";
+  return v_;
+}
+
+} // namespace crucible::env

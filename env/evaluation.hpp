@@ -1,0 +1,143 @@
+// env/evaluation.hpp (internal to env/): one candidate's walk through the worker protocol, the
+// class device_evaluator::evaluate runs on a worker it took from the pool (env/evaluation.cpp).
+// Not installed and not included outside env/evaluator.cpp and env/evaluation.cpp.
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "env/compare.hpp"
+#include "env/evaluator.hpp"
+#include "env/timing.hpp"
+
+namespace crucible::env {
+
+// Adds the time between construction and destruction to a counter.
+struct time_spent {
+  std::atomic<std::uint64_t>& total;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~time_spent() {
+    total += static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+  }
+};
+
+/// One candidate's walk through the protocol. Lives on the calling thread's stack.
+class evaluation {
+public:
+  evaluation(device_evaluator& ev, const eval_request& req, device_evaluator::ready_worker w)
+    : ev_(ev), req_(req), w_(std::move(w)) {
+    v_.hardware = w_.hardware;
+    v_.baseline = to_string(ev.opt_.baseline);
+    tol_.f64 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
+    tol_.f32 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
+    tol_.f16 = {ev.opt_.fp16_atol, ev.opt_.fp16_rtol};
+    tol_.bf16 = {ev.opt_.bf16_atol, ev.opt_.bf16_rtol};
+  }
+
+  verdict run();
+  /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
+  bool lost_worker() const noexcept { return lost_worker_; }
+  /// The verdict comes from a failure in the evaluator's own process (its device memory, its
+  /// comparison), not from the candidate: it is not cached.
+  bool evaluator_failed() const noexcept { return evaluator_failed_; }
+  /// Closes this evaluation's mappings of the worker's exports (outputs kept on the device), if
+  /// an early end left any: before the worker goes.
+  void drop_outputs() noexcept { reference_.clear(); }
+  /// Bytes of one trial's inputs and reference outputs (0 before the reference ran): how much
+  /// memory the task itself asks of the device. A loss of two 4 GiB inputs has a 4-byte output.
+  std::uint64_t task_bytes() const noexcept {
+    std::uint64_t n = input_bytes_;
+    if (!reference_.empty())
+      for (const auto& b : reference_.front())
+        if (b.kind.empty())
+          n += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
+    return n;
+  }
+  /// The worker's process, after run(): for device_evaluator::retire.
+  std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
+
+private:
+  enum class next { more, finished };
+
+  // Receives one message before `deadline`; on death or deadline fills the verdict and
+  // returns false.
+  bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg);
+  bool send(const std::string& json);
+  // Handles a `done` message: fills the verdict from it.
+  void take_done(const YAML::Node& n);
+  void set(verdict_status s, std::string message) {
+    v_.status = s;
+    v_.message = std::move(message);
+    failed_ = true;
+  }
+  // One trial's `candidate` message with its outputs decoded (mapped, for outputs on the
+  // device); a decoding failure is kept and reported when the checks reach that trial.
+  struct trial_outputs {
+    YAML::Node header;
+    std::size_t trial = 0; // the header's; past the reference's trials when it names none
+    std::vector<tensor_blob> outs, again; // `again`: repeat_outputs, where the message has them
+    bool has_again = false;
+    std::string outs_error, again_error;
+  };
+  trial_outputs decode_trial(const YAML::Node& n, worker_message& msg);
+  bool check_candidate(const trial_outputs& tr, const device_differences& ahead);
+  void phase(const char* name) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", name, " at +", buf, " s");
+    if (ev_.observer_)
+      ev_.observer_(name, w_.proc->pid());
+  }
+  // At debug level, a wait at the device gate since `since` longer than a millisecond:
+  // "<who> waited S s for <why...> to finish".
+  template <class... Why>
+  void log_gate_wait(std::chrono::steady_clock::time_point since, const char* who, const Why&... why) {
+    const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    if (waited <= 1e-3 || !ev_.log_.enabled(log_level::debug))
+      return;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", waited);
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", who, " waited ", buf, " s for ", why...,
+                   " to finish");
+  }
+  // Asks for `rounds` more timed rounds and appends their settled times. A continuation (more
+  // rounds of the same measurement, or a recheck) follows the previous request at once and
+  // plays no warm-up rounds.
+  bool measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation = false);
+  // One measurement: evaluator.rounds rounds, or only evaluator.min_rounds when their band is
+  // already within evaluator.early_stop_spread.
+  bool measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand);
+
+  device_evaluator& ev_;
+  const eval_request& req_;
+  device_evaluator::ready_worker w_;
+  verdict v_;
+  tolerances tol_;
+  std::vector<std::vector<tensor_blob>> reference_;
+  const int cuda_device_ = ev_.outputs_device_; // >= 0: outputs stay on this CUDA device
+  bool measured_ = false; // a measurement was made (its warm-up rounds played)
+  bool measuring_ = false; // the device gate has let this timing begin its measured rounds
+  bool done_ = false; // the worker sent `done` (or died): no further messages
+  bool lost_worker_ = false;
+  bool failed_ = false; // set() was called: the verdict is decided
+  bool evaluator_failed_ = false; // see evaluator_failed()
+  /// Kernels (or operators) of the candidate's profiled call that the reference's did not run
+  /// (the worker's own_work); -1 unknown. 0: no speed credit.
+  long own_kernels_ = -1;
+  /// Calls per timed sample (evaluator.sample_ms; the worker's choice): the times are per call.
+  long calls_ = 1;
+  /// Correctness trials: evaluator.trials, or fewer where the worker found that their outputs
+  /// would not fit the device (its reference messages say so; Worker.fit_trials).
+  std::int64_t trials_ = 0;
+  std::uint64_t input_bytes_ = 0; // one trial's inputs, from the reference messages
+  std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
+};
+
+} // namespace crucible::env
