@@ -1,12 +1,12 @@
 // policy/model.cpp: the decoder's arithmetic, mirroring transformers' Llama/Qwen2 code op for op
-// (float32 RMSNorm and RoPE tables, SDPA attention), and its HF checkpoint I/O.
+// (float32 RMSNorm and RoPE tables, SDPA attention): its modules, the training forward with its
+// autograd functions, and LoRA. The decoding step is in model_decode.cpp, the HF checkpoint I/O
+// in model_checkpoint.cpp.
 #include "policy/model.hpp"
-
-#include "core/file_io.hpp"
+#include "policy/model_detail.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numbers>
 #include <set>
 
@@ -18,16 +18,9 @@
 
 namespace crucible::policy {
 
-namespace fs = std::filesystem;
+using namespace model_detail;
 
 namespace {
-
-std::string shape_text(c10::IntArrayRef shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 torch::Tensor rotate_half(const torch::Tensor& x) {
   auto half = x.size(-1) / 2;
@@ -39,32 +32,6 @@ std::pair<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& q, const
                                                    const torch::Tensor& cos, const torch::Tensor& sin) {
   auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   return {q * c + rotate_half(q) * s, k * c + rotate_half(k) * s};
-}
-
-torch::Tensor project(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {}) {
-  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
-}
-
-// `parts` as one tensor along dim 0 when they lie back to back, in this order, in one storage
-// (contiguous, one dtype and device, equal trailing sizes); undefined otherwise, or when any is
-// undefined. A view: no copy, no kernel.
-torch::Tensor joined_rows(const std::vector<torch::Tensor>& parts) {
-  if (parts.empty() || !parts.front().defined() || (parts.front().dim() != 1 && parts.front().dim() != 2))
-    return {};
-  const auto& first = parts.front();
-  std::int64_t rows = 0;
-  const char* next = static_cast<const char*>(first.data_ptr());
-  for (const auto& p : parts) {
-    if (!p.defined() || !p.is_contiguous() || p.dim() != first.dim() || p.scalar_type() != first.scalar_type()
-        || p.device() != first.device() || !p.storage().is_alias_of(first.storage())
-        || (p.dim() == 2 && p.size(1) != first.size(1)) || static_cast<const char*>(p.data_ptr()) != next)
-      return {};
-    next += p.nbytes();
-    rows += p.size(0);
-  }
-  if (first.dim() == 1)
-    return first.as_strided({rows}, {1}, first.storage_offset());
-  return first.as_strided({rows, first.size(1)}, {first.size(1), 1}, first.storage_offset());
 }
 
 // Makes the parameters `parts` views of one new tensor, back to back in this order, values kept,
@@ -163,65 +130,6 @@ std::pair<torch::Tensor, double> static_inv_freq(const model_config& c) {
     }
   }
   return {inv, 1.0};
-}
-
-torch::Tensor tensor_from_view(const tensor_view& v, torch::ScalarType dtype) {
-  std::vector<std::int64_t> shape(v.shape.begin(), v.shape.end());
-  const auto align = static_cast<std::uintptr_t>(dtype_size(v.dtype));
-  if (reinterpret_cast<std::uintptr_t>(v.bytes.data()) % align == 0)
-    return torch::from_blob(const_cast<std::byte*>(v.bytes.data()), shape, torch::TensorOptions().dtype(dtype));
-  // The format does not promise aligned data; copy rather than hand kernels a misaligned pointer.
-  auto t = torch::empty(shape, torch::TensorOptions().dtype(dtype));
-  std::memcpy(t.data_ptr(), v.bytes.data(), v.bytes.size());
-  return t;
-}
-
-constexpr std::pair<st_dtype, torch::ScalarType> dtype_pairs[] = {
-  {st_dtype::f64, torch::kDouble}, {st_dtype::f32, torch::kFloat},  {st_dtype::f16, torch::kHalf},
-  {st_dtype::bf16, torch::kBFloat16}, {st_dtype::i64, torch::kLong}, {st_dtype::i32, torch::kInt},
-  {st_dtype::i16, torch::kShort},  {st_dtype::i8, torch::kChar},     {st_dtype::u8, torch::kByte},
-  {st_dtype::boolean, torch::kBool},
-};
-
-torch::ScalarType torch_type_of(st_dtype d) {
-  for (const auto& [s, t] : dtype_pairs)
-    if (s == d)
-      return t;
-  return torch::kFloat;
-}
-
-std::optional<st_dtype> st_dtype_of(torch::ScalarType t) {
-  for (const auto& [s, tt] : dtype_pairs)
-    if (tt == t)
-      return s;
-  return std::nullopt;
-}
-
-std::optional<torch::ScalarType> torch_float_type(st_dtype d) {
-  auto t = torch_type_of(d);
-  return torch::isFloatingType(t) ? std::optional{t} : std::nullopt;
-}
-
-// CPU, contiguous copies of `tensors` and safetensors views of them (alive while `host` is).
-result<std::vector<tensor_view>> host_views(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                                            std::optional<torch::ScalarType> dtype, std::vector<torch::Tensor>& host) {
-  std::vector<tensor_view> views;
-  host.reserve(host.size() + tensors.size());
-  for (const auto& [name, t] : tensors) {
-    host.push_back(t.detach().to(torch::kCPU, dtype.value_or(t.scalar_type())).contiguous());
-    const auto& h = host.back();
-    auto st = st_dtype_of(h.scalar_type());
-    if (!st)
-      return fail(errc::unsupported, "tensor ", name, ": dtype ", c10::toString(h.scalar_type()),
-                  " has no safetensors equivalent here");
-    views.push_back(tensor_view{name, *st, std::vector<std::int64_t>(h.sizes().begin(), h.sizes().end()),
-                                std::span<const std::byte>(static_cast<const std::byte*>(h.data_ptr()), h.nbytes())});
-  }
-  return views;
-}
-
-bool is_lora_name(const std::string& name) {
-  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
 // log p(target) per row with logits recomputed chunk by chunk in the backward pass. With `fused`
@@ -380,6 +288,28 @@ struct silu_mul_fn : torch::autograd::Function<silu_mul_fn> {
 #endif
 
 } // namespace
+
+// `parts` as one tensor along dim 0 when they lie back to back, in this order, in one storage
+// (contiguous, one dtype and device, equal trailing sizes); undefined otherwise, or when any is
+// undefined. A view: no copy, no kernel.
+torch::Tensor model_detail::joined_rows(const std::vector<torch::Tensor>& parts) {
+  if (parts.empty() || !parts.front().defined() || (parts.front().dim() != 1 && parts.front().dim() != 2))
+    return {};
+  const auto& first = parts.front();
+  std::int64_t rows = 0;
+  const char* next = static_cast<const char*>(first.data_ptr());
+  for (const auto& p : parts) {
+    if (!p.defined() || !p.is_contiguous() || p.dim() != first.dim() || p.scalar_type() != first.scalar_type()
+        || p.device() != first.device() || !p.storage().is_alias_of(first.storage())
+        || (p.dim() == 2 && p.size(1) != first.size(1)) || static_cast<const char*>(p.data_ptr()) != next)
+      return {};
+    next += p.nbytes();
+    rows += p.size(0);
+  }
+  if (first.dim() == 1)
+    return first.as_strided({rows}, {1}, first.storage_offset());
+  return first.as_strided({rows, first.size(1)}, {first.size(1), 1}, first.storage_offset());
+}
 
 bool fused_training_flag::use_fused(const torch::Tensor& x) const {
 #ifdef CRUCIBLE_HAVE_CUDA
@@ -812,249 +742,6 @@ kv_cache CausalLMImpl::make_cache(std::int64_t rows, std::int64_t slots) {
   return c;
 }
 
-namespace {
-
-// One layer's projections as the fused step runs them (views of the parameters).
-struct fused_layer {
-  torch::Tensor qkv_weight, qkv_bias, gate_up_weight, gate_up_bias;
-  bool aligned = false; // every matrix and norm weight at a 16-byte address (the small-batch kernels' loads)
-};
-
-// The joined projections of every layer, or nothing when the fused step cannot run `m`.
-std::optional<std::vector<fused_layer>> fused_layers(const CausalLMImpl& m) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  const auto& c = m.config();
-  const auto& embed = m.model->embed_tokens->weight;
-  if (!embed.is_cuda() || !fused::supported_dtype(embed.scalar_type())
-      || !fused::supported_attention(c.num_heads, c.num_kv_heads, c.head_dim) || m.has_lora())
-    return std::nullopt;
-  // The kernels and GEMMs take one dtype and device throughout.
-  auto alike = [&](const torch::Tensor& t) {
-    return !t.defined() || (t.scalar_type() == embed.scalar_type() && t.device() == embed.device());
-  };
-  if (!alike(m.model->norm->weight) || (m.lm_head && !alike(m.lm_head->weight)))
-    return std::nullopt;
-  std::vector<fused_layer> out;
-  out.reserve(m.model->blocks.size());
-  for (const auto& layer : m.model->blocks) {
-    const auto& attn = *layer->self_attn;
-    const auto& mlp = *layer->mlp;
-    fused_layer f;
-    f.qkv_weight = joined_rows({attn.q_proj->weight, attn.k_proj->weight, attn.v_proj->weight});
-    f.gate_up_weight = joined_rows({mlp.gate_proj->weight, mlp.up_proj->weight});
-    if (!f.qkv_weight.defined() || !f.gate_up_weight.defined())
-      return std::nullopt;
-    if (attn.q_proj->bias.defined()) {
-      f.qkv_bias = joined_rows({attn.q_proj->bias, attn.k_proj->bias, attn.v_proj->bias});
-      if (!f.qkv_bias.defined())
-        return std::nullopt;
-    }
-    if (mlp.gate_proj->bias.defined()) {
-      f.gate_up_bias = joined_rows({mlp.gate_proj->bias, mlp.up_proj->bias});
-      if (!f.gate_up_bias.defined())
-        return std::nullopt;
-    }
-    const torch::Tensor* used[] = {&f.qkv_weight, &f.qkv_bias, &f.gate_up_weight, &f.gate_up_bias,
-                                   &attn.o_proj->weight, &attn.o_proj->bias, &mlp.down_proj->weight,
-                                   &mlp.down_proj->bias, &layer->input_layernorm->weight,
-                                   &layer->post_attention_layernorm->weight};
-    for (const auto* t : used)
-      if (!alike(*t))
-        return std::nullopt;
-    f.aligned = true;
-    const torch::Tensor* loaded[] = {&f.qkv_weight, &f.gate_up_weight, &attn.o_proj->weight, &mlp.down_proj->weight,
-                                     &layer->input_layernorm->weight, &layer->post_attention_layernorm->weight};
-    for (const auto* t : loaded)
-      f.aligned = f.aligned && reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0;
-    out.push_back(std::move(f));
-  }
-  return out;
-#else
-  (void) m;
-  return std::nullopt;
-#endif
-}
-
-} // namespace
-
-bool CausalLMImpl::fused_decode_ready() const { return fused_layers(*this).has_value(); }
-
-torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cache& cache,
-                                         const torch::Tensor& new_tokens, bool fused, bool small_batch) {
-  if (fused && input_ids.dim() == 2 && input_ids.size(1) == 1 && !new_tokens.defined() && input_ids.is_cuda())
-    if (auto logits = fused_step(input_ids, cache, small_batch); logits.defined())
-      return logits;
-  return step(input_ids, cache, new_tokens, /*empty=*/false);
-}
-
-// The LibTorch decoding step of one token per row (step() with T = 1), kernel for kernel:
-//   h = x + delta; n = norm(h)          -> fused::add_rms_norm (the first layer's has no delta)
-//   q, k, v = q_proj(n), k_proj(n), ...  -> one GEMM over the joined weights [q; k; v]
-//   + bias; RoPE(q, k); cache.scatter_   -> fused::rope_write_kv (the bias added there: one kernel fewer)
-//   SDPA(q, cache, mask)                 -> fused::decode_attention (split-K or wide, GQA)
-//   silu(gate(n)) * up(n)                -> one GEMM over [gate; up], fused::silu_mul
-// The o and down projections and the output matrix stay LibTorch GEMMs. At most 4 rows
-// (`small_batch`), each projection is one kernel with its neighbours (fused::small_batch_supported):
-//   norm, q/k/v + bias, RoPE, cache write -> fused::norm_qkv_rope
-//   SDPA, o_proj(attn), h = h + that       -> fused::attention_project_add (the residual updated in
-//                                            place; at one row the attention's splits merged by the o
-//                                            projection as it stages them, else decode_attention, project_add)
-//   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
-//   down_proj(act), h = h + that          -> fused::project_add
-// so a layer is five kernels, with the attention's combine where it splits (not at batch 1). At
-// one row, with kernels::set_decode_layers on, all the layers are one persistent kernel instead
-// (fused::decode_layers, the same stages with the same rounding points; off by default, slower).
-void CausalLMImpl::forward_step_greedy(const torch::Tensor& input_ids, kv_cache& cache, const greedy_sink& sink,
-                                       bool fused, bool small_batch) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  torch::NoGradGuard no_grad;
-  torch::Tensor logits;
-  if (fused && input_ids.dim() == 2 && input_ids.size(1) == 1 && input_ids.is_cuda()) {
-    bool sampled = false;
-    logits = fused_step(input_ids, cache, small_batch, &sink, &sampled);
-    if (sampled)
-      return;
-  }
-  if (!logits.defined())
-    logits = step(input_ids, cache, {}, /*empty=*/false);
-  fused::greedy_record(logits.contiguous(), sink.next, sink.history, sink.counters);
-#else
-  (void) input_ids, (void) cache, (void) sink, (void) fused, (void) small_batch;
-  throw std::logic_error("forward_step_greedy: this build has no CUDA");
-#endif
-}
-
-torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache& cache, bool small_batch,
-                                       const greedy_sink* sink, bool* sampled) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  auto layers = fused_layers(*this);
-  if (!layers)
-    return {};
-  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(1) == 1 && input_ids.size(0) == cache.rows(),
-              "forward_step (fused): input_ids ", input_ids.sizes(), " are not one token per row of a cache of ",
-              cache.rows(), " rows");
-  torch::NoGradGuard no_grad;
-  const auto& c = config_;
-  const auto r = input_ids.size(0);
-  torch::Tensor seq_len; // dynamic RoPE only: each row's length once this token is in
-  if (c.rope.type == rope_type::dynamic)
-    seq_len = cache.lengths + 1;
-  auto inv = inv_freq(cache.lengths.unsqueeze(1), seq_len).contiguous(); // [D/2], or [R, D/2] (dynamic)
-  auto residual = model->embed_tokens(input_ids).reshape({r, c.hidden_size}).contiguous();
-  torch::Tensor delta; // what the next norm adds to the residual stream first
-  small_batch = small_batch
-                && fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size))
-                && std::all_of(layers->begin(), layers->end(), [](const fused_layer& f) { return f.aligned; });
-  // One row: every layer in one persistent kernel where it runs and is switched on (fused::decode_layers).
-  fused::decode_shape shape;
-  shape.hidden = c.hidden_size, shape.inter = c.intermediate_size, shape.heads = c.num_heads;
-  shape.kv_heads = c.num_kv_heads, shape.head_dim = c.head_dim, shape.eps = c.rms_norm_eps;
-  shape.attention_scaling = attention_scaling_;
-  const bool one_kernel =
-    small_batch && r == 1
-    && fused::decode_layers_ready(residual.scalar_type(), static_cast<std::int64_t>(model->blocks.size()), shape);
-  if (one_kernel) {
-    std::vector<fused::decode_layer> all;
-    all.reserve(model->blocks.size());
-    for (std::size_t l = 0; l < model->blocks.size(); ++l) {
-      const auto& layer = model->blocks[l];
-      const auto& w = (*layers)[l];
-      all.push_back({w.qkv_weight, w.qkv_bias, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias,
-                     w.gate_up_weight, w.gate_up_bias, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias,
-                     layer->input_layernorm->weight, layer->post_attention_layernorm->weight, cache.keys[l],
-                     cache.values[l]});
-    }
-    fused::decode_layers(residual, all, shape, inv, cache.lengths);
-  }
-  for (std::size_t l = 0; l < model->blocks.size() && !one_kernel; ++l) {
-    auto& layer = model->blocks[l];
-    const auto& w = (*layers)[l];
-    if (small_batch) {
-      // Early reads: each kernel reads before its wait what no kernel that may still run writes
-      // (the lengths, inv_freq, the cache below the new slot; the residual two kernels on only
-      // where each kernel launches the next after its wait: kernels::small_gemm_args).
-      auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
-                                    inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
-                                    c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);
-      fused::attention_project_add(q, cache.keys[l], cache.values[l], cache.lengths, layer->self_attn->o_proj->weight,
-                                   layer->self_attn->o_proj->bias, residual, /*early_reads=*/true);
-      auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
-                                          w.gate_up_weight, w.gate_up_bias);
-      fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual,
-                         /*early_reads=*/true);
-      continue;
-    }
-    auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
-    auto q = fused::rope_write_kv(project(h, w.qkv_weight), w.qkv_bias, inv, attention_scaling_, cache.lengths,
-                                  cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);
-    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
-    delta = project(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias);
-    h = fused::add_rms_norm(delta, residual, layer->post_attention_layernorm->weight, c.rms_norm_eps);
-    auto gate_up = project(h, w.gate_up_weight, w.gate_up_bias);
-    delta = project(fused::silu_mul(gate_up), layer->mlp->down_proj->weight, layer->mlp->down_proj->bias);
-  }
-  if (sink != nullptr && small_batch && r == 1) {
-    auto weight = output_weight();
-    const bool aligned = reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 16 == 0
-                         && reinterpret_cast<std::uintptr_t>(model->norm->weight.data_ptr()) % 16 == 0;
-    if (aligned && weight.is_contiguous() && fused::greedy_head_ready(residual.scalar_type(), c.hidden_size, c.vocab_size)) {
-      fused::greedy_head(residual, model->norm->weight, c.rms_norm_eps, weight, cache.lengths, sink->next,
-                         sink->history, sink->counters);
-      if (sampled != nullptr)
-        *sampled = true;
-      return {};
-    }
-  }
-  auto last = fused::add_rms_norm(delta, residual, model->norm->weight, c.rms_norm_eps);
-  cache.lengths.add_(1);
-  return logits_from_hidden(last);
-#else
-  (void) input_ids, (void) cache, (void) small_batch, (void) sink, (void) sampled;
-  return {};
-#endif
-}
-
-torch::Tensor CausalLMImpl::prefill(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens) {
-  return step(input_ids, cache, new_tokens, /*empty=*/true);
-}
-
-torch::Tensor CausalLMImpl::step(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens,
-                                 bool empty) {
-  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(0) == cache.rows(), "forward_step: input_ids ",
-              input_ids.sizes(), " do not match a cache of ", cache.rows(), " rows");
-  const auto r = input_ids.size(0), t = input_ids.size(1), s = cache.slots();
-  if (input_ids.device().is_cpu()) { // free on the CPU; on CUDA they would synchronise (and break capture)
-    TORCH_CHECK((cache.lengths + t).le(s).all().item<bool>(), "forward_step: ", t,
-                " new tokens overflow a row of the cache (", s, " slots)");
-    TORCH_CHECK(!empty || cache.lengths.eq(0).all().item<bool>(), "prefill: the cache is not empty");
-  }
-  auto positions = cache.lengths.unsqueeze(1) + torch::arange(t, cache.lengths.options()); // [R, T]
-  // A prefill of right-padded prompts into an empty cache is plain causal attention (no mask);
-  // later steps attend over the cache: slot j is visible to a token at position p iff j <= p.
-  torch::Tensor mask;
-  if (!empty)
-    mask = torch::arange(s, cache.lengths.options()).view({1, 1, 1, s}) <= positions.view({r, 1, t, 1});
-  // Each row's length once this step's real tokens are in (dynamic RoPE only).
-  torch::Tensor seq_len;
-  if (config_.rope.type == rope_type::dynamic)
-    seq_len = cache.lengths + (new_tokens.defined() ? new_tokens.to(torch::kLong) : torch::full_like(cache.lengths, t));
-  auto x = model->embed_tokens(input_ids);
-  auto [cos, sin] = rope(positions, seq_len, x.scalar_type());
-  for (std::size_t l = 0; l < model->blocks.size(); ++l)
-    x = model->blocks[l]->forward_cached(x, cos, sin, mask, cache.keys[l], cache.values[l], positions);
-  x = model->norm(x);
-  torch::Tensor last;
-  if (new_tokens.defined()) {
-    auto index = (new_tokens.to(torch::kLong) - 1).view({r, 1, 1}).expand({r, 1, x.size(2)});
-    last = x.gather(1, index).squeeze(1);
-    cache.lengths.add_(new_tokens.to(torch::kLong));
-  } else {
-    last = x.select(1, t - 1);
-    cache.lengths.add_(t);
-  }
-  return logits_from_hidden(last);
-}
-
 result<void> CausalLMImpl::add_lora(const lora_options& options) {
   static const std::set<std::string> known{"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
   if (has_lora())
@@ -1125,142 +812,6 @@ std::vector<std::pair<std::string, torch::Tensor>> CausalLMImpl::export_tensors(
     out.emplace_back(item.key(), it != merged.end() ? it->second : item.value().detach());
   }
   return out;
-}
-
-// ---- checkpoints ------------------------------------------------------------------------------
-
-result<torch::ScalarType> parse_torch_dtype(std::string_view name) {
-  if (name == "bfloat16")
-    return torch::kBFloat16;
-  if (name == "float32")
-    return torch::kFloat;
-  if (name == "float16")
-    return torch::kHalf;
-  return fail(errc::config, "dtype '", name, "' is not supported (bfloat16, float32, float16)");
-}
-
-const char* torch_dtype_name(torch::ScalarType t) {
-  switch (t) {
-    case torch::kBFloat16: return "bfloat16";
-    case torch::kHalf: return "float16";
-    case torch::kDouble: return "float64";
-    default: return "float32";
-  }
-}
-
-result<void> load_weights(CausalLMImpl& model, const safetensors_checkpoint& checkpoint, bool check_finite) {
-  const std::string dir = checkpoint.dir().string();
-  struct assignment {
-    torch::Tensor param;
-    const tensor_view* view;
-    torch::ScalarType dtype;
-  };
-  std::vector<assignment> plan;
-  std::set<std::string> used;
-  // Check everything before copying anything, so a bad checkpoint leaves the model as it was.
-  for (auto& item : model.named_parameters(true)) {
-    const auto& name = item.key();
-    if (is_lora_name(name))
-      continue;
-    const tensor_view* v = checkpoint.find(name);
-    if (v == nullptr)
-      return fail(errc::not_found, dir, ": missing tensor ", name, " (config.json implies it)");
-    auto& p = item.value();
-    if (!std::equal(v->shape.begin(), v->shape.end(), p.sizes().begin(), p.sizes().end()))
-      return fail(errc::corrupt, dir, ": tensor ", name, " has shape ", shape_text(v->shape),
-                  " but config.json implies ", shape_text(p.sizes()));
-    auto dtype = torch_float_type(v->dtype);
-    if (!dtype)
-      return fail(errc::corrupt, dir, ": tensor ", name, " has dtype ", to_string(v->dtype),
-                  ", not a floating-point type");
-    if (check_finite && !torch::isfinite(tensor_from_view(*v, *dtype)).all().item<bool>())
-      return fail(errc::corrupt, dir, ": tensor ", name, " holds NaN or infinite values");
-    plan.push_back({p, v, *dtype});
-    used.insert(name);
-  }
-  for (const auto& name : checkpoint.names()) {
-    if (used.count(name) != 0)
-      continue;
-    // Tied models may still carry a copy of the output matrix; old checkpoints their RoPE tables.
-    if (name == "lm_head.weight" && model.config().tie_word_embeddings)
-      continue;
-    if (name.size() > 20 && name.compare(name.size() - 20, 20, ".rotary_emb.inv_freq") == 0)
-      continue;
-    return fail(errc::corrupt, dir, ": unexpected tensor ", name, " (does config.json describe these weights?)");
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& a : plan)
-    a.param.copy_(tensor_from_view(*a.view, a.dtype));
-  return {};
-}
-
-result<CausalLM> load_model(const fs::path& dir, const load_options& options) {
-  auto config = read_model_config(dir);
-  if (!config)
-    return config.error();
-  auto checkpoint = safetensors_checkpoint::open(dir);
-  if (!checkpoint)
-    return checkpoint.error();
-  const auto dtype = options.dtype.value_or(options.device.is_cuda() ? torch::kBFloat16 : torch::kFloat);
-  CausalLM model(*config);
-  model->to(options.device, dtype);
-  if (auto r = load_weights(*model, *checkpoint, options.check_finite); !r)
-    return r.error();
-  return model;
-}
-
-torch::Tensor to_tensor(const tensor_view& view) { return tensor_from_view(view, torch_type_of(view.dtype)).clone(); }
-
-result<void> save_tensors(const fs::path& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
-  std::vector<torch::Tensor> host;
-  auto views = host_views(tensors, std::nullopt, host);
-  if (!views)
-    return views.error();
-  return write_safetensors(path, *views);
-}
-
-
-result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_options& options) {
-  if (!torch::isFloatingType(options.dtype) || !st_dtype_of(options.dtype))
-    return fail(errc::invalid_arg, "save_model: dtype ", c10::toString(options.dtype), " is not a float type");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    return fail(errc::io, "cannot create ", dir.string(), ": ", ec.message());
-  std::vector<torch::Tensor> host;
-  auto views = host_views(model.export_tensors(), options.dtype, host);
-  if (!views)
-    return views.error();
-  if (auto r = write_checkpoint_weights(dir, *views, options.shards); !r)
-    return r.error();
-  if (!options.tokenizer_from.empty()) {
-    if (!fs::exists(options.tokenizer_from / "tokenizer.json", ec))
-      return fail(errc::not_found, options.tokenizer_from.string(), ": no tokenizer.json to copy beside the weights");
-    if (auto r = copy_model_side_files(options.tokenizer_from, dir); !r)
-      return r.error();
-  }
-  return write_file_atomic(dir / "config.json", to_config_json(model.config(), torch_dtype_name(options.dtype)));
-}
-
-result<model_config> init_model(const init_model_options& options) {
-  auto config = preset_config(options.preset, options.family, options.vocab_size);
-  if (!config)
-    return config.error();
-  config->bos_token_id = options.bos_token_id;
-  config->eos_token_ids = options.eos_token_ids;
-  config->pad_token_id = options.pad_token_id;
-  if (auto v = config->validate(); !v)
-    return v.error();
-  auto dtype = parse_torch_dtype(options.dtype);
-  if (!dtype)
-    return dtype.error();
-  CausalLM model(*config);
-  model->init_weights(options.seed);
-  save_options save;
-  save.dtype = *dtype;
-  if (auto r = save_model(*model, options.dir, save); !r)
-    return r.error();
-  return config;
 }
 
 } // namespace crucible::policy
