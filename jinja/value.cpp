@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "core/utf8.hpp"
 #include "jinja/detail.hpp"
@@ -161,31 +162,22 @@ namespace {
 void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out += '"';
   for (char32_t c : code_points(s)) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default: {
-        char b[16];
-        if (c < 0x20 || (ensure_ascii && c > 0x7E)) {
-          if (c > 0xFFFF) {
-            char32_t v = c - 0x10000;
-            std::snprintf(b, sizeof b, "\\u%04x\\u%04x", static_cast<unsigned>(0xD800 + (v >> 10)),
-                          static_cast<unsigned>(0xDC00 + (v & 0x3FF)));
-          } else {
-            std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
-          }
-          out += b;
-        } else if (c < 0x80) {
-          out += static_cast<char>(c);
-        } else {
-          append_utf8(out, c);
-        }
+    if (const char* e = json_short_escape(c)) {
+      out += e;
+    } else if (c < 0x20 || (ensure_ascii && c > 0x7E)) {
+      char b[16];
+      if (c > 0xFFFF) {
+        char32_t v = c - 0x10000;
+        std::snprintf(b, sizeof b, "\\u%04x\\u%04x", static_cast<unsigned>(0xD800 + (v >> 10)),
+                      static_cast<unsigned>(0xDC00 + (v & 0x3FF)));
+      } else {
+        std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
       }
+      out += b;
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+    } else {
+      append_utf8(out, c);
     }
   }
   out += '"';
