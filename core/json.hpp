@@ -12,6 +12,10 @@ namespace crucible {
 /// characters and invalid UTF-8 bytes (as U+FFFD) so the output is always valid JSON.
 void append_json_string(std::string& out, std::string_view text);
 
+/// JSON's two-character escape of `c` (`\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`), or nullptr when it
+/// has none: the escapes of append_json_string and of Python's json.dumps (jinja's tojson).
+const char* json_short_escape(char32_t c) noexcept;
+
 /// Builds one JSON document in a string. Non-finite doubles become null. The caller pairs
 /// begin/end calls; misuse is a bug (asserted). Not thread-safe.
 class json_writer {

@@ -1,5 +1,5 @@
 // env/prompt.cpp: prompt-template files in, checked once; prompts out, fitted to the token budget by
-// shortening and then dropping exemplars, and wrapped in the chat template (core/jinja).
+// shortening and then dropping exemplars, and wrapped in the chat template (jinja/).
 #include "env/prompt.hpp"
 
 #include <yaml-cpp/yaml.h>
@@ -14,7 +14,7 @@
 #include <set>
 
 #include "core/file_io.hpp"
-#include "core/jinja.hpp"
+#include "jinja/jinja.hpp"
 
 namespace crucible::env {
 

@@ -1,6 +1,7 @@
-// The link graph core <- {env, policy, storage} <- actors <- tools, checked on the includes:
-// a library may include only the folders below it, CAF only in actors/ and tools/, torch only
-// in policy/ (and tests and benchmarks of policy).
+// The link graph core <- {jinja <- env, policy, storage} <- actors <- tools, checked on the
+// includes: a library may include only the folders below it (jinja, the chat-template engine,
+// sits between core and env only), CAF only in actors/ and tools/, torch only in policy/ (and
+// tests and benchmarks of policy).
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -25,11 +26,12 @@ struct rule {
 const std::map<std::string, rule>& rules() {
   static const std::map<std::string, rule> r = {
     {"core", {{"core"}, false, false}},
-    {"env", {{"core", "env"}, false, false}},
+    {"jinja", {{"core", "jinja"}, false, false}},
+    {"env", {{"core", "jinja", "env"}, false, false}},
     {"policy", {{"core", "policy"}, false, true}},
     {"storage", {{"core", "storage"}, false, false}},
-    {"actors", {{"core", "env", "policy", "storage", "actors"}, true, false}},
-    {"tools/crucible", {{"core", "env", "policy", "storage", "actors", "tools"}, true, false}},
+    {"actors", {{"core", "jinja", "env", "policy", "storage", "actors"}, true, false}},
+    {"tools/crucible", {{"core", "jinja", "env", "policy", "storage", "actors", "tools"}, true, false}},
   };
   return r;
 }
@@ -66,7 +68,7 @@ std::vector<std::string> violations_in(const fs::path& root, const std::string& 
 
 } // namespace
 
-TEST_CASE("includes follow the layering core <- {env, policy, storage} <- actors <- tools") {
+TEST_CASE("includes follow the layering core <- {jinja <- env, policy, storage} <- actors <- tools") {
   fs::path root{CRUCIBLE_SOURCE_DIR};
   std::vector<std::string> all;
   for (const auto& [folder, r] : rules()) {
@@ -88,4 +90,19 @@ TEST_CASE("the layering check sees a violation") {
   REQUIRE(v.size() == 2);
   CHECK(v[0].find("CAF outside") != std::string::npos);
   CHECK(v[1].find("may not depend on actors") != std::string::npos);
+}
+
+TEST_CASE("the layering check keeps jinja between core and env") {
+  auto tmp = fs::temp_directory_path() / ("crucible-layering-jinja-" + std::to_string(::getpid()));
+  fs::create_directories(tmp / "jinja");
+  fs::create_directories(tmp / "policy");
+  std::ofstream(tmp / "jinja" / "bad.cpp") << "#include \"env/prompt.hpp\"\n#include \"core/error.hpp\"\n";
+  std::ofstream(tmp / "policy" / "bad.cpp") << "#include \"jinja/jinja.hpp\"\n";
+  auto in_jinja = violations_in(tmp, "jinja", rules().at("jinja"));
+  auto in_policy = violations_in(tmp, "policy", rules().at("policy"));
+  fs::remove_all(tmp);
+  REQUIRE(in_jinja.size() == 1);
+  CHECK(in_jinja[0].find("jinja may not depend on env") != std::string::npos);
+  REQUIRE(in_policy.size() == 1);
+  CHECK(in_policy[0].find("policy may not depend on jinja") != std::string::npos);
 }

@@ -41,7 +41,7 @@ struct fixture {
     if (r.exit_code != 0)
       FAIL("tokenizer_parity.py corpus failed: " << r.err);
     const std::set<std::string> exts = {".cpp", ".hpp", ".py", ".md", ".sh", ".txt", ".yaml", ".cu"};
-    for (const char* top : {"core", "policy", "env", "storage", "tools", "docs", "configs"}) {
+    for (const char* top : {"core", "jinja", "policy", "env", "storage", "tools", "docs", "configs"}) {
       if (!fs::exists(source_dir / top))
         continue;
       for (const auto& e : fs::recursive_directory_iterator(source_dir / top))

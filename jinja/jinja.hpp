@@ -1,4 +1,4 @@
-// core/jinja.hpp: a Jinja2 subset, enough to render the chat templates that Hugging Face
+// jinja/jinja.hpp: a Jinja2 subset, enough to render the chat templates that Hugging Face
 // tokenizers carry (tokenizer_config.json `chat_template`) exactly as transformers'
 // apply_chat_template does: ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 // with its tojson, raise_exception and strftime_now. Template text in, rendered text out.

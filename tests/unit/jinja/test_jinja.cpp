@@ -1,4 +1,4 @@
-// tests/unit/core/test_jinja.cpp: core/jinja against transformers' own chat-template rendering
+// tests/unit/jinja/test_jinja.cpp: jinja/ against transformers' own chat-template rendering
 // (jinja_parity.py, run with the build's Python): the real chat templates of Qwen2, Qwen2.5(-Coder),
 // Llama 3, 3.1 and 3.2 and SmolLM2 over several conversations, and a few hundred small templates
 // on the semantics those templates lean on (whitespace control, scoping, filters, Python values),
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "core/jinja.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
+#include "jinja/jinja.hpp"
 #include "tests/integration/process.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
@@ -73,7 +73,7 @@ std::vector<python_result> run_python(const std::vector<parity_case>& cases) {
   auto in = dir.path() / "cases.json";
   auto out = dir.path() / "out.json";
   std::ofstream(in, std::ios::binary) << w.str();
-  auto r = testing::run_process({CRUCIBLE_PYTHON, (source_dir / "tests/unit/core/jinja_parity.py").string(),
+  auto r = testing::run_process({CRUCIBLE_PYTHON, (source_dir / "tests/unit/jinja/jinja_parity.py").string(),
                                  in.string(), out.string()});
   INFO("stderr: " << r.err);
   REQUIRE(r.exit_code == 0);
@@ -161,7 +161,7 @@ TEST_CASE("real chat templates render byte for byte as transformers renders them
   };
   std::vector<parity_case> cases;
   for (const auto& m : models) {
-    auto templ = read_text(source_dir / "tests/unit/core/chat_templates" / m.file);
+    auto templ = read_text(source_dir / "tests/unit/jinja/chat_templates" / m.file);
     for (const auto& conv : conversations)
       for (bool gen : {true, false}) {
         parity_case c;
@@ -188,13 +188,13 @@ TEST_CASE("real chat templates render byte for byte as transformers renders them
 
 TEST_CASE("the rendered Qwen2.5 and Llama 3.1 prompts have the expected shape") {
   // An anchor independent of Python: the documented formats of the two families.
-  auto qwen = program::parse(read_text(source_dir / "tests/unit/core/chat_templates/qwen2.5.jinja"), "qwen2.5");
+  auto qwen = program::parse(read_text(source_dir / "tests/unit/jinja/chat_templates/qwen2.5.jinja"), "qwen2.5");
   REQUIRE(qwen.ok());
   std::vector<chat_message> msgs = {{"system", "S"}, {"user", "U"}};
   auto q = render_chat(*qwen, msgs, {});
   REQUIRE(q.ok());
   CHECK(*q == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n");
-  auto llama = program::parse(read_text(source_dir / "tests/unit/core/chat_templates/llama3.1.jinja"), "llama3.1");
+  auto llama = program::parse(read_text(source_dir / "tests/unit/jinja/chat_templates/llama3.1.jinja"), "llama3.1");
   REQUIRE(llama.ok());
   auto l = render_chat(*llama, msgs, {{"bos_token", "<|begin_of_text|>"}});
   REQUIRE(l.ok());

@@ -1,7 +1,7 @@
-"""tests/unit/core/jinja_parity.py: renders Jinja templates the way transformers'
+"""tests/unit/jinja/jinja_parity.py: renders Jinja templates the way transformers'
 apply_chat_template does (its own compiled environment: ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks, loopcontrols, its tojson, raise_exception and strftime_now), so the
-C++ interpreter in core/jinja.cpp can be compared with it byte for byte.
+C++ interpreter in jinja/ can be compared with it byte for byte.
 
 usage: jinja_parity.py CASES.json OUT.json
 CASES: a list of {"template": str, "now": epoch seconds, and either "context_json": str (a JSON
