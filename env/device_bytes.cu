@@ -301,7 +301,8 @@ result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::
   if (auto r = select(device); !r)
     return r.error();
   // Every copy is queued first and waited for once: under load each wait on the device costs
-  // milliseconds whatever it waits for (docs/PERFORMANCE.md).
+  // milliseconds whatever it waits for (docs/performance-history.md, "The evaluator's own
+  // device calls").
   lap allocating{alloc_laps};
   std::vector<void*> dst;
   dst.reserve(srcs.size());

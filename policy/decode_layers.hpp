@@ -83,12 +83,14 @@ cudaError_t decode_layers(dtype t, const decode_layers_args& a, cudaStream_t str
 
 /// Whether the fused decoding step runs its layers in decode_layers where it can, or as five
 /// kernels a layer (the default: on an H100 the persistent kernel's step took 1.32 ms against
-/// 0.77 ms, docs/PERFORMANCE.md); for this process, so that benchmarks and tests compare the two.
+/// 0.77 ms, docs/performance-history.md); for this process, so that benchmarks and tests compare
+/// the two.
 void set_decode_layers(bool on);
 bool decode_layers_enabled();
 
 /// Whether decode_layers prefetches the next layer's weights to L2 (off by default: slower on an
-/// H100, docs/PERFORMANCE.md); for this process, so that benchmarks and tests compare the two.
+/// H100, docs/performance-history.md); for this process, so that benchmarks and tests compare
+/// the two.
 void set_decode_layers_prefetch(bool on);
 
 /// Stages of a layer in decode_layers' timeline: q/k/v, attention, o, gate/up, down.

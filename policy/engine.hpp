@@ -92,15 +92,16 @@ struct engine_options {
   /// the kernels are tested against. CUDA only; the CPU always runs LibTorch ops.
   bool fused_kernels = true;
   /// The fused kernels serve calls of at most this many rows (completions); larger batches run
-  /// LibTorch ops. On an H100 (docs/PERFORMANCE.md, Fused decoding kernels) the fused step with
-  /// the rewritten decode attention is 2.5x faster than LibTorch ops at batch 1, 2.3x at 16 and
-  /// 1.7x at 64; larger batches are not measured.
+  /// LibTorch ops. On an H100 (docs/performance-history.md, The rewritten decode attention) the
+  /// fused step with the rewritten decode attention is 2.5x faster than LibTorch ops at batch 1,
+  /// 2.3x at 16 and 1.7x at 64; larger batches are not measured.
   std::int64_t fused_max_rows = 64;
   /// With fused_kernels, steps of at most small_batch_max_rows rows (the kernels take up to 4) run
   /// each projection as one kernel with the work around it (CausalLMImpl::forward_step's
   /// `small_batch`); false: cuBLAS GEMMs between the fused kernels, as for larger batches. On an
-  /// H100 (docs/PERFORMANCE.md, Small-batch projections) they made a batch-1 step 1.34x faster
-  /// and a batch-4 step 1.18x slower than the cuBLAS projections, hence the default bound of 1.
+  /// H100 (docs/performance-history.md, Small-batch projections) they made a batch-1 step 1.34x
+  /// faster and a batch-4 step 1.18x slower than the cuBLAS projections, hence the default bound
+  /// of 1.
   bool small_batch_kernels = true;
   std::int64_t small_batch_max_rows = 1;
   /// Decoding steps between copies of the sampled tokens to the host (at least 1). Between

@@ -116,8 +116,8 @@ void set_decode_early_reads(bool on);
 /// (griddepcontrol.launch_dependents) as they begin, before their own wait, so that its blocks take
 /// free SMs and issue their weight loads sooner (the default, on); off, and at more rows, after
 /// their wait and, in the projections, after staging their inputs (at batch 4 launching early was
-/// slower: docs/PERFORMANCE.md). Either way the next kernel's own wait orders its reads after this
-/// kernel. For this process; benchmarks and tests compare the two.
+/// slower: docs/performance-history.md). Either way the next kernel's own wait orders its reads
+/// after this kernel. For this process; benchmarks and tests compare the two.
 void set_decode_early_launch(bool on);
 
 /// Entries of a block in a decoding timeline (set_decode_timeline): %globaltimer nanoseconds when

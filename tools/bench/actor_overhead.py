@@ -21,7 +21,10 @@ from pathlib import Path
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "actor-system overhead <= 1% of a learner step, "
+                                        "on the runs tools/bench/train_modes.sh makes. No environment variables.")
     ap.add_argument("run", type=Path)
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args()

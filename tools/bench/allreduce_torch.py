@@ -60,7 +60,11 @@ def main() -> int:
     import torch
     import torch.multiprocessing as mp
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                            "the gradient all-reduce, torch.distributed's side\n"
+                                            "(tools/bench/gpu_session.sh allreduce runs it beside bench_learner). Environment:\n"
+                                            "NCCL_* pass through; NCCL_NVLS_ENABLE is 0 unless set.")
     parser.add_argument("--gpus", type=int, default=0, help="GPUs to use (0: all visible)")
     parser.add_argument("--sizes-mb", default="25,100,500,2000", help="buffer sizes in MiB, comma-separated")
     parser.add_argument("--iters", type=int, default=20)

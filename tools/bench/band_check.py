@@ -143,7 +143,10 @@ def self_rows(records):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "timing precision on small kernels, from the records "
+                                        "of tools/bench/gpu_session.sh timing. No environment variables.")
     ap.add_argument("records", help="crucible eval records, one JSON object a line")
     ap.add_argument("--self", action="store_true", help="the reference as its own candidate: each verdict against 1.00")
     ap.add_argument("--calibrate", type=float, metavar="COVERAGE",

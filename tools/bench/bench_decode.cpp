@@ -45,7 +45,8 @@
 // that needed a decoding forward (the first comes from the prefill), over the decode time.
 // --rounds N measures every variant N times, pass r starting at variant r, and reports each
 // variant's median pass ("ms_per_step_passes" lists them all): the variant measured first in a
-// process ran 1.5-3% faster on an H100 (docs/PERFORMANCE.md), so one pass favours it.
+// process ran 1.5-3% faster on an H100 (docs/performance-history.md, "A wide attention kernel
+// and early reads"), so one pass favours it.
 // --layers-timeline makes one more batch-1 call per variant with its blocks stamping the device
 // clock: the persistent kernel's stages (small_layers*, policy::time_decode_layers) or the five
 // kernels of a layer (other small variants, policy::time_decode_kernels), one JSON line each.
@@ -94,17 +95,30 @@ struct bench_options {
   std::int64_t fused_max_rows = policy::engine_options{}.fused_max_rows;
 };
 
+constexpr const char* usage_text =
+    "usage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
+    "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
+    "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
+    "       [--layers-timeline]\n"
+    "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
+    "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,\n"
+    "                  small_head_gemm,small_layers,small_layers_l2,fused,libtorch]\n";
+
 [[noreturn]] void usage(const std::string& message) {
-  std::fprintf(stderr,
-               "bench_decode: %s\nusage: bench_decode --model DIR [--device cuda:0] [--batches 1,16,64] [--prompt 512]\n"
-               "       [--new 512] [--no-graphs] [--fused on|off|both] [--sync-interval N] [--dtype T] [--seed S]\n"
-               "       [--warmup N] [--repeats N] [--rounds N] [--copy-bytes N] [--trace PREFIX] [--fused-max-rows N]\n"
-               "       [--layers-timeline]\n"
-               "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
-               "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,"
-               "                  small_head_gemm,small_layers,small_layers_l2,fused,libtorch]\n",
-               message.c_str());
+  std::fprintf(stderr, "bench_decode: %s\n%s", message.c_str(), usage_text);
   std::exit(2);
+}
+
+[[noreturn]] void help() {
+  std::printf("bench_decode: decode throughput of the policy engine on random prompts, the KV cache's\n"
+              "memory against its analytic size, and the share of the bandwidth bound (the weights and the\n"
+              "average KV cache read once a step at the copy bandwidth measured on the device); one JSON\n"
+              "object per line. Reproduces the decode throughput row of the goals table in\n"
+              "docs/PERFORMANCE.md through tools/bench/decode_compare.py, which runs it beside\n"
+              "transformers (tools/bench/gpu_session.sh decode). The top of tools/bench/bench_decode.cpp\n"
+              "describes each option and variant. No environment variables.\n\n%s",
+              usage_text);
+  std::exit(0);
 }
 
 std::int64_t integer(const std::string& flag, const std::string& text, std::int64_t min) {
@@ -121,6 +135,8 @@ bench_options parse(int argc, char** argv) {
   bench_options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h")
+      help();
     if (flag == "--no-graphs") {
       o.graphs = false;
       continue;

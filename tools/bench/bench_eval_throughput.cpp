@@ -31,7 +31,35 @@
 namespace fs = std::filesystem;
 using namespace crucible;
 
+namespace {
+
+constexpr const char* help_text =
+    "bench_eval_throughput: verdicts per minute on one device with a queue of distinct candidates,\n"
+    "and the share of the wall time the device spends in timed rounds. Reproduces the evaluator\n"
+    "throughput row of the goals table in docs/PERFORMANCE.md (tools/bench/gpu_session.sh throughput).\n"
+    "\n"
+    "usage: bench_eval_throughput [--device cuda:0] [--concurrency 3] [--candidates 20] [--suite DIR]\n"
+    "                             [--set key=value]... [--verbose 1] [--timeline FILE]\n"
+    "\n"
+    "  --device       the device the evaluator owns (cuda:0)\n"
+    "  --concurrency  evaluating threads (3); one warm worker each unless --set evaluator.warm_workers\n"
+    "  --candidates   verdicts a pass: the pairs of --suite (tools/bench/eval_gpu), each made\n"
+    "                 distinct by a trailing comment (20)\n"
+    "  --set          an evaluator option, as for crucible eval (repeatable)\n"
+    "  --verbose 1    the evaluator's and the workers' laps on stderr (tools/bench/eval_laps.py)\n"
+    "  --timeline     the measured pass's steps through the device gate (tools/bench/gate_timeline.py)\n"
+    "\n"
+    "A first pass builds the extensions; the second, with the verdict cache off, is measured.\n"
+    "Environment: CRUCIBLE_HARNESS, CRUCIBLE_HARNESS_KERNELS and CRUCIBLE_PYTHON, as for crucible eval.\n";
+
+} // namespace
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string{argv[i]} == "--help" || std::string{argv[i]} == "-h") {
+      std::fputs(help_text, stdout);
+      return 0;
+    }
   std::string device = "cuda:0";
   int concurrency = 3;
   int count = 20;

@@ -180,7 +180,24 @@ result run_chain(std::vector<launch> chain, bool pdl, bool trigger_at_start, con
 
 } // namespace
 
+constexpr const char* usage_text =
+    "usage: bench_kernel_chain [--device 0] [--kernels 130] [--replays 200] [--blocks 14,132,1216] "
+    "[--threads 128] [--mib 0,6] [--layers 24] [--decode-blocks 144,14,112,1216,448,1056]... "
+    "[--decode-threads 128,512,128,128,128,128]\n";
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string{argv[i]} == "--help" || std::string{argv[i]} == "-h") {
+      std::printf("bench_kernel_chain: what a chain of dependent kernels costs on this device by itself, in\n"
+                  "stream order and under programmatic dependent launch: uniform chains (--blocks, --mib) and\n"
+                  "the chain of a batch-1 decoding step's launch shapes and weight bytes (--decode-blocks),\n"
+                  "doing nothing but their loads; one JSON object per line. Reproduces the goals table's row\n"
+                  "on the floor under a decoding step's kernels in docs/PERFORMANCE.md\n"
+                  "(tools/bench/gpu_session.sh chain). The top of tools/bench/bench_kernel_chain.cu describes\n"
+                  "the chains. No environment variables.\n\n%s",
+                  usage_text);
+      return 0;
+    }
   int device = 0, kernels = 130, replays = 200, layers = 24;
   std::vector<long long> blocks = {14, 132, 1216}, threads = {128}, mib = {0, 6};
   std::vector<std::vector<long long>> decode_blocks;
@@ -219,10 +236,7 @@ int main(int argc, char** argv) {
     else if (flag == "--decode-threads")
       decode_threads = numbers(v, "--decode-threads");
     else {
-      std::fprintf(stderr,
-                   "usage: bench_kernel_chain [--device 0] [--kernels 130] [--replays 200] [--blocks 14,132,1216] "
-                   "[--threads 128] [--mib 0,6] [--layers 24] [--decode-blocks 144,14,112,1216,448,1056]... "
-                   "[--decode-threads 128,512,128,128,128,128]\n");
+      std::fputs(usage_text, stderr);
       return 2;
     }
   }

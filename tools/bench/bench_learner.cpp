@@ -79,15 +79,29 @@ struct bench_options {
   std::vector<std::string> kernels{"fused"};
 };
 
+constexpr const char* usage_text =
+    "usage: bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N]\n"
+    "       [--preset 0.5b] [--vocab N] [--groups N] [--samples N] [--prompt N] [--completion N]\n"
+    "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--no-overlap] [--bucket-mb X]\n"
+    "       [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X] [--sync-repeats N] [--trace FILE]\n"
+    "       [--kernels fused,libtorch]\n";
+
 [[noreturn]] void usage(const std::string& message) {
-  std::fprintf(stderr,
-               "bench_learner: %s\nusage: bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N]\n"
-               "       [--preset 0.5b] [--vocab N] [--groups N] [--samples N] [--prompt N] [--completion N]\n"
-               "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--no-overlap] [--bucket-mb X]\n"
-               "       [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X] [--sync-repeats N] [--trace FILE]\n"
-               "       [--kernels fused,libtorch]\n",
-               message.c_str());
+  std::fprintf(stderr, "bench_learner: %s\n%s", message.c_str(), usage_text);
   std::exit(2);
+}
+
+[[noreturn]] void help() {
+  std::printf("bench_learner: the learner's GPU figures, one JSON object per line: the bf16 matmul rate\n"
+              "(matmul), a GRPO update's tokens/s and MFU against it (grpo), NCCL all-reduce bus bandwidth\n"
+              "(allreduce), data-parallel scaling over the GPUs (scaling), and weight sync seconds per GB\n"
+              "(sync). Reproduces the goals table's rows in docs/PERFORMANCE.md on the GRPO update's MFU,\n"
+              "data-parallel learners and weight sync, and the gradient all-reduce\n"
+              "(tools/bench/gpu_session.sh grpo, dp, allreduce). The top of tools/bench/bench_learner.cpp\n"
+              "describes each figure and option. Environment: NCCL's own variables pass through\n"
+              "(NCCL_COMM_BLOCKING=1 makes the communicator blocking).\n\n%s",
+              usage_text);
+  std::exit(0);
 }
 
 std::int64_t integer(const std::string& flag, const std::string& text, std::int64_t min) {
@@ -129,7 +143,7 @@ bench_options parse(int argc, char** argv) {
       continue;
     }
     if (flag == "--help" || flag == "-h")
-      usage("learner benchmarks");
+      help();
     if (i + 1 >= argc)
       usage(flag + ": needs a value");
     const std::string v = argv[++i];

@@ -183,9 +183,23 @@ int fail_with(const crucible::error& e) {
   return 1;
 }
 
+constexpr const char* usage_text =
+    "usage: bench_replay [--dir DIR] [--rows N] [--tasks T] [--queries Q] [--seconds S] [--throughput 0|1] "
+    "[--batches 1,10,...]\n";
+
 } // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string{argv[i]} == "--help" || std::string{argv[i]} == "-h") {
+      std::printf("bench_replay: the replay store's figures: the disk's fsync rate, record throughput\n"
+                  "(record against record_batch), exemplar-query latency over --rows stored variants and\n"
+                  "hack-case retrieval. Reproduces the goals table's replay store rows in docs/PERFORMANCE.md.\n"
+                  "With --dir the 1M-row database is kept there and reused; without it everything lives in\n"
+                  "a temporary directory. No environment variables.\n\n%s",
+                  usage_text);
+      return 0;
+    }
   fs::path dir;
   std::int64_t rows_1m = 1000000;
   int tasks = 250;
@@ -220,7 +234,7 @@ int main(int argc, char** argv) {
     }
   }
   if ((argc - 1) % 2 != 0) {
-    std::fprintf(stderr, "usage: bench_replay [--dir DIR] [--rows N] [--tasks T] [--queries Q] [--seconds S] [--throughput 0|1] [--batches 1,10,...]\n");
+    std::fputs(usage_text, stderr);
     return 2;
   }
   const bool temporary = dir.empty();

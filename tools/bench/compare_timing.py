@@ -178,7 +178,11 @@ def label(r):
 
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=None)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "timing precision on small kernels, KernelBench's\n"
+                                        "timing beside crucible's (the kb-* steps of tools/bench/gpu_session.sh timing).\n"
+                                        "No environment variables.")
     ap.add_argument("crucible", help="crucible eval --pairs ... --out records")
     ap.add_argument("kernelbench", help="tools/bench/kernelbench_timing.py --out records")
     ap.add_argument("--min-rel", type=float, default=0.05, help="least relative speedup difference listed (0.05)")

@@ -3,15 +3,27 @@
 costs. A process with torch imported (the size of a worker or zygote) forks N times, as the
 zygote does; each child enters the worker's sandbox. Prints the fork's and the confinement's
 milliseconds (the keeper's fork included in the latter), sorted, and their medians, as JSON."""
+import argparse
 import importlib.util
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): a verdict's wall time with "
+                                        "the workers' sandbox, what entering it costs. Needs torch. No environment "
+                                        "variables.")
+    ap.add_argument("n", type=int, nargs="?", default=10, help="forks (10)")
+    return ap.parse_args()
+
+
+ARGS = parse() if __name__ == "__main__" else None
 spec = importlib.util.spec_from_file_location("confine", os.path.join(HERE, "..", "..", "env", "harness", "confine.py"))
 confine = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(confine)
@@ -19,7 +31,7 @@ import torch  # noqa: E402,F401  (the size of a worker)
 
 
 def main():
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10
+    n = ARGS.n
     forks, confines, layers = [], [], None
     for _ in range(n):
         r, w = os.pipe()

@@ -59,7 +59,10 @@ def mib(n):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "decode throughput (tools/bench/gpu_session.sh decode\n"
+                                        "runs it). No environment variables.")
     ap.add_argument("--build", default=os.path.join(ROOT, "build-gpu"), help="build directory with crucible and bench_decode")
     ap.add_argument("--model", default="", help="model directory (made with init-model when absent; "
                                                 "default: /tmp/crucible-decode-PRESET)")

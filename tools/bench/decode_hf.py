@@ -17,7 +17,10 @@ import time
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "decode throughput, transformers' side\n"
+                                        "(decode_compare.py runs it). No environment variables.")
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--batches", default="1,16,64")

@@ -33,7 +33,10 @@ def quantile(xs, q):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "evaluator throughput, the laps of each step\n"
+                                        "(LAPS=1 tools/bench/gpu_session.sh throughput runs it). No environment variables.")
     ap.add_argument("log")
     ap.add_argument("--whole", action="store_true",
                     help="read the whole log (crucible eval --repeat N --verbose: no warm-up pass)")

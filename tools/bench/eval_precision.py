@@ -13,6 +13,7 @@ the interpreter and torch start-up that crucible's warm worker pool keeps off it
   python3 tools/bench/eval_precision.py --crucible build-gpu/tools/crucible --repeat 10
 """
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -20,7 +21,35 @@ import subprocess
 import sys
 import time
 
-from eval_gpu_suite import SUITE, kb_mean_ms, load_module
+SUITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eval_gpu")
+
+
+def load_module(path, name):
+    """Executes the Python file at `path` as a module named `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def kb_mean_ms(model, inputs, calls=100):
+    """KernelBench-style time of one model: 3 untimed calls, then the mean of `calls` CUDA-event
+    timings on the current stream, the same inputs reused."""
+    import torch
+
+    for _ in range(3):
+        model(*inputs)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        model(*inputs)
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end))
+    return sum(samples) / len(samples)
 
 
 def kernelbench_style(task_path, cand_path, seed):
@@ -69,7 +98,10 @@ def spread(xs):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "sequential verdicts against KernelBench-style\n"
+                                        "(tools/bench/gpu_session.sh precision runs it). No environment variables.")
     ap.add_argument("--crucible", default="", help="path of the crucible binary")
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--repeat", type=int, default=10)

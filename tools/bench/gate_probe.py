@@ -52,7 +52,10 @@ def timed(calls, fn, gate=None, cycles=40_000_000):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "timing precision on small kernels, the gate\n"
+                                        "(tools/bench/gpu_session.sh timing start runs it first). No environment variables.")
     ap.add_argument("--kernels", required=True, help="the harness kernels' fatbin")
     ap.add_argument("--calls", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=30)

@@ -47,7 +47,10 @@ def load(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "evaluator throughput, where the wall goes\n"
+                                        "(tools/bench/gpu_session.sh throughput runs it). No environment variables.")
     ap.add_argument("timeline")
     args = ap.parse_args()
     start, end, events = load(args.timeline)

@@ -1,87 +1,467 @@
 #!/usr/bin/env bash
-# tools/bench/gpu_session.sh: on a GPU machine (see docs/building.md), builds crucible and runs
-# the evaluator and decode figures of docs/PERFORMANCE.md, writing logs to $OUT (or ./gpu-out).
-#   tools/bench/gpu_session.sh [gpu_evaluator] [evals] [phases] [initprobe] [firstcall] [placement] [interference] [baselines] [throughput] [connections] [holds] [concurrency] [precision] [probe] [decode] [trace] [projections] [wide] [launch] [halfwarps] [timeline] [chain] [learner] [grpo] [dp] [allreduce]
-# PRECISION_ONLY=a,b limits `precision` to those tasks; `probe` runs tools/bench/timing_probe.py
-# on two tasks; `trace` profiles decoding at batch 1 (bench_decode --trace; TRACE_KERNELS names the
-# variants, by default the engine's kernels, the same with the attention split and combined instead
-# of wide, and with every read after the wait); `wide` tests and measures those three side by side (three rotated passes, medians);
-# `launch` tests and measures the decoding kernels launching the next as they begin against after their wait
-# (and transformers beside them); `halfwarps` tests and measures the one-row gate/up projection a unit
-# a half-warp against a unit a warp; `layers` tests and measures a one-row step's layers in one persistent kernel
-# against five kernels a layer (LAYERS_HF= adds transformers);
-# `chain` measures what a chain of dependent kernels costs by itself (bench_kernel_chain); `timeline`
-# times the blocks of a one-row layer's five kernels (TIMELINE_KERNELS names the variants);
-# `projections` tests and measures the one-row projections with one and two rounds of weight loads; `gpu_engine` runs the engine's and the fused kernels' GPU tests; `learner` runs the
-# data-parallel GPU tests, bench_learner on every GPU and torch.distributed's all-reduce beside it.
+# tools/bench/gpu_session.sh MODE [ARG...]: on a GPU machine (docs/building.md), the GPU figures of
+# the goals table in docs/PERFORMANCE.md, one mode per row; builds what the mode needs in build-gpu
+# and writes logs and records under $OUT (default ./gpu-out). --help lists the modes.
 set -uo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: tools/bench/gpu_session.sh MODE [ARG...]
+On a GPU machine (docs/building.md): builds what MODE needs in build-gpu (Debian's .debs from
+.deps/debs, wheels from .whl where an import fails) and reproduces one row of the goals table of
+docs/PERFORMANCE.md, writing logs and records under $OUT (default ./gpu-out). One mode a call.
+
+Modes (the table's row in brackets):
+  throughput          [evaluator throughput] bench_eval_throughput at each concurrency of
+                      CONCURRENCIES (default "5 6 5"), CANDIDATES candidates (40), both passes;
+                      each measured pass's gate timeline in $OUT/timeline_N_cC.txt with its
+                      breakdown (gate_timeline.py). EVAL_SETS: --set options for every run;
+                      RUN_SETS: "|"-separated, the Nth field's --set options for the Nth run;
+                      LAPS=1: --verbose 1, each run's log in $OUT/laps_N.txt and its steps'
+                      medians (eval_laps.py). Output: $OUT/concurrency.txt.
+  precision           [sequential verdicts] tools/bench/eval_precision.py --repeat 10 over the
+                      five pairs of tools/bench/eval_gpu (PRECISION_ONLY=a,b: those tasks).
+                      Output: $OUT/precision.json, precision.txt.
+  timing start|wait|collect
+                      [timing precision] the pipeline of steps dev6, self-l1, t51-solo, hacks,
+                      kb-dev6, before-dev6, kb-self, before-self (STEPS="a b": those only) in a
+                      session of its own (setsid), across several device calls; records under
+                      data/runs/precision. `start` builds, checks the gate (gate_probe.py) and
+                      one verdict in the open, starts the pipeline and waits like `wait`;
+                      `wait` waits until it ends or WAIT_S seconds (540) pass; `collect` packs
+                      every record and log into $OUT/precision.tgz. CONC, WARM: the evaluator's
+                      concurrency and warm workers (6, 12). Carry data/kernelbench
+                      (fetch_kernelbench.sh) and data/dev6 (pick_pairs.py) on `start` only.
+  hacks [CANDIDATE...]
+                      [reward hacks] one verdict of each GPU hack candidate (default: every file
+                      of tests/candidates/gpu) on its '# task:', from each side of SIDES ("new
+                      old": this checkout in build-gpu, OLD_SRC in OLD_SRC/build), alternated.
+                      Output: $OUT/hacks.jsonl.
+  variants [FILTER...]
+                      [legitimate kernels of the GPU suite] the same for every correct variant
+                      of env/tasks/gpu/variants whose LEVEL/TASK contains a FILTER (default:
+                      all). Output: $OUT/variants.jsonl.
+  cuda_l1 build|start|wait|collect
+                      [CUDA-L1's released kernels] a kernel set through `crucible eval --pairs`
+                      across several device calls: SET (data/cuda-l1/3090.json,
+                      fetch_cuda_l1.sh) into data/runs/NAME.jsonl (an interrupted run resumes
+                      from it); CONC, WARM (6, 12); EVAL_ARGS: more crucible eval options;
+                      WAIT_S (540). `collect` copies the records and summary to $OUT.
+  checks [PASSES]     [a verdict's wall time after the timed-call checks] a verdict's wall time
+                      on tools/bench/eval_gpu with this checkout and with OLD_SRC (a checkout of
+                      216711e, built beside it), alternated task by task, PASSES passes (3),
+                      three verdicts per evaluator; the first pass is left out of the medians.
+                      TASKS="a b": those tasks; EVAL_ARGS: options of every crucible eval (fixed
+                      rounds: "--set evaluator.rounds=30 --set evaluator.min_rounds=30 --set
+                      evaluator.max_rounds=30 --set evaluator.recheck_above=1e9").
+                      Output: $OUT/isolation_cost.jsonl.
+  sandbox [PASSES]    [a verdict's wall time with the workers' sandbox] the same, OLD_SRC a
+                      checkout of ec61a03 (before the sandbox).
+  suite FILTER...     [the GPU task suite] tools/check_tasks.py over the GPU suite's tasks whose
+                      names contain each FILTER (level1, level2/0, ...), with their variants,
+                      whose load_inline extensions are built first, all at once
+                      (TORCH_CUDA_ARCH_LIST 9.0, MAX_JOBS 4). Output: $OUT/check_FILTER.json.
+  decode              [decode throughput] the kernels' and the engine's GPU tests (DECODE_TESTS,
+                      default *), tools/bench/decode_compare.py --rounds 3 at DECODE_BATCHES
+                      (1,16,64) with the variants DECODE_KERNELS (small,small_gate_up_warps)
+                      and transformers' generate (DECODE_HF=--skip-hf leaves it out), then the
+                      traced batch-1 step of each variant (trace_steps.py).
+                      Output: $OUT/decode.json, decode.txt, trace_steps.txt.
+  chain               [the floor under a decoding step's kernels] bench_kernel_chain
+                      (CHAIN_ARGS replaces its arguments, default "--blocks 14,132,264,1216
+                      --mib 0,6"). Output: $OUT/chain.jsonl.
+  grpo                [GRPO update MFU, one GPU] the training kernels' GPU tests, bench_learner
+                      --figures matmul,grpo with the fused kernels and LibTorch's in both orders,
+                      then one update under the profiler. Output: $OUT/grpo.jsonl.
+  dp                  [data-parallel learners, weight sync] test_gpu_dp, then bench_learner
+                      --figures matmul,grpo,scaling,sync on every GPU. Output: $OUT/dp.jsonl.
+  allreduce           [the gradient all-reduce] bench_learner's all-reduce of 25 and 100 MB,
+                      the same with NCCL_COMM_BLOCKING=1, and tools/bench/allreduce_torch.py,
+                      twice each; then test_gpu_dp. Output: $OUT/allreduce.jsonl.
+
+Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
+CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
+DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
+above). The figures of the other rows come from commands named in the table.
+EOF
+}
+
+case "${1:-}" in
+  -h | --help) usage; exit 0 ;;
+  "") usage >&2; exit 2 ;;
+esac
+MODE="$1"
+shift
+case "$MODE" in
+  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce) ;;
+  *) echo "gpu_session: unknown mode '$MODE'" >&2; usage >&2; exit 2 ;;
+esac
+
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
+SELF="$ROOT/tools/bench/gpu_session.sh"
+cd "$ROOT" || exit 2
 OUT="${OUT:-$ROOT/gpu-out}"
-mkdir -p "$OUT" .deps/prefix
-for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/prefix; done
+B=build-gpu
 PREFIX="$ROOT/.deps/prefix/usr"
 export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# The worker needs pyzmq (and the decode comparison transformers); the machine cannot download,
-# so wheels carried in .whl/ are installed when an import fails.
-python3 -c 'import zmq, transformers' 2>/dev/null || { ls .whl/*.whl >/dev/null 2>&1 &&
-  python3 -m pip install -q --no-index --no-deps --break-system-packages .whl/*.whl; }
-B=build-gpu
-if [[ ! -f $B/build.ninja ]]; then
-  cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_TESTS=ON \
+# The Python lines that only say the worker's NVML or fork warnings, left out of the logs shown.
+NOISE="NVML|raw_cnt|DeprecationWarning|pid = os.fork"
+
+setup() { # Debian's .debs (CAF, ZeroMQ) unpacked; pyzmq and transformers from .whl where missing
+  mkdir -p "$OUT" .deps/prefix
+  for f in .deps/debs/*.deb; do dpkg -x "$f" .deps/prefix; done
+  # The machine cannot download, so wheels carried in .whl/ are installed when an import fails.
+  python3 -c 'import zmq, transformers' 2>/dev/null || { ls .whl/*.whl >/dev/null 2>&1 &&
+    python3 -m pip install -q --no-index --no-deps --break-system-packages .whl/*.whl; }
+}
+
+configure() { # SRC BUILD LOG: configured once
+  [[ -f $2/build.ninja ]] || cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_TESTS=ON \
     -DCMAKE_PREFIX_PATH="$PREFIX;$PREFIX/lib/x86_64-linux-gnu/cmake;$PREFIX/share/cmake" \
-    -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$OUT/configure.log" 2>&1
-fi
-targets=(crucible)
-[[ " $* " == *" throughput "* || " $* " == *" holds "* || " $* " == *" connections "* || " $* " == *" concurrency "* ]] && targets+=(bench_eval_throughput)
-[[ " $* " == *" gpu_evaluator "* ]] && targets+=(test_gpu_evaluator)
-[[ " $* " == *" decode "* || " $* " == *" trace "* || " $* " == *" gpu_engine "* || " $* " == *" projections "* || " $* " == *" wide "* || " $* " == *" launch "* || " $* " == *" layers "* || " $* " == *" halfwarps "* || " $* " == *" timeline "* ]] && targets+=(bench_decode test_gpu_engine test_gpu_kernels)
-[[ " $* " == *" learner "* || " $* " == *" allreduce "* || " $* " == *" dp "* ]] && targets+=(bench_learner test_gpu_dp)
-# The GRPO update alone needs neither the CLI nor the NCCL tests.
-[[ "$*" == "grpo" ]] && targets=(bench_learner test_gpu_kernels)
-[[ " $* " == *" chain "* ]] && targets+=(bench_kernel_chain)
-[[ "$*" == "chain" ]] && targets=(bench_kernel_chain)
-start=$(date +%s)
-cmake --build $B -j "$(nproc)" --target "${targets[@]}" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
-echo "gpu_session: build took $(( $(date +%s) - start )) s"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-for what in "$@"; do
-  case "$what" in
-    precision)
-      python3 tools/bench/eval_precision.py --crucible $B/tools/crucible --repeat 10 ${PRECISION_ONLY:+--only "$PRECISION_ONLY"} \
-        --out "$OUT/precision.json" 2>&1 | tee "$OUT/precision.txt" ;;
-    probe)
-      for t in layernorm_manual gelu_tanh_affine; do
-        (cd tools/bench && python3 timing_probe.py --task $t --processes 8 --out "$OUT/probe_$t.json") 2>&1 | tail -6 | tee -a "$OUT/probe.txt"
-      done ;;
-    trace)
-      # Where a batch-1 decoding step's time goes: LibTorch's profiler over one call.
-      m=/tmp/crucible-decode-0.5b
-      [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/trace_setup.txt" 2>&1
-      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 64 --kernels "${TRACE_KERNELS:-small,small_split,small_late}" \
-        --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
-      # Per-kernel time of the median step of each variant; the traces themselves stay behind.
-      for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
-    gpu_evaluator)
-      timeout 400 $B/tests/gpu/test_gpu_evaluator -s 2>&1 | tee "$OUT/gpu_evaluator.txt" | tail -60 ;;
-    learner)
-      # NCCL collectives, DP and ZeRO-1 against one GPU, weight sync; then the learner figures
-      # (bf16 matmul rate, GRPO MFU, all-reduce bus bandwidth, DP scaling, weight sync s/GB) and
-      # torch.distributed's all-reduce of the same bytes.
-      timeout 600 $B/tests/gpu/test_gpu_dp 2>&1 | tail -40 | tee "$OUT/gpu_dp.txt"
-      timeout 900 $B/tools/bench/bench_learner 2>&1 | tee "$OUT/learner.jsonl"
-      timeout 300 python3 tools/bench/allreduce_torch.py 2>&1 | tee "$OUT/allreduce_torch.jsonl" ;;
-    grpo)
-      # The fused log-softmax's tests; one GPU's GRPO update (tokens/s, MFU against the measured
-      # bf16 matmul rate) with the fused output log-softmax and with LibTorch's, in both orders;
-      # then one more update under the profiler: its 40 longest operators and kernels.
-      [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*,*training forward*,*silu_mul_pair*' 2>&1 | tee "$OUT/gpu_kernels_train.txt" | grep -E "worst|ERROR|FAIL|test cases|assertions" | tail -40
-      for heads in fused,libtorch libtorch,fused; do
-        timeout 300 $B/tools/bench/bench_learner --figures matmul,grpo --kernels $heads 2>&1 | tee -a "$OUT/grpo.jsonl"
+    -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$3" 2>&1
+}
+
+build() { # TARGET...: in build-gpu, then the device's name, memory, driver and clock
+  setup
+  configure "$ROOT" "$B" "$OUT/configure.log" || { tail -30 "$OUT/configure.log"; exit 1; }
+  local start
+  start=$(date +%s)
+  cmake --build $B -j "$(nproc)" --target "$@" > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  echo "gpu_session: build took $(( $(date +%s) - start )) s"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+}
+
+old_src() { # OLD_SRC as an absolute path (the other side of hacks, variants, checks, sandbox)
+  (cd "${OLD_SRC:-old-src}" && pwd) || { echo "gpu_session: OLD_SRC (${OLD_SRC:-old-src}) is not a checkout" >&2; exit 2; }
+}
+
+# One verdict of CANDIDATE on TASK (absolute paths) from each side in SIDES, `crucible eval --json
+# --no-cache` on cuda:0, one JSON line a verdict appended to JSONL (KEY: LABEL, side, status,
+# speedup, checks, wall time, message); each side's stderr goes to JSONL's folder.
+eval_sides() { # KEY LABEL TASK CANDIDATE JSONL
+  local key="$1" label="$2" task="$3" cand="$4" jsonl="$5" side bin base
+  for side in ${SIDES:-new old}; do
+    if [[ $side == new ]]; then bin="$ROOT/$B/tools/crucible"; base="$ROOT"; else bin="$OLD/build/tools/crucible"; base="$OLD"; fi
+    (cd "$base" && timeout 300 "$bin" eval --task "$task" --candidate "$cand" --device cuda:0 --json --no-cache \
+      2>>"$(dirname "$jsonl")/eval-sides-stderr-$side.log") |
+      python3 -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("{"):
+        v = json.loads(line)
+        print(json.dumps({sys.argv[1]: sys.argv[2], "side": sys.argv[3], "status": v["status"], "speedup": v["speedup"],
+                          "checks": v["checks_failed"], "wall_s": v.get("wall_s"), "message": v["message"][:300]}))' \
+        "$key" "$label" "$side" | tee -a "$jsonl"
+  done
+}
+
+build_sides() { # crucible in build-gpu, and in OLD_SRC/build where SIDES has old
+  build crucible
+  if [[ " ${SIDES:-new old} " == *" old "* ]]; then
+    OLD="$(old_src)" || exit 2
+    configure "$OLD" "$OLD/build" "$OUT/configure-old.log" || { tail -30 "$OUT/configure-old.log"; exit 1; }
+    cmake --build "$OLD/build" --target crucible -j "$(nproc)" > "$OUT/build-old.log" 2>&1 || { tail -30 "$OUT/build-old.log"; exit 1; }
+  fi
+}
+
+hacks() { # CANDIDATE...: relative to the checkout
+  local files=("$@") f task start
+  [[ ${#files[@]} -gt 0 ]] || files=(tests/candidates/gpu/*.py)
+  for f in "${files[@]}"; do
+    task="$(sed -n 's/^# task:[[:space:]]*//p' "$ROOT/$f" | head -1)"
+    start=$(date +%s)
+    eval_sides candidate "$(basename "$f")" "$ROOT/$task" "$ROOT/$f" "$OUT/hacks.jsonl"
+    echo "gpu_session hacks: $(basename "$f") took $(( $(date +%s) - start )) s"
+  done
+}
+
+variants() { # FILTER...
+  local filters=("$@") dir rel keep f cand
+  [[ ${#filters[@]} -gt 0 ]] || filters=("")
+  for dir in env/tasks/gpu/variants/*/*/; do
+    rel="${dir#env/tasks/gpu/variants/}"; rel="${rel%/}"
+    keep=0
+    for f in "${filters[@]}"; do [[ "$rel" == *"$f"* ]] && keep=1; done
+    [[ $keep == 1 ]] || continue
+    for cand in "$dir"*.py; do
+      [[ $(basename "$cand") == wrong_* ]] && continue
+      eval_sides variant "$rel/$(basename "$cand")" "$ROOT/env/tasks/gpu/$rel.py" "$ROOT/$cand" "$OUT/variants.jsonl"
+    done
+  done
+}
+
+wall_sides() { # [PASSES]: a verdict's wall time, this checkout against OLD_SRC
+  local passes="${1:-3}" start pass task side bin base
+  setup
+  OLD="$(old_src)" || exit 2
+  configure "$ROOT" "$ROOT/$B" "$OUT/configure.log"
+  configure "$OLD" "$OLD/build" "$OUT/configure-old.log"
+  start=$(date +%s)
+  cmake --build "$ROOT/$B" --target crucible -j 10 > "$OUT/build-new.log" 2>&1 &
+  cmake --build "$OLD/build" --target crucible -j 6 > "$OUT/build-old.log" 2>&1 &
+  wait
+  echo "gpu_session $MODE: builds took $(( $(date +%s) - start )) s"
+  [[ -x $B/tools/crucible && -x "$OLD/build/tools/crucible" ]] || { tail -20 "$OUT"/build-*.log; exit 1; }
+  for pass in $(seq 1 "$passes"); do
+    for task in ${TASKS:-relu_affine gelu_tanh_affine layernorm_manual row_sumsq softmax_manual}; do
+      for side in new old; do
+        if [[ $side == new ]]; then bin="$ROOT/$B/tools/crucible"; base="$ROOT"; else bin="$OLD/build/tools/crucible"; base="$OLD"; fi
+        # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
+        (cd "$base" && "$bin" eval --task tools/bench/eval_gpu/tasks/$task.py \
+          --candidate tools/bench/eval_gpu/candidates/$task.py --device cuda:0 --repeat 3 --json ${EVAL_ARGS:-} 2>>"$OUT/eval-stderr-$side.log") |
+          python3 -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("{"):
+        v = json.loads(line)
+        print(json.dumps({"pass": int(sys.argv[1]), "task": sys.argv[2], "side": sys.argv[3], "status": v["status"],
+                          "speedup": v["speedup"], "wall_s": v["wall_s"], "message": v["message"][:160]}))' "$pass" "$task" "$side" |
+          tee -a "$OUT/isolation_cost.jsonl"
       done
-      timeout 300 $B/tools/bench/bench_learner --figures grpo --steps 2 --trace /tmp/grpo-trace.json 2>&1 \
-        | tee -a "$OUT/grpo.jsonl" | python3 -c 'import json,sys
+    done
+  done
+  python3 - "$OUT/isolation_cost.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for task in sorted({r["task"] for r in rows}):
+    line = [task]
+    med = {}
+    for side in ("old", "new"):
+        w = [r["wall_s"] for r in rows if r["task"] == task and r["side"] == side and r["pass"] > 1]
+        med[side] = statistics.median(w) if w else None
+        line.append(f"{side} median {med[side]:.3f} s (n={len(w)})" if w else f"{side} -")
+    if med["old"] and med["new"]:
+        line.append(f"new/old {med['new'] / med['old']:.3f}")
+    print("; ".join(line))
+PY
+}
+
+suite() { # FILTER...
+  local start filter f
+  [[ $# -gt 0 ]] || { echo "gpu_session suite: name at least one FILTER (level1, level2/0, ...)" >&2; exit 2; }
+  mkdir -p "$OUT"
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-4}" PYTHONUNBUFFERED=1
+  start=$(date +%s)
+  for filter in "$@"; do
+    # shellcheck disable=SC2013 # the suite's file names have no spaces
+    for f in $(grep -l load_inline env/tasks/gpu/variants/"${filter%%/*}"/*/*.py 2>/dev/null); do
+      [[ "$f" == *"/${filter#*/}"* ]] || continue
+      python3 -c 'import importlib.util as u, sys
+s = u.spec_from_file_location("variant", sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)' "$f" \
+        > /dev/null 2>> "$OUT/prebuild.log" &
+    done
+  done
+  wait
+  echo "gpu_session suite: extensions built in $(( $(date +%s) - start )) s"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  for filter in "$@"; do
+    start=$(date +%s)
+    python3 tools/check_tasks.py --suite env/tasks/gpu --device cuda --variants --only "$filter" --seeds 1 --rounds 15 \
+      --timeout 150 --json "$OUT/check_${filter//\//_}.json" 2>&1 | tail -40
+    echo "gpu_session suite: $filter took $(( $(date +%s) - start )) s"
+  done
+}
+
+# ---- timing: the timing precision pipeline, in the background across device calls ----
+PREC="$ROOT/data/runs/precision"
+CRUCIBLE="$ROOT/$B/tools/crucible"
+SETARGS=(--device cuda:0 --json --set evaluator.concurrency="${CONC:-6}" --set evaluator.warm_workers="${WARM:-12}")
+
+step() { # NAME: runs the rest, logging to $PREC/NAME.log, once (a mark file says it is done)
+  local name="$1" t0
+  shift
+  [[ -f "$PREC/$name.done" ]] && return 0
+  if [[ -n "${STEPS:-}" && " $STEPS " != *" $name "* ]]; then return 0; fi
+  echo "[$(date +%T)] $name: start" >>"$PREC/pipeline.log"
+  t0=$(date +%s)
+  "$@" >"$PREC/$name.out" 2>"$PREC/$name.log"
+  echo "[$(date +%T)] $name: rc $? after $(( $(date +%s) - t0 )) s" >>"$PREC/pipeline.log"
+  touch "$PREC/$name.done"
+}
+
+absolute() { # DIR: a pairs file's relative paths made absolute (they were relative to DIR)
+  awk -F'\t' -v OFS='\t' -v d="$1" '{ for (i = 1; i <= 2; i++) if (substr($i, 1, 1) != "/") $i = d "/" $i; print }'
+}
+
+timing_pipeline() {
+  python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
+  # The partial pair files live with the records, not in the data folders: a later call that
+  # carries data/dev6 again replaces that folder while the pipeline runs.
+  grep -v '^#' data/self-l1/pairs.tsv | head -25 | absolute "$ROOT/data/self-l1" >"$PREC/self-l1-25.tsv"
+  grep -E '_r[123]\.py$' data/dev6/pairs.tsv | absolute "$ROOT/data/dev6" >"$PREC/dev6-3.tsv"
+  step dev6 "$CRUCIBLE" eval --pairs data/dev6/pairs.tsv --out "$PREC/dev6.jsonl" --no-cache "${SETARGS[@]}"
+  step self-l1 "$CRUCIBLE" eval --pairs data/self-l1/pairs.tsv --out "$PREC/self-l1.jsonl" "${SETARGS[@]}"
+  # L2_T51's ten kernels alone on the device, one verdict at a time, each with the worker's laps
+  # (clock, calls per sample, gate timeouts): whether its spread comes from the other verdicts.
+  grep -E 'L2_T51_' data/dev6/pairs.tsv | absolute "$ROOT/data/dev6" >"$PREC/t51.tsv"
+  step t51-solo "$CRUCIBLE" eval --pairs "$PREC/t51.tsv" --out "$PREC/t51-solo.jsonl" --no-cache --verbose \
+    "${SETARGS[@]}" --set evaluator.concurrency=1
+  # Every GPU hack candidate once (tests/candidates/gpu): none may be credited.
+  step hacks env OUT="$PREC" SIDES=new OLD_SRC="$ROOT" bash "$SELF" hacks
+  step kb-dev6 python3 tools/bench/kernelbench_timing.py --pairs "$PREC/dev6-3.tsv" --out "$PREC/kb-dev6.jsonl" --json
+  step before-dev6 "$CRUCIBLE" eval --pairs "$PREC/dev6-3.tsv" --out "$PREC/before-dev6.jsonl" --no-cache \
+    "${SETARGS[@]}" --set evaluator.sample_ms=0
+  # KernelBench's timing took 22 s a task of level 1 on an H100 (2026-11-25): 25 of them.
+  step kb-self python3 tools/bench/kernelbench_timing.py --pairs "$PREC/self-l1-25.tsv" --out "$PREC/kb-self-l1.jsonl" --json
+  step before-self "$CRUCIBLE" eval --pairs "$PREC/self-l1-25.tsv" --out "$PREC/before-self-l1.jsonl" --no-cache \
+    "${SETARGS[@]}" --set evaluator.sample_ms=0
+  echo "[$(date +%T)] pipeline: end" >>"$PREC/pipeline.log"
+}
+
+timing_running() { [[ -f "$PREC/pid" ]] && kill -0 "$(cat "$PREC/pid")" 2>/dev/null; }
+
+timing_collect() { # one archive: the device tool brings back only a few files a call
+  tar czf "$OUT/precision.tgz.part" -C "$PREC" . 2>/dev/null && mv "$OUT/precision.tgz.part" "$OUT/precision.tgz"
+  # shellcheck disable=SC2094 # $f is only read; the sed names it
+  for f in "$PREC"/*.log; do tr '\r' '\n' <"$f" | grep -v '^$' | tail -1 | sed "s|^|$(basename "$f"): |"; done
+}
+
+timing_wait() {
+  local until=$(( $(date +%s) + ${WAIT_S:-540} ))
+  while timing_running && (( $(date +%s) < until )); do
+    sleep $(( until - $(date +%s) < 60 ? until - $(date +%s) : 60 ))
+    echo "[$(date +%T)] $(tail -1 "$PREC/pipeline.log")"
+    timing_collect >/dev/null # every minute: a call cut short by its limit still brings the records back
+  done
+  if timing_running; then echo "timing_precision: still running"; else echo "timing_precision: ended"; fi
+  timing_collect
+}
+
+timing_start() {
+  build crucible
+  if [[ ! -f "$PREC/gate.json" ]]; then # the gate itself (tools/bench/gate_probe.py), in the open
+    timeout 120 python3 tools/bench/gate_probe.py --kernels $B/env/harness_kernels.fatbin --json \
+      >"$PREC/gate.json" 2>"$PREC/gate.log"; echo "gate_probe: rc $?"; cat "$PREC/gate.json"; tail -5 "$PREC/gate.log"
+  fi
+  if [[ ! -f "$PREC/smoke.done" ]]; then # one verdict first, in the open: a broken build shows here
+    python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
+    timeout 120 "$CRUCIBLE" eval --task data/kernelbench/level1/19_ReLU.py --candidate data/self-l1/candidates/19_ReLU.py \
+      --device cuda:0 --no-cache --verbose 2>&1 | grep -oE "timing: [^;]+|^(message|status) .*|.*(error|Error).*" | cut -c1-600
+    touch "$PREC/smoke.done"
+  fi
+  if timing_running; then echo "timing_precision: already running"; else
+    setsid nohup bash "$SELF" timing pipeline </dev/null >"$PREC/pipeline.stdout" 2>&1 &
+    echo $! >"$PREC/pid"
+  fi
+  timing_wait
+}
+
+# ---- cuda_l1: a kernel set through crucible eval --pairs, in the background across device calls ----
+SET="${SET:-data/cuda-l1/3090.json}"
+NAME="$(basename "${SET%.*}")"
+RUNS="$ROOT/data/runs"
+
+set_launch() {
+  # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
+  setsid nohup $B/tools/crucible eval --pairs "$SET" --device cuda:0 --out "$RUNS/$NAME.jsonl" --json \
+    --set evaluator.concurrency="${CONC:-6}" --set evaluator.warm_workers="${WARM:-12}" ${EVAL_ARGS:-} \
+    >"$RUNS/$NAME.summary.json" 2>"$RUNS/$NAME.progress.log" </dev/null &
+  echo $! >"$RUNS/$NAME.pid"
+  date +%s >"$RUNS/$NAME.started"
+  echo "gpu_session cuda_l1: started $SET (pid $(cat "$RUNS/$NAME.pid"))"
+}
+
+set_running() { [[ -f "$RUNS/$NAME.pid" ]] && kill -0 "$(cat "$RUNS/$NAME.pid")" 2>/dev/null; }
+
+set_progress() { tr '\r' '\n' <"$RUNS/$NAME.progress.log" 2>/dev/null | grep -v '^$' | tail -1; }
+
+set_collect() {
+  cp "$RUNS/$NAME.jsonl" "$RUNS/$NAME.summary.json" "$OUT/" 2>/dev/null
+  tr '\r' '\n' <"$RUNS/$NAME.progress.log" | grep -v '^$' >"$OUT/$NAME.progress.log"
+  tail -5 "$OUT/$NAME.progress.log"
+}
+
+set_wait() {
+  local until=$(( $(date +%s) + ${WAIT_S:-540} ))
+  while set_running && (( $(date +%s) < until )); do
+    sleep $(( until - $(date +%s) < 60 ? until - $(date +%s) : 60 ))
+    echo "[$(( $(date +%s) - $(cat "$RUNS/$NAME.started") )) s] $(set_progress)"
+  done
+  if set_running; then echo "gpu_session cuda_l1: still running"; else echo "gpu_session cuda_l1: ended"; fi
+  wc -l <"$RUNS/$NAME.jsonl" 2>/dev/null | sed 's/^/records: /'
+  set_collect >/dev/null
+}
+
+mkdir -p "$OUT"
+case "$MODE" in
+  throughput)
+    build crucible bench_eval_throughput
+    n=0
+    IFS='|' read -r -a run_sets <<< "${RUN_SETS:-}"
+    for c in ${CONCURRENCIES:-5 6 5}; do
+      n=$((n + 1))
+      extra="${EVAL_SETS:-} ${run_sets[$((n - 1))]:-}"
+      sets=(); for s in $extra; do sets+=(--set "$s"); done
+      echo "== concurrency $c $extra" | tee -a "$OUT/concurrency.txt"
+      verbose=(); [[ "${LAPS:-}" == 1 ]] && verbose=(--verbose 1)
+      $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates "${CANDIDATES:-40}" "${sets[@]}" "${verbose[@]}" \
+        --timeline "$OUT/timeline_${n}_c$c.txt" > "$OUT/laps_$n.txt" 2>&1
+      grep -Ev "$NOISE| DEBUG |^\s*$" "$OUT/laps_$n.txt" | tee -a "$OUT/concurrency.txt"
+      python3 tools/bench/gate_timeline.py "$OUT/timeline_${n}_c$c.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
+      [[ "${LAPS:-}" == 1 ]] && python3 tools/bench/eval_laps.py "$OUT/laps_$n.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
+      [[ "${LAPS:-}" == 1 ]] || rm -f "$OUT/laps_$n.txt"
+    done ;;
+  precision)
+    build crucible
+    python3 tools/bench/eval_precision.py --crucible $B/tools/crucible --repeat 10 ${PRECISION_ONLY:+--only "$PRECISION_ONLY"} \
+      --out "$OUT/precision.json" 2>&1 | tee "$OUT/precision.txt" ;;
+  timing)
+    mkdir -p "$PREC"
+    case "${1:-}" in
+      start) timing_start ;;
+      pipeline) timing_pipeline ;;
+      wait) timing_wait ;;
+      collect) timing_collect ;;
+      *) echo "usage: tools/bench/gpu_session.sh timing start|wait|collect (--help: all modes)" >&2; exit 2 ;;
+    esac ;;
+  hacks)
+    build_sides
+    hacks "$@" ;;
+  variants)
+    build_sides
+    variants "$@" ;;
+  cuda_l1)
+    mkdir -p "$RUNS"
+    case "${1:-}" in
+      build) build crucible ;;
+      start) build crucible && set_launch && set_wait ;;
+      wait) set_wait ;;
+      collect) set_collect ;;
+      *) echo "usage: tools/bench/gpu_session.sh cuda_l1 build|start|wait|collect (--help: all modes)" >&2; exit 2 ;;
+    esac ;;
+  checks | sandbox)
+    wall_sides "$@" ;;
+  suite)
+    suite "$@" ;;
+  decode)
+    build crucible bench_decode test_gpu_engine test_gpu_kernels
+    kernels="${DECODE_KERNELS:-small,small_gate_up_warps}"
+    timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${DECODE_TESTS:-*}" -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
+    timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
+    # Three passes, each starting one variant later; each variant's median pass is shown.
+    # shellcheck disable=SC2086 # DECODE_HF is an option or nothing
+    python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches "${DECODE_BATCHES:-1,16,64}" --prompt 512 --new 512 \
+      --rounds 3 --kernels "$kernels" ${DECODE_HF:-} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
+    # Where each variant's batch-1 step goes: LibTorch's profiler over one call, the kernels of the
+    # median step; the traces themselves stay behind.
+    $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
+      --kernels "$kernels" --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
+    for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
+  chain)
+    # Chains of dependent kernels with no work but their weight loads: uniform ones, and one with
+    # the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.
+    build bench_kernel_chain
+    # shellcheck disable=SC2086 # CHAIN_ARGS is a list of options
+    $B/tools/bench/bench_kernel_chain ${CHAIN_ARGS:---blocks 14,132,264,1216 --mib 0,6} 2>&1 | tee "$OUT/chain.jsonl" ;;
+  grpo)
+    # The GRPO update alone needs neither the CLI nor the NCCL tests.
+    build bench_learner test_gpu_kernels
+    [[ -x $B/tests/gpu/test_gpu_kernels ]] && timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*log-softmax*,*training forward*,*silu_mul_pair*' 2>&1 | tee "$OUT/gpu_kernels_train.txt" | grep -E "worst|ERROR|FAIL|test cases|assertions" | tail -40
+    for heads in fused,libtorch libtorch,fused; do
+      timeout 300 $B/tools/bench/bench_learner --figures matmul,grpo --kernels $heads 2>&1 | tee -a "$OUT/grpo.jsonl"
+    done
+    # One more update under the profiler: its longest operators and kernels, and device time by kind.
+    timeout 300 $B/tools/bench/bench_learner --figures grpo --steps 2 --trace /tmp/grpo-trace.json 2>&1 \
+      | tee -a "$OUT/grpo.jsonl" | python3 -c 'import json,sys
 for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line.rstrip()); continue
@@ -96,185 +476,21 @@ for line in sys.stdin:
         kinds[k] = kinds.get(k, 0) + t["total_ms"]
     print("device ms by kind:", {k: round(v, 1) for k, v in sorted(kinds.items())})
     for t in r["top"][:45]: print("%9.2f ms %6d  %-4s %s" % (t["total_ms"], t["count"], t["device"], t["name"][:110]))' ;;
-    dp)
-      # The data-parallel tests over NCCL, then one GPU's GRPO update (both kernel choices) and
-      # data-parallel scaling on every GPU with the fused kernels, and weight sync.
-      timeout 300 $B/tests/gpu/test_gpu_dp 2>&1 | tail -20 | tee "$OUT/gpu_dp.txt"
-      timeout 400 $B/tools/bench/bench_learner --figures matmul,grpo,scaling,sync --kernels libtorch,fused 2>&1 | tee "$OUT/dp.jsonl" ;;
-    allreduce)
-      # The gradient all-reduce alone, side by side: our communicator (non-blocking, as shipped),
-      # the same with NCCL_COMM_BLOCKING=1, and torch.distributed, twice over; then the DP tests.
-      for i in 1 2; do
-        $B/tools/bench/bench_learner --figures allreduce --sizes-mb 25,100 2>&1 | tee -a "$OUT/allreduce.jsonl"
-        NCCL_COMM_BLOCKING=1 $B/tools/bench/bench_learner --figures allreduce --sizes-mb 25,100 2>&1 \
-          | sed 's/"crucible-nccl"/"crucible-nccl-blocking"/' | tee -a "$OUT/allreduce.jsonl"
-        timeout 300 python3 tools/bench/allreduce_torch.py --sizes-mb 25,100 2>&1 | tee -a "$OUT/allreduce.jsonl"
-      done
-      timeout 300 $B/tests/gpu/test_gpu_dp 2>&1 | tail -20 | tee "$OUT/gpu_dp.txt" ;;
-    gpu_engine)
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tee "$OUT/gpu_engine.txt" | tail -40
-      timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | tail -60 ;;
-    throughput)
-      # Side by side: untimed device work shared (the default) and one at a time, and a fourth
-      # and a sixth evaluating thread.
-      for run in "3 evaluator.share_untimed=true" "3 evaluator.share_untimed=false" "4 evaluator.share_untimed=true" "6 evaluator.share_untimed=true"; do
-        read -r conc setting <<< "$run"
-        echo "== concurrency $conc, $setting" | tee -a "$OUT/throughput.txt"
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$conc" --candidates 20 --set "$setting" 2>&1 | tee -a "$OUT/throughput.txt"
-      done ;;
-    connections)
-      # Workers' CUDA_DEVICE_MAX_CONNECTIONS: a fresh context's cost under each setting, then
-      # throughput at concurrency 4 with 8 (the driver's), 1 and 2 queues, and at 3, 5 and 6 with 1.
-      python3 tools/bench/context_probe.py --processes 5 --together 4 --out "$OUT/context_probe.json" 2>&1 | tee "$OUT/context_probe.txt"
-      for run in "4 0" "4 1" "4 2" "5 1" "6 1" "3 1"; do
-        read -r conc conn <<< "$run"
-        echo "== concurrency $conc, evaluator.cuda_max_connections=$conn" | tee -a "$OUT/connections.txt"
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$conc" --candidates 20 \
-          --set evaluator.cuda_max_connections=$conn 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/connections.txt"
-      done ;;
-    holds)
-      # Which steps of a worker's device initialisation wait for no timing (evaluator.init_hold):
-      # the context only (the default) against all three, 40 verdicts each (8 per task), with each
-      # task's spread under that load, and the time timings waited for untimed work to finish.
-      # Alternated (HOLDS_ORDER), since passes of one setting differ by more than the settings do.
-      for h in ${HOLDS_ORDER:-context all}; do
-        echo "== concurrency 4, evaluator.init_hold=$h" | tee -a "$OUT/holds.txt"
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency 4 --candidates 40 \
-          --set evaluator.init_hold=$h 2>&1 | grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork" | tee -a "$OUT/holds.txt"
-      done ;;
-    concurrency)
-      # Verdicts per minute and the timed share at several concurrencies with the defaults,
-      # 40 candidates each (CANDIDATES=N: N) (CONCURRENCIES, in order; both passes of each run count).
-      # Each measured pass's gate timeline goes to $OUT/timeline_N_cC.txt, with its breakdown
-      # (tools/bench/gate_timeline.py) after the pass's figures. EVAL_SETS: extra --set options for
-      # every run; RUN_SETS: "|"-separated, the Nth field's --set options for the Nth run only.
-      # LAPS=1: --verbose 1, each run's log in $OUT/laps_N.txt, its steps' medians (eval_laps.py).
-      n=0
-      IFS='|' read -r -a run_sets <<< "${RUN_SETS:-}"
-      for c in ${CONCURRENCIES:-5 6 5}; do
-        n=$((n + 1))
-        extra="${EVAL_SETS:-} ${run_sets[$((n - 1))]:-}"
-        sets=(); for s in $extra; do sets+=(--set "$s"); done
-        echo "== concurrency $c $extra" | tee -a "$OUT/concurrency.txt"
-        verbose=(); [[ "${LAPS:-}" == 1 ]] && verbose=(--verbose 1)
-        $B/tools/bench/bench_eval_throughput --device cuda:0 --concurrency "$c" --candidates "${CANDIDATES:-40}" "${sets[@]}" "${verbose[@]}" \
-          --timeline "$OUT/timeline_${n}_c$c.txt" > "$OUT/laps_$n.txt" 2>&1
-        grep -Ev "NVML|raw_cnt|DeprecationWarning|pid = os.fork| DEBUG |^\s*$" "$OUT/laps_$n.txt" | tee -a "$OUT/concurrency.txt"
-        python3 tools/bench/gate_timeline.py "$OUT/timeline_${n}_c$c.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
-        [[ "${LAPS:-}" == 1 ]] && python3 tools/bench/eval_laps.py "$OUT/laps_$n.txt" 2>&1 | tee -a "$OUT/concurrency.txt"
-        [[ "${LAPS:-}" == 1 ]] || rm -f "$OUT/laps_$n.txt"
-      done ;;
-    phases)
-      # Three verdicts per GPU candidate in one evaluator, with every phase's elapsed time, the
-      # workers' readiness and the timed rounds (--verbose); the first, untimed, builds extensions.
-      for n in relu_affine gelu_tanh_affine layernorm_manual row_sumsq softmax_manual; do
-        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
-          --device cuda:0 --no-cache > /dev/null 2>&1
-        echo "== $n" >> "$OUT/phases.txt"
-        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
-          --device cuda:0 --no-cache --repeat 3 --verbose >> "$OUT/phases.txt" 2>&1
-      done
-      grep -E "^==|at \+|ready in|waited|faster|slower" "$OUT/phases.txt" | cut -c1-200 | tail -150 ;;
-    firstcall)
-      # A Triton and a load_inline candidate's import and first forward call in fresh processes, under cProfile.
-      for n in gelu_tanh_affine relu_affine; do
-        python3 tools/bench/first_call_probe.py --task tools/bench/eval_gpu/tasks/$n.py \
-          --candidate tools/bench/eval_gpu/candidates/$n.py --processes 3 --top 40 2>&1 | tee -a "$OUT/firstcall.txt"
-      done ;;
-    placement)
-      # Whether a kernel's speed depends on its buffers' placement, per fresh process (layernorm_manual's candidate).
-      (cd tools/bench && python3 placement_probe.py --task layernorm_manual --model candidate --processes 8 \
-        --out "$OUT/placement.json") 2>&1 | tee "$OUT/placement.txt" ;;
-    interference)
-      # Whether a starting worker's device initialisation disturbs a kernel timed beside it.
-      python3 tools/bench/init_interference.py --helpers 12 --out "$OUT/interference.json" 2>&1 | grep -Ev "NVML|raw_cnt" | tee "$OUT/interference.txt" ;;
-    initprobe)
-      python3 tools/bench/worker_init_probe.py --processes 5 2>&1 | tee "$OUT/initprobe.txt" ;;
-    evals)
-      # One verdict per GPU candidate with each phase's elapsed time (--verbose).
-      for n in relu_affine gelu_tanh_affine; do
-        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/$n.py --candidate tools/bench/eval_gpu/candidates/$n.py \
-          --device cuda:0 --no-cache --verbose 2>&1 | tee -a "$OUT/evals.txt"
-      done ;;
-    baselines)
-      # The same candidate against each reference baseline.
-      for b in eager compile compile-reduce-overhead cuda-graph; do
-        echo "== baseline $b" | tee -a "$OUT/baselines.txt"
-        $B/tools/crucible eval --task tools/bench/eval_gpu/tasks/relu_affine.py \
-          --candidate tools/bench/eval_gpu/candidates/relu_affine.py --device cuda:0 --no-cache \
-          --set evaluator.baseline=$b 2>&1 | tee -a "$OUT/baselines.txt"
-      done ;;
-    wide)
-      # The wide attention (one block per query head, no combine kernel) and the early reads
-      # against the split attention and every read after the wait: the GPU tests, then decoding
-      # side by side (and LibTorch ops, and transformers).
-      timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
-      # Three passes, each starting one variant later; each variant's median pass is shown.
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16 --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_split,small_late,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
-    launch)
-      # Each decoding kernel launching the next as it begins (policy::set_decode_early_launch, at
-      # one row) against after its wait: the GPU tests, then decoding side by side (three rotated
-      # passes) and transformers' generate.
-      timeout 400 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAUNCH_BATCHES:-1,16,64} --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_launch_late --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
-    halfwarps)
-      # The one-row gate/up projection a unit a half-warp (policy::set_small_gemm_half_warps: one
-      # wave of blocks) against a unit a warp: the GPU tests, then decoding side by side (three
-      # rotated passes; HALFWARPS_HF=--skip-hf leaves transformers out) and the traced batch-1 step of each.
-      timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${HALFWARPS_TESTS:-*}" -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${HALFWARPS_BATCHES:-1,16,64} --prompt 512 --new 512 \
-        --rounds 3 --kernels ${HALFWARPS_KERNELS:-small,small_gate_up_warps} ${HALFWARPS_HF:-} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
-      $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
-        --kernels ${HALFWARPS_KERNELS:-small,small_gate_up_warps} --trace "$OUT/trace" > "$OUT/trace.txt" 2>&1
-      for f in "$OUT"/trace-*.json; do python3 tools/bench/trace_steps.py "$f"; rm -f "$f"; done 2>&1 | tee "$OUT/trace_steps.txt" ;;
-    layers)
-      # A one-row step's layers in one persistent kernel (policy::set_decode_layers) against five
-      # kernels a layer: its GPU test first, then the other kernel tests and the engine's, then
-      # decoding side by side (three rotated passes) and transformers' generate.
-      timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*persistent*' 2>&1 | tee "$OUT/gpu_layers.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -20
-      timeout 300 $B/tests/gpu/test_gpu_kernels -tce='*persistent*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches ${LAYERS_BATCHES:-1,16,64} --prompt 512 --new 512 \
-        --rounds 3 --kernels small,small_layers,small_layers_l2 ${LAYERS_HF:---skip-hf} --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt"
-      # Where the persistent kernel's layer time goes: its blocks' timeline of the stages.
-      $B/tools/bench/bench_decode --model /tmp/crucible-decode-0.5b --device cuda:0 --batches 1 --prompt 512 --new 64 \
-        --kernels small_layers,small_layers_l2 --layers-timeline 2>&1 | grep -E "layers_timeline|ms_per_step" | tee "$OUT/layers_timeline.jsonl" ;;
-    timeline)
-      # Where a one-row layer's time goes with five kernels: the timeline's GPU test, then each
-      # variant's blocks stamping the device clock (bench_decode --layers-timeline; the last step,
-      # at about the average length of the decode figures), beside its ms/step in the same process.
-      timeout 300 $B/tests/gpu/test_gpu_kernels -tc="${TIMELINE_TESTS:-*timeline*,*launch the next as they begin*}" 2>&1 | tee "$OUT/gpu_timeline.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -20
-      m=/tmp/crucible-decode-0.5b
-      [[ -f $m/config.json ]] || python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 16 --new 8 --skip-hf > "$OUT/timeline_setup.txt" 2>&1
-      $B/tools/bench/bench_decode --model $m --device cuda:0 --batches 1 --prompt 512 --new 256 --rounds 3 \
-        --kernels "${TIMELINE_KERNELS:-small}" --layers-timeline 2>&1 | tee "$OUT/timeline.jsonl" | grep -E "kernels_timeline|error" ;;
-    chain)
-      # Chains of dependent kernels with no work but their weight loads: uniform ones, and one
-      # with the launch shapes and bytes of a batch-1 decoding step of Qwen2.5-0.5B's shape.
-      # CHAIN_ARGS replaces the arguments (e.g. several --decode-blocks).
-      $B/tools/bench/bench_kernel_chain ${CHAIN_ARGS:---blocks 14,132,264,1216 --mib 0,6} 2>&1 | tee "$OUT/chain.jsonl" ;;
-    projections)
-      # The one-row projections' single round of weight loads against two rounds: their GPU tests,
-      # then decoding side by side (and LibTorch ops, and transformers).
-      timeout 300 $B/tests/gpu/test_gpu_kernels -tc='*small-batch*,*fused decoding step*,*greedy*' 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|test cases|assertions" | tail -30
-      timeout 300 $B/tests/gpu/test_gpu_engine > "$OUT/gpu_engine.txt" 2>&1; grep -E "ERROR|FATAL|MESSAGE|test cases|assertions" "$OUT/gpu_engine.txt" | tail -40
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1 --prompt 512 --new 512 \
-        --kernels small,small_rounds,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
-    decode)
-      # Ours beside transformers' generate on a random Qwen2.5-0.5B-shaped model (made first).
-      # transformers must import in python3; wheels in .whl/ are installed if it does not.
-      # The engine's GPU tests (CPU/CUDA parity, CUDA graphs against eager; the fused decoding
-      # kernels against LibTorch, whose MESSAGE lines give the error figures) first.
-      timeout 300 $B/tests/gpu/test_gpu_engine 2>&1 | tail -30 | tee "$OUT/gpu_engine.txt"
-      timeout 300 $B/tests/gpu/test_gpu_kernels 2>&1 | tee "$OUT/gpu_kernels.txt" | grep -E "ERROR|FATAL|fused|LibTorch|test cases|assertions" | tail -60
-      # Three variants of our engine: the default (small-batch projections at up to 4 rows), the
-      # fused kernels with cuBLAS projections, LibTorch ops only.
-      python3 tools/bench/decode_compare.py --build $B --device cuda:0 --batches 1,4,16,64 --prompt 512 --new 512 \
-        --kernels small,fused,libtorch --out "$OUT/decode.json" 2>&1 | tee "$OUT/decode.txt" ;;
-  esac
-done
+  dp)
+    # The data-parallel tests over NCCL, then one GPU's GRPO update (both kernel choices) and
+    # data-parallel scaling on every GPU with the fused kernels, and weight sync.
+    build crucible bench_learner test_gpu_dp
+    timeout 300 $B/tests/gpu/test_gpu_dp 2>&1 | tail -20 | tee "$OUT/gpu_dp.txt"
+    timeout 400 $B/tools/bench/bench_learner --figures matmul,grpo,scaling,sync --kernels libtorch,fused 2>&1 | tee "$OUT/dp.jsonl" ;;
+  allreduce)
+    # The gradient all-reduce alone, side by side: our communicator, the same with
+    # NCCL_COMM_BLOCKING=1, and torch.distributed, twice over; then the DP tests.
+    build crucible bench_learner test_gpu_dp
+    for _ in 1 2; do
+      $B/tools/bench/bench_learner --figures allreduce --sizes-mb 25,100 2>&1 | tee -a "$OUT/allreduce.jsonl"
+      NCCL_COMM_BLOCKING=1 $B/tools/bench/bench_learner --figures allreduce --sizes-mb 25,100 2>&1 \
+        | sed 's/"crucible-nccl"/"crucible-nccl-blocking"/' | tee -a "$OUT/allreduce.jsonl"
+      timeout 300 python3 tools/bench/allreduce_torch.py --sizes-mb 25,100 2>&1 | tee -a "$OUT/allreduce.jsonl"
+    done
+    timeout 300 $B/tests/gpu/test_gpu_dp 2>&1 | tail -20 | tee "$OUT/gpu_dp.txt" ;;
+esac

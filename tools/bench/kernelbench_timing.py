@@ -573,7 +573,11 @@ def main(argv):
         _child(argv[1], argv[2])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "timing precision on small kernels, KernelBench's\n"
+                                        "timing (the kb-* steps of tools/bench/gpu_session.sh timing). Environment: each\n"
+                                        "candidate's build goes to TORCH_EXTENSIONS_DIR under --build-dir.")
     ap.add_argument("--pairs", required=True, help="PAIRS.tsv (TASK<TAB>CANDIDATE) or CUDA-L1 .jsonl/.json")
     ap.add_argument("--format", choices=["tsv", "jsonl"], help="the --pairs file's format, where its extension does not say")
     ap.add_argument("--device", default="cuda:0", help="cuda:N or cpu (default cuda:0)")

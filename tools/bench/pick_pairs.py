@@ -18,7 +18,10 @@ import sys
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "timing precision on small kernels (the pairs of "
+                                        "data/dev6). No environment variables.")
     ap.add_argument("release", help="a CUDA-L1 optimized_cuda_code/*.json file")
     ap.add_argument("out", help="folder for the tasks, candidates and TSVs")
     ap.add_argument("--lines", required=True, help="comma-separated 1-based line numbers")

@@ -10,8 +10,11 @@
 # the cosine schedule ends at SFT's last step, so every RL update is scaled by 0). Both reports'
 # learning lines are printed one after the other. Whatever the RL run gains over its control
 # is learning; what the control itself "gains" is the drift of sampling and measurement alone
-# (docs/PERFORMANCE.md, Quickstart).
+# (docs/PERFORMANCE.md, Quickstart). Reproduces the goals table's quickstart row (with seeds
+# 1234 11 7). Needs build/tools/crucible (tools/quickstart.sh builds it); no environment
+# variables.
 set -euo pipefail
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 seeds=("$@")

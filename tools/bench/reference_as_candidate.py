@@ -27,7 +27,10 @@ def number(name):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "timing precision on small kernels (the self-l1 "
+                                        "step of tools/bench/gpu_session.sh timing). No environment variables.")
     ap.add_argument("tasks", help="folder of task files")
     ap.add_argument("out", help="folder for the candidates and pairs.tsv")
     ap.add_argument("--limit", type=int, default=0)

@@ -255,7 +255,9 @@ def main(argv=None):
                     "what it refuses, by class.",
         epilog="The release name is the file's name without its extension. data/cuda-l1/: "
                "a100, 3090, l40, h20 are the development set; h100 is held out for acceptance "
-               "(run it with --examples 0 to see counts only).")
+               "(run it with --examples 0 to see counts only). Reproduces (docs/PERFORMANCE.md, goals "
+               "table): legitimate released kernels credited, the static screen's part. No environment "
+               "variables.")
     ap.add_argument("paths", nargs="+", metavar="PATH",
                     help="JSONL files, or folders whose *.json / *.jsonl files are read")
     ap.add_argument("--exclude", action="append", default=[], metavar="RELEASE",

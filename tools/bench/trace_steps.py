@@ -11,7 +11,10 @@ from collections import defaultdict
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 epilog="Reproduces (docs/PERFORMANCE.md, goals table): "
+                                        "decode throughput, where a batch-1 step goes "
+                                        "(tools/bench/gpu_session.sh decode runs it). No environment variables.")
     ap.add_argument("trace")
     ap.add_argument("--delimiter", default="", help="substring of the kernel that ends each step")
     ap.add_argument("--width", type=int, default=70, help="characters of each kernel name shown")

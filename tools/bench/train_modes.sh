@@ -12,8 +12,12 @@
 # Results: $OUT/train_modes.json (OUT defaults to ./bench-out), logs beside it.
 # To split the work over several calls: BASE=NAME reuses the paused run RUNS/NAME (RUNS defaults
 # to $OUT/runs) instead of starting one, MODES="async" (or "sync") runs only those modes; the
-# summary is written once both modes' runs exist.
+# summary is written once both modes' runs exist. CLI names the crucible binary (default
+# build/tools/crucible). Reproduces the goals table's row "asynchronous RL against synchronous"
+# (docs/PERFORMANCE.md), and the runs that tools/bench/actor_overhead.py reads for the
+# actor-system overhead.
 set -euo pipefail
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CLI="${CLI:-$ROOT/build/tools/crucible}"
 OUT="${OUT:-$ROOT/bench-out}"
