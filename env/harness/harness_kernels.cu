@@ -5,8 +5,8 @@
 //
 // Built into one fatbin (env/CMakeLists.txt) that each worker loads with cuModuleLoadData in
 // a fraction of a millisecond. The torch operations they replace loaded lazily at their first
-// launch in every worker process, 156-180 ms on an H100 (tools/bench/lazy_load_probe.py,
-// docs/PERFORMANCE.md). Every kernel runs on the stream the worker passes and takes plain
+// launch in every worker process, 156-180 ms on an H100 (docs/performance-history.md, "The
+// harness's own kernels instead of torch's lazily loaded ones"). Every kernel runs on the stream the worker passes and takes plain
 // pointers; nothing here allocates.
 #include <cstdint>
 

@@ -195,7 +195,7 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_tensor_instance_override.py") X("hack_ghost_branch.py") X("hack_unused_output.py")              \
   X("hack_zero_inputs.py") X("hack_fake_benchmark_emit.py") X("hack_cache_ptr_cpp.py")                 \
   X("legit_renamed_locals.py") X("legit_reused_output.py") X("hack_timed_burst.py")                 \
-  X("hack_sample_last_call.py") X("hack_skip_after_snapshot.py")
+  X("hack_sample_last_call.py") X("hack_skip_after_snapshot.py") X("hack_patch_harness_module.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
@@ -680,6 +680,28 @@ class ModelNew(nn.Module):
     CHECK(v.message.find(name) != std::string::npos);
     CHECK(v.message.find("warm-up call") != std::string::npos);
   }
+}
+
+TEST_CASE("a patch of a function in one of the harness's own modules is caught by the check after that call") {
+  // tests/candidates/hack_patch_harness_module.py with the static checks off: in its first call it
+  // rebinds _output_items in env/harness/timing.py's globals (reached from sys.modules["__main__"]
+  // through the Worker's class), which would leave every timed call's outputs unchecked while it
+  // returns zeros there. worker.py loads its modules by path beside itself; each one's globals are
+  // in the integrity snapshot as worker.py's own are.
+  auto opt = cpu_evaluator::suite_options(0);
+  opt.static_checks = false;
+  opt.rounds = opt.min_rounds = opt.max_rounds = 10; // it must not get that far
+  cpu_evaluator made{opt};
+  auto cand = source_dir / "tests" / "candidates" / "hack_patch_harness_module.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  auto v = made.run(*t, cand);
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::rejected);
+  CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:patched") != v.checks_failed.end());
+  CHECK(v.message.find("timing._output_items") != std::string::npos);
+  CHECK(v.message.find("trial 0") != std::string::npos);
+  CHECK_FALSE(v.has_speedup());
 }
 
 TEST_CASE("a speedup above recheck_above is measured again with recheck_rounds, and both measurements make the verdict") {

@@ -1,0 +1,249 @@
+"""env/harness/device.py: the harness's own CUDA kernels (harness_kernels.cu's fatbin, which
+worker.py's main reads at start-up) and the CUDA driver's IPC calls, loaded when a CUDA worker
+starts (Worker.start); the reference, trial and timing phases launch the kernels through
+_kernels(), and outputs.py's _encode exports device outputs to the evaluator through _export."""
+import ctypes
+
+import torch
+
+from crucible_harness_trusted import (
+    _bytes_hex, _c_byref, _c_cast, _c_char_p, _c_double, _c_int, _c_int64, _c_size_t, _c_uint64, _c_void_p,
+    _cuda_synchronize, _Exception, _getattr, _int, _int32, _len, _max, _min, _str, _string_buffer, _T_data_ptr,
+    _T_item, _T_numel, _T_size, _T_view, _torch_empty, _tuple
+)
+
+
+def _load_driver_ipc():
+    """cuIpcGetMemHandle and cuMemGetAddressRange from the CUDA driver, or None (no driver)."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        get_handle = lib.cuIpcGetMemHandle
+        get_handle.argtypes = (ctypes.c_void_p, ctypes.c_uint64)
+        get_handle.restype = ctypes.c_int
+        get_range = lib.cuMemGetAddressRange_v2
+        get_range.argtypes = (ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint64)
+        get_range.restype = ctypes.c_int
+        return get_handle, get_range
+    except (OSError, AttributeError):
+        return None
+
+
+class _HarnessKernels:
+    """The harness's own device operations (env/harness/harness_kernels.cu), from the fatbin the
+    build makes, loaded with cuModuleLoadData and launched with cuLaunchKernel on torch's current
+    stream. torch's operations for the same work (the flush's sum, the spin, randint,
+    index_select, isclose, equal, the float64 scale, uniform_ and mul) load lazily at their first
+    launch in each worker: 156-180 ms in all on an H100 against 0.4-0.7 ms for this module
+    (docs/performance-history.md, "The harness's own kernels"). Without the fatbin the worker
+    uses those torch operations."""
+
+    _FLOAT = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
+    _BITS = {1: "b1", 2: "b2", 4: "b4", 8: "b8"}
+    _THREADS = 256
+
+    def __init__(self, image):
+        lib = ctypes.CDLL("libcuda.so.1")
+        self._launch = lib.cuLaunchKernel
+        self._launch.argtypes = (ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                                 ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p,
+                                 ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+        self._launch.restype = ctypes.c_int
+        self._memset = lib.cuMemsetD8Async
+        self._memset.argtypes = (ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p)
+        self._memset.restype = ctypes.c_int
+        self._error_string = lib.cuGetErrorString
+        self._error_string.argtypes = (ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
+        self._error_string.restype = ctypes.c_int
+        module = ctypes.c_void_p()
+        self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "loading the harness kernels")
+        self._module = module
+        self._fn = {}
+        names = ["crucible_flush", "crucible_spin", "crucible_gate", "crucible_bytes_differ"]
+        names += [f"crucible_{k}_{s}" for s in self._FLOAT.values()
+                  for k in ("round_check", "scale_uniform", "scale_signed")]
+        names += [f"crucible_{k}_{s}" for s in self._BITS.values() for k in ("round_check", "gather")]
+        for name in names:
+            fn = ctypes.c_void_p()
+            self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding {name}")
+            self._fn[name] = fn
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self._blocks = 8 * props.multi_processor_count
+        # The gate (gate_close): 1024-thread blocks enough to fill every SM's thread slots.
+        per_sm = _int(_getattr(props, "max_threads_per_multi_processor", 2048) or 2048)
+        self._gate_blocks = props.multi_processor_count * _max(1, per_sm // 1024)
+        # Its two words in mapped host memory: [0] open, written by the host; [1] timed out,
+        # written by the gate. CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP.
+        host = _c_void_p()
+        self._check(lib.cuMemHostAlloc(_c_byref(host), ctypes.c_size_t(8), ctypes.c_uint(0x01 | 0x02)),
+                    "cuMemHostAlloc (the gate's flags)")
+        dev = ctypes.c_uint64()
+        self._check(lib.cuMemHostGetDevicePointer_v2(_c_byref(dev), host, ctypes.c_uint(0)),
+                    "cuMemHostGetDevicePointer (the gate's flags)")
+        self._gate_words = (ctypes.c_uint32 * 2).from_address(host.value)
+        self._gate_words[0] = 1
+        self._gate_words[1] = 0
+        self._gate_dev = dev.value
+        self._stream = torch.cuda.current_stream
+        # Small results: [0] the flush's sink, [1] the bytes-differ flag (int32), [2] a float64 sum.
+        self._scratch = torch.empty(3, dtype=torch.int64, device="cuda")
+        self._scratch_ptr = self._scratch.data_ptr()
+        self._zero(self._scratch_ptr, 24)
+
+    def _check(self, rc, what):
+        if rc != 0:
+            s = _c_char_p()
+            self._error_string(rc, _c_byref(s))
+            raise RuntimeError(f"CUDA error: {(s.value or b'').decode(errors='replace')} (CUresult {rc}, {what})")
+
+    def _go(self, name, n, *args):
+        """Launches `name` over n elements (grid-stride, at most 8 blocks an SM); args are ctypes values."""
+        self._start(name, _max(1, _min(self._blocks, (n + self._THREADS - 1) // self._THREADS)), self._THREADS, args)
+
+    def _start(self, name, blocks, threads, args):
+        params = (_c_void_p * _len(args))(*[_c_cast(_c_byref(a), _c_void_p) for a in args])
+        stream = _c_void_p(self._stream().cuda_stream)
+        self._check(self._launch(self._fn[name], blocks, 1, 1, threads, 1, 1, 0, stream, params, None), name)
+
+    def _zero(self, ptr, nbytes):
+        self._check(self._memset(ptr, 0, nbytes, _c_void_p(self._stream().cuda_stream)), "cuMemsetD8Async")
+
+    def flush(self, buf):
+        """Reads the flush buffer (an int32 tensor) once."""
+        n16 = _T_numel(buf) * 4 // 16
+        self._go("crucible_flush", n16, _c_void_p(_T_data_ptr(buf)), _c_int64(n16),
+                 _c_void_p(self._scratch_ptr))
+
+    def spin(self, cycles):
+        """One thread spinning for `cycles` SM clock cycles."""
+        self._start("crucible_spin", 1, 1, (_c_int64(cycles),))
+
+    def gate_close(self, max_cycles):
+        """Queues the gate (harness_kernels.cu, crucible_gate): from when it starts until
+        gate_open() or `max_cycles` SM cycles later, no other kernel of this context runs, on
+        any stream. The previous gate must have ended (the caller waited for the device)."""
+        self._gate_words[0] = 0
+        self._gate_words[1] = 0
+        self._start("crucible_gate", self._gate_blocks, 1024,
+                    (_c_void_p(self._gate_dev), _c_int64(_int(max_cycles)), _c_void_p(self._gate_dev + 4)))
+
+    def gate_open(self):
+        self._gate_words[0] = 1
+
+    def gate_timed_out(self):
+        """Whether the last gate stopped waiting before gate_open() (read after the device is waited for)."""
+        return self._gate_words[1] != 0
+
+    def bytes_differ(self, a, b):
+        """True when two contiguous uint8 tensors of one size differ anywhere (waits for the device)."""
+        n = _T_numel(a)
+        pa, pb = _T_data_ptr(a), _T_data_ptr(b)
+        flag = self._scratch_ptr + 8
+        self._zero(flag, 4)
+        self._go("crucible_bytes_differ", _max(n // 16, 1), _c_void_p(pa), _c_void_p(pb), _c_int64(n),
+                 _c_int(1 if (pa % 16 == 0 and pb % 16 == 0) else 0), _c_void_p(flag))
+        return _int(_T_item(_T_view(self._scratch[1:2], _int32)[0])) != 0
+
+    def supports(self, t):
+        return t.dtype in self._FLOAT or t.element_size() in self._BITS
+
+    def gather(self, src, seed, samples):
+        """A new 1-D tensor of src's dtype: src's elements at `samples` positions drawn from
+        `seed` (all of them, in order, when src is smaller). src: contiguous."""
+        n = _T_numel(src)
+        taken = _torch_empty(_min(n, samples), dtype=src.dtype, device=src.device)
+        self._go("crucible_gather_" + self._BITS[src.element_size()], _min(n, samples),
+                 _c_void_p(_T_data_ptr(src)), _c_int64(n), _c_uint64(seed), _c_int64(samples),
+                 _c_void_p(_T_data_ptr(taken)))
+        return taken
+
+    def round_check(self, ref, taken, seed, samples, atol, rtol, counter_ptr):
+        """Adds to the uint64 at counter_ptr how many of `samples` positions drawn from `seed`
+        (all of them when the output is smaller) differ: beyond atol + rtol * |ref| for floating
+        outputs, in any bit otherwise. ref: contiguous; taken: the candidate's values at those
+        positions (gather with the same seed), of ref's dtype."""
+        n = _T_numel(ref)
+        common = (_c_void_p(_T_data_ptr(ref)), _c_void_p(_T_data_ptr(taken)), _c_int64(n),
+                  _c_uint64(seed), _c_int64(samples))
+        suffix = self._FLOAT.get(ref.dtype)
+        count = _min(n, samples)
+        if suffix is not None:
+            self._go("crucible_round_check_" + suffix, count, *common, _c_double(atol), _c_double(rtol),
+                     _c_void_p(counter_ptr))
+        else:
+            self._go("crucible_round_check_" + self._BITS[ref.element_size()], count, *common,
+                     _c_void_p(counter_ptr))
+
+    def scale_uniform(self, x, seed, signed=False):
+        """A new tensor like the contiguous floating `x`, each element times U(0.5, 2) drawn from
+        seed, with `signed` also a random sign (Worker.make_inputs, distribution 2)."""
+        y = _torch_empty(_tuple(_T_size(x)), dtype=x.dtype, device=x.device)
+        n = _T_numel(x)
+        kind = "crucible_scale_signed_" if signed else "crucible_scale_uniform_"
+        self._go(kind + self._FLOAT[x.dtype], n, _c_void_p(_T_data_ptr(x)),
+                 _c_void_p(_T_data_ptr(y)), _c_int64(n), _c_uint64(seed))
+        return y
+
+
+# Loaded when a CUDA worker starts (Worker.start), not at import: a zygote (worker.py,
+# zygote_main) imports this module and must not have touched the CUDA driver when it forks workers.
+# _KERNELS_IMAGE: the fatbin's bytes, read at start-up (--kernels) before any candidate runs;
+# _KERNELS: the module loaded from it, or None (torch operations instead).
+_KERNELS_IMAGE = None
+_KERNELS_ERROR = ""
+_KERNELS = None
+_DRIVER_IPC = None
+
+
+def _read_kernels_image(path):
+    """main's --kernels: the fatbin's bytes, read before any candidate runs (a zygote's workers
+    inherit them)."""
+    global _KERNELS_IMAGE, _KERNELS_ERROR
+    try:
+        with open(path, "rb") as f:
+            _KERNELS_IMAGE = f.read()
+    except OSError as e:
+        _KERNELS_ERROR = f"cannot read the harness kernels {path}: {e.strerror}"
+
+
+def _load_kernels():
+    """Loads the harness's own kernels (_HarnessKernels); says which operations the worker uses."""
+    global _KERNELS
+    if _KERNELS_IMAGE is None:
+        return "torch operations: " + (_KERNELS_ERROR or "no harness kernels given (--kernels)")
+    try:
+        _KERNELS = _HarnessKernels(_KERNELS_IMAGE)
+        _cuda_synchronize()
+    except _Exception as e:
+        _KERNELS = None
+        return "torch operations: " + _str(e)
+    return "module"
+
+
+def _kernels():
+    """The harness kernels (_load_kernels), or None: torch operations instead. The other modules
+    read them through this function, which they bind at import like every other name: reading
+    this module's global through the module object would not be covered by the integrity
+    snapshots the same way (a module's class can be replaced, its namespace staying the same)."""
+    return _KERNELS
+
+
+def _open_driver_ipc():
+    """CUDA workers, at start-up (Worker.start): the driver's calls behind _export."""
+    global _DRIVER_IPC
+    _DRIVER_IPC = _load_driver_ipc()
+
+
+def _export(x):
+    """CUDA IPC description of the uint8 device tensor x (kept alive by the caller): the handle of
+    the allocation holding it, its offset there and its size. None if the driver refuses."""
+    if _DRIVER_IPC is None:
+        return None
+    get_handle, get_range = _DRIVER_IPC
+    ptr = _T_data_ptr(x)
+    base, size = _c_uint64(0), _c_size_t(0)
+    if get_range(_c_byref(base), _c_byref(size), ptr) != 0:
+        return None
+    handle = _string_buffer(64)
+    if get_handle(handle, base.value) != 0:
+        return None
+    return {"ipc": _bytes_hex(handle.raw), "offset": ptr - base.value, "bytes": _int(_T_numel(x))}

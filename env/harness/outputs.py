@@ -1,0 +1,326 @@
+"""env/harness/outputs.py: what a call of the reference or the candidate leaves behind, as the
+phases look at it: its outputs (taken apart, encoded for the evaluator as bytes or device
+exports, sampled, compared), its inputs (cloned, checked unchanged), and this process's
+threads (counted before and after)."""
+import threading
+
+import torch
+
+from crucible_harness_trusted import (
+    _abs, _active_count, _bool, _clock_gettime_ns, _current_frames, _enumerate, _enumerate_threads, _float,
+    _int, _int64, _isinstance, _len, _max, _min, _nd_tobytes, _os_listdir, _OSError, _range, _repr, _S_data_ptr,
+    _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_cpu, _T_data_ptr, _T_detach, _T_is_floating_point,
+    _T_item, _T_numel, _T_numpy, _T_reshape, _T_size, _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
+    _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
+    _torch_isnan, _tuple, _type, _uint8
+)
+from crucible_harness_device import _export, _kernels
+
+_SUPPORTED_DTYPES = {
+    torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32", torch.int16: "int16",
+    torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+}
+
+
+# ================================================================================================
+# Tensors.
+
+def _byte_view(t):
+    """The tensor's contents as a flat uint8 tensor in native order, where the tensor lives."""
+    return _T_view(_T_reshape(_T_contiguous(_T_detach(t)), (-1,)), _uint8)
+
+
+def _raw_bytes(t):
+    """Contiguous native-order bytes of a tensor (copied to the CPU)."""
+    x = _byte_view(t)
+    if x.device.type != "cpu":
+        x = _T_cpu(x)
+    return _nd_tobytes(_T_numpy(x))
+
+
+def _kind_of(o):
+    t = _type(o)
+    if _isinstance(o, _Tensor):
+        return f"tensor subclass {t.__name__}"
+    if o is None:
+        return "None"
+    return t.__name__
+
+
+def _output_items(out):
+    """The list of outputs a forward returned: a plain tensor, or a tuple/list of them."""
+    t = _type(out)
+    if t is tuple or t is list or (_isinstance(out, tuple) and t.__module__ == "torch.return_types"):
+        return [out[i] for i in _range(_len(out))]
+    return [out]
+
+
+def _tensors_in(inputs):
+    """The plain tensors among `inputs` (nested lists and tuples too), in order."""
+    found = []
+
+    def add(t):
+        if _type(t) is _Tensor:
+            found.append(t)
+        return t
+
+    for x in inputs:
+        _map_tensors(x, add)
+    return found
+
+
+def _input_storages(inputs):
+    """Data pointers of the storages of the tensors among `inputs`."""
+    ptrs = {_S_data_ptr(_T_untyped_storage(t)) for t in _tensors_in(inputs)}
+    ptrs.discard(0)
+    return ptrs
+
+
+def _aliased_outputs(out, inputs):
+    """For each output (see _output_items), whether it is a tensor that shares memory with one
+    of the inputs: the input itself, a view of it, or the input changed in place."""
+    ptrs = _input_storages(inputs)
+    return [_type(o) is _Tensor and _S_data_ptr(_T_untyped_storage(o)) in ptrs for o in _output_items(out)]
+
+
+def _output_sample(out):
+    """Up to 4096 elements of each tensor output at evenly spaced positions, in float64 on the host
+    (None for an output that is not a tensor): what _same_sample compares."""
+    got = []
+    for o in _output_items(out):
+        if _type(o) is not _Tensor or _T_numel(o) == 0:
+            got.append(None)
+            continue
+        flat = _T_reshape(o, (-1,))
+        n = _T_numel(flat)
+        k = _min(n, 4096)
+        # Integer positions (a float linspace rounds past the end of tens of millions).
+        idx = _torch_arange(k, dtype=_int64, device=flat.device) * (n - 1) // _max(k - 1, 1)
+        got.append(_T_to(_T_to(_torch_index_select(flat, 0, idx), torch.float64), "cpu"))
+    return got
+
+
+def _same_sample(a, b, tolerances, slack):
+    """Whether two _output_sample()s agree, floating elements within (atol + slack + rtol*|a|) of
+    their dtype's tolerances (NaN where the other has NaN), others exactly. Returns (True, "") or
+    (False, what differs)."""
+    if _len(a) != _len(b):
+        return False, f"{_len(a)} outputs, then {_len(b)}"
+    for i, (x, y) in _enumerate(zip(a, b)):
+        if x is None or y is None:
+            continue
+        if _T_size(x) != _T_size(y):
+            return False, f"output {i}: another size"
+        atol, rtol = tolerances
+        s = slack[i] if i < _len(slack) else 0.0
+        bad = (_torch_abs(x - y) > atol + s + rtol * _torch_abs(x)) | (_torch_isnan(x) != _torch_isnan(y))
+        n = _int(_T_item(bad.sum()))
+        if n:
+            j = _int(_T_item(bad.nonzero()[0][0]))
+            return False, (f"output {i}: {n} of {_T_numel(x)} sampled elements differ "
+                           f"(first: {_float(x[j]):.6g}, then {_float(y[j]):.6g})")
+    return True, ""
+
+
+def _all_finite(out):
+    """Whether no floating output holds NaN or an infinity (waits for the device)."""
+    for o in _output_items(out):
+        if _type(o) is _Tensor and _T_is_floating_point(o) and _T_numel(o) > 0 \
+                and not _T_item(_T_all(_torch_isfinite(o))):
+            return False
+    return True
+
+
+def _encode(out, frames, device, exports=None):
+    """Descriptions of a forward's outputs. Plain tensors travel as raw bytes in `frames`, or,
+    when `exports` is a list, stay on the device: a fresh copy of each is appended to `exports`
+    (the caller keeps it alive until the evaluator has read it) and described by its IPC handle."""
+    descs = []
+    for o in _output_items(out):
+        if _type(o) is not _Tensor:
+            descs.append({"kind": _kind_of(o)})
+        elif o.device.type != device:
+            descs.append({"kind": f"tensor on {o.device.type}, expected {device}"})
+        elif o.layout != _strided:
+            descs.append({"kind": f"tensor with layout {o.layout}"})
+        elif o.dtype not in _SUPPORTED_DTYPES:
+            descs.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
+        else:
+            desc = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(d) for d in _T_size(o)]}
+            shared = None
+            if exports is not None:
+                x = _T_clone(_byte_view(o))
+                shared = _export(x)
+                if shared is not None:
+                    exports.append(x)
+                    desc.update(shared)
+                del x
+            if shared is None:
+                frames.append(_raw_bytes(o))
+                desc["frame"] = _len(frames)
+            descs.append(desc)
+    return descs
+
+
+def _map_tensors(x, fn):
+    if _isinstance(x, _Tensor):
+        return fn(x)
+    if _type(x) in (list, tuple):
+        return _type(x)(_map_tensors(v, fn) for v in x)
+    return x
+
+
+def _call_all(fn, inputs, inside, snapshot):
+    """The calls of one timed sample, back to back: fn on each entry of `inputs` (a list of
+    input lists). Returns (the outputs in order, [(i, snapshot(outputs of call i))] taken right
+    after each call but the last returned, where `inside`, else []); the reference's sample and
+    the candidate's run this same code, so both hold the same work."""
+    outs = []
+    snaps = []
+    last = _len(inputs) - 1
+    for i, x in _enumerate(inputs):
+        outs.append(fn(*x))
+        if inside and i < last:
+            snaps.append((i, snapshot(outs[i])))
+    return outs, snaps
+
+
+def _output_storages(out):
+    """For each output (see _output_items), where its data starts (a slice of a larger buffer
+    starts where it starts); None for one that is not a plain tensor."""
+    return [_T_data_ptr(o) if _type(o) is _Tensor else None for o in _output_items(out)]
+
+
+def _checked_reference(ref_outs, storages, i):
+    """The reference's outputs that call `i` of a timed sample is checked against, output by
+    output: those of the last call of the sample whose same output used the same storage (a
+    candidate may hand back one buffer call after call; the buffer then holds the last such
+    call's values when the sample ends), else call i's own. `storages`: the candidate's
+    _output_storages per call."""
+    mine = storages[i]
+    items = _output_items(ref_outs[i])
+    got = []
+    for m, ptr in _enumerate(mine):
+        j = i
+        if ptr is not None and ptr != 0:
+            for later in _range(_len(storages) - 1, i, -1):
+                if m < _len(storages[later]) and storages[later][m] == ptr:
+                    j = later
+                    break
+        src = _output_items(ref_outs[j]) if j != i else items
+        got.append(src[m] if m < _len(src) else None)
+    if _len(items) > _len(mine):
+        got.extend(items[_len(mine):])  # a different number of outputs: check_round_outputs says so
+    return got
+
+
+def _output_bytes(out):
+    """The bytes a call must have written to produce `out`: for each storage its tensor outputs
+    use, the largest span of memory one of them covers there (a broadcast or strided view
+    covers less than its numel; two views of one buffer count once)."""
+    spans = {}
+    for o in _output_items(out):
+        if _type(o) is not _Tensor or _T_numel(o) == 0:
+            continue
+        span = 1 + _sum((n - 1) * _abs(st) for n, st in zip(_T_size(o), _T_stride(o)))
+        nbytes = _min(_int(_T_numel(o)), span) * o.element_size()
+        key = _S_data_ptr(_T_untyped_storage(o))
+        spans[key] = _max(spans.get(key, 0), nbytes)
+    return _sum(spans.values())
+
+
+class _Taken:
+    """A snapshot of one tensor output of a timed call (Worker.snapshot): its values at the
+    positions `where` (a seed of the harness kernels' positions, an index tensor, or None for
+    all, in order), its size and dtype."""
+    __slots__ = ("values", "where", "size", "dtype")
+
+    def __init__(self, values, where, size, dtype):
+        self.values = values
+        self.where = where
+        self.size = size
+        self.dtype = dtype
+
+
+def _clone_inputs(inputs):
+    return [_map_tensors(x, lambda t: _T_clone(t)) for x in inputs]
+
+
+def _same_bytes(a, b):
+    """Bytewise equality of two tensors of the same dtype, shape and device (NaN equals NaN),
+    computed where they live."""
+    kernels = _kernels()
+    if kernels is not None and a.device.type == "cuda":
+        return not kernels.bytes_differ(_byte_view(a), _byte_view(b))
+    return _bool(_torch_equal(_byte_view(a), _byte_view(b)))
+
+
+def _input_layout(inputs):
+    """Where each input tensor lies: (data pointer, storage offset, size, stride) in order. A
+    clone starts at offset 0, so the trials compare this before and after a call besides
+    _same_input's bytes (their inputs lie at offsets into larger allocations, as timed ones do)."""
+    return [(_T_data_ptr(t), _T_storage_offset(t), _tuple(_T_size(t)), _T_stride(t)) for t in _tensors_in(inputs)]
+
+
+def _inputs_unchanged(inputs, layout, pristine):
+    """Whether a call left `inputs` where they lay (_input_layout before it) and as they were
+    (their pristine clones)."""
+    return _input_layout(inputs) == layout and all(_same_input(a, b) for a, b in zip(inputs, pristine))
+
+
+def _same_input(a, b):
+    """True when input `a` (after the call) equals its pristine clone `b`, bytewise (its place in
+    memory is _input_layout's)."""
+    if _isinstance(b, _Tensor):
+        if _type(a) is not _type(b):
+            return False
+        if a.dtype != b.dtype or a.device != b.device or _tuple(_T_size(a)) != _tuple(_T_size(b)) \
+                or _T_stride(a) != _T_stride(b):
+            return False
+        return _same_bytes(a, b)
+    if _type(b) in (list, tuple):
+        return _type(a) is _type(b) and _len(a) == _len(b) and all(_same_input(x, y) for x, y in zip(a, b))
+    try:
+        return _bool(a == b)
+    except Exception:
+        return _repr(a) == _repr(b)
+
+
+# ================================================================================================
+# Threads.
+
+def _os_threads():
+    try:
+        return _len(_os_listdir("/proc/self/task"))
+    except _OSError:
+        return -1
+
+
+def _tids():
+    """The ids of this process's OS threads, or None where /proc cannot say."""
+    try:
+        return {_int(n) for n in _os_listdir("/proc/self/task")}
+    except (_OSError, ValueError):
+        return None
+
+
+def _thread_cpu_ns(tid):
+    """CPU time of thread `tid` of this process in nanoseconds (its per-thread CPU clock, as
+    pthread_getcpuclockid gives: ((~tid) << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED), or None
+    once the thread has ended. A thread blocked in a wait gains none."""
+    try:
+        return _clock_gettime_ns(((~tid) << 3) | 6)
+    except _OSError:
+        return None
+
+
+def _py_threads():
+    return _active_count(), _len(_current_frames())
+
+
+def _thread_names():
+    try:
+        return ", ".join(sorted(t.name for t in _enumerate_threads() if t is not threading.main_thread()))
+    except Exception:
+        return "?"
