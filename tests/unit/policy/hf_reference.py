@@ -4,7 +4,10 @@
   hf_reference.py make OUT_DIR
       Builds tiny random Llama and Qwen2 models (seeded), saves each with save_pretrained into
       OUT_DIR/<variant>/ and writes OUT_DIR/<variant>/reference.safetensors: logits of a fixed
-      input and greedy generations of 64 tokens for prompts of different lengths.
+      input and greedy generations of 64 tokens for prompts of different lengths. The untied
+      qwen2_yarn is also saved in shards of at most 20 kB, as transformers shards a published
+      checkpoint (model-0000K-of-0000N.safetensors and model.safetensors.index.json), into
+      OUT_DIR/qwen2_yarn_sharded/.
 
   hf_reference.py check MODEL_DIR...
       Loads each crucible-written MODEL_DIR with transformers (no missing or unexpected keys
@@ -52,6 +55,9 @@ VARIANTS = {
                                     rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
 }
 
+# Variants also saved in shards (of this max_shard_size), to be loaded as transformers writes them.
+SHARDED = {"qwen2_yarn": "20KB"}
+
 
 def build(family, extra, seed):
     torch.manual_seed(seed)
@@ -77,6 +83,8 @@ def make(out_dir):
         model = build(family, extra, 1000 + seed)
         path = os.path.join(out_dir, variant)
         model.save_pretrained(path, safe_serialization=True)
+        if variant in SHARDED:
+            model.save_pretrained(path + "_sharded", safe_serialization=True, max_shard_size=SHARDED[variant])
         gen = torch.Generator().manual_seed(seed)
         tensors = {}
         ids = torch.randint(0, COMMON["vocab_size"], LOGITS_SHAPE, generator=gen)

@@ -103,6 +103,23 @@ TEST_CASE("parity with transformers: float32 logits within 1e-4 for every varian
   MESSAGE("worst max abs diff over variants: " << worst);
 }
 
+TEST_CASE("parity with transformers: a checkpoint transformers wrote in shards loads with the same logits") {
+  torch::manual_seed(1234);
+  torch::NoGradGuard g;
+  const auto dir = hf_reference_dir() / "qwen2_yarn_sharded";
+  REQUIRE(fs::exists(dir / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(dir / "model.safetensors"));
+  auto weights = safetensors_checkpoint::open(dir);
+  REQUIRE_MESSAGE(weights.ok(), (weights.ok() ? "" : weights.error().message));
+  CHECK(weights->files().size() > 2);
+  CHECK(weights->find("lm_head.weight") != nullptr); // untied, as Qwen2.5-Coder-7B-Instruct
+  auto m = load_variant("qwen2_yarn_sharded");
+  auto ref = read_tensors(hf_reference_dir() / "qwen2_yarn" / "reference.safetensors");
+  token_batch b;
+  b.input_ids = ref.at("logits_input_ids");
+  CHECK(max_abs_diff(m->forward(b), ref.at("logits")) <= 1e-4);
+}
+
 TEST_CASE("the parity check can fail: the RoPE variant and every weight matter") {
   torch::manual_seed(1234);
   torch::NoGradGuard g;
