@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/file_io.hpp"
+#include "core/json.hpp"
 #include "core/utf8.hpp"
 
 namespace crucible {
@@ -370,6 +371,36 @@ result<json_value> read_json_file(const std::filesystem::path& path) {
   if (!text)
     return text.error();
   return parse_json(*text, path.string());
+}
+
+void write_json(json_writer& w, const json_value& v) {
+  switch (v.type()) {
+    case json_value::kind::null: w.null(); break;
+    case json_value::kind::boolean: w.value(v.as_bool()); break;
+    case json_value::kind::integer: w.value(v.as_int()); break;
+    case json_value::kind::real: w.value(v.as_double()); break;
+    case json_value::kind::string: w.value(v.as_string()); break;
+    case json_value::kind::array:
+      w.begin_array();
+      for (const auto& x : v.as_array())
+        write_json(w, x);
+      w.end_array();
+      break;
+    case json_value::kind::object:
+      w.begin_object();
+      for (const auto& m : v.as_object()) {
+        w.key(m.key);
+        write_json(w, m.value);
+      }
+      w.end_object();
+      break;
+  }
+}
+
+std::string to_json_text(const json_value& v) {
+  json_writer w;
+  write_json(w, v);
+  return std::move(w).take();
 }
 
 } // namespace crucible

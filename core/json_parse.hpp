@@ -13,6 +13,8 @@
 
 namespace crucible {
 
+class json_writer;
+
 class json_value;
 struct json_member;
 
@@ -82,5 +84,11 @@ result<json_value> parse_json(std::string_view text, std::string_view source = "
 /// Reads and parses a JSON file. errc::not_found / errc::io name the file; parse errors as
 /// in parse_json with the path as source.
 result<json_value> read_json_file(const std::filesystem::path& path);
+
+/// Writes `v` with `w`: members in document order, numbers as json_writer writes them
+/// (shortest round trip), strings escaped as json_writer escapes them.
+void write_json(json_writer& w, const json_value& v);
+/// `v` as compact JSON text.
+std::string to_json_text(const json_value& v);
 
 } // namespace crucible

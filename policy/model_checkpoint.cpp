@@ -5,7 +5,11 @@
 #include "policy/model_detail.hpp"
 
 #include "core/file_io.hpp"
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
+#include "policy/tokenizer.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -62,7 +66,7 @@ std::optional<torch::ScalarType> torch_float_type(st_dtype d) {
 }
 
 // CPU, contiguous copies of `tensors` and safetensors views of them (alive while `host` is).
-result<std::vector<tensor_view>> host_views(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+result<std::vector<tensor_view>> host_views(std::span<const std::pair<std::string, torch::Tensor>> tensors,
                                             std::optional<torch::ScalarType> dtype, std::vector<torch::Tensor>& host) {
   std::vector<tensor_view> views;
   host.reserve(host.size() + tensors.size());
@@ -181,11 +185,20 @@ result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_opt
   fs::create_directories(dir, ec);
   if (ec)
     return fail(errc::io, "cannot create ", dir.string(), ": ", ec.message());
+  // Names, dtypes and shapes first; each file's tensors are copied to the host only as it is
+  // written, so a model on a GPU needs one shard's bytes of host memory, not the whole model's.
+  const auto tensors = model.export_tensors();
+  const st_dtype st = *st_dtype_of(options.dtype);
+  std::vector<tensor_view> layout;
+  layout.reserve(tensors.size());
+  for (const auto& [name, t] : tensors)
+    layout.push_back(tensor_view{name, st, std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end()), {}});
   std::vector<torch::Tensor> host;
-  auto views = host_views(model.export_tensors(), options.dtype, host);
-  if (!views)
-    return views.error();
-  if (auto r = write_checkpoint_weights(dir, *views, options.shards); !r)
+  auto shard = [&](std::size_t first, std::span<const tensor_view> part) {
+    host.clear();
+    return host_views(std::span{tensors}.subspan(first, part.size()), options.dtype, host);
+  };
+  if (auto r = write_checkpoint_weights(dir, layout, shard, options.shards); !r)
     return r.error();
   if (!options.tokenizer_from.empty()) {
     if (!fs::exists(options.tokenizer_from / "tokenizer.json", ec))
@@ -196,24 +209,140 @@ result<void> save_model(CausalLMImpl& model, const fs::path& dir, const save_opt
   return write_file_atomic(dir / "config.json", to_config_json(model.config(), torch_dtype_name(options.dtype)));
 }
 
+namespace {
+
+// Copies a tokenizer's files from `source` (a directory, or a tokenizer.json file) into `dir`.
+result<void> copy_tokenizer(const fs::path& source, const fs::path& dir) {
+  std::error_code ec;
+  const bool is_file = fs::is_regular_file(source, ec);
+  fs::path from = is_file ? source.parent_path() : source;
+  if (from.empty())
+    from = ".";
+  if (fs::equivalent(from, dir, ec))
+    return {}; // the tokenizer already lives in the output directory
+  return copy_model_side_files(from, dir, is_file ? source : fs::path{});
+}
+
+struct chat_token_ids {
+  std::int64_t end_of_text = 0;
+  std::int64_t end_of_turn = 0;
+};
+
+// The ids of the published model's special tokens in the tokenizer at `source`; an error names
+// each missing one: without them the chat template would be encoded as plain text.
+result<chat_token_ids> published_token_ids(const published_model& m, const fs::path& source) {
+  auto tok = tokenizer::load(source);
+  if (!tok)
+    return tok.error();
+  auto id = [&](std::string_view token) -> result<std::int64_t> {
+    if (auto i = tok->id_of(token))
+      return std::int64_t{*i};
+    return fail(errc::config, source.string(), ": preset ", m.preset, " (the chat format of ", m.repository,
+                ") needs the token ", token, ", which this tokenizer lacks");
+  };
+  auto end_of_text = id(m.end_of_text);
+  if (!end_of_text)
+    return end_of_text.error();
+  auto end_of_turn = id(m.end_of_turn);
+  if (!end_of_turn)
+    return end_of_turn.error();
+  if (auto r = id(m.turn_start); !r)
+    return r.error();
+  return chat_token_ids{*end_of_text, *end_of_turn};
+}
+
+// The published model's chat format in `dir`: tokenizer_config.json keeps the copied tokenizer's
+// settings but takes the published chat template and special tokens (chat_template.jinja, which
+// transformers would read first, is removed), and generation_config.json its ids.
+result<void> write_published_chat_files(const fs::path& dir, const published_model& m, const chat_token_ids& ids) {
+  const fs::path config_path = dir / "tokenizer_config.json";
+  std::error_code ec;
+  json_object config;
+  if (fs::exists(config_path, ec)) {
+    auto doc = read_json_file(config_path);
+    if (!doc)
+      return doc.error();
+    if (!doc->is_object())
+      return fail(errc::corrupt, config_path.string(), ": not a JSON object");
+    config = doc->as_object();
+  } else {
+    config.push_back({"tokenizer_class", json_value{"PreTrainedTokenizerFast"}});
+  }
+  const std::pair<const char*, json_value> published_keys[] = {
+    {"bos_token", json_value{}},
+    {"eos_token", json_value{std::string{m.end_of_turn}}},
+    {"pad_token", json_value{std::string{m.end_of_text}}},
+    {"chat_template", json_value{std::string{m.chat_template}}},
+  };
+  for (const auto& [key, value] : published_keys) {
+    auto it = std::find_if(config.begin(), config.end(), [&](const json_member& x) { return x.key == key; });
+    if (it != config.end())
+      it->value = value;
+    else
+      config.push_back({key, value});
+  }
+  if (auto r = write_file_atomic(config_path, to_json_text(json_value{std::move(config)}) + "\n"); !r)
+    return r;
+  fs::remove(dir / "chat_template.jinja", ec);
+
+  json_writer gen;
+  gen.begin_object()
+    .field("bos_token_id", ids.end_of_text)
+    .field("pad_token_id", ids.end_of_text)
+    .key("eos_token_id").begin_array().value(ids.end_of_turn).value(ids.end_of_text).end_array()
+    .end_object();
+  return write_file_atomic(dir / "generation_config.json", std::move(gen).take() + "\n");
+}
+
+} // namespace
+
 result<model_config> init_model(const init_model_options& options) {
-  auto config = preset_config(options.preset, options.family, options.vocab_size);
-  if (!config)
-    return config.error();
-  config->bos_token_id = options.bos_token_id;
-  config->eos_token_ids = options.eos_token_ids;
-  config->pad_token_id = options.pad_token_id;
-  if (auto v = config->validate(); !v)
+  const published_model* published = find_published_model(options.preset);
+  model_config config;
+  if (options.config) {
+    config = *options.config;
+  } else {
+    auto preset = preset_config(options.preset, options.family, options.vocab_size);
+    if (!preset)
+      return preset.error();
+    config = std::move(*preset);
+  }
+  config.bos_token_id = options.bos_token_id;
+  config.eos_token_ids = options.eos_token_ids;
+  config.pad_token_id = options.pad_token_id;
+  std::optional<chat_token_ids> ids;
+  if (published != nullptr) {
+    // As the published config.json: bos and eos (the end of a turn) set, pad only in
+    // generation_config.json.
+    auto found = published_token_ids(*published, options.tokenizer.empty() ? options.dir : options.tokenizer);
+    if (!found)
+      return found.error();
+    ids = *found;
+    config.bos_token_id = ids->end_of_text;
+    config.eos_token_ids = {ids->end_of_turn};
+    config.pad_token_id.reset();
+  }
+  if (auto v = config.validate(); !v)
     return v.error();
   auto dtype = parse_torch_dtype(options.dtype);
   if (!dtype)
     return dtype.error();
-  CausalLM model(*config);
+  CausalLM model(config);
+  // Drawn into parameters of the saved dtype: the same rounding as drawing in float32 and
+  // converting when saving, without a float32 copy of the model beside the saved one.
+  model->to(*dtype);
   model->init_weights(options.seed);
   save_options save;
   save.dtype = *dtype;
+  save.shards = options.shards;
   if (auto r = save_model(*model, options.dir, save); !r)
     return r.error();
+  if (!options.tokenizer.empty())
+    if (auto r = copy_tokenizer(options.tokenizer, options.dir); !r)
+      return r.error();
+  if (published != nullptr)
+    if (auto r = write_published_chat_files(options.dir, *published, *ids); !r)
+      return r.error();
   return config;
 }
 

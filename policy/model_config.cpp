@@ -5,6 +5,7 @@
 
 #include "core/file_io.hpp"
 #include "core/json.hpp"
+#include "policy/chat_templates.hpp"
 #include "policy/json_input.hpp"
 #include "policy/safetensors.hpp"
 
@@ -450,6 +451,60 @@ std::string to_config_json(const model_config& c, std::string_view dtype) {
   return std::move(w).take() + "\n";
 }
 
+namespace {
+
+// The config.json values of the published models the presets copy (transformers' names in the
+// comments). Sources, read when the presets were written:
+// - Qwen/Qwen2.5-Coder-1.5B-Instruct: its model card ("28 layers, 12 Q and 2 KV heads, tied word
+//   embeddings, 1.54B parameters, 1.31B non-embedding") and config.json as republished by
+//   derivatives of it and of Qwen/Qwen2.5-Coder-1.5B (hidden_size 1536, intermediate_size 8960,
+//   num_hidden_layers 28, num_attention_heads 12, num_key_value_heads 2, rope_theta 1000000.0,
+//   rms_norm_eps 1e-06, max_position_embeddings 32768, vocab_size 151936,
+//   tie_word_embeddings true), the same shapes as Qwen/Qwen2.5-1.5B-Instruct's config.json.
+// - Qwen/Qwen2.5-Coder-7B-Instruct: config.json of the official snapshot c03e6d35 as saved by a
+//   fine-tune of it (hidden_size 3584, intermediate_size 18944, num_hidden_layers 28,
+//   num_attention_heads 28, num_key_value_heads 4, rope_theta 1000000.0, rms_norm_eps 1e-06,
+//   max_position_embeddings 32768, vocab_size 152064, tie_word_embeddings false), its model card
+//   (7.61B parameters, 6.53B non-embedding) and Qwen/Qwen2.5-7B-Instruct's config.json, same shapes.
+// Both are qwen2 (q/k/v biases), silu, no sliding window. The 7B's vocabulary is 152064, not the
+// 151936 of the smaller models: its embedding table is padded further.
+struct published_shape {
+  std::string_view preset;
+  std::int64_t hidden, intermediate, layers, heads, kv_heads, max_positions, vocab;
+  double rope_theta, rms_norm_eps;
+  bool tied;
+};
+
+constexpr published_shape published_shapes[] = {
+  {"qwen2.5-coder-1.5b-instruct", 1536, 8960, 28, 12, 2, 32768, 151936, 1000000.0, 1e-6, true},
+  {"qwen2.5-coder-7b-instruct", 3584, 18944, 28, 28, 4, 32768, 152064, 1000000.0, 1e-6, false},
+};
+
+const published_model published[] = {
+  {"qwen2.5-coder-1.5b-instruct", "Qwen/Qwen2.5-Coder-1.5B-Instruct", qwen25_chat_template, "<|endoftext|>",
+   "<|im_end|>", "<|im_start|>"},
+  {"qwen2.5-coder-7b-instruct", "Qwen/Qwen2.5-Coder-7B-Instruct", qwen25_chat_template, "<|endoftext|>",
+   "<|im_end|>", "<|im_start|>"},
+};
+
+std::string preset_names() {
+  std::string out = "tiny, small, 0.5b";
+  for (const auto& p : published)
+    out += ", " + std::string{p.preset};
+  return out;
+}
+
+} // namespace
+
+std::span<const published_model> published_models() { return published; }
+
+const published_model* find_published_model(std::string_view preset) {
+  for (const auto& p : published)
+    if (p.preset == preset)
+      return &p;
+  return nullptr;
+}
+
 result<model_config> preset_config(std::string_view preset, model_family family, std::int64_t vocab_size) {
   model_config c;
   c.family = family;
@@ -457,7 +512,23 @@ result<model_config> preset_config(std::string_view preset, model_family family,
   c.tie_word_embeddings = true;
   c.qkv_bias = family == model_family::qwen2;
   c.rms_norm_eps = 1e-6;
-  if (preset == "tiny") {
+  const published_shape* shape = nullptr;
+  for (const auto& s : published_shapes)
+    if (s.preset == preset)
+      shape = &s;
+  if (shape != nullptr) {
+    if (family != model_family::qwen2)
+      return fail(errc::config, "model preset '", preset, "' is a qwen2 model, not ", to_string(family));
+    if (vocab_size > shape->vocab)
+      return fail(errc::config, "vocab_size: preset ", preset, " has the published vocabulary of ",
+                  std::to_string(shape->vocab), " rows, fewer than the ", std::to_string(vocab_size), " asked for");
+    c.hidden_size = shape->hidden, c.intermediate_size = shape->intermediate, c.num_layers = shape->layers;
+    c.num_heads = shape->heads, c.num_kv_heads = shape->kv_heads, c.max_position_embeddings = shape->max_positions;
+    c.vocab_size = shape->vocab;
+    c.rope.theta = shape->rope_theta;
+    c.rms_norm_eps = shape->rms_norm_eps;
+    c.tie_word_embeddings = shape->tied;
+  } else if (preset == "tiny") {
     c.hidden_size = 128, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.intermediate_size = 384;
     c.max_position_embeddings = 4096;
     c.rope.theta = 10000.0;
@@ -470,7 +541,7 @@ result<model_config> preset_config(std::string_view preset, model_family family,
     c.max_position_embeddings = 32768;
     c.rope.theta = 1000000.0;
   } else {
-    return fail(errc::config, "model preset '", preset, "' is unknown (tiny, small, 0.5b)");
+    return fail(errc::config, "model preset '", preset, "' is unknown (", preset_names(), ")");
   }
   c.head_dim = c.hidden_size / c.num_heads;
   if (vocab_size <= 0)

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/error.hpp"
+#include "policy/safetensors.hpp"
 
 namespace crucible::policy {
 
@@ -93,14 +95,33 @@ result<model_config> read_model_config(const std::filesystem::path& path);
 /// token ids, and "dtype"/"torch_dtype" set to `dtype` ("bfloat16", "float32", "float16").
 std::string to_config_json(const model_config& config, std::string_view dtype);
 
-/// Named architectures for fresh models, for a given vocabulary size:
+/// Named architectures for fresh models. crucible's own, for a given vocabulary size:
 ///   "tiny"  hidden 128, 4 layers, 4 heads (2 KV), intermediate 384: ~0.8M + vocab*128 parameters
 ///   "small" hidden 512, 8 layers, 8 heads (2 KV), intermediate 1408: ~23M + vocab*512
 ///   "0.5b"  Qwen2.5-0.5B: hidden 896, 24 layers, 14 heads (2 KV), intermediate 4864, RoPE theta
 ///           1e6 (~360M + vocab*896; 494M with its vocabulary of 151936)
-/// All tie embeddings; Qwen2 presets have qkv bias, Llama ones none. errc::config naming the
-/// preset when unknown.
+/// These tie embeddings; Qwen2 presets have qkv bias, Llama ones none. Besides, one preset per
+/// published_models() entry, whose config.json values it copies exactly, vocabulary and tied or
+/// untied embeddings included: `vocab_size` (the tokenizer's) must then fit in the published
+/// vocabulary, and `family` must be the model's. errc::config naming the preset when unknown,
+/// and naming the conflict otherwise.
 result<model_config> preset_config(std::string_view preset, model_family family, std::int64_t vocab_size);
+
+/// A published model that a preset reproduces: where its config.json is published, and the
+/// chat format of its tokenizer files, which init_model writes beside random weights.
+struct published_model {
+  std::string_view preset;        ///< "qwen2.5-coder-7b-instruct"
+  std::string_view repository;    ///< its Hugging Face repository, "Qwen/Qwen2.5-Coder-7B-Instruct"
+  std::string_view chat_template; ///< tokenizer_config.json's "chat_template"
+  std::string_view end_of_text;   ///< bos_token_id, pad_token_id and the last eos id: "<|endoftext|>"
+  std::string_view end_of_turn;   ///< eos_token_id: "<|im_end|>"
+  std::string_view turn_start;    ///< another token the template writes: "<|im_start|>"
+};
+
+/// The published models that presets reproduce: Qwen2.5-Coder-1.5B-Instruct and -7B-Instruct.
+std::span<const published_model> published_models();
+/// The published model `preset` reproduces, or nullptr for crucible's own presets.
+const published_model* find_published_model(std::string_view preset);
 
 /// What init_model writes.
 struct init_model_options {
@@ -113,6 +134,17 @@ struct init_model_options {
   std::optional<std::int64_t> bos_token_id;
   std::vector<std::int64_t> eos_token_ids;
   std::optional<std::int64_t> pad_token_id;
+  /// A tokenizer directory (tokenizer.json, tokenizer_config.json, ...) or tokenizer.json file
+  /// whose files are copied into `dir`; empty: the caller puts them there. A published preset
+  /// reads the tokenizer there: its ids of the published model's special tokens replace the
+  /// three ids above, its tokenizer_config.json gets the published chat template, and
+  /// generation_config.json is written with the ids.
+  std::filesystem::path tokenizer;
+  /// The architecture written in place of the preset's, which still decides the tokenizer
+  /// files (tests of a published preset's path at small sizes). Its vocab_size is kept.
+  std::optional<model_config> config;
+  /// How the weights are split into files (5 GB shards by default).
+  shard_options shards;
 };
 
 /// Writes a randomly initialised model of a preset as an HF directory that transformers loads

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -439,7 +441,7 @@ result<safetensors_checkpoint> safetensors_checkpoint::open(const fs::path& dir)
   if (auto dup = json_input::duplicate_key(map))
     return fail(errc::corrupt, where, ": weight_map names tensor ", *dup, " twice");
   std::vector<std::string> shard_files;
-  std::vector<std::pair<std::string, std::string>> entries;
+  std::map<std::string, std::string, std::less<>> shard_of; // tensor -> file, as the index says
   for (const auto& kv : map) {
     auto file = json_input::as_string(kv.second);
     if (!file)
@@ -450,23 +452,33 @@ result<safetensors_checkpoint> safetensors_checkpoint::open(const fs::path& dir)
                   "', not a file in the directory");
     if (std::find(shard_files.begin(), shard_files.end(), *file) == shard_files.end())
       shard_files.push_back(*file);
-    entries.emplace_back(kv.first.Scalar(), *file);
+    shard_of.emplace(kv.first.Scalar(), *file);
   }
   c.files_.reserve(shard_files.size());
-  for (const auto& file : shard_files)
+  for (const auto& file : shard_files) {
+    if (!fs::exists(dir / file, ec)) {
+      auto named = std::find_if(shard_of.begin(), shard_of.end(), [&](const auto& e) { return e.second == file; });
+      return fail(errc::corrupt, where, ": shard ", file, " is missing (weight_map puts ", named->first, " there)");
+    }
     if (auto r = add_file(dir / file); !r)
       return r.error();
-  for (const auto& [name, file] : entries) {
-    auto it = c.by_name_.find(name);
-    if (it == c.by_name_.end())
+  }
+  for (const auto& [name, file] : shard_of)
+    if (c.by_name_.count(name) == 0)
       return fail(errc::corrupt, where, ": tensor ", name, " is mapped to ", file, " but that shard lacks it");
-    // The index and the shards must agree on where each tensor lives.
-    bool in_named_file = false;
-    for (const auto& f : c.files_)
-      if (f.path().filename() == file && f.find(name) == it->second)
-        in_named_file = true;
-    if (!in_named_file)
-      return fail(errc::corrupt, where, ": tensor ", name, " is mapped to ", file, " but that shard lacks it");
+  // The index and the shards must agree on every tensor: where the index puts it, and that
+  // nothing else is there (a stray tensor would load without the index knowing of it).
+  for (const auto& f : c.files_) {
+    const std::string file = f.path().filename().string();
+    for (const auto& t : f.tensors()) {
+      auto it = shard_of.find(t.name);
+      if (it == shard_of.end())
+        return fail(errc::corrupt, where, ": shard ", file, " holds tensor ", t.name,
+                    ", which weight_map does not name");
+      if (it->second != file)
+        return fail(errc::corrupt, where, ": tensor ", t.name, " is in shard ", file, " but weight_map puts it in ",
+                    it->second);
+    }
   }
   return c;
 }
@@ -518,29 +530,79 @@ result<void> write_safetensors(const fs::path& path, std::span<const tensor_view
   return out.commit();
 }
 
-result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std::span<const tensor_view> tensors,
-                                                       const shard_options& options) {
+result<std::uint64_t> parse_shard_size(std::string_view text) {
+  auto bad = [&] {
+    return fail(errc::invalid_arg, "shard size '", text,
+                "' is not a size (bytes, or a number with KB, MB, GB, TB, KiB, MiB, GiB or TiB: '5GB', '500MB')");
+  };
+  std::size_t digits_end = 0;
+  auto numeric = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0 || ch == '.'; };
+  while (digits_end < text.size() && numeric(text[digits_end]))
+    ++digits_end;
+  const std::string number{text.substr(0, digits_end)};
+  std::string unit{text.substr(digits_end)};
+  for (auto& ch : unit)
+    ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (number.empty() || number == "." || std::count(number.begin(), number.end(), '.') > 1)
+    return bad();
+  // huggingface_hub's units are powers of 1000; transformers 4 also took KiB, MiB and GiB.
+  constexpr std::pair<const char*, double> units[] = {
+    {"", 1.0},         {"KB", 1e3},           {"MB", 1e6},           {"GB", 1e9},           {"TB", 1e12},
+    {"KIB", 1024.0},   {"MIB", 1048576.0},    {"GIB", 1073741824.0}, {"TIB", 1099511627776.0},
+  };
+  for (const auto& [name, scale] : units) {
+    if (unit != name)
+      continue;
+    const double bytes = std::strtod(number.c_str(), nullptr) * scale;
+    if (!(bytes >= 1.0) || bytes > 1.8e19)
+      return bad();
+    return static_cast<std::uint64_t>(bytes);
+  }
+  return bad();
+}
+
+result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std::span<const tensor_view> layout,
+                                                       const shard_bytes& bytes, const shard_options& options) {
   // Plan shards greedily in the given order (transformers does the same).
-  std::vector<std::pair<std::size_t, std::size_t>> shards; // [first, last) into tensors
+  std::vector<std::pair<std::size_t, std::size_t>> shards; // [first, last) into layout
   std::uint64_t current = 0, total = 0;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const std::uint64_t size = tensors[i].bytes.size();
-    if (shards.empty() || (current > 0 && current + size > options.max_shard_bytes)) {
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    auto size = byte_size(layout[i]);
+    if (!size)
+      return fail(errc::invalid_arg, "tensor ", layout[i].name, ": its shape overflows 64 bits");
+    if (shards.empty() || (current > 0 && current + *size > options.max_shard_bytes)) {
       shards.emplace_back(i, i);
       current = 0;
     }
     shards.back().second = i + 1;
-    current += size;
-    total += size;
+    current += *size;
+    total += *size;
   }
   if (shards.empty())
     shards.emplace_back(0, 0);
+
+  // One shard's bytes at a time: asked for just before its file is written.
+  auto write_shard = [&](const fs::path& path, std::size_t s) -> result<void> {
+    const auto [first, last] = shards[s];
+    auto part = layout.subspan(first, last - first);
+    auto views = bytes(first, part);
+    if (!views)
+      return views.error();
+    if (views->size() != part.size())
+      return fail(errc::invalid_arg, path.string(), ": ", std::to_string(views->size()), " tensors supplied for ",
+                  std::to_string(part.size()));
+    for (std::size_t i = 0; i < part.size(); ++i)
+      if ((*views)[i].name != part[i].name || (*views)[i].dtype != part[i].dtype || (*views)[i].shape != part[i].shape)
+        return fail(errc::invalid_arg, path.string(), ": tensor ", (*views)[i].name, " supplied where ", part[i].name,
+                    " (", to_string(part[i].dtype), ") was planned");
+    return write_safetensors(path, *views, options.metadata);
+  };
 
   std::vector<fs::path> written;
   std::set<std::string> keep;
   if (shards.size() == 1) {
     auto path = dir / single_file_name;
-    if (auto r = write_safetensors(path, tensors, options.metadata); !r)
+    if (auto r = write_shard(path, 0); !r)
       return r.error();
     written.push_back(path);
     keep.insert(single_file_name);
@@ -552,13 +614,12 @@ result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std:
     std::vector<std::pair<std::string_view, std::string>> entries;
     for (std::size_t s = 0; s < shards.size(); ++s) {
       const auto name = shard_name(s + 1, shards.size());
-      auto part = tensors.subspan(shards[s].first, shards[s].second - shards[s].first);
-      if (auto r = write_safetensors(dir / name, part, options.metadata); !r)
+      if (auto r = write_shard(dir / name, s); !r)
         return r.error();
       written.push_back(dir / name);
       keep.insert(name.string());
-      for (const auto& t : part)
-        entries.emplace_back(t.name, name.string());
+      for (std::size_t i = shards[s].first; i < shards[s].second; ++i)
+        entries.emplace_back(layout[i].name, name.string());
     }
     std::sort(entries.begin(), entries.end());
     for (const auto& [tensor, file] : entries)
@@ -579,6 +640,16 @@ result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std:
       fs::remove(entry.path(), ec);
   }
   return written;
+}
+
+result<std::vector<fs::path>> write_checkpoint_weights(const fs::path& dir, std::span<const tensor_view> tensors,
+                                                       const shard_options& options) {
+  return write_checkpoint_weights(
+    dir, tensors,
+    [](std::size_t, std::span<const tensor_view> part) -> result<std::vector<tensor_view>> {
+      return std::vector<tensor_view>(part.begin(), part.end());
+    },
+    options);
 }
 
 } // namespace crucible::policy

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -109,19 +110,41 @@ result<void> write_safetensors(const std::filesystem::path& path, std::span<cons
 /// How write_checkpoint_weights splits tensors into files.
 struct shard_options {
   /// A shard closes before the tensor that would take it past this size; a larger tensor gets
-  /// a shard of its own. Default as transformers' `max_shard_size="5GB"`.
+  /// a shard of its own. Default 5 GB (5e9 bytes): huggingface_hub's split_torch_state_dict_into_shards
+  /// and transformers 4's `save_pretrained`, the layout of published checkpoints such as
+  /// Qwen2.5-Coder-7B-Instruct's four shards. (transformers 5's `save_pretrained` defaults to 50 GB.)
   std::uint64_t max_shard_bytes = 5'000'000'000ull;
   /// Written into every file's "__metadata__" ({"format": "pt"} as transformers does).
   std::map<std::string, std::string> metadata{{"format", "pt"}};
 };
 
+/// Parses a shard size as transformers' `max_shard_size` does: bytes, or a number with a unit
+/// (`KB`, `MB`, `GB`, `TB`: powers of 1000; `KiB`, `MiB`, `GiB`, `TiB`: of 1024), e.g. "5GB",
+/// "500MB", "2GiB". errc::invalid_arg naming the text when malformed or zero.
+result<std::uint64_t> parse_shard_size(std::string_view text);
+
 /// Writes the weights of an HF directory: one `model.safetensors` when everything fits one
 /// shard, else `model-0000i-of-0000n.safetensors` plus `model.safetensors.index.json`
-/// ({"metadata": {"total_size": N}, "weight_map": {...}}). Each file is written atomically and
-/// the index last; weights files of the other layout left by an earlier save are removed
-/// afterwards so the directory never names two models. `dir` must exist.
-/// Returns the files written.
+/// ({"metadata": {"total_size": N}, "weight_map": {...}}, names sorted). Each file is written
+/// atomically and the index last; weights files of the other layout, or shards of another
+/// count, left by an earlier save are removed afterwards so the directory never names two
+/// models. `dir` must exist. Returns the files written.
 result<std::vector<std::filesystem::path>> write_checkpoint_weights(
     const std::filesystem::path& dir, std::span<const tensor_view> tensors, const shard_options& options = {});
+
+/// Supplies the bytes of one file's tensors: `shard` is `layout.subspan(first, shard.size())`;
+/// the views returned (same names, dtypes and shapes, in that order) must stay valid until the
+/// next call. Called once per file, in order.
+using shard_bytes =
+    std::function<result<std::vector<tensor_view>>(std::size_t first, std::span<const tensor_view> shard)>;
+
+/// As above, for tensors whose bytes are made one file at a time: `layout` gives names, dtypes
+/// and shapes (its bytes are not read), `bytes` the data of each file just before it is
+/// written, so a caller holds one shard's bytes at a time (save_model converting a model on a
+/// GPU, for example).
+result<std::vector<std::filesystem::path>> write_checkpoint_weights(const std::filesystem::path& dir,
+                                                                    std::span<const tensor_view> layout,
+                                                                    const shard_bytes& bytes,
+                                                                    const shard_options& options = {});
 
 } // namespace crucible::policy

@@ -348,6 +348,15 @@ TEST_CASE("crucible init-model and generate: a self-contained random model, gree
   expect_usage({"init-model", "--tokenizer", (dir.path() / "none").string(), "--out", (dir.path() / "m2").string()},
                "--tokenizer: " + (dir.path() / "none").string());
   expect_usage({"init-model", "--out", (dir.path() / "m2").string()}, "--tokenizer");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--preset",
+                "qwen2.5-coder-7b-instruct", "--family", "llama"},
+               "--preset: model preset 'qwen2.5-coder-7b-instruct' is a qwen2 model");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--preset",
+                "qwen2.5-coder-7b-instruct", "--vocab-size", "151936"},
+               "--vocab-size 151936: preset qwen2.5-coder-7b-instruct has the published vocabulary of 152064 rows");
+  expect_usage({"init-model", "--tokenizer", tok.string(), "--out", (dir.path() / "m2").string(), "--max-shard-size",
+                "5XB"},
+               "--max-shard-size: shard size '5XB'");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--temperature", "-1"}, "--temperature");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--top-p", "0"}, "--top-p");
   expect_usage({"generate", "--model", model.string(), "--prompt", "x", "--max-new-tokens", "0"}, "--max-new-tokens");
@@ -361,5 +370,14 @@ TEST_CASE("crucible init-model and generate: a self-contained random model, gree
   REQUIRE(cli({"init-model", "--preset", "tiny", "--tokenizer", tok.string(), "--out", model.string(), "--seed", "3",
                "--force"})
             .exit_code == 0);
+  CHECK(cli(gen).out == a.out);
+  // The same weights in shards with an index (and the single file removed) generate the same.
+  auto sharded = cli({"init-model", "--preset", "tiny", "--tokenizer", tok.string(), "--out", model.string(), "--seed",
+                      "3", "--force", "--max-shard-size", "200KB", "--json"});
+  INFO(sharded.err);
+  REQUIRE(sharded.exit_code == 0);
+  CHECK(YAML::Load(sharded.out)["weight_files"].as<int>() > 1);
+  CHECK(fs::exists(model / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(model / "model.safetensors"));
   CHECK(cli(gen).out == a.out);
 }

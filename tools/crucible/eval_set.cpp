@@ -18,37 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// `v` back as JSON text (numbers shortest round-trip, strings escaped as json_writer does).
-void write_value(json_writer& w, const json_value& v) {
-  switch (v.type()) {
-    case json_value::kind::null: w.null(); break;
-    case json_value::kind::boolean: w.value(v.as_bool()); break;
-    case json_value::kind::integer: w.value(v.as_int()); break;
-    case json_value::kind::real: w.value(v.as_double()); break;
-    case json_value::kind::string: w.value(v.as_string()); break;
-    case json_value::kind::array:
-      w.begin_array();
-      for (const auto& x : v.as_array())
-        write_value(w, x);
-      w.end_array();
-      break;
-    case json_value::kind::object:
-      w.begin_object();
-      for (const auto& m : v.as_object()) {
-        w.key(m.key);
-        write_value(w, m.value);
-      }
-      w.end_object();
-      break;
-  }
-}
-
-std::string json_text(const json_value& v) {
-  json_writer w;
-  write_value(w, v);
-  return std::move(w).take();
-}
-
 std::string trim(std::string s) {
   auto blank = [](unsigned char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
   while (!s.empty() && blank(static_cast<unsigned char>(s.back())))
@@ -82,7 +51,7 @@ std::string jsonl_identity(std::size_t line, const std::string& level_id, const 
 // A task's name for logs and the catalogue, from CUDA-L1's ids: "level1/19" (KernelBench's
 // folders), or "line7" when the line names none.
 std::string jsonl_task_name(const json_value* level, const json_value* task, std::size_t line) {
-  auto text = [](const json_value* v) { return v->is_string() ? v->as_string() : json_text(*v); };
+  auto text = [](const json_value* v) { return v->is_string() ? v->as_string() : to_json_text(*v); };
   if (level == nullptr || task == nullptr || level->is_null() || task->is_null())
     return "line" + std::to_string(line);
   return "level" + text(level) + "/" + text(task);
@@ -240,8 +209,8 @@ result<pair_set> load_pairs_jsonl(const fs::path& file) {
     p.form = set_form::jsonl;
     p.line = n;
     p.origin = file.string() + ":" + std::to_string(n);
-    p.level_id = level == nullptr ? "null" : json_text(*level);
-    p.task_id = task == nullptr ? "null" : json_text(*task);
+    p.level_id = level == nullptr ? "null" : to_json_text(*level);
+    p.task_id = task == nullptr ? "null" : to_json_text(*task);
     p.task_label = jsonl_task_name(level, task, n);
     p.candidate_label = file.string() + ":" + std::to_string(n);
     json_writer input;
@@ -249,7 +218,7 @@ result<pair_set> load_pairs_jsonl(const fs::path& file) {
     for (const auto& m : doc->as_object())
       if (m.key != "ref_code" && m.key != "custom_code" && m.key != "level_id" && m.key != "task_id") {
         input.key(m.key);
-        write_value(input, m.value);
+        write_json(input, m.value);
       }
     input.end_object();
     p.input_json = std::move(input).take();
@@ -354,7 +323,7 @@ result<std::pair<std::string, outcome>> parse_record(const std::string& line) {
     const auto* task = doc->find("task_id");
     if (line_no == nullptr || !line_no->is_int() || line_no->as_int() < 1 || task == nullptr)
       return fail(errc::corrupt, "a JSONL pair's record without line and task_id");
-    identity = jsonl_identity(static_cast<std::size_t>(line_no->as_int()), json_text(*level), json_text(*task));
+    identity = jsonl_identity(static_cast<std::size_t>(line_no->as_int()), to_json_text(*level), to_json_text(*task));
   } else {
     const auto* task = string_of("task");
     const auto* cand = string_of("candidate");

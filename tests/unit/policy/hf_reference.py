@@ -4,12 +4,18 @@
   hf_reference.py make OUT_DIR
       Builds tiny random Llama and Qwen2 models (seeded), saves each with save_pretrained into
       OUT_DIR/<variant>/ and writes OUT_DIR/<variant>/reference.safetensors: logits of a fixed
-      input and greedy generations of 64 tokens for prompts of different lengths.
+      input and greedy generations of 64 tokens for prompts of different lengths. The untied
+      qwen2_yarn is also saved in shards of at most 20 kB, as transformers shards a published
+      checkpoint (model-0000K-of-0000N.safetensors and model.safetensors.index.json), into
+      OUT_DIR/qwen2_yarn_sharded/.
 
   hf_reference.py check MODEL_DIR...
       Loads each crucible-written MODEL_DIR with transformers (no missing or unexpected keys
       allowed), runs MODEL_DIR/crucible_inputs.safetensors' input_ids and compares with its
-      logits. Prints one line per directory; exits 1 if any differs by more than 1e-4.
+      logits. Where MODEL_DIR/crucible_expect.json exists, also loads the tokenizer and the
+      generation config the way a published checkpoint's are loaded, and compares the chat
+      template's rendering, its ids and the eos ids with what crucible expects. Prints one line
+      per directory; exits 1 if any differs (logits by more than 1e-4).
 """
 import json
 import os
@@ -49,6 +55,9 @@ VARIANTS = {
                                     rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
 }
 
+# Variants also saved in shards (of this max_shard_size), to be loaded as transformers writes them.
+SHARDED = {"qwen2_yarn": "20KB"}
+
 
 def build(family, extra, seed):
     torch.manual_seed(seed)
@@ -74,6 +83,8 @@ def make(out_dir):
         model = build(family, extra, 1000 + seed)
         path = os.path.join(out_dir, variant)
         model.save_pretrained(path, safe_serialization=True)
+        if variant in SHARDED:
+            model.save_pretrained(path + "_sharded", safe_serialization=True, max_shard_size=SHARDED[variant])
         gen = torch.Generator().manual_seed(seed)
         tensors = {}
         ids = torch.randint(0, COMMON["vocab_size"], LOGITS_SHAPE, generator=gen)
@@ -106,11 +117,27 @@ def check(dirs):
             logits = model.eval()(input_ids=inputs["input_ids"]).logits.float()
         diff = (logits - inputs["logits"]).abs().max().item()
         worst = max(worst, diff)
+        expect_path = os.path.join(path, "crucible_expect.json")
+        if os.path.exists(expect_path):
+            problems.update(check_chat_files(path, expect_path))
         good = not problems and diff <= TOLERANCE
         ok = ok and good
         print(f"{path}: max_abs_diff={diff:.3g} {'ok' if good else 'FAIL'} {problems if problems else ''}")
     print(f"worst max_abs_diff={worst:.3g}")
     return 0 if ok else 1
+
+
+def check_chat_files(path, expect_path):
+    """The tokenizer and generation files of MODEL_DIR against crucible_expect.json."""
+    with open(expect_path) as f:
+        expect = json.load(f)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    eos = transformers.GenerationConfig.from_pretrained(path).eos_token_id
+    found = {"chat_text": text, "chat_ids": ids, "eos_token_id": eos, "eos_token": tokenizer.eos_token}
+    return {key: (found[key], expect[key]) for key in expect if found[key] != expect[key]}
 
 
 def main():

@@ -2,12 +2,18 @@
 // forwards equal the plain one; LoRA; checkpoint errors; crucible-written models in transformers.
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include <torch/torch.h>
 
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
+#include "policy/bpe_trainer.hpp"
+#include "policy/chat_templates.hpp"
 #include "policy/model.hpp"
+#include "policy/tokenizer.hpp"
 #include "policy_test_util.hpp"
 
 namespace fs = std::filesystem;
@@ -41,6 +47,40 @@ torch::Tensor alone(CausalLM& m, const torch::Tensor& seq) {
   return m->forward(b)[0];
 }
 
+
+// A small byte-level BPE tokenizer written to `dir`, with Qwen2.5's special tokens unless others
+// are given (ids 0, 1, 2: <|endoftext|>, <|im_start|>, <|im_end|>).
+fs::path small_tokenizer(const fs::path& dir,
+                         std::vector<std::string> specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+  bpe_train_options opts;
+  opts.vocab_size = 300;
+  opts.special_tokens = std::move(specials);
+  bpe_trainer trainer{opts};
+  REQUIRE(trainer.validate().ok());
+  trainer.feed("def forward(self, x):\n    return torch.relu(x) * 2 + x.sum(dim=-1, keepdim=True)\n");
+  REQUIRE(write_tokenizer_dir(trainer.train(), opts, dir).ok());
+  return dir;
+}
+
+// What init-model writes for a published preset, at small sizes: the preset's config (family,
+// tied or untied embeddings, biases, RoPE) with small dimensions and a vocabulary padded past the
+// tokenizer's, as the published one is; weights in shards of at most `shard_bytes`.
+init_model_options small_published(const std::string& preset, const fs::path& out, const fs::path& tokenizer,
+                                   std::uint64_t shard_bytes) {
+  auto c = preset_config(preset, model_family::qwen2, 300);
+  REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.error().message));
+  c->hidden_size = 64, c->num_heads = 4, c->num_kv_heads = 2, c->head_dim = 16, c->num_layers = 2;
+  c->intermediate_size = 128;
+  c->vocab_size = 400;
+  init_model_options o;
+  o.dir = out;
+  o.preset = preset;
+  o.tokenizer = tokenizer;
+  o.config = *c;
+  o.seed = 11;
+  o.shards.max_shard_bytes = shard_bytes;
+  return o;
+}
 } // namespace
 
 TEST_CASE("parity with transformers: float32 logits within 1e-4 for every variant") {
@@ -61,6 +101,23 @@ TEST_CASE("parity with transformers: float32 logits within 1e-4 for every varian
     worst = std::max(worst, diff);
   }
   MESSAGE("worst max abs diff over variants: " << worst);
+}
+
+TEST_CASE("parity with transformers: a checkpoint transformers wrote in shards loads with the same logits") {
+  torch::manual_seed(1234);
+  torch::NoGradGuard g;
+  const auto dir = hf_reference_dir() / "qwen2_yarn_sharded";
+  REQUIRE(fs::exists(dir / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(dir / "model.safetensors"));
+  auto weights = safetensors_checkpoint::open(dir);
+  REQUIRE_MESSAGE(weights.ok(), (weights.ok() ? "" : weights.error().message));
+  CHECK(weights->files().size() > 2);
+  CHECK(weights->find("lm_head.weight") != nullptr); // untied, as Qwen2.5-Coder-7B-Instruct
+  auto m = load_variant("qwen2_yarn_sharded");
+  auto ref = read_tensors(hf_reference_dir() / "qwen2_yarn" / "reference.safetensors");
+  token_batch b;
+  b.input_ids = ref.at("logits_input_ids");
+  CHECK(max_abs_diff(m->forward(b), ref.at("logits")) <= 1e-4);
 }
 
 TEST_CASE("the parity check can fail: the RoPE variant and every weight matter") {
@@ -478,18 +535,21 @@ TEST_CASE("what crucible writes, transformers loads with the same logits") {
   torch::NoGradGuard g;
   temp_dir dir;
   std::vector<std::string> dirs;
-  auto write_case = [&](const std::string& name, CausalLM& m, const save_options& opts) {
-    auto path = dir.path() / name;
-    REQUIRE(save_model(*m, path, opts).ok());
-    // Logits of the model as saved (bf16 weights read back), which transformers must reproduce.
+  // Logits of the model as saved (bf16 weights read back), which transformers must reproduce.
+  auto record_logits = [&](const fs::path& path, std::int64_t vocab) {
     auto saved = load_model(path);
     REQUIRE(saved.ok());
-    auto input = torch::randint(0, 300, {2, 12});
+    auto input = torch::randint(0, vocab, {2, 12});
     token_batch b{input, {}, {}, {}};
     REQUIRE(save_tensors(path / "crucible_inputs.safetensors",
                          {{"input_ids", input}, {"logits", (*saved)->forward(b).to(torch::kFloat)}})
                 .ok());
     dirs.push_back(path.string());
+  };
+  auto write_case = [&](const std::string& name, CausalLM& m, const save_options& opts) {
+    auto path = dir.path() / name;
+    REQUIRE(save_model(*m, path, opts).ok());
+    record_logits(path, 300);
   };
   auto qwen = tiny_model(true, true, 5);
   write_case("qwen2_tied_f32", qwen, {torch::kFloat, {}});
@@ -512,6 +572,28 @@ TEST_CASE("what crucible writes, transformers loads with the same logits") {
   // A model transformers wrote, loaded and written back by crucible.
   auto yarn = load_variant("qwen2_yarn");
   write_case("qwen2_yarn_roundtrip", yarn, {torch::kFloat, {}});
+  // The path of Qwen2.5-Coder-7B-Instruct as init-model writes it, at small sizes: untied
+  // embeddings, bf16 shards with an index, the tokenizer with Qwen2.5's chat template.
+  // transformers must load the weights with the same logits, the tokenizer with the template
+  // rendering what crucible's tokenizer encodes, and the generation config's eos ids.
+  {
+    auto tok_dir = small_tokenizer(dir.path() / "tok");
+    auto path = dir.path() / "coder7b_small_sharded";
+    auto o = small_published("qwen2.5-coder-7b-instruct", path, tok_dir, 20'000);
+    REQUIRE(init_model(o).ok());
+    REQUIRE(safetensors_checkpoint::open(path)->files().size() > 1);
+    record_logits(path, 400);
+    auto tok = tokenizer::load(path);
+    REQUIRE(tok.ok());
+    const std::string chat = "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n<|im_start|>assistant\n";
+    json_writer expect;
+    expect.begin_object().field("chat_text", chat).key("chat_ids").begin_array();
+    for (auto id : tok->encode(chat, false))
+      expect.value(static_cast<std::int64_t>(id));
+    expect.end_array().key("eos_token_id").begin_array().value(std::int64_t{2}).value(std::int64_t{0}).end_array();
+    expect.field("eos_token", "<|im_end|>").end_object();
+    std::ofstream(path / "crucible_expect.json") << expect.str();
+  }
 
   std::vector<std::string> args{"check"};
   args.insert(args.end(), dirs.begin(), dirs.end());
@@ -598,4 +680,99 @@ TEST_CASE("q/k/v and gate/up weights share one storage each: on construction, af
   CHECK(projections_joined(**loaded));
   torch::NoGradGuard g;
   CHECK(max_abs_diff((*loaded)->forward(b), before) <= 1e-5); // float32 GEMMs may round by alignment
+}
+
+TEST_CASE("a published preset's path at small sizes: untied, sharded, Qwen2.5's chat files, loaded back bit for bit") {
+  torch::manual_seed(1234);
+  torch::NoGradGuard g;
+  temp_dir dir;
+  auto tok_dir = small_tokenizer(dir.path() / "tok");
+  const auto out = dir.path() / "model";
+  auto o = small_published("qwen2.5-coder-7b-instruct", out, tok_dir, 20'000);
+  auto written = init_model(o);
+  REQUIRE_MESSAGE(written.ok(), (written.ok() ? "" : written.error().message));
+
+  // config.json: the preset's architecture, ids as the published config has them.
+  auto config = read_model_config(out);
+  REQUIRE(config.ok());
+  CHECK_FALSE(config->tie_word_embeddings);
+  CHECK(config->qkv_bias);
+  CHECK(config->rope.theta == 1000000.0);
+  CHECK(config->vocab_size == 400);
+  CHECK(config->bos_token_id == std::optional<std::int64_t>{0});
+  CHECK(config->eos_token_ids == std::vector<std::int64_t>{2});
+  CHECK_FALSE(config->pad_token_id.has_value());
+  CHECK(config->dtype == "bfloat16");
+
+  // Weights: shards and an index, as transformers writes them.
+  CHECK(fs::exists(out / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(out / "model.safetensors"));
+  auto weights = safetensors_checkpoint::open(out);
+  REQUIRE(weights.ok());
+  const auto shards = weights->files().size();
+  CHECK(shards > 2);
+  char first_shard[64];
+  std::snprintf(first_shard, sizeof first_shard, "model-00001-of-%05zu.safetensors", shards);
+  CHECK(fs::exists(out / first_shard));
+  CHECK(weights->find("lm_head.weight") != nullptr);
+
+  // Tokenizer files: the tokenizer's, with Qwen2.5's chat template; generation_config.json ids.
+  CHECK(fs::exists(out / "tokenizer.json"));
+  CHECK_FALSE(fs::exists(out / "chat_template.jinja"));
+  auto tok = tokenizer::load(out);
+  REQUIRE(tok.ok());
+  CHECK(tok->chat_template() == qwen25_chat_template);
+  CHECK(tok->eos_id() == std::optional<std::int32_t>{2});
+  CHECK(tok->pad_id() == std::optional<std::int32_t>{0});
+  auto gen = read_json_file(out / "generation_config.json");
+  REQUIRE(gen.ok());
+  CHECK(gen->find("bos_token_id")->as_int() == 0);
+  CHECK(gen->find("pad_token_id")->as_int() == 0);
+  const auto& eos = gen->find("eos_token_id")->as_array();
+  REQUIRE(eos.size() == 2);
+  CHECK(eos[0].as_int() == 2);
+  CHECK(eos[1].as_int() == 0);
+
+  // Loaded back bit for bit: the same draws, rounded to bf16 once.
+  auto back = load_model(out, {torch::kCPU, torch::kBFloat16, true});
+  REQUIRE_MESSAGE(back.ok(), (back.ok() ? "" : back.error().message));
+  REQUIRE((*back)->lm_head);
+  CausalLM expected(*written);
+  expected->to(torch::kBFloat16);
+  expected->init_weights(11);
+  auto want = expected->named_parameters(true);
+  std::size_t compared = 0;
+  for (auto& item : (*back)->named_parameters(true)) {
+    CAPTURE(item.key());
+    REQUIRE(want.contains(item.key()));
+    CHECK(torch::equal(item.value(), want[item.key()]));
+    ++compared;
+  }
+  CHECK(compared == want.size());
+  CHECK_FALSE(torch::equal((*back)->lm_head->weight, (*back)->model->embed_tokens->weight));
+  // Untied: the output matrix is lm_head's, in the forward and in decoding.
+  CHECK(torch::equal((*back)->output_weight(), (*back)->lm_head->weight));
+
+  // A second save into the same directory in one file drops the shards and the index.
+  save_options single{torch::kBFloat16, {}};
+  REQUIRE(save_model(**back, out, single).ok());
+  CHECK(fs::exists(out / "model.safetensors"));
+  CHECK_FALSE(fs::exists(out / "model.safetensors.index.json"));
+  CHECK_FALSE(fs::exists(out / first_shard));
+  auto again = load_model(out, {torch::kCPU, torch::kBFloat16, true});
+  REQUIRE(again.ok());
+  CHECK(torch::equal((*again)->lm_head->weight, (*back)->lm_head->weight));
+}
+
+TEST_CASE("a published preset refuses a tokenizer without its special tokens, naming the token") {
+  temp_dir dir;
+  auto tok_dir = small_tokenizer(dir.path() / "tok", {"<|endoftext|>", "<|im_end|>"});
+  auto o = small_published("qwen2.5-coder-1.5b-instruct", dir.path() / "model", tok_dir, 1'000'000);
+  auto r = init_model(o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_MESSAGE(r.error().message.find("preset qwen2.5-coder-1.5b-instruct (the chat format of "
+                                       "Qwen/Qwen2.5-Coder-1.5B-Instruct) needs the token <|im_start|>") !=
+                  std::string::npos,
+                r.error().message);
+  CHECK_FALSE(fs::exists(dir.path() / "model" / "config.json"));
 }

@@ -1,7 +1,11 @@
 // config.json of Llama and Qwen2: keys, defaults, RoPE variants (new and old layouts), errors
-// naming the key, presets and the written form read back.
+// naming the key, presets (those of published models with their values) and the written form read
+// back; shard sizes.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "policy/model_config.hpp"
@@ -161,4 +165,92 @@ TEST_CASE("presets: tiny, small and 0.5b for both families") {
   auto unknown = preset_config("huge", model_family::llama, 32000);
   REQUIRE_FALSE(unknown.ok());
   CHECK(unknown.error().message.find("huge") != std::string::npos);
+}
+
+TEST_CASE("presets: Qwen2.5-Coder-1.5B-Instruct and -7B-Instruct have their published config.json values") {
+  // The published values (policy/model_config.cpp names the sources): hidden_size,
+  // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, rope_theta,
+  // rms_norm_eps, max_position_embeddings, vocab_size, tie_word_embeddings; qwen2 (q/k/v bias).
+  struct published_values {
+    const char* preset;
+    std::int64_t hidden, intermediate, layers, heads, kv_heads, max_positions, vocab;
+    bool tied;
+    std::int64_t parameters; // Qwen2.5-1.5B's 1,543,714,304 and Qwen2.5-7B's 7,615,616,512
+  };
+  const published_values expected[] = {
+    {"qwen2.5-coder-1.5b-instruct", 1536, 8960, 28, 12, 2, 32768, 151936, true, 1'543'714'304},
+    {"qwen2.5-coder-7b-instruct", 3584, 18944, 28, 28, 4, 32768, 152064, false, 7'615'616'512},
+  };
+  REQUIRE(published_models().size() == 2);
+  for (const auto& e : expected) {
+    CAPTURE(e.preset);
+    // The tokenizer's size (here 2048) only has to fit: the table keeps the published rows.
+    auto c = preset_config(e.preset, model_family::qwen2, 2048);
+    REQUIRE_MESSAGE(c.ok(), c.error().message);
+    CHECK(c->family == model_family::qwen2);
+    CHECK(c->hidden_size == e.hidden);
+    CHECK(c->intermediate_size == e.intermediate);
+    CHECK(c->num_layers == e.layers);
+    CHECK(c->num_heads == e.heads);
+    CHECK(c->num_kv_heads == e.kv_heads);
+    CHECK(c->head_dim == 128);
+    CHECK(c->max_position_embeddings == e.max_positions);
+    CHECK(c->vocab_size == e.vocab);
+    CHECK(c->tie_word_embeddings == e.tied);
+    CHECK(c->qkv_bias);
+    CHECK_FALSE(c->o_bias);
+    CHECK_FALSE(c->mlp_bias);
+    CHECK(c->rope.type == rope_type::standard);
+    CHECK(c->rope.theta == 1000000.0);
+    CHECK(c->rms_norm_eps == 1e-6);
+    CHECK(c->parameter_count() == e.parameters);
+    // Written and read back as config.json, as transformers would read it.
+    auto back = parse_model_config(to_config_json(*c, "bfloat16"));
+    REQUIRE_MESSAGE(back.ok(), back.error().message);
+    CHECK(back->vocab_size == e.vocab);
+    CHECK(back->tie_word_embeddings == e.tied);
+    CHECK(back->parameter_count() == e.parameters);
+    const auto* m = find_published_model(e.preset);
+    REQUIRE(m != nullptr);
+    CHECK(m->end_of_turn == "<|im_end|>");
+    // The published vocabulary is a ceiling for the tokenizer, and the family is fixed.
+    auto big = preset_config(e.preset, model_family::qwen2, e.vocab + 1);
+    REQUIRE_FALSE(big.ok());
+    CHECK(big.error().message.find("published vocabulary of " + std::to_string(e.vocab)) != std::string::npos);
+    auto llama = preset_config(e.preset, model_family::llama, 2048);
+    REQUIRE_FALSE(llama.ok());
+    CHECK(llama.error().message.find("is a qwen2 model") != std::string::npos);
+  }
+  CHECK(find_published_model("0.5b") == nullptr);
+  auto unknown = preset_config("huge", model_family::qwen2, 32000);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().message.find("qwen2.5-coder-7b-instruct") != std::string::npos);
+}
+
+TEST_CASE("presets: the Qwen2.5 chat template is the text test_jinja renders as transformers does") {
+  std::ifstream in(std::filesystem::path{CRUCIBLE_SOURCE_DIR} / "tests/unit/jinja/chat_templates/qwen2.5.jinja",
+                   std::ios::binary);
+  REQUIRE(in);
+  const std::string file{std::istreambuf_iterator<char>(in), {}};
+  for (const auto& m : published_models())
+    CHECK(m.chat_template == file);
+}
+
+TEST_CASE("shard sizes parse as transformers' max_shard_size") {
+  const std::pair<const char*, std::uint64_t> good[] = {
+    {"5GB", 5'000'000'000ull}, {"500MB", 500'000'000ull}, {"40kb", 40'000ull}, {"1.5GB", 1'500'000'000ull},
+    {"2GiB", 2147483648ull},   {"1MiB", 1048576ull},      {"123", 123ull},      {"1TB", 1'000'000'000'000ull},
+  };
+  for (const auto& [text, bytes] : good) {
+    CAPTURE(text);
+    auto r = parse_shard_size(text);
+    REQUIRE_MESSAGE(r.ok(), r.error().message);
+    CHECK(*r == bytes);
+  }
+  for (const char* text : {"", "GB", "5 GB", "5XB", "0", "0MB", "1.2.3GB", "-5GB"}) {
+    CAPTURE(text);
+    auto r = parse_shard_size(text);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().message.find("shard size '" + std::string{text} + "'") != std::string::npos);
+  }
 }

@@ -2,6 +2,7 @@
 // refused with a message that names what is wrong.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -262,4 +263,107 @@ TEST_CASE("safetensors: a directory without weights is not_found") {
   temp_dir dir;
   CHECK(safetensors_checkpoint::open(dir.path()).error().code == errc::not_found);
   CHECK(checkpoint_error(dir.path()).find("model.safetensors") != std::string::npos);
+}
+
+TEST_CASE("safetensors: an index and its shards must agree on every tensor") {
+  temp_dir dir;
+  std::vector<float> a(4, 1.0f), b(4, 2.0f), c(4, 3.0f);
+  auto view = [](const char* name, const std::vector<float>& v) {
+    return tensor_view{name, st_dtype::f32, {4}, bytes_of(v)};
+  };
+  // Shard 1 holds a and b, shard 2 holds c; `index` is the weight_map's body.
+  auto write = [&](std::vector<tensor_view> one, std::vector<tensor_view> two, const std::string& index) {
+    REQUIRE(write_safetensors(dir.path() / "model-00001-of-00002.safetensors", one).ok());
+    REQUIRE(write_safetensors(dir.path() / "model-00002-of-00002.safetensors", two).ok());
+    spit(dir.path() / "model.safetensors.index.json",
+         R"({"metadata": {"total_size": 48}, "weight_map": {)" + index + "}}");
+  };
+  const std::string good = R"("a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
+                                "c": "model-00002-of-00002.safetensors")";
+  write({view("a", a), view("b", b)}, {view("c", c)}, good);
+  auto ok = safetensors_checkpoint::open(dir.path());
+  REQUIRE_MESSAGE(ok.ok(), ok.error().message);
+  CHECK(ok->names() == std::vector<std::string>{"a", "b", "c"});
+
+  SUBCASE("a tensor in a shard that the index does not name") {
+    write({view("a", a), view("b", b)}, {view("c", c), view("stray", c)}, good);
+    auto e = checkpoint_error(dir.path());
+    CHECK_MESSAGE(e.find("model.safetensors.index.json: shard model-00002-of-00002.safetensors holds tensor stray, "
+                         "which weight_map does not name") != std::string::npos, e);
+  }
+  SUBCASE("a tensor in another shard than the index says") {
+    write({view("a", a)}, {view("b", b), view("c", c)}, good);
+    auto e = checkpoint_error(dir.path());
+    CHECK_MESSAGE(e.find("tensor b is in shard model-00002-of-00002.safetensors but weight_map puts it in "
+                         "model-00001-of-00002.safetensors") != std::string::npos, e);
+  }
+  SUBCASE("a tensor in two shards") {
+    write({view("a", a), view("b", b)}, {view("c", c), view("a", a)}, good);
+    auto e = checkpoint_error(dir.path());
+    CHECK_MESSAGE(e.find("tensor a is in more than one shard (again in model-00002-of-00002.safetensors)") !=
+                    std::string::npos, e);
+  }
+  SUBCASE("a tensor named twice in weight_map") {
+    write({view("a", a), view("b", b)}, {view("c", c)}, good + R"(, "a": "model-00002-of-00002.safetensors")");
+    auto e = checkpoint_error(dir.path());
+    CHECK_MESSAGE(e.find("weight_map names tensor a twice") != std::string::npos, e);
+  }
+  SUBCASE("a tensor the index names that no shard holds") {
+    write({view("a", a), view("b", b)}, {view("c", c)}, good + R"(, "d": "model-00002-of-00002.safetensors")");
+    auto e = checkpoint_error(dir.path());
+    CHECK_MESSAGE(e.find("tensor d is mapped to model-00002-of-00002.safetensors but that shard lacks it") !=
+                    std::string::npos, e);
+  }
+  SUBCASE("a missing shard is named with the index") {
+    fs::remove(dir.path() / "model-00002-of-00002.safetensors");
+    auto c2 = safetensors_checkpoint::open(dir.path());
+    REQUIRE_FALSE(c2.ok());
+    CHECK(c2.error().code == errc::corrupt);
+    CHECK_MESSAGE(c2.error().message.find("model.safetensors.index.json: shard model-00002-of-00002.safetensors is "
+                                          "missing (weight_map puts c there)") != std::string::npos,
+                  c2.error().message);
+  }
+}
+
+TEST_CASE("safetensors: shards whose bytes are made one file at a time") {
+  temp_dir dir;
+  // Five 400-byte tensors described without bytes; each file's bytes exist only while it is written.
+  std::vector<tensor_view> layout;
+  for (int i = 0; i < 5; ++i)
+    layout.push_back({"t" + std::to_string(i), st_dtype::f32, {10, 10}, {}});
+  std::vector<float> buffer;
+  std::vector<std::pair<std::size_t, std::size_t>> calls;
+  shard_bytes make = [&](std::size_t first, std::span<const tensor_view> part) -> result<std::vector<tensor_view>> {
+    calls.emplace_back(first, part.size());
+    buffer.assign(100 * part.size(), 0.0f);
+    std::vector<tensor_view> out;
+    for (std::size_t i = 0; i < part.size(); ++i) {
+      std::fill_n(buffer.begin() + static_cast<std::ptrdiff_t>(100 * i), 100, static_cast<float>(first + i));
+      out.push_back({part[i].name, part[i].dtype, part[i].shape,
+                     std::as_bytes(std::span{buffer}.subspan(100 * i, 100))});
+    }
+    return out;
+  };
+  shard_options opts;
+  opts.max_shard_bytes = 900;
+  auto written = write_checkpoint_weights(dir.path(), layout, make, opts);
+  REQUIRE_MESSAGE(written.ok(), written.error().message);
+  CHECK(calls == std::vector<std::pair<std::size_t, std::size_t>>{{0, 2}, {2, 2}, {4, 1}});
+  auto ck = safetensors_checkpoint::open(dir.path());
+  REQUIRE_MESSAGE(ck.ok(), ck.error().message);
+  for (int i = 0; i < 5; ++i) {
+    auto t = ck->get("t" + std::to_string(i));
+    REQUIRE(t.ok());
+    float first = 0;
+    std::memcpy(&first, (*t)->bytes.data(), 4);
+    CHECK(first == static_cast<float>(i));
+  }
+  // Bytes that do not match the layout are refused, naming the tensor.
+  shard_bytes wrong = [&](std::size_t, std::span<const tensor_view>) -> result<std::vector<tensor_view>> {
+    buffer.assign(100, 0.0f);
+    return std::vector<tensor_view>{{"other", st_dtype::f32, {10, 10}, bytes_of(buffer)}};
+  };
+  auto bad = write_checkpoint_weights(dir.path(), std::span{layout}.first(1), wrong);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("tensor other supplied where t0 (F32) was planned") != std::string::npos);
 }
