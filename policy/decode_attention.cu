@@ -430,7 +430,7 @@ std::atomic<int> decode_merge_warps{decode_attention_half_wide_warps};   // set_
 } // namespace
 
 decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args& a) {
-  const int bytes = t == dtype::f32 ? 4 : 2;
+  const int bytes = static_cast<int>(element_bytes(t));
   const long long per_16 = 16 / bytes;
   auto at_16 = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   const bool aligned = at_16(a.q) && at_16(a.k_cache) && at_16(a.v_cache) && a.head_dim % per_16 == 0
@@ -474,8 +474,8 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
   const bool half_wide = a.wide_warps == decode_attention_half_wide_warps;
   const decode_attention_plan narrow = plan_decode_attention(t, a);
   const decode_attention_plan plan =
-    a.wide ? plan_decode_attention_wide(t == dtype::f32 ? 4 : 2, narrow.vec > 1, static_cast<int>(a.heads / a.kv_heads),
-                                        static_cast<int>(a.head_dim),
+    a.wide ? plan_decode_attention_wide(static_cast<int>(element_bytes(t)), narrow.vec > 1,
+                                        static_cast<int>(a.heads / a.kv_heads), static_cast<int>(a.head_dim),
                                         half_wide ? decode_attention_half_wide_warps : decode_attention_wide_warps)
            : narrow;
   if (a.wide && plan.vec == 1)

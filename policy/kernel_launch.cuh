@@ -16,6 +16,9 @@
 
 namespace crucible::policy::kernels::detail {
 
+// Bytes of one element of `t` (float32, or the 16-bit types).
+inline std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
+
 // The sum (MAX false) or maximum (MAX true) over the block (blockDim.x a multiple of 32, at most
 // 1024); every thread gets the result. `scratch` holds 32 floats.
 template <bool MAX>

@@ -725,8 +725,6 @@ cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows,
 
 namespace {
 
-std::size_t element_bytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
-
 // Whether one-row projections may keep eight loads a row in flight (set_small_gemm_one_round).
 std::atomic<bool> small_gemm_one_round{true};
 // Whether the one-row gate/up projection gives each half-warp a unit (set_small_gemm_half_warps).

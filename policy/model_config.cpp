@@ -2,6 +2,7 @@
 #include "policy/model_config.hpp"
 
 #include <cmath>
+#include <iterator>
 
 #include "core/file_io.hpp"
 #include "core/json.hpp"
@@ -468,16 +469,16 @@ namespace {
 //   (7.61B parameters, 6.53B non-embedding) and Qwen/Qwen2.5-7B-Instruct's config.json, same shapes.
 // Both are qwen2 (q/k/v biases), silu, no sliding window. The 7B's vocabulary is 152064, not the
 // 151936 of the smaller models: its embedding table is padded further.
+// Entry i is the shape of published[i] (below): one row per published model, the same order.
 struct published_shape {
-  std::string_view preset;
   std::int64_t hidden, intermediate, layers, heads, kv_heads, max_positions, vocab;
   double rope_theta, rms_norm_eps;
   bool tied;
 };
 
 constexpr published_shape published_shapes[] = {
-  {"qwen2.5-coder-1.5b-instruct", 1536, 8960, 28, 12, 2, 32768, 151936, 1000000.0, 1e-6, true},
-  {"qwen2.5-coder-7b-instruct", 3584, 18944, 28, 28, 4, 32768, 152064, 1000000.0, 1e-6, false},
+  {1536, 8960, 28, 12, 2, 32768, 151936, 1000000.0, 1e-6, true},
+  {3584, 18944, 28, 28, 4, 32768, 152064, 1000000.0, 1e-6, false},
 };
 
 const published_model published[] = {
@@ -486,6 +487,7 @@ const published_model published[] = {
   {"qwen2.5-coder-7b-instruct", "Qwen/Qwen2.5-Coder-7B-Instruct", qwen25_chat_template, "<|endoftext|>",
    "<|im_end|>", "<|im_start|>"},
 };
+static_assert(std::size(published_shapes) == std::size(published), "one shape per published model");
 
 std::string preset_names() {
   std::string out = "tiny, small, 0.5b";
@@ -512,10 +514,8 @@ result<model_config> preset_config(std::string_view preset, model_family family,
   c.tie_word_embeddings = true;
   c.qkv_bias = family == model_family::qwen2;
   c.rms_norm_eps = 1e-6;
-  const published_shape* shape = nullptr;
-  for (const auto& s : published_shapes)
-    if (s.preset == preset)
-      shape = &s;
+  const published_model* model = find_published_model(preset);
+  const published_shape* shape = model != nullptr ? &published_shapes[model - published] : nullptr;
   if (shape != nullptr) {
     if (family != model_family::qwen2)
       return fail(errc::config, "model preset '", preset, "' is a qwen2 model, not ", to_string(family));
