@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -197,14 +198,23 @@ result<void> note_metrics_offset(coordinator_deps& d, const std::string& dir, st
 // Checkpoints through the trainer, then calls `then` (or crashes the run).
 void checkpoint(self_pointer self, std::function<void()> then) {
   auto& st = self->state;
+  const auto began = std::chrono::steady_clock::now();
   self->request(st.deps->trainer, caf::infinite, save_atom_v)
     .then(
-      [self, then](const std::string& dir) {
+      [self, then, began](const std::string& dir) {
         auto& st = self->state;
         st.last_checkpoint = st.status.step;
+        // What was written and how long the request took (the learner's state, the stores, the
+        // samplers), for the write rate at size.
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+        std::uint64_t bytes = 0;
+        std::error_code ec;
+        for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+          if (std::error_code e2; it->is_regular_file(e2))
+            bytes += it->file_size(e2);
         json_writer w;
         w.begin_object().field("event", "checkpoint").field("time", format_iso8601(st.deps->clk.now()))
-          .field("step", st.status.step).field("dir", dir).end_object();
+          .field("step", st.status.step).field("dir", dir).field("seconds", seconds).field("bytes", bytes).end_object();
         if (auto r = append_record(*st.deps, "checkpoint", std::move(w).take()); !r) {
           crash(st, r.error());
           answer_stops(self);

@@ -207,8 +207,11 @@ engine_runner_actor::behavior_type runner(runner_pointer self, engine_deps deps,
       }
       if (!got.ok())
         return make_error(got.error());
-      st.engine->set_policy_version(w.policy_version.value);
-      return w.policy_version;
+      // A receiver may install a newer version than announced (an in-memory handoff installs the
+      // newest staged) and says so through the engine's version.
+      const auto served = std::max(st.engine->policy_version(), w.policy_version.value);
+      st.engine->set_policy_version(served);
+      return policy_version{served};
     },
   };
 }

@@ -83,6 +83,7 @@ struct learner_state {
 
   std::shared_ptr<policy::learner> learner;
   std::vector<engine_actor> engines;
+  std::function<result<void>(std::uint64_t)> stage_weights;
   learner_actor_spec spec;
   bool joined = false;
   crucible::error join_error; // errc::none until joining fails; then every request gets it
@@ -126,10 +127,25 @@ result<void> ensure_joined(learner_state& st) {
   return {};
 }
 
-// Rank 0: writes the new weights as an HF directory and sends them to every engine.
+// Rank 0: hands the new weights to every engine, in memory (stage_weights) or as an HF directory.
 result<void> publish(learner_pointer self, std::uint64_t version) {
   auto& st = self->state;
-  if (st.spec.rank != 0 || st.spec.publish_dir.empty())
+  if (st.spec.rank != 0)
+    return {};
+  if (st.stage_weights) {
+    if (auto staged = st.stage_weights(version); !staged.ok())
+      return fail(staged.error().code, "handing version ", std::to_string(version), " to the engine: ",
+                  staged.error().message);
+    for (const auto& engine : st.engines)
+      self->request(engine, caf::infinite, weights_published{policy_version{version}, 0, 0})
+        .then([](policy_version) {},
+              [self, version](const caf::error& err) {
+                aout(self) << "learner: engine refused weights of version " << version << ": "
+                           << to_error(err).message << "\n";
+              });
+    return {};
+  }
+  if (st.spec.publish_dir.empty())
     return {};
   const auto dir = st.spec.publish_dir / ("v" + std::to_string(version));
   std::error_code ec;
@@ -219,6 +235,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
   auto& init = self->state;
   init.learner = std::move(deps.learner);
   init.engines = std::move(deps.engines);
+  init.stage_weights = std::move(deps.stage_weights);
   init.spec = std::move(spec);
   return {
     [=](rollout_group& g) { self->state.queued.push_back(std::move(g)); },

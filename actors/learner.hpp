@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,10 @@ struct learner_actor_deps {
   std::shared_ptr<policy::learner> learner;
   /// Rank 0's subscribers: engines that get each new version as a weight_update.
   std::vector<engine_actor> engines;
+  /// Rank 0, with engines in this process (policy::weight_handoff): stages the new version in
+  /// memory after an update, after which every engine gets weights_published instead of a
+  /// weight_update, and nothing is written to publish_dir. Empty: the published directory.
+  std::function<result<void>(std::uint64_t version)> stage_weights;
 };
 
 /// Spawns rank spec.rank's learner actor on a thread of its own (caf::detached).

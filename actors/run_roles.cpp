@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -29,6 +30,7 @@
 #include "policy/model_config.hpp"
 #include "policy/safetensors.hpp"
 #include "policy/tokenizer.hpp"
+#include "policy/weight_handoff.hpp"
 
 namespace fs = std::filesystem;
 
@@ -156,7 +158,8 @@ result<void> prepare_model(const config& cfg, const fs::path& run_dir, logger& l
   mo.family = *family;
   mo.vocab_size = static_cast<std::int64_t>(tok->vocab_size());
   mo.seed = cfg.run.seed;
-  mo.dtype = "float32";
+  // A published shape is stored as its checkpoints are (bfloat16); the small presets in float32.
+  mo.dtype = policy::find_published_model(cfg.model.init) != nullptr ? "bfloat16" : "float32";
   mo.bos_token_id = tok->bos_id();
   if (auto eos = tok->eos_id())
     mo.eos_token_ids = {*eos};
@@ -368,24 +371,8 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   out.pool = pool;
   out.catalog = *tasks;
 
-  // The engine.
-  policy::engine_options eopt;
-  eopt.device = cfg.model.device;
-  eopt.dtype = cfg.model.engine_dtype;
-  auto eng = policy::engine::load(model_source, eopt);
-  if (!eng.ok())
-    return guard(fail(eng.error().code, "engine: ", eng.error().message));
-  // On resume the engine serves the checkpoint's weights: it says so, or the rollouts would stamp
-  // their samples version 0 and the trainer would drop them all as stale.
-  (*eng)->set_policy_version(progress.version);
-  auto engine_opts = engine_actor_options::from(cfg);
-  engine_opts.load = eopt;
-  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(*eng)), tokenizer, {}}, engine_opts);
-  if (!engine.ok())
-    return guard(engine.error());
-  out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
-
-  // The learner (restored on resume).
+  // The learner (restored on resume), then the engine: with model.handoff `memory` the engine's
+  // model is built from the learner's weights (policy/weight_handoff.hpp).
   policy::load_options lopt;
   try {
     lopt.device = torch::Device(cfg.model.device);
@@ -394,13 +381,20 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   }
   if (lopt.device.is_cuda() && !torch::cuda::is_available())
     return guard(fail(errc::config, "model.device: ", cfg.model.device, ": no CUDA device is available"));
-  lopt.dtype = torch::kFloat;
+  // The policy loads in the dtype it trains in (no float32 copy of a 7B model on the way); the
+  // KL reference stays float32.
+  auto learner_dtype = policy::parse_torch_dtype(cfg.learner.dtype);
+  if (!learner_dtype.ok())
+    return guard(fail(errc::config, "learner.dtype: ", learner_dtype.error().message));
+  lopt.dtype = *learner_dtype;
   auto model = policy::load_model(model_dir, lopt);
   if (!model.ok())
     return guard(fail(model.error().code, "learner model: ", model.error().message));
   policy::CausalLM reference{nullptr};
   if (cfg.learner.kl_coef > 0) {
-    auto ref = policy::load_model(model_dir, lopt);
+    auto ropt = lopt;
+    ropt.dtype = torch::kFloat;
+    auto ref = policy::load_model(model_dir, ropt);
     if (!ref.ok())
       return guard(ref.error());
     reference = *ref;
@@ -409,18 +403,73 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   if (!learner.ok())
     return guard(learner.error());
   if (resume) {
+    const auto began = std::chrono::steady_clock::now();
     auto info = policy::load_checkpoint(**learner, out.checkpoint / "learner");
     if (!info.ok())
       return guard(info.error());
     progress.version = info->version;
+    std::uint64_t bytes = 0;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(out.checkpoint / "learner", ec), end; !ec && it != end; it.increment(ec))
+      if (std::error_code e2; it->is_regular_file(e2))
+        bytes += it->file_size(e2);
+    log.info(component, "learner restored from ", (out.checkpoint / "learner").string(), ": ",
+             static_cast<double>(bytes) / 1e9, " GB in ",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), " s");
   }
+
+  policy::engine_options eopt;
+  eopt.device = cfg.model.device;
+  eopt.dtype = cfg.model.engine_dtype;
+  std::unique_ptr<policy::engine> eng;
+  std::shared_ptr<policy::weight_handoff> handoff;
+  if (cfg.model.handoff == "memory") {
+    auto h = policy::weight_handoff::create((*learner)->model(), cfg.model.engine_dtype, progress.version);
+    if (!h.ok())
+      return guard(fail(h.error().code, "engine: ", h.error().message));
+    handoff = std::move(*h);
+    eng = std::make_unique<policy::engine>(handoff->engine_model(), eopt);
+    const auto& hs = handoff->stats();
+    log.info(component, "engine on ", cfg.model.device, ": ", hs.tensors_shared, " tensors (",
+             static_cast<double>(hs.shared_bytes) / 1e9, " GB) shared with the learner, ", hs.tensors_own, " its own (",
+             static_cast<double>(hs.own_bytes) / 1e9, " GB), ", static_cast<double>(hs.staged_bytes) / 1e9,
+             " GB handed over per version");
+  } else {
+    auto loaded = policy::engine::load(model_source, eopt);
+    if (!loaded.ok())
+      return guard(fail(loaded.error().code, "engine: ", loaded.error().message));
+    eng = std::move(*loaded);
+  }
+  // On resume the engine serves the checkpoint's weights: it says so, or the rollouts would stamp
+  // their samples version 0 and the trainer would drop them all as stale.
+  eng->set_policy_version(progress.version);
+  auto engine_opts = engine_actor_options::from(cfg);
+  engine_opts.load = eopt;
+  weight_receiver receive;
+  if (handoff)
+    receive = [handoff](policy::engine& e, const weights_published&) -> result<void> {
+      auto v = handoff->install();
+      if (!v.ok())
+        return v.error();
+      e.set_policy_version(*v);
+      return {};
+    };
+  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(eng)), tokenizer, receive},
+                                   engine_opts);
+  if (!engine.ok())
+    return guard(engine.error());
+  out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
+
   learner_actor_spec spec;
-  spec.publish_dir = run_dir / "policy";
+  if (!handoff)
+    spec.publish_dir = run_dir / "policy";
   spec.tokenizer_dir = model_dir_of(cfg, run_dir);
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
-  auto learner_handle =
-    spawn_learner_actor(sys, learner_actor_deps{std::shared_ptr<policy::learner>(std::move(*learner)), {*engine}}, spec);
+  learner_actor_deps ldeps{std::shared_ptr<policy::learner>(std::move(*learner)), {*engine}, {}};
+  if (handoff)
+    ldeps.stage_weights = [handoff](std::uint64_t version) { return handoff->stage(version); };
+  auto learner_handle = spawn_learner_actor(sys, std::move(ldeps), spec);
   if (!learner_handle.ok())
     return guard(learner_handle.error());
   out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));

@@ -262,12 +262,13 @@ struct engine_config {
 /// start of the run (a byte-level BPE tokenizer trained on the task sources, random weights).
 struct model_config {
   std::string dir;                       ///< HF model directory (config.json, *.safetensors, tokenizer); "" : init
-  std::string init = "tiny";             ///< preset of a fresh model when `dir` is empty: tiny, small, 0.5b
+  std::string init = "tiny";             ///< preset of a fresh model when `dir` is empty: tiny, small, 0.5b, qwen2.5-coder-{1.5b,7b}-instruct
   std::string family = "qwen2";          ///< fresh model: qwen2 or llama
   std::int64_t tokenizer_vocab = 2048;   ///< fresh model: vocabulary of the tokenizer trained for it
   std::vector<std::string> tokenizer_corpus; ///< fresh model: files or directories; empty: the task suite and seeds
   std::string device = "cpu";            ///< device of the learner and the engine: cpu or cuda:N
   std::string engine_dtype = "float32";  ///< dtype the engine samples in: float32, bfloat16, float16
+  std::string handoff = "memory";        ///< new weights to the engine: memory (shared/copied in place) or disk (RUN/policy/vN)
 };
 
 /// `tasks:` — the task suite a run trains on, and its seed variants.

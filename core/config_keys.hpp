@@ -388,8 +388,16 @@ void describe(V& v, config& c) {
     auto& m = c.model;
     v.field("dir", m.dir, "Hugging Face model directory (config.json, safetensors, tokenizer files); empty: a fresh model "
             "(`init`) is made in `RUN/model/`.");
-    v.field("init", m.init, "Preset of the fresh model when `dir` is empty: `tiny`, `small` or `0.5b`.",
-            constraint<std::string>{"one of tiny, small, 0.5b", [](const std::string& x) { return x == "tiny" || x == "small" || x == "0.5b"; }});
+    v.field("init", m.init,
+            "Preset of the fresh model when `dir` is empty: `tiny`, `small`, `0.5b`, or the published shapes of "
+            "`qwen2.5-coder-1.5b-instruct` and `qwen2.5-coder-7b-instruct` (random weights in bfloat16, the published "
+            "vocabulary and Qwen2.5's chat template; the tokenizer trained for the run uses the first "
+            "`tokenizer_vocab` rows).",
+            constraint<std::string>{"one of tiny, small, 0.5b, qwen2.5-coder-1.5b-instruct, qwen2.5-coder-7b-instruct",
+                                    [](const std::string& x) {
+                                      return x == "tiny" || x == "small" || x == "0.5b" ||
+                                             x == "qwen2.5-coder-1.5b-instruct" || x == "qwen2.5-coder-7b-instruct";
+                                    }});
     v.field("family", m.family, "Architecture of the fresh model: `qwen2` or `llama`.",
             constraint<std::string>{"one of qwen2, llama", [](const std::string& x) { return x == "qwen2" || x == "llama"; }});
     v.field("tokenizer_vocab", m.tokenizer_vocab, "Vocabulary of the byte-level BPE tokenizer trained for the fresh model.",
@@ -401,6 +409,14 @@ void describe(V& v, config& c) {
     v.field("engine_dtype", m.engine_dtype, "Dtype the engine samples in: `float32`, `bfloat16` or `float16`.",
             constraint<std::string>{"one of float32, bfloat16, float16", [](const std::string& x) {
               return x == "float32" || x == "bfloat16" || x == "float16"; }});
+    v.field("handoff", m.handoff,
+            "How each new version reaches the engine. `memory`: in place, in the process's memory: the engine's "
+            "tensors that cannot change are the learner's own (under LoRA the frozen base: embeddings, norms, every "
+            "projection without an adapter), the rest are copied device to device after each update (adapted "
+            "projections as their merged weight). `disk`: each version is written to `RUN/policy/vN` (a Hugging Face "
+            "directory, the last few kept) and the engine loads it, holding two copies of the weights while it does.",
+            constraint<std::string>{"\"memory\" or \"disk\"", [](const std::string& x) {
+              return x == "memory" || x == "disk"; }});
   });
   v.section("tasks", "The task suite the run trains on and its seed variants (docs/training.md).", [&] {
     auto& t = c.tasks;

@@ -129,7 +129,7 @@ struct fixture {
   temp_dir dir;
 
   learner_actor spawn(std::shared_ptr<policy::learner> l, learner_actor_spec spec, std::vector<engine_actor> engines = {}) {
-    auto a = spawn_learner_actor(sys, learner_actor_deps{std::move(l), std::move(engines)}, std::move(spec));
+    auto a = spawn_learner_actor(sys, learner_actor_deps{std::move(l), std::move(engines), {}}, std::move(spec));
     REQUIRE_MESSAGE(a.ok(), (a.ok() ? "" : a.error().to_string()));
     spawned.push_back(caf::actor_cast<caf::actor>(*a));
     return *a;

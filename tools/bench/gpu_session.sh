@@ -79,9 +79,20 @@ Modes (the table's row in brackets):
                       the same with NCCL_COMM_BLOCKING=1, and tools/bench/allreduce_torch.py,
                       twice each; then test_gpu_dp. Output: $OUT/allreduce.jsonl.
 
+  real_size start|wait|collect
+                      [real-size policies] for each SIZE of SIZES (default "1.5b 7b-lora"):
+                      configs/gpu-SIZE.yaml paused after PAUSE_AFTER learner steps (22: SFT,
+                      self-supervised, half the RL) and resumed to its end, the device's memory
+                      sampled meanwhile (nvidia-smi, 1 s); then on the run's model, rollout
+                      decoding (bench_decode against decode_hf.py, 8 rows, 4096 + 2048 tokens),
+                      a learner update (bench_learner against hf_real_size.py, 8 sequences of
+                      4096 + 2048 tokens, activation checkpointing) and checkpoint I/O
+                      (hf_real_size.py). In a session of its own across device calls, as
+                      `timing`; WAIT_S (540). Output: $OUT/real.tgz (runs' logs and metrics,
+                      the benches' JSON); the runs stay in data/runs/real.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
 CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
-DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
+DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, SIZES, PAUSE_AFTER, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
 above). The figures of the other rows come from commands named in the table.
 EOF
 }
@@ -93,7 +104,7 @@ esac
 MODE="$1"
 shift
 case "$MODE" in
-  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce) ;;
+  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size) ;;
   *) echo "gpu_session: unknown mode '$MODE'" >&2; usage >&2; exit 2 ;;
 esac
 
@@ -381,6 +392,74 @@ set_wait() {
   set_collect >/dev/null
 }
 
+# ---- real_size: the real-size configs through the loop, then their side-by-side benches ----
+REAL="$ROOT/data/runs/real"
+
+real_step() { # NAME COMMAND...: one step of the pipeline, its output in $REAL/NAME.log
+  local name="$1" start rc
+  shift
+  start=$(date +%s)
+  echo "[$(date +%T)] $name: start" >>"$REAL/pipeline.log"
+  "$@" >"$REAL/$name.log" 2>&1
+  rc=$?
+  echo "[$(date +%T)] $name: rc $rc in $(( $(date +%s) - start )) s" >>"$REAL/pipeline.log"
+}
+
+real_pipeline() {
+  local size name model preset lora
+  for size in ${SIZES:-1.5b 7b-lora}; do
+    name="gpu-$size"
+    case "$size" in
+      1.5b) preset=qwen2.5-coder-1.5b-instruct; lora=() ;;
+      7b-lora) preset=qwen2.5-coder-7b-instruct; lora=(--lora) ;;
+      *) echo "[$(date +%T)] unknown size $size" >>"$REAL/pipeline.log"; continue ;;
+    esac
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 1000 >"$REAL/$name.smi.csv" &
+    local smi=$!
+    real_step "$name.train" "$B/tools/crucible" train "configs/$name.yaml" --set run.dir="$REAL" --pause-after "${PAUSE_AFTER:-22}"
+    real_step "$name.resume" "$B/tools/crucible" resume "$REAL/$name"
+    kill "$smi" 2>/dev/null
+    model="$REAL/$name/model"
+    real_step "$name.decode" "$B/tools/bench/bench_decode" --model "$model" --batches 8 --prompt 4096 --new 2048 --fused on
+    real_step "$name.decode_hf" python3 tools/bench/decode_hf.py --model "$model" --batches 8 --prompt 4096 --new 2048
+    real_step "$name.learner" "$B/tools/bench/bench_learner" --figures matmul,grpo --preset "$preset" --groups 1 \
+      --samples 8 --prompt 4096 --completion 2048 --steps 3 --warmup 1 --checkpointing "${lora[@]}"
+    real_step "$name.hf" python3 tools/bench/hf_real_size.py --model "$model" --figures train,checkpoint \
+      --train-sequences 8 --prompt-tokens 4096 --new-tokens 2048 --grad-checkpointing "${lora[@]}"
+    # The next size needs the disk: a checkpoint of the 1.5B with its optimiser state is ~21 GB.
+    rm -rf "$REAL/$name/checkpoints" "$REAL/$name/policy"
+  done
+  echo "[$(date +%T)] pipeline: end" >>"$REAL/pipeline.log"
+}
+
+real_running() { [[ -f "$REAL/pid" ]] && kill -0 "$(cat "$REAL/pid")" 2>/dev/null; }
+
+real_collect() {
+  (cd "$REAL" && tar czf "$OUT/real.tgz.part" --exclude='*/model' --exclude='*/checkpoints' \
+    --exclude='*/tasks' --exclude='*/workers' . 2>/dev/null) && mv "$OUT/real.tgz.part" "$OUT/real.tgz"
+  tail -4 "$REAL/pipeline.log" 2>/dev/null
+}
+
+real_wait() {
+  local until=$(( $(date +%s) + ${WAIT_S:-540} ))
+  while real_running && (( $(date +%s) < until )); do
+    sleep $(( until - $(date +%s) < 60 ? until - $(date +%s) : 60 ))
+    echo "[$(date +%T)] $(tail -1 "$REAL/pipeline.log")"
+    real_collect >/dev/null
+  done
+  if real_running; then echo "real_size: still running"; else echo "real_size: ended"; fi
+  real_collect
+}
+
+real_start() {
+  build crucible bench_decode bench_learner
+  if real_running; then echo "real_size: already running"; else
+    setsid nohup bash "$SELF" real_size pipeline </dev/null >"$REAL/pipeline.stdout" 2>&1 &
+    echo $! >"$REAL/pid"
+  fi
+  real_wait
+}
+
 mkdir -p "$OUT"
 case "$MODE" in
   throughput)
@@ -412,6 +491,15 @@ case "$MODE" in
       wait) timing_wait ;;
       collect) timing_collect ;;
       *) echo "usage: tools/bench/gpu_session.sh timing start|wait|collect (--help: all modes)" >&2; exit 2 ;;
+    esac ;;
+  real_size)
+    mkdir -p "$REAL"
+    case "${1:-}" in
+      start) real_start ;;
+      pipeline) real_pipeline ;;
+      wait) real_wait ;;
+      collect) real_collect ;;
+      *) echo "usage: tools/bench/gpu_session.sh real_size start|wait|collect (--help: all modes)" >&2; exit 2 ;;
     esac ;;
   hacks)
     build_sides
