@@ -802,8 +802,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     // is killed again and keeps its runtime_error. So is a failure of this process's own (its
     // copy of a reference output found the device full while other evaluations held it: CUDA-L1's
     // 3090 release, level 1 task 60, at concurrency 6): the candidate is not to blame for it.
+    // Fresh means started now, not taken from the idle ones: what killed this worker (an operator
+    // killing every process below the run, the kernel's OOM killer) may have killed them too, and
+    // one of them would fail the retry as "not accepting messages".
     log_.warn("evaluator", device_, ": ", first.v.message, "; retrying on a fresh worker");
-    auto again = take_worker();
+    auto again = start_worker();
     if (!again)
       return first.v;
     auto second = run_once(*again, false);

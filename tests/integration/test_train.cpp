@@ -418,13 +418,14 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(again.exit_code == 2);
   CHECK(again.err.find("has finished") != std::string::npos);
 
-  // A checkpoint's model folder and a published version are Hugging Face folders as they are:
-  // the tokenizer beside the weights (listed in the manifest), `crucible generate` opens it, and
-  // transformers continues a prompt with the same greedy tokens.
+  // A checkpoint's model folder is a Hugging Face folder as it is: the tokenizer beside the
+  // weights (listed in the manifest), `crucible generate` opens it, and transformers continues a
+  // prompt with the same greedy tokens. (With model.handoff `memory`, the default, no version is
+  // written to RUN/policy/.)
   const auto ckpt_model = run / "checkpoints" / "step-4" / "learner" / "model";
-  for (const auto& folder : {ckpt_model, run / "policy" / "v4"})
-    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
-      CHECK_MESSAGE(fs::exists(folder / f), (folder / f).string());
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    CHECK_MESSAGE(fs::exists(ckpt_model / f), (ckpt_model / f).string());
+  CHECK_FALSE(fs::exists(run / "policy"));
   const auto manifest = slurp(run / "checkpoints" / "step-4" / "learner" / "manifest.json");
   CHECK(manifest.find("\"model/tokenizer.json\"") != std::string::npos);
   const std::string prompt = "def forward(self, x):";
@@ -481,6 +482,81 @@ TEST_CASE("pause and resume give the weights of an uninterrupted run, each step 
   const auto b = final_weights(run);
   REQUIRE(!a.empty());
   CHECK(a == b);
+}
+
+// The path of configs/gpu-1.5b.yaml and gpu-7b-lora.yaml at tiny shapes: bf16 weights with
+// float32 master weights, LoRA, activation checkpointing, the engine in bf16 sharing the frozen
+// base through the in-memory handoff.
+std::string real_size_path(std::string t, const std::string& handoff) {
+  const std::string model = "model:\n  init: tiny\n  tokenizer_vocab: 600\n";
+  t.insert(t.find(model) + model.size(), "  engine_dtype: bfloat16\n  handoff: " + handoff + "\n");
+  const std::string learner = "learner:\n";
+  t.insert(t.find(learner) + learner.size(),
+           "  dtype: bfloat16\n  activation_checkpointing: true\n  lora: true\n  lora_rank: 4\n");
+  return t;
+}
+
+// The completions of a run's first sampled group, as `crucible replay samples` lists them.
+std::vector<std::string> first_group_completions(const fs::path& run) {
+  const auto out = run.parent_path() / (run.filename().string() + "-samples.jsonl");
+  auto r = cli({"replay", "samples", run.string(), "--out", out.string()});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  std::map<std::int64_t, std::vector<std::string>> by_group;
+  std::istringstream in(slurp(out));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto v = crucible::parse_json(line);
+    REQUIRE_MESSAGE(v.ok(), line);
+    by_group[v->find("group_id")->as_int()].push_back(v->find("completion")->as_string());
+  }
+  REQUIRE_FALSE(by_group.empty());
+  auto first = by_group.begin()->second;
+  std::sort(first.begin(), first.end());
+  return first;
+}
+
+TEST_CASE("the real-size path at tiny shapes: LoRA, activation checkpointing, bf16 and the in-memory handoff; exact pause and resume, the disk handoff's samples") {
+  temp_dir tmp;
+  const std::string sft = "  sft: {steps: 4, batch: 2}\n";
+  auto whole_cfg = write_config(tmp.path(), real_size_path(without_warm_start(test_config(tmp.path(), "whole", sft)), "memory"));
+  auto whole = cli({"train", whole_cfg.string()});
+  INFO(whole.err);
+  REQUIRE(whole.exit_code == 0);
+  auto split = cli({"train", whole_cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
+  INFO(split.err);
+  REQUIRE(split.exit_code == 0);
+  auto resumed = cli({"resume", (tmp.path() / "split").string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 4") != std::string::npos);
+  const auto a = final_weights(tmp.path() / "whole");
+  REQUIRE(!a.empty());
+  CHECK(a == final_weights(tmp.path() / "split"));
+  // The checkpoint records say what they wrote and how long it took; the resume, what it read.
+  bool checkpoint_seen = false;
+  for (const auto& r : records(tmp.path() / "split"))
+    if (event_of(r) == "checkpoint") {
+      checkpoint_seen = true;
+      CHECK(r.find("bytes")->as_int() > 0);
+      CHECK(r.find("seconds")->as_double() > 0);
+    }
+  CHECK(checkpoint_seen);
+  CHECK(slurp(tmp.path() / "split" / "events.log").find("learner restored from") != std::string::npos);
+
+  // After SFT the engine samples the first RL group with the weights the learner handed over:
+  // the same completions whether they went through memory or through RUN/policy/vN.
+  const std::string rl = "  sft: {steps: 2, batch: 2}\n  rl: {steps: 1, groups: 1}\n";
+  std::vector<std::vector<std::string>> firsts;
+  for (const std::string handoff : {"memory", "disk"}) {
+    auto cfg = write_config(tmp.path(), real_size_path(without_warm_start(test_config(tmp.path(), handoff, rl)), handoff));
+    auto run = cli({"train", cfg.string()});
+    INFO(run.err);
+    REQUIRE(run.exit_code == 0);
+    CHECK(fs::exists(tmp.path() / handoff / "policy") == (handoff == "disk"));
+    firsts.push_back(first_group_completions(tmp.path() / handoff));
+  }
+  CHECK(firsts[0] == firsts[1]);
 }
 
 TEST_CASE("a run paused during contrastive RL resumes sampling with the restored policy") {
