@@ -41,7 +41,7 @@ std::string slurp(const fs::path& p) {
 TEST_CASE("crucible --help lists every command and each command has its own --help") {
   auto top = cli({"--help"});
   CHECK(top.exit_code == 0);
-  for (const char* name : {"train", "status", "config", "info", "tokenizer", "init-model", "generate", "replay", "report", "evaluator"}) {
+  for (const char* name : {"train", "status", "config", "info", "tokenizer", "init-model", "memory-plan", "generate", "replay", "report", "evaluator"}) {
     CAPTURE(name);
     CHECK(top.out.find(std::string{"  "} + name + " ") != std::string::npos);
     auto sub = cli({name, "--help"});
@@ -231,6 +231,40 @@ TEST_CASE("crucible info reports LibTorch") {
   auto r = cli({"info", "--json"});
   REQUIRE(r.exit_code == 0);
   CHECK(YAML::Load(r.out)["torch"].as<std::string>().rfind("2.11", 0) == 0);
+}
+
+TEST_CASE("crucible memory-plan prints the grid, one configuration item by item, and one from a run config") {
+  auto grid = cli({"memory-plan"});
+  REQUIRE(grid.exit_code == 0);
+  // 4 models x 2 modes x 4 GPU counts, each a table row.
+  std::size_t rows = 0;
+  for (std::size_t at = 0; (at = grid.out.find("\n| ", at)) != std::string::npos; ++at)
+    ++rows;
+  CHECK(rows == 1 + 32); // and the header (the rule line starts with "|---")
+  CHECK(grid.out.find("| 7b | LoRA | 1 | 10.1M |") != std::string::npos);
+  auto one = cli({"memory-plan", "--model", "7b", "--lora", "--gpu-gb", "141"});
+  REQUIRE(one.exit_code == 0);
+  CHECK(one.out.find("**7b**, LoRA rank 16, 1 GPU of 141 GB") == 0);
+  CHECK(one.out.find("| learner state | weights (bfloat16) | 15.23 |") != std::string::npos);
+  CHECK(one.out.find("Fits in 141 GB") != std::string::npos);
+  const std::string config = std::string{CRUCIBLE_SOURCE_DIR} + "/configs/gpu-1x.yaml";
+  auto from_config = cli({"memory-plan", "--config", config, "--set", "learner.dtype=bfloat16", "--gpus", "2", "--zero1"});
+  REQUIRE(from_config.exit_code == 0);
+  CHECK(from_config.out.find("**small**, full fine-tuning, 2 GPUs with ZeRO-1 of 80 GB; prompt 4096 + completion 1024") == 0);
+  CHECK(from_config.out.find("engine 64 rows") != std::string::npos);
+  for (const auto& [args, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+         {{"memory-plan", "--model", "70b"}, "--model: model '70b'"},
+         {{"memory-plan", "--model", "7b", "--zero1"}, "zero1"},
+         {{"memory-plan", "--model", "7b", "--gpus", "1,2"}, "--gpus"},
+         {{"memory-plan", "--grid", "--model", "7b"}, "--grid"},
+         {{"memory-plan", "--set", "a=b"}, "--set"},
+         {{"memory-plan", "--gpu-gb", "80,x"}, "--gpu-gb"},
+         {{"memory-plan", "--model", "7b", "--activation-checkpointing", "maybe"}, "--activation-checkpointing"}}) {
+    auto r = cli(args);
+    CAPTURE(named);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find(named) != std::string::npos);
+  }
 }
 
 TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad flags exit 2") {

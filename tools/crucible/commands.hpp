@@ -31,6 +31,7 @@ command eval_command();
 command tasks_command();
 command tokenizer_command();
 command init_model_command();
+command memory_plan_command();
 command generate_command();
 command replay_command();
 command report_command();

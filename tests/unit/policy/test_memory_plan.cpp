@@ -1,0 +1,264 @@
+// The GPU memory plan: every item of a tiny shape computed by hand (full fine-tuning with and
+// without checkpointing, LoRA, ZeRO-1), the published shapes' sizes, refusals naming the option,
+// and the Markdown tables.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "policy/memory_plan.hpp"
+
+using namespace crucible;
+using namespace crucible::policy;
+
+namespace {
+
+// vocab 1000, hidden 64, intermediate 128, 2 layers, 4 heads of 16 (2 KV), untied, q/k/v biases.
+// Per layer: q 4096 + k 2048 + v 2048 + o 4096 + biases 128 + MLP 3 x 8192 + norms 128 = 37120;
+// P = 2 x 37120 + 64 (final norm) + 2 x 64000 (embedding, output) = 202304.
+model_config tiny_shape() {
+  model_config c;
+  c.family = model_family::qwen2;
+  c.vocab_size = 1000;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 4096;
+  c.tie_word_embeddings = false;
+  c.qkv_bias = true;
+  return c;
+}
+
+// Prompt 6 + completion 4: 9 learner inputs a sequence, 2 a micro-batch of 20 tokens (T = 18,
+// C = 8 completion tokens); log-prob chunks of 4; the engine samples 4 rows of 10 slots in groups of
+// 2, prefilling both prompts at once (12 tokens <= 12). No runtime allowances: the sums are exact.
+memory_plan_options tiny_options() {
+  memory_plan_options o;
+  o.model = tiny_shape();
+  o.label = "tiny";
+  o.activation_checkpointing = false;
+  o.prompt_tokens = 6;
+  o.completion_tokens = 4;
+  o.micro_batch_tokens = 20;
+  o.log_prob_chunk = 4;
+  o.group_size = 2;
+  o.engine_rows = 4;
+  o.max_prefill_tokens = 12;
+  o.runtime_gb = 0;
+  o.nccl_gb = 0;
+  o.bucket_mb = 0.1; // 26214 float32 elements: the largest bucket is the 64000-element embedding
+  return o;
+}
+
+double item(const memory_plan& p, const std::string& prefix) {
+  for (const auto& i : p.items)
+    if (i.name.rfind(prefix, 0) == 0)
+      return i.bytes;
+  FAIL("no item starting with ", prefix);
+  return -1;
+}
+
+bool has_item(const memory_plan& p, const std::string& prefix) {
+  for (const auto& i : p.items)
+    if (i.name.rfind(prefix, 0) == 0)
+      return true;
+  return false;
+}
+
+} // namespace
+
+TEST_CASE("memory plan: full fine-tuning of a tiny shape, every item by hand") {
+  auto p = plan_memory(tiny_options());
+  REQUIRE(p.ok());
+  CHECK(p->parameters == 202304);
+  CHECK(p->trainable == 202304);
+  CHECK(p->micro_batch_rows == 2);
+  CHECK(p->micro_batch_tokens == 18);
+  // Learner state: bf16 weights, float32 masters, two float32 moments, float32 gradients.
+  CHECK(item(*p, "weights") == 404608);
+  CHECK(item(*p, "float32 master weights") == 809216);
+  CHECK(item(*p, "AdamW moments") == 1618432);
+  CHECK(item(*p, "float32 gradients") == 809216);
+  CHECK_FALSE(has_item(*p, "data-parallel"));
+  CHECK(p->learner_state == 3641472);
+  // a = 2 (4 x 64 + 3 x 64 + 2 x 32 + 3 x 128) + 4 x 4 + 2 x 2 x 16 = 1872 bytes per token per layer.
+  CHECK(item(*p, "saved activations") == 18 * (2 * 1872 + 128));
+  CHECK(item(*p, "one layer's backward") == 18 * 1872);
+  CHECK(item(*p, "log-probs: completion") == 2 * 8 * 64 * 2);
+  CHECK(item(*p, "log-probs: one chunk") == 4 * (1000 + 64) * 2);
+  CHECK(item(*p, "log-probs: output weight") == 6 * 1000 * 64);
+  CHECK(item(*p, "phase: backward start") == 69696 + (2048 + 8512 + 384000));
+  CHECK(item(*p, "phase: backward end") == 2 * 202304 + 4 * 64000);
+  CHECK(item(*p, "phase: optimizer step") == 8 * 64000);
+  CHECK(p->learner_peak == 660608); // the backward's end
+  // Engine: its own bf16 copy, 4 x 10 x (2 layers x 2 x 32 x 2 B) of cache, decoding's logits
+  // (3 x 4 x 1000 x 4 = 48000) over prefill (12 x 256 + 4 x 6 x 64 + 12 x 768 x 2 = 23040).
+  CHECK(item(*p, "engine weights") == 404608);
+  CHECK(item(*p, "KV cache") == 10240);
+  CHECK(item(*p, "engine working set (decoding)") == 48000);
+  CHECK(p->engine == 462848);
+  CHECK(p->runtime == 0);
+  CHECK(p->total == 4764928);
+  CHECK(p->fits);
+
+  auto small = tiny_options();
+  small.gpu_gb = 0.004;
+  auto tight = plan_memory(small);
+  REQUIRE(tight.ok());
+  CHECK_FALSE(tight->fits);
+  CHECK(tight->capacity == doctest::Approx(4e6));
+}
+
+TEST_CASE("memory plan: activation checkpointing keeps each layer's input") {
+  auto o = tiny_options();
+  o.activation_checkpointing = true;
+  auto p = plan_memory(o);
+  REQUIRE(p.ok());
+  CHECK(item(*p, "saved activations") == 18 * (2 * 128 + 128));
+  CHECK(item(*p, "one layer's backward") == 2 * 18 * 1872);
+  CHECK(item(*p, "phase: backward start") == 6912 + 394560);
+  CHECK(p->learner_peak == 660608);
+}
+
+TEST_CASE("memory plan: LoRA trains adapters and the engine shares the base") {
+  auto o = tiny_options();
+  o.lora = true;
+  o.lora_rank = 2;
+  o.lora_targets = {"q_proj", "v_proj"};
+  auto p = plan_memory(o);
+  REQUIRE(p.ok());
+  // q: 2 x (64 + 64), v: 2 x (64 + 32), two layers.
+  CHECK(p->trainable == 896);
+  CHECK(item(*p, "weights") == 404608);
+  CHECK(item(*p, "LoRA adapters") == 1792);
+  CHECK(item(*p, "float32 master weights") == 3584);
+  CHECK(item(*p, "AdamW moments") == 7168);
+  CHECK(item(*p, "float32 gradients") == 3584);
+  CHECK(p->learner_state == 420736);
+  // Each adapter keeps its rank-2 intermediate: a = 1872 + 2 x 2 x 2; the output weight is frozen.
+  CHECK(item(*p, "saved activations") == 18 * (2 * 1880 + 128));
+  CHECK_FALSE(has_item(*p, "log-probs: output weight"));
+  CHECK(p->learner_peak == 69984 + 33840);
+  // Merged q and v with their biases: 2 x (64 x 64 + 64 + 64 x 32 + 32) elements.
+  CHECK(item(*p, "engine weights") == 2 * 12480);
+  CHECK(p->total == 420736 + 103824 + (24960 + 10240 + 48000));
+
+  o.engine_shares_base = false;
+  auto own = plan_memory(o);
+  REQUIRE(own.ok());
+  CHECK(item(*own, "engine weights") == 404608);
+}
+
+TEST_CASE("memory plan: data parallel and ZeRO-1 over two GPUs") {
+  auto o = tiny_options();
+  o.gpus = 2;
+  auto dp = plan_memory(o);
+  REQUIRE(dp.ok());
+  CHECK(item(*dp, "data-parallel gradient buckets") == 809216);
+  CHECK(dp->learner_state == 3641472 + 809216);
+  o.zero1 = true;
+  auto z = plan_memory(o);
+  REQUIRE(z.ok());
+  CHECK(item(*z, "float32 master weights (ZeRO-1 shard)") == 404608);
+  CHECK(item(*z, "AdamW moments (ZeRO-1 shard)") == 809216);
+  CHECK(item(*z, "float32 gradients") == 809216);
+  CHECK(item(*z, "data-parallel gradient buckets") == 809216);
+  CHECK(item(*z, "ZeRO-1 reduced gradient shard") == 404608);
+  CHECK(z->learner_state == 3641472);
+  // The step: 8 x 32000 (the embedding's shard) + 2 x 2 x (64000 + 32000) of the all-gather.
+  CHECK(item(*z, "phase: optimizer step") == 640000);
+  o.nccl_gb = 0.5;
+  auto nccl = plan_memory(o);
+  REQUIRE(nccl.ok());
+  CHECK(nccl->runtime == doctest::Approx(0.5e9));
+}
+
+TEST_CASE("memory plan: the published shapes") {
+  auto m7 = memory_plan_model("7b");
+  REQUIRE(m7.ok());
+  CHECK(m7->parameter_count() == 7615616512);
+  memory_plan_options o;
+  o.model = *m7;
+  auto p = plan_memory(o);
+  REQUIRE(p.ok());
+  CHECK(item(*p, "weights") == doctest::Approx(15.23e9).epsilon(0.001)); // bf16 weights of 7.6B
+  // KV cache: 8 rows x 6144 slots x 28 layers x 2 x 512 x 2 bytes.
+  CHECK(item(*p, "KV cache") == 8.0 * 6144 * 28 * 2 * 512 * 2);
+  CHECK_FALSE(p->fits); // full fine-tuning of 7B on one 80 GB GPU
+  o.lora = true;
+  auto lora = plan_memory(o);
+  REQUIRE(lora.ok());
+  CHECK(lora->trainable == 10092544); // rank 16 on q, k, v, o: 28 x 16 x 22528
+  o.gpu_gb = 141;
+  CHECK(plan_memory(o)->fits);
+
+  auto m15 = memory_plan_model("qwen2.5-coder-1.5b-instruct");
+  REQUIRE(m15.ok());
+  CHECK(m15->tie_word_embeddings);
+  CHECK(m15->parameter_count() == 1543714304);
+  auto m14 = memory_plan_model("14b");
+  REQUIRE(m14.ok());
+  CHECK(m14->parameter_count() == doctest::Approx(14.77e9).epsilon(0.001));
+  auto m32 = memory_plan_model("32b");
+  REQUIRE(m32.ok());
+  CHECK(m32->parameter_count() == 32763876352);
+  CHECK(m32->num_kv_heads == 8);
+  CHECK(memory_plan_model_names().size() == 4);
+  auto unknown = memory_plan_model("70b");
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().message.find("1.5b, 7b, 14b, 32b") != std::string::npos);
+}
+
+TEST_CASE("memory plan: refusals name the option") {
+  auto refused = [](memory_plan_options o) {
+    auto p = plan_memory(o);
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.error().code == errc::config);
+    return p.error().message;
+  };
+  auto o = tiny_options();
+  o.zero1 = true;
+  CHECK(refused(o).find("zero1") == 0);
+  o = tiny_options();
+  o.learner_bytes = 3;
+  CHECK(refused(o).find("learner_bytes") == 0);
+  o = tiny_options();
+  o.lora = true;
+  o.lora_targets = {"qkv"};
+  CHECK(refused(o).find("lora_targets: 'qkv'") == 0);
+  o = tiny_options();
+  o.prompt_tokens = 0;
+  CHECK(refused(o).find("prompt_tokens") == 0);
+  o = tiny_options();
+  o.model.num_kv_heads = 3;
+  CHECK(refused(o).find("model: ") == 0);
+}
+
+TEST_CASE("memory plan: Markdown of one plan and of a grid") {
+  auto p = plan_memory(tiny_options());
+  REQUIRE(p.ok());
+  auto md = memory_plan_markdown(*p);
+  CHECK(md.find("**tiny**, full fine-tuning, 1 GPU of 80 GB") == 0);
+  CHECK(md.find("| learner state | AdamW moments | 0.00 |") != std::string::npos);
+  CHECK(md.find("*phase: backward end (bf16 gradients)* (not summed)") != std::string::npos);
+  CHECK(md.find("| **total** | per GPU | **0.00** |") != std::string::npos);
+  CHECK(md.find("Fits in 80 GB") != std::string::npos);
+
+  memory_plan_options base;
+  const std::vector<std::string> models{"7b"};
+  const std::vector<int> gpus{1, 8};
+  const std::vector<double> capacities{80, 141};
+  auto grid = memory_grid_markdown(base, models, gpus, capacities);
+  REQUIRE(grid.ok());
+  // Header, rule, and 2 modes x 2 GPU counts.
+  CHECK(std::count(grid->begin(), grid->end(), '\n') == 6);
+  CHECK(grid->find("| 7b | full | 1 | 7.62B |") != std::string::npos);
+  CHECK(grid->find("| 7b | LoRA | 8 | 10.1M |") != std::string::npos);
+  CHECK(grid->find("| — | — | — | — |") != std::string::npos); // no ZeRO-1 on one GPU
+  const std::vector<std::string> bad{"70b"};
+  CHECK_FALSE(memory_grid_markdown(base, bad, gpus, capacities).ok());
+}
