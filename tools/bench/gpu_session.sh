@@ -425,7 +425,8 @@ real_pipeline() {
     real_step "$name.learner" "$B/tools/bench/bench_learner" --figures matmul,grpo --preset "$preset" --groups 1 \
       --samples 8 --prompt 4096 --completion 2048 --steps 3 --warmup 1 --checkpointing "${lora[@]}"
     real_step "$name.hf" python3 tools/bench/hf_real_size.py --model "$model" --figures train,checkpoint \
-      --train-sequences 8 --prompt-tokens 4096 --new-tokens 2048 --grad-checkpointing "${lora[@]}"
+      --train-sequences 8 --prompt-tokens 4096 --new-tokens 2048 --grad-checkpointing "${lora[@]}" \
+      --out "$REAL/$name.hf.json"
     # The next size needs the disk: a checkpoint of the 1.5B with its optimiser state is ~21 GB.
     rm -rf "$REAL/$name/checkpoints" "$REAL/$name/policy"
   done
