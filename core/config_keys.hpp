@@ -34,6 +34,11 @@ void describe_learner(V& v, learner_options& l) {
     v.field("micro_batch_tokens", l.micro_batch_tokens,
             "Padded tokens (rows × longest row) per forward/backward; gradients accumulate over micro-batches.",
             positive<std::int64_t>("a positive integer"));
+    v.field("activation_checkpointing", l.activation_checkpointing,
+            "Keep of each decoder layer only its input during the training forward and run the layer again in the "
+            "backward pass: activation memory falls from every layer's intermediates to one input per layer, for one "
+            "more forward of each layer (about a third more compute per update). Gradients are unchanged "
+            "(docs/learner.md). Works with LoRA, data parallel (overlap, ZeRO-1) and the fused kernels.");
     v.field("clip_low", l.clip_low, "The ratio is clipped below at 1 - clip_low.", below_one());
     v.field("clip_high", l.clip_high, "The ratio is clipped above at 1 + clip_high (DAPO's clip-higher: 0.28).",
             non_negative_number());

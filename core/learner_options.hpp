@@ -57,6 +57,7 @@ struct learner_options {
   double grad_clip = 1.0;           ///< global L2 norm; 0: no clipping
   bool reset_moments = false;       ///< a training stage after another stage's updates starts with fresh AdamW moments
   std::int64_t micro_batch_tokens = 8192; ///< padded tokens per micro-batch (rows x longest row)
+  bool activation_checkpointing = false; ///< keep each decoder layer's input only; recompute the layer in backward
   // GRPO loss.
   double clip_low = 0.2;            ///< ratio clipped below at 1 - clip_low
   double clip_high = 0.2;           ///< ratio clipped above at 1 + clip_high (DAPO: 0.28)

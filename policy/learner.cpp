@@ -126,6 +126,8 @@ result<std::unique_ptr<learner>> learner::create(CausalLM policy, CausalLM refer
     if (auto r = policy->add_lora(lo); !r)
       return fail(r.error().code, "learner.", r.error().message);
   }
+  // Only the policy's training forward checkpoints: the old and reference log-probs run without grad.
+  policy->set_activation_checkpointing(options.activation_checkpointing);
   std::vector<named_parameter> trainable;
   for (auto& item : policy->named_parameters(true))
     if (item.value().requires_grad())

@@ -690,8 +690,11 @@ torch::Tensor CausalLMImpl::hidden_states(const token_batch& batch) {
   }
   auto x = model->embed_tokens(ids);
   auto [cos, sin] = rope(positions, seq_len, x.scalar_type());
+  // Checkpointing only where a backward pass may follow: under NoGradGuard (the old and the
+  // reference log-probs) there are no activations to save.
+  const bool checkpoint = activation_checkpointing_ && torch::GradMode::is_enabled();
   for (auto& layer : model->blocks)
-    x = layer->forward(x, cos, sin, mask);
+    x = checkpoint ? checkpointed_layer(layer.ptr(), x, cos, sin, mask) : layer->forward(x, cos, sin, mask);
   return model->norm(x);
 }
 

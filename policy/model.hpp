@@ -223,6 +223,18 @@ public:
   /// tools/bench/bench_learner --kernels).
   void set_fused_training(bool on);
   bool fused_training() const noexcept { return fused_training_; }
+  /// Activation checkpointing of the training forward (off by default). While grad mode is on,
+  /// hidden_states keeps of each decoder layer only its input (the RoPE tables and the mask are
+  /// shared by all layers) instead of every intermediate activation, and the backward pass runs
+  /// the layer's forward once more to differentiate it: activation memory of one layer's input per
+  /// layer plus one layer's intermediates, for one more forward of each layer. The forward runs
+  /// the same kernels as that recomputation (fused training kernels included), so gradients equal
+  /// those without checkpointing up to the order of float32 sums. Parameters' .grad and their
+  /// post-accumulate hooks (data-parallel bucketing) behave as without: each trainable parameter's
+  /// gradient is accumulated once per backward pass; frozen ones (LoRA's base) get none. Inference
+  /// (no grad mode) is unaffected.
+  void set_activation_checkpointing(bool on) noexcept { activation_checkpointing_ = on; }
+  bool activation_checkpointing() const noexcept { return activation_checkpointing_; }
   /// Projects hidden states [..., hidden] to logits [..., vocab].
   torch::Tensor logits_from_hidden(const torch::Tensor& hidden);
   /// The output matrix [vocab, hidden] (the embedding matrix when tied).
@@ -303,6 +315,7 @@ private:
   torch::Tensor inv_freq_; ///< float32, on the last device used (standard/linear/llama3/yarn)
   double attention_scaling_ = 1.0;
   bool fused_training_ = true;
+  bool activation_checkpointing_ = false;
 };
 TORCH_MODULE(CausalLM);
 

@@ -268,11 +268,13 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
   CHECK(defaults->learner.old_log_probs == old_log_probs_source::recompute);
   CHECK(defaults->learner.dtype == "float32");
   CHECK_FALSE(defaults->learner.lora);
+  CHECK_FALSE(defaults->learner.activation_checkpointing);
 
   auto cfg = parse_config("learner:\n  lr: 2.0e-5\n  aggregation: constant\n  constant_tokens: 4096\n"
                           "  kl_estimator: k1\n  reward_transform: normalize_clip\n  old_logprobs: auto\n"
                           "  schedule: cosine\n  warmup_steps: 10\n  total_steps: 100\n  dtype: bfloat16\n"
-                          "  lora: true\n  lora_targets: [q_proj, down_proj]\n  std_normalize: false\n",
+                          "  lora: true\n  lora_targets: [q_proj, down_proj]\n  std_normalize: false\n"
+                          "  activation_checkpointing: true\n",
                           "a.yaml");
   REQUIRE(cfg.ok());
   const auto& l = cfg->learner;
@@ -287,10 +289,12 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
   CHECK(l.lora);
   CHECK(l.lora_targets == std::vector<std::string>{"q_proj", "down_proj"});
   CHECK_FALSE(l.std_normalize);
+  CHECK(l.activation_checkpointing);
   auto again = parse_config(to_yaml(*cfg), "resolved.yaml");
   REQUIRE(again.ok());
   CHECK(to_yaml(*again) == to_yaml(*cfg));
   CHECK(again->learner.old_log_probs == old_log_probs_source::automatic);
+  CHECK(again->learner.activation_checkpointing);
 
   CHECK(problems_of("learner:\n  aggregation: mean\n")
         == "configs/x.yaml:2: learner.aggregation: expected one of token_mean, sequence_mean, constant, got \"mean\"");
