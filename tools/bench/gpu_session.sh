@@ -81,10 +81,10 @@ Modes (the table's row in brackets):
 
   real_size start|wait|collect
                       [real-size policies] for each SIZE of SIZES (default "1.5b 7b-lora"):
-                      configs/gpu-SIZE.yaml paused after PAUSE_AFTER learner steps (22: SFT,
+                      configs/gpu-SIZE.yaml paused after PAUSE_AFTER learner steps (21: SFT,
                       self-supervised, half the RL) and resumed to its end, the device's memory
-                      sampled meanwhile (nvidia-smi, 1 s); then on the run's model, rollout
-                      decoding (bench_decode against decode_hf.py, 8 rows, 4096 + 2048 tokens),
+                      sampled meanwhile (nvidia-smi, 1 s); then, the runs done, on each run's
+                      model: decoding (bench_decode against decode_hf.py, 8 rows, 4096 + 512),
                       a learner update (bench_learner against hf_real_size.py, 8 sequences of
                       4096 + 2048 tokens, activation checkpointing) and checkpoint I/O
                       (hf_real_size.py). In a session of its own across device calls, as
@@ -405,30 +405,42 @@ real_step() { # NAME COMMAND...: one step of the pipeline, its output in $REAL/N
   echo "[$(date +%T)] $name: rc $rc in $(( $(date +%s) - start )) s" >>"$REAL/pipeline.log"
 }
 
-real_pipeline() {
-  local size name model preset lora
+real_preset() { # SIZE: the init-model preset and bench_learner's LoRA flag of a size
+  case "$1" in
+    1.5b) echo "qwen2.5-coder-1.5b-instruct" ;;
+    7b-lora) echo "qwen2.5-coder-7b-instruct --lora" ;;
+    *) return 1 ;;
+  esac
+}
+
+real_pipeline() { # the runs first (the figures), then the side-by-side benches
+  local size name model preset lora smi
   for size in ${SIZES:-1.5b 7b-lora}; do
     name="gpu-$size"
-    case "$size" in
-      1.5b) preset=qwen2.5-coder-1.5b-instruct; lora=() ;;
-      7b-lora) preset=qwen2.5-coder-7b-instruct; lora=(--lora) ;;
-      *) echo "[$(date +%T)] unknown size $size" >>"$REAL/pipeline.log"; continue ;;
-    esac
+    real_preset "$size" >/dev/null || { echo "[$(date +%T)] unknown size $size" >>"$REAL/pipeline.log"; continue; }
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 1000 >"$REAL/$name.smi.csv" &
-    local smi=$!
-    real_step "$name.train" "$B/tools/crucible" train "configs/$name.yaml" --set run.dir="$REAL" --pause-after "${PAUSE_AFTER:-22}"
+    smi=$!
+    real_step "$name.train" "$B/tools/crucible" train "configs/$name.yaml" --set run.dir="$REAL" --pause-after "${PAUSE_AFTER:-21}"
     real_step "$name.resume" "$B/tools/crucible" resume "$REAL/$name"
     kill "$smi" 2>/dev/null
-    model="$REAL/$name/model"
-    real_step "$name.decode" "$B/tools/bench/bench_decode" --model "$model" --batches 8 --prompt 4096 --new 2048 --fused on
-    real_step "$name.decode_hf" python3 tools/bench/decode_hf.py --model "$model" --batches 8 --prompt 4096 --new 2048
-    real_step "$name.learner" "$B/tools/bench/bench_learner" --figures matmul,grpo --preset "$preset" --groups 1 \
-      --samples 8 --prompt 4096 --completion 2048 --steps 3 --warmup 1 --checkpointing "${lora[@]}"
-    real_step "$name.hf" python3 tools/bench/hf_real_size.py --model "$model" --figures train,checkpoint \
-      --train-sequences 8 --prompt-tokens 4096 --new-tokens 2048 --grad-checkpointing "${lora[@]}" \
-      --out "$REAL/$name.hf.json"
     # The next size needs the disk: a checkpoint of the 1.5B with its optimiser state is ~21 GB.
     rm -rf "$REAL/$name/checkpoints" "$REAL/$name/policy"
+  done
+  for size in ${SIZES:-1.5b 7b-lora}; do
+    name="gpu-$size"
+    read -r preset lora < <(real_preset "$size") || continue
+    model="$REAL/$name/model"
+    [[ -f "$model/config.json" ]] || continue
+    # Decoding at a 4096-token prompt: 512 new tokens give the steady rate at 4-5k tokens of context.
+    real_step "$name.decode" "$B/tools/bench/bench_decode" --model "$model" --batches 8 --prompt 4096 --new 512 --fused on
+    real_step "$name.decode_hf" python3 tools/bench/decode_hf.py --model "$model" --batches 8 --prompt 4096 --new 512
+    # shellcheck disable=SC2086 # $lora is empty or one flag
+    real_step "$name.learner" "$B/tools/bench/bench_learner" --figures matmul,grpo --preset "$preset" --groups 1 \
+      --samples 8 --prompt 4096 --completion 2048 --steps 3 --warmup 1 --checkpointing $lora
+    # shellcheck disable=SC2086
+    real_step "$name.hf" python3 tools/bench/hf_real_size.py --model "$model" --figures train,checkpoint \
+      --train-sequences 8 --prompt-tokens 4096 --new-tokens 2048 --train-steps 2 --warmup 1 --grad-checkpointing $lora \
+      --out "$REAL/$name.hf.json"
   done
   echo "[$(date +%T)] pipeline: end" >>"$REAL/pipeline.log"
 }

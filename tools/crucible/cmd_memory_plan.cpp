@@ -85,6 +85,9 @@ result<void> apply_config(const config& cfg, policy::memory_plan_options& o) {
   o.kl_reference = l.kl_coef > 0;
   o.zero1 = l.zero1;
   o.micro_batch_tokens = l.micro_batch_tokens;
+  o.activation_checkpointing = l.activation_checkpointing;
+  // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
+  o.engine_shares_base = cfg.model.handoff == "memory";
   o.bucket_mb = l.bucket_mb;
   o.prompt_tokens = cfg.prompt.max_tokens;
   o.completion_tokens = cfg.rollout.max_new_tokens;
