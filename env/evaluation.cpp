@@ -451,7 +451,9 @@ verdict evaluation::run() {
         trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
       if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
         input_bytes_ = std::max<std::uint64_t>(input_bytes_, b.as<std::uint64_t>(0));
-      if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == trials_) {
+      // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
+      // ends after them without waiting for `taken`: sending it would race the worker's exit.
+      if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == trials_) {
         // The worker's exports are poisoned before the candidate loads: keep a copy of each, all
         // queued together and waited for once. The mappings are closed after the worker has been
         // told, while it goes on (it frees its exports only when `run` comes).

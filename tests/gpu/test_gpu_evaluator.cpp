@@ -312,6 +312,24 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
   }
 }
 
+TEST_CASE("a task checked alone on CUDA (the run's reference check) is ok, with outputs on the device or as host bytes") {
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  for (bool on_device : {true, false}) {
+    auto ev = short_evaluator(on_device, log);
+    // Several in a row on one evaluator: the worker ends after its reference, and nothing is
+    // sent to it after that (a message it was not waiting for failed `crucible train` so).
+    for (const char* name : {"level1/13_cross_entropy_fp32", "level2/10_rope_bf16", "level2/15_add_layernorm_bf16"}) {
+      auto t = load_task(source_dir / "env" / "tasks" / "gpu" / (std::string{name} + ".py"));
+      if (!t)
+        FAIL(t.error().message);
+      auto v = ev->check_task(*t);
+      INFO(name << (on_device ? " (device)" : " (host)") << ": " << to_string(v.status) << " " << v.message);
+      CHECK(v.status == verdict_status::ok);
+    }
+  }
+}
+
 TEST_CASE("outputs of several tensors and dtypes on the device are compared as on the host") {
   // Three outputs of different dtypes and sizes, each exported on its own; a wrong value in the
   // last one must be found there, with the device comparison as with host bytes.
