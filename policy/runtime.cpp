@@ -89,7 +89,7 @@ std::optional<device_memory> memory_stats(std::string_view device) {
   const auto& allocated = stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
   const auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
   return device_memory{static_cast<std::uint64_t>(allocated.current), static_cast<std::uint64_t>(allocated.peak),
-                       static_cast<std::uint64_t>(reserved.current)};
+                       static_cast<std::uint64_t>(reserved.current), static_cast<std::uint64_t>(reserved.peak)};
 #else
   (void) device;
   return std::nullopt;

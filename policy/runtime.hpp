@@ -40,13 +40,15 @@ struct device_memory {
   std::uint64_t allocated = 0;      ///< held by live tensors now
   std::uint64_t peak_allocated = 0; ///< most held by live tensors since reset_peak_memory
   std::uint64_t reserved = 0;       ///< obtained from the driver (live tensors and cached free blocks)
+  std::uint64_t peak_reserved = 0;  ///< most obtained from the driver since reset_peak_memory
 };
 
 /// The allocator's counters for `device` ("cuda:N"); nullopt for "cpu", in a build without
 /// CUDA, or for a device that does not exist. Thread-safe.
 std::optional<device_memory> memory_stats(std::string_view device);
 
-/// Starts a new peak for memory_stats(device).peak_allocated (no-op where memory_stats has none).
+/// Starts new peaks for memory_stats(device).peak_allocated and peak_reserved (no-op where
+/// memory_stats has none).
 void reset_peak_memory(std::string_view device);
 
 /// Copy bandwidth of `device`: the best of `repeats` copies of a `bytes`-byte buffer to another

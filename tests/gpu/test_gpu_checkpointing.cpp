@@ -1,6 +1,7 @@
 // Activation checkpointing of the training forward on CUDA in bfloat16: the same log-probs and
 // gradients as without it (fused training kernels and LibTorch ops, full fine-tuning and LoRA),
-// and a lower peak of allocated memory over a forward and backward of a long sequence.
+// and a lower peak of allocated memory over a forward and backward of a long sequence (6 layers
+// of hidden 1024, 4096 tokens).
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include "gpu_kernels_util.hpp"
@@ -108,7 +109,7 @@ TEST_CASE("activation checkpointing on CUDA in bfloat16: the same log-probs and 
 TEST_CASE("activation checkpointing on CUDA: a long sequence's forward and backward peak lower, same gradients") {
   torch::manual_seed(22);
   auto config = tiny_config(model_family::qwen2, 1024, 8, 2);
-  config.num_layers = 4;
+  config.num_layers = 6;
   config.intermediate_size = 2816;
   auto m = scaled_random_model(config, 6, 1.0);
   m->to(torch::kCUDA, torch::kBFloat16);
@@ -122,9 +123,10 @@ TEST_CASE("activation checkpointing on CUDA: a long sequence's forward and backw
   auto ckpt = run_pass(*m, b, targets, true);
   MESSAGE("peak allocated above the model over forward and backward: " << plain.peak_bytes / 1e6 << " MB plain, "
                                                                        << ckpt.peak_bytes / 1e6 << " MB checkpointed");
-  check_grads(plain, ckpt, "4 layers, 4096 tokens");
-  // Without checkpointing each layer keeps about twenty [T, hidden]-sized activations (more for
-  // the MLP's [T, intermediate] ones); with it one [T, hidden] input per layer plus one layer's
-  // worth during its recomputation. Both hold the gradients (the same size in both).
-  CHECK(ckpt.peak_bytes < 0.7 * plain.peak_bytes);
+  check_grads(plain, ckpt, "6 layers, 4096 tokens");
+  // Without checkpointing each layer keeps about 128 MB here (a dozen [T, hidden] tensors, three
+  // [T, intermediate] ones, in bf16): ~770 MB for six; with it one 8 MB input per layer plus one
+  // layer's activations during its recomputation. Both hold the gradients (~135 MB) and the
+  // backward's temporaries: about 950 MB against 360 MB expected.
+  CHECK(ckpt.peak_bytes < 0.6 * plain.peak_bytes);
 }

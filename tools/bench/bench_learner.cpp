@@ -1,14 +1,24 @@
 // tools/bench/bench_learner.cpp: the learner's GPU figures. Random token batches go through real
-// GRPO updates of a Qwen2.5-0.5B-shaped model in bf16; buffers of gradient size go through the
-// NCCL communicator; a model's weights go from a learner GPU to an engine GPU. One JSON object
-// per line on stdout.
+// GRPO updates of a model of a preset's shape (Qwen2.5-0.5B's by default) in bf16; buffers of
+// gradient size go through the NCCL communicator; a model's weights go from a learner GPU to an
+// engine GPU. One JSON object per line on stdout.
 //
 //   bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N] [--preset 0.5b]
-//                 [--vocab 151936] [--groups 8] [--samples 8] [--prompt 256] [--completion 768]
+//                 [--vocab N] [--groups 8] [--samples 8] [--prompt 256] [--completion 768]
 //                 [--micro-batch-tokens 16384] [--steps 5] [--warmup 2] [--recompute]
-//                 [--bucket-mb 25] [--sizes-mb 25,100,500,2000] [--iters 20]
-//                 [--sync-bucket-mb 256] [--sync-repeats 5] [--no-overlap] [--trace FILE]
-//                 [--kernels fused,libtorch]
+//                 [--checkpointing] [--lora] [--bucket-mb 25] [--sizes-mb 25,100,500,2000]
+//                 [--iters 20] [--sync-bucket-mb 256] [--sync-repeats 5] [--no-overlap]
+//                 [--trace FILE] [--kernels fused,libtorch]
+//
+// --preset   tiny, small, 0.5b (crucible's, tied embeddings, vocabulary --vocab, default 151936)
+//            or a published model's shape: qwen2.5-coder-1.5b-instruct (tied, vocabulary 151936)
+//            or qwen2.5-coder-7b-instruct (untied, 152064). A published preset keeps its own
+//            vocabulary; --vocab (at most that) then only bounds the random token ids. Weights are
+//            drawn on the GPU (N(0, 0.02), norms 1, biases 0).
+// --checkpointing  learner.activation_checkpointing: each decoder layer keeps its input only
+//            and runs again in the backward pass.
+// --lora     learner.lora with the learner's defaults (rank 16, alpha 32, q/k/v/o_proj): only
+//            the adapters train (the 7B on one GPU).
 //
 // matmul     bf16 torch::mm of 8192^3 on cuda:0: the peak the MFU is taken against.
 // grpo       GRPO updates on cuda:0 of groups x samples sequences of prompt + completion tokens;
@@ -16,7 +26,12 @@
 //            --recompute). tokens = the tokens each update trains on (prompt and completion,
 //            the last one excluded: it predicts nothing); MFU = 6 x parameters x tokens / step
 //            time / the measured matmul rate (parameters counted once: the tied embedding is the
-//            output projection's matmul; attention's T^2 term is not counted).
+//            output projection's matmul; attention's T^2 term is not counted). With --lora mfu
+//            still counts 6 x all parameters, though the frozen weights' gradients are not computed
+//            (the work done is nearer 4 x); trainable_parameters says how many train. Each line
+//            reports the CUDA caching allocator's peaks over its updates (warm-up included):
+//            peak_allocated_gb (live tensors) and peak_reserved_gb (obtained from the driver), in
+//            GB (1e9 bytes).
 // allreduce  float32 all-reduce of each size over all GPUs (one thread per GPU) through the
 //            project's NCCL communicator: iters collectives back to back, then waited for;
 //            algbw = bytes / time, busbw = algbw x 2 (n - 1) / n (nccl-tests' definitions).
@@ -43,6 +58,7 @@
 #include <vector>
 
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -63,12 +79,14 @@ struct bench_options {
   std::vector<std::string> figures{"matmul", "grpo", "allreduce", "scaling", "sync"};
   int gpus = 0; // 0: all visible
   std::string preset = "0.5b";
-  std::int64_t vocab = 151936;
+  std::int64_t vocab = 0; ///< 0: the preset's (151936 for crucible's own presets)
   int groups = 8, samples = 8;
   std::int64_t prompt = 256, completion = 768;
   std::int64_t micro_batch_tokens = 16384;
   int steps = 5, warmup = 2;
   bool recompute = false;
+  bool checkpointing = false;
+  bool lora = false;
   bool overlap = true;
   double bucket_mb = 25;
   std::vector<std::int64_t> sizes_mb{25, 100, 500, 2000};
@@ -82,9 +100,11 @@ struct bench_options {
 constexpr const char* usage_text =
     "usage: bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N]\n"
     "       [--preset 0.5b] [--vocab N] [--groups N] [--samples N] [--prompt N] [--completion N]\n"
-    "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--no-overlap] [--bucket-mb X]\n"
-    "       [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X] [--sync-repeats N] [--trace FILE]\n"
-    "       [--kernels fused,libtorch]\n";
+    "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--checkpointing] [--lora]\n"
+    "       [--no-overlap] [--bucket-mb X] [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X]\n"
+    "       [--sync-repeats N] [--trace FILE] [--kernels fused,libtorch]\n"
+    "presets: tiny, small, 0.5b (vocabulary --vocab, default 151936), qwen2.5-coder-1.5b-instruct,\n"
+    "         qwen2.5-coder-7b-instruct (their published vocabularies)\n";
 
 [[noreturn]] void usage(const std::string& message) {
   std::fprintf(stderr, "bench_learner: %s\n%s", message.c_str(), usage_text);
@@ -142,6 +162,14 @@ bench_options parse(int argc, char** argv) {
       o.overlap = false;
       continue;
     }
+    if (flag == "--checkpointing") {
+      o.checkpointing = true;
+      continue;
+    }
+    if (flag == "--lora") {
+      o.lora = true;
+      continue;
+    }
     if (flag == "--help" || flag == "-h")
       help();
     if (i + 1 >= argc)
@@ -177,6 +205,12 @@ bench_options parse(int argc, char** argv) {
     }
     else usage("unknown flag " + flag);
   }
+  // The preset's shape (and a published preset's vocabulary) before any device is touched.
+  auto c = preset_config(o.preset, model_family::qwen2, o.vocab > 0 ? o.vocab : 151936);
+  if (!c)
+    usage("--preset " + o.preset + ": " + c.error().message);
+  if (o.vocab == 0)
+    o.vocab = c->vocab_size;
   return o;
 }
 
@@ -231,13 +265,32 @@ double matmul_rate(int device) {
   return best;
 }
 
+// A model of the preset's shape in bf16 on `device`, its weights drawn there: transformers' init
+// (N(0, 0.02) matrices and embeddings, norms 1, biases 0) from a generator of its own, so ranks on
+// threads do not share one. (CausalLMImpl::init_weights draws on the CPU, minutes for a 7B.)
 CausalLM make_model(const bench_options& o, int device, std::uint64_t seed) {
   auto c = preset_config(o.preset, model_family::qwen2, o.vocab);
   if (!c)
     die("--preset", c.error());
-  CausalLM m(*c);
-  m->init_weights(seed);
-  m->to(torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device)), torch::kBFloat16);
+  CausalLM m(*c); // uninitialised CPU tensors: not touched before the move
+  const torch::Device dev(torch::kCUDA, static_cast<c10::DeviceIndex>(device));
+  m->to(dev, torch::kBFloat16);
+  torch::NoGradGuard no_grad;
+  auto gen = at::cuda::detail::createCUDAGenerator(static_cast<c10::DeviceIndex>(device));
+  gen.set_current_seed(seed);
+  for (auto& item : m->named_parameters(true)) {
+    const auto& name = item.key();
+    auto& p = item.value();
+    const auto ends_with = [&](std::string_view tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    if (ends_with("norm.weight"))
+      p.fill_(1.0);
+    else if (ends_with(".bias"))
+      p.zero_();
+    else
+      p.normal_(0.0, 0.02, gen);
+  }
   return m;
 }
 
@@ -297,6 +350,8 @@ learner_options learner_opts(const bench_options& o) {
   lo.old_log_probs = o.recompute ? old_log_probs_source::recompute : old_log_probs_source::behaviour;
   lo.bucket_mb = o.bucket_mb;
   lo.overlap = o.overlap;
+  lo.activation_checkpointing = o.checkpointing;
+  lo.lora = o.lora; // rank, alpha and targets: learner_options' defaults
   return lo;
 }
 
@@ -377,6 +432,9 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
   auto l = learner::create(model, CausalLM{nullptr}, learner_opts(o), 3);
   if (!l)
     die("learner", l.error());
+  std::int64_t trainable = 0;
+  for (const auto& p : (*l)->parameters())
+    trainable += p.param.numel();
   const auto tokens = trained_tokens(o);
   const auto head_tokens = static_cast<std::int64_t>(o.groups) * o.samples * o.completion;
   const double required_flops = 6.0 * static_cast<double>(params - head_params) * static_cast<double>(tokens)
@@ -395,9 +453,13 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
       .field("figure", "grpo_update")
       .field("device", device_name(0))
       .field("preset", o.preset)
+      .field("vocab", model->config().vocab_size)
       .field("parameters", params)
+      .field("trainable_parameters", trainable)
       .field("dtype", "bfloat16")
       .field("kernels", kernels)
+      .field("checkpointing", o.checkpointing)
+      .field("lora", o.lora)
       .field("sequences", static_cast<std::int64_t>(o.groups) * o.samples)
       .field("prompt", o.prompt)
       .field("completion", o.completion)
@@ -411,6 +473,8 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
       .field("mfu", 6.0 * params * tps / peak)
       .field("mfu_required", required_flops / t.seconds_per_step / peak)
       .field("peak_allocated_gib", mem ? static_cast<double>(mem->peak_allocated) / (1ull << 30) : 0.0)
+      .field("peak_allocated_gb", mem ? static_cast<double>(mem->peak_allocated) / 1e9 : 0.0)
+      .field("peak_reserved_gb", mem ? static_cast<double>(mem->peak_reserved) / 1e9 : 0.0)
       .end_object();
     emit(std::move(w));
     if (kernels == "fused" || single_tps == 0)
@@ -504,7 +568,9 @@ void scaling_figure(const bench_options& o, int n, const single_gpu& single, dou
   std::vector<reduction_stats> stats(n);
   run_ranks(n, [&](int r) {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(r));
-    auto model = make_model(o, r, 1 + r);
+    // Rank 0's weights reach the others by the learners' first broadcast; LoRA's frozen base is
+    // not broadcast and must be the same everywhere: one seed (the same draws on GPUs of one kind).
+    auto model = make_model(o, r, o.lora ? 1 : 1 + r);
     auto batch = make_batch(o, *model, 2 + r);
     auto l = learner::create(model, CausalLM{nullptr}, learner_opts(o), 3);
     if (!l) {
