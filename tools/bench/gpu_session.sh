@@ -81,8 +81,8 @@ Modes (the table's row in brackets):
 
   real_size start|wait|collect
                       [real-size policies] for each SIZE of SIZES (default "1.5b 7b-lora"):
-                      configs/gpu-SIZE.yaml paused after PAUSE_AFTER learner steps (21: SFT,
-                      self-supervised, half the RL) and resumed to its end, the device's memory
+                      configs/gpu-SIZE.yaml to its end, or paused after N learner steps and
+                      resumed for a SIZE:N of PAUSES (default "7b-lora:15"), the device's memory
                       sampled meanwhile (nvidia-smi, 1 s); then, the runs done, on each run's
                       model: decoding (bench_decode against decode_hf.py, 8 rows, 4096 + 512),
                       a learner update (bench_learner against hf_real_size.py, 8 sequences of
@@ -92,7 +92,7 @@ Modes (the table's row in brackets):
                       the benches' JSON); the runs stay in data/runs/real.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
 CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
-DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, SIZES, PAUSE_AFTER, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
+DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, SIZES, PAUSES, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
 above). The figures of the other rows come from commands named in the table.
 EOF
 }
@@ -414,14 +414,20 @@ real_preset() { # SIZE: the init-model preset and bench_learner's LoRA flag of a
 }
 
 real_pipeline() { # the runs first (the issue's figures), then the side-by-side benches
-  local size name model preset lora smi
+  local size name model preset lora smi pause p
   for size in ${SIZES:-1.5b 7b-lora}; do
     name="gpu-$size"
     real_preset "$size" >/dev/null || { echo "[$(date +%T)] unknown size $size" >>"$REAL/pipeline.log"; continue; }
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 1000 >"$REAL/$name.smi.csv" &
     smi=$!
-    real_step "$name.train" "$B/tools/crucible" train "configs/$name.yaml" --set run.dir="$REAL" --pause-after "${PAUSE_AFTER:-21}"
-    real_step "$name.resume" "$B/tools/crucible" resume "$REAL/$name"
+    pause=""
+    for p in ${PAUSES:-7b-lora:15}; do [[ ${p%%:*} == "$size" ]] && pause=${p##*:}; done
+    if [[ -n $pause ]]; then
+      real_step "$name.train" "$B/tools/crucible" train "configs/$name.yaml" --set run.dir="$REAL" --pause-after "$pause"
+      real_step "$name.resume" "$B/tools/crucible" resume "$REAL/$name"
+    else
+      real_step "$name.train" "$B/tools/crucible" train "configs/$name.yaml" --set run.dir="$REAL"
+    fi
     kill "$smi" 2>/dev/null
     # The next size needs the disk: a checkpoint of the 1.5B with its optimiser state is ~21 GB.
     rm -rf "$REAL/$name/checkpoints" "$REAL/$name/policy"
