@@ -267,7 +267,7 @@ TEST_CASE("crucible memory-plan prints the grid, one configuration item by item,
   }
 }
 
-TEST_CASE("crucible tokenizer trains on local files, encodes and decodes; bad flags exit 2") {
+TEST_CASE("crucible tokenizer trains on local files, encodes and decodes, bad flags exit 2") {
   temp_dir dir;
   fs::path src{CRUCIBLE_SOURCE_DIR};
   auto out = dir.path() / "tok";

@@ -10,6 +10,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -105,4 +106,32 @@ TEST_CASE("the layering check keeps jinja between core and env") {
   CHECK(in_jinja[0].find("jinja may not depend on env") != std::string::npos);
   REQUIRE(in_policy.size() == 1);
   CHECK(in_policy[0].find("policy may not depend on jinja") != std::string::npos);
+}
+
+// ctest registers each doctest case by its name (doctest_discover_tests), and CMake splits a name
+// at ';' into a list: the entry then filters for a case that does not exist, runs nothing and
+// passes. Twelve cases never ran under ctest so before their names were changed.
+TEST_CASE("no test case name holds a semicolon, so ctest runs every case it lists") {
+  static const std::regex case_re{R"(TEST_CASE\s*\(\s*"([^"]*)\")"};
+  const fs::path root = fs::path{CRUCIBLE_SOURCE_DIR} / "tests";
+  std::vector<std::string> bad;
+  std::size_t cases = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file() || entry.path().extension() != ".cpp")
+      continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    for (int n = 1; std::getline(in, line); ++n)
+      for (std::sregex_iterator it(line.begin(), line.end(), case_re), end; it != end; ++it) {
+        ++cases;
+        if ((*it)[1].str().find(';') != std::string::npos)
+          bad.push_back(fs::relative(entry.path(), root).string() + ":" + std::to_string(n));
+      }
+  }
+  CHECK(cases > 400); // the scan saw the suite (463 literal names on 2026-11-26)
+  std::string where;
+  for (const auto& b : bad)
+    where += " tests/" + b;
+  INFO("test case names with a semicolon at" << where);
+  CHECK(bad.empty());
 }

@@ -516,7 +516,7 @@ std::vector<std::string> first_group_completions(const fs::path& run) {
   return first;
 }
 
-TEST_CASE("the real-size path at tiny shapes: LoRA, activation checkpointing, bf16 and the in-memory handoff; exact pause and resume, the disk handoff's samples") {
+TEST_CASE("the real-size path at tiny shapes (LoRA, activation checkpointing, bf16, the in-memory handoff): exact pause and resume, the disk handoff's samples") {
   temp_dir tmp;
   const std::string sft = "  sft: {steps: 4, batch: 2}\n";
   auto whole_cfg = write_config(tmp.path(), real_size_path(without_warm_start(test_config(tmp.path(), "whole", sft)), "memory"));
@@ -834,7 +834,7 @@ TEST_CASE("the replay store's samples agree with the run's counters after a paus
   CHECK(verdicts == st.find("variants")->as_int());
 }
 
-TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses; the resumed run does it again") {
+TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses, the resumed run does it again") {
   temp_dir tmp;
   // Long responses (8 of up to 4000 tokens from an untrained model) keep the RL step waiting
   // for its group for seconds; the grace is 50 ms.
@@ -863,7 +863,7 @@ TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that 
   CHECK(steps == std::vector<std::int64_t>{1, 2, 3});
 }
 
-TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged store, a killed evaluator node; the run resumes, every step once, nothing left running") {
+TEST_CASE("fault injection: killed workers and zygote, a killed run, a damaged store, a killed evaluator node, the run resumes, every step once, nothing left running") {
   temp_dir tmp;
   std::mt19937 rng{std::random_device{}()};
   auto cfg = write_config(tmp.path(), test_config(tmp.path(), "faults", "  sft: {steps: 6, batch: 2}\n  rl: {steps: 4, groups: 1}\n"));

@@ -36,7 +36,7 @@ TEST_CASE("json strings escape quotes, control characters and invalid UTF-8") {
   CHECK(out == "\"ok \xc3\xa9 bad \\ufffd end\"");
 }
 
-TEST_CASE("non-finite numbers become null; finite ones round-trip") {
+TEST_CASE("non-finite numbers become null, finite ones round-trip") {
   json_writer w;
   w.begin_array()
     .value(std::numeric_limits<double>::quiet_NaN())

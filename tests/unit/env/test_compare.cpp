@@ -39,7 +39,7 @@ tensor_blob on_absent_device() {
 
 } // namespace
 
-TEST_CASE("outputs within tolerance match; outside do not, with the first offending element named") {
+TEST_CASE("outputs within tolerance match, outside do not, with the first offending element named") {
   tolerances tol;
   auto want = f32({2, 2}, {1.0f, 2.0f, 3.0f, 4.0f});
   CHECK(compare_outputs({want}, {f32({2, 2}, {1.00005f, 2.0f, 3.0f, 4.0f})}, tol).ok);
@@ -101,7 +101,7 @@ TEST_CASE("shape, dtype, count and kind must match exactly") {
   CHECK(compare_outputs({want}, {lazy}, tol).message.find("not a plain tensor (tensor subclass LazyTensor)") != std::string::npos);
 }
 
-TEST_CASE("NaN matches only NaN; infinities match only themselves; poisoned memory fails") {
+TEST_CASE("NaN matches only NaN, infinities match only themselves, poisoned memory fails") {
   tolerances tol;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -144,7 +144,7 @@ TEST_CASE("dtype names round-trip") {
   CHECK_FALSE(parse_dtype("complex64").has_value());
 }
 
-TEST_CASE("a comparison that fails in the evaluator's own process says so; the candidate's first problem comes first") {
+TEST_CASE("a comparison that fails in the evaluator's own process says so, the candidate's first problem comes first") {
   // Both on the device (the device comparison fails), and one on the device (the copy fails).
   for (const auto& got : {on_absent_device(), f32({4}, {1, 2, 3, 4})}) {
     auto r = compare_outputs({on_absent_device()}, {got}, tolerances{});

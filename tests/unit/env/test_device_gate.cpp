@@ -116,7 +116,7 @@ TEST_CASE("busy time is the union of the holds, timed time only the timed holds"
   CHECK(gate.drain_ns() == 0); // the timed user never waited
 }
 
-TEST_CASE("a recording gate keeps each step, in order, with its thread; none before or after") {
+TEST_CASE("a recording gate keeps each step, in order, with its thread, none before or after") {
   device_gate gate;
   gate.lock_untimed(); // not recorded
   gate.unlock_untimed();

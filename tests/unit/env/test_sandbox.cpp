@@ -103,7 +103,7 @@ TEST_CASE("cuda_max_connections reaches a worker as CUDA_DEVICE_MAX_CONNECTIONS"
   CHECK(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].as<std::string>() == "2");
 }
 
-TEST_CASE("exit codes and signals are reported; final messages are not lost") {
+TEST_CASE("exit codes and signals are reported, final messages are not lost") {
   zmq::context_t ctx;
   {
     auto w = worker::start(ctx, probe_spec());
@@ -281,7 +281,7 @@ TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, 
   ::unsetenv("CRUCIBLE_TEST_SECRET");
 }
 
-TEST_CASE("scratch folders of makers that no longer run are reclaimed; a living maker's and other folders are not") {
+TEST_CASE("scratch folders of makers that no longer run are reclaimed, a living maker's and other folders are not") {
   const auto root = fs::temp_directory_path() / ("crucible-reclaim-" + std::to_string(::getpid()));
   fs::remove_all(root);
   fs::create_directories(root);

@@ -18,7 +18,7 @@ void await(F&& ready) { // returns as soon as another thread made `ready` true (
 }
 } // namespace
 
-TEST_CASE("users beside each other share the gate; one alone enters only when nobody is inside") {
+TEST_CASE("users beside each other share the gate, one alone enters only when nobody is inside") {
   solo_gate g;
   CHECK(g.try_enter(false));
   CHECK(g.try_enter(false));

@@ -143,7 +143,7 @@ TEST_CASE("GRPO overfits a fixed batch: high-reward completions gain likelihood,
   CHECK(gain_low < -1.0);
 }
 
-TEST_CASE("negative_weight 0: samples below their group's mean carry no gradient; at 1 they do") {
+TEST_CASE("negative_weight 0: samples below their group's mean carry no gradient, at 1 they do") {
   // One update on two batches that differ only in the tokens of the zero-reward samples (same
   // lengths, so token_mean's denominator is the same): with negative_weight 0 the updates are
   // equal, with 1 (GRPO) they are not.
