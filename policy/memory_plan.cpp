@@ -166,7 +166,8 @@ result<model_config> memory_plan_model(std::string_view name) {
 // (4 V h) and cast to the weight's dtype (2 V h) when it trains.
 //
 // Engine: its own weights (P x e, e its bytes; under LoRA with the base shared, only merged copies
-// of the adapted projections), the KV cache (rows x slots x L x 2 x kv x e), and the larger of
+// of the adapted projections), with model.handoff memory the staging copy of what changes a
+// version (P x e, or the merged adapted projections under LoRA), the KV cache (rows x slots x L x 2 x kv x e), and the larger of
 // prefill (a scratch cache of the prompt tokens of one prefill forward, one layer's copy of it to
 // the group's rows, and the forward's transient of about (4 h + 4 I) e per token: the residual,
 // its norm, gate, up, SiLU(gate) and their product live together) and decoding (float32 logits,
@@ -328,6 +329,14 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
         "L x (in x out + bias) of the targets x " + fmt("%.0f", e));
   else
     add(memory_part::engine, "engine weights", P * e, "P x " + fmt("%.0f", e));
+  if (o.handoff_staging) {
+    if (o.lora)
+      add(memory_part::engine, "handoff staging (merged adapted projections)", adapted_weights * e,
+          "what changes a version, in the engine's dtype (model.handoff: memory)");
+    else
+      add(memory_part::engine, "handoff staging (every weight)", P * e,
+          "what changes a version, in the engine's dtype (model.handoff: memory)");
+  }
   const std::int64_t slots = o.engine_slots > 0 ? o.engine_slots : o.prompt_tokens + o.completion_tokens;
   const double R = static_cast<double>(o.engine_rows);
   const double kv_token = L * 2 * kv * e; // bytes of one token's keys and values, all layers

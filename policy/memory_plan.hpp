@@ -40,6 +40,10 @@ struct memory_plan_options {
   /// Under LoRA the engine reads the learner's frozen base and keeps its own (merged) copies of
   /// the adapted projections only; false: the engine holds a whole copy of the weights.
   bool engine_shares_base = true;
+  /// model.handoff memory: each version is staged on the device before the engine installs it,
+  /// a copy of what changes (every weight under full fine-tuning, the merged adapted projections
+  /// under LoRA) in the engine's dtype; false (disk): no staging.
+  bool handoff_staging = true;
   std::int64_t max_prefill_tokens = 16384; ///< engine_options::max_prefill_tokens
   std::int64_t log_prob_chunk = 1024;  ///< CausalLMImpl::token_log_probs' chunk_tokens
   double bucket_mb = 25.0;             ///< learner.bucket_mb (MiB of float32 gradient per bucket)

@@ -88,6 +88,7 @@ result<void> apply_config(const config& cfg, policy::memory_plan_options& o) {
   o.activation_checkpointing = l.activation_checkpointing;
   // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
   o.engine_shares_base = cfg.model.handoff == "memory";
+  o.handoff_staging = cfg.model.handoff == "memory";
   o.bucket_mb = l.bucket_mb;
   o.prompt_tokens = cfg.prompt.max_tokens;
   o.completion_tokens = cfg.rollout.max_new_tokens;

@@ -98,11 +98,12 @@ TEST_CASE("memory plan: full fine-tuning of a tiny shape, every item by hand") {
   // Engine: its own bf16 copy, 4 x 10 x (2 layers x 2 x 32 x 2 B) of cache, decoding's logits
   // (3 x 4 x 1000 x 4 = 48000) over prefill (12 x 256 + 4 x 6 x 64 + 12 x 768 x 2 = 23040).
   CHECK(item(*p, "engine weights") == 404608);
+  CHECK(item(*p, "handoff staging (every weight)") == 404608);
   CHECK(item(*p, "KV cache") == 10240);
   CHECK(item(*p, "engine working set (decoding)") == 48000);
-  CHECK(p->engine == 462848);
+  CHECK(p->engine == 462848 + 404608);
   CHECK(p->runtime == 0);
-  CHECK(p->total == 4764928);
+  CHECK(p->total == 4764928 + 404608);
   CHECK(p->fits);
 
   auto small = tiny_options();
@@ -145,7 +146,8 @@ TEST_CASE("memory plan: LoRA trains adapters and the engine shares the base") {
   CHECK(p->learner_peak == 69984 + 33840);
   // Merged q and v with their biases: 2 x (64 x 64 + 64 + 64 x 32 + 32) elements.
   CHECK(item(*p, "engine weights") == 2 * 12480);
-  CHECK(p->total == 420736 + 103824 + (24960 + 10240 + 48000));
+  CHECK(item(*p, "handoff staging (merged adapted projections)") == 2 * 12480);
+  CHECK(p->total == 420736 + 103824 + (24960 + 24960 + 10240 + 48000));
 
   o.engine_shares_base = false;
   auto own = plan_memory(o);
@@ -245,7 +247,7 @@ TEST_CASE("memory plan: Markdown of one plan and of a grid") {
   CHECK(md.find("**tiny**, full fine-tuning, 1 GPU of 80 GB") == 0);
   CHECK(md.find("| learner state | AdamW moments | 0.00 |") != std::string::npos);
   CHECK(md.find("*phase: backward end (bf16 gradients)* (not summed)") != std::string::npos);
-  CHECK(md.find("| **total** | per GPU | **0.00** |") != std::string::npos);
+  CHECK(md.find("| **total** | per GPU | **0.01** |") != std::string::npos);
   CHECK(md.find("Fits in 80 GB") != std::string::npos);
 
   memory_plan_options base;
