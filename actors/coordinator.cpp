@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,6 +16,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "actors/actor_config.hpp"
+#include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "storage/atomic_file.hpp"
 
@@ -207,11 +207,7 @@ void checkpoint(self_pointer self, std::function<void()> then) {
         // What was written and how long the request took (the learner's state, the stores, the
         // samplers), for the write rate at size.
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-        std::uint64_t bytes = 0;
-        std::error_code ec;
-        for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-          if (std::error_code e2; it->is_regular_file(e2))
-            bytes += it->file_size(e2);
+        const std::uint64_t bytes = directory_bytes(dir);
         json_writer w;
         w.begin_object().field("event", "checkpoint").field("time", format_iso8601(st.deps->clk.now()))
           .field("step", st.status.step).field("dir", dir).field("seconds", seconds).field("bytes", bytes).end_object();

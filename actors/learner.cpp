@@ -127,6 +127,19 @@ result<void> ensure_joined(learner_state& st) {
   return {};
 }
 
+// Sends `message` (weights_published or weight_update of `version`) to every engine; a refusal is
+// printed, not fatal: the engine keeps serving the version it had.
+template <class Message>
+void announce(learner_pointer self, std::uint64_t version, const Message& message) {
+  for (const auto& engine : self->state.engines)
+    self->request(engine, caf::infinite, message)
+      .then([](policy_version) {},
+            [self, version](const caf::error& err) {
+              aout(self) << "learner: engine refused weights of version " << version << ": "
+                         << to_error(err).message << "\n";
+            });
+}
+
 // Rank 0: hands the new weights to every engine, in memory (stage_weights) or as an HF directory.
 result<void> publish(learner_pointer self, std::uint64_t version) {
   auto& st = self->state;
@@ -136,13 +149,7 @@ result<void> publish(learner_pointer self, std::uint64_t version) {
     if (auto staged = st.stage_weights(version); !staged.ok())
       return fail(staged.error().code, "handing version ", std::to_string(version), " to the engine: ",
                   staged.error().message);
-    for (const auto& engine : st.engines)
-      self->request(engine, caf::infinite, weights_published{policy_version{version}, 0, 0})
-        .then([](policy_version) {},
-              [self, version](const caf::error& err) {
-                aout(self) << "learner: engine refused weights of version " << version << ": "
-                           << to_error(err).message << "\n";
-              });
+    announce(self, version, weights_published{policy_version{version}, 0, 0});
     return {};
   }
   if (st.spec.publish_dir.empty())
@@ -161,13 +168,7 @@ result<void> publish(learner_pointer self, std::uint64_t version) {
     std::filesystem::remove_all(st.published.front(), ec);
     st.published.pop_front();
   }
-  for (const auto& engine : st.engines)
-    self->request(engine, caf::infinite, weight_update{dir.string(), policy_version{version}})
-      .then([](policy_version) {},
-            [self, version](const caf::error& err) {
-              aout(self) << "learner: engine refused weights of version " << version << ": "
-                         << to_error(err).message << "\n";
-            });
+  announce(self, version, weight_update{dir.string(), policy_version{version}});
   return {};
 }
 

@@ -408,11 +408,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     if (!info.ok())
       return guard(info.error());
     progress.version = info->version;
-    std::uint64_t bytes = 0;
-    std::error_code ec;
-    for (fs::recursive_directory_iterator it(out.checkpoint / "learner", ec), end; !ec && it != end; it.increment(ec))
-      if (std::error_code e2; it->is_regular_file(e2))
-        bytes += it->file_size(e2);
+    const std::uint64_t bytes = directory_bytes(out.checkpoint / "learner");
     log.info(component, "learner restored from ", (out.checkpoint / "learner").string(), ": ",
              static_cast<double>(bytes) / 1e9, " GB in ",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), " s");

@@ -162,4 +162,13 @@ std::filesystem::path executable_dir() {
   return ec ? std::filesystem::path{} : p.parent_path();
 }
 
+std::uint64_t directory_bytes(const std::filesystem::path& dir) {
+  std::uint64_t bytes = 0;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (std::error_code e2; it->is_regular_file(e2))
+      bytes += it->file_size(e2);
+  return bytes;
+}
+
 } // namespace crucible

@@ -2,6 +2,7 @@
 // half-written. Used by storage (run directories, checkpoints) and policy (tokenizer files).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -29,5 +30,9 @@ std::filesystem::path executable_dir();
 
 /// fsyncs a directory so that renames and creations inside it are durable.
 result<void> fsync_directory(const std::filesystem::path& dir);
+
+/// Bytes of the regular files under `dir`, at any depth (for the rates of checkpoint writes and
+/// reads); what cannot be listed counts 0.
+std::uint64_t directory_bytes(const std::filesystem::path& dir);
 
 } // namespace crucible

@@ -3,9 +3,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include <torch/torch.h>
@@ -60,31 +61,24 @@ std::map<std::string, projection_pair> projections_of(CausalLMImpl& learner, Cau
 // "model.layers.3.self_attn.q_proj.weight" -> "model.layers.3.self_attn.q_proj"; "" for names
 // that are no projection's weight or bias.
 std::string projection_of(const std::string& name, const std::map<std::string, projection_pair>& projections) {
-  for (const char* suffix : {".weight", ".bias"}) {
-    const std::string s = suffix;
-    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
-      auto prefix = name.substr(0, name.size() - s.size());
+  for (std::string_view suffix : {".weight", ".bias"})
+    if (name.ends_with(suffix)) {
+      auto prefix = name.substr(0, name.size() - suffix.size());
       if (projections.count(prefix) != 0)
         return prefix;
     }
-  }
   return {};
 }
 
 // The projections decoding runs as one GEMM over joined weights: they are shared or owned
 // together. Maps each member's prefix to its group's first member.
 std::string group_of(const std::string& projection) {
-  auto replace_tail = [&](const std::string& from, const std::string& to) -> std::optional<std::string> {
-    if (projection.size() >= from.size() && projection.compare(projection.size() - from.size(), from.size(), from) == 0)
-      return projection.substr(0, projection.size() - from.size()) + to;
-    return std::nullopt;
-  };
-  for (const char* member : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"})
-    if (auto g = replace_tail(member, "self_attn.q_proj"))
-      return *g;
-  for (const char* member : {"mlp.gate_proj", "mlp.up_proj"})
-    if (auto g = replace_tail(member, "mlp.gate_proj"))
-      return *g;
+  const std::pair<std::string_view, std::string_view> members[] = {
+    {"self_attn.q_proj", "self_attn.q_proj"}, {"self_attn.k_proj", "self_attn.q_proj"},
+    {"self_attn.v_proj", "self_attn.q_proj"}, {"mlp.gate_proj", "mlp.gate_proj"}, {"mlp.up_proj", "mlp.gate_proj"}};
+  for (const auto& [member, first] : members)
+    if (projection.ends_with(member))
+      return projection.substr(0, projection.size() - member.size()) + std::string{first};
   return projection;
 }
 
@@ -133,11 +127,12 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
   for (auto& [prefix, pair] : projections)
     if (pair.learner->has_lora())
       adapted.insert(prefix);
+  // The weight of a projection with an adapter: the engine holds it merged.
+  auto adapted_weight = [&](const std::string& name, const std::string& proj) {
+    return !proj.empty() && adapted.count(proj) != 0 && name.ends_with(".weight");
+  };
   auto changes = [&](const std::string& name, const torch::Tensor& t) {
-    auto proj = projection_of(name, projections);
-    if (!proj.empty() && adapted.count(proj) != 0 && name.ends_with(".weight"))
-      return true;
-    return t.requires_grad();
+    return adapted_weight(name, projection_of(name, projections)) || t.requires_grad();
   };
   // Groups (joined projections) with any member that cannot be shared are owned whole.
   std::set<std::string> owned_groups;
@@ -173,7 +168,7 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
       continue;
     }
     std::function<torch::Tensor()> source;
-    if (!proj.empty() && adapted.count(proj) != 0 && name.ends_with(".weight")) {
+    if (adapted_weight(name, proj)) {
       auto* learner_proj = projections.at(proj).learner;
       source = [learner_proj] { return learner_proj->merged_weight(); };
     } else {

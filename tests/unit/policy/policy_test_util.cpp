@@ -88,6 +88,15 @@ CausalLM scaled_random_model(const model_config& config, std::uint64_t seed, dou
   return m;
 }
 
+CausalLM small_qwen2_model(std::uint64_t seed, std::int64_t hidden, bool tied) {
+  auto c = preset_config("tiny", model_family::qwen2, 300);
+  REQUIRE(c.ok());
+  c->hidden_size = hidden, c->num_heads = 4, c->num_kv_heads = 2, c->head_dim = hidden / 4, c->num_layers = 2;
+  c->intermediate_size = 128;
+  c->tie_word_embeddings = tied;
+  return scaled_random_model(*c, seed, 1.0);
+}
+
 torch::Tensor teacher_forced_log_probs(CausalLMImpl& model, const std::vector<std::int32_t>& prompt,
                                        const std::vector<std::int32_t>& completion, double temperature) {
   std::vector<std::int64_t> seq(prompt.begin(), prompt.end());

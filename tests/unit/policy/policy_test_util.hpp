@@ -35,6 +35,10 @@ std::pair<int, std::string> run_reference_script(const std::vector<std::string>&
 /// the 0.02 init, so that differences show and greedy choices are not near-ties), in eval mode.
 CausalLM scaled_random_model(const model_config& config, std::uint64_t seed, double scale);
 
+/// The small Qwen2 model of the data-parallel, weight-sync and handoff tests: 300 tokens, hidden
+/// `hidden` (64), 4 heads (2 KV), 2 layers, intermediate 128, scaled_random_model at scale 1.
+CausalLM small_qwen2_model(std::uint64_t seed, std::int64_t hidden = 64, bool tied = false);
+
 /// Teacher-forced log-probs of `completion` after `prompt` at `temperature`, on the model's
 /// device: what the engine's behaviour log-probs must equal.
 torch::Tensor teacher_forced_log_probs(CausalLMImpl& model, const std::vector<std::int32_t>& prompt,

@@ -46,15 +46,6 @@ std::vector<std::shared_ptr<communicator>> join_all(const std::shared_ptr<inproc
   return out;
 }
 
-CausalLM tiny_model(std::uint64_t seed) {
-  auto c = preset_config("tiny", model_family::qwen2, 300);
-  REQUIRE(c.ok());
-  c->hidden_size = 64, c->num_heads = 4, c->num_kv_heads = 2, c->head_dim = 16, c->num_layers = 2;
-  c->intermediate_size = 128;
-  c->tie_word_embeddings = false;
-  return scaled_random_model(*c, seed, 1.0);
-}
-
 std::vector<std::int32_t> random_tokens(std::mt19937_64& rng, int n) {
   std::uniform_int_distribution<int> tok(1, 299);
   std::vector<std::int32_t> out;
@@ -112,7 +103,7 @@ learner_options base_options() {
 }
 
 std::unique_ptr<learner> make_learner(const learner_options& o, std::uint64_t model_seed) {
-  auto l = learner::create(tiny_model(model_seed), CausalLM{nullptr}, o, /*seed=*/7);
+  auto l = learner::create(small_qwen2_model(model_seed), CausalLM{nullptr}, o, /*seed=*/7);
   REQUIRE(l.ok());
   return std::move(*l);
 }

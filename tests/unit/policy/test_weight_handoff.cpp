@@ -18,15 +18,6 @@ using namespace crucible::policy::testing;
 
 namespace {
 
-CausalLM handoff_model(std::uint64_t seed, bool tied = false) {
-  auto c = preset_config("tiny", model_family::qwen2, 300);
-  REQUIRE(c.ok());
-  c->hidden_size = 64, c->num_heads = 4, c->num_kv_heads = 2, c->head_dim = 16, c->num_layers = 2;
-  c->intermediate_size = 128;
-  c->tie_word_embeddings = tied;
-  return scaled_random_model(*c, seed, 1.0);
-}
-
 // The weights an engine loaded from a published directory would hold: the learner's, with
 // adapters merged.
 std::map<std::string, torch::Tensor> published(CausalLMImpl& m) {
@@ -63,7 +54,7 @@ result<step_metrics> train_once(learner& l) {
 TEST_CASE("weight handoff, full fine-tuning: the engine gets its own copy, changed only by install") {
   learner_options o;
   o.lr = 1e-2;
-  auto l = learner::create(handoff_model(11), CausalLM{nullptr}, o);
+  auto l = learner::create(small_qwen2_model(11), CausalLM{nullptr}, o);
   REQUIRE(l.ok());
   auto& lm = (*l)->model();
   auto h = weight_handoff::create(lm, "float32", 7);
@@ -110,7 +101,7 @@ TEST_CASE("weight handoff under LoRA: the frozen base is shared, adapted project
     o.lora = true;
     o.lora_rank = 4;
     o.lora_targets = {"q_proj", "v_proj", "o_proj"};
-    auto l = learner::create(handoff_model(12, tied), CausalLM{nullptr}, o, /*seed=*/3);
+    auto l = learner::create(small_qwen2_model(12, 64, tied), CausalLM{nullptr}, o, /*seed=*/3);
     REQUIRE(l.ok());
     auto& lm = (*l)->model();
     // B starts at zero: make the adapters matter before the handoff is built.
@@ -154,7 +145,7 @@ TEST_CASE("weight handoff in another dtype than the learner's shares nothing and
   learner_options o;
   o.lora = true;
   o.lora_rank = 4;
-  auto l = learner::create(handoff_model(13), CausalLM{nullptr}, o, 5);
+  auto l = learner::create(small_qwen2_model(13), CausalLM{nullptr}, o, 5);
   REQUIRE(l.ok());
   auto& lm = (*l)->model();
   REQUIRE(train_once(**l).ok());
@@ -176,7 +167,7 @@ TEST_CASE("an engine over the handoff samples what an engine loaded from the pub
   o.lr = 1e-2;
   o.lora = true;
   o.lora_rank = 4;
-  auto l = learner::create(handoff_model(14), CausalLM{nullptr}, o, 9);
+  auto l = learner::create(small_qwen2_model(14), CausalLM{nullptr}, o, 9);
   REQUIRE(l.ok());
   auto& lm = (*l)->model();
   auto h = weight_handoff::create(lm, "float32", 0);
@@ -217,7 +208,7 @@ TEST_CASE("an engine over the handoff samples what an engine loaded from the pub
 TEST_CASE("weight handoff: stages and installs from two threads never mix versions") {
   learner_options o;
   o.lr = 1e-2;
-  auto l = learner::create(handoff_model(15), CausalLM{nullptr}, o);
+  auto l = learner::create(small_qwen2_model(15), CausalLM{nullptr}, o);
   REQUIRE(l.ok());
   auto& lm = (*l)->model();
   auto h = weight_handoff::create(lm, "float32", 0);

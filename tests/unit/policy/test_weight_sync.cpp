@@ -22,15 +22,6 @@ const bool one_thread = [] {
   return true;
 }();
 
-CausalLM model_of(std::uint64_t seed, std::int64_t hidden = 64, bool tied = false) {
-  auto c = preset_config("tiny", model_family::qwen2, 300);
-  REQUIRE(c.ok());
-  c->hidden_size = hidden, c->num_heads = 4, c->num_kv_heads = 2, c->head_dim = hidden / 4, c->num_layers = 2;
-  c->intermediate_size = 128;
-  c->tie_word_embeddings = tied;
-  return scaled_random_model(*c, seed, 1.0);
-}
-
 double max_param_diff(CausalLMImpl& a, CausalLMImpl& b) {
   auto pb = b.named_parameters(true);
   double worst = 0;
@@ -70,8 +61,8 @@ sync_outcome sync_once(CausalLMImpl& learner_model, std::vector<CausalLM>& engin
 } // namespace
 
 TEST_CASE("weight sync: engines receive the learner's weights in several buckets, stamped with its version") {
-  auto learner_model = model_of(1);
-  std::vector<CausalLM> engines{model_of(2), model_of(3)};
+  auto learner_model = small_qwen2_model(1);
+  std::vector<CausalLM> engines{small_qwen2_model(2), small_qwen2_model(3)};
   REQUIRE(max_param_diff(*engines[0], *learner_model) > 0.1);
   // 20 kB buckets: the embedding and output matrices (76.8 kB) go alone, the rest in groups.
   auto out = sync_once(*learner_model, engines, false, 20000, 42);
@@ -94,12 +85,12 @@ TEST_CASE("weight sync of LoRA adapters only: the engine's adapters follow the l
   o.lora = true;
   o.lora_rank = 4;
   o.lr = 1e-2;
-  auto l = learner::create(model_of(5), CausalLM{nullptr}, o, /*seed=*/3);
+  auto l = learner::create(small_qwen2_model(5), CausalLM{nullptr}, o, /*seed=*/3);
   REQUIRE(l.ok());
   // One update so that B (zero at the start) is not.
   sft_example ex{{5, 6, 7, 8}, {9, 10, 11}};
   REQUIRE((*l)->sft_step(std::span<const sft_example>(&ex, 1)).ok());
-  std::vector<CausalLM> engines{model_of(5)};
+  std::vector<CausalLM> engines{small_qwen2_model(5)};
   lora_options lo;
   lo.rank = 4;
   lo.alpha = o.lora_alpha;
@@ -116,8 +107,8 @@ TEST_CASE("weight sync of LoRA adapters only: the engine's adapters follow the l
 
 TEST_CASE("weight sync refuses engines whose tensors differ, on every rank, naming the tensor") {
   SUBCASE("a shape") {
-    auto learner_model = model_of(1);
-    std::vector<CausalLM> engines{model_of(2), model_of(3, 32)};
+    auto learner_model = small_qwen2_model(1);
+    std::vector<CausalLM> engines{small_qwen2_model(2), small_qwen2_model(3, 32)};
     auto before = engines[0]->named_parameters(true)["model.norm.weight"].clone();
     auto out = sync_once(*learner_model, engines, false, 1 << 20, 7);
     REQUIRE_FALSE(out.stats[0].ok());
@@ -130,8 +121,8 @@ TEST_CASE("weight sync refuses engines whose tensors differ, on every rank, nami
                                                  "Float [300, 32] on this engine"));
   }
   SUBCASE("a name") {
-    auto learner_model = model_of(1);
-    std::vector<CausalLM> engines{model_of(2, 64, /*tied=*/true)};
+    auto learner_model = small_qwen2_model(1);
+    std::vector<CausalLM> engines{small_qwen2_model(2, 64, /*tied=*/true)};
     auto out = sync_once(*learner_model, engines, false, 1 << 20, 7);
     REQUIRE_FALSE(out.stats[1].ok());
     CHECK(contains(out.stats[1].error().message, "the learner sends lm_head.weight"));
@@ -141,7 +132,7 @@ TEST_CASE("weight sync refuses engines whose tensors differ, on every rank, nami
     auto group = inproc_group::create(1, 1s);
     auto comm = group->join(0);
     REQUIRE(comm.ok());
-    auto m = model_of(1);
+    auto m = small_qwen2_model(1);
     auto ws = weight_sync::create(*comm, sync_tensors(*m, false), {});
     REQUIRE(ws.ok());
     CHECK_FALSE((*ws)->receive().ok());
@@ -151,9 +142,9 @@ TEST_CASE("weight sync refuses engines whose tensors differ, on every rank, nami
 TEST_CASE("an engine on the learner's device shares its tensors: every update is seen without a copy") {
   learner_options o;
   o.lr = 1e-2;
-  auto l = learner::create(model_of(8), CausalLM{nullptr}, o);
+  auto l = learner::create(small_qwen2_model(8), CausalLM{nullptr}, o);
   REQUIRE(l.ok());
-  auto engine_model = model_of(9);
+  auto engine_model = small_qwen2_model(9);
   auto source = sync_tensors((*l)->model(), false);
   REQUIRE(share_weights(source, *engine_model).ok());
   CHECK(max_param_diff(*engine_model, (*l)->model()) == 0.0);
@@ -165,7 +156,7 @@ TEST_CASE("an engine on the learner's device shares its tensors: every update is
   CHECK(engine_model->named_parameters(true)["lm_head.weight"].data_ptr() ==
         (*l)->model().named_parameters(true)["lm_head.weight"].data_ptr());
   // A model of another shape is refused before anything is shared.
-  auto other = model_of(9, 32);
+  auto other = small_qwen2_model(9, 32);
   auto e = share_weights(source, *other);
   REQUIRE_FALSE(e.ok());
   CHECK(contains(e.error().message, "model.embed_tokens.weight is Float [300, 64]"));
