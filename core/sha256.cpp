@@ -3,6 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define CRUCIBLE_SHA_NI 1
+#endif
+
 namespace crucible {
 
 namespace {
@@ -19,10 +25,74 @@ constexpr std::uint32_t k[64] = {
 
 constexpr std::uint32_t rotr(std::uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
+#ifdef CRUCIBLE_SHA_NI
+// x86's SHA extensions (with SSSE3 and SSE4.1), about five times the portable code's rate: a
+// checkpoint's files are checksummed as they are written and again as they are read.
+bool has_sha_extensions() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || (c & bit_SSSE3) == 0 || (c & bit_SSE4_1) == 0)
+    return false;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+    return false;
+  return (b & bit_SHA) != 0;
+}
+
+const bool use_sha_extensions = has_sha_extensions();
+
+// `blocks` 64-byte blocks into `h`: the state kept as ABEF/CDGH, four rounds per step, the message
+// schedule of step j made from steps j-4 .. j-1 (W[t] = s1(W[t-2]) + W[t-7] + s0(W[t-15]) + W[t-16]).
+__attribute__((target("sha,ssse3,sse4.1"))) void compress_sha_extensions(std::uint32_t* h, const std::uint8_t* p,
+                                                                          std::size_t blocks) {
+  const __m128i byte_swap = _mm_set_epi64x(0x0c0d0e0f08090a0bll, 0x0405060700010203ll);
+  __m128i tmp = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)), 0xB1); // CDAB
+  __m128i state1 = _mm_shuffle_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 4)), 0x1B); // EFGH
+  __m128i state0 = _mm_alignr_epi8(tmp, state1, 8);    // ABEF
+  state1 = _mm_blend_epi16(state1, tmp, 0xF0);         // CDGH
+  for (; blocks > 0; --blocks, p += 64) {
+    const __m128i abef = state0, cdgh = state1;
+    __m128i w[4];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      __m128i& wj = w[j & 3];
+      if (j < 4) {
+        wj = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * j)), byte_swap);
+      } else {
+        wj = _mm_sha256msg1_epu32(wj, w[(j - 3) & 3]);
+        wj = _mm_add_epi32(wj, _mm_alignr_epi8(w[(j - 1) & 3], w[(j - 2) & 3], 4));
+        wj = _mm_sha256msg2_epu32(wj, w[(j - 1) & 3]);
+      }
+      __m128i m = _mm_add_epi32(wj, _mm_loadu_si128(reinterpret_cast<const __m128i*>(k + 4 * j)));
+      state1 = _mm_sha256rnds2_epu32(state1, state0, m);
+      m = _mm_shuffle_epi32(m, 0x0E);
+      state0 = _mm_sha256rnds2_epu32(state0, state1, m);
+    }
+    state0 = _mm_add_epi32(state0, abef);
+    state1 = _mm_add_epi32(state1, cdgh);
+  }
+  tmp = _mm_shuffle_epi32(state0, 0x1B);       // FEBA
+  state1 = _mm_shuffle_epi32(state1, 0xB1);    // DCHG
+  state0 = _mm_blend_epi16(tmp, state1, 0xF0); // DCBA
+  state1 = _mm_alignr_epi8(state1, tmp, 8);    // ABEF
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h), state0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(h + 4), state1);
+}
+#endif
+
 } // namespace
 
 sha256::sha256()
   : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+
+void sha256::blocks(const std::uint8_t* p, std::size_t n) {
+#ifdef CRUCIBLE_SHA_NI
+  if (use_sha_extensions) {
+    compress_sha_extensions(h_.data(), p, n);
+    return;
+  }
+#endif
+  for (; n > 0; --n, p += 64)
+    block(p);
+}
 
 void sha256::block(const std::uint8_t* p) {
   std::uint32_t w[64];
@@ -58,6 +128,22 @@ void sha256::block(const std::uint8_t* p) {
 void sha256::update(const void* data, std::size_t size) {
   auto p = static_cast<const std::uint8_t*>(data);
   total_ += size;
+  if (buf_len_ > 0) {
+    auto n = std::min(size, 64 - buf_len_);
+    std::memcpy(buf_.data() + buf_len_, p, n);
+    buf_len_ += n;
+    p += n;
+    size -= n;
+    if (buf_len_ < 64)
+      return;
+    blocks(buf_.data(), 1);
+    buf_len_ = 0;
+  }
+  if (size >= 64) {
+    blocks(p, size / 64);
+    p += size / 64 * 64;
+    size %= 64;
+  }
   while (size > 0) {
     auto n = std::min(size, 64 - buf_len_);
     std::memcpy(buf_.data() + buf_len_, p, n);
@@ -65,7 +151,7 @@ void sha256::update(const void* data, std::size_t size) {
     p += n;
     size -= n;
     if (buf_len_ == 64) {
-      block(buf_.data());
+      blocks(buf_.data(), 1);
       buf_len_ = 0;
     }
   }

@@ -8,7 +8,8 @@
 
 namespace crucible {
 
-/// Incremental SHA-256 (FIPS 180-4). Value type; not thread-safe.
+/// Incremental SHA-256 (FIPS 180-4), with x86's SHA extensions where the processor has them.
+/// Value type; not thread-safe.
 class sha256 {
 public:
   sha256();
@@ -19,7 +20,8 @@ public:
   std::array<std::uint8_t, 32> finish();
 
 private:
-  void block(const std::uint8_t* p);
+  void block(const std::uint8_t* p);                 // the portable compression of one block
+  void blocks(const std::uint8_t* p, std::size_t n); // n blocks, with x86's SHA extensions where present
   std::array<std::uint32_t, 8> h_;
   std::array<std::uint8_t, 64> buf_{};
   std::size_t buf_len_ = 0;

@@ -3,9 +3,12 @@
 #include "policy/checkpoint.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -50,7 +53,7 @@ result<file_digest> digest_file(const fs::path& path) {
   }
   crucible::sha256 h;
   file_digest d;
-  std::vector<char> buf(1 << 20);
+  std::vector<char> buf(4 << 20);
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const auto n = in.gcount();
@@ -61,6 +64,31 @@ result<file_digest> digest_file(const fs::path& path) {
     return fail(errc::io, path.string(), ": read error");
   d.sha256 = hex(h.finish());
   return d;
+}
+
+// The digests of `files` (relative to `root`), in their order, several files at a time: a
+// checkpoint's model shards and optimiser file are checksummed on as many cores as there are files
+// (up to 8).
+std::vector<result<file_digest>> digest_files(const fs::path& root, const std::vector<fs::path>& files) {
+  std::vector<std::optional<result<file_digest>>> out(files.size());
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < files.size(); i = next++)
+      out[i].emplace(digest_file(root / files[i]));
+  };
+  const std::size_t threads =
+    std::min<std::size_t>({files.size(), std::max(1u, std::thread::hardware_concurrency()), 8});
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t)
+    pool.emplace_back(work);
+  work();
+  for (auto& t : pool)
+    t.join();
+  std::vector<result<file_digest>> digests;
+  digests.reserve(files.size());
+  for (auto& d : out)
+    digests.push_back(std::move(*d));
+  return digests;
 }
 
 bool with_masters(const learner& l) { return l.options().lora || l.options().dtype != "float32"; }
@@ -155,11 +183,12 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, c
     .field("frozen_sha256", l.frozen_digest())
     .field("zero1_ranks", zero1_ranks);
   w.key("files").begin_array();
-  for (const auto& f : files) {
-    auto d = digest_file(tmp / f);
+  const auto digests = digest_files(tmp, files);
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const auto& d = digests[i];
     if (!d)
       return d.error();
-    w.begin_object().field("path", f.generic_string()).field("bytes", d->bytes).field("sha256", d->sha256).end_object();
+    w.begin_object().field("path", files[i].generic_string()).field("bytes", d->bytes).field("sha256", d->sha256).end_object();
   }
   w.end_array().end_object();
   if (auto r = write_file_atomic(tmp / "manifest.json", std::move(w).take() + "\n"); !r)
@@ -271,6 +300,12 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
 
   bool has_optimizer = false, has_model = false;
   std::set<std::string> listed;
+  struct listed_file {
+    fs::path rel;
+    std::int64_t bytes;
+    std::string sha256;
+  };
+  std::vector<listed_file> entries;
   for (const auto& entry : (*files)->as_array()) {
     const auto* path = entry.find("path");
     const auto* bytes = entry.find("bytes");
@@ -281,14 +316,22 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     const fs::path rel = fs::path(path->as_string()).lexically_normal();
     if (rel.is_absolute() || rel.empty() || *rel.begin() == "..")
       return fail(errc::corrupt, origin, ": files: path \"", path->as_string(), "\" leaves the checkpoint");
+    entries.push_back({rel, bytes->as_int(), sha->as_string()});
+  }
+  std::vector<fs::path> rels;
+  for (const auto& e : entries)
+    rels.push_back(e.rel);
+  const auto digests = digest_files(dir, rels);
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& [rel, bytes, sha] = entries[i];
     const auto file = dir / rel;
-    auto d = digest_file(file);
+    const auto& d = digests[i];
     if (!d)
       return d.error();
-    if (static_cast<std::int64_t>(d->bytes) != bytes->as_int())
+    if (static_cast<std::int64_t>(d->bytes) != bytes)
       return fail(errc::corrupt, file.string(), ": ", std::to_string(d->bytes), " bytes, the manifest says ",
-                  std::to_string(bytes->as_int()), " (truncated or damaged)");
-    if (d->sha256 != sha->as_string())
+                  std::to_string(bytes), " (truncated or damaged)");
+    if (d->sha256 != sha)
       return fail(errc::corrupt, file.string(), ": SHA-256 differs from the manifest's (damaged)");
     has_optimizer = has_optimizer || rel == "optimizer.safetensors";
     listed.insert(rel.generic_string());

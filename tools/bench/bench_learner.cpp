@@ -3,12 +3,12 @@
 // gradient size go through the NCCL communicator; a model's weights go from a learner GPU to an
 // engine GPU. One JSON object per line on stdout.
 //
-//   bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N] [--preset 0.5b]
+//   bench_learner [--figures matmul,grpo,allreduce,scaling,sync,checkpoint] [--gpus N] [--preset 0.5b]
 //                 [--vocab N] [--groups 8] [--samples 8] [--prompt 256] [--completion 768]
 //                 [--micro-batch-tokens 16384] [--steps 5] [--warmup 2] [--recompute]
 //                 [--checkpointing] [--lora] [--bucket-mb 25] [--sizes-mb 25,100,500,2000]
 //                 [--iters 20] [--sync-bucket-mb 256] [--sync-repeats 5] [--no-overlap]
-//                 [--trace FILE] [--kernels fused,libtorch]
+//                 [--trace FILE] [--kernels fused,libtorch] [--checkpoint-dir DIR]
 //
 // --preset   tiny, small, 0.5b (crucible's, tied embeddings, vocabulary --vocab, default 151936)
 //            or a published model's shape: qwen2.5-coder-1.5b-instruct (tied, vocabulary 151936)
@@ -47,6 +47,14 @@
 //            line with the 200 operators and kernels that took longest in it.
 // sync       weight sync of the whole bf16 model from cuda:0 (learner) to cuda:1 (engine):
 //            median seconds over repeats, and seconds per GB (1e9 bytes).
+// checkpoint after the grpo figure's updates (run for it if grpo is not asked for), in
+//            --checkpoint-dir (default a fresh directory under /tmp, removed after): the model
+//            alone (policy::save_model in bf16, the weights transformers' save_pretrained writes;
+//            then load_model onto cuda:0) and the learner's whole checkpoint (save_checkpoint:
+//            model, AdamW moments, float32 masters, manifest with SHA-256; then load_checkpoint,
+//            which verifies every file first). Writes are fsynced (the project's writers do it);
+//            before each read the files are evicted from the page cache (fdatasync, then
+//            posix_fadvise DONTNEED), so reads come from the disk. GB = 1e9 bytes.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -57,13 +65,20 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include "core/file_io.hpp"
 #include "core/json.hpp"
+#include "policy/checkpoint.hpp"
 #include "policy/collective.hpp"
 #include "policy/learner.hpp"
 #include "policy/runtime.hpp"
@@ -86,6 +101,7 @@ struct bench_options {
   int steps = 5, warmup = 2;
   bool recompute = false;
   bool checkpointing = false;
+  std::string checkpoint_dir; ///< checkpoint figure: where to write (empty: a fresh directory under /tmp)
   bool lora = false;
   bool overlap = true;
   double bucket_mb = 25;
@@ -98,11 +114,11 @@ struct bench_options {
 };
 
 constexpr const char* usage_text =
-    "usage: bench_learner [--figures matmul,grpo,allreduce,scaling,sync] [--gpus N]\n"
+    "usage: bench_learner [--figures matmul,grpo,allreduce,scaling,sync,checkpoint] [--gpus N]\n"
     "       [--preset 0.5b] [--vocab N] [--groups N] [--samples N] [--prompt N] [--completion N]\n"
     "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--checkpointing] [--lora]\n"
     "       [--no-overlap] [--bucket-mb X] [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X]\n"
-    "       [--sync-repeats N] [--trace FILE] [--kernels fused,libtorch]\n"
+    "       [--sync-repeats N] [--trace FILE] [--kernels fused,libtorch] [--checkpoint-dir DIR]\n"
     "presets: tiny, small, 0.5b (vocabulary --vocab, default 151936), qwen2.5-coder-1.5b-instruct,\n"
     "         qwen2.5-coder-7b-instruct (their published vocabularies)\n";
 
@@ -195,6 +211,7 @@ bench_options parse(int argc, char** argv) {
     else if (flag == "--sync-bucket-mb") o.sync_bucket_mb = number(flag, v);
     else if (flag == "--sync-repeats") o.sync_repeats = static_cast<int>(integer(flag, v, 1));
     else if (flag == "--trace") o.trace = v;
+    else if (flag == "--checkpoint-dir") o.checkpoint_dir = v;
     else if (flag == "--kernels") {
       o.kernels = split(v);
       for (const auto& k : o.kernels)
@@ -423,6 +440,123 @@ struct single_gpu {
   std::int64_t parameters = 0;
 };
 
+// Drops `dir`'s files from the page cache (written back first), so the next read comes from disk.
+void evict(const std::filesystem::path& dir) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file())
+      continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0)
+      continue;
+    (void) ::fdatasync(fd);
+    (void) ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// One integer per tensor of the learner's state (weights, AdamW moments, float32 masters), from
+// its bits weighted by position: equal before a save and after the load only if the restore is
+// exact (up to a collision of the sums).
+std::vector<std::int64_t> state_fingerprint(learner& l) {
+  std::vector<torch::Tensor> state;
+  for (const auto& p : l.parameters())
+    state.push_back(p.param);
+  for (const auto& m : l.optimizer().masters())
+    state.push_back(m);
+  for (const auto& [name, t] : l.optimizer().moments())
+    state.push_back(t);
+  std::vector<std::int64_t> out;
+  torch::NoGradGuard no_grad;
+  for (const auto& t : state) {
+    const auto flat = t.detach().contiguous().view(-1);
+    const auto bits = flat.element_size() == 2 ? flat.view(torch::kInt16) : flat.view(torch::kInt32);
+    const auto weight = torch::arange(bits.numel(), bits.options().dtype(torch::kLong)).remainder_(7919).add_(1);
+    out.push_back(bits.to(torch::kLong).mul_(weight).sum().item<std::int64_t>());
+  }
+  return out;
+}
+
+void checkpoint_figure(const bench_options& o, learner& l) {
+  namespace fs = std::filesystem;
+  const fs::path root = o.checkpoint_dir.empty()
+                          ? fs::temp_directory_path() / ("bench_learner_checkpoint-" + std::to_string(::getpid()))
+                          : fs::path(o.checkpoint_dir);
+  std::error_code ec;
+  fs::remove_all(root / "model", ec);
+  fs::remove_all(root / "learner", ec);
+  fs::create_directories(root, ec);
+  auto seconds = [](auto&& f) {
+    torch::cuda::synchronize();
+    const auto t0 = clk::now();
+    f();
+    torch::cuda::synchronize();
+    return std::chrono::duration<double>(clk::now() - t0).count();
+  };
+  auto line = [&](const char* what, const fs::path& dir, double write_s, double read_s, const char* how) {
+    const double bytes = static_cast<double>(directory_bytes(dir));
+    json_writer w;
+    w.begin_object()
+      .field("figure", "checkpoint")
+      .field("device", device_name(0))
+      .field("preset", o.preset)
+      .field("lora", o.lora)
+      .field("what", what)
+      .field("bytes", bytes)
+      .field("write_s", write_s)
+      .field("write_gb_per_s", bytes / write_s / 1e9)
+      .field("read_s", read_s)
+      .field("read_gb_per_s", bytes / read_s / 1e9)
+      .field("how", how)
+      .end_object();
+    emit(std::move(w));
+  };
+  save_options so;
+  so.dtype = torch::kBFloat16;
+  const double model_write = seconds([&] {
+    if (auto r = save_model(l.model(), root / "model", so); !r)
+      die("save_model", r.error());
+  });
+  evict(root / "model");
+  load_options lo;
+  lo.device = torch::Device(torch::kCUDA, 0);
+  lo.dtype = torch::kBFloat16;
+  const double model_read = seconds([&] {
+    auto m = load_model(root / "model", lo);
+    if (!m)
+      die("load_model", m.error());
+  });
+  line("model", root / "model", model_write, model_read,
+       "save_model (bf16 safetensors shards, fsynced); load_model onto cuda:0 from a cold page cache");
+  const auto before = state_fingerprint(l);
+  const double ckpt_write = seconds([&] {
+    if (auto r = save_checkpoint(l, root / "learner"); !r)
+      die("save_checkpoint", r.error());
+  });
+  evict(root / "learner");
+  // What the load restores must come from the files: the state is scrambled first.
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : l.parameters())
+      p.param.add_(1);
+    for (const auto& m : l.optimizer().masters())
+      m.add_(1);
+    for (const auto& [name, t] : l.optimizer().moments())
+      t.add_(1);
+  }
+  const double ckpt_read = seconds([&] {
+    if (auto r = load_checkpoint(l, root / "learner"); !r)
+      die("load_checkpoint", r.error());
+  });
+  const bool exact = state_fingerprint(l) == before;
+  line("learner checkpoint", root / "learner", ckpt_write, ckpt_read,
+       exact ? "save_checkpoint (model, moments, masters, SHA-256 manifest, fsynced); load_checkpoint (verify, then "
+               "restore) from a cold page cache; the restored weights, moments and masters equal the saved ones "
+               "(fingerprints of their bits)"
+             : "RESTORE NOT EXACT: the restored state's fingerprints differ from the saved state's");
+  if (o.checkpoint_dir.empty())
+    fs::remove_all(root, ec);
+}
+
 single_gpu grpo_figure(const bench_options& o, double peak) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(0));
   auto model = make_model(o, 0, 1);
@@ -483,6 +617,8 @@ single_gpu grpo_figure(const bench_options& o, double peak) {
   model->set_fused_training(true);
   if (!o.trace.empty())
     profile_step(o, **l, batch);
+  if (wants(o, "checkpoint"))
+    checkpoint_figure(o, **l);
   return {single_tps, params};
 }
 
@@ -682,14 +818,14 @@ int main(int argc, char** argv) {
   const int n = o.gpus > 0 ? std::min(o.gpus, visible) : visible;
   double peak = 0;
   single_gpu single;
-  if (wants(o, "matmul") || wants(o, "grpo") || wants(o, "scaling")) {
+  if (wants(o, "matmul") || wants(o, "grpo") || wants(o, "scaling") || wants(o, "checkpoint")) {
     peak = matmul_rate(0);
     json_writer w;
     w.begin_object().field("figure", "matmul_bf16").field("device", device_name(0)).field("m_n_k", 8192).field(
       "tflops", peak / 1e12);
     emit(std::move(w.end_object()));
   }
-  if (wants(o, "grpo") || wants(o, "scaling"))
+  if (wants(o, "grpo") || wants(o, "scaling") || wants(o, "checkpoint"))
     single = grpo_figure(o, peak);
   if (wants(o, "allreduce"))
     allreduce_figure(o, n);

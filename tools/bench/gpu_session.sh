@@ -83,16 +83,19 @@ Modes (the table's row in brackets):
                       [real-size policies] for each SIZE of SIZES (default "1.5b 7b-lora"):
                       configs/gpu-SIZE.yaml to its end, or paused after N learner steps and
                       resumed for a SIZE:N of PAUSES (default "7b-lora:15"), the device's memory
-                      sampled meanwhile (nvidia-smi, 1 s); then, the runs done, on each run's
-                      model: decoding (bench_decode against decode_hf.py, 8 rows, 4096 + 512),
+                      sampled meanwhile (nvidia-smi, 1 s); first the disk's own rate (dd, 8 GiB,
+                      O_DIRECT). Then, for each SIZE of BENCH_SIZES (default SIZES), on the run's
+                      model (made by init-model when no run of that size is there; SIZES="" runs
+                      none): decoding (bench_decode against decode_hf.py, 8 rows, 4096 + 512),
                       a learner update (bench_learner against hf_real_size.py, 8 sequences of
-                      4096 + 2048 tokens, activation checkpointing) and checkpoint I/O
-                      (hf_real_size.py). In a session of its own across device calls, as
+                      4096 + 2048 tokens, activation checkpointing) and checkpoint I/O, model
+                      alone and whole training state, cold reads (both benches' checkpoint
+                      figures). In a session of its own across device calls, as
                       `timing`; WAIT_S (540). Output: $OUT/real.tgz (runs' logs and metrics,
                       the benches' JSON); the runs stay in data/runs/real.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
 CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
-DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, SIZES, PAUSES, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
+DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, SIZES, BENCH_SIZES, PAUSES, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
 above). The figures of the other rows come from commands named in the table.
 EOF
 }
@@ -414,8 +417,12 @@ real_preset() { # SIZE: the init-model preset and bench_learner's LoRA flag of a
 }
 
 real_pipeline() { # the runs first (the issue's figures), then the side-by-side benches
-  local size name model preset lora smi pause p
-  for size in ${SIZES:-1.5b 7b-lora}; do
+  local size name model preset lora smi pause p tok
+  # The disk's own rate, the limit under both sides' checkpoint figures: 8 GiB written with
+  # O_DIRECT, then read back with O_DIRECT.
+  real_step disk bash -c "dd if=/dev/zero of=$REAL/dd.bin bs=16M count=512 oflag=direct conv=fsync 2>&1 | tail -1;
+    dd if=$REAL/dd.bin of=/dev/null bs=16M iflag=direct 2>&1 | tail -1; rm -f $REAL/dd.bin"
+  for size in ${SIZES-1.5b 7b-lora}; do
     name="gpu-$size"
     real_preset "$size" >/dev/null || { echo "[$(date +%T)] unknown size $size" >>"$REAL/pipeline.log"; continue; }
     nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -lms 1000 >"$REAL/$name.smi.csv" &
@@ -432,21 +439,30 @@ real_pipeline() { # the runs first (the issue's figures), then the side-by-side 
     # The next size needs the disk: a checkpoint of the 1.5B with its optimiser state is ~21 GB.
     rm -rf "$REAL/$name/checkpoints" "$REAL/$name/policy"
   done
-  for size in ${SIZES:-1.5b 7b-lora}; do
+  for size in ${BENCH_SIZES-${SIZES-1.5b 7b-lora}}; do
     name="gpu-$size"
     read -r preset lora < <(real_preset "$size") || continue
     model="$REAL/$name/model"
-    [[ -f "$model/config.json" ]] || continue
+    if [[ ! -f "$model/config.json" ]]; then
+      # No run of this size here: the same model its config makes (the published shape, random
+      # weights), with the tokenizer of a run that has one.
+      tok=$(ls -d "$REAL"/gpu-*/model 2>/dev/null | head -1)
+      [[ -n $tok ]] || { echo "[$(date +%T)] $name: no tokenizer to make its model with" >>"$REAL/pipeline.log"; continue; }
+      real_step "$name.init" "$B/tools/crucible" init-model --preset "$preset" --tokenizer "$tok" --out "$model"
+      [[ -f "$model/config.json" ]] || continue
+    fi
     # Decoding at a 4096-token prompt: 512 new tokens give the steady rate at 4-5k tokens of context.
     real_step "$name.decode" "$B/tools/bench/bench_decode" --model "$model" --batches 8 --prompt 4096 --new 512 --fused on
     real_step "$name.decode_hf" python3 tools/bench/decode_hf.py --model "$model" --batches 8 --prompt 4096 --new 512
     # shellcheck disable=SC2086 # $lora is empty or one flag
-    real_step "$name.learner" "$B/tools/bench/bench_learner" --figures matmul,grpo --preset "$preset" --groups 1 \
-      --samples 8 --prompt 4096 --completion 2048 --steps 3 --warmup 1 --checkpointing $lora
+    real_step "$name.learner" "$B/tools/bench/bench_learner" --figures matmul,grpo,checkpoint --preset "$preset" --groups 1 \
+      --samples 8 --prompt 4096 --completion 2048 --steps 3 --warmup 1 --checkpointing $lora --checkpoint-dir "$REAL/ckpt-bench"
+    rm -rf "$REAL/ckpt-bench"
     # shellcheck disable=SC2086
-    real_step "$name.hf" python3 tools/bench/hf_real_size.py --model "$model" --figures train,checkpoint \
+    real_step "$name.hf" python3 tools/bench/hf_real_size.py --model "$model" --figures checkpoint,train \
       --train-sequences 8 --prompt-tokens 4096 --new-tokens 2048 --train-steps 2 --warmup 1 --grad-checkpointing $lora \
-      --out "$REAL/$name.hf.json"
+      --state-checkpoint --checkpoint-dir "$REAL/ckpt-hf" --out "$REAL/$name.hf.json"
+    rm -rf "$REAL/ckpt-hf"
   done
   echo "[$(date +%T)] pipeline: end" >>"$REAL/pipeline.log"
 }

@@ -74,6 +74,9 @@ def main():
     ap.add_argument("--lora-impl", default="auto", choices=["auto", "peft", "manual"],
                     help="train: PEFT when installed (auto), or adapters written here")
     ap.add_argument("--grad-checkpointing", action="store_true", help="train: model.gradient_checkpointing_enable()")
+    ap.add_argument("--state-checkpoint", action="store_true",
+                    help="train: after the updates, write and read the whole training state as the Trainer does "
+                         "(model, optimizer.pt with the optimiser's state and float32 masters)")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--checkpoint-dir", default="", help="checkpoint: where to save (default: a temporary "
                                                           "directory under TMPDIR, removed afterwards)")
@@ -214,6 +217,18 @@ def figure_generate(torch, model, args, vocab, gen, device, sync, reset_peak, pe
                         "prompt is prefilled (generate shares no prefix)", **peak()}
 
 
+def evict(path):
+    """Writes back and drops path's files from the page cache, so the next read comes from disk."""
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def figure_checkpoint(torch, model, root, load, reset_peak, peak, sync):
     path = os.path.join(root, "model")
     sync()
@@ -225,12 +240,54 @@ def figure_checkpoint(torch, model, root, load, reset_peak, peak, sync):
     files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
     nbytes = sum(os.path.getsize(os.path.join(path, f)) for f in files)
     reset_peak()
+    evict(path)
     loaded, read_s = load(path)
     del loaded
     return {"bytes": nbytes, "files": len(files), "write_s": write_s, "write_gb_per_s": nbytes / write_s / 1e9,
             "read_s": read_s, "read_gb_per_s": nbytes / read_s / 1e9,
-            "read_note": "from_pretrained(dtype=bfloat16, sdpa).to(device) right after the write: page cache warm",
+            "read_note": "from_pretrained(dtype=bfloat16, sdpa).to(device) from a cold page cache (the files "
+                         "written back and dropped with posix_fadvise DONTNEED first)",
             "write_note": "save_pretrained(safe_serialization=True, max_shard_size='5GB') then os.sync()"}
+
+
+def figure_state_checkpoint(torch, model, opt, masters, trainable, device, sync):
+    """The whole training state the way transformers' Trainer checkpoints it: save_pretrained of the
+    model, torch.save of the optimiser's state_dict (and the float32 masters where the model is not
+    float32) into optimizer.pt, os.sync; then, from a cold page cache, the weights read back into
+    the model (safetensors.torch.load_file onto the device) and optimizer.pt loaded into the
+    optimiser (torch.load, load_state_dict)."""
+    from safetensors.torch import load_file
+    root = tempfile.mkdtemp(prefix="hf_real_size_state_")
+    try:
+        sync()
+        t0 = time.perf_counter()
+        model.save_pretrained(root, safe_serialization=True, max_shard_size="5GB")
+        own = [m for m, p in zip(masters, trainable) if m is not p]
+        torch.save({"optimizer": opt.state_dict(), "masters": own}, os.path.join(root, "optimizer.pt"))
+        os.sync()
+        write_s = time.perf_counter() - t0
+        nbytes = sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root))
+        evict(root)
+        sync()
+        t0 = time.perf_counter()
+        state = {}
+        for f in sorted(os.listdir(root)):
+            if f.endswith(".safetensors"):
+                state.update(load_file(os.path.join(root, f), device=str(device)))
+        model.load_state_dict(state, strict=False)
+        saved = torch.load(os.path.join(root, "optimizer.pt"), map_location=device, weights_only=True)
+        opt.load_state_dict(saved["optimizer"])
+        with torch.no_grad():
+            for m, s in zip(own, saved["masters"]):
+                m.copy_(s)
+        sync()
+        read_s = time.perf_counter() - t0
+        return {"bytes": nbytes, "write_s": write_s, "write_gb_per_s": nbytes / write_s / 1e9, "read_s": read_s,
+                "read_gb_per_s": nbytes / read_s / 1e9,
+                "how": "save_pretrained + torch.save(optimizer state_dict, float32 masters) + os.sync; read from a "
+                       "cold page cache: safetensors load_file onto the device, load_state_dict, torch.load"}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def matmul_rate(torch, device, dtype, n, sync):
@@ -398,11 +455,14 @@ def figure_train(torch, model, args, vocab, gen, device, sync, reset_peak, peak,
     step_s = sum(times) / len(times)
     tokens = args.train_sequences * (args.prompt_tokens + args.new_tokens - 1)
     tps = tokens / step_s
+    state_checkpoint = None
+    if args.state_checkpoint:
+        state_checkpoint = figure_state_checkpoint(torch, model, opt, masters, trainable, device, sync)
     return {"sequences": args.train_sequences, "tokens_per_update": tokens, "micro_batch_sequences": 1,
             "step_seconds": times, "mean_step_s": step_s, "tokens_per_s": tps,
             "mfu": 6.0 * params * tps / peak_rate, "parameters": params, "trained_parameters": trained,
             "lora": lora_how, "grad_checkpointing": checkpointing, "logprob_chunk": args.logprob_chunk,
-            "loss": loss, "grad_norm": norm,
+            "loss": loss, "grad_norm": norm, "state_checkpoint": state_checkpoint,
             "optimizer": ("torch.optim.AdamW(fused=True)" if cuda else "torch.optim.AdamW(foreach=False)") +
                          " on " + precision + "; grad norm clipped to 1",
             "log_probs": "completion positions only: final hidden states projected logprob_chunk tokens at a "
