@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -216,9 +217,10 @@ private:
       pool_ = at::cuda::graph_pool_handle();
     auto saved = view.lengths.clone();
     auto side = at::cuda::getStreamFromPool();
-    // Captures are rare (one per bucket); a device-wide synchronisation is the simple way to
+    // Captures are rare (one per bucket); waiting for the engine's stream is the simple way to
     // order the side stream after the work queued so far, and the later work after the capture.
-    torch::cuda::synchronize();
+    // (Not the whole device: the learner's update may be running on it.)
+    at::cuda::getCurrentCUDAStream().synchronize();
     {
       c10::cuda::CUDAStreamGuard guard(side);
       // A warm-up run initialises lazily created state (cuBLAS handles, the RoPE table) outside
@@ -239,7 +241,7 @@ private:
         g.logits = model.forward_step(g.input, view, {}, fused, small_batch);
       g.graph.capture_end();
     }
-    torch::cuda::synchronize();
+    side.synchronize();
   }
 
   std::map<std::tuple<std::int64_t, std::int64_t, bool>, std::unique_ptr<entry>> graphs_;
@@ -269,6 +271,10 @@ struct engine::state {
   engine_stats stats;
 #ifdef CRUCIBLE_HAVE_CUDA
   decode_graphs graphs;
+  // CUDA: the engine's own stream (high priority). generate() runs on it, not on the device's
+  // default stream, which the learner's thread uses: on one GPU the update overlaps the decoding
+  // instead of queueing behind it (or the decoding behind the update).
+  std::optional<c10::cuda::CUDAStream> stream;
 #endif
 
   // The cache has at least `rows` rows and `slots` slots (regrown, dropping graphs, if not).
@@ -351,6 +357,14 @@ engine::engine(std::shared_ptr<CausalLMImpl> model, const engine_options& option
   s_->small_batch = options.small_batch_kernels;
   s_->small_batch_max_rows = options.small_batch_max_rows;
   s_->sync_interval = std::max<std::int64_t>(1, options.sync_interval);
+#ifdef CRUCIBLE_HAVE_CUDA
+  if (s_->device.is_cuda()) {
+    // The weights were copied to the device on this thread's stream: complete before the
+    // engine's stream reads them.
+    c10::cuda::getCurrentCUDAStream(s_->device.index()).synchronize();
+    s_->stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, s_->device.index());
+  }
+#endif
 }
 
 engine::~engine() = default;
@@ -410,6 +424,22 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     return out;
 
   torch::NoGradGuard no_grad;
+#ifdef CRUCIBLE_HAVE_CUDA
+  // On the engine's stream; the call returns with that stream idle, so that another thread may
+  // replace weights (policy::weight_handoff::install) or read the cache between calls.
+  struct drain {
+    std::optional<c10::cuda::CUDAStream> stream;
+    ~drain() {
+      if (stream)
+        (void) cudaStreamSynchronize(stream->stream());
+    }
+  } drained;
+  std::optional<c10::cuda::CUDAStreamGuard> on_stream;
+  if (s.stream) {
+    on_stream.emplace(*s.stream);
+    drained.stream = *s.stream;
+  }
+#endif
   std::int64_t longest = 0;
   for (const auto& p : prompts)
     longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
@@ -462,7 +492,7 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
   // Kernels run asynchronously: wait for the prefill so that its time is not counted as decoding
   // (the first sampling step would wait for it anyway).
   if (s.device.is_cuda())
-    torch::cuda::synchronize(s.device.index());
+    c10::cuda::getCurrentCUDAStream(s.device.index()).synchronize();
 #endif
   s.stats.prefill_seconds = seconds_since(t0);
 
