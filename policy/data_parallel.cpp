@@ -203,8 +203,13 @@ void data_parallel::reset_round() {
 void data_parallel::begin_backward(bool last_micro_batch) noexcept { armed_ = options_.overlap && last_micro_batch; }
 
 void data_parallel::on_gradient(std::size_t index) {
-  if (!armed_)
+  if (!armed_) {
+    // An earlier micro-batch (or no overlap): the gradient goes into its bucket now, so that a
+    // bf16 .grad lives only until its parameter's gradient is complete, not until the backward
+    // ends (the bf16 gradients of every parameter at once). The bucket is not on the wire.
+    optimizer_.accumulate_gradient(index);
     return;
+  }
   if (filled_[index]) {
     // A parameter reached twice in one backward (a graph that calls its AccumulateGrad twice):
     // its bucket may be on the wire already, so the reduction would miss the second part.

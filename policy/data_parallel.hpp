@@ -59,7 +59,9 @@ struct reduction_stats {
 /// The data-parallel state of one learner (one rank). Holds the float32 gradients in flat buckets
 /// and makes them the optimiser's (adamw::place_gradient: one float32 copy of the gradients, as
 /// PyTorch DDP's gradient_as_bucket_view). Installs a post-accumulate-gradient hook on every
-/// trainable parameter; the hooks act only while armed (the last micro-batch's backward).
+/// trainable parameter: each adds its parameter's gradient into its bucket as soon as autograd
+/// has produced it (releasing a bf16 .grad at once), and while armed (the last micro-batch's
+/// backward, with overlap) also issues each bucket its last gradient completes.
 /// Owned by the learner's thread; the hooks run on autograd's threads while that thread waits in
 /// backward(). Non-copyable.
 class data_parallel final {
@@ -77,8 +79,8 @@ public:
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
-  /// Call before each micro-batch's backward: the hooks fill and issue buckets only during the
-  /// last one (gradients are reduced once per update, after accumulation).
+  /// Call before each micro-batch's backward: the hooks issue buckets only during the last one
+  /// (gradients are reduced once per update, after accumulation).
   void begin_backward(bool last_micro_batch) noexcept;
   /// After the last backward: fills and issues the buckets not yet issued and waits for all of
   /// them. The optimiser's float32 gradients are views into the buckets (placed by create()), so

@@ -141,9 +141,10 @@ result<model_config> memory_plan_model(std::string_view name) {
 // Learner update: the largest of three phases, each on top of the state.
 //   backward start: the activations saved by the forward of one micro-batch (T tokens), plus the
 //     larger of the output projection's backward (it runs first) and one layer's backward.
-//   backward end: the bf16 gradients of every trainable weight (autograd's .grad, before
-//     adamw::accumulate_gradients adds them into the float32 gradients, in place and without a
-//     float32 temporary).
+//   backward end: on one GPU the bf16 gradients of every trainable weight (autograd's .grad,
+//     until adamw::accumulate_gradients adds them into the float32 gradients after the backward,
+//     in place and without a float32 temporary); with N > 1 data_parallel's hooks add each into
+//     its bucket as autograd completes it, so only the largest one's bf16 gradient is held.
 //   optimizer step: adamw_update's two float32 temporaries (sqrt(v) and its quotient) of the
 //     largest tensor, or under ZeRO-1 of the largest shard plus two buckets of the all-gather in
 //     flight.
@@ -292,7 +293,7 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   const double lp_weight = output_trains ? 4 * V * h + (o.learner_bytes == 2 ? 2 * V * h : 0.0) : 0.0;
   const double lp = lp_hidden + lp_chunk + lp_weight;
   const double start = saved + std::max(lp, working);
-  const double end = o.learner_bytes == 2 ? 2 * Pt : 0.0;
+  const double end = o.learner_bytes != 2 ? 0.0 : o.gpus > 1 ? 2 * largest : 2 * Pt;
   double step = 8 * largest;
   std::string step_formula = "8 x the largest trainable tensor (" + count(largest) + ")";
   if (o.zero1) {
@@ -318,7 +319,8 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
         o.learner_bytes == 2 ? "4 V h (float32 sum) + 2 V h (cast)" : "4 V h", false);
   add(memory_part::learner_peak, "phase: backward start", start, "saved + max(log-probs, one layer's backward)", false);
   if (o.learner_bytes == 2)
-    add(memory_part::learner_peak, "phase: backward end (bf16 gradients)", end, "2 Pt", false);
+    add(memory_part::learner_peak, "phase: backward end (bf16 gradients)", end,
+        o.gpus > 1 ? "2 x the largest trainable tensor (each added into its bucket as it completes)" : "2 Pt", false);
   add(memory_part::learner_peak, "phase: optimizer step", step, step_formula, false);
   const double peak = std::max({start, end, step});
   const char* which = peak == start ? "backward start" : peak == end ? "backward end" : "optimizer step";

@@ -918,3 +918,50 @@ TEST_CASE("data parallel holds one float32 copy of the gradients: the optimiser'
     }
   }
 }
+
+TEST_CASE("each gradient goes into its bucket as autograd completes it: no bf16 .grad outlives its hook") {
+  // Outside the last micro-batch's backward the hooks only accumulate (no collective), so one
+  // rank's backward can be run alone here: after it no bf16 .grad is left (the bf16 gradients
+  // of every parameter are never held at once) and each bucket slot holds the float32 sum.
+  for (std::string dtype : {"bfloat16", "float32"}) {
+    CAPTURE(dtype);
+    auto o = base_options();
+    o.dtype = dtype;
+    auto ls = make_group(2, o, 91);
+    auto& l = *ls[0];
+    auto* dp = l.data_parallel_state();
+    const auto& params = l.parameters();
+    std::vector<torch::Tensor> weights;
+    for (const auto& p : params)
+      weights.push_back(torch::randn(p.param.sizes()));
+    l.optimizer().zero_grad();
+    for (int k = 0; k < 2; ++k) {
+      dp->begin_backward(/*last_micro_batch=*/false);
+      auto loss = torch::zeros({});
+      for (std::size_t i = 0; i < params.size(); ++i)
+        loss = loss + (params[i].param.to(torch::kFloat) * weights[i]).sum();
+      loss.backward();
+      for (const auto& p : params) {
+        CAPTURE(p.name);
+        if (dtype == "bfloat16")
+          CHECK_FALSE(p.param.grad().defined());
+      }
+    }
+    const auto grads = l.optimizer().gradients();
+    for (std::size_t b = 0; b < dp->buckets().size(); ++b) {
+      const auto& bucket = dp->buckets()[b];
+      for (std::size_t k = 0; k < bucket.params.size(); ++k) {
+        const auto i = bucket.params[k];
+        CAPTURE(params[i].name);
+        // Each backward's gradient is the weight in the parameter's dtype; two of them summed.
+        const auto one = weights[i].to(params[i].param.scalar_type()).to(torch::kFloat).reshape(-1);
+        const auto slot = dp->bucket_tensors()[b].narrow(0, bucket.offsets[k], one.numel());
+        CHECK(max_abs_diff(slot, one * 2) == 0.0);
+        CHECK(grads[i].data_ptr() == slot.data_ptr());
+      }
+    }
+    l.optimizer().zero_grad();
+    for (const auto& t : dp->bucket_tensors())
+      CHECK(t.abs().max().item<double>() == 0.0);
+  }
+}
