@@ -77,7 +77,7 @@ void adamw::accumulate_gradient(std::size_t i) {
   if (!grads_[i].defined())
     return; // a float32 parameter with no placed storage: .grad is the accumulation
   const auto& pending = p.grad();
-  if (pending.defined() && !pending.is_same(grads_[i]))
+  if (pending.defined() && pending.data_ptr() != grads_[i].data_ptr()) // not the storage itself
     // No float32 temporary: the add promotes bf16 to float32 exactly, as .to(kFloat) would.
     grads_[i].add_(pending);
   // A float32 parameter keeps its placed storage as .grad (also when something had replaced it).
@@ -112,7 +112,7 @@ void adamw::place_gradient(std::size_t i, const torch::Tensor& storage) {
   auto g = storage.view(p.sizes());
   if (grads_[i].defined())
     g.add_(grads_[i]);
-  if (p.grad().defined() && !p.grad().is_same(grads_[i]))
+  if (p.grad().defined() && (!grads_[i].defined() || p.grad().data_ptr() != grads_[i].data_ptr()))
     g.add_(p.grad());
   grads_[i] = g; // the optimiser's own buffer, if any, goes now
   in_grad_[i] = p.scalar_type() == torch::kFloat;
