@@ -140,8 +140,14 @@ result<std::unique_ptr<data_parallel>> data_parallel::create(std::shared_ptr<com
   for (std::size_t b = 0; b < self->buckets_.size(); ++b) {
     const auto& bucket = self->buckets_[b];
     self->flat_.push_back(torch::zeros({bucket.padded}, f32));
-    for (std::size_t k = 0; k < bucket.params.size(); ++k)
-      self->slot_[bucket.params[k]] = {b, bucket.offsets[k]};
+    // The bucket is where the optimiser accumulates these gradients from now on: one float32
+    // copy of the gradients, not an accumulation buffer and a bucket to copy it into. Placed
+    // bucket by bucket, so that the optimiser's buffers go while the buckets come.
+    for (std::size_t k = 0; k < bucket.params.size(); ++k) {
+      const auto i = bucket.params[k];
+      self->slot_[i] = {b, bucket.offsets[k]};
+      optimizer.place_gradient(i, self->flat_[b].narrow(0, bucket.offsets[k], params[i].param.numel()));
+    }
   }
   self->works_.resize(self->buckets_.size());
   self->reset_round();
@@ -149,7 +155,8 @@ result<std::unique_ptr<data_parallel>> data_parallel::create(std::shared_ptr<com
   if (options.zero1) {
     self->param_dtype_ = dtype;
     const int r = c.rank();
-    for (const auto& bucket : self->buckets_) {
+    for (std::size_t b = 0; b < self->buckets_.size(); ++b) {
+      const auto& bucket = self->buckets_[b];
       const auto chunk = bucket.chunk(c.size());
       const auto begin = chunk * r, end = begin + chunk;
       // This rank's masters: its chunk of the bucket's flattened float32 parameters.
@@ -168,7 +175,10 @@ result<std::unique_ptr<data_parallel>> data_parallel::create(std::shared_ptr<com
       self->master_.push_back(master);
       self->exp_avg_.push_back(torch::zeros({chunk}, f32));
       self->exp_avg_sq_.push_back(torch::zeros({chunk}, f32));
-      self->grad_shard_.push_back(torch::zeros({chunk}, f32));
+      // The reduce-scatter runs in place: rank r's reduced chunk lands where its own chunk of the
+      // bucket was (NCCL's in-place form, recvbuff = sendbuff + r * chunk), so the shard takes no
+      // memory of its own.
+      self->grad_shard_.push_back(self->flat_[b].narrow(0, begin, chunk));
       self->segments_.push_back(std::move(segs));
     }
   }
@@ -193,8 +203,13 @@ void data_parallel::reset_round() {
 void data_parallel::begin_backward(bool last_micro_batch) noexcept { armed_ = options_.overlap && last_micro_batch; }
 
 void data_parallel::on_gradient(std::size_t index) {
-  if (!armed_)
+  if (!armed_) {
+    // An earlier micro-batch (or no overlap): the gradient goes into its bucket now, so that a
+    // bf16 .grad lives only until its parameter's gradient is complete, not until the backward
+    // ends (the bf16 gradients of every parameter at once). The bucket is not on the wire.
+    optimizer_.accumulate_gradient(index);
     return;
+  }
   if (filled_[index]) {
     // A parameter reached twice in one backward (a graph that calls its AccumulateGrad twice):
     // its bucket may be on the wire already, so the reduction would miss the second part.
@@ -207,11 +222,12 @@ void data_parallel::on_gradient(std::size_t index) {
 }
 
 void data_parallel::fill(std::size_t index) {
-  const auto [b, offset] = slot_[index];
-  const auto n = optimizer_.parameters()[index].param.numel();
-  optimizer_.gradient_into(index, flat_[b].narrow(0, offset, n));
+  // The parameter's float32 gradient is a view into its bucket: a float32 parameter's autograd
+  // has accumulated into it in place already; a bf16 one's last .grad is added in now (and
+  // released).
+  optimizer_.accumulate_gradient(index);
   filled_[index] = true;
-  --pending_[b];
+  --pending_[slot_[index].first];
 }
 
 void data_parallel::issue(std::size_t b) {
@@ -223,7 +239,7 @@ void data_parallel::issue(std::size_t b) {
     errors_.push_back(w.error());
 }
 
-result<void> data_parallel::reduce_gradients(std::span<torch::Tensor> grads) {
+result<void> data_parallel::reduce_gradients() {
   torch::NoGradGuard no_grad;
   armed_ = false;
   stats_.issued_during_backward = static_cast<std::int64_t>(next_);
@@ -249,13 +265,8 @@ result<void> data_parallel::reduce_gradients(std::span<torch::Tensor> grads) {
   if (!duplicate.empty())
     return fail(errc::invalid_arg, "data_parallel: parameter ", duplicate,
                 " received its gradient twice in one backward pass; its reduced gradient would be incomplete");
-  if (!options_.zero1) {
-    const auto& params = optimizer_.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const auto [b, offset] = slot_[i];
-      grads[i].view(-1).copy_(flat_[b].narrow(0, offset, params[i].param.numel()));
-    }
-  }
+  // The sums are in the buckets, which are the optimiser's gradients (or under ZeRO-1 hold this
+  // rank's reduced chunk, grad_shard_): nothing to copy.
   return {};
 }
 

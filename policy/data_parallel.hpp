@@ -1,8 +1,9 @@
-// policy/data_parallel.hpp: one learner's side of data-parallel training. Gradients that
-// autograd produces go into buckets, each reduced over the ranks as soon as it is complete (so
-// communication overlaps the rest of the backward pass); the reduced gradients come back to the
-// learner's optimiser, or under ZeRO-1 each rank keeps only its shard of the reduced gradient,
-// updates that shard's float32 masters and moments and all-gathers the new parameters.
+// policy/data_parallel.hpp: one learner's side of data-parallel training. The optimiser's float32
+// gradients live in buckets (each parameter's a view into its bucket), each bucket reduced over
+// the ranks in place as soon as the last micro-batch's backward completes it (so communication
+// overlaps the rest of the backward pass); the optimiser then reads the reduced gradients where
+// they are, or under ZeRO-1 each rank keeps only its shard of the reduced gradient, updates that
+// shard's float32 masters and moments and all-gathers the new parameters.
 #pragma once
 
 #include <cstdint>
@@ -55,17 +56,22 @@ struct reduction_stats {
   double wait_seconds = 0.0;               ///< host time spent waiting for the reductions after backward
 };
 
-/// The data-parallel state of one learner (one rank). Installs a post-accumulate-gradient hook on
-/// every trainable parameter; the hooks act only while armed (the last micro-batch's backward).
+/// The data-parallel state of one learner (one rank). Holds the float32 gradients in flat buckets
+/// and makes them the optimiser's (adamw::place_gradient: one float32 copy of the gradients, as
+/// PyTorch DDP's gradient_as_bucket_view). Installs a post-accumulate-gradient hook on every
+/// trainable parameter: each adds its parameter's gradient into its bucket as soon as autograd
+/// has produced it (releasing a bf16 .grad at once), and while armed (the last micro-batch's
+/// backward, with overlap) also issues each bucket its last gradient completes.
 /// Owned by the learner's thread; the hooks run on autograd's threads while that thread waits in
 /// backward(). Non-copyable.
 class data_parallel final {
 public:
   /// Checks with every rank that the parameters (names, shapes, dtypes), `identity` (e.g. the
   /// frozen base's digest), bucket size and ZeRO-1 setting agree (errc::config naming what
-  /// differs), broadcasts rank 0's parameters when options.broadcast_initial, plans the buckets
-  /// and, under ZeRO-1, takes this rank's shard of the float32 masters. Collective: every rank
-  /// calls it. `optimizer` must outlive the result and be sharded exactly when options.zero1.
+  /// differs), broadcasts rank 0's parameters when options.broadcast_initial, plans the buckets,
+  /// places the optimiser's float32 gradients in them and, under ZeRO-1, takes this rank's shard
+  /// of the float32 masters. Collective: every rank calls it. `optimizer` must outlive the result
+  /// and be sharded exactly when options.zero1; its gradients stay in the buckets' storage.
   static result<std::unique_ptr<data_parallel>> create(std::shared_ptr<communicator> comm, adamw& optimizer,
                                                        const data_parallel_options& options,
                                                        const std::string& identity = {});
@@ -73,13 +79,15 @@ public:
   data_parallel(const data_parallel&) = delete;
   data_parallel& operator=(const data_parallel&) = delete;
 
-  /// Call before each micro-batch's backward: the hooks fill and issue buckets only during the
-  /// last one (gradients are reduced once per update, after accumulation).
+  /// Call before each micro-batch's backward: the hooks issue buckets only during the last one
+  /// (gradients are reduced once per update, after accumulation).
   void begin_backward(bool last_micro_batch) noexcept;
-  /// After the last backward: fills and issues the buckets not yet issued, waits for all of them
-  /// and, unless ZeRO-1, writes the sum over the ranks of each gradient into `grads` (the
-  /// optimiser's float32 gradients, parameters() order). Collective.
-  result<void> reduce_gradients(std::span<torch::Tensor> grads);
+  /// After the last backward: fills and issues the buckets not yet issued and waits for all of
+  /// them. The optimiser's float32 gradients are views into the buckets (placed by create()), so
+  /// unless ZeRO-1 they then hold the sum over the ranks of each gradient; under ZeRO-1 each
+  /// rank's chunk of each bucket holds the sum over the ranks of that chunk (the rest of the
+  /// bucket is this rank's own gradient and means nothing). Collective.
+  result<void> reduce_gradients();
   /// ZeRO-1, after reduce_gradients: the global gradient norm over every rank's shard; when it is
   /// finite, clips the shard as clip_grad_norm would (max_norm > 0), applies AdamW at `lr` to this
   /// rank's masters and moments, counts the step in the optimiser and all-gathers the new
@@ -95,6 +103,9 @@ public:
   communicator& comm() noexcept { return *comm_; }
   bool sharded() const noexcept { return options_.zero1; }
   const std::vector<gradient_bucket>& buckets() const noexcept { return buckets_; }
+  /// The flat float32 bucket of each gradient_bucket ([padded]): the optimiser's gradients are
+  /// views into them (the only float32 copy of the gradients this rank holds).
+  const std::vector<torch::Tensor>& bucket_tensors() const noexcept { return flat_; }
   const reduction_stats& last_stats() const noexcept { return stats_; }
 
   /// ZeRO-1: this rank's optimiser state, "zero1.{master,exp_avg,exp_avg_sq}.B" for bucket B's
@@ -126,7 +137,7 @@ private:
   adamw& optimizer_;
   data_parallel_options options_;
   std::vector<gradient_bucket> buckets_;
-  std::vector<torch::Tensor> flat_;                   // per bucket: float32 [padded]
+  std::vector<torch::Tensor> flat_;                   // per bucket: float32 [padded], the optimiser's gradients
   std::vector<std::pair<std::size_t, std::int64_t>> slot_; // per parameter: bucket, offset
   // This backward's progress (the hooks' state).
   bool armed_ = false;
@@ -137,7 +148,8 @@ private:
   std::vector<crucible::error> errors_;
   std::string duplicate_;            // a parameter whose gradient came twice in one backward
   reduction_stats stats_;
-  // ZeRO-1: this rank's chunk of each bucket.
+  // ZeRO-1: this rank's chunk of each bucket (grad_shard_: a view of it in flat_, where the
+  // in-place reduce-scatter leaves the reduced chunk).
   std::vector<torch::Tensor> grad_shard_, master_, exp_avg_, exp_avg_sq_;
   std::vector<std::vector<shard_segment>> segments_;
   torch::ScalarType param_dtype_ = torch::kFloat;

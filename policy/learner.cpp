@@ -434,9 +434,9 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
     stats += r.stats;
   }
 
-  auto grads = optimizer_->gradients();
   if (dp_) {
-    if (auto r = dp_->reduce_gradients(grads); !r) {
+    // The optimiser's gradients are views into the buckets: reduced in place.
+    if (auto r = dp_->reduce_gradients(); !r) {
       optimizer_->zero_grad();
       return r.error();
     }
@@ -450,6 +450,7 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
     loss = m[0];
     stats = loss_stats{m[1], m[2], m[3], m[4], m[5], m[6], m[7]};
   }
+  auto grads = optimizer_->gradients();
   if (hook_) {
     if (auto h = hook_(optimizer_->parameters(), grads); !h) {
       optimizer_->zero_grad();

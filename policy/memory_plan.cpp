@@ -131,16 +131,20 @@ result<model_config> memory_plan_model(std::string_view name) {
 //   weights            P x b                 (policy->to(dtype); LoRA adapters: Pa x b)
 //   float32 masters    4 Pt / S              (adamw's master copies when b = 2; ZeRO-1's shards)
 //   AdamW moments      8 Pt / S              (exp_avg, exp_avg_sq in float32)
-//   float32 gradients  4 Pt                  (adamw's accumulated gradients, kept whole under ZeRO-1)
-//   gradient buckets   4 Pt when N > 1       (data_parallel's flat float32 buckets)
-//   ZeRO-1 grad shard  4 Pt / N              (the reduce-scatter's output)
+//   float32 gradients  4 Pt                  (adamw's accumulated gradients: float32 parameters'
+//                                            .grad; with N > 1 data_parallel's flat buckets, of
+//                                            which the optimiser's gradients are views, reduced
+//                                            in place; under ZeRO-1 the reduce-scatter leaves
+//                                            this rank's shard in its chunk of each bucket: no
+//                                            further copy, and the buckets stay whole)
 //
 // Learner update: the largest of three phases, each on top of the state.
 //   backward start: the activations saved by the forward of one micro-batch (T tokens), plus the
 //     larger of the output projection's backward (it runs first) and one layer's backward.
-//   backward end: the bf16 gradients of every trainable weight (autograd's .grad, before
-//     adamw::accumulate_gradients adds them into the float32 gradients) plus the float32 copy of
-//     the largest one being added.
+//   backward end: on one GPU the bf16 gradients of every trainable weight (autograd's .grad,
+//     until adamw::accumulate_gradients adds them into the float32 gradients after the backward,
+//     in place and without a float32 temporary); with N > 1 data_parallel's hooks add each into
+//     its bucket as autograd completes it, so only the largest one's bf16 gradient is held.
 //   optimizer step: adamw_update's two float32 temporaries (sqrt(v) and its quotient) of the
 //     largest tensor, or under ZeRO-1 of the largest shard plus two buckets of the all-gather in
 //     flight.
@@ -269,11 +273,11 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
         4 * Pt / S, "4 Pt" + St);
   add(memory_part::learner_state, o.zero1 ? "AdamW moments (ZeRO-1 shard)" : "AdamW moments", 8 * Pt / S,
       "2 x 4 Pt" + St);
-  add(memory_part::learner_state, "float32 gradients (accumulated over micro-batches)", 4 * Pt, "4 Pt");
   if (o.gpus > 1)
-    add(memory_part::learner_state, "data-parallel gradient buckets", 4 * Pt, "4 Pt (float32, reduced in buckets)");
-  if (o.zero1)
-    add(memory_part::learner_state, "ZeRO-1 reduced gradient shard", 4 * Pt / N, "4 Pt / N");
+    add(memory_part::learner_state, "float32 gradients (accumulated in the data-parallel buckets)", 4 * Pt,
+        o.zero1 ? "4 Pt (reduce-scattered in place: the shard is a chunk of each bucket)" : "4 Pt (reduced in place)");
+  else
+    add(memory_part::learner_state, "float32 gradients (accumulated over micro-batches)", 4 * Pt, "4 Pt");
   if (o.kl_reference)
     add(memory_part::learner_state, "KL reference model", P * b, "P x " + bs);
 
@@ -289,7 +293,7 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   const double lp_weight = output_trains ? 4 * V * h + (o.learner_bytes == 2 ? 2 * V * h : 0.0) : 0.0;
   const double lp = lp_hidden + lp_chunk + lp_weight;
   const double start = saved + std::max(lp, working);
-  const double end = o.learner_bytes == 2 ? 2 * Pt + 4 * largest : 0.0;
+  const double end = o.learner_bytes != 2 ? 0.0 : o.gpus > 1 ? 2 * largest : 2 * Pt;
   double step = 8 * largest;
   std::string step_formula = "8 x the largest trainable tensor (" + count(largest) + ")";
   if (o.zero1) {
@@ -316,7 +320,7 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   add(memory_part::learner_peak, "phase: backward start", start, "saved + max(log-probs, one layer's backward)", false);
   if (o.learner_bytes == 2)
     add(memory_part::learner_peak, "phase: backward end (bf16 gradients)", end,
-        "2 Pt + 4 x the largest trainable tensor", false);
+        o.gpus > 1 ? "2 x the largest trainable tensor (each added into its bucket as it completes)" : "2 Pt", false);
   add(memory_part::learner_peak, "phase: optimizer step", step, step_formula, false);
   const double peak = std::max({start, end, step});
   const char* which = peak == start ? "backward start" : peak == end ? "backward end" : "optimizer step";

@@ -59,23 +59,8 @@ adamw::adamw(std::vector<named_parameter> params, adamw_options options)
     exp_avg_.push_back(options_.sharded ? torch::Tensor{} : torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
     exp_avg_sq_.push_back(options_.sharded ? torch::Tensor{}
                                            : torch::zeros(p.sizes(), p.options().dtype(torch::kFloat)));
+    in_grad_.push_back(false);
     decays_.push_back(p.dim() >= 2);
-  }
-}
-
-void adamw::gradient_into(std::size_t i, torch::Tensor out) const {
-  torch::NoGradGuard no_grad;
-  auto flat = out.view(-1);
-  const auto& p = params_[i].param;
-  const auto& pending = p.grad();
-  if (grads_[i].defined()) {
-    flat.copy_(grads_[i].view(-1));
-    if (pending.defined())
-      flat.add_(pending.reshape(-1)); // float32 += bf16 promotes exactly, as accumulate_gradients does
-  } else if (pending.defined()) {
-    flat.copy_(pending.reshape(-1));
-  } else {
-    flat.zero_();
   }
 }
 
@@ -86,15 +71,22 @@ void adamw::sync_masters() {
       masters_[i].copy_(params_[i].param);
 }
 
-void adamw::accumulate_gradients() {
+void adamw::accumulate_gradient(std::size_t i) {
   torch::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i].param;
-    if (!grads_[i].defined() || !p.grad().defined())
-      continue;
-    grads_[i].add_(p.grad().to(torch::kFloat));
-    p.mutable_grad() = torch::Tensor{};
-  }
+  auto& p = params_[i].param;
+  if (!grads_[i].defined())
+    return; // a float32 parameter with no placed storage: .grad is the accumulation
+  const auto& pending = p.grad();
+  if (pending.defined() && pending.data_ptr() != grads_[i].data_ptr()) // not the storage itself
+    // No float32 temporary: the add promotes bf16 to float32 exactly, as .to(kFloat) would.
+    grads_[i].add_(pending);
+  // A float32 parameter keeps its placed storage as .grad (also when something had replaced it).
+  p.mutable_grad() = in_grad_[i] ? grads_[i] : torch::Tensor{};
+}
+
+void adamw::accumulate_gradients() {
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    accumulate_gradient(i);
 }
 
 std::vector<torch::Tensor> adamw::gradients() {
@@ -113,17 +105,29 @@ std::vector<torch::Tensor> adamw::gradients() {
   return out;
 }
 
+void adamw::place_gradient(std::size_t i, const torch::Tensor& storage) {
+  torch::NoGradGuard no_grad;
+  auto& p = params_[i].param;
+  assert(storage.scalar_type() == torch::kFloat && storage.numel() == p.numel());
+  auto g = storage.view(p.sizes());
+  if (grads_[i].defined())
+    g.add_(grads_[i]);
+  if (p.grad().defined() && (!grads_[i].defined() || p.grad().data_ptr() != grads_[i].data_ptr()))
+    g.add_(p.grad());
+  grads_[i] = g; // the optimiser's own buffer, if any, goes now
+  in_grad_[i] = p.scalar_type() == torch::kFloat;
+  p.mutable_grad() = in_grad_[i] ? g : torch::Tensor{};
+}
+
 void adamw::zero_grad() {
   torch::NoGradGuard no_grad;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (grads_[i].defined())
-      grads_[i].zero_();
     auto& p = params_[i].param;
-    if (p.grad().defined()) {
-      if (grads_[i].defined())
-        p.mutable_grad() = torch::Tensor{};
-      else
-        p.mutable_grad().zero_();
+    if (grads_[i].defined()) {
+      grads_[i].zero_();
+      p.mutable_grad() = in_grad_[i] ? grads_[i] : torch::Tensor{};
+    } else if (p.grad().defined()) {
+      p.mutable_grad().zero_();
     }
   }
 }

@@ -75,15 +75,23 @@ public:
 
   /// Adds the parameters' .grad into the float32 gradients and clears .grad, for parameters that
   /// are not float32 (their .grad would accumulate micro-batches in bf16). Call after each
-  /// backward. Float32 parameters accumulate in .grad directly.
+  /// backward. Float32 parameters accumulate in .grad directly (which is the float32 gradient).
   void accumulate_gradients();
+  /// accumulate_gradients() for parameter i alone: its .grad of a backward not yet accumulated
+  /// goes into its float32 gradient (added in float32: float32 += bf16 promotes exactly). The
+  /// data-parallel hooks call it as each gradient completes, on autograd's thread.
+  void accumulate_gradient(std::size_t i);
   /// The float32 gradient of every parameter, in parameters() order (zeros where no gradient
   /// arrived). The tensors are the optimiser's own: an all-reduce may overwrite them in place.
   std::vector<torch::Tensor> gradients();
-  /// Writes parameter i's float32 gradient so far (the accumulated gradient plus the .grad of a
-  /// backward not yet accumulated) into `out` (float32, the parameter's element count, any shape).
-  /// The data-parallel hooks call it as each gradient completes.
-  void gradient_into(std::size_t i, torch::Tensor out) const;
+  /// Makes `storage` (float32, parameter i's element count, contiguous; a view into a
+  /// data-parallel bucket) parameter i's float32 gradient from now on: the gradient so far is
+  /// added into it (callers pass zeros) and the optimiser's own buffer for it is released, so that
+  /// one float32 copy of the gradient exists. A float32 parameter's .grad becomes that tensor
+  /// (shaped as the parameter), into which autograd then accumulates in place, as PyTorch DDP's
+  /// gradient_as_bucket_view does; zero_grad() zeroes it in place. The optimiser shares the
+  /// storage (it stays alive while the optimiser uses it).
+  void place_gradient(std::size_t i, const torch::Tensor& storage);
   /// Zeroes every gradient.
   void zero_grad();
 
@@ -129,7 +137,13 @@ public:
 private:
   std::vector<named_parameter> params_;
   adamw_options options_;
-  std::vector<torch::Tensor> masters_, grads_, exp_avg_, exp_avg_sq_;
+  std::vector<torch::Tensor> masters_, exp_avg_, exp_avg_sq_;
+  // Each parameter's float32 accumulated gradient: the optimiser's buffer for a parameter that is
+  // not float32, placed storage after place_gradients(), undefined for a float32 parameter whose
+  // .grad (autograd's own tensor) is the accumulation. `in_grad_[i]`: the parameter's .grad is
+  // grads_[i] itself (float32 parameters with placed storage).
+  std::vector<torch::Tensor> grads_;
+  std::vector<bool> in_grad_;
   std::vector<bool> decays_;
   std::int64_t steps_ = 0;
   std::int64_t moments_since_ = 0;

@@ -434,6 +434,51 @@ TEST_CASE("bf16 parameters are updated through float32 masters and accumulate fl
   CHECK(p[0].item<double>() < 1.0);
 }
 
+TEST_CASE("placed gradients: a float32 .grad accumulates in the given storage, a bf16 .grad is added into it and released") {
+  // What data_parallel does with its buckets: the optimiser's float32 gradients become views into
+  // one flat tensor, so that no second float32 copy exists.
+  auto a = torch::randn({2, 3}).requires_grad_(true);
+  auto b = torch::ones({4}, torch::kBFloat16).requires_grad_(true);
+  adamw opt({{"a", a}, {"b", b}}, {0.9, 0.999, 1e-8, 0.0});
+  a.mutable_grad() = torch::ones({2, 3}); // a gradient so far: carried into the storage
+  auto flat = torch::zeros({10});
+  opt.place_gradient(0, flat.narrow(0, 0, 6));
+  opt.place_gradient(1, flat.narrow(0, 6, 4));
+  CHECK(a.grad().data_ptr() == flat.data_ptr());
+  CHECK(a.grad().sizes() == a.sizes());
+  CHECK_FALSE(b.grad().defined());
+  CHECK(flat.narrow(0, 0, 6).eq(1.0).all().item<bool>());
+  // Two micro-batches each: autograd adds into a's view in place; b's bf16 .grad is added in
+  // float32 (1 + 1/256 is not a bf16 number) and released.
+  for (int k = 0; k < 2; ++k) {
+    (a * 2).sum().backward();
+    (b.to(torch::kFloat) * (k == 0 ? 1.0 : 1.0 / 256)).sum().backward();
+    REQUIRE(b.grad().defined());
+    opt.accumulate_gradients();
+    CHECK_FALSE(b.grad().defined());
+    CHECK(a.grad().data_ptr() == flat.data_ptr());
+  }
+  CHECK(flat.narrow(0, 0, 6).eq(5.0).all().item<bool>());
+  CHECK(flat.narrow(0, 6, 4).eq(1.0 + 1.0 / 256).all().item<bool>());
+  auto grads = opt.gradients();
+  CHECK(grads[0].data_ptr() == flat.data_ptr());
+  CHECK(grads[1].data_ptr() == flat.narrow(0, 6, 4).data_ptr());
+  const auto before = a.detach().clone();
+  opt.step(1e-2);
+  CHECK((a - before).abs().min().item<double>() > 0.0);
+  CHECK(opt.masters()[1][0].item<double>() == doctest::Approx(1.0 - 1e-2).epsilon(1e-4));
+  opt.zero_grad();
+  CHECK(flat.abs().max().item<double>() == 0.0);
+  CHECK(a.grad().data_ptr() == flat.data_ptr()); // zeroed in place, still the storage
+  // A .grad that something replaced: its gradient still lands in the storage.
+  a.mutable_grad() = torch::Tensor{};
+  (a * 3).sum().backward();
+  CHECK(a.grad().data_ptr() != flat.data_ptr());
+  opt.accumulate_gradients();
+  CHECK(a.grad().data_ptr() == flat.data_ptr());
+  CHECK(flat.narrow(0, 0, 6).eq(3.0).all().item<bool>());
+}
+
 TEST_CASE("schedule: linear warm-up, then constant or cosine down to the floor") {
   learner_options o;
   o.lr = 1.0;
