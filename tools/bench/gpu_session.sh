@@ -93,6 +93,17 @@ Modes (the table's row in brackets):
                       figures). In a session of its own across device calls, as
                       `timing`; WAIT_S (540). Output: $OUT/real.tgz (runs' logs and metrics,
                       the benches' JSON); the runs stay in data/runs/real.
+  multi start|wait|collect
+                      [runs that need several GPUs] for each PART of PARTS (default "tests modes
+                      four zero"): tests: test_gpu_dp, the data-parallel run test, the GPU
+                      checkpointing test; modes: train_modes.sh on cuda:0-1 (policy on one GPU,
+                      evaluator on the other), configs/gpu-1x.yaml on the ten seeded tasks that
+                      build no extension, SFT 300, MODE_STEPS (6) RL steps of 2 groups, async
+                      against sync; four: configs/gpu-4x.yaml on the same tasks, FOUR_SFT (100)
+                      SFT and FOUR_RL (6) RL steps; zero: configs/gpu-7b-full-4x.yaml (7B full
+                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (5) RL steps. Every GPU's
+                      memory sampled each second. As `real_size` across calls; WAIT_S (540).
+                      Output: $OUT/multi.tgz; the runs stay in data/runs/multi.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
 CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
 DECODE_KERNELS, DECODE_BATCHES, DECODE_HF, CHAIN_ARGS, SIZES, BENCH_SIZES, PAUSES, TORCH_CUDA_ARCH_LIST, MAX_JOBS (each
@@ -107,7 +118,7 @@ esac
 MODE="$1"
 shift
 case "$MODE" in
-  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size) ;;
+  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size | multi) ;;
   *) echo "gpu_session: unknown mode '$MODE'" >&2; usage >&2; exit 2 ;;
 esac
 
@@ -495,6 +506,91 @@ real_start() {
   real_wait
 }
 
+# ---- multi: the runs that need several GPUs (asynchronous against synchronous, gpu-4x, 7B ZeRO-1) ----
+MULTI="$ROOT/data/runs/multi"
+# The ten seeded GPU tasks whose seed variants need no load_inline build: a warm start of minutes,
+# not of the whole suite's extension builds.
+NO_BUILD_TASKS='[level2/04_layernorm_manual_fp32, level2/05_softmax_manual_fp32, level2/09_causal_attention_fp32, level2/12_pairwise_sqdist_fp32, level2/13_logsumexp_manual_fp32, level3/03_mha_block_fp32, level3/04_transformer_layer_fp32, level3/05_resnet_basic_block_fp32, level3/06_lstm_loop_fp32, level3/10_gpt_attention_bf16]'
+
+multi_step() { # NAME COMMAND...: as real_step, in $MULTI
+  local name="$1" start rc
+  shift
+  start=$(date +%s)
+  echo "[$(date +%T)] $name: start" >>"$MULTI/pipeline.log"
+  "$@" >"$MULTI/$name.log" 2>&1
+  rc=$?
+  echo "[$(date +%T)] $name: rc $rc in $(( $(date +%s) - start )) s" >>"$MULTI/pipeline.log"
+}
+
+multi_smi() { # NAME: samples every GPU's memory and use each second into $MULTI/NAME.smi.csv; prints the pid
+  nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 1000 \
+    >"$MULTI/$1.smi.csv" 2>/dev/null &
+  echo $!
+}
+
+multi_pipeline() {
+  local smi
+  for part in ${PARTS:-tests modes four zero}; do
+    case "$part" in
+      tests)
+        multi_step test_gpu_dp "$B/tests/gpu/test_gpu_dp"
+        multi_step test_gpu_train_dp bash -c "f=\$(find $B/tests -name 'test_gpu_train*' -type f | head -1); [[ -n \$f ]] && \$f"
+        multi_step test_gpu_checkpointing "$B/tests/gpu/test_gpu_kernels" -tc="*activation checkpointing*" -s ;;
+      modes)
+        # Policy (engine and learner) on cuda:0, evaluator on cuda:1: the issue's two-GPU layout.
+        smi=$(multi_smi modes)
+        multi_step modes env CUDA_VISIBLE_DEVICES=0,1 OUT="$MULTI/modes" RUNS="$MULTI/modes/runs" CLI="$B/tools/crucible" \
+          tools/bench/train_modes.sh configs/gpu-1x.yaml "${MODE_STEPS:-6}" --set "tasks.include=$NO_BUILD_TASKS" \
+          --set stages.sft.steps=300 --set learner.total_steps=300 --set stages.rl.groups=2 --set "evaluator.devices=[cuda:1]"
+        kill "$smi" 2>/dev/null
+        rm -rf "$MULTI/modes/runs"/*/checkpoints ;;
+      four)
+        smi=$(multi_smi four)
+        multi_step four "$B/tools/crucible" train configs/gpu-4x.yaml --set run.dir="$MULTI" --set "tasks.include=$NO_BUILD_TASKS" \
+          --set stages.sft.steps="${FOUR_SFT:-100}" --set learner.total_steps=200 --set stages.rl.steps="${FOUR_RL:-6}" \
+          --set run.checkpoint_every=0
+        kill "$smi" 2>/dev/null
+        rm -rf "$MULTI/gpu-4x/checkpoints" ;;
+      zero)
+        smi=$(multi_smi zero)
+        multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$MULTI" \
+          --set stages.rl.steps="${ZERO_RL:-5}"
+        kill "$smi" 2>/dev/null
+        rm -rf "$MULTI/gpu-7b-full-4x/checkpoints" "$MULTI/gpu-7b-full-4x/model" ;;
+    esac
+  done
+  echo "[$(date +%T)] pipeline: end" >>"$MULTI/pipeline.log"
+}
+
+multi_running() { [[ -f "$MULTI/pid" ]] && kill -0 "$(cat "$MULTI/pid")" 2>/dev/null; }
+
+multi_collect() {
+  (cd "$MULTI" && tar czf "$OUT/multi.tgz.part" --exclude='*/model' --exclude='*/checkpoints' --exclude='*/tasks' \
+    --exclude='*/workers' --exclude='*.db' --exclude='*/extensions' . 2>/dev/null) && mv "$OUT/multi.tgz.part" "$OUT/multi.tgz"
+  tail -4 "$MULTI/pipeline.log" 2>/dev/null
+}
+
+multi_wait() {
+  local until=$(( $(date +%s) + ${WAIT_S:-540} ))
+  while multi_running && (( $(date +%s) < until )); do
+    sleep $(( until - $(date +%s) < 30 ? until - $(date +%s) : 30 ))
+  done
+  if multi_running; then echo "multi: still running"; else echo "multi: ended"; fi
+  multi_collect
+}
+
+multi_start() {
+  local tests
+  tests=$(cd "$B" && ninja -t targets all 2>/dev/null | grep -o '^test_gpu_[a-z_]*' | sort -u | grep -E 'test_gpu_(dp|kernels|train)' | tr '\n' ' ')
+  # shellcheck disable=SC2086
+  build crucible $tests
+  if multi_running; then echo "multi: already running"; else
+    setsid nohup bash "$SELF" multi pipeline </dev/null >"$MULTI/pipeline.stdout" 2>&1 &
+    echo $! >"$MULTI/pid"
+  fi
+  multi_wait
+}
+
 mkdir -p "$OUT"
 case "$MODE" in
   throughput)
@@ -526,6 +622,15 @@ case "$MODE" in
       wait) timing_wait ;;
       collect) timing_collect ;;
       *) echo "usage: tools/bench/gpu_session.sh timing start|wait|collect (--help: all modes)" >&2; exit 2 ;;
+    esac ;;
+  multi)
+    mkdir -p "$MULTI"
+    case "${1:-}" in
+      start) multi_start ;;
+      pipeline) multi_pipeline ;;
+      wait) multi_wait ;;
+      collect) multi_collect ;;
+      *) echo "usage: tools/bench/gpu_session.sh multi start|wait|collect (--help: all modes)" >&2; exit 2 ;;
     esac ;;
   real_size)
     mkdir -p "$REAL"
