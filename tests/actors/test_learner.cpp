@@ -378,8 +378,6 @@ TEST_CASE_FIXTURE(fixture, "a learner group drives two ranks as one learner: eac
   const auto dealt = make_batch(single->model(), 8, 4, 3);
   auto expected = single->grpo_step(to_policy(batch));
   REQUIRE(expected.ok());
-  auto expected_dealt = single->grpo_step(to_policy(dealt));
-  REQUIRE(expected_dealt.ok());
 
   auto l0 = make_learner(41), l1 = make_learner(42);
   auto group = policy::inproc_group::create(2, 30s);
@@ -403,6 +401,8 @@ TEST_CASE_FIXTURE(fixture, "a learner group drives two ranks as one learner: eac
   CHECK(max_param_diff(l0->model(), single->model()) <= 1e-6);
 
   // Lone groups are dealt to the ranks in turn; train_atom then trains each rank's queue.
+  auto expected_dealt = single->grpo_step(to_policy(dealt));
+  REQUIRE(expected_dealt.ok());
   for (const auto& x : dealt.groups)
     self->send(*g, x);
   got = ask(train_atom_v);
@@ -411,7 +411,9 @@ TEST_CASE_FIXTURE(fixture, "a learner group drives two ranks as one learner: eac
   CHECK(got->groups == 2);
   CHECK(got->loss == doctest::Approx(expected_dealt->loss).epsilon(1e-5));
   CHECK(max_param_diff(l0->model(), l1->model()) == 0.0);
-  CHECK(max_param_diff(l0->model(), single->model()) <= 1e-6);
+  // A second update from weights that already differ by rounding (its old log-probs recomputed
+  // from them, its moments carrying the first's): the difference grows a little.
+  CHECK(max_param_diff(l0->model(), single->model()) <= 1e-5);
 
   // reset_atom reaches every rank: an SFT update after it is the same on both.
   self->send(*g, reset_atom_v);
