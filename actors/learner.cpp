@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <caf/all.hpp>
-#include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +16,7 @@
 #include "policy/collective.hpp"
 #include "policy/learner.hpp"
 #include "policy/model.hpp"
+#include "policy/runtime.hpp"
 
 namespace crucible {
 
@@ -98,9 +98,8 @@ using learner_pointer = learner_actor::stateful_pointer<learner_state>;
 // An NCCL rank's thread works on the rank's GPU: kernels launched outside LibTorch's own ops (the
 // fused training kernels, the collectives' events) go to the current device, which on the actor's
 // thread is otherwise cuda:0. Held for the length of a request.
-void on_rank_device(c10::OptionalDeviceGuard& guard, const learner_state& st) {
-  if (st.spec.backend == "nccl")
-    guard.reset_device(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(st.spec.device)));
+policy::device_scope on_rank_device(const learner_state& st) {
+  return policy::device_scope(st.spec.backend == "nccl" ? "cuda:" + std::to_string(st.spec.device) : "cpu");
 }
 
 // Makes the communicator and joins the data-parallel group, once (collective). A learner that
@@ -224,8 +223,7 @@ caf::result<train_report> published_report(learner_pointer self, const policy::s
 caf::result<train_report> grpo_update(learner_pointer self, const std::vector<const rollout_group*>& groups,
                                       double temperature, std::uint64_t dropped) {
   auto& st = self->state;
-  c10::OptionalDeviceGuard device;
-  on_rank_device(device, st);
+  const auto device = on_rank_device(st);
   if (auto j = ensure_joined(st); !j.ok())
     return make_error(j.error());
   policy::grpo_batch batch;
@@ -286,8 +284,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
     },
     [=](const sft_batch& b) -> caf::result<train_report> {
       auto& st = self->state;
-      c10::OptionalDeviceGuard device;
-      on_rank_device(device, st);
+      const auto device = on_rank_device(st);
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
       std::vector<policy::sft_example> mine;
@@ -305,14 +302,12 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
       return published_report(self, *m, mine.size(), 0);
     },
     [=](reset_atom) {
-      c10::OptionalDeviceGuard device;
-      on_rank_device(device, self->state);
+      const auto device = on_rank_device(self->state);
       self->state.learner->reset_moments();
     },
     [=](save_atom, const std::string& dir) -> caf::result<policy_version> {
       auto& st = self->state;
-      c10::OptionalDeviceGuard device;
-      on_rank_device(device, st);
+      const auto device = on_rank_device(st);
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
       if (auto ok = policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir); !ok.ok())

@@ -8,8 +8,6 @@
 #include <set>
 #include <thread>
 
-#include <c10/core/DeviceGuard.h>
-
 #include <caf/actor_cast.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
@@ -33,6 +31,7 @@
 #include "policy/learner.hpp"
 #include "policy/model.hpp"
 #include "policy/model_config.hpp"
+#include "policy/runtime.hpp"
 #include "policy/safetensors.hpp"
 #include "policy/tokenizer.hpp"
 #include "policy/weight_handoff.hpp"
@@ -138,9 +137,7 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
     threads.emplace_back([&, r] {
       auto& outcome = done[static_cast<std::size_t>(r)];
       const torch::Device device(cfg.learner.devices[static_cast<std::size_t>(r)]);
-      c10::OptionalDeviceGuard on_device;
-      if (device.is_cuda())
-        on_device.reset_device(device);
+      const policy::device_scope on_device(cfg.learner.devices[static_cast<std::size_t>(r)]);
       auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout) : out.inproc->join(r);
       if (!comm.ok()) {
         outcome = comm.error();

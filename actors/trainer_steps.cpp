@@ -324,8 +324,7 @@ void train_on_groups(self_pointer self) {
         b.completions.push_back(g.completions[i].token_ids);
       }
   // Each learner rank needs an example of its own (learner.devices; a share without one is refused).
-  const auto ranks = std::max<std::size_t>(1, st.deps->cfg.learner.devices.size());
-  if (b.prompts.size() < ranks) {
+  if (b.prompts.size() < learner_ranks(st)) {
     // Nothing to learn from this step (or too little for every rank): it counts against the
     // budget, the weights stay.
     train_report r;
