@@ -112,7 +112,7 @@ struct learner_ranks {
 // Makes every rank's communicator (threads on the CPU, one NCCL rank per GPU from an id made here),
 // joins each learner to the group and, given `checkpoint` (a learner directory), restores it on
 // every rank. Each step is collective, so each rank runs them on a thread of its own, on its device.
-// The error names the rank and device that failed first (in rank order).
+// The error names the rank and device at fault.
 result<learner_ranks> form_learner_group(const config& cfg, const std::vector<std::shared_ptr<policy::learner>>& ranks,
                                          const fs::path& checkpoint) {
   const int world = static_cast<int>(ranks.size());
@@ -152,12 +152,21 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
     });
   for (auto& t : threads)
     t.join();
+  // A rank that failed on its own (a checkpoint it cannot read, a device error) leaves the others
+  // waiting until they time out: its error is the cause, so a timeout is reported only when no
+  // rank failed otherwise.
+  int failed = -1;
   for (int r = 0; r < world; ++r)
     if (const auto& d = done[static_cast<std::size_t>(r)]; !d.ok())
-      return fail(d.error().code, "learner rank ", std::to_string(r), " of ", std::to_string(world), " on ",
-                  cfg.learner.devices[static_cast<std::size_t>(r)], ": ",
-                  checkpoint.empty() ? "forming the data-parallel group: " : "forming the group and restoring the checkpoint: ",
-                  d.error().message);
+      if (failed < 0 || (done[static_cast<std::size_t>(failed)].error().code == errc::timeout && d.error().code != errc::timeout))
+        failed = r;
+  if (failed >= 0) {
+    const auto& e = done[static_cast<std::size_t>(failed)].error();
+    return fail(e.code, "learner rank ", std::to_string(failed), " of ", std::to_string(world), " on ",
+                cfg.learner.devices[static_cast<std::size_t>(failed)], ": ",
+                checkpoint.empty() ? "forming the data-parallel group: " : "forming the group and restoring the checkpoint: ",
+                e.message);
+  }
   out.restored = *done.front();
   return out;
 }
