@@ -16,6 +16,7 @@
 #include "policy/collective.hpp"
 #include "policy/learner.hpp"
 #include "policy/model.hpp"
+#include "policy/runtime.hpp"
 
 namespace crucible {
 
@@ -94,7 +95,16 @@ struct learner_state {
 
 using learner_pointer = learner_actor::stateful_pointer<learner_state>;
 
-// Makes the communicator and joins the data-parallel group, once (collective).
+// An NCCL rank's thread works on the rank's GPU: kernels launched outside LibTorch's own ops (the
+// fused training kernels, the collectives' events) go to the current device, which on the actor's
+// thread is otherwise cuda:0. Held for the length of a request.
+policy::device_scope on_rank_device(const learner_state& st) {
+  return policy::device_scope(st.spec.backend == "nccl" ? "cuda:" + std::to_string(st.spec.device) : "cpu");
+}
+
+// Makes the communicator and joins the data-parallel group, once (collective). A learner that
+// joined its group before the actor was spawned (the run does, to restore a checkpoint on every
+// rank before the engine is built from rank 0) is taken as it is, once its rank and size match.
 result<void> ensure_joined(learner_state& st) {
   if (st.joined)
     return {};
@@ -107,7 +117,12 @@ result<void> ensure_joined(learner_state& st) {
     st.join_error = e;
     return e;
   };
-  if (s.world_size > 1) {
+  if (auto* dp = st.learner->data_parallel_state(); dp != nullptr) {
+    if (dp->comm().rank() != s.rank || dp->comm().size() != s.world_size)
+      return fail_join(crucible::error{errc::config, "the learner already joined a group as rank " +
+                                                       std::to_string(dp->comm().rank()) + " of " +
+                                                       std::to_string(dp->comm().size())});
+  } else if (s.world_size > 1) {
     auto make_comm = [&]() -> result<std::shared_ptr<policy::communicator>> {
       if (s.backend != "nccl")
         return s.group->join(s.rank);
@@ -208,6 +223,7 @@ caf::result<train_report> published_report(learner_pointer self, const policy::s
 caf::result<train_report> grpo_update(learner_pointer self, const std::vector<const rollout_group*>& groups,
                                       double temperature, std::uint64_t dropped) {
   auto& st = self->state;
+  const auto device = on_rank_device(st);
   if (auto j = ensure_joined(st); !j.ok())
     return make_error(j.error());
   policy::grpo_batch batch;
@@ -268,6 +284,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
     },
     [=](const sft_batch& b) -> caf::result<train_report> {
       auto& st = self->state;
+      const auto device = on_rank_device(st);
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
       std::vector<policy::sft_example> mine;
@@ -284,9 +301,13 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
         return make_error(m.error());
       return published_report(self, *m, mine.size(), 0);
     },
-    [=](reset_atom) { self->state.learner->reset_moments(); },
+    [=](reset_atom) {
+      const auto device = on_rank_device(self->state);
+      self->state.learner->reset_moments();
+    },
     [=](save_atom, const std::string& dir) -> caf::result<policy_version> {
       auto& st = self->state;
+      const auto device = on_rank_device(st);
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
       if (auto ok = policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir); !ok.ok())

@@ -62,7 +62,10 @@ struct learner_actor_spec {
 /// What a learner actor owns.
 struct learner_actor_deps {
   /// The learner; from now on used only by the actor's thread. Every rank's learner has the same
-  /// options and model shape (rank 0's weights are broadcast when the group forms).
+  /// options and model shape (rank 0's weights are broadcast when the group forms). A learner that
+  /// already joined its data-parallel group (policy::learner::join_data_parallel, as
+  /// spawn_run_roles does to restore a checkpoint on every rank before the engine is built) is
+  /// used with its communicator as it is; its rank and size must be the spec's.
   std::shared_ptr<policy::learner> learner;
   /// Rank 0's subscribers: engines that get each new version as a weight_update.
   std::vector<engine_actor> engines;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <caf/actor_cast.hpp>
 #include <caf/exit_reason.hpp>
@@ -14,6 +15,7 @@
 #include "actors/engine.hpp"
 #include "actors/evaluator.hpp"
 #include "actors/learner.hpp"
+#include "actors/learner_group.hpp"
 #include "actors/rollout.hpp"
 #include "core/file_io.hpp"
 #include "core/json.hpp"
@@ -24,10 +26,12 @@
 #include "env/verdict_cache.hpp"
 #include "policy/bpe_trainer.hpp"
 #include "policy/checkpoint.hpp"
+#include "policy/collective.hpp"
 #include "policy/engine.hpp"
 #include "policy/learner.hpp"
 #include "policy/model.hpp"
 #include "policy/model_config.hpp"
+#include "policy/runtime.hpp"
 #include "policy/safetensors.hpp"
 #include "policy/tokenizer.hpp"
 #include "policy/weight_handoff.hpp"
@@ -88,6 +92,83 @@ fs::path seeds_dir_of(const config& cfg) {
 void exit_all(const std::vector<caf::actor>& actors) {
   for (const auto& a : actors)
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+std::string join_devices(const std::vector<std::string>& devices) {
+  std::string out;
+  for (const auto& d : devices)
+    out += (out.empty() ? "" : ", ") + d;
+  return out;
+}
+
+// The data-parallel group of a run's learner ranks (learner.devices), formed.
+struct learner_ranks {
+  std::string backend;                          // "inproc" or "nccl"
+  std::shared_ptr<policy::inproc_group> inproc; // inproc: the ranks' group
+  std::string nccl_id_hex;                      // nccl: the id the ranks' communicators were made from
+  policy::checkpoint_info restored;             // rank 0's, when a checkpoint was restored
+};
+
+// Makes every rank's communicator (threads on the CPU, one NCCL rank per GPU from an id made here),
+// joins each learner to the group and, given `checkpoint` (a learner directory), restores it on
+// every rank. Each step is collective, so each rank runs them on a thread of its own, on its device.
+// The error names the rank and device at fault.
+result<learner_ranks> form_learner_group(const config& cfg, const std::vector<std::shared_ptr<policy::learner>>& ranks,
+                                         const fs::path& checkpoint) {
+  const int world = static_cast<int>(ranks.size());
+  const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(cfg.learner.collective_timeout_s * 1e3));
+  const bool cuda = cfg.learner.devices.front() != "cpu";
+  learner_ranks out;
+  out.backend = cuda ? "nccl" : "inproc";
+  policy::nccl_id id;
+  if (cuda) {
+    auto made = policy::nccl_id::generate();
+    if (!made.ok())
+      return fail(made.error().code, "learner.devices: making the NCCL id: ", made.error().message);
+    id = *made;
+    out.nccl_id_hex = id.to_hex();
+  } else {
+    out.inproc = policy::inproc_group::create(world, timeout);
+  }
+  std::vector<result<policy::checkpoint_info>> done(static_cast<std::size_t>(world),
+                                                    crucible::error{errc::cancelled, "not run"});
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      auto& outcome = done[static_cast<std::size_t>(r)];
+      const torch::Device device(cfg.learner.devices[static_cast<std::size_t>(r)]);
+      const policy::device_scope on_device(cfg.learner.devices[static_cast<std::size_t>(r)]);
+      auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout) : out.inproc->join(r);
+      if (!comm.ok()) {
+        outcome = comm.error();
+        return;
+      }
+      if (auto j = ranks[static_cast<std::size_t>(r)]->join_data_parallel(*comm); !j.ok()) {
+        outcome = j.error();
+        return;
+      }
+      outcome = checkpoint.empty() ? result<policy::checkpoint_info>(policy::checkpoint_info{})
+                                   : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint);
+    });
+  for (auto& t : threads)
+    t.join();
+  // A rank that failed on its own (a checkpoint it cannot read, a device error) leaves the others
+  // waiting until they time out: its error is the cause, so a timeout is reported only when no
+  // rank failed otherwise.
+  int failed = -1;
+  for (int r = 0; r < world; ++r)
+    if (const auto& d = done[static_cast<std::size_t>(r)]; !d.ok())
+      if (failed < 0 || (done[static_cast<std::size_t>(failed)].error().code == errc::timeout && d.error().code != errc::timeout))
+        failed = r;
+  if (failed >= 0) {
+    const auto& e = done[static_cast<std::size_t>(failed)].error();
+    return fail(e.code, "learner rank ", std::to_string(failed), " of ", std::to_string(world), " on ",
+                cfg.learner.devices[static_cast<std::size_t>(failed)], ": ",
+                checkpoint.empty() ? "forming the data-parallel group: " : "forming the group and restoring the checkpoint: ",
+                e.message);
+  }
+  out.restored = *done.front();
+  return out;
 }
 
 } // namespace
@@ -387,22 +468,57 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   if (!learner_dtype.ok())
     return guard(fail(errc::config, "learner.dtype: ", learner_dtype.error().message));
   lopt.dtype = *learner_dtype;
-  auto model = policy::load_model(model_dir, lopt);
-  if (!model.ok())
-    return guard(fail(model.error().code, "learner model: ", model.error().message));
-  policy::CausalLM reference{nullptr};
-  if (cfg.learner.kl_coef > 0) {
-    auto ropt = lopt;
-    ropt.dtype = torch::kFloat;
-    auto ref = policy::load_model(model_dir, ropt);
-    if (!ref.ok())
-      return guard(ref.error());
-    reference = *ref;
-  }
-  auto learner = policy::learner::create(*model, reference, cfg.learner, cfg.run.seed, 0);
+  // One learner on `opt.device` (each data-parallel rank loads its own copy onto its device).
+  auto make_learner = [&](const policy::load_options& opt) -> result<std::unique_ptr<policy::learner>> {
+    auto model = policy::load_model(model_dir, opt);
+    if (!model.ok())
+      return fail(model.error().code, "learner model: ", model.error().message);
+    policy::CausalLM reference{nullptr};
+    if (cfg.learner.kl_coef > 0) {
+      auto ropt = opt;
+      ropt.dtype = torch::kFloat;
+      auto ref = policy::load_model(model_dir, ropt);
+      if (!ref.ok())
+        return ref.error();
+      reference = *ref;
+    }
+    return policy::learner::create(*model, reference, cfg.learner, cfg.run.seed, 0);
+  };
+  auto learner = make_learner(lopt);
   if (!learner.ok())
     return guard(learner.error());
-  if (resume) {
+  // Data parallel (learner.devices): ranks 1.. on their devices, the group formed and a resumed
+  // checkpoint restored on every rank before the engine is built from rank 0's weights.
+  std::vector<std::shared_ptr<policy::learner>> ranks;
+  learner_ranks group;
+  if (cfg.learner.devices.size() > 1) {
+    ranks.push_back(std::shared_ptr<policy::learner>(std::move(*learner)));
+    for (std::size_t r = 1; r < cfg.learner.devices.size(); ++r) {
+      const auto& device = cfg.learner.devices[r];
+      auto ropt = lopt;
+      ropt.device = torch::Device(device);
+      if (ropt.device.is_cuda() && ropt.device.index() >= static_cast<int>(torch::cuda::device_count()))
+        return guard(fail(errc::config, "learner.devices[", std::to_string(r), "]: ", device, ": no such CUDA device (",
+                          std::to_string(torch::cuda::device_count()), " visible)"));
+      auto l = make_learner(ropt);
+      if (!l.ok())
+        return guard(fail(l.error().code, "learner.devices[", std::to_string(r), "] ", device, ": ", l.error().message));
+      ranks.push_back(std::shared_ptr<policy::learner>(std::move(*l)));
+    }
+    const auto began = std::chrono::steady_clock::now();
+    auto formed = form_learner_group(cfg, ranks, resume ? out.checkpoint / "learner" : fs::path{});
+    if (!formed.ok())
+      return guard(formed.error());
+    group = std::move(*formed);
+    if (resume) {
+      progress.version = group.restored.version;
+      log.info(component, "learner restored from ", (out.checkpoint / "learner").string(), " on ", ranks.size(),
+               " ranks: ", static_cast<double>(directory_bytes(out.checkpoint / "learner")) / 1e9, " GB in ",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), " s");
+    }
+    log.info(component, "learner: ", ranks.size(), " data-parallel ranks (", group.backend, ") on ",
+             join_devices(cfg.learner.devices), cfg.learner.zero1 ? ", ZeRO-1" : "");
+  } else if (resume) {
     const auto began = std::chrono::steady_clock::now();
     auto info = policy::load_checkpoint(**learner, out.checkpoint / "learner");
     if (!info.ok())
@@ -420,7 +536,8 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   std::unique_ptr<policy::engine> eng;
   std::shared_ptr<policy::weight_handoff> handoff;
   if (cfg.model.handoff == "memory") {
-    auto h = policy::weight_handoff::create((*learner)->model(), cfg.model.engine_dtype, progress.version);
+    auto& rank0 = ranks.empty() ? **learner : *ranks.front();
+    auto h = policy::weight_handoff::create(rank0.model(), cfg.model.engine_dtype, progress.version);
     if (!h.ok())
       return guard(fail(h.error().code, "engine: ", h.error().message));
     handoff = std::move(*h);
@@ -462,13 +579,47 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   spec.tokenizer_dir = model_dir_of(cfg, run_dir);
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
-  learner_actor_deps ldeps{std::shared_ptr<policy::learner>(std::move(*learner)), {*engine}, {}};
+  std::function<result<void>(std::uint64_t)> stage;
   if (handoff)
-    ldeps.stage_weights = [handoff](std::uint64_t version) { return handoff->stage(version); };
-  auto learner_handle = spawn_learner_actor(sys, std::move(ldeps), spec);
-  if (!learner_handle.ok())
-    return guard(learner_handle.error());
-  out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));
+    stage = [handoff](std::uint64_t version) { return handoff->stage(version); };
+  result<learner_actor> learner_handle = fail(errc::invalid_arg, "no learner");
+  if (ranks.empty()) {
+    learner_actor_deps ldeps{std::shared_ptr<policy::learner>(std::move(*learner)), {*engine}, std::move(stage)};
+    learner_handle = spawn_learner_actor(sys, std::move(ldeps), spec);
+    if (!learner_handle.ok())
+      return guard(learner_handle.error());
+    out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));
+  } else {
+    // One actor per rank (rank 0 publishes to the engine), one handle for the trainer in front.
+    std::vector<learner_actor> rank_actors;
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      auto rspec = spec;
+      rspec.rank = static_cast<int>(r);
+      rspec.world_size = static_cast<int>(ranks.size());
+      rspec.backend = group.backend;
+      rspec.group = group.inproc;
+      rspec.nccl_id_hex = group.nccl_id_hex;
+      rspec.timeout_s = cfg.learner.collective_timeout_s;
+      const auto device = torch::Device(cfg.learner.devices[r]);
+      rspec.device = device.is_cuda() ? device.index() : 0;
+      learner_actor_deps ldeps{ranks[r], {}, {}};
+      if (r == 0) {
+        ldeps.engines = {*engine};
+        ldeps.stage_weights = stage;
+      } else {
+        rspec.publish_dir.clear();
+      }
+      auto a = spawn_learner_actor(sys, std::move(ldeps), std::move(rspec));
+      if (!a.ok())
+        return guard(fail(a.error().code, "learner rank ", std::to_string(r), ": ", a.error().message));
+      out.actors.push_back(caf::actor_cast<caf::actor>(*a));
+      rank_actors.push_back(*a);
+    }
+    learner_handle = spawn_learner_group(sys, std::move(rank_actors));
+    if (!learner_handle.ok())
+      return guard(learner_handle.error());
+    out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));
+  }
 
   // The prompts and the trainer.
   auto setup = make_prompt_setup(cfg, tokenizer);

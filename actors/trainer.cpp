@@ -138,6 +138,10 @@ std::chrono::milliseconds stall_limit(const trainer_state& st) {
 }
 
 // How long a request to the learner may go unanswered (run.stall_timeout_s).
+std::size_t learner_ranks(const trainer_state& st) {
+  return std::max<std::size_t>(1, st.deps->cfg.learner.devices.size());
+}
+
 caf::duration learner_wait(const trainer_state& st) {
   const auto limit = stall_limit(st);
   return limit.count() > 0 ? caf::duration{limit} : caf::duration{caf::infinite};
@@ -608,8 +612,8 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
               st.on_groups = nullptr;
               stop_rollouts(self, in_flight_policy::finish, [self] {
                 auto& st = self->state;
-                if (st.groups.empty()) {
-                  sampling_step(self); // every group was abandoned: sample again
+                if (st.groups.size() < learner_ranks(st)) {
+                  sampling_step(self); // every group (or all but too few for the learner ranks) was abandoned: sample again
                   return;
                 }
                 st.want = st.groups.size();

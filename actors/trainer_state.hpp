@@ -126,6 +126,9 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
 void finish_step(self_pointer self, bool done);
 void fail_step(self_pointer self, const crucible::error& err);
 caf::duration learner_wait(const trainer_state& st);
+// The learner's data-parallel ranks (learner.devices; at least 1): an update needs a group (RL) or
+// an example (SFT) for each.
+std::size_t learner_ranks(const trainer_state& st);
 crucible::error learner_error(const trainer_state& st, const caf::error& e, const char* what);
 void arm_stall_check(self_pointer self);
 result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups);

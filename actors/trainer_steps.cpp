@@ -323,8 +323,10 @@ void train_on_groups(self_pointer self) {
         b.prompts.push_back(g.prompt_token_ids);
         b.completions.push_back(g.completions[i].token_ids);
       }
-  if (b.prompts.empty()) {
-    // Nothing to learn from this step: it counts against the budget, the weights stay.
+  // Each learner rank needs an example of its own (learner.devices; a share without one is refused).
+  if (b.prompts.size() < learner_ranks(st)) {
+    // Nothing to learn from this step (or too little for every rank): it counts against the
+    // budget, the weights stay.
     train_report r;
     r.policy_version = policy_version{st.p.version};
     r.step = st.p.step;

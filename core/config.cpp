@@ -359,6 +359,33 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
              "learner.kl_coef",
              "with learner.lora, RL after an SFT or self-supervised stage cannot take its KL reference from the "
              "policy (the adapters are not merged into it): set it to 0 or run RL alone");
+    // learner.devices against itself and model.device; each rank needs a share of every batch.
+    if (!l.devices.empty()) {
+      std::set<std::string> seen;
+      std::string twice;
+      bool cpu = false, cuda = false;
+      for (const auto& d : l.devices) {
+        (d == "cpu" ? cpu : cuda) = true;
+        if (d != "cpu" && !seen.insert(d).second && twice.empty())
+          twice = d;
+      }
+      relation(twice.empty(), "learner.devices",
+               "names " + twice + " twice: one learner rank per GPU (only `cpu` may repeat, as threads)");
+      relation(!(cpu && cuda), "learner.devices",
+               "mixes cpu and cuda devices: the ranks are all threads on the CPU (inproc) or all GPUs (NCCL)");
+      relation(l.devices.front() == cfg.model.device, "learner.devices",
+               "the first entry (" + l.devices.front() + ") must be model.device (" + cfg.model.device +
+                 "): rank 0 trains beside the engine and hands it each version");
+      const auto ranks = static_cast<std::int64_t>(l.devices.size());
+      const auto at_least_ranks = [&](std::int64_t steps, std::int64_t n, const char* path) {
+        relation(steps == 0 || n >= ranks, path,
+                 "must be at least the number of learner ranks (" + std::to_string(ranks) +
+                   ", learner.devices): each rank trains on its own share of the batch");
+      };
+      at_least_ranks(cfg.stages.sft.steps, cfg.stages.sft.batch, "stages.sft.batch");
+      at_least_ranks(cfg.stages.self_supervised.steps, cfg.stages.self_supervised.groups, "stages.self_supervised.groups");
+      at_least_ranks(cfg.stages.rl.steps, cfg.stages.rl.groups, "stages.rl.groups");
+    }
   }
   if (!problems.empty()) {
     std::string msg;

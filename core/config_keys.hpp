@@ -77,6 +77,14 @@ void describe_learner(V& v, learner_options& l) {
     v.field("lora_alpha", l.lora_alpha, "LoRA scale numerator: scale = lora_alpha / lora_rank.",
             positive<double>("a positive number"));
     v.field("lora_targets", l.lora_targets, "Projections that get an adapter.", lora_target_list());
+    v.field("devices", l.devices,
+            "Data parallel: one learner rank per device, `cpu` or `cuda:N` (all CPU or all CUDA, no GPU twice); the "
+            "first must be `model.device`, where rank 0 trains beside the engine and hands it each version. Each rank "
+            "loads the model onto its device and trains on its share of every batch (groups r, r + N, ...), so "
+            "`stages.*.groups` and `stages.sft.batch` must be at least the number of ranks. On the CPU the ranks are "
+            "threads (`cpu` repeated); on GPUs they reduce over NCCL. Empty: one learner on `model.device` "
+            "(docs/learner.md).",
+            learner_device_list());
     v.field("bucket_mb", l.bucket_mb,
             "Data parallel: MiB of float32 gradient reduced per collective; buckets fill in backward order and are "
             "reduced as each completes.",

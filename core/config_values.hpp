@@ -411,6 +411,14 @@ inline constraint<std::vector<std::string>> device_list() {
           }};
 }
 
+// learner.devices: each entry a device (empty: model.device); duplicates, a mix of CPU and CUDA and
+// the first entry are checked against each other and model.device in core/config.cpp.
+inline constraint<std::vector<std::string>> learner_device_list() {
+  return {"a list of devices, each \"cpu\" or \"cuda:N\" (empty: model.device)", [](const std::vector<std::string>& v) {
+            return std::all_of(v.begin(), v.end(), is_device_name);
+          }};
+}
+
 inline constraint<double> below_one() {
   return {"a number in [0, 1)", [](double v) { return v >= 0 && v < 1; }};
 }

@@ -79,6 +79,10 @@ struct learner_options {
   double lora_alpha = 32.0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
   // Data parallel and weight sync (policy/data_parallel.hpp, policy/weight_sync.hpp).
+  /// One data-parallel learner rank per entry ("cpu" or "cuda:N"); the first is model.device, where
+  /// rank 0 trains beside the engine. Empty: one learner on model.device. Read by the run
+  /// (actors/run_roles.cpp); a policy::learner trains on the device its model is on.
+  std::vector<std::string> devices;
   double bucket_mb = 25.0;          ///< float32 gradient MiB reduced per collective
   bool overlap = true;              ///< reduce each bucket during the backward pass, as soon as it is complete
   bool zero1 = false;               ///< shard AdamW's moments and masters over the data-parallel ranks

@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 
 #ifdef CRUCIBLE_HAVE_CUDA
 #  include <ATen/cuda/CUDAEvent.h>
@@ -428,5 +429,15 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
   return fail(errc::unsupported, "time_decode_kernels: built without CUDA");
 #endif
 }
+
+device_scope::device_scope(std::string_view device) {
+  if (device.substr(0, 5) != "cuda:")
+    return;
+  const int index = cuda_index(device);
+  if (index >= 0)
+    guard_ = std::make_shared<c10::OptionalDeviceGuard>(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+}
+
+device_scope::~device_scope() = default;
 
 } // namespace crucible::policy

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,6 +30,22 @@ struct runtime_info {
   std::string cuda_runtime;      ///< CUDA runtime version, e.g. "13.0" ("" without CUDA)
   std::vector<cuda_device> devices;
   int cpu_threads = 0;           ///< LibTorch's intra-op thread count
+};
+
+/// Makes a device the calling thread's current one until the scope ends: for a thread that drives
+/// one GPU's work (a data-parallel learner rank), whose kernels launched outside LibTorch's own ops
+/// and whose collectives go to the current device (cuda:0 unless set). "cpu" changes nothing.
+/// Non-copyable; destroy on the thread that made it.
+class device_scope final {
+public:
+  /// `device` is "cpu" or "cuda:N" (anything else: no change).
+  explicit device_scope(std::string_view device);
+  ~device_scope();
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+
+private:
+  std::shared_ptr<void> guard_; // a c10::OptionalDeviceGuard, or null
 };
 
 /// Probes LibTorch and, in a CUDA build, the CUDA runtime. Never throws; a CUDA build on a

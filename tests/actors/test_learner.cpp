@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -17,6 +18,8 @@
 #include "actors/actor_config.hpp"
 #include "actors/engine.hpp"
 #include "actors/learner.hpp"
+#include "actors/learner_group.hpp"
+#include "policy/checkpoint.hpp"
 #include "policy/collective.hpp"
 #include "policy/engine.hpp"
 #include "policy/learner.hpp"
@@ -367,6 +370,85 @@ TEST_CASE_FIXTURE(fixture, "a learner actor whose peer never arrives fails with 
     CHECK(contains(got[0].error().message, "0.5 s"));
     CHECK(seconds < 10.0);
   }
+}
+
+TEST_CASE_FIXTURE(fixture, "a learner group drives two ranks as one learner: each request to every rank, rank 0's reply, a failure by rank") {
+  auto single = make_learner(41);
+  const auto batch = make_batch(single->model(), 7, 4, 3);
+  const auto dealt = make_batch(single->model(), 8, 4, 3);
+  auto expected = single->grpo_step(to_policy(batch));
+  REQUIRE(expected.ok());
+
+  auto l0 = make_learner(41), l1 = make_learner(42);
+  auto group = policy::inproc_group::create(2, 30s);
+  auto g = spawn_learner_group(sys, {spawn(l0, rank_spec(0, 2, group)), spawn(l1, rank_spec(1, 2, group))});
+  REQUIRE(g.ok());
+  spawned.push_back(caf::actor_cast<caf::actor>(*g));
+  auto ask = [&](const auto&... msg) {
+    result<train_report> out = crucible::error{errc::cancelled, "no reply"};
+    self->request(*g, 60s, msg...)
+      .receive([&](train_report& r) { out = r; }, [&](caf::error& e) { out = to_error(e); });
+    return out;
+  };
+
+  // A global batch: rank 0's report (its own group count), both ranks updated as one learner.
+  auto got = ask(batch);
+  REQUIRE_MESSAGE(got.ok(), (got.ok() ? "" : got.error().to_string()));
+  CHECK(got->policy_version == policy_version{1});
+  CHECK(got->groups == 2);
+  CHECK(got->loss == doctest::Approx(expected->loss).epsilon(1e-5));
+  CHECK(max_param_diff(l0->model(), l1->model()) == 0.0);
+  CHECK(max_param_diff(l0->model(), single->model()) <= 1e-6);
+
+  // Lone groups are dealt to the ranks in turn; train_atom then trains each rank's queue.
+  auto expected_dealt = single->grpo_step(to_policy(dealt));
+  REQUIRE(expected_dealt.ok());
+  for (const auto& x : dealt.groups)
+    self->send(*g, x);
+  got = ask(train_atom_v);
+  REQUIRE_MESSAGE(got.ok(), (got.ok() ? "" : got.error().to_string()));
+  CHECK(got->policy_version == policy_version{2});
+  CHECK(got->groups == 2);
+  CHECK(got->loss == doctest::Approx(expected_dealt->loss).epsilon(1e-5));
+  CHECK(max_param_diff(l0->model(), l1->model()) == 0.0);
+  // A second update from weights that already differ by rounding (its old log-probs recomputed
+  // from them, its moments carrying the first's): the difference grows a little.
+  CHECK(max_param_diff(l0->model(), single->model()) <= 1e-5);
+
+  // reset_atom reaches every rank: an SFT update after it is the same on both.
+  self->send(*g, reset_atom_v);
+  sft_batch sft;
+  sft.prompts = {{5, 6, 7}, {8, 9}};
+  sft.completions = {{10, 11}, {12, 13, 14}};
+  got = ask(sft);
+  REQUIRE_MESSAGE(got.ok(), (got.ok() ? "" : got.error().to_string()));
+  CHECK(got->policy_version == policy_version{3});
+  CHECK(max_param_diff(l0->model(), l1->model()) == 0.0);
+
+  // The checkpoint is collective: every rank takes part, the reply is its version.
+  const auto ck = dir.path() / "ck";
+  std::optional<policy_version> saved;
+  self->request(*g, 60s, save_atom_v, ck.string())
+    .receive([&](policy_version v) { saved = v; }, [&](caf::error& e) { FAIL(to_error(e).to_string()); });
+  CHECK(saved == policy_version{3});
+  auto info = policy::verify_checkpoint(ck);
+  REQUIRE_MESSAGE(info.ok(), (info.ok() ? "" : info.error().message));
+  CHECK(info->version == 3);
+
+  // One group for two ranks: rank 1 has none and refuses, which fails rank 0 at once; the group
+  // answers with the first failure, naming its rank, and counts the other.
+  learner_batch one;
+  one.groups.push_back(batch.groups[0]);
+  got = ask(one);
+  REQUIRE_FALSE(got.ok());
+  CHECK_MESSAGE((contains(got.error().message, "learner rank 0 of 2: ") ||
+                 contains(got.error().message, "learner rank 1 of 2: ")), got.error().message);
+  CHECK_MESSAGE(contains(got.error().message, "(1 other rank failed too)"), got.error().message);
+  CHECK(l0->version() == 3);
+  CHECK(l1->version() == 3);
+
+  CHECK(spawn_learner_group(sys, {}).error().code == errc::invalid_arg);
+  CHECK(spawn_learner_group(sys, {learner_actor{}}).error().code == errc::invalid_arg);
 }
 
 TEST_CASE("learner actor specs name the field at fault") {

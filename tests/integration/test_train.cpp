@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -557,6 +559,149 @@ TEST_CASE("the real-size path at tiny shapes (LoRA, activation checkpointing, bf
     firsts.push_back(first_group_completions(tmp.path() / handoff));
   }
   CHECK(firsts[0] == firsts[1]);
+}
+
+// learner.devices: `ranks` learner ranks as threads of the run on the CPU (inproc), with ZeRO-1 if
+// asked, and AdamW's epsilon raised so that the order in which the ranks' gradients are summed
+// changes the updates by rounding only (as in test_data_parallel.cpp).
+std::string with_ranks(std::string t, int ranks, bool zero1 = false) {
+  const std::string learner = "learner:\n";
+  std::string devices = "  devices: [cpu";
+  for (int r = 1; r < ranks; ++r)
+    devices += ", cpu";
+  devices += "]\n";
+  t.insert(t.find(learner) + learner.size(), devices + "  eps: 1.0e-6\n" + (zero1 ? "  zero1: true\n" : ""));
+  return t;
+}
+
+// The float32 tensors of a safetensors file, by name (the tiny preset trains in float32).
+std::map<std::string, std::vector<float>> float_tensors(const std::string& bytes) {
+  REQUIRE(bytes.size() >= 8);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i)
+    n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  auto header = crucible::parse_json(bytes.substr(8, n));
+  REQUIRE(header.ok());
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, entry] : header->as_object()) {
+    if (name == "__metadata__")
+      continue;
+    REQUIRE(entry.find("dtype")->as_string() == "F32");
+    const auto& offsets = entry.find("data_offsets")->as_array();
+    const auto begin = static_cast<std::size_t>(offsets.at(0).as_int()), end = static_cast<std::size_t>(offsets.at(1).as_int());
+    std::vector<float> values((end - begin) / sizeof(float));
+    std::memcpy(values.data(), bytes.data() + 8 + n + begin, end - begin);
+    out[name] = std::move(values);
+  }
+  return out;
+}
+
+// The largest difference between two runs' final weights (every tensor of one is in the other).
+double max_weight_diff(const fs::path& a, const fs::path& b) {
+  auto x = float_tensors(final_weights(a));
+  auto y = float_tensors(final_weights(b));
+  REQUIRE(x.size() == y.size());
+  double worst = 0;
+  for (const auto& [name, values] : x) {
+    INFO(name);
+    REQUIRE(y.count(name) == 1);
+    REQUIRE(y[name].size() == values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      worst = std::max(worst, static_cast<double>(std::abs(values[i] - y[name][i])));
+  }
+  return worst;
+}
+
+TEST_CASE("two learner ranks on the CPU (learner.devices [cpu, cpu]) update as one learner, and a run with them goes through SFT and contrastive RL") {
+  temp_dir tmp;
+  // SFT alone is deterministic: each rank takes one example of two, and their summed gradient is
+  // the whole batch's, so the weights are one learner's up to the order of the sums.
+  const std::string sft = "  sft: {steps: 2, batch: 2}\n";
+  auto one_cfg = write_config(tmp.path(), with_ranks(without_warm_start(test_config(tmp.path(), "one", sft)), 1));
+  auto one = cli({"train", one_cfg.string()});
+  INFO(one.err);
+  REQUIRE(one.exit_code == 0);
+  auto two_cfg = write_config(tmp.path(), with_ranks(without_warm_start(test_config(tmp.path(), "two", sft)), 2));
+  auto two = cli({"train", two_cfg.string()});
+  INFO(two.err);
+  REQUIRE(two.exit_code == 0);
+  CHECK(two.out.find("finished at step 2") != std::string::npos);
+  CHECK(slurp(tmp.path() / "two" / "events.log").find("learner: 2 data-parallel ranks (inproc) on cpu, cpu")
+        != std::string::npos);
+  const double diff = max_weight_diff(tmp.path() / "one", tmp.path() / "two");
+  MESSAGE("max |weight difference|, two ranks against one: ", diff);
+  CHECK(diff <= 1e-5);
+  std::vector<double> losses[2];
+  for (int k = 0; k < 2; ++k)
+    for (const auto& r : records(tmp.path() / (k == 0 ? "one" : "two")))
+      if (event_of(r) == "train_step")
+        losses[k].push_back(r.find("loss")->as_double());
+  REQUIRE(losses[0].size() == 2);
+  REQUIRE(losses[1].size() == 2);
+  for (std::size_t i = 0; i < 2; ++i)
+    CHECK(losses[1][i] == doctest::Approx(losses[0][i]).epsilon(1e-4));
+
+  // The whole loop with two ranks: warm start, SFT, RL steps of two groups with real verdicts.
+  auto loop_cfg = write_config(tmp.path(), with_ranks(test_config(tmp.path(), "loop2",
+                                                                  "  sft: {steps: 1, batch: 2}\n  rl: {steps: 2, groups: 2}\n"), 2));
+  auto loop = cli({"train", loop_cfg.string()});
+  INFO(loop.err);
+  REQUIRE(loop.exit_code == 0);
+  CHECK(loop.out.find("finished at step 3") != std::string::npos);
+  std::vector<std::string> stages;
+  for (const auto& r : records(tmp.path() / "loop2"))
+    if (event_of(r) == "train_step") {
+      stages.push_back(r.find("stage")->as_string());
+      CHECK(std::isfinite(r.find("loss")->as_double()));
+      CHECK(std::isfinite(r.find("grad_norm")->as_double()));
+    }
+  CHECK(stages == std::vector<std::string>{"sft", "rl", "rl"});
+  CHECK(train_steps(tmp.path() / "loop2") == std::vector<std::int64_t>{1, 2, 3});
+}
+
+TEST_CASE("two learner ranks with ZeRO-1: pause and resume give the weights of an uninterrupted run") {
+  temp_dir tmp;
+  const std::string stages = "  sft: {steps: 4, batch: 2}\n";
+  auto whole_cfg = write_config(tmp.path(), with_ranks(without_warm_start(test_config(tmp.path(), "whole", stages)), 2, true));
+  auto whole = cli({"train", whole_cfg.string()});
+  INFO(whole.err);
+  REQUIRE(whole.exit_code == 0);
+  auto split = cli({"train", whole_cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
+  INFO(split.err);
+  REQUIRE(split.exit_code == 0);
+  CHECK(split.out.find("paused at step 2") != std::string::npos);
+  const auto run = tmp.path() / "split";
+  // Each rank wrote its optimiser shard into the checkpoint.
+  const auto learner = run / "checkpoints" / "step-2" / "learner";
+  CHECK(fs::exists(learner / "optimizer.zero1-0.safetensors"));
+  CHECK(fs::exists(learner / "optimizer.zero1-1.safetensors"));
+  auto resumed = cli({"resume", run.string()});
+  INFO(resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.out.find("finished at step 4") != std::string::npos);
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4});
+  CHECK(slurp(run / "events.log").find("on 2 ranks") != std::string::npos);
+  const auto a = final_weights(tmp.path() / "whole");
+  REQUIRE(!a.empty());
+  CHECK(a == final_weights(run));
+}
+
+TEST_CASE("learner.devices that cannot be placed are refused naming the key, and nothing is run") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "bad", "  sft: {steps: 1, batch: 2}\n"));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+    {"learner.devices=[cpu, cuda:0]", "learner.devices: mixes cpu and cuda devices"},
+    {"learner.devices=[cuda:0, cuda:0]", "learner.devices: names cuda:0 twice"},
+    {"learner.devices=[cuda:0]", "learner.devices: the first entry (cuda:0) must be model.device (cpu)"},
+    {"learner.devices=[cpu, cpu, cpu]", "stages.sft.batch: must be at least the number of learner ranks (3"},
+  };
+  for (const auto& [set, message] : cases) {
+    INFO(set);
+    auto r = cli({"train", cfg.string(), "--set", set});
+    CHECK(r.exit_code == 2);
+    CHECK_MESSAGE(r.err.find(message) != std::string::npos, r.err);
+    CHECK_FALSE(fs::exists(tmp.path() / "bad"));
+  }
 }
 
 TEST_CASE("a run paused during contrastive RL resumes sampling with the restored policy") {

@@ -315,6 +315,46 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
   CHECK(parse_config(lora_kl, "configs/x.yaml").ok());
 }
 
+TEST_CASE("learner.devices: one rank per device, checked against itself and model.device") {
+  auto defaults = parse_config("", "a.yaml");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->learner.devices.empty()); // one learner on model.device
+
+  auto cpu = parse_config("learner:\n  devices: [cpu, cpu]\nstages:\n  sft: {steps: 2, batch: 2}\n", "a.yaml");
+  REQUIRE_MESSAGE(cpu.ok(), (cpu.ok() ? "" : cpu.error().message));
+  CHECK(cpu->learner.devices == std::vector<std::string>{"cpu", "cpu"});
+  auto again = parse_config(to_yaml(*cpu), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->learner.devices == cpu->learner.devices);
+  auto gpus = parse_config("", "a.yaml", {"model.device=cuda:0", "learner.devices=[cuda:0, cuda:1, cuda:2, cuda:3]",
+                                          "stages.rl.groups=4", "stages.sft.batch=4", "stages.self_supervised.groups=4"});
+  REQUIRE_MESSAGE(gpus.ok(), (gpus.ok() ? "" : gpus.error().message));
+  CHECK(gpus->learner.devices.size() == 4);
+
+  CHECK(problems_of("learner:\n  devices: [cpu, gpu]\n")
+        == "configs/x.yaml:2: learner.devices: expected a list of devices, each \"cpu\" or \"cuda:N\" (empty: "
+           "model.device), got a list");
+  CHECK(problems_of("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1, cuda:1]\n")
+        == "configs/x.yaml: learner.devices: names cuda:1 twice: one learner rank per GPU (only `cpu` may repeat, as "
+           "threads)");
+  CHECK(problems_of("learner:\n  devices: [cpu, cuda:0]\n")
+        == "configs/x.yaml: learner.devices: mixes cpu and cuda devices: the ranks are all threads on the CPU "
+           "(inproc) or all GPUs (NCCL)");
+  CHECK(problems_of("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:1, cuda:0]\n")
+        == "configs/x.yaml: learner.devices: the first entry (cuda:1) must be model.device (cuda:0): rank 0 trains "
+           "beside the engine and hands it each version");
+  CHECK(problems_of("learner:\n  devices: [cuda:0]\n").find("learner.devices: the first entry (cuda:0) must be "
+                                                            "model.device (cpu)") != std::string::npos);
+  // Each rank needs a share of every batch of a stage that runs.
+  CHECK(problems_of("learner:\n  devices: [cpu, cpu, cpu]\nstages:\n  sft: {steps: 1, batch: 2}\n  rl: {steps: 1, groups: 3}\n")
+        == "configs/x.yaml: stages.sft.batch: must be at least the number of learner ranks (3, learner.devices): each "
+           "rank trains on its own share of the batch");
+  CHECK(problems_of("learner:\n  devices: [cpu, cpu]\nstages:\n  rl: {steps: 1, groups: 1}\n").find("stages.rl.groups")
+        != std::string::npos);
+  CHECK(parse_config("learner:\n  devices: [cpu, cpu]\nstages:\n  sft: {steps: 0, batch: 1}\n  rl: {steps: 1, groups: 2}\n"
+                     "  self_supervised: {steps: 0, groups: 1}\n", "a.yaml").ok());
+}
+
 TEST_CASE("membership keys decode and are validated with the key named") {
   auto cfg = parse_config("membership:\n  listen: \"0.0.0.0:7460\"\n  token_file: /etc/crucible/token\n"
                           "  heartbeat_s: 0.5\n  timeout_s: 3\n",
