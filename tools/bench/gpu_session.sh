@@ -94,14 +94,14 @@ Modes (the table's row in brackets):
                       `timing`; WAIT_S (540). Output: $OUT/real.tgz (runs' logs and metrics,
                       the benches' JSON); the runs stay in data/runs/real.
   multi start|wait|collect
-                      [runs that need several GPUs] for each PART of PARTS (default "tests modes
-                      four zero"): tests: test_gpu_dp, the data-parallel run test, the GPU
-                      checkpointing test; modes: train_modes.sh on cuda:0-1 (policy on one GPU,
+                      [runs that need several GPUs] for each PART of PARTS (default "tests modes zero
+                      four"): tests: test_gpu_dp, the data-parallel run test, the GPU
+                      checkpointing test, test_gpu_engine; modes: train_modes.sh on cuda:0-1 (policy on one GPU,
                       evaluator on the other), configs/gpu-1x.yaml on the ten seeded tasks that
                       build no extension, SFT 300, MODE_STEPS (6) RL steps of 2 groups, async
                       against sync; four: configs/gpu-4x.yaml on the same tasks, FOUR_SFT (100)
                       SFT and FOUR_RL (6) RL steps; zero: configs/gpu-7b-full-4x.yaml (7B full
-                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (5) RL steps. Every GPU's
+                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (3) RL steps. Every GPU's
                       memory sampled each second. As `real_size` across calls; WAIT_S (540).
                       Output: $OUT/multi.tgz; the runs stay in data/runs/multi.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
@@ -530,12 +530,13 @@ multi_smi() { # NAME: samples every GPU's memory and use each second into $MULTI
 
 multi_pipeline() {
   local smi
-  for part in ${PARTS:-tests modes four zero}; do
+  for part in ${PARTS:-tests modes zero four}; do
     case "$part" in
       tests)
         multi_step test_gpu_dp "$B/tests/gpu/test_gpu_dp"
         multi_step test_gpu_train_dp bash -c "f=\$(find $B/tests -name 'test_gpu_train*' -type f | head -1); [[ -n \$f ]] && \$f"
-        multi_step test_gpu_checkpointing "$B/tests/gpu/test_gpu_kernels" -tc="*activation checkpointing*" -s ;;
+        multi_step test_gpu_checkpointing "$B/tests/gpu/test_gpu_kernels" -tc="*activation checkpointing*" -s
+        multi_step test_gpu_engine "$B/tests/gpu/test_gpu_engine" ;;
       modes)
         # Policy (engine and learner) on cuda:0, evaluator on cuda:1: the issue's two-GPU layout.
         smi=$(multi_smi modes)
@@ -554,7 +555,7 @@ multi_pipeline() {
       zero)
         smi=$(multi_smi zero)
         multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$MULTI" \
-          --set stages.rl.steps="${ZERO_RL:-5}"
+          --set stages.rl.steps="${ZERO_RL:-3}"
         kill "$smi" 2>/dev/null
         rm -rf "$MULTI/gpu-7b-full-4x/checkpoints" "$MULTI/gpu-7b-full-4x/model" ;;
     esac
@@ -581,7 +582,7 @@ multi_wait() {
 
 multi_start() {
   local tests
-  tests=$(cd "$B" && ninja -t targets all 2>/dev/null | grep -o '^test_gpu_[a-z_]*' | sort -u | grep -E 'test_gpu_(dp|kernels|train)' | tr '\n' ' ')
+  tests=$(cd "$B" && ninja -t targets all 2>/dev/null | grep -o '^test_gpu_[a-z_]*' | sort -u | grep -E 'test_gpu_(dp|kernels|train|engine)' | tr '\n' ' ')
   # shellcheck disable=SC2086
   build crucible $tests
   if multi_running; then echo "multi: already running"; else
