@@ -114,7 +114,7 @@ struct learner_ranks {
 // every rank. Each step is collective, so each rank runs them on a thread of its own, on its device.
 // The error names the rank and device at fault.
 result<learner_ranks> form_learner_group(const config& cfg, const std::vector<std::shared_ptr<policy::learner>>& ranks,
-                                         const fs::path& checkpoint) {
+                                         const fs::path& checkpoint, logger& log) {
   const int world = static_cast<int>(ranks.size());
   const auto timeout = std::chrono::milliseconds(static_cast<std::int64_t>(cfg.learner.collective_timeout_s * 1e3));
   const bool cuda = cfg.learner.devices.front() != "cpu";
@@ -138,17 +138,35 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
       auto& outcome = done[static_cast<std::size_t>(r)];
       const torch::Device device(cfg.learner.devices[static_cast<std::size_t>(r)]);
       const policy::device_scope on_device(cfg.learner.devices[static_cast<std::size_t>(r)]);
+      // Each phase is logged as it ends: a rank that stops early, or a group that hangs in a
+      // collective, shows in the log before the timeout names it.
+      auto since = std::chrono::steady_clock::now();
+      auto phase = [&](const char* what, const crucible::error* e) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+        since = std::chrono::steady_clock::now();
+        if (e != nullptr)
+          log.warn("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " failed after ", s, " s: ",
+                   e->message);
+        else
+          log.debug("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " in ", s, " s");
+      };
       auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout) : out.inproc->join(r);
       if (!comm.ok()) {
         outcome = comm.error();
+        phase("making the communicator", &comm.error());
         return;
       }
+      phase("communicator made", nullptr);
       if (auto j = ranks[static_cast<std::size_t>(r)]->join_data_parallel(*comm); !j.ok()) {
         outcome = j.error();
+        phase("joining the data-parallel group", &j.error());
         return;
       }
+      phase("joined the data-parallel group (parameters agreed and broadcast, buckets planned)", nullptr);
       outcome = checkpoint.empty() ? result<policy::checkpoint_info>(policy::checkpoint_info{})
                                    : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint);
+      if (!checkpoint.empty())
+        phase("restoring the checkpoint", outcome.ok() ? nullptr : &outcome.error());
     });
   for (auto& t : threads)
     t.join();
@@ -506,7 +524,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
       ranks.push_back(std::shared_ptr<policy::learner>(std::move(*l)));
     }
     const auto began = std::chrono::steady_clock::now();
-    auto formed = form_learner_group(cfg, ranks, resume ? out.checkpoint / "learner" : fs::path{});
+    auto formed = form_learner_group(cfg, ranks, resume ? out.checkpoint / "learner" : fs::path{}, log);
     if (!formed.ok())
       return guard(formed.error());
     group = std::move(*formed);

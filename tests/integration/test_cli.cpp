@@ -252,6 +252,12 @@ TEST_CASE("crucible memory-plan prints the grid, one configuration item by item,
   REQUIRE(from_config.exit_code == 0);
   CHECK(from_config.out.find("**small**, full fine-tuning, 2 GPUs with ZeRO-1 of 80 GB; prompt 4096 + completion 1024") == 0);
   CHECK(from_config.out.find("engine 64 rows") != std::string::npos);
+  // learner.devices gives the GPU count: the 7B full fine-tuning config over four GPUs.
+  const std::string four = std::string{CRUCIBLE_SOURCE_DIR} + "/configs/gpu-7b-full-4x.yaml";
+  auto from_devices = cli({"memory-plan", "--config", four, "--gpu-gb", "141"});
+  REQUIRE(from_devices.exit_code == 0);
+  CHECK(from_devices.out.find("full fine-tuning, 4 GPUs with ZeRO-1 of 141 GB") != std::string::npos);
+  CHECK(from_devices.out.find("Fits in 141 GB") != std::string::npos);
   for (const auto& [args, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
          {{"memory-plan", "--model", "70b"}, "--model: model '70b'"},
          {{"memory-plan", "--model", "7b", "--zero1"}, "zero1"},

@@ -534,7 +534,7 @@ multi_pipeline() {
     case "$part" in
       tests)
         multi_step test_gpu_dp "$B/tests/gpu/test_gpu_dp"
-        multi_step test_gpu_train_dp bash -c "f=\$(find $B/tests -name 'test_gpu_train*' -type f | head -1); [[ -n \$f ]] && \$f"
+        multi_step test_gpu_train_dp "$B/tests/gpu/test_gpu_train_dp"
         multi_step test_gpu_checkpointing "$B/tests/gpu/test_gpu_kernels" -tc="*activation checkpointing*" -s
         multi_step test_gpu_engine "$B/tests/gpu/test_gpu_engine" ;;
       modes)
@@ -581,10 +581,7 @@ multi_wait() {
 }
 
 multi_start() {
-  local tests
-  tests=$(cd "$B" && ninja -t targets all 2>/dev/null | grep -o '^test_gpu_[a-z_]*' | sort -u | grep -E 'test_gpu_(dp|kernels|train|engine)' | tr '\n' ' ')
-  # shellcheck disable=SC2086
-  build crucible $tests
+  build crucible test_gpu_dp test_gpu_train_dp test_gpu_kernels test_gpu_engine
   if multi_running; then echo "multi: already running"; else
     setsid nohup bash "$SELF" multi pipeline </dev/null >"$MULTI/pipeline.stdout" 2>&1 &
     echo $! >"$MULTI/pid"

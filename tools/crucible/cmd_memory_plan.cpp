@@ -84,6 +84,9 @@ result<void> apply_config(const config& cfg, policy::memory_plan_options& o) {
   o.lora_targets = l.lora_targets;
   o.kl_reference = l.kl_coef > 0;
   o.zero1 = l.zero1;
+  // learner.devices: one learner rank a GPU (--gpus overrides).
+  if (!l.devices.empty())
+    o.gpus = static_cast<int>(l.devices.size());
   o.micro_batch_tokens = l.micro_batch_tokens;
   o.activation_checkpointing = l.activation_checkpointing;
   // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
@@ -209,8 +212,9 @@ command memory_plan_command() {
            "Models: 1.5b, 7b, 14b, 32b (Qwen2.5-Coder-*-Instruct's published shapes) or a model directory.\n"
            "Defaults: prompt 4096 + completion 2048 tokens, micro-batches of 8192 tokens, checkpointing\n"
            "on, bfloat16 learner and engine, engine of 8 rows (one group of 8), LoRA rank 16 on q/k/v/o.\n"
-           "With --config the run configuration's model, learner, prompt.max_tokens, rollout.max_new_tokens,\n"
-           "rollout.group_size and engine batching replace the defaults; flags given override both.\n"
+           "With --config the run configuration's model, learner (learner.devices: the GPU count),\n"
+           "prompt.max_tokens, rollout.max_new_tokens, rollout.group_size and engine batching replace the\n"
+           "defaults; flags given override both.\n"
            "  crucible memory-plan\n"
            "  crucible memory-plan --model 7b --lora --gpus 1 --gpu-gb 141\n"
            "  crucible memory-plan --config configs/gpu-1x.yaml --gpu-gb 80",
