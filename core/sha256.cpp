@@ -84,6 +84,8 @@ sha256::sha256()
   : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
 
 void sha256::blocks(const std::uint8_t* p, std::size_t n) {
+  if (n == 0)
+    return;
 #ifdef CRUCIBLE_SHA_NI
   if (use_sha_extensions) {
     compress_sha_extensions(h_.data(), p, n);
@@ -139,22 +141,13 @@ void sha256::update(const void* data, std::size_t size) {
     blocks(buf_.data(), 1);
     buf_len_ = 0;
   }
-  if (size >= 64) {
-    blocks(p, size / 64);
-    p += size / 64 * 64;
-    size %= 64;
-  }
-  while (size > 0) {
-    auto n = std::min(size, 64 - buf_len_);
-    std::memcpy(buf_.data() + buf_len_, p, n);
-    buf_len_ += n;
-    p += n;
-    size -= n;
-    if (buf_len_ == 64) {
-      blocks(buf_.data(), 1);
-      buf_len_ = 0;
-    }
-  }
+  // Whole blocks straight from the input; what is left (under a block) waits in the buffer.
+  blocks(p, size / 64);
+  p += size / 64 * 64;
+  size %= 64;
+  if (size > 0)
+    std::memcpy(buf_.data(), p, size);
+  buf_len_ = size;
 }
 
 std::array<std::uint8_t, 32> sha256::finish() {

@@ -446,6 +446,14 @@ bool worker::reap(bool block) {
   return false;
 }
 
+bool worker::ended(std::chrono::steady_clock::time_point until) {
+  if (reap(false))
+    return true;
+  if (pidfd_ >= 0)
+    (void) poll_readable(pidfd_, until);
+  return reap(false);
+}
+
 void worker::kill() {
   if (pid_ <= 0 || exited_)
     return;

@@ -106,6 +106,10 @@ public:
   receive_outcome receive(std::chrono::steady_clock::time_point deadline, worker_message& out);
   /// Kills the whole process group (SIGKILL) and reaps the process. Idempotent.
   void kill();
+  /// Whether the process has ended, waiting for its end until `until` at most (then
+  /// exit_description() and died_by_signal() say how). A worker that stops taking messages may
+  /// have been killed from outside an instant before: this tells that from a live one.
+  bool ended(std::chrono::steady_clock::time_point until);
   /// After `died` (or kill()): "exited with code 3", "killed by signal 11 (SIGSEGV)".
   std::string exit_description() const;
   /// True when the process ended by a signal it did not get from us.

@@ -4,7 +4,9 @@
 // killed in the middle of an evaluation.
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -351,6 +353,37 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   CHECK(kills == 1);
   CHECK(v.status == verdict_status::ok);
   CHECK(ev.ev->workers_started() == 2);
+}
+
+TEST_CASE("a worker killed before it takes its job is replaced, for a candidate and for a task checked alone") {
+  // The reference check of `crucible train` once crashed a run this way: the worker killed
+  // from outside an instant before its job was sent, the send refused, no retry.
+  for (bool alone : {false, true}) {
+    CAPTURE(alone);
+    cpu_evaluator ev{0};
+    int kills = 0;
+    ev.ev->set_phase_observer([&](const char* phase, pid_t pid) {
+      if (std::string{phase} != "reference" || kills > 0)
+        return;
+      ++kills;
+      // Killed, and seen to have ended (its pidfd readable), before the job goes out.
+      const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+      ::kill(pid, SIGKILL);
+      if (fd >= 0) {
+        pollfd p{fd, POLLIN, 0};
+        (void) ::poll(&p, 1, 10'000);
+        ::close(fd);
+      }
+    });
+    auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+    auto t = load_task(read_expectation(cand).task);
+    REQUIRE(t.ok());
+    auto v = alone ? ev.ev->check_task(*t) : ev.run(*t, cand);
+    INFO(describe(v));
+    CHECK(kills == 1);
+    CHECK(v.status == verdict_status::ok);
+    CHECK(ev.ev->workers_started() == 2);
+  }
 }
 
 namespace {

@@ -409,15 +409,17 @@ set_wait() {
 # ---- real_size: the real-size configs through the loop, then their side-by-side benches ----
 REAL="$ROOT/data/runs/real"
 
-real_step() { # NAME COMMAND...: one step of the pipeline, its output in $REAL/NAME.log
-  local name="$1" start rc
-  shift
+pipeline_step() { # DIR NAME COMMAND...: one step of a pipeline, its output in DIR/NAME.log, its rc and time in DIR/pipeline.log
+  local dir="$1" name="$2" start rc
+  shift 2
   start=$(date +%s)
-  echo "[$(date +%T)] $name: start" >>"$REAL/pipeline.log"
-  "$@" >"$REAL/$name.log" 2>&1
+  echo "[$(date +%T)] $name: start" >>"$dir/pipeline.log"
+  "$@" >"$dir/$name.log" 2>&1
   rc=$?
-  echo "[$(date +%T)] $name: rc $rc in $(( $(date +%s) - start )) s" >>"$REAL/pipeline.log"
+  echo "[$(date +%T)] $name: rc $rc in $(( $(date +%s) - start )) s" >>"$dir/pipeline.log"
 }
+
+real_step() { pipeline_step "$REAL" "$@"; }
 
 real_preset() { # SIZE: the init-model preset and bench_learner's LoRA flag of a size
   case "$1" in
@@ -512,15 +514,7 @@ MULTI="$ROOT/data/runs/multi"
 # not of the whole suite's extension builds.
 NO_BUILD_TASKS='[level2/04_layernorm_manual_fp32, level2/05_softmax_manual_fp32, level2/09_causal_attention_fp32, level2/12_pairwise_sqdist_fp32, level2/13_logsumexp_manual_fp32, level3/03_mha_block_fp32, level3/04_transformer_layer_fp32, level3/05_resnet_basic_block_fp32, level3/06_lstm_loop_fp32, level3/10_gpt_attention_bf16]'
 
-multi_step() { # NAME COMMAND...: as real_step, in $MULTI
-  local name="$1" start rc
-  shift
-  start=$(date +%s)
-  echo "[$(date +%T)] $name: start" >>"$MULTI/pipeline.log"
-  "$@" >"$MULTI/$name.log" 2>&1
-  rc=$?
-  echo "[$(date +%T)] $name: rc $rc in $(( $(date +%s) - start )) s" >>"$MULTI/pipeline.log"
-}
+multi_step() { pipeline_step "$MULTI" "$@"; }
 
 multi_smi() { # NAME: samples every GPU's memory and use each second into $MULTI/NAME.smi.csv; prints the pid
   nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,noheader -lms 1000 \

@@ -128,6 +128,25 @@ TEST_CASE("exit codes and signals are reported, final messages are not lost") {
   }
 }
 
+TEST_CASE("a worker killed from outside stops taking messages, and ended() tells how it ended") {
+  zmq::context_t ctx;
+  auto w = worker::start(ctx, probe_spec());
+  REQUIRE(w.ok());
+  expect_message(**w);
+  CHECK_FALSE((*w)->ended(std::chrono::steady_clock::now())); // alive: no wait, not ended
+  ::kill((*w)->pid(), SIGKILL);                               // an operator, the OOM killer
+  // Sends are queued until the connection's end is noticed: poll for the refusal, bounded.
+  const auto refused_by = std::chrono::steady_clock::now() + 30s;
+  bool refused = false;
+  while (!refused && std::chrono::steady_clock::now() < refused_by)
+    refused = !(*w)->send(R"({"type":"ping"})").ok();
+  CHECK(refused);
+  CHECK((*w)->ended(std::chrono::steady_clock::now() + 10s));
+  CHECK((*w)->died_by_signal());
+  CHECK((*w)->exit_signal() == SIGKILL);
+  CHECK((*w)->exit_description().rfind("killed by signal 9 (SIGKILL)", 0) == 0);
+}
+
 TEST_CASE("binary frames arrive intact, empty ones included") {
   zmq::context_t ctx;
   auto w = worker::start(ctx, probe_spec());
