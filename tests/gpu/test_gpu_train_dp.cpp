@@ -18,6 +18,7 @@
 
 #include "core/json_parse.hpp"
 #include "tests/integration/process.hpp"
+#include "tests/test_util/safetensors_floats.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -72,39 +73,6 @@ std::string final_weights(const fs::path& run) {
   return slurp(run / "checkpoints" / latest / "learner" / "model" / "model.safetensors");
 }
 
-// The largest difference between two float32 safetensors files' tensors.
-double max_diff(const std::string& a, const std::string& b) {
-  auto tensors = [](const std::string& bytes) {
-    REQUIRE(bytes.size() >= 8);
-    std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i)
-      n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
-    auto header = crucible::parse_json(bytes.substr(8, n));
-    REQUIRE(header.ok());
-    std::map<std::string, std::vector<float>> out;
-    for (const auto& [name, entry] : header->as_object()) {
-      if (name == "__metadata__")
-        continue;
-      REQUIRE(entry.find("dtype")->as_string() == "F32");
-      const auto& off = entry.find("data_offsets")->as_array();
-      const auto begin = static_cast<std::size_t>(off.at(0).as_int()), end = static_cast<std::size_t>(off.at(1).as_int());
-      std::vector<float> v((end - begin) / sizeof(float));
-      std::memcpy(v.data(), bytes.data() + 8 + n + begin, end - begin);
-      out[name] = std::move(v);
-    }
-    return out;
-  };
-  auto x = tensors(a), y = tensors(b);
-  REQUIRE(x.size() == y.size());
-  double worst = 0;
-  for (const auto& [name, v] : x) {
-    REQUIRE(y[name].size() == v.size());
-    for (std::size_t i = 0; i < v.size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(v[i] - y[name][i])));
-  }
-  return worst;
-}
-
 } // namespace
 
 TEST_CASE("crucible train with learner ranks on two GPUs over NCCL: SFT as one learner, ZeRO-1 pause and resume exact") {
@@ -121,7 +89,7 @@ TEST_CASE("crucible train with learner ranks on two GPUs over NCCL: SFT as one l
   REQUIRE(two.exit_code == 0);
   CHECK(two.out.find("finished at step 4") != std::string::npos);
   CHECK(slurp(tmp.path() / "two" / "events.log").find("2 data-parallel ranks (nccl) on cuda:0, cuda:1") != std::string::npos);
-  const double diff = max_diff(final_weights(tmp.path() / "one"), final_weights(tmp.path() / "two"));
+  const double diff = crucible::testing::max_float_diff(final_weights(tmp.path() / "one"), final_weights(tmp.path() / "two"));
   MESSAGE("max |weight difference|, two GPUs against one: ", diff);
   CHECK(diff <= 1e-4);
 
@@ -138,7 +106,7 @@ TEST_CASE("crucible train with learner ranks on two GPUs over NCCL: SFT as one l
   INFO(resumed.err);
   REQUIRE(resumed.exit_code == 0);
   CHECK(resumed.out.find("finished at step 4") != std::string::npos);
-  const double resume_diff = max_diff(final_weights(tmp.path() / "whole"), final_weights(tmp.path() / "split"));
+  const double resume_diff = crucible::testing::max_float_diff(final_weights(tmp.path() / "whole"), final_weights(tmp.path() / "split"));
   MESSAGE("max |weight difference|, resumed against uninterrupted (ZeRO-1, two GPUs): ", resume_diff);
   CHECK(resume_diff <= 1e-6);
 }

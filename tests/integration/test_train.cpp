@@ -22,6 +22,7 @@
 #include "core/json_parse.hpp"
 #include "core/sha256.hpp"
 #include "process.hpp"
+#include "tests/test_util/safetensors_floats.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -574,42 +575,9 @@ std::string with_ranks(std::string t, int ranks, bool zero1 = false) {
   return t;
 }
 
-// The float32 tensors of a safetensors file, by name (the tiny preset trains in float32).
-std::map<std::string, std::vector<float>> float_tensors(const std::string& bytes) {
-  REQUIRE(bytes.size() >= 8);
-  std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i)
-    n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
-  auto header = crucible::parse_json(bytes.substr(8, n));
-  REQUIRE(header.ok());
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& [name, entry] : header->as_object()) {
-    if (name == "__metadata__")
-      continue;
-    REQUIRE(entry.find("dtype")->as_string() == "F32");
-    const auto& offsets = entry.find("data_offsets")->as_array();
-    const auto begin = static_cast<std::size_t>(offsets.at(0).as_int()), end = static_cast<std::size_t>(offsets.at(1).as_int());
-    std::vector<float> values((end - begin) / sizeof(float));
-    std::memcpy(values.data(), bytes.data() + 8 + n + begin, end - begin);
-    out[name] = std::move(values);
-  }
-  return out;
-}
-
 // The largest difference between two runs' final weights (every tensor of one is in the other).
 double max_weight_diff(const fs::path& a, const fs::path& b) {
-  auto x = float_tensors(final_weights(a));
-  auto y = float_tensors(final_weights(b));
-  REQUIRE(x.size() == y.size());
-  double worst = 0;
-  for (const auto& [name, values] : x) {
-    INFO(name);
-    REQUIRE(y.count(name) == 1);
-    REQUIRE(y[name].size() == values.size());
-    for (std::size_t i = 0; i < values.size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(values[i] - y[name][i])));
-  }
-  return worst;
+  return crucible::testing::max_float_diff(final_weights(a), final_weights(b));
 }
 
 TEST_CASE("two learner ranks on the CPU (learner.devices [cpu, cpu]) update as one learner, and a run with them goes through SFT and contrastive RL") {
