@@ -509,6 +509,7 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   // checkpoint restored on every rank before the engine is built from rank 0's weights.
   std::vector<std::shared_ptr<policy::learner>> ranks;
   learner_ranks group;
+  auto restore_began = std::chrono::steady_clock::now(); // the restore's time, logged on resume
   if (cfg.learner.devices.size() > 1) {
     ranks.push_back(std::shared_ptr<policy::learner>(std::move(*learner)));
     for (std::size_t r = 1; r < cfg.learner.devices.size(); ++r) {
@@ -523,30 +524,26 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
         return guard(fail(l.error().code, "learner.devices[", std::to_string(r), "] ", device, ": ", l.error().message));
       ranks.push_back(std::shared_ptr<policy::learner>(std::move(*l)));
     }
-    const auto began = std::chrono::steady_clock::now();
+    restore_began = std::chrono::steady_clock::now(); // forming the group and restoring every rank
     auto formed = form_learner_group(cfg, ranks, resume ? out.checkpoint / "learner" : fs::path{}, log);
     if (!formed.ok())
       return guard(formed.error());
     group = std::move(*formed);
-    if (resume) {
+    if (resume)
       progress.version = group.restored.version;
-      log.info(component, "learner restored from ", (out.checkpoint / "learner").string(), " on ", ranks.size(),
-               " ranks: ", static_cast<double>(directory_bytes(out.checkpoint / "learner")) / 1e9, " GB in ",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), " s");
-    }
     log.info(component, "learner: ", ranks.size(), " data-parallel ranks (", group.backend, ") on ",
              join_devices(cfg.learner.devices), cfg.learner.zero1 ? ", ZeRO-1" : "");
   } else if (resume) {
-    const auto began = std::chrono::steady_clock::now();
     auto info = policy::load_checkpoint(**learner, out.checkpoint / "learner");
     if (!info.ok())
       return guard(info.error());
     progress.version = info->version;
-    const std::uint64_t bytes = directory_bytes(out.checkpoint / "learner");
-    log.info(component, "learner restored from ", (out.checkpoint / "learner").string(), ": ",
-             static_cast<double>(bytes) / 1e9, " GB in ",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(), " s");
   }
+  if (resume)
+    log.info(component, "learner restored from ", (out.checkpoint / "learner").string(),
+             ranks.empty() ? "" : " on " + std::to_string(ranks.size()) + " ranks", ": ",
+             static_cast<double>(directory_bytes(out.checkpoint / "learner")) / 1e9, " GB in ",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_began).count(), " s");
 
   policy::engine_options eopt;
   eopt.device = cfg.model.device;

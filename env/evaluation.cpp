@@ -81,17 +81,20 @@ std::vector<double> as_doubles(const YAML::Node& n) {
 
 } // namespace
 
+void evaluation::ended(const std::string& when) {
+  done_ = true;
+  lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
+  const auto how = w_.proc->exit_description();
+  set(verdict_status::runtime_error, std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " " + when);
+}
+
 bool evaluation::send(const std::string& json) {
   if (auto r = w_.proc->send(json); !r) {
     // A worker killed from outside (an operator, the OOM killer) an instant before the message
     // stops taking messages before its end is seen: that is a lost worker, retried on a fresh one
     // as when it dies while answering, not a verdict on the candidate.
     if (w_.proc->ended(std::chrono::steady_clock::now() + std::chrono::seconds(1))) {
-      done_ = true;
-      lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
-      const auto how = w_.proc->exit_description();
-      set(verdict_status::runtime_error,
-          std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " before it took the job");
+      ended("before it took the job");
       return false;
     }
     set(verdict_status::runtime_error, "worker stopped listening: " + r.error().message);
@@ -125,14 +128,9 @@ bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, 
         set(verdict_status::timeout, buf);
         return false;
       }
-      case receive_outcome::died: {
-        done_ = true;
-        auto how = w_.proc->exit_description();
-        auto msg_text = std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " while " + phase;
-        lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
-        set(verdict_status::runtime_error, msg_text);
+      case receive_outcome::died:
+        ended(std::string{"while "} + phase);
         return false;
-      }
       case receive_outcome::message: break;
     }
     try {

@@ -70,6 +70,10 @@ private:
   // returns false.
   bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg);
   bool send(const std::string& json);
+  // The worker's process has ended (died, or was killed) `when` ("while computing the
+  // reference", "before it took the job"): runtime_error saying how, and lost_worker() when
+  // it was killed from outside (retried on a fresh worker).
+  void ended(const std::string& when);
   // Handles a `done` message: fills the verdict from it.
   void take_done(const YAML::Node& n);
   void set(verdict_status s, std::string message) {

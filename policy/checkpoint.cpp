@@ -301,10 +301,10 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
   bool has_optimizer = false, has_model = false;
   std::set<std::string> listed;
   struct listed_file {
-    fs::path rel;
     std::int64_t bytes;
     std::string sha256;
   };
+  std::vector<fs::path> rels; // digested together, then checked in the manifest's order
   std::vector<listed_file> entries;
   for (const auto& entry : (*files)->as_array()) {
     const auto* path = entry.find("path");
@@ -316,14 +316,13 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     const fs::path rel = fs::path(path->as_string()).lexically_normal();
     if (rel.is_absolute() || rel.empty() || *rel.begin() == "..")
       return fail(errc::corrupt, origin, ": files: path \"", path->as_string(), "\" leaves the checkpoint");
-    entries.push_back({rel, bytes->as_int(), sha->as_string()});
+    rels.push_back(rel);
+    entries.push_back({bytes->as_int(), sha->as_string()});
   }
-  std::vector<fs::path> rels;
-  for (const auto& e : entries)
-    rels.push_back(e.rel);
   const auto digests = digest_files(dir, rels);
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    const auto& [rel, bytes, sha] = entries[i];
+    const auto& rel = rels[i];
+    const auto& [bytes, sha] = entries[i];
     const auto file = dir / rel;
     const auto& d = digests[i];
     if (!d)

@@ -455,18 +455,27 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(ids(*theirs->find("token_ids")) == ids(*completion.find("token_ids")));
 }
 
+namespace {
+
+// Runs `cfg` to its end as "whole" and again as "split", paused after step 2: the two runs the
+// exact-resume tests compare once the caller has resumed "split".
+void run_whole_and_split(const fs::path& cfg) {
+  auto whole = cli({"train", cfg.string()});
+  INFO(whole.err);
+  REQUIRE(whole.exit_code == 0);
+  auto split = cli({"train", cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
+  INFO(split.err);
+  REQUIRE(split.exit_code == 0);
+  CHECK(split.out.find("paused at step 2") != std::string::npos);
+}
+
+} // namespace
+
 TEST_CASE("pause and resume give the weights of an uninterrupted run, each step once") {
   temp_dir tmp;
   const std::string stages = "  sft: {steps: 4, batch: 2}\n";
   auto whole_cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "whole", stages)));
-  auto whole = cli({"train", whole_cfg.string()});
-  INFO(whole.err);
-  REQUIRE(whole.exit_code == 0);
-
-  auto split = cli({"train", whole_cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
-  INFO(split.err);
-  REQUIRE(split.exit_code == 0);
-  CHECK(split.out.find("paused at step 2") != std::string::npos);
+  run_whole_and_split(whole_cfg);
   const auto run = tmp.path() / "split";
   auto st = cli({"status", run.string(), "--json"});
   CHECK(st.out.find("\"state\":\"paused\"") != std::string::npos);
@@ -523,12 +532,7 @@ TEST_CASE("the real-size path at tiny shapes (LoRA, activation checkpointing, bf
   temp_dir tmp;
   const std::string sft = "  sft: {steps: 4, batch: 2}\n";
   auto whole_cfg = write_config(tmp.path(), real_size_path(without_warm_start(test_config(tmp.path(), "whole", sft)), "memory"));
-  auto whole = cli({"train", whole_cfg.string()});
-  INFO(whole.err);
-  REQUIRE(whole.exit_code == 0);
-  auto split = cli({"train", whole_cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
-  INFO(split.err);
-  REQUIRE(split.exit_code == 0);
+  run_whole_and_split(whole_cfg);
   auto resumed = cli({"resume", (tmp.path() / "split").string()});
   INFO(resumed.err);
   REQUIRE(resumed.exit_code == 0);
@@ -631,13 +635,7 @@ TEST_CASE("two learner ranks with ZeRO-1: pause and resume give the weights of a
   temp_dir tmp;
   const std::string stages = "  sft: {steps: 4, batch: 2}\n";
   auto whole_cfg = write_config(tmp.path(), with_ranks(without_warm_start(test_config(tmp.path(), "whole", stages)), 2, true));
-  auto whole = cli({"train", whole_cfg.string()});
-  INFO(whole.err);
-  REQUIRE(whole.exit_code == 0);
-  auto split = cli({"train", whole_cfg.string(), "--set", "run.name=split", "--pause-after", "2"});
-  INFO(split.err);
-  REQUIRE(split.exit_code == 0);
-  CHECK(split.out.find("paused at step 2") != std::string::npos);
+  run_whole_and_split(whole_cfg);
   const auto run = tmp.path() / "split";
   // Each rank wrote its optimiser shard into the checkpoint.
   const auto learner = run / "checkpoints" / "step-2" / "learner";

@@ -454,10 +454,9 @@ void evict(const std::filesystem::path& dir) {
   }
 }
 
-// One integer per tensor of the learner's state (weights, AdamW moments, float32 masters), from
-// its bits weighted by position: equal before a save and after the load only if the restore is
-// exact (up to a collision of the sums).
-std::vector<std::int64_t> state_fingerprint(learner& l) {
+// The learner's state a checkpoint holds (weights, float32 masters, AdamW moments), as handles
+// on the live tensors (a float32 learner's masters are its weights).
+std::vector<torch::Tensor> learner_state(learner& l) {
   std::vector<torch::Tensor> state;
   for (const auto& p : l.parameters())
     state.push_back(p.param);
@@ -465,9 +464,16 @@ std::vector<std::int64_t> state_fingerprint(learner& l) {
     state.push_back(m);
   for (const auto& [name, t] : l.optimizer().moments())
     state.push_back(t);
+  return state;
+}
+
+// One integer per tensor of the learner's state (weights, AdamW moments, float32 masters), from
+// its bits weighted by position: equal before a save and after the load only if the restore is
+// exact (up to a collision of the sums).
+std::vector<std::int64_t> state_fingerprint(learner& l) {
   std::vector<std::int64_t> out;
   torch::NoGradGuard no_grad;
-  for (const auto& t : state) {
+  for (const auto& t : learner_state(l)) {
     const auto flat = t.detach().contiguous().view(-1);
     const auto bits = flat.element_size() == 2 ? flat.view(torch::kInt16) : flat.view(torch::kInt32);
     const auto weight = torch::arange(bits.numel(), bits.options().dtype(torch::kLong)).remainder_(7919).add_(1);
@@ -536,11 +542,7 @@ void checkpoint_figure(const bench_options& o, learner& l) {
   // What the load restores must come from the files: the state is scrambled first.
   {
     torch::NoGradGuard no_grad;
-    for (const auto& p : l.parameters())
-      p.param.add_(1);
-    for (const auto& m : l.optimizer().masters())
-      m.add_(1);
-    for (const auto& [name, t] : l.optimizer().moments())
+    for (auto& t : learner_state(l))
       t.add_(1);
   }
   const double ckpt_read = seconds([&] {
