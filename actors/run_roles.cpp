@@ -121,7 +121,9 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
   learner_ranks out;
   out.backend = cuda ? "nccl" : "inproc";
   policy::nccl_id id;
+  std::shared_ptr<policy::launch_rendezvous> together; // the ranks are threads of this process
   if (cuda) {
+    together = policy::launch_rendezvous::create(world, timeout);
     auto made = policy::nccl_id::generate();
     if (!made.ok())
       return fail(made.error().code, "learner.devices: making the NCCL id: ", made.error().message);
@@ -150,7 +152,7 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
         else
           log.debug("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " in ", s, " s");
       };
-      auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout) : out.inproc->join(r);
+      auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout, together) : out.inproc->join(r);
       if (!comm.ok()) {
         outcome = comm.error();
         phase("making the communicator", &comm.error());

@@ -2,7 +2,9 @@
 // backend shares: work handles, host-number reductions, NCCL ids as text.
 #include "policy/collective.hpp"
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <future>
@@ -391,12 +393,83 @@ result<std::shared_ptr<communicator>> inproc_group::join(int rank) {
     std::make_shared<inproc_communicator>(shared_from_this(), s_.get(), rank, size_, timeout_));
 }
 
+// ---- launch rendezvous -----------------------------------------------------------------------
+
+struct launch_rendezvous::state {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t generation = 0;
+  int arrived = 0;
+  std::vector<bool> here;
+  int left = -1; // the first rank that left, or -1
+  std::string why;
+};
+
+std::shared_ptr<launch_rendezvous> launch_rendezvous::create(int ranks, std::chrono::milliseconds timeout) {
+  return std::shared_ptr<launch_rendezvous>(new launch_rendezvous(ranks, timeout));
+}
+
+launch_rendezvous::launch_rendezvous(int ranks, std::chrono::milliseconds timeout)
+  : ranks_(ranks), timeout_(timeout), s_(std::make_unique<state>()) {
+  s_->here.assign(static_cast<std::size_t>(std::max(ranks, 0)), false);
+}
+
+launch_rendezvous::~launch_rendezvous() = default;
+
+result<void> launch_rendezvous::arrive(int rank, std::string_view what) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  auto gone = [&] {
+    return fail(errc::cancelled, std::string{what}, " (rank ", std::to_string(rank), " of ", std::to_string(ranks_),
+                "): rank ", std::to_string(s_->left), " left the group's launches: ", s_->why);
+  };
+  if (rank < 0 || rank >= ranks_)
+    return fail(errc::invalid_arg, "launch rendezvous: rank ", std::to_string(rank), " is not in [0, ",
+                std::to_string(ranks_), ")");
+  if (s_->left >= 0)
+    return gone();
+  if (s_->here[static_cast<std::size_t>(rank)])
+    return fail(errc::invalid_arg, "launch rendezvous: rank ", std::to_string(rank), " arrived twice at ", what);
+  s_->here[static_cast<std::size_t>(rank)] = true;
+  if (++s_->arrived == ranks_) {
+    s_->arrived = 0;
+    s_->here.assign(s_->here.size(), false);
+    ++s_->generation;
+    s_->cv.notify_all();
+    return {};
+  }
+  const auto mine = s_->generation;
+  const bool done = s_->cv.wait_for(lock, timeout_, [&] { return s_->generation != mine || s_->left >= 0; });
+  if (s_->generation != mine)
+    return {};
+  if (done)
+    return gone();
+  std::string missing;
+  for (int r = 0; r < ranks_; ++r)
+    if (!s_->here[static_cast<std::size_t>(r)])
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  char t[32];
+  std::snprintf(t, sizeof t, "%.3g s", static_cast<double>(timeout_.count()) / 1000.0);
+  return fail(errc::timeout, std::string{what}, " (rank ", std::to_string(rank), " of ", std::to_string(ranks_),
+              "): rank(s) ", missing, " of this process did not reach it within ", t,
+              " (held in another call, or issuing a different collective)");
+}
+
+void launch_rendezvous::leave(int rank, std::string_view why) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (s_->left >= 0)
+    return;
+  s_->left = rank;
+  s_->why = std::string{why};
+  s_->cv.notify_all();
+}
+
 #ifndef CRUCIBLE_HAVE_CUDA
 result<nccl_id> nccl_id::generate() {
   return fail(errc::unsupported, "NCCL: this build has no CUDA (configure with CRUCIBLE_CUDA=ON)");
 }
 
-result<std::shared_ptr<communicator>> make_nccl_communicator(const nccl_id&, int, int, int, std::chrono::milliseconds) {
+result<std::shared_ptr<communicator>> make_nccl_communicator(const nccl_id&, int, int, int, std::chrono::milliseconds,
+                                                             std::shared_ptr<launch_rendezvous>) {
   return fail(errc::unsupported, "NCCL: this build has no CUDA (configure with CRUCIBLE_CUDA=ON)");
 }
 #endif

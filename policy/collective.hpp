@@ -123,6 +123,39 @@ private:
 
 // ---- NCCL backend ----------------------------------------------------------------------------
 
+/// The ranks of one NCCL group that are threads of this process, launching each collective
+/// together. An NCCL kernel spins on its device until every rank has launched its part; a rank
+/// whose thread is meanwhile held in a CUDA call that waits for a peer's device (a lazy module
+/// load, a free with peer access enabled, a pinned allocation) never launches, and the group
+/// hangs with the peers' devices busy and its own idle. Ranks sharing a rendezvous wait at each
+/// collective until all have reached it, launch, and wait until all have launched, so that no
+/// rank runs other CUDA work while a peer's part is not queued. A rank that does not arrive within
+/// the timeout, or that leaves (its communicator aborted or destroyed), fails the others' waits
+/// at once with an error naming it. Thread-safe.
+class launch_rendezvous {
+public:
+  /// `ranks` threads (ranks 0 .. ranks-1 of the group), each wait bounded by `timeout`.
+  static std::shared_ptr<launch_rendezvous> create(int ranks, std::chrono::milliseconds timeout);
+  ~launch_rendezvous();
+  launch_rendezvous(const launch_rendezvous&) = delete;
+  launch_rendezvous& operator=(const launch_rendezvous&) = delete;
+
+  /// Waits until every rank has arrived at the same point (`what` names it in errors): the
+  /// error names the ranks missing after the timeout, or the rank that left and why.
+  result<void> arrive(int rank, std::string_view what);
+  /// Rank `rank` takes no part any more: every wait, now and later, fails naming it and `why`.
+  void leave(int rank, std::string_view why);
+  int ranks() const noexcept { return ranks_; }
+
+  struct state;
+
+private:
+  launch_rendezvous(int ranks, std::chrono::milliseconds timeout);
+  int ranks_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<state> s_;
+};
+
 /// An NCCL unique id: made once (by the coordinator's chosen rank), sent to every rank as text,
 /// turned into a communicator by each. Plain value.
 struct nccl_id {
@@ -144,7 +177,12 @@ struct nccl_id {
 /// communicator's own, ordered after the caller's current stream by events, and their tensors are
 /// recorded on it for the caching allocator. errc::unsupported without CUDA, errc::device or
 /// errc::timeout when creation fails.
+///
+/// `together`: the rendezvous of the group's ranks that are threads of this process (see
+/// launch_rendezvous; null when this rank is the process's only one). Every rank of a process
+/// must pass the same one.
 result<std::shared_ptr<communicator>> make_nccl_communicator(const nccl_id& id, int rank, int size, int device,
-                                                             std::chrono::milliseconds timeout);
+                                                             std::chrono::milliseconds timeout,
+                                                             std::shared_ptr<launch_rendezvous> together = nullptr);
 
 } // namespace crucible::policy

@@ -107,11 +107,14 @@ struct nccl_work final : detail::work_impl {
 
 class nccl_communicator final : public communicator, public std::enable_shared_from_this<nccl_communicator> {
 public:
-  nccl_communicator(int rank, int size, int device, std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), device_(device), timeout_(timeout),
+  nccl_communicator(int rank, int size, int device, std::chrono::milliseconds timeout,
+                    std::shared_ptr<launch_rendezvous> together)
+    : rank_(rank), size_(size), device_(device), timeout_(timeout), together_(std::move(together)),
       stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device))) {}
 
   ~nccl_communicator() override {
+    if (together_)
+      together_->leave(rank_, "its communicator was closed");
     if (comm_ == nullptr)
       return;
     // Abort, not finalize + destroy: both of those wait for the other ranks (finalize until the
@@ -273,6 +276,8 @@ public:
 
   // Aborts the communicator (every later call fails at once) and returns the error.
   crucible::error abort(errc code, std::string message) {
+    if (together_)
+      together_->leave(rank_, message);
     if (comm_ != nullptr) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
@@ -304,6 +309,13 @@ private:
     cudaEvent_t ready = nullptr;
     if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess)
       return fail(errc::device, what, " (", where(), "): cudaEventCreate failed");
+    // The ranks of this process launch together: none is left in another CUDA call while a
+    // peer's kernel waits for its part (launch_rendezvous).
+    if (together_)
+      if (auto a = together_->arrive(rank_, "NCCL " + what + ": launching"); !a) {
+        cudaEventDestroy(ready);
+        return abort(a.error().code, a.error().message);
+      }
     cudaEventRecord(ready, current.stream());
     cudaStreamWaitEvent(stream_.stream(), ready, 0);
     cudaEventDestroy(ready); // released once recorded and waited on
@@ -317,6 +329,9 @@ private:
     } else if (r != ncclSuccess) {
       return abort(errc::device, "NCCL " + what + " (" + where() + "): " + nccl_text(r, comm_));
     }
+    if (together_)
+      if (auto a = together_->arrive(rank_, "NCCL " + what + ": launched"); !a)
+        return abort(a.error().code, a.error().message);
     auto w = std::make_shared<nccl_work>();
     w->comm = shared_from_this();
     w->what = std::move(what);
@@ -329,6 +344,7 @@ private:
 
   int rank_, size_, device_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<launch_rendezvous> together_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
   std::string aborted_;
@@ -377,7 +393,8 @@ result<nccl_id> nccl_id::generate() {
 }
 
 result<std::shared_ptr<communicator>> make_nccl_communicator(const nccl_id& id, int rank, int size, int device,
-                                                             std::chrono::milliseconds timeout) {
+                                                             std::chrono::milliseconds timeout,
+                                                             std::shared_ptr<launch_rendezvous> together) {
   if (size <= 0 || rank < 0 || rank >= size)
     return fail(errc::invalid_arg, "NCCL: rank ", std::to_string(rank), " of ", std::to_string(size));
   int count = 0;
@@ -386,7 +403,10 @@ result<std::shared_ptr<communicator>> make_nccl_communicator(const nccl_id& id, 
     return fail(errc::device, "NCCL: cuda:", std::to_string(device), " is not a device of this process (",
                 std::to_string(count), " visible)");
   }
-  auto c = std::make_shared<nccl_communicator>(rank, size, device, timeout);
+  if (together && (together->ranks() > size || rank >= together->ranks()))
+    return fail(errc::invalid_arg, "NCCL: rank ", std::to_string(rank), " of ", std::to_string(size),
+                " with a launch rendezvous of ", std::to_string(together->ranks()), " ranks");
+  auto c = std::make_shared<nccl_communicator>(rank, size, device, timeout, std::move(together));
   if (auto r = c->init(id); !r)
     return r.error();
   return std::shared_ptr<communicator>(std::move(c));

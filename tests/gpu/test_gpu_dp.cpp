@@ -46,7 +46,9 @@ std::vector<std::shared_ptr<communicator>> nccl_group(int n, std::chrono::millis
   auto received = nccl_id::from_hex(id->to_hex());
   REQUIRE(received.ok());
   std::vector<result<std::shared_ptr<communicator>>> made(n, crucible::error{errc::cancelled, "not run"});
-  run_ranks(n, [&](int r) { made[r] = make_nccl_communicator(*received, r, n, r, timeout); });
+  // The ranks are threads of this process: they launch together, as in a run (launch_rendezvous).
+  auto together = launch_rendezvous::create(n, timeout);
+  run_ranks(n, [&](int r) { made[r] = make_nccl_communicator(*received, r, n, r, timeout, together); });
   std::vector<std::shared_ptr<communicator>> out;
   for (auto& m : made) {
     REQUIRE_MESSAGE(m.ok(), (m.ok() ? "" : m.error().message));
@@ -172,6 +174,39 @@ TEST_CASE("an NCCL rank that never joins: creation fails with a timeout naming t
   CHECK(c.error().message.find("rank 0 of 2 on cuda:0") != std::string::npos);
   CHECK(c.error().message.find("3 s") != std::string::npos);
   CHECK(seconds < 30);
+}
+
+TEST_CASE("NCCL ranks of one process launch together: a rank that closes its communicator fails its peers' next collective at once") {
+  const int n = gpus();
+  if (n < 2) {
+    MESSAGE("one GPU: skipped");
+    return;
+  }
+  auto comms = nccl_group(n, 60s);
+  // Both launch and complete one collective together.
+  std::vector<result<void>> first(n, crucible::error{errc::cancelled, "not run"});
+  run_ranks(n, [&](int r) {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(r));
+    auto t = torch::ones({1024}, torch::TensorOptions().device(torch::Device(torch::kCUDA, r)));
+    auto w = comms[r]->all_reduce(t, reduce_op::sum);
+    first[r] = w ? w->wait() : result<void>(w.error());
+  });
+  for (int r = 0; r < n; ++r)
+    CHECK_MESSAGE(first[r].ok(), (first[r].ok() ? "" : first[r].error().message));
+  // The last rank closes its communicator; rank 0's next collective is refused before its kernel
+  // is launched (a launched one would wait on the device for the rank that left).
+  comms.back().reset();
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(0));
+  const auto start = std::chrono::steady_clock::now();
+  auto t = torch::ones({1024}, torch::TensorOptions().device(torch::Device(torch::kCUDA, 0)));
+  auto w = comms[0]->all_reduce(t, reduce_op::sum);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE_FALSE(w.ok());
+  MESSAGE(w.error().message, " (after ", seconds, " s)");
+  CHECK(w.error().code == errc::cancelled);
+  CHECK(w.error().message.find("rank " + std::to_string(n - 1) + " left the group's launches: its communicator was closed") !=
+        std::string::npos);
+  CHECK(seconds < 10);
 }
 
 TEST_CASE("data parallel over NCCL: every GPU given a share updates as one GPU given the whole batch") {

@@ -38,6 +38,9 @@
 //            tools/bench/allreduce_torch.py measures torch.distributed the same way.
 // scaling    the grpo figure on 1 GPU (plain learner) and on N GPUs (data-parallel learners over
 //            NCCL, each with the 1-GPU batch): efficiency = tokens/s per GPU on N / tokens/s on 1.
+//            --scaling-gpus 2,4 runs the group at each count in turn instead; without the grpo
+//            figure the first count is the base (a model whose whole optimiser state does not fit
+//            one GPU: --zero1 shards AdamW's state over the ranks, as learner.zero1).
 //            mfu_required counts the output projection only for the tokens that have a target
 //            (the completions: a prompt token's logits are not needed, and not computed).
 //            --kernels lists the training forward's implementations to time, one line each, in
@@ -103,6 +106,8 @@ struct bench_options {
   bool checkpointing = false;
   std::string checkpoint_dir; ///< checkpoint figure: where to write (empty: a fresh directory under /tmp)
   bool lora = false;
+  bool zero1 = false;             ///< the scaling figure's learners shard AdamW's state (learner.zero1)
+  std::vector<int> scaling_gpus;  ///< the scaling figure's GPU counts (empty: all, against one GPU)
   bool overlap = true;
   double bucket_mb = 25;
   std::vector<std::int64_t> sizes_mb{25, 100, 500, 2000};
@@ -119,6 +124,7 @@ constexpr const char* usage_text =
     "       [--micro-batch-tokens N] [--steps N] [--warmup N] [--recompute] [--checkpointing] [--lora]\n"
     "       [--no-overlap] [--bucket-mb X] [--sizes-mb 25,100,...] [--iters N] [--sync-bucket-mb X]\n"
     "       [--sync-repeats N] [--trace FILE] [--kernels fused,libtorch] [--checkpoint-dir DIR]\n"
+    "       [--zero1] [--scaling-gpus 2,4]\n"
     "presets: tiny, small, 0.5b (vocabulary --vocab, default 151936), qwen2.5-coder-1.5b-instruct,\n"
     "         qwen2.5-coder-7b-instruct (their published vocabularies)\n";
 
@@ -186,6 +192,10 @@ bench_options parse(int argc, char** argv) {
       o.lora = true;
       continue;
     }
+    if (flag == "--zero1") {
+      o.zero1 = true;
+      continue;
+    }
     if (flag == "--help" || flag == "-h")
       help();
     if (i + 1 >= argc)
@@ -193,6 +203,10 @@ bench_options parse(int argc, char** argv) {
     const std::string v = argv[++i];
     if (flag == "--figures") o.figures = split(v);
     else if (flag == "--gpus") o.gpus = static_cast<int>(integer(flag, v, 1));
+    else if (flag == "--scaling-gpus") {
+      for (const auto& c : split(v))
+        o.scaling_gpus.push_back(static_cast<int>(integer(flag, c, 2)));
+    }
     else if (flag == "--preset") o.preset = v;
     else if (flag == "--vocab") o.vocab = integer(flag, v, 2);
     else if (flag == "--groups") o.groups = static_cast<int>(integer(flag, v, 1));
@@ -629,7 +643,9 @@ std::vector<std::shared_ptr<communicator>> nccl_group(int n) {
   if (!id)
     die("nccl id", id.error());
   std::vector<result<std::shared_ptr<communicator>>> made(n, crucible::error{errc::cancelled, "not run"});
-  run_ranks(n, [&](int r) { made[r] = make_nccl_communicator(*id, r, n, r, std::chrono::minutes(10)); });
+  // The ranks are threads of this process and launch together, as in `crucible train`.
+  auto together = launch_rendezvous::create(n, std::chrono::minutes(10));
+  run_ranks(n, [&](int r) { made[r] = make_nccl_communicator(*id, r, n, r, std::chrono::minutes(10), together); });
   std::vector<std::shared_ptr<communicator>> out;
   for (auto& m : made) {
     if (!m)
@@ -699,8 +715,13 @@ void allreduce_figure(const bench_options& o, int n) {
   }
 }
 
-void scaling_figure(const bench_options& o, int n, const single_gpu& single, double peak) {
+// Tokens/s of the data-parallel group of n GPUs, and its line; `base` is the per-GPU rate its
+// efficiency is taken against, over `base_gpus` GPUs.
+double scaling_figure(const bench_options& o, int n, const single_gpu& base, int base_gpus, double peak) {
   auto comms = nccl_group(n);
+  for (int r = 0; r < n; ++r)
+    reset_peak_memory("cuda:" + std::to_string(r));
+  std::int64_t params0 = 0;
   std::vector<timed_steps> times(n);
   std::vector<std::string> errors(n);
   std::vector<reduction_stats> stats(n);
@@ -709,8 +730,12 @@ void scaling_figure(const bench_options& o, int n, const single_gpu& single, dou
     // Rank 0's weights reach the others by the learners' first broadcast; LoRA's frozen base is
     // not broadcast and must be the same everywhere: one seed (the same draws on GPUs of one kind).
     auto model = make_model(o, r, o.lora ? 1 : 1 + r);
+    if (r == 0)
+      params0 = parameter_count(*model);
     auto batch = make_batch(o, *model, 2 + r);
-    auto l = learner::create(model, CausalLM{nullptr}, learner_opts(o), 3);
+    auto lo = learner_opts(o);
+    lo.zero1 = o.zero1;
+    auto l = learner::create(model, CausalLM{nullptr}, lo, 3);
     if (!l) {
       errors[r] = l.error().message;
       return;
@@ -731,8 +756,9 @@ void scaling_figure(const bench_options& o, int n, const single_gpu& single, dou
   for (const auto& t : times)
     s = std::max(s, t.seconds_per_step);
   const double tps = static_cast<double>(trained_tokens(o)) * n / s;
-  const double single_tps = single.tokens_per_s;
-  const auto params = single.parameters;
+  const auto mem0 = memory_stats("cuda:0");
+  const double base_tps = base_gpus == 0 ? tps / n : base.tokens_per_s; // the first count is its own base
+  const auto params = params0;
   json_writer w;
   w.begin_object()
     .field("figure", "dp_scaling")
@@ -748,11 +774,17 @@ void scaling_figure(const bench_options& o, int n, const single_gpu& single, dou
     .field("step_s", s)
     .field("tokens_per_s", tps)
     .field("tokens_per_s_per_gpu", tps / n)
-    .field("single_gpu_tokens_per_s", single_tps)
-    .field("efficiency", tps / n / single_tps)
-    .field("mfu", 6.0 * params * (tps / n) / peak)
+    .field("zero1", o.zero1)
+    .field("checkpointing", o.checkpointing)
+    .field("base_gpus", base_gpus == 0 ? n : base_gpus)
+    .field("base_tokens_per_s_per_gpu", base_tps)
+    .field(base_gpus == 1 ? "single_gpu_tokens_per_s" : "base_tokens_per_s", base_tps)
+    .field("efficiency", tps / n / base_tps)
+    .field("mfu", 6.0 * static_cast<double>(params) * (tps / n) / peak)
+    .field("peak_allocated_gb_rank0", mem0 ? static_cast<double>(mem0->peak_allocated) / 1e9 : 0.0)
     .end_object();
   emit(std::move(w));
+  return tps;
 }
 
 void sync_figure(const bench_options& o) {
@@ -827,15 +859,32 @@ int main(int argc, char** argv) {
       "tflops", peak / 1e12);
     emit(std::move(w.end_object()));
   }
-  if (wants(o, "grpo") || wants(o, "scaling") || wants(o, "checkpoint"))
+  if (wants(o, "grpo") || wants(o, "checkpoint") || (wants(o, "scaling") && o.scaling_gpus.empty()))
     single = grpo_figure(o, peak);
   if (wants(o, "allreduce"))
     allreduce_figure(o, n);
   if (wants(o, "scaling")) {
-    if (n < 2)
-      std::fprintf(stderr, "bench_learner: scaling needs two GPUs or more; skipped\n");
-    else
-      scaling_figure(o, n, single, peak);
+    if (o.scaling_gpus.empty()) {
+      if (n < 2)
+        std::fprintf(stderr, "bench_learner: scaling needs two GPUs or more; skipped\n");
+      else
+        scaling_figure(o, n, single, 1, peak);
+    } else {
+      // Each count in turn; the base is one GPU's grpo figure when it ran, else the first count.
+      int base_gpus = single.tokens_per_s > 0 ? 1 : 0;
+      single_gpu base = single;
+      for (int k : o.scaling_gpus) {
+        if (k > visible) {
+          std::fprintf(stderr, "bench_learner: scaling over %d GPUs: only %d visible; skipped\n", k, visible);
+          continue;
+        }
+        const double tps = scaling_figure(o, k, base, base_gpus, peak);
+        if (base_gpus == 0) {
+          base.tokens_per_s = tps / k;
+          base_gpus = k;
+        }
+      }
+    }
   }
   if (wants(o, "sync")) {
     if (visible < 2)

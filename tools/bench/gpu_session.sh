@@ -101,8 +101,13 @@ Modes (the table's row in brackets):
                       build no extension, SFT 300, MODE_STEPS (6) RL steps of 2 groups, async
                       against sync; four: configs/gpu-4x.yaml on the same tasks, FOUR_SFT (100)
                       SFT and FOUR_RL (6) RL steps; zero: configs/gpu-7b-full-4x.yaml (7B full
-                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (3) RL steps. Every GPU's
-                      memory sampled each second. As `real_size` across calls; WAIT_S (540).
+                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (3) RL steps, collectives
+                      timing out after ZERO_TIMEOUT_S (240) s; scale: bench_learner's data-parallel
+                      scaling over 2 and 4 GPUs, the 0.5B preset against one GPU and the 7B
+                      preset with ZeRO-1 and activation checkpointing against two. Every GPU's
+                      memory sampled each second; a run whose events.log stays quiet for QUIET_S
+                      (120) s has every thread's stack dumped (cuda-gdb) into NAME.stacks.K.txt,
+                      twice at most. As `real_size` across calls; WAIT_S (540).
                       Output: $OUT/multi.tgz; the runs stay in data/runs/multi.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
 CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
@@ -522,8 +527,29 @@ multi_smi() { # NAME: samples every GPU's memory and use each second into $MULTI
   echo $!
 }
 
+# NAME EVENTS PATTERN: while a run matching PATTERN lives, dumps every thread's stack into
+# $MULTI/NAME.stacks.K.txt each time EVENTS (its events.log) has been quiet for QUIET_S seconds,
+# twice at most: where a hang stands, for a machine that has cuda-gdb but no gdb. Prints the pid.
+multi_watch() {
+  local name="$1" events="$2" pat="$3"
+  (
+    k=0
+    while ((k < 2)); do
+      sleep 15
+      pid=$(pgrep -f -o -- "$pat") || continue
+      [[ -f "$events" ]] || continue
+      (( $(date +%s) - $(stat -c %Y "$events") >= ${QUIET_S:-120} )) || continue
+      k=$((k + 1))
+      timeout 150 cuda-gdb -p "$pid" -batch -ex "set pagination off" -ex "info threads" -ex "thread apply all bt 40" \
+        >"$MULTI/$name.stacks.$k.txt" 2>&1
+      touch "$events" # the next dump waits another QUIET_S
+    done
+  ) >/dev/null 2>&1 &
+  echo $!
+}
+
 multi_pipeline() {
-  local smi
+  local smi watch
   for part in ${PARTS:-tests modes zero four}; do
     case "$part" in
       tests)
@@ -541,17 +567,25 @@ multi_pipeline() {
         rm -rf "$MULTI/modes/runs"/*/checkpoints ;;
       four)
         smi=$(multi_smi four)
+        watch=$(multi_watch four "$MULTI/gpu-4x/events.log" "crucible train configs/gpu-4x")
         multi_step four "$B/tools/crucible" train configs/gpu-4x.yaml --set run.dir="$MULTI" --set "tasks.include=$NO_BUILD_TASKS" \
           --set stages.sft.steps="${FOUR_SFT:-100}" --set learner.total_steps=200 --set stages.rl.steps="${FOUR_RL:-6}" \
           --set run.checkpoint_every=0
-        kill "$smi" 2>/dev/null
+        kill "$smi" "$watch" 2>/dev/null
         rm -rf "$MULTI/gpu-4x/checkpoints" ;;
       zero)
         smi=$(multi_smi zero)
+        watch=$(multi_watch zero "$MULTI/gpu-7b-full-4x/events.log" "crucible train configs/gpu-7b-full-4x")
         multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$MULTI" \
-          --set stages.rl.steps="${ZERO_RL:-3}"
-        kill "$smi" 2>/dev/null
+          --set stages.rl.steps="${ZERO_RL:-3}" --set learner.collective_timeout_s="${ZERO_TIMEOUT_S:-240}"
+        kill "$smi" "$watch" 2>/dev/null
         rm -rf "$MULTI/gpu-7b-full-4x/checkpoints" "$MULTI/gpu-7b-full-4x/model" ;;
+      scale)
+        # Data-parallel scaling: the 0.5B preset over 2 and 4 GPUs against one (plain learner), and
+        # the 7B preset (full fine-tuning does not fit one GPU) with ZeRO-1 over 4 against 2.
+        multi_step scale_0.5b "$B/tools/bench/bench_learner" --figures grpo,scaling --scaling-gpus 2,4
+        multi_step scale_7b "$B/tools/bench/bench_learner" --figures scaling --preset qwen2.5-coder-7b-instruct --zero1 \
+          --checkpointing --scaling-gpus 2,4 --groups 4 --samples 8 --steps 3 --warmup 1 ;;
     esac
   done
   echo "[$(date +%T)] pipeline: end" >>"$MULTI/pipeline.log"
@@ -575,7 +609,7 @@ multi_wait() {
 }
 
 multi_start() {
-  build crucible test_gpu_dp test_gpu_train_dp test_gpu_kernels test_gpu_engine
+  build crucible test_gpu_dp test_gpu_train_dp test_gpu_kernels test_gpu_engine bench_learner
   if multi_running; then echo "multi: already running"; else
     setsid nohup bash "$SELF" multi pipeline </dev/null >"$MULTI/pipeline.stdout" 2>&1 &
     echo $! >"$MULTI/pid"

@@ -3,6 +3,7 @@
 // the whole batch, ZeRO-1 against plain data parallelism, and ZeRO-1 checkpoints (CPU).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <random>
 #include <set>
@@ -266,6 +267,78 @@ TEST_CASE("NCCL ids travel as hex text") {
   auto e = nccl_id::from_hex(bad);
   REQUIRE_FALSE(e.ok());
   CHECK(contains(e.error().message, "character 10"));
+}
+
+TEST_CASE("launch rendezvous: no rank passes a point before all reach it, and it is reused point after point") {
+  constexpr int ranks = 3, points = 200;
+  auto together = launch_rendezvous::create(ranks, 10s);
+  // Each rank counts its arrivals; on leaving point k every rank must have reached k.
+  std::vector<std::atomic<int>> reached(ranks);
+  std::atomic<int> early{0};
+  std::vector<crucible::error> errors(ranks);
+  run_ranks(ranks, [&](int r) {
+    for (int k = 1; k <= points; ++k) {
+      reached[r].store(k);
+      if (auto a = together->arrive(r, "point"); !a) {
+        errors[r] = a.error();
+        return;
+      }
+      for (int o = 0; o < ranks; ++o)
+        if (reached[o].load() < k)
+          ++early;
+    }
+  });
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(errors[r].message);
+    CHECK(errors[r].code == errc::none);
+  }
+  CHECK(early.load() == 0);
+}
+
+TEST_CASE("launch rendezvous: a rank held elsewhere is named after the timeout, and one that leaves fails the others at once") {
+  SUBCASE("held") {
+    auto together = launch_rendezvous::create(3, 200ms);
+    std::vector<crucible::error> errors(2);
+    run_ranks(2, [&](int r) {
+      if (auto a = together->arrive(r, "NCCL all_reduce(sum): launching"); !a)
+        errors[r] = a.error();
+    });
+    for (const auto& e : errors) {
+      CAPTURE(e.message);
+      CHECK(e.code == errc::timeout);
+      CHECK(contains(e.message, "NCCL all_reduce(sum): launching"));
+      CHECK(contains(e.message, "rank(s) 2 of this process did not reach it within 0.2 s"));
+    }
+  }
+  SUBCASE("left") {
+    auto together = launch_rendezvous::create(3, 60s);
+    std::vector<crucible::error> errors(2);
+    std::vector<double> seconds(2);
+    run_ranks(3, [&](int r) {
+      if (r == 2) {
+        together->leave(2, "its checkpoint could not be read");
+        return;
+      }
+      const auto start = std::chrono::steady_clock::now();
+      if (auto a = together->arrive(r, "NCCL broadcast(root 0): launching"); !a)
+        errors[r] = a.error();
+      seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(errors[r].message);
+      CHECK(errors[r].code == errc::cancelled);
+      CHECK(contains(errors[r].message, "rank 2 left the group's launches: its checkpoint could not be read"));
+      CHECK(seconds[r] < 5.0);
+    }
+    // Later arrivals fail at once too.
+    CHECK_FALSE(together->arrive(0, "again").ok());
+  }
+  SUBCASE("bad rank") {
+    auto together = launch_rendezvous::create(2, 1s);
+    auto e = together->arrive(2, "x");
+    REQUIRE_FALSE(e.ok());
+    CHECK(e.error().code == errc::invalid_arg);
+  }
 }
 
 // ---- buckets ----------------------------------------------------------------------------------
