@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -29,6 +30,7 @@
 #include "policy/collective.hpp"
 #include "policy/engine.hpp"
 #include "policy/learner.hpp"
+#include "policy/memory_plan.hpp"
 #include "policy/model.hpp"
 #include "policy/model_config.hpp"
 #include "policy/runtime.hpp"
@@ -134,51 +136,64 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
   }
   std::vector<result<policy::checkpoint_info>> done(static_cast<std::size_t>(world),
                                                     crucible::error{errc::cancelled, "not run"});
+  auto form_rank = [&](int r) {
+    auto& outcome = done[static_cast<std::size_t>(r)];
+    const torch::Device device(cfg.learner.devices[static_cast<std::size_t>(r)]);
+    const policy::device_scope on_device(cfg.learner.devices[static_cast<std::size_t>(r)]);
+    // Each phase is logged as it ends: a rank that stops early, or a group that hangs in a
+    // collective, shows in the log before the timeout names it.
+    auto since = std::chrono::steady_clock::now();
+    auto phase = [&](const char* what, const crucible::error* e) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+      since = std::chrono::steady_clock::now();
+      if (e != nullptr)
+        log.warn("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " failed after ", s, " s: ",
+                 e->message);
+      else
+        log.debug("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " in ", s, " s");
+    };
+    auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout, together) : out.inproc->join(r);
+    if (!comm.ok()) {
+      outcome = comm.error();
+      phase("making the communicator", &comm.error());
+      return;
+    }
+    phase("communicator made", nullptr);
+    if (auto j = ranks[static_cast<std::size_t>(r)]->join_data_parallel(*comm); !j.ok()) {
+      outcome = j.error();
+      phase("joining the data-parallel group", &j.error());
+      return;
+    }
+    phase("joined the data-parallel group (parameters agreed and broadcast, buckets planned)", nullptr);
+    outcome = checkpoint.empty() ? result<policy::checkpoint_info>(policy::checkpoint_info{})
+                                 : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint);
+    if (!checkpoint.empty())
+      phase("restoring the checkpoint", outcome.ok() ? nullptr : &outcome.error());
+  };
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
-      auto& outcome = done[static_cast<std::size_t>(r)];
-      const torch::Device device(cfg.learner.devices[static_cast<std::size_t>(r)]);
-      const policy::device_scope on_device(cfg.learner.devices[static_cast<std::size_t>(r)]);
-      // Each phase is logged as it ends: a rank that stops early, or a group that hangs in a
-      // collective, shows in the log before the timeout names it.
-      auto since = std::chrono::steady_clock::now();
-      auto phase = [&](const char* what, const crucible::error* e) {
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-        since = std::chrono::steady_clock::now();
-        if (e != nullptr)
-          log.warn("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " failed after ", s, " s: ",
-                   e->message);
-        else
-          log.debug("learner", "rank ", r, " of ", world, " on ", device.str(), ": ", what, " in ", s, " s");
-      };
-      auto comm = cuda ? policy::make_nccl_communicator(id, r, world, device.index(), timeout, together) : out.inproc->join(r);
-      if (!comm.ok()) {
-        outcome = comm.error();
-        phase("making the communicator", &comm.error());
-        return;
+      // A throw (LibTorch out of memory in the buckets) must not end the process from a thread.
+      try {
+        form_rank(r);
+      } catch (const c10::Error& e) {
+        done[static_cast<std::size_t>(r)] = fail(errc::device, e.what_without_backtrace());
+        log.warn("learner", "rank ", r, " of ", world, ": ", e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        done[static_cast<std::size_t>(r)] = fail(errc::device, e.what());
+        log.warn("learner", "rank ", r, " of ", world, ": ", e.what());
       }
-      phase("communicator made", nullptr);
-      if (auto j = ranks[static_cast<std::size_t>(r)]->join_data_parallel(*comm); !j.ok()) {
-        outcome = j.error();
-        phase("joining the data-parallel group", &j.error());
-        return;
-      }
-      phase("joined the data-parallel group (parameters agreed and broadcast, buckets planned)", nullptr);
-      outcome = checkpoint.empty() ? result<policy::checkpoint_info>(policy::checkpoint_info{})
-                                   : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint);
-      if (!checkpoint.empty())
-        phase("restoring the checkpoint", outcome.ok() ? nullptr : &outcome.error());
     });
   for (auto& t : threads)
     t.join();
   // A rank that failed on its own (a checkpoint it cannot read, a device error) leaves the others
-  // waiting until they time out: its error is the cause, so a timeout is reported only when no
-  // rank failed otherwise.
+  // waiting until they time out, or failing at once when it left the group's launches: its error
+  // is the cause, so a timeout or a cancellation is reported only when no rank failed otherwise.
+  auto knock_on = [](const crucible::error& e) { return e.code == errc::timeout || e.code == errc::cancelled; };
   int failed = -1;
   for (int r = 0; r < world; ++r)
     if (const auto& d = done[static_cast<std::size_t>(r)]; !d.ok())
-      if (failed < 0 || (done[static_cast<std::size_t>(failed)].error().code == errc::timeout && d.error().code != errc::timeout))
+      if (failed < 0 || (knock_on(done[static_cast<std::size_t>(failed)].error()) && !knock_on(d.error())))
         failed = r;
   if (failed >= 0) {
     const auto& e = done[static_cast<std::size_t>(failed)].error();
@@ -370,7 +385,56 @@ result<std::shared_ptr<const task_catalog>> keep_task_sources(const fs::path& ru
   return std::shared_ptr<const task_catalog>(std::move(out));
 }
 
+result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_device> devices) {
+  const auto& learners = cfg.learner.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.learner.devices;
+  if (!cfg.learner.memory_check || learners.front().rfind("cuda", 0) != 0)
+    return {};
+  auto o = policy::memory_plan_options_of(cfg);
+  if (!o)
+    return {};
+  // The smallest learner GPU: every rank holds its share of the state (and rank 0 the engine).
+  std::string device;
+  const policy::cuda_device* smallest = nullptr;
+  for (const auto& name : learners) {
+    const int index = name == "cuda" ? 0 : std::atoi(name.c_str() + 5);
+    for (const auto& d : devices)
+      if (d.index == index && (smallest == nullptr || d.memory_bytes < smallest->memory_bytes))
+        smallest = &d, device = name;
+  }
+  if (smallest == nullptr || smallest->memory_bytes == 0)
+    return {}; // a device that is not there is named when the learner loads
+  o->gpu_gb = static_cast<double>(smallest->memory_bytes) / 1e9;
+  auto plan = policy::plan_memory(*o);
+  if (!plan || plan->fits)
+    return {};
+  auto gb = [](double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
+    return std::string{buf};
+  };
+  return fail(errc::config, "learner.memory_check: this configuration's memory plan needs ", gb(plan->total),
+              " on each learner GPU (learner ", gb(plan->learner_state + plan->learner_peak), ", engine ",
+              gb(plan->engine), ", runtime ", gb(plan->runtime), " for ", o->label, " over ", std::to_string(o->gpus),
+              o->gpus == 1 ? " GPU" : " GPUs", o->zero1 ? " with ZeRO-1" : "",
+              "; `crucible memory-plan --config FILE` itemises it), but ", device, " (", smallest->name, ") has ",
+              gb(static_cast<double>(smallest->memory_bytes)),
+              ". To fit: more GPUs in learner.devices with learner.zero1, learner.activation_checkpointing, "
+              "learner.lora, or shorter prompt.max_tokens, rollout.max_new_tokens or learner.micro_batch_tokens; "
+              "learner.memory_check: false starts anyway");
+}
+
+namespace {
+// check_memory_plan against this machine's GPUs (probed only for a CUDA run).
+result<void> check_memory_here(const config& cfg) {
+  if (!cfg.learner.memory_check || cfg.model.device.rfind("cuda", 0) != 0)
+    return {};
+  return check_memory_plan(cfg, policy::probe_runtime().devices);
+}
+} // namespace
+
 result<void> check_run_inputs(const config& cfg) {
+  if (auto r = check_memory_here(cfg); !r)
+    return r;
   auto tasks = load_task_catalog(cfg);
   if (!tasks.ok())
     return tasks.error();
@@ -393,9 +457,12 @@ result<void> check_run_inputs(const config& cfg) {
   return {};
 }
 
-result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, const fs::path& run_dir, bool resume,
-                                  const clock& clk, logger& log) {
-  run_roles out;
+namespace {
+
+// spawn_run_roles without its exception guard: `out` is the caller's, so that roles spawned
+// before a throw are told to exit.
+result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, const config& cfg,
+                                       const fs::path& run_dir, bool resume, const clock& clk, logger& log) {
   auto guard = [&](crucible::error e) -> result<run_roles> {
     exit_all(out.actors);
     return e;
@@ -428,6 +495,9 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
     if (!states.ok())
       return states.error();
     samplers = std::move(*states);
+    // A resumed run may meet a smaller machine, or a --set that no longer fits.
+    if (auto r = check_memory_here(cfg); !r)
+      return r.error();
     out.checkpoint = *ck;
     model_source = *ck / "learner" / "model";
     log.info(component, "resuming from ", ck->string(), " (", stage_name(progress.stage), " step ", progress.stage_step,
@@ -672,7 +742,27 @@ result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, con
   out.initial.dropped_stale = progress.dropped_stale;
   out.initial.discarded = progress.discarded;
   out.initial.unfinished = progress.unfinished;
-  return out;
+  return std::move(out);
+}
+
+} // namespace
+
+result<run_roles> spawn_run_roles(caf::actor_system& sys, const config& cfg, const fs::path& run_dir, bool resume,
+                                  const clock& clk, logger& log) {
+  run_roles out;
+  // LibTorch reports a device out of memory (and other failures of its own) by throwing: loading
+  // the learners, the handoff and the engine become an error naming it, not a terminated process.
+  try {
+    return spawn_run_roles_into(out, sys, cfg, run_dir, resume, clk, log);
+  } catch (const c10::Error& e) {
+    exit_all(out.actors);
+    return fail(errc::device, "building the run's learner and engine on ", cfg.model.device, ": ",
+                e.what_without_backtrace(),
+                cfg.learner.memory_check ? "" : " (learner.memory_check is off: `crucible memory-plan --config` estimates the need)");
+  } catch (const std::exception& e) {
+    exit_all(out.actors);
+    return fail(errc::device, "building the run's roles: ", e.what());
+  }
 }
 
 } // namespace crucible

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <caf/actor.hpp>
@@ -20,6 +21,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "policy/runtime.hpp"
 
 namespace crucible {
 
@@ -53,6 +55,13 @@ result<std::shared_ptr<const task_catalog>> load_task_catalog(const config& cfg)
 /// loads and safetensors weights that open (the weights' shapes are checked when the learner
 /// loads them). Errors are errc::config naming the key and the file at fault.
 result<void> check_run_inputs(const config& cfg);
+
+/// learner.memory_check: on CUDA, errc::config when the memory plan of `cfg`
+/// (policy::plan_memory, as `crucible memory-plan --config`) exceeds the memory of the smallest
+/// learner GPU among `devices` (probe_runtime's), naming both figures, the device and what would
+/// make it fit. Nothing to check (ok) on the CPU, with the check off, or when the plan cannot be
+/// made (loading names that problem).
+result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_device> devices);
 
 /// Spawns the roles. `resume`: the learner, the trainer's position, the rollout places' task
 /// samplers and the status come from RUN/checkpoints/latest (errc::not_found when the run has

@@ -95,6 +95,10 @@ void describe_learner(V& v, learner_options& l) {
     v.field("zero1", l.zero1,
             "Data parallel: shard AdamW's moments and float32 master weights over the learners (ZeRO-1: gradients "
             "reduce-scattered, parameters all-gathered after the update).");
+    v.field("memory_check", l.memory_check,
+            "On CUDA, refuse to start when `crucible memory-plan --config` of this configuration (learner state, "
+            "activations, engine; docs/scaling.md) exceeds a learner GPU's memory, naming both figures, instead of "
+            "running out of memory while loading. false: start anyway (the plan is an estimate).");
     v.field("collective_timeout_s", l.collective_timeout_s,
             "Seconds a collective (gradient reduction, weight sync) may take; past it the call fails naming the "
             "operation and rank, and the communicator is aborted.",

@@ -87,6 +87,9 @@ struct learner_options {
   bool overlap = true;              ///< reduce each bucket during the backward pass, as soon as it is complete
   bool zero1 = false;               ///< shard AdamW's moments and masters over the data-parallel ranks
   double collective_timeout_s = 600.0; ///< a collective not complete after this fails and aborts its communicator
+  /// Refuse to start a run on CUDA whose memory plan (policy/memory_plan.hpp) exceeds a learner
+  /// GPU's memory, instead of failing out of memory minutes into loading. Read by the run.
+  bool memory_check = true;
   double sync_bucket_mb = 256.0;    ///< MiB of weights per broadcast of a weight sync
 };
 

@@ -2,6 +2,8 @@
 // item by item, each computed the way the code that allocates it does.
 #include "policy/memory_plan.hpp"
 
+#include "core/config.hpp"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -458,6 +460,49 @@ result<std::string> memory_grid_markdown(const memory_plan_options& base, std::s
     }
   }
   return out;
+}
+
+result<memory_plan_options> memory_plan_options_of(const config& cfg) {
+  memory_plan_options o;
+  if (!cfg.model.dir.empty()) {
+    auto m = read_model_config(cfg.model.dir);
+    if (!m)
+      return m.error();
+    o.model = *m;
+    o.label = cfg.model.dir;
+  } else {
+    auto family = parse_model_family(cfg.model.family);
+    if (!family)
+      return family.error();
+    auto m = preset_config(cfg.model.init, *family, cfg.model.tokenizer_vocab);
+    if (!m)
+      return m.error();
+    o.model = *m;
+    o.label = cfg.model.init;
+  }
+  const auto& l = cfg.learner;
+  o.learner_bytes = l.dtype == "bfloat16" ? 2 : 4;
+  o.engine_bytes = cfg.model.engine_dtype == "float32" ? 4 : 2;
+  o.lora = l.lora;
+  o.lora_rank = l.lora_rank;
+  o.lora_targets = l.lora_targets;
+  o.kl_reference = l.kl_coef > 0;
+  o.zero1 = l.zero1;
+  // learner.devices: one learner rank a GPU.
+  if (!l.devices.empty())
+    o.gpus = static_cast<int>(l.devices.size());
+  o.micro_batch_tokens = l.micro_batch_tokens;
+  o.activation_checkpointing = l.activation_checkpointing;
+  // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
+  o.engine_shares_base = cfg.model.handoff == "memory";
+  o.handoff_staging = cfg.model.handoff == "memory";
+  o.bucket_mb = l.bucket_mb;
+  o.prompt_tokens = cfg.prompt.max_tokens;
+  o.completion_tokens = cfg.rollout.max_new_tokens;
+  o.group_size = cfg.rollout.group_size;
+  // The largest call the engine makes: as many waiting requests as it batches, up to its cap.
+  o.engine_rows = std::min(cfg.engine.max_batch_samples, cfg.engine.max_batch_prompts * cfg.rollout.group_size);
+  return o;
 }
 
 } // namespace crucible::policy

@@ -14,6 +14,10 @@
 #include "core/error.hpp"
 #include "policy/model_config.hpp"
 
+namespace crucible {
+struct config; // core/config.hpp
+}
+
 namespace crucible::policy {
 
 /// One GPU of a run: a learner rank (data parallel over `gpus`) and an engine beside it, both
@@ -86,6 +90,11 @@ struct memory_plan {
   double capacity = 0.0;               ///< gpu_gb x 10^9
   bool fits = false;                   ///< total <= capacity
 };
+
+/// The options of a run configuration: the model (model.dir's config.json, or the preset
+/// model.init makes), learner, prompt, rollout and engine values, one GPU per learner.devices
+/// entry. errc::config naming what cannot be read.
+result<memory_plan_options> memory_plan_options_of(const config& cfg);
 
 /// Plans one GPU. errc::config naming the option at fault (a non-positive size, ZeRO-1 on one
 /// GPU, an unknown LoRA target, a byte width other than 2 or 4, an invalid model).

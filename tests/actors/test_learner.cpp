@@ -19,6 +19,7 @@
 #include "actors/engine.hpp"
 #include "actors/learner.hpp"
 #include "actors/learner_group.hpp"
+#include "actors/run_roles.hpp"
 #include "policy/checkpoint.hpp"
 #include "policy/collective.hpp"
 #include "policy/engine.hpp"
@@ -477,4 +478,48 @@ TEST_CASE("learner actor specs name the field at fault") {
   s = {};
   s.timeout_s = 0;
   check(s, "learner_actor.timeout_s");
+}
+
+TEST_CASE("a CUDA run whose memory plan exceeds a learner GPU is refused before loading, naming both figures") {
+  const std::filesystem::path src{CRUCIBLE_SOURCE_DIR};
+  auto cfg = load_config(src / "configs/gpu-7b-full-4x.yaml");
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? "" : cfg.error().message));
+  auto gpus = [](const char* name, std::uint64_t bytes) {
+    std::vector<policy::cuda_device> d(4);
+    for (int i = 0; i < 4; ++i)
+      d[static_cast<std::size_t>(i)] = {i, name, bytes, 9, 0};
+    return d;
+  };
+  const auto h100 = gpus("NVIDIA H100 80GB HBM3", 85'520'809'984ull);
+  const auto h200 = gpus("NVIDIA H200", 150'754'820'096ull);
+  // 7B full fine-tuning with ZeRO-1 over four GPUs: about 120 GB on GPU 0 (docs/scaling.md).
+  auto refused = check_memory_plan(*cfg, h100);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code == errc::config);
+  const auto& m = refused.error().message;
+  CAPTURE(m);
+  CHECK(contains(m, "learner.memory_check: this configuration's memory plan needs 12"));
+  CHECK(contains(m, " GB on each learner GPU (learner "));
+  CHECK(contains(m, "over 4 GPUs with ZeRO-1"));
+  CHECK(contains(m, "cuda:0 (NVIDIA H100 80GB HBM3) has 85.5 GB"));
+  CHECK(contains(m, "learner.memory_check: false starts anyway"));
+  CHECK(check_memory_plan(*cfg, h200).ok());
+  // One smaller GPU among the learners is the one named.
+  auto mixed = h200;
+  mixed[2] = {2, "NVIDIA H100 80GB HBM3", 85'520'809'984ull, 9, 0};
+  auto one = check_memory_plan(*cfg, mixed);
+  REQUIRE_FALSE(one.ok());
+  CHECK_MESSAGE(contains(one.error().message, "cuda:2 (NVIDIA H100 80GB HBM3)"), one.error().message);
+  // Off, or no such device to compare with: nothing to refuse here.
+  auto off = *cfg;
+  off.learner.memory_check = false;
+  CHECK(check_memory_plan(off, h100).ok());
+  CHECK(check_memory_plan(*cfg, {}).ok());
+  // The 1.5B config fits one H100; the CPU quickstart is not checked.
+  auto small = load_config(src / "configs/gpu-1.5b.yaml");
+  REQUIRE(small.ok());
+  CHECK(check_memory_plan(*small, h100).ok());
+  auto quick = load_config(src / "configs/quickstart.yaml");
+  REQUIRE(quick.ok());
+  CHECK(check_memory_plan(*quick, {}).ok());
 }

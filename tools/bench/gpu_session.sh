@@ -105,9 +105,11 @@ Modes (the table's row in brackets):
                       timing out after ZERO_TIMEOUT_S (240) s; scale: bench_learner's data-parallel
                       scaling over 2 and 4 GPUs, the 0.5B preset against one GPU and the 7B
                       preset with ZeRO-1 and activation checkpointing against two. Every GPU's
-                      memory sampled each second; a run whose events.log stays quiet for QUIET_S
-                      (120) s has every thread's stack dumped (cuda-gdb) into NAME.stacks.K.txt,
-                      twice at most. As `real_size` across calls; WAIT_S (540).
+                      memory sampled each second. STACKS=1: a run whose events.log stays quiet
+                      for QUIET_S (600) s has every thread's stack dumped (cuda-gdb attaches) into
+                      NAME.stacks.K.txt, twice at most; off by default: an attach during the 7B
+                      run's final checkpoint was followed by the process's end (SIGSEGV) as
+                      cuda-gdb detached. As `real_size` across calls; WAIT_S (540).
                       Output: $OUT/multi.tgz; the runs stay in data/runs/multi.
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, TASKS, EVAL_ARGS, EVAL_SETS, RUN_SETS,
 CANDIDATES, CONCURRENCIES, LAPS, PRECISION_ONLY, STEPS, SET, CONC, WARM, WAIT_S, DECODE_TESTS,
@@ -529,16 +531,18 @@ multi_smi() { # NAME: samples every GPU's memory and use each second into $MULTI
 
 # NAME EVENTS PATTERN: while a run matching PATTERN lives, dumps every thread's stack into
 # $MULTI/NAME.stacks.K.txt each time EVENTS (its events.log) has been quiet for QUIET_S seconds,
-# twice at most: where a hang stands, for a machine that has cuda-gdb but no gdb. Prints the pid.
+# twice at most: where a hang stands, for a machine that has cuda-gdb but no gdb. Prints the pid
+# (none without STACKS=1).
 multi_watch() {
   local name="$1" events="$2" pat="$3"
+  [[ "${STACKS:-0}" == 1 ]] || return 0
   (
     k=0
     while ((k < 2)); do
       sleep 15
       pid=$(pgrep -f -o -- "$pat") || continue
       [[ -f "$events" ]] || continue
-      (( $(date +%s) - $(stat -c %Y "$events") >= ${QUIET_S:-120} )) || continue
+      (( $(date +%s) - $(stat -c %Y "$events") >= ${QUIET_S:-600} )) || continue
       k=$((k + 1))
       timeout 150 cuda-gdb -p "$pid" -batch -ex "set pagination off" -ex "info threads" -ex "thread apply all bt 40" \
         >"$MULTI/$name.stacks.$k.txt" 2>&1
@@ -571,14 +575,14 @@ multi_pipeline() {
         multi_step four "$B/tools/crucible" train configs/gpu-4x.yaml --set run.dir="$MULTI" --set "tasks.include=$NO_BUILD_TASKS" \
           --set stages.sft.steps="${FOUR_SFT:-100}" --set learner.total_steps=200 --set stages.rl.steps="${FOUR_RL:-6}" \
           --set run.checkpoint_every=0
-        kill "$smi" "$watch" 2>/dev/null
+        kill "$smi" $watch 2>/dev/null
         rm -rf "$MULTI/gpu-4x/checkpoints" ;;
       zero)
         smi=$(multi_smi zero)
         watch=$(multi_watch zero "$MULTI/gpu-7b-full-4x/events.log" "crucible train configs/gpu-7b-full-4x")
         multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$MULTI" \
           --set stages.rl.steps="${ZERO_RL:-3}" --set learner.collective_timeout_s="${ZERO_TIMEOUT_S:-240}"
-        kill "$smi" "$watch" 2>/dev/null
+        kill "$smi" $watch 2>/dev/null
         rm -rf "$MULTI/gpu-7b-full-4x/checkpoints" "$MULTI/gpu-7b-full-4x/model" ;;
       scale)
         # Data-parallel scaling: the 0.5B preset over 2 and 4 GPUs against one (plain learner), and

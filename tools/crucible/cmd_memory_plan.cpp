@@ -58,49 +58,6 @@ result<policy::model_config> model_named(const std::string& name) {
   return policy::memory_plan_model(name);
 }
 
-// The run configuration's model, learner, prompt, rollout and engine values.
-result<void> apply_config(const config& cfg, policy::memory_plan_options& o) {
-  if (!cfg.model.dir.empty()) {
-    auto m = policy::read_model_config(cfg.model.dir);
-    if (!m)
-      return m.error();
-    o.model = *m;
-    o.label = cfg.model.dir;
-  } else {
-    auto family = policy::parse_model_family(cfg.model.family);
-    if (!family)
-      return family.error();
-    auto m = policy::preset_config(cfg.model.init, *family, cfg.model.tokenizer_vocab);
-    if (!m)
-      return m.error();
-    o.model = *m;
-    o.label = cfg.model.init;
-  }
-  const auto& l = cfg.learner;
-  o.learner_bytes = l.dtype == "bfloat16" ? 2 : 4;
-  o.engine_bytes = cfg.model.engine_dtype == "float32" ? 4 : 2;
-  o.lora = l.lora;
-  o.lora_rank = l.lora_rank;
-  o.lora_targets = l.lora_targets;
-  o.kl_reference = l.kl_coef > 0;
-  o.zero1 = l.zero1;
-  // learner.devices: one learner rank a GPU (--gpus overrides).
-  if (!l.devices.empty())
-    o.gpus = static_cast<int>(l.devices.size());
-  o.micro_batch_tokens = l.micro_batch_tokens;
-  o.activation_checkpointing = l.activation_checkpointing;
-  // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
-  o.engine_shares_base = cfg.model.handoff == "memory";
-  o.handoff_staging = cfg.model.handoff == "memory";
-  o.bucket_mb = l.bucket_mb;
-  o.prompt_tokens = cfg.prompt.max_tokens;
-  o.completion_tokens = cfg.rollout.max_new_tokens;
-  o.group_size = cfg.rollout.group_size;
-  // The largest call the engine makes: as many waiting requests as it batches, up to its cap.
-  o.engine_rows = std::min(cfg.engine.max_batch_samples, cfg.engine.max_batch_prompts * cfg.rollout.group_size);
-  return {};
-}
-
 // Flags over the defaults (or the configuration's values). Lists are for --grid.
 int apply_flags(const parsed_args& args, policy::memory_plan_options& o, bool grid) {
   auto rank = int_option(args, "--lora-rank", o.lora_rank, 1, 1 << 20);
@@ -157,8 +114,10 @@ int run_memory_plan(const parsed_args& args) {
     auto cfg = load_config(args.get("--config"), args.all("--set"));
     if (!cfg)
       return usage(cfg.error().message);
-    if (auto r = apply_config(*cfg, o); !r)
-      return usage("--config " + args.get("--config") + ": " + r.error().message);
+    auto from = policy::memory_plan_options_of(*cfg);
+    if (!from)
+      return usage("--config " + args.get("--config") + ": " + from.error().message);
+    o = std::move(*from);
   } else if (args.has("--model")) {
     auto m = model_named(args.get("--model"));
     if (!m)
