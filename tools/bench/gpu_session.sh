@@ -94,8 +94,8 @@ Modes (the table's row in brackets):
                       `timing`; WAIT_S (540). Output: $OUT/real.tgz (runs' logs and metrics,
                       the benches' JSON); the runs stay in data/runs/real.
   multi start|wait|collect
-                      [runs that need several GPUs] for each PART of PARTS (default "tests modes zero
-                      four"): tests: test_gpu_dp, the data-parallel run test, the GPU
+                      [runs that need several GPUs] for each PART of PARTS (default "tests modes zero four
+                      scale"): tests: test_gpu_dp, the data-parallel run test, the GPU
                       checkpointing test, test_gpu_engine; modes: train_modes.sh on cuda:0-1 (policy on one GPU,
                       evaluator on the other), configs/gpu-1x.yaml on the ten seeded tasks that
                       build no extension, SFT 300, MODE_STEPS (6) RL steps of 2 groups, async
@@ -554,7 +554,7 @@ multi_watch() {
 
 multi_pipeline() {
   local smi watch
-  for part in ${PARTS:-tests modes zero four}; do
+  for part in ${PARTS:-tests modes zero four scale}; do
     case "$part" in
       tests)
         multi_step test_gpu_dp "$B/tests/gpu/test_gpu_dp"
