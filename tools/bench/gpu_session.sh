@@ -101,8 +101,9 @@ Modes (the table's row in brackets):
                       build no extension, SFT 300, MODE_STEPS (6) RL steps of 2 groups, async
                       against sync; four: configs/gpu-4x.yaml on the same tasks, FOUR_SFT (100)
                       SFT and FOUR_RL (6) RL steps; zero: configs/gpu-7b-full-4x.yaml (7B full
-                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (3) RL steps, collectives
-                      timing out after ZERO_TIMEOUT_S (240) s; scale: bench_learner's data-parallel
+                      fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (3) RL steps in ZERO_MODE
+                      (async), collectives timing out after ZERO_TIMEOUT_S (240) s, the final
+                      checkpoint's files listed in zero.checkpoint.txt; scale: bench_learner's data-parallel
                       scaling over 2 and 4 GPUs, the 0.5B preset against one GPU and the 7B
                       preset with ZeRO-1 and activation checkpointing against two. Every GPU's
                       memory sampled each second. STACKS=1: a run whose events.log stays quiet
@@ -581,8 +582,12 @@ multi_pipeline() {
         smi=$(multi_smi zero)
         watch=$(multi_watch zero "$MULTI/gpu-7b-full-4x/events.log" "crucible train configs/gpu-7b-full-4x")
         multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$MULTI" \
-          --set stages.rl.steps="${ZERO_RL:-3}" --set learner.collective_timeout_s="${ZERO_TIMEOUT_S:-240}"
+          --set stages.rl.steps="${ZERO_RL:-3}" --set learner.collective_timeout_s="${ZERO_TIMEOUT_S:-240}" \
+          --set run.mode="${ZERO_MODE:-async}"
         kill "$smi" $watch 2>/dev/null
+        # What the final checkpoint holds (shards, model, manifest), before it goes.
+        (cd "$MULTI/gpu-7b-full-4x" && find checkpoints -type f -printf '%s %p\n' 2>/dev/null | sort -k2) \
+          >"$MULTI/zero.checkpoint.txt"
         rm -rf "$MULTI/gpu-7b-full-4x/checkpoints" "$MULTI/gpu-7b-full-4x/model" ;;
       scale)
         # Data-parallel scaling: the 0.5B preset over 2 and 4 GPUs against one (plain learner), and
