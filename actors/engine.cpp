@@ -221,6 +221,7 @@ engine_runner_actor::behavior_type runner(runner_pointer self, engine_deps deps,
 struct waiting_request {
   generation_request req;
   caf::typed_response_promise<generation_result> rp;
+  caf::strong_actor_ptr from; // the sender, for cancel_atom
 };
 
 // A weight update waiting for the runner: a model directory, or an announced broadcast.
@@ -366,10 +367,25 @@ engine_actor::behavior_type engine_front(engine_pointer self, engine_deps deps, 
         return make_error(errc::busy, std::to_string(st.queue.size()) + " generation requests are waiting (limit "
                                         + std::to_string(st.opt.max_queued) + "); retry later");
       }
+      auto from = self->current_sender(); // before the promise takes the message over
       auto rp = self->make_response_promise<generation_result>();
-      st.queue.push_back({std::move(req), rp});
+      st.queue.push_back({std::move(req), rp, std::move(from)});
       pump(self);
       return rp;
+    },
+    [=](cancel_atom) {
+      auto& st = self->state;
+      const auto from = self->current_sender();
+      for (auto it = st.queue.begin(); it != st.queue.end();) {
+        if (it->from == from) {
+          it->rp.deliver(make_error(errc::cancelled, "generation request of group " + std::to_string(it->req.group.value)
+                                                       + " cancelled by its sender before it ran"));
+          ++st.status.cancelled;
+          it = st.queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
     },
     [=](weight_update& u) -> caf::result<policy_version> {
       auto& st = self->state;

@@ -78,6 +78,10 @@ using engine_actor = caf::typed_actor<
   // errc::busy when the queue is full (backpressure); errc::invalid_arg for an empty or too
   // long prompt or bad settings.
   caf::replies_to<generation_request>::with<generation_result>,
+  // The sender's requests still waiting (not those of the call under way) are dropped, each
+  // answered errc::cancelled: a rollout that stops and drops its groups frees the engine for the
+  // next stage's instead of leaving it to sample what nobody will read.
+  caf::reacts_to<cancel_atom>,
   // Serves the weights of a model directory as the given version from the next engine call
   // on; errc::invalid_arg for a version below the one served or another vocabulary.
   caf::replies_to<weight_update>::with<policy_version>,

@@ -248,6 +248,7 @@ struct engine_status {
   std::uint64_t batches = 0;        ///< engine calls made
   std::uint64_t samples = 0;        ///< completions returned
   std::uint64_t weight_updates = 0; ///< weights loaded or received
+  std::uint64_t cancelled = 0;      ///< waiting requests dropped because their sender cancelled them
 
   friend bool operator==(const engine_status&, const engine_status&) = default;
 };
@@ -255,7 +256,7 @@ struct engine_status {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, engine_status& x) {
   return f(caf::meta::type_name("engine_status"), x.policy_version, x.queued, x.running, x.requests,
-           x.failed, x.refused, x.batches, x.samples, x.weight_updates);
+           x.failed, x.refused, x.batches, x.samples, x.weight_updates, x.cancelled);
 }
 
 // -- evaluation (rollout -> evaluator -> rollout) --------------------------------------------
@@ -782,5 +783,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, expire_atom, "expire")
   CAF_ADD_ATOM(crucible, crucible, retry_atom, "retry")
   CAF_ADD_ATOM(crucible, crucible, settle_atom, "settle")
+  CAF_ADD_ATOM(crucible, crucible, cancel_atom, "cancel")
 
 CAF_END_TYPE_ID_BLOCK(crucible)

@@ -486,6 +486,9 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
       if (st.opt.on_stop == in_flight_policy::drop) {
         st.stats.groups_abandoned += st.groups.size();
         st.groups.clear();
+        // The engine drops this actor's requests still waiting: it would otherwise sample them
+        // before the next stage's (at 7B, four groups took 100 s at a stage change).
+        self->send(st.deps.engine, cancel_atom_v);
       }
       if (st.groups.empty()) {
         self->quit();

@@ -229,6 +229,43 @@ TEST_CASE_FIXTURE(fixture, "a full queue refuses requests with errc::busy") {
   CHECK(ask<generation_result>(a, request(9, 1)).ok());
 }
 
+TEST_CASE_FIXTURE(fixture, "cancel drops the sender's waiting requests, not the call under way nor another sender's") {
+  auto opt = options();
+  opt.max_batch_prompts = 1; // one request a call: the others wait
+  auto a = spawn(model("mixed", mixed), opt);
+  caf::scoped_actor other{sys, true};
+  std::vector<decltype(post(a, request(1, 1)))> mine;
+  for (std::uint64_t g = 1; g <= 3; ++g)
+    mine.push_back(post(a, request(g, 2)));
+  auto theirs = other->request(a, caf::infinite, request(7, 2));
+  for (std::uint64_t g = 4; g <= 5; ++g)
+    mine.push_back(post(a, request(g, 2)));
+  self->send(a, cancel_atom_v);
+  sched.run();
+  // 1 was under way when the cancel came; 2, 3, 4 and 5 waited and are dropped; 7 is served.
+  std::vector<errc> codes;
+  for (auto& h : mine) {
+    auto out = reply<generation_result>(h);
+    codes.push_back(out.ok() ? errc::none : out.error().code);
+    if (!out.ok())
+      CHECK_MESSAGE(out.error().message.find("cancelled by its sender before it ran") != std::string::npos, out.error().message);
+  }
+  CHECK(codes == std::vector<errc>{errc::none, errc::cancelled, errc::cancelled, errc::cancelled, errc::cancelled});
+  std::optional<bool> served;
+  theirs.receive([&](generation_result& r) { served = r.completions.size() == 2; },
+                 [&](caf::error&) { served = false; });
+  CHECK(served == std::optional<bool>{true});
+  auto s = status(a);
+  CHECK(s.cancelled == 4);
+  CHECK(s.requests == 2);
+  CHECK(s.batches == 2);
+  // A cancel with nothing waiting changes nothing; later requests are served.
+  self->send(a, cancel_atom_v);
+  sched.run();
+  CHECK(ask<generation_result>(a, request(9, 1)).ok());
+  CHECK(status(a).cancelled == 4);
+}
+
 TEST_CASE_FIXTURE(fixture, "a bad request fails alone and the rest of its batch is served") {
   auto opt = options();
   opt.max_prompt_tokens = 200;

@@ -101,7 +101,7 @@ template <> struct sample<weight_update> {
 };
 
 template <> struct sample<engine_status> {
-  static engine_status make() { return {policy_version{12}, 3, 8, 1000, 2, 17, 250, 8000, 12}; }
+  static engine_status make() { return {policy_version{12}, 3, 8, 1000, 2, 17, 250, 8000, 12, 5}; }
 };
 
 template <> struct sample<rollout_stats> {
