@@ -56,6 +56,10 @@ using rollout_actor = caf::typed_actor<
   // with the final counters and its task sampler's state (the verdicts of the finished groups
   // observed), and quits.
   caf::replies_to<stop_atom>::with<rollout_stats, sampler_state>,
+  // As stop_atom, but drops the groups in flight whatever rollout.on_stop says, and has the
+  // engine drop this actor's requests still waiting (cancel_atom): for a stop whose groups
+  // would be discarded anyway (a stage change, run.on_pause: drop).
+  caf::replies_to<stop_atom, cancel_atom>::with<rollout_stats, sampler_state>,
   // The counters.
   caf::replies_to<caf::get_atom>::with<rollout_stats>,
   // Its task sampler's state now, for a checkpoint taken while it runs.

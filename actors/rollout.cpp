@@ -187,6 +187,27 @@ void check_stopped(rollout_pointer self) {
   self->quit();
 }
 
+// Takes no new task; `drop`: abandons the groups in flight and has the engine drop this actor's
+// requests still waiting (it would otherwise sample them before the next stage's: at 7B, four
+// groups took 100 s at a stage change); else waits for them. Replies once nothing is in flight.
+caf::result<rollout_stats, sampler_state> stop(rollout_pointer self, bool drop) {
+  auto& st = self->state;
+  st.stats.running = false;
+  st.stopping = true;
+  if (drop) {
+    st.stats.groups_abandoned += st.groups.size();
+    st.groups.clear();
+    self->send(st.deps.engine, cancel_atom_v);
+  }
+  if (st.groups.empty()) {
+    self->quit();
+    return caf::result<rollout_stats, sampler_state>{snapshot(self), saved(self)};
+  }
+  auto rp = self->make_response_promise<rollout_stats, sampler_state>();
+  st.stop_waiting.push_back(rp);
+  return rp;
+}
+
 void schedule_advance(rollout_pointer self) {
   auto& st = self->state;
   if (st.advance_pending || !st.stats.running || st.stopping)
@@ -480,24 +501,9 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
       fill(self);
     },
     [=](stop_atom) -> caf::result<rollout_stats, sampler_state> {
-      auto& st = self->state;
-      st.stats.running = false;
-      st.stopping = true;
-      if (st.opt.on_stop == in_flight_policy::drop) {
-        st.stats.groups_abandoned += st.groups.size();
-        st.groups.clear();
-        // The engine drops this actor's requests still waiting: it would otherwise sample them
-        // before the next stage's (at 7B, four groups took 100 s at a stage change).
-        self->send(st.deps.engine, cancel_atom_v);
-      }
-      if (st.groups.empty()) {
-        self->quit();
-        return caf::result<rollout_stats, sampler_state>{snapshot(self), saved(self)};
-      }
-      auto rp = self->make_response_promise<rollout_stats, sampler_state>();
-      st.stop_waiting.push_back(rp);
-      return rp;
+      return stop(self, self->state.opt.on_stop == in_flight_policy::drop);
     },
+    [=](stop_atom, cancel_atom) -> caf::result<rollout_stats, sampler_state> { return stop(self, true); },
     [=](caf::get_atom) -> rollout_stats { return snapshot(self); },
     [=](save_atom) -> sampler_state { return saved(self); },
     [=](advance_atom) {

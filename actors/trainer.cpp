@@ -264,8 +264,8 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
     then();
     return;
   }
-  // A rollout actor's on_stop is fixed at spawn (rollout.on_stop); `drop` is enforced here by
-  // discarding what arrives after the stop.
+  // `drop` is enforced twice: the rollouts drop their groups (and have the engine drop their
+  // waiting requests), and what still arrives after the stop is discarded here.
   auto left = std::make_shared<std::size_t>(rollouts.size());
   auto done = [self, left, how, then] {
     if (--*left > 0)
@@ -285,15 +285,20 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
             },
             [then](const caf::error&) { then(); });
   };
-  for (std::size_t i = 0; i < rollouts.size(); ++i)
-    self->request(rollouts[i], caf::infinite, stop_atom_v)
-      .then(
-        [self, done, place = places[i]](const rollout_stats&, const sampler_state& s) {
-          keep_sampler(self->state, place, s);
-          done();
-        },
-        // A rollout actor already gone leaves its place's last saved state.
-        [done](const caf::error&) { done(); });
+  for (std::size_t i = 0; i < rollouts.size(); ++i) {
+    auto stopped = [self, done, place = places[i]](const rollout_stats&, const sampler_state& s) {
+      keep_sampler(self->state, place, s);
+      done();
+    };
+    // A rollout actor already gone leaves its place's last saved state.
+    auto gone = [done](const caf::error&) { done(); };
+    // Groups that will be discarded are not waited for: the rollout drops them at once and the
+    // engine its waiting requests (stop_atom, cancel_atom), whatever rollout.on_stop says.
+    if (how == in_flight_policy::drop)
+      self->request(rollouts[i], caf::infinite, stop_atom_v, cancel_atom_v).then(stopped, gone);
+    else
+      self->request(rollouts[i], caf::infinite, stop_atom_v).then(stopped, gone);
+  }
 }
 
 // Asks every running rollout actor for its task sampler's state (a checkpoint while they run),

@@ -399,7 +399,11 @@ void describe(V& v, config& c) {
     v.field("hardware", r.hardware, "Hardware kind candidates are evaluated on; empty: that of the first evaluator.");
     v.field("retry_s", r.retry_s, "Seconds before a request refused as busy (engine, evaluators, exemplar actor) is sent again.",
             positive<double>("a positive number"));
-    v.field("on_stop", r.on_stop, "Groups in flight at a stop: `finish` them first, or `drop` them.");
+    v.field("on_stop", r.on_stop,
+            "Groups in flight when the run stops its rollouts to keep what they finish (a synchronous step, a pause "
+            "with `run.on_pause: finish`): `finish` them first, or `drop` them. Where the run discards them anyway (a "
+            "stage change, a pause with `run.on_pause: drop`) they are dropped at once, and the engine drops their "
+            "requests still waiting.");
   });
   v.section("model", "The policy: a Hugging Face model directory, or a fresh model made when the run starts (docs/training.md).", [&] {
     auto& m = c.model;

@@ -529,6 +529,23 @@ TEST_CASE_FIXTURE(fixture, "stop finishes the groups in flight, or drops them, a
     release(); // late verdicts go nowhere
     CHECK(groups->empty());
   }
+  SUBCASE("drop asked by the stop, whatever on_stop says") {
+    collaborators(distribution(1, 0, 0));
+    auto r = spawn(options(2, 2)); // on_stop: finish
+    start(r);
+    auto rh = self->request(r, caf::infinite, stop_atom_v, cancel_atom_v);
+    sched.run();
+    REQUIRE_FALSE(self->mailbox().empty()); // answered at once: nothing is waited for
+    std::optional<rollout_stats> out;
+    rh.receive([&](rollout_stats& s, sampler_state&) { out = s; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    REQUIRE(out.has_value());
+    CHECK(out->groups_started == 2);
+    CHECK(out->groups_abandoned == 2);
+    CHECK(out->groups_finished == 0);
+    CHECK(estats().cancelled == 0); // the engine had sampled them already; nothing was waiting
+    release();
+    CHECK(groups->empty());
+  }
 }
 
 TEST_CASE_FIXTURE(fixture, "a prompt that cannot fit the budget abandons its group and the next task follows after retry_s") {
