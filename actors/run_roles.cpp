@@ -176,12 +176,12 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
       // A throw (LibTorch out of memory in the buckets) must not end the process from a thread.
       try {
         form_rank(r);
-      } catch (const c10::Error& e) {
-        done[static_cast<std::size_t>(r)] = fail(errc::device, e.what_without_backtrace());
-        log.warn("learner", "rank ", r, " of ", world, ": ", e.what_without_backtrace());
       } catch (const std::exception& e) {
-        done[static_cast<std::size_t>(r)] = fail(errc::device, e.what());
-        log.warn("learner", "rank ", r, " of ", world, ": ", e.what());
+        // LibTorch's errors without the C++ backtrace they carry.
+        const auto* torch_error = dynamic_cast<const c10::Error*>(&e);
+        const std::string text = torch_error ? torch_error->what_without_backtrace() : e.what();
+        done[static_cast<std::size_t>(r)] = fail(errc::device, text);
+        log.warn("learner", "rank ", r, " of ", world, ": ", text);
       }
     });
   for (auto& t : threads)

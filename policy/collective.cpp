@@ -447,10 +447,8 @@ result<void> launch_rendezvous::arrive(int rank, std::string_view what) {
   for (int r = 0; r < ranks_; ++r)
     if (!s_->here[static_cast<std::size_t>(r)])
       missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-  char t[32];
-  std::snprintf(t, sizeof t, "%.3g s", static_cast<double>(timeout_.count()) / 1000.0);
   return fail(errc::timeout, std::string{what}, " (rank ", std::to_string(rank), " of ", std::to_string(ranks_),
-              "): rank(s) ", missing, " of this process did not reach it within ", t,
+              "): rank(s) ", missing, " of this process did not reach it within ", seconds(timeout_),
               " (held in another call, or issuing a different collective)");
 }
 

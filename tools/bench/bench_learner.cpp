@@ -715,9 +715,9 @@ void allreduce_figure(const bench_options& o, int n) {
   }
 }
 
-// Tokens/s of the data-parallel group of n GPUs, and its line; `base` is the per-GPU rate its
-// efficiency is taken against, over `base_gpus` GPUs.
-double scaling_figure(const bench_options& o, int n, const single_gpu& base, int base_gpus, double peak) {
+// Tokens/s of the data-parallel group of n GPUs, and its line; its efficiency is taken against
+// `base_tps` tokens/s a GPU, measured on `base_gpus` GPUs (0: this group is the base).
+double scaling_figure(const bench_options& o, int n, double base_tps, int base_gpus, double peak) {
   auto comms = nccl_group(n);
   for (int r = 0; r < n; ++r)
     reset_peak_memory("cuda:" + std::to_string(r));
@@ -757,8 +757,8 @@ double scaling_figure(const bench_options& o, int n, const single_gpu& base, int
     s = std::max(s, t.seconds_per_step);
   const double tps = static_cast<double>(trained_tokens(o)) * n / s;
   const auto mem0 = memory_stats("cuda:0");
-  const double base_tps = base_gpus == 0 ? tps / n : base.tokens_per_s; // the first count is its own base
-  const auto params = params0;
+  if (base_gpus == 0)
+    base_tps = tps / n, base_gpus = n;
   json_writer w;
   w.begin_object()
     .field("figure", "dp_scaling")
@@ -776,11 +776,10 @@ double scaling_figure(const bench_options& o, int n, const single_gpu& base, int
     .field("tokens_per_s_per_gpu", tps / n)
     .field("zero1", o.zero1)
     .field("checkpointing", o.checkpointing)
-    .field("base_gpus", base_gpus == 0 ? n : base_gpus)
+    .field("base_gpus", base_gpus)
     .field("base_tokens_per_s_per_gpu", base_tps)
-    .field(base_gpus == 1 ? "single_gpu_tokens_per_s" : "base_tokens_per_s", base_tps)
     .field("efficiency", tps / n / base_tps)
-    .field("mfu", 6.0 * static_cast<double>(params) * (tps / n) / peak)
+    .field("mfu", 6.0 * static_cast<double>(params0) * (tps / n) / peak)
     .field("peak_allocated_gb_rank0", mem0 ? static_cast<double>(mem0->peak_allocated) / 1e9 : 0.0)
     .end_object();
   emit(std::move(w));
@@ -868,21 +867,19 @@ int main(int argc, char** argv) {
       if (n < 2)
         std::fprintf(stderr, "bench_learner: scaling needs two GPUs or more; skipped\n");
       else
-        scaling_figure(o, n, single, 1, peak);
+        scaling_figure(o, n, single.tokens_per_s, 1, peak);
     } else {
       // Each count in turn; the base is one GPU's grpo figure when it ran, else the first count.
-      int base_gpus = single.tokens_per_s > 0 ? 1 : 0;
-      single_gpu base = single;
+      double base_tps = single.tokens_per_s;
+      int base_gpus = base_tps > 0 ? 1 : 0;
       for (int k : o.scaling_gpus) {
         if (k > visible) {
           std::fprintf(stderr, "bench_learner: scaling over %d GPUs: only %d visible; skipped\n", k, visible);
           continue;
         }
-        const double tps = scaling_figure(o, k, base, base_gpus, peak);
-        if (base_gpus == 0) {
-          base.tokens_per_s = tps / k;
-          base_gpus = k;
-        }
+        const double tps = scaling_figure(o, k, base_tps, base_gpus, peak);
+        if (base_gpus == 0)
+          base_tps = tps / k, base_gpus = k;
       }
     }
   }
