@@ -103,7 +103,9 @@ Modes (the table's row in brackets):
                       SFT and FOUR_RL (6) RL steps; zero: configs/gpu-7b-full-4x.yaml (7B full
                       fine-tuning, ZeRO-1 over four GPUs), ZERO_RL (3) RL steps in ZERO_MODE
                       (async), collectives timing out after ZERO_TIMEOUT_S (240) s, the final
-                      checkpoint's files listed in zero.checkpoint.txt; scale: bench_learner's data-parallel
+                      checkpoint's files listed in zero.checkpoint.txt; ZERO_GPUS=2: over two
+                      GPUs (evaluator on cuda:1, 8 engine rows, one group a rank); the run
+                      folder in ZERO_DIR, else where 130 GB are free (data/runs/multi or /dev/shm); scale: bench_learner's data-parallel
                       scaling over 2 and 4 GPUs, the 0.5B preset against one GPU and the 7B
                       preset with ZeRO-1 and activation checkpointing against two. Every GPU's
                       memory sampled each second. STACKS=1: a run whose events.log stays quiet
@@ -579,16 +581,34 @@ multi_pipeline() {
         kill "$smi" $watch 2>/dev/null
         rm -rf "$MULTI/gpu-4x/checkpoints" ;;
       zero)
+        # ZERO_GPUS=2: the same config over cuda:0-1, evaluator on cuda:1 only, an engine of 8 rows
+        # and one group a rank (memory-plan: 136.3 GB for GPU 0). The final checkpoint (the 15 GB
+        # model and 91 GB of optimiser shards) goes where there is room for it: ZERO_DIR, else
+        # $MULTI if its disk has 130 GB free, else /dev/shm.
+        local zname=gpu-7b-full-4x zsets=() zdir="${ZERO_DIR:-}"
+        if [[ "${ZERO_GPUS:-4}" == 2 ]]; then
+          zname=gpu-7b-full-2x
+          zsets=(--set run.name=$zname --set "learner.devices=[cuda:0, cuda:1]" --set "evaluator.devices=[cuda:1]"
+            --set engine.max_batch_samples=8 --set stages.rl.groups=2 --set stages.self_supervised.groups=2)
+        fi
+        if [[ -z "$zdir" ]]; then
+          zdir="$MULTI"
+          (( $(df --output=avail -B1G "$MULTI" | tail -1) < 130 )) && zdir=/dev/shm/multi
+        fi
+        mkdir -p "$zdir"
+        df -h "$MULTI" /dev/shm >>"$MULTI/pipeline.log"
+        echo "[$(date +%T)] zero: run folder $zdir/$zname" >>"$MULTI/pipeline.log"
         smi=$(multi_smi zero)
-        watch=$(multi_watch zero "$MULTI/gpu-7b-full-4x/events.log" "crucible train configs/gpu-7b-full-4x")
-        multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$MULTI" \
+        watch=$(multi_watch zero "$zdir/$zname/events.log" "crucible train configs/gpu-7b-full-4x")
+        multi_step zero "$B/tools/crucible" train configs/gpu-7b-full-4x.yaml --set run.dir="$zdir" \
           --set stages.rl.steps="${ZERO_RL:-3}" --set learner.collective_timeout_s="${ZERO_TIMEOUT_S:-240}" \
-          --set run.mode="${ZERO_MODE:-async}"
+          --set run.mode="${ZERO_MODE:-async}" "${zsets[@]}"
         kill "$smi" $watch 2>/dev/null
         # What the final checkpoint holds (shards, model, manifest), before it goes.
-        (cd "$MULTI/gpu-7b-full-4x" && find checkpoints -type f -printf '%s %p\n' 2>/dev/null | sort -k2) \
+        (cd "$zdir/$zname" && find checkpoints -type f -printf '%s %p\n' 2>/dev/null | sort -k2) \
           >"$MULTI/zero.checkpoint.txt"
-        rm -rf "$MULTI/gpu-7b-full-4x/checkpoints" "$MULTI/gpu-7b-full-4x/model" ;;
+        rm -rf "$zdir/$zname/checkpoints" "$zdir/$zname/model"
+        [[ "$zdir" == "$MULTI" ]] || { cp -r "$zdir/$zname" "$MULTI/" && rm -rf "$zdir/$zname"; } ;;
       scale)
         # Data-parallel scaling: the 0.5B preset over 2 and 4 GPUs against one (plain learner), and
         # the 7B preset (full fine-tuning does not fit one GPU) with ZeRO-1 over 4 against 2.
