@@ -201,6 +201,7 @@ train_report report_of(const policy::step_metrics& m, const policy::learner& l, 
   r.seconds = m.seconds;
   r.tokens = static_cast<std::uint64_t>(m.tokens);
   r.sequences = static_cast<std::uint64_t>(m.sequences);
+  r.zero_advantage = static_cast<std::uint64_t>(m.zero_advantage);
   r.skipped = m.skipped;
   return r;
 }

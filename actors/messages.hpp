@@ -491,6 +491,7 @@ struct train_report {
   double publish_seconds = 0;      ///< wall time of writing the new weights and sending them to the engines
   std::uint64_t tokens = 0;        ///< completion tokens of the global batch
   std::uint64_t sequences = 0;     ///< completions of the global batch
+  std::uint64_t zero_advantage = 0; ///< of them, those whose advantage was 0: not forwarded (GRPO, no KL term)
   bool skipped = false;            ///< gradient not finite: no update, version unchanged
 
   friend bool operator==(const train_report&, const train_report&) = default;
@@ -501,7 +502,7 @@ typename Inspector::result_type inspect(Inspector& f, train_report& x) {
   return f(caf::meta::type_name("train_report"), x.policy_version, x.step, x.groups,
            x.dropped_stale, detail::exact{x.loss}, detail::exact{x.mean_reward}, detail::exact{x.grad_norm},
            detail::exact{x.lr}, detail::exact{x.seconds}, detail::exact{x.publish_seconds}, x.tokens, x.sequences,
-           x.skipped);
+           x.zero_advantage, x.skipped);
 }
 
 /// Coordinator -> every learner rank: the complete GRPO groups of one global step. Every rank

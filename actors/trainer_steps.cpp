@@ -93,6 +93,7 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
     .field("lr", r.lr)
     .field("tokens", r.tokens)
     .field("sequences", r.sequences)
+    .field("zero_advantage", r.zero_advantage)
     .field("seconds", r.seconds)
     .field("publish_seconds", r.publish_seconds)
     .field("step_seconds", seconds_since(st.step_began))

@@ -352,12 +352,23 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
   batch_totals totals;
   std::vector<std::int64_t> lengths;
   std::vector<std::size_t> trained; // rows with anything to forward
+  // A GRPO row whose advantage is 0 adds 0 to the loss and to every gradient (its surrogate is
+  // ratio x 0), unless a KL term pulls it towards the reference: it is counted in the totals,
+  // which fix every token's weight, but neither forwarded nor backpropagated. Groups whose
+  // samples all scored alike, and with learner.negative_weight 0 the samples below their
+  // group's mean, cost no compute; the gradient is the one the whole batch gives.
+  const bool skip_zero = grpo && options_.kl_coef == 0.0;
+  std::int64_t zero_advantage = 0;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     totals.tokens += r.completion;
     totals.sequences += 1;
     totals.nonempty_sequences += r.completion > 0;
     totals.longest = std::max(totals.longest, r.completion);
+    if (skip_zero && r.advantage == 0.0) {
+      ++zero_advantage;
+      continue;
+    }
     if (r.completion > 0) {
       lengths.push_back(r.length());
       trained.push_back(i);
@@ -441,14 +452,22 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
       return r.error();
     }
     // The metrics of the global batch: every rank reports the same.
-    double m[8] = {loss, stats.tokens, stats.clipped, stats.ratio_sum, stats.kl_sum, stats.is_weight_sum,
-                   stats.is_capped, stats.nll_sum};
+    double m[9] = {loss,
+                   stats.tokens,
+                   stats.clipped,
+                   stats.ratio_sum,
+                   stats.kl_sum,
+                   stats.is_weight_sum,
+                   stats.is_capped,
+                   stats.nll_sum,
+                   static_cast<double>(zero_advantage)};
     if (auto r = dp_->all_reduce(m, reduce_op::sum); !r) {
       optimizer_->zero_grad();
       return r.error();
     }
     loss = m[0];
     stats = loss_stats{m[1], m[2], m[3], m[4], m[5], m[6], m[7]};
+    zero_advantage = static_cast<std::int64_t>(m[8]);
   }
   auto grads = optimizer_->gradients();
   if (hook_) {
@@ -484,6 +503,7 @@ result<step_metrics> learner::update(std::vector<row>& rows, bool grpo, double t
   out.loss = loss;
   out.tokens = totals.tokens;
   out.sequences = totals.sequences;
+  out.zero_advantage = zero_advantage;
   out.micro_batches = static_cast<std::int64_t>(mbs.size());
   out.clip_fraction = stats.clip_fraction();
   out.kl = stats.kl_mean();

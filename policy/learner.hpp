@@ -56,7 +56,11 @@ struct step_metrics {
   double seconds = 0.0;         ///< wall time of the whole step
   std::int64_t tokens = 0;      ///< completion tokens trained on
   std::int64_t sequences = 0;
+  std::int64_t zero_advantage = 0; ///< sequences of the batch whose advantage was 0 (GRPO without a KL
+                                   ///< term): their gradient is 0, so they were not forwarded
   std::int64_t micro_batches = 0;
+  // The token statistics below (clip_fraction to nll) are over the tokens forwarded: under GRPO
+  // without a KL term, not those of zero_advantage's sequences (0 when every row was one).
   double clip_fraction = 0.0;   ///< tokens whose clipped branch was taken (GRPO)
   double kl = 0.0;              ///< mean KL estimate to the reference (GRPO with a reference)
   double ratio_mean = 0.0;      ///< mean pi_theta / pi_old (GRPO)

@@ -180,7 +180,7 @@ template <> struct sample<exemplar_stats> {
 
 template <> struct sample<train_report> {
   static train_report make() {
-    return {policy_version{4}, 17, 8, 2, 0.125, -0.25, 3.5, 1e-5, 0.75, 0.0625, 4096, 64, true};
+    return {policy_version{4}, 17, 8, 2, 0.125, -0.25, 3.5, 1e-5, 0.75, 0.0625, 4096, 64, 24, true};
   }
 };
 

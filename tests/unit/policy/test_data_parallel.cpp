@@ -867,6 +867,41 @@ TEST_CASE("gradients accumulate in the buckets: micro-batches, overlap, ZeRO-1, 
   }
 }
 
+TEST_CASE("data parallel: a rank whose rows all have advantage 0 forwards nothing, and the group updates as one learner") {
+  // Rank 1's groups scored alike (every advantage 0): it runs no micro-batch but still counts its
+  // tokens in the totals and takes part in every reduction. Against one learner given the batch.
+  for (bool zero1 : {false, true}) {
+    CAPTURE(zero1);
+    const int n = 2;
+    auto o = base_options();
+    o.micro_batch_tokens = 40;
+    o.old_log_probs = old_log_probs_source::behaviour;
+    auto single = make_learner(o, 71);
+    auto batch = make_batch(single->model(), 16, 4, 3, 0.2);
+    for (std::size_t g = 2; g < 4; ++g) // the second half, rank 1's share
+      for (auto& sample : batch.groups[g].samples)
+        sample.reward = 0.5;
+    auto expected = single->grpo_step(batch);
+    REQUIRE(expected.ok());
+    CHECK(expected->zero_advantage == 6);
+    o.zero1 = zero1;
+    auto ls = make_group(n, o, 71);
+    std::vector<result<step_metrics>> got(n, crucible::error{errc::cancelled, "not run"});
+    run_ranks(n, [&](int r) { got[r] = ls[r]->grpo_step(share(batch, r, n)); });
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      REQUIRE_MESSAGE(got[r].ok(), (got[r].ok() ? "" : got[r].error().message));
+      CHECK(got[r]->zero_advantage == 6); // the global batch's, on every rank
+      CHECK(got[r]->tokens == expected->tokens);
+      CHECK(got[r]->loss == doctest::Approx(expected->loss).epsilon(1e-6));
+      CHECK(got[r]->grad_norm == doctest::Approx(expected->grad_norm).epsilon(1e-6));
+      CHECK(max_param_diff(ls[r]->model(), single->model()) <= 1e-6);
+    }
+    CHECK(got[0]->micro_batches == expected->micro_batches);
+    CHECK(got[1]->micro_batches == 0);
+  }
+}
+
 TEST_CASE("data parallel over shares with micro-batches: two steps with clipping equal one learner's, ZeRO-1 or not") {
   // Float32 only: in bfloat16 the ranks' micro-batches are other row sets than one learner's, and
   // the bf16 forward rounds by shape; AdamW's first step then moves weights whose gradient is

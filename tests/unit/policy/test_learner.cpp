@@ -173,6 +173,72 @@ TEST_CASE("negative_weight 0: samples below their group's mean carry no gradient
   CHECK(max_param_diff(c->model(), d->model()) > 1e-5);
 }
 
+TEST_CASE("rows whose advantage is 0 are not forwarded, and the update is the one computed with them") {
+  // Group 0's rewards are all equal (advantages exactly 0), groups 1 and 2 differ. Without a KL
+  // term the learner skips group 0's four rows. The same update computed with every row
+  // forwarded: a KL term against a reference equal to the policy (k3's value and gradient are 0
+  // where the two agree), which keeps the learner from skipping.
+  const std::vector<double> rewards{1.0, 1.0, 1.0, 1.0, 0.0, 2.0, 0.0, 1.0, 3.0, 0.0, 0.5, 0.0};
+  std::vector<std::vector<torch::Tensor>> grads(2);
+  std::vector<step_metrics> metrics;
+  std::vector<std::unique_ptr<learner>> ls;
+  for (int run = 0; run < 2; ++run) {
+    auto o = base_options();
+    o.micro_batch_tokens = 20; // several micro-batches: fewer when rows are skipped
+    o.old_log_probs = old_log_probs_source::behaviour;
+    o.kl_coef = run == 0 ? 0.0 : 0.05;
+    auto l = learner::create(tiny_model(5), run == 0 ? CausalLM{nullptr} : tiny_model(5), o, /*seed=*/7);
+    REQUIRE(l.ok());
+    auto batch = make_batch((*l)->model(), 21, 3, 4, 0.3, rewards);
+    (*l)->set_gradient_hook([&, run](std::span<const named_parameter>, std::span<torch::Tensor> g) -> result<void> {
+      for (auto& t : g)
+        grads[run].push_back(t.clone());
+      return {};
+    });
+    auto m = (*l)->grpo_step(batch);
+    REQUIRE(m.ok());
+    metrics.push_back(*m);
+    ls.push_back(std::move(*l));
+  }
+  CHECK(metrics[0].zero_advantage == 4);
+  CHECK(metrics[1].zero_advantage == 0);
+  CHECK(metrics[0].sequences == 12);
+  CHECK(metrics[0].tokens == metrics[1].tokens); // the totals that weigh every token include the skipped rows
+  CHECK(metrics[0].micro_batches < metrics[1].micro_batches);
+  CHECK(std::abs(metrics[1].kl) < 1e-9);
+  CHECK(metrics[0].loss == doctest::Approx(metrics[1].loss).epsilon(1e-6));
+  REQUIRE(grads[0].size() == grads[1].size());
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < grads[0].size(); ++i) {
+    worst = std::max(worst, max_abs_diff(grads[0][i], grads[1][i]));
+    scale = std::max(scale, grads[0][i].abs().max().item<double>());
+  }
+  MESSAGE("max |grad difference| skipping zero-advantage rows against forwarding them: ", worst, " (largest entry ",
+          scale, ")");
+  CHECK(worst < 1e-6);
+  CHECK(scale > 1e-3);
+  CHECK(max_param_diff(ls[0]->model(), ls[1]->model()) < 1e-6);
+
+  // Every row 0 (a batch of equal rewards, as when every sample is a format error): nothing is
+  // forwarded, the gradient is 0, and the step is taken as before (AdamW's decay and step count).
+  auto o = base_options();
+  o.weight_decay = 0.1;
+  auto l = make_learner(o, 6, false);
+  auto before = snapshot(l->model());
+  auto m = l->grpo_step(make_batch(l->model(), 22, 2, 4, 0.0, {0.0}));
+  REQUIRE(m.ok());
+  CHECK(m->zero_advantage == 8);
+  CHECK(m->micro_batches == 0);
+  CHECK(m->loss == 0.0);
+  CHECK(m->grad_norm == 0.0);
+  CHECK_FALSE(m->skipped);
+  CHECK(m->version == 1);
+  double moved = 0;
+  for (const auto& item : l->model().named_parameters(true))
+    moved = std::max(moved, max_abs_diff(item.value(), before[item.key()]));
+  CHECK(moved > 0.0); // weight decay
+}
+
 TEST_CASE("micro-batches accumulate the full batch's gradient within 1e-6 (GRPO every aggregation, SFT)") {
   for (int variant = 0; variant < 4; ++variant) {
     CAPTURE(variant);
