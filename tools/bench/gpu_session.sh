@@ -105,7 +105,7 @@ Modes (the table's row in brackets):
                       (async), collectives timing out after ZERO_TIMEOUT_S (240) s, the final
                       checkpoint's files listed in zero.checkpoint.txt; ZERO_GPUS=2: over two
                       GPUs (evaluator on cuda:1, 8 engine rows, one group a rank); the run
-                      folder in ZERO_DIR, else where 130 GB are free (data/runs/multi or /dev/shm); scale: bench_learner's data-parallel
+                      folder in ZERO_DIR, else where 130 GiB are free (data/runs/multi or /dev/shm); scale: bench_learner's data-parallel
                       scaling over 2 and 4 GPUs, the 0.5B preset against one GPU and the 7B
                       preset with ZeRO-1 and activation checkpointing against two. Every GPU's
                       memory sampled each second. STACKS=1: a run whose events.log stays quiet
@@ -582,9 +582,9 @@ multi_pipeline() {
         rm -rf "$MULTI/gpu-4x/checkpoints" ;;
       zero)
         # ZERO_GPUS=2: the same config over cuda:0-1, evaluator on cuda:1 only, an engine of 8 rows
-        # and one group a rank (memory-plan: 136.3 GB for GPU 0). The final checkpoint (the 15 GB
-        # model and 91 GB of optimiser shards) goes where there is room for it: ZERO_DIR, else
-        # $MULTI if its disk has 130 GB free, else /dev/shm.
+        # and one group a rank (memory-plan: 136.3 GB for GPU 0). The run folder (the 15 GB model,
+        # a 106.6 GB final checkpoint) goes where there is room for it: ZERO_DIR, else $MULTI if
+        # its disk has 130 GiB free, else /dev/shm.
         local zname=gpu-7b-full-4x zsets=() zdir="${ZERO_DIR:-}"
         if [[ "${ZERO_GPUS:-4}" == 2 ]]; then
           zname=gpu-7b-full-2x
