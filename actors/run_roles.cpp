@@ -396,7 +396,7 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
   std::string device;
   const policy::cuda_device* smallest = nullptr;
   for (const auto& name : learners) {
-    const int index = name == "cuda" ? 0 : std::atoi(name.c_str() + 5);
+    const int index = name == "cuda" ? 0 : policy::cuda_index(name);
     for (const auto& d : devices)
       if (d.index == index && (smallest == nullptr || d.memory_bytes < smallest->memory_bytes))
         smallest = &d, device = name;

@@ -52,9 +52,6 @@ runtime_info probe_runtime() {
   return info;
 }
 
-namespace {
-
-// The index N of "cuda:N", or -1 for anything else.
 int cuda_index(std::string_view device) {
   if (device.substr(0, 5) != "cuda:" || device.size() == 5 || device.size() > 8)
     return -1;
@@ -66,6 +63,8 @@ int cuda_index(std::string_view device) {
   }
   return index;
 }
+
+namespace {
 
 #ifdef CRUCIBLE_HAVE_CUDA
 bool cuda_device_exists(int index) {

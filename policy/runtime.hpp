@@ -32,6 +32,9 @@ struct runtime_info {
   int cpu_threads = 0;           ///< LibTorch's intra-op thread count
 };
 
+/// The index N of "cuda:N", or -1 for anything else ("cuda" alone included).
+int cuda_index(std::string_view device);
+
 /// Makes a device the calling thread's current one until the scope ends: for a thread that drives
 /// one GPU's work (a data-parallel learner rank), whose kernels launched outside LibTorch's own ops
 /// and whose collectives go to the current device (cuda:0 unless set). "cpu" changes nothing.
