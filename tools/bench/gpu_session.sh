@@ -105,9 +105,10 @@ Modes (the table's row in brackets):
                       (async), collectives timing out after ZERO_TIMEOUT_S (240) s, the final
                       checkpoint's files listed in zero.checkpoint.txt; ZERO_GPUS=2: over two
                       GPUs (evaluator on cuda:1, 8 engine rows, one group a rank); the run
-                      folder in ZERO_DIR, else where 130 GiB are free (data/runs/multi or /dev/shm); scale: bench_learner's data-parallel
-                      scaling over 2 and 4 GPUs, the 0.5B preset against one GPU and the 7B
-                      preset with ZeRO-1 and activation checkpointing against two. Every GPU's
+                      folder in ZERO_DIR, else where 130 GiB are free (data/runs/multi or
+                      /dev/shm); scale: bench_learner's data-parallel scaling over 2 and 4 GPUs,
+                      the 0.5B preset against one GPU and the 7B preset with ZeRO-1 and
+                      activation checkpointing against two. Every GPU's
                       memory sampled each second. STACKS=1: a run whose events.log stays quiet
                       for QUIET_S (600) s has every thread's stack dumped (cuda-gdb attaches) into
                       NAME.stacks.K.txt, twice at most; off by default: an attach during the 7B
