@@ -115,6 +115,15 @@ enum class isolation_mode : std::uint8_t {
 /// "strict", "best-effort": the names config files use.
 const char* to_string(isolation_mode m) noexcept;
 
+/// Where the reference runs relative to the candidate's code (docs/evaluator.md, Trust boundary).
+enum class evaluator_boundary : std::uint8_t {
+  process, ///< two workers per verdict: the reference's never loads candidate code; the evaluator reads the clock and the outputs
+  shared,  ///< one worker runs the reference and the candidate (the path CUDA devices take until the boundary reaches them)
+};
+
+/// "process", "shared": the names config files use.
+const char* to_string(evaluator_boundary b) noexcept;
+
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
 struct evaluator_options {
   std::string python;                          ///< "" : .venv/bin/python of the checkout, else python3
@@ -168,6 +177,8 @@ struct evaluator_options {
   bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
   std::uint64_t keep_freed_mb = 16384;          ///< CUDA, outputs on the device: freed memory the evaluator's pool keeps
   bool zygote = true;                          ///< fork workers from a process that imported torch once
+  evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
+  double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 
 /// How exemplars are drawn (storage::selection_method mirrors it; storage converts).

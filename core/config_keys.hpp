@@ -267,6 +267,19 @@ void describe(V& v, config& c) {
             "each worker's context cheaper to create (every verdict needs one); streams then share queues, so a "
             "candidate's streams may overlap less. 0: the driver's default (8).",
             constraint<std::int64_t>{"an integer between 0 and 32", [](std::int64_t v) { return v >= 0 && v <= 32; }});
+    v.field("boundary", e.boundary,
+            "Where the reference runs (docs/evaluator.md, Trust boundary). `process`: every verdict has two "
+            "sandboxed workers, one that runs only the task's reference and one that runs only the candidate; the "
+            "evaluator hands the candidate's worker its inputs, keeps it stopped outside its own calls, reads the "
+            "clock around each timed sample and the outputs out of both workers' memory, and compares them itself. "
+            "CUDA devices use `shared` until the boundary reaches them. `shared`: one worker runs both (the "
+            "reference before the candidate's code is loaded), with the in-process defences only.");
+    v.field("reference_band", e.reference_band,
+            "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
+            "alone in its own worker (cached per task and protocol); a reference whose median during the verdict "
+            "was slower than that by more than this fraction refuses the verdict (`runtime:slow_reference`): "
+            "something of the candidate's slowed it.",
+            positive<double>("a positive number"));
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir,
             "Compiled-extension cache; empty: `~/.cache/crucible/extensions`. Only the evaluator writes it: the "

@@ -114,6 +114,38 @@ std::string shape_str(const std::vector<std::int64_t>& s) {
   return out + "]";
 }
 
+// A reference's scale from host bytes: the RMS of its finite elements, and how many of them lie
+// within `atol` of zero. Summed in double, in order: a billion float32 squares lose ~1e-7 of the
+// sum, far below anything the rule's factor of 10 could notice.
+struct host_scale {
+  std::uint64_t finite = 0, under = 0;
+  double rms = 0;
+};
+host_scale measure_host(const std::byte* p, size_t n, dtype t, double atol) {
+  host_scale s;
+  double sumsq = 0;
+  const auto es = element_size(t);
+  for (size_t i = 0; i < n; ++i) {
+    const double w = element_value(p + i * es, t);
+    if (!std::isfinite(w))
+      continue;
+    sumsq += w * w;
+    ++s.finite;
+    s.under += std::fabs(w) <= atol;
+  }
+  s.rms = s.finite != 0 ? std::sqrt(sumsq / static_cast<double>(s.finite)) : 0.0;
+  return s;
+}
+
+// "output 0: values ~0.000977 (RMS), the tolerance is judged relative to the outputs (atol
+// 0.0001 -> 9.77e-07)"
+std::string scale_words(double rms, double atol, double scaled_atol) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "values ~%.3g (RMS), the tolerance is judged relative to the outputs (atol %g -> %.3g)",
+                rms, atol, scaled_atol);
+  return buf;
+}
+
 void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
                  const tolerances& tol, const device_differences* ahead, comparison& res) {
   auto name = "output " + std::to_string(index);
@@ -135,40 +167,54 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
   auto stored = [](const tensor_blob& b) { return b.device ? b.device->size() : b.bytes.size(); };
   if (stored(want) != n * es || stored(got) != n * es)
     return fail("byte count does not match shape and dtype");
-  auto t = tol.for_dtype(want.type);
-  if (t.atol > 0 || t.rtol > 0)
-    t.atol += want.slack;
+  // The dtype's tolerance; atol follows the reference's scale (atol_for_scale, measured on
+  // `want` only: nothing the candidate returns can move it) and then takes the reference's
+  // rounding slack, as before the rule.
+  const auto configured = tol.for_dtype(want.type);
+  const double slack = configured.atol > 0 || configured.rtol > 0 ? want.slack : 0.0;
+  auto t = configured;
+  std::string scale_text; // set where the rule lowered atol
+  auto follow_scale = [&](double rms) {
+    t.atol = atol_for_scale(configured.atol, configured.rtol, rms);
+    if (t.atol < configured.atol) {
+      scale_text = scale_words(rms, configured.atol, t.atol);
+      res.scale_note += (res.scale_note.empty() ? "" : "; ") + name + ": " + scale_text;
+    }
+    t.atol += slack;
+  };
   auto report = [&](std::uint64_t bad, double worst, std::uint64_t first_bad, double g, double w) {
     res.max_abs_diff = std::max(res.max_abs_diff, worst);
     res.mismatches += bad;
     if (bad > 0) {
-      char buf[320];
+      char buf[512];
       char widened[96] = "";
-      if (t.atol > 0 && want.slack > 0)
-        std::snprintf(widened, sizeof widened, " (%g of it for the reference's own rounding error)", want.slack);
+      if (t.atol > 0 && slack > 0)
+        std::snprintf(widened, sizeof widened, " (%g of it for the reference's own rounding error)", slack);
       std::snprintf(buf, sizeof buf,
-                    "%llu of %zu elements outside atol=%g%s rtol=%g (max abs diff %.3g; first at flat index %llu: got %.6g, expected %.6g)",
-                    static_cast<unsigned long long>(bad), n, t.atol, widened, t.rtol, worst,
-                    static_cast<unsigned long long>(first_bad), g, w);
+                    "%llu of %zu elements outside atol=%g%s rtol=%g%s%s (max abs diff %.3g; first at flat index %llu: got %.6g, expected %.6g)",
+                    static_cast<unsigned long long>(bad), n, t.atol, widened, t.rtol, scale_text.empty() ? "" : ": ",
+                    scale_text.c_str(), worst, static_cast<unsigned long long>(first_bad), g, w);
       fail(buf);
     }
   };
   if (want.device && got.device) {
-    // Both on the device: the evaluator's own kernel compares them where they are.
+    // Both on the device: the evaluator's own kernel compares them where they are, and measures
+    // the reference's scale there (device_difference::rms) for the same rule.
+    auto report_device = [&](const device_difference& d) {
+      follow_scale(d.rms);
+      report(d.mismatches, d.max_abs_diff, d.first_bad, element_value(d.got_first, want.type),
+             element_value(d.want_first, want.type));
+    };
     if (ahead != nullptr) {
-      if (auto it = ahead->find({want.device.get(), got.device.get()}); it != ahead->end()) {
-        const auto& d = it->second;
-        return report(d.mismatches, d.max_abs_diff, d.first_bad, element_value(d.got_first, want.type),
-                      element_value(d.want_first, want.type));
-      }
+      if (auto it = ahead->find({want.device.get(), got.device.get()}); it != ahead->end())
+        return report_device(it->second);
     }
-    auto d = device_compare(*want.device, *got.device, want.type, n, t);
+    auto d = device_compare(*want.device, *got.device, want.type, n, configured, slack);
     if (!d) {
       res.evaluator_error = res.ok; // only when it is the first problem found
       return fail("cannot compare on the device: " + d.error().message);
     }
-    return report(d->mismatches, d->max_abs_diff, d->first_bad, element_value(d->got_first, want.type),
-                  element_value(d->want_first, want.type));
+    return report_device(*d);
   }
   // A device output beside a host one (a worker that could not export one): compare on the host.
   std::vector<std::byte> want_host, got_host;
@@ -187,6 +233,10 @@ void compare_one(size_t index, const tensor_blob& want, const tensor_blob& got,
   }
   const std::byte* wp = want_bytes->data();
   const std::byte* gp = got_bytes->data();
+  // The scale first (a pass over the reference alone), where the rule can change atol.
+  follow_scale(is_floating(want.type) && configured.atol > 0 && configured.rtol > 0
+                   ? measure_host(wp, n, want.type, configured.atol).rms
+                   : 0.0);
   std::uint64_t bad = 0;
   double worst = 0;
   size_t first_bad = n;
@@ -232,10 +282,8 @@ device_differences compare_on_device_ahead(const std::vector<output_lists>& list
       const auto bytes = n * element_size(w.type);
       if (w.device->size() != bytes || g.device->size() != bytes)
         continue; // compare_one names the problem
-      auto t = tol.for_dtype(w.type);
-      if (t.atol > 0 || t.rtol > 0)
-        t.atol += w.slack;
-      pairs.push_back({w.device.get(), g.device.get(), w.type, n, t});
+      const auto t = tol.for_dtype(w.type);
+      pairs.push_back({w.device.get(), g.device.get(), w.type, n, t, t.atol > 0 || t.rtol > 0 ? w.slack : 0.0});
     }
   }
   device_differences out;
@@ -247,6 +295,66 @@ device_differences compare_on_device_ahead(const std::vector<output_lists>& list
   for (size_t i = 0; i < pairs.size(); ++i)
     out.emplace(std::pair{pairs[i].want, pairs[i].got}, (*diffs)[i]);
   return out;
+}
+
+result<output_scale> measure_output_scale(const tensor_blob& want, const tolerances& tol) {
+  output_scale s;
+  s.configured = tol.for_dtype(want.type);
+  s.atol = s.configured.atol;
+  if (!want.kind.empty() || !is_floating(want.type))
+    return s;
+  const auto n = static_cast<std::uint64_t>(want.numel());
+  const auto es = element_size(want.type);
+  std::uint64_t under = 0;
+  if (want.device) {
+    if (want.device->size() != n * es)
+      return s; // the comparison names the problem
+    auto d = device_scale(*want.device, want.type, n, s.configured.atol);
+    if (!d)
+      return d.error();
+    s.finite = d->finite;
+    s.rms = d->rms;
+    under = d->under_atol;
+  } else {
+    if (want.bytes.size() != n * es)
+      return s;
+    const auto h = measure_host(want.bytes.data(), static_cast<size_t>(n), want.type, s.configured.atol);
+    s.finite = h.finite;
+    s.rms = h.rms;
+    under = h.under;
+  }
+  s.floating = true;
+  s.share_under_atol = s.finite != 0 ? static_cast<double>(under) / static_cast<double>(s.finite) : 0.0;
+  s.atol = atol_for_scale(s.configured.atol, s.configured.rtol, s.rms);
+  s.scaled = s.atol < s.configured.atol;
+  return s;
+}
+
+std::string describe_output_scale(std::size_t index, const output_scale& s) {
+  char buf[240];
+  std::snprintf(buf, sizeof buf,
+                "output %zu: values ~%.3g (RMS), %.3g%% of them within atol %g of zero; the tolerance is judged "
+                "relative to the outputs (atol %g -> %.3g)",
+                index, s.rms, 100 * s.share_under_atol, s.configured.atol, s.configured.atol, s.atol);
+  return buf;
+}
+
+std::string within_tolerance_line(const std::vector<tensor_blob>& reference, const tolerances& tol) {
+  std::string parts;
+  for (size_t i = 0; i < reference.size(); ++i) {
+    auto s = measure_output_scale(reference[i], tol);
+    if (s && s->scaled)
+      parts += (parts.empty() ? "" : "; ") + describe_output_scale(i, *s);
+  }
+  return parts.empty() ? parts : std::string{within_tolerance_phrase} + parts;
+}
+
+std::string within_tolerance_of(std::string_view message) {
+  auto at = message.find(within_tolerance_phrase);
+  if (at == std::string_view::npos)
+    return {};
+  at += within_tolerance_phrase.size();
+  return std::string{message.substr(at, message.find('\n', at) - at)};
 }
 
 comparison compare_outputs(const std::vector<tensor_blob>& want, const std::vector<tensor_blob>& got,

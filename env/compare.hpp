@@ -55,6 +55,10 @@ struct comparison {
   std::string message;     ///< first problem found, e.g. "output 0: dtype float16, expected float32"
   double max_abs_diff = 0; ///< over all elements compared
   std::uint64_t mismatches = 0;
+  /// The outputs whose tolerance followed their scale (atol_for_scale), whether they matched or
+  /// not, e.g. "output 0: values ~0.000977 (RMS), the tolerance is judged relative to the
+  /// outputs (atol 0.0001 -> 9.77e-07)"; "; " between outputs, empty where none did.
+  std::string scale_note;
   /// The comparison itself failed in this process (a device error, e.g. out of memory): says
   /// nothing about the candidate.
   bool evaluator_error = false;
@@ -78,6 +82,43 @@ device_differences compare_on_device_ahead(const std::vector<output_lists>& list
 /// `ahead` take their difference from it.
 comparison compare_outputs(const std::vector<tensor_blob>& want, const std::vector<tensor_blob>& got,
                            const tolerances& tol, const device_differences* ahead = nullptr);
+
+/// How a reference output's own scale bears on its absolute tolerance (atol_for_scale in
+/// env/device_bytes.hpp; docs/evaluator.md, Correctness). Plain value.
+struct output_scale {
+  bool floating = false;     ///< a plain floating tensor: the only kind the rule looks at
+  std::uint64_t finite = 0;  ///< its finite elements
+  double rms = 0;            ///< their root mean square
+  double share_under_atol = 0; ///< share of them with |value| <= atol (0 where none is finite)
+  tolerance configured;      ///< the dtype's tolerance as configured
+  double atol = 0;           ///< the absolute tolerance in force, before the reference's slack
+  bool scaled = false;       ///< atol < configured.atol: the error is judged relative to the outputs
+};
+
+/// Measures `want` (a reference output: host bytes are read here; device bytes with one kernel
+/// and one wait) and applies the scale rule with the dtype's tolerance from `tol`. An output that
+/// is not a plain floating tensor is returned with floating false and scaled false. Fails only
+/// where the device cannot be read (not the task's fault).
+result<output_scale> measure_output_scale(const tensor_blob& want, const tolerances& tol);
+
+/// "output 0: values ~1.2e-05 (RMS), 100% of them within atol 0.0001 of zero; the tolerance is
+/// judged relative to the outputs (atol 0.0001 -> 1.2e-08)": one output's part of a task check's
+/// within-tolerance line.
+std::string describe_output_scale(std::size_t index, const output_scale& s);
+
+/// The words that open the line a check of a task alone (device_evaluator::check_task) appends
+/// to its verdict's message where any of the task's outputs sits within the tolerance (its
+/// scale rule applies); `crucible tasks import` finds the line by them.
+inline constexpr std::string_view within_tolerance_phrase = "outputs within the tolerance: ";
+
+/// That line for a task's reference outputs on one trial's inputs: within_tolerance_phrase, then
+/// describe_output_scale() of each output the rule applies to, joined by "; ". Empty where the
+/// rule applies to none (or an output cannot be read, which the comparison reports in its turn).
+std::string within_tolerance_line(const std::vector<tensor_blob>& reference, const tolerances& tol);
+
+/// What follows within_tolerance_phrase in a verdict's `message`, to the end of its line: the
+/// outputs' part of the line above; empty where the message has none.
+std::string within_tolerance_of(std::string_view message);
 
 /// One element at `p` (native byte order) as a double.
 double element_value(const std::byte* p, dtype t) noexcept;

@@ -98,6 +98,10 @@ struct diff_state {
   unsigned long long mismatches;
   unsigned long long worst_bits; // a non-negative double's bits order like the double
   unsigned long long first_bad;
+  // The reference's scale (scale_kernel), read by compare_kernel behind it on the same stream.
+  double sumsq;             // of its finite elements
+  unsigned long long finite;
+  unsigned long long under; // finite elements with |want| <= atol
 };
 
 template <typename T>
@@ -148,9 +152,42 @@ __device__ double load_any(const void* p, unsigned long long i, int type) {
   return 0;
 }
 
+// The reference's scale for the scale rule (atol_for_scale): a pass over `want` alone, before
+// compare_kernel on the same stream, so that the rule needs no wait on the host in between.
+template <int Type>
+__global__ void scale_kernel(const void* want, unsigned long long n, double atol, diff_state* out) {
+  double sumsq = 0;
+  unsigned long long finite = 0, under = 0;
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (unsigned long long i = blockIdx.x * static_cast<unsigned long long>(blockDim.x) + threadIdx.x; i < n;
+       i += stride) {
+    const double w = load_any(want, i, Type);
+    if (isfinite(w)) {
+      sumsq += w * w;
+      ++finite;
+      if (fabs(w) <= atol)
+        ++under;
+    }
+  }
+  for (int s = 16; s > 0; s >>= 1) {
+    sumsq += __shfl_down_sync(0xffffffffu, sumsq, s);
+    finite += __shfl_down_sync(0xffffffffu, finite, s);
+    under += __shfl_down_sync(0xffffffffu, under, s);
+  }
+  if ((threadIdx.x & 31) == 0 && finite != 0) {
+    atomicAdd(&out->sumsq, sumsq);
+    atomicAdd(&out->finite, finite);
+    atomicAdd(&out->under, under);
+  }
+}
+
 template <int Type>
 __global__ void compare_kernel(const void* want, const void* got, unsigned long long n, double atol, double rtol,
-                               diff_state* out) {
+                               double slack, bool scaled, diff_state* out) {
+  // The scale rule from the reference's scale, measured by scale_kernel before this kernel.
+  if (scaled)
+    atol = atol_for_scale(atol, rtol, out->finite != 0 ? sqrt(out->sumsq / static_cast<double>(out->finite)) : 0.0);
+  atol += slack;
   unsigned long long bad = 0, first = n;
   double worst = 0;
   const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
@@ -189,10 +226,18 @@ __global__ void compare_kernel(const void* want, const void* got, unsigned long 
   }
 }
 
+// Queues the scale pass (where `scaled`) and the comparison (where `compare`) of one pair.
 template <int Type>
-void launch(const void* want, const void* got, std::uint64_t n, double atol, double rtol, diff_state* out,
-            int blocks) {
-  compare_kernel<Type><<<blocks, 256, 0, cudaStreamPerThread>>>(want, got, n, atol, rtol, out);
+void launch(const void* want, const void* got, std::uint64_t n, double atol, double rtol, double slack, bool scaled,
+            bool compare, diff_state* out, int blocks) {
+  if (scaled)
+    scale_kernel<Type><<<blocks, 256, 0, cudaStreamPerThread>>>(want, n, atol, out);
+  if (compare)
+    compare_kernel<Type><<<blocks, 256, 0, cudaStreamPerThread>>>(want, got, n, atol, rtol, slack, scaled, out);
+}
+
+constexpr bool floating(dtype t) {
+  return t == dtype::f64 || t == dtype::f32 || t == dtype::f16 || t == dtype::bf16;
 }
 
 } // namespace
@@ -353,7 +398,9 @@ result<std::vector<std::byte>> download(const device_bytes& src) {
   return out;
 }
 
-result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>& pairs) {
+namespace {
+// device_compare_all's work, or with `compare` false, the scale passes alone (device_scale).
+result<std::vector<device_difference>> run_batch(const std::vector<device_comparison>& pairs, bool compare) {
   std::vector<device_difference> res(pairs.size());
   if (pairs.empty())
     return res;
@@ -380,7 +427,7 @@ result<std::vector<device_difference>> device_compare_all(const std::vector<devi
   }
   std::vector<diff_state> host(count);
   for (size_t i = 0; i < count; ++i)
-    host[i] = diff_state{0, 0, pairs[i].n};
+    host[i] = diff_state{0, 0, pairs[i].n, 0, 0, 0};
   cudaError_t e = cudaMemcpyAsync(state, host.data(), count * sizeof(diff_state), cudaMemcpyHostToDevice,
                                   cudaStreamPerThread);
   int sms = 0;
@@ -392,22 +439,28 @@ result<std::vector<device_difference>> device_compare_all(const std::vector<devi
       continue;
     const auto wanted_blocks = (c.n + 255) / 256;
     const int blocks = static_cast<int>(std::min<std::uint64_t>(wanted_blocks, static_cast<std::uint64_t>(sms) * 8));
-    const double atol = c.tol.atol, rtol = c.tol.rtol;
+    const double atol = c.tol.atol, rtol = c.tol.rtol, slack = atol > 0 || rtol > 0 ? c.slack : 0.0;
+    // The scale pass only where the rule can change atol (or where the scale alone is asked for).
+    const bool scaled = floating(c.type) && (compare ? atol > 0 && rtol > 0 : true);
+    if (!scaled && !compare)
+      continue;
     const void* want = c.want->data();
     const void* got = c.got->data();
     diff_state* out = state + i;
+#define CRUCIBLE_LAUNCH(T) launch<static_cast<int>(T)>(want, got, c.n, atol, rtol, slack, scaled, compare, out, blocks)
     switch (c.type) {
-      case dtype::f64: launch<static_cast<int>(dtype::f64)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::f32: launch<static_cast<int>(dtype::f32)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::f16: launch<static_cast<int>(dtype::f16)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::bf16: launch<static_cast<int>(dtype::bf16)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::i64: launch<static_cast<int>(dtype::i64)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::i32: launch<static_cast<int>(dtype::i32)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::i16: launch<static_cast<int>(dtype::i16)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::i8: launch<static_cast<int>(dtype::i8)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::u8: launch<static_cast<int>(dtype::u8)>(want, got, c.n, atol, rtol, out, blocks); break;
-      case dtype::boolean: launch<static_cast<int>(dtype::boolean)>(want, got, c.n, atol, rtol, out, blocks); break;
+      case dtype::f64: CRUCIBLE_LAUNCH(dtype::f64); break;
+      case dtype::f32: CRUCIBLE_LAUNCH(dtype::f32); break;
+      case dtype::f16: CRUCIBLE_LAUNCH(dtype::f16); break;
+      case dtype::bf16: CRUCIBLE_LAUNCH(dtype::bf16); break;
+      case dtype::i64: CRUCIBLE_LAUNCH(dtype::i64); break;
+      case dtype::i32: CRUCIBLE_LAUNCH(dtype::i32); break;
+      case dtype::i16: CRUCIBLE_LAUNCH(dtype::i16); break;
+      case dtype::i8: CRUCIBLE_LAUNCH(dtype::i8); break;
+      case dtype::u8: CRUCIBLE_LAUNCH(dtype::u8); break;
+      case dtype::boolean: CRUCIBLE_LAUNCH(dtype::boolean); break;
     }
+#undef CRUCIBLE_LAUNCH
     e = cudaGetLastError();
   }
   if (e == cudaSuccess)
@@ -422,11 +475,16 @@ result<std::vector<device_difference>> device_compare_all(const std::vector<devi
   for (size_t i = 0; i < count; ++i) {
     const auto& c = pairs[i];
     auto& r = res[i];
+    r.finite = host[i].finite;
+    r.under_atol = host[i].under;
+    // The same expression as the kernel's (IEEE division and square root on both sides), so that
+    // the message names the atol the kernel used.
+    r.rms = r.finite != 0 ? std::sqrt(host[i].sumsq / static_cast<double>(r.finite)) : 0.0;
     r.mismatches = host[i].mismatches;
     double worst;
     std::memcpy(&worst, &host[i].worst_bits, sizeof worst);
     r.max_abs_diff = worst;
-    if (r.mismatches == 0)
+    if (!compare || r.mismatches == 0)
       continue;
     r.first_bad = host[i].first_bad;
     // The two values at the first mismatch, for the message.
@@ -444,9 +502,22 @@ result<std::vector<device_difference>> device_compare_all(const std::vector<devi
   return res;
 }
 
+} // namespace
+
+result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>& pairs) {
+  return run_batch(pairs, true);
+}
+
 result<device_difference> device_compare(const device_bytes& want, const device_bytes& got, dtype t, std::uint64_t n,
-                                         const tolerance& tol) {
-  auto all = device_compare_all({device_comparison{&want, &got, t, n, tol}});
+                                         const tolerance& tol, double slack) {
+  auto all = device_compare_all({device_comparison{&want, &got, t, n, tol, slack}});
+  if (!all)
+    return all.error();
+  return all->front();
+}
+
+result<device_difference> device_scale(const device_bytes& want, dtype t, std::uint64_t n, double atol) {
+  auto all = run_batch({device_comparison{&want, &want, t, n, tolerance{atol, 0}, 0}}, false);
   if (!all)
     return all.error();
   return all->front();

@@ -21,9 +21,10 @@ result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::
 }
 result<std::vector<std::byte>> download(const device_bytes&) { return no_cuda(); }
 result<device_difference> device_compare(const device_bytes&, const device_bytes&, dtype, std::uint64_t,
-                                         const tolerance&) {
+                                         const tolerance&, double) {
   return no_cuda();
 }
+result<device_difference> device_scale(const device_bytes&, dtype, std::uint64_t, double) { return no_cuda(); }
 result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>&) { return no_cuda(); }
 result<void> keep_freed_memory(int, std::uint64_t) { return no_cuda(); }
 result<void> release_freed_memory(int) { return no_cuda(); }

@@ -81,20 +81,20 @@ std::vector<double> as_doubles(const YAML::Node& n) {
 
 } // namespace
 
-void evaluation::ended(const std::string& when) {
+void evaluation::ended(worker& who_ended, const std::string& when) {
   done_ = true;
-  lost_worker_ = w_.proc->died_by_signal() && w_.proc->exit_signal() == SIGKILL;
-  const auto how = w_.proc->exit_description();
-  set(verdict_status::runtime_error, std::string{"the worker "} + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " " + when);
+  lost_worker_ = who_ended.died_by_signal() && who_ended.exit_signal() == SIGKILL;
+  const auto how = who_ended.exit_description();
+  set(verdict_status::runtime_error, std::string{who(who_ended)} + " " + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " " + when);
 }
 
-bool evaluation::send(const std::string& json) {
-  if (auto r = w_.proc->send(json); !r) {
+bool evaluation::send(worker& to, const std::string& json, const std::vector<std::vector<std::byte>>* frames) {
+  if (auto r = frames ? to.send(json, *frames) : to.send(json); !r) {
     // A worker killed from outside (an operator, the OOM killer) an instant before the message
     // stops taking messages before its end is seen: that is a lost worker, retried on a fresh one
     // as when it dies while answering, not a verdict on the candidate.
-    if (w_.proc->ended(std::chrono::steady_clock::now() + std::chrono::seconds(1))) {
-      ended("before it took the job");
+    if (to.ended(std::chrono::steady_clock::now() + std::chrono::seconds(1))) {
+      ended(to, "before it took the job");
       return false;
     }
     set(verdict_status::runtime_error, "worker stopped listening: " + r.error().message);
@@ -116,12 +116,12 @@ static std::string tolerances_json(const tolerances& t) {
   return out + "}";
 }
 
-bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
+bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
   for (;;) {
-    switch (w_.proc->receive(deadline, msg)) {
+    switch (from.receive(deadline, msg)) {
       case receive_outcome::deadline: {
-        w_.proc->kill();
+        from.kill();
         done_ = true;
         char buf[160];
         std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
@@ -129,7 +129,7 @@ bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, 
         return false;
       }
       case receive_outcome::died:
-        ended(std::string{"while "} + phase);
+        ended(from, std::string{"while "} + phase);
         return false;
       case receive_outcome::message: break;
     }
@@ -138,16 +138,16 @@ bool evaluation::receive(double seconds, const char* phase, YAML::Node& header, 
       if (!header.IsMap() || !header["type"].IsDefined())
         throw YAML::Exception(YAML::Mark::null_mark(), "no type");
     } catch (const YAML::Exception& e) {
-      w_.proc->kill();
+      from.kill();
       done_ = true;
-      set(verdict_status::runtime_error, "the worker broke the protocol while " + std::string{phase} + ": " + e.what());
+      set(verdict_status::runtime_error, std::string{who(from)} + " broke the protocol while " + phase + ": " + e.what());
       return false;
     }
     const auto type = header["type"].as<std::string>();
     if (type == "build") {
       // The build service, in any phase (Triton builds at a kernel's first launch), within the
       // phase's deadline; then the message the phase waits for.
-      if (!send(ev_.build_extension(msg.json, deadline)))
+      if (!send(from, ev_.build_extension(msg.json, deadline)))
         return false;
       continue;
     }
@@ -283,6 +283,8 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   time_spent timed{ev_.timing_ns_};
+  if (split_)
+    return measure_split(rounds, ref, cand, continuation);
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
   // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
   // for a continuation of the same measurement).
@@ -382,19 +384,13 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   return true;
 }
 
-verdict evaluation::run() {
+std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
   const auto& opt = ev_.opt_;
-  auto seed = req_.seed;
-  if (seed == 0) {
-    std::random_device rd;
-    seed = (static_cast<std::uint64_t>(rd()) << 20) ^ rd();
-    seed &= (1ull << 52) - 1; // exact in a JSON double
-    if (seed == 0)
-      seed = 1;
-  }
-  trials_ = req_.reference_only ? 1 : opt.trials;
+  // The candidate's side of the boundary gets nothing of the task's and nothing the verdict
+  // depends on: no task source, no tolerances (docs/evaluator.md, Trust boundary).
+  const bool candidate_side = role && std::string_view{role} == "candidate";
   std::string job = "{\"type\":\"job\",\"task_name\":" + json_string(req_.target.name)
-                    + ",\"task_source\":" + json_string(req_.target.source)
+                    + (candidate_side ? "" : ",\"task_source\":" + json_string(req_.target.source))
                     + ",\"candidate_source\":" + json_string(req_.candidate)
                     + ",\"seed\":" + std::to_string(seed)
                     + ",\"trials\":" + std::to_string(req_.reference_only ? 1 : opt.trials)
@@ -409,9 +405,16 @@ verdict evaluation::run() {
                     + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
                     + ",\"eval_mode\":" + (opt.eval_mode ? "true" : "false")
                     + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
-                    + ",\"tolerances\":" + tolerances_json(tol_)
-                    + ",\"rounding_factor\":" + std::to_string(opt.rounding_factor)
-                    + ",\"outputs\":" + (cuda_device_ >= 0 && !req_.reference_only ? "\"device\"" : "\"host\"") + "}";
+                    + (candidate_side ? "" : ",\"tolerances\":" + tolerances_json(tol_)
+                                             + ",\"rounding_factor\":" + std::to_string(opt.rounding_factor))
+                    + ",\"outputs\":" + (cuda_device_ >= 0 && !req_.reference_only ? "\"device\"" : "\"host\"")
+                    + (role ? std::string{",\"role\":\""} + role + "\"" : std::string{}) + "}";
+  return job;
+}
+
+bool evaluation::one_process_trials(std::uint64_t seed) {
+  const auto& opt = ev_.opt_;
+  std::string job = job_json(seed, nullptr);
   YAML::Node n;
   worker_message msg;
   {
@@ -420,10 +423,10 @@ verdict evaluation::run() {
     untimed_hold device{ev_.gate_};
     phase("reference");
     if (!send(job))
-      return v_;
+      return false;
     for (;;) {
       if (!receive(opt.reference_timeout_s, "computing the reference", n, msg))
-        return v_;
+        return false;
       auto type = n["type"].as<std::string>();
       if (type == "phase")
         break;
@@ -437,29 +440,12 @@ verdict evaluation::run() {
       }
       if (type != "reference") {
         set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
-        return v_;
+        return false;
       }
       const auto m0 = clock_type::now();
-      auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
-      if (!outs) {
-        set(verdict_status::runtime_error, "the worker broke the protocol: " + outs.error().message);
-        return v_;
-      }
+      if (!keep_reference(n, msg))
+        return false;
       mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
-      // The reference's own rounding error per output (its distance from a float64 copy of
-      // itself on these inputs, measured before any candidate code existed) widens atol.
-      if (const auto r = n["rounding"]; r.IsSequence()) {
-        for (size_t i = 0; i < std::min<size_t>(r.size(), outs->size()); ++i) {
-          const double e = r[i].as<double>(0);
-          if (std::isfinite(e) && e > 0)
-            (*outs)[i].slack = opt.rounding_factor * e;
-        }
-      }
-      reference_.push_back(std::move(*outs));
-      if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
-        trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
-      if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
-        input_bytes_ = std::max<std::uint64_t>(input_bytes_, b.as<std::uint64_t>(0));
       // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
       // ends after them without waiting for `taken`: sending it would race the worker's exit.
       if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == trials_) {
@@ -476,7 +462,7 @@ verdict evaluation::run() {
         if (!own) {
           evaluator_failed_ = true;
           set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
-          return v_;
+          return false;
         }
         std::vector<std::shared_ptr<device_bytes>> mappings;
         size_t k = 0;
@@ -486,7 +472,7 @@ verdict evaluation::run() {
               mappings.push_back(std::exchange(b.device, std::move((*own)[k++])));
         copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
         if (!send("{\"type\":\"taken\"}"))
-          return v_;
+          return false;
         phase("reference kept"); // the worker now poisons its exports
         mappings.clear();
       }
@@ -499,7 +485,7 @@ verdict evaluation::run() {
     if (static_cast<std::int64_t>(reference_.size()) != trials_) {
       set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
                                            + std::to_string(trials_));
-      return v_;
+      return false;
     }
   }
   // Phase 2: the candidate imports and compiles without the device; the extensions its module
@@ -507,22 +493,52 @@ verdict evaluation::run() {
   // receive), not by it.
   phase("load");
   if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
-    return v_;
+    return false;
   if (n["type"].as<std::string>() != "loaded") {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
-    return v_;
+    return false;
   }
   // Phase 3: trials, holding the device until the worker has computed every output; the
   // outputs are then compared without it.
   std::optional<untimed_hold> device{std::in_place, ev_.gate_};
   phase("trials");
   if (!send("{\"type\":\"run\"}"))
-    return v_;
-  if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
-    return v_;
+    return false;
+  return run_trials(*w_.proc, device);
+}
+
+bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
+  auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
+  if (!outs) {
+    set(verdict_status::runtime_error, std::string{who(*w_.proc)} + " broke the protocol: " + outs.error().message);
+    return false;
+  }
+  // The reference's own rounding error per output (its distance from a float64 copy of
+  // itself on these inputs, measured before any candidate code existed) widens atol.
+  if (const auto r = n["rounding"]; r.IsSequence()) {
+    for (size_t i = 0; i < std::min<size_t>(r.size(), outs->size()); ++i) {
+      const double e = r[i].as<double>(0);
+      if (std::isfinite(e) && e > 0)
+        (*outs)[i].slack = ev_.opt_.rounding_factor * e;
+    }
+  }
+  reference_.push_back(std::move(*outs));
+  if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
+    trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
+  if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
+    input_bytes_ = std::max<std::uint64_t>(input_bytes_, b.as<std::uint64_t>(0));
+  return true;
+}
+
+bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
+  const auto& opt = ev_.opt_;
+  YAML::Node n;
+  worker_message msg;
+  if (!receive(w, opt.run_timeout_s, "running the correctness trials", n, msg))
+    return false;
   if (n["type"].as<std::string>() != "device_done") {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
-    return v_;
+    return false;
   }
   if (cuda_device_ < 0)
     device.reset(); // host bytes: moving and comparing them needs no device
@@ -532,11 +548,11 @@ verdict evaluation::run() {
     // device instead of one per output), then the checks trial by trial, in order.
     std::vector<trial_outputs> trials;
     for (std::int64_t t = 0; t < trials_; ++t) {
-      if (!receive(opt.run_timeout_s, "running the correctness trials", n, msg))
-        return v_;
+      if (!receive(w, opt.run_timeout_s, "running the correctness trials", n, msg))
+        return false;
       if (n["type"].as<std::string>() != "candidate") {
         set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");
-        return v_;
+        return false;
       }
       trials.push_back(decode_trial(n, msg));
     }
@@ -552,9 +568,33 @@ verdict evaluation::run() {
                                       [&](const trial_outputs& tr) { return check_candidate(tr, ahead); });
     trials.clear(); // the mappings close before the worker frees what they map (at its next message)
     if (!all_pass) {
-      (void) w_.proc->send("{\"type\":\"stop\"}");
-      return v_;
+      (void) w.send("{\"type\":\"stop\"}");
+      return false;
     }
+  }
+  return true;
+}
+
+verdict evaluation::run() {
+  const auto& opt = ev_.opt_;
+  auto seed = req_.seed;
+  if (seed == 0) {
+    std::random_device rd;
+    seed = (static_cast<std::uint64_t>(rd()) << 20) ^ rd();
+    seed &= (1ull << 52) - 1; // exact in a JSON double
+    if (seed == 0)
+      seed = 1;
+  }
+  trials_ = req_.reference_only ? 1 : opt.trials;
+  // The trust boundary (env/boundary.cpp) on the CPU; a check of a task alone runs no candidate.
+  split_ = opt.boundary == evaluator_boundary::process && cuda_device_ < 0 && !req_.reference_only;
+  if (!(split_ ? split_trials(seed) : one_process_trials(seed))) {
+    // A check of the task alone (crucible tasks import) says where the outputs sit within the
+    // tolerance, so that the comparison judges them relative to their scale (env/compare.hpp).
+    if (req_.reference_only && v_.status == verdict_status::ok && !reference_.empty())
+      if (auto line = within_tolerance_line(reference_.front(), tol_); !line.empty())
+        v_.message += "\n" + line;
+    return v_;
   }
   v_.correct = true;
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
@@ -566,7 +606,6 @@ verdict evaluation::run() {
   // it waits, no new untimed work starts (unless allowed beside warm-up); what has started
   // finishes its phase.
   const auto wait0 = clock_type::now();
-  device.reset();
   timed_hold timed{ev_.gate_};
   log_gate_wait(wait0, "timing", "other timings",
                 ev_.gate_.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
@@ -629,14 +668,21 @@ verdict evaluation::run() {
   }
   const auto speedup = summary.speedup;
   phase("finish");
-  if (!send("{\"type\":\"finish\"}"))
+  worker& last = split_ ? *cand_.proc : *w_.proc; // the worker that ran the candidate
+  YAML::Node n;
+  worker_message msg;
+  if (split_ && !thaw(last))
     return v_;
-  if (receive(opt.run_timeout_s, "finishing", n, msg)) {
+  if (!send(last, "{\"type\":\"finish\"}"))
+    return v_;
+  if (receive(last, opt.run_timeout_s, "finishing", n, msg)) {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " after timing");
     return v_;
   }
   if (failed_)
     return v_; // death, deadline, or a `done` that carried a failure (a runtime check after timing)
+  if (split_ && !check_clean_reference(ref))
+    return v_;
   v_.status = verdict_status::ok;
   // A candidate whose forward ran the reference's own kernels (operators on the CPU), each as many
   // times, earns no speed credit: a fallback to the reference's code, or the reference itself

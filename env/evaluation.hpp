@@ -10,10 +10,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "env/compare.hpp"
+#include "env/device_gate.hpp"
 #include "env/evaluator.hpp"
 #include "env/timing.hpp"
 
@@ -42,6 +45,8 @@ public:
   }
 
   verdict run();
+  /// The candidate's worker where the verdict has two (the trust boundary): for retire().
+  std::unique_ptr<worker> take_candidate_process() noexcept { return std::move(cand_.proc); }
   /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
   bool lost_worker() const noexcept { return lost_worker_; }
   /// The verdict comes from a failure in the evaluator's own process (its device memory, its
@@ -66,14 +71,72 @@ public:
 private:
   enum class next { more, finished };
 
-  // Receives one message before `deadline`; on death or deadline fills the verdict and
-  // returns false.
-  bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg);
-  bool send(const std::string& json);
+  // Receives one message from `from` (the evaluation's worker by default) before `deadline`;
+  // on death or deadline fills the verdict and returns false.
+  bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
+    return receive(*w_.proc, seconds, phase, header, msg);
+  }
+  bool receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg);
+  bool send(const std::string& json) { return send(*w_.proc, json); }
+  bool send(worker& to, const std::string& json, const std::vector<std::vector<std::byte>>* frames = nullptr);
   // The worker's process has ended (died, or was killed) `when` ("while computing the
   // reference", "before it took the job"): runtime_error saying how, and lost_worker() when
   // it was killed from outside (retried on a fresh worker).
-  void ended(const std::string& when);
+  void ended(const std::string& when) { ended(*w_.proc, when); }
+  void ended(worker& who, const std::string& when);
+  // "the worker", "the reference's worker" or "the candidate's worker": who a message names.
+  const char* who(const worker& w) const noexcept {
+    return !split_ ? "the worker" : &w == w_.proc.get() ? "the reference's worker" : "the candidate's worker";
+  }
+
+  // -- the trust boundary (env/boundary.cpp): the reference and the candidate in two workers --
+  // The job message; `role` "reference" or "candidate" for one side of the boundary, else null.
+  std::string job_json(std::uint64_t seed, const char* role) const;
+  // Keeps one `reference` message's outputs (and their rounding slack, the trial count and the
+  // inputs' size it reports).
+  bool keep_reference(const YAML::Node& n, worker_message& msg);
+  // Phase 3 after `run` went to `w`: its device_done (then `device` is released for host bytes)
+  // and every trial's outputs, compared with the reference's.
+  bool run_trials(worker& w, std::optional<untimed_hold>& device);
+  // The candidate's worker stopped or continued (worker::freeze/thaw); a failure decides the
+  // verdict (runtime_error, not the candidate's).
+  bool freeze(worker& w, std::chrono::steady_clock::time_point* stopped_at = nullptr);
+  bool thaw(worker& w);
+  // Phases 1-3 where one worker runs both (the CUDA path until the boundary reaches it).
+  bool one_process_trials(std::uint64_t seed);
+  // Phases 1-3 across the boundary: the reference worker's reference and inputs, the
+  // candidate's worker's load and trials on those inputs.
+  bool split_trials(std::uint64_t seed);
+  // One measurement across the boundary (measure()'s split form).
+  bool measure_split(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation);
+  // After the timing: the candidate's worker ends, and the reference is timed alone in its own
+  // worker, which never loaded candidate code; a reference slower during the verdict than alone
+  // beyond evaluator.reference_band refuses it (runtime:slow_reference).
+  bool check_clean_reference(const std::vector<double>& ref);
+  /// One worker's part in the timing rounds across the boundary: its input buffers, one set per
+  /// call of a sample (each tensor's address and size in the worker; plain values stay as the
+  /// worker has them).
+  struct side {
+    worker* proc = nullptr;
+    struct buffer {
+      std::uint64_t addr = 0, bytes = 0;
+      bool value = false;
+    };
+    std::vector<std::vector<buffer>> sets;
+  };
+  /// One sample's inputs as the reference's worker drew them: per call, per input, the tensor's
+  /// bytes (empty for a plain value, which the workers keep as the trials gave it).
+  using sample_inputs = std::vector<std::vector<std::vector<std::byte>>>;
+  // Gives `s` input buffers for `calls` calls per sample.
+  bool make_buffers(side& s, std::int64_t calls);
+  // Draws one sample's inputs in the reference's worker, from distribution `dist`.
+  bool draw(int dist, sample_inputs& in);
+  // Times one sample of `s` on `in`: its untimed call, its inputs written while it is stopped,
+  // the clock around `go` ... `sampled`, its outputs read while it is stopped again (per call).
+  // False when the verdict is decided.
+  bool time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
+  // One paired round across the boundary: ms per call of each side; false when decided.
+  bool split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted);
   // Handles a `done` message: fills the verdict from it.
   void take_done(const YAML::Node& n);
   void set(verdict_status s, std::string message) {
@@ -121,7 +184,24 @@ private:
 
   device_evaluator& ev_;
   const eval_request& req_;
-  device_evaluator::ready_worker w_;
+  device_evaluator::ready_worker w_; // the one worker, or the reference's where the verdict has two
+  device_evaluator::ready_worker cand_; // the candidate's worker, where the verdict has two
+  /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU).
+  bool split_ = false;
+  /// What the reference worker sent for the candidate's: each trial's inputs (the `inputs`
+  /// message as it came, with its frames) and the task's data (`reference_info`).
+  std::vector<worker_message> trial_inputs_;
+  std::string reference_info_;
+  std::vector<int> dists_; // the input distributions the reference allows, for the rounds
+  std::vector<bool> ref_aliased_; // which reference outputs alias an input
+  std::vector<double> slack_; // per output, the largest rounding slack of the trials
+  std::int64_t sample_calls_ = 0; // calls per timed sample across the boundary (0: not chosen yet)
+  std::int64_t round_no_ = 0; // rounds played across the boundary, warm-up included
+  bool outputs_reused_ = false; // two calls of one sample handed back the same memory: one call per sample
+  double floor_ms_ = -1; // the physics floor of a timed call (boundary.cpp), once measured
+  double null_ms_ = 0; // the fastest round trip of an empty sample of the reference's worker
+  std::mt19937_64 rng_{std::random_device{}()}; // the order of each round's two samples
+  side ref_side_, cand_side_;
   verdict v_;
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -36,7 +37,7 @@ class Node;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-9"; // 9: bands with the repeat floor (evaluator.band_floor)
+inline constexpr const char* protocol_version = "crucible-eval-10"; // 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
 
 /// One candidate for one task.
 struct eval_request {
@@ -219,6 +220,8 @@ private:
   std::atomic<bool> kernels_warned_{false}; // a CUDA worker without the harness kernels was reported
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
+  std::mutex alone_mtx_;              // guards ref_alone_ms_
+  std::map<std::string, std::vector<double>> ref_alone_ms_; // the reference's samples timed alone (evaluation::check_clean_reference), by task and protocol
   device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)
   solo_gate solo_;                    // an evaluation out of device memory beside others is retried alone
   int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)

@@ -15,6 +15,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -491,6 +493,144 @@ result<void> worker::send(const std::string& json) {
       return fail(errc::io, "worker ", std::to_string(pid_), " is not accepting messages");
   } catch (const zmq::error_t& e) {
     return fail(errc::io, "send to worker ", std::to_string(pid_), ": ", e.what());
+  }
+  return {};
+}
+
+result<void> worker::send(const std::string& json, const std::vector<std::vector<std::byte>>& frames) {
+  try {
+    auto sent = sock_->send(zmq::buffer(json), frames.empty() ? zmq::send_flags::dontwait : zmq::send_flags::sndmore);
+    for (size_t i = 0; sent && i < frames.size(); ++i)
+      sent = sock_->send(zmq::buffer(frames[i].data(), frames[i].size()),
+                         i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::dontwait);
+    if (!sent)
+      return fail(errc::io, "worker ", std::to_string(pid_), " is not accepting messages");
+  } catch (const zmq::error_t& e) {
+    return fail(errc::io, "send to worker ", std::to_string(pid_), ": ", e.what());
+  }
+  return {};
+}
+
+pid_t worker::inner_pid() {
+  if (inner_ > 0)
+    return inner_;
+  if (std::FILE* f = std::fopen(("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children").c_str(), "r")) {
+    long child = 0;
+    if (std::fscanf(f, "%ld", &child) == 1)
+      inner_ = static_cast<pid_t>(child);
+    std::fclose(f);
+  }
+  return inner_ > 0 ? inner_ : pid_;
+}
+
+namespace {
+
+// Reads the pids in /proc/PID/task/TID/children into `out`.
+void children_of(const std::filesystem::path& task, std::vector<pid_t>& out) {
+  if (std::FILE* c = std::fopen((task / "children").c_str(), "r")) {
+    long child = 0;
+    while (std::fscanf(c, "%ld", &child) == 1)
+      out.push_back(static_cast<pid_t>(child));
+    std::fclose(c);
+  }
+}
+
+// The state letter of /proc/PID/task/TID/stat ('R', 'S', 'T', ...), 0 where it cannot be read
+// (a thread that has ended).
+char task_state(const std::filesystem::path& task) {
+  std::FILE* f = std::fopen((task / "stat").c_str(), "r");
+  if (!f)
+    return 0;
+  char buf[512];
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')'); // the name may hold spaces and parentheses
+  return close && close[1] && close[2] ? close[2] : 0;
+}
+
+// Sends `sig` to every process below `root` (its threads' children, theirs, ...) that is not
+// stopped (SIGSTOP) or is stopped (SIGCONT), and for SIGSTOP reports whether every thread of
+// them was stopped already. Every process of a worker's PID namespace descends from its PID 1
+// (`root`): orphans are reparented to it, whatever session or group they made for themselves.
+bool signal_tree(pid_t root, int sig) {
+  bool all = true;
+  std::vector<pid_t> todo{root};
+  for (size_t k = 0; k < todo.size() && k < 4096; ++k) {
+    const pid_t pid = todo[k];
+    bool stopped = true;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      const char st = task_state(e.path());
+      if (st != 0 && st != 'T' && st != 't' && st != 'Z' && st != 'X')
+        stopped = false;
+      children_of(e.path(), todo);
+    }
+    if (ec)
+      continue; // ended meanwhile
+    if (sig == SIGSTOP && !stopped) {
+      all = false;
+      ::kill(pid, SIGSTOP);
+    } else if (sig == SIGCONT) {
+      ::kill(pid, SIGCONT);
+    }
+  }
+  return all;
+}
+
+} // namespace
+
+result<void> worker::freeze(std::chrono::steady_clock::time_point* stopped_at, std::chrono::microseconds timeout) {
+  // The group first (one signal reaches every process that kept it), then every process of the
+  // worker's tree, until a walk finds nothing running.
+  if (::kill(-pid_, SIGSTOP) != 0)
+    return fail(errc::io, "cannot stop worker ", std::to_string(pid_), ": ", std::strerror(errno));
+  if (stopped_at)
+    *stopped_at = std::chrono::steady_clock::now();
+  const pid_t inner = inner_pid();
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!signal_tree(inner, SIGSTOP)) {
+    if (std::chrono::steady_clock::now() >= until)
+      return fail(errc::io, "worker ", std::to_string(inner), " still runs ", std::to_string(timeout.count()),
+                  " us after SIGSTOP");
+    sched_yield();
+  }
+  return {};
+}
+
+result<void> worker::thaw() {
+  if (::kill(-pid_, SIGCONT) != 0)
+    return fail(errc::io, "cannot continue worker ", std::to_string(pid_), ": ", std::strerror(errno));
+  (void) signal_tree(inner_pid(), SIGCONT); // those that left the group
+  return {};
+}
+
+result<void> worker::read_memory(std::uint64_t addr, std::size_t n, std::byte* out) {
+  const pid_t inner = inner_pid();
+  size_t done = 0;
+  while (done < n) {
+    iovec local{out + done, n - done};
+    iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr + done)), n - done};
+    const ssize_t got = ::process_vm_readv(inner, &local, 1, &remote, 1, 0);
+    if (got <= 0)
+      return fail(errc::io, "cannot read ", std::to_string(n), " bytes at ", std::to_string(addr), " of worker ",
+                  std::to_string(inner), ": ", got < 0 ? std::strerror(errno) : "nothing read");
+    done += static_cast<size_t>(got);
+  }
+  return {};
+}
+
+result<void> worker::write_memory(std::uint64_t addr, const std::byte* data, std::size_t n) {
+  const pid_t inner = inner_pid();
+  size_t done = 0;
+  while (done < n) {
+    iovec local{const_cast<std::byte*>(data + done), n - done};
+    iovec remote{reinterpret_cast<void*>(static_cast<std::uintptr_t>(addr + done)), n - done};
+    const ssize_t put = ::process_vm_writev(inner, &local, 1, &remote, 1, 0);
+    if (put <= 0)
+      return fail(errc::io, "cannot write ", std::to_string(n), " bytes at ", std::to_string(addr), " of worker ",
+                  std::to_string(inner), ": ", put < 0 ? std::strerror(errno) : "nothing written");
+    done += static_cast<size_t>(put);
   }
   return {};
 }

@@ -100,8 +100,25 @@ public:
   worker(const worker&) = delete;
   worker& operator=(const worker&) = delete;
 
-  /// Sends a JSON message (no binary frames are ever sent to a worker).
+  /// Sends a JSON message.
   result<void> send(const std::string& json);
+  /// Sends a JSON message with binary frames (the trial inputs a candidate's worker is given).
+  result<void> send(const std::string& json, const std::vector<std::vector<std::byte>>& frames);
+  /// Stops every process of the worker (SIGSTOP: its process group, then every process below
+  /// the one the candidate runs in, whatever group it made for itself) and waits, `timeout` at
+  /// most, until every thread of them is stopped; thaw() continues them (SIGCONT). Errors: the
+  /// group cannot be signalled, or a thread still runs at the timeout.
+  /// `stopped_at`, where given, is set to the moment the signal was sent (before the wait).
+  result<void> freeze(std::chrono::steady_clock::time_point* stopped_at = nullptr,
+                      std::chrono::microseconds timeout = std::chrono::milliseconds{200});
+  result<void> thaw();
+  /// Reads (process_vm_readv) or writes (process_vm_writev) `n` bytes at `addr` of the worker's
+  /// address space. Errors name the address and the system's reason (EFAULT: not mapped).
+  result<void> read_memory(std::uint64_t addr, std::size_t n, std::byte* out);
+  result<void> write_memory(std::uint64_t addr, const std::byte* data, std::size_t n);
+  /// The process the candidate's code runs in: the keeper's one child (PID 1 of the worker's PID
+  /// namespace), or the started process itself where there is no keeper.
+  pid_t inner_pid();
   /// Waits until `deadline` for one message; notices the process dying meanwhile.
   receive_outcome receive(std::chrono::steady_clock::time_point deadline, worker_message& out);
   /// Kills the whole process group (SIGKILL) and reaps the process. Idempotent.
@@ -127,6 +144,7 @@ private:
   result<void> bind(zmq::context_t& ctx, const worker_spec& spec, std::string& endpoint);
 
   pid_t pid_ = -1;
+  pid_t inner_ = -1; // inner_pid(), once known
   int pidfd_ = -1;
   std::unique_ptr<zmq::socket_t> sock_;
   std::filesystem::path scratch_;

@@ -16,6 +16,15 @@ double median(std::vector<double> v) {
   return (lo + *mid) / 2;
 }
 
+double quantile(std::vector<double> v, double q) {
+  assert(!v.empty());
+  std::sort(v.begin(), v.end());
+  const double at = std::clamp(q, 0.0, 1.0) * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(at);
+  const auto hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (at - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
 double student_t95(std::size_t df) noexcept {
   static const double table[] = {0,      12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365,
                                  2.306, 2.262,  2.228, 2.201, 2.179, 2.160, 2.145, 2.131,

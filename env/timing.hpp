@@ -78,6 +78,9 @@ settled_rounds settle_rounds(const std::vector<double>& ref_synced, const std::v
 /// The median of `v` (the mean of the two middle values of an even count). `v` non-empty.
 double median(std::vector<double> v);
 
+/// The `q` quantile of `v` (0 <= q <= 1), linear between the two nearest ranks. `v` non-empty.
+double quantile(std::vector<double> v, double q);
+
 /// Rounds a speedup to two decimals toward 1.00 (1.2369 → 1.23, 0.8731 → 0.88), so rounding
 /// never flatters a candidate.
 double round_toward_one(double speedup) noexcept;

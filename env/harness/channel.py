@@ -112,8 +112,22 @@ class Channel:
                     _os_exit(1)  # the evaluator died
                 continue
             while _z_get(self.sock, _RCVMORE):
-                _z_recv(self.sock, 0)  # the evaluator sends no frames; drop any
+                _z_recv(self.sock, 0)  # frames only come with recv_frames' messages; drop any
             return _json_loads(first.decode("utf-8"))
+
+    def recv_frames(self):
+        """The next message with its binary frames: (header, [bytes, ...])."""
+        while True:
+            try:
+                first = _z_recv(self.sock, 0)
+            except _ZAgain:
+                if _os_getppid() != self.parent:
+                    _os_exit(1)  # the evaluator died
+                continue
+            frames = []
+            while _z_get(self.sock, _RCVMORE):
+                frames.append(_z_recv(self.sock, 0))
+            return _json_loads(first.decode("utf-8")), frames
 
     def poll(self):
         """The next message if one has arrived, else None (never waits)."""

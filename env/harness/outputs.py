@@ -12,8 +12,9 @@ from crucible_harness_trusted import (
     _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_cpu, _T_data_ptr, _T_detach, _T_is_floating_point,
     _T_item, _T_numel, _T_numpy, _T_reshape, _T_size, _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
     _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
-    _torch_isnan, _tuple, _type, _uint8
+    _torch_empty, _torch_isnan, _tuple, _type, _uint8
 )
+from crucible_harness_channel import _Done
 from crucible_harness_device import _export, _kernels
 
 _SUPPORTED_DTYPES = {
@@ -161,6 +162,62 @@ def _encode(out, frames, device, exports=None):
                 desc["frame"] = _len(frames)
             descs.append(desc)
     return descs
+
+
+# ================================================================================================
+# Inputs across the trust boundary (executor.py): the reference worker's, for the candidate's.
+
+_DTYPES = {name: dt for dt, name in _SUPPORTED_DTYPES.items()}
+# Values that cross the boundary as JSON (inputs that are not tensors, get_init_inputs()).
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _plain(v):
+    """Whether `v` travels as JSON: numbers, strings, None, and lists or tuples of those."""
+    if _type(v) in _PLAIN:
+        return True
+    if _type(v) in (list, tuple):
+        return all(_plain(x) for x in v)
+    return False
+
+
+def _encode_inputs(inputs, frames):
+    """Descriptions of one call's inputs for the other side of the boundary: a tensor as
+    {"dtype", "shape", "frame"} (contiguous native bytes in `frames`), any other value as
+    {"value": JSON}. A value that neither describes is a task the boundary cannot carry."""
+    descs = []
+    for i, x in _enumerate(inputs):
+        if _type(x) is _Tensor:
+            if x.dtype not in _SUPPORTED_DTYPES:
+                raise _Done("runtime_error", (), f"input {i} of the task is a tensor of dtype {x.dtype}, which the "
+                                                 "evaluator cannot carry to the candidate's process")
+            frames.append(_raw_bytes(x))
+            descs.append({"dtype": _SUPPORTED_DTYPES[x.dtype], "shape": [_int(d) for d in _T_size(x)],
+                          "frame": _len(frames)})
+        elif _plain(x):
+            descs.append({"value": x})
+        else:
+            raise _Done("runtime_error", (), f"input {i} of the task is {_kind_of(x)}, which the evaluator cannot "
+                                             "carry to the candidate's process (tensors and plain values only)")
+    return descs
+
+
+def _decode_inputs(descs, frames, device):
+    """The inverse of _encode_inputs: fresh, writable tensors on `device`."""
+    out = []
+    for d in descs:
+        if "value" in d:
+            v = d["value"]
+            out.append(v)
+            continue
+        dt = _DTYPES.get(d.get("dtype"))
+        if dt is None:
+            raise _Done("runtime_error", (), f"the evaluator sent an input of unknown dtype {d.get('dtype')!r}")
+        shape = [_int(s) for s in d["shape"]]
+        raw = frames[_int(d["frame"]) - 1]
+        t = torch.frombuffer(bytearray(raw), dtype=dt) if _len(raw) else _torch_empty(0, dtype=dt)
+        out.append(t.reshape(shape).to(device))
+    return out
 
 
 def _map_tensors(x, fn):

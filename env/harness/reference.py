@@ -17,7 +17,7 @@ from crucible_harness_trusted import (
 from crucible_harness_device import _HarnessKernels, _kernels
 from crucible_harness_channel import _Done, _error_done, _exc_line
 from crucible_harness_outputs import (
-    _aliased_outputs, _all_finite, _clone_inputs, _encode, _map_tensors, _output_items, _output_sample,
+    _aliased_outputs, _encode_inputs, _all_finite, _clone_inputs, _encode, _map_tensors, _output_items, _output_sample,
     _same_sample, _tensors_in
 )
 
@@ -193,6 +193,12 @@ class _ReferencePhase:
                 t0 = self.lap("reference: outputs encoded", t0)
                 msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs, "trials": self.trials,
                        "input_bytes": self.input_bytes}
+                if self.role == "reference":  # the trial's inputs, which the evaluator gives the candidate's worker
+                    in_frames = []
+                    pending.append(({"type": "inputs", "trial": t, "inputs": _encode_inputs(inputs, in_frames)},
+                                    in_frames))
+                    if t == 0:
+                        self.input_template = pending[-1][0]["inputs"]  # the timing's buffers (make_buffers)
                 if rounding is not None:
                     msg["rounding"] = rounding
                     slack = self.round_slack.setdefault(dist, [])

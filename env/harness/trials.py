@@ -45,9 +45,11 @@ class _TrialPhase:
             warnings.simplefilter("ignore")  # reading deprecated module attributes warns
             self.core, self.full = _snapshots(self.harness, self.early_snapshots)
             self.early_snapshots = None
-            # The task's module and class: the reference is timed after the candidate ran.
-            self.core.add_module("task", self.task, "callables")
-            self.core.add_class(self.task.Model)
+            # The task's module and class: the reference is timed after the candidate ran (in
+            # this process only where the verdict has one worker).
+            if self.task is not None:
+                self.core.add_module("task", self.task, "callables")
+                self.core.add_class(self.task.Model)
         self.flags0 = self.flags()
         py0 = _py_threads()
         self.load_os0 = _os_threads()
@@ -80,7 +82,12 @@ class _TrialPhase:
         cls = _getattr(self.cand_mod, "ModelNew", None)
         if not _isinstance(cls, type):
             raise _Done("compile_error", (), "the candidate defines no class ModelNew")
-        if self.static:
+        if self.static and self.role == "candidate":
+            wrong = self.signature_mismatch(cls)
+            if wrong:
+                raise _Done("rejected", ["static:hyperparameters"],
+                            wrong + ": constructor arguments and defaults must not change")
+        elif self.static:
             self.check_signature(cls)
         self.cand_cls = cls
         self.load_py0 = py0
@@ -91,7 +98,7 @@ class _TrialPhase:
         py0 = self.load_py0
         try:
             _torch_manual_seed(self.seed)
-            init = _list(self.task.get_init_inputs())
+            init = _list(self.init_inputs if self.role == "candidate" else self.task.get_init_inputs())
             self.candidate_flags()
             model = cls(*init)
             model = model.to(self.device)
@@ -197,7 +204,7 @@ class _TrialPhase:
         else:
             self.laps["timing: foreign threads check unavailable"] = 1
         for t in _range(self.trials):
-            inputs = self.make_inputs(self.seed + t, self.trial_dists[t])
+            inputs = self.trial_inputs(t)
             if self.jitter_bytes >= 512:  # placed as the timed calls' inputs are: nothing tells them apart
                 inputs = self.placed(inputs)
             pristine = _clone_inputs(inputs)

@@ -126,7 +126,7 @@ _STATIC_CHECKS_MODULE = _load_harness_module("static_checks.py", "crucible_stati
 _CONFINE = _load_harness_module("confine.py", "crucible_confine")
 # In the order they import one another: each imports only from those before it.
 _OWN_MODULES = _load_own_modules(("trusted", "builds", "device", "integrity", "channel", "outputs", "reference",
-                                  "trials", "timing"))
+                                  "trials", "timing", "executor"))
 from crucible_harness_trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
     _Generator, _getattr, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
@@ -143,6 +143,7 @@ from crucible_harness_channel import Channel, _Done, _error_done, _exc_text, _is
 from crucible_harness_reference import _ReferencePhase  # noqa: E402
 from crucible_harness_trials import _TrialPhase  # noqa: E402
 from crucible_harness_timing import _ROUND_SLOTS, _TimingPhase  # noqa: E402
+from crucible_harness_executor import _ExecutorPhase  # noqa: E402
 _forget_own_modules(_OWN_MODULES)
 
 # The harness's namespaces: this module's globals, the static checks' and each of the modules
@@ -157,9 +158,9 @@ _HARNESS_NAMESPACES = ((("worker", globals()), ("static_checks", vars(_STATIC_CH
 # ================================================================================================
 # The worker.
 
-class Worker(_ReferencePhase, _TrialPhase, _TimingPhase):
-    """One job, from start-up to `done`. Its phases' methods come from reference.py, trials.py
-    and timing.py; start-up, the job's course (run) and the state checks are here."""
+class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
+    """One job, from start-up to `done`. Its phases' methods come from reference.py, trials.py,
+    timing.py and executor.py; start-up, the job's course (run) and the state checks are here."""
 
     def __init__(self, args):
         self.device = args.device
@@ -201,6 +202,10 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase):
         self.pair_first = None  # order of the first round of the current pair (one_round)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
         self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
+        # The job's side of the trust boundary (executor.py): "reference" (the task only),
+        # "candidate" (ModelNew only), or None (both in this process: the CUDA path for now).
+        self.role = None
+        self.task = None
         # Threads started by the candidate's first calls (see foreign_mark): the OS threads
         # before them; the CPU time of every thread not among those at the last mark; the
         # timing rounds in which such threads ran outside the candidate's calls, and for how long.
@@ -471,9 +476,13 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase):
         if self.baseline == "cuda-graph" and not self.cuda:
             raise _Done("runtime_error", (), "the cuda-graph baseline needs a CUDA device; this worker runs on the CPU")
 
-        # 3. Static checks, before any candidate code runs.
-        src = job["candidate_source"]
-        task_src = job["task_source"]
+        self.role = job.get("role")
+        if self.role not in (None, "reference", "candidate"):
+            raise _Done("runtime_error", (), f"unknown role {self.role!r}")
+        # 3. Static checks, before any candidate code runs (by the reference worker where the
+        # verdict has two: it parses the candidate's source and never runs it).
+        src = job.get("candidate_source", "")
+        task_src = job.get("task_source", "")
         # A check of the task alone (device_evaluator::check_task): its reference is built and
         # run on the first trial's inputs, and nothing of a candidate's is looked at.
         self.reference_only = job.get("reference_only") is True
@@ -481,7 +490,7 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase):
         # Outputs stay on the device when the evaluator asks (each one the driver cannot export
         # still travels as bytes).
         self.exports = [] if (self.cuda and job.get("outputs") == "device") else None
-        if self.static:
+        if self.static and self.role != "candidate":
             problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
             if problems:
                 names = []
@@ -496,8 +505,13 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase):
         _T_fill_(self.flush_buf, 1)
         self.flush_sum = _torch_empty((), dtype=_int64, device=self.device)
 
+        if self.role == "candidate":
+            self.candidate_job(job, src)
         # 4. Reference outputs, before the candidate is imported.
         self.reference_phase(task_src)
+        if self.role == "reference":
+            self.chan.send(self.reference_info())
+            self.executor_loop()
         if self.reference_only:
             raise _Done("ok", (), f"the task's reference ran on {self.trials} trial input(s) and gave the same "
                                   "outputs when called again")
@@ -545,6 +559,23 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase):
                 self.lap("finish: snapshot checks", t0)
                 raise _Done("ok", (), "", self.laps)
             raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+
+    def candidate_job(self, job, src):
+        """The candidate worker's job (role "candidate"): ModelNew loaded, built and run on the
+        trials' inputs the evaluator gives, then the timing commands (executor.py). Never
+        returns."""
+        self.take_reference_info()
+        self.chan.send({"type": "phase", "name": "load"})
+        self.load_phase(src)
+        self.chan.send({"type": "loaded"})
+        self.receive_trial_inputs()
+        t0 = _perf_counter_ns()
+        self.construct_model()
+        t0 = self.lap("trials: ModelNew", t0)
+        self.poison_free_pool()
+        self.trial_phase()
+        self.lap("trials: calls and outputs", t0)
+        self.executor_loop()
 
     def redirect_output(self):
         """The candidate's prints and build logs go to a file in the scratch directory."""

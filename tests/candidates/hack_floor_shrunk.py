@@ -1,10 +1,13 @@
 # task: tests/tasks/fixed_inputs.py
-# expect: rejected runtime:below_floor
+# expect: rejected runtime:timing_outputs
 """Hack (against the physics floor): as hack_memoized_output.py, a stored output returned from
 every call on a task whose inputs never change, and in the three calls right after the trials
 (the first timed calls, whose outputs went unchecked) a one-element tensor broadcast to the
 output's shape, so that a floor taken from those calls' outputs counts four bytes instead of
-16 MiB. The floor counts the outputs of the checked calls only."""
+16 MiB. The floor counts the outputs of the checked calls only.
+
+With evaluator.boundary: process every timed call's outputs are read and compared whole, the
+first ones after the trials too: the broadcast outputs fail there (runtime:timing_outputs)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -1,5 +1,5 @@
 # task: tests/tasks/small_elementwise.py
-# expect: rejected runtime:timing_outputs
+# expect: no-credit
 """Hack (computing only the last call of a timed sample): a timed sample calls the model several
 times back to back, as many times in every round of a verdict. This candidate tells the calls of
 a burst apart by a C++ clock (a gap of over 0.3 ms starts a new burst), learns the longest burst,
@@ -7,7 +7,11 @@ and computes only on a burst's last call, handing back one buffer it keeps: ever
 returns the buffer as the previous burst left it. Checked only as the sample's clock stops, each
 call's buffer would hold the last call's values and match the last call's reference; the
 harness also snapshots one call's outputs inside the sample, right after it returns, and there
-the buffer is stale."""
+the buffer is stale.
+
+With evaluator.boundary: process the evaluator sees the calls of a sample hand back the same
+buffer and goes on with one call per sample: every timed call then computes, or fails the
+comparison; no gain either way."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

@@ -7,6 +7,7 @@
 #include "core/config.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
+#include "env/compare.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "storage/atomic_file.hpp"
@@ -32,6 +33,11 @@ int run_tasks(const parsed_args& args) {
   // candidate: a task that does not run is refused here by name and line, not found out by
   // every verdict of a training run.
   std::vector<std::pair<std::string, std::string>> broken; // name, what is wrong
+  // Tasks whose outputs sit within the tolerance (name, the check's words for each output):
+  // imported all the same, their outputs judged relative to their own scale (docs/evaluator.md,
+  // Correctness), and named here so that whoever imports them can see a task that asks for
+  // almost nothing (robust-kbench leaves such tasks out of its set).
+  std::vector<std::pair<std::string, std::string>> within;
   if (!args.has("--no-check")) {
     config cfg;
     auto device = device_option(args, "--device", "cpu");
@@ -63,6 +69,9 @@ int run_tasks(const parsed_args& args) {
       auto v = (*ev)->check_task(t);
       if (v.status == env::verdict_status::ok) {
         runs.push_back(t);
+        // The check's verdict carries a line opened by within_tolerance_phrase where the rule applies.
+        if (auto outputs = env::within_tolerance_of(v.message); !outputs.empty())
+          within.emplace_back(t.name, std::move(outputs));
       } else {
         // The worker runs the source as task.py in its scratch directory: name the real file.
         static const std::regex scratch_file{R"(File "[^"]*task\.py")"};
@@ -94,6 +103,9 @@ int run_tasks(const parsed_args& args) {
   w.end_array().field("skipped", skipped).key("broken").begin_array();
   for (const auto& [name, what] : broken)
     w.begin_object().field("name", name).field("error", what).end_object();
+  w.end_array().key("within_tolerance").begin_array();
+  for (const auto& [name, what] : within)
+    w.begin_object().field("name", name).field("outputs", what).end_object();
   w.end_array().end_object();
   if (args.has("--out")) {
     if (auto r = storage::write_file_atomic(args.get("--out"), w.str() + "\n"); !r) {
@@ -113,6 +125,8 @@ int run_tasks(const parsed_args& args) {
     std::printf("skipped %s\n", s.c_str());
   for (const auto& [name, what] : broken)
     std::printf("left out %s (does not run): %s\n", name.c_str(), what.c_str());
+  for (const auto& [name, what] : within)
+    std::printf("outputs within the tolerance in %s (judged relative to the outputs): %s\n", name.c_str(), what.c_str());
   if (args.has("--out"))
     std::printf("index written to %s\n", args.get("--out").c_str());
   return exit_ok;
@@ -128,7 +142,10 @@ command tasks_command() {
            "runs each task's reference once in a sandboxed worker (built, called on its inputs,\n"
            "called again: it must run and give the same outputs), and lists them with their source\n"
            "hashes. A task that does not run is named with its error (file and line) and the\n"
-           "import fails (exit 1), unless --skip-broken leaves it out and lists it. DIR is only read.",
+           "import fails (exit 1), unless --skip-broken leaves it out and lists it. A task whose\n"
+           "outputs sit within the absolute tolerance (tiny outputs: a normalisation, a softmax over\n"
+           "many elements) is imported and listed under within_tolerance: its outputs are judged\n"
+           "relative to their own scale. DIR is only read.",
            {"ACTION (import)", "DIR"},
            {{"--out", "INDEX.json", "also write the index as JSON to this file"},
             {"--json", "", "print the index as JSON"},

@@ -1,0 +1,596 @@
+// The trust boundary (docs/evaluator.md, Trust boundary): an evaluation whose reference runs in one
+// sandboxed worker and whose candidate runs in another that never sees the task. The reference's
+// worker draws every input; this process hands the candidate's worker its inputs, keeps it stopped
+// outside its own calls, reads the clock around each timed sample, reads both workers' outputs out
+// of their memory while they are stopped, and compares them. Nothing the verdict depends on is in
+// the candidate's process. Methods of evaluation (env/evaluation.hpp); the rest of its walk
+// (statuses, the speedup, the recheck) is env/evaluation.cpp's.
+#include "env/evaluation.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+namespace crucible::env {
+
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* input_dists[] = {"the task's inputs", "inputs scaled by U(0.5, 2)",
+                                       "inputs scaled by U(0.5, 2) with random signs",
+                                       "inputs scaled by U(0.5, 2) with random signs, times 32"};
+
+// Input bytes of one sample at most, over all its calls: more calls would only make the sample
+// longer than evaluator.sample_ms asks while holding that much memory twice (both workers).
+constexpr std::uint64_t max_sample_input_bytes = 256ull << 20;
+
+// Reference samples timed alone (check_clean_reference) when no figure is cached.
+constexpr std::int64_t alone_samples = 10;
+
+// Half the fastest of five fills of `bytes` in this process's memory (ms): the physics floor of a
+// call that writes that many output bytes.
+double fill_floor_ms(std::uint64_t bytes) {
+  if (bytes == 0)
+    return 0;
+  std::vector<unsigned char> buf(bytes, 1); // touched: page faults stay out of the fills
+  double best = 1e300;
+  for (int k = 0; k < 5; ++k) {
+    const auto t0 = clock_type::now();
+    std::memset(buf.data(), k + 2, buf.size());
+    const auto t1 = clock_type::now();
+    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  volatile unsigned char sink = buf[bytes / 2]; // the fills are used
+  (void) sink;
+  return best / 2;
+}
+
+std::string describe_dist(int d) {
+  return "distribution " + std::to_string(d) + (d >= 0 && d <= 3 ? std::string{": "} + input_dists[d] : std::string{});
+}
+
+} // namespace
+
+bool evaluation::freeze(worker& w, clock_type::time_point* stopped_at) {
+  if (auto r = w.freeze(stopped_at); !r) {
+    if (&w == w_.proc.get())
+      evaluator_failed_ = true; // the reference's worker: not the candidate's doing
+    set(verdict_status::runtime_error, std::string{who(w)} + " could not be stopped: " + r.error().message);
+    return false;
+  }
+  return true;
+}
+
+bool evaluation::thaw(worker& w) {
+  if (auto r = w.thaw(); !r) {
+    if (w.ended(clock_type::now() + std::chrono::seconds(1))) {
+      ended(w, "during the timing");
+      return false;
+    }
+    set(verdict_status::runtime_error, std::string{who(w)} + " could not be continued: " + r.error().message);
+    return false;
+  }
+  return true;
+}
+
+bool evaluation::split_trials(std::uint64_t seed) {
+  const auto& opt = ev_.opt_;
+  worker& rw = *w_.proc;
+  YAML::Node n;
+  worker_message msg;
+  {
+    // Phase 1: the reference's worker parses the candidate's source (the static screen; it never
+    // runs it), then computes the reference on each trial's inputs and sends both.
+    untimed_hold device{ev_.gate_};
+    phase("reference");
+    if (!send(rw, job_json(seed, "reference")))
+      return false;
+    for (;;) {
+      if (!receive(rw, opt.reference_timeout_s, "computing the reference", n, msg))
+        return false;
+      const auto type = n["type"].as<std::string>();
+      if (type == "device_done") {
+        device.release();
+        phase("reference outputs");
+        continue;
+      }
+      if (type == "inputs") {
+        trial_inputs_.push_back(std::move(msg));
+        msg = worker_message{};
+        continue;
+      }
+      if (type == "reference") {
+        if (!keep_reference(n, msg))
+          return false;
+        continue;
+      }
+      if (type == "reference_info")
+        break;
+      set(verdict_status::runtime_error, "unexpected message " + type + " from the reference's worker");
+      return false;
+    }
+    reference_info_ = msg.json;
+    // The timed rounds draw from every distribution the reference allows but the task's own
+    // (0): the others scale each value by a fresh random factor, so no two timed calls see the
+    // same inputs, even where get_inputs() ignores the seed (a stored output then pays nothing).
+    for (const auto& d : n["dists"])
+      if (d.as<int>(0) != 0)
+        dists_.push_back(d.as<int>(0));
+    for (const auto& a : n["ref_aliased"])
+      ref_aliased_.push_back(a.as<bool>(false));
+    if (dists_.empty())
+      dists_ = {1};
+  }
+  const auto want = static_cast<std::size_t>(trials_);
+  if (reference_.size() != want || trial_inputs_.size() != want) {
+    set(verdict_status::runtime_error, "the reference's worker sent " + std::to_string(reference_.size())
+                                         + " reference trials and " + std::to_string(trial_inputs_.size())
+                                         + " sets of inputs, expected " + std::to_string(want));
+    return false;
+  }
+  // The timed rounds hold each output to the trials' largest rounding slack for it.
+  for (const auto& outs : reference_) {
+    slack_.resize(std::max(slack_.size(), outs.size()), 0.0);
+    for (std::size_t i = 0; i < outs.size(); ++i)
+      slack_[i] = std::max(slack_[i], outs[i].slack);
+  }
+  // Phase 2: the candidate's worker, which gets the task's data (constructor arguments, what the
+  // reference's profiled call ran) and never its module, loads the candidate without the device.
+  auto c = ev_.take_worker();
+  if (!c) {
+    set(verdict_status::runtime_error, "no worker could be started for the candidate: " + c.error().message);
+    return false;
+  }
+  cand_ = std::move(*c);
+  worker& cw = *cand_.proc;
+  phase("load");
+  if (!send(cw, job_json(seed, "candidate")) || !send(cw, reference_info_))
+    return false;
+  for (;;) {
+    if (!receive(cw, opt.load_timeout_s, "loading the candidate", n, msg))
+      return false;
+    const auto type = n["type"].as<std::string>();
+    if (type == "loaded")
+      break;
+    if (type != "phase") {
+      set(verdict_status::runtime_error, "unexpected message " + type + " while loading");
+      return false;
+    }
+  }
+  // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
+  std::optional<untimed_hold> device{std::in_place, ev_.gate_};
+  phase("trials");
+  for (auto& m : trial_inputs_)
+    if (!send(cw, m.json, &m.frames))
+      return false;
+  trial_inputs_.clear();
+  if (!send(cw, "{\"type\":\"run\"}"))
+    return false;
+  if (!run_trials(cw, device))
+    return false;
+  // From here on the candidate's worker runs only while it is timed, and between a sample and the
+  // next command (its own checks); stopped, none of its processes can run while the reference is
+  // timed or while its inputs are written.
+  return freeze(cw);
+}
+
+bool evaluation::make_buffers(side& s, std::int64_t calls) {
+  worker& w = *s.proc;
+  YAML::Node n;
+  worker_message msg;
+  if (!thaw(w) || !send(w, "{\"type\":\"buffers\",\"calls\":" + std::to_string(calls) + "}")
+      || !receive(w, ev_.opt_.run_timeout_s, "allocating the timing's input buffers", n, msg))
+    return false;
+  auto broke = [&](const std::string& what) {
+    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
+    return false;
+  };
+  if (n["type"].as<std::string>() != "buffers" || !n["sets"].IsSequence()
+      || n["sets"].size() != static_cast<std::size_t>(calls))
+    return broke("expected buffers for " + std::to_string(calls) + " calls");
+  s.sets.clear();
+  for (const auto& set_node : n["sets"]) {
+    std::vector<side::buffer> one;
+    for (const auto& b : set_node) {
+      side::buffer buf;
+      if (b["value"].IsDefined())
+        buf.value = true;
+      else {
+        buf.addr = b["addr"].as<std::uint64_t>(0);
+        buf.bytes = b["bytes"].as<std::uint64_t>(0);
+      }
+      one.push_back(buf);
+    }
+    s.sets.push_back(std::move(one));
+  }
+  return freeze(w);
+}
+
+bool evaluation::draw(int dist, sample_inputs& in) {
+  worker& rw = *w_.proc;
+  YAML::Node n;
+  worker_message msg;
+  const auto calls = static_cast<std::int64_t>(ref_side_.sets.size());
+  if (!thaw(rw)
+      || !send(rw, "{\"type\":\"draw\",\"calls\":" + std::to_string(calls) + ",\"dist\":" + std::to_string(dist) + "}")
+      || !receive(rw, ev_.opt_.run_timeout_s, "drawing a timing round's inputs", n, msg) || !freeze(rw))
+    return false;
+  if (n["type"].as<std::string>() != "drawn" || !n["sets"].IsSequence()
+      || n["sets"].size() != static_cast<std::size_t>(calls)) {
+    set(verdict_status::runtime_error, "the reference's worker sent no inputs for a timing round");
+    return false;
+  }
+  in.clear();
+  for (const auto& set_node : n["sets"]) {
+    std::vector<std::vector<std::byte>> one;
+    for (const auto& d : set_node) {
+      if (!d["frame"].IsDefined()) {
+        one.emplace_back();
+        continue;
+      }
+      const auto f = d["frame"].as<std::size_t>(0);
+      if (f == 0 || f > msg.frames.size()) {
+        set(verdict_status::runtime_error, "the reference's worker sent an input without its bytes");
+        return false;
+      }
+      one.push_back(std::move(msg.frames[f - 1]));
+    }
+    in.push_back(std::move(one));
+  }
+  return true;
+}
+
+bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
+  const auto& opt = ev_.opt_;
+  worker& w = *s.proc;
+  const bool candidate = &w == cand_.proc.get();
+  YAML::Node n;
+  worker_message msg;
+  auto broke = [&](const std::string& what) {
+    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
+    return false;
+  };
+  // Its untimed call on the last sample's inputs and its cache flush; then it is stopped.
+  if (!thaw(w) || !send(w, "{\"type\":\"prime\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
+    return false;
+  if (n["type"].as<std::string>() != "primed")
+    return broke("expected primed, got " + n["type"].as<std::string>());
+  if (!freeze(w))
+    return false;
+  // The sample's inputs, written while no process of the worker runs: it cannot see them before
+  // its clock starts.
+  if (in.size() != s.sets.size())
+    return broke("input buffers for " + std::to_string(s.sets.size()) + " calls, the sample has " + std::to_string(in.size()));
+  for (std::size_t c = 0; c < in.size(); ++c) {
+    if (in[c].size() != s.sets[c].size())
+      return broke("input buffers for " + std::to_string(s.sets[c].size()) + " inputs, the task has " + std::to_string(in[c].size()));
+    for (std::size_t i = 0; i < in[c].size(); ++i) {
+      const auto& b = s.sets[c][i];
+      if (b.value)
+        continue;
+      if (b.bytes != in[c][i].size())
+        return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
+      if (auto r = w.write_memory(b.addr, in[c][i].data(), in[c][i].size()); !r) {
+        if (!candidate)
+          evaluator_failed_ = true;
+        set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
+        return false;
+      }
+    }
+  }
+  // The clock: from here until the worker is stopped again after it said `sampled`. Work it left
+  // running when it said so (a thread finishing the outputs) is inside the clock up to the stop.
+  const auto t0 = clock_type::now();
+  if (!thaw(w) || !send(w, "{\"type\":\"go\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
+    return false;
+  clock_type::time_point t1;
+  if (n["type"].as<std::string>() != "sampled") {
+    (void) freeze(w);
+    return broke("expected sampled, got " + n["type"].as<std::string>());
+  }
+  if (!freeze(w, &t1))
+    return false;
+  ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(in.size());
+  // Its outputs, read out of its memory while it is stopped.
+  const auto& list = n["outputs"];
+  if (!list.IsSequence() || list.size() != in.size())
+    return broke("outputs for a different number of calls");
+  outs.assign(in.size(), {});
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges; // [addr, end) of each call's outputs, in call order
+  std::vector<std::size_t> range_call;
+  for (std::size_t c = 0; c < in.size(); ++c) {
+    for (const auto& d : list[c]) {
+      tensor_blob b;
+      if (d["kind"].IsDefined()) {
+        b.kind = d["kind"].as<std::string>();
+        outs[c].push_back(std::move(b));
+        continue;
+      }
+      auto type = parse_dtype(d["dtype"].as<std::string>(""));
+      if (!type)
+        return broke("an output of unknown dtype");
+      b.type = *type;
+      for (const auto& x : d["shape"])
+        b.shape.push_back(x.as<std::int64_t>());
+      const auto addr = d["addr"].as<std::uint64_t>(0);
+      const auto bytes = d["bytes"].as<std::uint64_t>(0);
+      if (std::any_of(b.shape.begin(), b.shape.end(), [](std::int64_t x) { return x < 0; })
+          || bytes != static_cast<std::uint64_t>(b.numel()) * element_size(b.type))
+        return broke("an output's size does not match its shape");
+      // What the candidate's worker says is data: an output of another dtype or shape than the
+      // reference's in the trials is not read at all (nor a size it made up to exhaust memory).
+      const auto k = outs[c].size();
+      if (candidate && (k >= reference_.front().size() || reference_.front()[k].type != b.type
+                        || reference_.front()[k].shape != b.shape)) {
+        v_.checks_failed.push_back("runtime:timing_outputs");
+        set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
+                                        + std::to_string(k) + " has another dtype or shape than in the trials");
+        return false;
+      }
+      if (candidate) {
+        // An output that shares memory with one of its call's inputs, where the reference's does
+        // not: an input (or a view of one) handed back computes nothing (runtime:aliased_output).
+        const bool ref_aliases = k < ref_aliased_.size() && ref_aliased_[k];
+        for (const auto& ib : s.sets[c])
+          if (!ref_aliases && !ib.value && bytes > 0 && addr < ib.addr + ib.bytes && ib.addr < addr + bytes) {
+            v_.checks_failed.push_back("runtime:aliased_output");
+            set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
+                                            + " shares memory with an input, where the reference's output does not; "
+                                              "returning an input or a view of one is not a computation");
+            return false;
+          }
+      }
+      if (bytes > 0) {
+        ranges.emplace_back(addr, addr + bytes);
+        range_call.push_back(c);
+      }
+      b.bytes.resize(bytes);
+      if (bytes > 0)
+        if (auto r = w.read_memory(addr, bytes, b.bytes.data()); !r) {
+          if (!candidate)
+            evaluator_failed_ = true;
+          set(verdict_status::runtime_error, std::string{"cannot read the outputs of "} + who(w) + ": " + r.error().message);
+          return false;
+        }
+      outs[c].push_back(std::move(b));
+    }
+  }
+  // Two calls of the sample that handed back the same memory (a buffer the module keeps and
+  // writes each call, out= style): what is read is the last call's, and whether the others
+  // computed anything cannot be told from it. Such a verdict goes on with one call per sample.
+  for (std::size_t i = 0; i < ranges.size() && !outputs_reused_; ++i)
+    for (std::size_t j = i + 1; j < ranges.size(); ++j)
+      if (range_call[i] != range_call[j] && ranges[i].first < ranges[j].second && ranges[j].first < ranges[i].second) {
+        outputs_reused_ = true;
+        break;
+      }
+  if (candidate) {
+    // Its inputs, read back: a candidate that writes into them (its output in an input's memory)
+    // is refused, as in the trials (runtime:input_mutation).
+    std::vector<std::byte> now;
+    for (std::size_t c = 0; c < in.size(); ++c)
+      for (std::size_t i = 0; i < in[c].size(); ++i) {
+        const auto& b = s.sets[c][i];
+        if (b.value || b.bytes == 0)
+          continue;
+        now.resize(b.bytes);
+        if (auto r = w.read_memory(b.addr, b.bytes, now.data()); !r)
+          return broke("its input buffer cannot be read back: " + r.error().message);
+        if (std::memcmp(now.data(), in[c][i].data(), b.bytes) != 0) {
+          v_.checks_failed.push_back("runtime:input_mutation");
+          set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(round_no_) + ")");
+          return false;
+        }
+      }
+    // Its outputs, read, are overwritten with 0xFF bytes (NaN for floats) where they lie: an output
+    // handed back again without being computed again (a stored result) fails the next comparison,
+    // and keeping a copy elsewhere costs copying it, which the floor below bounds.
+    std::vector<std::byte> poison;
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+      poison.assign(ranges[r].second - ranges[r].first, std::byte{0xFF});
+      if (auto p = w.write_memory(ranges[r].first, poison.data(), poison.size()); !p)
+        return broke("its output memory cannot be written: " + p.error().message);
+    }
+  }
+  return true;
+}
+
+bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted) {
+  const int dist = dists_[static_cast<std::size_t>(round_no_) % dists_.size()];
+  ++round_no_;
+  sample_inputs in;
+  if (!draw(dist, in))
+    return false;
+  std::vector<std::vector<tensor_blob>> ref_outs, cand_outs;
+  // Both samples of a round in random order, each right after its own untimed call.
+  if (rng_() & 1) {
+    if (!time_sample(cand_side_, in, cand_outs, cand_ms) || !time_sample(ref_side_, in, ref_outs, ref_ms))
+      return false;
+  } else {
+    if (!time_sample(ref_side_, in, ref_outs, ref_ms) || !time_sample(cand_side_, in, cand_outs, cand_ms))
+      return false;
+  }
+  if (outputs_reused_ && sample_calls_ > 1) {
+    // Its earlier calls' outputs were overwritten by later ones: from now on one call per sample,
+    // and this round is not counted.
+    sample_calls_ = calls_ = 1;
+    counted = false;
+    return make_buffers(ref_side_, 1) && make_buffers(cand_side_, 1);
+  }
+  counted = true;
+  // Every timed call is held to the correctness tolerance, here, against the reference's outputs
+  // on the same inputs (runtime:timing_outputs).
+  for (std::size_t c = 0; c < ref_outs.size(); ++c) {
+    for (std::size_t i = 0; i < ref_outs[c].size() && i < slack_.size(); ++i)
+      ref_outs[c][i].slack = slack_[i];
+    const auto cmp = compare_outputs(ref_outs[c], cand_outs[c], tol_);
+    if (!cmp.ok && cmp.evaluator_error) {
+      evaluator_failed_ = true;
+      set(verdict_status::runtime_error, "timing round " + std::to_string(k) + ": " + cmp.message);
+      return false;
+    }
+    if (!cmp.ok) {
+      v_.checks_failed.push_back("runtime:timing_outputs");
+      set(verdict_status::rejected, "timing round " + std::to_string(k) + " (" + describe_dist(dist) + "), call "
+                                      + std::to_string(c) + ": the candidate's output differs from the reference's on the "
+                                        "same inputs (" + cmp.message + "); every timed call is checked like a correctness trial");
+      return false;
+    }
+  }
+  return true;
+}
+
+bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
+  const auto& opt = ev_.opt_;
+  ref_side_.proc = w_.proc.get();
+  cand_side_.proc = cand_.proc.get();
+  if (sample_calls_ == 0) {
+    sample_calls_ = 1;
+    if (!make_buffers(ref_side_, 1) || !make_buffers(cand_side_, 1))
+      return false;
+  }
+  double r = 0, c = 0;
+  if (!measured_ && !continuation) {
+    // Warm-up: at least 3 rounds and warmup_ms, then as many calls per sample as make a sample
+    // last evaluator.sample_ms (each call on its own inputs), and one more round at that count.
+    std::vector<double> wr, wc;
+    const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                               std::chrono::duration<double, std::milli>(opt.warmup_ms));
+    bool counted = true;
+    while (wr.size() < 3 || clock_type::now() < until) {
+      if (!split_round(-1, r, c, counted))
+        return false;
+      wr.push_back(r);
+      wc.push_back(c);
+    }
+    const double call_ms = std::max(median(wr), median(wc));
+    std::int64_t calls = 1;
+    if (opt.sample_ms > 0 && call_ms > 0)
+      calls = std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.sample_ms / call_ms), 1, opt.max_calls);
+    if (input_bytes_ > 0)
+      calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / input_bytes_)));
+    if (calls != sample_calls_) {
+      sample_calls_ = calls_ = calls;
+      if (!make_buffers(ref_side_, calls) || !make_buffers(cand_side_, calls) || !split_round(-1, r, c, counted))
+        return false;
+    }
+  }
+  measured_ = true;
+  for (std::int64_t k = 0; k < rounds;) {
+    bool counted = true;
+    if (!split_round(static_cast<std::int64_t>(ref.size()), r, c, counted))
+      return false;
+    if (!counted)
+      continue;
+    ++k;
+    ref.push_back(r);
+    cand.push_back(c);
+    ev_.timed_calls_ns_ += static_cast<std::uint64_t>((r + c) * 1e6 * static_cast<double>(sample_calls_));
+  }
+  // The physics floor: no call produces its outputs faster than this machine writes their bytes.
+  // A stored output handed back (a task whose inputs never change, in one call per sample where
+  // it hands back the same buffer) takes the round trip alone.
+  // The round trip every sample pays besides its calls (continue, `go`, `sampled`, stop) is taken
+  // off first: the fastest of five empty samples of the reference's worker.
+  if (floor_ms_ < 0) {
+    std::uint64_t bytes = 0;
+    for (const auto& b : reference_.front())
+      if (b.kind.empty())
+        bytes += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
+    floor_ms_ = fill_floor_ms(bytes);
+    worker& rw = *w_.proc;
+    YAML::Node n;
+    worker_message msg;
+    for (int k = 0; k < 5; ++k) {
+      const auto t0 = clock_type::now();
+      clock_type::time_point t1;
+      if (!thaw(rw) || !send(rw, "{\"type\":\"null\"}") || !receive(rw, opt.run_timeout_s, "timing", n, msg)
+          || !freeze(rw, &t1))
+        return false;
+      const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      null_ms_ = k == 0 ? ms : std::min(null_ms_, ms);
+    }
+  }
+  const double m = median(cand) - null_ms_ / static_cast<double>(sample_calls_);
+  if (ev_.log_.enabled(log_level::debug)) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
+                  floor_ms_, null_ms_, static_cast<long long>(sample_calls_), m);
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", buf);
+  }
+  if (m < floor_ms_) {
+    char buf[320];
+    std::snprintf(buf, sizeof buf,
+                  "the candidate's median timed call took %.2f us besides the clock's round trip, below the floor of "
+                  "%.2f us (half the fastest fill of its output bytes on this machine); no call produces its outputs "
+                  "faster than the hardware writes them",
+                  m * 1e3, floor_ms_ * 1e3);
+    v_.checks_failed.push_back("runtime:below_floor");
+    set(verdict_status::rejected, buf);
+    return false;
+  }
+  return true;
+}
+
+bool evaluation::check_clean_reference(const std::vector<double>& ref) {
+  const auto& opt = ev_.opt_;
+  if (ref.empty())
+    return true;
+  // The candidate's worker ends first: with it go its processes and anything it left running.
+  cand_.proc->kill();
+  const double during = median(ref);
+  const double during_q25 = quantile(ref, 0.25);
+  // Slower beyond the band, and not by noise: the fastest quarter of this verdict's reference
+  // samples is slower than the slowest quarter of the samples alone. A machine whose load moves
+  // between the two windows (CI's two cores running other tests) moves both quarters together;
+  // work of the candidate's that slows every reference sample (a GPU context left busy) does not.
+  auto slower = [&](const std::vector<double>& alone) {
+    return during > median(alone) * (1 + opt.reference_band) && during_q25 > quantile(alone, 0.75);
+  };
+  const auto key = req_.target.sha256 + ";" + ev_.protocol_key() + ";calls=" + std::to_string(sample_calls_);
+  std::vector<double> alone;
+  {
+    std::lock_guard guard{ev_.alone_mtx_};
+    if (auto it = ev_.ref_alone_ms_.find(key); it != ev_.ref_alone_ms_.end())
+      alone = it->second;
+  }
+  if (!alone.empty() && !slower(alone))
+    return true;
+  // No figure yet, or this verdict's reference was slower than it: the reference timed alone now,
+  // in its own worker, which never loaded candidate code (twice as many samples before a refusal).
+  phase("reference alone");
+  auto time_alone = [&](std::vector<double>& into) {
+    sample_inputs in;
+    std::vector<std::vector<tensor_blob>> outs;
+    for (std::int64_t k = 0; k < alone_samples; ++k) {
+      double ms = 0;
+      if (!draw(dists_[static_cast<std::size_t>(k) % dists_.size()], in) || !time_sample(ref_side_, in, outs, ms))
+        return false;
+      into.push_back(ms);
+    }
+    return true;
+  };
+  alone.clear();
+  if (!time_alone(alone) || (slower(alone) && !time_alone(alone)))
+    return false;
+  {
+    std::lock_guard guard{ev_.alone_mtx_};
+    ev_.ref_alone_ms_[key] = alone;
+  }
+  if (!slower(alone))
+    return true;
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "the reference ran %.1f%% slower during this verdict than alone (median %.4f ms against %.4f ms, "
+                "beyond the band of %.0f%%): something of the candidate's slowed it, and its speedup cannot be "
+                "believed",
+                100 * (during / median(alone) - 1), during, median(alone), 100 * opt.reference_band);
+  v_.checks_failed.push_back("runtime:slow_reference");
+  set(verdict_status::rejected, buf);
+  v_.correct = true;
+  return false;
+}
+
+} // namespace crucible::env

@@ -1,0 +1,268 @@
+"""env/harness/executor.py: a worker on one side of the trust boundary (docs/evaluator.md, Trust
+boundary). With the job's `role`, a verdict has two workers: the reference worker (role
+"reference": the task's Model, never any candidate code) and the candidate worker (role
+"candidate": ModelNew, never the task's module). Both answer the same commands (executor_loop):
+the evaluator writes each timed sample's inputs into buffers the worker allocated, reads the
+clock itself around `go` ... `sampled`, keeps the worker stopped (SIGSTOP) outside its own calls,
+and reads the outputs out of the worker's memory while it is stopped; the comparison and every
+number of the verdict are the evaluator's. Nothing this module does in the candidate's process is
+trusted: what it reports is data the evaluator checks, and its own checks (after_call) are
+defence in depth only. Worker (worker.py) takes these methods from _ExecutorPhase."""
+import torch
+
+from crucible_harness_trusted import (
+    _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _os_exit, _param_empty, _range,
+    _repr, _reseed_visible, _signature, _str, _T_contiguous, _T_copy_, _T_data_ptr, _T_is_contiguous, _T_numel, _T_size,
+    _Tensor, _torch_empty, _type
+)
+from crucible_harness_channel import _Done, _error_done
+from crucible_harness_outputs import (
+    _decode_inputs, _DTYPES, _encode_inputs, _kind_of, _os_threads, _output_items, _plain, _py_threads,
+    _SUPPORTED_DTYPES
+)
+
+def _param_descs(cls):
+    """ModelNew's or Model's constructor parameters without self, as data: [name, kind, default]
+    (default: {"value": JSON} or {"repr": text}, or null where there is none)."""
+    params = _list(_signature(cls.__init__).parameters.values())[1:]
+    out = []
+    for p in params:
+        if p.default is _param_empty:
+            default = None
+        elif _plain(p.default):
+            default = {"value": p.default}
+        else:
+            default = {"repr": _repr(p.default)}
+        out.append([p.name, _str(p.kind), default])
+    return out
+
+
+class _ExecutorPhase:
+    """The trust boundary's methods of Worker: what each role sends before the timing, and the
+    commands both roles answer."""
+
+    # -- the reference worker ------------------------------------------------------------------
+    def reference_info(self):
+        """What the candidate's worker needs of the task, as data: its constructor's arguments
+        and parameters, what the reference's profiled call ran (own_work), and which of its
+        outputs alias an input. Sent after the reference messages."""
+        init = self.init_inputs
+        if not _plain(init):
+            raise _Done("runtime_error", (), "get_init_inputs() returns values other than numbers, strings and "
+                                             "lists of them, which the evaluator cannot carry to the candidate's "
+                                             "process")
+        return {"type": "reference_info", "init_inputs": _list(init), "signature": _param_descs(self.task.Model),
+                "ref_profile": self.ref_profile, "kernel_mode": self.kernel_mode,
+                "ref_aliased": [_bool(a) for a in self.ref_aliased], "trial_dists": self.trial_dists,
+                "dists": self.dists}
+
+    # -- the candidate worker ------------------------------------------------------------------
+    def take_reference_info(self):
+        """The candidate worker's copy of reference_info: the message the evaluator sends right
+        after the job."""
+        info = self.chan.recv()
+        if info.get("type") == "stop":
+            _os_exit(0)
+        if info.get("type") != "reference_info":
+            raise _Done("runtime_error", (), f"expected reference_info, got {info.get('type')!r}")
+        self.init_inputs = _list(info.get("init_inputs") or [])
+        self.ref_signature = info.get("signature")
+        self.ref_profile = info.get("ref_profile")
+        self.kernel_mode = info.get("kernel_mode")
+        self.ref_aliased = _list(info.get("ref_aliased") or [])
+        self.trial_dists = _list(info.get("trial_dists") or [])
+
+    def receive_trial_inputs(self):
+        """The candidate worker's trial inputs, drawn by the reference worker: one `inputs`
+        message per trial (the reference worker's own, passed on by the evaluator), then `run`."""
+        self.given_inputs = []
+        self.input_template = []
+        while True:
+            msg, frames = self.chan.recv_frames()
+            kind = msg.get("type")
+            if kind == "stop":
+                _os_exit(0)
+            if kind == "run":
+                break
+            if kind != "inputs":
+                raise _Done("runtime_error", (), f"expected inputs or run, got {kind!r}")
+            if not self.given_inputs:
+                self.input_template = msg.get("inputs") or []
+            self.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, self.device))
+        self.trials = _len(self.given_inputs)
+
+    def trial_inputs(self, t):
+        """Trial t's inputs: given by the evaluator (candidate worker) or drawn here."""
+        if self.role == "candidate":
+            return self.given_inputs[t]
+        return self.make_inputs(self.seed + t, self.trial_dists[t])
+
+    def signature_mismatch(self, cls):
+        """The candidate worker's hyperparameter check against the reference's parameters, as
+        data (the in-process check of trials.py compares the classes themselves)."""
+        want = self.ref_signature
+        if want is None:
+            return None
+        got = _json_loads(_json_dumps(_param_descs(cls)))  # as the reference's arrived: tuples become lists
+        positional = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
+
+        def same(w, g):
+            return ((w[0] == g[0] or w[1] in positional) and w[1] == g[1] and w[2] == g[2])
+
+        if _len(want) == _len(got) and all(same(w, g) for w, g in zip(want, got)):
+            return None
+
+        def fmt(ps):
+            return "(" + ", ".join(p[0] + ("" if p[2] is None else "=" + _str(p[2].get("value", p[2].get("repr"))))
+                                   for p in ps) + ")"
+        return f"ModelNew.__init__{fmt(got)} differs from Model.__init__{fmt(want)}"
+
+    # -- both: the timing commands -------------------------------------------------------------
+    def executor_fn(self):
+        return self.ref_fn if self.role == "reference" else self.model
+
+    def executor_loop(self):
+        """Answers the evaluator's timing commands until `finish` or `stop`:
+        draw {calls, dist}      (reference worker) fresh inputs for `calls` calls, each from a seed
+                                the operating system gives now: `drawn` with their bytes
+        buffers {calls}         input buffers for a sample of `calls` calls: `buffers` with each
+                                tensor's address and size (the evaluator writes into them)
+        prime                   one untimed call on the buffers as they are, then the cache flush:
+                                `primed`
+        go                      the sample: one call on each set of buffers, back to back, waited
+                                for: `sampled` with each output's address, dtype and shape
+        null                    `sampled` at once, with no outputs: the clock's own round trip
+        finish / stop           the end of the job
+        Between commands the evaluator keeps this process stopped (SIGSTOP) while it writes the
+        next inputs and while the other side runs."""
+        self.buf_sets = []
+        self.sample_outs = None
+        self.threads_before = (_py_threads(), _os_threads())
+        # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
+        # more objects than the reference's, and a collection there would be its time alone.
+        _gc_disable()
+        while True:
+            msg = self.chan.recv()
+            kind = msg.get("type")
+            if kind == "stop":
+                _os_exit(0)
+            if kind == "finish":
+                if self.role == "candidate":
+                    self.check_full("at the end")
+                    self.check_state("at the end")
+                raise _Done("ok", (), "", self.laps)
+            if kind == "draw":
+                self.draw(_int(msg.get("calls", 1)), _int(msg.get("dist", 0)))
+            elif kind == "buffers":
+                self.make_buffers(_int(msg.get("calls", 1)))
+            elif kind == "prime":
+                self.prime()
+            elif kind == "go":
+                self.go()
+            elif kind == "null":  # the round trip alone, for the evaluator's floor
+                self.chan.send({"type": "sampled", "outputs": []})
+            else:
+                raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+
+    def draw(self, calls, dist):
+        if self.role != "reference":
+            raise _Done("runtime_error", (), "only the reference worker draws inputs")
+        frames = []
+        sets = []
+        try:
+            for _ in _range(calls):
+                sets.append(_encode_inputs(self.make_inputs(_fresh_seed(), dist), frames))
+        except _BaseException as e:
+            raise _error_done(e, "while drawing a timing round's inputs") from None
+        self.chan.send({"type": "drawn", "sets": sets}, frames)
+
+    def make_buffers(self, calls):
+        """`calls` sets of input buffers shaped as the trials' inputs (input_template), contiguous,
+        on the worker's device; plain values as they were."""
+        self.sample_outs = None
+        self.buf_sets = []
+        descs = []
+        # Each buffer starts with the first trial's inputs: the untimed call before the first
+        # sample runs on them (a task's inputs may be indices that garbage would not be).
+        first = self.given_inputs[0] if self.role == "candidate" else self.make_inputs(self.seed, self.trial_dists[0])
+        for _ in _range(calls):
+            one, desc = [], []
+            for d, x0 in zip(self.input_template, first):
+                if "value" in d:
+                    one.append(d["value"])
+                    desc.append({"value": True})
+                    continue
+                t = _torch_empty([_int(s) for s in d["shape"]], dtype=_DTYPES[d["dtype"]], device=self.device)
+                _T_copy_(t, x0)
+                one.append(t)
+                desc.append({"addr": _T_data_ptr(t), "bytes": _int(_T_numel(t)) * t.element_size()})
+            self.buf_sets.append(one)
+            descs.append(desc)
+        self.chan.send({"type": "buffers", "sets": descs})
+
+    def call_once(self, inputs):
+        if self.role == "candidate":
+            _reseed_visible()
+            self.candidate_flags()
+        return self.executor_fn()(*inputs)
+
+    def prime(self):
+        """The untimed call that precedes each timed sample (on the buffers as the last sample
+        left them), waited for, then the cache flush (outside the clock)."""
+        self.sample_outs = None
+        py0, os0 = _py_threads(), _os_threads()
+        try:
+            if self.buf_sets:
+                out = self.call_once(self.buf_sets[0])
+                del out
+            self.sync()
+        except _BaseException as e:
+            who = "ModelNew.forward" if self.role == "candidate" else "the reference"
+            raise _error_done(e, f"in {who} (timing, untimed call)") from None
+        if self.role == "candidate":
+            self.after_call(py0, os0, "timing, untimed call", False)
+            # Done here, not in `go`: nothing but the calls is inside the evaluator's clock.
+            _reseed_visible()
+            self.candidate_flags()
+        self.flush(0, cover=False)
+        self.sync()
+        self.threads_before = (_py_threads(), _os_threads())
+        self.chan.send({"type": "primed"})
+
+    def go(self):
+        """One timed sample. The clock is the evaluator's: it starts before `go` is sent and stops
+        when `sampled` arrives; nothing here reads a time."""
+        outs = []
+        fn = self.executor_fn()
+        try:
+            for inputs in self.buf_sets:
+                outs.append(fn(*inputs))
+            self.sync()
+        except _BaseException as e:
+            who = "ModelNew.forward" if self.role == "candidate" else "the reference"
+            raise _error_done(e, f"in {who} (timing)") from None
+        descs = []
+        keep = []
+        for out in outs:
+            one = []
+            for o in _output_items(out):
+                if _type(o) is not _Tensor:
+                    one.append({"kind": _kind_of(o)})
+                    continue
+                if o.device.type != self.device:
+                    one.append({"kind": f"tensor on {o.device.type}, expected {self.device}"})
+                    continue
+                if o.dtype not in _SUPPORTED_DTYPES:
+                    one.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
+                    continue
+                if not _T_is_contiguous(o):
+                    o = _T_contiguous(o)
+                keep.append(o)
+                one.append({"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(s) for s in _T_size(o)],
+                            "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()})
+            descs.append(one)
+        self.sample_outs = (outs, keep)  # alive until the evaluator has read them
+        self.chan.send({"type": "sampled", "outputs": descs})
+        if self.role == "candidate":
+            py0, os0 = self.threads_before
+            self.after_call(py0, os0, "timing", False)
