@@ -220,14 +220,17 @@ void describe(V& v, config& c) {
             "A timed sample lasts about this long: each model is called several times back to back between one "
             "start and one stop, each call on its own fresh inputs, as many calls as make the faster model's "
             "sample last this long by the first calls' times (at most `max_calls`, fewer where the inputs would not "
-            "fit a quarter of the free memory). A single call of a 10 us kernel is as short as the clock's jitter; "
-            "0: one call per sample. The times are per call (docs/evaluator.md, Timing).",
+            "fit a quarter of the free memory; across the trust boundary, `boundary: process`, at most 256 MiB of "
+            "inputs a sample, and one call a sample once two calls hand back the same memory). A single call of a "
+            "10 us kernel is as short as the clock's jitter; 0: one call per sample. The times are per call "
+            "(docs/evaluator.md, Timing).",
             non_negative_number());
     v.field("max_calls", e.max_calls, "Most calls in one timed sample (`sample_ms`).", positive<std::int64_t>("a positive integer"));
     v.field("placement_jitter_bytes", e.placement_jitter_bytes,
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
-            "0: off.");
+            "0: off. With `boundary: process` it applies to the trials; the timed samples use the buffers each "
+            "worker allocated once per verdict.");
     v.field("timing_reserve", e.timing_reserve,
             "CUDA: before its timing's first calls the worker allocates, and hands back to torch's caching "
             "allocator, one block of 8 times the inputs' bytes plus 4 times placement_jitter_bytes (at most half of "
@@ -238,7 +241,8 @@ void describe(V& v, config& c) {
             "When a job arrives, the worker moves every object alive (torch, the harness and its snapshots) out of "
             "the reach of Python's cyclic garbage collector, and turns the collector off during timing, as timeit "
             "does: a full collection over those objects took 162-170 ms on an H100's host, and one may run inside a "
-            "timed call. The job's own objects are still collected outside timing.");
+            "timed call. The job's own objects are still collected outside timing. With `boundary: process` both "
+            "workers turn the collector off for the timing whatever this says.");
     v.field("eval_mode", e.eval_mode,
             "false: Model and ModelNew run in training mode, as modules are built and as KernelBench's harness runs "
             "them (BatchNorm normalises with the batch's statistics, Dropout drops). true: both are put in eval mode "
@@ -276,9 +280,12 @@ void describe(V& v, config& c) {
             "reference before the candidate's code is loaded), with the in-process defences only.");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
-            "alone in its own worker (cached per task and protocol); a reference whose median during the verdict "
-            "was slower than that by more than this fraction refuses the verdict (`runtime:slow_reference`): "
-            "something of the candidate's slowed it.",
+            "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "
+            "with 10 more samples before a refusal, when the verdict's reference was slower than the kept "
+            "figure). The verdict is refused (`runtime:slow_reference`: something of the candidate's slowed "
+            "the reference) when the median of the reference's samples during the verdict is slower than "
+            "alone by more than this fraction, and the fastest quarter of them slower, by the same fraction, "
+            "than the slowest quarter alone (a machine whose load changes moves both together).",
             positive<double>("a positive number"));
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir,

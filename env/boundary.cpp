@@ -69,6 +69,8 @@ bool evaluation::thaw(worker& w) {
       ended(w, "during the timing");
       return false;
     }
+    if (&w == w_.proc.get())
+      evaluator_failed_ = true; // the reference's worker: not the candidate's doing
     set(verdict_status::runtime_error, std::string{who(w)} + " could not be continued: " + r.error().message);
     return false;
   }
@@ -280,10 +282,19 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
       }
     }
   }
-  // The clock: from here until the worker is stopped again after it said `sampled`. Work it left
-  // running when it said so (a thread finishing the outputs) is inside the clock up to the stop.
+  // The cache flush, here: the last-level cache is the machine's, and the worker's own flush would
+  // be the candidate's to skip (its weights kept warm while the reference's are evicted).
+  ev_.flush_caches();
+  // The clock: from the worker's continuation until it is stopped again after it said `sampled`.
+  // Work it left running when it said so (a thread finishing the outputs) is inside the clock up to
+  // the stop. It is continued right before the clock starts, not after: waking a stopped process
+  // (and ZeroMQ's threads in it) took milliseconds on a loaded machine, which no call should carry;
+  // between the two it is waiting for `go`, and what a thread of its could do meanwhile is the
+  // one clock reading's worth of time.
+  if (!thaw(w))
+    return false;
   const auto t0 = clock_type::now();
-  if (!thaw(w) || !send(w, "{\"type\":\"go\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
+  if (!send(w, "{\"type\":\"go\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
     return false;
   clock_type::time_point t1;
   if (n["type"].as<std::string>() != "sampled") {
@@ -319,6 +330,26 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
       if (std::any_of(b.shape.begin(), b.shape.end(), [](std::int64_t x) { return x < 0; })
           || bytes != static_cast<std::uint64_t>(b.numel()) * element_size(b.type))
         return broke("an output's size does not match its shape");
+      // Its strides, as the worker's tensor has them (a view of a larger buffer, a transpose):
+      // the span from its first element to its last is what it occupies, and what is read.
+      std::vector<std::int64_t> strides;
+      for (const auto& x : d["strides"])
+        strides.push_back(x.as<std::int64_t>(0));
+      if (strides.empty() && !b.shape.empty()) { // contiguous
+        strides.assign(b.shape.size(), 1);
+        for (std::size_t j = b.shape.size(); j-- > 1;)
+          strides[j - 1] = strides[j] * b.shape[j];
+      }
+      if (strides.size() != b.shape.size() || std::any_of(strides.begin(), strides.end(), [](std::int64_t x) { return x < 0; }))
+        return broke("an output's strides do not match its shape");
+      std::uint64_t last = 0; // the offset of its last element, in elements
+      for (std::size_t j = 0; j < b.shape.size(); ++j)
+        if (b.shape[j] > 0)
+          last += static_cast<std::uint64_t>(b.shape[j] - 1) * static_cast<std::uint64_t>(strides[j]);
+      const auto esize = element_size(b.type);
+      const std::uint64_t span = bytes == 0 ? 0 : (last + 1) * esize;
+      if (span > 4 * bytes + (64ull << 20))
+        return broke("an output's strides spread it over far more memory than its elements take");
       // What the candidate's worker says is data: an output of another dtype or shape than the
       // reference's in the trials is not read at all (nor a size it made up to exhaust memory).
       const auto k = outs[c].size();
@@ -334,7 +365,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         // not: an input (or a view of one) handed back computes nothing (runtime:aliased_output).
         const bool ref_aliases = k < ref_aliased_.size() && ref_aliased_[k];
         for (const auto& ib : s.sets[c])
-          if (!ref_aliases && !ib.value && bytes > 0 && addr < ib.addr + ib.bytes && ib.addr < addr + bytes) {
+          if (!ref_aliases && !ib.value && span > 0 && addr < ib.addr + ib.bytes && ib.addr < addr + span) {
             v_.checks_failed.push_back("runtime:aliased_output");
             set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
                                             + " shares memory with an input, where the reference's output does not; "
@@ -342,18 +373,43 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
             return false;
           }
       }
-      if (bytes > 0) {
-        ranges.emplace_back(addr, addr + bytes);
+      if (span > 0) {
+        ranges.emplace_back(addr, addr + span);
         range_call.push_back(c);
       }
-      b.bytes.resize(bytes);
-      if (bytes > 0)
-        if (auto r = w.read_memory(addr, bytes, b.bytes.data()); !r) {
+      std::vector<std::byte> raw(span);
+      if (span > 0)
+        if (auto r = w.read_memory(addr, span, raw.data()); !r) {
           if (!candidate)
             evaluator_failed_ = true;
           set(verdict_status::runtime_error, std::string{"cannot read the outputs of "} + who(w) + ": " + r.error().message);
           return false;
         }
+      bool contiguous = true;
+      for (std::int64_t j = static_cast<std::int64_t>(b.shape.size()) - 1, want = 1; j >= 0; --j) {
+        if (b.shape[static_cast<std::size_t>(j)] > 1 && strides[static_cast<std::size_t>(j)] != want)
+          contiguous = false;
+        want *= b.shape[static_cast<std::size_t>(j)];
+      }
+      if (contiguous) {
+        b.bytes = std::move(raw);
+      } else {
+        // The elements in row-major order, gathered from the span by their strides.
+        b.bytes.resize(bytes);
+        std::vector<std::int64_t> idx(b.shape.size(), 0);
+        const auto n = static_cast<std::uint64_t>(b.numel());
+        for (std::uint64_t e = 0; e < n; ++e) {
+          std::uint64_t off = 0;
+          for (std::size_t j = 0; j < idx.size(); ++j)
+            off += static_cast<std::uint64_t>(idx[j]) * static_cast<std::uint64_t>(strides[j]);
+          std::memcpy(b.bytes.data() + e * esize, raw.data() + off * esize, esize);
+          for (std::size_t j = idx.size(); j-- > 0;) {
+            if (++idx[j] < b.shape[j])
+              break;
+            idx[j] = 0;
+          }
+        }
+      }
       outs[c].push_back(std::move(b));
     }
   }
@@ -504,10 +560,11 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     YAML::Node n;
     worker_message msg;
     for (int k = 0; k < 5; ++k) {
-      const auto t0 = clock_type::now();
+      if (!thaw(rw))
+        return false;
+      const auto t0 = clock_type::now(); // as in time_sample
       clock_type::time_point t1;
-      if (!thaw(rw) || !send(rw, "{\"type\":\"null\"}") || !receive(rw, opt.run_timeout_s, "timing", n, msg)
-          || !freeze(rw, &t1))
+      if (!send(rw, "{\"type\":\"null\"}") || !receive(rw, opt.run_timeout_s, "timing", n, msg) || !freeze(rw, &t1))
         return false;
       const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
       null_ms_ = k == 0 ? ms : std::min(null_ms_, ms);
@@ -543,11 +600,13 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
   const double during = median(ref);
   const double during_q25 = quantile(ref, 0.25);
   // Slower beyond the band, and not by noise: the fastest quarter of this verdict's reference
-  // samples is slower than the slowest quarter of the samples alone. A machine whose load moves
-  // between the two windows (CI's two cores running other tests) moves both quarters together;
-  // work of the candidate's that slows every reference sample (a GPU context left busy) does not.
+  // samples is slower, by the band, than the slowest quarter of the samples alone. A machine whose
+  // load moves between the two windows (CI's two cores running other tests: 20% between the
+  // medians, with spreads as wide) moves both quarters together; work of the candidate's that
+  // slows every reference sample (a GPU context left busy: twice the time) does not.
   auto slower = [&](const std::vector<double>& alone) {
-    return during > median(alone) * (1 + opt.reference_band) && during_q25 > quantile(alone, 0.75);
+    return during > median(alone) * (1 + opt.reference_band)
+           && during_q25 > quantile(alone, 0.75) * (1 + opt.reference_band);
   };
   const auto key = req_.target.sha256 + ";" + ev_.protocol_key() + ";calls=" + std::to_string(sample_calls_);
   std::vector<double> alone;

@@ -159,8 +159,8 @@ private:
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", name, " at +", buf, " s");
-    if (ev_.observer_)
-      ev_.observer_(name, w_.proc->pid());
+    if (ev_.observer_) // from the load on, across the boundary: the candidate's worker
+      ev_.observer_(name, split_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
   }
   // At debug level, a wait at the device gate since `since` longer than a millisecond:
   // "<who> waited S s for <why...> to finish".

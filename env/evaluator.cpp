@@ -646,6 +646,16 @@ void device_evaluator::give_back(ready_worker w) {
   pool_cv_.notify_all();
 }
 
+void device_evaluator::flush_caches() {
+  if (flush_buf_.empty())
+    flush_buf_.assign(std::max<std::uint64_t>(opt_.flush_bytes != 0 ? opt_.flush_bytes : 64ull << 20, 8) / 8, 1);
+  std::uint64_t sum = 0;
+  for (const auto x : flush_buf_)
+    sum += x;
+  volatile std::uint64_t sink = sum; // the reads are used
+  (void) sink;
+}
+
 std::string device_evaluator::protocol_key() const {
   // Everything that can change a verdict of the same code on the same hardware.
   char buf[768];

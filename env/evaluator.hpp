@@ -220,6 +220,10 @@ private:
   std::atomic<bool> kernels_warned_{false}; // a CUDA worker without the harness kernels was reported
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
+  /// Evicts the last-level cache by reading evaluator.flush_bytes of this process's own memory
+  /// (64 MiB on the CPU): before each timed sample across the trust boundary, under the timed gate.
+  void flush_caches();
+  std::vector<std::uint64_t> flush_buf_; // flush_caches(); used under the timed gate only
   std::mutex alone_mtx_;              // guards ref_alone_ms_
   std::map<std::string, std::vector<double>> ref_alone_ms_; // the reference's samples timed alone (evaluation::check_clean_reference), by task and protocol
   device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)

@@ -12,7 +12,7 @@ import torch
 
 from crucible_harness_trusted import (
     _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _os_exit, _param_empty, _range,
-    _repr, _reseed_visible, _signature, _str, _T_contiguous, _T_copy_, _T_data_ptr, _T_is_contiguous, _T_numel, _T_size,
+    _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_numel, _T_size, _T_stride,
     _Tensor, _torch_empty, _type
 )
 from crucible_harness_channel import _Done, _error_done
@@ -127,8 +127,7 @@ class _ExecutorPhase:
                                 the operating system gives now: `drawn` with their bytes
         buffers {calls}         input buffers for a sample of `calls` calls: `buffers` with each
                                 tensor's address and size (the evaluator writes into them)
-        prime                   one untimed call on the buffers as they are, then the cache flush:
-                                `primed`
+        prime                   one untimed call on the buffers as they are: `primed`
         go                      the sample: one call on each set of buffers, back to back, waited
                                 for: `sampled` with each output's address, dtype and shape
         null                    `sampled` at once, with no outputs: the clock's own round trip
@@ -208,7 +207,7 @@ class _ExecutorPhase:
 
     def prime(self):
         """The untimed call that precedes each timed sample (on the buffers as the last sample
-        left them), waited for, then the cache flush (outside the clock)."""
+        left them), waited for (outside the clock)."""
         self.sample_outs = None
         py0, os0 = _py_threads(), _os_threads()
         try:
@@ -224,7 +223,7 @@ class _ExecutorPhase:
             # Done here, not in `go`: nothing but the calls is inside the evaluator's clock.
             _reseed_visible()
             self.candidate_flags()
-        self.flush(0, cover=False)
+        # The cache flush is the evaluator's, after it has written the sample's inputs.
         self.sync()
         self.threads_before = (_py_threads(), _os_threads())
         self.chan.send({"type": "primed"})
@@ -255,11 +254,11 @@ class _ExecutorPhase:
                 if o.dtype not in _SUPPORTED_DTYPES:
                     one.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
                     continue
-                if not _T_is_contiguous(o):
-                    o = _T_contiguous(o)
+                # Where it lies, as it lies (a view with strides too): the evaluator reads it there.
                 keep.append(o)
                 one.append({"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(s) for s in _T_size(o)],
-                            "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()})
+                            "strides": [_int(s) for s in _T_stride(o)], "addr": _T_data_ptr(o),
+                            "bytes": _int(_T_numel(o)) * o.element_size()})
             descs.append(one)
         self.sample_outs = (outs, keep)  # alive until the evaluator has read them
         self.chan.send({"type": "sampled", "outputs": descs})

@@ -193,10 +193,13 @@ class _ReferencePhase:
                 t0 = self.lap("reference: outputs encoded", t0)
                 msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs, "trials": self.trials,
                        "input_bytes": self.input_bytes}
-                if self.role == "reference":  # the trial's inputs, which the evaluator gives the candidate's worker
+                if self.role == "reference":
+                    # The trial's inputs for the candidate's worker (the evaluator passes them on):
+                    # drawn again from the same seed, as the reference got them, whatever it did
+                    # to its own.
                     in_frames = []
-                    pending.append(({"type": "inputs", "trial": t, "inputs": _encode_inputs(inputs, in_frames)},
-                                    in_frames))
+                    fresh = _encode_inputs(self.make_inputs(self.seed + t, dist), in_frames)
+                    pending.append(({"type": "inputs", "trial": t, "inputs": fresh}, in_frames))
                     if t == 0:
                         self.input_template = pending[-1][0]["inputs"]  # the timing's buffers (make_buffers)
                 if rounding is not None:

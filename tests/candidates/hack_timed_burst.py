@@ -1,10 +1,14 @@
 # task: tests/tasks/small_elementwise.py
-# expect: rejected runtime:timing_outputs
+# expect: no-credit
 """Hack (telling the calls of a timed sample apart): a timed sample calls the model several times
 back to back, each call on its own inputs. Where a call follows the previous one within 0.3 ms (by
 a C++ clock), this candidate computes nothing and hands back the buffer it keeps, still holding
 the previous call's result; otherwise it computes into it. Every checked call is held against the
-reference's output of the last call that returned the same buffer, whose inputs it never saw."""
+reference's output of the last call that returned the same buffer, whose inputs it never saw.
+
+With evaluator.boundary: process the evaluator sees the calls of a sample hand back the same
+buffer and goes on with one call per sample: every timed call then computes, or fails the
+comparison; no gain either way."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline

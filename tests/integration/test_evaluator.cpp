@@ -212,6 +212,69 @@ TEST_CASE("every file under tests/candidates has a test case above") {
   CHECK(listed == present);
 }
 
+// The hack suite of the trust boundary (tests/candidates/boundary/): routes to the harness's own
+// state, the operator dispatcher, process-wide library state, processes of the candidate's and the
+// worker's own socket, which paid while the reference shared the candidate's process
+// (evaluator.boundary: shared; docs/evaluator.md, Trust boundary).
+#define CRUCIBLE_BOUNDARY_CANDIDATES(X)
+CRUCIBLE_BOUNDARY_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
+
+TEST_CASE("every file under tests/candidates/boundary has a test case") {
+  std::set<std::string> listed{"boundary/probe_find_reference.py"}; // its own test case, below
+#define CRUCIBLE_LIST(f) listed.insert(f);
+  CRUCIBLE_BOUNDARY_CANDIDATES(CRUCIBLE_LIST)
+#undef CRUCIBLE_LIST
+  std::set<std::string> present;
+  for (const auto& e : fs::directory_iterator(source_dir / "tests" / "candidates" / "boundary"))
+    if (e.path().extension() == ".py")
+      present.insert("boundary/" + e.path().filename().string());
+  CHECK(listed == present);
+}
+
+TEST_CASE("across the trust boundary the candidate's process holds no reference: a candidate that looks for it finds none") {
+  // tests/candidates/boundary/probe_find_reference.py, with the static checks off (it reads
+  // sys.modules, the garbage collector and files): it returns the reference's outputs where it
+  // finds the reference in its process, zeros where it does not.
+  const auto path = source_dir / "tests" / "candidates" / "boundary" / "probe_find_reference.py";
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE(t.ok());
+  auto opt = cpu_evaluator::suite_options(0);
+  opt.static_checks = false;
+  {
+    cpu_evaluator ev{opt};
+    auto v = ev.run(*t, path);
+    INFO(describe(v));
+    CHECK(v.status == verdict_status::incorrect);
+  }
+  opt.boundary = evaluator_boundary::shared; // one worker: the probe finds the reference there
+  cpu_evaluator ev{opt};
+  auto v = ev.run(*t, path);
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::ok);
+}
+
+TEST_CASE("a reference slower during a verdict than alone in its own worker refuses the verdict") {
+  // tests/tasks/slow_then_fast.py: its reference sleeps in its first 30 calls, which with these
+  // settings are all of a verdict's before it times the reference alone (after the candidate's
+  // worker has ended), and not in those. The candidate is the reference without the sleep.
+  auto t = load_task(source_dir / "tests" / "tasks" / "slow_then_fast.py");
+  REQUIRE(t.ok());
+  auto opt = cpu_evaluator::suite_options(0);
+  opt.trials = 2;
+  opt.rounds = opt.min_rounds = opt.max_rounds = 10;
+  opt.warmup_ms = 0;
+  opt.recheck_above = 1e9;
+  cpu_evaluator ev{opt};
+  const std::string cand = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                           "    def __init__(self):\n        super().__init__()\n\n"
+                           "    def forward(self, x):\n        return x * 2.0\n";
+  auto v = ev.ev->evaluate(eval_request{*t, cand, 0, false});
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::rejected);
+  CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:slow_reference") != v.checks_failed.end());
+  CHECK(v.message.find("slower during this verdict than alone") != std::string::npos);
+}
+
 TEST_CASE("evaluator.eval_mode: a BatchNorm folded for inference is incorrect in training mode, ok in eval mode") {
   auto cand = source_dir / "tests" / "modes" / "fold_batchnorm.py";
   auto t = load_task(source_dir / "tests" / "tasks" / "conv_batchnorm.py");
@@ -352,7 +415,9 @@ TEST_CASE("a worker killed in the middle of an evaluation is replaced and the ve
   INFO(describe(v));
   CHECK(kills == 1);
   CHECK(v.status == verdict_status::ok);
-  CHECK(ev.ev->workers_started() == 2);
+  // Across the trust boundary the trials' worker is the candidate's (phase observer): the
+  // reference's and the candidate's first, then both again for the retry.
+  CHECK(ev.ev->workers_started() == 4);
 }
 
 TEST_CASE("a worker killed before it takes its job is replaced, for a candidate and for a task checked alone") {
@@ -382,7 +447,9 @@ TEST_CASE("a worker killed before it takes its job is replaced, for a candidate 
     INFO(describe(v));
     CHECK(kills == 1);
     CHECK(v.status == verdict_status::ok);
-    CHECK(ev.ev->workers_started() == 2);
+    // The killed reference's worker and its replacement; a candidate's verdict also the
+    // candidate's own worker (the trust boundary; a task checked alone has one).
+    CHECK(ev.ev->workers_started() == (alone ? 2 : 3));
   }
 }
 
@@ -675,6 +742,8 @@ TEST_CASE("a patch a candidate makes while it is timed is caught by the check af
   // trials (six calls), inside timing's first calls. The per-call check looks only at namespaces
   // whose dict version tag moved; a module's and a class's namespace must both be caught.
   evaluator_options opt;
+  // The in-process timing of the shared path (CUDA devices take it; docs/evaluator.md, Trust boundary).
+  opt.boundary = evaluator_boundary::shared;
   opt.warm_workers = 0;
   opt.flush_bytes = 16ull << 20;
   opt.rounds = 10;
@@ -850,6 +919,8 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
     auto log_path = fs::temp_directory_path() / ("crucible-placement-" + std::to_string(::getpid()) + "-"
                                                  + std::to_string(jitter) + ".log");
     evaluator_options opt = twenty_rounds(0);
+    // The in-process timing of the shared path (CUDA devices take it; docs/evaluator.md, Trust boundary).
+    opt.boundary = evaluator_boundary::shared;
     opt.placement_jitter_bytes = jitter;
     auto [v, text] = logged_verdict(opt, *t, read_text(cand), log_path);
     std::smatch m;
@@ -884,6 +955,8 @@ TEST_CASE("quiet_gc: no cyclic garbage collection runs while a worker times, and
   auto collections_while_timing = [&](bool quiet) {
     auto log_path = dir / (std::string{"quiet-"} + (quiet ? "on" : "off") + ".log");
     evaluator_options opt = twenty_rounds(0);
+    // The in-process timing of the shared path (CUDA devices take it; docs/evaluator.md, Trust boundary).
+    opt.boundary = evaluator_boundary::shared;
     opt.quiet_gc = quiet;
     auto text = logged_verdict(opt, *t, read_text(cand), log_path).second;
     // The worker's host-time line names every collection; those inside timing() apart.
@@ -990,6 +1063,7 @@ TEST_CASE("a worker initialises in three steps and holds the device only during 
     CAPTURE(to_string(hold));
     evaluator_options opt = twenty_rounds(0); // one worker, started for the verdict
     opt.init_hold = hold;
+    opt.boundary = evaluator_boundary::shared; // one worker a verdict: the counts below are its
     cpu_evaluator ev{opt};
     auto v = ev.run(*t, cand);
     INFO(describe(v));
@@ -1013,6 +1087,9 @@ TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight, 
   REQUIRE(t.ok());
   evaluator_options opt = twenty_rounds(2);
   opt.refill = worker_refill::when_idle;
+  // One worker a verdict, as on a CUDA device: the pool's counts below are a verdict's one take
+  // (across the trust boundary a verdict takes two; the pool's rule is the same).
+  opt.boundary = evaluator_boundary::shared;
   cpu_evaluator ev{opt};
   REQUIRE(ev.ev->wait_warm(120));
   REQUIRE(ev.ev->workers_started() == 2);

@@ -182,3 +182,15 @@ TEST_CASE("the band floor widens a verdict's band, not the rounds' spread, and h
   std::vector<double> ref3(30, 1.05), cand3(30, 1.0); // 1.05 x (1 - 1.5%) = 1.034: credited
   CHECK(band_clears(summarize_rounds(ref3, cand3, floored), 1.01));
 }
+
+TEST_CASE("quantiles interpolate between ranks and take the ends at 0 and 1") {
+  const std::vector<double> v{4, 1, 3, 2, 5};
+  CHECK(quantile(v, 0.0) == doctest::Approx(1));
+  CHECK(quantile(v, 1.0) == doctest::Approx(5));
+  CHECK(quantile(v, 0.5) == doctest::Approx(3));
+  CHECK(quantile(v, 0.25) == doctest::Approx(2));
+  CHECK(quantile(v, 0.75) == doctest::Approx(4));
+  CHECK(quantile({1, 2}, 0.25) == doctest::Approx(1.25));
+  CHECK(quantile({7}, 0.9) == doctest::Approx(7));
+  CHECK(quantile(v, 2.0) == doctest::Approx(5)); // clamped
+}
