@@ -285,7 +285,9 @@ void describe(V& v, config& c) {
             "figure). The verdict is refused (`runtime:slow_reference`: something of the candidate's slowed "
             "the reference) when the median of the reference's samples during the verdict is slower than "
             "alone by more than this fraction, and the fastest quarter of them slower, by the same fraction, "
-            "than the slowest quarter alone (a machine whose load changes moves both together).",
+            "than the slowest quarter alone (a machine whose load changes moves both together). Not where another "
+            "evaluation was in flight on the device during the measured rounds: its compiles share the host with "
+            "them and not with the reference alone.",
             positive<double>("a positive number"));
     v.field("cache", e.cache, "Verdict cache (SQLite file); empty: `~/.cache/crucible/verdicts.db`.");
     v.field("extensions_dir", e.extensions_dir,

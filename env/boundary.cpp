@@ -534,8 +534,24 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     }
   }
   measured_ = true;
+  if (!measuring_ && ev_.gate_.warmup_shared()) {
+    // The warm-up may have had company (starting workers, other evaluations' untimed work); the
+    // measured rounds wait until it is gone (device_gate).
+    const auto wait0 = clock_type::now();
+    ev_.gate_.begin_measure();
+    measuring_ = true;
+    log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
+                  ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
+  }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
+    {
+      // Another evaluation in flight (its candidate compiling, say) shares the host's cores with
+      // these rounds, and not with the reference timed alone afterwards (check_clean_reference).
+      std::lock_guard guard{ev_.mtx_};
+      if (ev_.in_flight_ > 1)
+        host_shared_ = true;
+    }
     if (!split_round(static_cast<std::int64_t>(ref.size()), r, c, counted))
       return false;
     if (!counted)
@@ -551,11 +567,10 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
   // The round trip every sample pays besides its calls (continue, `go`, `sampled`, stop) is taken
   // off first: the fastest of five empty samples of the reference's worker.
   if (floor_ms_ < 0) {
-    std::uint64_t bytes = 0;
     for (const auto& b : reference_.front())
       if (b.kind.empty())
-        bytes += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
-    floor_ms_ = fill_floor_ms(bytes);
+        floor_bytes_ += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
+    floor_ms_ = fill_floor_ms(floor_bytes_);
     worker& rw = *w_.proc;
     YAML::Node n;
     worker_message msg;
@@ -578,14 +593,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", buf);
   }
   if (m < floor_ms_) {
-    char buf[320];
-    std::snprintf(buf, sizeof buf,
-                  "the candidate's median timed call took %.2f us besides the clock's round trip, below the floor of "
-                  "%.2f us (half the fastest fill of its output bytes on this machine); no call produces its outputs "
-                  "faster than the hardware writes them",
-                  m * 1e3, floor_ms_ * 1e3);
-    v_.checks_failed.push_back("runtime:below_floor");
-    set(verdict_status::rejected, buf);
+    refuse_below_floor(m, floor_ms_, " besides the clock's round trip", floor_bytes_);
     return false;
   }
   return true;
@@ -597,6 +605,14 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     return true;
   // The candidate's worker ends first: with it go its processes and anything it left running.
   cand_.proc->kill();
+  if (host_shared_) {
+    // Other evaluations were in flight during the rounds: a neighbour's compile on the same cores
+    // would make the reference slower during the verdict than alone, whatever the candidate did.
+    // The candidate's own processes were stopped while the reference ran (freeze) all the same.
+    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name,
+                   ": the reference is not timed alone: other evaluations shared the host during the rounds");
+    return true;
+  }
   const double during = median(ref);
   const double during_q25 = quantile(ref, 0.25);
   // Slower beyond the band, and not by noise: the fastest quarter of this verdict's reference

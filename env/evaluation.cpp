@@ -360,14 +360,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     const double floor_ms = f.as<double>(0.0);
     const double m = median(settled.cand_ms);
     if (m < floor_ms) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf,
-                    "the candidate's median timed call took %.2f us, below the floor of %.2f us (half the fastest "
-                    "fill of its %lld output bytes on this device); no call produces its outputs faster than the "
-                    "hardware writes them",
-                    m * 1e3, floor_ms * 1e3, n["floor_bytes"].as<long long>(0));
-      v_.checks_failed.push_back("runtime:below_floor");
-      set(verdict_status::rejected, buf);
+      refuse_below_floor(m, floor_ms, "", n["floor_bytes"].as<std::uint64_t>(0));
       return false;
     }
   }
@@ -507,6 +500,17 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
   return run_trials(*w_.proc, device);
 }
 
+void evaluation::refuse_below_floor(double call_ms, double floor_ms, const char* besides, std::uint64_t bytes) {
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "the candidate's median timed call took %.2f us%s, below the floor of %.2f us (half the fastest fill "
+                "of its %llu output bytes on this device); no call produces its outputs faster than the hardware "
+                "writes them",
+                call_ms * 1e3, besides, floor_ms * 1e3, static_cast<unsigned long long>(bytes));
+  v_.checks_failed.push_back("runtime:below_floor");
+  set(verdict_status::rejected, buf);
+}
+
 bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
   auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
   if (!outs) {
@@ -587,7 +591,7 @@ verdict evaluation::run() {
   }
   trials_ = req_.reference_only ? 1 : opt.trials;
   // The trust boundary (env/boundary.cpp) on the CPU; a check of a task alone runs no candidate.
-  split_ = opt.boundary == evaluator_boundary::process && cuda_device_ < 0 && !req_.reference_only;
+  split_ = opt.boundary == evaluator_boundary::process && ev_.device_ == "cpu" && !req_.reference_only;
   if (!(split_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
     // tolerance, so that the comparison judges them relative to their scale (env/compare.hpp).

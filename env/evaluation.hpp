@@ -92,6 +92,9 @@ private:
   // -- the trust boundary (env/boundary.cpp): the reference and the candidate in two workers --
   // The job message; `role` "reference" or "candidate" for one side of the boundary, else null.
   std::string job_json(std::uint64_t seed, const char* role) const;
+  // runtime:below_floor: a median timed call of `call_ms` (`besides`: what it excludes) under
+  // the floor of `floor_ms`, the fill of `bytes`.
+  void refuse_below_floor(double call_ms, double floor_ms, const char* besides, std::uint64_t bytes);
   // Keeps one `reference` message's outputs (and their rounding slack, the trial count and the
   // inputs' size it reports).
   bool keep_reference(const YAML::Node& n, worker_message& msg);
@@ -198,8 +201,10 @@ private:
   std::int64_t sample_calls_ = 0; // calls per timed sample across the boundary (0: not chosen yet)
   std::int64_t round_no_ = 0; // rounds played across the boundary, warm-up included
   bool outputs_reused_ = false; // two calls of one sample handed back the same memory: one call per sample
+  bool host_shared_ = false; // another evaluation was in flight during the measured rounds
   double floor_ms_ = -1; // the physics floor of a timed call (boundary.cpp), once measured
   double null_ms_ = 0; // the fastest round trip of an empty sample of the reference's worker
+  std::uint64_t floor_bytes_ = 0; // the output bytes the floor is measured on
   std::mt19937_64 rng_{std::random_device{}()}; // the order of each round's two samples
   side ref_side_, cand_side_;
   verdict v_;

@@ -589,11 +589,14 @@ result<void> worker::freeze(std::chrono::steady_clock::time_point* stopped_at, s
     *stopped_at = std::chrono::steady_clock::now();
   const pid_t inner = inner_pid();
   const auto until = std::chrono::steady_clock::now() + timeout;
-  while (!signal_tree(inner, SIGSTOP)) {
+  for (int spins = 0; !signal_tree(inner, SIGSTOP); ++spins) {
     if (std::chrono::steady_clock::now() >= until)
       return fail(errc::io, "worker ", std::to_string(inner), " still runs ", std::to_string(timeout.count()),
                   " us after SIGSTOP");
-    sched_yield();
+    if (spins < 100)
+      sched_yield();
+    else
+      ::usleep(100); // a thread waiting for a core: let it have ours
   }
   return {};
 }

@@ -106,11 +106,13 @@ public:
   result<void> send(const std::string& json, const std::vector<std::vector<std::byte>>& frames);
   /// Stops every process of the worker (SIGSTOP: its process group, then every process below
   /// the one the candidate runs in, whatever group it made for itself) and waits, `timeout` at
-  /// most, until every thread of them is stopped; thaw() continues them (SIGCONT). Errors: the
-  /// group cannot be signalled, or a thread still runs at the timeout.
+  /// most, until every thread of them is stopped; thaw() continues them (SIGCONT). A thread with
+  /// the stop pending runs no more of its own code, but one that waits for a core on a loaded
+  /// machine shows as stopped only once it gets one (over 200 ms with CI's tests beside it).
+  /// Errors: the group cannot be signalled, or a thread still runs at the timeout.
   /// `stopped_at`, where given, is set to the moment the signal was sent (before the wait).
   result<void> freeze(std::chrono::steady_clock::time_point* stopped_at = nullptr,
-                      std::chrono::microseconds timeout = std::chrono::milliseconds{200});
+                      std::chrono::microseconds timeout = std::chrono::seconds{10});
   result<void> thaw();
   /// Reads (process_vm_readv) or writes (process_vm_writev) `n` bytes at `addr` of the worker's
   /// address space. Errors name the address and the system's reason (EFAULT: not mapped).

@@ -104,16 +104,8 @@ class Channel:
             _os_exit(1)  # the evaluator is gone
 
     def recv(self):
-        while True:
-            try:
-                first = _z_recv(self.sock, 0)
-            except _ZAgain:
-                if _os_getppid() != self.parent:
-                    _os_exit(1)  # the evaluator died
-                continue
-            while _z_get(self.sock, _RCVMORE):
-                _z_recv(self.sock, 0)  # frames only come with recv_frames' messages; drop any
-            return _json_loads(first.decode("utf-8"))
+        """The next message's header (frames come only with recv_frames' messages)."""
+        return self.recv_frames()[0]
 
     def recv_frames(self):
         """The next message with its binary frames: (header, [bytes, ...])."""
