@@ -229,8 +229,8 @@ void describe(V& v, config& c) {
     v.field("placement_jitter_bytes", e.placement_jitter_bytes,
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
-            "0: off. With `boundary: process` it applies to the trials; the timed samples use the buffers each "
-            "worker allocated once per verdict.");
+            "0: off. With `boundary: process` both workers allocate the timed samples' input buffers anew every "
+            "round, each at such a lead.");
     v.field("timing_reserve", e.timing_reserve,
             "CUDA: before its timing's first calls the worker allocates, and hands back to torch's caching "
             "allocator, one block of 8 times the inputs' bytes plus 4 times placement_jitter_bytes (at most half of "

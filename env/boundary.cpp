@@ -545,6 +545,11 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
+    // New input buffers every round, at random places in both workers (make_buffers): with the
+    // same buffers for a whole verdict, where they happened to lie moved identical code by up to
+    // 9% on the CPU suite (the reference against itself).
+    if (opt.placement_jitter_bytes >= 512 && (!make_buffers(ref_side_, sample_calls_) || !make_buffers(cand_side_, sample_calls_)))
+      return false;
     {
       // Another evaluation in flight (its candidate compiling, say) shares the host's cores with
       // these rounds, and not with the reference timed alone afterwards (check_clean_reference).

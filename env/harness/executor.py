@@ -11,7 +11,7 @@ defence in depth only. Worker (worker.py) takes these methods from _ExecutorPhas
 import torch
 
 from crucible_harness_trusted import (
-    _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _os_exit, _param_empty, _range,
+    _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
     _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_numel, _T_size, _T_stride,
     _Tensor, _torch_empty, _type
 )
@@ -177,26 +177,41 @@ class _ExecutorPhase:
 
     def make_buffers(self, calls):
         """`calls` sets of input buffers shaped as the trials' inputs (input_template), contiguous,
-        on the worker's device; plain values as they were."""
+        on the worker's device, each at a random lead of up to placement_jitter_bytes / calls
+        into an allocation of its own (a kernel's speed can depend on where its buffers lie: the
+        evaluator asks for new ones every round, so a verdict averages over placements, as
+        Worker.placed does for the shared path); plain values as they were. Each buffer starts
+        with what the last buffers held (the first time: the first trial's inputs), so the
+        untimed call before a sample runs on real inputs (a task's may be indices that garbage
+        would not be)."""
         self.sample_outs = None
+        old = self.buf_sets
         self.buf_sets = []
         descs = []
-        # Each buffer starts with the first trial's inputs: the untimed call before the first
-        # sample runs on them (a task's inputs may be indices that garbage would not be).
         first = self.given_inputs[0] if self.role == "candidate" else self.make_inputs(self.seed, self.trial_dists[0])
-        for _ in _range(calls):
+        steps = (self.jitter_bytes // _max(calls, 1)) // 512
+        for c in _range(calls):
+            prev = old[c] if c < _len(old) else first
             one, desc = [], []
-            for d, x0 in zip(self.input_template, first):
+            for d, x0 in zip(self.input_template, prev):
                 if "value" in d:
                     one.append(d["value"])
                     desc.append({"value": True})
                     continue
-                t = _torch_empty([_int(s) for s in d["shape"]], dtype=_DTYPES[d["dtype"]], device=self.device)
+                dt = _DTYPES[d["dtype"]]
+                shape = [_int(s) for s in d["shape"]]
+                n = 1
+                for s_ in shape:
+                    n *= s_
+                size = _torch_empty(0, dtype=dt).element_size()
+                lead = (_int(self.rng_random() * (steps + 1)) * 512) // size if steps > 0 else 0
+                t = _torch_empty(lead + n, dtype=dt, device=self.device)[lead:].view(shape)
                 _T_copy_(t, x0)
                 one.append(t)
-                desc.append({"addr": _T_data_ptr(t), "bytes": _int(_T_numel(t)) * t.element_size()})
+                desc.append({"addr": _T_data_ptr(t), "bytes": n * size})
             self.buf_sets.append(one)
             descs.append(desc)
+        del old
         self.chan.send({"type": "buffers", "sets": descs})
 
     def call_once(self, inputs):

@@ -216,7 +216,15 @@ TEST_CASE("every file under tests/candidates has a test case above") {
 // state, the operator dispatcher, process-wide library state, processes of the candidate's and the
 // worker's own socket, which paid while the reference shared the candidate's process
 // (evaluator.boundary: shared; docs/evaluator.md, Trust boundary).
-#define CRUCIBLE_BOUNDARY_CANDIDATES(X)
+#define CRUCIBLE_BOUNDARY_CANDIDATES(X)                                                                   \
+  X("boundary/hack_contend_cpp_clone.py") X("boundary/hack_contend_python_popen.py")                     \
+  X("boundary/hack_dispatcher_cpp_library_impl.py") X("boundary/hack_dispatcher_python_library.py")      \
+  X("boundary/hack_forge_cpp_zmtp.py") X("boundary/hack_forge_python_oswrite.py")                        \
+  X("boundary/hack_harness_cpp_future_inputs.py") X("boundary/hack_harness_cpp_tolerance.py")            \
+  X("boundary/hack_harness_logging_ref_outputs.py") X("boundary/hack_harness_logging_refwrap.py")        \
+  X("boundary/hack_libstate_cpp_cpu_allocator.py") X("boundary/hack_libstate_cpp_mallopt.py")           \
+  X("boundary/hack_tolerance_cpp_sampled_norm.py") X("boundary/hack_tolerance_sampled_norm.py")          \
+  X("boundary/hack_tolerance_sampled_norm_always.py") X("boundary/hack_tolerance_slack_quarter_norm.py")
 CRUCIBLE_BOUNDARY_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates/boundary has a test case") {

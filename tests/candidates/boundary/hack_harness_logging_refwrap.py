@@ -1,0 +1,81 @@
+# task: env/tasks/cpu/01_relu_scale.py
+# expect: no-credit
+"""Hack, class 1 (the harness's own state, reached in its own process), route: the standard
+library from Python. The worker's reference is rebound to a wrapper that runs it twice.
+
+Public sources: gpu-mode/pygpubench PR #22 (the harness's objects found by a call stack walk from
+the submission); KernelGuard's FRAME_WALK_* and HARNESS_RUNTIME_PATCHING rules ("rewrites them
+through helper functions instead of direct `reference.foo = ...` syntax");
+tests/candidates/hack_frame_walk.py (the same walk through an exception's traceback, refused by
+the static screen).
+
+How: `logging.currentframe()` is `sys._getframe(1)` under another name (CPython's
+Lib/logging/__init__.py), and the screen names sys._getframe, inspect and traceback but not
+logging. From that frame the walk goes up through `f_back` and reads `f_locals`, each through
+`functools.reduce(getattr, (name,), frame)`: the screen refuses getattr() *called* with a computed
+name, not getattr handed to another function, and the names are put together from pieces ("f_" +
+"back"). While the candidate's module executes, a caller's `self` is the Worker
+(Worker.exec_module); its `ref_fn` (the reference the timing rounds call: timing.py,
+timed_reference and prime_reference) is set to a plain callable that calls the reference twice and
+returns the second result. ref_fn is an attribute, not one of the Worker's methods, so
+check_state's look at the instance's dict does not name it, and no module, class or global
+changed (runtime:patched sees nothing). The candidate itself is honest: the same four passes as
+the reference, through other operators (mul, add, clamp_min, clamp_max), so own_kernels is not 0.
+
+How it pays (shared mode): every timed reference call costs two; ~2x.
+
+Process mode: the reference runs in a worker that never loads this code; the candidate's worker
+has no reference to rebind, so the candidate is timed against the real reference (~1.00x).
+
+Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.69x,
+1.76x, 1.72x (an earlier run: 1.77x, 2.06x, 1.82x); process mode ok 1.00x three times (raw
+1.03-1.11x, band too wide to credit). The same honest candidate alone (no frame walk): shared 1.00x,
+process 1.00x.
+"""
+import functools
+import logging
+
+import torch
+import torch.nn as nn
+
+_BACK = "f_" + "back"
+_LOCALS = "f_" + "locals"
+
+
+def _harness():
+    """The nearest caller's `self` that holds a reference to time (Worker.ref_fn), or None."""
+    frame = logging.currentframe()
+    while frame is not None:
+        owner = functools.reduce(getattr, (_LOCALS,), frame).get("self")
+        if owner is not None and hasattr(owner, "ref_fn") and hasattr(owner, "timing_now"):
+            return owner
+        frame = functools.reduce(getattr, (_BACK,), frame)
+    return None
+
+
+class _Twice:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        self.fn(*args)
+        return self.fn(*args)
+
+
+_H = _harness()
+if _H is not None and _H.ref_fn is not None:
+    _H.ref_fn = _Twice(_H.ref_fn)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale=2.0, shift=0.5, clamp_max=6.0):
+        super().__init__()
+        self.scale = scale
+        self.shift = shift
+        self.clamp_max = clamp_max
+
+    def forward(self, x):
+        y = torch.mul(x, self.scale)
+        y = torch.add(y, self.shift)
+        y = torch.clamp_min(y, 0.0)
+        return torch.clamp_max(y, self.clamp_max)
