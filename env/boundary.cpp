@@ -545,9 +545,9 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
-    // New input buffers every round, at random places in both workers (make_buffers): with the
-    // same buffers for a whole verdict, where they happened to lie moved identical code by up to
-    // 9% on the CPU suite (the reference against itself).
+    // New input buffers every round, at random places in both workers (make_buffers), as the
+    // shared path places each round's inputs (placement_jitter_bytes): where buffers lie can move
+    // a kernel's speed, and one placement for a whole verdict would fix that for its every round.
     if (opt.placement_jitter_bytes >= 512 && (!make_buffers(ref_side_, sample_calls_) || !make_buffers(cand_side_, sample_calls_)))
       return false;
     {
