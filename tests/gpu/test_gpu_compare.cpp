@@ -14,27 +14,13 @@
 
 #include "env/compare.hpp"
 #include "env/device_bytes.hpp"
+#include "tests/gpu/uploaded.hpp"
 
 using namespace crucible::env;
+using crucible::testing::uploaded;
 
 namespace {
 
-// Device memory of this process holding a copy of host bytes.
-class on_device final : public device_bytes {
-public:
-  explicit on_device(const std::vector<std::byte>& host) : size_{host.size()} {
-    REQUIRE(cudaMalloc(&data_, size_) == cudaSuccess);
-    REQUIRE(cudaMemcpy(data_, host.data(), size_, cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  ~on_device() override { cudaFree(data_); }
-  const void* data() const noexcept override { return data_; }
-  std::uint64_t size() const noexcept override { return size_; }
-  int device() const noexcept override { return 0; }
-
-private:
-  void* data_ = nullptr;
-  std::uint64_t size_;
-};
 
 tensor_blob host_f32(const std::vector<float>& v) {
   tensor_blob b;
@@ -47,7 +33,7 @@ tensor_blob host_f32(const std::vector<float>& v) {
 
 tensor_blob device_f32(const std::vector<float>& v) {
   auto b = host_f32(v);
-  b.device = std::make_shared<on_device>(b.bytes);
+  b.device = std::make_shared<uploaded>(b.bytes);
   b.bytes.clear();
   return b;
 }

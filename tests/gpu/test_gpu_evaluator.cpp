@@ -16,6 +16,7 @@
 #include "core/log.hpp"
 #include "env/compare.hpp"
 #include "env/device_bytes.hpp"
+#include "tests/gpu/uploaded.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "tests/test_util/candidate_expectation.hpp"
@@ -27,6 +28,7 @@
 namespace fs = std::filesystem;
 using namespace crucible;
 using namespace crucible::env;
+using crucible::testing::uploaded;
 using crucible::testing::check_expected;
 using crucible::testing::read_expectation;
 using crucible::testing::read_text;
@@ -56,22 +58,6 @@ std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, c
   return std::move(*ev);
 }
 
-// Device memory of this process holding a copy of host bytes.
-class uploaded final : public device_bytes {
-public:
-  explicit uploaded(const std::vector<std::byte>& host) : size_{host.size()} {
-    REQUIRE(cudaMalloc(&data_, size_) == cudaSuccess);
-    REQUIRE(cudaMemcpy(data_, host.data(), size_, cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  ~uploaded() override { cudaFree(data_); }
-  const void* data() const noexcept override { return data_; }
-  std::uint64_t size() const noexcept override { return size_; }
-  int device() const noexcept override { return 0; }
-
-private:
-  void* data_ = nullptr;
-  std::uint64_t size_;
-};
 
 std::uint16_t to_half(float f) {
   // Round to nearest even through the float's bits (normal range; tests stay well inside it).
