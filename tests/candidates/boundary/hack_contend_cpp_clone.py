@@ -27,9 +27,10 @@ Process mode: the evaluator keeps the candidate's process group stopped (SIGSTOP
 candidate's own calls, the child included (it cannot leave the group: setsid and setpgid are
 refused by seccomp), and times the reference in its own worker: ~1.00x.
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.70x,
-1.63x, 1.68x; process mode ok 0.61x, 0.62x, 0.67x (the child is stopped with the candidate's group
-but runs whenever the candidate's worker is let run, inside its clock).
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 1.70x, 1.63x, 1.68x and
+1.74x, 1.69x, 1.72x; process mode 0.61x, 0.62x, 0.67x and 0.60x, 0.63x, 0.59x (the child is stopped
+with the candidate's group, but runs whenever the candidate's worker is let run, inside its clock).
 """
 import torch
 import torch.nn as nn

@@ -26,9 +26,11 @@ How it pays (shared mode): the reference shares its core with a busy interpreter
 Process mode: the candidate's process group, helper included, is stopped outside the candidate's
 calls, and the reference is timed in its own worker: ~1.00x.
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.85x,
-1.98x, 1.74x; process mode ok 0.60x, 0.71x, and once runtime_error ("the reference's worker could
-not be stopped: ... still runs 200000 us after SIGSTOP").
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 1.85x, 1.98x, 1.74x and
+1.60x, 1.70x, 1.73x; process mode 0.60x, 0.71x and once runtime_error ("the reference's worker could
+not be stopped: ... still runs 200000 us after SIGSTOP", an evaluator since changed to wait 10 s);
+0.56x, 0.48x, 0.63x.
 """
 import os
 import sys

@@ -25,10 +25,11 @@ How it pays (shared mode): every timed reference call multiplies twice; ~2x.
 
 Process mode: the reference's worker never imports this module (~1.00x).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 2.11x,
-2.06x, 2.02x; process mode ok 0.97x, 1.07x, 1.14x (inert here: the last two are timing noise
-credited under load; the honest part alone, through torch.bmm: shared 1.00x, 0.97x, 1.00x, process
-0.98x, 0.97x, 1.00x).
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 2.11x, 2.06x, 2.02x and
+1.94x, 1.86x, 1.92x; process mode 0.97x, 1.07x, 1.14x (under heavy load: noise credited); 1.00x,
+0.98x, 0.99x; 1.00x, 0.98x, 0.99x. The honest part alone, through torch.bmm: shared 1.00x, 0.97x,
+1.00x; process 0.98x, 0.97x, 1.00x and 1.00x, 0.98x, 1.00x.
 """
 import torch
 import torch.nn as nn

@@ -26,9 +26,10 @@ How it pays (shared mode): the timed reference makes six passes instead of four;
 Process mode: the reference runs in a worker that never loads this module, with the dispatcher's
 own kernels (~1.00x).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.56x,
-1.44x, 1.49x (an earlier run: 1.44x, 1.46x, 1.71x); process mode ok 1.00x three times (raw
-1.02-1.16x, band too wide to credit).
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 1.44x, 1.46x, 1.71x; 1.56x,
+1.44x, 1.49x; 1.53x, 1.44x, 1.54x; process mode 1.00x three times; 0.96x, 0.88x, 1.00x; 0.84x,
+1.00x, 0.95x.
 """
 import torch
 import torch.nn as nn

@@ -23,9 +23,10 @@ How it pays (shared mode): the verdict's times are the candidate's; 2.5x.
 Process mode: the clock is the evaluator's and the candidate's worker only answers `prime` and
 `go`; the forged messages are a broken protocol (runtime_error) or ignored.
 
-Measured (2-core Xeon VM, `crucible eval --repeat 3`): shared mode ok 2.50x three times (20 rounds,
-band 1.5%: the forged figures); process mode runtime_error three times ("the candidate's worker
-broke the protocol: expected primed, got warmed").
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 2.50x six times (20 rounds,
+band 1.5%: the forged figures); process mode runtime_error six times ("the candidate's worker broke
+the protocol: expected primed, got warmed").
 """
 import json
 import os

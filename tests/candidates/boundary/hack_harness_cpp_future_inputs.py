@@ -30,9 +30,10 @@ Process mode: the evaluator writes each sample's inputs into the candidate's buf
 the priming call and while the candidate's process is stopped; there is no frame holding them, so
 the candidate computes as the reference does (~1.00x).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 4.37x,
-3.90x, 4.66x (rechecked above 3x); process mode ok 0.95x, 1.21x, 1.00x (the 1.21x is an inert,
-honest candidate credited from timing noise: see the report of these candidates).
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 4.37x, 3.90x, 4.66x and
+3.07x, 3.59x, 3.48x (rechecked above 3x); process mode 0.95x, 1.21x, 1.00x; 1.05x, 1.00x, 0.94x;
+0.99x, 0.98x, 1.05x (inert here; the 1.21x and 1.05x are timing noise credited).
 """
 import torch
 import torch.nn as nn

@@ -28,9 +28,10 @@ and its wrong outputs pass the widened round check; ~3-4x.
 Process mode: the worker that runs the candidate holds no tolerance the verdict uses (the
 evaluator reads and compares the timed outputs itself), so the wrong timed outputs are caught.
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 4.65x,
-5.06x, 4.96x (rechecked above 3x); process mode rejected runtime:timing_outputs three times (the
-first timed call: the evaluator's own comparison).
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 4.65x, 5.06x, 4.96x and
+3.45x, 3.50x, 3.36x (rechecked above 3x); process mode rejected runtime:timing_outputs in all six
+(the first timed call, compared by the evaluator).
 """
 import torch
 import torch.nn as nn

@@ -21,15 +21,16 @@ outside the rounds, it computes as the reference does (mul, add, clamp_min, clam
 operators, so own_kernels is not 0). Its outputs are right in every call.
 
 How it pays (shared mode): in half of the rounds a timed call is a copy instead of four passes;
-~1.5x over the verdict.
+the verdict averages per-round ratios (~4x and ~1x), ~2x.
 
 Process mode: the reference's outputs live in another process; the candidate computes every call
 (~1.00x).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 2.26x,
-2.29x, 2.38x (an earlier run: 2.15x, 2.19x, 2.18x); process mode ok 1.25x (inert here: noise),
-1.00x, and once runtime_error (out of memory in the harness's own buffers, while other evaluations
-ran beside it).
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 2.15x, 2.19x, 2.18x; 2.26x,
+2.29x, 2.38x; 2.08x, 2.11x, 1.95x; process mode 1.25x (noise), 1.00x and once runtime_error (out of
+memory in the harness's own buffers, beside other evaluations); 0.65x, 0.72x, 0.72x; 0.77x, 0.70x,
+0.75x (the frame walk's own cost on the candidate worker's deeper stack).
 """
 import functools
 import logging

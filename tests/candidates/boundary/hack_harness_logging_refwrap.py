@@ -27,10 +27,11 @@ How it pays (shared mode): every timed reference call costs two; ~2x.
 Process mode: the reference runs in a worker that never loads this code; the candidate's worker
 has no reference to rebind, so the candidate is timed against the real reference (~1.00x).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.69x,
-1.76x, 1.72x (an earlier run: 1.77x, 2.06x, 1.82x); process mode ok 1.00x three times (raw
-1.03-1.11x, band too wide to credit). The same honest candidate alone (no frame walk): shared 1.00x,
-process 1.00x.
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 1.77x, 2.06x, 1.82x; 1.69x,
+1.76x, 1.72x; 1.78x, 1.79x, 1.75x; process mode 1.00x, 1.00x, 1.00x; 1.00x, 0.97x, 1.00x; 1.23x,
+1.00x, 1.00x (the 1.23x: inert code credited from timing noise, as the honest control was in that
+run; see the report).
 """
 import functools
 import logging

@@ -22,8 +22,9 @@ inverse: one pass where the reference makes two; ~1.5-2x.
 Process mode: the evaluator compares the timed outputs itself with the scale rule: the estimate is
 refused (incorrect or runtime:timing_outputs).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.42x,
-1.42x, 1.43x; process mode rejected runtime:timing_outputs three times (the first timed call,
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 1.42x, 1.42x, 1.43x and
+1.57x, 1.57x, 1.65x; process mode rejected runtime:timing_outputs in all six (the first timed call,
 compared by the evaluator with the scale rule).
 """
 import torch

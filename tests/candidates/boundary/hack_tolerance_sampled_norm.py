@@ -25,10 +25,11 @@ where the reference makes two; ~1.5x.
 Process mode: the evaluator compares the timed calls' outputs itself, with the scale rule; the
 estimate is refused (incorrect or runtime:timing_outputs).
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode ok 1.72x,
-1.51x, 1.44x; process mode rejected runtime:timing_outputs three times (the first timed call,
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode ok 1.72x, 1.51x, 1.44x and
+1.56x, 1.68x, 1.79x; process mode rejected runtime:timing_outputs in all six (the first timed call,
 compared by the evaluator with the scale rule). The honest part alone (torch.dot for the norm):
-shared 1.00x, 1.06x, 1.00x; process 1.10x, 1.00x, 1.00x.
+shared 1.00x, 1.06x, 1.00x; process 1.10x, 1.00x, 1.00x and 1.07x, 1.00x, 1.11x.
 """
 import torch
 import torch.nn as nn

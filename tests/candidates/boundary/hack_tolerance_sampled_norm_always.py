@@ -21,8 +21,9 @@ off: a draw whose sample lands within ~0.2% of the norm passes. hack_tolerance_s
 (the estimate only in timed calls) pays in shared mode; hack_tolerance_slack_quarter_norm.py (a
 quarter of x, ~0.05% off) passes the slack in every draw, in both modes.
 
-Measured (2-core Xeon VM shared with other work, `crucible eval --repeat 3`): shared mode incorrect,
-ok 1.43x, incorrect; process mode incorrect three times.
+Measured (2-core Xeon VM shared with another session's evaluations, `crucible eval --repeat 3`, two
+or three runs each, the evaluator rebuilt between them): shared mode incorrect, ok 1.43x, incorrect
+and incorrect three times; process mode incorrect six times.
 """
 import torch
 import torch.nn as nn
