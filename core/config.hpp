@@ -178,6 +178,7 @@ struct evaluator_options {
   std::uint64_t keep_freed_mb = 16384;          ///< CUDA, outputs on the device: freed memory the evaluator's pool keeps
   bool zygote = true;                          ///< fork workers from a process that imported torch once
   evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
+  bool cuda_boundary = false;                  ///< boundary: process on CUDA devices too (slower and less precise today)
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 

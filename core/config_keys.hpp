@@ -276,8 +276,14 @@ void describe(V& v, config& c) {
             "sandboxed workers, one that runs only the task's reference and one that runs only the candidate; the "
             "evaluator hands the candidate's worker its inputs, keeps it stopped outside its own calls, reads the "
             "clock around each timed sample and the outputs out of both workers' memory, and compares them itself. "
-            "CUDA devices use `shared` until the boundary reaches them. `shared`: one worker runs both (the "
+            "CUDA devices use `shared` unless `cuda_boundary` is true. `shared`: one worker runs both (the "
             "reference before the candidate's code is loaded), with the in-process defences only.");
+    v.field("cuda_boundary", e.cuda_boundary,
+            "With `boundary: process`, CUDA devices too get two workers a verdict (outputs kept on the device, "
+            "`outputs_on_device`): this process copies each timed sample's inputs into the worker's buffers "
+            "and its outputs into its own memory inside the clock, and compares on the device. The round trip "
+            "stays inside every sample, so speedups come out lower than with `shared`. Off by default: on an H100 it is still far slower and less precise "
+            "than `shared` (docs/PERFORMANCE.md, The reward's trust boundary).");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 namespace crucible::env {
@@ -46,6 +48,109 @@ double fill_floor_ms(std::uint64_t bytes) {
   (void) sink;
   return best / 2;
 }
+
+// One output as a worker described it after `go`: dtype, shape, strides, and the span from its
+// first element to its last (what is read). What a worker says is data: every field is checked.
+struct output_desc {
+  tensor_blob blob; // dtype and shape; bytes not read yet
+  std::vector<std::int64_t> strides;
+  std::uint64_t bytes = 0; // its elements' bytes
+  std::uint64_t span = 0;  // bytes from its first element to its last
+  bool contiguous = true;
+};
+
+// Empty on success, else what is wrong (for "broke the protocol: ...").
+std::string parse_output(const YAML::Node& d, output_desc& o) {
+  auto type = parse_dtype(d["dtype"].as<std::string>(""));
+  if (!type)
+    return "an output of unknown dtype";
+  tensor_blob& b = o.blob;
+  b.type = *type;
+  for (const auto& x : d["shape"])
+    b.shape.push_back(x.as<std::int64_t>());
+  o.bytes = d["bytes"].as<std::uint64_t>(0);
+  if (std::any_of(b.shape.begin(), b.shape.end(), [](std::int64_t x) { return x < 0; })
+      || o.bytes != static_cast<std::uint64_t>(b.numel()) * element_size(b.type))
+    return "an output's size does not match its shape";
+  // Its strides, as the worker's tensor has them (a view of a larger buffer, a transpose): the
+  // span from its first element to its last is what it occupies, and what is read.
+  for (const auto& x : d["strides"])
+    o.strides.push_back(x.as<std::int64_t>(0));
+  if (o.strides.empty() && !b.shape.empty()) { // contiguous
+    o.strides.assign(b.shape.size(), 1);
+    for (std::size_t j = b.shape.size(); j-- > 1;)
+      o.strides[j - 1] = o.strides[j] * b.shape[j];
+  }
+  if (o.strides.size() != b.shape.size()
+      || std::any_of(o.strides.begin(), o.strides.end(), [](std::int64_t x) { return x < 0; }))
+    return "an output's strides do not match its shape";
+  std::uint64_t last = 0; // the offset of its last element, in elements
+  for (std::size_t j = 0; j < b.shape.size(); ++j)
+    if (b.shape[j] > 0)
+      last += static_cast<std::uint64_t>(b.shape[j] - 1) * static_cast<std::uint64_t>(o.strides[j]);
+  o.span = o.bytes == 0 ? 0 : (last + 1) * element_size(b.type);
+  if (o.span > 4 * o.bytes + (64ull << 20))
+    return "an output's strides spread it over far more memory than its elements take";
+  o.contiguous = true;
+  for (std::int64_t j = static_cast<std::int64_t>(b.shape.size()) - 1, want = 1; j >= 0; --j) {
+    if (b.shape[static_cast<std::size_t>(j)] > 1 && o.strides[static_cast<std::size_t>(j)] != want)
+      o.contiguous = false;
+    want *= b.shape[static_cast<std::size_t>(j)];
+  }
+  return {};
+}
+
+// The output's elements in row-major order, gathered from `raw` (its span) by its strides.
+std::vector<std::byte> gather(const output_desc& o, const std::byte* raw) {
+  const auto& b = o.blob;
+  const auto esize = element_size(b.type);
+  std::vector<std::byte> out(o.bytes);
+  std::vector<std::int64_t> idx(b.shape.size(), 0);
+  const auto n = static_cast<std::uint64_t>(b.numel());
+  for (std::uint64_t e = 0; e < n; ++e) {
+    std::uint64_t off = 0;
+    for (std::size_t j = 0; j < idx.size(); ++j)
+      off += static_cast<std::uint64_t>(idx[j]) * static_cast<std::uint64_t>(o.strides[j]);
+    std::memcpy(out.data() + e * esize, raw + off * esize, esize);
+    for (std::size_t j = idx.size(); j-- > 0;) {
+      if (++idx[j] < b.shape[j])
+        break;
+      idx[j] = 0;
+    }
+  }
+  return out;
+}
+
+// The workers' allocations this process has mapped, by their mapping's address, with the worker
+// whose they are: two workers' handles that open the same allocation (the driver maps an
+// allocation once per process) mean one named the other's memory. Process-wide: the evaluations
+// of one evaluator share its CUDA context.
+struct mapping_owners {
+  std::mutex mtx;
+  std::map<const void*, std::pair<pid_t, int>> owners; // owner, mappings held
+};
+mapping_owners& owners() {
+  static mapping_owners m;
+  return m;
+}
+
+// A mapping registered in owners() while it lives.
+class owned_mapping final : public device_bytes {
+public:
+  owned_mapping(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}
+  ~owned_mapping() override {
+    auto& o = owners();
+    std::lock_guard guard{o.mtx};
+    if (auto it = o.owners.find(m_->data()); it != o.owners.end() && --it->second.second <= 0)
+      o.owners.erase(it);
+  }
+  const void* data() const noexcept override { return m_->data(); }
+  std::uint64_t size() const noexcept override { return m_->size(); }
+  int device() const noexcept override { return m_->device(); }
+
+private:
+  std::shared_ptr<device_bytes> m_;
+};
 
 std::string describe_dist(int d) {
   return "distribution " + std::to_string(d) + (d >= 0 && d <= 3 ? std::string{": "} + input_dists[d] : std::string{});
@@ -94,7 +199,9 @@ bool evaluation::split_trials(std::uint64_t seed) {
         return false;
       const auto type = n["type"].as<std::string>();
       if (type == "device_done") {
-        device.release();
+        // Outputs kept on the device are copied here (take_reference_copies), still holding it.
+        if (cuda_device_ < 0)
+          device.release();
         phase("reference outputs");
         continue;
       }
@@ -106,6 +213,11 @@ bool evaluation::split_trials(std::uint64_t seed) {
       if (type == "reference") {
         if (!keep_reference(n, msg))
           return false;
+        if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == trials_) {
+          if (!take_reference_copies(rw))
+            return false;
+          device.release();
+        }
         continue;
       }
       if (type == "reference_info")
@@ -202,6 +314,18 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
       else {
         buf.addr = b["addr"].as<std::uint64_t>(0);
         buf.bytes = b["bytes"].as<std::uint64_t>(0);
+        if (on_device_ && buf.bytes > 0) {
+          // On a CUDA device: the buffer's allocation, mapped here, and the buffer inside it.
+          if (!b["ipc"].IsDefined())
+            return broke("an input buffer on the device without its handle");
+          auto whole = map_handle(w, b["ipc"].as<std::string>(""));
+          if (!whole)
+            return broke("its input buffer cannot be mapped: " + whole.error().message);
+          auto sp = subspan(*whole, b["offset"].as<std::uint64_t>(0), buf.bytes, 1);
+          if (!sp)
+            return broke("its input buffer: " + sp.error().message);
+          buf.span = std::move(*sp);
+        }
       }
       one.push_back(buf);
     }
@@ -241,7 +365,51 @@ bool evaluation::draw(int dist, sample_inputs& in) {
     }
     in.push_back(std::move(one));
   }
+  if (on_device_) {
+    // On a CUDA device: the inputs in this process's memory, copied into each worker's buffers
+    // inside its clock (time_sample_device).
+    staged_.resize(in.size());
+    for (std::size_t c = 0; c < in.size(); ++c) {
+      staged_[c].resize(in[c].size());
+      for (std::size_t i = 0; i < in[c].size(); ++i) {
+        auto& st = staged_[c][i];
+        const auto bytes = in[c][i].size();
+        if (bytes == 0) {
+          st.reset();
+          continue;
+        }
+        if (!st || st->size() != bytes) {
+          auto made = allocate_owned(cuda_device_, bytes);
+          if (!made) {
+            evaluator_failed_ = true;
+            set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + made.error().message);
+            return false;
+          }
+          st = std::move(*made);
+        }
+        if (auto r = upload(*st, in[c][i].data(), bytes); !r) {
+          evaluator_failed_ = true;
+          set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + r.error().message);
+          return false;
+        }
+      }
+    }
+  }
   return true;
+}
+
+bool evaluation::prime(worker& w) {
+  YAML::Node n;
+  worker_message msg;
+  // Its untimed call on the last sample's inputs; then it is stopped.
+  if (!thaw(w) || !send(w, "{\"type\":\"prime\"}") || !receive(w, ev_.opt_.run_timeout_s, "timing", n, msg))
+    return false;
+  if (n["type"].as<std::string>() != "primed") {
+    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: expected primed, got "
+                                         + n["type"].as<std::string>());
+    return false;
+  }
+  return freeze(w);
 }
 
 bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
@@ -254,12 +422,9 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
-  // Its untimed call on the last sample's inputs and its cache flush; then it is stopped.
-  if (!thaw(w) || !send(w, "{\"type\":\"prime\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
-    return false;
-  if (n["type"].as<std::string>() != "primed")
-    return broke("expected primed, got " + n["type"].as<std::string>());
-  if (!freeze(w))
+  if (on_device_)
+    return time_sample_device(s, in, outs, ms);
+  if (!prime(w))
     return false;
   // The sample's inputs, written while no process of the worker runs: it cannot see them before
   // its clock starts.
@@ -319,37 +484,12 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         outs[c].push_back(std::move(b));
         continue;
       }
-      auto type = parse_dtype(d["dtype"].as<std::string>(""));
-      if (!type)
-        return broke("an output of unknown dtype");
-      b.type = *type;
-      for (const auto& x : d["shape"])
-        b.shape.push_back(x.as<std::int64_t>());
+      output_desc o;
+      if (auto wrong = parse_output(d, o); !wrong.empty())
+        return broke(wrong);
+      b = o.blob; // o keeps its shape for gather() below
       const auto addr = d["addr"].as<std::uint64_t>(0);
-      const auto bytes = d["bytes"].as<std::uint64_t>(0);
-      if (std::any_of(b.shape.begin(), b.shape.end(), [](std::int64_t x) { return x < 0; })
-          || bytes != static_cast<std::uint64_t>(b.numel()) * element_size(b.type))
-        return broke("an output's size does not match its shape");
-      // Its strides, as the worker's tensor has them (a view of a larger buffer, a transpose):
-      // the span from its first element to its last is what it occupies, and what is read.
-      std::vector<std::int64_t> strides;
-      for (const auto& x : d["strides"])
-        strides.push_back(x.as<std::int64_t>(0));
-      if (strides.empty() && !b.shape.empty()) { // contiguous
-        strides.assign(b.shape.size(), 1);
-        for (std::size_t j = b.shape.size(); j-- > 1;)
-          strides[j - 1] = strides[j] * b.shape[j];
-      }
-      if (strides.size() != b.shape.size() || std::any_of(strides.begin(), strides.end(), [](std::int64_t x) { return x < 0; }))
-        return broke("an output's strides do not match its shape");
-      std::uint64_t last = 0; // the offset of its last element, in elements
-      for (std::size_t j = 0; j < b.shape.size(); ++j)
-        if (b.shape[j] > 0)
-          last += static_cast<std::uint64_t>(b.shape[j] - 1) * static_cast<std::uint64_t>(strides[j]);
-      const auto esize = element_size(b.type);
-      const std::uint64_t span = bytes == 0 ? 0 : (last + 1) * esize;
-      if (span > 4 * bytes + (64ull << 20))
-        return broke("an output's strides spread it over far more memory than its elements take");
+      const auto span = o.span;
       // What the candidate's worker says is data: an output of another dtype or shape than the
       // reference's in the trials is not read at all (nor a size it made up to exhaust memory).
       const auto k = outs[c].size();
@@ -385,31 +525,10 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
           set(verdict_status::runtime_error, std::string{"cannot read the outputs of "} + who(w) + ": " + r.error().message);
           return false;
         }
-      bool contiguous = true;
-      for (std::int64_t j = static_cast<std::int64_t>(b.shape.size()) - 1, want = 1; j >= 0; --j) {
-        if (b.shape[static_cast<std::size_t>(j)] > 1 && strides[static_cast<std::size_t>(j)] != want)
-          contiguous = false;
-        want *= b.shape[static_cast<std::size_t>(j)];
-      }
-      if (contiguous) {
+      if (o.contiguous)
         b.bytes = std::move(raw);
-      } else {
-        // The elements in row-major order, gathered from the span by their strides.
-        b.bytes.resize(bytes);
-        std::vector<std::int64_t> idx(b.shape.size(), 0);
-        const auto n = static_cast<std::uint64_t>(b.numel());
-        for (std::uint64_t e = 0; e < n; ++e) {
-          std::uint64_t off = 0;
-          for (std::size_t j = 0; j < idx.size(); ++j)
-            off += static_cast<std::uint64_t>(idx[j]) * static_cast<std::uint64_t>(strides[j]);
-          std::memcpy(b.bytes.data() + e * esize, raw.data() + off * esize, esize);
-          for (std::size_t j = idx.size(); j-- > 0;) {
-            if (++idx[j] < b.shape[j])
-              break;
-            idx[j] = 0;
-          }
-        }
-      }
+      else
+        b.bytes = gather(o, raw.data());
       outs[c].push_back(std::move(b));
     }
   }
@@ -450,6 +569,285 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         return broke("its output memory cannot be written: " + p.error().message);
     }
   }
+  return true;
+}
+
+result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const std::string& handle) {
+  const auto key = std::to_string(w.pid()) + ":" + handle;
+  if (auto it = mapped_.find(key); it != mapped_.end())
+    return it->second;
+  auto m = map_allocation(cuda_device_, handle);
+  if (!m)
+    return m.error();
+  {
+    auto& o = owners();
+    std::lock_guard guard{o.mtx};
+    auto [it, fresh] = o.owners.try_emplace((*m)->data(), w.pid(), 0);
+    if (!fresh && it->second.first != w.pid())
+      return fail(errc::protocol, "names an allocation of another worker's");
+    ++it->second.second;
+  }
+  auto kept = std::shared_ptr<device_bytes>{std::make_shared<owned_mapping>(std::move(*m))};
+  mapped_.emplace(key, kept);
+  return kept;
+}
+
+std::vector<device_copy> evaluation::input_copies(const side& s) const {
+  std::vector<device_copy> copies;
+  for (std::size_t c = 0; c < s.sets.size() && c < staged_.size(); ++c)
+    for (std::size_t i = 0; i < s.sets[c].size() && i < staged_[c].size(); ++i)
+      if (s.sets[c][i].span && staged_[c][i])
+        copies.push_back({s.sets[c][i].span.get(), staged_[c][i].get()});
+  return copies;
+}
+
+bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs,
+                                    double& ms) {
+  const auto& opt = ev_.opt_;
+  worker& w = *s.proc;
+  const bool candidate = &w == cand_.proc.get();
+  YAML::Node n;
+  worker_message msg;
+  auto broke = [&](const std::string& what) {
+    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
+    return false;
+  };
+  auto device_failed = [&](const std::string& what, const error& e) {
+    evaluator_failed_ = true;
+    set(verdict_status::runtime_error, what + ": " + e.message);
+    return false;
+  };
+  if (!prime(w))
+    return false;
+  if (in.size() != s.sets.size() || staged_.size() != in.size())
+    return broke("input buffers for " + std::to_string(s.sets.size()) + " calls, the sample has " + std::to_string(in.size()));
+  for (std::size_t c = 0; c < in.size(); ++c) {
+    if (in[c].size() != s.sets[c].size() || staged_[c].size() != in[c].size())
+      return broke("input buffers for " + std::to_string(s.sets[c].size()) + " inputs, the task has " + std::to_string(in[c].size()));
+    for (std::size_t i = 0; i < in[c].size(); ++i) {
+      const auto& b = s.sets[c][i];
+      if (!b.value && (b.bytes != in[c][i].size() || (b.bytes > 0 && (!b.span || !staged_[c][i]))))
+        return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
+    }
+  }
+  const auto copies = input_copies(s);
+  // The device's cache is flushed by this process (the worker's own flush would be the
+  // candidate's to skip), before the clock starts.
+  if (auto r = flush_device_cache(cuda_device_, opt.flush_bytes != 0 ? opt.flush_bytes : 256ull << 20); !r)
+    return device_failed("cannot flush the device's cache", r.error());
+  // The clock: from before this process copies the sample's inputs into the worker's buffers
+  // (nothing of the worker's, a kernel left running on the device included, can see them before
+  // it starts) to after this process has copied every output into its own memory (an output still
+  // being written when `sampled` came is copied as it is then, and fails the comparison; work
+  // that does not write the outputs gains nothing here, and what it does to the other side's
+  // samples is the reference-alone check's to see).
+  if (!thaw(w))
+    return false;
+  const auto t0 = clock_type::now();
+  if (auto r = copy_all(copies); !r) {
+    if (candidate) {
+      set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
+      return false;
+    }
+    return device_failed(std::string{"cannot write the inputs of "} + who(w), r.error());
+  }
+  const auto t_in = clock_type::now();
+  if (!send(w, "{\"type\":\"go\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
+    return false;
+  const auto t_call = clock_type::now();
+  if (n["type"].as<std::string>() != "sampled") {
+    (void) freeze(w);
+    return broke("expected sampled, got " + n["type"].as<std::string>());
+  }
+  const auto& list = n["outputs"];
+  if (!list.IsSequence() || list.size() != in.size()) {
+    (void) freeze(w);
+    return broke("outputs for a different number of calls");
+  }
+  outs.assign(in.size(), {});
+  std::vector<output_desc> descs;
+  std::vector<std::size_t> desc_call, desc_index;
+  std::vector<std::shared_ptr<device_bytes>> spans;
+  for (std::size_t c = 0; c < in.size(); ++c) {
+    for (const auto& d : list[c]) {
+      tensor_blob b;
+      if (d["kind"].IsDefined()) {
+        b.kind = d["kind"].as<std::string>();
+        outs[c].push_back(std::move(b));
+        continue;
+      }
+      output_desc o;
+      if (auto wrong = parse_output(d, o); !wrong.empty()) {
+        (void) freeze(w);
+        return broke(wrong);
+      }
+      const auto k = outs[c].size();
+      // What the candidate's worker says is data: an output of another dtype or shape than the
+      // reference's in the trials is not read at all.
+      if (candidate && (k >= reference_.front().size() || reference_.front()[k].type != o.blob.type
+                        || reference_.front()[k].shape != o.blob.shape)) {
+        (void) freeze(w);
+        v_.checks_failed.push_back("runtime:timing_outputs");
+        set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
+                                        + std::to_string(k) + " has another dtype or shape than in the trials");
+        return false;
+      }
+      if (o.span > 0) {
+        if (!d["ipc"].IsDefined()) {
+          (void) freeze(w);
+          return broke("a device output without its handle");
+        }
+        auto whole = map_handle(w, d["ipc"].as<std::string>(""));
+        if (!whole) {
+          (void) freeze(w);
+          if (candidate && whole.error().code == errc::protocol) {
+            v_.checks_failed.push_back("runtime:foreign_memory");
+            set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
+                                            + std::to_string(k) + " " + whole.error().message
+                                            + ": its outputs must be memory of its own");
+            return false;
+          }
+          return broke("its output " + std::to_string(k) + " cannot be mapped: " + whole.error().message);
+        }
+        auto sp = subspan(*whole, d["offset"].as<std::uint64_t>(0), o.span, element_size(o.blob.type));
+        if (!sp) {
+          (void) freeze(w);
+          return broke("its output " + std::to_string(k) + ": " + sp.error().message);
+        }
+        spans.push_back(std::move(*sp));
+        desc_call.push_back(c);
+        desc_index.push_back(k);
+      }
+      outs[c].push_back(o.blob);
+      descs.push_back(std::move(o));
+      if (descs.back().span == 0)
+        descs.pop_back();
+    }
+  }
+  std::vector<const device_bytes*> srcs;
+  for (const auto& sp : spans)
+    srcs.push_back(sp.get());
+  auto snaps = copy_all_to_owned(srcs);
+  const auto t1 = clock_type::now();
+  if (!freeze(w))
+    return false;
+  if (!snaps)
+    return device_failed(std::string{"cannot copy the outputs of "} + who(w), snaps.error());
+  {
+    auto& l = laps_[candidate ? 1 : 0];
+    l[0].push_back(std::chrono::duration<double, std::milli>(t_in - t0).count());
+    l[1].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
+    l[2].push_back(std::chrono::duration<double, std::milli>(t1 - t_call).count());
+  }
+  // The whole window, round trip included, as on the CPU: taking the empty sample's round trip
+  // off each sample (tried on an H100) left a legitimate 0.23 ms kernel at zero, because the
+  // round trip varies by more than such a call takes. Both sides carry it, so speedups are
+  // understated, never overstated.
+  ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(in.size());
+  // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
+  // spans that overlap here are the same memory.
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
+  for (const auto& sp : spans) {
+    const auto a = reinterpret_cast<std::uintptr_t>(sp->data());
+    ranges.emplace_back(a, a + sp->size());
+  }
+  for (std::size_t r = 0; r < spans.size(); ++r) {
+    const auto c = desc_call[r];
+    const auto k = desc_index[r];
+    if (candidate && !(k < ref_aliased_.size() && ref_aliased_[k]))
+      for (const auto& ib : s.sets[c])
+        if (!ib.value && ib.span) {
+          const auto a = reinterpret_cast<std::uintptr_t>(ib.span->data());
+          if (ranges[r].first < a + ib.span->size() && a < ranges[r].second) {
+            v_.checks_failed.push_back("runtime:aliased_output");
+            set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
+                                            + " shares memory with an input, where the reference's output does not; "
+                                              "returning an input or a view of one is not a computation");
+            return false;
+          }
+        }
+    auto& b = outs[c][k];
+    const auto& o = descs[r];
+    if (o.contiguous) {
+      b.device = (*snaps)[r];
+    } else {
+      auto raw = download(*(*snaps)[r]);
+      if (!raw)
+        return device_failed("cannot copy an output to the host", raw.error());
+      b.bytes = gather(o, raw->data());
+    }
+  }
+  for (std::size_t i = 0; i < ranges.size() && !outputs_reused_; ++i)
+    for (std::size_t j = i + 1; j < ranges.size(); ++j)
+      if (desc_call[i] != desc_call[j] && ranges[i].first < ranges[j].second && ranges[j].first < ranges[i].second) {
+        outputs_reused_ = true;
+        break;
+      }
+  if (!candidate) {
+    last_ref_snaps_ = std::move(*snaps);
+    return true;
+  }
+  // Its inputs, compared with what this process wrote there (runtime:input_mutation).
+  std::vector<device_comparison> same;
+  for (const auto& cp : copies)
+    same.push_back({cp.src, cp.dst, dtype::u8, cp.src->size(), tolerance{0, 0}, 0});
+  if (!same.empty()) {
+    auto diffs = device_compare_all(same);
+    if (!diffs)
+      return device_failed("cannot read the candidate's inputs back", diffs.error());
+    for (const auto& d : *diffs)
+      if (d.mismatches != 0) {
+        v_.checks_failed.push_back("runtime:input_mutation");
+        set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(round_no_) + ")");
+        return false;
+      }
+  }
+  // Its outputs, copied, are overwritten with 0xFF bytes (NaN for floats) where they lie: an
+  // output handed back again without being computed again fails the next comparison.
+  if (auto r = fill_all(srcs, 0xFF); !r)
+    return device_failed("cannot overwrite the candidate's outputs", r.error());
+  return true;
+}
+
+bool evaluation::measure_null() {
+  worker& rw = *w_.proc;
+  YAML::Node n;
+  worker_message msg;
+  const auto copies = input_copies(ref_side_);
+  std::vector<const device_bytes*> srcs;
+  for (const auto& sp : last_ref_snaps_)
+    srcs.push_back(sp.get());
+  double best = 0;
+  for (int k = 0; k < 5; ++k) {
+    if (!thaw(rw))
+      return false;
+    // As time_sample and time_sample_device: on a device, with the same copies in and out.
+    const auto t0 = clock_type::now();
+    if (on_device_)
+      if (auto r = copy_all(copies); !r) {
+        evaluator_failed_ = true;
+        set(verdict_status::runtime_error, "cannot write the inputs of the reference's worker: " + r.error().message);
+        return false;
+      }
+    if (!send(rw, on_device_ ? "{\"type\":\"null\",\"device\":true}" : "{\"type\":\"null\"}")
+        || !receive(rw, ev_.opt_.run_timeout_s, "timing", n, msg))
+      return false;
+    clock_type::time_point t1;
+    if (on_device_) {
+      auto snaps = copy_all_to_owned(srcs);
+      t1 = clock_type::now();
+      if (!snaps) {
+        evaluator_failed_ = true;
+        set(verdict_status::runtime_error, "cannot copy outputs: " + snaps.error().message);
+        return false;
+      }
+    }
+    if (!freeze(rw, on_device_ ? nullptr : &t1))
+      return false;
+    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    best = k == 0 ? ms : std::min(best, ms);
+  }
+  null_ms_ = best;
   return true;
 }
 
@@ -521,7 +919,12 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       wr.push_back(r);
       wc.push_back(c);
     }
-    const double call_ms = std::max(median(wr), median(wc));
+    // On a device the samples' round trip is measured now and taken off the warm-up's times, so
+    // that the calls a sample takes follow the calls' own time (the round trip is a millisecond).
+    const double trip = on_device_ ? (measure_null() ? null_ms_ : -1.0) : 0.0;
+    if (trip < 0)
+      return false;
+    const double call_ms = std::max(median(wr), median(wc)) - trip;
     std::int64_t calls = 1;
     if (opt.sample_ms > 0 && call_ms > 0)
       calls = std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.sample_ms / call_ms), 1, opt.max_calls);
@@ -532,6 +935,10 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       if (!make_buffers(ref_side_, calls) || !make_buffers(cand_side_, calls) || !split_round(-1, r, c, counted))
         return false;
     }
+    // On a device the empty sample's round trip (its copies in and out included) is measured
+    // again for the sample's final count of calls.
+    if (on_device_ && calls > 1 && !measure_null())
+      return false;
   }
   measured_ = true;
   if (!measuring_ && ev_.gate_.warmup_shared()) {
@@ -575,19 +982,18 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     for (const auto& b : reference_.front())
       if (b.kind.empty())
         floor_bytes_ += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
-    floor_ms_ = fill_floor_ms(floor_bytes_);
-    worker& rw = *w_.proc;
-    YAML::Node n;
-    worker_message msg;
-    for (int k = 0; k < 5; ++k) {
-      if (!thaw(rw))
+    if (on_device_) {
+      auto fill = fastest_fill_ms(cuda_device_, floor_bytes_);
+      if (!fill) {
+        evaluator_failed_ = true;
+        set(verdict_status::runtime_error, "cannot measure the device's fill time: " + fill.error().message);
         return false;
-      const auto t0 = clock_type::now(); // as in time_sample
-      clock_type::time_point t1;
-      if (!send(rw, "{\"type\":\"null\"}") || !receive(rw, opt.run_timeout_s, "timing", n, msg) || !freeze(rw, &t1))
+      }
+      floor_ms_ = *fill / 2;
+    } else {
+      floor_ms_ = fill_floor_ms(floor_bytes_);
+      if (!measure_null())
         return false;
-      const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
-      null_ms_ = k == 0 ? ms : std::min(null_ms_, ms);
     }
   }
   const double m = median(cand) - null_ms_ / static_cast<double>(sample_calls_);
@@ -596,6 +1002,15 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
                   floor_ms_, null_ms_, static_cast<long long>(sample_calls_), m);
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", buf);
+    if (on_device_) {
+      // Where a sample's clock went, median ms per side: inputs copied in; `go` to `sampled`;
+      // outputs mapped and copied out.
+      char laps[200];
+      std::snprintf(laps, sizeof laps, "sample laps (ms): reference in %.4f call %.4f out %.4f; candidate in %.4f call %.4f out %.4f",
+                    median(laps_[0][0]), median(laps_[0][1]), median(laps_[0][2]), median(laps_[1][0]),
+                    median(laps_[1][1]), median(laps_[1][2]));
+      ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", laps);
+    }
   }
   if (m < floor_ms_) {
     refuse_below_floor(m, floor_ms_, " besides the clock's round trip", floor_bytes_);

@@ -5,11 +5,14 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "core/hex.hpp"
 
@@ -244,8 +247,14 @@ constexpr bool floating(dtype t) {
 
 bool device_bytes_available() noexcept { return true; }
 
-result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
-                                                   std::uint64_t bytes, std::uint64_t align) {
+namespace {
+// Opens `handle_hex` on `device`: the mapping's base in this process and the bytes from it to
+// the end of the allocation (as this process's driver has them: the worker's word is not enough).
+struct opened {
+  void* base = nullptr;
+  std::uint64_t extent = 0;
+};
+result<opened> open_handle(int device, std::string_view handle_hex) {
   cudaIpcMemHandle_t handle;
   if (handle_hex.size() != 2 * sizeof handle.reserved)
     return fail(errc::protocol, "a device handle has ", std::to_string(handle_hex.size()), " hex digits, expected ",
@@ -256,9 +265,6 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
       return fail(errc::protocol, "a device handle is not hexadecimal");
     handle.reserved[i] = static_cast<char>(hi * 16 + lo);
   }
-  if (align == 0 || offset % align != 0)
-    return fail(errc::protocol, "an exported output's offset ", std::to_string(offset), " is not aligned to ",
-                std::to_string(align), " bytes");
   if (auto r = select(device); !r)
     return r.error();
   lap timed{open_laps};
@@ -287,14 +293,219 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
                 ")");
   }
   const auto start = reinterpret_cast<CUdeviceptr>(base) - range_base;
-  if (offset > range_size - start || bytes > range_size - start - offset) {
-    (void) cudaIpcCloseMemHandle(base);
+  return opened{base, range_size - start};
+}
+
+// A span inside another (subspan): keeps its parent, and so the parent's mapping, alive.
+class view final : public device_bytes {
+public:
+  view(std::shared_ptr<device_bytes> parent, const std::byte* data, std::uint64_t size)
+      : parent_{std::move(parent)}, data_{data}, size_{size} {}
+  const void* data() const noexcept override { return data_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  int device() const noexcept override { return parent_->device(); }
+
+private:
+  std::shared_ptr<device_bytes> parent_;
+  const std::byte* data_;
+  std::uint64_t size_;
+};
+} // namespace
+
+result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
+                                                   std::uint64_t bytes, std::uint64_t align) {
+  if (align == 0 || offset % align != 0)
+    return fail(errc::protocol, "an exported output's offset ", std::to_string(offset), " is not aligned to ",
+                std::to_string(align), " bytes");
+  auto o = open_handle(device, handle_hex);
+  if (!o)
+    return o.error();
+  if (offset > o->extent || bytes > o->extent - offset) {
+    (void) cudaIpcCloseMemHandle(o->base);
     return fail(errc::protocol, "an exported output (", std::to_string(bytes), " bytes at offset ",
-                std::to_string(offset), ") lies outside its allocation of ", std::to_string(range_size - start),
-                " bytes");
+                std::to_string(offset), ") lies outside its allocation of ", std::to_string(o->extent), " bytes");
   }
   return std::shared_ptr<device_bytes>{
-      std::make_shared<mapped>(device, base, static_cast<const std::byte*>(base) + offset, bytes)};
+      std::make_shared<mapped>(device, o->base, static_cast<const std::byte*>(o->base) + offset, bytes)};
+}
+
+result<std::shared_ptr<device_bytes>> map_allocation(int device, std::string_view handle_hex) {
+  auto o = open_handle(device, handle_hex);
+  if (!o)
+    return o.error();
+  return std::shared_ptr<device_bytes>{
+      std::make_shared<mapped>(device, o->base, static_cast<const std::byte*>(o->base), o->extent)};
+}
+
+result<std::shared_ptr<device_bytes>> subspan(std::shared_ptr<device_bytes> parent, std::uint64_t offset,
+                                              std::uint64_t bytes, std::uint64_t align) {
+  if (!parent)
+    return fail(errc::invalid_arg, "subspan of nothing");
+  if (align == 0 || offset % align != 0)
+    return fail(errc::protocol, "a device span's offset ", std::to_string(offset), " is not aligned to ",
+                std::to_string(align), " bytes");
+  if (offset > parent->size() || bytes > parent->size() - offset)
+    return fail(errc::protocol, "a device span (", std::to_string(bytes), " bytes at offset ", std::to_string(offset),
+                ") lies outside its allocation of ", std::to_string(parent->size()), " bytes");
+  const auto* data = static_cast<const std::byte*>(parent->data()) + offset;
+  return std::shared_ptr<device_bytes>{std::make_shared<view>(std::move(parent), data, bytes)};
+}
+
+namespace {
+// Memory of cudaMalloc's (not the stream-ordered pool's), freed when the last reference goes.
+class allocated final : public device_bytes {
+public:
+  allocated(int device, void* data, std::uint64_t size) : device_{device}, data_{data}, size_{size} {}
+  ~allocated() override {
+    if (data_ != nullptr && cudaSetDevice(device_) == cudaSuccess)
+      (void) cudaFree(data_);
+  }
+  const void* data() const noexcept override { return data_; }
+  std::uint64_t size() const noexcept override { return size_; }
+  int device() const noexcept override { return device_; }
+
+private:
+  int device_;
+  void* data_;
+  std::uint64_t size_;
+};
+
+void* writable(const device_bytes& b) { return const_cast<void*>(b.data()); }
+} // namespace
+
+result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t bytes) {
+  if (auto r = select(device); !r)
+    return r.error();
+  void* p = nullptr;
+  if (bytes > 0)
+    if (auto e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+      (void) cudaGetLastError();
+      return fail(errc::device, "cannot allocate ", std::to_string(bytes), " bytes on CUDA device ",
+                  std::to_string(device), ": ", cuda_text(e));
+    }
+  return std::shared_ptr<device_bytes>{std::make_shared<allocated>(device, p, bytes)};
+}
+
+result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t bytes) {
+  if (bytes > dst.size())
+    return fail(errc::invalid_arg, "upload: ", std::to_string(bytes), " bytes into ", std::to_string(dst.size()));
+  if (auto r = select(dst.device()); !r)
+    return r.error();
+  if (bytes == 0)
+    return {};
+  lap timed{copy_laps};
+  if (auto e = cudaMemcpyAsync(writable(dst), src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
+      e != cudaSuccess) {
+    (void) cudaStreamSynchronize(cudaStreamPerThread);
+    return fail(errc::device, "cannot copy inputs to the device: ", cuda_text(e));
+  }
+  if (auto e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess)
+    return fail(errc::device, "cannot copy inputs to the device: ", cuda_text(e));
+  return {};
+}
+
+result<void> copy_all(const std::vector<device_copy>& copies) {
+  if (copies.empty())
+    return {};
+  for (const auto& c : copies)
+    if (c.dst->size() != c.src->size() || c.dst->device() != copies.front().dst->device()
+        || c.src->device() != c.dst->device())
+      return fail(errc::invalid_arg, "copy_all: spans of different sizes or devices");
+  if (auto r = select(copies.front().dst->device()); !r)
+    return r.error();
+  cudaError_t e = cudaSuccess;
+  for (const auto& c : copies) {
+    if (c.src->size() == 0)
+      continue;
+    e = cudaMemcpyAsync(writable(*c.dst), c.src->data(), c.src->size(), cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+    if (e != cudaSuccess)
+      break;
+  }
+  const auto waited = cudaStreamSynchronize(cudaStreamPerThread);
+  if (e == cudaSuccess)
+    e = waited;
+  if (e != cudaSuccess)
+    return fail(errc::device, "cannot copy on the device: ", cuda_text(e));
+  return {};
+}
+
+result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value) {
+  if (spans.empty())
+    return {};
+  if (auto r = select(spans.front()->device()); !r)
+    return r.error();
+  cudaError_t e = cudaSuccess;
+  for (const auto* s : spans) {
+    if (s->size() == 0)
+      continue;
+    e = cudaMemsetAsync(writable(*s), value, s->size(), cudaStreamPerThread);
+    if (e != cudaSuccess)
+      break;
+  }
+  const auto waited = cudaStreamSynchronize(cudaStreamPerThread);
+  if (e == cudaSuccess)
+    e = waited;
+  if (e != cudaSuccess)
+    return fail(errc::device, "cannot fill device memory: ", cuda_text(e));
+  return {};
+}
+
+result<double> fastest_fill_ms(int device, std::uint64_t bytes) {
+  if (bytes == 0)
+    return 0.0;
+  auto buf = allocate_owned(device, bytes);
+  if (!buf)
+    return buf.error();
+  cudaEvent_t a = nullptr, b = nullptr;
+  if (cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess) {
+    if (a != nullptr)
+      (void) cudaEventDestroy(a);
+    (void) cudaGetLastError();
+    return fail(errc::device, "cannot create CUDA events");
+  }
+  double best = 1e300;
+  cudaError_t e = cudaSuccess;
+  for (int k = 0; k < 6 && e == cudaSuccess; ++k) { // the first fill only touches the memory
+    e = cudaEventRecord(a, cudaStreamPerThread);
+    if (e == cudaSuccess)
+      e = cudaMemsetAsync(writable(**buf), k + 1, bytes, cudaStreamPerThread);
+    if (e == cudaSuccess)
+      e = cudaEventRecord(b, cudaStreamPerThread);
+    if (e == cudaSuccess)
+      e = cudaEventSynchronize(b);
+    float ms = 0;
+    if (e == cudaSuccess)
+      e = cudaEventElapsedTime(&ms, a, b);
+    if (e == cudaSuccess && k > 0)
+      best = std::min(best, static_cast<double>(ms));
+  }
+  (void) cudaEventDestroy(a);
+  (void) cudaEventDestroy(b);
+  if (e != cudaSuccess)
+    return fail(errc::device, "cannot time a fill on the device: ", cuda_text(e));
+  return best;
+}
+
+result<void> flush_device_cache(int device, std::uint64_t bytes) {
+  static std::mutex mtx;
+  static std::map<int, std::shared_ptr<device_bytes>> buffers;
+  std::shared_ptr<device_bytes> buf;
+  {
+    std::lock_guard guard{mtx};
+    auto& b = buffers[device];
+    if (!b) {
+      if (auto r = select(device); !r)
+        return r.error();
+      int l2 = 0;
+      (void) cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device);
+      auto made = allocate_owned(device, std::max<std::uint64_t>(bytes, 2 * static_cast<std::uint64_t>(l2)));
+      if (!made)
+        return made.error();
+      b = std::move(*made);
+    }
+    buf = b;
+  }
+  return fill_all({buf.get()}, 0);
 }
 
 namespace {

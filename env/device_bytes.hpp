@@ -41,6 +41,43 @@ bool device_bytes_available() noexcept;
 result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
                                                    std::uint64_t bytes, std::uint64_t align);
 
+/// The whole allocation named by `handle_hex` (as map_exported), from the start of the handle's
+/// range to the end of the allocation: spans inside it come from subspan. A caller that maps
+/// many spans of one worker's allocations keeps one mapping per handle instead of opening the
+/// handle again for each (an open inside a timed sample would be charged to the call).
+result<std::shared_ptr<device_bytes>> map_allocation(int device, std::string_view handle_hex);
+
+/// `bytes` bytes at `offset` of `parent`, which the span keeps alive. Refuses a range outside the
+/// parent and an offset not aligned to `align` bytes (what a worker says is data to check).
+result<std::shared_ptr<device_bytes>> subspan(std::shared_ptr<device_bytes> parent, std::uint64_t offset,
+                                              std::uint64_t bytes, std::uint64_t align);
+
+/// `bytes` bytes of device memory this process owns on `device`, uninitialised.
+result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t bytes);
+
+/// Copies `bytes` host bytes into `dst` (which must be at least that large) and waits.
+result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t bytes);
+
+/// One device-to-device copy of `src`'s bytes into `dst` (which may be a mapping of a worker's
+/// export: this process writes it), for copy_all.
+struct device_copy {
+  const device_bytes* dst;
+  const device_bytes* src;
+};
+/// Queues every copy, then waits once. Sizes must match.
+result<void> copy_all(const std::vector<device_copy>& copies);
+
+/// Writes `value` into every byte of each span (a worker's export included) and waits.
+result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value);
+
+/// The fastest of five fills of `bytes` bytes of this process's memory on `device`, timed with
+/// device events (ms): what writing that many bytes takes there at least.
+result<double> fastest_fill_ms(int device, std::uint64_t bytes);
+
+/// Evicts the device's L2 cache: writes a buffer of this process's of twice its size (at least
+/// `bytes`) and waits.
+result<void> flush_device_cache(int device, std::uint64_t bytes);
+
 /// A copy of `src` in memory this process owns (reference outputs outlive the worker's exports).
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src);
 /// copy_to_owned for several spans (on one device) at once: the copies are queued together and

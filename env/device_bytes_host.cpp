@@ -15,6 +15,16 @@ bool device_bytes_available() noexcept { return false; }
 result<std::shared_ptr<device_bytes>> map_exported(int, std::string_view, std::uint64_t, std::uint64_t, std::uint64_t) {
   return no_cuda();
 }
+result<std::shared_ptr<device_bytes>> map_allocation(int, std::string_view) { return no_cuda(); }
+result<std::shared_ptr<device_bytes>> subspan(std::shared_ptr<device_bytes>, std::uint64_t, std::uint64_t, std::uint64_t) {
+  return no_cuda();
+}
+result<std::shared_ptr<device_bytes>> allocate_owned(int, std::uint64_t) { return no_cuda(); }
+result<void> upload(const device_bytes&, const std::byte*, std::uint64_t) { return no_cuda(); }
+result<void> copy_all(const std::vector<device_copy>&) { return no_cuda(); }
+result<void> fill_all(const std::vector<const device_bytes*>&, unsigned char) { return no_cuda(); }
+result<double> fastest_fill_ms(int, std::uint64_t) { return no_cuda(); }
+result<void> flush_device_cache(int, std::uint64_t) { return no_cuda(); }
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes&) { return no_cuda(); }
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>&) {
   return no_cuda();

@@ -405,6 +405,34 @@ std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
   return job;
 }
 
+bool evaluation::take_reference_copies(worker& w) {
+  // The worker's exports are poisoned before the candidate loads: keep a copy of each, all queued
+  // together and waited for once. The mappings are closed after the worker has been told, while
+  // it goes on (it frees its exports only when its next command comes).
+  std::vector<const device_bytes*> exported;
+  for (const auto& outs_of_trial : reference_)
+    for (const auto& b : outs_of_trial)
+      if (b.device)
+        exported.push_back(b.device.get());
+  auto own = copy_all_to_owned(exported);
+  if (!own) {
+    evaluator_failed_ = true;
+    set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
+    return false;
+  }
+  std::vector<std::shared_ptr<device_bytes>> mappings;
+  size_t k = 0;
+  for (auto& outs_of_trial : reference_)
+    for (auto& b : outs_of_trial)
+      if (b.device)
+        mappings.push_back(std::exchange(b.device, std::move((*own)[k++])));
+  if (!send(w, "{\"type\":\"taken\"}"))
+    return false;
+  phase("reference kept"); // the worker now poisons its exports
+  mappings.clear();
+  return true;
+}
+
 bool evaluation::one_process_trials(std::uint64_t seed) {
   const auto& opt = ev_.opt_;
   std::string job = job_json(seed, nullptr);
@@ -442,32 +470,10 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
       // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
       // ends after them without waiting for `taken`: sending it would race the worker's exit.
       if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == trials_) {
-        // The worker's exports are poisoned before the candidate loads: keep a copy of each, all
-        // queued together and waited for once. The mappings are closed after the worker has been
-        // told, while it goes on (it frees its exports only when `run` comes).
         const auto c0 = clock_type::now();
-        std::vector<const device_bytes*> exported;
-        for (const auto& outs_of_trial : reference_)
-          for (const auto& b : outs_of_trial)
-            if (b.device)
-              exported.push_back(b.device.get());
-        auto own = copy_all_to_owned(exported);
-        if (!own) {
-          evaluator_failed_ = true;
-          set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
+        if (!take_reference_copies(*w_.proc))
           return false;
-        }
-        std::vector<std::shared_ptr<device_bytes>> mappings;
-        size_t k = 0;
-        for (auto& outs_of_trial : reference_)
-          for (auto& b : outs_of_trial)
-            if (b.device)
-              mappings.push_back(std::exchange(b.device, std::move((*own)[k++])));
         copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
-        if (!send("{\"type\":\"taken\"}"))
-          return false;
-        phase("reference kept"); // the worker now poisons its exports
-        mappings.clear();
       }
     }
     if (ev_.log_.enabled(log_level::debug)) {
@@ -591,7 +597,11 @@ verdict evaluation::run() {
   }
   trials_ = req_.reference_only ? 1 : opt.trials;
   // The trust boundary (env/boundary.cpp) on the CPU; a check of a task alone runs no candidate.
-  split_ = opt.boundary == evaluator_boundary::process && ev_.device_ == "cpu" && !req_.reference_only;
+  // On a CUDA device the boundary needs this process's own view of the workers' device memory
+  // (outputs kept on the device); without it the verdict keeps one worker.
+  on_device_ = ev_.device_ != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
+  split_ = opt.boundary == evaluator_boundary::process && (ev_.device_ == "cpu" || on_device_) && !req_.reference_only;
+  on_device_ = on_device_ && split_;
   if (!(split_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
     // tolerance, so that the comparison judges them relative to their scale (env/compare.hpp).

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -54,7 +55,14 @@ public:
   bool evaluator_failed() const noexcept { return evaluator_failed_; }
   /// Closes this evaluation's mappings of the worker's exports (outputs kept on the device), if
   /// an early end left any: before the worker goes.
-  void drop_outputs() noexcept { reference_.clear(); }
+  void drop_outputs() noexcept {
+    reference_.clear();
+    ref_side_.sets.clear();
+    cand_side_.sets.clear();
+    staged_.clear();
+    last_ref_snaps_.clear();
+    mapped_.clear();
+  }
   /// Bytes of one trial's inputs and reference outputs (0 before the reference ran): how much
   /// memory the task itself asks of the device. A loss of two 4 GiB inputs has a 4-byte output.
   std::uint64_t task_bytes() const noexcept {
@@ -124,6 +132,7 @@ private:
     struct buffer {
       std::uint64_t addr = 0, bytes = 0;
       bool value = false;
+      std::shared_ptr<device_bytes> span; // on a CUDA device: this process's mapping of it
     };
     std::vector<std::vector<buffer>> sets;
   };
@@ -138,6 +147,23 @@ private:
   // the clock around `go` ... `sampled`, its outputs read while it is stopped again (per call).
   // False when the verdict is decided.
   bool time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
+  // time_sample on a CUDA device (boundary.cpp): the clock runs from before this process copies
+  // the sample's inputs into the worker's buffers to after it has copied the worker's outputs
+  // into its own memory.
+  bool time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
+  // The untimed call before a sample; the worker is stopped after it.
+  bool prime(worker& w);
+  // The copies of the staged inputs into `s`'s buffers (a CUDA device).
+  std::vector<device_copy> input_copies(const side& s) const;
+  // This process's mapping of the allocation `handle` of `w` names (kept for the evaluation).
+  // Refuses an allocation this process has mapped for another worker: a worker that names the
+  // other side's memory is reading what it did not compute (runtime:foreign_memory).
+  result<std::shared_ptr<device_bytes>> map_handle(worker& w, const std::string& handle);
+  // The empty sample's round trip across the boundary (ms), fastest of five.
+  bool measure_null();
+  // Keeps the reference worker's exported trial outputs in this process's memory and says
+  // `taken` (outputs kept on the device).
+  bool take_reference_copies(worker& w);
   // One paired round across the boundary: ms per call of each side; false when decided.
   bool split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted);
   // Handles a `done` message: fills the verdict from it.
@@ -207,6 +233,14 @@ private:
   std::uint64_t floor_bytes_ = 0; // the output bytes the floor is measured on
   std::mt19937_64 rng_{std::random_device{}()}; // the order of each round's two samples
   side ref_side_, cand_side_;
+  /// On a CUDA device: each call's inputs of the sample being timed, in this process's memory
+  /// (draw uploads them), the reference's last sample's output copies (for measure_null), and the
+  /// workers' allocations this process has mapped, by "pid:handle".
+  bool on_device_ = false;
+  std::vector<std::vector<std::shared_ptr<device_bytes>>> staged_;
+  std::vector<std::shared_ptr<device_bytes>> last_ref_snaps_;
+  std::map<std::string, std::shared_ptr<device_bytes>> mapped_;
+  std::vector<double> laps_[2][3]; // per side, a sample's clock in parts (debug log)
   verdict v_;
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;

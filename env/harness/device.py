@@ -236,14 +236,20 @@ def _open_driver_ipc():
 def _export(x):
     """CUDA IPC description of the uint8 device tensor x (kept alive by the caller): the handle of
     the allocation holding it, its offset there and its size. None if the driver refuses."""
+    return _export_range(_T_data_ptr(x), _int(_T_numel(x)))
+
+
+def _export_range(ptr, nbytes):
+    """CUDA IPC description of the `nbytes` device bytes at address ptr (kept alive by the
+    caller): the handle of the allocation holding them, their offset there and their size. None
+    if the driver refuses (memory it did not allocate with cuMemAlloc, or no driver)."""
     if _DRIVER_IPC is None:
         return None
     get_handle, get_range = _DRIVER_IPC
-    ptr = _T_data_ptr(x)
     base, size = _c_uint64(0), _c_size_t(0)
     if get_range(_c_byref(base), _c_byref(size), ptr) != 0:
         return None
     handle = _string_buffer(64)
     if get_handle(handle, base.value) != 0:
         return None
-    return {"ipc": _bytes_hex(handle.raw), "offset": ptr - base.value, "bytes": _int(_T_numel(x))}
+    return {"ipc": _bytes_hex(handle.raw), "offset": ptr - base.value, "bytes": nbytes}

@@ -12,10 +12,11 @@ import torch
 
 from crucible_harness_trusted import (
     _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
-    _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_numel, _T_size, _T_stride,
-    _Tensor, _torch_empty, _type
+    _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
+    _T_view, _Tensor, _torch_empty, _type, _uint8
 )
 from crucible_harness_channel import _Done, _error_done
+from crucible_harness_device import _export_range
 from crucible_harness_outputs import (
     _decode_inputs, _DTYPES, _encode_inputs, _kind_of, _os_threads, _output_items, _plain, _py_threads,
     _SUPPORTED_DTYPES
@@ -136,12 +137,15 @@ class _ExecutorPhase:
         next inputs and while the other side runs."""
         self.buf_sets = []
         self.sample_outs = None
+        self.arenas, self.arena_turn, self.null_out = [None, None], 0, None
         self.threads_before = (_py_threads(), _os_threads())
         # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
         # more objects than the reference's, and a collection there would be its time alone.
         _gc_disable()
         while True:
             msg = self.chan.recv()
+            if self.exports:
+                self.exports = []  # the trials' outputs: the evaluator has copied or compared them
             kind = msg.get("type")
             if kind == "stop":
                 _os_exit(0)
@@ -159,7 +163,20 @@ class _ExecutorPhase:
             elif kind == "go":
                 self.go()
             elif kind == "null":  # the round trip alone, for the evaluator's floor
-                self.chan.send({"type": "sampled", "outputs": []})
+                if msg.get("device") is True and self.cuda:
+                    # On a device, the round trip of a sample whose call is one tiny kernel: the
+                    # device switched to this process and back, a wait, one output exported.
+                    t = self.null_out
+                    if t is None:
+                        t = self.null_out = _torch_empty(128, dtype=_uint8, device=self.device)
+                    _T_fill_(t, 0)
+                    self.sync()
+                    ex = _export_range(_T_data_ptr(t), 128)
+                    self.chan.send({"type": "sampled", "outputs": [[{"dtype": "uint8", "shape": [128], "strides": [1],
+                                                                    "addr": _T_data_ptr(t), "bytes": 128,
+                                                                    **(ex or {})}]]})
+                else:
+                    self.chan.send({"type": "sampled", "outputs": []})
             else:
                 raise _Done("runtime_error", (), f"unexpected message {kind!r}")
 
@@ -190,6 +207,26 @@ class _ExecutorPhase:
         descs = []
         first = self.given_inputs[0] if self.role == "candidate" else self.make_inputs(self.seed, self.trial_dists[0])
         steps = (self.jitter_bytes // _max(calls, 1)) // 512
+        arena = None
+        if self.cuda:
+            # On a CUDA device the buffers are cut from one of two arenas, used in turn (the last
+            # round's buffers are read while this round's are filled): the evaluator maps each
+            # arena once, where an allocation per buffer and round would cost it a mapping each.
+            need = 0
+            for d in self.input_template:
+                if "value" not in d:
+                    n = _torch_empty(0, dtype=_DTYPES[d["dtype"]]).element_size()
+                    for s_ in d["shape"]:
+                        n *= _int(s_)
+                    need += ((n + 511) // 512 + steps) * 512
+            need *= calls
+            arenas = self.arenas
+            turn = self.arena_turn = self.arena_turn ^ 1
+            if arenas[turn] is None or _T_numel(arenas[turn]) < need:
+                arenas[turn] = None
+                arenas[turn] = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
+            arena = arenas[turn]
+        pos = 0
         for c in _range(calls):
             prev = old[c] if c < _len(old) else first
             one, desc = [], []
@@ -205,10 +242,22 @@ class _ExecutorPhase:
                     n *= s_
                 size = _torch_empty(0, dtype=dt).element_size()
                 lead = (_int(self.rng_random() * (steps + 1)) * 512) // size if steps > 0 else 0
-                t = _torch_empty(lead + n, dtype=dt, device=self.device)[lead:].view(shape)
+                if arena is not None:
+                    at = pos + lead * size
+                    pos += ((n * size + 511) // 512 + steps) * 512
+                    t = _T_view(_T_view(arena[at:at + n * size], dt), shape)
+                else:
+                    t = _torch_empty(lead + n, dtype=dt, device=self.device)[lead:].view(shape)
                 _T_copy_(t, x0)
                 one.append(t)
-                desc.append({"addr": _T_data_ptr(t), "bytes": n * size})
+                d_ = {"addr": _T_data_ptr(t), "bytes": n * size}
+                if self.cuda and n > 0:
+                    # On a CUDA device the evaluator maps the allocation and writes there.
+                    ex = _export_range(_T_data_ptr(t), n * size)
+                    if ex is None:
+                        raise _Done("runtime_error", (), "the CUDA driver cannot export an input buffer of the timing")
+                    d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
+                desc.append(d_)
             self.buf_sets.append(one)
             descs.append(desc)
         del old
@@ -271,9 +320,20 @@ class _ExecutorPhase:
                     continue
                 # Where it lies, as it lies (a view with strides too): the evaluator reads it there.
                 keep.append(o)
-                one.append({"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": [_int(s) for s in _T_size(o)],
-                            "strides": [_int(s) for s in _T_stride(o)], "addr": _T_data_ptr(o),
-                            "bytes": _int(_T_numel(o)) * o.element_size()})
+                shape, strides = [_int(s) for s in _T_size(o)], [_int(s) for s in _T_stride(o)]
+                d_ = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": shape, "strides": strides,
+                      "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()}
+                if self.cuda and d_["bytes"] > 0:
+                    # On a CUDA device: the allocation's handle, which the evaluator maps.
+                    last = 0
+                    for n_, st in zip(shape, strides):
+                        last += (n_ - 1) * st
+                    ex = _export_range(d_["addr"], (last + 1) * o.element_size())
+                    if ex is None:
+                        one.append({"kind": "tensor the CUDA driver cannot export"})
+                        continue
+                    d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
+                one.append(d_)
             descs.append(one)
         self.sample_outs = (outs, keep)  # alive until the evaluator has read them
         self.chan.send({"type": "sampled", "outputs": descs})

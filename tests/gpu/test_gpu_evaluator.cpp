@@ -40,10 +40,12 @@ const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
 // An evaluator on cuda:0 with short timing (10 rounds), outputs compared on the device or as
 // host bytes; its build service's cache in `extensions_dir` where given. (No
 // REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on success too.)
-std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, const fs::path& extensions_dir = {}) {
+std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, const fs::path& extensions_dir = {},
+                                                  bool cuda_boundary = false) {
   evaluator_options opt;
   opt.devices = {"cuda:0"};
   opt.outputs_on_device = on_device;
+  opt.cuda_boundary = cuda_boundary; // the reference and the candidate in two workers (env/boundary.cpp)
   if (!extensions_dir.empty())
     opt.extensions_dir = extensions_dir.string();
   opt.rounds = 10;
@@ -262,12 +264,14 @@ TEST_CASE("a hostile device handle is refused with a message, and the process go
   CHECK(compare_outputs({device_blob(ones, dtype::f32)}, {device_blob(ones, dtype::f32)}, tolerances{}).ok);
 }
 
-TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match those with host bytes") {
+TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match those with host bytes, and across the "
+          "trust boundary") {
   system_clock clk;
   logger log{clk, log_level::warn};
   auto root = source_dir / "env" / "tasks" / "cpu";
-  for (bool on_device : {true, false}) {
-    auto ev = short_evaluator(on_device, log);
+  for (int mode : {0, 1, 2}) { // outputs on the device; as host bytes; on the device across the boundary
+    const bool on_device = mode != 1;
+    auto ev = short_evaluator(on_device, log, {}, mode == 2);
     for (const char* stem : {"01_relu_scale", "04_layernorm_manual", "09_diag_matmul"}) {
       auto t = load_task(root / (std::string{stem} + ".py"));
       if (!t)
@@ -278,7 +282,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
           continue;
         auto v = ev->evaluate(eval_request{*t, read_text(e.path()), 0, false});
         auto name = e.path().filename().string();
-        const std::string label = std::string{on_device ? "device: " : "host: "} + stem + "/" + name + ": "
+        const std::string label = std::string{mode == 2 ? "boundary: " : on_device ? "device: " : "host: "} + stem + "/" + name + ": "
                                   + to_string(v.status);
         INFO(label << " " << v.message);
         MESSAGE(label << " " << v.speedup << "x wall " << v.wall_s << " s");
