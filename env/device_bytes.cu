@@ -78,11 +78,18 @@ private:
   std::uint64_t size_;
 };
 
+// Memory of this process's: from the stream-ordered pool (cudaMallocAsync), or `unpooled` from
+// cudaMalloc; freed when the last reference goes.
 class owned final : public device_bytes {
 public:
-  owned(int device, void* data, std::uint64_t size) : device_{device}, data_{data}, size_{size} {}
+  owned(int device, void* data, std::uint64_t size, bool unpooled = false)
+      : device_{device}, data_{data}, size_{size}, unpooled_{unpooled} {}
   ~owned() override {
-    if (data_ != nullptr && cudaSetDevice(device_) == cudaSuccess)
+    if (data_ == nullptr || cudaSetDevice(device_) != cudaSuccess)
+      return;
+    if (unpooled_)
+      (void) cudaFree(data_);
+    else
       (void) cudaFreeAsync(data_, cudaStreamPerThread);
   }
   const void* data() const noexcept override { return data_; }
@@ -93,6 +100,7 @@ private:
   int device_;
   void* data_;
   std::uint64_t size_;
+  bool unpooled_;
 };
 
 // --- the comparison kernel -------------------------------------------------------------------
@@ -352,24 +360,6 @@ result<std::shared_ptr<device_bytes>> subspan(std::shared_ptr<device_bytes> pare
 }
 
 namespace {
-// Memory of cudaMalloc's (not the stream-ordered pool's), freed when the last reference goes.
-class allocated final : public device_bytes {
-public:
-  allocated(int device, void* data, std::uint64_t size) : device_{device}, data_{data}, size_{size} {}
-  ~allocated() override {
-    if (data_ != nullptr && cudaSetDevice(device_) == cudaSuccess)
-      (void) cudaFree(data_);
-  }
-  const void* data() const noexcept override { return data_; }
-  std::uint64_t size() const noexcept override { return size_; }
-  int device() const noexcept override { return device_; }
-
-private:
-  int device_;
-  void* data_;
-  std::uint64_t size_;
-};
-
 void* writable(const device_bytes& b) { return const_cast<void*>(b.data()); }
 } // namespace
 
@@ -383,7 +373,7 @@ result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t b
       return fail(errc::device, "cannot allocate ", std::to_string(bytes), " bytes on CUDA device ",
                   std::to_string(device), ": ", cuda_text(e));
     }
-  return std::shared_ptr<device_bytes>{std::make_shared<allocated>(device, p, bytes)};
+  return std::shared_ptr<device_bytes>{std::make_shared<owned>(device, p, bytes, true)};
 }
 
 result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t bytes) {

@@ -236,10 +236,11 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
     // The worker's input distributions (docs/evaluator.md, Correctness).
     static const char* const dists[] = {"the task's inputs", "inputs scaled by U(0.5, 2)",
                                         "inputs scaled by U(0.5, 2) with random signs",
-                                        "inputs scaled by U(0.5, 2) with random signs, times 32"};
+                                        "inputs scaled by U(0.5, 2) with random signs, times 32",
+                                        "inputs scaled by U(0.5, 2), one run of each scaled by 16 more"};
     const int d = n["distribution"].as<int>(static_cast<int>(trial % 2));
     set(verdict_status::incorrect, "trial " + std::to_string(trial) + " (distribution " + std::to_string(d)
-                                     + (d >= 0 && d <= 3 ? std::string{": "} + dists[d] : std::string{}) + "): " + cmp.message);
+                                     + (d >= 0 && d <= 4 ? std::string{": "} + dists[d] : std::string{}) + "): " + cmp.message);
     return false;
   }
   if (!n["inputs_unchanged"].as<bool>(true)) {

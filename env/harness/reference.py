@@ -10,7 +10,7 @@ import torch
 from crucible_harness_trusted import (
     _BaseException, _cuda_empty_cache, _cuda_synchronize, _enumerate, _float, _Generator, _getattr, _hasattr,
     _int, _isinstance, _len, _list, _max, _min, _os_exit, _range, _S_data_ptr, _sum, _T_fill_, _T_is_contiguous,
-    _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to, _T_uniform_, _T_untyped_storage,
+    _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to, _T_uniform_, _T_untyped_storage, _T_view,
     _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_isfinite, _torch_manual_seed, _torch_where, _tuple,
     _type, _uint8
 )
@@ -22,6 +22,17 @@ from crucible_harness_outputs import (
 )
 
 _DIST3_FACTOR = 32.0  # distribution 3's scale (make_inputs)
+_DIST4_FACTOR = 16.0  # distribution 4's block scale (make_inputs)
+
+
+def _block_of(seed, i, n):
+    """Distribution 4's block of input i (n elements): (start, length), a run of n/4, n/8, n/16,
+    n/32 or n/64 elements in row-major order at a place drawn from the seed."""
+    h = (seed * 1_000_003 + 7_919 * i + 12_345) % (1 << 61)
+    length = _max(1, n // (4 << (h % 5)))
+    start = (h // 5) % _max(1, n - length + 1)
+    return start, length
+
 
 
 class _ReferencePhase:
@@ -34,6 +45,10 @@ class _ReferencePhase:
         a task whose get_inputs() keeps a sign never makes; distribution 3 as 2, times 32
         (magnitudes the task never makes, where a shortcut that holds only near its own scale
         fails: a softmax without its max subtraction overflows; docs/evaluator.md, Correctness).
+        Distribution 4 is 1 with one run of each floating input's elements (a quarter to a 64th
+        of them, in row-major order, at a place drawn from the seed) scaled by 16 more: values
+        whose weight sits where a sample of the input does not look, so that an output estimated
+        from part of the input is off (docs/evaluator.md, Correctness).
         Contiguous CUDA tensors go through _HarnessKernels.scale_uniform, others through torch
         operations. Factory calls without a device create their tensors on the worker's device
         directly: generating tens of millions of values on the host and copying them over took
@@ -51,19 +66,29 @@ class _ReferencePhase:
                     pass
                 elif kernels is not None and x.device.type == "cuda" and x.dtype in _HarnessKernels._FLOAT \
                         and _T_is_contiguous(x):
-                    x = kernels.scale_uniform(x, (seed * 7919 + 17 + 1_000_003 * i) % (1 << 64), signed=dist >= 2)
+                    x = kernels.scale_uniform(x, (seed * 7919 + 17 + 1_000_003 * i) % (1 << 64), signed=dist in (2, 3))
                 else:
                     if gen is None:
                         gen = _Generator(device=self.device).manual_seed((seed * 7919 + 17) % (1 << 63))
                     size = _tuple(_T_size(x))
                     f = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.5, 2.0, generator=gen)
-                    if dist >= 2:
+                    if dist in (2, 3):
                         sign = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.0, 1.0,
                                            generator=gen)
                         f = _T_mul(f, _torch_where(_T_lt(sign, 0.5), -1.0, 1.0))
                     x = _T_mul(x, f)
                 if dist == 3 and _T_is_floating_point(x):
                     x = _T_mul(x, _DIST3_FACTOR)
+                if dist == 4 and _T_is_floating_point(x) and _T_numel(x) > 1:
+                    start, length = _block_of(seed, i, _T_numel(x))
+                    if _T_is_contiguous(x):  # in place: a task's inputs may fill most of the device
+                        run = _T_view(x, -1)[start:start + length]
+                        _T_copy_(run, _T_mul(run, _DIST4_FACTOR))
+                    else:
+                        f = _torch_empty(_T_numel(x), dtype=x.dtype, device=x.device)
+                        _T_fill_(f, 1.0)
+                        _T_fill_(f[start:start + length], _DIST4_FACTOR)
+                        x = _T_mul(x, _T_view(f, _tuple(_T_size(x))))
             out.append(x)
         return out
 
@@ -155,7 +180,7 @@ class _ReferencePhase:
             if domain not in ("any", "as-given"):
                 raise _Done("runtime_error", (),
                             f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
-            self.dists = [0, 1, 2, 3] if domain == "any" else [0, 1]
+            self.dists = [0, 1, 2, 3, 4] if domain == "any" else [0, 1, 4]
             self.trial_dists = []
             finite0 = True
             t = 0
