@@ -457,7 +457,6 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   // (and ZeroMQ's threads in it) took milliseconds on a loaded machine, which no call should carry;
   // between the two it is waiting for `go`, and what a thread of its could do meanwhile is the
   // one clock reading's worth of time.
-  const std::uint64_t waited0 = candidate ? 0 : w.run_delay_ns();
   if (!thaw(w))
     return false;
   const auto t0 = clock_type::now();
@@ -471,8 +470,6 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   if (!freeze(w, &t1))
     return false;
   ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(in.size());
-  if (!candidate) // the reference's wait for a core in this sample, per call (check_clean_reference)
-    ref_waited_ms_ = static_cast<double>(w.run_delay_ns() - waited0) / 1e6 / static_cast<double>(in.size());
   // Its outputs, read out of its memory while it is stopped.
   const auto& list = n["outputs"];
   if (!list.IsSequence() || list.size() != in.size())
@@ -975,7 +972,6 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     ++k;
     ref.push_back(r);
     cand.push_back(c);
-    ref_net_ms_.push_back(r - ref_waited_ms_);
     ev_.timed_calls_ns_ += static_cast<std::uint64_t>((r + c) * 1e6 * static_cast<double>(sample_calls_));
   }
   // The physics floor: no call produces its outputs faster than this machine writes their bytes.
@@ -1038,12 +1034,8 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
                    ": the reference is not timed alone: other evaluations shared the host during the rounds");
     return true;
   }
-  // The reference's times net of its waits for a core (on the CPU): while it is timed the
-  // candidate's processes are stopped, so a wait there is other load on the host (another test,
-  // a compile), which a verdict's rounds and the reference alone need not share.
-  const std::vector<double>& timed = ref_net_ms_.size() == ref.size() ? ref_net_ms_ : ref;
-  const double during = median(timed);
-  const double during_q25 = quantile(timed, 0.25);
+  const double during = median(ref);
+  const double during_q25 = quantile(ref, 0.25);
   // Slower beyond the band, and not by noise: the fastest quarter of this verdict's reference
   // samples is slower, by the band, than the slowest quarter of the samples alone. A machine whose
   // load moves between the two windows (CI's two cores running other tests: 20% between the
@@ -1072,7 +1064,7 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
       double ms = 0;
       if (!draw(dists_[static_cast<std::size_t>(k) % dists_.size()], in) || !time_sample(ref_side_, in, outs, ms))
         return false;
-      into.push_back(ms - ref_waited_ms_);
+      into.push_back(ms);
     }
     return true;
   };
@@ -1088,7 +1080,6 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
   char buf[400];
   std::snprintf(buf, sizeof buf,
                 "the reference ran %.1f%% slower during this verdict than alone (median %.4f ms against %.4f ms, "
-                "each net of its waits for a core, "
                 "beyond the band of %.0f%%): something of the candidate's slowed it, and its speedup cannot be "
                 "believed",
                 100 * (during / median(alone) - 1), during, median(alone), 100 * opt.reference_band);

@@ -230,8 +230,6 @@ private:
   bool host_shared_ = false; // another evaluation was in flight during the measured rounds
   double floor_ms_ = -1; // the physics floor of a timed call (boundary.cpp), once measured
   double null_ms_ = 0; // the fastest round trip of an empty sample of the reference's worker
-  double ref_waited_ms_ = 0; // the last reference sample's wait for a core, per call (CPU)
-  std::vector<double> ref_net_ms_; // the measured rounds' reference times net of those waits
   std::uint64_t floor_bytes_ = 0; // the output bytes the floor is measured on
   std::mt19937_64 rng_{std::random_device{}()}; // the order of each round's two samples
   side ref_side_, cand_side_;

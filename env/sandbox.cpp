@@ -601,22 +601,6 @@ result<void> worker::freeze(std::chrono::steady_clock::time_point* stopped_at, s
   return {};
 }
 
-std::uint64_t worker::run_delay_ns() {
-  // /proc/PID/task/TID/schedstat: time on a core, time waiting on a run queue, timeslices (ns).
-  std::uint64_t total = 0;
-  std::error_code ec;
-  const auto dir = std::filesystem::path{"/proc"} / std::to_string(inner_pid()) / "task";
-  for (std::filesystem::directory_iterator it{dir, ec}, end; !ec && it != end; it.increment(ec)) {
-    if (FILE* f = std::fopen((it->path() / "schedstat").c_str(), "r")) {
-      unsigned long long on_cpu = 0, waited = 0;
-      if (std::fscanf(f, "%llu %llu", &on_cpu, &waited) == 2)
-        total += waited;
-      std::fclose(f);
-    }
-  }
-  return total;
-}
-
 result<void> worker::thaw() {
   if (::kill(-pid_, SIGCONT) != 0)
     return fail(errc::io, "cannot continue worker ", std::to_string(pid_), ": ", std::strerror(errno));

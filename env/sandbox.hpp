@@ -114,9 +114,6 @@ public:
   result<void> freeze(std::chrono::steady_clock::time_point* stopped_at = nullptr,
                       std::chrono::microseconds timeout = std::chrono::seconds{10});
   result<void> thaw();
-  /// Nanoseconds the threads of the candidate's process (inner_pid) have waited for a core since
-  /// they started (the kernel's schedstat run_delay); 0 where the kernel does not say.
-  std::uint64_t run_delay_ns();
   /// Reads (process_vm_readv) or writes (process_vm_writev) `n` bytes at `addr` of the worker's
   /// address space. Errors name the address and the system's reason (EFAULT: not mapped).
   result<void> read_memory(std::uint64_t addr, std::size_t n, std::byte* out);
