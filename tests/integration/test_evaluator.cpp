@@ -110,8 +110,20 @@ void check_task(const std::string& prefix) {
   for (const auto& f : files) {
     auto v = ev.run(*t, f);
     auto name = f.filename().string();
-    INFO(name << ": " << describe(v));
     MESSAGE(file.stem().string() << "/" << name << ": " << describe(v));
+    const bool slow_reference = std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:slow_reference")
+                                != v.checks_failed.end();
+    if (name.rfind("wrong_", 0) != 0
+        && ((v.status == verdict_status::ok && v.speedup <= 1.0 && v.speedup_spread > 0.1) || slow_reference)) {
+      // On a loaded 2-core machine (CI's tests two at a time) one verdict's band can reach below
+      // the win threshold (±22-25% seen), and the other test's load can fall in the verdict's
+      // rounds and not in the reference's samples alone (runtime:slow_reference, 16_pairwise_sqdist
+      // 43-77% slower; docs/evaluator.md, Not covered yet): a faster variant must then be credited
+      // by a second verdict.
+      v = ev.run(*t, f);
+      MESSAGE(file.stem().string() << "/" << name << " again: " << describe(v));
+    }
+    INFO(name << ": " << describe(v));
     if (name.rfind("wrong_", 0) == 0) {
       CHECK(v.status == verdict_status::incorrect);
       ++wrong;
