@@ -361,6 +361,17 @@ result<std::shared_ptr<device_bytes>> subspan(std::shared_ptr<device_bytes> pare
 
 namespace {
 void* writable(const device_bytes& b) { return const_cast<void*>(b.data()); }
+
+// Waits for the work queued on this thread's stream; the first error, queuing's (`e`) or the
+// wait's, named after `what`.
+result<void> wait_queued(cudaError_t e, const char* what) {
+  const auto waited = cudaStreamSynchronize(cudaStreamPerThread);
+  if (e == cudaSuccess)
+    e = waited;
+  if (e != cudaSuccess)
+    return fail(errc::device, what, cuda_text(e));
+  return {};
+}
 } // namespace
 
 result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t bytes) {
@@ -411,12 +422,7 @@ result<void> copy_all(const std::vector<device_copy>& copies) {
     if (e != cudaSuccess)
       break;
   }
-  const auto waited = cudaStreamSynchronize(cudaStreamPerThread);
-  if (e == cudaSuccess)
-    e = waited;
-  if (e != cudaSuccess)
-    return fail(errc::device, "cannot copy on the device: ", cuda_text(e));
-  return {};
+  return wait_queued(e, "cannot copy on the device: ");
 }
 
 result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value) {
@@ -432,12 +438,7 @@ result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned ch
     if (e != cudaSuccess)
       break;
   }
-  const auto waited = cudaStreamSynchronize(cudaStreamPerThread);
-  if (e == cudaSuccess)
-    e = waited;
-  if (e != cudaSuccess)
-    return fail(errc::device, "cannot fill device memory: ", cuda_text(e));
-  return {};
+  return wait_queued(e, "cannot fill device memory: ");
 }
 
 result<double> fastest_fill_ms(int device, std::uint64_t bytes) {
