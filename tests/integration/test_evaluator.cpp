@@ -69,6 +69,11 @@ struct cpu_evaluator {
     opt.rounds = 20; // CI's two cores: fewer rounds, still five buckets of four
     opt.max_rounds = 60;
     opt.run_timeout_s = 30; // the infinite loop is declared a timeout after 30 s, not 300
+    // CI runs two tests at a time on two cores: another test's load that falls in a verdict's
+    // rounds and not in the reference's samples alone made the reference 28-77% "slower" and
+    // refused legitimate verdicts (docs/evaluator.md, Not covered yet). The check's own test
+    // (tests/tasks/slow_then_fast.py) slows the reference far beyond this band.
+    opt.reference_band = 1.0;
     return opt;
   }
 
