@@ -138,7 +138,7 @@ mapping_owners& owners() {
 // A mapping registered in owners() while it lives.
 class owned_mapping final : public device_bytes {
 public:
-  owned_mapping(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}
+  explicit owned_mapping(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}
   ~owned_mapping() override {
     auto& o = owners();
     std::lock_guard guard{o.mtx};
@@ -399,6 +399,31 @@ bool evaluation::draw(int dist, sample_inputs& in) {
   return true;
 }
 
+bool evaluation::refuse_unlike_trials(std::size_t k, const tensor_blob& b) {
+  // What the candidate's worker says is data: an output of another dtype or shape than the
+  // reference's in the trials is not read at all (nor a size it made up to exhaust memory).
+  if (k < reference_.front().size() && reference_.front()[k].type == b.type && reference_.front()[k].shape == b.shape)
+    return false;
+  v_.checks_failed.push_back("runtime:timing_outputs");
+  set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
+                                  + std::to_string(k) + " has another dtype or shape than in the trials");
+  return true;
+}
+
+bool evaluation::refuse_aliased(std::size_t k) {
+  v_.checks_failed.push_back("runtime:aliased_output");
+  set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
+                                  + " shares memory with an input, where the reference's output does not; "
+                                    "returning an input or a view of one is not a computation");
+  return false;
+}
+
+bool evaluation::refuse_input_mutation() {
+  v_.checks_failed.push_back("runtime:input_mutation");
+  set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(round_no_) + ")");
+  return false;
+}
+
 bool evaluation::prime(worker& w) {
   YAML::Node n;
   worker_message msg;
@@ -491,29 +516,13 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
       b = o.blob; // o keeps its shape for gather() below
       const auto addr = d["addr"].as<std::uint64_t>(0);
       const auto span = o.span;
-      // What the candidate's worker says is data: an output of another dtype or shape than the
-      // reference's in the trials is not read at all (nor a size it made up to exhaust memory).
       const auto k = outs[c].size();
-      if (candidate && (k >= reference_.front().size() || reference_.front()[k].type != b.type
-                        || reference_.front()[k].shape != b.shape)) {
-        v_.checks_failed.push_back("runtime:timing_outputs");
-        set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
-                                        + std::to_string(k) + " has another dtype or shape than in the trials");
+      if (candidate && refuse_unlike_trials(k, b))
         return false;
-      }
-      if (candidate) {
-        // An output that shares memory with one of its call's inputs, where the reference's does
-        // not: an input (or a view of one) handed back computes nothing (runtime:aliased_output).
-        const bool ref_aliases = k < ref_aliased_.size() && ref_aliased_[k];
+      if (candidate && may_not_alias(k))
         for (const auto& ib : s.sets[c])
-          if (!ref_aliases && !ib.value && span > 0 && addr < ib.addr + ib.bytes && ib.addr < addr + span) {
-            v_.checks_failed.push_back("runtime:aliased_output");
-            set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
-                                            + " shares memory with an input, where the reference's output does not; "
-                                              "returning an input or a view of one is not a computation");
-            return false;
-          }
-      }
+          if (!ib.value && span > 0 && addr < ib.addr + ib.bytes && ib.addr < addr + span)
+            return refuse_aliased(k);
       if (span > 0) {
         ranges.emplace_back(addr, addr + span);
         range_call.push_back(c);
@@ -554,11 +563,8 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         now.resize(b.bytes);
         if (auto r = w.read_memory(b.addr, b.bytes, now.data()); !r)
           return broke("its input buffer cannot be read back: " + r.error().message);
-        if (std::memcmp(now.data(), in[c][i].data(), b.bytes) != 0) {
-          v_.checks_failed.push_back("runtime:input_mutation");
-          set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(round_no_) + ")");
-          return false;
-        }
+        if (std::memcmp(now.data(), in[c][i].data(), b.bytes) != 0)
+          return refuse_input_mutation();
       }
     // Its outputs, read, are overwritten with 0xFF bytes (NaN for floats) where they lie: an output
     // handed back again without being computed again (a stored result) fails the next comparison,
@@ -683,14 +689,8 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         return broke(wrong);
       }
       const auto k = outs[c].size();
-      // What the candidate's worker says is data: an output of another dtype or shape than the
-      // reference's in the trials is not read at all.
-      if (candidate && (k >= reference_.front().size() || reference_.front()[k].type != o.blob.type
-                        || reference_.front()[k].shape != o.blob.shape)) {
+      if (candidate && refuse_unlike_trials(k, o.blob)) {
         (void) freeze(w);
-        v_.checks_failed.push_back("runtime:timing_outputs");
-        set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
-                                        + std::to_string(k) + " has another dtype or shape than in the trials");
         return false;
       }
       if (o.span > 0) {
@@ -720,9 +720,8 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         desc_index.push_back(k);
       }
       outs[c].push_back(o.blob);
-      descs.push_back(std::move(o));
-      if (descs.back().span == 0)
-        descs.pop_back();
+      if (o.span > 0) // one description per span, in the same order
+        descs.push_back(std::move(o));
     }
   }
   std::vector<const device_bytes*> srcs;
@@ -755,17 +754,12 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   for (std::size_t r = 0; r < spans.size(); ++r) {
     const auto c = desc_call[r];
     const auto k = desc_index[r];
-    if (candidate && !(k < ref_aliased_.size() && ref_aliased_[k]))
+    if (candidate && may_not_alias(k))
       for (const auto& ib : s.sets[c])
         if (!ib.value && ib.span) {
           const auto a = reinterpret_cast<std::uintptr_t>(ib.span->data());
-          if (ranges[r].first < a + ib.span->size() && a < ranges[r].second) {
-            v_.checks_failed.push_back("runtime:aliased_output");
-            set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
-                                            + " shares memory with an input, where the reference's output does not; "
-                                              "returning an input or a view of one is not a computation");
-            return false;
-          }
+          if (ranges[r].first < a + ib.span->size() && a < ranges[r].second)
+            return refuse_aliased(k);
         }
     auto& b = outs[c][k];
     const auto& o = descs[r];
@@ -797,11 +791,8 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     if (!diffs)
       return device_failed("cannot read the candidate's inputs back", diffs.error());
     for (const auto& d : *diffs)
-      if (d.mismatches != 0) {
-        v_.checks_failed.push_back("runtime:input_mutation");
-        set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(round_no_) + ")");
-        return false;
-      }
+      if (d.mismatches != 0)
+        return refuse_input_mutation();
   }
   // Its outputs, copied, are overwritten with 0xFF bytes (NaN for floats) where they lie: an
   // output handed back again without being computed again fails the next comparison.

@@ -395,14 +395,8 @@ result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t
   if (bytes == 0)
     return {};
   lap timed{copy_laps};
-  if (auto e = cudaMemcpyAsync(writable(dst), src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread);
-      e != cudaSuccess) {
-    (void) cudaStreamSynchronize(cudaStreamPerThread);
-    return fail(errc::device, "cannot copy inputs to the device: ", cuda_text(e));
-  }
-  if (auto e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess)
-    return fail(errc::device, "cannot copy inputs to the device: ", cuda_text(e));
-  return {};
+  return wait_queued(cudaMemcpyAsync(writable(dst), src, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread),
+                     "cannot copy inputs to the device: ");
 }
 
 result<void> copy_all(const std::vector<device_copy>& copies) {
@@ -567,18 +561,13 @@ result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::
   }
   allocating.stop();
   lap copying{copy_laps};
-  for (size_t i = 0; i < srcs.size(); ++i) {
-    if (srcs[i]->size() == 0)
-      continue;
-    if (auto e = cudaMemcpyAsync(dst[i], srcs[i]->data(), srcs[i]->size(),
-                                 cudaMemcpyDeviceToDevice, cudaStreamPerThread);
-        e != cudaSuccess) {
-      (void) cudaStreamSynchronize(cudaStreamPerThread); // the copies queued so far end before their sources go
-      return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
-    }
-  }
-  if (auto e = cudaStreamSynchronize(cudaStreamPerThread); e != cudaSuccess)
-    return fail(errc::device, "cannot copy a reference output: ", cuda_text(e));
+  cudaError_t e = cudaSuccess;
+  for (size_t i = 0; i < srcs.size() && e == cudaSuccess; ++i)
+    if (srcs[i]->size() > 0)
+      e = cudaMemcpyAsync(dst[i], srcs[i]->data(), srcs[i]->size(), cudaMemcpyDeviceToDevice, cudaStreamPerThread);
+  // Waited for on failure too: the copies queued so far end before their sources go.
+  if (auto r = wait_queued(e, "cannot copy a reference output: "); !r)
+    return r.error();
   return out;
 }
 

@@ -597,12 +597,13 @@ verdict evaluation::run() {
       seed = 1;
   }
   trials_ = req_.reference_only ? 1 : opt.trials;
-  // The trust boundary (env/boundary.cpp) on the CPU; a check of a task alone runs no candidate.
-  // On a CUDA device the boundary needs this process's own view of the workers' device memory
-  // (outputs kept on the device); without it the verdict keeps one worker.
-  on_device_ = ev_.device_ != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
-  split_ = opt.boundary == evaluator_boundary::process && (ev_.device_ == "cpu" || on_device_) && !req_.reference_only;
-  on_device_ = on_device_ && split_;
+  // The trust boundary (env/boundary.cpp) on the CPU, and on a CUDA device with cuda_boundary; a
+  // check of a task alone runs no candidate. On a CUDA device the boundary needs this process's
+  // own view of the workers' device memory (outputs kept on the device); without it the verdict
+  // keeps one worker.
+  const bool cuda_boundary = ev_.device_ != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
+  split_ = opt.boundary == evaluator_boundary::process && (ev_.device_ == "cpu" || cuda_boundary) && !req_.reference_only;
+  on_device_ = split_ && cuda_boundary;
   if (!(split_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
     // tolerance, so that the comparison judges them relative to their scale (env/compare.hpp).

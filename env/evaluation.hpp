@@ -151,6 +151,15 @@ private:
   // the sample's inputs into the worker's buffers to after it has copied the worker's outputs
   // into its own memory.
   bool time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
+  // The candidate's checks of a timed call's outputs and inputs, shared by both forms of a
+  // sample: refuse_unlike_trials refuses output k of another dtype or shape than in the trials
+  // (runtime:timing_outputs) and says whether it did; may_not_alias says output k must not share
+  // memory with an input (the reference's does not); refuse_aliased (runtime:aliased_output) and
+  // refuse_input_mutation (runtime:input_mutation) refuse and return false.
+  bool refuse_unlike_trials(std::size_t k, const tensor_blob& b);
+  bool may_not_alias(std::size_t k) const { return !(k < ref_aliased_.size() && ref_aliased_[k]); }
+  bool refuse_aliased(std::size_t k);
+  bool refuse_input_mutation();
   // The untimed call before a sample; the worker is stopped after it.
   bool prime(worker& w);
   // The copies of the staged inputs into `s`'s buffers (a CUDA device).
@@ -215,7 +224,8 @@ private:
   const eval_request& req_;
   device_evaluator::ready_worker w_; // the one worker, or the reference's where the verdict has two
   device_evaluator::ready_worker cand_; // the candidate's worker, where the verdict has two
-  /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU).
+  /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU, and
+  /// on a CUDA device with evaluator.cuda_boundary).
   bool split_ = false;
   /// What the reference worker sent for the candidate's: each trial's inputs (the `inputs`
   /// message as it came, with its frames) and the task's data (`reference_info`).
