@@ -281,9 +281,12 @@ void describe(V& v, config& c) {
     v.field("cuda_boundary", e.cuda_boundary,
             "With `boundary: process`, CUDA devices too get two workers a verdict (outputs kept on the device, "
             "`outputs_on_device`): this process copies each timed sample's inputs into the worker's buffers "
-            "and its outputs into its own memory inside the clock, and compares on the device. The round trip "
-            "stays inside every sample, so speedups come out lower than with `shared`. Off by default: on an H100 it is still far slower and less precise "
-            "than `shared` (docs/PERFORMANCE.md, The reward's trust boundary).");
+            "and its outputs into its own memory, times the sample with its own device events around them "
+            "and the worker's calls, and compares on the device. The copies and the device's switches "
+            "between the two processes stay inside every sample, so speedups come out lower than with "
+            "`shared`. Off by default: on an H100 its verdicts took 3.2-3.7 times as long as `shared`'s, and it is "
+            "not yet measured on the GPU hack classes and KernelBench (docs/PERFORMANCE.md, The reward's "
+            "trust boundary).");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

@@ -642,29 +642,48 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   // candidate's to skip), before the clock starts.
   if (auto r = flush_device_cache(cuda_device_, opt.flush_bytes != 0 ? opt.flush_bytes : 256ull << 20); !r)
     return device_failed("cannot flush the device's cache", r.error());
-  // The clock: from before this process copies the sample's inputs into the worker's buffers
-  // (nothing of the worker's, a kernel left running on the device included, can see them before
-  // it starts) to after this process has copied every output into its own memory (an output still
-  // being written when `sampled` came is copied as it is then, and fails the comparison; work
-  // that does not write the outputs gains nothing here, and what it does to the other side's
-  // samples is the reference-alone check's to see).
+  // The clock (device_clock): queued here and held, the start event, this process's copies of the
+  // sample's inputs into the worker's buffers and the write of the go word its stream waits for
+  // before its calls (nothing of the worker's, a kernel left running on the device included, can
+  // see the inputs before the clock starts); after the worker has queued its calls, a wait for
+  // its done word, this process's copies of its outputs and the stop event. Let go, the device runs it all
+  // back to back: an output still being written when the copies run is copied as it is then, and
+  // fails the comparison; work that does not write the outputs gains nothing here, and what it
+  // does to the other side's samples is the reference-alone check's to see. The host's round
+  // trips are outside the clock; a call that waits for the device inside (the queue full, a
+  // value read back) is let go after 20 ms, and then its launches from there on are inside.
+  const auto words = clock_words_.find(w.pid());
+  if (words == clock_words_.end())
+    return broke("it has no clock words");
+  const auto seq = ++words->second.seq;
+  if (auto r = clock_->arm(copies, *words->second.go, seq); !r)
+    return device_failed("cannot start the device clock", r.error());
+  struct finishing {
+    explicit finishing(device_clock* clock) : c{clock} {}
+    finishing(const finishing&) = delete;
+    finishing& operator=(const finishing&) = delete;
+    ~finishing() {
+      if (c != nullptr) // a sample that ends early: its work let go and waited for
+        (void) c->finish(5.0);
+    }
+    device_clock* c;
+  };
+  std::optional<finishing> held{std::in_place, clock_.get()};
+  bool released = false;
   if (!thaw(w))
     return false;
-  const auto t0 = clock_type::now();
-  if (auto r = copy_all(copies); !r) {
-    if (candidate) {
-      set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
-      return false;
-    }
-    return device_failed(std::string{"cannot write the inputs of "} + who(w), r.error());
-  }
   const auto t_in = clock_type::now();
-  if (!send(w, "{\"type\":\"go\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
+  const std::function<void()> nudge = [&] {
+    released = true;
+    clock_->let_go();
+  };
+  if (!send(w, "{\"type\":\"launch\",\"seq\":" + std::to_string(seq) + "}")
+      || !receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge))
     return false;
   const auto t_call = clock_type::now();
-  if (n["type"].as<std::string>() != "sampled") {
+  if (n["type"].as<std::string>() != "launched") {
     (void) freeze(w);
-    return broke("expected sampled, got " + n["type"].as<std::string>());
+    return broke("expected launched, got " + n["type"].as<std::string>());
   }
   const auto& list = n["outputs"];
   if (!list.IsSequence() || list.size() != in.size()) {
@@ -698,7 +717,12 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
           (void) freeze(w);
           return broke("a device output without its handle");
         }
-        auto whole = map_handle(w, d["ipc"].as<std::string>(""));
+        const auto handle = d["ipc"].as<std::string>("");
+        // A first mapping of an allocation may wait for this process's device work, the held
+        // clock's too: let go first (that sample's host latencies are then inside its window).
+        if (mapped_.count(std::to_string(w.pid()) + ":" + handle) == 0 && !released)
+          nudge();
+        auto whole = map_handle(w, handle);
         if (!whole) {
           (void) freeze(w);
           if (candidate && whole.error().code == errc::protocol) {
@@ -724,26 +748,31 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         descs.push_back(std::move(o));
     }
   }
+  // Stopped before the clock is let go: no thread of the worker's queues more work meanwhile.
+  if (!freeze(w))
+    return false;
   std::vector<const device_bytes*> srcs;
   for (const auto& sp : spans)
     srcs.push_back(sp.get());
-  auto snaps = copy_all_to_owned(srcs);
-  const auto t1 = clock_type::now();
-  if (!freeze(w))
-    return false;
+  auto snaps = clock_->close(*words->second.done, seq, srcs);
   if (!snaps)
     return device_failed(std::string{"cannot copy the outputs of "} + who(w), snaps.error());
+  held->c = nullptr; // finished below, not twice
+  held.reset();
+  auto device_ms = clock_->finish(opt.run_timeout_s);
+  if (!device_ms && device_ms.error().code == errc::timeout) {
+    set(verdict_status::timeout, std::string{who(w)} + ": " + device_ms.error().message + " (timing)");
+    return false;
+  }
+  if (!device_ms)
+    return device_failed("cannot read the device clock", device_ms.error());
   {
     auto& l = laps_[candidate ? 1 : 0];
-    l[0].push_back(std::chrono::duration<double, std::milli>(t_in - t0).count());
-    l[1].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
-    l[2].push_back(std::chrono::duration<double, std::milli>(t1 - t_call).count());
+    l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
+    l[1].push_back(*device_ms);
+    l[2].push_back(released ? 1.0 : 0.0);
   }
-  // The whole window, round trip included, as on the CPU: taking the empty sample's round trip
-  // off each sample (tried on an H100) left a legitimate 0.23 ms kernel at zero, because the
-  // round trip varies by more than such a call takes. Both sides carry it, so speedups are
-  // understated, never overstated.
-  ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(in.size());
+  ms = *device_ms / static_cast<double>(in.size());
   // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
   // spans that overlap here are the same memory.
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
@@ -801,6 +830,43 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   return true;
 }
 
+bool evaluation::setup_clock(side& s) {
+  worker& w = *s.proc;
+  if (clock_words_.count(w.pid()) != 0)
+    return true;
+  if (!clock_) {
+    auto c = make_device_clock(cuda_device_);
+    if (!c) {
+      evaluator_failed_ = true;
+      set(verdict_status::runtime_error, "cannot make the device clock: " + c.error().message);
+      return false;
+    }
+    clock_ = std::move(*c);
+  }
+  YAML::Node n;
+  worker_message msg;
+  if (!thaw(w) || !send(w, "{\"type\":\"clock\"}") || !receive(w, ev_.opt_.run_timeout_s, "setting up the clock", n, msg)
+      || !freeze(w))
+    return false;
+  auto broke = [&](const std::string& what) {
+    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
+    return false;
+  };
+  if (n["type"].as<std::string>() != "clock" || !n["ipc"].IsScalar() || !n["offset"].IsScalar())
+    return broke("expected its clock words");
+  // Its two words, 128 bytes apart in its own memory: go at the offset, done after it.
+  auto whole = map_handle(w, n["ipc"].as<std::string>(""));
+  if (!whole)
+    return broke("its clock words cannot be mapped: " + whole.error().message);
+  const auto offset = n["offset"].as<std::uint64_t>(0);
+  auto go = subspan(*whole, offset, 4, 4);
+  auto done = subspan(*whole, offset + 128, 4, 4);
+  if (!go || !done)
+    return broke("its clock words lie outside their allocation");
+  clock_words_[w.pid()] = clock_words{std::move(*go), std::move(*done), 0};
+  return true;
+}
+
 bool evaluation::measure_null() {
   worker& rw = *w_.proc;
   YAML::Node n;
@@ -811,32 +877,48 @@ bool evaluation::measure_null() {
     srcs.push_back(sp.get());
   double best = 0;
   for (int k = 0; k < 5; ++k) {
-    if (!thaw(rw))
-      return false;
-    // As time_sample and time_sample_device: on a device, with the same copies in and out.
-    const auto t0 = clock_type::now();
-    if (on_device_)
-      if (auto r = copy_all(copies); !r) {
-        evaluator_failed_ = true;
-        set(verdict_status::runtime_error, "cannot write the inputs of the reference's worker: " + r.error().message);
-        return false;
-      }
-    if (!send(rw, on_device_ ? "{\"type\":\"null\",\"device\":true}" : "{\"type\":\"null\"}")
-        || !receive(rw, ev_.opt_.run_timeout_s, "timing", n, msg))
-      return false;
-    clock_type::time_point t1;
+    double ms = 0;
     if (on_device_) {
-      auto snaps = copy_all_to_owned(srcs);
-      t1 = clock_type::now();
-      if (!snaps) {
-        evaluator_failed_ = true;
-        set(verdict_status::runtime_error, "cannot copy outputs: " + snaps.error().message);
+      // As time_sample_device, with one tiny kernel for the calls and the copies of the
+      // reference's last outputs for its outputs.
+      const auto found = clock_words_.find(rw.pid());
+      if (found == clock_words_.end()) {
+        set(verdict_status::runtime_error, "the reference's worker broke the protocol: it has no clock words");
         return false;
       }
+      auto& words = found->second;
+      const auto seq = ++words.seq;
+      if (auto r = clock_->arm(copies, *words.go, seq); !r) {
+        evaluator_failed_ = true;
+        set(verdict_status::runtime_error, "cannot start the device clock: " + r.error().message);
+        return false;
+      }
+      const std::function<void()> nudge = [&] { clock_->let_go(); };
+      const bool ok = thaw(rw) && send(rw, "{\"type\":\"launch\",\"null\":true,\"seq\":" + std::to_string(seq) + "}")
+                      && receive(rw, ev_.opt_.run_timeout_s, "timing", n, msg, 0.02, nudge) && freeze(rw);
+      result<std::vector<std::shared_ptr<device_bytes>>> snaps = fail(errc::device, "not copied");
+      if (ok)
+        snaps = clock_->close(*words.done, seq, srcs);
+      auto device_ms = clock_->finish(ev_.opt_.run_timeout_s);
+      if (!ok)
+        return false;
+      if (!snaps || !device_ms) {
+        evaluator_failed_ = true;
+        set(verdict_status::runtime_error, "cannot time an empty sample: "
+                                             + (snaps ? device_ms.error().message : snaps.error().message));
+        return false;
+      }
+      ms = *device_ms;
+    } else {
+      if (!thaw(rw))
+        return false;
+      const auto t0 = clock_type::now(); // as in time_sample
+      clock_type::time_point t1;
+      if (!send(rw, "{\"type\":\"null\"}") || !receive(rw, ev_.opt_.run_timeout_s, "timing", n, msg)
+          || !freeze(rw, &t1))
+        return false;
+      ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     }
-    if (!freeze(rw, on_device_ ? nullptr : &t1))
-      return false;
-    const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     best = k == 0 ? ms : std::min(best, ms);
   }
   null_ms_ = best;
@@ -897,6 +979,8 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     if (!make_buffers(ref_side_, 1) || !make_buffers(cand_side_, 1))
       return false;
   }
+  if (on_device_ && (!setup_clock(ref_side_) || !setup_clock(cand_side_)))
+    return false;
   double r = 0, c = 0;
   if (!measured_ && !continuation) {
     // Warm-up: at least 3 rounds and warmup_ms, then as many calls per sample as make a sample
@@ -995,12 +1079,18 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
                   floor_ms_, null_ms_, static_cast<long long>(sample_calls_), m);
     ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", buf);
     if (on_device_) {
-      // Where a sample's clock went, median ms per side: inputs copied in; `go` to `sampled`;
-      // outputs mapped and copied out.
+      // Per side: the median host time from `launch` to `launched`, the median device window,
+      // and the share of samples let go before `launched` (a call that waited for the device).
+      auto share = [](const std::vector<double>& v) {
+        double n = 0;
+        for (const auto x : v)
+          n += x;
+        return v.empty() ? 0.0 : n / static_cast<double>(v.size());
+      };
       char laps[200];
-      std::snprintf(laps, sizeof laps, "sample laps (ms): reference in %.4f call %.4f out %.4f; candidate in %.4f call %.4f out %.4f",
-                    median(laps_[0][0]), median(laps_[0][1]), median(laps_[0][2]), median(laps_[1][0]),
-                    median(laps_[1][1]), median(laps_[1][2]));
+      std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f; candidate launch %.4f device %.4f let go early %.2f",
+                    median(laps_[0][0]), median(laps_[0][1]), share(laps_[0][2]), median(laps_[1][0]),
+                    median(laps_[1][1]), share(laps_[1][2]));
       ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", laps);
     }
   }

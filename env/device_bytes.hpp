@@ -67,6 +67,31 @@ struct device_copy {
 /// Queues every copy, then waits once. Sizes must match.
 result<void> copy_all(const std::vector<device_copy>& copies);
 
+/// A clock on the device for a sample timed across the trust boundary, read in this process
+/// only. The worker keeps two words in its own device memory, which this process maps: `go`,
+/// which its stream waits for (cuStreamWaitValue32, >= seq) before a sample's calls, and `done`,
+/// which its stream writes (seq) after them. arm() queues, on a stream of this process's, a hold,
+/// the start event, the copies of the sample's inputs into the worker's buffers and the write of
+/// `go`; close() queues a wait for `done`, the copies of the outputs into this process's memory
+/// and the stop event; finish() lets the held work run (let_go() does that alone, earlier: for a
+/// worker whose calls wait for the device), waits for it (up to `timeout_s`; past it this process
+/// writes `done` itself and refuses the sample) and returns the device time between the two
+/// events. Everything of the worker's that writes the outputs runs between them, and none of the
+/// host's latencies does when the work was queued before it was let go; the copies, which both
+/// sides pay alike, lie inside. A worker that writes `done` early gets its outputs copied as they
+/// are then; one that writes `go` early runs on the last sample's inputs; work overlapped with a
+/// copy saves at most that copy's time. A clock destroyed armed lets its work go.
+class device_clock {
+public:
+  virtual ~device_clock() = default;
+  virtual result<void> arm(const std::vector<device_copy>& copies_in, const device_bytes& go, std::uint32_t seq) = 0;
+  virtual result<std::vector<std::shared_ptr<device_bytes>>> close(const device_bytes& done, std::uint32_t seq,
+                                                                   const std::vector<const device_bytes*>& outs) = 0;
+  virtual void let_go() noexcept = 0;
+  virtual result<double> finish(double timeout_s) = 0;
+};
+result<std::unique_ptr<device_clock>> make_device_clock(int device);
+
 /// Writes `value` into every byte of each span (a worker's export included) and waits.
 result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value);
 

@@ -116,10 +116,19 @@ static std::string tolerances_json(const tolerances& t) {
   return out + "}";
 }
 
-bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
+bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg,
+                         double nudge_after, const std::function<void()>& nudge) {
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
+  auto nudge_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(nudge_after));
+  bool nudged = !nudge;
   for (;;) {
-    switch (from.receive(deadline, msg)) {
+    const auto outcome = from.receive(nudged ? deadline : std::min(deadline, nudge_at), msg);
+    if (outcome == receive_outcome::deadline && !nudged && clock_type::now() < deadline) {
+      nudged = true;
+      nudge();
+      continue;
+    }
+    switch (outcome) {
       case receive_outcome::deadline: {
         from.kill();
         done_ = true;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,6 +62,8 @@ public:
     cand_side_.sets.clear();
     staged_.clear();
     last_ref_snaps_.clear();
+    clock_.reset(); // its queued work waited for before the words it waits on go
+    clock_words_.clear();
     mapped_.clear();
   }
   /// Bytes of one trial's inputs and reference outputs (0 before the reference ran): how much
@@ -84,7 +87,10 @@ private:
   bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
     return receive(*w_.proc, seconds, phase, header, msg);
   }
-  bool receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg);
+  // `nudge`, where given, is called once when no message came within `nudge_after` seconds, and
+  // the wait goes on to the deadline.
+  bool receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg,
+               double nudge_after = 0, const std::function<void()>& nudge = {});
   bool send(const std::string& json) { return send(*w_.proc, json); }
   bool send(worker& to, const std::string& json, const std::vector<std::vector<std::byte>>* frames = nullptr);
   // The worker's process has ended (died, or was killed) `when` ("while computing the
@@ -168,6 +174,8 @@ private:
   // Refuses an allocation this process has mapped for another worker: a worker that names the
   // other side's memory is reading what it did not compute (runtime:foreign_memory).
   result<std::shared_ptr<device_bytes>> map_handle(worker& w, const std::string& handle);
+  // Gives `s`'s worker the device clock's event to wait for and takes its own (CUDA).
+  bool setup_clock(side& s);
   // The empty sample's round trip across the boundary (ms), fastest of five.
   bool measure_null();
   // Keeps the reference worker's exported trial outputs in this process's memory and says
@@ -250,6 +258,14 @@ private:
   std::vector<std::vector<std::shared_ptr<device_bytes>>> staged_;
   std::vector<std::shared_ptr<device_bytes>> last_ref_snaps_;
   std::map<std::string, std::shared_ptr<device_bytes>> mapped_;
+  /// On a CUDA device: the clock of the samples (device_clock) and each worker's go and done
+  /// words, by pid (setup_clock).
+  std::unique_ptr<device_clock> clock_;
+  struct clock_words {
+    std::shared_ptr<device_bytes> go, done; // mapped from the worker's memory
+    std::uint32_t seq = 0;                  // the last sample's number
+  };
+  std::map<pid_t, clock_words> clock_words_;
   std::vector<double> laps_[2][3]; // per side, a sample's clock in parts (debug log)
   verdict v_;
   tolerances tol_;

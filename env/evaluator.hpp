@@ -37,7 +37,7 @@ class Node;
 namespace crucible::env {
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-11"; // 11: input distribution 4; 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
+inline constexpr const char* protocol_version = "crucible-eval-12"; // 12: the CUDA boundary's device clock; 11: input distribution 4; 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
 
 /// One candidate for one task.
 struct eval_request {

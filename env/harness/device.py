@@ -192,6 +192,7 @@ _KERNELS_IMAGE = None
 _KERNELS_ERROR = ""
 _KERNELS = None
 _DRIVER_IPC = None
+_STREAM_VALUES = None
 
 
 def _read_kernels_image(path):
@@ -227,10 +228,45 @@ def _kernels():
     return _KERNELS
 
 
+def _load_stream_values():
+    """cuStreamWaitValue32 and cuStreamWriteValue32 from the CUDA driver, or None."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fns = []
+        for name in ("cuStreamWaitValue32_v2", "cuStreamWriteValue32_v2"):
+            fn = _getattr(lib, name)
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint)
+            fn.restype = ctypes.c_int
+            fns.append(fn)
+        return _tuple(fns)
+    except (OSError, AttributeError):
+        return None
+
+
 def _open_driver_ipc():
-    """CUDA workers, at start-up (Worker.start): the driver's calls behind _export."""
-    global _DRIVER_IPC
+    """CUDA workers, at start-up (Worker.start): the driver's calls behind _export and the
+    device clock's words (_stream_wait_value, _stream_write_value)."""
+    global _DRIVER_IPC, _STREAM_VALUES
     _DRIVER_IPC = _load_driver_ipc()
+    _STREAM_VALUES = _load_stream_values()
+
+
+def _stream_value(which, stream, ptr, value):
+    if _STREAM_VALUES is None:
+        raise RuntimeError("the CUDA driver has no stream memory operations")
+    r = _STREAM_VALUES[which](stream, ptr, value, 0)  # wait: >= value; write: with a memory barrier
+    if r != 0:
+        raise RuntimeError(f"{('cuStreamWaitValue32', 'cuStreamWriteValue32')[which]} failed ({r})")
+
+
+def _stream_wait_value(stream, ptr, value):
+    """Queues on `stream` (a raw CUstream) a wait until the 32-bit word at ptr is >= value."""
+    _stream_value(0, stream, ptr, value)
+
+
+def _stream_write_value(stream, ptr, value):
+    """Queues on `stream` the write of value into the 32-bit word at ptr, after a memory barrier."""
+    _stream_value(1, stream, ptr, value)
 
 
 def _export(x):

@@ -13,10 +13,12 @@ import torch
 from crucible_harness_trusted import (
     _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
     _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
-    _T_view, _Tensor, _torch_empty, _type, _uint8
+    _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
 )
 from crucible_harness_channel import _Done, _error_done
-from crucible_harness_device import _export_range
+from crucible_harness_device import _export_range, _stream_wait_value, _stream_write_value
+
+_current_stream = torch.cuda.current_stream
 from crucible_harness_outputs import (
     _decode_inputs, _DTYPES, _encode_inputs, _kind_of, _os_threads, _output_items, _plain, _py_threads,
     _SUPPORTED_DTYPES
@@ -132,12 +134,19 @@ class _ExecutorPhase:
         go                      the sample: one call on each set of buffers, back to back, waited
                                 for: `sampled` with each output's address, dtype and shape
         null                    `sampled` at once, with no outputs: the clock's own round trip
+        clock                   (CUDA) this worker's go and done words: `clock` with their
+                                allocation's handle and offset
+        launch {seq, null}      (CUDA) the sample queued behind the go word's reaching seq,
+                                followed by seq written into the done word, never waited for:
+                                `launched` with each output's handle, dtype and shape (null:
+                                one tiny kernel instead of the calls)
         finish / stop           the end of the job
         Between commands the evaluator keeps this process stopped (SIGSTOP) while it writes the
         next inputs and while the other side runs."""
         self.buf_sets = []
         self.sample_outs = None
         self.arenas, self.arena_turn, self.null_out = [None, None], 0, None
+        self.clock_words = None
         self.threads_before = (_py_threads(), _os_threads())
         # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
         # more objects than the reference's, and a collection there would be its time alone.
@@ -162,23 +171,102 @@ class _ExecutorPhase:
                 self.prime()
             elif kind == "go":
                 self.go()
+            elif kind == "clock":
+                self.setup_clock()
+            elif kind == "launch":
+                self.launch(msg.get("null") is True, _int(msg.get("seq", 0)))
             elif kind == "null":  # the round trip alone, for the evaluator's floor
-                if msg.get("device") is True and self.cuda:
-                    # On a device, the round trip of a sample whose call is one tiny kernel: the
-                    # device switched to this process and back, a wait, one output exported.
-                    t = self.null_out
-                    if t is None:
-                        t = self.null_out = _torch_empty(128, dtype=_uint8, device=self.device)
-                    _T_fill_(t, 0)
-                    self.sync()
-                    ex = _export_range(_T_data_ptr(t), 128)
-                    self.chan.send({"type": "sampled", "outputs": [[{"dtype": "uint8", "shape": [128], "strides": [1],
-                                                                    "addr": _T_data_ptr(t), "bytes": 128,
-                                                                    **(ex or {})}]]})
-                else:
-                    self.chan.send({"type": "sampled", "outputs": []})
+                self.chan.send({"type": "sampled", "outputs": []})
             else:
                 raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+
+    def describe_outputs(self, outs):
+        """Each call's outputs as the evaluator reads them where they lie: dtype, shape, strides,
+        address (and on a CUDA device the allocation's handle); (descriptions, tensors to keep)."""
+        descs = []
+        keep = []
+        for out in outs:
+            one = []
+            for o in _output_items(out):
+                if _type(o) is not _Tensor:
+                    one.append({"kind": _kind_of(o)})
+                    continue
+                if o.device.type != self.device:
+                    one.append({"kind": f"tensor on {o.device.type}, expected {self.device}"})
+                    continue
+                if o.dtype not in _SUPPORTED_DTYPES:
+                    one.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
+                    continue
+                # Where it lies, as it lies (a view with strides too): the evaluator reads it there.
+                keep.append(o)
+                shape, strides = [_int(s) for s in _T_size(o)], [_int(s) for s in _T_stride(o)]
+                d_ = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": shape, "strides": strides,
+                      "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()}
+                if self.cuda and d_["bytes"] > 0:
+                    # On a CUDA device: the allocation's handle, which the evaluator maps.
+                    last = 0
+                    for n_, st in zip(shape, strides):
+                        last += (n_ - 1) * st
+                    ex = _export_range(d_["addr"], (last + 1) * o.element_size())
+                    if ex is None:
+                        one.append({"kind": "tensor the CUDA driver cannot export"})
+                        continue
+                    d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
+                one.append(d_)
+            descs.append(one)
+        return descs, keep
+
+    def setup_clock(self):
+        """CUDA: this worker's two clock words, in its own memory, exported to the evaluator: go
+        (at the offset), which this stream waits for before a sample's calls, and done (128 bytes
+        on), which it writes after them. Both are the evaluator's to read and write; a worker
+        that writes them itself only starts on old inputs or has its outputs copied unfinished."""
+        try:
+            words = _torch_empty(64, dtype=_int32, device=self.device)
+            _T_fill_(words, 0)
+            self.sync()
+            ex = _export_range(_T_data_ptr(words), 256)
+        except _BaseException as e:
+            raise _error_done(e, "while setting up the device clock") from None
+        if ex is None:
+            raise _Done("runtime_error", (), "the CUDA driver cannot export the device clock's words")
+        self.clock_words = words
+        self.chan.send({"type": "clock", "ipc": ex["ipc"], "offset": ex["offset"]})
+
+    def launch(self, null, seq):
+        """CUDA: one timed sample, queued, never waited for: this stream waits for the go word to
+        reach seq (the evaluator writes it after copying the inputs in, its clock started), then
+        the calls, then seq into the done word; `launched` with where the outputs will be. The
+        evaluator's clock is on the device: it holds its own stream until the calls are queued,
+        waits for the done word, copies the outputs and stops (nothing here reads a time or
+        waits)."""
+        outs = []
+        fn = self.executor_fn()
+        if self.clock_words is None:
+            raise _Done("runtime_error", (), "launch before the device clock was set up")
+        go = _T_data_ptr(self.clock_words)
+        try:
+            stream = _current_stream().cuda_stream
+            _stream_wait_value(stream, go, seq)
+            if null:  # the round trip of a sample whose call is one tiny kernel
+                t = self.null_out
+                if t is None:
+                    t = self.null_out = _torch_empty(128, dtype=_uint8, device=self.device)
+                _T_fill_(t, 0)
+                outs.append(t)
+            else:
+                for inputs in self.buf_sets:
+                    outs.append(fn(*inputs))
+            _stream_write_value(stream, go + 128, seq)
+        except _BaseException as e:
+            who = "ModelNew.forward" if self.role == "candidate" else "the reference"
+            raise _error_done(e, f"in {who} (timing)") from None
+        descs, keep = self.describe_outputs(outs)
+        self.sample_outs = (outs, keep)  # alive until the evaluator has read them
+        self.chan.send({"type": "launched", "outputs": descs})
+        if self.role == "candidate" and not null:
+            py0, os0 = self.threads_before
+            self.after_call(py0, os0, "timing", False)
 
     def draw(self, calls, dist):
         if self.role != "reference":
@@ -304,37 +392,7 @@ class _ExecutorPhase:
         except _BaseException as e:
             who = "ModelNew.forward" if self.role == "candidate" else "the reference"
             raise _error_done(e, f"in {who} (timing)") from None
-        descs = []
-        keep = []
-        for out in outs:
-            one = []
-            for o in _output_items(out):
-                if _type(o) is not _Tensor:
-                    one.append({"kind": _kind_of(o)})
-                    continue
-                if o.device.type != self.device:
-                    one.append({"kind": f"tensor on {o.device.type}, expected {self.device}"})
-                    continue
-                if o.dtype not in _SUPPORTED_DTYPES:
-                    one.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
-                    continue
-                # Where it lies, as it lies (a view with strides too): the evaluator reads it there.
-                keep.append(o)
-                shape, strides = [_int(s) for s in _T_size(o)], [_int(s) for s in _T_stride(o)]
-                d_ = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": shape, "strides": strides,
-                      "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()}
-                if self.cuda and d_["bytes"] > 0:
-                    # On a CUDA device: the allocation's handle, which the evaluator maps.
-                    last = 0
-                    for n_, st in zip(shape, strides):
-                        last += (n_ - 1) * st
-                    ex = _export_range(d_["addr"], (last + 1) * o.element_size())
-                    if ex is None:
-                        one.append({"kind": "tensor the CUDA driver cannot export"})
-                        continue
-                    d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
-                one.append(d_)
-            descs.append(one)
+        descs, keep = self.describe_outputs(outs)
         self.sample_outs = (outs, keep)  # alive until the evaluator has read them
         self.chan.send({"type": "sampled", "outputs": descs})
         if self.role == "candidate":

@@ -8,7 +8,7 @@
 #             verdicts and their sample laps (err_VARIANT.log)
 #   test      test_gpu_evaluator's case that runs the CPU suite's tasks on CUDA in every mode
 #   identity  the CPU suite's references against themselves on cuda:0 (reference_as_candidate.py),
-#             cuda_boundary true then false: selfc_MODE.jsonl, one line a verdict below
+#             cuda_boundary true then false (IDENTITY_MODES): selfc_MODE.jsonl, one line a verdict below
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT" || exit 2
@@ -43,7 +43,7 @@ for step in "${STEPS[@]}"; do
       grep -E "MESSAGE|test cases" "$OUT/t_suite.log" | sed 's/.*MESSAGE: //' | grep -v "^host" | cut -c1-200 ;;
     identity)
       python3 tools/bench/reference_as_candidate.py env/tasks/cpu /tmp/selfc 2>/dev/null
-      for mode in true false; do
+      for mode in ${IDENTITY_MODES:-true false}; do
         s=$(date +%s)
         rm -f "$OUT/selfc_$mode.jsonl"
         timeout 200 "$C" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --no-cache --json \
