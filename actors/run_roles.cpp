@@ -518,20 +518,14 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   out.seeds = seeds->size();
 
   // Evaluators, one per device, behind the pool.
-  auto where = env::locate_harness(cfg.evaluator);
-  if (!where.ok())
-    return where.error();
-  auto vcache = env::verdict_cache::open_configured(cfg.evaluator.cache);
-  if (!vcache.ok())
-    return vcache.error();
-  std::shared_ptr<env::verdict_cache> cache(std::move(*vcache));
+  auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, cfg.evaluator.devices, log,
+                                          env::verdict_cache_use::configured);
+  if (!made.ok())
+    return guard(made.error());
   std::vector<evaluator_actor> evaluators;
   for (std::size_t i = 0; i < cfg.evaluator.devices.size(); ++i) {
     const auto& device = cfg.evaluator.devices[i];
-    auto dev = env::device_evaluator::create(cfg.evaluator, cfg.reward, *where, device, log, cache);
-    if (!dev.ok())
-      return guard(fail(dev.error().code, "evaluator.devices[", std::to_string(i), "] ", device, ": ", dev.error().message));
-    std::shared_ptr<env::device_evaluator> shared(std::move(*dev));
+    std::shared_ptr<env::device_evaluator> shared(std::move((*made)[i]));
     device_info info{static_cast<std::uint32_t>(i), shared->hardware(), hardware_kind_of(device, shared->hardware()), 0};
     auto ev = spawn_evaluator(sys, evaluator_deps{shared, *tasks, info, cfg.evaluator.concurrency});
     out.actors.push_back(caf::actor_cast<caf::actor>(ev));

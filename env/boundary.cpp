@@ -6,6 +6,7 @@
 // the candidate's process. Methods of evaluation (env/evaluation.hpp); the rest of its walk
 // (statuses, the speedup, the recheck) is env/evaluation.cpp's.
 #include "env/evaluation.hpp"
+#include "env/worker_messages.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -184,14 +185,14 @@ bool evaluation::thaw(worker& w) {
 }
 
 bool evaluation::split_trials(std::uint64_t seed) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   worker& rw = *w_.proc;
   YAML::Node n;
   worker_message msg;
   {
     // Phase 1: the reference's worker parses the candidate's source (the static screen; it never
     // runs it), then computes the reference on each trial's inputs and sends both.
-    untimed_hold device{ev_.gate_};
+    untimed_hold device{ctx_.gate};
     phase("reference");
     if (!send(rw, job_json(seed, "reference")))
       return false;
@@ -253,7 +254,7 @@ bool evaluation::split_trials(std::uint64_t seed) {
   }
   // Phase 2: the candidate's worker, which gets the task's data (constructor arguments, what the
   // reference's profiled call ran) and never its module, loads the candidate without the device.
-  auto c = ev_.take_worker();
+  auto c = ctx_.pool.take();
   if (!c) {
     set(verdict_status::runtime_error, "no worker could be started for the candidate: " + c.error().message);
     return false;
@@ -275,13 +276,13 @@ bool evaluation::split_trials(std::uint64_t seed) {
     }
   }
   // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
-  std::optional<untimed_hold> device{std::in_place, ev_.gate_};
+  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
   phase("trials");
   for (auto& m : trial_inputs_)
     if (!send(cw, m.json, &m.frames))
       return false;
   trial_inputs_.clear();
-  if (!send(cw, "{\"type\":\"run\"}"))
+  if (!send(cw, worker_msg::command("run")))
     return false;
   if (!run_trials(cw, device))
     return false;
@@ -295,8 +296,8 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
   worker& w = *s.proc;
   YAML::Node n;
   worker_message msg;
-  if (!thaw(w) || !send(w, "{\"type\":\"buffers\",\"calls\":" + std::to_string(calls) + "}")
-      || !receive(w, ev_.opt_.run_timeout_s, "allocating the timing's input buffers", n, msg))
+  if (!thaw(w) || !send(w, worker_msg::buffers(calls))
+      || !receive(w, ctx_.opt.run_timeout_s, "allocating the timing's input buffers", n, msg))
     return false;
   auto broke = [&](const std::string& what) {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
@@ -341,8 +342,8 @@ bool evaluation::draw(int dist, sample_inputs& in) {
   worker_message msg;
   const auto calls = static_cast<std::int64_t>(ref_side_.sets.size());
   if (!thaw(rw)
-      || !send(rw, "{\"type\":\"draw\",\"calls\":" + std::to_string(calls) + ",\"dist\":" + std::to_string(dist) + "}")
-      || !receive(rw, ev_.opt_.run_timeout_s, "drawing a timing round's inputs", n, msg) || !freeze(rw))
+      || !send(rw, worker_msg::draw(calls, dist))
+      || !receive(rw, ctx_.opt.run_timeout_s, "drawing a timing round's inputs", n, msg) || !freeze(rw))
     return false;
   if (n["type"].as<std::string>() != "drawn" || !n["sets"].IsSequence()
       || n["sets"].size() != static_cast<std::size_t>(calls)) {
@@ -428,7 +429,7 @@ bool evaluation::prime(worker& w) {
   YAML::Node n;
   worker_message msg;
   // Its untimed call on the last sample's inputs; then it is stopped.
-  if (!thaw(w) || !send(w, "{\"type\":\"prime\"}") || !receive(w, ev_.opt_.run_timeout_s, "timing", n, msg))
+  if (!thaw(w) || !send(w, worker_msg::command("prime")) || !receive(w, ctx_.opt.run_timeout_s, "timing", n, msg))
     return false;
   if (n["type"].as<std::string>() != "primed") {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: expected primed, got "
@@ -439,7 +440,7 @@ bool evaluation::prime(worker& w) {
 }
 
 bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   worker& w = *s.proc;
   const bool candidate = &w == cand_.proc.get();
   YAML::Node n;
@@ -475,7 +476,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   }
   // The cache flush, here: the last-level cache is the machine's, and the worker's own flush would
   // be the candidate's to skip (its weights kept warm while the reference's are evicted).
-  ev_.flush_caches();
+  ctx_.flush.run();
   // The clock: from the worker's continuation until it is stopped again after it said `sampled`.
   // Work it left running when it said so (a thread finishing the outputs) is inside the clock up to
   // the stop. It is continued right before the clock starts, not after: waking a stopped process
@@ -485,7 +486,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   if (!thaw(w))
     return false;
   const auto t0 = clock_type::now();
-  if (!send(w, "{\"type\":\"go\"}") || !receive(w, opt.run_timeout_s, "timing", n, msg))
+  if (!send(w, worker_msg::command("go")) || !receive(w, opt.run_timeout_s, "timing", n, msg))
     return false;
   clock_type::time_point t1;
   if (n["type"].as<std::string>() != "sampled") {
@@ -610,7 +611,7 @@ std::vector<device_copy> evaluation::input_copies(const side& s) const {
 
 bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs,
                                     double& ms) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   worker& w = *s.proc;
   const bool candidate = &w == cand_.proc.get();
   YAML::Node n;
@@ -677,8 +678,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     released = true;
     clock_->let_go();
   };
-  if (!send(w, "{\"type\":\"launch\",\"seq\":" + std::to_string(seq) + "}")
-      || !receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge))
+  if (!send(w, worker_msg::launch(seq, false)) || !receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge))
     return false;
   const auto t_call = clock_type::now();
   if (n["type"].as<std::string>() != "launched") {
@@ -845,7 +845,7 @@ bool evaluation::setup_clock(side& s) {
   }
   YAML::Node n;
   worker_message msg;
-  if (!thaw(w) || !send(w, "{\"type\":\"clock\"}") || !receive(w, ev_.opt_.run_timeout_s, "setting up the clock", n, msg)
+  if (!thaw(w) || !send(w, worker_msg::command("clock")) || !receive(w, ctx_.opt.run_timeout_s, "setting up the clock", n, msg)
       || !freeze(w))
     return false;
   auto broke = [&](const std::string& what) {
@@ -894,12 +894,12 @@ bool evaluation::measure_null() {
         return false;
       }
       const std::function<void()> nudge = [&] { clock_->let_go(); };
-      const bool ok = thaw(rw) && send(rw, "{\"type\":\"launch\",\"null\":true,\"seq\":" + std::to_string(seq) + "}")
-                      && receive(rw, ev_.opt_.run_timeout_s, "timing", n, msg, 0.02, nudge) && freeze(rw);
+      const bool ok = thaw(rw) && send(rw, worker_msg::launch(seq, true))
+                      && receive(rw, ctx_.opt.run_timeout_s, "timing", n, msg, 0.02, nudge) && freeze(rw);
       result<std::vector<std::shared_ptr<device_bytes>>> snaps = fail(errc::device, "not copied");
       if (ok)
         snaps = clock_->close(*words.done, seq, srcs);
-      auto device_ms = clock_->finish(ev_.opt_.run_timeout_s);
+      auto device_ms = clock_->finish(ctx_.opt.run_timeout_s);
       if (!ok)
         return false;
       if (!snaps || !device_ms) {
@@ -914,7 +914,7 @@ bool evaluation::measure_null() {
         return false;
       const auto t0 = clock_type::now(); // as in time_sample
       clock_type::time_point t1;
-      if (!send(rw, "{\"type\":\"null\"}") || !receive(rw, ev_.opt_.run_timeout_s, "timing", n, msg)
+      if (!send(rw, worker_msg::command("null")) || !receive(rw, ctx_.opt.run_timeout_s, "timing", n, msg)
           || !freeze(rw, &t1))
         return false;
       ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
@@ -971,7 +971,7 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
 }
 
 bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   ref_side_.proc = w_.proc.get();
   cand_side_.proc = cand_.proc.get();
   if (sample_calls_ == 0) {
@@ -1017,14 +1017,14 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       return false;
   }
   measured_ = true;
-  if (!measuring_ && ev_.gate_.warmup_shared()) {
+  if (!measuring_ && ctx_.gate.warmup_shared()) {
     // The warm-up may have had company (starting workers, other evaluations' untimed work); the
     // measured rounds wait until it is gone (device_gate).
     const auto wait0 = clock_type::now();
-    ev_.gate_.begin_measure();
+    ctx_.gate.begin_measure();
     measuring_ = true;
     log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
-                  ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
+                  ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
@@ -1036,8 +1036,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     {
       // Another evaluation in flight (its candidate compiling, say) shares the host's cores with
       // these rounds, and not with the reference timed alone afterwards (check_clean_reference).
-      std::lock_guard guard{ev_.mtx_};
-      if (ev_.in_flight_ > 1)
+      if (ctx_.pool.in_flight() > 1)
         host_shared_ = true;
     }
     if (!split_round(static_cast<std::int64_t>(ref.size()), r, c, counted))
@@ -1047,7 +1046,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     ++k;
     ref.push_back(r);
     cand.push_back(c);
-    ev_.timed_calls_ns_ += static_cast<std::uint64_t>((r + c) * 1e6 * static_cast<double>(sample_calls_));
+    ctx_.counters.timed_calls_ns += static_cast<std::uint64_t>((r + c) * 1e6 * static_cast<double>(sample_calls_));
   }
   // The physics floor: no call produces its outputs faster than this machine writes their bytes.
   // A stored output handed back (a task whose inputs never change, in one call per sample where
@@ -1073,11 +1072,11 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     }
   }
   const double m = median(cand) - null_ms_ / static_cast<double>(sample_calls_);
-  if (ev_.log_.enabled(log_level::debug)) {
+  if (ctx_.log.enabled(log_level::debug)) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
                   floor_ms_, null_ms_, static_cast<long long>(sample_calls_), m);
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", buf);
+    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
     if (on_device_) {
       // Per side: the median host time from `launch` to `launched`, the median device window,
       // and the share of samples let go before `launched` (a call that waited for the device).
@@ -1091,7 +1090,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f; candidate launch %.4f device %.4f let go early %.2f",
                     median(laps_[0][0]), median(laps_[0][1]), share(laps_[0][2]), median(laps_[1][0]),
                     median(laps_[1][1]), share(laps_[1][2]));
-      ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", laps);
+      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", laps);
     }
   }
   if (m < floor_ms_) {
@@ -1102,7 +1101,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
 }
 
 bool evaluation::check_clean_reference(const std::vector<double>& ref) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   if (ref.empty())
     return true;
   // The candidate's worker ends first: with it go its processes and anything it left running.
@@ -1111,7 +1110,7 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     // Other evaluations were in flight during the rounds: a neighbour's compile on the same cores
     // would make the reference slower during the verdict than alone, whatever the candidate did.
     // The candidate's own processes were stopped while the reference ran (freeze) all the same.
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name,
+    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name,
                    ": the reference is not timed alone: other evaluations shared the host during the rounds");
     return true;
   }
@@ -1126,13 +1125,8 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     return during > median(alone) * (1 + opt.reference_band)
            && during_q25 > quantile(alone, 0.75) * (1 + opt.reference_band);
   };
-  const auto key = req_.target.sha256 + ";" + ev_.protocol_key() + ";calls=" + std::to_string(sample_calls_);
-  std::vector<double> alone;
-  {
-    std::lock_guard guard{ev_.alone_mtx_};
-    if (auto it = ev_.ref_alone_ms_.find(key); it != ev_.ref_alone_ms_.end())
-      alone = it->second;
-  }
+  const auto key = req_.target.sha256 + ";" + ctx_.protocol_key + ";calls=" + std::to_string(sample_calls_);
+  std::vector<double> alone = ctx_.baselines.find(key).value_or(std::vector<double>{});
   if (!alone.empty() && !slower(alone))
     return true;
   // No figure yet, or this verdict's reference was slower than it: the reference timed alone now,
@@ -1152,10 +1146,7 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
   alone.clear();
   if (!time_alone(alone) || (slower(alone) && !time_alone(alone)))
     return false;
-  {
-    std::lock_guard guard{ev_.alone_mtx_};
-    ev_.ref_alone_ms_[key] = alone;
-  }
+  ctx_.baselines.keep(key, alone);
   if (!slower(alone))
     return true;
   char buf[400];

@@ -3,6 +3,7 @@
 // on raw bytes or on the device, the timing rounds are asked for and the verdict is built.
 // device_evaluator::evaluate (env/evaluator.cpp) runs it and owns the retries and the cache.
 #include "env/evaluation.hpp"
+#include "env/worker_messages.hpp"
 
 #include <signal.h>
 
@@ -103,19 +104,6 @@ bool evaluation::send(worker& to, const std::string& json, const std::vector<std
   return true;
 }
 
-// The correctness tolerances as the job gives them to the worker, which holds every timed call's
-// outputs to them: {"float32": [atol, rtol], ...}.
-static std::string tolerances_json(const tolerances& t) {
-  std::string out = "{";
-  const std::pair<const char*, tolerance> each[] = {{"float64", t.f64}, {"float32", t.f32}, {"float16", t.f16}, {"bfloat16", t.bf16}};
-  for (const auto& [name, tol] : each) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "%s\"%s\":[%.17g,%.17g]", out.size() > 1 ? "," : "", name, tol.atol, tol.rtol);
-    out += buf;
-  }
-  return out + "}";
-}
-
 bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg,
                          double nudge_after, const std::function<void()>& nudge) {
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
@@ -156,7 +144,7 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
     if (type == "build") {
       // The build service, in any phase (Triton builds at a kernel's first launch), within the
       // phase's deadline; then the message the phase waits for.
-      if (!send(from, ev_.build_extension(msg.json, deadline)))
+      if (!send(from, ctx_.builds.build(msg.json, deadline)))
         return false;
       continue;
     }
@@ -170,12 +158,12 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
 }
 
 void evaluation::take_done(const YAML::Node& n) {
-  if (n["host_ms"].IsDefined() && n["host_ms"].IsMap() && ev_.log_.enabled(log_level::debug)) {
+  if (n["host_ms"].IsDefined() && n["host_ms"].IsMap() && ctx_.log.enabled(log_level::debug)) {
     // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
     std::string text;
     for (const auto& kv : n["host_ms"])
       text += "; " + kv.first.as<std::string>() + " " + kv.second.as<std::string>();
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": worker host ms", text);
+    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": worker host ms", text);
   }
   auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
   auto s = status.value_or(verdict_status::runtime_error);
@@ -277,7 +265,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
 }
 
 bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   const auto first = std::max<std::int64_t>(opt.min_rounds, static_cast<std::int64_t>(policy.buckets));
   if (opt.early_stop_spread <= 0 || first >= opt.rounds)
     return measure(opt.rounds, ref, cand);
@@ -292,27 +280,24 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
 }
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
-  time_spent timed{ev_.timing_ns_};
+  time_spent timed{ctx_.counters.timing_ns};
   if (split_)
     return measure_split(rounds, ref, cand, continuation);
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
   // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
   // for a continuation of the same measurement).
-  char warmup[32];
-  std::snprintf(warmup, sizeof warmup, "%.17g", measured_ ? 0.0 : ev_.opt_.warmup_ms);
+  const double warmup_ms = measured_ ? 0.0 : ctx_.opt.warmup_ms;
   measured_ = true;
   // Company beside warm-up (starts, untimed work): the worker says when its warm-up is over
   // ("warmed") and begins its measured rounds at our word ("measure"), once the starting
   // workers' held steps and other evaluations' untimed phases inside are done. Without either
   // the gate lets nothing beside any part of a timing.
-  const bool announce = !measuring_ && ev_.gate_.warmup_shared();
-  if (!send("{\"type\":\"time\",\"rounds\":" + std::to_string(rounds) + ",\"warmup_ms\":" + warmup
-            + ",\"warmup_rounds\":" + (continuation ? "0" : "3") + ",\"announce\":" + (announce ? "true" : "false")
-            + "}"))
+  const bool announce = !measuring_ && ctx_.gate.warmup_shared();
+  if (!send(worker_msg::time(rounds, warmup_ms, continuation ? 0 : 3, announce)))
     return false;
   YAML::Node n;
   worker_message msg;
-  if (!receive(ev_.opt_.run_timeout_s, "timing", n, msg))
+  if (!receive(ctx_.opt.run_timeout_s, "timing", n, msg))
     return false;
   if (announce) {
     if (n["type"].as<std::string>() != "warmed") {
@@ -320,11 +305,11 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       return false;
     }
     const auto wait0 = clock_type::now();
-    ev_.gate_.begin_measure();
+    ctx_.gate.begin_measure();
     measuring_ = true;
     log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
-                  ev_.gate_.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
-    if (!send("{\"type\":\"measure\"}") || !receive(ev_.opt_.run_timeout_s, "timing", n, msg))
+                  ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
+    if (!send(worker_msg::command("measure")) || !receive(ctx_.opt.run_timeout_s, "timing", n, msg))
       return false;
   }
   if (n["type"].as<std::string>() != "timing") {
@@ -351,7 +336,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     }
   }
   auto settled = settle_rounds(r, rs, c, cs);
-  if (ev_.log_.enabled(log_level::debug)) {
+  if (ctx_.log.enabled(log_level::debug)) {
     // Every round's raw times, for studying the protocol (tools/bench/eval_laps.py counts the
     // rounds that something disturbed).
     std::string rounds_text;
@@ -361,7 +346,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       rounds_text += buf;
     }
     std::snprintf(buf, sizeof buf, "%.4f", settled.host_latency_ms);
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": host latency floor ", buf,
+    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": host latency floor ", buf,
                    " ms; rounds ref stream/synced : cand stream/synced (ms):", rounds_text);
   }
   // The physics floor the worker measured (Worker.measure_floor): the candidate's median
@@ -381,38 +366,42 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   double call_ms = 0;
   for (size_t i = 0; i < r.size(); ++i)
     call_ms += r[i] + c[i];
-  ev_.timed_calls_ns_ += static_cast<std::uint64_t>(call_ms * 1e6);
+  ctx_.counters.timed_calls_ns += static_cast<std::uint64_t>(call_ms * 1e6);
   ref.insert(ref.end(), r.begin(), r.end());
   cand.insert(cand.end(), c.begin(), c.end());
   return true;
 }
 
 std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   // The candidate's side of the boundary gets nothing of the task's and nothing the verdict
   // depends on: no task source, no tolerances (docs/evaluator.md, Trust boundary).
   const bool candidate_side = role && std::string_view{role} == "candidate";
-  std::string job = "{\"type\":\"job\",\"task_name\":" + json_string(req_.target.name)
-                    + (candidate_side ? "" : ",\"task_source\":" + json_string(req_.target.source))
-                    + ",\"candidate_source\":" + json_string(req_.candidate)
-                    + ",\"seed\":" + std::to_string(seed)
-                    + ",\"trials\":" + std::to_string(req_.reference_only ? 1 : opt.trials)
-                    + (req_.reference_only ? ",\"reference_only\":true" : "")
-                    + ",\"baseline\":" + json_string(to_string(opt.baseline))
-                    + ",\"flush_bytes\":" + std::to_string(opt.flush_bytes != 0 ? opt.flush_bytes
-                                                           : ev_.device_ == "cpu" ? (64ull << 20) : (256ull << 20))
-                    + ",\"placement_jitter_bytes\":" + std::to_string(opt.placement_jitter_bytes)
-                    + ",\"sample_ms\":" + std::to_string(opt.sample_ms)
-                    + ",\"max_calls\":" + std::to_string(opt.max_calls)
-                    + ",\"timing_reserve\":" + (opt.timing_reserve ? "true" : "false")
-                    + ",\"quiet_gc\":" + (opt.quiet_gc ? "true" : "false")
-                    + ",\"eval_mode\":" + (opt.eval_mode ? "true" : "false")
-                    + ",\"static_checks\":" + (opt.static_checks ? "true" : "false")
-                    + (candidate_side ? "" : ",\"tolerances\":" + tolerances_json(tol_)
-                                             + ",\"rounding_factor\":" + std::to_string(opt.rounding_factor))
-                    + ",\"outputs\":" + (cuda_device_ >= 0 && !req_.reference_only ? "\"device\"" : "\"host\"")
-                    + (role ? std::string{",\"role\":\""} + role + "\"" : std::string{}) + "}";
-  return job;
+  worker_msg::job_fields f;
+  f.task_name = req_.target.name;
+  if (!candidate_side)
+    f.task_source = req_.target.source;
+  f.candidate_source = req_.candidate;
+  f.seed = seed;
+  f.trials = req_.reference_only ? 1 : opt.trials;
+  f.reference_only = req_.reference_only;
+  f.baseline = to_string(opt.baseline);
+  f.flush_bytes = opt.flush_bytes != 0 ? opt.flush_bytes : ctx_.device == "cpu" ? (64ull << 20) : (256ull << 20);
+  f.placement_jitter_bytes = opt.placement_jitter_bytes;
+  f.sample_ms = opt.sample_ms;
+  f.max_calls = opt.max_calls;
+  f.timing_reserve = opt.timing_reserve;
+  f.quiet_gc = opt.quiet_gc;
+  f.eval_mode = opt.eval_mode;
+  f.static_checks = opt.static_checks;
+  if (!candidate_side) {
+    f.tol = tol_;
+    f.rounding_factor = opt.rounding_factor;
+  }
+  f.outputs_on_device = cuda_device_ >= 0 && !req_.reference_only;
+  if (role)
+    f.role = role;
+  return worker_msg::job(f);
 }
 
 bool evaluation::take_reference_copies(worker& w) {
@@ -436,7 +425,7 @@ bool evaluation::take_reference_copies(worker& w) {
     for (auto& b : outs_of_trial)
       if (b.device)
         mappings.push_back(std::exchange(b.device, std::move((*own)[k++])));
-  if (!send(w, "{\"type\":\"taken\"}"))
+  if (!send(w, worker_msg::command("taken")))
     return false;
   phase("reference kept"); // the worker now poisons its exports
   mappings.clear();
@@ -444,14 +433,14 @@ bool evaluation::take_reference_copies(worker& w) {
 }
 
 bool evaluation::one_process_trials(std::uint64_t seed) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   std::string job = job_json(seed, nullptr);
   YAML::Node n;
   worker_message msg;
   {
     // Phase 1: reference outputs, on the device, before any candidate code runs.
     double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
-    untimed_hold device{ev_.gate_};
+    untimed_hold device{ctx_.gate};
     phase("reference");
     if (!send(job))
       return false;
@@ -486,10 +475,10 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
         copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
       }
     }
-    if (ev_.log_.enabled(log_level::debug)) {
+    if (ctx_.log.enabled(log_level::debug)) {
       char buf[96];
       std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
-      ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": reference outputs ", buf);
+      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": reference outputs ", buf);
     }
     if (static_cast<std::int64_t>(reference_.size()) != trials_) {
       set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
@@ -509,9 +498,9 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
   }
   // Phase 3: trials, holding the device until the worker has computed every output; the
   // outputs are then compared without it.
-  std::optional<untimed_hold> device{std::in_place, ev_.gate_};
+  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
   phase("trials");
-  if (!send("{\"type\":\"run\"}"))
+  if (!send(worker_msg::command("run")))
     return false;
   return run_trials(*w_.proc, device);
 }
@@ -539,7 +528,7 @@ bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
     for (size_t i = 0; i < std::min<size_t>(r.size(), outs->size()); ++i) {
       const double e = r[i].as<double>(0);
       if (std::isfinite(e) && e > 0)
-        (*outs)[i].slack = ev_.opt_.rounding_factor * e;
+        (*outs)[i].slack = ctx_.opt.rounding_factor * e;
     }
   }
   reference_.push_back(std::move(*outs));
@@ -551,7 +540,7 @@ bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
 }
 
 bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   YAML::Node n;
   worker_message msg;
   if (!receive(w, opt.run_timeout_s, "running the correctness trials", n, msg))
@@ -588,7 +577,7 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
                                       [&](const trial_outputs& tr) { return check_candidate(tr, ahead); });
     trials.clear(); // the mappings close before the worker frees what they map (at its next message)
     if (!all_pass) {
-      (void) w.send("{\"type\":\"stop\"}");
+      (void) w.send(worker_msg::command("stop"));
       return false;
     }
   }
@@ -596,7 +585,7 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
 }
 
 verdict evaluation::run() {
-  const auto& opt = ev_.opt_;
+  const auto& opt = ctx_.opt;
   auto seed = req_.seed;
   if (seed == 0) {
     std::random_device rd;
@@ -610,8 +599,8 @@ verdict evaluation::run() {
   // check of a task alone runs no candidate. On a CUDA device the boundary needs this process's
   // own view of the workers' device memory (outputs kept on the device); without it the verdict
   // keeps one worker.
-  const bool cuda_boundary = ev_.device_ != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
-  split_ = opt.boundary == evaluator_boundary::process && (ev_.device_ == "cpu" || cuda_boundary) && !req_.reference_only;
+  const bool cuda_boundary = ctx_.device != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
+  split_ = opt.boundary == evaluator_boundary::process && (ctx_.device == "cpu" || cuda_boundary) && !req_.reference_only;
   on_device_ = split_ && cuda_boundary;
   if (!(split_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
@@ -631,10 +620,10 @@ verdict evaluation::run() {
   // it waits, no new untimed work starts (unless allowed beside warm-up); what has started
   // finishes its phase.
   const auto wait0 = clock_type::now();
-  timed_hold timed{ev_.gate_};
+  timed_hold timed{ctx_.gate};
   log_gate_wait(wait0, "timing", "other timings",
-                ev_.gate_.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
-                ev_.gate_.starts_beside_warmup() ? "" : ", starting workers' initialisation");
+                ctx_.gate.untimed_beside_warmup() ? "" : ", other evaluations' untimed device work",
+                ctx_.gate.starts_beside_warmup() ? "" : ", starting workers' initialisation");
   phase("timing");
   if (!measure_once(policy, ref, cand))
     return v_;
@@ -698,7 +687,7 @@ verdict evaluation::run() {
   worker_message msg;
   if (split_ && !thaw(last))
     return v_;
-  if (!send(last, "{\"type\":\"finish\"}"))
+  if (!send(last, worker_msg::command("finish")))
     return v_;
   if (receive(last, opt.run_timeout_s, "finishing", n, msg)) {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " after timing");

@@ -1,6 +1,7 @@
 // env/evaluation.hpp (internal to env/): one candidate's walk through the worker protocol, the
-// class device_evaluator::evaluate runs on a worker it took from the pool (env/evaluation.cpp).
-// Not installed and not included outside env/evaluator.cpp and env/evaluation.cpp.
+// class device_evaluator::evaluate runs on a worker it took from the pool (env/evaluation.cpp;
+// across the trust boundary env/boundary.cpp). It reaches its evaluator only through an
+// evaluation_context. Not included outside env/.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -19,8 +20,11 @@
 
 #include "env/compare.hpp"
 #include "env/device_gate.hpp"
+#include "env/build_service.hpp"
+#include "env/evaluation_context.hpp"
 #include "env/evaluator.hpp"
 #include "env/timing.hpp"
+#include "env/worker_pool.hpp"
 
 namespace crucible::env {
 
@@ -36,14 +40,14 @@ struct time_spent {
 /// One candidate's walk through the protocol. Lives on the calling thread's stack.
 class evaluation {
 public:
-  evaluation(device_evaluator& ev, const eval_request& req, device_evaluator::ready_worker w)
-    : ev_(ev), req_(req), w_(std::move(w)) {
+  evaluation(const evaluation_context& ctx, const eval_request& req, ready_worker w)
+    : ctx_(ctx), req_(req), w_(std::move(w)) {
     v_.hardware = w_.hardware;
-    v_.baseline = to_string(ev.opt_.baseline);
-    tol_.f64 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
-    tol_.f32 = {ev.opt_.fp32_atol, ev.opt_.fp32_rtol};
-    tol_.f16 = {ev.opt_.fp16_atol, ev.opt_.fp16_rtol};
-    tol_.bf16 = {ev.opt_.bf16_atol, ev.opt_.bf16_rtol};
+    v_.baseline = to_string(ctx.opt.baseline);
+    tol_.f64 = {ctx.opt.fp32_atol, ctx.opt.fp32_rtol};
+    tol_.f32 = {ctx.opt.fp32_atol, ctx.opt.fp32_rtol};
+    tol_.f16 = {ctx.opt.fp16_atol, ctx.opt.fp16_rtol};
+    tol_.bf16 = {ctx.opt.bf16_atol, ctx.opt.bf16_rtol};
   }
 
   verdict run();
@@ -204,20 +208,20 @@ private:
   void phase(const char* name) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", name, " at +", buf, " s");
-    if (ev_.observer_) // from the load on, across the boundary: the candidate's worker
-      ev_.observer_(name, split_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
+    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", name, " at +", buf, " s");
+    if (ctx_.observer) // from the load on, across the boundary: the candidate's worker
+      ctx_.observer(name, split_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
   }
   // At debug level, a wait at the device gate since `since` longer than a millisecond:
   // "<who> waited S s for <why...> to finish".
   template <class... Why>
   void log_gate_wait(std::chrono::steady_clock::time_point since, const char* who, const Why&... why) {
     const auto waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-    if (waited <= 1e-3 || !ev_.log_.enabled(log_level::debug))
+    if (waited <= 1e-3 || !ctx_.log.enabled(log_level::debug))
       return;
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", waited);
-    ev_.log_.debug("evaluator", ev_.device_, " ", req_.target.name, ": ", who, " waited ", buf, " s for ", why...,
+    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", who, " waited ", buf, " s for ", why...,
                    " to finish");
   }
   // Asks for `rounds` more timed rounds and appends their settled times. A continuation (more
@@ -228,10 +232,10 @@ private:
   // already within evaluator.early_stop_spread.
   bool measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand);
 
-  device_evaluator& ev_;
+  const evaluation_context& ctx_;
   const eval_request& req_;
-  device_evaluator::ready_worker w_; // the one worker, or the reference's where the verdict has two
-  device_evaluator::ready_worker cand_; // the candidate's worker, where the verdict has two
+  ready_worker w_; // the one worker, or the reference's where the verdict has two
+  ready_worker cand_; // the candidate's worker, where the verdict has two
   /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU, and
   /// on a CUDA device with evaluator.cuda_boundary).
   bool split_ = false;
@@ -270,7 +274,7 @@ private:
   verdict v_;
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
-  const int cuda_device_ = ev_.outputs_device_; // >= 0: outputs stay on this CUDA device
+  const int cuda_device_ = ctx_.outputs_device; // >= 0: outputs stay on this CUDA device
   bool measured_ = false; // a measurement was made (its warm-up rounds played)
   bool measuring_ = false; // the device gate has let this timing begin its measured rounds
   bool done_ = false; // the worker sent `done` (or died): no further messages

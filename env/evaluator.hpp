@@ -21,20 +21,17 @@
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "env/device_gate.hpp"
+#include "env/evaluation_context.hpp"
 #include "env/sandbox.hpp"
 #include "env/solo_gate.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
 #include "env/verdict_cache.hpp"
-
-namespace zmq {
-class context_t;
-}
-namespace YAML {
-class Node;
-}
+#include "env/worker_pool.hpp"
 
 namespace crucible::env {
+
+class build_service;
 
 /// Version of the measurement protocol; part of every cache key.
 inline constexpr const char* protocol_version = "crucible-eval-12"; // 12: the CUDA boundary's device clock; 11: input distribution 4; 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
@@ -50,19 +47,25 @@ struct eval_request {
   bool reference_only = false;
 };
 
-/// Where the harness and the interpreter are; found once by locate_harness().
-struct harness_location {
-  std::string python;
-  std::filesystem::path worker_py;
-  /// The harness's own kernels (env/harness/harness_kernels.cu, built into a fatbin); empty
-  /// when the build has no CUDA or the file is gone (CUDA workers then use torch operations).
-  std::filesystem::path kernels;
-};
-
 /// Finds env/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS),
 /// the harness kernels' fatbin (CRUCIBLE_HARNESS_KERNELS, else the one this build made) and
 /// the Python interpreter (`opt.python`, the checkout's .venv, or python3 on PATH).
 result<harness_location> locate_harness(const evaluator_options& opt);
+
+class device_evaluator;
+
+/// Which verdict cache a set of evaluators shares: evaluator.cache's, or none.
+enum class verdict_cache_use { configured, none };
+
+/// The device evaluators every caller makes (the run, `crucible eval`, `eval --pairs` and
+/// `--set`, `tasks import`, an evaluator node): the harness located once, one evaluator per
+/// device in order, made on the calling thread (a device's worker zygote dies with the thread that
+/// started it), all sharing one verdict cache. An error names the device (evaluator.devices[i]
+/// where `devices` is evaluator.devices).
+result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(const evaluator_options& opt,
+                                                                              const reward_options& reward,
+                                                                              const std::vector<std::string>& devices,
+                                                                              logger& log, verdict_cache_use cache);
 
 /// Evaluator for one device. Keeps `warm_workers` started workers ready (started in parallel),
 /// uses the device only while the reference, the trials and the timing run (not while a
@@ -105,7 +108,7 @@ public:
   /// this process writes the cache. Concurrent requests of one key build once.
   std::string build_extension(const std::string& request, std::chrono::steady_clock::time_point deadline);
   /// Extension builds made so far (not answered from the cache), for tests and metrics.
-  std::uint64_t extension_builds() const noexcept { return builds_; }
+  std::uint64_t extension_builds() const noexcept;
   /// The sandbox layers the last started worker reported (env/harness/confine.py).
   isolation_report isolation() const;
   /// Waits until the warm pool holds warm_workers workers, or until timeout_s has passed; true
@@ -114,14 +117,14 @@ public:
   /// Workers in the warm pool now.
   std::size_t warm_now() const;
   /// Workers started so far (for tests and metrics).
-  std::uint64_t workers_started() const noexcept { return started_; }
+  std::uint64_t workers_started() const noexcept { return pool_->workers_started(); }
   /// Of those, workers forked from the zygote (evaluator.zygote) rather than executed.
-  std::uint64_t workers_forked() const noexcept { return forked_; }
+  std::uint64_t workers_forked() const noexcept { return pool_->workers_forked(); }
   /// Seconds spent in timed rounds so far, all evaluations together (for throughput figures).
-  double timing_seconds() const noexcept { return static_cast<double>(timing_ns_.load()) * 1e-9; }
+  double timing_seconds() const noexcept { return static_cast<double>(counters_.timing_ns.load()) * 1e-9; }
   /// Seconds inside the timed calls themselves (the settled reference and candidate times of
   /// every measured round), all evaluations together: the strictest "device timing" figure.
-  double timed_call_seconds() const noexcept { return static_cast<double>(timed_calls_ns_.load()) * 1e-9; }
+  double timed_call_seconds() const noexcept { return static_cast<double>(counters_.timed_calls_ns.load()) * 1e-9; }
   /// Seconds during which the device was in use by at least one evaluation or starting worker
   /// (references, trials, timing, and the steps of device initialisation evaluator.init_hold names).
   double device_seconds() const { return static_cast<double>(gate_.busy_ns()) * 1e-9; }
@@ -140,13 +143,13 @@ public:
   double untimed_beside_seconds() const { return static_cast<double>(gate_.untimed_beside_ns()) * 1e-9; }
   /// Seconds workers spent initialising the device, summed over workers (several may
   /// initialise at once).
-  double init_seconds() const noexcept { return static_cast<double>(init_ns_.load()) * 1e-9; }
+  double init_seconds() const noexcept { return pool_->init_seconds(); }
   /// Of those, seconds spent holding the device (the steps evaluator.init_hold names: never
   /// beside timed rounds), summed over workers.
-  double init_held_seconds() const noexcept { return static_cast<double>(init_held_ns_.load()) * 1e-9; }
+  double init_held_seconds() const noexcept { return pool_->init_held_seconds(); }
   /// True once a CUDA worker has said it uses torch operations for the harness's own device
   /// work (no harness kernels: none built, or CRUCIBLE_HARNESS_KERNELS names what it cannot load).
-  bool workers_lack_kernels() const noexcept { return kernels_warned_.load(); }
+  bool workers_lack_kernels() const noexcept { return pool_->workers_lack_kernels(); }
   /// Most evaluations and starting workers that shared the device's untimed work at once.
   int max_untimed_users() const { return gate_.max_untimed(); }
   /// Every step through the device gate from now on (record(true)) until taken: for timelines.
@@ -156,33 +159,7 @@ public:
 private:
   device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,
                    std::string device, logger& log, std::shared_ptr<verdict_cache> cache);
-
-  struct ready_worker {
-    std::unique_ptr<worker> proc;
-    std::string hardware;
-  };
-  worker_spec spec() const;
-  result<ready_worker> start_worker();
-  // A started process (forked from the zygote where there is one) that has said `started` with
-  // the sandbox's layers, checked against evaluator.isolation; for builders.
-  result<std::unique_ptr<worker>> start_builder(std::chrono::steady_clock::time_point deadline);
-  result<void> check_isolation(const YAML::Node& started);
-  result<ready_worker> handshake(std::unique_ptr<worker> proc);
-  std::shared_ptr<zygote> current_zygote(const worker_spec& spec);
-  result<ready_worker> take_worker();
-  void give_back(ready_worker w);
-  void refill_loop();
-  // A finished worker is killed, reaped and its scratch directory removed on retire_thread_,
-  // not on the evaluating thread: a CUDA process takes ~0.1 s to exit, which the verdict
-  // need not wait for. With evaluator.teardown_hold it holds the device as untimed work.
-  void retire(std::unique_ptr<worker> w);
-  void retire_loop();
-  /// Waits until every worker given to retire() so far has been killed and reaped: their device
-  /// memory is the driver's again (an evaluation retried alone on the device needs it).
-  void await_retired();
   std::string protocol_key() const;
-
-  friend class evaluation;
 
   evaluator_options opt_;
   reward_options reward_;
@@ -190,53 +167,15 @@ private:
   std::string device_;
   logger& log_;
   std::shared_ptr<verdict_cache> cache_;
-  std::unique_ptr<zmq::context_t> zmq_;
-  std::filesystem::path scratch_root_;
-  std::filesystem::path extensions_dir_;
-  std::mutex build_mtx_;              // guards building_
-  std::condition_variable build_cv_;  // a build ended
-  std::set<std::string> building_;    // cache keys being built now
-  std::atomic<std::uint64_t> builds_{0};
-  isolation_report isolation_;        // the last worker's sandbox layers (guarded by mtx_)
-
-  mutable std::mutex mtx_;            // guards idle_, hardware_, isolation_, stopping_, in_flight_
-  std::condition_variable refill_cv_;
-  std::condition_variable pool_cv_;   // a worker joined the pool, or a refill gave up (wait_warm())
-  std::int64_t in_flight_ = 0;        // evaluations inside evaluate() (evaluator.refill when-idle)
-  std::vector<ready_worker> idle_;
-  std::string hardware_;
-  bool stopping_ = false;
-  std::atomic<std::uint64_t> started_{0};
-  std::atomic<std::uint64_t> forked_{0};
-  std::atomic<std::uint64_t> forked_ready_{0};   // forked workers that started
-  std::atomic<int> fork_failures_in_a_row_{0};   // forked workers that failed since the last that started
-  std::mutex zygote_mtx_;             // guards zygote_, zygote_off_
-  std::shared_ptr<zygote> zygote_;
-  bool zygote_off_ = false;           // the zygote failed: workers are executed from now on
-  std::atomic<std::uint64_t> timing_ns_{0};
-  std::atomic<std::uint64_t> timed_calls_ns_{0};
-  std::atomic<std::uint64_t> init_ns_{0};
-  std::atomic<std::uint64_t> init_held_ns_{0};
-  std::atomic<bool> kernels_warned_{false}; // a CUDA worker without the harness kernels was reported
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
-  /// Evicts the last-level cache by reading evaluator.flush_bytes of this process's own memory
-  /// (64 MiB on the CPU): before each timed sample across the trust boundary, under the timed gate.
-  void flush_caches();
-  std::vector<std::uint64_t> flush_buf_; // flush_caches(); used under the timed gate only
-  std::mutex alone_mtx_;              // guards ref_alone_ms_
-  std::map<std::string, std::vector<double>> ref_alone_ms_; // the reference's samples timed alone (evaluation::check_clean_reference), by task and protocol
   device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)
   solo_gate solo_;                    // an evaluation out of device memory beside others is retried alone
-  int starting_ = 0;                  // workers being started by the refill threads (guarded by mtx_)
-  std::vector<std::thread> refill_;
-  std::mutex retire_mtx_;             // guards retiring_, retire_stop_, reaping_
-  std::condition_variable retire_cv_;
-  std::condition_variable retired_cv_; // retiring_ empty and no batch being reaped
-  std::vector<std::unique_ptr<worker>> retiring_;
-  bool reaping_ = false;              // the retire thread is reaping a batch
-  bool retire_stop_ = false;
-  std::thread retire_thread_;
+  reference_baselines baselines_;
+  evaluation_counters counters_;
+  host_cache_flush flush_;
+  std::unique_ptr<worker_pool> pool_;
+  std::unique_ptr<build_service> builds_;
 };
 
 } // namespace crucible::env

@@ -2,6 +2,7 @@
 // and exec is prepared before fork(): the evaluator is multithreaded, so the child may only
 // make async-signal-safe calls.
 #include "env/sandbox.hpp"
+#include "env/worker_messages.hpp"
 
 #include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
@@ -349,18 +350,7 @@ result<std::unique_ptr<worker>> worker::fork_from(zygote& z, zmq::context_t& ctx
   std::string endpoint;
   if (auto bound = w->bind(ctx, spec, endpoint); !bound)
     return bound.error();
-  std::string req = "{\"type\":\"fork\",\"endpoint\":";
-  append_json_string(req, endpoint);
-  req += ",\"scratch\":";
-  append_json_string(req, w->scratch_.string());
-  req += ",\"env\":[";
-  bool first = true;
-  for (const auto& e : sandbox_env(spec, w->scratch_)) {
-    if (!std::exchange(first, false))
-      req += ',';
-    append_json_string(req, e);
-  }
-  req += "]}";
+  const auto req = worker_msg::fork(endpoint, w->scratch_.string(), sandbox_env(spec, w->scratch_));
   auto reply = z.request(req);
   if (!reply)
     return reply.error();
@@ -819,7 +809,7 @@ result<std::string> zygote::request(const std::string& line) {
 }
 
 result<zygote::exit_status> zygote::reap(pid_t pid) {
-  auto reply = request("{\"type\":\"reap\",\"pid\":" + std::to_string(pid) + "}");
+  auto reply = request(worker_msg::reap(static_cast<long long>(pid)));
   if (!reply)
     return reply.error();
   try {

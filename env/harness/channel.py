@@ -149,3 +149,11 @@ class Channel:
         except _BaseException:
             pass
         _os_exit(0)
+
+
+def _need(msg, key):
+    """A field the evaluator's message must carry: the C++ side owns every value
+    (env/worker_messages.cpp), and a message without it ends the job naming it."""
+    if key not in msg:
+        raise _Done("runtime_error", (), f"the evaluator's {msg.get('type')!r} message lacks {key!r}")
+    return msg[key]

@@ -15,7 +15,7 @@ from crucible_harness_trusted import (
     _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
     _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
 )
-from crucible_harness_channel import _Done, _error_done
+from crucible_harness_channel import _Done, _error_done, _need
 from crucible_harness_device import _export_range, _stream_wait_value, _stream_write_value
 
 _current_stream = torch.cuda.current_stream
@@ -164,9 +164,9 @@ class _ExecutorPhase:
                     self.check_state("at the end")
                 raise _Done("ok", (), "", self.laps)
             if kind == "draw":
-                self.draw(_int(msg.get("calls", 1)), _int(msg.get("dist", 0)))
+                self.draw(_int(_need(msg, "calls")), _int(_need(msg, "dist")))
             elif kind == "buffers":
-                self.make_buffers(_int(msg.get("calls", 1)))
+                self.make_buffers(_int(_need(msg, "calls")))
             elif kind == "prime":
                 self.prime()
             elif kind == "go":
@@ -174,7 +174,7 @@ class _ExecutorPhase:
             elif kind == "clock":
                 self.setup_clock()
             elif kind == "launch":
-                self.launch(msg.get("null") is True, _int(msg.get("seq", 0)))
+                self.launch(msg.get("null") is True, _int(_need(msg, "seq")))
             elif kind == "null":  # the round trip alone, for the evaluator's floor
                 self.chan.send({"type": "sampled", "outputs": []})
             else:

@@ -139,7 +139,7 @@ from crucible_harness_device import _HarnessKernels  # noqa: E402,F401  (tools/b
 from crucible_harness_integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE
 )
-from crucible_harness_channel import Channel, _Done, _error_done, _exc_text, _is_oom, _tail  # noqa: E402
+from crucible_harness_channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
 from crucible_harness_reference import _ReferencePhase  # noqa: E402
 from crucible_harness_trials import _TrialPhase  # noqa: E402
 from crucible_harness_timing import _ROUND_SLOTS, _TimingPhase  # noqa: E402
@@ -157,6 +157,7 @@ _HARNESS_NAMESPACES = ((("worker", globals()), ("static_checks", vars(_STATIC_CH
 
 # ================================================================================================
 # The worker.
+
 
 class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
     """One job, from start-up to `done`. Its phases' methods come from reference.py, trials.py,
@@ -419,33 +420,36 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
             raise _Done("runtime_error", (), f"expected a job message, got {job.get('type')!r}")
         self.job = job
         self.t_job = _perf_counter_ns()
-        self.seed = _int(job["seed"])
+        # Every value comes from the evaluator (env/worker_messages.cpp): a field the job lacks
+        # ends it naming the field; the worker keeps no default of its own.
+        self.seed = _int(_need(job, "seed"))
         # The correctness tolerances (evaluator.fp32_atol ...), which every timed call's outputs
-        # are held to as well (check_round_outputs).
-        tol = {"float64": (1e-4, 1e-4), "float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (1e-2, 1e-2)}
-        tol.update(job.get("tolerances") or {})
+        # are held to as well (check_round_outputs). The candidate's side of the trust boundary
+        # gets none: the evaluator compares its outputs.
+        candidate_side = job.get("role") == "candidate"
+        tol = {} if candidate_side else _need(job, "tolerances")
         self.tolerances = {_getattr(torch, name): (_float(a), _float(r)) for name, (a, r) in tol.items()}
-        self.trials = _int(job.get("trials", 5))
+        self.trials = _int(_need(job, "trials"))
         # Outputs may differ from the reference by this many times its own rounding error on the
         # same inputs (rounding_error), beyond atol and rtol; 0: fixed tolerances only.
-        self.rounding_factor = _max(_float(job.get("rounding_factor", 0) or 0), 0.0)
+        self.rounding_factor = 0.0 if candidate_side else _max(_float(_need(job, "rounding_factor")), 0.0)
         # Per input distribution, per output: rounding_factor times the output's largest rounding
         # error in that distribution's trials; the current round's (tolerance).
         self.round_slack = {}
         self.cur_slack = []
-        self.baseline = job.get("baseline", "eager")
-        flush_bytes = _int(job.get("flush_bytes") or ((256 << 20) if self.cuda else (64 << 20)))
+        self.baseline = _need(job, "baseline")
+        flush_bytes = _int(_need(job, "flush_bytes"))
         self.rng_random = _Random(_fresh_seed()).random
         # Each timing round's inputs start at a random offset into their own allocation, so a
         # verdict's rounds see many placements instead of the few blocks the caching allocator
         # would hand back round after round (docs/evaluator.md, Timing: placement).
-        self.jitter_bytes = _max(_int(job.get("placement_jitter_bytes", 0)), 0)
-        self.timing_reserve = job.get("timing_reserve") is True
+        self.jitter_bytes = _max(_int(_need(job, "placement_jitter_bytes")), 0)
+        self.timing_reserve = _need(job, "timing_reserve") is True
         # evaluator.sample_ms / max_calls: a timed sample is `calls` calls back to back, each on
         # its own fresh inputs, as many as make the sample last sample_ms (choose_calls); 0 or
         # a cuda-graph baseline: one call per sample.
-        self.sample_ms = _max(_float(job.get("sample_ms", 0) or 0), 0.0)
-        self.max_calls = _max(_int(job.get("max_calls", 1) or 1), 1)
+        self.sample_ms = _max(_float(_need(job, "sample_ms")), 0.0)
+        self.max_calls = _max(_int(_need(job, "max_calls")), 1)
         self.calls = 1
         self.host_ms = 0.0  # the host's time per call of the last timed sample (choose_calls)
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
@@ -454,10 +458,10 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         # collection runs inside a timed call. A full collection over those objects took
         # 162-170 ms on an H100's host (docs/performance-history.md, "Where a sequential
         # verdict's time goes").
-        self.quiet_gc = job.get("quiet_gc") is True
+        self.quiet_gc = _need(job, "quiet_gc") is True
         # evaluator.eval_mode: both models in eval mode once constructed (BatchNorm's running
         # statistics, Dropout off), as CUDA-L1's harness runs them; else training mode.
-        self.eval_mode = job.get("eval_mode") is True
+        self.eval_mode = _need(job, "eval_mode") is True
         if self.quiet_gc:
             _gc_freeze()
         self.placements = set()
@@ -481,15 +485,15 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
             raise _Done("runtime_error", (), f"unknown role {self.role!r}")
         # 3. Static checks, before any candidate code runs (by the reference worker where the
         # verdict has two: it parses the candidate's source and never runs it).
-        src = job.get("candidate_source", "")
-        task_src = job.get("task_source", "")
+        src = _need(job, "candidate_source")
+        task_src = "" if candidate_side else _need(job, "task_source")
         # A check of the task alone (device_evaluator::check_task): its reference is built and
         # run on the first trial's inputs, and nothing of a candidate's is looked at.
-        self.reference_only = job.get("reference_only") is True
-        self.static = _bool(job.get("static_checks", True)) and not self.reference_only
+        self.reference_only = _need(job, "reference_only") is True
+        self.static = _need(job, "static_checks") is True and not self.reference_only
         # Outputs stay on the device when the evaluator asks (each one the driver cannot export
         # still travels as bytes).
-        self.exports = [] if (self.cuda and job.get("outputs") == "device") else None
+        self.exports = [] if (self.cuda and _need(job, "outputs") == "device") else None
         if self.static and self.role != "candidate":
             problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
             if problems:
@@ -546,9 +550,9 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
             if kind == "stop":
                 _os_exit(0)
             if kind == "time":
-                rounds = _int(msg.get("rounds", 30))
-                msg = self.timing(rounds, _float(msg.get("warmup_ms", 300)), _int(msg.get("warmup_rounds", 3)),
-                                  msg.get("announce") is True)
+                rounds = _int(_need(msg, "rounds"))
+                msg = self.timing(rounds, _float(_need(msg, "warmup_ms")), _int(_need(msg, "warmup_rounds")),
+                                  _need(msg, "announce") is True)
                 msg["type"] = "timing"
                 self.chan.send(msg)
                 continue

@@ -95,29 +95,18 @@ int run_eval(const parsed_args& args) {
 
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
-  auto where = env::locate_harness(cfg.evaluator);
-  if (!where) {
-    std::fprintf(stderr, "crucible eval: %s\n", where.error().message.c_str());
-    return exit_failure;
-  }
-  std::shared_ptr<env::verdict_cache> cache;
-  if (!args.has("--no-cache")) {
-    auto opened = env::verdict_cache::open_configured(cfg.evaluator.cache);
-    if (!opened) {
-      std::fprintf(stderr, "crucible eval: %s\n", opened.error().message.c_str());
-      return exit_failure;
-    }
-    cache = std::move(*opened);
-  }
   auto opt = cfg.evaluator;
   // A single evaluation needs no spare worker; repeated ones keep the configured pool
   // (evaluator.warm_workers, at least one) so that each finds a started worker.
   opt.warm_workers = *repeat > 1 ? std::max<std::int64_t>(opt.warm_workers, 1) : 0;
-  auto ev = env::device_evaluator::create(opt, cfg.reward, *where, *device, log, cache);
-  if (!ev) {
-    std::fprintf(stderr, "crucible eval: %s\n", ev.error().message.c_str());
+  auto made = env::make_device_evaluators(opt, cfg.reward, {*device}, log,
+                                          args.has("--no-cache") ? env::verdict_cache_use::none
+                                                                 : env::verdict_cache_use::configured);
+  if (!made) {
+    std::fprintf(stderr, "crucible eval: %s\n", made.error().message.c_str());
     return exit_failure;
   }
+  auto* ev = &made->front();
   std::vector<double> speedups;
   for (std::int64_t i = 0; i < *repeat; ++i) {
     env::eval_request req{*task, *src, *seed == 0 ? 0 : static_cast<std::uint64_t>(*seed + i),

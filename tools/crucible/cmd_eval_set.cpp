@@ -407,16 +407,6 @@ result<std::size_t> evaluate(const config& cfg, const set_options& o, const std:
                              record_file& out, progress& prog) {
   system_clock clk;
   logger log{clk, o.verbose ? log_level::debug : log_level::warn};
-  auto where = env::locate_harness(cfg.evaluator);
-  if (!where)
-    return where.error();
-  std::shared_ptr<env::verdict_cache> cache;
-  if (o.use_cache) {
-    auto opened = env::verdict_cache::open_configured(cfg.evaluator.cache);
-    if (!opened)
-      return opened.error();
-    cache = std::move(*opened);
-  }
   auto tasks = std::make_shared<task_catalog>();
   for (const auto* p : todo)
     tasks->emplace(catalog_key(*p), p->task);
@@ -433,13 +423,12 @@ result<std::size_t> evaluate(const config& cfg, const set_options& o, const std:
   // One after the other, on this thread: a device's evaluator starts its worker zygote from the
   // calling thread, and the zygote dies with the thread that started it (PR_SET_PDEATHSIG is per
   // thread). Started on short-lived threads of their own, the zygotes died as those ended.
-  std::vector<std::unique_ptr<env::device_evaluator>> made;
-  for (const auto& device : o.devices) {
-    auto dev = env::device_evaluator::create(cfg.evaluator, cfg.reward, *where, device, log, cache);
-    if (!dev)
-      return fail(dev.error().code, device, ": ", dev.error().message);
-    made.push_back(std::move(*dev));
-  }
+  auto evaluators = env::make_device_evaluators(cfg.evaluator, cfg.reward, o.devices, log,
+                                                o.use_cache ? env::verdict_cache_use::configured
+                                                            : env::verdict_cache_use::none);
+  if (!evaluators)
+    return evaluators.error();
+  auto& made = *evaluators;
   for (std::size_t i = 0; i < o.devices.size(); ++i) {
     const auto& device = o.devices[i];
     auto info = device_info_of(*made[i], device_index(device));

@@ -271,19 +271,12 @@ int run_evaluator(const parsed_args& args) {
   }
 
   // 3. One evaluator per device.
-  auto harness = env::locate_harness(cfg.evaluator);
-  if (!harness) {
-    std::fprintf(stderr, "crucible evaluator: %s\n", harness.error().message.c_str());
+  auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, *devices, log,
+                                          args.has("--no-cache") ? env::verdict_cache_use::none
+                                                                 : env::verdict_cache_use::configured);
+  if (!made) {
+    std::fprintf(stderr, "crucible evaluator: %s\n", made.error().message.c_str());
     return exit_failure;
-  }
-  std::shared_ptr<env::verdict_cache> cache;
-  if (!args.has("--no-cache")) {
-    auto opened = env::verdict_cache::open_configured(cfg.evaluator.cache);
-    if (!opened) {
-      std::fprintf(stderr, "crucible evaluator: %s\n", opened.error().message.c_str());
-      return exit_failure;
-    }
-    cache = std::move(*opened);
   }
   node_announce announce{*token, host_name() + ":" + std::to_string(::getpid()), node_role::evaluator, {}, {}};
   std::vector<evaluator_actor> evaluators;
@@ -291,20 +284,16 @@ int run_evaluator(const parsed_args& args) {
     for (auto& e : evaluators)
       caf::anon_send_exit(e, caf::exit_reason::user_shutdown);
   };
-  for (const auto& device : *devices) {
-    auto dev = env::device_evaluator::create(cfg.evaluator, cfg.reward, *harness, device, log, cache);
-    if (!dev) {
-      std::fprintf(stderr, "crucible evaluator: %s: %s\n", device.c_str(), dev.error().message.c_str());
-      stop_evaluators();
-      return exit_failure;
-    }
+  for (std::size_t i = 0; i < devices->size(); ++i) {
+    const auto& device = (*devices)[i];
+    auto& dev = (*made)[i];
     if (args.has("--verbose"))
-      (*dev)->set_phase_observer([device](const char* phase, pid_t worker) {
+      dev->set_phase_observer([device](const char* phase, pid_t worker) {
         std::printf("%s: %s (worker %d)\n", device.c_str(), phase, static_cast<int>(worker));
         std::fflush(stdout);
       });
-    auto info = device_info_of(**dev, device_index(device));
-    std::shared_ptr<env::device_evaluator> shared{std::move(*dev)};
+    auto info = device_info_of(*dev, device_index(device));
+    std::shared_ptr<env::device_evaluator> shared{std::move(dev)};
     evaluators.push_back(spawn_evaluator(sys, evaluator_deps{shared, tasks, info, cfg.evaluator.concurrency}));
     announce.devices.push_back(info);
     announce.actors.push_back(caf::actor_cast<caf::actor>(evaluators.back()));

@@ -47,18 +47,14 @@ int run_tasks(const parsed_args& args) {
     }
     system_clock clk;
     logger log{clk, log_level::warn};
-    auto where = env::locate_harness(cfg.evaluator);
-    if (!where) {
-      std::fprintf(stderr, "crucible tasks import: %s\n", where.error().message.c_str());
-      return exit_failure;
-    }
     auto opt = cfg.evaluator;
     opt.warm_workers = 1;
-    auto ev = env::device_evaluator::create(opt, cfg.reward, *where, *device, log, nullptr);
-    if (!ev) {
-      std::fprintf(stderr, "crucible tasks import: %s\n", ev.error().message.c_str());
+    auto made = env::make_device_evaluators(opt, cfg.reward, {*device}, log, env::verdict_cache_use::none);
+    if (!made) {
+      std::fprintf(stderr, "crucible tasks import: %s\n", made.error().message.c_str());
       return exit_failure;
     }
+    auto* ev = &made->front();
     std::vector<env::task> runs; // the tasks whose reference ran
     std::size_t i = 0;
     const bool terminal = ::isatty(2) != 0;

@@ -1,0 +1,66 @@
+// env/worker_messages.hpp: every message the evaluator sends a worker (docs/evaluator-protocol.md),
+// written in one place with core/json's writer. The values are the C++ side's: the worker takes
+// each field the message must carry from it and keeps no default of its own. Internal to env/.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "env/compare.hpp"
+
+namespace crucible::env::worker_msg {
+
+/// A command with no field but its type: "run", "measure", "taken", "prime", "go", "null",
+/// "clock", "finish", "stop", "init", "context".
+std::string command(std::string_view type);
+
+/// The shared path's timing: `rounds` paired rounds after a warm-up of at least
+/// `warmup_rounds` rounds and `warmup_ms`; with `announce`, "warmed" before the measured rounds.
+std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_rounds, bool announce);
+
+/// Across the boundary: input buffers for a sample of `calls` calls.
+std::string buffers(std::int64_t calls);
+/// Across the boundary (the reference's worker): fresh inputs for `calls` calls from
+/// distribution `dist`.
+std::string draw(std::int64_t calls, int dist);
+/// Across the boundary on a CUDA device: a sample queued behind the go word's reaching `seq`
+/// (with `null`: one tiny kernel for the calls).
+std::string launch(std::uint32_t seq, bool null);
+
+/// The build service's replies to a worker's `build`: the cache directory, or the build's log.
+std::string built(const std::string& dir);
+std::string build_failed(const std::string& log);
+
+/// To a zygote: fork a worker bound to `endpoint`, in `scratch`, with `env` as its environment.
+std::string fork(const std::string& endpoint, const std::string& scratch, const std::vector<std::string>& env);
+/// To a zygote: reap its child `pid`.
+std::string reap(long long pid);
+
+/// The job a worker takes (evaluation::job_json gathers the fields).
+struct job_fields {
+  std::string task_name;
+  std::optional<std::string> task_source; // none for the candidate's side of the boundary
+  std::string candidate_source;
+  std::uint64_t seed = 0;
+  std::int64_t trials = 0;
+  bool reference_only = false;
+  std::string baseline;
+  std::uint64_t flush_bytes = 0;
+  std::uint64_t placement_jitter_bytes = 0;
+  double sample_ms = 0;
+  std::int64_t max_calls = 1;
+  bool timing_reserve = false;
+  bool quiet_gc = false;
+  bool eval_mode = false;
+  bool static_checks = true;
+  std::optional<tolerances> tol;          // with rounding_factor; none for the candidate's side
+  double rounding_factor = 0;
+  bool outputs_on_device = false;
+  std::optional<std::string> role;        // "reference" or "candidate" across the boundary
+};
+std::string job(const job_fields& f);
+
+} // namespace crucible::env::worker_msg
