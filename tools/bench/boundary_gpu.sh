@@ -1,31 +1,33 @@
 #!/usr/bin/env bash
-# tools/bench/boundary_gpu.sh [STEP...]: on a GPU machine (docs/building.md), the trust boundary's
-# CUDA figures (docs/PERFORMANCE.md, "The reward's trust boundary"). Builds crucible and
-# test_gpu_evaluator in $BUILD (default /root/bg, outside the checkout so that it survives between
-# calls on a warm machine) and writes logs and records under $OUT (default ./gpu-out). Steps
+# tools/bench/boundary_gpu.sh [STEP...]: the trust boundary's CUDA figures on one GPU
+# (docs/PERFORMANCE.md, "The reward's trust boundary"), from crucible and test_gpu_evaluator in
+# BUILD (default build) to logs and records in OUT (default runs/bench/boundary_gpu). Steps
 # (default: all, in this order):
 #   fast      two fast GPU-suite variants with evaluator.cuda_boundary=true, --verbose: the
-#             verdicts and their sample laps (err_VARIANT.log)
+#             verdicts and their sample laps (OUT/err_VARIANT.log)
 #   test      test_gpu_evaluator's case that runs the CPU suite's tasks on CUDA in every mode
 #   identity  the CPU suite's references against themselves on cuda:0 (reference_as_candidate.py),
-#             cuda_boundary true then false (IDENTITY_MODES): selfc_MODE.jsonl, one line a verdict below
+#             cuda_boundary true then false (IDENTITY_MODES): OUT/selfc_MODE.jsonl, one line a
+#             verdict, each mode's wall time, then band_check.py --self
+# PYTHON: the interpreter with torch (default .venv/bin/python, else python3). On a lent machine:
+# tools/bench/gpu_session.sh boundary [STEP...].
 set -uo pipefail
+case "${1:-}" in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT" || exit 2
-OUT="${OUT:-$ROOT/gpu-out}"
-BUILD="${BUILD:-/root/bg}"
-mkdir -p "$OUT"
-source <(sed -n '/^setup() {/,/^}/p;/^configure() {/,/^}/p' tools/bench/gpu_session.sh)
-PREFIX="$ROOT/.deps/prefix/usr"
-export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-setup
-configure "$ROOT" "$BUILD" "$OUT/configure.log" || { tail -20 "$OUT/configure.log"; exit 1; }
-start=$(date +%s)
-cmake --build "$BUILD" -j "$(nproc)" --target crucible test_gpu_evaluator > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "boundary_gpu: build $(( $(date +%s) - start )) s; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-C="$BUILD/tools/crucible"
+BUILD="$(realpath -m "${BUILD:-build}")"
+OUT="$(realpath -m "${OUT:-$ROOT/runs/bench/boundary_gpu}")"
+PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 STEPS=("$@")
 [[ ${#STEPS[@]} -gt 0 ]] || STEPS=(fast test identity)
+for step in "${STEPS[@]}"; do
+  case "$step" in fast | test | identity) ;; *) echo "boundary_gpu: unknown step $step" >&2; exit 2 ;; esac
+done
+mkdir -p "$OUT"
+start=$(date +%s)
+CRUCIBLE_BUILD_DIR="$BUILD" tools/build.sh crucible test_gpu_evaluator >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+echo "boundary_gpu: build $(( $(date +%s) - start )) s; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+C="$BUILD/tools/crucible"
 for step in "${STEPS[@]}"; do
   start=$(date +%s)
   case "$step" in
@@ -42,16 +44,15 @@ for step in "${STEPS[@]}"; do
       echo "test rc=$?"
       grep -E "MESSAGE|test cases" "$OUT/t_suite.log" | sed 's/.*MESSAGE: //' | grep -v "^host" | cut -c1-200 ;;
     identity)
-      python3 tools/bench/reference_as_candidate.py env/tasks/cpu /tmp/selfc 2>/dev/null
+      "$PYTHON" tools/bench/reference_as_candidate.py env/tasks/cpu /tmp/selfc 2>/dev/null
       for mode in ${IDENTITY_MODES:-true false}; do
         s=$(date +%s)
         rm -f "$OUT/selfc_$mode.jsonl"
         timeout 200 "$C" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --no-cache --json \
-          --set evaluator.cuda_boundary=$mode --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
+          --set evaluator.cuda_boundary="$mode" --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
         echo "identity cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
-        python3 tools/bench/band_check.py "$OUT/selfc_$mode.jsonl" --self 2>&1 | tail -4
+        "$PYTHON" tools/bench/band_check.py "$OUT/selfc_$mode.jsonl" --self 2>&1 | tail -4
       done ;;
-    *) echo "boundary_gpu: unknown step $step" >&2; exit 2 ;;
   esac
   echo "boundary_gpu: $step $(( $(date +%s) - start )) s"
 done
