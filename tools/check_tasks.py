@@ -18,10 +18,11 @@ default) or --device cuda:
            large relative amount (--min-change) and change a good share of its elements beyond
            the tolerance (--min-frac); a task that fails here is low-signal (a constant or
            nearly constant output cannot tell a correct kernel from a wrong one);
-  stable   the reference agrees with a float64 run of the same reference on both input
-           distributions with a margin (max |a-b| / (atol + rtol |b|) <= --max-err-ratio for
-           float32 outputs, --max-err-ratio-lp for float16/bfloat16 ones), so a correct
-           reassociated rewrite can pass the evaluator's tolerance.
+  stable   the reference agrees with a float64 run of the same reference on input
+           distributions 0 and 1 (below: the task's own scale) with a margin (max |a-b| / (atol
+           + rtol |b|) <= --max-err-ratio for float32 outputs, --max-err-ratio-lp for
+           float16/bfloat16 ones), so a correct reassociated rewrite can pass the evaluator's
+           tolerance even without its rounding slack (variants, below).
 Tolerances are the evaluator's defaults: --atol/--rtol 1e-4 for float32 and float64 outputs,
 --lp-atol/--lp-rtol 1e-2 for float16 and bfloat16 outputs.
 
@@ -29,7 +30,9 @@ With --variants it also checks every file in variants/<task name>/ (variants/<st
 suite without levels, variants/level1/<stem>/ for a task in level1/):
   static   the evaluator's static anti-hacking checks (env/harness/static_checks.py) find nothing;
   correct variants (any name not starting with wrong_) must match the reference within the
-  tolerance on both input distributions for --seeds seeds, keep their inputs unchanged, take
+  tolerance (atol widened, as the evaluator widens it, by 8 times the reference's own rounding
+  error on the same inputs: its distance from a float64 copy of itself) on every input
+  distribution the evaluator draws, for --seeds seeds each, keep their inputs unchanged, take
   the same constructor and forward parameters as Model, and be faster than the reference by at
   least --min-speedup (median of per-round ratios over --rounds paired, interleaved rounds in
   random order, fresh inputs each round, caches flushed before each timed call);
@@ -47,8 +50,16 @@ module-level UPPER_CASE integer constant >= 128 of a task by F before get_inputs
 get_init_inputs() run, to check the GPU suite's tasks and variants on a CPU at smaller shapes;
 --no-timing skips the time window and the speedups.
 
-The two input distributions are the evaluator's: get_inputs() as is, and the same inputs with
-every floating tensor multiplied elementwise by U(0.5, 2).
+Inputs are the evaluator's: its worker's own make_inputs (env/harness/reference.py; the worker,
+env/harness/worker.py, is loaded by path, which loads the harness's modules in its order, as
+tests/harness does), and the distributions it draws a task's trials from (docs/evaluator.md,
+Correctness): 0 get_inputs() as is, 1 every floating tensor times U(0.5, 2) elementwise, 2 the
+same with random signs, 3 as 2 times 32, 4 as 1 with one run of each floating tensor scaled by
+16 more; 2 and 3 only for a task whose INPUT_DOMAIN is "any" (the default; "as-given" draws 0,
+1 and 4), and each of 2, 3 and 4 left out where the reference's outputs on it are not finite
+while they are on 0. The timed rounds draw all of them but 0 in turn, as the evaluator's do.
+(On CUDA the worker scales contiguous inputs with its own kernel, harness_kernels.cu, which
+this tool does not load: the same distributions, other draws.)
 
 Isolation: by default every task and every variant is checked in a child process of its own
 with a time limit (--timeout seconds; its whole process group is killed on expiry), so a crash,
@@ -92,6 +103,7 @@ import sys
 import tempfile
 import time
 import traceback
+import types
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -133,24 +145,82 @@ def load_task(path: Path, args):
     return task
 
 
+_WORKER = None
+
+
+def evaluator_worker():
+    """env/harness/worker.py, loaded by path once per process: its import loads the harness's
+    modules in its own order (reference.py's make_inputs, static_checks.py), starts no worker and
+    touches no device."""
+    global _WORKER
+    if _WORKER is None:
+        spec = importlib.util.spec_from_file_location("crucible_worker", REPO / "env" / "harness" / "worker.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _WORKER = mod
+    return _WORKER
+
+
 def make_inputs(task, seed: int, dist: int, device: str):
-    """The evaluator's inputs: get_inputs() under the device context, moved to the device;
-    distribution 1 multiplies every floating tensor elementwise by U(0.5, 2)."""
-    torch.manual_seed(seed)
-    with torch.device(device):
-        raw = list(task.get_inputs())
-    out = []
-    gen = None
-    for x in raw:
-        if isinstance(x, torch.Tensor):
-            x = x.to(device)
-            if dist == 1 and x.is_floating_point():
-                if gen is None:
-                    gen = torch.Generator(device=device).manual_seed((seed * 7919 + 17) % (1 << 63))
-                f = torch.empty(x.shape, dtype=x.dtype, device=device).uniform_(0.5, 2.0, generator=gen)
-                x = x * f
-        out.append(x)
-    return out
+    """The evaluator's inputs: its worker's make_inputs (get_inputs() under `seed` inside `with
+    torch.device(device)`, moved to the device, then input distribution `dist`)."""
+    phase = evaluator_worker()._OWN_MODULES["reference"]._ReferencePhase
+    return phase.make_inputs(types.SimpleNamespace(device=device, task=task), seed, dist)
+
+
+def input_dists(task) -> list[int]:
+    """The input distributions the evaluator draws the task's trials from, in its order
+    (reference.py, reference_phase), before it leaves out those where the reference's outputs
+    are not finite (drop_unfinite)."""
+    domain = getattr(task, "INPUT_DOMAIN", "any")
+    if domain not in ("any", "as-given"):
+        raise RuntimeError(f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
+    return [0, 1, 2, 3, 4] if domain == "any" else [0, 1, 4]
+
+
+def all_finite(outs) -> bool:
+    return all(not (isinstance(y, torch.Tensor) and y.is_floating_point()) or bool(torch.isfinite(y).all())
+               for y in outs)
+
+
+def drop_unfinite(dists: list[int], dist: int, outs, finite0: bool) -> bool:
+    """As the evaluator does (reference.py, reference_phase): distribution 2, 3 or 4 is left out
+    of `dists` (True) where the reference's outputs `outs` on it are not finite while they were on
+    distribution 0 (`finite0`: the first trial's, and only where the task draws more than 0 and 1)."""
+    if dist >= 2 and finite0 and not all_finite(outs):
+        dists.remove(dist)
+        return True
+    return False
+
+
+# evaluator.rounding_factor's default (core/config.hpp): the evaluator widens atol for each
+# floating output by this times the reference's own rounding error on the trial's inputs.
+ROUNDING_FACTOR = 8.0
+
+
+def reference_float64(model):
+    """The worker's float64 copy of the reference (reference.py, reference_float64), or None
+    where it cannot be made (the evaluator's tolerances then stay fixed)."""
+    phase = evaluator_worker()._OWN_MODULES["reference"]._ReferencePhase
+    return phase.reference_float64(types.SimpleNamespace(rounding_factor=ROUNDING_FACTOR, laps={}), model)
+
+
+def rounding_slack(model64, inputs, ref) -> list[float]:
+    """The evaluator's widening of atol per output for the reference's outputs `ref` on
+    `inputs` (env/compare.cpp): ROUNDING_FACTOR times the reference's own rounding error there,
+    measured by the worker's rounding_error against the float64 copy `model64`; [] (tolerances
+    fixed) where there is no copy or its call fails."""
+    if model64 is None:
+        return []
+    phase = evaluator_worker()._OWN_MODULES["reference"]._ReferencePhase
+    errs = phase.rounding_error(types.SimpleNamespace(sync=lambda: None, laps={}), model64, inputs, ref)
+    return [] if errs is None else [ROUNDING_FACTOR * e for e in errs]
+
+
+def timed_dists(dists: list[int]) -> list[int]:
+    """The distributions of the timed rounds, in turn: all but the task's own (0), as the
+    evaluator's boundary draws them."""
+    return [d for d in dists if d != 0] or [1]
 
 
 def build_model(cls, task, device: str):
@@ -172,13 +242,14 @@ def tolerance(dtype, args):
     return args.atol, args.rtol
 
 
-def err_ratio(cand, ref, args, exact: bool = False) -> float:
-    """max |c - r| / (atol + rtol |r|) over all outputs with the tolerance of each output's
-    dtype (exact: any difference counts); inf on a shape/dtype/finiteness mismatch."""
+def err_ratio(cand, ref, args, exact: bool = False, slack=()) -> float:
+    """max |c - r| / (atol + slack + rtol |r|) over all outputs with the tolerance of each
+    output's dtype, atol widened by slack[i] for output i (rounding_slack; none past its end)
+    (exact: any difference counts); inf on a shape/dtype/finiteness mismatch."""
     worst = 0.0
     if len(cand) != len(ref):
         return math.inf
-    for c, r in zip(cand, ref):
+    for i, (c, r) in enumerate(zip(cand, ref)):
         if type(c) is not torch.Tensor or c.shape != r.shape or c.dtype != r.dtype:
             return math.inf
         if c.numel() == 0:
@@ -191,6 +262,8 @@ def err_ratio(cand, ref, args, exact: bool = False) -> float:
             ratio = math.inf if d.max().item() > 0 else 0.0
         else:
             atol, rtol = tolerance(r.dtype, args)
+            if i < len(slack):
+                atol += slack[i]
             ratio = (d / (atol + rtol * r64.abs())).max().item()
         worst = max(worst, ratio)
     return worst
@@ -285,15 +358,10 @@ def signature_problem(model_cls, cand_cls) -> str | None:
     return None
 
 
-_STATIC = None
-
-
 def static_findings(src: str, task_src: str) -> list[str]:
-    """The evaluator's static checks on a candidate's source."""
-    global _STATIC
-    if _STATIC is None:
-        _STATIC = load_module(REPO / "env" / "harness" / "static_checks.py", "static")
-    return [f"static check {name} (line {line}): {msg}" for name, line, msg in _STATIC.check_source(src, task_src)]
+    """The evaluator's static checks on a candidate's source (the worker's static_checks.py)."""
+    check_source = evaluator_worker()._STATIC_CHECKS_MODULE.check_source
+    return [f"static check {name} (line {line}): {msg}" for name, line, msg in check_source(src, task_src)]
 
 
 def needs_cuda(src: str) -> bool:
@@ -308,7 +376,9 @@ def fmt(x, spec=".2f"):
     if x is None:
         return "-"
     if isinstance(x, float) and math.isinf(x):
-        return "inf"
+        return "inf" if x > 0 else "-inf"
+    if x in ("inf", "-inf"):  # an infinity as a child's row carries it (json_safe)
+        return x
     return format(x, spec)
 
 
@@ -342,12 +412,13 @@ def check_task(path: Path, name: str, args):
     dev = args.device
     problems = []
     row = {"task": name, "ok": False, "problems": problems, "ref_ms": None, "ref_warm_ms": None,
-           "ref_cold_ms": None, "change": None, "frac": None, "err64": None, "dtypes": None}
+           "ref_cold_ms": None, "change": None, "frac": None, "err64": None, "dtypes": None, "dists": None}
     try:
         task = load_task(path, args)
         for attr in ("Model", "get_inputs", "get_init_inputs"):
             if not hasattr(task, attr):
                 raise RuntimeError(f"missing {attr}")
+        dists = input_dists(task)
         if not (task.__doc__ or "").strip():
             problems.append("no docstring")
         model = build_model(task.Model, task, dev)
@@ -357,11 +428,21 @@ def check_task(path: Path, name: str, args):
 
     with torch.no_grad():
         try:
-            outs = {}
+            outs = {}  # distribution 0's; the others' are computed again where needed
+            finite0 = None
             for seed in (args.seed, args.seed + 1):
-                for dist in (0, 1):
-                    outs[seed, dist] = as_list(model(*make_inputs(task, seed, dist, dev)))
+                for dist in list(dists):
+                    if dist not in dists:
+                        continue
+                    out = as_list(model(*make_inputs(task, seed, dist, dev)))
+                    if finite0 is None:
+                        finite0 = len(dists) > 2 and all_finite(out)
+                    drop_unfinite(dists, dist, out, finite0)
+                    if dist == 0:
+                        outs[seed, dist] = out
+                    del out
             sync(dev)
+            row["dists"] = list(dists)
         except Exception as e:  # noqa: BLE001
             problems.append(f"run: {type(e).__name__}: {e}")
             return row, task, None
@@ -414,17 +495,21 @@ def check_task(path: Path, name: str, args):
         limit = args.max_err_ratio_lp if lp else args.max_err_ratio
         try:
             model64 = build_model(task.Model, task, dev).double()
+            # On the task's own scale (distributions 0 and 1): a rewrite as precise as the
+            # reference passes there with the tolerance alone. (On every distribution the
+            # evaluator also widens atol by the reference's own rounding error, rounding_slack.)
             for seed in (args.seed, args.seed + 1):
                 for dist in (0, 1):
                     inp = make_inputs(task, seed, dist, dev)
+                    ref = outs[seed, 0] if dist == 0 else as_list(model(*inp))
                     inp64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                              for x in inp]
                     del inp
-                    y64 = [y.to(r.dtype) for y, r in zip(as_list(model64(*inp64)), outs[seed, dist])]
+                    y64 = [y.to(r.dtype) for y, r in zip(as_list(model64(*inp64)), ref)]
                     del inp64
                     # the reference against float64 rounded to its dtype, in the evaluator's metric
-                    worst = max(worst, err_ratio(outs[seed, dist], y64, args))
-                    del y64
+                    worst = max(worst, err_ratio(ref, y64, args))
+                    del y64, ref
             del model64
         except Exception as e:  # noqa: BLE001
             problems.append(f"float64 run failed: {type(e).__name__}: {e}")
@@ -512,16 +597,28 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
     with torch.no_grad():
         worst = 0.0
         failed_on = []
+        dists = [0, 1]
         try:
+            dists = input_dists(task)
+            model64 = reference_float64(model)
+            finite0 = None
             for s in range(args.seeds):
                 seed = args.seed + 100 + s
-                for dist in (0, 1):
+                for dist in list(dists):
+                    if dist not in dists:
+                        continue
                     inp = make_inputs(task, seed, dist, dev)
                     ref = as_list(model(*inp))
+                    if finite0 is None:
+                        finite0 = len(dists) > 2 and all_finite(ref)
+                    if drop_unfinite(dists, dist, ref, finite0):
+                        del inp, ref
+                        continue
+                    slack = rounding_slack(model64, inp, ref)
                     kept = [x.clone() if isinstance(x, torch.Tensor) else x for x in inp]
                     out = as_list(cand(*inp))
                     sync(dev)
-                    r = err_ratio(out, ref, args)
+                    r = err_ratio(out, ref, args, slack=slack)
                     lowp_out = any(isinstance(y, torch.Tensor) and y.dtype in LOW_PRECISION for y in ref)
                     worst = max(worst, r)
                     if r > 1.0:
@@ -536,6 +633,7 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
                             problems.append("changes its inputs")
                             break
                     del inp, ref, kept, out
+            del model64
         except Exception as e:  # noqa: BLE001
             if wrong:
                 worst = math.inf
@@ -573,8 +671,9 @@ def check_variant(vpath: Path, task_path: Path, task, model, args):
             sync(dev)
             rng = random.Random(args.seed)
             ratios, tr, tc = [], [], []
+            timed = timed_dists(dists)
             for i in range(args.rounds):
-                inp = make_inputs(task, args.seed + 1000 + i, i % 2, dev)
+                inp = make_inputs(task, args.seed + 1000 + i, timed[i % len(timed)], dev)
                 sync(dev)
                 if rng.random() < 0.5:
                     a = timer(model, inp)
@@ -825,6 +924,10 @@ def setup(args):
         MALLOC.set(args.alloc)
     elif not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device available")
+    if args.child or args.in_process:
+        # Where tasks run: the worker's settings (TRITON_F32_DEFAULT, torch.compile's first-use
+        # patches) in place before a variant imports triton or compiles, as in the evaluator.
+        evaluator_worker()
 
 
 def main(argv=None) -> int:
@@ -915,7 +1018,8 @@ def main(argv=None) -> int:
           f"frac = share of elements that change, err64 = reference-vs-float64 error / tolerance)")
     print_table(["task", "ref_ms", "cold_ms", "dtypes", "change", "frac", "err64", "status"], task_rows)
     if args.variants:
-        print(f"variants (err = worst |cand - ref| / (atol + rtol |ref|) over {args.seeds} seeds x 2 distributions; "
+        print(f"variants (err = worst |cand - ref| / (atol + slack + rtol |ref|), slack = {ROUNDING_FACTOR:g} x the "
+              f"reference's own rounding error, over {args.seeds} seeds x the evaluator's input distributions; "
               f"speedup = median of {args.rounds} paired ref/cand ratios)")
         print_table(["task", "variant", "kind", "err", "speedup", "ref_ms", "cand_ms", "load_s", "status"],
                     variant_rows)

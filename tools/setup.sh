@@ -43,5 +43,5 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
   .venv/bin/python -m pip install -q -r tools/requirements.txt
   echo "$want" > "$stamp"
 fi
-.venv/bin/python -c "import torch, numpy, zmq; assert torch.__version__.startswith('2.11.0'), torch.__version__"
+.venv/bin/python -c "import torch, numpy, zmq, pytest; assert torch.__version__.startswith('2.11.0'), torch.__version__"
 echo "setup: ok ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -7,12 +7,13 @@ import threading
 import torch
 
 from crucible_harness_trusted import (
+    _torch_isclose,
     _abs, _active_count, _bool, _clock_gettime_ns, _current_frames, _enumerate, _enumerate_threads, _float,
     _int, _int64, _isinstance, _len, _max, _min, _nd_tobytes, _os_listdir, _OSError, _range, _repr, _S_data_ptr,
     _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_cpu, _T_data_ptr, _T_detach, _T_is_floating_point,
     _T_item, _T_numel, _T_numpy, _T_reshape, _T_size, _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
     _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
-    _torch_empty, _torch_isnan, _tuple, _type, _uint8
+    _torch_empty, _tuple, _type, _uint8
 )
 from crucible_harness_channel import _Done
 from crucible_harness_device import _export, _kernels
@@ -115,7 +116,8 @@ def _same_sample(a, b, tolerances, slack):
             return False, f"output {i}: another size"
         atol, rtol = tolerances
         s = slack[i] if i < _len(slack) else 0.0
-        bad = (_torch_abs(x - y) > atol + s + rtol * _torch_abs(x)) | (_torch_isnan(x) != _torch_isnan(y))
+        # isclose: an infinity equals only itself (a bound of atol + rtol*|inf| would pass anything).
+        bad = ~_torch_isclose(y, x, rtol=rtol, atol=atol + s, equal_nan=True)
         n = _int(_T_item(bad.sum()))
         if n:
             j = _int(_T_item(bad.nonzero()[0][0]))

@@ -75,7 +75,8 @@ class _ReferencePhase:
                     if dist in (2, 3):
                         sign = _T_uniform_(_torch_empty(size, dtype=x.dtype, device=self.device), 0.0, 1.0,
                                            generator=gen)
-                        f = _T_mul(f, _torch_where(_T_lt(sign, 0.5), -1.0, 1.0))
+                        # In x's dtype: a float32 factor would promote a half-precision input.
+                        f = _T_mul(f, _T_to(_torch_where(_T_lt(sign, 0.5), -1.0, 1.0), x.dtype))
                     x = _T_mul(x, f)
                 if dist == 3 and _T_is_floating_point(x):
                     x = _T_mul(x, _DIST3_FACTOR)
