@@ -49,10 +49,10 @@ double now_seconds(const trainer_state& st) { return st.p.stage_seconds + second
 std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
 
 // The tasks the run trains on: the catalogue, less those tasks.skip_broken left out.
-std::shared_ptr<const task_catalog> tasks_of(const trainer_state& st) { return st.pool ? st.pool : st.deps->tasks; }
+std::shared_ptr<const task_catalog> tasks_of(const trainer_state& st) { return st.warm.pool ? st.warm.pool : st.deps->tasks; }
 
 bool is_skipped(const trainer_state& st, const task_id& t) {
-  return st.pool && st.pool->find(t) == st.pool->end();
+  return st.warm.pool && st.warm.pool->find(t) == st.warm.pool->end();
 }
 
 stage_report report_of(trainer_state& st, bool done) {
@@ -68,9 +68,9 @@ stage_report report_of(trainer_state& st, bool done) {
   r.dropped_stale = st.p.dropped_stale;
   r.discarded = st.p.discarded;
   r.unfinished = st.p.unfinished;
-  r.skipped_tasks = st.skipped;
-  r.records = std::move(st.records);
-  st.records.clear();
+  r.skipped_tasks = st.warm.skipped;
+  r.records = std::move(st.step.records);
+  st.step.records.clear();
   return r;
 }
 
@@ -111,23 +111,23 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
     .field("group", group)
     .field("cache_hit", v.cache_hit)
     .end_object();
-  st.records.push_back(std::move(w).take());
+  st.step.records.push_back(std::move(w).take());
 }
 
 void finish_step(self_pointer self, bool done) {
   auto& st = self->state;
-  st.busy = false;
-  st.on_groups = nullptr;
-  auto rp = st.pending;
+  st.step.busy = false;
+  st.step.on_groups = nullptr;
+  auto rp = st.step.pending;
   rp.deliver(report_of(st, done));
 }
 
 void fail_step(self_pointer self, const crucible::error& err) {
   auto& st = self->state;
   st.deps->log->error(component, stage_name(st.p.stage), " step ", st.p.stage_step + 1, " failed: ", err.to_string());
-  st.busy = false;
-  st.on_groups = nullptr;
-  auto rp = st.pending;
+  st.step.busy = false;
+  st.step.on_groups = nullptr;
+  auto rp = st.step.pending;
   rp.deliver(make_error(err));
 }
 
@@ -166,14 +166,14 @@ crucible::error learner_error(const trainer_state& st, const caf::error& e, cons
 // Checks wait `wait` for silence after run.stall_timeout_s, against the groups in by now.
 void send_stall_check(self_pointer self, std::uint64_t wait) {
   auto& st = self->state;
-  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), stall_limit(st), stall_atom_v, wait, st.groups_in);
+  self->delayed_send(caf::actor_cast<trainer_impl_actor>(self), stall_limit(st), stall_atom_v, wait, st.step.groups_in);
 }
 
 // A step starts waiting for groups: its silence is checked after run.stall_timeout_s.
 void arm_stall_check(self_pointer self) {
   auto& st = self->state;
   if (stall_limit(st).count() > 0)
-    send_stall_check(self, ++st.waits);
+    send_stall_check(self, ++st.step.waits);
 }
 
 
@@ -185,7 +185,7 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
   const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.rollout.actors));
   rollout_deps rd{st.deps->engine,           st.deps->evaluators,       st.exemplars,      tasks_of(st),
                   st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward};
-  st.rollout_quota.clear();
+  st.roll.quota.clear();
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t quota = 0;
     if (total_groups > 0) {
@@ -198,23 +198,23 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
     opt.max_groups = quota;
     if (!st.kind.empty() && opt.hardware.empty())
       opt.hardware = st.kind;
-    if (i < st.samplers.size())
-      opt.saved_sampler = st.samplers[i];
+    if (i < st.roll.samplers.size())
+      opt.saved_sampler = st.roll.samplers[i];
     auto r = spawn_rollout_actor(self->system(), rd, opt);
     if (!r.ok())
       return r.error();
     self->send(*r, start_atom_v);
-    st.rollouts.push_back(*r);
-    st.rollout_quota.push_back(quota);
-    st.rollout_place.push_back(static_cast<std::size_t>(i));
+    st.roll.rollouts.push_back(*r);
+    st.roll.quota.push_back(quota);
+    st.roll.place.push_back(static_cast<std::size_t>(i));
   }
   return {};
 }
 
 void keep_sampler(trainer_state& st, std::size_t place, const sampler_state& s) {
-  if (st.samplers.size() <= place)
-    st.samplers.resize(place + 1);
-  st.samplers[place] = s.text;
+  if (st.roll.samplers.size() <= place)
+    st.roll.samplers.resize(place + 1);
+  st.roll.samplers[place] = s.text;
 }
 
 // Tells the replay store (through the exemplar actor) the fate of the samples of `ids`, counted
@@ -255,11 +255,11 @@ void drop_oldest(self_pointer self, std::size_t bound);
 
 void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then) {
   auto& st = self->state;
-  auto rollouts = std::move(st.rollouts);
-  auto places = std::move(st.rollout_place);
-  st.rollouts.clear();
-  st.rollout_quota.clear();
-  st.rollout_place.clear();
+  auto rollouts = std::move(st.roll.rollouts);
+  auto places = std::move(st.roll.place);
+  st.roll.rollouts.clear();
+  st.roll.quota.clear();
+  st.roll.place.clear();
   if (rollouts.empty()) {
     then();
     return;
@@ -305,19 +305,19 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
 // then calls `then`.
 void collect_samplers(self_pointer self, std::function<void()> then) {
   auto& st = self->state;
-  if (st.rollouts.empty()) {
+  if (st.roll.rollouts.empty()) {
     then();
     return;
   }
-  auto left = std::make_shared<std::size_t>(st.rollouts.size());
+  auto left = std::make_shared<std::size_t>(st.roll.rollouts.size());
   auto done = [left, then] {
     if (--*left == 0)
       then();
   };
-  for (std::size_t i = 0; i < st.rollouts.size(); ++i)
-    self->request(st.rollouts[i], caf::infinite, save_atom_v)
+  for (std::size_t i = 0; i < st.roll.rollouts.size(); ++i)
+    self->request(st.roll.rollouts[i], caf::infinite, save_atom_v)
       .then(
-        [self, done, place = st.rollout_place[i]](const sampler_state& s) {
+        [self, done, place = st.roll.place[i]](const sampler_state& s) {
           keep_sampler(self->state, place, s);
           done();
         },
@@ -336,14 +336,14 @@ void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bo
   };
   std::uint64_t dropped = 0; // samples
   std::vector<group_id> ids;
-  for (const auto& g : st.groups)
+  for (const auto& g : st.roll.groups)
     if (stale(g)) {
       dropped += g.completions.size();
       ids.push_back(g.group);
     }
-  st.groups.erase(std::remove_if(st.groups.begin(), st.groups.end(), stale), st.groups.end());
+  st.roll.groups.erase(std::remove_if(st.roll.groups.begin(), st.roll.groups.end(), stale), st.roll.groups.end());
   st.p.dropped_stale += dropped;
-  st.dropped_now += dropped;
+  st.roll.dropped_now += dropped;
   send_fates(self, std::move(ids), storage::sample_fate::stale, st.p.step);
   drop_oldest(self, bound);
 }
@@ -352,12 +352,12 @@ void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bo
 void drop_oldest(self_pointer self, std::size_t bound) {
   auto& st = self->state;
   std::vector<group_id> ids;
-  while (st.groups.size() > bound) {
-    const auto n = st.groups.front().completions.size();
-    ids.push_back(st.groups.front().group);
-    st.groups.pop_front();
+  while (st.roll.groups.size() > bound) {
+    const auto n = st.roll.groups.front().completions.size();
+    ids.push_back(st.roll.groups.front().group);
+    st.roll.groups.pop_front();
     st.p.dropped_stale += n;
-    st.dropped_now += n;
+    st.roll.dropped_now += n;
   }
   send_fates(self, std::move(ids), storage::sample_fate::stale, st.p.step);
 }
@@ -366,10 +366,10 @@ void drop_oldest(self_pointer self, std::size_t bound) {
 // pause with run.on_pause drop), counting their samples: the replay store holds them all the same.
 void discard_groups(self_pointer self) {
   auto& st = self->state;
-  for (const auto& g : st.groups)
+  for (const auto& g : st.roll.groups)
     st.p.discarded += g.completions.size();
-  send_fates(self, group_ids(st.groups), storage::sample_fate::discarded, st.p.step);
-  st.groups.clear();
+  send_fates(self, group_ids(st.roll.groups), storage::sample_fate::discarded, st.p.step);
+  st.roll.groups.clear();
 }
 
 // -- checkpoints -------------------------------------------------------------------------------
@@ -472,7 +472,7 @@ caf::result<std::string> save(self_pointer self) {
   st.saving[name].push_back(rp);
   // Rollout actors that run (async) are asked for their samplers; stopped places keep theirs.
   collect_samplers(self, [self, tmp, name, progress] {
-    write_checkpoint(self, tmp, name, progress, sampler_checkpoint{self->state.samplers}.to_json());
+    write_checkpoint(self, tmp, name, progress, sampler_checkpoint{self->state.roll.samplers}.to_json());
   });
   return rp;
 }
@@ -482,7 +482,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
   st.shared = shared;
   st.deps = &shared->deps;
   st.p = st.deps->progress;
-  st.samplers = st.deps->samplers;
+  st.roll.samplers = st.deps->samplers;
   st.stage_start = std::chrono::steady_clock::now();
   // The exemplar actor goes down with the trainer; the rollout actors follow it (they quit when
   // a collaborator goes down).
@@ -494,13 +494,13 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
     [self](advance_atom) -> caf::result<stage_report> {
       auto& st = self->state;
       st.exemplars = st.shared->exemplars;
-      if (st.busy)
+      if (st.step.busy)
         return make_error(errc::busy, "a step of the schedule is already under way");
-      st.busy = true;
-      st.step_began = std::chrono::steady_clock::now();
-      st.wait_seconds = st.prep_seconds = 0;
-      st.pending = self->make_response_promise<stage_report>();
-      auto rp = st.pending;
+      st.step.busy = true;
+      st.step.began = std::chrono::steady_clock::now();
+      st.step.wait_seconds = st.step.prep_seconds = 0;
+      st.step.pending = self->make_response_promise<stage_report>();
+      auto rp = st.step.pending;
       with_devices(self, [self] {
         auto& st = self->state;
         if (st.settled) {
@@ -527,9 +527,9 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         auto& st = self->state;
         // Groups that finished are in the store; their verdicts are reported, not trained on
         // (the next process samples its own).
-        count_groups(st, st.groups, nullptr);
-        send_fates(self, group_ids(st.groups), storage::sample_fate::paused, st.p.step);
-        st.groups.clear();
+        count_groups(st, st.roll.groups, nullptr);
+        send_fates(self, group_ids(st.roll.groups), storage::sample_fate::paused, st.p.step);
+        st.roll.groups.clear();
         settle_samples(self, -1, [self, rp]() mutable {
           rp.deliver(report_of(self->state, self->state.p.stage >= stage_done));
         });
@@ -539,15 +539,15 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
     [self](save_atom) -> caf::result<std::string> { return save(self); },
     [self](drain_atom) -> std::string {
       auto& st = self->state;
-      if (!st.busy)
+      if (!st.step.busy)
         return "no step under way";
-      if (!st.on_groups)
+      if (!st.step.on_groups)
         return std::string{stage_name(st.p.stage)} + " step " + std::to_string(st.p.stage_step + 1)
                + " is past waiting for groups (an update, evaluations or a checkpoint under way): the pause waits for it";
-      const auto have = st.groups.size();
-      st.on_groups = nullptr;
+      const auto have = st.roll.groups.size();
+      st.step.on_groups = nullptr;
       const auto what = std::string{stage_name(st.p.stage)} + " step " + std::to_string(st.p.stage_step + 1)
-                        + " waited for groups (" + std::to_string(have) + " of " + std::to_string(st.want)
+                        + " waited for groups (" + std::to_string(have) + " of " + std::to_string(st.step.want)
                         + " in); ended without training, the run pauses at step " + std::to_string(st.p.step);
       st.deps->log->info(component, what);
       finish_step(self, false);
@@ -555,38 +555,38 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
     },
     [self](rollout_group& g) {
       auto& st = self->state;
-      ++st.groups_in;
-      st.groups.push_back(std::move(g));
-      if (st.on_groups) {
-        auto f = st.on_groups;
+      ++st.step.groups_in;
+      st.roll.groups.push_back(std::move(g));
+      if (st.step.on_groups) {
+        auto f = st.step.on_groups;
         f();
       } else {
-        drop_oldest(self, 8 * std::max<std::uint64_t>(1, st.want)); // nobody is training: keep the queue bounded
+        drop_oldest(self, 8 * std::max<std::uint64_t>(1, st.step.want)); // nobody is training: keep the queue bounded
       }
     },
     [self](stall_atom, std::uint64_t wait, std::uint64_t seen) {
       auto& st = self->state;
-      if (!st.busy || !st.on_groups || wait != st.waits)
+      if (!st.step.busy || !st.step.on_groups || wait != st.step.waits)
         return; // that wait is over
-      if (st.groups_in != seen) { // groups came: check the next period
+      if (st.step.groups_in != seen) { // groups came: check the next period
         send_stall_check(self, wait);
         return;
       }
-      st.on_groups = nullptr;
+      st.step.on_groups = nullptr;
       fail_step(self, crucible::error{errc::timeout,
                                       "no rollout group arrived in " + stall_text(st) + " while "
                                           + stage_name(st.p.stage) + " step " + std::to_string(st.p.stage_step + 1)
-                                          + " waited for them (" + std::to_string(st.groups.size()) + " of "
-                                          + std::to_string(st.want) + " in, " + std::to_string(st.rollouts.size())
+                                          + " waited for them (" + std::to_string(st.roll.groups.size()) + " of "
+                                          + std::to_string(st.step.want) + " in, " + std::to_string(st.roll.rollouts.size())
                                           + " rollout actors): the policy engine or the evaluators are silent; the run "
                                             "stops, its last checkpoint stays"});
     },
     [self](collect_atom) {
       auto& st = self->state;
-      st.timer_armed = false;
-      if (!st.busy)
+      st.step.timer_armed = false;
+      if (!st.step.busy)
         return;
-      if (!st.tasks_checked && !st.check_queue.empty()) {
+      if (!st.warm.tasks_checked && !st.warm.check_queue.empty()) {
         check_pump(self);
         return;
       }
@@ -594,15 +594,15 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
         warm_pump(self);
         return;
       }
-      if (st.deps->cfg.run.mode != run_mode::sync || !st.on_groups || st.rollouts.empty())
+      if (st.deps->cfg.run.mode != run_mode::sync || !st.step.on_groups || st.roll.rollouts.empty())
         return;
       // Sync: if every rollout has taken its quota and has nothing in flight, the groups that
       // are missing were abandoned: train on what arrived, or sample the rest.
-      auto left = std::make_shared<std::size_t>(st.rollouts.size());
+      auto left = std::make_shared<std::size_t>(st.roll.rollouts.size());
       auto idle = std::make_shared<bool>(true);
-      for (std::size_t i = 0; i < st.rollouts.size(); ++i) {
-        const auto quota = st.rollout_quota[i];
-        self->request(st.rollouts[i], caf::infinite, caf::get_atom_v)
+      for (std::size_t i = 0; i < st.roll.rollouts.size(); ++i) {
+        const auto quota = st.roll.quota[i];
+        self->request(st.roll.rollouts[i], caf::infinite, caf::get_atom_v)
           .then(
             [self, left, idle, quota](const rollout_stats& s) {
               if (s.in_flight > 0 || s.groups_started < quota)
@@ -610,18 +610,18 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
               if (--*left > 0)
                 return;
               auto& st = self->state;
-              if (!*idle || !st.on_groups) {
+              if (!*idle || !st.step.on_groups) {
                 arm_timer(self);
                 return;
               }
-              st.on_groups = nullptr;
+              st.step.on_groups = nullptr;
               stop_rollouts(self, in_flight_policy::finish, [self] {
                 auto& st = self->state;
-                if (st.groups.size() < learner_ranks(st)) {
+                if (st.roll.groups.size() < learner_ranks(st)) {
                   sampling_step(self); // every group (or all but too few for the learner ranks) was abandoned: sample again
                   return;
                 }
-                st.want = st.groups.size();
+                st.step.want = st.roll.groups.size();
                 train_on_groups(self);
               });
             },

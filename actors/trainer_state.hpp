@@ -51,6 +51,57 @@ struct trainer_shared {
   exemplar_actor exemplars;
 };
 
+// The rollouts of the current sampling stage (async) or step (sync), and the groups they sent.
+struct trainer_rollouts {
+  std::vector<rollout_actor> rollouts;
+  std::vector<std::uint64_t> quota;  // sync: groups each rollout takes
+  std::vector<std::size_t> place;    // the place each rollout holds (an index into samplers)
+  // Per rollout place, the task sampler state its next rollout actor continues ("": fresh); a
+  // place's state is taken back when its rollout actor stops, or asked for at a checkpoint.
+  std::vector<std::string> samplers;
+  std::deque<rollout_group> groups;
+  std::uint64_t dropped_now = 0; // dropped for staleness since the last report
+};
+
+// The step under way.
+struct trainer_step {
+  bool busy = false;
+  caf::typed_response_promise<stage_report> pending;
+  std::vector<std::string> records;
+  std::function<void()> on_groups; // called when groups arrive while a step waits for them
+  std::uint64_t want = 0;          // groups the waiting step needs
+  bool timer_armed = false;
+  std::uint64_t waits = 0;         // waits for groups so far (matches a stall check to its wait)
+  std::uint64_t groups_in = 0;     // groups arrived so far (a stall check sees whether any came)
+  // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
+  // generation and evaluation; a sampling step waits from its start) and building SFT examples;
+  // the learner reports its own update time.
+  std::chrono::steady_clock::time_point began; // the step request's arrival
+  double wait_seconds = 0, prep_seconds = 0;
+};
+
+// Warm start: the tasks' references checked, the exemplar store seeded.
+struct trainer_warm_start {
+  std::vector<std::size_t> queue;
+  std::size_t in_flight = 0;
+  std::size_t done = 0;
+  bool tasks_checked = false;          // every task's reference ran (tasks.check_references), in this process
+  std::vector<task_id> check_queue;    // tasks whose reference is still to be run
+  std::size_t check_in_flight = 0;
+  std::vector<std::pair<task_id, std::string>> broken; // each task whose reference failed, "NAME (FILE): message"
+  // tasks.skip_broken: the tasks the run trains on (the catalogue less the skipped ones; null:
+  // the whole catalogue) and the names of those it skips, in catalogue order.
+  std::shared_ptr<const task_catalog> pool;
+  std::vector<std::string> skipped;
+};
+
+// SFT example building.
+struct trainer_sft {
+  std::vector<std::vector<std::int32_t>> prompts, completions;
+  std::size_t waiting = 0;
+};
+
+// The actor's state: what every role shares at the top, each role's own in its part.
 struct trainer_state {
   static inline const char* name = "crucible.trainer";
 
@@ -61,55 +112,18 @@ struct trainer_state {
   std::string kind;   // hardware kind candidates are evaluated on
   std::string device; // its device model, shown in prompts
   std::chrono::steady_clock::time_point stage_start = std::chrono::steady_clock::now();
-
-  // The rollouts of the current sampling stage (async) or step (sync), and the groups they sent.
-  std::vector<rollout_actor> rollouts;
-  std::vector<std::uint64_t> rollout_quota; // sync: groups each rollout takes
-  std::vector<std::size_t> rollout_place;   // the place each rollout holds (an index into samplers)
-  // Per rollout place, the task sampler state its next rollout actor continues ("": fresh); a
-  // place's state is taken back when its rollout actor stops, or asked for at a checkpoint.
-  std::vector<std::string> samplers;
-  std::deque<rollout_group> groups;
-  std::uint64_t dropped_now = 0; // dropped for staleness since the last report
+  bool settled = false;     // the store's samples were settled against p.fates at this process's start
+  bool stage_began = false; // a stage began in this process: its first update may need fresh moments
 
   // Checkpoints being written, by directory name, with everyone waiting for each: a second
   // save of the same step (a pause right at a periodic checkpoint) waits for the first instead
   // of clearing the temporary directory the first is writing into.
   std::map<std::string, std::vector<caf::typed_response_promise<std::string>>> saving;
 
-  // The step under way.
-  bool busy = false;
-  caf::typed_response_promise<stage_report> pending;
-  std::vector<std::string> records;
-  std::function<void()> on_groups; // called when groups arrive while a step waits for them
-  std::uint64_t want = 0;          // groups the waiting step needs
-  bool timer_armed = false;
-  std::uint64_t waits = 0;         // waits for groups so far (matches a stall check to its wait)
-  std::uint64_t groups_in = 0;     // groups arrived so far (a stall check sees whether any came)
-  bool settled = false;            // the store's samples were settled against p.fates at this process's start
-  bool stage_began = false;        // a stage began in this process: its first update may need fresh moments
-  // Where the step's wall time went (its train_step record): waiting for groups (the rollouts'
-  // generation and evaluation; a sampling step waits from its start) and building SFT examples;
-  // the learner reports its own update time.
-  std::chrono::steady_clock::time_point step_began; // the step request's arrival
-  double wait_seconds = 0, prep_seconds = 0;
-
-  // Warm start.
-  std::vector<std::size_t> warm_queue;
-  bool tasks_checked = false;          // every task's reference ran (tasks.check_references), in this process
-  std::vector<task_id> check_queue;    // tasks whose reference is still to be run
-  std::size_t check_in_flight = 0;
-  std::vector<std::pair<task_id, std::string>> broken; // each task whose reference failed, "NAME (FILE): message"
-  // tasks.skip_broken: the tasks the run trains on (the catalogue less the skipped ones; null:
-  // the whole catalogue) and the names of those it skips, in catalogue order.
-  std::shared_ptr<const task_catalog> pool;
-  std::vector<std::string> skipped;
-  std::size_t warm_in_flight = 0;
-  std::size_t warm_done = 0;
-
-  // SFT example building.
-  std::vector<std::vector<std::int32_t>> sft_prompts, sft_completions;
-  std::size_t sft_waiting = 0;
+  trainer_rollouts roll;
+  trainer_step step;
+  trainer_warm_start warm;
+  trainer_sft sft;
 };
 
 using self_pointer = trainer_impl_actor::stateful_pointer<trainer_state>;

@@ -96,9 +96,9 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
     .field("zero_advantage", r.zero_advantage)
     .field("seconds", r.seconds)
     .field("publish_seconds", r.publish_seconds)
-    .field("step_seconds", seconds_since(st.step_began))
-    .field("wait_seconds", st.wait_seconds)
-    .field("prep_seconds", st.prep_seconds)
+    .field("step_seconds", seconds_since(st.step.began))
+    .field("wait_seconds", st.step.wait_seconds)
+    .field("prep_seconds", st.step.prep_seconds)
     .field("skipped", r.skipped)
     .field("groups", static_cast<std::uint64_t>(groups));
   if (tally) {
@@ -108,7 +108,7 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
       .field("format_error_share", tally->samples ? static_cast<double>(tally->format_errors) / tally->samples : 0.0)
       .field("mean_speedup", tally->mean_speedup())
       .field("best_speedup", st.p.best_speedup)
-      .field("dropped_stale", st.dropped_now);
+      .field("dropped_stale", st.roll.dropped_now);
   }
   w.end_object();
   return std::move(w).take();
@@ -121,8 +121,8 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
     ++st.p.step;
   ++st.p.stage_step;
   st.p.version = r.policy_version.value;
-  st.records.push_back(train_record(st, r, tally, groups));
-  st.dropped_now = 0;
+  st.step.records.push_back(train_record(st, r, tally, groups));
+  st.roll.dropped_now = 0;
   if (tally)
     st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
                        "): ", tally->samples, " samples, ", tally->correct, " correct, mean speedup ",
@@ -151,9 +151,9 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
 // Sends the trainer a collect_atom after rollout.retry_s, unless one is on its way.
 void arm_timer(self_pointer self) {
   auto& st = self->state;
-  if (st.timer_armed)
+  if (st.step.timer_armed)
     return;
-  st.timer_armed = true;
+  st.step.timer_armed = true;
   self->delayed_send(caf::actor_cast<trainer_impl_actor>(self),
                      std::chrono::milliseconds(static_cast<long long>(st.deps->cfg.rollout.retry_s * 1000)),
                      collect_atom_v);
@@ -164,7 +164,7 @@ void warm_pump(self_pointer self);
 
 void warm_finished(self_pointer self) {
   auto& st = self->state;
-  st.deps->log->info(component, "warm start: ", st.warm_done, " seed variants evaluated");
+  st.deps->log->info(component, "warm start: ", st.warm.done, " seed variants evaluated");
   ++st.p.stage;
   st.p.stage_step = 0;
   st.p.stage_seconds = 0;
@@ -179,35 +179,35 @@ void warm_finished(self_pointer self) {
 void warm_pump(self_pointer self) {
   auto& st = self->state;
   constexpr std::size_t max_in_flight = 8;
-  while (st.warm_in_flight < max_in_flight && !st.warm_queue.empty()) {
-    const auto i = st.warm_queue.back();
-    st.warm_queue.pop_back();
-    ++st.warm_in_flight;
+  while (st.warm.in_flight < max_in_flight && !st.warm.queue.empty()) {
+    const auto i = st.warm.queue.back();
+    st.warm.queue.pop_back();
+    ++st.warm.in_flight;
     const auto& s = st.deps->seeds[i];
     candidate c{variant_id{i + 1}, s.task, s.code, st.kind, false};
     self->request(st.deps->evaluators, caf::infinite, std::move(c))
       .then(
         [self, i](verdict& v) {
           auto& st = self->state;
-          --st.warm_in_flight;
-          ++st.warm_done;
+          --st.warm.in_flight;
+          ++st.warm.done;
           const auto& s = st.deps->seeds[i];
           if (!s.wrong && !v.correct)
             st.deps->log->warn(component, "seed variant ", s.task.value, "/", s.name, " is not correct: ", v.message);
           count_verdict(st, s.task, v, 0, 0, nullptr);
           self->send(st.exemplars, scored_variant{variant_id{i + 1}, group_id{0}, s.task, s.code, v, st.kind,
                                                   policy_version{0}, {}});
-          if (st.warm_queue.empty() && st.warm_in_flight == 0)
+          if (st.warm.queue.empty() && st.warm.in_flight == 0)
             warm_finished(self);
           else
             warm_pump(self);
         },
         [self, i](const caf::error& e) {
           auto& st = self->state;
-          --st.warm_in_flight;
+          --st.warm.in_flight;
           auto err = to_error(e);
           if (err.code == errc::busy) {
-            st.warm_queue.push_back(i);
+            st.warm.queue.push_back(i);
             arm_timer(self);
             return;
           }
@@ -220,16 +220,16 @@ void warm_pump(self_pointer self) {
 void warm_start(self_pointer self) {
   auto& st = self->state;
   // Popped from the back: filled last seed first, so the first seed goes first.
-  st.warm_queue.clear();
+  st.warm.queue.clear();
   for (std::size_t i = st.deps->seeds.size(); i-- > 0;)
     if (!is_skipped(st, st.deps->seeds[i].task))
-      st.warm_queue.push_back(i);
-  st.warm_done = 0;
-  if (st.warm_queue.empty()) {
+      st.warm.queue.push_back(i);
+  st.warm.done = 0;
+  if (st.warm.queue.empty()) {
     warm_finished(self);
     return;
   }
-  st.deps->log->info(component, "warm start: evaluating ", st.warm_queue.size(), " seed variants");
+  st.deps->log->info(component, "warm start: evaluating ", st.warm.queue.size(), " seed variants");
   warm_pump(self);
 }
 
@@ -245,9 +245,9 @@ void sft_step(self_pointer self) {
     return;
   }
   const auto batch = static_cast<std::size_t>(st.deps->cfg.stages.sft.batch);
-  st.sft_prompts.assign(batch, {});
-  st.sft_completions.assign(batch, {});
-  st.sft_waiting = batch;
+  st.sft.prompts.assign(batch, {});
+  st.sft.completions.assign(batch, {});
+  st.sft.waiting = batch;
   const auto eos = st.deps->tokenizer->eos_id();
   for (std::size_t k = 0; k < batch; ++k) {
     const auto i = good[next_random(st) % good.size()];
@@ -256,7 +256,7 @@ void sft_step(self_pointer self) {
       .then(
         [self, k, i, eos](const exemplar_set& set) {
           auto& st = self->state;
-          if (!st.busy)
+          if (!st.step.busy)
             return;
           const auto began = std::chrono::steady_clock::now();
           const auto& s = st.deps->seeds[i];
@@ -272,17 +272,17 @@ void sft_step(self_pointer self) {
             fail_step(self, built.error());
             return;
           }
-          st.sft_prompts[k] = st.deps->tokenizer->encode(built->text, st.deps->prompts.add_special_tokens);
+          st.sft.prompts[k] = st.deps->tokenizer->encode(built->text, st.deps->prompts.add_special_tokens);
           auto completion = st.deps->tokenizer->encode(seed_response(st.deps->prompts.parse.sections, s), false);
           if (eos)
             completion.push_back(*eos);
-          st.sft_completions[k] = std::move(completion);
-          st.prep_seconds += seconds_since(began);
-          if (--st.sft_waiting > 0)
+          st.sft.completions[k] = std::move(completion);
+          st.step.prep_seconds += seconds_since(began);
+          if (--st.sft.waiting > 0)
             return;
-          sft_batch b{std::move(st.sft_prompts), std::move(st.sft_completions)};
-          st.sft_prompts.clear();
-          st.sft_completions.clear();
+          sft_batch b{std::move(st.sft.prompts), std::move(st.sft.completions)};
+          st.sft.prompts.clear();
+          st.sft.completions.clear();
           const auto n = b.prompts.size();
           before_update(self);
           self->request(st.deps->learner, learner_wait(st), std::move(b))
@@ -296,13 +296,13 @@ void sft_step(self_pointer self) {
 // A sampling step (self-supervised or RL) once its groups are here.
 void train_on_groups(self_pointer self) {
   auto& st = self->state;
-  st.wait_seconds = seconds_since(st.step_began);
+  st.step.wait_seconds = seconds_since(st.step.began);
   const bool rl = st.p.stage == stage_rl;
   std::vector<rollout_group> batch;
-  const auto want = st.want;
-  while (!st.groups.empty() && batch.size() < want) {
-    batch.push_back(std::move(st.groups.front()));
-    st.groups.pop_front();
+  const auto want = st.step.want;
+  while (!st.roll.groups.empty() && batch.size() < want) {
+    batch.push_back(std::move(st.roll.groups.front()));
+    st.roll.groups.pop_front();
   }
   sample_tally tally;
   count_groups(st, batch, &tally);
@@ -345,46 +345,46 @@ void sampling_step(self_pointer self) {
   auto& st = self->state;
   const auto& g = st.deps->cfg.stages;
   const bool rl = st.p.stage == stage_rl;
-  st.want = static_cast<std::uint64_t>(rl ? g.rl.groups : g.self_supervised.groups);
+  st.step.want = static_cast<std::uint64_t>(rl ? g.rl.groups : g.self_supervised.groups);
   const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
   const bool sync = st.deps->cfg.run.mode == run_mode::sync;
   if (sync) {
     discard_groups(self);
-    if (auto r = spawn_rollouts(self, st.want); !r) {
+    if (auto r = spawn_rollouts(self, st.step.want); !r) {
       fail_step(self, r.error());
       return;
     }
-    st.on_groups = [self] {
+    st.step.on_groups = [self] {
       auto& st = self->state;
-      if (st.groups.size() < st.want)
+      if (st.roll.groups.size() < st.step.want)
         return;
-      st.on_groups = nullptr;
+      st.step.on_groups = nullptr;
       stop_rollouts(self, in_flight_policy::finish, [self] { train_on_groups(self); });
     };
     arm_timer(self); // notices rollouts that finished short (abandoned groups)
     arm_stall_check(self);
     return;
   }
-  if (st.rollouts.empty())
+  if (st.roll.rollouts.empty())
     if (auto r = spawn_rollouts(self, 0); !r) {
       fail_step(self, r.error());
       return;
     }
-  st.on_groups = [self, staleness] {
+  st.step.on_groups = [self, staleness] {
     auto& st = self->state;
-    drop_stale(self, staleness, 4 * st.want);
-    if (st.groups.size() < st.want)
+    drop_stale(self, staleness, 4 * st.step.want);
+    if (st.roll.groups.size() < st.step.want)
       return;
-    st.on_groups = nullptr;
+    st.step.on_groups = nullptr;
     train_on_groups(self);
   };
   arm_stall_check(self);
-  st.on_groups();
+  st.step.on_groups();
 }
 
 void advance(self_pointer self) {
   auto& st = self->state;
-  if (!st.tasks_checked && st.deps->cfg.tasks.check_references && st.p.stage < stage_done) {
+  if (!st.warm.tasks_checked && st.deps->cfg.tasks.check_references && st.p.stage < stage_done) {
     check_tasks(self);
     return;
   }
@@ -418,42 +418,42 @@ void check_pump(self_pointer self) {
   constexpr std::size_t max_in_flight = 8;
   auto done = [self]() {
     auto& st = self->state;
-    if (!st.check_queue.empty() || st.check_in_flight > 0)
+    if (!st.warm.check_queue.empty() || st.warm.check_in_flight > 0)
       return;
-    if (st.broken.empty()) {
-      st.tasks_checked = true;
+    if (st.warm.broken.empty()) {
+      st.warm.tasks_checked = true;
       st.deps->log->info(component, "tasks: the reference of each of ", st.deps->tasks->size(), " tasks ran");
       advance(self);
       return;
     }
     std::string what;
-    for (const auto& [id, b] : st.broken)
+    for (const auto& [id, b] : st.warm.broken)
       what += "\n  " + b;
-    auto n = st.broken.size();
+    auto n = st.warm.broken.size();
     const auto all = st.deps->tasks->size();
     if (st.deps->cfg.tasks.skip_broken && n < all) {
       // Left out of this process's run, by name, in the log and in status.
       auto pool = std::make_shared<task_catalog>(*st.deps->tasks);
-      for (const auto& [id, b] : st.broken)
+      for (const auto& [id, b] : st.warm.broken)
         pool->erase(id);
-      st.skipped.clear();
+      st.warm.skipped.clear();
       for (const auto& [id, t] : *st.deps->tasks)
         if (pool->find(id) == pool->end())
-          st.skipped.push_back(id.value);
-      st.pool = std::move(pool);
+          st.warm.skipped.push_back(id.value);
+      st.warm.pool = std::move(pool);
       st.deps->log->warn(component, "tasks: skipping ", n, " of ", all, " tasks whose reference cannot run (tasks.skip_broken):",
                          what);
-      if (!st.samplers.empty()) {
+      if (!st.roll.samplers.empty()) {
         st.deps->log->info(component, "tasks: the task samplers start fresh over the ", all - n, " tasks left");
-        st.samplers.clear();
+        st.roll.samplers.clear();
       }
-      st.broken.clear();
-      st.tasks_checked = true;
+      st.warm.broken.clear();
+      st.warm.tasks_checked = true;
       advance(self);
       return;
     }
-    st.broken.clear();
-    st.check_queue.clear();
+    st.warm.broken.clear();
+    st.warm.check_queue.clear();
     fail_step(self, fail(errc::invalid_arg, std::to_string(n), " of ", std::to_string(all),
                          " tasks cannot run their reference:", what,
                          n < all ? "\nfix them, leave them out with tasks.include or tasks.skip_broken: true, or import the "
@@ -461,19 +461,19 @@ void check_pump(self_pointer self) {
                                    "this check)"
                                  : "\nfix them (tasks.check_references: false skips this check)"));
   };
-  while (st.check_in_flight < max_in_flight && !st.check_queue.empty()) {
-    auto t = st.check_queue.back();
-    st.check_queue.pop_back();
-    ++st.check_in_flight;
+  while (st.warm.check_in_flight < max_in_flight && !st.warm.check_queue.empty()) {
+    auto t = st.warm.check_queue.back();
+    st.warm.check_queue.pop_back();
+    ++st.warm.check_in_flight;
     candidate c{variant_id{0}, t, "", st.kind, false, true};
     self->request(st.deps->evaluators, caf::infinite, std::move(c))
       .then(
         [self, t, done](const verdict& v) {
           auto& st = self->state;
-          --st.check_in_flight;
+          --st.warm.check_in_flight;
           if (v.status != verdict_status::ok) {
             auto it = st.deps->tasks->find(t);
-            st.broken.emplace_back(t, t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
+            st.warm.broken.emplace_back(t, t.value + (it != st.deps->tasks->end() ? " (" + it->second.path.string() + ")" : "")
                                           + ": " + v.message);
           }
           done();
@@ -481,14 +481,14 @@ void check_pump(self_pointer self) {
         },
         [self, t, done](const caf::error& e) {
           auto& st = self->state;
-          --st.check_in_flight;
+          --st.warm.check_in_flight;
           auto err = to_error(e);
           if (err.code == errc::busy) {
-            st.check_queue.push_back(t);
+            st.warm.check_queue.push_back(t);
             arm_timer(self);
             return;
           }
-          st.broken.emplace_back(t, t.value + ": the evaluators failed: " + err.message);
+          st.warm.broken.emplace_back(t, t.value + ": the evaluators failed: " + err.message);
           done();
           check_pump(self);
         });
@@ -497,13 +497,13 @@ void check_pump(self_pointer self) {
 
 void check_tasks(self_pointer self) {
   auto& st = self->state;
-  if (st.check_in_flight > 0 || !st.check_queue.empty())
+  if (st.warm.check_in_flight > 0 || !st.warm.check_queue.empty())
     return; // under way
-  st.broken.clear();
+  st.warm.broken.clear();
   for (const auto& [id, t] : *st.deps->tasks)
-    st.check_queue.push_back(id);
-  std::reverse(st.check_queue.begin(), st.check_queue.end()); // popped from the back: catalogue order
-  st.deps->log->info(component, "tasks: running the reference of each of ", st.check_queue.size(), " tasks once");
+    st.warm.check_queue.push_back(id);
+  std::reverse(st.warm.check_queue.begin(), st.warm.check_queue.end()); // popped from the back: catalogue order
+  st.deps->log->info(component, "tasks: running the reference of each of ", st.warm.check_queue.size(), " tasks once");
   check_pump(self);
 }
 

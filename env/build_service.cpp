@@ -24,7 +24,12 @@ constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs:
 } // namespace
 
 build_service::build_service(worker_pool& pool, std::string python, fs::path extensions_dir)
-  : pool_(pool), python_(std::move(python)), extensions_dir_(std::move(extensions_dir)) {}
+  : pool_(pool), python_(std::move(python)), extensions_dir_(std::move(extensions_dir)) {
+  // Workers read the cache (a worker started as root reads it as nobody); only we write it.
+  std::error_code ec;
+  fs::create_directories(extensions_dir_, ec);
+  fs::permissions(extensions_dir_, readable_dir, ec);
+}
 
 std::string build_service::build(const std::string& request, clock_type::time_point deadline) {
   auto failed = [](const std::string& log) { return worker_msg::build_failed(log); };

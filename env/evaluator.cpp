@@ -19,7 +19,6 @@
 #include <optional>
 #include <utility>
 
-#include "core/json.hpp"
 #include "core/sha256.hpp"
 #include "env/device_bytes.hpp"
 #include "env/reward.hpp"
@@ -30,10 +29,6 @@ namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-// A directory of the extension cache: workers (nobody, where we are root) read it, we alone write.
-constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
-                              | fs::perms::others_read | fs::perms::others_exec;
 
 fs::path cache_home() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0')
@@ -155,10 +150,6 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
               r.bytes >> 20, " MiB) under ", scratch_root.string(),
               r.failed > 0 ? "; " + std::to_string(r.failed) + " could not be removed" : std::string{});
   const auto extensions_dir = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
-  // Workers read the cache (a worker started as root reads it as nobody); only we write it.
-  std::error_code ec;
-  fs::create_directories(extensions_dir, ec);
-  fs::permissions(extensions_dir, readable_dir, ec);
   pool_ = std::make_unique<worker_pool>(opt_, where_, device_, log_, gate_, scratch_root, extensions_dir);
   builds_ = std::make_unique<build_service>(*pool_, where_.python, extensions_dir);
 }

@@ -216,6 +216,17 @@ class _ExecutorPhase:
             descs.append(one)
         return descs, keep
 
+    def reply_sample(self, outs, reply, check):
+        """Tells the evaluator where a sample's outputs lie (`reply`: sampled or launched) and keeps
+        them alive until it has read them; then, in the candidate's worker and with `check`, the
+        checks after a call."""
+        descs, keep = self.describe_outputs(outs)
+        self.sample_outs = (outs, keep)
+        self.chan.send({"type": reply, "outputs": descs})
+        if self.role == "candidate" and check:
+            py0, os0 = self.threads_before
+            self.after_call(py0, os0, "timing", False)
+
     def setup_clock(self):
         """CUDA: this worker's two clock words, in its own memory, exported to the evaluator: go
         (at the offset), which this stream waits for before a sample's calls, and done (128 bytes
@@ -261,12 +272,7 @@ class _ExecutorPhase:
         except _BaseException as e:
             who = "ModelNew.forward" if self.role == "candidate" else "the reference"
             raise _error_done(e, f"in {who} (timing)") from None
-        descs, keep = self.describe_outputs(outs)
-        self.sample_outs = (outs, keep)  # alive until the evaluator has read them
-        self.chan.send({"type": "launched", "outputs": descs})
-        if self.role == "candidate" and not null:
-            py0, os0 = self.threads_before
-            self.after_call(py0, os0, "timing", False)
+        self.reply_sample(outs, "launched", not null)
 
     def draw(self, calls, dist):
         if self.role != "reference":
@@ -392,9 +398,4 @@ class _ExecutorPhase:
         except _BaseException as e:
             who = "ModelNew.forward" if self.role == "candidate" else "the reference"
             raise _error_done(e, f"in {who} (timing)") from None
-        descs, keep = self.describe_outputs(outs)
-        self.sample_outs = (outs, keep)  # alive until the evaluator has read them
-        self.chan.send({"type": "sampled", "outputs": descs})
-        if self.role == "candidate":
-            py0, os0 = self.threads_before
-            self.after_call(py0, os0, "timing", False)
+        self.reply_sample(outs, "sampled", True)
