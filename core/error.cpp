@@ -31,4 +31,13 @@ std::string error::to_string() const {
   return out;
 }
 
+std::string source_site(const char* file, int line) {
+  std::string_view f{file != nullptr ? file : "?"};
+  auto cut = f.rfind('/');
+  if (cut != std::string_view::npos && cut > 0)
+    if (auto dir = f.rfind('/', cut - 1); dir != std::string_view::npos)
+      f.remove_prefix(dir + 1);
+  return std::string{f} + ":" + std::to_string(line);
+}
+
 } // namespace crucible

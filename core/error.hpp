@@ -82,6 +82,10 @@ private:
   crucible::error err_;
 };
 
+/// Where a check stands in the source, for its message: "dir/file.cpp:123" (the last two parts
+/// of `file`). Use CRUCIBLE_SITE().
+std::string source_site(const char* file, int line);
+
 /// Shorthand: `return fail(errc::io, "cannot open ", path);`
 template <class... Ts>
 crucible::error fail(errc code, Ts&&... parts) {
@@ -91,3 +95,6 @@ crucible::error fail(errc code, Ts&&... parts) {
 }
 
 } // namespace crucible
+
+/// The calling line's source_site: "env/device_bytes.cu:415".
+#define CRUCIBLE_SITE() ::crucible::source_site(__FILE__, __LINE__)

@@ -49,9 +49,12 @@ private:
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
-std::string cuda_text(cudaError_t e) {
-  return std::string{cudaGetErrorName(e)} + " (" + cudaGetErrorString(e) + ")";
+// A failed CUDA call in a message: its name, words and where it was checked
+// ("cudaErrorInvalidValue (invalid argument) at env/device_bytes.cu:415"); cuda_text(e) below.
+std::string cuda_text_at(cudaError_t e, const std::string& site) {
+  return std::string{cudaGetErrorName(e)} + " (" + cudaGetErrorString(e) + ") at " + site;
 }
+#define cuda_text(e) cuda_text_at((e), CRUCIBLE_SITE())
 
 result<void> select(int device) {
   if (auto e = cudaSetDevice(device); e != cudaSuccess)
@@ -692,7 +695,7 @@ public:
     // The go word, written after the copies with the driver's memory barrier: the worker's stream
     // waits for it before its calls.
     if (auto r = ops_.write(reinterpret_cast<CUstream>(stream_), word_address(go), seq, 0); r != CUDA_SUCCESS)
-      return fail(errc::device, "cannot arm the device clock: cuStreamWriteValue32 failed (" + std::to_string(static_cast<int>(r)) + ")");
+      return fail(errc::device, "cannot arm the device clock: cuStreamWriteValue32 failed (" + std::to_string(static_cast<int>(r)) + ") at " + CRUCIBLE_SITE());
     return {};
   }
 
@@ -706,7 +709,7 @@ public:
       return r.error();
     if (auto r = ops_.wait(reinterpret_cast<CUstream>(stream_), word_address(done), seq, CU_STREAM_WAIT_VALUE_GEQ);
         r != CUDA_SUCCESS)
-      return fail(errc::device, "cannot close the device clock: cuStreamWaitValue32 failed (" + std::to_string(static_cast<int>(r)) + ")");
+      return fail(errc::device, "cannot close the device clock: cuStreamWaitValue32 failed (" + std::to_string(static_cast<int>(r)) + ") at " + CRUCIBLE_SITE());
     done_ = word_address(done);
     done_seq_ = seq;
     closed_ = true;

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -35,6 +36,20 @@ std::string nccl_text(ncclResult_t r, ncclComm_t comm) {
   if (last != nullptr && *last != '\0')
     s += std::string{" ("} + last + ")";
   return s;
+}
+
+// Aborts `c` (its resources freed, every later call on it failing at once): "" when that worked,
+// else "; ncclCommAbort failed at SITE: ..." for the caller's message.
+std::string abort_comm(ncclComm_t c, const std::string& site) {
+  const auto r = ncclCommAbort(c);
+  return r == ncclSuccess ? std::string{} : "; ncclCommAbort failed at " + site + ": " + ncclGetErrorString(r);
+}
+
+// The same where no message goes back to a caller (a destructor, a communicator left behind):
+// said on stderr.
+void abort_quietly(ncclComm_t c, const std::string& site) {
+  if (auto failed = abort_comm(c, site); !failed.empty())
+    std::fprintf(stderr, "crucible: %s\n", failed.c_str() + 2);
 }
 
 result<ncclDataType_t> nccl_type(torch::ScalarType t) {
@@ -123,7 +138,7 @@ public:
     // now no work handle is left (each holds the communicator), so every collective this rank
     // waited for is complete and abort frees only resources.
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-    ncclCommAbort(comm_);
+    abort_quietly(comm_, CRUCIBLE_SITE());
   }
 
   // Two steps. The communicator is first made non-blocking, so that its creation is polled
@@ -150,7 +165,7 @@ public:
     if (r != ncclSuccess && r != ncclInProgress) {
       auto e = fail(errc::device, "NCCL init ", where(), ": ", nccl_text(r, comm_));
       if (comm_ != nullptr)
-        ncclCommAbort(comm_);
+        e.message += abort_comm(comm_, CRUCIBLE_SITE());
       comm_ = nullptr;
       return e;
     }
@@ -163,22 +178,23 @@ public:
     auto s = ncclCommSplit(comm_, /*color=*/0, /*key=*/rank_, &child, &blocking);
     if (s != ncclSuccess && s != ncclInProgress) {
       if (child != nullptr)
-        ncclCommAbort(child);
+        abort_quietly(child, CRUCIBLE_SITE());
       return {}; // keep the non-blocking communicator
     }
     // The split runs on the parent's terms: in the background, the parent in progress until done.
     if (auto p = poll_async("split", split_start); !p) {
+      auto e = p.error();
       if (child != nullptr)
-        ncclCommAbort(child);
-      return p;
+        e.message += abort_comm(child, CRUCIBLE_SITE());
+      return e;
     }
     if (child == nullptr)
       return {};
     if (settled_state(child, split_start, timeout_) == ncclSuccess) {
-      ncclCommAbort(comm_); // the child has resources of its own (splitShare 0)
+      abort_quietly(comm_, CRUCIBLE_SITE()); // the child has resources of its own (splitShare 0)
       comm_ = child;
     } else {
-      ncclCommAbort(child);
+      abort_quietly(child, CRUCIBLE_SITE());
     }
     return {};
   }
@@ -279,9 +295,8 @@ public:
     if (together_)
       together_->leave(rank_, message);
     if (comm_ != nullptr) {
-      ncclCommAbort(comm_);
+      message += "; communicator aborted" + abort_comm(comm_, CRUCIBLE_SITE());
       comm_ = nullptr;
-      message += "; communicator aborted";
     }
     aborted_ = message;
     return crucible::error{code, std::move(message)};
@@ -307,8 +322,9 @@ private:
     // The collective reads what the caller's stream has written so far.
     auto current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
     cudaEvent_t ready = nullptr;
-    if (cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) != cudaSuccess)
-      return fail(errc::device, what, " (", where(), "): cudaEventCreate failed");
+    if (const auto e = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming); e != cudaSuccess)
+      return fail(errc::device, what, " (", where(), "): cudaEventCreate failed at ", CRUCIBLE_SITE(), ": ",
+                  cudaGetErrorString(e));
     // The ranks of this process launch together: none is left in another CUDA call while a
     // peer's kernel waits for its part (launch_rendezvous).
     if (together_)
@@ -316,9 +332,15 @@ private:
         cudaEventDestroy(ready);
         return abort(a.error().code, a.error().message);
       }
-    cudaEventRecord(ready, current.stream());
-    cudaStreamWaitEvent(stream_.stream(), ready, 0);
-    cudaEventDestroy(ready); // released once recorded and waited on
+    cudaError_t e = cudaEventRecord(ready, current.stream());
+    if (e == cudaSuccess)
+      e = cudaStreamWaitEvent(stream_.stream(), ready, 0);
+    const auto destroyed = cudaEventDestroy(ready); // released once recorded and waited on
+    if (e == cudaSuccess)
+      e = destroyed;
+    if (e != cudaSuccess)
+      return abort(errc::device, "NCCL " + what + " (" + where() + "): ordering after the caller's stream failed at "
+                                   + CRUCIBLE_SITE() + ": " + cudaGetErrorString(e));
     // The caching allocator must not hand these blocks out again before the collective is done.
     for (const auto& t : tensors)
       c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
@@ -336,9 +358,12 @@ private:
     w->comm = shared_from_this();
     w->what = std::move(what);
     w->issued = issued;
-    if (cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming) != cudaSuccess)
-      return fail(errc::device, w->what, " (", where(), "): cudaEventCreate failed");
-    cudaEventRecord(w->done, stream_.stream());
+    if (const auto e = cudaEventCreateWithFlags(&w->done, cudaEventDisableTiming); e != cudaSuccess)
+      return fail(errc::device, w->what, " (", where(), "): cudaEventCreate failed at ", CRUCIBLE_SITE(), ": ",
+                  cudaGetErrorString(e));
+    if (const auto e = cudaEventRecord(w->done, stream_.stream()); e != cudaSuccess)
+      return abort(errc::device, "NCCL " + w->what + " (" + where() + "): cudaEventRecord failed at " + CRUCIBLE_SITE()
+                                   + ": " + cudaGetErrorString(e));
     return work{std::move(w)};
   }
 
@@ -367,7 +392,8 @@ result<void> nccl_work::wait() {
     if (comm->comm() == nullptr)
       return fail(errc::cancelled, what, " (", comm->where(), "): the communicator was aborted: ", comm->aborted());
     ncclResult_t state = ncclSuccess;
-    ncclCommGetAsyncError(comm->comm(), &state);
+    if (const auto q = ncclCommGetAsyncError(comm->comm(), &state); q != ncclSuccess)
+      state = q; // the query itself failed: that is the error to report
     if (state != ncclSuccess && state != ncclInProgress)
       return comm->abort(errc::device, "NCCL " + what + " (" + comm->where() + "): " + nccl_text(state, comm->comm()));
     if (clock::now() - issued > comm->timeout())

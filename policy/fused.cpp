@@ -11,6 +11,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "core/error.hpp"
 #include "policy/decode_layers.hpp"
 #include "policy/kernels.hpp"
 
@@ -29,9 +30,12 @@ kernels::dtype kernel_dtype_of(torch::ScalarType t) {
 
 kernels::dtype kernel_dtype(const torch::Tensor& t) { return kernel_dtype_of(t.scalar_type()); }
 
-void check_launch(cudaError_t e, const char* what) {
-  TORCH_CHECK(e == cudaSuccess, "fused kernel ", what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+// A launch's status, checked with the caller's site (check_launch below).
+void check_launch_at(cudaError_t e, const char* what, const std::string& site) {
+  TORCH_CHECK(e == cudaSuccess, "fused kernel ", what, " at ", site, ": ", cudaGetErrorName(e), " (",
+              cudaGetErrorString(e), ")");
 }
+#define check_launch(e, what) check_launch_at((e), (what), CRUCIBLE_SITE())
 
 void check_cuda(const torch::Tensor& t, const torch::Tensor& like, const char* what) {
   TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "fused kernels: ", what, " must be on ", like.device(),
