@@ -163,7 +163,7 @@ std::string describe_dist(int d) {
 bool evaluation::freeze(worker& w, clock_type::time_point* stopped_at) {
   if (auto r = w.freeze(stopped_at); !r) {
     if (&w == w_.proc.get())
-      evaluator_failed_ = true; // the reference's worker: not the candidate's doing
+      end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
     set(verdict_status::runtime_error, std::string{who(w)} + " could not be stopped: " + r.error().message);
     return false;
   }
@@ -177,7 +177,7 @@ bool evaluation::thaw(worker& w) {
       return false;
     }
     if (&w == w_.proc.get())
-      evaluator_failed_ = true; // the reference's worker: not the candidate's doing
+      end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
     set(verdict_status::runtime_error, std::string{who(w)} + " could not be continued: " + r.error().message);
     return false;
   }
@@ -208,14 +208,14 @@ bool evaluation::split_trials(std::uint64_t seed) {
         continue;
       }
       if (type == "inputs") {
-        trial_inputs_.push_back(std::move(msg));
+        facts_.trial_inputs.push_back(std::move(msg));
         msg = worker_message{};
         continue;
       }
       if (type == "reference") {
         if (!keep_reference(n, msg))
           return false;
-        if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == trials_) {
+        if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
           if (!take_reference_copies(rw))
             return false;
           device.release();
@@ -227,30 +227,30 @@ bool evaluation::split_trials(std::uint64_t seed) {
       set(verdict_status::runtime_error, "unexpected message " + type + " from the reference's worker");
       return false;
     }
-    reference_info_ = msg.json;
+    facts_.info = msg.json;
     // The timed rounds draw from every distribution the reference allows but the task's own
     // (0): the others scale each value by a fresh random factor, so no two timed calls see the
     // same inputs, even where get_inputs() ignores the seed (a stored output then pays nothing).
     for (const auto& d : n["dists"])
       if (d.as<int>(0) != 0)
-        dists_.push_back(d.as<int>(0));
+        facts_.dists.push_back(d.as<int>(0));
     for (const auto& a : n["ref_aliased"])
-      ref_aliased_.push_back(a.as<bool>(false));
-    if (dists_.empty())
-      dists_ = {1};
+      facts_.aliased.push_back(a.as<bool>(false));
+    if (facts_.dists.empty())
+      facts_.dists = {1};
   }
-  const auto want = static_cast<std::size_t>(trials_);
-  if (reference_.size() != want || trial_inputs_.size() != want) {
+  const auto want = static_cast<std::size_t>(reported_.trials);
+  if (reference_.size() != want || facts_.trial_inputs.size() != want) {
     set(verdict_status::runtime_error, "the reference's worker sent " + std::to_string(reference_.size())
-                                         + " reference trials and " + std::to_string(trial_inputs_.size())
+                                         + " reference trials and " + std::to_string(facts_.trial_inputs.size())
                                          + " sets of inputs, expected " + std::to_string(want));
     return false;
   }
   // The timed rounds hold each output to the trials' largest rounding slack for it.
   for (const auto& outs : reference_) {
-    slack_.resize(std::max(slack_.size(), outs.size()), 0.0);
+    facts_.slack.resize(std::max(facts_.slack.size(), outs.size()), 0.0);
     for (std::size_t i = 0; i < outs.size(); ++i)
-      slack_[i] = std::max(slack_[i], outs[i].slack);
+      facts_.slack[i] = std::max(facts_.slack[i], outs[i].slack);
   }
   // Phase 2: the candidate's worker, which gets the task's data (constructor arguments, what the
   // reference's profiled call ran) and never its module, loads the candidate without the device.
@@ -262,7 +262,7 @@ bool evaluation::split_trials(std::uint64_t seed) {
   cand_ = std::move(*c);
   worker& cw = *cand_.proc;
   phase("load");
-  if (!send(cw, job_json(seed, "candidate")) || !send(cw, reference_info_))
+  if (!send(cw, job_json(seed, "candidate")) || !send(cw, facts_.info))
     return false;
   for (;;) {
     if (!receive(cw, opt.load_timeout_s, "loading the candidate", n, msg))
@@ -278,10 +278,10 @@ bool evaluation::split_trials(std::uint64_t seed) {
   // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
   std::optional<untimed_hold> device{std::in_place, ctx_.gate};
   phase("trials");
-  for (auto& m : trial_inputs_)
+  for (auto& m : facts_.trial_inputs)
     if (!send(cw, m.json, &m.frames))
       return false;
-  trial_inputs_.clear();
+  facts_.trial_inputs.clear();
   if (!send(cw, worker_msg::command("run")))
     return false;
   if (!run_trials(cw, device))
@@ -316,7 +316,7 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
       else {
         buf.addr = b["addr"].as<std::uint64_t>(0);
         buf.bytes = b["bytes"].as<std::uint64_t>(0);
-        if (on_device_ && buf.bytes > 0) {
+        if (dev_.on && buf.bytes > 0) {
           // On a CUDA device: the buffer's allocation, mapped here, and the buffer inside it.
           if (!b["ipc"].IsDefined())
             return broke("an input buffer on the device without its handle");
@@ -367,14 +367,14 @@ bool evaluation::draw(int dist, sample_inputs& in) {
     }
     in.push_back(std::move(one));
   }
-  if (on_device_) {
+  if (dev_.on) {
     // On a CUDA device: the inputs in this process's memory, copied into each worker's buffers
     // inside its clock (time_sample_device).
-    staged_.resize(in.size());
+    dev_.staged.resize(in.size());
     for (std::size_t c = 0; c < in.size(); ++c) {
-      staged_[c].resize(in[c].size());
+      dev_.staged[c].resize(in[c].size());
       for (std::size_t i = 0; i < in[c].size(); ++i) {
-        auto& st = staged_[c][i];
+        auto& st = dev_.staged[c][i];
         const auto bytes = in[c][i].size();
         if (bytes == 0) {
           st.reset();
@@ -383,14 +383,14 @@ bool evaluation::draw(int dist, sample_inputs& in) {
         if (!st || st->size() != bytes) {
           auto made = allocate_owned(cuda_device_, bytes);
           if (!made) {
-            evaluator_failed_ = true;
+            end_.evaluator_failed = true;
             set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + made.error().message);
             return false;
           }
           st = std::move(*made);
         }
         if (auto r = upload(*st, in[c][i].data(), bytes); !r) {
-          evaluator_failed_ = true;
+          end_.evaluator_failed = true;
           set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + r.error().message);
           return false;
         }
@@ -406,14 +406,14 @@ bool evaluation::refuse_unlike_trials(std::size_t k, const tensor_blob& b) {
   if (k < reference_.front().size() && reference_.front()[k].type == b.type && reference_.front()[k].shape == b.shape)
     return false;
   v_.checks_failed.push_back("runtime:timing_outputs");
-  set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
+  set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": the candidate's output "
                                   + std::to_string(k) + " has another dtype or shape than in the trials");
   return true;
 }
 
 bool evaluation::refuse_aliased(std::size_t k) {
   v_.checks_failed.push_back("runtime:aliased_output");
-  set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": output " + std::to_string(k)
+  set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": output " + std::to_string(k)
                                   + " shares memory with an input, where the reference's output does not; "
                                     "returning an input or a view of one is not a computation");
   return false;
@@ -421,7 +421,7 @@ bool evaluation::refuse_aliased(std::size_t k) {
 
 bool evaluation::refuse_input_mutation() {
   v_.checks_failed.push_back("runtime:input_mutation");
-  set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(round_no_) + ")");
+  set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(split_.round_no) + ")");
   return false;
 }
 
@@ -449,7 +449,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
-  if (on_device_)
+  if (dev_.on)
     return time_sample_device(s, in, outs, ms);
   if (!prime(w))
     return false;
@@ -468,7 +468,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
       if (auto r = w.write_memory(b.addr, in[c][i].data(), in[c][i].size()); !r) {
         if (!candidate)
-          evaluator_failed_ = true;
+          end_.evaluator_failed = true;
         set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
         return false;
       }
@@ -532,7 +532,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
       if (span > 0)
         if (auto r = w.read_memory(addr, span, raw.data()); !r) {
           if (!candidate)
-            evaluator_failed_ = true;
+            end_.evaluator_failed = true;
           set(verdict_status::runtime_error, std::string{"cannot read the outputs of "} + who(w) + ": " + r.error().message);
           return false;
         }
@@ -546,10 +546,10 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   // Two calls of the sample that handed back the same memory (a buffer the module keeps and
   // writes each call, out= style): what is read is the last call's, and whether the others
   // computed anything cannot be told from it. Such a verdict goes on with one call per sample.
-  for (std::size_t i = 0; i < ranges.size() && !outputs_reused_; ++i)
+  for (std::size_t i = 0; i < ranges.size() && !split_.outputs_reused; ++i)
     for (std::size_t j = i + 1; j < ranges.size(); ++j)
       if (range_call[i] != range_call[j] && ranges[i].first < ranges[j].second && ranges[j].first < ranges[i].second) {
-        outputs_reused_ = true;
+        split_.outputs_reused = true;
         break;
       }
   if (candidate) {
@@ -582,7 +582,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
 
 result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const std::string& handle) {
   const auto key = std::to_string(w.pid()) + ":" + handle;
-  if (auto it = mapped_.find(key); it != mapped_.end())
+  if (auto it = dev_.mapped.find(key); it != dev_.mapped.end())
     return it->second;
   auto m = map_allocation(cuda_device_, handle);
   if (!m)
@@ -596,16 +596,16 @@ result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const st
     ++it->second.second;
   }
   auto kept = std::shared_ptr<device_bytes>{std::make_shared<owned_mapping>(std::move(*m))};
-  mapped_.emplace(key, kept);
+  dev_.mapped.emplace(key, kept);
   return kept;
 }
 
 std::vector<device_copy> evaluation::input_copies(const side& s) const {
   std::vector<device_copy> copies;
-  for (std::size_t c = 0; c < s.sets.size() && c < staged_.size(); ++c)
-    for (std::size_t i = 0; i < s.sets[c].size() && i < staged_[c].size(); ++i)
-      if (s.sets[c][i].span && staged_[c][i])
-        copies.push_back({s.sets[c][i].span.get(), staged_[c][i].get()});
+  for (std::size_t c = 0; c < s.sets.size() && c < dev_.staged.size(); ++c)
+    for (std::size_t i = 0; i < s.sets[c].size() && i < dev_.staged[c].size(); ++i)
+      if (s.sets[c][i].span && dev_.staged[c][i])
+        copies.push_back({s.sets[c][i].span.get(), dev_.staged[c][i].get()});
   return copies;
 }
 
@@ -621,20 +621,20 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     return false;
   };
   auto device_failed = [&](const std::string& what, const error& e) {
-    evaluator_failed_ = true;
+    end_.evaluator_failed = true;
     set(verdict_status::runtime_error, what + ": " + e.message);
     return false;
   };
   if (!prime(w))
     return false;
-  if (in.size() != s.sets.size() || staged_.size() != in.size())
+  if (in.size() != s.sets.size() || dev_.staged.size() != in.size())
     return broke("input buffers for " + std::to_string(s.sets.size()) + " calls, the sample has " + std::to_string(in.size()));
   for (std::size_t c = 0; c < in.size(); ++c) {
-    if (in[c].size() != s.sets[c].size() || staged_[c].size() != in[c].size())
+    if (in[c].size() != s.sets[c].size() || dev_.staged[c].size() != in[c].size())
       return broke("input buffers for " + std::to_string(s.sets[c].size()) + " inputs, the task has " + std::to_string(in[c].size()));
     for (std::size_t i = 0; i < in[c].size(); ++i) {
       const auto& b = s.sets[c][i];
-      if (!b.value && (b.bytes != in[c][i].size() || (b.bytes > 0 && (!b.span || !staged_[c][i]))))
+      if (!b.value && (b.bytes != in[c][i].size() || (b.bytes > 0 && (!b.span || !dev_.staged[c][i]))))
         return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
     }
   }
@@ -653,11 +653,11 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   // does to the other side's samples is the reference-alone check's to see. The host's round
   // trips are outside the clock; a call that waits for the device inside (the queue full, a
   // value read back) is let go after 20 ms, and then its launches from there on are inside.
-  const auto words = clock_words_.find(w.pid());
-  if (words == clock_words_.end())
+  const auto words = dev_.words.find(w.pid());
+  if (words == dev_.words.end())
     return broke("it has no clock words");
   const auto seq = ++words->second.seq;
-  if (auto r = clock_->arm(copies, *words->second.go, seq); !r)
+  if (auto r = dev_.clock->arm(copies, *words->second.go, seq); !r)
     return device_failed("cannot start the device clock", r.error());
   struct finishing {
     explicit finishing(device_clock* clock) : c{clock} {}
@@ -669,14 +669,14 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     }
     device_clock* c;
   };
-  std::optional<finishing> held{std::in_place, clock_.get()};
+  std::optional<finishing> held{std::in_place, dev_.clock.get()};
   bool released = false;
   if (!thaw(w))
     return false;
   const auto t_in = clock_type::now();
   const std::function<void()> nudge = [&] {
     released = true;
-    clock_->let_go();
+    dev_.clock->let_go();
   };
   if (!send(w, worker_msg::launch(seq, false)) || !receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge))
     return false;
@@ -720,14 +720,14 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         const auto handle = d["ipc"].as<std::string>("");
         // A first mapping of an allocation may wait for this process's device work, the held
         // clock's too: let go first (that sample's host latencies are then inside its window).
-        if (mapped_.count(std::to_string(w.pid()) + ":" + handle) == 0 && !released)
+        if (dev_.mapped.count(std::to_string(w.pid()) + ":" + handle) == 0 && !released)
           nudge();
         auto whole = map_handle(w, handle);
         if (!whole) {
           (void) freeze(w);
           if (candidate && whole.error().code == errc::protocol) {
             v_.checks_failed.push_back("runtime:foreign_memory");
-            set(verdict_status::rejected, "timing round " + std::to_string(round_no_) + ": the candidate's output "
+            set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": the candidate's output "
                                             + std::to_string(k) + " " + whole.error().message
                                             + ": its outputs must be memory of its own");
             return false;
@@ -754,12 +754,12 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   std::vector<const device_bytes*> srcs;
   for (const auto& sp : spans)
     srcs.push_back(sp.get());
-  auto snaps = clock_->close(*words->second.done, seq, srcs);
+  auto snaps = dev_.clock->close(*words->second.done, seq, srcs);
   if (!snaps)
     return device_failed(std::string{"cannot copy the outputs of "} + who(w), snaps.error());
   held->c = nullptr; // finished below, not twice
   held.reset();
-  auto device_ms = clock_->finish(opt.run_timeout_s);
+  auto device_ms = dev_.clock->finish(opt.run_timeout_s);
   if (!device_ms && device_ms.error().code == errc::timeout) {
     set(verdict_status::timeout, std::string{who(w)} + ": " + device_ms.error().message + " (timing)");
     return false;
@@ -767,7 +767,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   if (!device_ms)
     return device_failed("cannot read the device clock", device_ms.error());
   {
-    auto& l = laps_[candidate ? 1 : 0];
+    auto& l = dev_.laps[candidate ? 1 : 0];
     l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
     l[1].push_back(*device_ms);
     l[2].push_back(released ? 1.0 : 0.0);
@@ -801,14 +801,14 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
       b.bytes = gather(o, raw->data());
     }
   }
-  for (std::size_t i = 0; i < ranges.size() && !outputs_reused_; ++i)
+  for (std::size_t i = 0; i < ranges.size() && !split_.outputs_reused; ++i)
     for (std::size_t j = i + 1; j < ranges.size(); ++j)
       if (desc_call[i] != desc_call[j] && ranges[i].first < ranges[j].second && ranges[j].first < ranges[i].second) {
-        outputs_reused_ = true;
+        split_.outputs_reused = true;
         break;
       }
   if (!candidate) {
-    last_ref_snaps_ = std::move(*snaps);
+    dev_.last_ref_snaps = std::move(*snaps);
     return true;
   }
   // Its inputs, compared with what this process wrote there (runtime:input_mutation).
@@ -832,16 +832,16 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
 
 bool evaluation::setup_clock(side& s) {
   worker& w = *s.proc;
-  if (clock_words_.count(w.pid()) != 0)
+  if (dev_.words.count(w.pid()) != 0)
     return true;
-  if (!clock_) {
+  if (!dev_.clock) {
     auto c = make_device_clock(cuda_device_);
     if (!c) {
-      evaluator_failed_ = true;
+      end_.evaluator_failed = true;
       set(verdict_status::runtime_error, "cannot make the device clock: " + c.error().message);
       return false;
     }
-    clock_ = std::move(*c);
+    dev_.clock = std::move(*c);
   }
   YAML::Node n;
   worker_message msg;
@@ -863,7 +863,7 @@ bool evaluation::setup_clock(side& s) {
   auto done = subspan(*whole, offset + 128, 4, 4);
   if (!go || !done)
     return broke("its clock words lie outside their allocation");
-  clock_words_[w.pid()] = clock_words{std::move(*go), std::move(*done), 0};
+  dev_.words[w.pid()] = clock_words{std::move(*go), std::move(*done), 0};
   return true;
 }
 
@@ -873,37 +873,37 @@ bool evaluation::measure_null() {
   worker_message msg;
   const auto copies = input_copies(ref_side_);
   std::vector<const device_bytes*> srcs;
-  for (const auto& sp : last_ref_snaps_)
+  for (const auto& sp : dev_.last_ref_snaps)
     srcs.push_back(sp.get());
   double best = 0;
   for (int k = 0; k < 5; ++k) {
     double ms = 0;
-    if (on_device_) {
+    if (dev_.on) {
       // As time_sample_device, with one tiny kernel for the calls and the copies of the
       // reference's last outputs for its outputs.
-      const auto found = clock_words_.find(rw.pid());
-      if (found == clock_words_.end()) {
+      const auto found = dev_.words.find(rw.pid());
+      if (found == dev_.words.end()) {
         set(verdict_status::runtime_error, "the reference's worker broke the protocol: it has no clock words");
         return false;
       }
       auto& words = found->second;
       const auto seq = ++words.seq;
-      if (auto r = clock_->arm(copies, *words.go, seq); !r) {
-        evaluator_failed_ = true;
+      if (auto r = dev_.clock->arm(copies, *words.go, seq); !r) {
+        end_.evaluator_failed = true;
         set(verdict_status::runtime_error, "cannot start the device clock: " + r.error().message);
         return false;
       }
-      const std::function<void()> nudge = [&] { clock_->let_go(); };
+      const std::function<void()> nudge = [&] { dev_.clock->let_go(); };
       const bool ok = thaw(rw) && send(rw, worker_msg::launch(seq, true))
                       && receive(rw, ctx_.opt.run_timeout_s, "timing", n, msg, 0.02, nudge) && freeze(rw);
       result<std::vector<std::shared_ptr<device_bytes>>> snaps = fail(errc::device, "not copied");
       if (ok)
-        snaps = clock_->close(*words.done, seq, srcs);
-      auto device_ms = clock_->finish(ctx_.opt.run_timeout_s);
+        snaps = dev_.clock->close(*words.done, seq, srcs);
+      auto device_ms = dev_.clock->finish(ctx_.opt.run_timeout_s);
       if (!ok)
         return false;
       if (!snaps || !device_ms) {
-        evaluator_failed_ = true;
+        end_.evaluator_failed = true;
         set(verdict_status::runtime_error, "cannot time an empty sample: "
                                              + (snaps ? device_ms.error().message : snaps.error().message));
         return false;
@@ -921,29 +921,29 @@ bool evaluation::measure_null() {
     }
     best = k == 0 ? ms : std::min(best, ms);
   }
-  null_ms_ = best;
+  split_.null_ms = best;
   return true;
 }
 
 bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted) {
-  const int dist = dists_[static_cast<std::size_t>(round_no_) % dists_.size()];
-  ++round_no_;
+  const int dist = facts_.dists[static_cast<std::size_t>(split_.round_no) % facts_.dists.size()];
+  ++split_.round_no;
   sample_inputs in;
   if (!draw(dist, in))
     return false;
   std::vector<std::vector<tensor_blob>> ref_outs, cand_outs;
   // Both samples of a round in random order, each right after its own untimed call.
-  if (rng_() & 1) {
+  if (split_.rng() & 1) {
     if (!time_sample(cand_side_, in, cand_outs, cand_ms) || !time_sample(ref_side_, in, ref_outs, ref_ms))
       return false;
   } else {
     if (!time_sample(ref_side_, in, ref_outs, ref_ms) || !time_sample(cand_side_, in, cand_outs, cand_ms))
       return false;
   }
-  if (outputs_reused_ && sample_calls_ > 1) {
+  if (split_.outputs_reused && split_.sample_calls > 1) {
     // Its earlier calls' outputs were overwritten by later ones: from now on one call per sample,
     // and this round is not counted.
-    sample_calls_ = calls_ = 1;
+    split_.sample_calls = reported_.calls = 1;
     counted = false;
     return make_buffers(ref_side_, 1) && make_buffers(cand_side_, 1);
   }
@@ -951,11 +951,11 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
   // Every timed call is held to the correctness tolerance, here, against the reference's outputs
   // on the same inputs (runtime:timing_outputs).
   for (std::size_t c = 0; c < ref_outs.size(); ++c) {
-    for (std::size_t i = 0; i < ref_outs[c].size() && i < slack_.size(); ++i)
-      ref_outs[c][i].slack = slack_[i];
+    for (std::size_t i = 0; i < ref_outs[c].size() && i < facts_.slack.size(); ++i)
+      ref_outs[c][i].slack = facts_.slack[i];
     const auto cmp = compare_outputs(ref_outs[c], cand_outs[c], tol_);
     if (!cmp.ok && cmp.evaluator_error) {
-      evaluator_failed_ = true;
+      end_.evaluator_failed = true;
       set(verdict_status::runtime_error, "timing round " + std::to_string(k) + ": " + cmp.message);
       return false;
     }
@@ -974,15 +974,15 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
   const auto& opt = ctx_.opt;
   ref_side_.proc = w_.proc.get();
   cand_side_.proc = cand_.proc.get();
-  if (sample_calls_ == 0) {
-    sample_calls_ = 1;
+  if (split_.sample_calls == 0) {
+    split_.sample_calls = 1;
     if (!make_buffers(ref_side_, 1) || !make_buffers(cand_side_, 1))
       return false;
   }
-  if (on_device_ && (!setup_clock(ref_side_) || !setup_clock(cand_side_)))
+  if (dev_.on && (!setup_clock(ref_side_) || !setup_clock(cand_side_)))
     return false;
   double r = 0, c = 0;
-  if (!measured_ && !continuation) {
+  if (!gate_.measured && !continuation) {
     // Warm-up: at least 3 rounds and warmup_ms, then as many calls per sample as make a sample
     // last evaluator.sample_ms (each call on its own inputs), and one more round at that count.
     std::vector<double> wr, wc;
@@ -997,32 +997,32 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     }
     // On a device the samples' round trip is measured now and taken off the warm-up's times, so
     // that the calls a sample takes follow the calls' own time (the round trip is a millisecond).
-    const double trip = on_device_ ? (measure_null() ? null_ms_ : -1.0) : 0.0;
+    const double trip = dev_.on ? (measure_null() ? split_.null_ms : -1.0) : 0.0;
     if (trip < 0)
       return false;
     const double call_ms = std::max(median(wr), median(wc)) - trip;
     std::int64_t calls = 1;
     if (opt.sample_ms > 0 && call_ms > 0)
       calls = std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.sample_ms / call_ms), 1, opt.max_calls);
-    if (input_bytes_ > 0)
-      calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / input_bytes_)));
-    if (calls != sample_calls_) {
-      sample_calls_ = calls_ = calls;
+    if (reported_.input_bytes > 0)
+      calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / reported_.input_bytes)));
+    if (calls != split_.sample_calls) {
+      split_.sample_calls = reported_.calls = calls;
       if (!make_buffers(ref_side_, calls) || !make_buffers(cand_side_, calls) || !split_round(-1, r, c, counted))
         return false;
     }
     // On a device the empty sample's round trip (its copies in and out included) is measured
     // again for the sample's final count of calls.
-    if (on_device_ && calls > 1 && !measure_null())
+    if (dev_.on && calls > 1 && !measure_null())
       return false;
   }
-  measured_ = true;
-  if (!measuring_ && ctx_.gate.warmup_shared()) {
+  gate_.measured = true;
+  if (!gate_.measuring && ctx_.gate.warmup_shared()) {
     // The warm-up may have had company (starting workers, other evaluations' untimed work); the
     // measured rounds wait until it is gone (device_gate).
     const auto wait0 = clock_type::now();
     ctx_.gate.begin_measure();
-    measuring_ = true;
+    gate_.measuring = true;
     log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
                   ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
   }
@@ -1031,13 +1031,13 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     // New input buffers every round, at random places in both workers (make_buffers), as the
     // shared path places each round's inputs (placement_jitter_bytes): where buffers lie can move
     // a kernel's speed, and one placement for a whole verdict would fix that for its every round.
-    if (opt.placement_jitter_bytes >= 512 && (!make_buffers(ref_side_, sample_calls_) || !make_buffers(cand_side_, sample_calls_)))
+    if (opt.placement_jitter_bytes >= 512 && (!make_buffers(ref_side_, split_.sample_calls) || !make_buffers(cand_side_, split_.sample_calls)))
       return false;
     {
       // Another evaluation in flight (its candidate compiling, say) shares the host's cores with
       // these rounds, and not with the reference timed alone afterwards (check_clean_reference).
       if (ctx_.pool.in_flight() > 1)
-        host_shared_ = true;
+        split_.host_shared = true;
     }
     if (!split_round(static_cast<std::int64_t>(ref.size()), r, c, counted))
       return false;
@@ -1046,38 +1046,38 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     ++k;
     ref.push_back(r);
     cand.push_back(c);
-    ctx_.counters.timed_calls_ns += static_cast<std::uint64_t>((r + c) * 1e6 * static_cast<double>(sample_calls_));
+    ctx_.counters.timed_calls_ns += static_cast<std::uint64_t>((r + c) * 1e6 * static_cast<double>(split_.sample_calls));
   }
   // The physics floor: no call produces its outputs faster than this machine writes their bytes.
   // A stored output handed back (a task whose inputs never change, in one call per sample where
   // it hands back the same buffer) takes the round trip alone.
   // The round trip every sample pays besides its calls (continue, `go`, `sampled`, stop) is taken
   // off first: the fastest of five empty samples of the reference's worker.
-  if (floor_ms_ < 0) {
+  if (split_.floor_ms < 0) {
     for (const auto& b : reference_.front())
       if (b.kind.empty())
-        floor_bytes_ += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
-    if (on_device_) {
-      auto fill = fastest_fill_ms(cuda_device_, floor_bytes_);
+        split_.floor_bytes += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
+    if (dev_.on) {
+      auto fill = fastest_fill_ms(cuda_device_, split_.floor_bytes);
       if (!fill) {
-        evaluator_failed_ = true;
+        end_.evaluator_failed = true;
         set(verdict_status::runtime_error, "cannot measure the device's fill time: " + fill.error().message);
         return false;
       }
-      floor_ms_ = *fill / 2;
+      split_.floor_ms = *fill / 2;
     } else {
-      floor_ms_ = fill_floor_ms(floor_bytes_);
+      split_.floor_ms = fill_floor_ms(split_.floor_bytes);
       if (!measure_null())
         return false;
     }
   }
-  const double m = median(cand) - null_ms_ / static_cast<double>(sample_calls_);
+  const double m = median(cand) - split_.null_ms / static_cast<double>(split_.sample_calls);
   if (ctx_.log.enabled(log_level::debug)) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
-                  floor_ms_, null_ms_, static_cast<long long>(sample_calls_), m);
+                  split_.floor_ms, split_.null_ms, static_cast<long long>(split_.sample_calls), m);
     ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
-    if (on_device_) {
+    if (dev_.on) {
       // Per side: the median host time from `launch` to `launched`, the median device window,
       // and the share of samples let go before `launched` (a call that waited for the device).
       auto share = [](const std::vector<double>& v) {
@@ -1088,13 +1088,13 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       };
       char laps[200];
       std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f; candidate launch %.4f device %.4f let go early %.2f",
-                    median(laps_[0][0]), median(laps_[0][1]), share(laps_[0][2]), median(laps_[1][0]),
-                    median(laps_[1][1]), share(laps_[1][2]));
+                    median(dev_.laps[0][0]), median(dev_.laps[0][1]), share(dev_.laps[0][2]), median(dev_.laps[1][0]),
+                    median(dev_.laps[1][1]), share(dev_.laps[1][2]));
       ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", laps);
     }
   }
-  if (m < floor_ms_) {
-    refuse_below_floor(m, floor_ms_, " besides the clock's round trip", floor_bytes_);
+  if (m < split_.floor_ms) {
+    refuse_below_floor(m, split_.floor_ms, " besides the clock's round trip", split_.floor_bytes);
     return false;
   }
   return true;
@@ -1106,7 +1106,7 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     return true;
   // The candidate's worker ends first: with it go its processes and anything it left running.
   cand_.proc->kill();
-  if (host_shared_) {
+  if (split_.host_shared) {
     // Other evaluations were in flight during the rounds: a neighbour's compile on the same cores
     // would make the reference slower during the verdict than alone, whatever the candidate did.
     // The candidate's own processes were stopped while the reference ran (freeze) all the same.
@@ -1125,7 +1125,7 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     return during > median(alone) * (1 + opt.reference_band)
            && during_q25 > quantile(alone, 0.75) * (1 + opt.reference_band);
   };
-  const auto key = req_.target.sha256 + ";" + ctx_.protocol_key + ";calls=" + std::to_string(sample_calls_);
+  const auto key = req_.target.sha256 + ";" + ctx_.protocol_key + ";calls=" + std::to_string(split_.sample_calls);
   std::vector<double> alone = ctx_.baselines.find(key).value_or(std::vector<double>{});
   if (!alone.empty() && !slower(alone))
     return true;
@@ -1137,7 +1137,7 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     std::vector<std::vector<tensor_blob>> outs;
     for (std::int64_t k = 0; k < alone_samples; ++k) {
       double ms = 0;
-      if (!draw(dists_[static_cast<std::size_t>(k) % dists_.size()], in) || !time_sample(ref_side_, in, outs, ms))
+      if (!draw(facts_.dists[static_cast<std::size_t>(k) % facts_.dists.size()], in) || !time_sample(ref_side_, in, outs, ms))
         return false;
       into.push_back(ms);
     }

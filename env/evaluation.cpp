@@ -83,8 +83,8 @@ std::vector<double> as_doubles(const YAML::Node& n) {
 } // namespace
 
 void evaluation::ended(worker& who_ended, const std::string& when) {
-  done_ = true;
-  lost_worker_ = who_ended.died_by_signal() && who_ended.exit_signal() == SIGKILL;
+  end_.done = true;
+  end_.lost_worker = who_ended.died_by_signal() && who_ended.exit_signal() == SIGKILL;
   const auto how = who_ended.exit_description();
   set(verdict_status::runtime_error, std::string{who(who_ended)} + " " + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " " + when);
 }
@@ -119,7 +119,7 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
     switch (outcome) {
       case receive_outcome::deadline: {
         from.kill();
-        done_ = true;
+        end_.done = true;
         char buf[160];
         std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
         set(verdict_status::timeout, buf);
@@ -136,7 +136,7 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
         throw YAML::Exception(YAML::Mark::null_mark(), "no type");
     } catch (const YAML::Exception& e) {
       from.kill();
-      done_ = true;
+      end_.done = true;
       set(verdict_status::runtime_error, std::string{who(from)} + " broke the protocol while " + phase + ": " + e.what());
       return false;
     }
@@ -150,7 +150,7 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
     }
     if (type == "done") {
       take_done(header);
-      done_ = true;
+      end_.done = true;
       return false;
     }
     return true;
@@ -217,7 +217,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
     return false;
   }
   if (const auto own = n["own_kernels"]; own.IsDefined() && own.IsScalar())
-    own_kernels_ = own.as<long>(-1);
+    reported_.own_kernels = own.as<long>(-1);
   if (n["kernels"].IsDefined() && n["kernels"].as<long>(1) == 0) {
     v_.checks_failed.push_back("runtime:no_kernel");
     set(verdict_status::rejected, "no kernel or operator ran in the candidate's forward");
@@ -225,7 +225,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
   }
   auto cmp = compare_outputs(reference_[trial], tr.outs, tol_, &ahead);
   if (!cmp.ok && cmp.evaluator_error) {
-    evaluator_failed_ = true;
+    end_.evaluator_failed = true;
     set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ": " + cmp.message);
     return false;
   }
@@ -252,7 +252,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
     }
     auto same = compare_outputs(tr.outs, tr.again, tol_, &ahead);
     if (!same.ok && same.evaluator_error) {
-      evaluator_failed_ = true;
+      end_.evaluator_failed = true;
       set(verdict_status::runtime_error, "trial " + std::to_string(trial) + ", second call: " + same.message);
       return false;
     }
@@ -281,18 +281,18 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   time_spent timed{ctx_.counters.timing_ns};
-  if (split_)
+  if (two_workers_)
     return measure_split(rounds, ref, cand, continuation);
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
   // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
   // for a continuation of the same measurement).
-  const double warmup_ms = measured_ ? 0.0 : ctx_.opt.warmup_ms;
-  measured_ = true;
+  const double warmup_ms = gate_.measured ? 0.0 : ctx_.opt.warmup_ms;
+  gate_.measured = true;
   // Company beside warm-up (starts, untimed work): the worker says when its warm-up is over
   // ("warmed") and begins its measured rounds at our word ("measure"), once the starting
   // workers' held steps and other evaluations' untimed phases inside are done. Without either
   // the gate lets nothing beside any part of a timing.
-  const bool announce = !measuring_ && ctx_.gate.warmup_shared();
+  const bool announce = !gate_.measuring && ctx_.gate.warmup_shared();
   if (!send(worker_msg::time(rounds, warmup_ms, continuation ? 0 : 3, announce)))
     return false;
   YAML::Node n;
@@ -306,7 +306,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     }
     const auto wait0 = clock_type::now();
     ctx_.gate.begin_measure();
-    measuring_ = true;
+    gate_.measuring = true;
     log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
                   ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
     if (!send(worker_msg::command("measure")) || !receive(ctx_.opt.run_timeout_s, "timing", n, msg))
@@ -360,7 +360,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     }
   }
   if (const auto k = n["calls"]; k.IsDefined() && k.IsScalar())
-    calls_ = k.as<long>(1);
+    reported_.calls = k.as<long>(1);
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
   double call_ms = 0;
@@ -415,7 +415,7 @@ bool evaluation::take_reference_copies(worker& w) {
         exported.push_back(b.device.get());
   auto own = copy_all_to_owned(exported);
   if (!own) {
-    evaluator_failed_ = true;
+    end_.evaluator_failed = true;
     set(verdict_status::runtime_error, "cannot keep a reference output: " + own.error().message);
     return false;
   }
@@ -468,7 +468,7 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
       mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
       // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
       // ends after them without waiting for `taken`: sending it would race the worker's exit.
-      if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == trials_) {
+      if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
         const auto c0 = clock_type::now();
         if (!take_reference_copies(*w_.proc))
           return false;
@@ -480,9 +480,9 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
       std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
       ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": reference outputs ", buf);
     }
-    if (static_cast<std::int64_t>(reference_.size()) != trials_) {
+    if (static_cast<std::int64_t>(reference_.size()) != reported_.trials) {
       set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
-                                           + std::to_string(trials_));
+                                           + std::to_string(reported_.trials));
       return false;
     }
   }
@@ -533,9 +533,9 @@ bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
   }
   reference_.push_back(std::move(*outs));
   if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
-    trials_ = std::clamp<std::int64_t>(k.as<std::int64_t>(trials_), 1, trials_);
+    reported_.trials = std::clamp<std::int64_t>(k.as<std::int64_t>(reported_.trials), 1, reported_.trials);
   if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
-    input_bytes_ = std::max<std::uint64_t>(input_bytes_, b.as<std::uint64_t>(0));
+    reported_.input_bytes = std::max<std::uint64_t>(reported_.input_bytes, b.as<std::uint64_t>(0));
   return true;
 }
 
@@ -556,7 +556,7 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
     // Every trial's outputs first, then all device comparisons in one batch (one wait on the
     // device instead of one per output), then the checks trial by trial, in order.
     std::vector<trial_outputs> trials;
-    for (std::int64_t t = 0; t < trials_; ++t) {
+    for (std::int64_t t = 0; t < reported_.trials; ++t) {
       if (!receive(w, opt.run_timeout_s, "running the correctness trials", n, msg))
         return false;
       if (n["type"].as<std::string>() != "candidate") {
@@ -594,15 +594,15 @@ verdict evaluation::run() {
     if (seed == 0)
       seed = 1;
   }
-  trials_ = req_.reference_only ? 1 : opt.trials;
+  reported_.trials = req_.reference_only ? 1 : opt.trials;
   // The trust boundary (env/boundary.cpp) on the CPU, and on a CUDA device with cuda_boundary; a
   // check of a task alone runs no candidate. On a CUDA device the boundary needs this process's
   // own view of the workers' device memory (outputs kept on the device); without it the verdict
   // keeps one worker.
   const bool cuda_boundary = ctx_.device != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
-  split_ = opt.boundary == evaluator_boundary::process && (ctx_.device == "cpu" || cuda_boundary) && !req_.reference_only;
-  on_device_ = split_ && cuda_boundary;
-  if (!(split_ ? split_trials(seed) : one_process_trials(seed))) {
+  two_workers_ = opt.boundary == evaluator_boundary::process && (ctx_.device == "cpu" || cuda_boundary) && !req_.reference_only;
+  dev_.on = two_workers_ && cuda_boundary;
+  if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
     // tolerance, so that the comparison judges them relative to their scale (env/compare.hpp).
     if (req_.reference_only && v_.status == verdict_status::ok && !reference_.empty())
@@ -682,10 +682,10 @@ verdict evaluation::run() {
   }
   const auto speedup = summary.speedup;
   phase("finish");
-  worker& last = split_ ? *cand_.proc : *w_.proc; // the worker that ran the candidate
+  worker& last = two_workers_ ? *cand_.proc : *w_.proc; // the worker that ran the candidate
   YAML::Node n;
   worker_message msg;
-  if (split_ && !thaw(last))
+  if (two_workers_ && !thaw(last))
     return v_;
   if (!send(last, worker_msg::command("finish")))
     return v_;
@@ -693,15 +693,15 @@ verdict evaluation::run() {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " after timing");
     return v_;
   }
-  if (failed_)
+  if (end_.failed)
     return v_; // death, deadline, or a `done` that carried a failure (a runtime check after timing)
-  if (split_ && !check_clean_reference(ref))
+  if (two_workers_ && !check_clean_reference(ref))
     return v_;
   v_.status = verdict_status::ok;
   // A candidate whose forward ran the reference's own kernels (operators on the CPU), each as many
   // times, earns no speed credit: a fallback to the reference's code, or the reference itself
   // (docs/evaluator.md, Own work). Its measured times stay in ref_ms and cand_ms.
-  const bool lazy = own_kernels_ == 0;
+  const bool lazy = reported_.own_kernels == 0;
   // A speedup counts only when its whole band clears the threshold: a verdict of 1.04x within
   // ±11% may as well be 0.93x, and crediting it rewards noise (docs/evaluator.md, Timing: the
   // band). Below 1.00x the measured figure stands: the best estimate of a slower kernel.
@@ -714,8 +714,8 @@ verdict evaluation::run() {
   v_.rounds = static_cast<std::uint32_t>(ref.size());
   char buf[400];
   char calls[48] = "";
-  if (calls_ > 1)
-    std::snprintf(calls, sizeof calls, " of %ld calls", calls_);
+  if (reported_.calls > 1)
+    std::snprintf(calls, sizeof calls, " of %ld calls", reported_.calls);
   std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds%s (band ±%.1f%%)%s%s%s",
                 cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
                 speedup, ref.size(), calls, 100 * summary.band, settled ? "" : "; unstable after max_rounds",
@@ -725,8 +725,8 @@ verdict evaluation::run() {
                 uncertain && !lazy ? "; the band reaches below the win threshold, so no speedup is credited (1.00x)"
                                    : "");
   v_.message = buf;
-  if (trials_ < opt.trials)
-    v_.message += "; " + std::to_string(trials_) + " correctness trial" + (trials_ == 1 ? "" : "s") + " of "
+  if (reported_.trials < opt.trials)
+    v_.message += "; " + std::to_string(reported_.trials) + " correctness trial" + (reported_.trials == 1 ? "" : "s") + " of "
                   + std::to_string(opt.trials) + ": more of the task's outputs would not fit the device";
   return v_;
 }

@@ -54,26 +54,26 @@ public:
   /// The candidate's worker where the verdict has two (the trust boundary): for retire().
   std::unique_ptr<worker> take_candidate_process() noexcept { return std::move(cand_.proc); }
   /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
-  bool lost_worker() const noexcept { return lost_worker_; }
+  bool lost_worker() const noexcept { return end_.lost_worker; }
   /// The verdict comes from a failure in the evaluator's own process (its device memory, its
   /// comparison), not from the candidate: it is not cached.
-  bool evaluator_failed() const noexcept { return evaluator_failed_; }
+  bool evaluator_failed() const noexcept { return end_.evaluator_failed; }
   /// Closes this evaluation's mappings of the worker's exports (outputs kept on the device), if
   /// an early end left any: before the worker goes.
   void drop_outputs() noexcept {
     reference_.clear();
     ref_side_.sets.clear();
     cand_side_.sets.clear();
-    staged_.clear();
-    last_ref_snaps_.clear();
-    clock_.reset(); // its queued work waited for before the words it waits on go
-    clock_words_.clear();
-    mapped_.clear();
+    dev_.staged.clear();
+    dev_.last_ref_snaps.clear();
+    dev_.clock.reset(); // its queued work waited for before the words it waits on go
+    dev_.words.clear();
+    dev_.mapped.clear();
   }
   /// Bytes of one trial's inputs and reference outputs (0 before the reference ran): how much
   /// memory the task itself asks of the device. A loss of two 4 GiB inputs has a 4-byte output.
   std::uint64_t task_bytes() const noexcept {
-    std::uint64_t n = input_bytes_;
+    std::uint64_t n = reported_.input_bytes;
     if (!reference_.empty())
       for (const auto& b : reference_.front())
         if (b.kind.empty())
@@ -104,7 +104,7 @@ private:
   void ended(worker& who, const std::string& when);
   // "the worker", "the reference's worker" or "the candidate's worker": who a message names.
   const char* who(const worker& w) const noexcept {
-    return !split_ ? "the worker" : &w == w_.proc.get() ? "the reference's worker" : "the candidate's worker";
+    return !two_workers_ ? "the worker" : &w == w_.proc.get() ? "the reference's worker" : "the candidate's worker";
   }
 
   // -- the trust boundary (env/boundary.cpp): the reference and the candidate in two workers --
@@ -167,7 +167,7 @@ private:
   // memory with an input (the reference's does not); refuse_aliased (runtime:aliased_output) and
   // refuse_input_mutation (runtime:input_mutation) refuse and return false.
   bool refuse_unlike_trials(std::size_t k, const tensor_blob& b);
-  bool may_not_alias(std::size_t k) const { return !(k < ref_aliased_.size() && ref_aliased_[k]); }
+  bool may_not_alias(std::size_t k) const { return !(k < facts_.aliased.size() && facts_.aliased[k]); }
   bool refuse_aliased(std::size_t k);
   bool refuse_input_mutation();
   // The untimed call before a sample; the worker is stopped after it.
@@ -192,7 +192,7 @@ private:
   void set(verdict_status s, std::string message) {
     v_.status = s;
     v_.message = std::move(message);
-    failed_ = true;
+    end_.failed = true;
   }
   // One trial's `candidate` message with its outputs decoded (mapped, for outputs on the
   // device); a decoding failure is kept and reported when the checks reach that trial.
@@ -210,7 +210,7 @@ private:
     std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", name, " at +", buf, " s");
     if (ctx_.observer) // from the load on, across the boundary: the candidate's worker
-      ctx_.observer(name, split_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
+      ctx_.observer(name, two_workers_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
   }
   // At debug level, a wait at the device gate since `since` longer than a millisecond:
   // "<who> waited S s for <why...> to finish".
@@ -232,64 +232,84 @@ private:
   // already within evaluator.early_stop_spread.
   bool measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand);
 
+  // The walk's state: what it was given, its workers, then one part per concern (what the
+  // reference told, the rounds across the boundary, the device side, what the workers reported,
+  // how it ended). About 20 members: each part below is one phase's or one side's own.
   const evaluation_context& ctx_;
   const eval_request& req_;
   ready_worker w_; // the one worker, or the reference's where the verdict has two
   ready_worker cand_; // the candidate's worker, where the verdict has two
   /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU, and
   /// on a CUDA device with evaluator.cuda_boundary).
-  bool split_ = false;
-  /// What the reference worker sent for the candidate's: each trial's inputs (the `inputs`
-  /// message as it came, with its frames) and the task's data (`reference_info`).
-  std::vector<worker_message> trial_inputs_;
-  std::string reference_info_;
-  std::vector<int> dists_; // the input distributions the reference allows, for the rounds
-  std::vector<bool> ref_aliased_; // which reference outputs alias an input
-  std::vector<double> slack_; // per output, the largest rounding slack of the trials
-  std::int64_t sample_calls_ = 0; // calls per timed sample across the boundary (0: not chosen yet)
-  std::int64_t round_no_ = 0; // rounds played across the boundary, warm-up included
-  bool outputs_reused_ = false; // two calls of one sample handed back the same memory: one call per sample
-  bool host_shared_ = false; // another evaluation was in flight during the measured rounds
-  double floor_ms_ = -1; // the physics floor of a timed call (boundary.cpp), once measured
-  double null_ms_ = 0; // the fastest round trip of an empty sample of the reference's worker
-  std::uint64_t floor_bytes_ = 0; // the output bytes the floor is measured on
-  std::mt19937_64 rng_{std::random_device{}()}; // the order of each round's two samples
+  bool two_workers_ = false;
+  /// What the reference's worker told of the task, for the candidate's worker and the rounds
+  /// across the boundary.
+  struct reference_facts {
+    /// Each trial's inputs (the `inputs` message as it came, with its frames) and the task's
+    /// data (`reference_info`).
+    std::vector<worker_message> trial_inputs;
+    std::string info;
+    std::vector<int> dists;     // the input distributions the reference allows, for the rounds
+    std::vector<bool> aliased;  // which reference outputs alias an input
+    std::vector<double> slack;  // per output, the largest rounding slack of the trials
+  } facts_;
+  /// The timed rounds across the boundary.
+  struct split_timing {
+    std::int64_t sample_calls = 0; // calls per timed sample (0: not chosen yet)
+    std::int64_t round_no = 0;     // rounds played, warm-up included
+    bool outputs_reused = false;   // two calls of one sample handed back the same memory: one call per sample
+    bool host_shared = false;      // another evaluation was in flight during the measured rounds
+    double floor_ms = -1;          // the physics floor of a timed call (boundary.cpp), once measured
+    double null_ms = 0;            // the fastest round trip of an empty sample of the reference's worker
+    std::uint64_t floor_bytes = 0; // the output bytes the floor is measured on
+    std::mt19937_64 rng{std::random_device{}()}; // the order of each round's two samples
+  } split_;
   side ref_side_, cand_side_;
-  /// On a CUDA device: each call's inputs of the sample being timed, in this process's memory
-  /// (draw uploads them), the reference's last sample's output copies (for measure_null), and the
-  /// workers' allocations this process has mapped, by "pid:handle".
-  bool on_device_ = false;
-  std::vector<std::vector<std::shared_ptr<device_bytes>>> staged_;
-  std::vector<std::shared_ptr<device_bytes>> last_ref_snaps_;
-  std::map<std::string, std::shared_ptr<device_bytes>> mapped_;
-  /// On a CUDA device: the clock of the samples (device_clock) and each worker's go and done
-  /// words, by pid (setup_clock).
-  std::unique_ptr<device_clock> clock_;
+  /// Across the boundary on a CUDA device (on_device): each call's inputs of the sample being
+  /// timed, in this process's memory (draw uploads them), the reference's last sample's output
+  /// copies (for measure_null), the workers' allocations this process has mapped, by
+  /// "pid:handle", the clock of the samples (device_clock) and each worker's go and done words,
+  /// by pid (setup_clock).
   struct clock_words {
     std::shared_ptr<device_bytes> go, done; // mapped from the worker's memory
     std::uint32_t seq = 0;                  // the last sample's number
   };
-  std::map<pid_t, clock_words> clock_words_;
-  std::vector<double> laps_[2][3]; // per side, a sample's clock in parts (debug log)
+  struct device_sides {
+    bool on = false;
+    std::vector<std::vector<std::shared_ptr<device_bytes>>> staged;
+    std::vector<std::shared_ptr<device_bytes>> last_ref_snaps;
+    std::map<std::string, std::shared_ptr<device_bytes>> mapped;
+    std::unique_ptr<device_clock> clock;
+    std::map<pid_t, clock_words> words;
+    std::vector<double> laps[2][3]; // per side, a sample's clock in parts (debug log)
+  } dev_;
   verdict v_;
   tolerances tol_;
   std::vector<std::vector<tensor_blob>> reference_;
   const int cuda_device_ = ctx_.outputs_device; // >= 0: outputs stay on this CUDA device
-  bool measured_ = false; // a measurement was made (its warm-up rounds played)
-  bool measuring_ = false; // the device gate has let this timing begin its measured rounds
-  bool done_ = false; // the worker sent `done` (or died): no further messages
-  bool lost_worker_ = false;
-  bool failed_ = false; // set() was called: the verdict is decided
-  bool evaluator_failed_ = false; // see evaluator_failed()
-  /// Kernels (or operators) of the candidate's profiled call that the reference's did not run
-  /// (the worker's own_work); -1 unknown. 0: no speed credit.
-  long own_kernels_ = -1;
-  /// Calls per timed sample (evaluator.sample_ms; the worker's choice): the times are per call.
-  long calls_ = 1;
-  /// Correctness trials: evaluator.trials, or fewer where the worker found that their outputs
-  /// would not fit the device (its reference messages say so; Worker.fit_trials).
-  std::int64_t trials_ = 0;
-  std::uint64_t input_bytes_ = 0; // one trial's inputs, from the reference messages
+  struct {
+    bool measured = false;  // a measurement was made (its warm-up rounds played)
+    bool measuring = false; // the device gate has let this timing begin its measured rounds
+  } gate_;
+  /// How the walk ended so far.
+  struct walk_state {
+    bool done = false;             // the worker sent `done` (or died): no further messages
+    bool lost_worker = false;
+    bool failed = false;           // set() was called: the verdict is decided
+    bool evaluator_failed = false; // see evaluator_failed()
+  } end_;
+  /// What the workers reported of the job (data to check, never a verdict).
+  struct worker_reports {
+    /// Kernels (or operators) of the candidate's profiled call that the reference's did not run
+    /// (the worker's own_work); -1 unknown. 0: no speed credit.
+    long own_kernels = -1;
+    /// Calls per timed sample (evaluator.sample_ms; the worker's choice): the times are per call.
+    long calls = 1;
+    /// Correctness trials: evaluator.trials, or fewer where the worker found that their outputs
+    /// would not fit the device (its reference messages say so; Worker.fit_trials).
+    std::int64_t trials = 0;
+    std::uint64_t input_bytes = 0; // one trial's inputs, from the reference messages
+  } reported_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
 };
 
