@@ -123,6 +123,9 @@ private:
     std::uint64_t total(clock::time_point t) const;
   };
 
+  // About 20 members, kept together on purpose: the three rules, the counts of users in each
+  // state and the time each overlap held are read and changed together under one mutex, and
+  // splitting them would split that lock.
   const bool share_;
   const bool beside_;
   const bool untimed_beside_;

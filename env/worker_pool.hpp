@@ -100,6 +100,10 @@ private:
   void refill_loop();
   void retire_loop();
 
+  // About 25 members: what starts a worker (the options, where the harness is, the device, the
+  // folders), then one group per thread that shares the pool (the idle workers and the refill
+  // threads under mtx_, the zygote under zygote_mtx_, the retiring workers under retire_mtx_),
+  // each with its lock and its conditions beside it, and the start counters.
   const evaluator_options& opt_;
   harness_location where_;
   std::string device_;
