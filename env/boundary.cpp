@@ -580,8 +580,12 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   return true;
 }
 
+std::string evaluation::mapping_key(const worker& w, const std::string& handle) {
+  return std::to_string(w.pid()) + ":" + handle;
+}
+
 result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const std::string& handle) {
-  const auto key = std::to_string(w.pid()) + ":" + handle;
+  const auto key = mapping_key(w, handle);
   if (auto it = dev_.mapped.find(key); it != dev_.mapped.end())
     return it->second;
   auto m = map_allocation(cuda_device_, handle);
@@ -659,17 +663,14 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   const auto seq = ++words->second.seq;
   if (auto r = dev_.clock->arm(copies, *words->second.go, seq); !r)
     return device_failed("cannot start the device clock", r.error());
+  // A sample that ends early: its work let go and waited for (c cleared once finished below).
   struct finishing {
-    explicit finishing(device_clock* clock) : c{clock} {}
-    finishing(const finishing&) = delete;
-    finishing& operator=(const finishing&) = delete;
+    device_clock* c;
     ~finishing() {
-      if (c != nullptr) // a sample that ends early: its work let go and waited for
+      if (c != nullptr)
         (void) c->finish(5.0);
     }
-    device_clock* c;
-  };
-  std::optional<finishing> held{std::in_place, dev_.clock.get()};
+  } held{dev_.clock.get()};
   bool released = false;
   if (!thaw(w))
     return false;
@@ -720,7 +721,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         const auto handle = d["ipc"].as<std::string>("");
         // A first mapping of an allocation may wait for this process's device work, the held
         // clock's too: let go first (that sample's host latencies are then inside its window).
-        if (dev_.mapped.count(std::to_string(w.pid()) + ":" + handle) == 0 && !released)
+        if (dev_.mapped.count(mapping_key(w, handle)) == 0 && !released)
           nudge();
         auto whole = map_handle(w, handle);
         if (!whole) {
@@ -757,8 +758,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   auto snaps = dev_.clock->close(*words->second.done, seq, srcs);
   if (!snaps)
     return device_failed(std::string{"cannot copy the outputs of "} + who(w), snaps.error());
-  held->c = nullptr; // finished below, not twice
-  held.reset();
+  held.c = nullptr; // finished below, not twice
   auto device_ms = dev_.clock->finish(opt.run_timeout_s);
   if (!device_ms && device_ms.error().code == errc::timeout) {
     set(verdict_status::timeout, std::string{who(w)} + ": " + device_ms.error().message + " (timing)");

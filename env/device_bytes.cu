@@ -592,23 +592,23 @@ struct stream_value_ops {
 };
 
 result<stream_value_ops> load_stream_value_ops() {
-  stream_value_ops ops;
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess
-      || found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    (void) cudaGetLastError();
-    return fail(errc::unsupported, "the CUDA driver has no cuStreamWriteValue32");
-  }
-  ops.write = reinterpret_cast<stream_value_fn>(fn);
-  fn = nullptr;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess
-      || found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    (void) cudaGetLastError();
-    return fail(errc::unsupported, "the CUDA driver has no cuStreamWaitValue32");
-  }
-  ops.wait = reinterpret_cast<stream_value_fn>(fn);
-  return ops;
+  auto entry = [](const char* name) -> result<stream_value_fn> {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess
+        || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+      (void) cudaGetLastError();
+      return fail(errc::unsupported, "the CUDA driver has no ", name);
+    }
+    return reinterpret_cast<stream_value_fn>(fn);
+  };
+  auto write = entry("cuStreamWriteValue32");
+  if (!write)
+    return write.error();
+  auto wait = entry("cuStreamWaitValue32");
+  if (!wait)
+    return wait.error();
+  return stream_value_ops{*write, *wait};
 }
 
 CUdeviceptr word_address(const device_bytes& word) {

@@ -178,6 +178,8 @@ private:
   // Refuses an allocation this process has mapped for another worker: a worker that names the
   // other side's memory is reading what it did not compute (runtime:foreign_memory).
   result<std::shared_ptr<device_bytes>> map_handle(worker& w, const std::string& handle);
+  // dev_.mapped's key of a worker's allocation: "pid:handle".
+  static std::string mapping_key(const worker& w, const std::string& handle);
   // Gives `s`'s worker the device clock's event to wait for and takes its own (CUDA).
   bool setup_clock(side& s);
   // The empty sample's round trip across the boundary (ms), fastest of five.
