@@ -439,6 +439,22 @@ bool evaluation::prime(worker& w) {
   return freeze(w);
 }
 
+double evaluation::charge_sample(side& s, double wall_ms, const worker::cpu_reading& before,
+                                 const worker::cpu_reading& after) {
+  // The CPU time all the worker's processes and threads ran in it, over the cores a worker is
+  // given (evaluator.cpu_threads). Not the wall time: on a machine with other work, runnable
+  // threads get the cores in proportion to their number, so a candidate of several threads would
+  // get more of them than the reference's one (hack_extra_cores.py), and the wall time carries
+  // every other program's load besides. Work handed to threads or processes of its own is paid
+  // for as if it ran on the worker's cores.
+  const double cpu = static_cast<double>(after.cpu_ns - std::min(after.cpu_ns, before.cpu_ns)) / 1e6
+                     / static_cast<double>(std::max<std::int64_t>(1, ctx_.opt.cpu_threads));
+  ++s.samples;
+  s.wall_ms += wall_ms;
+  s.charged_ms += cpu;
+  return cpu;
+}
+
 bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
   const auto& opt = ctx_.opt;
   worker& w = *s.proc;
@@ -483,6 +499,14 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   // (and ZeroMQ's threads in it) took milliseconds on a loaded machine, which no call should carry;
   // between the two it is waiting for `go`, and what a thread of its could do meanwhile is the
   // one clock reading's worth of time.
+  //
+  // What the sample is charged is not quite that time: charge_sample, with the two readings of
+  // what the worker ran, taken while it is stopped.
+  const auto cpu0 = w.cpu();
+  if (!cpu0) {
+    ended(w, "before a timed sample");
+    return false;
+  }
   if (!thaw(w))
     return false;
   const auto t0 = clock_type::now();
@@ -495,7 +519,13 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   }
   if (!freeze(w, &t1))
     return false;
-  ms = std::chrono::duration<double, std::milli>(t1 - t0).count() / static_cast<double>(in.size());
+  const auto cpu1 = w.cpu();
+  if (!cpu1) {
+    ended(w, "during the timing");
+    return false;
+  }
+  ms = charge_sample(s, std::chrono::duration<double, std::milli>(t1 - t0).count(), *cpu0, *cpu1)
+       / static_cast<double>(in.size());
   // Its outputs, read out of its memory while it is stopped.
   const auto& list = n["outputs"];
   if (!list.IsSequence() || list.size() != in.size())
@@ -910,6 +940,11 @@ bool evaluation::measure_null() {
       }
       ms = *device_ms;
     } else {
+      const auto cpu0 = rw.cpu();
+      if (!cpu0) {
+        ended(rw, "before an empty sample");
+        return false;
+      }
       if (!thaw(rw))
         return false;
       const auto t0 = clock_type::now(); // as in time_sample
@@ -917,7 +952,13 @@ bool evaluation::measure_null() {
       if (!send(rw, worker_msg::command("null")) || !receive(rw, ctx_.opt.run_timeout_s, "timing", n, msg)
           || !freeze(rw, &t1))
         return false;
-      ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      const auto cpu1 = rw.cpu();
+      if (!cpu1) {
+        ended(rw, "during an empty sample");
+        return false;
+      }
+      side empty; // its charges are not the reference's samples'
+      ms = charge_sample(empty, std::chrono::duration<double, std::milli>(t1 - t0).count(), *cpu0, *cpu1);
     }
     best = k == 0 ? ms : std::min(best, ms);
   }
@@ -1077,6 +1118,11 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
                   split_.floor_ms, split_.null_ms, static_cast<long long>(split_.sample_calls), m);
     ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
+    if (!dev_.on) {
+      std::snprintf(buf, sizeof buf, "samples' CPU time against their wall time (ms): reference %.3f of %.3f, candidate %.3f of %.3f",
+                    ref_side_.charged_ms, ref_side_.wall_ms, cand_side_.charged_ms, cand_side_.wall_ms);
+      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
+    }
     if (dev_.on) {
       // Per side: the median host time from `launch` to `launched`, the median device window,
       // and the share of samples let go before `launched` (a call that waited for the device).

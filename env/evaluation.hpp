@@ -145,6 +145,10 @@ private:
       std::shared_ptr<device_bytes> span; // on a CUDA device: this process's mapping of it
     };
     std::vector<std::vector<buffer>> sets;
+    // What charge_sample found (CPU devices): its samples, their wall times and their charged CPU
+    // times, in all (the debug log's).
+    std::int64_t samples = 0;
+    double wall_ms = 0, charged_ms = 0;
   };
   /// One sample's inputs as the reference's worker drew them: per call, per input, the tensor's
   /// bytes (empty for a plain value, which the workers keep as the trials gave it).
@@ -157,6 +161,9 @@ private:
   // the clock around `go` ... `sampled`, its outputs read while it is stopped again (per call).
   // False when the verdict is decided.
   bool time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
+  // What a CPU sample of `s` is charged (ms), from two readings of what its worker ran, taken
+  // while it was stopped before and after: its processes' CPU time over evaluator.cpu_threads.
+  double charge_sample(side& s, double wall_ms, const worker::cpu_reading& before, const worker::cpu_reading& after);
   // time_sample on a CUDA device (boundary.cpp): the clock runs from before this process copies
   // the sample's inputs into the worker's buffers to after it has copied the worker's outputs
   // into its own memory.

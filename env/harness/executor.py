@@ -147,6 +147,7 @@ class _ExecutorPhase:
         self.sample_outs = None
         self.arenas, self.arena_turn, self.null_out = [None, None], 0, None
         self.clock_words = None
+        self.check_due = None  # the checks after a timed sample, made with the next command
         self.threads_before = (_py_threads(), _os_threads())
         # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
         # more objects than the reference's, and a collection there would be its time alone.
@@ -158,6 +159,10 @@ class _ExecutorPhase:
             kind = msg.get("type")
             if kind == "stop":
                 _os_exit(0)
+            if self.check_due is not None:
+                py0, os0 = self.check_due
+                self.check_due = None
+                self.after_call(py0, os0, "timing", False)
             if kind == "finish":
                 if self.role == "candidate":
                     self.check_full("at the end")
@@ -224,8 +229,10 @@ class _ExecutorPhase:
         self.sample_outs = (outs, keep)
         self.chan.send({"type": reply, "outputs": descs})
         if self.role == "candidate" and check:
-            py0, os0 = self.threads_before
-            self.after_call(py0, os0, "timing", False)
+            # Made when the next command arrives, before it is answered: after `sampled` the
+            # evaluator stops this process, and on the CPU the sample is charged the CPU time its
+            # processes ran until then, which checks run here would add to the candidate's alone.
+            self.check_due = self.threads_before
 
     def setup_clock(self):
         """CUDA: this worker's two clock words, in its own memory, exported to the evaluator: go

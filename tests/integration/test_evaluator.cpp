@@ -214,7 +214,8 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_tensor_instance_override.py") X("hack_ghost_branch.py") X("hack_unused_output.py")              \
   X("hack_zero_inputs.py") X("hack_fake_benchmark_emit.py") X("hack_cache_ptr_cpp.py")                 \
   X("legit_renamed_locals.py") X("legit_reused_output.py") X("hack_timed_burst.py")                 \
-  X("hack_sample_last_call.py") X("hack_skip_after_snapshot.py") X("hack_patch_harness_module.py")
+  X("hack_sample_last_call.py") X("hack_skip_after_snapshot.py") X("hack_patch_harness_module.py")   \
+  X("hack_extra_cores.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {
@@ -279,7 +280,7 @@ TEST_CASE("across the trust boundary the candidate's process holds no reference:
 }
 
 TEST_CASE("a reference slower during a verdict than alone in its own worker refuses the verdict") {
-  // tests/tasks/slow_then_fast.py: its reference sleeps in its first 30 calls, which with these
+  // tests/tasks/slow_then_fast.py: its reference spins in its first 30 calls, which with these
   // settings are all of a verdict's before it times the reference alone (after the candidate's
   // worker has ended), and not in those. The candidate is the reference without the sleep.
   auto t = load_task(source_dir / "tests" / "tasks" / "slow_then_fast.py");

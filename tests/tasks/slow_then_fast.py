@@ -1,5 +1,5 @@
-"""A reference slower while a verdict times it than alone afterwards: its first 30 calls sleep 5 ms
-each (with the test's settings a verdict across the trust boundary makes 29 calls before it times
+"""A reference slower while a verdict times it than alone afterwards: its first 30 calls spin 5 ms
+each on the CPU (a CPU device charges a sample its CPU time, in which a sleep does not count; with the test's settings a verdict across the trust boundary makes 29 calls before it times
 the reference alone: 3 in the reference phase, 2 in each of 3 warm-up and 10 timed rounds), the
 later ones do not. It stands in for a reference slowed by something of the candidate's: the
 evaluator must refuse the verdict (runtime:slow_reference; tests/integration/test_evaluator.cpp)."""
@@ -19,7 +19,9 @@ class Model(nn.Module):
     def forward(self, x):
         self.calls += 1
         if self.calls <= SLOW_CALLS:
-            time.sleep(0.005)
+            until = time.perf_counter() + 0.005
+            while time.perf_counter() < until:
+                pass
         return x * 2.0
 
 
