@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <thread>
@@ -461,96 +463,93 @@ namespace {
 
 // spawn_run_roles without its exception guard: `out` is the caller's, so that roles spawned
 // before a throw are told to exit.
-result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, const config& cfg,
-                                       const fs::path& run_dir, bool resume, const clock& clk, logger& log) {
-  auto guard = [&](crucible::error e) -> result<run_roles> {
-    exit_all(out.actors);
-    return e;
-  };
-  // Where to start from.
-  // The task suite first: a wrong tasks.suite is named before anything is made. The run then
-  // goes on with the sources it started with.
-  auto suite = load_task_catalog(cfg);
-  if (!suite.ok())
-    return suite.error();
-  auto tasks = keep_task_sources(run_dir, std::move(*suite), log);
-  if (!tasks.ok())
-    return tasks.error();
+// Where a run starts from: a fresh run's model made (prepare_model), or the latest checkpoint's
+// progress, task samplers and model on resume.
+struct start_point {
   trainer_progress progress;
-  std::vector<std::string> samplers;
-  fs::path model_source = model_dir_of(cfg, run_dir);
-  if (resume) {
-    auto ck = latest_checkpoint(run_dir);
-    if (!ck.ok())
-      return ck.error();
-    auto text = read_file(*ck / "trainer.json");
-    if (!text.ok())
-      return text.error();
-    auto p = trainer_progress::from_json(*text, (*ck / "trainer.json").string());
-    if (!p.ok())
-      return p.error();
-    progress = *p;
-    // Before anything is spawned: a task pool that changed since the pause is named here.
-    auto states = load_sampler_states(*ck, **tasks, log);
-    if (!states.ok())
-      return states.error();
-    samplers = std::move(*states);
-    // A resumed run may meet a smaller machine, or a --set that no longer fits.
-    if (auto r = check_memory_here(cfg); !r)
+  std::vector<std::string> samplers; // the task samplers' states (resume)
+  fs::path checkpoint;               // "" for a fresh run
+  fs::path model_source;             // where the engine loads from when it does not share the learner's weights
+};
+
+result<start_point> find_start(const config& cfg, const fs::path& run_dir, bool resume, const task_catalog& tasks,
+                               logger& log) {
+  start_point at;
+  at.model_source = model_dir_of(cfg, run_dir);
+  if (!resume) {
+    if (auto r = prepare_model(cfg, run_dir, log); !r)
       return r.error();
-    out.checkpoint = *ck;
-    model_source = *ck / "learner" / "model";
-    log.info(component, "resuming from ", ck->string(), " (", stage_name(progress.stage), " step ", progress.stage_step,
-             ", run step ", progress.step, ")");
-  } else if (auto r = prepare_model(cfg, run_dir, log); !r) {
-    return r.error();
+    return at;
   }
-  const auto model_dir = model_dir_of(cfg, run_dir);
-  auto tok = policy::tokenizer::load(model_dir);
-  if (!tok.ok())
-    return fail(tok.error().code, "model tokenizer: ", tok.error().message);
-  auto tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
+  auto ck = latest_checkpoint(run_dir);
+  if (!ck.ok())
+    return ck.error();
+  auto text = read_file(*ck / "trainer.json");
+  if (!text.ok())
+    return text.error();
+  auto p = trainer_progress::from_json(*text, (*ck / "trainer.json").string());
+  if (!p.ok())
+    return p.error();
+  at.progress = *p;
+  // Before anything is spawned: a task pool that changed since the pause is named here.
+  auto states = load_sampler_states(*ck, tasks, log);
+  if (!states.ok())
+    return states.error();
+  at.samplers = std::move(*states);
+  // A resumed run may meet a smaller machine, or a --set that no longer fits.
+  if (auto r = check_memory_here(cfg); !r)
+    return r.error();
+  at.checkpoint = *ck;
+  at.model_source = *ck / "learner" / "model";
+  log.info(component, "resuming from ", ck->string(), " (", stage_name(at.progress.stage), " step ",
+           at.progress.stage_step, ", run step ", at.progress.step, ")");
+  return at;
+}
 
-  out.tasks = (*tasks)->size();
-  auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks, cfg.tasks.seed_exclude);
-  if (!seeds.ok())
-    return seeds.error();
-  out.seeds = seeds->size();
-
-  // Evaluators, one per device, behind the pool.
+// One evaluator actor per evaluator.devices entry (each added to `actors`).
+result<std::vector<evaluator_actor>> spawn_evaluators(caf::actor_system& sys, const config& cfg,
+                                                      std::shared_ptr<const task_catalog> tasks, logger& log,
+                                                      std::vector<caf::actor>& actors) {
   auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, cfg.evaluator.devices, log,
                                           env::verdict_cache_use::configured);
   if (!made.ok())
-    return guard(made.error());
+    return made.error();
   std::vector<evaluator_actor> evaluators;
   for (std::size_t i = 0; i < cfg.evaluator.devices.size(); ++i) {
     const auto& device = cfg.evaluator.devices[i];
     std::shared_ptr<env::device_evaluator> shared(std::move((*made)[i]));
     device_info info{static_cast<std::uint32_t>(i), shared->hardware(), hardware_kind_of(device, shared->hardware()), 0};
-    auto ev = spawn_evaluator(sys, evaluator_deps{shared, *tasks, info, cfg.evaluator.concurrency});
-    out.actors.push_back(caf::actor_cast<caf::actor>(ev));
+    auto ev = spawn_evaluator(sys, evaluator_deps{shared, tasks, info, cfg.evaluator.concurrency});
+    actors.push_back(caf::actor_cast<caf::actor>(ev));
     evaluators.push_back(ev);
   }
-  auto pool = spawn_evaluator_pool(sys, evaluators, evaluator_pool_options::from(cfg));
-  out.actors.push_back(caf::actor_cast<caf::actor>(pool));
-  out.pool = pool;
-  out.catalog = *tasks;
+  return evaluators;
+}
 
-  // The learner (restored on resume), then the engine: with model.handoff `memory` the engine's
-  // model is built from the learner's weights (policy/weight_handoff.hpp).
+// The run's learners: one, or one per learner.devices entry formed into a data-parallel group;
+// restored from the checkpoint on resume (`version` is then the restored policy version).
+struct learner_set {
+  std::unique_ptr<policy::learner> single;             // one learner (learner.devices has one entry)
+  std::vector<std::shared_ptr<policy::learner>> ranks; // data parallel: every rank, 0 first
+  learner_ranks group;                                 // data parallel: the formed group
+  policy::learner& first() { return ranks.empty() ? *single : *ranks.front(); }
+};
+
+result<learner_set> make_learners(const config& cfg, const fs::path& model_dir, const fs::path& checkpoint,
+                                  std::uint64_t& version, logger& log) {
   policy::load_options lopt;
   try {
     lopt.device = torch::Device(cfg.model.device);
   } catch (const std::exception&) {
-    return guard(fail(errc::config, "model.device: '", cfg.model.device, "' is not a device (cpu, cuda:N)"));
+    return fail(errc::config, "model.device: '", cfg.model.device, "' is not a device (cpu, cuda:N)");
   }
   if (lopt.device.is_cuda() && !torch::cuda::is_available())
-    return guard(fail(errc::config, "model.device: ", cfg.model.device, ": no CUDA device is available"));
+    return fail(errc::config, "model.device: ", cfg.model.device, ": no CUDA device is available");
   // The policy loads in the dtype it trains in (no float32 copy of a 7B model on the way); the
   // KL reference stays float32.
   auto learner_dtype = policy::parse_torch_dtype(cfg.learner.dtype);
   if (!learner_dtype.ok())
-    return guard(fail(errc::config, "learner.dtype: ", learner_dtype.error().message));
+    return fail(errc::config, "learner.dtype: ", learner_dtype.error().message);
   lopt.dtype = *learner_dtype;
   // One learner on `opt.device` (each data-parallel rank loads its own copy onto its device).
   auto make_learner = [&](const policy::load_options& opt) -> result<std::unique_ptr<policy::learner>> {
@@ -570,77 +569,200 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   };
   auto learner = make_learner(lopt);
   if (!learner.ok())
-    return guard(learner.error());
+    return learner.error();
+  const bool resume = !checkpoint.empty();
+  learner_set out;
   // Data parallel (learner.devices): ranks 1.. on their devices, the group formed and a resumed
   // checkpoint restored on every rank before the engine is built from rank 0's weights.
-  std::vector<std::shared_ptr<policy::learner>> ranks;
-  learner_ranks group;
   auto restore_began = std::chrono::steady_clock::now(); // the restore's time, logged on resume
   if (cfg.learner.devices.size() > 1) {
-    ranks.push_back(std::shared_ptr<policy::learner>(std::move(*learner)));
+    out.ranks.push_back(std::shared_ptr<policy::learner>(std::move(*learner)));
     for (std::size_t r = 1; r < cfg.learner.devices.size(); ++r) {
       const auto& device = cfg.learner.devices[r];
       auto ropt = lopt;
       ropt.device = torch::Device(device);
       if (ropt.device.is_cuda() && ropt.device.index() >= static_cast<int>(torch::cuda::device_count()))
-        return guard(fail(errc::config, "learner.devices[", std::to_string(r), "]: ", device, ": no such CUDA device (",
-                          std::to_string(torch::cuda::device_count()), " visible)"));
+        return fail(errc::config, "learner.devices[", std::to_string(r), "]: ", device, ": no such CUDA device (",
+                    std::to_string(torch::cuda::device_count()), " visible)");
       auto l = make_learner(ropt);
       if (!l.ok())
-        return guard(fail(l.error().code, "learner.devices[", std::to_string(r), "] ", device, ": ", l.error().message));
-      ranks.push_back(std::shared_ptr<policy::learner>(std::move(*l)));
+        return fail(l.error().code, "learner.devices[", std::to_string(r), "] ", device, ": ", l.error().message);
+      out.ranks.push_back(std::shared_ptr<policy::learner>(std::move(*l)));
     }
     restore_began = std::chrono::steady_clock::now(); // forming the group and restoring every rank
-    auto formed = form_learner_group(cfg, ranks, resume ? out.checkpoint / "learner" : fs::path{}, log);
+    auto formed = form_learner_group(cfg, out.ranks, resume ? checkpoint / "learner" : fs::path{}, log);
     if (!formed.ok())
-      return guard(formed.error());
-    group = std::move(*formed);
+      return formed.error();
+    out.group = std::move(*formed);
     if (resume)
-      progress.version = group.restored.version;
-    log.info(component, "learner: ", ranks.size(), " data-parallel ranks (", group.backend, ") on ",
+      version = out.group.restored.version;
+    log.info(component, "learner: ", out.ranks.size(), " data-parallel ranks (", out.group.backend, ") on ",
              join_devices(cfg.learner.devices), cfg.learner.zero1 ? ", ZeRO-1" : "");
-  } else if (resume) {
-    auto info = policy::load_checkpoint(**learner, out.checkpoint / "learner");
-    if (!info.ok())
-      return guard(info.error());
-    progress.version = info->version;
+  } else {
+    out.single = std::move(*learner);
+    if (resume) {
+      auto info = policy::load_checkpoint(*out.single, checkpoint / "learner");
+      if (!info.ok())
+        return info.error();
+      version = info->version;
+    }
   }
   if (resume)
-    log.info(component, "learner restored from ", (out.checkpoint / "learner").string(),
-             ranks.empty() ? "" : " on " + std::to_string(ranks.size()) + " ranks", ": ",
-             static_cast<double>(directory_bytes(out.checkpoint / "learner")) / 1e9, " GB in ",
+    log.info(component, "learner restored from ", (checkpoint / "learner").string(),
+             out.ranks.empty() ? "" : " on " + std::to_string(out.ranks.size()) + " ranks", ": ",
+             static_cast<double>(directory_bytes(checkpoint / "learner")) / 1e9, " GB in ",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - restore_began).count(), " s");
+  return out;
+}
 
-  policy::engine_options eopt;
-  eopt.device = cfg.model.device;
-  eopt.dtype = cfg.model.engine_dtype;
-  std::unique_ptr<policy::engine> eng;
-  std::shared_ptr<policy::weight_handoff> handoff;
+// The engine: with model.handoff `memory` built from the first learner's weights
+// (policy/weight_handoff.hpp), else loaded from `model_source`. It serves policy `version`.
+struct engine_parts {
+  std::unique_ptr<policy::engine> engine;
+  std::shared_ptr<policy::weight_handoff> handoff; // model.handoff `memory`
+  policy::engine_options options;
+};
+
+result<engine_parts> make_engine(const config& cfg, policy::learner& first, const fs::path& model_source,
+                                 std::uint64_t version, logger& log) {
+  engine_parts out;
+  out.options.device = cfg.model.device;
+  out.options.dtype = cfg.model.engine_dtype;
   if (cfg.model.handoff == "memory") {
-    auto& rank0 = ranks.empty() ? **learner : *ranks.front();
-    auto h = policy::weight_handoff::create(rank0.model(), cfg.model.engine_dtype, progress.version);
+    auto h = policy::weight_handoff::create(first.model(), cfg.model.engine_dtype, version);
     if (!h.ok())
-      return guard(fail(h.error().code, "engine: ", h.error().message));
-    handoff = std::move(*h);
-    eng = std::make_unique<policy::engine>(handoff->engine_model(), eopt);
-    const auto& hs = handoff->stats();
+      return fail(h.error().code, "engine: ", h.error().message);
+    out.handoff = std::move(*h);
+    out.engine = std::make_unique<policy::engine>(out.handoff->engine_model(), out.options);
+    const auto& hs = out.handoff->stats();
     log.info(component, "engine on ", cfg.model.device, ": ", hs.tensors_shared, " tensors (",
              static_cast<double>(hs.shared_bytes) / 1e9, " GB) shared with the learner, ", hs.tensors_own, " its own (",
              static_cast<double>(hs.own_bytes) / 1e9, " GB), ", static_cast<double>(hs.staged_bytes) / 1e9,
              " GB handed over per version");
   } else {
-    auto loaded = policy::engine::load(model_source, eopt);
+    auto loaded = policy::engine::load(model_source, out.options);
     if (!loaded.ok())
-      return guard(fail(loaded.error().code, "engine: ", loaded.error().message));
-    eng = std::move(*loaded);
+      return fail(loaded.error().code, "engine: ", loaded.error().message);
+    out.engine = std::move(*loaded);
   }
   // On resume the engine serves the checkpoint's weights: it says so, or the rollouts would stamp
   // their samples version 0 and the trainer would drop them all as stale.
-  eng->set_policy_version(progress.version);
+  out.engine->set_policy_version(version);
+  return out;
+}
+
+// The learner's actors: one, or one per rank (rank 0 publishes to the engine) behind a group
+// actor, the trainer's one handle. Each is added to `actors`.
+result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, learner_set& learners,
+                                     engine_actor engine, const learner_actor_spec& spec,
+                                     std::function<result<void>(std::uint64_t)> stage, std::vector<caf::actor>& actors) {
+  if (learners.ranks.empty()) {
+    learner_actor_deps deps{std::shared_ptr<policy::learner>(std::move(learners.single)), {engine}, std::move(stage)};
+    auto a = spawn_learner_actor(sys, std::move(deps), spec);
+    if (!a.ok())
+      return a.error();
+    actors.push_back(caf::actor_cast<caf::actor>(*a));
+    return *a;
+  }
+  std::vector<learner_actor> rank_actors;
+  for (std::size_t r = 0; r < learners.ranks.size(); ++r) {
+    auto rspec = spec;
+    rspec.rank = static_cast<int>(r);
+    rspec.world_size = static_cast<int>(learners.ranks.size());
+    rspec.backend = learners.group.backend;
+    rspec.group = learners.group.inproc;
+    rspec.nccl_id_hex = learners.group.nccl_id_hex;
+    rspec.timeout_s = cfg.learner.collective_timeout_s;
+    const auto device = torch::Device(cfg.learner.devices[r]);
+    rspec.device = device.is_cuda() ? device.index() : 0;
+    learner_actor_deps deps{learners.ranks[r], {}, {}};
+    if (r == 0) {
+      deps.engines = {engine};
+      deps.stage_weights = stage;
+    } else {
+      rspec.publish_dir.clear();
+    }
+    auto a = spawn_learner_actor(sys, std::move(deps), std::move(rspec));
+    if (!a.ok())
+      return fail(a.error().code, "learner rank ", std::to_string(r), ": ", a.error().message);
+    actors.push_back(caf::actor_cast<caf::actor>(*a));
+    rank_actors.push_back(*a);
+  }
+  auto group = spawn_learner_group(sys, std::move(rank_actors));
+  if (!group.ok())
+    return group.error();
+  actors.push_back(caf::actor_cast<caf::actor>(*group));
+  return *group;
+}
+
+// The status a run starts from: its progress so far (zero for a fresh run).
+run_status initial_status(const trainer_progress& progress) {
+  run_status s;
+  s.stage = stage_name(progress.stage);
+  s.step = progress.step;
+  s.policy_version = policy_version{progress.version};
+  s.variants = progress.variants;
+  s.best_speedup = progress.best_speedup;
+  s.mean_speedup = progress.correct ? progress.speedup_sum / progress.correct : std::numeric_limits<double>::quiet_NaN();
+  s.dropped_stale = progress.dropped_stale;
+  s.discarded = progress.discarded;
+  s.unfinished = progress.unfinished;
+  return s;
+}
+
+// The composition root: each part made by the functions above, then wired. A failure after the
+// first actor is spawned stops every actor spawned so far.
+result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, const config& cfg,
+                                       const fs::path& run_dir, bool resume, const clock& clk, logger& log) {
+  auto guard = [&](crucible::error e) -> result<run_roles> {
+    exit_all(out.actors);
+    return e;
+  };
+  // The task suite first: a wrong tasks.suite is named before anything is made. The run then
+  // goes on with the sources it started with.
+  auto suite = load_task_catalog(cfg);
+  if (!suite.ok())
+    return suite.error();
+  auto tasks = keep_task_sources(run_dir, std::move(*suite), log);
+  if (!tasks.ok())
+    return tasks.error();
+  auto start = find_start(cfg, run_dir, resume, **tasks, log);
+  if (!start.ok())
+    return start.error();
+  out.checkpoint = start->checkpoint;
+  trainer_progress& progress = start->progress;
+  const auto model_dir = model_dir_of(cfg, run_dir);
+  auto tok = policy::tokenizer::load(model_dir);
+  if (!tok.ok())
+    return fail(tok.error().code, "model tokenizer: ", tok.error().message);
+  auto tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
+  auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks, cfg.tasks.seed_exclude);
+  if (!seeds.ok())
+    return seeds.error();
+  out.tasks = (*tasks)->size();
+  out.seeds = seeds->size();
+  out.catalog = *tasks;
+
+  auto evaluators = spawn_evaluators(sys, cfg, *tasks, log, out.actors);
+  if (!evaluators.ok())
+    return guard(evaluators.error());
+  out.pool = spawn_evaluator_pool(sys, *evaluators, evaluator_pool_options::from(cfg));
+  out.actors.push_back(caf::actor_cast<caf::actor>(out.pool));
+
+  // The learners first (restored on resume): with model.handoff `memory` the engine's model is
+  // built from their weights.
+  auto learners = make_learners(cfg, model_dir, out.checkpoint, progress.version, log);
+  if (!learners.ok())
+    return guard(learners.error());
+  auto parts = make_engine(cfg, learners->first(), start->model_source, progress.version, log);
+  if (!parts.ok())
+    return guard(parts.error());
+  auto handoff = parts->handoff;
   auto engine_opts = engine_actor_options::from(cfg);
-  engine_opts.load = eopt;
+  engine_opts.load = parts->options;
   weight_receiver receive;
-  if (handoff)
+  std::function<result<void>(std::uint64_t)> stage;
+  if (handoff) {
     receive = [handoff](policy::engine& e, const weights_published&) -> result<void> {
       auto v = handoff->install();
       if (!v.ok())
@@ -648,7 +770,9 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
       e.set_policy_version(*v);
       return {};
     };
-  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(eng)), tokenizer, receive},
+    stage = [handoff](std::uint64_t version) { return handoff->stage(version); };
+  }
+  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(parts->engine)), tokenizer, receive},
                                    engine_opts);
   if (!engine.ok())
     return guard(engine.error());
@@ -657,50 +781,12 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   learner_actor_spec spec;
   if (!handoff)
     spec.publish_dir = run_dir / "policy";
-  spec.tokenizer_dir = model_dir_of(cfg, run_dir);
+  spec.tokenizer_dir = model_dir;
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
-  std::function<result<void>(std::uint64_t)> stage;
-  if (handoff)
-    stage = [handoff](std::uint64_t version) { return handoff->stage(version); };
-  result<learner_actor> learner_handle = fail(errc::invalid_arg, "no learner");
-  if (ranks.empty()) {
-    learner_actor_deps ldeps{std::shared_ptr<policy::learner>(std::move(*learner)), {*engine}, std::move(stage)};
-    learner_handle = spawn_learner_actor(sys, std::move(ldeps), spec);
-    if (!learner_handle.ok())
-      return guard(learner_handle.error());
-    out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));
-  } else {
-    // One actor per rank (rank 0 publishes to the engine), one handle for the trainer in front.
-    std::vector<learner_actor> rank_actors;
-    for (std::size_t r = 0; r < ranks.size(); ++r) {
-      auto rspec = spec;
-      rspec.rank = static_cast<int>(r);
-      rspec.world_size = static_cast<int>(ranks.size());
-      rspec.backend = group.backend;
-      rspec.group = group.inproc;
-      rspec.nccl_id_hex = group.nccl_id_hex;
-      rspec.timeout_s = cfg.learner.collective_timeout_s;
-      const auto device = torch::Device(cfg.learner.devices[r]);
-      rspec.device = device.is_cuda() ? device.index() : 0;
-      learner_actor_deps ldeps{ranks[r], {}, {}};
-      if (r == 0) {
-        ldeps.engines = {*engine};
-        ldeps.stage_weights = stage;
-      } else {
-        rspec.publish_dir.clear();
-      }
-      auto a = spawn_learner_actor(sys, std::move(ldeps), std::move(rspec));
-      if (!a.ok())
-        return guard(fail(a.error().code, "learner rank ", std::to_string(r), ": ", a.error().message));
-      out.actors.push_back(caf::actor_cast<caf::actor>(*a));
-      rank_actors.push_back(*a);
-    }
-    learner_handle = spawn_learner_group(sys, std::move(rank_actors));
-    if (!learner_handle.ok())
-      return guard(learner_handle.error());
-    out.actors.push_back(caf::actor_cast<caf::actor>(*learner_handle));
-  }
+  auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors);
+  if (!learner.ok())
+    return guard(learner.error());
 
   // The prompts and the trainer.
   auto setup = make_prompt_setup(cfg, tokenizer);
@@ -709,9 +795,9 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   trainer_deps td;
   td.cfg = cfg;
   td.run_dir = run_dir;
-  td.learner = *learner_handle;
+  td.learner = *learner;
   td.engine = *engine;
-  td.evaluators = pool;
+  td.evaluators = out.pool;
   td.tasks = *tasks;
   td.seeds = std::move(*seeds);
   td.prompts = *setup;
@@ -719,23 +805,13 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   td.clk = &clk;
   td.log = &log;
   td.progress = progress;
-  td.samplers = std::move(samplers);
+  td.samplers = std::move(start->samplers);
   auto trainer = spawn_trainer(sys, std::move(td));
   if (!trainer.ok())
     return guard(trainer.error());
   out.trainer = *trainer;
   out.actors.push_back(caf::actor_cast<caf::actor>(*trainer));
-
-  out.initial.stage = stage_name(progress.stage);
-  out.initial.step = progress.step;
-  out.initial.policy_version = policy_version{progress.version};
-  out.initial.variants = progress.variants;
-  out.initial.best_speedup = progress.best_speedup;
-  out.initial.mean_speedup =
-    progress.correct ? progress.speedup_sum / progress.correct : std::numeric_limits<double>::quiet_NaN();
-  out.initial.dropped_stale = progress.dropped_stale;
-  out.initial.discarded = progress.discarded;
-  out.initial.unfinished = progress.unfinished;
+  out.initial = initial_status(progress);
   return std::move(out);
 }
 
