@@ -14,7 +14,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "policy/engine.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace crucible {
 

@@ -25,7 +25,7 @@
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "env/verdict_cache.hpp"
-#include "policy/bpe_trainer.hpp"
+#include "text/bpe_trainer.hpp"
 #include "policy/checkpoint.hpp"
 #include "policy/collective.hpp"
 #include "policy/engine.hpp"
@@ -35,7 +35,7 @@
 #include "policy/model_config.hpp"
 #include "policy/runtime.hpp"
 #include "policy/safetensors.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "policy/weight_handoff.hpp"
 
 namespace fs = std::filesystem;

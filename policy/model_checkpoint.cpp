@@ -7,7 +7,7 @@
 #include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 #include <algorithm>
 #include <cstring>

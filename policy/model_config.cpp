@@ -6,7 +6,7 @@
 
 #include "core/file_io.hpp"
 #include "core/json.hpp"
-#include "policy/chat_templates.hpp"
+#include "text/chat_templates.hpp"
 #include "policy/json_input.hpp"
 #include "policy/safetensors.hpp"
 

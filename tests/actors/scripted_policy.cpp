@@ -8,7 +8,7 @@
 #include <cstring>
 #include <span>
 
-#include "policy/bpe_trainer.hpp"
+#include "text/bpe_trainer.hpp"
 #include "policy/model_config.hpp"
 #include "policy/safetensors.hpp"
 

@@ -7,7 +7,7 @@
 
 #include "core/json.hpp"
 #include "policy/engine.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

@@ -7,7 +7,7 @@
 #include "core/json.hpp"
 #include "policy/model_config.hpp"
 #include "policy/safetensors.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

@@ -1,13 +1,13 @@
-// policy/unicode.cpp: property lookups and NFC over the generated tables (UAX #15: canonical
+// text/unicode.cpp: property lookups and NFC over the generated tables (UAX #15: canonical
 // decomposition, canonical ordering, canonical composition; Hangul algorithmically).
-#include "policy/unicode.hpp"
+#include "text/unicode.hpp"
 
 #include <algorithm>
 #include <map>
 #include <vector>
 
 #include "core/utf8.hpp"
-#include "policy/unicode_tables.hpp"
+#include "text/unicode_tables.hpp"
 
 namespace crucible::policy::unicode {
 

@@ -1,14 +1,14 @@
-// policy/tokenizer.cpp: encodes text the way `tokenizers` does: added tokens split out first,
+// text/tokenizer.cpp: encodes text the way `tokenizers` does: added tokens split out first,
 // NFC on the rest, pre-tokenizer pieces, BPE merges by rank on each piece's bytes (through a
 // word cache), post-processor template; and decodes ids back to text.
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 #include <algorithm>
 #include <functional>
 
 #include "core/utf8.hpp"
-#include "policy/tokenizer_impl.hpp"
-#include "policy/unicode.hpp"
+#include "text/tokenizer_impl.hpp"
+#include "text/unicode.hpp"
 
 namespace crucible::policy {
 

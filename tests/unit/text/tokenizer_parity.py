@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face side of the tokenizer parity tests (tests/unit/policy/test_tokenizer_parity.cpp).
+"""Hugging Face side of the tokenizer parity tests (tests/unit/text/test_tokenizer_parity.cpp).
 
     tokenizer_parity.py corpus OUT_FILE
         writes deterministic multilingual text (many scripts, emoji, combining marks) to train on

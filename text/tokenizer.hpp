@@ -1,4 +1,4 @@
-// policy/tokenizer.hpp: byte-level BPE tokenizer read from a Hugging Face tokenizer.json. Text in,
+// text/tokenizer.hpp: byte-level BPE tokenizer read from a Hugging Face tokenizer.json. Text in,
 // token ids out (and back), identical to the `tokenizers` library for the supported families.
 #pragma once
 

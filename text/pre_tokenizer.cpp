@@ -1,13 +1,13 @@
-// policy/pre_tokenizer.cpp: hand-written matchers for the known split regexes. Each function
+// text/pre_tokenizer.cpp: hand-written matchers for the known split regexes. Each function
 // below follows its regex alternative by alternative, in order, at one position: the first
 // alternative that matches wins (leftmost-first), and greedy quantifiers give back characters
 // the way a backtracking engine would.
-#include "policy/pre_tokenizer.hpp"
+#include "text/pre_tokenizer.hpp"
 
 #include <array>
 
 #include "core/utf8.hpp"
-#include "policy/unicode.hpp"
+#include "text/unicode.hpp"
 
 namespace crucible::policy {
 

@@ -1,4 +1,4 @@
-// policy/chat_templates.hpp: chat templates (Jinja source, as tokenizer_config.json holds them)
+// text/chat_templates.hpp: chat templates (Jinja source, as tokenizer_config.json holds them)
 // that crucible writes for the presets of published models. No torch types.
 #pragma once
 

@@ -1,4 +1,4 @@
-// policy/bpe_trainer.hpp: trains a byte-level BPE tokenizer on local text files and writes it
+// text/bpe_trainer.hpp: trains a byte-level BPE tokenizer on local text files and writes it
 // as a Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json), so the
 // quickstart needs no download.
 #pragma once
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "policy/pre_tokenizer.hpp"
+#include "text/pre_tokenizer.hpp"
 
 namespace crucible::policy {
 

@@ -1,9 +1,9 @@
-// policy/bpe_trainer.cpp: corpus text -> word counts -> merges -> tokenizer.json. The merge loop
+// text/bpe_trainer.cpp: corpus text -> word counts -> merges -> tokenizer.json. The merge loop
 // mirrors `tokenizers`' BpeTrainer (models/bpe/trainer.rs) step for step, so that both learn
 // the same merges from the same corpus: a max-heap of (count, pair) entries that are refreshed
 // lazily when popped with a stale count, and per-word merges that report the pair-count
 // changes they cause.
-#include "policy/bpe_trainer.hpp"
+#include "text/bpe_trainer.hpp"
 
 #include <algorithm>
 #include <array>
@@ -13,7 +13,7 @@
 #include "core/json.hpp"
 #include "core/string_map.hpp"
 #include "core/utf8.hpp"
-#include "policy/unicode.hpp"
+#include "text/unicode.hpp"
 
 namespace crucible::policy {
 

@@ -1,4 +1,4 @@
-// tests/unit/policy/test_tokenizer_parity.cpp: crucible's tokenizer and trainer against Hugging
+// tests/unit/text/test_tokenizer_parity.cpp: crucible's tokenizer and trainer against Hugging
 // Face `tokenizers` (run through tokenizer_parity.py with the build's Python): the same ids for
 // over a thousand strings of code, whitespace runs, non-ASCII text and embedded special tokens,
 // the same decoded bytes, and the same learned merges.
@@ -13,8 +13,8 @@
 
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
-#include "policy/bpe_trainer.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/tokenizer.hpp"
 #include "tests/integration/process.hpp"
 
 namespace fs = std::filesystem;
@@ -24,7 +24,7 @@ using crucible::policy::tokenizer;
 namespace {
 
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
-const std::string helper = (source_dir / "tests/unit/policy/tokenizer_parity.py").string();
+const std::string helper = (source_dir / "tests/unit/text/tokenizer_parity.py").string();
 
 // A scratch directory shared by the test cases of this process, with the training corpus: the
 // repository's own sources plus generated multilingual text.
@@ -41,7 +41,7 @@ struct fixture {
     if (r.exit_code != 0)
       FAIL("tokenizer_parity.py corpus failed: " << r.err);
     const std::set<std::string> exts = {".cpp", ".hpp", ".py", ".md", ".sh", ".txt", ".yaml", ".cu"};
-    for (const char* top : {"core", "jinja", "policy", "env", "storage", "tools", "docs", "configs"}) {
+    for (const char* top : {"core", "jinja", "text", "policy", "env", "storage", "tools", "docs", "configs"}) {
       if (!fs::exists(source_dir / top))
         continue;
       for (const auto& e : fs::recursive_directory_iterator(source_dir / top))

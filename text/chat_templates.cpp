@@ -1,7 +1,7 @@
-// policy/chat_templates.cpp: data, the chat templates crucible writes into tokenizer_config.json
+// text/chat_templates.cpp: data, the chat templates crucible writes into tokenizer_config.json
 // for presets of published models (tests/unit/policy/test_model_config.cpp checks each against
 // its copy under tests/unit/jinja/chat_templates/, which test_jinja renders against transformers).
-#include "policy/chat_templates.hpp"
+#include "text/chat_templates.hpp"
 
 namespace crucible::policy {
 

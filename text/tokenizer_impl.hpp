@@ -1,5 +1,5 @@
-// policy/tokenizer_impl.hpp: the tables behind policy::tokenizer, shared by its loader
-// (tokenizer_load.cpp) and its encoder (tokenizer.cpp). Internal to policy/.
+// text/tokenizer_impl.hpp: the tables behind policy::tokenizer, shared by its loader
+// (tokenizer_load.cpp) and its encoder (tokenizer.cpp). Internal to text/.
 #pragma once
 
 #include <algorithm>
@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "core/string_map.hpp"
-#include "policy/pre_tokenizer.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/pre_tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace crucible::policy::detail {
 

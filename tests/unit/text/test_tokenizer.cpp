@@ -1,4 +1,4 @@
-// tests/unit/policy/test_tokenizer.cpp: the tokenizer on small hand-written tokenizer.json files:
+// tests/unit/text/test_tokenizer.cpp: the tokenizer on small hand-written tokenizer.json files:
 // pre-tokenizer pieces, NFC, BPE merges, added tokens, post-processor, decoding, the errors for
 // malformed or unsupported files, the trainer's options and output, concurrency and speed.
 #include <doctest/doctest.h>
@@ -15,10 +15,10 @@
 #include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
-#include "policy/bpe_trainer.hpp"
-#include "policy/pre_tokenizer.hpp"
-#include "policy/tokenizer.hpp"
-#include "policy/unicode.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/pre_tokenizer.hpp"
+#include "text/tokenizer.hpp"
+#include "text/unicode.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -349,7 +349,7 @@ TEST_CASE("concurrent encode calls agree with a single thread") {
   o.vocab_size = 1000;
   policy::bpe_trainer trainer{o};
   std::string corpus;
-  for (const char* f : {"policy/tokenizer.cpp", "policy/bpe_trainer.cpp", "core/json_parse.cpp"}) {
+  for (const char* f : {"text/tokenizer.cpp", "text/bpe_trainer.cpp", "core/json_parse.cpp"}) {
     auto text = read_file(fs::path{CRUCIBLE_SOURCE_DIR} / f);
     REQUIRE(text.ok());
     corpus += *text;
@@ -416,7 +416,7 @@ TEST_CASE("a 150k-merge tokenizer.json loads, and megabytes of code encode, in w
   CHECK(t->vocab_size() == 150276);
 
   std::string code;
-  for (const char* f : {"policy/tokenizer.cpp", "policy/bpe_trainer.cpp", "core/json_parse.cpp", "policy/pre_tokenizer.cpp",
+  for (const char* f : {"text/tokenizer.cpp", "text/bpe_trainer.cpp", "core/json_parse.cpp", "text/pre_tokenizer.cpp",
                         "tools/crucible/cmd_tokenizer.cpp", "README.md"}) {
     auto text = read_file(fs::path{CRUCIBLE_SOURCE_DIR} / f);
     REQUIRE(text.ok());

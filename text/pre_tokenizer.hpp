@@ -1,4 +1,4 @@
-// policy/pre_tokenizer.hpp: the pieces of byte-level BPE that the tokenizer and the trainer share:
+// text/pre_tokenizer.hpp: the pieces of byte-level BPE that the tokenizer and the trainer share:
 // the known split patterns as hand-written matchers, and GPT-2's byte <-> character alphabet.
 #pragma once
 

@@ -1,12 +1,12 @@
-// policy/tokenizer_load.cpp: tokenizer.json and tokenizer_config.json into the tables of
+// text/tokenizer_load.cpp: tokenizer.json and tokenizer_config.json into the tables of
 // tokenizer::impl, checking every key it reads and refusing what it cannot reproduce exactly.
 #include <algorithm>
 #include <tuple>
 
 #include "core/file_io.hpp"
 #include "core/json_parse.hpp"
-#include "policy/tokenizer_impl.hpp"
-#include "policy/unicode.hpp"
+#include "text/tokenizer_impl.hpp"
+#include "text/unicode.hpp"
 
 namespace crucible::policy {
 

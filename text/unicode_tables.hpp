@@ -1,6 +1,6 @@
-// policy/unicode_tables.hpp: the raw Unicode tables generated into policy/unicode_tables.cpp
-// by tools/gen_unicode_tables.py. Only policy/unicode.cpp reads them; everything else uses the
-// lookups of policy/unicode.hpp.
+// text/unicode_tables.hpp: the raw Unicode tables generated into text/unicode_tables.cpp
+// by tools/gen_unicode_tables.py. Only text/unicode.cpp reads them; everything else uses the
+// lookups of text/unicode.hpp.
 #pragma once
 
 #include <cstddef>

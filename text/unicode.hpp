@@ -1,5 +1,5 @@
-// policy/unicode.hpp: the Unicode properties and the NFC normalization that the tokenizer's
-// pre-tokenizers and normalizer need, from the tables of policy/unicode_tables.cpp.
+// text/unicode.hpp: the Unicode properties and the NFC normalization that the tokenizer's
+// pre-tokenizers and normalizer need, from the tables of text/unicode_tables.cpp.
 #pragma once
 
 #include <cstdint>
