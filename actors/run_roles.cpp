@@ -26,17 +26,17 @@
 #include "env/task.hpp"
 #include "env/verdict_cache.hpp"
 #include "text/bpe_trainer.hpp"
-#include "policy/checkpoint.hpp"
-#include "policy/collective.hpp"
-#include "policy/engine.hpp"
-#include "policy/learner.hpp"
+#include "policy/training/checkpoint.hpp"
+#include "policy/distributed/collective.hpp"
+#include "policy/model/engine.hpp"
+#include "policy/training/learner.hpp"
 #include "policy/memory_plan.hpp"
-#include "policy/model.hpp"
-#include "policy/model_config.hpp"
+#include "policy/model/model.hpp"
+#include "policy/model/model_config.hpp"
 #include "policy/runtime.hpp"
-#include "policy/safetensors.hpp"
+#include "policy/model/safetensors.hpp"
 #include "text/tokenizer.hpp"
-#include "policy/weight_handoff.hpp"
+#include "policy/distributed/weight_handoff.hpp"
 
 namespace fs = std::filesystem;
 
@@ -537,7 +537,7 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   out.catalog = *tasks;
 
   // The learner (restored on resume), then the engine: with model.handoff `memory` the engine's
-  // model is built from the learner's weights (policy/weight_handoff.hpp).
+  // model is built from the learner's weights (policy/distributed/weight_handoff.hpp).
   policy::load_options lopt;
   try {
     lopt.device = torch::Device(cfg.model.device);

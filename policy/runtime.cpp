@@ -20,8 +20,8 @@
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
 
-#  include "policy/decode_layers.hpp"
-#  include "policy/kernels.hpp"
+#  include "policy/kernels/decode_layers.hpp"
+#  include "policy/kernels/kernels.hpp"
 #endif
 
 namespace crucible::policy {

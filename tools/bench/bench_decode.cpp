@@ -65,7 +65,7 @@
 #include <vector>
 
 #include "core/json.hpp"
-#include "policy/engine.hpp"
+#include "policy/model/engine.hpp"
 #include "policy/runtime.hpp"
 
 namespace fs = std::filesystem;

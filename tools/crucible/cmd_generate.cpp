@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "core/json.hpp"
-#include "policy/engine.hpp"
+#include "policy/model/engine.hpp"
 #include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 

@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "core/json.hpp"
-#include "policy/model_config.hpp"
-#include "policy/safetensors.hpp"
+#include "policy/model/model_config.hpp"
+#include "policy/model/safetensors.hpp"
 #include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 

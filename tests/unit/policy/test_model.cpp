@@ -12,7 +12,7 @@
 #include "core/json_parse.hpp"
 #include "text/bpe_trainer.hpp"
 #include "text/chat_templates.hpp"
-#include "policy/model.hpp"
+#include "policy/model/model.hpp"
 #include "text/tokenizer.hpp"
 #include "policy_test_util.hpp"
 
