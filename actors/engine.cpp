@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "actors/actor_config.hpp"
-#include "policy/model_config.hpp"
+#include "policy/model/model_config.hpp"
 
 namespace crucible {
 

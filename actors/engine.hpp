@@ -13,8 +13,8 @@
 #include "actors/interfaces.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "policy/engine.hpp"
-#include "policy/tokenizer.hpp"
+#include "policy/model/engine.hpp"
+#include "text/tokenizer.hpp"
 
 namespace crucible {
 
@@ -42,11 +42,11 @@ struct engine_actor_options {
   result<void> validate() const;
 };
 
-/// Receives announced weights into the engine's model in place (policy/weight_sync provides
-/// one: an NCCL broadcast from the learners). Called on the runner's thread between engine
-/// calls, so nothing else uses the engine meanwhile. On success the engine serves the
-/// announced version, or a newer one the receiver set on the engine (policy::weight_handoff
-/// installs the newest version staged); on error it keeps the version it had.
+/// Receives announced weights into the engine's model in place (policy/distributed/weight_sync
+/// provides one: an NCCL broadcast from the learners). Called on the runner's thread between engine
+/// calls, so nothing else uses the engine meanwhile. On success the engine serves the announced
+/// version, or a newer one the receiver set on the engine (policy::weight_handoff installs the
+/// newest version staged); on error it keeps the version it had.
 using weight_receiver = std::function<result<void>(policy::engine&, const weights_published&)>;
 
 /// What an engine actor owns.

@@ -187,8 +187,8 @@ using learner_actor = caf::typed_actor<
   // Starts the optimiser's moments afresh for a new training stage (policy::learner::
   // reset_moments); the updates after it use them. Every rank must get it, like the batches.
   caf::reacts_to<reset_atom>,
-  // Writes the learner's checkpoint into the directory (policy/checkpoint.hpp; collective);
-  // replies with its version.
+  // Writes the learner's checkpoint into the directory (policy/training/checkpoint.hpp;
+  // collective); replies with its version.
   caf::replies_to<save_atom, std::string>::with<policy_version>>;
 
 /// Runs a run's stage schedule one step at a time for the coordinator (actors/trainer.hpp).

@@ -12,10 +12,10 @@
 #include <utility>
 
 #include "actors/actor_config.hpp"
-#include "policy/checkpoint.hpp"
-#include "policy/collective.hpp"
-#include "policy/learner.hpp"
-#include "policy/model.hpp"
+#include "policy/training/checkpoint.hpp"
+#include "policy/distributed/collective.hpp"
+#include "policy/training/learner.hpp"
+#include "policy/model/model.hpp"
 #include "policy/runtime.hpp"
 
 namespace crucible {

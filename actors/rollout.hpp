@@ -18,7 +18,7 @@
 #include "env/prompt.hpp"
 #include "env/response_parser.hpp"
 #include "env/task_sampler.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace crucible {
 

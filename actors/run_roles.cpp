@@ -27,18 +27,18 @@
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "env/verdict_cache.hpp"
-#include "policy/bpe_trainer.hpp"
-#include "policy/checkpoint.hpp"
-#include "policy/collective.hpp"
-#include "policy/engine.hpp"
-#include "policy/learner.hpp"
+#include "text/bpe_trainer.hpp"
+#include "policy/training/checkpoint.hpp"
+#include "policy/distributed/collective.hpp"
+#include "policy/model/engine.hpp"
+#include "policy/training/learner.hpp"
 #include "policy/memory_plan.hpp"
-#include "policy/model.hpp"
-#include "policy/model_config.hpp"
+#include "policy/model/model.hpp"
+#include "policy/model/model_config.hpp"
 #include "policy/runtime.hpp"
-#include "policy/safetensors.hpp"
-#include "policy/tokenizer.hpp"
-#include "policy/weight_handoff.hpp"
+#include "policy/model/safetensors.hpp"
+#include "text/tokenizer.hpp"
+#include "policy/distributed/weight_handoff.hpp"
 
 namespace fs = std::filesystem;
 
@@ -616,7 +616,8 @@ result<learner_set> make_learners(const config& cfg, const fs::path& model_dir, 
 }
 
 // The engine: with model.handoff `memory` built from the first learner's weights
-// (policy/weight_handoff.hpp), else loaded from `model_source`. It serves policy `version`.
+// (policy/distributed/weight_handoff.hpp), else loaded from `model_source`. It serves policy
+// `version`.
 struct engine_parts {
   std::unique_ptr<policy::engine> engine;
   std::shared_ptr<policy::weight_handoff> handoff; // model.handoff `memory`
@@ -750,7 +751,7 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   out.actors.push_back(caf::actor_cast<caf::actor>(out.pool));
 
   // The learners first (restored on resume): with model.handoff `memory` the engine's model is
-  // built from their weights.
+  // built from their weights (policy/distributed/weight_handoff.hpp).
   auto learners = make_learners(cfg, model_dir, out.checkpoint, progress.version, log);
   if (!learners.ok())
     return guard(learners.error());

@@ -22,7 +22,7 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace crucible {
 

@@ -10,7 +10,7 @@ namespace crucible::config_detail {
 
 template <class V>
 void describe_learner(V& v, learner_options& l) {
-  v.section("learner", "GRPO and SFT updates: losses, AdamW, schedule, micro-batching, LoRA (policy/learner.hpp).", [&] {
+  v.section("learner", "GRPO and SFT updates: losses, AdamW, schedule, micro-batching, LoRA (policy/training/learner.hpp).", [&] {
     v.field("lr", l.lr, "Peak learning rate.", positive<double>("a positive number"));
     v.field("beta1", l.beta1, "AdamW's first-moment decay.", below_one());
     v.field("beta2", l.beta2, "AdamW's second-moment decay.", below_one());

@@ -1,6 +1,6 @@
 // core/learner_options.hpp: the `learner:` section of the run configuration (GRPO and SFT
 // losses, AdamW, schedule, micro-batching, LoRA), decoded by core/config.cpp and consumed by
-// policy/learner.hpp. No torch types.
+// policy/training/learner.hpp. No torch types.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@ enum class reward_transform : std::uint8_t {
   normalize_clip, ///< CUDA-L1: (r - mean) / std over the batch, then clipped to [-k, k]
 };
 
-/// How per-token losses become one number (see policy/loss.hpp for the exact formulas).
+/// How per-token losses become one number (see policy/training/loss.hpp for the exact formulas).
 enum class loss_aggregation : std::uint8_t {
   token_mean,    ///< sum over all completion tokens / their count (DAPO)
   sequence_mean, ///< mean over sequences of each sequence's token mean (GRPO)
@@ -78,7 +78,8 @@ struct learner_options {
   std::int64_t lora_rank = 16;
   double lora_alpha = 32.0;
   std::vector<std::string> lora_targets{"q_proj", "k_proj", "v_proj", "o_proj"};
-  // Data parallel and weight sync (policy/data_parallel.hpp, policy/weight_sync.hpp).
+  // Data parallel and weight sync (policy/distributed/data_parallel.hpp,
+  // policy/distributed/weight_sync.hpp).
   /// One data-parallel learner rank per entry ("cpu" or "cuda:N"); the first is model.device, where
   /// rank 0 trains beside the engine. Empty: one learner on model.device. Read by the run
   /// (actors/run_roles.cpp); a policy::learner trains on the device its model is on.

@@ -1,8 +1,9 @@
 // policy/memory_plan.hpp: the GPU memory a run needs, computed from the model's shape and the
 // learner's and engine's settings: bytes per GPU, item by item, against the card's capacity. The
-// items follow what policy/learner.cpp, optimizer.cpp, data_parallel.cpp, model.cpp and engine.cpp
-// allocate; activations are an estimate (the formula is in memory_plan.cpp). No torch types: the
-// plan is arithmetic (`crucible memory-plan`, docs/scaling.md "Memory plan").
+// items follow what policy/'s training/learner.cpp, training/optimizer.cpp,
+// distributed/data_parallel.cpp, model/model.cpp and model/engine.cpp allocate; activations are
+// an estimate (the formula is in memory_plan.cpp). No torch types: the plan is arithmetic
+// (`crucible memory-plan`, docs/scaling.md "Memory plan").
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "policy/model_config.hpp"
+#include "policy/model/model_config.hpp"
 
 namespace crucible {
 struct config; // core/config.hpp

@@ -71,13 +71,6 @@ std::optional<device_memory> memory_stats(std::string_view device);
 /// memory_stats has none).
 void reset_peak_memory(std::string_view device);
 
-/// Copy bandwidth of `device`: the best of `repeats` copies of a `bytes`-byte buffer to another
-/// buffer on the same device, in bytes moved (read plus written, 2 x bytes) per second. CUDA
-/// copies are timed with events on the current stream; CPU copies (one thread) with a steady
-/// clock. Allocates 2 x bytes on the device for the duration. errc::invalid_arg for a bad
-/// device name or size, errc::device when CUDA fails (out of memory included).
-result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats = 5);
-
 /// Turns the one-row projections' single round of weight loads for a long k
 /// (kernels::set_small_gemm_one_round) on, the default, or off for this process, so that a
 /// benchmark can run them side by side. No effect without CUDA.
@@ -131,21 +124,9 @@ void set_decode_layers(bool on);
 /// (kernels::set_decode_layers_prefetch; off by default), for this process. No effect without CUDA.
 void set_decode_layers_prefetch(bool on);
 
-/// One stage of the persistent decoding kernel's layers, timed by its blocks (medians over the
-/// layers after the first): `span_us` from the end of the stage before (its last block) to the
-/// end of this one (its last block); `first_start_us` from that same end to the first block of
-/// this stage starting (how long the counter took to be seen; attention counts only the blocks
-/// with an attention item); `slowest_us` the longest any block spent in the stage.
-struct layer_stage_time {
-  std::string stage;
-  double span_us = 0, first_start_us = 0, slowest_us = 0;
-};
-
-/// Runs `fn`, which decodes at one row on the current CUDA device, with every launch of the
-/// persistent decoding kernel recording its timeline (kernels::set_decode_layers_timeline), and
-/// summarises the last launch's. Errors without CUDA or when no launch ran.
-result<std::vector<layer_stage_time>> time_decode_layers(const std::function<void()>& fn, std::int64_t layers);
-
+/// (The copy bandwidth and the persistent kernel's stage timeline, which only bench_decode uses,
+/// are in tools/bench/bench_timers.hpp.)
+///
 /// One kernel of a one-row decoding layer of five kernels (q/k/v, attention, o, gate/up, down),
 /// timed by its blocks (kernels::set_decode_timeline), as medians over the layers after the first
 /// of the last step. Every time is from the end of the kernel before (its last block's): so

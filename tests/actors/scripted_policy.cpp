@@ -8,9 +8,9 @@
 #include <cstring>
 #include <span>
 
-#include "policy/bpe_trainer.hpp"
-#include "policy/model_config.hpp"
-#include "policy/safetensors.hpp"
+#include "text/bpe_trainer.hpp"
+#include "policy/model/model_config.hpp"
+#include "policy/model/safetensors.hpp"
 
 namespace fs = std::filesystem;
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "policy/tokenizer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace crucible::testing {
 

@@ -14,11 +14,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
-#include "policy/decode_layers.hpp"
-#include "policy/engine.hpp"
-#include "policy/fused.hpp"
-#include "policy/kernels.hpp"
-#include "policy/model.hpp"
+#include "policy/kernels/decode_layers.hpp"
+#include "policy/model/engine.hpp"
+#include "policy/kernels/fused.hpp"
+#include "policy/kernels/kernels.hpp"
+#include "policy/model/model.hpp"
 #include "policy/runtime.hpp"
 #include "../unit/policy/policy_test_util.hpp"
 

@@ -11,9 +11,9 @@
 #include <random>
 #include <thread>
 
-#include "policy/collective.hpp"
-#include "policy/learner.hpp"
-#include "policy/weight_sync.hpp"
+#include "policy/distributed/collective.hpp"
+#include "policy/training/learner.hpp"
+#include "policy/distributed/weight_sync.hpp"
 #include "tests/unit/policy/policy_test_util.hpp"
 
 using namespace crucible;

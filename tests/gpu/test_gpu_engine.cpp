@@ -7,8 +7,8 @@
 
 #include <torch/torch.h>
 
-#include "policy/engine.hpp"
-#include "policy/model.hpp"
+#include "policy/model/engine.hpp"
+#include "policy/model/model.hpp"
 #include "policy/runtime.hpp"
 #include "../unit/policy/policy_test_util.hpp"
 

@@ -1,5 +1,5 @@
-// The learner's fused kernels (policy/train_kernels.cu) and their gradients against float64 and
-// LibTorch; a fused decoding step against the LibTorch step on random tiny models; the engine's
+// The learner's fused kernels (policy/kernels/train_kernels.cu) and their gradients against float64
+// and LibTorch; a fused decoding step against the LibTorch step on random tiny models; the engine's
 // greedy tokens with and without the fused kernels; the batch-1 benchmark of the 0.5b preset.
 #include "gpu_kernels_util.hpp"
 

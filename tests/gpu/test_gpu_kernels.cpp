@@ -1,7 +1,8 @@
-// The fused decoding kernels (policy/kernels.cu, decode_attention.cu through policy/fused.hpp)
-// against the LibTorch ops they replace, kernel by kernel and per dtype: norms, RoPE and the
-// cache write, the attention, silu * up, the small-batch projections, the persistent layers,
-// greedy sampling. The learner's kernels and the whole fused step are in test_gpu_fused_step.cpp.
+// The fused decoding kernels (policy/kernels/kernels.cu, decode_attention.cu through
+// policy/kernels/fused.hpp) against the LibTorch ops they replace, kernel by kernel and per dtype:
+// norms, RoPE and the cache write, the attention, silu * up, the small-batch projections, the
+// persistent layers, greedy sampling. The learner's kernels and the whole fused step are in
+// test_gpu_fused_step.cpp.
 #include "gpu_kernels_util.hpp"
 
 using namespace crucible;

@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "policy/cuda_check.hpp"
+#include "policy/kernels/cuda_check.hpp"
 #include "policy/runtime.hpp"
 
 TEST_CASE("the runtime probe lists every CUDA device with its name and memory") {

@@ -1,7 +1,7 @@
-// The link graph core <- {jinja <- env, policy, storage} <- actors <- tools, checked on the
-// includes: a library may include only the folders below it (jinja, the chat-template engine,
-// sits between core and env only), CAF only in actors/ and tools/, torch only in policy/ (and
-// tests and benchmarks of policy).
+// The link graph core <- {jinja <- env, text <- policy, storage} <- actors <- tools, checked on
+// the includes: a library may include only the folders below it (jinja, the chat-template engine,
+// sits between core and env only; text, the tokenizer, between core and policy), CAF only in
+// actors/ and tools/, torch only in policy/ (and tests and benchmarks of policy).
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -29,10 +29,11 @@ const std::map<std::string, rule>& rules() {
     {"core", {{"core"}, false, false}},
     {"jinja", {{"core", "jinja"}, false, false}},
     {"env", {{"core", "jinja", "env"}, false, false}},
-    {"policy", {{"core", "policy"}, false, true}},
+    {"text", {{"core", "text"}, false, false}},
+    {"policy", {{"core", "text", "policy"}, false, true}},
     {"storage", {{"core", "storage"}, false, false}},
-    {"actors", {{"core", "jinja", "env", "policy", "storage", "actors"}, true, false}},
-    {"tools/crucible", {{"core", "jinja", "env", "policy", "storage", "actors", "tools"}, true, false}},
+    {"actors", {{"core", "jinja", "env", "text", "policy", "storage", "actors"}, true, false}},
+    {"tools/crucible", {{"core", "jinja", "env", "text", "policy", "storage", "actors", "tools"}, true, false}},
   };
   return r;
 }
@@ -69,7 +70,7 @@ std::vector<std::string> violations_in(const fs::path& root, const std::string& 
 
 } // namespace
 
-TEST_CASE("includes follow the layering core <- {jinja <- env, policy, storage} <- actors <- tools") {
+TEST_CASE("includes follow the layering core <- {jinja <- env, text <- policy, storage} <- actors <- tools") {
   fs::path root{CRUCIBLE_SOURCE_DIR};
   std::vector<std::string> all;
   for (const auto& [folder, r] : rules()) {
@@ -106,6 +107,24 @@ TEST_CASE("the layering check keeps jinja between core and env") {
   CHECK(in_jinja[0].find("jinja may not depend on env") != std::string::npos);
   REQUIRE(in_policy.size() == 1);
   CHECK(in_policy[0].find("policy may not depend on jinja") != std::string::npos);
+}
+
+TEST_CASE("the layering check keeps text between core and policy, without torch") {
+  auto tmp = fs::temp_directory_path() / ("crucible-layering-text-" + std::to_string(::getpid()));
+  fs::create_directories(tmp / "text");
+  fs::create_directories(tmp / "env");
+  std::ofstream(tmp / "text" / "bad.cpp") << "#include \"policy/runtime.hpp\"\n#include <torch/torch.h>\n"
+                                          << "#include \"jinja/jinja.hpp\"\n#include \"core/error.hpp\"\n";
+  std::ofstream(tmp / "env" / "bad.cpp") << "#include \"text/tokenizer.hpp\"\n";
+  auto in_text = violations_in(tmp, "text", rules().at("text"));
+  auto in_env = violations_in(tmp, "env", rules().at("env"));
+  fs::remove_all(tmp);
+  REQUIRE(in_text.size() == 3);
+  CHECK(in_text[0].find("text may not depend on policy") != std::string::npos);
+  CHECK(in_text[1].find("torch outside policy/") != std::string::npos);
+  CHECK(in_text[2].find("text may not depend on jinja") != std::string::npos);
+  REQUIRE(in_env.size() == 1);
+  CHECK(in_env[0].find("env may not depend on text") != std::string::npos);
 }
 
 // ctest registers each doctest case by its name (doctest_discover_tests), and CMake splits a name

@@ -48,7 +48,7 @@
 // process ran 1.5-3% faster on an H100 (docs/performance-history.md, "A wide attention kernel
 // and early reads"), so one pass favours it.
 // --layers-timeline makes one more batch-1 call per variant with its blocks stamping the device
-// clock: the persistent kernel's stages (small_layers*, policy::time_decode_layers) or the five
+// clock: the persistent kernel's stages (small_layers*, bench::time_decode_layers) or the five
 // kernels of a layer (other small variants, policy::time_decode_kernels), one JSON line each.
 //
 // Bandwidth bound: a decoding step must read every weight once (the embedding table only as the
@@ -65,8 +65,9 @@
 #include <vector>
 
 #include "core/json.hpp"
-#include "policy/engine.hpp"
+#include "policy/model/engine.hpp"
 #include "policy/runtime.hpp"
+#include "tools/bench/bench_timers.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;
@@ -282,7 +283,7 @@ int run(const bench_options& o) {
     std::fflush(stdout);
   }
 
-  auto bandwidth = policy::copy_bandwidth(o.device, o.copy_bytes);
+  auto bandwidth = bench::copy_bandwidth(o.device, o.copy_bytes);
   if (!bandwidth) {
     std::fprintf(stderr, "bench_decode: %s\n", bandwidth.error().message.c_str());
     return 1;
@@ -459,7 +460,7 @@ int run(const bench_options& o) {
       if (o.layers_timeline && batch == 1 && fused && persistent) {
         // One more call with the persistent kernel's blocks timing its stages (its last step).
         select(variant);
-        auto stages = policy::time_decode_layers([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);
+        auto stages = bench::time_decode_layers([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);
         json_writer t;
         t.begin_object().field("kind", "layers_timeline").field("batch", batch).field("kernels", o.kernels[variant]);
         if (stages) {

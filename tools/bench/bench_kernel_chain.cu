@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "policy/kernel_math.cuh"
+#include "policy/kernels/kernel_math.cuh"
 
 namespace {
 

@@ -45,7 +45,7 @@
 //            (the completions: a prompt token's logits are not needed, and not computed).
 //            --kernels lists the training forward's implementations to time, one line each, in
 //            one process on one model: fused (the output log-softmax, RMSNorm, RoPE and
-//            silu * up kernels of policy/kernels.cu, the default) and libtorch (LibTorch ops).
+//            silu * up kernels of policy/kernels/kernels.cu, the default) and libtorch (LibTorch ops).
 //            --trace FILE profiles one more update (Chrome trace at FILE) and prints one JSON
 //            line with the 200 operators and kernels that took longest in it.
 // sync       weight sync of the whole bf16 model from cuda:0 (learner) to cuda:1 (engine):
@@ -81,11 +81,11 @@
 
 #include "core/file_io.hpp"
 #include "core/json.hpp"
-#include "policy/checkpoint.hpp"
-#include "policy/collective.hpp"
-#include "policy/learner.hpp"
+#include "policy/training/checkpoint.hpp"
+#include "policy/distributed/collective.hpp"
+#include "policy/training/learner.hpp"
 #include "policy/runtime.hpp"
-#include "policy/weight_sync.hpp"
+#include "policy/distributed/weight_sync.hpp"
 
 using namespace crucible;
 using namespace crucible::policy;

@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "core/json.hpp"
-#include "policy/engine.hpp"
-#include "policy/tokenizer.hpp"
+#include "policy/model/engine.hpp"
+#include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

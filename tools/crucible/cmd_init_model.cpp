@@ -5,9 +5,9 @@
 #include <filesystem>
 
 #include "core/json.hpp"
-#include "policy/model_config.hpp"
-#include "policy/safetensors.hpp"
-#include "policy/tokenizer.hpp"
+#include "policy/model/model_config.hpp"
+#include "policy/model/safetensors.hpp"
+#include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

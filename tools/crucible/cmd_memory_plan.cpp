@@ -10,7 +10,7 @@
 
 #include "core/config.hpp"
 #include "policy/memory_plan.hpp"
-#include "policy/model_config.hpp"
+#include "policy/model/model_config.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

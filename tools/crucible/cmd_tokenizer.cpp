@@ -9,8 +9,8 @@
 
 #include "core/file_io.hpp"
 #include "core/json.hpp"
-#include "policy/bpe_trainer.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

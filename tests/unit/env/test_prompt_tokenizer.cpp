@@ -1,5 +1,5 @@
 // tests/unit/env/test_prompt_tokenizer.cpp: the prompt budget with a real count function: a
-// byte-level BPE tokenizer trained here on the task suite (policy's tokenizer, no torch), its
+// byte-level BPE tokenizer trained here on the task suite (text/'s tokenizer, no torch), its
 // ChatML chat template, and budgets from "reference only" to "everything fits".
 #include <doctest/doctest.h>
 
@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "env/prompt.hpp"
-#include "policy/bpe_trainer.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;

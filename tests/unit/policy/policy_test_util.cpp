@@ -11,8 +11,8 @@
 
 #include "../../integration/process.hpp"
 #include "core/sha256.hpp"
-#include "policy/model.hpp"
-#include "policy/safetensors.hpp"
+#include "policy/model/model.hpp"
+#include "policy/model/safetensors.hpp"
 
 namespace fs = std::filesystem;
 

@@ -9,7 +9,7 @@
 
 #include <torch/torch.h>
 
-#include "policy/model.hpp"
+#include "policy/model/model.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace crucible::policy::testing {

@@ -1,4 +1,4 @@
-// The work division of the decode attention kernel (policy/attention_plan.hpp) on the host:
+// The work division of the decode attention kernel (policy/kernels/attention_plan.hpp) on the host:
 // every visible slot read exactly once and nothing past it, every element of a row owned by
 // exactly one lane of a key's lanes, the register capacity never exceeded, the split choice;
 // then the kernel's arithmetic replayed lane group by lane group through the same functions
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "policy/attention_plan.hpp"
+#include "policy/kernels/attention_plan.hpp"
 
 using namespace crucible::policy::kernels;
 

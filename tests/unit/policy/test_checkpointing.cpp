@@ -13,7 +13,7 @@
 
 #include <torch/torch.h>
 
-#include "policy/model.hpp"
+#include "policy/model/model.hpp"
 #include "policy_test_util.hpp"
 
 using namespace crucible;

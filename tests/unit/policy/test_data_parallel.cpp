@@ -9,10 +9,10 @@
 #include <set>
 #include <thread>
 
-#include "policy/checkpoint.hpp"
-#include "policy/collective.hpp"
-#include "policy/data_parallel.hpp"
-#include "policy/learner.hpp"
+#include "policy/training/checkpoint.hpp"
+#include "policy/distributed/collective.hpp"
+#include "policy/distributed/data_parallel.hpp"
+#include "policy/training/learner.hpp"
 #include "tests/unit/policy/policy_test_util.hpp"
 
 using namespace crucible;

@@ -6,8 +6,8 @@
 
 #include <torch/torch.h>
 
-#include "policy/engine.hpp"
-#include "policy/model.hpp"
+#include "policy/model/engine.hpp"
+#include "policy/model/model.hpp"
 #include "policy_test_util.hpp"
 
 using namespace crucible;

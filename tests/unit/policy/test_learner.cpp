@@ -6,8 +6,8 @@
 #include <fstream>
 #include <random>
 
-#include "policy/checkpoint.hpp"
-#include "policy/learner.hpp"
+#include "policy/training/checkpoint.hpp"
+#include "policy/training/learner.hpp"
 #include "tests/unit/policy/policy_test_util.hpp"
 
 using namespace crucible;

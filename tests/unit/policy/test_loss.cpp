@@ -1,5 +1,5 @@
-// tests/unit/policy/test_loss.cpp: every formula of policy/loss.hpp and policy/optimizer.hpp
-// against a direct element-by-element computation on plain doubles.
+// tests/unit/policy/test_loss.cpp: every formula of policy/training/loss.hpp and
+// policy/training/optimizer.hpp against a direct element-by-element computation on plain doubles.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -9,9 +9,9 @@
 
 #include <torch/torch.h>
 
-#include "policy/learner.hpp"
-#include "policy/loss.hpp"
-#include "policy/optimizer.hpp"
+#include "policy/training/learner.hpp"
+#include "policy/training/loss.hpp"
+#include "policy/training/optimizer.hpp"
 
 using namespace crucible;
 using namespace crucible::policy;

@@ -10,10 +10,10 @@
 
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
-#include "policy/bpe_trainer.hpp"
-#include "policy/chat_templates.hpp"
-#include "policy/model.hpp"
-#include "policy/tokenizer.hpp"
+#include "text/bpe_trainer.hpp"
+#include "text/chat_templates.hpp"
+#include "policy/model/model.hpp"
+#include "text/tokenizer.hpp"
 #include "policy_test_util.hpp"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <iterator>
 #include <string>
 
-#include "policy/model_config.hpp"
+#include "policy/model/model_config.hpp"
 
 using namespace crucible;
 using namespace crucible::policy;
@@ -168,7 +168,7 @@ TEST_CASE("presets: tiny, small and 0.5b for both families") {
 }
 
 TEST_CASE("presets: Qwen2.5-Coder-1.5B-Instruct and -7B-Instruct have their published config.json values") {
-  // The published values (policy/model_config.cpp names the sources): hidden_size,
+  // The published values (policy/model/model_config.cpp names the sources): hidden_size,
   // intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, rope_theta,
   // rms_norm_eps, max_position_embeddings, vocab_size, tie_word_embeddings; qwen2 (q/k/v bias).
   struct published_values {

@@ -11,7 +11,7 @@
 
 #include <unistd.h>
 
-#include "policy/safetensors.hpp"
+#include "policy/model/safetensors.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;

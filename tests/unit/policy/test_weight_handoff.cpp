@@ -1,15 +1,16 @@
 // tests/unit/policy/test_weight_handoff.cpp: a learner's weights to an engine of the same process
-// through memory (policy/weight_handoff): what is shared and what is copied, staged snapshots, the
-// merged LoRA weights, and sampling that matches an engine loaded from a published directory.
+// through memory (policy/distributed/weight_handoff): what is shared and what is copied, staged
+// snapshots, the merged LoRA weights, and sampling that matches an engine loaded from a published
+// directory.
 #include <doctest/doctest.h>
 
 #include <atomic>
 #include <filesystem>
 #include <thread>
 
-#include "policy/engine.hpp"
-#include "policy/learner.hpp"
-#include "policy/weight_handoff.hpp"
+#include "policy/model/engine.hpp"
+#include "policy/training/learner.hpp"
+#include "policy/distributed/weight_handoff.hpp"
 #include "tests/unit/policy/policy_test_util.hpp"
 
 using namespace crucible;

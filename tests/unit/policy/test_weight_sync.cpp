@@ -6,8 +6,8 @@
 #include <chrono>
 #include <thread>
 
-#include "policy/learner.hpp"
-#include "policy/weight_sync.hpp"
+#include "policy/training/learner.hpp"
+#include "policy/distributed/weight_sync.hpp"
 #include "tests/unit/policy/policy_test_util.hpp"
 
 using namespace crucible;
