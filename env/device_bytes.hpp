@@ -112,7 +112,7 @@ result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::
 /// Copies device bytes to the host.
 result<std::vector<std::byte>> download(const device_bytes& src);
 
-#ifndef CRUCIBLE_HOST_DEVICE // as policy/attention_plan.hpp defines it
+#ifndef CRUCIBLE_HOST_DEVICE // as policy/kernels/attention_plan.hpp defines it
 #if defined(__CUDACC__)
 #define CRUCIBLE_HOST_DEVICE __host__ __device__
 #else

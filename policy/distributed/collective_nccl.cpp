@@ -329,8 +329,11 @@ private:
     // peer's kernel waits for its part (launch_rendezvous).
     if (together_)
       if (auto a = together_->arrive(rank_, "NCCL " + what + ": launching"); !a) {
-        cudaEventDestroy(ready);
-        return abort(a.error().code, a.error().message);
+        const auto destroyed = cudaEventDestroy(ready);
+        return abort(a.error().code, a.error().message
+                                       + (destroyed == cudaSuccess ? std::string{}
+                                                                   : std::string{"; cudaEventDestroy failed at "}
+                                                                       + CRUCIBLE_SITE() + ": " + cudaGetErrorString(destroyed)));
       }
     cudaError_t e = cudaEventRecord(ready, current.stream());
     if (e == cudaSuccess)
@@ -376,8 +379,11 @@ private:
 };
 
 nccl_work::~nccl_work() {
+  // Nothing goes back from a destructor: a failure is said on stderr, with its site.
   if (done != nullptr)
-    cudaEventDestroy(done);
+    if (const auto e = cudaEventDestroy(done); e != cudaSuccess)
+      std::fprintf(stderr, "crucible: NCCL %s: cudaEventDestroy failed at %s: %s\n", what.c_str(),
+                   CRUCIBLE_SITE().c_str(), cudaGetErrorString(e));
 }
 
 result<void> nccl_work::wait() {
@@ -402,7 +408,10 @@ result<void> nccl_work::wait() {
     b.pause();
   }
   // Later work on the caller's stream sees the collective's output.
-  cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(comm->device().index()).stream(), done, 0);
+  if (const auto e = cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(comm->device().index()).stream(), done, 0);
+      e != cudaSuccess)
+    return comm->abort(errc::device, what + " (" + comm->where() + "): cudaStreamWaitEvent failed at " + CRUCIBLE_SITE()
+                                       + ": " + cudaGetErrorString(e));
   return {};
 }
 
