@@ -40,6 +40,8 @@ std::string fork(const std::string& endpoint, const std::string& scratch, const 
 std::string reap(long long pid);
 
 /// The job a worker takes (evaluation::job_json gathers the fields).
+// One member per field of the `job` message (docs/evaluator-protocol.md): its size is the
+// protocol's, and the C++ side owns every default (the worker keeps none: channel.py `_need`).
 struct job_fields {
   std::string task_name;
   std::optional<std::string> task_source; // none for the candidate's side of the boundary

@@ -229,6 +229,12 @@ private:
 
 namespace crucible::policy {
 
+// The loaded tokenizer.json, in the order `tokenizers` applies it: about 25 members because each
+// stage of its pipeline (the vocabulary and added tokens, the BPE model, the normalizer, the
+// pre-tokenizer, the added-token split, the post-processor, the decoder, tokenizer_config.json's
+// special tokens and template) keeps its own tables, each read by the one function of that stage
+// below. Grouping them into structs per stage would only add a name to every lookup on the
+// encode path.
 struct tokenizer::impl {
   /// Per id: the model vocabulary's spelling and what the ByteLevel decoder makes of it;
   /// added tokens override both (added_text, added_bytes), as `tokenizers` prefers them.
