@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _bytes_hex, _c_byref, _c_cast, _c_char_p, _c_double, _c_int, _c_int64, _c_size_t, _c_uint64, _c_void_p,
     _cuda_synchronize, _Exception, _getattr, _int, _int32, _len, _max, _min, _str, _string_buffer, _T_data_ptr,
     _T_item, _T_numel, _T_size, _T_view, _torch_empty, _tuple

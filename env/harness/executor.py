@@ -10,16 +10,16 @@ trusted: what it reports is data the evaluator checks, and its own checks (after
 defence in depth only. Worker (worker.py) takes these methods from _ExecutorPhase."""
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
     _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
     _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
 )
-from crucible_harness_channel import _Done, _error_done, _need
-from crucible_harness_device import _export_range, _stream_wait_value, _stream_write_value
+from .channel import _Done, _error_done, _need
+from .device import _export_range, _stream_wait_value, _stream_write_value
 
 _current_stream = torch.cuda.current_stream
-from crucible_harness_outputs import (
+from .outputs import (
     _decode_inputs, _DTYPES, _encode_inputs, _kind_of, _os_threads, _output_items, _plain, _py_threads,
     _SUPPORTED_DTYPES
 )

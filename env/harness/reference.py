@@ -7,16 +7,16 @@ import copy
 
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _BaseException, _cuda_empty_cache, _cuda_synchronize, _enumerate, _float, _Generator, _getattr, _hasattr,
     _int, _isinstance, _len, _list, _max, _min, _os_exit, _range, _S_data_ptr, _sum, _T_fill_, _T_is_contiguous,
     _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to, _T_uniform_, _T_untyped_storage, _T_view,
     _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_isfinite, _torch_manual_seed, _torch_where, _tuple,
     _type, _uint8
 )
-from crucible_harness_device import _HarnessKernels, _kernels
-from crucible_harness_channel import _Done, _error_done, _exc_line
-from crucible_harness_outputs import (
+from .device import _HarnessKernels, _kernels
+from .channel import _Done, _error_done, _exc_line
+from .outputs import (
     _aliased_outputs, _encode_inputs, _all_finite, _clone_inputs, _encode, _map_tensors, _output_items, _output_sample,
     _same_sample, _tensors_in
 )

@@ -6,7 +6,7 @@ physics floor measured; the times go back to the evaluator, which settles them. 
 (worker.py) takes these methods from _TimingPhase."""
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _enumerate, _Ev_elapsed, _Ev_record, _Ev_synchronize,
     _float, _fresh_seed, _gc_disable, _gc_enable, _gc_isenabled, _int, _int64, _isinstance, _len, _list, _max,
     _min, _os_exit, _perf_counter_ns, _range, _reseed_visible, _set, _sorted, _sum, _T_clone, _T_contiguous,
@@ -15,9 +15,9 @@ from crucible_harness_trusted import (
     _torch_empty, _torch_eq, _torch_index_select, _torch_isclose, _torch_randint, _torch_stack, _torch_sum,
     _tuple, _type, _uint8
 )
-from crucible_harness_device import _kernels
-from crucible_harness_channel import _Done, _error_done
-from crucible_harness_outputs import (
+from .device import _kernels
+from .channel import _Done, _error_done
+from .outputs import (
     _aliased_outputs, _call_all, _checked_reference, _clone_inputs, _map_tensors, _os_threads, _output_bytes,
     _output_items, _output_storages, _py_threads, _Taken, _tensors_in, _thread_cpu_ns, _tids
 )

@@ -5,17 +5,17 @@ patched state, aliasing, inputs unchanged), and the profiled call that counts it
 the reference's. Worker (worker.py) takes these methods from _TrialPhase."""
 import warnings
 
-from crucible_harness_trusted import (
+from .trusted import (
     _abs, _active_count, _BaseException, _bool, _DeviceType, _enumerate, _Ev_elapsed, _Ev_record,
     _Ev_synchronize, _format_exception_only, _get_native_id, _getattr, _isinstance, _len, _list, _param_empty,
     _param_positional_only, _param_positional_or_keyword, _perf_counter_ns, _profile, _ProfilerActivity, _range,
     _repr, _reseed_visible, _set, _setprofile, _signature, _sorted, _str, _sum, _sys_modules,
     _torch_manual_seed, _type
 )
-from crucible_harness_builds import _use_build_service
-from crucible_harness_integrity import _snapshots
-from crucible_harness_channel import _Done, _error_done, _exc_line, _exc_text, _is_oom, _tail
-from crucible_harness_outputs import (
+from .builds import _use_build_service
+from .integrity import _snapshots
+from .channel import _Done, _error_done, _exc_line, _exc_text, _is_oom, _tail
+from .outputs import (
     _aliased_outputs, _clone_inputs, _encode, _input_layout, _inputs_unchanged, _os_threads, _py_threads,
     _thread_cpu_ns, _thread_names, _tids
 )

@@ -28,12 +28,15 @@ Trust model. Everything this process does after the candidate's code has run is 
     CUDA, on device copies of the outputs it maps from here (CUDA IPC) and compares with its
     own kernel.
 
-The harness is this module and the modules beside it, loaded by path below (_load_own_modules),
-each holding one part: trusted.py (the captured references), builds.py (the build services),
-device.py (the harness's own CUDA kernels), integrity.py (backend flags and integrity snapshots),
-channel.py (the socket and the `done` outcomes), outputs.py (outputs, inputs and threads of a
-call), and the Worker's phases: reference.py, trials.py (load and trials) and timing.py. This
-module starts the worker (or the zygote that forks workers) and drives a job from start to finish.
+The harness is this module and the package beside it: this folder as the package
+crucible_harness (__init__.py), loaded by path below (_load_package) and taken out of sys.modules
+again (_forget_package) before any candidate code exists, its modules importing one another with
+relative imports, each holding one part: trusted.py (the captured references), builds.py (the
+build services), device.py (the harness's own CUDA kernels), integrity.py (backend flags and
+integrity snapshots), channel.py (the socket and the `done` outcomes), outputs.py (outputs, inputs
+and threads of a call), and the Worker's phases: reference.py, trials.py (load and trials),
+timing.py and executor.py; static_checks.py and confine.py are modules of it too. This module
+starts the worker (or the zygote that forks workers) and drives a job from start to finish.
 """
 import os
 import sys
@@ -90,68 +93,78 @@ _prewarm_dynamo()
 
 
 # ================================================================================================
-# The harness's own modules, loaded by path from this folder (read-only in the sandbox; not on
-# sys.path under -I) at import, before any candidate code exists.
+# The harness's own modules: this folder as the package crucible_harness (__init__.py), loaded by
+# path (the folder is read-only in the sandbox and not on sys.path under -I) at import, before any
+# candidate code exists, and taken out of sys.modules again once this module has bound what it uses.
 
 _HARNESS_DIR = os.path.dirname(os.path.realpath(__file__))
+_PACKAGE_NAME = "crucible_harness"
 
 
-def _load_harness_module(file, name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(_HARNESS_DIR, file))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _load_package():
+    """This folder as the package crucible_harness, every module of it loaded (its __init__.py
+    imports them in order, each with relative imports of those before it). The package is in
+    sys.modules while it loads, which relative imports need, and while this module binds what it
+    uses from it (`from crucible_harness.trusted import ...`, below); _forget_package takes it
+    and its modules out again."""
+    spec = importlib.util.spec_from_file_location(_PACKAGE_NAME, os.path.join(_HARNESS_DIR, "__init__.py"),
+                                                  submodule_search_locations=[_HARNESS_DIR])
+    pkg = importlib.util.module_from_spec(spec)
+    cached = _HARNESS_DIR in sys.path_importer_cache
+    sys.modules[_PACKAGE_NAME] = pkg
+    try:
+        spec.loader.exec_module(pkg)
+    except BaseException:
+        _forget_package(pkg)
+        raise
+    if not cached:
+        # The finder the submodules' imports made for this folder: no path to a fresh copy of a
+        # harness module from it (a copy is not the harness's, but nothing should lead there).
+        sys.path_importer_cache.pop(_HARNESS_DIR, None)
+    return pkg
 
 
-def _load_own_modules(names):
-    """The worker's own modules, NAME.py of this folder, loaded in order ({NAME: module}). Each is
-    put in sys.modules as crucible_harness_NAME while the ones after it load, so that they (and
-    this module, below) bind what they use from it with an ordinary `from ... import`; once they
-    have, _forget_own_modules takes them out again, and no candidate can import one by name."""
-    mods = {}
-    for name in names:
-        mod = _load_harness_module(name + ".py", "crucible_harness_" + name)
-        sys.modules[mod.__name__] = mod
-        mods[name] = mod
-    return mods
+def _forget_package(pkg):
+    """Takes crucible_harness and each of its modules out of sys.modules: no candidate can import
+    one by name. The harness never imports one of its own after this (every name it uses is
+    bound at import), so nothing needs them there."""
+    prefix = _PACKAGE_NAME + "."
+    for name in [n for n in sys.modules if n == _PACKAGE_NAME or n.startswith(prefix)]:
+        del sys.modules[name]
 
 
-def _forget_own_modules(mods):
-    for mod in mods.values():
-        if sys.modules.get(mod.__name__) is mod:
-            del sys.modules[mod.__name__]
-
-
-_STATIC_CHECKS_MODULE = _load_harness_module("static_checks.py", "crucible_static_checks")
-_CONFINE = _load_harness_module("confine.py", "crucible_confine")
-# In the order they import one another: each imports only from those before it.
-_OWN_MODULES = _load_own_modules(("trusted", "builds", "device", "integrity", "channel", "outputs", "reference",
-                                  "trials", "timing", "executor"))
-from crucible_harness_trusted import (  # noqa: E402
+_PACKAGE = _load_package()
+_STATIC_CHECKS_MODULE = _PACKAGE.static_checks
+_CONFINE = _PACKAGE.confine
+# In the order they import one another: each imports only from those before it (__init__.py).
+_OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
+from crucible_harness.trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
     _Generator, _getattr, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
     _ModuleType, _os_exit, _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr,
     _T_fill_, _torch_empty, _type
 )
-from crucible_harness_builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
-from crucible_harness_device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
-from crucible_harness_device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
-from crucible_harness_integrity import (  # noqa: E402
+from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
+from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
+from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
+from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE
 )
-from crucible_harness_channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
-from crucible_harness_reference import _ReferencePhase  # noqa: E402
-from crucible_harness_trials import _TrialPhase  # noqa: E402
-from crucible_harness_timing import _ROUND_SLOTS, _TimingPhase  # noqa: E402
-from crucible_harness_executor import _ExecutorPhase  # noqa: E402
-_forget_own_modules(_OWN_MODULES)
+from crucible_harness.channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
+from crucible_harness.reference import _ReferencePhase  # noqa: E402
+from crucible_harness.trials import _TrialPhase  # noqa: E402
+from crucible_harness.timing import _ROUND_SLOTS, _TimingPhase  # noqa: E402
+from crucible_harness.executor import _ExecutorPhase  # noqa: E402
+_forget_package(_PACKAGE)
 
-# The harness's namespaces: this module's globals, the static checks' and each of the modules
-# above. The integrity snapshots hold each whole ("all": any name rebound, added or deleted) with
-# every class defined in it (integrity.py, _core_snapshot), so a patch of any function or constant
-# of the harness, in whichever module, is runtime:patched. (Not confine.py's: it runs only before
-# a Worker exists, and its ctypes structures would keep the snapshot off its fast path.)
-_HARNESS_NAMESPACES = ((("worker", globals()), ("static_checks", vars(_STATIC_CHECKS_MODULE)))
+# The harness's namespaces: this module's globals, the package's, the static checks' and each of
+# the modules above. The integrity snapshots hold each whole ("all": any name rebound, added or
+# deleted) with every class defined in it (integrity.py, _core_snapshot), so a patch of any
+# function or constant of the harness, in whichever module, is runtime:patched. (Not confine.py's:
+# it runs only before a Worker exists, and its ctypes structures would keep the snapshot off its
+# fast path.)
+_HARNESS_NAMESPACES = ((("worker", globals()), ("package", vars(_PACKAGE)),
+                        ("static_checks", vars(_STATIC_CHECKS_MODULE)))
                        + tuple((name, vars(mod)) for name, mod in _OWN_MODULES.items()))
 
 
