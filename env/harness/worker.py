@@ -140,7 +140,7 @@ _CONFINE = _PACKAGE.confine
 _OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
 from crucible_harness.trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
-    _Generator, _getattr, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
+    _Generator, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
     _ModuleType, _os_exit, _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr,
     _T_fill_, _torch_empty, _type
 )
@@ -151,9 +151,10 @@ from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE
 )
 from crucible_harness.channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
-from crucible_harness.reference import _ReferencePhase  # noqa: E402
+from crucible_harness.job import parse_job  # noqa: E402
+from crucible_harness.reference import poison_free_pool, reference_phase  # noqa: E402
 from crucible_harness.trials import _TrialPhase  # noqa: E402
-from crucible_harness.timing import _ROUND_SLOTS, _TimingPhase  # noqa: E402
+from crucible_harness.timing import _ROUND_SLOTS, RoundChecks, ThreadWatch, TimingState, _TimingPhase  # noqa: E402
 from crucible_harness.executor import _ExecutorPhase  # noqa: E402
 _forget_package(_PACKAGE)
 
@@ -172,9 +173,15 @@ _HARNESS_NAMESPACES = ((("worker", globals()), ("package", vars(_PACKAGE)),
 # The worker.
 
 
-class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
-    """One job, from start-up to `done`. Its phases' methods come from reference.py, trials.py,
-    timing.py and executor.py; start-up, the job's course (run) and the state checks are here."""
+class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
+    """One job, from start-up to `done`: the process's side of it (the channel, the device and
+    its events, the laps, the integrity snapshots and the state checks), start-up, and the job's
+    course (run), which hands each phase's result to the next as data: the Job (job.py), the
+    Reference and Baseline that reference_phase returns (reference.py), the Candidate that the
+    load and trial phases make (trials.py) and the timing's TimingState, RoundChecks and
+    ThreadWatch (timing.py). The reference phase is functions over that data; the load, trial,
+    timing and executor phases are still methods, from trials.py, timing.py and executor.py, that
+    read it through `self` (env/harness/README.md, "The phases' data")."""
 
     def __init__(self, args):
         self.device = args.device
@@ -189,17 +196,6 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         self.core = None
         self.full = None
         self.flags0 = None
-        self.kernel_mode = None   # how "kernels" is counted; None: not reliable here
-        self.warmed = False
-        self.prime_inputs = None
-        self.round_no = 0
-        self.dists = [0, 1]       # input distributions of the rounds (reference_phase)
-        self.trial_dists = []     # each trial's input distribution (reference_phase)
-        self.ref_aliased = []     # which of the reference's outputs share memory with an input
-        self.ref_param_storages = set()
-        self.ref_fn = None
-        self.graph = None
-        self.mark_step = None
         self.exports = None  # a list while outputs stay on the device (job "outputs": "device")
         # Host milliseconds per step (reference, load, trials, timing rounds, finish), sent in
         # the `done` message for `crucible eval --verbose`: where a verdict's wall time goes.
@@ -209,26 +205,20 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         self.gc_t0 = 0
         self.timing_now = False  # inside timing(): collections then are also counted apart
         gc.callbacks.append(self.gc_lap)
-        self.floor_bytes = None  # the fewest bytes a checked timed call of the candidate wrote (_output_bytes)
-        self.floor_ms = None  # the physics floor of a timed call (measure_floor)
-        self.round_fracs = []  # (round, elements compared, count matching or mismatch slot): check_round_outputs
-        self.can_spin = False  # set per job: the harness's spin kernel or torch's _cuda_sleep exists
-        self.pair_first = None  # order of the first round of the current pair (one_round)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
         self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
-        # The job's side of the trust boundary (executor.py): "reference" (the task only),
-        # "candidate" (ModelNew only), or None (both in this process: the CUDA path for now).
-        self.role = None
-        self.task = None
-        # Threads started by the candidate's first calls (see foreign_mark): the OS threads
-        # before them; the CPU time of every thread not among those at the last mark; the
-        # timing rounds in which such threads ran outside the candidate's calls, and for how long.
-        self.ref_profile = None  # the reference's profiled call's counts and names (own_work)
         self.cand_flags = {}  # settings the candidate chose for its own calls (_CANDIDATE_FLAG_SETTERS)
-        self.thread_base = None
-        self.foreign = None
-        self.foreign_rounds = set()
-        self.foreign_ns = 0
+        # What the phases pass on, each as data (set by run as each phase ends):
+        self.job = None        # the job (job.py's Job), once it has arrived
+        self.reference = None  # what the reference phase found (reference.py's Reference), or
+        #                        what the candidate's worker is told of it (executor.py)
+        self.baseline = None   # the reference as the timing calls it (reference.py's Baseline)
+        self.candidate = None  # the candidate: module, ModelNew, its instance (trials.py's Candidate)
+        # The timing's state across `time` messages (timing.py): its rounds, the checks of their
+        # outputs, the watch over the candidate's threads.
+        self.rounds = None
+        self.checks = None
+        self.watch = None
 
     def lap(self, name, t0):
         """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
@@ -428,110 +418,67 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.early_snapshots = (_core_snapshot(self.harness), _full_snapshot())
-        job = self.chan.recv()
-        if job.get("type") != "job":
-            raise _Done("runtime_error", (), f"expected a job message, got {job.get('type')!r}")
-        self.job = job
+        msg = self.chan.recv()
+        if msg.get("type") != "job":
+            raise _Done("runtime_error", (), f"expected a job message, got {msg.get('type')!r}")
         self.t_job = _perf_counter_ns()
         # Every value comes from the evaluator (env/worker_messages.cpp): a field the job lacks
-        # ends it naming the field; the worker keeps no default of its own.
-        self.seed = _int(_need(job, "seed"))
-        # The correctness tolerances (evaluator.fp32_atol ...), which every timed call's outputs
-        # are held to as well (check_round_outputs). The candidate's side of the trust boundary
-        # gets none: the evaluator compares its outputs.
-        candidate_side = job.get("role") == "candidate"
-        tol = {} if candidate_side else _need(job, "tolerances")
-        self.tolerances = {_getattr(torch, name): (_float(a), _float(r)) for name, (a, r) in tol.items()}
-        self.trials = _int(_need(job, "trials"))
-        # Outputs may differ from the reference by this many times its own rounding error on the
-        # same inputs (rounding_error), beyond atol and rtol; 0: fixed tolerances only.
-        self.rounding_factor = 0.0 if candidate_side else _max(_float(_need(job, "rounding_factor")), 0.0)
-        # Per input distribution, per output: rounding_factor times the output's largest rounding
-        # error in that distribution's trials; the current round's (tolerance).
-        self.round_slack = {}
-        self.cur_slack = []
-        self.baseline = _need(job, "baseline")
-        flush_bytes = _int(_need(job, "flush_bytes"))
+        # ends it naming the field; the worker keeps no default of its own (job.py).
+        job = self.job = parse_job(msg, self.device)
         self.rng_random = _Random(_fresh_seed()).random
-        # Each timing round's inputs start at a random offset into their own allocation, so a
-        # verdict's rounds see many placements instead of the few blocks the caching allocator
-        # would hand back round after round (docs/evaluator.md, Timing: placement).
-        self.jitter_bytes = _max(_int(_need(job, "placement_jitter_bytes")), 0)
-        self.timing_reserve = _need(job, "timing_reserve") is True
-        # evaluator.sample_ms / max_calls: a timed sample is `calls` calls back to back, each on
-        # its own fresh inputs, as many as make the sample last sample_ms (choose_calls); 0 or
-        # a cuda-graph baseline: one call per sample.
-        self.sample_ms = _max(_float(_need(job, "sample_ms")), 0.0)
-        self.max_calls = _max(_int(_need(job, "max_calls")), 1)
-        self.calls = 1
-        self.host_ms = 0.0  # the host's time per call of the last timed sample (choose_calls)
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
         # collection runs inside a timed call. A full collection over those objects took
         # 162-170 ms on an H100's host (docs/performance-history.md, "Where a sequential
         # verdict's time goes").
-        self.quiet_gc = _need(job, "quiet_gc") is True
-        # evaluator.eval_mode: both models in eval mode once constructed (BatchNorm's running
-        # statistics, Dropout off), as CUDA-L1's harness runs them; else training mode.
-        self.eval_mode = _need(job, "eval_mode") is True
-        if self.quiet_gc:
+        if job.quiet_gc:
             _gc_freeze()
-        self.placements = set()
-        # Positions compared in timing rounds; made here, before any candidate code exists.
-        self.sample_gen = _Generator(device=self.device).manual_seed(_fresh_seed())
-        self.sample_bits = _Random(_fresh_seed()).getrandbits
         kernels = _kernels()
-        self.can_spin = kernels is not None or _cuda_sleep is not None
+        self.rounds = TimingState(can_spin=kernels is not None or _cuda_sleep is not None)
+        self.watch = ThreadWatch()
+        # Positions compared in timing rounds; made here, before any candidate code exists.
+        self.checks = RoundChecks(_Generator(device=self.device).manual_seed(_fresh_seed()),
+                                  _Random(_fresh_seed()).getrandbits)
         if kernels is not None and self.cuda:
             # Mismatch counters of the timing rounds' output checks (check_round_outputs).
-            self.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
-            self.round_used = 0
-            kernels._zero(_T_data_ptr(self.round_bad), _ROUND_SLOTS * 8)
-        if self.baseline not in ("eager", "compile", "compile-reduce-overhead", "cuda-graph"):
-            raise _Done("runtime_error", (), f"unknown baseline {self.baseline!r}")
-        if self.baseline == "cuda-graph" and not self.cuda:
-            raise _Done("runtime_error", (), "the cuda-graph baseline needs a CUDA device; this worker runs on the CPU")
-
-        self.role = job.get("role")
-        if self.role not in (None, "reference", "candidate"):
-            raise _Done("runtime_error", (), f"unknown role {self.role!r}")
+            self.checks.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
+            self.checks.round_used = 0
+            kernels._zero(_T_data_ptr(self.checks.round_bad), _ROUND_SLOTS * 8)
         # 3. Static checks, before any candidate code runs (by the reference worker where the
-        # verdict has two: it parses the candidate's source and never runs it).
-        src = _need(job, "candidate_source")
-        task_src = "" if candidate_side else _need(job, "task_source")
-        # A check of the task alone (device_evaluator::check_task): its reference is built and
-        # run on the first trial's inputs, and nothing of a candidate's is looked at.
-        self.reference_only = _need(job, "reference_only") is True
-        self.static = _need(job, "static_checks") is True and not self.reference_only
+        # verdict has two: it parses the candidate's source and never runs it). A check of the
+        # task alone (job.reference_only) builds and runs its reference on the first trial's
+        # inputs, and looks at nothing of a candidate's.
+        src = job.candidate_source
+        task_src = job.task_source
         # Outputs stay on the device when the evaluator asks (each one the driver cannot export
         # still travels as bytes).
-        self.exports = [] if (self.cuda and _need(job, "outputs") == "device") else None
-        if self.static and self.role != "candidate":
+        self.exports = [] if job.outputs_on_device else None
+        if self.job.static and self.job.role != "candidate":
             problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
             if problems:
                 names = []
                 for cls, _, _ in problems:
                     if cls not in names:
                         names.append(cls)
-                msg = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
-                raise _Done("rejected", names, msg)
+                text = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
+                raise _Done("rejected", names, text)
 
         self.redirect_output()
-        self.flush_buf = _torch_empty(_max(flush_bytes // 4, 1), dtype=_int32, device=self.device)
+        self.flush_buf = _torch_empty(_max(job.flush_bytes // 4, 1), dtype=_int32, device=self.device)
         _T_fill_(self.flush_buf, 1)
         self.flush_sum = _torch_empty((), dtype=_int64, device=self.device)
 
-        if self.role == "candidate":
+        if self.job.role == "candidate":
             self.candidate_job(job, src)
         # 4. Reference outputs, before the candidate is imported.
-        self.reference_phase(task_src)
-        if self.role == "reference":
+        self.reference, self.baseline = reference_phase(self, job, task_src)
+        if self.job.role == "reference":
             self.chan.send(self.reference_info())
             self.executor_loop()
-        if self.reference_only:
-            raise _Done("ok", (), f"the task's reference ran on {self.trials} trial input(s) and gave the same "
-                                  "outputs when called again")
+        if self.job.reference_only:
+            raise _Done("ok", (), f"the task's reference ran on {self.reference.trials} trial input(s) and gave the "
+                                  "same outputs when called again")
 
         # 5. Load the candidate without the device.
         self.chan.send({"type": "phase", "name": "load"})
@@ -549,7 +496,7 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         t0 = _perf_counter_ns()
         self.construct_model()
         t0 = self.lap("trials: ModelNew", t0)
-        self.poison_free_pool()
+        poison_free_pool(self.cuda)
         t0 = self.lap("trials: poison free pool", t0)
         self.trial_phase()
         self.lap("trials: calls and outputs", t0)
@@ -589,7 +536,7 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         t0 = _perf_counter_ns()
         self.construct_model()
         t0 = self.lap("trials: ModelNew", t0)
-        self.poison_free_pool()
+        poison_free_pool(self.cuda)
         self.trial_phase()
         self.lap("trials: calls and outputs", t0)
         self.executor_loop()

@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 HARNESS_DIR = REPO / "env" / "harness"
 
 # The worker's own modules, in the order the package loads them (test_loading checks it is so).
-OWN_MODULES = ("trusted", "builds", "device", "integrity", "channel", "outputs", "reference", "trials", "timing",
-               "executor")
+OWN_MODULES = ("trusted", "builds", "device", "integrity", "channel", "job", "outputs", "reference", "trials",
+               "timing", "executor")
 
 _WORKER = None
 
