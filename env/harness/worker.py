@@ -33,10 +33,12 @@ crucible_harness (__init__.py), loaded by path below (_load_package) and taken o
 again (_forget_package) before any candidate code exists, its modules importing one another with
 relative imports, each holding one part: trusted.py (the captured references), builds.py (the
 build services), device.py (the harness's own CUDA kernels), integrity.py (backend flags and
-integrity snapshots), channel.py (the socket and the `done` outcomes), outputs.py (outputs, inputs
-and threads of a call), and the Worker's phases: reference.py, trials.py (load and trials),
-timing.py and executor.py; static_checks.py and confine.py are modules of it too. This module
-starts the worker (or the zygote that forks workers) and drives a job from start to finish.
+integrity snapshots), channel.py (the socket and the `done` outcomes), job.py (the job as data),
+outputs.py (outputs, inputs and threads of a call), and the phases: reference.py (functions over
+the job, returning what the reference found as data), trials.py (load and trials), timing.py and
+executor.py (methods of the Worker, reading the phases' data through it); static_checks.py and
+confine.py are modules of it too. This module starts the worker (or the zygote that forks workers)
+and drives a job from start to finish, handing each phase's data to the next (Worker.run).
 """
 import os
 import sys
