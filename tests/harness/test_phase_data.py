@@ -212,3 +212,41 @@ def test_every_worker_attribute_a_phase_reads_is_set(worker):
     assigned = {a for _, _, a in set_}
     bad = [f"{m}.py line {ln}: Worker.{a} is never set" for m, ln, a in read if a not in assigned | methods]
     assert not bad
+
+
+def test_every_call_of_a_harness_function_fits_its_parameters():
+    # The phase functions run on paths a CPU test does not reach (CUDA, the boundary's roles):
+    # each call of a module-level function of the harness, by the name it is defined or imported
+    # under, passes as many positional arguments as it takes and only keywords it names.
+    trees = _sources()
+    defs = {}
+    for mod, tree in trees.items():
+        for n in tree.body:
+            if isinstance(n, ast.FunctionDef):
+                a = n.args
+                names = [p.arg for p in a.posonlyargs + a.args]
+                required = len(names) - len(a.defaults)
+                defs[(mod, n.name)] = (required, None if a.vararg else len(names),
+                                       set(names[required:] if a.kwarg is None else ()) | {p.arg for p in a.kwonlyargs},
+                                       a.kwarg is not None, set(names))
+    bad, checked = [], 0
+    for mod, tree in trees.items():
+        bound = {name: (mod, name) for (m, name) in defs if m == mod}
+        for n in tree.body:
+            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("crucible_harness.")):
+                src = n.module.removeprefix("crucible_harness.") if n.level == 0 else n.module
+                bound.update({a.asname or a.name: (src, a.name) for a in n.names if (src, a.name) in defs})
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in bound):
+                continue
+            if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
+                continue
+            required, most, keywords, any_kw, names = defs[bound[n.func.id]]
+            given = len(n.args)
+            kws = {k.arg for k in n.keywords}
+            ok = (most is None or given <= most) and given + len(kws & names) >= required \
+                and (any_kw or kws <= (names | keywords))
+            checked += 1
+            if not ok:
+                bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() with {given} positional, keywords {sorted(kws)}")
+    assert checked > 100 and not bad
