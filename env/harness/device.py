@@ -175,7 +175,7 @@ class _HarnessKernels:
 
     def scale_uniform(self, x, seed, signed=False):
         """A new tensor like the contiguous floating `x`, each element times U(0.5, 2) drawn from
-        seed, with `signed` also a random sign (Worker.make_inputs, distribution 2)."""
+        seed, with `signed` also a random sign (reference.py, make_inputs, distribution 2)."""
         y = _torch_empty(_tuple(_T_size(x)), dtype=x.dtype, device=x.device)
         n = _T_numel(x)
         kind = "crucible_scale_signed_" if signed else "crucible_scale_uniform_"
