@@ -103,7 +103,6 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -164,8 +163,7 @@ def evaluator_worker():
 def make_inputs(task, seed: int, dist: int, device: str):
     """The evaluator's inputs: its worker's make_inputs (get_inputs() under `seed` inside `with
     torch.device(device)`, moved to the device, then input distribution `dist`)."""
-    phase = evaluator_worker()._OWN_MODULES["reference"]._ReferencePhase
-    return phase.make_inputs(types.SimpleNamespace(device=device, task=task), seed, dist)
+    return evaluator_worker()._OWN_MODULES["reference"].make_inputs(task, device, seed, dist)
 
 
 def input_dists(task) -> list[int]:
@@ -201,8 +199,7 @@ ROUNDING_FACTOR = 8.0
 def reference_float64(model):
     """The worker's float64 copy of the reference (reference.py, reference_float64), or None
     where it cannot be made (the evaluator's tolerances then stay fixed)."""
-    phase = evaluator_worker()._OWN_MODULES["reference"]._ReferencePhase
-    return phase.reference_float64(types.SimpleNamespace(rounding_factor=ROUNDING_FACTOR, laps={}), model)
+    return evaluator_worker()._OWN_MODULES["reference"].reference_float64(model, ROUNDING_FACTOR, {})
 
 
 def rounding_slack(model64, inputs, ref) -> list[float]:
@@ -212,8 +209,7 @@ def rounding_slack(model64, inputs, ref) -> list[float]:
     fixed) where there is no copy or its call fails."""
     if model64 is None:
         return []
-    phase = evaluator_worker()._OWN_MODULES["reference"]._ReferencePhase
-    errs = phase.rounding_error(types.SimpleNamespace(sync=lambda: None, laps={}), model64, inputs, ref)
+    errs = evaluator_worker()._OWN_MODULES["reference"].rounding_error(model64, inputs, ref, lambda: None, {})
     return [] if errs is None else [ROUNDING_FACTOR * e for e in errs]
 
 

@@ -3,8 +3,8 @@ and load, and Triton's compiles, sent to the evaluator's build service (a sandbo
 process, env/evaluator.cpp) while candidate code runs, and the builder's side of that service
 (build_extension, build_triton); also the warm-ups a zygote makes before it forks (_prewarm).
 
-Loaded by worker.py (by path, before any candidate code); the state it keeps, which service the
-builds go to, is set through _use_build_service and _use_triton_service."""
+Loaded with the harness package (worker.py, before any candidate code); the state it keeps, which
+service the builds go to, is set through _use_build_service and _use_triton_service."""
 import base64
 import fcntl
 import functools

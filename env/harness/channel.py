@@ -6,7 +6,7 @@ import os
 
 import zmq
 
-from crucible_harness_trusted import (
+from .trusted import (
     _BaseException, _format_exception, _format_exception_only, _isinstance, _json_dumps, _json_loads, _len,
     _LINGER, _list, _MemoryError, _NOBLOCK, _os_exit, _os_getppid, _OutOfMemoryError, _range, _RCVMORE,
     _RCVTIMEO, _repr, _round, _SNDMORE, _SNDTIMEO, _StackSummary, _str, _TracebackException, _type, _z_close,

@@ -1,6 +1,7 @@
 """env/harness/confine.py: the sandbox a worker and its zygote enter before any candidate code runs.
 
-Loaded by worker.py (by path, like static_checks.py); uses only the standard library and the C
+A module of the harness package (worker.py loads it before any candidate code), also run as a
+script (the isolation probe: `python -I -B confine.py`); uses only the standard library and the C
 library through ctypes, plus libseccomp where it is installed. docs/evaluator.md ("Isolation")
 says what each layer stops and what it costs; this file says how.
 

@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _bytes_hex, _c_byref, _c_cast, _c_char_p, _c_double, _c_int, _c_int64, _c_size_t, _c_uint64, _c_void_p,
     _cuda_synchronize, _Exception, _getattr, _int, _int32, _len, _max, _min, _str, _string_buffer, _T_data_ptr,
     _T_item, _T_numel, _T_size, _T_view, _torch_empty, _tuple
@@ -175,7 +175,7 @@ class _HarnessKernels:
 
     def scale_uniform(self, x, seed, signed=False):
         """A new tensor like the contiguous floating `x`, each element times U(0.5, 2) drawn from
-        seed, with `signed` also a random sign (Worker.make_inputs, distribution 2)."""
+        seed, with `signed` also a random sign (reference.py, make_inputs, distribution 2)."""
         y = _torch_empty(_tuple(_T_size(x)), dtype=x.dtype, device=x.device)
         n = _T_numel(x)
         kind = "crucible_scale_signed_" if signed else "crucible_scale_uniform_"

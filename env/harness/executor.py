@@ -10,19 +10,20 @@ trusted: what it reports is data the evaluator checks, and its own checks (after
 defence in depth only. Worker (worker.py) takes these methods from _ExecutorPhase."""
 import torch
 
-from crucible_harness_trusted import (
-    _BaseException, _bool, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
+from .trusted import (
+    _BaseException, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
     _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
     _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
 )
-from crucible_harness_channel import _Done, _error_done, _need
-from crucible_harness_device import _export_range, _stream_wait_value, _stream_write_value
-
-_current_stream = torch.cuda.current_stream
-from crucible_harness_outputs import (
+from .channel import _Done, _error_done, _need
+from .device import _export_range, _stream_wait_value, _stream_write_value
+from .outputs import (
     _decode_inputs, _DTYPES, _encode_inputs, _kind_of, _os_threads, _output_items, _plain, _py_threads,
     _SUPPORTED_DTYPES
 )
+from .reference import Reference, make_inputs
+
+_current_stream = torch.cuda.current_stream
 
 def _param_descs(cls):
     """ModelNew's or Model's constructor parameters without self, as data: [name, kind, default]
@@ -46,40 +47,34 @@ class _ExecutorPhase:
 
     # -- the reference worker ------------------------------------------------------------------
     def reference_info(self):
-        """What the candidate's worker needs of the task, as data: its constructor's arguments
-        and parameters, what the reference's profiled call ran (own_work), and which of its
-        outputs alias an input. Sent after the reference messages."""
-        init = self.init_inputs
-        if not _plain(init):
+        """What the candidate's worker needs of the task, as data (Reference.info): its
+        constructor's arguments and parameters, what the reference's profiled call ran
+        (own_work), and which of its outputs alias an input. Sent after the reference messages."""
+        ref = self.reference
+        if not _plain(ref.init_inputs):
             raise _Done("runtime_error", (), "get_init_inputs() returns values other than numbers, strings and "
                                              "lists of them, which the evaluator cannot carry to the candidate's "
                                              "process")
-        return {"type": "reference_info", "init_inputs": _list(init), "signature": _param_descs(self.task.Model),
-                "ref_profile": self.ref_profile, "kernel_mode": self.kernel_mode,
-                "ref_aliased": [_bool(a) for a in self.ref_aliased], "trial_dists": self.trial_dists,
-                "dists": self.dists}
+        return ref.info(_param_descs(ref.task.Model))
 
     # -- the candidate worker ------------------------------------------------------------------
     def take_reference_info(self):
-        """The candidate worker's copy of reference_info: the message the evaluator sends right
-        after the job."""
+        """The candidate worker's Reference (Reference.from_info), from the reference_info
+        message the evaluator sends right after the job."""
         info = self.chan.recv()
         if info.get("type") == "stop":
             _os_exit(0)
         if info.get("type") != "reference_info":
             raise _Done("runtime_error", (), f"expected reference_info, got {info.get('type')!r}")
-        self.init_inputs = _list(info.get("init_inputs") or [])
-        self.ref_signature = info.get("signature")
-        self.ref_profile = info.get("ref_profile")
-        self.kernel_mode = info.get("kernel_mode")
-        self.ref_aliased = _list(info.get("ref_aliased") or [])
-        self.trial_dists = _list(info.get("trial_dists") or [])
+        self.reference = Reference.from_info(info, self.job.trials)
 
     def receive_trial_inputs(self):
         """The candidate worker's trial inputs, drawn by the reference worker: one `inputs`
-        message per trial (the reference worker's own, passed on by the evaluator), then `run`."""
-        self.given_inputs = []
-        self.input_template = []
+        message per trial (the reference worker's own, passed on by the evaluator), then `run`.
+        They go into its Reference (given_inputs, input_template, trials)."""
+        ref = self.reference
+        ref.given_inputs = []
+        ref.input_template = []
         while True:
             msg, frames = self.chan.recv_frames()
             kind = msg.get("type")
@@ -89,21 +84,21 @@ class _ExecutorPhase:
                 break
             if kind != "inputs":
                 raise _Done("runtime_error", (), f"expected inputs or run, got {kind!r}")
-            if not self.given_inputs:
-                self.input_template = msg.get("inputs") or []
-            self.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, self.device))
-        self.trials = _len(self.given_inputs)
+            if not ref.given_inputs:
+                ref.input_template = msg.get("inputs") or []
+            ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, self.device))
+        ref.trials = _len(ref.given_inputs)
 
     def trial_inputs(self, t):
         """Trial t's inputs: given by the evaluator (candidate worker) or drawn here."""
-        if self.role == "candidate":
-            return self.given_inputs[t]
-        return self.make_inputs(self.seed + t, self.trial_dists[t])
+        if self.job.role == "candidate":
+            return self.reference.given_inputs[t]
+        return make_inputs(self.reference.task, self.device, self.job.seed + t, self.reference.trial_dists[t])
 
     def signature_mismatch(self, cls):
         """The candidate worker's hyperparameter check against the reference's parameters, as
         data (the in-process check of trials.py compares the classes themselves)."""
-        want = self.ref_signature
+        want = self.reference.signature
         if want is None:
             return None
         got = _json_loads(_json_dumps(_param_descs(cls)))  # as the reference's arrived: tuples become lists
@@ -122,7 +117,7 @@ class _ExecutorPhase:
 
     # -- both: the timing commands -------------------------------------------------------------
     def executor_fn(self):
-        return self.ref_fn if self.role == "reference" else self.model
+        return self.baseline.fn if self.job.role == "reference" else self.candidate.model
 
     def executor_loop(self):
         """Answers the evaluator's timing commands until `finish` or `stop`:
@@ -164,7 +159,7 @@ class _ExecutorPhase:
                 self.check_due = None
                 self.after_call(py0, os0, "timing", False)
             if kind == "finish":
-                if self.role == "candidate":
+                if self.job.role == "candidate":
                     self.check_full("at the end")
                     self.check_state("at the end")
                 raise _Done("ok", (), "", self.laps)
@@ -228,7 +223,7 @@ class _ExecutorPhase:
         descs, keep = self.describe_outputs(outs)
         self.sample_outs = (outs, keep)
         self.chan.send({"type": reply, "outputs": descs})
-        if self.role == "candidate" and check:
+        if self.job.role == "candidate" and check:
             # Made when the next command arrives, before it is answered: after `sampled` the
             # evaluator stops this process, and on the CPU the sample is charged the CPU time its
             # processes ran until then, which checks run here would add to the candidate's alone.
@@ -277,18 +272,18 @@ class _ExecutorPhase:
                     outs.append(fn(*inputs))
             _stream_write_value(stream, go + 128, seq)
         except _BaseException as e:
-            who = "ModelNew.forward" if self.role == "candidate" else "the reference"
+            who = "ModelNew.forward" if self.job.role == "candidate" else "the reference"
             raise _error_done(e, f"in {who} (timing)") from None
         self.reply_sample(outs, "launched", not null)
 
     def draw(self, calls, dist):
-        if self.role != "reference":
+        if self.job.role != "reference":
             raise _Done("runtime_error", (), "only the reference worker draws inputs")
         frames = []
         sets = []
         try:
             for _ in _range(calls):
-                sets.append(_encode_inputs(self.make_inputs(_fresh_seed(), dist), frames))
+                sets.append(_encode_inputs(make_inputs(self.reference.task, self.device, _fresh_seed(), dist), frames))
         except _BaseException as e:
             raise _error_done(e, "while drawing a timing round's inputs") from None
         self.chan.send({"type": "drawn", "sets": sets}, frames)
@@ -306,15 +301,19 @@ class _ExecutorPhase:
         old = self.buf_sets
         self.buf_sets = []
         descs = []
-        first = self.given_inputs[0] if self.role == "candidate" else self.make_inputs(self.seed, self.trial_dists[0])
-        steps = (self.jitter_bytes // _max(calls, 1)) // 512
+        ref = self.reference
+        if self.job.role == "candidate":
+            first = ref.given_inputs[0]
+        else:
+            first = make_inputs(ref.task, self.device, self.job.seed, ref.trial_dists[0])
+        steps = (self.job.jitter_bytes // _max(calls, 1)) // 512
         arena = None
         if self.cuda:
             # On a CUDA device the buffers are cut from one of two arenas, used in turn (the last
             # round's buffers are read while this round's are filled): the evaluator maps each
             # arena once, where an allocation per buffer and round would cost it a mapping each.
             need = 0
-            for d in self.input_template:
+            for d in self.reference.input_template:
                 if "value" not in d:
                     n = _torch_empty(0, dtype=_DTYPES[d["dtype"]]).element_size()
                     for s_ in d["shape"]:
@@ -331,7 +330,7 @@ class _ExecutorPhase:
         for c in _range(calls):
             prev = old[c] if c < _len(old) else first
             one, desc = [], []
-            for d, x0 in zip(self.input_template, prev):
+            for d, x0 in zip(self.reference.input_template, prev):
                 if "value" in d:
                     one.append(d["value"])
                     desc.append({"value": True})
@@ -365,7 +364,7 @@ class _ExecutorPhase:
         self.chan.send({"type": "buffers", "sets": descs})
 
     def call_once(self, inputs):
-        if self.role == "candidate":
+        if self.job.role == "candidate":
             _reseed_visible()
             self.candidate_flags()
         return self.executor_fn()(*inputs)
@@ -381,9 +380,9 @@ class _ExecutorPhase:
                 del out
             self.sync()
         except _BaseException as e:
-            who = "ModelNew.forward" if self.role == "candidate" else "the reference"
+            who = "ModelNew.forward" if self.job.role == "candidate" else "the reference"
             raise _error_done(e, f"in {who} (timing, untimed call)") from None
-        if self.role == "candidate":
+        if self.job.role == "candidate":
             self.after_call(py0, os0, "timing, untimed call", False)
             # Done here, not in `go`: nothing but the calls is inside the evaluator's clock.
             _reseed_visible()
@@ -403,6 +402,6 @@ class _ExecutorPhase:
                 outs.append(fn(*inputs))
             self.sync()
         except _BaseException as e:
-            who = "ModelNew.forward" if self.role == "candidate" else "the reference"
+            who = "ModelNew.forward" if self.job.role == "candidate" else "the reference"
             raise _error_done(e, f"in {who} (timing)") from None
         self.reply_sample(outs, "sampled", True)

@@ -21,7 +21,7 @@ import torch.nn.modules.module
 import torch.profiler
 import zmq
 
-from crucible_harness_trusted import (
+from .trusted import (
     _all, _c_uint64, _callable, _dict, _Exception, _getattr, _getprofile, _gettrace, _is, _isinstance, _len,
     _list, _map, _ModuleType, _tuple, _type, _vars
 )

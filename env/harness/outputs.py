@@ -6,7 +6,7 @@ import threading
 
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _torch_isclose,
     _abs, _active_count, _bool, _clock_gettime_ns, _current_frames, _enumerate, _enumerate_threads, _float,
     _int, _int64, _isinstance, _len, _max, _min, _nd_tobytes, _os_listdir, _OSError, _range, _repr, _S_data_ptr,
@@ -15,8 +15,8 @@ from crucible_harness_trusted import (
     _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
     _torch_empty, _tuple, _type, _uint8
 )
-from crucible_harness_channel import _Done
-from crucible_harness_device import _export, _kernels
+from .channel import _Done
+from .device import _export, _kernels
 
 _SUPPORTED_DTYPES = {
     torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",

@@ -3,10 +3,11 @@ the trials): paired rounds of timed samples of the reference and the candidate o
 behind the cache flush and (CUDA) the gate, every timed call's outputs snapshotted as its clock
 stops and checked against the reference's, the threads the candidate started watched, and the
 physics floor measured; the times go back to the evaluator, which settles them. Worker
-(worker.py) takes these methods from _TimingPhase."""
+(worker.py) takes these methods from _TimingPhase; the state they keep across `time` messages is
+data: TimingState, RoundChecks and ThreadWatch."""
 import torch
 
-from crucible_harness_trusted import (
+from .trusted import (
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _enumerate, _Ev_elapsed, _Ev_record, _Ev_synchronize,
     _float, _fresh_seed, _gc_disable, _gc_enable, _gc_isenabled, _int, _int64, _isinstance, _len, _list, _max,
     _min, _os_exit, _perf_counter_ns, _range, _reseed_visible, _set, _sorted, _sum, _T_clone, _T_contiguous,
@@ -15,9 +16,10 @@ from crucible_harness_trusted import (
     _torch_empty, _torch_eq, _torch_index_select, _torch_isclose, _torch_randint, _torch_stack, _torch_sum,
     _tuple, _type, _uint8
 )
-from crucible_harness_device import _kernels
-from crucible_harness_channel import _Done, _error_done
-from crucible_harness_outputs import (
+from .device import _kernels
+from .channel import _Done, _error_done
+from .reference import make_inputs
+from .outputs import (
     _aliased_outputs, _call_all, _checked_reference, _clone_inputs, _map_tensors, _os_threads, _output_bytes,
     _output_items, _output_storages, _py_threads, _Taken, _tensors_in, _thread_cpu_ns, _tids
 )
@@ -54,6 +56,79 @@ _ROUND_CHECKS = 4  # calls of a timed sample whose outputs are checked (timed_ca
 _INPUTS_MS_PER_ROUND = 100.0  # host time a round may spend drawing its calls' inputs (choose_calls)
 
 
+class TimingState:
+    """The timing phase's rounds across the job's `time` messages (made by Worker.run).
+
+    warmed        the first calls have run and chosen `calls` (timing_rounds)
+    prime_inputs  (reference's, candidate's) inputs of the last round's last call: the next
+                  round's untimed priming calls run on them
+    round_no      rounds begun (warm-up and measured)
+    pair_first    whether the candidate went first in the first round of the pair under way; None
+                  at the start of a pair (one_round)
+    calls         calls per timed sample (choose_calls)
+    host_ms       the host's time per call of the last timed sample
+    cur_slack     the current round's rounding slack per output (tolerance)
+    placements    the candidate's first input's addresses in the rounds so far
+    floor_bytes   the fewest bytes a checked timed call of the candidate wrote (_output_bytes)
+    floor_ms      the physics floor of a timed call (measure_floor), once measured
+    can_spin      (CUDA) the harness's spin kernel or torch's _cuda_sleep exists
+    """
+    __slots__ = ("warmed", "prime_inputs", "round_no", "pair_first", "calls", "host_ms", "cur_slack", "placements",
+                 "floor_bytes", "floor_ms", "can_spin")
+
+    def __init__(self, can_spin):
+        self.warmed = False
+        self.prime_inputs = None
+        self.round_no = 0
+        self.pair_first = None
+        self.calls = 1
+        self.host_ms = 0.0
+        self.cur_slack = []
+        self.placements = set()
+        self.floor_bytes = None
+        self.floor_ms = None
+        self.can_spin = can_spin
+
+
+class RoundChecks:
+    """The checks of the timed calls' outputs (check_round_outputs, check_round_fracs), made by
+    Worker.run before any candidate code exists.
+
+    round_fracs  (round, output, elements compared, count of matching elements or mismatch slot)
+                 of the checks not yet read
+    round_bad    (CUDA, harness kernels) the mismatch counters on the device, _ROUND_SLOTS of them;
+                 None elsewhere
+    round_used   the counters in use
+    sample_gen   the generator that draws the compared positions (seeded by the OS)
+    sample_bits  the seeds of the positions the harness kernels draw (getrandbits of a Random
+                 seeded by the OS)
+    """
+    __slots__ = ("round_fracs", "round_bad", "round_used", "sample_gen", "sample_bits")
+
+    def __init__(self, sample_gen, sample_bits):
+        self.round_fracs = []
+        self.round_bad = None
+        self.round_used = 0
+        self.sample_gen = sample_gen
+        self.sample_bits = sample_bits
+
+
+class ThreadWatch:
+    """Threads the candidate started in its first calls, watched in the timing rounds
+    (foreign_mark, check_foreign); the OS threads before them are the trials' (Candidate.thread_base).
+
+    foreign         {thread: CPU time} of every such thread at the last mark; None before the first
+    foreign_rounds  the rounds in which such threads ran outside the candidate's calls
+    foreign_ns      their CPU time outside the calls
+    """
+    __slots__ = ("foreign", "foreign_rounds", "foreign_ns")
+
+    def __init__(self):
+        self.foreign = None
+        self.foreign_rounds = set()
+        self.foreign_ns = 0
+
+
 class _TimingPhase:
     """The timing phase's methods of Worker."""
 
@@ -78,7 +153,7 @@ class _TimingPhase:
             kernels.flush(self.flush_buf)
         else:
             _torch_sum(self.flush_buf, 0, dtype=_int64, out=self.flush_sum)
-        if cover and self.cuda and self.can_spin:
+        if cover and self.cuda and self.rounds.can_spin:
             self.spin(_LAUNCH_COVER_CYCLES)
 
     def begin_sample(self, k):
@@ -114,7 +189,7 @@ class _TimingPhase:
             t_host = _perf_counter_ns()
             outs, inner = _call_all(fn, inputs, inside, self.snapshot_inside)
             _Ev_record(self.ev_call, self.stream0)
-            self.host_ms = (_perf_counter_ns() - t_host) / 1e6 / _len(inputs)
+            self.rounds.host_ms = (_perf_counter_ns() - t_host) / 1e6 / _len(inputs)
         finally:
             self.end_sample(gated)
         return outs, inner, gated
@@ -148,16 +223,16 @@ class _TimingPhase:
         the calls' outputs)."""
         n = _len(inputs)
         try:
-            fn = self.ref_fn
+            fn = self.baseline.fn
             static_out = None
-            if self.baseline == "cuda-graph":  # one call per sample (choose_calls)
-                graph, static, static_out = self.graph
+            if self.job.baseline == "cuda-graph":  # one call per sample (choose_calls)
+                graph, static, static_out = self.baseline.graph
                 for s, x in zip(static, inputs[0]):
                     if _isinstance(s, _Tensor):
                         _T_copy_(s, x)
                 fn, inputs = graph.replay, [()]
-            elif self.baseline == "compile-reduce-overhead" and self.mark_step is not None:
-                self.mark_step()  # one call per sample with this baseline (choose_calls)
+            elif self.job.baseline == "compile-reduce-overhead" and self.baseline.mark_step is not None:
+                self.baseline.mark_step()  # one call per sample with this baseline (choose_calls)
             if self.cuda:
                 outs, _, gated = self.gated_calls(fn, inputs, inside, k)
                 ms = self.finish_sample(gated, n)
@@ -167,7 +242,7 @@ class _TimingPhase:
             outs, _ = _call_all(fn, inputs, inside, self.snapshot_inside)
             t1 = _perf_counter_ns()
             ms = (t1 - t0) / 1e6 / n
-            self.host_ms = ms
+            self.rounds.host_ms = ms
             return (ms, ms), outs
         except _BaseException as e:
             raise _error_done(e, "in the reference during timing") from None
@@ -198,7 +273,7 @@ class _TimingPhase:
         snapshotted in full as the clock stops, before anything else; every call's outputs are
         alive until then, and one that shares its buffer with later calls is checked against the
         last call that returned it (_checked_reference)."""
-        model = self.model
+        model = self.candidate.model
         n = _len(inputs)
         py0 = _py_threads()
         os0 = _os_threads()
@@ -219,7 +294,7 @@ class _TimingPhase:
                 t1 = _perf_counter_ns()
                 self.foreign_mark(False)
                 ms = (t1 - t0) / 1e6 / n
-                self.host_ms = ms
+                self.rounds.host_ms = ms
                 ms = (ms, ms)
             picks = self.check_indices(n, checked)
             snaps = [(i, self.snapshot(outs[i]), False) for i in picks]
@@ -254,15 +329,15 @@ class _TimingPhase:
         A thread that gained CPU time outside the calls, or began or ended there, marks the
         round: such a thread could load the device or the cores while the reference is timed,
         or launch work after the candidate's clock stopped (runtime:threads, check_foreign)."""
-        if self.thread_base is None:
+        if self.candidate.thread_base is None:
             return
-        prev = self.foreign
+        prev = self.watch.foreign
         if outside or prev is None:
             tids = _tids()
             if tids is None:
                 return
             now = {}
-            for tid in tids - self.thread_base:
+            for tid in tids - self.candidate.thread_base:
                 ns = _thread_cpu_ns(tid)
                 if ns is not None:
                     now[tid] = ns
@@ -272,7 +347,7 @@ class _TimingPhase:
                 ns = _thread_cpu_ns(tid)
                 if ns is not None:
                     now[tid] = ns
-        self.foreign = now
+        self.watch.foreign = now
         if prev is None or not outside:
             return
         ran = 0
@@ -284,21 +359,21 @@ class _TimingPhase:
                 changed = True
                 ran += ns
         if ran > 0 or changed:
-            self.foreign_rounds.add(_max(self.round_no - 1, 0))  # the first calls count with round 0
-            self.foreign_ns += ran
+            self.watch.foreign_rounds.add(_max(self.rounds.round_no - 1, 0))  # the first calls count with round 0
+            self.watch.foreign_ns += ran
 
     def check_foreign(self, rounds):
         """runtime:threads when threads of the candidate ran outside its calls in two or more of
         the timing rounds so far (one is let pass: a thread finishing what it began in the first
         calls). `rounds`: how many rounds have begun."""
-        if self.foreign_rounds:
-            self.laps["timing: rounds with foreign thread activity"] = _len(self.foreign_rounds)
-            self.laps["timing: foreign thread CPU (us)"] = self.foreign_ns / 1e3
-        if _len(self.foreign_rounds) >= 2:
+        if self.watch.foreign_rounds:
+            self.laps["timing: rounds with foreign thread activity"] = _len(self.watch.foreign_rounds)
+            self.laps["timing: foreign thread CPU (us)"] = self.watch.foreign_ns / 1e3
+        if _len(self.watch.foreign_rounds) >= 2:
             raise _Done("rejected", ["runtime:threads"],
                         f"a thread the candidate started in its first calls ran outside its calls, while the "
-                        f"harness and the reference ran, in {_len(self.foreign_rounds)} of {rounds} timing rounds "
-                        f"({self.foreign_ns / 1e3:.0f} us of CPU time); a candidate's threads may only work "
+                        f"harness and the reference ran, in {_len(self.watch.foreign_rounds)} of {rounds} timing rounds "
+                        f"({self.watch.foreign_ns / 1e3:.0f} us of CPU time); a candidate's threads may only work "
                         "inside its own calls")
 
     def snapshot_inside(self, out):
@@ -325,7 +400,7 @@ class _TimingPhase:
                 snap.append(_Taken(None, None, size, y.dtype))
                 continue
             if kernels is not None and y.device.type == "cuda" and kernels.supports(y):
-                seed = self.sample_bits(64)
+                seed = self.checks.sample_bits(64)
                 yc = y if _T_is_contiguous(y) else _T_contiguous(y)
                 snap.append(_Taken(kernels.gather(yc, seed, samples), seed, size, y.dtype))
                 continue
@@ -341,7 +416,7 @@ class _TimingPhase:
                 snap.append(_Taken(_T_clone(ys[where]), where, size, y.dtype))
                 continue
             if n > samples:
-                idx = _torch_randint(0, n, (samples,), generator=self.sample_gen, device=y.device)
+                idx = _torch_randint(0, n, (samples,), generator=self.checks.sample_gen, device=y.device)
                 snap.append(_Taken(_torch_index_select(ys, 0, idx), idx, size, y.dtype))
             else:
                 snap.append(_Taken(_T_clone(ys), None, size, y.dtype))
@@ -356,7 +431,7 @@ class _TimingPhase:
         checked; comparing every element in float64 took longer than the timed calls themselves.
 
         Type, shape and dtype are checked here; the count of differing elements is computed on
-        the device and kept (self.round_fracs), and read once per measurement by
+        the device and kept (self.checks.round_fracs), and read once per measurement by
         check_round_fracs(): reading it every round waited for the device each time."""
         a = _output_items(ref_out)
         bad = _len(a) != _len(snap)
@@ -389,35 +464,35 @@ class _TimingPhase:
                                     equal_nan=True)
             else:
                 ok = _torch_eq(xs, taken)
-            self.round_fracs.append((k, i, _T_numel(ok), _torch_count_nonzero(ok)))
+            self.checks.round_fracs.append((k, i, _T_numel(ok), _torch_count_nonzero(ok)))
         if bad:
             self.round_failed(k, detail)
 
     def check_round_output_kernels(self, i, x, taken, seed, k):
         """check_round_outputs for one output with the harness's own kernels: the reference's
         values at the positions drawn from `seed` against the candidate's snapshot, the same
-        tolerance, and the mismatches counted into a slot of self.round_bad (read by
+        tolerance, and the mismatches counted into a slot of self.checks.round_bad (read by
         check_round_fracs)."""
         if not _T_is_contiguous(x):
             x = _T_contiguous(x)
         atol, rtol = self.tolerance(x.dtype, i)
-        if self.round_used == _ROUND_SLOTS:
+        if self.checks.round_used == _ROUND_SLOTS:
             self.check_round_fracs()
-        slot = self.round_used
-        self.round_used += 1
+        slot = self.checks.round_used
+        self.checks.round_used += 1
         # The snapshot's size says how many positions it drew (all of them, in order, when the
         # output had no more elements than that).
         samples = _T_numel(taken)
-        _kernels().round_check(x, taken, seed, samples, atol, rtol, _T_data_ptr(self.round_bad) + 8 * slot)
-        self.round_fracs.append((k, i, samples, slot))
+        _kernels().round_check(x, taken, seed, samples, atol, rtol, _T_data_ptr(self.checks.round_bad) + 8 * slot)
+        self.checks.round_fracs.append((k, i, samples, slot))
 
     def tolerance(self, dtype, i):
         """(atol, rtol) of the correctness comparison for output `i`, of `dtype` (env/compare.cpp:
         exact for the dtypes it names no tolerance for), atol widened by the reference's own
         rounding error on that output (round_slack) as the evaluator widens it for the trials."""
-        atol, rtol = self.tolerances.get(dtype, (0.0, 0.0))
-        if i < _len(self.cur_slack) and (atol > 0 or rtol > 0):
-            atol += self.cur_slack[i]
+        atol, rtol = self.job.tolerances.get(dtype, (0.0, 0.0))
+        if i < _len(self.rounds.cur_slack) and (atol > 0 or rtol > 0):
+            atol += self.rounds.cur_slack[i]
         return atol, rtol
 
     def round_failed(self, k, detail):
@@ -427,18 +502,18 @@ class _TimingPhase:
 
     def check_round_fracs(self):
         """The kept counts of differing elements (check_round_outputs), read in one transfer."""
-        fracs = self.round_fracs
-        self.round_fracs = []
+        fracs = self.checks.round_fracs
+        self.checks.round_fracs = []
         if not fracs:
             return
         counted = [m for _, _, _, m in fracs if _type(m) is not _int]
         matching = _T_tolist(_torch_stack(counted)) if counted else []
         kernels = _kernels()
-        used = self.round_used if kernels is not None and self.cuda else 0
-        mismatches = _T_tolist(self.round_bad[:used]) if used else []
+        used = self.checks.round_used if kernels is not None and self.cuda else 0
+        mismatches = _T_tolist(self.checks.round_bad[:used]) if used else []
         if used:
-            kernels._zero(_T_data_ptr(self.round_bad), used * 8)
-            self.round_used = 0
+            kernels._zero(_T_data_ptr(self.checks.round_bad), used * 8)
+            self.checks.round_used = 0
         it = iter(matching)
         for k, i, n, m in fracs:
             bad = mismatches[m] if _type(m) is _int else n - next(it)
@@ -453,12 +528,12 @@ class _TimingPhase:
         timed without the host's launch gaps that the candidate's sample paid: identical code
         came out slower as the candidate."""
         try:
-            if self.baseline == "cuda-graph":
-                self.graph[0].replay()
+            if self.job.baseline == "cuda-graph":
+                self.baseline.graph[0].replay()
             else:
-                if self.mark_step is not None:
-                    self.mark_step()
-                out = self.ref_fn(*inputs)
+                if self.baseline.mark_step is not None:
+                    self.baseline.mark_step()
+                out = self.baseline.fn(*inputs)
                 del out
             self.sync()
         except _BaseException as e:
@@ -466,11 +541,11 @@ class _TimingPhase:
 
     def placed(self, inputs, jitter_bytes=None):
         """A copy of `inputs` whose contiguous tensors each start 0 to `jitter_bytes`
-        (self.jitter_bytes by default; in 512-byte steps) into a fresh allocation of their size
+        (self.job.jitter_bytes by default; in 512-byte steps) into a fresh allocation of their size
         plus that lead; other tensors are cloned. The caching allocator hands back blocks of the
         sizes a round frees, so new allocations alone land at the same few addresses round after
         round (4 over 33 rounds on an H100); the random lead moves every round's inputs."""
-        jitter = self.jitter_bytes if jitter_bytes is None else jitter_bytes
+        jitter = self.job.jitter_bytes if jitter_bytes is None else jitter_bytes
         if jitter < 512:
             return _clone_inputs(inputs)
         steps = jitter // 512
@@ -493,24 +568,25 @@ class _TimingPhase:
         del out
 
     def one_round(self):
-        """One paired round: each model timed once, in random order, on a sample of self.calls
+        """One paired round: each model timed once, in random order, on a sample of self.rounds.calls
         calls, each call on its own fresh inputs; returns ((synced, stream) ms per call of the
         reference, the same of the candidate, candidate first)."""
-        k = self.round_no
-        self.round_no += 1
+        k = self.rounds.round_no
+        self.rounds.round_no += 1
         t_round = _perf_counter_ns()
-        n = self.calls
+        n = self.rounds.calls
         # Fresh values at fresh addresses: the previous round's inputs are still alive while
         # these are generated, outside the timed region; each model gets its own copy.
         # Seeded from the operating system, drawn now: no state of this process predicts them.
         # Every call of a sample has its own: no call can reuse another's work.
-        dist = self.dists[k % _len(self.dists)]
-        fresh = [self.make_inputs(_fresh_seed(), dist) for _ in _range(n)]
+        dist = self.reference.dists[k % _len(self.reference.dists)]
+        fresh = [make_inputs(self.reference.task, self.device, _fresh_seed(), dist) for _ in _range(n)]
         # The slack of this distribution's trials; the largest of all where no trial drew it.
-        self.cur_slack = self.round_slack.get(dist) or [_max(v) for v in zip(*self.round_slack.values())]
-        if self.jitter_bytes >= 512:  # both copies at random places (docs/evaluator.md, Timing: placement)
+        slack = self.reference.round_slack
+        self.rounds.cur_slack = slack.get(dist) or [_max(v) for v in zip(*slack.values())]
+        if self.job.jitter_bytes >= 512:  # both copies at random places (docs/evaluator.md, Timing: placement)
             # A sample's calls share the jitter: n leads of up to jitter / n bytes each.
-            jitter = self.jitter_bytes // n
+            jitter = self.job.jitter_bytes // n
             ref_in = [self.placed(x, jitter) for x in fresh]
             cand_in = [self.placed(x, jitter) for x in fresh]
         else:
@@ -518,19 +594,19 @@ class _TimingPhase:
             cand_in = [_clone_inputs(x) for x in fresh]
         for x in cand_in[0]:
             if _isinstance(x, _Tensor):
-                self.placements.add(_T_data_ptr(x))
+                self.rounds.placements.add(_T_data_ptr(x))
                 break
-        prev_ref, prev_cand = self.prime_inputs
+        prev_ref, prev_cand = self.rounds.prime_inputs
         # Order in balanced pairs: a random order, then the other one. Some pairs showed a
         # steady order effect (on an H100, layernorm's per-round ratio alternated 5.4x/5.6x by
         # order); with independent coin flips a bucket of rounds holds an uneven mix and its mean
         # moves with it, while a bucket of whole pairs holds both orders equally.
-        if self.pair_first is None:
+        if self.rounds.pair_first is None:
             cand_goes_first = self.rng_random() < 0.5
-            self.pair_first = cand_goes_first
+            self.rounds.pair_first = cand_goes_first
         else:
-            cand_goes_first = not self.pair_first
-            self.pair_first = None
+            cand_goes_first = not self.rounds.pair_first
+            self.rounds.pair_first = None
         where = f"timing round {k}"
         # Every call but the last is snapshotted inside both samples (timed_candidate).
         inside = n > 1
@@ -558,7 +634,7 @@ class _TimingPhase:
             c_ms, c_out, c_bytes = self.timed_candidate(cand_in, 2 * k + 1, where, _ROUND_CHECKS, inside)
             t0 = self.lap("round: candidate timed", t0)
         # The floor counts the outputs of checked calls only (the other calls' outputs are not).
-        self.floor_bytes = c_bytes if self.floor_bytes is None else _min(self.floor_bytes, c_bytes)
+        self.rounds.floor_bytes = c_bytes if self.rounds.floor_bytes is None else _min(self.rounds.floor_bytes, c_bytes)
         snaps, storages = c_out
         try:
             for i, snap, in_sample in snaps:
@@ -572,23 +648,23 @@ class _TimingPhase:
         del r_outs, c_out, snaps
         # Kept alive until the next round's inputs exist (fresh addresses), and used for the
         # next round's priming calls.
-        self.prime_inputs = (ref_in[-1], cand_in[-1])
+        self.rounds.prime_inputs = (ref_in[-1], cand_in[-1])
         del fresh, ref_in, cand_in, prev_ref, prev_cand
         self.lap("round: previous inputs freed", t0)
         return r_ms, c_ms, cand_goes_first
 
     def choose_calls(self, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms, host_ms=0.0):
         """Calls per timed sample: as many as make the faster model's sample last
-        self.sample_ms, at most self.max_calls; fewer where a round's inputs and outputs for
+        self.job.sample_ms, at most self.job.max_calls; fewer where a round's inputs and outputs for
         both models would take more than a quarter of the device's free memory (1 GiB on the
         CPU) or drawing the inputs more than _INPUTS_MS_PER_ROUND of host time; one with sample_ms
         0 and with the graph baselines: cuda-graph copies its static inputs before each replay,
         and compile-reduce-overhead's graphs overwrite their outputs at the next step, where a
         sample keeps every call's outputs. `ref_ms`, `cand_ms`: the first calls' stream times."""
-        if self.sample_ms <= 0 or self.baseline in ("cuda-graph", "compile-reduce-overhead"):
+        if self.job.sample_ms <= 0 or self.job.baseline in ("cuda-graph", "compile-reduce-overhead"):
             return 1
         fastest = _max(_min(_sorted(ref_ms)[_len(ref_ms) // 2], _sorted(cand_ms)[_len(cand_ms) // 2]), 1e-6)
-        calls = _min(self.max_calls, _max(1, _int(-(-self.sample_ms // fastest))))
+        calls = _min(self.job.max_calls, _max(1, _int(-(-self.job.sample_ms // fastest))))
         per_call = 2 * (in_bytes + out_bytes) + 1
         budget = 1 << 30
         if self.cuda:
@@ -611,7 +687,7 @@ class _TimingPhase:
         1.5-2.5% slower first verdicts of a 0.26 ms kernel on an H100, which it was tried for: the
         clock was already at 1938 of 1980 MHz there.) Settled: a batch no more than 0.5% faster
         than the fastest before it, after at least _CLOCK_MIN_MS of spinning."""
-        if not self.cuda or not self.can_spin:
+        if not self.cuda or not self.rounds.can_spin:
             return
         t0 = _perf_counter_ns()
         best = 0.0
@@ -641,7 +717,7 @@ class _TimingPhase:
         Timing). On CUDA the device spins meanwhile, so that its clocks stay up."""
         t0 = _perf_counter_ns()
         self.chan.send({"type": "warmed"})
-        if self.cuda and self.can_spin:
+        if self.cuda and self.rounds.can_spin:
             msg = None
             while msg is None:
                 for _ in _range(5):
@@ -664,7 +740,7 @@ class _TimingPhase:
         call. Blocks cut from one large free block need no driver call."""
         t0 = _perf_counter_ns()
         nbytes = _sum(_int(_T_numel(t)) * t.element_size() for t in _tensors_in(inputs))
-        want = 8 * nbytes + 4 * self.jitter_bytes
+        want = 8 * nbytes + 4 * self.job.jitter_bytes
         try:
             free, _total = torch.cuda.mem_get_info()
             want = _min(want, free // 2)
@@ -687,10 +763,10 @@ class _TimingPhase:
         with every measurement, and the evaluator compares the candidate's median settled time
         with it (runtime:below_floor, env/evaluator.cpp)."""
         t0 = _perf_counter_ns()
-        nbytes = _max(_int(self.floor_bytes or 0), 1)
+        nbytes = _max(_int(self.rounds.floor_bytes or 0), 1)
         buf = _torch_empty(nbytes, dtype=_uint8, device=self.device)
         best = None
-        n = self.calls  # fills back to back, as many as a timed sample's calls
+        n = self.rounds.calls  # fills back to back, as many as a timed sample's calls
         kernels = _kernels()
 
         def fill():
@@ -714,15 +790,15 @@ class _TimingPhase:
                 ms = (_perf_counter_ns() - t1) / 1e6 / n
             best = ms if best is None else _min(best, ms)
         del buf
-        self.floor_ms = 0.5 * best
-        self.laps["timing: floor (us)"] = self.floor_ms * 1e3
+        self.rounds.floor_ms = 0.5 * best
+        self.laps["timing: floor (us)"] = self.rounds.floor_ms * 1e3
         self.laps["timing: floor bytes"] = nbytes
         self.lap("timing: floor", t0)
 
     def timing(self, rounds, warmup_ms, warmup_rounds=3, announce=False):
         """Warm-up and `rounds` measured rounds (timing_rounds), with the cyclic garbage
         collector off under evaluator.quiet_gc."""
-        collecting = self.quiet_gc and _gc_isenabled()
+        collecting = self.job.quiet_gc and _gc_isenabled()
         if collecting:
             _gc_disable()
         self.timing_now = True
@@ -735,15 +811,15 @@ class _TimingPhase:
 
     def timing_rounds(self, rounds, warmup_ms, warmup_rounds, announce):
         t_first = _perf_counter_ns()
-        self.foreign = None  # the first mark starts the watch (foreign_mark)
+        self.watch.foreign = None  # the first mark starts the watch (foreign_mark)
         clocked = False  # the clock warm-up ran in this call
-        if not self.warmed:
+        if not self.rounds.warmed:
             t_in = _perf_counter_ns()
-            inputs = self.make_inputs(self.seed + 6_000_001, 0)
+            inputs = make_inputs(self.reference.task, self.device, self.job.seed + 6_000_001, 0)
             placed = self.placed(inputs)
             inputs_ms = (_perf_counter_ns() - t_in) / 1e6  # what one call's inputs cost to draw and place
             del placed
-            if self.cuda and self.timing_reserve:
+            if self.cuda and self.job.timing_reserve:
                 self.reserve_for_rounds(inputs)
             ref_first, cand_first = [], []
             out_bytes = 0
@@ -754,23 +830,23 @@ class _TimingPhase:
             for i in _range(3):
                 ms, out, nbytes = self.timed_candidate([_clone_inputs(inputs)], -1 - i, f"warm-up call {i}")
                 cand_first.append(ms[1])
-                host_first.append(self.host_ms)
+                host_first.append(self.rounds.host_ms)
                 out_bytes = _max(out_bytes, nbytes)
                 del out
                 ms, out = self.timed_reference([_clone_inputs(inputs)], -1 - i)
                 ref_first.append(ms[1])
-                host_first.append(self.host_ms)
+                host_first.append(self.rounds.host_ms)
                 del out
             in_bytes = _sum(_int(_T_numel(t)) * t.element_size() for t in _tensors_in(inputs))
             # The slower model's median host time per call (the first call of each may be slow).
             host_ms = _max(_sorted(host_first[0::2])[1], _sorted(host_first[1::2])[1])
-            self.calls = self.choose_calls(ref_first, cand_first, in_bytes, out_bytes, inputs_ms, host_ms)
+            self.rounds.calls = self.choose_calls(ref_first, cand_first, in_bytes, out_bytes, inputs_ms, host_ms)
             self.laps["timing: first calls' host time per call (ms)"] = host_ms
-            self.laps["timing: calls per sample"] = self.calls
+            self.laps["timing: calls per sample"] = self.rounds.calls
             self.laps["timing: first calls' inputs (ms)"] = inputs_ms
-            self.prime_inputs = (inputs, _clone_inputs(inputs))
+            self.rounds.prime_inputs = (inputs, _clone_inputs(inputs))
             del inputs
-            self.warmed = True
+            self.rounds.warmed = True
             self.lap("timing: first calls", t_first)
         # Warm-up rounds, untimed, until both models' times have settled, for at most warmup_ms:
         # after idle seconds a GPU's clocks are low, and on an H200 the first ~12 rounds ran up
@@ -789,14 +865,14 @@ class _TimingPhase:
             ref_seen.append(r_ms[1])
             cand_seen.append(c_ms[1])
         self.check_round_fracs()
-        self.check_foreign(self.round_no)
+        self.check_foreign(self.rounds.round_no)
         self.lap("timing: warm-up rounds", t0)
         self.laps["timing: warm-up round count"] = self.laps.get("timing: warm-up round count", 0) + n
         if announce:
             self.await_measure()
-            self.foreign = None  # waiting for the evaluator's word is not a round
+            self.watch.foreign = None  # waiting for the evaluator's word is not a round
         t0 = _perf_counter_ns()
-        self.pair_first = None  # measured rounds start a pair
+        self.rounds.pair_first = None  # measured rounds start a pair
         ref_ms, cand_ms, ref_stream_ms, cand_stream_ms, first = [], [], [], [], []
         for _ in _range(rounds):
             r_ms, c_ms, cand_goes_first = self.one_round()
@@ -806,14 +882,15 @@ class _TimingPhase:
             cand_stream_ms.append(_float(c_ms[1]))
             first.append(_bool(cand_goes_first))
         self.check_round_fracs()
-        self.check_foreign(self.round_no)
+        self.check_foreign(self.rounds.round_no)
         self.lap("timing: measured rounds", t0)
-        if self.floor_ms is None:
+        if self.rounds.floor_ms is None:
             self.measure_floor()
         self.laps["timing: measured round count"] = self.laps.get("timing: measured round count", 0) + rounds
-        self.laps["timing: distinct candidate input addresses"] = _len(self.placements)
+        self.laps["timing: distinct candidate input addresses"] = _len(self.rounds.placements)
         return {"ref_ms": ref_ms, "cand_ms": cand_ms, "ref_stream_ms": ref_stream_ms,
-                "cand_stream_ms": cand_stream_ms, "cand_first": first, "floor_ms": self.floor_ms, "calls": self.calls,
+                "cand_stream_ms": cand_stream_ms, "cand_first": first, "floor_ms": self.rounds.floor_ms,
+                "calls": self.rounds.calls,
                 "floor_bytes": self.laps.get("timing: floor bytes", 0)}
 
 

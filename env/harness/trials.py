@@ -2,20 +2,22 @@
 construct_model, trial_phase): its module executed under the integrity snapshots, ModelNew built,
 each trial's outputs sent to the evaluator with the runtime checks after every call (threads,
 patched state, aliasing, inputs unchanged), and the profiled call that counts its kernels against
-the reference's. Worker (worker.py) takes these methods from _TrialPhase."""
+the reference's. Worker (worker.py) takes these methods from _TrialPhase; what they make of the
+candidate is data, a Candidate."""
 import warnings
 
-from crucible_harness_trusted import (
+from .trusted import (
     _abs, _active_count, _BaseException, _bool, _DeviceType, _enumerate, _Ev_elapsed, _Ev_record,
     _Ev_synchronize, _format_exception_only, _get_native_id, _getattr, _isinstance, _len, _list, _param_empty,
     _param_positional_only, _param_positional_or_keyword, _perf_counter_ns, _profile, _ProfilerActivity, _range,
     _repr, _reseed_visible, _set, _setprofile, _signature, _sorted, _str, _sum, _sys_modules,
     _torch_manual_seed, _type
 )
-from crucible_harness_builds import _use_build_service
-from crucible_harness_integrity import _snapshots
-from crucible_harness_channel import _Done, _error_done, _exc_line, _exc_text, _is_oom, _tail
-from crucible_harness_outputs import (
+from .builds import _use_build_service
+from .integrity import _snapshots
+from .channel import _Done, _error_done, _exc_line, _exc_text, _is_oom, _tail
+from .reference import device_done
+from .outputs import (
     _aliased_outputs, _clone_inputs, _encode, _input_layout, _inputs_unchanged, _os_threads, _py_threads,
     _thread_cpu_ns, _thread_names, _tids
 )
@@ -35,6 +37,30 @@ _NO_KERNEL_OPS = frozenset("aten::" + n for n in (
     "is_nonzero", "result_type", "to", "_to_copy", "numpy", "set_"))
 
 
+class Candidate:
+    """What the load and trial phases make of the candidate, for the phases after them (the
+    timing, executor.py's commands). Made by load_phase before the candidate's module executes.
+
+    module      the candidate's module (crucible_candidate)
+    cls         its ModelNew
+    model       ModelNew(*get_init_inputs()) on the device (construct_model)
+    load_py0    (Python threads, thread states) before the module executed (_py_threads)
+    load_os0    the process's OS threads before the module executed (_os_threads; -1: unknown)
+    thread_base the OS threads before the candidate's first call (trial_phase), or None where
+                they cannot be watched: any other thread is watched in the timing rounds
+                (timing.py, ThreadWatch)
+    """
+    __slots__ = ("module", "cls", "model", "load_py0", "load_os0", "thread_base")
+
+    def __init__(self):
+        self.module = None
+        self.cls = None
+        self.model = None
+        self.load_py0 = None
+        self.load_os0 = -1
+        self.thread_base = None
+
+
 class _TrialPhase:
     """The load and trial phases' methods of Worker, with the kernel counting (profiled) that
     start-up and the reference phase also use."""
@@ -47,12 +73,13 @@ class _TrialPhase:
             self.early_snapshots = None
             # The task's module and class: the reference is timed after the candidate ran (in
             # this process only where the verdict has one worker).
-            if self.task is not None:
-                self.core.add_module("task", self.task, "callables")
-                self.core.add_class(self.task.Model)
+            if self.reference.task is not None:
+                self.core.add_module("task", self.reference.task, "callables")
+                self.core.add_class(self.reference.task.Model)
         self.flags0 = self.flags()
+        self.candidate = Candidate()
         py0 = _py_threads()
-        self.load_os0 = _os_threads()
+        self.candidate.load_os0 = _os_threads()
         t0 = self.lap("load: snapshots", t0)
         # The candidate's module: syntax errors, import errors and extension build failures.
         # load_inline and load calls made while the module executes are built by the evaluator
@@ -60,7 +87,7 @@ class _TrialPhase:
         _use_build_service(self.request_build)
         try:
             _reseed_visible()
-            self.cand_mod = self.exec_module("crucible_candidate", src, "candidate.py")
+            self.candidate.module = self.exec_module("crucible_candidate", src, "candidate.py")
         except _BaseException as e:
             if _isinstance(e, _Done):
                 raise
@@ -79,35 +106,36 @@ class _TrialPhase:
         self.check_full("after the candidate module executed")
         self.check_threads_load(py0, "while the candidate module executed")
         self.lap("load: snapshot checks", t0)
-        cls = _getattr(self.cand_mod, "ModelNew", None)
+        cls = _getattr(self.candidate.module, "ModelNew", None)
         if not _isinstance(cls, type):
             raise _Done("compile_error", (), "the candidate defines no class ModelNew")
-        if self.static and self.role == "candidate":
+        if self.job.static and self.job.role == "candidate":
             wrong = self.signature_mismatch(cls)
             if wrong:
                 raise _Done("rejected", ["static:hyperparameters"],
                             wrong + ": constructor arguments and defaults must not change")
-        elif self.static:
+        elif self.job.static:
             self.check_signature(cls)
-        self.cand_cls = cls
-        self.load_py0 = py0
+        self.candidate.cls = cls
+        self.candidate.load_py0 = py0
 
     def construct_model(self):
         """ModelNew(*get_init_inputs()) on the device, once the evaluator holds it."""
-        cls = self.cand_cls
-        py0 = self.load_py0
+        cls = self.candidate.cls
+        py0 = self.candidate.load_py0
         try:
-            _torch_manual_seed(self.seed)
-            init = _list(self.init_inputs if self.role == "candidate" else self.task.get_init_inputs())
+            _torch_manual_seed(self.job.seed)
+            ref = self.reference
+            init = _list(ref.init_inputs if self.job.role == "candidate" else ref.task.get_init_inputs())
             self.candidate_flags()
             model = cls(*init)
             model = model.to(self.device)
-            if self.eval_mode:
+            if self.job.eval_mode:
                 model.eval()
             self.sync()
         except _BaseException as e:
             raise _error_done(e, "while constructing ModelNew") from None
-        self.model = model
+        self.candidate.model = model
         self.check_state("after ModelNew was constructed")
         self.check_threads_load(py0, "while ModelNew was constructed")
 
@@ -119,7 +147,7 @@ class _TrialPhase:
                         f"{_thread_names() or 'threads unknown to threading'})")
         # Threads started from C++ (an extension's static initialiser or constructor): the
         # runtimes start theirs lazily in the first call, not while a module loads.
-        os0 = self.load_os0
+        os0 = self.candidate.load_os0
         if os0 >= 0:
             os1 = _os_threads()
             if os1 > os0:
@@ -132,7 +160,7 @@ class _TrialPhase:
             return _list(sig.parameters.values())[1:]  # without self
 
         try:
-            want = params(self.task.Model)
+            want = params(self.reference.task.Model)
             got = params(cls)
         except (TypeError, ValueError) as e:
             raise _Done("rejected", ["static:hyperparameters"], f"cannot read ModelNew.__init__'s signature: {e}")
@@ -169,9 +197,9 @@ class _TrialPhase:
             self.foreign_mark(True)
         try:
             if profile:
-                out, counts = self.profiled(lambda: self.model(*inputs))
+                out, counts = self.profiled(lambda: self.candidate.model(*inputs))
             else:
-                out = self.model(*inputs)
+                out = self.candidate.model(*inputs)
                 if self.timing_now:
                     self.foreign_mark(False)
                 self.sync()
@@ -200,12 +228,12 @@ class _TrialPhase:
         base = _tids()
         me = _get_native_id()
         if base is not None and me in base and _thread_cpu_ns(me) is not None:
-            self.thread_base = base
+            self.candidate.thread_base = base
         else:
             self.laps["timing: foreign threads check unavailable"] = 1
-        for t in _range(self.trials):
+        for t in _range(self.reference.trials):
             inputs = self.trial_inputs(t)
-            if self.jitter_bytes >= 512:  # placed as the timed calls' inputs are: nothing tells them apart
+            if self.job.jitter_bytes >= 512:  # placed as the timed calls' inputs are: nothing tells them apart
                 inputs = self.placed(inputs)
             pristine = _clone_inputs(inputs)
             layout = _input_layout(inputs)
@@ -214,7 +242,7 @@ class _TrialPhase:
             out, _ = self.call_candidate(inputs, where, check_os_threads=t > 0)
             aliased = _aliased_outputs(out, inputs)
             frames = []
-            msg = {"type": "candidate", "trial": t, "distribution": self.trial_dists[t],
+            msg = {"type": "candidate", "trial": t, "distribution": self.reference.trial_dists[t],
                    "outputs": _encode(out, frames, self.device, self.exports)}
             del out
             unchanged = _inputs_unchanged(inputs, layout, pristine)
@@ -228,12 +256,12 @@ class _TrialPhase:
                 msg["repeat_outputs"] = _encode(out, frames, self.device, self.exports)
                 del out
                 unchanged = unchanged and _inputs_unchanged(inputs, layout, pristine)
-                if self.kernel_mode is not None:
+                if self.reference.kernel_mode is not None:
                     n = self.kernel_count(counts)
                     if n == 0:
                         raise _Done("rejected", ["runtime:no_kernel"],
                                     "no kernel or operator ran in the candidate's forward "
-                                    f"(profiled on the second call of trial 0; counted {self.kernel_mode})")
+                                    f"(profiled on the second call of trial 0; counted {self.reference.kernel_mode})")
                     msg["kernels"] = n
                 own = self.own_work(counts)
                 if own is not None:
@@ -246,14 +274,14 @@ class _TrialPhase:
             msg["threads_after"] = _active_count()
             pending.append((msg, frames))
             del inputs, pristine, frames
-        self.device_done(pending)
+        device_done(self, pending)
 
     def check_aliasing(self, aliased, where):
         """runtime:aliased_output: an output that shares memory with an input where the
         reference's (on the task's own inputs) does not. A view of an input runs no computation,
         and on inputs for which it happens to be right it would be credited as a kernel."""
         for i, a in _enumerate(aliased):
-            if a and not (i < _len(self.ref_aliased) and self.ref_aliased[i]):
+            if a and not (i < _len(self.reference.aliased) and self.reference.aliased[i]):
                 raise _Done("rejected", ["runtime:aliased_output"],
                             f"{where}: output {i} shares memory with an input, where the reference's output does "
                             "not; returning an input or a view of one is not a computation")
@@ -352,18 +380,18 @@ class _TrialPhase:
         Dr. Kernel's lazy optimisation), which earns no speed credit (the evaluator caps its
         speedup at 1). The same kernels in other numbers (a chain of products reassociated, a
         normalisation folded away) differ. None where the reference's profile is not known."""
-        ref = self.ref_profile
+        ref = self.reference.profile
         if ref is None:
             return None
-        key = "kernels" if self.kernel_mode == "device" and counts["device"] > 0 else "operators"
+        key = "kernels" if self.reference.kernel_mode == "device" and counts["device"] > 0 else "operators"
         a, b = counts[key], ref[key]
         drop = _NO_KERNEL_OPS if key == "operators" else ()
         names = (_set(a) | _set(b)) - _set(drop)
         return _sum(_abs(a.get(n, 0) - b.get(n, 0)) for n in names) + counts["ext"]
 
     def kernel_count(self, counts):
-        if self.kernel_mode == "device":
+        if self.reference.kernel_mode == "device":
             return counts["device"] + (counts["launches"] if counts["device"] == 0 else 0)
-        if self.kernel_mode == "launches":
+        if self.reference.kernel_mode == "launches":
             return counts["launches"]
         return counts["ops"] + counts["ext"]

@@ -28,12 +28,17 @@ Trust model. Everything this process does after the candidate's code has run is 
     CUDA, on device copies of the outputs it maps from here (CUDA IPC) and compares with its
     own kernel.
 
-The harness is this module and the modules beside it, loaded by path below (_load_own_modules),
-each holding one part: trusted.py (the captured references), builds.py (the build services),
-device.py (the harness's own CUDA kernels), integrity.py (backend flags and integrity snapshots),
-channel.py (the socket and the `done` outcomes), outputs.py (outputs, inputs and threads of a
-call), and the Worker's phases: reference.py, trials.py (load and trials) and timing.py. This
-module starts the worker (or the zygote that forks workers) and drives a job from start to finish.
+The harness is this module and the package beside it: this folder as the package
+crucible_harness (__init__.py), loaded by path below (_load_package) and taken out of sys.modules
+again (_forget_package) before any candidate code exists, its modules importing one another with
+relative imports, each holding one part: trusted.py (the captured references), builds.py (the
+build services), device.py (the harness's own CUDA kernels), integrity.py (backend flags and
+integrity snapshots), channel.py (the socket and the `done` outcomes), job.py (the job as data),
+outputs.py (outputs, inputs and threads of a call), and the phases: reference.py (functions over
+the job, returning what the reference found as data), trials.py (load and trials), timing.py and
+executor.py (methods of the Worker, reading the phases' data through it); static_checks.py and
+confine.py are modules of it too. This module starts the worker (or the zygote that forks workers)
+and drives a job from start to finish, handing each phase's data to the next (Worker.run).
 """
 import os
 import sys
@@ -90,68 +95,79 @@ _prewarm_dynamo()
 
 
 # ================================================================================================
-# The harness's own modules, loaded by path from this folder (read-only in the sandbox; not on
-# sys.path under -I) at import, before any candidate code exists.
+# The harness's own modules: this folder as the package crucible_harness (__init__.py), loaded by
+# path (the folder is read-only in the sandbox and not on sys.path under -I) at import, before any
+# candidate code exists, and taken out of sys.modules again once this module has bound what it uses.
 
 _HARNESS_DIR = os.path.dirname(os.path.realpath(__file__))
+_PACKAGE_NAME = "crucible_harness"
 
 
-def _load_harness_module(file, name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(_HARNESS_DIR, file))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _load_package():
+    """This folder as the package crucible_harness, every module of it loaded (its __init__.py
+    imports them in order, each with relative imports of those before it). The package is in
+    sys.modules while it loads, which relative imports need, and while this module binds what it
+    uses from it (`from crucible_harness.trusted import ...`, below); _forget_package takes it
+    and its modules out again."""
+    spec = importlib.util.spec_from_file_location(_PACKAGE_NAME, os.path.join(_HARNESS_DIR, "__init__.py"),
+                                                  submodule_search_locations=[_HARNESS_DIR])
+    pkg = importlib.util.module_from_spec(spec)
+    cached = _HARNESS_DIR in sys.path_importer_cache
+    sys.modules[_PACKAGE_NAME] = pkg
+    try:
+        spec.loader.exec_module(pkg)
+    except BaseException:
+        _forget_package(pkg)
+        raise
+    if not cached:
+        # The finder the submodules' imports made for this folder: no path to a fresh copy of a
+        # harness module from it (a copy is not the harness's, but nothing should lead there).
+        sys.path_importer_cache.pop(_HARNESS_DIR, None)
+    return pkg
 
 
-def _load_own_modules(names):
-    """The worker's own modules, NAME.py of this folder, loaded in order ({NAME: module}). Each is
-    put in sys.modules as crucible_harness_NAME while the ones after it load, so that they (and
-    this module, below) bind what they use from it with an ordinary `from ... import`; once they
-    have, _forget_own_modules takes them out again, and no candidate can import one by name."""
-    mods = {}
-    for name in names:
-        mod = _load_harness_module(name + ".py", "crucible_harness_" + name)
-        sys.modules[mod.__name__] = mod
-        mods[name] = mod
-    return mods
+def _forget_package(pkg):
+    """Takes crucible_harness and each of its modules out of sys.modules: no candidate can import
+    one by name. The harness never imports one of its own after this (every name it uses is
+    bound at import), so nothing needs them there."""
+    prefix = _PACKAGE_NAME + "."
+    for name in [n for n in sys.modules if n == _PACKAGE_NAME or n.startswith(prefix)]:
+        del sys.modules[name]
 
 
-def _forget_own_modules(mods):
-    for mod in mods.values():
-        if sys.modules.get(mod.__name__) is mod:
-            del sys.modules[mod.__name__]
-
-
-_STATIC_CHECKS_MODULE = _load_harness_module("static_checks.py", "crucible_static_checks")
-_CONFINE = _load_harness_module("confine.py", "crucible_confine")
-# In the order they import one another: each imports only from those before it.
-_OWN_MODULES = _load_own_modules(("trusted", "builds", "device", "integrity", "channel", "outputs", "reference",
-                                  "trials", "timing", "executor"))
-from crucible_harness_trusted import (  # noqa: E402
+_PACKAGE = _load_package()
+_STATIC_CHECKS_MODULE = _PACKAGE.static_checks
+_CONFINE = _PACKAGE.confine
+# In the order they import one another: each imports only from those before it (__init__.py).
+_OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
+from crucible_harness.trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
-    _Generator, _getattr, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
+    _Generator, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
     _ModuleType, _os_exit, _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr,
     _T_fill_, _torch_empty, _type
 )
-from crucible_harness_builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
-from crucible_harness_device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
-from crucible_harness_device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
-from crucible_harness_integrity import (  # noqa: E402
+from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
+from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
+from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
+from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE
 )
-from crucible_harness_channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
-from crucible_harness_reference import _ReferencePhase  # noqa: E402
-from crucible_harness_trials import _TrialPhase  # noqa: E402
-from crucible_harness_timing import _ROUND_SLOTS, _TimingPhase  # noqa: E402
-from crucible_harness_executor import _ExecutorPhase  # noqa: E402
-_forget_own_modules(_OWN_MODULES)
+from crucible_harness.channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
+from crucible_harness.job import parse_job  # noqa: E402
+from crucible_harness.reference import poison_free_pool, reference_phase  # noqa: E402
+from crucible_harness.trials import _TrialPhase  # noqa: E402
+from crucible_harness.timing import _ROUND_SLOTS, RoundChecks, ThreadWatch, TimingState, _TimingPhase  # noqa: E402
+from crucible_harness.executor import _ExecutorPhase  # noqa: E402
+_forget_package(_PACKAGE)
 
-# The harness's namespaces: this module's globals, the static checks' and each of the modules
-# above. The integrity snapshots hold each whole ("all": any name rebound, added or deleted) with
-# every class defined in it (integrity.py, _core_snapshot), so a patch of any function or constant
-# of the harness, in whichever module, is runtime:patched. (Not confine.py's: it runs only before
-# a Worker exists, and its ctypes structures would keep the snapshot off its fast path.)
-_HARNESS_NAMESPACES = ((("worker", globals()), ("static_checks", vars(_STATIC_CHECKS_MODULE)))
+# The harness's namespaces: this module's globals, the package's, the static checks' and each of
+# the modules above. The integrity snapshots hold each whole ("all": any name rebound, added or
+# deleted) with every class defined in it (integrity.py, _core_snapshot), so a patch of any
+# function or constant of the harness, in whichever module, is runtime:patched. (Not confine.py's:
+# it runs only before a Worker exists, and its ctypes structures would keep the snapshot off its
+# fast path.)
+_HARNESS_NAMESPACES = ((("worker", globals()), ("package", vars(_PACKAGE)),
+                        ("static_checks", vars(_STATIC_CHECKS_MODULE)))
                        + tuple((name, vars(mod)) for name, mod in _OWN_MODULES.items()))
 
 
@@ -159,9 +175,15 @@ _HARNESS_NAMESPACES = ((("worker", globals()), ("static_checks", vars(_STATIC_CH
 # The worker.
 
 
-class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
-    """One job, from start-up to `done`. Its phases' methods come from reference.py, trials.py,
-    timing.py and executor.py; start-up, the job's course (run) and the state checks are here."""
+class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
+    """One job, from start-up to `done`: the process's side of it (the channel, the device and
+    its events, the laps, the integrity snapshots and the state checks), start-up, and the job's
+    course (run), which hands each phase's result to the next as data: the Job (job.py), the
+    Reference and Baseline that reference_phase returns (reference.py), the Candidate that the
+    load and trial phases make (trials.py) and the timing's TimingState, RoundChecks and
+    ThreadWatch (timing.py). The reference phase is functions over that data; the load, trial,
+    timing and executor phases are still methods, from trials.py, timing.py and executor.py, that
+    read it through `self` (env/harness/README.md, "The phases' data")."""
 
     def __init__(self, args):
         self.device = args.device
@@ -176,17 +198,6 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         self.core = None
         self.full = None
         self.flags0 = None
-        self.kernel_mode = None   # how "kernels" is counted; None: not reliable here
-        self.warmed = False
-        self.prime_inputs = None
-        self.round_no = 0
-        self.dists = [0, 1]       # input distributions of the rounds (reference_phase)
-        self.trial_dists = []     # each trial's input distribution (reference_phase)
-        self.ref_aliased = []     # which of the reference's outputs share memory with an input
-        self.ref_param_storages = set()
-        self.ref_fn = None
-        self.graph = None
-        self.mark_step = None
         self.exports = None  # a list while outputs stay on the device (job "outputs": "device")
         # Host milliseconds per step (reference, load, trials, timing rounds, finish), sent in
         # the `done` message for `crucible eval --verbose`: where a verdict's wall time goes.
@@ -196,26 +207,20 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         self.gc_t0 = 0
         self.timing_now = False  # inside timing(): collections then are also counted apart
         gc.callbacks.append(self.gc_lap)
-        self.floor_bytes = None  # the fewest bytes a checked timed call of the candidate wrote (_output_bytes)
-        self.floor_ms = None  # the physics floor of a timed call (measure_floor)
-        self.round_fracs = []  # (round, elements compared, count matching or mismatch slot): check_round_outputs
-        self.can_spin = False  # set per job: the harness's spin kernel or torch's _cuda_sleep exists
-        self.pair_first = None  # order of the first round of the current pair (one_round)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
         self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
-        # The job's side of the trust boundary (executor.py): "reference" (the task only),
-        # "candidate" (ModelNew only), or None (both in this process: the CUDA path for now).
-        self.role = None
-        self.task = None
-        # Threads started by the candidate's first calls (see foreign_mark): the OS threads
-        # before them; the CPU time of every thread not among those at the last mark; the
-        # timing rounds in which such threads ran outside the candidate's calls, and for how long.
-        self.ref_profile = None  # the reference's profiled call's counts and names (own_work)
         self.cand_flags = {}  # settings the candidate chose for its own calls (_CANDIDATE_FLAG_SETTERS)
-        self.thread_base = None
-        self.foreign = None
-        self.foreign_rounds = set()
-        self.foreign_ns = 0
+        # What the phases pass on, each as data (set by run as each phase ends):
+        self.job = None        # the job (job.py's Job), once it has arrived
+        self.reference = None  # what the reference phase found (reference.py's Reference), or
+        #                        what the candidate's worker is told of it (executor.py)
+        self.baseline = None   # the reference as the timing calls it (reference.py's Baseline)
+        self.candidate = None  # the candidate: module, ModelNew, its instance (trials.py's Candidate)
+        # The timing's state across `time` messages (timing.py): its rounds, the checks of their
+        # outputs, the watch over the candidate's threads.
+        self.rounds = None
+        self.checks = None
+        self.watch = None
 
     def lap(self, name, t0):
         """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
@@ -415,110 +420,67 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self.early_snapshots = (_core_snapshot(self.harness), _full_snapshot())
-        job = self.chan.recv()
-        if job.get("type") != "job":
-            raise _Done("runtime_error", (), f"expected a job message, got {job.get('type')!r}")
-        self.job = job
+        msg = self.chan.recv()
+        if msg.get("type") != "job":
+            raise _Done("runtime_error", (), f"expected a job message, got {msg.get('type')!r}")
         self.t_job = _perf_counter_ns()
         # Every value comes from the evaluator (env/worker_messages.cpp): a field the job lacks
-        # ends it naming the field; the worker keeps no default of its own.
-        self.seed = _int(_need(job, "seed"))
-        # The correctness tolerances (evaluator.fp32_atol ...), which every timed call's outputs
-        # are held to as well (check_round_outputs). The candidate's side of the trust boundary
-        # gets none: the evaluator compares its outputs.
-        candidate_side = job.get("role") == "candidate"
-        tol = {} if candidate_side else _need(job, "tolerances")
-        self.tolerances = {_getattr(torch, name): (_float(a), _float(r)) for name, (a, r) in tol.items()}
-        self.trials = _int(_need(job, "trials"))
-        # Outputs may differ from the reference by this many times its own rounding error on the
-        # same inputs (rounding_error), beyond atol and rtol; 0: fixed tolerances only.
-        self.rounding_factor = 0.0 if candidate_side else _max(_float(_need(job, "rounding_factor")), 0.0)
-        # Per input distribution, per output: rounding_factor times the output's largest rounding
-        # error in that distribution's trials; the current round's (tolerance).
-        self.round_slack = {}
-        self.cur_slack = []
-        self.baseline = _need(job, "baseline")
-        flush_bytes = _int(_need(job, "flush_bytes"))
+        # ends it naming the field; the worker keeps no default of its own (job.py).
+        job = self.job = parse_job(msg, self.device)
         self.rng_random = _Random(_fresh_seed()).random
-        # Each timing round's inputs start at a random offset into their own allocation, so a
-        # verdict's rounds see many placements instead of the few blocks the caching allocator
-        # would hand back round after round (docs/evaluator.md, Timing: placement).
-        self.jitter_bytes = _max(_int(_need(job, "placement_jitter_bytes")), 0)
-        self.timing_reserve = _need(job, "timing_reserve") is True
-        # evaluator.sample_ms / max_calls: a timed sample is `calls` calls back to back, each on
-        # its own fresh inputs, as many as make the sample last sample_ms (choose_calls); 0 or
-        # a cuda-graph baseline: one call per sample.
-        self.sample_ms = _max(_float(_need(job, "sample_ms")), 0.0)
-        self.max_calls = _max(_int(_need(job, "max_calls")), 1)
-        self.calls = 1
-        self.host_ms = 0.0  # the host's time per call of the last timed sample (choose_calls)
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
         # the job allocates; and timing() turns the collector off (as timeit does), so no
         # collection runs inside a timed call. A full collection over those objects took
         # 162-170 ms on an H100's host (docs/performance-history.md, "Where a sequential
         # verdict's time goes").
-        self.quiet_gc = _need(job, "quiet_gc") is True
-        # evaluator.eval_mode: both models in eval mode once constructed (BatchNorm's running
-        # statistics, Dropout off), as CUDA-L1's harness runs them; else training mode.
-        self.eval_mode = _need(job, "eval_mode") is True
-        if self.quiet_gc:
+        if job.quiet_gc:
             _gc_freeze()
-        self.placements = set()
-        # Positions compared in timing rounds; made here, before any candidate code exists.
-        self.sample_gen = _Generator(device=self.device).manual_seed(_fresh_seed())
-        self.sample_bits = _Random(_fresh_seed()).getrandbits
         kernels = _kernels()
-        self.can_spin = kernels is not None or _cuda_sleep is not None
+        self.rounds = TimingState(can_spin=kernels is not None or _cuda_sleep is not None)
+        self.watch = ThreadWatch()
+        # Positions compared in timing rounds; made here, before any candidate code exists.
+        self.checks = RoundChecks(_Generator(device=self.device).manual_seed(_fresh_seed()),
+                                  _Random(_fresh_seed()).getrandbits)
         if kernels is not None and self.cuda:
             # Mismatch counters of the timing rounds' output checks (check_round_outputs).
-            self.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
-            self.round_used = 0
-            kernels._zero(_T_data_ptr(self.round_bad), _ROUND_SLOTS * 8)
-        if self.baseline not in ("eager", "compile", "compile-reduce-overhead", "cuda-graph"):
-            raise _Done("runtime_error", (), f"unknown baseline {self.baseline!r}")
-        if self.baseline == "cuda-graph" and not self.cuda:
-            raise _Done("runtime_error", (), "the cuda-graph baseline needs a CUDA device; this worker runs on the CPU")
-
-        self.role = job.get("role")
-        if self.role not in (None, "reference", "candidate"):
-            raise _Done("runtime_error", (), f"unknown role {self.role!r}")
+            self.checks.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
+            self.checks.round_used = 0
+            kernels._zero(_T_data_ptr(self.checks.round_bad), _ROUND_SLOTS * 8)
         # 3. Static checks, before any candidate code runs (by the reference worker where the
-        # verdict has two: it parses the candidate's source and never runs it).
-        src = _need(job, "candidate_source")
-        task_src = "" if candidate_side else _need(job, "task_source")
-        # A check of the task alone (device_evaluator::check_task): its reference is built and
-        # run on the first trial's inputs, and nothing of a candidate's is looked at.
-        self.reference_only = _need(job, "reference_only") is True
-        self.static = _need(job, "static_checks") is True and not self.reference_only
+        # verdict has two: it parses the candidate's source and never runs it). A check of the
+        # task alone (job.reference_only) builds and runs its reference on the first trial's
+        # inputs, and looks at nothing of a candidate's.
+        src = job.candidate_source
+        task_src = job.task_source
         # Outputs stay on the device when the evaluator asks (each one the driver cannot export
         # still travels as bytes).
-        self.exports = [] if (self.cuda and _need(job, "outputs") == "device") else None
-        if self.static and self.role != "candidate":
+        self.exports = [] if job.outputs_on_device else None
+        if self.job.static and self.job.role != "candidate":
             problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
             if problems:
                 names = []
                 for cls, _, _ in problems:
                     if cls not in names:
                         names.append(cls)
-                msg = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
-                raise _Done("rejected", names, msg)
+                text = "; ".join(f"line {line}: {m}" for _, line, m in problems[:20])
+                raise _Done("rejected", names, text)
 
         self.redirect_output()
-        self.flush_buf = _torch_empty(_max(flush_bytes // 4, 1), dtype=_int32, device=self.device)
+        self.flush_buf = _torch_empty(_max(job.flush_bytes // 4, 1), dtype=_int32, device=self.device)
         _T_fill_(self.flush_buf, 1)
         self.flush_sum = _torch_empty((), dtype=_int64, device=self.device)
 
-        if self.role == "candidate":
+        if self.job.role == "candidate":
             self.candidate_job(job, src)
         # 4. Reference outputs, before the candidate is imported.
-        self.reference_phase(task_src)
-        if self.role == "reference":
+        self.reference, self.baseline = reference_phase(self, job, task_src)
+        if self.job.role == "reference":
             self.chan.send(self.reference_info())
             self.executor_loop()
-        if self.reference_only:
-            raise _Done("ok", (), f"the task's reference ran on {self.trials} trial input(s) and gave the same "
-                                  "outputs when called again")
+        if self.job.reference_only:
+            raise _Done("ok", (), f"the task's reference ran on {self.reference.trials} trial input(s) and gave the "
+                                  "same outputs when called again")
 
         # 5. Load the candidate without the device.
         self.chan.send({"type": "phase", "name": "load"})
@@ -536,7 +498,7 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         t0 = _perf_counter_ns()
         self.construct_model()
         t0 = self.lap("trials: ModelNew", t0)
-        self.poison_free_pool()
+        poison_free_pool(self.cuda)
         t0 = self.lap("trials: poison free pool", t0)
         self.trial_phase()
         self.lap("trials: calls and outputs", t0)
@@ -576,7 +538,7 @@ class Worker(_ReferencePhase, _TrialPhase, _TimingPhase, _ExecutorPhase):
         t0 = _perf_counter_ns()
         self.construct_model()
         t0 = self.lap("trials: ModelNew", t0)
-        self.poison_free_pool()
+        poison_free_pool(self.cuda)
         self.trial_phase()
         self.lap("trials: calls and outputs", t0)
         self.executor_loop()

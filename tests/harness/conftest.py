@@ -2,11 +2,12 @@
 (tests/harness/CMakeLists.txt) as `PYTHON -m pytest tests/harness`.
 
 The harness's modules are loaded as the worker loads them: worker.py itself is loaded by path,
-and its import loads static_checks.py and the modules of its _load_own_modules list, in its
-order, each under crucible_harness_NAME (env/harness/README.md). Loading worker.py starts no
-worker: it sets two environment variables (TORCHINDUCTOR_COMPILE_THREADS, TRITON_F32_DEFAULT),
-applies torch.compile's first-use patches and touches no device. The fixtures hand the tests the
-module objects the worker binds its names from."""
+and its import loads env/harness as the package crucible_harness (its __init__.py imports
+static_checks, confine and the modules of its MODULES list, in that order, with relative imports),
+binds what it uses and takes the package out of sys.modules again (env/harness/README.md). Loading
+worker.py starts no worker: it sets two environment variables (TORCHINDUCTOR_COMPILE_THREADS,
+TRITON_F32_DEFAULT), applies torch.compile's first-use patches and touches no device. The fixtures
+hand the tests the module objects the worker binds its names from."""
 import importlib.util
 from pathlib import Path
 
@@ -16,9 +17,9 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_DIR = REPO / "env" / "harness"
 
-# The worker's own modules, in the order worker.py loads them (test_loading checks it is so).
-OWN_MODULES = ("trusted", "builds", "device", "integrity", "channel", "outputs", "reference", "trials", "timing",
-               "executor")
+# The worker's own modules, in the order the package loads them (test_loading checks it is so).
+OWN_MODULES = ("trusted", "builds", "device", "integrity", "channel", "job", "outputs", "reference", "trials",
+               "timing", "executor")
 
 _WORKER = None
 

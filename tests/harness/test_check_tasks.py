@@ -22,7 +22,7 @@ def test_inputs_are_the_workers(check_tasks, reference):
     task = types.SimpleNamespace(get_inputs=lambda: [torch.randn(8, 16), torch.arange(4), 3])
     for dist in range(5):
         got = check_tasks.make_inputs(task, 77, dist, "cpu")
-        want = reference._ReferencePhase.make_inputs(types.SimpleNamespace(device="cpu", task=task), 77, dist)
+        want = reference.make_inputs(task, "cpu", 77, dist)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) and got[2] == want[2]
     assert check_tasks.evaluator_worker()._OWN_MODULES["reference"].__file__ == reference.__file__
 

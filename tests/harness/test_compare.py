@@ -3,6 +3,8 @@ reference's determinism check), timing.py's per-output tolerance and the timed o
 (check_round_outputs, check_round_fracs: |cand - ref| <= atol + rtol |ref|, NaN matching NaN,
 as env/compare.cpp), and _settled (when warm-up rounds have settled)."""
 import math
+import random
+import types
 
 import pytest
 import torch
@@ -75,16 +77,15 @@ def rounds(timing):
         pass
 
     w = W()
-    w.tolerances = {torch.float32: F32, torch.float16: (1e-2, 1e-2)}
-    w.cur_slack = []
-    w.round_fracs = []
-    w.round_used = 0
+    w.job = types.SimpleNamespace(tolerances={torch.float32: F32, torch.float16: (1e-2, 1e-2)})
+    w.rounds = timing.TimingState(can_spin=False)
+    w.checks = timing.RoundChecks(torch.Generator().manual_seed(0), random.Random(0).getrandbits)
     w.cuda = False
     return w
 
 
 def test_tolerance_per_dtype_and_output(rounds):
-    rounds.cur_slack = [0.5]
+    rounds.rounds.cur_slack = [0.5]
     assert rounds.tolerance(torch.float32, 0) == (0.5001, 1e-4)
     assert rounds.tolerance(torch.float32, 1) == F32
     assert rounds.tolerance(torch.int32, 0) == (0.0, 0.0)   # exact: no slack either
@@ -110,7 +111,7 @@ def test_timed_outputs_within_the_tolerance_pass(rounds, outputs):
     ref = torch.tensor([1.0, 100.0, math.nan, math.inf, -2.0])
     check(rounds, outputs, ref, torch.tensor([1.00015, 100.0095, math.nan, math.inf, -2.0002]))
     check(rounds, outputs, torch.arange(6, dtype=torch.int32), torch.arange(6, dtype=torch.int32))
-    assert rounds.round_fracs == []
+    assert rounds.checks.round_fracs == []
 
 
 @pytest.mark.parametrize("cand, bad", [
@@ -131,7 +132,7 @@ def test_timed_outputs_beyond_the_tolerance_are_refused(rounds, outputs, channel
 
 
 def test_the_rounding_slack_widens_the_timed_check(rounds, outputs, channel):
-    rounds.cur_slack = [0.5]
+    rounds.rounds.cur_slack = [0.5]
     check(rounds, outputs, torch.tensor([1.0, 2.0]), torch.tensor([1.4, 2.5]))
     with pytest.raises(channel._Done):
         check(rounds, outputs, torch.tensor([1.0, 2.0]), torch.tensor([1.4, 2.6]))

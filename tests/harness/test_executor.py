@@ -24,7 +24,8 @@ def test_param_descs(executor):
 
 def mismatch(executor, ref_cls, cand_cls):
     # The reference's descriptions arrive through JSON (reference_info).
-    w = types.SimpleNamespace(ref_signature=json.loads(json.dumps(executor._param_descs(ref_cls))))
+    w = types.SimpleNamespace(reference=types.SimpleNamespace(
+        signature=json.loads(json.dumps(executor._param_descs(ref_cls)))))
     return executor._ExecutorPhase.signature_mismatch(w, cand_cls)
 
 
@@ -69,4 +70,5 @@ def test_other_signatures_are_named(executor):
 
 
 def test_no_reference_signature_no_check(executor):
-    assert executor._ExecutorPhase.signature_mismatch(types.SimpleNamespace(ref_signature=None), Model) is None
+    assert executor._ExecutorPhase.signature_mismatch(
+        types.SimpleNamespace(reference=types.SimpleNamespace(signature=None)), Model) is None

@@ -1,4 +1,4 @@
-"""reference.py's inputs (_ReferencePhase.make_inputs): get_inputs() under the trial's seed, and
+"""reference.py's inputs (make_inputs): get_inputs() under the trial's seed, and
 what each of the five input distributions does to floating inputs (docs/evaluator.md,
 Correctness): 0 as given; 1 times U(0.5, 2) elementwise; 2 as 1 with a random sign; 3 as 2,
 times 32; 4 as 1 with one run of a quarter to a 64th of each input scaled by 16 more."""
@@ -16,9 +16,8 @@ def task(*make):
 
 
 def draw(reference, tsk, seed, dist):
-    """make_inputs as the reference phase calls it, on a stand-in Worker (a CPU worker: device and
-    task are all make_inputs reads of it)."""
-    return reference._ReferencePhase.make_inputs(types.SimpleNamespace(device="cpu", task=tsk), seed, dist)
+    """make_inputs as the reference phase calls it, on a CPU worker."""
+    return reference.make_inputs(tsk, "cpu", seed, dist)
 
 
 def factors(seed, *sizes, signed=False):

@@ -35,7 +35,8 @@ _DEFAULT_CHECKS = os.path.join(_REPO, "env", "harness", "static_checks.py")
 
 
 def load_static_checks(path):
-    """Imports static_checks.py from a file, as worker.py's _load_harness_module does."""
+    """Imports static_checks.py from a file on its own (it imports nothing of the harness; the
+    worker loads it as a module of its package, env/harness/__init__.py)."""
     spec = importlib.util.spec_from_file_location("crucible_static_checks_survey", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

