@@ -5,8 +5,9 @@ in its first call (the one call whose new threads are not refused, where runtime
 and from then on splits the reference's own computation, (A @ B).sum(-1), by rows over them,
 waiting for all four before it returns. Every output is finished when the call returns and
 nothing is computed differently: only the cores differ. A worker is given evaluator.cpu_threads
-cores (one), and so is the reference's; on the development machine's two cores this was credited
-about 1.4x while the clock was the sample's wall time alone. Each sample is now charged the larger
+cores (one), and so is the reference's; on the development machine's two cores it would have
+been about 1.4x while the clock was the sample's wall time alone (estimated from the CPU time its
+threads ran beyond each sample; no verdict was taken with that clock). Each sample is now charged the larger
 of its wall time and the CPU time all the worker's threads ran in it over its cores, so the split
 buys nothing on an idle machine (0.87-0.93x); on a machine with other work, where five runnable
 threads get more of the cores than the reference's one, it still measured 1.55x (band ±40%)
