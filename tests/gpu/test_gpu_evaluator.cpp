@@ -544,3 +544,36 @@ TEST_CASE("GPU hack candidates get no speed credit, and each rejection names its
     check_expected(e, v);
   }
 }
+
+TEST_CASE("the trust boundary's hack suite on CUDA: nothing is credited across the boundary") {
+  // tests/candidates/boundary/hack_*.py (written for the CPU; each runs on CUDA as it is, the
+  // C++ ones on tensors of the CPU may fail instead) and tests/candidates/gpu/boundary/ (classes
+  // of the device alone), each judged with evaluator.cuda_boundary on: whatever its verdict, no
+  // speed credit (`no-credit`). Each verdict on the shared path is logged beside it, unchecked: the
+  // hacks are written to pay there (tools/bench/boundary_gpu.sh hacks measures both).
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto across = short_evaluator(true, log, {}, true);
+  auto shared = short_evaluator(true, log, {}, false);
+  std::vector<fs::path> files;
+  for (const auto& dir : {source_dir / "tests" / "candidates" / "boundary", source_dir / "tests" / "candidates" / "gpu" / "boundary"})
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".py" && e.path().filename().string().rfind("hack_", 0) == 0)
+        files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 17);
+  for (const auto& path : files) {
+    const auto e = read_expectation(path, source_dir);
+    auto t = load_task(e.task);
+    if (!t)
+      FAIL(t.error().message);
+    const auto source = read_text(path);
+    auto before = shared->evaluate(eval_request{*t, source, 0, false});
+    auto v = across->evaluate(eval_request{*t, source, 0, false});
+    const std::string label = path.filename().string() + ": " + to_string(v.status);
+    INFO(label << " " << v.message);
+    MESSAGE(label << " speedup " << v.speedup << " (shared: " << to_string(before.status) << " " << before.speedup << ") "
+                  << v.message.substr(0, 160));
+    CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
+  }
+}

@@ -9,6 +9,14 @@
 #   identity  the CPU suite's references against themselves on cuda:0 (reference_as_candidate.py),
 #             cuda_boundary true then false (IDENTITY_MODES): OUT/selfc_MODE.jsonl, one line a
 #             verdict, each mode's wall time, then band_check.py --self
+#   kb        KernelBench's first KB_TASKS (26) level 1 tasks against themselves, cuda_boundary
+#             true (KB_MODES): OUT/selfkb_MODE.jsonl, then band_check.py --self. Needs
+#             data/kernelbench (tools/bench/fetch_kernelbench.sh)
+#   hacks     each hack of tests/candidates/boundary and tests/candidates/gpu/boundary (or the
+#             files of HACKS) on its task on cuda:0, cuda_boundary false then true (HACK_MODES):
+#             OUT/hacks.jsonl, one line a verdict (file, mode, status, speedup, checks, wall time)
+# CRUCIBLE and TEST_GPU_EVALUATOR: binaries built earlier (no build then); TEST_CASES: the test
+# step's cases (doctest -tc, default its CPU-suite case), TEST_TIMEOUT_S its limit (200).
 # PYTHON: the interpreter with torch (default .venv/bin/python, else python3). On a lent machine:
 # tools/bench/gpu_session.sh boundary [STEP...].
 set -uo pipefail
@@ -19,15 +27,19 @@ BUILD="$(realpath -m "${BUILD:-build}")"
 OUT="$(realpath -m "${OUT:-$ROOT/runs/bench/boundary_gpu}")"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 STEPS=("$@")
-[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(fast test identity)
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(fast test identity kb hacks)
 for step in "${STEPS[@]}"; do
-  case "$step" in fast | test | identity) ;; *) echo "boundary_gpu: unknown step $step" >&2; exit 2 ;; esac
+  case "$step" in fast | test | identity | kb | hacks) ;; *) echo "boundary_gpu: unknown step $step" >&2; exit 2 ;; esac
 done
 mkdir -p "$OUT"
 start=$(date +%s)
-CRUCIBLE_BUILD_DIR="$BUILD" tools/build.sh crucible test_gpu_evaluator >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-echo "boundary_gpu: build $(( $(date +%s) - start )) s; $(nvidia-smi --query-gpu=name --format=csv,noheader)"
-C="$BUILD/tools/crucible"
+if [[ -z ${CRUCIBLE:-} ]]; then
+  CRUCIBLE_BUILD_DIR="$BUILD" tools/build.sh crucible test_gpu_evaluator >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  echo "boundary_gpu: build $(( $(date +%s) - start )) s"
+fi
+echo "boundary_gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+C="${CRUCIBLE:-$BUILD/tools/crucible}"
+T="${TEST_GPU_EVALUATOR:-$BUILD/tests/gpu/test_gpu_evaluator}"
 for step in "${STEPS[@]}"; do
   start=$(date +%s)
   case "$step" in
@@ -40,7 +52,7 @@ for step in "${STEPS[@]}"; do
         grep -E "floor|laps|rror" "$OUT/err_$v.log" | tail -3 | cut -c1-300
       done ;;
     test)
-      timeout 200 "$BUILD/tests/gpu/test_gpu_evaluator" -s -tc="CPU-suite tasks on CUDA*" > "$OUT/t_suite.log" 2>&1
+      timeout "${TEST_TIMEOUT_S:-200}" "$T" -s -tc="${TEST_CASES:-CPU-suite tasks on CUDA*}" > "$OUT/t_suite.log" 2>&1
       echo "test rc=$?"
       grep -E "MESSAGE|test cases" "$OUT/t_suite.log" | sed 's/.*MESSAGE: //' | grep -v "^host" | cut -c1-200 ;;
     identity)
@@ -52,6 +64,34 @@ for step in "${STEPS[@]}"; do
           --set evaluator.cuda_boundary="$mode" --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
         echo "identity cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfc_$mode.jsonl" --self 2>&1 | tail -4
+      done ;;
+    kb)
+      "$PYTHON" tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/selfkb >/dev/null
+      grep -v '^#' /tmp/selfkb/pairs.tsv | head -"${KB_TASKS:-26}" >/tmp/selfkb/first.tsv
+      for mode in ${KB_MODES:-true}; do
+        s=$(date +%s)
+        rm -f "$OUT/selfkb_$mode.jsonl"
+        timeout "${KB_TIMEOUT_S:-900}" "$C" eval --pairs /tmp/selfkb/first.tsv --device cuda:0 --no-cache --json \
+          --set evaluator.cuda_boundary="$mode" --out "$OUT/selfkb_$mode.jsonl" > /dev/null 2> "$OUT/selfkb_$mode.err"
+        echo "kb cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
+        "$PYTHON" tools/bench/band_check.py "$OUT/selfkb_$mode.jsonl" --self 2>&1 | tail -8
+      done ;;
+    hacks)
+      rm -f "$OUT/hacks.jsonl"
+      # shellcheck disable=SC2086 # HACKS is a list of files
+      for f in ${HACKS:-tests/candidates/boundary/hack_*.py tests/candidates/gpu/boundary/hack_*.py}; do
+        task="$(sed -n 's/^# task:[[:space:]]*//p' "$f" | head -1)"
+        for mode in ${HACK_MODES:-false true}; do
+          timeout 300 "$C" eval --task "$task" --candidate "$f" --device cuda:0 --json --no-cache \
+            --set evaluator.cuda_boundary="$mode" 2>>"$OUT/hacks.err" |
+            "$PYTHON" -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("{"):
+        v = json.loads(line)
+        print(json.dumps({"candidate": sys.argv[1], "cuda_boundary": sys.argv[2], "status": v["status"],
+                          "speedup": v["speedup"], "checks": v["checks_failed"], "wall_s": v.get("wall_s"),
+                          "message": v["message"][:240]}))' "$(basename "$f")" "$mode" | tee -a "$OUT/hacks.jsonl" | cut -c1-260
+        done
       done ;;
   esac
   echo "boundary_gpu: $step $(( $(date +%s) - start )) s"

@@ -12,6 +12,7 @@
 # message), once from each side of SIDES (default "new"): new is this checkout, old the checkout
 # OLD_SRC (default old-src), built in OLD_SRC/build (configured here when it is not yet), the two
 # alternated candidate by candidate. Each side's stderr goes to OUT/eval-sides-stderr-SIDE.log.
+# EVAL_ARGS: more options of crucible eval for both sides (`--set evaluator.cuda_boundary=true`).
 # PYTHON: the interpreter (default .venv/bin/python, else python3).
 set -uo pipefail
 case "${1:-}" in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
@@ -43,7 +44,8 @@ eval_sides() { # KEY LABEL TASK CANDIDATE JSONL
   local key="$1" label="$2" task="$3" cand="$4" jsonl="$5" side bin base
   for side in $SIDES; do
     if [[ $side == new ]]; then bin="$BUILD/tools/crucible"; base="$ROOT"; else bin="$OLD/build/tools/crucible"; base="$OLD"; fi
-    (cd "$base" && timeout 300 "$bin" eval --task "$task" --candidate "$cand" --device cuda:0 --json --no-cache \
+    # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
+    (cd "$base" && timeout 300 "$bin" eval --task "$task" --candidate "$cand" --device cuda:0 --json --no-cache ${EVAL_ARGS:-} \
       2>>"$(dirname "$jsonl")/eval-sides-stderr-$side.log") |
       "$PYTHON" -c 'import json, sys
 for line in sys.stdin:

@@ -12,14 +12,14 @@ against it (env/harness/static_checks.py: `TORCH_LIBRARY_IMPL(aten, ...`).
 
 How: the screen's pattern wants the namespace right after the macro's parenthesis; here it is a
 macro of the extension's own (`KERNEL_NS`), defined as aten a line above. When the worker imports
-the built module, its static registration puts a CPU kernel over aten::mm that runs the product
-twice through aten::mm.out (an operator of its own, so no recursion). The reference's
-`(A @ B).sum(-1)` goes through aten::matmul to aten::mm; the candidate computes the same product
-with aten::bmm (a batch of one: the same BLAS call, the same speed) and sums the rows, so it does
-what the reference does at the reference's own speed, with other operators (own_kernels is not
-0). The reference's trial outputs were computed before the module was imported; the timed
-reference still returns the right product. Nothing Python-visible changes (runtime:patched and
-runtime:backend_flags see nothing).
+the built module, its static registration puts a kernel over aten::mm, for the CPU and for CUDA (the
+same file runs on either device; the kernel only calls ATen), that runs the product twice through
+aten::mm.out (an operator of its own, so no recursion). The reference's `(A @ B).sum(-1)` goes
+through aten::matmul to aten::mm; the candidate computes the same product with aten::bmm (a batch of
+one: the same BLAS call, the same speed) and sums the rows, so it does what the reference does at
+the reference's own speed, with other operators (own_kernels is not 0). The reference's trial
+outputs were computed before the module was imported; the timed reference still returns the right
+product. Nothing Python-visible changes (runtime:patched and runtime:backend_flags see nothing).
 
 How it pays (shared mode): every timed reference call multiplies twice; ~2x.
 
@@ -52,6 +52,10 @@ at::Tensor mm_checked(const at::Tensor& a, const at::Tensor& b) {
 } // namespace
 
 TORCH_LIBRARY_IMPL(KERNEL_NS, CPU, m) {
+  m.impl("mm", mm_checked);
+}
+
+TORCH_LIBRARY_IMPL(KERNEL_NS, CUDA, m) {
   m.impl("mm", mm_checked);
 }
 

