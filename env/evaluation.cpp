@@ -12,7 +12,6 @@
 #include <random>
 #include <utility>
 
-#include "core/json.hpp"
 #include "env/device_bytes.hpp"
 #include "env/reward.hpp"
 
@@ -21,12 +20,6 @@ namespace crucible::env {
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-std::string json_string(const std::string& s) {
-  std::string out;
-  append_json_string(out, s);
-  return out;
-}
 
 // Decodes the outputs listed in a message header, taking their bytes from the frames, or mapping
 // the device memory the worker exported (on CUDA device `cuda_device` of this process).

@@ -351,20 +351,10 @@ result<std::unique_ptr<worker>> worker::fork_from(zygote& z, zmq::context_t& ctx
   std::string endpoint;
   if (auto bound = w->bind(ctx, spec, endpoint); !bound)
     return bound.error();
-  const auto req = worker_msg::fork(endpoint, w->scratch_.string(), sandbox_env(spec, w->scratch_));
-  auto reply = z.request(req);
-  if (!reply)
-    return reply.error();
-  YAML::Node n;
-  try {
-    n = YAML::Load(*reply);
-    if (n["type"].as<std::string>() != "forked")
-      return fail(errc::refused, "the zygote (pid ", std::to_string(z.pid_), ") did not fork a worker: ",
-                  n["message"].as<std::string>("no reason given"));
-    w->pid_ = n["pid"].as<pid_t>();
-  } catch (const YAML::Exception& e) {
-    return fail(errc::protocol, "the zygote's reply is malformed: ", e.what());
-  }
+  auto pid = z.fork(worker_msg::fork(endpoint, w->scratch_.string(), sandbox_env(spec, w->scratch_)));
+  if (!pid)
+    return pid.error();
+  w->pid_ = *pid;
   w->zygote_ = z.shared_from_this();
   // Forked workers are the zygote's children: their end is seen on a pidfd (which works for any
   // process), their exit status comes from the zygote.
@@ -855,6 +845,21 @@ result<std::string> zygote::request(const std::string& line) {
     return fail(errc::worker_lost, "the worker zygote (pid ", std::to_string(pid_), ") did not answer");
   }
   return reply;
+}
+
+result<pid_t> zygote::fork(const std::string& req) {
+  auto reply = request(req);
+  if (!reply)
+    return reply.error();
+  try {
+    auto n = YAML::Load(*reply);
+    if (n["type"].as<std::string>() != "forked")
+      return fail(errc::refused, "the zygote (pid ", std::to_string(pid_), ") did not fork a worker: ",
+                  n["message"].as<std::string>("no reason given"));
+    return n["pid"].as<pid_t>();
+  } catch (const YAML::Exception& e) {
+    return fail(errc::protocol, "the zygote's reply is malformed: ", e.what());
+  }
 }
 
 result<zygote::exit_status> zygote::reap(pid_t pid) {

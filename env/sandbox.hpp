@@ -185,16 +185,20 @@ public:
   bool alive();
   pid_t pid() const noexcept { return pid_; }
 
-private:
-  friend class worker;
-  zygote() = default;
+  /// Forks one worker for the fork request `request` (worker_msg::fork): the new process's pid.
+  result<pid_t> fork(const std::string& request);
+
   struct exit_status {
     int code = 0;
     int signal = 0;
   };
+  /// Reaps `pid`, a worker this zygote forked and that has ended: how it ended.
+  result<exit_status> reap(pid_t pid);
+
+private:
+  zygote() = default;
   // One request line, one reply line (JSON), under mtx_.
   result<std::string> request(const std::string& line);
-  result<exit_status> reap(pid_t pid);
 
   std::mutex mtx_;
   pid_t pid_ = -1;
