@@ -12,6 +12,21 @@ if(NOT TARGET yaml-cpp::yaml-cpp)
   endif()
 endif()
 
+# nlohmann/json (Debian's nlohmann-json3-dev, header-only): the workers' messages (env/wire.hpp).
+find_package(nlohmann_json 3.11 REQUIRED)
+
+# cpp-httplib (Debian's libcpp-httplib-dev): `crucible serve`'s HTTP server. Optional: a build
+# without it (a lent GPU machine) has every other command.
+find_package(PkgConfig QUIET)
+set(CRUCIBLE_HAVE_HTTPLIB OFF)
+if(PkgConfig_FOUND)
+  pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib>=0.11)
+  if(HTTPLIB_FOUND)
+    set(CRUCIBLE_HAVE_HTTPLIB ON)
+  endif()
+endif()
+message(STATUS "crucible serve (cpp-httplib): ${CRUCIBLE_HAVE_HTTPLIB}")
+
 find_package(CAF 0.17 REQUIRED)
 find_package(ZeroMQ REQUIRED)
 find_package(SQLite3 REQUIRED)

@@ -62,7 +62,7 @@ struct output_desc {
 };
 
 // Empty on success, else what is wrong (for "broke the protocol: ...").
-std::string parse_output(const YAML::Node& d, output_desc& o) {
+std::string parse_output(const wire::node& d, output_desc& o) {
   auto type = parse_dtype(d["dtype"].as<std::string>(""));
   if (!type)
     return "an output of unknown dtype";
@@ -187,7 +187,7 @@ bool evaluation::thaw(worker& w) {
 bool evaluation::split_trials(std::uint64_t seed) {
   const auto& opt = ctx_.opt;
   worker& rw = *w_.proc;
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   {
     // Phase 1: the reference's worker parses the candidate's source (the static screen; it never
@@ -294,7 +294,7 @@ bool evaluation::split_trials(std::uint64_t seed) {
 
 bool evaluation::make_buffers(side& s, std::int64_t calls) {
   worker& w = *s.proc;
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   if (!thaw(w) || !send(w, worker_msg::buffers(calls))
       || !receive(w, ctx_.opt.run_timeout_s, "allocating the timing's input buffers", n, msg))
@@ -303,7 +303,7 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
-  if (n["type"].as<std::string>() != "buffers" || !n["sets"].IsSequence()
+  if (n["type"].as<std::string>() != "buffers" || !n["sets"].is_list()
       || n["sets"].size() != static_cast<std::size_t>(calls))
     return broke("expected buffers for " + std::to_string(calls) + " calls");
   s.sets.clear();
@@ -311,14 +311,14 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
     std::vector<side::buffer> one;
     for (const auto& b : set_node) {
       side::buffer buf;
-      if (b["value"].IsDefined())
+      if (b["value"].defined())
         buf.value = true;
       else {
         buf.addr = b["addr"].as<std::uint64_t>(0);
         buf.bytes = b["bytes"].as<std::uint64_t>(0);
         if (dev_.on && buf.bytes > 0) {
           // On a CUDA device: the buffer's allocation, mapped here, and the buffer inside it.
-          if (!b["ipc"].IsDefined())
+          if (!b["ipc"].defined())
             return broke("an input buffer on the device without its handle");
           auto whole = map_handle(w, b["ipc"].as<std::string>(""));
           if (!whole)
@@ -338,14 +338,14 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
 
 bool evaluation::draw(int dist, sample_inputs& in) {
   worker& rw = *w_.proc;
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   const auto calls = static_cast<std::int64_t>(ref_side_.sets.size());
   if (!thaw(rw)
       || !send(rw, worker_msg::draw(calls, dist))
       || !receive(rw, ctx_.opt.run_timeout_s, "drawing a timing round's inputs", n, msg) || !freeze(rw))
     return false;
-  if (n["type"].as<std::string>() != "drawn" || !n["sets"].IsSequence()
+  if (n["type"].as<std::string>() != "drawn" || !n["sets"].is_list()
       || n["sets"].size() != static_cast<std::size_t>(calls)) {
     set(verdict_status::runtime_error, "the reference's worker sent no inputs for a timing round");
     return false;
@@ -354,7 +354,7 @@ bool evaluation::draw(int dist, sample_inputs& in) {
   for (const auto& set_node : n["sets"]) {
     std::vector<std::vector<std::byte>> one;
     for (const auto& d : set_node) {
-      if (!d["frame"].IsDefined()) {
+      if (!d["frame"].defined()) {
         one.emplace_back();
         continue;
       }
@@ -426,7 +426,7 @@ bool evaluation::refuse_input_mutation() {
 }
 
 bool evaluation::prime(worker& w) {
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   // Its untimed call on the last sample's inputs; then it is stopped.
   if (!thaw(w) || !send(w, worker_msg::command("prime")) || !receive(w, ctx_.opt.run_timeout_s, "timing", n, msg))
@@ -439,27 +439,22 @@ bool evaluation::prime(worker& w) {
   return freeze(w);
 }
 
-double evaluation::charge_sample(side& s, double wall_ms, const worker::cpu_reading& before,
-                                 const worker::cpu_reading& after) {
+double evaluation::cpu_charge_ms(std::uint64_t before_ns, std::uint64_t after_ns) const {
   // The CPU time all the worker's processes and threads ran in it, over the cores a worker is
   // given (evaluator.cpu_threads). Not the wall time: on a machine with other work, runnable
   // threads get the cores in proportion to their number, so a candidate of several threads would
   // get more of them than the reference's one (hack_extra_cores.py), and the wall time carries
   // every other program's load besides. Work handed to threads or processes of its own is paid
   // for as if it ran on the worker's cores.
-  const double cpu = static_cast<double>(after.cpu_ns - std::min(after.cpu_ns, before.cpu_ns)) / 1e6
-                     / static_cast<double>(std::max<std::int64_t>(1, ctx_.opt.cpu_threads));
-  ++s.samples;
-  s.wall_ms += wall_ms;
-  s.charged_ms += cpu;
-  return cpu;
+  return static_cast<double>(after_ns - std::min(after_ns, before_ns)) / 1e6
+         / static_cast<double>(std::max<std::int64_t>(1, ctx_.opt.cpu_threads));
 }
 
 bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
   const auto& opt = ctx_.opt;
   worker& w = *s.proc;
   const bool candidate = &w == cand_.proc.get();
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   auto broke = [&](const std::string& what) {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
@@ -500,9 +495,9 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   // between the two it is waiting for `go`, and what a thread of its could do meanwhile is the
   // one clock reading's worth of time.
   //
-  // What the sample is charged is not quite that time: charge_sample, with the two readings of
+  // What the sample is charged is not quite that time: cpu_charge_ms, with the two readings of
   // what the worker ran, taken while it is stopped.
-  const auto cpu0 = w.cpu();
+  const auto cpu0 = w.cpu_ns();
   if (!cpu0) {
     ended(w, "before a timed sample");
     return false;
@@ -519,16 +514,19 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   }
   if (!freeze(w, &t1))
     return false;
-  const auto cpu1 = w.cpu();
+  const auto cpu1 = w.cpu_ns();
   if (!cpu1) {
     ended(w, "during the timing");
     return false;
   }
-  ms = charge_sample(s, std::chrono::duration<double, std::milli>(t1 - t0).count(), *cpu0, *cpu1)
-       / static_cast<double>(in.size());
+  const double charged = cpu_charge_ms(*cpu0, *cpu1);
+  ++s.samples;
+  s.wall_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  s.charged_ms += charged;
+  ms = charged / static_cast<double>(in.size());
   // Its outputs, read out of its memory while it is stopped.
   const auto& list = n["outputs"];
-  if (!list.IsSequence() || list.size() != in.size())
+  if (!list.is_list() || list.size() != in.size())
     return broke("outputs for a different number of calls");
   outs.assign(in.size(), {});
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges; // [addr, end) of each call's outputs, in call order
@@ -536,7 +534,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   for (std::size_t c = 0; c < in.size(); ++c) {
     for (const auto& d : list[c]) {
       tensor_blob b;
-      if (d["kind"].IsDefined()) {
+      if (d["kind"].defined()) {
         b.kind = d["kind"].as<std::string>();
         outs[c].push_back(std::move(b));
         continue;
@@ -648,7 +646,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   const auto& opt = ctx_.opt;
   worker& w = *s.proc;
   const bool candidate = &w == cand_.proc.get();
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   auto broke = [&](const std::string& what) {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
@@ -717,7 +715,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     return broke("expected launched, got " + n["type"].as<std::string>());
   }
   const auto& list = n["outputs"];
-  if (!list.IsSequence() || list.size() != in.size()) {
+  if (!list.is_list() || list.size() != in.size()) {
     (void) freeze(w);
     return broke("outputs for a different number of calls");
   }
@@ -728,7 +726,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   for (std::size_t c = 0; c < in.size(); ++c) {
     for (const auto& d : list[c]) {
       tensor_blob b;
-      if (d["kind"].IsDefined()) {
+      if (d["kind"].defined()) {
         b.kind = d["kind"].as<std::string>();
         outs[c].push_back(std::move(b));
         continue;
@@ -744,7 +742,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         return false;
       }
       if (o.span > 0) {
-        if (!d["ipc"].IsDefined()) {
+        if (!d["ipc"].defined()) {
           (void) freeze(w);
           return broke("a device output without its handle");
         }
@@ -873,7 +871,7 @@ bool evaluation::setup_clock(side& s) {
     }
     dev_.clock = std::move(*c);
   }
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   if (!thaw(w) || !send(w, worker_msg::command("clock")) || !receive(w, ctx_.opt.run_timeout_s, "setting up the clock", n, msg)
       || !freeze(w))
@@ -882,7 +880,7 @@ bool evaluation::setup_clock(side& s) {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
-  if (n["type"].as<std::string>() != "clock" || !n["ipc"].IsScalar() || !n["offset"].IsScalar())
+  if (n["type"].as<std::string>() != "clock" || !n["ipc"].is_scalar() || !n["offset"].is_scalar())
     return broke("expected its clock words");
   // Its two words, 128 bytes apart in its own memory: go at the offset, done after it.
   auto whole = map_handle(w, n["ipc"].as<std::string>(""));
@@ -899,7 +897,7 @@ bool evaluation::setup_clock(side& s) {
 
 bool evaluation::measure_null() {
   worker& rw = *w_.proc;
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   const auto copies = input_copies(ref_side_);
   std::vector<const device_bytes*> srcs;
@@ -940,25 +938,22 @@ bool evaluation::measure_null() {
       }
       ms = *device_ms;
     } else {
-      const auto cpu0 = rw.cpu();
+      const auto cpu0 = rw.cpu_ns();
       if (!cpu0) {
         ended(rw, "before an empty sample");
         return false;
       }
       if (!thaw(rw))
         return false;
-      const auto t0 = clock_type::now(); // as in time_sample
-      clock_type::time_point t1;
       if (!send(rw, worker_msg::command("null")) || !receive(rw, ctx_.opt.run_timeout_s, "timing", n, msg)
-          || !freeze(rw, &t1))
+          || !freeze(rw))
         return false;
-      const auto cpu1 = rw.cpu();
+      const auto cpu1 = rw.cpu_ns();
       if (!cpu1) {
         ended(rw, "during an empty sample");
         return false;
       }
-      side empty; // its charges are not the reference's samples'
-      ms = charge_sample(empty, std::chrono::duration<double, std::milli>(t1 - t0).count(), *cpu0, *cpu1);
+      ms = cpu_charge_ms(*cpu0, *cpu1); // as a timed sample is charged (time_sample)
     }
     best = k == 0 ? ms : std::min(best, ms);
   }

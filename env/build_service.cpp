@@ -1,7 +1,6 @@
 // The build service (env/build_service.hpp).
 #include "env/build_service.hpp"
 
-#include <yaml-cpp/yaml.h>
 
 #include <unistd.h>
 
@@ -9,6 +8,7 @@
 #include <fstream>
 
 #include "core/sha256.hpp"
+#include "env/wire.hpp"
 #include "env/worker_messages.hpp"
 #include "env/worker_pool.hpp"
 
@@ -36,10 +36,10 @@ std::string build_service::build(const std::string& request, clock_type::time_po
   std::string name;
   std::string fn;
   try {
-    const auto n = YAML::Load(request);
+    const auto n = wire::parse(request);
     name = n["args"]["name"].as<std::string>();
     fn = n["fn"].as<std::string>("");
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     return failed(std::string{"the build request is malformed: "} + e.what());
   }
   const bool identifier = !name.empty() && name.size() <= 200 && std::isdigit(static_cast<unsigned char>(name[0])) == 0
@@ -92,7 +92,7 @@ std::string build_service::build(const std::string& request, clock_type::time_po
     reply = failed("the builder " + builder->exit_description());
   } else {
     try {
-      auto n = YAML::Load(msg.json);
+      auto n = wire::parse(msg.json);
       const auto type = n["type"].as<std::string>();
       if (type == "build_failed") {
         reply = failed(n["log"].as<std::string>(""));
@@ -117,7 +117,7 @@ std::string build_service::build(const std::string& request, clock_type::time_po
         if (ec)
           fs::remove(tmp, ec);
       }
-    } catch (const YAML::Exception& e) {
+    } catch (const wire::error& e) {
       reply = failed(std::string{"the builder's reply is malformed: "} + e.what());
     }
   }

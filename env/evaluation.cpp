@@ -23,15 +23,15 @@ namespace {
 
 // Decodes the outputs listed in a message header, taking their bytes from the frames, or mapping
 // the device memory the worker exported (on CUDA device `cuda_device` of this process).
-result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_message& msg, int cuda_device) {
+result<std::vector<tensor_blob>> decode_outputs(const wire::node& list, worker_message& msg, int cuda_device) {
   std::vector<tensor_blob> out;
-  if (!list.IsDefined() || list.IsNull())
+  if (!list.defined() || list.is_null())
     return out;
-  if (!list.IsSequence())
+  if (!list.is_list())
     return fail(errc::protocol, "outputs is not a list");
   for (const auto& item : list) {
     tensor_blob b;
-    if (item["kind"].IsDefined()) {
+    if (item["kind"].defined()) {
       b.kind = item["kind"].as<std::string>();
       out.push_back(std::move(b));
       continue;
@@ -45,7 +45,7 @@ result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_m
     b.type = *type;
     for (const auto& d : item["shape"])
       b.shape.push_back(d.as<std::int64_t>());
-    if (item["ipc"].IsDefined()) {
+    if (item["ipc"].defined()) {
       if (cuda_device < 0)
         return fail(errc::protocol, "a device output arrived but this evaluator asked for host bytes");
       auto mapped = map_exported(cuda_device, item["ipc"].as<std::string>(), item["offset"].as<std::uint64_t>(),
@@ -65,9 +65,9 @@ result<std::vector<tensor_blob>> decode_outputs(const YAML::Node& list, worker_m
   return out;
 }
 
-std::vector<double> as_doubles(const YAML::Node& n) {
+std::vector<double> as_doubles(const wire::node& n) {
   std::vector<double> out;
-  if (n.IsSequence())
+  if (n.is_list())
     for (const auto& x : n)
       out.push_back(x.as<double>());
   return out;
@@ -97,7 +97,7 @@ bool evaluation::send(worker& to, const std::string& json, const std::vector<std
   return true;
 }
 
-bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg,
+bool evaluation::receive(worker& from, double seconds, const char* phase, wire::node& header, worker_message& msg,
                          double nudge_after, const std::function<void()>& nudge) {
   auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
   auto nudge_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(nudge_after));
@@ -124,10 +124,10 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
       case receive_outcome::message: break;
     }
     try {
-      header = YAML::Load(msg.json);
-      if (!header.IsMap() || !header["type"].IsDefined())
-        throw YAML::Exception(YAML::Mark::null_mark(), "no type");
-    } catch (const YAML::Exception& e) {
+      header = wire::parse(msg.json);
+      if (!header.is_object() || !header["type"].defined())
+        throw wire::error("the message has no type");
+    } catch (const wire::error& e) {
       from.kill();
       end_.done = true;
       set(verdict_status::runtime_error, std::string{who(from)} + " broke the protocol while " + phase + ": " + e.what());
@@ -150,12 +150,12 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, YAML::
   }
 }
 
-void evaluation::take_done(const YAML::Node& n) {
-  if (n["host_ms"].IsDefined() && n["host_ms"].IsMap() && ctx_.log.enabled(log_level::debug)) {
+void evaluation::take_done(const wire::node& n) {
+  if (n["host_ms"].defined() && n["host_ms"].is_object() && ctx_.log.enabled(log_level::debug)) {
     // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
     std::string text;
-    for (const auto& kv : n["host_ms"])
-      text += "; " + kv.first.as<std::string>() + " " + kv.second.as<std::string>();
+    for (const auto& [step, ms] : n["host_ms"].fields())
+      text += "; " + step + " " + ms.as<std::string>();
     ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": worker host ms", text);
   }
   auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
@@ -169,20 +169,20 @@ void evaluation::take_done(const YAML::Node& n) {
     return;
   }
   set(s, n["message"].as<std::string>(""));
-  if (n["checks_failed"].IsSequence())
+  if (n["checks_failed"].is_list())
     for (const auto& c : n["checks_failed"])
       v_.checks_failed.push_back(c.as<std::string>());
 }
 
-evaluation::trial_outputs evaluation::decode_trial(const YAML::Node& n, worker_message& msg) {
+evaluation::trial_outputs evaluation::decode_trial(const wire::node& n, worker_message& msg) {
   trial_outputs tr;
-  tr.header = YAML::Clone(n); // a copy: assigning a Node shares it, and `n` is reused for the next message
+  tr.header = n; // shares the parsed message, which no later message changes
   tr.trial = n["trial"].as<std::size_t>(reference_.size());
   if (auto outs = decode_outputs(n["outputs"], msg, cuda_device_))
     tr.outs = std::move(*outs);
   else
     tr.outs_error = outs.error().message;
-  if (n["repeat_outputs"].IsDefined()) {
+  if (n["repeat_outputs"].defined()) {
     tr.has_again = true;
     if (auto again = decode_outputs(n["repeat_outputs"], msg, cuda_device_))
       tr.again = std::move(*again);
@@ -203,15 +203,15 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
     set(verdict_status::runtime_error, "the worker broke the protocol: " + tr.outs_error);
     return false;
   }
-  if (n["threads_after"].IsDefined() && n["threads_before"].IsDefined()
+  if (n["threads_after"].defined() && n["threads_before"].defined()
       && n["threads_after"].as<int>() > n["threads_before"].as<int>()) {
     v_.checks_failed.push_back("runtime:threads");
     set(verdict_status::rejected, "the candidate left threads running after its forward");
     return false;
   }
-  if (const auto own = n["own_kernels"]; own.IsDefined() && own.IsScalar())
+  if (const auto own = n["own_kernels"]; own.defined() && own.is_scalar())
     reported_.own_kernels = own.as<long>(-1);
-  if (n["kernels"].IsDefined() && n["kernels"].as<long>(1) == 0) {
+  if (n["kernels"].defined() && n["kernels"].as<long>(1) == 0) {
     v_.checks_failed.push_back("runtime:no_kernel");
     set(verdict_status::rejected, "no kernel or operator ran in the candidate's forward");
     return false;
@@ -288,7 +288,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   const bool announce = !gate_.measuring && ctx_.gate.warmup_shared();
   if (!send(worker_msg::time(rounds, warmup_ms, continuation ? 0 : 3, announce)))
     return false;
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   if (!receive(ctx_.opt.run_timeout_s, "timing", n, msg))
     return false;
@@ -344,7 +344,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   }
   // The physics floor the worker measured (Worker.measure_floor): the candidate's median
   // settled time under it is faster than the device writes the outputs.
-  if (const auto f = n["floor_ms"]; f.IsDefined() && f.IsScalar()) {
+  if (const auto f = n["floor_ms"]; f.defined() && f.is_scalar()) {
     const double floor_ms = f.as<double>(0.0);
     const double m = median(settled.cand_ms);
     if (m < floor_ms) {
@@ -352,7 +352,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       return false;
     }
   }
-  if (const auto k = n["calls"]; k.IsDefined() && k.IsScalar())
+  if (const auto k = n["calls"]; k.defined() && k.is_scalar())
     reported_.calls = k.as<long>(1);
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
@@ -428,7 +428,7 @@ bool evaluation::take_reference_copies(worker& w) {
 bool evaluation::one_process_trials(std::uint64_t seed) {
   const auto& opt = ctx_.opt;
   std::string job = job_json(seed, nullptr);
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   {
     // Phase 1: reference outputs, on the device, before any candidate code runs.
@@ -509,7 +509,7 @@ void evaluation::refuse_below_floor(double call_ms, double floor_ms, const char*
   set(verdict_status::rejected, buf);
 }
 
-bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
+bool evaluation::keep_reference(const wire::node& n, worker_message& msg) {
   auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
   if (!outs) {
     set(verdict_status::runtime_error, std::string{who(*w_.proc)} + " broke the protocol: " + outs.error().message);
@@ -517,7 +517,7 @@ bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
   }
   // The reference's own rounding error per output (its distance from a float64 copy of
   // itself on these inputs, measured before any candidate code existed) widens atol.
-  if (const auto r = n["rounding"]; r.IsSequence()) {
+  if (const auto r = n["rounding"]; r.is_list()) {
     for (size_t i = 0; i < std::min<size_t>(r.size(), outs->size()); ++i) {
       const double e = r[i].as<double>(0);
       if (std::isfinite(e) && e > 0)
@@ -525,16 +525,16 @@ bool evaluation::keep_reference(const YAML::Node& n, worker_message& msg) {
     }
   }
   reference_.push_back(std::move(*outs));
-  if (const auto k = n["trials"]; k.IsDefined() && k.IsScalar()) // only ever fewer
+  if (const auto k = n["trials"]; k.defined() && k.is_scalar()) // only ever fewer
     reported_.trials = std::clamp<std::int64_t>(k.as<std::int64_t>(reported_.trials), 1, reported_.trials);
-  if (const auto b = n["input_bytes"]; b.IsDefined() && b.IsScalar())
+  if (const auto b = n["input_bytes"]; b.defined() && b.is_scalar())
     reported_.input_bytes = std::max<std::uint64_t>(reported_.input_bytes, b.as<std::uint64_t>(0));
   return true;
 }
 
 bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
   const auto& opt = ctx_.opt;
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   if (!receive(w, opt.run_timeout_s, "running the correctness trials", n, msg))
     return false;
@@ -578,6 +578,21 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
 }
 
 verdict evaluation::run() {
+  try {
+    return judge();
+  } catch (const wire::error& e) {
+    // The workers run candidate code, so a message may be anything; none is trusted further.
+    if (w_.proc)
+      w_.proc->kill();
+    if (cand_.proc)
+      cand_.proc->kill();
+    end_.done = true;
+    set(verdict_status::runtime_error, std::string{"a worker broke the protocol: "} + e.what());
+    return v_;
+  }
+}
+
+verdict evaluation::judge() {
   const auto& opt = ctx_.opt;
   auto seed = req_.seed;
   if (seed == 0) {
@@ -676,7 +691,7 @@ verdict evaluation::run() {
   const auto speedup = summary.speedup;
   phase("finish");
   worker& last = two_workers_ ? *cand_.proc : *w_.proc; // the worker that ran the candidate
-  YAML::Node n;
+  wire::node n;
   worker_message msg;
   if (two_workers_ && !thaw(last))
     return v_;

@@ -4,7 +4,6 @@
 // evaluation_context. Not included outside env/.
 #pragma once
 
-#include <yaml-cpp/yaml.h>
 
 #include <atomic>
 #include <chrono>
@@ -50,6 +49,8 @@ public:
     tol_.bf16 = {ctx.opt.bf16_atol, ctx.opt.bf16_rtol};
   }
 
+  /// The verdict. A message of a worker that lacks a field the evaluator needs, or holds one of
+  /// the wrong type, ends it with `runtime_error` naming the field (the workers are killed).
   verdict run();
   /// The candidate's worker where the verdict has two (the trust boundary): for retire().
   std::unique_ptr<worker> take_candidate_process() noexcept { return std::move(cand_.proc); }
@@ -88,12 +89,12 @@ private:
 
   // Receives one message from `from` (the evaluation's worker by default) before `deadline`;
   // on death or deadline fills the verdict and returns false.
-  bool receive(double seconds, const char* phase, YAML::Node& header, worker_message& msg) {
+  bool receive(double seconds, const char* phase, wire::node& header, worker_message& msg) {
     return receive(*w_.proc, seconds, phase, header, msg);
   }
   // `nudge`, where given, is called once when no message came within `nudge_after` seconds, and
   // the wait goes on to the deadline.
-  bool receive(worker& from, double seconds, const char* phase, YAML::Node& header, worker_message& msg,
+  bool receive(worker& from, double seconds, const char* phase, wire::node& header, worker_message& msg,
                double nudge_after = 0, const std::function<void()>& nudge = {});
   bool send(const std::string& json) { return send(*w_.proc, json); }
   bool send(worker& to, const std::string& json, const std::vector<std::vector<std::byte>>* frames = nullptr);
@@ -115,7 +116,7 @@ private:
   void refuse_below_floor(double call_ms, double floor_ms, const char* besides, std::uint64_t bytes);
   // Keeps one `reference` message's outputs (and their rounding slack, the trial count and the
   // inputs' size it reports).
-  bool keep_reference(const YAML::Node& n, worker_message& msg);
+  bool keep_reference(const wire::node& n, worker_message& msg);
   // Phase 3 after `run` went to `w`: its device_done (then `device` is released for host bytes)
   // and every trial's outputs, compared with the reference's.
   bool run_trials(worker& w, std::optional<untimed_hold>& device);
@@ -145,8 +146,8 @@ private:
       std::shared_ptr<device_bytes> span; // on a CUDA device: this process's mapping of it
     };
     std::vector<std::vector<buffer>> sets;
-    // What charge_sample found (CPU devices): its samples, their wall times and their charged CPU
-    // times, in all (the debug log's).
+    // Its timed CPU samples, their wall times and their charged CPU times (cpu_charge_ms), in all
+    // (the debug log's).
     std::int64_t samples = 0;
     double wall_ms = 0, charged_ms = 0;
   };
@@ -161,9 +162,9 @@ private:
   // the clock around `go` ... `sampled`, its outputs read while it is stopped again (per call).
   // False when the verdict is decided.
   bool time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
-  // What a CPU sample of `s` is charged (ms), from two readings of what its worker ran, taken
-  // while it was stopped before and after: its processes' CPU time over evaluator.cpu_threads.
-  double charge_sample(side& s, double wall_ms, const worker::cpu_reading& before, const worker::cpu_reading& after);
+  // What a CPU sample is charged (ms), from two readings of what its worker ran (worker::cpu_ns),
+  // taken while it was stopped before and after: its processes' CPU time over evaluator.cpu_threads.
+  double cpu_charge_ms(std::uint64_t before_ns, std::uint64_t after_ns) const;
   // time_sample on a CUDA device (boundary.cpp): the clock runs from before this process copies
   // the sample's inputs into the worker's buffers to after it has copied the worker's outputs
   // into its own memory.
@@ -196,8 +197,10 @@ private:
   bool take_reference_copies(worker& w);
   // One paired round across the boundary: ms per call of each side; false when decided.
   bool split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted);
+  // run() but for a malformed message (wire::error), which it turns into the verdict.
+  verdict judge();
   // Handles a `done` message: fills the verdict from it.
-  void take_done(const YAML::Node& n);
+  void take_done(const wire::node& n);
   void set(verdict_status s, std::string message) {
     v_.status = s;
     v_.message = std::move(message);
@@ -206,13 +209,13 @@ private:
   // One trial's `candidate` message with its outputs decoded (mapped, for outputs on the
   // device); a decoding failure is kept and reported when the checks reach that trial.
   struct trial_outputs {
-    YAML::Node header;
+    wire::node header;
     std::size_t trial = 0; // the header's; past the reference's trials when it names none
     std::vector<tensor_blob> outs, again; // `again`: repeat_outputs, where the message has them
     bool has_again = false;
     std::string outs_error, again_error;
   };
-  trial_outputs decode_trial(const YAML::Node& n, worker_message& msg);
+  trial_outputs decode_trial(const wire::node& n, worker_message& msg);
   bool check_candidate(const trial_outputs& tr, const device_differences& ahead);
   void phase(const char* name) {
     char buf[32];

@@ -2,9 +2,9 @@
 // and exec is prepared before fork(): the evaluator is multithreaded, so the child may only
 // make async-signal-safe calls.
 #include "env/sandbox.hpp"
+#include "env/wire.hpp"
 #include "env/worker_messages.hpp"
 
-#include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -35,7 +35,6 @@
 
 #include <sys/stat.h>
 
-#include "core/json.hpp"
 
 namespace crucible::env {
 
@@ -589,11 +588,10 @@ result<void> worker::thaw() {
   return {};
 }
 
-result<worker::cpu_reading> worker::cpu() {
+result<std::uint64_t> worker::cpu_ns() {
   static const double ns_per_tick = 1e9 / static_cast<double>(::sysconf(_SC_CLK_TCK));
   const pid_t root = inner_pid();
-  cpu_reading reading;
-  std::uint64_t& total = reading.cpu_ns;
+  std::uint64_t total = 0;
   std::vector<pid_t> todo{root};
   for (size_t k = 0; k < todo.size() && k < 4096; ++k) {
     const pid_t pid = todo[k];
@@ -634,7 +632,7 @@ result<worker::cpu_reading> worker::cpu() {
     for (const auto& e : std::filesystem::directory_iterator(dir + "/task", ec))
       children_of(e.path(), todo);
   }
-  return reading;
+  return total;
 }
 
 result<void> worker::read_memory(std::uint64_t addr, std::size_t n, std::byte* out) {
@@ -788,9 +786,9 @@ result<std::shared_ptr<zygote>> zygote::start(const worker_spec& spec, std::chro
     return fail(errc::timeout, "the worker zygote (", spec.python, " ", spec.harness.string(),
                 " --zygote) did not report ready (is torch installed for ", spec.python, "?)");
   try {
-    if (YAML::Load(line)["type"].as<std::string>() != "ready")
+    if (wire::parse(line)["type"].as<std::string>() != "ready")
       return fail(errc::protocol, "the worker zygote sent ", line.substr(0, 200), " instead of ready");
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     return fail(errc::protocol, "the worker zygote's ready message is malformed: ", e.what());
   }
   return z;
@@ -852,12 +850,12 @@ result<pid_t> zygote::fork(const std::string& req) {
   if (!reply)
     return reply.error();
   try {
-    auto n = YAML::Load(*reply);
+    auto n = wire::parse(*reply);
     if (n["type"].as<std::string>() != "forked")
       return fail(errc::refused, "the zygote (pid ", std::to_string(pid_), ") did not fork a worker: ",
                   n["message"].as<std::string>("no reason given"));
     return n["pid"].as<pid_t>();
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     return fail(errc::protocol, "the zygote's reply is malformed: ", e.what());
   }
 }
@@ -867,11 +865,11 @@ result<zygote::exit_status> zygote::reap(pid_t pid) {
   if (!reply)
     return reply.error();
   try {
-    auto n = YAML::Load(*reply);
+    auto n = wire::parse(*reply);
     if (n["type"].as<std::string>() != "reaped" || n["pid"].as<pid_t>() != pid)
       return fail(errc::protocol, "the worker zygote answered ", reply->substr(0, 200), " to a reap request");
     return exit_status{n["code"].as<int>(), n["signal"].as<int>()};
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     return fail(errc::protocol, "the worker zygote's reply is malformed: ", e.what());
   }
 }
@@ -889,15 +887,15 @@ std::string isolation_report::missing_text() const {
 isolation_report parse_isolation(const std::string& json_object) {
   isolation_report r;
   try {
-    auto n = YAML::Load(json_object);
-    if (n["layers"].IsSequence())
+    auto n = wire::parse(json_object);
+    if (n["layers"].is_list())
       for (const auto& l : n["layers"])
         r.layers.push_back(l.as<std::string>());
-    if (n["missing"].IsMap())
-      for (const auto& m : n["missing"])
-        r.missing.emplace_back(m.first.as<std::string>(), m.second.as<std::string>());
+    if (n["missing"].is_object())
+      for (const auto& [layer, why] : n["missing"].fields())
+        r.missing.emplace_back(layer, why.as<std::string>());
     r.landlock_abi = n["landlock_abi"].as<int>(0);
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     r.layers.clear();
     r.missing = {{"sandbox", std::string{"the report is malformed: "} + e.what()}};
     return r;

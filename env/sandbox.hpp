@@ -114,12 +114,10 @@ public:
   result<void> freeze(std::chrono::steady_clock::time_point* stopped_at = nullptr,
                       std::chrono::microseconds timeout = std::chrono::seconds{10});
   result<void> thaw();
-  /// What the worker ran so far. Read while it is stopped, two readings tell what all its threads
-  /// ran in between, on however many cores. Errors: the worker has ended.
-  struct cpu_reading {
-    std::uint64_t cpu_ns = 0; ///< every process of its tree: its threads', ended ones too, and its reaped children's
-  };
-  result<cpu_reading> cpu();
+  /// The CPU time (ns) the worker ran so far: every process of its tree, its threads' (ended ones
+  /// too) and its reaped children's. Read while it is stopped, two readings tell what all its
+  /// threads ran in between, on however many cores. Errors: the worker has ended.
+  result<std::uint64_t> cpu_ns();
   /// Reads (process_vm_readv) or writes (process_vm_writev) `n` bytes at `addr` of the worker's
   /// address space. Errors name the address and the system's reason (EFAULT: not mapped).
   result<void> read_memory(std::uint64_t addr, std::size_t n, std::byte* out);

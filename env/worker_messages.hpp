@@ -1,6 +1,7 @@
 // env/worker_messages.hpp: every message the evaluator sends a worker (docs/evaluator-protocol.md),
-// written in one place with core/json's writer. The values are the C++ side's: the worker takes
-// each field the message must carry from it and keeps no default of its own. Internal to env/.
+// written in one place with nlohmann/json (env/wire.hpp reads the replies with the same library).
+// The values are the C++ side's: the worker takes each field the message must carry from it and
+// keeps no default of its own. Internal to env/.
 #pragma once
 
 #include <cstdint>

@@ -3,7 +3,6 @@
 #include "env/worker_pool.hpp"
 #include "env/worker_messages.hpp"
 
-#include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
 
 #include <algorithm>
@@ -163,10 +162,10 @@ worker_spec worker_pool::spec() const {
   return spec;
 }
 
-result<void> worker_pool::check_isolation(const YAML::Node& started) {
+result<void> worker_pool::check_isolation(const wire::node& started) {
   // The worker has confined itself (env/harness/confine.py) and says how; no candidate code
   // has run in it yet.
-  auto iso = parse_isolation(YAML::Dump(started["isolation"]));
+  auto iso = parse_isolation(started["isolation"].dump());
   std::lock_guard guard{mtx_};
   if (!iso.missing.empty()) {
     if (opt_.isolation == isolation_mode::strict)
@@ -197,12 +196,12 @@ result<std::unique_ptr<worker>> worker_pool::start_builder(clock_type::time_poin
     case receive_outcome::message: break;
   }
   try {
-    auto n = YAML::Load(msg.json);
+    auto n = wire::parse(msg.json);
     if (n["type"].as<std::string>() != "started")
       return fail(errc::protocol, "the extension builder sent ", msg.json.substr(0, 200), " instead of started");
     if (auto ok = check_isolation(n); !ok)
       return ok.error();
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     return fail(errc::protocol, "the extension builder's started message is malformed: ", e.what());
   }
   return w;
@@ -261,7 +260,7 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
   // -> "context"), the profiler's first use (-> "ready"). The steps named by
   // evaluator.init_hold run while we hold the device as untimed work, so that they never run
   // while another candidate is being timed.
-  auto expect = [&](const char* type, YAML::Node& n) -> result<bool> {
+  auto expect = [&](const char* type, wire::node& n) -> result<bool> {
     worker_message msg;
     auto got = proc->receive(deadline, msg);
     if (got == receive_outcome::deadline) {
@@ -273,15 +272,15 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
       return fail(errc::worker_lost, "worker on ", device_, " ", proc->exit_description(),
                   " before it was ready (is torch installed for ", where_.python, "?)");
     try {
-      n = YAML::Load(msg.json);
+      n = wire::parse(msg.json);
       if (n["type"].as<std::string>() != type)
         return fail(errc::protocol, "worker sent ", msg.json.substr(0, 200), " instead of a ", type, " message");
-    } catch (const YAML::Exception& e) {
+    } catch (const wire::error& e) {
       return fail(errc::protocol, "worker's ", type, " message is malformed: ", e.what());
     }
     return true;
   };
-  YAML::Node n;
+  wire::node n;
   if (auto ok = expect("started", n); !ok)
     return ok.error();
   if (auto ok = check_isolation(n); !ok) {
@@ -329,12 +328,12 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
     init_held_ns_ += static_cast<std::uint64_t>(held_s * 1e9);
     char buf[200];
     double driver_ms = -1, context_ms = -1, profiler_ms = -1; // the worker's own laps, when it sends them
-    if (const auto laps = n["init_ms"]; laps.IsDefined() && laps.IsMap()) {
+    if (const auto laps = n["init_ms"]; laps.defined() && laps.is_object()) {
       try {
         driver_ms = laps["driver"].as<double>();
         context_ms = laps["context"].as<double>();
         profiler_ms = laps["profiler"].as<double>();
-      } catch (const YAML::Exception&) {
+      } catch (const wire::error&) {
       }
     }
     std::snprintf(buf, sizeof buf,
@@ -346,15 +345,15 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
                ", ready in ", buf);
     // CUDA workers report whether they loaded the harness's own kernels; without them every
     // verdict pays the lazy loading of the torch operations used instead (docs/evaluator.md).
-    if (const auto k = n["kernels"]; k.IsDefined() && k.IsScalar() && device_ != "cpu" && k.Scalar() != "module" &&
+    if (const auto k = n["kernels"]; k.defined() && k.is_scalar() && device_ != "cpu" && k.as<std::string>() != "module" &&
                                       !kernels_warned_.exchange(true))
-      log_.warn("evaluator", device_, ": workers use ", k.Scalar(),
+      log_.warn("evaluator", device_, ": workers use ", k.as<std::string>(),
                 " for the harness's own device work; each verdict then pays their first launches (about 0.2 s on "
                 "an H100)");
   }
   try {
     return ready_worker{std::move(proc), n["hardware"].as<std::string>()};
-  } catch (const YAML::Exception& e) {
+  } catch (const wire::error& e) {
     return fail(errc::protocol, "worker's ready message is malformed: ", e.what());
   }
 }

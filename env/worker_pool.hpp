@@ -20,12 +20,10 @@
 #include "core/log.hpp"
 #include "env/device_gate.hpp"
 #include "env/sandbox.hpp"
+#include "env/wire.hpp"
 
 namespace zmq {
 class context_t;
-}
-namespace YAML {
-class Node;
 }
 
 namespace crucible::env {
@@ -94,7 +92,7 @@ public:
 private:
   worker_spec spec() const;
   result<ready_worker> start_worker();
-  result<void> check_isolation(const YAML::Node& started);
+  result<void> check_isolation(const wire::node& started);
   result<ready_worker> handshake(std::unique_ptr<worker> proc);
   std::shared_ptr<zygote> current_zygote(const worker_spec& spec);
   void refill_loop();

@@ -61,20 +61,19 @@ int cuda_index(std::string_view device) {
   return index;
 }
 
-namespace {
-
-#ifdef CRUCIBLE_HAVE_CUDA
 bool cuda_device_exists(int index) {
+#ifdef CRUCIBLE_HAVE_CUDA
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void) cudaGetLastError();
     return false;
   }
   return index >= 0 && index < count;
-}
+#else
+  (void) index;
+  return false;
 #endif
-
-} // namespace
+}
 
 std::optional<device_memory> memory_stats(std::string_view device) {
 #ifdef CRUCIBLE_HAVE_CUDA

@@ -34,6 +34,8 @@ struct runtime_info {
 
 /// The index N of "cuda:N", or -1 for anything else ("cuda" alone included).
 int cuda_index(std::string_view device);
+/// Whether CUDA device `index` exists on this machine (false without CUDA, or for a negative index).
+bool cuda_device_exists(int index);
 
 /// Makes a device the calling thread's current one until the scope ends: for a thread that drives
 /// one GPU's work (a data-parallel learner rank), whose kernels launched outside LibTorch's own ops

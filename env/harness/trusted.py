@@ -10,6 +10,7 @@ import ctypes
 import gc
 import inspect
 import json
+import math
 import operator
 import os
 import random
@@ -60,7 +61,30 @@ _ModuleType = types.ModuleType
 _perf_counter_ns = time.perf_counter_ns
 _clock_gettime_ns = time.clock_gettime_ns
 _get_native_id = threading.get_native_id
-_json_dumps = json.dumps
+_strict_dumps = json.JSONEncoder(allow_nan=False).encode
+_isfinite = math.isfinite
+
+
+def _finite(obj):
+    """`obj` with every float that is not finite (NaN, an infinity) as None: the evaluator reads
+    strict JSON (env/wire.hpp), where such a value is read as missing."""
+    if _isinstance(obj, _float):
+        return obj if _isfinite(obj) else None
+    if _isinstance(obj, _dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if _isinstance(obj, (_list, _tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _json_dumps(obj):
+    """A message as strict JSON (no NaN or Infinity tokens, which the evaluator's parser refuses)."""
+    try:
+        return _strict_dumps(obj)
+    except ValueError:
+        return _strict_dumps(_finite(obj))
+
+
 _json_loads = json.loads
 _os_exit = os._exit
 _os_listdir = os.listdir

@@ -27,15 +27,7 @@ namespace {
 
 #ifdef CRUCIBLE_HAVE_CUDA
 namespace kernels = policy::kernels;
-
-bool cuda_device_exists(int index) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void) cudaGetLastError();
-    return false;
-  }
-  return index >= 0 && index < count;
-}
+using policy::cuda_device_exists;
 #endif
 
 // The lower median (0 for none): the timelines' summaries.

@@ -2,7 +2,6 @@
 // the sandbox gave it (working directory, environment, network, limits, process group).
 #include <doctest/doctest.h>
 
-#include <yaml-cpp/yaml.h>
 #include <zmq.hpp>
 
 #include <signal.h>
@@ -19,6 +18,7 @@
 #include <thread>
 
 #include "env/sandbox.hpp"
+#include "env/wire.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible::env;
@@ -36,11 +36,11 @@ worker_spec probe_spec(const std::string& device = "cpu") {
   return spec;
 }
 
-YAML::Node expect_message(worker& w, std::chrono::seconds within = 60s) {
+wire::node expect_message(worker& w, std::chrono::seconds within = 60s) {
   worker_message msg;
   auto got = w.receive(std::chrono::steady_clock::now() + within, msg);
   REQUIRE(got == receive_outcome::message);
-  return YAML::Load(msg.json);
+  return wire::parse(msg.json);
 }
 
 bool process_gone(pid_t pid) {
@@ -66,7 +66,7 @@ TEST_CASE("a worker runs in its scratch directory, with a scrubbed environment, 
   CHECK(fs::equivalent(r["cwd"].as<std::string>(), scratch));
   CHECK(r["env"]["HOME"].as<std::string>() == scratch.string());
   CHECK(r["env"]["TMPDIR"].as<std::string>() == scratch.string());
-  CHECK_FALSE(r["env"]["CRUCIBLE_TEST_SECRET"].IsDefined());
+  CHECK_FALSE(r["env"]["CRUCIBLE_TEST_SECRET"].defined());
   CHECK(r["env"]["CUDA_VISIBLE_DEVICES"].as<std::string>() == "");
   CHECK(r["rlimit_core"].as<long>() == 0);
   CHECK(r["rlimit_as"].as<long long>() == 4096ll << 20);
@@ -89,7 +89,7 @@ TEST_CASE("a CUDA worker sees exactly its one device and no address-space limit"
   CHECK(r["env"]["CUDA_VISIBLE_DEVICES"].as<std::string>() == "3");
   CHECK(r["device"].as<std::string>() == "cuda");
   CHECK(r["rlimit_as_unlimited"].as<bool>());
-  CHECK_FALSE(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].IsDefined()); // 0: the driver's default
+  CHECK_FALSE(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].defined()); // 0: the driver's default
 }
 
 TEST_CASE("cuda_max_connections reaches a worker as CUDA_DEVICE_MAX_CONNECTIONS") {
@@ -99,7 +99,7 @@ TEST_CASE("cuda_max_connections reaches a worker as CUDA_DEVICE_MAX_CONNECTIONS"
   auto w = worker::start(ctx, spec);
   REQUIRE(w.ok());
   auto r = expect_message(**w);
-  REQUIRE(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].IsDefined());
+  REQUIRE(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].defined());
   CHECK(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].as<std::string>() == "2");
 }
 
@@ -240,7 +240,7 @@ TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, 
     // The worker confined itself: every layer in force on this machine (a machine without one
     // fails here, as evaluator.isolation strict would refuse it). pid() is the sandbox's
     // keeper; the worker is PID 1 of its own PID namespace.
-    auto iso = parse_isolation(YAML::Dump(started["isolation"]));
+    auto iso = parse_isolation(started["isolation"].dump());
     CHECK_MESSAGE(iso.missing.empty(), iso.missing_text());
     CHECK(std::find(iso.layers.begin(), iso.layers.end(), "pid-namespace") != iso.layers.end());
     CHECK(started["pid"].as<int>() == 1);
