@@ -28,6 +28,7 @@ command status_command();
 command config_command();
 command info_command();
 command eval_command();
+command serve_command();
 command tasks_command();
 command tokenizer_command();
 command init_model_command();

@@ -1,0 +1,93 @@
+"""clients/python (crucible_client) against a real `crucible serve` on loopback, on the CPU: the
+client's verdicts, TRL's reward-function calling convention, verl's compute_score, and the
+errors a trainer sees. CRUCIBLE_CLI is the crucible binary (ctest sets it)."""
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+
+from crucible_client import Client, ServiceError, extract_code, trl_reward, verl_compute_score  # noqa: E402
+
+SUITE = ROOT / "env" / "tasks" / "cpu"
+TOKEN = "client-test-token-0123456789"
+FAST = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "evaluator.min_rounds=4",
+        "--set", "evaluator.max_rounds=4", "--set", "evaluator.buckets=2", "--set", "evaluator.warmup_ms=0",
+        "--set", "evaluator.flush_bytes=1048576", "--set", "evaluator.recheck_above=1000",
+        "--set", "evaluator.cache=false"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cli = os.environ.get("CRUCIBLE_CLI")
+    if not cli:
+        pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
+    token = tmp_path_factory.mktemp("serve") / "token"
+    token.write_text(TOKEN + "\n")
+    proc = subprocess.Popen([cli, "serve", "--listen", "127.0.0.1:0", "--token-file", str(token), "--device", "cpu",
+                             "--suite", str(SUITE), *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+    if not m:
+        proc.kill()
+        pytest.fail("crucible serve did not start: " + line + proc.stderr.read())
+    yield m.group(1)
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0
+
+
+def variant(task, name):
+    return (SUITE / "variants" / task / name).read_text()
+
+
+def test_verdicts_and_errors(server):
+    client = Client(server, TOKEN)
+    assert client.health()["devices"] == ["cpu"]
+    assert "01_relu_scale" in client.tasks()
+    v = client.evaluate(task="01_relu_scale", candidate=variant("01_relu_scale", "fast_inplace.py"))
+    assert v["status"] == "ok" and v["reward"] > 0
+    v = client.evaluate(task_source=(SUITE / "01_relu_scale.py").read_text(),
+                        candidate=variant("01_relu_scale", "wrong_clamp_before_shift.py"))
+    assert v["status"] == "incorrect"
+    with pytest.raises(ServiceError) as e:
+        client.evaluate(task="no_such_task", candidate="x")
+    assert e.value.status == 404 and "no task 'no_such_task'" in e.value.message
+    with pytest.raises(ServiceError) as e:
+        Client(server, "not-the-token-at-all").health()
+    assert e.value.status == 401
+    with pytest.raises(ServiceError) as e:
+        Client("http://127.0.0.1:1", TOKEN).health()
+    assert e.value.status == 0 and "cannot reach" in e.value.message
+
+
+def test_trl_reward_function(server):
+    """The call GRPOTrainer makes: reward_func(prompts=..., completions=..., **dataset columns)."""
+    reward = trl_reward(Client(server, TOKEN))
+    fast = "Here it is:\n```python\n" + variant("01_relu_scale", "fast_inplace.py") + "```\n"
+    wrong = [{"role": "assistant", "content": "```python\n" + variant("01_relu_scale", "wrong_clamp_before_shift.py") + "```"}]
+    rewards = reward(prompts=["p0", "p1", "p2"], completions=[fast, wrong, "no code here"],
+                     task=["01_relu_scale", "01_relu_scale", "01_relu_scale"])
+    assert len(rewards) == 3
+    assert rewards[0] > 0          # correct and judged
+    assert rewards[1] == 0.0       # incorrect: the verdict's reward
+    assert rewards[2] == 0.0       # no code: format error
+    with pytest.raises(ValueError, match="no column 'task'"):
+        reward(prompts=["p"], completions=[fast])
+
+
+def test_verl_compute_score(server):
+    score = verl_compute_score(Client(server, TOKEN))
+    assert score("crucible", "```python\n" + variant("01_relu_scale", "fast_inplace.py") + "```", "01_relu_scale") > 0
+    assert score("crucible", "nothing", "01_relu_scale") == 0.0
+
+
+def test_extract_code():
+    assert extract_code("```python\nclass ModelNew: pass\n```") == "class ModelNew: pass\n"
+    assert extract_code("a\n```\nx = 1\n```\n```py\nclass ModelNew: pass\n```\n") == "class ModelNew: pass\n"
+    assert extract_code("class ModelNew: pass") == "class ModelNew: pass"
+    assert extract_code("no code") is None

@@ -1,0 +1,410 @@
+// `crucible serve`: the evaluator pool behind an HTTP/JSON API (docs/service.md), for trainers
+// that are not crucible's own (TRL, verifiers, verl): service/verdict_service.hpp judges, this
+// file speaks HTTP through cpp-httplib.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config.hpp"
+#include "core/file_io.hpp"
+#include "core/log.hpp"
+#include "core/sha256.hpp"
+#include "env/evaluator.hpp"
+#include "env/task.hpp"
+#include "service/verdict_service.hpp"
+#include "tools/crucible/commands.hpp"
+
+#ifdef CRUCIBLE_HAVE_HTTPLIB
+#  include <httplib.h>
+#endif
+
+namespace crucible::cli {
+
+namespace {
+
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+
+#ifdef CRUCIBLE_HAVE_HTTPLIB
+
+httplib::Server* running = nullptr; // for the signal handler: stop() is safe from it
+
+void stop_on_signal(int) {
+  if (running != nullptr)
+    running->stop();
+}
+
+void reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+void refuse(httplib::Response& res, int status, const std::string& why) { reply(res, status, json{{"error", why}}); }
+
+// Splits "HOST:PORT"; the port may be 0 (any free one).
+bool split_listen(const std::string& text, std::string& host, int& port) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return false;
+  host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  try {
+    std::size_t used = 0;
+    port = std::stoi(text.substr(colon + 1), &used);
+    return used == text.size() - colon - 1 && port >= 0 && port <= 65535;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+
+// What a request may name as its task: a registered suite's task by name, or a task's source.
+struct task_registry {
+  std::map<std::string, env::task> by_name;
+  std::string suite;
+};
+
+struct serve_limits {
+  std::size_t max_request_bytes = 4u << 20;
+  double max_timeout_s = 3600;
+  double default_timeout_s = 600;
+};
+
+// One request object of /v1/evaluate (or an item of a batch) into a verdict request; an error
+// names the field.
+result<service::verdict_request> request_of(const json& body, const task_registry& tasks) {
+  if (!body.is_object())
+    return fail(errc::invalid_arg, "the request is not a JSON object");
+  service::verdict_request r;
+  auto str = [&](const char* key, std::string& out, bool required) -> result<void> {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) {
+      if (required)
+        return fail(errc::invalid_arg, "the request has no '", key, "'");
+      return {};
+    }
+    if (!it->is_string())
+      return fail(errc::invalid_arg, "'", key, "' is not a string");
+    out = it->get<std::string>();
+    return {};
+  };
+  if (auto ok = str("id", r.id, false); !ok)
+    return ok.error();
+  if (r.id.size() > 200)
+    return fail(errc::invalid_arg, "'id' is longer than 200 characters");
+  if (!r.id.empty() && r.id.front() == '~')
+    return fail(errc::invalid_arg, "'id' may not start with '~' (the service's own ids do)");
+  if (auto ok = str("candidate", r.candidate, true); !ok)
+    return ok.error();
+  std::string task_name, task_source;
+  if (auto ok = str("task", task_name, false); !ok)
+    return ok.error();
+  if (auto ok = str("task_source", task_source, false); !ok)
+    return ok.error();
+  if (task_name.empty() == task_source.empty())
+    return fail(errc::invalid_arg, "give either 'task' (a registered task's name, GET /v1/tasks) or 'task_source' "
+                                   "(a task's Python source), not both or neither");
+  if (!task_name.empty() && task_source.empty()) {
+    auto it = tasks.by_name.find(task_name);
+    if (it == tasks.by_name.end())
+      return fail(errc::not_found, "no task '", task_name, "' in the registered suite ", tasks.suite, " (GET /v1/tasks)");
+    r.task = it->second;
+  } else {
+    if (auto missing = env::missing_task_parts(task_source); !missing.empty())
+      return fail(errc::invalid_arg, "'task_source' is not a task: it lacks ", missing);
+    r.task.name = task_name.empty() ? "submitted" : task_name;
+    r.task.source = task_source;
+    r.task.sha256 = sha256_hex(env::normalize_source(task_source));
+  }
+  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_unsigned())
+      return fail(errc::invalid_arg, "'seed' is not a non-negative integer");
+    r.seed = it->get<std::uint64_t>();
+  }
+  if (auto it = body.find("cache"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      return fail(errc::invalid_arg, "'cache' is not true or false");
+    r.use_cache = it->get<bool>();
+  }
+  return r;
+}
+
+result<double> timeout_of(const json& body, const serve_limits& lim) {
+  auto it = body.find("timeout_s");
+  if (it == body.end() || it->is_null())
+    return lim.default_timeout_s;
+  if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > lim.max_timeout_s)
+    return fail(errc::invalid_arg, "'timeout_s' is not a number of seconds in [0, ", std::to_string(lim.max_timeout_s), "]");
+  return it->get<double>();
+}
+
+json verdict_json(const env::verdict& v) { return json::parse(env::to_json(v)); }
+
+// The answer to one admitted request: its verdict, or "pending" when it is not judged by `until`.
+json answer(service::verdict_service& svc, const service::verdict_service::ticket& t, clock_type::time_point until) {
+  if (auto v = svc.wait(t, until))
+    return json{{"id", t.id}, {"state", "judged"}, {"verdict", verdict_json(*v)}};
+  return json{{"id", t.id}, {"state", "pending"}};
+}
+
+// An admission that is not a ticket to wait on: the HTTP status and error for it.
+std::pair<int, std::string> refusal(service::verdict_service::admission how, const std::string& id) {
+  using adm = service::verdict_service::admission;
+  switch (how) {
+    case adm::full: return {429, "the queue is full; retry later"};
+    case adm::conflict: return {409, "the id '" + id + "' was used for another request"};
+    case adm::stopping: return {503, "the service is stopping"};
+    default: return {500, "not refused"};
+  }
+}
+
+void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_registry& tasks, const serve_limits& lim,
+                const std::string& token) {
+  // Every request carries the token (Authorization: Bearer TOKEN).
+  srv.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
+    const auto auth = req.get_header_value("Authorization");
+    if (auth != "Bearer " + token) {
+      refuse(res, 401, auth.empty() ? "no token: send 'Authorization: Bearer TOKEN'" : "wrong token");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  srv.Get("/v1/health", [&](const httplib::Request&, httplib::Response& res) {
+    const auto c = svc.counters();
+    reply(res, 200, json{{"status", "ok"}, {"devices", svc.devices()}, {"queued", c.queued}, {"running", c.running}});
+  });
+  srv.Get("/v1/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    // Prometheus' text format.
+    const auto c = svc.counters();
+    std::ostringstream m;
+    m << "# TYPE crucible_serve_queued gauge\ncrucible_serve_queued " << c.queued << "\n"
+      << "# TYPE crucible_serve_running gauge\ncrucible_serve_running " << c.running << "\n"
+      << "# TYPE crucible_serve_judged_total counter\ncrucible_serve_judged_total " << c.judged << "\n"
+      << "# TYPE crucible_serve_refused_full_total counter\ncrucible_serve_refused_full_total " << c.refused_full << "\n"
+      << "# TYPE crucible_serve_duplicates_total counter\ncrucible_serve_duplicates_total " << c.duplicates << "\n"
+      << "# TYPE crucible_serve_judged_seconds_total counter\ncrucible_serve_judged_seconds_total " << c.judged_wall_s << "\n"
+      << "# TYPE crucible_serve_verdicts_total counter\n";
+    for (const auto& [status, n] : c.by_status)
+      m << "crucible_serve_verdicts_total{status=\"" << status << "\"} " << n << "\n";
+    res.set_content(m.str(), "text/plain; version=0.0.4");
+  });
+  srv.Get("/v1/tasks", [&](const httplib::Request&, httplib::Response& res) {
+    json list = json::array();
+    for (const auto& [name, t] : tasks.by_name)
+      list.push_back(json{{"name", name}, {"sha256", t.sha256}});
+    reply(res, 200, json{{"suite", tasks.suite}, {"tasks", list}});
+  });
+  srv.Get(R"(/v1/evaluations/(.+))", [&](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    auto found = svc.find(id);
+    if (!found)
+      return refuse(res, 404, "no request '" + id + "' is known (never sent, or forgotten)");
+    if (!found->judged)
+      return reply(res, 200, json{{"id", id}, {"state", "pending"}});
+    reply(res, 200, json{{"id", id}, {"state", "judged"}, {"verdict", verdict_json(found->v)}});
+  });
+  srv.Post("/v1/evaluate", [&](const httplib::Request& req, httplib::Response& res) {
+    const auto body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded())
+      return refuse(res, 400, "the body is not JSON");
+    auto r = request_of(body, tasks);
+    if (!r)
+      return refuse(res, r.error().code == errc::not_found ? 404 : 400, r.error().message);
+    auto timeout = timeout_of(body, lim);
+    if (!timeout)
+      return refuse(res, 400, timeout.error().message);
+    const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(*timeout));
+    auto t = svc.submit(std::move(*r));
+    if (!t.e) {
+      auto [status, why] = refusal(t.how, t.id);
+      if (status == 429)
+        res.set_header("Retry-After", "5");
+      return refuse(res, status, why);
+    }
+    auto a = answer(svc, t, until);
+    reply(res, a["state"] == "judged" ? 200 : 202, a);
+  });
+  srv.Post("/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
+    const auto body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded())
+      return refuse(res, 400, "the body is not JSON");
+    if (!body.is_object() || !body.contains("requests") || !body["requests"].is_array())
+      return refuse(res, 400, "a batch is {\"requests\": [...]}");
+    auto timeout = timeout_of(body, lim);
+    if (!timeout)
+      return refuse(res, 400, timeout.error().message);
+    const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(*timeout));
+    // Each item is admitted on its own (a full queue refuses the rest, each saying so), then
+    // all are waited for together.
+    std::vector<json> results(body["requests"].size());
+    std::vector<std::pair<std::size_t, service::verdict_service::ticket>> admitted;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      auto r = request_of(body["requests"][i], tasks);
+      if (!r) {
+        results[i] = json{{"error", r.error().message}};
+        continue;
+      }
+      auto t = svc.submit(std::move(*r));
+      if (!t.e)
+        results[i] = json{{"id", t.id}, {"error", refusal(t.how, t.id).second}};
+      else
+        admitted.emplace_back(i, std::move(t));
+    }
+    for (const auto& [i, t] : admitted)
+      results[i] = answer(svc, t, until);
+    reply(res, 200, json{{"results", results}});
+  });
+  srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string why = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      why = std::string{"internal error: "} + e.what();
+    } catch (...) {
+    }
+    refuse(res, 500, why);
+  });
+  srv.set_payload_max_length(lim.max_request_bytes);
+}
+
+int run_serve(const parsed_args& args) {
+  std::string host;
+  int port = 0;
+  const auto listen = args.get("--listen", "127.0.0.1:8470");
+  if (!split_listen(listen, host, port)) {
+    std::fprintf(stderr, "crucible serve: --listen %s is not HOST:PORT (port 0..65535)\n", listen.c_str());
+    return exit_usage;
+  }
+  if (!loopback(host) && !args.has("--public")) {
+    std::fprintf(stderr, "crucible serve: --listen %s is not a loopback address; add --public to serve other machines\n",
+                 listen.c_str());
+    return exit_usage;
+  }
+  if (!args.has("--token-file")) {
+    std::fprintf(stderr, "crucible serve: missing --token-file FILE (the token every request must carry)\n");
+    return exit_usage;
+  }
+  auto token_text = read_file(args.get("--token-file"));
+  if (!token_text) {
+    std::fprintf(stderr, "crucible serve: --token-file %s\n", token_text.error().message.c_str());
+    return exit_usage;
+  }
+  std::string token = *token_text;
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
+    token.pop_back();
+  if (token.size() < 16 || token.find_first_of(" \t\r\n") != std::string::npos) {
+    std::fprintf(stderr, "crucible serve: the token in %s must be one word of at least 16 characters\n",
+                 args.get("--token-file").c_str());
+    return exit_usage;
+  }
+  config cfg;
+  if (args.has("--config") || args.has("--set")) {
+    auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
+                                       : parse_config("", "--set", args.all("--set"));
+    if (!loaded) {
+      std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+      return exit_usage;
+    }
+    cfg = *loaded;
+  }
+  auto queue = int_option(args, "--queue", 64, 1, 1'000'000);
+  auto max_kb = int_option(args, "--max-request-kb", 4096, 1, 1 << 20);
+  if (const auto* bad = first_error(queue, max_kb)) {
+    std::fprintf(stderr, "crucible serve: %s\n", bad->message.c_str());
+    return exit_usage;
+  }
+  std::vector<std::string> devices = args.all("--device");
+  if (devices.empty())
+    devices = cfg.evaluator.devices;
+  // The registered suite: tasks.suite of the configuration, or --suite.
+  task_registry tasks;
+  tasks.suite = args.get("--suite", cfg.tasks.suite);
+  auto indexed = env::index_tasks(tasks.suite);
+  if (!indexed) {
+    std::fprintf(stderr, "crucible serve: --suite %s\n", indexed.error().message.c_str());
+    return exit_usage;
+  }
+  for (auto& t : *indexed)
+    tasks.by_name.emplace(t.name, std::move(t));
+
+  system_clock clk;
+  logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
+  // On this thread, which lives as long as the service: each device's worker zygote dies with
+  // the thread that started it (PR_SET_PDEATHSIG).
+  auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, devices, log, env::verdict_cache_use::configured);
+  if (!made) {
+    std::fprintf(stderr, "crucible serve: %s\n", made.error().message.c_str());
+    return exit_failure;
+  }
+  service::service_options sopt;
+  sopt.queue_limit = *queue;
+  sopt.concurrency = cfg.evaluator.concurrency;
+  service::verdict_service svc{std::move(*made), sopt, log};
+  serve_limits lim;
+  lim.max_request_bytes = static_cast<std::size_t>(*max_kb) * 1024;
+  httplib::Server srv;
+  add_routes(srv, svc, tasks, lim, token);
+  const int bound = port == 0 ? srv.bind_to_any_port(host) : (srv.bind_to_port(host, port) ? port : -1);
+  if (bound <= 0) {
+    std::fprintf(stderr, "crucible serve: cannot listen on %s\n", listen.c_str());
+    return exit_failure;
+  }
+  running = &srv;
+  std::signal(SIGINT, stop_on_signal);
+  std::signal(SIGTERM, stop_on_signal);
+  std::printf("crucible serve: listening on http://%s:%d (%zu tasks of %s; devices", host.c_str(), bound,
+              tasks.by_name.size(), tasks.suite.c_str());
+  for (const auto& d : svc.devices())
+    std::printf(" %s", d.c_str());
+  std::printf(")\n");
+  std::fflush(stdout);
+  srv.listen_after_bind();
+  running = nullptr;
+  std::printf("crucible serve: stopped\n");
+  return exit_ok;
+}
+
+#else
+
+int run_serve(const parsed_args&) {
+  std::fprintf(stderr, "crucible serve: this build has no HTTP server (cpp-httplib was not found when it was "
+                       "configured; tools/setup.sh installs libcpp-httplib-dev)\n");
+  return exit_failure;
+}
+
+#endif
+
+} // namespace
+
+command serve_command() {
+  return {{"serve", "--token-file FILE [--listen HOST:PORT] [options]",
+           "Serve the evaluator over HTTP/JSON, for other trainers (docs/service.md)",
+           "Puts the evaluator pool behind an HTTP/JSON API: POST /v1/evaluate judges one (task,\n"
+           "candidate) as `crucible eval` does and answers its verdict; POST /v1/evaluate/batch takes\n"
+           "{\"requests\": [...]}; GET /v1/evaluations/ID asks again for a request by its id;\n"
+           "GET /v1/tasks lists the registered suite; GET /v1/health and /v1/metrics (Prometheus text).\n"
+           "Every request carries 'Authorization: Bearer TOKEN', the token of --token-file. A request\n"
+           "with an id is judged once however often it is sent. A full queue answers 429 at once.\n"
+           "Listens on loopback unless --public. Prints 'listening on http://HOST:PORT' when ready\n"
+           "(--listen 127.0.0.1:0 takes a free port); SIGINT or SIGTERM stop it.",
+           {},
+           {{"--listen", "HOST:PORT", "where to listen (default 127.0.0.1:8470; port 0: any free one)"},
+            {"--public", "", "allow a --listen address that is not loopback"},
+            {"--token-file", "FILE", "the token every request must carry (one word, 16 characters or more)"},
+            {"--device", "DEVICE", "cpu or cuda:N (default: evaluator.devices); several: the flag again", true},
+            {"--suite", "DIR", "the registered tasks (default: tasks.suite)"},
+            {"--queue", "N", "requests waiting or being judged, at most (default 64)"},
+            {"--max-request-kb", "N", "largest request body (default 4096)"},
+            {"--config", "CONFIG", "take evaluator and reward settings from a configuration file"},
+            {"--set", "KEY=VALUE", "override a configuration key, e.g. --set evaluator.concurrency=2", true},
+            {"--verbose", "", "log each verdict and the evaluator's progress to stderr"}}},
+          run_serve};
+}
+
+} // namespace crucible::cli
