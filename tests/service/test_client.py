@@ -19,7 +19,7 @@ TOKEN = "client-test-token-0123456789"
 FAST = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "evaluator.min_rounds=4",
         "--set", "evaluator.max_rounds=4", "--set", "evaluator.buckets=2", "--set", "evaluator.warmup_ms=0",
         "--set", "evaluator.flush_bytes=1048576", "--set", "evaluator.recheck_above=1000",
-        "--set", "evaluator.cache=false"]
+        "--set", "evaluator.reference_band=5", "--no-cache"]  # reference_band: as in test_serve.cpp
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,7 @@ def server(tmp_path_factory):
         pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
     token = tmp_path_factory.mktemp("serve") / "token"
     token.write_text(TOKEN + "\n")
+    token.chmod(0o600)  # a token file others may read is refused
     proc = subprocess.Popen([cli, "serve", "--listen", "127.0.0.1:0", "--token-file", str(token), "--device", "cpu",
                              "--suite", str(SUITE), *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()

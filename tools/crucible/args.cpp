@@ -1,5 +1,7 @@
 #include "tools/crucible/args.hpp"
 
+#include "core/config.hpp"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -150,6 +152,11 @@ std::string speedup_text(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3fx", x);
   return buf;
+}
+
+result<config> config_option(const parsed_args& args) {
+  return args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
+                              : parse_config("", "--set", args.all("--set"));
 }
 
 } // namespace crucible::cli

@@ -9,6 +9,10 @@
 
 #include "core/error.hpp"
 
+namespace crucible {
+struct config;
+}
+
 namespace crucible::cli {
 
 /// One option of a subcommand. An empty `metavar` makes it a flag without a value.
@@ -74,5 +78,9 @@ const crucible::error* first_error(const result<Ts>&... results) {
 
 /// `crucible NAME --help` text.
 std::string render_help(const command_spec& spec);
+
+/// The configuration of --config FILE with each --set KEY=VALUE applied, or the defaults with
+/// them where there is no --config. The error names the file or the key.
+result<config> config_option(const parsed_args& args);
 
 } // namespace crucible::cli

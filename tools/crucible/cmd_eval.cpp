@@ -63,16 +63,12 @@ int run_eval(const parsed_args& args) {
       return exit_usage;
     }
   }
-  config cfg;
-  if (args.has("--config") || args.has("--set")) {
-    auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
-                                       : parse_config("", "--set", args.all("--set"));
-    if (!loaded) {
-      std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
-      return exit_usage;
-    }
-    cfg = *loaded;
+  auto loaded = config_option(args);
+  if (!loaded) {
+    std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+    return exit_usage;
   }
+  const config cfg = *loaded;
   if (set_mode)
     return eval_set::run(args, cfg);
   auto device = device_option(args, "--device", cfg.evaluator.devices.front());

@@ -196,8 +196,7 @@ int run_evaluator(const parsed_args& args) {
   }
   // With --config, that file's settings; otherwise the run's, which arrive with the tasks. The
   // overrides are checked now either way, so that a bad one fails before any connection.
-  auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
-                                     : parse_config("", "--set", args.all("--set"));
+  auto loaded = config_option(args);
   if (!loaded) {
     std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
     return exit_usage;

@@ -13,6 +13,7 @@
 #include "core/file_io.hpp"
 #include "core/log.hpp"
 #include "core/sha256.hpp"
+#include "core/token.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "service/verdict_service.hpp"
@@ -290,29 +291,23 @@ int run_serve(const parsed_args& args) {
     std::fprintf(stderr, "crucible serve: missing --token-file FILE (the token every request must carry)\n");
     return exit_usage;
   }
-  auto token_text = read_file(args.get("--token-file"));
-  if (!token_text) {
-    std::fprintf(stderr, "crucible serve: --token-file %s\n", token_text.error().message.c_str());
+  auto read = read_token_file(args.get("--token-file"));
+  if (!read) {
+    std::fprintf(stderr, "crucible serve: --token-file %s\n", read.error().message.c_str());
     return exit_usage;
   }
-  std::string token = *token_text;
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' '))
-    token.pop_back();
-  if (token.size() < 16 || token.find_first_of(" \t\r\n") != std::string::npos) {
+  const std::string token = *read;
+  if (token.size() < 16 || token.find_first_of(" \t") != std::string::npos) {
     std::fprintf(stderr, "crucible serve: the token in %s must be one word of at least 16 characters\n",
                  args.get("--token-file").c_str());
     return exit_usage;
   }
-  config cfg;
-  if (args.has("--config") || args.has("--set")) {
-    auto loaded = args.has("--config") ? load_config(args.get("--config"), args.all("--set"))
-                                       : parse_config("", "--set", args.all("--set"));
-    if (!loaded) {
-      std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
-      return exit_usage;
-    }
-    cfg = *loaded;
+  auto loaded = config_option(args);
+  if (!loaded) {
+    std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
+    return exit_usage;
   }
+  const config cfg = *loaded;
   auto queue = int_option(args, "--queue", 64, 1, 1'000'000);
   auto max_kb = int_option(args, "--max-request-kb", 4096, 1, 1 << 20);
   if (const auto* bad = first_error(queue, max_kb)) {
@@ -337,7 +332,9 @@ int run_serve(const parsed_args& args) {
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
   // On this thread, which lives as long as the service: each device's worker zygote dies with
   // the thread that started it (PR_SET_PDEATHSIG).
-  auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, devices, log, env::verdict_cache_use::configured);
+  auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, devices, log,
+                                          args.has("--no-cache") ? env::verdict_cache_use::none
+                                                                 : env::verdict_cache_use::configured);
   if (!made) {
     std::fprintf(stderr, "crucible serve: %s\n", made.error().message.c_str());
     return exit_failure;
@@ -403,6 +400,7 @@ command serve_command() {
             {"--max-request-kb", "N", "largest request body (default 4096)"},
             {"--config", "CONFIG", "take evaluator and reward settings from a configuration file"},
             {"--set", "KEY=VALUE", "override a configuration key, e.g. --set evaluator.concurrency=2", true},
+            {"--no-cache", "", "neither read nor write the verdict cache (evaluator.cache)"},
             {"--verbose", "", "log each verdict and the evaluator's progress to stderr"}}},
           run_serve};
 }
