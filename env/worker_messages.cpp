@@ -8,44 +8,46 @@ namespace crucible::env::worker_msg {
 
 using nlohmann::json;
 
-std::string command(std::string_view type) { return json{{"type", type}}.dump(); }
+namespace {
+// A message's text. Strings from outside (a task's or candidate's source, a compiler's log, paths)
+// may hold bytes that are not UTF-8: replaced, not refused.
+std::string text(const json& m) { return m.dump(-1, ' ', false, json::error_handler_t::replace); }
+} // namespace
+
+std::string command(std::string_view type) { return text(json{{"type", type}}); }
 
 std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_rounds, bool announce) {
-  return json{{"type", "time"},
-              {"rounds", rounds},
-              {"warmup_ms", warmup_ms},
-              {"warmup_rounds", warmup_rounds},
-              {"announce", announce}}
-    .dump();
+  return text(json{{"type", "time"},
+                   {"rounds", rounds},
+                   {"warmup_ms", warmup_ms},
+                   {"warmup_rounds", warmup_rounds},
+                   {"announce", announce}});
 }
 
-std::string buffers(std::int64_t calls) { return json{{"type", "buffers"}, {"calls", calls}}.dump(); }
+std::string buffers(std::int64_t calls) { return text(json{{"type", "buffers"}, {"calls", calls}}); }
 
-std::string draw(std::int64_t calls, int dist) { return json{{"type", "draw"}, {"calls", calls}, {"dist", dist}}.dump(); }
+std::string draw(std::int64_t calls, int dist) { return text(json{{"type", "draw"}, {"calls", calls}, {"dist", dist}}); }
 
 std::string launch(std::uint32_t seq, bool null) {
   json m{{"type", "launch"}, {"seq", seq}};
   if (null)
     m["null"] = true;
-  return m.dump();
+  return text(m);
 }
 
-std::string built(const std::string& dir) { return json{{"type", "built"}, {"dir", dir}}.dump(); }
+std::string built(const std::string& dir) { return text(json{{"type", "built"}, {"dir", dir}}); }
 
 std::string build_failed(const std::string& log) {
-  // A compiler's log may hold bytes that are not UTF-8: replaced, not refused.
-  return json{{"type", "build_failed"}, {"log", log}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text(json{{"type", "build_failed"}, {"log", log}});
 }
 
 std::string fork(const std::string& endpoint, const std::string& scratch, const std::vector<std::string>& env) {
-  return json{{"type", "fork"}, {"endpoint", endpoint}, {"scratch", scratch}, {"env", env}}.dump(
-    -1, ' ', false, json::error_handler_t::replace);
+  return text(json{{"type", "fork"}, {"endpoint", endpoint}, {"scratch", scratch}, {"env", env}});
 }
 
-std::string reap(long long pid) { return json{{"type", "reap"}, {"pid", pid}}.dump(); }
+std::string reap(long long pid) { return text(json{{"type", "reap"}, {"pid", pid}}); }
 
 std::string job(const job_fields& f) {
-  // Sources and names as the task and the candidate gave them: bytes that are not UTF-8 replaced.
   json m{{"type", "job"}, {"task_name", f.task_name}};
   if (f.task_source)
     m["task_source"] = *f.task_source;
@@ -75,7 +77,7 @@ std::string job(const job_fields& f) {
   m["outputs"] = f.outputs_on_device ? "device" : "host";
   if (f.role)
     m["role"] = *f.role;
-  return m.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text(m);
 }
 
 } // namespace crucible::env::worker_msg
