@@ -1,7 +1,7 @@
 // `crucible serve` in a real process on loopback (port 0), talked to over HTTP: verdicts as
 // `crucible eval` gives them, the token on every request, bad requests answered with what is
 // wrong, ids that are judged once, a full queue refused at once, a client that leaves mid-request
-// losing nothing. One server a test case (each starts its workers).
+// and a worker killed mid-request losing nothing. One server a test case (each starts its workers).
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -9,7 +9,10 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,6 +87,51 @@ json post(const server& s, const std::string& path, const json& body, int& statu
   auto j = json::parse(r->body, nullptr, false);
   REQUIRE_MESSAGE(!j.is_discarded(), r->body);
   return j;
+}
+
+// The evaluator's busiest worker below `root` (the server's pid): of the processes running the
+// harness whose parent runs it too (forked from the zygote; the zygote's own parent does not), the
+// one that has run longest on the CPU (a worker judging, not a spare waiting); -1 for none.
+int busiest_worker(int root) {
+  std::map<int, int> parent;
+  std::map<int, long long> ticks;
+  std::map<int, bool> harness;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const int pid = std::stoi(name);
+    std::ifstream stat(e.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos)
+      continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state, field;
+    int ppid = 0;
+    rest >> state >> ppid;
+    for (int k = 5; k <= 13; ++k) // fields 5..13: pgrp .. majflt
+      rest >> field;
+    long long utime = 0, stime = 0;
+    rest >> utime >> stime;
+    parent[pid] = ppid;
+    ticks[pid] = utime + stime;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string argv((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    harness[pid] = argv.find("worker.py") != std::string::npos;
+  }
+  auto below_root = [&](int pid) {
+    for (int p = pid, hops = 0; p > 1 && hops < 64; p = parent[p], ++hops)
+      if (p == root)
+        return true;
+    return false;
+  };
+  int best = -1;
+  for (const auto& [pid, h] : harness)
+    if (h && harness[parent[pid]] && below_root(pid) && (best < 0 || ticks[pid] > ticks[best]))
+      best = pid;
+  return best;
 }
 
 std::string variant(const std::string& task, const std::string& file) {
@@ -205,7 +253,7 @@ TEST_CASE("crucible serve judges as crucible eval does, and refuses what is wron
   }
 }
 
-TEST_CASE("crucible serve: a full queue answers at once, and a client that leaves loses nothing") {
+TEST_CASE("crucible serve: a full queue answers at once, a client that leaves loses nothing, a killed worker neither") {
   server s{{"--queue", "1"}};
   // A request that runs for a while (a slow candidate: 0.2 s a call), sent with timeout 0: its
   // answer is `pending` at once, and it holds the queue's one place.
@@ -233,10 +281,27 @@ TEST_CASE("crucible serve: a full queue answers at once, and a client that leave
   }
   REQUIRE(got["state"] == "judged");
   CHECK(got["verdict"]["status"] == "ok");
+  // A worker killed mid-request (as the OOM killer would): the device evaluator retries on a fresh
+  // one, and the request gets its verdict as if nothing happened.
+  int victim = -1;
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500)); // into the request below: it runs for seconds
+    victim = busiest_worker(s.proc->pid());
+    if (victim > 0)
+      ::kill(victim, SIGKILL);
+  });
+  auto killed = post(s, "/v1/evaluate", json{{"id", "killed"}, {"task", "01_relu_scale"}, {"candidate", slow}}, status);
+  killer.join();
+  REQUIRE(victim > 0);
+  INFO(killed.dump());
+  CHECK(status == 200);
+  CHECK(killed["state"] == "judged");
+  CHECK(killed["verdict"]["correct"] == true);
   auto health = json::parse(s.client().Get("/v1/health")->body);
   CHECK(health["queued"] == 0);
   s.proc->signal(SIGTERM);
   auto end = s.proc->wait();
   CHECK(end.exit_code == 0);
   CHECK(end.out.find("crucible serve: stopped") != std::string::npos);
+  CHECK(end.err.find("retrying on a fresh worker") != std::string::npos); // the kill did land mid-request
 }
