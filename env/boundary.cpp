@@ -254,7 +254,7 @@ bool evaluation::split_trials(std::uint64_t seed) {
   }
   // Phase 2: the candidate's worker, which gets the task's data (constructor arguments, what the
   // reference's profiled call ran) and never its module, loads the candidate without the device.
-  auto c = ctx_.pool.take();
+  auto c = fresh_workers_ ? ctx_.pool.start_fresh() : ctx_.pool.take();
   if (!c) {
     set(verdict_status::runtime_error, "no worker could be started for the candidate: " + c.error().message);
     return false;

@@ -52,6 +52,10 @@ public:
   /// The verdict. A message of a worker that lacks a field the evaluator needs, or holds one of
   /// the wrong type, ends it with `runtime_error` naming the field (the workers are killed).
   verdict run();
+  /// Across the trust boundary, the candidate's worker started now instead of taken from the
+  /// idle ones (a retry after a worker was killed from outside: what killed it may have killed
+  /// the idle ones too). Before run().
+  void use_fresh_workers() noexcept { fresh_workers_ = true; }
   /// The candidate's worker where the verdict has two (the trust boundary): for retire().
   std::unique_ptr<worker> take_candidate_process() noexcept { return std::move(cand_.proc); }
   /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
@@ -253,6 +257,7 @@ private:
   ready_worker cand_; // the candidate's worker, where the verdict has two
   /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU, and
   /// on a CUDA device with evaluator.cuda_boundary).
+  bool fresh_workers_ = false; // use_fresh_workers()
   bool two_workers_ = false;
   /// What the reference's worker told of the task, for the candidate's worker and the rounds
   /// across the boundary.

@@ -298,7 +298,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     bool lost_worker = false;
     std::uint64_t task_bytes = 0; // one trial's inputs and reference outputs
   };
-  auto run_once = [&](auto&& worker, bool alone) {
+  auto run_once = [&](auto&& worker, bool alone, bool fresh = false) {
     solo_hold hold{solo_, alone};
     if (alone) {
       // The device's memory to this evaluation: the workers of the evaluations that ended are
@@ -310,6 +310,8 @@ verdict device_evaluator::evaluate(const eval_request& req) {
           log_.warn("evaluator", device_, ": ", r.error().message);
     }
     evaluation e{context, req, std::move(worker)};
+    if (fresh)
+      e.use_fresh_workers();
     attempt a{e.run()};
     a.task_bytes = e.task_bytes();
     e.drop_outputs();
@@ -348,14 +350,15 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     // is killed again and keeps its runtime_error. So is a failure of this process's own (its
     // copy of a reference output found the device full while other evaluations held it: CUDA-L1's
     // 3090 release, level 1 task 60, at concurrency 6): the candidate is not to blame for it.
-    // Fresh means started now, not taken from the idle ones: what killed this worker (an operator
-    // killing every process below the run, the kernel's OOM killer) may have killed them too, and
-    // one of them would fail the retry as "not accepting messages".
+    // Fresh means started now, not taken from the idle ones, for the reference's worker and, across
+    // the trust boundary, the candidate's: what killed this worker (an operator killing every
+    // process below the run, the kernel's OOM killer) may have killed them too, and one of them
+    // would fail the retry as "killed ... before it took the job".
     log_.warn("evaluator", device_, ": ", first.v.message, "; retrying on a fresh worker");
     auto again = pool_->start_fresh();
     if (!again)
       return first.v;
-    auto second = run_once(*again, false);
+    auto second = run_once(*again, false, true);
     if (second.lost_worker)
       second.v.message += " (twice; out of memory?)";
     return second.v;

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -89,10 +90,10 @@ json post(const server& s, const std::string& path, const json& body, int& statu
   return j;
 }
 
-// The evaluator's busiest worker below `root` (the server's pid): of the processes running the
-// harness whose parent runs it too (forked from the zygote; the zygote's own parent does not), the
-// one that has run longest on the CPU (a worker judging, not a spare waiting); -1 for none.
-int busiest_worker(int root) {
+// The evaluator's workers below `root` (the server's pid): the processes running the harness whose
+// parent runs it too (forked from the zygote; the zygote's own parent does not), the busiest first
+// (most CPU time: a worker judging before a spare waiting).
+std::vector<int> forked_workers(int root) {
   std::map<int, int> parent;
   std::map<int, long long> ticks;
   std::map<int, bool> harness;
@@ -127,11 +128,12 @@ int busiest_worker(int root) {
         return true;
     return false;
   };
-  int best = -1;
+  std::vector<int> out;
   for (const auto& [pid, h] : harness)
-    if (h && harness[parent[pid]] && below_root(pid) && (best < 0 || ticks[pid] > ticks[best]))
-      best = pid;
-  return best;
+    if (h && harness[parent[pid]] && below_root(pid))
+      out.push_back(pid);
+  std::sort(out.begin(), out.end(), [&](int a, int b) { return ticks[a] > ticks[b]; });
+  return out;
 }
 
 std::string variant(const std::string& task, const std::string& file) {
@@ -281,18 +283,20 @@ TEST_CASE("crucible serve: a full queue answers at once, a client that leaves lo
   }
   REQUIRE(got["state"] == "judged");
   CHECK(got["verdict"]["status"] == "ok");
-  // A worker killed mid-request (as the OOM killer would): the device evaluator retries on a fresh
-  // one, and the request gets its verdict as if nothing happened.
-  int victim = -1;
+  // Every worker killed mid-request, the spares too (as an operator or the OOM killer might): the
+  // device evaluator retries on fresh workers, and the request gets its verdict as if nothing
+  // happened.
+  std::size_t victims = 0;
   std::thread killer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(1500)); // into the request below: it runs for seconds
-    victim = busiest_worker(s.proc->pid());
-    if (victim > 0)
-      ::kill(victim, SIGKILL);
+    const auto pids = forked_workers(s.proc->pid());
+    victims = pids.size();
+    for (int pid : pids)
+      ::kill(pid, SIGKILL);
   });
   auto killed = post(s, "/v1/evaluate", json{{"id", "killed"}, {"task", "01_relu_scale"}, {"candidate", slow}}, status);
   killer.join();
-  REQUIRE(victim > 0);
+  REQUIRE(victims > 0);
   INFO(killed.dump());
   CHECK(status == 200);
   CHECK(killed["state"] == "judged");
