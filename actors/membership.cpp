@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "actors/actor_config.hpp"
+#include "core/host_port.hpp"
 #include "core/token.hpp"
 
 namespace crucible {
@@ -294,19 +295,11 @@ result<membership_handle> start_membership(caf::actor_system& sys, membership_de
     return fail(errc::invalid_arg, "membership: the timeout must exceed the heartbeat interval");
   if (!deps.pool || !deps.tasks)
     return fail(errc::invalid_arg, "membership: no evaluator pool or task catalogue");
-  auto colon = opt.listen.rfind(':');
-  std::uint16_t port = 0;
-  if (colon == std::string::npos || colon == 0)
-    return fail(errc::invalid_arg, "membership: listen address \"", opt.listen, "\" is not HOST:PORT");
-  try {
-    auto p = std::stoul(opt.listen.substr(colon + 1));
-    if (p > 65535)
-      throw std::out_of_range{"port"};
-    port = static_cast<std::uint16_t>(p);
-  } catch (const std::exception&) {
-    return fail(errc::invalid_arg, "membership: listen address \"", opt.listen, "\" has no port from 0 to 65535");
-  }
-  auto host = opt.listen.substr(0, colon);
+  const auto address = split_host_port(opt.listen);
+  if (!address)
+    return fail(errc::invalid_arg, "membership: listen address \"", opt.listen,
+                "\" is not HOST:PORT with a port from 0 to 65535");
+  const auto& [host, port] = *address;
   auto actor = spawn_membership(sys, std::move(deps), std::move(opt));
   // reuse_addr: a restarted coordinator binds its fixed port again while old connections linger.
   auto bound = sys.middleman().publish(actor, port, host.c_str(), true);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/config.hpp"
+#include "core/host_port.hpp"
 
 namespace crucible::config_detail {
 
@@ -377,16 +378,8 @@ inline constraint<std::string> zmq_endpoint() {
 
 // "HOST:PORT" with a port in [0, 65535], or empty.
 inline constraint<std::string> listen_address() {
-  return {"empty or HOST:PORT with a port from 0 to 65535", [](const std::string& s) {
-            if (s.empty())
-              return true;
-            auto colon = s.rfind(':');
-            if (colon == std::string::npos || colon == 0 || colon + 1 == s.size() || colon + 6 < s.size())
-              return false;
-            auto port = s.substr(colon + 1);
-            return std::all_of(port.begin(), port.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); })
-                   && std::stol(port) <= 65535;
-          }};
+  return {"empty or HOST:PORT with a port from 0 to 65535",
+          [](const std::string& s) { return s.empty() || split_host_port(s).has_value(); }};
 }
 
 inline constraint<std::int64_t> at_least(std::int64_t lo, const char* expected) {

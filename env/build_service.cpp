@@ -1,7 +1,6 @@
 // The build service (env/build_service.hpp).
 #include "env/build_service.hpp"
 
-
 #include <unistd.h>
 
 #include <cctype>

@@ -151,7 +151,7 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, wire::
 }
 
 void evaluation::take_done(const wire::node& n) {
-  if (n["host_ms"].defined() && n["host_ms"].is_object() && ctx_.log.enabled(log_level::debug)) {
+  if (n["host_ms"].is_object() && ctx_.log.enabled(log_level::debug)) {
     // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
     std::string text;
     for (const auto& [step, ms] : n["host_ms"].fields())
@@ -209,7 +209,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
     set(verdict_status::rejected, "the candidate left threads running after its forward");
     return false;
   }
-  if (const auto own = n["own_kernels"]; own.defined() && own.is_scalar())
+  if (const auto own = n["own_kernels"]; own.is_scalar())
     reported_.own_kernels = own.as<long>(-1);
   if (n["kernels"].defined() && n["kernels"].as<long>(1) == 0) {
     v_.checks_failed.push_back("runtime:no_kernel");
@@ -344,7 +344,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
   }
   // The physics floor the worker measured (Worker.measure_floor): the candidate's median
   // settled time under it is faster than the device writes the outputs.
-  if (const auto f = n["floor_ms"]; f.defined() && f.is_scalar()) {
+  if (const auto f = n["floor_ms"]; f.is_scalar()) {
     const double floor_ms = f.as<double>(0.0);
     const double m = median(settled.cand_ms);
     if (m < floor_ms) {
@@ -352,7 +352,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       return false;
     }
   }
-  if (const auto k = n["calls"]; k.defined() && k.is_scalar())
+  if (const auto k = n["calls"]; k.is_scalar())
     reported_.calls = k.as<long>(1);
   r = std::move(settled.ref_ms);
   c = std::move(settled.cand_ms);
@@ -525,9 +525,9 @@ bool evaluation::keep_reference(const wire::node& n, worker_message& msg) {
     }
   }
   reference_.push_back(std::move(*outs));
-  if (const auto k = n["trials"]; k.defined() && k.is_scalar()) // only ever fewer
+  if (const auto k = n["trials"]; k.is_scalar()) // only ever fewer
     reported_.trials = std::clamp<std::int64_t>(k.as<std::int64_t>(reported_.trials), 1, reported_.trials);
-  if (const auto b = n["input_bytes"]; b.defined() && b.is_scalar())
+  if (const auto b = n["input_bytes"]; b.is_scalar())
     reported_.input_bytes = std::max<std::uint64_t>(reported_.input_bytes, b.as<std::uint64_t>(0));
   return true;
 }

@@ -4,7 +4,6 @@
 // evaluation_context. Not included outside env/.
 #pragma once
 
-
 #include <atomic>
 #include <chrono>
 #include <cstdint>

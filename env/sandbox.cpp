@@ -35,7 +35,6 @@
 
 #include <sys/stat.h>
 
-
 namespace crucible::env {
 
 namespace {
@@ -885,9 +884,16 @@ std::string isolation_report::missing_text() const {
 }
 
 isolation_report parse_isolation(const std::string& json_object) {
+  try {
+    return parse_isolation(wire::parse(json_object));
+  } catch (const wire::error& e) {
+    return isolation_report{{}, {{"sandbox", std::string{"the report is malformed: "} + e.what()}}, 0};
+  }
+}
+
+isolation_report parse_isolation(const wire::node& n) {
   isolation_report r;
   try {
-    auto n = wire::parse(json_object);
     if (n["layers"].is_list())
       for (const auto& l : n["layers"])
         r.layers.push_back(l.as<std::string>());

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "core/error.hpp"
+#include "env/wire.hpp"
 
 namespace zmq {
 class context_t;
@@ -61,6 +62,9 @@ struct isolation_report {
 /// Reads the `isolation` object of a worker's `started` message (or of the probe's output):
 /// {"layers": [...], "missing": {layer: why}, "landlock_abi": N}. A worker that sends none is
 /// reported as missing every layer.
+isolation_report parse_isolation(const wire::node& report);
+/// The same from the object's JSON text (the probe's output); text that is not JSON is reported
+/// as a malformed report.
 isolation_report parse_isolation(const std::string& json_object);
 
 /// Confines a fresh process as a worker would be (`PYTHON -I -B HARNESS_DIR/confine.py`) and

@@ -50,14 +50,8 @@ public:
     const bool in = at_ != nullptr && at_->is_array() && i < at_->size();
     return node{root_, in ? &(*at_)[i] : nullptr, path_ + "[" + std::to_string(i) + "]"};
   }
-  /// Items of a list (none for anything else).
+  /// The number of items of a list (0 for anything else).
   std::size_t size() const noexcept { return at_ != nullptr && at_->is_array() ? at_->size() : 0; }
-  std::vector<node> items() const {
-    std::vector<node> out;
-    for (std::size_t i = 0; i < size(); ++i)
-      out.push_back((*this)[i]);
-    return out;
-  }
   /// A list's items in a range-for (none for anything else).
   class iterator {
   public:
@@ -140,9 +134,6 @@ public:
       return fallback;
     }
   }
-
-  /// The value as JSON text ("null" where it is missing).
-  std::string dump() const { return at_ == nullptr ? std::string{"null"} : at_->dump(); }
 
   /// Where this value is in its message ("the field .outputs[0].dtype").
   std::string where() const { return "the " + path_name(); }

@@ -165,7 +165,7 @@ worker_spec worker_pool::spec() const {
 result<void> worker_pool::check_isolation(const wire::node& started) {
   // The worker has confined itself (env/harness/confine.py) and says how; no candidate code
   // has run in it yet.
-  auto iso = parse_isolation(started["isolation"].dump());
+  auto iso = parse_isolation(started["isolation"]);
   std::lock_guard guard{mtx_};
   if (!iso.missing.empty()) {
     if (opt_.isolation == isolation_mode::strict)
@@ -328,7 +328,7 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
     init_held_ns_ += static_cast<std::uint64_t>(held_s * 1e9);
     char buf[200];
     double driver_ms = -1, context_ms = -1, profiler_ms = -1; // the worker's own laps, when it sends them
-    if (const auto laps = n["init_ms"]; laps.defined() && laps.is_object()) {
+    if (const auto laps = n["init_ms"]; laps.is_object()) {
       try {
         driver_ms = laps["driver"].as<double>();
         context_ms = laps["context"].as<double>();
@@ -345,7 +345,7 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
                ", ready in ", buf);
     // CUDA workers report whether they loaded the harness's own kernels; without them every
     // verdict pays the lazy loading of the torch operations used instead (docs/evaluator.md).
-    if (const auto k = n["kernels"]; k.defined() && k.is_scalar() && device_ != "cpu" && k.as<std::string>() != "module" &&
+    if (const auto k = n["kernels"]; k.is_scalar() && device_ != "cpu" && k.as<std::string>() != "module" &&
                                       !kernels_warned_.exchange(true))
       log_.warn("evaluator", device_, ": workers use ", k.as<std::string>(),
                 " for the harness's own device work; each verdict then pays their first launches (about 0.2 s on "

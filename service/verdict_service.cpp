@@ -51,7 +51,6 @@ verdict_service::~verdict_service() {
       e->judged = true;
       e->done.notify_all();
     }
-    counters_.queued = 0;
   }
   work_.notify_all();
   for (auto& t : threads_)
@@ -79,7 +78,7 @@ verdict_service::ticket verdict_service::submit(verdict_request r) {
       return t;
     }
   }
-  if (counters_.queued + counters_.running >= opt_.queue_limit) {
+  if (static_cast<std::int64_t>(queue_.size()) + counters_.running >= opt_.queue_limit) {
     ++counters_.refused_full;
     t.how = admission::full;
     return t;
@@ -97,7 +96,6 @@ verdict_service::ticket verdict_service::submit(verdict_request r) {
   e->req = env::eval_request{std::move(r.task), std::move(r.candidate), r.seed, r.use_cache};
   by_id_.emplace(e->id, e);
   queue_.push_back(e);
-  ++counters_.queued;
   t.how = admission::queued;
   t.e = std::move(e);
   work_.notify_one();
@@ -123,7 +121,9 @@ std::optional<verdict_service::lookup> verdict_service::find(const std::string& 
 
 service_counters verdict_service::counters() const {
   std::lock_guard lock{mtx_};
-  return counters_;
+  auto c = counters_;
+  c.queued = static_cast<std::int64_t>(queue_.size());
+  return c;
 }
 
 std::vector<std::string> verdict_service::devices() const {
@@ -143,7 +143,6 @@ void verdict_service::judge_loop(env::device_evaluator* ev) {
         return; // stopping, and nothing is left to judge
       e = std::move(queue_.front());
       queue_.pop_front();
-      --counters_.queued;
       ++counters_.running;
     }
     // As `crucible eval` judges one pair: the device evaluator's own verdict, its lost-worker

@@ -42,7 +42,8 @@ struct verdict_request {
 
 /// The service's counters (the metrics endpoint's). Plain value.
 struct service_counters {
-  std::int64_t queued = 0, running = 0, judged = 0, refused_full = 0, duplicates = 0;
+  std::int64_t queued = 0; ///< waiting for a device (the queue's length when counters() read it)
+  std::int64_t running = 0, judged = 0, refused_full = 0, duplicates = 0;
   std::map<std::string, std::int64_t> by_status; ///< verdict status -> count
   double judged_wall_s = 0;                      ///< the judged requests' evaluation time, in all
 };

@@ -3,14 +3,13 @@
 // file speaks HTTP through cpp-httplib.
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
-#include "core/file_io.hpp"
+#include "core/host_port.hpp"
 #include "core/log.hpp"
 #include "core/sha256.hpp"
 #include "core/token.hpp"
@@ -45,23 +44,6 @@ void reply(httplib::Response& res, int status, const json& body) {
 }
 
 void refuse(httplib::Response& res, int status, const std::string& why) { reply(res, status, json{{"error", why}}); }
-
-// Splits "HOST:PORT"; the port may be 0 (any free one).
-bool split_listen(const std::string& text, std::string& host, int& port) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    return false;
-  host = text.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  try {
-    std::size_t used = 0;
-    port = std::stoi(text.substr(colon + 1), &used);
-    return used == text.size() - colon - 1 && port >= 0 && port <= 65535;
-  } catch (const std::exception&) {
-    return false;
-  }
-}
 
 bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
@@ -136,13 +118,16 @@ result<service::verdict_request> request_of(const json& body, const task_registr
   return r;
 }
 
-result<double> timeout_of(const json& body, const serve_limits& lim) {
+// When a request's answer is due: `timeout_s` seconds (default_timeout_s where it gives none) from now.
+result<clock_type::time_point> deadline_of(const json& body, const serve_limits& lim) {
   auto it = body.find("timeout_s");
-  if (it == body.end() || it->is_null())
-    return lim.default_timeout_s;
-  if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > lim.max_timeout_s)
-    return fail(errc::invalid_arg, "'timeout_s' is not a number of seconds in [0, ", std::to_string(lim.max_timeout_s), "]");
-  return it->get<double>();
+  double seconds = lim.default_timeout_s;
+  if (it != body.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > lim.max_timeout_s)
+      return fail(errc::invalid_arg, "'timeout_s' is not a number of seconds in [0, ", std::to_string(lim.max_timeout_s), "]");
+    seconds = it->get<double>();
+  }
+  return clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
 }
 
 json verdict_json(const env::verdict& v) { return json::parse(env::to_json(v)); }
@@ -217,10 +202,9 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     auto r = request_of(body, tasks);
     if (!r)
       return refuse(res, r.error().code == errc::not_found ? 404 : 400, r.error().message);
-    auto timeout = timeout_of(body, lim);
-    if (!timeout)
-      return refuse(res, 400, timeout.error().message);
-    const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(*timeout));
+    auto until = deadline_of(body, lim);
+    if (!until)
+      return refuse(res, 400, until.error().message);
     auto t = svc.submit(std::move(*r));
     if (!t.e) {
       auto [status, why] = refusal(t.how, t.id);
@@ -228,7 +212,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
         res.set_header("Retry-After", "5");
       return refuse(res, status, why);
     }
-    auto a = answer(svc, t, until);
+    auto a = answer(svc, t, *until);
     reply(res, a["state"] == "judged" ? 200 : 202, a);
   });
   srv.Post("/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
@@ -237,10 +221,9 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
       return refuse(res, 400, "the body is not JSON");
     if (!body.is_object() || !body.contains("requests") || !body["requests"].is_array())
       return refuse(res, 400, "a batch is {\"requests\": [...]}");
-    auto timeout = timeout_of(body, lim);
-    if (!timeout)
-      return refuse(res, 400, timeout.error().message);
-    const auto until = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(*timeout));
+    auto until = deadline_of(body, lim);
+    if (!until)
+      return refuse(res, 400, until.error().message);
     // Each item is admitted on its own (a full queue refuses the rest, each saying so), then
     // all are waited for together.
     std::vector<json> results(body["requests"].size());
@@ -258,7 +241,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
         admitted.emplace_back(i, std::move(t));
     }
     for (const auto& [i, t] : admitted)
-      results[i] = answer(svc, t, until);
+      results[i] = answer(svc, t, *until);
     reply(res, 200, json{{"results", results}});
   });
   srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
@@ -275,13 +258,16 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
 }
 
 int run_serve(const parsed_args& args) {
-  std::string host;
-  int port = 0;
   const auto listen = args.get("--listen", "127.0.0.1:8470");
-  if (!split_listen(listen, host, port)) {
+  const auto address = split_host_port(listen);
+  if (!address) {
     std::fprintf(stderr, "crucible serve: --listen %s is not HOST:PORT (port 0..65535)\n", listen.c_str());
     return exit_usage;
   }
+  std::string host = address->host; // an IPv6 address may come bracketed: [::1]:8470
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  const int port = address->port;
   if (!loopback(host) && !args.has("--public")) {
     std::fprintf(stderr, "crucible serve: --listen %s is not a loopback address; add --public to serve other machines\n",
                  listen.c_str());

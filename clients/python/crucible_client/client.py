@@ -68,7 +68,7 @@ class Client:
                            ("timeout_s", self.timeout_s if timeout_s is None else timeout_s)):
             if value is not None:
                 body[key] = value
-        status, answer = self._call("POST", "/v1/evaluate", body)
+        answer = self._call("POST", "/v1/evaluate", body)[1]
         if answer.get("state") != "judged":
             return self.result(answer["id"], timeout_s)
         return answer["verdict"]
@@ -77,9 +77,15 @@ class Client:
         """Verdicts of a list of request dicts (keys as evaluate's); an item the service refused
         is {"error": reason}."""
         body = {"requests": requests, "timeout_s": self.timeout_s if timeout_s is None else timeout_s}
-        results = self._call("POST", "/v1/evaluate/batch", body)[1]["results"]
-        return [r["verdict"] if r.get("state") == "judged" else (self.result(r["id"], timeout_s) if "id" in r and "error" not in r else r)
-                for r in results]
+        out = []
+        for r in self._call("POST", "/v1/evaluate/batch", body)[1]["results"]:
+            if "error" in r:
+                out.append(r)
+            elif r["state"] == "judged":
+                out.append(r["verdict"])
+            else:  # pending past the batch's timeout: asked for again by its id
+                out.append(self.result(r["id"], timeout_s))
+        return out
 
     def result(self, id, timeout_s=None, poll_s=1.0):
         """The verdict of the request `id`, waiting for it to be judged."""

@@ -240,7 +240,7 @@ TEST_CASE("a worker forked from the zygote gets the sandbox of an executed one, 
     // The worker confined itself: every layer in force on this machine (a machine without one
     // fails here, as evaluator.isolation strict would refuse it). pid() is the sandbox's
     // keeper; the worker is PID 1 of its own PID namespace.
-    auto iso = parse_isolation(started["isolation"].dump());
+    auto iso = parse_isolation(started["isolation"]);
     CHECK_MESSAGE(iso.missing.empty(), iso.missing_text());
     CHECK(std::find(iso.layers.begin(), iso.layers.end(), "pid-namespace") != iso.layers.end());
     CHECK(started["pid"].as<int>() == 1);
