@@ -554,6 +554,8 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
       accept(r, static_cast<std::int32_t>(tok[r]), lp[r]);
     }
     first_logits = torch::Tensor{};
+    if (o.on_progress)
+      o.on_progress(out);
   }
 
   // Each block of steps feeds every step's sampled tokens to the next on the device and keeps
@@ -688,6 +690,8 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
       }
       take_block(s.graphs.wait_history(), s.graphs.half_offset(half), steps);
       half = 1 - half;
+      if (o.on_progress)
+        o.on_progress(out);
     }
   }
 #endif
@@ -719,6 +723,8 @@ result<std::vector<completion>> engine::generate(std::span<const std::vector<std
     auto host = block.narrow(1, 0, steps).to(torch::kCPU); // waits for the block's steps
     ++s.stats.host_syncs;
     take_block(host.accessor<double, 3>(), 0, steps);
+    if (o.on_progress)
+      o.on_progress(out);
   }
   s.stats.decode_seconds = seconds_since(t0);
   for (const auto& c : out)

@@ -17,6 +17,7 @@
 namespace crucible::policy {
 
 class CausalLMImpl;
+struct completion;
 
 /// How one generate() call samples. Checked by generate() (errc::invalid_arg naming the field).
 struct sampling_options {
@@ -37,6 +38,10 @@ struct sampling_options {
   std::vector<std::int32_t> eos_ids;
   /// Seeds the sampler: the same prompts, options and weights give the same completions.
   std::uint64_t seed = 0;
+  /// Called on the calling thread each time sampled tokens reach the host (after the first
+  /// token, then every engine_options::sync_interval steps), with every completion of the call
+  /// as it stands (prompt-major, as generate() returns them): for streaming. Unset: not called.
+  std::function<void(std::span<const completion>)> on_progress;
 };
 
 /// Why a completion ended.

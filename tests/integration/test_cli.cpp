@@ -41,7 +41,7 @@ std::string slurp(const fs::path& p) {
 TEST_CASE("crucible --help lists every command and each command has its own --help") {
   auto top = cli({"--help"});
   CHECK(top.exit_code == 0);
-  for (const char* name : {"train", "status", "config", "info", "tokenizer", "init-model", "memory-plan", "generate", "replay", "report", "evaluator"}) {
+  for (const char* name : {"train", "status", "config", "info", "tokenizer", "init-model", "memory-plan", "generate", "replay", "report", "evaluator", "serve", "serve-policy"}) {
     CAPTURE(name);
     CHECK(top.out.find(std::string{"  "} + name + " ") != std::string::npos);
     auto sub = cli({name, "--help"});

@@ -33,7 +33,7 @@ const std::map<std::string, rule>& rules() {
     {"policy", {{"core", "text", "policy"}, false, true}},
     {"storage", {{"core", "storage"}, false, false}},
     {"actors", {{"core", "jinja", "env", "text", "policy", "storage", "actors"}, true, false}},
-    {"service", {{"core", "env", "service"}, false, false}},
+    {"service", {{"core", "env", "policy", "service"}, false, false}},
     {"tools/crucible", {{"core", "jinja", "env", "text", "policy", "storage", "actors", "service", "tools"}, true, false}},
   };
   return r;

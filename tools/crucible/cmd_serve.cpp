@@ -1,7 +1,6 @@
 // `crucible serve`: the evaluator pool behind an HTTP/JSON API (docs/service.md), for trainers
 // that are not crucible's own (TRL, verifiers, verl): service/verdict_service.hpp judges, this
 // file speaks HTTP through cpp-httplib.
-#include <csignal>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -9,18 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/config.hpp"
-#include "core/host_port.hpp"
 #include "core/log.hpp"
 #include "core/sha256.hpp"
-#include "core/token.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "service/verdict_service.hpp"
 #include "tools/crucible/commands.hpp"
-
-#ifdef CRUCIBLE_HAVE_HTTPLIB
-#  include <httplib.h>
-#endif
+#include "tools/crucible/serve_common.hpp"
 
 namespace crucible::cli {
 
@@ -31,21 +25,12 @@ using clock_type = std::chrono::steady_clock;
 
 #ifdef CRUCIBLE_HAVE_HTTPLIB
 
-httplib::Server* running = nullptr; // for the signal handler: stop() is safe from it
-
-void stop_on_signal(int) {
-  if (running != nullptr)
-    running->stop();
-}
-
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
 void refuse(httplib::Response& res, int status, const std::string& why) { reply(res, status, json{{"error", why}}); }
-
-bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
 // What a request may name as its task: a registered suite's task by name, or a task's source.
 struct task_registry {
@@ -155,7 +140,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
   // Every request carries the token (Authorization: Bearer TOKEN).
   srv.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
     const auto auth = req.get_header_value("Authorization");
-    if (auth != "Bearer " + token) {
+    if (!bearer_matches(auth, token)) {
       refuse(res, 401, auth.empty() ? "no token: send 'Authorization: Bearer TOKEN'" : "wrong token");
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -258,36 +243,17 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
 }
 
 int run_serve(const parsed_args& args) {
-  const auto listen = args.get("--listen", "127.0.0.1:8470");
-  const auto address = split_host_port(listen);
-  if (!address) {
-    std::fprintf(stderr, "crucible serve: --listen %s is not HOST:PORT (port 0..65535)\n", listen.c_str());
+  auto where = listen_option(args, "127.0.0.1:8470");
+  if (!where) {
+    std::fprintf(stderr, "crucible serve: %s\n", where.error().message.c_str());
     return exit_usage;
   }
-  std::string host = address->host; // an IPv6 address may come bracketed: [::1]:8470
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  const int port = address->port;
-  if (!loopback(host) && !args.has("--public")) {
-    std::fprintf(stderr, "crucible serve: --listen %s is not a loopback address; add --public to serve other machines\n",
-                 listen.c_str());
+  auto token_read = token_option(args);
+  if (!token_read) {
+    std::fprintf(stderr, "crucible serve: %s\n", token_read.error().message.c_str());
     return exit_usage;
   }
-  if (!args.has("--token-file")) {
-    std::fprintf(stderr, "crucible serve: missing --token-file FILE (the token every request must carry)\n");
-    return exit_usage;
-  }
-  auto read = read_token_file(args.get("--token-file"));
-  if (!read) {
-    std::fprintf(stderr, "crucible serve: --token-file %s\n", read.error().message.c_str());
-    return exit_usage;
-  }
-  const std::string token = *read;
-  if (token.size() < 16 || token.find_first_of(" \t") != std::string::npos) {
-    std::fprintf(stderr, "crucible serve: the token in %s must be one word of at least 16 characters\n",
-                 args.get("--token-file").c_str());
-    return exit_usage;
-  }
+  const std::string token = *token_read;
   auto loaded = config_option(args);
   if (!loaded) {
     std::fprintf(stderr, "%s\n", loaded.error().message.c_str());
@@ -333,22 +299,18 @@ int run_serve(const parsed_args& args) {
   lim.max_request_bytes = static_cast<std::size_t>(*max_kb) * 1024;
   httplib::Server srv;
   add_routes(srv, svc, tasks, lim, token);
-  const int bound = port == 0 ? srv.bind_to_any_port(host) : (srv.bind_to_port(host, port) ? port : -1);
+  const int bound = bind_server(srv, *where);
   if (bound <= 0) {
-    std::fprintf(stderr, "crucible serve: cannot listen on %s\n", listen.c_str());
+    std::fprintf(stderr, "crucible serve: cannot listen on %s\n", args.get("--listen", "127.0.0.1:8470").c_str());
     return exit_failure;
   }
-  running = &srv;
-  std::signal(SIGINT, stop_on_signal);
-  std::signal(SIGTERM, stop_on_signal);
-  std::printf("crucible serve: listening on http://%s:%d (%zu tasks of %s; devices", host.c_str(), bound,
+  std::printf("crucible serve: listening on http://%s:%d (%zu tasks of %s; devices", where->host.c_str(), bound,
               tasks.by_name.size(), tasks.suite.c_str());
   for (const auto& d : svc.devices())
     std::printf(" %s", d.c_str());
   std::printf(")\n");
   std::fflush(stdout);
-  srv.listen_after_bind();
-  running = nullptr;
+  listen_until_signal(srv);
   std::printf("crucible serve: stopped\n");
   return exit_ok;
 }

@@ -29,6 +29,7 @@ command config_command();
 command info_command();
 command eval_command();
 command serve_command();
+command serve_policy_command();
 command tasks_command();
 command tokenizer_command();
 command init_model_command();

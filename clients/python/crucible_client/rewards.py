@@ -3,6 +3,10 @@ import hashlib
 
 from .client import ServiceError, extract_code
 
+# Every status a sample can get (docs/evaluator.md, Statuses): a verdict's, or format_error for a
+# completion with no code.
+STATUSES = ("ok", "incorrect", "compile_error", "runtime_error", "timeout", "rejected", "format_error")
+
 
 def _request_id(prefix, task, code):
     return prefix + hashlib.sha256((task + "\0" + code).encode("utf-8")).hexdigest()[:32]
@@ -15,7 +19,13 @@ def trl_reward(client, task_column="task", task_source_column=None, format_error
     is the verdict's `reward`. A completion with no code gets `format_error_reward`. The whole
     batch goes to the service at once, so it is judged on every device it has. Each request's id is
     a digest of task and code: a sample sent twice (a retry, the same completion again) is judged
-    once."""
+    once.
+
+    Where TRL passes `log_extra` and `log_metric` to reward functions (GRPOTrainer and RLOOTrainer
+    of recent 1.x releases; tested with trl 1.16.0), it also logs each sample's status as the
+    column `crucible_status` of the completions table (`log_completions`) and the fraction of the
+    batch with each status as the metrics `crucible/<status>` (all of STATUSES every batch, so
+    that averages over logging steps stay fractions)."""
 
     def reward(prompts=None, completions=None, **kwargs):
         tasks = kwargs.get(task_source_column or task_column)
@@ -23,6 +33,7 @@ def trl_reward(client, task_column="task", task_source_column=None, format_error
             raise ValueError(f"the dataset has no column '{task_source_column or task_column}' naming each sample's task")
         requests, slots = [], []
         out = [format_error_reward] * len(completions)
+        statuses = ["format_error"] * len(completions)
         for i, (completion, task) in enumerate(zip(completions, tasks)):
             code = extract_code(completion)
             if code is None:
@@ -36,6 +47,13 @@ def trl_reward(client, task_column="task", task_source_column=None, format_error
                 if "error" in verdict:
                     raise ServiceError(0, f"sample {i}: {verdict['error']}")
                 out[i] = float(verdict["reward"])
+                statuses[i] = verdict["status"]
+        log_extra, log_metric = kwargs.get("log_extra"), kwargs.get("log_metric")
+        if callable(log_extra):
+            log_extra("crucible_status", statuses)
+        if callable(log_metric) and statuses:
+            for status in STATUSES:
+                log_metric("crucible/" + status, statuses.count(status) / len(statuses))
         return out
 
     reward.__name__ = "crucible_reward"

@@ -1,0 +1,38 @@
+// tools/crucible/serve_common.hpp: what `crucible serve` and `crucible serve-policy` share: the
+// listen address (loopback unless --public), the token file, and stopping on SIGINT/SIGTERM.
+#pragma once
+
+#include <string>
+
+#include "core/error.hpp"
+#include "tools/crucible/args.hpp"
+
+#ifdef CRUCIBLE_HAVE_HTTPLIB
+#  include <httplib.h>
+#endif
+
+namespace crucible::cli {
+
+/// Where a server listens: --listen HOST:PORT (default `fallback`), an IPv6 host unbracketed.
+struct listen_address {
+  std::string host;
+  int port = 0;
+};
+
+/// --listen, checked: HOST:PORT, and a loopback host unless --public. The message names the flag.
+result<listen_address> listen_option(const parsed_args& args, const std::string& fallback);
+
+/// --token-file, read and checked: required, owner-only, one word of at least 16 characters.
+result<std::string> token_option(const parsed_args& args);
+
+/// Whether `authorization` (the header's value) carries `token`, compared in constant time.
+bool bearer_matches(const std::string& authorization, const std::string& token);
+
+#ifdef CRUCIBLE_HAVE_HTTPLIB
+/// Binds `srv` to `where` (port 0: any free one); the port bound, or -1.
+int bind_server(httplib::Server& srv, const listen_address& where);
+/// Serves until SIGINT or SIGTERM (or srv.stop()).
+void listen_until_signal(httplib::Server& srv);
+#endif
+
+} // namespace crucible::cli
