@@ -133,6 +133,13 @@ std::vector<std::string> verdict_service::devices() const {
   return out;
 }
 
+std::vector<std::string> verdict_service::hardware() const {
+  std::vector<std::string> out;
+  for (const auto& ev : evaluators_)
+    out.push_back(ev->hardware());
+  return out;
+}
+
 void verdict_service::judge_loop(env::device_evaluator* ev) {
   for (;;) {
     std::shared_ptr<entry> e;

@@ -87,6 +87,8 @@ public:
   service_counters counters() const;
   /// The devices' names, in the order the evaluators were given ("cpu", "cuda:0").
   std::vector<std::string> devices() const;
+  /// The devices' models ("NVIDIA H100 80GB HBM3", the CPU's), in the same order.
+  std::vector<std::string> hardware() const;
 
 private:
   void judge_loop(env::device_evaluator* ev);

@@ -66,6 +66,24 @@ def test_verdicts_and_errors(server):
     assert e.value.status == 0 and "cannot reach" in e.value.message
 
 
+def test_contrastive_prompt(server):
+    client = Client(server, TOKEN)
+    fast = variant("01_relu_scale", "fast_inplace.py")
+    p = client.prompt(task="01_relu_scale", exemplars=[{"code": fast, "speedup": 2.5}, {"code": "class ModelNew: pass",
+                                                                                         "speedup": 0.5}])
+    assert [m["role"] for m in p["messages"]] == ["system", "user"]
+    assert p["exemplars_shown"] == 2
+    user = p["user"]
+    assert "01_relu_scale" in user and "class Model(nn.Module)" in user
+    # Shown by increasing speedup, as crucible's own prompts show them.
+    assert user.index("speedup 0.50x") < user.index("speedup 2.50x") and fast.strip() in user
+    bare = client.prompt(task_source=(SUITE / "01_relu_scale.py").read_text())
+    assert bare["exemplars_shown"] == 0
+    with pytest.raises(ServiceError) as e:
+        client.prompt(task="01_relu_scale", exemplars=[{"code": "x", "speedup": -1}])
+    assert e.value.status == 400 and "exemplars[0]" in e.value.message
+
+
 def test_trl_reward_function(server):
     """The call GRPOTrainer makes: reward_func(prompts=..., completions=..., **dataset columns)."""
     reward = trl_reward(Client(server, TOKEN))

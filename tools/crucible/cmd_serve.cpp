@@ -11,8 +11,10 @@
 #include "core/log.hpp"
 #include "core/sha256.hpp"
 #include "env/evaluator.hpp"
+#include "env/prompt.hpp"
 #include "env/task.hpp"
 #include "service/verdict_service.hpp"
+#include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
 #include "tools/crucible/serve_common.hpp"
 
@@ -135,8 +137,56 @@ std::pair<int, std::string> refusal(service::verdict_service::admission how, con
   }
 }
 
+// POST /v1/prompt: the contrastive prompt crucible's own rollouts sample on (prompt.template, within
+// prompt.max_tokens), for a task and the exemplars a client keeps: {"task" or "task_source",
+// "exemplars": [{"code", "speedup"}], "hardware"} in, {"system", "user", "messages", "exemplars_shown"}
+// out. The client's model applies its own chat template to the messages.
+result<json> prompt_of(const json& body, const task_registry& tasks, const env::prompt_builder& builder,
+                       const std::string& hardware) {
+  if (!body.is_object())
+    return fail(errc::invalid_arg, "the request is not a JSON object");
+  json probe = body;
+  probe["candidate"] = ""; // request_of's task part: a candidate is not needed here
+  auto r = request_of(probe, tasks);
+  if (!r)
+    return r.error();
+  env::prompt_request pr;
+  pr.task_name = r->task.name;
+  pr.reference_code = r->task.source;
+  pr.hardware = hardware;
+  if (auto it = body.find("hardware"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get<std::string>().empty())
+      return fail(errc::invalid_arg, "'hardware' is not a non-empty string");
+    pr.hardware = it->get<std::string>();
+  }
+  if (auto it = body.find("exemplars"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 64)
+      return fail(errc::invalid_arg, "'exemplars' is not a list of at most 64 {\"code\", \"speedup\"}");
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      const auto& x = (*it)[i];
+      if (!x.is_object() || !x.contains("code") || !x["code"].is_string() || !x.contains("speedup") ||
+          !x["speedup"].is_number() || !(x["speedup"].get<double>() > 0))
+        return fail(errc::invalid_arg, "'exemplars[", std::to_string(i), "]' is not {\"code\": string, \"speedup\": number above 0}");
+      pr.exemplars.push_back({x["code"].get<std::string>(), x["speedup"].get<double>(), x.value("hardware", pr.hardware)});
+    }
+  }
+  auto built = builder.build(pr);
+  if (!built)
+    return built.error();
+  std::size_t shown = 0;
+  for (const auto& p : built->exemplars)
+    shown += p.kept ? 1 : 0;
+  return json{{"task", pr.task_name},
+              {"system", built->system},
+              {"user", built->user},
+              {"messages", json::array({json{{"role", "system"}, {"content", built->system}},
+                                        json{{"role", "user"}, {"content", built->user}}})},
+              {"exemplars_shown", shown},
+              {"tokens", built->tokens}};
+}
+
 void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_registry& tasks, const serve_limits& lim,
-                const std::string& token) {
+                const std::string& token, const env::prompt_builder& prompts) {
   // Every request carries the token (Authorization: Bearer TOKEN).
   srv.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
     const auto auth = req.get_header_value("Authorization");
@@ -199,6 +249,16 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     }
     auto a = answer(svc, t, *until);
     reply(res, a["state"] == "judged" ? 200 : 202, a);
+  });
+  srv.Post("/v1/prompt", [&](const httplib::Request& req, httplib::Response& res) {
+    const auto body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded())
+      return refuse(res, 400, "the body is not JSON");
+    const auto hw = svc.hardware();
+    auto p = prompt_of(body, tasks, prompts, hw.empty() ? std::string{} : hw.front());
+    if (!p)
+      return refuse(res, p.error().code == errc::not_found ? 404 : 400, p.error().message);
+    reply(res, 200, *p);
   });
   srv.Post("/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
     const auto body = json::parse(req.body, nullptr, false);
@@ -280,6 +340,32 @@ int run_serve(const parsed_args& args) {
   for (auto& t : *indexed)
     tasks.by_name.emplace(t.name, std::move(t));
 
+  // The contrastive prompt of /v1/prompt: prompt.template within prompt.max_tokens, counted with
+  // --tokenizer's encoding, else estimated as a token per 3 bytes of UTF-8.
+  std::shared_ptr<const policy::tokenizer> tok;
+  if (args.has("--tokenizer")) {
+    auto loaded_tok = policy::tokenizer::load(args.get("--tokenizer"));
+    if (!loaded_tok) {
+      std::fprintf(stderr, "crucible serve: --tokenizer %s\n", loaded_tok.error().message.c_str());
+      return exit_usage;
+    }
+    tok = std::make_shared<const policy::tokenizer>(std::move(*loaded_tok));
+  }
+  auto template_file = env::resolve_prompt_template(cfg.prompt.template_file);
+  auto templ = template_file ? env::load_prompt_template(*template_file) : result<env::prompt_template>{template_file.error()};
+  if (!templ) {
+    std::fprintf(stderr, "crucible serve: prompt.template: %s\n", templ.error().message.c_str());
+    return exit_usage;
+  }
+  env::token_counter count = [tok](std::string_view text) -> std::size_t {
+    return tok ? tok->encode(text, true).size() : (text.size() + 2) / 3;
+  };
+  auto prompts = env::prompt_builder::create(std::move(*templ), cfg.prompt, env::chat_format{}, std::move(count));
+  if (!prompts) {
+    std::fprintf(stderr, "crucible serve: %s\n", prompts.error().message.c_str());
+    return exit_usage;
+  }
+
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
   // On this thread, which lives as long as the service: each device's worker zygote dies with
@@ -298,7 +384,7 @@ int run_serve(const parsed_args& args) {
   serve_limits lim;
   lim.max_request_bytes = static_cast<std::size_t>(*max_kb) * 1024;
   httplib::Server srv;
-  add_routes(srv, svc, tasks, lim, token);
+  add_routes(srv, svc, tasks, lim, token, *prompts);
   const int bound = bind_server(srv, *where);
   if (bound <= 0) {
     std::fprintf(stderr, "crucible serve: cannot listen on %s\n", args.get("--listen", "127.0.0.1:8470").c_str());
@@ -333,7 +419,8 @@ command serve_command() {
            "Puts the evaluator pool behind an HTTP/JSON API: POST /v1/evaluate judges one (task,\n"
            "candidate) as `crucible eval` does and answers its verdict; POST /v1/evaluate/batch takes\n"
            "{\"requests\": [...]}; GET /v1/evaluations/ID asks again for a request by its id;\n"
-           "GET /v1/tasks lists the registered suite; GET /v1/health and /v1/metrics (Prometheus text).\n"
+           "GET /v1/tasks lists the registered suite; POST /v1/prompt gives a task's contrastive prompt\n"
+           "(prompt.template, with the exemplars the request carries); GET /v1/health and /v1/metrics.\n"
            "Every request carries 'Authorization: Bearer TOKEN', the token of --token-file. A request\n"
            "with an id is judged once however often it is sent. A full queue answers 429 at once.\n"
            "Listens on loopback unless --public. Prints 'listening on http://HOST:PORT' when ready\n"
@@ -345,6 +432,8 @@ command serve_command() {
             {"--device", "DEVICE", "cpu or cuda:N (default: evaluator.devices); several: the flag again", true},
             {"--suite", "DIR", "the registered tasks (default: tasks.suite)"},
             {"--queue", "N", "requests waiting or being judged, at most (default 64)"},
+            {"--tokenizer", "DIR", "count /v1/prompt's budget (prompt.max_tokens) in this tokenizer's tokens (default: "
+                                   "a token per 3 bytes)"},
             {"--max-request-kb", "N", "largest request body (default 4096)"},
             {"--config", "CONFIG", "take evaluator and reward settings from a configuration file"},
             {"--set", "KEY=VALUE", "override a configuration key, e.g. --set evaluator.concurrency=2", true},

@@ -59,6 +59,18 @@ class Client:
         """The registered suite's task names."""
         return [t["name"] for t in self._call("GET", "/v1/tasks")[1]["tasks"]]
 
+    def prompt(self, task=None, task_source=None, exemplars=None, hardware=None):
+        """The contrastive prompt crucible's own rollouts sample on, for the registered task `task`
+        (or the source `task_source`) and earlier implementations `exemplars` ([{"code", "speedup"}],
+        shown by increasing speedup within the service's prompt budget): a dict with "messages"
+        ([system, user], for the model's chat template), "system", "user", "exemplars_shown"."""
+        body = {}
+        for key, value in (("task", task), ("task_source", task_source), ("exemplars", exemplars),
+                           ("hardware", hardware)):
+            if value is not None:
+                body[key] = value
+        return self._call("POST", "/v1/prompt", body)[1]
+
     def evaluate(self, candidate, task=None, task_source=None, id=None, seed=None, timeout_s=None):
         """The verdict (a dict, as `crucible eval --json` prints it) of `candidate` on the
         registered task `task` or on the task whose source is `task_source`. With `id`, the request
