@@ -142,6 +142,19 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
            x.max_new_tokens, x.stop, x.seed);
 }
 
+/// One message of a chat, for an engine that applies its own chat template (an endpoint).
+struct chat_turn {
+  std::string role; ///< "system", "user", "assistant"
+  std::string content;
+
+  friend bool operator==(const chat_turn&, const chat_turn&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, chat_turn& x) {
+  return f(caf::meta::type_name("chat_turn"), x.role, x.content);
+}
+
 /// Rollout -> engine: sample `samples` completions (one GRPO group) of one prompt.
 struct generation_request {
   group_id group;
@@ -154,6 +167,9 @@ struct generation_request {
   bool add_special_tokens = false;
   std::uint32_t samples = 0; ///< G, the group size
   sampling_params params;
+  /// The same prompt as chat messages (system, user) before any template: what an engine behind an
+  /// OpenAI-compatible endpoint sends (policy.backend openai). The local engine samples `prompt`.
+  std::vector<chat_turn> messages;
 
   friend bool operator==(const generation_request&, const generation_request&) = default;
 };
@@ -161,7 +177,7 @@ struct generation_request {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, generation_request& x) {
   return f(caf::meta::type_name("generation_request"), x.group, x.task, x.prompt, x.prompt_token_ids,
-           x.add_special_tokens, x.samples, x.params);
+           x.add_special_tokens, x.samples, x.params, x.messages);
 }
 
 /// One sampled completion with its behaviour log-probabilities.
@@ -767,6 +783,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::run_setup))
   CAF_ADD_TYPE_ID(crucible, (crucible::sampler_state))
   CAF_ADD_TYPE_ID(crucible, (crucible::sample_fates))
+  CAF_ADD_TYPE_ID(crucible, (crucible::chat_turn))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

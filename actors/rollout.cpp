@@ -64,7 +64,10 @@ result<void> rollout_actor_options::validate() const {
 }
 
 result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const policy::tokenizer> tokenizer) {
-  if (!tokenizer)
+  // Behind an endpoint (policy.backend openai) the prompt goes out as messages and the endpoint
+  // applies its chat template; the budget is counted in policy.tokenizer's tokens when given.
+  const bool endpoint = cfg.policy.backend == "openai";
+  if (!tokenizer && !endpoint)
     return fail(errc::invalid_arg, "prompt setup: no tokenizer");
   auto file = env::resolve_prompt_template(cfg.prompt.template_file);
   if (!file.ok())
@@ -72,9 +75,13 @@ result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const 
   auto templ = env::load_prompt_template(*file);
   if (!templ.ok())
     return templ.error();
-  env::chat_format chat{tokenizer->chat_template(), tokenizer->special_tokens_map()};
+  env::chat_format chat;
+  if (!endpoint)
+    chat = {tokenizer->chat_template(), tokenizer->special_tokens_map()};
   const bool plain = cfg.prompt.chat_template == chat_template_mode::none || chat.chat_template.empty();
-  env::token_counter count = [tokenizer, plain](std::string_view text) { return tokenizer->encode(text, plain).size(); };
+  env::token_counter count = [tokenizer, plain](std::string_view text) -> std::size_t {
+    return tokenizer ? tokenizer->encode(text, plain).size() : (text.size() + 2) / 3;
+  };
   auto sections = templ->sections;
   auto builder = env::prompt_builder::create(std::move(*templ), cfg.prompt, chat, std::move(count));
   if (!builder.ok())
@@ -403,6 +410,7 @@ void on_exemplars(rollout_pointer self, group_id id, const exemplar_set& set) {
   auto& req = g->request;
   req.group = id;
   req.task = g->task;
+  req.messages = {chat_turn{"system", built->system}, chat_turn{"user", built->user}};
   req.prompt = std::move(built->text);
   req.add_special_tokens = st.opt.add_special_tokens;
   req.samples = st.opt.group_size;

@@ -15,6 +15,7 @@
 #include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
 
+#include "actors/endpoint_engine.hpp"
 #include "actors/engine.hpp"
 #include "actors/evaluator.hpp"
 #include "actors/learner.hpp"
@@ -442,6 +443,18 @@ result<void> check_run_inputs(const config& cfg) {
     return tasks.error();
   if (auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks, cfg.tasks.seed_exclude); !seeds.ok())
     return seeds.error();
+  if (cfg.policy.backend == "openai") {
+    // The endpoint answers and serves the model, before anything starts.
+    auto opt = endpoint_options::from(cfg);
+    if (!opt.ok())
+      return opt.error();
+    if (auto r = check_endpoint(*opt); !r)
+      return fail(errc::config, r.error().message);
+    if (!cfg.policy.tokenizer.empty())
+      if (auto tok = policy::tokenizer::load(cfg.policy.tokenizer); !tok.ok())
+        return fail(errc::config, "policy.tokenizer: ", tok.error().message);
+    return {};
+  }
   if (cfg.model.dir.empty())
     return {};
   const fs::path dir{cfg.model.dir};
@@ -476,9 +489,11 @@ result<start_point> find_start(const config& cfg, const fs::path& run_dir, bool 
                                logger& log) {
   start_point at;
   at.model_source = model_dir_of(cfg, run_dir);
+  const bool endpoint = cfg.policy.backend == "openai";
   if (!resume) {
-    if (auto r = prepare_model(cfg, run_dir, log); !r)
-      return r.error();
+    if (!endpoint)
+      if (auto r = prepare_model(cfg, run_dir, log); !r)
+        return r.error();
     return at;
   }
   auto ck = latest_checkpoint(run_dir);
@@ -500,7 +515,8 @@ result<start_point> find_start(const config& cfg, const fs::path& run_dir, bool 
   if (auto r = check_memory_here(cfg); !r)
     return r.error();
   at.checkpoint = *ck;
-  at.model_source = *ck / "learner" / "model";
+  if (!endpoint)
+    at.model_source = *ck / "learner" / "model";
   log.info(component, "resuming from ", ck->string(), " (", stage_name(at.progress.stage), " step ",
            at.progress.stage_step, ", run step ", at.progress.step, ")");
   return at;
@@ -711,6 +727,55 @@ run_status initial_status(const trainer_progress& progress) {
   return s;
 }
 
+// The local policy's engine and learner actors (each added to out.actors).
+result<std::pair<engine_actor, learner_actor>> spawn_local_policy(caf::actor_system& sys, const config& cfg,
+                                                                  const fs::path& run_dir, const fs::path& model_dir,
+                                                                  start_point& start,
+                                                                  std::shared_ptr<const policy::tokenizer> tokenizer,
+                                                                  run_roles& out, logger& log) {
+  trainer_progress& progress = start.progress; // make_learners sets the restored version
+  // The learners first (restored on resume): with model.handoff `memory` the engine's model is
+  // built from their weights (policy/distributed/weight_handoff.hpp).
+  auto learners = make_learners(cfg, model_dir, out.checkpoint, progress.version, log);
+  if (!learners.ok())
+    return learners.error();
+  auto parts = make_engine(cfg, learners->first(), start.model_source, progress.version, log);
+  if (!parts.ok())
+    return parts.error();
+  auto handoff = parts->handoff;
+  auto engine_opts = engine_actor_options::from(cfg);
+  engine_opts.load = parts->options;
+  weight_receiver receive;
+  std::function<result<void>(std::uint64_t)> stage;
+  if (handoff) {
+    receive = [handoff](policy::engine& e, const weights_published&) -> result<void> {
+      auto v = handoff->install();
+      if (!v.ok())
+        return v.error();
+      e.set_policy_version(*v);
+      return {};
+    };
+    stage = [handoff](std::uint64_t version) { return handoff->stage(version); };
+  }
+  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(parts->engine)), tokenizer, receive},
+                                   engine_opts);
+  if (!engine.ok())
+    return engine.error();
+  out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
+
+  learner_actor_spec spec;
+  if (!handoff)
+    spec.publish_dir = run_dir / "policy";
+  spec.tokenizer_dir = model_dir;
+  spec.keep_published = 4;
+  spec.temperature = cfg.rollout.temperature;
+  auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors);
+  if (!learner.ok())
+    return learner.error();
+
+  return std::pair{*engine, *learner};
+}
+
 // The composition root: each part made by the functions above, then wired. A failure after the
 // first actor is spawned stops every actor spawned so far.
 result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, const config& cfg,
@@ -732,11 +797,17 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
     return start.error();
   out.checkpoint = start->checkpoint;
   trainer_progress& progress = start->progress;
+  const bool endpoint = cfg.policy.backend == "openai";
   const auto model_dir = model_dir_of(cfg, run_dir);
-  auto tok = policy::tokenizer::load(model_dir);
-  if (!tok.ok())
-    return fail(tok.error().code, "model tokenizer: ", tok.error().message);
-  auto tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
+  // The tokenizer: the model's; behind an endpoint, policy.tokenizer's or none (the prompt budget
+  // is then estimated).
+  std::shared_ptr<const policy::tokenizer> tokenizer;
+  if (!endpoint || !cfg.policy.tokenizer.empty()) {
+    auto tok = policy::tokenizer::load(endpoint ? fs::path{cfg.policy.tokenizer} : model_dir);
+    if (!tok.ok())
+      return fail(tok.error().code, endpoint ? "policy.tokenizer: " : "model tokenizer: ", tok.error().message);
+    tokenizer = std::make_shared<const policy::tokenizer>(std::move(*tok));
+  }
   auto seeds = load_seed_variants(seeds_dir_of(cfg), **tasks, cfg.tasks.seed_exclude);
   if (!seeds.ok())
     return seeds.error();
@@ -750,44 +821,27 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   out.pool = spawn_evaluator_pool(sys, *evaluators, evaluator_pool_options::from(cfg));
   out.actors.push_back(caf::actor_cast<caf::actor>(out.pool));
 
-  // The learners first (restored on resume): with model.handoff `memory` the engine's model is
-  // built from their weights (policy/distributed/weight_handoff.hpp).
-  auto learners = make_learners(cfg, model_dir, out.checkpoint, progress.version, log);
-  if (!learners.ok())
-    return guard(learners.error());
-  auto parts = make_engine(cfg, learners->first(), start->model_source, progress.version, log);
-  if (!parts.ok())
-    return guard(parts.error());
-  auto handoff = parts->handoff;
-  auto engine_opts = engine_actor_options::from(cfg);
-  engine_opts.load = parts->options;
-  weight_receiver receive;
-  std::function<result<void>(std::uint64_t)> stage;
-  if (handoff) {
-    receive = [handoff](policy::engine& e, const weights_published&) -> result<void> {
-      auto v = handoff->install();
-      if (!v.ok())
-        return v.error();
-      e.set_policy_version(*v);
-      return {};
-    };
-    stage = [handoff](std::uint64_t version) { return handoff->stage(version); };
+  // Behind an endpoint: its engine actor, no learner (the config allows only the search stage).
+  engine_actor engine;
+  learner_actor learner;
+  if (endpoint) {
+    auto eopt = endpoint_options::from(cfg);
+    if (!eopt.ok())
+      return guard(eopt.error());
+    auto e = spawn_endpoint_engine(sys, *eopt, log);
+    if (!e.ok())
+      return guard(e.error());
+    engine = *e;
+    out.actors.push_back(caf::actor_cast<caf::actor>(engine));
+    log.info(component, "policy: ", cfg.policy.model, " at ", cfg.policy.base_url, " (", cfg.policy.concurrency,
+             " requests at a time; no learner)");
+  } else {
+    auto spawned = spawn_local_policy(sys, cfg, run_dir, model_dir, *start, tokenizer, out, log);
+    if (!spawned.ok())
+      return guard(spawned.error());
+    engine = spawned->first;
+    learner = spawned->second;
   }
-  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(parts->engine)), tokenizer, receive},
-                                   engine_opts);
-  if (!engine.ok())
-    return guard(engine.error());
-  out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
-
-  learner_actor_spec spec;
-  if (!handoff)
-    spec.publish_dir = run_dir / "policy";
-  spec.tokenizer_dir = model_dir;
-  spec.keep_published = 4;
-  spec.temperature = cfg.rollout.temperature;
-  auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors);
-  if (!learner.ok())
-    return guard(learner.error());
 
   // The prompts and the trainer.
   auto setup = make_prompt_setup(cfg, tokenizer);
@@ -796,8 +850,8 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   trainer_deps td;
   td.cfg = cfg;
   td.run_dir = run_dir;
-  td.learner = *learner;
-  td.engine = *engine;
+  td.learner = learner;
+  td.engine = engine;
   td.evaluators = out.pool;
   td.tasks = *tasks;
   td.seeds = std::move(*seeds);

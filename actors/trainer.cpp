@@ -410,36 +410,41 @@ void finish_save(self_pointer self, const std::string& name, const T& what) {
 void write_checkpoint(self_pointer self, fs::path tmp, std::string name, trainer_progress progress,
                       std::string samplers) {
   auto& st = self->state;
+  auto finish = [self, tmp, name, progress, samplers](policy_version) {
+    auto& st = self->state;
+    const auto root = tmp.parent_path();
+    const auto dir = root / name;
+    for (auto [file, text] : {std::pair{"trainer.json", progress.to_json()}, std::pair{"samplers.json", samplers}})
+      if (auto r = write_file_atomic(tmp / file, text); !r) {
+        finish_save(self, name, make_error(r.error()));
+        return;
+      }
+    std::error_code ec;
+    fs::rename(tmp, dir, ec);
+    if (ec) {
+      finish_save(self, name,
+                  make_error(errc::io, "cannot rename " + tmp.string() + " to " + dir.string() + ": " + ec.message()));
+      return;
+    }
+    if (auto r = fsync_directory(root); !r) {
+      finish_save(self, name, make_error(r.error()));
+      return;
+    }
+    if (auto r = write_file_atomic(root / "latest", name + "\n"); !r) {
+      finish_save(self, name, make_error(r.error()));
+      return;
+    }
+    prune_checkpoints(st, root, name);
+    st.deps->log->info(component, "checkpoint ", dir.string());
+    finish_save(self, name, dir.string());
+  };
+  if (!st.deps->learner) { // behind an endpoint: the trainer's own files only
+    finish(policy_version{st.p.version});
+    return;
+  }
   self->request(st.deps->learner, learner_wait(st), save_atom_v, (tmp / "learner").string())
     .then(
-      [self, tmp, name, progress, samplers](policy_version) {
-        auto& st = self->state;
-        const auto root = tmp.parent_path();
-        const auto dir = root / name;
-        for (auto [file, text] : {std::pair{"trainer.json", progress.to_json()}, std::pair{"samplers.json", samplers}})
-          if (auto r = write_file_atomic(tmp / file, text); !r) {
-            finish_save(self, name, make_error(r.error()));
-            return;
-          }
-        std::error_code ec;
-        fs::rename(tmp, dir, ec);
-        if (ec) {
-          finish_save(self, name,
-                      make_error(errc::io, "cannot rename " + tmp.string() + " to " + dir.string() + ": " + ec.message()));
-          return;
-        }
-        if (auto r = fsync_directory(root); !r) {
-          finish_save(self, name, make_error(r.error()));
-          return;
-        }
-        if (auto r = write_file_atomic(root / "latest", name + "\n"); !r) {
-          finish_save(self, name, make_error(r.error()));
-          return;
-        }
-        prune_checkpoints(st, root, name);
-        st.deps->log->info(component, "checkpoint ", dir.string());
-        finish_save(self, name, dir.string());
-      },
+      finish,
       [self, name](const caf::error& e) {
         if (e == caf::sec::request_timeout)
           finish_save(self, name, make_error(learner_error(self->state, e, "a checkpoint save")));
@@ -636,11 +641,17 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
 result<trainer_actor> spawn_trainer(caf::actor_system& sys, trainer_deps deps) {
   using trainer_detail::trainer;
   using trainer_detail::trainer_shared;
-  if (!deps.learner || !deps.engine || !deps.evaluators)
+  // Behind an endpoint (policy.backend openai) nothing trains: no learner, and the configuration
+  // allows no stage that updates.
+  const bool endpoint = deps.cfg.policy.backend == "openai";
+  if ((!deps.learner && !endpoint) || !deps.engine || !deps.evaluators)
     return fail(errc::invalid_arg, "trainer: a learner, an engine and an evaluator pool are needed");
+  const auto& g = deps.cfg.stages;
+  if (!deps.learner && (g.sft.steps > 0 || g.self_supervised.steps > 0 || g.rl.steps > 0))
+    return fail(errc::invalid_arg, "trainer: a stage that updates the policy needs a learner");
   if (!deps.tasks || deps.tasks->empty())
     return fail(errc::invalid_arg, "trainer: the task catalogue is empty");
-  if (!deps.tokenizer || !deps.prompts.builder || deps.clk == nullptr || deps.log == nullptr)
+  if ((!deps.tokenizer && !endpoint) || !deps.prompts.builder || deps.clk == nullptr || deps.log == nullptr)
     return fail(errc::invalid_arg, "trainer: a tokenizer, a prompt builder, a clock and a logger are needed");
   auto xopt = exemplar_actor_options::from(deps.cfg, deps.run_dir / "replay.db");
   auto shared = std::make_shared<trainer_shared>();

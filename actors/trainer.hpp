@@ -98,7 +98,7 @@ result<std::vector<std::string>> load_sampler_states(const std::filesystem::path
 
 /// "warm_start", "sft", "self_supervised", "rl", "" (complete).
 /// The stages of the schedule, as trainer_progress::stage counts them.
-inline constexpr int stage_warm = 0, stage_sft = 1, stage_self = 2, stage_rl = 3, stage_done = 4;
+inline constexpr int stage_warm = 0, stage_sft = 1, stage_self = 2, stage_rl = 3, stage_search = 4, stage_done = 5;
 
 const char* stage_name(int stage) noexcept;
 

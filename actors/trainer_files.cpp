@@ -54,6 +54,8 @@ const char* stage_name(int stage) noexcept {
       return "self_supervised";
     case stage_rl:
       return "rl";
+    case stage_search:
+      return "search";
     default:
       return "";
   }
@@ -191,7 +193,7 @@ result<trainer_progress> trainer_progress::from_json(std::string_view text, cons
       if (auto r = u64(key, *out); !r.ok())
         return r.error();
   if (stage > static_cast<std::uint64_t>(stage_done))
-    return fail(errc::corrupt, origin, ": key 'stage': ", std::to_string(stage), " is not a stage (0-4)");
+    return fail(errc::corrupt, origin, ": key 'stage': ", std::to_string(stage), " is not a stage (0-5)");
   p.stage = static_cast<int>(stage);
   return p;
 }

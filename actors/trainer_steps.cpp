@@ -70,6 +70,9 @@ bool stage_over(trainer_state& st) {
     case stage_rl:
       steps = g.rl.steps, minutes = g.rl.max_minutes;
       break;
+    case stage_search:
+      steps = g.search.steps, minutes = g.search.max_minutes;
+      break;
     default:
       return true;
   }
@@ -126,7 +129,8 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
   if (tally)
     st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
                        "): ", tally->samples, " samples, ", tally->correct, " correct, mean speedup ",
-                       tally->correct ? std::to_string(tally->mean_speedup()) : std::string{"-"}, ", loss ", r.loss);
+                       tally->correct ? std::to_string(tally->mean_speedup()) : std::string{"-"},
+                       st.p.stage == stage_search ? std::string{} : ", loss " + std::to_string(r.loss));
   else
     st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
                        "): loss ", r.loss);
@@ -140,6 +144,9 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
     stop = true;
   if (st.p.stage == stage_rl && tally && g.rl.stop_mean_speedup > 0 && tally->correct
       && tally->mean_speedup() >= g.rl.stop_mean_speedup)
+    stop = true;
+  if (st.p.stage == stage_search && tally && g.search.stop_mean_speedup > 0 && tally->correct
+      && tally->mean_speedup() >= g.search.stop_mean_speedup)
     stop = true;
   if (stop) {
     st.deps->log->info(component, stage_name(st.p.stage), ": stopping rule met after ", st.p.stage_step, " steps");
@@ -307,7 +314,18 @@ void train_on_groups(self_pointer self) {
   sample_tally tally;
   count_groups(st, batch, &tally);
   const auto n = batch.size();
-  send_fates(self, group_ids(batch), storage::sample_fate::trained, st.p.step + 1);
+  const bool search = st.p.stage == stage_search;
+  send_fates(self, group_ids(batch), search ? storage::sample_fate::searched : storage::sample_fate::trained,
+             st.p.step + 1);
+  if (search) {
+    // Contrastive search: the groups' variants are in the exemplar store already; a round is a
+    // run step (checkpoints count them) without an update.
+    train_report r;
+    r.policy_version = policy_version{st.p.version};
+    r.step = st.p.step + 1;
+    after_update(self, r, &tally, n);
+    return;
+  }
   if (rl) {
     learner_batch b{std::move(batch), st.deps->cfg.rollout.temperature};
     before_update(self);
@@ -345,7 +363,9 @@ void sampling_step(self_pointer self) {
   auto& st = self->state;
   const auto& g = st.deps->cfg.stages;
   const bool rl = st.p.stage == stage_rl;
-  st.step.want = static_cast<std::uint64_t>(rl ? g.rl.groups : g.self_supervised.groups);
+  st.step.want = static_cast<std::uint64_t>(rl                            ? g.rl.groups
+                                            : st.p.stage == stage_search ? g.search.groups
+                                                                         : g.self_supervised.groups);
   const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
   const bool sync = st.deps->cfg.run.mode == run_mode::sync;
   if (sync) {

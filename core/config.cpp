@@ -360,6 +360,20 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
              "learner.kl_coef",
              "with learner.lora, RL after an SFT or self-supervised stage cannot take its KL reference from the "
              "policy (the adapters are not merged into it): set it to 0 or run RL alone");
+    // A policy behind an endpoint is not trained: only the search stage samples from it.
+    const auto& pol = cfg.policy;
+    if (pol.backend == "openai") {
+      relation(!pol.base_url.empty(), "policy.base_url", "is required with policy.backend openai");
+      relation(pol.base_url.empty() || pol.base_url.rfind("http://", 0) == 0 || pol.base_url.rfind("https://", 0) == 0,
+               "policy.base_url", "must start with http:// or https://, got '" + pol.base_url + "'");
+      relation(!pol.model.empty(), "policy.model", "is required with policy.backend openai (the endpoint's model name)");
+      for (auto [steps, path] : {std::pair{cfg.stages.sft.steps, "stages.sft.steps"},
+                                 std::pair{cfg.stages.self_supervised.steps, "stages.self_supervised.steps"},
+                                 std::pair{cfg.stages.rl.steps, "stages.rl.steps"}})
+        relation(steps == 0, path,
+                 "must be 0 with policy.backend openai: a model behind an endpoint is not trained here; use "
+                 "stages.search (contrastive search without updates)");
+    }
     // learner.devices against itself and model.device; each rank needs a share of every batch.
     if (!l.devices.empty()) {
       std::set<std::string> seen;

@@ -319,11 +319,35 @@ struct rl_stage_config {
   double max_minutes = 0.0;
 };
 
+/// `stages.search:` — contrastive search without updates: sample, evaluate, keep the exemplars.
+struct search_stage_config {
+  std::int64_t steps = 0;                ///< rounds of `groups` groups; 0: the stage is skipped
+  std::int64_t groups = 4;               ///< groups sampled and evaluated per round
+  double stop_mean_speedup = 0.0;        ///< ends early when a round's mean speedup of correct samples reaches this; 0: never
+  double max_minutes = 0.0;
+};
+
 /// `stages:` — the schedule, run in this order; a stage with 0 steps is skipped.
 struct stages_config {
   sft_stage_config sft;
   self_supervised_stage_config self_supervised;
   rl_stage_config rl;
+  search_stage_config search;
+};
+
+/// `policy:` — where rollouts sample: crucible's own engine (`local`, the `model:` section) or an
+/// OpenAI-compatible endpoint (`openai`: vLLM, SGLang, `crucible serve-policy`, a hosted API).
+struct policy_config {
+  std::string backend = "local";         ///< local or openai
+  std::string base_url;                  ///< openai: the API's base, e.g. http://127.0.0.1:8000/v1
+  std::string model;                     ///< openai: the model name the endpoint serves
+  std::string api_key_file;              ///< openai: file holding the API key (first line); "": none sent
+  std::int64_t concurrency = 8;          ///< openai: requests in flight at most
+  std::int64_t retries = 5;              ///< openai: retries of a failed request (connection, 429, 5xx), with backoff
+  double timeout_s = 600.0;              ///< openai: one request's limit
+  std::string tokenizer;                 ///< openai: tokenizer directory for the prompt budget; "": a token per 3 bytes
+  bool logprobs = false;                 ///< openai: ask for the sampled tokens' log-probs (stored with the samples)
+  bool token_ids = false;                ///< openai: ask for token ids (vLLM's and serve-policy's return_token_ids)
 };
 
 /// `membership:` — nodes that join a running experiment (actors/membership.hpp, docs/scaling.md).
@@ -347,6 +371,7 @@ struct config {
   rollout_config rollout;
   engine_config engine;
   model_config model;
+  policy_config policy;
   tasks_config tasks;
   stages_config stages;
   membership_config membership;

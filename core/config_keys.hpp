@@ -521,6 +521,42 @@ void describe(V& v, config& c) {
               non_negative_number());
       v.field("max_minutes", g.rl.max_minutes, "Wall-clock budget of the stage; 0: none.", non_negative_number());
     });
+    v.section("search", "Contrastive search without updates (CUDA-L1's loop with a fixed model): each round samples "
+              "groups on contrastive prompts, evaluates them and keeps every variant in the exemplar store, so later "
+              "prompts show the best so far. Runs after RL; the only sampling stage of `policy.backend: openai`.", [&] {
+      v.field("steps", g.search.steps, "Rounds; 0 skips the stage.", at_least(0, "a non-negative integer"));
+      v.field("groups", g.search.groups, "Groups sampled and evaluated per round.", positive<std::int64_t>("a positive integer"));
+      v.field("stop_mean_speedup", g.search.stop_mean_speedup,
+              "The stage ends early after a round whose mean speedup over its correct samples is at least this; 0: never.",
+              non_negative_number());
+      v.field("max_minutes", g.search.max_minutes, "Wall-clock budget of the stage; 0: none.", non_negative_number());
+    });
+  });
+  v.section("policy", "Where rollouts sample (docs/service.md, \"A fixed model behind an endpoint\"): crucible's own engine "
+            "(`local`: the `model:` section, trained by the stages), or any OpenAI-compatible endpoint (`openai`: vLLM, "
+            "SGLang, `crucible serve-policy`, a hosted API), which nothing trains: only `stages.search` runs then.", [&] {
+    auto& p = c.policy;
+    v.field("backend", p.backend, "`local` or `openai`.",
+            constraint<std::string>{"\"local\" or \"openai\"", [](const std::string& x) { return x == "local" || x == "openai"; }});
+    v.field("base_url", p.base_url, "`openai`: the API's base URL, e.g. `http://127.0.0.1:8000/v1` (chat completions are "
+            "posted to `BASE_URL/chat/completions`).");
+    v.field("model", p.model, "`openai`: the model name the endpoint serves (its `GET /models`).");
+    v.field("api_key_file", p.api_key_file, "`openai`: file whose first line is the API key, sent as `Authorization: Bearer "
+            "KEY`; refused when others may read it (chmod 600). Empty: no key is sent.");
+    v.field("concurrency", p.concurrency, "`openai`: requests in flight at most (one request is one group: `n` = "
+            "`rollout.group_size`).", positive<std::int64_t>("a positive integer"));
+    v.field("retries", p.retries, "`openai`: retries of a request that failed to connect or was answered 408, 429 or 5xx, "
+            "after 1, 2, 4, ... seconds (at most 30; a Retry-After header is honoured). Other answers are not retried.",
+            at_least(0, "a non-negative integer"));
+    v.field("timeout_s", p.timeout_s, "`openai`: one request's time limit.", positive<double>("a positive number"));
+    v.field("tokenizer", p.tokenizer, "`openai`: a tokenizer directory (tokenizer.json) the prompt budget "
+            "(`prompt.max_tokens`) is counted in; empty: a token per 3 bytes of UTF-8. The endpoint applies its own chat "
+            "template to the messages.");
+    v.field("logprobs", p.logprobs, "`openai`: ask for the sampled tokens' log-probs (`logprobs: true`), stored with the "
+            "samples.");
+    v.field("token_ids", p.token_ids, "`openai`: ask for the prompt's and the completions' token ids "
+            "(`return_token_ids: true`, as vLLM and `crucible serve-policy` answer), stored with the samples. An "
+            "endpoint that refuses unknown parameters (OpenAI's own) needs it off.");
   });
   v.section("engine", "The engine actor's request queue and batching (docs/rollout.md).", [&] {
     auto& e = c.engine;

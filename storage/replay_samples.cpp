@@ -24,6 +24,7 @@ auto field_of(Counts& c, std::string_view fate) noexcept -> decltype(&c.trained)
   if (fate == sample_fate::unfinished) return &c.unfinished;
   if (fate == sample_fate::orphan) return &c.orphan;
   if (fate == sample_fate::straggler) return &c.straggler;
+  if (fate == sample_fate::searched) return &c.searched;
   return nullptr;
 }
 

@@ -61,8 +61,9 @@ inline constexpr std::string_view discarded = "discarded";  ///< its group arriv
 inline constexpr std::string_view unfinished = "unfinished"; ///< its group never reached the trainer (in flight at a pause or crash), or its fate was decided after the checkpoint the run resumed from
 inline constexpr std::string_view orphan = "orphan";        ///< scored after its group had been sent on or dropped (a straggler's late verdict)
 inline constexpr std::string_view straggler = "straggler";  ///< its group was dropped at the straggler timeout (exemplar.on_straggler drop)
+inline constexpr std::string_view searched = "searched";    ///< in the search stage's round that was run step `step` (scored and kept, no update)
 /// Every fate, in the order sample_counts lists them.
-inline constexpr std::string_view all[] = {trained, paused, stale, discarded, unfinished, orphan, straggler};
+inline constexpr std::string_view all[] = {trained, paused, stale, discarded, unfinished, orphan, straggler, searched};
 /// Whether `fate` is one of `all`.
 constexpr bool known(std::string_view fate) noexcept {
   for (auto f : all)
@@ -92,7 +93,7 @@ struct sample_record {
 struct sample_counts {
   std::int64_t total = 0;
   std::int64_t pending = 0;  ///< no fate yet: groups in flight now
-  std::int64_t trained = 0, paused = 0, stale = 0, discarded = 0, unfinished = 0, orphan = 0, straggler = 0;
+  std::int64_t trained = 0, paused = 0, stale = 0, discarded = 0, unfinished = 0, orphan = 0, straggler = 0, searched = 0;
 
   /// The count of `fate` (one of sample_fate::all; 0 for another string).
   std::int64_t of(std::string_view fate) const noexcept;

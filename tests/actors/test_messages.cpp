@@ -52,11 +52,15 @@ template <> struct sample<sampling_params> {
   }
 };
 
+template <> struct sample<chat_turn> {
+  static chat_turn make() { return {"user", "Task: make ReLU fast. \xc3\xbc\n\"quoted\"\t"}; }
+};
+
 template <> struct sample<generation_request> {
   static generation_request make() {
     return {sample<group_id>::make(), sample<task_id>::make(),
             "Task: make ReLU fast. \xc3\xbc\n\"quoted\"\t", {151644, 8948, 0, 2147483647}, true, 8,
-            sample<sampling_params>::make()};
+            sample<sampling_params>::make(), {{"system", "You write kernels."}, sample<chat_turn>::make()}};
   }
 };
 
@@ -398,7 +402,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 39, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 40, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

@@ -318,7 +318,7 @@ command replay_command() {
            "      completion are skipped and counted on stderr; FILE is replaced atomically\n"
            "  samples RUN --out FILE.jsonl [--fate F]\n"
            "      every policy sample (of fate F: trained, paused, stale, discarded, unfinished,\n"
-           "      orphan, straggler or undecided) with its completion, prompt id, fate and its\n"
+           "      orphan, straggler, searched or undecided) with its completion, prompt id, fate and its\n"
            "      variant's task and verdict, one JSON object per line; the counts by fate\n"
            "  export RUN --out FILE.jsonl    every prompt and variant as JSON lines\n"
            "  import RUN FILE.jsonl          merge such a file (all or nothing; creates replay.db)",

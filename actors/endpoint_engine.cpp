@@ -1,0 +1,383 @@
+#include "actors/endpoint_engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <thread>
+
+#include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "actors/actor_config.hpp"
+#include "core/token.hpp"
+
+#ifdef CRUCIBLE_HAVE_HTTPLIB
+#  include <httplib.h>
+#  include <nlohmann/json.hpp>
+#endif
+
+namespace crucible {
+
+result<endpoint_options> endpoint_options::from(const config& cfg) {
+  const auto& p = cfg.policy;
+  endpoint_options o;
+  o.base_url = p.base_url;
+  while (!o.base_url.empty() && o.base_url.back() == '/')
+    o.base_url.pop_back();
+  o.model = p.model;
+  o.concurrency = static_cast<std::uint64_t>(std::max<std::int64_t>(1, p.concurrency));
+  o.retries = static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.retries));
+  o.timeout_s = p.timeout_s;
+  o.logprobs = p.logprobs;
+  o.token_ids = p.token_ids;
+  o.max_queued = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.engine.max_queued));
+  if (!p.api_key_file.empty()) {
+    auto key = read_token_file(p.api_key_file);
+    if (!key)
+      return fail(errc::config, "policy.api_key_file: ", key.error().message);
+    o.api_key = *key;
+  }
+  return o;
+}
+
+#ifdef CRUCIBLE_HAVE_HTTPLIB
+
+namespace {
+
+using nlohmann::json;
+
+// BASE_URL split into what httplib's client takes: "scheme://host:port" and the path prefix.
+struct url_parts {
+  std::string origin, prefix;
+};
+
+url_parts split_url(const std::string& base) {
+  const auto scheme_end = base.find("://");
+  const auto path_at = base.find('/', scheme_end == std::string::npos ? 0 : scheme_end + 3);
+  if (path_at == std::string::npos)
+    return {base, ""};
+  return {base.substr(0, path_at), base.substr(path_at)};
+}
+
+std::unique_ptr<httplib::Client> make_client(const endpoint_options& opt) {
+  auto c = std::make_unique<httplib::Client>(split_url(opt.base_url).origin);
+  const auto whole = std::chrono::duration<double>(opt.timeout_s);
+  const auto secs = static_cast<time_t>(opt.timeout_s);
+  const auto usecs = static_cast<time_t>((whole.count() - static_cast<double>(secs)) * 1e6);
+  c->set_connection_timeout(std::min<time_t>(secs, 30), 0);
+  c->set_read_timeout(secs, usecs);
+  c->set_write_timeout(std::min<time_t>(secs, 60), 0);
+  c->set_keep_alive(true);
+  if (!opt.api_key.empty())
+    c->set_bearer_token_auth(opt.api_key);
+  return c;
+}
+
+std::string cut(std::string s, std::size_t n = 300) {
+  if (s.size() > n)
+    s = s.substr(0, n) + "...";
+  return s;
+}
+
+// The message of an error body ({"error": {"message"}} or {"error": "..."}), else the body cut.
+std::string error_message(const std::string& body) {
+  auto j = json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error")) {
+    const auto& e = j["error"];
+    if (e.is_string())
+      return e.get<std::string>();
+    if (e.is_object() && e.contains("message") && e["message"].is_string())
+      return e["message"].get<std::string>();
+  }
+  return cut(body);
+}
+
+bool retryable(int status) { return status == 408 || status == 429 || status >= 500; }
+
+// One HTTP exchange with retries: the answer's body, or the error after the last try.
+result<std::string> exchange(httplib::Client& client, const endpoint_options& opt, const std::string& method,
+                             const std::string& path, const std::string& body) {
+  const auto where = opt.base_url + path.substr(split_url(opt.base_url).prefix.size());
+  double wait = opt.backoff_s;
+  for (std::uint64_t attempt = 0;; ++attempt) {
+    const auto res = method == "GET" ? client.Get(path) : client.Post(path, body, "application/json");
+    std::string why;
+    bool again = false;
+    double retry_after = -1;
+    if (!res) {
+      why = "cannot reach " + where + ": " + httplib::to_string(res.error());
+      again = true;
+    } else if (res->status >= 200 && res->status < 300) {
+      return res->body;
+    } else {
+      why = where + " answered " + std::to_string(res->status) + ": " + error_message(res->body);
+      again = retryable(res->status);
+      if (res->has_header("Retry-After"))
+        try {
+          retry_after = std::stod(res->get_header_value("Retry-After"));
+        } catch (...) {
+        }
+      if (res->status == 401 || res->status == 403)
+        return fail(errc::refused, why, " (policy.api_key_file)");
+    }
+    if (!again || attempt >= opt.retries)
+      return fail(res ? errc::protocol : errc::io, why,
+                  attempt > 0 ? " (after " + std::to_string(attempt + 1) + " tries)" : std::string{});
+    const double s = std::min(30.0, retry_after >= 0 ? std::max(retry_after, wait) : wait);
+    std::this_thread::sleep_for(std::chrono::duration<double>(s));
+    wait = std::min(30.0, wait * 2);
+  }
+}
+
+// The chat completion request of `r`.
+std::string request_body(const endpoint_options& opt, const generation_request& r) {
+  json messages = json::array();
+  for (const auto& m : r.messages)
+    messages.push_back(json{{"role", m.role}, {"content", m.content}});
+  json body{{"model", opt.model},
+            {"messages", messages},
+            {"n", r.samples},
+            {"temperature", r.params.temperature},
+            {"top_p", r.params.top_p},
+            {"max_tokens", r.params.max_new_tokens},
+            {"seed", static_cast<std::int64_t>(r.params.seed & 0x7fffffffffffffffull)}};
+  if (r.params.top_k > 0)
+    body["top_k"] = r.params.top_k;
+  if (!r.params.stop.empty())
+    body["stop"] = r.params.stop;
+  if (opt.logprobs)
+    body["logprobs"] = true;
+  if (opt.token_ids)
+    body["return_token_ids"] = true;
+  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// A chat completion's answer into the group's completions; errc::protocol naming what is wrong.
+result<generation_result> parse_answer(const endpoint_options& opt, const generation_request& r, const std::string& text) {
+  const auto garbage = [&](const std::string& what) {
+    return fail(errc::protocol, opt.base_url, "/chat/completions answered what is not a chat completion (", what,
+                "): ", cut(text, 200));
+  };
+  auto j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array())
+    return garbage("no 'choices' list");
+  const auto& choices = j["choices"];
+  if (choices.size() != r.samples)
+    return garbage(std::to_string(choices.size()) + " choices for n = " + std::to_string(r.samples));
+  generation_result out;
+  out.group = r.group;
+  out.task = r.task;
+  out.completions.resize(r.samples);
+  std::vector<bool> seen(r.samples, false);
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const auto& c = choices[i];
+    const std::size_t index = c.contains("index") && c["index"].is_number_unsigned() ? c["index"].get<std::size_t>() : i;
+    if (index >= r.samples || seen[index])
+      return garbage("choice index " + std::to_string(index) + " out of place");
+    seen[index] = true;
+    if (!c.contains("message") || !c["message"].is_object())
+      return garbage("choice " + std::to_string(index) + " has no message");
+    const auto& content = c["message"].value("content", json(nullptr));
+    if (!content.is_string() && !content.is_null())
+      return garbage("choice " + std::to_string(index) + "'s content is not text");
+    auto& x = out.completions[index];
+    x.text = content.is_string() ? content.get<std::string>() : std::string{};
+    if (auto lp = c.find("logprobs"); lp != c.end() && lp->is_object() && lp->contains("content") && (*lp)["content"].is_array())
+      for (const auto& t : (*lp)["content"])
+        if (t.is_object() && t.contains("logprob") && t["logprob"].is_number())
+          x.logprobs.push_back(t["logprob"].get<float>());
+    if (auto ids = c.find("token_ids"); ids != c.end() && ids->is_array())
+      for (const auto& id : *ids)
+        if (id.is_number_integer())
+          x.token_ids.push_back(id.get<std::int32_t>());
+    if (!x.token_ids.empty() && !x.logprobs.empty() && x.token_ids.size() != x.logprobs.size())
+      x.logprobs.clear(); // they would not pair up
+  }
+  if (auto ids = j.find("prompt_token_ids"); ids != j.end() && ids->is_array())
+    for (const auto& id : *ids)
+      if (id.is_number_integer())
+        out.prompt_token_ids.push_back(id.get<std::int32_t>());
+  return out;
+}
+
+// -- the worker: one connection, blocking calls on a thread of its own --------------------------
+
+using endpoint_worker_actor = caf::typed_actor<caf::replies_to<generation_request>::with<generation_result>>;
+
+struct worker_state {
+  std::unique_ptr<httplib::Client> client;
+  static inline const char* name = "crucible.endpoint_worker";
+};
+
+endpoint_worker_actor::behavior_type endpoint_worker(endpoint_worker_actor::stateful_pointer<worker_state> self,
+                                                     endpoint_options opt, logger* log) {
+  self->state.client = make_client(opt);
+  return {
+    [=](const generation_request& r) -> caf::result<generation_result> {
+      if (r.messages.empty())
+        return make_error(errc::invalid_arg, "generation request " + to_string(r.group) + ": no messages for the endpoint");
+      if (r.samples < 1)
+        return make_error(errc::invalid_arg, "generation request " + to_string(r.group) + ": samples must be at least 1");
+      const auto path = split_url(opt.base_url).prefix + "/chat/completions";
+      auto answer = exchange(*self->state.client, opt, "POST", path, request_body(opt, r));
+      if (!answer) {
+        log->warn("endpoint", "group ", r.group.value, ": ", answer.error().message);
+        return make_error(answer.error());
+      }
+      auto parsed = parse_answer(opt, r, *answer);
+      if (!parsed) {
+        log->warn("endpoint", "group ", r.group.value, ": ", parsed.error().message);
+        return make_error(parsed.error());
+      }
+      return std::move(*parsed);
+    },
+  };
+}
+
+// -- the front: the engine_actor interface, a queue, the idle workers ----------------------------
+
+struct waiting {
+  generation_request req;
+  caf::typed_response_promise<generation_result> rp;
+  caf::strong_actor_ptr from;
+};
+
+struct front_state {
+  front_state() = default;
+  endpoint_options opt;
+  std::vector<endpoint_worker_actor> idle;
+  std::deque<waiting> queue;
+  engine_status status;
+  static inline const char* name = "crucible.endpoint_engine";
+};
+
+using front_pointer = engine_actor::stateful_pointer<front_state>;
+
+void pump(front_pointer self) {
+  auto& st = self->state;
+  while (!st.idle.empty() && !st.queue.empty()) {
+    auto w = st.idle.back();
+    st.idle.pop_back();
+    auto job = std::move(st.queue.front());
+    st.queue.pop_front();
+    ++st.status.running;
+    ++st.status.batches;
+    auto rp = job.rp;
+    self->request(w, caf::infinite, std::move(job.req))
+      .then(
+        [=](generation_result& r) mutable {
+          auto& st = self->state;
+          ++st.status.requests;
+          st.status.samples += r.completions.size();
+          --st.status.running;
+          rp.deliver(std::move(r));
+          st.idle.push_back(w);
+          pump(self);
+        },
+        [=](const caf::error& e) mutable {
+          auto& st = self->state;
+          ++st.status.failed;
+          --st.status.running;
+          rp.deliver(e);
+          st.idle.push_back(w);
+          pump(self);
+        });
+  }
+}
+
+engine_actor::behavior_type endpoint_front(front_pointer self, endpoint_options opt, logger* log) {
+  auto& st = self->state;
+  st.opt = opt;
+  for (std::uint64_t i = 0; i < opt.concurrency; ++i)
+    st.idle.push_back(self->spawn<caf::detached + caf::linked>(endpoint_worker, opt, log));
+  const auto unsupported = [](const char* what) {
+    return make_error(errc::unsupported, std::string{what} + ": the policy is behind an endpoint (policy.backend openai); "
+                                                              "nothing here trains it");
+  };
+  return {
+    [=](generation_request& req) -> caf::result<generation_result> {
+      auto& st = self->state;
+      if (st.queue.size() >= st.opt.max_queued) {
+        ++st.status.refused;
+        return make_error(errc::busy, std::to_string(st.queue.size()) + " generation requests are waiting for the endpoint "
+                                        "(limit " + std::to_string(st.opt.max_queued) + "); retry later");
+      }
+      auto from = self->current_sender();
+      auto rp = self->make_response_promise<generation_result>();
+      st.queue.push_back({std::move(req), rp, std::move(from)});
+      pump(self);
+      return rp;
+    },
+    [=](cancel_atom) {
+      auto& st = self->state;
+      const auto from = self->current_sender();
+      for (auto it = st.queue.begin(); it != st.queue.end();) {
+        if (it->from == from) {
+          it->rp.deliver(make_error(errc::cancelled, "generation request of group " + std::to_string(it->req.group.value)
+                                                       + " cancelled by its sender before it was sent"));
+          ++st.status.cancelled;
+          it = st.queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    },
+    [=](weight_update&) -> caf::result<policy_version> { return unsupported("weight_update"); },
+    [=](weights_published&) -> caf::result<policy_version> { return unsupported("weights_published"); },
+    [=](caf::get_atom) -> engine_status {
+      auto out = self->state.status;
+      out.queued = self->state.queue.size();
+      return out;
+    },
+  };
+}
+
+} // namespace
+
+result<void> check_endpoint(const endpoint_options& opt) {
+  auto client = make_client(opt);
+  auto quick = opt;
+  quick.retries = std::min<std::uint64_t>(opt.retries, 2);
+  auto answer = exchange(*client, quick, "GET", split_url(opt.base_url).prefix + "/models", "");
+  if (!answer)
+    return fail(answer.error().code, "policy.base_url: ", answer.error().message);
+  auto j = json::parse(*answer, nullptr, false);
+  if (!j.is_object() || !j.contains("data") || !j["data"].is_array())
+    return fail(errc::protocol, "policy.base_url: ", opt.base_url, "/models answered what is not a model list: ", cut(*answer, 200));
+  std::string served;
+  for (const auto& m : j["data"]) {
+    if (!m.is_object() || !m.contains("id") || !m["id"].is_string())
+      continue;
+    if (m["id"] == opt.model)
+      return {};
+    served += (served.empty() ? "" : ", ") + m["id"].get<std::string>();
+  }
+  return fail(errc::not_found, "policy.model: '", opt.model, "' is not served by ", opt.base_url,
+              served.empty() ? std::string{" (it lists no model)"} : "; it serves: " + served);
+}
+
+result<engine_actor> spawn_endpoint_engine(caf::actor_system& sys, endpoint_options opt, logger& log) {
+  if (opt.base_url.rfind("http://", 0) != 0 && opt.base_url.rfind("https://", 0) != 0)
+    return fail(errc::config, "policy.base_url: must start with http:// or https://, got '", opt.base_url, "'");
+  if (opt.model.empty())
+    return fail(errc::config, "policy.model: the endpoint's model name is required");
+  opt.concurrency = std::max<std::uint64_t>(1, opt.concurrency);
+  engine_actor h = sys.spawn(endpoint_front, std::move(opt), &log);
+  return h;
+}
+
+#else
+
+result<void> check_endpoint(const endpoint_options&) {
+  return fail(errc::unsupported, "policy.backend openai: this build has no HTTP client (cpp-httplib was not found when it "
+                                 "was configured; tools/setup.sh installs libcpp-httplib-dev)");
+}
+
+result<engine_actor> spawn_endpoint_engine(caf::actor_system&, endpoint_options, logger&) {
+  return fail(errc::unsupported, "policy.backend openai: this build has no HTTP client (cpp-httplib was not found when it "
+                                 "was configured; tools/setup.sh installs libcpp-httplib-dev)");
+}
+
+#endif
+
+} // namespace crucible
