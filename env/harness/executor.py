@@ -18,7 +18,7 @@ from .trusted import (
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
 from .outputs import (
-    _decode_inputs, _DTYPES, _encode_inputs, _kind_of, _os_threads, _output_items, _plain, _py_threads,
+    _decode_inputs, _DTYPES, _encode_inputs, _from_wire, _kind_of, _os_threads, _output_items, _plain, _py_threads,
     _SUPPORTED_DTYPES
 )
 from .reference import Reference, make_inputs
@@ -332,7 +332,7 @@ class _ExecutorPhase:
             one, desc = [], []
             for d, x0 in zip(self.reference.input_template, prev):
                 if "value" in d:
-                    one.append(d["value"])
+                    one.append(_from_wire(d["value"]))
                     desc.append({"value": True})
                     continue
                 dt = _DTYPES[d["dtype"]]

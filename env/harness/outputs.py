@@ -13,7 +13,7 @@ from .trusted import (
     _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_cpu, _T_data_ptr, _T_detach, _T_is_floating_point,
     _T_item, _T_numel, _T_numpy, _T_reshape, _T_size, _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
     _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
-    _torch_empty, _tuple, _type, _uint8
+    _torch_empty, _tuple, _type, _uint8, _list, _dict
 )
 from .channel import _Done
 from .device import _export, _kernels
@@ -183,6 +183,27 @@ def _plain(v):
     return False
 
 
+def _to_wire(v):
+    """A plain value as JSON that keeps its tuples: a tuple becomes {"tuple": [...]} (JSON has
+    lists only, and a constructor that takes stride=(2, 3) may use tuple arithmetic on it)."""
+    t = _type(v)
+    if t is _tuple:
+        return {"tuple": [_to_wire(x) for x in v]}
+    if t is _list:
+        return [_to_wire(x) for x in v]
+    return v
+
+
+def _from_wire(v):
+    """The inverse of _to_wire."""
+    t = _type(v)
+    if t is _dict and _len(v) == 1 and "tuple" in v and _type(v["tuple"]) is _list:
+        return _tuple(_from_wire(x) for x in v["tuple"])
+    if t is _list:
+        return [_from_wire(x) for x in v]
+    return v
+
+
 def _encode_inputs(inputs, frames):
     """Descriptions of one call's inputs for the other side of the boundary: a tensor as
     {"dtype", "shape", "frame"} (contiguous native bytes in `frames`), any other value as
@@ -197,7 +218,7 @@ def _encode_inputs(inputs, frames):
             descs.append({"dtype": _SUPPORTED_DTYPES[x.dtype], "shape": [_int(d) for d in _T_size(x)],
                           "frame": _len(frames)})
         elif _plain(x):
-            descs.append({"value": x})
+            descs.append({"value": _to_wire(x)})
         else:
             raise _Done("runtime_error", (), f"input {i} of the task is {_kind_of(x)}, which the evaluator cannot "
                                              "carry to the candidate's process (tensors and plain values only)")
@@ -209,8 +230,7 @@ def _decode_inputs(descs, frames, device):
     out = []
     for d in descs:
         if "value" in d:
-            v = d["value"]
-            out.append(v)
+            out.append(_from_wire(d["value"]))
             continue
         dt = _DTYPES.get(d.get("dtype"))
         if dt is None:

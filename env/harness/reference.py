@@ -18,7 +18,7 @@ from .trusted import (
 from .device import _HarnessKernels, _kernels
 from .channel import _Done, _error_done, _exc_line
 from .outputs import (
-    _aliased_outputs, _encode_inputs, _all_finite, _clone_inputs, _encode, _map_tensors, _output_items, _output_sample,
+    _aliased_outputs, _encode_inputs, _from_wire, _to_wire, _all_finite, _clone_inputs, _encode, _map_tensors, _output_items, _output_sample,
     _same_sample, _tensors_in
 )
 
@@ -81,7 +81,7 @@ class Reference:
     def info(self, signature):
         """The `reference_info` message (executor.py): what the candidate's worker needs of the
         task, as data; `signature`: Model.__init__'s parameters (_param_descs)."""
-        return {"type": "reference_info", "init_inputs": _list(self.init_inputs), "signature": signature,
+        return {"type": "reference_info", "init_inputs": _to_wire(_list(self.init_inputs)), "signature": signature,
                 "ref_profile": self.profile, "kernel_mode": self.kernel_mode,
                 "ref_aliased": [_bool(a) for a in self.aliased], "trial_dists": self.trial_dists,
                 "dists": self.dists}
@@ -92,7 +92,7 @@ class Reference:
         `dists` is not taken: that worker draws no inputs); `trials`: the job's, until the
         trials' inputs arrive (executor.py, receive_trial_inputs)."""
         r = Reference(trials)
-        r.init_inputs = _list(info.get("init_inputs") or [])
+        r.init_inputs = _list(_from_wire(info.get("init_inputs") or []))
         r.signature = info.get("signature")
         r.profile = info.get("ref_profile")
         r.kernel_mode = info.get("kernel_mode")

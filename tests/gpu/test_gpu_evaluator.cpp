@@ -572,7 +572,7 @@ TEST_CASE("the trust boundary's hack suite on CUDA: nothing is credited across t
     auto v = across->evaluate(eval_request{*t, source, 0, false});
     const std::string label = path.filename().string() + ": " + to_string(v.status);
     INFO(label << " " << v.message);
-    MESSAGE(label << " speedup " << v.speedup << " (shared: " << to_string(before.status) << " " << before.speedup << ") "
+    MESSAGE(label << " speedup " << v.speedup << " (shared: " << std::string{to_string(before.status)} << " " << before.speedup << ") "
                   << v.message.substr(0, 160));
     CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
   }

@@ -90,12 +90,20 @@ def test_plain_values_travel_as_json_between_numbered_frames(outputs):
     assert descs == [
         {"value": 3}, {"dtype": "float32", "shape": [2, 3], "frame": 1}, {"value": 2.5}, {"value": True},
         {"value": "mean"}, {"value": None}, {"dtype": "int64", "shape": [4], "frame": 2},
-        {"value": [1, 2, [3, 4]]}, {"value": [0.5, -1]},
+        {"value": [1, 2, {"tuple": [3, 4]}]}, {"value": {"tuple": [0.5, -1]}},
     ]
     assert len(frames) == 2
     assert got[0] == 3 and got[2] == 2.5 and got[3] is True and got[4] == "mean" and got[5] is None
-    assert got[7] == [1, 2, [3, 4]] and got[8] == [0.5, -1]   # tuples arrive as lists (JSON)
+    # Tuples arrive as tuples and lists as lists (JSON has lists only: a tuple travels tagged).
+    assert got[7] == [1, 2, (3, 4)] and type(got[7]) is list and type(got[7][2]) is tuple
+    assert got[8] == (0.5, -1) and type(got[8]) is tuple
     assert torch.equal(got[1], x) and torch.equal(got[6], y)
+
+
+def test_wire_values_keep_tuples_and_lists_apart(outputs):
+    for v in [(2, 3), [(2, 3), [1, (4,)]], (), [], ((1,), "a", None), [1.5, True]]:
+        wire = json.loads(json.dumps(outputs._to_wire(v)))
+        assert outputs._from_wire(wire) == v and type(outputs._from_wire(wire)) is type(v)
 
 
 def test_decoded_tensors_are_fresh_and_writable(outputs):

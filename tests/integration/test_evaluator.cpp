@@ -349,6 +349,33 @@ TEST_CASE("a task with more output elements than float32 counts exactly is judge
   CHECK(v.status == verdict_status::ok);
 }
 
+TEST_CASE("tuples in a task's constructor arguments and inputs reach the candidate as tuples across the boundary") {
+  auto t = load_task(source_dir / "tests" / "tasks" / "tuple_arguments.py");
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  // Tuple arithmetic on the stride, and a check of both types: a list fails the construction.
+  const std::string candidate = R"(import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, stride=(1, 1), scale=2.0):
+        super().__init__()
+        assert type(stride) is tuple, type(stride)
+        self.stride = stride + (1,)
+        self.scale = scale
+
+    def forward(self, x, window):
+        assert type(window) is tuple, type(window)
+        return torch.mul(x[:, :: self.stride[0]], self.scale).add_(window[0])
+)";
+  auto opt = cpu_evaluator::suite_options(1);
+  opt.rounds = opt.min_rounds = opt.max_rounds = 8;
+  cpu_evaluator ev{opt};
+  auto v = ev.ev->evaluate(eval_request{*t, candidate, 0, false});
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::ok);
+}
+
 TEST_CASE("a check of a task alone is not kept in the verdict cache") {
   auto dir = fs::temp_directory_path() / ("crucible-checktask-" + std::to_string(::getpid()));
   auto cache = verdict_cache::open(dir / "verdicts.db");

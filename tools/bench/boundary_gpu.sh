@@ -9,9 +9,12 @@
 #   identity  the CPU suite's references against themselves on cuda:0 (reference_as_candidate.py),
 #             cuda_boundary true then false (IDENTITY_MODES): OUT/selfc_MODE.jsonl, one line a
 #             verdict, each mode's wall time, then band_check.py --self
-#   kb        KernelBench's first KB_TASKS (26) level 1 tasks against themselves, cuda_boundary
-#             true (KB_MODES): OUT/selfkb_MODE.jsonl, then band_check.py --self. Needs
-#             data/kernelbench (tools/bench/fetch_kernelbench.sh)
+#   kb        KernelBench's level 1 tasks KB_FROM (1) to KB_TASKS (26), by their leading number,
+#             against themselves, cuda_boundary true (KB_MODES): OUT/selfkb_MODE.jsonl, then
+#             band_check.py --self. Needs data/kernelbench (tools/bench/fetch_kernelbench.sh)
+#   pairs     the pairs of PAIRS (a --pairs file, default data/l1sub/pairs.tsv: CUDA-L1's released
+#             kernels) on cuda:0, cuda_boundary true then false (PAIRS_MODES): OUT/pairs_MODE.jsonl
+#             (records), OUT/pairs_MODE.json (summary), each mode's wall time
 #   hacks     each hack of tests/candidates/boundary and tests/candidates/gpu/boundary (or the
 #             files of HACKS) on its task on cuda:0, cuda_boundary false then true (HACK_MODES):
 #             OUT/hacks.jsonl, one line a verdict (file, mode, status, speedup, checks, wall time)
@@ -27,9 +30,9 @@ BUILD="$(realpath -m "${BUILD:-build}")"
 OUT="$(realpath -m "${OUT:-$ROOT/runs/bench/boundary_gpu}")"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 STEPS=("$@")
-[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(fast test identity kb hacks)
+[[ ${#STEPS[@]} -gt 0 ]] || STEPS=(fast test identity kb pairs hacks)
 for step in "${STEPS[@]}"; do
-  case "$step" in fast | test | identity | kb | hacks) ;; *) echo "boundary_gpu: unknown step $step" >&2; exit 2 ;; esac
+  case "$step" in fast | test | identity | kb | pairs | hacks) ;; *) echo "boundary_gpu: unknown step $step" >&2; exit 2 ;; esac
 done
 mkdir -p "$OUT"
 start=$(date +%s)
@@ -67,7 +70,7 @@ for step in "${STEPS[@]}"; do
       done ;;
     kb)
       "$PYTHON" tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/selfkb >/dev/null
-      grep -v '^#' /tmp/selfkb/pairs.tsv | head -"${KB_TASKS:-26}" >/tmp/selfkb/first.tsv
+      grep -v '^#' /tmp/selfkb/pairs.tsv | head -"${KB_TASKS:-26}" | tail -n +"${KB_FROM:-1}" >/tmp/selfkb/first.tsv
       for mode in ${KB_MODES:-true}; do
         s=$(date +%s)
         rm -f "$OUT/selfkb_$mode.jsonl"
@@ -75,6 +78,20 @@ for step in "${STEPS[@]}"; do
           --set evaluator.cuda_boundary="$mode" --out "$OUT/selfkb_$mode.jsonl" > /dev/null 2> "$OUT/selfkb_$mode.err"
         echo "kb cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfkb_$mode.jsonl" --self 2>&1 | tail -8
+      done ;;
+    pairs)
+      for mode in ${PAIRS_MODES:-true false}; do
+        s=$(date +%s)
+        rm -f "$OUT/pairs_$mode.jsonl"
+        timeout "${PAIRS_TIMEOUT_S:-600}" "$C" eval --pairs "${PAIRS:-data/l1sub/pairs.tsv}" --device cuda:0 --no-cache --json \
+          --set evaluator.cuda_boundary="$mode" --out "$OUT/pairs_$mode.jsonl" > "$OUT/pairs_$mode.json" 2> "$OUT/pairs_$mode.err"
+        echo "pairs cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
+        "$PYTHON" -c 'import json, sys
+for line in open(sys.argv[1]):
+    if line.strip():
+        r = json.loads(line)
+        print(r["pair"], r["task"], r["status"], r.get("speedup"), r.get("wall_s"), ",".join(r.get("checks_failed") or []))' \
+          "$OUT/pairs_$mode.jsonl" 2>&1 | cut -c1-200
       done ;;
     hacks)
       rm -f "$OUT/hacks.jsonl"
