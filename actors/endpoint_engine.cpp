@@ -139,8 +139,9 @@ std::string request_body(const endpoint_options& opt, const generation_request& 
             {"n", r.samples},
             {"temperature", r.params.temperature},
             {"top_p", r.params.top_p},
-            {"max_tokens", r.params.max_new_tokens},
-            {"seed", static_cast<std::int64_t>(r.params.seed & 0x7fffffffffffffffull)}};
+            {"max_tokens", r.params.max_new_tokens}};
+  // No seed: an endpoint batches requests that carry none (crucible serve-policy samples a seeded
+  // request alone, to reproduce it), and a batched server is not bit-reproducible anyway.
   if (r.params.top_k > 0)
     body["top_k"] = r.params.top_k;
   if (!r.params.stop.empty())
