@@ -21,7 +21,7 @@ export LD_LIBRARY_PATH="$LENT_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 # The lent machines keep NVLink multicast off (NCCL's NVLS, torch's symmetric memory, NVSHMEM).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-lent_setup() { # Debian's .debs (CAF, ZeroMQ) unpacked; pyzmq and transformers from .whl where missing
+lent_setup() { # Debian's .debs (CAF, ZeroMQ, cpp-httplib) unpacked; pyzmq and transformers from .whl where missing
   local f
   mkdir -p "$OUT" "$LENT_ROOT/.deps/prefix"
   for f in "$LENT_ROOT"/.deps/debs/*.deb; do dpkg -x "$f" "$LENT_ROOT/.deps/prefix"; done
@@ -31,6 +31,9 @@ lent_setup() { # Debian's .debs (CAF, ZeroMQ) unpacked; pyzmq and transformers f
 }
 
 lent_configure() { # SRC BUILD LOG: BUILD configured against the prefix, once
+  # pkg-config's packages (cpp-httplib) from the prefix too: their .pc files say /usr.
+  export PKG_CONFIG_PATH="$LENT_PREFIX/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export PKG_CONFIG_SYSROOT_DIR="$LENT_ROOT/.deps/prefix"
   [[ -f $2/build.ninja ]] || cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUCIBLE_TESTS=ON \
     -DCMAKE_PREFIX_PATH="$LENT_PREFIX;$LENT_PREFIX/lib/x86_64-linux-gnu/cmake;$LENT_PREFIX/share/cmake" \
     -DCRUCIBLE_PYTHON="$(command -v python3)" -DCRUCIBLE_CUDA=ON > "$3" 2>&1
