@@ -15,6 +15,9 @@ mkdir -p .deps/prefix
 for f in "${debs[@]}"; do dpkg -x "$f" .deps/prefix; done
 PREFIX="$ROOT/.deps/prefix/usr"
 export LD_LIBRARY_PATH="$PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+# pkg-config's packages (cpp-httplib: crucible serve, serve-policy) from the prefix: their .pc files say /usr.
+export PKG_CONFIG_PATH="$PREFIX/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+export PKG_CONFIG_SYSROOT_DIR="$ROOT/.deps/prefix"
 BUILD="${CRUCIBLE_BUILD_DIR:-build-gpu}"
 start=$(date +%s)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
