@@ -30,12 +30,48 @@ std::string fingerprint_of(const verdict_request& r) {
 
 } // namespace
 
+namespace {
+
+// A local device's evaluator: judges every request, as `crucible eval` does (its lost-worker retry
+// and its out-of-memory retry alone on the device included).
+class local_judge final : public judge {
+public:
+  explicit local_judge(std::unique_ptr<env::device_evaluator> ev) : ev_(std::move(ev)) {}
+  std::string device() const override { return ev_->device(); }
+  std::string hardware() const override { return ev_->hardware(); }
+  bool takes(const env::eval_request&) const override { return true; }
+  std::optional<env::verdict> evaluate(const env::eval_request& r) override { return ev_->evaluate(r); }
+
+private:
+  std::unique_ptr<env::device_evaluator> ev_;
+};
+
+} // namespace
+
 verdict_service::verdict_service(std::vector<std::unique_ptr<env::device_evaluator>> evaluators, service_options opt,
                                  logger& log)
-    : opt_(opt), log_(log), evaluators_(std::move(evaluators)) {
-  for (auto& ev : evaluators_)
-    for (std::int64_t k = 0; k < std::max<std::int64_t>(1, opt_.concurrency); ++k)
-      threads_.emplace_back([this, e = ev.get()] { judge_loop(e); });
+    : opt_(opt), log_(log) {
+  for (auto& ev : evaluators)
+    add_judge(std::make_shared<local_judge>(std::move(ev)), opt_.concurrency);
+}
+
+void verdict_service::add_judge(std::shared_ptr<judge> j, std::int64_t concurrency) {
+  std::lock_guard lock{mtx_};
+  if (stopping_)
+    return;
+  judges_.push_back(j);
+  for (std::int64_t k = 0; k < std::max<std::int64_t>(1, concurrency); ++k)
+    threads_.emplace_back([this, j] { judge_loop(j); });
+}
+
+void verdict_service::wake() {
+  { std::lock_guard lock{mtx_}; }
+  work_.notify_all();
+}
+
+bool verdict_service::can_judge(const env::eval_request& r) const {
+  std::lock_guard lock{mtx_};
+  return std::any_of(judges_.begin(), judges_.end(), [&](const auto& j) { return j->could_take(r); });
 }
 
 verdict_service::~verdict_service() {
@@ -53,7 +89,12 @@ verdict_service::~verdict_service() {
     }
   }
   work_.notify_all();
-  for (auto& t : threads_)
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock{mtx_};
+    threads.swap(threads_);
+  }
+  for (auto& t : threads)
     t.join();
 }
 
@@ -98,7 +139,7 @@ verdict_service::ticket verdict_service::submit(verdict_request r) {
   queue_.push_back(e);
   t.how = admission::queued;
   t.e = std::move(e);
-  work_.notify_one();
+  work_.notify_all(); // judges differ in what they take: each looks
   return t;
 }
 
@@ -127,35 +168,55 @@ service_counters verdict_service::counters() const {
 }
 
 std::vector<std::string> verdict_service::devices() const {
+  std::lock_guard lock{mtx_};
   std::vector<std::string> out;
-  for (const auto& ev : evaluators_)
-    out.push_back(ev->device());
+  for (const auto& j : judges_)
+    out.push_back(j->device());
   return out;
 }
 
 std::vector<std::string> verdict_service::hardware() const {
+  std::lock_guard lock{mtx_};
   std::vector<std::string> out;
-  for (const auto& ev : evaluators_)
-    out.push_back(ev->hardware());
+  for (const auto& j : judges_)
+    out.push_back(j->hardware());
   return out;
 }
 
-void verdict_service::judge_loop(env::device_evaluator* ev) {
+void verdict_service::judge_loop(std::shared_ptr<judge> j) {
   for (;;) {
     std::shared_ptr<entry> e;
     {
       std::unique_lock lock{mtx_};
-      work_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty())
+      auto first_taken = [&] {
+        return std::find_if(queue_.begin(), queue_.end(), [&](const auto& x) { return j->takes(x->req); });
+      };
+      work_.wait(lock, [&] { return stopping_ || first_taken() != queue_.end(); });
+      const auto it = first_taken();
+      if (it == queue_.end())
         return; // stopping, and nothing is left to judge
-      e = std::move(queue_.front());
-      queue_.pop_front();
+      e = *it;
+      queue_.erase(it);
       ++counters_.running;
     }
-    // As `crucible eval` judges one pair: the device evaluator's own verdict, its lost-worker
-    // retry and its out-of-memory retry alone on the device included.
-    auto v = ev->evaluate(e->req);
-    log_.info("serve", ev->device(), " ", e->id, " (", e->req.target.name, "): ", env::to_string(v.status));
+    auto judged = j->evaluate(e->req);
+    if (!judged) { // it could not after all (a node left): back to the head of the queue
+      std::lock_guard lock{mtx_};
+      --counters_.running;
+      if (stopping_) {
+        e->v = env::verdict{};
+        e->v.status = env::verdict_status::runtime_error;
+        e->v.message = "the service stopped before this request was judged";
+        e->judged = true;
+        e->done.notify_all();
+        continue;
+      }
+      queue_.push_front(e);
+      work_.notify_all();
+      continue;
+    }
+    auto v = std::move(*judged);
+    log_.info("serve", j->device(), " ", e->id, " (", e->req.target.name, "): ", env::to_string(v.status));
     std::lock_guard lock{mtx_};
     e->v = std::move(v);
     e->judged = true;

@@ -48,6 +48,26 @@ struct service_counters {
   double judged_wall_s = 0;                      ///< the judged requests' evaluation time, in all
 };
 
+/// What judges the service's requests: a local device evaluator, or the evaluators of nodes that
+/// joined (tools/crucible/cmd_serve.cpp). Each runs on threads of the service.
+class judge {
+public:
+  virtual ~judge() = default;
+  /// Its name in logs and /v1/health: "cpu", "cuda:0", "nodes".
+  virtual std::string device() const = 0;
+  /// The device model it judges on ("" while unknown).
+  virtual std::string hardware() const = 0;
+  /// Whether it can judge `r` now (nodes know the registered tasks only). Called under the
+  /// service's lock: quick, no blocking.
+  virtual bool takes(const env::eval_request& r) const = 0;
+  /// Whether it could ever take `r` (nodes: a registered task, fresh inputs, the cache read),
+  /// whether or not it can now.
+  virtual bool could_take(const env::eval_request& r) const { return takes(r); }
+  /// The verdict of `r`; nullopt when it could not judge it after all (a node left): the
+  /// request goes back to the head of the queue.
+  virtual std::optional<env::verdict> evaluate(const env::eval_request& r) = 0;
+};
+
 class verdict_service {
 public:
   /// One judged or pending request. Thread-safe through the service.
@@ -75,6 +95,12 @@ public:
   verdict_service& operator=(const verdict_service&) = delete;
 
   ticket submit(verdict_request r);
+  /// Adds a judge with `concurrency` threads (evaluator nodes, once their pool exists).
+  void add_judge(std::shared_ptr<judge> j, std::int64_t concurrency);
+  /// Wakes the threads: a judge's takes() may have changed (a node joined or left).
+  void wake();
+  /// Whether some judge could take `r`, now or later (false: the service cannot judge it).
+  bool can_judge(const env::eval_request& r) const;
   /// The verdict of `t` once judged, waiting until `until` at most; nullopt at the deadline.
   std::optional<env::verdict> wait(const ticket& t, std::chrono::steady_clock::time_point until);
   /// The request `id` as known: nullopt for an id never seen (or forgotten), else its verdict
@@ -85,17 +111,17 @@ public:
   };
   std::optional<lookup> find(const std::string& id) const;
   service_counters counters() const;
-  /// The devices' names, in the order the evaluators were given ("cpu", "cuda:0").
+  /// The judges' names, local devices first ("cpu", "cuda:0", then "nodes" where nodes may join).
   std::vector<std::string> devices() const;
-  /// The devices' models ("NVIDIA H100 80GB HBM3", the CPU's), in the same order.
+  /// Their device models ("NVIDIA H100 80GB HBM3", the CPU's), in the same order.
   std::vector<std::string> hardware() const;
 
 private:
-  void judge_loop(env::device_evaluator* ev);
+  void judge_loop(std::shared_ptr<judge> j);
 
   service_options opt_;
   logger& log_;
-  std::vector<std::unique_ptr<env::device_evaluator>> evaluators_;
+  std::vector<std::shared_ptr<judge>> judges_; // guarded by mtx_
   mutable std::mutex mtx_;
   std::condition_variable work_;
   std::deque<std::shared_ptr<entry>> queue_;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -53,12 +54,13 @@ struct server {
   temp_dir dir{"serve"};
   std::unique_ptr<running_process> proc;
   int port = 0;
+  std::string banner; // what it printed up to its address
 
-  explicit server(std::vector<std::string> extra = {}) {
+  explicit server(std::vector<std::string> extra = {}, const std::string& device = "cpu") {
     std::ofstream(dir.path() / "token") << token << "\n";
     fs::permissions(dir.path() / "token", fs::perms::owner_read | fs::perms::owner_write); // as read_token_file asks
     std::vector<std::string> argv{CRUCIBLE_CLI, "serve", "--listen", "127.0.0.1:0", "--token-file",
-                                  (dir.path() / "token").string(), "--device", "cpu", "--suite", suite.string(),
+                                  (dir.path() / "token").string(), "--device", device, "--suite", suite.string(),
                                   "--no-cache"};
     auto sets = fast_sets();
     argv.insert(argv.end(), sets.begin(), sets.end());
@@ -70,6 +72,7 @@ struct server {
     std::smatch m;
     REQUIRE(std::regex_search(out, m, std::regex{R"(listening on http://127\.0\.0\.1:(\d+))"}));
     port = std::stoi(m[1]);
+    banner = out;
   }
   httplib::Client client(bool with_token = true) const {
     httplib::Client c{"127.0.0.1", port};
@@ -308,4 +311,54 @@ TEST_CASE("crucible serve: a full queue answers at once, a client that leaves lo
   CHECK(end.exit_code == 0);
   CHECK(end.out.find("crucible serve: stopped") != std::string::npos);
   CHECK(end.err.find("retrying on a fresh worker") != std::string::npos); // the kill did land mid-request
+}
+
+TEST_CASE("crucible serve --join-listen: evaluator nodes that join judge the registered tasks") {
+  // No device of its own: every verdict is a node's. A request sent before any node joined waits
+  // for one; a task given as source (which nodes do not know) is refused at once.
+  server s{{"--join-listen", "127.0.0.1:0"}, "none"};
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(s.banner, m, std::regex{R"(evaluator nodes join at (127\.0\.0\.1:\d+))"}), s.banner);
+  const std::string join = m[1];
+  const auto candidate = read_text(suite / "variants" / "01_relu_scale" / "fast_inplace.py");
+  int status = 0;
+  auto refused = post(s, "/v1/evaluate", json{{"task_source", read_text(suite / "01_relu_scale.py")}, {"candidate", candidate}},
+                      status);
+  CHECK(status == 400);
+  CHECK(refused["error"].get<std::string>().find("evaluator nodes only") != std::string::npos);
+  CHECK(post(s, "/v1/evaluate", json{{"task", "01_relu_scale"}, {"candidate", candidate}, {"seed", 7}}, status)
+          .contains("error"));
+  CHECK(status == 400);
+
+  // The request goes in before the node exists; its answer comes once the node has joined.
+  auto client = s.client();
+  auto first = std::async(std::launch::async, [&] {
+    return client.Post("/v1/evaluate", json{{"task", "01_relu_scale"}, {"candidate", candidate}, {"id", "n1"}}.dump(),
+                       "application/json");
+  });
+  // The request is queued (the health endpoint counts it) before the node is started.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool queued = false;
+  while (!queued && std::chrono::steady_clock::now() < until) {
+    auto h = s.client().Get("/v1/health");
+    REQUIRE(h);
+    queued = json::parse(h->body)["queued"].get<int>() == 1;
+  }
+  CHECK(queued);
+  auto sets = fast_sets();
+  std::vector<std::string> argv{CRUCIBLE_CLI, "evaluator", "--join", join, "--token-file", (s.dir.path() / "token").string(),
+                                "--devices", "cpu", "--no-cache"};
+  argv.insert(argv.end(), sets.begin(), sets.end());
+  auto node = std::make_unique<running_process>(argv);
+  auto r = first.get();
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  auto v = json::parse(r->body);
+  INFO(r->body);
+  CHECK(v["state"] == "judged");
+  CHECK(v["verdict"]["status"] == "ok");
+  auto health = json::parse(s.client().Get("/v1/health")->body);
+  CHECK(health["devices"] == json::array({"nodes"}));
+  node->signal(SIGTERM);
+  node->wait();
 }

@@ -5,10 +5,24 @@
 #include <sstream>
 #include <string>
 
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include <caf/actor_system.hpp>
+#include <caf/io/middleman.hpp>
+#include <caf/scoped_actor.hpp>
 #include <nlohmann/json.hpp>
+
+#include "actors/actor_config.hpp"
+#include "actors/evaluator.hpp"
+#include "actors/membership.hpp"
 
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "core/token.hpp"
 #include "core/sha256.hpp"
 #include "env/evaluator.hpp"
 #include "env/prompt.hpp"
@@ -185,6 +199,10 @@ result<json> prompt_of(const json& body, const task_registry& tasks, const env::
               {"tokens", built->tokens}};
 }
 
+// Why a request nothing here can judge is refused (a service whose devices are all nodes').
+const char* const nodes_only = "this service judges on evaluator nodes only, which know the registered suite and draw "
+                               "fresh inputs: name a registered task (GET /v1/tasks), without 'seed' or 'cache': false";
+
 void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_registry& tasks, const serve_limits& lim,
                 const std::string& token, const env::prompt_builder& prompts) {
   // Every request carries the token (Authorization: Bearer TOKEN).
@@ -240,6 +258,8 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     auto until = deadline_of(body, lim);
     if (!until)
       return refuse(res, 400, until.error().message);
+    if (!svc.can_judge(env::eval_request{r->task, r->candidate, r->seed, r->use_cache}))
+      return refuse(res, 400, nodes_only);
     auto t = svc.submit(std::move(*r));
     if (!t.e) {
       auto [status, why] = refusal(t.how, t.id);
@@ -279,6 +299,10 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
         results[i] = json{{"error", r.error().message}};
         continue;
       }
+      if (!svc.can_judge(env::eval_request{r->task, r->candidate, r->seed, r->use_cache})) {
+        results[i] = json{{"error", nodes_only}};
+        continue;
+      }
       auto t = svc.submit(std::move(*r));
       if (!t.e)
         results[i] = json{{"id", t.id}, {"error", refusal(t.how, t.id).second}};
@@ -301,6 +325,75 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
   });
   srv.set_payload_max_length(lim.max_request_bytes);
 }
+
+// The evaluators of nodes that joined (crucible evaluator --join, docs/scaling.md), behind the run's
+// evaluator pool actor: a request goes to the pool as a candidate of a registered task, and the
+// pool gives it to the node device with the shortest queue (a node that leaves has its candidates
+// sent to another). Nodes know the registered suite only, draw fresh inputs (seed 0) and read the
+// verdict cache: other requests are not theirs.
+class nodes_judge final : public service::judge {
+public:
+  nodes_judge(caf::actor_system& sys, evaluator_pool_actor pool, std::shared_ptr<const task_catalog> tasks,
+              double timeout_s)
+      : sys_(sys), pool_(std::move(pool)), tasks_(std::move(tasks)), timeout_s_(timeout_s) {}
+  std::string device() const override { return "nodes"; }
+  std::string hardware() const override {
+    std::lock_guard lock{m_};
+    return hardware_;
+  }
+  bool takes(const env::eval_request& r) const override { return devices_.load() > 0 && could_take(r); }
+  bool could_take(const env::eval_request& r) const override {
+    if (r.seed != 0 || !r.use_cache)
+      return false;
+    auto it = tasks_->find(task_id{r.target.name});
+    return it != tasks_->end() && it->second.sha256 == r.target.sha256;
+  }
+  std::optional<env::verdict> evaluate(const env::eval_request& r) override {
+    caf::scoped_actor self{sys_};
+    std::optional<env::verdict> out;
+    candidate c{variant_id{++next_.value}, task_id{r.target.name}, r.candidate, "", false, false};
+    self->request(pool_, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s_ * 1000)), std::move(c))
+      .receive([&](verdict& v) { out = std::move(v); },
+               [&](const caf::error& e) {
+                 // No node device now (all left), or every queue full: back to the queue; the
+                 // next look at the pool decides whether this judge takes requests again.
+                 const auto err = to_error(e);
+                 if (err.code == errc::busy)
+                   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                 else
+                   devices_ = 0;
+               });
+    return out;
+  }
+  // The pool's devices, asked for again (every heartbeat): how many, and their models.
+  void refresh() {
+    caf::scoped_actor self{sys_};
+    self->request(pool_, std::chrono::seconds(5), caf::get_atom_v)
+      .receive(
+        [&](const std::vector<device_info>& ds) {
+          std::string names;
+          for (const auto& d : ds)
+            names += (names.empty() ? "" : ", ") + d.name;
+          std::lock_guard lock{m_};
+          hardware_ = names;
+          devices_ = ds.size();
+        },
+        [&](const caf::error&) {});
+  }
+  std::size_t devices() const { return devices_.load(); }
+
+private:
+  caf::actor_system& sys_;
+  evaluator_pool_actor pool_;
+  std::shared_ptr<const task_catalog> tasks_;
+  double timeout_s_;
+  std::atomic<std::size_t> devices_{0};
+  mutable std::mutex m_;
+  std::string hardware_;
+  struct {
+    std::atomic<std::uint64_t> value{1ull << 62}; // the service's own variant ids, apart from a run's
+  } next_;
+};
 
 int run_serve(const parsed_args& args) {
   auto where = listen_option(args, "127.0.0.1:8470");
@@ -329,6 +422,28 @@ int run_serve(const parsed_args& args) {
   std::vector<std::string> devices = args.all("--device");
   if (devices.empty())
     devices = cfg.evaluator.devices;
+  // --device none: no device of this machine; every verdict is a node's (--join-listen).
+  if (devices == std::vector<std::string>{"none"})
+    devices.clear();
+  const bool nodes = args.has("--join-listen");
+  if (devices.empty() && !nodes) {
+    std::fprintf(stderr, "crucible serve: --device none needs --join-listen: nothing would judge the requests\n");
+    return exit_usage;
+  }
+  auto node_concurrency = int_option(args, "--node-concurrency", 8, 1, 4096);
+  if (!node_concurrency) {
+    std::fprintf(stderr, "crucible serve: %s\n", node_concurrency.error().message.c_str());
+    return exit_usage;
+  }
+  std::string join_token = token;
+  if (args.has("--join-token-file")) {
+    auto t = read_token_file(args.get("--join-token-file"));
+    if (!t) {
+      std::fprintf(stderr, "crucible serve: --join-token-file %s\n", t.error().message.c_str());
+      return exit_usage;
+    }
+    join_token = *t;
+  }
   // The registered suite: tasks.suite of the configuration, or --suite.
   task_registry tasks;
   tasks.suite = args.get("--suite", cfg.tasks.suite);
@@ -377,10 +492,76 @@ int run_serve(const parsed_args& args) {
     std::fprintf(stderr, "crucible serve: %s\n", made.error().message.c_str());
     return exit_failure;
   }
+  // Evaluator nodes (--join-listen): the run's machinery as `crucible train` has it, an evaluator
+  // pool the membership actor fills with the nodes' evaluators. The actor system outlives the
+  // service, whose threads talk to the pool.
+  actor_config acfg;
+  if (nodes)
+    acfg.load<caf::io::middleman>();
+  caf::actor_system sys{acfg};
   service::service_options sopt;
   sopt.queue_limit = *queue;
   sopt.concurrency = cfg.evaluator.concurrency;
   service::verdict_service svc{std::move(*made), sopt, log};
+  std::optional<membership_handle> members;
+  std::shared_ptr<nodes_judge> node_judge;
+  std::thread watcher;
+  std::mutex watch_m;
+  std::condition_variable watch_cv;
+  bool watch_stop = false;
+  if (nodes) {
+    auto catalog = std::make_shared<task_catalog>();
+    for (const auto& [name, t] : tasks.by_name)
+      catalog->emplace(task_id{name}, t);
+    auto pool = spawn_evaluator_pool(sys, {}, evaluator_pool_options::from(cfg));
+    membership_options mopt;
+    mopt.listen = args.get("--join-listen");
+    mopt.token = join_token;
+    mopt.run = "serve";
+    mopt.config_yaml = to_yaml(cfg);
+    mopt.heartbeat = std::chrono::milliseconds(static_cast<std::int64_t>(cfg.membership.heartbeat_s * 1000));
+    mopt.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(cfg.membership.timeout_s * 1000));
+    auto h = start_membership(sys, membership_deps{pool, catalog, &log}, std::move(mopt));
+    if (!h) {
+      std::fprintf(stderr, "crucible serve: --join-listen %s: %s\n", args.get("--join-listen").c_str(),
+                   h.error().message.c_str());
+      caf::anon_send_exit(pool, caf::exit_reason::user_shutdown);
+      return exit_usage;
+    }
+    members = *h;
+    node_judge = std::make_shared<nodes_judge>(sys, pool, catalog, cfg.evaluator.run_timeout_s * 4 + 600);
+    svc.add_judge(node_judge, *node_concurrency);
+    // The pool's devices, looked at every heartbeat: a node that joined or left changes what the
+    // nodes' judge takes.
+    const auto every = std::chrono::milliseconds(static_cast<std::int64_t>(cfg.membership.heartbeat_s * 1000));
+    watcher = std::thread([&, every] {
+      std::unique_lock lock{watch_m};
+      while (!watch_stop) {
+        lock.unlock();
+        const auto before = node_judge->devices();
+        node_judge->refresh();
+        if (node_judge->devices() != before) {
+          log.info("serve", "evaluator nodes: ", node_judge->devices(), " devices (", node_judge->hardware(), ")");
+          svc.wake();
+        }
+        lock.lock();
+        watch_cv.wait_for(lock, every, [&] { return watch_stop; });
+      }
+    });
+  }
+  auto stop_nodes = [&] {
+    if (!nodes)
+      return;
+    {
+      std::lock_guard lock{watch_m};
+      watch_stop = true;
+    }
+    watch_cv.notify_all();
+    if (watcher.joinable())
+      watcher.join();
+    if (members)
+      stop_membership(sys, *members);
+  };
   serve_limits lim;
   lim.max_request_bytes = static_cast<std::size_t>(*max_kb) * 1024;
   httplib::Server srv;
@@ -388,8 +569,12 @@ int run_serve(const parsed_args& args) {
   const int bound = bind_server(srv, *where);
   if (bound <= 0) {
     std::fprintf(stderr, "crucible serve: cannot listen on %s\n", args.get("--listen", "127.0.0.1:8470").c_str());
+    stop_nodes();
     return exit_failure;
   }
+  if (members)
+    std::printf("crucible serve: evaluator nodes join at %s (crucible evaluator --join %s --token-file ...)\n",
+                members->endpoint().c_str(), members->endpoint().c_str());
   std::printf("crucible serve: listening on http://%s:%d (%zu tasks of %s; devices", where->host.c_str(), bound,
               tasks.by_name.size(), tasks.suite.c_str());
   for (const auto& d : svc.devices())
@@ -397,6 +582,7 @@ int run_serve(const parsed_args& args) {
   std::printf(")\n");
   std::fflush(stdout);
   listen_until_signal(srv);
+  stop_nodes();
   std::printf("crucible serve: stopped\n");
   return exit_ok;
 }
@@ -429,7 +615,12 @@ command serve_command() {
            {{"--listen", "HOST:PORT", "where to listen (default 127.0.0.1:8470; port 0: any free one)"},
             {"--public", "", "allow a --listen address that is not loopback"},
             {"--token-file", "FILE", "the token every request must carry (one word, 16 characters or more)"},
-            {"--device", "DEVICE", "cpu or cuda:N (default: evaluator.devices); several: the flag again", true},
+            {"--device", "DEVICE", "cpu or cuda:N (default: evaluator.devices); several: the flag again; none: "
+                                   "only nodes judge (--join-listen)", true},
+            {"--join-listen", "HOST:PORT", "evaluator nodes join here (crucible evaluator --join; port 0: any free "
+                                           "one); their devices judge registered tasks beside this machine's"},
+            {"--join-token-file", "FILE", "the token nodes present (default: --token-file's)"},
+            {"--node-concurrency", "N", "requests in flight on the nodes together, at most (default 8)"},
             {"--suite", "DIR", "the registered tasks (default: tasks.suite)"},
             {"--queue", "N", "requests waiting or being judged, at most (default 64)"},
             {"--tokenizer", "DIR", "count /v1/prompt's budget (prompt.max_tokens) in this tokenizer's tokens (default: "
