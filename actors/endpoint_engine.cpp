@@ -9,6 +9,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "actors/actor_config.hpp"
+#include "actors/waiting_requests.hpp"
 #include "core/token.hpp"
 
 #ifdef CRUCIBLE_HAVE_HTTPLIB
@@ -311,17 +312,7 @@ engine_actor::behavior_type endpoint_front(front_pointer self, endpoint_options 
     },
     [=](cancel_atom) {
       auto& st = self->state;
-      const auto from = self->current_sender();
-      for (auto it = st.queue.begin(); it != st.queue.end();) {
-        if (it->from == from) {
-          it->rp.deliver(make_error(errc::cancelled, "generation request of group " + std::to_string(it->req.group.value)
-                                                       + " cancelled by its sender before it was sent"));
-          ++st.status.cancelled;
-          it = st.queue.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      st.status.cancelled += cancel_waiting_from(st.queue, self->current_sender(), "was sent");
     },
     [=](weight_update&) -> caf::result<policy_version> { return unsupported("weight_update"); },
     [=](weights_published&) -> caf::result<policy_version> { return unsupported("weights_published"); },

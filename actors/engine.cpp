@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/actor_config.hpp"
+#include "actors/waiting_requests.hpp"
 #include "policy/model/model_config.hpp"
 
 namespace crucible {
@@ -375,17 +376,7 @@ engine_actor::behavior_type engine_front(engine_pointer self, engine_deps deps, 
     },
     [=](cancel_atom) {
       auto& st = self->state;
-      const auto from = self->current_sender();
-      for (auto it = st.queue.begin(); it != st.queue.end();) {
-        if (it->from == from) {
-          it->rp.deliver(make_error(errc::cancelled, "generation request of group " + std::to_string(it->req.group.value)
-                                                       + " cancelled by its sender before it ran"));
-          ++st.status.cancelled;
-          it = st.queue.erase(it);
-        } else {
-          ++it;
-        }
-      }
+      st.status.cancelled += cancel_waiting_from(st.queue, self->current_sender(), "ran");
     },
     [=](weight_update& u) -> caf::result<policy_version> {
       auto& st = self->state;

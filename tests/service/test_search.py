@@ -5,42 +5,22 @@ the run stopped, and a wrong endpoint, model or schedule is refused before anyth
 CRUCIBLE_CLI is the crucible binary (ctest sets it)."""
 import json
 import os
-import re
 import sqlite3
 import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from policy_servers import ROOT, crucible_cli as cli, start_serve_policy, tiny_model, token_file
+
 TOKEN = "search-test-token-0123456789"
-
-
-def cli():
-    path = os.environ.get("CRUCIBLE_CLI")
-    if not path:
-        pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
-    return path
 
 
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory):
     d = tmp_path_factory.mktemp("search")
-    c = cli()
-    subprocess.run([c, "tokenizer", "train", "--corpus", os.path.join(ROOT, "docs"), "--vocab", "600", "--out",
-                    str(d / "tok")], check=True, capture_output=True)
-    subprocess.run([c, "init-model", "--preset", "tiny", "--tokenizer", str(d / "tok"), "--out", str(d / "model"),
-                    "--seed", "3"], check=True, capture_output=True)
-    token = d / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
-    proc = subprocess.Popen([c, "serve-policy", "--model", str(d / "model"), "--token-file", str(token), "--listen",
-                             "127.0.0.1:0", "--served-model-name", "fixed"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    m = re.search(r"listening on (http://127\.0\.0\.1:\d+/v1)", proc.stdout.readline())
-    if not m:
-        proc.kill()
-        pytest.fail("crucible serve-policy did not start: " + proc.stderr.read())
-    yield {"url": m.group(1), "token": str(token), "dir": d}
+    token = token_file(d / "token", TOKEN)
+    proc, url = start_serve_policy(tiny_model(d), token, "--served-model-name", "fixed")
+    yield {"url": url, "token": str(token), "dir": d}
     proc.terminate()
     assert proc.wait(timeout=60) == 0
 

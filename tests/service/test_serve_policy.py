@@ -5,8 +5,6 @@ model, unsupported parameters, malformed JSON, a full queue, a client that goes 
 CRUCIBLE_CLI is the crucible binary (ctest sets it)."""
 import concurrent.futures
 import json
-import os
-import re
 import subprocess
 import urllib.error
 import urllib.request
@@ -14,41 +12,21 @@ import urllib.request
 import openai
 import pytest
 
+from policy_servers import crucible_cli as cli, start_serve_policy, tiny_model, token_file
+
 TOKEN = "policy-test-token-0123456789"
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def cli():
-    path = os.environ.get("CRUCIBLE_CLI")
-    if not path:
-        pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
-    return path
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("policy")
-    c = cli()
-    subprocess.run([c, "tokenizer", "train", "--corpus", os.path.join(ROOT, "docs"), "--vocab", "600", "--out",
-                    str(d / "tok")], check=True, capture_output=True)
-    subprocess.run([c, "init-model", "--preset", "tiny", "--tokenizer", str(d / "tok"), "--out", str(d / "model"),
-                    "--seed", "3"], check=True, capture_output=True)
-    token = d / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
+    tiny_model(d)
+    token_file(d / "token", TOKEN)
     return d
 
 
 def start(model_dir, *extra):
-    proc = subprocess.Popen([cli(), "serve-policy", "--model", str(model_dir / "model"), "--token-file",
-                             str(model_dir / "token"), "--listen", "127.0.0.1:0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (http://127\.0\.0\.1:\d+/v1)", line)
-    if not m:
-        proc.kill()
-        pytest.fail("crucible serve-policy did not start: " + line + proc.stderr.read())
-    return proc, m.group(1)
+    return start_serve_policy(model_dir / "model", model_dir / "token", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -313,16 +313,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
       results[i] = answer(svc, t, *until);
     reply(res, 200, json{{"results", results}});
   });
-  srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string why = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      why = std::string{"internal error: "} + e.what();
-    } catch (...) {
-    }
-    refuse(res, 500, why);
-  });
+  answer_exceptions(srv, [](httplib::Response& res, const std::string& why) { refuse(res, 500, why); });
   srv.set_payload_max_length(lim.max_request_bytes);
 }
 
@@ -589,11 +580,7 @@ int run_serve(const parsed_args& args) {
 
 #else
 
-int run_serve(const parsed_args&) {
-  std::fprintf(stderr, "crucible serve: this build has no HTTP server (cpp-httplib was not found when it was "
-                       "configured; tools/setup.sh installs libcpp-httplib-dev)\n");
-  return exit_failure;
-}
+int run_serve(const parsed_args&) { return no_http_server("serve"); }
 
 #endif
 

@@ -639,14 +639,7 @@ void add_routes(httplib::Server& srv, service::policy_service& svc, const served
       send_error(res, api_error{404, "no endpoint " + req.method + " " + req.path + " (POST /v1/completions, POST "
                                      "/v1/chat/completions, GET /v1/models)", "", "invalid_request_error", ""});
   });
-  srv.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string why = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      why = std::string{"internal error: "} + e.what();
-    } catch (...) {
-    }
+  answer_exceptions(srv, [](httplib::Response& res, const std::string& why) {
     send_error(res, api_error{500, why, "", "server_error", ""});
   });
 }
@@ -740,11 +733,7 @@ int run_serve_policy(const parsed_args& args) {
 
 #else
 
-int run_serve_policy(const parsed_args&) {
-  std::fprintf(stderr, "crucible serve-policy: this build has no HTTP server (cpp-httplib was not found when it was "
-                       "configured; tools/setup.sh installs libcpp-httplib-dev)\n");
-  return exit_failure;
-}
+int run_serve_policy(const parsed_args&) { return no_http_server("serve-policy"); }
 
 #endif
 

@@ -1,6 +1,7 @@
 #include "tools/crucible/serve_common.hpp"
 
 #include <csignal>
+#include <cstdio>
 
 #include "core/host_port.hpp"
 #include "core/token.hpp"
@@ -47,7 +48,26 @@ bool bearer_matches(const std::string& authorization, const std::string& token) 
   return diff == 0;
 }
 
+int no_http_server(const char* command) {
+  std::fprintf(stderr, "crucible %s: this build has no HTTP server (cpp-httplib was not found when it was configured; "
+                       "tools/setup.sh installs libcpp-httplib-dev)\n", command);
+  return 1;
+}
+
 #ifdef CRUCIBLE_HAVE_HTTPLIB
+
+void answer_exceptions(httplib::Server& srv, std::function<void(httplib::Response&, const std::string&)> answer) {
+  srv.set_exception_handler([answer](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string why = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      why = std::string{"internal error: "} + e.what();
+    } catch (...) {
+    }
+    answer(res, why);
+  });
+}
 
 namespace {
 

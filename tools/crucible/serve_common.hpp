@@ -2,6 +2,7 @@
 // listen address (loopback unless --public), the token file, and stopping on SIGINT/SIGTERM.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "core/error.hpp"
@@ -28,7 +29,12 @@ result<std::string> token_option(const parsed_args& args);
 /// Whether `authorization` (the header's value) carries `token`, compared in constant time.
 bool bearer_matches(const std::string& authorization, const std::string& token);
 
+/// What a build without cpp-httplib answers for `command` (serve, serve-policy): exit 1, saying so.
+int no_http_server(const char* command);
+
 #ifdef CRUCIBLE_HAVE_HTTPLIB
+/// An exception out of a handler is answered 500 through `answer(res, "internal error: WHAT")`.
+void answer_exceptions(httplib::Server& srv, std::function<void(httplib::Response&, const std::string&)> answer);
 /// Binds `srv` to `where` (port 0: any free one); the port bound, or -1.
 int bind_server(httplib::Server& srv, const listen_address& where);
 /// Serves until SIGINT or SIGTERM (or srv.stop()).
