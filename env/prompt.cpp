@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/file_io.hpp"
+#include "env/placeholders.hpp"
 #include "jinja/jinja.hpp"
 
 namespace crucible::env {
@@ -44,56 +45,9 @@ const std::vector<piece_spec>& piece_specs() {
   return specs;
 }
 
-// `{name}` replaced by vars[name]; `{{` and `}}` are literal braces. Single pass: substituted
-// values (code full of braces) are never scanned again. On a malformed or unknown placeholder,
-// returns false with `problem` set.
 bool substitute(std::string_view text, const std::vector<std::pair<std::string, std::string>>& vars, std::string& out,
                 std::string& problem, std::set<std::string>* used = nullptr) {
-  out.clear();
-  out.reserve(text.size());
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (c == '}') {
-      if (i + 1 < text.size() && text[i + 1] == '}') {
-        out += '}';
-        ++i;
-        continue;
-      }
-      problem = "a single '}' (write '}}' for a literal brace)";
-      return false;
-    }
-    if (c != '{') {
-      out += c;
-      continue;
-    }
-    if (i + 1 < text.size() && text[i + 1] == '{') {
-      out += '{';
-      ++i;
-      continue;
-    }
-    auto close = text.find('}', i + 1);
-    std::string_view name = close == std::string_view::npos ? std::string_view{} : text.substr(i + 1, close - i - 1);
-    bool ok_name = !name.empty() && std::all_of(name.begin(), name.end(), [](char ch) {
-      return (ch >= 'a' && ch <= 'z') || ch == '_';
-    });
-    if (!ok_name) {
-      problem = "a '{' that does not start a placeholder (write '{{' for a literal brace)";
-      return false;
-    }
-    auto it = std::find_if(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; });
-    if (it == vars.end()) {
-      std::string allowed;
-      for (const auto& v : vars)
-        allowed += (allowed.empty() ? "{" : ", {") + v.first + "}";
-      problem = "unknown placeholder {" + std::string{name} + "} (allowed here: " + (allowed.empty() ? "none" : allowed) + ")";
-      return false;
-    }
-    if (used != nullptr)
-      used->insert(it->first);
-    out += it->second;
-    i = close;
-  }
-  return true;
+  return substitute_placeholders(text, vars, out, problem, used);
 }
 
 // Renders a checked piece; the template was validated at load, so failure is a bug.
@@ -321,6 +275,54 @@ struct prompt_builder::impl {
     return p;
   }
 };
+
+result<built_prompt> prompt_builder::continue_episode(const built_prompt& first, std::span<const episode_turn> turns) const {
+  const auto& im = *impl_;
+  const std::size_t budget = static_cast<std::size_t>(im.cfg.max_tokens);
+  // What each earlier turn shows: 2 its answer and feedback, 1 its feedback only, 0 neither.
+  std::vector<int> shown(turns.size(), 2);
+  auto render = [&]() -> result<built_prompt> {
+    built_prompt p = first;
+    std::vector<jinja::chat_message> msgs = {{"system", first.system}, {"user", first.user}};
+    std::string plain = first.system + "\n\n" + first.user;
+    for (std::size_t k = 0; k < turns.size(); ++k) {
+      const std::string answer =
+        shown[k] == 2 ? turns[k].answer
+                      : "[the answer of turn " + std::to_string(k + 1) + " is left out: " +
+                          std::to_string(turns[k].answer.size()) + " characters]";
+      const std::string feedback = shown[k] >= 1 ? turns[k].feedback : "[its feedback is left out]";
+      msgs.push_back({"assistant", answer});
+      msgs.push_back({"user", feedback});
+      plain += "\n\n" + answer + "\n\n" + feedback;
+    }
+    if (im.chat) {
+      auto text = jinja::render_chat(*im.chat, msgs, im.special, true);
+      if (!text.ok())
+        return fail(errc::invalid_arg, "chat template: ", text.error().message);
+      p.text = std::move(*text);
+    } else {
+      p.text = std::move(plain);
+    }
+    p.tokens = im.count(p.text);
+    return p;
+  };
+  auto p = render();
+  if (!p.ok())
+    return p.error();
+  // Oldest first: answers (never the latest turn's), then feedback (never the latest).
+  for (int level : {2, 1})
+    for (std::size_t k = 0; k + 1 < turns.size() && p->tokens > budget; ++k)
+      if (shown[k] == level) {
+        shown[k] = level - 1;
+        p = render();
+        if (!p.ok())
+          return p.error();
+      }
+  if (p->tokens > budget)
+    return fail(errc::invalid_arg, "prompt for turn ", std::to_string(turns.size() + 1), ": ", std::to_string(p->tokens),
+                " tokens with the earlier turns shortened, over the budget prompt.max_tokens = ", std::to_string(budget));
+  return p;
+}
 
 prompt_builder::prompt_builder(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 prompt_builder::prompt_builder(prompt_builder&&) noexcept = default;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +78,12 @@ struct built_prompt {
   std::vector<exemplar_placement> exemplars; ///< one per requested exemplar, in request order
 };
 
+/// One earlier turn of a multi-turn episode, as the next turn's prompt shows it.
+struct episode_turn {
+  std::string answer;   ///< the policy's whole response
+  std::string feedback; ///< the verdict on it, as the next user message (render_feedback)
+};
+
 /// Counts the tokens of a text: the policy tokenizer's encode size (with the special tokens
 /// written in the text counted as one each), or any deterministic stand-in in tests.
 using token_counter = std::function<std::size_t(std::string_view)>;
@@ -109,6 +116,15 @@ public:
   /// speedup is dropped and the rest restored, and so on. errc::invalid_arg naming the budget and
   /// the size when even the prompt without exemplars exceeds it, or when the chat template fails.
   result<built_prompt> build(const prompt_request& req) const;
+
+  /// The prompt of a multi-turn episode's next turn: `first` (what build() gave for its first
+  /// turn), then per earlier turn the policy's answer (an assistant message) and the feedback on it
+  /// (a user message, env/feedback.hpp), rendered as one chat with the generation prompt, within
+  /// prompt.max_tokens. Older turns are shortened first: the oldest answer is replaced by a line
+  /// saying it was left out, then the next, never the latest; then the oldest feedback, and so on.
+  /// `tokens` and `text` are the result's; `exemplars` are first's. errc::invalid_arg naming the
+  /// budget when even the first prompt and the latest turn do not fit, or when the chat template fails.
+  result<built_prompt> continue_episode(const built_prompt& first, std::span<const episode_turn> turns) const;
 
   const prompt_template& templ() const noexcept;
 

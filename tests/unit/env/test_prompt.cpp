@@ -286,3 +286,52 @@ TEST_CASE("the chat template wraps the two messages, and the budget counts its t
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message.find("chat template: chat_template:1:4: the template raised an exception: no system role") == 0);
 }
+
+TEST_CASE("a multi-turn episode's next prompt: earlier answers and feedback as messages, older turns shortened first") {
+  chat_format chat;
+  chat.chat_template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                       "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  auto roomy = builder(100000, chat);
+  auto first = roomy.build(request_with({}));
+  REQUIRE(first.ok());
+  const std::string a1 = "### Code Implementation\n```python\n" + code_of("turn one", 40) + "```",
+                    a2 = "### Code Implementation\n```python\n" + code_of("turn two", 40) + "```";
+  const std::vector<episode_turn> turns{{a1, "Turn 1: incorrect. trial 0: 12 of 4096 elements outside atol"},
+                                        {a2, "Turn 2: correct, 1.20x faster than the reference"}};
+  auto whole = roomy.continue_episode(*first, turns);
+  REQUIRE(whole.ok());
+  auto msg = [](const std::string& role, const std::string& content) {
+    return "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+  };
+  CHECK(whole->text == msg("system", first->system) + msg("user", first->user) + msg("assistant", a1) +
+                         msg("user", turns[0].feedback) + msg("assistant", a2) + msg("user", turns[1].feedback) +
+                         "<|im_start|>assistant\n");
+  CHECK(whole->tokens == four_bytes(whole->text));
+
+  // A budget that holds all but the first answer: that one (the oldest) is left out, the latest kept.
+  auto tight = builder(static_cast<std::int64_t>(whole->tokens - a1.size() / 4 + 40), chat);
+  auto shorter = tight.continue_episode(*first, turns);
+  REQUIRE_MESSAGE(shorter.ok(), (shorter.ok() ? "" : shorter.error().message));
+  CHECK(shorter->text.find(a1) == std::string::npos);
+  CHECK(shorter->text.find("[the answer of turn 1 is left out: " + std::to_string(a1.size()) + " characters]") !=
+        std::string::npos);
+  CHECK(shorter->text.find(a2) != std::string::npos);
+  CHECK(shorter->text.find(turns[0].feedback) != std::string::npos);
+  CHECK(shorter->tokens <= static_cast<std::size_t>(whole->tokens - a1.size() / 4 + 40));
+
+  // Not even the first prompt and the latest turn fit: refused, naming the budget.
+  auto tiny = builder(static_cast<std::int64_t>(first->tokens + 10), chat);
+  auto refused = tiny.continue_episode(*first, turns);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message.find("prompt for turn 3:") == 0);
+  CHECK(refused.error().message.find("prompt.max_tokens") != std::string::npos);
+
+  // Without a chat template: the messages one after the other.
+  prompt_config none_cfg;
+  none_cfg.chat_template = chat_template_mode::none;
+  auto plain = prompt_builder::create(shipped(), none_cfg, chat, four_bytes);
+  REQUIRE(plain.ok());
+  auto q = plain->continue_episode(*first, std::span<const episode_turn>(turns).first(1));
+  REQUIRE(q.ok());
+  CHECK(q->text == first->system + "\n\n" + first->user + "\n\n" + a1 + "\n\n" + turns[0].feedback);
+}
