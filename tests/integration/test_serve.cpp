@@ -291,9 +291,18 @@ TEST_CASE("crucible serve: a full queue answers at once, a client that leaves lo
   // happened.
   std::size_t victims = 0;
   std::thread killer([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500)); // into the request below: it runs for seconds
+    // Into the request below (it runs for seconds: 0.2 s a call): once the service says it is
+    // being judged, every worker is killed.
+    auto running = [&] {
+      auto h = s.client().Get("/v1/health");
+      return h && json::parse(h->body)["running"].get<int>() == 1;
+    };
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    bool busy = false;
+    while (!busy && std::chrono::steady_clock::now() < until)
+      busy = running();
     const auto pids = forked_workers(s.proc->pid());
-    victims = pids.size();
+    victims = busy ? pids.size() : 0;
     for (int pid : pids)
       ::kill(pid, SIGKILL);
   });
