@@ -240,6 +240,9 @@ result<step_metrics> learner::grpo_step(const grpo_batch& batch) {
         return refuse_batch(fail(errc::invalid_arg, "grpo_step: group ", num(g), " sample ", num(s), " has ",
                                  num(sample.behaviour_log_probs.size()), " behaviour log-probs for ",
                                  num(sample.completion.size()), " completion tokens"));
+      if (std::isinf(sample.advantage))
+        return refuse_batch(fail(errc::invalid_arg, "grpo_step: group ", num(g), " sample ", num(s),
+                                 " has an infinite advantage"));
       rewards.push_back(sample.reward);
     }
     on_policy = on_policy && group.policy_version == version_;
@@ -293,7 +296,8 @@ result<step_metrics> learner::grpo_step(const grpo_batch& batch) {
       r.prompt = static_cast<std::int64_t>(group.prompt.size());
       r.completion = static_cast<std::int64_t>(sample.completion.size());
       r.behaviour = &sample.behaviour_log_probs;
-      r.advantage = adv[s] < 0 ? adv[s] * options_.negative_weight : adv[s];
+      const double a = std::isnan(sample.advantage) ? adv[s] : sample.advantage;
+      r.advantage = a < 0 ? a * options_.negative_weight : a;
       rows.push_back(std::move(r));
     }
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -27,6 +28,11 @@ struct grpo_sample {
   std::vector<std::int32_t> completion;    ///< generated tokens (the stopping token included)
   std::vector<float> behaviour_log_probs;  ///< per completion token (engine's completion::logprobs)
   double reward = 0.0;
+  /// Set: the sample's advantage as given, in place of its group's relative one (a turn of a
+  /// multi-turn episode, whose advantage compares the turn across the episodes of its group:
+  /// policy/training/episode_batch.hpp); learner.negative_weight still scales it when below 0.
+  /// NaN: the group's.
+  double advantage = std::numeric_limits<double>::quiet_NaN();
 };
 
 /// G completions of one prompt.

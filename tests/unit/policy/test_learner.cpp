@@ -7,6 +7,7 @@
 #include <random>
 
 #include "policy/training/checkpoint.hpp"
+#include "policy/training/episode_batch.hpp"
 #include "policy/training/learner.hpp"
 #include "tests/unit/policy/policy_test_util.hpp"
 
@@ -730,4 +731,86 @@ TEST_CASE("KL reference: RL after SFT takes it from the policy once, and a check
   auto damaged = load_checkpoint(*make_learner(o, 51, true), tmp.path() / "ck");
   REQUIRE_FALSE(damaged.ok());
   CHECK(damaged.error().message.find("reference.safetensors") != std::string::npos);
+}
+
+TEST_CASE("a sample's given advantage replaces its group's: the same values give the same update") {
+  // Rewards 1, 0, 2, 0 in each group; the update with each sample's advantage given as the value
+  // its group would compute is the update without (max parameter difference 0 up to rounding).
+  auto o = base_options();
+  auto plain = make_learner(o, 5, false), given = make_learner(o, 5, false);
+  auto batch = make_batch(plain->model(), 31, 2, 4, 0.0, {1.0, 0.0, 2.0, 0.0});
+  auto explicit_batch = batch;
+  for (auto& g : explicit_batch.groups) {
+    std::vector<double> r;
+    for (const auto& s : g.samples)
+      r.push_back(s.reward);
+    const auto adv = group_advantages(r, o.std_normalize, o.std_eps);
+    for (std::size_t s = 0; s < g.samples.size(); ++s) {
+      g.samples[s].advantage = adv[s];
+      g.samples[s].reward = 0.0; // not used where the advantage is given
+    }
+  }
+  REQUIRE(plain->grpo_step(batch).ok());
+  REQUIRE(given->grpo_step(explicit_batch).ok());
+  CHECK(max_param_diff(plain->model(), given->model()) < 1e-7);
+  // An infinite advantage is refused, naming the group and sample.
+  auto bad = explicit_batch;
+  bad.groups[1].samples[2].advantage = std::numeric_limits<double>::infinity();
+  auto r = make_learner(o, 5, false)->grpo_step(bad);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("group 1 sample 2 has an infinite advantage") != std::string::npos);
+}
+
+TEST_CASE("multi-turn episodes train turn by turn: each turn after its context, with its turn's advantage") {
+  // Two episodes of a group: A fails its first turn (reward 0) and then reaches 2; B reaches 1 at
+  // once and ends. Discounted returns (gamma 1): A 2, 2; B 1. GRPO per turn: turn 0 has A and B
+  // (returns 2 and 1: advantages +0.707 and -0.707 with std 0.707); turn 1 has A alone (0).
+  std::mt19937_64 rng(3);
+  auto l = make_learner(base_options(), 9, false);
+  auto lp_of = [&](const std::vector<std::int32_t>& context, const std::vector<std::int32_t>& completion) {
+    auto lp = teacher_forced_log_probs(l->model(), context, completion, 1.0);
+    std::vector<float> out;
+    for (std::int64_t t = 0; t < lp.size(0); ++t)
+      out.push_back(static_cast<float>(lp[t].item<double>()));
+    return out;
+  };
+  scored_episode a, b;
+  a.tokens.prompt = b.tokens.prompt = random_tokens(rng, 5);
+  a.tokens.completions = {random_tokens(rng, 4), random_tokens(rng, 3)};
+  a.tokens.feedback = {random_tokens(rng, 6)};
+  a.rewards = {0.0, 2.0};
+  b.tokens.completions = {random_tokens(rng, 4)};
+  b.rewards = {1.0};
+  auto context1 = a.tokens.prompt;
+  context1.insert(context1.end(), a.tokens.completions[0].begin(), a.tokens.completions[0].end());
+  context1.insert(context1.end(), a.tokens.feedback[0].begin(), a.tokens.feedback[0].end());
+  a.behaviour_log_probs = {lp_of(a.tokens.prompt, a.tokens.completions[0]), lp_of(context1, a.tokens.completions[1])};
+  b.behaviour_log_probs = {lp_of(b.tokens.prompt, b.tokens.completions[0])};
+  episode_options opt;
+  opt.gamma = 1.0;
+  opt.eps = 0.0;
+  const std::vector<scored_episode> eps{a, b};
+  auto groups = episode_groups(eps, opt, l->version());
+  REQUIRE(groups.ok());
+  REQUIRE(groups->size() == 3); // A turn 0, A turn 1, B turn 0
+  CHECK((*groups)[0].prompt == a.tokens.prompt);
+  CHECK((*groups)[1].prompt == context1); // the feedback is context, never a completion
+  CHECK((*groups)[1].samples[0].completion == a.tokens.completions[1]);
+  CHECK((*groups)[0].samples[0].reward == 2.0);
+  CHECK((*groups)[0].samples[0].advantage == doctest::Approx(1.0 / std::sqrt(2.0)));
+  CHECK((*groups)[1].samples[0].advantage == 0.0);
+  CHECK((*groups)[2].samples[0].advantage == doctest::Approx(-1.0 / std::sqrt(2.0)));
+  // The update raises A's first answer, lowers B's, and leaves A's second (advantage 0) to the rest.
+  const double a0 = sequence_log_likelihood(l->model(), (*groups)[0], (*groups)[0].samples[0]);
+  const double b0 = sequence_log_likelihood(l->model(), (*groups)[2], (*groups)[2].samples[0]);
+  grpo_batch batch;
+  batch.groups = *groups;
+  for (int step = 0; step < 5; ++step)
+    REQUIRE(l->grpo_step(batch).ok());
+  CHECK(sequence_log_likelihood(l->model(), (*groups)[0], (*groups)[0].samples[0]) > a0);
+  CHECK(sequence_log_likelihood(l->model(), (*groups)[2], (*groups)[2].samples[0]) < b0);
+  // Episodes whose parts do not line up are refused, naming the episode.
+  auto broken = eps;
+  broken[1].rewards.push_back(1.0);
+  CHECK(episode_groups(broken, opt, 0).error().message.find("episode 1: 1 turns, 2 rewards") != std::string::npos);
 }
