@@ -9,6 +9,7 @@
 
 #include "core/file_io.hpp"
 #include "env/placeholders.hpp"
+#include "env/template_file.hpp"
 
 namespace crucible::env {
 
@@ -39,10 +40,6 @@ const std::vector<piece>& pieces() {
   return p;
 }
 
-std::string where(const std::string& origin, const YAML::Node& n) {
-  return origin + ":" + std::to_string(n.Mark().line + 1);
-}
-
 std::string number(const char* format, double x) {
   if (std::isnan(x))
     return "-";
@@ -54,25 +51,16 @@ std::string number(const char* format, double x) {
 } // namespace
 
 result<feedback_template> parse_feedback_template(std::string_view yaml_text, const std::string& origin) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string{yaml_text});
-  } catch (const YAML::ParserException& e) {
-    return fail(errc::config, origin, ":", std::to_string(e.mark.line + 1), ": not valid YAML: ", e.msg);
-  }
-  if (!root.IsMap())
-    return fail(errc::config, origin, ": expected a map of feedback pieces at the top level");
   std::vector<std::string> problems;
   feedback_template t;
   t.origin = origin;
   std::set<std::string> known = {"version", "max_error_chars"};
   for (const auto& p : pieces())
     known.insert(p.key);
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    const auto key = it->first.IsScalar() ? it->first.Scalar() : std::string{"?"};
-    if (known.count(key) == 0)
-      problems.push_back(where(origin, it->first) + ": " + key + ": unknown key");
-  }
+  auto parsed = template_root(yaml_text, origin, "feedback pieces", known, problems);
+  if (!parsed)
+    return parsed.error();
+  const YAML::Node root = *parsed;
   auto version = root["version"];
   if (!version.IsDefined() || !version.IsScalar() || version.Scalar() != "1")
     problems.push_back(origin + ": version: expected 1");

@@ -15,6 +15,7 @@
 
 #include "core/file_io.hpp"
 #include "env/placeholders.hpp"
+#include "env/template_file.hpp"
 #include "jinja/jinja.hpp"
 
 namespace crucible::env {
@@ -67,10 +68,6 @@ bool contains_ci(const std::string& hay, const std::string& needle) {
   return lower(hay).find(lower(needle)) != std::string::npos;
 }
 
-std::string where(const std::string& origin, const YAML::Node& n) {
-  auto m = n.Mark();
-  return m.line >= 0 ? origin + ":" + std::to_string(m.line + 1) : origin;
-}
 
 // A fence longer than any backtick run in `code`, so code that itself holds ``` stays inside.
 std::string fence_for(const std::string& code) {
@@ -91,25 +88,16 @@ std::string format_speedup(double s) {
 } // namespace
 
 result<prompt_template> parse_prompt_template(std::string_view yaml_text, const std::string& origin) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string{yaml_text});
-  } catch (const YAML::ParserException& e) {
-    return fail(errc::config, origin, ":", std::to_string(e.mark.line + 1), ": not valid YAML: ", e.msg);
-  }
-  if (!root.IsMap())
-    return fail(errc::config, origin, ": expected a map of template pieces at the top level");
   std::vector<std::string> problems;
   prompt_template t;
   t.origin = origin;
   std::set<std::string> known = {"version", "sections"};
   for (const auto& spec : piece_specs())
     known.insert(spec.key);
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    auto key = it->first.IsScalar() ? it->first.Scalar() : std::string{"?"};
-    if (known.count(key) == 0)
-      problems.push_back(where(origin, it->first) + ": " + key + ": unknown key");
-  }
+  auto parsed = template_root(yaml_text, origin, "template pieces", known, problems);
+  if (!parsed)
+    return parsed.error();
+  const YAML::Node root = *parsed;
   auto version = root["version"];
   if (!version.IsDefined() || !version.IsScalar() || version.Scalar() != "1")
     problems.push_back(where(origin, version.IsDefined() ? version : root) + ": version: expected 1");
