@@ -105,6 +105,31 @@ def test_verl_compute_score(server):
     assert score("crucible", "nothing", "01_relu_scale") == 0.0
 
 
+def test_many_clients_each_request_judged_once(server):
+    # Eight clients at once: four candidates, each sent by two clients under the same id. Every
+    # client gets its verdict, the two of an id the same one, and the service judges four.
+    import concurrent.futures
+    import urllib.request
+
+    def judged_total():
+        req = urllib.request.Request(server + "/v1/metrics", headers={"Authorization": "Bearer " + TOKEN})
+        text = urllib.request.urlopen(req).read().decode()
+        return int(float(re.search(r"^crucible_serve_judged_total (\S+)$", text, re.M).group(1)))
+
+    names = ["fast_inplace.py", "wrong_clamp_before_shift.py"]
+    jobs = [(f"many-{k}-{name}", name) for k in range(2) for name in names] * 2
+    before = judged_total()
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        verdicts = list(pool.map(lambda job: Client(server, TOKEN).evaluate(
+            task="01_relu_scale", candidate=variant("01_relu_scale", job[1]), id=job[0]), jobs))
+    assert judged_total() - before == 4
+    by_id = {}
+    for (rid, name), v in zip(jobs, verdicts):
+        assert v["status"] == ("ok" if name.startswith("fast") else "incorrect")
+        by_id.setdefault(rid, []).append(v)
+    assert all(a == b for a, b in by_id.values())
+
+
 def test_extract_code():
     assert extract_code("```python\nclass ModelNew: pass\n```") == "class ModelNew: pass\n"
     assert extract_code("a\n```\nx = 1\n```\n```py\nclass ModelNew: pass\n```\n") == "class ModelNew: pass\n"
