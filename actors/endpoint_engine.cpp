@@ -238,17 +238,11 @@ endpoint_worker_actor::behavior_type endpoint_worker(endpoint_worker_actor::stat
 
 // -- the front: the engine_actor interface, a queue, the idle workers ----------------------------
 
-struct waiting {
-  generation_request req;
-  caf::typed_response_promise<generation_result> rp;
-  caf::strong_actor_ptr from;
-};
-
 struct front_state {
   front_state() = default;
   endpoint_options opt;
   std::vector<endpoint_worker_actor> idle;
-  std::deque<waiting> queue;
+  std::deque<waiting_request> queue;
   engine_status status;
   static inline const char* name = "crucible.endpoint_engine";
 };
@@ -298,17 +292,7 @@ engine_actor::behavior_type endpoint_front(front_pointer self, endpoint_options 
   };
   return {
     [=](generation_request& req) -> caf::result<generation_result> {
-      auto& st = self->state;
-      if (st.queue.size() >= st.opt.max_queued) {
-        ++st.status.refused;
-        return make_error(errc::busy, std::to_string(st.queue.size()) + " generation requests are waiting for the endpoint "
-                                        "(limit " + std::to_string(st.opt.max_queued) + "); retry later");
-      }
-      auto from = self->current_sender();
-      auto rp = self->make_response_promise<generation_result>();
-      st.queue.push_back({std::move(req), rp, std::move(from)});
-      pump(self);
-      return rp;
+      return queue_generation(self, req, " for the endpoint", [](front_pointer s) { pump(s); });
     },
     [=](cancel_atom) {
       auto& st = self->state;

@@ -219,12 +219,6 @@ engine_runner_actor::behavior_type runner(runner_pointer self, engine_deps deps,
 
 // -- front ----------------------------------------------------------------------------------
 
-struct waiting_request {
-  generation_request req;
-  caf::typed_response_promise<generation_result> rp;
-  caf::strong_actor_ptr from; // the sender, for cancel_atom
-};
-
 // A weight update waiting for the runner: a model directory, or an announced broadcast.
 struct waiting_update {
   bool published = false;
@@ -362,17 +356,7 @@ engine_actor::behavior_type engine_front(engine_pointer self, engine_deps deps, 
     st.runner = self->spawn<caf::linked>(runner, std::move(deps), opt);
   return {
     [=](generation_request& req) -> caf::result<generation_result> {
-      auto& st = self->state;
-      if (st.queue.size() >= st.opt.max_queued) {
-        ++st.status.refused;
-        return make_error(errc::busy, std::to_string(st.queue.size()) + " generation requests are waiting (limit "
-                                        + std::to_string(st.opt.max_queued) + "); retry later");
-      }
-      auto from = self->current_sender(); // before the promise takes the message over
-      auto rp = self->make_response_promise<generation_result>();
-      st.queue.push_back({std::move(req), rp, std::move(from)});
-      pump(self);
-      return rp;
+      return queue_generation(self, req, "", [](engine_pointer s) { pump(s); });
     },
     [=](cancel_atom) {
       auto& st = self->state;

@@ -1,10 +1,8 @@
 """clients/python (crucible_client) against a real `crucible serve` on loopback, on the CPU: the
 client's verdicts, TRL's reward-function calling convention, verl's compute_score, and the
 errors a trainer sees. CRUCIBLE_CLI is the crucible binary (ctest sets it)."""
-import os
 import pathlib
 import re
-import subprocess
 import sys
 
 import pytest
@@ -13,6 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from crucible_client import Client, ServiceError, extract_code, trl_reward, verl_compute_score  # noqa: E402
+from servers import start_serve, token_file  # noqa: E402
 
 SUITE = ROOT / "env" / "tasks" / "cpu"
 TOKEN = "client-test-token-0123456789"
@@ -24,20 +23,9 @@ FAST = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    cli = os.environ.get("CRUCIBLE_CLI")
-    if not cli:
-        pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
-    token = tmp_path_factory.mktemp("serve") / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)  # a token file others may read is refused
-    proc = subprocess.Popen([cli, "serve", "--listen", "127.0.0.1:0", "--token-file", str(token), "--device", "cpu",
-                             "--suite", str(SUITE), *FAST], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-    if not m:
-        proc.kill()
-        pytest.fail("crucible serve did not start: " + line + proc.stderr.read())
-    yield m.group(1)
+    token = token_file(tmp_path_factory.mktemp("serve") / "token", TOKEN)
+    proc, url = start_serve(token, "--device", "cpu", "--suite", str(SUITE), *FAST)
+    yield url
     proc.terminate()
     assert proc.wait(timeout=60) == 0
 

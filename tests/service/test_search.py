@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from policy_servers import ROOT, crucible_cli as cli, start_serve_policy, tiny_model, token_file
+from servers import ROOT, crucible_cli as cli, start_serve_policy, tiny_model, token_file
 
 TOKEN = "search-test-token-0123456789"
 

@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from policy_servers import crucible_cli as cli, start_serve_policy, tiny_model, token_file
+from servers import crucible_cli as cli, start_serve_policy, tiny_model, token_file
 
 TOKEN = "policy-test-token-0123456789"
 

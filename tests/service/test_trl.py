@@ -9,9 +9,7 @@ so that those tokens are about equally likely and nothing else is. With max_comp
 each completion is one whole candidate, and a group of 4 gets different verdicts. CRUCIBLE_CLI is
 the crucible binary (ctest sets it)."""
 import json
-import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -22,6 +20,7 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from crucible_client import Client, trl_reward  # noqa: E402
 from crucible_client.rewards import STATUSES, _request_id  # noqa: E402
+from servers import crucible_cli, start_serve, token_file  # noqa: E402
 
 SUITE = ROOT / "env" / "tasks" / "cpu"
 VARIANTS = SUITE / "variants" / "01_relu_scale"
@@ -39,27 +38,15 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    cli = os.environ.get("CRUCIBLE_CLI")
-    if not cli:
-        pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
+    cli = crucible_cli()
     d = tmp_path_factory.mktemp("serve")
-    token = d / "token"
-    token.write_text(TOKEN + "\n")
-    token.chmod(0o600)
+    token = token_file(d / "token", TOKEN)
     # The service's verdict cache, which the CLI reads back below: a timing measured twice differs
     # by noise (on a loaded 2-core machine by more than its band), a verdict read back does not.
     cache = d / "verdicts.db"
-    with open(d / "stderr", "w") as err:
-        proc = subprocess.Popen([cli, "serve", "--listen", "127.0.0.1:0", "--token-file", str(token), "--device", "cpu",
-                                 "--suite", str(SUITE), *SETTINGS, "--set", f"evaluator.cache={cache}"],
-                                stdout=subprocess.PIPE, stderr=err, text=True)
-    line = proc.stdout.readline()
-    m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-    if not m:
-        proc.kill()
-        proc.wait()
-        pytest.fail("crucible serve did not start: " + line + (d / "stderr").read_text())
-    yield cli, m.group(1), cache
+    proc, url = start_serve(token, "--device", "cpu", "--suite", str(SUITE), *SETTINGS,
+                            "--set", f"evaluator.cache={cache}")
+    yield cli, url, cache
     proc.terminate()
     assert proc.wait(timeout=60) == 0
 

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from crucible_client import Client, extract_code  # noqa: E402
 from crucible_client.rewards import STATUSES, _request_id  # noqa: E402
+from servers import start_serve, start_serve_policy, token_file  # noqa: E402
 
 SUITE = ROOT / "env" / "tasks" / "cpu"
 TOKEN = "verifiers-test-token-0123456789"
@@ -113,34 +113,14 @@ def tiny_policy(out, answers):
     return tokenizer
 
 
-def start(args, pattern, stderr):
-    with open(stderr, "w") as err:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True)
-    line = proc.stdout.readline()
-    m = re.search(pattern, line)
-    if not m:
-        proc.kill()
-        proc.wait()
-        pytest.fail(f"{args[1]} did not start: {line}{pathlib.Path(stderr).read_text()}")
-    return proc, m.group(1)
-
-
 @pytest.fixture(scope="module")
 def services(tmp_path_factory):
-    cli = os.environ.get("CRUCIBLE_CLI")
-    if not cli:
-        pytest.skip("CRUCIBLE_CLI is not set (ctest sets it)")
     d = tmp_path_factory.mktemp("verifiers")
-    for name, token in (("token", TOKEN), ("policy_token", POLICY_TOKEN)):
-        (d / name).write_text(token + "\n")
-        (d / name).chmod(0o600)
+    token, policy_token = token_file(d / "token", TOKEN), token_file(d / "policy_token", POLICY_TOKEN)
     cands = candidates()
     tokenizer = tiny_policy(d / "model", [text for text, _ in cands.values()])
-    serve, url = start([cli, "serve", "--listen", "127.0.0.1:0", "--token-file", str(d / "token"), "--device", "cpu",
-                        "--suite", str(SUITE), *SETTINGS], r"listening on (http://127\.0\.0\.1:\d+)", d / "serve.err")
-    policy, policy_url = start([cli, "serve-policy", "--model", str(d / "model"), "--token-file",
-                                str(d / "policy_token"), "--listen", "127.0.0.1:0", "--served-model-name", MODEL],
-                               r"listening on (http://127\.0\.0\.1:\d+/v1)", d / "policy.err")
+    serve, url = start_serve(token, "--device", "cpu", "--suite", str(SUITE), *SETTINGS)
+    policy, policy_url = start_serve_policy(d / "model", policy_token, "--served-model-name", MODEL)
     yield {"dir": d, "url": url, "policy_url": policy_url, "tokenizer": tokenizer, "cands": cands}
     for proc in (policy, serve):
         proc.terminate()
