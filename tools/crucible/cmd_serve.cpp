@@ -342,7 +342,7 @@ public:
   std::optional<env::verdict> evaluate(const env::eval_request& r) override {
     caf::scoped_actor self{sys_};
     std::optional<env::verdict> out;
-    candidate c{variant_id{++next_.value}, task_id{r.target.name}, r.candidate, "", false, false};
+    candidate c{variant_id{++next_variant_}, task_id{r.target.name}, r.candidate, "", false, false};
     self->request(pool_, std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s_ * 1000)), std::move(c))
       .receive([&](verdict& v) { out = std::move(v); },
                [&](const caf::error& e) {
@@ -381,9 +381,7 @@ private:
   std::atomic<std::size_t> devices_{0};
   mutable std::mutex m_;
   std::string hardware_;
-  struct {
-    std::atomic<std::uint64_t> value{1ull << 62}; // the service's own variant ids, apart from a run's
-  } next_;
+  std::atomic<std::uint64_t> next_variant_{1ull << 62}; // the service's own variant ids, apart from a run's
 };
 
 int run_serve(const parsed_args& args) {
