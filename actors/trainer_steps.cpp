@@ -142,11 +142,10 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
   if (st.p.stage == stage_self && tally && g.self_supervised.stop_correct > 0
       && tally->correct_share() >= g.self_supervised.stop_correct)
     stop = true;
-  if (st.p.stage == stage_rl && tally && g.rl.stop_mean_speedup > 0 && tally->correct
-      && tally->mean_speedup() >= g.rl.stop_mean_speedup)
-    stop = true;
-  if (st.p.stage == stage_search && tally && g.search.stop_mean_speedup > 0 && tally->correct
-      && tally->mean_speedup() >= g.search.stop_mean_speedup)
+  const double speedup_target = st.p.stage == stage_rl       ? g.rl.stop_mean_speedup
+                                : st.p.stage == stage_search ? g.search.stop_mean_speedup
+                                                             : 0.0;
+  if (tally && speedup_target > 0 && tally->correct && tally->mean_speedup() >= speedup_target)
     stop = true;
   if (stop) {
     st.deps->log->info(component, stage_name(st.p.stage), ": stopping rule met after ", st.p.stage_step, " steps");
