@@ -286,6 +286,13 @@ bool evaluation::split_trials(std::uint64_t seed) {
     return false;
   if (!run_trials(cw, device))
     return false;
+  if (dev_.on)
+    // The trials are compared: the timed rounds compare with the reference's own samples and
+    // read only the dtypes and shapes from here, so the device copies go (a task's outputs may
+    // be gigabytes, one copy per trial).
+    for (auto& outs : reference_)
+      for (auto& b : outs)
+        b.device.reset();
   // From here on the candidate's worker runs only while it is timed, and between a sample and the
   // next command (its own checks); stopped, none of its processes can run while the reference is
   // timed or while its inputs are written.
@@ -342,7 +349,7 @@ bool evaluation::draw(int dist, sample_inputs& in) {
   worker_message msg;
   const auto calls = static_cast<std::int64_t>(ref_side_.sets.size());
   if (!thaw(rw)
-      || !send(rw, worker_msg::draw(calls, dist))
+      || !send(rw, worker_msg::draw(calls, dist, dev_.on))
       || !receive(rw, ctx_.opt.run_timeout_s, "drawing a timing round's inputs", n, msg) || !freeze(rw))
     return false;
   if (n["type"].as<std::string>() != "drawn" || !n["sets"].is_list()
@@ -351,6 +358,8 @@ bool evaluation::draw(int dist, sample_inputs& in) {
     return false;
   }
   in.clear();
+  if (dev_.on)
+    return draw_on_device(rw, n, in);
   for (const auto& set_node : n["sets"]) {
     std::vector<std::vector<std::byte>> one;
     for (const auto& d : set_node) {
@@ -367,36 +376,68 @@ bool evaluation::draw(int dist, sample_inputs& in) {
     }
     in.push_back(std::move(one));
   }
-  if (dev_.on) {
-    // On a CUDA device: the inputs in this process's memory, copied into each worker's buffers
-    // inside its clock (time_sample_device).
-    dev_.staged.resize(in.size());
-    for (std::size_t c = 0; c < in.size(); ++c) {
-      dev_.staged[c].resize(in[c].size());
-      for (std::size_t i = 0; i < in[c].size(); ++i) {
-        auto& st = dev_.staged[c][i];
-        const auto bytes = in[c][i].size();
-        if (bytes == 0) {
-          st.reset();
-          continue;
-        }
-        if (!st || st->size() != bytes) {
-          auto made = allocate_owned(cuda_device_, bytes);
-          if (!made) {
-            end_.evaluator_failed = true;
-            set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + made.error().message);
-            return false;
-          }
-          st = std::move(*made);
-        }
-        if (auto r = upload(*st, in[c][i].data(), bytes); !r) {
-          end_.evaluator_failed = true;
-          set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + r.error().message);
-          return false;
-        }
+  return true;
+}
+
+bool evaluation::draw_on_device(worker& rw, const wire::node& n, sample_inputs& in) {
+  // On a CUDA device the reference's worker leaves the round's tensors in one allocation of its
+  // own and names them: they are copied from there into this process's memory (dev_.staged),
+  // and from there into each worker's buffers inside its clock (time_sample_device). `in` keeps
+  // one empty entry per input (the bytes are on the device).
+  auto broke = [&](const std::string& what) {
+    set(verdict_status::runtime_error, "the reference's worker broke the protocol: " + what);
+    return false;
+  };
+  auto failed = [&](const error& e) {
+    end_.evaluator_failed = true;
+    set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + e.message);
+    return false;
+  };
+  std::shared_ptr<device_bytes> whole;
+  if (n["ipc"].defined()) {
+    auto m = map_handle(rw, n["ipc"].as<std::string>(""));
+    if (!m)
+      return broke("its drawn inputs cannot be mapped: " + m.error().message);
+    whole = std::move(*m);
+  }
+  std::vector<std::shared_ptr<device_bytes>> spans; // kept alive until the copies are done
+  std::vector<device_copy> copies;
+  dev_.staged.resize(n["sets"].size());
+  std::size_t c = 0;
+  for (const auto& set_node : n["sets"]) {
+    auto& staged = dev_.staged[c++];
+    staged.resize(set_node.size());
+    in.emplace_back(set_node.size());
+    std::size_t i = 0;
+    for (const auto& d : set_node) {
+      auto& st = staged[i++];
+      if (d["value"].defined()) {
+        st.reset();
+        continue;
       }
+      const auto bytes = d["bytes"].as<std::uint64_t>(0);
+      if (bytes == 0) {
+        st.reset();
+        continue;
+      }
+      if (!whole)
+        return broke("a drawn input without the allocation that holds it");
+      auto sp = subspan(whole, d["offset"].as<std::uint64_t>(0), bytes, 1);
+      if (!sp)
+        return broke("a drawn input: " + sp.error().message);
+      if (!st || st->size() != bytes) {
+        st.reset();
+        auto made = allocate_owned(cuda_device_, bytes);
+        if (!made)
+          return failed(made.error());
+        st = std::move(*made);
+      }
+      copies.push_back({st.get(), sp->get()});
+      spans.push_back(std::move(*sp));
     }
   }
+  if (auto r = copy_all(copies); !r)
+    return failed(r.error());
   return true;
 }
 
@@ -642,7 +683,7 @@ std::vector<device_copy> evaluation::input_copies(const side& s) const {
 }
 
 bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs,
-                                    double& ms) {
+                                    double& ms, bool null) {
   const auto& opt = ctx_.opt;
   worker& w = *s.proc;
   const bool candidate = &w == cand_.proc.get();
@@ -659,15 +700,19 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   };
   if (!prime(w))
     return false;
-  if (in.size() != s.sets.size() || dev_.staged.size() != in.size())
+  if (null) {
+    // The empty sample: every step as below, one tiny kernel for the calls, the copies of the
+    // reference's last outputs for the outputs' copies.
+  } else if (in.size() != s.sets.size() || dev_.staged.size() != in.size())
     return broke("input buffers for " + std::to_string(s.sets.size()) + " calls, the sample has " + std::to_string(in.size()));
-  for (std::size_t c = 0; c < in.size(); ++c) {
+  for (std::size_t c = 0; c < in.size() && !null; ++c) {
     if (in[c].size() != s.sets[c].size() || dev_.staged[c].size() != in[c].size())
       return broke("input buffers for " + std::to_string(s.sets[c].size()) + " inputs, the task has " + std::to_string(in[c].size()));
     for (std::size_t i = 0; i < in[c].size(); ++i) {
       const auto& b = s.sets[c][i];
-      if (!b.value && (b.bytes != in[c][i].size() || (b.bytes > 0 && (!b.span || !dev_.staged[c][i]))))
-        return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
+      const std::uint64_t bytes = dev_.staged[c][i] ? dev_.staged[c][i]->size() : 0; // draw_on_device's
+      if (!b.value && (b.bytes != bytes || (b.bytes > 0 && !b.span)))
+        return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(bytes));
     }
   }
   const auto copies = input_copies(s);
@@ -707,12 +752,30 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     released = true;
     dev_.clock->let_go();
   };
-  if (!send(w, worker_msg::launch(seq, false)) || !receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge))
+  if (!send(w, worker_msg::launch(seq, null)) || !receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge))
     return false;
   const auto t_call = clock_type::now();
   if (n["type"].as<std::string>() != "launched") {
     (void) freeze(w);
     return broke("expected launched, got " + n["type"].as<std::string>());
+  }
+  if (null) {
+    if (!freeze(w))
+      return false;
+    // As many of the last reference sample's outputs as a sample of this count of calls has: that
+    // sample may have held more calls (a verdict that goes on with one call per sample measures
+    // its empty sample again before a reference sample of one call exists).
+    std::vector<const device_bytes*> srcs;
+    const auto per_call = dev_.last_ref_calls == 0 ? 0 : dev_.last_ref_snaps.size() / dev_.last_ref_calls;
+    for (std::size_t i = 0; i < dev_.last_ref_snaps.size() && i < per_call * s.sets.size(); ++i)
+      srcs.push_back(dev_.last_ref_snaps[i].get());
+    auto snaps = dev_.clock->close(*words->second.done, seq, srcs);
+    held.c = nullptr;
+    auto device_ms = dev_.clock->finish(opt.run_timeout_s);
+    if (!snaps || !device_ms)
+      return device_failed("cannot time an empty sample", snaps ? device_ms.error() : snaps.error());
+    ms = *device_ms; // the whole sample's
+    return true;
   }
   const auto& list = n["outputs"];
   if (!list.is_list() || list.size() != in.size()) {
@@ -837,6 +900,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
       }
   if (!candidate) {
     dev_.last_ref_snaps = std::move(*snaps);
+    dev_.last_ref_calls = in.size();
     return true;
   }
   // Its inputs, compared with what this process wrote there (runtime:input_mutation).
@@ -899,44 +963,15 @@ bool evaluation::measure_null() {
   worker& rw = *w_.proc;
   wire::node n;
   worker_message msg;
-  const auto copies = input_copies(ref_side_);
-  std::vector<const device_bytes*> srcs;
-  for (const auto& sp : dev_.last_ref_snaps)
-    srcs.push_back(sp.get());
   double best = 0;
   for (int k = 0; k < 5; ++k) {
     double ms = 0;
     if (dev_.on) {
-      // As time_sample_device, with one tiny kernel for the calls and the copies of the
-      // reference's last outputs for its outputs.
-      const auto found = dev_.words.find(rw.pid());
-      if (found == dev_.words.end()) {
-        set(verdict_status::runtime_error, "the reference's worker broke the protocol: it has no clock words");
+      // Every step of a timed sample (its untimed call and the cache's flush included), with one
+      // tiny kernel for the calls.
+      std::vector<std::vector<tensor_blob>> none;
+      if (!time_sample_device(ref_side_, {}, none, ms, true))
         return false;
-      }
-      auto& words = found->second;
-      const auto seq = ++words.seq;
-      if (auto r = dev_.clock->arm(copies, *words.go, seq); !r) {
-        end_.evaluator_failed = true;
-        set(verdict_status::runtime_error, "cannot start the device clock: " + r.error().message);
-        return false;
-      }
-      const std::function<void()> nudge = [&] { dev_.clock->let_go(); };
-      const bool ok = thaw(rw) && send(rw, worker_msg::launch(seq, true))
-                      && receive(rw, ctx_.opt.run_timeout_s, "timing", n, msg, 0.02, nudge) && freeze(rw);
-      result<std::vector<std::shared_ptr<device_bytes>>> snaps = fail(errc::device, "not copied");
-      if (ok)
-        snaps = dev_.clock->close(*words.done, seq, srcs);
-      auto device_ms = dev_.clock->finish(ctx_.opt.run_timeout_s);
-      if (!ok)
-        return false;
-      if (!snaps || !device_ms) {
-        end_.evaluator_failed = true;
-        set(verdict_status::runtime_error, "cannot time an empty sample: "
-                                             + (snaps ? device_ms.error().message : snaps.error().message));
-        return false;
-      }
-      ms = *device_ms;
     } else {
       const auto cpu0 = rw.cpu_ns();
       if (!cpu0) {
@@ -981,7 +1016,11 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
     // and this round is not counted.
     split_.sample_calls = reported_.calls = 1;
     counted = false;
-    return make_buffers(ref_side_, 1) && make_buffers(cand_side_, 1);
+    // On a device the empty sample's round trip holds the copies of every call's inputs and
+    // outputs: measured again for one call, or the floor would take a round trip of many calls
+    // off a sample of one (a candidate that reuses its output, computing as the reference does,
+    // was refused below the floor so: its median call -194 us on 01_relu_scale, an H200).
+    return make_buffers(ref_side_, 1) && make_buffers(cand_side_, 1) && (!dev_.on || measure_null());
   }
   counted = true;
   // Every timed call is held to the correctness tolerance, here, against the reference's outputs
@@ -1094,13 +1133,18 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       if (b.kind.empty())
         split_.floor_bytes += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
     if (dev_.on) {
-      auto fill = fastest_fill_ms(cuda_device_, split_.floor_bytes);
+      // The device's write rate, from a fill large enough that one launch's latency is not most
+      // of it: a sample's calls are queued before its window opens, so what bounds them is the
+      // rate, not a launch. One fill of a small output's bytes took 5.4 us on an H200 (16 KB),
+      // and its half refused a legitimate call of 1.5 us beside the round trip.
+      const std::uint64_t big = std::max<std::uint64_t>(split_.floor_bytes, 256ull << 20);
+      auto fill = fastest_fill_ms(cuda_device_, big);
       if (!fill) {
         end_.evaluator_failed = true;
         set(verdict_status::runtime_error, "cannot measure the device's fill time: " + fill.error().message);
         return false;
       }
-      split_.floor_ms = *fill / 2;
+      split_.floor_ms = *fill * static_cast<double>(split_.floor_bytes) / static_cast<double>(big) / 2;
     } else {
       split_.floor_ms = fill_floor_ms(split_.floor_bytes);
       if (!measure_null())

@@ -161,6 +161,9 @@ private:
   bool make_buffers(side& s, std::int64_t calls);
   // Draws one sample's inputs in the reference's worker, from distribution `dist`.
   bool draw(int dist, sample_inputs& in);
+  // draw's second half on a CUDA device: the drawn tensors, which the reference's worker names
+  // in its own memory (`n`, its `drawn` message), copied into dev_.staged.
+  bool draw_on_device(worker& rw, const wire::node& n, sample_inputs& in);
   // Times one sample of `s` on `in`: its untimed call, its inputs written while it is stopped,
   // the clock around `go` ... `sampled`, its outputs read while it is stopped again (per call).
   // False when the verdict is decided.
@@ -171,7 +174,10 @@ private:
   // time_sample on a CUDA device (boundary.cpp): the clock runs from before this process copies
   // the sample's inputs into the worker's buffers to after it has copied the worker's outputs
   // into its own memory.
-  bool time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms);
+  // With `null`: the empty sample of measure_null (one tiny kernel for the calls, the copies of
+  // the reference's last outputs for the outputs' copies; `in` unused, `ms` the whole sample's).
+  bool time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms,
+                          bool null = false);
   // The candidate's checks of a timed call's outputs and inputs, shared by both forms of a
   // sample: refuse_unlike_trials refuses output k of another dtype or shape than in the trials
   // (runtime:timing_outputs) and says whether it did; may_not_alias says output k must not share
@@ -294,6 +300,7 @@ private:
     bool on = false;
     std::vector<std::vector<std::shared_ptr<device_bytes>>> staged;
     std::vector<std::shared_ptr<device_bytes>> last_ref_snaps;
+    std::size_t last_ref_calls = 0; // the calls of the sample last_ref_snaps come from
     std::map<std::string, std::shared_ptr<device_bytes>> mapped;
     std::unique_ptr<device_clock> clock;
     std::map<pid_t, clock_words> words;

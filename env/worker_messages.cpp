@@ -26,7 +26,12 @@ std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_roun
 
 std::string buffers(std::int64_t calls) { return text(json{{"type", "buffers"}, {"calls", calls}}); }
 
-std::string draw(std::int64_t calls, int dist) { return text(json{{"type", "draw"}, {"calls", calls}, {"dist", dist}}); }
+std::string draw(std::int64_t calls, int dist, bool on_device) {
+  json m{{"type", "draw"}, {"calls", calls}, {"dist", dist}};
+  if (on_device)
+    m["on_device"] = true;
+  return text(m);
+}
 
 std::string launch(std::uint32_t seq, bool null) {
   json m{{"type", "launch"}, {"seq", seq}};

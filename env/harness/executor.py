@@ -13,7 +13,7 @@ import torch
 from .trusted import (
     _BaseException, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
     _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
-    _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
+    _T_to, _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
 )
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
@@ -71,7 +71,9 @@ class _ExecutorPhase:
     def receive_trial_inputs(self):
         """The candidate worker's trial inputs, drawn by the reference worker: one `inputs`
         message per trial (the reference worker's own, passed on by the evaluator), then `run`.
-        They go into its Reference (given_inputs, input_template, trials)."""
+        They go into its Reference (given_inputs, input_template, trials), kept in host memory:
+        each trial's are copied to the device when that trial runs, so that the device holds one
+        trial's inputs at a time (a task's inputs may be gigabytes)."""
         ref = self.reference
         ref.given_inputs = []
         ref.input_template = []
@@ -86,13 +88,16 @@ class _ExecutorPhase:
                 raise _Done("runtime_error", (), f"expected inputs or run, got {kind!r}")
             if not ref.given_inputs:
                 ref.input_template = msg.get("inputs") or []
-            ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, self.device))
+            ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
         ref.trials = _len(ref.given_inputs)
 
     def trial_inputs(self, t):
         """Trial t's inputs: given by the evaluator (candidate worker) or drawn here."""
         if self.job.role == "candidate":
-            return self.reference.given_inputs[t]
+            given = self.reference.given_inputs[t]
+            if not self.cuda:
+                return given
+            return [_T_to(x, self.device) if _type(x) is _Tensor else x for x in given]
         return make_inputs(self.reference.task, self.device, self.job.seed + t, self.reference.trial_dists[t])
 
     def signature_mismatch(self, cls):
@@ -140,7 +145,7 @@ class _ExecutorPhase:
         next inputs and while the other side runs."""
         self.buf_sets = []
         self.sample_outs = None
-        self.arenas, self.arena_turn, self.null_out = [None, None], 0, None
+        self.arena, self.draw_arena, self.null_out = None, None, None
         self.clock_words = None
         self.check_due = None  # the checks after a timed sample, made with the next command
         self.threads_before = (_py_threads(), _os_threads())
@@ -164,7 +169,7 @@ class _ExecutorPhase:
                     self.check_state("at the end")
                 raise _Done("ok", (), "", self.laps)
             if kind == "draw":
-                self.draw(_int(_need(msg, "calls")), _int(_need(msg, "dist")))
+                self.draw(_int(_need(msg, "calls")), _int(_need(msg, "dist")), msg.get("on_device") is True)
             elif kind == "buffers":
                 self.make_buffers(_int(_need(msg, "calls")))
             elif kind == "prime":
@@ -276,27 +281,57 @@ class _ExecutorPhase:
             raise _error_done(e, f"in {who} (timing)") from None
         self.reply_sample(outs, "launched", not null)
 
-    def draw(self, calls, dist):
+    def draw(self, calls, dist, on_device):
         if self.job.role != "reference":
             raise _Done("runtime_error", (), "only the reference worker draws inputs")
         frames = []
         sets = []
+        msg = {"type": "drawn", "sets": sets}
         try:
-            for _ in _range(calls):
-                sets.append(_encode_inputs(make_inputs(self.reference.task, self.device, _fresh_seed(), dist), frames))
+            drawn = [make_inputs(self.reference.task, self.device, _fresh_seed(), dist) for _ in _range(calls)]
+            place = None
+            if on_device and self.cuda:
+                # On a CUDA device the round's tensors are copied into one allocation of this
+                # worker's, kept from round to round, which the evaluator maps and copies into its
+                # own memory: no bytes cross the socket (a task's inputs may be gigabytes).
+                need = 0
+                for inputs in drawn:
+                    for x in inputs:
+                        if _type(x) is _Tensor:
+                            need += ((_int(_T_numel(x)) * x.element_size() + 511) // 512) * 512
+                if self.draw_arena is None or _T_numel(self.draw_arena) < need:
+                    self.draw_arena = None
+                    self.draw_arena = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
+                arena = self.draw_arena
+                ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
+                if ex is None:
+                    raise _Done("runtime_error", (), "the CUDA driver cannot export the drawn inputs")
+                msg["ipc"] = ex["ipc"]
+                pos = [0]
+
+                def place(x):
+                    n = _int(_T_numel(x)) * x.element_size()
+                    at = pos[0]
+                    pos[0] += ((n + 511) // 512) * 512
+                    _T_copy_(_T_view(_T_view(arena[at:at + n], x.dtype), _T_size(x)), x)
+                    return {"offset": ex["offset"] + at, "bytes": n}
+            for inputs in drawn:
+                sets.append(_encode_inputs(inputs, frames, place))
+            del drawn
+            self.sync()
         except _BaseException as e:
             raise _error_done(e, "while drawing a timing round's inputs") from None
-        self.chan.send({"type": "drawn", "sets": sets}, frames)
+        self.chan.send(msg, frames)
 
     def make_buffers(self, calls):
         """`calls` sets of input buffers shaped as the trials' inputs (input_template), contiguous,
         on the worker's device, each at a random lead of up to placement_jitter_bytes / calls
         into an allocation of its own (a kernel's speed can depend on where its buffers lie: the
         evaluator asks for new ones every round, so a verdict averages over placements, as
-        Worker.placed does for the shared path); plain values as they were. Each buffer starts
-        with what the last buffers held (the first time: the first trial's inputs), so the
-        untimed call before a sample runs on real inputs (a task's may be indices that garbage
-        would not be)."""
+        Worker.placed does for the shared path); plain values as they were. On the CPU each buffer
+        starts with what the last buffers held (the first time: the first trial's inputs), on a
+        CUDA device with the first trial's inputs, so that the untimed call before a sample runs
+        on real inputs (a task's may be indices that garbage would not be)."""
         self.sample_outs = None
         old = self.buf_sets
         self.buf_sets = []
@@ -309,9 +344,12 @@ class _ExecutorPhase:
         steps = (self.job.jitter_bytes // _max(calls, 1)) // 512
         arena = None
         if self.cuda:
-            # On a CUDA device the buffers are cut from one of two arenas, used in turn (the last
-            # round's buffers are read while this round's are filled): the evaluator maps each
-            # arena once, where an allocation per buffer and round would cost it a mapping each.
+            # On a CUDA device the buffers are cut from one arena, kept from round to round (grown
+            # when a sample takes more calls): the evaluator maps it once, where an allocation per
+            # buffer and round would cost it a mapping each, and the device holds one round's
+            # inputs per worker, not two. The old buffers lie in the same memory, so the new ones
+            # start with the first trial's inputs.
+            old = []
             need = 0
             for d in self.reference.input_template:
                 if "value" not in d:
@@ -320,12 +358,10 @@ class _ExecutorPhase:
                         n *= _int(s_)
                     need += ((n + 511) // 512 + steps) * 512
             need *= calls
-            arenas = self.arenas
-            turn = self.arena_turn = self.arena_turn ^ 1
-            if arenas[turn] is None or _T_numel(arenas[turn]) < need:
-                arenas[turn] = None
-                arenas[turn] = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
-            arena = arenas[turn]
+            if self.arena is None or _T_numel(self.arena) < need:
+                self.buf_sets, self.arena = [], None
+                self.arena = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
+            arena = self.arena
         pos = 0
         for c in _range(calls):
             prev = old[c] if c < _len(old) else first

@@ -204,19 +204,25 @@ def _from_wire(v):
     return v
 
 
-def _encode_inputs(inputs, frames):
+def _encode_inputs(inputs, frames, place=None):
     """Descriptions of one call's inputs for the other side of the boundary: a tensor as
-    {"dtype", "shape", "frame"} (contiguous native bytes in `frames`), any other value as
-    {"value": JSON}. A value that neither describes is a task the boundary cannot carry."""
+    {"dtype", "shape", "frame"} (contiguous native bytes in `frames`), or with `place` as
+    {"dtype", "shape"} and what place(tensor) returns (where it put the tensor on the device);
+    any other value as {"value": JSON}. A value that neither describes is a task the boundary
+    cannot carry."""
     descs = []
     for i, x in _enumerate(inputs):
         if _type(x) is _Tensor:
             if x.dtype not in _SUPPORTED_DTYPES:
                 raise _Done("runtime_error", (), f"input {i} of the task is a tensor of dtype {x.dtype}, which the "
                                                  "evaluator cannot carry to the candidate's process")
-            frames.append(_raw_bytes(x))
-            descs.append({"dtype": _SUPPORTED_DTYPES[x.dtype], "shape": [_int(d) for d in _T_size(x)],
-                          "frame": _len(frames)})
+            d_ = {"dtype": _SUPPORTED_DTYPES[x.dtype], "shape": [_int(d) for d in _T_size(x)]}
+            if place is None:
+                frames.append(_raw_bytes(x))
+                d_["frame"] = _len(frames)
+            else:
+                d_.update(place(x))
+            descs.append(d_)
         elif _plain(x):
             descs.append({"value": _to_wire(x)})
         else:

@@ -577,3 +577,23 @@ TEST_CASE("the trust boundary's hack suite on CUDA: nothing is credited across t
     CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
   }
 }
+
+TEST_CASE("a legitimate candidate that reuses its output buffer is ok across the CUDA boundary, not below the floor") {
+  // Its calls of a sample hand back one buffer, so the verdict goes on with one call per sample;
+  // the empty sample's round trip must be measured again for one call (it holds the copies of
+  // every call's inputs and outputs), or the floor takes a round trip of many calls off a sample
+  // of one: -194 us on 01_relu_scale on an H200 before it was.
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto across = short_evaluator(true, log, {}, true);
+  for (const auto& [task_file, candidate] : {std::pair{"tests/tasks/small_elementwise.py", "tests/candidates/legit_reused_output.py"},
+                                             std::pair{"env/tasks/cpu/01_relu_scale.py", "tests/candidates/legit_reused_output.py"}}) {
+    auto t = load_task(source_dir / task_file);
+    if (!t)
+      FAIL(t.error().message);
+    auto v = across->evaluate(eval_request{*t, read_text(source_dir / candidate), 0, false});
+    INFO(task_file << ": " << to_string(v.status) << " " << v.message);
+    CHECK(v.status == verdict_status::ok);
+    CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:below_floor") == v.checks_failed.end());
+  }
+}

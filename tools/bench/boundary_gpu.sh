@@ -9,8 +9,8 @@
 #   identity  the CPU suite's references against themselves on cuda:0 (reference_as_candidate.py),
 #             cuda_boundary true then false (IDENTITY_MODES): OUT/selfc_MODE.jsonl, one line a
 #             verdict, each mode's wall time, then band_check.py --self
-#   kb        KernelBench's level 1 tasks KB_FROM (1) to KB_TASKS (26), by their leading number,
-#             against themselves, cuda_boundary true (KB_MODES): OUT/selfkb_MODE.jsonl, then
+#   kb        KernelBench's level 1 tasks KB_FROM (1) to KB_TASKS (26), by their leading number
+#             (or those KB_LIST names, e.g. "4 5 19"), against themselves, cuda_boundary true (KB_MODES): OUT/selfkb_MODE.jsonl, then
 #             band_check.py --self. Needs data/kernelbench (tools/bench/fetch_kernelbench.sh)
 #   pairs     the pairs of PAIRS (a --pairs file, default data/l1sub/pairs.tsv: CUDA-L1's released
 #             kernels) on cuda:0, cuda_boundary true then false (PAIRS_MODES): OUT/pairs_MODE.jsonl
@@ -70,7 +70,11 @@ for step in "${STEPS[@]}"; do
       done ;;
     kb)
       "$PYTHON" tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/selfkb >/dev/null
-      grep -v '^#' /tmp/selfkb/pairs.tsv | head -"${KB_TASKS:-26}" | tail -n +"${KB_FROM:-1}" >/tmp/selfkb/first.tsv
+      if [[ -n ${KB_LIST:-} ]]; then
+        grep -v '^#' /tmp/selfkb/pairs.tsv | awk -F'\t' -v list=" $KB_LIST " '{ n = $1; sub(/.*\//, "", n); sub(/_.*/, "", n); if (index(list, " " n " ")) print }' >/tmp/selfkb/first.tsv
+      else
+        grep -v '^#' /tmp/selfkb/pairs.tsv | head -"${KB_TASKS:-26}" | tail -n +"${KB_FROM:-1}" >/tmp/selfkb/first.tsv
+      fi
       for mode in ${KB_MODES:-true}; do
         s=$(date +%s)
         rm -f "$OUT/selfkb_$mode.jsonl"
