@@ -226,6 +226,7 @@ const char* to_string(chat_template_mode m) noexcept;
 /// (env/response_parser.hpp).
 struct prompt_config {
   std::string template_file;            ///< key `template`; "" : configs/prompts/contrastive.yaml of the checkout
+  std::string feedback_template;        ///< the feedback after each turn of an episode; "" : configs/prompts/feedback.yaml
   std::int64_t max_tokens = 4096;       ///< token budget of the whole rendered prompt
   std::int64_t max_exemplar_chars = 0;  ///< each exemplar's code cut to this many characters first; 0: no cap
   std::int64_t min_exemplar_chars = 400; ///< shortening stops here; below it an exemplar is dropped

@@ -385,6 +385,9 @@ void describe(V& v, config& c) {
     auto& p = c.prompt;
     v.field("template", p.template_file,
             "Prompt-template YAML file; empty: `configs/prompts/contrastive.yaml` of the checkout.");
+    v.field("feedback_template", p.feedback_template,
+            "Feedback-template YAML file: the verdict on a turn of a multi-turn episode as the next user message "
+            "(`crucible serve`'s `/v1/prompt` with `turns`); empty: `configs/prompts/feedback.yaml` of the checkout.");
     v.field("max_tokens", p.max_tokens,
             "Token budget of the whole rendered prompt, chat template included; exemplars are shortened, then dropped, to fit.",
             positive<std::int64_t>("a positive integer"));

@@ -158,14 +158,17 @@ result<prompt_template> load_prompt_template(const fs::path& file) {
   return parse_prompt_template(*text, file.string());
 }
 
-result<fs::path> resolve_prompt_template(const std::string& configured) {
+namespace {
+
+// A template file `key` names (`configured`; "" : configs/prompts/`fallback` of the checkout).
+result<fs::path> resolve_template_file(const std::string& configured, const char* fallback, const char* key) {
   // A relative path is looked up in the working directory, then (for the checkout's own
   // templates, e.g. configs/prompts/compact.yaml) above the executable's directory.
-  const fs::path rel = configured.empty() ? fs::path{"configs"} / "prompts" / "contrastive.yaml" : fs::path{configured};
+  const fs::path rel = configured.empty() ? fs::path{"configs"} / "prompts" / fallback : fs::path{configured};
   std::error_code ec;
   if (!configured.empty() && (rel.is_absolute() || fs::exists(rel, ec))) {
     if (!fs::exists(rel, ec))
-      return fail(errc::not_found, configured, ": no such prompt template (prompt.template)");
+      return fail(errc::not_found, configured, ": no such template file (", key, ")");
     return rel;
   }
   std::vector<fs::path> starts = {executable_dir(), fs::current_path()};
@@ -177,10 +180,20 @@ result<fs::path> resolve_prompt_template(const std::string& configured) {
         break;
     }
   if (!configured.empty())
-    return fail(errc::not_found, configured, ": no such prompt template (prompt.template), in the working directory or above ",
+    return fail(errc::not_found, configured, ": no such template file (", key, "), in the working directory or above ",
                 executable_dir().string());
   return fail(errc::not_found, "cannot find ", rel.string(), " above ", executable_dir().string(),
-              " or the working directory (set prompt.template)");
+              " or the working directory (set ", key, ")");
+}
+
+} // namespace
+
+result<fs::path> resolve_prompt_template(const std::string& configured) {
+  return resolve_template_file(configured, "contrastive.yaml", "prompt.template");
+}
+
+result<fs::path> resolve_feedback_template(const std::string& configured) {
+  return resolve_template_file(configured, "feedback.yaml", "prompt.feedback_template");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -250,6 +263,7 @@ struct prompt_builder::impl {
     std::string instructions = fill(t.instructions, {{"hardware", req.hardware}});
     p.system = fill(t.system, {{"hardware", req.hardware}});
     p.user = fill(t.user, {{"task", task}, {"exemplars", block}, {"instructions", instructions}});
+    p.messages = {{"system", p.system}, {"user", p.user}};
     if (chat) {
       std::vector<jinja::chat_message> msgs = {{"system", p.system}, {"user", p.user}};
       auto text = jinja::render_chat(*chat, msgs, special, true);
@@ -272,6 +286,7 @@ result<built_prompt> prompt_builder::continue_episode(const built_prompt& first,
   auto render = [&]() -> result<built_prompt> {
     built_prompt p = first;
     std::vector<jinja::chat_message> msgs = {{"system", first.system}, {"user", first.user}};
+    p.messages = {{"system", first.system}, {"user", first.user}};
     std::string plain = first.system + "\n\n" + first.user;
     for (std::size_t k = 0; k < turns.size(); ++k) {
       const std::string answer =
@@ -281,6 +296,8 @@ result<built_prompt> prompt_builder::continue_episode(const built_prompt& first,
       const std::string feedback = shown[k] >= 1 ? turns[k].feedback : "[its feedback is left out]";
       msgs.push_back({"assistant", answer});
       msgs.push_back({"user", feedback});
+      p.messages.push_back({"assistant", answer});
+      p.messages.push_back({"user", feedback});
       plain += "\n\n" + answer + "\n\n" + feedback;
     }
     if (im.chat) {

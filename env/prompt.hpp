@@ -47,6 +47,10 @@ result<prompt_template> load_prompt_template(const std::filesystem::path& file);
 /// errc::not_found names where it looked.
 result<std::filesystem::path> resolve_prompt_template(const std::string& configured);
 
+/// The feedback template `prompt.feedback_template` names (default configs/prompts/feedback.yaml;
+/// env/feedback.hpp), looked up as resolve_prompt_template looks.
+result<std::filesystem::path> resolve_feedback_template(const std::string& configured);
+
 /// One earlier implementation shown to the policy.
 struct exemplar_code {
   std::string code;     ///< Python source of a ModelNew
@@ -76,6 +80,9 @@ struct built_prompt {
   std::string user;    ///< the user message
   std::size_t tokens = 0; ///< the token counter's size of `text`
   std::vector<exemplar_placement> exemplars; ///< one per requested exemplar, in request order
+  /// The chat the text renders, as role and content: system and user, then (continue_episode)
+  /// each earlier turn's answer and feedback as they are shown (shortened ones as their note).
+  std::vector<std::pair<std::string, std::string>> messages;
 };
 
 /// One earlier turn of a multi-turn episode, as the next turn's prompt shows it.

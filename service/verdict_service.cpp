@@ -157,7 +157,7 @@ std::optional<verdict_service::lookup> verdict_service::find(const std::string& 
   auto it = by_id_.find(id);
   if (it == by_id_.end())
     return std::nullopt;
-  return lookup{it->second->judged, it->second->v};
+  return lookup{it->second->judged, it->second->v, it->second->req.target.name};
 }
 
 service_counters verdict_service::counters() const {

@@ -108,6 +108,7 @@ public:
   struct lookup {
     bool judged = false;
     env::verdict v;
+    std::string task; ///< the task's name
   };
   std::optional<lookup> find(const std::string& id) const;
   service_counters counters() const;

@@ -72,6 +72,38 @@ def test_contrastive_prompt(server):
     assert e.value.status == 400 and "exemplars[0]" in e.value.message
 
 
+def test_multi_turn_prompt(server):
+    """A second turn: the first answer judged under an id, then the prompt that goes on with the
+    answer and the feedback on its verdict (prompt.feedback_template)."""
+    client = Client(server, TOKEN)
+    wrong = variant("01_relu_scale", "wrong_clamp_before_shift.py")
+    answer = "## Approach\nClamp first.\n\n```python\n" + wrong + "\n```\n"
+    v = client.evaluate(task="01_relu_scale", candidate=wrong, id="episode-1-turn-1")
+    assert v["status"] == "incorrect"
+    p = client.prompt(task="01_relu_scale", turns=[{"answer": answer, "evaluation": "episode-1-turn-1"}],
+                      turns_total=3)
+    assert [m["role"] for m in p["messages"]] == ["system", "user", "assistant", "user"]
+    assert p["turn"] == 2
+    assert p["messages"][2]["content"] == answer
+    feedback = p["messages"][3]["content"]
+    assert feedback.startswith("Turn 1: incorrect.") and "2 more attempts" in feedback
+    assert v["message"][:60] in feedback  # the evaluator's message, cut to max_error_chars
+    # Errors name what is wrong.
+    with pytest.raises(ServiceError) as e:
+        client.prompt(task="01_relu_scale", turns=[{"answer": answer, "evaluation": "never-sent"}])
+    assert e.value.status == 404 and "never-sent" in e.value.message
+    with pytest.raises(ServiceError) as e:
+        client.prompt(task="02_silu_bias_residual", turns=[{"answer": answer, "evaluation": "episode-1-turn-1"}])
+    assert e.value.status == 400 and "judged task '01_relu_scale'" in e.value.message
+    with pytest.raises(ServiceError) as e:
+        client.prompt(task="01_relu_scale", turns=[{"answer": answer, "evaluation": "episode-1-turn-1"}],
+                      turns_total=1)
+    assert e.value.status == 400 and "turns_total" in e.value.message
+    with pytest.raises(ServiceError) as e:
+        client.prompt(task="01_relu_scale", turns=[{"answer": 3}])
+    assert e.value.status == 400 and "turns[0]" in e.value.message
+
+
 def test_trl_reward_function(server):
     """The call GRPOTrainer makes: reward_func(prompts=..., completions=..., **dataset columns)."""
     reward = trl_reward(Client(server, TOKEN))

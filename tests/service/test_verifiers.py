@@ -178,6 +178,24 @@ def check_samples(traces, client, prompts, tokenizer, cands, id_prefix):
     return samples
 
 
+def run_in_process(env, policy_url, rollouts):
+    """Runs `rollouts` slots of each of the env's tasks in this process, as verifiers' eval runs
+    them with --no-serve, the model at `policy_url` (its token in CRUCIBLE_VF_TEST_POLICY).
+    Returns the traces as verifiers writes them."""
+    import verifiers.v1 as vf
+    from verifiers.v1.clients import EvalClientConfig, ModelContext
+
+    ctx = ModelContext(client=EvalClientConfig(base_url=policy_url, api_key_var="CRUCIBLE_VF_TEST_POLICY"),
+                       model=MODEL, sampling=vf.SamplingConfig(temperature=1.0, max_tokens=8))
+
+    async def evaluate():
+        async with env.serving():
+            slots = [slot for task in env.taskset for slot in env.slots(task, rollouts)]
+            return await asyncio.gather(*(env.run_slot(slot, ctx) for slot in slots))
+
+    return [t.model_dump(mode="json") for e in asyncio.run(evaluate()) for t in e.traces]
+
+
 def test_eval_cli_rewards_are_the_service_verdicts(services, tmp_path):
     """`eval crucible-client ...` as a user (or prime-rl's orchestrator, through the same env
     server) runs it: rollouts in verifiers' env-server worker, the model behind its interception."""
@@ -218,7 +236,6 @@ def test_load_environment_in_process(services, monkeypatch):
     """load_environment's Env, run in this process as verifiers' eval runs it with --no-serve."""
     import verifiers.v1 as vf
     from crucible_client.verifiers_env import load_environment
-    from verifiers.v1.clients import EvalClientConfig, ModelContext
 
     s = services
     client = Client(s["url"], TOKEN)
@@ -232,16 +249,54 @@ def test_load_environment_in_process(services, monkeypatch):
     prompts = {"06_rmsnorm": client.prompt(task="06_rmsnorm", exemplars=exemplar)}
     assert prompts["06_rmsnorm"]["exemplars_shown"] == 1
 
-    ctx = ModelContext(client=EvalClientConfig(base_url=s["policy_url"], api_key_var="CRUCIBLE_VF_TEST_POLICY"),
-                       model=MODEL, sampling=vf.SamplingConfig(temperature=1.0, max_tokens=8))
-
-    async def evaluate():
-        async with env.serving():
-            slots = [slot for task in env.taskset for slot in env.slots(task, 4)]
-            return await asyncio.gather(*(env.run_slot(slot, ctx) for slot in slots))
-
-    episodes = asyncio.run(evaluate())
-    traces = [t.model_dump(mode="json") for e in episodes for t in e.traces]
+    traces = run_in_process(env, s["policy_url"], 4)
     assert len(traces) == 4
     samples = check_samples(traces, client, prompts, s["tokenizer"], s["cands"], "vf-py-")
     print("\nsamples (task, answer, status, reward):", json.dumps(sorted(samples), indent=1))
+
+
+def test_multi_turn_episodes_in_process(services, monkeypatch):
+    """turns=2: after an answer with code, the harness has it judged and asks the service for the
+    next turn's messages (the answer, then the feedback on its verdict); the reward is the best
+    turn's verdict, each turn judged once under the reward's id."""
+    from crucible_client.verifiers_env import load_environment
+
+    s = services
+    client = Client(s["url"], TOKEN)
+    monkeypatch.delenv("CRUCIBLE_VF_TEST_TOKEN", raising=False)
+    monkeypatch.setenv("CRUCIBLE_VF_TEST_POLICY", POLICY_TOKEN)
+    env = load_environment(s["url"], TOKEN, tasks=["01_relu_scale"], token_var="CRUCIBLE_VF_TEST_TOKEN",
+                           format_error_reward=FORMAT_ERROR_REWARD, id_prefix="vf-mt-", turns=2)
+    assert TOKEN not in env.config.model_dump_json()
+    first = client.prompt(task="01_relu_scale")
+    traces = run_in_process(env, s["policy_url"], 6)
+    assert len(traces) == 6
+    two_turns = 0
+    for trace in traces:
+        assert trace["ok"] and not trace["errors"], trace["errors"]
+        nodes = [n["message"] for n in trace["nodes"]]
+        answers = [m["content"] for m in nodes if m["role"] == "assistant"]
+        assert [{"role": m["role"], "content": m["content"]} for m in nodes[:2]] == first["messages"]
+        info = trace["info"]["crucible"]
+        judged = []
+        for a in answers:
+            code = extract_code(a)
+            if code is None:
+                judged.append(("format_error", FORMAT_ERROR_REWARD))
+                continue
+            v = client.evaluate(task="01_relu_scale", candidate=code, id=_request_id("vf-mt-", "01_relu_scale", code),
+                                timeout_s=10)
+            judged.append((v["status"], float(v["reward"])))
+        assert [(t["status"], t["reward"]) for t in info["turns"]] == judged
+        if extract_code(answers[0]) is None:
+            assert len(answers) == 1  # no code: the episode ends
+            continue
+        assert len(answers) == 2
+        two_turns += 1
+        # The second turn's prompt: the first answer, then the service's feedback on its verdict.
+        roles = [m["role"] for m in nodes]
+        assert roles == ["system", "user", "assistant", "user", "assistant"]
+        assert nodes[3]["content"].startswith("Turn 1: ") and "1 more attempts" in nodes[3]["content"]
+        best = max(r for _, r in judged)
+        assert trace["rewards"]["crucible"]["score"] == best and info["reward"] == best
+    assert two_turns >= 1

@@ -25,6 +25,7 @@
 #include "core/token.hpp"
 #include "core/sha256.hpp"
 #include "env/evaluator.hpp"
+#include "env/feedback.hpp"
 #include "env/prompt.hpp"
 #include "env/task.hpp"
 #include "service/verdict_service.hpp"
@@ -154,9 +155,14 @@ std::pair<int, std::string> refusal(service::verdict_service::admission how, con
 // POST /v1/prompt: the contrastive prompt crucible's own rollouts sample on (prompt.template, within
 // prompt.max_tokens), for a task and the exemplars a client keeps: {"task" or "task_source",
 // "exemplars": [{"code", "speedup"}], "hardware"} in, {"system", "user", "messages", "exemplars_shown"}
-// out. The client's model applies its own chat template to the messages.
+// out. The client's model applies its own chat template to the messages. With "turns" (a
+// multi-turn episode: [{"answer": the model's whole response, "evaluation": the id of the
+// /v1/evaluate request that judged its code}], oldest first) and "turns_total" (the episode's
+// turns; default one more than given), the messages are the next turn's: each earlier answer and
+// the feedback on its verdict (prompt.feedback_template), older turns shortened first to fit.
 result<json> prompt_of(const json& body, const task_registry& tasks, const env::prompt_builder& builder,
-                       const std::string& hardware) {
+                       const std::string& hardware, const service::verdict_service& svc,
+                       const env::feedback_template& feedback) {
   if (!body.is_object())
     return fail(errc::invalid_arg, "the request is not a JSON object");
   json probe = body;
@@ -190,11 +196,52 @@ result<json> prompt_of(const json& body, const task_registry& tasks, const env::
   std::size_t shown = 0;
   for (const auto& p : built->exemplars)
     shown += p.kept ? 1 : 0;
+  std::vector<env::episode_turn> turns;
+  if (auto it = body.find("turns"); it != body.end() && !it->is_null()) {
+    constexpr std::size_t most = 32;
+    if (!it->is_array() || it->size() > most)
+      return fail(errc::invalid_arg, "'turns' is not a list of at most ", std::to_string(most),
+                  " {\"answer\": string, \"evaluation\": id}");
+    std::size_t total = it->size() + 1;
+    if (auto t = body.find("turns_total"); t != body.end() && !t->is_null()) {
+      if (!t->is_number_integer() || t->get<std::int64_t>() < static_cast<std::int64_t>(it->size()) + 1 ||
+          t->get<std::int64_t>() > 64)
+        return fail(errc::invalid_arg, "'turns_total' is not an integer from ", std::to_string(it->size() + 1),
+                    " (the turns given and the next) to 64");
+      total = t->get<std::size_t>();
+    }
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      const auto& x = (*it)[i];
+      const std::string where = "'turns[" + std::to_string(i) + "]'";
+      if (!x.is_object() || !x.contains("answer") || !x["answer"].is_string() || !x.contains("evaluation") ||
+          !x["evaluation"].is_string())
+        return fail(errc::invalid_arg, where, " is not {\"answer\": string, \"evaluation\": id}");
+      const auto id = x["evaluation"].get<std::string>();
+      auto found = svc.find(id);
+      if (!found)
+        return fail(errc::not_found, where, ": no evaluation '", id, "' is known (never sent, or forgotten)");
+      if (!found->judged)
+        return fail(errc::busy, where, ": evaluation '", id, "' is not judged yet");
+      if (found->task != pr.task_name)
+        return fail(errc::invalid_arg, where, ": evaluation '", id, "' judged task '", found->task, "', not '",
+                    pr.task_name, "'");
+      turns.push_back({x["answer"].get<std::string>(), env::render_feedback(feedback, found->v, i + 1, total - (i + 1))});
+    }
+    if (!turns.empty()) {
+      auto next = builder.continue_episode(*built, turns);
+      if (!next)
+        return next.error();
+      built = std::move(next);
+    }
+  }
+  json messages = json::array();
+  for (const auto& [role, content] : built->messages)
+    messages.push_back(json{{"role", role}, {"content", content}});
   return json{{"task", pr.task_name},
               {"system", built->system},
               {"user", built->user},
-              {"messages", json::array({json{{"role", "system"}, {"content", built->system}},
-                                        json{{"role", "user"}, {"content", built->user}}})},
+              {"messages", messages},
+              {"turn", turns.size() + 1},
               {"exemplars_shown", shown},
               {"tokens", built->tokens}};
 }
@@ -204,7 +251,7 @@ const char* const nodes_only = "this service judges on evaluator nodes only, whi
                                "fresh inputs: name a registered task (GET /v1/tasks), without 'seed' or 'cache': false";
 
 void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_registry& tasks, const serve_limits& lim,
-                const std::string& token, const env::prompt_builder& prompts) {
+                const std::string& token, const env::prompt_builder& prompts, const env::feedback_template& feedback) {
   // Every request carries the token (Authorization: Bearer TOKEN).
   srv.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
     const auto auth = req.get_header_value("Authorization");
@@ -275,9 +322,10 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     if (body.is_discarded())
       return refuse(res, 400, "the body is not JSON");
     const auto hw = svc.hardware();
-    auto p = prompt_of(body, tasks, prompts, hw.empty() ? std::string{} : hw.front());
+    auto p = prompt_of(body, tasks, prompts, hw.empty() ? std::string{} : hw.front(), svc, feedback);
     if (!p)
-      return refuse(res, p.error().code == errc::not_found ? 404 : 400, p.error().message);
+      return refuse(res, p.error().code == errc::not_found ? 404 : p.error().code == errc::busy ? 409 : 400,
+                    p.error().message);
     reply(res, 200, *p);
   });
   srv.Post("/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
@@ -469,6 +517,14 @@ int run_serve(const parsed_args& args) {
     std::fprintf(stderr, "crucible serve: %s\n", prompts.error().message.c_str());
     return exit_usage;
   }
+  // The feedback of /v1/prompt's multi-turn form (prompt.feedback_template).
+  auto feedback_file = env::resolve_feedback_template(cfg.prompt.feedback_template);
+  auto feedback = feedback_file ? env::load_feedback_template(*feedback_file)
+                                : result<env::feedback_template>{feedback_file.error()};
+  if (!feedback) {
+    std::fprintf(stderr, "crucible serve: prompt.feedback_template: %s\n", feedback.error().message.c_str());
+    return exit_usage;
+  }
 
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
@@ -554,7 +610,7 @@ int run_serve(const parsed_args& args) {
   serve_limits lim;
   lim.max_request_bytes = static_cast<std::size_t>(*max_kb) * 1024;
   httplib::Server srv;
-  add_routes(srv, svc, tasks, lim, token, *prompts);
+  add_routes(srv, svc, tasks, lim, token, *prompts, *feedback);
   const int bound = bind_server(srv, *where);
   if (bound <= 0) {
     std::fprintf(stderr, "crucible serve: cannot listen on %s\n", args.get("--listen", "127.0.0.1:8470").c_str());

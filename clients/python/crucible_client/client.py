@@ -59,14 +59,20 @@ class Client:
         """The registered suite's task names."""
         return [t["name"] for t in self._call("GET", "/v1/tasks")[1]["tasks"]]
 
-    def prompt(self, task=None, task_source=None, exemplars=None, hardware=None):
+    def prompt(self, task=None, task_source=None, exemplars=None, hardware=None, turns=None, turns_total=None):
         """The contrastive prompt crucible's own rollouts sample on, for the registered task `task`
         (or the source `task_source`) and earlier implementations `exemplars` ([{"code", "speedup"}],
         shown by increasing speedup within the service's prompt budget): a dict with "messages"
-        ([system, user], for the model's chat template), "system", "user", "exemplars_shown"."""
+        ([system, user], for the model's chat template), "system", "user", "exemplars_shown".
+
+        A multi-turn episode's next turn: `turns` lists the earlier turns, oldest first, as
+        [{"answer": the model's whole response, "evaluation": the id of the evaluate request that
+        judged its code}] (pass `id=` to evaluate), `turns_total` the episode's length (default:
+        one more turn). The messages then go on with each answer and the feedback on its verdict,
+        older turns shortened first to fit; "turn" is the number of the turn they prompt."""
         body = {}
         for key, value in (("task", task), ("task_source", task_source), ("exemplars", exemplars),
-                           ("hardware", hardware)):
+                           ("hardware", hardware), ("turns", turns), ("turns_total", turns_total)):
             if value is not None:
                 body[key] = value
         return self._call("POST", "/v1/prompt", body)[1]

@@ -68,6 +68,12 @@ class CrucibleTaskConfig(vf.TaskConfig):
     """How long a reward waits for others to share its batch request."""
     max_batch: int = Field(256, ge=1)
     """The most requests in one batch."""
+    turns: int = Field(1, ge=1, le=32)
+    """Answers the model gives a task: after each but the last, the harness has the code judged
+    and sends the next turn's messages (POST /v1/prompt with the earlier turns: each answer and
+    the feedback on its verdict). An answer with no code ends the episode."""
+    turn_reward: str = Field("best", pattern="^(best|last)$")
+    """How a multi-turn episode's reward comes from its turns' verdicts: `best` or `last`."""
 
     def token(self) -> str:
         if self.token_file is not None:
@@ -107,6 +113,12 @@ class CrucibleData(vf.TaskData):
     """The task's name in the service's suite: what each reward request names."""
     exemplars_shown: int = 0
     """How many exemplars the service's prompt shows (it drops those over its prompt budget)."""
+    exemplars: list[dict[str, Any]] | None = None
+    """The exemplars asked for (a later turn's prompt asks for the same)."""
+    hardware: str | None = None
+    """The hardware the prompt names, as asked for."""
+    service: CrucibleTaskConfig | None = None
+    """Where the harness has a multi-turn episode's turns judged (the task's config: no token in it)."""
 
 
 class _Batcher:
@@ -181,26 +193,42 @@ class CrucibleTask(vf.Task[CrucibleData, vf.State, CrucibleTaskConfig]):
         return self.data.task
 
     @vf.stop
-    async def single_turn(self, trace: vf.Trace) -> bool:
-        return trace.num_turns >= 1  # one answer: a harness that would ask again is stopped
+    async def enough_turns(self, trace: vf.Trace) -> bool:
+        return trace.num_turns >= self.config.turns  # a harness that would ask again is stopped
+
+    async def judge(self, answer: str) -> dict:
+        """One answer's verdict: {"id", "status", "reward", "verdict"} (id and verdict None for an
+        answer with no code)."""
+        config = self.config
+        code = extract_code(answer)
+        if code is None:
+            return {"id": None, "status": "format_error", "reward": float(config.format_error_reward), "verdict": None}
+        request_id = _request_id(config.id_prefix, self.data.task, code)
+        verdict = await _batcher(config).verdict({"task": self.data.task, "candidate": code, "id": request_id})
+        return {"id": request_id, "status": verdict["status"], "reward": float(verdict["reward"]), "verdict": verdict}
 
     @vf.reward
     async def crucible(self, trace: vf.Trace) -> float:
+        """The verdict of the answer (one turn), or of the episode's turns: the best or the last
+        (turn_reward); each turn's request id is the one the harness had it judged under, so no
+        turn is judged twice. The status and metrics are those of the turn whose reward counts."""
         config = self.config
-        answers = trace.assistant_messages
-        code = extract_code((answers[-1].content or "") if answers else "")
-        if code is None:
-            status, reward, verdict, request_id = "format_error", float(config.format_error_reward), None, None
-        else:
-            request_id = _request_id(config.id_prefix, self.data.task, code)
-            verdict = await _batcher(config).verdict({"task": self.data.task, "candidate": code, "id": request_id})
-            status, reward = verdict["status"], float(verdict["reward"])
-        trace.info["crucible"] = {"id": request_id, "task": self.data.task, "status": status, "reward": reward,
-                                  "verdict": verdict}
+        answers = trace.assistant_messages or [None]
+        judged = [await self.judge((a.content or "") if a is not None else "") for a in answers]
+        pick = len(judged) - 1
+        if config.turn_reward == "best":
+            pick = max(range(len(judged)), key=lambda i: (judged[i]["reward"], -i))
+        chosen = judged[pick]
+        trace.info["crucible"] = {"id": chosen["id"], "task": self.data.task, "status": chosen["status"],
+                                  "reward": chosen["reward"], "verdict": chosen["verdict"]}
+        if len(judged) > 1 or config.turns > 1:
+            trace.info["crucible"]["turns"] = [{k: j[k] for k in ("id", "status", "reward")} for j in judged]
+            trace.info["crucible"]["turn"] = pick + 1
+            trace.record_metric("crucible/turns", float(len(judged)))
         for s in STATUSES:
-            trace.record_metric("crucible/" + s, 1.0 if s == status else 0.0)
-        trace.record_metric("crucible/speedup", float((verdict or {}).get("speedup") or 0.0))
-        return reward
+            trace.record_metric("crucible/" + s, 1.0 if s == chosen["status"] else 0.0)
+        trace.record_metric("crucible/speedup", float((chosen["verdict"] or {}).get("speedup") or 0.0))
+        return chosen["reward"]
 
 
 class CrucibleTaskset(vf.Taskset[CrucibleTask, CrucibleTasksetConfig]):
@@ -218,7 +246,8 @@ class CrucibleTaskset(vf.Taskset[CrucibleTask, CrucibleTasksetConfig]):
             shown = exemplars.get(name, exemplars.get("*"))
             p = client.prompt(task=name, exemplars=shown, hardware=config.hardware)
             data = CrucibleData(idx=i, name=name, task=name, system_prompt=p["system"], prompt=p["user"],
-                                exemplars_shown=p["exemplars_shown"])
+                                exemplars_shown=p["exemplars_shown"], exemplars=shown, hardware=config.hardware,
+                                service=config.task if config.task.turns > 1 else None)
             out.append(CrucibleTask(data, config.task))
         return out
 
@@ -228,10 +257,13 @@ class CrucibleChatHarnessConfig(vf.HarnessConfig):
 
 
 class CrucibleChatHarness(vf.Harness[CrucibleChatHarnessConfig]):
-    """The model answers once: one chat completion of the task's messages (system, user), sent
+    """The model answers: one chat completion of the task's messages (system, user) a turn, sent
     in-process through the rollout's interception endpoint (which imposes the run's model and
-    sampling and records the trace), with no tools. Needs no program in the runtime, so the
-    `subprocess` runtime serves."""
+    sampling and records the trace), with no tools. With `turns` above 1 (the task's config),
+    each answer but the last is judged by the service under the reward's request id, and the next
+    turn's messages are the service's (POST /v1/prompt with the earlier turns: the conversation so
+    far with the feedback on each verdict, older turns shortened to fit its budget); an answer with
+    no code ends the episode. Needs no program in the runtime, so the `subprocess` runtime serves."""
 
     APPENDS_SYSTEM_PROMPT = True
     SUPPORTS_RESUME = True
@@ -248,8 +280,25 @@ class CrucibleChatHarness(vf.Harness[CrucibleChatHarnessConfig]):
             messages.append({"role": "user", "content": prompt})
         elif prompt is not None:
             messages.extend(message_to_wire(m) for m in prompt)
+        service = getattr(data, "service", None)
+        turns = service.turns if service is not None else 1
+        earlier = []
         async with AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=2) as client:
-            await client.chat.completions.create(model=ctx.model, messages=messages)
+            for turn in range(turns):
+                answer = await client.chat.completions.create(model=ctx.model, messages=messages)
+                if turn + 1 == turns:
+                    break
+                text = answer.choices[0].message.content or ""
+                code = extract_code(text)
+                if code is None:
+                    break  # nothing to judge: the episode ends here
+                crucible = service.client()
+                request_id = _request_id(service.id_prefix, data.task, code)
+                await asyncio.to_thread(crucible.evaluate, candidate=code, task=data.task, id=request_id)
+                earlier.append({"answer": text, "evaluation": request_id})
+                p = await asyncio.to_thread(crucible.prompt, task=data.task, exemplars=data.exemplars,
+                                            hardware=data.hardware, turns=earlier, turns_total=turns)
+                messages = p["messages"]
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 
 
