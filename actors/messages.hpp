@@ -302,6 +302,11 @@ typename Inspector::result_type inspect(Inspector& f, candidate& x) {
 
 namespace crucible::env {
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kernel_share& x) {
+  return f(caf::meta::type_name("kernel_share"), x.name, crucible::detail::exact{x.share});
+}
+
 /// The verdict (env/verdict.hpp) as a message: every field, numbers bit-exact (NaN speedups
 /// of failed verdicts included); a status outside the enum is rejected on load.
 template <class Inspector>
@@ -309,7 +314,8 @@ typename Inspector::result_type inspect(Inspector& f, verdict& x) {
   using crucible::detail::exact;
   return f(caf::meta::type_name("verdict"), x.status, x.correct, exact{x.speedup}, exact{x.speedup_spread},
            exact{x.ref_ms}, exact{x.cand_ms}, exact{x.reward}, x.checks_failed, x.message, x.hardware,
-           x.cache_hit, x.rounds, exact{x.wall_s}, x.baseline, crucible::detail::check_enum(x.status));
+           x.cache_hit, x.rounds, exact{x.wall_s}, x.baseline, x.profile, exact{x.own_share},
+           crucible::detail::check_enum(x.status));
 }
 
 } // namespace crucible::env

@@ -211,6 +211,30 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
   }
   if (const auto own = n["own_kernels"]; own.is_scalar())
     reported_.own_kernels = own.as<long>(-1);
+  // The candidate's own profile, for a multi-turn episode's feedback only (verdict::profile): data
+  // from its process, so each name is cut to printable ASCII and 160 characters (it goes into the
+  // policy's next prompt and into JSON), a share outside [0, 1] is left out, and nothing of it
+  // enters a check or the reward.
+  if (const auto p = n["profile"]; p.is_list() && v_.profile.empty())
+    for (const auto& k : p) {
+      if (v_.profile.size() == 5)
+        break;
+      if (!k.is_list() || k.size() != 2 || !k[std::size_t{0}].is_scalar() || !k[std::size_t{1}].is_scalar())
+        continue;
+      const double share = k[std::size_t{1}].as<double>(NAN);
+      if (!(share >= 0 && share <= 1))
+        continue;
+      auto name = k[std::size_t{0}].as<std::string>("");
+      if (name.size() > 160)
+        name.resize(160);
+      for (auto& c : name)
+        if (c < 0x20 || c > 0x7E)
+          c = '?';
+      v_.profile.push_back({std::move(name), share});
+    }
+  if (const auto o = n["own_share"]; o.is_scalar())
+    if (const double x = o.as<double>(NAN); x >= 0 && x <= 1)
+      v_.own_share = x;
   if (n["kernels"].defined() && n["kernels"].as<long>(1) == 0) {
     v_.checks_failed.push_back("runtime:no_kernel");
     set(verdict_status::rejected, "no kernel or operator ran in the candidate's forward");

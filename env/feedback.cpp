@@ -16,8 +16,8 @@ namespace crucible::env {
 namespace {
 
 const std::vector<std::string>& placeholders() {
-  static const std::vector<std::string> names = {"status", "error",   "checks",   "speedup", "band",
-                                                 "ref_ms", "cand_ms", "hardware", "turn",    "turns_left"};
+  static const std::vector<std::string> names = {"status", "error",   "checks",   "speedup", "band",     "ref_ms",
+                                                 "cand_ms", "hardware", "turn",    "turns_left", "profile", "own_share"};
   return names;
 }
 
@@ -125,6 +125,18 @@ std::string cut_middle(const std::string& text, std::size_t max_chars) {
   return text.substr(0, head) + marker + text.substr(tail_from);
 }
 
+std::string profile_lines(const verdict& v) {
+  if (v.profile.empty())
+    return "(no profile)";
+  std::string out;
+  for (const auto& k : v.profile) {
+    char share[16];
+    std::snprintf(share, sizeof share, "%5.1f%%", k.share * 100.0);
+    out += (out.empty() ? "" : "\n") + std::string{"  "} + share + "  " + k.name;
+  }
+  return out;
+}
+
 std::string render_feedback(const feedback_template& t, const verdict& v, std::size_t turn, std::size_t turns_left) {
   std::string checks;
   for (const auto& c : v.checks_failed)
@@ -140,6 +152,8 @@ std::string render_feedback(const feedback_template& t, const verdict& v, std::s
     {"hardware", v.hardware.empty() ? "-" : v.hardware},
     {"turn", std::to_string(turn)},
     {"turns_left", std::to_string(turns_left)},
+    {"profile", profile_lines(v)},
+    {"own_share", std::isnan(v.own_share) ? std::string{"-"} : number("%.0f", v.own_share * 100.0)},
   };
   const std::string* piece = &t.runtime_error;
   switch (v.status) {

@@ -32,6 +32,10 @@ result<feedback_template> load_feedback_template(const std::filesystem::path& fi
 /// a traceback ends in the exception), joined by a line that says how much was left out.
 std::string cut_middle(const std::string& text, std::size_t max_chars);
 
+/// The candidate's profile (verdict::profile) as lines "  42.0%  NAME", largest first;
+/// "(no profile)" where the verdict has none.
+std::string profile_lines(const verdict& v);
+
 /// The feedback on `v`, the verdict of turn `turn` (from 1) with `turns_left` turns to come.
 std::string render_feedback(const feedback_template& t, const verdict& v, std::size_t turn, std::size_t turns_left);
 

@@ -1,5 +1,7 @@
 #include "env/verdict.hpp"
 
+#include <algorithm>
+
 #include <yaml-cpp/yaml.h>
 
 #include "core/json.hpp"
@@ -40,7 +42,10 @@ bool operator==(const verdict& x, const verdict& y) noexcept {
          && same_number(x.cand_ms, y.cand_ms) && same_number(x.reward, y.reward)
          && x.checks_failed == y.checks_failed && x.message == y.message && x.hardware == y.hardware
          && x.cache_hit == y.cache_hit && x.rounds == y.rounds && same_number(x.wall_s, y.wall_s)
-         && x.baseline == y.baseline;
+         && x.baseline == y.baseline && x.profile.size() == y.profile.size()
+         && std::equal(x.profile.begin(), x.profile.end(), y.profile.begin(),
+                       [](const kernel_share& a, const kernel_share& b) { return a.name == b.name && same_number(a.share, b.share); })
+         && same_number(x.own_share, y.own_share);
 }
 
 std::string to_json(const verdict& v) {
@@ -59,8 +64,16 @@ std::string to_json(const verdict& v) {
     .field("cache_hit", v.cache_hit)
     .field("rounds", static_cast<std::uint64_t>(v.rounds))
     .field("wall_s", v.wall_s)
-    .field("baseline", v.baseline)
-    .end_object();
+    .field("baseline", v.baseline);
+  if (!v.profile.empty()) {
+    w.key("profile").begin_array();
+    for (const auto& k : v.profile)
+      w.begin_object().field("name", k.name).field("share", k.share).end_object();
+    w.end_array();
+  }
+  if (!std::isnan(v.own_share))
+    w.field("own_share", v.own_share);
+  w.end_object();
   return std::move(w).take();
 }
 
@@ -92,6 +105,11 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
     v.rounds = n["rounds"].as<std::uint32_t>();
     v.wall_s = num("wall_s");
     v.baseline = n["baseline"].as<std::string>();
+    // Absent in verdicts cached before they carried a profile.
+    if (n["profile"].IsSequence())
+      for (const auto& k : n["profile"])
+        v.profile.push_back({k["name"].as<std::string>(), k["share"].as<double>()});
+    v.own_share = num("own_share");
     return v;
   } catch (const YAML::Exception&) {
     return std::nullopt;

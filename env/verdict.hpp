@@ -31,6 +31,14 @@ constexpr bool is_valid(verdict_status s) noexcept {
   return static_cast<std::uint8_t>(s) <= static_cast<std::uint8_t>(verdict_status::format_error);
 }
 
+/// One kernel (on a device; an operator on the CPU) of the candidate's profiled call and its
+/// share of that call's time.
+struct kernel_share {
+  std::string name;
+  double share = 0; ///< in [0, 1]
+  friend bool operator==(const kernel_share&, const kernel_share&) = default;
+};
+
 /// Everything the evaluator says about one candidate. Plain value; it is also the verdict
 /// message the actors exchange (actors/messages.hpp holds its inspect()).
 struct verdict {
@@ -48,6 +56,13 @@ struct verdict {
   std::uint32_t rounds = 0;   ///< timed rounds behind the speedup
   double wall_s = 0.0;        ///< wall time of the evaluation
   std::string baseline = "eager";
+  /// The candidate's own profile, for the feedback of a multi-turn episode (env/feedback.hpp):
+  /// the kernels that took most of its profiled trial call, largest first (at most 5), and the
+  /// share of that call's time in kernels the reference's call did not run (NaN: not known). Both
+  /// are counted in the candidate's process: they tell the policy where its time goes and never
+  /// enter the reward. Empty and NaN where the trials did not profile it (a failed verdict).
+  std::vector<kernel_share> profile;
+  double own_share = NAN;
 
   bool has_speedup() const noexcept { return !std::isnan(speedup); }
 

@@ -266,6 +266,9 @@ class _TrialPhase:
                 own = self.own_work(counts)
                 if own is not None:
                     msg["own_kernels"] = own
+                shares = self.profile_shares(counts)
+                if shares is not None:
+                    msg["profile"], msg["own_share"] = shares
                 self.check_device_time(counts, where + ", second call")
                 if unchanged:  # after the kernel count
                     self.check_aliasing(aliased, where)
@@ -331,17 +334,20 @@ class _TrialPhase:
         dev = launches = ops = 0
         spans = []
         kernels, operators = {}, {}  # name -> count
+        kernel_us, operator_us = {}, {}  # name -> time (us): device time, an operator's own CPU time
         for e in prof.events():
             name = e.name or ""
             if e.device_type == _DeviceType.CUDA:
                 dev += 1
                 spans.append((e.time_range.start, e.time_range.end))
                 kernels[name] = kernels.get(name, 0) + 1
+                kernel_us[name] = kernel_us.get(name, 0.0) + (e.time_range.end - e.time_range.start)
             elif "LaunchKernel" in name or "GraphLaunch" in name or "cuLaunch" in name:
                 launches += 1
             elif "::" in name:
                 ops += 1
                 operators[name] = operators.get(name, 0) + 1
+                operator_us[name] = operator_us.get(name, 0.0) + e.self_cpu_time_total
         # The device's busy time over all streams (the union of its activities' intervals, us).
         busy_us = 0.0
         end = None
@@ -353,7 +359,27 @@ class _TrialPhase:
                 busy_us += b - end
                 end = b
         return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0],
-                     "busy_ms": busy_us / 1e3, "window_ms": window_ms, "kernels": kernels, "operators": operators}
+                     "busy_ms": busy_us / 1e3, "window_ms": window_ms, "kernels": kernels, "operators": operators,
+                "kernel_us": kernel_us, "operator_us": operator_us}
+
+    def profile_shares(self, counts):
+        """For the feedback of a multi-turn episode (never the reward): the five kernels (device)
+        or operators (CPU, their own time) that took most of the profiled call, as [[name,
+        share]], largest first, and the share of its time in names the reference's profiled call
+        did not run (None where the reference's profile is not known). None without any time."""
+        device = self.reference.kernel_mode == "device" and counts["device"] > 0
+        times = counts["kernel_us"] if device else {n: t for n, t in counts["operator_us"].items()
+                                                    if n not in _NO_KERNEL_OPS}
+        total = _sum(times.values())
+        if not total > 0:
+            return None
+        top = _sorted(times.items(), key=lambda kv: -kv[1])[:5]
+        ref = self.reference.profile
+        own = None
+        if ref is not None:
+            theirs = ref["kernels" if device else "operators"]
+            own = _sum(t for n, t in times.items() if n not in theirs) / total
+        return [[n[:160], t / total] for n, t in top], own
 
     def check_device_time(self, counts, where):
         """The cross-check of the clock (CUDA Agent's): the profiler's device time over all

@@ -88,6 +88,14 @@ def test_multi_turn_prompt(server):
     feedback = p["messages"][3]["content"]
     assert feedback.startswith("Turn 1: incorrect.") and "2 more attempts" in feedback
     assert v["message"][:60] in feedback  # the evaluator's message, cut to max_error_chars
+    # A correct turn's feedback shows where its time went: the candidate's own profile.
+    fast = variant("01_relu_scale", "fast_inplace.py")
+    v = client.evaluate(task="01_relu_scale", candidate=fast, id="episode-2-turn-1")
+    assert v["status"] == "ok" and v["profile"] and 0 <= v["own_share"] <= 1
+    assert all(0 <= k["share"] <= 1 for k in v["profile"]) and sum(k["share"] for k in v["profile"]) <= 1 + 1e-9
+    p = client.prompt(task="01_relu_scale", turns=[{"answer": "```python\n" + fast + "```", "evaluation": "episode-2-turn-1"}])
+    feedback = p["messages"][3]["content"]
+    assert "Where its time went" in feedback and v["profile"][0]["name"] in feedback
     # Errors name what is wrong.
     with pytest.raises(ServiceError) as e:
         client.prompt(task="01_relu_scale", turns=[{"answer": answer, "evaluation": "never-sent"}])

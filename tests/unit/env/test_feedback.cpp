@@ -40,7 +40,15 @@ TEST_CASE("feedback: each status's text from the shipped template") {
   fast.hardware = "NVIDIA H100 80GB HBM3";
   CHECK(render_feedback(t, fast, 1, 2) ==
         "Turn 1: correct, 2.35x faster than the reference (band ±2.1%; 1.791 ms against 4.200 ms on NVIDIA H100 80GB "
-        "HBM3). 2 more attempts: make it faster, and answer in the same sections.");
+        "HBM3).\nWhere its time went (-% in kernels the reference does not run):\n(no profile)\n2 more attempts: make "
+        "it faster, and answer in the same sections.");
+  // The candidate's profile (its top kernels' shares of its profiled call), largest first.
+  verdict profiled = fast;
+  profiled.profile = {{"fused_relu_scale_kernel", 0.8125}, {"aten::copy_", 0.1}};
+  profiled.own_share = 0.8125;
+  CHECK(render_feedback(t, profiled, 1, 2).find("(81% in kernels the reference does not run):\n   81.2%  "
+                                                 "fused_relu_scale_kernel\n   10.0%  aten::copy_\n2 more attempts")
+        != std::string::npos);
   verdict slow = fast;
   slow.speedup = 1.0;
   CHECK(render_feedback(t, slow, 2, 1).rfind("Turn 2: correct, but not faster than the reference (1.00x", 0) == 0);

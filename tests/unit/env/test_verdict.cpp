@@ -34,6 +34,16 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   back = verdict_from_json(to_json(v));
   REQUIRE(back.has_value());
   CHECK(back->speedup == doctest::Approx(1.37));
+  CHECK(back->profile.empty());
+  CHECK(std::isnan(back->own_share));
+  CHECK(to_json(v).find("profile") == std::string::npos); // absent, as in verdicts cached before it
+  // The candidate's profile (for feedback) round-trips.
+  v.profile = {{"fused_kernel", 0.75}, {"aten::add", 0.25}};
+  v.own_share = 0.75;
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(back->profile == v.profile);
+  CHECK(back->own_share == doctest::Approx(0.75));
   CHECK_FALSE(verdict_from_json("{\"status\": \"great\"}").has_value());
   CHECK_FALSE(verdict_from_json("not json").has_value());
 }
