@@ -700,10 +700,9 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   };
   if (!prime(w))
     return false;
-  if (null) {
-    // The empty sample: every step as below, one tiny kernel for the calls, the copies of the
-    // reference's last outputs for the outputs' copies.
-  } else if (in.size() != s.sets.size() || dev_.staged.size() != in.size())
+  // The empty sample (null) has no inputs of its own: every step as below, one tiny kernel for the
+  // calls, the copies of the reference's last outputs for the outputs' copies.
+  if (!null && (in.size() != s.sets.size() || dev_.staged.size() != in.size()))
     return broke("input buffers for " + std::to_string(s.sets.size()) + " calls, the sample has " + std::to_string(in.size()));
   for (std::size_t c = 0; c < in.size() && !null; ++c) {
     if (in[c].size() != s.sets[c].size() || dev_.staged[c].size() != in[c].size())

@@ -205,6 +205,26 @@ struct prompt_builder::impl {
   std::map<std::string, std::string> special;
   token_counter count;
 
+  // p.text and p.tokens from p.messages: rendered with the chat template, or (without one) the
+  // messages' contents joined by blank lines.
+  result<void> render_text(built_prompt& p) const {
+    if (chat) {
+      std::vector<jinja::chat_message> msgs;
+      for (const auto& [role, content] : p.messages)
+        msgs.push_back({role, content});
+      auto text = jinja::render_chat(*chat, msgs, special, true);
+      if (!text.ok())
+        return fail(errc::invalid_arg, "chat template: ", text.error().message);
+      p.text = std::move(*text);
+    } else {
+      p.text.clear();
+      for (std::size_t i = 0; i < p.messages.size(); ++i)
+        p.text += (i == 0 ? "" : "\n\n") + p.messages[i].second;
+    }
+    p.tokens = count(p.text);
+    return {};
+  }
+
   // The code of one exemplar cut to `cap` bytes (at a UTF-8 boundary, at a line end when that keeps
   // at least half), followed by the truncation marker.
   std::string cut(const std::string& code, std::size_t cap, exemplar_placement& place) const {
@@ -264,16 +284,8 @@ struct prompt_builder::impl {
     p.system = fill(t.system, {{"hardware", req.hardware}});
     p.user = fill(t.user, {{"task", task}, {"exemplars", block}, {"instructions", instructions}});
     p.messages = {{"system", p.system}, {"user", p.user}};
-    if (chat) {
-      std::vector<jinja::chat_message> msgs = {{"system", p.system}, {"user", p.user}};
-      auto text = jinja::render_chat(*chat, msgs, special, true);
-      if (!text.ok())
-        return fail(errc::invalid_arg, "chat template: ", text.error().message);
-      p.text = std::move(*text);
-    } else {
-      p.text = p.system + "\n\n" + p.user;
-    }
-    p.tokens = count(p.text);
+    if (auto r = render_text(p); !r.ok())
+      return r.error();
     return p;
   }
 };
@@ -285,30 +297,18 @@ result<built_prompt> prompt_builder::continue_episode(const built_prompt& first,
   std::vector<int> shown(turns.size(), 2);
   auto render = [&]() -> result<built_prompt> {
     built_prompt p = first;
-    std::vector<jinja::chat_message> msgs = {{"system", first.system}, {"user", first.user}};
     p.messages = {{"system", first.system}, {"user", first.user}};
-    std::string plain = first.system + "\n\n" + first.user;
     for (std::size_t k = 0; k < turns.size(); ++k) {
       const std::string answer =
         shown[k] == 2 ? turns[k].answer
                       : "[the answer of turn " + std::to_string(k + 1) + " is left out: " +
                           std::to_string(turns[k].answer.size()) + " characters]";
       const std::string feedback = shown[k] >= 1 ? turns[k].feedback : "[its feedback is left out]";
-      msgs.push_back({"assistant", answer});
-      msgs.push_back({"user", feedback});
       p.messages.push_back({"assistant", answer});
       p.messages.push_back({"user", feedback});
-      plain += "\n\n" + answer + "\n\n" + feedback;
     }
-    if (im.chat) {
-      auto text = jinja::render_chat(*im.chat, msgs, im.special, true);
-      if (!text.ok())
-        return fail(errc::invalid_arg, "chat template: ", text.error().message);
-      p.text = std::move(*text);
-    } else {
-      p.text = std::move(plain);
-    }
-    p.tokens = im.count(p.text);
+    if (auto r = im.render_text(p); !r.ok())
+      return r.error();
     return p;
   };
   auto p = render();

@@ -60,7 +60,8 @@ struct verdict {
   /// the kernels that took most of its profiled trial call, largest first (at most 5), and the
   /// share of that call's time in kernels the reference's call did not run (NaN: not known). Both
   /// are counted in the candidate's process: they tell the policy where its time goes and never
-  /// enter the reward. Empty and NaN where the trials did not profile it (a failed verdict).
+  /// enter the reward. Empty and NaN where no trial profiled it (a verdict that failed before
+  /// the second call of trial 0, or one cached before verdicts carried a profile).
   std::vector<kernel_share> profile;
   double own_share = NAN;
 

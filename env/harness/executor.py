@@ -359,7 +359,7 @@ class _ExecutorPhase:
                     need += ((n + 511) // 512 + steps) * 512
             need *= calls
             if self.arena is None or _T_numel(self.arena) < need:
-                self.buf_sets, self.arena = [], None
+                self.arena = None  # the old one is freed before the new one is made
                 self.arena = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
             arena = self.arena
         pos = 0

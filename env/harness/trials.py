@@ -360,7 +360,7 @@ class _TrialPhase:
                 end = b
         return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0],
                      "busy_ms": busy_us / 1e3, "window_ms": window_ms, "kernels": kernels, "operators": operators,
-                "kernel_us": kernel_us, "operator_us": operator_us}
+                     "kernel_us": kernel_us, "operator_us": operator_us}
 
     def profile_shares(self, counts):
         """For the feedback of a multi-turn episode (never the reward): the five kernels (device)

@@ -283,6 +283,7 @@ class CrucibleChatHarness(vf.Harness[CrucibleChatHarnessConfig]):
         service = getattr(data, "service", None)
         turns = service.turns if service is not None else 1
         earlier = []
+        crucible = service.client() if turns > 1 else None
         async with AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=2) as client:
             for turn in range(turns):
                 answer = await client.chat.completions.create(model=ctx.model, messages=messages)
@@ -292,7 +293,6 @@ class CrucibleChatHarness(vf.Harness[CrucibleChatHarnessConfig]):
                 code = extract_code(text)
                 if code is None:
                     break  # nothing to judge: the episode ends here
-                crucible = service.client()
                 request_id = _request_id(service.id_prefix, data.task, code)
                 await asyncio.to_thread(crucible.evaluate, candidate=code, task=data.task, id=request_id)
                 earlier.append({"answer": text, "evaluation": request_id})
