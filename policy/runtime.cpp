@@ -1,4 +1,5 @@
 #include "policy/runtime.hpp"
+#include "policy/model/model.hpp"
 
 #include <algorithm>
 #include <map>
@@ -17,7 +18,6 @@
 #  include <c10/cuda/CUDACachingAllocator.h>
 #  include <cuda_runtime_api.h>
 
-#  include "policy/kernels/decode_layers.hpp"
 #  include "policy/kernels/kernels.hpp"
 #endif
 
@@ -141,78 +141,6 @@ result<std::vector<profile_row>> profile(const std::function<void()>& fn, bool c
   return sorted;
 }
 
-void set_small_gemm_one_round([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_small_gemm_one_round(on);
-#endif
-}
-
-void set_small_gemm_half_warps([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_small_gemm_half_warps(on);
-#endif
-}
-
-void set_decode_early_reads([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_early_reads(on);
-#endif
-}
-
-void set_decode_wide_attention([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_wide_attention(on);
-#endif
-}
-
-void set_decode_greedy_head([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_greedy_head(on);
-#endif
-}
-
-void set_decode_attention_merge([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_attention_merge(on);
-#endif
-}
-
-void set_decode_attention_merge_splits([[maybe_unused]] int most) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_attention_merge_splits(most);
-#endif
-}
-
-void set_decode_attention_merge_warps([[maybe_unused]] int warps) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_attention_merge_warps(warps);
-#endif
-}
-
-void set_small_gemm_batched_staging([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_small_gemm_batched_staging(on);
-#endif
-}
-
-void set_decode_early_launch([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_early_launch(on);
-#endif
-}
-
-void set_decode_layers([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_layers(on);
-#endif
-}
-
-void set_decode_layers_prefetch([[maybe_unused]] bool on) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  kernels::set_decode_layers_prefetch(on);
-#endif
-}
-
 namespace {
 
 // The lower median (0 for none): the timelines' summaries.
@@ -223,7 +151,8 @@ namespace {
 
 } // namespace
 
-result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] const std::function<void()>& fn,
+result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] CausalLMImpl& model,
+                                                           [[maybe_unused]] const std::function<void()>& fn,
                                                            [[maybe_unused]] std::int64_t layers) {
 #ifdef CRUCIBLE_HAVE_CUDA
   constexpr int kinds = 5; // q/k/v, attention, o, gate/up, down
@@ -234,16 +163,19 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] cons
   constexpr int entries = kernels::decode_timeline_entries;
   auto buffer = torch::zeros({launches * max_blocks * entries},
                              torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA, at::cuda::current_device()));
-  kernels::set_decode_timeline(reinterpret_cast<unsigned long long*>(buffer.data_ptr<std::int64_t>()), launches,
-                               max_blocks);
-  try {
-    fn();
-    torch::cuda::synchronize();
-  } catch (...) {
-    kernels::set_decode_timeline(nullptr, 0, 0);
-    throw;
-  }
-  kernels::set_decode_timeline(nullptr, 0, 0);
+  kernels::decode_timeline timeline(reinterpret_cast<unsigned long long*>(buffer.data_ptr<std::int64_t>()), launches,
+                                    max_blocks);
+  // The model's own variants with the timeline, and those again afterwards, also when fn throws.
+  struct restore {
+    CausalLMImpl& m;
+    kernels::decode_options before;
+    ~restore() { m.set_decode_options(before); }
+  } restored{model, model.decode_options()};
+  auto timed = model.decode_options();
+  timed.timeline = &timeline;
+  model.set_decode_options(timed);
+  fn();
+  torch::cuda::synchronize();
   auto t = buffer.cpu();
   const auto* v = t.data_ptr<std::int64_t>();
   auto at = [&](std::int64_t launch, std::int64_t b, int what) { return v[(launch * max_blocks + b) * entries + what]; };

@@ -14,6 +14,8 @@
 
 namespace crucible::policy {
 
+class CausalLMImpl; // policy/model/model.hpp
+
 /// One CUDA device as the runtime reports it.
 struct cuda_device {
   int index = 0;
@@ -73,64 +75,11 @@ std::optional<device_memory> memory_stats(std::string_view device);
 /// memory_stats has none).
 void reset_peak_memory(std::string_view device);
 
-/// Turns the one-row projections' single round of weight loads for a long k
-/// (kernels::set_small_gemm_one_round) on, the default, or off for this process, so that a
-/// benchmark can run them side by side. No effect without CUDA.
-void set_small_gemm_one_round(bool on);
-
-/// The one-row gate/up projection with a unit a half-warp (kernels::set_small_gemm_half_warps),
-/// the default, or a unit a warp, for this process. No effect without CUDA.
-void set_small_gemm_half_warps(bool on);
-
-/// Turns the decoding kernels' early reads (kernels::set_decode_early_reads: what the previous
-/// kernel leaves alone is read before waiting for it) on, the default, or off for this process.
-/// No effect without CUDA.
-void set_decode_early_reads(bool on);
-
-/// Lets fused::decode_attention choose its wide kernel (kernels::set_decode_wide_attention: one
-/// block per query head, no combine, at batch 1), the default, or not, for this process. No
-/// effect without CUDA.
-void set_decode_wide_attention(bool on);
-
-/// Lets a one-row decoding step run its attention in splits that the o projection merges
-/// (kernels::set_decode_attention_merge), the default, or in one wide block a query head, for
-/// this process. No effect without CUDA.
-void set_decode_attention_merge(bool on);
-
-/// The most splits that merge takes (kernels::set_decode_attention_merge_splits), and whether the
-/// one-row o and down projections load all their inputs before staging them
-/// (kernels::set_small_gemm_batched_staging), for this process. No effect without CUDA.
-void set_decode_attention_merge_splits(int most);
-/// Warps of each block of that split attention (kernels::set_decode_attention_merge_warps: 8, the
-/// default, or 16).
-void set_decode_attention_merge_warps(int warps);
-void set_small_gemm_batched_staging(bool on);
-
-/// Lets greedy decoding steps of one row in CUDA graphs end in one kernel that applies the final
-/// norm and the output matrix and samples, without writing the logits (kernels::set_decode_greedy_head),
-/// the default, or in the output matrix's GEMM and the two sampling kernels, for this process.
-/// No effect without CUDA.
-void set_decode_greedy_head(bool on);
-
-/// Lets the decoding kernels of one row launch the next kernel as they begin
-/// (kernels::set_decode_early_launch), the default, or after their wait, for this process. No
-/// effect without CUDA.
-void set_decode_early_launch(bool on);
-
-/// Lets the fused decoding step run all its layers in one persistent kernel at one row
-/// (kernels::set_decode_layers; off by default: five kernels a layer), for this process. No
-/// effect without CUDA.
-void set_decode_layers(bool on);
-
-/// Lets the persistent kernel prefetch each next layer's weights to L2
-/// (kernels::set_decode_layers_prefetch; off by default), for this process. No effect without CUDA.
-void set_decode_layers_prefetch(bool on);
-
-/// (The copy bandwidth and the persistent kernel's stage timeline, which only bench_decode uses,
-/// are in tools/bench/bench_timers.hpp.)
+/// (The decoding kernels' variants are CausalLMImpl::set_decode_options, kernels::decode_options.
+/// The copy bandwidth, which only bench_decode uses, is in tools/bench/bench_timers.hpp.)
 ///
 /// One kernel of a one-row decoding layer of five kernels (q/k/v, attention, o, gate/up, down),
-/// timed by its blocks (kernels::set_decode_timeline), as medians over the layers after the first
+/// timed by its blocks (kernels::decode_timeline), as medians over the layers after the first
 /// of the last step. Every time is from the end of the kernel before (its last block's): so
 /// `end_us` is the kernel's share of a layer's time, and the five add up to it.
 struct layer_kernel_time {
@@ -146,11 +95,13 @@ struct layer_kernel_time {
   std::int64_t late_blocks = 0;                 ///< blocks that began only after the kernel before ended
 };
 
-/// Runs `fn`, which decodes at one row on the current CUDA device with five kernels a layer and
-/// no CUDA graph captured before it (the launches record where they write when they are made),
-/// with those kernels recording their blocks' times, and summarises the last step's. Errors
-/// without CUDA, with fewer than two layers, or when no step's kernels were recorded.
-result<std::vector<layer_kernel_time>> time_decode_kernels(const std::function<void()>& fn, std::int64_t layers);
+/// Runs `fn`, which decodes with `model` at one row on the current CUDA device with five kernels a
+/// layer and no CUDA graph captured before it (the launches record where they write when they are
+/// made), with those kernels recording their blocks' times (the model's decode_options with a
+/// timeline, its own again afterwards), and summarises the last step's. Errors without CUDA, with
+/// fewer than two layers, or when no step's kernels were recorded.
+result<std::vector<layer_kernel_time>> time_decode_kernels(CausalLMImpl& model, const std::function<void()>& fn,
+                                                           std::int64_t layers);
 
 /// One row of a profile: an operator (CPU) or a kernel (CUDA) with its summed time.
 struct profile_row {

@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -420,13 +419,6 @@ __global__ void __launch_bounds__(combine_threads) decode_attention_combine_kern
   }
 }
 
-// Whether fused::decode_attention may choose the wide kernel (set_decode_wide_attention), and
-// how the attention's splits are merged (set_decode_attention_merge*).
-std::atomic<bool> decode_wide{true};
-std::atomic<bool> decode_merge{true};        // set_decode_attention_merge
-std::atomic<int> decode_merge_splits{decode_attention_merge_max_splits}; // set_decode_attention_merge_splits
-std::atomic<int> decode_merge_warps{decode_attention_half_wide_warps};   // set_decode_attention_merge_warps
-
 } // namespace
 
 decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args& a) {
@@ -443,25 +435,11 @@ std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int
   return sizeof(float) * static_cast<std::size_t>(warps * heads_per_block * (head_dim + 2));
 }
 
-void set_decode_wide_attention(bool on) { decode_wide.store(on, std::memory_order_relaxed); }
-bool decode_wide_attention() { return decode_wide.load(std::memory_order_relaxed); }
-
-void set_decode_attention_merge(bool on) { decode_merge.store(on, std::memory_order_relaxed); }
-bool decode_attention_merge() { return decode_merge.load(std::memory_order_relaxed); }
-void set_decode_attention_merge_splits(int most) {
-  decode_merge_splits.store(std::clamp(most, 2, decode_attention_merge_max_splits), std::memory_order_relaxed);
-}
-int decode_attention_merge_splits() { return decode_merge_splits.load(std::memory_order_relaxed); }
-void set_decode_attention_merge_warps(int warps) {
-  decode_merge_warps.store(warps == decode_attention_wide_warps ? warps : decode_attention_half_wide_warps,
-                           std::memory_order_relaxed);
-}
-int decode_attention_merge_warps() { return decode_merge_warps.load(std::memory_order_relaxed); }
-
-cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream) {
+cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStream_t stream,
+                             const decode_options& o) {
   decode_attention_args a = args;
-  a.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  a.early_launch = launch_early_at(a.early_reads, a.rows);
+  a.early_reads = a.early_reads && o.early_reads;
+  a.early_launch = launch_early_at(o, a.early_reads, a.rows);
   if (a.rows <= 0)
     return cudaSuccess;
   if (a.head_dim <= 0 || a.head_dim > max_head_dim || a.head_dim % 2 != 0 || a.heads <= 0 || a.kv_heads <= 0
@@ -488,7 +466,7 @@ cudaError_t decode_attention(dtype t, const decode_attention_args& args, cudaStr
     return cudaErrorInvalidValue; // not reached: at most 16 warps * 4 heads * 258 floats
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(a.splits));
   // Recorded: the wide kernel with early reads, a decoding step's at one row (others take the record and write nothing).
-  a.timeline = timeline_record(blocks * a.splits, a.rows, a.wide && a.early_reads);
+  a.timeline = timeline_record(o, blocks * a.splits, a.rows, a.wide && a.early_reads);
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int vec = 16 / sizeof(T);

@@ -12,7 +12,6 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "core/error.hpp"
-#include "policy/kernels/decode_layers.hpp"
 #include "policy/kernels/kernels.hpp"
 
 namespace crucible::policy::fused {
@@ -229,7 +228,8 @@ std::pair<torch::Tensor, torch::Tensor> partial_buffers(kernels::decode_attentio
 } // namespace
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads) {
+                               const torch::Tensor& lengths, std::int64_t splits, bool early_reads,
+                               const kernels::decode_options& o) {
   auto a = attention_args(q, k_cache, v_cache, lengths, early_reads, "decode_attention");
   TORCH_CHECK(splits >= attention_wide, "decode_attention: splits must be >= 0 or attention_wide (",
               attention_wide, "), got ", splits);
@@ -243,7 +243,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   // The wide kernel where asked for (16-byte aligned data only), or where it suits and may be chosen.
   a.wide = wide.vec > 1
            && (splits == attention_wide
-               || (splits == 0 && kernels::decode_wide_attention()
+               || (splits == 0 && o.wide_attention
                    && kernels::decode_attention_wide_suits(wide, a.rows, a.heads, a.slots, sms)));
   if (a.wide) {
     splits = 1;
@@ -259,7 +259,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   std::pair<torch::Tensor, torch::Tensor> partial;
   if (splits > 1)
     partial = partial_buffers(a, q, splits);
-  check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");
+  check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream(), o), "decode_attention");
   return out;
 }
 
@@ -330,7 +330,8 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
                             const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
                             const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
                             torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
-                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads) {
+                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads,
+                            const kernels::decode_options& o) {
   auto a = small_gemm(residual, qkv_weight, qkv_bias, "norm_qkv_rope");
   a.early_reads = early_reads;
   set_norm(a, residual, norm_weight, eps, "norm_qkv_rope");
@@ -343,7 +344,7 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
   auto q = torch::empty({rows, heads, head_dim}, residual.options());
   a.rope = rope_targets("norm_qkv_rope", residual, rows, inv_freq, attention_scaling, lengths, k_cache, v_cache, heads,
                         kv_heads, head_dim, q);
-  check_launch(kernels::small_gemm_rope_kv(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()),
+  check_launch(kernels::small_gemm_rope_kv(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream(), o),
                "small_gemm_rope_kv");
   return q;
 }
@@ -368,26 +369,29 @@ kernels::small_gemm_args project_add_args(const torch::Tensor& x, const torch::T
 } // namespace
 
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual, bool early_reads) {
+                 torch::Tensor& residual, bool early_reads, const kernels::decode_options& o) {
   auto a = project_add_args(x, weight, bias, residual, early_reads, "project_add");
   c10::cuda::CUDAGuard guard(x.device());
-  check_launch(kernels::small_gemm_residual_add(kernel_dtype(x), a, at::cuda::getCurrentCUDAStream()),
+  check_launch(kernels::small_gemm_residual_add(kernel_dtype(x), a, at::cuda::getCurrentCUDAStream(), o),
                "small_gemm_residual_add");
 }
 
 void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                            const torch::Tensor& lengths, const torch::Tensor& o_weight, const torch::Tensor& o_bias,
-                           torch::Tensor& residual, bool early_reads) {
+                           torch::Tensor& residual, bool early_reads, const kernels::decode_options& o) {
   auto a = attention_args(q, k_cache, v_cache, lengths, early_reads, "attention_project_add");
-  const int warps = kernels::decode_attention_merge_warps();
+  const int warps =
+    o.merge_warps == kernels::decode_attention_wide_warps ? o.merge_warps : kernels::decode_attention_half_wide_warps;
+  const int most = std::clamp(o.merge_splits, 2, kernels::decode_attention_merge_max_splits);
   const auto sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const auto split = a.rows == 1 && kernels::decode_attention_merge() && kernels::decode_wide_attention()
+  const auto split = a.rows == 1 && o.attention_merge && o.wide_attention
                        ? kernels::choose_decode_attention_merge_split(wide_plan(a, q, warps), a.rows, a.heads, a.slots,
-                                                                      sms, kernels::decode_attention_merge_splits())
+                                                                      sms, most)
                        : kernels::decode_attention_split{0, 0};
   auto x = q.view({a.rows, a.heads * a.head_dim}); // the o projection's input, as the attention writes it
   if (split.splits < 2 || !small_batch_supported(q.scalar_type(), a.rows, x.size(1))) {
-    project_add(decode_attention(q, k_cache, v_cache, lengths, 0, early_reads), o_weight, o_bias, residual, early_reads);
+    project_add(decode_attention(q, k_cache, v_cache, lengths, 0, early_reads, o), o_weight, o_bias, residual,
+                early_reads, o);
     return;
   }
   // Shapes checked before anything is launched; x stands for the merged splits, which replace it.
@@ -400,7 +404,7 @@ void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache,
   a.wide_warps = warps;
   const auto partial = partial_buffers(a, q, split.splits);
   const auto dtype = kernel_dtype(q);
-  check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream()), "decode_attention");
+  check_launch(kernels::decode_attention(dtype, a, at::cuda::getCurrentCUDAStream(), o), "decode_attention");
   g.attention.out = a.partial_out;
   g.attention.ml = a.partial_ml;
   g.attention.lengths = a.lengths;
@@ -408,11 +412,12 @@ void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache,
   g.attention.splits = a.splits;
   g.attention.chunk = a.chunk;
   g.attention.head_dim = a.head_dim;
-  check_launch(kernels::small_gemm_residual_add(dtype, g, at::cuda::getCurrentCUDAStream()), "small_gemm_residual_add");
+  check_launch(kernels::small_gemm_residual_add(dtype, g, at::cuda::getCurrentCUDAStream(), o), "small_gemm_residual_add");
 }
 
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
-                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias) {
+                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias,
+                                const kernels::decode_options& o) {
   auto a = small_gemm(residual, gate_up_weight, gate_up_bias, "norm_gate_up_silu");
   set_norm(a, residual, norm_weight, eps, "norm_gate_up_silu");
   TORCH_CHECK(gate_up_weight.size(0) % 2 == 0, "norm_gate_up_silu: gate_up_weight has an odd number of rows, ",
@@ -420,107 +425,9 @@ torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tens
   c10::cuda::CUDAGuard guard(residual.device());
   auto out = torch::empty({residual.size(0), gate_up_weight.size(0) / 2}, residual.options());
   a.out = out.data_ptr();
-  check_launch(kernels::small_gemm_silu_mul(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()),
+  check_launch(kernels::small_gemm_silu_mul(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream(), o),
                "small_gemm_silu_mul");
   return out;
-}
-
-bool decode_layers_ready(torch::ScalarType dtype, std::int64_t layers, const decode_shape& s) {
-  return kernels::decode_layers_enabled() && supported_dtype(dtype)
-         && kernels::decode_layers_supported(kernel_dtype_of(dtype), layers, s.hidden, s.inter, s.heads, s.kv_heads,
-                                             s.head_dim);
-}
-
-void decode_layers(torch::Tensor& residual, const std::vector<decode_layer>& layers, const decode_shape& s,
-                   const torch::Tensor& inv_freq, const torch::Tensor& lengths) {
-  const auto n = static_cast<std::int64_t>(layers.size());
-  TORCH_CHECK(residual.is_cuda() && residual.dim() == 2 && residual.size(0) == 1 && residual.size(1) == s.hidden
-                && residual.is_contiguous(),
-              "decode_layers: residual must be a contiguous CUDA [1, ", s.hidden, "] tensor, got ", residual.sizes());
-  TORCH_CHECK(decode_layers_ready(residual.scalar_type(), n, s), "decode_layers: ", n, " layers of hidden ", s.hidden,
-              ", intermediate ", s.inter, ", ", s.heads, " heads over ", s.kv_heads, " KV heads of ", s.head_dim,
-              " in ", residual.scalar_type(), " are not supported on this device (or the kernel is switched off)");
-  check_lengths(lengths, residual, 1);
-  check_cuda(inv_freq, residual, "inv_freq");
-  TORCH_CHECK(inv_freq.scalar_type() == torch::kFloat && inv_freq.is_contiguous() && inv_freq.numel() == s.head_dim / 2,
-              "decode_layers: inv_freq must be contiguous float32 with ", s.head_dim / 2, " entries, got ",
-              inv_freq.scalar_type(), " ", inv_freq.sizes());
-  const auto width = (s.heads + 2 * s.kv_heads) * s.head_dim;
-  const auto elem = static_cast<std::int64_t>(residual.element_size());
-  auto aligned = [](const torch::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; };
-  // A matrix: contiguous [rows, cols] of the residual's dtype and device at a 16-byte address.
-  auto matrix = [&](const torch::Tensor& t, std::int64_t rows, std::int64_t cols, const char* what, std::int64_t l) {
-    check_cuda(t, residual, what);
-    TORCH_CHECK(t.dim() == (cols == 0 ? 1 : 2) && t.size(0) == rows && (cols == 0 || t.size(1) == cols)
-                  && t.is_contiguous() && t.scalar_type() == residual.scalar_type() && aligned(t),
-                "decode_layers: layer ", l, "'s ", what, " must be contiguous 16-byte aligned ", residual.scalar_type(),
-                " [", rows, cols == 0 ? "" : ", " + std::to_string(cols), "], got ", t.scalar_type(), " ", t.sizes());
-  };
-  auto bias = [&](const torch::Tensor& t, std::int64_t rows, const char* what, std::int64_t l) -> const void* {
-    if (!t.defined())
-      return nullptr;
-    check_cuda(t, residual, what);
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == rows && t.is_contiguous() && t.scalar_type() == residual.scalar_type(),
-                "decode_layers: layer ", l, "'s ", what, " must be contiguous [", rows, "] of ", residual.scalar_type(),
-                ", got ", t.scalar_type(), " ", t.sizes());
-    return t.data_ptr();
-  };
-  kernels::decode_layers_args a;
-  a.layers = static_cast<int>(n);
-  a.hidden = s.hidden, a.inter = s.inter, a.heads = s.heads, a.kv_heads = s.kv_heads, a.head_dim = s.head_dim;
-  a.eps = static_cast<float>(s.eps);
-  a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  a.attention_scaling = static_cast<float>(s.attention_scaling);
-  for (std::int64_t l = 0; l < n; ++l) {
-    const auto& t = layers[static_cast<std::size_t>(l)];
-    matrix(t.qkv_weight, width, s.hidden, "qkv_weight", l);
-    matrix(t.o_weight, s.hidden, s.heads * s.head_dim, "o_weight", l);
-    matrix(t.gate_up_weight, 2 * s.inter, s.hidden, "gate_up_weight", l);
-    matrix(t.down_weight, s.hidden, s.inter, "down_weight", l);
-    matrix(t.input_norm, s.hidden, 0, "input_norm", l);
-    matrix(t.post_norm, s.hidden, 0, "post_norm", l);
-    check_cache(t.k_cache, residual, 1, s.kv_heads, s.head_dim, "k_cache");
-    check_cache(t.v_cache, residual, 1, s.kv_heads, s.head_dim, "v_cache");
-    const auto& first = layers.front().k_cache;
-    TORCH_CHECK(t.k_cache.strides() == first.strides() && t.v_cache.strides() == first.strides()
-                  && t.k_cache.size(2) == first.size(2) && t.v_cache.size(2) == first.size(2),
-                "decode_layers: layer ", l, "'s caches differ from layer 0's in slots or strides");
-    TORCH_CHECK(aligned(t.k_cache) && aligned(t.v_cache) && (t.k_cache.stride(1) * elem) % 16 == 0
-                  && (t.k_cache.stride(2) * elem) % 16 == 0,
-                "decode_layers: layer ", l, "'s caches must start at 16-byte addresses with rows of whole 16 bytes");
-    auto& p = a.layer[l];
-    p.qkv_weight = t.qkv_weight.data_ptr();
-    p.qkv_bias = bias(t.qkv_bias, width, "qkv_bias", l);
-    p.o_weight = t.o_weight.data_ptr();
-    p.o_bias = bias(t.o_bias, s.hidden, "o_bias", l);
-    p.gate_up_weight = t.gate_up_weight.data_ptr();
-    p.gate_up_bias = bias(t.gate_up_bias, 2 * s.inter, "gate_up_bias", l);
-    p.down_weight = t.down_weight.data_ptr();
-    p.down_bias = bias(t.down_bias, s.hidden, "down_bias", l);
-    p.input_norm = t.input_norm.data_ptr();
-    p.post_norm = t.post_norm.data_ptr();
-    p.k_cache = t.k_cache.data_ptr();
-    p.v_cache = t.v_cache.data_ptr();
-  }
-  const auto& k0 = layers.front().k_cache;
-  a.head_stride = k0.stride(1);
-  a.slot_stride = k0.stride(2);
-  a.slots = k0.size(2);
-  TORCH_CHECK(a.slots >= 1, "decode_layers: the cache has no slots");
-  c10::cuda::CUDAGuard guard(residual.device());
-  auto qkv = torch::empty({width}, residual.options());
-  auto act = torch::empty({s.inter}, residual.options());
-  auto partial = torch::empty({s.heads * kernels::decode_layers_max_splits * (s.head_dim + 2)},
-                              residual.options().dtype(torch::kFloat));
-  auto counters = torch::zeros({n * 5}, residual.options().dtype(torch::kInt));
-  a.lengths = lengths.data_ptr<std::int64_t>();
-  a.inv_freq = inv_freq.data_ptr<float>();
-  a.residual = residual.data_ptr();
-  a.qkv = qkv.data_ptr();
-  a.act = act.data_ptr();
-  a.partial = partial.data_ptr<float>();
-  a.counters = reinterpret_cast<unsigned*>(counters.data_ptr<std::int32_t>());
-  check_launch(kernels::decode_layers(kernel_dtype(residual), a, at::cuda::getCurrentCUDAStream()), "decode_layers");
 }
 
 std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logits) {
@@ -565,8 +472,7 @@ kernels::greedy_record history_record(const char* name, std::int64_t rows, const
 } // namespace
 
 bool greedy_head_ready(torch::ScalarType dtype, std::int64_t k, std::int64_t vocab) {
-  return kernels::decode_greedy_head() && supported_dtype(dtype)
-         && kernels::greedy_head_blocks(kernel_dtype_of(dtype), k, vocab) > 0;
+  return supported_dtype(dtype) && kernels::greedy_head_blocks(kernel_dtype_of(dtype), k, vocab) > 0;
 }
 
 void greedy_head(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,

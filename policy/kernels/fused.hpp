@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include "policy/kernels/decode_options.hpp"
+
 namespace crucible::policy::fused {
 
 /// Whether the kernels take tensors of this dtype (float32, float16, bfloat16).
@@ -55,9 +57,11 @@ inline constexpr std::int64_t attention_wide = -1;
 /// `early_reads`: the kernel launched just before this call writes neither `lengths` nor any
 /// slot below a row's length (true of the decoding step, whose previous kernel writes q and the
 /// new token's slot), so those slots are loaded before waiting for it
-/// (kernels::decode_attention_args::early_reads).
+/// (kernels::decode_attention_args::early_reads). `o`: the decoding variants (wide_attention for
+/// the choice; early_reads, early_launch and timeline for the launch).
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& lengths, std::int64_t splits = 0, bool early_reads = false);
+                               const torch::Tensor& lengths, std::int64_t splits = 0, bool early_reads = false,
+                               const kernels::decode_options& o = {});
 
 /// silu(gate) * up for gate_up [rows, 2 inter] (gate columns first): torch::silu(gate) * up with
 /// the same roundings. Returns [rows, inter].
@@ -77,55 +81,32 @@ torch::Tensor norm_qkv_rope(const torch::Tensor& residual, const torch::Tensor& 
                             const torch::Tensor& qkv_weight, const torch::Tensor& qkv_bias,
                             const torch::Tensor& inv_freq, double attention_scaling, const torch::Tensor& lengths,
                             torch::Tensor& k_cache, torch::Tensor& v_cache, std::int64_t heads,
-                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads = false);
+                            std::int64_t kv_heads, std::int64_t head_dim, bool early_reads = false,
+                            const kernels::decode_options& o = {});
 
 /// residual += linear(x, weight, bias), each rounded to the dtype as `residual + linear(...)`
 /// rounds: x [rows, k], weight [n, k], residual [rows, n], in place, one kernel. `early_reads`:
 /// the kernel launched just before does not write `residual`, so it is read before waiting for it.
 void project_add(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                 torch::Tensor& residual, bool early_reads = false);
+                 torch::Tensor& residual, bool early_reads = false, const kernels::decode_options& o = {});
 
 /// What decode_attention(q, k_cache, v_cache, lengths, 0, early_reads) and then project_add(that,
 /// o_weight, o_bias, residual, early_reads) do, in two kernels at one row where it suits
-/// (kernels::set_decode_attention_merge and set_decode_wide_attention on,
-/// choose_decode_attention_merge_split): the attention in
+/// (o.attention_merge and o.wide_attention on, choose_decode_attention_merge_split, at most
+/// o.merge_splits splits of o.merge_warps warps a block): the attention in
 /// wide blocks over a few splits of the slots, whose partial results the o projection merges as it
 /// stages its input (the sums in another order than the one wide block a head: within rounding
 /// of it). Elsewhere exactly those two calls.
 void attention_project_add(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                            const torch::Tensor& lengths, const torch::Tensor& o_weight, const torch::Tensor& o_bias,
-                           torch::Tensor& residual, bool early_reads = false);
+                           torch::Tensor& residual, bool early_reads = false,
+                           const kernels::decode_options& o = {});
 
 /// silu(gate) * up of the post-attention RMSNorm of `residual` through the joined gate and up
 /// projection `gate_up_weight` [2 inter, hidden] (+ `gate_up_bias`), one kernel. Returns [rows, inter].
 torch::Tensor norm_gate_up_silu(const torch::Tensor& residual, const torch::Tensor& norm_weight, double eps,
-                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias);
-
-/// One layer's tensors for decode_layers (views of the parameters and the cache; undefined biases
-/// are absent).
-struct decode_layer {
-  torch::Tensor qkv_weight, qkv_bias, o_weight, o_bias, gate_up_weight, gate_up_bias, down_weight, down_bias;
-  torch::Tensor input_norm, post_norm; ///< RMSNorm weights before attention and before the MLP
-  torch::Tensor k_cache, v_cache;      ///< [1, kv_heads, slots, head_dim]
-};
-
-/// Shapes a model decoding one row has (decode_layers' arguments beside the tensors).
-struct decode_shape {
-  std::int64_t hidden = 0, inter = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  double eps = 0.0, attention_scaling = 1.0;
-};
-
-/// Whether decode_layers runs `layers` layers of `shape` in `dtype` on the current device
-/// (kernels::decode_layers_supported) and is switched on (kernels::set_decode_layers).
-bool decode_layers_ready(torch::ScalarType dtype, std::int64_t layers, const decode_shape& shape);
-
-/// Every layer of a one-row decoding step in one persistent kernel (kernels::decode_layers): what
-/// norm_qkv_rope, decode_attention, project_add, norm_gate_up_silu and project_add do per layer,
-/// with `residual` [1, hidden] (the embedded token) updated in place to the stream after the last
-/// layer, and each cache written at slot lengths[0]. inv_freq: float32 [head_dim / 2] or
-/// [1, head_dim / 2].
-void decode_layers(torch::Tensor& residual, const std::vector<decode_layer>& layers, const decode_shape& shape,
-                   const torch::Tensor& inv_freq, const torch::Tensor& lengths);
+                                const torch::Tensor& gate_up_weight, const torch::Tensor& gate_up_bias,
+                                const kernels::decode_options& o = {});
 
 /// Greedy sampling of logits [rows, vocab] (contiguous, float32, float16 or bfloat16): the first
 /// index of each row's maximum (int64 [rows], as torch::argmax) and its log-softmax (float32
@@ -141,8 +122,9 @@ std::pair<torch::Tensor, torch::Tensor> greedy_logprob(const torch::Tensor& logi
 void greedy_record(const torch::Tensor& logits, const torch::Tensor& next, const torch::Tensor& history,
                    const torch::Tensor& counters);
 
-/// Whether greedy_head runs for these weights: kernels::decode_greedy_head on, a supported dtype,
-/// and a row of `k` that one block stages (kernels::greedy_head_blocks).
+/// Whether greedy_head runs for these weights: a supported dtype and a row of `k` that one block
+/// stages (kernels::greedy_head_blocks). Whether it is wanted is the caller's
+/// (decode_options::greedy_head).
 bool greedy_head_ready(torch::ScalarType dtype, std::int64_t k, std::int64_t vocab);
 
 /// The end of a one-row greedy decoding step in one kernel (kernels::greedy_head): the final

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 #include <utility>
 
 namespace crucible::policy::kernels::detail {
@@ -136,35 +135,18 @@ inline __device__ greedy_part block_merge(greedy_part p) {
   return p; // valid in thread 0
 }
 
-// Whether the decoding kernels may read settled data before waiting (set_decode_early_reads).
-inline std::atomic<bool> decode_early_reads{true};
-inline std::atomic<bool> decode_early_launch{true}; // set_decode_early_launch
-
-// set_decode_timeline's buffer and the next record a one-row launch takes.
-struct decode_timeline_state {
-  std::mutex mutex;
-  unsigned long long* buffer = nullptr;
-  long long launches = 0, max_blocks = 0, next = 0;
-};
-inline decode_timeline_state decode_timeline;
-
-// The record of a launch of `blocks` blocks at `rows` rows, or null (no timeline, more rows or
-// blocks than it records, or a kernel that records nothing: `recorded` false, its record taken).
-inline unsigned long long* timeline_record(long long blocks, long long rows, bool recorded = true) {
-  if (rows != 1)
-    return nullptr;
-  std::lock_guard<std::mutex> lock(decode_timeline.mutex);
-  auto& d = decode_timeline;
-  if (d.buffer == nullptr)
-    return nullptr;
-  const long long record = d.next++ % d.launches;
-  return recorded && blocks <= d.max_blocks ? d.buffer + record * d.max_blocks * decode_timeline_entries : nullptr;
+// The record of a launch of `blocks` blocks at `rows` rows in o's timeline, or null (none, more
+// rows or blocks than it records, or a kernel that records nothing: `recorded` false, its record
+// taken).
+inline unsigned long long* timeline_record(const decode_options& o, long long blocks, long long rows,
+                                           bool recorded = true) {
+  return o.timeline == nullptr ? nullptr : o.timeline->record(blocks, rows, recorded, decode_timeline_entries);
 }
 
-// Whether a decoding kernel launches the next as it begins (set_decode_early_launch): with early
-// reads, at one row only.
-inline bool launch_early_at(bool early_reads, std::int64_t rows) {
-  return early_reads && rows == 1 && decode_early_launch.load(std::memory_order_relaxed);
+// Whether a decoding kernel launches the next as it begins (decode_options::early_launch): with
+// early reads, at one row only.
+inline bool launch_early_at(const decode_options& o, bool early_reads, std::int64_t rows) {
+  return early_reads && rows == 1 && o.early_launch;
 }
 
 } // namespace crucible::policy::kernels::detail

@@ -1,5 +1,5 @@
 // policy/kernels/kernel_math.cuh: what policy/kernels/kernels.cu and
-// policy/kernels/decode_layers.cu share: conversions, the reference's rounding points (RMSNorm,
+// policy/kernels/decode_attention.cu share: conversions, the reference's rounding points (RMSNorm,
 // silu * up, RoPE), 16-byte dot products, programmatic dependent launch (also used by
 // tools/bench/bench_kernel_chain.cu) and the host's dispatch on the storage type. Included by .cu
 // files only; everything has internal linkage.
@@ -150,7 +150,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 
-// A block's record in a decoding timeline (kernels::set_decode_timeline): when its first thread
+// A block's record in a decoding timeline (kernels::decode_timeline): when its first thread
 // began, when it returned from grid_dependency_wait, when it reached the kernel's midpoint (see
 // decode_timeline_entries), and (the latest of its warps) when it ended; blocks in order of
 // blockIdx.y * gridDim.x + blockIdx.x.

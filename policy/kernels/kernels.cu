@@ -213,7 +213,7 @@ __host__ __device__ __forceinline__ long long gemm_units(const small_gemm_args& 
 
 // R: rows the kernel is compiled for (1, or up to small_gemm_max_rows with a.rows of them used).
 // U: 16-byte loads of each weight row a lane keeps in flight (8 lets one round cover a long k).
-// HALF: each half-warp takes a unit (one row, split 1; set_small_gemm_half_warps), so that a
+// HALF: each half-warp takes a unit (one row, split 1; decode_options::small_gemm_half_warps), so that a
 // block holds eight units and one wave of blocks the gate/up projection's 4864 of Qwen2.5-0.5B.
 template <class T, int R, gemm_out MODE, int U, bool HALF, bool TIMED, bool MERGE>
 __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) {
@@ -464,7 +464,7 @@ __device__ __forceinline__ void small_gemm(const small_gemm_args& a, int split) 
   }
 }
 
-// TIMED: the blocks record their times in a.timeline (set_decode_timeline); a separate
+// TIMED: the blocks record their times in a.timeline (decode_options::timeline); a separate
 // instantiation, so that the kernels otherwise run are compiled as if it did not exist. MERGE:
 // the input is a.attention's splits (one row's o projection).
 template <class T, int R, gemm_out MODE, int U, bool HALF = false, bool TIMED = false, bool MERGE = false>
@@ -697,19 +697,6 @@ cudaError_t rope_kv_write(dtype t, const rope_kv_args& a, cudaStream_t stream) {
   });
 }
 
-void set_decode_early_reads(bool on) { decode_early_reads.store(on, std::memory_order_relaxed); }
-void set_decode_early_launch(bool on) { decode_early_launch.store(on, std::memory_order_relaxed); }
-
-void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks) {
-  std::lock_guard<std::mutex> lock(decode_timeline.mutex);
-  auto& d = decode_timeline;
-  const bool usable = buffer != nullptr && launches > 0 && max_blocks > 0;
-  d.buffer = usable ? buffer : nullptr;
-  d.launches = usable ? launches : 0;
-  d.max_blocks = usable ? max_blocks : 0;
-  d.next = 0;
-}
-
 cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows, std::int64_t inter, cudaStream_t stream) {
   if (rows <= 0 || inter <= 0)
     return cudaSuccess;
@@ -725,13 +712,6 @@ cudaError_t silu_mul(dtype t, const void* gate_up, void* out, std::int64_t rows,
 
 namespace {
 
-// Whether one-row projections may keep eight loads a row in flight (set_small_gemm_one_round).
-std::atomic<bool> small_gemm_one_round{true};
-// Whether the one-row gate/up projection gives each half-warp a unit (set_small_gemm_half_warps).
-std::atomic<bool> small_gemm_half{true};
-// Whether copied inputs are loaded before any is stored (set_small_gemm_batched_staging).
-std::atomic<bool> small_gemm_batched{true};
-
 // Warps sharing one unit's k: more while the units leave the device under-filled (fewer than 16
 // warps an SM) and each warp keeps at least two 16-byte loads a lane per row.
 int small_gemm_split(long long units, long long kv, int sms) {
@@ -743,7 +723,7 @@ int small_gemm_split(long long units, long long kv, int sms) {
 }
 
 template <gemm_out MODE>
-cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t stream) {
+cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t stream, const decode_options& o) {
   if (a.rows <= 0)
     return cudaSuccess;
   if (!small_gemm_supported(t, a.rows, a.k) || a.n <= 0 || a.x == nullptr || a.weight == nullptr
@@ -772,19 +752,19 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
   const int split = small_gemm_split(units, kv, a.sms);
   // gate/up at one row: a unit a half-warp where its eight loads a lane cover k.
   const bool half = MODE == gemm_out::silu_mul && a.rows == 1 && split == 1 && kv <= 16LL * 8
-                    && small_gemm_half.load(std::memory_order_relaxed);
+                    && o.small_gemm_half_warps;
   const long long per_block = half ? 2LL * small_gemm_warps : small_gemm_warps / split;
   const long long blocks = (units + per_block - 1) / per_block;
   if (blocks > 0x7fffffff)
     return cudaErrorInvalidValue;
   const std::size_t shared = static_cast<std::size_t>(a.rows * a.k) * element_bytes(t);
   // One row: every lane's loads of a row in one round where four do not cover k.
-  const bool eight_loads = a.rows == 1 && small_gemm_one_round && kv > 4LL * 32 * split;
+  const bool eight_loads = a.rows == 1 && o.small_gemm_one_round && kv > 4LL * 32 * split;
   small_gemm_args args = a;
-  args.early_reads = a.early_reads && decode_early_reads.load(std::memory_order_relaxed);
-  args.early_launch = launch_early_at(args.early_reads, a.rows);
-  args.timeline = timeline_record(blocks, a.rows);
-  args.batched_staging = a.rows == 1 && small_gemm_batched.load(std::memory_order_relaxed);
+  args.early_reads = a.early_reads && o.early_reads;
+  args.early_launch = launch_early_at(o, args.early_reads, a.rows);
+  args.timeline = timeline_record(o, blocks, a.rows);
+  args.batched_staging = a.rows == 1 && o.small_gemm_batched_staging;
   return dispatch(t, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     auto one_row = [&](auto timed) {
@@ -808,34 +788,23 @@ cudaError_t launch_small_gemm(dtype t, const small_gemm_args& a, cudaStream_t st
 
 } // namespace
 
-void set_small_gemm_one_round(bool on) { small_gemm_one_round.store(on, std::memory_order_relaxed); }
-void set_small_gemm_half_warps(bool on) { small_gemm_half.store(on, std::memory_order_relaxed); }
-void set_small_gemm_batched_staging(bool on) { small_gemm_batched.store(on, std::memory_order_relaxed); }
-
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k) {
   const auto bytes = element_bytes(t);
   return rows >= 1 && rows <= small_gemm_max_rows && k > 0 && (k * static_cast<std::int64_t>(bytes)) % 16 == 0
          && static_cast<std::size_t>(rows * k) * bytes <= small_gemm_max_shared;
 }
 
-cudaError_t small_gemm_residual_add(dtype t, const small_gemm_args& a, cudaStream_t stream) {
-  return launch_small_gemm<gemm_out::residual_add>(t, a, stream);
+cudaError_t small_gemm_residual_add(dtype t, const small_gemm_args& a, cudaStream_t stream, const decode_options& o) {
+  return launch_small_gemm<gemm_out::residual_add>(t, a, stream, o);
 }
 
-cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t stream) {
-  return launch_small_gemm<gemm_out::silu_mul>(t, a, stream);
+cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t stream, const decode_options& o) {
+  return launch_small_gemm<gemm_out::silu_mul>(t, a, stream, o);
 }
 
-cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream) {
-  return launch_small_gemm<gemm_out::rope_kv>(t, a, stream);
+cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream, const decode_options& o) {
+  return launch_small_gemm<gemm_out::rope_kv>(t, a, stream, o);
 }
-
-namespace {
-std::atomic<bool> greedy_head_on{true}; // set_decode_greedy_head
-} // namespace
-
-void set_decode_greedy_head(bool on) { greedy_head_on.store(on, std::memory_order_relaxed); }
-bool decode_greedy_head() { return greedy_head_on.load(std::memory_order_relaxed); }
 
 std::int64_t greedy_head_blocks(dtype t, std::int64_t k, std::int64_t vocab) {
   const auto bytes = static_cast<std::int64_t>(element_bytes(t));

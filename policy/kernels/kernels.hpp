@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include "policy/kernels/attention_plan.hpp"
+#include "policy/kernels/decode_options.hpp"
 
 namespace crucible::policy::kernels {
 
@@ -90,11 +91,11 @@ struct decode_attention_args {
   /// No kernel that may still run when this one begins writes `lengths` or any cache slot below a
   /// row's length (in a decoding step the kernel just before writes q and the new token's slot
   /// only, and those before it other layers' caches), so the first keys and values are loaded
-  /// before waiting for it. Off by set_decode_early_reads(false).
+  /// before waiting for it. Off where decode_options::early_reads is.
   bool early_reads = false;
-  /// Set by decode_attention from set_decode_early_launch (one row, early_reads); callers leave it.
+  /// Set by decode_attention from decode_options::early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
-  /// Set by decode_attention from set_decode_timeline (one row); callers leave it.
+  /// Set by decode_attention from decode_options::timeline (one row); callers leave it.
   unsigned long long* timeline = nullptr;
 };
 
@@ -107,68 +108,19 @@ decode_attention_plan plan_decode_attention(dtype t, const decode_attention_args
 std::size_t decode_attention_shared_bytes(std::int64_t heads_per_block, std::int64_t head_dim,
                                           int warps = decode_attention_warps);
 
-/// Whether decode_attention and the small-batch projections honour `early_reads` (the default,
-/// on) for this process; off, every read waits for the previous kernel, so that benchmarks and
-/// tests compare the two.
-void set_decode_early_reads(bool on);
-
-/// Whether the decoding kernels of one row launched with early_reads let the next kernel start
-/// (griddepcontrol.launch_dependents) as they begin, before their own wait, so that its blocks take
-/// free SMs and issue their weight loads sooner (the default, on); off, and at more rows, after
-/// their wait and, in the projections, after staging their inputs (at batch 4 launching early was
-/// slower: docs/performance-history.md). Either way the next kernel's own wait orders its reads
-/// after this kernel. For this process; benchmarks and tests compare the two.
-void set_decode_early_launch(bool on);
-
-/// Entries of a block in a decoding timeline (set_decode_timeline): %globaltimer nanoseconds when
-/// it began, when its wait for the previous kernel returned, when it reached its midpoint (a
-/// projection: its inputs staged; the attention: its first warp's rounds done, before the warps
-/// merge) and
-/// when its last warp ended.
+/// Entries of a block in a decoding timeline (decode_options::timeline, decode_timeline):
+/// %globaltimer nanoseconds when it began, when its wait for the previous kernel returned, when it
+/// reached its midpoint (a projection: its inputs staged; the attention: its first warp's rounds
+/// done, before the warps merge) and when its last warp ended.
 inline constexpr int decode_timeline_entries = 4;
-
-/// Makes the one-row decoding kernels record when their blocks run, for benchmarks: from now on
-/// each launch of a one-row projection (small_gemm_*) or wide attention with early reads
-/// (decode_attention; its combine kernel is not recorded, nor other attention launches, which
-/// take their record all the same) takes the next of `launches` records of `buffer` in turn,
-/// wrapping around, and each of its blocks writes its decode_timeline_entries at entry
-/// (record * max_blocks + block) * decode_timeline_entries (block = blockIdx.y * gridDim.x +
-/// blockIdx.x). `buffer` is device memory of launches * max_blocks * decode_timeline_entries
-/// entries that the caller zeroed (the end entries are maxima); a launch of more than max_blocks
-/// blocks takes its record but writes nothing. Launches captured in a CUDA graph keep their record
-/// on every replay. Null stops it. For this process; the kernels' work is the same either way.
-void set_decode_timeline(unsigned long long* buffer, std::int64_t launches, std::int64_t max_blocks);
-
-/// Whether a one-row decoding step's attention runs in splits whose partials the o projection
-/// merges (fused::attention_project_add: choose_decode_attention_merge_split), where that suits
-/// (the default, on); off, one wide block a query head over the whole row and a separate o
-/// projection. For this process; benchmarks and tests compare the two.
-void set_decode_attention_merge(bool on);
-bool decode_attention_merge();
-/// The most splits the merge takes (2 to decode_attention_merge_max_splits, the default), for
-/// this process; benchmarks compare them.
-void set_decode_attention_merge_splits(int most);
-int decode_attention_merge_splits();
-/// Warps of each block of that split attention (8, the default: a whole round each at 256-slot
-/// splits; or 16), for this process; benchmarks compare the two.
-void set_decode_attention_merge_warps(int warps);
-int decode_attention_merge_warps();
-
-/// Whether the one-row projections that copy their inputs (o and down) issue all of a thread's
-/// loads of them before storing any to shared memory (on, the default), or load and store one at
-/// a time (off), for this process; benchmarks compare the two.
-void set_small_gemm_batched_staging(bool on);
-
-/// Whether fused::decode_attention's automatic choice may take the wide kernel (the default, on);
-/// off, it always splits, so that benchmarks and tests compare the two.
-void set_decode_wide_attention(bool on);
-bool decode_wide_attention();
 
 /// out = softmax(q k^T * scale) v per row and head, in float32, rounded once to the storage type.
 /// One block per (split, row, KV head, block of up to 4 of its query heads), four warps each
 /// reading a contiguous quarter of the split's slots with 16-byte loads, then a combine kernel;
 /// or (`wide`) one block of 16 warps per (row, query head); see docs/model.md.
-cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream);
+/// `o`: early_reads, early_launch and timeline.
+cudaError_t decode_attention(dtype t, const decode_attention_args& a, cudaStream_t stream,
+                             const decode_options& o = {});
 
 /// out[r, i] = to_dtype(to_dtype(silu(gate_up[r, i])) * gate_up[r, inter + i]) for gate_up [rows,
 /// 2 inter] (the gate and up projections side by side), out [rows, inter]: torch::silu(gate) * up.
@@ -196,14 +148,14 @@ struct small_gemm_args {
   /// (rope_kv), nor, when this one launches its successor after its wait, `residual`
   /// (residual_add: then only the kernel just before may still run, and it does not write it), so
   /// they are read before waiting (the bias, a weight, always is). With the early launch at the
-  /// start, kernels further back may still run, and the residual is read after the wait. Off by
-  /// set_decode_early_reads(false).
+  /// start, kernels further back may still run, and the residual is read after the wait. Off where
+  /// decode_options::early_reads is.
   bool early_reads = false;
-  /// Set by the launch from set_decode_early_launch (one row, early_reads); callers leave it.
+  /// Set by the launch from decode_options::early_launch (one row, early_reads); callers leave it.
   bool early_launch = false;
-  /// Set by the launch from set_decode_timeline (one row); callers leave it.
+  /// Set by the launch from decode_options::timeline (one row); callers leave it.
   unsigned long long* timeline = nullptr;
-  /// Set by the launch from set_small_gemm_batched_staging (one row); callers leave it.
+  /// Set by the launch from decode_options::small_gemm_batched_staging (one row); callers leave it.
   bool batched_staging = false;
   /// residual_add only: when `out` is set, `x` is not read; its rows (k = heads * head_dim) are
   /// the attention's splits that a decode_attention launch with merge_later left, merged as its
@@ -223,31 +175,21 @@ struct small_gemm_args {
 /// inputs in 48 KiB of shared memory, rows of whole 16 bytes).
 bool small_gemm_supported(dtype t, std::int64_t rows, std::int64_t k);
 
-/// One-row projections keep eight 16-byte loads a weight row in flight per lane where four do not
-/// cover k in one round (the default, on: the down projection of Qwen2.5-0.5B, k = 4864, loads
-/// all its weights before waiting for the previous kernel). Off: four, and a second round after
-/// the wait, as at more rows. For this process; benchmarks and tests compare the two.
-void set_small_gemm_one_round(bool on);
-
-/// The one-row gate/up projection (small_gemm_silu_mul) gives each half-warp a unit of two weight
-/// rows, eight 16-byte loads a lane, where those cover k (k <= 1024 in 16-bit types): eight units
-/// a block instead of four, so that Qwen2.5-0.5B's 4864 units fit the device in one wave (608
-/// blocks of 96 registers a thread against 1216 of 64, of which 1056 fit) and every block loads
-/// its weights before its wait (the default, on). Off: a warp a unit. For this process.
-void set_small_gemm_half_warps(bool on);
-
 /// residual[r] = to_dtype(residual[r] + to_dtype(x[r] W^T + bias)): the o and down projections
 /// with the residual add of the next norm.
-cudaError_t small_gemm_residual_add(dtype t, const small_gemm_args& a, cudaStream_t stream);
+cudaError_t small_gemm_residual_add(dtype t, const small_gemm_args& a, cudaStream_t stream,
+                                    const decode_options& o = {});
 
 /// out[r, j] = silu_mul of (g, u) = to_dtype(norm(x[r]) W^T + bias) at columns j and n/2 + j: the
 /// post-attention RMSNorm, the joined gate and up projections and silu(gate) * up.
-cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t stream);
+cudaError_t small_gemm_silu_mul(dtype t, const small_gemm_args& a, cudaStream_t stream,
+                                const decode_options& o = {});
 
 /// The input RMSNorm, the joined q/k/v projection with its bias (one rounding) and what
 /// rope_kv_write does with the result: q rotated to rope.q_out, k rotated and v to the cache.
 /// n = (heads + 2 kv_heads) * head_dim.
-cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream);
+cudaError_t small_gemm_rope_kv(dtype t, const small_gemm_args& a, cudaStream_t stream,
+                               const decode_options& o = {});
 
 /// Where greedy_logprob also records its results, for decoding steps replayed in a CUDA graph
 /// (device pointers; history null: nothing recorded). With s = *step (read by every row before
@@ -298,11 +240,6 @@ struct greedy_head_args {
 /// blocks' (max, first index, sum) triples. Launched under programmatic dependent launch: the
 /// first weight rows are loaded before the wait for the previous kernel.
 cudaError_t greedy_head(dtype t, const greedy_head_args& a, cudaStream_t stream);
-
-/// Lets greedy decoding steps of one row in CUDA graphs end in greedy_head (the default, on)
-/// rather than the output matrix's GEMM and greedy_logprob, for this process.
-void set_decode_greedy_head(bool on);
-bool decode_greedy_head();
 
 /// The blocks greedy_head launches on the current device (as many as are resident at once, at
 /// most one warp per two rows): the rows of its partial buffer. 0 where it cannot run (k).

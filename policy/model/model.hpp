@@ -18,6 +18,7 @@
 #include "core/error.hpp"
 #include "policy/model/model_config.hpp"
 #include "policy/model/safetensors.hpp"
+#include "policy/kernels/decode_options.hpp"
 
 namespace crucible::policy {
 
@@ -277,6 +278,11 @@ public:
   /// AttentionImpl::join_projections; setting parameter data by hand can undo it) and an attention
   /// shape the kernel takes (head_dim even and at most 256).
   bool fused_decode_ready() const;
+  /// The fused decoding step's kernel variants (kernels::decode_options; every default is the
+  /// fastest measured), passed down to each of its kernels. A step captured in a CUDA graph keeps
+  /// the variants it was captured with (engine::release_graphs before a change is seen there).
+  void set_decode_options(const kernels::decode_options& o) { decode_options_ = o; }
+  const kernels::decode_options& decode_options() const noexcept { return decode_options_; }
   /// forward_step into an empty cache (all lengths 0): the same result, computed as plain causal
   /// attention over the prompts (flash kernels on CUDA) instead of attention over the cache.
   torch::Tensor prefill(const torch::Tensor& input_ids, kv_cache& cache, const torch::Tensor& new_tokens = {});
@@ -316,6 +322,7 @@ private:
   double attention_scaling_ = 1.0;
   bool fused_training_ = true;
   bool activation_checkpointing_ = false;
+  kernels::decode_options decode_options_;
 };
 TORCH_MODULE(CausalLM);
 

@@ -102,9 +102,8 @@ torch::Tensor CausalLMImpl::forward_step(const torch::Tensor& input_ids, kv_cach
 //                                            projection as it stages them, else decode_attention, project_add)
 //   norm, gate/up, silu(gate) * up        -> fused::norm_gate_up_silu
 //   down_proj(act), h = h + that          -> fused::project_add
-// so a layer is five kernels, with the attention's combine where it splits (not at batch 1). At
-// one row, with kernels::set_decode_layers on, all the layers are one persistent kernel instead
-// (fused::decode_layers, the same stages with the same rounding points; off by default, slower).
+// so a layer is five kernels, with the attention's combine where it splits (not at batch 1). Each
+// kernel runs the variants of decode_options_ (kernels::decode_options).
 void CausalLMImpl::forward_step_greedy(const torch::Tensor& input_ids, kv_cache& cache, const greedy_sink& sink,
                                        bool fused, bool small_batch) {
 #ifdef CRUCIBLE_HAVE_CUDA
@@ -146,28 +145,8 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
   small_batch = small_batch
                 && fused::small_batch_supported(residual.scalar_type(), r, std::max(c.hidden_size, c.intermediate_size))
                 && std::all_of(layers->begin(), layers->end(), [](const fused_layer& f) { return f.aligned; });
-  // One row: every layer in one persistent kernel where it runs and is switched on (fused::decode_layers).
-  fused::decode_shape shape;
-  shape.hidden = c.hidden_size, shape.inter = c.intermediate_size, shape.heads = c.num_heads;
-  shape.kv_heads = c.num_kv_heads, shape.head_dim = c.head_dim, shape.eps = c.rms_norm_eps;
-  shape.attention_scaling = attention_scaling_;
-  const bool one_kernel =
-    small_batch && r == 1
-    && fused::decode_layers_ready(residual.scalar_type(), static_cast<std::int64_t>(model->blocks.size()), shape);
-  if (one_kernel) {
-    std::vector<fused::decode_layer> all;
-    all.reserve(model->blocks.size());
-    for (std::size_t l = 0; l < model->blocks.size(); ++l) {
-      const auto& layer = model->blocks[l];
-      const auto& w = (*layers)[l];
-      all.push_back({w.qkv_weight, w.qkv_bias, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias,
-                     w.gate_up_weight, w.gate_up_bias, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias,
-                     layer->input_layernorm->weight, layer->post_attention_layernorm->weight, cache.keys[l],
-                     cache.values[l]});
-    }
-    fused::decode_layers(residual, all, shape, inv, cache.lengths);
-  }
-  for (std::size_t l = 0; l < model->blocks.size() && !one_kernel; ++l) {
+  const auto& o = decode_options_;
+  for (std::size_t l = 0; l < model->blocks.size(); ++l) {
     auto& layer = model->blocks[l];
     const auto& w = (*layers)[l];
     if (small_batch) {
@@ -176,19 +155,19 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
       // where each kernel launches the next after its wait: kernels::small_gemm_args).
       auto q = fused::norm_qkv_rope(residual, layer->input_layernorm->weight, c.rms_norm_eps, w.qkv_weight, w.qkv_bias,
                                     inv, attention_scaling_, cache.lengths, cache.keys[l], cache.values[l],
-                                    c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true);
+                                    c.num_heads, c.num_kv_heads, c.head_dim, /*early_reads=*/true, o);
       fused::attention_project_add(q, cache.keys[l], cache.values[l], cache.lengths, layer->self_attn->o_proj->weight,
-                                   layer->self_attn->o_proj->bias, residual, /*early_reads=*/true);
+                                   layer->self_attn->o_proj->bias, residual, /*early_reads=*/true, o);
       auto act = fused::norm_gate_up_silu(residual, layer->post_attention_layernorm->weight, c.rms_norm_eps,
-                                          w.gate_up_weight, w.gate_up_bias);
+                                          w.gate_up_weight, w.gate_up_bias, o);
       fused::project_add(act, layer->mlp->down_proj->weight, layer->mlp->down_proj->bias, residual,
-                         /*early_reads=*/true);
+                         /*early_reads=*/true, o);
       continue;
     }
     auto h = fused::add_rms_norm(delta, residual, layer->input_layernorm->weight, c.rms_norm_eps);
     auto q = fused::rope_write_kv(project(h, w.qkv_weight), w.qkv_bias, inv, attention_scaling_, cache.lengths,
                                   cache.keys[l], cache.values[l], c.num_heads, c.num_kv_heads, c.head_dim);
-    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true);
+    auto attn = fused::decode_attention(q, cache.keys[l], cache.values[l], cache.lengths, 0, /*early_reads=*/true, o);
     delta = project(attn, layer->self_attn->o_proj->weight, layer->self_attn->o_proj->bias);
     h = fused::add_rms_norm(delta, residual, layer->post_attention_layernorm->weight, c.rms_norm_eps);
     auto gate_up = project(h, w.gate_up_weight, w.gate_up_bias);
@@ -198,7 +177,7 @@ torch::Tensor CausalLMImpl::fused_step(const torch::Tensor& input_ids, kv_cache&
     auto weight = output_weight();
     const bool aligned = reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 16 == 0
                          && reinterpret_cast<std::uintptr_t>(model->norm->weight.data_ptr()) % 16 == 0;
-    if (aligned && weight.is_contiguous() && fused::greedy_head_ready(residual.scalar_type(), c.hidden_size, c.vocab_size)) {
+    if (o.greedy_head && aligned && weight.is_contiguous() && fused::greedy_head_ready(residual.scalar_type(), c.hidden_size, c.vocab_size)) {
       fused::greedy_head(residual, model->norm->weight, c.rms_norm_eps, weight, cache.lengths, sink->next,
                          sink->history, sink->counters);
       if (sampled != nullptr)

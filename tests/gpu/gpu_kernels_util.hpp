@@ -14,7 +14,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
-#include "policy/kernels/decode_layers.hpp"
 #include "policy/model/engine.hpp"
 #include "policy/kernels/fused.hpp"
 #include "policy/kernels/kernels.hpp"
@@ -94,20 +93,15 @@ inline torch::Tensor attention_reference(const torch::Tensor& q, const torch::Te
   return (p.unsqueeze(-1) * vd).sum(2).reshape({rows, heads * dim});
 }
 
-// kernels::set_small_gemm_one_round and set_small_gemm_half_warps both on (the defaults) or both
-// off for a scope; the defaults again after it, also when a check throws.
-struct projections_scope {
-  explicit projections_scope(bool on) {
-    kernels::set_small_gemm_one_round(on);
-    kernels::set_small_gemm_half_warps(on);
-  }
-  ~projections_scope() {
-    kernels::set_small_gemm_one_round(true);
-    kernels::set_small_gemm_half_warps(true);
-  }
-  projections_scope(const projections_scope&) = delete;
-  projections_scope& operator=(const projections_scope&) = delete;
-};
+// The decoding variants with the one-row projections' single round of weight loads
+// (kernels::decode_options::small_gemm_one_round) and gate/up's unit a half-warp
+// (small_gemm_half_warps) both on (the defaults) or both off.
+inline kernels::decode_options projections(bool on) {
+  kernels::decode_options o;
+  o.small_gemm_one_round = on;
+  o.small_gemm_half_warps = on;
+  return o;
+}
 
 // ||got - want|| / ||want|| over all elements.
 inline double relative_error(const torch::Tensor& got, const torch::Tensor& want) {

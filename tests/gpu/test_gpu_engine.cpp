@@ -91,15 +91,14 @@ TEST_CASE("greedy decoding with CUDA graphs equals eager decoding") {
 
 TEST_CASE("greedy sampling inside the CUDA graphs equals sampling after them, bit for bit") {
   // One row's fused output matrix sums in another order than cuBLAS: off here (next case).
-  set_decode_greedy_head(false);
-  struct restore {
-    ~restore() { set_decode_greedy_head(true); }
-  } restore_head;
+  kernels::decode_options no_head;
+  no_head.greedy_head = false;
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     for (std::int64_t interval : {16, 5}) {
       CAPTURE(c10::toString(dtype));
       CAPTURE(interval);
       auto m = random_model("tiny", model_family::llama, 1000, dtype);
+      m->set_decode_options(no_head);
       engine_options inside, after;
       inside.sync_interval = after.sync_interval = interval;
       after.greedy_in_graph = false;

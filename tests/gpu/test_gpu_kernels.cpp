@@ -282,11 +282,11 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
     std::int64_t hidden, inter, heads, kv_heads, dim;
   };
   // At one row, the down projection's k of 4864 in one round of eight loads a lane, or in two of
-  // four (kernels::set_small_gemm_one_round); gate/up a unit a half-warp, or a warp
-  // (kernels::set_small_gemm_half_warps; every k here takes the half-warps).
+  // four (decode_options::small_gemm_one_round); gate/up a unit a half-warp, or a warp
+  // (decode_options::small_gemm_half_warps; every k here takes the half-warps).
   for (bool one_round : {true, false})
   for (auto dtype : all_dtypes) {
-    const projections_scope scope(one_round);
+    const auto proj = projections(one_round);
     for (auto sh : {shape{896, 4864, 14, 2, 64}, shape{128, 352, 4, 4, 32}, shape{256, 688, 2, 1, 128}}) {
       for (std::int64_t rows : {1, 2, 3, 4}) {
         for (bool biased : {false, true}) {
@@ -316,7 +316,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
           auto act = torch::randn({rows, sh.inter}, opts);
           if (!fits) {
             auto res = residual.clone();
-            CHECK_THROWS(fused::project_add(act, w_down, b_down, res));
+            CHECK_THROWS(fused::project_add(act, w_down, b_down, res, false, proj));
             continue;
           }
 
@@ -334,7 +334,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
           auto q_want = fused::rope_write_kv(qkv, {}, inv, 1.0, lengths, kr, vr, sh.heads, sh.kv_heads, sh.dim);
           auto untouched = residual.clone();
           auto q_got = fused::norm_qkv_rope(untouched, norm->weight, eps, w_qkv, b_qkv, inv, 1.0, lengths, kg, vg,
-                                            sh.heads, sh.kv_heads, sh.dim);
+                                            sh.heads, sh.kv_heads, sh.dim, false, proj);
           CHECK(torch::equal(untouched, residual));
           check_gemm_close(q_got, q_want, dtype, "q, " + what);
           check_gemm_close(k_got, k_ref, dtype, "k cache, " + what);
@@ -349,7 +349,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
           // gate/up: the norm, linear, silu(gate) * up.
           auto gu = torch::linear(norm(residual), w_gu, b_gu);
           auto act_want = torch::silu(gu.narrow(1, 0, sh.inter)) * gu.narrow(1, sh.inter, sh.inter);
-          check_gemm_close(fused::norm_gate_up_silu(residual, norm->weight, eps, w_gu, b_gu), act_want, dtype,
+          check_gemm_close(fused::norm_gate_up_silu(residual, norm->weight, eps, w_gu, b_gu, proj), act_want, dtype,
                            "silu(gate) * up, " + what);
 
           // down (k = inter, split over warps at 4864) and o (k = hidden), each added to the residual.
@@ -358,7 +358,7 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
             auto base = torch::randn({rows, sh.hidden}, opts);
             auto want = base + torch::linear(x, w, b);
             auto got = base.clone();
-            fused::project_add(x, w, b, got);
+            fused::project_add(x, w, b, got, false, proj);
             check_gemm_close(got, want, dtype, std::string(name) + " + residual, " + what);
           }
         }
@@ -368,14 +368,14 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
   // One row, k that one round of eight loads a lane covers with a ragged end (3000), and one it
   // does not (16000: two rounds of eight), against the rounds of four.
   for (bool one_round : {true, false}) {
-    const projections_scope scope(one_round);
+    const auto proj = projections(one_round);
     for (std::int64_t k : {3000, 16000}) {
       auto x = torch::randn({1, k}, on_gpu(torch::kBFloat16));
       auto w = torch::randn({96, k}, on_gpu(torch::kBFloat16)) / std::sqrt(static_cast<double>(k));
       auto base = torch::randn({1, 96}, on_gpu(torch::kBFloat16));
       auto want = base + torch::linear(x, w);
       auto got = base.clone();
-      fused::project_add(x, w, {}, got);
+      fused::project_add(x, w, {}, got, false, proj);
       check_gemm_close(got, want, torch::kBFloat16,
                        "k " + std::to_string(k) + " at one row, " + (one_round ? "one round" : "two rounds"));
     }
@@ -395,18 +395,15 @@ TEST_CASE("small-batch projections equal norm, linear and what follows them, per
 
 namespace {
 
-// A process-wide decoding switch (kernels::set_decode_*) at `value` for a scope; `restore` (its
-// default) again after it, also when a check throws.
-struct switch_scope {
-  switch_scope(void (*set)(bool), bool value, bool restore) : set_(set), restore_(restore) { set_(value); }
-  ~switch_scope() { set_(restore_); }
-  switch_scope(const switch_scope&) = delete;
-  switch_scope& operator=(const switch_scope&) = delete;
+// One of the decoding variants (a bool of kernels::decode_options).
+using decode_switch = bool kernels::decode_options::*;
 
- private:
-  void (*set_)(bool);
-  bool restore_;
-};
+// The defaults with `field` at `value`.
+kernels::decode_options switched(decode_switch field, bool value) {
+  kernels::decode_options o;
+  o.*field = value;
+  return o;
+}
 
 // A tiny bf16 model with Qwen2.5-0.5B's heads (14 of 64 over 2 KV heads), on the GPU.
 CausalLM tiny_05b_heads(std::uint64_t seed) {
@@ -417,10 +414,11 @@ CausalLM tiny_05b_heads(std::uint64_t seed) {
 }
 
 // `steps` fused decoding steps at 1 and 3 rows after a `prompt`-token prefill into `slots` slots,
-// each from the same cache with the switch `set` at its default and at the other value: the
-// logits, the caches and the lengths equal bit for bit.
-void check_switch_changes_nothing(void (*set)(bool), bool default_value, std::uint64_t seed, int steps,
-                                  std::int64_t prompt = 9, std::int64_t slots = 64) {
+// each from the same cache with the model's decoding variant `field` at its default and at the
+// other value: the logits, the caches and the lengths equal bit for bit.
+void check_switch_changes_nothing(decode_switch field, std::uint64_t seed, int steps, std::int64_t prompt = 9,
+                                  std::int64_t slots = 64) {
+  const bool default_value = kernels::decode_options{}.*field;
   auto m = tiny_05b_heads(seed);
   torch::NoGradGuard g;
   for (std::int64_t rows : {1, 3}) {
@@ -432,11 +430,9 @@ void check_switch_changes_nothing(void (*set)(bool), bool default_value, std::ui
       auto next = torch::randint(0, 1000, {rows, 1}, on_gpu(torch::kLong));
       auto a = deep_copy(cache), b = deep_copy(cache);
       auto by_default = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-      torch::Tensor other;
-      {
-        const switch_scope scope(set, !default_value, default_value);
-        other = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
-      }
+      m->set_decode_options(switched(field, !default_value));
+      auto other = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+      m->set_decode_options({});
       CHECK(torch::equal(by_default, other));
       CHECK(torch::equal(a.lengths, b.lengths));
       for (std::size_t l = 0; l < a.keys.size(); ++l) {
@@ -506,8 +502,8 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
       const std::string what = std::string(c10::toString(dtype)) + " slots " + std::to_string(slots) + " splits " +
                                std::to_string(split.splits) + " of " + std::to_string(split.chunk) + ", " +
                                std::to_string(warps) + " warps a block";
-      kernels::set_decode_attention_merge_warps(warps);
-      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_half_wide_warps); } } r;
+      kernels::decode_options o;
+      o.merge_warps = warps;
       CAPTURE(what);
       if (split.splits < 2 || split.splits > 4) {
         MESSAGE("no merge of two to four splits on this device: ", what);
@@ -543,7 +539,7 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
         auto want = base.clone();
         fused::project_add(combined, weight, bias, want);
         auto got = base.clone();
-        fused::attention_project_add(q, k, v, lengths, weight, bias, got);
+        fused::attention_project_add(q, k, v, lengths, weight, bias, got, false, o);
         CHECK(torch::equal(got, want));
         // And both against float64 attention through the same projection: the attention's output
         // rounded to the dtype feeds a sum of 896 products, so near zero the error is absolute,
@@ -558,10 +554,8 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
       auto want = base.clone();
       fused::project_add(fused::decode_attention(q, k, v, lengths), weight, bias, want);
       auto got = base.clone();
-      {
-        const switch_scope off(kernels::set_decode_attention_merge, false, true);
-        fused::attention_project_add(q, k, v, lengths, weight, bias, got);
-      }
+      o.attention_merge = false;
+      fused::attention_project_add(q, k, v, lengths, weight, bias, got, false, o);
       CHECK(torch::equal(got, want));
     }
   }
@@ -569,24 +563,24 @@ TEST_CASE("the attention's splits merged by the o projection equal the combine k
 
 namespace {
 
-// The largest differences over `steps` fused one-row steps of `m` from `cache`, each run with the
-// defaults and with the switch `set` at `value` (restored after): the logits relative to the
-// switched step's largest logit, the caches relative to their largest entries. Each step goes on
-// from the switched step's cache, so differences do not compound.
+// The largest differences over `steps` fused one-row steps of `m` from `cache`, each run with
+// `base` and with `other` as the model's decoding variants (`base` again after): the logits
+// relative to the other step's largest logit, the caches relative to their largest entries. Each
+// step goes on from the other step's cache, so differences do not compound.
 struct step_difference {
   double logits = 0.0, cache = 0.0;
 };
-step_difference switched_step_difference(CausalLM& m, kv_cache& cache, void (*set)(bool), bool value, int steps) {
+step_difference switched_step_difference(CausalLM& m, kv_cache& cache, const kernels::decode_options& base,
+                                         const kernels::decode_options& other, int steps) {
   step_difference d;
   for (int step = 0; step < steps; ++step) {
     auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
     auto a = deep_copy(cache), b = deep_copy(cache);
+    m->set_decode_options(base);
     auto by_default = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
-    torch::Tensor switched;
-    {
-      const switch_scope scope(set, value, !value);
-      switched = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
-    }
+    m->set_decode_options(other);
+    auto switched = m->forward_step(next, b, {}, /*fused=*/true, /*small_batch=*/true);
+    m->set_decode_options(base);
     REQUIRE(torch::equal(a.lengths, b.lengths));
     d.logits = std::max(d.logits, max_abs_diff(by_default, switched) / std::max(1.0, switched.abs().max().item<double>()));
     for (std::size_t l = 0; l < a.keys.size(); ++l) {
@@ -609,15 +603,17 @@ TEST_CASE("a one-row step with the attention merged by the o projection equals t
       const std::string what = std::string(c10::toString(dtype)) + ", prompt " + std::to_string(prompt) + ", " +
                                std::to_string(warps) + " warps a block";
       CAPTURE(what);
-      kernels::set_decode_attention_merge_warps(warps);
-      struct restore { ~restore() { kernels::set_decode_attention_merge_warps(kernels::decode_attention_half_wide_warps); } } r;
+      kernels::decode_options merged;
+      merged.merge_warps = warps;
+      auto whole = merged;
+      whole.attention_merge = false;
       auto m = scaled_random_model(tiny_config(model_family::qwen2, 896, 14, 2), 19, 4.0);
       m->to(torch::Device(torch::kCUDA, 0), dtype);
       torch::NoGradGuard g;
       auto cache = m->make_cache(1, 256);
       m->prefill(torch::randint(0, 1000, {1, prompt}, on_gpu(torch::kLong)), cache,
                  torch::full({1}, prompt, on_gpu(torch::kLong)));
-      const auto d = switched_step_difference(m, cache, kernels::set_decode_attention_merge, false, 4);
+      const auto d = switched_step_difference(m, cache, merged, whole, 4);
       MESSAGE(what << ": max |merged - whole| / max |logits| over 4 steps = " << d.logits << ", caches " << d.cache);
       CHECK(d.logits <= (dtype == torch::kFloat ? 1e-4 : 3e-2));
     }
@@ -628,13 +624,13 @@ TEST_CASE("a one-row step with the attention merged by the o projection equals t
 
 TEST_CASE("the o and down projections' inputs staged by loads at once or one at a time: the same step") {
   // 150 tokens in 256 slots: the attention in three splits of the four that the o projection merges.
-  check_switch_changes_nothing(kernels::set_small_gemm_batched_staging, true, 23, 4, 150, 256);
-  check_switch_changes_nothing(kernels::set_small_gemm_batched_staging, true, 23, 2); // no merge: the inputs copied
+  check_switch_changes_nothing(&kernels::decode_options::small_gemm_batched_staging, 23, 4, 150, 256);
+  check_switch_changes_nothing(&kernels::decode_options::small_gemm_batched_staging, 23, 2); // no merge: the inputs copied
 }
 
 TEST_CASE("a decoding step whose kernels launch the next as they begin equals one that launches after the wait") {
   // The early launch is the default at one row; at three rows both run the same kernels.
-  check_switch_changes_nothing(kernels::set_decode_early_launch, true, 7, 6);
+  check_switch_changes_nothing(&kernels::decode_options::early_launch, 7, 6);
   // In a CUDA graph, as the engine runs it: replays with early launches equal eager steps.
   check_graph_equals_eager(7, 9, 64, 4);
 }
@@ -650,7 +646,7 @@ TEST_CASE("the five kernels' timeline records every block of every layer in orde
   auto untimed = m->forward_step(next, a, {}, /*fused=*/true, /*small_batch=*/true);
   torch::Tensor timed;
   const auto layers = m->config().num_layers;
-  auto kernels = time_decode_kernels([&] { timed = m->forward_step(next, b, {}, true, true); }, layers);
+  auto kernels = time_decode_kernels(*m, [&] { timed = m->forward_step(next, b, {}, true, true); }, layers);
   REQUIRE_MESSAGE(kernels.ok(), kernels.error().message);
   CHECK(torch::equal(untimed, timed));
   CHECK(torch::equal(a.lengths, b.lengths));
@@ -679,84 +675,9 @@ TEST_CASE("the five kernels' timeline records every block of every layer in orde
   // The wide attention: a block a query head, for each of the splits the o projection merges.
   CHECK((*kernels)[1].blocks % 14 == 0);
   // A call that launches no decoding kernel records nothing, and says so.
-  auto none = time_decode_kernels([] {}, layers);
+  auto none = time_decode_kernels(*m, [] {}, layers);
   CHECK_FALSE(none.ok());
-}
-
-TEST_CASE("the layers in one persistent kernel equal five kernels a layer within rounding, eagerly and in a graph") {
-  const switch_scope layers_on(kernels::set_decode_layers, true, false); // off by default
-  // Qwen2.5-0.5B's shapes take the persistent kernel on this device in every dtype.
-  fused::decode_shape qwen05;
-  qwen05.hidden = 896, qwen05.inter = 4864, qwen05.heads = 14, qwen05.kv_heads = 2, qwen05.head_dim = 64;
-  for (auto dtype : all_dtypes)
-    REQUIRE(fused::decode_layers_ready(dtype, 24, qwen05));
-  struct variant {
-    std::string name;
-    model_config config;
-  };
-  std::vector<variant> variants;
-  {
-    variants.push_back({"qwen2 0.5b heads", tiny_config(model_family::qwen2, 896, 14, 2)});
-    auto c = tiny_config(model_family::qwen2, 128, 4, 2); // head_dim 32
-    variants.push_back({"qwen2 tiny", c});
-    c = tiny_config(model_family::llama, 256, 8, 2);      // o and MLP biases, no q/k/v bias; dynamic RoPE
-    c.qkv_bias = false, c.o_bias = true, c.mlp_bias = true;
-    c.rope.type = rope_type::dynamic, c.rope.factor = 2.0, c.max_position_embeddings = 16;
-    variants.push_back({"llama biases dynamic", c});
-    c = tiny_config(model_family::llama, 256, 4, 4);      // YaRN, no GQA
-    c.qkv_bias = false;
-    c.rope.type = rope_type::yarn, c.rope.factor = 4.0, c.rope.original_max_position_embeddings = 32;
-    variants.push_back({"llama yarn, no GQA", c});
-  }
-  for (auto& v : variants)
-  for (auto dtype : all_dtypes)
-  for (std::int64_t prompt : {9, 600}) { // one split of one tile; eight splits of two tiles
-    const std::string what = v.name + ", " + c10::toString(dtype) + ", prompt " + std::to_string(prompt);
-    CAPTURE(what);
-    auto m = scaled_random_model(v.config, 11, 4.0);
-    m->to(torch::Device(torch::kCUDA, 0), dtype);
-    REQUIRE(m->fused_decode_ready());
-    torch::NoGradGuard g;
-    auto ids = torch::randint(0, 1000, {1, prompt}, on_gpu(torch::kLong));
-    auto cache = m->make_cache(1, 1024);
-    m->prefill(ids, cache, torch::full({1}, prompt, on_gpu(torch::kLong)));
-    const auto d = switched_step_difference(m, cache, kernels::set_decode_layers, false, 5);
-    const double worst = d.logits, worst_cache = d.cache;
-    MESSAGE(what << ": max |one kernel - per layer| / max |logits| over 5 steps = " << worst << ", caches "
-                 << worst_cache);
-    const double tol = dtype == torch::kFloat ? 1e-4 : 3e-2;
-    CHECK(worst <= tol);
-    CHECK(worst_cache <= (dtype == torch::kFloat ? 1e-4 : 5e-2));
-  }
-  // The persistent kernel is what ran (and, switched off, is not): one launch a step.
-  {
-    auto m = tiny_05b_heads(13);
-    torch::NoGradGuard g;
-    auto cache = m->make_cache(1, 64);
-    m->prefill(torch::randint(0, 1000, {1, 9}, on_gpu(torch::kLong)), cache, torch::full({1}, 9L, on_gpu(torch::kLong)));
-    auto next = torch::randint(0, 1000, {1, 1}, on_gpu(torch::kLong));
-    auto launches = [&] {
-      auto rows = profile([&] { m->forward_step(next, cache, {}, true, true); torch::cuda::synchronize(); }, true, {});
-      REQUIRE(rows.ok());
-      std::int64_t n = 0;
-      for (const auto& r : *rows)
-        if (r.device == "cuda" && r.name.find("decode_layers_kernel") != std::string::npos)
-          n += r.count;
-      return n;
-    };
-    CHECK(launches() == 1);
-    const switch_scope scope(kernels::set_decode_layers, false, true);
-    CHECK(launches() == 0);
-  }
-  // In a CUDA graph, as the engine runs it: replays equal eager steps bit for bit (the kernel's
-  // division of work and order of sums depend only on the shapes and the length), past a split
-  // boundary (every 64 slots).
-  check_graph_equals_eager(12, 200, 512, 70);
-}
-
-TEST_CASE("the persistent kernel with and without its L2 prefetch of the next layer equals itself, bit for bit") {
-  const switch_scope layers_on(kernels::set_decode_layers, true, false);
-  check_switch_changes_nothing(kernels::set_decode_layers_prefetch, false, 14, 4);
+  CHECK(m->decode_options().timeline == nullptr); // the model's own variants again
 }
 
 TEST_CASE("greedy_logprob equals argmax and log_softmax, per dtype, with ties and -inf") {

@@ -6,35 +6,31 @@
 //                [--no-graphs] [--fused on|off|both] [--sync-interval 16] [--dtype bfloat16]
 //                [--seed 0] [--warmup 1] [--repeats 1] [--rounds 1] [--copy-bytes 1073741824] [--trace PREFIX]
 //                [--layers-timeline]
-//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,small_head_gemm,small_layers,small_layers_l2,fused,libtorch]
+//                [--fused-max-rows N] [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,small_head_gemm,fused,libtorch]
 //
 // --fused both (the default) measures each batch size twice on the same weights: with the fused
 // decoding kernels (engine_options::fused_kernels) and with LibTorch ops only; each decode record
 // says which ("fused": true or false, "kernels": its variant). --kernels names the variants
 // instead: "small" (the fused kernels with the small-batch projections at up to 4 rows; the
 // engine's default runs them at 1 row), "small_rounds" (the same, with a long k's weights loaded
-// in two rounds: policy::set_small_gemm_one_round off), "small_split" (the same as small with
-// the attention always split and combined: policy::set_decode_wide_attention off), "small_late"
-// (the same as small with every read after the wait: policy::set_decode_early_reads off),
+// in two rounds: decode_options::small_gemm_one_round off), "small_split" (the same as small with
+// the attention always split and combined: decode_options::wide_attention off), "small_late"
+// (the same as small with every read after the wait: decode_options::early_reads off),
 // "small_launch_late" (the same as small with each kernel launching the next after its wait, not as
-// it begins: policy::set_decode_early_launch off), "small_gate_up_warps" (the same as small with
-// the one-row gate/up projection a unit a warp: policy::set_small_gemm_half_warps off),
+// it begins: decode_options::early_launch off), "small_gate_up_warps" (the same as small with
+// the one-row gate/up projection a unit a warp: decode_options::small_gemm_half_warps off),
 // "small_attention_whole" (the same as small with the one-row attention in one wide block a query
 // head over the whole row and the o projection apart, not in splits that the o projection merges:
-// policy::set_decode_attention_merge off), "small_merge2" (the same as small with that merge of
-// at most two splits: policy::set_decode_attention_merge_splits(2)), "small_merge_w16" (the same
+// decode_options::attention_merge off), "small_merge2" (the same as small with that merge of
+// at most two splits: decode_options::merge_splits 2), "small_merge_w16" (the same
 // as small with sixteen warps to each block of that split attention, not eight:
-// policy::set_decode_attention_merge_warps(16)), "small_serial_staging" (the
+// decode_options::merge_warps 16), "small_serial_staging" (the
 // same as small with the o and down projections loading and storing their inputs one at a time:
-// policy::set_small_gemm_batched_staging off), "small_sample_after" (the same as small with the
+// decode_options::small_gemm_batched_staging off), "small_sample_after" (the same as small with the
 // greedy sampling after each step's CUDA graph, not in it: engine_options::greedy_in_graph off),
 // "small_head_gemm" (the same as small with a one-row greedy step's output matrix a GEMM and its
 // sampling two kernels, not one kernel that samples without writing the logits:
-// policy::set_decode_greedy_head off),
-// "small_layers" (the same as small with the
-// layers of a one-row step in one persistent kernel: policy::set_decode_layers on),
-// "small_layers_l2" (that kernel prefetching each next layer's weights to L2:
-// policy::set_decode_layers_prefetch on too),
+// decode_options::greedy_head off),
 // "fused" (the fused kernels with cuBLAS projections, engine_options::small_batch_kernels off) and "libtorch". The fused kernels serve calls of at most --fused-max-rows
 // rows (engine_options::fused_max_rows, its default when absent); "fused_steps" counts the steps
 // that ran them.
@@ -47,9 +43,10 @@
 // variant's median pass ("ms_per_step_passes" lists them all): the variant measured first in a
 // process ran 1.5-3% faster on an H100 (docs/performance-history.md, "A wide attention kernel
 // and early reads"), so one pass favours it.
-// --layers-timeline makes one more batch-1 call per variant with its blocks stamping the device
-// clock: the persistent kernel's stages (small_layers*, bench::time_decode_layers) or the five
-// kernels of a layer (other small variants, policy::time_decode_kernels), one JSON line each.
+// --layers-timeline makes one more batch-1 call per small variant with its blocks stamping the
+// device clock: the five kernels of a layer (policy::time_decode_kernels), one JSON line each.
+// Each variant is a kernels::decode_options set on the model (CausalLMImpl::set_decode_options),
+// whose CUDA graphs are captured again under it.
 //
 // Bandwidth bound: a decoding step must read every weight once (the embedding table only as the
 // tied output matrix) and each row's keys and values, on average (prompt + new/2) positions;
@@ -66,6 +63,7 @@
 
 #include "core/json.hpp"
 #include "policy/model/engine.hpp"
+#include "policy/model/model.hpp"
 #include "policy/runtime.hpp"
 #include "tools/bench/bench_timers.hpp"
 
@@ -90,8 +88,7 @@ struct bench_options {
   int rounds = 1; ///< passes over the variants, each starting one variant later; the median pass counts
   std::uint64_t copy_bytes = std::uint64_t{1} << 30;
   std::string trace; ///< profile one more call per batch: Chrome trace at TRACE-bB.json, top rows printed
-  /// At batch 1, one more call per variant with its blocks timed: the persistent kernel's stages
-  /// (small_layers*) or the five kernels of a layer (the other small variants).
+  /// At batch 1, one more call per small variant with the five kernels of a layer timing their blocks.
   bool layers_timeline = false;
   std::int64_t fused_max_rows = policy::engine_options{}.fused_max_rows;
 };
@@ -103,7 +100,7 @@ constexpr const char* usage_text =
     "       [--layers-timeline]\n"
     "       [--kernels small,small_rounds,small_split,small_late,small_launch_late,small_gate_up_warps,\n"
     "                  small_attention_whole,small_merge2,small_merge_w16,small_serial_staging,small_sample_after,\n"
-    "                  small_head_gemm,small_layers,small_layers_l2,fused,libtorch]\n";
+    "                  small_head_gemm,fused,libtorch]\n";
 
 [[noreturn]] void usage(const std::string& message) {
   std::fprintf(stderr, "bench_decode: %s\n%s", message.c_str(), usage_text);
@@ -182,7 +179,7 @@ bench_options parse(int argc, char** argv) {
         static const char* const known[] = {"small",           "small_rounds",        "small_split",
                                             "small_late",      "small_launch_late",   "small_gate_up_warps",
                                             "small_attention_whole", "small_merge2", "small_merge_w16", "small_serial_staging",
-                                            "small_sample_after",    "small_head_gemm",     "small_layers",    "small_layers_l2",
+                                            "small_sample_after",    "small_head_gemm",
                                             "fused",           "libtorch"};
         if (std::find(std::begin(known), std::end(known), item) == std::end(known)) {
           std::string names;
@@ -323,18 +320,19 @@ int run(const bench_options& o) {
     auto select = [&](std::size_t variant) {
       for (auto& e : engines)
         e->release_graphs();
-      policy::set_small_gemm_one_round(o.kernels[variant] != "small_rounds");
-      policy::set_decode_wide_attention(o.kernels[variant] != "small_split");
-      policy::set_decode_early_reads(o.kernels[variant] != "small_late");
-      policy::set_decode_early_launch(o.kernels[variant] != "small_launch_late");
-      policy::set_small_gemm_half_warps(o.kernels[variant] != "small_gate_up_warps");
-      policy::set_decode_attention_merge(o.kernels[variant] != "small_attention_whole");
-      policy::set_decode_attention_merge_splits(o.kernels[variant] == "small_merge2" ? 2 : 8);
-      policy::set_decode_attention_merge_warps(o.kernels[variant] == "small_merge_w16" ? 16 : 8);
-      policy::set_small_gemm_batched_staging(o.kernels[variant] != "small_serial_staging");
-      policy::set_decode_greedy_head(o.kernels[variant] != "small_head_gemm");
-      policy::set_decode_layers(o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2");
-      policy::set_decode_layers_prefetch(o.kernels[variant] == "small_layers_l2");
+      const auto& k = o.kernels[variant];
+      policy::kernels::decode_options d;
+      d.small_gemm_one_round = k != "small_rounds";
+      d.wide_attention = k != "small_split";
+      d.early_reads = k != "small_late";
+      d.early_launch = k != "small_launch_late";
+      d.small_gemm_half_warps = k != "small_gate_up_warps";
+      d.attention_merge = k != "small_attention_whole";
+      d.merge_splits = k == "small_merge2" ? 2 : 8;
+      d.merge_warps = k == "small_merge_w16" ? 16 : 8;
+      d.small_gemm_batched_staging = k != "small_serial_staging";
+      d.greedy_head = k != "small_head_gemm";
+      engines[variant]->model().set_decode_options(d); // the engines share one model
     };
     auto measure = [&](std::size_t variant) -> std::optional<measured> {
       auto& engine = engines[variant];
@@ -433,11 +431,11 @@ int run(const bench_options& o) {
       w.end_object();
       std::printf("%s\n", w.str().c_str());
       std::fflush(stdout);
-      const bool persistent = o.kernels[variant] == "small_layers" || o.kernels[variant] == "small_layers_l2";
-      if (o.layers_timeline && batch == 1 && fused && !persistent && o.kernels[variant] != "fused") {
+      if (o.layers_timeline && batch == 1 && fused && o.kernels[variant] != "fused") {
         // One more call with the five kernels of a layer timing their blocks (the last step).
         select(variant);
-        auto kernels = policy::time_decode_kernels([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);
+        auto kernels = policy::time_decode_kernels(engine->model(), [&] { (void) engine->generate(prompts, so); },
+                                                   cfg.num_layers);
         json_writer t;
         t.begin_object().field("kind", "kernels_timeline").field("batch", batch).field("kernels", o.kernels[variant]);
         if (kernels) {
@@ -452,25 +450,6 @@ int run(const bench_options& o) {
           t.end_array();
         } else {
           t.field("error", kernels.error().message);
-        }
-        t.end_object();
-        std::printf("%s\n", t.str().c_str());
-        std::fflush(stdout);
-      }
-      if (o.layers_timeline && batch == 1 && fused && persistent) {
-        // One more call with the persistent kernel's blocks timing its stages (its last step).
-        select(variant);
-        auto stages = bench::time_decode_layers([&] { (void) engine->generate(prompts, so); }, cfg.num_layers);
-        json_writer t;
-        t.begin_object().field("kind", "layers_timeline").field("batch", batch).field("kernels", o.kernels[variant]);
-        if (stages) {
-          t.key("stages").begin_array();
-          for (const auto& s : *stages)
-            t.begin_object().field("stage", s.stage).field("span_us", s.span_us).field("first_start_us", s.first_start_us)
-              .field("slowest_us", s.slowest_us).end_object();
-          t.end_array();
-        } else {
-          t.field("error", stages.error().message);
         }
         t.end_object();
         std::printf("%s\n", t.str().c_str());

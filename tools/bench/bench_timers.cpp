@@ -1,6 +1,5 @@
-// tools/bench/bench_timers.cpp: the copy-bandwidth and persistent-kernel timers of
-// bench_timers.hpp, as they were in policy/runtime.cpp: torch tensors and CUDA events over the
-// kernels' own timeline switches (policy/kernels/decode_layers.hpp).
+// tools/bench/bench_timers.cpp: the copy-bandwidth timer of bench_timers.hpp: torch tensors and
+// CUDA events.
 #include "tools/bench/bench_timers.hpp"
 
 #include <algorithm>
@@ -17,26 +16,13 @@
 #  include <c10/cuda/CUDACachingAllocator.h>
 #  include <c10/cuda/CUDAGuard.h>
 #  include <cuda_runtime_api.h>
-
-#  include "policy/kernels/decode_layers.hpp"
 #endif
 
 namespace crucible::bench {
 
-namespace {
-
 #ifdef CRUCIBLE_HAVE_CUDA
-namespace kernels = policy::kernels;
 using policy::cuda_device_exists;
 #endif
-
-// The lower median (0 for none): the timelines' summaries.
-[[maybe_unused]] double median_of(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x.empty() ? 0.0 : x[(x.size() - 1) / 2];
-}
-
-} // namespace
 
 result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int repeats) {
   if (bytes == 0 || repeats < 1)
@@ -86,60 +72,6 @@ result<double> copy_bandwidth(std::string_view device, std::uint64_t bytes, int 
   return 2.0 * static_cast<double>(bytes) / best;
 #else
   return fail(errc::unsupported, "copy_bandwidth: ", device, ": this build has no CUDA");
-#endif
-}
-
-result<std::vector<layer_stage_time>> time_decode_layers([[maybe_unused]] const std::function<void()>& fn,
-                                                        [[maybe_unused]] std::int64_t layers) {
-#ifdef CRUCIBLE_HAVE_CUDA
-  const std::int64_t blocks = kernels::decode_layers_blocks();
-  if (blocks <= 0 || layers < 2)
-    return fail(errc::unsupported, "time_decode_layers: no CUDA device, or fewer than 2 layers");
-  auto buffer = torch::zeros({kernels::decode_layers_timeline_entries(layers)},
-                             torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA, at::cuda::current_device()));
-  kernels::set_decode_layers_timeline(reinterpret_cast<unsigned long long*>(buffer.data_ptr<std::int64_t>()));
-  try {
-    fn();
-    torch::cuda::synchronize();
-  } catch (...) {
-    kernels::set_decode_layers_timeline(nullptr);
-    throw;
-  }
-  kernels::set_decode_layers_timeline(nullptr);
-  auto t = buffer.cpu();
-  const auto* v = t.data_ptr<std::int64_t>();
-  constexpr int stages = kernels::decode_layers_stages;
-  auto at = [&](std::int64_t l, int s, std::int64_t b, int end) { return v[((l * stages + s) * blocks + b) * 2 + end]; };
-  if (at(layers - 1, stages - 1, 0, 1) == 0)
-    return fail(errc::unsupported, "time_decode_layers: no launch of the persistent kernel was recorded");
-  auto last_end = [&](std::int64_t l, int s) {
-    std::int64_t m = 0;
-    for (std::int64_t b = 0; b < blocks; ++b)
-      m = std::max(m, at(l, s, b, 1));
-    return m;
-  };
-  static const char* const names[stages] = {"qkv", "attention", "o", "gate_up", "down"};
-  std::vector<layer_stage_time> out;
-  for (int s = 0; s < stages; ++s) {
-    std::vector<double> span, first, slowest;
-    for (std::int64_t l = 1; l < layers; ++l) {
-      const std::int64_t before = s == 0 ? last_end(l - 1, stages - 1) : last_end(l, s - 1);
-      std::int64_t start = INT64_MAX, longest = 0;
-      for (std::int64_t b = 0; b < blocks; ++b) {
-        const auto b0 = at(l, s, b, 0), b1 = at(l, s, b, 1);
-        if (s != 1 || b0 >= before) // attention: the blocks that waited for the q/k/v stage
-          start = std::min(start, b0);
-        longest = std::max(longest, b1 - b0);
-      }
-      span.push_back(static_cast<double>(last_end(l, s) - before) / 1e3);
-      first.push_back(static_cast<double>(start - before) / 1e3);
-      slowest.push_back(static_cast<double>(longest) / 1e3);
-    }
-    out.push_back({names[s], median_of(span), median_of(first), median_of(slowest)});
-  }
-  return out;
-#else
-  return fail(errc::unsupported, "time_decode_layers: built without CUDA");
 #endif
 }
 

@@ -90,8 +90,6 @@ def main():
                          "small_serial_staging = the o and down projections loading and storing their inputs one at a time, "
                          "small_sample_after = the greedy sampling after each step's CUDA graph, not in it, "
                          "small_head_gemm = a one-row greedy step's output matrix a GEMM and its sampling two kernels, "
-                         "small_layers = the same with a one-row step's layers in one persistent kernel, "
-                         "small_layers_l2 = that kernel prefetching each next layer's weights to L2, "
                          "fused = fused kernels with cuBLAS projections, libtorch = LibTorch ops only")
     ap.add_argument("--sync-interval", type=int, default=16, help="decoding steps between copies of tokens to the host")
     ap.add_argument("--fused-max-rows", type=int, default=None,
