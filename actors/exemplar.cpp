@@ -142,12 +142,21 @@ scored_variant from_record(const storage::variant_record& r) {
 // -- the actor ------------------------------------------------------------------------------
 
 // A group between its announce and its last verdict (or its straggler timeout).
+// A group of multi-turn episodes (announce.turns > 1) grows as its episodes go on: each scored
+// variant whose episode continues holds one more place open (`reserved`, counted in `missing`),
+// and the group_extend of the next turn fills it with a member appended to the announce.
 struct open_group {
   group_announce announce;
   std::vector<verdict> verdicts; // verdicts[i] for announce.completions[i] once done[i]
   std::vector<bool> done;
   std::size_t missing = 0;
   std::uint64_t seq = 0; // which announce this is: a timeout of an earlier one does not apply
+  // Multi-turn only, one per member: its episode, its turn, the context it was sampled after.
+  std::vector<std::uint32_t> episodes, turns;
+  std::vector<std::vector<std::int32_t>> contexts;
+  std::size_t reserved = 0; // places held open for turns not extended yet
+
+  bool multi_turn() const noexcept { return announce.turns > 1; }
 };
 
 struct exemplar_state {
@@ -166,7 +175,8 @@ using exemplar_pointer = exemplar_impl_actor::stateful_pointer<exemplar_state>;
 
 // Stores a scored variant; a policy sample's row starts with `fate` (empty: undecided until the
 // trainer decides it).
-void record(exemplar_pointer self, const scored_variant& x, std::string_view fate) {
+// `multi_turn`: x is a turn of an episode, and its sample row keeps its place.
+void record(exemplar_pointer self, const scored_variant& x, std::string_view fate, bool multi_turn = false) {
   auto& st = self->state;
   // The prompt first (once per text: its id is its hash), so that no stored variant points at
   // a prompt the store lacks.
@@ -176,6 +186,10 @@ void record(exemplar_pointer self, const scored_variant& x, std::string_view fat
   }
   auto row = to_record(x);
   row.sample_fate = fate;
+  if (multi_turn) {
+    row.episode = x.episode;
+    row.turn = x.turn;
+  }
   if (st.store->record(row).ok())
     ++st.stats.recorded;
   else
@@ -188,6 +202,11 @@ void send_group(exemplar_pointer self, std::unordered_map<std::uint64_t, open_gr
   auto& g = it->second;
   rollout_group out{g.announce.group, g.announce.task, std::move(g.announce.prompt_token_ids),
                     std::move(g.announce.completions), std::move(g.verdicts)};
+  if (g.multi_turn()) {
+    out.episodes = std::move(g.episodes);
+    out.turns = std::move(g.turns);
+    out.contexts = std::move(g.contexts);
+  }
   auto& learner = st.learners[st.next_learner++ % st.learners.size()];
   st.groups.erase(it);
   self->send(learner, std::move(out));
@@ -215,6 +234,8 @@ caf::error check_announce(const exemplar_state& st, const group_announce& a) {
                         "group announce " + to_string(a.group) + ": variant " + to_string(v) + " twice");
   if (st.groups.count(a.group.value) != 0)
     return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": that group is already open");
+  if (a.turns < 1)
+    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": turns must be at least 1");
   return {};
 }
 
@@ -261,8 +282,19 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       auto id = a.group;
       auto seq = st.next_seq++;
       auto n = a.completions.size();
-      st.groups.emplace(id.value, open_group{std::move(a), std::vector<verdict>(n), std::vector<bool>(n, false), n, seq});
-      auto timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(st.opt.straggler_timeout_s));
+      // An episode group's timeout grows with its turns: each turn is a generation and a verdict.
+      const double turns = a.turns;
+      open_group g{std::move(a), std::vector<verdict>(n), std::vector<bool>(n, false), n, seq, {}, {}, {}, 0};
+      if (g.multi_turn()) {
+        for (std::size_t i = 0; i < n; ++i) {
+          g.episodes.push_back(static_cast<std::uint32_t>(i));
+          g.turns.push_back(0);
+          g.contexts.push_back(g.announce.prompt_token_ids);
+        }
+      }
+      st.groups.emplace(id.value, std::move(g));
+      auto timeout =
+        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(st.opt.straggler_timeout_s * turns));
       self->delayed_send(caf::actor_cast<exemplar_impl_actor>(self), timeout, expire_atom_v, id, seq);
       return caf::unit;
     },
@@ -286,16 +318,53 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
           ++st.stats.unknown; // late (after drop or fill), refused, or never announced
       }
       // A sample of no open group reaches no trainer: its fate is decided here.
-      record(self, x, x.group.value != 0 && it == st.groups.end() ? storage::sample_fate::orphan : std::string_view{});
+      const bool multi = it != st.groups.end() ? it->second.multi_turn() : x.turn > 0 || x.continues;
+      record(self, x, x.group.value != 0 && it == st.groups.end() ? storage::sample_fate::orphan : std::string_view{},
+             multi);
       if (it == st.groups.end())
         return;
       auto& g = it->second;
       g.verdicts[slot] = x.verdict;
       g.done[slot] = true;
+      if (x.continues && g.multi_turn()) { // the episode's next turn holds a place open
+        ++g.reserved;
+        ++g.missing;
+      }
       if (--g.missing == 0) {
         send_group(self, it);
         ++st.stats.groups_completed;
       }
+    },
+    [=](group_extend& x) {
+      auto& st = self->state;
+      auto it = st.groups.find(x.group.value);
+      if (it == st.groups.end() || !it->second.multi_turn() || it->second.reserved == 0
+          || x.turn == 0 || x.turn >= it->second.announce.turns) {
+        ++st.stats.unknown; // sent on or dropped meanwhile, or no place was held open for it
+        return;
+      }
+      auto& g = it->second;
+      if (x.variant.value == 0) { // the episode ends without this turn: its place is released
+        --g.reserved;
+        if (--g.missing == 0) {
+          send_group(self, it);
+          ++st.stats.groups_completed;
+        }
+        return;
+      }
+      const auto& ids = g.announce.variants;
+      if (std::find(ids.begin(), ids.end(), x.variant) != ids.end()) {
+        ++st.stats.duplicates;
+        return;
+      }
+      --g.reserved; // the place stays counted in `missing` until its verdict
+      g.announce.variants.push_back(x.variant);
+      g.announce.completions.push_back(std::move(x.sampled));
+      g.verdicts.emplace_back();
+      g.done.push_back(false);
+      g.episodes.push_back(x.episode);
+      g.turns.push_back(x.turn);
+      g.contexts.push_back(std::move(x.prompt_token_ids));
     },
     [=](caf::get_atom) -> exemplar_stats {
       auto out = self->state.stats;

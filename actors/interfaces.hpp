@@ -147,6 +147,9 @@ using exemplar_actor = caf::typed_actor<
   // Stores a scored variant as a future exemplar and fills its slot in its open group; a
   // complete group goes to a learner. Duplicates and verdicts for no open group are counted.
   caf::reacts_to<scored_variant>,
+  // The next turn of an episode of an open group (after its episode's scored variant with
+  // `continues`); counted as unknown when the group is no longer open.
+  caf::reacts_to<group_extend>,
   // The counters: recorded, groups completed, filled, dropped, refused, duplicates, ...
   caf::replies_to<caf::get_atom>::with<exemplar_stats>,
   // Sets the fate of the samples of groups the trainer took (trained, stale, discarded, paused).

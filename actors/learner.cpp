@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <map>
 #include <system_error>
 #include <utility>
 
 #include "actors/actor_config.hpp"
 #include "policy/training/checkpoint.hpp"
+#include "policy/training/episode_batch.hpp"
 #include "policy/distributed/collective.hpp"
 #include "policy/training/learner.hpp"
 #include "policy/model/model.hpp"
@@ -25,7 +27,7 @@ namespace {
 // The learner's view of a complete group: prompt, completions with their behaviour log-probs,
 // verdict rewards, and the oldest version that sampled it. errc::invalid_arg naming the group
 // when verdicts and completions differ in number or a reward is not finite.
-result<policy::grpo_group> to_grpo_group(const rollout_group& g);
+result<std::vector<policy::grpo_group>> to_grpo_groups(const rollout_group& g, const learner_options& o);
 
 } // namespace
 
@@ -59,10 +61,61 @@ result<void> learner_actor_spec::validate() const {
 
 namespace {
 
-result<policy::grpo_group> to_grpo_group(const rollout_group& g) {
+// A group of multi-turn episodes as rows: each turn of each episode one row after its own context,
+// with its turn-level advantage (policy/training/episode_batch.hpp, the options' turn_return,
+// turn_gamma, turn_advantage, std_normalize and std_eps).
+result<std::vector<policy::grpo_group>> episode_rows(const rollout_group& g, const learner_options& o) {
+  const auto n = g.completions.size();
+  const auto who = "group " + to_string(g.group) + ": ";
+  if (g.episodes.size() != n || g.turns.size() != n || g.contexts.size() != n)
+    return fail(errc::invalid_arg, who, std::to_string(n), " completions but ", std::to_string(g.episodes.size()),
+                " episode numbers, ", std::to_string(g.turns.size()), " turns and ", std::to_string(g.contexts.size()),
+                " contexts");
+  // Episodes in order of their number, each one's turns in order; turns 0, 1, ... without a gap.
+  std::map<std::uint32_t, std::map<std::uint32_t, std::size_t>> at;
+  for (std::size_t i = 0; i < n; ++i)
+    if (!at[g.episodes[i]].emplace(g.turns[i], i).second)
+      return fail(errc::invalid_arg, who, "episode ", std::to_string(g.episodes[i]), " has turn ",
+                  std::to_string(g.turns[i]), " twice");
+  std::vector<policy::scored_episode> episodes;
+  std::uint64_t version = UINT64_MAX;
+  for (const auto& [episode, turns] : at) {
+    policy::scored_episode e;
+    std::uint32_t expect = 0;
+    for (const auto& [turn, i] : turns) {
+      if (turn != expect++)
+        return fail(errc::invalid_arg, who, "episode ", std::to_string(episode), " lacks turn ",
+                    std::to_string(expect - 1));
+      const auto& c = g.completions[i];
+      if (!std::isfinite(g.verdicts[i].reward))
+        return fail(errc::invalid_arg, who, "episode ", std::to_string(episode), " turn ", std::to_string(turn),
+                    " has a reward that is not finite");
+      e.tokens.completions.push_back(c.token_ids);
+      e.behaviour_log_probs.push_back(c.logprobs);
+      e.rewards.push_back(g.verdicts[i].reward);
+      e.contexts.push_back(g.contexts[i]);
+      version = std::min(version, c.policy_version.value);
+    }
+    episodes.push_back(std::move(e));
+  }
+  policy::episode_options opt;
+  opt.returns = o.turn_returns;
+  opt.gamma = o.turn_gamma;
+  opt.advantages = o.turn_advantages;
+  opt.std_normalize = o.std_normalize;
+  opt.eps = o.std_eps;
+  auto rows = policy::episode_groups(episodes, opt, n == 0 ? 0 : version);
+  if (!rows)
+    return fail(errc::invalid_arg, who, rows.error().message);
+  return rows;
+}
+
+result<std::vector<policy::grpo_group>> to_grpo_groups(const rollout_group& g, const learner_options& o) {
   if (g.verdicts.size() != g.completions.size())
     return fail(errc::invalid_arg, "group ", to_string(g.group), ": ", std::to_string(g.completions.size()),
                 " completions but ", std::to_string(g.verdicts.size()), " verdicts");
+  if (g.multi_turn())
+    return episode_rows(g, o);
   policy::grpo_group out;
   out.prompt = g.prompt_token_ids;
   out.policy_version = UINT64_MAX;
@@ -76,7 +129,7 @@ result<policy::grpo_group> to_grpo_group(const rollout_group& g) {
   }
   if (g.completions.empty())
     out.policy_version = 0;
-  return out;
+  return std::vector<policy::grpo_group>{std::move(out)};
 }
 
 struct learner_state {
@@ -231,12 +284,13 @@ caf::result<train_report> grpo_update(learner_pointer self, const std::vector<co
   batch.temperature = temperature;
   crucible::error bad{errc::none, {}};
   for (const auto* g : groups) {
-    auto converted = to_grpo_group(*g);
+    auto converted = to_grpo_groups(*g, st.learner->options());
     if (!converted.ok()) {
       bad = converted.error();
       break;
     }
-    batch.groups.push_back(std::move(*converted));
+    for (auto& row : *converted)
+      batch.groups.push_back(std::move(row));
   }
   if (bad.code != errc::none) {
     batch.groups.clear();

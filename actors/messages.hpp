@@ -343,6 +343,13 @@ struct scored_variant {
   /// The policy's whole response the code was cut from (the code itself for a format error);
   /// empty for a seed variant, and in exemplar sets.
   std::string completion;
+  /// Its place in a multi-turn episode (rollout.turns > 1): the episode's number in its group
+  /// and the turn (from 0). 0 and 0 for a variant of a one-turn group.
+  std::uint32_t episode = 0;
+  std::uint32_t turn = 0;
+  /// Its episode goes on: a group_extend with the next turn will follow, and the group waits
+  /// for it (the exemplar actor holds one more place open).
+  bool continues = false;
 
   friend bool operator==(const scored_variant&, const scored_variant&) = default;
 };
@@ -350,7 +357,8 @@ struct scored_variant {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, scored_variant& x) {
   return f(caf::meta::type_name("scored_variant"), x.variant, x.group, x.task, x.code,
-           x.verdict, x.hardware, x.policy_version, x.exemplars, x.prompt, x.completion);
+           x.verdict, x.hardware, x.policy_version, x.exemplars, x.prompt, x.completion, x.episode, x.turn,
+           x.continues);
 }
 
 // -- exemplars (rollout <-> exemplar actor) --------------------------------------------------
@@ -385,13 +393,24 @@ typename Inspector::result_type inspect(Inspector& f, exemplar_set& x) {
 
 // -- learning (rollout -> learner -> engines) ------------------------------------------------
 
-/// Rollout -> learner: a complete GRPO group, completions[i] scored by verdicts[i].
+/// Rollout -> learner: a complete GRPO group, completions[i] scored by verdicts[i]. A group of
+/// multi-turn episodes (rollout.turns > 1) lists every turn of every episode: completions[i] is
+/// turn turns[i] of episode episodes[i], sampled after contexts[i] (the prompt and the earlier
+/// turns with their feedback, as the engine was given them); the learner makes each turn a row
+/// with its turn-level advantage (policy/training/episode_batch.hpp). The three are empty for a
+/// group of one turn, whose completions all follow prompt_token_ids.
 struct rollout_group {
   group_id group;
   task_id task;
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<completion> completions;
   std::vector<verdict> verdicts; ///< same length and order as completions
+  std::vector<std::uint32_t> episodes;                ///< empty, or one per completion
+  std::vector<std::uint32_t> turns;                   ///< empty, or one per completion
+  std::vector<std::vector<std::int32_t>> contexts;    ///< empty, or one per completion
+
+  /// Whether this is a group of multi-turn episodes.
+  bool multi_turn() const noexcept { return !turns.empty(); }
 
   friend bool operator==(const rollout_group&, const rollout_group&) = default;
 };
@@ -399,7 +418,7 @@ struct rollout_group {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_group& x) {
   return f(caf::meta::type_name("rollout_group"), x.group, x.task, x.prompt_token_ids,
-           x.completions, x.verdicts);
+           x.completions, x.verdicts, x.episodes, x.turns, x.contexts);
 }
 
 /// Rollout -> exemplar actor: a GRPO group whose G = completions.size() scored variants will
@@ -411,6 +430,9 @@ struct group_announce {
   std::vector<std::int32_t> prompt_token_ids;
   std::vector<completion> completions;
   std::vector<variant_id> variants; ///< same length and order as completions; distinct
+  /// The turns an episode may take (rollout.turns): 1, a group of one turn; more, completions[i]
+  /// is turn 0 of episode i and later turns follow as group_extend.
+  std::uint32_t turns = 1;
 
   friend bool operator==(const group_announce&, const group_announce&) = default;
 };
@@ -418,7 +440,28 @@ struct group_announce {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, group_announce& x) {
   return f(caf::meta::type_name("group_announce"), x.group, x.task, x.prompt_token_ids,
-           x.completions, x.variants);
+           x.completions, x.variants, x.turns);
+}
+
+/// Rollout -> exemplar actor: the next turn of episode `episode` of an open group, whose scored
+/// variant will follow; it fills the place that the episode's last scored variant (`continues`)
+/// held open. Sent after that scored variant and before this turn's. Variant 0: the turn could
+/// not be sampled, the episode ends, and its place is released.
+struct group_extend {
+  group_id group;
+  variant_id variant;
+  std::uint32_t episode = 0;
+  std::uint32_t turn = 0;                      ///< from 1
+  std::vector<std::int32_t> prompt_token_ids;  ///< the turn's context as the engine was given it
+  completion sampled;
+
+  friend bool operator==(const group_extend&, const group_extend&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, group_extend& x) {
+  return f(caf::meta::type_name("group_extend"), x.group, x.variant, x.episode, x.turn, x.prompt_token_ids,
+           x.sampled);
 }
 
 /// Exemplar actor -> anyone who asks: its counters since it started.
@@ -473,6 +516,10 @@ struct rollout_stats {
   std::uint64_t retries = 0;          ///< requests sent again after a busy refusal
   std::uint64_t in_flight = 0;        ///< groups under way now
   bool running = false;               ///< taking new tasks
+  // Multi-turn episodes (rollout.turns > 1).
+  std::uint64_t later_turns = 0;       ///< turns after an episode's first, sampled
+  std::uint64_t turns_over_budget = 0; ///< episodes ended because their next prompt was over prompt.max_tokens
+  std::uint64_t turns_lost = 0;        ///< episodes ended because their next turn could not be generated
 
   friend bool operator==(const rollout_stats&, const rollout_stats&) = default;
 };
@@ -481,7 +528,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_stats& x) {
   return f(caf::meta::type_name("rollout_stats"), x.groups_started, x.groups_finished,
            x.groups_abandoned, x.completions, x.format_errors, x.evaluated, x.eval_errors,
-           x.retries, x.in_flight, x.running);
+           x.retries, x.in_flight, x.running, x.later_turns, x.turns_over_budget, x.turns_lost);
 }
 
 /// Rollout actor -> trainer: the state of its task sampler (env::task_sampler::save text: the
@@ -790,6 +837,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::sampler_state))
   CAF_ADD_TYPE_ID(crucible, (crucible::sample_fates))
   CAF_ADD_TYPE_ID(crucible, (crucible::chat_turn))
+  CAF_ADD_TYPE_ID(crucible, (crucible::group_extend))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

@@ -30,6 +30,8 @@ rollout_actor_options rollout_actor_options::from(const config& cfg, std::uint64
     static_cast<std::uint32_t>(std::clamp<std::int64_t>(r.max_new_tokens, 0, std::numeric_limits<std::uint32_t>::max()));
   o.sampling.stop = r.stop;
   o.max_groups_in_flight = static_cast<std::uint64_t>(std::max<std::int64_t>(0, r.max_groups_in_flight));
+  o.turns = static_cast<std::uint32_t>(std::clamp<std::int64_t>(r.turns, 0, 1024));
+  o.turn_stop_speedup = r.turn_stop_speedup;
   o.sampler = r.sampler;
   o.sampler_mix = r.sampler_mix;
   o.hardware = r.hardware;
@@ -43,6 +45,10 @@ rollout_actor_options rollout_actor_options::from(const config& cfg, std::uint64
 result<void> rollout_actor_options::validate() const {
   if (group_size < 1)
     return fail(errc::config, "rollout.group_size: must be at least 1");
+  if (turns < 1 || turns > 16)
+    return fail(errc::config, "rollout.turns: must be between 1 and 16");
+  if (!(turn_stop_speedup >= 0) || !std::isfinite(turn_stop_speedup))
+    return fail(errc::config, "rollout.turn_stop_speedup: must be a number >= 0");
   if (max_groups_in_flight < 1)
     return fail(errc::config, "rollout.max_groups_in_flight: must be at least 1");
   if (!(sampler_mix >= 0 && sampler_mix <= 1))
@@ -90,6 +96,15 @@ result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const 
   out.builder = std::make_shared<const env::prompt_builder>(std::move(*builder));
   out.parse = env::parse_options_from(cfg.prompt, std::move(sections));
   out.add_special_tokens = plain;
+  if (cfg.rollout.turns > 1) {
+    auto ffile = env::resolve_feedback_template(cfg.prompt.feedback_template);
+    if (!ffile.ok())
+      return ffile.error();
+    auto fb = env::load_feedback_template(*ffile);
+    if (!fb.ok())
+      return fb.error();
+    out.feedback = std::make_shared<const env::feedback_template>(std::move(*fb));
+  }
   return out;
 }
 
@@ -105,7 +120,8 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// One completion of a group on its way to a verdict.
+// One completion of a group on its way to a verdict; with rollout.turns > 1, one episode, whose
+// fields are its current turn's.
 struct member {
   variant_id variant;
   std::string code;           // the candidate; the raw response for a format error
@@ -113,7 +129,13 @@ struct member {
   policy_version version;     // weights that sampled it
   bool format_error = false;
   verdict format_verdict;     // when format_error
-  bool done = false;          // reported, or lost to an evaluator failure
+  bool done = false;          // reported, or lost to an evaluator failure (an episode: ended)
+  // Multi-turn only.
+  std::uint32_t turn = 0;                  // the current turn, from 0
+  std::vector<env::episode_turn> history;  // each earlier turn's answer and the feedback on it
+  std::string prompt;                      // the current turn's prompt text, for the replay store
+  generation_request next;                 // the next turn's request while it is generated (a retry resends it)
+  bool generating = false;
 };
 
 enum class phase : std::uint8_t { exemplars, generating, announcing, evaluating };
@@ -124,6 +146,7 @@ struct group_work {
   phase step = phase::exemplars;
   std::vector<variant_id> exemplar_ids; // the exemplars the prompt showed
   std::string prompt;                   // the prompt text the policy saw (moved from the request once generated), for the replay store
+  env::built_prompt first;              // multi-turn: the first prompt, which every later turn continues
   generation_request request;           // kept for a retry
   group_announce announce;              // kept for a retry; cleared once accepted
   std::vector<member> members;
@@ -248,30 +271,103 @@ void retry_later(rollout_pointer self, group_id id, std::uint32_t slot) {
   self->delayed_send(me(self), retry_delay(self), retry_atom_v, id.value, slot);
 }
 
-// Sends member `slot`'s scored variant to the exemplar actor; the group finishes with its last.
+void send_turn_generation(rollout_pointer self, group_id id, std::uint32_t slot);
+
+// Ends member `slot` (an episode: at its current turn); the group finishes with its last.
+void end_member(rollout_pointer self, group_id id, std::size_t slot) {
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done)
+    return;
+  g->members[slot].done = true;
+  if (--g->open == 0)
+    finish(self, id);
+}
+
+// The request for episode `slot`'s next turn after verdict `v` on its current one, or nothing
+// where the episode ends: its last turn, a turn correct at turn_stop_speedup, or a prompt over
+// the budget.
+std::optional<generation_request> next_turn(rollout_pointer self, group_work& g, std::uint32_t slot, const verdict& v) {
+  auto& st = self->state;
+  const auto& m = g.members[slot];
+  if (st.opt.turns <= 1 || m.turn + 1 >= st.opt.turns || !st.deps.feedback)
+    return std::nullopt;
+  if (st.opt.turn_stop_speedup > 0 && v.status == verdict_status::ok && v.correct && v.has_speedup() &&
+      v.speedup >= st.opt.turn_stop_speedup)
+    return std::nullopt;
+  auto history = m.history;
+  history.push_back({m.completion, env::render_feedback(*st.deps.feedback, v, m.turn + 1, st.opt.turns - (m.turn + 1))});
+  auto built = st.deps.prompts->continue_episode(g.first, history);
+  if (!built.ok()) {
+    ++st.stats.turns_over_budget;
+    return std::nullopt;
+  }
+  generation_request req;
+  req.group = g.id;
+  req.task = g.task;
+  for (const auto& [role, content] : built->messages)
+    req.messages.push_back(chat_turn{role, content});
+  req.prompt = std::move(built->text);
+  req.add_special_tokens = st.opt.add_special_tokens;
+  req.samples = 1;
+  req.params = st.opt.sampling;
+  req.params.seed = splitmix64(st.seed ^ g.id.value ^ splitmix64((std::uint64_t{slot} << 8) | (m.turn + 1)));
+  return req;
+}
+
+// Sends member `slot`'s scored variant to the exemplar actor. One turn: the member is done, and
+// the group finishes with its last. An episode that goes on asks for its next turn.
 void report(rollout_pointer self, group_id id, std::size_t slot, const verdict& v) {
+  auto& st = self->state;
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done || g->members[slot].generating)
+    return;
+  auto& m = g->members[slot];
+  st.sampler->observe(g->task.value, v);
+  auto next = next_turn(self, *g, static_cast<std::uint32_t>(slot), v);
+  scored_variant x{m.variant, id, g->task, m.code, v, st.kind, m.version, g->exemplar_ids,
+                   st.opt.turns > 1 && m.turn > 0 ? m.prompt : g->prompt, m.completion};
+  x.episode = static_cast<std::uint32_t>(slot);
+  x.turn = m.turn;
+  x.continues = next.has_value();
+  self->send(st.deps.exemplars, std::move(x));
+  if (!next) {
+    end_member(self, id, slot);
+    return;
+  }
+  m.history.push_back({m.completion, env::render_feedback(*st.deps.feedback, v, m.turn + 1, st.opt.turns - (m.turn + 1))});
+  ++m.turn;
+  m.next = std::move(*next);
+  m.generating = true;
+  send_turn_generation(self, id, static_cast<std::uint32_t>(slot));
+}
+
+// A member the evaluators failed on: not reported (no verdict exists), the group goes on. An
+// episode ends there; a turn after its first held a place at the exemplar actor, which a
+// group_extend without a variant releases.
+void lose(rollout_pointer self, group_id id, std::size_t slot) {
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done)
+    return;
+  ++self->state.stats.eval_errors;
+  end_member(self, id, slot);
+}
+
+// Member `slot`'s next turn could not be generated: the episode ends at the turn before, and
+// the place its last scored variant held open at the exemplar actor is released.
+void end_episode_early(rollout_pointer self, group_id id, std::uint32_t slot) {
   auto& st = self->state;
   auto* g = find(self, id);
   if (g == nullptr || g->members[slot].done)
     return;
   auto& m = g->members[slot];
-  st.sampler->observe(g->task.value, v);
-  scored_variant x{m.variant, id, g->task, m.code, v, st.kind, m.version, g->exemplar_ids, g->prompt, m.completion};
-  self->send(st.deps.exemplars, std::move(x));
-  m.done = true;
-  if (--g->open == 0)
-    finish(self, id);
-}
-
-// A member the evaluators failed on: not reported (no verdict exists), the group goes on.
-void lose(rollout_pointer self, group_id id, std::size_t slot) {
-  auto* g = find(self, id);
-  if (g == nullptr || g->members[slot].done)
-    return;
-  g->members[slot].done = true;
-  ++self->state.stats.eval_errors;
-  if (--g->open == 0)
-    finish(self, id);
+  m.generating = false;
+  group_extend release;
+  release.group = id;
+  release.episode = slot;
+  release.turn = m.turn;
+  self->send(st.deps.exemplars, std::move(release));
+  ++st.stats.turns_lost;
+  end_member(self, id, slot);
 }
 
 void send_candidate(rollout_pointer self, group_id id, std::uint32_t slot) {
@@ -293,6 +389,61 @@ void send_candidate(rollout_pointer self, group_id id, std::uint32_t slot) {
         else
           lose(self, id, slot);
       });
+}
+
+// Member `slot`'s next turn is sampled: its completion becomes the member's current variant,
+// the exemplar actor is told (group_extend, before its scored variant), then it is evaluated
+// (or reported at once as a format error).
+void on_turn_generated(rollout_pointer self, group_id id, std::uint32_t slot, generation_result& r) {
+  auto& st = self->state;
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done || !g->members[slot].generating)
+    return;
+  st.stats.completions += r.completions.size();
+  if (r.completions.size() != 1) {
+    end_episode_early(self, id, slot);
+    return;
+  }
+  auto& m = g->members[slot];
+  auto& c = r.completions.front();
+  m.generating = false;
+  m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
+  m.version = c.policy_version;
+  m.completion = c.text;
+  m.prompt = std::move(m.next.prompt);
+  m.next = generation_request{};
+  auto parsed = env::parse_response(c.text, st.deps.parse);
+  m.format_error = !parsed.ok;
+  if (parsed.ok) {
+    m.code = std::move(parsed.response.code);
+  } else {
+    m.code = c.text;
+    m.format_verdict = env::format_error_verdict(parsed, st.deps.reward, st.device);
+  }
+  ++st.stats.later_turns;
+  group_extend x{id, m.variant, slot, m.turn, std::move(r.prompt_token_ids), std::move(c)};
+  self->send(st.deps.exemplars, std::move(x));
+  if (!m.format_error) {
+    send_candidate(self, id, slot);
+    return;
+  }
+  ++st.stats.format_errors;
+  auto v = m.format_verdict;
+  report(self, id, slot, v);
+}
+
+void send_turn_generation(rollout_pointer self, group_id id, std::uint32_t slot) {
+  auto* g = find(self, id);
+  if (g == nullptr || g->members[slot].done || !g->members[slot].generating)
+    return;
+  self->request(self->state.deps.engine, caf::infinite, g->members[slot].next)
+    .then([=](generation_result& r) { on_turn_generated(self, id, slot, r); },
+          [=](const caf::error& e) {
+            if (is_busy(e) && find(self, id) != nullptr)
+              retry_later(self, id, slot);
+            else
+              end_episode_early(self, id, slot);
+          });
 }
 
 void on_announced(rollout_pointer self, group_id id) {
@@ -345,6 +496,7 @@ void on_generated(rollout_pointer self, group_id id, generation_result& r) {
   g->announce.group = id;
   g->announce.task = g->task;
   g->announce.prompt_token_ids = std::move(r.prompt_token_ids);
+  g->announce.turns = st.opt.turns;
   for (const auto& c : r.completions) {
     member m;
     m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
@@ -407,6 +559,8 @@ void on_exemplars(rollout_pointer self, group_id id, const exemplar_set& set) {
   for (std::size_t i = 0; i < set.exemplars.size() && i < built->exemplars.size(); ++i)
     if (built->exemplars[i].kept)
       g->exemplar_ids.push_back(set.exemplars[i].variant);
+  if (st.opt.turns > 1)
+    g->first = *built; // every later turn's prompt continues it
   auto& req = g->request;
   req.group = id;
   req.task = g->task;
@@ -524,7 +678,9 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
       if (g == nullptr)
         return;
       if (slot != no_slot) {
-        if (slot < g->members.size())
+        if (slot < g->members.size() && g->members[slot].generating)
+          send_turn_generation(self, id, slot);
+        else if (slot < g->members.size())
           send_candidate(self, id, slot);
       } else if (g->step == phase::generating) {
         send_generation(self, id);
@@ -564,6 +720,9 @@ result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps d
     return fail(errc::invalid_arg, "rollout actor: no prompt builder");
   if (!deps.tasks || deps.tasks->empty())
     return fail(errc::invalid_arg, "rollout actor: the task catalogue is empty");
+  if (opt.turns > 1 && !deps.feedback)
+    return fail(errc::invalid_arg, "rollout actor: rollout.turns = ", std::to_string(opt.turns),
+                " needs the feedback template (prompt.feedback_template)");
   auto sampler = make_task_sampler(*deps.tasks, opt);
   if (!sampler.ok())
     return sampler.error();

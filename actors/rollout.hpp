@@ -15,6 +15,7 @@
 #include "actors/interfaces.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
+#include "env/feedback.hpp"
 #include "env/prompt.hpp"
 #include "env/response_parser.hpp"
 #include "env/task_sampler.hpp"
@@ -30,6 +31,10 @@ struct rollout_actor_options {
   /// the seed is derived per group from `seed`, `index` and the group id.
   sampling_params sampling;
   std::uint64_t max_groups_in_flight = 2;  ///< groups under way at once (≥ 1)
+  /// Turns of an episode (1 to 16): 1, each of the G completions is judged once; more, each is
+  /// the first turn of an episode that gets its verdict as feedback and tries again.
+  std::uint32_t turns = 1;
+  double turn_stop_speedup = 0;            ///< an episode ends early at a correct turn this fast; 0: never
   task_sampling sampler = task_sampling::uniform;
   double sampler_mix = 0.1;                ///< uniform share under `improvement`, in [0, 1]
   std::string hardware;                    ///< kind (or device name) to evaluate on; "": the pool's first device
@@ -52,7 +57,7 @@ struct rollout_actor_options {
   /// The `rollout:` section of `cfg` for rollout actor number `index`, `run.seed` as the seed.
   static rollout_actor_options from(const config& cfg, std::uint64_t index);
 
-  /// errc::config naming the first bad key ("rollout.group_size", "rollout.max_groups_in_flight",
+  /// errc::config naming the first bad key ("rollout.group_size", "rollout.turns", "rollout.max_groups_in_flight",
   /// "rollout.sampler_mix", "rollout.retry_s", "rollout.temperature", "rollout.top_p",
   /// "rollout.max_new_tokens") or the index.
   result<void> validate() const;
@@ -63,11 +68,14 @@ struct prompt_setup {
   std::shared_ptr<const env::prompt_builder> builder; ///< thread-safe (const build)
   env::response_parse_options parse;                  ///< the template's sections, `prompt:` limits
   bool add_special_tokens = false;                    ///< see rollout_actor_options
+  /// The feedback of multi-turn episodes (prompt.feedback_template); null when rollout.turns is 1.
+  std::shared_ptr<const env::feedback_template> feedback;
 };
 
 /// The prompt template `prompt.template` names (env::resolve_prompt_template), the tokenizer's
 /// chat template and special tokens (unless `prompt.chat_template: none`), prompts counted in
-/// the tokenizer's tokens. Errors of loading the template or creating the builder.
+/// the tokenizer's tokens; with rollout.turns above 1 the feedback template too. Errors of
+/// loading the templates or creating the builder.
 result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const policy::tokenizer> tokenizer);
 
 /// The task names of `tasks` in the order a rollout actor's sampler holds them (the catalogue's).
@@ -88,6 +96,8 @@ struct rollout_deps {
   std::shared_ptr<const env::prompt_builder> prompts;
   env::response_parse_options parse;
   reward_options reward;                              ///< the reward of a format error
+  /// The feedback after each turn of an episode; needed when rollout_actor_options::turns > 1.
+  std::shared_ptr<const env::feedback_template> feedback;
 };
 
 /// Spawns a rollout actor; it does nothing until it receives start.
@@ -99,6 +109,17 @@ struct rollout_deps {
 /// the code of the others goes to the evaluator pool and its verdict is reported. Reports are
 /// scored_variant messages to the exemplar actor, with the group id, the hardware kind, the
 /// policy version of the completion and the ids of the exemplars the prompt showed.
+///
+/// With `turns` above 1 each member of a group is an episode (docs/training.md, "Multi-turn
+/// episodes"). Once a turn's verdict is in, the episode goes on unless that was its last turn, or
+/// the turn was correct at turn_stop_speedup or more, or the next prompt (the first prompt, then
+/// each earlier answer as an assistant message and the feedback on its verdict as the next user
+/// message, older turns shortened first: env::prompt_builder::continue_episode) does not fit the
+/// budget: its scored variant says it `continues`, one generation request of one sample is made
+/// for its next turn, and that completion goes to the exemplar actor as a group_extend before it
+/// is evaluated. An episode waits only for its own verdicts; the group finishes with its last
+/// episode. A next turn that cannot be generated ends its episode (a group_extend without a
+/// variant releases its place).
 ///
 /// Backpressure: at most max_groups_in_flight groups at once, so at most that many requests at
 /// the engine and that many times G candidates at the evaluators; a request refused with

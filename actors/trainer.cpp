@@ -76,7 +76,7 @@ stage_report report_of(trainer_state& st, bool done) {
 
 // Counts a scored variant into the run's tallies and writes its verdict record.
 void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
-                   sample_tally* tally) {
+                   sample_tally* tally, int turn) {
   ++st.p.variants;
   const bool good = v.correct && v.status == verdict_status::ok && v.has_speedup();
   if (good) {
@@ -94,6 +94,16 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
     }
     if (v.status == verdict_status::format_error)
       ++tally->format_errors;
+    if (turn >= 0) {
+      if (tally->turns.size() <= static_cast<std::size_t>(turn))
+        tally->turns.resize(static_cast<std::size_t>(turn) + 1);
+      auto& t = tally->turns[static_cast<std::size_t>(turn)];
+      ++t.samples;
+      if (good) {
+        ++t.correct;
+        t.speedup_sum += v.speedup;
+      }
+    }
   }
   json_writer w;
   w.begin_object()
@@ -109,8 +119,10 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
     .field("hardware", st.kind)
     .field("policy_version", version)
     .field("group", group)
-    .field("cache_hit", v.cache_hit)
-    .end_object();
+    .field("cache_hit", v.cache_hit);
+  if (turn >= 0)
+    w.field("turn", static_cast<std::int64_t>(turn));
+  w.end_object();
   st.step.records.push_back(std::move(w).take());
 }
 
@@ -184,7 +196,8 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
   const auto& cfg = st.deps->cfg;
   const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.rollout.actors));
   rollout_deps rd{st.deps->engine,           st.deps->evaluators,       st.exemplars,      tasks_of(st),
-                  st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward};
+                  st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward,
+                  st.deps->prompts.feedback};
   st.roll.quota.clear();
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t quota = 0;

@@ -39,6 +39,12 @@ struct sample_tally {
   std::uint64_t samples = 0, correct = 0, format_errors = 0;
   double speedup_sum = 0;
   double reward_sum = 0;
+  // Multi-turn episodes: the same counts for each turn (turns[t]); empty for one-turn groups.
+  struct turn_counts {
+    std::uint64_t samples = 0, correct = 0;
+    double speedup_sum = 0;
+  };
+  std::vector<turn_counts> turns;
 
   double correct_share() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
   double mean_speedup() const { return correct ? speedup_sum / correct : std::numeric_limits<double>::quiet_NaN(); }
@@ -135,8 +141,9 @@ double seconds_since(std::chrono::steady_clock::time_point t);
 double now_seconds(const trainer_state& st);
 std::string time_now(const trainer_state& st);
 bool is_skipped(const trainer_state& st, const task_id& t);
+// `turn`: the verdict's turn in its episode (multi-turn), -1 for a one-turn group.
 void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
-                   sample_tally* tally);
+                   sample_tally* tally, int turn = -1);
 void finish_step(self_pointer self, bool done);
 void fail_step(self_pointer self, const crucible::error& err);
 caf::duration learner_wait(const trainer_state& st);
@@ -151,12 +158,13 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
 void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bound);
 void discard_groups(self_pointer self);
 
-// Counts (and records) the verdicts of every member of `groups`.
+// Counts (and records) the verdicts of every member of `groups` (a turn of an episode with its turn).
 template <class Groups>
 void count_groups(trainer_state& st, const Groups& groups, sample_tally* tally) {
   for (const auto& g : groups)
     for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
-      count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, tally);
+      count_verdict(st, g.task, g.verdicts[i], g.completions[i].policy_version.value, g.group.value, tally,
+                    i < g.turns.size() ? static_cast<int>(g.turns[i]) : -1);
 }
 
 // The group ids of `groups`, in order (sample_fates).

@@ -112,6 +112,19 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
       .field("mean_speedup", tally->mean_speedup())
       .field("best_speedup", st.p.best_speedup)
       .field("dropped_stale", st.roll.dropped_now);
+    if (!tally->turns.empty()) { // multi-turn episodes: the same by turn (from 0)
+      w.key("turns").begin_array();
+      for (std::size_t t = 0; t < tally->turns.size(); ++t) {
+        const auto& c = tally->turns[t];
+        w.begin_object()
+          .field("turn", static_cast<std::uint64_t>(t))
+          .field("samples", c.samples)
+          .field("correct_share", c.samples ? static_cast<double>(c.correct) / c.samples : 0.0)
+          .field("mean_speedup", c.correct ? c.speedup_sum / c.correct : std::numeric_limits<double>::quiet_NaN())
+          .end_object();
+      }
+      w.end_array();
+    }
   }
   w.end_object();
   return std::move(w).take();
@@ -338,7 +351,8 @@ void train_on_groups(self_pointer self) {
   for (const auto& g : batch)
     for (std::size_t i = 0; i < g.verdicts.size() && i < g.completions.size(); ++i)
       if (g.verdicts[i].correct && g.verdicts[i].status == verdict_status::ok) {
-        b.prompts.push_back(g.prompt_token_ids);
+        // A later turn of an episode after its own context (the earlier turns and their feedback).
+        b.prompts.push_back(i < g.contexts.size() ? g.contexts[i] : g.prompt_token_ids);
         b.completions.push_back(g.completions[i].token_ids);
       }
   // Each learner rank needs an example of its own (learner.devices; a share without one is refused).

@@ -37,6 +37,8 @@ const char* to_string(loss_aggregation v) noexcept { return name_in(aggregation_
 const char* to_string(kl_estimator v) noexcept { return name_in(kl_estimator_names, v); }
 const char* to_string(old_log_probs_source v) noexcept { return name_in(old_log_probs_names, v); }
 const char* to_string(lr_schedule v) noexcept { return name_in(lr_schedule_names, v); }
+const char* to_string(turn_return v) noexcept { return name_in(turn_return_names, v); }
+const char* to_string(turn_advantage v) noexcept { return name_in(turn_advantage_names, v); }
 
 namespace {
 

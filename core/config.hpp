@@ -255,6 +255,8 @@ struct rollout_config {
   std::int64_t top_k = 0;                ///< top-k filter; 0: off
   std::int64_t max_new_tokens = 1024;    ///< tokens generated per completion at most
   std::vector<std::string> stop;         ///< stop strings (cut from the completion)
+  std::int64_t turns = 1;                ///< turns of an episode (1: one completion per member)
+  double turn_stop_speedup = 0;          ///< an episode ends once a turn is correct at this speedup; 0: never early
   std::int64_t max_groups_in_flight = 2; ///< groups one rollout actor works on at once
   task_sampling sampler = task_sampling::uniform;
   double sampler_mix = 0.1;              ///< share of uniform draws under `improvement`

@@ -67,6 +67,16 @@ void describe_learner(V& v, learner_options& l) {
             "Cap of the stale-sample weight min(exp(old_logp - behaviour_logp), is_cap) on each token's loss; 0: no "
             "correction.",
             non_negative_number());
+    v.field("turn_return", l.turn_returns,
+            "Multi-turn episodes (rollout.turns > 1): a turn's return from its episode's rewards: `discounted` "
+            "(the return-to-go, sum of gamma^k r_{t+k}), `best` (the best gamma^k r_{t+k} from that turn on) or "
+            "`immediate` (the turn's own reward).");
+    v.field("turn_gamma", l.turn_gamma, "Discount of later turns' rewards in a turn's return (Kevin-32B: 0.4).",
+            between(0, 1, "a number between 0 and 1"));
+    v.field("turn_advantage", l.turn_advantages,
+            "Multi-turn episodes: a turn's advantage across its group's episodes that reached that turn: `grpo` (the "
+            "return's deviation from their mean, divided by their std when std_normalize) or `trloo` (the return "
+            "minus the mean of the others' returns at that turn, Dr.Kernel's turn-level leave-one-out).");
     v.field("old_logprobs", l.old_log_probs,
             "The ratio's denominator: recomputed by a no-grad forward, the engine's behaviour log-probs, or `auto` "
             "(behaviour when every sample is on-policy).");
@@ -421,6 +431,15 @@ void describe(V& v, config& c) {
             constraint<std::vector<std::string>>{"a list of non-empty strings", [](const std::vector<std::string>& xs) {
               return std::none_of(xs.begin(), xs.end(), [](const std::string& x) { return x.empty(); });
             }});
+    v.field("turns", r.turns,
+            "Turns of an episode: 1, a completion is judged once; more, each of the G episodes of a group gets the "
+            "verdict on its answer as feedback (prompt.feedback_template) and tries again, up to this many turns, each "
+            "turn evaluated as it comes (docs/training.md, \"Multi-turn episodes\").",
+            constraint<std::int64_t>{"an integer between 1 and 16", [](std::int64_t v) { return v >= 1 && v <= 16; }});
+    v.field("turn_stop_speedup", r.turn_stop_speedup,
+            "An episode ends before its last turn once a turn is correct with at least this speedup; 0: every episode "
+            "takes all its turns.",
+            non_negative_number());
     v.field("max_groups_in_flight", r.max_groups_in_flight,
             "Groups one rollout actor works on at once (prompt, generation, evaluation); the next task is taken when one "
             "finishes.",

@@ -272,6 +272,10 @@ inline constexpr std::pair<old_log_probs_source, const char*> old_log_probs_name
   {old_log_probs_source::automatic, "auto"}};
 inline constexpr std::pair<lr_schedule, const char*> lr_schedule_names[] = {
   {lr_schedule::constant, "constant"}, {lr_schedule::cosine, "cosine"}};
+inline constexpr std::pair<turn_return, const char*> turn_return_names[] = {
+  {turn_return::discounted, "discounted"}, {turn_return::best, "best"}, {turn_return::immediate, "immediate"}};
+inline constexpr std::pair<turn_advantage, const char*> turn_advantage_names[] = {
+  {turn_advantage::grpo, "grpo"}, {turn_advantage::trloo, "trloo"}};
 
 #define CRUCIBLE_ENUM_TRAITS(Enum, table, expected_text, type_text)                                            \
   template <> struct value_traits<Enum> {                                                                    \
@@ -288,6 +292,9 @@ CRUCIBLE_ENUM_TRAITS(kl_estimator, kl_estimator_names, "one of k1, k3", "`k1` or
 CRUCIBLE_ENUM_TRAITS(old_log_probs_source, old_log_probs_names, "one of recompute, behaviour, auto",
                      "`recompute`, `behaviour` or `auto`")
 CRUCIBLE_ENUM_TRAITS(lr_schedule, lr_schedule_names, "one of constant, cosine", "`constant` or `cosine`")
+CRUCIBLE_ENUM_TRAITS(turn_return, turn_return_names, "one of discounted, best, immediate",
+                     "`discounted`, `best` or `immediate`")
+CRUCIBLE_ENUM_TRAITS(turn_advantage, turn_advantage_names, "one of grpo, trloo", "`grpo` or `trloo`")
 #undef CRUCIBLE_ENUM_TRAITS
 
 template <class Enum, std::size_t N>

@@ -41,6 +41,21 @@ enum class lr_schedule : std::uint8_t {
   cosine,   ///< from lr down to lr * min_lr_ratio at total_steps
 };
 
+/// How a turn's return is made from the rewards of its episode's turns r_0 .. r_{T-1}
+/// (multi-turn episodes, rollout.turns > 1; policy/training/episodes.hpp).
+enum class turn_return : std::uint8_t {
+  discounted, ///< G_t = sum_{k >= t} gamma^(k - t) r_k: the discounted return-to-go (Kevin-32B)
+  best,       ///< G_t = max_{k >= t} gamma^(k - t) r_k: the best the episode reaches from turn t on
+  immediate,  ///< G_t = r_t: each turn judged alone
+};
+
+/// How returns become advantages across a group's episodes, turn by turn (only the episodes that
+/// reached turn t take part).
+enum class turn_advantage : std::uint8_t {
+  grpo,  ///< GRPO at each turn (learner.std_normalize and std_eps apply)
+  trloo, ///< turn-level leave-one-out (Dr.Kernel): the return minus the mean of the others' at that turn
+};
+
 /// `learner:` — losses, optimiser and schedule of the GRPO/SFT learner. Plain value.
 struct learner_options {
   // AdamW (PyTorch's torch.optim.AdamW semantics: decoupled decay p -= lr * wd * p).
@@ -72,6 +87,10 @@ struct learner_options {
   double reward_clip = 3.0;         ///< k of normalize_clip
   double is_cap = 2.0;              ///< cap of the stale-sample weight min(pi_old / pi_behaviour, cap); 0: off
   old_log_probs_source old_log_probs = old_log_probs_source::recompute;
+  // Multi-turn episodes (rollout.turns > 1): each turn a row, its advantage from the returns.
+  turn_return turn_returns = turn_return::discounted;
+  double turn_gamma = 0.4;          ///< discount of later turns' rewards (Kevin-32B: 0.4)
+  turn_advantage turn_advantages = turn_advantage::grpo;
   // Model.
   std::string dtype = "float32";    ///< parameter dtype: float32 or bfloat16 (fp32 master weights)
   bool lora = false;                ///< train LoRA adapters only
@@ -100,5 +119,7 @@ const char* to_string(loss_aggregation v) noexcept;
 const char* to_string(kl_estimator v) noexcept;
 const char* to_string(old_log_probs_source v) noexcept;
 const char* to_string(lr_schedule v) noexcept;
+const char* to_string(turn_return v) noexcept;
+const char* to_string(turn_advantage v) noexcept;
 
 } // namespace crucible

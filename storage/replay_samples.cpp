@@ -100,7 +100,7 @@ result<sample_counts> replay_store::count_samples() const {
 result<std::vector<sample_record>> replay_store::samples(std::uint64_t group_id) const {
   statement st;
   if (sqlite3_prepare_v2(db_, "SELECT id, variant_id, group_id, policy_version, prompt_id, completion, time_ms, fate,"
-                              " fate_step, fate_seq FROM samples WHERE ?1 = 0 OR group_id = ?1 ORDER BY id",
+                              " fate_step, fate_seq, episode, turn FROM samples WHERE ?1 = 0 OR group_id = ?1 ORDER BY id",
                          -1, &st.s, nullptr) != SQLITE_OK)
     return db_fail(db_, path_, "prepare");
   sqlite3_bind_int64(st.s, 1, static_cast<std::int64_t>(group_id));
@@ -118,6 +118,8 @@ result<std::vector<sample_record>> replay_store::samples(std::uint64_t group_id)
     r.fate = column_text(st.s, 7);
     r.fate_step = sqlite3_column_int64(st.s, 8);
     if (sqlite3_column_type(st.s, 9) != SQLITE_NULL) r.fate_seq = sqlite3_column_int64(st.s, 9);
+    if (sqlite3_column_type(st.s, 10) != SQLITE_NULL) r.episode = static_cast<std::uint32_t>(sqlite3_column_int64(st.s, 10));
+    if (sqlite3_column_type(st.s, 11) != SQLITE_NULL) r.turn = static_cast<std::uint32_t>(sqlite3_column_int64(st.s, 11));
     out.push_back(std::move(r));
   }
   if (rc != SQLITE_DONE) return db_fail(db_, path_, "list the samples");

@@ -258,6 +258,11 @@ constexpr const char* migrate_to_v3 =
   "CREATE INDEX samples_undecided ON samples (group_id) WHERE fate IS NULL;"
   "CREATE INDEX samples_group ON samples (group_id, id);";
 
+// Schema 3 → 4: a sample's place in a multi-turn episode (NULL for a sample of a one-turn group).
+constexpr const char* migrate_to_v4 =
+  "ALTER TABLE samples ADD COLUMN episode INTEGER;"
+  "ALTER TABLE samples ADD COLUMN turn INTEGER;";
+
 // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
 // verdict and provenance columns switch to the new record only when its reward is strictly
 // higher. All right-hand sides see the old row, so the CASEs agree with each other.
@@ -542,6 +547,11 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
     if (step.ok() && *version == 2) {
       step = exec(db, path, migrate_to_v3, "migrate schema 2 to 3");
       if (step.ok()) step = exec(db, path, "PRAGMA user_version = 3", "set schema version");
+      if (step.ok()) *version = 3;
+    }
+    if (step.ok() && *version == 3) {
+      step = exec(db, path, migrate_to_v4, "migrate schema 3 to 4");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 4", "set schema version");
     }
     if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
     if (!step.ok()) {
@@ -596,8 +606,8 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
      " ON CONFLICT (prompt_id) DO NOTHING"},
     {&st->prompt_get, "SELECT prompt_id, text, created_ms FROM prompts WHERE prompt_id = ?1"},
     {&st->sample_insert,
-     "INSERT INTO samples (variant_id, group_id, policy_version, prompt_id, completion, time_ms, fate)"
-     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+     "INSERT INTO samples (variant_id, group_id, policy_version, prompt_id, completion, time_ms, fate, episode, turn)"
+     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"},
   };
   for (const auto& [slot, sql] : prepared)
     if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, slot, nullptr) != SQLITE_OK) {
@@ -669,6 +679,8 @@ result<void> replay_store::add_sample(const variant_record& v, std::int64_t vari
   bind_text(s, 5, v.completion);
   sqlite3_bind_int64(s, 6, v.time_ms != 0 ? v.time_ms : now_ms());
   if (v.sample_fate.empty()) sqlite3_bind_null(s, 7); else bind_text(s, 7, v.sample_fate);
+  if (v.episode) sqlite3_bind_int64(s, 8, *v.episode); else sqlite3_bind_null(s, 8);
+  if (v.turn) sqlite3_bind_int64(s, 9, *v.turn); else sqlite3_bind_null(s, 9);
   if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record sample");
   return {};
 }

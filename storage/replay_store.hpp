@@ -48,6 +48,10 @@ struct variant_record {
   /// record() and record_batch() only, for a policy sample (group_id not 0): the fate its sample
   /// row starts with; empty: undecided (sample_fate). Not stored in the variant's row.
   std::string sample_fate;
+  /// record() and record_batch() only, for a policy sample: its place in a multi-turn episode
+  /// (the episode's number in its group, the turn from 0), kept in its sample row; absent for a
+  /// sample of a one-turn group.
+  std::optional<std::uint32_t> episode, turn;
 
   bool operator==(const variant_record&) const = default;
 };
@@ -85,6 +89,8 @@ struct sample_record {
   std::string fate;             ///< one of sample_fate::all; empty while undecided
   std::int64_t fate_step = 0;   ///< trained: the update; other trainer fates: the updates done then
   std::optional<std::int64_t> fate_seq;  ///< the trainer's fate counter (trainer fates only)
+  /// Its place in a multi-turn episode (variant_record::episode, turn); absent for one turn.
+  std::optional<std::uint32_t> episode, turn;
 
   bool operator==(const sample_record&) const = default;
 };
@@ -156,7 +162,7 @@ class replay_store final {
 public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
   /// only); open() upgrades older files in place. Version 3 added `samples`.
-  static constexpr int schema_version = 3;
+  static constexpr int schema_version = 4;
 
   /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
   /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file

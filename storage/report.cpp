@@ -6,9 +6,11 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <iomanip>
 #include <limits>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "core/json_parse.hpp"
 #include "storage/atomic_file.hpp"
@@ -270,8 +272,18 @@ result<report_data> collect_report_data(const std::vector<std::string>& lines, c
       auto status = f.string("status", true);
       auto speedup = f.number("speedup", false);
       auto hardware = f.string("hardware", false);
+      auto turn = f.integer("turn", false);
       if (!f.failed()) {
         d.status_counts[*status] += 1;
+        if (turn) {
+          auto& t = d.by_turn[*turn];
+          ++t.samples;
+          const auto* c = rec->find("correct");
+          if (*status == "ok" && c != nullptr && c->is_bool() && c->as_bool() && speedup) {
+            ++t.correct;
+            t.speedup_sum += *speedup;
+          }
+        }
         if (speedup) {
           keep_max(d.best_per_task, *task, *speedup);
           if (hardware)
@@ -283,6 +295,21 @@ result<report_data> collect_report_data(const std::vector<std::string>& lines, c
       return f.error();
   }
   return d;
+}
+
+double report_data::turn_stats::mean_speedup() const {
+  return correct ? speedup_sum / static_cast<double>(correct) : std::numeric_limits<double>::quiet_NaN();
+}
+
+std::string to_string(std::int64_t turn, const report_data::turn_stats& t) {
+  std::ostringstream os;
+  os << std::fixed << "turn " << turn + 1 << ": " << t.samples << " samples, " << std::setprecision(1)
+     << 100.0 * t.correct_share() << "% correct, mean speedup of correct samples ";
+  if (t.correct)
+    os << std::setprecision(2) << t.mean_speedup() << "x";
+  else
+    os << "-";
+  return os.str();
 }
 
 std::vector<chart> report_charts(const report_data& d) {
@@ -321,6 +348,19 @@ std::vector<chart> report_charts(const report_data& d) {
                  "No data yet: no verdict records."});
   out.push_back({"hardware", "Best speedup per hardware", "hardware", "speedup (x)", {},
                  bars(d.best_per_hardware), "No data yet: no verdict records with a hardware and a speedup."});
+  if (!d.by_turn.empty()) { // multi-turn episodes
+    chart correct_turn{"correct_by_turn", "Share of correct samples by turn", "turn", "correct share", {}, {}, ""};
+    chart speedup_turn{"speedup_by_turn", "Mean speedup of correct samples by turn", "turn", "speedup (x)", {}, {},
+                       "No correct sample at any turn yet."};
+    for (const auto& [turn, t] : d.by_turn) {
+      const auto name = "turn " + std::to_string(turn + 1);
+      correct_turn.bars.push_back({name, t.correct_share()});
+      if (t.correct)
+        speedup_turn.bars.push_back({name, t.mean_speedup()});
+    }
+    out.push_back(std::move(correct_turn));
+    out.push_back(std::move(speedup_turn));
+  }
   return out;
 }
 
@@ -729,6 +769,12 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
       }
       html += "</li>\n";
     }
+    html += "</ul>\n";
+  }
+  if (!data->by_turn.empty()) { // multi-turn episodes: every verdict of the run by its turn
+    html += "<h2>By turn</h2>\n<ul id=\"turns\">\n";
+    for (const auto& [turn, t] : data->by_turn)
+      html += "<li>" + xml_escape(to_string(turn, t)) + "</li>\n";
     html += "</ul>\n";
   }
   files.html = out / "report.html";

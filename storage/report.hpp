@@ -51,7 +51,18 @@ struct report_data {
   std::map<std::string, double> status_counts;      ///< verdict: status -> count
   std::map<std::string, double> best_per_hardware;  ///< verdict: hardware -> best speedup
   std::map<std::string, std::size_t> kinds;         ///< records seen per kind, unknown ones included
+  /// Multi-turn episodes: verdict records with a `turn` (from 0), pooled per turn.
+  struct turn_stats {
+    std::uint64_t samples = 0, correct = 0; ///< correct: status ok, correct and a speedup
+    double speedup_sum = 0;                 ///< over the correct ones
+    double correct_share() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
+    double mean_speedup() const;            ///< NaN without a correct sample
+  };
+  std::map<std::int64_t, turn_stats> by_turn;
 };
+
+/// "turn 1: 24 samples, 41.7% correct, mean speedup of correct samples 1.12x" (turns from 1).
+std::string to_string(std::int64_t turn, const report_data::turn_stats& t);
 
 /// Gathers report data from the lines of a metrics file (as read_metrics returns them).
 /// errc::corrupt "SOURCE:LINE: ..." for a line that is not a JSON object, has no string
@@ -60,7 +71,8 @@ result<report_data> collect_report_data(const std::vector<std::string>& lines, c
 
 /// The report's charts, in report order: reward over steps, share of correct samples over steps,
 /// training loss over steps, speedup over steps, best speedup
-/// per task, verdict status breakdown, best speedup per hardware. Charts without data are empty.
+/// per task, verdict status breakdown, best speedup per hardware; with multi-turn episodes also
+/// the correct share and the mean speedup by turn. Charts without data are empty.
 std::vector<chart> report_charts(const report_data& data);
 
 /// The chart as an inline SVG element (no XML prolog). An empty chart gives "".

@@ -23,7 +23,19 @@ result<std::vector<grpo_group>> episode_groups(std::span<const scored_episode> e
     auto g = turn_returns(e.rewards, opt.returns, opt.gamma);
     if (!g)
       return fail(errc::invalid_arg, who, g.error().message);
-    auto r = turn_rows(e.tokens);
+    result<std::vector<turn_row>> r = std::vector<turn_row>{};
+    if (e.contexts.empty()) {
+      r = turn_rows(e.tokens);
+    } else if (e.contexts.size() != turns) {
+      return fail(errc::invalid_arg, who, std::to_string(turns), " turns and ", std::to_string(e.contexts.size()),
+                  " contexts");
+    } else {
+      for (std::size_t t = 0; t < turns; ++t) {
+        if (e.contexts[t].empty())
+          return fail(errc::invalid_arg, who, "turn ", std::to_string(t), " has an empty context");
+        r->push_back({t, e.contexts[t], e.tokens.completions[t]});
+      }
+    }
     if (!r)
       return fail(errc::invalid_arg, who, r.error().message);
     returns.push_back(std::move(*g));

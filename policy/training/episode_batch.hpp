@@ -14,7 +14,12 @@ namespace crucible::policy {
 
 /// One episode as the rollouts give it to the learner.
 struct scored_episode {
+  /// The prompt, completions and feedback; with `contexts`, only the completions are read.
   episode_tokens tokens;
+  /// Empty, or one per turn: the tokens the policy was sampled on at that turn (the prompt and
+  /// the earlier turns with their feedback, as the engine was given them, older turns shortened
+  /// where the prompt budget asked), which then are the turn's row's context as they are.
+  std::vector<std::vector<std::int32_t>> contexts;
   std::vector<std::vector<float>> behaviour_log_probs; ///< per turn, one per completion token
   std::vector<double> rewards;                         ///< per turn, the verdict's reward
 };

@@ -7,34 +7,6 @@
 
 namespace crucible::policy {
 
-const char* to_string(turn_return_kind k) noexcept {
-  switch (k) {
-    case turn_return_kind::discounted: return "discounted";
-    case turn_return_kind::best: return "best";
-    case turn_return_kind::immediate: return "immediate";
-  }
-  return "?";
-}
-
-result<turn_return_kind> parse_turn_return_kind(std::string_view text) {
-  for (auto k : {turn_return_kind::discounted, turn_return_kind::best, turn_return_kind::immediate})
-    if (text == to_string(k))
-      return k;
-  return fail(errc::invalid_arg, "expected discounted, best or immediate, got '", std::string{text}, "'");
-}
-
-const char* to_string(turn_advantage_kind k) noexcept {
-  return k == turn_advantage_kind::grpo ? "grpo" : "trloo";
-}
-
-result<turn_advantage_kind> parse_turn_advantage_kind(std::string_view text) {
-  if (text == "grpo")
-    return turn_advantage_kind::grpo;
-  if (text == "trloo")
-    return turn_advantage_kind::trloo;
-  return fail(errc::invalid_arg, "expected grpo or trloo, got '", std::string{text}, "'");
-}
-
 result<std::vector<double>> turn_returns(std::span<const double> rewards, turn_return_kind kind, double gamma) {
   if (!(gamma >= 0.0 && gamma <= 1.0))
     return fail(errc::invalid_arg, "the discount gamma must be in [0, 1], got ", std::to_string(gamma));

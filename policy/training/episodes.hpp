@@ -11,20 +11,12 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/learner_options.hpp"
 
 namespace crucible::policy {
 
-/// How a turn's return is made from the rewards of its episode's turns r_0 .. r_{T-1}.
-enum class turn_return_kind : std::uint8_t {
-  discounted, ///< G_t = sum_{k >= t} gamma^(k - t) r_k: the discounted return-to-go (Kevin-32B)
-  best,       ///< G_t = max_{k >= t} gamma^(k - t) r_k: the best the episode reaches from turn t on
-  immediate,  ///< G_t = r_t: each turn judged alone
-};
-
-/// "discounted", "best", "immediate".
-const char* to_string(turn_return_kind k) noexcept;
-/// Inverse of to_string; errc::invalid_arg naming the text.
-result<turn_return_kind> parse_turn_return_kind(std::string_view text);
+/// How a turn's return is made (core/learner_options.hpp: discounted, best, immediate).
+using turn_return_kind = crucible::turn_return;
 
 /// Each turn's return (same length as `rewards`). errc::invalid_arg for gamma outside [0, 1] or
 /// a reward that is not finite (named by its turn).
@@ -32,19 +24,11 @@ result<std::vector<double>> turn_returns(std::span<const double> rewards, turn_r
 
 /// How returns become advantages across a group's episodes, turn by turn: at turn t only the
 /// episodes that reached turn t take part (N_t of them).
-enum class turn_advantage_kind : std::uint8_t {
-  /// GRPO at each turn: A = G - mean_t, divided by (std_t + eps) when std_normalize (std with
-  /// Bessel's correction, as group_advantages); 0 where N_t is 1 or all returns are equal.
-  grpo,
-  /// Turn-level leave-one-out (TRLOO, Dr.Kernel): A_i = G_i - mean of the other N_t - 1 episodes'
-  /// returns at turn t, never divided; 0 where N_t is 1.
-  trloo,
-};
-
-/// "grpo", "trloo".
-const char* to_string(turn_advantage_kind k) noexcept;
-/// Inverse of to_string; errc::invalid_arg naming the text.
-result<turn_advantage_kind> parse_turn_advantage_kind(std::string_view text);
+/// - grpo: A = G - mean_t, divided by (std_t + eps) when std_normalize (std with Bessel's
+///   correction, as group_advantages); 0 where N_t is 1 or all returns are equal.
+/// - trloo: turn-level leave-one-out (TRLOO, Dr.Kernel): A_i = G_i - mean of the other N_t - 1
+///   episodes' returns at turn t, never divided; 0 where N_t is 1.
+using turn_advantage_kind = crucible::turn_advantage;
 
 /// Advantages in the shape of `returns` (returns[i][t]: episode i's return at its turn t; episodes
 /// may hold different numbers of turns). errc::invalid_arg for a return that is not finite.

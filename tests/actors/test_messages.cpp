@@ -109,7 +109,7 @@ template <> struct sample<engine_status> {
 };
 
 template <> struct sample<rollout_stats> {
-  static rollout_stats make() { return {40, 35, 3, 280, 30, 250, 4, 9, 2, true}; }
+  static rollout_stats make() { return {40, 35, 3, 280, 30, 250, 4, 9, 2, true, 12, 1, 2}; }
 };
 
 template <> struct sample<candidate> {
@@ -146,7 +146,7 @@ template <> struct sample<scored_variant> {
     return {sample<variant_id>::make(), sample<group_id>::make(), sample<task_id>::make(),
             sample<candidate>::make().code, sample<verdict>::make(), "h100", policy_version{3},
             {variant_id{5}, variant_id{9}}, "<|im_start|>user\nWrite ModelNew\n<|im_end|>\n",
-            "## Analysis\n```python\n" + sample<candidate>::make().code + "```\n"};
+            "## Analysis\n```python\n" + sample<candidate>::make().code + "```\n", 2, 1, true};
   }
 };
 
@@ -167,14 +167,22 @@ template <> struct sample<rollout_group> {
   static rollout_group make() {
     auto failed = failed_verdict(verdict_status::compile_error);
     return {sample<group_id>::make(), sample<task_id>::make(), {5, 6, 7},
-            sample<generation_result>::make().completions, {sample<verdict>::make(), failed}};
+            sample<generation_result>::make().completions, {sample<verdict>::make(), failed}, {0, 0}, {0, 1},
+            {{5, 6, 7}, {5, 6, 7, 8, 9}}};
   }
 };
 
 template <> struct sample<group_announce> {
   static group_announce make() {
     return {sample<group_id>::make(), sample<task_id>::make(), {5, 6, 7},
-            sample<generation_result>::make().completions, {variant_id{11}, variant_id{12}}};
+            sample<generation_result>::make().completions, {variant_id{11}, variant_id{12}}, 3};
+  }
+};
+
+template <> struct sample<group_extend> {
+  static group_extend make() {
+    return {sample<group_id>::make(), variant_id{13}, 1, 2, {5, 6, 7, 8},
+            sample<generation_result>::make().completions.front()};
   }
 };
 
@@ -402,7 +410,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 40, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 41, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

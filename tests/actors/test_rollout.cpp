@@ -30,6 +30,7 @@
 #include "actors/rollout.hpp"
 #include "actors/trainer.hpp"
 #include "env/task.hpp"
+#include "storage/replay_store.hpp"
 #include "tests/actors/deterministic.hpp"
 #include "tests/actors/scripted_policy.hpp"
 #include "tests/test_util/read_text.hpp"
@@ -978,4 +979,151 @@ TEST_CASE_FIXTURE(fixture, "a step that waits for groups and gets none stops aft
         != std::string::npos);
   self->send_exit(trainer, caf::exit_reason::user_shutdown);
   sched.run();
+}
+
+// -- multi-turn episodes ----------------------------------------------------------------------
+
+namespace {
+
+// The fixture's deps with the feedback template a run of `turns` turns loads (make_prompt_setup).
+rollout_deps episode_deps(fixture& f, std::int64_t turns) {
+  auto c = f.cfg;
+  c.rollout.turns = turns;
+  auto p = make_prompt_setup(c, f.tok);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().to_string()));
+  REQUIRE(p->feedback != nullptr);
+  return rollout_deps{f.engine, f.pool, f.exemplars, f.tasks, p->builder, p->parse, f.cfg.reward, p->feedback};
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(fixture, "two-turn episodes: each member sees its verdict as feedback and tries again, one group holds every turn") {
+  collaborators(distribution(0.4, 0.3, 0.3));
+  auto opt = options(3, 2, 4);
+  opt.turns = 2;
+  auto made = spawn_rollout_actor(sys, episode_deps(*this, 2), opt);
+  REQUIRE_MESSAGE(made.ok(), (made.ok() ? "" : made.error().to_string()));
+  keep(*made);
+  sched.run();
+  start(*made);
+  auto s = stats(*made);
+  CHECK(s.groups_started == 4);
+  CHECK(s.groups_finished == 4);
+  CHECK(s.later_turns == 12); // every episode took its second turn
+  CHECK(s.completions == 24);
+  CHECK(s.evaluated + s.format_errors == 24);
+  CHECK(s.turns_over_budget == 0);
+  CHECK(s.turns_lost == 0);
+  REQUIRE(groups->size() == 4);
+  for (const auto& g : *groups) {
+    REQUIRE(g.multi_turn());
+    REQUIRE(g.completions.size() == 6);
+    REQUIRE(g.verdicts.size() == 6);
+    REQUIRE(g.episodes.size() == 6);
+    REQUIRE(g.turns.size() == 6);
+    REQUIRE(g.contexts.size() == 6);
+    std::map<std::uint32_t, std::set<std::uint32_t>> turns_of;
+    for (std::size_t i = 0; i < 6; ++i) {
+      turns_of[g.episodes[i]].insert(g.turns[i]);
+      // The verdict is the table's for the code of this completion.
+      const auto id = g.completions[i].token_ids.at(0);
+      CHECK(g.verdicts[i].status == (id == fast ? verdict_status::ok
+                                     : id == slow ? verdict_status::incorrect
+                                                  : verdict_status::format_error));
+      if (g.turns[i] == 0) {
+        CHECK(g.contexts[i] == g.prompt_token_ids);
+        continue;
+      }
+      // Turn 1 was sampled after the first prompt, the episode's first answer and the feedback
+      // on its verdict, in the chat format.
+      std::size_t first = 6;
+      for (std::size_t j = 0; j < 6; ++j)
+        if (g.episodes[j] == g.episodes[i] && g.turns[j] == 0)
+          first = j;
+      REQUIRE(first < 6);
+      const auto ctx = tok->decode(g.contexts[i], false);
+      const auto start_text = prompt_text(g);
+      CHECK(ctx.rfind(start_text.substr(0, start_text.find("<|im_start|>assistant")), 0) == 0);
+      CHECK(ctx.find("Turn 1: ") != std::string::npos);
+      const auto& v0 = g.verdicts[first];
+      if (v0.status == verdict_status::ok)
+        CHECK(ctx.find("Turn 1: correct, 2.00x faster") != std::string::npos);
+      else if (v0.status == verdict_status::incorrect)
+        CHECK(ctx.find("Turn 1: incorrect. outputs differ") != std::string::npos);
+      CHECK(ctx.find("1 more attempts") != std::string::npos); // turn 2 of 2 is the one more
+      CHECK(g.contexts[i].size() > g.prompt_token_ids.size());
+    }
+    CHECK(turns_of.size() == 3);
+    for (const auto& [episode, turns] : turns_of)
+      CHECK(turns == std::set<std::uint32_t>{0, 1});
+  }
+  auto x = xstats();
+  CHECK(x.recorded == 24);
+  CHECK(x.groups_completed == 4);
+  CHECK(x.open_groups == 0);
+  CHECK(x.unknown == 0);
+  // The store keeps each sample's place in its episode.
+  auto store = storage::replay_store::open(dir.path() / "replay.db");
+  REQUIRE(store.ok());
+  auto rows = store->samples(0);
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 24);
+  std::map<std::uint64_t, std::set<std::pair<std::uint32_t, std::uint32_t>>> places;
+  for (const auto& r : *rows) {
+    REQUIRE(r.episode.has_value());
+    REQUIRE(r.turn.has_value());
+    CHECK(places[r.group_id].insert({*r.episode, *r.turn}).second);
+  }
+  CHECK(places.size() == 4);
+}
+
+TEST_CASE_FIXTURE(fixture, "an episode correct at rollout.turn_stop_speedup ends early; the others take their turns") {
+  collaborators(distribution(0.5, 0.5, 0));
+  auto opt = options(4, 1, 3);
+  opt.turns = 3;
+  opt.turn_stop_speedup = 1.5; // the fast code is ok at 2x: its episode ends with it
+  auto made = spawn_rollout_actor(sys, episode_deps(*this, 3), opt);
+  REQUIRE(made.ok());
+  keep(*made);
+  sched.run();
+  start(*made);
+  REQUIRE(groups->size() == 3);
+  std::size_t ended_early = 0, full = 0;
+  for (const auto& g : *groups) {
+    std::map<std::uint32_t, std::vector<std::size_t>> by_episode;
+    for (std::size_t i = 0; i < g.completions.size(); ++i)
+      by_episode[g.episodes[i]].push_back(i);
+    CHECK(by_episode.size() == 4);
+    for (auto& [episode, members] : by_episode) {
+      std::sort(members.begin(), members.end(), [&](auto a, auto b) { return g.turns[a] < g.turns[b]; });
+      // Every turn before the last was not fast enough; an episode shorter than three turns
+      // ended on a fast one.
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        CHECK(g.turns[members[k]] == k);
+        if (k + 1 < members.size())
+          CHECK(g.verdicts[members[k]].status != verdict_status::ok);
+      }
+      if (members.size() < 3)
+        CHECK(g.verdicts[members.back()].status == verdict_status::ok);
+      if (members.size() < 3)
+        ++ended_early;
+      else
+        ++full;
+    }
+  }
+  CHECK(ended_early + full == 12);
+  CHECK(ended_early > 0);
+  CHECK(xstats().unknown == 0);
+}
+
+TEST_CASE_FIXTURE(fixture, "more than one turn without a feedback template is refused, naming it") {
+  collaborators(distribution(1, 0, 0));
+  auto opt = options(2, 1);
+  opt.turns = 2;
+  rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+  auto r = spawn_rollout_actor(sys, deps, opt);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("feedback template") != std::string::npos);
+  opt.turns = 17;
+  CHECK(spawn_rollout_actor(sys, episode_deps(*this, 2), opt).error().message.find("rollout.turns") != std::string::npos);
 }

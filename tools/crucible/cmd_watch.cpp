@@ -77,6 +77,17 @@ std::string readable(const std::string& line) {
       add((m.key + "_queue").c_str(), &m.value);
   add("mean", v->find("mean_speedup"), "x");
   add("best", v->find("best_speedup"), "x");
+  add("turn", v->find("turn")); // a verdict of a multi-turn episode (from 0)
+  // A training step of multi-turn episodes: each turn's correct share and mean speedup (turns from 1).
+  if (auto* t = v->find("turns"); t && t->is_array())
+    for (const auto& x : t->as_array()) {
+      auto* turn = x.find("turn");
+      if (!turn || !turn->is_int())
+        continue;
+      const auto label = "turn" + std::to_string(turn->as_int() + 1);
+      add((label + ".correct").c_str(), x.find("correct_share"));
+      add((label + ".mean").c_str(), x.find("mean_speedup"), "x");
+    }
   // Per-device utilisation: `devices: [{"device": "cuda:0", "utilisation": 0.93}, ...]`.
   if (auto* d = v->find("devices"); d && d->is_array())
     for (const auto& dev : d->as_array()) {

@@ -814,3 +814,48 @@ TEST_CASE("multi-turn episodes train turn by turn: each turn after its context, 
   broken[1].rewards.push_back(1.0);
   CHECK(episode_groups(broken, opt, 0).error().message.find("episode 1: 1 turns, 2 rewards") != std::string::npos);
 }
+
+TEST_CASE("episode rows after the contexts the engine was given: returns and TRLOO advantages by hand") {
+  // Episode A: two turns, rewards 0 and 2; episode B: one turn, reward 0.2. Discounted at 0.5:
+  // A's returns 0 + 0.5 * 2 = 1 and 2, B's 0.2. TRLOO at turn 0: A 1 - 0.2 = 0.8, B 0.2 - 1 =
+  // -0.8; at turn 1 only A: 0. Each row's prompt is its context as given (a shortened history
+  // included), not one rebuilt from the episode's tokens.
+  scored_episode a, b;
+  a.tokens.completions = {{7, 8}, {9}};
+  a.behaviour_log_probs = {{-0.5f, -0.25f}, {-1.0f}};
+  a.rewards = {0.0, 2.0};
+  a.contexts = {{1, 2, 3}, {1, 2, 3, 4, 5}};
+  b.tokens.completions = {{6}};
+  b.behaviour_log_probs = {{-2.0f}};
+  b.rewards = {0.2};
+  b.contexts = {{1, 2, 3}};
+  episode_options opt;
+  opt.returns = turn_return_kind::discounted;
+  opt.gamma = 0.5;
+  opt.advantages = turn_advantage_kind::trloo;
+  const std::vector<scored_episode> eps{a, b};
+  auto groups = episode_groups(eps, opt, 7);
+  REQUIRE(groups.ok());
+  REQUIRE(groups->size() == 3);
+  const std::vector<std::vector<std::int32_t>> prompts{{1, 2, 3}, {1, 2, 3, 4, 5}, {1, 2, 3}};
+  const std::vector<double> returns{1.0, 2.0, 0.2}, advantages{0.8, 0.0, -0.8};
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    const auto& g = (*groups)[i];
+    CHECK(g.prompt == prompts[i]);
+    CHECK(g.policy_version == 7);
+    REQUIRE(g.samples.size() == 1);
+    CHECK(g.samples[0].reward == doctest::Approx(returns[i]).epsilon(1e-12));
+    CHECK(g.samples[0].advantage == doctest::Approx(advantages[i]).epsilon(1e-12));
+  }
+  CHECK((*groups)[1].samples[0].completion == std::vector<std::int32_t>{9});
+  CHECK((*groups)[1].samples[0].behaviour_log_probs == std::vector<float>{-1.0f});
+  // Contexts that do not line up with the turns are refused, naming the episode.
+  auto broken = eps;
+  broken[0].contexts.pop_back();
+  CHECK(episode_groups(broken, opt, 0).error().message.find("episode 0: 2 turns and 1 contexts") != std::string::npos);
+  broken = eps;
+  broken[1].contexts[0].clear();
+  CHECK(episode_groups(broken, opt, 0).error().message.find("episode 1: turn 0 has an empty context") !=
+        std::string::npos);
+}

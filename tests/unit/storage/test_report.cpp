@@ -131,6 +131,46 @@ TEST_CASE("a run with every kind of record gets every plot inline and as a PNG")
   CHECK_FALSE(contains(html, "src=")); // self-contained: nothing fetched
 }
 
+TEST_CASE("multi-turn verdicts get the correct share and speedup by turn, in the data, the plots and the page") {
+  // Turn 0: 3 samples, 1 correct at 1.5x (a correct flag without ok does not count); turn 1: 2
+  // samples, 2 correct at 2x and 3x. One-turn verdicts (no `turn`) are not in the table.
+  const std::string metrics =
+      R"({"event":"verdict","task":"a","status":"ok","correct":true,"speedup":1.5,"turn":0})" "\n"
+      R"({"event":"verdict","task":"a","status":"incorrect","correct":false,"speedup":null,"turn":0})" "\n"
+      R"({"event":"verdict","task":"b","status":"runtime_error","correct":true,"speedup":null,"turn":0})" "\n"
+      R"({"event":"verdict","task":"a","status":"ok","correct":true,"speedup":2.0,"turn":1})" "\n"
+      R"({"event":"verdict","task":"b","status":"ok","correct":true,"speedup":3.0,"turn":1})" "\n"
+      R"({"event":"verdict","task":"b","status":"ok","correct":true,"speedup":9.0})" "\n";
+  auto lines = std::vector<std::string>{};
+  for (std::size_t at = 0, next; at < metrics.size(); at = next + 1) {
+    next = metrics.find('\n', at);
+    lines.push_back(metrics.substr(at, next - at));
+  }
+  auto d = collect_report_data(lines, "m");
+  REQUIRE(d.ok());
+  REQUIRE(d->by_turn.size() == 2);
+  CHECK(d->by_turn.at(0).samples == 3);
+  CHECK(d->by_turn.at(0).correct == 1);
+  CHECK(d->by_turn.at(0).mean_speedup() == doctest::Approx(1.5));
+  CHECK(d->by_turn.at(1).samples == 2);
+  CHECK(d->by_turn.at(1).correct_share() == doctest::Approx(1.0));
+  CHECK(d->by_turn.at(1).mean_speedup() == doctest::Approx(2.5));
+  CHECK(to_string(0, d->by_turn.at(0)) == "turn 1: 3 samples, 33.3% correct, mean speedup of correct samples 1.50x");
+  temp_dir tmp;
+  auto run = make_run(tmp, metrics);
+  auto files = write_report(run, run / "report");
+  REQUIRE(files.ok());
+  CHECK(fs::exists(run / "report" / "correct_by_turn.png"));
+  CHECK(fs::exists(run / "report" / "speedup_by_turn.png"));
+  auto html = slurp(files->html);
+  CHECK(contains(html, "<h2>By turn</h2>"));
+  CHECK(contains(html, "turn 2: 2 samples, 100.0% correct, mean speedup of correct samples 2.50x"));
+  // A run without turns has neither the section nor the plots.
+  auto plain = make_run(tmp, lifecycle_only);
+  REQUIRE(write_report(plain, plain / "report").ok());
+  CHECK_FALSE(contains(slurp(plain / "report" / "report.html"), "By turn"));
+}
+
 TEST_CASE("raster plots put the series and the bars at their scaled positions") {
   const rgb white{255, 255, 255}, blue{31, 119, 180};
   // x and y both span [0, 10]: x 0..10 maps to pixels 64..624, y 0..10 to 272..32.
