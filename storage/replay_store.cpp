@@ -920,7 +920,9 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
   statement st;
   const char* sql =
     "SELECT v.id, v.task_id, v.hardware, v.speedup, v.completion, p.text, v.code,"
-    " v.completion_code_at"
+    " v.completion_code_at,"
+    " (SELECT s.turn FROM samples s WHERE s.variant_id = v.id AND s.prompt_id = v.prompt_id"
+    "  ORDER BY s.id DESC LIMIT 1)"
     " FROM variants v LEFT JOIN prompts p ON p.prompt_id = v.prompt_id"
     " WHERE v.status = 'ok' AND v.correct = 1 AND v.speedup IS NOT NULL AND v.speedup >= ?1"
     " AND (?2 = '' OR v.hardware = ?2) ORDER BY v.id";
@@ -944,8 +946,12 @@ result<sft_export_stats> replay_store::export_sft_jsonl(const std::filesystem::p
       .field("task", column_text(st.s, 1))
       .field("speedup", sqlite3_column_double(st.s, 3))
       .field("hardware", column_text(st.s, 2))
-      .field("variant_id", static_cast<std::int64_t>(sqlite3_column_int64(st.s, 0)))
-      .end_object();
+      .field("variant_id", static_cast<std::int64_t>(sqlite3_column_int64(st.s, 0)));
+    // A later turn of a multi-turn episode: its prompt holds the episode before it (the earlier
+    // answers and the feedback on them), so the line is the whole episode up to this answer.
+    if (sqlite3_column_type(st.s, 8) != SQLITE_NULL)
+      w.field("turn", static_cast<std::int64_t>(sqlite3_column_int64(st.s, 8)));
+    w.end_object();
     out += w.str();
     out += '\n';
     ++stats.written;

@@ -613,7 +613,11 @@ TEST_CASE("export_sft_jsonl writes the verified variants with their stored promp
   };
   auto same = [](variant_record&) {};
   add(0, "p-1", 2.0, same);                                                 // written
-  add(1, "p-2", 1.6, [](variant_record& v) { v.hardware = "l40"; });        // written (no filter)
+  add(1, "p-2", 1.6, [](variant_record& v) {                                // written (no filter),
+    v.hardware = "l40";                                                     // turn 1 of an episode
+    v.episode = 3;
+    v.turn = 1;
+  });
   add(2, "p-1", 1.2, same);                                                 // below the bar
   add(3, "p-9", 3.0, same);                                                 // skipped: no prompt
   add(4, "p-1", 3.0, [](variant_record& v) { v.completion.clear(); });      // skipped: no completion
@@ -647,8 +651,22 @@ TEST_CASE("export_sft_jsonl writes the verified variants with their stored promp
   CHECK(lines[0].find("speedup")->as_double() == 2.0);
   CHECK(lines[0].find("hardware")->as_string() == "h100");
   CHECK(lines[0].find("variant_id")->as_int() == 1);
+  CHECK(lines[0].find("turn") == nullptr); // a one-turn sample
   CHECK(lines[1].find("prompt")->as_string() == "prompt two");
   CHECK(lines[1].find("hardware")->as_string() == "l40");
+  REQUIRE(lines[1].find("turn") != nullptr);
+  CHECK(lines[1].find("turn")->as_int() == 1);
+  // The sample row keeps the place in its episode.
+  auto rows1 = store->samples(42);
+  REQUIRE(rows1.ok());
+  std::size_t placed = 0;
+  for (const auto& r : *rows1)
+    if (r.episode) {
+      CHECK(*r.episode == 3);
+      CHECK(r.turn == std::optional<std::uint32_t>{1});
+      ++placed;
+    }
+  CHECK(placed == 1);
 
   opts.hardware = "l40";
   stats = store->export_sft_jsonl(out, opts);
@@ -899,7 +917,7 @@ TEST_CASE("every policy sample gets a row of its own with its completion, and it
   CHECK(store->count_samples()->total == 5);
 }
 
-TEST_CASE("a store of schema 2 is upgraded to 3 with an empty samples table") {
+TEST_CASE("a store of schema 2 is upgraded to the current schema with an empty samples table") {
   temp_dir tmp;
   const auto db_path = tmp.path() / "replay.db";
   {
@@ -910,9 +928,39 @@ TEST_CASE("a store of schema 2 is upgraded to 3 with an empty samples table") {
   }
   auto store = replay_store::open(db_path);
   REQUIRE(store.ok());
-  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 3);
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == replay_store::schema_version);
   CHECK(*store->count() == 1);
   CHECK(store->count_samples()->total == 0);  // its samples were never kept one by one
   REQUIRE(store->record(sample(2)).ok());
   CHECK(store->count_samples()->pending == 1);
+}
+
+TEST_CASE("a store of schema 3 is upgraded to 4: its samples keep their rows, with no place in an episode") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  {
+    auto store = replay_store::open(db_path);
+    REQUIRE(store.ok());
+    REQUIRE(store->record(sample(1)).ok());
+    // Schema 3 as it was: the samples table without the episode and turn columns.
+    exec_ok(store->handle(), "ALTER TABLE samples DROP COLUMN episode; ALTER TABLE samples DROP COLUMN turn;"
+                             " PRAGMA user_version = 3");
+  }
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 4);
+  auto rows = store->samples(0);
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 1);
+  CHECK_FALSE((*rows)[0].episode.has_value());
+  CHECK_FALSE((*rows)[0].turn.has_value());
+  auto turn = sample(2);
+  turn.episode = 1;
+  turn.turn = 2;
+  REQUIRE(store->record(turn).ok());
+  rows = store->samples(0);
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 2);
+  CHECK((*rows)[1].episode == std::optional<std::uint32_t>{1});
+  CHECK((*rows)[1].turn == std::optional<std::uint32_t>{2});
 }
