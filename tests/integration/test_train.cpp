@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -946,6 +947,73 @@ TEST_CASE("the replay store's samples agree with the run's counters after a paus
   for (const auto& x : records(run))
     verdicts += event_of(x) == "verdict" ? 1 : 0;
   CHECK(verdicts == st.find("variants")->as_int());
+}
+
+TEST_CASE("two-turn episodes across a pause and a kill -9: each turn evaluated once, every trained episode whole") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "turns",
+                                                                     "  sft: {steps: 1, batch: 2}\n  rl: {steps: 8, groups: 1}\n")));
+  const auto run = tmp.path() / "turns";
+  auto wait_steps = [&](running_process& p, std::size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    std::string out;
+    while (train_steps(run).size() < n && std::chrono::steady_clock::now() < deadline)
+      p.read_some(20, out);
+    REQUIRE_MESSAGE(train_steps(run).size() >= n, out, "\nevents.log:\n", slurp(run / "events.log"));
+  };
+  {
+    // Paused in RL with run.on_pause finish (the default): the episodes in flight play to their end.
+    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "rollout.turns=2", "--set", "run.checkpoint_every=1"});
+    wait_steps(p, 3);
+    auto pause = cli({"pause", run.string(), "--timeout", "300"});
+    INFO(pause.err);
+    CHECK(pause.exit_code == 0);
+    CHECK(p.wait().exit_code == 0);
+  }
+  samples_agree(run, 0, "after a pause with episodes in flight");
+  {
+    const auto before = train_steps(run).size();
+    running_process r({CRUCIBLE_CLI, "resume", run.string()});
+    wait_steps(r, before + 2);
+    r.signal(SIGKILL);
+    CHECK(r.wait().exit_code == 128 + SIGKILL);
+  }
+  auto fin = cli({"resume", run.string()});
+  INFO(fin.err);
+  REQUIRE(fin.exit_code == 0);
+  CHECK(fin.out.find("finished at step 9") != std::string::npos);
+  samples_agree(run, 0, "after the crash and the resume to the end");
+  CHECK(train_steps(run) == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  // Every sample's place: no (group, episode, turn) twice; a trained group's episodes each begin
+  // at turn 0 and go on without a gap, and the train_step records count both turns.
+  auto out = cli({"replay", "samples", run.string(), "--out", (tmp.path() / "samples.jsonl").string()});
+  REQUIRE(out.exit_code == 0);
+  std::map<std::int64_t, std::map<std::int64_t, std::set<std::int64_t>>> trained;
+  std::set<std::tuple<std::int64_t, std::int64_t, std::int64_t>> seen;
+  std::istringstream in(slurp(tmp.path() / "samples.jsonl"));
+  std::size_t n = 0;
+  for (std::string line; std::getline(in, line); ++n) {
+    auto x = crucible::parse_json(line);
+    REQUIRE(x.ok());
+    REQUIRE_MESSAGE(x->find("turn") != nullptr, line);
+    const auto g = x->find("group_id")->as_int(), e = x->find("episode")->as_int(), t = x->find("turn")->as_int();
+    CHECK_MESSAGE(seen.insert({g, e, t}).second, "sample twice: ", line);
+    if (x->find("fate")->as_string() == "trained")
+      trained[g][e].insert(t);
+  }
+  CHECK(n > 0);
+  CHECK(trained.size() >= 8);
+  for (const auto& [g, episodes] : trained) {
+    CHECK(episodes.size() == 2); // rollout.group_size
+    for (const auto& [e, turns] : episodes)
+      CHECK(turns == std::set<std::int64_t>{0, 1});
+  }
+  for (const auto& r : records(run))
+    if (event_of(r) == "train_step" && r.find("stage")->as_string() == "rl") {
+      const auto* turns = r.find("turns");
+      REQUIRE(turns != nullptr);
+      CHECK(turns->as_array().size() == 2);
+    }
 }
 
 TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses, the resumed run does it again") {

@@ -225,8 +225,10 @@ int run_samples(const std::string& who, const parsed_args& args, storage::replay
     w.field("reward", v->reward)
       .field("prompt_id", x.prompt_id)
       .field("completion", x.completion)
-      .field("time_ms", x.time_ms)
-      .end_object();
+      .field("time_ms", x.time_ms);
+    if (x.episode && x.turn) // a turn of a multi-turn episode
+      w.field("episode", static_cast<std::uint64_t>(*x.episode)).field("turn", static_cast<std::uint64_t>(*x.turn));
+    w.end_object();
     out += std::move(w).take();
     out += '\n';
     ++written;
