@@ -341,9 +341,8 @@ void report(rollout_pointer self, group_id id, std::size_t slot, const verdict& 
   send_turn_generation(self, id, static_cast<std::uint32_t>(slot));
 }
 
-// A member the evaluators failed on: not reported (no verdict exists), the group goes on. An
-// episode ends there; a turn after its first held a place at the exemplar actor, which a
-// group_extend without a variant releases.
+// A member the evaluators failed on: not reported (no verdict exists), the group goes on; the
+// member's place at the exemplar actor is left to its straggler policy. An episode ends there.
 void lose(rollout_pointer self, group_id id, std::size_t slot) {
   auto* g = find(self, id);
   if (g == nullptr || g->members[slot].done)

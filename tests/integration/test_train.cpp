@@ -174,6 +174,15 @@ std::int64_t stored_seeds(const fs::path& run, const fs::path& scratch) {
 // the run's counters (docs/training.md, What a run promises): none undecided once the run has
 // stopped, each trainer fate as many as its counter, and the trained and paused ones, with the
 // `seeds` scored variants of the warm start, as many as `variants`.
+// Reads `p`'s output until the run has recorded `n` train steps (at most five minutes).
+void wait_train_steps(const fs::path& run, running_process& p, std::size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  std::string out;
+  while (train_steps(run).size() < n && std::chrono::steady_clock::now() < deadline)
+    p.read_some(20, out);
+  REQUIRE_MESSAGE(train_steps(run).size() >= n, out, "\nevents.log:\n", slurp(run / "events.log"));
+}
+
 crucible::json_value samples_agree(const fs::path& run, std::int64_t seeds, const char* when) {
   auto out = cli({"status", run.string(), "--json"});
   INFO(when, ": ", out.out, out.err);
@@ -908,13 +917,7 @@ TEST_CASE("the replay store's samples agree with the run's counters after a paus
   auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "fates",
                                                                      "  sft: {steps: 1, batch: 2}\n  rl: {steps: 12, groups: 1}\n")));
   const auto run = tmp.path() / "fates";
-  auto wait_steps = [&](running_process& p, std::size_t n) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-    std::string out;
-    while (train_steps(run).size() < n && std::chrono::steady_clock::now() < deadline)
-      p.read_some(20, out);
-    REQUIRE_MESSAGE(train_steps(run).size() >= n, out, "\nevents.log:\n", slurp(run / "events.log"));
-  };
+  auto wait_steps = [&](running_process& p, std::size_t n) { wait_train_steps(run, p, n); };
   {
     // Paused in RL with run.on_pause drop: queued groups are discarded, those in flight unfinished.
     running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.on_pause=drop", "--set", "run.checkpoint_every=1"});
@@ -954,13 +957,7 @@ TEST_CASE("two-turn episodes across a pause and a kill -9: each turn evaluated o
   auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "turns",
                                                                      "  sft: {steps: 1, batch: 2}\n  rl: {steps: 8, groups: 1}\n")));
   const auto run = tmp.path() / "turns";
-  auto wait_steps = [&](running_process& p, std::size_t n) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-    std::string out;
-    while (train_steps(run).size() < n && std::chrono::steady_clock::now() < deadline)
-      p.read_some(20, out);
-    REQUIRE_MESSAGE(train_steps(run).size() >= n, out, "\nevents.log:\n", slurp(run / "events.log"));
-  };
+  auto wait_steps = [&](running_process& p, std::size_t n) { wait_train_steps(run, p, n); };
   {
     // Paused in RL with run.on_pause finish (the default): the episodes in flight play to their end.
     running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "rollout.turns=2", "--set", "run.checkpoint_every=1"});
