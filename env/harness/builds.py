@@ -53,7 +53,7 @@ class _FlockBaton:
             self.fd = None
 
 
-# The evaluator's build service, set while the candidate's module executes (Worker.load_phase):
+# The evaluator's build service, set while the candidate's module executes (trials.py, load_phase):
 # a function that sends a build request and returns the evaluator's reply. None: builds are made
 # here, in the worker's own scratch directory (TORCH_EXTENSIONS_DIR).
 _BUILD_SERVICE = None
@@ -167,7 +167,7 @@ _TRITON_SCRATCH = None
 
 
 def _use_build_service(service):
-    """Sends load_inline and load calls to `service` (Worker.load_phase, while the candidate's
+    """Sends load_inline and load calls to `service` (trials.py's load_phase, while the candidate's
     module executes), or builds them here (None)."""
     global _BUILD_SERVICE
     _BUILD_SERVICE = service

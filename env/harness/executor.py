@@ -7,13 +7,14 @@ clock itself around `go` ... `sampled`, keeps the worker stopped (SIGSTOP) outsi
 and reads the outputs out of the worker's memory while it is stopped; the comparison and every
 number of the verdict are the evaluator's. Nothing this module does in the candidate's process is
 trusted: what it reports is data the evaluator checks, and its own checks (after_call) are
-defence in depth only. Worker (worker.py) takes these methods from _ExecutorPhase."""
+defence in depth only. Functions over the phases' data (the Job, Reference, Baseline and
+Candidate), on the Worker `w` (worker.py: its device, channel, laps and state checks); the
+commands' own state is an ExecutorState."""
 import torch
 
 from .trusted import (
-    _BaseException, _enumerate, _fresh_seed, _gc_disable, _int, _json_dumps, _json_loads, _len, _list, _max, _os_exit, _param_empty, _range,
-    _repr, _reseed_visible, _signature, _str, _T_copy_, _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride,
-    _T_to, _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
+    _BaseException, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _str, _T_copy_,
+    _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride, _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
 )
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
@@ -22,422 +23,416 @@ from .outputs import (
     _SUPPORTED_DTYPES
 )
 from .reference import Reference, make_inputs
+from .trials import _param_descs, after_call
 
 _current_stream = torch.cuda.current_stream
 
-def _param_descs(cls):
-    """ModelNew's or Model's constructor parameters without self, as data: [name, kind, default]
-    (default: {"value": JSON} or {"repr": text}, or null where there is none)."""
-    params = _list(_signature(cls.__init__).parameters.values())[1:]
-    out = []
-    for p in params:
-        if p.default is _param_empty:
-            default = None
-        elif _plain(p.default):
-            default = {"value": p.default}
-        else:
-            default = {"repr": _repr(p.default)}
-        out.append([p.name, _str(p.kind), default])
-    return out
 
+class ExecutorState:
+    """The timing commands' state in one worker, across commands (made by executor_loop).
 
-class _ExecutorPhase:
-    """The trust boundary's methods of Worker: what each role sends before the timing, and the
-    commands both roles answer."""
+    buf_sets        the input buffers of the next sample: one input list per call (make_buffers)
+    sample_outs     (the last sample's outputs, the tensors described to the evaluator): kept
+                    alive until it has read them (reply_sample)
+    arena           (CUDA) the allocation the input buffers are cut from, kept from round to
+                    round (make_buffers)
+    draw_arena      (CUDA) the allocation drawn inputs are copied into for the evaluator (draw)
+    null_out        (CUDA) the output of `launch` with null: one tiny kernel
+    clock_words     (CUDA) this worker's go and done words (setup_clock)
+    check_due       (Python threads, OS threads) before the last timed sample, whose checks are
+                    made when the next command arrives (reply_sample); None when none is due
+    threads_before  (Python threads, OS threads) before the next timed sample (prime)
+    """
+    __slots__ = ("buf_sets", "sample_outs", "arena", "draw_arena", "null_out", "clock_words", "check_due",
+                 "threads_before")
 
-    # -- the reference worker ------------------------------------------------------------------
-    def reference_info(self):
-        """What the candidate's worker needs of the task, as data (Reference.info): its
-        constructor's arguments and parameters, what the reference's profiled call ran
-        (own_work), and which of its outputs alias an input. Sent after the reference messages."""
-        ref = self.reference
-        if not _plain(ref.init_inputs):
-            raise _Done("runtime_error", (), "get_init_inputs() returns values other than numbers, strings and "
-                                             "lists of them, which the evaluator cannot carry to the candidate's "
-                                             "process")
-        return ref.info(_param_descs(ref.task.Model))
-
-    # -- the candidate worker ------------------------------------------------------------------
-    def take_reference_info(self):
-        """The candidate worker's Reference (Reference.from_info), from the reference_info
-        message the evaluator sends right after the job."""
-        info = self.chan.recv()
-        if info.get("type") == "stop":
-            _os_exit(0)
-        if info.get("type") != "reference_info":
-            raise _Done("runtime_error", (), f"expected reference_info, got {info.get('type')!r}")
-        self.reference = Reference.from_info(info, self.job.trials)
-
-    def receive_trial_inputs(self):
-        """The candidate worker's trial inputs, drawn by the reference worker: one `inputs`
-        message per trial (the reference worker's own, passed on by the evaluator), then `run`.
-        They go into its Reference (given_inputs, input_template, trials), kept in host memory:
-        each trial's are copied to the device when that trial runs, so that the device holds one
-        trial's inputs at a time (a task's inputs may be gigabytes)."""
-        ref = self.reference
-        ref.given_inputs = []
-        ref.input_template = []
-        while True:
-            msg, frames = self.chan.recv_frames()
-            kind = msg.get("type")
-            if kind == "stop":
-                _os_exit(0)
-            if kind == "run":
-                break
-            if kind != "inputs":
-                raise _Done("runtime_error", (), f"expected inputs or run, got {kind!r}")
-            if not ref.given_inputs:
-                ref.input_template = msg.get("inputs") or []
-            ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
-        ref.trials = _len(ref.given_inputs)
-
-    def trial_inputs(self, t):
-        """Trial t's inputs: given by the evaluator (candidate worker) or drawn here."""
-        if self.job.role == "candidate":
-            given = self.reference.given_inputs[t]
-            if not self.cuda:
-                return given
-            return [_T_to(x, self.device) if _type(x) is _Tensor else x for x in given]
-        return make_inputs(self.reference.task, self.device, self.job.seed + t, self.reference.trial_dists[t])
-
-    def signature_mismatch(self, cls):
-        """The candidate worker's hyperparameter check against the reference's parameters, as
-        data (the in-process check of trials.py compares the classes themselves)."""
-        want = self.reference.signature
-        if want is None:
-            return None
-        got = _json_loads(_json_dumps(_param_descs(cls)))  # as the reference's arrived: tuples become lists
-        positional = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD")
-
-        def same(w, g):
-            return ((w[0] == g[0] or w[1] in positional) and w[1] == g[1] and w[2] == g[2])
-
-        if _len(want) == _len(got) and all(same(w, g) for w, g in zip(want, got)):
-            return None
-
-        def fmt(ps):
-            return "(" + ", ".join(p[0] + ("" if p[2] is None else "=" + _str(p[2].get("value", p[2].get("repr"))))
-                                   for p in ps) + ")"
-        return f"ModelNew.__init__{fmt(got)} differs from Model.__init__{fmt(want)}"
-
-    # -- both: the timing commands -------------------------------------------------------------
-    def executor_fn(self):
-        return self.baseline.fn if self.job.role == "reference" else self.candidate.model
-
-    def executor_loop(self):
-        """Answers the evaluator's timing commands until `finish` or `stop`:
-        draw {calls, dist}      (reference worker) fresh inputs for `calls` calls, each from a seed
-                                the operating system gives now: `drawn` with their bytes
-        buffers {calls}         input buffers for a sample of `calls` calls: `buffers` with each
-                                tensor's address and size (the evaluator writes into them)
-        prime                   one untimed call on the buffers as they are: `primed`
-        go                      the sample: one call on each set of buffers, back to back, waited
-                                for: `sampled` with each output's address, dtype and shape
-        null                    `sampled` at once, with no outputs: the clock's own round trip
-        clock                   (CUDA) this worker's go and done words: `clock` with their
-                                allocation's handle and offset
-        launch {seq, null}      (CUDA) the sample queued behind the go word's reaching seq,
-                                followed by seq written into the done word, never waited for:
-                                `launched` with each output's handle, dtype and shape (null:
-                                one tiny kernel instead of the calls)
-        finish / stop           the end of the job
-        Between commands the evaluator keeps this process stopped (SIGSTOP) while it writes the
-        next inputs and while the other side runs."""
+    def __init__(self, threads_before):
         self.buf_sets = []
         self.sample_outs = None
         self.arena, self.draw_arena, self.null_out = None, None, None
         self.clock_words = None
         self.check_due = None  # the checks after a timed sample, made with the next command
-        self.threads_before = (_py_threads(), _os_threads())
-        # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
-        # more objects than the reference's, and a collection there would be its time alone.
-        _gc_disable()
-        while True:
-            msg = self.chan.recv()
-            if self.exports:
-                self.exports = []  # the trials' outputs: the evaluator has copied or compared them
-            kind = msg.get("type")
-            if kind == "stop":
-                _os_exit(0)
-            if self.check_due is not None:
-                py0, os0 = self.check_due
-                self.check_due = None
-                self.after_call(py0, os0, "timing", False)
-            if kind == "finish":
-                if self.job.role == "candidate":
-                    self.check_full("at the end")
-                    self.check_state("at the end")
-                raise _Done("ok", (), "", self.laps)
-            if kind == "draw":
-                self.draw(_int(_need(msg, "calls")), _int(_need(msg, "dist")), msg.get("on_device") is True)
-            elif kind == "buffers":
-                self.make_buffers(_int(_need(msg, "calls")))
-            elif kind == "prime":
-                self.prime()
-            elif kind == "go":
-                self.go()
-            elif kind == "clock":
-                self.setup_clock()
-            elif kind == "launch":
-                self.launch(msg.get("null") is True, _int(_need(msg, "seq")))
-            elif kind == "null":  # the round trip alone, for the evaluator's floor
-                self.chan.send({"type": "sampled", "outputs": []})
-            else:
-                raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+        self.threads_before = threads_before
 
-    def describe_outputs(self, outs):
-        """Each call's outputs as the evaluator reads them where they lie: dtype, shape, strides,
-        address (and on a CUDA device the allocation's handle); (descriptions, tensors to keep)."""
-        descs = []
-        keep = []
-        for out in outs:
-            one = []
-            for o in _output_items(out):
-                if _type(o) is not _Tensor:
-                    one.append({"kind": _kind_of(o)})
-                    continue
-                if o.device.type != self.device:
-                    one.append({"kind": f"tensor on {o.device.type}, expected {self.device}"})
-                    continue
-                if o.dtype not in _SUPPORTED_DTYPES:
-                    one.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
-                    continue
-                # Where it lies, as it lies (a view with strides too): the evaluator reads it there.
-                keep.append(o)
-                shape, strides = [_int(s) for s in _T_size(o)], [_int(s) for s in _T_stride(o)]
-                d_ = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": shape, "strides": strides,
-                      "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()}
-                if self.cuda and d_["bytes"] > 0:
-                    # On a CUDA device: the allocation's handle, which the evaluator maps.
-                    last = 0
-                    for n_, st in zip(shape, strides):
-                        last += (n_ - 1) * st
-                    ex = _export_range(d_["addr"], (last + 1) * o.element_size())
-                    if ex is None:
-                        one.append({"kind": "tensor the CUDA driver cannot export"})
-                        continue
-                    d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
-                one.append(d_)
-            descs.append(one)
-        return descs, keep
 
-    def reply_sample(self, outs, reply, check):
-        """Tells the evaluator where a sample's outputs lie (`reply`: sampled or launched) and keeps
-        them alive until it has read them; then, in the candidate's worker and with `check`, the
-        checks after a call."""
-        descs, keep = self.describe_outputs(outs)
-        self.sample_outs = (outs, keep)
-        self.chan.send({"type": reply, "outputs": descs})
-        if self.job.role == "candidate" and check:
-            # Made when the next command arrives, before it is answered: after `sampled` the
-            # evaluator stops this process, and on the CPU the sample is charged the CPU time its
-            # processes ran until then, which checks run here would add to the candidate's alone.
-            self.check_due = self.threads_before
+# ------------------------------------------------------------------------------------------------
+# The reference worker.
 
-    def setup_clock(self):
-        """CUDA: this worker's two clock words, in its own memory, exported to the evaluator: go
-        (at the offset), which this stream waits for before a sample's calls, and done (128 bytes
-        on), which it writes after them. Both are the evaluator's to read and write; a worker
-        that writes them itself only starts on old inputs or has its outputs copied unfinished."""
-        try:
-            words = _torch_empty(64, dtype=_int32, device=self.device)
-            _T_fill_(words, 0)
-            self.sync()
-            ex = _export_range(_T_data_ptr(words), 256)
-        except _BaseException as e:
-            raise _error_done(e, "while setting up the device clock") from None
-        if ex is None:
-            raise _Done("runtime_error", (), "the CUDA driver cannot export the device clock's words")
-        self.clock_words = words
-        self.chan.send({"type": "clock", "ipc": ex["ipc"], "offset": ex["offset"]})
+def reference_info(ref):
+    """What the candidate's worker needs of the task, as data (Reference.info): its
+    constructor's arguments and parameters, what the reference's profiled call ran
+    (own_work), and which of its outputs alias an input. Sent after the reference messages."""
+    if not _plain(ref.init_inputs):
+        raise _Done("runtime_error", (), "get_init_inputs() returns values other than numbers, strings and "
+                                         "lists of them, which the evaluator cannot carry to the candidate's "
+                                         "process")
+    return ref.info(_param_descs(ref.task.Model))
 
-    def launch(self, null, seq):
-        """CUDA: one timed sample, queued, never waited for: this stream waits for the go word to
-        reach seq (the evaluator writes it after copying the inputs in, its clock started), then
-        the calls, then seq into the done word; `launched` with where the outputs will be. The
-        evaluator's clock is on the device: it holds its own stream until the calls are queued,
-        waits for the done word, copies the outputs and stops (nothing here reads a time or
-        waits)."""
-        outs = []
-        fn = self.executor_fn()
-        if self.clock_words is None:
-            raise _Done("runtime_error", (), "launch before the device clock was set up")
-        go = _T_data_ptr(self.clock_words)
-        try:
-            stream = _current_stream().cuda_stream
-            _stream_wait_value(stream, go, seq)
-            if null:  # the round trip of a sample whose call is one tiny kernel
-                t = self.null_out
-                if t is None:
-                    t = self.null_out = _torch_empty(128, dtype=_uint8, device=self.device)
-                _T_fill_(t, 0)
-                outs.append(t)
-            else:
-                for inputs in self.buf_sets:
-                    outs.append(fn(*inputs))
-            _stream_write_value(stream, go + 128, seq)
-        except _BaseException as e:
-            who = "ModelNew.forward" if self.job.role == "candidate" else "the reference"
-            raise _error_done(e, f"in {who} (timing)") from None
-        self.reply_sample(outs, "launched", not null)
 
-    def draw(self, calls, dist, on_device):
-        if self.job.role != "reference":
-            raise _Done("runtime_error", (), "only the reference worker draws inputs")
-        frames = []
-        sets = []
-        msg = {"type": "drawn", "sets": sets}
-        try:
-            drawn = [make_inputs(self.reference.task, self.device, _fresh_seed(), dist) for _ in _range(calls)]
-            place = None
-            if on_device and self.cuda:
-                # On a CUDA device the round's tensors are copied into one allocation of this
-                # worker's, kept from round to round, which the evaluator maps and copies into its
-                # own memory: no bytes cross the socket (a task's inputs may be gigabytes).
-                need = 0
-                for inputs in drawn:
-                    for x in inputs:
-                        if _type(x) is _Tensor:
-                            need += ((_int(_T_numel(x)) * x.element_size() + 511) // 512) * 512
-                if self.draw_arena is None or _T_numel(self.draw_arena) < need:
-                    self.draw_arena = None
-                    self.draw_arena = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
-                arena = self.draw_arena
-                ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
-                if ex is None:
-                    raise _Done("runtime_error", (), "the CUDA driver cannot export the drawn inputs")
-                msg["ipc"] = ex["ipc"]
-                pos = [0]
+# ------------------------------------------------------------------------------------------------
+# The candidate worker.
 
-                def place(x):
-                    n = _int(_T_numel(x)) * x.element_size()
-                    at = pos[0]
-                    pos[0] += ((n + 511) // 512) * 512
-                    _T_copy_(_T_view(_T_view(arena[at:at + n], x.dtype), _T_size(x)), x)
-                    return {"offset": ex["offset"] + at, "bytes": n}
-            for inputs in drawn:
-                sets.append(_encode_inputs(inputs, frames, place))
-            del drawn
-            self.sync()
-        except _BaseException as e:
-            raise _error_done(e, "while drawing a timing round's inputs") from None
-        self.chan.send(msg, frames)
+def take_reference_info(w, job):
+    """The candidate worker's Reference (Reference.from_info), from the reference_info
+    message the evaluator sends right after the job; returned."""
+    info = w.chan.recv()
+    if info.get("type") == "stop":
+        _os_exit(0)
+    if info.get("type") != "reference_info":
+        raise _Done("runtime_error", (), f"expected reference_info, got {info.get('type')!r}")
+    return Reference.from_info(info, job.trials)
 
-    def make_buffers(self, calls):
-        """`calls` sets of input buffers shaped as the trials' inputs (input_template), contiguous,
-        on the worker's device, each at a random lead of up to placement_jitter_bytes / calls
-        into an allocation of its own (a kernel's speed can depend on where its buffers lie: the
-        evaluator asks for new ones every round, so a verdict averages over placements, as
-        Worker.placed does for the shared path); plain values as they were. On the CPU each buffer
-        starts with what the last buffers held (the first time: the first trial's inputs), on a
-        CUDA device with the first trial's inputs, so that the untimed call before a sample runs
-        on real inputs (a task's may be indices that garbage would not be)."""
-        self.sample_outs = None
-        old = self.buf_sets
-        self.buf_sets = []
-        descs = []
-        ref = self.reference
-        if self.job.role == "candidate":
-            first = ref.given_inputs[0]
+
+def receive_trial_inputs(w, ref):
+    """The candidate worker's trial inputs, drawn by the reference worker: one `inputs`
+    message per trial (the reference worker's own, passed on by the evaluator), then `run`.
+    They go into its Reference (given_inputs, input_template, trials), kept in host memory:
+    each trial's are copied to the device when that trial runs, so that the device holds one
+    trial's inputs at a time (a task's inputs may be gigabytes)."""
+    ref.given_inputs = []
+    ref.input_template = []
+    while True:
+        msg, frames = w.chan.recv_frames()
+        kind = msg.get("type")
+        if kind == "stop":
+            _os_exit(0)
+        if kind == "run":
+            break
+        if kind != "inputs":
+            raise _Done("runtime_error", (), f"expected inputs or run, got {kind!r}")
+        if not ref.given_inputs:
+            ref.input_template = msg.get("inputs") or []
+        ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
+    ref.trials = _len(ref.given_inputs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Both: the timing commands.
+
+def executor_fn(job, baseline, cand):
+    """What a timed call calls: the reference as the timing calls it (reference worker) or the
+    candidate's model."""
+    return baseline.fn if job.role == "reference" else cand.model
+
+
+def executor_loop(w, job, ref, baseline, cand):
+    """Answers the evaluator's timing commands until `finish` or `stop`:
+    draw {calls, dist}      (reference worker) fresh inputs for `calls` calls, each from a seed
+                            the operating system gives now: `drawn` with their bytes
+    buffers {calls}         input buffers for a sample of `calls` calls: `buffers` with each
+                            tensor's address and size (the evaluator writes into them)
+    prime                   one untimed call on the buffers as they are: `primed`
+    go                      the sample: one call on each set of buffers, back to back, waited
+                            for: `sampled` with each output's address, dtype and shape
+    null                    `sampled` at once, with no outputs: the clock's own round trip
+    clock                   (CUDA) this worker's go and done words: `clock` with their
+                            allocation's handle and offset
+    launch {seq, null}      (CUDA) the sample queued behind the go word's reaching seq,
+                            followed by seq written into the done word, never waited for:
+                            `launched` with each output's handle, dtype and shape (null:
+                            one tiny kernel instead of the calls)
+    finish / stop           the end of the job
+    Between commands the evaluator keeps this process stopped (SIGSTOP) while it writes the
+    next inputs and while the other side runs. Never returns."""
+    state = ExecutorState((_py_threads(), _os_threads()))
+    # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
+    # more objects than the reference's, and a collection there would be its time alone.
+    _gc_disable()
+    while True:
+        msg = w.chan.recv()
+        if w.exports:
+            w.exports = []  # the trials' outputs: the evaluator has copied or compared them
+        kind = msg.get("type")
+        if kind == "stop":
+            _os_exit(0)
+        if state.check_due is not None:
+            py0, os0 = state.check_due
+            state.check_due = None
+            after_call(w, py0, os0, "timing", False)
+        if kind == "finish":
+            if job.role == "candidate":
+                w.check_full("at the end")
+                w.check_state("at the end")
+            raise _Done("ok", (), "", w.laps)
+        if kind == "draw":
+            draw(w, job, ref, state, _int(_need(msg, "calls")), _int(_need(msg, "dist")),
+                 msg.get("on_device") is True)
+        elif kind == "buffers":
+            make_buffers(w, job, ref, state, _int(_need(msg, "calls")))
+        elif kind == "prime":
+            prime(w, job, baseline, cand, state)
+        elif kind == "go":
+            go(w, job, baseline, cand, state)
+        elif kind == "clock":
+            setup_clock(w, state)
+        elif kind == "launch":
+            launch(w, job, baseline, cand, state, msg.get("null") is True, _int(_need(msg, "seq")))
+        elif kind == "null":  # the round trip alone, for the evaluator's floor
+            w.chan.send({"type": "sampled", "outputs": []})
         else:
-            first = make_inputs(ref.task, self.device, self.job.seed, ref.trial_dists[0])
-        steps = (self.job.jitter_bytes // _max(calls, 1)) // 512
-        arena = None
-        if self.cuda:
-            # On a CUDA device the buffers are cut from one arena, kept from round to round (grown
-            # when a sample takes more calls): the evaluator maps it once, where an allocation per
-            # buffer and round would cost it a mapping each, and the device holds one round's
-            # inputs per worker, not two. The old buffers lie in the same memory, so the new ones
-            # start with the first trial's inputs.
-            old = []
-            need = 0
-            for d in self.reference.input_template:
-                if "value" not in d:
-                    n = _torch_empty(0, dtype=_DTYPES[d["dtype"]]).element_size()
-                    for s_ in d["shape"]:
-                        n *= _int(s_)
-                    need += ((n + 511) // 512 + steps) * 512
-            need *= calls
-            if self.arena is None or _T_numel(self.arena) < need:
-                self.arena = None  # the old one is freed before the new one is made
-                self.arena = _torch_empty(_max(need, 512), dtype=_uint8, device=self.device)
-            arena = self.arena
-        pos = 0
-        for c in _range(calls):
-            prev = old[c] if c < _len(old) else first
-            one, desc = [], []
-            for d, x0 in zip(self.reference.input_template, prev):
-                if "value" in d:
-                    one.append(_from_wire(d["value"]))
-                    desc.append({"value": True})
+            raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+
+
+def describe_outputs(w, outs):
+    """Each call's outputs as the evaluator reads them where they lie: dtype, shape, strides,
+    address (and on a CUDA device the allocation's handle); (descriptions, tensors to keep)."""
+    descs = []
+    keep = []
+    for out in outs:
+        one = []
+        for o in _output_items(out):
+            if _type(o) is not _Tensor:
+                one.append({"kind": _kind_of(o)})
+                continue
+            if o.device.type != w.device:
+                one.append({"kind": f"tensor on {o.device.type}, expected {w.device}"})
+                continue
+            if o.dtype not in _SUPPORTED_DTYPES:
+                one.append({"kind": f"tensor of unsupported dtype {_str(o.dtype).replace('torch.', '')}"})
+                continue
+            # Where it lies, as it lies (a view with strides too): the evaluator reads it there.
+            keep.append(o)
+            shape, strides = [_int(s) for s in _T_size(o)], [_int(s) for s in _T_stride(o)]
+            d_ = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": shape, "strides": strides,
+                  "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()}
+            if w.cuda and d_["bytes"] > 0:
+                # On a CUDA device: the allocation's handle, which the evaluator maps.
+                last = 0
+                for n_, st in zip(shape, strides):
+                    last += (n_ - 1) * st
+                ex = _export_range(d_["addr"], (last + 1) * o.element_size())
+                if ex is None:
+                    one.append({"kind": "tensor the CUDA driver cannot export"})
                     continue
-                dt = _DTYPES[d["dtype"]]
-                shape = [_int(s) for s in d["shape"]]
-                n = 1
-                for s_ in shape:
-                    n *= s_
-                size = _torch_empty(0, dtype=dt).element_size()
-                lead = (_int(self.rng_random() * (steps + 1)) * 512) // size if steps > 0 else 0
-                if arena is not None:
-                    at = pos + lead * size
-                    pos += ((n * size + 511) // 512 + steps) * 512
-                    t = _T_view(_T_view(arena[at:at + n * size], dt), shape)
-                else:
-                    t = _torch_empty(lead + n, dtype=dt, device=self.device)[lead:].view(shape)
-                _T_copy_(t, x0)
-                one.append(t)
-                d_ = {"addr": _T_data_ptr(t), "bytes": n * size}
-                if self.cuda and n > 0:
-                    # On a CUDA device the evaluator maps the allocation and writes there.
-                    ex = _export_range(_T_data_ptr(t), n * size)
-                    if ex is None:
-                        raise _Done("runtime_error", (), "the CUDA driver cannot export an input buffer of the timing")
-                    d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
-                desc.append(d_)
-            self.buf_sets.append(one)
-            descs.append(desc)
-        del old
-        self.chan.send({"type": "buffers", "sets": descs})
+                d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
+            one.append(d_)
+        descs.append(one)
+    return descs, keep
 
-    def call_once(self, inputs):
-        if self.job.role == "candidate":
-            _reseed_visible()
-            self.candidate_flags()
-        return self.executor_fn()(*inputs)
 
-    def prime(self):
-        """The untimed call that precedes each timed sample (on the buffers as the last sample
-        left them), waited for (outside the clock)."""
-        self.sample_outs = None
-        py0, os0 = _py_threads(), _os_threads()
-        try:
-            if self.buf_sets:
-                out = self.call_once(self.buf_sets[0])
-                del out
-            self.sync()
-        except _BaseException as e:
-            who = "ModelNew.forward" if self.job.role == "candidate" else "the reference"
-            raise _error_done(e, f"in {who} (timing, untimed call)") from None
-        if self.job.role == "candidate":
-            self.after_call(py0, os0, "timing, untimed call", False)
-            # Done here, not in `go`: nothing but the calls is inside the evaluator's clock.
-            _reseed_visible()
-            self.candidate_flags()
-        # The cache flush is the evaluator's, after it has written the sample's inputs.
-        self.sync()
-        self.threads_before = (_py_threads(), _os_threads())
-        self.chan.send({"type": "primed"})
+def reply_sample(w, job, state, outs, reply, check):
+    """Tells the evaluator where a sample's outputs lie (`reply`: sampled or launched) and keeps
+    them alive until it has read them; then, in the candidate's worker and with `check`, the
+    checks after a call."""
+    descs, keep = describe_outputs(w, outs)
+    state.sample_outs = (outs, keep)
+    w.chan.send({"type": reply, "outputs": descs})
+    if job.role == "candidate" and check:
+        # Made when the next command arrives, before it is answered: after `sampled` the
+        # evaluator stops this process, and on the CPU the sample is charged the CPU time its
+        # processes ran until then, which checks run here would add to the candidate's alone.
+        state.check_due = state.threads_before
 
-    def go(self):
-        """One timed sample. The clock is the evaluator's: it starts before `go` is sent and stops
-        when `sampled` arrives; nothing here reads a time."""
-        outs = []
-        fn = self.executor_fn()
-        try:
-            for inputs in self.buf_sets:
+
+def setup_clock(w, state):
+    """CUDA: this worker's two clock words, in its own memory, exported to the evaluator: go
+    (at the offset), which this stream waits for before a sample's calls, and done (128 bytes
+    on), which it writes after them. Both are the evaluator's to read and write; a worker
+    that writes them itself only starts on old inputs or has its outputs copied unfinished."""
+    try:
+        words = _torch_empty(64, dtype=_int32, device=w.device)
+        _T_fill_(words, 0)
+        w.sync()
+        ex = _export_range(_T_data_ptr(words), 256)
+    except _BaseException as e:
+        raise _error_done(e, "while setting up the device clock") from None
+    if ex is None:
+        raise _Done("runtime_error", (), "the CUDA driver cannot export the device clock's words")
+    state.clock_words = words
+    w.chan.send({"type": "clock", "ipc": ex["ipc"], "offset": ex["offset"]})
+
+
+def launch(w, job, baseline, cand, state, null, seq):
+    """CUDA: one timed sample, queued, never waited for: this stream waits for the go word to
+    reach seq (the evaluator writes it after copying the inputs in, its clock started), then
+    the calls, then seq into the done word; `launched` with where the outputs will be. The
+    evaluator's clock is on the device: it holds its own stream until the calls are queued,
+    waits for the done word, copies the outputs and stops (nothing here reads a time or
+    waits)."""
+    outs = []
+    fn = executor_fn(job, baseline, cand)
+    if state.clock_words is None:
+        raise _Done("runtime_error", (), "launch before the device clock was set up")
+    go = _T_data_ptr(state.clock_words)
+    try:
+        stream = _current_stream().cuda_stream
+        _stream_wait_value(stream, go, seq)
+        if null:  # the round trip of a sample whose call is one tiny kernel
+            t = state.null_out
+            if t is None:
+                t = state.null_out = _torch_empty(128, dtype=_uint8, device=w.device)
+            _T_fill_(t, 0)
+            outs.append(t)
+        else:
+            for inputs in state.buf_sets:
                 outs.append(fn(*inputs))
-            self.sync()
-        except _BaseException as e:
-            who = "ModelNew.forward" if self.job.role == "candidate" else "the reference"
-            raise _error_done(e, f"in {who} (timing)") from None
-        self.reply_sample(outs, "sampled", True)
+        _stream_write_value(stream, go + 128, seq)
+    except _BaseException as e:
+        who = "ModelNew.forward" if job.role == "candidate" else "the reference"
+        raise _error_done(e, f"in {who} (timing)") from None
+    reply_sample(w, job, state, outs, "launched", not null)
+
+
+def draw(w, job, ref, state, calls, dist, on_device):
+    if job.role != "reference":
+        raise _Done("runtime_error", (), "only the reference worker draws inputs")
+    frames = []
+    sets = []
+    msg = {"type": "drawn", "sets": sets}
+    try:
+        drawn = [make_inputs(ref.task, w.device, _fresh_seed(), dist) for _ in _range(calls)]
+        place = None
+        if on_device and w.cuda:
+            # On a CUDA device the round's tensors are copied into one allocation of this
+            # worker's, kept from round to round, which the evaluator maps and copies into its
+            # own memory: no bytes cross the socket (a task's inputs may be gigabytes).
+            need = 0
+            for inputs in drawn:
+                for x in inputs:
+                    if _type(x) is _Tensor:
+                        need += ((_int(_T_numel(x)) * x.element_size() + 511) // 512) * 512
+            if state.draw_arena is None or _T_numel(state.draw_arena) < need:
+                state.draw_arena = None
+                state.draw_arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
+            arena = state.draw_arena
+            ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
+            if ex is None:
+                raise _Done("runtime_error", (), "the CUDA driver cannot export the drawn inputs")
+            msg["ipc"] = ex["ipc"]
+            pos = [0]
+
+            def place(x):
+                n = _int(_T_numel(x)) * x.element_size()
+                at = pos[0]
+                pos[0] += ((n + 511) // 512) * 512
+                _T_copy_(_T_view(_T_view(arena[at:at + n], x.dtype), _T_size(x)), x)
+                return {"offset": ex["offset"] + at, "bytes": n}
+        for inputs in drawn:
+            sets.append(_encode_inputs(inputs, frames, place))
+        del drawn
+        w.sync()
+    except _BaseException as e:
+        raise _error_done(e, "while drawing a timing round's inputs") from None
+    w.chan.send(msg, frames)
+
+
+def make_buffers(w, job, ref, state, calls):
+    """`calls` sets of input buffers shaped as the trials' inputs (input_template), contiguous,
+    on the worker's device, each at a random lead of up to placement_jitter_bytes / calls
+    into an allocation of its own (a kernel's speed can depend on where its buffers lie: the
+    evaluator asks for new ones every round, so a verdict averages over placements, as
+    outputs.py's _placed does for the shared path); plain values as they were. On the CPU each buffer
+    starts with what the last buffers held (the first time: the first trial's inputs), on a
+    CUDA device with the first trial's inputs, so that the untimed call before a sample runs
+    on real inputs (a task's may be indices that garbage would not be)."""
+    state.sample_outs = None
+    old = state.buf_sets
+    state.buf_sets = []
+    descs = []
+    if job.role == "candidate":
+        first = ref.given_inputs[0]
+    else:
+        first = make_inputs(ref.task, w.device, job.seed, ref.trial_dists[0])
+    steps = (job.jitter_bytes // _max(calls, 1)) // 512
+    arena = None
+    if w.cuda:
+        # On a CUDA device the buffers are cut from one arena, kept from round to round (grown
+        # when a sample takes more calls): the evaluator maps it once, where an allocation per
+        # buffer and round would cost it a mapping each, and the device holds one round's
+        # inputs per worker, not two. The old buffers lie in the same memory, so the new ones
+        # start with the first trial's inputs.
+        old = []
+        need = 0
+        for d in ref.input_template:
+            if "value" not in d:
+                n = _torch_empty(0, dtype=_DTYPES[d["dtype"]]).element_size()
+                for s_ in d["shape"]:
+                    n *= _int(s_)
+                need += ((n + 511) // 512 + steps) * 512
+        need *= calls
+        if state.arena is None or _T_numel(state.arena) < need:
+            state.arena = None  # the old one is freed before the new one is made
+            state.arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
+        arena = state.arena
+    pos = 0
+    for c in _range(calls):
+        prev = old[c] if c < _len(old) else first
+        one, desc = [], []
+        for d, x0 in zip(ref.input_template, prev):
+            if "value" in d:
+                one.append(_from_wire(d["value"]))
+                desc.append({"value": True})
+                continue
+            dt = _DTYPES[d["dtype"]]
+            shape = [_int(s) for s in d["shape"]]
+            n = 1
+            for s_ in shape:
+                n *= s_
+            size = _torch_empty(0, dtype=dt).element_size()
+            lead = (_int(w.rng_random() * (steps + 1)) * 512) // size if steps > 0 else 0
+            if arena is not None:
+                at = pos + lead * size
+                pos += ((n * size + 511) // 512 + steps) * 512
+                t = _T_view(_T_view(arena[at:at + n * size], dt), shape)
+            else:
+                t = _torch_empty(lead + n, dtype=dt, device=w.device)[lead:].view(shape)
+            _T_copy_(t, x0)
+            one.append(t)
+            d_ = {"addr": _T_data_ptr(t), "bytes": n * size}
+            if w.cuda and n > 0:
+                # On a CUDA device the evaluator maps the allocation and writes there.
+                ex = _export_range(_T_data_ptr(t), n * size)
+                if ex is None:
+                    raise _Done("runtime_error", (), "the CUDA driver cannot export an input buffer of the timing")
+                d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
+            desc.append(d_)
+        state.buf_sets.append(one)
+        descs.append(desc)
+    del old
+    w.chan.send({"type": "buffers", "sets": descs})
+
+
+def call_once(w, job, baseline, cand, inputs):
+    if job.role == "candidate":
+        _reseed_visible()
+        w.candidate_flags()
+    return executor_fn(job, baseline, cand)(*inputs)
+
+
+def prime(w, job, baseline, cand, state):
+    """The untimed call that precedes each timed sample (on the buffers as the last sample
+    left them), waited for (outside the clock)."""
+    state.sample_outs = None
+    py0, os0 = _py_threads(), _os_threads()
+    try:
+        if state.buf_sets:
+            out = call_once(w, job, baseline, cand, state.buf_sets[0])
+            del out
+        w.sync()
+    except _BaseException as e:
+        who = "ModelNew.forward" if job.role == "candidate" else "the reference"
+        raise _error_done(e, f"in {who} (timing, untimed call)") from None
+    if job.role == "candidate":
+        after_call(w, py0, os0, "timing, untimed call", False)
+        # Done here, not in `go`: nothing but the calls is inside the evaluator's clock.
+        _reseed_visible()
+        w.candidate_flags()
+    # The cache flush is the evaluator's, after it has written the sample's inputs.
+    w.sync()
+    state.threads_before = (_py_threads(), _os_threads())
+    w.chan.send({"type": "primed"})
+
+
+def go(w, job, baseline, cand, state):
+    """One timed sample. The clock is the evaluator's: it starts before `go` is sent and stops
+    when `sampled` arrives; nothing here reads a time."""
+    outs = []
+    fn = executor_fn(job, baseline, cand)
+    try:
+        for inputs in state.buf_sets:
+            outs.append(fn(*inputs))
+        w.sync()
+    except _BaseException as e:
+        who = "ModelNew.forward" if job.role == "candidate" else "the reference"
+        raise _error_done(e, f"in {who} (timing)") from None
+    reply_sample(w, job, state, outs, "sampled", True)

@@ -1,7 +1,7 @@
 """env/harness/integrity.py: what runtime:backend_flags and runtime:patched compare: the
 process-wide settings, read and set through getters and setters captured here, and the integrity
 snapshots (identity of the attributes of builtins, torch, the harness's own modules and more),
-made before the candidate's code runs (Worker.load_phase) and compared after it ran
+made before the candidate's code runs (trials.py, load_phase) and compared after it ran
 (Worker.check_state, check_full)."""
 import builtins
 import ctypes
@@ -385,7 +385,7 @@ def _core_snapshot(harness, s=None):
                 torch.no_grad, torch.enable_grad, zmq.Socket, zmq.Context, random.Random,
                 json.JSONEncoder, json.JSONDecoder, numpy.ndarray):
         s.add_class(cls)
-    # The harness's own classes (Worker and its phases, Channel, _Done, _Snapshot,
+    # The harness's own classes (Worker, the phases' data, Channel, _Done, _Snapshot,
     # _HarnessKernels, ...): each defined in one of its namespaces.
     for _, namespace in harness:
         own = namespace.get("__name__")

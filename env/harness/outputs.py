@@ -1,7 +1,7 @@
 """env/harness/outputs.py: what a call of the reference or the candidate leaves behind, as the
 phases look at it: its outputs (taken apart, encoded for the evaluator as bytes or device
-exports, sampled, compared), its inputs (cloned, checked unchanged), and this process's
-threads (counted before and after)."""
+exports, sampled, compared), its inputs (cloned, placed at random leads, checked unchanged),
+and this process's threads (counted before and after)."""
 import threading
 
 import torch
@@ -10,8 +10,9 @@ from .trusted import (
     _torch_isclose,
     _abs, _active_count, _bool, _clock_gettime_ns, _current_frames, _enumerate, _enumerate_threads, _float,
     _int, _int64, _isinstance, _len, _max, _min, _nd_tobytes, _os_listdir, _OSError, _range, _repr, _S_data_ptr,
-    _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_cpu, _T_data_ptr, _T_detach, _T_is_floating_point,
-    _T_item, _T_numel, _T_numpy, _T_reshape, _T_size, _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
+    _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_copy_, _T_cpu, _T_data_ptr, _T_detach,
+    _T_is_contiguous, _T_is_floating_point, _T_item, _T_numel, _T_numpy, _T_reshape, _T_set_, _T_size,
+    _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
     _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
     _torch_empty, _tuple, _type, _uint8, _list, _dict
 )
@@ -316,7 +317,7 @@ def _output_bytes(out):
 
 
 class _Taken:
-    """A snapshot of one tensor output of a timed call (Worker.snapshot): its values at the
+    """A snapshot of one tensor output of a timed call (timing.py, snapshot): its values at the
     positions `where` (a seed of the harness kernels' positions, an index tensor, or None for
     all, in order), its size and dtype."""
     __slots__ = ("values", "where", "size", "dtype")
@@ -330,6 +331,32 @@ class _Taken:
 
 def _clone_inputs(inputs):
     return [_map_tensors(x, lambda t: _T_clone(t)) for x in inputs]
+
+
+def _placed(inputs, jitter, rand):
+    """A copy of `inputs` whose contiguous tensors each start 0 to `jitter` bytes (in 512-byte
+    steps, drawn with `rand`, the harness's generator: Worker.rng_random) into a fresh allocation
+    of their size plus that lead; other tensors are cloned. The caching allocator hands back
+    blocks of the sizes a round frees, so new allocations alone land at the same few addresses
+    round after round (4 over 33 rounds on an H100); the random lead moves every round's inputs.
+    The trials' inputs (trials.py, with the job's jitter_bytes) are placed as the timing rounds'
+    are (timing.py)."""
+    if jitter < 512:
+        return _clone_inputs(inputs)
+    steps = jitter // 512
+
+    def place(t):
+        if _type(t) is not _Tensor or t.requires_grad or not _T_is_contiguous(t):
+            return _T_clone(t)
+        lead = _int(rand() * (steps + 1)) * 512
+        size = _int(_T_numel(t)) * t.element_size()
+        buf = _torch_empty(lead + size, dtype=_uint8, device=t.device)
+        y = _torch_empty(0, dtype=t.dtype, device=t.device)
+        _T_set_(y, _T_untyped_storage(buf), lead // t.element_size(), _T_size(t), _T_stride(t))
+        _T_copy_(y, t)
+        return y
+
+    return [_map_tensors(x, place) for x in inputs]
 
 
 def _same_bytes(a, b):

@@ -1,19 +1,22 @@
 """env/harness/reference.py: the reference phase of a job (reference_phase, after the static
 checks and before any candidate code): the task's Model run on each trial's inputs, drawn here
 (make_inputs, for every phase), its outputs sent to the evaluator and then poisoned, the float64
-copy that measures its rounding, and the timing baseline prepared. It returns what it found as
-data: a Reference (what the trials, the timing and the candidate's worker need of it) and a
-Baseline (the reference as the timing calls it)."""
+copy that measures its rounding, its profiled call (profiled, which start-up and the trials count
+kernels with too), and the timing baseline prepared. It returns what it found as data: a
+Reference (what the trials, the timing and the candidate's worker need of it) and a Baseline (the
+reference as the timing calls it)."""
 import copy
+import warnings
 
 import torch
 
 from .trusted import (
-    _bool, _BaseException, _cuda_empty_cache, _cuda_synchronize, _enumerate, _float, _Generator, _getattr,
-    _hasattr, _int, _isinstance, _len, _list, _max, _min, _os_exit, _range, _S_data_ptr, _sum, _T_fill_, _T_is_contiguous,
-    _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to, _T_uniform_, _T_untyped_storage, _T_view,
-    _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_isfinite, _torch_manual_seed, _torch_where, _tuple,
-    _type, _uint8
+    _bool, _BaseException, _cuda_empty_cache, _cuda_synchronize, _DeviceType, _enumerate, _Ev_elapsed, _Ev_record,
+    _Ev_synchronize, _float, _Generator, _getattr, _hasattr, _int, _isinstance, _len, _list, _max, _min, _os_exit,
+    _perf_counter_ns, _profile, _ProfilerActivity, _range, _S_data_ptr, _setprofile, _sorted, _sum, _sys_modules,
+    _T_fill_, _T_is_contiguous, _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to,
+    _T_uniform_, _T_untyped_storage, _T_view, _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_isfinite,
+    _torch_manual_seed, _torch_where, _tuple, _type, _uint8
 )
 from .device import _HarnessKernels, _kernels
 from .channel import _Done, _error_done, _exc_line
@@ -24,6 +27,9 @@ from .outputs import (
 
 _DIST3_FACTOR = 32.0  # distribution 3's scale (make_inputs)
 _DIST4_FACTOR = 16.0  # distribution 4's block scale (make_inputs)
+# How long the profiled call of trial 0 stays under the profiler after its stop event
+# (profiled; trials.py, check_device_time).
+_LATE_WORK_NS = 2_000_000
 
 
 def _block_of(seed, i, n):
@@ -247,7 +253,7 @@ def reference_phase(w, job, task_src):
             if not _hasattr(task, n):
                 raise _Done("runtime_error", (), f"the task defines no {n}")
         # torch's intra-op thread pool, started here if the reference does not start it,
-        # so that its threads are the harness's (Worker.foreign_mark), not the candidate's.
+        # so that its threads are the harness's (timing.py, foreign_mark), not the candidate's.
         torch.ones(1 << 18).sum()
         _torch_manual_seed(job.seed)
         init = _list(task.get_init_inputs())
@@ -335,7 +341,7 @@ def reference_phase(w, job, task_src):
         del ref64
         # Calibrate kernel counting on the reference (e.g. CUPTI unavailable: no device events).
         inputs = make_inputs(task, w.device, job.seed, 0)
-        out, counts = w.profiled(lambda: ref(*inputs))
+        out, counts = profiled(w, lambda: ref(*inputs))
         r.profile = counts
         # The reference again on trial 0's inputs: a reference that keeps state between
         # calls (a recurrent model updating its hidden state in forward) or draws random
@@ -484,6 +490,82 @@ def device_done(w, pending):
     w.chan.send({"type": "device_done"})
     for msg, frames in pending:
         w.chan.send(msg, frames)
+
+
+def profiled(w, fn):
+    """Runs fn() once under torch.profiler (and, for extension calls, sys.setprofile), on worker
+    `w` (its device, stream and events). Returns (result, counts) with counts = dict(device,
+    launches, ops, ext, busy_ms, window_ms, kernels, operators, kernel_us, operator_us): the
+    reference's calibration of kernel counting (reference_phase), the candidate's second call of
+    trial 0 (trials.py, call_candidate), and the profiler's first use at start-up (worker.py)."""
+    acts = [_ProfilerActivity.CPU]
+    if w.cuda:
+        acts.append(_ProfilerActivity.CUDA)
+    modules = _sys_modules
+    ext_calls = [0]
+
+    def hook(frame, event, arg):
+        # A call into a compiled extension outside every imported package: load_inline's
+        # modules and inductor's CPU kernels ("<hash>.kernel") have no top-level package in
+        # sys.modules, unlike torch's, numpy's or the builtins' functions.
+        if event == "c_call":
+            m = _getattr(arg, "__module__", None)
+            if _isinstance(m, str) and m.partition(".")[0] not in modules:
+                ext_calls[0] += 1
+
+    window_ms = None
+    w.sync()  # nothing of the harness's still runs when the profiler starts
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the profiler warns about its event cycles
+        with _profile(activities=acts) as prof:
+            if w.cuda:
+                _Ev_record(w.ev0, w.stream0)
+            _setprofile(hook)
+            try:
+                out = fn()
+            finally:
+                _setprofile(None)
+            w.sync()
+            if w.cuda:
+                _Ev_record(w.ev1, w.stream0)
+                _Ev_synchronize(w.ev1)
+                window_ms = _Ev_elapsed(w.ev0, w.ev1)
+                # The profiler stays on a moment longer: work that a thread of the candidate
+                # queues after the synchronisation lands in its record, not in the window.
+                t_late = _perf_counter_ns()
+                while _perf_counter_ns() - t_late < _LATE_WORK_NS:
+                    pass
+                w.sync()
+    dev = launches = ops = 0
+    spans = []
+    kernels, operators = {}, {}  # name -> count
+    kernel_us, operator_us = {}, {}  # name -> time (us): device time, an operator's own CPU time
+    for e in prof.events():
+        name = e.name or ""
+        if e.device_type == _DeviceType.CUDA:
+            dev += 1
+            spans.append((e.time_range.start, e.time_range.end))
+            kernels[name] = kernels.get(name, 0) + 1
+            kernel_us[name] = kernel_us.get(name, 0.0) + (e.time_range.end - e.time_range.start)
+        elif "LaunchKernel" in name or "GraphLaunch" in name or "cuLaunch" in name:
+            launches += 1
+        elif "::" in name:
+            ops += 1
+            operators[name] = operators.get(name, 0) + 1
+            operator_us[name] = operator_us.get(name, 0.0) + e.self_cpu_time_total
+    # The device's busy time over all streams (the union of its activities' intervals, us).
+    busy_us = 0.0
+    end = None
+    for a, b in _sorted(spans):
+        if end is None or a > end:
+            busy_us += b - a
+            end = b
+        elif b > end:
+            busy_us += b - end
+            end = b
+    return out, {"device": dev, "launches": launches, "ops": ops, "ext": ext_calls[0],
+                 "busy_ms": busy_us / 1e3, "window_ms": window_ms, "kernels": kernels, "operators": operators,
+                 "kernel_us": kernel_us, "operator_us": operator_us}
 
 
 def prepare_baseline(w, job, ref, inputs):

@@ -34,11 +34,12 @@ again (_forget_package) before any candidate code exists, its modules importing 
 relative imports, each holding one part: trusted.py (the captured references), builds.py (the
 build services), device.py (the harness's own CUDA kernels), integrity.py (backend flags and
 integrity snapshots), channel.py (the socket and the `done` outcomes), job.py (the job as data),
-outputs.py (outputs, inputs and threads of a call), and the phases: reference.py (functions over
-the job, returning what the reference found as data), trials.py (load and trials), timing.py and
-executor.py (methods of the Worker, reading the phases' data through it); static_checks.py and
-confine.py are modules of it too. This module starts the worker (or the zygote that forks workers)
-and drives a job from start to finish, handing each phase's data to the next (Worker.run).
+outputs.py (outputs, inputs and threads of a call), and the phases, each functions over the
+phases' data on the Worker (its process's side of the job) and returning what they found as data:
+reference.py (the reference), trials.py (load and trials), timing.py (the shared path's timing)
+and executor.py (the two sides of the trust boundary); static_checks.py and confine.py are
+modules of it too. This module starts the worker (or the zygote that forks workers) and drives a
+job from start to finish, handing each phase's data to the next (Worker.run).
 """
 import os
 import sys
@@ -142,9 +143,8 @@ _CONFINE = _PACKAGE.confine
 _OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
 from crucible_harness.trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
-    _Generator, _int, _int32, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _max,
-    _ModuleType, _os_exit, _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr,
-    _T_fill_, _torch_empty, _type
+    _Generator, _int, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _ModuleType, _os_exit,
+    _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr, _T_fill_, _torch_empty, _type
 )
 from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
 from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
@@ -154,10 +154,14 @@ from crucible_harness.integrity import (  # noqa: E402
 )
 from crucible_harness.channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
 from crucible_harness.job import parse_job  # noqa: E402
-from crucible_harness.reference import poison_free_pool, reference_phase  # noqa: E402
-from crucible_harness.trials import _TrialPhase  # noqa: E402
-from crucible_harness.timing import _ROUND_SLOTS, RoundChecks, ThreadWatch, TimingState, _TimingPhase  # noqa: E402
-from crucible_harness.executor import _ExecutorPhase  # noqa: E402
+from crucible_harness.reference import poison_free_pool, profiled, reference_phase  # noqa: E402
+from crucible_harness.trials import construct_model, load_phase, trial_phase  # noqa: E402
+from crucible_harness.timing import (  # noqa: E402
+    _ROUND_SLOTS, CacheFlush, RoundChecks, ThreadWatch, TimingState, timing
+)
+from crucible_harness.executor import (  # noqa: E402
+    executor_loop, receive_trial_inputs, reference_info, take_reference_info
+)
 _forget_package(_PACKAGE)
 
 # The harness's namespaces: this module's globals, the package's, the static checks' and each of
@@ -175,15 +179,15 @@ _HARNESS_NAMESPACES = ((("worker", globals()), ("package", vars(_PACKAGE)),
 # The worker.
 
 
-class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
+class Worker:
     """One job, from start-up to `done`: the process's side of it (the channel, the device and
-    its events, the laps, the integrity snapshots and the state checks), start-up, and the job's
-    course (run), which hands each phase's result to the next as data: the Job (job.py), the
-    Reference and Baseline that reference_phase returns (reference.py), the Candidate that the
-    load and trial phases make (trials.py) and the timing's TimingState, RoundChecks and
-    ThreadWatch (timing.py). The reference phase is functions over that data; the load, trial,
-    timing and executor phases are still methods, from trials.py, timing.py and executor.py, that
-    read it through `self` (env/harness/README.md, "The phases' data")."""
+    its streams and events, the laps, the integrity snapshots and backend flags, the exports,
+    the harness's generator and the state checks), start-up, and the job's course (run), which
+    hands each phase's result to the next as data: the Job (job.py), the Reference and Baseline
+    that reference_phase returns (reference.py), the Candidate that load_phase makes (trials.py)
+    and the timing's TimingState, RoundChecks, ThreadWatch and CacheFlush (timing.py). The phases
+    are functions over that data (reference.py, trials.py, timing.py, executor.py), each given
+    this Worker for the process's side (env/harness/README.md, "The phases' data")."""
 
     def __init__(self, args):
         self.device = args.device
@@ -210,17 +214,11 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
         self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
         self.cand_flags = {}  # settings the candidate chose for its own calls (_CANDIDATE_FLAG_SETTERS)
-        # What the phases pass on, each as data (set by run as each phase ends):
-        self.job = None        # the job (job.py's Job), once it has arrived
-        self.reference = None  # what the reference phase found (reference.py's Reference), or
-        #                        what the candidate's worker is told of it (executor.py)
-        self.baseline = None   # the reference as the timing calls it (reference.py's Baseline)
-        self.candidate = None  # the candidate: module, ModelNew, its instance (trials.py's Candidate)
-        # The timing's state across `time` messages (timing.py): its rounds, the checks of their
-        # outputs, the watch over the candidate's threads.
-        self.rounds = None
-        self.checks = None
-        self.watch = None
+        # Set by run when the job arrives: its arrival (perf_counter_ns) and the harness's own
+        # generator (input placements, the checked calls of a timed sample, in-sample windows),
+        # seeded by the OS.
+        self.t_job = 0
+        self.rng_random = None
 
     def lap(self, name, t0):
         """Adds the time since t0 (perf_counter_ns) to step `name`; returns now."""
@@ -291,7 +289,7 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
                 quiet = os.open(os.devnull, os.O_WRONLY)
                 saved = os.dup(2)
                 os.dup2(quiet, 2)
-            self.profiled(lambda: _T_fill_(_torch_empty(1, device=self.device), 1))
+            profiled(self, lambda: _T_fill_(_torch_empty(1, device=self.device), 1))
         except _Exception:
             pass
         finally:
@@ -426,7 +424,7 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
         self.t_job = _perf_counter_ns()
         # Every value comes from the evaluator (env/worker_messages.cpp): a field the job lacks
         # ends it naming the field; the worker keeps no default of its own (job.py).
-        job = self.job = parse_job(msg, self.device)
+        job = parse_job(msg, self.device)
         self.rng_random = _Random(_fresh_seed()).random
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
@@ -437,16 +435,18 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
         if job.quiet_gc:
             _gc_freeze()
         kernels = _kernels()
-        self.rounds = TimingState(can_spin=kernels is not None or _cuda_sleep is not None)
-        self.watch = ThreadWatch()
+        # The timing's state across `time` messages (timing.py): its rounds, the watch over the
+        # candidate's threads, the checks of the rounds' outputs.
+        state = TimingState(can_spin=kernels is not None or _cuda_sleep is not None)
+        watch = ThreadWatch()
         # Positions compared in timing rounds; made here, before any candidate code exists.
-        self.checks = RoundChecks(_Generator(device=self.device).manual_seed(_fresh_seed()),
-                                  _Random(_fresh_seed()).getrandbits)
+        checks = RoundChecks(_Generator(device=self.device).manual_seed(_fresh_seed()),
+                             _Random(_fresh_seed()).getrandbits)
         if kernels is not None and self.cuda:
             # Mismatch counters of the timing rounds' output checks (check_round_outputs).
-            self.checks.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
-            self.checks.round_used = 0
-            kernels._zero(_T_data_ptr(self.checks.round_bad), _ROUND_SLOTS * 8)
+            checks.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
+            checks.round_used = 0
+            kernels._zero(_T_data_ptr(checks.round_bad), _ROUND_SLOTS * 8)
         # 3. Static checks, before any candidate code runs (by the reference worker where the
         # verdict has two: it parses the candidate's source and never runs it). A check of the
         # task alone (job.reference_only) builds and runs its reference on the first trial's
@@ -456,7 +456,7 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
         # Outputs stay on the device when the evaluator asks (each one the driver cannot export
         # still travels as bytes).
         self.exports = [] if job.outputs_on_device else None
-        if self.job.static and self.job.role != "candidate":
+        if job.static and job.role != "candidate":
             problems = _STATIC_CHECKS_MODULE.check_source(src, task_src)
             if problems:
                 names = []
@@ -467,24 +467,22 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
                 raise _Done("rejected", names, text)
 
         self.redirect_output()
-        self.flush_buf = _torch_empty(_max(job.flush_bytes // 4, 1), dtype=_int32, device=self.device)
-        _T_fill_(self.flush_buf, 1)
-        self.flush_sum = _torch_empty((), dtype=_int64, device=self.device)
+        cache = CacheFlush(job.flush_bytes, self.device)  # the timing's cache flush (timing.py)
 
-        if self.job.role == "candidate":
+        if job.role == "candidate":
             self.candidate_job(job, src)
         # 4. Reference outputs, before the candidate is imported.
-        self.reference, self.baseline = reference_phase(self, job, task_src)
-        if self.job.role == "reference":
-            self.chan.send(self.reference_info())
-            self.executor_loop()
-        if self.job.reference_only:
-            raise _Done("ok", (), f"the task's reference ran on {self.reference.trials} trial input(s) and gave the "
+        ref, baseline = reference_phase(self, job, task_src)
+        if job.role == "reference":
+            self.chan.send(reference_info(ref))
+            executor_loop(self, job, ref, baseline, None)
+        if job.reference_only:
+            raise _Done("ok", (), f"the task's reference ran on {ref.trials} trial input(s) and gave the "
                                   "same outputs when called again")
 
         # 5. Load the candidate without the device.
         self.chan.send({"type": "phase", "name": "load"})
-        self.load_phase(src)
+        cand = load_phase(self, job, ref, src)
         self.chan.send({"type": "loaded"})
         msg = self.chan.recv()
         if msg.get("type") == "stop":
@@ -496,11 +494,11 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
 
         # 7. Trials.
         t0 = _perf_counter_ns()
-        self.construct_model()
+        construct_model(self, job, ref, cand)
         t0 = self.lap("trials: ModelNew", t0)
         poison_free_pool(self.cuda)
         t0 = self.lap("trials: poison free pool", t0)
-        self.trial_phase()
+        trial_phase(self, job, ref, cand)
         self.lap("trials: calls and outputs", t0)
 
         # 8-10. Timing on request.
@@ -513,8 +511,9 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
                 _os_exit(0)
             if kind == "time":
                 rounds = _int(_need(msg, "rounds"))
-                msg = self.timing(rounds, _float(_need(msg, "warmup_ms")), _int(_need(msg, "warmup_rounds")),
-                                  _need(msg, "announce") is True)
+                msg = timing(self, job, ref, baseline, cand, state, checks, watch, cache, rounds,
+                             _float(_need(msg, "warmup_ms")), _int(_need(msg, "warmup_rounds")),
+                             _need(msg, "announce") is True)
                 msg["type"] = "timing"
                 self.chan.send(msg)
                 continue
@@ -530,18 +529,18 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
         """The candidate worker's job (role "candidate"): ModelNew loaded, built and run on the
         trials' inputs the evaluator gives, then the timing commands (executor.py). Never
         returns."""
-        self.take_reference_info()
+        ref = take_reference_info(self, job)
         self.chan.send({"type": "phase", "name": "load"})
-        self.load_phase(src)
+        cand = load_phase(self, job, ref, src)
         self.chan.send({"type": "loaded"})
-        self.receive_trial_inputs()
+        receive_trial_inputs(self, ref)
         t0 = _perf_counter_ns()
-        self.construct_model()
+        construct_model(self, job, ref, cand)
         t0 = self.lap("trials: ModelNew", t0)
         poison_free_pool(self.cuda)
-        self.trial_phase()
+        trial_phase(self, job, ref, cand)
         self.lap("trials: calls and outputs", t0)
-        self.executor_loop()
+        executor_loop(self, job, ref, None, cand)
 
     def redirect_output(self):
         """The candidate's prints and build logs go to a file in the scratch directory."""
@@ -569,8 +568,9 @@ class Worker(_TrialPhase, _TimingPhase, _ExecutorPhase):
         return mod
 
 
-# Every method of Worker, its phases' included: one of them set on the instance (where it would
-# shadow the method) is runtime:patched (Worker.check_state).
+# Every method of Worker: one of them set on the instance (where it would shadow the method) is
+# runtime:patched (Worker.check_state). The phases' functions are module globals of the harness,
+# in the integrity snapshot's namespaces.
 _WORKER_METHODS = frozenset(k for c in Worker.__mro__ if c is not object for k, v in vars(c).items() if callable(v))
 
 

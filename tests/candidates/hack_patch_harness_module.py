@@ -2,10 +2,10 @@
 # expect: rejected static:dynamic_code
 """Hack (patching one of the harness's own modules rather than the worker's: the worker is
 worker.py and the modules beside it, loaded by path, each with its own globals). The candidate
-reaches the worker's module through sys.modules["__main__"], takes from it the class of the
-Worker's timing phase, and from that class's check_round_outputs, through __globals__, the
-namespace of env/harness/timing.py. There it replaces _output_items (which takes a call's outputs
-apart) with a function that finds none, in its first call: from then on the snapshot of every
+reaches the worker's module through sys.modules["__main__"], takes from it the timing phase's
+function (`timing`, which worker.py binds from env/harness/timing.py), and through its __globals__
+the namespace of env/harness/timing.py. There it replaces _output_items (which takes a call's
+outputs apart) with a function that finds none, in its first call: from then on the snapshot of every
 timed call holds no output, and the reference's outputs it is checked against are none as well,
 so the check of every timed call (runtime:timing_outputs) compares nothing. The trials compute
 everything (in place, operators the reference does not run); from the first timing call on, a
@@ -26,13 +26,11 @@ _calls = [0]
 
 
 def _timing_namespace():
-    """The globals of the module that defines the Worker's check_round_outputs."""
-    worker = getattr(sys.modules["__main__"], "Worker", None)
-    for cls in getattr(worker, "__mro__", ()):
-        fn = vars(cls).get("check_round_outputs")
-        if fn is not None:
-            return fn.__globals__
-    return None
+    """The globals of the module that defines the timing phase (check_round_outputs): those of
+    the function worker.py binds it by (`timing`)."""
+    fn = getattr(sys.modules["__main__"], "timing", None)
+    ns = getattr(fn, "__globals__", None)
+    return ns if ns is not None and "check_round_outputs" in ns else None
 
 
 class ModelNew(nn.Module):

@@ -81,6 +81,11 @@ def reference(harness):
 
 
 @pytest.fixture(scope="session")
+def trials(harness):
+    return harness["trials"]
+
+
+@pytest.fixture(scope="session")
 def timing(harness):
     return harness["timing"]
 

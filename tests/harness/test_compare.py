@@ -70,22 +70,34 @@ def test_same_sample_infinities_equal_only_themselves(outputs):
 # ------------------------------------------------------------------------------------------------
 # The timed outputs' check (timing.py).
 
+class Rounds:
+    """What the timed outputs' check is given: a stand-in Worker on the CPU path (no harness
+    kernels), the job's tolerances, the timing's state and its round checks."""
+
+    def __init__(self, timing):
+        self.timing = timing
+        self.w = types.SimpleNamespace(cuda=False)
+        self.job = types.SimpleNamespace(tolerances={torch.float32: F32, torch.float16: (1e-2, 1e-2)})
+        self.state = timing.TimingState(can_spin=False)
+        self.checks = timing.RoundChecks(torch.Generator().manual_seed(0), random.Random(0).getrandbits)
+
+    def tolerance(self, dtype, i):
+        return self.timing.tolerance(self.job, self.state, dtype, i)
+
+    def check_round_outputs(self, ref, snap, k):
+        self.timing.check_round_outputs(self.w, self.job, self.state, self.checks, ref, snap, k)
+
+    def check_round_fracs(self):
+        self.timing.check_round_fracs(self.w, self.checks)
+
+
 @pytest.fixture
 def rounds(timing):
-    """A stand-in Worker with the timing phase's methods, on the CPU path (no harness kernels)."""
-    class W(timing._TimingPhase):
-        pass
-
-    w = W()
-    w.job = types.SimpleNamespace(tolerances={torch.float32: F32, torch.float16: (1e-2, 1e-2)})
-    w.rounds = timing.TimingState(can_spin=False)
-    w.checks = timing.RoundChecks(torch.Generator().manual_seed(0), random.Random(0).getrandbits)
-    w.cuda = False
-    return w
+    return Rounds(timing)
 
 
 def test_tolerance_per_dtype_and_output(rounds):
-    rounds.rounds.cur_slack = [0.5]
+    rounds.state.cur_slack = [0.5]
     assert rounds.tolerance(torch.float32, 0) == (0.5001, 1e-4)
     assert rounds.tolerance(torch.float32, 1) == F32
     assert rounds.tolerance(torch.int32, 0) == (0.0, 0.0)   # exact: no slack either
@@ -132,7 +144,7 @@ def test_timed_outputs_beyond_the_tolerance_are_refused(rounds, outputs, channel
 
 
 def test_the_rounding_slack_widens_the_timed_check(rounds, outputs, channel):
-    rounds.rounds.cur_slack = [0.5]
+    rounds.state.cur_slack = [0.5]
     check(rounds, outputs, torch.tensor([1.0, 2.0]), torch.tensor([1.4, 2.5]))
     with pytest.raises(channel._Done):
         check(rounds, outputs, torch.tensor([1.0, 2.0]), torch.tensor([1.4, 2.6]))

@@ -1,11 +1,15 @@
 """What the phases pass one another, as data (env/harness/README.md, "The phases' data"): the job
 (job.py: Job, parse_job), what the reference phase found (reference.py: Reference, Baseline; its
 reference_info across the trust boundary), what the trials made of the candidate (trials.py:
-Candidate) and the timing's state (timing.py: TimingState, RoundChecks, ThreadWatch). Each is a
-class with __slots__: no instance dictionary, so nothing can be added to one or shadow one of its
-methods, and its class is in the integrity snapshot like every class of the harness. The last
-tests read the harness's source: every field a phase reads of one of these objects is one of its
-fields, and every attribute a phase reads of the Worker is one the Worker or a phase sets."""
+Candidate), the timing's state (timing.py: TimingState, RoundChecks, ThreadWatch, CacheFlush) and
+the timing commands' (executor.py: ExecutorState). Each is a class with __slots__: no instance
+dictionary, so nothing can be added to one or shadow one of its methods, and its class is in the
+integrity snapshot like every class of the harness. The phases are functions over that data, given
+the Worker (`w`) for the process's side of a job only. The last tests read the harness's source:
+every field a phase reads of one of these objects is one of its fields; every attribute a phase
+reads of the Worker is one the Worker or a phase sets, every one a phase sets is one the Worker
+sets itself, and none holds a phase's data; and every call of a phase function passes each data
+object under its own name."""
 import ast
 import json
 import types
@@ -127,13 +131,15 @@ def _data_classes(harness):
     return {"Job": harness["job"].Job, "Reference": harness["reference"].Reference,
             "Baseline": harness["reference"].Baseline, "Candidate": harness["trials"].Candidate,
             "TimingState": harness["timing"].TimingState, "RoundChecks": harness["timing"].RoundChecks,
-            "ThreadWatch": harness["timing"].ThreadWatch}
+            "ThreadWatch": harness["timing"].ThreadWatch, "CacheFlush": harness["timing"].CacheFlush,
+            "ExecutorState": harness["executor"].ExecutorState}
 
 
 def _instances(harness):
     t, r = harness["timing"], harness["reference"]
     return [harness["job"].parse_job(dict(JOB), "cpu"), r.Reference(1), r.Baseline(), harness["trials"].Candidate(),
-            t.TimingState(False), t.RoundChecks(None, None), t.ThreadWatch()]
+            t.TimingState(False), t.RoundChecks(None, None), t.ThreadWatch(), t.CacheFlush(64, "cpu"),
+            harness["executor"].ExecutorState((1, 1))]
 
 
 def test_the_data_objects_take_no_new_attributes(harness):
@@ -146,6 +152,13 @@ def test_the_data_objects_take_no_new_attributes(harness):
         j.candidate_side = True                   # a property: not to be shadowed either
 
 
+def test_the_cache_flush_is_the_buffer_it_always_was(timing):
+    c = timing.CacheFlush(1 << 10, "cpu")
+    assert c.buf.dtype == torch.int32 and c.buf.shape == (256,) and bool((c.buf == 1).all())
+    assert c.total.dtype == torch.int64 and c.total.shape == ()
+    assert timing.CacheFlush(2, "cpu").buf.shape == (1,)
+
+
 def test_the_data_classes_are_in_the_integrity_snapshot(worker, harness):
     snap = worker._core_snapshot(worker._HARNESS_NAMESPACES)
     labels = {e[0] for e in snap.entries}
@@ -153,14 +166,36 @@ def test_the_data_classes_are_in_the_integrity_snapshot(worker, harness):
         assert f"{cls.__module__}.{name}" in labels
 
 
+def test_the_worker_takes_no_phase_from_a_class(worker):
+    # The phases are functions of the harness's modules, over explicit data (README, "The
+    # phases' data"); the Worker is the process's side of a job only.
+    assert worker.Worker.__bases__ == (object,)
+    assert worker.Worker.__mro__ == (worker.Worker, object)
+    assert worker._WORKER_METHODS == {k for k, v in vars(worker.Worker).items() if callable(v)}
+    for name in ("load_phase", "trial_phase", "timing", "executor_loop", "profiled", "call_candidate",
+                 "check_round_outputs", "snapshot", "placed", "flush"):
+        assert not hasattr(worker.Worker, name), name
+
+
 # ------------------------------------------------------------------------------------------------
 # The harness's source: what a phase reads of these objects and of the Worker.
 
-# The Worker's attributes that hold each data object, and the names the phase functions give them.
-_HELD = {"job": "Job", "reference": "Reference", "baseline": "Baseline", "candidate": "Candidate",
-         "rounds": "TimingState", "checks": "RoundChecks", "watch": "ThreadWatch"}
-_LOCAL = {"job": "Job", "r": "Reference"}
-_WORKER_CLASSES = ("Worker", "_TrialPhase", "_TimingPhase", "_ExecutorPhase")
+# The names the phases give the data objects (parameters and locals), by module; `job` is the Job
+# in every module. In reference.py `ref` is the task's Model and `r` the Reference.
+_NAMES = {
+    "worker": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate", "state": "TimingState",
+               "checks": "RoundChecks", "watch": "ThreadWatch", "cache": "CacheFlush"},
+    "reference": {"r": "Reference"},
+    "trials": {"ref": "Reference", "cand": "Candidate"},
+    "timing": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate", "state": "TimingState",
+               "checks": "RoundChecks", "watch": "ThreadWatch", "cache": "CacheFlush"},
+    "executor": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate", "state": "ExecutorState"},
+}
+# Where the Worker once held the phases' data, and state of one phase only: none of it is an
+# attribute of the Worker any more (each is passed to the phase that uses it, or is that phase's).
+_NOT_THE_WORKERS = {"job", "reference", "baseline", "candidate", "rounds", "checks", "watch", "flush_buf",
+                    "flush_sum", "buf_sets", "sample_outs", "arena", "draw_arena", "null_out", "clock_words",
+                    "check_due", "threads_before"}
 
 
 def _sources():
@@ -171,47 +206,124 @@ def _fields(cls):
     return set(cls.__slots__) | {k for c in cls.__mro__ for k in vars(c)}
 
 
-def _self_attr(node):
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+def _name_attr(node, names):
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in names
+
+
+def _field_problems(trees, classes):
+    """Every attribute read of a data object (by the names the phases give it, and `self` in the
+    data class's own methods) that is not one of its fields or methods."""
+    bad = []
+    for mod, tree in trees.items():
+        names = dict(_NAMES.get(mod, {}), job="Job")
+        own = [(c, c.name) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in classes]
+        for scope, mapping in [(tree, names)] + [(c, {"self": name}) for c, name in own]:
+            for n in ast.walk(scope):
+                if _name_attr(n, mapping):
+                    cls = mapping[n.value.id]
+                    if n.attr not in _fields(classes[cls]):
+                        bad.append(f"{mod}.py line {n.lineno}: {cls} has no field {n.attr!r}")
+    return bad
+
+
+def _phase_functions(tree):
+    """The module-level functions that take the Worker as `w`, their first parameter."""
+    return [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.args.args and n.args.args[0].arg == "w"]
+
+
+def _worker_attr_problems(trees, methods):
+    """What the Worker (worker.py, `self`) and the phase functions (`w`) read and set of the
+    Worker: every attribute read is a method or one the Worker or a phase sets; every attribute a
+    phase sets is one the Worker sets itself (no phase keeps its state on the Worker); and no
+    phase's data is held by the Worker (_NOT_THE_WORKERS)."""
+    worker_sets, phase_sets, read = set(), [], []
+    for mod, tree in trees.items():
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Worker"):
+            for n in ast.walk(cls):
+                if _name_attr(n, ("self",)):
+                    if isinstance(n.ctx, ast.Store):
+                        worker_sets.add(n.attr)
+                    else:
+                        read.append((mod, n.lineno, n.attr))
+        for fn in _phase_functions(tree):
+            for n in ast.walk(fn):
+                if _name_attr(n, ("w",)):
+                    (phase_sets if isinstance(n.ctx, ast.Store) else read).append((mod, n.lineno, n.attr))
+    known = worker_sets | {a for _, _, a in phase_sets} | methods
+    bad = [f"{m}.py line {ln}: Worker.{a} is never set" for m, ln, a in read if a not in known]
+    bad += [f"{m}.py line {ln}: Worker.{a} is set by a phase, not by the Worker" for m, ln, a in phase_sets
+            if a not in worker_sets]
+    bad += [f"{m}.py line {ln}: Worker.{a} holds a phase's data" for m, ln, a in read + phase_sets
+            if a in _NOT_THE_WORKERS]
+    bad += [f"worker.py: Worker.{a} holds a phase's data" for a in sorted(worker_sets & _NOT_THE_WORKERS)]
+    return bad
 
 
 def test_every_field_a_phase_reads_is_one(harness):
-    classes = _data_classes(harness)
-    bad = []
-    for mod, tree in _sources().items():
-        for n in ast.walk(tree):
-            if not isinstance(n, ast.Attribute):
-                continue
-            if _self_attr(n.value) and n.value.attr in _HELD:
-                cls = _HELD[n.value.attr]
-            elif isinstance(n.value, ast.Name) and n.value.id in _LOCAL and mod == "reference":
-                cls = _LOCAL[n.value.id]
-            elif isinstance(n.value, ast.Name) and n.value.id == "job" and mod != "worker":
-                cls = "Job"
-            else:
-                continue
-            if n.attr not in _fields(classes[cls]):
-                bad.append(f"{mod}.py line {n.lineno}: {cls} has no field {n.attr!r}")
-    assert not bad
+    assert not _field_problems(_sources(), _data_classes(harness))
 
 
 def test_every_worker_attribute_a_phase_reads_is_set(worker):
-    # What Worker and its phases (and the phase functions, through `w`) read of the Worker: a
-    # method, or an attribute that one of them sets.
     trees = _sources()
-    methods = {k for c in worker.Worker.__mro__ for k in vars(c)}
-    set_, read = [], []
+    assert sum(len(_phase_functions(t)) for t in trees.values()) > 40   # the phases are functions on `w`
+    assert not _worker_attr_problems(trees, {k for k in vars(worker.Worker)})
+
+
+def test_the_source_checks_find_what_they_look_for(worker, harness):
+    # The checks above, on the harness's source with one more function in each of two modules: a
+    # read of a field no data object has, of a Worker attribute nobody sets, a phase's state kept
+    # on the Worker, and the job reached through it.
+    trees = _sources()
+    trees["timing"].body.append(ast.parse(
+        "def bad(w, job, state, cand):\n"
+        "    w.laps['x'] = state.round_no + cand.model + job.seed\n"
+        "    return state.rounds, cand.modle, job.sead, w.not_set\n").body[0])
+    trees["executor"].body.append(ast.parse(
+        "def worse(w, state):\n"
+        "    w.buffers = state.buf_sets\n"
+        "    return w.job.seed, w.buffers\n").body[0])
+    fields = _field_problems(trees, _data_classes(harness))
+    assert sorted(p.split(": ", 1)[1] for p in fields) == [
+        "Candidate has no field 'modle'", "Job has no field 'sead'", "TimingState has no field 'rounds'"]
+    attrs = _worker_attr_problems(trees, {k for k in vars(worker.Worker)})
+    assert sorted(p.split(": ", 1)[1] for p in attrs) == [
+        "Worker.buffers is set by a phase, not by the Worker", "Worker.job holds a phase's data",
+        "Worker.job is never set", "Worker.not_set is never set"]
+
+
+def test_every_data_object_is_passed_under_its_own_name():
+    # The phase functions take their data positionally, several of a kind side by side (w, job,
+    # ref, baseline, cand, state, checks, watch, cache): at every call of one, by the name it is
+    # defined or imported under, each such parameter gets the object of that name (the Worker
+    # as `w` or, in worker.py, `self`), or None where that side has none. Many of these calls are
+    # on paths a CPU test does not reach (CUDA, the boundary's roles).
+    params = {"w", "job", "ref", "baseline", "cand", "state", "checks", "watch", "cache"}
+    trees = _sources()
+    defs = {(mod, n.name): [a.arg for a in n.args.posonlyargs + n.args.args]
+            for mod, tree in trees.items() for n in tree.body if isinstance(n, ast.FunctionDef)}
+    bad, checked = [], 0
     for mod, tree in trees.items():
-        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name in _WORKER_CLASSES):
-            for n in ast.walk(cls):
-                if _self_attr(n):
-                    (set_ if isinstance(n.ctx, ast.Store) else read).append((mod, n.lineno, n.attr))
-        if mod == "reference":
-            read += [(mod, n.lineno, n.attr) for n in ast.walk(tree) if isinstance(n, ast.Attribute)
-                     and isinstance(n.value, ast.Name) and n.value.id == "w"]
-    assigned = {a for _, _, a in set_}
-    bad = [f"{m}.py line {ln}: Worker.{a} is never set" for m, ln, a in read if a not in assigned | methods]
-    assert not bad
+        bound = {name: (mod, name) for (m, name) in defs if m == mod}
+        for n in tree.body:
+            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("crucible_harness.")):
+                src = n.module.removeprefix("crucible_harness.") if n.level == 0 else n.module
+                bound.update({a.asname or a.name: (src, a.name) for a in n.names if (src, a.name) in defs})
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in bound):
+                continue
+            names = defs[bound[n.func.id]]
+            for arg, p in zip(n.args, names):
+                if p not in params or isinstance(arg, ast.Starred):
+                    continue
+                checked += 1
+                ok = (isinstance(arg, ast.Constant) and arg.value is None) or (isinstance(arg, ast.Name) and (
+                    arg.id == p or (p == "w" and arg.id == "self" and mod == "worker")))
+                if not ok:
+                    bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(arg)} as {p}")
+            for k in n.keywords:
+                if k.arg in params and not (isinstance(k.value, ast.Name) and k.value.id == k.arg):
+                    bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(k.value)} as {k.arg}")
+    assert checked > 150 and not bad
 
 
 def test_every_call_of_a_harness_function_fits_its_parameters():

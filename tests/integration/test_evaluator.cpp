@@ -840,7 +840,7 @@ class ModelNew(nn.Module):
 TEST_CASE("a patch of a function in one of the harness's own modules is caught by the check after that call") {
   // tests/candidates/hack_patch_harness_module.py with the static checks off: in its first call it
   // rebinds _output_items in env/harness/timing.py's globals (reached from sys.modules["__main__"]
-  // through the Worker's class), which would leave every timed call's outputs unchecked while it
+  // through the timing function worker.py binds), which would leave every timed call's outputs unchecked while it
   // returns zeros there. worker.py loads its modules by path beside itself; each one's globals are
   // in the integrity snapshot as worker.py's own are.
   auto opt = cpu_evaluator::suite_options(0);
