@@ -366,7 +366,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
     ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": host latency floor ", buf,
                    " ms; rounds ref stream/synced : cand stream/synced (ms):", rounds_text);
   }
-  // The physics floor the worker measured (Worker.measure_floor): the candidate's median
+  // The physics floor the worker measured (timing.py's measure_floor): the candidate's median
   // settled time under it is faster than the device writes the outputs.
   if (const auto f = n["floor_ms"]; f.is_scalar()) {
     const double floor_ms = f.as<double>(0.0);

@@ -329,7 +329,7 @@ private:
     /// Calls per timed sample (evaluator.sample_ms; the worker's choice): the times are per call.
     long calls = 1;
     /// Correctness trials: evaluator.trials, or fewer where the worker found that their outputs
-    /// would not fit the device (its reference messages say so; Worker.fit_trials).
+    /// would not fit the device (its reference messages say so; reference.py's fit_trials).
     std::int64_t trials = 0;
     std::uint64_t input_bytes = 0; // one trial's inputs, from the reference messages
   } reported_;
