@@ -105,6 +105,7 @@ struct trainer_warm_start {
 struct trainer_sft {
   std::vector<std::vector<std::int32_t>> prompts, completions;
   std::size_t waiting = 0;
+  std::size_t second_turns = 0; // examples of the step that are a second turn (rollout.turns > 1)
 };
 
 // The actor's state: what every role shares at the top, each role's own in its part.

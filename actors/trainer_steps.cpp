@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include <caf/actor_cast.hpp>
@@ -252,7 +253,52 @@ void warm_start(self_pointer self) {
   warm_pump(self);
 }
 
-// SFT: `batch` correct seed variants, each as the response to its task's contrastive prompt.
+// With rollout.turns above 1, a two-turn SFT example of `first`'s task from the measured
+// exemplars its prompt was built with: the slowest correct one as the first answer, the feedback
+// on its verdict, and the fastest as the second answer; the prompt text of that second turn and
+// the response it teaches. Nothing where those exemplars hold no two correct seed variants of
+// different speed (exemplar.n of at least 2; their responses are written from the seed files),
+// or where the second turn's prompt is over the budget.
+std::optional<std::pair<std::string, std::string>> second_turn_example(const trainer_state& st,
+                                                                       const env::built_prompt& first,
+                                                                       const exemplar_set& set) {
+  const auto& p = st.deps->prompts;
+  if (st.deps->cfg.rollout.turns < 2 || !p.feedback)
+    return std::nullopt;
+  const scored_variant *slow = nullptr, *fast = nullptr;
+  for (const auto& x : set.exemplars) {
+    if (x.verdict.status != verdict_status::ok || !x.verdict.correct || !x.verdict.has_speedup())
+      continue;
+    if (slow == nullptr || x.verdict.speedup < slow->verdict.speedup)
+      slow = &x;
+    if (fast == nullptr || x.verdict.speedup > fast->verdict.speedup)
+      fast = &x;
+  }
+  if (slow == nullptr || fast == nullptr || !(fast->verdict.speedup > slow->verdict.speedup))
+    return std::nullopt;
+  auto seed_of = [&](const scored_variant& x) -> const seed_variant* {
+    for (const auto& s : st.deps->seeds)
+      if (s.task == set.task && !s.wrong && s.code == x.code)
+        return &s;
+    return nullptr;
+  };
+  const auto *a = seed_of(*slow), *b = seed_of(*fast);
+  if (a == nullptr || b == nullptr)
+    return std::nullopt;
+  auto v = slow->verdict;
+  v.hardware = st.device;
+  const auto answer = seed_response(p.parse.sections, *a);
+  const std::vector<env::episode_turn> turns{
+    {answer, env::render_feedback(*p.feedback, v, 1, static_cast<std::size_t>(st.deps->cfg.rollout.turns) - 1)}};
+  auto next = p.builder->continue_episode(first, turns);
+  if (!next.ok())
+    return std::nullopt;
+  return std::pair{std::move(next->text), seed_response(p.parse.sections, *b)};
+}
+
+// SFT: `batch` correct seed variants, each as the response to its task's contrastive prompt;
+// with rollout.turns above 1, every second example a second turn (second_turn_example) where
+// the task allows it.
 void sft_step(self_pointer self) {
   auto& st = self->state;
   std::vector<std::size_t> good;
@@ -267,6 +313,7 @@ void sft_step(self_pointer self) {
   st.sft.prompts.assign(batch, {});
   st.sft.completions.assign(batch, {});
   st.sft.waiting = batch;
+  st.sft.second_turns = 0;
   const auto eos = st.deps->tokenizer->eos_id();
   for (std::size_t k = 0; k < batch; ++k) {
     const auto i = good[next_random(st) % good.size()];
@@ -291,14 +338,25 @@ void sft_step(self_pointer self) {
             fail_step(self, built.error());
             return;
           }
-          st.sft.prompts[k] = st.deps->tokenizer->encode(built->text, st.deps->prompts.add_special_tokens);
-          auto completion = st.deps->tokenizer->encode(seed_response(st.deps->prompts.parse.sections, s), false);
+          auto text = std::move(built->text);
+          auto response = seed_response(st.deps->prompts.parse.sections, s);
+          if (k % 2 == 1)
+            if (auto second = second_turn_example(st, *built, set)) {
+              text = std::move(second->first);
+              response = std::move(second->second);
+              ++st.sft.second_turns;
+            }
+          st.sft.prompts[k] = st.deps->tokenizer->encode(text, st.deps->prompts.add_special_tokens);
+          auto completion = st.deps->tokenizer->encode(response, false);
           if (eos)
             completion.push_back(*eos);
           st.sft.completions[k] = std::move(completion);
           st.step.prep_seconds += seconds_since(began);
           if (--st.sft.waiting > 0)
             return;
+          if (st.deps->cfg.rollout.turns > 1)
+            st.deps->log->debug(component, "sft step ", st.p.stage_step + 1, ": ", st.sft.second_turns, " of ",
+                                st.sft.prompts.size(), " examples are the second turn of an episode");
           sft_batch b{std::move(st.sft.prompts), std::move(st.sft.completions)};
           st.sft.prompts.clear();
           st.sft.completions.clear();

@@ -1013,6 +1013,22 @@ TEST_CASE("two-turn episodes across a pause and a kill -9: each turn evaluated o
     }
 }
 
+TEST_CASE("with two turns, SFT teaches second turns too: the slower seed, the feedback on its verdict, then the faster") {
+  temp_dir tmp;
+  // 02_silu_bias_residual has two correct seed variants; the warm start measures both, each
+  // prompt shows both (exemplar.n 2), and every second example of a step is the second turn of
+  // an episode.
+  auto cfg = write_config(tmp.path(), test_config(tmp.path(), "turnsft", "  sft: {steps: 2, batch: 4}\n"));
+  auto out = cli({"train", cfg.string(), "--set", "rollout.turns=2", "--set", "exemplar.n=2", "--set",
+                  "log.file_level=debug"});
+  INFO(out.err);
+  REQUIRE(out.exit_code == 0);
+  const auto log = slurp(tmp.path() / "turnsft" / "events.log");
+  INFO(log);
+  CHECK(log.find("sft step 1: 2 of 4 examples are the second turn of an episode") != std::string::npos);
+  CHECK(log.find("sft step 2: 2 of 4 examples are the second turn of an episode") != std::string::npos);
+}
+
 TEST_CASE("a pause whose step waits for groups past run.pause_grace_s ends that step and pauses, the resumed run does it again") {
   temp_dir tmp;
   // Long responses (8 of up to 4000 tokens from an untrained model) keep the RL step waiting
