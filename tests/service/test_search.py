@@ -79,6 +79,28 @@ def test_search_run_is_a_normal_run(endpoint, tmp_path):
     assert fates["searched"] == 40 and set(fates) <= {"searched", "paused", "unfinished"}
 
 
+def test_two_turn_episodes_through_the_endpoint(endpoint, tmp_path):
+    """rollout.turns 2 behind the endpoint: each sample's second turn is asked for as chat
+    messages (the first prompt, the answer, the feedback on its verdict), and the store keeps every
+    turn with its place in its episode."""
+    r = train(endpoint, tmp_path, "--set", "stages.search.steps=2", "--set", "rollout.turns=2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "quickstart"
+    db = sqlite3.connect(run / "replay.db")
+    rows = db.execute("SELECT s.group_id, s.episode, s.turn, s.fate, p.text FROM samples s"
+                      " JOIN prompts p ON p.prompt_id = s.prompt_id").fetchall()
+    searched = [x for x in rows if x[3] == "searched"]
+    # Two rounds of two groups of four episodes, two turns each.
+    assert len(searched) == 32
+    places = {(g, e, t) for g, e, t, _, _ in searched}
+    assert len(places) == 32 and {t for _, _, t in places} == {0, 1}
+    for g, e, t, _, text in searched:
+        if t == 1:
+            assert "Turn 1: " in text and "1 more attempts" in text, text[-600:]
+    steps = [json.loads(line) for line in open(run / "metrics.jsonl") if '"train_step"' in line]
+    assert [[x["samples"] for x in s["turns"]] for s in steps] == [[8, 8], [8, 8]]
+
+
 def test_wrong_endpoint_model_or_schedule_refused(endpoint, tmp_path):
     r = train(endpoint, tmp_path, "--set", "stages.search.steps=1", "--set", "policy.base_url=http://127.0.0.1:1/v1")
     assert r.returncode == 2 and "policy.base_url" in r.stderr and "cannot reach" in r.stderr, r.stderr[-2000:]
