@@ -203,6 +203,34 @@ crucible::json_value samples_agree(const fs::path& run, std::int64_t seeds, cons
   return std::move(*st);
 }
 
+// Trains `cfg` with `set` (--set VALUE each) until `pause_after` train steps and pauses it with
+// `crucible pause`, then resumes it and kills it with -9 two train steps later, then resumes it
+// to the end: the fates agree with the counters after the pause, and the last resume's result is
+// returned. `paused` names the pause in the messages.
+process_result pause_crash_resume(const fs::path& run, const fs::path& cfg, const std::vector<std::string>& set,
+                                  std::size_t pause_after, const char* paused) {
+  {
+    std::vector<std::string> argv{CRUCIBLE_CLI, "train", cfg.string()};
+    for (const auto& v : set)
+      argv.insert(argv.end(), {"--set", v});
+    running_process p(argv);
+    wait_train_steps(run, p, pause_after);
+    auto pause = cli({"pause", run.string(), "--timeout", "300"});
+    INFO(pause.err);
+    CHECK(pause.exit_code == 0);
+    CHECK(p.wait().exit_code == 0);
+  }
+  samples_agree(run, 0, paused);
+  {
+    const auto before = train_steps(run).size();
+    running_process r({CRUCIBLE_CLI, "resume", run.string()});
+    wait_train_steps(run, r, before + 2);
+    r.signal(SIGKILL);
+    CHECK(r.wait().exit_code == 128 + SIGKILL);
+  }
+  return cli({"resume", run.string()});
+}
+
 std::string final_weights(const fs::path& run) {
   auto latest = slurp(run / "checkpoints" / "latest");
   while (!latest.empty() && latest.back() == '\n')
@@ -917,27 +945,11 @@ TEST_CASE("the replay store's samples agree with the run's counters after a paus
   auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "fates",
                                                                      "  sft: {steps: 1, batch: 2}\n  rl: {steps: 12, groups: 1}\n")));
   const auto run = tmp.path() / "fates";
-  auto wait_steps = [&](running_process& p, std::size_t n) { wait_train_steps(run, p, n); };
-  {
-    // Paused in RL with run.on_pause drop: queued groups are discarded, those in flight unfinished.
-    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.on_pause=drop", "--set", "run.checkpoint_every=1"});
-    wait_steps(p, 3);
-    auto pause = cli({"pause", run.string(), "--timeout", "300"});
-    INFO(pause.err);
-    CHECK(pause.exit_code == 0);
-    CHECK(p.wait().exit_code == 0);
-  }
-  samples_agree(run, 0, "after a pause that dropped the groups in flight");
-  {
-    // Resumed, then killed with -9 after its next step: what the killed process decided after its
-    // last checkpoint, and what it left undecided, is unfinished once the run resumes.
-    const auto before = train_steps(run).size();
-    running_process r({CRUCIBLE_CLI, "resume", run.string()});
-    wait_steps(r, before + 2);
-    r.signal(SIGKILL);
-    CHECK(r.wait().exit_code == 128 + SIGKILL);
-  }
-  auto fin = cli({"resume", run.string()});
+  // Paused in RL with run.on_pause drop: queued groups are discarded, those in flight unfinished.
+  // Resumed, then killed with -9: what the killed process decided after its last checkpoint, and
+  // what it left undecided, is unfinished once the run resumes.
+  auto fin = pause_crash_resume(run, cfg, {"run.on_pause=drop", "run.checkpoint_every=1"}, 3,
+                                "after a pause that dropped the groups in flight");
   INFO(fin.err);
   REQUIRE(fin.exit_code == 0);
   CHECK(fin.out.find("finished at step 13") != std::string::npos);
@@ -957,25 +969,9 @@ TEST_CASE("two-turn episodes across a pause and a kill -9: each turn evaluated o
   auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "turns",
                                                                      "  sft: {steps: 1, batch: 2}\n  rl: {steps: 8, groups: 1}\n")));
   const auto run = tmp.path() / "turns";
-  auto wait_steps = [&](running_process& p, std::size_t n) { wait_train_steps(run, p, n); };
-  {
-    // Paused in RL with run.on_pause finish (the default): the episodes in flight play to their end.
-    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "rollout.turns=2", "--set", "run.checkpoint_every=1"});
-    wait_steps(p, 3);
-    auto pause = cli({"pause", run.string(), "--timeout", "300"});
-    INFO(pause.err);
-    CHECK(pause.exit_code == 0);
-    CHECK(p.wait().exit_code == 0);
-  }
-  samples_agree(run, 0, "after a pause with episodes in flight");
-  {
-    const auto before = train_steps(run).size();
-    running_process r({CRUCIBLE_CLI, "resume", run.string()});
-    wait_steps(r, before + 2);
-    r.signal(SIGKILL);
-    CHECK(r.wait().exit_code == 128 + SIGKILL);
-  }
-  auto fin = cli({"resume", run.string()});
+  // Paused in RL with run.on_pause finish (the default): the episodes in flight play to their end.
+  auto fin = pause_crash_resume(run, cfg, {"rollout.turns=2", "run.checkpoint_every=1"}, 3,
+                                "after a pause with episodes in flight");
   INFO(fin.err);
   REQUIRE(fin.exit_code == 0);
   CHECK(fin.out.find("finished at step 9") != std::string::npos);
