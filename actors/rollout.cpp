@@ -283,10 +283,11 @@ void end_member(rollout_pointer self, group_id id, std::size_t slot) {
     finish(self, id);
 }
 
-// The request for episode `slot`'s next turn after verdict `v` on its current one, or nothing
-// where the episode ends: its last turn, a turn correct at turn_stop_speedup, or a prompt over
-// the budget.
-std::optional<generation_request> next_turn(rollout_pointer self, group_work& g, std::uint32_t slot, const verdict& v) {
+// Episode `slot`'s current turn as the next prompt shows it (its answer, the feedback on verdict
+// `v`) and the request for its next turn, or nothing where the episode ends: its last turn, a
+// turn correct at turn_stop_speedup, or a prompt over the budget.
+std::optional<std::pair<env::episode_turn, generation_request>> next_turn(rollout_pointer self, group_work& g,
+                                                                          std::uint32_t slot, const verdict& v) {
   auto& st = self->state;
   const auto& m = g.members[slot];
   if (st.opt.turns <= 1 || m.turn + 1 >= st.opt.turns || !st.deps.feedback)
@@ -311,7 +312,7 @@ std::optional<generation_request> next_turn(rollout_pointer self, group_work& g,
   req.samples = 1;
   req.params = st.opt.sampling;
   req.params.seed = splitmix64(st.seed ^ g.id.value ^ splitmix64((std::uint64_t{slot} << 8) | (m.turn + 1)));
-  return req;
+  return std::pair{std::move(history.back()), std::move(req)};
 }
 
 // Sends member `slot`'s scored variant to the exemplar actor. One turn: the member is done, and
@@ -334,9 +335,9 @@ void report(rollout_pointer self, group_id id, std::size_t slot, const verdict& 
     end_member(self, id, slot);
     return;
   }
-  m.history.push_back({m.completion, env::render_feedback(*st.deps.feedback, v, m.turn + 1, st.opt.turns - (m.turn + 1))});
+  m.history.push_back(std::move(next->first));
   ++m.turn;
-  m.next = std::move(*next);
+  m.next = std::move(next->second);
   m.generating = true;
   send_turn_generation(self, id, static_cast<std::uint32_t>(slot));
 }
