@@ -291,6 +291,21 @@ def test_the_source_checks_find_what_they_look_for(worker, harness):
         "Worker.job is never set", "Worker.not_set is never set"]
 
 
+def _harness_calls(trees, defs):
+    """Each call of a module-level function of the harness by the name it is defined or imported
+    under (relative or crucible_harness imports): (calling module, the call, (defining module,
+    name)) for the keys of `defs`."""
+    for mod, tree in trees.items():
+        bound = {name: (mod, name) for (m, name) in defs if m == mod}
+        for n in tree.body:
+            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("crucible_harness.")):
+                src = n.module.removeprefix("crucible_harness.") if n.level == 0 else n.module
+                bound.update({a.asname or a.name: (src, a.name) for a in n.names if (src, a.name) in defs})
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in bound:
+                yield mod, n, bound[n.func.id]
+
+
 def test_every_data_object_is_passed_under_its_own_name():
     # The phase functions take their data positionally, several of a kind side by side (w, job,
     # ref, baseline, cand, state, checks, watch, cache): at every call of one, by the name it is
@@ -302,27 +317,19 @@ def test_every_data_object_is_passed_under_its_own_name():
     defs = {(mod, n.name): [a.arg for a in n.args.posonlyargs + n.args.args]
             for mod, tree in trees.items() for n in tree.body if isinstance(n, ast.FunctionDef)}
     bad, checked = [], 0
-    for mod, tree in trees.items():
-        bound = {name: (mod, name) for (m, name) in defs if m == mod}
-        for n in tree.body:
-            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("crucible_harness.")):
-                src = n.module.removeprefix("crucible_harness.") if n.level == 0 else n.module
-                bound.update({a.asname or a.name: (src, a.name) for a in n.names if (src, a.name) in defs})
-        for n in ast.walk(tree):
-            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in bound):
+    for mod, n, key in _harness_calls(trees, defs):
+        names = defs[key]
+        for arg, p in zip(n.args, names):
+            if p not in params or isinstance(arg, ast.Starred):
                 continue
-            names = defs[bound[n.func.id]]
-            for arg, p in zip(n.args, names):
-                if p not in params or isinstance(arg, ast.Starred):
-                    continue
-                checked += 1
-                ok = (isinstance(arg, ast.Constant) and arg.value is None) or (isinstance(arg, ast.Name) and (
-                    arg.id == p or (p == "w" and arg.id == "self" and mod == "worker")))
-                if not ok:
-                    bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(arg)} as {p}")
-            for k in n.keywords:
-                if k.arg in params and not (isinstance(k.value, ast.Name) and k.value.id == k.arg):
-                    bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(k.value)} as {k.arg}")
+            checked += 1
+            ok = (isinstance(arg, ast.Constant) and arg.value is None) or (isinstance(arg, ast.Name) and (
+                arg.id == p or (p == "w" and arg.id == "self" and mod == "worker")))
+            if not ok:
+                bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(arg)} as {p}")
+        for k in n.keywords:
+            if k.arg in params and not (isinstance(k.value, ast.Name) and k.value.id == k.arg):
+                bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(k.value)} as {k.arg}")
     assert checked > 150 and not bad
 
 
@@ -342,23 +349,15 @@ def test_every_call_of_a_harness_function_fits_its_parameters():
                                        set(names[required:] if a.kwarg is None else ()) | {p.arg for p in a.kwonlyargs},
                                        a.kwarg is not None, set(names))
     bad, checked = [], 0
-    for mod, tree in trees.items():
-        bound = {name: (mod, name) for (m, name) in defs if m == mod}
-        for n in tree.body:
-            if isinstance(n, ast.ImportFrom) and (n.level == 1 or (n.module or "").startswith("crucible_harness.")):
-                src = n.module.removeprefix("crucible_harness.") if n.level == 0 else n.module
-                bound.update({a.asname or a.name: (src, a.name) for a in n.names if (src, a.name) in defs})
-        for n in ast.walk(tree):
-            if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in bound):
-                continue
-            if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
-                continue
-            required, most, keywords, any_kw, names = defs[bound[n.func.id]]
-            given = len(n.args)
-            kws = {k.arg for k in n.keywords}
-            ok = (most is None or given <= most) and given + len(kws & names) >= required \
-                and (any_kw or kws <= (names | keywords))
-            checked += 1
-            if not ok:
-                bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() with {given} positional, keywords {sorted(kws)}")
+    for mod, n, key in _harness_calls(trees, defs):
+        if any(isinstance(a, ast.Starred) for a in n.args) or any(k.arg is None for k in n.keywords):
+            continue
+        required, most, keywords, any_kw, names = defs[key]
+        given = len(n.args)
+        kws = {k.arg for k in n.keywords}
+        ok = (most is None or given <= most) and given + len(kws & names) >= required \
+            and (any_kw or kws <= (names | keywords))
+        checked += 1
+        if not ok:
+            bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() with {given} positional, keywords {sorted(kws)}")
     assert checked > 100 and not bad
