@@ -212,6 +212,15 @@ void send_group(exemplar_pointer self, std::unordered_map<std::uint64_t, open_gr
   self->send(learner, std::move(out));
 }
 
+// One place of the group fewer to wait for (a verdict in, or an episode's held place released);
+// the last sends the group on.
+void one_fewer(exemplar_pointer self, std::unordered_map<std::uint64_t, open_group>::iterator it) {
+  if (--it->second.missing > 0)
+    return;
+  send_group(self, it);
+  ++self->state.stats.groups_completed;
+}
+
 std::string seconds_text(double s) {
   std::ostringstream os;
   os << s;
@@ -330,10 +339,7 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
         ++g.reserved;
         ++g.missing;
       }
-      if (--g.missing == 0) {
-        send_group(self, it);
-        ++st.stats.groups_completed;
-      }
+      one_fewer(self, it);
     },
     [=](group_extend& x) {
       auto& st = self->state;
@@ -346,10 +352,7 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       auto& g = it->second;
       if (x.variant.value == 0) { // the episode ends without this turn: its place is released
         --g.reserved;
-        if (--g.missing == 0) {
-          send_group(self, it);
-          ++st.stats.groups_completed;
-        }
+        one_fewer(self, it);
         return;
       }
       const auto& ids = g.announce.variants;

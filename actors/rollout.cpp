@@ -97,10 +97,7 @@ result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const 
   out.parse = env::parse_options_from(cfg.prompt, std::move(sections));
   out.add_special_tokens = plain;
   if (cfg.rollout.turns > 1) {
-    auto ffile = env::resolve_feedback_template(cfg.prompt.feedback_template);
-    if (!ffile.ok())
-      return ffile.error();
-    auto fb = env::load_feedback_template(*ffile);
+    auto fb = env::load_configured_feedback_template(cfg.prompt.feedback_template);
     if (!fb.ok())
       return fb.error();
     out.feedback = std::make_shared<const env::feedback_template>(std::move(*fb));
@@ -273,6 +270,22 @@ void retry_later(rollout_pointer self, group_id id, std::uint32_t slot) {
 
 void send_turn_generation(rollout_pointer self, group_id id, std::uint32_t slot);
 
+// Member `m` as completion `c` makes it: a fresh variant id, the weights and the text, and the
+// code cut from it, or a format error's verdict where there is none.
+void take_completion(rollout_state& st, member& m, const completion& c) {
+  m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
+  m.version = c.policy_version;
+  m.completion = c.text;
+  auto parsed = env::parse_response(c.text, st.deps.parse);
+  m.format_error = !parsed.ok;
+  if (parsed.ok) {
+    m.code = std::move(parsed.response.code);
+  } else {
+    m.code = c.text;
+    m.format_verdict = env::format_error_verdict(parsed, st.deps.reward, st.device);
+  }
+}
+
 // Ends member `slot` (an episode: at its current turn); the group finishes with its last.
 void end_member(rollout_pointer self, group_id id, std::size_t slot) {
   auto* g = find(self, id);
@@ -407,19 +420,9 @@ void on_turn_generated(rollout_pointer self, group_id id, std::uint32_t slot, ge
   auto& m = g->members[slot];
   auto& c = r.completions.front();
   m.generating = false;
-  m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
-  m.version = c.policy_version;
-  m.completion = c.text;
+  take_completion(st, m, c);
   m.prompt = std::move(m.next.prompt);
   m.next = generation_request{};
-  auto parsed = env::parse_response(c.text, st.deps.parse);
-  m.format_error = !parsed.ok;
-  if (parsed.ok) {
-    m.code = std::move(parsed.response.code);
-  } else {
-    m.code = c.text;
-    m.format_verdict = env::format_error_verdict(parsed, st.deps.reward, st.device);
-  }
   ++st.stats.later_turns;
   group_extend x{id, m.variant, slot, m.turn, std::move(r.prompt_token_ids), std::move(c)};
   self->send(st.deps.exemplars, std::move(x));
@@ -499,17 +502,7 @@ void on_generated(rollout_pointer self, group_id id, generation_result& r) {
   g->announce.turns = st.opt.turns;
   for (const auto& c : r.completions) {
     member m;
-    m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
-    m.version = c.policy_version;
-    m.completion = c.text;
-    auto parsed = env::parse_response(c.text, st.deps.parse);
-    if (parsed.ok) {
-      m.code = std::move(parsed.response.code);
-    } else {
-      m.format_error = true;
-      m.code = c.text;
-      m.format_verdict = env::format_error_verdict(parsed, st.deps.reward, st.device);
-    }
+    take_completion(st, m, c);
     g->announce.variants.push_back(m.variant);
     g->members.push_back(std::move(m));
   }

@@ -85,24 +85,22 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
     if (std::isnan(st.p.best_speedup) || v.speedup > st.p.best_speedup)
       st.p.best_speedup = v.speedup;
   }
-  if (tally) {
-    ++tally->samples;
-    tally->reward_sum += v.reward;
+  auto add = [&](sample_counts& c) {
+    ++c.samples;
     if (good) {
-      ++tally->correct;
-      tally->speedup_sum += v.speedup;
+      ++c.correct;
+      c.speedup_sum += v.speedup;
     }
+  };
+  if (tally) {
+    add(*tally);
+    tally->reward_sum += v.reward;
     if (v.status == verdict_status::format_error)
       ++tally->format_errors;
     if (turn >= 0) {
       if (tally->turns.size() <= static_cast<std::size_t>(turn))
         tally->turns.resize(static_cast<std::size_t>(turn) + 1);
-      auto& t = tally->turns[static_cast<std::size_t>(turn)];
-      ++t.samples;
-      if (good) {
-        ++t.correct;
-        t.speedup_sum += v.speedup;
-      }
+      add(tally->turns[static_cast<std::size_t>(turn)]);
     }
   }
   json_writer w;

@@ -34,20 +34,21 @@ inline std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// One sampling step's tallies, for its train_step record and the stopping rules.
-struct sample_tally {
-  std::uint64_t samples = 0, correct = 0, format_errors = 0;
+// Samples, the correct ones (ok, correct, with a speedup) and their speedups.
+struct sample_counts {
+  std::uint64_t samples = 0, correct = 0;
   double speedup_sum = 0;
-  double reward_sum = 0;
-  // Multi-turn episodes: the same counts for each turn (turns[t]); empty for one-turn groups.
-  struct turn_counts {
-    std::uint64_t samples = 0, correct = 0;
-    double speedup_sum = 0;
-  };
-  std::vector<turn_counts> turns;
 
   double correct_share() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
   double mean_speedup() const { return correct ? speedup_sum / correct : std::numeric_limits<double>::quiet_NaN(); }
+};
+
+// One sampling step's tallies, for its train_step record and the stopping rules.
+struct sample_tally : sample_counts {
+  std::uint64_t format_errors = 0;
+  double reward_sum = 0;
+  // Multi-turn episodes: the counts of each turn (turns[t]); empty for one-turn groups.
+  std::vector<sample_counts> turns;
 };
 
 // What spawn_trainer and the actor share: the deps, and the exemplar actor, which is spawned

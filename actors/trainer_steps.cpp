@@ -120,8 +120,8 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
         w.begin_object()
           .field("turn", static_cast<std::uint64_t>(t))
           .field("samples", c.samples)
-          .field("correct_share", c.samples ? static_cast<double>(c.correct) / c.samples : 0.0)
-          .field("mean_speedup", c.correct ? c.speedup_sum / c.correct : std::numeric_limits<double>::quiet_NaN())
+          .field("correct_share", c.correct_share())
+          .field("mean_speedup", c.mean_speedup())
           .end_object();
       }
       w.end_array();

@@ -9,6 +9,7 @@
 
 #include "core/file_io.hpp"
 #include "env/placeholders.hpp"
+#include "env/prompt.hpp"
 #include "env/template_file.hpp"
 
 namespace crucible::env {
@@ -107,6 +108,13 @@ result<feedback_template> load_feedback_template(const std::filesystem::path& fi
   if (!text)
     return text.error();
   return parse_feedback_template(*text, file.string());
+}
+
+result<feedback_template> load_configured_feedback_template(const std::string& configured) {
+  auto file = resolve_feedback_template(configured);
+  if (!file)
+    return file.error();
+  return load_feedback_template(*file);
 }
 
 std::string cut_middle(const std::string& text, std::size_t max_chars) {

@@ -28,6 +28,10 @@ result<feedback_template> parse_feedback_template(std::string_view yaml_text, co
 /// Reads and decodes a template file; errc::not_found / errc::io name it.
 result<feedback_template> load_feedback_template(const std::filesystem::path& file);
 
+/// The template `prompt.feedback_template` names (`configured`; env::resolve_feedback_template),
+/// read and decoded.
+result<feedback_template> load_configured_feedback_template(const std::string& configured);
+
 /// `text` cut to `max_chars` bytes (never inside a UTF-8 character): its head and its tail (where
 /// a traceback ends in the exception), joined by a line that says how much was left out.
 std::string cut_middle(const std::string& text, std::size_t max_chars);

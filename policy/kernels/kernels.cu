@@ -12,11 +12,9 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 

@@ -518,9 +518,7 @@ int run_serve(const parsed_args& args) {
     return exit_usage;
   }
   // The feedback of /v1/prompt's multi-turn form (prompt.feedback_template).
-  auto feedback_file = env::resolve_feedback_template(cfg.prompt.feedback_template);
-  auto feedback = feedback_file ? env::load_feedback_template(*feedback_file)
-                                : result<env::feedback_template>{feedback_file.error()};
+  auto feedback = env::load_configured_feedback_template(cfg.prompt.feedback_template);
   if (!feedback) {
     std::fprintf(stderr, "crucible serve: prompt.feedback_template: %s\n", feedback.error().message.c_str());
     return exit_usage;
