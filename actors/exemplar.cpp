@@ -21,6 +21,7 @@
 #include "core/json_parse.hpp"
 #include "core/sha256.hpp"
 #include "env/task.hpp"
+#include "env/verdict.hpp"
 #include "storage/replay_store.hpp"
 
 namespace crucible {
@@ -175,8 +176,10 @@ using exemplar_pointer = exemplar_impl_actor::stateful_pointer<exemplar_state>;
 
 // Stores a scored variant; a policy sample's row starts with `fate` (empty: undecided until the
 // trainer decides it).
-// `multi_turn`: x is a turn of an episode, and its sample row keeps its place.
-void record(exemplar_pointer self, const scored_variant& x, std::string_view fate, bool multi_turn = false) {
+// `multi_turn`: x is a turn of an episode, and its sample row keeps its place; with `data` also
+// what a later process needs to continue its episode.
+void record(exemplar_pointer self, const scored_variant& x, std::string_view fate, bool multi_turn = false,
+            std::optional<storage::episode_turn_data> data = std::nullopt) {
   auto& st = self->state;
   // The prompt first (once per text: its id is its hash), so that no stored variant points at
   // a prompt the store lacks.
@@ -189,6 +192,7 @@ void record(exemplar_pointer self, const scored_variant& x, std::string_view fat
   if (multi_turn) {
     row.episode = x.episode;
     row.turn = x.turn;
+    row.episode_data = std::move(data);
   }
   if (st.store->record(row).ok())
     ++st.stats.recorded;
@@ -225,6 +229,121 @@ std::string seconds_text(double s) {
   std::ostringstream os;
   os << s;
   return os.str();
+}
+
+// What a later process needs to continue the episode of member `slot` of `g` after its verdict
+// in `x`: the member's context (none for turn 0: the group's prompt), tokens and log-probs, and
+// the verdict.
+storage::episode_turn_data episode_data(const open_group& g, std::size_t slot, const scored_variant& x) {
+  storage::episode_turn_data d;
+  if (g.turns[slot] > 0)
+    d.context = g.contexts[slot];
+  d.tokens = g.announce.completions[slot].token_ids;
+  d.logprobs = g.announce.completions[slot].logprobs;
+  d.verdict = env::to_json(x.verdict);
+  d.continues = x.continues;
+  return d;
+}
+
+// Stores the first prompt of a group of multi-turn episodes, for a later process to continue
+// them; a failure is counted and the group goes on (it would only not be continued).
+void record_episode_group(exemplar_pointer self, const group_announce& a) {
+  auto& st = self->state;
+  storage::episode_group_record g;
+  g.group_id = a.group.value;
+  g.task_id = a.task.value;
+  g.turns = a.turns;
+  g.episodes = static_cast<std::uint32_t>(a.completions.size());
+  g.system = a.system;
+  g.user = a.user;
+  g.prompt_id = prompt_id_of(a.prompt);
+  g.exemplar_ids = json_ids(a.exemplars);
+  g.prompt_tokens = a.prompt_token_ids;
+  if (!st.store->record_prompt(g.prompt_id, a.prompt).ok() || !st.store->record_episode_group(g).ok())
+    ++st.stats.record_errors;
+}
+
+// Member ids of a reopened group's stored turns: apart from every rollout actor's (index * 2^40
+// + n, below 2^63), one per stored sample row.
+variant_id stored_variant_id(std::int64_t sample_id) {
+  return variant_id{(std::uint64_t{1} << 63) | static_cast<std::uint64_t>(sample_id)};
+}
+
+void arm_timeout(exemplar_pointer self, group_id id, std::uint64_t seq, std::uint32_t turns) {
+  // An episode group's timeout grows with its turns: each turn is a generation and a verdict.
+  auto timeout = std::chrono::duration_cast<caf::timespan>(
+    std::chrono::duration<double>(self->state.opt.straggler_timeout_s * static_cast<double>(turns)));
+  self->delayed_send(caf::actor_cast<exemplar_impl_actor>(self), timeout, expire_atom_v, id, seq);
+}
+
+// Opens stored group `r` again: its stored turns as members with their verdicts, one place held
+// for each episode that goes on (or has no stored turn), and the rollout actor's view of it. A
+// group with nothing to wait for goes to a learner at once. nullopt (the samples marked
+// unfinished again) when a stored verdict does not parse or the group is open already.
+std::optional<episode_resume> reopen(exemplar_pointer self, storage::reopened_episode_group& r) {
+  auto& st = self->state;
+  auto unfinished = [&] {
+    if (!st.store->set_group_fate(r.group.group_id, storage::sample_fate::unfinished, 0).ok())
+      ++st.stats.record_errors;
+    return std::nullopt;
+  };
+  if (st.groups.count(r.group.group_id) != 0) // an id this process has open already
+    return unfinished();
+  episode_resume out;
+  out.group = group_id{r.group.group_id};
+  out.task = task_id{r.group.task_id};
+  out.turns = r.group.turns;
+  out.episodes = r.group.episodes;
+  out.system = std::move(r.group.system);
+  out.user = std::move(r.group.user);
+  out.prompt = std::move(r.prompt);
+  if (auto ids = parse_json(r.group.exemplar_ids); ids.ok() && ids->is_array())
+    for (const auto& id : ids->as_array())
+      if (id.is_int())
+        out.exemplars.push_back(variant_id{static_cast<std::uint64_t>(id.as_int())});
+  out.prompt_token_ids = r.group.prompt_tokens;
+  open_group g;
+  g.announce.group = out.group;
+  g.announce.task = out.task;
+  g.announce.prompt_token_ids = std::move(r.group.prompt_tokens);
+  g.announce.turns = out.turns;
+  std::vector<bool> going_on(out.episodes, false), seen(out.episodes, false);
+  for (auto& t : r.turns) {
+    auto v = env::verdict_from_json(t.data.verdict);
+    if (!v)
+      return unfinished();
+    stored_turn s;
+    s.episode = t.episode;
+    s.turn = t.turn;
+    s.sampled = completion{std::move(t.completion), std::move(t.data.tokens), std::move(t.data.logprobs),
+                           policy_version{t.policy_version}};
+    s.context = t.turn == 0 ? g.announce.prompt_token_ids : std::move(t.data.context);
+    s.verdict = std::move(*v);
+    s.continues = t.data.continues;
+    seen[s.episode] = true;
+    going_on[s.episode] = s.continues; // the turns come by episode and turn: the last one decides
+    g.announce.variants.push_back(stored_variant_id(t.sample_id));
+    g.announce.completions.push_back(s.sampled);
+    g.verdicts.push_back(s.verdict);
+    g.done.push_back(true);
+    g.episodes.push_back(s.episode);
+    g.turns.push_back(s.turn);
+    g.contexts.push_back(s.context);
+    out.stored.push_back(std::move(s));
+  }
+  for (std::uint32_t e = 0; e < out.episodes; ++e)
+    if (going_on[e] || !seen[e])
+      ++g.reserved;
+  g.missing = g.reserved;
+  g.seq = st.next_seq++;
+  auto it = st.groups.emplace(out.group.value, std::move(g)).first;
+  if (it->second.missing == 0) {
+    send_group(self, it);
+    ++st.stats.groups_completed;
+  } else {
+    arm_timeout(self, out.group, it->second.seq, out.turns);
+  }
+  return out;
 }
 
 caf::error check_announce(const exemplar_state& st, const group_announce& a) {
@@ -291,8 +410,12 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       auto id = a.group;
       auto seq = st.next_seq++;
       auto n = a.completions.size();
-      // An episode group's timeout grows with its turns: each turn is a generation and a verdict.
-      const double turns = a.turns;
+      const auto turns = a.turns;
+      if (turns > 1)
+        record_episode_group(self, a);
+      a.system.clear();
+      a.user.clear();
+      a.prompt.clear();
       open_group g{std::move(a), std::vector<verdict>(n), std::vector<bool>(n, false), n, seq, {}, {}, {}, 0};
       if (g.multi_turn()) {
         for (std::size_t i = 0; i < n; ++i) {
@@ -302,9 +425,7 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
         }
       }
       st.groups.emplace(id.value, std::move(g));
-      auto timeout =
-        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(st.opt.straggler_timeout_s * turns));
-      self->delayed_send(caf::actor_cast<exemplar_impl_actor>(self), timeout, expire_atom_v, id, seq);
+      arm_timeout(self, id, seq, turns);
       return caf::unit;
     },
     [=](const scored_variant& x) {
@@ -328,8 +449,11 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       }
       // A sample of no open group reaches no trainer: its fate is decided here.
       const bool multi = it != st.groups.end() ? it->second.multi_turn() : x.turn > 0 || x.continues;
+      std::optional<storage::episode_turn_data> data;
+      if (it != st.groups.end() && multi)
+        data = episode_data(it->second, slot, x);
       record(self, x, x.group.value != 0 && it == st.groups.end() ? storage::sample_fate::orphan : std::string_view{},
-             multi);
+             multi, std::move(data));
       if (it == st.groups.end())
         return;
       auto& g = it->second;
@@ -344,8 +468,12 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
     [=](group_extend& x) {
       auto& st = self->state;
       auto it = st.groups.find(x.group.value);
+      // Turn 0 only for an episode of a reopened group that has no stored turn.
+      auto first_of_new_episode = [&](const open_group& g) {
+        return std::find(g.episodes.begin(), g.episodes.end(), x.episode) == g.episodes.end();
+      };
       if (it == st.groups.end() || !it->second.multi_turn() || it->second.reserved == 0
-          || x.turn == 0 || x.turn >= it->second.announce.turns) {
+          || x.turn >= it->second.announce.turns || (x.turn == 0 && !first_of_new_episode(it->second))) {
         ++st.stats.unknown; // sent on or dropped meanwhile, or no place was held open for it
         return;
       }
@@ -368,6 +496,28 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
       g.episodes.push_back(x.episode);
       g.turns.push_back(x.turn);
       g.contexts.push_back(std::move(x.prompt_token_ids));
+    },
+    [=](reopen_atom, std::uint64_t min_version, std::uint64_t max_version,
+        std::uint64_t limit) -> caf::result<episode_reopening> {
+      auto& st = self->state;
+      episode_reopening out;
+      auto max_group = st.store->max_group_id();
+      if (!max_group.ok())
+        return make_error(max_group.error());
+      out.max_group = *max_group;
+      if (limit == 0)
+        return out;
+      auto groups = st.store->reopen_episode_groups(min_version, max_version, static_cast<std::size_t>(limit));
+      if (!groups.ok())
+        return make_error(groups.error());
+      for (auto& r : *groups) {
+        const auto n = static_cast<std::int64_t>(r.turns.size());
+        if (auto resume = reopen(self, r)) {
+          out.samples += n;
+          out.groups.push_back(std::move(*resume));
+        }
+      }
+      return out;
     },
     [=](caf::get_atom) -> exemplar_stats {
       auto out = self->state.stats;

@@ -157,7 +157,13 @@ using exemplar_actor = caf::typed_actor<
   // Settles the store's samples (replay_store::settle_samples; `kept_seq` < 0: none) and forgets
   // the open groups, whose later verdicts are orphans; replies how many samples it marked
   // unfinished. Sent when the rollouts have stopped, and at the start of a resumed run.
-  caf::replies_to<settle_atom, std::int64_t>::with<std::int64_t>>;
+  caf::replies_to<settle_atom, std::int64_t>::with<std::int64_t>,
+  // Reopens the groups of multi-turn episodes that earlier processes left unfinished, whose
+  // samples were all sampled at policy versions in [min, max] (replay_store::reopen_episode_groups),
+  // at most `limit` of them (0: none, only the largest group id): each is open again, waiting
+  // for the turns its episodes have still to take, and comes back for a rollout actor to
+  // continue. Sent once, after the settle, before a process's first sampling step.
+  caf::replies_to<reopen_atom, std::uint64_t, std::uint64_t, std::uint64_t>::with<episode_reopening>>;
 
 /// The exemplar actor as implemented: its public interface plus the straggler timeout it
 /// sends itself per group. Internal to actors/exemplar.cpp; spawn_exemplar_actor hands out

@@ -433,6 +433,11 @@ struct group_announce {
   /// The turns an episode may take (rollout.turns): 1, a group of one turn; more, completions[i]
   /// is turn 0 of episode i and later turns follow as group_extend.
   std::uint32_t turns = 1;
+  /// With turns above 1: the first prompt every later turn continues (its system and user
+  /// messages and its text) and the exemplars it showed, stored so that a later process can
+  /// continue the group's episodes (replay_store::record_episode_group). Empty otherwise.
+  std::string system, user, prompt;
+  std::vector<variant_id> exemplars;
 
   friend bool operator==(const group_announce&, const group_announce&) = default;
 };
@@ -440,7 +445,7 @@ struct group_announce {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, group_announce& x) {
   return f(caf::meta::type_name("group_announce"), x.group, x.task, x.prompt_token_ids,
-           x.completions, x.variants, x.turns);
+           x.completions, x.variants, x.turns, x.system, x.user, x.prompt, x.exemplars);
 }
 
 /// Rollout -> exemplar actor: the next turn of episode `episode` of an open group, whose scored
@@ -462,6 +467,63 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, group_extend& x) {
   return f(caf::meta::type_name("group_extend"), x.group, x.variant, x.episode, x.turn, x.prompt_token_ids,
            x.sampled);
+}
+
+/// One turn of an episode that an earlier process sampled and evaluated, as a group reopened
+/// to be continued holds it (replay_store::reopen_episode_groups).
+struct stored_turn {
+  std::uint32_t episode = 0;
+  std::uint32_t turn = 0;
+  completion sampled;                   ///< text, tokens, log-probs and the weights that sampled it
+  std::vector<std::int32_t> context;    ///< the tokens it was sampled after (turn 0: the group's prompt)
+  crucible::verdict verdict;
+  bool continues = false;               ///< its episode went on after it
+
+  friend bool operator==(const stored_turn&, const stored_turn&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stored_turn& x) {
+  return f(caf::meta::type_name("stored_turn"), x.episode, x.turn, x.sampled, x.context, x.verdict, x.continues);
+}
+
+/// A group of multi-turn episodes an earlier process left in flight (a crash, or a pause that
+/// dropped it), reopened by the exemplar actor and continued by a rollout actor at the turn
+/// each episode reached: an episode whose last stored turn `continues` gets its next turn, one
+/// with no stored turn gets its first, and the others have ended.
+struct episode_resume {
+  group_id group;
+  task_id task;
+  std::uint32_t turns = 0;     ///< rollout.turns of the run that sampled it
+  std::uint32_t episodes = 0;  ///< G
+  std::string system, user, prompt; ///< the first prompt (group_announce's)
+  std::vector<variant_id> exemplars;
+  std::vector<std::int32_t> prompt_token_ids;
+  std::vector<stored_turn> stored;  ///< by episode, then turn
+
+  friend bool operator==(const episode_resume&, const episode_resume&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, episode_resume& x) {
+  return f(caf::meta::type_name("episode_resume"), x.group, x.task, x.turns, x.episodes, x.system, x.user, x.prompt,
+           x.exemplars, x.prompt_token_ids, x.stored);
+}
+
+/// Exemplar actor -> trainer: the groups it reopened (reopen_atom), how many stored samples
+/// they hold (undecided again), and the largest group id the store has seen, above which the
+/// new process numbers its groups.
+struct episode_reopening {
+  std::vector<episode_resume> groups;
+  std::int64_t samples = 0;
+  std::uint64_t max_group = 0;
+
+  friend bool operator==(const episode_reopening&, const episode_reopening&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, episode_reopening& x) {
+  return f(caf::meta::type_name("episode_reopening"), x.groups, x.samples, x.max_group);
 }
 
 /// Exemplar actor -> anyone who asks: its counters since it started.
@@ -520,6 +582,7 @@ struct rollout_stats {
   std::uint64_t later_turns = 0;       ///< turns after an episode's first, sampled
   std::uint64_t turns_over_budget = 0; ///< episodes ended because their next prompt was over prompt.max_tokens
   std::uint64_t turns_lost = 0;        ///< episodes ended because their next turn could not be generated
+  std::uint64_t groups_resumed = 0;    ///< groups an earlier process left in flight, continued (counted in groups_started)
 
   friend bool operator==(const rollout_stats&, const rollout_stats&) = default;
 };
@@ -528,7 +591,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, rollout_stats& x) {
   return f(caf::meta::type_name("rollout_stats"), x.groups_started, x.groups_finished,
            x.groups_abandoned, x.completions, x.format_errors, x.evaluated, x.eval_errors,
-           x.retries, x.in_flight, x.running, x.later_turns, x.turns_over_budget, x.turns_lost);
+           x.retries, x.in_flight, x.running, x.later_turns, x.turns_over_budget, x.turns_lost, x.groups_resumed);
 }
 
 /// Rollout actor -> trainer: the state of its task sampler (env::task_sampler::save text: the
@@ -838,6 +901,9 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::sample_fates))
   CAF_ADD_TYPE_ID(crucible, (crucible::chat_turn))
   CAF_ADD_TYPE_ID(crucible, (crucible::group_extend))
+  CAF_ADD_TYPE_ID(crucible, (crucible::stored_turn))
+  CAF_ADD_TYPE_ID(crucible, (crucible::episode_resume))
+  CAF_ADD_TYPE_ID(crucible, (crucible::episode_reopening))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")
@@ -856,5 +922,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, retry_atom, "retry")
   CAF_ADD_ATOM(crucible, crucible, settle_atom, "settle")
   CAF_ADD_ATOM(crucible, crucible, cancel_atom, "cancel")
+  CAF_ADD_ATOM(crucible, crucible, reopen_atom, "reopen")
 
 CAF_END_TYPE_ID_BLOCK(crucible)

@@ -140,6 +140,7 @@ enum class phase : std::uint8_t { exemplars, generating, announcing, evaluating 
 struct group_work {
   group_id id;
   task_id task;
+  std::uint32_t turns = 1;              // turns an episode may take (rollout.turns; a reopened group's own)
   phase step = phase::exemplars;
   std::vector<variant_id> exemplar_ids; // the exemplars the prompt showed
   std::string prompt;                   // the prompt text the policy saw (moved from the request once generated), for the replay store
@@ -165,6 +166,7 @@ struct rollout_state {
   std::string device;  // its device model, as prompts and format-error verdicts name it
   bool resolved = false, resolving = false;
   bool stopping = false, advance_pending = false;
+  bool resumed = false;  // the reopened groups of opt.resume are under way
   std::uint64_t next_group = 0, next_variant = 0;
   std::vector<caf::typed_response_promise<rollout_stats, sampler_state>> stop_waiting;
   static inline const char* name = "crucible.rollout";
@@ -296,6 +298,27 @@ void end_member(rollout_pointer self, group_id id, std::size_t slot) {
     finish(self, id);
 }
 
+// The request of one sample of turn `turn` of episode `slot` of group `g` on prompt `built`.
+generation_request turn_request(const rollout_state& st, const group_work& g, std::uint32_t slot, std::uint32_t turn,
+                                env::built_prompt built) {
+  generation_request req;
+  req.group = g.id;
+  req.task = g.task;
+  for (auto& [role, content] : built.messages)
+    req.messages.push_back(chat_turn{role, std::move(content)});
+  req.prompt = std::move(built.text);
+  req.add_special_tokens = st.opt.add_special_tokens;
+  req.samples = 1;
+  req.params = st.opt.sampling;
+  req.params.seed = splitmix64(st.seed ^ g.id.value ^ splitmix64((std::uint64_t{slot} << 8) | turn));
+  return req;
+}
+
+// The feedback on turn `turn`'s verdict `v`, as the next user message of an episode of `turns`.
+std::string feedback_on(const rollout_state& st, const verdict& v, std::uint32_t turn, std::uint32_t turns) {
+  return env::render_feedback(*st.deps.feedback, v, turn + 1, turns - (turn + 1));
+}
+
 // Episode `slot`'s current turn as the next prompt shows it (its answer, the feedback on verdict
 // `v`) and the request for its next turn, or nothing where the episode ends: its last turn, a
 // turn correct at turn_stop_speedup, or a prompt over the budget.
@@ -303,28 +326,19 @@ std::optional<std::pair<env::episode_turn, generation_request>> next_turn(rollou
                                                                           std::uint32_t slot, const verdict& v) {
   auto& st = self->state;
   const auto& m = g.members[slot];
-  if (st.opt.turns <= 1 || m.turn + 1 >= st.opt.turns || !st.deps.feedback)
+  if (g.turns <= 1 || m.turn + 1 >= g.turns || !st.deps.feedback)
     return std::nullopt;
   if (st.opt.turn_stop_speedup > 0 && v.status == verdict_status::ok && v.correct && v.has_speedup() &&
       v.speedup >= st.opt.turn_stop_speedup)
     return std::nullopt;
   auto history = m.history;
-  history.push_back({m.completion, env::render_feedback(*st.deps.feedback, v, m.turn + 1, st.opt.turns - (m.turn + 1))});
+  history.push_back({m.completion, feedback_on(st, v, m.turn, g.turns)});
   auto built = st.deps.prompts->continue_episode(g.first, history);
   if (!built.ok()) {
     ++st.stats.turns_over_budget;
     return std::nullopt;
   }
-  generation_request req;
-  req.group = g.id;
-  req.task = g.task;
-  for (const auto& [role, content] : built->messages)
-    req.messages.push_back(chat_turn{role, content});
-  req.prompt = std::move(built->text);
-  req.add_special_tokens = st.opt.add_special_tokens;
-  req.samples = 1;
-  req.params = st.opt.sampling;
-  req.params.seed = splitmix64(st.seed ^ g.id.value ^ splitmix64((std::uint64_t{slot} << 8) | (m.turn + 1)));
+  auto req = turn_request(st, g, slot, m.turn + 1, std::move(*built));
   return std::pair{std::move(history.back()), std::move(req)};
 }
 
@@ -339,7 +353,7 @@ void report(rollout_pointer self, group_id id, std::size_t slot, const verdict& 
   st.sampler->observe(g->task.value, v);
   auto next = next_turn(self, *g, static_cast<std::uint32_t>(slot), v);
   scored_variant x{m.variant, id, g->task, m.code, v, st.kind, m.version, g->exemplar_ids,
-                   st.opt.turns > 1 && m.turn > 0 ? m.prompt : g->prompt, m.completion};
+                   g->turns > 1 && m.turn > 0 ? m.prompt : g->prompt, m.completion};
   x.episode = static_cast<std::uint32_t>(slot);
   x.turn = m.turn;
   x.continues = next.has_value();
@@ -423,7 +437,8 @@ void on_turn_generated(rollout_pointer self, group_id id, std::uint32_t slot, ge
   take_completion(st, m, c);
   m.prompt = std::move(m.next.prompt);
   m.next = generation_request{};
-  ++st.stats.later_turns;
+  if (m.turn > 0)
+    ++st.stats.later_turns;
   group_extend x{id, m.variant, slot, m.turn, std::move(r.prompt_token_ids), std::move(c)};
   self->send(st.deps.exemplars, std::move(x));
   if (!m.format_error) {
@@ -499,7 +514,13 @@ void on_generated(rollout_pointer self, group_id id, generation_result& r) {
   g->announce.group = id;
   g->announce.task = g->task;
   g->announce.prompt_token_ids = std::move(r.prompt_token_ids);
-  g->announce.turns = st.opt.turns;
+  g->announce.turns = g->turns;
+  if (g->turns > 1) { // what a later process needs to continue the episodes
+    g->announce.system = g->first.system;
+    g->announce.user = g->first.user;
+    g->announce.prompt = g->request.prompt;
+    g->announce.exemplars = g->exemplar_ids;
+  }
   for (const auto& c : r.completions) {
     member m;
     take_completion(st, m, c);
@@ -552,7 +573,7 @@ void on_exemplars(rollout_pointer self, group_id id, const exemplar_set& set) {
   for (std::size_t i = 0; i < set.exemplars.size() && i < built->exemplars.size(); ++i)
     if (built->exemplars[i].kept)
       g->exemplar_ids.push_back(set.exemplars[i].variant);
-  if (st.opt.turns > 1)
+  if (g->turns > 1)
     g->first = *built; // every later turn's prompt continues it
   auto& req = g->request;
   req.group = id;
@@ -573,6 +594,7 @@ void launch(rollout_pointer self) {
   group_work g;
   g.id = group_id{(st.opt.index << id_shift) | ++st.next_group};
   g.task = task_id{name};
+  g.turns = st.opt.turns;
   auto id = g.id;
   st.groups.emplace(id.value, std::move(g));
   ++st.stats.groups_started;
@@ -612,6 +634,87 @@ void resolve(rollout_pointer self) {
       });
 }
 
+// Continues the groups an earlier process left in flight (opt.resume): each episode at the turn
+// it reached. An episode whose last stored turn went on is given its next turn (its prompt the
+// first prompt, the stored answers and the feedback on their verdicts), one without a stored
+// turn its first, and the others have ended; the exemplar actor holds a place for each of the
+// first two kinds (it reopened the group). Each counts as a group started.
+void resume_groups(rollout_pointer self) {
+  auto& st = self->state;
+  st.resumed = true;
+  auto resume = std::move(st.opt.resume);
+  st.opt.resume.clear();
+  for (auto& r : resume) {
+    if (st.groups.count(r.group.value) != 0 || r.episodes == 0)
+      continue;
+    group_work g;
+    g.id = r.group;
+    g.task = r.task;
+    g.turns = r.turns;
+    g.step = phase::evaluating;
+    g.exemplar_ids = std::move(r.exemplars);
+    g.prompt = r.prompt;
+    g.first.system = std::move(r.system);
+    g.first.user = std::move(r.user);
+    g.first.text = std::move(r.prompt);
+    g.first.messages = {{"system", g.first.system}, {"user", g.first.user}};
+    g.members.resize(r.episodes);
+    std::vector<bool> seen(r.episodes, false), going_on(r.episodes, false);
+    for (auto& t : r.stored) {
+      if (t.episode >= r.episodes)
+        continue;
+      auto& m = g.members[t.episode];
+      seen[t.episode] = true;
+      going_on[t.episode] = t.continues;
+      m.turn = t.turn;
+      m.history.push_back({t.sampled.text, st.deps.feedback ? feedback_on(st, t.verdict, t.turn, g.turns) : std::string{}});
+    }
+    ++st.stats.groups_started;
+    ++st.stats.groups_resumed;
+    // A task no longer in the pool (tasks.include changed at the resume) takes no more turns: its
+    // held places are released and the group goes on with what is stored.
+    const bool known = st.deps.tasks->find(g.task) != st.deps.tasks->end();
+    for (std::uint32_t slot = 0; slot < r.episodes; ++slot) {
+      auto& m = g.members[slot];
+      if (seen[slot] && !going_on[slot]) {
+        m.done = true; // ended in the earlier process
+        continue;
+      }
+      if (!known) {
+        m.done = true;
+        ++st.stats.turns_lost;
+        self->send(st.deps.exemplars, group_extend{g.id, variant_id{0}, slot, seen[slot] ? m.turn + 1 : 0, {}, {}});
+        continue;
+      }
+      if (!seen[slot]) {
+        m.next = turn_request(st, g, slot, 0, g.first);
+        m.turn = 0;
+      } else if (auto built = st.deps.feedback ? st.deps.prompts->continue_episode(g.first, m.history)
+                                               : result<env::built_prompt>{fail(errc::invalid_arg, "no feedback template")};
+                 built.ok()) {
+        m.next = turn_request(st, g, slot, m.turn + 1, std::move(*built));
+        ++m.turn;
+      } else {
+        ++st.stats.turns_over_budget;
+        m.done = true;
+        self->send(st.deps.exemplars, group_extend{g.id, variant_id{0}, slot, m.turn + 1, {}, {}});
+        continue;
+      }
+      m.generating = true;
+      ++g.open;
+    }
+    const auto id = g.id;
+    const bool open = g.open > 0;
+    st.groups.emplace(id.value, std::move(g));
+    if (!open) {
+      finish(self, id);
+      continue;
+    }
+    for (std::uint32_t slot = 0; slot < r.episodes; ++slot)
+      send_turn_generation(self, id, slot);
+  }
+}
+
 void fill(rollout_pointer self) {
   auto& st = self->state;
   if (!st.stats.running || st.stopping)
@@ -620,6 +723,8 @@ void fill(rollout_pointer self) {
     resolve(self);
     return;
   }
+  if (!st.resumed)
+    resume_groups(self);
   while (st.groups.size() < st.opt.max_groups_in_flight
          && (st.opt.max_groups == 0 || st.stats.groups_started < st.opt.max_groups))
     launch(self);

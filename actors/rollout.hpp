@@ -53,6 +53,10 @@ struct rollout_actor_options {
   /// generator of the rollout actor that held this place before a pause or a sync step's end.
   /// Empty: a fresh sampler seeded from `seed` and `index`.
   std::string saved_sampler;
+  /// Groups of multi-turn episodes an earlier process left in flight, reopened at the exemplar
+  /// actor (episode_resume): continued first, each episode at the turn it reached, and counted
+  /// in max_groups.
+  std::vector<episode_resume> resume;
 
   /// The `rollout:` section of `cfg` for rollout actor number `index`, `run.seed` as the seed.
   static rollout_actor_options from(const config& cfg, std::uint64_t index);

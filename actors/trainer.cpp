@@ -197,6 +197,10 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
                   st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward,
                   st.deps->prompts.feedback};
   st.roll.quota.clear();
+  auto resume = std::move(st.roll.resume);
+  st.roll.resume.clear();
+  const std::size_t active = total_groups > 0 ? static_cast<std::size_t>(std::min(n, total_groups)) : n;
+  std::size_t spawned = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t quota = 0;
     if (total_groups > 0) {
@@ -211,6 +215,10 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
       opt.hardware = st.kind;
     if (i < st.roll.samplers.size())
       opt.saved_sampler = st.roll.samplers[i];
+    // The reopened groups, dealt round the rollout actors as a sync step's quotas are (the
+    // exemplar actor reopened at most the step's groups).
+    for (std::size_t j = spawned++; j < resume.size(); j += active)
+      opt.resume.push_back(std::move(resume[j]));
     auto r = spawn_rollout_actor(self->system(), rd, opt);
     if (!r.ok())
       return r.error();
@@ -220,6 +228,41 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
     st.roll.place.push_back(static_cast<std::size_t>(i));
   }
   return {};
+}
+
+// Once per process, before its first sampling step: has the exemplar actor reopen the groups
+// of multi-turn episodes that earlier processes left in flight (a crash, a pause that dropped
+// them), sampled at policy versions within `staleness` of the learner's and not after it, at
+// most `limit` (0: as many as there are); their samples stop counting as unfinished. The new
+// process's rollout actors are numbered above every group id in the store, so that their groups
+// never take the id of one reopened. Then calls `then`.
+void reopen_groups(self_pointer self, std::uint64_t staleness, std::uint64_t limit, std::function<void()> then) {
+  auto& st = self->state;
+  st.roll.reopened = true;
+  const auto version = st.p.version;
+  const auto oldest = version > staleness ? version - staleness : 0;
+  if (st.deps->cfg.rollout.turns <= 1 || !st.deps->prompts.feedback)
+    limit = 0; // nothing of this process could continue an episode
+  else if (limit == 0)
+    limit = std::numeric_limits<std::uint64_t>::max();
+  self->request(st.exemplars, caf::infinite, reopen_atom_v, oldest, version, limit)
+    .then(
+      [self, then](episode_reopening& r) {
+        auto& st = self->state;
+        st.p.generation = std::max<std::uint64_t>(st.p.generation, r.max_group >> 40);
+        const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(0, r.samples));
+        st.p.unfinished -= std::min(st.p.unfinished, n);
+        if (!r.groups.empty())
+          st.deps->log->info(component, "continuing ", r.groups.size(), " group", r.groups.size() == 1 ? "" : "s",
+                             " of episodes an earlier process left in flight (", n, " turn", n == 1 ? "" : "s",
+                             " already evaluated)");
+        st.roll.resume = std::move(r.groups);
+        then();
+      },
+      [self, then](const caf::error& e) {
+        self->state.deps->log->warn(component, "episodes left in flight were not reopened: ", to_string(e));
+        then();
+      });
 }
 
 void keep_sampler(trainer_state& st, std::size_t place, const sampler_state& s) {

@@ -68,6 +68,11 @@ struct trainer_rollouts {
   std::vector<std::string> samplers;
   std::deque<rollout_group> groups;
   std::uint64_t dropped_now = 0; // dropped for staleness since the last report
+  // Groups of multi-turn episodes an earlier process left in flight, reopened at the exemplar
+  // actor before this process's first sampling step; the next rollout actors spawned continue them.
+  bool reopened = false;
+  std::vector<episode_resume> resume;
+  bool keep_queue = false; // sync: the first step after the reopen keeps the groups already in
 };
 
 // The step under way.
@@ -155,6 +160,7 @@ std::size_t learner_ranks(const trainer_state& st);
 crucible::error learner_error(const trainer_state& st, const caf::error& e, const char* what);
 void arm_stall_check(self_pointer self);
 result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups);
+void reopen_groups(self_pointer self, std::uint64_t staleness, std::uint64_t limit, std::function<void()> then);
 void send_fates(self_pointer self, std::vector<group_id> ids, std::string_view fate, std::uint64_t step);
 void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then);
 void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bound);

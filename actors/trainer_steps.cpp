@@ -439,8 +439,24 @@ void sampling_step(self_pointer self) {
                                                                          : g.self_supervised.groups);
   const auto staleness = rl ? static_cast<std::uint64_t>(g.rl.max_staleness) : 0;
   const bool sync = st.deps->cfg.run.mode == run_mode::sync;
+  if (!st.roll.reopened) {
+    // The step waits for the exemplar actor's answer (a silent one is a stall like silent
+    // rollouts); groups it sends on at once (reopened with nothing left to sample) are kept.
+    st.step.on_groups = [] {};
+    arm_stall_check(self);
+    reopen_groups(self, staleness, sync ? st.step.want : 0, [self] {
+      auto& st = self->state;
+      if (!st.step.busy || !st.step.on_groups)
+        return; // the step ended meanwhile; the next one spawns the rollouts with them
+      st.step.on_groups = nullptr;
+      st.roll.keep_queue = true;
+      sampling_step(self);
+    });
+    return;
+  }
   if (sync) {
-    discard_groups(self);
+    if (!std::exchange(st.roll.keep_queue, false))
+      discard_groups(self);
     if (auto r = spawn_rollouts(self, st.step.want); !r) {
       fail_step(self, r.error());
       return;

@@ -22,6 +22,11 @@
 namespace crucible::storage {
 
 using detail::bind_text;
+using detail::canonical_array_text;
+using detail::exec;
+using detail::in_transaction;
+using detail::now_ms;
+using detail::rollback;
 using detail::column_text;
 using detail::db_fail;
 using detail::read_row;
@@ -33,10 +38,6 @@ namespace {
 
 constexpr double nan_v = std::numeric_limits<double>::quiet_NaN();
 
-std::int64_t now_ms() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
 
 // Canonical text of a JSON array of strings (checks_failed) or of integers (exemplar_ids);
 // nullopt when `v` is not such an array.
@@ -59,12 +60,6 @@ std::optional<std::string> canonical_array(const json_value& v, bool strings) {
   return out;
 }
 
-std::optional<std::string> canonical_array_text(std::string_view text, bool strings) {
-  if (text == "[]") return std::string(text);  // the common case, without a parse
-  auto v = parse_json(text);
-  if (!v.ok()) return std::nullopt;
-  return canonical_array(*v, strings);
-}
 
 std::string to_json_line(const variant_record& v) {
   json_writer w;
@@ -162,37 +157,6 @@ double column_real(sqlite3_stmt* s, int i) {
   return sqlite3_column_type(s, i) == SQLITE_NULL ? nan_v : sqlite3_column_double(s, i);
 }
 
-result<void> exec(sqlite3* db, const std::filesystem::path& path, const char* sql,
-                  std::string_view what) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : sqlite3_errmsg(db);
-    sqlite3_free(err);
-    return fail(errc::io, where(path), ": ", what, ": ", msg);
-  }
-  return {};
-}
-
-void rollback(sqlite3* db) { sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr); }
-
-// Runs `body` (which returns a result) between BEGIN IMMEDIATE and COMMIT: all of it is recorded
-// or, when it or the commit fails, nothing. `what` names the work in a failure's message.
-template <class Body>
-auto in_transaction(sqlite3* db, const std::filesystem::path& path, const std::string& what, Body&& body)
-    -> decltype(body()) {
-  if (auto r = exec(db, path, "BEGIN IMMEDIATE", "begin " + what); !r.ok()) return r.error();
-  auto out = body();
-  if (!out.ok()) {
-    rollback(db);
-    return out;
-  }
-  if (auto r = exec(db, path, "COMMIT", "commit " + what); !r.ok()) {
-    rollback(db);
-    return r.error();
-  }
-  return out;
-}
-
 // Schema 0, the first released schema, exactly as it created files. New files are created as
 // schema 0 and then migrated, so every file takes the same path to the current schema.
 constexpr const char* schema_v0 =
@@ -263,6 +227,20 @@ constexpr const char* migrate_to_v4 =
   "ALTER TABLE samples ADD COLUMN episode INTEGER;"
   "ALTER TABLE samples ADD COLUMN turn INTEGER;";
 
+// Schema 4 → 5: what continues a multi-turn episode in a later process (replay_episodes.cpp):
+// each turn's context, tokens, log-probs, verdict and whether its episode went on (NULL for
+// other samples), and each group's first prompt.
+constexpr const char* migrate_to_v5 =
+  "ALTER TABLE samples ADD COLUMN context BLOB;"
+  "ALTER TABLE samples ADD COLUMN tokens BLOB;"
+  "ALTER TABLE samples ADD COLUMN logprobs BLOB;"
+  "ALTER TABLE samples ADD COLUMN verdict TEXT;"
+  "ALTER TABLE samples ADD COLUMN continues INTEGER;"
+  "CREATE TABLE episode_groups ("
+  "  group_id INTEGER PRIMARY KEY, task_id TEXT NOT NULL, turns INTEGER NOT NULL, episodes INTEGER NOT NULL,"
+  "  system TEXT NOT NULL, user TEXT NOT NULL, prompt_id TEXT NOT NULL, exemplar_ids TEXT NOT NULL,"
+  "  prompt_tokens BLOB NOT NULL, time_ms INTEGER NOT NULL);";
+
 // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
 // verdict and provenance columns switch to the new record only when its reward is strictly
 // higher. All right-hand sides see the old row, so the CASEs agree with each other.
@@ -326,6 +304,13 @@ std::string prompt_json_line(const prompt_record& p) {
 }
 
 } // namespace
+
+std::optional<std::string> detail::canonical_array_text(std::string_view text, bool strings) {
+  if (text == "[]") return std::string(text);  // the common case, without a parse
+  auto v = parse_json(text);
+  if (!v.ok()) return std::nullopt;
+  return canonical_array(*v, strings);
+}
 
 namespace detail {
 
@@ -552,6 +537,11 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
     if (step.ok() && *version == 3) {
       step = exec(db, path, migrate_to_v4, "migrate schema 3 to 4");
       if (step.ok()) step = exec(db, path, "PRAGMA user_version = 4", "set schema version");
+      if (step.ok()) *version = 4;
+    }
+    if (step.ok() && *version == 4) {
+      step = exec(db, path, migrate_to_v5, "migrate schema 4 to 5");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 5", "set schema version");
     }
     if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
     if (!step.ok()) {
@@ -606,8 +596,8 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
      " ON CONFLICT (prompt_id) DO NOTHING"},
     {&st->prompt_get, "SELECT prompt_id, text, created_ms FROM prompts WHERE prompt_id = ?1"},
     {&st->sample_insert,
-     "INSERT INTO samples (variant_id, group_id, policy_version, prompt_id, completion, time_ms, fate, episode, turn)"
-     " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"},
+     "INSERT INTO samples (variant_id, group_id, policy_version, prompt_id, completion, time_ms, fate, episode, turn,"
+     " context, tokens, logprobs, verdict, continues) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"},
   };
   for (const auto& [slot, sql] : prepared)
     if (sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, slot, nullptr) != SQLITE_OK) {
@@ -681,6 +671,13 @@ result<void> replay_store::add_sample(const variant_record& v, std::int64_t vari
   if (v.sample_fate.empty()) sqlite3_bind_null(s, 7); else bind_text(s, 7, v.sample_fate);
   if (v.episode) sqlite3_bind_int64(s, 8, *v.episode); else sqlite3_bind_null(s, 8);
   if (v.turn) sqlite3_bind_int64(s, 9, *v.turn); else sqlite3_bind_null(s, 9);
+  if (const auto& e = v.episode_data) {
+    detail::bind_array(s, 10, std::span<const std::int32_t>(e->context));
+    detail::bind_array(s, 11, std::span<const std::int32_t>(e->tokens));
+    detail::bind_array(s, 12, std::span<const float>(e->logprobs));
+    bind_text(s, 13, e->verdict);
+    sqlite3_bind_int(s, 14, e->continues ? 1 : 0);
+  }
   if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record sample");
   return {};
 }

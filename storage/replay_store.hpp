@@ -17,6 +17,19 @@ struct sqlite3;
 
 namespace crucible::storage {
 
+/// What a turn of a multi-turn episode needs to be picked up again by a later process (after a
+/// crash, or a pause that dropped it): kept in its sample row (schema 5). Token ids and
+/// log-probs are stored as little-endian 32-bit arrays.
+struct episode_turn_data {
+  std::vector<std::int32_t> context;  ///< the tokens the turn was sampled after; empty for turn 0 (the group's prompt)
+  std::vector<std::int32_t> tokens;   ///< the completion's tokens
+  std::vector<float> logprobs;        ///< one per token, under the sampling policy
+  std::string verdict;                ///< the turn's whole verdict as JSON (env::to_json)
+  bool continues = false;             ///< the episode went on after this turn
+
+  bool operator==(const episode_turn_data&) const = default;
+};
+
 /// One evaluated variant as the replay store keeps it. Value type.
 ///
 /// Layering (DESIGN.md §2): storage may not include env, so `code_hash` is computed by the
@@ -52,8 +65,47 @@ struct variant_record {
   /// (the episode's number in its group, the turn from 0), kept in its sample row; absent for a
   /// sample of a one-turn group.
   std::optional<std::uint32_t> episode, turn;
+  /// record() and record_batch() only, for a turn of a multi-turn episode: what a resumed run
+  /// needs to continue its episode (episode_turn_data), kept in its sample row.
+  std::optional<episode_turn_data> episode_data;
 
   bool operator==(const variant_record&) const = default;
+};
+
+/// A group of multi-turn episodes as its announce made it: the first prompt every later turn
+/// continues (table episode_groups, schema 5). Value type.
+struct episode_group_record {
+  std::uint64_t group_id = 0;
+  std::string task_id;
+  std::uint32_t turns = 0;     ///< rollout.turns of the run that sampled it
+  std::uint32_t episodes = 0;  ///< its episodes (G)
+  std::string system, user;    ///< the first prompt's two messages
+  std::string prompt_id;       ///< the first prompt's text (prompts table; record_prompt first)
+  std::string exemplar_ids = "[]";  ///< JSON array of the exemplars the first prompt showed
+  std::vector<std::int32_t> prompt_tokens;  ///< the first prompt as the engine tokenized it
+
+  bool operator==(const episode_group_record&) const = default;
+};
+
+/// One stored turn of a group reopen_episode_groups() gives back.
+struct stored_episode_turn {
+  std::int64_t sample_id = 0;
+  std::uint32_t episode = 0, turn = 0;
+  std::uint64_t policy_version = 0;
+  std::string completion;       ///< the whole response
+  episode_turn_data data;
+
+  bool operator==(const stored_episode_turn&) const = default;
+};
+
+/// A group of multi-turn episodes whose samples never reached a trainer, reopened to be
+/// continued: the group, its first prompt's text, and its stored turns by episode and turn.
+struct reopened_episode_group {
+  episode_group_record group;
+  std::string prompt;  ///< the first prompt's text ("" when the prompts table lacks it)
+  std::vector<stored_episode_turn> turns;
+
+  bool operator==(const reopened_episode_group&) const = default;
 };
 
 /// What became of a policy sample, the `fate` of its row in `samples` (docs/replay.md).
@@ -161,8 +213,9 @@ struct sft_export_stats {
 class replay_store final {
 public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
-  /// only); open() upgrades older files in place. Version 3 added `samples`.
-  static constexpr int schema_version = 4;
+  /// only); open() upgrades older files in place. Version 3 added `samples`, 4 a sample's
+  /// episode and turn, 5 what continues an episode (episode_groups, episode_turn_data).
+  static constexpr int schema_version = 5;
 
   /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
   /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file
@@ -228,6 +281,25 @@ public:
 
   /// The samples of group `group_id` (every sample with 0), in id order.
   result<std::vector<sample_record>> samples(std::uint64_t group_id = 0) const;
+
+  /// Stores the first prompt of a group of multi-turn episodes; durable once this returns. The
+  /// same group id again replaces it. errc::invalid_arg for group 0, an empty task, or
+  /// exemplar_ids that is not a JSON array of integers.
+  result<void> record_episode_group(const episode_group_record& g);
+
+  /// The groups of multi-turn episodes a new process can continue: every sample of the group
+  /// is `unfinished`, was sampled at a policy version in [min_version, max_version], and kept
+  /// its episode_turn_data, and the group's first prompt is stored. Their samples become
+  /// undecided again, in the same transaction (their fate is the group's next one), and the
+  /// groups come back in id order with their turns by episode and turn, at most `limit` of
+  /// them. A group that fails a condition, or is past the limit, is left as it is.
+  result<std::vector<reopened_episode_group>> reopen_episode_groups(std::uint64_t min_version, std::uint64_t max_version,
+                                                                    std::size_t limit);
+
+  /// The largest group id of a policy sample below 2^63 (0: none). A new process numbers its
+  /// groups above it (ids are rollout index * 2^40 + n), so that a crash's unfinished groups
+  /// keep ids of their own.
+  result<std::uint64_t> max_group_id() const;
 
   /// The hacking cases matching `filter`, in id order.
   result<std::vector<hack_case>> list_hacks(const hack_filter& filter = {}) const;

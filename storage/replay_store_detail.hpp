@@ -4,11 +4,16 @@
 
 #include <sqlite3.h>
 
+#include <bit>
+#include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/error.hpp"
 #include "storage/replay_store.hpp"
@@ -47,6 +52,26 @@ inline std::string column_text(sqlite3_stmt* s, int i) {
   return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(s, i))) : std::string();
 }
 
+/// Binds a 32-bit array as a little-endian BLOB (SQLITE_STATIC: bound while `xs` is alive).
+template <class T>
+void bind_array(sqlite3_stmt* s, int i, std::span<const T> xs) {
+  static_assert(sizeof(T) == 4 && std::endian::native == std::endian::little,
+                "the store's arrays are little-endian 32-bit values, as this machine holds them");
+  sqlite3_bind_blob(s, i, xs.empty() ? "" : static_cast<const void*>(xs.data()), static_cast<int>(xs.size_bytes()),
+                    SQLITE_STATIC);
+}
+
+/// The 32-bit array of BLOB column `i` (bind_array's); nullopt when its size is not a multiple of 4.
+template <class T>
+std::optional<std::vector<T>> column_array(sqlite3_stmt* s, int i) {
+  static_assert(sizeof(T) == 4 && std::endian::native == std::endian::little);
+  const auto n = static_cast<std::size_t>(sqlite3_column_bytes(s, i));
+  if (n % sizeof(T) != 0) return std::nullopt;
+  std::vector<T> out(n / sizeof(T));
+  if (n > 0) std::memcpy(out.data(), sqlite3_column_blob(s, i), n);
+  return out;
+}
+
 inline void bind_text(sqlite3_stmt* s, int i, std::string_view t) {
   // SQLITE_STATIC: every caller steps the statement while `t` is alive, then resets it.
   sqlite3_bind_text(s, i, t.data(), static_cast<int>(t.size()), SQLITE_STATIC);
@@ -61,6 +86,48 @@ std::optional<std::int64_t> split_completion(std::string_view completion, std::s
 /// The completion of a row read by `s`: `stored` (column completion) with `code` put back at the
 /// offset in column `at_col` (completion_code_at); `stored` itself where that column is NULL.
 std::string join_completion(std::string stored, std::string_view code, sqlite3_stmt* s, int at_col);
+
+/// Unix time in milliseconds.
+inline std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+/// Canonical text of a JSON array of strings (checks_failed) or of integers (exemplar_ids);
+/// nullopt when `text` is not such an array.
+std::optional<std::string> canonical_array_text(std::string_view text, bool strings);
+
+/// Runs `sql`; errc::io naming the file and `what` on failure.
+inline result<void> exec(sqlite3* db, const std::filesystem::path& path, const char* sql,
+                  std::string_view what) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : sqlite3_errmsg(db);
+    sqlite3_free(err);
+    return fail(errc::io, where(path), ": ", what, ": ", msg);
+  }
+  return {};
+}
+
+inline void rollback(sqlite3* db) { sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr); }
+
+// Runs `body` (which returns a result) between BEGIN IMMEDIATE and COMMIT: all of it is recorded
+// or, when it or the commit fails, nothing. `what` names the work in a failure's message.
+template <class Body>
+auto in_transaction(sqlite3* db, const std::filesystem::path& path, const std::string& what, Body&& body)
+    -> decltype(body()) {
+  if (auto r = exec(db, path, "BEGIN IMMEDIATE", "begin " + what); !r.ok()) return r.error();
+  auto out = body();
+  if (!out.ok()) {
+    rollback(db);
+    return out;
+  }
+  if (auto r = exec(db, path, "COMMIT", "commit " + what); !r.ok()) {
+    rollback(db);
+    return r.error();
+  }
+  return out;
+}
 
 /// Every column of `variants`, in read_row()'s order, ending in " FROM variants ".
 extern const char* const select_columns;

@@ -109,7 +109,7 @@ template <> struct sample<engine_status> {
 };
 
 template <> struct sample<rollout_stats> {
-  static rollout_stats make() { return {40, 35, 3, 280, 30, 250, 4, 9, 2, true, 12, 1, 2}; }
+  static rollout_stats make() { return {40, 35, 3, 280, 30, 250, 4, 9, 2, true, 12, 1, 2, 5}; }
 };
 
 template <> struct sample<candidate> {
@@ -175,7 +175,8 @@ template <> struct sample<rollout_group> {
 template <> struct sample<group_announce> {
   static group_announce make() {
     return {sample<group_id>::make(), sample<task_id>::make(), {5, 6, 7},
-            sample<generation_result>::make().completions, {variant_id{11}, variant_id{12}}, 3};
+            sample<generation_result>::make().completions, {variant_id{11}, variant_id{12}}, 3,
+            "You write kernels.", "Make it faster.", "<|im_start|>system\nYou write kernels.", {variant_id{4}}};
   }
 };
 
@@ -184,6 +185,24 @@ template <> struct sample<group_extend> {
     return {sample<group_id>::make(), variant_id{13}, 1, 2, {5, 6, 7, 8},
             sample<generation_result>::make().completions.front()};
   }
+};
+
+template <> struct sample<stored_turn> {
+  static stored_turn make() {
+    return {1, 2, sample<generation_result>::make().completions.front(), {5, 6, 7}, sample<verdict>::make(), true};
+  }
+};
+
+template <> struct sample<episode_resume> {
+  static episode_resume make() {
+    auto a = sample<group_announce>::make();
+    return {a.group, a.task, 3, 4, a.system, a.user, a.prompt, a.exemplars, a.prompt_token_ids,
+            {sample<stored_turn>::make(), sample<stored_turn>::make()}};
+  }
+};
+
+template <> struct sample<episode_reopening> {
+  static episode_reopening make() { return {{sample<episode_resume>::make()}, 2, std::uint64_t{1} << 41}; }
 };
 
 template <> struct sample<exemplar_stats> {
@@ -410,7 +429,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 41, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 44, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

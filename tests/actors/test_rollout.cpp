@@ -1077,7 +1077,7 @@ TEST_CASE_FIXTURE(fixture, "two-turn episodes: each member sees its verdict as f
   CHECK(places.size() == 4);
 }
 
-TEST_CASE_FIXTURE(fixture, "an episode correct at rollout.turn_stop_speedup ends early; the others take their turns") {
+TEST_CASE_FIXTURE(fixture, "an episode correct at rollout.turn_stop_speedup ends early, the others take their turns") {
   collaborators(distribution(0.5, 0.5, 0));
   auto opt = options(4, 1, 3);
   opt.turns = 3;
@@ -1126,4 +1126,159 @@ TEST_CASE_FIXTURE(fixture, "more than one turn without a feedback template is re
   CHECK(r.error().message.find("feedback template") != std::string::npos);
   opt.turns = 17;
   CHECK(spawn_rollout_actor(sys, episode_deps(*this, 2), opt).error().message.find("rollout.turns") != std::string::npos);
+}
+
+TEST_CASE_FIXTURE(fixture, "a group of episodes left in flight by a crash is reopened and continued at the turn each episode reached") {
+  collaborators(distribution(0.5, 0.5, 0));
+  table->hold = true;
+  auto opt = options(4, 1, 1);
+  opt.turns = 3;
+  auto deps = episode_deps(*this, 3);
+  auto a = spawn_rollout_actor(sys, deps, opt);
+  REQUIRE(a.ok());
+  keep(*a);
+  sched.run();
+  start(*a);
+  // One real verdict comes in; every other candidate is still being evaluated at the crash.
+  REQUIRE_FALSE(table->received.empty());
+  const auto first = table->received.front().variant.value;
+  release(first, first);
+  // The crash: the rollout actor and the exemplar actor are gone; the store keeps what came.
+  self->send_exit(*a, caf::exit_reason::kill);
+  self->send_exit(exemplars, caf::exit_reason::kill);
+  sched.run();
+  const auto evaluated_before = table->received.size();
+  std::vector<storage::sample_record> before;
+  {
+    auto store = storage::replay_store::open(dir.path() / "replay.db");
+    REQUIRE(store.ok());
+    auto rows = store->samples(0);
+    REQUIRE(rows.ok());
+    before = *rows;
+    REQUIRE_FALSE(before.empty());
+    auto settled = store->settle_samples(std::nullopt);
+    REQUIRE(settled.ok());
+    CHECK(*settled == static_cast<std::int64_t>(before.size()));
+  }
+  // The next process: a new exemplar actor on the store reopens the group.
+  auto got = std::make_shared<groups_seen>();
+  group_sink_actor learner = sys.spawn(sink, got);
+  keep(learner);
+  auto xopt = exemplar_actor_options::from(cfg, dir.path() / "replay.db");
+  xopt.detached = false;
+  auto x2 = spawn_exemplar_actor(sys, xopt, {learner});
+  REQUIRE(x2.ok());
+  keep(*x2);
+  sched.run();
+  std::optional<episode_reopening> reopened;
+  auto rh = self->request(*x2, caf::infinite, reopen_atom_v, std::uint64_t{0}, std::uint64_t{100}, std::uint64_t{10});
+  sched.run();
+  REQUIRE_FALSE(self->mailbox().empty());
+  rh.receive([&](episode_reopening& x) { reopened = std::move(x); }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+  REQUIRE(reopened.has_value());
+  REQUIRE(reopened->groups.size() == 1);
+  CHECK(reopened->samples == static_cast<std::int64_t>(before.size()));
+  CHECK(reopened->max_group == before.front().group_id);
+  const auto& r = reopened->groups.front();
+  CHECK(r.group.value == before.front().group_id);
+  CHECK(r.episodes == 4);
+  CHECK(r.turns == 3);
+  CHECK(r.stored.size() == before.size());
+  CHECK_FALSE(r.prompt.empty());
+  CHECK_FALSE(r.user.empty());
+  {
+    auto store = storage::replay_store::open(dir.path() / "replay.db");
+    REQUIRE(store.ok());
+    auto counts = store->count_samples();
+    REQUIRE(counts.ok());
+    CHECK(counts->pending == static_cast<std::int64_t>(before.size())); // undecided again
+    CHECK(counts->unfinished == 0);
+  }
+  // Where each episode stood.
+  std::map<std::uint32_t, std::uint32_t> stored_turns;
+  std::map<std::uint32_t, bool> going_on;
+  for (const auto& t : r.stored) {
+    ++stored_turns[t.episode];
+    going_on[t.episode] = t.continues;
+  }
+  // The crash caught episodes of every kind: one that went on after a stored turn, and one with
+  // no stored turn (its evaluation was held).
+  CHECK(std::any_of(going_on.begin(), going_on.end(), [](const auto& x) { return x.second; }));
+  CHECK(stored_turns.size() < 4);
+  // A new rollout actor continues it; it takes no new task (one group at most).
+  table->hold = false;
+  auto opt2 = options(4, 1, 1);
+  opt2.turns = 3;
+  opt2.index = 1;
+  opt2.resume = reopened->groups;
+  deps.exemplars = *x2;
+  auto b = spawn_rollout_actor(sys, deps, opt2);
+  REQUIRE(b.ok());
+  keep(*b);
+  sched.run();
+  start(*b);
+  release(); // what the first process left held goes nowhere now
+  auto s = stats(*b);
+  CHECK(s.groups_resumed == 1);
+  CHECK(s.groups_started == 1);
+  CHECK(s.groups_finished == 1);
+  REQUIRE(got->size() == 1);
+  const auto& g = got->front();
+  CHECK(g.group.value == r.group.value);
+  REQUIRE(g.multi_turn());
+  // Every episode's turns once each, from 0 without a gap; the stored ones as they were.
+  std::map<std::uint32_t, std::set<std::uint32_t>> turns_of;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < g.completions.size(); ++i) {
+    CHECK(turns_of[g.episodes[i]].insert(g.turns[i]).second);
+    for (const auto& t : r.stored)
+      if (t.episode == g.episodes[i] && t.turn == g.turns[i]) {
+        ++kept;
+        CHECK(g.completions[i] == t.sampled);
+        CHECK(g.verdicts[i] == t.verdict);
+        CHECK(g.contexts[i] == t.context);
+      }
+  }
+  CHECK(kept == r.stored.size());
+  CHECK(turns_of.size() == 4);
+  for (const auto& [episode, turns] : turns_of) {
+    CHECK(*turns.rbegin() + 1 == turns.size());
+    // An episode that had ended took no more turns; one that went on, or had none, took more.
+    if (stored_turns.count(episode) && !going_on[episode])
+      CHECK(turns.size() == stored_turns[episode]);
+    else
+      CHECK(turns.size() > stored_turns[episode]);
+  }
+  // A continued episode's next turn was sampled after its stored answers and their feedback.
+  for (std::size_t i = 0; i < g.completions.size(); ++i) {
+    const auto e = g.episodes[i];
+    if (g.turns[i] == 0 || g.turns[i] != stored_turns[e])
+      continue;
+    const auto ctx = tok->decode(g.contexts[i], false);
+    CHECK(ctx.find("Turn " + std::to_string(g.turns[i]) + ": ") != std::string::npos);
+    for (const auto& t : r.stored)
+      if (t.episode == e)
+        CHECK(ctx.find(t.sampled.text.substr(0, 40)) != std::string::npos);
+  }
+  // Nothing stored was evaluated again: the second process's candidates are its own new turns.
+  std::size_t new_candidates = 0;
+  for (std::size_t i = evaluated_before; i < table->received.size(); ++i)
+    if (table->received[i].variant.value >> 40 == 1)
+      ++new_candidates;
+  std::size_t new_code_turns = 0;
+  for (std::size_t i = 0; i < g.completions.size(); ++i)
+    if (g.verdicts[i].status != verdict_status::format_error && std::none_of(r.stored.begin(), r.stored.end(), [&](const stored_turn& t) {
+          return t.episode == g.episodes[i] && t.turn == g.turns[i];
+        }))
+      ++new_code_turns;
+  CHECK(new_candidates == new_code_turns);
+  // The store holds each (episode, turn) of the group once.
+  auto store = storage::replay_store::open(dir.path() / "replay.db");
+  REQUIRE(store.ok());
+  auto rows = store->samples(r.group.value);
+  REQUIRE(rows.ok());
+  std::set<std::pair<std::uint32_t, std::uint32_t>> places;
+  for (const auto& row : *rows)
+    CHECK(places.insert({*row.episode, *row.turn}).second);
+  CHECK(places.size() == g.completions.size());
 }

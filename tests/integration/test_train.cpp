@@ -1321,3 +1321,95 @@ TEST_CASE("a wrong task suite or model directory is refused before the run direc
   CHECK(r.err.find("model.dir: " + model.string() + ": holds neither model.safetensors") != std::string::npos);
   CHECK_FALSE(fs::exists(run));
 }
+
+namespace {
+
+struct stored_sample {
+  std::int64_t id = 0, version = 0;
+  std::string fate;
+};
+
+// The run's samples of multi-turn episodes by (group, episode, turn); a place twice fails.
+std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, stored_sample> episode_samples(const fs::path& run,
+                                                                                               const fs::path& file) {
+  auto out = cli({"replay", "samples", run.string(), "--out", file.string()});
+  REQUIRE_MESSAGE(out.exit_code == 0, out.err);
+  std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, stored_sample> rows;
+  std::istringstream in(slurp(file));
+  for (std::string line; std::getline(in, line);) {
+    auto x = crucible::parse_json(line);
+    REQUIRE(x.ok());
+    REQUIRE_MESSAGE(x->find("turn") != nullptr, line);
+    stored_sample s{x->find("id")->as_int(), x->find("policy_version")->as_int(), x->find("fate")->as_string()};
+    const auto place = std::tuple{x->find("group_id")->as_int(), x->find("episode")->as_int(), x->find("turn")->as_int()};
+    CHECK_MESSAGE(rows.emplace(place, s).second, "sample twice: ", line);
+  }
+  return rows;
+}
+
+} // namespace
+
+TEST_CASE("an episode in flight at a kill -9 goes on at the turn it reached after the resume, its stored turn not evaluated again") {
+  temp_dir tmp;
+  auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "reach",
+                                                                     "  sft: {steps: 1, batch: 2}\n  rl: {steps: 12, groups: 1}\n")));
+  const auto run = tmp.path() / "reach";
+  const auto file = tmp.path() / "samples.jsonl";
+  // The run is stopped (SIGSTOP) now and then, and its store looked at, until an episode's first
+  // turn is stored and its second is not, in a group none of whose samples has a fate, all
+  // sampled by weights the latest checkpoint holds: then it is killed with -9.
+  std::tuple<std::int64_t, std::int64_t, std::int64_t> reached{-1, -1, -1};
+  std::int64_t first_id = -1;
+  {
+    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "rollout.turns=2", "--set", "run.checkpoint_every=1"});
+    wait_train_steps(run, p, 2);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+    std::string out;
+    while (std::get<0>(reached) < 0 && std::chrono::steady_clock::now() < deadline) {
+      p.signal(SIGSTOP);
+      auto doc = crucible::parse_json(slurp(latest_dir(run) / "trainer.json"));
+      REQUIRE(doc.ok());
+      const auto version = doc->find("version")->as_int();
+      const auto rows = episode_samples(run, file);
+      std::map<std::int64_t, bool> open; // group -> every sample undecided and within the checkpoint's weights
+      for (const auto& [place, s] : rows) {
+        auto [it, fresh] = open.emplace(std::get<0>(place), true);
+        it->second = it->second && s.fate == "undecided" && s.version <= version;
+      }
+      for (const auto& [place, s] : rows) {
+        const auto [g, e, t] = place;
+        if (t == 0 && open[g] && rows.count({g, e, 1}) == 0) {
+          reached = place;
+          first_id = s.id;
+          break;
+        }
+      }
+      if (std::get<0>(reached) >= 0) {
+        p.signal(SIGKILL);
+        break;
+      }
+      p.signal(SIGCONT);
+      p.read_some(30, out);
+    }
+    REQUIRE_MESSAGE(std::get<0>(reached) >= 0, "no episode was caught between its turns");
+    CHECK(p.wait().exit_code == 128 + SIGKILL);
+  }
+  auto fin = cli({"resume", run.string(), "--set", "log.level=info"});
+  INFO(fin.err);
+  REQUIRE(fin.exit_code == 0);
+  CHECK(fin.err.find("of episodes an earlier process left in flight") != std::string::npos);
+  samples_agree(run, 0, "after the crash and the resume to the end");
+  const auto rows = episode_samples(run, file);
+  const auto [g, e, t] = reached;
+  // The stored first turn is the same row (it was not sampled or evaluated again), and the
+  // episode took its second turn in the resumed process; the group's fate is one.
+  REQUIRE(rows.count(reached) == 1);
+  CHECK(rows.at(reached).id == first_id);
+  REQUIRE(rows.count({g, e, 1}) == 1);
+  CHECK(rows.at({g, e, 1}).id > first_id);
+  const auto fate = rows.at(reached).fate;
+  CHECK(fate != "unfinished");
+  for (const auto& [place, s] : rows)
+    if (std::get<0>(place) == g)
+      CHECK(s.fate == fate);
+}

@@ -754,7 +754,8 @@ TEST_CASE("a store of schema 1 is upgraded to 2 and keeps its whole completions"
     auto store = replay_store::open(db_path);
     REQUIRE(store.ok());
     sqlite3* db = store->handle();
-    exec_ok(db, "DROP TABLE samples; ALTER TABLE variants DROP COLUMN completion_code_at; PRAGMA user_version = 1");
+    exec_ok(db, "DROP TABLE samples; DROP TABLE episode_groups; ALTER TABLE variants DROP COLUMN completion_code_at;"
+                " PRAGMA user_version = 1");
     exec_ok(db, "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status,"
                 " correct, speedup, spread, ref_ms, cand_ms, reward, checks_failed, message,"
                 " policy_version, prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
@@ -924,7 +925,7 @@ TEST_CASE("a store of schema 2 is upgraded to the current schema with an empty s
     auto store = replay_store::open(db_path);
     REQUIRE(store.ok());
     REQUIRE(store->record(sample(1)).ok());
-    exec_ok(store->handle(), "DROP TABLE samples; PRAGMA user_version = 2");
+    exec_ok(store->handle(), "DROP TABLE samples; DROP TABLE episode_groups; PRAGMA user_version = 2");
   }
   auto store = replay_store::open(db_path);
   REQUIRE(store.ok());
@@ -935,6 +936,13 @@ TEST_CASE("a store of schema 2 is upgraded to the current schema with an empty s
   CHECK(store->count_samples()->pending == 1);
 }
 
+// Takes a current store back to schema 4: without what continues an episode.
+void back_to_schema_4(sqlite3* db) {
+  exec_ok(db, "ALTER TABLE samples DROP COLUMN context; ALTER TABLE samples DROP COLUMN tokens;"
+              " ALTER TABLE samples DROP COLUMN logprobs; ALTER TABLE samples DROP COLUMN verdict;"
+              " ALTER TABLE samples DROP COLUMN continues; DROP TABLE episode_groups; PRAGMA user_version = 4");
+}
+
 TEST_CASE("a store of schema 3 is upgraded to 4: its samples keep their rows, with no place in an episode") {
   temp_dir tmp;
   const auto db_path = tmp.path() / "replay.db";
@@ -943,12 +951,13 @@ TEST_CASE("a store of schema 3 is upgraded to 4: its samples keep their rows, wi
     REQUIRE(store.ok());
     REQUIRE(store->record(sample(1)).ok());
     // Schema 3 as it was: the samples table without the episode and turn columns.
+    back_to_schema_4(store->handle());
     exec_ok(store->handle(), "ALTER TABLE samples DROP COLUMN episode; ALTER TABLE samples DROP COLUMN turn;"
                              " PRAGMA user_version = 3");
   }
   auto store = replay_store::open(db_path);
   REQUIRE(store.ok());
-  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 4);
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == replay_store::schema_version);
   auto rows = store->samples(0);
   REQUIRE(rows.ok());
   REQUIRE(rows->size() == 1);
@@ -963,4 +972,130 @@ TEST_CASE("a store of schema 3 is upgraded to 4: its samples keep their rows, wi
   REQUIRE(rows->size() == 2);
   CHECK((*rows)[1].episode == std::optional<std::uint32_t>{1});
   CHECK((*rows)[1].turn == std::optional<std::uint32_t>{2});
+}
+
+namespace {
+
+// Turn `turn` of episode `episode` of group `group`, sampled at `version`, with its episode data.
+variant_record episode_turn(std::uint64_t group, std::uint32_t episode, std::uint32_t turn, std::uint64_t version,
+                            bool continues, const std::string& fate = "") {
+  auto v = sample(static_cast<int>(group * 100 + episode * 10 + turn));
+  v.group_id = group;
+  v.policy_version = version;
+  v.episode = episode;
+  v.turn = turn;
+  v.sample_fate = fate;
+  episode_turn_data d;
+  if (turn > 0) d.context = {1, 2, 3, static_cast<std::int32_t>(turn)};
+  d.tokens = {static_cast<std::int32_t>(episode), static_cast<std::int32_t>(turn), -7};
+  d.logprobs = {-0.5f, -1.25f, -3.0f};
+  d.verdict = R"({"status":"ok","correct":true})";
+  d.continues = continues;
+  v.episode_data = d;
+  return v;
+}
+
+episode_group_record episode_group(std::uint64_t group) {
+  episode_group_record g;
+  g.group_id = group;
+  g.task_id = "level1/19_ReLU";
+  g.turns = 3;
+  g.episodes = 2;
+  g.system = "system text";
+  g.user = "user text";
+  g.prompt_id = "p-" + std::to_string(group);
+  g.exemplar_ids = "[4,5]";
+  g.prompt_tokens = {10, 11, 12, 2147483647, -2147483647 - 1};
+  return g;
+}
+
+} // namespace
+
+TEST_CASE("groups of episodes whose samples never reached a trainer are reopened with their turns, once each") {
+  temp_dir tmp;
+  auto store = replay_store::open(tmp.path() / "replay.db");
+  REQUIRE(store.ok());
+  CHECK(*store->max_group_id() == 0);
+  // Group 7: episode 0 went on after turn 0 and turn 1 is stored; episode 1 ended at turn 0.
+  for (std::uint64_t g : {7, 8, 9, 10, 11, 12}) {
+    REQUIRE(store->record_prompt("p-" + std::to_string(g), "prompt text " + std::to_string(g)).ok());
+    REQUIRE(store->record_episode_group(episode_group(g)).ok());
+  }
+  for (const auto& v : {episode_turn(7, 0, 0, 5, true), episode_turn(7, 0, 1, 6, true), episode_turn(7, 1, 0, 5, false),
+                        // 8: trained already.
+                        episode_turn(8, 0, 0, 5, false),
+                        // 9: sampled at version 2, too old for the window.
+                        episode_turn(9, 0, 0, 2, true),
+                        // 10: its turn 1 without turn 0 (a gap).
+                        episode_turn(10, 0, 1, 5, false),
+                        // 11: sampled after the checkpoint's version 6 (weights that are gone).
+                        episode_turn(11, 0, 0, 7, true),
+                        // 12: its turn 0 says the episode ended, yet a turn 1 follows.
+                        episode_turn(12, 0, 0, 5, false), episode_turn(12, 0, 1, 5, false)})
+    REQUIRE(store->record(v).ok());
+  auto plain = sample(1);
+  plain.group_id = 13; // a one-turn group: no episode data, never reopened
+  REQUIRE(store->record(plain).ok());
+  REQUIRE(*store->set_group_fate(8, sample_fate::trained, 3, 1) == 1);
+  CHECK(*store->max_group_id() == 13);
+  // Not before a settle: undecided samples belong to a process still running.
+  CHECK(store->reopen_episode_groups(4, 6, 100)->empty());
+  REQUIRE(*store->settle_samples(std::nullopt) == 9);
+  // A limit of none reopens nothing.
+  CHECK(store->reopen_episode_groups(4, 6, 0)->empty());
+  auto r = store->reopen_episode_groups(4, 6, 100);
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 1);
+  const auto& g = r->front();
+  CHECK(g.group == episode_group(7));
+  CHECK(g.prompt == "prompt text 7");
+  REQUIRE(g.turns.size() == 3);
+  CHECK(g.turns[0].episode == 0);
+  CHECK(g.turns[0].turn == 0);
+  CHECK(g.turns[1].turn == 1);
+  CHECK(g.turns[2].episode == 1);
+  CHECK(g.turns[0].data == *episode_turn(7, 0, 0, 5, true).episode_data);
+  CHECK(g.turns[1].data == *episode_turn(7, 0, 1, 6, true).episode_data);
+  CHECK(g.turns[1].policy_version == 6);
+  CHECK(g.turns[1].completion == episode_turn(7, 0, 1, 6, true).completion);
+  // Its samples are undecided again: their fate is the group's next one.
+  auto counts = store->count_samples();
+  CHECK(counts->pending == 3);
+  CHECK(counts->unfinished == 6);
+  CHECK(*store->set_group_fate(7, sample_fate::trained, 9, 2) == 3);
+  // Once is all: a second reopen finds nothing more (the others fail a condition).
+  // Groups 9 and 11 inside a wider window.
+  auto wider = store->reopen_episode_groups(0, 100, 100);
+  REQUIRE(wider->size() == 2);
+  CHECK(wider->front().group.group_id == 9);
+  CHECK(wider->back().group.group_id == 11);
+  CHECK(store->reopen_episode_groups(0, 100, 100)->empty());
+  CHECK(store->record_episode_group(episode_group(0)).error().code == errc::invalid_arg);
+  auto bad = episode_group(14);
+  bad.exemplar_ids = "[\"x\"]";
+  CHECK(store->record_episode_group(bad).error().message.find("exemplar_ids") != std::string::npos);
+}
+
+TEST_CASE("a store of schema 4 is upgraded to 5: its samples keep their rows and are never reopened") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  {
+    auto store = replay_store::open(db_path);
+    REQUIRE(store.ok());
+    auto turn = sample(1);
+    turn.episode = 0;
+    turn.turn = 0;
+    REQUIRE(store->record(turn).ok());
+    back_to_schema_4(store->handle());
+  }
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 5);
+  auto rows = store->samples(0);
+  REQUIRE(rows->size() == 1);
+  CHECK((*rows)[0].turn == std::optional<std::uint32_t>{0});
+  REQUIRE(*store->settle_samples(std::nullopt) == 1);
+  CHECK(store->reopen_episode_groups(0, 100, 100)->empty()); // no first prompt, no episode data
+  REQUIRE(store->record_episode_group(episode_group(42)).ok());
+  CHECK(store->reopen_episode_groups(0, 100, 100)->empty());
 }
