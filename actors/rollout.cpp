@@ -108,7 +108,6 @@ result<prompt_setup> make_prompt_setup(const config& cfg, std::shared_ptr<const 
 namespace {
 
 constexpr std::uint32_t no_slot = std::numeric_limits<std::uint32_t>::max();
-constexpr int id_shift = 40; // group and variant ids: index * 2^40 + n
 
 std::uint64_t splitmix64(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -275,7 +274,7 @@ void send_turn_generation(rollout_pointer self, group_id id, std::uint32_t slot)
 // Member `m` as completion `c` makes it: a fresh variant id, the weights and the text, and the
 // code cut from it, or a format error's verdict where there is none.
 void take_completion(rollout_state& st, member& m, const completion& c) {
-  m.variant = variant_id{(st.opt.index << id_shift) | ++st.next_variant};
+  m.variant = variant_id{(st.opt.index << rollout_id_shift) | ++st.next_variant};
   m.version = c.policy_version;
   m.completion = c.text;
   auto parsed = env::parse_response(c.text, st.deps.parse);
@@ -379,6 +378,16 @@ void lose(rollout_pointer self, group_id id, std::size_t slot) {
   end_member(self, id, slot);
 }
 
+// Releases the place the exemplar actor holds for turn `turn` of episode `slot` of group `id`
+// (a group_extend without a variant): that turn will not come.
+void release_place(rollout_pointer self, group_id id, std::uint32_t slot, std::uint32_t turn) {
+  group_extend release;
+  release.group = id;
+  release.episode = slot;
+  release.turn = turn;
+  self->send(self->state.deps.exemplars, std::move(release));
+}
+
 // Member `slot`'s next turn could not be generated: the episode ends at the turn before, and
 // the place its last scored variant held open at the exemplar actor is released.
 void end_episode_early(rollout_pointer self, group_id id, std::uint32_t slot) {
@@ -388,11 +397,7 @@ void end_episode_early(rollout_pointer self, group_id id, std::uint32_t slot) {
     return;
   auto& m = g->members[slot];
   m.generating = false;
-  group_extend release;
-  release.group = id;
-  release.episode = slot;
-  release.turn = m.turn;
-  self->send(st.deps.exemplars, std::move(release));
+  release_place(self, id, slot, m.turn);
   ++st.stats.turns_lost;
   end_member(self, id, slot);
 }
@@ -592,7 +597,7 @@ void launch(rollout_pointer self) {
   auto& st = self->state;
   const auto& name = st.sampler->next();
   group_work g;
-  g.id = group_id{(st.opt.index << id_shift) | ++st.next_group};
+  g.id = group_id{(st.opt.index << rollout_id_shift) | ++st.next_group};
   g.task = task_id{name};
   g.turns = st.opt.turns;
   auto id = g.id;
@@ -667,7 +672,7 @@ void resume_groups(rollout_pointer self) {
       seen[t.episode] = true;
       going_on[t.episode] = t.continues;
       m.turn = t.turn;
-      m.history.push_back({t.sampled.text, st.deps.feedback ? feedback_on(st, t.verdict, t.turn, g.turns) : std::string{}});
+      m.history.push_back({t.sampled.text, feedback_on(st, t.verdict, t.turn, g.turns)});
     }
     ++st.stats.groups_started;
     ++st.stats.groups_resumed;
@@ -683,21 +688,19 @@ void resume_groups(rollout_pointer self) {
       if (!known) {
         m.done = true;
         ++st.stats.turns_lost;
-        self->send(st.deps.exemplars, group_extend{g.id, variant_id{0}, slot, seen[slot] ? m.turn + 1 : 0, {}, {}});
+        release_place(self, g.id, slot, seen[slot] ? m.turn + 1 : 0);
         continue;
       }
       if (!seen[slot]) {
         m.next = turn_request(st, g, slot, 0, g.first);
         m.turn = 0;
-      } else if (auto built = st.deps.feedback ? st.deps.prompts->continue_episode(g.first, m.history)
-                                               : result<env::built_prompt>{fail(errc::invalid_arg, "no feedback template")};
-                 built.ok()) {
+      } else if (auto built = st.deps.prompts->continue_episode(g.first, m.history); built.ok()) {
         m.next = turn_request(st, g, slot, m.turn + 1, std::move(*built));
         ++m.turn;
       } else {
         ++st.stats.turns_over_budget;
         m.done = true;
-        self->send(st.deps.exemplars, group_extend{g.id, variant_id{0}, slot, m.turn + 1, {}, {}});
+        release_place(self, g.id, slot, m.turn + 1);
         continue;
       }
       m.generating = true;
@@ -821,6 +824,9 @@ result<rollout_actor> spawn_rollout_actor(caf::actor_system& sys, rollout_deps d
   if (opt.turns > 1 && !deps.feedback)
     return fail(errc::invalid_arg, "rollout actor: rollout.turns = ", std::to_string(opt.turns),
                 " needs the feedback template (prompt.feedback_template)");
+  if (!opt.resume.empty() && !deps.feedback)
+    return fail(errc::invalid_arg, "rollout actor: groups of episodes to continue need the feedback template "
+                                   "(prompt.feedback_template)");
   auto sampler = make_task_sampler(*deps.tasks, opt);
   if (!sampler.ok())
     return sampler.error();

@@ -23,6 +23,10 @@
 
 namespace crucible {
 
+/// Group and variant ids of rollout actor number `index` are index * 2^rollout_id_shift + n
+/// (n = 1, 2, ...; index below 2^23, so every id is below 2^63).
+inline constexpr int rollout_id_shift = 40;
+
 /// Settings of one rollout actor. Value type; check with validate(). The `rollout:` config
 /// section converts into it.
 struct rollout_actor_options {

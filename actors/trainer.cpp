@@ -249,7 +249,7 @@ void reopen_groups(self_pointer self, std::uint64_t staleness, std::uint64_t lim
     .then(
       [self, then](episode_reopening& r) {
         auto& st = self->state;
-        st.p.generation = std::max<std::uint64_t>(st.p.generation, r.max_group >> 40);
+        st.p.generation = std::max<std::uint64_t>(st.p.generation, r.max_group >> rollout_id_shift);
         const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(0, r.samples));
         st.p.unfinished -= std::min(st.p.unfinished, n);
         if (!r.groups.empty())

@@ -1263,7 +1263,7 @@ TEST_CASE_FIXTURE(fixture, "a group of episodes left in flight by a crash is reo
   // Nothing stored was evaluated again: the second process's candidates are its own new turns.
   std::size_t new_candidates = 0;
   for (std::size_t i = evaluated_before; i < table->received.size(); ++i)
-    if (table->received[i].variant.value >> 40 == 1)
+    if (table->received[i].variant.value >> rollout_id_shift == 1)
       ++new_candidates;
   std::size_t new_code_turns = 0;
   for (std::size_t i = 0; i < g.completions.size(); ++i)
