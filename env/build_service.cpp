@@ -1,11 +1,18 @@
 // The build service (env/build_service.hpp).
 #include "env/build_service.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <fstream>
+#include <regex>
 
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
 #include "core/sha256.hpp"
 #include "env/wire.hpp"
 #include "env/worker_messages.hpp"
@@ -20,6 +27,100 @@ namespace {
 // A directory of the extension cache: workers (nobody, where we are root) read it, we alone write.
 constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
                               | fs::perms::others_read | fs::perms::others_exec;
+
+// Runs `argv` (our own commands only: the interpreter's answer below, the compiler on torch's
+// header) in a process group of its own, stdin from /dev/null, stdout into `out` where given and
+// stderr dropped; its exit status, or -1 where it could not start, was killed or passed `deadline`
+// (the group is killed then).
+int run_own_command(const std::vector<std::string>& argv, clock_type::time_point deadline, std::string* out) {
+  int fds[2] = {-1, -1};
+  if (::pipe2(fds, O_CLOEXEC) != 0)
+    return -1;
+  std::vector<char*> args;
+  for (const auto& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return -1;
+  }
+  if (pid == 0) { // async-signal-safe calls only until exec
+    ::setpgid(0, 0);
+    const int null = ::open("/dev/null", O_RDWR);
+    ::dup2(null, 0);
+    ::dup2(out != nullptr ? fds[1] : null, 1);
+    ::dup2(null, 2);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid); // as the child does: no window in which a kill of the group misses it
+  ::close(fds[1]);
+  bool late = false;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()).count();
+    if (left <= 0) {
+      late = true;
+      break;
+    }
+    pollfd p{fds[0], POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (r < 0 && errno != EINTR)
+      break;
+    if (r <= 0)
+      continue;
+    const auto n = ::read(fds[0], buf, sizeof buf);
+    if (n <= 0)
+      break; // the end of its output: it exits now
+    if (out != nullptr && out->size() < (1u << 20))
+      out->append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fds[0]);
+  if (late)
+    ::kill(-pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (late || !WIFEXITED(status))
+    return -1;
+  return WEXITSTATUS(status);
+}
+
+} // namespace
+
+bool precompilable_flag(const std::string& f) {
+  static const std::regex plain{"-O[0-3s]|-Ofast|-march=native|-mtune=native|-ffast-math|-funroll-loops|"
+                                "-fopenmp|-DNDEBUG|-std=c\\+\\+(14|17|20)|-w|-Wall|-Wextra|-Wno-[a-z-]+|-g0"};
+  return f.size() <= 40 && std::regex_match(f, plain);
+}
+
+namespace {
+
+// torch's compiler, torch/extension.h and the include directories load_inline compiles with
+// (torch's and the interpreter's), as the workers' interpreter reports them; empty on failure.
+std::vector<std::string> ask_toolchain(const std::string& python, clock_type::time_point deadline) {
+  static constexpr const char* script =
+    "import json, os, sysconfig\n"
+    "import torch.utils.cpp_extension as ce\n"
+    "print(json.dumps([ce.get_cxx_compiler(), os.path.join(ce._TORCH_PATH, 'include', 'torch', 'extension.h')]"
+    " + ce.include_paths('cpu') + [sysconfig.get_path('include', scheme='posix_prefix')]))\n";
+  std::string out;
+  if (run_own_command({python, "-I", "-B", "-c", script}, deadline, &out) != 0)
+    return {};
+  const auto line = out.substr(0, out.find_last_not_of("\n") + 1);
+  auto parsed = parse_json(line.substr(line.rfind('\n') == std::string::npos ? 0 : line.rfind('\n') + 1));
+  std::vector<std::string> paths;
+  if (!parsed || !parsed->is_array())
+    return {};
+  for (const auto& v : parsed->as_array()) {
+    if (!v.is_string() || v.as_string().empty())
+      return {};
+    paths.push_back(v.as_string());
+  }
+  return paths.size() >= 3 ? paths : std::vector<std::string>{};
+}
 } // namespace
 
 build_service::build_service(worker_pool& pool, std::string python, fs::path extensions_dir)
@@ -30,6 +131,88 @@ build_service::build_service(worker_pool& pool, std::string python, fs::path ext
   fs::permissions(extensions_dir_, readable_dir, ec);
 }
 
+std::string build_service::precompiled_header(const std::string& fn, const std::string& request,
+                                              clock_type::time_point deadline) {
+  std::vector<std::string> flags;
+  try {
+    const auto args = wire::parse(request)["args"];
+    if (fn != "load_inline" || (args["no_implicit_headers"].defined() && !args["no_implicit_headers"].is_null()
+                                && args["no_implicit_headers"].as<bool>(false)))
+      return {};
+    const auto extra = args["extra_cflags"];
+    if (extra.defined() && !extra.is_null() && !extra.is_list())
+      return {};
+    for (const auto f : extra) {
+      if (!f.is_scalar())
+        return {};
+      flags.push_back(f.as<std::string>(""));
+      if (!precompilable_flag(flags.back()))
+        return {};
+    }
+  } catch (const wire::error&) {
+    return {};
+  }
+  std::vector<std::string> argv;
+  std::string sig;
+  {
+    std::lock_guard lock{pch_mtx_};
+    if (!toolchain_asked_) {
+      toolchain_asked_ = true;
+      toolchain_ = ask_toolchain(python_, std::min(deadline, clock_type::now() + std::chrono::seconds(120)));
+    }
+    if (toolchain_.empty())
+      return {};
+    // As torch's load_inline compiles its C++ file (cpp_extension.py, the ninja file's cflags),
+    // less the extension's name, which torch/extension.h never reads.
+    argv = {toolchain_[0], "-x", "c++-header", toolchain_[1], "-DTORCH_API_INCLUDE_EXTENSION_H"};
+    for (std::size_t i = 2; i < toolchain_.size(); ++i) {
+      argv.push_back("-isystem");
+      argv.push_back(toolchain_[i]);
+    }
+    argv.push_back("-fPIC");
+    argv.push_back("-std=c++17");
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::string joined;
+    for (const auto& a : argv)
+      joined += a + '\n';
+    sig = sha256_hex(joined + pool_.hardware()).substr(0, 24);
+  }
+  const auto dir = extensions_dir_ / "pch" / sig;
+  const auto gch = dir / "torch" / "extension.h.gch";
+  std::error_code ec;
+  {
+    std::lock_guard lock{pch_mtx_};
+    if (fs::exists(gch, ec))
+      return dir.string();
+    // Another build is making it (the request builds without rather than wait that long), or
+    // making it failed: torch reads the header itself, as without this service.
+    if (pch_building_.count(sig) != 0 || pch_failed_.count(sig) != 0)
+      return {};
+    pch_building_.insert(sig);
+  }
+  fs::create_directories(gch.parent_path(), ec);
+  fs::permissions(dir, readable_dir, ec);
+  fs::permissions(gch.parent_path(), readable_dir, ec);
+  const auto tmp = gch.parent_path() / ("extension.h.gch.tmp" + std::to_string(::getpid()));
+  argv.push_back("-o");
+  argv.push_back(tmp.string());
+  const bool made = run_own_command(argv, deadline, nullptr) == 0 && fs::exists(tmp, ec);
+  if (made) {
+    fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+    fs::rename(tmp, gch, ec);
+  }
+  const bool kept = made && !ec;
+  if (!kept)
+    fs::remove(tmp, ec);
+  std::lock_guard lock{pch_mtx_};
+  pch_building_.erase(sig);
+  if (!kept)
+    pch_failed_.insert(sig);
+  else
+    ++header_builds_;
+  return kept ? dir.string() : std::string{};
+}
+
 std::string build_service::build(const std::string& request, clock_type::time_point deadline) {
   auto failed = [](const std::string& log) { return worker_msg::build_failed(log); };
   std::string name;
@@ -38,6 +221,8 @@ std::string build_service::build(const std::string& request, clock_type::time_po
     const auto n = wire::parse(request);
     name = n["args"]["name"].as<std::string>();
     fn = n["fn"].as<std::string>("");
+    if (!n["args"].is_object())
+      return failed("the build request's args are not an object");
   } catch (const wire::error& e) {
     return failed(std::string{"the build request is malformed: "} + e.what());
   }
@@ -73,12 +258,22 @@ std::string build_service::build(const std::string& request, clock_type::time_po
       s.cv_.notify_all();
     }
   } guard{*this, key};
+  // The precompiled header goes with the request as its last field (a `pch` of the worker's own,
+  // earlier in the object, loses to it), outside the key: the library is the same either way.
+  std::string job = request;
+  if (const auto pch = precompiled_header(fn, request, deadline); !pch.empty()) {
+    if (const auto end = job.find_last_of('}'); end != std::string::npos) {
+      std::string field = ", \"pch\": ";
+      append_json_string(field, pch);
+      job.insert(end, field);
+    }
+  }
   auto b = pool_.start_builder(deadline);
   if (!b)
     return failed("the build service could not start a builder: " + b.error().message);
   ++builds_;
   std::unique_ptr<worker> builder = std::move(*b);
-  if (auto sent = builder->send(request); !sent) {
+  if (auto sent = builder->send(job); !sent) {
     pool_.retire(std::move(builder));
     return failed("the builder stopped listening: " + sent.error().message);
   }

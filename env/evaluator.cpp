@@ -193,6 +193,7 @@ isolation_report device_evaluator::isolation() const { return pool_->isolation()
 bool device_evaluator::wait_warm(double timeout_s) { return pool_->wait_warm(timeout_s); }
 std::size_t device_evaluator::warm_now() const { return pool_->warm_now(); }
 std::uint64_t device_evaluator::extension_builds() const noexcept { return builds_->builds(); }
+std::uint64_t device_evaluator::header_builds() const noexcept { return builds_->header_builds(); }
 
 std::string device_evaluator::build_extension(const std::string& request, clock_type::time_point deadline) {
   return builds_->build(request, deadline);

@@ -109,6 +109,9 @@ public:
   std::string build_extension(const std::string& request, std::chrono::steady_clock::time_point deadline);
   /// Extension builds made so far (not answered from the cache), for tests and metrics.
   std::uint64_t extension_builds() const noexcept;
+  /// Precompiled torch/extension.h headers the build service made so far (one per set of C++
+  /// flags, kept in the extension cache's pch/), for tests and metrics.
+  std::uint64_t header_builds() const noexcept;
   /// The sandbox layers the last started worker reported (env/harness/confine.py).
   isolation_report isolation() const;
   /// Waits until the warm pool holds warm_workers workers, or until timeout_s has passed; true

@@ -151,6 +151,12 @@ def build_extension(req, scratch):
                 f.write(str(src.get("text", "")))
             paths.append(path)
         args["sources"] = paths
+    pch = req.get("pch")
+    if isinstance(pch, str) and pch:
+        # torch/extension.h precompiled by the evaluator for exactly these flags (its build
+        # service's pch/ directory): first on the include path, GCC takes torch/extension.h.gch
+        # from there, or, where the options differ, reads the header itself further on.
+        args["extra_include_paths"] = [pch] + list(args.get("extra_include_paths") or [])
     fn(**args, build_directory=build_dir, verbose=False)
     with open(os.path.join(build_dir, name + ".so"), "rb") as f:
         return f.read()

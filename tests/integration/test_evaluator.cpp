@@ -680,6 +680,8 @@ void check_escape(const std::string& file) {
 } // namespace
 
 TEST_CASE("the evaluator builds a candidate's extension in a builder of its own and keeps it, and workers only load it") {
+  // (Also: torch/extension.h precompiled once for the builds' -O3, and a compile error through it
+  // is still the candidate's own.)
   const auto dir = fs::temp_directory_path() / ("crucible-test-ext-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   auto opt = cpu_evaluator::suite_options(1);
@@ -695,11 +697,21 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
       n += e.path().filename() == "crucible_test_legit_cpp_relu_scale.so" ? 1 : 0;
     return n;
   };
+  auto headers = [&] {
+    int n = 0;
+    if (fs::exists(dir / "pch"))
+      for (const auto& e : fs::recursive_directory_iterator(dir / "pch"))
+        n += e.path().filename() == "extension.h.gch" ? 1 : 0;
+    return n;
+  };
   auto first = ev.run(*t, cand);
   INFO("first: " << describe(first));
   CHECK(first.status == verdict_status::ok);
   CHECK(ev.ev->extension_builds() == 1);
   CHECK(libs() == 1);
+  // Its flags (-O3) are plain: torch/extension.h was precompiled for them, once, and kept.
+  CHECK(ev.ev->header_builds() == 1);
+  CHECK(headers() == 1);
   // The same extension in a candidate that differs elsewhere: no new build.
   auto same = ev.ev->evaluate(eval_request{*t, read_text(cand) + "\n# the same extension, another candidate\n", 0, false});
   INFO("same extension: " << describe(same));
@@ -715,6 +727,9 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
   CHECK(other.status == verdict_status::ok);
   CHECK(ev.ev->extension_builds() == 2);
   CHECK(libs() == 2);
+  // The second build of the same flags compiled with the header the first one made.
+  CHECK(ev.ev->header_builds() == 1);
+  CHECK(headers() == 1);
   // A build that fails is the candidate's compile_error, with the compiler's words.
   std::string broken = read_text(cand);
   broken.replace(broken.find(line), line.size(), "auto xc = x.contiguous() no_such_token;");
