@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <regex>
+
+#include <nlohmann/json.hpp>
 
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
@@ -89,6 +92,131 @@ int run_own_command(const std::vector<std::string>& argv, clock_type::time_point
 }
 
 } // namespace
+
+std::string normalised_source(std::string_view src) {
+  std::string out;
+  out.reserve(src.size());
+  const std::size_t n = src.size();
+  bool space = false;     // a run of spaces and tabs (or a comment) is pending: one space, none at a line's end
+  bool has_token = false; // the line (with the lines it continues) has a token
+  bool directive = false; // ... and its first is '#'
+  auto put = [&](char c) {
+    if (space)
+      out += ' ';
+    space = false;
+    if (!has_token) {
+      has_token = true;
+      directive = c == '#';
+    }
+    out += c;
+  };
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_'; };
+  // The identifier characters right before position i (a literal's prefix, or a number's digits).
+  auto before = [&](std::size_t i) {
+    std::size_t k = i;
+    while (k > 0 && ident(src[k - 1]))
+      --k;
+    return src.substr(k, i - k);
+  };
+  for (std::size_t i = 0; i < n;) {
+    const char c = src[i];
+    if (c == ' ' || c == '\t') {
+      space = true;
+      ++i;
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && (i + 1 >= n || src[i + 1] != '\n'))
+        return std::string{src}; // a lone carriage return: left as it is
+      if (c == '\r') {
+        ++i;
+        continue;
+      }
+      space = false;
+      if (out.empty() || out.back() != '\\') // a spliced line goes on with the same directive
+        has_token = directive = false;
+      out += '\n';
+      ++i;
+    } else if (c == '/' && i + 1 < n && src[i + 1] == '/') {
+      const auto end = std::min(src.find('\n', i), n);
+      if (src.substr(i, end - i).find('\\') != std::string_view::npos)
+        return std::string{src}; // a comment that may go on past its line: left as it is
+      space = true;
+      i = end;
+    } else if (c == '/' && i + 1 < n && src[i + 1] == '*') {
+      const auto end = src.find("*/", i + 2);
+      if (end == std::string_view::npos)
+        return std::string{src};
+      const auto lines = std::count(src.begin() + static_cast<long>(i), src.begin() + static_cast<long>(end), '\n');
+      // A comment is one space; one across lines keeps its newlines (every line keeps its number),
+      // which would end a directive it is part of: such a source is left as it is.
+      if (lines > 0 && directive)
+        return std::string{src};
+      for (long k = 0; k < lines; ++k) {
+        out += '\n';
+        has_token = directive = false;
+      }
+      space = true;
+      i = end + 2;
+    } else if (c == '"' || c == '\'') {
+      const auto prefix = before(i);
+      if (c == '\'' && !prefix.empty() && prefix != "L" && prefix != "u" && prefix != "U" && prefix != "u8") {
+        put(c); // a digit separator (1'000)
+        ++i;
+        continue;
+      }
+      const bool raw = c == '"' && (prefix == "R" || prefix == "LR" || prefix == "uR" || prefix == "UR" || prefix == "u8R");
+      std::size_t j = i + 1;
+      if (raw) {
+        const auto open = src.find('(', j);
+        if (open == std::string_view::npos || open - j > 16)
+          return std::string{src};
+        const std::string close = ")" + std::string{src.substr(j, open - j)} + "\"";
+        const auto end = src.find(close, open + 1);
+        if (end == std::string_view::npos)
+          return std::string{src};
+        j = end + close.size();
+      } else {
+        while (j < n && src[j] != c && src[j] != '\n')
+          j += src[j] == '\\' ? 2 : 1;
+        if (j >= n || src[j] != c)
+          return std::string{src}; // an unterminated literal: left as it is
+        ++j;
+      }
+      put(c);
+      out.append(src.substr(i + 1, j - i - 1)); // as written
+      i = j;
+    } else {
+      put(c);
+      ++i;
+    }
+  }
+  return out;
+}
+
+std::string build_key_material(const std::string& request) {
+  auto j = nlohmann::json::parse(request, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("args") || !j["args"].is_object())
+    return request;
+  // C++ and CUDA sources only: Triton's requests (Python, IR) are keyed as they are.
+  const auto fn = j.contains("fn") && j["fn"].is_string() ? j["fn"].get<std::string>() : std::string{};
+  if (fn != "load_inline" && fn != "load")
+    return request;
+  auto& args = j["args"];
+  auto normalise = [](nlohmann::json& v) {
+    if (v.is_string())
+      v = normalised_source(v.get<std::string>());
+    else if (v.is_array())
+      for (auto& x : v) {
+        if (x.is_string())
+          x = normalised_source(x.get<std::string>());
+        else if (x.is_object() && x.contains("text") && x["text"].is_string()) // `load`'s files
+          x["text"] = normalised_source(x["text"].get<std::string>());
+      }
+  };
+  for (const char* key : {"cpp_sources", "cuda_sources", "sources"})
+    if (args.contains(key))
+      normalise(args[key]);
+  return j.dump();
+}
 
 bool precompilable_flag(const std::string& f) {
   static const std::regex plain{"-O[0-3s]|-Ofast|-march=native|-mtune=native|-ffast-math|-funroll-loops|"
@@ -232,8 +360,9 @@ std::string build_service::build(const std::string& request, clock_type::time_po
   if (!identifier)
     return failed("the extension's name '" + name.substr(0, 200) + "' is not a Python identifier");
   // The key covers the whole request (sources, functions, flags, name, build environment), the
-  // interpreter (torch's version and headers) and the device model.
-  const auto key = sha256_hex(request + "\n" + python_ + "\n" + pool_.hardware()).substr(0, 32);
+  // interpreter (torch's version and headers) and the device model; the sources as
+  // normalised_source() writes them, so that equivalent sources share one build.
+  const auto key = sha256_hex(build_key_material(request) + "\n" + python_ + "\n" + pool_.hardware()).substr(0, 32);
   const auto dir = extensions_dir_ / key;
   // A Triton kernel's build is its stages' files in one JSON document; every other build is a
   // library.

@@ -17,11 +17,26 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace crucible::env {
 
 class worker_pool;
+
+/// A C++ or CUDA source as the extension cache's key reads it: comments taken out (a block
+/// comment's newlines kept), each run of spaces and tabs one space, none at a line's end, string
+/// and character literals (raw strings too) untouched, so every line keeps its number and its
+/// tokens. Two sources with the same normalised text compile to the same library. A source this
+/// cannot read with certainty (an unterminated literal or comment, a line comment continued by a
+/// backslash, a lone carriage return) is returned as it is.
+std::string normalised_source(std::string_view source);
+
+/// The text the extension cache's key hashes for a build request: the request with each source
+/// of its args (cpp_sources, cuda_sources, `load`'s files) normalised, keys in sorted order; the
+/// request itself where it is not a JSON object with args, or not a load_inline or load (Triton's
+/// builds: Python and IR, keyed as they are).
+std::string build_key_material(const std::string& request);
 
 /// Whether a load_inline build whose extra_cflags hold only such flags gets a precompiled
 /// torch/extension.h: plain optimisation and language flags (-O0..-O3, -Os, -Ofast, -march=native,

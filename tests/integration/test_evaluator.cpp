@@ -680,8 +680,8 @@ void check_escape(const std::string& file) {
 } // namespace
 
 TEST_CASE("the evaluator builds a candidate's extension in a builder of its own and keeps it, and workers only load it") {
-  // (Also: torch/extension.h precompiled once for the builds' -O3, and a compile error through it
-  // is still the candidate's own.)
+  // (Also: sources that differ only in comments and spaces share a build; torch/extension.h is
+  // precompiled once for the builds' -O3, and a compile error through it is still the candidate's.)
   const auto dir = fs::temp_directory_path() / ("crucible-test-ext-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   auto opt = cpu_evaluator::suite_options(1);
@@ -717,11 +717,18 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
   INFO("same extension: " << describe(same));
   CHECK(same.status == verdict_status::ok);
   CHECK(ev.ev->extension_builds() == 1);
+  // The same C++ code with other comments and spaces: the same build.
+  const std::string line = "auto xc = x.contiguous();";
+  std::string commented = read_text(cand);
+  REQUIRE(commented.find(line) != std::string::npos);
+  commented.replace(commented.find(line), line.size(), "auto  xc = x.contiguous();   /* the same code */");
+  auto again = ev.ev->evaluate(eval_request{*t, commented, 0, false});
+  INFO("other comments: " << describe(again));
+  CHECK(again.status == verdict_status::ok);
+  CHECK(ev.ev->extension_builds() == 1);
   // The same extension name with other C++ code: built apart, both kept.
   std::string changed = read_text(cand);
-  const std::string line = "auto xc = x.contiguous();";
-  REQUIRE(changed.find(line) != std::string::npos);
-  changed.replace(changed.find(line), line.size(), line + " // another build of the same name");
+  changed.replace(changed.find(line), line.size(), line + " (void) 0; // another build of the same name");
   auto other = ev.ev->evaluate(eval_request{*t, changed, 0, false});
   INFO("other code: " << describe(other));
   CHECK(other.status == verdict_status::ok);

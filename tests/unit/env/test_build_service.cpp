@@ -17,3 +17,53 @@ TEST_CASE("precompiled headers: plain optimisation and language flags only") {
                         "-Wno-error=x/../y"})
     CHECK_MESSAGE(!precompilable_flag(f), f);
 }
+
+using crucible::env::build_key_material;
+using crucible::env::normalised_source;
+
+TEST_CASE("build keys: sources equal but for comments and spaces share a key, and keep their lines") {
+  const std::string a = "#include <cmath>\nint f(int x) {  // doubles\n\treturn x * 2;\n}\n";
+  const std::string b = "#include <cmath>\nint f(int x) { /* twice */\n    return  x*2 ;   \n}\n";
+  const std::string c = "#include <cmath>\nint f(int x) {\n  return x * 2;\n}\n";
+  CHECK(normalised_source(a) == normalised_source(c));
+  CHECK(normalised_source(a) == "#include <cmath>\nint f(int x) {\n return x * 2;\n}\n");
+  CHECK(normalised_source(b) != normalised_source(c)); // x*2 and x * 2 are other text (same tokens, not merged)
+  // Every line keeps its number: a block comment's newlines stay.
+  CHECK(normalised_source("a /* one\ntwo\nthree */ b\n") == "a\n\n b\n");
+  // Literals are never touched: their spaces and comment marks are the program's.
+  CHECK(normalised_source("s = \"a  // b\";") != normalised_source("s = \"a // b\";"));
+  CHECK(normalised_source("s = \"a  /* b */\";  // c") == "s = \"a  /* b */\";");
+  CHECK(normalised_source("c = '/'  /  2;") == "c = '/' / 2;");
+  CHECK(normalised_source("r = R\"x(a  // b\n  c)x\";  // d") == "r = R\"x(a  // b\n  c)x\";");
+  CHECK(normalised_source("n = 1'000'000  +  u8'x';") == "n = 1'000'000 + u8'x';");
+  CHECK(normalised_source("t = L\"a  b\"  ;") == "t = L\"a  b\" ;");
+  // A spliced line's tokens stay apart.
+  CHECK(normalised_source("int a\\\n   b;") == "int a\\\n b;");
+  // What cannot be read with certainty is left as it is.
+  for (const char* raw : {"#define X /* a\n */ 1\n", "s = \"open\n", "// a comment \\\n going on\nx;", "a\rb",
+                          "r = R\"x(never closed", "/* never closed"})
+    CHECK_MESSAGE(normalised_source(raw) == raw, raw);
+  CHECK(normalised_source("a  /* b */\r\nc") == "a\nc");
+}
+
+TEST_CASE("build keys: a request's sources are normalised, everything else is kept") {
+  auto req = [](const std::string& name, const std::string& src) {
+    return "{\"type\": \"build\", \"fn\": \"load_inline\", \"args\": {\"name\": \"" + name
+           + "\", \"cpp_sources\": [\"" + src + "\"], \"cuda_sources\": \"__global__ void k() {}  // k\", "
+             "\"extra_cflags\": [\"-O3\"]}, \"env\": {}}";
+  };
+  CHECK(build_key_material(req("ext", "int f();  // f")) == build_key_material(req("ext", "int  f();")));
+  CHECK(build_key_material(req("ext", "int f();")) != build_key_material(req("ext2", "int f();")));
+  CHECK(build_key_material(req("ext", "int f();")) != build_key_material(req("ext", "int g();")));
+  CHECK(build_key_material(req("ext", "int f();")).find("// k") == std::string::npos);
+  // `load`'s files: their texts.
+  const std::string load1 = R"({"fn": "load", "args": {"name": "e", "sources": [{"name": "a.cpp", "text": "int f(); // x"}]}})";
+  const std::string load2 = R"({"fn": "load", "args": {"name": "e", "sources": [{"name": "a.cpp", "text": "int  f();"}]}})";
+  CHECK(build_key_material(load1) == build_key_material(load2));
+  // Triton's builds (Python and IR, where spaces are the program's): the request itself.
+  const std::string triton = R"({"fn": "triton_cc", "args": {"name": "m", "source": "int  f();  // x"}})";
+  CHECK(build_key_material(triton) == triton);
+  // Not a request with args: the text itself.
+  CHECK(build_key_material("not json") == "not json");
+  CHECK(build_key_material(R"({"fn": "load_inline"})") == R"({"fn": "load_inline"})");
+}
