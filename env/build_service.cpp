@@ -33,8 +33,8 @@ constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs:
 
 // Runs `argv` (our own commands only: the interpreter's answer below, the compiler on torch's
 // header) in a process group of its own, stdin from /dev/null, stdout into `out` where given and
-// stderr dropped; its exit status, or -1 where it could not start, was killed or passed `deadline`
-// (the group is killed then).
+// stderr dropped; its exit status, -1 where it could not start or was killed, or -2 where it passed
+// `deadline` (the group is killed then).
 int run_own_command(const std::vector<std::string>& argv, clock_type::time_point deadline, std::string* out) {
   int fds[2] = {-1, -1};
   if (::pipe2(fds, O_CLOEXEC) != 0)
@@ -86,7 +86,9 @@ int run_own_command(const std::vector<std::string>& argv, clock_type::time_point
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (late || !WIFEXITED(status))
+  if (late)
+    return -2;
+  if (!WIFEXITED(status))
     return -1;
   return WEXITSTATUS(status);
 }
@@ -308,10 +310,31 @@ std::string build_service::precompiled_header(const std::string& fn, const std::
   const auto dir = extensions_dir_ / "pch" / sig;
   const auto gch = dir / "torch" / "extension.h.gch";
   std::error_code ec;
+  // Where GCC finds a .gch it cannot use (torch/extension.h included a second time, or other
+  // options or macros), it looks for the header in that same directory and no further: the
+  // header there continues the search to torch's own (whose #pragma once keeps it to one copy).
+  const auto stub = dir / "torch" / "extension.h";
+  auto stub_ready = [&] {
+    if (fs::exists(stub, ec))
+      return true;
+    fs::create_directories(stub.parent_path(), ec);
+    const auto tmp = stub.parent_path() / ("extension.h.tmp" + std::to_string(::getpid()));
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << "// Made by crucible's build service beside extension.h.gch: where GCC cannot use that\n"
+             "// precompiled header, it reads this, which reads torch's own header.\n"
+             "#include_next <torch/extension.h>\n";
+      if (!out)
+        return false;
+    }
+    fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+    fs::rename(tmp, stub, ec);
+    return !ec;
+  };
   {
     std::lock_guard lock{pch_mtx_};
     if (fs::exists(gch, ec))
-      return dir.string();
+      return stub_ready() ? dir.string() : std::string{};
     // Another build is making it (the request builds without rather than wait that long), or
     // making it failed: torch reads the header itself, as without this service.
     if (pch_building_.count(sig) != 0 || pch_failed_.count(sig) != 0)
@@ -324,7 +347,12 @@ std::string build_service::precompiled_header(const std::string& fn, const std::
   const auto tmp = gch.parent_path() / ("extension.h.gch.tmp" + std::to_string(::getpid()));
   argv.push_back("-o");
   argv.push_back(tmp.string());
-  const bool made = run_own_command(argv, deadline, nullptr) == 0 && fs::exists(tmp, ec);
+  // A third of the time the build has left at most: the candidate's own build keeps the rest. A
+  // header not made in that time (a loaded machine) is tried again by a later build.
+  const auto now = clock_type::now();
+  const auto budget = deadline > now ? (deadline - now) / 3 : clock_type::duration::zero();
+  const int rc = run_own_command(argv, now + budget, nullptr);
+  const bool made = rc == 0 && fs::exists(tmp, ec) && stub_ready();
   if (made) {
     fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
     fs::rename(tmp, gch, ec);
@@ -334,7 +362,7 @@ std::string build_service::precompiled_header(const std::string& fn, const std::
     fs::remove(tmp, ec);
   std::lock_guard lock{pch_mtx_};
   pch_building_.erase(sig);
-  if (!kept)
+  if (!kept && rc != -2)
     pch_failed_.insert(sig);
   else
     ++header_builds_;

@@ -63,7 +63,8 @@ private:
   /// The directory to put first on a build's include path, holding torch/extension.h.gch made
   /// with the request's C++ flags (made now when missing); empty where the request cannot use one
   /// (flags other than plain optimisation flags, no implicit torch/extension.h, a `load` of files),
-  /// where another build is making it now, or where making it failed once.
+  /// where another build is making it now, or where its compiler failed once (one not done within a
+  /// third of the time left is tried again by a later build).
   std::string precompiled_header(const std::string& fn, const std::string& request,
                                  std::chrono::steady_clock::time_point deadline);
 
@@ -79,7 +80,7 @@ private:
   bool toolchain_asked_ = false;       // the interpreter was asked for torch's compiler and paths
   std::vector<std::string> toolchain_; // compiler, torch/extension.h, include directories; empty: none
   std::set<std::string> pch_building_; // signatures being made now
-  std::set<std::string> pch_failed_;   // signatures whose making failed (not tried again)
+  std::set<std::string> pch_failed_;   // signatures whose compiler failed (not tried again)
 };
 
 } // namespace crucible::env
