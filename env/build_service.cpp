@@ -186,6 +186,21 @@ std::string normalised_source(std::string_view src) {
       put(c);
       out.append(src.substr(i + 1, j - i - 1)); // as written
       i = j;
+    } else if (c == '<' && directive) {
+      // A header name (#include <a//b.h>) is copied as written, like a literal.
+      std::string line = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+      line.erase(std::remove(line.begin(), line.end(), ' '), line.end());
+      if (line != "#include" && line != "#include_next" && line != "#import") {
+        put(c);
+        ++i;
+        continue;
+      }
+      const auto end = src.find_first_of(">\n", i);
+      if (end == std::string_view::npos || src[end] != '>')
+        return std::string{src};
+      put(c);
+      out.append(src.substr(i + 1, end - i));
+      i = end + 1;
     } else {
       put(c);
       ++i;

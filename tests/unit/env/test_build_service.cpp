@@ -37,6 +37,11 @@ TEST_CASE("build keys: sources equal but for comments and spaces share a key, an
   CHECK(normalised_source("r = R\"x(a  // b\n  c)x\";  // d") == "r = R\"x(a  // b\n  c)x\";");
   CHECK(normalised_source("n = 1'000'000  +  u8'x';") == "n = 1'000'000 + u8'x';");
   CHECK(normalised_source("t = L\"a  b\"  ;") == "t = L\"a  b\" ;");
+  // A header name is the program's too: #include <a//b.h> names a file, it holds no comment.
+  CHECK(normalised_source("#include <ATen//ops/a.h>  // x\n") == "#include <ATen//ops/a.h>\n");
+  CHECK(normalised_source("#include <ATen//ops/a.h>") != normalised_source("#include <ATen//ops/b.h>"));
+  CHECK(normalised_source("  #  include   <a  b.h>") == " # include <a  b.h>");
+  CHECK(normalised_source("#if A <  B // c\n") == "#if A < B\n");
   // A spliced line's tokens stay apart.
   CHECK(normalised_source("int a\\\n   b;") == "int a\\\n b;");
   // What cannot be read with certainty is left as it is.
