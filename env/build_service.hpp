@@ -27,10 +27,10 @@ class worker_pool;
 /// A C++ or CUDA source as the extension cache's key reads it: comments taken out (a block
 /// comment's newlines kept), each run of spaces and tabs one space, none at a line's end, string
 /// and character literals (raw strings too) and #include <...> header names untouched, so every
-/// line keeps its number and its
-/// tokens. Two sources with the same normalised text compile to the same library. A source this
-/// cannot read with certainty (an unterminated literal or comment, a line comment continued by a
-/// backslash, a lone carriage return) is returned as it is.
+/// line keeps its number and its tokens. Two sources with the same normalised text compile to the
+/// same library. A source this cannot read with certainty (an unterminated literal or comment, a
+/// line comment continued by a backslash, a comment across lines inside a directive, a lone
+/// carriage return) is returned as it is.
 std::string normalised_source(std::string_view source);
 
 /// The text the extension cache's key hashes for a build request: the request with each source
