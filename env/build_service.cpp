@@ -276,13 +276,11 @@ build_service::build_service(worker_pool& pool, std::string python, fs::path ext
   fs::permissions(extensions_dir_, readable_dir, ec);
 }
 
-std::string build_service::precompiled_header(const std::string& fn, const std::string& request,
+std::string build_service::precompiled_header(const std::string& fn, const wire::node& args,
                                               clock_type::time_point deadline) {
   std::vector<std::string> flags;
   try {
-    const auto args = wire::parse(request)["args"];
-    if (fn != "load_inline" || (args["no_implicit_headers"].defined() && !args["no_implicit_headers"].is_null()
-                                && args["no_implicit_headers"].as<bool>(false)))
+    if (fn != "load_inline" || args["no_implicit_headers"].as<bool>(false))
       return {};
     const auto extra = args["extra_cflags"];
     if (extra.defined() && !extra.is_null() && !extra.is_list())
@@ -351,7 +349,7 @@ std::string build_service::precompiled_header(const std::string& fn, const std::
     if (fs::exists(gch, ec))
       return stub_ready() ? dir.string() : std::string{};
     // Another build is making it (the request builds without rather than wait that long), or
-    // making it failed: torch reads the header itself, as without this service.
+    // its compiler failed: the build reads torch/extension.h itself, as without this service.
     if (pch_building_.count(sig) != 0 || pch_failed_.count(sig) != 0)
       return {};
     pch_building_.insert(sig);
@@ -377,10 +375,10 @@ std::string build_service::precompiled_header(const std::string& fn, const std::
     fs::remove(tmp, ec);
   std::lock_guard lock{pch_mtx_};
   pch_building_.erase(sig);
-  if (!kept && rc != -2)
-    pch_failed_.insert(sig);
-  else
+  if (kept)
     ++header_builds_;
+  else if (rc != -2)
+    pch_failed_.insert(sig);
   return kept ? dir.string() : std::string{};
 }
 
@@ -388,12 +386,12 @@ std::string build_service::build(const std::string& request, clock_type::time_po
   auto failed = [](const std::string& log) { return worker_msg::build_failed(log); };
   std::string name;
   std::string fn;
+  wire::node args;
   try {
     const auto n = wire::parse(request);
-    name = n["args"]["name"].as<std::string>();
+    args = n["args"];
+    name = args["name"].as<std::string>();
     fn = n["fn"].as<std::string>("");
-    if (!n["args"].is_object())
-      return failed("the build request's args are not an object");
   } catch (const wire::error& e) {
     return failed(std::string{"the build request is malformed: "} + e.what());
   }
@@ -430,15 +428,14 @@ std::string build_service::build(const std::string& request, clock_type::time_po
       s.cv_.notify_all();
     }
   } guard{*this, key};
-  // The precompiled header goes with the request as its last field (a `pch` of the worker's own,
-  // earlier in the object, loses to it), outside the key: the library is the same either way.
+  // The precompiled header's directory ("" for none) goes with the request as its last field, so
+  // that a `pch` of the worker's own, earlier in the object, always loses to it; outside the key:
+  // the library is the same either way.
   std::string job = request;
-  if (const auto pch = precompiled_header(fn, request, deadline); !pch.empty()) {
-    if (const auto end = job.find_last_of('}'); end != std::string::npos) {
-      std::string field = ", \"pch\": ";
-      append_json_string(field, pch);
-      job.insert(end, field);
-    }
+  if (const auto end = job.find_last_of('}'); end != std::string::npos) {
+    std::string field = ", \"pch\": ";
+    append_json_string(field, precompiled_header(fn, args, deadline));
+    job.insert(end, field);
   }
   auto b = pool_.start_builder(deadline);
   if (!b)

@@ -6,7 +6,8 @@
 // plain optimisation flags gets torch/extension.h precompiled for those flags (kept in the cache,
 // under pch/, built once by this process): its C++ file compiles in a fraction of the time, into
 // the same library (GCC uses a precompiled header only where it was made with the same options and
-// macros, and otherwise reads the header itself). Internal to env/.
+// macros and is the file's first include, and otherwise reads the torch/extension.h beside it, one
+// #include_next of torch's own). Internal to env/.
 #pragma once
 
 #include <atomic>
@@ -23,6 +24,9 @@
 namespace crucible::env {
 
 class worker_pool;
+namespace wire {
+class node;
+}
 
 /// A C++ or CUDA source as the extension cache's key reads it: comments taken out (a block
 /// comment's newlines kept), each run of spaces and tabs one space, none at a line's end, string
@@ -66,7 +70,7 @@ private:
   /// (flags other than plain optimisation flags, no implicit torch/extension.h, a `load` of files),
   /// where another build is making it now, or where its compiler failed once (one not done within a
   /// third of the time left is tried again by a later build).
-  std::string precompiled_header(const std::string& fn, const std::string& request,
+  std::string precompiled_header(const std::string& fn, const wire::node& args,
                                  std::chrono::steady_clock::time_point deadline);
 
   worker_pool& pool_;

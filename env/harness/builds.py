@@ -155,7 +155,8 @@ def build_extension(req, scratch):
     if isinstance(pch, str) and pch:
         # torch/extension.h precompiled by the evaluator for exactly these flags (its build
         # service's pch/ directory): first on the include path, GCC takes torch/extension.h.gch
-        # from there, or, where the options differ, reads the header itself further on.
+        # from there, or, where it cannot use it, the torch/extension.h beside it, which includes
+        # torch's own.
         args["extra_include_paths"] = [pch] + list(args.get("extra_include_paths") or [])
     fn(**args, build_directory=build_dir, verbose=False)
     with open(os.path.join(build_dir, name + ".so"), "rb") as f:
