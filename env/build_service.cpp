@@ -35,7 +35,8 @@ constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs:
 // header) in a process group of its own, stdin from /dev/null, stdout into `out` where given and
 // stderr dropped; its exit status, -1 where it could not start or was killed, or -2 where it passed
 // `deadline` (the group is killed then).
-int run_own_command(const std::vector<std::string>& argv, clock_type::time_point deadline, std::string* out) {
+int run_own_command(const std::vector<std::string>& argv, clock_type::time_point deadline, std::string* out,
+                    const std::atomic<bool>* cancel = nullptr) {
   int fds[2] = {-1, -1};
   if (::pipe2(fds, O_CLOEXEC) != 0)
     return -1;
@@ -64,7 +65,7 @@ int run_own_command(const std::vector<std::string>& argv, clock_type::time_point
   char buf[4096];
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()).count();
-    if (left <= 0) {
+    if (left <= 0 || (cancel != nullptr && cancel->load())) {
       late = true;
       break;
     }
@@ -266,6 +267,29 @@ std::vector<std::string> ask_toolchain(const std::string& python, clock_type::ti
   }
   return paths.size() >= 3 ? paths : std::vector<std::string>{};
 }
+// Where GCC finds a .gch it cannot use (torch/extension.h included a second time, or other
+// options or macros), it looks for the header in that same directory and no further: the header
+// written here beside it (DIR/torch/extension.h) continues the search to torch's own (whose
+// #pragma once keeps it to one copy). True once it is there.
+bool header_stub(const fs::path& dir) {
+  std::error_code ec;
+  const auto stub = dir / "torch" / "extension.h";
+  if (fs::exists(stub, ec))
+    return true;
+  fs::create_directories(stub.parent_path(), ec);
+  const auto tmp = stub.parent_path() / ("extension.h.tmp" + std::to_string(::getpid()));
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "// Made by crucible's build service beside extension.h.gch: where GCC cannot use that\n"
+           "// precompiled header, it reads this, which reads torch's own header.\n"
+           "#include_next <torch/extension.h>\n";
+    if (!out)
+      return false;
+  }
+  fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+  fs::rename(tmp, stub, ec);
+  return !ec;
+}
 } // namespace
 
 build_service::build_service(worker_pool& pool, std::string python, fs::path extensions_dir)
@@ -276,12 +300,27 @@ build_service::build_service(worker_pool& pool, std::string python, fs::path ext
   fs::permissions(extensions_dir_, readable_dir, ec);
 }
 
+build_service::~build_service() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock{pch_mtx_};
+    stopping_ = true;
+    threads.swap(header_threads_);
+  }
+  stop_headers_ = true; // a header still being made is killed within a second
+  for (auto& t : threads)
+    t.join();
+}
+
 std::string build_service::precompiled_header(const std::string& fn, const wire::node& args,
                                               clock_type::time_point deadline) {
   std::vector<std::string> flags;
+  bool background = false; // a CUDA build: the header is made beside it, not before
   try {
     if (fn != "load_inline" || args["no_implicit_headers"].as<bool>(false))
       return {};
+    if (const auto cuda = args["cuda_sources"]; cuda.defined() && !cuda.is_null())
+      background = cuda.is_list() ? cuda.size() > 0 : !cuda.as<std::string>("").empty();
     const auto extra = args["extra_cflags"];
     if (extra.defined() && !extra.is_null() && !extra.is_list())
       return {};
@@ -323,49 +362,43 @@ std::string build_service::precompiled_header(const std::string& fn, const wire:
   const auto dir = extensions_dir_ / "pch" / sig;
   const auto gch = dir / "torch" / "extension.h.gch";
   std::error_code ec;
-  // Where GCC finds a .gch it cannot use (torch/extension.h included a second time, or other
-  // options or macros), it looks for the header in that same directory and no further: the
-  // header there continues the search to torch's own (whose #pragma once keeps it to one copy).
-  const auto stub = dir / "torch" / "extension.h";
-  auto stub_ready = [&] {
-    if (fs::exists(stub, ec))
-      return true;
-    fs::create_directories(stub.parent_path(), ec);
-    const auto tmp = stub.parent_path() / ("extension.h.tmp" + std::to_string(::getpid()));
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << "// Made by crucible's build service beside extension.h.gch: where GCC cannot use that\n"
-             "// precompiled header, it reads this, which reads torch's own header.\n"
-             "#include_next <torch/extension.h>\n";
-      if (!out)
-        return false;
-    }
-    fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
-    fs::rename(tmp, stub, ec);
-    return !ec;
-  };
   {
     std::lock_guard lock{pch_mtx_};
-    if (fs::exists(gch, ec))
-      return stub_ready() ? dir.string() : std::string{};
+    if (fs::exists(gch, ec) && header_stub(dir))
+      return dir.string();
     // Another build is making it (the request builds without rather than wait that long), or
     // its compiler failed: the build reads torch/extension.h itself, as without this service.
-    if (pch_building_.count(sig) != 0 || pch_failed_.count(sig) != 0)
+    if (pch_building_.count(sig) != 0 || pch_failed_.count(sig) != 0 || stopping_)
       return {};
     pch_building_.insert(sig);
+    if (background) {
+      // nvcc's file is a CUDA build's longer part and does not read the header: this build goes
+      // on without it, and the header is made beside it for the builds after.
+      header_threads_.emplace_back([this, argv = std::move(argv), sig, dir] {
+        make_header(argv, sig, dir, clock_type::now() + std::chrono::seconds(600));
+      });
+      return {};
+    }
   }
+  // A third of the time the build has left at most: the candidate's own build keeps the rest. A
+  // header not made in that time (a loaded machine) is tried again by a later build.
+  const auto now = clock_type::now();
+  const auto budget = deadline > now ? (deadline - now) / 3 : clock_type::duration::zero();
+  return make_header(std::move(argv), sig, dir, now + budget) ? dir.string() : std::string{};
+}
+
+bool build_service::make_header(std::vector<std::string> argv, const std::string& sig, const fs::path& dir,
+                                clock_type::time_point deadline) {
+  const auto gch = dir / "torch" / "extension.h.gch";
+  std::error_code ec;
   fs::create_directories(gch.parent_path(), ec);
   fs::permissions(dir, readable_dir, ec);
   fs::permissions(gch.parent_path(), readable_dir, ec);
   const auto tmp = gch.parent_path() / ("extension.h.gch.tmp" + std::to_string(::getpid()));
   argv.push_back("-o");
   argv.push_back(tmp.string());
-  // A third of the time the build has left at most: the candidate's own build keeps the rest. A
-  // header not made in that time (a loaded machine) is tried again by a later build.
-  const auto now = clock_type::now();
-  const auto budget = deadline > now ? (deadline - now) / 3 : clock_type::duration::zero();
-  const int rc = run_own_command(argv, now + budget, nullptr);
-  const bool made = rc == 0 && fs::exists(tmp, ec) && stub_ready();
+  const int rc = run_own_command(argv, deadline, nullptr, &stop_headers_);
+  const bool made = rc == 0 && fs::exists(tmp, ec) && header_stub(dir);
   if (made) {
     fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
     fs::rename(tmp, gch, ec);
@@ -377,9 +410,9 @@ std::string build_service::precompiled_header(const std::string& fn, const wire:
   pch_building_.erase(sig);
   if (kept)
     ++header_builds_;
-  else if (rc != -2)
+  else if (rc != -2 && !stop_headers_.load())
     pch_failed_.insert(sig);
-  return kept ? dir.string() : std::string{};
+  return kept;
 }
 
 std::string build_service::build(const std::string& request, clock_type::time_point deadline) {

@@ -19,6 +19,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace crucible::env {
@@ -54,6 +55,8 @@ public:
   /// Builders come from `pool` (started like workers, retired through it); `python` is the
   /// workers' interpreter (part of every key).
   build_service(worker_pool& pool, std::string python, std::filesystem::path extensions_dir);
+  /// Stops a header being made in the background (killed within a second) and waits for it.
+  ~build_service();
   build_service(const build_service&) = delete;
   build_service& operator=(const build_service&) = delete;
 
@@ -66,12 +69,18 @@ public:
 
 private:
   /// The directory to put first on a build's include path, holding torch/extension.h.gch made
-  /// with the request's C++ flags (made now when missing); empty where the request cannot use one
-  /// (flags other than plain optimisation flags, no implicit torch/extension.h, a `load` of files),
-  /// where another build is making it now, or where its compiler failed once (one not done within a
-  /// third of the time left is tried again by a later build).
+  /// with the request's C++ flags; empty where the request cannot use one (flags other than plain
+  /// optimisation flags, no implicit torch/extension.h, a `load` of files), where it is being made
+  /// now, or where its compiler failed once. A missing header is made now for a C++ build (within
+  /// a third of the time the build has left; one not done in time is tried again by a later
+  /// build), and beside the build, in a thread of its own, for a CUDA build (cuda_sources), whose
+  /// nvcc file does not read it and takes longer than the C++ file.
   std::string precompiled_header(const std::string& fn, const wire::node& args,
                                  std::chrono::steady_clock::time_point deadline);
+  /// Compiles the header `argv` describes into DIR/torch/extension.h.gch (and the stub beside
+  /// it) before `deadline`; true when it is there. Takes `sig` out of pch_building_.
+  bool make_header(std::vector<std::string> argv, const std::string& sig, const std::filesystem::path& dir,
+                   std::chrono::steady_clock::time_point deadline);
 
   worker_pool& pool_;
   std::string python_;
@@ -86,6 +95,9 @@ private:
   std::vector<std::string> toolchain_; // compiler, torch/extension.h, include directories; empty: none
   std::set<std::string> pch_building_; // signatures being made now
   std::set<std::string> pch_failed_;   // signatures whose compiler failed (not tried again)
+  std::vector<std::thread> header_threads_; // headers made beside CUDA builds, joined at the end
+  bool stopping_ = false;              // the destructor runs: no header is begun
+  std::atomic<bool> stop_headers_{false}; // kills the headers being made
 };
 
 } // namespace crucible::env

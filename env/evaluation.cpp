@@ -136,8 +136,17 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, wire::
     const auto type = header["type"].as<std::string>();
     if (type == "build") {
       // The build service, in any phase (Triton builds at a kernel's first launch), within the
-      // phase's deadline; then the message the phase waits for.
-      if (!send(from, ctx_.builds.build(msg.json, deadline)))
+      // phase's deadline; then the message the phase waits for. A build asked for during the
+      // trials (a load_inline in ModelNew's constructor) runs without the trials' hold on the
+      // device, so that other evaluations time on it meanwhile instead of waiting for a compiler;
+      // the hold is taken again before the worker hears the reply and goes on.
+      const bool yield = trials_hold_ != nullptr && trials_hold_->has_value() && (*trials_hold_)->held();
+      if (yield)
+        trials_hold_->reset();
+      auto reply = ctx_.builds.build(msg.json, deadline);
+      if (yield)
+        trials_hold_->emplace(ctx_.gate);
+      if (!send(from, reply))
         return false;
       continue;
     }
@@ -560,7 +569,10 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
   const auto& opt = ctx_.opt;
   wire::node n;
   worker_message msg;
-  if (!receive(w, opt.run_timeout_s, "running the correctness trials", n, msg))
+  trials_hold_ = &device;
+  const bool got = receive(w, opt.run_timeout_s, "running the correctness trials", n, msg);
+  trials_hold_ = nullptr;
+  if (!got)
     return false;
   if (n["type"].as<std::string>() != "device_done") {
     set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " during the trials");

@@ -130,12 +130,22 @@ def construct_model(w, job, ref, cand):
         _torch_manual_seed(job.seed)
         init = _list(ref.init_inputs if job.role == "candidate" else ref.task.get_init_inputs())
         w.candidate_flags()
-        model = cls(*init)
+        # load_inline and load calls of the constructor go to the evaluator's build service as
+        # the module's do: built once for every worker, and without the device (the evaluator
+        # lets go of it while the build runs).
+        _use_build_service(w.request_build)
+        try:
+            model = cls(*init)
+        finally:
+            _use_build_service(None)
         model = model.to(w.device)
         if job.eval_mode:
             model.eval()
         w.sync()
     except _BaseException as e:
+        if not _isinstance(e, _Done) and "Error building extension" in _str(e):
+            raise _Done("compile_error", (), "extension build failed while constructing ModelNew:\n"
+                        + _tail(_str(e), 40)) from None
         raise _error_done(e, "while constructing ModelNew") from None
     cand.model = model
     w.check_state("after ModelNew was constructed")

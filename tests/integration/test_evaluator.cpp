@@ -737,6 +737,31 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
   // The second build of the same flags compiled with the header the first one made.
   CHECK(ev.ev->header_builds() == 1);
   CHECK(headers() == 1);
+  // load_inline in ModelNew's constructor (as many released kernels do): the build service builds
+  // it too, and the evaluation lets go of the device while the build runs, so that the device's
+  // busy time is the verdict's device work, not the compiler's.
+  std::string in_ctor = read_text(cand);
+  const std::string module_load = "_ext = load_inline(";
+  REQUIRE(in_ctor.find(module_load) != std::string::npos);
+  in_ctor.replace(in_ctor.find(module_load), module_load.size(), "def _make_ext():\n    return load_inline(");
+  in_ctor.replace(in_ctor.find(line), line.size(), line + " (void) 1; // built in the constructor");
+  const std::string ctor_tail = "self.clamp_max = clamp_max\n";
+  REQUIRE(in_ctor.find(ctor_tail) != std::string::npos);
+  in_ctor.replace(in_ctor.find(ctor_tail), ctor_tail.size(), ctor_tail + "        self.ext = _make_ext()\n");
+  const std::string call = "return _ext.fused_relu_scale(";
+  REQUIRE(in_ctor.find(call) != std::string::npos);
+  in_ctor.replace(in_ctor.find(call), call.size(), "return self.ext.fused_relu_scale(");
+  const double busy0 = ev.ev->device_seconds();
+  auto ctor = ev.ev->evaluate(eval_request{*t, in_ctor, 0, false});
+  const double busy = ev.ev->device_seconds() - busy0;
+  INFO("built in the constructor: " << describe(ctor) << "; device busy " << busy << " s of " << ctor.wall_s << " s");
+  CHECK(ctor.status == verdict_status::ok);
+  CHECK(ev.ev->extension_builds() == 3);
+  CHECK(busy < 0.5 * ctor.wall_s);
+  auto ctor_again = ev.ev->evaluate(eval_request{*t, in_ctor + "\n# another candidate, the same constructor\n", 0, false});
+  INFO("built in the constructor, again: " << describe(ctor_again));
+  CHECK(ctor_again.status == verdict_status::ok);
+  CHECK(ev.ev->extension_builds() == 3);
   // A build that fails is the candidate's compile_error, with the compiler's words.
   std::string broken = read_text(cand);
   broken.replace(broken.find(line), line.size(), "auto xc = x.contiguous() no_such_token;");
@@ -744,6 +769,13 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
   INFO("broken: " << describe(bad));
   CHECK(bad.status == verdict_status::compile_error);
   CHECK(bad.message.find("no_such_token") != std::string::npos);
+  // So is one in the constructor.
+  std::string broken_ctor = in_ctor;
+  broken_ctor.replace(broken_ctor.find(line), line.size(), "auto xc = x.contiguous() no_such_token;");
+  auto bad_ctor = ev.ev->evaluate(eval_request{*t, broken_ctor, 0, false});
+  INFO("broken, in the constructor: " << describe(bad_ctor));
+  CHECK(bad_ctor.status == verdict_status::compile_error);
+  CHECK(bad_ctor.message.find("no_such_token") != std::string::npos);
   fs::remove_all(dir);
 }
 

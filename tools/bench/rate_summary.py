@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""The summary of a tools/bench/verdict_rate.sh run: for each step, the verdicts, their statuses and
+the wall time, verdicts per minute and per GPU-minute; the ratios the goals table reports; the
+identical-code pairs against the precision bar (1.00x within +-2%); and where the two harnesses
+disagree on correctness.
+
+  tools/bench/rate_summary.py OUT [--json]
+
+Reads OUT/walls.txt (a line a step: name, start and end in seconds, GPUs, exit status), OUT/STEP.jsonl
+(the records) and OUT/set/kinds.json (tools/bench/rate_set.py).
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def records(path):
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    print(f"rate_summary.py: {path}:{n}: not JSON, skipped", file=sys.stderr)
+    return out
+
+
+def is_correct(r):
+    if "correctness" in r:  # kernelbench_timing.py
+        return bool(r.get("correctness"))
+    return bool(r.get("correct"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="the folder of a verdict_rate.sh run")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args()
+    walls = {}
+    try:
+        with open(os.path.join(args.out, "walls.txt"), encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 5:
+                    walls[parts[0]] = {"wall_s": float(parts[2]) - float(parts[1]), "gpus": int(parts[3]),
+                                       "rc": int(parts[4])}
+    except OSError as e:
+        sys.exit(f"rate_summary.py: {args.out}/walls.txt: {e.strerror}")
+    try:
+        with open(os.path.join(args.out, "set", "kinds.json"), encoding="utf-8") as f:
+            kinds = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"rate_summary.py: {args.out}/set/kinds.json: {e}")
+    steps = {}
+    for name, w in walls.items():
+        recs = records(os.path.join(args.out, name + ".jsonl"))
+        set_name = "copies.jsonl" if name.startswith("warm") else "set.jsonl"
+        kind = kinds.get(set_name, [])
+        statuses = {}
+        for r in recs:
+            statuses[r.get("status", "?")] = statuses.get(r.get("status", "?"), 0) + 1
+        n = len(recs)
+        minutes = w["wall_s"] / 60.0
+        step = dict(w, verdicts=n, statuses=statuses, per_min=n / minutes if minutes > 0 else None,
+                    per_gpu_min=n / (minutes * w["gpus"]) if minutes > 0 else None)
+        # identical code: the precision bar
+        selfs = [r for r in recs if 0 < r.get("line", 0) <= len(kind) and kind[r["line"] - 1] == "self"]
+        if selfs:
+            within = 0
+            for r in selfs:
+                sp = r.get("speedup")
+                if sp is not None and abs(sp - 1.0) <= 0.02:
+                    within += 1
+            step["self"] = {"pairs": len(selfs), "within_2pct": within,
+                            "speedups": [r.get("speedup") for r in selfs]}
+        by_kind = {}
+        for r in recs:
+            if 0 < r.get("line", 0) <= len(kind):
+                k = kind[r["line"] - 1]
+                by_kind.setdefault(k, []).append(r.get("wall_s"))
+        step["median_wall_s_by_kind"] = {
+            k: sorted(x for x in v if x is not None)[len([x for x in v if x is not None]) // 2] if any(
+                x is not None for x in v) else None for k, v in by_kind.items()}
+        steps[name] = step
+    ratios = {}
+    if "kb" in steps and steps["kb"]["per_gpu_min"]:
+        for name in ("cold", "cold2"):
+            if name in steps and steps[name]["per_gpu_min"]:
+                ratios[f"{name}/kb per GPU-minute"] = steps[name]["per_gpu_min"] / steps["kb"]["per_gpu_min"]
+    for a, b in (("warm2", "warm1"), ("cold2", "cold")):
+        if a in steps and b in steps and steps[b]["per_min"]:
+            ratios[f"{a}/{b} per minute"] = steps[a]["per_min"] / steps[b]["per_min"]
+    disagree = []
+    if "kb" in steps and "cold" in steps:
+        kb = {r.get("line"): r for r in records(os.path.join(args.out, "kb.jsonl"))}
+        for r in records(os.path.join(args.out, "cold.jsonl")):
+            k = kb.get(r.get("line"))
+            if k is not None and is_correct(k) != is_correct(r):
+                disagree.append({"line": r.get("line"), "task": r.get("task"), "kb": k.get("status"),
+                                 "crucible": r.get("status"), "message": (r.get("message") or "")[:200]})
+    result = {"steps": steps, "ratios": ratios, "correctness_disagreements": disagree}
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"{'step':6} {'GPUs':>4} {'verdicts':>8} {'wall s':>8} {'/min':>7} {'/GPU-min':>8}  statuses")
+    for name, s in steps.items():
+        print(f"{name:6} {s['gpus']:>4} {s['verdicts']:>8} {s['wall_s']:>8.1f} {s['per_min'] or 0:>7.2f} "
+              f"{s['per_gpu_min'] or 0:>8.2f}  {json.dumps(s['statuses'])}  rc {s['rc']}")
+        print(f"{'':6} median wall_s a verdict by kind: {json.dumps(s['median_wall_s_by_kind'])}")
+        if "self" in s:
+            sp = ", ".join("-" if x is None else f"{x:.3f}" for x in s["self"]["speedups"])
+            print(f"{'':6} identical code: {s['self']['within_2pct']}/{s['self']['pairs']} within +-2% ({sp})")
+    for k, v in ratios.items():
+        print(f"ratio {k}: {v:.2f}x")
+    for d in disagree:
+        print(f"correctness differs, line {d['line']} {d['task']}: kb {d['kb']}, crucible {d['crucible']} "
+              f"{d['message']!r}")
+
+
+if __name__ == "__main__":
+    main()
