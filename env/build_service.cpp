@@ -448,6 +448,11 @@ std::string build_service::build(const std::string& request, clock_type::time_po
     cv_.wait(lock, [&] { return building_.count(key) == 0; });
     if (fs::exists(lib, ec))
       return built();
+    // The compiler failed on this request before: the same reply, without compiling it again
+    // (a candidate that falls back when its build fails would otherwise pay the whole build in
+    // every verdict, and requests of one key wait for each other).
+    if (const auto f = failed_builds_.find(key); f != failed_builds_.end())
+      return failed(f->second);
     building_.insert(key);
   }
   struct done_building {
@@ -491,7 +496,14 @@ std::string build_service::build(const std::string& request, clock_type::time_po
       auto n = wire::parse(msg.json);
       const auto type = n["type"].as<std::string>();
       if (type == "build_failed") {
-        reply = failed(n["log"].as<std::string>(""));
+        // The build's own failure (the compiler's log), not a deadline or a dead builder: kept,
+        // in memory, for the evaluator's life.
+        auto log = n["log"].as<std::string>("");
+        reply = failed(log);
+        std::lock_guard lock{mtx_};
+        if (failed_builds_.size() >= max_failed_builds)
+          failed_builds_.clear();
+        failed_builds_.emplace(key, std::move(log));
       } else if (type != "built" || msg.frames.size() != 1 || msg.frames[0].empty()) {
         reply = failed("the builder broke the protocol: " + msg.json.substr(0, 200));
       } else {

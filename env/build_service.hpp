@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -61,6 +62,8 @@ public:
   build_service& operator=(const build_service&) = delete;
 
   /// The reply for the worker: `built` with the cache directory, or `build_failed` with the log.
+  /// A request whose compiler failed gets the same `build_failed` again without a build, for the
+  /// evaluator's life (a deadline or a dead builder is not kept).
   std::string build(const std::string& request, std::chrono::steady_clock::time_point deadline);
   /// Builds made so far (not answered from the cache).
   std::uint64_t builds() const noexcept { return builds_; }
@@ -88,6 +91,8 @@ private:
   std::mutex mtx_;                    // guards building_
   std::condition_variable cv_;        // a build ended
   std::set<std::string> building_;    // cache keys being built now
+  std::map<std::string, std::string> failed_builds_; // cache keys whose compiler failed: the log
+  static constexpr std::size_t max_failed_builds = 4096; // emptied when full
   std::atomic<std::uint64_t> builds_{0};
   std::atomic<std::uint64_t> header_builds_{0};
   std::mutex pch_mtx_;                 // guards the members below

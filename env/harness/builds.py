@@ -94,11 +94,13 @@ def _build_request(fn_name, bound, files):
 
 def _keyed_build(fn, files):
     """Wraps torch.utils.cpp_extension.load_inline (or load, files=True). While the candidate's
-    module executes, a call without a build_directory of its own is built by the evaluator in a
+    module executes or its ModelNew is constructed, a call is built by the evaluator in a
     sandboxed builder process and kept in the evaluator's extension cache, keyed by the whole
     request (sources, functions, flags, name, build environment); this worker only imports the
-    result, read-only. No worker can write what another candidate will load. Other calls build
-    here, in the worker's own scratch directory."""
+    result, read-only. No worker can write what another candidate will load. A build_directory
+    of the call's own is not used (the library is the same wherever it is built). Calls the
+    request cannot carry (_build_request), or made at other times, build here, in the worker's
+    own scratch directory."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
@@ -108,7 +110,7 @@ def _keyed_build(fn, files):
             bound = sig.bind(*args, **kwargs)
         except TypeError:
             return fn(*args, **kwargs)  # torch reports the bad call itself
-        if service is None or bound.arguments.get("build_directory"):
+        if service is None:
             return fn(*args, **kwargs)
         bound.apply_defaults()
         req = _build_request("load" if files else "load_inline", bound, files)

@@ -769,6 +769,14 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
   INFO("broken: " << describe(bad));
   CHECK(bad.status == verdict_status::compile_error);
   CHECK(bad.message.find("no_such_token") != std::string::npos);
+  // The same broken code in another candidate: the same compile_error, without a build (a
+  // candidate that falls back on PyTorch when its build fails would pay the build every time).
+  const auto builds_before = ev.ev->extension_builds();
+  auto bad_again = ev.ev->evaluate(eval_request{*t, broken + "\n# the same broken extension\n", 0, false});
+  INFO("broken again: " << describe(bad_again));
+  CHECK(bad_again.status == verdict_status::compile_error);
+  CHECK(bad_again.message == bad.message);
+  CHECK(ev.ev->extension_builds() == builds_before);
   // So is one in the constructor.
   std::string broken_ctor = in_ctor;
   broken_ctor.replace(broken_ctor.find(line), line.size(), "auto xc = x.contiguous() no_such_token;");

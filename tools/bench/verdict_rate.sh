@@ -11,7 +11,8 @@
 #   warm2  the same on cuda:0,cuda:1
 #   cold2  set.jsonl on cuda:0,cuda:1 with a fresh extension cache
 # crucible runs with --no-cache (no verdict cache), evaluator.concurrency CONC (6) and
-# evaluator.warm_workers WARM (12) a device; EVAL_ARGS: more crucible eval options. Each step's wall
+# evaluator.warm_workers WARM (12) a device; EVAL_ARGS: more crucible eval options; LAPS=1: with
+# --verbose, and each step's laps summed by tools/bench/eval_laps.py in STEP.laps.txt. Each step's wall
 # time is the whole process's (start included). BUILD: the build (default build); OUT (default
 # runs/bench/rate): the records (STEP.jsonl), logs (STEP.log), walls.txt and summary.txt
 # (tools/bench/rate_summary.py). PYTHON: the interpreter with torch (.venv/bin/python, else python3).
@@ -37,8 +38,10 @@ crucible_step() { # NAME SET DEVICES CACHE
   s=$(now)
   # shellcheck disable=SC2086
   XDG_CACHE_HOME="$4" "$BUILD/tools/crucible" eval --pairs "$2" --device "$3" --no-cache --json --out "$OUT/$1.jsonl" \
-    --set evaluator.concurrency="$CONC" --set evaluator.warm_workers="$WARM" ${EVAL_ARGS:-} > "$OUT/$1.log" 2>&1
+    --set evaluator.concurrency="$CONC" --set evaluator.warm_workers="$WARM" ${EVAL_ARGS:-} \
+    $([[ "${LAPS:-}" == 1 ]] && echo --verbose) > "$OUT/$1.log" 2>&1
   local rc=$? gpus
+  [[ "${LAPS:-}" == 1 ]] && "$PYTHON" tools/bench/eval_laps.py "$OUT/$1.log" > "$OUT/$1.laps.txt" 2>&1
   gpus=$(tr ',' '\n' <<< "$3" | grep -c .)
   echo "$1 $s $(now) $gpus $rc" >> "$OUT/walls.txt"
 }
