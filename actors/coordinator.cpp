@@ -160,6 +160,7 @@ result<void> take_report(coordinator_state& st, const stage_report& rep) {
   st.status.discarded = rep.discarded;
   st.status.unfinished = rep.unfinished;
   st.status.skipped_tasks = rep.skipped_tasks;
+  st.status.devices = rep.devices;
   for (const auto& line : rep.records) {
     if (auto r = append_record(*st.deps, event_of(line), line); !r)
       return r;

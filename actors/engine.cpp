@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/actor_config.hpp"
+#include "env/device_gate.hpp"
 #include "actors/waiting_requests.hpp"
 #include "policy/model/model_config.hpp"
 
@@ -130,6 +131,10 @@ generation_batch_result run_batch(runner_state& st, const generation_batch& batc
   policy::detokenize_fn detok = [&tok](std::span<const std::int32_t> ids) { return tok.decode(ids, false); };
   result<std::vector<policy::completion>> sampled = fail(errc::device, "the engine call did not run");
   try {
+    // Where an evaluator times verdicts on this GPU too, a generation never overlaps its
+    // measured rounds (env::device_gate, host work).
+    const auto gate = env::gate_for_host_work(st.opt.load.device);
+    env::host_hold hold{gate.get()};
     sampled = st.engine->generate(prompts, opts, detok);
   } catch (const std::exception& e) {
     // LibTorch reports allocation failures and kernel errors as exceptions.

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "actors/actor_config.hpp"
+#include "env/device_gate.hpp"
 #include "policy/training/checkpoint.hpp"
 #include "policy/training/episode_batch.hpp"
 #include "policy/distributed/collective.hpp"
@@ -297,7 +298,11 @@ caf::result<train_report> grpo_update(learner_pointer self, const std::vector<co
     (void)st.learner->grpo_step(batch);
     return make_error(bad);
   }
-  auto m = st.learner->grpo_step(batch);
+  auto m = [&] {
+    const auto gate = env::gate_for_host_work(st.spec.device_name);
+    env::host_hold hold{gate.get()};
+    return st.learner->grpo_step(batch);
+  }();
   if (!m.ok())
     return make_error(m.error());
   return published_report(self, *m, groups.size(), dropped);
@@ -348,7 +353,11 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
         for (std::size_t i = static_cast<std::size_t>(st.spec.rank); i < b.prompts.size();
              i += static_cast<std::size_t>(st.spec.world_size))
           mine.push_back({b.prompts[i], b.completions[i]});
-      auto m = st.learner->sft_step(mine); // an empty share is refused on every rank
+      auto m = [&] {
+        const auto gate = env::gate_for_host_work(st.spec.device_name);
+        env::host_hold hold{gate.get()};
+        return st.learner->sft_step(mine); // an empty share is refused on every rank
+      }();
       if (!consistent)
         return make_error(errc::invalid_arg, "sft_batch: " + std::to_string(b.prompts.size()) + " prompts but " +
                                                std::to_string(b.completions.size()) + " completions");

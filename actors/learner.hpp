@@ -53,6 +53,10 @@ struct learner_actor_spec {
   /// (and counted); 0: none is dropped.
   std::uint64_t max_staleness = 0;
   double temperature = 1.0;     ///< train_atom: the sampling temperature of the queued groups
+  /// This rank's device ("cuda:N"): where an evaluator of this process times verdicts on it too,
+  /// each update holds the device as host work (env::device_gate), so that no measured round
+  /// overlaps it. Empty or "cpu": none.
+  std::string device_name;
 
   /// errc::config naming the bad field ("learner_actor.backend", ".rank", ".world_size",
   /// ".nccl_id_hex", ".timeout_s", ".group", ".temperature").

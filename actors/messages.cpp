@@ -62,7 +62,8 @@ bool operator==(const run_status& x, const run_status& y) noexcept {
          && x.policy_version == y.policy_version && x.variants == y.variants
          && same_speedup(x.best_speedup, y.best_speedup)
          && same_speedup(x.mean_speedup, y.mean_speedup) && x.dropped_stale == y.dropped_stale
-         && x.discarded == y.discarded && x.unfinished == y.unfinished && x.skipped_tasks == y.skipped_tasks;
+         && x.discarded == y.discarded && x.unfinished == y.unfinished && x.skipped_tasks == y.skipped_tasks
+         && x.devices == y.devices;
 }
 
 bool operator==(const stage_report& x, const stage_report& y) noexcept {
@@ -70,7 +71,7 @@ bool operator==(const stage_report& x, const stage_report& y) noexcept {
          && x.policy_version == y.policy_version && x.variants == y.variants
          && same_speedup(x.best_speedup, y.best_speedup) && same_speedup(x.mean_speedup, y.mean_speedup)
          && x.dropped_stale == y.dropped_stale && x.discarded == y.discarded && x.unfinished == y.unfinished
-         && x.skipped_tasks == y.skipped_tasks && x.records == y.records;
+         && x.skipped_tasks == y.skipped_tasks && x.devices == y.devices && x.records == y.records;
 }
 
 void write_fields(json_writer& w, const run_status& x) {
@@ -91,6 +92,18 @@ void write_fields(json_writer& w, const run_status& x) {
     w.key("skipped_tasks").begin_array();
     for (const auto& t : x.skipped_tasks)
       w.value(t);
+    w.end_array();
+  }
+  if (!x.devices.empty()) {
+    w.key("devices").begin_array();
+    for (const auto& d : x.devices)
+      w.begin_object()
+        .field("device", d.device)
+        .field("seconds", d.seconds)
+        .field("evaluation_s", d.evaluation_s)
+        .field("policy_s", d.policy_s)
+        .field("evaluator", d.evaluator)
+        .end_object();
     w.end_array();
   }
 }
@@ -146,6 +159,22 @@ result<run_status> run_status_from_json(std::string_view json) {
     if (auto k = root["skipped_tasks"]; k.IsSequence())
       for (const auto& t : k)
         st.skipped_tasks.push_back(t.as<std::string>());
+    key = "devices"; // written only where the run's process uses GPUs
+    if (auto k = root["devices"]; k.IsDefined()) {
+      if (!k.IsSequence())
+        return fail(errc::corrupt, "run status: key 'devices': expected a list");
+      for (const auto& d : k) {
+        if (!d.IsMap() || !d["device"].IsDefined() || !d["seconds"].IsDefined())
+          return fail(errc::corrupt, "run status: key 'devices': each entry needs device and seconds");
+        device_busy b;
+        b.device = d["device"].as<std::string>();
+        b.seconds = d["seconds"].as<double>();
+        b.evaluation_s = d["evaluation_s"].IsDefined() ? d["evaluation_s"].as<double>() : 0.0;
+        b.policy_s = d["policy_s"].IsDefined() ? d["policy_s"].as<double>() : 0.0;
+        b.evaluator = d["evaluator"].IsDefined() && d["evaluator"].as<bool>();
+        st.devices.push_back(std::move(b));
+      }
+    }
     return st;
   } catch (const missing_key&) {
     return fail(errc::corrupt, "run status: key '", key, "' is missing");

@@ -666,6 +666,24 @@ typename Inspector::result_type inspect(Inspector& f, sft_batch& x) {
   return f(caf::meta::type_name("sft_batch"), x.prompts, x.completions);
 }
 
+/// How busy one GPU of the trainer's process has been (env::device_uses): the share of its time
+/// that evaluations and the policy's own work (generation, updates) held it.
+struct device_busy {
+  std::string device;       ///< "cuda:N"
+  double seconds = 0;       ///< since the process began using it
+  double evaluation_s = 0;  ///< an evaluation held it (references, trials, timed rounds, worker starts)
+  double policy_s = 0;      ///< the policy's generation and updates held it
+  bool evaluator = false;   ///< an evaluator of the process times verdicts on it
+
+  friend bool operator==(const device_busy&, const device_busy&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_busy& x) {
+  return f(caf::meta::type_name("device_busy"), x.device, detail::exact{x.seconds}, detail::exact{x.evaluation_s},
+           detail::exact{x.policy_s}, x.evaluator);
+}
+
 /// Trainer -> coordinator: what one step of the stage schedule did (actors/trainer.hpp).
 struct stage_report {
   std::string stage;               ///< "warm_start", "sft", "self_supervised", "rl"; "" once the schedule is complete
@@ -680,6 +698,7 @@ struct stage_report {
   std::uint64_t discarded = 0;     ///< samples of groups that arrived and were never trained on (stage ends) so far
   std::uint64_t unfinished = 0;    ///< samples whose group never reached the trainer, or whose fate a crashed process decided after the last checkpoint
   std::vector<std::string> skipped_tasks; ///< tasks left out because their reference cannot run (tasks.skip_broken)
+  std::vector<device_busy> devices; ///< the process's GPUs, how busy each has been
   std::vector<std::string> records; ///< metrics records of the step (one JSON object each), in order
 
   /// Field-wise equality in which two NaN speedups are equal.
@@ -690,7 +709,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_report& x) {
   return f(caf::meta::type_name("stage_report"), x.stage, x.stage_step, x.step, x.done, x.policy_version, x.variants,
            detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded, x.unfinished,
-           x.skipped_tasks, x.records);
+           x.skipped_tasks, x.devices, x.records);
 }
 
 /// Learner -> engines and rollouts: weights of `policy_version` are on their way by NCCL
@@ -829,6 +848,9 @@ struct run_status {
   std::uint64_t unfinished = 0;
   /// Tasks this run leaves out because their reference cannot run (tasks.skip_broken), by name.
   std::vector<std::string> skipped_tasks;
+  /// The trainer process's GPUs and the share of their time evaluations and the policy held
+  /// them (written only where there are any).
+  std::vector<device_busy> devices;
 
   /// Field-wise equality in which two NaN speedups ("no value yet") are equal.
   friend bool operator==(const run_status& x, const run_status& y) noexcept;
@@ -838,7 +860,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, run_status& x) {
   return f(caf::meta::type_name("run_status"), x.state, x.stage, x.step, x.policy_version,
            x.variants, detail::exact{x.best_speedup}, detail::exact{x.mean_speedup}, x.dropped_stale, x.discarded,
-           x.unfinished, x.skipped_tasks, detail::check_enum(x.state));
+           x.unfinished, x.skipped_tasks, x.devices, detail::check_enum(x.state));
 }
 
 /// One-line JSON object, keys in declaration order; NaN speedups as null. The format of

@@ -675,7 +675,9 @@ result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, 
                                      std::function<result<void>(std::uint64_t)> stage, std::vector<caf::actor>& actors) {
   if (learners.ranks.empty()) {
     learner_actor_deps deps{std::shared_ptr<policy::learner>(std::move(learners.single)), {engine}, std::move(stage)};
-    auto a = spawn_learner_actor(sys, std::move(deps), spec);
+    auto one = spec;
+    one.device_name = cfg.model.device;
+    auto a = spawn_learner_actor(sys, std::move(deps), std::move(one));
     if (!a.ok())
       return a.error();
     actors.push_back(caf::actor_cast<caf::actor>(*a));
@@ -692,6 +694,7 @@ result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, 
     rspec.timeout_s = cfg.learner.collective_timeout_s;
     const auto device = torch::Device(cfg.learner.devices[r]);
     rspec.device = device.is_cuda() ? device.index() : 0;
+    rspec.device_name = cfg.learner.devices[r];
     learner_actor_deps deps{learners.ranks[r], {}, {}};
     if (r == 0) {
       deps.engines = {engine};

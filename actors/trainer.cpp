@@ -25,6 +25,7 @@
 
 #include "actors/actor_config.hpp"
 #include "actors/exemplar.hpp"
+#include "env/device_gate.hpp"
 #include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "env/task_sampler.hpp"
@@ -69,6 +70,8 @@ stage_report report_of(trainer_state& st, bool done) {
   r.discarded = st.p.discarded;
   r.unfinished = st.p.unfinished;
   r.skipped_tasks = st.warm.skipped;
+  for (const auto& u : env::device_uses())
+    r.devices.push_back({u.device, u.seconds, u.evaluation_s, u.policy_s, u.evaluator});
   r.records = std::move(st.step.records);
   st.step.records.clear();
   return r;

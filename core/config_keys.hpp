@@ -168,7 +168,7 @@ void describe(V& v, config& c) {
   auto& e = c.evaluator;
   v.section("evaluator", "Sandboxed workers, correctness trials and the timing protocol (docs/evaluator.md).", [&] {
     v.field("python", e.python, "Python interpreter of the workers; empty: `.venv/bin/python` of the checkout, else `python3`.");
-    v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`.", device_list());
+    v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`. The policy's own GPU (model.device, learner.devices) may be one of them: its evaluator then times verdicts between the policy's generations and updates, never beside them (docs/evaluator.md, Evaluators on every GPU).", device_list());
     v.field("concurrency", e.concurrency, "Evaluations in flight per device; candidates compile while another is timed.",
             positive<std::int64_t>("a positive integer"));
     v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised). A worker forked "

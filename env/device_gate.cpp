@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <thread>
 
 namespace crucible::env {
@@ -68,6 +70,12 @@ bool device_gate::may_enter_warmup() const {
 
 bool device_gate::untimed_may_enter() const {
   return untimed_beside_ ? may_enter_warmup() : may_enter_alone();
+}
+
+bool device_gate::host_may_enter() const {
+  // Never beside measured rounds, nor once a timing waits to begin them; waiting timings do
+  // not hold it back.
+  return !measuring_ && !measure_waiting_;
 }
 
 bool device_gate::start_may_enter() const {
@@ -148,11 +156,40 @@ void device_gate::unlock_untimed() {
   cv_.notify_all();
 }
 
+void device_gate::lock_host() {
+  std::unique_lock lock{mtx_};
+  if (!host_may_enter()) {
+    const auto since = clock::now();
+    note_locked(event::host_wait, since);
+    ++host_waiting_;
+    cv_.wait(lock, [&] { return host_may_enter(); });
+    --host_waiting_;
+    host_wait_ns_ += ns_between(since, clock::now());
+  }
+  const auto now = clock::now();
+  note_locked(event::host_enter, now);
+  ++host_;
+  host_busy_.track(true, now);
+}
+
+void device_gate::unlock_host() {
+  {
+    std::lock_guard lock{mtx_};
+    const auto now = clock::now();
+    note_locked(event::host_leave, now);
+    --host_;
+    host_busy_.track(host_ > 0, now);
+  }
+  cv_.notify_all();
+}
+
 void device_gate::lock_timed() {
   std::unique_lock lock{mtx_};
   ++timed_waiting_;
   // What the timing waits for: untimed users and starts, unless they may stay beside warm-up.
-  auto blocking = [&] { return (!untimed_beside_ && untimed_ > 0) || (!beside_ && starts_ > 0); };
+  auto blocking = [&] {
+    return (!untimed_beside_ && untimed_ > 0) || (!beside_ && starts_ > 0) || (!warmup_shared() && host_ > 0);
+  };
   if (timed_ || blocking())
     note_locked(event::timed_wait, clock::now());
   if (!timed_ && blocking() && !draining_) {
@@ -178,12 +215,12 @@ void device_gate::begin_measure() {
   std::unique_lock lock{mtx_};
   if (measuring_)
     return;
-  if (starts_ + untimed_ > 0) {
-    measure_waiting_ = true; // no start or untimed user begins from now on
+  if (starts_ + untimed_ + host_ > 0) {
+    measure_waiting_ = true; // no start, untimed user or host work begins from now on
     const auto since = clock::now();
     note_locked(event::measure_wait, since);
     measure_wait_since_ = since;
-    cv_.wait(lock, [&] { return starts_ == 0 && untimed_ == 0; });
+    cv_.wait(lock, [&] { return starts_ == 0 && untimed_ == 0 && host_ == 0; });
     measure_wait_ns_ += ns_between(since, clock::now());
     measure_waiting_ = false;
   }
@@ -208,6 +245,16 @@ void device_gate::unlock_timed() {
 std::uint64_t device_gate::busy_ns() const {
   std::lock_guard lock{mtx_};
   return busy_ns_ + (!idle_locked() ? ns_between(busy_since_, clock::now()) : 0);
+}
+
+std::uint64_t device_gate::host_ns() const {
+  std::lock_guard lock{mtx_};
+  return host_busy_.total(clock::now());
+}
+
+std::uint64_t device_gate::host_wait_ns() const {
+  std::lock_guard lock{mtx_};
+  return host_wait_ns_;
 }
 
 std::uint64_t device_gate::timed_ns() const {
@@ -245,9 +292,74 @@ int device_gate::timed_waiting() const {
   return timed_waiting_;
 }
 
+int device_gate::host_waiting() const {
+  std::lock_guard lock{mtx_};
+  return host_waiting_;
+}
+
 int device_gate::max_untimed() const {
   std::lock_guard lock{mtx_};
   return max_untimed_;
+}
+
+namespace {
+struct gate_entry {
+  std::shared_ptr<device_gate> gate;
+  bool evaluator = false; // made (or taken over) by an evaluator, whose rules it follows
+};
+std::mutex gates_mtx;
+std::map<std::string, gate_entry>& gates() {
+  static std::map<std::string, gate_entry> g;
+  return g;
+}
+} // namespace
+
+void device_gate::set_rules(bool share_untimed, bool starts_beside_warmup, bool untimed_beside_warmup) {
+  std::lock_guard lock{mtx_};
+  share_ = share_untimed;
+  beside_ = share_untimed && starts_beside_warmup;
+  untimed_beside_ = share_untimed && untimed_beside_warmup;
+}
+
+double device_gate::age_seconds() const {
+  return std::chrono::duration<double>(clock::now() - made_).count();
+}
+
+std::shared_ptr<device_gate> shared_gate(const std::string& device, bool share_untimed, bool starts_beside_warmup,
+                                         bool untimed_beside_warmup) {
+  std::lock_guard lock{gates_mtx};
+  auto& e = gates()[device];
+  if (!e.gate)
+    e.gate = std::make_shared<device_gate>(share_untimed, starts_beside_warmup, untimed_beside_warmup);
+  else if (!e.evaluator)
+    e.gate->set_rules(share_untimed, starts_beside_warmup, untimed_beside_warmup);
+  e.evaluator = true;
+  return e.gate;
+}
+
+std::shared_ptr<device_gate> existing_gate(const std::string& device) {
+  std::lock_guard lock{gates_mtx};
+  const auto it = gates().find(device);
+  return it == gates().end() ? nullptr : it->second.gate;
+}
+
+std::shared_ptr<device_gate> gate_for_host_work(const std::string& device) {
+  if (device.rfind("cuda", 0) != 0)
+    return nullptr;
+  std::lock_guard lock{gates_mtx};
+  auto& e = gates()[device];
+  if (!e.gate)
+    e.gate = std::make_shared<device_gate>();
+  return e.gate;
+}
+
+std::vector<device_use> device_uses() {
+  std::lock_guard lock{gates_mtx};
+  std::vector<device_use> out;
+  for (const auto& [name, e] : gates())
+    out.push_back({name, e.gate->age_seconds(), static_cast<double>(e.gate->busy_ns()) * 1e-9,
+                   static_cast<double>(e.gate->host_ns()) * 1e-9, e.evaluator});
+  return out;
 }
 
 } // namespace crucible::env

@@ -14,7 +14,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -50,13 +52,30 @@ public:
   /// begins until the timed user leaves. Does nothing when already measuring.
   void begin_measure();
   void unlock_timed();
+  /// Work of this process's own on the device that is no evaluation: the policy's generation
+  /// and updates where an evaluator shares the policy's GPU (host_hold). It never runs beside
+  /// measured rounds: it waits while a timing measures (or waits to begin measuring), and a
+  /// timing's measured rounds wait for it to leave. It goes before waiting timings (the policy
+  /// is the run's critical path; a timing waits at most one generation batch or update), and
+  /// shares the device with everything else, a timing's warm-up included.
+  void lock_host();
+  void unlock_host();
+  /// The rules of the constructor, for a gate made before its evaluator (by host work).
+  void set_rules(bool share_untimed, bool starts_beside_warmup, bool untimed_beside_warmup);
+  /// Seconds since the gate was made.
+  double age_seconds() const;
   bool starts_beside_warmup() const noexcept { return beside_; }
   bool untimed_beside_warmup() const noexcept { return untimed_beside_; }
   /// A timing's warm-up may have company: its measured rounds must be begun (begin_measure()).
   bool warmup_shared() const noexcept { return beside_ || untimed_beside_; }
 
-  /// Nanoseconds during which at least one user held the device (union of all holds).
+  /// Nanoseconds during which at least one evaluation's user held the device (union of their
+  /// holds; host work not counted).
   std::uint64_t busy_ns() const;
+  /// Nanoseconds during which host work held the device (union of its holds).
+  std::uint64_t host_ns() const;
+  /// Nanoseconds during which host work waited for measured rounds to end.
+  std::uint64_t host_wait_ns() const;
   /// Nanoseconds during which a timed user held it.
   std::uint64_t timed_ns() const;
   /// Nanoseconds during which a timed user waited for untimed users inside to finish their phase
@@ -74,6 +93,8 @@ public:
   int starts() const;
   /// Timed users waiting to enter (for tests).
   int timed_waiting() const;
+  /// Host work waiting to enter (for tests).
+  int host_waiting() const;
 
   /// One step of a user through the gate, for timelines (tools/bench/bench_eval_throughput
   /// --timeline): what happened, when (steady clock), on which thread.
@@ -90,6 +111,9 @@ public:
       start_leave = 'y',
       measure_wait = 'M', // begin_measure() waits for starts (and untimed users) to finish
       measure_enter = 'm',
+      host_wait = 'h',
+      host_enter = 'H',
+      host_leave = 'g',
     };
     std::int64_t ns; // steady_clock::time_point::time_since_epoch()
     kind_t kind;
@@ -103,6 +127,7 @@ public:
 private:
   using clock = std::chrono::steady_clock;
   bool untimed_may_enter() const; // mtx_ held
+  bool host_may_enter() const;    // mtx_ held
   bool start_may_enter() const;   // mtx_ held
   bool may_enter_alone() const;   // mtx_ held: the rule for users kept from every part of a timing
   bool may_enter_warmup() const;  // mtx_ held: the rule for users allowed beside a warm-up
@@ -126,13 +151,18 @@ private:
   // About 20 members, kept together on purpose: the three rules, the counts of users in each
   // state and the time each overlap held are read and changed together under one mutex, and
   // splitting them would split that lock.
-  const bool share_;
-  const bool beside_;
-  const bool untimed_beside_;
+  bool share_;          // the rules: set at construction, or once by set_rules()
+  bool beside_;
+  bool untimed_beside_;
+  const clock::time_point made_ = clock::now();
   mutable std::mutex mtx_;
   std::condition_variable cv_;
   int untimed_ = 0;
   int starts_ = 0;
+  int host_ = 0;              // host work inside (lock_host)
+  int host_waiting_ = 0;      // ... and waiting to enter
+  overlap host_busy_;         // host work inside
+  std::uint64_t host_wait_ns_ = 0;
   int timed_waiting_ = 0;
   bool timed_ = false;
   bool measuring_ = false;    // the timed user is in its measured rounds
@@ -181,6 +211,48 @@ public:
 private:
   device_gate& g_;
 };
+
+/// Holds the device for host work (device_gate::lock_host); a null gate holds nothing.
+class host_hold {
+public:
+  explicit host_hold(device_gate* g) : g_(g) {
+    if (g_ != nullptr)
+      g_->lock_host();
+  }
+  ~host_hold() {
+    if (g_ != nullptr)
+      g_->unlock_host();
+  }
+  host_hold(const host_hold&) = delete;
+  host_hold& operator=(const host_hold&) = delete;
+
+private:
+  device_gate* g_;
+};
+
+/// The gate of `device` in this process (kept for the process's life), shared by everyone who
+/// asks for it: the device's evaluator (these rules: the first evaluator's stand) and the policy's
+/// work on the same device.
+std::shared_ptr<device_gate> shared_gate(const std::string& device, bool share_untimed, bool starts_beside_warmup,
+                                         bool untimed_beside_warmup);
+/// The gate of `device` in this process, or null where nobody made one.
+std::shared_ptr<device_gate> existing_gate(const std::string& device);
+
+/// What one device's gate has seen since it was made: for the share of time each GPU is busy.
+struct device_use {
+  std::string device;
+  double seconds = 0;     ///< since the gate was made
+  double evaluation_s = 0; ///< an evaluation's user held it (busy_ns)
+  double policy_s = 0;    ///< host work held it (host_ns)
+  bool evaluator = false; ///< an evaluator of this process times on it
+};
+/// Every gate of this process, by device name.
+std::vector<device_use> device_uses();
+
+/// The gate host work on `device` takes: on a CUDA device, the process's gate of that device (made
+/// here where no evaluator has made it yet: it then only counts the host work, and waits for
+/// nothing); null on the CPU.
+std::shared_ptr<device_gate> gate_for_host_work(const std::string& device);
 
 /// Holds the device for timed rounds (see device_gate::begin_measure()).
 class timed_hold {

@@ -140,7 +140,9 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
                                    harness_location where, std::string device, logger& log,
                                    std::shared_ptr<verdict_cache> cache)
   : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
-    cache_(std::move(cache)), gate_(opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup),
+    cache_(std::move(cache)), gate_(device_.rfind("cuda", 0) == 0
+            ? shared_gate(device_, opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup)
+            : std::make_shared<device_gate>(opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup)),
     flush_(opt.flush_bytes) {
   const auto scratch_root = fs::temp_directory_path() / "crucible";
   // What an evaluator killed earlier (kill -9, a crash) left behind: its workers died with it
@@ -150,7 +152,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
               r.bytes >> 20, " MiB) under ", scratch_root.string(),
               r.failed > 0 ? "; " + std::to_string(r.failed) + " could not be removed" : std::string{});
   const auto extensions_dir = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
-  pool_ = std::make_unique<worker_pool>(opt_, where_, device_, log_, gate_, scratch_root, extensions_dir);
+  pool_ = std::make_unique<worker_pool>(opt_, where_, device_, log_, *gate_, scratch_root, extensions_dir);
   builds_ = std::make_unique<build_service>(*pool_, where_.python, extensions_dir);
 }
 
@@ -291,7 +293,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     }
   }
   bool evaluator_failed = false; // the verdict reports this process's failure, not the candidate's
-  const evaluation_context context{opt_,      device_,   log_,   gate_,     *pool_,       *builds_,
+  const evaluation_context context{opt_,      device_,   log_,   *gate_,     *pool_,       *builds_,
                                    baselines_, counters_, flush_, observer_, outputs_device_, protocol_key()};
   // One evaluation on a worker, beside the others or alone on the device (solo_gate).
   struct attempt {

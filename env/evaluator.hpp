@@ -130,20 +130,20 @@ public:
   double timed_call_seconds() const noexcept { return static_cast<double>(counters_.timed_calls_ns.load()) * 1e-9; }
   /// Seconds during which the device was in use by at least one evaluation or starting worker
   /// (references, trials, timing, and the steps of device initialisation evaluator.init_hold names).
-  double device_seconds() const { return static_cast<double>(gate_.busy_ns()) * 1e-9; }
+  double device_seconds() const { return static_cast<double>(gate_->busy_ns()) * 1e-9; }
   /// Seconds during which an evaluation was ready to time but waited for other evaluations'
   /// untimed work (and starting workers' held initialisation steps) to finish.
-  double drain_seconds() const { return static_cast<double>(gate_.drain_ns()) * 1e-9; }
+  double drain_seconds() const { return static_cast<double>(gate_->drain_ns()) * 1e-9; }
   /// Seconds during which a timing's measured rounds waited for starting workers' held
   /// initialisation (evaluator.starts_beside_warmup) and other evaluations' untimed work
   /// (evaluator.untimed_beside_warmup) to finish: part of timing_seconds().
-  double measure_wait_seconds() const { return static_cast<double>(gate_.measure_wait_ns()) * 1e-9; }
+  double measure_wait_seconds() const { return static_cast<double>(gate_->measure_wait_ns()) * 1e-9; }
   /// Seconds during which a timing's warm-up and a starting worker's held initialisation shared
   /// the device.
-  double beside_seconds() const { return static_cast<double>(gate_.beside_ns()) * 1e-9; }
+  double beside_seconds() const { return static_cast<double>(gate_->beside_ns()) * 1e-9; }
   /// Seconds during which a timing's warm-up and other evaluations' untimed work shared the
   /// device (evaluator.untimed_beside_warmup).
-  double untimed_beside_seconds() const { return static_cast<double>(gate_.untimed_beside_ns()) * 1e-9; }
+  double untimed_beside_seconds() const { return static_cast<double>(gate_->untimed_beside_ns()) * 1e-9; }
   /// Seconds workers spent initialising the device, summed over workers (several may
   /// initialise at once).
   double init_seconds() const noexcept { return pool_->init_seconds(); }
@@ -154,10 +154,15 @@ public:
   /// work (no harness kernels: none built, or CRUCIBLE_HARNESS_KERNELS names what it cannot load).
   bool workers_lack_kernels() const noexcept { return pool_->workers_lack_kernels(); }
   /// Most evaluations and starting workers that shared the device's untimed work at once.
-  int max_untimed_users() const { return gate_.max_untimed(); }
+  int max_untimed_users() const { return gate_->max_untimed(); }
+  /// Seconds during which this process's own work on the device held it (the policy's generation
+  /// and updates, where it shares the GPU with this evaluator), and of those, seconds it waited
+  /// for measured rounds to end.
+  double host_seconds() const { return static_cast<double>(gate_->host_ns()) * 1e-9; }
+  double host_wait_seconds() const { return static_cast<double>(gate_->host_wait_ns()) * 1e-9; }
   /// Every step through the device gate from now on (record(true)) until taken: for timelines.
-  void record_gate(bool on) { gate_.record(on); }
-  std::vector<device_gate::event> take_gate_events() { return gate_.take_events(); }
+  void record_gate(bool on) { gate_->record(on); }
+  std::vector<device_gate::event> take_gate_events() { return gate_->take_events(); }
 
 private:
   device_evaluator(const evaluator_options& opt, const reward_options& reward, harness_location where,
@@ -172,7 +177,10 @@ private:
   std::shared_ptr<verdict_cache> cache_;
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
-  device_gate gate_;                  // measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup)
+  /// Measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup). On a
+  /// CUDA device, the process's one gate of that device (shared_gate), which the policy's work on
+  /// the same GPU takes too (host_hold): no timed round overlaps a generation or an update.
+  std::shared_ptr<device_gate> gate_;
   solo_gate solo_;                    // an evaluation out of device memory beside others is retried alone
   reference_baselines baselines_;
   evaluation_counters counters_;

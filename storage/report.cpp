@@ -742,8 +742,33 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
   if (status) {
     html += "<h2>Status</h2>\n<table id=\"status\">\n";
     for (const auto& m : status->as_object())
-      html += "<tr><td>" + xml_escape(m.key) + "</td><td>" + xml_escape(json_text(m.value)) + "</td></tr>\n";
+      if (m.key != "devices")
+        html += "<tr><td>" + xml_escape(m.key) + "</td><td>" + xml_escape(json_text(m.value)) + "</td></tr>\n";
     html += "</table>\n";
+    // The share of time each GPU of the trainer's process was held by evaluations and by the
+    // policy's own work (generation, updates); status.json's `devices` (docs/report.md).
+    if (const auto* devices = status->find("devices"); devices != nullptr && devices->is_array()) {
+      html += "<h2>GPU busy</h2>\n<table id=\"gpus\">\n<tr><td>GPU</td><td>evaluations</td><td>policy</td>"
+              "<td>seconds</td></tr>\n";
+      for (const auto& d : devices->as_array()) {
+        const auto* name = d.is_object() ? d.find("device") : nullptr;
+        const auto* secs = d.is_object() ? d.find("seconds") : nullptr;
+        if (name == nullptr || !name->is_string() || secs == nullptr || !secs->is_number())
+          continue;
+        auto share = [&](const char* key) {
+          const auto* v = d.find(key);
+          const double s = secs->as_double();
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%.1f%%", v != nullptr && v->is_number() && s > 0 ? 100.0 * v->as_double() / s : 0.0);
+          return std::string{buf};
+        };
+        char total[32];
+        std::snprintf(total, sizeof total, "%.0f", secs->as_double());
+        html += "<tr><td>" + xml_escape(name->as_string()) + "</td><td>" + share("evaluation_s") + "</td><td>" +
+                share("policy_s") + "</td><td>" + total + "</td></tr>\n";
+      }
+      html += "</table>\n";
+    }
   } else {
     html += "<p class=\"no-data\">No status.json yet.</p>\n";
   }

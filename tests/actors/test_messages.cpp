@@ -242,6 +242,7 @@ template <> struct sample<stage_report> {
     r.discarded = 8;
     r.unfinished = 3;
     r.skipped_tasks = {"03_broken", "level1/7_bad"};
+    r.devices = {{"cuda:0", 12.5, 3.25, 6.0, true}};
     r.records = {"{\"event\":\"train_step\"}", "{\"event\":\"verdict\"}"};
     return r;
   }
@@ -305,7 +306,8 @@ template <> struct sample<sampler_state> {
 
 template <> struct sample<run_status> {
   static run_status make() {
-    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16, 5, {"03_broken"}};
+    return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16, 5, {"03_broken"},
+            {{"cuda:0", 812.5, 301.25, 402.0, true}, {"cuda:1", 800.0, 0.0, 710.5, false}}};
   }
 };
 
@@ -536,6 +538,7 @@ TEST_CASE("run_status JSON round-trips with null for speedups that have no value
   CHECK(json.find("\"state\":\"paused\"") != std::string::npos);
   CHECK(json.find("\"best_speedup\":3.25") != std::string::npos);
   CHECK(json.find("\"skipped_tasks\":[\"03_broken\"]") != std::string::npos);
+  CHECK(json.find("\"devices\":[{\"device\":\"cuda:0\",\"seconds\":812.5,\"evaluation_s\":301.25,\"policy_s\":402") != std::string::npos);
   auto back = run_status_from_json(json);
   REQUIRE_MESSAGE(back.ok(), back.error().to_string());
   check_same("run_status", s, *back);
@@ -587,6 +590,16 @@ TEST_CASE("malformed run_status JSON is errc::corrupt naming the key") {
   expect_corrupt(without("step", "\"stepz\":1"), "'step'");
   expect_corrupt(without("variants", "\"variants\":\"many\""), "'variants'");
   expect_corrupt(without("mean_speedup", "\"mean_speedup\":[1]"), "'mean_speedup'");
+  auto devices_as = [&](std::string_view replacement) {
+    auto out = good;
+    const auto pos = out.find("\"devices\":");
+    REQUIRE(pos != std::string::npos);
+    out.replace(pos, out.size() - 1 - pos, replacement);
+    return out;
+  };
+  expect_corrupt(devices_as("\"devices\":7"), "'devices'");
+  expect_corrupt(devices_as("\"devices\":[{\"device\":\"cuda:0\"}]"), "'devices'");
+  expect_corrupt(devices_as("\"devices\":[{\"device\":\"cuda:0\",\"seconds\":\"long\"}]"), "'devices'");
 }
 
 TEST_CASE("crucible errors travel as caf::error of category crucible") {

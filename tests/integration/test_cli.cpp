@@ -205,6 +205,36 @@ TEST_CASE("crucible status says where nodes join only while the run's process ho
   CHECK(cli({"status", run.string()}).out.find("nodes join") == std::string::npos);
 }
 
+TEST_CASE("crucible status shows the share of time each GPU of the run is busy, by evaluations and by the policy") {
+  temp_dir tmp;
+  const auto run = tmp.path() / "r";
+  fs::create_directories(run);
+  std::ofstream(run / "config.yaml") << "run: {name: r}\n";
+  std::ofstream(run / "status.json")
+    << "{\"state\":\"paused\",\"stage\":\"rl\",\"step\":3,\"policy_version\":3,\"variants\":9,"
+       "\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"devices\":["
+       "{\"device\":\"cuda:0\",\"seconds\":200,\"evaluation_s\":50,\"policy_s\":120,\"evaluator\":true},"
+       "{\"device\":\"cuda:1\",\"seconds\":200,\"evaluation_s\":0,\"policy_s\":30,\"evaluator\":false}]}\n";
+  auto text = cli({"status", run.string()});
+  REQUIRE(text.exit_code == 0);
+  CHECK_MESSAGE(text.out.find("gpu cuda:0     evaluation  25.0%, policy  60.0% of 200 s\n") != std::string::npos, text.out);
+  CHECK_MESSAGE(text.out.find("gpu cuda:1     evaluation   0.0%, policy  15.0% of 200 s (no evaluator on it)")
+                  != std::string::npos,
+                text.out);
+  auto json = cli({"status", run.string(), "--json"});
+  REQUIRE(json.exit_code == 0);
+  auto doc = YAML::Load(json.out);
+  REQUIRE(doc["devices"].IsSequence());
+  CHECK(doc["devices"][0]["policy_s"].as<double>() == 120);
+  // A bad devices entry is named.
+  std::ofstream(run / "status.json")
+    << "{\"state\":\"paused\",\"stage\":\"rl\",\"step\":3,\"policy_version\":3,\"variants\":9,"
+       "\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"devices\":{}}\n";
+  auto bad = cli({"status", run.string()});
+  CHECK(bad.exit_code != 0);
+  CHECK_MESSAGE(bad.err.find("devices") != std::string::npos, bad.err);
+}
+
 TEST_CASE("crucible status names a directory that is not a run") {
   temp_dir tmp;
   auto r = cli({"status", (tmp.path() / "nope").string()});

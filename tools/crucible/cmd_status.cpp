@@ -95,6 +95,13 @@ int run_status_cmd(const parsed_args& args) {
     std::printf("skipped tasks  %zu (their reference cannot run; tasks.skip_broken): %s\n", st->skipped_tasks.size(),
                 names.c_str());
   }
+  // How busy each GPU of the trainer's process has been: evaluations and the policy's own work
+  // (generation, updates), as shares of the time since the process began using it.
+  for (const auto& d : st->devices) {
+    auto share = [&](double s) { return d.seconds > 0 ? 100.0 * s / d.seconds : 0.0; };
+    std::printf("gpu %-10s evaluation %5.1f%%, policy %5.1f%% of %.0f s%s\n", d.device.c_str(), share(d.evaluation_s),
+                share(d.policy_s), d.seconds, d.evaluator ? "" : " (no evaluator on it)");
+  }
   if (!join.empty())
     std::printf("nodes join at  %s\n", join.c_str());
   return exit_ok;

@@ -321,3 +321,101 @@ TEST_CASE("untimed work beside warm-up without starts beside it: starts wait for
   CHECK_FALSE(unshared.warmup_shared());
   CHECK_FALSE(unshared.untimed_beside_warmup());
 }
+
+TEST_CASE("host work goes before waiting timings, shares a warm-up, and never runs beside measured rounds") {
+  // Warm-up shared (untimed work beside it): the policy's generation may run beside a timing's
+  // warm-up; its measured rounds wait for the generation to end, and the next one waits for them.
+  device_gate gate{true, false, true};
+  gate.lock_host();
+  gate.lock_timed(); // the warm-up, beside the host work
+  std::atomic<bool> measuring{false};
+  std::thread timer{[&] {
+    gate.begin_measure();
+    measuring = true;
+  }};
+  await([&] { return gate.measure_wait_ns() > 0; });
+  CHECK_FALSE(measuring.load());
+  std::atomic<bool> second{false};
+  std::thread host{[&] {
+    crucible::env::host_hold hold{&gate};
+    second = true;
+  }};
+  await([&] { return gate.host_waiting() == 1; }); // measured rounds wait to begin: it waits
+  gate.unlock_host();
+  timer.join();
+  CHECK(measuring.load());
+  CHECK_FALSE(second.load()); // the measured rounds hold the device
+  gate.unlock_timed();
+  host.join();
+  CHECK(second.load());
+  CHECK(gate.host_wait_ns() > 0);
+  CHECK(gate.host_ns() > 0);
+
+  // No company beside warm-up: a timing waits for host work inside, and host work enters while a
+  // timing waits for untimed work (it goes before waiting timings).
+  device_gate plain;
+  plain.lock_untimed();
+  std::atomic<bool> timed{false};
+  std::thread t2{[&] {
+    timed_hold hold{plain};
+    timed = true;
+  }};
+  await([&] { return plain.timed_waiting() == 1; });
+  std::atomic<bool> entered{false};
+  std::thread h2{[&] {
+    plain.lock_host();
+    entered = true;
+  }};
+  await([&] { return entered.load(); });
+  plain.unlock_untimed();
+  // The timing still waits: host work is inside.
+  CHECK(plain.timed_waiting() == 1);
+  CHECK_FALSE(timed.load());
+  h2.join();
+  plain.unlock_host();
+  t2.join();
+  CHECK(timed.load());
+  // Host work is not the evaluations' busy time.
+  device_gate idle;
+  idle.lock_host();
+  idle.unlock_host();
+  CHECK(idle.busy_ns() == 0);
+  CHECK(idle.host_ns() > 0);
+}
+
+TEST_CASE("one gate a CUDA device in a process: the evaluator's, which host work on that device takes") {
+  using crucible::env::device_uses;
+  using crucible::env::existing_gate;
+  using crucible::env::gate_for_host_work;
+  using crucible::env::shared_gate;
+  CHECK(existing_gate("cuda:7") == nullptr);
+  // Host work first (the policy generates before its evaluator starts): a gate that counts it.
+  auto host = gate_for_host_work("cuda:7");
+  REQUIRE(host != nullptr);
+  CHECK_FALSE(host->untimed_beside_warmup());
+  {
+    crucible::env::host_hold hold{host.get()};
+  }
+  // The evaluator takes that gate over with its rules; a second evaluator's rules do not change it.
+  auto a = shared_gate("cuda:7", true, false, true);
+  CHECK(a == host);
+  CHECK(a->untimed_beside_warmup());
+  auto b = shared_gate("cuda:7", false, false, false);
+  CHECK(b == a);
+  CHECK(b->untimed_beside_warmup());
+  CHECK(shared_gate("cuda:6", true, false, true) != a);
+  CHECK(gate_for_host_work("cuda:7") == a);
+  CHECK(existing_gate("cuda:7") == a);
+  CHECK(gate_for_host_work("cpu") == nullptr); // host work on the CPU takes no gate
+  // What each gate has seen, for the share of time each GPU is busy.
+  bool seen = false;
+  for (const auto& u : device_uses())
+    if (u.device == "cuda:7") {
+      seen = true;
+      CHECK(u.evaluator);
+      CHECK(u.policy_s > 0);
+      CHECK(u.evaluation_s == 0);
+      CHECK(u.seconds >= u.policy_s);
+    }
+  CHECK(seen);
+}

@@ -103,6 +103,27 @@ TEST_CASE("a run with lifecycle records only gets no-data lines for every plot")
   CHECK(contains(html, "[coordinator] run_started"));
 }
 
+TEST_CASE("the report shows the share of time each GPU was held by evaluations and by the policy") {
+  temp_dir tmp;
+  auto run = make_run(tmp, lifecycle_only);
+  write(run / "status.json",
+        R"({"state":"paused","stage":"rl","step":3,"devices":[)"
+        R"({"device":"cuda:0","seconds":200,"evaluation_s":50,"policy_s":120,"evaluator":true},)"
+        R"({"device":"cuda:1","seconds":200,"evaluation_s":150.5,"policy_s":0,"evaluator":true}]})" "\n");
+  auto files = write_report(run, run / "report");
+  REQUIRE(files.ok());
+  auto html = slurp(files->html);
+  CHECK(contains(html, "<h2>GPU busy</h2>"));
+  CHECK(contains(html, "<tr><td>cuda:0</td><td>25.0%</td><td>60.0%</td><td>200</td></tr>"));
+  CHECK(contains(html, "<tr><td>cuda:1</td><td>75.2%</td><td>0.0%</td><td>200</td></tr>"));
+  CHECK_FALSE(contains(html, "<td>devices</td>")); // not repeated as raw JSON in the status table
+  // A run without GPUs (the CPU) has no such table.
+  write(run / "status.json", R"({"state":"finished","stage":"","step":3})" "\n");
+  files = write_report(run, run / "report");
+  REQUIRE(files.ok());
+  CHECK_FALSE(contains(slurp(files->html), "GPU busy"));
+}
+
 TEST_CASE("a run with every kind of record gets every plot inline and as a PNG") {
   temp_dir tmp;
   // The last line is torn (no newline): ignored, as read_metrics does.
