@@ -326,7 +326,13 @@ class Worker:
             raise _Done("runtime_error", (), f"expected {step}, got {msg.get('type')!r}")
 
     def request_build(self, req):
-        """The evaluator's build service (_keyed_build, Triton's hooks): one request, one reply."""
+        """The evaluator's build service (_keyed_build, Triton's hooks): one request, one reply.
+        The evaluator lets go of the device while a build asked for during the trials runs (a
+        load_inline in ModelNew's constructor), so whatever the candidate queued on it ends
+        first: none of its kernels runs beside other evaluations' measured rounds meanwhile (a
+        thread of its own that queued more would fail the thread checks after the constructor)."""
+        if self.cuda:
+            _cuda_synchronize()
         self.chan.send(req)
         reply = self.chan.recv()
         if reply.get("type") == "stop":
