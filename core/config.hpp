@@ -136,6 +136,8 @@ struct evaluator_options {
   std::int64_t max_rounds = 120;               ///< cap when unstable measurements add rounds
   std::int64_t min_rounds = 20;                ///< a measurement may stop here when its band is tight
   double early_stop_spread = 0.005;            ///< ... namely within this; 0: always `rounds`
+  std::int64_t slow_stop_rounds = 10;          ///< a first look after this many rounds; 0: none
+  double slow_stop_below = 0.9;                ///< ... stops a candidate whose whole band is below this
   double warmup_ms = 300;                      ///< untimed rounds before each measurement, at least this long
   std::int64_t buckets = 5;
   double max_spread = 0.02;

@@ -197,6 +197,17 @@ void describe(V& v, config& c) {
             "Band (relative half-width) within which a measurement stops at `min_rounds`; 0: every measurement "
             "takes `rounds`.",
             non_negative_number());
+    v.field("slow_stop_rounds", e.slow_stop_rounds,
+            "A first look at a measurement after this many rounds: a candidate whose whole band, and every "
+            "bucket's mean, already lies below `slow_stop_below` times the reference's speed is clearly slower and "
+            "its measurement ends there (its speedup is the measured figure, below 1). 0: no such look. At least "
+            "evaluator.buckets. Error rates of the rule: docs/evaluator.md, Timing: stopping a clearly slower "
+            "candidate early.",
+            at_least(0, "an integer ≥ 0"));
+    v.field("slow_stop_below", e.slow_stop_below,
+            "The speedup below which a candidate's whole band must lie for the look after `slow_stop_rounds` "
+            "to end its measurement.",
+            between(0.01, 1, "a number between 0.01 and 1"));
     v.field("warmup_ms", e.warmup_ms,
             "Most milliseconds of untimed paired rounds before a verdict's first measurement: at least 3 rounds, "
             "then more until both models' times have settled (after idle seconds a GPU's clocks are low and the "

@@ -292,11 +292,26 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
 
 bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand) {
   const auto& opt = ctx_.opt;
-  const auto first = std::max<std::int64_t>(opt.min_rounds, static_cast<std::int64_t>(policy.buckets));
-  if (opt.early_stop_spread <= 0 || first >= opt.rounds)
-    return measure(opt.rounds, ref, cand);
   const auto from = ref.size();
-  if (!measure(first, ref, cand))
+  std::int64_t done = 0; // rounds of this measurement so far
+  // A first look for a clearly slower candidate (evaluator.slow_stop_rounds): its whole band well
+  // below the reference's speed already, more rounds would only narrow a figure that earns no credit.
+  const auto look = opt.slow_stop_rounds;
+  if (look >= static_cast<std::int64_t>(policy.buckets) && look < opt.rounds) {
+    if (!measure(look, ref, cand))
+      return false;
+    done = look;
+    std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
+    std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
+    if (clearly_slower(summarize_rounds(r, c, policy), opt.slow_stop_below)) {
+      slow_stop_ = true;
+      return true;
+    }
+  }
+  const auto first = std::max<std::int64_t>({opt.min_rounds, static_cast<std::int64_t>(policy.buckets), done});
+  if (opt.early_stop_spread <= 0 || first >= opt.rounds)
+    return measure(opt.rounds - done, ref, cand, done > 0);
+  if (first > done && !measure(first - done, ref, cand, done > 0))
     return false;
   std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
   std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
@@ -672,12 +687,12 @@ verdict evaluation::judge() {
   if (!measure_once(policy, ref, cand))
     return v_;
   auto summary = summarize_rounds(ref, cand, policy);
-  while (!summary.stable && static_cast<std::int64_t>(ref.size()) + opt.rounds <= opt.max_rounds) {
+  while (!slow_stop_ && !summary.stable && static_cast<std::int64_t>(ref.size()) + opt.rounds <= opt.max_rounds) {
     if (!measure(opt.rounds, ref, cand))
       return v_;
     summary = summarize_rounds(ref, cand, policy);
   }
-  const bool settled = summary.stable; // the first measurement's, before any recheck's rounds join it
+  const bool settled = summary.stable || slow_stop_; // the first measurement's, before any recheck's rounds join it
   if (summary.speedup > opt.recheck_above) {
     // A large speedup is measured again, independently, before it is believed. The second
     // measurement is shorter (evaluator.recheck_rounds): it only has to agree. Two measurements
@@ -762,7 +777,9 @@ verdict evaluation::judge() {
     std::snprintf(calls, sizeof calls, " of %ld calls", reported_.calls);
   std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds%s (band ±%.1f%%)%s%s%s",
                 cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
-                speedup, ref.size(), calls, 100 * summary.band, settled ? "" : "; unstable after max_rounds",
+                speedup, ref.size(), calls, 100 * summary.band,
+                slow_stop_ ? "; clearly slower: the measurement ended at the first look"
+                           : settled ? "" : "; unstable after max_rounds",
                 lazy && speedup > 1.0 ? "; no speed credit: the candidate ran the reference's own kernels, each as many "
                                         "times (credited 1.00x)"
                                       : "",

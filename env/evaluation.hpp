@@ -264,6 +264,8 @@ private:
   /// on a CUDA device with evaluator.cuda_boundary).
   bool fresh_workers_ = false; // use_fresh_workers()
   bool two_workers_ = false;
+  /// The measurement ended at its first look: the candidate is clearly slower (measure_once).
+  bool slow_stop_ = false;
   /// The trials' hold on the device while run_trials waits on the candidate's worker: a build
   /// that worker asks for meanwhile (its constructor's load_inline) lets go of it (receive).
   std::optional<untimed_hold>* trials_hold_ = nullptr;

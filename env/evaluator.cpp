@@ -205,12 +205,12 @@ std::string device_evaluator::protocol_key() const {
   // Everything that can change a verdict of the same code on the same hardware.
   char buf[768];
   std::snprintf(buf, sizeof buf,
-                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;warmup=%g;buckets=%lld;spread=%g/%g;disagree=%g;win=%g;"
+                "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;slow=%lld/%g;warmup=%g;buckets=%lld;spread=%g/%g;disagree=%g;win=%g;"
                 "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;sample=%g/%lld;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
                 "mode=%s;boundary=%s/%g/%d",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
-                opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread, opt_.band_floor,
+                static_cast<long long>(opt_.slow_stop_rounds), opt_.slow_stop_below, opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread, opt_.band_floor,
                 opt_.max_bucket_disagreement, opt_.win_threshold, opt_.recheck_above, opt_.recheck_tolerance, static_cast<long long>(opt_.recheck_rounds),
                 to_string(opt_.baseline), static_cast<unsigned long long>(opt_.flush_bytes),
                 static_cast<unsigned long long>(opt_.placement_jitter_bytes), opt_.sample_ms,

@@ -90,6 +90,15 @@ bool may_stop_early(const timing_summary& first, double early_stop_spread, const
          && first.disagreement <= policy.max_bucket_disagreement;
 }
 
+bool clearly_slower(const timing_summary& first, double below) noexcept {
+  if (!std::isfinite(first.band) || !std::isfinite(first.speedup) || first.bucket_means.empty())
+    return false;
+  // Every bucket too: a candidate that turns faster within the look (or any drift toward the
+  // bar) is not stopped on its early rounds.
+  const double fastest = *std::max_element(first.bucket_means.begin(), first.bucket_means.end());
+  return first.speedup * (1.0 + first.band) < below && fastest < below;
+}
+
 settled_rounds settle_rounds(const std::vector<double>& ref_synced, const std::vector<double>& ref_stream,
                              const std::vector<double>& cand_synced, const std::vector<double>& cand_stream) {
   assert(ref_synced.size() == ref_stream.size() && cand_synced.size() == cand_stream.size());

@@ -53,6 +53,12 @@ double credited_speedup(const timing_summary& s, double threshold, bool no_own_w
 /// policy.max_bucket_disagreement. `early_stop_spread` 0 never stops early.
 bool may_stop_early(const timing_summary& first, double early_stop_spread, const timing_policy& policy) noexcept;
 
+/// Whether the rounds summarised in `first` (a measurement's first evaluator.slow_stop_rounds
+/// rounds) show a clearly slower candidate, whose measurement may end there: the whole band lies
+/// below `below` (speedup × (1 + band) < below) and so does every bucket's mean. A NaN or
+/// infinite band never stops.
+bool clearly_slower(const timing_summary& first, double below) noexcept;
+
 /// The times of a measurement's timed calls after settle_rounds(). Plain value.
 struct settled_rounds {
   std::vector<double> ref_ms;

@@ -338,6 +338,46 @@ TEST_CASE("a reference that keeps state between calls is named, not its candidat
   CHECK_FALSE(v.has_speedup());
 }
 
+TEST_CASE("a clearly slower candidate's measurement ends at its first look, a candidate as fast goes on") {
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE_MESSAGE(t.ok(), t.error().message);
+  auto opt = cpu_evaluator::suite_options(1);
+  opt.slow_stop_rounds = 10; // of 20 rounds
+  cpu_evaluator ev{opt};
+  // The same chain computed three times over: the same outputs, about three times as slow.
+  const std::string slow = R"(import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, scale=2.0, shift=0.5, clamp_max=6.0):
+        super().__init__()
+        self.scale = scale
+        self.shift = shift
+        self.clamp_max = clamp_max
+
+    def forward(self, x):
+        for _ in range(3):
+            y = x * self.scale
+            y = y + self.shift
+            y = torch.relu(y)
+            y = torch.clamp(y, max=self.clamp_max)
+        return y
+)";
+  auto v = ev.ev->evaluate(eval_request{*t, slow, 0, false});
+  INFO(describe(v));
+  REQUIRE(v.status == verdict_status::ok);
+  CHECK(v.speedup < 0.9);
+  CHECK(v.rounds == 10);
+  CHECK(v.message.find("clearly slower") != std::string::npos);
+  // Identical code is not clearly slower: its measurement goes on.
+  auto same = ev.ev->evaluate(eval_request{*t, reference_as_candidate(*t), 0, false});
+  INFO(describe(same));
+  REQUIRE(same.status == verdict_status::ok);
+  CHECK(same.rounds >= 20);
+  CHECK(same.message.find("clearly slower") == std::string::npos);
+}
+
 TEST_CASE("a task with more output elements than float32 counts exactly is judged") {
   auto t = load_task(source_dir / "tests" / "tasks" / "large_output.py");
   REQUIRE_MESSAGE(t.ok(), t.error().message);

@@ -185,6 +185,11 @@ TEST_CASE("evaluator values are validated, alone and against each other") {
         == "configs/x.yaml:2: evaluator.max_spread: expected a positive number, got 0");
   CHECK(problems_of("evaluator:\n  rounds: 50\n  max_rounds: 40\n")
         == "configs/x.yaml: evaluator.max_rounds: must be at least evaluator.rounds (50)");
+  CHECK(problems_of("evaluator:\n  slow_stop_rounds: 3\n")
+        == "configs/x.yaml: evaluator.slow_stop_rounds: must be 0 or at least evaluator.buckets (5)");
+  CHECK(crucible::parse_config("evaluator:\n  slow_stop_rounds: 0\n", "x.yaml").ok());
+  CHECK(problems_of("evaluator:\n  slow_stop_below: 1.5\n")
+        == "configs/x.yaml:2: evaluator.slow_stop_below: expected a number between 0.01 and 1, got 1.5");
   CHECK(problems_of("evaluator:\n  cuda_max_connections: 33\n")
         == "configs/x.yaml:2: evaluator.cuda_max_connections: expected an integer between 0 and 32, got 33");
   CHECK(problems_of("reward:\n  shape: cubic\n")

@@ -116,6 +116,39 @@ TEST_CASE("a measurement stops at min_rounds only when its band is already tight
   CHECK_FALSE(may_stop_early(drifting, 1.0, policy));
 }
 
+TEST_CASE("a measurement ends at its first look only for a clearly slower candidate, its whole band below the bar") {
+  auto summary = [](double speedup, double band, std::vector<double> buckets) {
+    timing_summary s;
+    s.speedup = speedup;
+    s.band = band;
+    s.bucket_means = std::move(buckets);
+    return s;
+  };
+  const std::vector<double> steady{0.5, 0.5, 0.5, 0.5, 0.5};
+  CHECK(clearly_slower(summary(0.5, 0.03, steady), 0.9));
+  CHECK(clearly_slower(summary(0.85, 0.05, {0.85, 0.84, 0.86, 0.85, 0.85}), 0.9)); // 0.8925 < 0.9
+  CHECK_FALSE(clearly_slower(summary(0.86, 0.05, {0.86, 0.86, 0.86, 0.86, 0.86}), 0.9)); // 0.903: the band reaches the bar
+  CHECK_FALSE(clearly_slower(summary(0.95, 0.01, {0.95, 0.95, 0.95, 0.95, 0.95}), 0.9)); // slower, not clearly
+  CHECK_FALSE(clearly_slower(summary(1.2, 0.01, {1.2, 1.2, 1.2, 1.2, 1.2}), 0.9));
+  // A candidate that turns fast in its last bucket is not stopped on its early rounds.
+  CHECK_FALSE(clearly_slower(summary(0.5, 0.03, {0.5, 0.5, 0.5, 0.5, 1.1}), 0.9));
+  CHECK_FALSE(clearly_slower(summary(0.5, std::nan(""), steady), 0.9));
+  CHECK_FALSE(clearly_slower(summary(0.5, INFINITY, steady), 0.9));
+  CHECK_FALSE(clearly_slower(summary(0.5, 0.03, {}), 0.9));
+  // From rounds: a candidate twice as slow, ten rounds with 2% noise.
+  std::mt19937 rng{5};
+  std::normal_distribution<double> noise{0.0, 0.02};
+  std::vector<double> ref, cand;
+  for (int i = 0; i < 10; ++i) {
+    ref.push_back(1.0 * (1 + noise(rng)));
+    cand.push_back(2.0 * (1 + noise(rng)));
+  }
+  timing_policy floored;
+  floored.band_floor = 0.015;
+  CHECK(clearly_slower(summarize_rounds(ref, cand, floored), 0.9));
+  CHECK_FALSE(clearly_slower(summarize_rounds(cand, ref, floored), 0.9)); // twice as fast
+}
+
 TEST_CASE("a speedup is credited only when its whole band clears the win threshold") {
   timing_summary s;
   s.speedup = 1.043;
