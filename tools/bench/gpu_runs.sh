@@ -11,7 +11,8 @@
 #   tests  two or more GPUs: test_gpu_dp, the data-parallel run test, the GPU activation
 #          checkpointing test, test_gpu_engine
 #   modes  two GPUs: tools/bench/train_modes.sh on cuda:0-1 (policy on one, evaluator on the
-#          other), configs/gpu-1x.yaml on the same ten tasks, SFT 300 steps, MODE_STEPS (6) RL
+#          other; MODE_EVAL_DEVICES="cuda:0, cuda:1": evaluators on both, the policy's GPU
+#          included), configs/gpu-1x.yaml on the same ten tasks, SFT 300 steps, MODE_STEPS (6) RL
 #          steps of 2 groups, asynchronous against synchronous
 #   four   four GPUs: configs/gpu-4x.yaml on the same tasks, FOUR_SFT (100) SFT and FOUR_RL (6) RL
 #          steps
@@ -108,7 +109,8 @@ for part in "$@"; do
       smi=$(runs_smi modes)
       runs_step modes env CUDA_VISIBLE_DEVICES=0,1 OUT="$OUT/modes" RUNS="$OUT/modes/runs" CLI="$B/tools/crucible" \
         tools/bench/train_modes.sh configs/gpu-1x.yaml "${MODE_STEPS:-6}" --set "tasks.include=$NO_BUILD_TASKS" \
-        --set stages.sft.steps=300 --set learner.total_steps=300 --set stages.rl.groups=2 --set "evaluator.devices=[cuda:1]"
+        --set stages.sft.steps=300 --set learner.total_steps=300 --set stages.rl.groups=2 \
+        --set "evaluator.devices=[${MODE_EVAL_DEVICES:-cuda:1}]"
       kill "$smi" 2>/dev/null
       rm -rf "$OUT/modes/runs"/*/checkpoints ;;
     four)

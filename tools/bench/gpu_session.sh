@@ -75,6 +75,13 @@ Modes (the goals table's row in brackets):
                       ZERO_RL, ZERO_MODE, ZERO_TIMEOUT_S, ZERO_GPUS, ZERO_DIR, STACKS, QUIET_S), as
                       `real_size` across calls; WAIT_S (540). Output: $OUT/multi.tgz; the runs stay
                       in data/runs/multi.
+  rate start|wait|collect
+                      [verdicts per GPU-minute against KernelBench's harness; two GPUs against
+                      one] tools/bench/verdict_rate.sh (STEPS, SET_ARGS, CONC, WARM, LAPS,
+                      EVAL_ARGS; carry data/cuda-l1, fetch_cuda_l1.sh, on `start` only) in a
+                      session of its own across device calls, as `real_size`; WAIT_S (540).
+                      Output: $OUT/rate.tgz (records, walls.txt, summary.txt, laps); the run
+                      stays in data/runs/rate.
   boundary [STEP...]  [the trust boundary on CUDA] tools/bench/boundary_gpu.sh STEP... (fast, test,
                       identity; IDENTITY_MODES), built in BUILD (default /root/bg, outside the
                       checkout). Output: $OUT/selfc_MODE.jsonl, err_VARIANT.log, t_suite.log.
@@ -90,7 +97,7 @@ esac
 MODE="$1"
 shift
 case "$MODE" in
-  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size | multi | boundary) ;;
+  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size | multi | rate | boundary) ;;
   *) echo "gpu_session: unknown mode '$MODE'" >&2; usage >&2; exit 2 ;;
 esac
 
@@ -142,6 +149,13 @@ real_collect() {
   (cd "$REAL" && tar czf "$OUT/real.tgz.part" --exclude='*/model' --exclude='*/checkpoints' \
     --exclude='*/tasks' --exclude='*/workers' . 2>/dev/null) && mv "$OUT/real.tgz.part" "$OUT/real.tgz"
   tail -4 "$REAL/pipeline.log" 2>/dev/null
+}
+
+RATE="$ROOT/data/runs/rate"
+rate_collect() { # the records, walls and summary (not the builds, caches or the logs' bulk)
+  (cd "$RATE" && tar czf "$OUT/rate.tgz.part" --exclude=kb_build --exclude='xdg_*' --exclude='*.log' . 2>/dev/null) &&
+    mv "$OUT/rate.tgz.part" "$OUT/rate.tgz"
+  cat "$RATE/walls.txt" 2>/dev/null
 }
 
 MULTI="$ROOT/data/runs/multi"
@@ -260,6 +274,17 @@ case "$MODE" in
       wait) bg_wait "$REAL" real_size real_collect ;;
       collect) real_collect ;;
       *) echo "usage: tools/bench/gpu_session.sh real_size start|wait|collect (--help: all modes)" >&2; exit 2 ;;
+    esac ;;
+  rate)
+    mkdir -p "$RATE"
+    case "${1:-}" in
+      start)
+        lent_build crucible
+        bg_start "$RATE" rate env OUT="$RATE" BUILD="$B" PYTHON=python3 tools/bench/verdict_rate.sh
+        bg_wait "$RATE" rate rate_collect ;;
+      wait) bg_wait "$RATE" rate rate_collect ;;
+      collect) rate_collect ;;
+      *) echo "usage: tools/bench/gpu_session.sh rate start|wait|collect (--help: all modes)" >&2; exit 2 ;;
     esac ;;
   multi)
     mkdir -p "$MULTI"
