@@ -143,7 +143,18 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, wire::
       const bool yield = trials_hold_ != nullptr && trials_hold_->has_value() && (*trials_hold_)->held();
       if (yield)
         trials_hold_->reset();
-      auto reply = ctx_.builds.build(msg.json, deadline);
+      // A build may take evaluator.load_timeout_s wherever it is asked for, and the time it takes
+      // does not count against the phase's deadline (a constructor's build is no lack of progress
+      // in the trials); all builds of a verdict together extend its phases by that much at most.
+      const auto b0 = clock_type::now();
+      const double left = std::max(0.0, ctx_.opt.load_timeout_s - build_grace_s_);
+      auto reply = ctx_.builds.build(
+        msg.json, std::max(deadline, b0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(left))));
+      const double grant = std::min(left, std::chrono::duration<double>(clock_type::now() - b0).count());
+      build_grace_s_ += grant;
+      const auto more = std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(grant));
+      deadline += more;
+      nudge_at += more;
       if (yield)
         trials_hold_->emplace(ctx_.gate);
       if (!send(from, reply))

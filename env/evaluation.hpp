@@ -269,6 +269,9 @@ private:
   /// The trials' hold on the device while run_trials waits on the candidate's worker: a build
   /// that worker asks for meanwhile (its constructor's load_inline) lets go of it (receive).
   std::optional<untimed_hold>* trials_hold_ = nullptr;
+  /// Seconds by which builds have extended this verdict's phase deadlines (receive): at most
+  /// evaluator.load_timeout_s in all.
+  double build_grace_s_ = 0;
   /// What the reference's worker told of the task, for the candidate's worker and the rounds
   /// across the boundary.
   struct reference_facts {
