@@ -152,6 +152,15 @@ using learner_pointer = learner_actor::stateful_pointer<learner_state>;
 // An NCCL rank's thread works on the rank's GPU: kernels launched outside LibTorch's own ops (the
 // fused training kernels, the collectives' events) go to the current device, which on the actor's
 // thread is otherwise cuda:0. Held for the length of a request.
+// `update()` holding this rank's GPU as host work: where an evaluator of this process times on
+// the same GPU, none of its measured rounds overlaps the update (env::device_gate).
+template <class F>
+auto on_own_device(const learner_state& st, F&& update) {
+  const auto gate = env::gate_for_host_work(st.spec.device_name);
+  env::host_hold hold{gate.get()};
+  return update();
+}
+
 policy::device_scope on_rank_device(const learner_state& st) {
   return policy::device_scope(st.spec.backend == "nccl" ? "cuda:" + std::to_string(st.spec.device) : "cpu");
 }
@@ -298,11 +307,7 @@ caf::result<train_report> grpo_update(learner_pointer self, const std::vector<co
     (void)st.learner->grpo_step(batch);
     return make_error(bad);
   }
-  auto m = [&] {
-    const auto gate = env::gate_for_host_work(st.spec.device_name);
-    env::host_hold hold{gate.get()};
-    return st.learner->grpo_step(batch);
-  }();
+  auto m = on_own_device(st, [&] { return st.learner->grpo_step(batch); });
   if (!m.ok())
     return make_error(m.error());
   return published_report(self, *m, groups.size(), dropped);
@@ -353,11 +358,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
         for (std::size_t i = static_cast<std::size_t>(st.spec.rank); i < b.prompts.size();
              i += static_cast<std::size_t>(st.spec.world_size))
           mine.push_back({b.prompts[i], b.completions[i]});
-      auto m = [&] {
-        const auto gate = env::gate_for_host_work(st.spec.device_name);
-        env::host_hold hold{gate.get()};
-        return st.learner->sft_step(mine); // an empty share is refused on every rank
-      }();
+      auto m = on_own_device(st, [&] { return st.learner->sft_step(mine); }); // an empty share is refused on every rank
       if (!consistent)
         return make_error(errc::invalid_arg, "sft_batch: " + std::to_string(b.prompts.size()) + " prompts but " +
                                                std::to_string(b.completions.size()) + " completions");

@@ -27,7 +27,9 @@ namespace fs = std::filesystem;
 using clock_type = std::chrono::steady_clock;
 
 namespace {
-// A directory of the extension cache: workers (nobody, where we are root) read it, we alone write.
+// A file and a directory of the extension cache: workers (nobody, where we are root) read them, we
+// alone write.
+constexpr auto readable_file = fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read;
 constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
                               | fs::perms::others_read | fs::perms::others_exec;
 
@@ -286,7 +288,7 @@ bool header_stub(const fs::path& dir) {
     if (!out)
       return false;
   }
-  fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+  fs::permissions(tmp, readable_file, ec);
   fs::rename(tmp, stub, ec);
   return !ec;
 }
@@ -400,7 +402,7 @@ bool build_service::make_header(std::vector<std::string> argv, const std::string
   const int rc = run_own_command(argv, deadline, nullptr, &stop_headers_);
   const bool made = rc == 0 && fs::exists(tmp, ec) && header_stub(dir);
   if (made) {
-    fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+    fs::permissions(tmp, readable_file, ec);
     fs::rename(tmp, gch, ec);
   }
   const bool kept = made && !ec;
@@ -518,7 +520,7 @@ std::string build_service::build(const std::string& request, clock_type::time_po
             ec = std::make_error_code(std::errc::io_error);
         }
         if (!ec)
-          fs::permissions(tmp, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read, ec);
+          fs::permissions(tmp, readable_file, ec);
         if (!ec)
           fs::rename(tmp, lib, ec);
         reply = ec ? failed("cannot keep the built library in " + dir.string() + ": " + ec.message()) : built();

@@ -72,12 +72,6 @@ bool device_gate::untimed_may_enter() const {
   return untimed_beside_ ? may_enter_warmup() : may_enter_alone();
 }
 
-bool device_gate::host_may_enter() const {
-  // Never beside measured rounds, nor once a timing waits to begin them; waiting timings do
-  // not hold it back.
-  return !measuring_ && !measure_waiting_;
-}
-
 bool device_gate::start_may_enter() const {
   return beside_ ? may_enter_warmup() : may_enter_alone();
 }
@@ -158,11 +152,13 @@ void device_gate::unlock_untimed() {
 
 void device_gate::lock_host() {
   std::unique_lock lock{mtx_};
-  if (!host_may_enter()) {
+  // The rule of users allowed beside a warm-up (never beside measured rounds, nor once a timing
+  // waits to begin them), whatever the evaluator's rules: waiting timings do not hold it back.
+  if (!may_enter_warmup()) {
     const auto since = clock::now();
     note_locked(event::host_wait, since);
     ++host_waiting_;
-    cv_.wait(lock, [&] { return host_may_enter(); });
+    cv_.wait(lock, [&] { return may_enter_warmup(); });
     --host_waiting_;
     host_wait_ns_ += ns_between(since, clock::now());
   }
@@ -327,6 +323,8 @@ double device_gate::age_seconds() const {
 
 std::shared_ptr<device_gate> shared_gate(const std::string& device, bool share_untimed, bool starts_beside_warmup,
                                          bool untimed_beside_warmup) {
+  if (device.rfind("cuda", 0) != 0)
+    return std::make_shared<device_gate>(share_untimed, starts_beside_warmup, untimed_beside_warmup);
   std::lock_guard lock{gates_mtx};
   auto& e = gates()[device];
   if (!e.gate)

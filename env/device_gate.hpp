@@ -127,7 +127,6 @@ public:
 private:
   using clock = std::chrono::steady_clock;
   bool untimed_may_enter() const; // mtx_ held
-  bool host_may_enter() const;    // mtx_ held
   bool start_may_enter() const;   // mtx_ held
   bool may_enter_alone() const;   // mtx_ held: the rule for users kept from every part of a timing
   bool may_enter_warmup() const;  // mtx_ held: the rule for users allowed beside a warm-up
@@ -230,9 +229,9 @@ private:
   device_gate* g_;
 };
 
-/// The gate of `device` in this process (kept for the process's life), shared by everyone who
-/// asks for it: the device's evaluator (these rules: the first evaluator's stand) and the policy's
-/// work on the same device.
+/// The gate of a CUDA `device` in this process (kept for the process's life), shared by everyone
+/// who asks for it: the device's evaluator (these rules: the first evaluator's stand) and the
+/// policy's work on the same device (gate_for_host_work). On the CPU, a gate of the caller's own.
 std::shared_ptr<device_gate> shared_gate(const std::string& device, bool share_untimed, bool starts_beside_warmup,
                                          bool untimed_beside_warmup);
 /// The gate of `device` in this process, or null where nobody made one.

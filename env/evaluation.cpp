@@ -304,6 +304,10 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
 bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand) {
   const auto& opt = ctx_.opt;
   const auto from = ref.size();
+  auto this_measurement = [&] { // the summary of this measurement's rounds so far
+    return summarize_rounds(std::vector<double>(ref.begin() + static_cast<long>(from), ref.end()),
+                            std::vector<double>(cand.begin() + static_cast<long>(from), cand.end()), policy);
+  };
   std::int64_t done = 0; // rounds of this measurement so far
   // A first look for a clearly slower candidate (evaluator.slow_stop_rounds): its whole band well
   // below the reference's speed already, more rounds would only narrow a figure that earns no credit.
@@ -312,9 +316,7 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
     if (!measure(look, ref, cand))
       return false;
     done = look;
-    std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
-    std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
-    if (clearly_slower(summarize_rounds(r, c, policy), opt.slow_stop_below)) {
+    if (clearly_slower(this_measurement(), opt.slow_stop_below)) {
       slow_stop_ = true;
       return true;
     }
@@ -324,9 +326,7 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
     return measure(opt.rounds - done, ref, cand, done > 0);
   if (first > done && !measure(first - done, ref, cand, done > 0))
     return false;
-  std::vector<double> r(ref.begin() + static_cast<long>(from), ref.end());
-  std::vector<double> c(cand.begin() + static_cast<long>(from), cand.end());
-  if (may_stop_early(summarize_rounds(r, c, policy), opt.early_stop_spread, policy))
+  if (may_stop_early(this_measurement(), opt.early_stop_spread, policy))
     return true; // already far inside max_spread: more rounds would cost time and tell little
   return measure(opt.rounds - first, ref, cand, true);
 }

@@ -140,9 +140,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
                                    harness_location where, std::string device, logger& log,
                                    std::shared_ptr<verdict_cache> cache)
   : opt_(opt), reward_(reward), where_(std::move(where)), device_(std::move(device)), log_(log),
-    cache_(std::move(cache)), gate_(device_.rfind("cuda", 0) == 0
-            ? shared_gate(device_, opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup)
-            : std::make_shared<device_gate>(opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup)),
+    cache_(std::move(cache)), gate_(shared_gate(device_, opt.share_untimed, opt.starts_beside_warmup, opt.untimed_beside_warmup)),
     flush_(opt.flush_bytes) {
   const auto scratch_root = fs::temp_directory_path() / "crucible";
   // What an evaluator killed earlier (kill -9, a crash) left behind: its workers died with it

@@ -155,11 +155,6 @@ public:
   bool workers_lack_kernels() const noexcept { return pool_->workers_lack_kernels(); }
   /// Most evaluations and starting workers that shared the device's untimed work at once.
   int max_untimed_users() const { return gate_->max_untimed(); }
-  /// Seconds during which this process's own work on the device held it (the policy's generation
-  /// and updates, where it shares the GPU with this evaluator), and of those, seconds it waited
-  /// for measured rounds to end.
-  double host_seconds() const { return static_cast<double>(gate_->host_ns()) * 1e-9; }
-  double host_wait_seconds() const { return static_cast<double>(gate_->host_wait_ns()) * 1e-9; }
   /// Every step through the device gate from now on (record(true)) until taken: for timelines.
   void record_gate(bool on) { gate_->record(on); }
   std::vector<device_gate::event> take_gate_events() { return gate_->take_events(); }
