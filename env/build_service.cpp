@@ -37,6 +37,10 @@ constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs:
 // header) in a process group of its own, stdin from /dev/null, stdout into `out` where given and
 // stderr dropped; its exit status, -1 where it could not start or was killed, or -2 where it passed
 // `deadline` (the group is killed then).
+// A failed build's record in the cache, in the key's directory, where the library would be.
+constexpr const char* failure_record = "build_failed.log";
+constexpr std::size_t max_failure_record = 64 * 1024;
+
 int run_own_command(const std::vector<std::string>& argv, clock_type::time_point deadline, std::string* out,
                     const std::atomic<bool>* cancel = nullptr) {
   int fds[2] = {-1, -1};
@@ -417,6 +421,15 @@ bool build_service::make_header(std::vector<std::string> argv, const std::string
   return kept;
 }
 
+bool lasting_build_failure(std::string_view log) {
+  static const std::regex diagnostic{R"((^|[\s:(])(fatal )?error( [A-Z]*[0-9]+)?:)", std::regex::multiline};
+  static const std::regex cut_short{
+    R"(Killed|killed|[Ss]ignal|No space left|Cannot allocate memory|out of memory|MemoryError|internal compiler error|)"
+    R"(Resource temporarily unavailable|[Tt]imed? ?out|Interrupted|Segmentation fault|core dumped)"};
+  const std::string text{log};
+  return std::regex_search(text, diagnostic) && !std::regex_search(text, cut_short);
+}
+
 std::string build_service::build(const std::string& request, clock_type::time_point deadline) {
   auto failed = [](const std::string& log) { return worker_msg::build_failed(log); };
   std::string name;
@@ -455,6 +468,16 @@ std::string build_service::build(const std::string& request, clock_type::time_po
     // every verdict, and requests of one key wait for each other).
     if (const auto f = failed_builds_.find(key); f != failed_builds_.end())
       return failed(f->second);
+    // ... or in an earlier process that kept the compiler's log in the cache.
+    if (std::ifstream in{dir / failure_record, std::ios::binary}) {
+      std::string log(max_failure_record, '\0');
+      in.read(log.data(), static_cast<std::streamsize>(log.size()));
+      log.resize(static_cast<std::size_t>(in.gcount()));
+      if (failed_builds_.size() >= max_failed_builds)
+        failed_builds_.clear();
+      failed_builds_.emplace(key, log);
+      return failed(log);
+    }
     building_.insert(key);
   }
   struct done_building {
@@ -499,9 +522,25 @@ std::string build_service::build(const std::string& request, clock_type::time_po
       const auto type = n["type"].as<std::string>();
       if (type == "build_failed") {
         // The build's own failure (the compiler's log), not a deadline or a dead builder: kept,
-        // in memory, for the evaluator's life.
+        // in memory, for the evaluator's life, and in the cache where it is the compiler's
+        // verdict on the sources (written beside, then renamed).
         auto log = n["log"].as<std::string>("");
         reply = failed(log);
+        if (lasting_build_failure(log) && log.size() <= max_failure_record) {
+          fs::create_directories(dir, ec);
+          fs::permissions(dir, readable_dir, ec);
+          const auto tmp = dir / (std::string{failure_record} + ".tmp" + std::to_string(::getpid()));
+          {
+            std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+            out << log;
+            if (!out)
+              ec = std::make_error_code(std::errc::io_error);
+          }
+          if (!ec)
+            fs::rename(tmp, dir / failure_record, ec);
+          if (ec)
+            fs::remove(tmp, ec);
+        }
         std::lock_guard lock{mtx_};
         if (failed_builds_.size() >= max_failed_builds)
           failed_builds_.clear();

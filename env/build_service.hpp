@@ -51,6 +51,13 @@ std::string build_key_material(const std::string& request);
 /// since the header is made by the evaluator's own process, outside the sandbox.
 bool precompilable_flag(const std::string& flag);
 
+/// Whether a builder's failure log is the compiler's verdict on the sources, the same for every
+/// build of the same request, and so kept in the extension cache beside where the library would
+/// be: it holds a compiler's or linker's error, and nothing that says the build was cut short
+/// (a killed or signalled compiler, no memory, no disk space, an internal compiler error, a
+/// timeout). Any other failure is kept in memory only, for the evaluator's life.
+bool lasting_build_failure(std::string_view log);
+
 class build_service final {
 public:
   /// Builders come from `pool` (started like workers, retired through it); `python` is the
@@ -62,8 +69,9 @@ public:
   build_service& operator=(const build_service&) = delete;
 
   /// The reply for the worker: `built` with the cache directory, or `build_failed` with the log.
-  /// A request whose compiler failed gets the same `build_failed` again without a build, for the
-  /// evaluator's life (a deadline or a dead builder is not kept).
+  /// A request whose compiler failed gets the same `build_failed` again without a build: for the
+  /// evaluator's life, and in later processes that share the cache where lasting_build_failure()
+  /// holds for its log (a deadline or a dead builder is not kept).
   std::string build(const std::string& request, std::chrono::steady_clock::time_point deadline);
   /// Builds made so far (not answered from the cache).
   std::uint64_t builds() const noexcept { return builds_; }

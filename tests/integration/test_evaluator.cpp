@@ -817,6 +817,20 @@ TEST_CASE("the evaluator builds a candidate's extension in a builder of its own 
   CHECK(bad_again.status == verdict_status::compile_error);
   CHECK(bad_again.message == bad.message);
   CHECK(ev.ev->extension_builds() == builds_before);
+  // The compiler's log is kept in the cache too, so another evaluator (a later process) that
+  // shares it gives the same answer without a build.
+  int records = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    records += e.path().filename() == "build_failed.log" ? 1 : 0;
+  CHECK(records == 1);
+  {
+    cpu_evaluator later{opt};
+    auto bad_later = later.ev->evaluate(eval_request{*t, broken + "\n# the same broken extension, a later process\n", 0, false});
+    INFO("broken, a later process: " << describe(bad_later));
+    CHECK(bad_later.status == verdict_status::compile_error);
+    CHECK(bad_later.message == bad.message);
+    CHECK(later.ev->extension_builds() == 0);
+  }
   // So is one in the constructor.
   std::string broken_ctor = in_ctor;
   broken_ctor.replace(broken_ctor.find(line), line.size(), "auto xc = x.contiguous() no_such_token;");

@@ -41,7 +41,7 @@ crucible_step() { # NAME SET DEVICES CACHE
     --set evaluator.concurrency="$CONC" --set evaluator.warm_workers="$WARM" ${EVAL_ARGS:-} \
     $([[ "${LAPS:-}" == 1 ]] && echo --verbose) > "$OUT/$1.log" 2>&1
   local rc=$? gpus
-  [[ "${LAPS:-}" == 1 ]] && "$PYTHON" tools/bench/eval_laps.py "$OUT/$1.log" > "$OUT/$1.laps.txt" 2>&1
+  [[ "${LAPS:-}" == 1 ]] && "$PYTHON" tools/bench/eval_laps.py --whole "$OUT/$1.log" > "$OUT/$1.laps.txt" 2>&1
   gpus=$(tr ',' '\n' <<< "$3" | grep -c .)
   echo "$1 $s $(now) $gpus $rc" >> "$OUT/walls.txt"
 }

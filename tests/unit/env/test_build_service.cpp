@@ -72,3 +72,27 @@ TEST_CASE("build keys: a request's sources are normalised, everything else is ke
   CHECK(build_key_material("not json") == "not json");
   CHECK(build_key_material(R"({"fn": "load_inline"})") == R"({"fn": "load_inline"})");
 }
+
+using crucible::env::lasting_build_failure;
+
+TEST_CASE("failed builds: a compiler's verdict on the sources is kept in the cache, a build cut short is not") {
+  // What torch's load_inline raises when ninja's compiler step fails (the tail the builder sends).
+  const std::string gcc = "Error building extension 'ext_1': [1/2] c++ -MMD -MF main.o.d -O3 -c main.cpp -o main.o\n"
+                          "FAILED: main.o\n"
+                          "main.cpp:7:33: error: expected ';' before 'no_such_token'\n"
+                          "ninja: build stopped: subcommand failed.";
+  CHECK(lasting_build_failure(gcc));
+  CHECK(lasting_build_failure("cuda.cu(12): error: identifier \"blockDim_x\" is undefined\n1 error detected"));
+  CHECK(lasting_build_failure("main.cpp:1:10: fatal error: no_such.h: No such file or directory"));
+  CHECK(lasting_build_failure("main.o: undefined reference to `f()'\ncollect2: error: ld returned 1 exit status"));
+  // No compiler diagnostic: the builder's own trouble, or a Python error in the call.
+  CHECK_FALSE(lasting_build_failure(""));
+  CHECK_FALSE(lasting_build_failure("TypeError: load_inline() got an unexpected keyword argument 'x'"));
+  CHECK_FALSE(lasting_build_failure("Error building extension 'ext_1'"));
+  // Cut short: the same sources may build another time.
+  CHECK_FALSE(lasting_build_failure(gcc + "\nc++: fatal error: Killed signal terminated program cc1plus"));
+  CHECK_FALSE(lasting_build_failure("main.cpp:3: error: x\n/tmp/ccX.s: No space left on device"));
+  CHECK_FALSE(lasting_build_failure("main.cpp: internal compiler error: Segmentation fault"));
+  CHECK_FALSE(lasting_build_failure("main.cpp:3:1: error: x\ncc1plus: out of memory allocating 65536 bytes"));
+  CHECK_FALSE(lasting_build_failure("error: the build timed out"));
+}
