@@ -417,12 +417,18 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
   };
   return fail(errc::config, "learner.memory_check: this configuration's memory plan needs ", gb(plan->total),
               " on each learner GPU (learner ", gb(plan->learner_state + plan->learner_peak), ", engine ",
-              gb(plan->engine), ", runtime ", gb(plan->runtime), " for ", o->label, " over ", std::to_string(o->gpus),
+              gb(plan->engine), ", runtime ", gb(plan->runtime),
+              plan->evaluator > 0 ? ", the evaluator's workers on " + cfg.model.device + " " + gb(plan->evaluator) : "",
+              " for ", o->label, " over ", std::to_string(o->gpus),
               o->gpus == 1 ? " GPU" : " GPUs", o->zero1 ? " with ZeRO-1" : "",
               "; `crucible memory-plan --config FILE` itemises it), but ", device, " (", smallest->name, ") has ",
               gb(static_cast<double>(smallest->memory_bytes)),
               ". To fit: more GPUs in learner.devices with learner.zero1, learner.activation_checkpointing, "
-              "learner.lora, or shorter prompt.max_tokens, rollout.max_new_tokens or learner.micro_batch_tokens; "
+              "learner.lora, or shorter prompt.max_tokens, rollout.max_new_tokens or learner.micro_batch_tokens",
+              plan->evaluator > 0 ? ", or fewer evaluator.concurrency and evaluator.warm_workers, or the policy's GPU "
+                                    "out of evaluator.devices"
+                                  : "",
+              "; "
               "learner.memory_check: false starts anyway");
 }
 

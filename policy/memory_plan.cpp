@@ -103,6 +103,7 @@ const char* part_name(memory_part p) {
     case memory_part::learner_peak: return "learner update";
     case memory_part::engine: return "engine";
     case memory_part::runtime: return "runtime";
+    case memory_part::evaluator: return "evaluator";
   }
   return "?";
 }
@@ -207,6 +208,10 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
                 std::to_string(o.engine_slots));
   if (o.runtime_gb < 0 || o.nccl_gb < 0)
     return fail(errc::config, "runtime_gb, nccl_gb: must not be negative");
+  if (o.evaluator_evaluations < 0 || o.evaluator_warm_workers < 0 || o.evaluator_context_gb < 0
+      || o.evaluator_evaluation_gb < 0)
+    return fail(errc::config, "evaluator_evaluations, evaluator_warm_workers, evaluator_context_gb, "
+                              "evaluator_evaluation_gb: must not be negative");
   for (auto [key, v] : {std::pair{"learner_bytes", o.learner_bytes}, std::pair{"engine_bytes", o.engine_bytes}})
     if (v != 2 && v != 4)
       return fail(errc::config, key, ": 2 (bfloat16, float16) or 4 (float32), got ", std::to_string(v));
@@ -367,6 +372,21 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   if (o.gpus > 1)
     add(memory_part::runtime, "NCCL buffers", o.nccl_gb * 1e9, "allowance");
 
+  // ---- an evaluator on this GPU ---------------------------------------------------------------
+  // Every worker (idle warm ones and those evaluating) holds a CUDA context; an evaluation also
+  // holds its task's inputs and outputs and its timing's reserve (at most half of the free memory
+  // when it begins: docs/evaluator.md), so the figure per evaluation is an allowance.
+  if (o.evaluator_evaluations > 0) {
+    const int workers = o.evaluator_evaluations + o.evaluator_warm_workers;
+    add(memory_part::evaluator, "workers' CUDA contexts (" + std::to_string(workers) + ")",
+        workers * o.evaluator_context_gb * 1e9,
+        "(concurrency + warm workers) x " + fmt("%g", o.evaluator_context_gb) + " GB");
+    add(memory_part::evaluator,
+        "evaluations in flight (" + std::to_string(o.evaluator_evaluations) + "): tensors and timing reserve",
+        o.evaluator_evaluations * o.evaluator_evaluation_gb * 1e9,
+        "concurrency x " + fmt("%g", o.evaluator_evaluation_gb) + " GB allowance");
+  }
+
   for (const auto& item : plan.items) {
     if (!item.counted)
       continue;
@@ -375,9 +395,10 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
       case memory_part::learner_peak: plan.learner_peak += item.bytes; break;
       case memory_part::engine: plan.engine += item.bytes; break;
       case memory_part::runtime: plan.runtime += item.bytes; break;
+      case memory_part::evaluator: plan.evaluator += item.bytes; break;
     }
   }
-  plan.total = plan.learner_state + plan.learner_peak + plan.engine + plan.runtime;
+  plan.total = plan.learner_state + plan.learner_peak + plan.engine + plan.runtime + plan.evaluator;
   plan.capacity = o.gpu_gb * 1e9;
   plan.fits = plan.total <= plan.capacity;
   return plan;
@@ -401,7 +422,8 @@ std::string memory_plan_markdown(const memory_plan& p) {
     out += std::string{"| "} + part_name(item.part) + " | " + name + " | " + gb(item.bytes) + " | " + item.formula + " |\n";
   }
   out += "| **total** | per GPU | **" + gb(p.total) + "** | learner state " + gb(p.learner_state) + " + update " +
-         gb(p.learner_peak) + " + engine " + gb(p.engine) + " + runtime " + gb(p.runtime) + " |\n\n";
+         gb(p.learner_peak) + " + engine " + gb(p.engine) + " + runtime " + gb(p.runtime) +
+         (p.evaluator > 0 ? " + evaluator " + gb(p.evaluator) : std::string{}) + " |\n\n";
   out += std::string{p.fits ? "Fits" : "Does not fit"} + " in " + fmt("%g", o.gpu_gb) + " GB (" +
          (p.fits ? gb(p.capacity - p.total) + " GB free" : gb(p.total - p.capacity) + " GB over") + ").\n";
   return out;
@@ -502,6 +524,13 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   o.group_size = cfg.rollout.group_size;
   // The largest call the engine makes: as many waiting requests as it batches, up to its cap.
   o.engine_rows = std::min(cfg.engine.max_batch_samples, cfg.engine.max_batch_prompts * cfg.rollout.group_size);
+  // An evaluator on the policy's GPU ("cuda" is cuda:0).
+  auto gpu = [](const std::string& d) { return d == "cuda" ? std::string{"cuda:0"} : d; };
+  for (const auto& d : cfg.evaluator.devices)
+    if (gpu(d) == gpu(cfg.model.device) && d.rfind("cuda", 0) == 0) {
+      o.evaluator_evaluations = static_cast<int>(cfg.evaluator.concurrency);
+      o.evaluator_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
+    }
   return o;
 }
 

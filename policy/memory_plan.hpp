@@ -55,6 +55,15 @@ struct memory_plan_options {
   double runtime_gb = 1.5;             ///< CUDA context, cuBLAS/cuDNN workspaces, CUDA graph pools
   double nccl_gb = 0.5;                ///< NCCL's buffers and channels per GPU, when gpus > 1
   double gpu_gb = 80.0;                ///< capacity of one GPU in GB (10^9 bytes)
+  /// An evaluator on this GPU (evaluator.devices lists the policy's GPU): its evaluations in
+  /// flight (evaluator.concurrency; 0: no evaluator here) and its idle warm workers
+  /// (evaluator.warm_workers). Each worker holds a CUDA context (evaluator_context_gb); each
+  /// evaluation also holds its task's tensors and its timing's reserve (evaluator_evaluation_gb,
+  /// task-dependent: the default is the GPU suite's, measured on an H200).
+  int evaluator_evaluations = 0;
+  int evaluator_warm_workers = 0;
+  double evaluator_context_gb = 0.6;
+  double evaluator_evaluation_gb = 8.0;
 };
 
 /// Which part of the budget an item belongs to.
@@ -63,6 +72,7 @@ enum class memory_part : std::uint8_t {
   learner_peak,  ///< held during an update only: the largest of its phases (see memory_plan.cpp)
   engine,        ///< the engine's weights, KV cache and its largest working set
   runtime,       ///< CUDA context, workspaces, NCCL
+  evaluator,     ///< an evaluator's workers on the policy's GPU
 };
 
 /// One line of a plan. `bytes` counts toward the total unless `counted` is false (the phases of
@@ -87,6 +97,7 @@ struct memory_plan {
   double learner_peak = 0.0;
   double engine = 0.0;
   double runtime = 0.0;
+  double evaluator = 0.0;
   double total = 0.0;
   double capacity = 0.0;               ///< gpu_gb x 10^9
   bool fits = false;                   ///< total <= capacity
@@ -94,7 +105,8 @@ struct memory_plan {
 
 /// The options of a run configuration: the model (model.dir's config.json, or the preset
 /// model.init makes), learner, prompt, rollout and engine values, one GPU per learner.devices
-/// entry. errc::config naming what cannot be read.
+/// entry, and the evaluator's workers where evaluator.devices lists the policy's GPU
+/// (model.device). errc::config naming what cannot be read.
 result<memory_plan_options> memory_plan_options_of(const config& cfg);
 
 /// Plans one GPU. errc::config naming the option at fault (a non-positive size, ZeRO-1 on one

@@ -31,6 +31,27 @@ def _tail(text, lines=30, chars=4000):
     return out[-chars:]
 
 
+def _build_log(text, lines=60, chars=4000, errors=20):
+    """A failed build's log for the evaluator and the candidate: the compiler's error lines
+    first, then the tail. The tail alone can miss them: a build of several files (C++ and CUDA)
+    prints, after the file that failed, the command lines of the files still compiling, each
+    thousands of characters long."""
+    ls = text.rstrip().splitlines()
+    errs = []
+    for line in ls:
+        low = line.lower()
+        if len(line) <= 1000 and ("error:" in low or "error " in low or " error" in low) and \
+                not line.startswith(("[", "FAILED:")):
+            errs.append(line[:300])
+            if len(errs) >= errors:
+                break
+    tail = _tail(text, lines, chars)
+    if not errs or all(e in tail for e in errs):
+        return tail
+    head = "\n".join(errs)
+    return (head + "\n...\n" + tail[-max(chars - len(head), 1000):])[-2 * chars:]
+
+
 # The harness's own files (worker.py and the modules beside it) are this folder's.
 _HARNESS_DIR = os.path.dirname(os.path.realpath(__file__))
 _MODULE_PY = os.path.join("torch", "nn", "modules", "module.py")

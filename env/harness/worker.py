@@ -152,7 +152,7 @@ from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/b
 from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE
 )
-from crucible_harness.channel import Channel, _Done, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
+from crucible_harness.channel import Channel, _Done, _build_log, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
 from crucible_harness.job import parse_job  # noqa: E402
 from crucible_harness.reference import poison_free_pool, profiled, reference_phase  # noqa: E402
 from crucible_harness.trials import construct_model, load_phase, trial_phase  # noqa: E402
@@ -318,7 +318,7 @@ class Worker:
                 else:
                     lib = build_extension(msg, self.scratch)
             except _BaseException as e:  # the build's own failure: its log goes back
-                self.chan.send({"type": "build_failed", "log": _tail(_str(e), 60)})
+                self.chan.send({"type": "build_failed", "log": _build_log(_str(e))})
             else:
                 self.chan.send({"type": "built"}, [lib])
             self.chan.exit()

@@ -498,12 +498,24 @@ TEST_CASE("a CUDA run whose memory plan exceeds a learner GPU is refused before 
   CHECK(refused.error().code == errc::config);
   const auto& m = refused.error().message;
   CAPTURE(m);
-  CHECK(contains(m, "learner.memory_check: this configuration's memory plan needs 12"));
+  CHECK(contains(m, "learner.memory_check: this configuration's memory plan needs 139.8 GB"));
   CHECK(contains(m, " GB on each learner GPU (learner "));
   CHECK(contains(m, "over 4 GPUs with ZeRO-1"));
   CHECK(contains(m, "cuda:0 (NVIDIA H100 80GB HBM3) has 85.5 GB"));
   CHECK(contains(m, "learner.memory_check: false starts anyway"));
   CHECK(check_memory_plan(*cfg, h200).ok());
+  // Its evaluator on the policy's GPU counts there: with 8 evaluations in flight and 8 warm
+  // workers beside the learner and the engine, GPU 0 of an H200 is short, and the refusal says
+  // what the evaluator takes and how to give it less.
+  auto crowded = *cfg;
+  crowded.evaluator.concurrency = 8;
+  crowded.evaluator.warm_workers = 8;
+  auto busy = check_memory_plan(crowded, h200);
+  REQUIRE_FALSE(busy.ok());
+  CHECK_MESSAGE(contains(busy.error().message, ", the evaluator's workers on cuda:0 73.6 GB"), busy.error().message);
+  CHECK_MESSAGE(contains(busy.error().message, "the policy's GPU out of evaluator.devices"), busy.error().message);
+  crowded.evaluator.devices = {"cuda:1", "cuda:2", "cuda:3"};
+  CHECK(check_memory_plan(crowded, h200).ok());
   // One smaller GPU among the learners is the one named.
   auto mixed = h200;
   mixed[2] = {2, "NVIDIA H100 80GB HBM3", 85'520'809'984ull, 9, 0};

@@ -68,8 +68,10 @@ int apply_flags(const parsed_args& args, policy::memory_plan_options& o, bool gr
   auto rows = int_option(args, "--engine-rows", o.engine_rows, 1, 1 << 20);
   auto slots = int_option(args, "--engine-slots", o.engine_slots, 0, 1 << 24);
   auto runtime = real_option(args, "--runtime-gb", o.runtime_gb, 0, 1e6);
-  if (const auto* bad = first_error(rank, prompt, completion, micro, group, rows, slots, runtime))
+  auto evaluation = real_option(args, "--evaluation-gb", o.evaluator_evaluation_gb, 0, 1e6);
+  if (const auto* bad = first_error(rank, prompt, completion, micro, group, rows, slots, runtime, evaluation))
     return usage(bad->message);
+  o.evaluator_evaluation_gb = *evaluation;
   o.lora_rank = *rank, o.prompt_tokens = *prompt, o.completion_tokens = *completion, o.micro_batch_tokens = *micro;
   o.group_size = *group, o.engine_rows = *rows, o.engine_slots = *slots, o.runtime_gb = *runtime;
   if (args.has("--lora"))
@@ -198,7 +200,9 @@ command memory_plan_command() {
             {"--engine-slots", "N", "KV cache slots per row (default prompt + completion)"},
             {"--engine-own-copy", "", "under LoRA the engine keeps a whole copy of the weights"},
             {"--kl-reference", "", "a frozen KL reference model beside the policy"},
-            {"--runtime-gb", "GB", "CUDA context and workspace allowance (default 1.5)"}}},
+            {"--runtime-gb", "GB", "CUDA context and workspace allowance (default 1.5)"},
+            {"--evaluation-gb", "GB",
+             "with --config whose evaluator.devices holds model.device: each evaluation's allowance there (default 8)"}}},
           run_memory_plan};
 }
 

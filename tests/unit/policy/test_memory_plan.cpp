@@ -115,6 +115,29 @@ TEST_CASE("memory plan: full fine-tuning of a tiny shape, every item by hand") {
   CHECK(tight->capacity == doctest::Approx(4e6));
 }
 
+TEST_CASE("memory plan: an evaluator on the policy's GPU adds its workers' contexts and its evaluations") {
+  auto o = tiny_options();
+  auto without = plan_memory(o);
+  REQUIRE(without.ok());
+  CHECK(without->evaluator == 0);
+  CHECK_FALSE(has_item(*without, "workers' CUDA contexts"));
+  o.evaluator_evaluations = 2;
+  o.evaluator_warm_workers = 3;
+  o.evaluator_context_gb = 0.5;
+  o.evaluator_evaluation_gb = 4;
+  auto with = plan_memory(o);
+  REQUIRE(with.ok());
+  CHECK(item(*with, "workers' CUDA contexts (5)") == doctest::Approx(2.5e9));
+  CHECK(item(*with, "evaluations in flight (2)") == doctest::Approx(8e9));
+  CHECK(with->evaluator == doctest::Approx(10.5e9));
+  CHECK(with->total == doctest::Approx(without->total + 10.5e9));
+  CHECK(memory_plan_markdown(*with).find(" + evaluator 10.50") != std::string::npos);
+  o.evaluator_warm_workers = -1;
+  auto bad = plan_memory(o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message.find("evaluator_warm_workers") != std::string::npos);
+}
+
 TEST_CASE("memory plan: activation checkpointing keeps each layer's input") {
   auto o = tiny_options();
   o.activation_checkpointing = true;
