@@ -796,6 +796,15 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
     }
     html += "</ul>\n";
   }
+  // The pace plan: how long RL steps waited for verdicts, and the evaluator GPUs that would keep
+  // the learner from waiting (storage/pace.hpp).
+  files.pace = pace_segments(lines);
+  if (!files.pace.empty()) {
+    html += "<h2>Pace</h2>\n<ul id=\"pace\">\n";
+    for (const auto& p : files.pace)
+      html += "<li>" + xml_escape(to_string(p)) + "</li>\n";
+    html += "</ul>\n";
+  }
   if (!data->by_turn.empty()) { // multi-turn episodes: every verdict of the run by its turn
     html += "<h2>By turn</h2>\n<ul id=\"turns\">\n";
     for (const auto& [turn, t] : data->by_turn)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "storage/pace.hpp"
 #include "storage/png.hpp"
 
 namespace crucible::storage {
@@ -130,6 +131,7 @@ struct report_files {
   std::filesystem::path html;
   std::vector<std::filesystem::path> pngs; ///< one per chart with data, in chart order
   std::vector<stage_progress> progress;    ///< learning_progress of the run's records
+  std::vector<pace_segment> pace;          ///< pace_segments of the run's records
 };
 
 /// Reads the run directory `run` (it must hold config.yaml; metrics.jsonl may be absent when no

@@ -25,6 +25,8 @@ int run_report_cmd(const parsed_args& args) {
     for (const auto& t : p.tasks)
       std::printf("learning:   %s\n", storage::to_string(t).c_str());
   }
+  for (const auto& p : files->pace)
+    std::printf("pace: %s\n", storage::to_string(p).c_str());
   return exit_ok;
 }
 

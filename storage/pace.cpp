@@ -1,0 +1,103 @@
+// The pace plan (storage/pace.hpp).
+#include "storage/pace.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+namespace crucible::storage {
+
+std::optional<std::int64_t> pace_segment::evaluator_gpus_needed() const {
+  if (evaluator_gpus <= 0 || verdicts <= 0 || step_s <= 0 || policy_step_s() <= 0)
+    return std::nullopt;
+  const double per_gpu = verdicts_per_min() / evaluator_gpus;
+  return static_cast<std::int64_t>(std::ceil(verdicts_needed_per_min() / per_gpu - 1e-9));
+}
+
+std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
+  std::vector<pace_segment> out;
+  pace_segment cur;
+  auto close = [&] {
+    if (cur.steps > 0)
+      out.push_back(cur);
+    cur = pace_segment{};
+  };
+  auto number = [](const nlohmann::json& r, const char* key) {
+    const auto it = r.find(key);
+    return it != r.end() && it->is_number() ? it->get<double>() : 0.0;
+  };
+  for (const auto& line : lines) {
+    const auto r = nlohmann::json::parse(line, nullptr, false);
+    if (!r.is_object())
+      continue;
+    const auto event = r.value("event", std::string{});
+    const auto stage = r.contains("stage") && r["stage"].is_string() ? r["stage"].get<std::string>() : std::string{};
+    if (event == "run_started" || event == "run_resumed") {
+      close();
+    } else if (event == "train_step" && stage == "rl") {
+      const auto step = static_cast<std::int64_t>(number(r, "step"));
+      if (cur.steps == 0)
+        cur.first_step = step;
+      cur.last_step = step;
+      ++cur.steps;
+      cur.samples += static_cast<std::int64_t>(number(r, "samples"));
+      cur.step_s += number(r, "step_seconds");
+      cur.wait_s += number(r, "wait_seconds");
+      cur.update_s += number(r, "seconds");
+    } else if (event == "train_step") {
+      cur.other_stages = true;
+    } else if (event == "verdict" && stage == "rl") {
+      ++cur.verdicts;
+    }
+    if (const auto d = r.find("devices"); d != r.end() && d->is_array()) {
+      int gpus = 0;
+      double policy = 0;
+      for (const auto& dev : *d) {
+        if (!dev.is_object())
+          continue;
+        gpus += dev.value("evaluator", false) ? 1 : 0;
+        if (const auto p = dev.find("policy_s"); p != dev.end() && p->is_number())
+          policy += p->get<double>();
+      }
+      cur.evaluator_gpus = gpus;
+      cur.policy_s = policy;
+    }
+  }
+  close();
+  for (auto& seg : out)
+    if (seg.other_stages)
+      seg.policy_s.reset();
+  return out;
+}
+
+std::string to_string(const pace_segment& s) {
+  char buf[512];
+  std::string out;
+  std::snprintf(buf, sizeof buf, "RL steps %lld-%lld: %lld steps, %.1f s a step, %.0f%% waiting for evaluated groups, "
+                "%.1f%% in updates; %.1f verdicts/min",
+                static_cast<long long>(s.first_step), static_cast<long long>(s.last_step),
+                static_cast<long long>(s.steps), s.step_s / static_cast<double>(s.steps), 100.0 * s.wait_share(),
+                s.step_s > 0 ? 100.0 * s.update_s / s.step_s : 0.0, s.verdicts_per_min());
+  out += buf;
+  if (s.evaluator_gpus > 0) {
+    std::snprintf(buf, sizeof buf, " on %d evaluator GPU%s (%.1f each)", s.evaluator_gpus,
+                  s.evaluator_gpus == 1 ? "" : "s", s.verdicts_per_min() / s.evaluator_gpus);
+    out += buf;
+  }
+  if (s.policy_step_s() > 0) {
+    const bool policy = s.policy_s && *s.policy_s > 0;
+    std::snprintf(buf, sizeof buf, "; the %s (%.2f s a step) would take %.0f verdicts/min",
+                  policy ? "policy's generation and updates" : "learner's updates alone", s.policy_step_s(),
+                  s.verdicts_needed_per_min());
+    out += buf;
+    if (const auto n = s.evaluator_gpus_needed()) {
+      std::snprintf(buf, sizeof buf, ": about %lld evaluator GPU%s at this rate", static_cast<long long>(*n),
+                    *n == 1 ? "" : "s");
+      out += buf;
+    }
+  }
+  return out;
+}
+
+} // namespace crucible::storage

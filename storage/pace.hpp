@@ -1,0 +1,62 @@
+// storage/pace.hpp: the run's pace plan from its metrics records: of each process's RL steps,
+// how long they waited for evaluated groups and how long the learner trained, the verdicts per
+// minute each evaluator GPU gave, and the evaluator GPUs that would supply samples as fast as the
+// learner trains on them (docs/report.md, "Pace"). `crucible report` prints it and puts it in
+// report.html.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crucible::storage {
+
+/// The RL steps of one process of the run (between a run_started or run_resumed record and the
+/// next), plain value.
+struct pace_segment {
+  std::int64_t first_step = 0, last_step = 0; ///< the RL steps' numbers
+  std::int64_t steps = 0;                     ///< RL train_step records
+  std::int64_t samples = 0;                   ///< samples they trained on
+  double step_s = 0;                          ///< their steps' wall time, summed
+  double wait_s = 0;                          ///< of it, waiting for evaluated groups
+  double update_s = 0;                        ///< of it, the learner's updates
+  std::int64_t verdicts = 0;                  ///< verdict records of the RL stage in the segment
+  /// Evaluator GPUs of the trainer's process (the `devices` entries with `evaluator` of the
+  /// segment's last lifecycle record; evaluator nodes that join are not counted); 0: none known.
+  int evaluator_gpus = 0;
+  /// The policy's own time on its GPUs (generation and updates: `policy_s` of the same record),
+  /// where the segment's process ran RL steps only (a process that also ran SFT counts its SFT
+  /// updates there too); nullopt otherwise, or on the CPU.
+  std::optional<double> policy_s;
+  bool other_stages = false; ///< the process also trained another stage
+
+  double wait_share() const { return step_s > 0 ? wait_s / step_s : 0; }
+  /// Verdicts per minute of RL steps, over all evaluators.
+  double verdicts_per_min() const { return step_s > 0 ? 60.0 * static_cast<double>(verdicts) / step_s : 0; }
+  /// The policy's time a step: policy_s where known, else the learner's updates alone.
+  double policy_step_s() const {
+    return steps > 0 ? (policy_s && *policy_s > 0 ? *policy_s : update_s) / static_cast<double>(steps) : 0;
+  }
+  /// Verdicts a minute that would keep the policy from waiting: a step's samples every
+  /// policy_step_s(), in verdicts per minute.
+  double verdicts_needed_per_min() const {
+    const double t = policy_step_s();
+    return t > 0 ? 60.0 * static_cast<double>(samples) / static_cast<double>(steps) / t : 0;
+  }
+  /// Evaluator GPUs that would give verdicts_needed_per_min() at this segment's rate per GPU;
+  /// nullopt without a rate per GPU.
+  std::optional<std::int64_t> evaluator_gpus_needed() const;
+};
+
+/// The RL segments of a run's metrics.jsonl lines (records that do not parse are skipped: the
+/// report reads them strictly elsewhere). Segments without RL steps are left out.
+std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines);
+
+/// One segment in a line: "RL steps 301-306: 6 steps, 18.5 s a step, 97% waiting for evaluated
+/// groups, 2.1% in updates; 21.0 verdicts/min on 2 evaluator GPUs (10.5 each); the policy
+/// (generation and updates, 1.2 s a step) would take 827 verdicts/min: about 79 evaluator GPUs at
+/// this rate".
+std::string to_string(const pace_segment& s);
+
+} // namespace crucible::storage

@@ -1,0 +1,79 @@
+// The pace plan of a run's records (storage/pace.hpp), against figures worked by hand.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "storage/pace.hpp"
+
+using namespace crucible::storage;
+
+namespace {
+std::string step(int n, const char* stage, double step_s, double wait_s, double update_s, int samples) {
+  return "{\"event\":\"train_step\",\"stage\":\"" + std::string{stage} + "\",\"step\":" + std::to_string(n) +
+         ",\"step_seconds\":" + std::to_string(step_s) + ",\"wait_seconds\":" + std::to_string(wait_s) +
+         ",\"seconds\":" + std::to_string(update_s) + ",\"samples\":" + std::to_string(samples) + "}";
+}
+std::string verdict(const char* stage) { return "{\"event\":\"verdict\",\"stage\":\"" + std::string{stage} + "\"}"; }
+const std::string devices = "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":60,\"evaluation_s\":20,\"policy_s\":6,"
+                            "\"evaluator\":true},{\"device\":\"cuda:1\",\"seconds\":60,\"evaluation_s\":50,"
+                            "\"policy_s\":0,\"evaluator\":true}]";
+} // namespace
+
+TEST_CASE("pace: RL steps of a resumed process, with the policy's time on its GPU") {
+  std::vector<std::string> lines{"{\"event\":\"run_started\"}", step(1, "sft", 0.1, 0, 0.1, 8),
+                                 "{\"event\":\"run_paused\"," + devices + "}", "{\"event\":\"run_resumed\"}"};
+  // Three RL steps of 16 samples: 30 s of steps, 27 s waiting, 1.5 s of updates; 48 verdicts.
+  for (int i = 0; i < 3; ++i) {
+    for (int v = 0; v < 16; ++v)
+      lines.push_back(verdict("rl"));
+    lines.push_back(step(2 + i, "rl", 10, 9, 0.5, 16));
+  }
+  lines.push_back("not a record"); // skipped: the report reads the records strictly elsewhere
+  lines.push_back("{\"event\":\"run_finished\"," + devices + "}");
+  const auto segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1); // the SFT process ran no RL step
+  const auto& s = segs[0];
+  CHECK(s.first_step == 2);
+  CHECK(s.last_step == 4);
+  CHECK(s.steps == 3);
+  CHECK(s.samples == 48);
+  CHECK(s.wait_share() == doctest::Approx(0.9));
+  CHECK(s.verdicts == 48);
+  CHECK(s.verdicts_per_min() == doctest::Approx(96)); // 48 in 30 s
+  CHECK(s.evaluator_gpus == 2);
+  REQUIRE(s.policy_s.has_value());
+  CHECK(*s.policy_s == doctest::Approx(6));
+  // The policy takes 2 s a step for 16 samples: 480 verdicts a minute; 48 a GPU-minute here.
+  CHECK(s.policy_step_s() == doctest::Approx(2));
+  CHECK(s.verdicts_needed_per_min() == doctest::Approx(480));
+  CHECK(s.evaluator_gpus_needed() == 10);
+  CHECK(to_string(s) == "RL steps 2-4: 3 steps, 10.0 s a step, 90% waiting for evaluated groups, 5.0% in updates; "
+                        "96.0 verdicts/min on 2 evaluator GPUs (48.0 each); the policy's generation and updates "
+                        "(2.00 s a step) would take 480 verdicts/min: about 10 evaluator GPUs at this rate");
+}
+
+TEST_CASE("pace: a process that also trained SFT counts the learner's updates alone, and a CPU run no GPUs") {
+  std::vector<std::string> lines{"{\"event\":\"run_started\"}", step(1, "sft", 0.1, 0, 0.1, 8)};
+  lines.push_back(verdict("rl"));
+  lines.push_back(verdict("sft")); // not the RL stage's
+  lines.push_back(step(2, "rl", 6, 5, 1, 4));
+  lines.push_back("{\"event\":\"run_finished\"," + devices + "}");
+  auto segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  CHECK_FALSE(segs[0].policy_s.has_value());
+  CHECK(segs[0].verdicts == 1);
+  CHECK(segs[0].policy_step_s() == doctest::Approx(1));
+  CHECK(segs[0].verdicts_needed_per_min() == doctest::Approx(240));
+  CHECK(segs[0].evaluator_gpus_needed() == 48); // 10 a minute on 2 GPUs: 5 each
+  CHECK(to_string(segs[0]).find("the learner's updates alone (1.00 s a step) would take 240 verdicts/min") !=
+        std::string::npos);
+  // No devices record (a CPU run): no rate per GPU, so no count of GPUs.
+  lines.pop_back();
+  segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  CHECK(segs[0].evaluator_gpus == 0);
+  CHECK_FALSE(segs[0].evaluator_gpus_needed().has_value());
+  CHECK(to_string(segs[0]).find("evaluator GPU") == std::string::npos);
+  CHECK(pace_segments({}).empty());
+}
