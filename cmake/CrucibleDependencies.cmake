@@ -15,6 +15,10 @@ endif()
 # nlohmann/json (Debian's nlohmann-json3-dev, header-only): the workers' messages (env/wire.hpp).
 find_package(nlohmann_json 3.11 REQUIRED)
 
+# OpenSSL's libcrypto (Debian's libssl-dev): SHA-256 (core/sha256.hpp), at the processor's SHA
+# extensions' speed (docs/building.md).
+find_package(OpenSSL 3.0 REQUIRED COMPONENTS Crypto)
+
 # cpp-httplib (Debian's libcpp-httplib-dev): `crucible serve`'s HTTP server. Optional: a build
 # without it (a lent GPU machine) has every other command.
 find_package(PkgConfig QUIET)

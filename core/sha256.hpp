@@ -1,18 +1,24 @@
-// core/sha256.hpp: SHA-256, for cache keys (task and candidate sources) and checkpoint checksums.
+// core/sha256.hpp: SHA-256, for cache keys (task and candidate sources) and checkpoint checksums,
+// computed by OpenSSL's libcrypto (docs/building.md says why this library).
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 namespace crucible {
 
-/// Incremental SHA-256 (FIPS 180-4), with x86's SHA extensions where the processor has them.
-/// Value type; not thread-safe.
+/// Incremental SHA-256. Value type (copies hash on independently); not thread-safe.
 class sha256 {
 public:
   sha256();
+  sha256(const sha256& other);
+  sha256& operator=(const sha256& other);
+  sha256(sha256&&) noexcept = default;
+  sha256& operator=(sha256&&) noexcept = default;
+  ~sha256();
   /// Feeds more bytes.
   void update(const void* data, std::size_t size);
   void update(std::string_view s) { update(s.data(), s.size()); }
@@ -20,12 +26,10 @@ public:
   std::array<std::uint8_t, 32> finish();
 
 private:
-  void block(const std::uint8_t* p);                 // the portable compression of one block
-  void blocks(const std::uint8_t* p, std::size_t n); // n blocks, with x86's SHA extensions where present
-  std::array<std::uint32_t, 8> h_;
-  std::array<std::uint8_t, 64> buf_{};
-  std::size_t buf_len_ = 0;
-  std::uint64_t total_ = 0;
+  struct context_free {
+    void operator()(void* ctx) const noexcept;
+  };
+  std::unique_ptr<void, context_free> ctx_; // EVP_MD_CTX
 };
 
 /// Lower-case hex SHA-256 of `data`.

@@ -10,6 +10,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
   python3 python3-venv python3-dev
   libcaf-dev libzmq3-dev cppzmq-dev libyaml-cpp-dev nlohmann-json3-dev libcpp-httplib-dev doctest-dev libsqlite3-dev sqlite3
+  libssl-dev
   libseccomp2
 )
 
