@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <functional>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include <caf/actor_cast.hpp>
@@ -51,35 +52,60 @@ void next_stage(self_pointer self) {
     st.p.stage_seconds = 0;
     st.stage_began = true;
     st.stage_start = std::chrono::steady_clock::now();
+    st.deps->log->end_progress();
     if (st.p.stage < stage_done)
       st.deps->log->info(component, "stage ", stage_name(st.p.stage));
     advance(self);
   });
 }
 
-bool stage_over(trainer_state& st) {
+// The current stage's step count and time limit (stages.NAME.steps, max_minutes); nullopt after
+// the last stage.
+std::optional<std::pair<std::int64_t, double>> stage_limits(const trainer_state& st) {
   const auto& g = st.deps->cfg.stages;
-  std::int64_t steps = 0;
-  double minutes = 0;
   switch (st.p.stage) {
-    case stage_sft:
-      steps = g.sft.steps, minutes = g.sft.max_minutes;
-      break;
-    case stage_self:
-      steps = g.self_supervised.steps, minutes = g.self_supervised.max_minutes;
-      break;
-    case stage_rl:
-      steps = g.rl.steps, minutes = g.rl.max_minutes;
-      break;
-    case stage_search:
-      steps = g.search.steps, minutes = g.search.max_minutes;
-      break;
-    default:
-      return true;
+    case stage_sft: return std::pair{g.sft.steps, g.sft.max_minutes};
+    case stage_self: return std::pair{g.self_supervised.steps, g.self_supervised.max_minutes};
+    case stage_rl: return std::pair{g.rl.steps, g.rl.max_minutes};
+    case stage_search: return std::pair{g.search.steps, g.search.max_minutes};
+    default: return std::nullopt;
   }
+}
+
+bool stage_over(trainer_state& st) {
+  const auto limits = stage_limits(st);
+  if (!limits)
+    return true;
+  const auto [steps, minutes] = *limits;
   if (st.p.stage_step >= static_cast<std::uint64_t>(steps))
     return true;
   return minutes > 0 && now_seconds(st) >= minutes * 60.0 && st.p.stage_step > 0;
+}
+
+// "step 120/700, 3.41 s a step, 32m58s left": the stage's count, its rate so far (the stage's
+// seconds across resumes) and the time left at that rate (or to stages.NAME.max_minutes, if
+// sooner).
+std::string stage_progress_text(const trainer_state& st) {
+  const auto limits = stage_limits(st);
+  if (!limits || st.p.stage_step == 0)
+    return {};
+  const auto [steps, minutes] = *limits;
+  const double elapsed = now_seconds(st);
+  const double per_step = elapsed / static_cast<double>(st.p.stage_step);
+  double left = per_step * static_cast<double>(std::max<std::int64_t>(0, steps - static_cast<std::int64_t>(st.p.stage_step)));
+  if (minutes > 0)
+    left = std::min(left, std::max(0.0, minutes * 60.0 - elapsed));
+  const auto secs = static_cast<long long>(left + 0.5);
+  char buf[128];
+  if (secs >= 3600)
+    std::snprintf(buf, sizeof buf, "step %llu/%lld, %.2f s a step, %lldh%02lldm left",
+                  static_cast<unsigned long long>(st.p.stage_step), static_cast<long long>(steps), per_step, secs / 3600,
+                  secs % 3600 / 60);
+  else
+    std::snprintf(buf, sizeof buf, "step %llu/%lld, %.2f s a step, %lldm%02llds left",
+                  static_cast<unsigned long long>(st.p.stage_step), static_cast<long long>(steps), per_step, secs / 60,
+                  secs % 60);
+  return buf;
 }
 
 // The train_step record of an update.
@@ -140,14 +166,16 @@ void after_update(self_pointer self, const train_report& r, const sample_tally* 
   st.p.version = r.policy_version.value;
   st.step.records.push_back(train_record(st, r, tally, groups));
   st.roll.dropped_now = 0;
+  // One line per step in events.log; on a terminal, one progress line redrawn in place.
+  std::ostringstream line;
+  line << stage_name(st.p.stage) << " " << stage_progress_text(st) << " (run step " << st.p.step << "): ";
   if (tally)
-    st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
-                       "): ", tally->samples, " samples, ", tally->correct, " correct, mean speedup ",
-                       tally->correct ? std::to_string(tally->mean_speedup()) : std::string{"-"},
-                       st.p.stage == stage_search ? std::string{} : ", loss " + std::to_string(r.loss));
+    line << tally->samples << " samples, " << tally->correct << " correct, mean speedup "
+         << (tally->correct ? std::to_string(tally->mean_speedup()) : std::string{"-"})
+         << (st.p.stage == stage_search ? std::string{} : ", loss " + std::to_string(r.loss));
   else
-    st.deps->log->info(component, stage_name(st.p.stage), " step ", st.p.stage_step, " (run step ", st.p.step,
-                       "): loss ", r.loss);
+    line << "loss " << r.loss;
+  st.deps->log->progress(component, line.str());
   // Stopping rules.
   const auto& g = st.deps->cfg.stages;
   bool stop = false;

@@ -160,6 +160,10 @@ void describe(V& v, config& c) {
   v.section("log", "Logging to stderr and to the run directory's `events.log`.", [&] {
     v.field("level", c.log.level, "Threshold for messages on stderr.");
     v.field("file_level", c.log.file_level, "Threshold for messages in `events.log`.");
+    v.field("tensorboard", c.log.tensorboard,
+            "Write TensorBoard event files of every metrics record into the run's `tensorboard/` as the run "
+            "goes (tools/metrics_tensorboard.py, with the workers' Python; its output in `tensorboard.log`; "
+            "docs/report.md). Without tensorboard in that Python the run says so once and goes on.");
   });
   v.section("actors", "The actor system of each crucible process.", [&] {
     v.field("threads", c.actors.threads, "Scheduler worker threads; 0 means one per core.",

@@ -1,6 +1,9 @@
 #include "core/log.hpp"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 
@@ -27,7 +30,10 @@ std::optional<log_level> parse_log_level(std::string_view text) noexcept {
 }
 
 logger::logger(const clock& clk, log_level stderr_level)
-  : clock_(clk), stderr_level_(stderr_level) {}
+  : clock_(clk), stderr_level_(stderr_level) {
+  const char* term = std::getenv("TERM");
+  terminal_ = ::isatty(STDERR_FILENO) == 1 && term != nullptr && std::string_view{term} != "dumb";
+}
 
 logger::~logger() {
   if (file_ != nullptr)
@@ -57,7 +63,38 @@ bool logger::enabled(log_level level) const noexcept {
          && (level >= stderr_level_ || (file_ != nullptr && level >= file_level_));
 }
 
+namespace {
+constexpr std::string_view clear_line = "\r\033[K";
+} // namespace
+
+void logger::progress(std::string_view component, std::string_view message) {
+  std::string shown;
+  {
+    std::lock_guard guard{mtx_};
+    if (terminal_ && log_level::info >= stderr_level_) {
+      shown = std::string{clear_line} + "[" + std::string{component} + "] " + std::string{message};
+      progress_ = shown;
+      std::fwrite(shown.data(), 1, shown.size(), stderr);
+      std::fflush(stderr);
+    }
+    if (file_ == nullptr || log_level::info < file_level_)
+      return;
+  }
+  write(log_level::info, component, message, /*to_stderr=*/false);
+}
+
+void logger::end_progress() {
+  std::lock_guard guard{mtx_};
+  if (!progress_.empty())
+    std::fputc('\n', stderr);
+  progress_.clear();
+}
+
 void logger::write(log_level level, std::string_view component, std::string_view message) {
+  write(level, component, message, true);
+}
+
+void logger::write(log_level level, std::string_view component, std::string_view message, bool to_stderr) {
   std::string line = format_iso8601(clock_.now());
   char tag[8];
   std::snprintf(tag, sizeof tag, " %-5s", to_string(level));
@@ -71,8 +108,16 @@ void logger::write(log_level level, std::string_view component, std::string_view
   line += message;
   line += '\n';
   std::lock_guard guard{mtx_};
-  if (level >= stderr_level_)
+  if (to_stderr && level >= stderr_level_) {
+    // Over the progress line, which is drawn again below.
+    if (!progress_.empty())
+      std::fwrite(clear_line.data(), 1, clear_line.size(), stderr);
     std::fwrite(line.data(), 1, line.size(), stderr);
+    if (!progress_.empty()) {
+      std::fwrite(progress_.data(), 1, progress_.size(), stderr);
+      std::fflush(stderr);
+    }
+  }
   if (file_ != nullptr && level >= file_level_) {
     std::fwrite(line.data(), 1, line.size(), file_);
     std::fflush(file_);

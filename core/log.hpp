@@ -50,17 +50,28 @@ public:
     (os << ... << parts);
     write(level, component, os.str());
   }
+  /// Progress of long work (a stage's steps): on a terminal (stderr a tty, TERM not "dumb"), at
+  /// info and above, one line redrawn in place, which other lines print over and draw again
+  /// after; nothing on stderr otherwise (logs stay free of it). events.log gets it as an info
+  /// line either way.
+  void progress(std::string_view component, std::string_view message);
+  /// Ends the progress line on the terminal (the next one starts on a line of its own).
+  void end_progress();
   template <class... Ts> void debug(std::string_view c, const Ts&... xs) { log(log_level::debug, c, xs...); }
   template <class... Ts> void info(std::string_view c, const Ts&... xs) { log(log_level::info, c, xs...); }
   template <class... Ts> void warn(std::string_view c, const Ts&... xs) { log(log_level::warn, c, xs...); }
   template <class... Ts> void error(std::string_view c, const Ts&... xs) { log(log_level::error, c, xs...); }
 
 private:
+  void write(log_level level, std::string_view component, std::string_view message, bool to_stderr);
+
   const clock& clock_;
   mutable std::mutex mtx_;
   log_level stderr_level_;
   log_level file_level_ = log_level::off;
   std::FILE* file_ = nullptr;
+  bool terminal_ = false;      // stderr is a terminal that can redraw a line
+  std::string progress_;       // the progress line shown now on the terminal ("" : none)
 };
 
 } // namespace crucible

@@ -918,6 +918,25 @@ TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, 
   auto steps = train_steps(run);
   std::set<std::int64_t> distinct(steps.begin(), steps.end());
   CHECK(distinct == std::set<std::int64_t>{1, 2, 3, 4, 5, 6});
+  // TensorBoard's event files, as TensorBoard reads them: every SFT step once, from the resumed
+  // process (its writer rewrote them from the metrics cut back at the resume). The writer reads
+  // once more after the run's process ended and lets go of its folder's lock: wait for that.
+  {
+    const auto lock = run / "tensorboard" / ".metrics_tensorboard";
+    REQUIRE(fs::exists(lock));
+    auto released = run_process({"/usr/bin/flock", "--wait", "120", lock.string(), "true"});
+    REQUIRE(released.exit_code == 0);
+    const char* read_back =
+        "import sys\n"
+        "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+        "ea = EventAccumulator(sys.argv[1], size_guidance={'scalars': 0}); ea.Reload()\n"
+        "print(' '.join(str(e.step) for e in ea.Scalars('train_step/loss')))\n";
+    auto tb = run_process({std::string{CRUCIBLE_PYTHON}, "-c", read_back, (run / "tensorboard" / "sft").string()});
+    INFO(tb.err);
+    REQUIRE(tb.exit_code == 0);
+    CHECK(tb.out == "1 2 3 4 5 6\n");
+    CHECK(slurp(run / "events.log").find("TensorBoard event files in ") != std::string::npos);
+  }
 
   // crucible pause: a second run paused from outside.
   running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.name=paused", "--set", "stages.sft.steps=1000"});

@@ -19,8 +19,11 @@
 #include <string>
 #include <thread>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "actors/actor_config.hpp"
@@ -30,6 +33,7 @@
 #include "core/config.hpp"
 #include "core/json_parse.hpp"
 #include "core/log.hpp"
+#include "env/evaluator.hpp"
 #include "storage/atomic_file.hpp"
 #include "storage/event_publisher.hpp"
 #include "storage/metrics_log.hpp"
@@ -131,6 +135,88 @@ result<void> set_aside_after_crash(storage::run_directory& dir, logger& log) {
   return {};
 }
 
+// TensorBoard event files as the run goes (log.tensorboard): tools/metrics_tensorboard.py, with
+// the workers' interpreter, rewrites RUN/tensorboard from metrics.jsonl and follows it until this
+// process has ended, then reads it once more. It runs in a process group of its own, so a Ctrl-C
+// here (a pause) does not stop it before the pause's records; its output goes to
+// RUN/tensorboard.log. Never fails the run: what is missing is said once.
+void start_tensorboard_writer(const config& cfg, const storage::run_directory& dir, logger& log) {
+  if (!cfg.log.tensorboard)
+    return;
+  auto where = env::locate_harness(cfg.evaluator);
+  if (!where || where->python.empty()) {
+    log.warn("train", "log.tensorboard: no Python interpreter found (",
+             where ? std::string{"none on PATH"} : where.error().message, "); no TensorBoard event files");
+    return;
+  }
+  const auto script = where->worker_py.parent_path().parent_path().parent_path() / "tools" / "metrics_tensorboard.py";
+  std::error_code ec;
+  if (!std::filesystem::exists(script, ec)) {
+    log.warn("train", "log.tensorboard: ", script.string(), " is missing; no TensorBoard event files");
+    return;
+  }
+  auto spawn = [&](std::vector<std::string> argv, int out_fd, bool own_group) -> pid_t {
+    std::vector<char*> args;
+    for (auto& a : argv)
+      args.push_back(a.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawnattr_init(&attr);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (out_fd >= 0) {
+      posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+      posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+    } else {
+      posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+      posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    }
+    // The default signal mask and dispositions: this process blocks the pause signals (signal_pauser).
+    sigset_t none, all;
+    sigemptyset(&none);
+    sigfillset(&all);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &all);
+    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+    if (own_group) {
+      flags |= POSIX_SPAWN_SETPGROUP;
+      posix_spawnattr_setpgroup(&attr, 0);
+    }
+    posix_spawnattr_setflags(&attr, flags);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ) != 0)
+      pid = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    return pid;
+  };
+  // tensorboard importable? (A second or less: the writer's module only, not TensorBoard's server.)
+  const pid_t probe = spawn({where->python, "-c", "import tensorboard.summary.writer.event_file_writer"}, -1, false);
+  int status = 0;
+  if (probe < 0 || ::waitpid(probe, &status, 0) != probe || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    log.warn("train", "log.tensorboard: ", where->python, " cannot import tensorboard (tools/setup.sh installs it); ",
+             "no TensorBoard event files");
+    return;
+  }
+  const auto out_path = dir.path() / "tensorboard.log";
+  const int out = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (out < 0) {
+    log.warn("train", "log.tensorboard: cannot open ", out_path.string(), ": ", std::strerror(errno));
+    return;
+  }
+  const pid_t pid = spawn({where->python, "-B", script.string(), dir.path().string(), "--follow",
+                           std::to_string(::getpid())},
+                          out, true);
+  ::close(out);
+  if (pid < 0) {
+    log.warn("train", "log.tensorboard: cannot start ", script.string());
+    return;
+  }
+  log.info("train", "TensorBoard event files in ", (dir.path() / "tensorboard").string(), " (tensorboard --logdir ",
+           (dir.path() / "tensorboard").string(), "; the writer's output in ", out_path.string(), ")");
+}
+
 // Runs the coordinator over the run's roles until the run finishes, pauses or crashes.
 // `new_config`, when not empty, replaces the run's config.yaml once the roles are up (resume
 // --set), so that a resume refused on its way (e.g. a task pool that no longer fits the
@@ -152,6 +238,7 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
     publisher = std::make_unique<storage::event_publisher>(std::move(*pub));
     log.info("train", "publishing events on ", publisher->endpoint());
   }
+  start_tensorboard_writer(cfg, dir, log);
   signal_pauser signals; // before any thread exists, so every thread inherits the mask
 
   actor_config acfg;
@@ -226,6 +313,7 @@ int drive(const config& cfg, storage::run_directory& dir, bool resume, std::uint
   if (members)
     stop_membership(sys, *members);
   shut_down();
+  log.end_progress();
   if (final_status.state == run_state::crashed)
     rc = exit_failure;
   std::printf("run %s: %s at step %llu (%s), policy v%llu, %llu variants, best speedup %s, mean %s\n",

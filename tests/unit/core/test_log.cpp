@@ -3,8 +3,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
+#include <pty.h>
+#include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "core/log.hpp"
@@ -46,4 +50,77 @@ TEST_CASE("opening a log file in a missing directory is an io error naming the p
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code == errc::io);
   CHECK(r.error().message.find("/nonexistent-dir/events.log") != std::string::npos);
+}
+
+namespace {
+// What a logger writes to stderr when stderr is a pseudo-terminal (TERM xterm) or a pipe: `body`
+// runs in a child process whose stderr is that, with its own logger (at info, a file at info).
+template <class Body>
+std::string stderr_of(bool terminal, const std::filesystem::path& file, Body body) {
+  int read_fd = -1, write_fd = -1;
+  if (terminal) {
+    REQUIRE(::openpty(&read_fd, &write_fd, nullptr, nullptr, nullptr) == 0);
+    termios raw{};
+    REQUIRE(::tcgetattr(write_fd, &raw) == 0);
+    ::cfmakeraw(&raw); // no "\n" -> "\r\n": the bytes as written
+    REQUIRE(::tcsetattr(write_fd, TCSANOW, &raw) == 0);
+  } else {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    read_fd = p[0], write_fd = p[1];
+  }
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::dup2(write_fd, 2);
+    ::setenv("TERM", "xterm", 1);
+    manual_clock clk{clock::wall_time{std::chrono::seconds{1'800'000'000}}};
+    logger log{clk, log_level::info};
+    if (!log.open_file(file, log_level::info).ok())
+      ::_exit(3);
+    body(log);
+    std::fflush(stderr);
+    ::_exit(0);
+  }
+  ::close(write_fd);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(read_fd, buf, sizeof buf)) > 0;) // a pty ends in EIO once the child is gone
+    out.append(buf, static_cast<std::size_t>(n));
+  ::close(read_fd);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  return out;
+}
+} // namespace
+
+TEST_CASE("progress is one line redrawn on a terminal, nothing on a pipe, and every step in the file") {
+  auto file = std::filesystem::temp_directory_path() / ("crucible-progress-" + std::to_string(::getpid()) + ".log");
+  auto steps = [](logger& log) {
+    log.progress("train", "sft step 1/3, 0.50 s a step, 0m01s left");
+    log.progress("train", "sft step 2/3, 0.50 s a step, 0m01s left");
+    log.info("train", "checkpoint");
+    log.end_progress();
+    log.info("train", "stage rl");
+  };
+  std::filesystem::remove(file);
+  const auto tty = stderr_of(true, file, steps);
+  CHECK(tty == "\r\033[K[train] sft step 1/3, 0.50 s a step, 0m01s left"
+               "\r\033[K[train] sft step 2/3, 0.50 s a step, 0m01s left"
+               "\r\033[K2027-01-15T08:00:00.000Z INFO  [train] checkpoint\n"
+               "\r\033[K[train] sft step 2/3, 0.50 s a step, 0m01s left" // drawn again under the line
+               "\n2027-01-15T08:00:00.000Z INFO  [train] stage rl\n");
+  std::filesystem::remove(file);
+  const auto pipe = stderr_of(false, file, steps);
+  CHECK(pipe == "2027-01-15T08:00:00.000Z INFO  [train] checkpoint\n"
+                "2027-01-15T08:00:00.000Z INFO  [train] stage rl\n");
+  std::ifstream in(file);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(all == "2027-01-15T08:00:00.000Z INFO  [train] sft step 1/3, 0.50 s a step, 0m01s left\n"
+               "2027-01-15T08:00:00.000Z INFO  [train] sft step 2/3, 0.50 s a step, 0m01s left\n"
+               "2027-01-15T08:00:00.000Z INFO  [train] checkpoint\n"
+               "2027-01-15T08:00:00.000Z INFO  [train] stage rl\n");
+  std::filesystem::remove(file);
 }
