@@ -1,5 +1,5 @@
-// storage/report.cpp: metrics.jsonl records -> report data -> charts -> SVG in report.html and
-// PNG copies. Each chart is drawn only when its records exist.
+// storage/report.cpp: metrics.jsonl records -> report data, learning and pace lines -> report.html
+// around the plots tools/report_plots.py drew.
 #include "storage/report.hpp"
 
 #include <algorithm>
@@ -89,96 +89,11 @@ void keep_max(std::map<std::string, double>& m, const std::string& key, double v
     it->second = std::max(it->second, v);
 }
 
-// -- geometry shared by the SVG and the raster ------------------------------------------------
-
-constexpr int width = 640, height = 320;
-constexpr int left = 64, right = 16, top = 32, bottom = 48;
-constexpr int plot_w = width - left - right, plot_h = height - top - bottom;
-
-struct axis {
-  double lo = 0, hi = 1;
-  std::vector<double> ticks;
-};
-
-double nice_step(double span) {
-  double raw = span / 4;
-  double mag = std::pow(10.0, std::floor(std::log10(raw)));
-  double f = raw / mag;
-  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
-}
-
-// A range covering [lo, hi] that starts and ends on ticks.
-axis make_axis(double lo, double hi) {
-  if (!(hi > lo)) {
-    double pad = lo == 0 ? 1 : std::abs(lo) * 0.1;
-    lo -= pad;
-    hi += pad;
-  }
-  double step = nice_step(hi - lo);
-  axis a;
-  a.lo = std::floor(lo / step) * step;
-  a.hi = std::ceil(hi / step) * step;
-  for (int i = 0;; ++i) {
-    double t = a.lo + i * step;
-    if (t > a.hi + step * 1e-9)
-      break;
-    a.ticks.push_back(t);
-  }
-  return a;
-}
-
 std::string format_number(double v) {
   if (std::abs(v) < 1e-12)
     v = 0;
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
-
-struct frame {
-  axis x, y;
-  bool bars = false;
-  std::size_t n_bars = 0;
-
-  double px(double v) const { return left + (v - x.lo) / (x.hi - x.lo) * plot_w; }
-  double py(double v) const { return top + plot_h - (v - y.lo) / (y.hi - y.lo) * plot_h; }
-  // Left edge and width of bar i.
-  double bar_x(std::size_t i) const { return left + (static_cast<double>(i) + 0.15) * plot_w / static_cast<double>(n_bars); }
-  double bar_w() const { return 0.7 * plot_w / static_cast<double>(n_bars); }
-};
-
-frame frame_of(const chart& c) {
-  frame f;
-  if (!c.bars.empty()) {
-    f.bars = true;
-    f.n_bars = c.bars.size();
-    double lo = 0, hi = 0;
-    for (const auto& [name, v] : c.bars) {
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-    f.y = make_axis(lo, hi);
-    return f;
-  }
-  double xlo = std::numeric_limits<double>::infinity(), xhi = -xlo, ylo = xlo, yhi = -xlo;
-  for (const auto& s : c.lines)
-    for (const auto& p : s.points) {
-      xlo = std::min(xlo, p.x);
-      xhi = std::max(xhi, p.x);
-      ylo = std::min(ylo, p.y);
-      yhi = std::max(yhi, p.y);
-    }
-  f.x = make_axis(xlo, xhi);
-  f.y = make_axis(ylo, yhi);
-  return f;
-}
-
-constexpr std::array<rgb, 4> palette = {{{31, 119, 180}, {255, 127, 14}, {44, 160, 44}, {214, 39, 40}}};
-constexpr rgb ink{0, 0, 0}, grid{221, 221, 221};
-
-std::string hex(rgb c) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "#%02x%02x%02x", c.r, c.g, c.b);
   return buf;
 }
 
@@ -194,12 +109,6 @@ std::string xml_escape(std::string_view s) {
     }
   }
   return out;
-}
-
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
 }
 
 std::string json_text(const json_value& v) {
@@ -312,179 +221,6 @@ std::string to_string(std::int64_t turn, const report_data::turn_stats& t) {
   return os.str();
 }
 
-std::vector<chart> report_charts(const report_data& d) {
-  std::vector<chart> out;
-  chart reward{"reward", "Mean reward over steps", "step", "mean reward", {}, {},
-               "No data yet: no train_step records with a mean_reward."};
-  if (!d.reward.empty())
-    reward.lines.push_back({"mean reward", d.reward});
-  out.push_back(std::move(reward));
-
-  chart correct{"correct", "Share of correct samples over steps", "step", "correct share", {}, {},
-                "No data yet: no train_step records with a correct_share."};
-  if (!d.correct_share.empty())
-    correct.lines.push_back({"correct share", d.correct_share});
-  out.push_back(std::move(correct));
-
-  chart loss{"loss", "Training loss over steps", "step", "loss", {}, {}, "No data yet: no train_step records with a loss."};
-  if (!d.loss.empty())
-    loss.lines.push_back({"loss", d.loss});
-  out.push_back(std::move(loss));
-
-  chart speedup{"speedup", "Speedup over steps", "step", "speedup (x)", {}, {},
-                "No data yet: no record with a best_speedup or mean_speedup value."};
-  if (!d.best_speedup.empty())
-    speedup.lines.push_back({"best", d.best_speedup});
-  if (!d.mean_speedup.empty())
-    speedup.lines.push_back({"mean", d.mean_speedup});
-  out.push_back(std::move(speedup));
-
-  auto bars = [](const std::map<std::string, double>& m) {
-    return std::vector<std::pair<std::string, double>>(m.begin(), m.end());
-  };
-  out.push_back({"best_speedup_per_task", "Best speedup per task", "task", "speedup (x)", {},
-                 bars(d.best_per_task), "No data yet: no verdict records with a speedup."});
-  out.push_back({"status", "Verdict status breakdown", "status", "verdicts", {}, bars(d.status_counts),
-                 "No data yet: no verdict records."});
-  out.push_back({"hardware", "Best speedup per hardware", "hardware", "speedup (x)", {},
-                 bars(d.best_per_hardware), "No data yet: no verdict records with a hardware and a speedup."});
-  if (!d.by_turn.empty()) { // multi-turn episodes
-    chart correct_turn{"correct_by_turn", "Share of correct samples by turn", "turn", "correct share", {}, {}, ""};
-    chart speedup_turn{"speedup_by_turn", "Mean speedup of correct samples by turn", "turn", "speedup (x)", {}, {},
-                       "No correct sample at any turn yet."};
-    for (const auto& [turn, t] : d.by_turn) {
-      const auto name = "turn " + std::to_string(turn + 1);
-      correct_turn.bars.push_back({name, t.correct_share()});
-      if (t.correct)
-        speedup_turn.bars.push_back({name, t.mean_speedup()});
-    }
-    out.push_back(std::move(correct_turn));
-    out.push_back(std::move(speedup_turn));
-  }
-  return out;
-}
-
-std::string render_svg(const chart& c) {
-  if (c.empty())
-    return "";
-  auto f = frame_of(c);
-  std::string s;
-  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" id=\"svg-" + c.id + "\" width=\"" +
-       std::to_string(width) + "\" height=\"" + std::to_string(height) + "\" viewBox=\"0 0 " +
-       std::to_string(width) + " " + std::to_string(height) + "\" role=\"img\" aria-label=\"" +
-       xml_escape(c.title) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
-  s += "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
-  s += "<text x=\"" + std::to_string(width / 2) + "\" y=\"18\" text-anchor=\"middle\" font-size=\"14\">" +
-       xml_escape(c.title) + "</text>\n";
-  // Horizontal grid and y ticks.
-  for (double t : f.y.ticks) {
-    auto y = num(f.py(t));
-    s += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + y + "\" x2=\"" + std::to_string(left + plot_w) +
-         "\" y2=\"" + y + "\" stroke=\"" + hex(grid) + "\"/>\n";
-    s += "<text x=\"" + std::to_string(left - 6) + "\" y=\"" + y + "\" text-anchor=\"end\" dominant-baseline=\"middle\">" +
-         format_number(t) + "</text>\n";
-  }
-  if (f.bars) {
-    for (std::size_t i = 0; i < c.bars.size(); ++i) {
-      const auto& [name, v] = c.bars[i];
-      double y0 = f.py(0), y1 = f.py(v);
-      auto x = f.bar_x(i);
-      s += "<rect x=\"" + num(x) + "\" y=\"" + num(std::min(y0, y1)) + "\" width=\"" + num(f.bar_w()) +
-           "\" height=\"" + num(std::abs(y1 - y0)) + "\" fill=\"" + hex(palette[0]) + "\"><title>" +
-           xml_escape(name) + ": " + format_number(v) + "</title></rect>\n";
-      s += "<text x=\"" + num(x + f.bar_w() / 2) + "\" y=\"" + num(std::min(y0, y1) - 4) +
-           "\" text-anchor=\"middle\">" + format_number(v) + "</text>\n";
-      auto label = name.size() > 16 ? name.substr(0, 15) + "\u2026" : name;
-      s += "<text x=\"" + num(x + f.bar_w() / 2) + "\" y=\"" + std::to_string(top + plot_h + 16) +
-           "\" text-anchor=\"middle\">" + xml_escape(label) + "</text>\n";
-    }
-  } else {
-    for (double t : f.x.ticks) {
-      auto x = num(f.px(t));
-      s += "<line x1=\"" + x + "\" y1=\"" + std::to_string(top + plot_h) + "\" x2=\"" + x + "\" y2=\"" +
-           std::to_string(top + plot_h + 4) + "\" stroke=\"#000000\"/>\n";
-      s += "<text x=\"" + x + "\" y=\"" + std::to_string(top + plot_h + 16) + "\" text-anchor=\"middle\">" +
-           format_number(t) + "</text>\n";
-    }
-    for (std::size_t i = 0; i < c.lines.size(); ++i) {
-      const auto& series = c.lines[i];
-      auto colour = hex(palette[i % palette.size()]);
-      std::string pts;
-      for (const auto& p : series.points)
-        pts += (pts.empty() ? "" : " ") + num(f.px(p.x)) + "," + num(f.py(p.y));
-      s += "<polyline class=\"series\" data-name=\"" + xml_escape(series.name) + "\" fill=\"none\" stroke=\"" +
-           colour + "\" stroke-width=\"2\" points=\"" + pts + "\"/>\n";
-      for (const auto& p : series.points)
-        s += "<circle cx=\"" + num(f.px(p.x)) + "\" cy=\"" + num(f.py(p.y)) + "\" r=\"2.5\" fill=\"" + colour +
-             "\"/>\n";
-      // Legend, top right.
-      auto ly = std::to_string(top + 8 + 14 * static_cast<int>(i));
-      s += "<line x1=\"" + std::to_string(left + plot_w - 90) + "\" y1=\"" + ly + "\" x2=\"" +
-           std::to_string(left + plot_w - 74) + "\" y2=\"" + ly + "\" stroke=\"" + colour + "\" stroke-width=\"2\"/>\n";
-      s += "<text x=\"" + std::to_string(left + plot_w - 70) + "\" y=\"" + ly + "\" dominant-baseline=\"middle\">" +
-           xml_escape(series.name) + "</text>\n";
-    }
-  }
-  // Axes and their labels.
-  s += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + std::to_string(top) + "\" x2=\"" + std::to_string(left) +
-       "\" y2=\"" + std::to_string(top + plot_h) + "\" stroke=\"#000000\"/>\n";
-  s += "<line x1=\"" + std::to_string(left) + "\" y1=\"" + std::to_string(top + plot_h) + "\" x2=\"" +
-       std::to_string(left + plot_w) + "\" y2=\"" + std::to_string(top + plot_h) + "\" stroke=\"#000000\"/>\n";
-  s += "<text x=\"" + std::to_string(left + plot_w / 2) + "\" y=\"" + std::to_string(height - 8) +
-       "\" text-anchor=\"middle\">" + xml_escape(c.x_label) + "</text>\n";
-  s += "<text transform=\"translate(14 " + std::to_string(top + plot_h / 2) +
-       ") rotate(-90)\" text-anchor=\"middle\">" + xml_escape(c.y_label) + "</text>\n";
-  s += "</svg>\n";
-  return s;
-}
-
-raster render_raster(const chart& c) {
-  raster img{width, height};
-  if (c.empty())
-    return img;
-  auto f = frame_of(c);
-  auto ix = [](double v) { return static_cast<int>(std::lround(v)); };
-  for (double t : f.y.ticks) {
-    int y = ix(f.py(t));
-    img.line(left + 1, y, left + plot_w, y, grid);
-    auto label = format_number(t);
-    img.text(left - 6 - raster::text_width(label), y - 3, label, ink);
-  }
-  if (f.bars) {
-    for (std::size_t i = 0; i < c.bars.size(); ++i) {
-      double v = c.bars[i].second;
-      int x0 = ix(f.bar_x(i)), x1 = ix(f.bar_x(i) + f.bar_w()) - 1;
-      int y0 = ix(f.py(0)), y1 = ix(f.py(v));
-      img.fill_rect(x0, y0, x1, y1, palette[0]);
-      auto label = format_number(v);
-      img.text((x0 + x1) / 2 - raster::text_width(label) / 2, std::min(y0, y1) - 10, label, ink);
-      // Categories by number (1-based); the SVG carries their names.
-      auto n = std::to_string(i + 1);
-      img.text((x0 + x1) / 2 - raster::text_width(n) / 2, top + plot_h + 6, n, ink);
-    }
-  } else {
-    for (double t : f.x.ticks) {
-      int x = ix(f.px(t));
-      img.line(x, top + plot_h, x, top + plot_h + 3, ink);
-      auto label = format_number(t);
-      img.text(x - raster::text_width(label) / 2, top + plot_h + 6, label, ink);
-    }
-    for (std::size_t i = 0; i < c.lines.size(); ++i) {
-      const auto& pts = c.lines[i].points;
-      auto colour = palette[i % palette.size()];
-      for (std::size_t k = 0; k < pts.size(); ++k) {
-        int x = ix(f.px(pts[k].x)), y = ix(f.py(pts[k].y));
-        img.fill_rect(x - 1, y - 1, x + 1, y + 1, colour);
-        if (k > 0)
-          img.line(ix(f.px(pts[k - 1].x)), ix(f.py(pts[k - 1].y)), x, y, colour);
-      }
-    }
-  }
-  img.line(left, top, left, top + plot_h, ink);
-  img.line(left, top + plot_h, left + plot_w, top + plot_h, ink);
-  return img;
-}
-
 namespace {
 
 // A sampling stage's verdicts by step, each step's from the last process that sampled it.
@@ -559,6 +295,35 @@ void per_task(stage_progress& p, const stage_verdicts& steps) {
 }
 
 } // namespace
+
+result<std::vector<report_plot>> parse_plot_manifest(const std::string& text) {
+  auto doc = parse_json(text, "tools/report_plots.py's output");
+  if (!doc)
+    return doc.error();
+  const auto* list = doc->is_object() ? doc->find("plots") : nullptr;
+  if (list == nullptr || !list->is_array())
+    return fail(errc::corrupt, "tools/report_plots.py's output: expected {\"plots\": [...]}");
+  std::vector<report_plot> out;
+  for (const auto& p : list->as_array()) {
+    report_plot plot;
+    for (auto [key, field] : {std::pair{"id", &plot.id}, std::pair{"file", &plot.file}, std::pair{"title", &plot.title},
+                              std::pair{"caption", &plot.caption}}) {
+      const auto* v = p.is_object() ? p.find(key) : nullptr;
+      if (v == nullptr || !v->is_string())
+        return fail(errc::corrupt, "tools/report_plots.py's output: plot ", std::to_string(out.size() + 1),
+                    ": expected a string '", key, "'");
+      *field = v->as_string();
+    }
+    // A plain file name in the output folder, nothing else.
+    const bool plain = !plot.file.empty() && plot.file.find('/') == std::string::npos && plot.file[0] != '.' &&
+                       plot.file.size() > 4 && plot.file.compare(plot.file.size() - 4, 4, ".png") == 0;
+    if (!plain)
+      return fail(errc::corrupt, "tools/report_plots.py's output: plot '", plot.id, "': file '", plot.file,
+                  "' is not a .png name in the report's folder");
+    out.push_back(std::move(plot));
+  }
+  return out;
+}
 
 std::vector<stage_progress> learning_progress(const std::vector<std::string>& lines) {
   struct step_rec {
@@ -682,7 +447,7 @@ std::string to_string(const stage_progress::task_windows& t) {
   return buf;
 }
 
-result<report_files> write_report(const fs::path& run, const fs::path& out) {
+result<report_files> write_report(const fs::path& run, const fs::path& out, const report_plots& plots) {
   std::error_code ec;
   if (!fs::is_directory(run, ec) || !fs::exists(run / "config.yaml", ec))
     return fail(errc::not_found, run.string(), ": not a run directory (no config.yaml)");
@@ -734,7 +499,8 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
   std::string html;
   html += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>crucible report: " +
           xml_escape(name) + "</title>\n<style>\n"
-          "body{font-family:sans-serif;max-width:700px;margin:2em auto;color:#222}\n"
+          "body{font-family:sans-serif;max-width:900px;margin:2em auto;color:#222}\n"
+          "img{max-width:100%;height:auto}figure{margin:1.5em 0}figcaption{font-size:90%;color:#444}\n"
           "table{border-collapse:collapse}td{padding:2px 12px 2px 0}\n"
           ".no-data{color:#777;font-style:italic}pre{background:#f6f6f6;padding:8px;overflow-x:auto}\n"
           "</style>\n</head>\n<body>\n<h1>Run " +
@@ -812,25 +578,15 @@ result<report_files> write_report(const fs::path& run, const fs::path& out) {
     html += "</ul>\n";
   }
   files.html = out / "report.html";
-  for (const auto& c : report_charts(*data)) {
-    html += "<section id=\"" + c.id + "\">\n<h2>" + xml_escape(c.title) + "</h2>\n";
-    if (c.empty()) {
-      html += "<p class=\"no-data\">" + xml_escape(c.no_data) + "</p>\n</section>\n";
-      continue;
-    }
-    html += render_svg(c);
-    if (!c.bars.empty()) {
-      // The PNG numbers its bars; say which number is which.
-      html += "<p>PNG bar numbers: ";
-      for (std::size_t i = 0; i < c.bars.size(); ++i)
-        html += (i ? ", " : "") + std::to_string(i + 1) + " " + xml_escape(c.bars[i].first);
-      html += ".</p>\n";
-    }
-    auto png = out / (c.id + ".png");
-    if (auto w = write_file_atomic(png, encode_png(render_raster(c))); !w)
-      return w.error();
-    files.pngs.push_back(png);
-    html += "<p><a href=\"" + c.id + ".png\">" + c.id + ".png</a></p>\n</section>\n";
+  // The plots tools/report_plots.py drew into `out` (docs/report.md), each with its caption.
+  if (plots.plots.empty()) {
+    html += "<h2>Plots</h2>\n<p class=\"no-data\">" +
+            xml_escape(plots.missing.empty() ? std::string{"No records to plot yet."} : plots.missing) + "</p>\n";
+  }
+  for (const auto& p : plots.plots) {
+    html += "<figure id=\"" + xml_escape(p.id) + "\">\n<img src=\"" + xml_escape(p.file) + "\" alt=\"" +
+            xml_escape(p.title) + "\">\n<figcaption>" + xml_escape(p.caption) + "</figcaption>\n</figure>\n";
+    files.pngs.push_back(out / p.file);
   }
   html += "<h2>Recent events</h2>\n";
   if (events.empty()) {

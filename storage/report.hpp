@@ -1,5 +1,6 @@
 // storage/report.hpp: `crucible report RUN`: a run's metrics.jsonl (and status.json, events.log)
-// in, a self-contained report.html with inline SVG plots and PNG copies of them out.
+// in, report.html out, around the plots tools/report_plots.py draws with matplotlib (the command
+// runs it; docs/report.md).
 #pragma once
 
 #include <filesystem>
@@ -9,7 +10,6 @@
 
 #include "core/error.hpp"
 #include "storage/pace.hpp"
-#include "storage/png.hpp"
 
 namespace crucible::storage {
 
@@ -19,25 +19,15 @@ struct plot_point {
   double y = 0;
 };
 
-/// A named line of a line chart.
-struct plot_series {
-  std::string name;
-  std::vector<plot_point> points;
+/// One plot that tools/report_plots.py drew: OUT/file, its title and its caption.
+struct report_plot {
+  std::string id, file, title, caption;
 };
 
-/// One plot of the report: either lines over steps or one bar per category. A chart without
-/// data is still listed, and the report shows its `no_data` line instead of a plot.
-struct chart {
-  std::string id;      ///< file stem of its PNG, e.g. "speedup"
-  std::string title;
-  std::string x_label;
-  std::string y_label;
-  std::vector<plot_series> lines;                     ///< a line chart when non-empty
-  std::vector<std::pair<std::string, double>> bars;   ///< a bar chart when non-empty
-  std::string no_data; ///< shown when there is nothing to plot
-
-  bool empty() const noexcept { return lines.empty() && bars.empty(); }
-};
+/// The plots of tools/report_plots.py's stdout ({"plots": [{"id", "file", "title", "caption"}]}),
+/// in display order; errc::corrupt naming what is wrong with it (a file that is not a plain
+/// name ending in .png included).
+result<std::vector<report_plot>> parse_plot_manifest(const std::string& text);
 
 /// What the report draws, gathered from metrics records. Records are JSON objects told apart
 /// by their `event` key (or `kind` when there is no `event`); kinds the report does not know
@@ -69,19 +59,6 @@ std::string to_string(std::int64_t turn, const report_data::turn_stats& t);
 /// errc::corrupt "SOURCE:LINE: ..." for a line that is not a JSON object, has no string
 /// `event`/`kind`, or holds a field of the wrong type for its kind.
 result<report_data> collect_report_data(const std::vector<std::string>& lines, const std::string& source);
-
-/// The report's charts, in report order: reward over steps, share of correct samples over steps,
-/// training loss over steps, speedup over steps, best speedup
-/// per task, verdict status breakdown, best speedup per hardware; with multi-turn episodes also
-/// the correct share and the mean speedup by turn. Charts without data are empty.
-std::vector<chart> report_charts(const report_data& data);
-
-/// The chart as an inline SVG element (no XML prolog). An empty chart gives "".
-std::string render_svg(const chart& c);
-
-/// The chart drawn into a 640x320 raster: axes, ticks with numeric labels, lines or bars.
-/// Names (titles, categories, legends) are left to the SVG: the bitmap font holds digits only.
-raster render_raster(const chart& c);
 
 /// How a sampling stage's samples changed: its first steps against its last (a third of its
 /// steps each, at least one), pooled over their samples.
@@ -127,17 +104,25 @@ std::string to_string(const stage_progress& p);
 std::string to_string(const stage_progress::task_windows& t);
 
 /// Paths written by write_report.
+/// What the plots' drawing gave: the plots, or why there are none (no interpreter with
+/// matplotlib, the script's error), which the page then says.
+struct report_plots {
+  std::vector<report_plot> plots;
+  std::string missing;
+};
+
 struct report_files {
   std::filesystem::path html;
-  std::vector<std::filesystem::path> pngs; ///< one per chart with data, in chart order
+  std::vector<std::filesystem::path> pngs; ///< one per plot, in display order
   std::vector<stage_progress> progress;    ///< learning_progress of the run's records
   std::vector<pace_segment> pace;          ///< pace_segments of the run's records
 };
 
 /// Reads the run directory `run` (it must hold config.yaml; metrics.jsonl may be absent when no
-/// record was written yet) and writes `out/report.html` and `out/ID.png` for every chart with
-/// data, creating `out`. Errors name the file at fault: errc::not_found for a directory that is
+/// record was written yet) and writes `out/report.html` around `plots` (drawn into `out` before),
+/// creating `out`. Errors name the file at fault: errc::not_found for a directory that is
 /// not a run, errc::io for unreadable or unwritable files, errc::corrupt for bad records.
-result<report_files> write_report(const std::filesystem::path& run, const std::filesystem::path& out);
+result<report_files> write_report(const std::filesystem::path& run, const std::filesystem::path& out,
+                                  const report_plots& plots);
 
 } // namespace crucible::storage

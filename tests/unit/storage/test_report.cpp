@@ -1,5 +1,6 @@
-// tests/unit/storage/test_report.cpp: report data from synthetic metrics records, the charts
-// and their no-data lines, the raster plots' pixels, and errors naming file, line and key.
+// tests/unit/storage/test_report.cpp: report data from synthetic metrics records, the page around
+// the plots tools/report_plots.py drew (and its line when there are none), the plots' manifest,
+// and errors naming file, line and key.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -85,22 +86,23 @@ TEST_CASE("report data gathers reward, speedups, tasks, statuses and hardware by
   CHECK(d->kinds.at("verdict") == 4);
 }
 
-TEST_CASE("a run with lifecycle records only gets no-data lines for every plot") {
+TEST_CASE("a run without plots says why on the page, and keeps its tables") {
   temp_dir tmp;
   auto run = make_run(tmp, lifecycle_only);
-  auto files = write_report(run, run / "report");
+  auto files = write_report(run, run / "report", {});
   REQUIRE(files.ok());
   CHECK(files->html == run / "report" / "report.html");
   CHECK(files->pngs.empty());
   auto html = slurp(files->html);
   CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
-  CHECK_FALSE(contains(html, "<svg"));
-  CHECK(contains(html, "No data yet: no train_step records with a mean_reward."));
-  CHECK(contains(html, "No data yet: no record with a best_speedup or mean_speedup value."));
-  CHECK(contains(html, "No data yet: no verdict records."));
+  CHECK(contains(html, "<h2>Plots</h2>\n<p class=\"no-data\">No records to plot yet.</p>"));
   CHECK(contains(html, "<td>state</td><td>finished</td>"));
   CHECK(contains(html, "2 metrics records: run_finished 1, run_started 1."));
   CHECK(contains(html, "[coordinator] run_started"));
+  // Plots that could not be drawn: the reason, as the caller gave it.
+  files = write_report(run, run / "report", report_plots{{}, "No plots: python3 cannot import matplotlib & co"});
+  REQUIRE(files.ok());
+  CHECK(contains(slurp(files->html), "<p class=\"no-data\">No plots: python3 cannot import matplotlib &amp; co</p>"));
 }
 
 TEST_CASE("the report shows the share of time each GPU was held by evaluations and by the policy") {
@@ -110,7 +112,7 @@ TEST_CASE("the report shows the share of time each GPU was held by evaluations a
         R"({"state":"paused","stage":"rl","step":3,"devices":[)"
         R"({"device":"cuda:0","seconds":200,"evaluation_s":50,"policy_s":120,"evaluator":true},)"
         R"({"device":"cuda:1","seconds":200,"evaluation_s":150.5,"policy_s":0,"evaluator":true}]})" "\n");
-  auto files = write_report(run, run / "report");
+  auto files = write_report(run, run / "report", {});
   REQUIRE(files.ok());
   auto html = slurp(files->html);
   CHECK(contains(html, "<h2>GPU busy</h2>"));
@@ -119,40 +121,48 @@ TEST_CASE("the report shows the share of time each GPU was held by evaluations a
   CHECK_FALSE(contains(html, "<td>devices</td>")); // not repeated as raw JSON in the status table
   // A run without GPUs (the CPU) has no such table.
   write(run / "status.json", R"({"state":"finished","stage":"","step":3})" "\n");
-  files = write_report(run, run / "report");
+  files = write_report(run, run / "report", {});
   REQUIRE(files.ok());
   CHECK_FALSE(contains(slurp(files->html), "GPU busy"));
 }
 
-TEST_CASE("a run with every kind of record gets every plot inline and as a PNG") {
+TEST_CASE("the page shows the drawn plots in their order with their captions, and the manifest is read strictly") {
   temp_dir tmp;
   // The last line is torn (no newline): ignored, as read_metrics does.
   auto run = make_run(tmp, std::string{full} + R"({"event":"train_step","step":3,"mean_rew)");
   auto out = tmp.path() / "elsewhere";
-  auto files = write_report(run, out);
+  auto plots = parse_plot_manifest(
+      R"({"plots": [{"id": "sft_loss", "file": "sft_loss.png", "title": "SFT: loss", "caption": "Loss <by> step."},)"
+      R"( {"id": "rl_steps", "file": "rl_steps.png", "title": "RL", "caption": "4 panels \u00d7"}]})");
+  REQUIRE(plots.ok());
+  REQUIRE(plots->size() == 2);
+  CHECK((*plots)[1].caption == "4 panels \u00d7");
+  auto files = write_report(run, out, report_plots{*plots, ""});
   REQUIRE(files.ok());
   CHECK(files->html == out / "report.html");
-  REQUIRE(files->pngs.size() == 7);
-  for (const char* id : {"reward", "correct", "loss", "speedup", "best_speedup_per_task", "status", "hardware"}) {
-    CAPTURE(id);
-    CHECK(fs::exists(out / (std::string{id} + ".png")));
-    CHECK(slurp(out / (std::string{id} + ".png")).rfind("\x89PNG", 0) == 0);
-  }
+  CHECK(files->pngs == std::vector<fs::path>{out / "sft_loss.png", out / "rl_steps.png"});
   auto html = slurp(files->html);
-  CHECK_FALSE(contains(html, "No data yet"));
-  CHECK(contains(html, "id=\"svg-reward\""));
-  CHECK(contains(html, "id=\"svg-speedup\""));
-  CHECK(contains(html, "data-name=\"best\""));
-  CHECK(contains(html, "data-name=\"mean\""));
-  CHECK(contains(html, "<title>softmax: 2</title>"));
-  CHECK(contains(html, "<title>compile_error: 1</title>"));
-  CHECK(contains(html, "<title>h200: 2</title>"));
-  CHECK_FALSE(contains(html, "matmul:")); // no speedup for matmul: no bar
+  const auto first = html.find("<figure id=\"sft_loss\">\n<img src=\"sft_loss.png\" alt=\"SFT: loss\">\n"
+                               "<figcaption>Loss &lt;by&gt; step.</figcaption>\n</figure>");
+  const auto second = html.find("<figure id=\"rl_steps\">");
+  CHECK(first != std::string::npos);
+  CHECK(second != std::string::npos);
+  CHECK(first < second);
+  CHECK_FALSE(contains(html, "No records to plot yet"));
   CHECK(contains(html, "9 metrics records"));
-  CHECK_FALSE(contains(html, "src=")); // self-contained: nothing fetched
+  // A manifest that is not the script's, or names a file outside the report's folder, is refused.
+  for (const char* bad : {"[]", R"({"plots": {}})", R"({"plots": [{"id": "a", "file": "a.png", "title": "t"}]})",
+                          R"({"plots": [{"id": "a", "file": "../a.png", "title": "t", "caption": ""}]})",
+                          R"({"plots": [{"id": "a", "file": ".png", "title": "t", "caption": ""}]})",
+                          R"({"plots": [{"id": "a", "file": "a.svg", "title": "t", "caption": ""}]})", "not json"}) {
+    CAPTURE(bad);
+    auto r = parse_plot_manifest(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error().code == errc::corrupt);
+  }
 }
 
-TEST_CASE("multi-turn verdicts get the correct share and speedup by turn, in the data, the plots and the page") {
+TEST_CASE("multi-turn verdicts get the correct share and speedup by turn, in the data and the page") {
   // Turn 0: 3 samples, 1 correct at 1.5x (a correct flag without ok does not count); turn 1: 2
   // samples, 2 correct at 2x and 3x. One-turn verdicts (no `turn`) are not in the table.
   const std::string metrics =
@@ -179,76 +189,54 @@ TEST_CASE("multi-turn verdicts get the correct share and speedup by turn, in the
   CHECK(to_string(0, d->by_turn.at(0)) == "turn 1: 3 samples, 33.3% correct, mean speedup of correct samples 1.50x");
   temp_dir tmp;
   auto run = make_run(tmp, metrics);
-  auto files = write_report(run, run / "report");
+  auto files = write_report(run, run / "report", {});
   REQUIRE(files.ok());
-  CHECK(fs::exists(run / "report" / "correct_by_turn.png"));
-  CHECK(fs::exists(run / "report" / "speedup_by_turn.png"));
   auto html = slurp(files->html);
   CHECK(contains(html, "<h2>By turn</h2>"));
   CHECK(contains(html, "turn 2: 2 samples, 100.0% correct, mean speedup of correct samples 2.50x"));
-  // A run without turns has neither the section nor the plots.
+  // A run without turns has no such section.
   auto plain = make_run(tmp, lifecycle_only);
-  REQUIRE(write_report(plain, plain / "report").ok());
+  REQUIRE(write_report(plain, plain / "report", {}).ok());
   CHECK_FALSE(contains(slurp(plain / "report" / "report.html"), "By turn"));
-}
-
-TEST_CASE("raster plots put the series and the bars at their scaled positions") {
-  const rgb white{255, 255, 255}, blue{31, 119, 180};
-  // x and y both span [0, 10]: x 0..10 maps to pixels 64..624, y 0..10 to 272..32.
-  chart line{"l", "t", "x", "y", {{"s", {{0, 0}, {5, 5}, {10, 10}}}}, {}, ""};
-  auto img = render_raster(line);
-  CHECK(img.width() == 640);
-  CHECK(img.height() == 320);
-  CHECK(img.at(344, 152) == blue); // the marker of (5, 5)
-  CHECK(img.at(623, 33) == blue);  // the marker of (10, 10)
-  CHECK(img.at(344, 100) == white);
-  CHECK(img.at(64, 200) == rgb{0, 0, 0}); // the y axis
-  // Bars 2 and 4 on a 0..4 axis: bar 0 spans x 106..301 up to y 152, bar 1 x 386..581 up to 32.
-  chart bars{"b", "t", "x", "y", {}, {{"a", 2.0}, {"b", 4.0}}, ""};
-  img = render_raster(bars);
-  CHECK(img.at(200, 160) == blue);
-  CHECK(img.at(200, 140) == white);
-  CHECK(img.at(480, 40) == blue);
-  CHECK(img.at(340, 200) == white); // between the bars
 }
 
 TEST_CASE("bad runs and bad records are refused naming the file, the line and the key") {
   temp_dir tmp;
-  auto missing = write_report(tmp.path() / "nope", tmp.path() / "out");
+  auto missing = write_report(tmp.path() / "nope", tmp.path() / "out", {});
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().code == errc::not_found);
   CHECK(contains(missing.error().message, (tmp.path() / "nope").string()));
 
   auto run = make_run(tmp, std::string{lifecycle_only} + R"({"event":"train_step","step":"3","mean_reward":0.1})" "\n");
   auto metrics = (run / "metrics.jsonl").string();
-  auto r = write_report(run, run / "report");
+  auto r = write_report(run, run / "report", {});
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code == errc::corrupt);
   CHECK(r.error().message == metrics + ":3: key 'step': expected a non-negative integer, got string");
   CHECK_FALSE(fs::exists(run / "report" / "report.html"));
 
   write(run / "metrics.jsonl", R"({"kind":"verdict","task":"a","status":"correct","speedup":"fast"})" "\n");
-  r = write_report(run, run / "report");
+  r = write_report(run, run / "report", {});
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message == metrics + ":1: key 'speedup': expected a number or null, got string");
 
   write(run / "metrics.jsonl", std::string{lifecycle_only} + R"({"kind":"verdict","status":"correct"})" "\n");
-  r = write_report(run, run / "report");
+  r = write_report(run, run / "report", {});
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message == metrics + ":3: key 'task': missing");
 
   write(run / "metrics.jsonl", R"({"step":1})" "\n");
-  r = write_report(run, run / "report");
+  r = write_report(run, run / "report", {});
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message == metrics + ":1: record has no 'event' or 'kind' key");
 
   write(run / "metrics.jsonl", "[1]\n");
-  r = write_report(run, run / "report");
+  r = write_report(run, run / "report", {});
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().message == metrics + ":1: expected a JSON object, got array");
 
   write(run / "metrics.jsonl", std::string{lifecycle_only} + "{\"event\": }\n");
-  r = write_report(run, run / "report");
+  r = write_report(run, run / "report", {});
   REQUIRE_FALSE(r.ok());
   CHECK(r.error().code == errc::corrupt);
   CAPTURE(r.error().message);
