@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/config.hpp"
@@ -84,14 +85,16 @@ result<storage::report_plots> draw_plots(const std::filesystem::path& run, const
     return plots;
   }
   const auto script = where->worker_py.parent_path().parent_path().parent_path() / "tools" / "report_plots.py";
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
   std::string so, se;
   const int rc = run_captured({where->python, "-B", script.string(), run.string(), out.string()}, so, se);
   while (!se.empty() && se.back() == '\n')
     se.pop_back();
-  if (rc == 2)
+  if (rc == 2) { // the run's records: said as the report's own reader says it
+    constexpr std::string_view prefix = "report_plots: ";
+    if (se.rfind(prefix, 0) == 0)
+      se.erase(0, prefix.size());
     return fail(errc::corrupt, se.empty() ? std::string{"tools/report_plots.py refused the run"} : se);
+  }
   if (rc != 0) {
     plots.missing = "No plots: " + where->python + " " + script.string() + " failed" +
                     (se.empty() ? std::string{} : ": " + se.substr(se.size() > 600 ? se.size() - 600 : 0)) +
