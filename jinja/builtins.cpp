@@ -437,6 +437,8 @@ value apply_filter(evaluator& ev, const std::string& name, const value& v, const
       test_args.assign(a.positional.begin() + static_cast<std::ptrdiff_t>(k + 1), a.positional.end());
     }
     value_list out;
+    if (v.is_none()) // jinja2 selects from a None as from nothing
+      return value{std::move(out)};
     for (const auto& item : iterate(v, std::string::npos)) {
       const value x = attr ? attr_path(ev, item, attribute, std::string::npos) : item;
       bool hit = test_name.empty() ? x.truthy() : apply_test(ev, test_name, x, test_args);

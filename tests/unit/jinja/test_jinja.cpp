@@ -272,6 +272,7 @@ TEST_CASE("template semantics match jinja2: whitespace control, scoping, values,
   add("{{ ['a', 'code_interpreter', 'b']|reject('equalto', 'code_interpreter')|join(', ') }}|"
       "{{ [1, 2, 3, 4]|select('odd')|list }}|{{ [0, 1, '', 'x']|select|list }}|{{ [1,2,3]|reject('gt', 1)|list }}");
   add("{{ messages|selectattr('role', 'equalto', 'user')|list|length }}|{{ messages|rejectattr('role', 'eq', 'user')|map(attribute='content')|first }}");
+  add("{{ none|selectattr('role', 'equalto', 'user')|list }}|{{ none|select|list }}|{{ none|rejectattr('x')|list|length }}");
   add("{{ 'a-b-c'|replace('-', '+') }}|{{ 'a-b-c'|replace('-', '', 1) }}|{{ 42|string }}|{{ '42'|int + 1 }}|{{ '4.7'|int }}|"
       "{{ 'x'|int(7) }}|{{ '2.5'|float }}|{{ 3|float }}|{{ -3|abs }}|{{ [1, 2]|map('string')|join }}");
   add("{{ ' a b '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ ' a '.lstrip() }}|{{ ' a '.rstrip() }}|{{ 'a,b,,c'.split(',') }}|"
