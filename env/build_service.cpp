@@ -33,14 +33,14 @@ constexpr auto readable_file = fs::perms::owner_read | fs::perms::owner_write | 
 constexpr auto readable_dir = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec
                               | fs::perms::others_read | fs::perms::others_exec;
 
-// Runs `argv` (our own commands only: the interpreter's answer below, the compiler on torch's
-// header) in a process group of its own, stdin from /dev/null, stdout into `out` where given and
-// stderr dropped; its exit status, -1 where it could not start or was killed, or -2 where it passed
-// `deadline` (the group is killed then).
 // A failed build's record in the cache, in the key's directory, where the library would be.
 constexpr const char* failure_record = "build_failed.log";
 constexpr std::size_t max_failure_record = 64 * 1024;
 
+// Runs `argv` (our own commands only: the interpreter's answer below, the compiler on torch's
+// header) in a process group of its own, stdin from /dev/null, stdout into `out` where given and
+// stderr dropped; its exit status, -1 where it could not start or was killed, or -2 where it passed
+// `deadline` (the group is killed then).
 int run_own_command(const std::vector<std::string>& argv, clock_type::time_point deadline, std::string* out,
                     const std::atomic<bool>* cancel = nullptr) {
   int fds[2] = {-1, -1};
@@ -421,6 +421,12 @@ bool build_service::make_header(std::vector<std::string> argv, const std::string
   return kept;
 }
 
+void build_service::remember_failure(const std::string& key, std::string log) {
+  if (failed_builds_.size() >= max_failed_builds)
+    failed_builds_.clear();
+  failed_builds_.emplace(key, std::move(log));
+}
+
 bool lasting_build_failure(std::string_view log) {
   static const std::regex diagnostic{R"((^|[\s:(])(fatal )?error( [A-Z]*[0-9]+)?:)", std::regex::multiline};
   static const std::regex cut_short{
@@ -473,9 +479,7 @@ std::string build_service::build(const std::string& request, clock_type::time_po
       std::string log(max_failure_record, '\0');
       in.read(log.data(), static_cast<std::streamsize>(log.size()));
       log.resize(static_cast<std::size_t>(in.gcount()));
-      if (failed_builds_.size() >= max_failed_builds)
-        failed_builds_.clear();
-      failed_builds_.emplace(key, log);
+      remember_failure(key, log);
       return failed(log);
     }
     building_.insert(key);
@@ -542,9 +546,7 @@ std::string build_service::build(const std::string& request, clock_type::time_po
             fs::remove(tmp, ec);
         }
         std::lock_guard lock{mtx_};
-        if (failed_builds_.size() >= max_failed_builds)
-          failed_builds_.clear();
-        failed_builds_.emplace(key, std::move(log));
+        remember_failure(key, std::move(log));
       } else if (type != "built" || msg.frames.size() != 1 || msg.frames[0].empty()) {
         reply = failed("the builder broke the protocol: " + msg.json.substr(0, 200));
       } else {

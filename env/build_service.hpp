@@ -93,6 +93,9 @@ private:
   bool make_header(std::vector<std::string> argv, const std::string& sig, const std::filesystem::path& dir,
                    std::chrono::steady_clock::time_point deadline);
 
+  /// Keeps `log` as key's compiler failure in failed_builds_ (emptied when full); mtx_ held.
+  void remember_failure(const std::string& key, std::string log);
+
   worker_pool& pool_;
   std::string python_;
   std::filesystem::path extensions_dir_;

@@ -1,14 +1,7 @@
 // `crucible report RUN [--out DIR]`: the run's metrics.jsonl, status.json and events.log in,
 // report.html out, around the plots tools/report_plots.py draws with matplotlib through the
 // workers' Python (storage/report.hpp writes the page).
-#include <fcntl.h>
-#include <poll.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,64 +9,12 @@
 #include "core/config.hpp"
 #include "env/evaluator.hpp"
 #include "storage/report.hpp"
+#include "tools/crucible/child_process.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {
 
 namespace {
-
-// Runs argv (stdin /dev/null), its stdout and stderr read to the end; its exit status, or -1
-// where it could not start or did not exit.
-int run_captured(std::vector<std::string> argv, std::string& out, std::string& err) {
-  int o[2], e[2];
-  if (::pipe2(o, O_CLOEXEC) != 0)
-    return -1;
-  if (::pipe2(e, O_CLOEXEC) != 0) {
-    ::close(o[0]), ::close(o[1]);
-    return -1;
-  }
-  std::vector<char*> args;
-  for (auto& a : argv)
-    args.push_back(a.data());
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&fa, o[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, e[1], 2);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(o[1]), ::close(e[1]);
-  if (rc != 0) {
-    ::close(o[0]), ::close(e[0]);
-    return -1;
-  }
-  pollfd fds[2] = {{o[0], POLLIN, 0}, {e[0], POLLIN, 0}};
-  std::string* bufs[2] = {&out, &err};
-  int open = 2;
-  char chunk[8192];
-  while (open > 0) {
-    if (::poll(fds, 2, -1) < 0 && errno != EINTR)
-      break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0)
-        continue;
-      const ssize_t n = ::read(fds[i].fd, chunk, sizeof chunk);
-      if (n > 0) {
-        bufs[i]->append(chunk, static_cast<std::size_t>(n));
-      } else if (n == 0 || errno != EINTR) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-  }
-  int status = 0;
-  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status))
-    return -1;
-  return WEXITSTATUS(status);
-}
 
 // The plots: tools/report_plots.py RUN OUT with the workers' interpreter. What keeps them from
 // being drawn is said on the page and on stderr; bad records are the run's error (exit 2 there).
@@ -84,7 +25,7 @@ result<storage::report_plots> draw_plots(const std::filesystem::path& run, const
     plots.missing = "No plots: no Python interpreter found (tools/setup.sh makes .venv).";
     return plots;
   }
-  const auto script = where->worker_py.parent_path().parent_path().parent_path() / "tools" / "report_plots.py";
+  const auto script = checkout_tool(*where, "report_plots.py");
   std::string so, se;
   const int rc = run_captured({where->python, "-B", script.string(), run.string(), out.string()}, so, se);
   while (!se.empty() && se.back() == '\n')

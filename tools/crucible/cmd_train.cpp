@@ -22,8 +22,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "actors/actor_config.hpp"
@@ -38,6 +36,7 @@
 #include "storage/event_publisher.hpp"
 #include "storage/metrics_log.hpp"
 #include "storage/run_dir.hpp"
+#include "tools/crucible/child_process.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {
@@ -149,52 +148,15 @@ void start_tensorboard_writer(const config& cfg, const storage::run_directory& d
              where ? std::string{"none on PATH"} : where.error().message, "); no TensorBoard event files");
     return;
   }
-  const auto script = where->worker_py.parent_path().parent_path().parent_path() / "tools" / "metrics_tensorboard.py";
+  const auto script = checkout_tool(*where, "metrics_tensorboard.py");
   std::error_code ec;
   if (!std::filesystem::exists(script, ec)) {
     log.warn("train", "log.tensorboard: ", script.string(), " is missing; no TensorBoard event files");
     return;
   }
-  auto spawn = [&](std::vector<std::string> argv, int out_fd, bool own_group) -> pid_t {
-    std::vector<char*> args;
-    for (auto& a : argv)
-      args.push_back(a.data());
-    args.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawnattr_init(&attr);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    if (out_fd >= 0) {
-      posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-      posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
-    } else {
-      posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-      posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    }
-    // The default signal mask and dispositions: this process blocks the pause signals (signal_pauser).
-    sigset_t none, all;
-    sigemptyset(&none);
-    sigfillset(&all);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &all);
-    short flags = POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
-    if (own_group) {
-      flags |= POSIX_SPAWN_SETPGROUP;
-      posix_spawnattr_setpgroup(&attr, 0);
-    }
-    posix_spawnattr_setflags(&attr, flags);
-    pid_t pid = -1;
-    if (posix_spawn(&pid, args[0], &fa, &attr, args.data(), environ) != 0)
-      pid = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    return pid;
-  };
   // tensorboard importable? (A second or less: the writer's module only, not TensorBoard's server.)
-  const pid_t probe = spawn({where->python, "-c", "import tensorboard.summary.writer.event_file_writer"}, -1, false);
-  int status = 0;
-  if (probe < 0 || ::waitpid(probe, &status, 0) != probe || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  std::string probe_out, probe_err;
+  if (run_captured({where->python, "-c", "import tensorboard.summary.writer.event_file_writer"}, probe_out, probe_err) != 0) {
     log.warn("train", "log.tensorboard: ", where->python, " cannot import tensorboard (tools/setup.sh installs it); ",
              "no TensorBoard event files");
     return;
@@ -205,9 +167,9 @@ void start_tensorboard_writer(const config& cfg, const storage::run_directory& d
     log.warn("train", "log.tensorboard: cannot open ", out_path.string(), ": ", std::strerror(errno));
     return;
   }
-  const pid_t pid = spawn({where->python, "-B", script.string(), dir.path().string(), "--follow",
-                           std::to_string(::getpid())},
-                          out, true);
+  const pid_t pid = spawn_child({where->python, "-B", script.string(), dir.path().string(), "--follow",
+                                 std::to_string(::getpid())},
+                                out, out, true);
   ::close(out);
   if (pid < 0) {
     log.warn("train", "log.tensorboard: cannot start ", script.string());
