@@ -3,68 +3,15 @@
 #include <cassert>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace crucible {
 
-namespace {
-
-// Length of the valid UTF-8 sequence starting at s[i], or 0 if it is not valid.
-size_t utf8_sequence_length(std::string_view s, size_t i) {
-  auto b = static_cast<unsigned char>(s[i]);
-  size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
-  if (n == 0 || i + n > s.size())
-    return 0;
-  for (size_t k = 1; k < n; ++k)
-    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2)
-      return 0;
-  if (n == 2 && b < 0xC2)
-    return 0; // overlong
-  return n;
-}
-
-} // namespace
-
-const char* json_short_escape(char32_t c) noexcept {
-  switch (c) {
-    case '"': return "\\\"";
-    case '\\': return "\\\\";
-    case '\n': return "\\n";
-    case '\r': return "\\r";
-    case '\t': return "\\t";
-    case '\b': return "\\b";
-    case '\f': return "\\f";
-    default: return nullptr;
-  }
-}
-
 void append_json_string(std::string& out, std::string_view text) {
-  out += '"';
-  for (size_t i = 0; i < text.size();) {
-    auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x80) {
-      auto n = utf8_sequence_length(text, i);
-      if (n == 0) {
-        out += "\\ufffd";
-        ++i;
-      } else {
-        out.append(text.substr(i, n));
-        i += n;
-      }
-      continue;
-    }
-    if (const char* e = json_short_escape(c)) {
-      out += e;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-    ++i;
-  }
-  out += '"';
+  out += nlohmann::json(std::string{text}).dump(-1, ' ', /*ensure_ascii=*/false,
+                                                nlohmann::json::error_handler_t::replace);
 }
 
 void json_writer::before_value() {

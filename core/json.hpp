@@ -1,4 +1,5 @@
-// core/json.hpp: a streaming JSON writer for metrics lines, verdicts and status files.
+// core/json.hpp: a streaming JSON writer for metrics lines, verdicts and status files (strings
+// escaped by nlohmann/json, numbers written by std::to_chars).
 #pragma once
 
 #include <cstdint>
@@ -8,13 +9,10 @@
 
 namespace crucible {
 
-/// Appends `text` to `out` as a JSON string literal (quotes included), escaping control
-/// characters and invalid UTF-8 bytes (as U+FFFD) so the output is always valid JSON.
+/// Appends `text` to `out` as a JSON string literal (quotes included), as nlohmann/json writes
+/// it: control characters escaped, other UTF-8 kept, invalid UTF-8 replaced by U+FFFD, so the
+/// output is always valid JSON.
 void append_json_string(std::string& out, std::string_view text);
-
-/// JSON's two-character escape of `c` (`\"`, `\\`, `\n`, `\r`, `\t`, `\b`, `\f`), or nullptr when it
-/// has none: the escapes of append_json_string and of Python's json.dumps (jinja's tojson).
-const char* json_short_escape(char32_t c) noexcept;
 
 /// Builds one JSON document in a string. Non-finite doubles become null. The caller pairs
 /// begin/end calls; misuse is a bug (asserted). Not thread-safe.

@@ -1,5 +1,5 @@
-// core/json_parse.hpp: a strict DOM JSON parser (RFC 8259) for the files crucible reads:
-// tokenizer.json, tokenizer_config.json, model configs, and JSON printed by helper scripts.
+// core/json_parse.hpp: JSON documents as crucible's json_value (read by nlohmann/json, strict
+// RFC 8259): tokenizer.json, tokenizer_config.json, model configs, records and helpers' output.
 #pragma once
 
 #include <cstdint>
@@ -75,10 +75,11 @@ struct json_member {
   json_value value;
 };
 
-/// Parses one JSON document (surrounding whitespace allowed, nothing else). Strict: no
-/// comments, trailing commas, NaN, leading zeros, control characters in strings, invalid
-/// UTF-8 or lone surrogates; nesting deeper than 512 levels is refused. Errors are
-/// errc::corrupt with "SOURCE:LINE:COLUMN: what", `source` naming the file (or "json").
+/// Parses one JSON document with nlohmann/json (surrounding whitespace and a leading UTF-8
+/// byte-order mark allowed, nothing else). Strict: no comments, trailing commas, NaN, leading
+/// zeros, control characters in strings, invalid UTF-8 or lone surrogates; nesting deeper than
+/// 512 levels is refused. Errors are errc::corrupt with "SOURCE:LINE:COLUMN: what" (what is
+/// nlohmann's description), `source` naming the file (or "json").
 result<json_value> parse_json(std::string_view text, std::string_view source = "json");
 
 /// Reads and parses a JSON file. errc::not_found / errc::io name the file; parse errors as

@@ -157,6 +157,20 @@ std::string repr(const value& v, std::size_t pos) {
 
 namespace {
 
+// json.dumps's two-character escape of `c`, or nullptr when it has none.
+const char* json_short_escape(char32_t c) noexcept {
+  switch (c) {
+    case '"': return "\\\"";
+    case '\\': return "\\\\";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    case '\b': return "\\b";
+    case '\f': return "\\f";
+    default: return nullptr;
+  }
+}
+
 // A str as json.dumps writes it: \uXXXX for control characters, and for all non-ASCII ones
 // (surrogate pairs above U+FFFF) when ensure_ascii.
 void json_string(std::string& out, std::string_view s, bool ensure_ascii) {

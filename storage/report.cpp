@@ -83,12 +83,6 @@ private:
   crucible::error err_;
 };
 
-void keep_max(std::map<std::string, double>& m, const std::string& key, double v) {
-  auto [it, inserted] = m.emplace(key, v);
-  if (!inserted)
-    it->second = std::max(it->second, v);
-}
-
 std::string format_number(double v) {
   if (std::abs(v) < 1e-12)
     v = 0;
@@ -152,51 +146,34 @@ result<report_data> collect_report_data(const std::vector<std::string>& lines, c
     const std::string& kind = k->as_string();
     ++d.kinds[kind];
 
+    // The fields the plots read are checked here, so that a bad record is named by its line.
     field_reader f{*rec, where};
-    auto speedups = [&](double step) {
-      if (auto b = f.number("best_speedup", false))
-        d.best_speedup.push_back({step, *b});
-      if (auto m = f.number("mean_speedup", false))
-        d.mean_speedup.push_back({step, *m});
+    auto speedups = [&] {
+      f.number("best_speedup", false);
+      f.number("mean_speedup", false);
     };
     if (kind == "train_step") {
-      auto step = f.integer("step", true);
-      auto reward = f.number("mean_reward", false); // SFT steps have none
-      auto correct = f.number("correct_share", false);
-      auto loss = f.number("loss", false);
-      if (!f.failed() && reward)
-        d.reward.push_back({static_cast<double>(*step), *reward});
-      if (!f.failed() && correct)
-        d.correct_share.push_back({static_cast<double>(*step), *correct});
-      if (!f.failed() && loss)
-        d.loss.push_back({static_cast<double>(*step), *loss});
-      if (!f.failed())
-        speedups(static_cast<double>(*step));
+      f.integer("step", true);
+      f.number("mean_reward", false); // SFT steps have none
+      f.number("correct_share", false);
+      f.number("loss", false);
+      speedups();
     } else if (kind.rfind("run_", 0) == 0) {
-      auto step = f.integer("step", true);
-      if (!f.failed())
-        speedups(static_cast<double>(*step));
+      f.integer("step", true);
+      speedups();
     } else if (kind == "verdict") {
-      auto task = f.string("task", true);
+      f.string("task", true);
       auto status = f.string("status", true);
       auto speedup = f.number("speedup", false);
-      auto hardware = f.string("hardware", false);
+      f.string("hardware", false);
       auto turn = f.integer("turn", false);
-      if (!f.failed()) {
-        d.status_counts[*status] += 1;
-        if (turn) {
-          auto& t = d.by_turn[*turn];
-          ++t.samples;
-          const auto* c = rec->find("correct");
-          if (*status == "ok" && c != nullptr && c->is_bool() && c->as_bool() && speedup) {
-            ++t.correct;
-            t.speedup_sum += *speedup;
-          }
-        }
-        if (speedup) {
-          keep_max(d.best_per_task, *task, *speedup);
-          if (hardware)
-            keep_max(d.best_per_hardware, *hardware, *speedup);
+      if (!f.failed() && turn) {
+        auto& t = d.by_turn[*turn];
+        ++t.samples;
+        const auto* c = rec->find("correct");
+        if (*status == "ok" && c != nullptr && c->is_bool() && c->as_bool() && speedup) {
+          ++t.correct;
+          t.speedup_sum += *speedup;
         }
       }
     }

@@ -13,12 +13,6 @@
 
 namespace crucible::storage {
 
-/// One (x, y) point of a line series.
-struct plot_point {
-  double x = 0;
-  double y = 0;
-};
-
 /// One plot that tools/report_plots.py drew: OUT/file, its title and its caption.
 struct report_plot {
   std::string id, file, title, caption;
@@ -29,18 +23,11 @@ struct report_plot {
 /// name ending in .png included).
 result<std::vector<report_plot>> parse_plot_manifest(const std::string& text);
 
-/// What the report draws, gathered from metrics records. Records are JSON objects told apart
-/// by their `event` key (or `kind` when there is no `event`); kinds the report does not know
-/// are counted and otherwise ignored. See docs/report.md for the fields each kind needs.
+/// What the page itself shows of the metrics records (the plots are tools/report_plots.py's).
+/// Records are JSON objects told apart by their `event` key (or `kind` when there is no
+/// `event`); the fields the plots read are checked here (docs/report.md says which each kind
+/// needs), and kinds the report does not know are counted and otherwise ignored.
 struct report_data {
-  std::vector<plot_point> reward;        ///< train_step: (step, mean_reward)
-  std::vector<plot_point> correct_share; ///< train_step: (step, correct_share)
-  std::vector<plot_point> loss;          ///< train_step: (step, loss)
-  std::vector<plot_point> best_speedup;  ///< run_* and train_step: (step, best_speedup)
-  std::vector<plot_point> mean_speedup;  ///< run_* and train_step: (step, mean_speedup)
-  std::map<std::string, double> best_per_task;      ///< verdict: task -> best speedup
-  std::map<std::string, double> status_counts;      ///< verdict: status -> count
-  std::map<std::string, double> best_per_hardware;  ///< verdict: hardware -> best speedup
   std::map<std::string, std::size_t> kinds;         ///< records seen per kind, unknown ones included
   /// Multi-turn episodes: verdict records with a `turn` (from 0), pooled per turn.
   struct turn_stats {

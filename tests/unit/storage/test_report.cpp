@@ -58,31 +58,17 @@ const char* full =
 
 } // namespace
 
-TEST_CASE("report data gathers reward, speedups, tasks, statuses and hardware by record kind") {
+TEST_CASE("report data counts records by kind and accepts each kind's fields") {
   std::vector<std::string> lines;
   std::istringstream in(full);
   for (std::string l; std::getline(in, l);)
     lines.push_back(l);
   auto d = collect_report_data(lines, "m.jsonl");
-  REQUIRE(d.ok());
-  REQUIRE(d->reward.size() == 2);
-  CHECK(d->reward[1].x == 2);
-  CHECK(d->reward[1].y == 0.5);
-  REQUIRE(d->correct_share.size() == 1);
-  CHECK(d->correct_share[0].x == 2);
-  REQUIRE(d->loss.size() == 1);
-  CHECK(d->loss[0].y == 1.0);
-  REQUIRE(d->best_speedup.size() == 2); // step 2 from train_step and from run_finished
-  CHECK(d->best_speedup[1].y == 2.0);
-  CHECK(d->mean_speedup.size() == 2);
-  CHECK(d->best_per_task.size() == 1);
-  CHECK(d->best_per_task.at("softmax") == 2.0);
-  CHECK(d->status_counts.at("correct") == 2);
-  CHECK(d->status_counts.at("wrong_result") == 1);
-  CHECK(d->status_counts.at("compile_error") == 1);
-  CHECK(d->best_per_hardware.at("h100") == 1.4);
-  CHECK(d->best_per_hardware.at("h200") == 2.0);
+  REQUIRE_MESSAGE(d.ok(), (d.ok() ? std::string{} : d.error().message));
   CHECK(d->kinds.at("something_new") == 1);
+  CHECK(d->kinds.at("train_step") == 2);
+  CHECK(d->kinds.at("run_finished") == 1);
+  CHECK(d->by_turn.empty()); // no verdict with a turn
   CHECK(d->kinds.at("verdict") == 4);
 }
 

@@ -218,7 +218,7 @@ TEST_CASE("tokenizer_config.json gives bos/eos/pad ids and the chat template") {
 
 TEST_CASE("malformed tokenizer.json files are refused with the key at fault") {
   auto message = [](const spec& s) { return load_error(s).message; };
-  CHECK(tokenizer::from_json("{\"model\": [1,}", {}, "tok.json").error().message == "tok.json:1:14: unexpected '}', expected a value");
+  CHECK(tokenizer::from_json("{\"model\": [1,}", {}, "tok.json").error().message == "tok.json:1:14: syntax error while parsing value - unexpected '}'; expected '[', '{', or a literal");
   CHECK(tokenizer::from_json("[]", {}, "tok.json").error().code == errc::corrupt);
   spec s;
   s.merges = R"(["Ġ t", "q zz"])";

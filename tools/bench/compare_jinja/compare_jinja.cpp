@@ -37,11 +37,11 @@
 
 #include "core/json_parse.hpp"
 #include "jinja/jinja.hpp"
-#include "tools/bench/compare_jinja/cases.hpp"
+#include "tests/unit/jinja/parity_cases.hpp"
 
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
-using compare::parity_case;
+using crucible::jinja::parity::parity_case;
 
 namespace {
 
@@ -212,7 +212,7 @@ std::vector<outcome> python_render(const std::vector<parity_case>& cases, const 
     std::cerr << "failed: " << cmd << "\n";
     std::exit(1);
   }
-  auto ref = ojson::parse(compare::read_text(out));
+  auto ref = ojson::parse(crucible::jinja::parity::read_text(out));
   std::vector<outcome> results;
   for (const auto& r : ref)
     results.push_back(r["ok"].get<bool>() ? outcome{true, r["text"].get<std::string>()}
@@ -307,7 +307,7 @@ std::vector<crucible::jinja::chat_message> realistic_chat(const fs::path& source
   for (const auto& e : fs::directory_iterator(source_dir / "data/kernelbench/level2"))
     files.push_back(e.path());
   std::sort(files.begin(), files.end());
-  auto code = [&](std::size_t i) { return "```python\n" + compare::read_text(files.at(i)) + "```\n"; };
+  auto code = [&](std::size_t i) { return "```python\n" + crucible::jinja::parity::read_text(files.at(i)) + "```\n"; };
   std::string user = "Task: " + files.at(0).stem().string() + " on an NVIDIA H100.\n\n" + code(0) +
                      "\nEarlier implementations, slowest first:\n\n";
   for (std::size_t i = 1; i <= 6; ++i)
@@ -334,7 +334,7 @@ std::vector<parity_case> template_dir_cases(const fs::path& dir, const std::vect
       for (bool gen : {true, false}) {
         parity_case c;
         c.label = f.filename().string();
-        c.templ = compare::read_text(f);
+        c.templ = crucible::jinja::parity::read_text(f);
         c.messages = real.at(conv).messages;
         c.special = {{"bos_token", "<|bos|>"}, {"eos_token", "<|eos|>"}};
         c.add_generation_prompt = gen;
@@ -379,7 +379,7 @@ int main(int argc, char** argv) {
 
   // 1. Agreement with transformers on the project's parity cases.
   std::vector<std::pair<std::string, std::vector<parity_case>>> sets = {
-    {"real", compare::real_template_cases(source_dir)}, {"semantics", compare::semantics_cases()}};
+    {"real", crucible::jinja::parity::real_template_cases(source_dir)}, {"semantics", crucible::jinja::parity::semantics_cases()}};
   if (!templates_dir.empty())
     sets.push_back({"more-real", template_dir_cases(templates_dir, sets[0].second)});
   std::printf("== agreement with transformers %s (jinja2), per case: same text, or both refuse\n",
@@ -437,7 +437,7 @@ int main(int argc, char** argv) {
   for (const char* file : {"qwen2.5.jinja", "llama3.1.jinja", "smollm2.jinja"}) {
     parity_case c;
     c.label = file;
-    c.templ = compare::read_text(source_dir / "tests/unit/jinja/chat_templates" / file);
+    c.templ = crucible::jinja::parity::read_text(source_dir / "tests/unit/jinja/chat_templates" / file);
     c.messages = chat;
     c.special = std::string(file).rfind("llama", 0) == 0
                   ? std::map<std::string, std::string>{{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}}

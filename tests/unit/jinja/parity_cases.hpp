@@ -1,8 +1,7 @@
-// tools/bench/compare_jinja/cases.hpp: the parity cases of tests/unit/jinja/test_jinja.cpp (the
-// six real chat templates over four conversations, and the small templates on Jinja semantics),
-// copied verbatim from its two parity TEST_CASEs so that other engines meet the same inputs. Keep
-// in step with that file by hand; compare_jinja runs 54 + 71 of them at the
-// time of writing.
+// tests/unit/jinja/parity_cases.hpp: the chat-template parity cases, one list for every engine:
+// test_jinja.cpp renders them with jinja/ and with transformers and compares the bytes;
+// tools/bench/compare_jinja renders them with other engines (docs/libraries.md). The six real chat
+// templates over four conversations, and the small templates on the Jinja semantics they lean on.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +9,15 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "jinja/jinja.hpp"
 
-namespace compare {
+namespace crucible::jinja::parity {
 
-using crucible::jinja::chat_message;
-
-/// One case for every engine: a plain template with its variables (context_json), or a chat.
+/// One case: a plain template with its variables (context_json), or a chat.
 struct parity_case {
   std::string label;
   std::string templ;
@@ -30,8 +28,11 @@ struct parity_case {
   std::int64_t now = 1721995200;        // 2024-07-26 12:00 UTC
 };
 
+/// The file's bytes; std::runtime_error naming it when it cannot be read.
 inline std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
+  if (!in.good())
+    throw std::runtime_error("cannot read " + p.string());
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -45,9 +46,9 @@ inline parity_case plain(std::string templ, std::string ctx = "{}") {
   return c;
 }
 
-/// test_jinja.cpp, "real chat templates render byte for byte as transformers renders them".
+/// The real chat templates (tests/unit/jinja/chat_templates under `source_dir`) over several
+/// conversations, with and without the generation prompt, and on another day.
 inline std::vector<parity_case> real_template_cases(const std::filesystem::path& source_dir) {
-  auto read_text = [](const std::filesystem::path& p) { return compare::read_text(p); };
   struct model {
     const char* file;
     std::map<std::string, std::string> special;
@@ -96,7 +97,8 @@ inline std::vector<parity_case> real_template_cases(const std::filesystem::path&
   return cases;
 }
 
-/// test_jinja.cpp, "template semantics match jinja2: whitespace control, scoping, values, filters, tests".
+/// Small templates on whitespace control, scoping, values, filters and tests, and errors both
+/// engines must raise.
 inline std::vector<parity_case> semantics_cases() {
   const std::string msgs = R"({"messages": [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"}],
     "d": {"b": 2, "a": [1, 2.5, null, true, "x\"y\n\u00e9"], "items": 7, "k": {}}, "n": 3, "f": 2.5, "s": "  Hello World  ",
@@ -166,6 +168,7 @@ inline std::vector<parity_case> semantics_cases() {
   add("{{ ['a', 'code_interpreter', 'b']|reject('equalto', 'code_interpreter')|join(', ') }}|"
       "{{ [1, 2, 3, 4]|select('odd')|list }}|{{ [0, 1, '', 'x']|select|list }}|{{ [1,2,3]|reject('gt', 1)|list }}");
   add("{{ messages|selectattr('role', 'equalto', 'user')|list|length }}|{{ messages|rejectattr('role', 'eq', 'user')|map(attribute='content')|first }}");
+  add("{{ none|selectattr('role', 'equalto', 'user')|list }}|{{ none|select|list }}|{{ none|rejectattr('x')|list|length }}");
   add("{{ 'a-b-c'|replace('-', '+') }}|{{ 'a-b-c'|replace('-', '', 1) }}|{{ 42|string }}|{{ '42'|int + 1 }}|{{ '4.7'|int }}|"
       "{{ 'x'|int(7) }}|{{ '2.5'|float }}|{{ 3|float }}|{{ -3|abs }}|{{ [1, 2]|map('string')|join }}");
   add("{{ ' a b '.strip() }}|{{ 'xxaxx'.strip('x') }}|{{ ' a '.lstrip() }}|{{ ' a '.rstrip() }}|{{ 'a,b,,c'.split(',') }}|"
@@ -196,4 +199,4 @@ inline std::vector<parity_case> semantics_cases() {
   return cases;
 }
 
-} // namespace compare
+} // namespace crucible::jinja::parity
