@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "actors/actor_config.hpp"
+#include "core/progress.hpp"
 #include "env/device_gate.hpp"
 #include "policy/training/checkpoint.hpp"
 #include "policy/training/episode_batch.hpp"
@@ -139,6 +140,7 @@ struct learner_state {
   std::shared_ptr<policy::learner> learner;
   std::vector<engine_actor> engines;
   std::function<result<void>(std::uint64_t)> stage_weights;
+  logger* log = nullptr;
   learner_actor_spec spec;
   bool joined = false;
   crucible::error join_error; // errc::none until joining fails; then every request gets it
@@ -318,6 +320,7 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
   init.learner = std::move(deps.learner);
   init.engines = std::move(deps.engines);
   init.stage_weights = std::move(deps.stage_weights);
+  init.log = deps.log;
   init.spec = std::move(spec);
   return {
     [=](rollout_group& g) { self->state.queued.push_back(std::move(g)); },
@@ -375,7 +378,15 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
       const auto device = on_rank_device(st);
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
-      if (auto ok = policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir); !ok.ok())
+      std::optional<progress_meter> meter;
+      if (st.log != nullptr)
+        meter.emplace(*st.log, "checkpoint", progress_unit::bytes);
+      auto progress = [&](std::string_view what, std::uint64_t done, std::uint64_t total) {
+        meter->update(what, done, total);
+      };
+      const auto ok = meter ? policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir, progress)
+                            : policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir);
+      if (!ok.ok())
         return make_error(ok.error());
       return policy_version{st.learner->version()};
     },

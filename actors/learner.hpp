@@ -17,6 +17,7 @@
 
 #include "actors/interfaces.hpp"
 #include "core/error.hpp"
+#include "core/log.hpp"
 
 // Declared only: this header stays free of torch (actors/ does not compile it); the actor's own
 // source, in the crucible::learner_actor library, does.
@@ -77,6 +78,8 @@ struct learner_actor_deps {
   /// memory after an update, after which every engine gets weights_published instead of a
   /// weight_update, and nothing is written to publish_dir. Empty: the published directory.
   std::function<result<void>(std::uint64_t version)> stage_weights;
+  /// Where a checkpoint's save shows its progress (a terminal's progress line); null: nowhere.
+  logger* log = nullptr;
 };
 
 /// Spawns rank spec.rank's learner actor on a thread of its own (caf::detached).

@@ -25,6 +25,7 @@
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "core/sha256.hpp"
+#include "core/progress.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
 #include "env/verdict_cache.hpp"
@@ -139,6 +140,7 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
   }
   std::vector<result<policy::checkpoint_info>> done(static_cast<std::size_t>(world),
                                                     crucible::error{errc::cancelled, "not run"});
+  progress_meter meter{log, "checkpoint", progress_unit::bytes};
   auto form_rank = [&](int r) {
     auto& outcome = done[static_cast<std::size_t>(r)];
     const torch::Device device(cfg.learner.devices[static_cast<std::size_t>(r)]);
@@ -168,7 +170,12 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
       return;
     }
     phase("joined the data-parallel group (parameters agreed and broadcast, buckets planned)", nullptr);
+    // Rank 0's progress is the terminal's (each rank checks and reads the same files).
+    auto progress = [&](std::string_view what, std::uint64_t done, std::uint64_t total) {
+      meter.update(what, done, total);
+    };
     outcome = checkpoint.empty() ? result<policy::checkpoint_info>(policy::checkpoint_info{})
+              : r == 0           ? policy::load_checkpoint(*ranks[0], checkpoint, progress)
                                  : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint);
     if (!checkpoint.empty())
       phase("restoring the checkpoint", outcome.ok() ? nullptr : &outcome.error());
@@ -623,7 +630,11 @@ result<learner_set> make_learners(const config& cfg, const fs::path& model_dir, 
   } else {
     out.single = std::move(*learner);
     if (resume) {
-      auto info = policy::load_checkpoint(*out.single, checkpoint / "learner");
+      progress_meter meter{log, "checkpoint", progress_unit::bytes};
+      auto info = policy::load_checkpoint(
+        *out.single, checkpoint / "learner",
+        [&](std::string_view what, std::uint64_t done, std::uint64_t total) { meter.update(what, done, total); });
+      meter.finish();
       if (!info.ok())
         return info.error();
       version = info->version;
@@ -678,9 +689,11 @@ result<engine_parts> make_engine(const config& cfg, policy::learner& first, cons
 // actor, the trainer's one handle. Each is added to `actors`.
 result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, learner_set& learners,
                                      engine_actor engine, const learner_actor_spec& spec,
-                                     std::function<result<void>(std::uint64_t)> stage, std::vector<caf::actor>& actors) {
+                                     std::function<result<void>(std::uint64_t)> stage, std::vector<caf::actor>& actors,
+                                     logger& log) {
   if (learners.ranks.empty()) {
-    learner_actor_deps deps{std::shared_ptr<policy::learner>(std::move(learners.single)), {engine}, std::move(stage)};
+    learner_actor_deps deps{std::shared_ptr<policy::learner>(std::move(learners.single)), {engine}, std::move(stage),
+                            &log};
     auto one = spec;
     one.device_name = cfg.model.device;
     auto a = spawn_learner_actor(sys, std::move(deps), std::move(one));
@@ -705,6 +718,7 @@ result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, 
     if (r == 0) {
       deps.engines = {engine};
       deps.stage_weights = stage;
+      deps.log = &log; // rank 0 writes the model and manifest: its progress is the save's
     } else {
       rspec.publish_dir.clear();
     }
@@ -778,7 +792,7 @@ result<std::pair<engine_actor, learner_actor>> spawn_local_policy(caf::actor_sys
   spec.tokenizer_dir = model_dir;
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
-  auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors);
+  auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors, log);
   if (!learner.ok())
     return learner.error();
 

@@ -18,6 +18,7 @@
 #include "actors/trainer_state.hpp"
 #include "core/file_io.hpp"
 #include "core/json.hpp"
+#include "core/progress.hpp"
 #include "storage/replay_store.hpp"
 
 namespace fs = std::filesystem;
@@ -95,17 +96,10 @@ std::string stage_progress_text(const trainer_state& st) {
   double left = per_step * static_cast<double>(std::max<std::int64_t>(0, steps - static_cast<std::int64_t>(st.p.stage_step)));
   if (minutes > 0)
     left = std::min(left, std::max(0.0, minutes * 60.0 - elapsed));
-  const auto secs = static_cast<long long>(left + 0.5);
-  char buf[128];
-  if (secs >= 3600)
-    std::snprintf(buf, sizeof buf, "step %llu/%lld, %.2f s a step, %lldh%02lldm left",
-                  static_cast<unsigned long long>(st.p.stage_step), static_cast<long long>(steps), per_step, secs / 3600,
-                  secs % 3600 / 60);
-  else
-    std::snprintf(buf, sizeof buf, "step %llu/%lld, %.2f s a step, %lldm%02llds left",
-                  static_cast<unsigned long long>(st.p.stage_step), static_cast<long long>(steps), per_step, secs / 60,
-                  secs % 60);
-  return buf;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "step %llu/%lld, %.2f s a step, ", static_cast<unsigned long long>(st.p.stage_step),
+                static_cast<long long>(steps), per_step);
+  return buf + duration_text(left) + " left";
 }
 
 // The train_step record of an update.

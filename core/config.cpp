@@ -351,6 +351,8 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     relation(e.slow_stop_rounds == 0 || e.slow_stop_rounds >= e.buckets, "evaluator.slow_stop_rounds",
              "must be 0 or at least evaluator.buckets (" + std::to_string(e.buckets) + ")");
     relation(cfg.reward.clip_min < cfg.reward.clip_max, "reward.clip_max", "must be greater than reward.clip_min");
+    relation(!cfg.log.wandb || cfg.log.tensorboard, "log.wandb",
+             "needs log.tensorboard (one writer, tools/metrics_tensorboard.py, makes both)");
     relation(cfg.prompt.max_exemplar_chars == 0 || cfg.prompt.max_exemplar_chars >= cfg.prompt.min_exemplar_chars,
              "prompt.max_exemplar_chars",
              "must be 0 or at least prompt.min_exemplar_chars (" + std::to_string(cfg.prompt.min_exemplar_chars) + ")");

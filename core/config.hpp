@@ -53,6 +53,7 @@ struct log_options {
   log_level level = log_level::info;       ///< stderr threshold
   log_level file_level = log_level::debug; ///< events.log threshold
   bool tensorboard = true;                 ///< TensorBoard event files in RUN/tensorboard as the run goes
+  bool wandb = false;                      ///< an offline Weights & Biases run in RUN/wandb as the run goes
 };
 
 /// `actors:` — the actor system of this process.

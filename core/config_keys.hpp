@@ -164,6 +164,11 @@ void describe(V& v, config& c) {
             "Write TensorBoard event files of every metrics record into the run's `tensorboard/` as the run "
             "goes (tools/metrics_tensorboard.py, with the workers' Python; its output in `tensorboard.log`; "
             "docs/report.md). Without tensorboard in that Python the run says so once and goes on.");
+    v.field("wandb", c.log.wandb,
+            "Also write an offline Weights & Biases run of the same records into the run's `wandb/` as the run "
+            "goes (the same writer, with wandb in the workers' Python); upload it with `wandb sync RUN/wandb/"
+            "latest-run`. Rewritten from metrics.jsonl at each start, so a step done again after a resume "
+            "appears once. Without wandb in that Python the run says so once and goes on.");
   });
   v.section("actors", "The actor system of each crucible process.", [&] {
     v.field("threads", c.actors.threads, "Scheduler worker threads; 0 means one per core.",

@@ -68,19 +68,22 @@ constexpr std::string_view clear_line = "\r\033[K";
 } // namespace
 
 void logger::progress(std::string_view component, std::string_view message) {
-  std::string shown;
+  progress_line(component, message);
   {
     std::lock_guard guard{mtx_};
-    if (terminal_ && log_level::info >= stderr_level_) {
-      shown = std::string{clear_line} + "[" + std::string{component} + "] " + std::string{message};
-      progress_ = shown;
-      std::fwrite(shown.data(), 1, shown.size(), stderr);
-      std::fflush(stderr);
-    }
     if (file_ == nullptr || log_level::info < file_level_)
       return;
   }
   write(log_level::info, component, message, /*to_stderr=*/false);
+}
+
+void logger::progress_line(std::string_view component, std::string_view message) {
+  std::lock_guard guard{mtx_};
+  if (!terminal_ || log_level::info < stderr_level_)
+    return;
+  progress_ = std::string{clear_line} + "[" + std::string{component} + "] " + std::string{message};
+  std::fwrite(progress_.data(), 1, progress_.size(), stderr);
+  std::fflush(stderr);
 }
 
 void logger::end_progress() {

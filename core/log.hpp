@@ -55,6 +55,9 @@ public:
   /// after; nothing on stderr otherwise (logs stay free of it). events.log gets it as an info
   /// line either way.
   void progress(std::string_view component, std::string_view message);
+  /// The terminal's part of progress() only: nothing in events.log (a meter redrawn every second,
+  /// core/progress.hpp).
+  void progress_line(std::string_view component, std::string_view message);
   /// Ends the progress line on the terminal (the next one starts on a line of its own).
   void end_progress();
   template <class... Ts> void debug(std::string_view c, const Ts&... xs) { log(log_level::debug, c, xs...); }

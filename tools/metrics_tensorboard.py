@@ -3,15 +3,23 @@
 
 Usage (with the project's interpreter, which has tensorboard: tools/setup.sh installs it):
 
-    .venv/bin/python tools/metrics_tensorboard.py RUN [--out DIR] [--follow PID] [--poll-s S]
+    .venv/bin/python tools/metrics_tensorboard.py RUN [--out DIR] [--follow PID] [--poll-s S] [--wandb]
 
 Then look at it with
 
     tensorboard --logdir RUN/tensorboard
 
-and W&B users upload it afterwards, from the files, with (wandb is not a dependency here)
+--wandb also writes the same scalars into an offline Weights & Biases run (wandb.init(mode="offline"),
+in RUN/wandb/offline-run-*; crucible train does this with log.wandb), uploaded afterwards with
 
-    wandb sync --sync-tensorboard RUN/tensorboard
+    wandb sync RUN/wandb/latest-run
+
+(wandb 0.30 and later no longer sync TensorBoard files themselves: `wandb sync --sync-tensorboard`
+is gone.) The W&B run is named after RUN, in project $WANDB_PROJECT (default "crucible"), with
+config.yaml as its config; its x axis is the record's "step" (define_metric), and its scalars have
+the tags below. It is rewritten with the event files (below): each start removes the offline runs
+it made before in RUN/wandb and writes one new run, so a step done again after a resume appears
+once.
 
 What is written (DIR defaults to RUN/tensorboard), with TensorBoard's own event-file writer
 (tensorboard.summary.writer, which torch.utils.tensorboard.SummaryWriter wraps: that one costs a
@@ -66,6 +74,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -75,6 +84,7 @@ try:
     from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
     from tensorboard.plugins.text import metadata as text_metadata
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
+    import yaml
 except ImportError as e:  # the system python3 has no tensorboard; the project's .venv does
     sys.exit(f"metrics_tensorboard: cannot import tensorboard with {sys.executable} ({e}); "
              "run it with the project's .venv/bin/python (tools/setup.sh installs tensorboard)")
@@ -299,11 +309,12 @@ class event_writers:
             event_pb2.Event(wall_time=wall_time, step=0, summary=summary_pb2.Summary(value=[value])))
 
     def add_record(self, record, where):
-        """Writes one metrics record; `where` (file:line) names it in warnings."""
+        """Writes one metrics record; `where` (file:line) names it in warnings. Returns (step,
+        [(tag, value)]) of what it wrote, or None for a record it skipped."""
         kind = record.get("event", record.get("kind"))
         if not isinstance(kind, str) or not kind:
             warn(f"{where}: a record without a string \"event\" (or \"kind\"); skipped")
-            return
+            return None
         step = record.get("step")
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             self.last_step = step
@@ -312,11 +323,13 @@ class event_writers:
         if wall_time is None:
             wall_time = self.last_wall_time if self.last_wall_time is not None else time.time()
         self.last_wall_time = wall_time
-        values = [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in record_scalars(kind, record)]
+        scalars = record_scalars(kind, record)
+        values = [summary_pb2.Summary.Value(tag=tag, simple_value=v) for tag, v in scalars]
         self.records += 1
         if values:
             self._writer(stage_dir_name(record)).add_event(
                 event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values)))
+        return step, scalars
 
     def stages(self):
         return sorted(self._writers)
@@ -402,25 +415,74 @@ def pid_alive(pid):
 
 # ---- the pass ------------------------------------------------------------------------------------
 
-class converter:
-    """metrics.jsonl + config.yaml of one run -> the event files in one output_dir."""
+class wandb_run:
+    """An offline W&B run of the same scalars, in RUN/wandb. Each start() removes the offline runs
+    made before (RUN/wandb/offline-run-*) and begins a new one."""
 
-    def __init__(self, run, out):
+    def __init__(self, run):
+        try:
+            import wandb
+        except ImportError as e:
+            raise usage_error(f"--wandb: cannot import wandb with {sys.executable} ({e}); "
+                              "tools/setup.sh installs it") from None
+        self._wandb = wandb
+        self._run_dir = run
+        self.path = run / "wandb"
+        self._run = None
+
+    def start(self, config_text):
+        self.close()
+        if self.path.is_dir():
+            for d in sorted(self.path.glob("offline-run-*")):
+                if d.is_dir() and not d.is_symlink():
+                    shutil.rmtree(d)
+        try:
+            config = yaml.safe_load(config_text)
+        except yaml.YAMLError:
+            config = None
+        wandb = self._wandb
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT") or "crucible", name=self._run_dir.resolve().name,
+            dir=str(self._run_dir), mode="offline", config=config if isinstance(config, dict) else {},
+            settings=wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True,
+                                    silent=True))
+        self._run.define_metric("step")
+        self._run.define_metric("*", step_metric="step")
+
+    def add(self, step, scalars):
+        if scalars:
+            self._run.log({**dict(scalars), "step": step})
+
+    def close(self):
+        if self._run is not None:
+            self._run.finish()
+            self._run = None
+
+
+class converter:
+    """metrics.jsonl + config.yaml of one run -> the event files in one output_dir (and, with
+    wandb, an offline W&B run)."""
+
+    def __init__(self, run, out, wandb=None):
         self._run = run
         self._out = out
         self._metrics = run / "metrics.jsonl"
         self._reader = None
         self._writers = None
+        self._wandb = wandb
 
     def start(self):
-        """(Re)starts from scratch: removes the stage folders, writes the config."""
+        """(Re)starts from scratch: removes the stage folders (and W&B runs), writes the config."""
         if self._writers:
             self._writers.close()
         self._out.clear()
         self._reader = metrics_reader(self._metrics)
         self._writers = event_writers(self._out.path)
         config = self._run / "config.yaml"
-        self._writers.add_config(config.read_text(encoding="utf-8", errors="replace"), config.stat().st_mtime)
+        text = config.read_text(encoding="utf-8", errors="replace")
+        self._writers.add_config(text, config.stat().st_mtime)
+        if self._wandb:
+            self._wandb.start(text)
 
     def poll(self):
         """Writes the records appended since the last poll and flushes; starts over on a cut file."""
@@ -435,7 +497,9 @@ class converter:
             where = f"{self._metrics}:{n}"
             record = parse_line(where, text)
             if record is not None:
-                self._writers.add_record(record, where)
+                written = self._writers.add_record(record, where)
+                if written and self._wandb:
+                    self._wandb.add(*written)
         self._writers.flush()
 
     def summary(self):
@@ -445,17 +509,21 @@ class converter:
     def close(self):
         if self._writers:
             self._writers.close()
+        if self._wandb:
+            self._wandb.close()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 epilog="Open with: tensorboard --logdir RUN/tensorboard. W&B: wandb sync "
-                                        "--sync-tensorboard RUN/tensorboard. Exit 2: not a run directory, "
+                                 epilog="Open with: tensorboard --logdir RUN/tensorboard. W&B (--wandb): wandb sync "
+                                        "RUN/wandb/latest-run. Exit 2: not a run directory, "
                                         "or DIR not this tool's; 1: I/O errors.")
     ap.add_argument("run", type=Path, metavar="RUN", help="the run directory (config.yaml, metrics.jsonl)")
     ap.add_argument("--out", type=Path, metavar="DIR", help="where the event files go (default RUN/tensorboard)")
     ap.add_argument("--follow", type=int, metavar="PID",
                     help="keep reading appended records until process PID is gone, then exit")
+    ap.add_argument("--wandb", action="store_true",
+                    help="also write an offline W&B run of the same scalars into RUN/wandb (wandb sync to upload)")
     ap.add_argument("--poll-s", type=float, default=2.0, metavar="S",
                     help="with --follow: seconds between reads of metrics.jsonl (default 2)")
     args = ap.parse_args()
@@ -471,8 +539,9 @@ def main():
     out = output_dir(args.out if args.out is not None else run / "tensorboard")
     # SIGTERM ends a --follow like Ctrl-C: the event files are flushed and closed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    conv = converter(run, out)
+    conv = None
     try:
+        conv = converter(run, out, wandb_run(run) if args.wandb else None)
         out.claim()
         conv.start()
         conv.poll()
@@ -495,7 +564,8 @@ def main():
     except KeyboardInterrupt:
         return 130
     finally:
-        conv.close()
+        if conv is not None:
+            conv.close()
 
 
 if __name__ == "__main__":

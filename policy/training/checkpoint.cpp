@@ -42,8 +42,9 @@ struct file_digest {
   std::string sha256;
 };
 
-// Streams the file through SHA-256 (weights can be larger than one would read into memory).
-result<file_digest> digest_file(const fs::path& path) {
+// Streams the file through SHA-256 (weights can be larger than one would read into memory);
+// `read` hears each chunk's size.
+result<file_digest> digest_file(const fs::path& path, const std::function<void(std::uint64_t)>& read) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::error_code ec;
@@ -59,6 +60,7 @@ result<file_digest> digest_file(const fs::path& path) {
     const auto n = in.gcount();
     h.update(buf.data(), static_cast<std::size_t>(n));
     d.bytes += static_cast<std::uint64_t>(n);
+    read(static_cast<std::uint64_t>(n));
   }
   if (in.bad())
     return fail(errc::io, path.string(), ": read error");
@@ -68,13 +70,26 @@ result<file_digest> digest_file(const fs::path& path) {
 
 // The digests of `files` (relative to `root`), in their order, several files at a time: a
 // checkpoint's model shards and optimiser file are checksummed on as many cores as there are files
-// (up to 8).
-std::vector<result<file_digest>> digest_files(const fs::path& root, const std::vector<fs::path>& files) {
+// (up to 8). `progress` hears (what, bytes read, the files' sizes).
+std::vector<result<file_digest>> digest_files(const fs::path& root, const std::vector<fs::path>& files,
+                                              const checkpoint_progress& progress, std::string_view what) {
   std::vector<std::optional<result<file_digest>>> out(files.size());
   std::atomic<std::size_t> next{0};
+  std::uint64_t total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto n = fs::file_size(root / f, ec);
+    total += ec ? 0 : n;
+  }
+  std::atomic<std::uint64_t> done{0};
+  auto read = [&](std::uint64_t n) {
+    const auto now = done += n;
+    if (progress)
+      progress(what, now, std::max(now, total));
+  };
   auto work = [&] {
     for (std::size_t i = next++; i < files.size(); i = next++)
-      out[i].emplace(digest_file(root / files[i]));
+      out[i].emplace(digest_file(root / files[i], read));
   };
   const std::size_t threads =
     std::min<std::size_t>({files.size(), std::max(1u, std::thread::hardware_concurrency()), 8});
@@ -120,7 +135,8 @@ result<void> prepare(const fs::path& dir) {
 }
 
 // The model, the optimiser file and the manifest into the temporary directory, then the rename.
-result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, const fs::path& tokenizer_from) {
+result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, const fs::path& tokenizer_from,
+                    const checkpoint_progress& progress) {
   std::error_code ec;
   const auto parent = parent_of(dir);
   const auto tmp = tmp_of(dir);
@@ -128,8 +144,18 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, c
   save_options so;
   so.dtype = l.parameters().front().param.scalar_type();
   so.tokenizer_from = tokenizer_from;
+  // The phases that write whole files are said at their start and end.
+  auto phase = [&](std::string_view what, std::uint64_t bytes, bool done) {
+    if (progress)
+      progress(what, done ? bytes : 0, bytes);
+  };
+  std::uint64_t model_bytes = 0;
+  for (const auto& p : model.parameters())
+    model_bytes += static_cast<std::uint64_t>(p.numel()) * static_cast<std::uint64_t>(c10::elementSize(so.dtype));
+  phase("writing the model", model_bytes, false);
   if (auto r = save_model(model, tmp / "model", so); !r)
     return r.error();
+  phase("writing the model", model_bytes, true);
 
   std::vector<std::pair<std::string, torch::Tensor>> tensors = l.optimizer().moments();
   if (with_masters(l) && zero1_ranks == 0) {
@@ -149,8 +175,13 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, c
     std::lock_guard<std::mutex> lock(gen.mutex());
     tensors.emplace_back("rng.cuda", gen.get_state());
   }
+  std::uint64_t optimizer_bytes = 0;
+  for (const auto& [name, t] : tensors)
+    optimizer_bytes += static_cast<std::uint64_t>(t.nbytes());
+  phase("writing the optimiser state", optimizer_bytes, false);
   if (auto r = save_tensors(tmp / "optimizer.safetensors", tensors); !r)
     return r.error();
+  phase("writing the optimiser state", optimizer_bytes, true);
   // A KL reference taken from the policy (after SFT) exists nowhere else.
   if (l.reference() != nullptr && l.reference_since() > 0) {
     std::vector<std::pair<std::string, torch::Tensor>> ref;
@@ -183,7 +214,7 @@ result<void> finish(learner& l, const fs::path& dir, std::int64_t zero1_ranks, c
     .field("frozen_sha256", l.frozen_digest())
     .field("zero1_ranks", zero1_ranks);
   w.key("files").begin_array();
-  const auto digests = digest_files(tmp, files);
+  const auto digests = digest_files(tmp, files, progress, "checksumming");
   for (std::size_t i = 0; i < files.size(); ++i) {
     const auto& d = digests[i];
     if (!d)
@@ -219,12 +250,13 @@ result<void> agree(data_parallel& dp, result<void> mine, const std::string& phas
 
 } // namespace
 
-result<void> save_checkpoint(learner& l, const fs::path& dir, const fs::path& tokenizer_from) {
+result<void> save_checkpoint(learner& l, const fs::path& dir, const fs::path& tokenizer_from,
+                             const checkpoint_progress& progress) {
   auto* dp = l.data_parallel_state();
   if (dp == nullptr) {
     if (auto r = prepare(dir); !r)
       return r;
-    return finish(l, dir, 0, tokenizer_from);
+    return finish(l, dir, 0, tokenizer_from, progress);
   }
   const int rank = dp->comm().rank();
   const std::string what = "checkpoint " + dir.string();
@@ -235,11 +267,13 @@ result<void> save_checkpoint(learner& l, const fs::path& dir, const fs::path& to
     if (auto r = agree(*dp, std::move(mine), what); !r)
       return r;
   }
-  return agree(*dp, rank == 0 ? finish(l, dir, dp->sharded() ? dp->comm().size() : 0, tokenizer_from) : result<void>{},
+  return agree(*dp,
+               rank == 0 ? finish(l, dir, dp->sharded() ? dp->comm().size() : 0, tokenizer_from, progress)
+                         : result<void>{},
                what);
 }
 
-result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
+result<checkpoint_info> verify_checkpoint(const fs::path& dir, const checkpoint_progress& progress) {
   const auto manifest_path = dir / "manifest.json";
   auto doc = read_json_file(manifest_path);
   if (!doc)
@@ -319,7 +353,7 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
     rels.push_back(rel);
     entries.push_back({bytes->as_int(), sha->as_string()});
   }
-  const auto digests = digest_files(dir, rels);
+  const auto digests = digest_files(dir, rels, progress, "checking");
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& rel = rels[i];
     const auto& [bytes, sha] = entries[i];
@@ -349,8 +383,8 @@ result<checkpoint_info> verify_checkpoint(const fs::path& dir) {
   return info;
 }
 
-result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
-  auto info = verify_checkpoint(dir);
+result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir, const checkpoint_progress& progress) {
+  auto info = verify_checkpoint(dir, progress);
   if (!info)
     return info.error();
   const auto origin = (dir / "manifest.json").string();
@@ -383,10 +417,28 @@ result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
       out.emplace(view.name, to_tensor(view));
     return out;
   };
+  // The phases that read whole files are said at their start and end.
+  auto phase = [&](std::string_view what, const fs::path& path, bool done) {
+    if (!progress)
+      return;
+    std::error_code ec;
+    std::uint64_t bytes = 0;
+    if (fs::is_directory(path, ec)) {
+      for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator();
+           it.increment(ec))
+        if (it->is_regular_file(ec))
+          bytes += it->file_size(ec);
+    } else {
+      bytes = fs::file_size(path, ec);
+    }
+    progress(what, done ? bytes : 0, bytes);
+  };
   const auto opt_path = dir / "optimizer.safetensors";
+  phase("reading the optimiser state", opt_path, false);
   auto opt = read_all(opt_path);
   if (!opt)
     return opt.error();
+  phase("reading the optimiser state", opt_path, true);
   auto& tensors = *opt;
   const bool masters = with_masters(l);
   std::map<std::string, torch::Tensor> shard;
@@ -410,11 +462,13 @@ result<checkpoint_info> load_checkpoint(learner& l, const fs::path& dir) {
 
   if (!info->lora) {
     // The weights themselves (for float32 models the optimiser keeps no other copy).
+    phase("reading the weights", dir / "model", false);
     auto weights = safetensors_checkpoint::open(dir / "model");
     if (!weights)
       return weights.error();
     if (auto r = load_weights(l.model(), *weights, /*check_finite=*/false); !r)
       return r.error();
+    phase("reading the weights", dir / "model", true);
   }
   if (sharded) {
     // Collective: the restored masters are all-gathered into every rank's parameters.

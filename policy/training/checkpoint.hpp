@@ -19,7 +19,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "core/error.hpp"
 #include "policy/training/learner.hpp"
@@ -39,6 +41,11 @@ struct checkpoint_info {
   std::int64_t zero1_ranks = 0; ///< data-parallel ranks whose optimiser shards it holds (0: not sharded)
 };
 
+/// Progress of a checkpoint's save, verification or load: (what is being done, bytes done, bytes
+/// in all), e.g. ("checksumming", 3.2e9, 45e9). Called from several threads at once (checksums are
+/// computed in parallel), so it must be thread-safe; progress_meter (core/progress.hpp) is.
+using checkpoint_progress = std::function<void(std::string_view what, std::uint64_t done, std::uint64_t total)>;
+
 /// Writes `l`'s state to `dir`, which must not exist: everything goes into a temporary sibling
 /// directory (".NAME.tmp"), each file fsynced, then the directory is renamed to `dir` and its
 /// parent fsynced. A crash leaves either no `dir` or a complete one. errc::invalid_arg if `dir`
@@ -48,12 +55,13 @@ struct checkpoint_info {
 /// `tokenizer_from` (a model directory) gives the tokenizer files written beside the weights in
 /// `dir`/model (save_options::tokenizer_from), so that folder opens in transformers and in
 /// `crucible generate` as it is; empty: weights and config.json only.
+/// `progress`, if given, hears each phase (writing the model, the optimiser state, checksumming).
 result<void> save_checkpoint(learner& l, const std::filesystem::path& dir,
-                             const std::filesystem::path& tokenizer_from = {});
+                             const std::filesystem::path& tokenizer_from = {}, const checkpoint_progress& progress = {});
 
 /// Reads `dir`'s manifest and checks every file it lists (present, size, SHA-256).
 /// errc::not_found / errc::corrupt naming the file at fault.
-result<checkpoint_info> verify_checkpoint(const std::filesystem::path& dir);
+result<checkpoint_info> verify_checkpoint(const std::filesystem::path& dir, const checkpoint_progress& progress = {});
 
 /// Verifies `dir`, then restores it into `l` (created with the same options, and for LoRA from
 /// the same base weights): weights, moments, masters, step count, version, RNG state. A
@@ -62,6 +70,8 @@ result<checkpoint_info> verify_checkpoint(const std::filesystem::path& dir);
 /// full fine-tuning checkpoint's weights are checked and copied before the optimiser state.
 /// In a data-parallel group every rank calls it; a ZeRO-1 checkpoint restores each rank's shard
 /// and needs as many ranks as saved it (errc::config otherwise). Collective under ZeRO-1.
-result<checkpoint_info> load_checkpoint(learner& l, const std::filesystem::path& dir);
+/// `progress` as for save_checkpoint (checking, reading the optimiser state, reading the weights).
+result<checkpoint_info> load_checkpoint(learner& l, const std::filesystem::path& dir,
+                                        const checkpoint_progress& progress = {});
 
 } // namespace crucible::policy

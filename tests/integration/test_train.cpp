@@ -897,7 +897,7 @@ TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, 
   auto cfg = write_config(tmp.path(), without_warm_start(test_config(tmp.path(), "killed", "  sft: {steps: 6, batch: 2}\n")));
   const auto run = tmp.path() / "killed";
   {
-    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.checkpoint_every=1"});
+    running_process p({CRUCIBLE_CLI, "train", cfg.string(), "--set", "run.checkpoint_every=1", "--set", "log.wandb=true"});
     // Wait (bounded) for the first checkpoint, then kill the process without warning.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
     std::string out;
@@ -936,6 +936,21 @@ TEST_CASE("after kill -9 the run resumes from its last checkpoint and finishes, 
     REQUIRE(tb.exit_code == 0);
     CHECK(tb.out == "1 2 3 4 5 6\n");
     CHECK(slurp(run / "events.log").find("TensorBoard event files in ") != std::string::npos);
+    // log.wandb: the same writer's offline W&B run, read back record by record (the reader of
+    // tests/python/test_metrics_tensorboard.py): every SFT step once, from the resumed process.
+    const std::string wandb_back =
+        "import sys\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from test_metrics_tensorboard import wandb_history\n"
+        "from pathlib import Path\n"
+        "info, rows = wandb_history(Path(sys.argv[2]))\n"
+        "print(info.display_name, ' '.join(str(r['step']) for r in rows if 'train_step/loss' in r))\n";
+    auto wb = run_process({std::string{CRUCIBLE_PYTHON}, "-c", wandb_back,
+                           (source_dir / "tests" / "python").string(), run.string()});
+    INFO(wb.err);
+    REQUIRE(wb.exit_code == 0);
+    CHECK(wb.out == "killed 1 2 3 4 5 6\n");
+    CHECK(slurp(run / "events.log").find("an offline W&B run in ") != std::string::npos);
   }
 
   // crucible pause: a second run paused from outside.

@@ -346,3 +346,66 @@ def test_refuses_an_out_dir_it_did_not_write(tmp_path):
     r = convert(run)
     assert r.returncode == 2 and "sft/plot.png" in r.stderr
     assert stray.exists() and len(os.listdir(run / "tensorboard" / "sft")) == 2
+
+
+# ---- --wandb: the offline W&B run, read back record by record ------------------------------------
+
+def wandb_records(path):
+    """The protobuf records (wandb's own Record message) of an offline run's .wandb file: W&B's
+    header (":W&B", magic, version: 7 bytes), then LevelDB log records (crc32, length, type) in
+    32 KiB blocks, a record split across blocks as FIRST, MIDDLE..., LAST."""
+    import struct
+    from wandb.proto import wandb_internal_pb2
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    block, pos, part, out = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # a block's tail too short for a header is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack_from("<IHB", data, pos)
+        if kind == 0:  # zeroed rest of a block
+            pos += left
+            continue
+        part += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST
+            out.append(wandb_internal_pb2.Record.FromString(part))
+            part = b""
+    return out
+
+
+def wandb_history(run):
+    """(the run record, [{key: value} of each wandb.log]) of RUN/wandb's only offline run."""
+    runs = sorted((run / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs
+    (file,) = runs[0].glob("run-*.wandb")
+    records = wandb_records(file)
+    (info,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    rows = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+            for r in records if r.WhichOneof("record_type") == "history"]
+    return info, rows
+
+
+def test_wandb_offline_run_has_every_scalar_once_after_a_resume_cut(tmp_path):
+    pytest.importorskip("wandb")
+    run = make_run(tmp_path, BASE + RL)
+    r = convert(run, "--wandb")
+    assert r.returncode == 0, r.stderr
+    info, rows = wandb_history(run)
+    assert info.display_name == "run1" and info.project == "crucible"
+    config = {i.key: json.loads(i.value_json) for i in info.config.update}
+    assert config["run"] == {"name": "t1", "seed": 7}
+    loss = [(row["step"], row["train_step/loss"]) for row in rows if "train_step/loss" in row]
+    assert loss == [(1, 2.5), (2, 1.25), (3, -0.125)]
+    assert [row["verdict/speedup"] for row in rows if "verdict/speedup" in row] == [1.5, 3]
+    assert any(row.get("devices/cuda:0/evaluation_share") == 0.25 for row in rows)
+    # The resume cut (as in the TensorBoard case): the offline run is written again, each step once.
+    (run / "metrics.jsonl").write_text("".join(BASE[:5] + [sft_step(2, 0.75, 20), sft_step(3, 0.5, 21)]))
+    r = convert(run, "--wandb")
+    assert r.returncode == 0, r.stderr
+    _, rows = wandb_history(run)
+    assert [(row["step"], row["train_step/loss"]) for row in rows if "train_step/loss" in row] == [
+        (1, 2.5), (2, 0.75), (3, 0.5)]
+    assert not any("verdict/speedup" in row and row["step"] == 3 for row in rows)

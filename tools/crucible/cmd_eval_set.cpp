@@ -28,6 +28,7 @@
 #include "actors/evaluator.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "core/progress.hpp"
 #include "env/evaluator.hpp"
 #include "tools/crucible/commands.hpp"
 #include "tools/crucible/eval_set.hpp"
@@ -188,17 +189,6 @@ private:
 };
 
 // -- progress ---------------------------------------------------------------------------------
-
-std::string duration_text(double s) {
-  char buf[32];
-  if (s < 60)
-    std::snprintf(buf, sizeof buf, "%.0fs", s);
-  else if (s < 3600)
-    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
-  else
-    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, static_cast<int>(s) / 60 % 60);
-  return buf;
-}
 
 /// The progress line on stderr: rewritten in place on a terminal, one line per pair otherwise.
 /// Also the outcomes of the set so far (the summary's input). Thread-safe.

@@ -1,4 +1,5 @@
 // `crucible tasks import DIR`: index a KernelBench-style directory without changing it.
+#include <chrono>
 #include <cstdio>
 #include <regex>
 
@@ -7,6 +8,7 @@
 #include "core/config.hpp"
 #include "core/json.hpp"
 #include "core/log.hpp"
+#include "core/progress.hpp"
 #include "env/compare.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
@@ -57,11 +59,16 @@ int run_tasks(const parsed_args& args) {
     auto* ev = &made->front();
     std::vector<env::task> runs; // the tasks whose reference ran
     std::size_t i = 0;
+    // On a terminal, one line: count, seconds a task and time left, and the task being checked.
     const bool terminal = ::isatty(2) != 0;
+    const auto started = std::chrono::steady_clock::now();
     for (const auto& t : *tasks) {
+      if (terminal) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        std::fprintf(stderr, "\r%s; checking %s\x1b[K",
+                     progress_text("tasks", i, tasks->size(), elapsed, progress_unit::items).c_str(), t.name.c_str());
+      }
       ++i;
-      if (terminal)
-        std::fprintf(stderr, "\r[%zu/%zu] checking %s\x1b[K", i, tasks->size(), t.name.c_str());
       auto v = (*ev)->check_task(t);
       if (v.status == env::verdict_status::ok) {
         runs.push_back(t);

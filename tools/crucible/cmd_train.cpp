@@ -138,7 +138,8 @@ result<void> set_aside_after_crash(storage::run_directory& dir, logger& log) {
 // the workers' interpreter, rewrites RUN/tensorboard from metrics.jsonl and follows it until this
 // process has ended, then reads it once more. It runs in a process group of its own, so a Ctrl-C
 // here (a pause) does not stop it before the pause's records; its output goes to
-// RUN/tensorboard.log. Never fails the run: what is missing is said once.
+// RUN/tensorboard.log. With log.wandb it also keeps an offline W&B run in RUN/wandb. Never fails
+// the run: what is missing is said once.
 void start_tensorboard_writer(const config& cfg, const storage::run_directory& dir, logger& log) {
   if (!cfg.log.tensorboard)
     return;
@@ -167,9 +168,20 @@ void start_tensorboard_writer(const config& cfg, const storage::run_directory& d
     log.warn("train", "log.tensorboard: cannot open ", out_path.string(), ": ", std::strerror(errno));
     return;
   }
-  const pid_t pid = spawn_child({where->python, "-B", script.string(), dir.path().string(), "--follow",
-                                 std::to_string(::getpid())},
-                                out, out, true);
+  std::vector<std::string> argv{where->python, "-B", script.string(), dir.path().string(), "--follow",
+                                std::to_string(::getpid())};
+  // log.wandb: the same writer also keeps an offline W&B run, if wandb imports.
+  bool wandb = false;
+  if (cfg.log.wandb) {
+    if (run_captured({where->python, "-c", "import wandb"}, probe_out, probe_err) != 0)
+      log.warn("train", "log.wandb: ", where->python, " cannot import wandb (tools/setup.sh installs it); ",
+               "no W&B run");
+    else
+      wandb = true;
+  }
+  if (wandb)
+    argv.push_back("--wandb");
+  const pid_t pid = spawn_child(argv, out, out, true);
   ::close(out);
   if (pid < 0) {
     log.warn("train", "log.tensorboard: cannot start ", script.string());
@@ -177,6 +189,9 @@ void start_tensorboard_writer(const config& cfg, const storage::run_directory& d
   }
   log.info("train", "TensorBoard event files in ", (dir.path() / "tensorboard").string(), " (tensorboard --logdir ",
            (dir.path() / "tensorboard").string(), "; the writer's output in ", out_path.string(), ")");
+  if (wandb)
+    log.info("train", "an offline W&B run in ", (dir.path() / "wandb").string(), " (upload: wandb sync ",
+             (dir.path() / "wandb" / "latest-run").string(), ")");
 }
 
 // Runs the coordinator over the run's roles until the run finishes, pauses or crashes.

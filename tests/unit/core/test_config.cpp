@@ -312,6 +312,9 @@ TEST_CASE("learner: defaults, typed values and errors that name the key") {
   CHECK(problems_of("learner:\n  micro_batch_tokens: 0\n").find("learner.micro_batch_tokens") != std::string::npos);
   CHECK(problems_of("learner:\n  schedule: cosine\n  warmup_steps: 10\n")
         == "configs/x.yaml: learner.total_steps: must exceed learner.warmup_steps (10) with the cosine schedule");
+  CHECK(problems_of("log:\n  wandb: true\n  tensorboard: false\n")
+        == "configs/x.yaml: log.wandb: needs log.tensorboard (one writer, tools/metrics_tensorboard.py, makes both)");
+  CHECK(parse_config("log:\n  wandb: true\n", "configs/x.yaml").ok());
   CHECK(problems_of("learner:\n  kl_cof: 0.1\n") == "configs/x.yaml:2: learner.kl_cof: unknown key (did you mean learner.kl_coef?)");
   // LoRA and a KL term: refused only when RL follows an SFT stage (the reference would be taken from the policy).
   const std::string lora_kl = "learner:\n  lora: true\n  kl_coef: 0.1\nstages:\n  rl: {steps: 5}\n";

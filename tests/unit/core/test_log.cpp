@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/log.hpp"
+#include "core/progress.hpp"
 
 using namespace crucible;
 
@@ -122,5 +123,46 @@ TEST_CASE("progress is one line redrawn on a terminal, nothing on a pipe, and ev
                "2027-01-15T08:00:00.000Z INFO  [train] sft step 2/3, 0.50 s a step, 0m01s left\n"
                "2027-01-15T08:00:00.000Z INFO  [train] checkpoint\n"
                "2027-01-15T08:00:00.000Z INFO  [train] stage rl\n");
+  std::filesystem::remove(file);
+}
+
+TEST_CASE("progress texts give count, rate and time left, in items or GB") {
+  CHECK(duration_text(0.4) == "0s");
+  CHECK(duration_text(59.4) == "59s");
+  CHECK(duration_text(61) == "1m01s");
+  CHECK(duration_text(3599) == "59m59s");
+  CHECK(duration_text(7322) == "2h02m");
+  CHECK(progress_text("tasks", 0, 250, 0, progress_unit::items) == "tasks 0/250");
+  CHECK(progress_text("tasks", 10, 250, 5, progress_unit::items) == "tasks 10/250, 0.50 s each, 2m00s left");
+  CHECK(progress_text("checking", 3'200'000'000, 45'000'000'000, 2, progress_unit::bytes)
+        == "checking 3.2/45.0 GB, 1.60 GB/s, 26s left");
+  CHECK(progress_text("checking", 45'000'000'000, 45'000'000'000, 20, progress_unit::bytes)
+        == "checking 45.0/45.0 GB, 2.25 GB/s"); // done: no time left
+}
+
+TEST_CASE("a progress meter draws on a terminal only, at most once a second and each phase's end, and never in the file") {
+  auto file = std::filesystem::temp_directory_path() / ("crucible-meter-" + std::to_string(::getpid()) + ".log");
+  auto work = [](logger& log) {
+    progress_meter meter{log, "checkpoint", progress_unit::bytes};
+    meter.update("checksumming", 0, 2'000'000'000);
+    for (std::uint64_t i = 1; i < 100; ++i) // within a second of the first: not drawn
+      meter.update("checksumming", i * 10'000'000, 2'000'000'000);
+    meter.update("checksumming", 2'000'000'000, 2'000'000'000); // the phase's end: drawn
+    meter.update("reading the weights", 0, 1'000'000'000);      // a new phase: drawn
+    meter.finish();
+    log.info("train", "restored");
+  };
+  std::filesystem::remove(file);
+  const auto tty = stderr_of(true, file, work);
+  CHECK(tty.find("[checkpoint] checksumming 0.0/2.0 GB") != std::string::npos);
+  CHECK(tty.find("[checkpoint] checksumming 2.0/2.0 GB") != std::string::npos);
+  CHECK(tty.find("[checkpoint] reading the weights 0.0/1.0 GB\n") != std::string::npos);
+  CHECK(tty.find("0.5/2.0 GB") == std::string::npos);
+  CHECK(tty.ends_with("INFO  [train] restored\n"));
+  std::filesystem::remove(file);
+  CHECK(stderr_of(false, file, work) == "2027-01-15T08:00:00.000Z INFO  [train] restored\n");
+  std::ifstream in(file);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(all == "2027-01-15T08:00:00.000Z INFO  [train] restored\n");
   std::filesystem::remove(file);
 }

@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <tuple>
 
 #include "policy/training/checkpoint.hpp"
 #include "policy/training/episode_batch.hpp"
@@ -858,4 +860,48 @@ TEST_CASE("episode rows after the contexts the engine was given: returns and TRL
   broken[1].contexts[0].clear();
   CHECK(episode_groups(broken, opt, 0).error().message.find("episode 1: turn 0 has an empty context") !=
         std::string::npos);
+}
+
+TEST_CASE("checkpoints: a save and a load report their phases, and checksums count every byte of the files") {
+  auto o = base_options();
+  temp_dir tmp;
+  auto l = make_learner(o, 17, false);
+  std::mutex mtx;
+  std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>> heard;
+  auto record = [&](std::string_view what, std::uint64_t done, std::uint64_t total) {
+    std::lock_guard guard{mtx};
+    heard.emplace_back(std::string{what}, done, total);
+  };
+  auto phases = [&] {
+    std::vector<std::string> out;
+    for (const auto& [what, done, total] : heard) {
+      CHECK(done <= total);
+      if (out.empty() || out.back() != what)
+        out.push_back(what);
+    }
+    return out;
+  };
+  auto last_of = [&](const std::string& phase) {
+    std::pair<std::uint64_t, std::uint64_t> last{0, 0};
+    for (const auto& [what, done, total] : heard)
+      if (what == phase)
+        last = {std::max(last.first, done), total};
+    return last;
+  };
+  const auto dir = tmp.path() / "ck";
+  REQUIRE(save_checkpoint(*l, dir, {}, record).ok());
+  CHECK(phases() == std::vector<std::string>{"writing the model", "writing the optimiser state", "checksumming"});
+  std::uint64_t bytes = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().filename() != "manifest.json")
+      bytes += e.file_size();
+  CHECK(last_of("checksumming") == std::pair{bytes, bytes});
+
+  heard.clear();
+  auto b = make_learner(o, 18, false);
+  REQUIRE(load_checkpoint(*b, dir, record).ok());
+  CHECK(phases() == std::vector<std::string>{"checking", "reading the optimiser state", "reading the weights"});
+  CHECK(last_of("checking") == std::pair{bytes, bytes});
+  const auto opt = fs::file_size(dir / "optimizer.safetensors");
+  CHECK(last_of("reading the optimiser state") == std::pair{opt, opt});
 }
