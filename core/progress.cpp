@@ -20,8 +20,13 @@ std::string progress_text(std::string_view what, std::uint64_t done, std::uint64
                           progress_unit unit) {
   char buf[96];
   std::string out{what};
+  // Bytes in GB, or in MB below a GB in all (a small model's checkpoint).
+  const bool gb = total >= 1'000'000'000;
+  const double scale = gb ? 1e9 : 1e6;
+  const char* unit_name = gb ? "GB" : "MB";
   if (unit == progress_unit::bytes)
-    std::snprintf(buf, sizeof buf, " %.1f/%.1f GB", static_cast<double>(done) / 1e9, static_cast<double>(total) / 1e9);
+    std::snprintf(buf, sizeof buf, " %.1f/%.1f %s", static_cast<double>(done) / scale,
+                  static_cast<double>(total) / scale, unit_name);
   else
     std::snprintf(buf, sizeof buf, " %llu/%llu", static_cast<unsigned long long>(done),
                   static_cast<unsigned long long>(total));
@@ -30,7 +35,7 @@ std::string progress_text(std::string_view what, std::uint64_t done, std::uint64
     return out;
   const double rate = static_cast<double>(done) / elapsed_s;
   if (unit == progress_unit::bytes)
-    std::snprintf(buf, sizeof buf, ", %.2f GB/s", rate / 1e9);
+    std::snprintf(buf, sizeof buf, ", %.2f %s/s", rate / scale, unit_name);
   else
     std::snprintf(buf, sizeof buf, ", %.2f s each", elapsed_s / static_cast<double>(done));
   out += buf;

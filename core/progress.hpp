@@ -18,7 +18,8 @@ std::string duration_text(double seconds);
 /// What a progress_meter counts.
 enum class progress_unit : std::uint8_t { items, bytes };
 
-/// "WHAT DONE/TOTAL, RATE, LEFT left": items as "12/250, 3.4 a second", bytes in GB with GB/s.
+/// "WHAT DONE/TOTAL, RATE, LEFT left": items as "12/250, 0.50 s each", bytes in GB with GB/s
+/// (in MB with MB/s below a GB in all).
 /// `elapsed_s` is the time DONE took; no rate or time left before there is any.
 std::string progress_text(std::string_view what, std::uint64_t done, std::uint64_t total, double elapsed_s,
                           progress_unit unit);

@@ -138,6 +138,8 @@ TEST_CASE("progress texts give count, rate and time left, in items or GB") {
         == "checking 3.2/45.0 GB, 1.60 GB/s, 26s left");
   CHECK(progress_text("checking", 45'000'000'000, 45'000'000'000, 20, progress_unit::bytes)
         == "checking 45.0/45.0 GB, 2.25 GB/s"); // done: no time left
+  CHECK(progress_text("writing the model", 4'000'000, 8'000'000, 0.5, progress_unit::bytes)
+        == "writing the model 4.0/8.0 MB, 8.00 MB/s, 1s left"); // below a GB in all: MB
 }
 
 TEST_CASE("a progress meter draws on a terminal only, at most once a second and each phase's end, and never in the file") {
