@@ -167,15 +167,17 @@ struct node;
 using body = std::vector<node>;
 
 struct node {
-  enum class kind : std::uint8_t { text, output, if_, for_, set, set_block, break_, continue_, block };
+  enum class kind : std::uint8_t { text, output, if_, for_, set, set_block, break_, continue_, block, macro };
   kind k;
   std::size_t pos;
   std::string text;
   expr_ptr e;                                   // output, set value, for iterable
-  std::vector<std::pair<expr_ptr, body>> branches; // if/elif (test, body); else is a null test
-  body inner;                                   // for body, set block body, generation body
+  std::vector<std::pair<expr_ptr, body>> branches; // if/elif (test, body); else is a null test;
+                                                   // macro: each parameter's default (null: none)
+  body inner;                                   // for body, set block body, generation body, macro body
   body otherwise;                               // for else
-  std::vector<std::string> targets;             // for/set names (one, or a tuple)
+  std::vector<std::string> targets;             // for/set names (one, or a tuple); macro parameters
+                                                // (its name is `text`)
   bool tuple_target = false;
   std::string ns_attr;                          // set ns.attr = ...: targets[0] is the namespace
   expr_ptr loop_filter;                         // for ... if cond
@@ -230,6 +232,8 @@ private:
   flow exec_for(const node& n, scope& sc);
   void bind_targets(const node& n, const value& item, scope& sc);
   static value* lookup(const std::string& name, scope& sc);
+  value call_macro(const node& def, scope& root, const std::unordered_map<std::string, value>& closure,
+                   const call_args& a);
 
 public:
   // Builtins (builtins.cpp): a global name, a method of a dict, str or list (undefined when none).

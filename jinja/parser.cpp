@@ -141,6 +141,8 @@ private:
       expect_block_end();
       return node{kw == "break" ? node::kind::break_ : node::kind::continue_, pos, {}, {}, {}, {}, {}, {}, false, {}, {}};
     }
+    if (kw == "macro")
+      return parse_macro(pos);
     if (kw == "generation") {
       // transformers' AssistantTracker: renders its body unchanged.
       expect_block_end();
@@ -151,7 +153,7 @@ private:
       return n;
     }
     static const std::set<std::string, std::less<>> known = {
-      "macro", "call", "filter", "include", "import", "from", "extends", "block", "with", "autoescape", "do", "raw"};
+      "call", "filter", "include", "import", "from", "extends", "block", "with", "autoescape", "do", "raw"};
     if (known.count(kw) != 0)
       raise(errc::unsupported, kw_pos, "the '" + kw + "' statement is not supported");
     raise(errc::invalid_arg, kw_pos, "unknown tag '" + kw + "'");
@@ -229,6 +231,40 @@ private:
       n.otherwise = parse_body({"endfor"});
     }
     next();
+    expect_block_end();
+    return n;
+  }
+
+  // {% macro name(a, b=default, ...) %}body{% endmacro %}
+  node parse_macro(std::size_t pos) {
+    node n{node::kind::macro, pos, {}, {}, {}, {}, {}, {}, false, {}, {}};
+    n.text = expect_name();
+    expect_op("(");
+    while (!is_op(")")) {
+      const auto param_pos = cur().pos;
+      auto name = expect_name();
+      if (std::find(n.targets.begin(), n.targets.end(), name) != n.targets.end())
+        raise(errc::invalid_arg, param_pos, "duplicate argument '" + name + "' in macro '" + n.text + "'");
+      n.targets.push_back(std::move(name));
+      if (skip_op("=")) {
+        n.branches.emplace_back(parse_expression(true), body{});
+      } else {
+        if (!n.branches.empty() && n.branches.back().first)
+          raise(errc::invalid_arg, param_pos, "non-default argument follows default argument");
+        n.branches.emplace_back(nullptr, body{});
+      }
+      if (!skip_op(","))
+        break;
+    }
+    expect_op(")");
+    expect_block_end();
+    const auto loops = loop_depth_; // a loop around the definition is not the body's
+    loop_depth_ = 0;
+    n.inner = parse_body({"endmacro"});
+    loop_depth_ = loops;
+    next();
+    if (cur().type == tok::name && cur().text == n.text) // {% endmacro name %}
+      next();
     expect_block_end();
     return n;
   }

@@ -46,8 +46,56 @@ flow evaluator::exec(const node& n, scope& sc) {
       return f;
     }
     case node::kind::for_: return exec_for(n, sc);
+    case node::kind::macro: {
+      // The body sees the variables around its definition as they are now (a closure), and the
+      // rendering's top-level ones (the context, top-level sets) as they are when it is called.
+      scope* root = &sc;
+      std::unordered_map<std::string, value> closure;
+      for (; root->parent != nullptr; root = root->parent)
+        for (const auto& [k, v] : root->vars)
+          closure.emplace(k, v); // the innermost definition of a name wins
+      sc.vars[n.text] = value::function(
+        n.text, [this, def = &n, root, closure = std::move(closure)](const call_args& a) {
+          return call_macro(*def, *root, closure, a);
+        });
+      return flow::normal;
+    }
   }
   return flow::normal;
+}
+
+// A call of a macro: parameters bound as Python binds them (positionally, then by name; a missing
+// one without a default is undefined, as in jinja2), defaults evaluated in order in the macro's
+// scope, and the body rendered into a string of its own.
+value evaluator::call_macro(const node& def, scope& root, const std::unordered_map<std::string, value>& closure,
+                            const call_args& a) {
+  const auto& params = def.targets;
+  if (a.positional.size() > params.size())
+    raise_in_call(errc::invalid_arg, "macro '" + def.text + "' takes not more than " + std::to_string(params.size())
+                                         + " argument(s)");
+  scope local{closure, &root};
+  std::vector<bool> bound(params.size(), false);
+  for (std::size_t i = 0; i < a.positional.size(); ++i) {
+    local.vars[params[i]] = a.positional[i];
+    bound[i] = true;
+  }
+  for (const auto& [k, v] : a.keyword) {
+    const auto it = std::find(params.begin(), params.end(), k);
+    if (it == params.end())
+      raise_in_call(errc::invalid_arg, "macro '" + def.text + "' takes no keyword argument '" + k + "'");
+    const auto i = static_cast<std::size_t>(it - params.begin());
+    if (bound[i])
+      raise_in_call(errc::invalid_arg, "macro '" + def.text + "' got multiple values for argument '" + k + "'");
+    local.vars[k] = v;
+    bound[i] = true;
+  }
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!bound[i])
+      local.vars[params[i]] = def.branches[i].first ? eval(*def.branches[i].first, local) : value{};
+  std::string text;
+  evaluator inner{opt_, text};
+  inner.exec(def.inner, local);
+  return value{std::move(text)};
 }
 
 void evaluator::assign(const node& n, value v, scope& sc) {

@@ -182,6 +182,23 @@ inline std::vector<parity_case> semantics_cases() {
       "{{ raise_exception is callable }}{{ strftime_now is defined }}{{ true is true }}{{ 1 is true }}{{ false is false }}");
   add("{{ strftime_now('%d %b %Y') }} {{ strftime_now('%Y-%m-%d %H %A %j') }}");
   add("{{ dict(a=1, b='x')|tojson }} {{ namespace(a=1).a }} {{ range(2, 10, 3)|list }} {{ range(3)|list }}");
+  // Macros.
+  add("{% macro greet(name, greeting='Hello') %}{{ greeting }}, {{ name }}!{% endmacro %}"
+      "{{ greet('a') }}|{{ greet('b', 'Hi') }}|{{ greet(greeting='Yo', name='c') }}|{{ greet('d')|upper }}");
+  add("{% set x = 5 %}{% macro m() %}{{ x }}{{ n }}{% endmacro %}{{ m() }}{% set x = 6 %}{{ m() }}");
+  add("{% macro m() %}[{{ y }}]{% endmacro %}{% set y = 7 %}{{ m() }}");
+  add("{% set z = 1 %}{% macro m() %}{% set z = 2 %}{{ z }}{% endmacro %}{{ m() }}{{ z }}");
+  add("{% macro m(a, b) %}[{{ a }}|{{ b }}|{{ b is defined }}]{% endmacro %}{{ m(1) }}{{ m() }}");
+  add("{% macro m(a, b=a * 2, c=b ~ '!') %}{{ a }} {{ b }} {{ c }}{% endmacro %}{{ m(3) }}|{{ m(3, c='x') }}");
+  add("{% macro item(i) %}<{{ i }}:{{ loop is defined }}>{% endmacro %}{% for i in [1, 2] %}{{ item(i) }}{% endfor %}");
+  add("{% for i in [1, 2] %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}");
+  add("{% macro m() -%}\n  x\n{%- endmacro %}[{{ m() }}]\n{% macro t() %}\n  y\n{% endmacro %}[{{ t() }}]");
+  add("{% macro render(m) %}{{ m.role }}: {{ m.content|trim }}{% endmacro %}"
+      "{% for m in messages %}{{ render(m) }};{% endfor %}{{ render is callable }}");
+  add("{% macro outer(v) %}({{ inner(v) }}){% endmacro %}{% macro inner(v) %}{{ v * 2 }}{% endmacro %}{{ outer(4) }}");
+  add("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}");
+  add("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}");
+  add("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}");
   // Errors both raise (the C++ side must fail too, never render something).
   add("{{ undefined_a + 'x' }}");
   add("{{ undefined_a.b }}");

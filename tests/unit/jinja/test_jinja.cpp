@@ -150,9 +150,12 @@ TEST_CASE("syntax errors and unsupported constructs name the template, line and 
     }
     return p.error();
   };
-  auto e = err("line one\n  {% macro f() %}{% endmacro %}");
+  auto e = err("line one\n  {% call f() %}{% endcall %}");
   CHECK(e.code == errc::unsupported);
-  CHECK(e.message == "tmpl.jinja:2:6: the 'macro' statement is not supported");
+  CHECK(e.message == "tmpl.jinja:2:6: the 'call' statement is not supported");
+  e = err("{% macro f(a=1, b) %}{% endmacro %}");
+  CHECK(e.code == errc::invalid_arg);
+  CHECK(e.message == "tmpl.jinja:1:17: non-default argument follows default argument");
   e = err("{{ x|nosuchfilter }}");
   CHECK(e.code == errc::invalid_arg);
   CHECK(e.message == "tmpl.jinja:1:6: no filter named 'nosuchfilter'");
