@@ -216,7 +216,16 @@ enum class flow : std::uint8_t { normal, break_, continue_ };
 /// Walks the syntax tree of one rendering, appending text to `out`. One per program::render call.
 class evaluator {
 public:
-  evaluator(const render_options& opt, std::string& out) : opt_(opt), out_(out) {}
+  /// `macro_depth`: the rendering's count of nested macro calls (null: this evaluator's own,
+  /// for a rendering's first evaluator).
+  evaluator(const render_options& opt, std::string& out, int* macro_depth = nullptr)
+      : opt_(opt), out_(out), macro_depth_(macro_depth != nullptr ? macro_depth : &own_depth_) {}
+  evaluator(const evaluator&) = delete;
+  evaluator& operator=(const evaluator&) = delete;
+
+  /// Macro calls nested deeper than this are refused (a template's runaway recursion), not a
+  /// stack overflow.
+  static constexpr int max_macro_depth = 100;
 
   /// Runs statements (render.cpp).
   flow exec(const body& b, scope& sc);
@@ -232,8 +241,11 @@ private:
   flow exec_for(const node& n, scope& sc);
   void bind_targets(const node& n, const value& item, scope& sc);
   static value* lookup(const std::string& name, scope& sc);
-  value call_macro(const node& def, scope& root, const std::unordered_map<std::string, value>& closure,
-                   const call_args& a);
+  // A macro's value outlives neither the rendering nor its root scope, but may outlive the
+  // evaluator that defined it (a namespace attribute set inside another macro), so a call gets
+  // what lives as long as the rendering: its options and its depth count.
+  static value call_macro(const render_options& opt, int* depth, const node& def, scope& root,
+                          const std::unordered_map<std::string, value>& closure, const call_args& a);
 
 public:
   // Builtins (builtins.cpp): a global name, a method of a dict, str or list (undefined when none).
@@ -247,6 +259,8 @@ public:
 
   const render_options& opt_;
   std::string& out_;
+  int own_depth_ = 0;
+  int* macro_depth_; // macro calls under way in this rendering
 };
 
 // Filters and tests by name (builtins.cpp), shared by `|name`, `is name`, select/reject and map.

@@ -55,8 +55,8 @@ flow evaluator::exec(const node& n, scope& sc) {
         for (const auto& [k, v] : root->vars)
           closure.emplace(k, v); // the innermost definition of a name wins
       sc.vars[n.text] = value::function(
-        n.text, [this, def = &n, root, closure = std::move(closure)](const call_args& a) {
-          return call_macro(*def, *root, closure, a);
+        n.text, [opt = &opt_, depth = macro_depth_, def = &n, root, closure = std::move(closure)](const call_args& a) {
+          return call_macro(*opt, depth, *def, *root, closure, a);
         });
       return flow::normal;
     }
@@ -67,9 +67,12 @@ flow evaluator::exec(const node& n, scope& sc) {
 // A call of a macro: parameters bound as Python binds them (positionally, then by name; a missing
 // one without a default is undefined, as in jinja2), defaults evaluated in order in the macro's
 // scope, and the body rendered into a string of its own.
-value evaluator::call_macro(const node& def, scope& root, const std::unordered_map<std::string, value>& closure,
-                            const call_args& a) {
+value evaluator::call_macro(const render_options& opt, int* depth, const node& def, scope& root,
+                            const std::unordered_map<std::string, value>& closure, const call_args& a) {
   const auto& params = def.targets;
+  if (*depth >= max_macro_depth)
+    raise_in_call(errc::invalid_arg, "macro '" + def.text + "': calls nested deeper than " +
+                                         std::to_string(max_macro_depth) + " (runaway recursion?)");
   if (a.positional.size() > params.size())
     raise_in_call(errc::invalid_arg, "macro '" + def.text + "' takes not more than " + std::to_string(params.size())
                                          + " argument(s)");
@@ -89,11 +92,16 @@ value evaluator::call_macro(const node& def, scope& root, const std::unordered_m
     local.vars[k] = v;
     bound[i] = true;
   }
+  ++*depth;
+  struct leave {
+    int* d;
+    ~leave() { --*d; }
+  } on_return{depth};
+  std::string text;
+  evaluator inner{opt, text, depth};
   for (std::size_t i = 0; i < params.size(); ++i)
     if (!bound[i])
-      local.vars[params[i]] = def.branches[i].first ? eval(*def.branches[i].first, local) : value{};
-  std::string text;
-  evaluator inner{opt_, text};
+      local.vars[params[i]] = def.branches[i].first ? inner.eval(*def.branches[i].first, local) : value{};
   inner.exec(def.inner, local);
   return value{std::move(text)};
 }

@@ -196,6 +196,8 @@ inline std::vector<parity_case> semantics_cases() {
   add("{% macro render(m) %}{{ m.role }}: {{ m.content|trim }}{% endmacro %}"
       "{% for m in messages %}{{ render(m) }};{% endfor %}{{ render is callable }}");
   add("{% macro outer(v) %}({{ inner(v) }}){% endmacro %}{% macro inner(v) %}{{ v * 2 }}{% endmacro %}{{ outer(4) }}");
+  add("{% set ns = namespace(f=none) %}{% macro outer() %}{% macro inner(v) %}<{{ v }}>{% endmacro %}"
+      "{% set ns.f = inner %}{% endmacro %}{{ outer() }}{{ ns.f(1) }}{{ ns.f(2) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}");

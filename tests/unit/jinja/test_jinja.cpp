@@ -153,6 +153,14 @@ TEST_CASE("syntax errors and unsupported constructs name the template, line and 
   auto e = err("line one\n  {% call f() %}{% endcall %}");
   CHECK(e.code == errc::unsupported);
   CHECK(e.message == "tmpl.jinja:2:6: the 'call' statement is not supported");
+  e = err("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+  CHECK(e.code == errc::invalid_arg);
+  CHECK(e.message.find("macro 'f': calls nested deeper than 100") != std::string::npos);
+  auto deep = program::parse("{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ f(60) }}", "t");
+  REQUIRE(deep.ok());
+  auto counted = deep->render(value{value_dict{}});
+  REQUIRE(counted.ok()); // recursion within the limit renders
+  CHECK(counted->starts_with("0123"));
   e = err("{% macro f(a=1, b) %}{% endmacro %}");
   CHECK(e.code == errc::invalid_arg);
   CHECK(e.message == "tmpl.jinja:1:17: non-default argument follows default argument");
