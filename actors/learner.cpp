@@ -379,14 +379,14 @@ learner_actor::behavior_type learner_fn(learner_pointer self, learner_actor_deps
       if (auto j = ensure_joined(st); !j.ok())
         return make_error(j.error());
       std::optional<progress_meter> meter;
-      if (st.log != nullptr)
+      policy::checkpoint_progress progress;
+      if (st.log != nullptr) {
         meter.emplace(*st.log, "checkpoint", progress_unit::bytes);
-      auto progress = [&](std::string_view what, std::uint64_t done, std::uint64_t total) {
-        meter->update(what, done, total);
-      };
-      const auto ok = meter ? policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir, progress)
-                            : policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir);
-      if (!ok.ok())
+        progress = [&meter](std::string_view what, std::uint64_t done, std::uint64_t total) {
+          meter->update(what, done, total);
+        };
+      }
+      if (auto ok = policy::save_checkpoint(*st.learner, dir, st.spec.tokenizer_dir, progress); !ok.ok())
         return make_error(ok.error());
       return policy_version{st.learner->version()};
     },

@@ -171,12 +171,12 @@ result<learner_ranks> form_learner_group(const config& cfg, const std::vector<st
     }
     phase("joined the data-parallel group (parameters agreed and broadcast, buckets planned)", nullptr);
     // Rank 0's progress is the terminal's (each rank checks and reads the same files).
-    auto progress = [&](std::string_view what, std::uint64_t done, std::uint64_t total) {
-      meter.update(what, done, total);
-    };
-    outcome = checkpoint.empty() ? result<policy::checkpoint_info>(policy::checkpoint_info{})
-              : r == 0           ? policy::load_checkpoint(*ranks[0], checkpoint, progress)
-                                 : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint);
+    policy::checkpoint_progress progress;
+    if (r == 0)
+      progress = [&](std::string_view what, std::uint64_t done, std::uint64_t total) { meter.update(what, done, total); };
+    outcome = checkpoint.empty()
+                ? result<policy::checkpoint_info>(policy::checkpoint_info{})
+                : policy::load_checkpoint(*ranks[static_cast<std::size_t>(r)], checkpoint, progress);
     if (!checkpoint.empty())
       phase("restoring the checkpoint", outcome.ok() ? nullptr : &outcome.error());
   };

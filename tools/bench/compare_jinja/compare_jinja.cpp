@@ -110,16 +110,27 @@ outcome crucible_render(const parity_case& c) {
 
 // --- minja ----------------------------------------------------------------------------------
 
+// A chat case's messages and special tokens as JSON.
+ojson messages_json(const parity_case& c) {
+  ojson msgs = ojson::array();
+  for (const auto& m : c.messages)
+    msgs.push_back({{"role", m.role}, {"content", m.content}});
+  return msgs;
+}
+ojson special_json(const parity_case& c) {
+  ojson special = ojson::object();
+  for (const auto& [k, v] : c.special)
+    special[k] = v;
+  return special;
+}
+
 // The variables transformers' render_jinja_template passes (messages, tools, documents,
 // add_generation_prompt, the special tokens), or a plain case's own.
 ojson transformers_context(const parity_case& c) {
   if (!c.context_json.empty())
     return ojson::parse(c.context_json);
   ojson ctx = ojson::object();
-  ojson msgs = ojson::array();
-  for (const auto& m : c.messages)
-    msgs.push_back({{"role", m.role}, {"content", m.content}});
-  ctx["messages"] = msgs;
+  ctx["messages"] = messages_json(c);
   ctx["tools"] = nullptr;
   ctx["documents"] = nullptr;
   ctx["add_generation_prompt"] = c.add_generation_prompt;
@@ -193,13 +204,8 @@ std::vector<outcome> python_render(const std::vector<parity_case>& cases, const 
     if (!c.context_json.empty()) {
       j["context_json"] = c.context_json;
     } else {
-      ojson msgs = ojson::array();
-      for (const auto& m : c.messages)
-        msgs.push_back({{"role", m.role}, {"content", m.content}});
-      ojson special = ojson::object();
-      for (const auto& [k, v] : c.special)
-        special[k] = v;
-      j["chat"] = {{"messages", msgs}, {"special", special}, {"add_generation_prompt", c.add_generation_prompt}};
+      j["chat"] = {{"messages", messages_json(c)}, {"special", special_json(c)},
+                   {"add_generation_prompt", c.add_generation_prompt}};
     }
     all.push_back(j);
   }
@@ -486,13 +492,8 @@ int main(int argc, char** argv) {
       std::printf("%-16s %-9s %10.1f %10.1f %12zu\n", file, "llama.cpp", tl.parse_us, tl.render_us, tl.bytes);
     }
 #endif
-    ojson msgs = ojson::array();
-    for (const auto& m : c.messages)
-      msgs.push_back({{"role", m.role}, {"content", m.content}});
-    ojson special = ojson::object();
-    for (const auto& [k, v] : c.special)
-      special[k] = v;
-    bench_in.push_back({{"label", file}, {"template", c.templ}, {"messages", msgs}, {"special", special}, {"now", c.now}});
+    bench_in.push_back({{"label", file}, {"template", c.templ}, {"messages", messages_json(c)},
+                        {"special", special_json(c)}, {"now", c.now}});
   }
   // jinja2 in the same run, as transformers compiles and renders the template.
   auto bench_path = out_dir / "bench_in.json";
