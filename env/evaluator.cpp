@@ -123,14 +123,15 @@ result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(co
     cache = std::move(*opened);
   }
   const bool configured = devices == opt.devices;
+  // Every device's warm pool starts before any is waited for: the devices warm up together, so
+  // the start does not grow with their number.
   std::vector<std::unique_ptr<device_evaluator>> out;
-  for (std::size_t i = 0; i < devices.size(); ++i) {
-    auto dev = device_evaluator::create(opt, reward, *where, devices[i], log, cache);
-    if (!dev)
-      return fail(dev.error().code, configured ? "evaluator.devices[" + std::to_string(i) + "] " : std::string{},
-                  devices[i], ": ", dev.error().message);
-    out.push_back(std::move(*dev));
-  }
+  for (const auto& device : devices)
+    out.push_back(device_evaluator::launch(opt, reward, *where, device, log, cache));
+  for (std::size_t i = 0; i < devices.size(); ++i)
+    if (auto started = out[i]->wait_started(); !started)
+      return fail(started.error().code, configured ? "evaluator.devices[" + std::to_string(i) + "] " : std::string{},
+                  devices[i], ": ", started.error().message);
   return out;
 }
 
@@ -159,6 +160,15 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
                                                                    const harness_location& where,
                                                                    std::string device, logger& log,
                                                                    std::shared_ptr<verdict_cache> cache) {
+  auto ev = launch(opt, reward, where, std::move(device), log, std::move(cache));
+  if (auto started = ev->wait_started(); !started)
+    return started.error();
+  return ev;
+}
+
+std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_options& opt, const reward_options& reward,
+                                                           const harness_location& where, std::string device,
+                                                           logger& log, std::shared_ptr<verdict_cache> cache) {
   std::unique_ptr<device_evaluator> ev{new device_evaluator(opt, reward, where, std::move(device), log, std::move(cache))};
   if (opt.outputs_on_device && ev->device_.rfind("cuda:", 0) == 0) {
     // Outputs stay on the device: this process maps the workers' exports and compares them with
@@ -180,10 +190,15 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
       }
     }
   }
-  if (auto started = ev->pool_->start(); !started)
-    return started.error();
-  log.info("evaluator", ev->device_, ": ", ev->hardware(), " (", where.python, ")");
+  ev->pool_->launch();
   return ev;
+}
+
+result<void> device_evaluator::wait_started() {
+  if (auto started = pool_->wait_started(); !started)
+    return started.error();
+  log_.info("evaluator", device_, ": ", hardware(), " (", where_.python, ")");
+  return {};
 }
 
 device_evaluator::~device_evaluator() = default;

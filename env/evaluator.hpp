@@ -59,9 +59,9 @@ enum class verdict_cache_use { configured, none };
 
 /// The device evaluators every caller makes (the run, `crucible eval`, `eval --pairs` and
 /// `--set`, `tasks import`, an evaluator node): the harness located once, one evaluator per
-/// device in order, made on the calling thread (a device's worker zygote dies with the thread that
-/// started it), all sharing one verdict cache. An error names the device (evaluator.devices[i]
-/// where `devices` is evaluator.devices).
+/// device in order, all launched before any is waited for (the devices' warm pools start
+/// together), all sharing one verdict cache. Returns when each device has a started worker. An
+/// error names the device (evaluator.devices[i] where `devices` is evaluator.devices).
 result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(const evaluator_options& opt,
                                                                               const reward_options& reward,
                                                                               const std::vector<std::string>& devices,
@@ -74,12 +74,21 @@ result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(co
 /// Thread-safe: evaluate() may be called from up to `concurrency` threads at once. Owns its workers and a background thread that starts them.
 class device_evaluator final {
 public:
-  /// Starts the warm pool and waits for the first worker, which names the hardware.
+  /// Starts the warm pool and waits for the first worker, which names the hardware: launch(),
+  /// then wait_started().
   static result<std::unique_ptr<device_evaluator>> create(const evaluator_options& opt,
                                                           const reward_options& reward,
                                                           const harness_location& where,
                                                           std::string device, logger& log,
                                                           std::shared_ptr<verdict_cache> cache);
+  /// The evaluator with its warm pool starting (returns at once): several devices' evaluators
+  /// launched one after another warm up together (make_device_evaluators).
+  static std::unique_ptr<device_evaluator> launch(const evaluator_options& opt, const reward_options& reward,
+                                                  const harness_location& where, std::string device,
+                                                  logger& log, std::shared_ptr<verdict_cache> cache);
+  /// Waits for the first worker of a launched evaluator (the hardware is then known), or the
+  /// error that kept every start of its warm pool from succeeding.
+  result<void> wait_started();
   ~device_evaluator();
   device_evaluator(const device_evaluator&) = delete;
   device_evaluator& operator=(const device_evaluator&) = delete;

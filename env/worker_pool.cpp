@@ -19,21 +19,20 @@ worker_pool::worker_pool(const evaluator_options& opt, harness_location where, s
     scratch_root_(std::move(scratch_root)), extensions_dir_(std::move(extensions_dir)),
     zmq_(std::make_unique<zmq::context_t>(1)) {}
 
-result<void> worker_pool::start() {
-  auto first = start_worker();
-  if (!first)
-    return first.error();
-  {
-    std::lock_guard guard{mtx_};
-    hardware_ = first->hardware;
-    idle_.push_back(std::move(*first));
-  }
+void worker_pool::launch() {
   // One refill thread per warm worker: workers start (import, fork, initialise the device)
   // side by side, so a queue of evaluations never waits for them one after another.
   for (std::int64_t i = 0; i < std::max<std::int64_t>(1, opt_.warm_workers); ++i)
     refill_.emplace_back([this] { refill_loop(); });
   retire_thread_ = std::thread([this] { retire_loop(); });
-  return {};
+}
+
+result<void> worker_pool::wait_started() {
+  std::unique_lock lock{mtx_};
+  pool_cv_.wait(lock, [&] { return any_started_ || failed_starts_ >= refill_.size(); });
+  if (any_started_)
+    return {};
+  return *first_failure_;
 }
 
 worker_pool::~worker_pool() {
@@ -367,7 +366,9 @@ void worker_pool::refill_loop() {
     // stream of evaluations does not wait for its workers' starts (docs/evaluator.md, The warm pool).
     refill_cv_.wait(lock, [&] {
       const auto pool = static_cast<std::int64_t>(idle_.size()) + starting_;
-      return stopping_ || (pool < opt_.warm_workers
+      // Until a worker has started, one is wanted even with warm_workers 0: it names the hardware.
+      const auto target = any_started_ ? opt_.warm_workers : std::max<std::int64_t>(1, opt_.warm_workers);
+      return stopping_ || (pool < target
                            && (opt_.refill == worker_refill::at_once || in_flight_ == 0 || pool == 0));
     });
     if (stopping_)
@@ -378,11 +379,21 @@ void worker_pool::refill_loop() {
     lock.lock();
     --starting_;
     if (!w) {
-      log_.warn("evaluator", device_, ": warm worker failed to start: ", w.error().message);
+      if (!any_started_ && failed_starts_++ == 0)
+        first_failure_ = w.error(); // wait_started() reports it if no start succeeds
+      else
+        log_.warn("evaluator", device_, ": warm worker failed to start: ", w.error().message);
       // Back off instead of spinning on a broken interpreter; take_worker() reports the error.
       pool_cv_.notify_all();
       refill_cv_.wait_for(lock, std::chrono::seconds{5}, [&] { return stopping_; });
       continue;
+    }
+    if (!any_started_) {
+      any_started_ = true;
+      hardware_ = w->hardware;
+      if (first_failure_)
+        log_.warn("evaluator", device_, ": ", failed_starts_, " warm worker start", failed_starts_ == 1 ? "" : "s",
+                  " failed before the first worker started; the first: ", first_failure_->message);
     }
     idle_.push_back(std::move(*w));
     pool_cv_.notify_all();

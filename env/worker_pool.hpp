@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,8 +54,19 @@ public:
   worker_pool(const worker_pool&) = delete;
   worker_pool& operator=(const worker_pool&) = delete;
 
-  /// Starts the first worker and waits for it, then the refill and retire threads.
-  result<void> start();
+  /// Starts the refill and retire threads and returns at once: the refill threads start the
+  /// warm workers side by side, the zygote on the first of them (a thread that lives as long as
+  /// the pool, as the zygote must: PR_SET_PDEATHSIG is per thread). Several devices' pools so
+  /// launched warm up together.
+  void launch();
+  /// Waits until a worker has started (its hardware is then known), or until every refill thread's
+  /// start has failed with no worker started: the first of those errors.
+  result<void> wait_started();
+  /// launch(), then wait_started().
+  result<void> start() {
+    launch();
+    return wait_started();
+  }
 
   /// An idle worker, or one started here and now when none is idle.
   result<ready_worker> take();
@@ -120,6 +132,9 @@ private:
   bool stopping_ = false;
   std::int64_t in_flight_ = 0;
   int starting_ = 0;                  // workers being started by the refill threads
+  bool any_started_ = false;          // a worker has started since launch()
+  std::size_t failed_starts_ = 0;     // starts that failed before any worker started
+  std::optional<error> first_failure_; // the first of those
   std::vector<std::thread> refill_;
 
   std::atomic<std::uint64_t> started_{0};

@@ -1302,3 +1302,36 @@ TEST_CASE("refill when-idle: no worker starts while an evaluation is in flight, 
   CHECK(ev.ev->wait_warm(120));
   CHECK(ev.ev->workers_started() == 6);
 }
+
+TEST_CASE("the evaluators of several devices start together, and a device whose workers cannot start is named") {
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  // warm_workers 0: each device still starts one worker, the one that names its hardware.
+  auto opt = cpu_evaluator::suite_options(0);
+  auto made = make_device_evaluators(opt, reward_options{}, {"cpu", "cpu"}, log, verdict_cache_use::none);
+  REQUIRE_MESSAGE(made.ok(), made.error().message);
+  REQUIRE(made->size() == 2);
+  for (const auto& ev : *made) {
+    CHECK(!ev->hardware().empty());
+    CHECK(ev->workers_started() == 1);
+    CHECK(ev->warm_now() == 1);
+  }
+  // An interpreter that cannot run the harness: every warm start fails, and the error comes back
+  // naming the device, after each of the pool's starts has failed (not a hang, not a crash).
+  const auto dir = fs::temp_directory_path() / ("crucible_test_start_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const auto python = dir / "python3";
+  {
+    std::ofstream f{python};
+    f << "#!/bin/sh\necho 'this interpreter runs nothing' >&2\nexit 3\n";
+  }
+  fs::permissions(python, fs::perms::owner_all);
+  auto broken = cpu_evaluator::suite_options(3);
+  broken.python = python.string();
+  broken.start_timeout_s = 30;
+  auto refused = make_device_evaluators(broken, reward_options{}, {"cpu", "cpu"}, log, verdict_cache_use::none);
+  fs::remove_all(dir);
+  REQUIRE_FALSE(refused.ok());
+  INFO(refused.error().message);
+  CHECK(refused.error().message.rfind("cpu: ", 0) == 0);
+}

@@ -8,11 +8,16 @@ disagree on correctness.
   tools/bench/rate_summary.py OUT [--json]
 
 Reads OUT/walls.txt (a line a step: name, start and end in seconds, GPUs, exit status), OUT/STEP.jsonl
-(the records) and OUT/set/kinds.json (tools/bench/rate_set.py).
+(the records), OUT/set/kinds.json (tools/bench/rate_set.py) and, where there is one, OUT/STEP.times
+(crucible eval's stderr, each line stamped with the time it arrived). From the last: the first
+verdict's time after the start, and the steady rate, verdicts per minute between the completions of
+the 10% and the 90% verdicts (the start, the workers' and references' warm-up, and the last stragglers
+with idle slots beside them left out).
 """
 import argparse
 import json
 import os
+import re
 import sys
 
 
@@ -28,6 +33,31 @@ def records(path):
                 except json.JSONDecodeError:
                     print(f"rate_summary.py: {path}:{n}: not JSON, skipped", file=sys.stderr)
     return out
+
+
+PROGRESS = re.compile(r"^(\d+(?:\.\d+)?) \[(\d+)/(\d+)\]")
+
+
+def completions(path):
+    """The times, in seconds since the epoch, at which stderr's progress lines said a verdict was done."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = PROGRESS.match(line)
+            if m:
+                out.append(float(m.group(1)))
+    return sorted(out)
+
+
+def steady(times):
+    """Verdicts per minute between the completions of the 10% and the 90% verdicts, or None."""
+    if len(times) < 10:
+        return None
+    lo, hi = len(times) // 10, len(times) - 1 - len(times) // 10
+    span = times[hi] - times[lo]
+    return (hi - lo) / span * 60.0 if span > 0 else None
 
 
 def is_correct(r):
@@ -47,8 +77,8 @@ def main():
             for line in f:
                 parts = line.split()
                 if len(parts) >= 5:
-                    walls[parts[0]] = {"wall_s": float(parts[2]) - float(parts[1]), "gpus": int(parts[3]),
-                                       "rc": int(parts[4])}
+                    walls[parts[0]] = {"start": float(parts[1]), "wall_s": float(parts[2]) - float(parts[1]),
+                                       "gpus": int(parts[3]), "rc": int(parts[4])}
     except OSError as e:
         sys.exit(f"rate_summary.py: {args.out}/walls.txt: {e.strerror}")
     try:
@@ -68,6 +98,10 @@ def main():
         minutes = w["wall_s"] / 60.0
         step = dict(w, verdicts=n, statuses=statuses, per_min=n / minutes if minutes > 0 else None,
                     per_gpu_min=n / (minutes * w["gpus"]) if minutes > 0 else None)
+        times = completions(os.path.join(args.out, name + ".times"))
+        if times:
+            step["first_verdict_s"] = times[0] - w["start"]
+            step["steady_per_min"] = steady(times)
         # identical code: the precision bar
         selfs = [r for r in recs if 0 < r.get("line", 0) <= len(kind) and kind[r["line"] - 1] == "self"]
         if selfs:
@@ -96,6 +130,8 @@ def main():
     for a, b in (("warm2", "warm1"), ("cold2", "cold")):
         if a in steps and b in steps and steps[b]["per_min"]:
             ratios[f"{a}/{b} per minute"] = steps[a]["per_min"] / steps[b]["per_min"]
+        if a in steps and b in steps and steps[a].get("steady_per_min") and steps[b].get("steady_per_min"):
+            ratios[f"{a}/{b} steady per minute"] = steps[a]["steady_per_min"] / steps[b]["steady_per_min"]
     disagree = []
     if "kb" in steps and "cold" in steps:
         kb = {r.get("line"): r for r in records(os.path.join(args.out, "kb.jsonl"))}
@@ -113,6 +149,10 @@ def main():
         print(f"{name:6} {s['gpus']:>4} {s['verdicts']:>8} {s['wall_s']:>8.1f} {s['per_min'] or 0:>7.2f} "
               f"{s['per_gpu_min'] or 0:>8.2f}  {json.dumps(s['statuses'])}  rc {s['rc']}")
         print(f"{'':6} median wall_s a verdict by kind: {json.dumps(s['median_wall_s_by_kind'])}")
+        if "first_verdict_s" in s:
+            rate = "-" if s["steady_per_min"] is None else f"{s['steady_per_min']:.2f}"
+            print(f"{'':6} first verdict at {s['first_verdict_s']:.1f} s; steady rate (10% to 90% of the verdicts) "
+                  f"{rate} /min")
         if "self" in s:
             sp = ", ".join("-" if x is None else f"{x:.3f}" for x in s["self"]["speedups"])
             print(f"{'':6} identical code: {s['self']['within_2pct']}/{s['self']['pairs']} within +-2% ({sp})")

@@ -13,7 +13,9 @@
 # crucible runs with --no-cache (no verdict cache), evaluator.concurrency CONC (6) and
 # evaluator.warm_workers WARM (12) a device; EVAL_ARGS: more crucible eval options; LAPS=1: with
 # --verbose, and each step's laps summed by tools/bench/eval_laps.py in STEP.laps.txt. Each step's wall
-# time is the whole process's (start included). BUILD: the build (default build); OUT (default
+# time is the whole process's (start included); STEP.times stamps each line of its stderr (a verdict
+# a line) with the time it arrived, from which the summary takes the steady rate (the middle 80% of
+# the verdicts, the start and the last stragglers left out). BUILD: the build (default build); OUT (default
 # runs/bench/rate): the records (STEP.jsonl), logs (STEP.log), walls.txt and summary.txt
 # (tools/bench/rate_summary.py). PYTHON: the interpreter with torch (.venv/bin/python, else python3).
 set -uo pipefail
@@ -32,15 +34,18 @@ mkdir -p "$OUT"
 # shellcheck disable=SC2086
 "$PYTHON" tools/bench/rate_set.py "$RELEASE" "$OUT/set" ${SET_ARGS:---torch 8 --inline 4 --self 4 --copies 4} || exit 2
 now() { date +%s.%N; }
+stamp() { local l; while IFS= read -r l; do printf '%s %s\n' "$EPOCHREALTIME" "$l"; done; }
 crucible_step() { # NAME SET DEVICES CACHE
   local s
   rm -f "$OUT/$1.jsonl"
   s=$(now)
   # shellcheck disable=SC2086
+  # stderr's lines (one a verdict on a pipe) each stamped with the time it arrived: STEP.times
   XDG_CACHE_HOME="$4" "$BUILD/tools/crucible" eval --pairs "$2" --device "$3" --no-cache --json --out "$OUT/$1.jsonl" \
     --set evaluator.concurrency="$CONC" --set evaluator.warm_workers="$WARM" ${EVAL_ARGS:-} \
-    $([[ "${LAPS:-}" == 1 ]] && echo --verbose) > "$OUT/$1.log" 2>&1
-  local rc=$? gpus
+    $([[ "${LAPS:-}" == 1 ]] && echo --verbose) 2>&1 > "$OUT/$1.log" | stamp > "$OUT/$1.times"
+  local rc=${PIPESTATUS[0]} gpus
+  [[ "${LAPS:-}" == 1 ]] && cut -d' ' -f2- "$OUT/$1.times" >> "$OUT/$1.log"
   [[ "${LAPS:-}" == 1 ]] && "$PYTHON" tools/bench/eval_laps.py --whole "$OUT/$1.log" > "$OUT/$1.laps.txt" 2>&1
   gpus=$(tr ',' '\n' <<< "$3" | grep -c .)
   echo "$1 $s $(now) $gpus $rc" >> "$OUT/walls.txt"

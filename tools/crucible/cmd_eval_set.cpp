@@ -410,9 +410,8 @@ result<std::size_t> evaluate(const config& cfg, const set_options& o, const std:
   auto ledger = std::make_shared<device_ledger>();
   std::vector<evaluator_actor> taps;
   std::string names;
-  // One after the other, on this thread: a device's evaluator starts its worker zygote from the
-  // calling thread, and the zygote dies with the thread that started it (PR_SET_PDEATHSIG is per
-  // thread). Started on short-lived threads of their own, the zygotes died as those ended.
+  // The devices' warm pools start together; each pool starts its zygote on a thread of its own
+  // that lives as long as the pool (PR_SET_PDEATHSIG is per thread).
   auto evaluators = env::make_device_evaluators(cfg.evaluator, cfg.reward, o.devices, log,
                                                 o.use_cache ? env::verdict_cache_use::configured
                                                             : env::verdict_cache_use::none);

@@ -526,8 +526,6 @@ int run_serve(const parsed_args& args) {
 
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
-  // On this thread, which lives as long as the service: each device's worker zygote dies with
-  // the thread that started it (PR_SET_PDEATHSIG).
   auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, devices, log,
                                           args.has("--no-cache") ? env::verdict_cache_use::none
                                                                  : env::verdict_cache_use::configured);
