@@ -29,7 +29,8 @@ void worker_pool::launch() {
 
 result<void> worker_pool::wait_started() {
   std::unique_lock lock{mtx_};
-  pool_cv_.wait(lock, [&] { return any_started_ || failed_starts_ >= refill_.size(); });
+  // Failed as many times as there are refill threads, none starting now: all of them in their back-off.
+  pool_cv_.wait(lock, [&] { return any_started_ || (failed_starts_ >= refill_.size() && starting_ == 0); });
   if (any_started_)
     return {};
   return *first_failure_;
