@@ -62,7 +62,7 @@ value evaluator::method(const value& obj, const std::string& name, std::size_t p
         value_list out;
         for (const auto& [k, v] : obj.as_dict()) {
           if (name == "items")
-            out.emplace_back(value_list{value{k}, v}, true);
+            out.emplace_back(value_list{k, v}, true);
           else if (name == "keys")
             out.emplace_back(k);
           else
@@ -74,10 +74,8 @@ value evaluator::method(const value& obj, const std::string& name, std::size_t p
       return value::function("dict.get", [obj](const call_args& a) -> value {
         if (a.positional.empty() || a.positional.size() > 2 || !a.keyword.empty())
           raise_in_call(errc::invalid_arg, "dict.get() takes 1 or 2 positional arguments");
-        const auto& key = a.positional[0];
-        if (key.is_string())
-          if (const value* v = obj.find(key.as_string()))
-            return *v;
+        if (const value* v = obj.find_key(hashable(a.positional[0], std::string::npos)))
+          return *v;
         return a.positional.size() > 1 ? a.positional[1] : value::none();
       });
     static const std::set<std::string, std::less<>> others = {"pop", "update", "copy", "clear", "setdefault",
@@ -202,7 +200,8 @@ value evaluator::global(const std::string& name) {
           members.push_back(m);
       }
       for (const auto& [k, v] : a.keyword) {
-        auto it = std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.first == k; });
+        auto it = std::find_if(members.begin(), members.end(),
+                               [&](const auto& m) { return m.first.is_string() && m.first.as_string() == k; });
         if (it != members.end())
           it->second = v;
         else
@@ -341,7 +340,34 @@ value apply_filter(evaluator& ev, const std::string& name, const value& v, const
       raise_in_call(errc::invalid_arg, "Can only get item pairs from a mapping.");
     value_list out;
     for (const auto& [k, x] : v.as_dict())
-      out.emplace_back(value_list{value{k}, x}, true);
+      out.emplace_back(value_list{k, x}, true);
+    return value{std::move(out)};
+  }
+  if (name == "dictsort") {
+    // jinja2's dictsort: the (key, value) pairs sorted by key or value, strings compared lowered
+    // unless case_sensitive; keys of kinds Python cannot order are its TypeError.
+    check_arity(a, 3, {"case_sensitive", "by", "reverse"}, name);
+    const bool case_sensitive = arg_at(a, 0, "case_sensitive", value{false}).truthy();
+    const value by = arg_at(a, 1, "by", value{"key"});
+    const bool reverse = arg_at(a, 2, "reverse", value{false}).truthy();
+    if (!by.is_string() || (by.as_string() != "key" && by.as_string() != "value"))
+      raise_in_call(errc::invalid_arg, "You can only sort by either 'key' or 'value'");
+    if (v.type() != value::kind::dict)
+      raise_in_call(errc::invalid_arg, std::string{"dictsort of a '"} + type_name(v) + "', not a dict");
+    const std::size_t field = by.as_string() == "key" ? 0 : 1;
+    std::vector<std::pair<value, value>> keyed; // (sort key, the pair)
+    for (const auto& [k, x] : v.as_dict()) {
+      const value& on = field == 0 ? k : x;
+      value sort_on = !case_sensitive && on.is_string() ? value{ascii_case(on.as_string(), false, "dictsort")} : on;
+      keyed.emplace_back(std::move(sort_on), value{value_list{k, x}, true});
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [&](const auto& p, const auto& q) {
+      return reverse ? py_compare(q.first, p.first, "<", std::string::npos) < 0
+                     : py_compare(p.first, q.first, "<", std::string::npos) < 0;
+    });
+    value_list out;
+    for (auto& p : keyed)
+      out.push_back(std::move(p.second));
     return value{std::move(out)};
   }
   if (name == "string") {

@@ -113,6 +113,12 @@ void to_json(std::string& out, const value& v, const json_style& st, int level, 
 bool py_equal(const value& a, const value& b);
 /// <0, 0, >0 for a < b, a == b, a > b; a TypeError for unorderable types.
 int py_compare(const value& a, const value& b, const std::string& op, std::size_t pos);
+/// `key` itself when Python could hash it (str, int, float, bool, none, undefined, a function, a
+/// tuple of these); a TypeError ("unhashable type") for a list, dict or namespace.
+const value& hashable(const value& key, std::size_t pos);
+/// A dict key as json.dumps writes it: a str as it is, an int or float as its repr, a bool as
+/// true/false, none as null; other keys are a TypeError.
+std::string json_key(const value& key, std::size_t pos);
 /// Python's `item in container`.
 bool py_in(const value& item, const value& container, std::size_t pos);
 /// Checked 64-bit arithmetic: Python's integers do not overflow, ours refuse to.

@@ -38,7 +38,10 @@ value evaluator::get_item(const value& obj, const value& key, std::size_t pos) {
   switch (obj.type()) {
     case value::kind::dict:
     case value::kind::ns:
-      if (key.is_string()) {
+      if (!key.is_string()) {
+        if (const value* v = obj.find_key(hashable(key, pos)))
+          return *v;
+      } else {
         if (const value* v = obj.find(key.as_string()))
           return *v;
         if (key.as_string().rfind("__", 0) == 0)
@@ -362,14 +365,16 @@ value evaluator::eval(const expr& e, scope& sc) {
       value_dict members;
       for (std::size_t i = 0; i + 1 < e.args.size(); i += 2) {
         auto k = eval(*e.args[i], sc);
-        if (!k.is_string())
-          raise(errc::unsupported, e.args[i]->pos, "dict keys other than strings are not supported");
+        if (k.is_undefined())
+          raise(errc::invalid_arg, e.args[i]->pos, "a dict key is undefined");
+        hashable(k, e.args[i]->pos);
         auto v = eval(*e.args[i + 1], sc);
-        auto it = std::find_if(members.begin(), members.end(), [&](const auto& m) { return m.first == k.as_string(); });
+        // Python keeps the first key's position and object (1 then 1.0: the key stays 1) and the last value.
+        auto it = std::find_if(members.begin(), members.end(), [&](const auto& m) { return py_equal(m.first, k); });
         if (it != members.end())
           it->second = std::move(v);
         else
-          members.emplace_back(k.as_string(), std::move(v));
+          members.emplace_back(std::move(k), std::move(v));
       }
       return value{std::move(members)};
     }

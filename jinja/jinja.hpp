@@ -25,8 +25,10 @@ namespace crucible::jinja {
 
 class value;
 using value_list = std::vector<value>;
-/// A dict in insertion order (Python dicts keep it; tojson and iteration follow it).
-using value_dict = std::vector<std::pair<std::string, value>>;
+/// A dict in insertion order (Python dicts keep it; tojson and iteration follow it). Keys are
+/// hashable values: str, int, float, bool, none or a tuple of them (Python's equality: 1, 1.0
+/// and True are one key).
+using value_dict = std::vector<std::pair<value, value>>;
 
 /// The arguments of a call from a template: positional, then keyword (`f(1, indent=4)`).
 struct call_args {
@@ -37,7 +39,7 @@ struct call_args {
 /// A value of the template language, with Python's semantics: `undefined` (Jinja's default
 /// Undefined: prints as "", iterates as empty, false), `none`, bool, int (64-bit; overflow is an
 /// error, not a big integer), float, str (UTF-8; length and indexing count code points), list,
-/// dict (string keys), namespace (the one mutable object) and function. Lists and dicts are
+/// dict (keys of the hashable kinds), namespace (the one mutable object) and function. Lists and dicts are
 /// shared and immutable once built, so copies are cheap. Not thread-safe to mutate; a rendering
 /// builds its own values.
 class value {
@@ -84,6 +86,8 @@ public:
 
   /// Member `key` of a dict or namespace; nullptr when absent or not a dict.
   const value* find(std::string_view key) const;
+  /// Member `key` (compared as Python compares keys) of a dict or namespace; nullptr when absent.
+  const value* find_key(const value& key) const;
 
   /// Python truth: "", 0, 0.0, none, undefined, empty list and dict are false.
   bool truthy() const noexcept;
@@ -116,7 +120,7 @@ struct render_options {
 /// (parameters with defaults, called positionally or by name; no `caller`, `varargs`, `kwargs`);
 /// expressions with literals, lists, tuples, dicts, attribute and item access, slices, calls,
 /// `+ - * / // % **`, `~`, comparisons, `in`, `not in`, `and`, `or`, `not`, `x if c else y`;
-/// filters abs, capitalize, count, default (d), first, float, int, items, join, last, length,
+/// filters abs, capitalize, count, default (d), dictsort, first, float, int, items, join, last, length,
 /// list, lower, map, reject, rejectattr, replace, reverse, select, selectattr, string, tojson
 /// (transformers' json.dumps form: indent, separators, sort_keys), trim, upper; tests defined,
 /// undefined, none, boolean, true, false, integer, float, number, string, mapping, iterable,

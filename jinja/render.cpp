@@ -113,7 +113,7 @@ void evaluator::assign(const node& n, value v, scope& sc) {
       raise(errc::invalid_arg, n.pos, "cannot assign attribute on non-namespace object");
     auto& members = target->namespace_members();
     for (auto& [k, x] : members)
-      if (k == n.ns_attr) {
+      if (k.is_string() && k.as_string() == n.ns_attr) {
         x = std::move(v);
         return;
       }
@@ -269,8 +269,11 @@ result<std::string> program::render(const value& context, const render_options& 
     return fail(errc::invalid_arg, impl_->name, ": the render context must be a dict");
   std::string out;
   detail::scope root;
-  for (const auto& [k, v] : context.as_dict())
-    root.vars[k] = v;
+  for (const auto& [k, v] : context.as_dict()) {
+    if (!k.is_string())
+      return fail(errc::invalid_arg, impl_->name, ": the render context's keys must be strings, not ", detail::type_name(k));
+    root.vars[k.as_string()] = v;
+  }
   try {
     detail::evaluator ev{opt, out};
     ev.exec(impl_->root, root);
@@ -291,7 +294,7 @@ result<std::string> render_chat(const program& chat_template, std::span<const ch
     ctx.emplace_back(k, value{v});
   // transformers passes these after the special tokens; a special token of the same name loses.
   auto put = [&](const std::string& k, value v) {
-    auto it = std::find_if(ctx.begin(), ctx.end(), [&](const auto& m) { return m.first == k; });
+    auto it = std::find_if(ctx.begin(), ctx.end(), [&](const auto& m) { return m.first.as_string() == k; });
     if (it != ctx.end())
       it->second = std::move(v);
     else

@@ -58,7 +58,7 @@ value value::from_json(const json_value& j) {
       value_dict members;
       for (const auto& m : j.as_object()) {
         // Python's dict keeps the last of duplicate keys, at the first one's position.
-        auto it = std::find_if(members.begin(), members.end(), [&](const auto& p) { return p.first == m.key; });
+        auto it = std::find_if(members.begin(), members.end(), [&](const auto& p) { return p.first.as_string() == m.key; });
         if (it != members.end())
           it->second = from_json(m.value);
         else
@@ -74,7 +74,16 @@ const value* value::find(std::string_view key) const {
   if (!is_dict())
     return nullptr;
   for (const auto& [k, v] : *dict_)
-    if (k == key)
+    if (k.is_string() && k.as_string() == key)
+      return &v;
+  return nullptr;
+}
+
+const value* value::find_key(const value& key) const {
+  if (!is_dict())
+    return nullptr;
+  for (const auto& [k, v] : *dict_)
+    if (detail::py_equal(k, key))
       return &v;
   return nullptr;
 }
@@ -146,7 +155,7 @@ std::string repr(const value& v, std::size_t pos) {
       std::string out = "{";
       bool first = true;
       for (const auto& [k, x] : v.as_dict()) {
-        out += (first ? "" : ", ") + py_str_repr(k) + ": " + repr(x, pos);
+        out += (first ? "" : ", ") + repr(k, pos) + ": " + repr(x, pos);
         first = false;
       }
       return out + "}";
@@ -199,6 +208,37 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
 
 } // namespace
 
+const value& hashable(const value& key, std::size_t pos) {
+  switch (key.type()) {
+    case value::kind::list:
+      if (key.is_tuple()) {
+        for (const auto& x : key.as_list())
+          hashable(x, pos);
+        return key;
+      }
+      break;
+    case value::kind::dict:
+    case value::kind::ns: break;
+    default: return key;
+  }
+  raise(errc::invalid_arg, pos, std::string{"unhashable type: '"} + type_name(key) + "'");
+}
+
+std::string json_key(const value& key, std::size_t pos) {
+  switch (key.type()) {
+    case value::kind::string: return key.as_string();
+    case value::kind::integer: return std::to_string(key.as_int());
+    case value::kind::boolean: return key.as_bool() ? "true" : "false";
+    case value::kind::none: return "null";
+    case value::kind::floating: {
+      const double d = key.as_double();
+      return std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : python_float_repr(d);
+    }
+    default: break;
+  }
+  raise(errc::invalid_arg, pos, std::string{"keys must be str, int, float, bool or None, not "} + type_name(key));
+}
+
 void to_json(std::string& out, const value& v, const json_style& st, int level, std::size_t pos) {
   auto newline = [&](int l) {
     out += '\n';
@@ -235,16 +275,18 @@ void to_json(std::string& out, const value& v, const json_style& st, int level, 
       return;
     }
     case value::kind::dict: {
-      std::vector<const std::pair<std::string, value>*> members;
+      std::vector<const std::pair<value, value>*> members;
       for (const auto& m : v.as_dict())
         members.push_back(&m);
       if (members.empty()) {
         out += "{}";
         return;
       }
-      if (st.sort_keys)
-        std::stable_sort(members.begin(), members.end(), [](auto* a, auto* b) {
-          return a->first < b->first; // UTF-8 byte order is code point order
+      if (st.sort_keys) // Python sorts the keys as they are (a TypeError for str beside int), then writes them
+        std::stable_sort(members.begin(), members.end(), [pos](auto* a, auto* b) {
+          if (a->first.is_string() && b->first.is_string())
+            return a->first.as_string() < b->first.as_string(); // UTF-8 byte order is code point order
+          return py_compare(a->first, b->first, "<", pos) < 0;
         });
       out += '{';
       for (std::size_t i = 0; i < members.size(); ++i) {
@@ -252,7 +294,7 @@ void to_json(std::string& out, const value& v, const json_style& st, int level, 
           out += st.item_sep;
         if (st.indent_set)
           newline(level + 1);
-        json_string(out, members[i]->first, st.ensure_ascii);
+        json_string(out, json_key(members[i]->first, pos), st.ensure_ascii);
         out += st.key_sep;
         to_json(out, members[i]->second, st, level + 1, pos);
       }
@@ -296,7 +338,7 @@ bool py_equal(const value& a, const value& b) {
       if (x.size() != y.size())
         return false;
       for (const auto& [k, v] : x) {
-        const value* w = b.find(k);
+        const value* w = b.find_key(k);
         if (w == nullptr || !py_equal(v, *w))
           return false;
       }
@@ -348,7 +390,7 @@ bool py_in(const value& item, const value& container, std::size_t pos) {
         if (py_equal(x, item))
           return true;
       return false;
-    case value::kind::dict: return item.is_string() && container.find(item.as_string()) != nullptr;
+    case value::kind::dict: return container.find_key(hashable(item, pos)) != nullptr;
     default: break;
   }
   raise(errc::invalid_arg, pos, std::string{"argument of type '"} + type_name(container) + "' is not iterable");

@@ -60,6 +60,9 @@ inline std::vector<parity_case> real_template_cases(const std::filesystem::path&
     {"llama3.1.jinja", {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}}},
     {"llama3.2.jinja", {{"bos_token", "<|begin_of_text|>"}, {"eos_token", "<|eot_id|>"}}},
     {"smollm2.jinja", {{"bos_token", "<|im_start|>"}, {"eos_token", "<|im_end|>"}, {"pad_token", "<|im_end|>"}}},
+    // ByteDance-Seed/Seed-OSS-36B-Instruct's (as in llama.cpp's models/templates at 1eeb523): macros,
+    // a dict with integer keys and dictsort; it sets its own special tokens.
+    {"seed-oss.jinja", {{"bos_token", "<seed:bos>"}, {"eos_token", "<seed:eos>"}, {"pad_token", "<seed:pad>"}}},
   };
   const std::string code = "```python\nimport torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n"
                            "        return {'a': x}['a']  # {{ not jinja }} {% raw %}\n```\n";
@@ -201,7 +204,23 @@ inline std::vector<parity_case> semantics_cases() {
   add("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}");
+  // Dict keys other than strings (Seed-OSS's reflection-interval table), and dictsort.
+  add("{% set m = {0: 'z', 512: 'a', 1024: 'b', 'k': 1, true: 't', 1.0: 'one'} %}{{ m[512] }}|{{ m[0] }}|{{ m[1] }}|{{ m['k'] }}|"
+      "{{ m|length }}|{{ 512 in m }}|{{ 3 in m }}|{{ '512' in m }}|{{ m.get(1024) }}|{{ m.get(7, 'no') }}|{{ m }}|{{ m.keys()|list }}");
+  add("{% for k, v in {16384: 1, 0: 2, 512: 3}|dictsort %}{{ k }}={{ v }};{% endfor %}|{{ {'b': 1, 'A': 2, 'a': 3}|dictsort }}|"
+      "{{ {'b': 1, 'A': 2}|dictsort(true) }}|{{ {'x': 2, 'y': 1}|dictsort(by='value') }}|{{ {1: 'a', 2: 'b'}|dictsort(reverse=true) }}|"
+      "{{ d|dictsort|first }}");
+  add("{{ {1: 'a', 'b': none, 2.5: true, none: 1, false: 0}|tojson }}|{{ {2: 'a', 1: 'b'}|tojson(sort_keys=true) }}|"
+      "{{ {(1, 2): 'x'}[(1, 2)] }}|{{ {1: 2} == {1.0: 2} }}|{{ {1: 2} == {'1': 2} }}|{{ {1: 'x'}|items|list }}");
+  add("{% set table = {0: 0, 512: 128, 1024: 256, 2048: 512} %}{% set ns = namespace(interval=none) %}"
+      "{% for k, v in table|dictsort %}{% if ns.interval is none and 600 <= k %}{% set ns.interval = v %}{% endif %}{% endfor %}"
+      "{{ ns.interval }}|{{ table[2048] }}");
   // Errors both raise (the C++ side must fail too, never render something).
+  add("{{ {[1]: 2} }}");
+  add("{{ {1: 'a', 'b': 2}|dictsort }}");
+  add("{{ {'a': 1, 2: 3}|tojson(sort_keys=true) }}");
+  add("{{ {(1, 2): 'x'}|tojson }}");
+  add("{{ {'a': 1}|dictsort(by='size') }}");
   add("{{ undefined_a + 'x' }}");
   add("{{ undefined_a.b }}");
   add("{{ 'a' + 1 }}");
