@@ -310,8 +310,13 @@ double median_seconds(int reps, const std::function<void()>& f) {
 // three earlier implementations (about 8 KB), the policy's answer, and the evaluator's feedback.
 std::vector<crucible::jinja::chat_message> realistic_chat(const fs::path& source_dir) {
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(source_dir / "data/kernelbench/level2"))
-    files.push_back(e.path());
+  const auto level2 = source_dir / "data/kernelbench/level2";
+  std::error_code ec;
+  for (fs::directory_iterator it{level2, ec}, end; !ec && it != end; it.increment(ec))
+    files.push_back(it->path());
+  if (ec || files.size() < 8)
+    throw std::runtime_error(level2.string() + ": needs KernelBench's level 2 tasks for the timed chat "
+                             "(tools/bench/fetch_kernelbench.sh)");
   std::sort(files.begin(), files.end());
   auto code = [&](std::size_t i) { return "```python\n" + crucible::jinja::parity::read_text(files.at(i)) + "```\n"; };
   std::string user = "Task: " + files.at(0).stem().string() + " on an NVIDIA H100.\n\n" + code(0) +
@@ -432,7 +437,13 @@ int main(int argc, char** argv) {
   }
 
   // 2. Speed on a realistic chat, the real templates that a rollout would use.
-  auto chat = realistic_chat(source_dir);
+  std::vector<crucible::jinja::chat_message> chat;
+  try {
+    chat = realistic_chat(source_dir);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "compare_jinja: no speed figures: %s\n", e.what());
+    return 2;
+  }
   std::size_t chat_bytes = 0;
   for (const auto& m : chat)
     chat_bytes += m.content.size();
