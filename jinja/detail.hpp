@@ -173,20 +173,24 @@ struct node;
 using body = std::vector<node>;
 
 struct node {
-  enum class kind : std::uint8_t { text, output, if_, for_, set, set_block, break_, continue_, block, macro };
+  enum class kind : std::uint8_t { text, output, if_, for_, set, set_block, break_, continue_, block, macro, call_block };
   kind k;
   std::size_t pos;
   std::string text;
   expr_ptr e;                                   // output, set value, for iterable
   std::vector<std::pair<expr_ptr, body>> branches; // if/elif (test, body); else is a null test;
                                                    // macro: each parameter's default (null: none)
-  body inner;                                   // for body, set block body, generation body, macro body
+  body inner;                                   // for body, set block body, generation body, macro body,
+                                                // call block body (the caller's)
   body otherwise;                               // for else
   std::vector<std::string> targets;             // for/set names (one, or a tuple); macro parameters
                                                 // (its name is `text`)
   bool tuple_target = false;
   std::string ns_attr;                          // set ns.attr = ...: targets[0] is the namespace
   expr_ptr loop_filter;                         // for ... if cond
+  std::uint8_t catches = 0;                     // macro, call block: names its body reads (catch_varargs ...)
+
+  static constexpr std::uint8_t catch_varargs = 1, catch_kwargs = 2, catch_caller = 4;
 };
 
 // The filters and tests jinja2 defines: anything else is a syntax error there (TemplateAssertionError
@@ -252,6 +256,8 @@ private:
   // what lives as long as the rendering: its options and its depth count.
   static value call_macro(const render_options& opt, int* depth, const node& def, scope& root,
                           const std::unordered_map<std::string, value>& closure, const call_args& a);
+  // The callable of a macro definition (or a call block's caller) made in scope `sc`.
+  value macro_value(const node& def, scope& sc);
 
 public:
   // Builtins (builtins.cpp): a global name, a method of a dict, str or list (undefined when none).

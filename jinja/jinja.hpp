@@ -117,7 +117,8 @@ struct render_options {
 /// `elif`/`else`, `for` (tuple targets, `else`, an `if` filter, `loop.index`, `index0`,
 /// `revindex`, `revindex0`, `first`, `last`, `length`, `previtem`, `nextitem`), `set` (names,
 /// tuples, namespace attributes, block form), `break`, `continue`, `raw`, `generation`, `macro`
-/// (parameters with defaults, called positionally or by name; no `caller`, `varargs`, `kwargs`);
+/// (parameters with defaults, called positionally or by name; `varargs`, `kwargs` and `caller`
+/// where the body reads them, as jinja2 decides), `call` blocks (with the caller's parameters);
 /// expressions with literals, lists, tuples, dicts, attribute and item access, slices, calls,
 /// `+ - * / // % **`, `~`, comparisons, `in`, `not in`, `and`, `or`, `not`, `x if c else y`;
 /// filters abs, capitalize, count, default (d), dictsort, first, float, int, items, join, last, length,
@@ -129,7 +130,7 @@ struct render_options {
 /// methods items/keys/values/get and the str methods strip/lstrip/rstrip/split/startswith/
 /// endswith/upper/lower/replace.
 ///
-/// Anything else (`call` blocks, includes, other filters and methods, big integers, ...) is refused
+/// Anything else (`filter` blocks, includes, other filters and methods, big integers, ...) is refused
 /// with an error naming the template, line and column: at parse time for syntax Jinja itself
 /// would refuse or that this subset cannot parse, at render time for a construct Jinja has but
 /// this subset does not implement (so a template whose unsupported branch is not taken still

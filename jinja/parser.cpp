@@ -143,6 +143,8 @@ private:
     }
     if (kw == "macro")
       return parse_macro(pos);
+    if (kw == "call")
+      return parse_call_block(pos);
     if (kw == "generation") {
       // transformers' AssistantTracker: renders its body unchanged.
       expect_block_end();
@@ -153,7 +155,7 @@ private:
       return n;
     }
     static const std::set<std::string, std::less<>> known = {
-      "call", "filter", "include", "import", "from", "extends", "block", "with", "autoescape", "do", "raw"};
+      "filter", "include", "import", "from", "extends", "block", "with", "autoescape", "do", "raw"};
     if (known.count(kw) != 0)
       raise(errc::unsupported, kw_pos, "the '" + kw + "' statement is not supported");
     raise(errc::invalid_arg, kw_pos, "unknown tag '" + kw + "'");
@@ -235,10 +237,8 @@ private:
     return n;
   }
 
-  // {% macro name(a, b=default, ...) %}body{% endmacro %}
-  node parse_macro(std::size_t pos) {
-    node n{node::kind::macro, pos, {}, {}, {}, {}, {}, {}, false, {}, {}};
-    n.text = expect_name();
+  // (a, b=default, ...) of a macro or a call block, into n.targets and n.branches.
+  void parse_params(node& n) {
     expect_op("(");
     while (!is_op(")")) {
       const auto param_pos = cur().pos;
@@ -257,14 +257,46 @@ private:
         break;
     }
     expect_op(")");
-    expect_block_end();
-    const auto loops = loop_depth_; // a loop around the definition is not the body's
+  }
+
+  // The body of a macro or a call block, up to `end`: a loop around it is not the body's, and the
+  // names varargs, kwargs and caller read in it (nested macros included, as jinja2 finds them)
+  // make the macro take extra arguments.
+  void parse_macro_body(node& n, const char* end) {
+    const auto loops = loop_depth_;
     loop_depth_ = 0;
-    n.inner = parse_body({"endmacro"});
+    open_macros_.push_back(&n.catches);
+    n.inner = parse_body({end});
+    open_macros_.pop_back();
     loop_depth_ = loops;
     next();
+  }
+
+  // {% macro name(a, b=default, ...) %}body{% endmacro %}
+  node parse_macro(std::size_t pos) {
+    node n{node::kind::macro, pos, {}, {}, {}, {}, {}, {}, false, {}, {}};
+    n.text = expect_name();
+    parse_params(n);
+    expect_block_end();
+    parse_macro_body(n, "endmacro");
     if (cur().type == tok::name && cur().text == n.text) // {% endmacro name %}
       next();
+    expect_block_end();
+    return n;
+  }
+
+  // {% call(a, b=default) m(x) %}body{% endcall %}: m(x, caller=<a macro of the body>), its output printed.
+  node parse_call_block(std::size_t pos) {
+    node n{node::kind::call_block, pos, {}, {}, {}, {}, {}, {}, false, {}, {}};
+    n.text = "caller";
+    if (is_op("("))
+      parse_params(n);
+    const auto call_pos = cur().pos;
+    n.e = parse_expression(true);
+    if (n.e->kind != expr::op::call)
+      raise(errc::invalid_arg, call_pos, "expected a call after 'call'");
+    expect_block_end();
+    parse_macro_body(n, "endcall");
     expect_block_end();
     return n;
   }
@@ -503,6 +535,10 @@ private:
         } else {
           e->kind = expr::op::name;
           e->name = n;
+          const std::uint8_t bit = n == "varargs" ? node::catch_varargs : n == "kwargs" ? node::catch_kwargs
+                                   : n == "caller"                     ? node::catch_caller : 0;
+          for (auto* catches : open_macros_)
+            *catches |= bit;
         }
         return e;
       }
@@ -773,6 +809,7 @@ private:
   std::vector<token> t_;
   std::size_t i_ = 0;
   int loop_depth_ = 0;
+  std::vector<std::uint8_t*> open_macros_; // the macros and call blocks whose bodies are being parsed
 };
 
 } // namespace

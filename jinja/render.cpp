@@ -46,44 +46,78 @@ flow evaluator::exec(const node& n, scope& sc) {
       return f;
     }
     case node::kind::for_: return exec_for(n, sc);
-    case node::kind::macro: {
-      // The body sees the variables around its definition as they are now (a closure), and the
-      // rendering's top-level ones (the context, top-level sets) as they are when it is called.
-      scope* root = &sc;
-      std::unordered_map<std::string, value> closure;
-      for (; root->parent != nullptr; root = root->parent)
-        for (const auto& [k, v] : root->vars)
-          closure.emplace(k, v); // the innermost definition of a name wins
-      sc.vars[n.text] = value::function(
-        n.text, [opt = &opt_, depth = macro_depth_, def = &n, root, closure = std::move(closure)](const call_args& a) {
-          return call_macro(*opt, depth, *def, *root, closure, a);
-        });
+    case node::kind::macro: sc.vars[n.text] = macro_value(n, sc); return flow::normal;
+    case node::kind::call_block: {
+      // The call with one more keyword argument, `caller`: a macro of the block's body.
+      const expr& c = *n.e;
+      auto fn = eval(*c.args[0], sc);
+      call_args a;
+      for (std::size_t i = 1; i < c.args.size(); ++i)
+        a.positional.push_back(eval(*c.args[i], sc));
+      for (const auto& [k, x] : c.kwargs)
+        a.keyword.emplace_back(k, eval(*x, sc));
+      a.keyword.emplace_back("caller", macro_value(n, sc));
+      out_ += to_str(call(fn, std::move(a), c.pos), c.pos);
       return flow::normal;
     }
   }
   return flow::normal;
 }
 
+value evaluator::macro_value(const node& def, scope& sc) {
+  // The body sees the variables around its definition as they are now (a closure), and the
+  // rendering's top-level ones (the context, top-level sets) as they are when it is called.
+  scope* root = &sc;
+  std::unordered_map<std::string, value> closure;
+  for (; root->parent != nullptr; root = root->parent)
+    for (const auto& [k, v] : root->vars)
+      closure.emplace(k, v); // the innermost definition of a name wins
+  return value::function(
+    def.text, [opt = &opt_, depth = macro_depth_, d = &def, root, closure = std::move(closure)](const call_args& a) {
+      return call_macro(*opt, depth, *d, *root, closure, a);
+    });
+}
+
 // A call of a macro: parameters bound as Python binds them (positionally, then by name; a missing
 // one without a default is undefined, as in jinja2), defaults evaluated in order in the macro's
-// scope, and the body rendered into a string of its own.
+// scope, and the body rendered into a string of its own. A body that reads `varargs` takes extra
+// positional arguments (a tuple), one that reads `kwargs` extra keyword arguments (a dict), one
+// that reads `caller` the call block's caller (undefined without one), as jinja2's macros do.
 value evaluator::call_macro(const render_options& opt, int* depth, const node& def, scope& root,
                             const std::unordered_map<std::string, value>& closure, const call_args& a) {
   const auto& params = def.targets;
   if (*depth >= max_macro_depth)
     raise_in_call(errc::invalid_arg, "macro '" + def.text + "': calls nested deeper than " +
                                          std::to_string(max_macro_depth) + " (runaway recursion?)");
-  if (a.positional.size() > params.size())
+  const bool catch_varargs = (def.catches & node::catch_varargs) != 0;
+  const bool catch_kwargs = (def.catches & node::catch_kwargs) != 0;
+  const bool catch_caller = (def.catches & node::catch_caller) != 0;
+  if (a.positional.size() > params.size() && !catch_varargs)
     raise_in_call(errc::invalid_arg, "macro '" + def.text + "' takes not more than " + std::to_string(params.size())
                                          + " argument(s)");
   scope local{closure, &root};
   std::vector<bool> bound(params.size(), false);
+  value_list extra;
   for (std::size_t i = 0; i < a.positional.size(); ++i) {
+    if (i >= params.size()) {
+      extra.push_back(a.positional[i]);
+      continue;
+    }
     local.vars[params[i]] = a.positional[i];
     bound[i] = true;
   }
+  value_dict extra_kw;
+  value caller;
   for (const auto& [k, v] : a.keyword) {
     const auto it = std::find(params.begin(), params.end(), k);
+    if (it == params.end() && k == "caller" && catch_caller) {
+      caller = v;
+      continue;
+    }
+    if (it == params.end() && catch_kwargs) {
+      extra_kw.emplace_back(k, v);
+      continue;
+    }
     if (it == params.end())
       raise_in_call(errc::invalid_arg, "macro '" + def.text + "' takes no keyword argument '" + k + "'");
     const auto i = static_cast<std::size_t>(it - params.begin());
@@ -92,6 +126,12 @@ value evaluator::call_macro(const render_options& opt, int* depth, const node& d
     local.vars[k] = v;
     bound[i] = true;
   }
+  if (catch_varargs)
+    local.vars["varargs"] = value{std::move(extra), true};
+  if (catch_kwargs)
+    local.vars["kwargs"] = value{std::move(extra_kw)};
+  if (catch_caller)
+    local.vars["caller"] = std::move(caller);
   ++*depth;
   struct leave {
     int* d;

@@ -201,6 +201,17 @@ inline std::vector<parity_case> semantics_cases() {
   add("{% macro outer(v) %}({{ inner(v) }}){% endmacro %}{% macro inner(v) %}{{ v * 2 }}{% endmacro %}{{ outer(4) }}");
   add("{% set ns = namespace(f=none) %}{% macro outer() %}{% macro inner(v) %}<{{ v }}>{% endmacro %}"
       "{% set ns.f = inner %}{% endmacro %}{{ outer() }}{{ ns.f(1) }}{{ ns.f(2) }}");
+  // varargs, kwargs, call blocks and caller.
+  add("{% macro m(a) %}{{ a }}|{{ varargs }}|{{ kwargs }}{% endmacro %}{{ m(1, 2, 3, x=4) }}|{{ m(1) }}|{{ m(a=5, y='z') }}");
+  add("{% macro ul(items) %}<ul>{% for i in items %}<li>{{ caller(i) }}</li>{% endfor %}</ul>{% endmacro %}"
+      "{% call(x) ul([1, 2]) %}[{{ x * 10 }}]{% endcall %}|{% call(x, y='d') ul(['a']) %}{{ x }}{{ y }}{% endcall %}");
+  add("{% macro wrap(tag='b') %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}{% set v = 'in' %}"
+      "{% for m in messages %}{% call wrap('i') %}{{ m.role }}:{{ v }}{% endcall %}{% endfor %}{% call wrap() %}{% endcall %}");
+  add("{% macro outer() %}{% macro inner() %}{{ kwargs }}{% endmacro %}{{ inner(a=1) }}{% endmacro %}{{ outer(b=2) }}");
+  add("{% macro m() %}{{ caller is defined }}{% endmacro %}{{ m() }}|{% call m() %}x{% endcall %}");
+  add("{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}");
+  add("{% macro m() %}x{% endmacro %}{% call m() %}y{% endcall %}");
+  add("{% call undefined_m() %}y{% endcall %}");
   add("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(b=1) }}");
   add("{% macro m(a) %}{% endmacro %}{{ m(1, a=2) }}");

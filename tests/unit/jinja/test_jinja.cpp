@@ -150,9 +150,12 @@ TEST_CASE("syntax errors and unsupported constructs name the template, line and 
     }
     return p.error();
   };
-  auto e = err("line one\n  {% call f() %}{% endcall %}");
+  auto e = err("line one\n  {% filter upper %}x{% endfilter %}");
   CHECK(e.code == errc::unsupported);
-  CHECK(e.message == "tmpl.jinja:2:6: the 'call' statement is not supported");
+  CHECK(e.message == "tmpl.jinja:2:6: the 'filter' statement is not supported");
+  e = err("{% call 1 %}{% endcall %}");
+  CHECK(e.code == errc::invalid_arg);
+  CHECK(e.message == "tmpl.jinja:1:9: expected a call after 'call'");
   e = err("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
   CHECK(e.code == errc::invalid_arg);
   CHECK(e.message.find("macro 'f': calls nested deeper than 100") != std::string::npos);
