@@ -242,6 +242,8 @@ public:
 
   /// The value of an expression (expressions.cpp).
   value eval(const expr& e, scope& sc);
+  /// The arguments of a call or filter expression: its operands after the first, and its keywords.
+  call_args eval_args(const expr& e, scope& sc);
 
 private:
   // Statements (render.cpp).

@@ -78,6 +78,15 @@ value evaluator::get_item(const value& obj, const value& key, std::size_t pos) {
   return {};
 }
 
+call_args evaluator::eval_args(const expr& e, scope& sc) {
+  call_args a;
+  for (std::size_t i = 1; i < e.args.size(); ++i)
+    a.positional.push_back(eval(*e.args[i], sc));
+  for (const auto& [k, x] : e.kwargs)
+    a.keyword.emplace_back(k, eval(*x, sc));
+  return a;
+}
+
 value evaluator::call(const value& fn, call_args args, std::size_t pos) {
   if (fn.is_undefined())
     raise(errc::invalid_arg, pos, "call of an undefined value");
@@ -260,20 +269,11 @@ value evaluator::eval(const expr& e, scope& sc) {
     }
     case expr::op::call: {
       auto fn = eval(*e.args[0], sc);
-      call_args a;
-      for (std::size_t i = 1; i < e.args.size(); ++i)
-        a.positional.push_back(eval(*e.args[i], sc));
-      for (const auto& [k, x] : e.kwargs)
-        a.keyword.emplace_back(k, eval(*x, sc));
-      return call(fn, std::move(a), e.pos);
+      return call(fn, eval_args(e, sc), e.pos);
     }
     case expr::op::filter: {
       auto v = eval(*e.args[0], sc);
-      call_args a;
-      for (std::size_t i = 1; i < e.args.size(); ++i)
-        a.positional.push_back(eval(*e.args[i], sc));
-      for (const auto& [k, x] : e.kwargs)
-        a.keyword.emplace_back(k, eval(*x, sc));
+      auto a = eval_args(e, sc);
       try {
         return apply_filter(*this, e.name, v, a);
       } catch (template_error& err) {

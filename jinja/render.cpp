@@ -51,11 +51,7 @@ flow evaluator::exec(const node& n, scope& sc) {
       // The call with one more keyword argument, `caller`: a macro of the block's body.
       const expr& c = *n.e;
       auto fn = eval(*c.args[0], sc);
-      call_args a;
-      for (std::size_t i = 1; i < c.args.size(); ++i)
-        a.positional.push_back(eval(*c.args[i], sc));
-      for (const auto& [k, x] : c.kwargs)
-        a.keyword.emplace_back(k, eval(*x, sc));
+      auto a = eval_args(c, sc);
       a.keyword.emplace_back("caller", macro_value(n, sc));
       out_ += to_str(call(fn, std::move(a), c.pos), c.pos);
       return flow::normal;

@@ -274,7 +274,7 @@ TEST_CASE("the chat template wraps the two messages, and the budget counts its t
   auto q = plain->build(request_with({}));
   REQUIRE(q.ok());
   CHECK(q->text == q->system + "\n\n" + q->user);
-  chat.chat_template = "{% call m() %}{% endcall %}";
+  chat.chat_template = "{% filter upper %}{% endfilter %}";
   auto bad = prompt_builder::create(shipped(), prompt_config{}, chat, four_bytes);
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().code == errc::unsupported);
