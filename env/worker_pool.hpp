@@ -62,11 +62,6 @@ public:
   /// Waits until a worker has started (its hardware is then known), or until every refill thread's
   /// start has failed with no worker started: the first of those errors.
   result<void> wait_started();
-  /// launch(), then wait_started().
-  result<void> start() {
-    launch();
-    return wait_started();
-  }
 
   /// An idle worker, or one started here and now when none is idle.
   result<ready_worker> take();

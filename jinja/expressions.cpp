@@ -365,8 +365,8 @@ value evaluator::eval(const expr& e, scope& sc) {
       value_dict members;
       for (std::size_t i = 0; i + 1 < e.args.size(); i += 2) {
         auto k = eval(*e.args[i], sc);
-        if (k.is_undefined())
-          raise(errc::invalid_arg, e.args[i]->pos, "a dict key is undefined");
+        if (k.is_undefined()) // jinja2 hashes its Undefined; this subset does not keep it as a key
+          raise(errc::unsupported, e.args[i]->pos, "an undefined value as a dict key is not supported");
         hashable(k, e.args[i]->pos);
         auto v = eval(*e.args[i + 1], sc);
         // Python keeps the first key's position and object (1 then 1.0: the key stays 1) and the last value.

@@ -227,12 +227,13 @@ const value& hashable(const value& key, std::size_t pos) {
 std::string json_key(const value& key, std::size_t pos) {
   switch (key.type()) {
     case value::kind::string: return key.as_string();
-    case value::kind::integer: return std::to_string(key.as_int());
-    case value::kind::boolean: return key.as_bool() ? "true" : "false";
-    case value::kind::none: return "null";
-    case value::kind::floating: {
-      const double d = key.as_double();
-      return std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity") : python_float_repr(d);
+    case value::kind::integer:
+    case value::kind::boolean:
+    case value::kind::none:
+    case value::kind::floating: { // json.dumps writes such a key as it writes the value
+      std::string out;
+      to_json(out, key, json_style{}, 0, pos);
+      return out;
     }
     default: break;
   }
@@ -284,9 +285,7 @@ void to_json(std::string& out, const value& v, const json_style& st, int level, 
       }
       if (st.sort_keys) // Python sorts the keys as they are (a TypeError for str beside int), then writes them
         std::stable_sort(members.begin(), members.end(), [pos](auto* a, auto* b) {
-          if (a->first.is_string() && b->first.is_string())
-            return a->first.as_string() < b->first.as_string(); // UTF-8 byte order is code point order
-          return py_compare(a->first, b->first, "<", pos) < 0;
+          return py_compare(a->first, b->first, "<", pos) < 0; // strings: UTF-8 byte order is code point order
         });
       out += '{';
       for (std::size_t i = 0; i < members.size(); ++i) {

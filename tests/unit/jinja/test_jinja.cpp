@@ -153,6 +153,9 @@ TEST_CASE("syntax errors and unsupported constructs name the template, line and 
   auto e = err("line one\n  {% filter upper %}x{% endfilter %}");
   CHECK(e.code == errc::unsupported);
   CHECK(e.message == "tmpl.jinja:2:6: the 'filter' statement is not supported");
+  e = err("{{ {undefined_k: 1} }}"); // jinja2 renders it: not supported here, never rendered differently
+  CHECK(e.code == errc::unsupported);
+  CHECK(e.message == "tmpl.jinja:1:5: an undefined value as a dict key is not supported");
   e = err("{% call 1 %}{% endcall %}");
   CHECK(e.code == errc::invalid_arg);
   CHECK(e.message == "tmpl.jinja:1:9: expected a call after 'call'");
