@@ -134,6 +134,21 @@ bool evaluation::receive(worker& from, double seconds, const char* phase, wire::
       return false;
     }
     const auto type = header["type"].as<std::string>();
+    if (type == "build" && split_.clock_running) {
+      // No service works for a worker while its clock runs: the builder's time is charged to no
+      // one (a timed sample on the CPU is charged the worker's own CPU time), and a "build" whose
+      // constructor computes in the builder hands back work done outside the clock. Every
+      // legitimate build is asked for before: in the module's load, ModelNew's constructor, the
+      // trials, or the untimed call that precedes each sample on the same code path.
+      from.kill();
+      end_.done = true;
+      v_.checks_failed.push_back("runtime:service_in_timing");
+      set(verdict_status::rejected, std::string{who(from)}
+                                      + " asked the build service for a build during a timed sample; no service "
+                                        "answers while a clock runs (work done outside the worker's processes is not "
+                                        "charged to it): build in the module, the constructor or the trials");
+      return false;
+    }
     if (type == "build") {
       // The build service, in any phase (Triton builds at a kernel's first launch), within the
       // phase's deadline; then the message the phase waits for. A build asked for during the

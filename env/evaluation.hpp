@@ -186,6 +186,11 @@ private:
   bool refuse_unlike_trials(std::size_t k, const tensor_blob& b);
   bool may_not_alias(std::size_t k) const { return !(k < facts_.aliased.size() && facts_.aliased[k]); }
   bool refuse_aliased(std::size_t k);
+  /// runtime:output_layout: the candidate handed an output back in another layout than row-major.
+  bool refuse_layout(std::size_t k);
+  /// Writes a sample's inputs into `w`'s buffers again, as drawn or (complement) every byte
+  /// inverted: the content check of aliasing. False with the verdict set on failure.
+  bool rewrite_inputs(worker& w, const sample_inputs& in, bool complement);
   bool refuse_input_mutation();
   // The untimed call before a sample; the worker is stopped after it.
   bool prime(worker& w);
@@ -281,7 +286,10 @@ private:
     std::string info;
     std::vector<int> dists;     // the input distributions the reference allows, for the rounds
     std::vector<bool> aliased;  // which reference outputs alias an input
-    std::vector<double> slack;  // per output, the largest rounding slack of the trials
+    /// Per input distribution, per output, the largest rounding slack of that distribution's
+    /// trials: a timed call is held to the slack of the inputs it was given, never the loosest.
+    std::map<int, std::vector<double>> slack;
+    std::vector<int> trial_dists; // each reference trial's distribution, in the order they came
   } facts_;
   /// The timed rounds across the boundary.
   struct split_timing {
@@ -289,6 +297,7 @@ private:
     std::int64_t round_no = 0;     // rounds played, warm-up included
     bool outputs_reused = false;   // two calls of one sample handed back the same memory: one call per sample
     bool host_shared = false;      // another evaluation was in flight during the measured rounds
+    bool clock_running = false;    // a timed sample's clock runs: no service answers the worker (receive)
     double floor_ms = -1;          // the physics floor of a timed call (boundary.cpp), once measured
     double null_ms = 0;            // the fastest round trip of an empty sample of the reference's worker
     std::uint64_t floor_bytes = 0; // the output bytes the floor is measured on

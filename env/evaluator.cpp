@@ -150,6 +150,9 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
     log_.info("evaluator", device_, ": removed ", r.removed, " scratch folders of evaluators no longer running (",
               r.bytes >> 20, " MiB) under ", scratch_root.string(),
               r.failed > 0 ? "; " + std::to_string(r.failed) + " could not be removed" : std::string{});
+  // and their control groups (env/control_group.hpp), emptied and removed.
+  if (const auto groups = reclaim_control_groups(); groups > 0)
+    log_.info("evaluator", device_, ": removed the workers' control groups of ", groups, " evaluators no longer running");
   const auto extensions_dir = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
   pool_ = std::make_unique<worker_pool>(opt_, where_, device_, log_, *gate_, scratch_root, extensions_dir);
   builds_ = std::make_unique<build_service>(*pool_, where_.python, extensions_dir);

@@ -453,6 +453,8 @@ void worker::kill() {
   }
   ::kill(-pid_, SIGKILL);
   ::kill(pid_, SIGKILL);
+  if (group_)
+    group_->kill(); // every process it ever started, wherever it went
   reap(true);
   // Until the namespace's PID 1 has ended, and with it every process of the namespace (its end
   // waits for theirs), the worker's device memory is not the driver's again: an H100 worker of
@@ -559,7 +561,46 @@ bool signal_tree(pid_t root, int sig) {
 
 } // namespace
 
+result<void> worker::enclose() {
+  auto g = control_group::create("w" + std::to_string(pid_));
+  if (!g)
+    return g.error();
+  // The keeper first, then every process below it, walked again until none is outside: a process
+  // forked after its parent moved is born inside. The worker has said `started` and waits for its
+  // next command: only the harness's own processes exist, none of them forking.
+  for (int pass = 0; pass < 20; ++pass) {
+    std::vector<pid_t> tree{pid_};
+    for (size_t k = 0; k < tree.size() && k < 4096; ++k) {
+      std::error_code ec;
+      for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(tree[k]) + "/task", ec))
+        children_of(e.path(), tree);
+    }
+    bool all = true;
+    for (const pid_t p : tree) {
+      if ((*g)->holds(p))
+        continue;
+      all = false;
+      if (auto r = (*g)->adopt(p); !r && ::kill(p, 0) == 0)
+        return r.error();
+    }
+    if (all) {
+      group_ = std::move(*g);
+      return {};
+    }
+  }
+  return fail(errc::io, "worker ", std::to_string(pid_), "'s processes kept escaping its control group");
+}
+
 result<void> worker::freeze(std::chrono::steady_clock::time_point* stopped_at, std::chrono::microseconds timeout) {
+  if (group_) {
+    // The kernel's freezer: every process of the group, whatever it made of its session, group or
+    // parent, and whatever it forks meanwhile.
+    if (stopped_at)
+      *stopped_at = std::chrono::steady_clock::now();
+    if (auto r = group_->freeze(timeout); !r)
+      return fail(errc::io, "cannot stop worker ", std::to_string(pid_), ": ", r.error().message);
+    return {};
+  }
   // The group first (one signal reaches every process that kept it), then every process of the
   // worker's tree, until a walk finds nothing running.
   if (::kill(-pid_, SIGSTOP) != 0)
@@ -581,6 +622,11 @@ result<void> worker::freeze(std::chrono::steady_clock::time_point* stopped_at, s
 }
 
 result<void> worker::thaw() {
+  if (group_) {
+    if (auto r = group_->thaw(); !r)
+      return fail(errc::io, "cannot continue worker ", std::to_string(pid_), ": ", r.error().message);
+    return {};
+  }
   if (::kill(-pid_, SIGCONT) != 0)
     return fail(errc::io, "cannot continue worker ", std::to_string(pid_), ": ", std::strerror(errno));
   (void) signal_tree(inner_pid(), SIGCONT); // those that left the group
@@ -588,6 +634,11 @@ result<void> worker::thaw() {
 }
 
 result<std::uint64_t> worker::cpu_ns() {
+  if (group_) {
+    if (reap(false))
+      return fail(errc::io, "cannot read the CPU time of worker ", std::to_string(pid_), ": it has ended");
+    return group_->cpu_ns();
+  }
   static const double ns_per_tick = 1e9 / static_cast<double>(::sysconf(_SC_CLK_TCK));
   const pid_t root = inner_pid();
   std::uint64_t total = 0;

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include "core/error.hpp"
+#include "env/control_group.hpp"
 #include "env/wire.hpp"
 
 namespace zmq {
@@ -108,19 +109,30 @@ public:
   result<void> send(const std::string& json);
   /// Sends a JSON message with binary frames (the trial inputs a candidate's worker is given).
   result<void> send(const std::string& json, const std::vector<std::vector<std::byte>>& frames);
-  /// Stops every process of the worker (SIGSTOP: its process group, then every process below
-  /// the one the candidate runs in, whatever group it made for itself) and waits, `timeout` at
-  /// most, until every thread of them is stopped; thaw() continues them (SIGCONT). A thread with
-  /// the stop pending runs no more of its own code, but one that waits for a core on a loaded
-  /// machine shows as stopped only once it gets one (over 200 ms with CI's tests beside it).
-  /// Errors: the group cannot be signalled, or a thread still runs at the timeout.
-  /// `stopped_at`, where given, is set to the moment the signal was sent (before the wait).
+  /// Puts every process of the worker (the keeper and all below it) in a control group of its own
+  /// (env/control_group.hpp), before any candidate code runs: from then on everything it starts
+  /// is born there, and freeze(), thaw(), cpu_ns() and kill() act on the group. Called once the
+  /// worker has said `started`. Errors: no group can be made, or a process cannot be moved.
+  result<void> enclose();
+  /// Whether the worker lives in a control group of its own (enclose() succeeded).
+  bool enclosed() const noexcept { return group_ != nullptr; }
+  /// Stops every process of the worker and waits, `timeout` at most, until every thread of them
+  /// is stopped; thaw() continues them. Enclosed: the group's freezer (a process forked meanwhile
+  /// is born frozen). Otherwise SIGSTOP to its process group, then every process below the one
+  /// the candidate runs in, whatever group it made for itself (SIGCONT to continue); a thread
+  /// with the stop pending runs no more of its own code, but one that waits for a core on a
+  /// loaded machine shows as stopped only once it gets one (over 200 ms with CI's tests beside
+  /// it). Errors: the worker cannot be stopped, or a thread still runs at the timeout.
+  /// `stopped_at`, where given, is set to the moment the stop was asked for (before the wait).
   result<void> freeze(std::chrono::steady_clock::time_point* stopped_at = nullptr,
                       std::chrono::microseconds timeout = std::chrono::seconds{10});
   result<void> thaw();
-  /// The CPU time (ns) the worker ran so far: every process of its tree, its threads' (ended ones
-  /// too) and its reaped children's. Read while it is stopped, two readings tell what all its
-  /// threads ran in between, on however many cores. Errors: the worker has ended.
+  /// The CPU time (ns) the worker ran so far. Enclosed: the kernel's charge to its group, of
+  /// every process and thread that was ever in it (ended, reaped by anyone or by the kernel
+  /// itself, reachable by a walk or not), at microsecond resolution. Otherwise every process of
+  /// its tree that a walk finds, its threads' (ended ones too) and its reaped children's. Read
+  /// while it is stopped, two readings tell what all its threads ran in between, on however many
+  /// cores. Errors: the worker has ended.
   result<std::uint64_t> cpu_ns();
   /// Reads (process_vm_readv) or writes (process_vm_writev) `n` bytes at `addr` of the worker's
   /// address space. Errors name the address and the system's reason (EFAULT: not mapped).
@@ -164,6 +176,7 @@ private:
   int exit_signal_ = 0;
   bool drained_ = false;
   std::shared_ptr<zygote> zygote_; // the parent that reaps it, for forked workers
+  std::unique_ptr<control_group> group_; // enclose(); destroyed after the process is reaped
 };
 
 /// A Python process started like a worker (same sandbox, `worker.py --zygote`) that imports the

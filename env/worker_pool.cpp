@@ -166,6 +166,11 @@ result<void> worker_pool::check_isolation(const wire::node& started) {
   // The worker has confined itself (env/harness/confine.py) and says how; no candidate code
   // has run in it yet.
   auto iso = parse_isolation(started["isolation"]);
+  // The control group is the evaluator's layer, not the worker's: without it the clock charges
+  // the CPU time a walk of the worker's processes finds and stops them by signals, which a
+  // candidate can step around (docs/evaluator.md, Trust boundary: "The clock").
+  if (auto why = control_group::unavailable_reason(); !why.empty())
+    iso.missing.emplace_back("control-group", why);
   std::lock_guard guard{mtx_};
   if (!iso.missing.empty()) {
     if (opt_.isolation == isolation_mode::strict)
@@ -287,6 +292,11 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
     proc->kill();
     return ok.error();
   }
+  if (control_group::unavailable_reason().empty())
+    if (auto in = proc->enclose(); !in) {
+      proc->kill();
+      return in.error();
+    }
   {
     // Creating a CUDA context beside a timed kernel raised that kernel's p99 by 10-13%; starting
     // the driver and the profiler's first use left it alone (docs/performance-history.md, "A

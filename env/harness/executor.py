@@ -14,7 +14,8 @@ import torch
 
 from .trusted import (
     _BaseException, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _str, _T_copy_,
-    _T_data_ptr, _T_fill_, _T_numel, _T_size, _T_stride, _T_view, _Tensor, _torch_empty, _type, _uint8, _int32
+    _T_contiguous, _T_data_ptr, _T_fill_, _T_is_contiguous, _T_numel, _T_size, _T_stride, _T_view, _Tensor,
+    _torch_empty, _type, _uint8, _int32
 )
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
@@ -210,6 +211,14 @@ def describe_outputs(w, outs):
     return descs, keep
 
 
+def _dense(out):
+    """A call's outputs, each tensor in row-major layout: made so inside the clock (before the
+    sample's synchronisation or its done word), so that a transposed, strided or broadcast
+    output pays for its own conversion. The evaluator reads only row-major outputs of the
+    candidate's (runtime:output_layout): reading by strides would be its own work on the task."""
+    return [_T_contiguous(o) if _type(o) is _Tensor and not _T_is_contiguous(o) else o for o in _output_items(out)]
+
+
 def reply_sample(w, job, state, outs, reply, check):
     """Tells the evaluator where a sample's outputs lie (`reply`: sampled or launched) and keeps
     them alive until it has read them; then, in the candidate's worker and with `check`, the
@@ -265,7 +274,7 @@ def launch(w, job, baseline, cand, state, null, seq):
             outs.append(t)
         else:
             for inputs in state.buf_sets:
-                outs.append(fn(*inputs))
+                outs.append(_dense(fn(*inputs)))
         _stream_write_value(stream, go + 128, seq)
     except _BaseException as e:
         who = "ModelNew.forward" if job.role == "candidate" else "the reference"
@@ -430,7 +439,7 @@ def go(w, job, baseline, cand, state):
     fn = executor_fn(job, baseline, cand)
     try:
         for inputs in state.buf_sets:
-            outs.append(fn(*inputs))
+            outs.append(_dense(fn(*inputs)))
         w.sync()
     except _BaseException as e:
         who = "ModelNew.forward" if job.role == "candidate" else "the reference"

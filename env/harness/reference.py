@@ -14,9 +14,9 @@ from .trusted import (
     _bool, _BaseException, _cuda_empty_cache, _cuda_synchronize, _DeviceType, _enumerate, _Ev_elapsed, _Ev_record,
     _Ev_synchronize, _float, _Generator, _getattr, _hasattr, _int, _isinstance, _len, _list, _max, _min, _os_exit,
     _perf_counter_ns, _profile, _ProfilerActivity, _range, _S_data_ptr, _setprofile, _sorted, _sum, _sys_modules,
-    _T_fill_, _T_is_contiguous, _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to,
-    _T_uniform_, _T_untyped_storage, _T_view, _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_isfinite,
-    _torch_manual_seed, _torch_where, _tuple, _type, _uint8
+    _T_contiguous, _T_fill_, _T_index_put_, _T_is_contiguous, _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to,
+    _T_uniform_, _T_untyped_storage, _T_view, _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_index_select,
+    _torch_isfinite, _torch_manual_seed, _torch_randint, _torch_where, _tuple, _type, _uint8
 )
 from .device import _HarnessKernels, _kernels
 from .channel import _Done, _error_done, _exc_line
@@ -30,6 +30,22 @@ _DIST4_FACTOR = 16.0  # distribution 4's block scale (make_inputs)
 # How long the profiled call of trial 0 stays under the profiler after its stop event
 # (profiled; trials.py, check_device_time).
 _LATE_WORK_NS = 2_000_000
+
+
+def _sparse_scale(x, seed, i, shift_lo, shift_hi, factor):
+    """Multiplies a sparse few of x's elements by `factor` (in place where x is contiguous): one in
+    2**k of them, k drawn from (seed, i) in [shift_lo, shift_hi], at least one, at places drawn
+    from the seed (distribution 5). Returns x."""
+    n = _T_numel(x)
+    h = (seed * 2_654_435_761 + 40_503 * i + 97 * shift_lo + 1) % (1 << 61)
+    count = _max(1, n >> (shift_lo + h % (shift_hi - shift_lo + 1)))
+    if not _T_is_contiguous(x):
+        x = _T_contiguous(x)
+    flat = _T_view(x, -1)
+    gen = _Generator(device=x.device).manual_seed(h // 7)
+    at = _torch_randint(0, n, (count,), generator=gen, device=x.device)
+    _T_index_put_(flat, (at,), _T_mul(_torch_index_select(flat, 0, at), factor))
+    return x
 
 
 def _block_of(seed, i, n):
@@ -134,7 +150,12 @@ def make_inputs(task, device, seed, dist):
     Correctness). Distribution 4 is 1 with one run of each floating input's elements (a quarter
     to a 64th of them, in row-major order, at a place drawn from the seed) scaled by 16 more:
     values whose weight sits where a sample of the input does not look, so that an output
-    estimated from part of the input is off (docs/evaluator.md, Correctness).
+    estimated from part of the input is off (docs/evaluator.md, Correctness). Distribution 5 (in
+    place of 4 where the task allows any domain) is 4 with a sparse few of each input's
+    elements (one in 64 to one in 4096, drawn per input) negated and a sparser few (one in 256 to
+    one in 16384) times 32: an input whose sample looks like distribution 1's or 4's, so that no
+    look at part of an input tells a candidate that signs or magnitudes it would have to handle
+    are absent.
     Contiguous CUDA tensors go through _HarnessKernels.scale_uniform, others through torch
     operations. Factory calls without a device create their tensors on the worker's device
     directly: generating tens of millions of values on the host and copying them over took
@@ -166,7 +187,7 @@ def make_inputs(task, device, seed, dist):
                 x = _T_mul(x, f)
             if dist == 3 and _T_is_floating_point(x):
                 x = _T_mul(x, _DIST3_FACTOR)
-            if dist == 4 and _T_is_floating_point(x) and _T_numel(x) > 1:
+            if dist in (4, 5) and _T_is_floating_point(x) and _T_numel(x) > 1:
                 start, length = _block_of(seed, i, _T_numel(x))
                 if _T_is_contiguous(x):  # in place: a task's inputs may fill most of the device
                     run = _T_view(x, -1)[start:start + length]
@@ -176,6 +197,9 @@ def make_inputs(task, device, seed, dist):
                     _T_fill_(f, 1.0)
                     _T_fill_(f[start:start + length], _DIST4_FACTOR)
                     x = _T_mul(x, _T_view(f, _tuple(_T_size(x))))
+            if dist == 5 and _T_is_floating_point(x) and _T_numel(x) > 1:
+                x = _sparse_scale(x, seed, i, 6, 12, -1.0)
+                x = _sparse_scale(x, seed, i + 7_777, 8, 14, _DIST3_FACTOR)
         out.append(x)
     return out
 
@@ -275,7 +299,7 @@ def reference_phase(w, job, task_src):
         if domain not in ("any", "as-given"):
             raise _Done("runtime_error", (),
                         f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
-        r.dists = [0, 1, 2, 3, 4] if domain == "any" else [0, 1, 4]
+        r.dists = [0, 1, 2, 3, 5] if domain == "any" else [0, 1, 4]
         r.trial_dists = []
         finite0 = True
         t = 0
@@ -293,9 +317,13 @@ def reference_phase(w, job, task_src):
                 dtype0 = next((o.dtype for o in _output_items(out)
                                if _type(o) is _Tensor and _T_is_floating_point(o)), None)
             while dist >= 2 and finite0 and not _all_finite(out):
-                # The reference is not finite there: that distribution is left out.
+                # The reference is not finite there: that distribution is left out (5 gives way
+                # to 4, which keeps the task's signs and scale).
                 del out, inputs
-                r.dists.remove(dist)
+                if dist == 5:
+                    r.dists[r.dists.index(5)] = 4
+                else:
+                    r.dists.remove(dist)
                 dist = r.dists[t % _len(r.dists)]
                 inputs = make_inputs(task, w.device, job.seed + t, dist)
                 out = ref(*inputs)
