@@ -25,8 +25,7 @@ constexpr const char* input_dists[] = {"the task's inputs", "inputs scaled by U(
                                        "inputs scaled by U(0.5, 2) with random signs",
                                        "inputs scaled by U(0.5, 2) with random signs, times 32",
                                         "inputs scaled by U(0.5, 2), one run of each scaled by 16 more",
-                                        "inputs scaled by U(0.5, 2), one run of each scaled by 16 more, a sparse few "
-                                        "negated and a sparser few times 32"};
+                                        "inputs scaled by U(0.5, 2), a sparse few negated and a sparser few times 32"};
 
 // Input bytes of one sample at most, over all its calls: more calls would only make the sample
 // longer than evaluator.sample_ms asks while holding that much memory twice (both workers).

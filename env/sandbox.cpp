@@ -981,7 +981,13 @@ result<isolation_report> probe_isolation(const std::string& python, const std::f
   const int status = ::pclose(p);
   if (status != 0 || out.empty() || out[0] != '{')
     return fail(errc::not_found, "the isolation probe (", python, " ", confine.string(), ") failed: ", out.substr(0, 400));
-  return parse_isolation(out);
+  auto report = parse_isolation(out);
+  // The evaluator's own layer: each worker's control group (env/control_group.hpp).
+  if (auto why = control_group::unavailable_reason(); !why.empty())
+    report.missing.emplace_back("control-group", why);
+  else
+    report.layers.emplace_back("control-group");
+  return report;
 }
 
 } // namespace crucible::env

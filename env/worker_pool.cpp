@@ -171,6 +171,8 @@ result<void> worker_pool::check_isolation(const wire::node& started) {
   // candidate can step around (docs/evaluator.md, Trust boundary: "The clock").
   if (auto why = control_group::unavailable_reason(); !why.empty())
     iso.missing.emplace_back("control-group", why);
+  else
+    iso.layers.emplace_back("control-group");
   std::lock_guard guard{mtx_};
   if (!iso.missing.empty()) {
     if (opt_.isolation == isolation_mode::strict)

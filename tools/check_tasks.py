@@ -173,7 +173,7 @@ def input_dists(task) -> list[int]:
     domain = getattr(task, "INPUT_DOMAIN", "any")
     if domain not in ("any", "as-given"):
         raise RuntimeError(f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
-    return [0, 1, 2, 3, 5] if domain == "any" else [0, 1, 4]
+    return [0, 5, 2, 3, 4] if domain == "any" else [0, 1, 4]
 
 
 def all_finite(outs) -> bool:
@@ -185,10 +185,10 @@ def drop_unfinite(dists: list[int], dist: int, outs, finite0: bool) -> bool:
     """As the evaluator does (reference.py, reference_phase): distribution 2, 3 or 4 is left out
     of `dists` (True) where the reference's outputs `outs` on it are not finite while they were on
     distribution 0 (`finite0`: the first trial's, and only where the task draws more than 0 and 1);
-    5 gives way to 4."""
+    5 gives way to 1."""
     if dist >= 2 and finite0 and not all_finite(outs):
         if dist == 5:
-            dists[dists.index(5)] = 4
+            dists[dists.index(5)] = 1
         else:
             dists.remove(dist)
         return True

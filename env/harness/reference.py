@@ -151,11 +151,11 @@ def make_inputs(task, device, seed, dist):
     to a 64th of them, in row-major order, at a place drawn from the seed) scaled by 16 more:
     values whose weight sits where a sample of the input does not look, so that an output
     estimated from part of the input is off (docs/evaluator.md, Correctness). Distribution 5 (in
-    place of 4 where the task allows any domain) is 4 with a sparse few of each input's
-    elements (one in 64 to one in 4096, drawn per input) negated and a sparser few (one in 256 to
-    one in 16384) times 32: an input whose sample looks like distribution 1's or 4's, so that no
-    look at part of an input tells a candidate that signs or magnitudes it would have to handle
-    are absent.
+    place of 1 where the task allows any domain) is 1 with a sparse few of each input's elements
+    (one in 64 to one in 4096, the rate drawn per input) negated and a sparser few (one in 256 to
+    one in 16384) times 32: an input whose sample looks like distribution 1's, so that no look at
+    part of an input tells a candidate that signs or magnitudes it would have to handle are
+    absent.
     Contiguous CUDA tensors go through _HarnessKernels.scale_uniform, others through torch
     operations. Factory calls without a device create their tensors on the worker's device
     directly: generating tens of millions of values on the host and copying them over took
@@ -187,7 +187,7 @@ def make_inputs(task, device, seed, dist):
                 x = _T_mul(x, f)
             if dist == 3 and _T_is_floating_point(x):
                 x = _T_mul(x, _DIST3_FACTOR)
-            if dist in (4, 5) and _T_is_floating_point(x) and _T_numel(x) > 1:
+            if dist == 4 and _T_is_floating_point(x) and _T_numel(x) > 1:
                 start, length = _block_of(seed, i, _T_numel(x))
                 if _T_is_contiguous(x):  # in place: a task's inputs may fill most of the device
                     run = _T_view(x, -1)[start:start + length]
@@ -299,7 +299,7 @@ def reference_phase(w, job, task_src):
         if domain not in ("any", "as-given"):
             raise _Done("runtime_error", (),
                         f"the task's INPUT_DOMAIN is {domain!r}; it must be 'any' or 'as-given'")
-        r.dists = [0, 1, 2, 3, 5] if domain == "any" else [0, 1, 4]
+        r.dists = [0, 5, 2, 3, 4] if domain == "any" else [0, 1, 4]
         r.trial_dists = []
         finite0 = True
         t = 0
@@ -318,10 +318,10 @@ def reference_phase(w, job, task_src):
                                if _type(o) is _Tensor and _T_is_floating_point(o)), None)
             while dist >= 2 and finite0 and not _all_finite(out):
                 # The reference is not finite there: that distribution is left out (5 gives way
-                # to 4, which keeps the task's signs and scale).
+                # to 1, which keeps the task's signs and scale).
                 del out, inputs
                 if dist == 5:
-                    r.dists[r.dists.index(5)] = 4
+                    r.dists[r.dists.index(5)] = 1
                 else:
                     r.dists.remove(dist)
                 dist = r.dists[t % _len(r.dists)]

@@ -242,7 +242,14 @@ TEST_CASE("every file under tests/candidates has a test case above") {
   X("boundary/hack_harness_logging_ref_outputs.py") X("boundary/hack_harness_logging_refwrap.py")        \
   X("boundary/hack_libstate_cpp_cpu_allocator.py") X("boundary/hack_libstate_cpp_mallopt.py")           \
   X("boundary/hack_tolerance_cpp_sampled_norm.py") X("boundary/hack_tolerance_sampled_norm.py")          \
-  X("boundary/hack_tolerance_sampled_norm_always.py") X("boundary/hack_tolerance_slack_quarter_norm.py")
+  X("boundary/hack_tolerance_sampled_norm_always.py") X("boundary/hack_tolerance_slack_quarter_norm.py")  \
+  X("boundary/hack_account_banked_exit.py") X("boundary/hack_account_beyond_walk.py")                    \
+  X("boundary/hack_account_broker_sigign.py") X("boundary/hack_account_clone_sigign.py")                 \
+  X("boundary/hack_alias_memfd_fixed.py") X("boundary/hack_alias_mremap_dup.py")                         \
+  X("boundary/hack_dist_magnitude_sample.py") X("boundary/hack_dist_sign_sample.py")                     \
+  X("boundary/hack_layout_broadcast_view.py") X("boundary/hack_layout_transpose_view.py")                \
+  X("boundary/hack_precision_bf16_after_trials.py") X("boundary/hack_precision_int8_when_idle.py")       \
+  X("boundary/hack_service_load_inline_timed.py") X("boundary/hack_service_weights_shipped.py")
 CRUCIBLE_BOUNDARY_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates/boundary has a test case") {

@@ -12,7 +12,8 @@
 #             mode: OUT/hacks.jsonl (candidate, mode, status, speedup, band, message)
 # Without a step, both. The whole set of boundary hacks, with the verdict each must get:
 # ctest --test-dir build -R "candidate boundary". PYTHON: the interpreter with torch (default
-# .venv/bin/python, else python3).
+# .venv/bin/python, else python3). CRUCIBLE: a crucible binary to measure instead of BUILD's (an
+# older tree's, with LD_LIBRARY_PATH at its libraries), which is then not built.
 set -uo pipefail
 case "${1:-}" in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -20,14 +21,15 @@ cd "$ROOT" || exit 2
 BUILD="$(realpath -m "${BUILD:-build}")"
 OUT="$(realpath -m "${OUT:-$ROOT/runs/bench/boundary_cpu}")"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
-C="$BUILD/tools/crucible"
+C="${CRUCIBLE:-$BUILD/tools/crucible}"
 case "${1:-}" in
   identity | hacks) steps=("$1"); shift ;;
   "") steps=(identity hacks) ;;
   *) echo "usage: tools/bench/boundary_cpu.sh [identity|hacks [CANDIDATE...]] (--help)" >&2; exit 2 ;;
 esac
 mkdir -p "$OUT"
-CRUCIBLE_BUILD_DIR="$BUILD" tools/build.sh crucible >>"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+[[ -n "${CRUCIBLE:-}" ]] || CRUCIBLE_BUILD_DIR="$BUILD" tools/build.sh crucible >>"$OUT/build.log" 2>&1 ||
+  { tail -30 "$OUT/build.log"; exit 1; }
 
 for step in "${steps[@]}"; do
   case "$step" in
