@@ -8,9 +8,12 @@
 #include "env/evaluation.hpp"
 #include "env/worker_messages.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -691,27 +694,66 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         if (std::memcmp(now.data(), in[c][i].data(), b.bytes) != 0)
           return refuse_input_mutation();
       }
-    // Aliasing by content, not by address: every input byte is rewritten (its complement) and
-    // every output that may not alias an input read again. One that changed shares memory with
-    // an input, however its pages were mapped (a second mapping of the same memory lies at an
-    // address no range check would match). The inputs are then written back as they were: the
-    // next untimed call runs on them.
+    // Aliasing by what memory an output is, not by the address it claims: a second mapping of an
+    // input's pages lies at an address no range check matches. First by physical frame (the
+    // worker's pagemap): an output byte on a frame where an input byte lies at the same offset is
+    // that input. Where frames cannot be seen (no CAP_SYS_ADMIN, a page not present), by content:
+    // every input byte rewritten (its complement) and every output read again, then the inputs
+    // written back as drawn (the next untimed call runs on them).
     if (!watched.empty()) {
-      if (!rewrite_inputs(w, in, true))
-        return false;
-      std::vector<std::byte> again;
       const watched_output* changed = nullptr;
-      for (const auto& o : watched) {
-        again.resize(o.span);
-        if (auto r = w.read_memory(o.addr, o.span, again.data()); !r)
-          return broke("its output memory cannot be read again: " + r.error().message);
-        if (std::memcmp(again.data(), outs[o.call][o.k].bytes.data(), o.span) != 0) {
-          changed = &o;
-          break;
+      bool seen = true;
+      {
+        static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+        std::unordered_map<std::uint64_t, std::vector<std::pair<std::uint64_t, std::uint64_t>>> held; // frame: input bytes on it
+        auto frames_of = [&](std::uint64_t addr, std::uint64_t bytes, const auto& each) {
+          auto f = w.page_frames(addr, bytes);
+          if (!f)
+            return false;
+          for (std::size_t p = 0; p < f->size(); ++p) {
+            if ((*f)[p] == 0)
+              return false;
+            const std::uint64_t base = (addr / page + p) * page;
+            each((*f)[p], std::max(addr, base) - base, std::min(addr + bytes, base + page) - base);
+          }
+          return true;
+        };
+        for (std::size_t c = 0; c < in.size() && seen; ++c)
+          for (std::size_t i = 0; i < in[c].size() && seen; ++i) {
+            const auto& b = s.sets[c][i];
+            if (!b.value && b.bytes > 0)
+              seen = frames_of(b.addr, b.bytes, [&](std::uint64_t frame, std::uint64_t lo, std::uint64_t hi) {
+                held[frame].emplace_back(lo, hi);
+              });
+          }
+        for (const auto& o : watched) {
+          if (!seen || changed)
+            break;
+          seen = frames_of(o.addr, o.span, [&](std::uint64_t frame, std::uint64_t lo, std::uint64_t hi) {
+            if (auto it = held.find(frame); it != held.end())
+              for (const auto& [a, z] : it->second)
+                if (lo < z && a < hi)
+                  changed = &o;
+          });
         }
       }
-      if (!rewrite_inputs(w, in, false))
-        return false;
+      if (!seen) {
+        changed = nullptr;
+        if (!rewrite_inputs(w, in, true))
+          return false;
+        std::vector<std::byte> again;
+        for (const auto& o : watched) {
+          again.resize(o.span);
+          if (auto r = w.read_memory(o.addr, o.span, again.data()); !r)
+            return broke("its output memory cannot be read again: " + r.error().message);
+          if (std::memcmp(again.data(), outs[o.call][o.k].bytes.data(), o.span) != 0) {
+            changed = &o;
+            break;
+          }
+        }
+        if (!rewrite_inputs(w, in, false))
+          return false;
+      }
       if (changed)
         return refuse_aliased(changed->k);
     }

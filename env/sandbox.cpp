@@ -700,6 +700,32 @@ result<void> worker::read_memory(std::uint64_t addr, std::size_t n, std::byte* o
   return {};
 }
 
+result<std::vector<std::uint64_t>> worker::page_frames(std::uint64_t addr, std::size_t n) {
+  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<std::uint64_t> frames;
+  if (n == 0)
+    return frames;
+  const std::uint64_t first = addr / page, last = (addr + n - 1) / page;
+  frames.resize(last - first + 1);
+  const auto path = "/proc/" + std::to_string(inner_pid()) + "/pagemap";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return fail(errc::io, "cannot open ", path, ": ", std::strerror(errno));
+  std::vector<std::uint64_t> entries(frames.size());
+  std::size_t done = 0;
+  while (done < entries.size()) {
+    const auto got = ::pread(fd, entries.data() + done, (entries.size() - done) * 8, static_cast<off_t>((first + done) * 8));
+    if (got <= 0)
+      break;
+    done += static_cast<std::size_t>(got) / 8;
+  }
+  ::close(fd);
+  // Bit 63: present; bits 0-54: the frame (0 where this process may not see frames).
+  for (std::size_t i = 0; i < done; ++i)
+    frames[i] = (entries[i] >> 63) != 0 ? entries[i] & ((1ull << 55) - 1) : 0;
+  return frames;
+}
+
 result<void> worker::write_memory(std::uint64_t addr, const std::byte* data, std::size_t n) {
   const pid_t inner = inner_pid();
   size_t done = 0;

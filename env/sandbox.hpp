@@ -138,6 +138,10 @@ public:
   /// address space. Errors name the address and the system's reason (EFAULT: not mapped).
   result<void> read_memory(std::uint64_t addr, std::size_t n, std::byte* out);
   result<void> write_memory(std::uint64_t addr, const std::byte* data, std::size_t n);
+  /// The physical frame of each page of [addr, addr + n) in the worker's address space, from its
+  /// /proc/PID/pagemap: 0 for a page not present, and for every page where this process may not
+  /// see frames (CAP_SYS_ADMIN). Errors: the map cannot be opened.
+  result<std::vector<std::uint64_t>> page_frames(std::uint64_t addr, std::size_t n);
   /// The process the candidate's code runs in: the keeper's one child (PID 1 of the worker's PID
   /// namespace), or the started process itself where there is no keeper.
   pid_t inner_pid();
