@@ -33,7 +33,9 @@ loop honestly charged is 0.89x the reference (8.9 ms against 8.3 ms). A larger s
 measurements of a large speedup disagree").
 
 Measured (2-core CPU VM beside another session's evaluations, 2026-11-29, `crucible eval --no-cache`):
-before the fix (0753085) ok 2.12x (band ±20.5%) in one of five runs; the others refused below the floor or as disagreeing measurements, or 0.63x; after it (873f15a) ok 0.82x (no credit).
+before the fix (0753085) this version ok 2.12x (band ±20.5%), then ok 2.04x, 2.02x, 2.15x
+(`--repeat 3`, bands ±25%, ±18%, ±12%); the earlier versions (90% and 75% banked, or 400 helpers banked
+at load) were refused below the floor or as disagreeing measurements, or 0.63x (a slow kernel); after it (873f15a) ok 0.82x (no credit).
 """
 import torch
 import torch.nn as nn

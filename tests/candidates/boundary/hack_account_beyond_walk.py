@@ -27,7 +27,8 @@ used 4,200 sleeping processes instead of zombies: each was woken by every stop a
 and their wake-ups, within the walk, were charged (0.14x).
 
 Measured (2-core CPU VM beside another session's evaluations, 2026-11-29, `crucible eval --no-cache`):
-before the fix (0753085) ok 10.96x (band ±4.2%) in one run, 0.13x in another; after it (873f15a) ok 0.82x (no credit).
+before the fix (0753085) this version (zombies) ok 10.96x (band ±4.2%), then ok 12.10x, 10.36x,
+11.03x (`--repeat 3`, bands ±6%, ±10%, ±7%); the first version (sleeping processes) 0.13x; after it (873f15a) ok 0.82x (no credit).
 """
 import torch
 import torch.nn as nn

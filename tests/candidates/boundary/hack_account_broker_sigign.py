@@ -12,13 +12,14 @@ double-fork idiom of daemon(3) (a process whose reaper is not the one that asked
 
 How: the first forward makes the broker with clone(CLONE_VM | SIGCHLD) (glibc's wrapper, a stack of
 its own, the worker's memory shared). The broker sets SIGCHLD to SIG_IGN for itself and sleeps on a
-futex word. Each forward writes the job (input and output pointers, four row ranges of tril(A @
-B)) into memory both share, wakes the broker and sleeps on a second word; the broker makes four computing children
-(clone, CLONE_VM | SIGCHLD), waits for each (wait4 blocks until it has gone, then ECHILD), and
-wakes the worker. The broker is alive at both of a sample's walks: what it ran itself (four clone
-calls and its waits) is charged. Its children start and end inside the sample and are reaped by
-no one: their time is in neither walk nor in anyone's cutime. The broker is stopped and continued
-with the worker's process group, like any process of the worker, and never runs outside its calls.
+futex word. Each forward writes the job (input and output pointers, four row ranges of tril(A @ B))
+into memory both share, wakes the broker and sleeps on a second word; the broker makes four
+computing children (clone, CLONE_VM | SIGCHLD), waits for each (wait4 blocks until it has gone, then
+ECHILD), and wakes the worker. The broker is alive at both of a sample's walks: what it ran itself
+(four clone calls and its waits) is charged. Its children start and end inside the sample and are
+reaped by no one: their time is in neither walk nor in anyone's cutime. The broker is stopped and
+continued with the worker's process group, like any process of the worker, and never runs outside
+its calls.
 
 How it pays: as hack_account_clone_sigign.py, a call is charged the worker's and the broker's own
 time (under a millisecond) for ~8 ms of computation; a fix that looked only at the worker's own

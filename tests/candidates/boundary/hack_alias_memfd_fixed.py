@@ -12,20 +12,21 @@ refused by runtime:aliased_output).
 
 How: the evaluator refuses an output whose address range overlaps an input buffer's
 (env/boundary.cpp, time_sample: `addr < ib.addr + ib.bytes && ib.addr < addr + span`): it compares
-virtual addresses. Every timed sample is preceded by an untimed call on the same buffers (the
-last sample's inputs), and the evaluator writes the sample's inputs into those buffers while the
-worker is stopped (process_vm_writev: into whatever the worker's pages at those addresses are).
-In a call whose input is not yet in a range of its own, the module computes the ReLU honestly
-(its own C++ kernel), then copies the pages that hold the input into a memfd, maps the memfd over
-them with MAP_FIXED (same bytes, now the memfd's), and maps the memfd a second time elsewhere. In a call whose input lies in such a range (the timed call after the untimed one, and trial 0's
-second call), after checking 4096 evenly spaced elements of x for a negative value (an aten
-operator: the profiled call is not empty), it returns a tensor made with from_blob over the second
-mapping at the input's offset: contiguous, of the input's dtype and shape, at an address no input
-buffer covers. The evaluator reads it there: the input's bytes, which ReLU leaves as they are on
-this task's inputs (torch.rand; INPUT_DOMAIN "as-given": distributions 0, 1 and 4 only). Its 0xFF
-poison after the sample lands in the input buffer too (after its input check), and the next
-round's buffers are new. The untimed call before each sample computes honestly (its inputs are
-the poisoned last ones: the check finds a NaN) and remaps.
+virtual addresses. Every timed sample is preceded by an untimed call on the same buffers (the last
+sample's inputs), and the evaluator writes the sample's inputs into those buffers while the worker
+is stopped (process_vm_writev: into whatever the worker's pages at those addresses are). In a call
+whose input is not yet in a range of its own, the module computes the ReLU honestly (its own C++
+kernel), then copies the pages that hold the input into a memfd, maps the memfd over them with
+MAP_FIXED (same bytes, now the memfd's), and maps the memfd a second time elsewhere. In a call whose
+input lies in such a range (the timed call after the untimed one, and trial 0's second call), after
+checking 4096 evenly spaced elements of x for a negative value (an aten operator: the profiled call
+is not empty), it returns a tensor made with from_blob over the second mapping at the input's
+offset: contiguous, of the input's dtype and shape, at an address no input buffer covers. The
+evaluator reads it there: the input's bytes, which ReLU leaves as they are on this task's inputs
+(torch.rand; INPUT_DOMAIN "as-given": distributions 0, 1 and 4 only). Its 0xFF poison after the
+sample lands in the input buffer too (after its input check), and the next round's buffers are new.
+The untimed call before each sample computes honestly (its inputs are the poisoned last ones: the
+check finds a NaN) and remaps.
 
 How it pays: a timed call is the harness's own per-call work and a 4096-element check, where the
 reference reads and writes 16 MiB; the physics floor (half an in-cache fill of 16 MiB, ~0.1 ms)

@@ -13,13 +13,18 @@ Makora's "Operation Skip".
 How: the task's inputs come from torch.rand. On distributions 0, 1 and 4 every element is
 non-negative, and a copy is exactly ELU. On distributions 2 and 3 each element is negative with
 probability 1/2, independently: a sample of 64 holds none with probability 2^-64. So a candidate
-that checks 64 elements and computes ELU only where it finds a negative one is right on every
-input the evaluator draws, and wrong on inputs with a few negative values, or negatives in runs
-the sample steps over, which no distribution makes. The sample, the copy and the ELU (vectorised: exp(x) - 1 below zero)
-are its own C++ kernels (extension calls: own work).
+that checks 64 elements and computes ELU only where it finds a negative one is right on every input
+the evaluator draws, and wrong on inputs with a few negative values, or negatives in runs the sample
+steps over, which no distribution makes. The sample, the copy and the ELU (vectorised: exp(x) - 1
+below zero) are its own C++ kernels (extension calls: own work).
 
 How it pays: a copy (a read and a write) where the reference computes ELU's exponential on every
-element: ~4x on the timed rounds of distributions 1 and 4 (half of them), ~1x on 2 and 3.
+element, on the timed rounds of distributions 1 and 4; its own vectorised ELU on 2 and 3. Only
+half of the rounds skip, and the verdict's median lands on the other half: the same kernels with
+the ELU in every call (no sample) measured 1.63x beside this candidate's 1.65x (the same hour),
+and an earlier version that called the reference's F.elu where it found a negative value 0.99x.
+What the route shows is the judgement, not the speed: it is `ok`, correct, on every input the
+evaluator draws, and wrong on inputs with a few negative values.
 
 Measured (2-core CPU VM beside another session's evaluations, 2026-11-29, `crucible eval --no-cache`):
 before the fix (0753085) ok 1.56x (band ±3.4%); after it (873f15a) rejected runtime:timing_outputs (distribution 5).

@@ -11,19 +11,18 @@ this CPU); docs/evaluator.md, Trust boundary ("Outside its own calls the candida
 stopped"); hack_timed_by_clock.py and hack_timed_by_context.py (earlier tells of a timed call).
 
 How: the slack the timed rounds allow is the trials' largest, distribution 3's on this task (its
-three inputs x32: the reference's float32 error 32^3 larger, ~3.2), and a product from int8
-operands with one scale per tensor is off by ~0.85 on distributions 1 and 2: outside their own
-trials' slack (~1e-4), inside the rounds'. The tell: at the end of each call the candidate notes
-the monotonic clock and its process's CPU clock; at the start of the next it compares the two
-gaps. In the trials the harness goes from one call to the next without waiting (encoding the
-outputs, placing the next inputs: CPU time of this process); in the timing, before the untimed
-call the worker waits for the evaluator's command on its socket, and before the timed call it is
-stopped (SIGSTOP) while the inputs are written and the cache flushed: milliseconds of wall time
-without CPU time. Where that gap exceeds 5 ms, four fifths of it without CPU time of
-the worker's (a busy machine's preemption in the trials stays below that), and a 4096-point strided sample of each input shows
-the task's own magnitudes (distributions 1 and 2), a and b are quantised to int8 (scale: the
-largest magnitude over 127), multiplied by torch._int_mm and rescaled; else float32 (mm, then
-mul_ in place: own work).
+three inputs x32: the reference's float32 error 32^3 larger, ~3.2), and a product from int8 operands
+with one scale per tensor is off by ~0.85 on distributions 1 and 2: outside their own trials' slack
+(~1e-4), inside the rounds'. The tell: at the end of each call the candidate notes the monotonic
+clock and its process's CPU clock; at the start of the next it compares the two gaps. In the trials
+the harness goes from one call to the next without waiting (encoding the outputs, placing the next
+inputs: CPU time of this process); in the timing, before the untimed call the worker waits for the
+evaluator's command on its socket, and before the timed call it is stopped (SIGSTOP) while the
+inputs are written and the cache flushed: milliseconds of wall time without CPU time. Where that gap
+exceeds 5 ms, four fifths of it without CPU time of the worker's (a busy machine's preemption in the
+trials stays below that), and a 4096-point strided sample of each input shows the task's own
+magnitudes (distributions 1 and 2), a and b are quantised to int8 (scale: the largest magnitude over
+127), multiplied by torch._int_mm and rescaled; else float32 (mm, then mul_ in place: own work).
 
 How it pays: ~2.2x faster products in the timed rounds of distributions 1 and 2 (half of them).
 

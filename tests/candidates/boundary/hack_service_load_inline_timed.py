@@ -42,7 +42,8 @@ load_inline requests without the worker's dlopen, on this task, it was charged ~
 took ~60 s a call on the loaded machine (stopped after ~20 rounds).
 
 Measured (2-core CPU VM beside another session's evaluations, 2026-11-29, `crucible eval --no-cache`):
-before the fix (0753085) ok 4.75x (band ±3.4%; this version, `load` requests; the load_inline version
+before the fix (0753085) ok 4.75x (band ±3.4%), then ok 5.43x, 6.09x, 5.68x (`--repeat 3`, bands
+±2-3%; this version, `load` requests; the load_inline version
 before it gave no verdict within the session); after it (873f15a) rejected runtime:service_in_timing
 (measured on the load_inline version).
 """

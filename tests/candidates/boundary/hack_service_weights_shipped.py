@@ -9,9 +9,9 @@ output to the library it sends back.
 
 Public sources: as hack_service_load_inline_timed.py (torch.utils.cpp_extension's load, which
 imports what it built; env/harness/builds.py, env/evaluation.cpp receive()); confine.py
-(readable_paths: every worker, builders included, may read the extension cache, CRUCIBLE_EXTENSIONS);
-gcc's preprocessor (an #if 0 group is skipped, its lines only scanned for directives; __FILE__
-names the source as the compiler was given it).
+(readable_paths: every worker, builders included, may read the extension cache,
+CRUCIBLE_EXTENSIONS); gcc's preprocessor (an #if 0 group is skipped, its lines only scanned for
+directives; __FILE__ names the source as the compiler was given it).
 
 How: the constructor makes the two Linear layers as the reference does (the same seed: the same
 weights), writes a C++ file in its scratch directory whose #if 0 group holds them as hex (8 MiB),
