@@ -217,9 +217,14 @@ bool evaluation::split_trials(std::uint64_t seed) {
         continue;
       }
       if (type == "reference") {
-        facts_.trial_dists.push_back(n["distribution"].as<int>(0));
         if (!keep_reference(n, msg))
           return false;
+        // Each output's rounding slack by distribution: the largest of that distribution's trials.
+        auto& slack = facts_.slack[n["distribution"].as<int>(0)];
+        const auto& outs = reference_.back();
+        slack.resize(std::max(slack.size(), outs.size()), 0.0);
+        for (std::size_t i = 0; i < outs.size(); ++i)
+          slack[i] = std::max(slack[i], outs[i].slack);
         if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
           if (!take_reference_copies(rw))
             return false;
@@ -238,14 +243,6 @@ bool evaluation::split_trials(std::uint64_t seed) {
     // same inputs, even where get_inputs() ignores the seed (a stored output then pays nothing).
     for (const auto& a : n["ref_aliased"])
       facts_.aliased.push_back(a.as<bool>(false));
-    // Each output's rounding slack by distribution: the trials' largest in each.
-    for (std::size_t t = 0; t < reference_.size() && t < facts_.trial_dists.size(); ++t) {
-      auto& slack = facts_.slack[facts_.trial_dists[t]];
-      const auto& outs = reference_[t];
-      slack.resize(std::max(slack.size(), outs.size()), 0.0);
-      for (std::size_t i = 0; i < outs.size(); ++i)
-        slack[i] = std::max(slack[i], outs[i].slack);
-    }
     // Rounds draw only distributions a trial measured the slack of (a timed call is held to the
     // slack of its own inputs' distribution, which the trials alone measure).
     for (const auto& d : n["dists"])
@@ -489,8 +486,8 @@ bool evaluation::refuse_layout(std::size_t k) {
   return false;
 }
 
-bool evaluation::rewrite_inputs(worker& w, const sample_inputs& in, bool complement) {
-  const side& s = &w == cand_.proc.get() ? cand_side_ : ref_side_;
+bool evaluation::write_inputs(const side& s, const sample_inputs& in, bool complement) {
+  worker& w = *s.proc;
   std::vector<std::byte> bytes;
   for (std::size_t c = 0; c < in.size(); ++c)
     for (std::size_t i = 0; i < in[c].size(); ++i) {
@@ -505,6 +502,8 @@ bool evaluation::rewrite_inputs(worker& w, const sample_inputs& in, bool complem
         data = bytes.data();
       }
       if (auto r = w.write_memory(b.addr, data, b.bytes); !r) {
+        if (&w != cand_.proc.get())
+          end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
         set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
         return false;
       }
@@ -558,20 +557,12 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   for (std::size_t c = 0; c < in.size(); ++c) {
     if (in[c].size() != s.sets[c].size())
       return broke("input buffers for " + std::to_string(s.sets[c].size()) + " inputs, the task has " + std::to_string(in[c].size()));
-    for (std::size_t i = 0; i < in[c].size(); ++i) {
-      const auto& b = s.sets[c][i];
-      if (b.value)
-        continue;
-      if (b.bytes != in[c][i].size())
+    for (std::size_t i = 0; i < in[c].size(); ++i)
+      if (const auto& b = s.sets[c][i]; !b.value && b.bytes != in[c][i].size())
         return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
-      if (auto r = w.write_memory(b.addr, in[c][i].data(), in[c][i].size()); !r) {
-        if (!candidate)
-          end_.evaluator_failed = true;
-        set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
-        return false;
-      }
-    }
   }
+  if (!write_inputs(s, in, false))
+    return false;
   // The cache flush, here: the last-level cache is the machine's, and the worker's own flush would
   // be the candidate's to skip (its weights kept warm while the reference's are evicted).
   ctx_.flush.run();
@@ -739,7 +730,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
       }
       if (!seen) {
         changed = nullptr;
-        if (!rewrite_inputs(w, in, true))
+        if (!write_inputs(s, in, true))
           return false;
         std::vector<std::byte> again;
         for (const auto& o : watched) {
@@ -751,7 +742,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
             break;
           }
         }
-        if (!rewrite_inputs(w, in, false))
+        if (!write_inputs(s, in, false))
           return false;
       }
       if (changed)

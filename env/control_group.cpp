@@ -128,15 +128,19 @@ void kill_listed(const fs::path& dir) {
       ::kill(static_cast<pid_t>(pid), SIGKILL);
 }
 
+// SIGKILL to every process of the group at `dir`: cgroup.kill, or each listed process on kernels
+// before 5.14.
+void kill_group(const fs::path& dir) {
+  std::ofstream k(dir / "cgroup.kill");
+  if (k)
+    k << "1" << std::flush;
+  if (!k)
+    kill_listed(dir);
+}
+
 // Kills everything in `dir` (a group of ours) and removes it once empty.
 bool kill_and_remove(const fs::path& dir) {
-  {
-    std::ofstream k(dir / "cgroup.kill");
-    if (k)
-      k << "1";
-    if (!k)
-      kill_listed(dir);
-  }
+  kill_group(dir);
   {
     std::ofstream thaw(dir / "cgroup.freeze"); // a frozen process dies all the same; thawed, at once
     if (thaw)
@@ -297,9 +301,7 @@ result<void> control_group::thaw() {
 }
 
 void control_group::kill() {
-  if (write("cgroup.kill", "1"))
-    return;
-  kill_listed(dir_);
+  kill_group(dir_);
 }
 
 bool control_group::populated() const {

@@ -188,9 +188,10 @@ private:
   bool refuse_aliased(std::size_t k);
   /// runtime:output_layout: the candidate handed an output back in another layout than row-major.
   bool refuse_layout(std::size_t k);
-  /// Writes a sample's inputs into `w`'s buffers again, as drawn or (complement) every byte
-  /// inverted: the content check of aliasing. False with the verdict set on failure.
-  bool rewrite_inputs(worker& w, const sample_inputs& in, bool complement);
+  /// Writes a sample's inputs into side `s`'s buffers (process_vm_writev), as drawn or
+  /// (complement) every byte inverted: the content check of aliasing. False with the verdict set
+  /// on failure (the evaluator's own where the worker is the reference's).
+  bool write_inputs(const side& s, const sample_inputs& in, bool complement);
   bool refuse_input_mutation();
   // The untimed call before a sample; the worker is stopped after it.
   bool prime(worker& w);
@@ -289,7 +290,6 @@ private:
     /// Per input distribution, per output, the largest rounding slack of that distribution's
     /// trials: a timed call is held to the slack of the inputs it was given, never the loosest.
     std::map<int, std::vector<double>> slack;
-    std::vector<int> trial_dists; // each reference trial's distribution, in the order they came
   } facts_;
   /// The timed rounds across the boundary.
   struct split_timing {

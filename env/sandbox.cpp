@@ -1008,12 +1008,18 @@ result<isolation_report> probe_isolation(const std::string& python, const std::f
   if (status != 0 || out.empty() || out[0] != '{')
     return fail(errc::not_found, "the isolation probe (", python, " ", confine.string(), ") failed: ", out.substr(0, 400));
   auto report = parse_isolation(out);
-  // The evaluator's own layer: each worker's control group (env/control_group.hpp).
+  add_evaluator_layers(report);
+  return report;
+}
+
+void add_evaluator_layers(isolation_report& report) {
+  // Without its control group the clock charges the CPU time a walk of the worker's processes
+  // finds and stops them by signals, which a candidate can step around (docs/evaluator.md, Trust
+  // boundary: "The clock").
   if (auto why = control_group::unavailable_reason(); !why.empty())
     report.missing.emplace_back("control-group", why);
   else
     report.layers.emplace_back("control-group");
-  return report;
 }
 
 } // namespace crucible::env

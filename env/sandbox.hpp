@@ -68,6 +68,10 @@ isolation_report parse_isolation(const wire::node& report);
 /// as a malformed report.
 isolation_report parse_isolation(const std::string& json_object);
 
+/// Adds the evaluator's own layer to a worker's report: `control-group` (env/control_group.hpp),
+/// in force, or missing with the reason no group can be made here.
+void add_evaluator_layers(isolation_report& report);
+
 /// Confines a fresh process as a worker would be (`PYTHON -I -B HARNESS_DIR/confine.py`) and
 /// returns what this machine allows, for `crucible info`. Errors: the interpreter cannot run.
 result<isolation_report> probe_isolation(const std::string& python, const std::filesystem::path& worker_py);

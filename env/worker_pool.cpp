@@ -166,13 +166,7 @@ result<void> worker_pool::check_isolation(const wire::node& started) {
   // The worker has confined itself (env/harness/confine.py) and says how; no candidate code
   // has run in it yet.
   auto iso = parse_isolation(started["isolation"]);
-  // The control group is the evaluator's layer, not the worker's: without it the clock charges
-  // the CPU time a walk of the worker's processes finds and stops them by signals, which a
-  // candidate can step around (docs/evaluator.md, Trust boundary: "The clock").
-  if (auto why = control_group::unavailable_reason(); !why.empty())
-    iso.missing.emplace_back("control-group", why);
-  else
-    iso.layers.emplace_back("control-group");
+  add_evaluator_layers(iso);
   std::lock_guard guard{mtx_};
   if (!iso.missing.empty()) {
     if (opt_.isolation == isolation_mode::strict)
