@@ -25,6 +25,7 @@ const char* to_string(timing_baseline v) noexcept { return name_in(baseline_name
 const char* to_string(device_init_hold v) noexcept { return name_in(init_hold_names, v); }
 const char* to_string(worker_refill v) noexcept { return name_in(refill_names, v); }
 const char* to_string(isolation_mode v) noexcept { return name_in(isolation_names, v); }
+const char* to_string(cuda_mps_mode v) noexcept { return name_in(cuda_mps_names, v); }
 const char* to_string(evaluator_boundary v) noexcept { return name_in(boundary_names, v); }
 const char* to_string(exemplar_method v) noexcept { return name_in(exemplar_method_names, v); }
 const char* to_string(straggler_policy v) noexcept { return name_in(straggler_policy_names, v); }

@@ -117,6 +117,16 @@ enum class isolation_mode : std::uint8_t {
 /// "strict", "best-effort": the names config files use.
 const char* to_string(isolation_mode m) noexcept;
 
+/// Whether the evaluator runs its CUDA devices under a private CUDA MPS daemon (env/mps.hpp).
+enum class cuda_mps_mode : std::uint8_t {
+  auto_, ///< where it can: not as root, the control program found, CUDA not yet started in the process
+  on,    ///< always; an evaluator that cannot refuses to start, naming why
+  off,   ///< never
+};
+
+/// "auto", "on", "off": the names config files use.
+const char* to_string(cuda_mps_mode m) noexcept;
+
 /// Where the reference runs relative to the candidate's code (docs/evaluator.md, Trust boundary).
 enum class evaluator_boundary : std::uint8_t {
   process, ///< two workers per verdict: the reference's never loads candidate code; the evaluator reads the clock and the outputs
@@ -183,6 +193,7 @@ struct evaluator_options {
   bool zygote = true;                          ///< fork workers from a process that imported torch once
   evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
   bool cuda_boundary = false;                  ///< boundary: process on CUDA devices too (slower and less precise today)
+  cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 

@@ -317,6 +317,14 @@ void describe(V& v, config& c) {
             "`shared`. Off by default: on an H100 its verdicts took 3.2-3.7 times as long as `shared`'s, and it is "
             "not yet measured on the GPU hack classes and KernelBench (docs/PERFORMANCE.md, The reward's "
             "trust boundary).");
+    v.field("cuda_mps", e.cuda_mps,
+            "CUDA devices under a CUDA MPS control daemon of this process's own (its own pipe directory, "
+            "stopped when it exits): this process and every worker it starts are clients of one MPS server a "
+            "device, so the device does not switch between their contexts inside a timed sample across the "
+            "boundary (docs/evaluator.md, Trust boundary). `auto`: where it can, and an info line saying why "
+            "not elsewhere: not as root (root's workers run as nobody, and MPS serves one user at a time), "
+            "`nvidia-cuda-mps-control` found, CUDA not yet started in this process. `on`: refuses to start "
+            "where it cannot, naming why. `off`: never.");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

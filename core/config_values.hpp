@@ -172,6 +172,15 @@ template <> struct value_traits<evaluator_boundary> {
   static std::string render(evaluator_boundary v) { return enum_traits<evaluator_boundary, 2>::render_from(boundary_names, v); }
 };
 
+inline constexpr std::pair<cuda_mps_mode, const char*> cuda_mps_names[] = {
+  {cuda_mps_mode::auto_, "auto"}, {cuda_mps_mode::on, "on"}, {cuda_mps_mode::off, "off"}};
+template <> struct value_traits<cuda_mps_mode> {
+  static constexpr const char* expected = "one of auto, on, off";
+  static constexpr const char* type_name = "`auto`, `on` or `off`";
+  static bool parse(const std::string& s, cuda_mps_mode& out) { return enum_traits<cuda_mps_mode, 3>::parse_from(cuda_mps_names, s, out); }
+  static std::string render(cuda_mps_mode v) { return enum_traits<cuda_mps_mode, 3>::render_from(cuda_mps_names, v); }
+};
+
 inline constexpr std::pair<isolation_mode, const char*> isolation_names[] = {
   {isolation_mode::strict, "strict"}, {isolation_mode::best_effort, "best-effort"}};
 

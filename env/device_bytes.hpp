@@ -70,17 +70,24 @@ result<void> copy_all(const std::vector<device_copy>& copies);
 /// A clock on the device for a sample timed across the trust boundary, read in this process
 /// only. The worker keeps two words in its own device memory, which this process maps: `go`,
 /// which its stream waits for (cuStreamWaitValue32, >= seq) before a sample's calls, and `done`,
-/// which its stream writes (seq) after them. arm() queues, on a stream of this process's, a hold,
-/// the start event, the copies of the sample's inputs into the worker's buffers and the write of
-/// `go`; close() queues a wait for `done`, the copies of the outputs into this process's memory
-/// and the stop event; finish() lets the held work run (let_go() does that alone, earlier: for a
-/// worker whose calls wait for the device), waits for it (up to `timeout_s`; past it this process
-/// writes `done` itself and refuses the sample) and returns the device time between the two
-/// events. Everything of the worker's that writes the outputs runs between them, and none of the
-/// host's latencies does when the work was queued before it was let go; the copies, which both
-/// sides pay alike, lie inside. A worker that writes `done` early gets its outputs copied as they
-/// are then; one that writes `go` early runs on the last sample's inputs; work overlapped with a
-/// copy saves at most that copy's time. A clock destroyed armed lets its work go.
+/// which its stream writes (seq) after them. arm() queues, on a stream of this process's, a hold
+/// and a sealed copy of the sample's inputs into the worker's buffers, then the write of `go`;
+/// close() queues a wait for `done` and a sealed copy of the outputs into this process's memory;
+/// finish() lets the held work run (let_go() does that alone, earlier: for a worker whose calls
+/// wait for the device), waits for it (up to `timeout_s`; past it this process writes `done`
+/// itself and refuses the sample) and returns the device time from the copy in's start to the
+/// moment the copy out held the whole device.
+///
+/// A sealed copy is a grid of exactly as many blocks as the device holds at once, which copies
+/// nothing until all its blocks are resident together: then no kernel of another process's runs
+/// anywhere on the device (an MPS client's included), and one still running holds the copy back.
+/// Its chunks are copied in an order drawn here for each copy. So no kernel of the worker's sees
+/// the inputs before the window opens or works beside the copy in; what it has not written when
+/// the copy out holds the device is read unwritten (in an order it cannot know), and a kernel of
+/// its still running then holds the window open. The copy in lies inside the window on both
+/// sides alike (the evaluator takes the empty sample's window off); the reads of the outputs lie
+/// after it. A worker kernel that holds part of the device for seconds makes finish() fail with
+/// errc::timeout. A clock destroyed armed lets its work go.
 class device_clock {
 public:
   virtual ~device_clock() = default;

@@ -210,6 +210,8 @@ private:
   // Keeps the reference worker's exported trial outputs in this process's memory and says
   // `taken` (outputs kept on the device).
   bool take_reference_copies(worker& w);
+  /// A sample's time per call, net of the empty sample's window on a device (boundary.cpp).
+  double net_ms(double ms) const;
   // One paired round across the boundary: ms per call of each side; false when decided.
   bool split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted);
   // run() but for a malformed message (wire::error), which it turns into the verdict.

@@ -2,6 +2,7 @@
 // zygote where it can) and keeps them warm, builds extensions for them, and runs one candidate's
 // evaluation (env/evaluation.cpp) on a worker, with the retries and the verdict cache around it.
 #include "env/evaluator.hpp"
+#include "env/mps.hpp"
 #include "env/build_service.hpp"
 #include "env/evaluation.hpp"
 
@@ -115,6 +116,9 @@ result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(co
   auto where = locate_harness(opt);
   if (!where)
     return where.error();
+  // Before anything of this process's starts CUDA, and before the workers' environment is made.
+  if (auto mps = prepare_cuda_mps(opt, devices, log); !mps)
+    return mps.error();
   std::shared_ptr<verdict_cache> cache;
   if (use == verdict_cache_use::configured) {
     auto opened = verdict_cache::open_configured(opt.cache);
@@ -163,6 +167,8 @@ result<std::unique_ptr<device_evaluator>> device_evaluator::create(const evaluat
                                                                    const harness_location& where,
                                                                    std::string device, logger& log,
                                                                    std::shared_ptr<verdict_cache> cache) {
+  if (auto mps = prepare_cuda_mps(opt, {device}, log); !mps)
+    return mps.error();
   auto ev = launch(opt, reward, where, std::move(device), log, std::move(cache));
   if (auto started = ev->wait_started(); !started)
     return started.error();

@@ -191,6 +191,7 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   if (fs::exists("/usr/local/cuda"))
     envs.push_back("CUDA_HOME=/usr/local/cuda");
   pass("LD_LIBRARY_PATH"); // where the GPU machines keep their driver libraries
+  pass("CUDA_MPS_PIPE_DIRECTORY"); // the evaluator's MPS daemon (env/mps.hpp): the worker is its client too
   pass("CUDA_HOME");
   pass("CC");
   pass("CXX");

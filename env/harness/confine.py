@@ -398,14 +398,16 @@ def landlock_abi():
 
 def readable_paths(harness_dir):
     """Where a worker may read: the system's directories, the interpreter's (prefixes and every
-    entry of sys.path, by their real paths), the harness's, CUDA's, the compilers' and the
-    evaluator's extension cache (CRUCIBLE_EXTENSIONS, which only the evaluator writes)."""
+    entry of sys.path, by their real paths), the harness's, CUDA's, the compilers', the
+    evaluator's extension cache (CRUCIBLE_EXTENSIONS, which only the evaluator writes) and its
+    CUDA MPS daemon's pipe directory (CUDA_MPS_PIPE_DIRECTORY: a client connects to its sockets,
+    which a read-only bind allows)."""
     paths = ["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys", harness_dir]
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable),
               *sys.path):
         if p:
             paths.append(p)
-    for var in ("CUDA_HOME", "CUDA_PATH", "CRUCIBLE_EXTENSIONS"):
+    for var in ("CUDA_HOME", "CUDA_PATH", "CRUCIBLE_EXTENSIONS", "CUDA_MPS_PIPE_DIRECTORY"):
         if os.environ.get(var):
             paths.append(os.environ[var])
     for p in os.environ.get("LD_LIBRARY_PATH", "").split(":"):

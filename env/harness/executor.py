@@ -266,11 +266,10 @@ def launch(w, job, baseline, cand, state, null, seq):
     try:
         stream = _current_stream().cuda_stream
         _stream_wait_value(stream, go, seq)
-        if null:  # the round trip of a sample whose call is one tiny kernel
+        if null:  # the window of a sample without calls: done follows go
             t = state.null_out
             if t is None:
                 t = state.null_out = _torch_empty(128, dtype=_uint8, device=w.device)
-            _T_fill_(t, 0)
             outs.append(t)
         else:
             for inputs in state.buf_sets:

@@ -17,6 +17,10 @@
 #   mps_self       mps on SELF (the CPU suite's references against themselves,
 #                  tools/bench/reference_as_candidate.py)
 #   user_self      user on SELF
+#   own            the boundary with the evaluator's own MPS daemon (evaluator.cuda_mps=on), run
+#                  as 65534 (the evaluator starts the daemon, sets its pipe directory for itself and
+#                  its workers); own_shared and own_self: the shared path, and SELF, so
+# Every other mode sets evaluator.cuda_mps=off (the script's daemon, or none).
 # PAIRS (default OUT/pairs.jsonl, made from data/cuda-l1/3090.json, tools/bench/fetch_cuda_l1.sh):
 # CUDA-L1's kernels for KernelBench level 1 tasks 12, 40, 53 and level 2 task 14, and task 40's
 # reference as its own candidate. CRUCIBLE: the binary (default BUILD/tools/crucible).
@@ -31,7 +35,7 @@ PIPE=/tmp/nvidia-mps
 MPSLOG=/tmp/mps-log
 mkdir -p "$OUT"
 modes=("$@")
-[[ ${#modes[@]} -gt 0 ]] || modes=(shared boundary user mps mps_shared mps_self user_self)
+[[ ${#modes[@]} -gt 0 ]] || modes=(shared boundary user mps mps_shared mps_self user_self own own_shared own_self)
 
 PAIRS="${PAIRS:-$OUT/pairs.jsonl}"
 if [[ ! -f $PAIRS ]]; then
@@ -80,16 +84,21 @@ mps_stop() { # $1: where the daemon's logs go
 trap 'echo quit | CUDA_MPS_PIPE_DIRECTORY=$PIPE timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
 B=(--set evaluator.cuda_boundary=true)
+OFF=(--set evaluator.cuda_mps=off)
+ON=(--set evaluator.cuda_mps=on)
 for mode in "${modes[@]}"; do
-  pairs=$PAIRS args=() user=0 mps=0
+  pairs=$PAIRS args=("${OFF[@]}") user=0 mps=0
   case "$mode" in
     shared) ;;
-    boundary) args=("${B[@]}") ;;
-    user) args=("${B[@]}"); user=1 ;;
-    mps) args=("${B[@]}"); user=1; mps=1 ;;
+    boundary) args+=("${B[@]}") ;;
+    user) args+=("${B[@]}"); user=1 ;;
+    mps) args+=("${B[@]}"); user=1; mps=1 ;;
     mps_shared) user=1; mps=1 ;;
-    mps_self) args=("${B[@]}"); user=1; mps=1; pairs=$SELF ;;
-    user_self) args=("${B[@]}"); user=1; pairs=$SELF ;;
+    mps_self) args+=("${B[@]}"); user=1; mps=1; pairs=$SELF ;;
+    user_self) args+=("${B[@]}"); user=1; pairs=$SELF ;;
+    own) args=("${ON[@]}" "${B[@]}"); user=1 ;;
+    own_shared) args=("${ON[@]}"); user=1 ;;
+    own_self) args=("${ON[@]}" "${B[@]}"); user=1; pairs=$SELF ;;
     *) echo "mps_boundary: unknown mode '$mode' (--help)" >&2; exit 2 ;;
   esac
   # Pairs and records where user 65534 reaches them; the records are copied to OUT afterwards.
