@@ -193,7 +193,7 @@ struct evaluator_options {
   bool zygote = true;                          ///< fork workers from a process that imported torch once
   evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
   bool cuda_boundary = false;                  ///< boundary: process on CUDA devices too (slower and less precise today)
-  cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
+  cuda_mps_mode cuda_mps = cuda_mps_mode::off; ///< CUDA devices under a private MPS daemon (one device context for every process)
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 

@@ -324,7 +324,8 @@ void describe(V& v, config& c) {
             "boundary (docs/evaluator.md, Trust boundary). `auto`: where it can, and an info line saying why "
             "not elsewhere: not as root (root's workers run as nobody, and MPS serves one user at a time), "
             "`nvidia-cuda-mps-control` found, CUDA not yet started in this process. `on`: refuses to start "
-            "where it cannot, naming why. `off`: never.");
+            "where it cannot, naming why. `off` (the default until a candidate's fatal fault, which MPS reports "
+            "to every client of the device, is kept from the evaluator's own context): never.");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "
