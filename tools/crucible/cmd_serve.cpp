@@ -5,7 +5,10 @@
 #include <sstream>
 #include <string>
 
+#include <algorithm>
 #include <atomic>
+#include <initializer_list>
+#include <vector>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -60,6 +63,51 @@ struct serve_limits {
   double max_timeout_s = 3600;
   double default_timeout_s = 600;
 };
+
+// The number of single-character edits between two short field names.
+std::size_t edits(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A field of `body` that is none of `known` (a misspelt 'timeout_s' would otherwise be ignored
+// without a word), named with the nearest known field where one is close.
+result<void> only_fields(const json& body, std::initializer_list<const char*> known, const std::string& what) {
+  if (!body.is_object())
+    return {};
+  for (const auto& [key, value] : body.items()) {
+    bool ok = false;
+    std::string nearest;
+    std::size_t best = 3; // at most two edits away
+    for (const auto* k : known) {
+      if (key == k) {
+        ok = true;
+        break;
+      }
+      if (const auto d = edits(key, k); d < best)
+        best = d, nearest = k;
+    }
+    if (ok)
+      continue;
+    std::string list;
+    for (const auto* k : known)
+      list += (list.empty() ? "'" : ", '") + std::string{k} + "'";
+    return fail(errc::invalid_arg, what, " has an unknown field '", key, "'",
+                nearest.empty() ? std::string{} : " (did you mean '" + nearest + "'?)", "; its fields are ", list);
+  }
+  return {};
+}
 
 // One request object of /v1/evaluate (or an item of a batch) into a verdict request; an error
 // names the field.
@@ -299,6 +347,9 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     const auto body = json::parse(req.body, nullptr, false);
     if (body.is_discarded())
       return refuse(res, 400, "the body is not JSON");
+    if (auto ok = only_fields(body, {"id", "candidate", "task", "task_source", "seed", "cache", "timeout_s"}, "the request");
+        !ok)
+      return refuse(res, 400, ok.error().message);
     auto r = request_of(body, tasks);
     if (!r)
       return refuse(res, r.error().code == errc::not_found ? 404 : 400, r.error().message);
@@ -321,6 +372,9 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     const auto body = json::parse(req.body, nullptr, false);
     if (body.is_discarded())
       return refuse(res, 400, "the body is not JSON");
+    if (auto ok = only_fields(body, {"task", "task_source", "hardware", "exemplars", "turns", "turns_total"}, "the request");
+        !ok)
+      return refuse(res, 400, ok.error().message);
     const auto hw = svc.hardware();
     auto p = prompt_of(body, tasks, prompts, hw.empty() ? std::string{} : hw.front(), svc, feedback);
     if (!p)
@@ -334,6 +388,8 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
       return refuse(res, 400, "the body is not JSON");
     if (!body.is_object() || !body.contains("requests") || !body["requests"].is_array())
       return refuse(res, 400, "a batch is {\"requests\": [...]}");
+    if (auto ok = only_fields(body, {"requests", "timeout_s"}, "the batch"); !ok)
+      return refuse(res, 400, ok.error().message);
     auto until = deadline_of(body, lim);
     if (!until)
       return refuse(res, 400, until.error().message);
@@ -342,6 +398,12 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     std::vector<json> results(body["requests"].size());
     std::vector<std::pair<std::size_t, service::verdict_service::ticket>> admitted;
     for (std::size_t i = 0; i < results.size(); ++i) {
+      if (auto ok = only_fields(body["requests"][i], {"id", "candidate", "task", "task_source", "seed", "cache"},
+                                "requests[" + std::to_string(i) + "]");
+          !ok) {
+        results[i] = json{{"error", ok.error().message}};
+        continue;
+      }
       auto r = request_of(body["requests"][i], tasks);
       if (!r) {
         results[i] = json{{"error", r.error().message}};
@@ -362,6 +424,8 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     reply(res, 200, json{{"results", results}});
   });
   answer_exceptions(srv, [](httplib::Response& res, const std::string& why) { refuse(res, 500, why); });
+  answer_library_errors(srv, lim.max_request_bytes, "--max-request-kb",
+                        [](httplib::Response& res, int status, const std::string& why) { refuse(res, status, why); });
   srv.set_payload_max_length(lim.max_request_bytes);
 }
 

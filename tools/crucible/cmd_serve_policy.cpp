@@ -46,6 +46,9 @@ struct served_model {
 };
 
 // An error as OpenAI's API answers it: {"error": {"message", "type", "param", "code"}}.
+// The largest request body serve-policy reads.
+constexpr std::size_t max_request_bytes = static_cast<std::size_t>(64) << 20;
+
 struct api_error {
   int status = 400;
   std::string message;
@@ -634,11 +637,11 @@ void add_routes(httplib::Server& srv, service::policy_service& svc, const served
   srv.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_generation(svc, m, api_kind::chat, req, res);
   });
-  srv.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (res.status == 404 && res.body.empty())
-      send_error(res, api_error{404, "no endpoint " + req.method + " " + req.path + " (POST /v1/completions, POST "
-                                     "/v1/chat/completions, GET /v1/models)", "", "invalid_request_error", ""});
-  });
+  answer_library_errors(srv, max_request_bytes, "64 MiB, fixed",
+                        [](httplib::Response& res, int status, const std::string& why) {
+                          send_error(res, api_error{status, status == 404 ? why + " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models)" : why,
+                                                    "", status >= 500 ? "server_error" : "invalid_request_error", ""});
+                        });
   answer_exceptions(srv, [](httplib::Response& res, const std::string& why) {
     send_error(res, api_error{500, why, "", "server_error", ""});
   });
@@ -716,7 +719,7 @@ int run_serve_policy(const parsed_args& args) {
                               [tokenizer](std::span<const std::int32_t> ids) { return tokenizer->decode(ids); }, so, log};
   httplib::Server srv;
   add_routes(srv, svc, m, *token);
-  srv.set_payload_max_length(static_cast<std::size_t>(64) << 20);
+  srv.set_payload_max_length(max_request_bytes);
   const int bound = bind_server(srv, *where);
   if (bound <= 0) {
     std::fprintf(stderr, "crucible serve-policy: cannot listen on %s\n", args.get("--listen", "127.0.0.1:8471").c_str());

@@ -69,6 +69,33 @@ void answer_exceptions(httplib::Server& srv, std::function<void(httplib::Respons
   });
 }
 
+void answer_library_errors(httplib::Server& srv, std::size_t limit_bytes, const std::string& limit_flag,
+                           std::function<void(httplib::Response&, int, const std::string&)> answer) {
+  srv.set_error_handler([=](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty())
+      return httplib::Server::HandlerResponse::Unhandled; // a handler's own answer
+    std::string why;
+    switch (res.status) {
+      case 413:
+        why = "the request body is larger than this server's limit of " + std::to_string(limit_bytes) + " bytes (" + limit_flag + ")";
+        break;
+      case 404:
+        why = "no endpoint " + req.method + " " + req.path;
+        break;
+      case 405:
+        why = "method " + req.method + " is not allowed on " + req.path;
+        break;
+      case 400:
+        why = "the request could not be read as HTTP (a malformed header, a bad Content-Length or chunked body)";
+        break;
+      default:
+        why = "HTTP " + std::to_string(res.status) + " answered by the server library";
+    }
+    answer(res, res.status, why);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+}
+
 namespace {
 
 httplib::Server* running = nullptr; // for the signal handler: stop() is safe from it

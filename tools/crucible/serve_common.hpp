@@ -35,6 +35,11 @@ int no_http_server(const char* command);
 #ifdef CRUCIBLE_HAVE_HTTPLIB
 /// An exception out of a handler is answered 500 through `answer(res, "internal error: WHAT")`.
 void answer_exceptions(httplib::Server& srv, std::function<void(httplib::Response&, const std::string&)> answer);
+/// An error answer the server library makes itself, with an empty body (a body over the limit,
+/// no such endpoint, a malformed request), is given its reason through `answer(res, status, WHY)`:
+/// 413 names `limit_bytes` and the flag that sets it (`limit_flag`), 404 the method and path.
+void answer_library_errors(httplib::Server& srv, std::size_t limit_bytes, const std::string& limit_flag,
+                           std::function<void(httplib::Response&, int, const std::string&)> answer);
 /// Binds `srv` to `where` (port 0: any free one); the port bound, or -1.
 int bind_server(httplib::Server& srv, const listen_address& where);
 /// Serves until SIGINT or SIGTERM (or srv.stop()).

@@ -66,7 +66,7 @@ TEST_CASE("evaluator.cuda_mps: auto starts the daemon only where every client ca
   CHECK(c.quiet);
 }
 
-TEST_CASE("evaluator.cuda_mps: on, where the daemon cannot start, refuses and names why; CPU devices need none") {
+TEST_CASE("evaluator.cuda_mps: on, where the daemon cannot start, refuses and names why, and CPU devices need none") {
   system_clock clk;
   logger log{clk, log_level::warn};
   evaluator_options opt;
