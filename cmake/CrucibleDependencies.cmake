@@ -27,11 +27,6 @@ if(PkgConfig_FOUND)
   pkg_check_modules(HTTPLIB QUIET IMPORTED_TARGET cpp-httplib>=0.11)
   if(HTTPLIB_FOUND)
     set(CRUCIBLE_HAVE_HTTPLIB ON)
-    # cpp-httplib caps a body sent as a form (curl -d's default Content-Type) at 8 KiB with an empty
-    # 413, whatever the server's payload limit: the servers' own limits (--max-request-bytes) are
-    # the ones that hold, in every translation unit alike.
-    set_property(TARGET PkgConfig::HTTPLIB APPEND PROPERTY INTERFACE_COMPILE_DEFINITIONS
-                 CPPHTTPLIB_FORM_URL_ENCODED_PAYLOAD_MAX_LENGTH=1099511627776)
   endif()
 endif()
 message(STATUS "crucible serve (cpp-httplib): ${CRUCIBLE_HAVE_HTTPLIB}")

@@ -219,6 +219,27 @@ TEST_CASE("crucible serve judges as crucible eval does, and refuses what is wron
                "application/json");
     REQUIRE(r);
     CHECK(r->status == 413);
+    CHECK(json::parse(r->body)["error"].get<std::string>().find("larger than this server's limit of 4194304 bytes (--max-request-kb)")
+          != std::string::npos);
+    // A body sent as a form (curl -d's Content-Type) of more than 8 KiB: read as JSON all the same.
+    r = c.Post("/v1/evaluate",
+               json{{"task", "01_relu_scale"}, {"candidate", "# " + std::string(20000, 'x') + "\ndef (:"}}.dump(),
+               "application/x-www-form-urlencoded");
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(json::parse(r->body)["verdict"]["status"] == "compile_error");
+    // No such endpoint: a JSON error naming it.
+    r = c.Get("/v1/nothing-here");
+    REQUIRE(r);
+    CHECK(r->status == 404);
+    CHECK(json::parse(r->body)["error"] == "no endpoint GET /v1/nothing-here");
+    // A misspelt field is named, with the field it was probably meant to be.
+    j = post(s, "/v1/evaluate", json{{"task", "01_relu_scale"}, {"candidate", "x"}, {"tmeout_s", 5}}, status);
+    CHECK(status == 400);
+    CHECK(j["error"].get<std::string>().find("unknown field 'tmeout_s' (did you mean 'timeout_s'?)") != std::string::npos);
+    j = post(s, "/v1/evaluate/batch", json{{"requests", json::array()}, {"timeout", 5}}, status);
+    CHECK(status == 400);
+    CHECK(j["error"].get<std::string>().find("the batch has an unknown field 'timeout'") != std::string::npos);
     // A candidate that is not Python gets its verdict, not an HTTP error.
     j = post(s, "/v1/evaluate", json{{"task", "01_relu_scale"}, {"candidate", "def (:"}}, status);
     CHECK(status == 200);

@@ -343,7 +343,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
       return reply(res, 200, json{{"id", id}, {"state", "pending"}});
     reply(res, 200, json{{"id", id}, {"state", "judged"}, {"verdict", verdict_json(found->v)}});
   });
-  srv.Post("/v1/evaluate", [&](const httplib::Request& req, httplib::Response& res) {
+  post_any_type(srv, "/v1/evaluate", [&](const httplib::Request& req, httplib::Response& res) {
     const auto body = json::parse(req.body, nullptr, false);
     if (body.is_discarded())
       return refuse(res, 400, "the body is not JSON");
@@ -368,7 +368,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     auto a = answer(svc, t, *until);
     reply(res, a["state"] == "judged" ? 200 : 202, a);
   });
-  srv.Post("/v1/prompt", [&](const httplib::Request& req, httplib::Response& res) {
+  post_any_type(srv, "/v1/prompt", [&](const httplib::Request& req, httplib::Response& res) {
     const auto body = json::parse(req.body, nullptr, false);
     if (body.is_discarded())
       return refuse(res, 400, "the body is not JSON");
@@ -382,7 +382,7 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
                     p.error().message);
     reply(res, 200, *p);
   });
-  srv.Post("/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
+  post_any_type(srv, "/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
     const auto body = json::parse(req.body, nullptr, false);
     if (body.is_discarded())
       return refuse(res, 400, "the body is not JSON");

@@ -631,10 +631,10 @@ void add_routes(httplib::Server& srv, service::policy_service& svc, const served
     metric("generated_tokens_total", "counter", c.generated_tokens);
     res.set_content(o.str(), "text/plain; version=0.0.4");
   });
-  srv.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+  post_any_type(srv, "/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_generation(svc, m, api_kind::completions, req, res);
   });
-  srv.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
+  post_any_type(srv, "/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
     handle_generation(svc, m, api_kind::chat, req, res);
   });
   answer_library_errors(srv, max_request_bytes, "64 MiB, fixed",

@@ -71,7 +71,7 @@ void answer_exceptions(httplib::Server& srv, std::function<void(httplib::Respons
 
 void answer_library_errors(httplib::Server& srv, std::size_t limit_bytes, const std::string& limit_flag,
                            std::function<void(httplib::Response&, int, const std::string&)> answer) {
-  srv.set_error_handler([=](const httplib::Request& req, httplib::Response& res) {
+  srv.set_error_handler(httplib::Server::HandlerWithResponse{[=](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty())
       return httplib::Server::HandlerResponse::Unhandled; // a handler's own answer
     std::string why;
@@ -93,6 +93,24 @@ void answer_library_errors(httplib::Server& srv, std::size_t limit_bytes, const 
     }
     answer(res, res.status, why);
     return httplib::Server::HandlerResponse::Handled;
+  }});
+}
+
+void post_any_type(httplib::Server& srv, const std::string& pattern, httplib::Server::Handler handler) {
+  srv.Post(pattern, [handler](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+    std::string body;
+    const bool whole = read([&](const char* data, std::size_t n) {
+      body.append(data, n);
+      return true;
+    });
+    if (!whole) {
+      if (res.status < 400)
+        res.status = 400;
+      return;
+    }
+    httplib::Request with = req;
+    with.body = std::move(body);
+    handler(with, res);
   });
 }
 

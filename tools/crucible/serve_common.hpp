@@ -40,6 +40,11 @@ void answer_exceptions(httplib::Server& srv, std::function<void(httplib::Respons
 /// 413 names `limit_bytes` and the flag that sets it (`limit_flag`), 404 the method and path.
 void answer_library_errors(httplib::Server& srv, std::size_t limit_bytes, const std::string& limit_flag,
                            std::function<void(httplib::Response&, int, const std::string&)> answer);
+/// A POST route whose body is read here, whatever its Content-Type (cpp-httplib refuses a body
+/// sent as a form, curl -d's default, over 8 KiB with an empty 413, and Debian builds that limit
+/// into its library): `handler` gets the request with its body. A body over the server's payload
+/// limit is answered 413 (answer_library_errors gives the reason).
+void post_any_type(httplib::Server& srv, const std::string& pattern, httplib::Server::Handler handler);
 /// Binds `srv` to `where` (port 0: any free one); the port bound, or -1.
 int bind_server(httplib::Server& srv, const listen_address& where);
 /// Serves until SIGINT or SIGTERM (or srv.stop()).
