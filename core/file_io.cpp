@@ -162,6 +162,21 @@ std::filesystem::path executable_dir() {
   return ec ? std::filesystem::path{} : p.parent_path();
 }
 
+std::string shipped_path(const std::string& configured) {
+  namespace fs = std::filesystem;
+  const fs::path rel{configured};
+  std::error_code ec;
+  if (configured.empty() || rel.is_absolute() || fs::exists(rel, ec))
+    return configured;
+  for (auto dir = executable_dir(); !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / rel, ec))
+      return (dir / rel).string();
+    if (dir == dir.root_path())
+      break;
+  }
+  return configured;
+}
+
 std::uint64_t directory_bytes(const std::filesystem::path& dir) {
   std::uint64_t bytes = 0;
   std::error_code ec;

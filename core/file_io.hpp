@@ -28,6 +28,12 @@ result<std::string> read_source_file(const std::filesystem::path& path);
 /// Files shipped with the checkout (env/harness, configs/prompts) are found by walking up from it.
 std::filesystem::path executable_dir();
 
+/// A path a configuration or flag names, for files shipped with the checkout (env/tasks/cpu): as
+/// given where it is absolute or exists from the working directory; else the first directory
+/// above the executable's where it exists (a build inside the checkout run from anywhere); else
+/// as given, for the caller's error to name.
+std::string shipped_path(const std::string& configured);
+
 /// fsyncs a directory so that renames and creations inside it are durable.
 result<void> fsync_directory(const std::filesystem::path& dir);
 

@@ -56,12 +56,15 @@ struct server {
   int port = 0;
   std::string banner; // what it printed up to its address
 
-  explicit server(std::vector<std::string> extra = {}, const std::string& device = "cpu") {
+  explicit server(std::vector<std::string> extra = {}, const std::string& device = "cpu", bool suite_flag = true) {
     std::ofstream(dir.path() / "token") << token << "\n";
     fs::permissions(dir.path() / "token", fs::perms::owner_read | fs::perms::owner_write); // as read_token_file asks
     std::vector<std::string> argv{CRUCIBLE_CLI, "serve", "--listen", "127.0.0.1:0", "--token-file",
-                                  (dir.path() / "token").string(), "--device", device, "--suite", suite.string(),
-                                  "--no-cache"};
+                                  (dir.path() / "token").string(), "--device", device, "--no-cache"};
+    if (suite_flag) {
+      argv.push_back("--suite");
+      argv.push_back(suite.string());
+    }
     auto sets = fast_sets();
     argv.insert(argv.end(), sets.begin(), sets.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -277,6 +280,30 @@ TEST_CASE("crucible serve judges as crucible eval does, and refuses what is wron
     CHECK(j["results"][0]["verdict"]["correct"] == true);
     CHECK(j["results"][1]["error"].get<std::string>().find("no task 'nope'") != std::string::npos);
   }
+}
+
+TEST_CASE("crucible serve run from outside the checkout, without --suite, registers the checkout's suite") {
+  // tasks.suite (env/tasks/cpu) is relative: found above the executable where the working
+  // directory does not hold it (as the guide's commands are run, from any directory).
+  temp_dir elsewhere{"serve-cwd"};
+  const auto was = fs::current_path();
+  fs::current_path(elsewhere.path());
+  std::unique_ptr<server> s;
+  try {
+    s = std::make_unique<server>(std::vector<std::string>{}, "cpu", false);
+  } catch (...) {
+    fs::current_path(was);
+    throw;
+  }
+  fs::current_path(was);
+  auto r = s->client().Get("/v1/tasks");
+  REQUIRE(r);
+  auto j = json::parse(r->body);
+  CHECK(fs::path{j["suite"].get<std::string>()} == fs::canonical(suite));
+  bool found = false;
+  for (const auto& t : j["tasks"])
+    found = found || t["name"] == "01_relu_scale";
+  CHECK(found);
 }
 
 TEST_CASE("crucible serve: a full queue answers at once, a client that leaves loses nothing, a killed worker neither") {

@@ -24,6 +24,7 @@
 #include "actors/membership.hpp"
 
 #include "core/config.hpp"
+#include "core/file_io.hpp"
 #include "core/log.hpp"
 #include "core/token.hpp"
 #include "core/sha256.hpp"
@@ -547,7 +548,7 @@ int run_serve(const parsed_args& args) {
   }
   // The registered suite: tasks.suite of the configuration, or --suite.
   task_registry tasks;
-  tasks.suite = args.get("--suite", cfg.tasks.suite);
+  tasks.suite = shipped_path(args.get("--suite", cfg.tasks.suite));
   auto indexed = env::index_tasks(tasks.suite);
   if (!indexed) {
     std::fprintf(stderr, "crucible serve: --suite %s\n", indexed.error().message.c_str());

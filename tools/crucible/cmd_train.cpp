@@ -29,6 +29,7 @@
 #include "actors/membership.hpp"
 #include "actors/run_roles.hpp"
 #include "core/config.hpp"
+#include "core/file_io.hpp"
 #include "core/json_parse.hpp"
 #include "core/log.hpp"
 #include "env/evaluator.hpp"
@@ -320,6 +321,9 @@ int run_train(const parsed_args& args) {
     std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
     return exit_usage;
   }
+  // The checkout's own suite and seeds (env/tasks/cpu) whatever the working directory.
+  cfg->tasks.suite = shipped_path(cfg->tasks.suite);
+  cfg->tasks.seeds = shipped_path(cfg->tasks.seeds);
   auto pause_after = pause_after_of(args);
   if (!pause_after) {
     std::fprintf(stderr, "crucible train: %s\n", pause_after.error().message.c_str());
@@ -372,6 +376,8 @@ int run_resume(const parsed_args& args) {
     std::fprintf(stderr, "%s\n", cfg.error().message.c_str());
     return exit_usage;
   }
+  cfg->tasks.suite = shipped_path(cfg->tasks.suite);
+  cfg->tasks.seeds = shipped_path(cfg->tasks.seeds);
   auto pause_after = pause_after_of(args);
   if (!pause_after) {
     std::fprintf(stderr, "crucible resume: %s\n", pause_after.error().message.c_str());
