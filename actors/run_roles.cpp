@@ -789,7 +789,21 @@ result<std::pair<engine_actor, learner_actor>> spawn_local_policy(caf::actor_sys
   learner_actor_spec spec;
   if (!handoff)
     spec.publish_dir = run_dir / "policy";
-  spec.tokenizer_dir = model_dir;
+  // What goes beside every checkpoint's and published version's weights: the model's tokenizer
+  // files and how this run writes its prompts (policy::prompt_format_file), from RUN/tokenizer/.
+  {
+    const auto side = run_dir / "tokenizer";
+    std::error_code ec;
+    fs::create_directories(side, ec);
+    if (ec)
+      return fail(errc::io, "cannot create ", side.string(), ": ", ec.message());
+    if (auto r = policy::copy_model_side_files(model_dir, side); !r)
+      return r.error();
+    const std::string format = std::string{"{\"chat_template\": \""} + to_string(cfg.prompt.chat_template) + "\"}\n";
+    if (auto r = write_file_atomic(side / policy::prompt_format_file, format); !r)
+      return r.error();
+    spec.tokenizer_dir = side;
+  }
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
   auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors, log);

@@ -79,10 +79,10 @@ stage_report report_of(trainer_state& st, bool done) {
 
 // Counts a scored variant into the run's tallies and writes its verdict record.
 void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
-                   sample_tally* tally, int turn) {
+                   sample_tally* tally, int turn, bool seed) {
   ++st.p.variants;
   const bool good = v.correct && v.status == verdict_status::ok && v.has_speedup();
-  if (good) {
+  if (good && !seed) { // the run's best and mean are the policy's: a seed variant's speedup is the suite's
     ++st.p.correct;
     st.p.speedup_sum += v.speedup;
     if (std::isnan(st.p.best_speedup) || v.speedup > st.p.best_speedup)

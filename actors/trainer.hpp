@@ -56,8 +56,8 @@ struct trainer_progress {
   std::uint64_t step = 0;         ///< learner updates of the run
   std::uint64_t version = 0;      ///< policy version the learner holds
   std::uint64_t variants = 0;     ///< scored variants (warm start included)
-  std::uint64_t correct = 0;      ///< of those, correct with a speedup
-  double best_speedup = std::numeric_limits<double>::quiet_NaN();
+  std::uint64_t correct = 0;      ///< of the policy's samples among them, correct with a speedup (seed variants not counted)
+  double best_speedup = std::numeric_limits<double>::quiet_NaN(); ///< the best of those (a seed variant's never)
   double speedup_sum = 0;         ///< over the correct ones
   std::uint64_t dropped_stale = 0; ///< samples dropped for staleness
   std::uint64_t discarded = 0;     ///< samples of groups never trained on (left when a stage ended)

@@ -148,9 +148,10 @@ double seconds_since(std::chrono::steady_clock::time_point t);
 double now_seconds(const trainer_state& st);
 std::string time_now(const trainer_state& st);
 bool is_skipped(const trainer_state& st, const task_id& t);
-// `turn`: the verdict's turn in its episode (multi-turn), -1 for a one-turn group.
+// `turn`: the verdict's turn in its episode (multi-turn), -1 for a one-turn group. A seed
+// variant's (`seed`) counts among the variants, not in the policy's correct, best and mean.
 void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
-                   sample_tally* tally, int turn = -1);
+                   sample_tally* tally, int turn = -1, bool seed = false);
 void finish_step(self_pointer self, bool done);
 void fail_step(self_pointer self, const crucible::error& err);
 caf::duration learner_wait(const trainer_state& st);

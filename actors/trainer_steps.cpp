@@ -236,7 +236,7 @@ void warm_pump(self_pointer self) {
           const auto& s = st.deps->seeds[i];
           if (!s.wrong && !v.correct)
             st.deps->log->warn(component, "seed variant ", s.task.value, "/", s.name, " is not correct: ", v.message);
-          count_verdict(st, s.task, v, 0, 0, nullptr);
+          count_verdict(st, s.task, v, 0, 0, nullptr, -1, true);
           self->send(st.exemplars, scored_variant{variant_id{i + 1}, group_id{0}, s.task, s.code, v, st.kind,
                                                   policy_version{0}, {}});
           if (st.warm.queue.empty() && st.warm.in_flight == 0)

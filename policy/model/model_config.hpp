@@ -155,7 +155,13 @@ result<model_config> init_model(const init_model_options& options);
 /// generation settings live in (the names transformers reads).
 inline constexpr const char* model_side_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                                    "generation_config.json", "chat_template.jinja", "vocab.json",
-                                                   "merges.txt", "added_tokens.json"};
+                                                   "merges.txt", "added_tokens.json", "crucible_prompt.json"};
+
+/// The file beside a checkpoint's weights that says how the run that trained it wrote its
+/// prompts: {"chat_template": "auto" | "none"} (prompt.chat_template). `crucible serve-policy`
+/// follows it, so that a model trained on plain-text prompts is not served through a chat
+/// template it never saw.
+inline constexpr const char* prompt_format_file = "crucible_prompt.json";
 
 /// Copies the model_side_files present in directory `from` into `to` (each written atomically).
 /// `tokenizer_json`, when given, is copied as tokenizer.json in place of `from`'s.

@@ -464,8 +464,10 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   // prompt with the same greedy tokens. (With model.handoff `memory`, the default, no version is
   // written to RUN/policy/.)
   const auto ckpt_model = run / "checkpoints" / "step-4" / "learner" / "model";
-  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "crucible_prompt.json"})
     CHECK_MESSAGE(fs::exists(ckpt_model / f), (ckpt_model / f).string());
+  // How the run wrote its prompts (serve-policy follows it): this run's prompt.chat_template.
+  CHECK(slurp(ckpt_model / "crucible_prompt.json").find("\"chat_template\": \"") != std::string::npos);
   CHECK_FALSE(fs::exists(run / "policy"));
   const auto manifest = slurp(run / "checkpoints" / "step-4" / "learner" / "manifest.json");
   CHECK(manifest.find("\"model/tokenizer.json\"") != std::string::npos);

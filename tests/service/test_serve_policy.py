@@ -106,6 +106,42 @@ def test_chat_and_streaming(server):
     assert usage.completion_tokens == r.usage.completion_tokens
 
 
+def test_a_model_trained_on_plain_prompts_is_served_without_a_chat_template(model_dir, tmp_path):
+    # A checkpoint of a run with prompt.chat_template none carries crucible_prompt.json saying so
+    # (the run writes it beside every checkpoint's weights): its chat requests are the plain text
+    # the run trained on, the contents by blank lines, not the tokenizer's chat template.
+    import shutil
+    plain = tmp_path / "plain"
+    shutil.copytree(model_dir / "model", plain)
+    (plain / "crucible_prompt.json").write_text('{"chat_template": "none"}\n')
+    proc, url = start_serve_policy(plain, model_dir / "token")
+    try:
+        c = client(url)
+        msgs = [{"role": "system", "content": "You write kernels."}, {"role": "user", "content": "Write a fast relu."}]
+        chat = c.chat.completions.create(model="plain", messages=msgs, max_tokens=12, temperature=0)
+        text = c.completions.create(model="plain", prompt="You write kernels.\n\nWrite a fast relu.", max_tokens=12,
+                                    temperature=0)
+        assert chat.choices[0].message.content == text.choices[0].text
+        assert chat.usage.prompt_tokens == text.usage.prompt_tokens
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    # The same model with its template (--chat-template auto overrides the file): another prompt.
+    proc, url = start_serve_policy(plain, model_dir / "token", "--chat-template", "auto")
+    try:
+        templated = client(url).chat.completions.create(model="plain", messages=msgs, max_tokens=12, temperature=0)
+        assert templated.usage.prompt_tokens != chat.usage.prompt_tokens
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
+    # A file that says something else is refused at start, naming it.
+    (plain / "crucible_prompt.json").write_text('{"chat_template": "chatml"}\n')
+    out = subprocess.run([cli(), "serve-policy", "--model", str(plain), "--token-file", str(model_dir / "token"),
+                          "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "crucible_prompt.json: expected auto or none, got 'chatml'" in out.stderr
+
+
 def test_errors_a_client_sees(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server, api_key="wrong-token-0123456789", max_retries=0).models.list()

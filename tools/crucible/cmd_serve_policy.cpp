@@ -14,9 +14,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/file_io.hpp"
 #include "core/log.hpp"
 #include "jinja/jinja.hpp"
 #include "policy/model/engine.hpp"
+#include "policy/model/model_config.hpp"
 #include "service/policy_service.hpp"
 #include "text/tokenizer.hpp"
 #include "tools/crucible/commands.hpp"
@@ -36,7 +38,9 @@ using clock_type = std::chrono::steady_clock;
 struct served_model {
   std::string name;
   std::shared_ptr<const policy::tokenizer> tok;
-  std::optional<jinja::program> chat; // the tokenizer's chat template, when it has one
+  std::optional<jinja::program> chat; // the tokenizer's chat template, when it has one and is used
+  bool plain = false;                 // chat as crucible's plain prompts: the contents by blank lines, special tokens added
+  std::string chat_why;               // why the chat template is not used (plain), for the banner
   std::map<std::string, std::string> special;
   std::vector<std::int32_t> eos_ids;
   std::int64_t vocab = 0;
@@ -209,7 +213,7 @@ std::variant<std::vector<std::vector<std::int32_t>>, api_error> completion_promp
 
 // The prompt of /v1/chat/completions: the messages through the model's chat template.
 std::variant<std::vector<std::int32_t>, api_error> chat_prompt(const json& messages, const served_model& m) {
-  if (!m.chat)
+  if (!m.chat && !m.plain)
     return api_error{400, "the model " + m.name + " has no chat template (tokenizer_config.json chat_template); use "
                           "/v1/completions"};
   if (!messages.is_array() || messages.empty())
@@ -235,6 +239,17 @@ std::variant<std::vector<std::int32_t>, api_error> chat_prompt(const json& messa
       return bad(where, "'" + where + ".content' must be a string or a list of text parts");
     }
     msgs.push_back(std::move(msg));
+  }
+  if (m.plain) {
+    // As crucible's rollouts write a prompt with prompt.chat_template none (env/prompt.cpp): each
+    // message's content, separated by a blank line, encoded with the tokenizer's special tokens.
+    std::string text;
+    for (std::size_t i = 0; i < msgs.size(); ++i)
+      text += (i == 0 ? "" : "\n\n") + msgs[i].content;
+    auto ids = m.tok->encode(text, true);
+    if (ids.empty())
+      return bad("messages", "the messages encode to no tokens");
+    return ids;
   }
   auto text = jinja::render_chat(*m.chat, msgs, m.special, true);
   if (!text)
@@ -680,7 +695,28 @@ int run_serve_policy(const parsed_args& args) {
   if (!tok)
     return fail_usage("--tokenizer: " + tok.error().message);
   m.tok = std::make_shared<const policy::tokenizer>(std::move(*tok));
-  if (!m.tok->chat_template().empty()) {
+  // How the model's prompts were written in training: --chat-template, else the checkpoint's
+  // policy::prompt_format_file (a run with prompt.chat_template none trained on plain text), else auto.
+  std::string format = args.get("--chat-template");
+  std::string format_from = "--chat-template";
+  if (format.empty()) {
+    format = "auto";
+    format_from = "";
+    if (fs::exists(model_dir / policy::prompt_format_file, ec)) {
+      auto text = read_file(model_dir / policy::prompt_format_file);
+      auto j = text ? json::parse(*text, nullptr, false) : json{};
+      if (!text || j.is_discarded() || !j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string())
+        return fail_usage((model_dir / policy::prompt_format_file).string() + ": not {\"chat_template\": \"auto\" | \"none\"}");
+      format = j["chat_template"].get<std::string>();
+      format_from = (model_dir / policy::prompt_format_file).string();
+    }
+  }
+  if (format != "auto" && format != "none")
+    return fail_usage((format_from.empty() ? std::string{"--chat-template"} : format_from) + ": expected auto or none, got '" + format + "'");
+  if (format == "none") {
+    m.plain = true;
+    m.chat_why = format_from == "--chat-template" ? "--chat-template none" : "trained with prompt.chat_template none (" + format_from + ")";
+  } else if (!m.tok->chat_template().empty()) {
     auto chat = jinja::program::parse(m.tok->chat_template(), "chat_template");
     if (!chat)
       return fail_usage("the model's chat template: " + chat.error().message);
@@ -727,7 +763,7 @@ int run_serve_policy(const parsed_args& args) {
   }
   std::printf("crucible serve-policy: listening on http://%s:%d/v1 (model '%s' on %s, context %lld tokens%s)\n",
               where->host.c_str(), bound, m.name.c_str(), eo.device.c_str(), static_cast<long long>(m.context),
-              m.chat ? ", chat template" : "");
+              m.chat ? ", chat template" : m.plain ? (", chat as plain text: " + m.chat_why).c_str() : "");
   std::fflush(stdout);
   listen_until_signal(srv);
   std::printf("crucible serve-policy: stopped\n");
@@ -766,6 +802,8 @@ command serve_policy_command() {
             {"--public", "", "allow a --listen address that is not loopback"},
             {"--served-model-name", "NAME", "the model's name in the API (default: the directory's name)"},
             {"--tokenizer", "DIR", "tokenizer directory (default: --model)"},
+            {"--chat-template", "auto|none", "how chat messages become a prompt: the tokenizer's chat template (auto), or "
+                                             "crucible's plain text (none); default: the model's crucible_prompt.json, else auto"},
             {"--device", "DEVICE", "cpu or cuda:N (default cpu)"},
             {"--dtype", "TYPE", "bfloat16, float16 or float32 (default: bfloat16 on CUDA, float32 on the CPU)"},
             {"--max-tokens", "N", "the most tokens a request may ask for, and chat's default (default 2048)"},
