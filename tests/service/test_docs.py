@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 from servers import crucible_cli, tiny_model  # noqa: E402
 
 DOC = ROOT / "docs" / "service.md"
-RUN_HERE = {"serve", "client", "trl", "verl"}
+RUN_HERE = {"serve", "client", "trl", "verl", "openenv"}
 
 
 def marked_blocks():
@@ -122,3 +122,33 @@ def test_the_trl_block_trains_on_a_cpu(served, tmp_path):
     rewards = [e for e in trainer.state.log_history if "reward" in e]
     assert rewards, trainer.state.log_history
     assert trainer.state.global_step >= 1
+
+
+def test_the_openenv_block_starts_a_server_beside_the_service(served):
+    # The command as written (the checkout's interpreter, the package from the checkout), its
+    # banner as the docs print it, and a session through openenv's client.
+    d, address = served
+    lang, code = BLOCKS["openenv"]
+    assert lang == "sh"
+    command = " ".join(line.rstrip("\\").strip() for line in code.splitlines() if not line.startswith("#"))
+    expected = [line[2:] for line in code.splitlines() if line.startswith("# ")]
+    argv = command.split()
+    assert argv[0] == ".venv/bin/python"
+    argv[0] = sys.executable
+    argv = [a.replace("127.0.0.1:8470", address).replace("127.0.0.1:8480", "127.0.0.1:0") for a in argv]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
+    proc = subprocess.Popen(argv, cwd=d, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        line = proc.stdout.readline().rstrip("\n")
+        want = re.escape(expected[0]).replace("8480", r"(\d+)").replace("8470", re.escape(address.split(":")[1]))
+        m = re.fullmatch(want, line)
+        assert m, f"the server printed {line!r}, the docs say {expected[0]!r}"
+        from crucible_client.openenv_env import KernelEnv
+
+        with KernelEnv(base_url=f"http://127.0.0.1:{m.group(1)}").sync() as env:
+            r = env.reset(task="01_relu_scale")
+            assert r.observation.turns_total == 2 and r.observation.messages
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
