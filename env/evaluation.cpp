@@ -227,6 +227,32 @@ evaluation::trial_outputs evaluation::decode_trial(const wire::node& n, worker_m
   return tr;
 }
 
+namespace {
+
+// A worker's report of the settings its side's calls ran with ({"name": "value"}; data from its
+// process: each name and value cut to printable ASCII and 80 characters, at most 64 of them).
+void take_precision(const wire::node& p, std::map<std::string, std::string>& into) {
+  if (!p.is_object())
+    return;
+  auto printable = [](std::string s) {
+    if (s.size() > 80)
+      s.resize(80);
+    for (auto& c : s)
+      if (c < 0x20 || c > 0x7e)
+        c = '?';
+    return s;
+  };
+  into.clear();
+  for (const auto& [name, value] : p.fields()) {
+    if (into.size() == 64)
+      break;
+    if (value.is_scalar())
+      into[printable(name)] = printable(value.as<std::string>(""));
+  }
+}
+
+} // namespace
+
 bool evaluation::check_candidate(const trial_outputs& tr, const device_differences& ahead) {
   const auto& n = tr.header;
   const auto trial = tr.trial;
@@ -246,6 +272,7 @@ bool evaluation::check_candidate(const trial_outputs& tr, const device_differenc
   }
   if (const auto own = n["own_kernels"]; own.is_scalar())
     reported_.own_kernels = own.as<long>(-1);
+  take_precision(n["precision"], v_.precision_candidate);
   // The candidate's own profile, for a multi-turn episode's feedback only (verdict::profile): data
   // from its process, so each name is cut to printable ASCII and 160 characters (it goes into the
   // policy's next prompt and into JSON), a share outside [0, 1] is left out, and nothing of it
@@ -584,6 +611,7 @@ void evaluation::refuse_below_floor(double call_ms, double floor_ms, const char*
 }
 
 bool evaluation::keep_reference(const wire::node& n, worker_message& msg) {
+  take_precision(n["precision"], v_.precision_reference);
   auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
   if (!outs) {
     set(verdict_status::runtime_error, std::string{who(*w_.proc)} + " broke the protocol: " + outs.error().message);
@@ -656,7 +684,17 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
 
 verdict evaluation::run() {
   try {
-    return judge();
+    auto v = judge();
+    // A candidate that chose numeric settings of its own (TF32, a reduced-precision reduction) is
+    // judged on the outputs it returned, and its verdict says so.
+    if (const auto changes = v.precision_changes(); !changes.empty()) {
+      std::string list;
+      for (const auto& c : changes)
+        list += (list.empty() ? "" : "; ") + c;
+      v.message += (v.message.empty() ? "" : " ") + std::string{"The candidate ran with numeric settings of its own, "
+                                                                "judged on the outputs it returned: "} + list + ".";
+    }
+    return v;
   } catch (const wire::error& e) {
     // The workers run candidate code, so a message may be anything; none is trusted further.
     if (w_.proc)

@@ -45,7 +45,19 @@ bool operator==(const verdict& x, const verdict& y) noexcept {
          && x.baseline == y.baseline && x.profile.size() == y.profile.size()
          && std::equal(x.profile.begin(), x.profile.end(), y.profile.begin(),
                        [](const kernel_share& a, const kernel_share& b) { return a.name == b.name && same_number(a.share, b.share); })
-         && same_number(x.own_share, y.own_share);
+         && same_number(x.own_share, y.own_share) && x.precision_reference == y.precision_reference
+         && x.precision_candidate == y.precision_candidate;
+}
+
+std::vector<std::string> verdict::precision_changes() const {
+  std::vector<std::string> out;
+  for (const auto& [name, value] : precision_candidate) {
+    auto it = precision_reference.find(name);
+    const std::string ref = it == precision_reference.end() ? std::string{"not reported"} : it->second;
+    if (ref != value)
+      out.push_back(name + ": " + value + " (reference " + ref + ")");
+  }
+  return out;
 }
 
 std::string to_json(const verdict& v) {
@@ -73,6 +85,16 @@ std::string to_json(const verdict& v) {
   }
   if (!std::isnan(v.own_share))
     w.field("own_share", v.own_share);
+  if (!v.precision_reference.empty() || !v.precision_candidate.empty()) {
+    w.key("precision").begin_object();
+    for (const auto& [side, m] : {std::pair{"reference", &v.precision_reference}, std::pair{"candidate", &v.precision_candidate}}) {
+      w.key(side).begin_object();
+      for (const auto& [name, value] : *m)
+        w.field(name, value);
+      w.end_object();
+    }
+    w.end_object();
+  }
   w.end_object();
   return std::move(w).take();
 }
@@ -110,6 +132,12 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
       for (const auto& k : n["profile"])
         v.profile.push_back({k["name"].as<std::string>(), k["share"].as<double>()});
     v.own_share = num("own_share");
+    // Absent in verdicts cached before they carried the sides' numeric settings.
+    if (const auto p = n["precision"]; p.IsMap())
+      for (const auto& [side, into] : {std::pair{"reference", &v.precision_reference}, std::pair{"candidate", &v.precision_candidate}})
+        if (const auto m = p[side]; m.IsMap())
+          for (auto it = m.begin(); it != m.end(); ++it)
+            (*into)[it->first.as<std::string>()] = it->second.as<std::string>();
     return v;
   } catch (const YAML::Exception&) {
     return std::nullopt;

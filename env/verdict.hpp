@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -64,6 +65,14 @@ struct verdict {
   /// the second call of trial 0, or one cached before verdicts carried a profile).
   std::vector<kernel_share> profile;
   double own_share = NAN;
+  /// The settings that decide the precision of arithmetic (TF32 and reduced-precision matmul
+  /// allowances, float32_matmul_precision, fp32_precision, ...) each side's calls ran with, name to
+  /// value as the harness read them: the reference's are the harness's; the candidate's are the
+  /// same with any it chose for itself (its outputs are judged as they come out). Empty where the
+  /// verdict ended before the side reported them, or in verdicts cached before they carried them.
+  std::map<std::string, std::string> precision_reference, precision_candidate;
+  /// The candidate's settings that differ from the reference's: "name: candidate (reference X)".
+  std::vector<std::string> precision_changes() const;
 
   bool has_speedup() const noexcept { return !std::isnan(speedup); }
 

@@ -124,6 +124,13 @@ try:
 except AttributeError:
     pass
 
+# The settings that decide the precision of arithmetic, which every verdict records for each side
+# (Worker.precision): the reference's are the harness's; the candidate's are the same with the
+# settings it chose for itself (candidate_flags) in force for its calls.
+_PRECISION_PREFIXES = ("cuda.matmul.allow_", "cudnn.allow_tf32", "onednn.allow_tf32", "float32_matmul_precision",
+                       "cpu.allow_fp16_reduced_precision_reduction", "sdp.math_fp16_bf16_reduction", "fp32_precision.")
+PRECISION_SETTINGS = tuple(n for n, _ in _FLAG_GETTERS if n.startswith(_PRECISION_PREFIXES))
+
 # Global nn.Module hooks apply to the reference too: they must stay empty.
 _MODULE_MODULE = torch.nn.modules.module
 _GLOBAL_HOOK_DICTS = [(n, getattr(_MODULE_MODULE, n)) for n in dir(_MODULE_MODULE)

@@ -341,6 +341,8 @@ def reference_phase(w, job, task_src):
             t0 = w.lap("reference: outputs encoded", t0)
             msg = {"type": "reference", "trial": t, "distribution": dist, "outputs": descs, "trials": r.trials,
                    "input_bytes": input_bytes}
+            if t == 0:
+                msg["precision"] = w.precision(False)
             if job.role == "reference":
                 # The trial's inputs for the candidate's worker (the evaluator passes them on):
                 # drawn again from the same seed, as the reference got them, whatever it did

@@ -358,6 +358,7 @@ def trial_phase(w, job, ref, cand):
             if unchanged:  # after the kernel count
                 check_aliasing(ref, aliased, where)
         msg["inputs_unchanged"] = unchanged
+        msg["precision"] = w.precision(True)
         msg["threads_before"] = before
         msg["threads_after"] = _active_count()
         pending.append((msg, frames))

@@ -143,14 +143,15 @@ _CONFINE = _PACKAGE.confine
 _OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
 from crucible_harness.trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
-    _Generator, _int, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _ModuleType, _os_exit,
+    _dict, _Generator, _int, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _ModuleType, _os_exit,
     _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr, _T_fill_, _torch_empty, _type
 )
 from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
 from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
 from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
 from crucible_harness.integrity import (  # noqa: E402
-    _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE
+    _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE,
+    PRECISION_SETTINGS
 )
 from crucible_harness.channel import Channel, _Done, _build_log, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
 from crucible_harness.job import parse_job  # noqa: E402
@@ -388,6 +389,15 @@ class Worker:
         if diff:
             raise _Done("rejected", ["runtime:backend_flags"],
                         f"{where}: the candidate changed process-wide settings: {'; '.join(diff)}")
+
+    def precision(self, candidate):
+        """The settings of PRECISION_SETTINGS in force for a side's calls, as text: the harness's
+        for the reference; with the settings the candidate chose for itself (check_state) for the
+        candidate."""
+        vals = _dict(self.flags0 if self.flags0 is not None else self.flags())
+        if candidate:
+            vals.update(self.cand_flags)
+        return {name: str(vals[name]) for name in PRECISION_SETTINGS if name in vals}
 
     def candidate_flags(self):
         """Puts the settings the candidate chose for itself (check_state) in force for its

@@ -1091,6 +1091,36 @@ TEST_CASE("a task's INPUT_DOMAIN: \"as-given\" keeps the inputs' signs, another 
   fs::remove_all(dir);
 }
 
+TEST_CASE("a verdict records the numeric settings each side ran with, and says where the candidate chose its own") {
+  // legit_cudnn_flags.py turns TF32 on for cuBLAS and cuDNN and oneDNN's matmul to TF32: its calls
+  // run with them, the reference's with the harness's, and the verdict says so; legit_algebra.py
+  // changes nothing, and its verdict lists the same settings for both sides.
+  cpu_evaluator ev{0};
+  auto flags = source_dir / "tests" / "candidates" / "legit_cudnn_flags.py";
+  auto t = load_task(read_expectation(flags).task);
+  REQUIRE(t.ok());
+  auto v = ev.run(*t, flags);
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::ok);
+  CHECK(v.precision_reference.at("cuda.matmul.allow_tf32") == "False");
+  CHECK(v.precision_candidate.at("cuda.matmul.allow_tf32") == "True");
+  CHECK(v.precision_candidate.at("fp32_precision.mkldnn.matmul") == "tf32");
+  CHECK(v.message.find("The candidate ran with numeric settings of its own, judged on the outputs it returned: ")
+        != std::string::npos);
+  CHECK(v.message.find("cuda.matmul.allow_tf32: True (reference False)") != std::string::npos);
+  CHECK(to_json(v).find("\"precision\":{\"reference\":{") != std::string::npos);
+
+  auto plain = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t2 = load_task(read_expectation(plain).task);
+  REQUIRE(t2.ok());
+  auto w = ev.run(*t2, plain);
+  INFO(describe(w));
+  CHECK(w.precision_reference.count("float32_matmul_precision") == 1);
+  CHECK(w.precision_candidate == w.precision_reference);
+  CHECK(w.precision_changes().empty());
+  CHECK(w.message.find("numeric settings") == std::string::npos);
+}
+
 TEST_CASE("timing rounds put their inputs at many placements unless placement_jitter_bytes is 0") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);

@@ -44,6 +44,16 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   REQUIRE(back.has_value());
   CHECK(back->profile == v.profile);
   CHECK(back->own_share == doctest::Approx(0.75));
+  // Each side's numeric settings round-trip; what the candidate changed is listed against the reference's.
+  CHECK(to_json(v).find("precision") == std::string::npos);
+  v.precision_reference = {{"cuda.matmul.allow_tf32", "False"}, {"float32_matmul_precision", "highest"}};
+  v.precision_candidate = {{"cuda.matmul.allow_tf32", "True"}, {"float32_matmul_precision", "highest"}};
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(back->precision_reference == v.precision_reference);
+  CHECK(back->precision_candidate == v.precision_candidate);
+  CHECK(*back == v);
+  CHECK(v.precision_changes() == std::vector<std::string>{"cuda.matmul.allow_tf32: True (reference False)"});
   CHECK_FALSE(verdict_from_json("{\"status\": \"great\"}").has_value());
   CHECK_FALSE(verdict_from_json("not json").has_value());
 }
