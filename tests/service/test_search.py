@@ -63,6 +63,10 @@ def test_search_run_is_a_normal_run(endpoint, tmp_path):
     seeds = db.execute("SELECT COUNT(*) FROM variants v LEFT JOIN samples s ON s.variant_id = v.id "
                        "WHERE s.id IS NULL").fetchone()[0]
     assert status["variants"] == 24 + fates.get("paused", 0) + seeds
+    # The run's best speedup is its samples' (a seed variant's is the suite's, not the search's).
+    best = db.execute("SELECT MAX(v.speedup) FROM variants v JOIN samples s ON s.variant_id = v.id "
+                      "WHERE v.status = 'ok' AND v.correct = 1").fetchone()[0]
+    assert status["best_speedup"] == (pytest.approx(best) if best is not None else None)
     steps = [json.loads(line) for line in open(run / "metrics.jsonl") if '"train_step"' in line]
     assert [s["stage"] for s in steps] == ["search"] * 3 and all(s["samples"] == 8 for s in steps)
     assert all(s["policy_version"] == 0 for s in steps)
