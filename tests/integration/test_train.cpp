@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <csignal>
 #include <filesystem>
@@ -388,7 +389,8 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
   CHECK(status->find("state")->as_string() == "finished");
   CHECK(status->find("step")->as_int() == 4);
   CHECK(status->find("policy_version")->as_int() == 4);
-  CHECK(status->find("best_speedup")->is_number());
+  const auto* best_status = status->find("best_speedup"); // checked against the store's samples below
+  REQUIRE(best_status != nullptr);
   // The replay store holds every scored variant, and the report draws the run.
   auto rep = cli({"report", run.string()});
   CHECK(rep.exit_code == 0);
@@ -432,6 +434,17 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
     CHECK(x.find("completion")->as_string().empty());
     CHECK(x.find("prompt_id")->as_string().empty());
   }
+  // The run's best speedup is its policy's samples' best (null where none was correct and timed),
+  // never a seed variant's.
+  double best = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& x : samples)
+    if (x.find("status")->as_string() == "ok" && x.find("correct")->as_bool() && x.find("speedup")->is_number())
+      best = std::isnan(best) ? x.find("speedup")->as_double() : std::max(best, x.find("speedup")->as_double());
+  if (std::isnan(best))
+    CHECK(best_status->is_null());
+  else
+    CHECK(best_status->as_double() == doctest::Approx(best));
+  CHECK_FALSE(seeds.empty());
   // The store, the status and the metrics agree on every sample: each one recorded (a row's
   // count) was trained on (a `verdict` record, `variants`), dropped for staleness, or discarded
   // when its stage ended.

@@ -10,6 +10,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# A CPU verdict in about a second, as test_serve.cpp's: two trials, four rounds; the reference
+# alone held to a band of 500% (other tests load the machine beside these, and the check of the
+# reference's times is test_evaluator's to test).
+FAST = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "evaluator.min_rounds=4",
+        "--set", "evaluator.max_rounds=4", "--set", "evaluator.buckets=2", "--set", "evaluator.warmup_ms=0",
+        "--set", "evaluator.flush_bytes=1048576", "--set", "evaluator.recheck_above=1000",
+        "--set", "evaluator.reference_band=5"]
+
+
 def crucible_cli():
     path = os.environ.get("CRUCIBLE_CLI")
     if not path:

@@ -11,14 +11,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from crucible_client import Client, ServiceError, extract_code, trl_reward, verl_compute_score  # noqa: E402
-from servers import start_serve, token_file  # noqa: E402
+from servers import FAST as FAST_EVALUATOR, start_serve, token_file  # noqa: E402
 
 SUITE = ROOT / "env" / "tasks" / "cpu"
 TOKEN = "client-test-token-0123456789"
-FAST = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "evaluator.min_rounds=4",
-        "--set", "evaluator.max_rounds=4", "--set", "evaluator.buckets=2", "--set", "evaluator.warmup_ms=0",
-        "--set", "evaluator.flush_bytes=1048576", "--set", "evaluator.recheck_above=1000",
-        "--set", "evaluator.reference_band=5", "--no-cache"]  # reference_band: as in test_serve.cpp
+FAST = FAST_EVALUATOR + ["--no-cache"]
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,14 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from crucible_client import Client  # noqa: E402
 from crucible_client.openenv_env import KernelAction, KernelEnv  # noqa: E402
+from servers import FAST as FAST_EVALUATOR  # noqa: E402
 from servers import crucible_cli, start, start_serve, start_serve_policy, token_file  # noqa: E402
 from test_verifiers import candidates, tiny_policy  # noqa: E402
 
 SUITE = ROOT / "env" / "tasks" / "cpu"
 TOKEN = "openenv-test-token-0123456789"
 POLICY_TOKEN = "openenv-policy-token-0123456789"
-SETTINGS = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "evaluator.min_rounds=4",
-            "--set", "evaluator.max_rounds=4", "--set", "evaluator.buckets=2", "--set", "evaluator.warmup_ms=0",
-            "--set", "evaluator.flush_bytes=1048576", "--set", "evaluator.recheck_above=1000",
-            "--set", "evaluator.reference_band=5", "--set", "reward.failed=-0.5"]
+SETTINGS = FAST_EVALUATOR + ["--set", "reward.failed=-0.5"]
 FORMAT_ERROR_REWARD = -1.0
 TASKS = ["01_relu_scale", "06_rmsnorm"]
 

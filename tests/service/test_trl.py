@@ -20,17 +20,14 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 from crucible_client import Client, trl_reward  # noqa: E402
 from crucible_client.rewards import STATUSES, _request_id  # noqa: E402
-from servers import crucible_cli, start_serve, token_file  # noqa: E402
+from servers import FAST as FAST_EVALUATOR, crucible_cli, start_serve, token_file  # noqa: E402
 
 SUITE = ROOT / "env" / "tasks" / "cpu"
 VARIANTS = SUITE / "variants" / "01_relu_scale"
 TOKEN = "trl-test-token-0123456789abcdef"
 # As test_client.py's FAST, with a failed verdict's reward set apart from 0 (and from the
 # format-error reward below), so that a sample given the wrong verdict's reward cannot pass.
-SETTINGS = ["--set", "evaluator.trials=2", "--set", "evaluator.rounds=4", "--set", "evaluator.min_rounds=4",
-            "--set", "evaluator.max_rounds=4", "--set", "evaluator.buckets=2", "--set", "evaluator.warmup_ms=0",
-            "--set", "evaluator.flush_bytes=1048576", "--set", "evaluator.recheck_above=1000",
-            "--set", "evaluator.reference_band=5", "--set", "reward.failed=-0.5"]
+SETTINGS = FAST_EVALUATOR + ["--set", "reward.failed=-0.5"]
 FORMAT_ERROR_REWARD = -1.0
 TASKS = ["01_relu_scale", "06_rmsnorm"]  # the same answers on two tasks: the `task` column decides
 STEPS = 3
