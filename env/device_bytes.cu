@@ -833,6 +833,9 @@ public:
         return fail(errc::invalid_arg, "device clock: a copy between spans of different sizes");
       spans.emplace_back(c.dst, c.src);
     }
+    if (spans.size() > static_cast<std::size_t>(seal_max_jobs))
+      return fail(errc::invalid_arg, "device clock: a sample of " + std::to_string(spans.size()) + " input spans (at most "
+                                       + std::to_string(seal_max_jobs) + ")");
     ++generation_;
     closed_ = false;
     // Both copies' records reset and the copy in's spans on the device before the hold.
@@ -867,6 +870,9 @@ public:
       return fail(errc::invalid_arg, "device clock: the done word is smaller than 4 bytes");
     if (auto r = select(device_); !r)
       return r.error();
+    if (outs.size() > static_cast<std::size_t>(seal_max_jobs))
+      return fail(errc::invalid_arg, "device clock: a sample of " + std::to_string(outs.size()) + " output spans (at most "
+                                       + std::to_string(seal_max_jobs) + ")");
     // The copies' memory and spans are queued before the wait for `done`: they run beside the
     // worker's calls, not after them.
     cudaError_t e = cudaSuccess;
