@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <random>
 
@@ -596,4 +597,51 @@ TEST_CASE("a legitimate candidate that reuses its output buffer is ok across the
     CHECK(v.status == verdict_status::ok);
     CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:below_floor") == v.checks_failed.end());
   }
+}
+
+TEST_CASE("a candidate's fault stays its own: an illegal address, a kernel that never ends, one left running, with another verdict in flight") {
+  // Each fault candidate of tests/candidates/gpu/faults is judged across the boundary while a
+  // legitimate candidate is judged beside it on the same device (evaluator.concurrency 2): the fault
+  // gets its own verdict (runtime_error or timeout, never ok), the other verdict is ok, and a verdict
+  // after them all is ok (the evaluator, the reference's workers and the device go on).
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  evaluator_options opt;
+  opt.devices = {"cuda:0"};
+  opt.outputs_on_device = true;
+  opt.cuda_boundary = true;
+  opt.concurrency = 2;
+  opt.rounds = 10;
+  opt.max_rounds = 10;
+  opt.warmup_ms = 20;
+  opt.run_timeout_s = 30;
+  auto where = locate_harness(opt);
+  if (!where)
+    FAIL(where.error().message);
+  auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
+  if (!ev)
+    FAIL(ev.error().message);
+  auto task = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE(task.ok());
+  const auto legit = read_text(source_dir / "env" / "tasks" / "cpu" / "variants" / "01_relu_scale" / "fast_inplace.py");
+  std::vector<fs::path> faults;
+  for (const auto& e : fs::directory_iterator(source_dir / "tests" / "candidates" / "gpu" / "faults"))
+    if (e.path().extension() == ".py")
+      faults.push_back(e.path());
+  std::sort(faults.begin(), faults.end());
+  REQUIRE(faults.size() >= 3);
+  for (const auto& path : faults) {
+    auto beside = std::async(std::launch::async, [&] { return (*ev)->evaluate(eval_request{*task, legit, 0, false}); });
+    auto v = (*ev)->evaluate(eval_request{*task, read_text(path), 0, false});
+    auto other = beside.get();
+    const auto name = path.filename().string();
+    INFO(name << ": " << to_string(v.status) << " " << v.message);
+    INFO("beside it: " << to_string(other.status) << " " << other.message);
+    MESSAGE(name << ": " << to_string(v.status) << " (" << v.message.substr(0, 160) << "); beside it " << to_string(other.status));
+    CHECK((v.status == verdict_status::runtime_error || v.status == verdict_status::timeout));
+    CHECK(other.status == verdict_status::ok);
+  }
+  auto after = (*ev)->evaluate(eval_request{*task, legit, 0, false});
+  INFO(to_string(after.status) << " " << after.message);
+  CHECK(after.status == verdict_status::ok);
 }
