@@ -757,17 +757,7 @@ verdict evaluation::judge() {
     summary = summarize_rounds(ref, cand, policy);
   }
   const bool settled = summary.stable || slow_stop_; // the first measurement's, before any recheck's rounds join it
-  // A speedup that would be credited from rounds that never settled (their buckets still
-  // disagreeing after max_rounds: load that came and went, a clock that drifted) is measured
-  // again as a large one is; where no two measurements agree it is credited nothing (1.00x), not
-  // refused: such a kernel may well be honest, its speedup is what cannot be believed. A
-  // candidate measured 1.28x faster than its own reference's code, in rounds that never settled
-  // beside other tests' load on a 2-core machine, was credited before.
-  const bool unsettled_credit = !settled && summary.speedup > 1.0 && summary.speedup <= opt.recheck_above
-                                && band_clears(summary, opt.win_threshold);
-  bool unsettled_disagree = false;
-  std::string disagreement;
-  if (summary.speedup > opt.recheck_above || unsettled_credit) {
+  if (summary.speedup > opt.recheck_above) {
     // A large speedup is measured again, independently, before it is believed. The second
     // measurement is shorter (evaluator.recheck_rounds): it only has to agree. Two measurements
     // agree when they differ by less than the tolerance plus both their bands (ordinary noise);
@@ -795,33 +785,22 @@ verdict evaluation::judge() {
         if (agree(runs[a].summary, runs.back().summary))
           partner = a;
     }
-    std::string measured;
-    for (const auto& r : runs) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, " %.3fx (±%.1f%%)", r.summary.speedup, 100 * r.summary.band);
-      measured += buf;
-    }
-    if (!partner && !unsettled_credit) {
+    if (!partner) {
       v_.checks_failed.push_back("runtime:recheck");
-      set(verdict_status::rejected, "independent measurements of a large speedup disagree:" + measured);
+      std::string what = "independent measurements of a large speedup disagree:";
+      for (const auto& r : runs) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " %.3fx (±%.1f%%)", r.summary.speedup, 100 * r.summary.band);
+        what += buf;
+      }
+      set(verdict_status::rejected, what);
       v_.correct = true;
       return v_;
     }
-    if (partner) {
-      ref = std::move(runs[*partner].ref);
-      cand = std::move(runs[*partner].cand);
-      ref.insert(ref.end(), runs.back().ref.begin(), runs.back().ref.end());
-      cand.insert(cand.end(), runs.back().cand.begin(), runs.back().cand.end());
-    } else { // every round measured, for the figures; no speedup credited
-      unsettled_disagree = true;
-      disagreement = measured;
-      ref.clear();
-      cand.clear();
-      for (auto& r : runs) {
-        ref.insert(ref.end(), r.ref.begin(), r.ref.end());
-        cand.insert(cand.end(), r.cand.begin(), r.cand.end());
-      }
-    }
+    ref = std::move(runs[*partner].ref);
+    cand = std::move(runs[*partner].cand);
+    ref.insert(ref.end(), runs.back().ref.begin(), runs.back().ref.end());
+    cand.insert(cand.end(), runs.back().cand.begin(), runs.back().cand.end());
     summary = summarize_rounds(ref, cand, policy);
   }
   const auto speedup = summary.speedup;
@@ -852,8 +831,6 @@ verdict evaluation::judge() {
   const bool cleared = band_clears(summary, opt.win_threshold);
   const bool uncertain = speedup > 1.0 && !cleared;
   v_.speedup = credited_speedup(summary, opt.win_threshold, lazy);
-  if (unsettled_disagree)
-    v_.speedup = std::min(v_.speedup, 1.0);
   v_.speedup_spread = summary.band;
   v_.ref_ms = summary.ref_ms;
   v_.cand_ms = summary.cand_ms;
@@ -863,7 +840,7 @@ verdict evaluation::judge() {
   if (reported_.calls > 1)
     std::snprintf(calls, sizeof calls, " of %ld calls", reported_.calls);
   std::snprintf(buf, sizeof buf, "%s: %.3fx over %zu paired rounds%s (band ±%.1f%%)%s%s%s",
-                cleared && !lazy && !unsettled_disagree ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
+                cleared && !lazy ? "faster" : speedup < 1.0 / opt.win_threshold ? "slower" : "no faster",
                 speedup, ref.size(), calls, 100 * summary.band,
                 slow_stop_ ? "; clearly slower: the measurement ended at the first look"
                            : settled ? "" : "; unstable after max_rounds",
@@ -873,8 +850,6 @@ verdict evaluation::judge() {
                 uncertain && !lazy ? "; the band reaches below the win threshold, so no speedup is credited (1.00x)"
                                    : "");
   v_.message = buf;
-  if (unsettled_disagree)
-    v_.message += "; rounds that never settled, measured again, disagree:" + disagreement + ": no speedup is credited (1.00x)";
   if (reported_.trials < opt.trials)
     v_.message += "; " + std::to_string(reported_.trials) + " correctness trial" + (reported_.trials == 1 ? "" : "s") + " of "
                   + std::to_string(opt.trials) + ": more of the task's outputs would not fit the device";
