@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <limits>
 #include <random>
@@ -41,8 +42,10 @@ const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
 // An evaluator on cuda:0 with short timing (10 rounds), outputs compared on the device or as
 // host bytes; its build service's cache in `extensions_dir` where given. (No
 // REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on success too.)
+// `adjust`, where given, changes the options last (concurrency, timeouts).
 std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, const fs::path& extensions_dir = {},
-                                                  bool cuda_boundary = false) {
+                                                  bool cuda_boundary = false,
+                                                  const std::function<void(evaluator_options&)>& adjust = {}) {
   evaluator_options opt;
   opt.devices = {"cuda:0"};
   opt.outputs_on_device = on_device;
@@ -52,6 +55,8 @@ std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, c
   opt.rounds = 10;
   opt.max_rounds = 10;
   opt.warmup_ms = 20;
+  if (adjust)
+    adjust(opt);
   auto where = locate_harness(opt);
   if (!where)
     FAIL(where.error().message);
@@ -606,21 +611,10 @@ TEST_CASE("a candidate's fault stays its own: an illegal address, a kernel that 
   // after them all is ok (the evaluator, the reference's workers and the device go on).
   system_clock clk;
   logger log{clk, log_level::warn};
-  evaluator_options opt;
-  opt.devices = {"cuda:0"};
-  opt.outputs_on_device = true;
-  opt.cuda_boundary = true;
-  opt.concurrency = 2;
-  opt.rounds = 10;
-  opt.max_rounds = 10;
-  opt.warmup_ms = 20;
-  opt.run_timeout_s = 30;
-  auto where = locate_harness(opt);
-  if (!where)
-    FAIL(where.error().message);
-  auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
-  if (!ev)
-    FAIL(ev.error().message);
+  auto ev = short_evaluator(true, log, {}, true, [](evaluator_options& opt) {
+    opt.concurrency = 2;
+    opt.run_timeout_s = 30;
+  });
   auto task = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
   REQUIRE(task.ok());
   const auto legit = read_text(source_dir / "env" / "tasks" / "cpu" / "variants" / "01_relu_scale" / "fast_inplace.py");
@@ -631,8 +625,8 @@ TEST_CASE("a candidate's fault stays its own: an illegal address, a kernel that 
   std::sort(faults.begin(), faults.end());
   REQUIRE(faults.size() >= 3);
   for (const auto& path : faults) {
-    auto beside = std::async(std::launch::async, [&] { return (*ev)->evaluate(eval_request{*task, legit, 0, false}); });
-    auto v = (*ev)->evaluate(eval_request{*task, read_text(path), 0, false});
+    auto beside = std::async(std::launch::async, [&] { return ev->evaluate(eval_request{*task, legit, 0, false}); });
+    auto v = ev->evaluate(eval_request{*task, read_text(path), 0, false});
     auto other = beside.get();
     const auto name = path.filename().string();
     INFO(name << ": " << to_string(v.status) << " " << v.message);
@@ -641,7 +635,7 @@ TEST_CASE("a candidate's fault stays its own: an illegal address, a kernel that 
     CHECK((v.status == verdict_status::runtime_error || v.status == verdict_status::timeout));
     CHECK(other.status == verdict_status::ok);
   }
-  auto after = (*ev)->evaluate(eval_request{*task, legit, 0, false});
+  auto after = ev->evaluate(eval_request{*task, legit, 0, false});
   INFO(to_string(after.status) << " " << after.message);
   CHECK(after.status == verdict_status::ok);
 }
