@@ -55,6 +55,15 @@ bool cuda_started() {
   return false;
 }
 
+// This process's environment with `extra` added.
+std::vector<std::string> environment_with(const std::vector<std::string>& extra) {
+  std::vector<std::string> envs;
+  for (char** e = environ; *e != nullptr; ++e)
+    envs.emplace_back(*e);
+  envs.insert(envs.end(), extra.begin(), extra.end());
+  return envs;
+}
+
 // Runs `program` with `args` and the environment `env` added to this process's; `input` written to
 // its standard input (closed after). Waits up to `timeout_s`, then kills it. Its exit status, or -1.
 int run_with(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env,
@@ -62,10 +71,7 @@ int run_with(const std::string& program, const std::vector<std::string>& args, c
   int in[2];
   if (::pipe2(in, O_CLOEXEC) != 0)
     return -1;
-  std::vector<std::string> envs;
-  for (char** e = environ; *e != nullptr; ++e)
-    envs.emplace_back(*e);
-  envs.insert(envs.end(), env.begin(), env.end());
+  auto envs = environment_with(env);
   std::vector<char*> argv{const_cast<char*>(program.c_str())};
   for (const auto& a : args)
     argv.push_back(const_cast<char*>(a.c_str()));
@@ -191,11 +197,7 @@ result<void> start(daemon_state& s, logger& log) {
     return fail(errc::io, "evaluator.cuda_mps: cannot make ", s.dir.string(), ": ", ec.message());
   const std::string pipe = (s.dir / "pipe").string();
   const std::string logs = (s.dir / "log").string();
-  std::vector<std::string> envs;
-  for (char** e = environ; *e != nullptr; ++e)
-    envs.emplace_back(*e);
-  envs.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe);
-  envs.push_back("CUDA_MPS_LOG_DIRECTORY=" + logs);
+  auto envs = environment_with({"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + logs});
   std::vector<char*> envp;
   for (auto& e : envs)
     envp.push_back(e.data());
