@@ -1,6 +1,7 @@
 // env/mps.cpp: the evaluator's private CUDA MPS control daemon (env/mps.hpp).
 #include "env/mps.hpp"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -44,15 +45,20 @@ std::string find_program() {
   return {};
 }
 
-// Whether the CUDA driver is loaded in this process (libcuda mapped): a process connects to an MPS
-// server when the driver starts, so the pipe directory set later would not reach it.
+// Whether the CUDA driver has started in this process (cuInit called): a process connects to an
+// MPS server when the driver starts, so the pipe directory set later would not reach it. The
+// driver's library may be loaded long before (torch links it), so it is asked, not looked for: a
+// call before cuInit answers CUDA_ERROR_NOT_INITIALIZED (3). Nothing is loaded or started here.
 bool cuda_started() {
-  std::ifstream maps{"/proc/self/maps"};
-  std::string line;
-  while (std::getline(maps, line))
-    if (line.find("/libcuda.so") != std::string::npos)
-      return true;
-  return false;
+  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr)
+    return false;
+  using device_count_fn = int (*)(int*);
+  auto* count = reinterpret_cast<device_count_fn>(::dlsym(lib, "cuDeviceGetCount"));
+  int n = 0;
+  const bool started = count == nullptr || count(&n) != 3;
+  ::dlclose(lib);
+  return started;
 }
 
 // This process's environment with `extra` added.

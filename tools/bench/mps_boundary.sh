@@ -64,9 +64,11 @@ GROUP="/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)/mps-65534"
 as_user() {
   mkdir -p /tmp/mps-home "$GROUP" && chown 65534:65534 /tmp/mps-home "$GROUP" "$GROUP"/cgroup.procs \
     "$GROUP"/cgroup.threads "$GROUP"/cgroup.subtree_control
-  chmod -R a+rX "$ROOT" 2>/dev/null
-  local d=$ROOT
-  while [[ $d != / ]]; do chmod a+x "$d"; d=$(dirname "$d"); done # the checkout reachable
+  local d
+  for d in "$ROOT" "$BUILD"; do # the checkout and the build reachable (a build under /root is not)
+    chmod -R a+rX "$d" 2>/dev/null
+    while [[ $d != / ]]; do chmod a+x "$d"; d=$(dirname "$d"); done
+  done
   ( echo $BASHPID > "$GROUP/cgroup.procs"
     exec setpriv --reuid=65534 --regid=65534 --clear-groups env HOME=/tmp/mps-home TMPDIR=/tmp/mps-home "$@" )
 }
