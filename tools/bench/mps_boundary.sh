@@ -23,7 +23,10 @@
 # Every other mode sets evaluator.cuda_mps=off (the script's daemon, or none).
 # PAIRS (default OUT/pairs.jsonl, made from data/cuda-l1/3090.json, tools/bench/fetch_cuda_l1.sh):
 # CUDA-L1's kernels for KernelBench level 1 tasks 12, 40, 53 and level 2 task 14, and task 40's
-# reference as its own candidate. CRUCIBLE: the binary (default BUILD/tools/crucible).
+# reference as its own candidate. CRUCIBLE: the binary (default BUILD/tools/crucible). EVAL_ARGS:
+# more `crucible eval` options for every mode (e.g. "--verbose --set evaluator.warm_workers=0");
+# SELF_ORDER=reverse: SELF's pairs in reverse order (whether a verdict's place in the set or its
+# task decides its figure).
 set -uo pipefail
 case "${1:-}" in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -106,8 +109,13 @@ for mode in "${modes[@]}"; do
   # Pairs and records where user 65534 reaches them; the records are copied to OUT afterwards.
   mkdir -p /tmp/mps-home/run && cp "$pairs" /tmp/mps-home/run/pairs.${pairs##*.} && chmod -R a+rwX /tmp/mps-home
   [[ $pairs == "$SELF" ]] && cp -r "$(dirname "$SELF")/candidates" /tmp/mps-home/run/
+  if [[ $pairs == "$SELF" && ${SELF_ORDER:-} == reverse ]]; then
+    { grep '^#' "$SELF"; grep -v '^#' "$SELF" | tac; } > /tmp/mps-home/run/pairs.tsv
+  fi
   cmd=("$CR" eval --pairs /tmp/mps-home/run/pairs.${pairs##*.} --device cuda:0 --no-cache --json
        --set evaluator.extensions_dir=/tmp/mps-home/extensions --out /tmp/mps-home/run/rec.jsonl "${args[@]}")
+  # shellcheck disable=SC2206 # EVAL_ARGS is a list of options
+  [[ -n ${EVAL_ARGS:-} ]] && cmd+=(${EVAL_ARGS})
   rm -f /tmp/mps-home/run/rec.jsonl
   s=$(date +%s)
   if ((mps)); then
