@@ -319,13 +319,14 @@ void describe(V& v, config& c) {
             "trust boundary).");
     v.field("cuda_mps", e.cuda_mps,
             "CUDA devices under a CUDA MPS control daemon of this process's own (its own pipe directory, "
-            "stopped when it exits): this process and every worker it starts are clients of one MPS server a "
-            "device, so the device does not switch between their contexts inside a timed sample across the "
-            "boundary (docs/evaluator.md, Trust boundary). `auto`: where it can, and an info line saying why "
-            "not elsewhere: not as root (root's workers run as nobody, and MPS serves one user at a time), "
-            "`nvidia-cuda-mps-control` found, CUDA not yet started in this process. `on`: refuses to start "
-            "where it cannot, naming why. `off` (the default until a candidate's fatal fault, which MPS reports "
-            "to every client of the device, is kept from the evaluator's own context): never.");
+            "stopped when it exits), or the user's own where CUDA_MPS_PIPE_DIRECTORY is set: the evaluator's "
+            "device work runs in a device agent a device (crucible-device, a process of its own, as the workers' "
+            "user: nobody where crucible runs as root), and the agents and every worker are clients of one MPS "
+            "server a device, so the device does not switch between their contexts inside a timed sample across "
+            "the boundary (docs/evaluator.md, Trust boundary). `auto`: where `nvidia-cuda-mps-control` is found "
+            "and the agents start, an info or warning line saying why not elsewhere. `on`: refuses to start "
+            "where it cannot, naming why. `off` (the default until a fault under MPS, which MPS reports to every "
+            "client of the device, is measured to stay its candidate's): never.");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/hex.hpp"
+#include "env/device_agent.hpp"
 
 
 namespace crucible::env {
@@ -327,6 +328,8 @@ private:
 
 result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
                                                    std::uint64_t bytes, std::uint64_t align) {
+  if (auto* l = agent::route(device))
+    return agent::map_exported(*l, device, handle_hex, offset, bytes, align);
   if (align == 0 || offset % align != 0)
     return fail(errc::protocol, "an exported output's offset ", std::to_string(offset), " is not aligned to ",
                 std::to_string(align), " bytes");
@@ -343,6 +346,8 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
 }
 
 result<std::shared_ptr<device_bytes>> map_allocation(int device, std::string_view handle_hex) {
+  if (auto* l = agent::route(device))
+    return agent::map_allocation(*l, device, handle_hex);
   auto o = open_handle(device, handle_hex);
   if (!o)
     return o.error();
@@ -354,6 +359,8 @@ result<std::shared_ptr<device_bytes>> subspan(std::shared_ptr<device_bytes> pare
                                               std::uint64_t bytes, std::uint64_t align) {
   if (!parent)
     return fail(errc::invalid_arg, "subspan of nothing");
+  if (auto* l = agent::route(*parent))
+    return agent::subspan(*l, *parent, offset, bytes, align);
   if (align == 0 || offset % align != 0)
     return fail(errc::protocol, "a device span's offset ", std::to_string(offset), " is not aligned to ",
                 std::to_string(align), " bytes");
@@ -380,6 +387,8 @@ result<void> wait_queued(cudaError_t e, const char* what) {
 } // namespace
 
 result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t bytes) {
+  if (auto* l = agent::route(device))
+    return agent::allocate_owned(*l, device, bytes);
   if (auto r = select(device); !r)
     return r.error();
   void* p = nullptr;
@@ -393,6 +402,8 @@ result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t b
 }
 
 result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t bytes) {
+  if (auto* l = agent::route(dst))
+    return agent::upload(*l, dst, src, bytes);
   if (bytes > dst.size())
     return fail(errc::invalid_arg, "upload: ", std::to_string(bytes), " bytes into ", std::to_string(dst.size()));
   if (auto r = select(dst.device()); !r)
@@ -407,6 +418,8 @@ result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t
 result<void> copy_all(const std::vector<device_copy>& copies) {
   if (copies.empty())
     return {};
+  if (auto* l = agent::route(*copies.front().dst))
+    return agent::copy_all(*l, copies);
   for (const auto& c : copies)
     if (c.dst->size() != c.src->size() || c.dst->device() != copies.front().dst->device()
         || c.src->device() != c.dst->device())
@@ -427,6 +440,8 @@ result<void> copy_all(const std::vector<device_copy>& copies) {
 result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value) {
   if (spans.empty())
     return {};
+  if (auto* l = agent::route(*spans.front()))
+    return agent::fill_all(*l, spans, value);
   if (auto r = select(spans.front()->device()); !r)
     return r.error();
   cudaError_t e = cudaSuccess;
@@ -441,6 +456,8 @@ result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned ch
 }
 
 result<double> fastest_fill_ms(int device, std::uint64_t bytes) {
+  if (auto* l = agent::route(device))
+    return agent::fastest_fill_ms(*l, device, bytes);
   if (bytes == 0)
     return 0.0;
   auto buf = allocate_owned(device, bytes);
@@ -477,6 +494,8 @@ result<double> fastest_fill_ms(int device, std::uint64_t bytes) {
 }
 
 result<void> flush_device_cache(int device, std::uint64_t bytes) {
+  if (auto* l = agent::route(device))
+    return agent::flush_device_cache(*l, device, bytes);
   static std::mutex mtx;
   static std::map<int, std::shared_ptr<device_bytes>> buffers;
   std::shared_ptr<device_bytes> buf;
@@ -512,6 +531,8 @@ result<cudaMemPool_t> default_pool(int device) {
 } // namespace
 
 result<void> keep_freed_memory(int device, std::uint64_t bytes) {
+  if (auto* l = agent::route(device))
+    return agent::keep_freed_memory(*l, device, bytes);
   auto pool = default_pool(device);
   if (!pool)
     return pool.error();
@@ -522,6 +543,8 @@ result<void> keep_freed_memory(int device, std::uint64_t bytes) {
 }
 
 result<void> release_freed_memory(int device) {
+  if (auto* l = agent::route(device))
+    return agent::release_freed_memory(*l, device);
   auto pool = default_pool(device);
   if (!pool)
     return pool.error();
@@ -535,6 +558,9 @@ result<void> release_freed_memory(int device) {
 }
 
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>& srcs) {
+  if (!srcs.empty())
+    if (auto* l = agent::route(*srcs.front()))
+      return agent::copy_all_to_owned(*l, srcs);
   std::vector<std::shared_ptr<device_bytes>> out;
   out.reserve(srcs.size());
   if (srcs.empty())
@@ -1051,6 +1077,8 @@ private:
 } // namespace
 
 result<std::unique_ptr<device_clock>> make_device_clock(int device) {
+  if (auto* l = agent::route(device))
+    return agent::make_device_clock(*l, device);
   auto c = std::make_unique<cuda_clock>(device);
   if (auto r = c->init(); !r)
     return r.error();
@@ -1065,6 +1093,8 @@ result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
 }
 
 result<std::vector<std::byte>> download(const device_bytes& src) {
+  if (auto* l = agent::route(src))
+    return agent::download(*l, src);
   if (auto r = select(src.device()); !r)
     return r.error();
   std::vector<std::byte> out(src.size());
@@ -1182,6 +1212,9 @@ result<std::vector<device_difference>> run_batch(const std::vector<device_compar
 } // namespace
 
 result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>& pairs) {
+  if (!pairs.empty())
+    if (auto* l = agent::route(*pairs.front().want))
+      return agent::compare_all(*l, pairs, true);
   return run_batch(pairs, true);
 }
 
@@ -1194,6 +1227,12 @@ result<device_difference> device_compare(const device_bytes& want, const device_
 }
 
 result<device_difference> device_scale(const device_bytes& want, dtype t, std::uint64_t n, double atol) {
+  if (auto* l = agent::route(want)) {
+    auto one = agent::compare_all(*l, {device_comparison{&want, nullptr, t, n, tolerance{atol, 0}, 0}}, false);
+    if (!one)
+      return one.error();
+    return one->front();
+  }
   auto all = run_batch({device_comparison{&want, &want, t, n, tolerance{atol, 0}, 0}}, false);
   if (!all)
     return all.error();
@@ -1212,10 +1251,13 @@ device_bytes_times device_bytes_time() noexcept {
   t.copies = copy_laps.calls;
   t.compare_ns = compare_laps.ns;
   t.compares = compare_laps.calls;
+  agent::add_times(t); // the device agents' (env/device_agent.hpp)
   return t;
 }
 
 result<std::string> device_name(int device) {
+  if (auto* l = agent::route(device))
+    return agent::device_name(*l, device);
   cudaDeviceProp prop{};
   if (auto e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
     (void) cudaGetLastError();

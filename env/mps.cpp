@@ -1,8 +1,8 @@
 // env/mps.cpp: the evaluator's private CUDA MPS control daemon (env/mps.hpp).
 #include "env/mps.hpp"
 
-#include <dlfcn.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -16,7 +16,10 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <thread>
+
+#include "env/device_agent.hpp"
 
 extern char** environ;
 
@@ -43,22 +46,6 @@ std::string find_program() {
       return p.string();
   }
   return {};
-}
-
-// Whether the CUDA driver has started in this process (cuInit called): a process connects to an
-// MPS server when the driver starts, so the pipe directory set later would not reach it. The
-// driver's library may be loaded long before (torch links it), so it is asked, not looked for: a
-// call before cuInit answers CUDA_ERROR_NOT_INITIALIZED (3). Nothing is loaded or started here.
-bool cuda_started() {
-  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-  if (lib == nullptr)
-    return false;
-  using device_count_fn = int (*)(int*);
-  auto* count = reinterpret_cast<device_count_fn>(::dlsym(lib, "cuDeviceGetCount"));
-  int n = 0;
-  const bool started = count == nullptr || count(&n) != 3;
-  ::dlclose(lib);
-  return started;
 }
 
 // This process's environment with `extra` added.
@@ -131,6 +118,7 @@ struct daemon_state {
   fs::path dir;
   std::string program;
   pid_t pid = -1;
+  std::string clients_pipe; // the pipe directory the agents and workers connect to (this daemon's or the user's)
 };
 
 daemon_state& state() {
@@ -201,6 +189,13 @@ result<void> start(daemon_state& s, logger& log) {
     fs::create_directories(s.dir / "log", ec);
   if (ec)
     return fail(errc::io, "evaluator.cuda_mps: cannot make ", s.dir.string(), ": ", ec.message());
+  // The server the daemon starts for the clients runs as their user, and writes its pipes and log
+  // into these directories.
+  const auto who = mps_client_identity();
+  if (who.uid != static_cast<uid_t>(-1))
+    for (const char* sub : {"pipe", "log"})
+      if (::chown((s.dir / sub).c_str(), who.uid, who.gid) != 0)
+        return fail(errc::io, "evaluator.cuda_mps: cannot give ", (s.dir / sub).string(), " to the workers' user: ", std::strerror(errno));
   const std::string pipe = (s.dir / "pipe").string();
   const std::string logs = (s.dir / "log").string();
   auto envs = environment_with({"CUDA_MPS_PIPE_DIRECTORY=" + pipe, "CUDA_MPS_LOG_DIRECTORY=" + logs});
@@ -252,9 +247,9 @@ result<void> start(daemon_state& s, logger& log) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ::setenv("CUDA_MPS_PIPE_DIRECTORY", pipe.c_str(), 1);
+  s.clients_pipe = pipe;
   log.info("evaluator", "CUDA MPS: a control daemon of this process's own (", s.program, ", pid ", pid, ", pipe ", pipe,
-           "); the evaluator and its workers are its clients");
+           "); the device agents and the workers are its clients");
   return {};
 }
 
@@ -268,51 +263,107 @@ mps_decision decide_cuda_mps(cuda_mps_mode mode, const mps_facts& f) {
     return d;
   }
   if (!f.external_pipe.empty()) {
-    d.why_not = "CUDA_MPS_PIPE_DIRECTORY is set (" + f.external_pipe + "): the evaluator and its workers are that daemon's clients";
+    d.why_not = "CUDA_MPS_PIPE_DIRECTORY is set (" + f.external_pipe + "): the device agents and the workers are that daemon's clients";
     return d;
   }
-  if (f.root)
-    d.why_not = "this process runs as root, its workers as nobody, and MPS serves one user at a time (run crucible "
-                "as a user: its workers keep that user)";
-  else if (f.program.empty())
+  if (f.program.empty())
     d.why_not = "nvidia-cuda-mps-control was not found (PATH, /usr/bin, /usr/local/cuda/bin)";
-  else if (f.cuda_started)
-    d.why_not = "CUDA had already started in this process, which would not be a client of a daemon started now";
   d.start = d.why_not.empty();
   d.refuse = !d.start && mode == cuda_mps_mode::on;
   return d;
 }
 
+mps_identity mps_client_identity() {
+  if (::geteuid() != 0)
+    return {};
+  if (const passwd* pw = ::getpwnam("nobody"))
+    return {pw->pw_uid, pw->pw_gid};
+  return {65534, 65534};
+}
+
+namespace {
+
+// The CUDA device's index of "cuda" or "cuda:N"; -1 for any other device.
+int cuda_index(const std::string& device) {
+  if (device == "cuda")
+    return 0;
+  if (device.rfind("cuda:", 0) != 0)
+    return -1;
+  char* end = nullptr;
+  const long v = std::strtol(device.c_str() + 5, &end, 10);
+  return end != device.c_str() + 5 && *end == '\0' && v >= 0 ? static_cast<int>(v) : -1;
+}
+
+// A device agent (env/device_agent.hpp) for every CUDA device of `devices`, each a client of the
+// daemon whose pipe directory is `pipe`, as the workers' user.
+result<void> start_agents(const std::vector<std::string>& devices, const std::string& pipe, logger& log) {
+  auto program = find_device_agent();
+  if (!program)
+    return program.error();
+  device_agent_spec spec;
+  spec.program = *program;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view v{*e};
+    if (v.rfind("CUDA_MPS_PIPE_DIRECTORY=", 0) != 0 && v.rfind("CUDA_MPS_LOG_DIRECTORY=", 0) != 0)
+      spec.environment.emplace_back(v);
+  }
+  spec.environment.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe);
+  const auto who = mps_client_identity();
+  spec.uid = who.uid;
+  spec.gid = who.gid;
+  for (const auto& d : devices) {
+    const int index = cuda_index(d);
+    if (index < 0 || device_agent_running(index))
+      continue;
+    if (auto r = start_device_agent(index, spec); !r)
+      return r.error();
+    log.info("evaluator", d, ": the evaluator's device work runs in its device agent (pid ", device_agent_pid(index), ")");
+  }
+  return {};
+}
+
+} // namespace
+
 result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<std::string>& devices, logger& log) {
   auto& s = state();
   std::lock_guard lock{s.m};
-  if (s.tried)
+  if (s.tried) {
+    // Devices added later (a second evaluator of this process) get their agents too.
+    if (s.outcome && !s.clients_pipe.empty())
+      return start_agents(devices, s.clients_pipe, log);
     return s.outcome;
+  }
   mps_facts f;
   for (const auto& d : devices)
     f.cuda_device = f.cuda_device || d.rfind("cuda", 0) == 0;
   if (opt.cuda_mps == cuda_mps_mode::off || !f.cuda_device)
     return {}; // nothing decided: a later call with CUDA devices may still start it
   s.tried = true;
-  f.root = ::geteuid() == 0;
   if (const char* pipe = std::getenv("CUDA_MPS_PIPE_DIRECTORY"))
     f.external_pipe = pipe;
   f.program = find_program();
-  f.cuda_started = cuda_started();
   const auto d = decide_cuda_mps(opt.cuda_mps, f);
   if (d.refuse)
     return s.outcome = fail(errc::unsupported, "evaluator.cuda_mps is on, but ", d.why_not);
-  if (!d.start) {
-    if (!f.external_pipe.empty())
-      log.info("evaluator", "CUDA MPS: ", d.why_not);
-    else
-      log.info("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)");
+  if (!d.start && f.external_pipe.empty()) {
+    log.info("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)");
     return s.outcome = result<void>{};
   }
-  s.program = f.program;
-  s.outcome = start(s, log);
+  if (d.start) {
+    s.program = f.program;
+    s.outcome = start(s, log);
+  } else {
+    log.info("evaluator", "CUDA MPS: ", d.why_not);
+    s.clients_pipe = f.external_pipe;
+    s.outcome = result<void>{};
+  }
+  if (s.outcome)
+    if (auto agents = start_agents(devices, s.clients_pipe, log); !agents)
+      s.outcome = fail(agents.error().code, "evaluator.cuda_mps: ", agents.error().message);
   if (!s.outcome && opt.cuda_mps == cuda_mps_mode::auto_) {
+    // Without its agents the evaluator would be no client of the daemon: the workers are not either.
     log.warn("evaluator", "CUDA MPS not used: ", s.outcome.error().message, " (evaluator.cuda_mps: auto)");
+    s.clients_pipe.clear();
     s.outcome = result<void>{};
   }
   return s.outcome;
@@ -321,7 +372,7 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
 std::string cuda_mps_pipe() {
   auto& s = state();
   std::lock_guard lock{s.m};
-  return s.pid > 0 ? (s.dir / "pipe").string() : std::string{};
+  return s.clients_pipe;
 }
 
 } // namespace crucible::env

@@ -1,7 +1,8 @@
 // env/mps.hpp: CUDA MPS for the evaluator's devices (evaluator.cuda_mps). Under an MPS server the
-// evaluator and its workers share one device context a device, so a timed sample across the
-// boundary holds no switch between the processes' contexts (docs/evaluator.md, Trust boundary;
-// docs/PERFORMANCE.md, "The CUDA boundary's context switches: MPS").
+// workers and the evaluator's device agents (env/device_agent.hpp: the evaluator's device work, in
+// a process of its own as the workers' user) share one device context a device, so a timed sample
+// across the boundary holds no switch between the processes' contexts (docs/evaluator.md, Trust
+// boundary; docs/PERFORMANCE.md, "Sealed copies across the CUDA boundary, with and without MPS").
 #pragma once
 
 #include <sys/types.h>
@@ -18,9 +19,7 @@ namespace crucible::env {
 /// What decides whether the daemon starts, as prepare_cuda_mps finds it.
 struct mps_facts {
   bool cuda_device = false; ///< a device among the evaluator's is CUDA
-  bool root = false;        ///< this process runs as root (its workers then run as nobody)
   std::string program;      ///< nvidia-cuda-mps-control's path; empty where not found
-  bool cuda_started = false; ///< the CUDA driver is already loaded in this process
   std::string external_pipe; ///< CUDA_MPS_PIPE_DIRECTORY as this process was given it: a daemon of the user's own
 };
 
@@ -36,16 +35,28 @@ struct mps_decision {
 };
 mps_decision decide_cuda_mps(cuda_mps_mode mode, const mps_facts& facts);
 
+/// The user the MPS clients run as: the workers' (env/harness/confine.py: nobody where this
+/// process runs as root; uid -1, this process's own, otherwise). MPS serves one user at a time.
+struct mps_identity {
+  uid_t uid = static_cast<uid_t>(-1);
+  gid_t gid = static_cast<gid_t>(-1);
+};
+mps_identity mps_client_identity();
+
 /// Starts (once per process) a private MPS control daemon where decide_cuda_mps says so, with its
-/// own pipe and log directories (`<tmp>/crucible-mps-<pid>/`), in the foreground as this process's
-/// child (it dies with it), and sets CUDA_MPS_PIPE_DIRECTORY here: this process's CUDA and every
-/// worker's (env/sandbox.cpp passes it, the worker's confinement binds it in read-only) connect
-/// to it. Must run before anything starts CUDA in this process. Daemons of evaluators no longer
-/// running are told to quit and their directories removed first. Errors: `on` where it cannot,
-/// a daemon that does not start (its log's last lines in the message).
+/// own pipe and log directories (`<tmp>/crucible-mps-<pid>/`, given to the clients' user), in the
+/// foreground as this process's child (it dies with it), or takes the user's own daemon
+/// (CUDA_MPS_PIPE_DIRECTORY); then starts a device agent for every CUDA device of `devices`, a
+/// client of that daemon. This process never becomes a client: its device work for those devices
+/// runs in the agents, and the workers are given the pipe directory (env/sandbox.cpp; the
+/// worker's confinement binds it in read-only). Daemons of evaluators no longer running are told
+/// to quit and their directories removed first. Errors (`on`; `auto` warns and goes on without
+/// MPS): no control program, a daemon that does not start (its log's last lines in the message),
+/// an agent that does not.
 result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<std::string>& devices, logger& log);
 
-/// This process's daemon's pipe directory; empty if none runs.
+/// The pipe directory the workers and agents connect to (this process's daemon's or the user's);
+/// empty where MPS is not used.
 std::string cuda_mps_pipe();
 
 } // namespace crucible::env

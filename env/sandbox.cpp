@@ -2,6 +2,7 @@
 // and exec is prepared before fork(): the evaluator is multithreaded, so the child may only
 // make async-signal-safe calls.
 #include "env/sandbox.hpp"
+#include "env/mps.hpp"
 #include "env/wire.hpp"
 #include "env/worker_messages.hpp"
 
@@ -191,7 +192,9 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   if (fs::exists("/usr/local/cuda"))
     envs.push_back("CUDA_HOME=/usr/local/cuda");
   pass("LD_LIBRARY_PATH"); // where the GPU machines keep their driver libraries
-  pass("CUDA_MPS_PIPE_DIRECTORY"); // the evaluator's MPS daemon (env/mps.hpp): the worker is its client too
+  // The MPS daemon the evaluator's device agents are clients of (env/mps.hpp): the worker is too.
+  if (const auto pipe = cuda_mps_pipe(); !pipe.empty())
+    envs.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe);
   pass("CUDA_HOME");
   pass("CC");
   pass("CXX");

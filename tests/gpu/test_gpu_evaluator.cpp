@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +19,7 @@
 
 #include "core/log.hpp"
 #include "env/compare.hpp"
+#include "env/device_agent.hpp"
 #include "env/device_bytes.hpp"
 #include "tests/gpu/uploaded.hpp"
 #include "env/evaluator.hpp"
@@ -28,6 +31,8 @@
 // copy libtorch exports, which crashed (the evaluator removes its workers' scratch directories).
 
 namespace fs = std::filesystem;
+extern char** environ;
+
 using namespace crucible;
 using namespace crucible::env;
 using crucible::testing::uploaded;
@@ -638,4 +643,73 @@ TEST_CASE("a candidate's fault stays its own: an illegal address, a kernel that 
   auto after = ev->evaluate(eval_request{*task, legit, 0, false});
   INFO(to_string(after.status) << " " << after.message);
   CHECK(after.status == verdict_status::ok);
+}
+
+TEST_CASE("the device agent does the evaluator's device work in a process of its own, and is started again after it ends") {
+  // Last in this file: from here on device 0's work of this process runs in the agent.
+  auto program = find_device_agent();
+  REQUIRE_MESSAGE(program.ok(), (program ? std::string{} : program.error().message));
+  device_agent_spec spec;
+  spec.program = *program;
+  for (char** e = environ; *e != nullptr; ++e)
+    spec.environment.emplace_back(*e);
+  auto started = start_device_agent(0, spec);
+  REQUIRE_MESSAGE(started.ok(), (started ? std::string{} : started.error().message));
+  const pid_t first = device_agent_pid(0);
+  REQUIRE(first > 0);
+  CHECK(first != ::getpid());
+
+  // Memory of the agent's: written, copied, compared and read back through it.
+  std::vector<float> host(1024);
+  for (std::size_t i = 0; i < host.size(); ++i)
+    host[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  auto a = allocate_owned(0, host.size() * sizeof(float));
+  REQUIRE(a.ok());
+  REQUIRE(upload(**a, reinterpret_cast<const std::byte*>(host.data()), host.size() * sizeof(float)).ok());
+  auto b = copy_to_owned(**a);
+  REQUIRE(b.ok());
+  auto half = subspan(*b, 512 * sizeof(float), 512 * sizeof(float), sizeof(float));
+  REQUIRE(half.ok());
+  auto back = download(**half);
+  REQUIRE(back.ok());
+  REQUIRE(back->size() == 512 * sizeof(float));
+  CHECK(std::memcmp(back->data(), host.data() + 512, back->size()) == 0);
+  auto same = device_compare(**a, **b, dtype::f32, host.size(), tolerance{1e-6, 1e-6});
+  REQUIRE(same.ok());
+  CHECK(same->mismatches == 0);
+  REQUIRE(fill_all({b->get()}, 0).ok());
+  auto differ = device_compare(**a, **b, dtype::f32, host.size(), tolerance{1e-6, 1e-6});
+  REQUIRE(differ.ok());
+  CHECK(differ->mismatches > 0);
+  auto name = device_name(0);
+  REQUIRE(name.ok());
+  CHECK_FALSE(name->empty());
+
+  // A verdict across the boundary with the agent doing the copies, the clock and the comparisons.
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto across = short_evaluator(true, log, {}, true);
+  auto task = load_task(source_dir / "env" / "tasks" / "cpu" / "04_layernorm_manual.py");
+  REQUIRE(task.ok());
+  auto v = across->evaluate(eval_request{*task, read_text(source_dir / "env" / "tasks" / "cpu" / "variants" / "04_layernorm_manual" / "fast_functional.py"), 0, false});
+  INFO(to_string(v.status) << " " << v.message);
+  CHECK(v.status == verdict_status::ok);
+  CHECK(v.speedup > 1.0);
+  CHECK(device_agent_pid(0) == first);
+
+  // The agent killed (as a device fault ends it): the next call says so, the one after starts a
+  // new agent, and the old agent's memory is refused by name.
+  REQUIRE(::kill(first, SIGKILL) == 0);
+  auto lost = allocate_owned(0, 256);
+  REQUIRE_FALSE(lost.ok());
+  CHECK(lost.error().message.find("ended") != std::string::npos);
+  auto again = allocate_owned(0, 256);
+  REQUIRE_MESSAGE(again.ok(), (again ? std::string{} : again.error().message));
+  CHECK(device_agent_pid(0) != first);
+  auto stale = download(**a);
+  REQUIRE_FALSE(stale.ok());
+  CHECK(stale.error().message.find("before it ended and was started again") != std::string::npos);
+  auto v2 = across->evaluate(eval_request{*task, read_text(source_dir / "env" / "tasks" / "cpu" / "variants" / "04_layernorm_manual" / "fast_functional.py"), 0, false});
+  INFO(to_string(v2.status) << " " << v2.message);
+  CHECK(v2.status == verdict_status::ok);
 }
