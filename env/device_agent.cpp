@@ -45,9 +45,21 @@ public:
     std::lock_guard lock{m_};
     if (control_ >= 0)
       return generation_.load();
+    if (generation_.load() > 0)
+      if (auto hook = restart_hook())
+        hook(device_); // what the ended agent leaves (its device's other clients) cleared first
     if (auto r = start_locked(); !r)
       return r.error();
     return generation_.load();
+  }
+
+  static std::function<void(int)> restart_hook() {
+    std::lock_guard lock{hook_m()};
+    return hook_fn();
+  }
+  static void set_restart_hook(std::function<void(int)> f) {
+    std::lock_guard lock{hook_m()};
+    hook_fn() = std::move(f);
   }
 
   pid_t pid() {
@@ -71,6 +83,14 @@ public:
   std::uint64_t generation() const noexcept { return generation_.load(); }
 
 private:
+  static std::mutex& hook_m() {
+    static std::mutex m;
+    return m;
+  }
+  static std::function<void(int)>& hook_fn() {
+    static auto* f = new std::function<void(int)>;
+    return *f;
+  }
   result<void> start_locked();
   void ended_locked(const std::string& why);
   result<int> connection(std::uint64_t gen);
@@ -700,5 +720,21 @@ pid_t device_agent_pid(int device) {
   auto* l = agent::route(device);
   return l == nullptr ? 0 : l->pid();
 }
+
+bool device_agent_alive(int device) {
+  auto* l = agent::route(device);
+  if (l == nullptr)
+    return true;
+  if (l->pid() == 0)
+    return false;
+  return l->call(agent_wire::op::probe, {}).ok();
+}
+
+std::uint64_t device_agent_generation(int device) {
+  auto* l = agent::route(device);
+  return l == nullptr ? 0 : l->generation();
+}
+
+void set_device_agent_restart_hook(std::function<void(int device)> hook) { agent::link::set_restart_hook(std::move(hook)); }
 
 } // namespace crucible::env

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,6 +46,18 @@ bool device_agent_running(int device);
 
 /// The agent's process id for `device`, 0 where none runs (tests, fault handling).
 pid_t device_agent_pid(int device);
+
+/// Whether `device`'s agent still works, one round trip: false where it has ended, or where its
+/// device context no longer takes work (a fault; the agent then ends). True where no agent runs.
+bool device_agent_alive(int device);
+
+/// How many agents `device` has had: a verdict that saw it grow ran beside a fault.
+std::uint64_t device_agent_generation(int device);
+
+/// Runs before an agent that ended is started again, with its device: under MPS the server of a
+/// faulted client takes no new client until every client of it has exited (prepare_cuda_mps sets
+/// one that ends this process's workers on the device).
+void set_device_agent_restart_hook(std::function<void(int device)> hook);
 
 namespace agent {
 

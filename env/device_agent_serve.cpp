@@ -119,6 +119,15 @@ void refuse(reply& r, std::string message) {
   r.message = "device agent: " + std::move(message);
 }
 
+// Whether the device still takes work after a failed request: a fault leaves the context unusable
+// (every later call fails), and the agent then ends.
+bool device_usable(int device) {
+  auto probe = allocate_owned(device, 256);
+  if (!probe)
+    return false;
+  return fill_all({probe->get()}, 0).ok();
+}
+
 void run(agent_state& s, w::op what, w::in& f, reply& r) {
   std::string bad;
   auto one = [&](std::uint64_t id) {
@@ -359,6 +368,13 @@ void run(agent_state& s, w::op what, w::in& f, reply& r) {
       break;
     case w::op::free_only:
       break;
+    case w::op::probe:
+      if (!device_usable(s.device)) {
+        r.failed = true;
+        r.code = errc::device;
+        r.message = "CUDA device " + std::to_string(s.device) + " no longer takes work in its device agent";
+      }
+      break;
     default:
       refuse(r, "unknown request " + std::to_string(static_cast<std::uint32_t>(what)));
       return;
@@ -367,15 +383,6 @@ void run(agent_state& s, w::op what, w::in& f, reply& r) {
     refuse(r, bad);
   else if (f.broken())
     refuse(r, "a request shorter than its fields");
-}
-
-// Whether the device still takes work after a failed request: a fault leaves the context unusable
-// (every later call fails), and the agent then ends.
-bool device_usable(int device) {
-  auto probe = allocate_owned(device, 256);
-  if (!probe)
-    return false;
-  return fill_all({probe->get()}, 0).ok();
 }
 
 void serve_connection(agent_state& s, int fd) {

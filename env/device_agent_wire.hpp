@@ -45,6 +45,7 @@ enum class op : std::uint32_t {
   device_name,
   times,
   free_only,
+  probe,
 };
 
 /// A frame being written.

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "core/sha256.hpp"
+#include "env/device_agent.hpp"
 #include "env/device_bytes.hpp"
 #include "env/reward.hpp"
 
@@ -321,9 +322,12 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   struct attempt {
     verdict v;
     bool lost_worker = false;
+    bool device_fault = false;    // its device's agent ended while it ran (env/device_agent.hpp)
     std::uint64_t task_bytes = 0; // one trial's inputs and reference outputs
   };
+  const int agent_device = outputs_device_ >= 0 && device_agent_running(outputs_device_) ? outputs_device_ : -1;
   auto run_once = [&](auto&& worker, bool alone, bool fresh = false) {
+    const auto agents_before = agent_device >= 0 ? device_agent_generation(agent_device) : 0;
     solo_hold hold{solo_, alone};
     if (alone) {
       // The device's memory to this evaluation: the workers of the evaluations that ended are
@@ -345,6 +349,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       pool_->retire(std::move(cand));
     a.lost_worker = e.lost_worker();
     evaluator_failed = e.evaluator_failed();
+    // Under MPS a fault of any client ends every client's context on the device, the agent's and
+    // other verdicts' workers included: a verdict that did not end ok while the agent ended (or
+    // that ends with it no longer taking work) may carry another candidate's fault.
+    if (agent_device >= 0 && a.v.status != verdict_status::ok)
+      a.device_fault = device_agent_generation(agent_device) != agents_before || !device_agent_alive(agent_device);
     return a;
   };
   auto v = [&] {
@@ -366,6 +375,22 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       auto second = run_once(*again, true);
       if (second.v.status == verdict_status::runtime_error && out_of_device_memory(second.v.message))
         second.v.message += " (alone on the device as well)";
+      return second.v;
+    }
+    if (first.device_fault) {
+      // Judged again alone on the device, on new workers, once the agent has started again (its
+      // restart first ends this process's other clients of the faulted server, the idle workers
+      // among them): a candidate that faults alone is the one whose fault it was.
+      log_.warn("evaluator", device_, " ", req.target.name, ": the device's agent ended during this verdict (",
+                first.v.message.substr(0, 160), "); judging it again alone on the device");
+      pool_->discard_idle();
+      (void) device_agent_alive(agent_device); // started again here, before the new workers
+      auto again = pool_->start_fresh();
+      if (!again)
+        return first.v;
+      auto second = run_once(*again, true, true);
+      if (second.device_fault)
+        second.v.message += " (judged again alone on the device, it ended the device's agent again: the fault is its own)";
       return second.v;
     }
     if (!first.lost_worker && !evaluator_failed)

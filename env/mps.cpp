@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -58,12 +59,18 @@ std::vector<std::string> environment_with(const std::vector<std::string>& extra)
 }
 
 // Runs `program` with `args` and the environment `env` added to this process's; `input` written to
-// its standard input (closed after). Waits up to `timeout_s`, then kills it. Its exit status, or -1.
+// its standard input (closed after), its standard output kept in `out` where given. Waits up to
+// `timeout_s`, then kills it. Its exit status, or -1.
 int run_with(const std::string& program, const std::vector<std::string>& args, const std::vector<std::string>& env,
-             const std::string& input, double timeout_s) {
-  int in[2];
+             const std::string& input, double timeout_s, std::string* out = nullptr) {
+  int in[2], from[2] = {-1, -1};
   if (::pipe2(in, O_CLOEXEC) != 0)
     return -1;
+  if (out != nullptr && ::pipe2(from, O_CLOEXEC | O_NONBLOCK) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return -1;
+  }
   auto envs = environment_with(env);
   std::vector<char*> argv{const_cast<char*>(program.c_str())};
   for (const auto& a : args)
@@ -73,17 +80,21 @@ int run_with(const std::string& program, const std::vector<std::string>& args, c
   for (auto& e : envs)
     envp.push_back(e.data());
   envp.push_back(nullptr);
+  auto close_all = [&] {
+    for (int fd : {in[0], in[1], from[0], from[1]})
+      if (fd >= 0)
+        ::close(fd);
+  };
   const pid_t pid = ::fork();
   if (pid < 0) {
-    ::close(in[0]);
-    ::close(in[1]);
+    close_all();
     return -1;
   }
   if (pid == 0) {
     ::dup2(in[0], 0);
     const int null = ::open("/dev/null", O_WRONLY);
     if (null >= 0) {
-      ::dup2(null, 1);
+      ::dup2(from[1] >= 0 ? from[1] : null, 1);
       ::dup2(null, 2);
     }
     ::execve(program.c_str(), argv.data(), envp.data());
@@ -93,21 +104,69 @@ int run_with(const std::string& program, const std::vector<std::string>& args, c
   if (!input.empty())
     (void) !::write(in[1], input.data(), input.size());
   ::close(in[1]);
+  if (from[1] >= 0)
+    ::close(from[1]);
+  auto drain = [&] {
+    char buf[4096];
+    ssize_t n = 0;
+    while (from[0] >= 0 && (n = ::read(from[0], buf, sizeof buf)) > 0)
+      out->append(buf, static_cast<std::size_t>(n));
+  };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   int status = 0;
   for (;;) {
+    drain();
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid)
+    if (r == pid) {
+      drain();
+      if (from[0] >= 0)
+        ::close(from[0]);
       return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    if (r < 0 && errno != EINTR)
-      return -1;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
+    }
+    if ((r < 0 && errno != EINTR) || std::chrono::steady_clock::now() >= deadline) {
+      if (r >= 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+      }
+      if (from[0] >= 0)
+        ::close(from[0]);
       return -1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+}
+
+// The numbers of a control command's answer (one server or client PID a line).
+std::vector<pid_t> pids_in(const std::string& text) {
+  std::vector<pid_t> out;
+  std::stringstream ss{text};
+  long v = 0;
+  while (ss >> v)
+    if (v > 0)
+      out.push_back(static_cast<pid_t>(v));
+  return out;
+}
+
+// Whether `pid` is this process or below it (its parent chain reaches this process).
+bool below_this_process(pid_t pid) {
+  const pid_t self = ::getpid();
+  for (int depth = 0; depth < 64 && pid > 1; ++depth) {
+    if (pid == self)
+      return true;
+    std::ifstream stat{"/proc/" + std::to_string(pid) + "/stat"};
+    std::string line;
+    if (!std::getline(stat, line))
+      return false;
+    const auto close = line.rfind(')'); // the command name may hold spaces and parentheses
+    if (close == std::string::npos)
+      return false;
+    std::stringstream rest{line.substr(close + 2)};
+    char state = 0;
+    long parent = 0;
+    rest >> state >> parent;
+    pid = static_cast<pid_t>(parent);
+  }
+  return false;
 }
 
 // The daemon of this process: its directory, its PID, the program.
@@ -283,6 +342,73 @@ mps_identity mps_client_identity() {
 
 namespace {
 
+// Where the MPS clients' daemon is, for clear_clients: set once before the first agent starts
+// (under its own lock: the hook runs from an agent's restart, which prepare_cuda_mps may wait on).
+struct clients_daemon {
+  std::mutex m;
+  std::string program, pipe;
+};
+clients_daemon& recovery() {
+  static auto* r = new clients_daemon;
+  return *r;
+}
+
+// After a fault under MPS, before the device agent starts again: every client of the daemon's
+// servers that is below this process (the workers of its devices; the agent has ended) killed,
+// and waited for until it has gone and the faulted server with it, since the server takes no
+// new client until all of its clients have exited. Clients of other processes are left alone.
+void clear_clients(int /*device*/) {
+  std::string program, pipe;
+  {
+    auto& r = recovery();
+    std::lock_guard lock{r.m};
+    program = r.program;
+    pipe = r.pipe;
+  }
+  if (program.empty() || pipe.empty())
+    return;
+  const std::vector<std::string> env{"CUDA_MPS_PIPE_DIRECTORY=" + pipe};
+  std::string servers;
+  (void) run_with(program, {}, env, "get_server_list\n", 10.0, &servers);
+  std::vector<pid_t> killed;
+  for (const pid_t server : pids_in(servers)) {
+    std::string clients;
+    (void) run_with(program, {}, env, "get_client_list " + std::to_string(server) + "\n", 10.0, &clients);
+    for (const pid_t c : pids_in(clients))
+      if (below_this_process(c) && ::kill(c, SIGKILL) == 0)
+        killed.push_back(c);
+  }
+  auto gone = [](pid_t pid) {
+    std::ifstream stat{"/proc/" + std::to_string(pid) + "/stat"};
+    std::string line;
+    if (!std::getline(stat, line))
+      return true;
+    const auto close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z'; // a zombie holds no client
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto all_gone = [&] {
+    for (const pid_t c : killed)
+      if (!gone(c))
+        return false;
+    return true;
+  };
+  while (!all_gone() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // The faulted servers end once their clients have: the next client gets a new one.
+  const auto before = pids_in(servers);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::string now;
+    (void) run_with(program, {}, env, "get_server_list\n", 10.0, &now);
+    bool left = false;
+    for (const pid_t p : pids_in(now))
+      left = left || std::find(before.begin(), before.end(), p) != before.end();
+    if (!left)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 // The CUDA device's index of "cuda" or "cuda:N"; -1 for any other device.
 int cuda_index(const std::string& device) {
   if (device == "cuda")
@@ -311,6 +437,13 @@ result<void> start_agents(const std::vector<std::string>& devices, const std::st
   const auto who = mps_client_identity();
   spec.uid = who.uid;
   spec.gid = who.gid;
+  {
+    auto& r = recovery();
+    std::lock_guard lock{r.m};
+    r.program = find_program();
+    r.pipe = pipe;
+  }
+  set_device_agent_restart_hook(clear_clients);
   for (const auto& d : devices) {
     const int index = cuda_index(d);
     if (index < 0 || device_agent_running(index))

@@ -113,6 +113,17 @@ void worker_pool::retire_loop() {
   }
 }
 
+void worker_pool::discard_idle() {
+  std::vector<ready_worker> gone;
+  {
+    std::lock_guard guard{mtx_};
+    gone.swap(idle_);
+  }
+  for (auto& w : gone)
+    retire(std::move(w.proc));
+  refill_cv_.notify_all();
+}
+
 void worker_pool::await_retired() {
   std::unique_lock lock{retire_mtx_};
   retired_cv_.wait(lock, [&] { return (retiring_.empty() && !reaping_) || !retire_thread_.joinable(); });

@@ -78,6 +78,9 @@ public:
   void retire(std::unique_ptr<worker> w);
   /// Waits until every worker given to retire() so far has been killed and reaped.
   void await_retired();
+  /// Retires every idle worker (after a device fault that ended their contexts: under MPS a
+  /// faulted client's error reaches every client); the refill threads start new ones.
+  void discard_idle();
 
   /// An evaluation begins or ends (evaluator.refill when-idle refills only while none is in
   /// flight).

@@ -21,6 +21,7 @@
 #include "env/compare.hpp"
 #include "env/device_agent.hpp"
 #include "env/device_bytes.hpp"
+#include "tests/gpu/evaluator_util.hpp"
 #include "tests/gpu/uploaded.hpp"
 #include "env/evaluator.hpp"
 #include "env/task.hpp"
@@ -39,38 +40,12 @@ using crucible::testing::uploaded;
 using crucible::testing::check_expected;
 using crucible::testing::read_expectation;
 using crucible::testing::read_text;
+using crucible::testing::short_evaluator;
+using crucible::testing::check_faults_stay_their_own;
 
 namespace {
 
 const fs::path source_dir{CRUCIBLE_SOURCE_DIR};
-
-// An evaluator on cuda:0 with short timing (10 rounds), outputs compared on the device or as
-// host bytes; its build service's cache in `extensions_dir` where given. (No
-// REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on success too.)
-// `adjust`, where given, changes the options last (concurrency, timeouts).
-std::unique_ptr<device_evaluator> short_evaluator(bool on_device, logger& log, const fs::path& extensions_dir = {},
-                                                  bool cuda_boundary = false,
-                                                  const std::function<void(evaluator_options&)>& adjust = {}) {
-  evaluator_options opt;
-  opt.devices = {"cuda:0"};
-  opt.outputs_on_device = on_device;
-  opt.cuda_boundary = cuda_boundary; // the reference and the candidate in two workers (env/boundary.cpp)
-  if (!extensions_dir.empty())
-    opt.extensions_dir = extensions_dir.string();
-  opt.rounds = 10;
-  opt.max_rounds = 10;
-  opt.warmup_ms = 20;
-  if (adjust)
-    adjust(opt);
-  auto where = locate_harness(opt);
-  if (!where)
-    FAIL(where.error().message);
-  auto ev = device_evaluator::create(opt, reward_options{}, *where, "cuda:0", log, nullptr);
-  if (!ev)
-    FAIL(ev.error().message);
-  return std::move(*ev);
-}
-
 
 std::uint16_t to_half(float f) {
   // Round to nearest even through the float's bits (normal range; tests stay well inside it).
@@ -610,39 +585,13 @@ TEST_CASE("a legitimate candidate that reuses its output buffer is ok across the
 }
 
 TEST_CASE("a candidate's fault stays its own: an illegal address, a kernel that never ends, one left running, with another verdict in flight") {
-  // Each fault candidate of tests/candidates/gpu/faults is judged across the boundary while a
-  // legitimate candidate is judged beside it on the same device (evaluator.concurrency 2): the fault
-  // gets its own verdict (runtime_error or timeout, never ok), the other verdict is ok, and a verdict
-  // after them all is ok (the evaluator, the reference's workers and the device go on).
   system_clock clk;
   logger log{clk, log_level::warn};
   auto ev = short_evaluator(true, log, {}, true, [](evaluator_options& opt) {
     opt.concurrency = 2;
     opt.run_timeout_s = 30;
   });
-  auto task = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
-  REQUIRE(task.ok());
-  const auto legit = read_text(source_dir / "env" / "tasks" / "cpu" / "variants" / "01_relu_scale" / "fast_inplace.py");
-  std::vector<fs::path> faults;
-  for (const auto& e : fs::directory_iterator(source_dir / "tests" / "candidates" / "gpu" / "faults"))
-    if (e.path().extension() == ".py")
-      faults.push_back(e.path());
-  std::sort(faults.begin(), faults.end());
-  REQUIRE(faults.size() >= 3);
-  for (const auto& path : faults) {
-    auto beside = std::async(std::launch::async, [&] { return ev->evaluate(eval_request{*task, legit, 0, false}); });
-    auto v = ev->evaluate(eval_request{*task, read_text(path), 0, false});
-    auto other = beside.get();
-    const auto name = path.filename().string();
-    INFO(name << ": " << to_string(v.status) << " " << v.message);
-    INFO("beside it: " << to_string(other.status) << " " << other.message);
-    MESSAGE(name << ": " << to_string(v.status) << " (" << v.message.substr(0, 160) << "); beside it " << to_string(other.status));
-    CHECK((v.status == verdict_status::runtime_error || v.status == verdict_status::timeout));
-    CHECK(other.status == verdict_status::ok);
-  }
-  auto after = ev->evaluate(eval_request{*task, legit, 0, false});
-  INFO(to_string(after.status) << " " << after.message);
-  CHECK(after.status == verdict_status::ok);
+  check_faults_stay_their_own(*ev);
 }
 
 TEST_CASE("the device agent does the evaluator's device work in a process of its own, and is started again after it ends") {

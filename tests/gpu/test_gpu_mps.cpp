@@ -1,0 +1,75 @@
+// The evaluator under CUDA MPS (evaluator.cuda_mps: on), in a process of its own since MPS and the
+// device agents are set up once a process: the agent does the evaluator's device work, a verdict
+// across the boundary keeps its speedup, and a candidate's fault, which MPS reports to every
+// client of the device, stays its own. Skipped where nvidia-cuda-mps-control is missing.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <regex>
+#include <string>
+
+#include "core/clock.hpp"
+#include "core/log.hpp"
+#include "env/device_agent.hpp"
+#include "env/evaluator.hpp"
+#include "env/mps.hpp"
+#include "env/task.hpp"
+#include "tests/gpu/evaluator_util.hpp"
+#include "tests/test_util/read_text.hpp"
+
+using namespace crucible;
+using namespace crucible::env;
+using crucible::testing::check_faults_stay_their_own;
+using crucible::testing::gpu_source_dir;
+using crucible::testing::read_text;
+using crucible::testing::short_evaluator;
+
+namespace {
+bool have_mps_control() {
+  for (const char* p : {"/usr/bin/nvidia-cuda-mps-control", "/usr/local/bin/nvidia-cuda-mps-control",
+                        "/usr/local/cuda/bin/nvidia-cuda-mps-control"})
+    if (::access(p, X_OK) == 0)
+      return true;
+  return false;
+}
+} // namespace
+
+TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, verdicts keep their speedups, and a fault stays its candidate's") {
+  if (!have_mps_control()) {
+    MESSAGE("nvidia-cuda-mps-control not found: skipped");
+    return;
+  }
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto ev = short_evaluator(true, log, {}, true, [](evaluator_options& opt) {
+    opt.cuda_mps = cuda_mps_mode::on;
+    opt.concurrency = 2;
+    opt.run_timeout_s = 30;
+  });
+  REQUIRE(device_agent_running(0));
+  CHECK(device_agent_pid(0) > 0);
+  CHECK_FALSE(cuda_mps_pipe().empty());
+  MESSAGE("agent pid " << device_agent_pid(0) << ", MPS pipe " << cuda_mps_pipe());
+
+  const auto& src = gpu_source_dir();
+  for (const char* t : {"01_relu_scale:fast_inplace", "04_layernorm_manual:fast_functional", "09_diag_matmul:fast_broadcast"}) {
+    const std::string pair = t;
+    const auto name = pair.substr(0, pair.find(':'));
+    const auto variant = pair.substr(pair.find(':') + 1);
+    auto task = load_task(src / "env" / "tasks" / "cpu" / (name + ".py"));
+    REQUIRE(task.ok());
+    auto fast = ev->evaluate(eval_request{*task, read_text(src / "env" / "tasks" / "cpu" / "variants" / name / (variant + ".py")), 0, false});
+    // The task's reference as its own candidate (as tools/bench/reference_as_candidate.py makes it).
+    const auto itself = std::regex_replace(read_text(src / "env" / "tasks" / "cpu" / (name + ".py")), std::regex{"\\bModel\\b"}, "ModelNew");
+    auto same = ev->evaluate(eval_request{*task, itself, 0, false});
+    MESSAGE(name << ": " << variant << " " << to_string(fast.status) << " " << fast.speedup << "x; the reference against itself "
+                 << to_string(same.status) << " " << same.speedup << "x (" << same.message.substr(0, 100) << ")");
+    CHECK(fast.status == verdict_status::ok);
+    CHECK(fast.speedup > 1.0);
+    CHECK(same.status == verdict_status::ok);
+  }
+  const auto generation = device_agent_generation(0);
+  check_faults_stay_their_own(*ev);
+  MESSAGE("device agents started: " << device_agent_generation(0) << " (before the faults: " << generation << ")");
+}
