@@ -72,4 +72,22 @@ TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, ver
   const auto generation = device_agent_generation(0);
   check_faults_stay_their_own(*ev);
   MESSAGE("device agents started: " << device_agent_generation(0) << " (before the faults: " << generation << ")");
+
+  // The attacks on the MPS set-up itself (tests/candidates/gpu/boundary): guessed IPC handles of
+  // the reference worker's exports, and the control daemon told to throttle new servers and quit.
+  // Neither is credited, and a legitimate verdict after them keeps its speedup.
+  auto task = load_task(src / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE(task.ok());
+  const auto legit = read_text(src / "env" / "tasks" / "cpu" / "variants" / "01_relu_scale" / "fast_inplace.py");
+  auto before = ev->evaluate(eval_request{*task, legit, 0, false});
+  for (const char* hack : {"hack_ipc_guess.py", "hack_mps_control.py"}) {
+    auto v = ev->evaluate(eval_request{*task, read_text(src / "tests" / "candidates" / "gpu" / "boundary" / hack), 0, false});
+    MESSAGE(hack << ": " << to_string(v.status) << " " << v.speedup << "x " << v.message.substr(0, 160));
+    CHECK((v.status != verdict_status::ok || v.speedup < 1.05));
+    auto after = ev->evaluate(eval_request{*task, legit, 0, false});
+    MESSAGE("  a legitimate verdict after it: " << to_string(after.status) << " " << after.speedup << "x (before: " << before.speedup
+                                                 << "x) " << after.message.substr(0, 120));
+    CHECK(after.status == verdict_status::ok);
+    CHECK(after.speedup > 0.9 * before.speedup);
+  }
 }
