@@ -323,6 +323,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     verdict v;
     bool lost_worker = false;
     bool device_fault = false;    // its device's agent ended while it ran (env/device_agent.hpp)
+    std::string mps_changed;      // what of the MPS daemon was changed while it ran (check_cuda_mps)
     std::uint64_t task_bytes = 0; // one trial's inputs and reference outputs
   };
   const int agent_device = outputs_device_ >= 0 && device_agent_running(outputs_device_) ? outputs_device_ : -1;
@@ -352,6 +353,8 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     // Under MPS a fault of any client ends every client's context on the device, the agent's and
     // other verdicts' workers included: a verdict that did not end ok while the agent ended (or
     // that ends with it no longer taking work) may carry another candidate's fault.
+    if (agent_device >= 0)
+      a.mps_changed = check_cuda_mps(log_); // a candidate can reach the daemon's control socket
     if (agent_device >= 0 && a.v.status != verdict_status::ok)
       a.device_fault = device_agent_generation(agent_device) != agents_before || !device_agent_alive(agent_device);
     return a;
@@ -376,6 +379,28 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       if (second.v.status == verdict_status::runtime_error && out_of_device_memory(second.v.message))
         second.v.message += " (alone on the device as well)";
       return second.v;
+    }
+    if (!first.mps_changed.empty()) {
+      // The daemon was changed while this verdict ran (and has been started again): judged again
+      // alone on new workers, a candidate that changes it again is the one that did.
+      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.mps_changed,
+                " during this verdict; judging it again alone on the device");
+      pool_->discard_idle();
+      (void) device_agent_alive(agent_device);
+      auto again = pool_->start_fresh();
+      if (!again)
+        return first.v;
+      auto second = run_once(*again, true, true);
+      if (second.mps_changed.empty())
+        return second.v;
+      verdict refused = second.v;
+      refused.status = verdict_status::rejected;
+      refused.speedup = NAN;
+      refused.speedup_spread = NAN;
+      refused.checks_failed.push_back("runtime:mps_control");
+      refused.message = "the candidate changed the device's MPS control daemon (" + second.mps_changed
+                        + "), judged alone on the device; its socket is reachable by every client, and what it sets reaches every later verdict";
+      return refused;
     }
     if (first.device_fault) {
       // Judged again alone on the device, on new workers, once the agent has started again (its

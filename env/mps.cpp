@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -284,7 +285,8 @@ result<void> start(daemon_state& s, logger& log) {
     ::_exit(127);
   }
   s.pid = pid;
-  std::atexit(stop_at_exit);
+  static const bool once = (std::atexit(stop_at_exit), true);
+  (void) once;
   // Ready once its control socket exists (and it still runs).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
@@ -506,6 +508,81 @@ std::string cuda_mps_pipe() {
   auto& s = state();
   std::lock_guard lock{s.m};
   return s.clients_pipe;
+}
+
+namespace {
+
+// The control daemon's answer to one command, its first number; NaN where it gave none.
+double ask_number(const std::string& program, const std::string& pipe, const std::string& command) {
+  std::string out;
+  if (run_with(program, {}, {"CUDA_MPS_PIPE_DIRECTORY=" + pipe}, command + "\n", 10.0, &out) != 0)
+    return std::nan("");
+  std::stringstream ss{out};
+  double v = 0;
+  return ss >> v ? v : std::nan("");
+}
+
+// What is not as this process left it, empty where all is: the daemon running, and the share of
+// the device its servers give each client (100 unless set, which nothing of crucible's does).
+std::string what_changed(daemon_state& s, const std::string& program, const std::string& pipe) {
+  if (s.pid > 0) {
+    int status = 0;
+    if (::waitpid(s.pid, &status, WNOHANG) == s.pid) {
+      s.pid = -1;
+      return "the MPS control daemon exited";
+    }
+  }
+  const double all = ask_number(program, pipe, "get_default_active_thread_percentage");
+  if (std::isnan(all))
+    return "the MPS control daemon does not answer";
+  if (std::fabs(all - 100.0) > 1e-6)
+    return "the MPS default active thread percentage is " + std::to_string(all);
+  std::string servers;
+  (void) run_with(program, {}, {"CUDA_MPS_PIPE_DIRECTORY=" + pipe}, "get_server_list\n", 10.0, &servers);
+  for (const pid_t server : pids_in(servers)) {
+    const double one = ask_number(program, pipe, "get_active_thread_percentage " + std::to_string(server));
+    if (!std::isnan(one) && std::fabs(one - 100.0) > 1e-6)
+      return "the MPS server " + std::to_string(server) + "'s active thread percentage is " + std::to_string(one);
+  }
+  return {};
+}
+
+} // namespace
+
+std::string check_cuda_mps(logger& log) {
+  auto& s = state();
+  std::lock_guard lock{s.m};
+  if (s.clients_pipe.empty())
+    return {};
+  const std::string program = s.program.empty() ? find_program() : s.program;
+  if (program.empty())
+    return {};
+  auto changed = what_changed(s, program, s.clients_pipe);
+  if (changed.empty())
+    return {};
+  if (s.dir.empty() || s.clients_pipe != (s.dir / "pipe").string()) {
+    log.error("evaluator", "CUDA MPS: ", changed, " (the user's own daemon, ", s.clients_pipe, "; left as it is)");
+    return changed;
+  }
+  // This process's daemon: its clients ended, it told to quit, and a new one started in its place.
+  log.warn("evaluator", "CUDA MPS: ", changed, "; starting the control daemon again");
+  clear_clients(-1);
+  if (s.pid > 0) {
+    quit_daemon(program, s.dir / "pipe");
+    int status = 0;
+    for (int i = 0; i < 500 && ::waitpid(s.pid, &status, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (::waitpid(s.pid, &status, WNOHANG) == 0) {
+      ::kill(s.pid, SIGKILL);
+      ::waitpid(s.pid, &status, 0);
+    }
+    s.pid = -1;
+  }
+  if (auto r = start(s, log); !r) {
+    log.error("evaluator", "CUDA MPS: the control daemon did not start again: ", r.error().message);
+    s.clients_pipe.clear(); // workers started from now on are no clients; the agents end with their next fault
+  }
+  return changed;
 }
 
 } // namespace crucible::env

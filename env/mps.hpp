@@ -55,6 +55,13 @@ mps_identity mps_client_identity();
 /// an agent that does not.
 result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<std::string>& devices, logger& log);
 
+/// Whether the MPS daemon the workers and agents are clients of is as this process left it (a
+/// candidate reaches its control socket: every client must): running, and giving every client the
+/// whole device (active thread percentage 100). Where it is not, this process's own daemon is
+/// started again (its clients ended first) and what had changed is returned; a daemon of the
+/// user's own is only reported. Empty where all is as it was, or MPS is not used.
+std::string check_cuda_mps(logger& log);
+
 /// The pipe directory the workers and agents connect to (this process's daemon's or the user's);
 /// empty where MPS is not used.
 std::string cuda_mps_pipe();

@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # tools/bench/mps_boundary.sh [MODE...]: what the device's switches between contexts cost a verdict
 # across the CUDA boundary, and whether CUDA MPS takes them out (docs/PERFORMANCE.md, "The CUDA
-# boundary's context switches: MPS (issue 85, first measurement)"). On one GPU, run as root on a
+# boundary's context switches: MPS (issue 85, first measurement)" and "Sealed copies across the
+# CUDA boundary"). On one GPU, run as root on a
 # lent machine after its set-up (tools/bench/lent_machine.sh; a build in BUILD, default build-gpu).
 # Modes, each one `crucible eval --pairs PAIRS --device cuda:0 --no-cache` into OUT/rec_MODE.jsonl
 # (default: all, in this order):
 #   shared         the shared path
 #   boundary       evaluator.cuda_boundary=true
 #   user           the same, the whole evaluator run as user 65534 (the control for mps)
-#   mps            the same with an MPS control daemon for the device, evaluator and workers its
-#                  clients: both run as 65534 (MPS serves one user at a time), the workers' control
-#                  group delegated to that user, the daemon's pipe directory (/tmp/nvidia-mps)
-#                  bound into the workers' private /tmp through LD_LIBRARY_PATH (whose /tmp entries
-#                  the sandbox binds back); OUT/mps_MODE/ keeps the daemon's logs
+#   mps            the same with an MPS control daemon of the script's (root's, its pipe directory
+#                  /tmp/nvidia-mps open to every user) given to crucible as CUDA_MPS_PIPE_DIRECTORY
+#                  with evaluator.cuda_mps=on: the evaluator's device agent (env/device_agent.hpp)
+#                  and the workers, both as nobody, are its clients; OUT/mps_MODE/ keeps the
+#                  daemon's logs
 #   mps_shared     the shared path under the same MPS set-up
 #   mps_self       mps on SELF (the CPU suite's references against themselves,
 #                  tools/bench/reference_as_candidate.py)
 #   user_self      user on SELF
-#   own            the boundary with the evaluator's own MPS daemon (evaluator.cuda_mps=on), run
-#                  as 65534 (the evaluator starts the daemon, sets its pipe directory for itself and
-#                  its workers); own_shared and own_self: the shared path, and SELF, so
-# Every other mode sets evaluator.cuda_mps=off (the script's daemon, or none).
+#   own            the boundary with the evaluator's own MPS daemon (evaluator.cuda_mps=on), run as
+#                  root (the agent and the workers as nobody); own_shared and own_self: the shared
+#                  path, and SELF, so
+# Modes without MPS set evaluator.cuda_mps=off.
 # PAIRS (default OUT/pairs.jsonl, made from data/cuda-l1/3090.json, tools/bench/fetch_cuda_l1.sh):
 # CUDA-L1's kernels for KernelBench level 1 tasks 12, 40, 53 and level 2 task 14, and task 40's
 # reference as its own candidate. CRUCIBLE: the binary (default BUILD/tools/crucible). EVAL_ARGS:
@@ -97,13 +98,13 @@ for mode in "${modes[@]}"; do
     shared) ;;
     boundary) args+=("${B[@]}") ;;
     user) args+=("${B[@]}"); user=1 ;;
-    mps) args+=("${B[@]}"); user=1; mps=1 ;;
-    mps_shared) user=1; mps=1 ;;
-    mps_self) args+=("${B[@]}"); user=1; mps=1; pairs=$SELF ;;
+    mps) args=("${ON[@]}" "${B[@]}"); mps=1 ;;
+    mps_shared) args=("${ON[@]}"); mps=1 ;;
+    mps_self) args=("${ON[@]}" "${B[@]}"); mps=1; pairs=$SELF ;;
     user_self) args+=("${B[@]}"); user=1; pairs=$SELF ;;
-    own) args=("${ON[@]}" "${B[@]}"); user=1 ;;
-    own_shared) args=("${ON[@]}"); user=1 ;;
-    own_self) args=("${ON[@]}" "${B[@]}"); user=1; pairs=$SELF ;;
+    own) args=("${ON[@]}" "${B[@]}") ;;
+    own_shared) args=("${ON[@]}") ;;
+    own_self) args=("${ON[@]}" "${B[@]}"); pairs=$SELF ;;
     *) echo "mps_boundary: unknown mode '$mode' (--help)" >&2; exit 2 ;;
   esac
   # Pairs and records where user 65534 reaches them; the records are copied to OUT afterwards.
@@ -120,8 +121,7 @@ for mode in "${modes[@]}"; do
   s=$(date +%s)
   if ((mps)); then
     mps_start
-    ( export CUDA_MPS_PIPE_DIRECTORY=$PIPE LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PIPE"; as_user "${cmd[@]}" ) \
-      > "$OUT/sum_$mode.json" 2> "$OUT/err_$mode.log"
+    CUDA_MPS_PIPE_DIRECTORY=$PIPE "${cmd[@]}" > "$OUT/sum_$mode.json" 2> "$OUT/err_$mode.log"
     mps_stop "$OUT/mps_$mode"
   elif ((user)); then
     as_user "${cmd[@]}" > "$OUT/sum_$mode.json" 2> "$OUT/err_$mode.log"
