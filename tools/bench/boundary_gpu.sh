@@ -18,6 +18,8 @@
 #   hacks     each hack of tests/candidates/boundary and tests/candidates/gpu/boundary (or the
 #             files of HACKS) on its task on cuda:0, cuda_boundary false then true (HACK_MODES):
 #             OUT/hacks.jsonl, one line a verdict (file, mode, status, speedup, checks, wall time)
+# EVAL_ARGS: more `crucible eval` options for the identity, kb, pairs and hacks steps (e.g.
+# "--set evaluator.cuda_mps=on": the boundary under MPS with the evaluator's device agent).
 # CRUCIBLE and TEST_GPU_EVALUATOR: binaries built earlier (no build then); TEST_CASES: the test
 # step's cases (doctest -tc, default its CPU-suite case), TEST_TIMEOUT_S its limit (200).
 # PYTHON: the interpreter with torch (default .venv/bin/python, else python3). On a lent machine:
@@ -64,7 +66,7 @@ for step in "${STEPS[@]}"; do
         s=$(date +%s)
         rm -f "$OUT/selfc_$mode.jsonl"
         timeout 200 "$C" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --no-cache --json \
-          --set evaluator.cuda_boundary="$mode" --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
+          --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
         echo "identity cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfc_$mode.jsonl" --self 2>&1 | tail -4
       done ;;
@@ -79,7 +81,7 @@ for step in "${STEPS[@]}"; do
         s=$(date +%s)
         rm -f "$OUT/selfkb_$mode.jsonl"
         timeout "${KB_TIMEOUT_S:-900}" "$C" eval --pairs /tmp/selfkb/first.tsv --device cuda:0 --no-cache --json \
-          --set evaluator.cuda_boundary="$mode" --out "$OUT/selfkb_$mode.jsonl" > /dev/null 2> "$OUT/selfkb_$mode.err"
+          --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/selfkb_$mode.jsonl" > /dev/null 2> "$OUT/selfkb_$mode.err"
         echo "kb cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfkb_$mode.jsonl" --self 2>&1 | tail -8
       done ;;
@@ -88,7 +90,7 @@ for step in "${STEPS[@]}"; do
         s=$(date +%s)
         rm -f "$OUT/pairs_$mode.jsonl"
         timeout "${PAIRS_TIMEOUT_S:-600}" "$C" eval --pairs "${PAIRS:-data/l1sub/pairs.tsv}" --device cuda:0 --no-cache --json \
-          --set evaluator.cuda_boundary="$mode" --out "$OUT/pairs_$mode.jsonl" > "$OUT/pairs_$mode.json" 2> "$OUT/pairs_$mode.err"
+          --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/pairs_$mode.jsonl" > "$OUT/pairs_$mode.json" 2> "$OUT/pairs_$mode.err"
         echo "pairs cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" -c 'import json, sys
 for line in open(sys.argv[1]):
@@ -99,12 +101,12 @@ for line in open(sys.argv[1]):
       done ;;
     hacks)
       rm -f "$OUT/hacks.jsonl"
-      # shellcheck disable=SC2086 # HACKS is a list of files
+      # shellcheck disable=SC2086 # HACKS and EVAL_ARGS are lists
       for f in ${HACKS:-tests/candidates/boundary/hack_*.py tests/candidates/gpu/boundary/hack_*.py}; do
         task="$(sed -n 's/^# task:[[:space:]]*//p' "$f" | head -1)"
         for mode in ${HACK_MODES:-false true}; do
           timeout 300 "$C" eval --task "$task" --candidate "$f" --device cuda:0 --json --no-cache \
-            --set evaluator.cuda_boundary="$mode" 2>>"$OUT/hacks.err" |
+            --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} 2>>"$OUT/hacks.err" |
             "$PYTHON" -c 'import json, sys
 for line in sys.stdin:
     if line.startswith("{"):
