@@ -433,28 +433,71 @@ link* route(const device_bytes& b) noexcept {
   return r == nullptr ? nullptr : r->owner();
 }
 
-result<std::shared_ptr<device_bytes>> map_exported(link& l, int device, std::string_view handle_hex, std::uint64_t offset,
-                                                   std::uint64_t bytes, std::uint64_t align) {
-  auto r = l.call(w::op::map_exported, [&](w::out& f) {
-    f.put<std::int32_t>(device);
-    f.text(handle_hex);
-    f.put(offset);
-    f.put(bytes);
-    f.put(align);
+namespace {
+
+void put_one(w::out& f, std::string_view s) { f.text(s); }
+void put_one(w::out& f, const w::raw& r) { f.append(r.fields); }
+template <class T>
+void put_one(w::out& f, const T& v) {
+  f.put(v);
+}
+
+// A request: the ids of `objects` where its op takes a list (count first; each the agent's, or an
+// error before anything is sent), then `args` in order.
+template <class... A>
+result<w::in> ask(link& l, w::op what, const std::vector<const device_bytes*>& objects, const A&... args) {
+  std::vector<std::uint64_t> ids;
+  for (const auto* b : objects) {
+    auto id = id_of(l, b);
+    if (!id)
+      return id.error();
+    ids.push_back(*id);
+  }
+  return l.call(what, [&](w::out& f) {
+    if (w::takes_list(what)) {
+      f.put<std::uint64_t>(ids.size());
+      for (auto id : ids)
+        f.put(id);
+    }
+    (put_one(f, args), ...);
   });
+}
+
+template <class... A>
+result<std::shared_ptr<device_bytes>> ask_object(link& l, w::op what, const std::vector<const device_bytes*>& objects,
+                                                 const A&... args) {
+  auto r = ask(l, what, objects, args...);
   if (!r)
     return r.error();
   return read_bytes(l, *r);
 }
 
-result<std::shared_ptr<device_bytes>> map_allocation(link& l, int device, std::string_view handle_hex) {
-  auto r = l.call(w::op::map_allocation, [&](w::out& f) {
-    f.put<std::int32_t>(device);
-    f.text(handle_hex);
-  });
+template <class... A>
+result<void> ask_done(link& l, w::op what, const std::vector<const device_bytes*>& objects, const A&... args) {
+  auto r = ask(l, what, objects, args...);
   if (!r)
     return r.error();
-  return read_bytes(l, *r);
+  return {};
+}
+
+std::vector<const device_bytes*> flat(const std::vector<device_copy>& copies) {
+  std::vector<const device_bytes*> list;
+  for (const auto& c : copies) {
+    list.push_back(c.dst);
+    list.push_back(c.src);
+  }
+  return list;
+}
+
+} // namespace
+
+result<std::shared_ptr<device_bytes>> map_exported(link& l, int device, std::string_view handle_hex, std::uint64_t offset,
+                                                   std::uint64_t bytes, std::uint64_t align) {
+  return ask_object(l, w::op::map_exported, {}, std::int32_t{device}, handle_hex, offset, bytes, align);
+}
+
+result<std::shared_ptr<device_bytes>> map_allocation(link& l, int device, std::string_view handle_hex) {
+  return ask_object(l, w::op::map_allocation, {}, std::int32_t{device}, handle_hex);
 }
 
 result<std::shared_ptr<device_bytes>> subspan(link& l, const device_bytes& parent, std::uint64_t offset, std::uint64_t bytes,
@@ -462,90 +505,39 @@ result<std::shared_ptr<device_bytes>> subspan(link& l, const device_bytes& paren
   auto id = id_of(l, &parent);
   if (!id)
     return id.error();
-  auto r = l.call(w::op::subspan, [&](w::out& f) {
-    f.put(*id);
-    f.put(offset);
-    f.put(bytes);
-    f.put(align);
-  });
-  if (!r)
-    return r.error();
-  return read_bytes(l, *r);
+  return ask_object(l, w::op::subspan, {}, *id, offset, bytes, align);
 }
 
 result<std::shared_ptr<device_bytes>> allocate_owned(link& l, int device, std::uint64_t bytes) {
-  auto r = l.call(w::op::allocate_owned, [&](w::out& f) {
-    f.put<std::int32_t>(device);
-    f.put(bytes);
-  });
-  if (!r)
-    return r.error();
-  return read_bytes(l, *r);
+  return ask_object(l, w::op::allocate_owned, {}, std::int32_t{device}, bytes);
 }
 
 result<void> upload(link& l, const device_bytes& dst, const std::byte* src, std::uint64_t bytes) {
   auto id = id_of(l, &dst);
   if (!id)
     return id.error();
-  auto r = l.call(w::op::upload, [&](w::out& f) {
-    f.put(*id);
-    f.bytes(src, bytes);
-  });
-  if (!r)
-    return r.error();
-  return {};
+  return ask_done(l, w::op::upload, {}, *id, std::string_view{reinterpret_cast<const char*>(src), bytes});
 }
 
-result<void> copy_all(link& l, const std::vector<device_copy>& copies) {
-  std::vector<const device_bytes*> list;
-  for (const auto& c : copies) {
-    list.push_back(c.dst);
-    list.push_back(c.src);
-  }
-  w::out probe;
-  if (auto p = put_ids(l, probe, list); !p)
-    return p.error();
-  auto r = l.call(w::op::copy_all, [&](w::out& f) { (void) put_ids(l, f, list); });
-  if (!r)
-    return r.error();
-  return {};
-}
+result<void> copy_all(link& l, const std::vector<device_copy>& copies) { return ask_done(l, w::op::copy_all, flat(copies)); }
 
 result<void> fill_all(link& l, const std::vector<const device_bytes*>& spans, unsigned char value) {
-  w::out probe;
-  if (auto p = put_ids(l, probe, spans); !p)
-    return p.error();
-  auto r = l.call(w::op::fill_all, [&](w::out& f) {
-    (void) put_ids(l, f, spans);
-    f.put(value);
-  });
-  if (!r)
-    return r.error();
-  return {};
+  return ask_done(l, w::op::fill_all, spans, value);
 }
 
 result<double> fastest_fill_ms(link& l, int device, std::uint64_t bytes) {
-  auto r = l.call(w::op::fastest_fill_ms, [&](w::out& f) {
-    f.put<std::int32_t>(device);
-    f.put(bytes);
-  });
+  auto r = ask(l, w::op::fastest_fill_ms, {}, std::int32_t{device}, bytes);
   if (!r)
     return r.error();
   return r->get<double>();
 }
 
 result<void> flush_device_cache(link& l, int device, std::uint64_t bytes) {
-  auto r = l.call(w::op::flush_cache, [&](w::out& f) {
-    f.put<std::int32_t>(device);
-    f.put(bytes);
-  });
-  if (!r)
-    return r.error();
-  return {};
+  return ask_done(l, w::op::flush_cache, {}, std::int32_t{device}, bytes);
 }
 
 result<std::unique_ptr<device_clock>> make_device_clock(link& l, int device) {
-  auto r = l.call(w::op::clock_make, [&](w::out& f) { f.put<std::int32_t>(device); });
+  auto r = ask(l, w::op::clock_make, {}, std::int32_t{device});
   if (!r)
     return r.error();
   const auto id = r->get<std::uint64_t>();
@@ -556,17 +548,11 @@ result<std::shared_ptr<device_bytes>> copy_to_owned(link& l, const device_bytes&
   auto id = id_of(l, &src);
   if (!id)
     return id.error();
-  auto r = l.call(w::op::copy_to_owned, [&](w::out& f) { f.put(*id); });
-  if (!r)
-    return r.error();
-  return read_bytes(l, *r);
+  return ask_object(l, w::op::copy_to_owned, {}, *id);
 }
 
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(link& l, const std::vector<const device_bytes*>& srcs) {
-  w::out probe;
-  if (auto p = put_ids(l, probe, srcs); !p)
-    return p.error();
-  auto r = l.call(w::op::copy_all_to_owned, [&](w::out& f) { (void) put_ids(l, f, srcs); });
+  auto r = ask(l, w::op::copy_all_to_owned, srcs);
   if (!r)
     return r.error();
   return read_list(l, *r);
@@ -576,7 +562,7 @@ result<std::vector<std::byte>> download(link& l, const device_bytes& src) {
   auto id = id_of(l, &src);
   if (!id)
     return id.error();
-  auto r = l.call(w::op::download, [&](w::out& f) { f.put(*id); });
+  auto r = ask(l, w::op::download, {}, *id);
   if (!r)
     return r.error();
   const auto s = r->text();
@@ -594,18 +580,14 @@ result<std::vector<device_difference>> compare_all(link& l, const std::vector<de
     if (compare)
       list.push_back(p.got);
   }
-  w::out probe;
-  if (auto p = put_ids(l, probe, list); !p)
-    return p.error();
-  auto r = l.call(compare ? w::op::compare_all : w::op::scale, [&](w::out& f) {
-    (void) put_ids(l, f, list);
-    for (const auto& p : pairs) {
-      f.put(p.type);
-      f.put(p.n);
-      f.put(p.tol);
-      f.put(p.slack);
-    }
-  });
+  w::out fields;
+  for (const auto& p : pairs) {
+    fields.put(p.type);
+    fields.put(p.n);
+    fields.put(p.tol);
+    fields.put(p.slack);
+  }
+  auto r = ask(l, compare ? w::op::compare_all : w::op::scale, list, w::raw{fields.data()});
   if (!r)
     return r.error();
   std::vector<device_difference> out(pairs.size());
@@ -617,24 +599,13 @@ result<std::vector<device_difference>> compare_all(link& l, const std::vector<de
 }
 
 result<void> keep_freed_memory(link& l, int device, std::uint64_t bytes) {
-  auto r = l.call(w::op::keep_freed, [&](w::out& f) {
-    f.put<std::int32_t>(device);
-    f.put(bytes);
-  });
-  if (!r)
-    return r.error();
-  return {};
+  return ask_done(l, w::op::keep_freed, {}, std::int32_t{device}, bytes);
 }
 
-result<void> release_freed_memory(link& l, int device) {
-  auto r = l.call(w::op::release_freed, [&](w::out& f) { f.put<std::int32_t>(device); });
-  if (!r)
-    return r.error();
-  return {};
-}
+result<void> release_freed_memory(link& l, int device) { return ask_done(l, w::op::release_freed, {}, std::int32_t{device}); }
 
 result<std::string> device_name(link& l, int device) {
-  auto r = l.call(w::op::device_name, [&](w::out& f) { f.put<std::int32_t>(device); });
+  auto r = ask(l, w::op::device_name, {}, std::int32_t{device});
   if (!r)
     return r.error();
   return r->text();

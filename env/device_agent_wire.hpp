@@ -48,6 +48,17 @@ enum class op : std::uint32_t {
   probe,
 };
 
+/// Whether a request of `what` starts with a list of objects (its count, then their ids).
+inline bool takes_list(op what) noexcept {
+  return what == op::copy_all || what == op::fill_all || what == op::copy_all_to_owned || what == op::compare_all
+         || what == op::scale;
+}
+
+/// Fields already written (another frame's), to be appended as they are.
+struct raw {
+  const std::string& fields;
+};
+
 /// A frame being written.
 class out {
 public:
@@ -152,23 +163,32 @@ inline bool recv_frame(int fd, std::string& frame) {
   return read_all(fd, frame.data(), n);
 }
 
-/// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS): a new connection for the agent to serve.
-inline bool send_fd(int sock, int fd) {
+// One byte and room for one descriptor: the message send_fd and recv_fd exchange.
+struct fd_message {
   char byte = 'c';
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
   msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  fd_message() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  fd_message(const fd_message&) = delete;
+  fd_message& operator=(const fd_message&) = delete;
+};
+
+/// Sends `fd` over the Unix socket `sock` (SCM_RIGHTS): a new connection for the agent to serve.
+inline bool send_fd(int sock, int fd) {
+  fd_message m;
+  cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
   for (;;) {
-    const auto r = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    const auto r = ::sendmsg(sock, &m.msg, MSG_NOSIGNAL);
     if (r < 0 && errno == EINTR)
       continue;
     return r == 1;
@@ -177,23 +197,16 @@ inline bool send_fd(int sock, int fd) {
 
 /// The descriptor sent by send_fd, -1 at the end of the stream.
 inline int recv_fd(int sock) {
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  fd_message m;
   for (;;) {
-    const auto r = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    const auto r = ::recvmsg(sock, &m.msg, MSG_CMSG_CLOEXEC);
     if (r < 0 && errno == EINTR)
       continue;
     if (r != 1)
       return -1;
     break;
   }
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m.msg); c != nullptr; c = CMSG_NXTHDR(&m.msg, c))
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       int fd = -1;
       std::memcpy(&fd, CMSG_DATA(c), sizeof fd);

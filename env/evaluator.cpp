@@ -380,43 +380,42 @@ verdict device_evaluator::evaluate(const eval_request& req) {
         second.v.message += " (alone on the device as well)";
       return second.v;
     }
-    if (!first.mps_changed.empty()) {
-      // The daemon was changed while this verdict ran (and has been started again): judged again
-      // alone on new workers, a candidate that changes it again is the one that did.
-      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.mps_changed,
-                " during this verdict; judging it again alone on the device");
-      pool_->discard_idle();
-      (void) device_agent_alive(agent_device);
-      auto again = pool_->start_fresh();
-      if (!again)
-        return first.v;
-      auto second = run_once(*again, true, true);
-      if (second.mps_changed.empty())
-        return second.v;
-      verdict refused = second.v;
-      refused.status = verdict_status::rejected;
-      refused.speedup = NAN;
-      refused.speedup_spread = NAN;
-      refused.checks_failed.push_back("runtime:mps_control");
-      refused.message = "the candidate changed the device's MPS control daemon (" + second.mps_changed
-                        + "), judged alone on the device; its socket is reachable by every client, and what it sets reaches every later verdict";
-      return refused;
-    }
-    if (first.device_fault) {
-      // Judged again alone on the device, on new workers, once the agent has started again (its
-      // restart first ends this process's other clients of the faulted server, the idle workers
-      // among them): a candidate that faults alone is the one whose fault it was.
-      log_.warn("evaluator", device_, " ", req.target.name, ": the device's agent ended during this verdict (",
-                first.v.message.substr(0, 160), "); judging it again alone on the device");
+    // Under MPS, after a fault or a change to the daemon while this verdict ran: judged again alone
+    // on the device, on new workers, once the agent has started again (its restart first ends
+    // this process's other clients of the faulted server, the idle workers among them). A
+    // candidate that does it again alone is the one that did.
+    auto again_alone = [&](const std::string& what) -> std::optional<attempt> {
+      log_.warn("evaluator", device_, " ", req.target.name, ": ", what, " during this verdict (", first.v.message.substr(0, 160),
+                "); judging it again alone on the device");
       pool_->discard_idle();
       (void) device_agent_alive(agent_device); // started again here, before the new workers
       auto again = pool_->start_fresh();
       if (!again)
+        return std::nullopt;
+      return run_once(*again, true, true);
+    };
+    if (!first.mps_changed.empty()) {
+      auto second = again_alone(first.mps_changed);
+      if (!second)
         return first.v;
-      auto second = run_once(*again, true, true);
-      if (second.device_fault)
-        second.v.message += " (judged again alone on the device, it ended the device's agent again: the fault is its own)";
-      return second.v;
+      if (second->mps_changed.empty())
+        return second->v;
+      verdict refused = second->v;
+      refused.status = verdict_status::rejected;
+      refused.speedup = NAN;
+      refused.speedup_spread = NAN;
+      refused.checks_failed.push_back("runtime:mps_control");
+      refused.message = "the candidate changed the device's MPS control daemon (" + second->mps_changed
+                        + "), judged alone on the device; its socket is reachable by every client, and what it sets reaches every later verdict";
+      return refused;
+    }
+    if (first.device_fault) {
+      auto second = again_alone("the device's agent ended");
+      if (!second)
+        return first.v;
+      if (second->device_fault)
+        second->v.message += " (judged again alone on the device, it ended the device's agent again: the fault is its own)";
+      return second->v;
     }
     if (!first.lost_worker && !evaluator_failed)
       return first.v;

@@ -192,19 +192,27 @@ void quit_daemon(const std::string& program, const fs::path& pipe) {
   (void) run_with(program, {}, {"CUDA_MPS_PIPE_DIRECTORY=" + pipe.string()}, "quit\n", 10.0);
 }
 
-void stop_at_exit() {
-  auto& s = state();
+// This process's daemon told to quit and waited for (`wait_s`), killed after that.
+void stop_daemon(daemon_state& s, const std::string& program, double wait_s) {
   if (s.pid <= 0)
     return;
-  quit_daemon(s.program, s.dir / "pipe");
+  quit_daemon(program, s.dir / "pipe");
   int status = 0;
-  for (int i = 0; i < 200 && ::waitpid(s.pid, &status, WNOHANG) == 0; ++i)
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  while (::waitpid(s.pid, &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (::waitpid(s.pid, &status, WNOHANG) == 0) {
     ::kill(s.pid, SIGKILL);
     ::waitpid(s.pid, &status, 0);
   }
   s.pid = -1;
+}
+
+void stop_at_exit() {
+  auto& s = state();
+  if (s.pid <= 0)
+    return;
+  stop_daemon(s, s.program, 2.0);
   std::error_code ec;
   fs::remove_all(s.dir, ec);
 }
@@ -567,17 +575,7 @@ std::string check_cuda_mps(logger& log) {
   // This process's daemon: its clients ended, it told to quit, and a new one started in its place.
   log.warn("evaluator", "CUDA MPS: ", changed, "; starting the control daemon again");
   clear_clients(-1);
-  if (s.pid > 0) {
-    quit_daemon(program, s.dir / "pipe");
-    int status = 0;
-    for (int i = 0; i < 500 && ::waitpid(s.pid, &status, WNOHANG) == 0; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (::waitpid(s.pid, &status, WNOHANG) == 0) {
-      ::kill(s.pid, SIGKILL);
-      ::waitpid(s.pid, &status, 0);
-    }
-    s.pid = -1;
-  }
+  stop_daemon(s, program, 5.0);
   if (auto r = start(s, log); !r) {
     log.error("evaluator", "CUDA MPS: the control daemon did not start again: ", r.error().message);
     s.clients_pipe.clear(); // workers started from now on are no clients; the agents end with their next fault
