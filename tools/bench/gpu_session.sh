@@ -85,6 +85,11 @@ Modes (the goals table's row in brackets):
   boundary [STEP...]  [the trust boundary on CUDA] tools/bench/boundary_gpu.sh STEP... (fast, test,
                       identity; IDENTITY_MODES), built in BUILD (default /root/bg, outside the
                       checkout). Output: $OUT/selfc_MODE.jsonl, err_VARIANT.log, t_suite.log.
+  mps [MODE...]       [the CUDA boundary under MPS] a build (crucible, crucible-device,
+                      test_gpu_mps) in BUILD (default /root/bg), test_gpu_mps (the device agent,
+                      verdicts, identity, faults and the attacks on MPS; OUT/t_mps.log), then
+                      tools/bench/mps_boundary.sh MODE... (default "shared own own_self boundary")
+                      into OUT/mps (EVAL_ARGS, SELF_ORDER pass through).
 Environment: OUT (./gpu-out), OLD_SRC (old-src), SIDES, WAIT_S, SET, CONC, WARM, EVAL_ARGS,
 PRECISION_ONLY, STEPS, CHAIN_ARGS, PARTS, TORCH_CUDA_ARCH_LIST, and those of the scripts above.
 EOF
@@ -97,7 +102,7 @@ esac
 MODE="$1"
 shift
 case "$MODE" in
-  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size | multi | rate | boundary) ;;
+  throughput | precision | timing | hacks | variants | cuda_l1 | checks | sandbox | suite | decode | chain | grpo | dp | allreduce | real_size | multi | rate | boundary | mps) ;;
   *) echo "gpu_session: unknown mode '$MODE'" >&2; usage >&2; exit 2 ;;
 esac
 
@@ -106,7 +111,7 @@ cd "$ROOT" || exit 2
 # shellcheck source=tools/bench/lent_machine.sh
 source "$ROOT/tools/bench/lent_machine.sh" # exports OUT and the library path; lent_setup, lent_configure, lent_build
 # build-gpu; the boundary mode builds in BUILD (default /root/bg, outside the checkout).
-if [[ $MODE == boundary ]]; then export BUILD="${BUILD:-/root/bg}"; else export BUILD="$ROOT/build-gpu"; fi
+if [[ $MODE == boundary || $MODE == mps ]]; then export BUILD="${BUILD:-/root/bg}"; else export BUILD="$ROOT/build-gpu"; fi
 B="$BUILD"
 mkdir -p "$OUT"
 
@@ -302,4 +307,11 @@ case "$MODE" in
     lent_setup
     lent_configure "$ROOT" "$B" "$OUT/configure.log" || { tail -20 "$OUT/configure.log"; exit 1; }
     tools/bench/boundary_gpu.sh "$@" ;;
+  mps)
+    lent_build crucible crucible-device test_gpu_mps
+    timeout 600 "$B/tests/gpu/test_gpu_mps" -s > "$OUT/t_mps.log" 2>&1
+    echo "test_gpu_mps rc=$?"
+    grep -E "MESSAGE|ERROR|test cases" "$OUT/t_mps.log" | sed 's/.*MESSAGE: //' | cut -c1-220
+    # shellcheck disable=SC2046 # the modes are words
+    OUT="$OUT/mps" tools/bench/mps_boundary.sh $([[ $# -gt 0 ]] && echo "$@" || echo shared own own_self boundary) ;;
 esac
