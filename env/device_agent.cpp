@@ -8,16 +8,19 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "env/device_agent_wire.hpp"
 
@@ -259,6 +262,37 @@ private:
   std::uint64_t id_, gen_;
 };
 
+// Runs `job` on a thread of its own that lives as long as this process, and waits for it.
+void on_launcher_thread(const std::function<void()>& job) {
+  struct launcher {
+    std::mutex m;
+    std::condition_variable cv;
+    const std::function<void()>* job = nullptr;
+    bool done = false;
+  };
+  static auto* l = [] {
+    auto* made = new launcher;
+    std::thread{[made] {
+      std::unique_lock lock{made->m};
+      for (;;) {
+        made->cv.wait(lock, [&] { return made->job != nullptr; });
+        (*made->job)();
+        made->job = nullptr;
+        made->done = true;
+        made->cv.notify_all();
+      }
+    }}.detach();
+    return made;
+  }();
+  static std::mutex one_at_a_time;
+  std::lock_guard turn{one_at_a_time};
+  std::unique_lock lock{l->m};
+  l->done = false;
+  l->job = &job;
+  l->cv.notify_all();
+  l->cv.wait(lock, [&] { return l->done; });
+}
+
 } // namespace
 
 result<void> link::start_locked() {
@@ -279,25 +313,33 @@ result<void> link::start_locked() {
   const uid_t uid = spec_.uid;
   const gid_t gid = spec_.gid;
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int err = errno;
-    ::close(sv[0]);
-    ::close(sv[1]);
-    return fail(errc::io, "device agent of ", device_label(device_), ": fork: ", std::strerror(err));
-  }
-  if (pid == 0) {
+  // Forked on a thread that lives as long as this process: the parent-death signal is the forking
+  // thread's, and an agent started from an evaluation's thread would die with that thread.
+  pid_t pid = -1;
+  int fork_errno = 0;
+  on_launcher_thread([&] {
+    pid = ::fork();
+    fork_errno = errno;
+    if (pid != 0)
+      return;
+    if (::dup2(sv[1], 3) < 0)
+      ::_exit(127);
+    if (gid != static_cast<gid_t>(-1)
+        && (::syscall(SYS_setgroups, 0, nullptr) != 0 || ::syscall(SYS_setresgid, gid, gid, gid) != 0))
+      ::_exit(126);
+    if (uid != static_cast<uid_t>(-1) && ::syscall(SYS_setresuid, uid, uid, uid) != 0)
+      ::_exit(126);
+    // After the change of user, which clears the parent-death signal: it dies with the evaluator.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent)
       ::_exit(127);
-    if (::dup2(sv[1], 3) < 0)
-      ::_exit(127);
-    if (gid != static_cast<gid_t>(-1) && (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0))
-      ::_exit(126);
-    if (uid != static_cast<uid_t>(-1) && ::setresuid(uid, uid, uid) != 0)
-      ::_exit(126);
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
+  });
+  if (pid < 0) {
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return fail(errc::io, "device agent of ", device_label(device_), ": fork: ", std::strerror(fork_errno));
   }
   ::close(sv[1]);
   // Ready: one frame, its status and, on failure, the agent's message. CUDA's start may take a while.
