@@ -140,19 +140,21 @@ mapping_owners& owners() {
   return m;
 }
 
-// A mapping registered in owners() while it lives.
-class owned_mapping final : public device_bytes {
+// What keeps a mapping registered in owners() while it lives. The mapping is handed out through
+// an aliasing pointer, so it keeps its own type (a device agent's memory stays the agent's:
+// env/device_agent.hpp routes by it).
+class mapping_registration final {
 public:
-  explicit owned_mapping(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}
-  ~owned_mapping() override {
+  explicit mapping_registration(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}
+  ~mapping_registration() {
     auto& o = owners();
     std::lock_guard guard{o.mtx};
     if (auto it = o.owners.find(m_->data()); it != o.owners.end() && --it->second.second <= 0)
       o.owners.erase(it);
   }
-  const void* data() const noexcept override { return m_->data(); }
-  std::uint64_t size() const noexcept override { return m_->size(); }
-  int device() const noexcept override { return m_->device(); }
+  mapping_registration(const mapping_registration&) = delete;
+  mapping_registration& operator=(const mapping_registration&) = delete;
+  const std::shared_ptr<device_bytes>& mapping() const noexcept { return m_; }
 
 private:
   std::shared_ptr<device_bytes> m_;
@@ -780,7 +782,8 @@ result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const st
       return fail(errc::protocol, "names an allocation of another worker's");
     ++it->second.second;
   }
-  auto kept = std::shared_ptr<device_bytes>{std::make_shared<owned_mapping>(std::move(*m))};
+  auto registration = std::make_shared<mapping_registration>(std::move(*m));
+  auto kept = std::shared_ptr<device_bytes>{registration, registration->mapping().get()};
   dev_.mapped.emplace(key, kept);
   return kept;
 }

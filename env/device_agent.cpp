@@ -85,6 +85,12 @@ public:
 
   std::uint64_t generation() const noexcept { return generation_.load(); }
 
+  /// Ends the agent (started again on the next call).
+  void end(const std::string& why) {
+    std::lock_guard lock{m_};
+    ended_locked(why);
+  }
+
 private:
   static std::mutex& hook_m() {
     static std::mutex m;
@@ -110,6 +116,10 @@ private:
 };
 
 namespace {
+
+// How long a reply may take: a clock's finish waits up to the verdict's run timeout plus the
+// sealed copies' deadlines; nothing else takes more than seconds.
+constexpr int reply_deadline_ms = 15 * 60 * 1000;
 
 // This thread's connections, by agent, and the generation each was made for.
 struct thread_connections {
@@ -171,7 +181,7 @@ result<std::shared_ptr<device_bytes>> read_bytes(link& l, w::in& f) {
   const auto device = f.get<std::int32_t>();
   if (f.broken())
     return fail(errc::protocol, device_label(l.device()), "'s device agent sent a short reply");
-  return std::shared_ptr<device_bytes>{std::make_shared<remote_bytes>(&l, id, l.generation(), addr, size, device)};
+  return std::shared_ptr<device_bytes>{std::make_shared<remote_bytes>(&l, id, f.generation, addr, size, device)};
 }
 
 result<std::vector<std::shared_ptr<device_bytes>>> read_list(link& l, w::in& f) {
@@ -245,17 +255,15 @@ private:
   result<w::in> with_ids(w::op what, const std::vector<const device_bytes*>& list, const std::function<void(w::out&)>& more) {
     if (gen_ != l_->generation())
       return fail(errc::device, "the device clock of ", device_label(l_->device()), "'s device agent before it ended and was started again");
-    result<void> bad{};
-    auto r = l_->call(what, [&](w::out& f) {
+    w::out probe;
+    if (auto p = put_ids(*l_, probe, list); !p)
+      return p.error();
+    return l_->call(what, [&](w::out& f) {
       f.put(id_);
-      if (auto p = put_ids(*l_, f, list); !p)
-        bad = p;
+      (void) put_ids(*l_, f, list);
       if (more)
         more(f);
     });
-    if (!bad)
-      return bad.error();
-    return r;
   }
 
   link* l_;
@@ -263,7 +271,7 @@ private:
 };
 
 // Runs `job` on a thread of its own that lives as long as this process, and waits for it.
-void on_launcher_thread(const std::function<void()>& job) {
+void launch_on_lasting_thread(const std::function<void()>& job) {
   struct launcher {
     std::mutex m;
     std::condition_variable cv;
@@ -317,12 +325,12 @@ result<void> link::start_locked() {
   // thread's, and an agent started from an evaluation's thread would die with that thread.
   pid_t pid = -1;
   int fork_errno = 0;
-  on_launcher_thread([&] {
+  launch_on_lasting_thread([&] {
     pid = ::fork();
     fork_errno = errno;
     if (pid != 0)
       return;
-    if (::dup2(sv[1], 3) < 0)
+    if (sv[1] == 3 ? ::fcntl(3, F_SETFD, 0) != 0 : ::dup2(sv[1], 3) < 0) // dup2 onto itself keeps close-on-exec
       ::_exit(127);
     if (gid != static_cast<gid_t>(-1)
         && (::syscall(SYS_setgroups, 0, nullptr) != 0 || ::syscall(SYS_setresgid, gid, gid, gid) != 0))
@@ -436,23 +444,37 @@ result<w::in> link::call(w::op what, const std::function<void(w::out&)>& args) {
   w::out f;
   f.put(what);
   {
+    // Only ids of this agent's: those of an agent that ended went with it.
     std::lock_guard lock{free_m_};
-    f.put<std::uint64_t>(to_free_.size());
-    for (auto id : to_free_)
-      f.put(id);
+    const bool current = generation_.load() == *gen;
+    f.put<std::uint64_t>(current ? to_free_.size() : 0);
+    if (current)
+      for (auto id : to_free_)
+        f.put(id);
     to_free_.clear();
   }
   if (args)
     args(f);
   std::string reply;
-  if (!w::send_frame(*fd, f) || !w::recv_frame(*fd, reply)) {
-    // The agent ended (a device fault ends its context, and it exits): its objects with it.
+  // A reply waited for with a deadline: an agent stuck in the device (behind a kernel that never
+  // ends, past every deadline of its own) is ended, not waited for for ever.
+  auto replied = [&] {
+    pollfd p{*fd, POLLIN, 0};
+    int n = 0;
+    do
+      n = ::poll(&p, 1, reply_deadline_ms);
+    while (n < 0 && errno == EINTR);
+    return n > 0 && w::recv_frame(*fd, reply);
+  };
+  if (!w::send_frame(*fd, f) || !replied()) {
+    // The agent ended (a device fault ends its context, and it exits), or is stuck: its objects with it.
     std::lock_guard lock{m_};
     if (generation_.load() == *gen)
-      ended_locked("it ended during a request");
-    return fail(errc::device, "the device agent of ", device_label(device_), " ended during a request");
+      ended_locked("it ended or stopped answering during a request");
+    return fail(errc::device, "the device agent of ", device_label(device_), " ended or stopped answering during a request");
   }
   w::in r{std::move(reply)};
+  r.generation = *gen;
   if (r.get<std::uint8_t>() != 1) {
     const auto code = r.get<std::uint8_t>();
     auto message = r.text();
@@ -583,7 +605,7 @@ result<std::unique_ptr<device_clock>> make_device_clock(link& l, int device) {
   if (!r)
     return r.error();
   const auto id = r->get<std::uint64_t>();
-  return std::unique_ptr<device_clock>{std::make_unique<remote_clock>(&l, id, l.generation())};
+  return std::unique_ptr<device_clock>{std::make_unique<remote_clock>(&l, id, r->generation)};
 }
 
 result<std::shared_ptr<device_bytes>> copy_to_owned(link& l, const device_bytes& src) {
@@ -720,8 +742,9 @@ result<void> start_device_agent(int device, const device_agent_spec& spec) {
   if (!started) {
     auto& r = agent::reg();
     std::lock_guard lock{r.m};
-    r.links.erase(device); // the device's functions stay in this process; nothing of the agent's was handed out
-    delete l;
+    // The device's functions stay in this process. The link is not freed: a thread that routed to
+    // it meanwhile may still be in it.
+    r.links.erase(device);
     return started.error();
   }
   return {};
@@ -749,5 +772,29 @@ std::uint64_t device_agent_generation(int device) {
 }
 
 void set_device_agent_restart_hook(std::function<void(int device)> hook) { agent::link::set_restart_hook(std::move(hook)); }
+
+result<void> restart_device_agent(int device) {
+  auto* l = agent::route(device);
+  if (l == nullptr || device_agent_alive(device))
+    return {};
+  auto started = l->ensure();
+  if (!started)
+    return started.error();
+  return {};
+}
+
+void end_device_agents() {
+  std::vector<agent::link*> links;
+  {
+    auto& r = agent::reg();
+    std::lock_guard lock{r.m};
+    for (auto& [d, l] : r.links)
+      links.push_back(l);
+  }
+  for (auto* l : links)
+    l->end("this process ended it");
+}
+
+void run_on_lasting_thread(const std::function<void()>& job) { agent::launch_on_lasting_thread(job); }
 
 } // namespace crucible::env

@@ -51,6 +51,18 @@ pid_t device_agent_pid(int device);
 /// device context no longer takes work (a fault; the agent then ends). True where no agent runs.
 bool device_agent_alive(int device);
 
+/// Starts `device`'s agent again where it has ended or no longer takes work (its restart hook
+/// first): after a fault, before new workers start. Nothing where it works or none runs.
+result<void> restart_device_agent(int device);
+
+/// Ends every agent (this process stops, or the MPS daemon they are clients of does); each is
+/// started again on its next call.
+void end_device_agents();
+
+/// Runs `job` on a thread that lives as long as this process, and waits for it: a process forked
+/// there with a parent-death signal dies with this process, not with the calling thread.
+void run_on_lasting_thread(const std::function<void()>& job);
+
 /// How many agents `device` has had: a verdict that saw it grow ran beside a fault.
 std::uint64_t device_agent_generation(int device);
 

@@ -113,6 +113,9 @@ public:
   bool broken() const noexcept { return broken_; }
   bool done() const noexcept { return pos_ == buf_.size(); }
 
+  /// On the evaluator's side, which start of the agent sent this reply (its objects belong to it).
+  std::uint64_t generation = 0;
+
 private:
   std::string buf_;
   std::size_t pos_ = 0;

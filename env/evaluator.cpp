@@ -329,6 +329,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   const int agent_device = outputs_device_ >= 0 && device_agent_running(outputs_device_) ? outputs_device_ : -1;
   auto run_once = [&](auto&& worker, bool alone, bool fresh = false) {
     const auto agents_before = agent_device >= 0 ? device_agent_generation(agent_device) : 0;
+    const auto daemon_before = agent_device >= 0 ? cuda_mps_restarts() : 0;
     solo_hold hold{solo_, alone};
     if (alone) {
       // The device's memory to this evaluation: the workers of the evaluations that ended are
@@ -353,8 +354,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     // Under MPS a fault of any client ends every client's context on the device, the agent's and
     // other verdicts' workers included: a verdict that did not end ok while the agent ended (or
     // that ends with it no longer taking work) may carry another candidate's fault.
-    if (agent_device >= 0)
+    if (agent_device >= 0) {
       a.mps_changed = check_cuda_mps(log_); // a candidate can reach the daemon's control socket
+      if (a.mps_changed.empty() && cuda_mps_restarts() != daemon_before)
+        a.mps_changed = "the MPS control daemon was changed beside it and started again";
+    }
     if (agent_device >= 0 && a.v.status != verdict_status::ok)
       a.device_fault = device_agent_generation(agent_device) != agents_before || !device_agent_alive(agent_device);
     return a;
@@ -388,7 +392,9 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       log_.warn("evaluator", device_, " ", req.target.name, ": ", what, " during this verdict (", first.v.message.substr(0, 160),
                 "); judging it again alone on the device");
       pool_->discard_idle();
-      (void) device_agent_alive(agent_device); // started again here, before the new workers
+      if (auto r = restart_device_agent(agent_device); !r) // here, before the new workers
+        log_.warn("evaluator", device_, ": ", r.error().message);
+      pool_->discard_idle(); // any started while the faulted server was still there
       auto again = pool_->start_fresh();
       if (!again)
         return std::nullopt;

@@ -67,7 +67,7 @@ int run_with(const std::string& program, const std::vector<std::string>& args, c
   int in[2], from[2] = {-1, -1};
   if (::pipe2(in, O_CLOEXEC) != 0)
     return -1;
-  if (out != nullptr && ::pipe2(from, O_CLOEXEC | O_NONBLOCK) != 0) {
+  if (out != nullptr && (::pipe2(from, O_CLOEXEC) != 0 || ::fcntl(from[0], F_SETFL, O_NONBLOCK) != 0)) {
     ::close(in[0]);
     ::close(in[1]);
     return -1;
@@ -102,8 +102,19 @@ int run_with(const std::string& program, const std::vector<std::string>& args, c
     ::_exit(127);
   }
   ::close(in[0]);
-  if (!input.empty())
-    (void) !::write(in[1], input.data(), input.size());
+  if (!input.empty()) {
+    // A program that exits before reading its input must not end this process (SIGPIPE).
+    sigset_t pipe_signal, before;
+    sigemptyset(&pipe_signal);
+    sigaddset(&pipe_signal, SIGPIPE);
+    ::pthread_sigmask(SIG_BLOCK, &pipe_signal, &before);
+    const bool broke = ::write(in[1], input.data(), input.size()) < 0 && errno == EPIPE;
+    if (broke) {
+      const timespec none{0, 0};
+      (void) ::sigtimedwait(&pipe_signal, nullptr, &none); // the pending signal taken
+    }
+    ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  }
   ::close(in[1]);
   if (from[1] >= 0)
     ::close(from[1]);
@@ -179,6 +190,7 @@ struct daemon_state {
   std::string program;
   pid_t pid = -1;
   std::string clients_pipe; // the pipe directory the agents and workers connect to (this daemon's or the user's)
+  std::uint64_t restarts = 0; // times check_cuda_mps started the daemon again
 };
 
 daemon_state& state() {
@@ -212,6 +224,7 @@ void stop_at_exit() {
   auto& s = state();
   if (s.pid <= 0)
     return;
+  end_device_agents(); // the daemon's clients first: it quits once they have gone
   stop_daemon(s, s.program, 2.0);
   std::error_code ec;
   fs::remove_all(s.dir, ec);
@@ -274,10 +287,15 @@ result<void> start(daemon_state& s, logger& log) {
   std::string prog = s.program, flag = "-f";
   char* argv[] = {prog.data(), flag.data(), nullptr};
   const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0)
-    return fail(errc::io, "evaluator.cuda_mps: fork: ", std::strerror(errno));
-  if (pid == 0) {
+  // Forked on a thread that lasts as long as this process (the parent-death signal is the forking
+  // thread's: the daemon may be started again from a verdict's thread).
+  pid_t pid = -1;
+  int fork_errno = 0;
+  run_on_lasting_thread([&] {
+    pid = ::fork();
+    fork_errno = errno;
+    if (pid != 0)
+      return;
     // Dies with the evaluator; its own session, so a terminal's signals reach it through us only.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (::getppid() != parent)
@@ -291,7 +309,9 @@ result<void> start(daemon_state& s, logger& log) {
     }
     ::execve(argv[0], argv, envp.data());
     ::_exit(127);
-  }
+  });
+  if (pid < 0)
+    return fail(errc::io, "evaluator.cuda_mps: fork: ", std::strerror(fork_errno));
   s.pid = pid;
   static const bool once = (std::atexit(stop_at_exit), true);
   (void) once;
@@ -385,7 +405,7 @@ void clear_clients(int /*device*/) {
     std::string clients;
     (void) run_with(program, {}, env, "get_client_list " + std::to_string(server) + "\n", 10.0, &clients);
     for (const pid_t c : pids_in(clients))
-      if (below_this_process(c) && ::kill(c, SIGKILL) == 0)
+      if (c != ::getpid() && below_this_process(c) && ::kill(c, SIGKILL) == 0)
         killed.push_back(c);
   }
   auto gone = [](pid_t pid) {
@@ -557,6 +577,12 @@ std::string what_changed(daemon_state& s, const std::string& program, const std:
 
 } // namespace
 
+std::uint64_t cuda_mps_restarts() {
+  auto& s = state();
+  std::lock_guard lock{s.m};
+  return s.restarts;
+}
+
 std::string check_cuda_mps(logger& log) {
   auto& s = state();
   std::lock_guard lock{s.m};
@@ -569,13 +595,17 @@ std::string check_cuda_mps(logger& log) {
   if (changed.empty())
     return {};
   if (s.dir.empty() || s.clients_pipe != (s.dir / "pipe").string()) {
-    log.error("evaluator", "CUDA MPS: ", changed, " (the user's own daemon, ", s.clients_pipe, "; left as it is)");
-    return changed;
+    // The user's own daemon: its settings are the user's, and nothing here is told to a candidate.
+    static std::once_flag said;
+    std::call_once(said, [&] { log.warn("evaluator", "CUDA MPS: ", changed, " (the user's own daemon, ", s.clients_pipe, "; left as it is)"); });
+    return {};
   }
   // This process's daemon: its clients ended, it told to quit, and a new one started in its place.
   log.warn("evaluator", "CUDA MPS: ", changed, "; starting the control daemon again");
   clear_clients(-1);
+  end_device_agents(); // where the daemon no longer answered, its client list was not there to end them
   stop_daemon(s, program, 5.0);
+  ++s.restarts;
   if (auto r = start(s, log); !r) {
     log.error("evaluator", "CUDA MPS: the control daemon did not start again: ", r.error().message);
     s.clients_pipe.clear(); // workers started from now on are no clients; the agents end with their next fault

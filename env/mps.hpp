@@ -58,9 +58,14 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
 /// Whether the MPS daemon the workers and agents are clients of is as this process left it (a
 /// candidate reaches its control socket: every client must): running, and giving every client the
 /// whole device (active thread percentage 100). Where it is not, this process's own daemon is
-/// started again (its clients ended first) and what had changed is returned; a daemon of the
-/// user's own is only reported. Empty where all is as it was, or MPS is not used.
+/// started again (its clients and the agents ended first) and what had changed is returned; a
+/// daemon of the user's own is only logged (once), never told to a verdict. Empty where all is as
+/// it was, or MPS is not used.
 std::string check_cuda_mps(logger& log);
+
+/// How many times check_cuda_mps has started the daemon again: a verdict that saw it grow ran while
+/// the daemon was changed (by itself or by a verdict beside it).
+std::uint64_t cuda_mps_restarts();
 
 /// The pipe directory the workers and agents connect to (this process's daemon's or the user's);
 /// empty where MPS is not used.

@@ -72,6 +72,8 @@ TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, ver
   const auto generation = device_agent_generation(0);
   check_faults_stay_their_own(*ev);
   MESSAGE("device agents started: " << device_agent_generation(0) << " (before the faults: " << generation << ")");
+  // (Whether the illegal address ended the agent's context too is the driver's: MPS's documentation
+  // says a fatal fault reaches every client; the count above shows what this one did.)
 
   // The attacks on the MPS set-up itself (tests/candidates/gpu/boundary): guessed IPC handles of
   // the reference worker's exports, and the control daemon told to throttle new servers and quit.

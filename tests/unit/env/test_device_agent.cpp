@@ -87,17 +87,19 @@ TEST_CASE("a device agent that cannot open its device is refused with the agent'
   device_agent_spec spec;
   spec.program = *program;
   spec.environment = {"PATH=/usr/bin:/bin", "CUDA_VISIBLE_DEVICES="}; // no device visible, GPU machine or not
-  auto r = start_device_agent(0, spec);
+  // Devices no other test of this binary gives an agent (test_mps may start one for cuda:0 where
+  // the control program exists).
+  auto r = start_device_agent(6, spec);
   REQUIRE_FALSE(r.ok());
   INFO(r.error().message);
-  CHECK(r.error().message.find("the device agent of cuda:0") == 0);
-  CHECK(r.error().message.find("cannot open CUDA device 0") != std::string::npos);
-  CHECK_FALSE(device_agent_running(0));
-  CHECK(device_agent_pid(0) == 0);
+  CHECK(r.error().message.find("the device agent of cuda:6") == 0);
+  CHECK(r.error().message.find("cannot open CUDA device 6") != std::string::npos);
+  CHECK_FALSE(device_agent_running(6));
+  CHECK(device_agent_pid(6) == 0);
   // A program that is not there: named.
   spec.program = "/nonexistent/crucible-device";
-  auto missing = start_device_agent(1, spec);
+  auto missing = start_device_agent(7, spec);
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.error().message.find("could not be run (/nonexistent/crucible-device)") != std::string::npos);
-  CHECK_FALSE(device_agent_running(1));
+  CHECK_FALSE(device_agent_running(7));
 }
