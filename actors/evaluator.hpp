@@ -37,10 +37,13 @@ struct evaluator_deps {
 /// without reading the verdict cache.
 evaluator_actor spawn_evaluator(caf::actor_system& sys, evaluator_deps deps);
 
+/// The hardware kind exemplars and rewards are kept under, derived here only: "cpu" for every
+/// CPU; for a GPU the model's short name ("NVIDIA H100 80GB HBM3" -> "h100"), so two GPUs of one
+/// model share a kind whether they are the run's own or a joined node's.
+std::string hardware_kind_of(const std::string& device, const std::string& name);
+
 /// What the pool learns about the device behind `dev` (index `index`, e.g. N of cuda:N): its
-/// model name as the workers report it and its hardware kind, under which exemplars and
-/// rewards are kept: "cpu" for every CPU, the model name for a GPU (two GPUs of one model
-/// share a kind).
+/// model name as the workers report it and its hardware kind (hardware_kind_of).
 device_info device_info_of(const env::device_evaluator& dev, std::uint32_t index);
 
 /// Pool settings.

@@ -50,21 +50,6 @@ namespace {
 
 constexpr std::string_view component = "run";
 
-// "cpu" for the CPU; for a GPU the model's short name ("NVIDIA H100 80GB HBM3" -> "h100").
-std::string hardware_kind_of(const std::string& device, const std::string& name) {
-  if (device == "cpu")
-    return "cpu";
-  std::string lower;
-  for (char c : name)
-    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (const char* vendor : {"nvidia ", "amd "})
-    if (lower.rfind(vendor, 0) == 0)
-      lower = lower.substr(std::string{vendor}.size());
-  auto space = lower.find(' ');
-  auto kind = lower.substr(0, space);
-  return kind.empty() ? "gpu" : kind;
-}
-
 // Files below a corpus path: the file itself, or the regular files of a directory tree (hidden
 // entries skipped), sorted.
 result<std::vector<fs::path>> corpus_files(const fs::path& root) {
@@ -547,7 +532,7 @@ result<std::vector<evaluator_actor>> spawn_evaluators(caf::actor_system& sys, co
   for (std::size_t i = 0; i < cfg.evaluator.devices.size(); ++i) {
     const auto& device = cfg.evaluator.devices[i];
     std::shared_ptr<env::device_evaluator> shared(std::move((*made)[i]));
-    device_info info{static_cast<std::uint32_t>(i), shared->hardware(), hardware_kind_of(device, shared->hardware()), 0};
+    auto info = device_info_of(*shared, static_cast<std::uint32_t>(i));
     auto ev = spawn_evaluator(sys, evaluator_deps{shared, tasks, info, cfg.evaluator.concurrency});
     actors.push_back(caf::actor_cast<caf::actor>(ev));
     evaluators.push_back(ev);
