@@ -1190,36 +1190,10 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
   return true;
 }
 
-evaluation::core_pin::~core_pin() {
-  for (const auto& g : groups)
-    (void) set_group_affinity(g, restore);
-}
-
-void evaluation::pin_to_one_core() {
-  if (!pin_.groups.empty() || ::sched_getaffinity(0, sizeof pin_.restore, &pin_.restore) != 0)
-    return;
-  const int cpu = ::sched_getcpu();
-  if (cpu < 0 || !CPU_ISSET(cpu, &pin_.restore))
-    return;
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(cpu, &one);
-  for (worker* w : {w_.proc.get(), cand_.proc.get()})
-    if (w != nullptr && w->enclosed()) {
-      pin_.groups.push_back(w->group_path());
-      (void) set_group_affinity(pin_.groups.back(), one);
-    }
-  ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": both workers timed on cpu ", cpu);
-}
-
 bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   const auto& opt = ctx_.opt;
   ref_side_.proc = w_.proc.get();
   cand_side_.proc = cand_.proc.get();
-  // On a CPU device both sides' samples on one core, the rounds and the reference alone after
-  // them (the candidate's own affinity calls are its own: it only moves its side's load).
-  if (!dev_.on)
-    pin_to_one_core();
   if (split_.sample_calls == 0) {
     split_.sample_calls = 1;
     if (!make_buffers(ref_side_, 1) || !make_buffers(cand_side_, 1))

@@ -334,13 +334,4 @@ std::size_t reclaim_control_groups() {
   return removed;
 }
 
-std::size_t set_group_affinity(const fs::path& dir, const cpu_set_t& cpus) {
-  std::ifstream threads{dir / "cgroup.threads"};
-  std::size_t n = 0;
-  for (pid_t tid = 0; threads >> tid;)
-    if (::sched_setaffinity(tid, sizeof cpus, &cpus) == 0)
-      ++n;
-  return n;
-}
-
 } // namespace crucible::env

@@ -4,7 +4,6 @@
 // clock charges a timed sample what the group ran (docs/evaluator.md, Trust boundary).
 #pragma once
 
-#include <sched.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -65,11 +64,6 @@ private:
   int events_fd_ = -1;
   int stat_fd_ = -1;
 };
-
-/// Sets the CPU affinity of every thread in the group at `dir` (its cgroup.threads) to `cpus`
-/// (sched_setaffinity); threads they start later inherit it. Best effort: a thread that ended
-/// meanwhile, or a group gone, is passed over. Returns how many threads were set.
-std::size_t set_group_affinity(const std::filesystem::path& dir, const cpu_set_t& cpus);
 
 /// Removes the groups under this process's own group that an evaluator killed with -9 left
 /// behind (`crucible-<pid>` of a pid that no longer runs): kills what is left in them and removes

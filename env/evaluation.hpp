@@ -353,16 +353,6 @@ private:
     std::uint64_t input_bytes = 0; // one trial's inputs, from the reference messages
   } reported_;
   std::chrono::steady_clock::time_point t0_ = std::chrono::steady_clock::now();
-  /// On a CPU device, both workers' threads on one core for the timing (boundary.cpp,
-  /// pin_to_one_core): a neighbour's load on one core then slows both sides' samples alike, where a
-  /// worker left on the loaded core had its samples charged the cache refills of every preemption.
-  /// Released (the evaluator's own cores) when the evaluation ends. Declared last: released first.
-  struct core_pin {
-    std::vector<std::filesystem::path> groups;
-    cpu_set_t restore{};
-    ~core_pin();
-  } pin_;
-  void pin_to_one_core();
 };
 
 } // namespace crucible::env

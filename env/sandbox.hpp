@@ -120,8 +120,6 @@ public:
   result<void> enclose();
   /// Whether the worker lives in a control group of its own (enclose() succeeded).
   bool enclosed() const noexcept { return group_ != nullptr; }
-  /// Its control group's directory; empty where it is not enclosed.
-  std::filesystem::path group_path() const { return group_ ? group_->path() : std::filesystem::path{}; }
   /// Stops every process of the worker and waits, `timeout` at most, until every thread of them
   /// is stopped; thaw() continues them. Enclosed: the group's freezer (a process forked meanwhile
   /// is born frozen). Otherwise SIGSTOP to its process group, then every process below the one
