@@ -31,8 +31,8 @@ struct device_agent_spec {
   gid_t gid = static_cast<gid_t>(-1);
 };
 
-/// crucible-device beside this process's executable, else the build's (CRUCIBLE_DEVICE_AGENT as
-/// configured), else CRUCIBLE_DEVICE_AGENT from the environment; an error names where it looked.
+/// CRUCIBLE_DEVICE_AGENT from the environment where set, else crucible-device beside this
+/// process's executable, else the build's (as configured); an error names where it looked.
 result<std::string> find_device_agent();
 
 /// Starts the agent of CUDA device `device` and routes that device's functions of
