@@ -196,16 +196,34 @@ result<std::vector<std::shared_ptr<device_bytes>>> read_list(link& l, w::in& f) 
   return out;
 }
 
-// Puts a list of objects' ids; an error where one is not the agent's.
-result<void> put_ids(const link& l, w::out& f, const std::vector<const device_bytes*>& list) {
-  f.put<std::uint64_t>(list.size());
+// The ids of a list of objects, checked before anything is sent; an error where one is not the
+// agent's.
+result<std::vector<std::uint64_t>> ids_of(const link& l, const std::vector<const device_bytes*>& list) {
+  std::vector<std::uint64_t> ids;
   for (const auto* b : list) {
     auto id = id_of(l, b);
     if (!id)
       return id.error();
-    f.put(*id);
+    ids.push_back(*id);
   }
-  return {};
+  return ids;
+}
+
+// A list of ids as a request carries it: its count, then the ids.
+void put_ids(w::out& f, const std::vector<std::uint64_t>& ids) {
+  f.put<std::uint64_t>(ids.size());
+  for (auto id : ids)
+    f.put(id);
+}
+
+// The spans of copies as one list: each copy's destination, then its source.
+std::vector<const device_bytes*> flat(const std::vector<device_copy>& copies) {
+  std::vector<const device_bytes*> list;
+  for (const auto& c : copies) {
+    list.push_back(c.dst);
+    list.push_back(c.src);
+  }
+  return list;
 }
 
 class remote_clock final : public device_clock {
@@ -214,11 +232,7 @@ public:
   ~remote_clock() override { l_->let_go(id_, gen_); }
 
   result<void> arm(const std::vector<device_copy>& copies_in, const device_bytes& go, std::uint32_t seq) override {
-    std::vector<const device_bytes*> list;
-    for (const auto& c : copies_in) {
-      list.push_back(c.dst);
-      list.push_back(c.src);
-    }
+    auto list = flat(copies_in);
     list.push_back(&go);
     auto r = with_ids(w::op::clock_arm, list, [&](w::out& f) { f.put(seq); });
     if (!r)
@@ -255,12 +269,12 @@ private:
   result<w::in> with_ids(w::op what, const std::vector<const device_bytes*>& list, const std::function<void(w::out&)>& more) {
     if (gen_ != l_->generation())
       return fail(errc::device, "the device clock of ", device_label(l_->device()), "'s device agent before it ended and was started again");
-    w::out probe;
-    if (auto p = put_ids(*l_, probe, list); !p)
-      return p.error();
+    auto ids = ids_of(*l_, list);
+    if (!ids)
+      return ids.error();
     return l_->call(what, [&](w::out& f) {
       f.put(id_);
-      (void) put_ids(*l_, f, list);
+      put_ids(f, *ids);
       if (more)
         more(f);
     });
@@ -510,19 +524,12 @@ void put_one(w::out& f, const T& v) {
 // error before anything is sent), then `args` in order.
 template <class... A>
 result<w::in> ask(link& l, w::op what, const std::vector<const device_bytes*>& objects, const A&... args) {
-  std::vector<std::uint64_t> ids;
-  for (const auto* b : objects) {
-    auto id = id_of(l, b);
-    if (!id)
-      return id.error();
-    ids.push_back(*id);
-  }
+  auto ids = ids_of(l, objects);
+  if (!ids)
+    return ids.error();
   return l.call(what, [&](w::out& f) {
-    if (w::takes_list(what)) {
-      f.put<std::uint64_t>(ids.size());
-      for (auto id : ids)
-        f.put(id);
-    }
+    if (w::takes_list(what))
+      put_ids(f, *ids);
     (put_one(f, args), ...);
   });
 }
@@ -542,15 +549,6 @@ result<void> ask_done(link& l, w::op what, const std::vector<const device_bytes*
   if (!r)
     return r.error();
   return {};
-}
-
-std::vector<const device_bytes*> flat(const std::vector<device_copy>& copies) {
-  std::vector<const device_bytes*> list;
-  for (const auto& c : copies) {
-    list.push_back(c.dst);
-    list.push_back(c.src);
-  }
-  return list;
 }
 
 } // namespace

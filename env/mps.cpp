@@ -159,24 +159,31 @@ std::vector<pid_t> pids_in(const std::string& text) {
   return out;
 }
 
+// A process's state letter and parent, from /proc/PID/stat; false where it is gone.
+bool proc_stat(pid_t pid, char& state, pid_t& parent) {
+  std::ifstream stat{"/proc/" + std::to_string(pid) + "/stat"};
+  std::string line;
+  if (!std::getline(stat, line))
+    return false;
+  const auto close = line.rfind(')'); // the command name may hold spaces and parentheses
+  if (close == std::string::npos)
+    return false;
+  std::stringstream rest{line.substr(close + 2)};
+  long ppid = 0;
+  rest >> state >> ppid;
+  parent = static_cast<pid_t>(ppid);
+  return static_cast<bool>(rest);
+}
+
 // Whether `pid` is this process or below it (its parent chain reaches this process).
 bool below_this_process(pid_t pid) {
   const pid_t self = ::getpid();
+  char state = 0;
   for (int depth = 0; depth < 64 && pid > 1; ++depth) {
     if (pid == self)
       return true;
-    std::ifstream stat{"/proc/" + std::to_string(pid) + "/stat"};
-    std::string line;
-    if (!std::getline(stat, line))
+    if (!proc_stat(pid, state, pid))
       return false;
-    const auto close = line.rfind(')'); // the command name may hold spaces and parentheses
-    if (close == std::string::npos)
-      return false;
-    std::stringstream rest{line.substr(close + 2)};
-    char state = 0;
-    long parent = 0;
-    rest >> state >> parent;
-    pid = static_cast<pid_t>(parent);
   }
   return false;
 }
@@ -372,29 +379,12 @@ mps_identity mps_client_identity() {
 
 namespace {
 
-// Where the MPS clients' daemon is, for clear_clients: set once before the first agent starts
-// (under its own lock: the hook runs from an agent's restart, which prepare_cuda_mps may wait on).
-struct clients_daemon {
-  std::mutex m;
-  std::string program, pipe;
-};
-clients_daemon& recovery() {
-  static auto* r = new clients_daemon;
-  return *r;
-}
-
-// After a fault under MPS, before the device agent starts again: every client of the daemon's
-// servers that is below this process (the workers of its devices; the agent has ended) killed,
-// and waited for until it has gone and the faulted server with it, since the server takes no
-// new client until all of its clients have exited. Clients of other processes are left alone.
-void clear_clients(int /*device*/) {
-  std::string program, pipe;
-  {
-    auto& r = recovery();
-    std::lock_guard lock{r.m};
-    program = r.program;
-    pipe = r.pipe;
-  }
+// After a fault under MPS, before the device agent starts again: every client of the servers of
+// the daemon at `pipe` that is below this process (the workers of its devices; the agent has
+// ended) killed, and waited for until it has gone and the faulted server with it, since the
+// server takes no new client until all of its clients have exited. Clients of other processes
+// are left alone.
+void clear_clients(const std::string& program, const std::string& pipe) {
   if (program.empty() || pipe.empty())
     return;
   const std::vector<std::string> env{"CUDA_MPS_PIPE_DIRECTORY=" + pipe};
@@ -409,12 +399,9 @@ void clear_clients(int /*device*/) {
         killed.push_back(c);
   }
   auto gone = [](pid_t pid) {
-    std::ifstream stat{"/proc/" + std::to_string(pid) + "/stat"};
-    std::string line;
-    if (!std::getline(stat, line))
-      return true;
-    const auto close = line.rfind(')');
-    return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z'; // a zombie holds no client
+    char state = 0;
+    pid_t parent = 0;
+    return !proc_stat(pid, state, parent) || state == 'Z'; // a zombie holds no client
   };
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   auto all_gone = [&] {
@@ -467,13 +454,8 @@ result<void> start_agents(const std::vector<std::string>& devices, const std::st
   const auto who = mps_client_identity();
   spec.uid = who.uid;
   spec.gid = who.gid;
-  {
-    auto& r = recovery();
-    std::lock_guard lock{r.m};
-    r.program = find_program();
-    r.pipe = pipe;
-  }
-  set_device_agent_restart_hook(clear_clients);
+  // The daemon's pipe stays where it is when check_cuda_mps starts the daemon again.
+  set_device_agent_restart_hook([program = find_program(), pipe](int) { clear_clients(program, pipe); });
   for (const auto& d : devices) {
     const int index = cuda_index(d);
     if (index < 0 || device_agent_running(index))
@@ -602,7 +584,7 @@ std::string check_cuda_mps(logger& log) {
   }
   // This process's daemon: its clients ended, it told to quit, and a new one started in its place.
   log.warn("evaluator", "CUDA MPS: ", changed, "; starting the control daemon again");
-  clear_clients(-1);
+  clear_clients(program, s.clients_pipe);
   end_device_agents(); // where the daemon no longer answered, its client list was not there to end them
   stop_daemon(s, program, 5.0);
   ++s.restarts;
