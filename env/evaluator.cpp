@@ -327,10 +327,13 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     std::uint64_t task_bytes = 0; // one trial's inputs and reference outputs
   };
   const int agent_device = outputs_device_ >= 0 && device_agent_running(outputs_device_) ? outputs_device_ : -1;
-  auto run_once = [&](auto&& worker, bool alone, bool fresh = false) {
+  // held: the caller holds the device alone already (again_alone below).
+  auto run_once = [&](auto&& worker, bool alone, bool fresh = false, bool held = false) {
     const auto agents_before = agent_device >= 0 ? device_agent_generation(agent_device) : 0;
     const auto daemon_before = agent_device >= 0 ? cuda_mps_restarts() : 0;
-    solo_hold hold{solo_, alone};
+    std::optional<solo_hold> hold;
+    if (!held)
+      hold.emplace(solo_, alone);
     if (alone) {
       // The device's memory to this evaluation: the workers of the evaluations that ended are
       // reaped, and this process's pool returns what it kept of their reference copies (up to
@@ -388,9 +391,14 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     // on the device, on new workers, once the agent has started again (its restart first ends
     // this process's other clients of the faulted server, the idle workers among them). A
     // candidate that does it again alone is the one that did.
+    // The device is held alone from before the restart to the verdict's end: two verdicts caught
+    // by one fault (on an H200, an illegal address beside a legitimate verdict) would otherwise
+    // both restart the agent and start workers, and the faulting one's second run would end the
+    // other's agent and workers again, blaming it for the fault.
     auto again_alone = [&](const std::string& what) -> std::optional<attempt> {
       log_.warn("evaluator", device_, " ", req.target.name, ": ", what, " during this verdict (", first.v.message.substr(0, 160),
                 "); judging it again alone on the device");
+      solo_hold hold{solo_, true};
       pool_->discard_idle();
       if (auto r = restart_device_agent(agent_device); !r) // here, before the new workers
         log_.warn("evaluator", device_, ": ", r.error().message);
@@ -398,7 +406,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       auto again = pool_->start_fresh();
       if (!again)
         return std::nullopt;
-      return run_once(*again, true, true);
+      return run_once(*again, true, true, true);
     };
     if (!first.mps_changed.empty()) {
       auto second = again_alone(first.mps_changed);
