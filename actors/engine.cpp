@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "actors/actor_config.hpp"
-#include "env/device_gate.hpp"
+#include "env/eval/device_gate.hpp"
 #include "actors/waiting_requests.hpp"
 #include "policy/model/model_config.hpp"
 

@@ -13,8 +13,8 @@
 
 #include "actors/interfaces.hpp"
 #include "core/config.hpp"
-#include "env/evaluator.hpp"
-#include "env/recheck.hpp"
+#include "env/eval/evaluator.hpp"
+#include "env/eval/recheck.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
 

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "actors/actor_config.hpp"
+#include "actors/group_book.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "core/sha256.hpp"
@@ -142,32 +143,13 @@ scored_variant from_record(const storage::variant_record& r) {
 
 // -- the actor ------------------------------------------------------------------------------
 
-// A group between its announce and its last verdict (or its straggler timeout).
-// A group of multi-turn episodes (announce.turns > 1) grows as its episodes go on: each scored
-// variant whose episode continues holds one more place open (`reserved`, counted in `missing`),
-// and the group_extend of the next turn fills it with a member appended to the announce.
-struct open_group {
-  group_announce announce;
-  std::vector<verdict> verdicts; // verdicts[i] for announce.completions[i] once done[i]
-  std::vector<bool> done;
-  std::size_t missing = 0;
-  std::uint64_t seq = 0; // which announce this is: a timeout of an earlier one does not apply
-  // Multi-turn only, one per member: its episode, its turn, the context it was sampled after.
-  std::vector<std::uint32_t> episodes, turns;
-  std::vector<std::vector<std::int32_t>> contexts;
-  std::size_t reserved = 0; // places held open for turns not extended yet
-
-  bool multi_turn() const noexcept { return announce.turns > 1; }
-};
-
 struct exemplar_state {
   std::optional<storage::replay_store> store; // set before the first message; owned
   exemplar_actor_options opt;
   std::mt19937_64 rng;
   std::vector<group_sink_actor> learners;
   std::size_t next_learner = 0;
-  std::unordered_map<std::uint64_t, open_group> groups; // by group id
-  std::uint64_t next_seq = 0;
+  group_book groups; // the open groups, from their announce to their last verdict
   exemplar_stats stats;
   static inline const char* name = "crucible.exemplar";
 };
@@ -200,49 +182,17 @@ void record(exemplar_pointer self, const scored_variant& x, std::string_view fat
     ++st.stats.record_errors; // an empty hardware kind, or the disk; the group goes on regardless
 }
 
-// Sends the group to the next learner and closes it.
-void send_group(exemplar_pointer self, std::unordered_map<std::uint64_t, open_group>::iterator it) {
+// Sends a group the book closed to the next learner.
+void send_group(exemplar_pointer self, rollout_group g) {
   auto& st = self->state;
-  auto& g = it->second;
-  rollout_group out{g.announce.group, g.announce.task, std::move(g.announce.prompt_token_ids),
-                    std::move(g.announce.completions), std::move(g.verdicts)};
-  if (g.multi_turn()) {
-    out.episodes = std::move(g.episodes);
-    out.turns = std::move(g.turns);
-    out.contexts = std::move(g.contexts);
-  }
   auto& learner = st.learners[st.next_learner++ % st.learners.size()];
-  st.groups.erase(it);
-  self->send(learner, std::move(out));
-}
-
-// One place of the group fewer to wait for (a verdict in, or an episode's held place released);
-// the last sends the group on.
-void one_fewer(exemplar_pointer self, std::unordered_map<std::uint64_t, open_group>::iterator it) {
-  if (--it->second.missing > 0)
-    return;
-  send_group(self, it);
-  ++self->state.stats.groups_completed;
+  self->send(learner, std::move(g));
 }
 
 std::string seconds_text(double s) {
   std::ostringstream os;
   os << s;
   return os.str();
-}
-
-// What a later process needs to continue the episode of member `slot` of `g` after its verdict
-// in `x`: the member's context (none for turn 0: the group's prompt), tokens and log-probs, and
-// the verdict.
-storage::episode_turn_data episode_data(const open_group& g, std::size_t slot, const scored_variant& x) {
-  storage::episode_turn_data d;
-  if (g.turns[slot] > 0)
-    d.context = g.contexts[slot];
-  d.tokens = g.announce.completions[slot].token_ids;
-  d.logprobs = g.announce.completions[slot].logprobs;
-  d.verdict = env::to_json(x.verdict);
-  d.continues = x.continues;
-  return d;
 }
 
 // Stores the first prompt of a group of multi-turn episodes, for a later process to continue
@@ -276,10 +226,11 @@ void arm_timeout(exemplar_pointer self, group_id id, std::uint64_t seq, std::uin
   self->delayed_send(caf::actor_cast<exemplar_impl_actor>(self), timeout, expire_atom_v, id, seq);
 }
 
-// Opens stored group `r` again: its stored turns as members with their verdicts, one place held
-// for each episode that goes on (or has no stored turn), and the rollout actor's view of it. A
-// group with nothing to wait for goes to a learner at once. nullopt (the samples marked
-// unfinished again) when a stored verdict does not parse or the group is open already.
+// Opens stored group `r` again (group_book::reopen: its stored turns as members with their
+// verdicts, one place held for each episode that goes on or has no stored turn), and the rollout
+// actor's view of it. A group with nothing to wait for goes to a learner at once. nullopt (the
+// samples marked unfinished again) when a stored verdict does not parse or the group is open
+// already.
 std::optional<episode_resume> reopen(exemplar_pointer self, storage::reopened_episode_group& r) {
   auto& st = self->state;
   auto unfinished = [&] {
@@ -287,7 +238,7 @@ std::optional<episode_resume> reopen(exemplar_pointer self, storage::reopened_ep
       ++st.stats.record_errors;
     return std::nullopt;
   };
-  if (st.groups.count(r.group.group_id) != 0) // an id this process has open already
+  if (st.groups.is_open(group_id{r.group.group_id})) // an id this process has open already
     return unfinished();
   episode_resume out;
   out.group = group_id{r.group.group_id};
@@ -301,13 +252,8 @@ std::optional<episode_resume> reopen(exemplar_pointer self, storage::reopened_ep
     for (const auto& id : ids->as_array())
       if (id.is_int())
         out.exemplars.push_back(variant_id{static_cast<std::uint64_t>(id.as_int())});
-  out.prompt_token_ids = r.group.prompt_tokens;
-  open_group g;
-  g.announce.group = out.group;
-  g.announce.task = out.task;
-  g.announce.prompt_token_ids = std::move(r.group.prompt_tokens);
-  g.announce.turns = out.turns;
-  std::vector<bool> going_on(out.episodes, false), seen(out.episodes, false);
+  out.prompt_token_ids = std::move(r.group.prompt_tokens);
+  std::vector<variant_id> ids;
   for (auto& t : r.turns) {
     auto v = env::verdict_from_json(t.data.verdict);
     if (!v)
@@ -317,54 +263,20 @@ std::optional<episode_resume> reopen(exemplar_pointer self, storage::reopened_ep
     s.turn = t.turn;
     s.sampled = completion{std::move(t.completion), std::move(t.data.tokens), std::move(t.data.logprobs),
                            policy_version{t.policy_version}};
-    s.context = t.turn == 0 ? g.announce.prompt_token_ids : std::move(t.data.context);
+    s.context = t.turn == 0 ? out.prompt_token_ids : std::move(t.data.context);
     s.verdict = std::move(*v);
     s.continues = t.data.continues;
-    seen[s.episode] = true;
-    going_on[s.episode] = s.continues; // the turns come by episode and turn: the last one decides
-    g.announce.variants.push_back(stored_variant_id(t.sample_id));
-    g.announce.completions.push_back(s.sampled);
-    g.verdicts.push_back(s.verdict);
-    g.done.push_back(true);
-    g.episodes.push_back(s.episode);
-    g.turns.push_back(s.turn);
-    g.contexts.push_back(s.context);
+    ids.push_back(stored_variant_id(t.sample_id));
     out.stored.push_back(std::move(s));
   }
-  for (std::uint32_t e = 0; e < out.episodes; ++e)
-    if (going_on[e] || !seen[e])
-      ++g.reserved;
-  g.missing = g.reserved;
-  g.seq = st.next_seq++;
-  auto it = st.groups.emplace(out.group.value, std::move(g)).first;
-  if (it->second.missing == 0) {
-    send_group(self, it);
+  std::uint64_t seq = 0;
+  if (auto complete = st.groups.reopen(out, ids, seq)) {
+    send_group(self, std::move(*complete));
     ++st.stats.groups_completed;
   } else {
-    arm_timeout(self, out.group, it->second.seq, out.turns);
+    arm_timeout(self, out.group, seq, out.turns);
   }
   return out;
-}
-
-caf::error check_announce(const exemplar_state& st, const group_announce& a) {
-  if (a.group.value == 0)
-    return make_error(errc::invalid_arg, "group announce: group id 0 is reserved for variants of no group");
-  if (a.completions.empty())
-    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": no completions");
-  if (a.variants.size() != a.completions.size())
-    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": "
-                                           + std::to_string(a.variants.size()) + " variant ids for "
-                                           + std::to_string(a.completions.size()) + " completions");
-  std::unordered_set<std::uint64_t> seen;
-  for (const auto& v : a.variants)
-    if (!seen.insert(v.value).second)
-      return make_error(errc::invalid_arg,
-                        "group announce " + to_string(a.group) + ": variant " + to_string(v) + " twice");
-  if (st.groups.count(a.group.value) != 0)
-    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": that group is already open");
-  if (a.turns < 1)
-    return make_error(errc::invalid_arg, "group announce " + to_string(a.group) + ": turns must be at least 1");
-  return {};
 }
 
 exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_ptr<storage::replay_store> store,
@@ -400,102 +312,58 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
     },
     [=](group_announce& a) -> caf::result<void> {
       auto& st = self->state;
-      if (auto err = check_announce(st, a))
+      if (auto err = st.groups.check(a))
         return err;
       if (st.groups.size() >= st.opt.max_open_groups) {
         ++st.stats.groups_refused;
         return make_error(errc::busy, std::to_string(st.groups.size()) + " groups are waiting for verdicts (limit "
                                         + std::to_string(st.opt.max_open_groups) + "); retry later");
       }
-      auto id = a.group;
-      auto seq = st.next_seq++;
-      auto n = a.completions.size();
+      const auto id = a.group;
       const auto turns = a.turns;
       if (turns > 1)
         record_episode_group(self, a);
-      a.system.clear();
-      a.user.clear();
-      a.prompt.clear();
-      open_group g{std::move(a), std::vector<verdict>(n), std::vector<bool>(n, false), n, seq, {}, {}, {}, 0};
-      if (g.multi_turn()) {
-        for (std::size_t i = 0; i < n; ++i) {
-          g.episodes.push_back(static_cast<std::uint32_t>(i));
-          g.turns.push_back(0);
-          g.contexts.push_back(g.announce.prompt_token_ids);
-        }
-      }
-      st.groups.emplace(id.value, std::move(g));
+      const auto seq = st.groups.open(std::move(a));
       arm_timeout(self, id, seq, turns);
       return caf::unit;
     },
     [=](const scored_variant& x) {
       auto& st = self->state;
-      auto it = st.groups.end();
-      std::size_t slot = 0;
-      if (x.group.value != 0) {
-        it = st.groups.find(x.group.value);
-        if (it != st.groups.end()) {
-          const auto& ids = it->second.announce.variants;
-          slot = static_cast<std::size_t>(std::find(ids.begin(), ids.end(), x.variant) - ids.begin());
-          if (slot == ids.size()) {
-            it = st.groups.end();
-          } else if (it->second.done[slot]) {
-            ++st.stats.duplicates; // recording it again would count the code twice
-            return;
-          }
-        }
-        if (it == st.groups.end())
-          ++st.stats.unknown; // late (after drop or fill), refused, or never announced
-      }
-      // A sample of no open group reaches no trainer: its fate is decided here.
-      const bool multi = it != st.groups.end() ? it->second.multi_turn() : x.turn > 0 || x.continues;
-      std::optional<storage::episode_turn_data> data;
-      if (it != st.groups.end() && multi)
-        data = episode_data(it->second, slot, x);
-      record(self, x, x.group.value != 0 && it == st.groups.end() ? storage::sample_fate::orphan : std::string_view{},
-             multi, std::move(data));
-      if (it == st.groups.end())
+      const auto place = st.groups.find(x);
+      if (place.what == group_book::placing::duplicate) {
+        ++st.stats.duplicates; // recording it again would count the code twice
         return;
-      auto& g = it->second;
-      g.verdicts[slot] = x.verdict;
-      g.done[slot] = true;
-      if (x.continues && g.multi_turn()) { // the episode's next turn holds a place open
-        ++g.reserved;
-        ++g.missing;
       }
-      one_fewer(self, it);
+      const bool member = place.what == group_book::placing::member;
+      if (x.group.value != 0 && !member)
+        ++st.stats.unknown; // late (after drop or fill), refused, or never announced
+      // A sample of no open group reaches no trainer: its fate is decided here.
+      const bool multi = member ? st.groups.multi_turn(x.group) : x.turn > 0 || x.continues;
+      std::optional<storage::episode_turn_data> data;
+      if (member && multi)
+        data = st.groups.turn_data(x.group, place.slot, x);
+      record(self, x, x.group.value != 0 && !member ? storage::sample_fate::orphan : std::string_view{}, multi,
+             std::move(data));
+      if (!member)
+        return;
+      if (auto complete = st.groups.score(place.slot, x)) {
+        send_group(self, std::move(*complete));
+        ++st.stats.groups_completed;
+      }
     },
     [=](group_extend& x) {
       auto& st = self->state;
-      auto it = st.groups.find(x.group.value);
-      // Turn 0 only for an episode of a reopened group that has no stored turn.
-      auto first_of_new_episode = [&](const open_group& g) {
-        return std::find(g.episodes.begin(), g.episodes.end(), x.episode) == g.episodes.end();
-      };
-      if (it == st.groups.end() || !it->second.multi_turn() || it->second.reserved == 0
-          || x.turn >= it->second.announce.turns || (x.turn == 0 && !first_of_new_episode(it->second))) {
-        ++st.stats.unknown; // sent on or dropped meanwhile, or no place was held open for it
-        return;
+      std::optional<rollout_group> complete;
+      switch (st.groups.extend(std::move(x), complete)) {
+        case group_book::extension::unknown: ++st.stats.unknown; break; // sent on or dropped, or no place held
+        case group_book::extension::duplicate: ++st.stats.duplicates; break;
+        case group_book::extension::released:
+        case group_book::extension::added: break;
       }
-      auto& g = it->second;
-      if (x.variant.value == 0) { // the episode ends without this turn: its place is released
-        --g.reserved;
-        one_fewer(self, it);
-        return;
+      if (complete) {
+        send_group(self, std::move(*complete));
+        ++st.stats.groups_completed;
       }
-      const auto& ids = g.announce.variants;
-      if (std::find(ids.begin(), ids.end(), x.variant) != ids.end()) {
-        ++st.stats.duplicates;
-        return;
-      }
-      --g.reserved; // the place stays counted in `missing` until its verdict
-      g.announce.variants.push_back(x.variant);
-      g.announce.completions.push_back(std::move(x.sampled));
-      g.verdicts.emplace_back();
-      g.done.push_back(false);
-      g.episodes.push_back(x.episode);
-      g.turns.push_back(x.turn);
-      g.contexts.push_back(std::move(x.prompt_token_ids));
     },
     [=](reopen_atom, std::uint64_t min_version, std::uint64_t max_version,
         std::uint64_t limit) -> caf::result<episode_reopening> {
@@ -540,29 +408,22 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
     },
     [=](expire_atom, group_id id, std::uint64_t seq) {
       auto& st = self->state;
-      auto it = st.groups.find(id.value);
-      if (it == st.groups.end() || it->second.seq != seq)
+      if (!st.groups.is_open(id, seq))
         return; // complete before its timeout
       if (st.opt.on_straggler == straggler_policy::drop) {
-        st.groups.erase(it);
+        st.groups.drop(id);
         ++st.stats.groups_dropped;
         if (!st.store->set_group_fate(id.value, storage::sample_fate::straggler, 0).ok())
           ++st.stats.record_errors;
         return;
       }
-      auto& g = it->second;
-      for (std::size_t i = 0; i < g.done.size(); ++i) {
-        if (g.done[i])
-          continue;
-        verdict v;
-        v.status = verdict_status::timeout;
-        v.correct = false;
-        v.reward = st.opt.fill_reward;
-        v.message = "no verdict within the straggler timeout of " + seconds_text(st.opt.straggler_timeout_s)
-                    + " s; filled in by the exemplar actor";
-        g.verdicts[i] = std::move(v);
-      }
-      send_group(self, it);
+      verdict v;
+      v.status = verdict_status::timeout;
+      v.correct = false;
+      v.reward = st.opt.fill_reward;
+      v.message = "no verdict within the straggler timeout of " + seconds_text(st.opt.straggler_timeout_s)
+                  + " s; filled in by the exemplar actor";
+      send_group(self, st.groups.fill(id, v));
       ++st.stats.groups_filled;
     },
   };

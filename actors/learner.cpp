@@ -14,7 +14,7 @@
 
 #include "actors/actor_config.hpp"
 #include "core/progress.hpp"
-#include "env/device_gate.hpp"
+#include "env/eval/device_gate.hpp"
 #include "policy/training/checkpoint.hpp"
 #include "policy/training/episode_batch.hpp"
 #include "policy/distributed/collective.hpp"

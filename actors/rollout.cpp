@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "actors/actor_config.hpp"
-#include "env/task_sampler.hpp"
+#include "actors/group_book.hpp"
+#include "env/prompt/task_sampler.hpp"
 
 namespace crucible {
 
@@ -664,16 +665,11 @@ void resume_groups(rollout_pointer self) {
     g.first.text = std::move(r.prompt);
     g.first.messages = {{"system", g.first.system}, {"user", g.first.user}};
     g.members.resize(r.episodes);
-    std::vector<bool> seen(r.episodes, false), going_on(r.episodes, false);
-    for (auto& t : r.stored) {
-      if (t.episode >= r.episodes)
-        continue;
-      auto& m = g.members[t.episode];
-      seen[t.episode] = true;
-      going_on[t.episode] = t.continues;
-      m.turn = t.turn;
-      m.history.push_back({t.sampled.text, feedback_on(st, t.verdict, t.turn, g.turns)});
-    }
+    for (auto& t : r.stored)
+      if (t.episode < r.episodes)
+        g.members[t.episode].history.push_back({t.sampled.text, feedback_on(st, t.verdict, t.turn, g.turns)});
+    // Where each episode stands, as the exemplar actor's group book holds places for them.
+    const auto points = episode_points(r);
     ++st.stats.groups_started;
     ++st.stats.groups_resumed;
     // A task no longer in the pool (tasks.include changed at the resume) takes no more turns: its
@@ -681,17 +677,19 @@ void resume_groups(rollout_pointer self) {
     const bool known = st.deps.tasks->find(g.task) != st.deps.tasks->end();
     for (std::uint32_t slot = 0; slot < r.episodes; ++slot) {
       auto& m = g.members[slot];
-      if (seen[slot] && !going_on[slot]) {
+      const auto& p = points[slot];
+      m.turn = p.turn;
+      if (!p.open()) {
         m.done = true; // ended in the earlier process
         continue;
       }
       if (!known) {
         m.done = true;
         ++st.stats.turns_lost;
-        release_place(self, g.id, slot, seen[slot] ? m.turn + 1 : 0);
+        release_place(self, g.id, slot, p.seen ? m.turn + 1 : 0);
         continue;
       }
-      if (!seen[slot]) {
+      if (!p.seen) {
         m.next = turn_request(st, g, slot, 0, g.first);
         m.turn = 0;
       } else if (auto built = st.deps.prompts->continue_episode(g.first, m.history); built.ok()) {

@@ -15,10 +15,10 @@
 #include "actors/interfaces.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
-#include "env/feedback.hpp"
-#include "env/prompt.hpp"
-#include "env/response_parser.hpp"
-#include "env/task_sampler.hpp"
+#include "env/prompt/feedback.hpp"
+#include "env/prompt/prompt.hpp"
+#include "env/prompt/response_parser.hpp"
+#include "env/prompt/task_sampler.hpp"
 #include "text/tokenizer.hpp"
 
 namespace crucible {

@@ -11,7 +11,7 @@
 #include "core/file_io.hpp"
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
-#include "env/task_sampler.hpp"
+#include "env/prompt/task_sampler.hpp"
 
 namespace fs = std::filesystem;
 

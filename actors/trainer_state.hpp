@@ -1,27 +1,36 @@
 // actors/trainer_state.hpp: inside the trainer actor, not part of its interface: the state the
-// actor's messages (trainer.cpp) and its stage steps (trainer_steps.cpp) share, and the functions
-// each file calls in the other. Included by those two files only.
+// actor's messages (trainer.cpp), its step (trainer_step.cpp) and its rollout places
+// (trainer_rollouts.cpp) share, and the functions each file offers the ones before it (calls go
+// one way: trainer.cpp -> trainer_step.cpp -> trainer_rollouts.cpp). Included by those files only.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include <caf/duration.hpp>
+#include <caf/sec.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include "actors/actor_config.hpp"
 #include "actors/exemplar.hpp"
 #include "actors/trainer.hpp"
-#include "env/task_sampler.hpp"
+#include "env/prompt/task_sampler.hpp"
 
 namespace crucible::trainer_detail {
 
@@ -81,6 +90,10 @@ struct trainer_step {
   caf::typed_response_promise<stage_report> pending;
   std::vector<std::string> records;
   std::function<void()> on_groups; // called when groups arrive while a step waits for them
+  // What the step does next: once the stage under way is done (the task check, the warm start),
+  // and with a sampling step's groups once they are here (run_step sets them).
+  std::function<void()> then;
+  std::function<void(std::vector<rollout_group>)> then_groups;
   std::uint64_t want = 0;          // groups the waiting step needs
   bool timer_armed = false;
   std::uint64_t waits = 0;         // waits for groups so far (matches a stall check to its wait)
@@ -141,31 +154,75 @@ struct trainer_state {
 
 using self_pointer = trainer_impl_actor::stateful_pointer<trainer_state>;
 
-// -- trainer.cpp ---------------------------------------------------------------------------------
+// -- helpers every file uses -------------------------------------------------------------------
 
-std::uint64_t next_random(trainer_state& st);
-double seconds_since(std::chrono::steady_clock::time_point t);
-double now_seconds(const trainer_state& st);
-std::string time_now(const trainer_state& st);
-bool is_skipped(const trainer_state& st, const task_id& t);
-// `turn`: the verdict's turn in its episode (multi-turn), -1 for a one-turn group. A seed
-// variant's (`seed`) counts among the variants, not in the policy's correct, best and mean.
-void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
-                   sample_tally* tally, int turn = -1, bool seed = false);
-void finish_step(self_pointer self, bool done);
-void fail_step(self_pointer self, const crucible::error& err);
-caf::duration learner_wait(const trainer_state& st);
+inline std::uint64_t next_random(trainer_state& st) {
+  return splitmix64(st.deps->cfg.run.seed ^ 0x7472616e6572ull ^ splitmix64(++st.p.rng));
+}
+
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+inline double now_seconds(const trainer_state& st) { return st.p.stage_seconds + seconds_since(st.stage_start); }
+
+inline std::string time_now(const trainer_state& st) { return format_iso8601(st.deps->clk->now()); }
+
+// The tasks the run trains on: the catalogue, less those tasks.skip_broken left out.
+inline std::shared_ptr<const task_catalog> tasks_of(const trainer_state& st) {
+  return st.warm.pool ? st.warm.pool : st.deps->tasks;
+}
+
+inline bool is_skipped(const trainer_state& st, const task_id& t) {
+  return st.warm.pool && st.warm.pool->find(t) == st.warm.pool->end();
+}
+
 // The learner's data-parallel ranks (learner.devices; at least 1): an update needs a group (RL) or
 // an example (SFT) for each.
-std::size_t learner_ranks(const trainer_state& st);
-crucible::error learner_error(const trainer_state& st, const caf::error& e, const char* what);
-void arm_stall_check(self_pointer self);
-result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups);
-void reopen_groups(self_pointer self, std::uint64_t staleness, std::uint64_t limit, std::function<void()> then);
-void send_fates(self_pointer self, std::vector<group_id> ids, std::string_view fate, std::uint64_t step);
-void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then);
-void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bound);
-void discard_groups(self_pointer self);
+inline std::size_t learner_ranks(const trainer_state& st) {
+  return std::max<std::size_t>(1, st.deps->cfg.learner.devices.size());
+}
+
+// run.stall_timeout_s; zero: off.
+inline std::chrono::milliseconds stall_limit(const trainer_state& st) {
+  const auto s = st.deps->cfg.run.stall_timeout_s;
+  return std::chrono::milliseconds{s > 0 ? static_cast<long long>(std::ceil(s * 1000.0)) : 0};
+}
+
+// How long a request to the learner may go unanswered (run.stall_timeout_s).
+inline caf::duration learner_wait(const trainer_state& st) {
+  const auto limit = stall_limit(st);
+  return limit.count() > 0 ? caf::duration{limit} : caf::duration{caf::infinite};
+}
+
+// "90 s (run.stall_timeout_s)": how long a role was silent, for its error.
+inline std::string stall_text(const trainer_state& st) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", st.deps->cfg.run.stall_timeout_s);
+  return std::string{secs} + " s (run.stall_timeout_s)";
+}
+
+// The learner's error; its silence (the request timed out) named as such.
+inline crucible::error learner_error(const trainer_state& st, const caf::error& e, const char* what) {
+  if (e != caf::sec::request_timeout)
+    return to_error(e);
+  return crucible::error{errc::timeout, std::string{"the learner did not answer "} + what + " in " + stall_text(st)
+                                            + ": it is stuck or gone (a collective waiting "
+                                              "for a peer, a device fault); the run stops, its last checkpoint stays"};
+}
+
+// -- trainer_step.cpp: one step of the schedule, and what the actor's messages tell it ------------
+
+// One step (advance_atom), top to bottom; it ends in finish_step or fail_step.
+void run_step(self_pointer self);
+// A group from the exemplar actor: queued, and the waiting step told.
+void group_arrived(self_pointer self, rollout_group g);
+// drain_atom: a step that waits for groups ends without training; says what it did.
+std::string drain_step(self_pointer self);
+// stall_atom: a step's wait `wait` checked for silence (`seen`: the groups in when it was armed).
+void stall_check(self_pointer self, std::uint64_t wait, std::uint64_t seen);
+// collect_atom: what waits for a retry (task checks, seed variants, a sync step's groups) tries again.
+void retry_waiting(self_pointer self);
 
 // Counts (and records) the verdicts of every member of `groups` (a turn of an episode with its turn).
 template <class Groups>
@@ -185,14 +242,35 @@ std::vector<group_id> group_ids(const Groups& groups) {
   return ids;
 }
 
-// -- trainer_steps.cpp ---------------------------------------------------------------------------
+// -- trainer_records.cpp: what a step writes ---------------------------------------------------
 
-void advance(self_pointer self);
-void arm_timer(self_pointer self);
-void check_pump(self_pointer self);
-void sampling_step(self_pointer self);
-void train_on_groups(self_pointer self);
-void warm_pump(self_pointer self);
-void with_devices(self_pointer self, std::function<void()> then);
+// The step's report: the counters and the records since the last one.
+stage_report report_of(trainer_state& st, bool done);
+// Counts a scored variant into the run's tallies and writes its verdict record. `turn`: the
+// verdict's turn in its episode (multi-turn), -1 for a one-turn group. A seed variant's (`seed`)
+// counts among the variants, not in the policy's correct, best and mean.
+void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std::uint64_t version, std::uint64_t group,
+                   sample_tally* tally, int turn = -1, bool seed = false);
+// The current stage's step count and time limit (stages.NAME.steps, max_minutes); nullopt after
+// the last stage.
+std::optional<std::pair<std::int64_t, double>> stage_limits(const trainer_state& st);
+// "step 120/700, 3.41 s a step, 32m58s left" (see trainer_records.cpp).
+std::string stage_progress_text(const trainer_state& st);
+// The train_step record of an update (`tally`: a sampling step's, null for SFT).
+std::string train_record(trainer_state& st, const train_report& r, const sample_tally* tally, std::size_t groups);
+
+// -- trainer_rollouts.cpp: the rollout places and their groups -----------------------------------
+
+// Spawns the rollout actors of a sampling stage (0: async, until stopped) or step (its groups,
+// dealt round them as quotas), each continuing its place's sampler, and starts them.
+result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups);
+void reopen_groups(self_pointer self, std::uint64_t staleness, std::uint64_t limit, std::function<void()> then);
+void send_fates(self_pointer self, std::vector<group_id> ids, std::string_view fate, std::uint64_t step);
+void settle_samples(self_pointer self, std::int64_t kept, std::function<void()> then);
+void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()> then);
+void collect_samplers(self_pointer self, std::function<void()> then);
+void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bound);
+void drop_oldest(self_pointer self, std::size_t bound);
+void discard_groups(self_pointer self);
 
 } // namespace crucible::trainer_detail

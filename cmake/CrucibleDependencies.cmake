@@ -12,7 +12,7 @@ if(NOT TARGET yaml-cpp::yaml-cpp)
   endif()
 endif()
 
-# nlohmann/json (Debian's nlohmann-json3-dev, header-only): the workers' messages (env/wire.hpp).
+# nlohmann/json (Debian's nlohmann-json3-dev, header-only): the workers' messages (env/eval/wire.hpp).
 find_package(nlohmann_json 3.11 REQUIRED)
 
 # OpenSSL's libcrypto (Debian's libssl-dev): SHA-256 (core/sha256.hpp), at the processor's SHA
@@ -75,7 +75,7 @@ endif()
 find_package(Torch REQUIRED)
 if(CRUCIBLE_HAVE_CUDA)
   find_package(NCCL REQUIRED)
-  # Our own kernels (env/device_bytes.cu): Ampere and Hopper, plus PTX for later GPUs.
+  # Our own kernels (env/eval/device/device_bytes.cu): Ampere and Hopper, plus PTX for later GPUs.
   set(CRUCIBLE_CUDA_ARCHITECTURES "80-real;90-real;90-virtual" CACHE STRING "CUDA architectures of crucible's kernels")
   if(NOT CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")

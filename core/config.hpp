@@ -117,7 +117,7 @@ enum class isolation_mode : std::uint8_t {
 /// "strict", "best-effort": the names config files use.
 const char* to_string(isolation_mode m) noexcept;
 
-/// Whether the evaluator runs its CUDA devices under a private CUDA MPS daemon (env/mps.hpp).
+/// Whether the evaluator runs its CUDA devices under a private CUDA MPS daemon (env/eval/device/mps.hpp).
 enum class cuda_mps_mode : std::uint8_t {
   auto_, ///< where it can: not as root, the control program found, CUDA not yet started in the process
   on,    ///< always; an evaluator that cannot refuses to start, naming why
@@ -237,8 +237,8 @@ const char* to_string(straggler_policy p) noexcept;
 /// "auto", "none".
 const char* to_string(chat_template_mode m) noexcept;
 
-/// `prompt:` — the contrastive prompt (env/prompt.hpp) and the parsing of responses
-/// (env/response_parser.hpp).
+/// `prompt:` — the contrastive prompt (env/prompt/prompt.hpp) and the parsing of responses
+/// (env/prompt/response_parser.hpp).
 struct prompt_config {
   std::string template_file;            ///< key `template`; "" : configs/prompts/contrastive.yaml of the checkout
   std::string feedback_template;        ///< the feedback after each turn of an episode; "" : configs/prompts/feedback.yaml
@@ -250,7 +250,7 @@ struct prompt_config {
   bool require_sections = true;         ///< responses must carry every section heading of the template
 };
 
-/// How a rollout actor picks the next task (env/task_sampler.hpp has the formulas).
+/// How a rollout actor picks the next task (env/prompt/task_sampler.hpp has the formulas).
 enum class task_sampling : std::uint8_t {
   uniform,     ///< every task equally often
   improvement, ///< weighted toward tasks with room to improve: w = 1 / (1 + best speedup so far)

@@ -1,5 +1,7 @@
 #include "core/error.hpp"
 
+#include <algorithm>
+
 namespace crucible {
 
 const char* to_string(errc code) noexcept {
@@ -33,10 +35,24 @@ std::string error::to_string() const {
 
 std::string source_site(const char* file, int line) {
   std::string_view f{file != nullptr ? file : "?"};
-  auto cut = f.rfind('/');
-  if (cut != std::string_view::npos && cut > 0)
+  // From the first of the checkout's top folders on ("../env/eval/boundary.cpp", as Ninja names
+  // a source, or an absolute path): a site in a nested folder keeps its whole place.
+  static constexpr std::string_view tops[] = {"actors/", "core/", "env/", "jinja/", "policy/", "service/",
+                                              "storage/", "tests/", "text/", "tools/"};
+  std::size_t best = std::string_view::npos;
+  for (auto top : tops)
+    for (std::size_t at = f.find(top); at != std::string_view::npos; at = f.find(top, at + 1))
+      if (at == 0 || f[at - 1] == '/') {
+        best = std::min(best, at);
+        break;
+      }
+  if (best != std::string_view::npos) {
+    f.remove_prefix(best);
+  } else if (auto cut = f.rfind('/'); cut != std::string_view::npos && cut > 0) {
+    // Elsewhere the file's folder and the file.
     if (auto dir = f.rfind('/', cut - 1); dir != std::string_view::npos)
       f.remove_prefix(dir + 1);
+  }
   return std::string{f} + ":" + std::to_string(line);
 }
 

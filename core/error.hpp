@@ -82,8 +82,8 @@ private:
   crucible::error err_;
 };
 
-/// Where a check stands in the source, for its message: "dir/file.cpp:123" (the last two parts
-/// of `file`). Use CRUCIBLE_SITE().
+/// Where a check stands in the source, for its message: "env/eval/boundary.cpp:123" (the path from
+/// the checkout's top folder on; outside one, the file's folder and the file). Use CRUCIBLE_SITE().
 std::string source_site(const char* file, int line);
 
 /// Shorthand: `return fail(errc::io, "cannot open ", path);`
@@ -96,5 +96,5 @@ crucible::error fail(errc code, Ts&&... parts) {
 
 } // namespace crucible
 
-/// The calling line's source_site: "env/device_bytes.cu:415".
+/// The calling line's source_site: "env/eval/device/device_bytes.cu:415".
 #define CRUCIBLE_SITE() ::crucible::source_site(__FILE__, __LINE__)

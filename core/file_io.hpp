@@ -25,7 +25,7 @@ result<std::string> read_file(const std::filesystem::path& path);
 result<std::string> read_source_file(const std::filesystem::path& path);
 
 /// The directory of the running executable (/proc/self/exe), or an empty path where unknown.
-/// Files shipped with the checkout (env/harness, configs/prompts) are found by walking up from it.
+/// Files shipped with the checkout (env/eval/harness, configs/prompts) are found by walking up from it.
 std::filesystem::path executable_dir();
 
 /// A path a configuration or flag names, for files shipped with the checkout (env/tasks/cpu): as

@@ -1,5 +1,5 @@
 // env/dtype.hpp: the element types an output may have, as the worker names them. Plain C++17 so
-// that CUDA sources (env/device_bytes.cu) can include it.
+// that CUDA sources (env/eval/device/device_bytes.cu) can include it.
 #pragma once
 
 #include <cstddef>

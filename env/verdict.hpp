@@ -57,7 +57,7 @@ struct verdict {
   std::uint32_t rounds = 0;   ///< timed rounds behind the speedup
   double wall_s = 0.0;        ///< wall time of the evaluation
   std::string baseline = "eager";
-  /// The candidate's own profile, for the feedback of a multi-turn episode (env/feedback.hpp):
+  /// The candidate's own profile, for the feedback of a multi-turn episode (env/prompt/feedback.hpp):
   /// the kernels that took most of its profiled trial call, largest first (at most 5), and the
   /// share of that call's time in kernels the reference's call did not run (NaN: not known). Both
   /// are counted in the candidate's process: they tell the policy where its time goes and never

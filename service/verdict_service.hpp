@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/log.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
 

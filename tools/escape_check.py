@@ -70,12 +70,12 @@ def main():
             failures.append(what)
 
     for cand in ("escape_python.py", "escape_cpp.py"):
-        create = [os.path.join(home, tag), os.path.join(ROOT, tag), os.path.join(ROOT, "env", "harness", tag),
+        create = [os.path.join(home, tag), os.path.join(ROOT, tag), os.path.join(ROOT, "env", "eval", "harness", tag),
                   os.path.join(ROOT, "env", "tasks", "cpu", tag), os.path.join(run, "created"),
                   os.path.join(run, "extensions", tag)]
         private = [os.path.join(tempfile.gettempdir(), tag), os.path.join(tempfile.gettempdir(), "crucible", tag),
                    "/dev/shm/" + tag]
-        append = [task, os.path.join(run, "config.yaml"), os.path.join(ROOT, "env", "harness", "worker.py")]
+        append = [task, os.path.join(run, "config.yaml"), os.path.join(ROOT, "env", "eval", "harness", "worker.py")]
         victims = [os.path.join(run, "victim.txt"), os.path.join(run, "token")]
         secrets = [os.path.join(run, "token"), home_secret]
         before = {x: open(x, "rb").read() for x in append + victims}

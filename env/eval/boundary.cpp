@@ -3,10 +3,10 @@
 // worker draws every input; this process hands the candidate's worker its inputs, keeps it stopped
 // outside its own calls, reads the clock around each timed sample, reads both workers' outputs out
 // of their memory while they are stopped, and compares them. Nothing the verdict depends on is in
-// the candidate's process. Methods of evaluation (env/evaluation.hpp); the rest of its walk
-// (statuses, the speedup, the recheck) is env/evaluation.cpp's.
-#include "env/evaluation.hpp"
-#include "env/worker_messages.hpp"
+// the candidate's process. Methods of evaluation (env/eval/evaluation.hpp); the rest of its walk
+// (statuses, the speedup, the recheck) is env/eval/evaluation.cpp's.
+#include "env/eval/evaluation.hpp"
+#include "env/eval/worker_messages.hpp"
 
 #include <unistd.h>
 
@@ -142,7 +142,7 @@ mapping_owners& owners() {
 
 // What keeps a mapping registered in owners() while it lives. The mapping is handed out through
 // an aliasing pointer, so it keeps its own type (a device agent's memory stays the agent's:
-// env/device_agent.hpp routes by it).
+// env/eval/device/device_agent.hpp routes by it).
 class mapping_registration final {
 public:
   explicit mapping_registration(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}

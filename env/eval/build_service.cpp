@@ -1,5 +1,5 @@
-// The build service (env/build_service.hpp).
-#include "env/build_service.hpp"
+// The build service (env/eval/build_service.hpp).
+#include "env/eval/build_service.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -17,9 +17,9 @@
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "core/sha256.hpp"
-#include "env/wire.hpp"
-#include "env/worker_messages.hpp"
-#include "env/worker_pool.hpp"
+#include "env/eval/wire.hpp"
+#include "env/eval/worker_messages.hpp"
+#include "env/eval/worker_pool.hpp"
 
 namespace crucible::env {
 

@@ -1,4 +1,4 @@
-// env/build_service.hpp: the evaluator's build service. A worker's `build` request (the
+// env/eval/build_service.hpp: the evaluator's build service. A worker's `build` request (the
 // load_inline or load call its candidate's module made, or a Triton kernel's compile, as JSON) is
 // built in a sandboxed builder process of its own; the result is kept in the extension cache under
 // the hash of the whole request, the interpreter and the device model. Only this process writes

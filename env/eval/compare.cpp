@@ -1,4 +1,4 @@
-#include "env/compare.hpp"
+#include "env/eval/compare.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <limits>
 #include <tuple>
 
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 
 namespace crucible::env {
 

@@ -1,5 +1,5 @@
-// env/compare.hpp: comparing candidate outputs with reference outputs, in the evaluator's own
-// process, on raw bytes the worker sent or on device memory it exported (env/device_bytes.hpp):
+// env/eval/compare.hpp: comparing candidate outputs with reference outputs, in the evaluator's own
+// process, on raw bytes the worker sent or on device memory it exported (env/eval/device/device_bytes.hpp):
 // nothing the candidate's process can patch is involved.
 #pragma once
 
@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 #include "env/dtype.hpp"
 
 namespace crucible::env {
@@ -84,7 +84,7 @@ comparison compare_outputs(const std::vector<tensor_blob>& want, const std::vect
                            const tolerances& tol, const device_differences* ahead = nullptr);
 
 /// How a reference output's own scale bears on its absolute tolerance (atol_for_scale in
-/// env/device_bytes.hpp; docs/evaluator.md, Correctness). Plain value.
+/// env/eval/device/device_bytes.hpp; docs/evaluator.md, Correctness). Plain value.
 struct output_scale {
   bool floating = false;     ///< a plain floating tensor: the only kind the rule looks at
   std::uint64_t finite = 0;  ///< its finite elements

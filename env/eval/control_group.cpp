@@ -1,7 +1,7 @@
-// The workers' control groups (env/control_group.hpp): cgroup v2's core files only (cgroup.procs,
+// The workers' control groups (env/eval/control_group.hpp): cgroup v2's core files only (cgroup.procs,
 // cgroup.freeze, cgroup.events, cgroup.kill, cpu.stat), which every non-root group has without
 // any controller enabled, so a group can be made wherever this process may write its own.
-#include "env/control_group.hpp"
+#include "env/eval/control_group.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,6 +1,6 @@
-// env/control_group.hpp: one worker's control group (cgroup v2). The kernel's own accounting of
+// env/eval/control_group.hpp: one worker's control group (cgroup v2). The kernel's own accounting of
 // everything the worker starts: its CPU time (reaped or not, walked or not) and its stop and
-// continuation as one (the freezer). env/sandbox.cpp puts each worker in one; the evaluator's
+// continuation as one (the freezer). env/eval/sandbox.cpp puts each worker in one; the evaluator's
 // clock charges a timed sample what the group ran (docs/evaluator.md, Trust boundary).
 #pragma once
 

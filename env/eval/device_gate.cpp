@@ -1,5 +1,5 @@
-// env/device_gate.cpp: see device_gate.hpp.
-#include "env/device_gate.hpp"
+// env/eval/device_gate.cpp: see device_gate.hpp.
+#include "env/eval/device_gate.hpp"
 
 #include <algorithm>
 #include <functional>

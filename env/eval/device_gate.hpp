@@ -1,4 +1,4 @@
-// env/device_gate.hpp: who uses an evaluator's device when. Timed rounds have the device to
+// env/eval/device_gate.hpp: who uses an evaluator's device when. Timed rounds have the device to
 // themselves; untimed work (references, correctness trials) and starting workers' device
 // initialisation measure nothing, so several of them may share the device. A timed user that
 // waits goes first: no untimed user enters while one waits, and the untimed users inside finish

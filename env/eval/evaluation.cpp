@@ -1,9 +1,9 @@
-// One candidate's walk through the worker protocol (env/evaluation.hpp): the job goes to a worker
+// One candidate's walk through the worker protocol (env/eval/evaluation.hpp): the job goes to a worker
 // the pool handed over, the reference's and candidate's messages come back, outputs are compared
 // on raw bytes or on the device, the timing rounds are asked for and the verdict is built.
-// device_evaluator::evaluate (env/evaluator.cpp) runs it and owns the retries and the cache.
-#include "env/evaluation.hpp"
-#include "env/worker_messages.hpp"
+// device_evaluator::evaluate (env/eval/evaluator.cpp) runs it and owns the retries and the cache.
+#include "env/eval/evaluation.hpp"
+#include "env/eval/worker_messages.hpp"
 
 #include <signal.h>
 
@@ -12,7 +12,7 @@
 #include <random>
 #include <utility>
 
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 #include "env/reward.hpp"
 
 namespace crucible::env {
@@ -718,7 +718,7 @@ verdict evaluation::judge() {
       seed = 1;
   }
   reported_.trials = req_.reference_only ? 1 : opt.trials;
-  // The trust boundary (env/boundary.cpp) on the CPU, and on a CUDA device with cuda_boundary; a
+  // The trust boundary (env/eval/boundary.cpp) on the CPU, and on a CUDA device with cuda_boundary; a
   // check of a task alone runs no candidate. On a CUDA device the boundary needs this process's
   // own view of the workers' device memory (outputs kept on the device); without it the verdict
   // keeps one worker.
@@ -727,7 +727,7 @@ verdict evaluation::judge() {
   dev_.on = two_workers_ && cuda_boundary;
   if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
-    // tolerance, so that the comparison judges them relative to their scale (env/compare.hpp).
+    // tolerance, so that the comparison judges them relative to their scale (env/eval/compare.hpp).
     if (req_.reference_only && v_.status == verdict_status::ok && !reference_.empty())
       if (auto line = within_tolerance_line(reference_.front(), tol_); !line.empty())
         v_.message += "\n" + line;

@@ -1,6 +1,6 @@
-// env/evaluation.hpp (internal to env/): one candidate's walk through the worker protocol, the
-// class device_evaluator::evaluate runs on a worker it took from the pool (env/evaluation.cpp;
-// across the trust boundary env/boundary.cpp). It reaches its evaluator only through an
+// env/eval/evaluation.hpp (internal to env/): one candidate's walk through the worker protocol, the
+// class device_evaluator::evaluate runs on a worker it took from the pool (env/eval/evaluation.cpp;
+// across the trust boundary env/eval/boundary.cpp). It reaches its evaluator only through an
 // evaluation_context. Not included outside env/.
 #pragma once
 
@@ -16,13 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "env/compare.hpp"
-#include "env/device_gate.hpp"
-#include "env/build_service.hpp"
-#include "env/evaluation_context.hpp"
-#include "env/evaluator.hpp"
-#include "env/timing.hpp"
-#include "env/worker_pool.hpp"
+#include "env/eval/compare.hpp"
+#include "env/eval/device_gate.hpp"
+#include "env/eval/build_service.hpp"
+#include "env/eval/evaluation_context.hpp"
+#include "env/eval/eval_request.hpp"
+#include "env/verdict.hpp"
+#include "env/eval/timing.hpp"
+#include "env/eval/worker_pool.hpp"
 
 namespace crucible::env {
 
@@ -111,7 +112,7 @@ private:
     return !two_workers_ ? "the worker" : &w == w_.proc.get() ? "the reference's worker" : "the candidate's worker";
   }
 
-  // -- the trust boundary (env/boundary.cpp): the reference and the candidate in two workers --
+  // -- the trust boundary (env/eval/boundary.cpp): the reference and the candidate in two workers --
   // The job message; `role` "reference" or "candidate" for one side of the boundary, else null.
   std::string job_json(std::uint64_t seed, const char* role) const;
   // runtime:below_floor: a median timed call of `call_ms` (`besides`: what it excludes) under

@@ -1,4 +1,4 @@
-// env/evaluation_context.hpp: what one evaluation (env/evaluation.hpp) may use of its
+// env/eval/evaluation_context.hpp: what one evaluation (env/eval/evaluation.hpp) may use of its
 // evaluator's: the options, the device gate, the worker pool, the build service, the reference's
 // timings alone, the time counters and the host cache flush. The evaluator owns them all and
 // hands an evaluation this context instead of itself. Internal to env/.

@@ -1,10 +1,10 @@
 // The evaluator's pool of workers for one device: it finds the harness, starts workers (from a
 // zygote where it can) and keeps them warm, builds extensions for them, and runs one candidate's
-// evaluation (env/evaluation.cpp) on a worker, with the retries and the verdict cache around it.
-#include "env/evaluator.hpp"
-#include "env/mps.hpp"
-#include "env/build_service.hpp"
-#include "env/evaluation.hpp"
+// evaluation (env/eval/evaluation.cpp) on a worker, with the retries and the verdict cache around it.
+#include "env/eval/evaluator.hpp"
+#include "env/eval/device/mps.hpp"
+#include "env/eval/build_service.hpp"
+#include "env/eval/evaluation.hpp"
 
 #include "core/file_io.hpp"
 
@@ -21,8 +21,8 @@
 #include <utility>
 
 #include "core/sha256.hpp"
-#include "env/device_agent.hpp"
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_agent.hpp"
+#include "env/eval/device/device_bytes.hpp"
 #include "env/reward.hpp"
 
 namespace crucible::env {
@@ -53,16 +53,16 @@ result<harness_location> locate_harness(const evaluator_options& opt) {
   roots.push_back(fs::current_path());
   fs::path checkout;
   for (const auto& r : roots) {
-    if (fs::exists(r / "env" / "harness" / "worker.py")) {
+    if (fs::exists(r / "env" / "eval" / "harness" / "worker.py")) {
       checkout = r;
       break;
     }
   }
   if (loc.worker_py.empty()) {
     if (checkout.empty())
-      return fail(errc::not_found, "cannot find env/harness/worker.py above ", executable_dir().string(),
+      return fail(errc::not_found, "cannot find env/eval/harness/worker.py above ", executable_dir().string(),
                   " or in the working directory (set CRUCIBLE_HARNESS)");
-    loc.worker_py = checkout / "env" / "harness" / "worker.py";
+    loc.worker_py = checkout / "env" / "eval" / "harness" / "worker.py";
   }
   // The interpreter: the configured one, CRUCIBLE_PYTHON, the checkout's .venv, the one the
   // build was configured with, then python3 on PATH.
@@ -155,7 +155,7 @@ device_evaluator::device_evaluator(const evaluator_options& opt, const reward_op
     log_.info("evaluator", device_, ": removed ", r.removed, " scratch folders of evaluators no longer running (",
               r.bytes >> 20, " MiB) under ", scratch_root.string(),
               r.failed > 0 ? "; " + std::to_string(r.failed) + " could not be removed" : std::string{});
-  // and their control groups (env/control_group.hpp), emptied and removed.
+  // and their control groups (env/eval/control_group.hpp), emptied and removed.
   if (const auto groups = reclaim_control_groups(); groups > 0)
     log_.info("evaluator", device_, ": removed the workers' control groups of ", groups, " evaluators no longer running");
   const auto extensions_dir = opt_.extensions_dir.empty() ? cache_home() / "extensions" : fs::path{opt_.extensions_dir};
@@ -322,7 +322,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   struct attempt {
     verdict v;
     bool lost_worker = false;
-    bool device_fault = false;    // its device's agent ended while it ran (env/device_agent.hpp)
+    bool device_fault = false;    // its device's agent ended while it ran (env/eval/device/device_agent.hpp)
     std::string mps_changed;      // what of the MPS daemon was changed while it ran (check_cuda_mps)
     std::uint64_t task_bytes = 0; // one trial's inputs and reference outputs
   };

@@ -1,6 +1,6 @@
-// env/evaluator.hpp: evaluates candidates on one device: warm sandboxed workers in, verdicts
+// env/eval/evaluator.hpp: evaluates candidates on one device: warm sandboxed workers in, verdicts
 // out. Drives the protocol of docs/evaluator-protocol.md, compares outputs itself and turns
-// the timed rounds into a speedup (env/timing.hpp) and a reward (env/reward.hpp).
+// the timed rounds into a speedup (env/eval/timing.hpp) and a reward (env/reward.hpp).
 #pragma once
 
 #include <atomic>
@@ -20,14 +20,15 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "env/device_gate.hpp"
-#include "env/evaluation_context.hpp"
-#include "env/sandbox.hpp"
-#include "env/solo_gate.hpp"
+#include "env/eval/device_gate.hpp"
+#include "env/eval/eval_request.hpp"
+#include "env/eval/evaluation_context.hpp"
+#include "env/eval/sandbox.hpp"
+#include "env/eval/solo_gate.hpp"
 #include "env/task.hpp"
 #include "env/verdict.hpp"
-#include "env/verdict_cache.hpp"
-#include "env/worker_pool.hpp"
+#include "env/eval/verdict_cache.hpp"
+#include "env/eval/worker_pool.hpp"
 
 namespace crucible::env {
 
@@ -36,18 +37,7 @@ class build_service;
 /// Version of the measurement protocol; part of every cache key.
 inline constexpr const char* protocol_version = "crucible-eval-12"; // 12: the CUDA boundary's device clock; 11: input distribution 4; 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
 
-/// One candidate for one task.
-struct eval_request {
-  task target;
-  std::string candidate;   ///< Python source defining ModelNew
-  std::uint64_t seed = 0;  ///< 0: a fresh random seed
-  bool use_cache = true;
-  /// The task alone (device_evaluator::check_task): its reference is built and run once, on one
-  /// trial's inputs, and `candidate` is not looked at.
-  bool reference_only = false;
-};
-
-/// Finds env/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS),
+/// Finds env/eval/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS),
 /// the harness kernels' fatbin (CRUCIBLE_HARNESS_KERNELS, else the one this build made) and
 /// the Python interpreter (`opt.python`, the checkout's .venv, or python3 on PATH).
 result<harness_location> locate_harness(const evaluator_options& opt);
@@ -121,7 +111,7 @@ public:
   /// Precompiled torch/extension.h headers the build service made so far (one per set of C++
   /// flags, kept in the extension cache's pch/), for tests and metrics.
   std::uint64_t header_builds() const noexcept;
-  /// The sandbox layers the last started worker reported (env/harness/confine.py).
+  /// The sandbox layers the last started worker reported (env/eval/harness/confine.py).
   isolation_report isolation() const;
   /// Waits until the warm pool holds warm_workers workers, or until timeout_s has passed; true
   /// when it is full. (With refill `when-idle` it fills only while nothing is evaluated.)

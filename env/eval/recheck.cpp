@@ -1,4 +1,4 @@
-#include "env/recheck.hpp"
+#include "env/eval/recheck.hpp"
 
 #include <algorithm>
 #include <cmath>

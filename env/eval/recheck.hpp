@@ -1,4 +1,4 @@
-// env/recheck.hpp: a large speedup measured on two devices of the same kind becomes one verdict.
+// env/eval/recheck.hpp: a large speedup measured on two devices of the same kind becomes one verdict.
 // The evaluator pool (actors/evaluator.cpp) runs the second measurement; the decision is here.
 #pragma once
 

@@ -1,4 +1,4 @@
-// env/sandbox.hpp: one sandboxed worker process and its ZeroMQ socket. The evaluator starts
+// env/eval/sandbox.hpp: one sandboxed worker process and its ZeroMQ socket. The evaluator starts
 // workers here and exchanges the messages of docs/evaluator-protocol.md with them.
 #pragma once
 
@@ -14,8 +14,8 @@
 #include <sys/types.h>
 
 #include "core/error.hpp"
-#include "env/control_group.hpp"
-#include "env/wire.hpp"
+#include "env/eval/control_group.hpp"
+#include "env/eval/wire.hpp"
 
 namespace zmq {
 class context_t;
@@ -27,7 +27,7 @@ namespace crucible::env {
 /// How to start a worker.
 struct worker_spec {
   std::string python;                    ///< interpreter with torch
-  std::filesystem::path harness;         ///< env/harness/worker.py
+  std::filesystem::path harness;         ///< env/eval/harness/worker.py
   std::filesystem::path kernels;         ///< the harness kernels' fatbin (CUDA workers); empty: none
   std::string device = "cpu";            ///< "cpu" or "cuda:N" (physical index)
   std::filesystem::path scratch_root;    ///< parent of the private scratch directories
@@ -51,7 +51,7 @@ struct scratch_reclaim {
 /// alone. Called by each device evaluator as it starts.
 scratch_reclaim reclaim_scratch(const std::filesystem::path& root);
 
-/// The sandbox's layers (env/harness/confine.py) as a worker or a probe reported them.
+/// The sandbox's layers (env/eval/harness/confine.py) as a worker or a probe reported them.
 struct isolation_report {
   std::vector<std::string> layers;                           ///< in force
   std::vector<std::pair<std::string, std::string>> missing;  ///< layer, why it is not
@@ -68,7 +68,7 @@ isolation_report parse_isolation(const wire::node& report);
 /// as a malformed report.
 isolation_report parse_isolation(const std::string& json_object);
 
-/// Adds the evaluator's own layer to a worker's report: `control-group` (env/control_group.hpp),
+/// Adds the evaluator's own layer to a worker's report: `control-group` (env/eval/control_group.hpp),
 /// in force, or missing with the reason no group can be made here.
 void add_evaluator_layers(isolation_report& report);
 
@@ -89,7 +89,7 @@ enum class receive_outcome { message, deadline, died };
 
 /// A worker process in its own process group, session and scratch directory, with a PAIR
 /// socket bound to ipc://SCRATCH/worker.sock. The process confines itself before any candidate
-/// code runs (env/harness/confine.py: namespaces, a read-only file system with a private
+/// code runs (env/eval/harness/confine.py: namespaces, a read-only file system with a private
 /// scratch, an unprivileged identity, Landlock, seccomp) and says which layers are in force in
 /// its `started` message. Where it makes a PID namespace, pid() is the sandbox's keeper and the
 /// candidate runs in its one child. Owns the process group and the keeper's child (killed on
@@ -114,7 +114,7 @@ public:
   /// Sends a JSON message with binary frames (the trial inputs a candidate's worker is given).
   result<void> send(const std::string& json, const std::vector<std::vector<std::byte>>& frames);
   /// Puts every process of the worker (the keeper and all below it) in a control group of its own
-  /// (env/control_group.hpp), before any candidate code runs: from then on everything it starts
+  /// (env/eval/control_group.hpp), before any candidate code runs: from then on everything it starts
   /// is born there, and freeze(), thaw(), cpu_ns() and kill() act on the group. Called once the
   /// worker has said `started`. Errors: no group can be made, or a process cannot be moved.
   result<void> enclose();

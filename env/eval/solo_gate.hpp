@@ -1,4 +1,4 @@
-// env/solo_gate.hpp: evaluations beside each other, or one alone. A device evaluator runs several
+// env/eval/solo_gate.hpp: evaluations beside each other, or one alone. A device evaluator runs several
 // evaluations at once (evaluator.concurrency); one that ran out of device memory beside the others
 // is retried alone (device_evaluator::evaluate): it waits until the evaluations running have
 // ended, and none starts while it waits or runs, so a stream of new evaluations cannot keep it

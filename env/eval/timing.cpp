@@ -1,4 +1,4 @@
-#include "env/timing.hpp"
+#include "env/eval/timing.hpp"
 
 #include <algorithm>
 #include <cassert>

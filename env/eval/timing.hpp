@@ -1,4 +1,4 @@
-// env/timing.hpp: from per-round reference and candidate times to a speedup with a confidence band.
+// env/eval/timing.hpp: from per-round reference and candidate times to a speedup with a confidence band.
 #pragma once
 
 #include <cstddef>

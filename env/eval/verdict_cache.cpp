@@ -1,4 +1,4 @@
-#include "env/verdict_cache.hpp"
+#include "env/eval/verdict_cache.hpp"
 
 #include <cstdlib>
 

@@ -1,4 +1,4 @@
-// env/verdict_cache.hpp: verdicts kept in SQLite by (task source hash, normalised candidate
+// env/eval/verdict_cache.hpp: verdicts kept in SQLite by (task source hash, normalised candidate
 // hash, hardware kind, protocol key), so a resubmitted candidate is not measured again.
 #pragma once
 

@@ -1,6 +1,6 @@
-// env/wire.hpp: how the evaluator reads what its workers, its zygote and its build service's
+// env/eval/wire.hpp: how the evaluator reads what its workers, its zygote and its build service's
 // clients send (docs/evaluator-protocol.md): one JSON object a message, parsed with nlohmann/json
-// (the same library env/worker_messages.cpp writes them with). A worker is candidate code's
+// (the same library env/eval/worker_messages.cpp writes them with). A worker is candidate code's
 // process, so a message may be anything: every read here is checked, a missing field is told
 // apart from one of the wrong type, and nothing reads past the message. Internal to env/.
 #pragma once

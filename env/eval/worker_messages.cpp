@@ -1,6 +1,6 @@
-// The evaluator's messages to a worker (env/worker_messages.hpp), written with nlohmann/json, the
-// library env/wire.hpp reads the workers' messages with.
-#include "env/worker_messages.hpp"
+// The evaluator's messages to a worker (env/eval/worker_messages.hpp), written with nlohmann/json, the
+// library env/eval/wire.hpp reads the workers' messages with.
+#include "env/eval/worker_messages.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,5 +1,5 @@
-// env/worker_messages.hpp: every message the evaluator sends a worker (docs/evaluator-protocol.md),
-// written in one place with nlohmann/json (env/wire.hpp reads the replies with the same library).
+// env/eval/worker_messages.hpp: every message the evaluator sends a worker (docs/evaluator-protocol.md),
+// written in one place with nlohmann/json (env/eval/wire.hpp reads the replies with the same library).
 // The values are the C++ side's: the worker takes each field the message must carry from it and
 // keeps no default of its own. Internal to env/.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "env/compare.hpp"
+#include "env/eval/compare.hpp"
 
 namespace crucible::env::worker_msg {
 

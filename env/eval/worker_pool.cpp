@@ -1,7 +1,7 @@
-// The warm workers of one device (env/worker_pool.hpp): the zygote, a worker's start and
+// The warm workers of one device (env/eval/worker_pool.hpp): the zygote, a worker's start and
 // handshake, the refill threads and the retire thread.
-#include "env/worker_pool.hpp"
-#include "env/worker_messages.hpp"
+#include "env/eval/worker_pool.hpp"
+#include "env/eval/worker_messages.hpp"
 
 #include <zmq.hpp>
 
@@ -174,7 +174,7 @@ worker_spec worker_pool::spec() const {
 }
 
 result<void> worker_pool::check_isolation(const wire::node& started) {
-  // The worker has confined itself (env/harness/confine.py) and says how; no candidate code
+  // The worker has confined itself (env/eval/harness/confine.py) and says how; no candidate code
   // has run in it yet.
   auto iso = parse_isolation(started["isolation"]);
   add_evaluator_layers(iso);

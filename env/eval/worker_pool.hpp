@@ -1,4 +1,4 @@
-// env/worker_pool.hpp: the warm workers of one device: a zygote to fork them from (where it
+// env/eval/worker_pool.hpp: the warm workers of one device: a zygote to fork them from (where it
 // starts), their start and handshake (the sandbox's layers checked, the device initialised in
 // held steps), the refill threads that keep evaluator.warm_workers ready, and the retire thread
 // that kills and reaps the finished ones off the evaluating threads. Internal to env/.
@@ -19,9 +19,9 @@
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "env/device_gate.hpp"
-#include "env/sandbox.hpp"
-#include "env/wire.hpp"
+#include "env/eval/device_gate.hpp"
+#include "env/eval/sandbox.hpp"
+#include "env/eval/wire.hpp"
 
 namespace zmq {
 class context_t;
@@ -33,7 +33,7 @@ namespace crucible::env {
 struct harness_location {
   std::string python;
   std::filesystem::path worker_py;
-  /// The harness's own kernels (env/harness/harness_kernels.cu, built into a fatbin); empty
+  /// The harness's own kernels (env/eval/harness/harness_kernels.cu, built into a fatbin); empty
   /// when the build has no CUDA or the file is gone (CUDA workers then use torch operations).
   std::filesystem::path kernels;
 };

@@ -1,4 +1,4 @@
-#include "env/feedback.hpp"
+#include "env/prompt/feedback.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/file_io.hpp"
-#include "env/placeholders.hpp"
-#include "env/prompt.hpp"
-#include "env/template_file.hpp"
+#include "env/prompt/placeholders.hpp"
+#include "env/prompt/prompt.hpp"
+#include "env/prompt/template_file.hpp"
 
 namespace crucible::env {
 

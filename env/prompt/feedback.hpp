@@ -1,4 +1,4 @@
-// env/feedback.hpp: the feedback of a multi-turn episode (docs/training.md, "Multi-turn episodes"):
+// env/prompt/feedback.hpp: the feedback of a multi-turn episode (docs/training.md, "Multi-turn episodes"):
 // the verdict on the policy's last answer as the text of the next user message, from a template
 // file (configs/prompts/feedback.yaml; format in docs/prompts.md), the evaluator's message cut to
 // a budget.

@@ -1,5 +1,5 @@
-// `{name}` placeholders of the project's text templates (env/placeholders.hpp).
-#include "env/placeholders.hpp"
+// `{name}` placeholders of the project's text templates (env/prompt/placeholders.hpp).
+#include "env/prompt/placeholders.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// env/placeholders.hpp: the `{name}` placeholders of the project's text templates (the prompt's,
+// env/prompt/placeholders.hpp: the `{name}` placeholders of the project's text templates (the prompt's,
 // the multi-turn feedback's): one pass, so substituted values (code full of braces) are never
 // scanned again.
 #pragma once

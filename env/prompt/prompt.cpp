@@ -1,6 +1,6 @@
-// env/prompt.cpp: prompt-template files in, checked once; prompts out, fitted to the token budget by
+// env/prompt/prompt.cpp: prompt-template files in, checked once; prompts out, fitted to the token budget by
 // shortening and then dropping exemplars, and wrapped in the chat template (jinja/).
-#include "env/prompt.hpp"
+#include "env/prompt/prompt.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -14,8 +14,8 @@
 #include <set>
 
 #include "core/file_io.hpp"
-#include "env/placeholders.hpp"
-#include "env/template_file.hpp"
+#include "env/prompt/placeholders.hpp"
+#include "env/prompt/template_file.hpp"
 #include "jinja/jinja.hpp"
 
 namespace crucible::env {

@@ -1,4 +1,4 @@
-// env/prompt.hpp: the contrastive prompt (CUDA-L1): a task, its reference code and earlier scored
+// env/prompt/prompt.hpp: the contrastive prompt (CUDA-L1): a task, its reference code and earlier scored
 // implementations in; the text the policy is sampled on out, within a token budget, wrapped in
 // the model's chat template when it has one. The text pieces come from a prompt-template YAML file
 // (configs/prompts/contrastive.yaml; format in docs/prompts.md).
@@ -48,7 +48,7 @@ result<prompt_template> load_prompt_template(const std::filesystem::path& file);
 result<std::filesystem::path> resolve_prompt_template(const std::string& configured);
 
 /// The feedback template `prompt.feedback_template` names (default configs/prompts/feedback.yaml;
-/// env/feedback.hpp), looked up as resolve_prompt_template looks.
+/// env/prompt/feedback.hpp), looked up as resolve_prompt_template looks.
 result<std::filesystem::path> resolve_feedback_template(const std::string& configured);
 
 /// One earlier implementation shown to the policy.
@@ -126,7 +126,7 @@ public:
 
   /// The prompt of a multi-turn episode's next turn: `first` (what build() gave for its first
   /// turn), then per earlier turn the policy's answer (an assistant message) and the feedback on it
-  /// (a user message, env/feedback.hpp), rendered as one chat with the generation prompt, within
+  /// (a user message, env/prompt/feedback.hpp), rendered as one chat with the generation prompt, within
   /// prompt.max_tokens. Older turns are shortened first: the oldest answer is replaced by a line
   /// saying it was left out, then the next, never the latest; then the oldest feedback, and so on.
   /// `tokens` and `text` are the result's; `exemplars` are first's. errc::invalid_arg naming the

@@ -1,7 +1,7 @@
-// env/response_parser.cpp: one pass over a response's lines: fenced blocks (backticks or tildes,
+// env/prompt/response_parser.cpp: one pass over a response's lines: fenced blocks (backticks or tildes,
 // CommonMark closing rules), section headings outside them, then the last Python block that
 // defines ModelNew; anything unusable becomes a format_error verdict for the rollout.
-#include "env/response_parser.hpp"
+#include "env/prompt/response_parser.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-// env/response_parser.hpp: a policy response in, its answer sections and final code block out; a
+// env/prompt/response_parser.hpp: a policy response in, its answer sections and final code block out; a
 // response without usable code becomes a `format_error` verdict that never reaches an evaluator.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Task sampler: pool and verdicts in, the next task out (formulas in task_sampler.hpp).
-#include "env/task_sampler.hpp"
+#include "env/prompt/task_sampler.hpp"
 
 #include <charconv>
 #include <cmath>

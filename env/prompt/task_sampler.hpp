@@ -1,4 +1,4 @@
-// env/task_sampler.hpp: the task pool of a run in, the next task for a rollout out; verdicts
+// env/prompt/task_sampler.hpp: the task pool of a run in, the next task for a rollout out; verdicts
 // come back in so that tasks with room to improve can be drawn more often. No CAF, no clock:
 // deterministic under its seed.
 #pragma once

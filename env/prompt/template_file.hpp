@@ -1,6 +1,6 @@
-// env/template_file.hpp: what the project's template files (the prompt's, the multi-turn
+// env/prompt/template_file.hpp: what the project's template files (the prompt's, the multi-turn
 // feedback's) share when they are read: the YAML map at the top, its unknown keys, and where a
-// node stands in the file. Internal to env/prompt.cpp and env/feedback.cpp.
+// node stands in the file. Internal to env/prompt/prompt.cpp and env/feedback.cpp.
 #pragma once
 
 #include <yaml-cpp/yaml.h>

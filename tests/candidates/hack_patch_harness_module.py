@@ -3,8 +3,8 @@
 """Hack (patching one of the harness's own modules rather than the worker's: the worker is
 worker.py and the modules beside it, loaded by path, each with its own globals). The candidate
 reaches the worker's module through sys.modules["__main__"], takes from it the timing phase's
-function (`timing`, which worker.py binds from env/harness/timing.py), and through its __globals__
-the namespace of env/harness/timing.py. There it replaces _output_items (which takes a call's
+function (`timing`, which worker.py binds from env/eval/harness/timing.py), and through its __globals__
+the namespace of env/eval/harness/timing.py. There it replaces _output_items (which takes a call's
 outputs apart) with a function that finds none, in its first call: from then on the snapshot of every
 timed call holds no output, and the reference's outputs it is checked against are none as well,
 so the check of every timed call (runtime:timing_outputs) compares nothing. The trials compute

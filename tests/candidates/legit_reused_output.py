@@ -4,7 +4,7 @@
 that buffer (out= style, as many hand-written kernels do). The calls of a timed sample then all
 return the same tensor, which holds the last call's values when the sample ends: the harness
 checks it against the reference's output of that last call, not of the call that first returned
-it (env/harness/outputs.py, _checked_reference)."""
+it (env/eval/harness/outputs.py, _checked_reference)."""
 import torch
 import torch.nn as nn
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/log.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "env/task.hpp"
 #include "tests/test_util/read_text.hpp"
 
@@ -34,7 +34,7 @@ inline std::unique_ptr<env::device_evaluator> short_evaluator(bool on_device, lo
   evaluator_options opt;
   opt.devices = {"cuda:0"};
   opt.outputs_on_device = on_device;
-  opt.cuda_boundary = cuda_boundary; // the reference and the candidate in two workers (env/boundary.cpp)
+  opt.cuda_boundary = cuda_boundary; // the reference and the candidate in two workers (env/eval/boundary.cpp)
   if (!extensions_dir.empty())
     opt.extensions_dir = extensions_dir.string();
   opt.rounds = 10;

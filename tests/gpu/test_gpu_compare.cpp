@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "env/compare.hpp"
-#include "env/device_bytes.hpp"
+#include "env/eval/compare.hpp"
+#include "env/eval/device/device_bytes.hpp"
 #include "tests/gpu/uploaded.hpp"
 
 using namespace crucible::env;

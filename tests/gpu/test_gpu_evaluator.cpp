@@ -18,12 +18,12 @@
 #include <random>
 
 #include "core/log.hpp"
-#include "env/compare.hpp"
-#include "env/device_agent.hpp"
-#include "env/device_bytes.hpp"
+#include "env/eval/compare.hpp"
+#include "env/eval/device/device_agent.hpp"
+#include "env/eval/device/device_bytes.hpp"
 #include "tests/gpu/evaluator_util.hpp"
 #include "tests/gpu/uploaded.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "env/task.hpp"
 #include "tests/test_util/candidate_expectation.hpp"
 #include "tests/test_util/read_text.hpp"
@@ -367,7 +367,7 @@ class ModelNew(nn.Module):
 }
 
 TEST_CASE("the harness's own kernels and torch's operations pass and catch the same candidates") {
-  // Workers load env/harness/harness_kernels.cu's fatbin for their own device work (the round
+  // Workers load env/eval/harness/harness_kernels.cu's fatbin for their own device work (the round
   // output check, the input-unchanged check, the second input distribution, the flush); named
   // as a file that does not exist, they fall back to torch operations. Both must give the same
   // statuses and name the same checks.

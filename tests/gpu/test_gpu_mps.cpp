@@ -11,9 +11,9 @@
 
 #include "core/clock.hpp"
 #include "core/log.hpp"
-#include "env/device_agent.hpp"
-#include "env/evaluator.hpp"
-#include "env/mps.hpp"
+#include "env/eval/device/device_agent.hpp"
+#include "env/eval/evaluator.hpp"
+#include "env/eval/device/mps.hpp"
 #include "env/task.hpp"
 #include "tests/gpu/evaluator_util.hpp"
 #include "tests/test_util/read_text.hpp"

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 
 namespace crucible::testing {
 

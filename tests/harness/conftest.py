@@ -1,10 +1,10 @@
-"""tests/harness: the evaluator harness's own unit tests (env/harness), CPU only, run by ctest
+"""tests/harness: the evaluator harness's own unit tests (env/eval/harness), CPU only, run by ctest
 (tests/harness/CMakeLists.txt) as `PYTHON -m pytest tests/harness`.
 
 The harness's modules are loaded as the worker loads them: worker.py itself is loaded by path,
-and its import loads env/harness as the package crucible_harness (its __init__.py imports
+and its import loads env/eval/harness as the package crucible_harness (its __init__.py imports
 static_checks, confine and the modules of its MODULES list, in that order, with relative imports),
-binds what it uses and takes the package out of sys.modules again (env/harness/README.md). Loading
+binds what it uses and takes the package out of sys.modules again (env/eval/harness/README.md). Loading
 worker.py starts no worker: it sets two environment variables (TORCHINDUCTOR_COMPILE_THREADS,
 TRITON_F32_DEFAULT), applies torch.compile's first-use patches and touches no device. The fixtures
 hand the tests the module objects the worker binds its names from."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS_DIR = REPO / "env" / "harness"
+HARNESS_DIR = REPO / "env" / "eval" / "harness"
 
 # The worker's own modules, in the order the package loads them (test_loading checks it is so).
 OWN_MODULES = ("trusted", "builds", "device", "integrity", "channel", "job", "outputs", "reference", "trials",
@@ -25,7 +25,7 @@ _WORKER = None
 
 
 def load_worker():
-    """env/harness/worker.py as a module (once per process)."""
+    """env/eval/harness/worker.py as a module (once per process)."""
     global _WORKER
     if _WORKER is None:
         spec = importlib.util.spec_from_file_location("crucible_worker_under_test", HARNESS_DIR / "worker.py")

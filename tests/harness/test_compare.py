@@ -1,7 +1,7 @@
 """The comparisons and tolerances inside the worker: outputs.py's _output_sample/_same_sample (the
 reference's determinism check), timing.py's per-output tolerance and the timed outputs' check
 (check_round_outputs, check_round_fracs: |cand - ref| <= atol + rtol |ref|, NaN matching NaN,
-as env/compare.cpp), and _settled (when warm-up rounds have settled)."""
+as env/eval/compare.cpp), and _settled (when warm-up rounds have settled)."""
 import math
 import random
 import types

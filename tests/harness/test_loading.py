@@ -1,4 +1,4 @@
-"""How worker.py loads the harness (env/harness/README.md): its folder as the package
+"""How worker.py loads the harness (env/eval/harness/README.md): its folder as the package
 crucible_harness, loaded by path, whose modules import one another with relative imports in a fixed
 order, each only from those before it, and none left in sys.modules once worker.py has bound what
 it uses."""

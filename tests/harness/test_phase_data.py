@@ -1,4 +1,4 @@
-"""What the phases pass one another, as data (env/harness/README.md, "The phases' data"): the job
+"""What the phases pass one another, as data (env/eval/harness/README.md, "The phases' data"): the job
 (job.py: Job, parse_job), what the reference phase found (reference.py: Reference, Baseline; its
 reference_info across the trust boundary), what the trials made of the candidate (trials.py:
 Candidate), the timing's state (timing.py: TimingState, RoundChecks, ThreadWatch, CacheFlush) and

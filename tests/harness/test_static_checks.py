@@ -1,5 +1,5 @@
 """static_checks.check_source: what a candidate's source may hold, with each finding's check
-name, line and message (env/harness/README.md, Checks: Static)."""
+name, line and message (env/eval/harness/README.md, Checks: Static)."""
 import textwrap
 
 

@@ -28,7 +28,7 @@
 #include "actors/actor_config.hpp"
 #include "actors/evaluator.hpp"
 #include "core/log.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "env/task.hpp"
 #include "tests/test_util/candidate_expectation.hpp"
 #include "tests/test_util/read_text.hpp"
@@ -653,7 +653,7 @@ void check_escape(const std::string& file) {
   REQUIRE(pids.size() >= 6); // two warm workers, each a keeper and its worker
 
   const std::vector<std::string> create{
-    (home / tag).string(), (source_dir / tag).string(), (source_dir / "env" / "harness" / tag).string(),
+    (home / tag).string(), (source_dir / tag).string(), (source_dir / "env" / "eval" / "harness" / tag).string(),
     (source_dir / "env" / "tasks" / "cpu" / tag).string(), (run / "created").string(), (run / "checkpoints").string(),
     (run / "extensions" / tag).string()};
   // Inside the sandbox these land in its private tmpfs; outside they must not appear.
@@ -661,7 +661,7 @@ void check_escape(const std::string& file) {
                                                (fs::temp_directory_path() / "crucible" / tag).string(),
                                                "/dev/shm/" + tag};
   const std::vector<std::string> append{task_copy.string(), (run / "config.yaml").string(), (run / "verdicts.db").string(),
-                                        (source_dir / "env" / "harness" / "worker.py").string()};
+                                        (source_dir / "env" / "eval" / "harness" / "worker.py").string()};
   const std::vector<std::string> victims{(run / "victim.txt").string(), (run / "token").string()};
   const std::vector<std::string> secrets{(run / "token").string(), home_secret.string()};
   std::map<std::string, std::string> before;
@@ -966,7 +966,7 @@ class ModelNew(nn.Module):
 
 TEST_CASE("a patch of a function in one of the harness's own modules is caught by the check after that call") {
   // tests/candidates/hack_patch_harness_module.py with the static checks off: in its first call it
-  // rebinds _output_items in env/harness/timing.py's globals (reached from sys.modules["__main__"]
+  // rebinds _output_items in env/eval/harness/timing.py's globals (reached from sys.modules["__main__"]
   // through the timing function worker.py binds), which would leave every timed call's outputs unchecked while it
   // returns zeros there. worker.py loads its modules by path beside itself; each one's globals are
   // in the integrity snapshot as worker.py's own are.

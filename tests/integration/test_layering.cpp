@@ -1,7 +1,10 @@
 // The link graph core <- {jinja <- env, text <- policy, storage} <- actors <- tools, checked on
 // the includes: a library may include only the folders below it (jinja, the chat-template engine,
 // sits between core and env only; text, the tokenizer, between core and policy), CAF only in
-// actors/ and tools/, torch only in policy/ (and tests and benchmarks of policy).
+// actors/ and tools/, torch only in policy/ (and tests and benchmarks of policy). Inside env the
+// vocabulary (env/: tasks, verdicts, the reward) sits below the policy's side (env/prompt/) and the
+// evaluator (env/eval/, its CUDA device work in env/eval/device/ below it), and neither of those
+// two includes the other.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -25,18 +28,38 @@ struct rule {
 };
 
 const std::map<std::string, rule>& rules() {
+  static const std::set<std::string> env_all{"env", "env/prompt", "env/eval", "env/eval/device"};
+  auto with_env = [&](std::set<std::string> s) {
+    s.insert(env_all.begin(), env_all.end());
+    return s;
+  };
   static const std::map<std::string, rule> r = {
     {"core", {{"core"}, false, false}},
     {"jinja", {{"core", "jinja"}, false, false}},
-    {"env", {{"core", "jinja", "env"}, false, false}},
+    {"env", {{"core", "env"}, false, false}},
+    {"env/prompt", {{"core", "jinja", "env", "env/prompt"}, false, false}},
+    {"env/eval", {{"core", "env", "env/eval", "env/eval/device"}, false, false}},
+    {"env/eval/device", {{"core", "env", "env/eval/device"}, false, false}},
     {"text", {{"core", "text"}, false, false}},
     {"policy", {{"core", "text", "policy"}, false, true}},
     {"storage", {{"core", "storage"}, false, false}},
-    {"actors", {{"core", "jinja", "env", "text", "policy", "storage", "actors"}, true, false}},
-    {"service", {{"core", "env", "policy", "service"}, false, false}},
-    {"tools/crucible", {{"core", "jinja", "env", "text", "policy", "storage", "actors", "service", "tools"}, true, false}},
+    {"actors", {with_env({"core", "jinja", "text", "policy", "storage", "actors"}), true, false}},
+    {"service", {with_env({"core", "policy", "service"}), false, false}},
+    {"tools/crucible", {with_env({"core", "jinja", "text", "policy", "storage", "actors", "service", "tools"}), true, false}},
   };
   return r;
+}
+
+// The rule's folder a path belongs to: the longest folder of rules() it lies in ("env/eval" for
+// env/eval/compare.hpp, "env" for env/task.hpp), or its first component where none holds it
+// ("caf", "torch", "tools").
+std::string unit_of(const std::string& path) {
+  std::string best;
+  for (const auto& [folder, r] : rules())
+    if (path.size() > folder.size() && path.compare(0, folder.size(), folder) == 0 && path[folder.size()] == '/'
+        && folder.size() > best.size())
+      best = folder;
+  return best.empty() ? path.substr(0, path.find('/')) : best;
 }
 
 std::vector<std::string> violations_in(const fs::path& root, const std::string& folder, const rule& r) {
@@ -48,6 +71,8 @@ std::vector<std::string> violations_in(const fs::path& root, const std::string& 
     auto ext = entry.path().extension();
     if (!entry.is_regular_file() || (ext != ".hpp" && ext != ".cpp" && ext != ".cu" && ext != ".cuh"))
       continue;
+    if (unit_of(fs::relative(entry.path(), root).generic_string()) != folder)
+      continue; // a folder inside with a rule of its own (env/eval in env)
     std::ifstream in(entry.path());
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {
@@ -56,7 +81,8 @@ std::vector<std::string> violations_in(const fs::path& root, const std::string& 
         continue;
       auto inc = m[1].str();
       auto where = fs::relative(entry.path(), root).string() + ":" + std::to_string(n) + ": " + inc;
-      auto top = inc.substr(0, inc.find('/'));
+      const auto first = inc.substr(0, inc.find('/'));
+      const auto top = rules().count(first) != 0 ? unit_of(inc) : first;
       if (top == "caf" && !r.caf)
         out.push_back(where + " (CAF outside actors/ and tools/)");
       else if ((top == "torch" || top == "ATen" || top == "c10") && !r.torch)
@@ -99,7 +125,7 @@ TEST_CASE("the layering check keeps jinja between core and env") {
   auto tmp = fs::temp_directory_path() / ("crucible-layering-jinja-" + std::to_string(::getpid()));
   fs::create_directories(tmp / "jinja");
   fs::create_directories(tmp / "policy");
-  std::ofstream(tmp / "jinja" / "bad.cpp") << "#include \"env/prompt.hpp\"\n#include \"core/error.hpp\"\n";
+  std::ofstream(tmp / "jinja" / "bad.cpp") << "#include \"env/prompt/prompt.hpp\"\n#include \"core/error.hpp\"\n";
   std::ofstream(tmp / "policy" / "bad.cpp") << "#include \"jinja/jinja.hpp\"\n";
   auto in_jinja = violations_in(tmp, "jinja", rules().at("jinja"));
   auto in_policy = violations_in(tmp, "policy", rules().at("policy"));
@@ -126,6 +152,30 @@ TEST_CASE("the layering check keeps text between core and policy, without torch"
   CHECK(in_text[2].find("text may not depend on jinja") != std::string::npos);
   REQUIRE(in_env.size() == 1);
   CHECK(in_env[0].find("env may not depend on text") != std::string::npos);
+}
+
+TEST_CASE("the layering check keeps the evaluator and the prompt side apart inside env") {
+  auto tmp = fs::temp_directory_path() / ("crucible-layering-env-" + std::to_string(::getpid()));
+  fs::create_directories(tmp / "env" / "eval" / "device");
+  fs::create_directories(tmp / "env" / "prompt");
+  std::ofstream(tmp / "env" / "eval" / "bad.cpp") << "#include \"env/prompt/prompt.hpp\"\n#include \"env/task.hpp\"\n"
+                                                  << "#include \"env/eval/device/device_bytes.hpp\"\n";
+  std::ofstream(tmp / "env" / "prompt" / "bad.cpp") << "#include \"env/eval/evaluator.hpp\"\n#include \"jinja/jinja.hpp\"\n";
+  std::ofstream(tmp / "env" / "eval" / "device" / "bad.cpp") << "#include \"env/eval/evaluation.hpp\"\n";
+  std::ofstream(tmp / "env" / "bad.cpp") << "#include \"env/eval/compare.hpp\"\n#include \"env/verdict.hpp\"\n";
+  auto in_eval = violations_in(tmp, "env/eval", rules().at("env/eval"));
+  auto in_prompt = violations_in(tmp, "env/prompt", rules().at("env/prompt"));
+  auto in_device = violations_in(tmp, "env/eval/device", rules().at("env/eval/device"));
+  auto in_env = violations_in(tmp, "env", rules().at("env"));
+  fs::remove_all(tmp);
+  REQUIRE(in_eval.size() == 1); // not the device file, which is env/eval/device's own
+  CHECK(in_eval[0].find("env/eval may not depend on env/prompt") != std::string::npos);
+  REQUIRE(in_prompt.size() == 1);
+  CHECK(in_prompt[0].find("env/prompt may not depend on env/eval") != std::string::npos);
+  REQUIRE(in_device.size() == 1);
+  CHECK(in_device[0].find("env/eval/device may not depend on env/eval") != std::string::npos);
+  REQUIRE(in_env.size() == 1); // env's own files only: its sub-folders have rules of their own
+  CHECK(in_env[0].find("env may not depend on env/eval") != std::string::npos);
 }
 
 // ctest registers each doctest case by its name (doctest_discover_tests), and CMake splits a name

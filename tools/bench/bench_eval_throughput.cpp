@@ -25,8 +25,8 @@
 
 #include "core/config.hpp"
 #include "core/log.hpp"
-#include "env/device_bytes.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/device/device_bytes.hpp"
+#include "env/eval/evaluator.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible;
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The timeline: "P ns thread pid phase" from the phase observer, "E ns thread begin|end task"
-  // around each evaluation, "G ns thread kind" from the gate (kinds in env/device_gate.hpp).
+  // around each evaluation, "G ns thread kind" from the gate (kinds in env/eval/device_gate.hpp).
   std::mutex timeline_mtx;
   std::vector<std::string> timeline_lines;
   bool recording = false;

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "env/timing.hpp"
+#include "env/eval/timing.hpp"
 
 using namespace crucible;
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/bench/confine_cost.py [N]: what entering the workers' sandbox (env/harness/confine.py)
+"""tools/bench/confine_cost.py [N]: what entering the workers' sandbox (env/eval/harness/confine.py)
 costs. A process with torch imported (the size of a worker or zygote) forks N times, as the
 zygote does; each child enters the worker's sandbox. Prints the fork's and the confinement's
 milliseconds (the keeper's fork included in the latter), sorted, and their medians, as JSON."""
@@ -24,7 +24,7 @@ def parse():
 
 
 ARGS = parse() if __name__ == "__main__" else None
-spec = importlib.util.spec_from_file_location("confine", os.path.join(HERE, "..", "..", "env", "harness", "confine.py"))
+spec = importlib.util.spec_from_file_location("confine", os.path.join(HERE, "..", "..", "env", "eval", "harness", "confine.py"))
 confine = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(confine)
 import torch  # noqa: E402,F401  (the size of a worker)
@@ -41,7 +41,7 @@ def main():
             os.close(r)
             t1 = time.perf_counter()
             scratch = tempfile.mkdtemp(prefix="crucible-confine-")
-            rep = confine.enter_worker(scratch, None, os.path.join(HERE, "..", "..", "env", "harness"), 64)
+            rep = confine.enter_worker(scratch, None, os.path.join(HERE, "..", "..", "env", "eval", "harness"), 64)
             t2 = time.perf_counter()
             os.write(w, json.dumps([t1 - t0, t2 - t1, rep]).encode())
             os._exit(0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The gate before a timed sample (env/harness/harness_kernels.cu, crucible_gate; the worker's
+"""The gate before a timed sample (env/eval/harness/harness_kernels.cu, crucible_gate; the worker's
 _HarnessKernels.gate_close / gate_open) on a GPU, checked and measured in under a minute:
 
   held      a kernel queued on a side stream while the gate is closed has not run 5 ms later,
@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__
 
 
 def load_worker():
-    spec = importlib.util.spec_from_file_location("crucible_worker", os.path.join(ROOT, "env", "harness", "worker.py"))
+    spec = importlib.util.spec_from_file_location("crucible_worker", os.path.join(ROOT, "env", "eval", "harness", "worker.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -11,7 +11,7 @@
 #   user           the same, the whole evaluator run as user 65534 (the control for mps)
 #   mps            the same with an MPS control daemon of the script's (root's, its pipe directory
 #                  /tmp/nvidia-mps open to every user) given to crucible as CUDA_MPS_PIPE_DIRECTORY
-#                  with evaluator.cuda_mps=on: the evaluator's device agent (env/device_agent.hpp)
+#                  with evaluator.cuda_mps=on: the evaluator's device agent (env/eval/device/device_agent.hpp)
 #                  and the workers, both as nobody, are its clients; OUT/mps_MODE/ keeps the
 #                  daemon's logs
 #   mps_shared     the shared path under the same MPS set-up

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How the evaluator's static screen judges a corpus of published kernels.
 
-Runs env/harness/static_checks.py's check_source(custom_code, ref_code) on every kernel of one or
+Runs env/eval/harness/static_checks.py's check_source(custom_code, ref_code) on every kernel of one or
 more JSONL releases (one JSON object a line with `level_id`, `task_id`, `ref_code`, `custom_code`,
 as CUDA-L1 publishes them in optimized_cuda_code/*.json; data/cuda-l1/SOURCE.txt) and prints,
 per release and in total: kernels, kernels with no code, passed, refused, sources that do not
@@ -13,7 +13,7 @@ first finding by line, and apart where it is its only class); and for each class
   python3 tools/bench/static_screen_survey.py data/cuda-l1/ --exclude h100 --json
   python3 tools/bench/static_screen_survey.py data/cuda-l1/h100.json --examples 0   # counts only
 
-The screen is imported by path, as the worker imports it (env/harness/worker.py); --static-checks
+The screen is imported by path, as the worker imports it (env/eval/harness/worker.py); --static-checks
 names another copy (an older or newer version of the screen) to compare. The hyperparameter check
 (`static:hyperparameters`) runs in the worker after the candidate module executes, so it is not
 part of this survey.
@@ -31,12 +31,12 @@ import tempfile
 import time
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-_DEFAULT_CHECKS = os.path.join(_REPO, "env", "harness", "static_checks.py")
+_DEFAULT_CHECKS = os.path.join(_REPO, "env", "eval", "harness", "static_checks.py")
 
 
 def load_static_checks(path):
     """Imports static_checks.py from a file on its own (it imports nothing of the harness; the
-    worker loads it as a module of its package, env/harness/__init__.py)."""
+    worker loads it as a module of its package, env/eval/harness/__init__.py)."""
     spec = importlib.util.spec_from_file_location("crucible_static_checks_survey", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -46,11 +46,11 @@ def load_static_checks(path):
 def checks_at_revision(rev):
     """static_checks.py as it is at git revision `rev` of this checkout, in a temporary file."""
     try:
-        src = subprocess.run(["git", "-C", _REPO, "show", f"{rev}:env/harness/static_checks.py"],
+        src = subprocess.run(["git", "-C", _REPO, "show", f"{rev}:env/eval/harness/static_checks.py"],
                              check=True, capture_output=True, text=True).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         err = getattr(e, "stderr", "") or str(e)
-        sys.exit(f"static_screen_survey: cannot read env/harness/static_checks.py at {rev}: {err.strip()}")
+        sys.exit(f"static_screen_survey: cannot read env/eval/harness/static_checks.py at {rev}: {err.strip()}")
     fd, path = tempfile.mkstemp(prefix=f"static_checks_{rev.replace('/', '_')}_", suffix=".py")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(src)
@@ -250,7 +250,7 @@ def print_table(res):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        description="Run the evaluator's static screen (env/harness/static_checks.py) over "
+        description="Run the evaluator's static screen (env/eval/harness/static_checks.py) over "
                     "published kernels (JSONL: level_id, task_id, ref_code, custom_code; "
                     "CUDA-L1's optimized_cuda_code/*.json, copied to data/cuda-l1/) and count "
                     "what it refuses, by class.",
@@ -266,7 +266,7 @@ def main(argv=None):
     ap.add_argument("--static-checks", default=_DEFAULT_CHECKS, metavar="FILE",
                     help="the static_checks.py to import (default: %(default)s)")
     ap.add_argument("--rev", metavar="REV",
-                    help="use env/harness/static_checks.py as committed at this git revision "
+                    help="use env/eval/harness/static_checks.py as committed at this git revision "
                          "(e.g. HEAD, a commit id) instead of the working tree's; overrides "
                          "--static-checks")
     ap.add_argument("--examples", type=int, default=3, metavar="N",
@@ -286,7 +286,7 @@ def main(argv=None):
         checks = load_static_checks(path)
         with open(path, "rb") as f:
             checks.survey_sha256 = hashlib.sha256(f.read()).hexdigest()
-        checks.survey_label = (f"env/harness/static_checks.py at {args.rev}" if args.rev
+        checks.survey_label = (f"env/eval/harness/static_checks.py at {args.rev}" if args.rev
                                else os.path.abspath(path))
     finally:
         if args.rev:

@@ -88,7 +88,8 @@ int run_captured(std::vector<std::string> argv, std::string& out, std::string& e
 }
 
 std::filesystem::path checkout_tool(const env::harness_location& where, std::string_view name) {
-  return where.worker_py.parent_path().parent_path().parent_path() / "tools" / name;
+  // worker.py lies in env/eval/harness/ of the checkout.
+  return where.worker_py.parent_path().parent_path().parent_path().parent_path() / "tools" / name;
 }
 
 } // namespace crucible::cli

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "env/worker_pool.hpp"
+#include "env/eval/worker_pool.hpp"
 
 namespace crucible::cli {
 
@@ -22,7 +22,7 @@ pid_t spawn_child(std::vector<std::string> argv, int out_fd, int err_fd, bool ow
 /// where it could not start or did not exit.
 int run_captured(std::vector<std::string> argv, std::string& out, std::string& err);
 
-/// The checkout's tools/NAME beside the located harness (env/harness/worker.py's checkout).
+/// The checkout's tools/NAME beside the located harness (env/eval/harness/worker.py's checkout).
 std::filesystem::path checkout_tool(const env::harness_location& where, std::string_view name);
 
 } // namespace crucible::cli

@@ -10,7 +10,7 @@
 #include "core/config.hpp"
 #include "core/file_io.hpp"
 #include "core/log.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "env/task.hpp"
 #include "tools/crucible/commands.hpp"
 #include "tools/crucible/eval_set.hpp"

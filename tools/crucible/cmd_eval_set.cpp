@@ -29,7 +29,7 @@
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "tools/crucible/commands.hpp"
 #include "tools/crucible/eval_set.hpp"
 

@@ -28,7 +28,7 @@
 #include "core/log.hpp"
 #include "core/sha256.hpp"
 #include "core/token.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "tools/crucible/commands.hpp"
 
 namespace crucible::cli {

@@ -4,8 +4,8 @@
 
 #include "core/config.hpp"
 #include "core/json.hpp"
-#include "env/evaluator.hpp"
-#include "env/sandbox.hpp"
+#include "env/eval/evaluator.hpp"
+#include "env/eval/sandbox.hpp"
 #include "policy/runtime.hpp"
 #include "tools/crucible/commands.hpp"
 
@@ -14,7 +14,7 @@ namespace crucible::cli {
 namespace {
 
 // The layers a worker's sandbox gets on this machine: a probe confines a fresh process as a
-// worker (env/harness/confine.py) and reports them.
+// worker (env/eval/harness/confine.py) and reports them.
 result<env::isolation_report> sandbox_layers() {
   auto where = env::locate_harness(evaluator_options{});
   if (!where)

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/config.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "storage/report.hpp"
 #include "tools/crucible/child_process.hpp"
 #include "tools/crucible/commands.hpp"

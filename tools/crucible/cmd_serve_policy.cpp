@@ -241,7 +241,7 @@ std::variant<std::vector<std::int32_t>, api_error> chat_prompt(const json& messa
     msgs.push_back(std::move(msg));
   }
   if (m.plain) {
-    // As crucible's rollouts write a prompt with prompt.chat_template none (env/prompt.cpp): each
+    // As crucible's rollouts write a prompt with prompt.chat_template none (env/prompt/prompt.cpp): each
     // message's content, separated by a blank line, encoded with the tokenizer's special tokens.
     std::string text;
     for (std::size_t i = 0; i < msgs.size(); ++i)

@@ -32,7 +32,7 @@
 #include "core/file_io.hpp"
 #include "core/json_parse.hpp"
 #include "core/log.hpp"
-#include "env/evaluator.hpp"
+#include "env/eval/evaluator.hpp"
 #include "storage/atomic_file.hpp"
 #include "storage/event_publisher.hpp"
 #include "storage/metrics_log.hpp"

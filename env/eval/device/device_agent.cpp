@@ -1,6 +1,6 @@
-// env/device_agent.cpp: the evaluator's side of the device agent (env/device_agent.hpp): starting
+// env/eval/device/device_agent.cpp: the evaluator's side of the device agent (env/eval/device/device_agent.hpp): starting
 // it, a connection a thread, and the objects that live in it.
-#include "env/device_agent.hpp"
+#include "env/eval/device/device_agent.hpp"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -22,7 +22,7 @@
 #include <mutex>
 #include <thread>
 
-#include "env/device_agent_wire.hpp"
+#include "env/eval/device/device_agent_wire.hpp"
 
 namespace crucible::env {
 

@@ -1,6 +1,6 @@
-// env/device_agent.hpp: the evaluator's device work in a process of its own, the device agent
-// (crucible-device, env/device_agent_main.cpp), one a CUDA device. Where one runs for a device,
-// env/device_bytes.hpp's functions for that device, and on the objects they return, run in the
+// env/eval/device/device_agent.hpp: the evaluator's device work in a process of its own, the device agent
+// (crucible-device, env/eval/device/device_agent_main.cpp), one a CUDA device. Where one runs for a device,
+// env/eval/device/device_bytes.hpp's functions for that device, and on the objects they return, run in the
 // agent and the evaluator's process never starts CUDA for it: under an MPS server
 // (evaluator.cuda_mps) the agent and the workers are its clients and the evaluator is none, so
 // the agent takes the workers' user where the evaluator runs as root (MPS serves one user at a
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 
 namespace crucible::env {
 
@@ -36,7 +36,7 @@ struct device_agent_spec {
 result<std::string> find_device_agent();
 
 /// Starts the agent of CUDA device `device` and routes that device's functions of
-/// env/device_bytes.hpp to it from now on, for the rest of this process (an agent that ends is
+/// env/eval/device/device_bytes.hpp to it from now on, for the rest of this process (an agent that ends is
 /// started again on the next call). Waits until it has opened the device. Errors: the program
 /// missing or failing to start, the device not opening (the agent's message).
 result<void> start_device_agent(int device, const device_agent_spec& spec);
@@ -80,7 +80,7 @@ link* route(int device) noexcept;
 /// The agent that holds `b`, or nullptr where it is this process's memory.
 link* route(const device_bytes& b) noexcept;
 
-// The functions of env/device_bytes.hpp, run in the agent `l` (same arguments, same results).
+// The functions of env/eval/device/device_bytes.hpp, run in the agent `l` (same arguments, same results).
 result<std::shared_ptr<device_bytes>> map_exported(link& l, int device, std::string_view handle_hex, std::uint64_t offset,
                                                    std::uint64_t bytes, std::uint64_t align);
 result<std::shared_ptr<device_bytes>> map_allocation(link& l, int device, std::string_view handle_hex);

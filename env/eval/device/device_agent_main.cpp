@@ -1,4 +1,4 @@
-// env/device_agent_main.cpp: crucible-device, the evaluator's device agent (env/device_agent.hpp).
+// env/eval/device/device_agent_main.cpp: crucible-device, the evaluator's device agent (env/eval/device/device_agent.hpp).
 // Started by the evaluator, never by hand: `crucible-device --device N --fd F`, F a Unix socket
 // the evaluator holds the other end of.
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "env/device_agent.hpp"
+#include "env/eval/device/device_agent.hpp"
 
 int main(int argc, char** argv) {
   int device = -1, fd = -1;
@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     }
   }
   if (device < 0 || fd < 0) {
-    std::fprintf(stderr, "usage: crucible-device --device N --fd F (started by crucible's evaluator, env/device_agent.hpp)\n");
+    std::fprintf(stderr, "usage: crucible-device --device N --fd F (started by crucible's evaluator, env/eval/device/device_agent.hpp)\n");
     return 2;
   }
   return crucible::env::serve_device_agent(fd, device);

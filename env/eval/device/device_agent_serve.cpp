@@ -1,5 +1,5 @@
-// env/device_agent_serve.cpp: the device agent's side (env/device_agent.hpp): each request run
-// with env/device_bytes.hpp's functions in this process, its objects kept by id until the
+// env/eval/device/device_agent_serve.cpp: the device agent's side (env/eval/device/device_agent.hpp): each request run
+// with env/eval/device/device_bytes.hpp's functions in this process, its objects kept by id until the
 // evaluator lets them go. One thread a connection; the process ends when the evaluator closes
 // the control connection, or after a request whose failure left the device's context unusable
 // (a fault of any client under MPS ends every client's), so that the evaluator starts it anew.
@@ -11,8 +11,8 @@
 #include <mutex>
 #include <thread>
 
-#include "env/device_agent.hpp"
-#include "env/device_agent_wire.hpp"
+#include "env/eval/device/device_agent.hpp"
+#include "env/eval/device/device_agent_wire.hpp"
 
 namespace crucible::env {
 

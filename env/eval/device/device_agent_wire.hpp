@@ -1,5 +1,5 @@
-// env/device_agent_wire.hpp: the frames between the evaluator and its device agent
-// (env/device_agent.hpp): each request and reply one length-prefixed frame on a stream socket,
+// env/eval/device/device_agent_wire.hpp: the frames between the evaluator and its device agent
+// (env/eval/device/device_agent.hpp): each request and reply one length-prefixed frame on a stream socket,
 // its fields written in order in this machine's byte order (both ends are the same build).
 // Internal to env/.
 #pragma once

@@ -1,6 +1,6 @@
-// env/device_bytes.cu: CUDA IPC mappings of workers' exported outputs, owned copies, and the
+// env/eval/device/device_bytes.cu: CUDA IPC mappings of workers' exported outputs, owned copies, and the
 // comparison kernel (see device_bytes.hpp).
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "core/hex.hpp"
-#include "env/device_agent.hpp"
+#include "env/eval/device/device_agent.hpp"
 
 
 namespace crucible::env {
@@ -52,7 +52,7 @@ private:
 };
 
 // A failed CUDA call in a message: its name, words and where it was checked
-// ("cudaErrorInvalidValue (invalid argument) at env/device_bytes.cu:415"); cuda_text(e) below.
+// ("cudaErrorInvalidValue (invalid argument) at env/eval/device/device_bytes.cu:415"); cuda_text(e) below.
 std::string cuda_text_at(cudaError_t e, const std::string& site) {
   return std::string{cudaGetErrorName(e)} + " (" + cudaGetErrorString(e) + ") at " + site;
 }
@@ -1251,7 +1251,7 @@ device_bytes_times device_bytes_time() noexcept {
   t.copies = copy_laps.calls;
   t.compare_ns = compare_laps.ns;
   t.compares = compare_laps.calls;
-  agent::add_times(t); // the device agents' (env/device_agent.hpp)
+  agent::add_times(t); // the device agents' (env/eval/device/device_agent.hpp)
   return t;
 }
 

@@ -1,4 +1,4 @@
-// env/device_bytes.hpp: output bytes that stay on a CUDA device. A worker exports each output
+// env/eval/device/device_bytes.hpp: output bytes that stay on a CUDA device. A worker exports each output
 // it computed (a CUDA IPC handle of the allocation, an offset and a size); the evaluator maps
 // it read-only into its own process, copies reference outputs into memory it owns, and compares
 // candidate outputs there with its own kernel (device_compare). Nothing the candidate's process

@@ -1,6 +1,6 @@
-// env/device_bytes_host.cpp: device_bytes in a build without CUDA. Outputs always travel as host
+// env/eval/device/device_bytes_host.cpp: device_bytes in a build without CUDA. Outputs always travel as host
 // bytes there; these functions only say why the device path is missing.
-#include "env/device_bytes.hpp"
+#include "env/eval/device/device_bytes.hpp"
 
 namespace crucible::env {
 

@@ -1,5 +1,5 @@
-// env/mps.cpp: the evaluator's private CUDA MPS control daemon (env/mps.hpp).
-#include "env/mps.hpp"
+// env/eval/device/mps.cpp: the evaluator's private CUDA MPS control daemon (env/eval/device/mps.hpp).
+#include "env/eval/device/mps.hpp"
 
 #include <fcntl.h>
 #include <pwd.h>
@@ -21,7 +21,7 @@
 #include <string_view>
 #include <thread>
 
-#include "env/device_agent.hpp"
+#include "env/eval/device/device_agent.hpp"
 
 extern char** environ;
 
@@ -437,7 +437,7 @@ int cuda_index(const std::string& device) {
   return end != device.c_str() + 5 && *end == '\0' && v >= 0 ? static_cast<int>(v) : -1;
 }
 
-// A device agent (env/device_agent.hpp) for every CUDA device of `devices`, each a client of the
+// A device agent (env/eval/device/device_agent.hpp) for every CUDA device of `devices`, each a client of the
 // daemon whose pipe directory is `pipe`, as the workers' user.
 result<void> start_agents(const std::vector<std::string>& devices, const std::string& pipe, logger& log) {
   auto program = find_device_agent();

@@ -1,5 +1,5 @@
-// env/mps.hpp: CUDA MPS for the evaluator's devices (evaluator.cuda_mps). Under an MPS server the
-// workers and the evaluator's device agents (env/device_agent.hpp: the evaluator's device work, in
+// env/eval/device/mps.hpp: CUDA MPS for the evaluator's devices (evaluator.cuda_mps). Under an MPS server the
+// workers and the evaluator's device agents (env/eval/device/device_agent.hpp: the evaluator's device work, in
 // a process of its own as the workers' user) share one device context a device, so a timed sample
 // across the boundary holds no switch between the processes' contexts (docs/evaluator.md, Trust
 // boundary; docs/PERFORMANCE.md, "Sealed copies across the CUDA boundary, with and without MPS").
@@ -35,7 +35,7 @@ struct mps_decision {
 };
 mps_decision decide_cuda_mps(cuda_mps_mode mode, const mps_facts& facts);
 
-/// The user the MPS clients run as: the workers' (env/harness/confine.py: nobody where this
+/// The user the MPS clients run as: the workers' (env/eval/harness/confine.py: nobody where this
 /// process runs as root; uid -1, this process's own, otherwise). MPS serves one user at a time.
 struct mps_identity {
   uid_t uid = static_cast<uid_t>(-1);
@@ -48,7 +48,7 @@ mps_identity mps_client_identity();
 /// foreground as this process's child (it dies with it), or takes the user's own daemon
 /// (CUDA_MPS_PIPE_DIRECTORY); then starts a device agent for every CUDA device of `devices`, a
 /// client of that daemon. This process never becomes a client: its device work for those devices
-/// runs in the agents, and the workers are given the pipe directory (env/sandbox.cpp; the
+/// runs in the agents, and the workers are given the pipe directory (env/eval/sandbox.cpp; the
 /// worker's confinement binds it in read-only). Daemons of evaluators no longer running are told
 /// to quit and their directories removed first. Errors (`on`; `auto` warns and goes on without
 /// MPS): no control program, a daemon that does not start (its log's last lines in the message),

@@ -1,4 +1,4 @@
-"""env/harness as a package: the worker's own modules, importing one another with relative imports
+"""env/eval/harness as a package: the worker's own modules, importing one another with relative imports
 (`from .trusted import _len`).
 
 worker.py, the process the evaluator starts, loads this package by path under the private name
@@ -8,7 +8,7 @@ importing only from those before it. worker.py then binds what it uses and takes
 every one of its modules out of sys.modules again, before any candidate code runs: no candidate can
 import a harness module by name, and nothing of the harness imports anything of its own after that
 (every name is bound at import). The integrity snapshot holds each module's namespace whole, and
-this one's (worker.py, _HARNESS_NAMESPACES). env/harness/README.md says what each module holds."""
+this one's (worker.py, _HARNESS_NAMESPACES). env/eval/harness/README.md says what each module holds."""
 # Loaded first, each on its own: the static screen (also imported by path by tools) and the
 # sandbox (also run as a script: the isolation probe). Neither imports from the others.
 from . import static_checks, confine  # noqa: F401

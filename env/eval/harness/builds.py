@@ -1,6 +1,6 @@
-"""env/harness/builds.py: the build services of a worker: torch.utils.cpp_extension's load_inline
+"""env/eval/harness/builds.py: the build services of a worker: torch.utils.cpp_extension's load_inline
 and load, and Triton's compiles, sent to the evaluator's build service (a sandboxed builder
-process, env/evaluator.cpp) while candidate code runs, and the builder's side of that service
+process, env/eval/evaluator.cpp) while candidate code runs, and the builder's side of that service
 (build_extension, build_triton); also the warm-ups a zygote makes before it forks (_prewarm).
 
 Loaded with the harness package (worker.py, before any candidate code); the state it keeps, which

@@ -1,4 +1,4 @@
-"""env/harness/channel.py: the worker's end of the protocol with the evaluator
+"""env/eval/harness/channel.py: the worker's end of the protocol with the evaluator
 (docs/evaluator-protocol.md): the ZeroMQ PAIR socket the messages travel on (Channel), and the
 outcomes that end a job with a `done` message (_Done, _error_done), whose messages carry the
 candidate's tracebacks without the harness's own frames."""
@@ -174,7 +174,7 @@ class Channel:
 
 def _need(msg, key):
     """A field the evaluator's message must carry: the C++ side owns every value
-    (env/worker_messages.cpp), and a message without it ends the job naming it."""
+    (env/eval/worker_messages.cpp), and a message without it ends the job naming it."""
     if key not in msg:
         raise _Done("runtime_error", (), f"the evaluator's {msg.get('type')!r} message lacks {key!r}")
     return msg[key]

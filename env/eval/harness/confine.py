@@ -1,4 +1,4 @@
-"""env/harness/confine.py: the sandbox a worker and its zygote enter before any candidate code runs.
+"""env/eval/harness/confine.py: the sandbox a worker and its zygote enter before any candidate code runs.
 
 A module of the harness package (worker.py loads it before any candidate code), also run as a
 script (the isolation probe: `python -I -B confine.py`); uses only the standard library and the C

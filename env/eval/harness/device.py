@@ -1,4 +1,4 @@
-"""env/harness/device.py: the harness's own CUDA kernels (harness_kernels.cu's fatbin, which
+"""env/eval/harness/device.py: the harness's own CUDA kernels (harness_kernels.cu's fatbin, which
 worker.py's main reads at start-up) and the CUDA driver's IPC calls, loaded when a CUDA worker
 starts (Worker.start); the reference, trial and timing phases launch the kernels through
 _kernels(), and outputs.py's _encode exports device outputs to the evaluator through _export."""
@@ -29,7 +29,7 @@ def _load_driver_ipc():
 
 
 class _HarnessKernels:
-    """The harness's own device operations (env/harness/harness_kernels.cu), from the fatbin the
+    """The harness's own device operations (env/eval/harness/harness_kernels.cu), from the fatbin the
     build makes, loaded with cuModuleLoadData and launched with cuLaunchKernel on torch's current
     stream. torch's operations for the same work (the flush's sum, the spin, randint,
     index_select, isclose, equal, the float64 scale, uniform_ and mul) load lazily at their first

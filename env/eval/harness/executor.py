@@ -1,4 +1,4 @@
-"""env/harness/executor.py: a worker on one side of the trust boundary (docs/evaluator.md, Trust
+"""env/eval/harness/executor.py: a worker on one side of the trust boundary (docs/evaluator.md, Trust
 boundary). With the job's `role`, a verdict has two workers: the reference worker (role
 "reference": the task's Model, never any candidate code) and the candidate worker (role
 "candidate": ModelNew, never the task's module). Both answer the same commands (executor_loop):

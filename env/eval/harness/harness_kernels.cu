@@ -1,4 +1,4 @@
-// The evaluator worker's own device operations (env/harness/worker.py, _HarnessKernels): the
+// The evaluator worker's own device operations (env/eval/harness/worker.py, _HarnessKernels): the
 // cache flush and the spin before each timed call, the timing rounds' output snapshot (a gather
 // at positions drawn after the call) and check, the input-unchanged check, and the second input
 // distribution's scaling.

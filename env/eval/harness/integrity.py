@@ -1,4 +1,4 @@
-"""env/harness/integrity.py: what runtime:backend_flags and runtime:patched compare: the
+"""env/eval/harness/integrity.py: what runtime:backend_flags and runtime:patched compare: the
 process-wide settings, read and set through getters and setters captured here, and the integrity
 snapshots (identity of the attributes of builtins, torch, the harness's own modules and more),
 made before the candidate's code runs (trials.py, load_phase) and compared after it ran

@@ -1,4 +1,4 @@
-"""env/harness/job.py: the job, as data: what the evaluator's `job` message says (env/worker_messages.cpp,
+"""env/eval/harness/job.py: the job, as data: what the evaluator's `job` message says (env/eval/worker_messages.cpp,
 docs/evaluator-protocol.md), read once by parse_job when the job arrives (Worker.run) and only read
 after that, by every phase. The worker keeps no default of its own: a field the message lacks ends
 the job naming it (_need)."""
@@ -13,7 +13,7 @@ _ROLES = (None, "reference", "candidate")
 
 class Job:
     """One job message, parsed. Its 18 fields mirror the message's (one protocol message, not
-    several: splitting it would split what env/worker_messages.cpp writes as one); in the order
+    several: splitting it would split what env/eval/worker_messages.cpp writes as one); in the order
     parse_job reads them:
 
     seed             the trials' inputs are drawn under seed + t, the models built under seed

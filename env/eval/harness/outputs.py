@@ -1,4 +1,4 @@
-"""env/harness/outputs.py: what a call of the reference or the candidate leaves behind, as the
+"""env/eval/harness/outputs.py: what a call of the reference or the candidate leaves behind, as the
 phases look at it: its outputs (taken apart, encoded for the evaluator as bytes or device
 exports, sampled, compared), its inputs (cloned, placed at random leads, checked unchanged),
 and this process's threads (counted before and after)."""

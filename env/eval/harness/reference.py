@@ -1,4 +1,4 @@
-"""env/harness/reference.py: the reference phase of a job (reference_phase, after the static
+"""env/eval/harness/reference.py: the reference phase of a job (reference_phase, after the static
 checks and before any candidate code): the task's Model run on each trial's inputs, drawn here
 (make_inputs, for every phase), its outputs sent to the evaluator and then poisoned, the float64
 copy that measures its rounding, its profiled call (profiled, which start-up and the trials count

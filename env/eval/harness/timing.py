@@ -1,4 +1,4 @@
-"""env/harness/timing.py: the timing phase of a job (timing, at each `time` message after the
+"""env/eval/harness/timing.py: the timing phase of a job (timing, at each `time` message after the
 trials): paired rounds of timed samples of the reference and the candidate on fresh inputs,
 behind the cache flush and (CUDA) the gate, every timed call's outputs snapshotted as its clock
 stops and checked against the reference's, the threads the candidate started watched, and the
@@ -280,7 +280,7 @@ def elapsed(w, n):
     """(synced, stream) milliseconds per call of the `n` calls just timed: from the start
     event to the stop event recorded after the device-wide synchronisation, and to the event
     recorded on the stream right after the last call returned, each divided by `n`. The
-    evaluator settles the pair (env/timing.hpp, settle_rounds): the first counts every stream
+    evaluator settles the pair (env/eval/timing.hpp, settle_rounds): the first counts every stream
     but also the host's wake-up after the synchronisation, which differs from process to
     process."""
     return _Ev_elapsed(w.ev0, w.ev1) / n, _Ev_elapsed(w.ev0, w.ev_call) / n
@@ -497,7 +497,7 @@ def check_round_outputs(w, job, state, checks, ref_out, snap, k):
         elif where is not None:
             xs = _torch_index_select(xs, 0, where)
         if _T_is_floating_point(xs):
-            # |y - x| <= atol + rtol * |x| in float64, NaN matching NaN (env/compare.cpp).
+            # |y - x| <= atol + rtol * |x| in float64, NaN matching NaN (env/eval/compare.cpp).
             atol, rtol = tolerance(job, state, x.dtype, i)
             ok = _torch_isclose(_T_to(taken, torch.float64), _T_to(xs, torch.float64), rtol=rtol, atol=atol,
                                 equal_nan=True)
@@ -528,7 +528,7 @@ def check_round_output_kernels(w, job, state, checks, i, x, taken, seed, k):
 
 
 def tolerance(job, state, dtype, i):
-    """(atol, rtol) of the correctness comparison for output `i`, of `dtype` (env/compare.cpp:
+    """(atol, rtol) of the correctness comparison for output `i`, of `dtype` (env/eval/compare.cpp:
     exact for the dtypes it names no tolerance for), atol widened by the reference's own
     rounding error on that output (round_slack) as the evaluator widens it for the trials."""
     atol, rtol = job.tolerances.get(dtype, (0.0, 0.0))
@@ -793,7 +793,7 @@ def measure_floor(w, state, cache):
     less than one launch, which the fill also takes; the half leaves room for a fill slower
     than the best possible writes. Measured once, after the first measured rounds; sent
     with every measurement, and the evaluator compares the candidate's median settled time
-    with it (runtime:below_floor, env/evaluator.cpp)."""
+    with it (runtime:below_floor, env/eval/evaluator.cpp)."""
     t0 = _perf_counter_ns()
     nbytes = _max(_int(state.floor_bytes or 0), 1)
     buf = _torch_empty(nbytes, dtype=_uint8, device=w.device)

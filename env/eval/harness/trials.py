@@ -1,4 +1,4 @@
-"""env/harness/trials.py: the candidate's load and correctness trials (load_phase,
+"""env/eval/harness/trials.py: the candidate's load and correctness trials (load_phase,
 construct_model, trial_phase): its module executed under the integrity snapshots, ModelNew built,
 each trial's outputs sent to the evaluator with the runtime checks after every call (threads,
 patched state, aliasing, inputs unchanged), and the profiled call that counts its kernels against

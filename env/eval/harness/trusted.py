@@ -1,4 +1,4 @@
-"""env/harness/trusted.py: the functions and constants the harness uses once candidate code may
+"""env/eval/harness/trusted.py: the functions and constants the harness uses once candidate code may
 have run, captured here when worker.py loads this module, before any candidate code exists; the
 other modules of the harness import them from here.
 
@@ -67,7 +67,7 @@ _isfinite = math.isfinite
 
 def _finite(obj):
     """`obj` with every float that is not finite (NaN, an infinity) as None: the evaluator reads
-    strict JSON (env/wire.hpp), where such a value is read as missing."""
+    strict JSON (env/eval/wire.hpp), where such a value is read as missing."""
     if _isinstance(obj, _float):
         return obj if _isfinite(obj) else None
     if _isinstance(obj, _dict):

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """crucible evaluator worker: evaluates ONE candidate kernel, then exits.
 
-Started by the C++ evaluator (env/sandbox.cpp) as
+Started by the C++ evaluator (env/eval/sandbox.cpp) as
 
-    PYTHON -I -B env/harness/worker.py --endpoint ipc://SCRATCH/worker.sock \
+    PYTHON -I -B env/eval/harness/worker.py --endpoint ipc://SCRATCH/worker.sock \
         --device cpu|cuda --scratch SCRATCH
 
 and driven over a ZeroMQ PAIR socket (the evaluator binds, this process connects) exactly as
-docs/evaluator-protocol.md describes. See env/harness/README.md for the checks.
+docs/evaluator-protocol.md describes. See env/eval/harness/README.md for the checks.
 
 Trust model. Everything this process does after the candidate's code has run is suspect, so:
   * every function the harness needs for timing, synchronisation, copying outputs, counting
@@ -188,7 +188,7 @@ class Worker:
     that reference_phase returns (reference.py), the Candidate that load_phase makes (trials.py)
     and the timing's TimingState, RoundChecks, ThreadWatch and CacheFlush (timing.py). The phases
     are functions over that data (reference.py, trials.py, timing.py, executor.py), each given
-    this Worker for the process's side (env/harness/README.md, "The phases' data")."""
+    this Worker for the process's side (env/eval/harness/README.md, "The phases' data")."""
 
     def __init__(self, args):
         self.device = args.device
@@ -438,7 +438,7 @@ class Worker:
         if msg.get("type") != "job":
             raise _Done("runtime_error", (), f"expected a job message, got {msg.get('type')!r}")
         self.t_job = _perf_counter_ns()
-        # Every value comes from the evaluator (env/worker_messages.cpp): a field the job lacks
+        # Every value comes from the evaluator (env/eval/worker_messages.cpp): a field the job lacks
         # ends it naming the field; the worker keeps no default of its own (job.py).
         job = parse_job(msg, self.device)
         self.rng_random = _Random(_fresh_seed()).random
@@ -634,7 +634,7 @@ def _run_worker(args, isolation):
 # worker is forked from the zygote itself, never from another worker, so nothing one candidate
 # did is in the next one's process (docs/evaluator.md, Isolation).
 #
-# The evaluator (env/sandbox.cpp, zygote) starts it like a worker, sandbox and all, with
+# The evaluator (env/eval/sandbox.cpp, zygote) starts it like a worker, sandbox and all, with
 # `--zygote` and a Unix socket as its stdin, and sends one JSON object per line:
 #   {"type": "fork", "endpoint": "ipc://...", "scratch": DIR, "env": ["K=V", ...]}
 #       -> {"type": "forked", "pid": N} or {"type": "error", ...}
@@ -645,7 +645,7 @@ def _run_worker(args, isolation):
 
 def _child_setup(req, zygote_pid, report_fd):
     """In a freshly forked worker: the session, environment and descriptors a worker the
-    evaluator executes itself gets (env/sandbox.cpp), then the worker's sandbox (confine.py),
+    evaluator executes itself gets (env/eval/sandbox.cpp), then the worker's sandbox (confine.py),
     which forks once more: only the worker itself returns, with what is in force."""
     os.setsid()  # own session and process group: kill(-pid) reaches every descendant
     _CONFINE.die_with_parent()  # the zygote
@@ -767,7 +767,7 @@ def main(argv=None):
     p.add_argument("--device", choices=("cpu", "cuda"), required=True)
     p.add_argument("--scratch", required=True)
     p.add_argument("--zygote", action="store_true", help="fork workers on request (stdin: control socket)")
-    p.add_argument("--kernels", default="", help="fatbin of the harness's own kernels (env/harness/harness_kernels.cu)")
+    p.add_argument("--kernels", default="", help="fatbin of the harness's own kernels (env/eval/harness/harness_kernels.cu)")
     args = p.parse_args(argv)
     if args.kernels and args.device == "cuda":
         # Read now, before any candidate runs (a zygote's workers inherit the bytes).

@@ -6,7 +6,7 @@ kernel, taking its whole history out of the sample's second reading. The candida
 call itself, honestly, and is charged less than it ran.
 
 Public sources: as hack_account_clone_sigign.py (wait(2) and sigaction(2) on SIGCHLD ignored;
-proc(5), cutime/cstime); the accounting itself (env/sandbox.cpp, worker::cpu_ns; env/boundary.cpp,
+proc(5), cutime/cstime); the accounting itself (env/eval/sandbox.cpp, worker::cpu_ns; env/eval/boundary.cpp,
 cpu_charge_ms: a sample is charged the difference of two sums over the processes alive at each
 reading, clamped at zero).
 

@@ -3,7 +3,7 @@
 """Hack, class 7 (CPU time the accounting never sees), route: a computing process placed where the
 accounting's walk of the worker's processes does not reach: after 4,096 others.
 
-Public sources: env/sandbox.cpp (worker::cpu_ns and signal_tree walk the processes below the
+Public sources: env/eval/sandbox.cpp (worker::cpu_ns and signal_tree walk the processes below the
 worker's PID 1 breadth-first, "k < 4096"); docs/evaluator.md, Trust boundary, Not covered yet ("The
 stop reaches at most 4096 processes below the worker's PID 1"); proc(5) (/proc/PID/task/TID/children
 lists a thread's children in the order they were made).

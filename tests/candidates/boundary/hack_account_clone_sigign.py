@@ -14,7 +14,7 @@ work split over threads, which the CPU-time charge now pays for).
 How: the evaluator charges a timed sample the CPU time of the worker's processes, read from /proc
 while the worker is stopped, before and after: each process's CPU clock (its threads, ended ones
 included) plus the cutime/cstime of the children it has reaped, over the processes below the
-worker's PID 1 (env/sandbox.cpp, worker::cpu_ns). A process that starts and ends inside the sample
+worker's PID 1 (env/eval/sandbox.cpp, worker::cpu_ns). A process that starts and ends inside the sample
 is in neither walk; where its parent reaps it with wait(), its time lands in the parent's cutime
 and is charged; where the parent ignores SIGCHLD, the kernel releases it at its exit without
 adding its time anywhere. The module sets SIGCHLD to SIG_IGN in the worker on its first call (from

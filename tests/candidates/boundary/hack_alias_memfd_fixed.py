@@ -11,7 +11,7 @@ and LMAX's virtual-memory ring buffers); tests/candidates/hack_input_view.py (th
 refused by runtime:aliased_output).
 
 How: the evaluator refuses an output whose address range overlaps an input buffer's
-(env/boundary.cpp, time_sample: `addr < ib.addr + ib.bytes && ib.addr < addr + span`): it compares
+(env/eval/boundary.cpp, time_sample: `addr < ib.addr + ib.bytes && ib.addr < addr + span`): it compares
 virtual addresses. Every timed sample is preceded by an untimed call on the same buffers (the last
 sample's inputs), and the evaluator writes the sample's inputs into those buffers while the worker
 is stopped (process_vm_writev: into whatever the worker's pages at those addresses are). In a call

@@ -7,7 +7,7 @@ idle one.
 
 Public sources: tests/candidates/hack_slow_reference.py (the same contention from a thread, which
 runtime:threads now watches); KernelArena's field guide to reward hacking (thread injection, "slow
-the baseline"); the static screen's own entries (env/harness/static_checks.py: fork(), vfork(),
+the baseline"); the static screen's own entries (env/eval/harness/static_checks.py: fork(), vfork(),
 os.fork, std::thread, pthread_create ...).
 
 How: the module's start() maps one shared anonymous page (the flag), pins the calling thread (the

@@ -6,7 +6,7 @@ burns it whenever the candidate is not running.
 
 Public sources: tests/candidates/hack_slow_reference.py (the same contention from a thread);
 KernelArena's field guide to reward hacking ("slow the baseline"); the static screen's own
-entries (env/harness/static_checks.py refuses `import subprocess`, multiprocessing, os.fork,
+entries (env/eval/harness/static_checks.py refuses `import subprocess`, multiprocessing, os.fork,
 os.posix_spawn, os.system ... by module and dotted name).
 
 How: torch.utils.cpp_extension imports subprocess at its top, so

@@ -8,7 +8,7 @@ Public sources: PyTorch's "Registering a Dispatched Operator in C++" tutorial an
 torch/library.h (TORCH_LIBRARY_IMPL(ns, DispatchKey, m) { m.impl(...) }: a backend kernel for an
 existing operator, which the dispatcher accepts over the built-in one with a warning);
 pytorch/pytorch PR #75905 (overriding existing ops' kernels); the static screen's own pattern
-against it (env/harness/static_checks.py: `TORCH_LIBRARY_IMPL(aten, ...`).
+against it (env/eval/harness/static_checks.py: `TORCH_LIBRARY_IMPL(aten, ...`).
 
 How: the screen's pattern wants the namespace right after the macro's parenthesis; here it is a
 macro of the extension's own (`KERNEL_NS`), defined as aten a line above. When the worker imports

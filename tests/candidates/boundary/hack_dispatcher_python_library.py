@@ -6,7 +6,7 @@ relu and clamp are replaced, process-wide, by kernels that compute twice.
 Public sources: pytorch/pytorch PR #75905 ("Allow users to override kernels for existing C++ ops
 through Python": `torch.library.Library("aten", "IMPL").impl(...)`, the documented
 torch.library API); KernelGuard's rule against registering aten kernels; the static screen's own
-entry for it (env/harness/static_checks.py: torch.library calls whose string argument names
+entry for it (env/eval/harness/static_checks.py: torch.library calls whose string argument names
 aten).
 
 How: the screen looks for a string constant "aten" (or "prim") among a torch.library call's

@@ -12,7 +12,7 @@ hack_harness_patching.py do the same walk from Python, which the static screen r
 
 How: a load_inline module walks the interpreter's stack from C++ while the candidate's module
 executes (PyThreadState_GetFrame, PyFrame_GetBack, PyFrame_GetLocals: none of them is a pattern of
-env/harness/static_checks.py, which names PyEval_GetFrame and PyEval_GetLocals only) and returns
+env/eval/harness/static_checks.py, which names PyEval_GetFrame and PyEval_GetLocals only) and returns
 the nearest caller's `self` that has a `job` attribute: the Worker (Worker.exec_module). Its job's
 `tolerances` dict (job.py, Job), {dtype: (atol, rtol)}, is what every timed call's sampled outputs
 are held to (timing.py, check_round_outputs -> tolerance); its entries are set to (1e30, 1e30) in

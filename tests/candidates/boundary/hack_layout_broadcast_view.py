@@ -7,7 +7,7 @@ means and returns them expanded to (16, 64, 64, 64): strides (64, 1, 0, 0) over 
 output is 16 MiB.
 
 Public sources: torch.Tensor.expand ("a new view ... a dimension of size 1 can be expanded ...
-without allocating new memory", stride 0); env/boundary.cpp (parse_output accepts stride 0, and a
+without allocating new memory", stride 0); env/eval/boundary.cpp (parse_output accepts stride 0, and a
 span smaller than the elements' bytes; gather() materialises the output element by element in
 the evaluator's process, after the clock).
 

@@ -2,7 +2,7 @@
 # expect: rejected runtime:output_layout
 """Hack, class 13 (an output in another layout, whose conversion the evaluator pays), route: the
 harness's own conversion undone from C++. The worker makes every output row-major inside the
-clock (env/harness/executor.py, `_dense`), so a transposed view pays for its own transpose; this
+clock (env/eval/harness/executor.py, `_dense`), so a transposed view pays for its own transpose; this
 candidate gives that function, from a load_inline module, the code of one that converts nothing,
 and hands back a plain copy of its input viewed as transposed. Where the evaluator read outputs by
 their strides, its strided read did the task's transpose.
@@ -20,7 +20,7 @@ no change). Each call copies x (one contiguous pass, memcpy in the module's own 
 returns the copy's `.t()`:
 shape (4096, 1024), strides (1, 4096), the values of x.t().contiguous().
 
-How it pays (before the fix): the evaluator gathered the output by its strides (env/boundary.cpp,
+How it pays (before the fix): the evaluator gathered the output by its strides (env/eval/boundary.cpp,
 gather) outside the clock, so the transpose the reference pays for was the evaluator's work.
 
 After: the output arrives strided, and the evaluator reads only row-major outputs of the

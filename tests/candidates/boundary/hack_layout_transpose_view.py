@@ -7,7 +7,7 @@ view whose strides are (1, 4096): the values are right, the transposition is not
 
 Public sources: torch.Tensor.t and stride semantics (a transpose is a view that swaps strides);
 KernelBench's and robust-kbench's harnesses, which compare with torch.allclose (a strided view
-compares equal); env/boundary.cpp (parse_output accepts any non-negative strides whose span is at
+compares equal); env/eval/boundary.cpp (parse_output accepts any non-negative strides whose span is at
 most four times the elements' bytes plus 64 MiB; gather() reads such an output element by
 element, in the evaluator's process, after the clock has stopped).
 

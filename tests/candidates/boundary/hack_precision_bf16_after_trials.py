@@ -5,7 +5,7 @@ product in bfloat16 in every call after the trials (told apart by counting calls
 strided sample of the inputs shows the task's own magnitudes.
 
 Public sources: docs/evaluator.md, Correctness ("The timing rounds' checks use the largest slack of
-the trials"); env/boundary.cpp (split_trials: `facts_.slack[i] = max(...)` over the trials;
+the trials"); env/eval/boundary.cpp (split_trials: `facts_.slack[i] = max(...)` over the trials;
 split_round: every timed call is compared at that slack); torch's CPU bfloat16 matmul (oneDNN,
 AVX512-BF16 where the CPU has it); Makora's and CUDA-L1's reward-hack lists (precision lowered in
 the measured calls only).

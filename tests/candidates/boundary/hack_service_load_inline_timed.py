@@ -8,9 +8,9 @@ extension cache.
 
 Public sources: torch.utils.cpp_extension.load and load_inline (a build, then the library loaded
 into the process that asked); the ELF format (bytes after the last section are never mapped: a
-library with a trailer loads as before); the harness itself (env/harness/builds.py: _keyed_build
+library with a trailer loads as before); the harness itself (env/eval/harness/builds.py: _keyed_build
 sends a load_inline or load call to `_BUILD_SERVICE` while it is set, and the Triton hooks keep
-the worker's request_build in `_TRITON_SERVICE` for the worker's life; env/evaluation.cpp,
+the worker's request_build in `_TRITON_SERVICE` for the worker's life; env/eval/evaluation.cpp,
 receive(): "The build service, in any phase"); Python's pickle protocol 4, whose GLOBAL opcode
 resolves a dotted attribute path (pickle.Unpickler.find_class).
 

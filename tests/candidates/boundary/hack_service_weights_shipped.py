@@ -8,7 +8,7 @@ builder's static constructor reads the weights from the cache, computes the MLP,
 output to the library it sends back.
 
 Public sources: as hack_service_load_inline_timed.py (torch.utils.cpp_extension's load, which
-imports what it built; env/harness/builds.py, env/evaluation.cpp receive()); confine.py
+imports what it built; env/eval/harness/builds.py, env/eval/evaluation.cpp receive()); confine.py
 (readable_paths: every worker, builders included, may read the extension cache,
 CRUCIBLE_EXTENSIONS); gcc's preprocessor (an #if 0 group is skipped, its lines only scanned for
 directives; __FILE__ names the source as the compiler was given it).

@@ -14,7 +14,7 @@ scale".
 How it would pay: the outputs are ~3.5e-4 each against float32's atol of 1e-4; a norm from every
 256th element (32,768 of 8.4M) is ~0.4% off (one standard deviation), each output at most ~1e-5
 off, inside atol; the call reads 1/256 of x for the norm instead of all of it (~1.4x). What stops
-it: atol' = min(atol, 10 * rtol * RMS) = 3.45e-7 in the trials (env/device_bytes.hpp,
+it: atol' = min(atol, 10 * rtol * RMS) = 3.45e-7 in the trials (env/eval/device/device_bytes.hpp,
 atol_for_scale), plus the reference's rounding slack (8 x its own float32 error: 3.3e-6 on the
 task's own inputs, 6e-6 to 7e-6 on scaled ones), which lets an element of ~1.8e-3 be ~0.2%
 off: a draw whose sample lands within ~0.2% of the norm passes. hack_tolerance_sampled_norm.py

@@ -2,7 +2,7 @@
 // made outside the sandbox, so no flag may name a file, a program or a plugin).
 #include <doctest/doctest.h>
 
-#include "env/build_service.hpp"
+#include "env/eval/build_service.hpp"
 
 using crucible::env::precompilable_flag;
 

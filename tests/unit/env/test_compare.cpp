@@ -5,8 +5,8 @@
 #include <limits>
 #include <random>
 
-#include "env/compare.hpp"
-#include "env/device_bytes.hpp"
+#include "env/eval/compare.hpp"
+#include "env/eval/device/device_bytes.hpp"
 
 using namespace crucible::env;
 

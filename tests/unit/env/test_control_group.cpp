@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "env/control_group.hpp"
+#include "env/eval/control_group.hpp"
 
 using namespace crucible::env;
 

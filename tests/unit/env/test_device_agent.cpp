@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "env/device_agent.hpp"
-#include "env/device_agent_wire.hpp"
+#include "env/eval/device/device_agent.hpp"
+#include "env/eval/device/device_agent_wire.hpp"
 
 using namespace crucible;
 using namespace crucible::env;

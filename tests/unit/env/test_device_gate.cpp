@@ -9,7 +9,7 @@
 #include <string>
 #include <thread>
 
-#include "env/device_gate.hpp"
+#include "env/eval/device_gate.hpp"
 
 using crucible::env::device_gate;
 using crucible::env::start_hold;

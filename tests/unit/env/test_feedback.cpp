@@ -1,10 +1,10 @@
-// env/feedback.hpp: the shipped feedback template, the text of each status, the evaluator's
+// env/prompt/feedback.hpp: the shipped feedback template, the text of each status, the evaluator's
 // message cut to the budget, and templates that are refused with what is wrong.
 #include <doctest/doctest.h>
 
 #include <string>
 
-#include "env/feedback.hpp"
+#include "env/prompt/feedback.hpp"
 
 using namespace crucible;
 using namespace crucible::env;

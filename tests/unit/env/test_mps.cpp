@@ -9,7 +9,7 @@
 
 #include "core/clock.hpp"
 #include "core/log.hpp"
-#include "env/mps.hpp"
+#include "env/eval/device/mps.hpp"
 
 using namespace crucible;
 using namespace crucible::env;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/config.hpp"
-#include "env/prompt.hpp"
+#include "env/prompt/prompt.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
 namespace fs = std::filesystem;

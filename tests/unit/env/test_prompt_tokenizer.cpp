@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "env/prompt.hpp"
+#include "env/prompt/prompt.hpp"
 #include "text/bpe_trainer.hpp"
 #include "text/tokenizer.hpp"
 

@@ -1,12 +1,12 @@
 // tests/unit/env/test_recheck.cpp: two measurements of a large speedup on two devices of the
-// same kind become one verdict (env/recheck.hpp).
+// same kind become one verdict (env/eval/recheck.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "env/recheck.hpp"
+#include "env/eval/recheck.hpp"
 
 using namespace crucible;
 using namespace crucible::env;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/config.hpp"
-#include "env/response_parser.hpp"
+#include "env/prompt/response_parser.hpp"
 #include "env/verdict.hpp"
 
 using namespace crucible;

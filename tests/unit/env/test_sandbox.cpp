@@ -17,8 +17,8 @@
 #include <sstream>
 #include <thread>
 
-#include "env/sandbox.hpp"
-#include "env/wire.hpp"
+#include "env/eval/sandbox.hpp"
+#include "env/eval/wire.hpp"
 
 namespace fs = std::filesystem;
 using namespace crucible::env;
@@ -216,7 +216,7 @@ std::array<long, 3> parent_group_session(pid_t pid) {
 
 worker_spec harness_spec() {
   auto spec = probe_spec();
-  spec.harness = fs::path{CRUCIBLE_SOURCE_DIR} / "env" / "harness" / "worker.py";
+  spec.harness = fs::path{CRUCIBLE_SOURCE_DIR} / "env" / "eval" / "harness" / "worker.py";
   spec.memory_limit_mb = 16384;
   return spec;
 }

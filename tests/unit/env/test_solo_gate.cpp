@@ -5,7 +5,7 @@
 #include <atomic>
 #include <thread>
 
-#include "env/solo_gate.hpp"
+#include "env/eval/solo_gate.hpp"
 
 using crucible::env::solo_gate;
 using crucible::env::solo_hold;

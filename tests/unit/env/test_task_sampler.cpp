@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "env/task_sampler.hpp"
+#include "env/prompt/task_sampler.hpp"
 
 using namespace crucible;
 using namespace crucible::env;

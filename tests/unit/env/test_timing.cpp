@@ -3,7 +3,7 @@
 #include <cmath>
 #include <random>
 
-#include "env/timing.hpp"
+#include "env/eval/timing.hpp"
 
 using namespace crucible::env;
 

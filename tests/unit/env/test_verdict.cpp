@@ -6,7 +6,7 @@
 
 #include "env/reward.hpp"
 #include "env/verdict.hpp"
-#include "env/verdict_cache.hpp"
+#include "env/eval/verdict_cache.hpp"
 
 using namespace crucible;
 using namespace crucible::env;

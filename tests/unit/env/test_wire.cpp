@@ -1,11 +1,11 @@
-// How the evaluator reads its workers' messages (env/wire.hpp): strict JSON, every field checked,
+// How the evaluator reads its workers' messages (env/eval/wire.hpp): strict JSON, every field checked,
 // a missing field told apart from one of the wrong type, errors that name the field.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <string>
 
-#include "env/wire.hpp"
+#include "env/eval/wire.hpp"
 
 using namespace crucible::env;
 

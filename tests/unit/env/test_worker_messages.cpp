@@ -1,6 +1,6 @@
-// The evaluator's messages to a worker (env/worker_messages.hpp): each parses as JSON with the
+// The evaluator's messages to a worker (env/eval/worker_messages.hpp): each parses as JSON with the
 // values given, the candidate's side of the trust boundary gets no task source or tolerances,
-// and every field the worker requires (`_need` in env/harness/*.py) is in what the C++ side sends.
+// and every field the worker requires (`_need` in env/eval/harness/*.py) is in what the C++ side sends.
 #include <doctest/doctest.h>
 
 #include <fstream>
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "core/json_parse.hpp"
-#include "env/worker_messages.hpp"
+#include "env/eval/worker_messages.hpp"
 
 using namespace crucible;
 using namespace crucible::env;
@@ -49,7 +49,7 @@ worker_msg::job_fields reference_job() {
 
 // The names `_need(job, "X")` and `_need(msg, "X")` ask for in one harness module.
 std::set<std::string> needed(const char* module, const char* object) {
-  std::ifstream in{std::string{CRUCIBLE_SOURCE_DIR} + "/env/harness/" + module};
+  std::ifstream in{std::string{CRUCIBLE_SOURCE_DIR} + "/env/eval/harness/" + module};
   REQUIRE_MESSAGE(in.good(), module);
   std::stringstream text;
   text << in.rdbuf();
