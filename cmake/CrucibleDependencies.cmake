@@ -75,7 +75,7 @@ endif()
 find_package(Torch REQUIRED)
 if(CRUCIBLE_HAVE_CUDA)
   find_package(NCCL REQUIRED)
-  # Our own kernels (env/eval/device/device_bytes.cu): Ampere and Hopper, plus PTX for later GPUs.
+  # Our own kernels (env/eval/device/device_bytes.cu, device_clock.cu): Ampere and Hopper, plus PTX for later GPUs.
   set(CRUCIBLE_CUDA_ARCHITECTURES "80-real;90-real;90-virtual" CACHE STRING "CUDA architectures of crucible's kernels")
   if(NOT CMAKE_CUDA_COMPILER)
     set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")

@@ -12,7 +12,7 @@
 // The driver (`run`, no CUDA of its own) starts one clock process, kept for the whole run like the
 // evaluator's device agent, and for each pair two fresh workers A and B, like a verdict's reference
 // and candidate workers: this program again (fork + exec), one line at a time over a socket pair.
-// A sample, as crucible's device clock takes it (env/eval/device/device_bytes.cu, cuda_clock): the
+// A sample, as crucible's device clock takes it (env/eval/device/device_clock.cu, cuda_clock): the
 // clock queues a one-block hold kernel spinning on a host-mapped flag, a start kernel
 // (%globaltimer), cuStreamWriteValue32(go, seq) on the worker's go word (its device memory, opened
 // by cudaIpcOpenMemHandle); the worker, while the clock is held, queues cuStreamWaitValue32(go >=
@@ -90,7 +90,7 @@ void check_cu(CUresult r, const char* what, const char* file, int line) {
 }
 
 // The driver's stream memory operations, found through the runtime as
-// env/eval/device/device_bytes.cu does (no -lcuda).
+// env/eval/device/device_clock.cu does (no -lcuda).
 using stream_value_fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 struct stream_value_ops {
   stream_value_fn write = nullptr;

@@ -9,7 +9,7 @@ How it pays: where the inputs are written into the worker's buffers before the c
 by a copy a kernel may run beside, the output is done by the time the calls are let go: the
 window holds nothing of its work.
 
-Across the boundary the copy in waits until it holds the whole device (env/eval/device/device_bytes.cu,
+Across the boundary the copy in waits until it holds the whole device (env/eval/device/device_clock.cu,
 sealed_copy): the spinning kernel holds it back, and it gives up (here after 200 ms) before any
 input changes. It then computes from the last sample's inputs: incorrect, and the wait is inside
 the window."""

@@ -11,7 +11,7 @@ and an evaluator that reads the outputs later finds them written: a speedup as l
 chain's time over the window's round trip.
 
 Across the boundary the window closes only when the evaluator's copy out holds the whole device
-(env/eval/device/device_bytes.cu, sealed_copy): a kernel of the chain still resident holds that moment back,
+(env/eval/device/device_clock.cu, sealed_copy): a kernel of the chain still resident holds that moment back,
 inside the window, and one not yet started runs after the outputs were read, in an order it cannot
 know, so the outputs are read unwritten (incorrect) or the chain is timed (about 1.00x)."""
 import torch
