@@ -397,20 +397,6 @@ evaluator_pool_actor::behavior_type evaluator_pool(pool_pointer self, std::vecto
 
 } // namespace
 
-std::string hardware_kind_of(const std::string& device, const std::string& name) {
-  if (device == "cpu")
-    return "cpu";
-  std::string lower;
-  for (char c : name)
-    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (const char* vendor : {"nvidia ", "amd "})
-    if (lower.rfind(vendor, 0) == 0)
-      lower = lower.substr(std::string{vendor}.size());
-  auto space = lower.find(' ');
-  auto kind = lower.substr(0, space);
-  return kind.empty() ? "gpu" : kind;
-}
-
 device_info device_info_of(const env::device_evaluator& dev, std::uint32_t index) {
   device_info out;
   out.index = index;

@@ -12,6 +12,7 @@
 #include <caf/actor_system.hpp>
 
 #include "actors/interfaces.hpp"
+#include "core/device.hpp"
 #include "core/config.hpp"
 #include "env/eval/evaluator.hpp"
 #include "env/eval/recheck.hpp"
@@ -37,13 +38,9 @@ struct evaluator_deps {
 /// without reading the verdict cache.
 evaluator_actor spawn_evaluator(caf::actor_system& sys, evaluator_deps deps);
 
-/// The hardware kind exemplars and rewards are kept under, derived here only: "cpu" for every
-/// CPU; for a GPU the model's short name ("NVIDIA H100 80GB HBM3" -> "h100"), so two GPUs of one
-/// model share a kind whether they are the run's own or a joined node's.
-std::string hardware_kind_of(const std::string& device, const std::string& name);
-
 /// What the pool learns about the device behind `dev` (index `index`, e.g. N of cuda:N): its
-/// model name as the workers report it and its hardware kind (hardware_kind_of).
+/// model name as the workers report it and its hardware kind (core/device.hpp's hardware_kind_of,
+/// so two GPUs of one model share a kind whether they are the run's own or a joined node's).
 device_info device_info_of(const env::device_evaluator& dev, std::uint32_t index);
 
 /// Pool settings.

@@ -530,7 +530,6 @@ result<std::vector<evaluator_actor>> spawn_evaluators(caf::actor_system& sys, co
     return made.error();
   std::vector<evaluator_actor> evaluators;
   for (std::size_t i = 0; i < cfg.evaluator.devices.size(); ++i) {
-    const auto& device = cfg.evaluator.devices[i];
     std::shared_ptr<env::device_evaluator> shared(std::move((*made)[i]));
     auto info = device_info_of(*shared, static_cast<std::uint32_t>(i));
     auto ev = spawn_evaluator(sys, evaluator_deps{shared, tasks, info, cfg.evaluator.concurrency});

@@ -49,17 +49,6 @@ runtime_info probe_runtime() {
   return info;
 }
 
-int cuda_index(std::string_view device) {
-  if (device.substr(0, 5) != "cuda:" || device.size() == 5 || device.size() > 8)
-    return -1;
-  int index = 0;
-  for (char c : device.substr(5)) {
-    if (c < '0' || c > '9')
-      return -1;
-    index = index * 10 + (c - '0');
-  }
-  return index;
-}
 
 bool cuda_device_exists(int index) {
 #ifdef CRUCIBLE_HAVE_CUDA

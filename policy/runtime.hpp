@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/device.hpp"
 #include "core/error.hpp"
 
 namespace crucible::policy {
@@ -34,8 +35,8 @@ struct runtime_info {
   int cpu_threads = 0;           ///< LibTorch's intra-op thread count
 };
 
-/// The index N of "cuda:N", or -1 for anything else ("cuda" alone included).
-int cuda_index(std::string_view device);
+/// The index N of a CUDA device's name (core/device.hpp: "cuda" is 0), or -1 for anything else.
+using crucible::cuda_index;
 /// Whether CUDA device `index` exists on this machine (false without CUDA, or for a negative index).
 bool cuda_device_exists(int index);
 

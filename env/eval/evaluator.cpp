@@ -6,6 +6,7 @@
 #include "env/eval/build_service.hpp"
 #include "env/eval/evaluation.hpp"
 
+#include "core/device.hpp"
 #include "core/file_io.hpp"
 
 #include <yaml-cpp/yaml.h>
@@ -186,9 +187,7 @@ std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_optio
     if (!device_bytes_available()) {
       log.info("evaluator", ev->device_, ": built without CUDA; outputs are compared on the host");
     } else {
-      const auto digits = ev->device_.substr(5);
-      const int index = !digits.empty() && digits.size() < 6 && digits.find_first_not_of("0123456789") == std::string::npos
-                            ? std::stoi(digits) : -1;
+      const int index = cuda_index(ev->device_);
       if (index < 0) {
         log.warn("evaluator", ev->device_, ": not a cuda:N device; outputs are compared on the host");
       } else if (auto name = device_name(index); name) {

@@ -2,6 +2,7 @@
 // and exec is prepared before fork(): the evaluator is multithreaded, so the child may only
 // make async-signal-safe calls.
 #include "env/eval/sandbox.hpp"
+#include "core/device.hpp"
 #include "env/eval/device/mps.hpp"
 #include "env/eval/wire.hpp"
 #include "env/eval/worker_messages.hpp"
@@ -72,8 +73,10 @@ const char* signal_name(int sig) {
   }
 }
 
-std::string cuda_index(const std::string& device) {
-  return device.rfind("cuda:", 0) == 0 ? device.substr(5) : "";
+// CUDA_VISIBLE_DEVICES of a worker for `device`: N of cuda:N, nothing for the CPU.
+std::string visible_devices(const std::string& device) {
+  const int index = cuda_index(device);
+  return index >= 0 ? std::to_string(index) : std::string{};
 }
 
 } // namespace
@@ -173,7 +176,7 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   envs.push_back("OMP_NUM_THREADS=" + threads);
   envs.push_back("MKL_NUM_THREADS=" + threads);
   envs.push_back("CRUCIBLE_CPU_THREADS=" + threads);
-  envs.push_back("CUDA_VISIBLE_DEVICES=" + cuda_index(spec.device));
+  envs.push_back("CUDA_VISIBLE_DEVICES=" + visible_devices(spec.device));
   // Builds stay in the worker's own scratch (a private tmpfs): no worker writes a compiled
   // extension or Triton kernel that another candidate will load (docs/evaluator.md, Isolation).
   envs.push_back("TORCH_EXTENSIONS_DIR=" + (scratch / "torch-extensions").string());

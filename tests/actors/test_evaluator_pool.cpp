@@ -476,12 +476,3 @@ TEST_CASE_FIXTURE(fixture, "a recheck waits for a free slot on the second device
   CHECK(results->at(1).variant == 1);
   CHECK(results->at(1).speedup == 4.0);
 }
-
-TEST_CASE("the hardware kind is derived in one place: a run's own GPU and a joined node's of the same model share it") {
-  CHECK(hardware_kind_of("cpu", "x86_64 (2 cores)") == "cpu");
-  CHECK(hardware_kind_of("cuda:0", "NVIDIA H100 80GB HBM3") == "h100");
-  CHECK(hardware_kind_of("cuda:3", "NVIDIA H100 80GB HBM3") == "h100");
-  CHECK(hardware_kind_of("cuda:0", "NVIDIA H200") == "h200");
-  CHECK(hardware_kind_of("cuda:1", "AMD Instinct MI300X") == "instinct");
-  CHECK(hardware_kind_of("cuda:0", "") == "gpu");
-}

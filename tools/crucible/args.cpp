@@ -1,5 +1,6 @@
 #include "tools/crucible/args.hpp"
 
+#include "core/device.hpp"
 #include "core/config.hpp"
 
 #include <algorithm>
@@ -117,12 +118,10 @@ result<double> real_option(const parsed_args& args, const std::string& name, dou
 }
 
 result<std::string> parse_device(const std::string& name, const std::string& device) {
-  if (device == "cpu")
-    return device;
-  const auto digits = device.size() > 5 ? device.substr(5) : std::string{};
-  if (device.rfind("cuda:", 0) != 0 || digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+  const auto id = crucible::parse_device(device);
+  if (!id)
     return fail(errc::invalid_arg, name, " ", device, ": expected cpu or cuda:N");
-  return device;
+  return id->name();
 }
 
 result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback) {

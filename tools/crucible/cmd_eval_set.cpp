@@ -26,6 +26,7 @@
 
 #include "actors/actor_config.hpp"
 #include "actors/evaluator.hpp"
+#include "core/device.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -128,13 +129,9 @@ result<set_options> options_of(const parsed_args& args, const config& cfg) {
   return o;
 }
 
-// N of cuda:N (0 for the CPU), as the pool's device_info names it. parse_device checked the
-// digits; a number too large for any machine is left to the evaluator to refuse.
+// N of cuda:N (0 for the CPU), as the pool's device_info names it.
 std::uint32_t device_index(const std::string& device) {
-  std::uint32_t n = 0;
-  if (device != "cpu")
-    std::from_chars(device.data() + 5, device.data() + device.size(), n);
-  return n;
+  return static_cast<std::uint32_t>(std::max(0, cuda_index(device)));
 }
 
 // -- records file -----------------------------------------------------------------------------

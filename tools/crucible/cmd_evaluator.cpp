@@ -24,6 +24,7 @@
 #include "actors/actor_config.hpp"
 #include "actors/evaluator.hpp"
 #include "actors/membership.hpp"
+#include "core/device.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/sha256.hpp"
@@ -71,14 +72,12 @@ result<std::vector<std::string>> parse_devices(const std::string& text) {
     auto comma = text.find(',', start);
     auto item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     start = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    std::string device;
-    if (item == "cpu")
-      device = "cpu";
-    else if (auto digits = item.rfind("cuda:", 0) == 0 ? item.substr(5) : item;
-             !digits.empty() && digits.size() <= 4 && digits.find_first_not_of("0123456789") == std::string::npos)
-      device = "cuda:" + std::to_string(std::stoul(digits));
-    else
+    // A bare N stands for cuda:N.
+    const bool bare = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+    const auto id = crucible::parse_device(bare ? "cuda:" + item : item);
+    if (!id)
       return bad(item.empty() ? std::string{"an empty entry"} : "\"" + item + "\" is not a device");
+    const std::string device = id->name();
     if (!seen.insert(device).second)
       return bad(device + " is listed twice");
     out.push_back(device);
@@ -87,7 +86,7 @@ result<std::vector<std::string>> parse_devices(const std::string& text) {
 }
 
 std::uint32_t device_index(const std::string& device) {
-  return device == "cpu" ? 0u : static_cast<std::uint32_t>(std::stoul(device.substr(5)));
+  return static_cast<std::uint32_t>(std::max(0, cuda_index(device)));
 }
 
 // -- signals --------------------------------------------------------------------------------

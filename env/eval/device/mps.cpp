@@ -1,5 +1,6 @@
 // env/eval/device/mps.cpp: the evaluator's private CUDA MPS control daemon (env/eval/device/mps.hpp).
 #include "env/eval/device/mps.hpp"
+#include "core/device.hpp"
 
 #include <fcntl.h>
 #include <pwd.h>
@@ -424,17 +425,6 @@ void clear_clients(const std::string& program, const std::string& pipe) {
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-}
-
-// The CUDA device's index of "cuda" or "cuda:N"; -1 for any other device.
-int cuda_index(const std::string& device) {
-  if (device == "cuda")
-    return 0;
-  if (device.rfind("cuda:", 0) != 0)
-    return -1;
-  char* end = nullptr;
-  const long v = std::strtol(device.c_str() + 5, &end, 10);
-  return end != device.c_str() + 5 && *end == '\0' && v >= 0 ? static_cast<int>(v) : -1;
 }
 
 // A device agent (env/eval/device/device_agent.hpp) for every CUDA device of `devices`, each a client of the

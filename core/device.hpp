@@ -1,0 +1,35 @@
+// core/device.hpp: a device as the project names it ("cpu", "cuda", "cuda:N"), read in one place,
+// and the hardware kind a device's model name stands for ("h100"), derived in one place. Every
+// layer that takes a device string (the evaluator, the policy, the command line) reads it here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace crucible {
+
+/// The CPU, or CUDA device `index`.
+struct device_id {
+  enum class kind : std::uint8_t { cpu, cuda };
+  kind type = kind::cpu;
+  int index = 0; ///< N of cuda:N; 0 for the CPU
+
+  bool cuda() const noexcept { return type == kind::cuda; }
+  /// "cpu" or "cuda:N".
+  std::string name() const;
+};
+
+/// "cpu", "cuda" (device 0) or "cuda:N" with N of one to four digits; nothing for anything else.
+std::optional<device_id> parse_device(std::string_view text);
+
+/// N when `text` names CUDA device N ("cuda" is 0), else -1 (the CPU and anything not a device).
+int cuda_index(std::string_view text);
+
+/// The hardware kind of a device whose model is `model` ("NVIDIA H100 80GB HBM3" -> "h100"): "cpu"
+/// for the CPU, else the model's first word after its vendor, lower-cased ("gpu" where there is
+/// none). Verdicts, exemplars and the evaluator pool match on it.
+std::string hardware_kind_of(std::string_view device, std::string_view model);
+
+} // namespace crucible
