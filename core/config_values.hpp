@@ -6,6 +6,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/device.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device.hpp"
 #include "core/config.hpp"
 #include "core/host_port.hpp"
 
@@ -415,12 +418,10 @@ inline constraint<double> between(double lo, double hi, const char* expected) {
   return {expected, [lo, hi](double v) { return v >= lo && v <= hi; }};
 }
 
+// "cpu" or "cuda:N" as core/device.hpp reads them (a config names the index: "cuda" alone is not
+// taken here).
 inline bool is_device_name(const std::string& s) {
-  if (s == "cpu")
-    return true;
-  if (s.rfind("cuda:", 0) != 0 || s.size() == 5)
-    return false;
-  return std::all_of(s.begin() + 5, s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  return s != "cuda" && parse_device(s).has_value();
 }
 
 inline constraint<std::vector<std::string>> device_list() {
