@@ -832,7 +832,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   const auto copies = input_copies(s);
   // The device's cache is flushed by this process (the worker's own flush would be the
   // candidate's to skip), before the clock starts.
-  if (auto r = flush_device_cache(cuda_device_, opt.flush_bytes != 0 ? opt.flush_bytes : 256ull << 20); !r)
+  if (auto r = flush_device_cache(cuda_device_, flush_bytes_of(opt.flush_bytes, true)); !r)
     return device_failed("cannot flush the device's cache", r.error());
   // The clock (device_clock): queued here and held, the start event, this process's copies of the
   // sample's inputs into the worker's buffers and the write of the go word its stream waits for

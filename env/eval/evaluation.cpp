@@ -480,7 +480,7 @@ std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
   f.trials = req_.reference_only ? 1 : opt.trials;
   f.reference_only = req_.reference_only;
   f.baseline = to_string(opt.baseline);
-  f.flush_bytes = opt.flush_bytes != 0 ? opt.flush_bytes : ctx_.device == "cpu" ? (64ull << 20) : (256ull << 20);
+  f.flush_bytes = flush_bytes_of(opt.flush_bytes, ctx_.device != "cpu");
   f.placement_jitter_bytes = opt.placement_jitter_bytes;
   f.sample_ms = opt.sample_ms;
   f.max_calls = opt.max_calls;
