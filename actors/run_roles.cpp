@@ -391,7 +391,7 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
   std::string device;
   const policy::cuda_device* smallest = nullptr;
   for (const auto& name : learners) {
-    const int index = name == "cuda" ? 0 : policy::cuda_index(name);
+    const int index = policy::cuda_index(name); // "cuda" is device 0
     for (const auto& d : devices)
       if (d.index == index && (smallest == nullptr || d.memory_bytes < smallest->memory_bytes))
         smallest = &d, device = name;

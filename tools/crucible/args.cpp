@@ -128,6 +128,10 @@ result<std::string> device_option(const parsed_args& args, const std::string& na
   return parse_device(name, args.get(name, fallback));
 }
 
+std::uint32_t device_index(const std::string& device) {
+  return static_cast<std::uint32_t>(std::max(0, cuda_index(device)));
+}
+
 std::string render_help(const command_spec& spec) {
   std::string out = "usage: crucible " + spec.name + " " + spec.usage + "\n\n" + spec.summary + "\n";
   if (!spec.description.empty())

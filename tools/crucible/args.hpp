@@ -68,6 +68,9 @@ result<std::string> parse_device(const std::string& name, const std::string& dev
 /// The value of option `name` as a device, "cpu" or "cuda:N", or `fallback` when absent.
 result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback);
 
+/// N of a checked device's cuda:N (0 for the CPU), as the evaluator pool's device_info names it.
+std::uint32_t device_index(const std::string& device);
+
 /// The first error among `results` (in argument order), or nullptr when all hold values.
 template <class... Ts>
 const crucible::error* first_error(const result<Ts>&... results) {

@@ -26,7 +26,6 @@
 
 #include "actors/actor_config.hpp"
 #include "actors/evaluator.hpp"
-#include "core/device.hpp"
 #include "core/config.hpp"
 #include "core/log.hpp"
 #include "core/progress.hpp"
@@ -127,11 +126,6 @@ result<set_options> options_of(const parsed_args& args, const config& cfg) {
   o.use_cache = !args.has("--no-cache");
   o.verbose = args.has("--verbose");
   return o;
-}
-
-// N of cuda:N (0 for the CPU), as the pool's device_info names it.
-std::uint32_t device_index(const std::string& device) {
-  return static_cast<std::uint32_t>(std::max(0, cuda_index(device)));
 }
 
 // -- records file -----------------------------------------------------------------------------

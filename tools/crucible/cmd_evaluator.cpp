@@ -85,10 +85,6 @@ result<std::vector<std::string>> parse_devices(const std::string& text) {
   return out;
 }
 
-std::uint32_t device_index(const std::string& device) {
-  return static_cast<std::uint32_t>(std::max(0, cuda_index(device)));
-}
-
 // -- signals --------------------------------------------------------------------------------
 
 // The write end of the self-pipe that the handler writes the signal number into. A signal
