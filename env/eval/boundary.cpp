@@ -3,8 +3,11 @@
 // worker draws every input; this process hands the candidate's worker its inputs, keeps it stopped
 // outside its own calls, reads the clock around each timed sample, reads both workers' outputs out
 // of their memory while they are stopped, and compares them. Nothing the verdict depends on is in
-// the candidate's process. Methods of evaluation (env/eval/evaluation.hpp); the rest of its walk
-// (statuses, the speedup, the recheck) is env/eval/evaluation.cpp's.
+// the candidate's process. Methods of evaluation (env/eval/evaluation.hpp); the CUDA half (mapped
+// device memory, trial inputs on the device, the device clock's sample) is
+// env/eval/boundary_device.cpp's, the rest of its walk (statuses, the speedup, the recheck)
+// env/eval/evaluation.cpp's.
+#include "env/eval/boundary_outputs.hpp"
 #include "env/eval/evaluation.hpp"
 #include "env/eval/worker_messages.hpp"
 
@@ -54,111 +57,6 @@ double fill_floor_ms(std::uint64_t bytes) {
   (void) sink;
   return best / 2;
 }
-
-// One output as a worker described it after `go`: dtype, shape, strides, and the span from its
-// first element to its last (what is read). What a worker says is data: every field is checked.
-struct output_desc {
-  tensor_blob blob; // dtype and shape; bytes not read yet
-  std::vector<std::int64_t> strides;
-  std::uint64_t bytes = 0; // its elements' bytes
-  std::uint64_t span = 0;  // bytes from its first element to its last
-  bool contiguous = true;
-};
-
-// Empty on success, else what is wrong (for "broke the protocol: ...").
-std::string parse_output(const wire::node& d, output_desc& o) {
-  auto type = parse_dtype(d["dtype"].as<std::string>(""));
-  if (!type)
-    return "an output of unknown dtype";
-  tensor_blob& b = o.blob;
-  b.type = *type;
-  for (const auto& x : d["shape"])
-    b.shape.push_back(x.as<std::int64_t>());
-  o.bytes = d["bytes"].as<std::uint64_t>(0);
-  if (std::any_of(b.shape.begin(), b.shape.end(), [](std::int64_t x) { return x < 0; })
-      || o.bytes != static_cast<std::uint64_t>(b.numel()) * element_size(b.type))
-    return "an output's size does not match its shape";
-  // Its strides, as the worker's tensor has them (a view of a larger buffer, a transpose): the
-  // span from its first element to its last is what it occupies, and what is read.
-  for (const auto& x : d["strides"])
-    o.strides.push_back(x.as<std::int64_t>(0));
-  if (o.strides.empty() && !b.shape.empty()) { // contiguous
-    o.strides.assign(b.shape.size(), 1);
-    for (std::size_t j = b.shape.size(); j-- > 1;)
-      o.strides[j - 1] = o.strides[j] * b.shape[j];
-  }
-  if (o.strides.size() != b.shape.size()
-      || std::any_of(o.strides.begin(), o.strides.end(), [](std::int64_t x) { return x < 0; }))
-    return "an output's strides do not match its shape";
-  std::uint64_t last = 0; // the offset of its last element, in elements
-  for (std::size_t j = 0; j < b.shape.size(); ++j)
-    if (b.shape[j] > 0)
-      last += static_cast<std::uint64_t>(b.shape[j] - 1) * static_cast<std::uint64_t>(o.strides[j]);
-  o.span = o.bytes == 0 ? 0 : (last + 1) * element_size(b.type);
-  if (o.span > 4 * o.bytes + (64ull << 20))
-    return "an output's strides spread it over far more memory than its elements take";
-  o.contiguous = true;
-  for (std::int64_t j = static_cast<std::int64_t>(b.shape.size()) - 1, want = 1; j >= 0; --j) {
-    if (b.shape[static_cast<std::size_t>(j)] > 1 && o.strides[static_cast<std::size_t>(j)] != want)
-      o.contiguous = false;
-    want *= b.shape[static_cast<std::size_t>(j)];
-  }
-  return {};
-}
-
-// The output's elements in row-major order, gathered from `raw` (its span) by its strides.
-std::vector<std::byte> gather(const output_desc& o, const std::byte* raw) {
-  const auto& b = o.blob;
-  const auto esize = element_size(b.type);
-  std::vector<std::byte> out(o.bytes);
-  std::vector<std::int64_t> idx(b.shape.size(), 0);
-  const auto n = static_cast<std::uint64_t>(b.numel());
-  for (std::uint64_t e = 0; e < n; ++e) {
-    std::uint64_t off = 0;
-    for (std::size_t j = 0; j < idx.size(); ++j)
-      off += static_cast<std::uint64_t>(idx[j]) * static_cast<std::uint64_t>(o.strides[j]);
-    std::memcpy(out.data() + e * esize, raw + off * esize, esize);
-    for (std::size_t j = idx.size(); j-- > 0;) {
-      if (++idx[j] < b.shape[j])
-        break;
-      idx[j] = 0;
-    }
-  }
-  return out;
-}
-
-// The workers' allocations this process has mapped, by their mapping's address, with the worker
-// whose they are: two workers' handles that open the same allocation (the driver maps an
-// allocation once per process) mean one named the other's memory. Process-wide: the evaluations
-// of one evaluator share its CUDA context.
-struct mapping_owners {
-  std::mutex mtx;
-  std::map<const void*, std::pair<pid_t, int>> owners; // owner, mappings held
-};
-mapping_owners& owners() {
-  static mapping_owners m;
-  return m;
-}
-
-// What keeps a mapping registered in owners() while it lives. The mapping is handed out through
-// an aliasing pointer, so it keeps its own type (a device agent's memory stays the agent's:
-// env/eval/device/device_agent.hpp routes by it).
-class mapping_registration final {
-public:
-  explicit mapping_registration(std::shared_ptr<device_bytes> m) : m_{std::move(m)} {}
-  ~mapping_registration() {
-    auto& o = owners();
-    std::lock_guard guard{o.mtx};
-    if (auto it = o.owners.find(m_->data()); it != o.owners.end() && --it->second.second <= 0)
-      o.owners.erase(it);
-  }
-  mapping_registration(const mapping_registration&) = delete;
-  mapping_registration& operator=(const mapping_registration&) = delete;
-  const std::shared_ptr<device_bytes>& mapping() const noexcept { return m_; }
-
-private:
-  std::shared_ptr<device_bytes> m_;
-};
 
 std::string describe_dist(int d) {
   return "distribution " + std::to_string(d) + (d >= 0 && d <= 5 ? std::string{": "} + input_dists[d] : std::string{});
@@ -214,6 +112,15 @@ bool evaluation::split_trials(std::uint64_t seed) {
         continue;
       }
       if (type == "inputs") {
+        trial_draw d;
+        if (n["on_device"].as<bool>(false)) {
+          if (!dev_.on) {
+            set(verdict_status::runtime_error, "the reference's worker described a trial's inputs on a device the verdict does not use");
+            return false;
+          }
+          d = {true, n["seed"].as<std::uint64_t>(0), n["distribution"].as<int>(0), n["digest"].as<std::string>("")};
+        }
+        facts_.trial_draws.push_back(d);
         facts_.trial_inputs.push_back(std::move(msg));
         msg = worker_message{};
         continue;
@@ -291,10 +198,14 @@ bool evaluation::split_trials(std::uint64_t seed) {
   // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
   std::optional<untimed_hold> device{std::in_place, ctx_.gate};
   phase("trials");
-  for (auto& m : facts_.trial_inputs)
-    if (!send(cw, m.json, &m.frames))
+  for (std::size_t t = 0; t < facts_.trial_inputs.size(); ++t) {
+    const auto& m = facts_.trial_inputs[t];
+    const auto& d = facts_.trial_draws[t];
+    if (d.on_device ? !pass_trial_inputs_on_device(cw, m, d) : !send(cw, m.json, &m.frames))
       return false;
+  }
   facts_.trial_inputs.clear();
+  facts_.trial_draws.clear();
   if (!send(cw, worker_msg::command("run")))
     return false;
   if (!run_trials(cw, device))
@@ -389,68 +300,6 @@ bool evaluation::draw(int dist, sample_inputs& in) {
     }
     in.push_back(std::move(one));
   }
-  return true;
-}
-
-bool evaluation::draw_on_device(worker& rw, const wire::node& n, sample_inputs& in) {
-  // On a CUDA device the reference's worker leaves the round's tensors in one allocation of its
-  // own and names them: they are copied from there into this process's memory (dev_.staged),
-  // and from there into each worker's buffers inside its clock (time_sample_device). `in` keeps
-  // one empty entry per input (the bytes are on the device).
-  auto broke = [&](const std::string& what) {
-    set(verdict_status::runtime_error, "the reference's worker broke the protocol: " + what);
-    return false;
-  };
-  auto failed = [&](const error& e) {
-    end_.evaluator_failed = true;
-    set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + e.message);
-    return false;
-  };
-  std::shared_ptr<device_bytes> whole;
-  if (n["ipc"].defined()) {
-    auto m = map_handle(rw, n["ipc"].as<std::string>(""));
-    if (!m)
-      return broke("its drawn inputs cannot be mapped: " + m.error().message);
-    whole = std::move(*m);
-  }
-  std::vector<std::shared_ptr<device_bytes>> spans; // kept alive until the copies are done
-  std::vector<device_copy> copies;
-  dev_.staged.resize(n["sets"].size());
-  std::size_t c = 0;
-  for (const auto& set_node : n["sets"]) {
-    auto& staged = dev_.staged[c++];
-    staged.resize(set_node.size());
-    in.emplace_back(set_node.size());
-    std::size_t i = 0;
-    for (const auto& d : set_node) {
-      auto& st = staged[i++];
-      if (d["value"].defined()) {
-        st.reset();
-        continue;
-      }
-      const auto bytes = d["bytes"].as<std::uint64_t>(0);
-      if (bytes == 0) {
-        st.reset();
-        continue;
-      }
-      if (!whole)
-        return broke("a drawn input without the allocation that holds it");
-      auto sp = subspan(whole, d["offset"].as<std::uint64_t>(0), bytes, 1);
-      if (!sp)
-        return broke("a drawn input: " + sp.error().message);
-      if (!st || st->size() != bytes) {
-        st.reset();
-        auto made = allocate_owned(cuda_device_, bytes);
-        if (!made)
-          return failed(made.error());
-        st = std::move(*made);
-      }
-      copies.push_back({st.get(), sp->get()});
-      spans.push_back(std::move(*sp));
-    }
-  }
-  if (auto r = copy_all(copies); !r)
-    return failed(r.error());
   return true;
 }
 
@@ -760,323 +609,6 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
         return broke("its output memory cannot be written: " + p.error().message);
     }
   }
-  return true;
-}
-
-std::string evaluation::mapping_key(const worker& w, const std::string& handle) {
-  return std::to_string(w.pid()) + ":" + handle;
-}
-
-result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const std::string& handle) {
-  const auto key = mapping_key(w, handle);
-  if (auto it = dev_.mapped.find(key); it != dev_.mapped.end())
-    return it->second;
-  auto m = map_allocation(cuda_device_, handle);
-  if (!m)
-    return m.error();
-  {
-    auto& o = owners();
-    std::lock_guard guard{o.mtx};
-    auto [it, fresh] = o.owners.try_emplace((*m)->data(), w.pid(), 0);
-    if (!fresh && it->second.first != w.pid())
-      return fail(errc::protocol, "names an allocation of another worker's");
-    ++it->second.second;
-  }
-  auto registration = std::make_shared<mapping_registration>(std::move(*m));
-  auto kept = std::shared_ptr<device_bytes>{registration, registration->mapping().get()};
-  dev_.mapped.emplace(key, kept);
-  return kept;
-}
-
-std::vector<device_copy> evaluation::input_copies(const side& s) const {
-  std::vector<device_copy> copies;
-  for (std::size_t c = 0; c < s.sets.size() && c < dev_.staged.size(); ++c)
-    for (std::size_t i = 0; i < s.sets[c].size() && i < dev_.staged[c].size(); ++i)
-      if (s.sets[c][i].span && dev_.staged[c][i])
-        copies.push_back({s.sets[c][i].span.get(), dev_.staged[c][i].get()});
-  return copies;
-}
-
-bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs,
-                                    double& ms, bool null) {
-  const auto& opt = ctx_.opt;
-  worker& w = *s.proc;
-  const bool candidate = &w == cand_.proc.get();
-  wire::node n;
-  worker_message msg;
-  auto broke = [&](const std::string& what) {
-    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
-    return false;
-  };
-  auto device_failed = [&](const std::string& what, const error& e) {
-    end_.evaluator_failed = true;
-    set(verdict_status::runtime_error, what + ": " + e.message);
-    return false;
-  };
-  if (!prime(w))
-    return false;
-  // The empty sample (null) has no inputs of its own: every step as below, one tiny kernel for the
-  // calls, the copies of the reference's last outputs for the outputs' copies.
-  if (!null && (in.size() != s.sets.size() || dev_.staged.size() != in.size()))
-    return broke("input buffers for " + std::to_string(s.sets.size()) + " calls, the sample has " + std::to_string(in.size()));
-  for (std::size_t c = 0; c < in.size() && !null; ++c) {
-    if (in[c].size() != s.sets[c].size() || dev_.staged[c].size() != in[c].size())
-      return broke("input buffers for " + std::to_string(s.sets[c].size()) + " inputs, the task has " + std::to_string(in[c].size()));
-    for (std::size_t i = 0; i < in[c].size(); ++i) {
-      const auto& b = s.sets[c][i];
-      const std::uint64_t bytes = dev_.staged[c][i] ? dev_.staged[c][i]->size() : 0; // draw_on_device's
-      if (!b.value && (b.bytes != bytes || (b.bytes > 0 && !b.span)))
-        return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(bytes));
-    }
-  }
-  const auto copies = input_copies(s);
-  // The device's cache is flushed by this process (the worker's own flush would be the
-  // candidate's to skip), before the clock starts.
-  if (auto r = flush_device_cache(cuda_device_, flush_bytes_of(opt.flush_bytes, true)); !r)
-    return device_failed("cannot flush the device's cache", r.error());
-  // The clock (device_clock): queued here and held, the start event, this process's copies of the
-  // sample's inputs into the worker's buffers and the write of the go word its stream waits for
-  // before its calls (nothing of the worker's, a kernel left running on the device included, can
-  // see the inputs before the clock starts); after the worker has queued its calls, a wait for
-  // its done word, this process's copies of its outputs and the stop event. Let go, the device runs it all
-  // back to back: an output still being written when the copies run is copied as it is then, and
-  // fails the comparison; work that does not write the outputs gains nothing here, and what it
-  // does to the other side's samples is the reference-alone check's to see. The host's round
-  // trips are outside the clock; a call that waits for the device inside (the queue full, a
-  // value read back) is let go after 20 ms, and then its launches from there on are inside.
-  const auto words = dev_.words.find(w.pid());
-  if (words == dev_.words.end())
-    return broke("it has no clock words");
-  const auto seq = ++words->second.seq;
-  if (auto r = dev_.clock->arm(copies, *words->second.go, seq); !r)
-    return device_failed("cannot start the device clock", r.error());
-  // A sample that ends early: its work let go and waited for (c cleared once finished below).
-  struct finishing {
-    device_clock* c;
-    ~finishing() {
-      if (c != nullptr)
-        (void) c->finish(5.0);
-    }
-  } held{dev_.clock.get()};
-  bool released = false;
-  if (!thaw(w))
-    return false;
-  const auto t_in = clock_type::now();
-  const std::function<void()> nudge = [&] {
-    released = true;
-    dev_.clock->let_go();
-  };
-  split_.clock_running = true;
-  const bool answered = send(w, worker_msg::launch(seq, null)) && receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge);
-  split_.clock_running = false;
-  if (!answered)
-    return false;
-  const auto t_call = clock_type::now();
-  if (n["type"].as<std::string>() != "launched") {
-    (void) freeze(w);
-    return broke("expected launched, got " + n["type"].as<std::string>());
-  }
-  if (null) {
-    if (!freeze(w))
-      return false;
-    // As many of the last reference sample's outputs as a sample of this count of calls has: that
-    // sample may have held more calls (a verdict that goes on with one call per sample measures
-    // its empty sample again before a reference sample of one call exists).
-    std::vector<const device_bytes*> srcs;
-    const auto per_call = dev_.last_ref_calls == 0 ? 0 : dev_.last_ref_snaps.size() / dev_.last_ref_calls;
-    for (std::size_t i = 0; i < dev_.last_ref_snaps.size() && i < per_call * s.sets.size(); ++i)
-      srcs.push_back(dev_.last_ref_snaps[i].get());
-    auto snaps = dev_.clock->close(*words->second.done, seq, srcs);
-    held.c = nullptr;
-    auto device_ms = dev_.clock->finish(opt.run_timeout_s);
-    if (!snaps || !device_ms)
-      return device_failed("cannot time an empty sample", snaps ? device_ms.error() : snaps.error());
-    ms = *device_ms; // the whole sample's
-    return true;
-  }
-  const auto& list = n["outputs"];
-  if (!list.is_list() || list.size() != in.size()) {
-    (void) freeze(w);
-    return broke("outputs for a different number of calls");
-  }
-  outs.assign(in.size(), {});
-  std::vector<output_desc> descs;
-  std::vector<std::size_t> desc_call, desc_index;
-  std::vector<std::shared_ptr<device_bytes>> spans;
-  for (std::size_t c = 0; c < in.size(); ++c) {
-    for (const auto& d : list[c]) {
-      tensor_blob b;
-      if (d["kind"].defined()) {
-        b.kind = d["kind"].as<std::string>();
-        outs[c].push_back(std::move(b));
-        continue;
-      }
-      output_desc o;
-      if (auto wrong = parse_output(d, o); !wrong.empty()) {
-        (void) freeze(w);
-        return broke(wrong);
-      }
-      const auto k = outs[c].size();
-      if (candidate && refuse_unlike_trials(k, o.blob)) {
-        (void) freeze(w);
-        return false;
-      }
-      if (candidate && !o.contiguous) {
-        (void) freeze(w);
-        return refuse_layout(k);
-      }
-      if (o.span > 0) {
-        if (!d["ipc"].defined()) {
-          (void) freeze(w);
-          return broke("a device output without its handle");
-        }
-        const auto handle = d["ipc"].as<std::string>("");
-        // A first mapping of an allocation may wait for this process's device work, the held
-        // clock's too: let go first (that sample's host latencies are then inside its window).
-        if (dev_.mapped.count(mapping_key(w, handle)) == 0 && !released)
-          nudge();
-        auto whole = map_handle(w, handle);
-        if (!whole) {
-          (void) freeze(w);
-          if (candidate && whole.error().code == errc::protocol) {
-            v_.checks_failed.push_back("runtime:foreign_memory");
-            set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": the candidate's output "
-                                            + std::to_string(k) + " " + whole.error().message
-                                            + ": its outputs must be memory of its own");
-            return false;
-          }
-          return broke("its output " + std::to_string(k) + " cannot be mapped: " + whole.error().message);
-        }
-        auto sp = subspan(*whole, d["offset"].as<std::uint64_t>(0), o.span, element_size(o.blob.type));
-        if (!sp) {
-          (void) freeze(w);
-          return broke("its output " + std::to_string(k) + ": " + sp.error().message);
-        }
-        spans.push_back(std::move(*sp));
-        desc_call.push_back(c);
-        desc_index.push_back(k);
-      }
-      outs[c].push_back(o.blob);
-      if (o.span > 0) // one description per span, in the same order
-        descs.push_back(std::move(o));
-    }
-  }
-  // Stopped before the clock is let go: no thread of the worker's queues more work meanwhile.
-  if (!freeze(w))
-    return false;
-  std::vector<const device_bytes*> srcs;
-  for (const auto& sp : spans)
-    srcs.push_back(sp.get());
-  auto snaps = dev_.clock->close(*words->second.done, seq, srcs);
-  if (!snaps)
-    return device_failed(std::string{"cannot copy the outputs of "} + who(w), snaps.error());
-  held.c = nullptr; // finished below, not twice
-  auto device_ms = dev_.clock->finish(opt.run_timeout_s);
-  if (!device_ms && device_ms.error().code == errc::timeout) {
-    set(verdict_status::timeout, std::string{who(w)} + ": " + device_ms.error().message + " (timing)");
-    return false;
-  }
-  if (!device_ms)
-    return device_failed("cannot read the device clock", device_ms.error());
-  {
-    auto& l = dev_.laps[candidate ? 1 : 0];
-    l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
-    l[1].push_back(*device_ms);
-    l[2].push_back(released ? 1.0 : 0.0);
-  }
-  ms = *device_ms / static_cast<double>(in.size());
-  // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
-  // spans that overlap here are the same memory.
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
-  for (const auto& sp : spans) {
-    const auto a = reinterpret_cast<std::uintptr_t>(sp->data());
-    ranges.emplace_back(a, a + sp->size());
-  }
-  for (std::size_t r = 0; r < spans.size(); ++r) {
-    const auto c = desc_call[r];
-    const auto k = desc_index[r];
-    if (candidate && may_not_alias(k))
-      for (const auto& ib : s.sets[c])
-        if (!ib.value && ib.span) {
-          const auto a = reinterpret_cast<std::uintptr_t>(ib.span->data());
-          if (ranges[r].first < a + ib.span->size() && a < ranges[r].second)
-            return refuse_aliased(k);
-        }
-    auto& b = outs[c][k];
-    const auto& o = descs[r];
-    if (o.contiguous) {
-      b.device = (*snaps)[r];
-    } else {
-      auto raw = download(*(*snaps)[r]);
-      if (!raw)
-        return device_failed("cannot copy an output to the host", raw.error());
-      b.bytes = gather(o, raw->data());
-    }
-  }
-  for (std::size_t i = 0; i < ranges.size() && !split_.outputs_reused; ++i)
-    for (std::size_t j = i + 1; j < ranges.size(); ++j)
-      if (desc_call[i] != desc_call[j] && ranges[i].first < ranges[j].second && ranges[j].first < ranges[i].second) {
-        split_.outputs_reused = true;
-        break;
-      }
-  if (!candidate) {
-    dev_.last_ref_snaps = std::move(*snaps);
-    dev_.last_ref_calls = in.size();
-    return true;
-  }
-  // Its inputs, compared with what this process wrote there (runtime:input_mutation).
-  std::vector<device_comparison> same;
-  for (const auto& cp : copies)
-    same.push_back({cp.src, cp.dst, dtype::u8, cp.src->size(), tolerance{0, 0}, 0});
-  if (!same.empty()) {
-    auto diffs = device_compare_all(same);
-    if (!diffs)
-      return device_failed("cannot read the candidate's inputs back", diffs.error());
-    for (const auto& d : *diffs)
-      if (d.mismatches != 0)
-        return refuse_input_mutation();
-  }
-  // Its outputs, copied, are overwritten with 0xFF bytes (NaN for floats) where they lie: an
-  // output handed back again without being computed again fails the next comparison.
-  if (auto r = fill_all(srcs, 0xFF); !r)
-    return device_failed("cannot overwrite the candidate's outputs", r.error());
-  return true;
-}
-
-bool evaluation::setup_clock(side& s) {
-  worker& w = *s.proc;
-  if (dev_.words.count(w.pid()) != 0)
-    return true;
-  if (!dev_.clock) {
-    auto c = make_device_clock(cuda_device_);
-    if (!c) {
-      end_.evaluator_failed = true;
-      set(verdict_status::runtime_error, "cannot make the device clock: " + c.error().message);
-      return false;
-    }
-    dev_.clock = std::move(*c);
-  }
-  wire::node n;
-  worker_message msg;
-  if (!thaw(w) || !send(w, worker_msg::command("clock")) || !receive(w, ctx_.opt.run_timeout_s, "setting up the clock", n, msg)
-      || !freeze(w))
-    return false;
-  auto broke = [&](const std::string& what) {
-    set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
-    return false;
-  };
-  if (n["type"].as<std::string>() != "clock" || !n["ipc"].is_scalar() || !n["offset"].is_scalar())
-    return broke("expected its clock words");
-  // Its two words, 128 bytes apart in its own memory: go at the offset, done after it.
-  auto whole = map_handle(w, n["ipc"].as<std::string>(""));
-  if (!whole)
-    return broke("its clock words cannot be mapped: " + whole.error().message);
-  const auto offset = n["offset"].as<std::uint64_t>(0);
-  auto go = subspan(*whole, offset, 4, 4);
-  auto done = subspan(*whole, offset + 128, 4, 4);
-  if (!go || !done)
-    return broke("its clock words lie outside their allocation");
-  dev_.words[w.pid()] = clock_words{std::move(*go), std::move(*done), 0};
   return true;
 }
 

@@ -158,10 +158,21 @@ private:
   /// One sample's inputs as the reference's worker drew them: per call, per input, the tensor's
   /// bytes (empty for a plain value, which the workers keep as the trials gave it).
   using sample_inputs = std::vector<std::vector<std::vector<std::byte>>>;
+  /// Where a trial's inputs come from on a CUDA device: its `inputs` message then only describes
+  /// them, and the reference's worker draws them again from `seed` and `dist`.
+  struct trial_draw {
+    bool on_device = false;
+    std::uint64_t seed = 0;
+    int dist = 0;
+    std::string digest; // what the reference's worker drew then (env/eval/harness/outputs.py, _inputs_digest)
+  };
   // Gives `s` input buffers for `calls` calls per sample.
   bool make_buffers(side& s, std::int64_t calls);
   // Draws one sample's inputs in the reference's worker, from distribution `dist`.
   bool draw(int dist, sample_inputs& in);
+  // A trial's inputs on a CUDA device: drawn again by the reference's worker (`d`), copied from
+  // its memory into room the candidate's worker makes for them (its answer to `m`).
+  bool pass_trial_inputs_on_device(worker& cw, const worker_message& m, const trial_draw& d);
   // draw's second half on a CUDA device: the drawn tensors, which the reference's worker names
   // in its own memory (`n`, its `drawn` message), copied into dev_.staged.
   bool draw_on_device(worker& rw, const wire::node& n, sample_inputs& in);
@@ -287,6 +298,7 @@ private:
     /// Each trial's inputs (the `inputs` message as it came, with its frames) and the task's
     /// data (`reference_info`).
     std::vector<worker_message> trial_inputs;
+    std::vector<trial_draw> trial_draws; // per trial, as trial_inputs
     std::string info;
     std::vector<int> dists;     // the input distributions the reference allows, for the rounds
     std::vector<bool> aliased;  // which reference outputs alias an input

@@ -345,7 +345,8 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     evaluation e{context, req, std::move(worker)};
     if (fresh)
       e.use_fresh_workers();
-    attempt a{e.run()};
+    attempt a;
+    a.v = e.run();
     a.task_bytes = e.task_bytes();
     e.drop_outputs();
     pool_->retire(e.take_process());

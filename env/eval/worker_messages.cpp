@@ -26,10 +26,12 @@ std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_roun
 
 std::string buffers(std::int64_t calls) { return text(json{{"type", "buffers"}, {"calls", calls}}); }
 
-std::string draw(std::int64_t calls, int dist, bool on_device) {
+std::string draw(std::int64_t calls, int dist, bool on_device, std::optional<std::uint64_t> seed) {
   json m{{"type", "draw"}, {"calls", calls}, {"dist", dist}};
   if (on_device)
     m["on_device"] = true;
+  if (seed)
+    m["seed"] = *seed;
   return text(m);
 }
 

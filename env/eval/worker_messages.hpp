@@ -25,8 +25,8 @@ std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_roun
 /// Across the boundary: input buffers for a sample of `calls` calls.
 std::string buffers(std::int64_t calls);
 /// Across the boundary (the reference's worker): fresh inputs for `calls` calls from
-/// distribution `dist`.
-std::string draw(std::int64_t calls, int dist, bool on_device = false);
+/// distribution `dist`; with `seed`, one call's from that seed (a trial's inputs again).
+std::string draw(std::int64_t calls, int dist, bool on_device = false, std::optional<std::uint64_t> seed = std::nullopt);
 /// Across the boundary on a CUDA device: a sample queued behind the go word's reaching `seq`
 /// (with `null`: one tiny kernel for the calls).
 std::string launch(std::uint32_t seq, bool null);

@@ -15,12 +15,13 @@ import torch
 from .trusted import (
     _BaseException, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _str, _T_copy_,
     _T_contiguous, _T_data_ptr, _T_fill_, _T_is_contiguous, _T_numel, _T_size, _T_stride, _T_view, _Tensor,
-    _torch_empty, _type, _uint8, _int32
+    _T_to, _torch_empty, _type, _uint8, _int32
 )
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
 from .outputs import (
-    _decode_inputs, _DTYPES, _encode_inputs, _from_wire, _kind_of, _os_threads, _output_items, _plain, _py_threads,
+    _decode_inputs, _DTYPES, _encode_inputs, _inputs_digest, _from_wire, _kind_of, _os_threads, _output_items,
+    _plain, _py_threads,
     _SUPPORTED_DTYPES
 )
 from .reference import Reference, make_inputs
@@ -103,8 +104,57 @@ def receive_trial_inputs(w, ref):
             raise _Done("runtime_error", (), f"expected inputs or run, got {kind!r}")
         if not ref.given_inputs:
             ref.input_template = msg.get("inputs") or []
-        ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
+        if msg.get("on_device") is True:
+            ref.given_inputs.append(receive_device_inputs(w, msg.get("inputs") or []))
+        else:
+            ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
     ref.trials = _len(ref.given_inputs)
+
+
+def receive_device_inputs(w, descs):
+    """One trial's inputs on a CUDA device (an `inputs` message with on_device): this worker
+    makes room for them in one allocation of its own, exported (`staging`: the allocation's
+    handle, each input's offset and size), the evaluator copies them there from the reference
+    worker's draw and says `copied`; they are then kept in host memory like inputs sent as
+    bytes, and the allocation freed."""
+    if not w.cuda:
+        raise _Done("runtime_error", (), "the evaluator sent inputs on a device to a worker without one")
+    shapes = []
+    need = 0
+    for d in descs:
+        if "value" in d:
+            shapes.append(None)
+            continue
+        dt = _DTYPES.get(d.get("dtype"))
+        if dt is None:
+            raise _Done("runtime_error", (), f"the evaluator sent an input of unknown dtype {d.get('dtype')!r}")
+        shape = [_int(s_) for s_ in d["shape"]]
+        n = _torch_empty(0, dtype=dt).element_size()
+        for s_ in shape:
+            n *= s_
+        shapes.append((dt, shape, n, need))
+        need += ((n + 511) // 512) * 512
+    arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
+    ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
+    if ex is None:
+        raise _Done("runtime_error", (), "the CUDA driver cannot export the room for a trial's inputs")
+    places = [{"value": True} if sh is None else {"offset": ex["offset"] + sh[3], "bytes": sh[2]} for sh in shapes]
+    w.sync()
+    w.chan.send({"type": "staging", "ipc": ex["ipc"], "inputs": places})
+    reply = w.chan.recv()
+    if reply.get("type") == "stop":
+        _os_exit(0)
+    if reply.get("type") != "copied":
+        raise _Done("runtime_error", (), f"expected copied, got {reply.get('type')!r}")
+    out = []
+    for d, sh in zip(descs, shapes):
+        if sh is None:
+            out.append(_from_wire(d["value"]))
+            continue
+        dt, shape, n, at = sh
+        out.append(_T_to(_T_view(_T_view(arena[at:at + n], dt), shape), "cpu"))
+    del arena
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -119,7 +169,9 @@ def executor_fn(job, baseline, cand):
 def executor_loop(w, job, ref, baseline, cand):
     """Answers the evaluator's timing commands until `finish` or `stop`:
     draw {calls, dist}      (reference worker) fresh inputs for `calls` calls, each from a seed
-                            the operating system gives now: `drawn` with their bytes
+                            the operating system gives now: `drawn` with their bytes (with
+                            on_device, where they lie on the device); with `seed`, one call's
+                            from that seed (a trial's inputs again, for the candidate's worker)
     buffers {calls}         input buffers for a sample of `calls` calls: `buffers` with each
                             tensor's address and size (the evaluator writes into them)
     prime                   one untimed call on the buffers as they are: `primed`
@@ -157,7 +209,7 @@ def executor_loop(w, job, ref, baseline, cand):
             raise _Done("ok", (), "", w.laps)
         if kind == "draw":
             draw(w, job, ref, state, _int(_need(msg, "calls")), _int(_need(msg, "dist")),
-                 msg.get("on_device") is True)
+                 msg.get("on_device") is True, None if msg.get("seed") is None else _int(msg["seed"]))
         elif kind == "buffers":
             make_buffers(w, job, ref, state, _int(_need(msg, "calls")))
         elif kind == "prime":
@@ -281,14 +333,17 @@ def launch(w, job, baseline, cand, state, null, seq):
     reply_sample(w, job, state, outs, "launched", not null)
 
 
-def draw(w, job, ref, state, calls, dist, on_device):
+def draw(w, job, ref, state, calls, dist, on_device, seed=None):
     if job.role != "reference":
         raise _Done("runtime_error", (), "only the reference worker draws inputs")
+    if seed is not None and calls != 1:
+        raise _Done("runtime_error", (), "a draw from a given seed is of one call's inputs")
     frames = []
     sets = []
     msg = {"type": "drawn", "sets": sets}
     try:
-        drawn = [make_inputs(ref.task, w.device, _fresh_seed(), dist) for _ in _range(calls)]
+        drawn = [make_inputs(ref.task, w.device, _fresh_seed() if seed is None else seed, dist)
+                 for _ in _range(calls)]
         place = None
         if on_device and w.cuda:
             # On a CUDA device the round's tensors are copied into one allocation of this
@@ -315,6 +370,8 @@ def draw(w, job, ref, state, calls, dist, on_device):
                 pos[0] += ((n + 511) // 512) * 512
                 _T_copy_(_T_view(_T_view(arena[at:at + n], x.dtype), _T_size(x)), x)
                 return {"offset": ex["offset"] + at, "bytes": n}
+        if seed is not None:
+            msg["digest"] = _inputs_digest(drawn[0])
         for inputs in drawn:
             sets.append(_encode_inputs(inputs, frames, place))
         del drawn

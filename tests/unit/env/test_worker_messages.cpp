@@ -117,6 +117,10 @@ TEST_CASE("every field a worker requires is one the evaluator sends") {
     CHECK_MESSAGE(somewhere, "executor.py needs '" << k << "'");
   }
   CHECK(d.find("dist")->as_int() == 2);
+  CHECK(d.find("seed") == nullptr); // a fresh seed the worker's own
+  const auto again = parsed(worker_msg::draw(1, 3, true, (1ull << 52) - 5)); // a trial's inputs again
+  CHECK(again.find("seed")->as_int() == static_cast<std::int64_t>((1ull << 52) - 5));
+  CHECK(again.find("on_device")->as_bool());
   CHECK(l.find("seq")->as_int() == 7);
   CHECK(l.find("null") == nullptr);
   CHECK(parsed(worker_msg::launch(7, true)).find("null")->as_bool());
