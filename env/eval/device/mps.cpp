@@ -460,6 +460,16 @@ result<void> start_agents(const std::vector<std::string>& devices, const std::st
 } // namespace
 
 result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<std::string>& devices, logger& log) {
+  // Across the boundary without MPS the device switches between the processes' contexts inside
+  // every timed sample: speedups come out lower (CUDA-L1's level1/12: 8.87x against 48.3x on the
+  // shared path, docs/PERFORMANCE.md), which a user of the boundary must hear of.
+  const bool flattened = opt.cuda_boundary && opt.boundary == evaluator_boundary::process;
+  const char* cost = flattened ? "; verdicts across the boundary (evaluator.cuda_boundary) then switch the device between "
+                                 "processes inside every timed sample, which lowers their speedups (docs/evaluator.md, CUDA MPS)"
+                               : "";
+  const bool any_cuda = std::any_of(devices.begin(), devices.end(), [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
+  if (opt.cuda_mps == cuda_mps_mode::off && any_cuda && flattened)
+    log.warn("evaluator", "CUDA MPS not used: evaluator.cuda_mps is off", cost);
   auto& s = state();
   std::lock_guard lock{s.m};
   if (s.tried) {
@@ -481,7 +491,10 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
   if (d.refuse)
     return s.outcome = fail(errc::unsupported, "evaluator.cuda_mps is on, but ", d.why_not);
   if (!d.start && f.external_pipe.empty()) {
-    log.info("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)");
+    if (flattened)
+      log.warn("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)", cost);
+    else
+      log.info("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)");
     return s.outcome = result<void>{};
   }
   if (d.start) {
@@ -497,7 +510,7 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
       s.outcome = fail(agents.error().code, "evaluator.cuda_mps: ", agents.error().message);
   if (!s.outcome && opt.cuda_mps == cuda_mps_mode::auto_) {
     // Without its agents the evaluator would be no client of the daemon: the workers are not either.
-    log.warn("evaluator", "CUDA MPS not used: ", s.outcome.error().message, " (evaluator.cuda_mps: auto)");
+    log.warn("evaluator", "CUDA MPS not used: ", s.outcome.error().message, " (evaluator.cuda_mps: auto)", cost);
     s.clients_pipe.clear();
     s.outcome = result<void>{};
   }
