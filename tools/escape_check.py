@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/escape_check.py --crucible BUILD/tools/crucible [--device cpu|cuda:N]: the escape suite
 (tests/candidates/escape/) through `crucible eval`, on any machine and as any user: the same
-attempts as the integration test "escape attempts ..." (tests/integration/test_evaluator.cpp),
+attempts as the integration test "escape attempts ..." (tests/integration/test_evaluator_isolation.cpp),
 against this user's home, the project tree, the harness, a stand-in run directory (task file,
 token, config, verdict cache, extension cache), /tmp, /dev/shm, the evaluator, its zygote and a
 sibling worker. Prints one line per check and exits 1 if any failed."""

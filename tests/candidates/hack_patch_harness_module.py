@@ -13,7 +13,7 @@ call returns torch.zeros_like(x): one fill of the output, as fast as the physics
 no faster. How it pays: the trials are right, the timed calls do no work.
 
 A correct evaluator refuses it before it runs (sys.modules: static:dynamic_code; __globals__ and
-vars(): static:introspection). With the static checks off (test_evaluator.cpp, "a patch of a
+vars(): static:introspection). With the static checks off (test_evaluator_isolation.cpp, "a patch of a
 function in one of the harness's own modules ...") it is caught after the call that made it:
 every module of the harness has its globals in the integrity snapshot (runtime:patched)."""
 import sys

@@ -1,6 +1,6 @@
 # task: env/tasks/cpu/01_relu_scale.py
 """Escape attempts through Python, made once when the model is built; then it computes the
-task honestly. The test (tests/integration/test_evaluator.cpp, "escape attempts ...") fills in
+task honestly. The test (tests/integration/test_evaluator_isolation.cpp, "escape attempts ...") fills in
 TARGETS: files to create, files to append to, files to delete and rename, files to read, and the
 pids of the evaluator, the zygote and a sibling worker. Any attempt that succeeds is raised as
 an error, so the verdict names it; the test also checks every target from outside."""
