@@ -693,7 +693,7 @@ def choose_calls(w, job, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms, host_m
         return 1
     fastest = _max(_min(_sorted(ref_ms)[_len(ref_ms) // 2], _sorted(cand_ms)[_len(cand_ms) // 2]), 1e-6)
     calls = _min(job.max_calls, _max(1, _int(-(-job.sample_ms // fastest))))
-    per_call = 2 * (in_bytes + out_bytes) + 1
+    per_call = _max(2 * (in_bytes + out_bytes), 1)
     budget = 1 << 30
     if w.cuda:
         try:
@@ -940,5 +940,5 @@ def _settled(times):
     """The median of the last three times is within _WARMUP_SETTLED of the smallest so far."""
     if _len(times) < 3:
         return False
-    last = sorted(times[-3:])[1]
+    last = _sorted(times[-3:])[1]
     return last <= (1.0 + _WARMUP_SETTLED) * _min(times)
