@@ -61,7 +61,8 @@ bool evaluation::pass_trial_inputs_on_device(worker& cw, const worker_message& m
   // The reference's worker draws the trial's inputs again, from the seed and distribution the
   // reference got them from, into its draw allocation; it stays stopped while they are copied
   // from there into the room the candidate's worker makes for them. No byte crosses a socket (a
-  // task's inputs may be gigabytes; three trials of 6.4 GB as host bytes took 68 s).
+  // task's inputs may be gigabytes; the phases that carried three trials of 6.4 GB as host bytes
+  // took 68 of a 143 s verdict).
   worker& rw = *w_.proc;
   wire::node n;
   worker_message msg;

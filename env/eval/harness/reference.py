@@ -350,8 +350,9 @@ def reference_phase(w, job, task_src):
                 # to its own. With outputs on a CUDA device only their description goes, with
                 # the seed and distribution: the evaluator has this worker draw them again on
                 # the device when the candidate's trials need them (executor.py, draw) and
-                # copies them across there. As host bytes through the evaluator, three trials
-                # of a 6.4 GB input took 68 of a 143 s verdict (KernelBench level1/21_Sigmoid).
+                # copies them across there. As host bytes through the evaluator, the phases that
+                # carried three trials of a 6.4 GB input took 68 of a 143 s verdict (KernelBench
+                # level1/21_Sigmoid).
                 in_frames = []
                 if w.exports is not None and w.cuda:
                     again = make_inputs(task, w.device, job.seed + t, dist)
