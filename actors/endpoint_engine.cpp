@@ -10,11 +10,12 @@
 
 #include "actors/actor_config.hpp"
 #include "actors/waiting_requests.hpp"
+#include "core/json.hpp"
+#include "core/json_parse.hpp"
 #include "core/token.hpp"
 
 #ifdef CRUCIBLE_HAVE_HTTPLIB
 #  include <httplib.h>
-#  include <nlohmann/json.hpp>
 #endif
 
 namespace crucible {
@@ -44,8 +45,6 @@ result<endpoint_options> endpoint_options::from(const config& cfg) {
 #ifdef CRUCIBLE_HAVE_HTTPLIB
 
 namespace {
-
-using nlohmann::json;
 
 // BASE_URL split into what httplib's client takes: "scheme://host:port" and the path prefix.
 struct url_parts {
@@ -82,14 +81,13 @@ std::string cut(std::string s, std::size_t n = 300) {
 
 // The message of an error body ({"error": {"message"}} or {"error": "..."}), else the body cut.
 std::string error_message(const std::string& body) {
-  auto j = json::parse(body, nullptr, false);
-  if (j.is_object() && j.contains("error")) {
-    const auto& e = j["error"];
-    if (e.is_string())
-      return e.get<std::string>();
-    if (e.is_object() && e.contains("message") && e["message"].is_string())
-      return e["message"].get<std::string>();
-  }
+  if (auto j = parse_json(body); j && j->is_object())
+    if (const auto* e = j->find("error")) {
+      if (e->is_string())
+        return e->as_string();
+      if (const auto* m = e->find("message"); m != nullptr && m->is_string())
+        return m->as_string();
+    }
   return cut(body);
 }
 
@@ -132,26 +130,27 @@ result<std::string> exchange(httplib::Client& client, const endpoint_options& op
 
 // The chat completion request of `r`.
 std::string request_body(const endpoint_options& opt, const generation_request& r) {
-  json messages = json::array();
+  json_writer w;
+  w.begin_object().field("model", opt.model).key("messages").begin_array();
   for (const auto& m : r.messages)
-    messages.push_back(json{{"role", m.role}, {"content", m.content}});
-  json body{{"model", opt.model},
-            {"messages", messages},
-            {"n", r.samples},
-            {"temperature", r.params.temperature},
-            {"top_p", r.params.top_p},
-            {"max_tokens", r.params.max_new_tokens}};
+    w.begin_object().field("role", m.role).field("content", m.content).end_object();
+  w.end_array()
+    .field("n", r.samples)
+    .field("temperature", r.params.temperature)
+    .field("top_p", r.params.top_p)
+    .field("max_tokens", r.params.max_new_tokens);
   // No seed: an endpoint batches requests that carry none (crucible serve-policy samples a seeded
   // request alone, to reproduce it), and a batched server is not bit-reproducible anyway.
   if (r.params.top_k > 0)
-    body["top_k"] = r.params.top_k;
+    w.field("top_k", r.params.top_k);
   if (!r.params.stop.empty())
-    body["stop"] = r.params.stop;
+    w.field("stop", r.params.stop);
   if (opt.logprobs)
-    body["logprobs"] = true;
+    w.field("logprobs", true);
   if (opt.token_ids)
-    body["return_token_ids"] = true;
-  return body.dump(-1, ' ', false, json::error_handler_t::replace);
+    w.field("return_token_ids", true);
+  w.end_object();
+  return std::move(w).take();
 }
 
 // A chat completion's answer into the group's completions; errc::protocol naming what is wrong.
@@ -160,10 +159,11 @@ result<generation_result> parse_answer(const endpoint_options& opt, const genera
     return fail(errc::protocol, opt.base_url, "/chat/completions answered what is not a chat completion (", what,
                 "): ", cut(text, 200));
   };
-  auto j = json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("choices") || !j["choices"].is_array())
+  const auto doc = parse_json(text);
+  const json_value* list = doc && doc->is_object() ? doc->find("choices") : nullptr;
+  if (list == nullptr || !list->is_array())
     return garbage("no 'choices' list");
-  const auto& choices = j["choices"];
+  const auto& choices = list->as_array();
   if (choices.size() != r.samples)
     return garbage(std::to_string(choices.size()) + " choices for n = " + std::to_string(r.samples));
   generation_result out;
@@ -173,32 +173,35 @@ result<generation_result> parse_answer(const endpoint_options& opt, const genera
   std::vector<bool> seen(r.samples, false);
   for (std::size_t i = 0; i < choices.size(); ++i) {
     const auto& c = choices[i];
-    const std::size_t index = c.contains("index") && c["index"].is_number_unsigned() ? c["index"].get<std::size_t>() : i;
+    const auto* at = c.find("index");
+    const std::size_t index = at != nullptr && at->is_uint() ? static_cast<std::size_t>(at->as_uint()) : i;
     if (index >= r.samples || seen[index])
       return garbage("choice index " + std::to_string(index) + " out of place");
     seen[index] = true;
-    if (!c.contains("message") || !c["message"].is_object())
+    const auto* message = c.find("message");
+    if (message == nullptr || !message->is_object())
       return garbage("choice " + std::to_string(index) + " has no message");
-    const auto& content = c["message"].value("content", json(nullptr));
-    if (!content.is_string() && !content.is_null())
+    const auto* content = message->find("content");
+    if (content != nullptr && !content->is_string() && !content->is_null())
       return garbage("choice " + std::to_string(index) + "'s content is not text");
     auto& x = out.completions[index];
-    x.text = content.is_string() ? content.get<std::string>() : std::string{};
-    if (auto lp = c.find("logprobs"); lp != c.end() && lp->is_object() && lp->contains("content") && (*lp)["content"].is_array())
-      for (const auto& t : (*lp)["content"])
-        if (t.is_object() && t.contains("logprob") && t["logprob"].is_number())
-          x.logprobs.push_back(t["logprob"].get<float>());
-    if (auto ids = c.find("token_ids"); ids != c.end() && ids->is_array())
-      for (const auto& id : *ids)
-        if (id.is_number_integer())
-          x.token_ids.push_back(id.get<std::int32_t>());
+    x.text = content != nullptr && content->is_string() ? content->as_string() : std::string{};
+    if (const auto* lp = c.find("logprobs"))
+      if (const auto* lc = lp->find("content"); lc != nullptr && lc->is_array())
+        for (const auto& t : lc->as_array())
+          if (const auto* p = t.find("logprob"); p != nullptr && p->is_number())
+            x.logprobs.push_back(static_cast<float>(p->as_double()));
+    if (const auto* ids = c.find("token_ids"); ids != nullptr && ids->is_array())
+      for (const auto& id : ids->as_array())
+        if (id.is_int())
+          x.token_ids.push_back(static_cast<std::int32_t>(id.as_int()));
     if (!x.token_ids.empty() && !x.logprobs.empty() && x.token_ids.size() != x.logprobs.size())
       x.logprobs.clear(); // they would not pair up
   }
-  if (auto ids = j.find("prompt_token_ids"); ids != j.end() && ids->is_array())
-    for (const auto& id : *ids)
-      if (id.is_number_integer())
-        out.prompt_token_ids.push_back(id.get<std::int32_t>());
+  if (const auto* ids = doc->find("prompt_token_ids"); ids != nullptr && ids->is_array())
+    for (const auto& id : ids->as_array())
+      if (id.is_int())
+        out.prompt_token_ids.push_back(static_cast<std::int32_t>(id.as_int()));
   return out;
 }
 
@@ -317,16 +320,18 @@ result<void> check_endpoint(const endpoint_options& opt) {
   auto answer = exchange(*client, quick, "GET", split_url(opt.base_url).prefix + "/models", "");
   if (!answer)
     return fail(answer.error().code, "policy.base_url: ", answer.error().message);
-  auto j = json::parse(*answer, nullptr, false);
-  if (!j.is_object() || !j.contains("data") || !j["data"].is_array())
+  const auto doc = parse_json(*answer);
+  const json_value* data = doc && doc->is_object() ? doc->find("data") : nullptr;
+  if (data == nullptr || !data->is_array())
     return fail(errc::protocol, "policy.base_url: ", opt.base_url, "/models answered what is not a model list: ", cut(*answer, 200));
   std::string served;
-  for (const auto& m : j["data"]) {
-    if (!m.is_object() || !m.contains("id") || !m["id"].is_string())
+  for (const auto& m : data->as_array()) {
+    const auto* id = m.find("id");
+    if (id == nullptr || !id->is_string())
       continue;
-    if (m["id"] == opt.model)
+    if (id->as_string() == opt.model)
       return {};
-    served += (served.empty() ? "" : ", ") + m["id"].get<std::string>();
+    served += (served.empty() ? "" : ", ") + id->as_string();
   }
   return fail(errc::not_found, "policy.model: '", opt.model, "' is not served by ", opt.base_url,
               served.empty() ? std::string{" (it lists no model)"} : "; it serves: " + served);

@@ -2,9 +2,8 @@
 
 #include <cmath>
 
-#include <yaml-cpp/yaml.h>
-
 #include "core/json.hpp"
+#include "core/json_parse.hpp"
 
 namespace crucible {
 
@@ -116,72 +115,104 @@ std::string to_json(const run_status& x) {
   return std::move(w).take();
 }
 
+namespace {
+
+// A key of a run status that is missing, or holds a value of the wrong type.
+struct bad_status_key {
+  const char* key;
+  bool missing;
+};
+
+std::uint64_t uint_at(const json_value& v, const char* key) {
+  if (!v.is_uint())
+    throw bad_status_key{key, false};
+  return v.as_uint();
+}
+
+double double_at(const json_value& v, const char* key) {
+  if (!v.is_number())
+    throw bad_status_key{key, false};
+  return v.as_double();
+}
+
+const std::string& string_at(const json_value& v, const char* key) {
+  if (!v.is_string())
+    throw bad_status_key{key, false};
+  return v.as_string();
+}
+
+bool bool_at(const json_value& v, const char* key) {
+  if (!v.is_bool())
+    throw bad_status_key{key, false};
+  return v.as_bool();
+}
+
+} // namespace
+
 result<run_status> run_status_from_json(std::string_view json) {
-  // JSON is a subset of YAML's flow syntax, so yaml-cpp reads what json_writer writes
-  // (including \uXXXX escapes); it also accepts some non-JSON, which is harmless here.
-  struct missing_key {};
-  const char* key = nullptr; // the key being read, for error messages
+  auto doc = parse_json(json);
+  if (!doc)
+    return fail(errc::corrupt, "run status: malformed JSON: ", doc.error().message);
+  const json_value& root = *doc;
+  if (!root.is_object())
+    return fail(errc::corrupt, "run status: expected a JSON object");
+  auto get = [&](const char* k) -> const json_value& {
+    const auto* v = root.find(k);
+    if (v == nullptr)
+      throw bad_status_key{k, true};
+    return *v;
+  };
+  auto speedup = [&](const char* k) {
+    const auto& v = get(k);
+    return v.is_null() ? std::numeric_limits<double>::quiet_NaN() : double_at(v, k);
+  };
   try {
-    auto root = YAML::Load(std::string{json});
-    if (!root.IsMap())
-      return fail(errc::corrupt, "run status: expected a JSON object");
-    auto get = [&](const char* k) {
-      key = k;
-      auto node = root[k];
-      if (!node.IsDefined())
-        throw missing_key{};
-      return node;
-    };
-    auto speedup = [&](const char* k) {
-      auto node = get(k);
-      return node.IsNull() ? std::numeric_limits<double>::quiet_NaN() : node.as<double>();
-    };
     run_status st;
-    auto state_text = get("state").as<std::string>();
+    const auto& state_text = string_at(get("state"), "state");
     auto state = parse_run_state(state_text);
     if (!state)
       return fail(errc::corrupt, "run status: key 'state': unknown state '", state_text, "'");
     st.state = *state;
-    st.stage = get("stage").as<std::string>();
-    st.step = get("step").as<std::uint64_t>();
-    st.policy_version.value = get("policy_version").as<std::uint64_t>();
-    st.variants = get("variants").as<std::uint64_t>();
+    st.stage = string_at(get("stage"), "stage");
+    st.step = uint_at(get("step"), "step");
+    st.policy_version.value = uint_at(get("policy_version"), "policy_version");
+    st.variants = uint_at(get("variants"), "variants");
     st.best_speedup = speedup("best_speedup");
     st.mean_speedup = speedup("mean_speedup");
-    st.dropped_stale = get("dropped_stale").as<std::uint64_t>();
-    key = "discarded"; // written since the counter exists; an older status.json has none
-    if (auto d = root["discarded"]; d.IsDefined())
-      st.discarded = d.as<std::uint64_t>();
-    key = "unfinished"; // likewise
-    if (auto u = root["unfinished"]; u.IsDefined())
-      st.unfinished = u.as<std::uint64_t>();
-    key = "skipped_tasks"; // written only where a run skips tasks (tasks.skip_broken)
-    if (auto k = root["skipped_tasks"]; k.IsSequence())
-      for (const auto& t : k)
-        st.skipped_tasks.push_back(t.as<std::string>());
-    key = "devices"; // written only where the run's process uses GPUs
-    if (auto k = root["devices"]; k.IsDefined()) {
-      if (!k.IsSequence())
+    st.dropped_stale = uint_at(get("dropped_stale"), "dropped_stale");
+    // Written since the counter exists; an older status.json has none.
+    if (const auto* d = root.find("discarded"))
+      st.discarded = uint_at(*d, "discarded");
+    if (const auto* u = root.find("unfinished")) // likewise
+      st.unfinished = uint_at(*u, "unfinished");
+    // Written only where a run skips tasks (tasks.skip_broken).
+    if (const auto* k = root.find("skipped_tasks"); k != nullptr && k->is_array())
+      for (const auto& t : k->as_array())
+        st.skipped_tasks.push_back(string_at(t, "skipped_tasks"));
+    // Written only where the run's process uses GPUs.
+    if (const auto* k = root.find("devices")) {
+      if (!k->is_array())
         return fail(errc::corrupt, "run status: key 'devices': expected a list");
-      for (const auto& d : k) {
-        if (!d.IsMap() || !d["device"].IsDefined() || !d["seconds"].IsDefined())
+      for (const auto& d : k->as_array()) {
+        if (!d.is_object() || d.find("device") == nullptr || d.find("seconds") == nullptr)
           return fail(errc::corrupt, "run status: key 'devices': each entry needs device and seconds");
         device_busy b;
-        b.device = d["device"].as<std::string>();
-        b.seconds = d["seconds"].as<double>();
-        b.evaluation_s = d["evaluation_s"].IsDefined() ? d["evaluation_s"].as<double>() : 0.0;
-        b.policy_s = d["policy_s"].IsDefined() ? d["policy_s"].as<double>() : 0.0;
-        b.evaluator = d["evaluator"].IsDefined() && d["evaluator"].as<bool>();
+        b.device = string_at(*d.find("device"), "devices");
+        b.seconds = double_at(*d.find("seconds"), "devices");
+        const auto* evaluation = d.find("evaluation_s");
+        b.evaluation_s = evaluation != nullptr ? double_at(*evaluation, "devices") : 0.0;
+        const auto* policy = d.find("policy_s");
+        b.policy_s = policy != nullptr ? double_at(*policy, "devices") : 0.0;
+        const auto* evaluator = d.find("evaluator");
+        b.evaluator = evaluator != nullptr && bool_at(*evaluator, "devices");
         st.devices.push_back(std::move(b));
       }
     }
     return st;
-  } catch (const missing_key&) {
-    return fail(errc::corrupt, "run status: key '", key, "' is missing");
-  } catch (const YAML::ParserException& e) {
-    return fail(errc::corrupt, "run status: malformed JSON: ", e.what());
-  } catch (const YAML::Exception&) {
-    return fail(errc::corrupt, "run status: key '", key ? key : "?", "': value of the wrong type");
+  } catch (const bad_status_key& e) {
+    if (e.missing)
+      return fail(errc::corrupt, "run status: key '", e.key, "' is missing");
+    return fail(errc::corrupt, "run status: key '", e.key, "': value of the wrong type");
   }
 }
 

@@ -12,7 +12,9 @@ if(NOT TARGET yaml-cpp::yaml-cpp)
   endif()
 endif()
 
-# nlohmann/json (Debian's nlohmann-json3-dev, header-only): the workers' messages (env/eval/wire.hpp).
+# nlohmann/json (Debian's nlohmann-json3-dev, header-only): the parser behind core/json_parse (JSON
+# read into json_value), the escaping of every string core/json writes, the messages the workers
+# are sent, crucible serve's and serve-policy's answers, and the build service's build keys.
 find_package(nlohmann_json 3.11 REQUIRED)
 
 # OpenSSL's libcrypto (Debian's libssl-dev): SHA-256 (core/sha256.hpp), at the processor's SHA

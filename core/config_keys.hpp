@@ -324,7 +324,9 @@ void describe(V& v, config& c) {
             "user: nobody where crucible runs as root), and the agents and every worker are clients of one MPS "
             "server a device, so the device does not switch between their contexts inside a timed sample across "
             "the boundary (docs/evaluator.md, Trust boundary). `auto`: where `nvidia-cuda-mps-control` is found "
-            "and the agents start, an info or warning line saying why not elsewhere. `on`: refuses to start "
+            "and the agents start, an info or warning line saying why not elsewhere (a warning wherever "
+            "`cuda_boundary` is on, as with `off` beside it: across the boundary without MPS the device switches "
+            "contexts inside every timed sample, and speedups come out lower). `on`: refuses to start "
             "where it cannot, naming why. `off` (the default until a fault under MPS, which MPS reports to every "
             "client of the device, is measured to stay its candidate's): never.");
     v.field("reference_band", e.reference_band,

@@ -2,6 +2,7 @@
 // positions are turned into line:column only when an error is reported.
 #include "core/json_parse.hpp"
 
+#include <cassert>
 #include <climits>
 #include <utility>
 
@@ -12,10 +13,26 @@
 
 namespace crucible {
 
+json_value::json_value(std::uint64_t u) {
+  if (u <= static_cast<std::uint64_t>(INT64_MAX))
+    v_ = static_cast<std::int64_t>(u);
+  else
+    v_ = u;
+}
+
 double json_value::as_double() const {
   if (is_int())
     return static_cast<double>(as_int());
+  if (v_.index() == big_uint)
+    return static_cast<double>(std::get<std::uint64_t>(v_));
   return std::get<double>(v_);
+}
+
+std::uint64_t json_value::as_uint() const {
+  if (v_.index() == big_uint)
+    return std::get<std::uint64_t>(v_);
+  assert(is_uint());
+  return static_cast<std::uint64_t>(as_int());
 }
 
 const json_value* json_value::find(std::string_view key) const {
@@ -54,11 +71,8 @@ public:
   bool null() { return add(json_value{}); }
   bool boolean(bool b) { return add(json_value{b}); }
   bool number_integer(std::int64_t i) { return add(json_value{i}); }
-  bool number_unsigned(std::uint64_t u) {
-    // Beyond int64 the number is a double, as for integers beyond uint64.
-    return add(u <= static_cast<std::uint64_t>(INT64_MAX) ? json_value{static_cast<std::int64_t>(u)}
-                                                          : json_value{static_cast<double>(u)});
-  }
+  // Beyond int64 a double, as integers beyond uint64 are, but one that keeps its exact value.
+  bool number_unsigned(std::uint64_t u) { return add(json_value{u}); }
   bool number_float(double d, const std::string&) { return add(json_value{d}); }
   bool string(std::string& s) { return add(json_value{std::move(s)}); }
   bool binary(nlohmann::json::binary_t&) { return false; } // not produced by the JSON reader
@@ -196,7 +210,12 @@ void write_json(json_writer& w, const json_value& v) {
     case json_value::kind::null: w.null(); break;
     case json_value::kind::boolean: w.value(v.as_bool()); break;
     case json_value::kind::integer: w.value(v.as_int()); break;
-    case json_value::kind::real: w.value(v.as_double()); break;
+    case json_value::kind::real:
+      if (v.is_uint())
+        w.value(v.as_uint()); // exactly, as it was read
+      else
+        w.value(v.as_double());
+      break;
     case json_value::kind::string: w.value(v.as_string()); break;
     case json_value::kind::array:
       w.begin_array();

@@ -26,6 +26,10 @@ using json_object = std::vector<json_member>;
 /// One parsed JSON value. Integers without fraction or exponent that fit in int64 are
 /// integers; every other number is a double. Strings hold UTF-8. Value type; immutable after
 /// parsing, so concurrent readers are safe.
+///
+/// An integer beyond int64 that fits uint64 (a counter near 2^64) is a double to type(),
+/// is_int() and as_double(), as every other large number, but keeps its exact value for
+/// is_uint() and as_uint().
 class json_value {
 public:
   enum class kind : std::uint8_t { null, boolean, integer, real, string, array, object };
@@ -33,18 +37,23 @@ public:
   json_value() = default;
   explicit json_value(bool b) : v_(b) {}
   explicit json_value(std::int64_t i) : v_(i) {}
+  /// An integer: int64 where it fits, else a double that keeps its exact uint64 value.
+  explicit json_value(std::uint64_t u);
   explicit json_value(double d) : v_(d) {}
   explicit json_value(std::string s) : v_(std::move(s)) {}
   explicit json_value(const char* s) : v_(std::string{s}) {}
   explicit json_value(json_array a) : v_(std::move(a)) {}
   explicit json_value(json_object o) : v_(std::move(o)) {}
 
-  kind type() const noexcept { return static_cast<kind>(v_.index()); }
+  kind type() const noexcept { return v_.index() == big_uint ? kind::real : static_cast<kind>(v_.index()); }
   bool is_null() const noexcept { return type() == kind::null; }
   bool is_bool() const noexcept { return type() == kind::boolean; }
   bool is_int() const noexcept { return type() == kind::integer; }
   /// An integer or a double.
   bool is_number() const noexcept { return type() == kind::integer || type() == kind::real; }
+  /// A non-negative integer that fits uint64: an integer >= 0, or an integer beyond int64 that
+  /// the text wrote without fraction or exponent.
+  bool is_uint() const noexcept { return (is_int() && as_int() >= 0) || v_.index() == big_uint; }
   bool is_string() const noexcept { return type() == kind::string; }
   bool is_array() const noexcept { return type() == kind::array; }
   bool is_object() const noexcept { return type() == kind::object; }
@@ -54,6 +63,8 @@ public:
   std::int64_t as_int() const { return std::get<std::int64_t>(v_); }
   /// The number as a double (integers are converted).
   double as_double() const;
+  /// The value of an is_uint() number, exactly.
+  std::uint64_t as_uint() const;
   const std::string& as_string() const { return std::get<std::string>(v_); }
   const json_array& as_array() const { return std::get<json_array>(v_); }
   const json_object& as_object() const { return std::get<json_object>(v_); }
@@ -66,7 +77,9 @@ public:
   static const char* kind_name(kind k) noexcept;
 
 private:
-  std::variant<std::monostate, bool, std::int64_t, double, std::string, json_array, json_object> v_;
+  // The alternatives follow `kind`; the last, an integer beyond int64, reads as kind::real.
+  static constexpr std::size_t big_uint = 7;
+  std::variant<std::monostate, bool, std::int64_t, double, std::string, json_array, json_object, std::uint64_t> v_;
 };
 
 /// One member of a JSON object.

@@ -1,10 +1,10 @@
 #include "env/verdict.hpp"
 
 #include <algorithm>
-
-#include <yaml-cpp/yaml.h>
+#include <limits>
 
 #include "core/json.hpp"
+#include "core/json_parse.hpp"
 
 namespace crucible::env {
 
@@ -100,48 +100,92 @@ std::string to_json(const verdict& v) {
 }
 
 std::optional<verdict> verdict_from_json(std::string_view json) {
-  try {
-    auto n = YAML::Load(std::string{json});
-    if (!n.IsMap())
-      return std::nullopt;
-    auto num = [&](const char* key) {
-      auto x = n[key];
-      return !x.IsDefined() || x.IsNull() ? NAN : x.as<double>();
-    };
-    verdict v;
-    auto status = parse_verdict_status(n["status"].as<std::string>());
-    if (!status)
-      return std::nullopt;
-    v.status = *status;
-    v.correct = n["correct"].as<bool>();
-    v.speedup = num("speedup");
-    v.speedup_spread = num("speedup_spread");
-    v.ref_ms = num("ref_ms");
-    v.cand_ms = num("cand_ms");
-    v.reward = n["reward"].as<double>();
-    for (const auto& c : n["checks_failed"])
-      v.checks_failed.push_back(c.as<std::string>());
-    v.message = n["message"].as<std::string>();
-    v.hardware = n["hardware"].as<std::string>();
-    v.cache_hit = n["cache_hit"].as<bool>();
-    v.rounds = n["rounds"].as<std::uint32_t>();
-    v.wall_s = num("wall_s");
-    v.baseline = n["baseline"].as<std::string>();
-    // Absent in verdicts cached before they carried a profile.
-    if (n["profile"].IsSequence())
-      for (const auto& k : n["profile"])
-        v.profile.push_back({k["name"].as<std::string>(), k["share"].as<double>()});
-    v.own_share = num("own_share");
-    // Absent in verdicts cached before they carried the sides' numeric settings.
-    if (const auto p = n["precision"]; p.IsMap())
-      for (const auto& [side, into] : {std::pair{"reference", &v.precision_reference}, std::pair{"candidate", &v.precision_candidate}})
-        if (const auto m = p[side]; m.IsMap())
-          for (auto it = m.begin(); it != m.end(); ++it)
-            (*into)[it->first.as<std::string>()] = it->second.as<std::string>();
-    return v;
-  } catch (const YAML::Exception&) {
+  auto doc = parse_json(json);
+  if (!doc || !doc->is_object())
     return std::nullopt;
+  const json_value& n = *doc;
+  // Each read is nullopt where the key is missing or of another type; `ok` turns false then.
+  bool ok = true;
+  auto need = [&](const char* key, bool (json_value::*is)() const noexcept) -> const json_value* {
+    const auto* x = n.find(key);
+    if (x == nullptr || !(x->*is)()) {
+      ok = false;
+      return nullptr;
+    }
+    return x;
+  };
+  auto text = [&](const char* key) {
+    const auto* x = need(key, &json_value::is_string);
+    return x ? x->as_string() : std::string{};
+  };
+  auto flag = [&](const char* key) {
+    const auto* x = need(key, &json_value::is_bool);
+    return x && x->as_bool();
+  };
+  // Speedups and times: missing or null is NaN (no value).
+  auto num = [&](const char* key) {
+    const auto* x = n.find(key);
+    if (x == nullptr || x->is_null())
+      return static_cast<double>(NAN);
+    if (!x->is_number()) {
+      ok = false;
+      return static_cast<double>(NAN);
+    }
+    return x->as_double();
+  };
+  verdict v;
+  auto status = parse_verdict_status(text("status"));
+  if (!ok || !status)
+    return std::nullopt;
+  v.status = *status;
+  v.correct = flag("correct");
+  v.speedup = num("speedup");
+  v.speedup_spread = num("speedup_spread");
+  v.ref_ms = num("ref_ms");
+  v.cand_ms = num("cand_ms");
+  if (const auto* r = need("reward", &json_value::is_number))
+    v.reward = r->as_double();
+  if (const auto* c = n.find("checks_failed"); c != nullptr && !c->is_null()) {
+    if (!c->is_array())
+      return std::nullopt;
+    for (const auto& x : c->as_array()) {
+      if (!x.is_string())
+        return std::nullopt;
+      v.checks_failed.push_back(x.as_string());
+    }
   }
+  v.message = text("message");
+  v.hardware = text("hardware");
+  v.cache_hit = flag("cache_hit");
+  if (const auto* r = need("rounds", &json_value::is_uint)) {
+    if (r->as_uint() > std::numeric_limits<std::uint32_t>::max())
+      return std::nullopt;
+    v.rounds = static_cast<std::uint32_t>(r->as_uint());
+  }
+  v.wall_s = num("wall_s");
+  v.baseline = text("baseline");
+  // Absent in verdicts cached before they carried a profile.
+  if (const auto* p = n.find("profile"); p != nullptr && p->is_array())
+    for (const auto& k : p->as_array()) {
+      const auto* name = k.find("name");
+      const auto* share = k.find("share");
+      if (name == nullptr || !name->is_string() || share == nullptr || !share->is_number())
+        return std::nullopt;
+      v.profile.push_back({name->as_string(), share->as_double()});
+    }
+  v.own_share = num("own_share");
+  if (!ok)
+    return std::nullopt;
+  // Absent in verdicts cached before they carried the sides' numeric settings.
+  if (const auto* p = n.find("precision"); p != nullptr && p->is_object())
+    for (const auto& [side, into] : {std::pair{"reference", &v.precision_reference}, std::pair{"candidate", &v.precision_candidate}})
+      if (const auto* m = p->find(side); m != nullptr && m->is_object())
+        for (const auto& [name, value] : m->as_object()) {
+          if (!value.is_string())
+            return std::nullopt;
+          (*into)[name] = value.as_string();
+        }
+  return v;
 }
 
 } // namespace crucible::env

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include <nlohmann/json.hpp>
+#include "core/json_parse.hpp"
 
 namespace crucible::storage {
 
@@ -23,16 +23,26 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
       out.push_back(cur);
     cur = pace_segment{};
   };
-  auto number = [](const nlohmann::json& r, const char* key) {
-    const auto it = r.find(key);
-    return it != r.end() && it->is_number() ? it->get<double>() : 0.0;
+  // A record's number, string or flag; 0, "" or false where it is missing or of another type.
+  auto number = [](const json_value& r, const char* key) {
+    const auto* v = r.find(key);
+    return v != nullptr && v->is_number() ? v->as_double() : 0.0;
+  };
+  auto text = [](const json_value& r, const char* key) {
+    const auto* v = r.find(key);
+    return v != nullptr && v->is_string() ? v->as_string() : std::string{};
+  };
+  auto flag = [](const json_value& r, const char* key) {
+    const auto* v = r.find(key);
+    return v != nullptr && v->is_bool() && v->as_bool();
   };
   for (const auto& line : lines) {
-    const auto r = nlohmann::json::parse(line, nullptr, false);
-    if (!r.is_object())
+    const auto parsed = parse_json(line);
+    if (!parsed || !parsed->is_object())
       continue;
-    const auto event = r.value("event", std::string{});
-    const auto stage = r.contains("stage") && r["stage"].is_string() ? r["stage"].get<std::string>() : std::string{};
+    const json_value& r = *parsed;
+    const auto event = text(r, "event");
+    const auto stage = text(r, "stage");
     if (event == "run_started" || event == "run_resumed") {
       close();
     } else if (event == "train_step" && stage == "rl") {
@@ -50,15 +60,14 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
     } else if (event == "verdict" && stage == "rl") {
       ++cur.verdicts;
     }
-    if (const auto d = r.find("devices"); d != r.end() && d->is_array()) {
+    if (const auto* d = r.find("devices"); d != nullptr && d->is_array()) {
       int gpus = 0;
       double policy = 0;
-      for (const auto& dev : *d) {
+      for (const auto& dev : d->as_array()) {
         if (!dev.is_object())
           continue;
-        gpus += dev.value("evaluator", false) ? 1 : 0;
-        if (const auto p = dev.find("policy_s"); p != dev.end() && p->is_number())
-          policy += p->get<double>();
+        gpus += flag(dev, "evaluator") ? 1 : 0;
+        policy += number(dev, "policy_s");
       }
       cur.evaluator_gpus = gpus;
       cur.policy_s = policy;

@@ -1,5 +1,5 @@
 // env/eval/worker_messages.hpp: every message the evaluator sends a worker (docs/evaluator-protocol.md),
-// written in one place with nlohmann/json (env/eval/wire.hpp reads the replies with the same library).
+// written in one place with nlohmann/json (env/eval/wire.hpp reads the replies as core/json_parse's tree).
 // The values are the C++ side's: the worker takes each field the message must carry from it and
 // keeps no default of its own. Internal to env/.
 #pragma once

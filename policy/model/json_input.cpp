@@ -4,74 +4,61 @@
 
 namespace crucible::policy::json_input {
 
-result<YAML::Node> parse(std::string_view text, std::string_view origin) {
-  try {
-    return YAML::Load(std::string{text});
-  } catch (const YAML::Exception& e) {
-    return fail(errc::corrupt, origin, ": not valid JSON: ", e.what());
-  }
+result<json_value> parse(std::string_view text, std::string_view origin) {
+  auto doc = parse_json(text, origin);
+  if (doc)
+    return doc;
+  // parse_json says "ORIGIN:LINE:COLUMN: why"; the position stays where it is.
+  auto msg = doc.error().message;
+  if (auto at = msg.find(": ", origin.size()); at != std::string::npos)
+    msg.insert(at + 2, "not valid JSON: ");
+  return crucible::error{errc::corrupt, std::move(msg)};
 }
 
-bool is_string(const YAML::Node& n) {
-  // yaml-cpp tags a quoted scalar "!" and a plain one "?": JSON strings are always quoted.
-  // A missing key reads as an invalid node, on which yaml-cpp's type queries throw.
-  return n.IsDefined() && n.IsScalar() && n.Tag() == "!";
-}
-
-std::optional<std::string> duplicate_key(const YAML::Node& n) {
-  if (!n.IsDefined() || !n.IsMap())
+std::optional<std::string> duplicate_key(const json_value& n) {
+  if (!n.is_object())
     return std::nullopt;
-  std::set<std::string> seen;
-  for (const auto& kv : n) {
-    auto key = kv.first.Scalar();
-    if (!seen.insert(key).second)
-      return key;
-  }
+  std::set<std::string_view> seen;
+  for (const auto& m : n.as_object())
+    if (!seen.insert(m.key).second)
+      return m.key;
   return std::nullopt;
 }
 
-namespace {
-
-// Plain JSON scalars (numbers, true/false) only: a quoted "3" is a string, not a number.
-template <class T>
-std::optional<T> plain_as(const YAML::Node& n) {
-  if (!n.IsDefined() || !n.IsScalar() || is_string(n))
+std::optional<std::int64_t> as_int(const json_value* n) {
+  if (n == nullptr || !n->is_int())
     return std::nullopt;
-  try {
-    return n.as<T>();
-  } catch (const YAML::Exception&) {
-    return std::nullopt;
-  }
+  return n->as_int();
 }
 
-} // namespace
-
-std::optional<std::int64_t> as_int(const YAML::Node& n) { return plain_as<std::int64_t>(n); }
-
-std::optional<std::uint64_t> as_uint(const YAML::Node& n) {
-  // yaml-cpp converts "-1" to a huge unsigned value; refuse signs explicitly.
-  if (n.IsDefined() && n.IsScalar() && !n.Scalar().empty() && n.Scalar()[0] == '-')
+std::optional<std::uint64_t> as_uint(const json_value* n) {
+  if (n == nullptr || !n->is_uint())
     return std::nullopt;
-  return plain_as<std::uint64_t>(n);
+  return n->as_uint();
 }
 
-std::optional<double> as_double(const YAML::Node& n) { return plain_as<double>(n); }
-
-std::optional<bool> as_bool(const YAML::Node& n) {
-  if (!n.IsDefined() || !n.IsScalar() || is_string(n))
+std::optional<double> as_double(const json_value* n) {
+  if (n == nullptr || !n->is_number())
     return std::nullopt;
-  // yaml-cpp also accepts yes/no/on/off; JSON has only true and false.
-  if (n.Scalar() == "true")
-    return true;
-  if (n.Scalar() == "false")
-    return false;
-  return std::nullopt;
+  return n->as_double();
 }
 
-std::optional<std::string> as_string(const YAML::Node& n) {
-  if (!is_string(n))
+std::optional<bool> as_bool(const json_value* n) {
+  if (n == nullptr || !n->is_bool())
     return std::nullopt;
-  return n.Scalar();
+  return n->as_bool();
+}
+
+std::optional<std::string> as_string(const json_value* n) {
+  if (n == nullptr || !n->is_string())
+    return std::nullopt;
+  return n->as_string();
+}
+
+std::string text_of(const json_value* n) {
+  if (n == nullptr)
+    return {};
+  return n->is_string() ? n->as_string() : to_json_text(*n);
 }
 
 } // namespace crucible::policy::json_input

@@ -1,5 +1,6 @@
 // policy/model/json_input.hpp: small JSON documents (safetensors headers, config.json, shard
-// indexes) read through yaml-cpp, whose flow syntax is a superset of JSON. Internal to policy/.
+// indexes) read as core/json_parse's json_value, with reads that refuse a value of another
+// kind. Internal to policy/.
 #pragma once
 
 #include <cstdint>
@@ -7,28 +8,27 @@
 #include <string>
 #include <string_view>
 
-#include <yaml-cpp/yaml.h>
-
 #include "core/error.hpp"
+#include "core/json_parse.hpp"
 
 namespace crucible::policy::json_input {
 
-/// Parses `text` as one JSON document. errc::corrupt naming `origin` (a file name) and yaml-cpp's
-/// line and column on a syntax error.
-result<YAML::Node> parse(std::string_view text, std::string_view origin);
+/// Parses `text` as one strict JSON document. errc::corrupt "ORIGIN:LINE:COLUMN: not valid JSON:
+/// why" on a syntax error, `origin` naming the file.
+result<json_value> parse(std::string_view text, std::string_view origin);
 
-/// True for a JSON string (a quoted scalar); false for numbers, booleans, null, containers.
-bool is_string(const YAML::Node& n);
+/// The first key that occurs twice in object `n`, or nullopt (json_value keeps duplicates).
+std::optional<std::string> duplicate_key(const json_value& n);
 
-/// The first key that occurs twice in map `n`, or nullopt. yaml-cpp keeps duplicates.
-std::optional<std::string> duplicate_key(const YAML::Node& n);
+/// Converts a value, or nullopt where it is missing (nullptr) or of another kind (1.5 asked as
+/// an integer, a quoted "3" asked as a number, -1 asked as unsigned).
+std::optional<std::int64_t> as_int(const json_value* n);
+std::optional<std::uint64_t> as_uint(const json_value* n);
+std::optional<double> as_double(const json_value* n);
+std::optional<bool> as_bool(const json_value* n);
+std::optional<std::string> as_string(const json_value* n);
 
-/// Converts a scalar, or nullopt when it has another type (e.g. 1.5 asked as an integer,
-/// a quoted "3" asked as a number).
-std::optional<std::int64_t> as_int(const YAML::Node& n);
-std::optional<std::uint64_t> as_uint(const YAML::Node& n);
-std::optional<double> as_double(const YAML::Node& n);
-std::optional<bool> as_bool(const YAML::Node& n);
-std::optional<std::string> as_string(const YAML::Node& n);
+/// `n` as an error message quotes it: a string's text, any other value as JSON, "" where missing.
+std::string text_of(const json_value* n);
 
 } // namespace crucible::policy::json_input

@@ -18,12 +18,12 @@ namespace {
 // Reads typed keys of one JSON object, each error naming "origin: prefix.key".
 class object_reader {
 public:
-  object_reader(const YAML::Node& node, std::string origin, std::string prefix)
+  object_reader(const json_value& node, std::string origin, std::string prefix)
       : node_(node), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const {
-    auto v = node_[key];
-    return v && !v.IsNull();
+    const auto* v = node_.find(key);
+    return v != nullptr && !v->is_null();
   }
 
   crucible::error bad(const char* key, std::string_view what) const {
@@ -43,9 +43,9 @@ public:
   result<double> double_or(const char* key, double fallback) const {
     if (!has(key))
       return fallback;
-    auto v = json_input::as_double(node_[key]);
+    auto v = json_input::as_double(node_.find(key));
     if (!v || !std::isfinite(*v))
-      return bad(key, "expected a number, got '" + node_[key].Scalar() + "'");
+      return bad(key, "expected a number, got '" + json_input::text_of(node_.find(key)) + "'");
     return *v;
   }
 
@@ -61,16 +61,16 @@ public:
   result<bool> bool_or(const char* key, bool fallback) const {
     if (!has(key))
       return fallback;
-    auto v = json_input::as_bool(node_[key]);
+    auto v = json_input::as_bool(node_.find(key));
     if (!v)
-      return bad(key, "expected true or false, got '" + node_[key].Scalar() + "'");
+      return bad(key, "expected true or false, got '" + json_input::text_of(node_.find(key)) + "'");
     return *v;
   }
 
   result<std::string> string_or(const char* key, std::string fallback) const {
     if (!has(key))
       return fallback;
-    auto v = json_input::as_string(node_[key]);
+    auto v = json_input::as_string(node_.find(key));
     if (!v)
       return bad(key, "expected a string");
     return *v;
@@ -89,10 +89,10 @@ public:
     std::vector<std::int64_t> out;
     if (!has(key))
       return out;
-    auto v = node_[key];
-    if (v.IsSequence()) {
-      for (const auto& e : v) {
-        auto i = json_input::as_int(e);
+    const auto* v = node_.find(key);
+    if (v->is_array()) {
+      for (const auto& e : v->as_array()) {
+        auto i = json_input::as_int(&e);
         if (!i)
           return bad(key, "expected integers");
         out.push_back(*i);
@@ -108,13 +108,13 @@ public:
 
 private:
   result<std::int64_t> int_at(const char* key) const {
-    auto v = json_input::as_int(node_[key]);
+    auto v = json_input::as_int(node_.find(key));
     if (!v)
-      return bad(key, "expected an integer, got '" + node_[key].Scalar() + "'");
+      return bad(key, "expected an integer, got '" + json_input::text_of(node_.find(key)) + "'");
     return *v;
   }
 
-  YAML::Node node_;
+  const json_value& node_; // outlives the reader
   std::string origin_;
   std::string prefix_;
 };
@@ -127,7 +127,7 @@ private:
     dst = std::move(*r_);              \
   } while (false)
 
-result<rope_options> parse_rope(const YAML::Node& doc, const std::string& origin, std::int64_t max_pos) {
+result<rope_options> parse_rope(const json_value& doc, const std::string& origin, std::int64_t max_pos) {
   object_reader top{doc, origin, ""};
   rope_options rope;
   double top_theta = 10000.0;
@@ -146,8 +146,8 @@ result<rope_options> parse_rope(const YAML::Node& doc, const std::string& origin
   rope.theta = top_theta;
   if (key == nullptr)
     return rope;
-  YAML::Node p = doc[key];
-  if (!p.IsMap())
+  const json_value& p = *doc.find(key); // top.has(key)
+  if (!p.is_object())
     return top.bad(key, "expected an object");
   object_reader r{p, origin, std::string{key} + "."};
   CRUCIBLE_TRY_ASSIGN(rope.theta, r.double_or("rope_theta", top_theta));
@@ -318,7 +318,7 @@ result<model_config> parse_model_config(std::string_view json, std::string_view 
   auto doc = json_input::parse(json, origin);
   if (!doc)
     return doc.error();
-  if (!doc->IsMap())
+  if (!doc->is_object())
     return fail(errc::config, origin, ": not a JSON object");
   if (auto dup = json_input::duplicate_key(*doc))
     return fail(errc::config, origin, ": ", *dup, ": given twice");

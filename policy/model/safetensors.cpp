@@ -293,7 +293,7 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
   auto doc = json_input::parse(header, where + " header");
   if (!doc)
     return doc.error();
-  if (!doc->IsMap())
+  if (!doc->is_object())
     return fail(errc::corrupt, where, ": header is not a JSON object");
   if (auto dup = json_input::duplicate_key(*doc))
     return fail(errc::corrupt, where, ": tensor ", *dup, " appears twice in the header");
@@ -307,26 +307,26 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
     std::size_t index;
   };
   std::vector<range> ranges;
-  for (const auto& kv : *doc) {
-    const std::string name = kv.first.Scalar();
-    const YAML::Node& v = kv.second;
+  for (const auto& member : doc->as_object()) {
+    const std::string& name = member.key;
+    const json_value& v = member.value;
     if (name == "__metadata__") {
-      if (!v.IsMap())
+      if (!v.is_object())
         return fail(errc::corrupt, where, ": __metadata__ is not an object");
-      for (const auto& m : v) {
-        auto s = json_input::as_string(m.second);
+      for (const auto& m : v.as_object()) {
+        auto s = json_input::as_string(&m.value);
         if (!s)
-          return fail(errc::corrupt, where, ": __metadata__.", m.first.Scalar(), " is not a string");
-        f.metadata_[m.first.Scalar()] = *s;
+          return fail(errc::corrupt, where, ": __metadata__.", m.key, " is not a string");
+        f.metadata_[m.key] = *s;
       }
       continue;
     }
     auto bad = [&](const std::string& what) {
       return fail(errc::corrupt, where, ": tensor ", name, ": ", what);
     };
-    if (!v.IsMap())
+    if (!v.is_object())
       return bad("entry is not an object");
-    auto dtype_name = json_input::as_string(v["dtype"]);
+    auto dtype_name = json_input::as_string(v.find("dtype"));
     if (!dtype_name)
       return bad("missing or non-string dtype");
     auto dtype = parse_st_dtype(*dtype_name);
@@ -335,20 +335,20 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
     tensor_view t;
     t.name = name;
     t.dtype = *dtype;
-    const YAML::Node shape = v["shape"];
-    if (!shape || !shape.IsSequence())
+    const json_value* shape = v.find("shape");
+    if (shape == nullptr || !shape->is_array())
       return bad("missing shape");
-    for (const auto& d : shape) {
-      auto dim = json_input::as_uint(d);
+    for (const auto& d : shape->as_array()) {
+      auto dim = json_input::as_uint(&d);
       if (!dim || *dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        return bad("shape holds '" + d.Scalar() + "', not a non-negative integer");
+        return bad("shape holds '" + json_input::text_of(&d) + "', not a non-negative integer");
       t.shape.push_back(static_cast<std::int64_t>(*dim));
     }
-    const YAML::Node offsets = v["data_offsets"];
-    if (!offsets || !offsets.IsSequence() || offsets.size() != 2)
+    const json_value* offsets = v.find("data_offsets");
+    if (offsets == nullptr || !offsets->is_array() || offsets->as_array().size() != 2)
       return bad("data_offsets is not a pair");
-    auto begin = json_input::as_uint(offsets[0]);
-    auto end = json_input::as_uint(offsets[1]);
+    auto begin = json_input::as_uint(&offsets->as_array()[0]);
+    auto end = json_input::as_uint(&offsets->as_array()[1]);
     if (!begin || !end || *begin > *end)
       return bad("data_offsets are not an ordered pair of non-negative integers");
     auto need = byte_size(t);
@@ -436,27 +436,26 @@ result<safetensors_checkpoint> safetensors_checkpoint::open(const fs::path& dir)
   auto doc = json_input::parse(*text, where);
   if (!doc)
     return doc.error();
-  if (!doc->IsMap())
+  if (!doc->is_object())
     return fail(errc::corrupt, where, ": not a JSON object");
-  const YAML::Node& root = *doc;
-  const YAML::Node map = root["weight_map"];
-  if (!map || !map.IsMap())
+  const json_value* map = doc->find("weight_map");
+  if (map == nullptr || !map->is_object())
     return fail(errc::corrupt, where, ": no weight_map object");
-  if (auto dup = json_input::duplicate_key(map))
+  if (auto dup = json_input::duplicate_key(*map))
     return fail(errc::corrupt, where, ": weight_map names tensor ", *dup, " twice");
   std::vector<std::string> shard_files;
   std::map<std::string, std::string, std::less<>> shard_of; // tensor -> file, as the index says
-  for (const auto& kv : map) {
-    auto file = json_input::as_string(kv.second);
+  for (const auto& [tensor, value] : map->as_object()) {
+    auto file = json_input::as_string(&value);
     if (!file)
-      return fail(errc::corrupt, where, ": weight_map.", kv.first.Scalar(), " is not a file name");
+      return fail(errc::corrupt, where, ": weight_map.", tensor, " is not a file name");
     // Shards live beside the index: a path could read any file on the machine.
     if (file->empty() || file->find('/') != std::string::npos || *file == "." || *file == "..")
-      return fail(errc::corrupt, where, ": weight_map.", kv.first.Scalar(), " names '", *file,
+      return fail(errc::corrupt, where, ": weight_map.", tensor, " names '", *file,
                   "', not a file in the directory");
     if (std::find(shard_files.begin(), shard_files.end(), *file) == shard_files.end())
       shard_files.push_back(*file);
-    shard_of.emplace(kv.first.Scalar(), *file);
+    shard_of.emplace(tensor, *file);
   }
   c.files_.reserve(shard_files.size());
   for (const auto& file : shard_files) {

@@ -25,6 +25,7 @@
 
 #include "core/config.hpp"
 #include "core/file_io.hpp"
+#include "core/json_parse.hpp"
 #include "core/log.hpp"
 #include "core/token.hpp"
 #include "core/sha256.hpp"
@@ -84,10 +85,10 @@ std::size_t edits(const std::string& a, const std::string& b) {
 
 // A field of `body` that is none of `known` (a misspelt 'timeout_s' would otherwise be ignored
 // without a word), named with the nearest known field where one is close.
-result<void> only_fields(const json& body, std::initializer_list<const char*> known, const std::string& what) {
+result<void> only_fields(const json_value& body, std::initializer_list<const char*> known, const std::string& what) {
   if (!body.is_object())
     return {};
-  for (const auto& [key, value] : body.items()) {
+  for (const auto& [key, value] : body.as_object()) {
     bool ok = false;
     std::string nearest;
     std::size_t best = 3; // at most two edits away
@@ -110,22 +111,29 @@ result<void> only_fields(const json& body, std::initializer_list<const char*> kn
   return {};
 }
 
+// A field's value, or nullptr where the body does not give it (absent or null).
+const json_value* given(const json_value& body, const char* key) {
+  const auto* v = body.find(key);
+  return v == nullptr || v->is_null() ? nullptr : v;
+}
+
 // One request object of /v1/evaluate (or an item of a batch) into a verdict request; an error
-// names the field.
-result<service::verdict_request> request_of(const json& body, const task_registry& tasks) {
+// names the field. Without `with_candidate` (the task part of /v1/prompt) no candidate is read.
+result<service::verdict_request> request_of(const json_value& body, const task_registry& tasks,
+                                            bool with_candidate = true) {
   if (!body.is_object())
     return fail(errc::invalid_arg, "the request is not a JSON object");
   service::verdict_request r;
   auto str = [&](const char* key, std::string& out, bool required) -> result<void> {
-    auto it = body.find(key);
-    if (it == body.end() || it->is_null()) {
+    const auto* v = given(body, key);
+    if (v == nullptr) {
       if (required)
         return fail(errc::invalid_arg, "the request has no '", key, "'");
       return {};
     }
-    if (!it->is_string())
+    if (!v->is_string())
       return fail(errc::invalid_arg, "'", key, "' is not a string");
-    out = it->get<std::string>();
+    out = v->as_string();
     return {};
   };
   if (auto ok = str("id", r.id, false); !ok)
@@ -134,8 +142,9 @@ result<service::verdict_request> request_of(const json& body, const task_registr
     return fail(errc::invalid_arg, "'id' is longer than 200 characters");
   if (!r.id.empty() && r.id.front() == '~')
     return fail(errc::invalid_arg, "'id' may not start with '~' (the service's own ids do)");
-  if (auto ok = str("candidate", r.candidate, true); !ok)
-    return ok.error();
+  if (with_candidate)
+    if (auto ok = str("candidate", r.candidate, true); !ok)
+      return ok.error();
   std::string task_name, task_source;
   if (auto ok = str("task", task_name, false); !ok)
     return ok.error();
@@ -156,27 +165,26 @@ result<service::verdict_request> request_of(const json& body, const task_registr
     r.task.source = task_source;
     r.task.sha256 = sha256_hex(env::normalize_source(task_source));
   }
-  if (auto it = body.find("seed"); it != body.end() && !it->is_null()) {
-    if (!it->is_number_unsigned())
+  if (const auto* seed = given(body, "seed")) {
+    if (!seed->is_uint())
       return fail(errc::invalid_arg, "'seed' is not a non-negative integer");
-    r.seed = it->get<std::uint64_t>();
+    r.seed = seed->as_uint();
   }
-  if (auto it = body.find("cache"); it != body.end() && !it->is_null()) {
-    if (!it->is_boolean())
+  if (const auto* cache = given(body, "cache")) {
+    if (!cache->is_bool())
       return fail(errc::invalid_arg, "'cache' is not true or false");
-    r.use_cache = it->get<bool>();
+    r.use_cache = cache->as_bool();
   }
   return r;
 }
 
 // When a request's answer is due: `timeout_s` seconds (default_timeout_s where it gives none) from now.
-result<clock_type::time_point> deadline_of(const json& body, const serve_limits& lim) {
-  auto it = body.find("timeout_s");
+result<clock_type::time_point> deadline_of(const json_value& body, const serve_limits& lim) {
   double seconds = lim.default_timeout_s;
-  if (it != body.end() && !it->is_null()) {
-    if (!it->is_number() || it->get<double>() < 0 || it->get<double>() > lim.max_timeout_s)
+  if (const auto* t = given(body, "timeout_s")) {
+    if (!t->is_number() || t->as_double() < 0 || t->as_double() > lim.max_timeout_s)
       return fail(errc::invalid_arg, "'timeout_s' is not a number of seconds in [0, ", std::to_string(lim.max_timeout_s), "]");
-    seconds = it->get<double>();
+    seconds = t->as_double();
   }
   return clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
 }
@@ -209,34 +217,36 @@ std::pair<int, std::string> refusal(service::verdict_service::admission how, con
 // /v1/evaluate request that judged its code}], oldest first) and "turns_total" (the episode's
 // turns; default one more than given), the messages are the next turn's: each earlier answer and
 // the feedback on its verdict (prompt.feedback_template), older turns shortened first to fit.
-result<json> prompt_of(const json& body, const task_registry& tasks, const env::prompt_builder& builder,
+result<json> prompt_of(const json_value& body, const task_registry& tasks, const env::prompt_builder& builder,
                        const std::string& hardware, const service::verdict_service& svc,
                        const env::feedback_template& feedback) {
   if (!body.is_object())
     return fail(errc::invalid_arg, "the request is not a JSON object");
-  json probe = body;
-  probe["candidate"] = ""; // request_of's task part: a candidate is not needed here
-  auto r = request_of(probe, tasks);
+  auto r = request_of(body, tasks, /*with_candidate=*/false); // its task part: no candidate here
   if (!r)
     return r.error();
   env::prompt_request pr;
   pr.task_name = r->task.name;
   pr.reference_code = r->task.source;
   pr.hardware = hardware;
-  if (auto it = body.find("hardware"); it != body.end() && !it->is_null()) {
-    if (!it->is_string() || it->get<std::string>().empty())
+  if (const auto* hw = given(body, "hardware")) {
+    if (!hw->is_string() || hw->as_string().empty())
       return fail(errc::invalid_arg, "'hardware' is not a non-empty string");
-    pr.hardware = it->get<std::string>();
+    pr.hardware = hw->as_string();
   }
-  if (auto it = body.find("exemplars"); it != body.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() > 64)
+  if (const auto* list = given(body, "exemplars")) {
+    if (!list->is_array() || list->as_array().size() > 64)
       return fail(errc::invalid_arg, "'exemplars' is not a list of at most 64 {\"code\", \"speedup\"}");
-    for (std::size_t i = 0; i < it->size(); ++i) {
-      const auto& x = (*it)[i];
-      if (!x.is_object() || !x.contains("code") || !x["code"].is_string() || !x.contains("speedup") ||
-          !x["speedup"].is_number() || !(x["speedup"].get<double>() > 0))
+    for (std::size_t i = 0; i < list->as_array().size(); ++i) {
+      const auto& x = list->as_array()[i];
+      const auto* code = x.find("code");
+      const auto* speedup = x.find("speedup");
+      if (code == nullptr || !code->is_string() || speedup == nullptr || !speedup->is_number() || !(speedup->as_double() > 0))
         return fail(errc::invalid_arg, "'exemplars[", std::to_string(i), "]' is not {\"code\": string, \"speedup\": number above 0}");
-      pr.exemplars.push_back({x["code"].get<std::string>(), x["speedup"].get<double>(), x.value("hardware", pr.hardware)});
+      const auto* hw = given(x, "hardware");
+      if (hw != nullptr && !hw->is_string())
+        return fail(errc::invalid_arg, "'exemplars[", std::to_string(i), "].hardware' is not a string");
+      pr.exemplars.push_back({code->as_string(), speedup->as_double(), hw != nullptr ? hw->as_string() : pr.hardware});
     }
   }
   auto built = builder.build(pr);
@@ -246,26 +256,27 @@ result<json> prompt_of(const json& body, const task_registry& tasks, const env::
   for (const auto& p : built->exemplars)
     shown += p.kept ? 1 : 0;
   std::vector<env::episode_turn> turns;
-  if (auto it = body.find("turns"); it != body.end() && !it->is_null()) {
+  if (const auto* list = given(body, "turns")) {
     constexpr std::size_t most = 32;
-    if (!it->is_array() || it->size() > most)
+    if (!list->is_array() || list->as_array().size() > most)
       return fail(errc::invalid_arg, "'turns' is not a list of at most ", std::to_string(most),
                   " {\"answer\": string, \"evaluation\": id}");
-    std::size_t total = it->size() + 1;
-    if (auto t = body.find("turns_total"); t != body.end() && !t->is_null()) {
-      if (!t->is_number_integer() || t->get<std::int64_t>() < static_cast<std::int64_t>(it->size()) + 1 ||
-          t->get<std::int64_t>() > 64)
-        return fail(errc::invalid_arg, "'turns_total' is not an integer from ", std::to_string(it->size() + 1),
+    const auto& items = list->as_array();
+    std::size_t total = items.size() + 1;
+    if (const auto* t = given(body, "turns_total")) {
+      if (!t->is_int() || t->as_int() < static_cast<std::int64_t>(items.size()) + 1 || t->as_int() > 64)
+        return fail(errc::invalid_arg, "'turns_total' is not an integer from ", std::to_string(items.size() + 1),
                     " (the turns given and the next) to 64");
-      total = t->get<std::size_t>();
+      total = static_cast<std::size_t>(t->as_int());
     }
-    for (std::size_t i = 0; i < it->size(); ++i) {
-      const auto& x = (*it)[i];
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const auto& x = items[i];
       const std::string where = "'turns[" + std::to_string(i) + "]'";
-      if (!x.is_object() || !x.contains("answer") || !x["answer"].is_string() || !x.contains("evaluation") ||
-          !x["evaluation"].is_string())
+      const auto* answer = x.find("answer");
+      const auto* evaluation = x.find("evaluation");
+      if (answer == nullptr || !answer->is_string() || evaluation == nullptr || !evaluation->is_string())
         return fail(errc::invalid_arg, where, " is not {\"answer\": string, \"evaluation\": id}");
-      const auto id = x["evaluation"].get<std::string>();
+      const auto& id = evaluation->as_string();
       auto found = svc.find(id);
       if (!found)
         return fail(errc::not_found, where, ": no evaluation '", id, "' is known (never sent, or forgotten)");
@@ -274,7 +285,7 @@ result<json> prompt_of(const json& body, const task_registry& tasks, const env::
       if (found->task != pr.task_name)
         return fail(errc::invalid_arg, where, ": evaluation '", id, "' judged task '", found->task, "', not '",
                     pr.task_name, "'");
-      turns.push_back({x["answer"].get<std::string>(), env::render_feedback(feedback, found->v, i + 1, total - (i + 1))});
+      turns.push_back({answer->as_string(), env::render_feedback(feedback, found->v, i + 1, total - (i + 1))});
     }
     if (!turns.empty()) {
       auto next = builder.continue_episode(*built, turns);
@@ -345,9 +356,10 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     reply(res, 200, json{{"id", id}, {"state", "judged"}, {"verdict", verdict_json(found->v)}});
   });
   post_any_type(srv, "/v1/evaluate", [&](const httplib::Request& req, httplib::Response& res) {
-    const auto body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded())
+    const auto parsed = parse_json(req.body);
+    if (!parsed)
       return refuse(res, 400, "the body is not JSON");
+    const json_value& body = *parsed;
     if (auto ok = only_fields(body, {"id", "candidate", "task", "task_source", "seed", "cache", "timeout_s"}, "the request");
         !ok)
       return refuse(res, 400, ok.error().message);
@@ -370,9 +382,10 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     reply(res, a["state"] == "judged" ? 200 : 202, a);
   });
   post_any_type(srv, "/v1/prompt", [&](const httplib::Request& req, httplib::Response& res) {
-    const auto body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded())
+    const auto parsed = parse_json(req.body);
+    if (!parsed)
       return refuse(res, 400, "the body is not JSON");
+    const json_value& body = *parsed;
     if (auto ok = only_fields(body, {"task", "task_source", "hardware", "exemplars", "turns", "turns_total"}, "the request");
         !ok)
       return refuse(res, 400, ok.error().message);
@@ -384,10 +397,12 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
     reply(res, 200, *p);
   });
   post_any_type(srv, "/v1/evaluate/batch", [&](const httplib::Request& req, httplib::Response& res) {
-    const auto body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded())
+    const auto parsed = parse_json(req.body);
+    if (!parsed)
       return refuse(res, 400, "the body is not JSON");
-    if (!body.is_object() || !body.contains("requests") || !body["requests"].is_array())
+    const json_value& body = *parsed;
+    const json_value* requests = body.find("requests");
+    if (requests == nullptr || !requests->is_array())
       return refuse(res, 400, "a batch is {\"requests\": [...]}");
     if (auto ok = only_fields(body, {"requests", "timeout_s"}, "the batch"); !ok)
       return refuse(res, 400, ok.error().message);
@@ -396,16 +411,17 @@ void add_routes(httplib::Server& srv, service::verdict_service& svc, const task_
       return refuse(res, 400, until.error().message);
     // Each item is admitted on its own (a full queue refuses the rest, each saying so), then
     // all are waited for together.
-    std::vector<json> results(body["requests"].size());
+    std::vector<json> results(requests->as_array().size());
     std::vector<std::pair<std::size_t, service::verdict_service::ticket>> admitted;
     for (std::size_t i = 0; i < results.size(); ++i) {
-      if (auto ok = only_fields(body["requests"][i], {"id", "candidate", "task", "task_source", "seed", "cache"},
+      const json_value& item = requests->as_array()[i];
+      if (auto ok = only_fields(item, {"id", "candidate", "task", "task_source", "seed", "cache"},
                                 "requests[" + std::to_string(i) + "]");
           !ok) {
         results[i] = json{{"error", ok.error().message}};
         continue;
       }
-      auto r = request_of(body["requests"][i], tasks);
+      auto r = request_of(item, tasks);
       if (!r) {
         results[i] = json{{"error", r.error().message}};
         continue;

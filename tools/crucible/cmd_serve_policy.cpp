@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/file_io.hpp"
+#include "core/json_parse.hpp"
 #include "core/log.hpp"
 #include "jinja/jinja.hpp"
 #include "policy/model/engine.hpp"
@@ -110,84 +111,88 @@ std::string random_id(const char* prefix) {
 
 // Reads an optional field of a type; an error names the field.
 struct fields {
-  const json& body;
+  const json_value& body;
 
-  const json* find(const char* key) const {
-    auto it = body.find(key);
-    return it == body.end() || it->is_null() ? nullptr : &*it;
+  /// The field, or nullptr where it is absent or null.
+  const json_value* find(const char* key) const {
+    const auto* v = body.find(key);
+    return v == nullptr || v->is_null() ? nullptr : v;
   }
   std::optional<api_error> number(const char* key, double lo, double hi, double& out) const {
     if (const auto* v = find(key)) {
-      if (!v->is_number() || v->get<double>() < lo || v->get<double>() > hi)
+      if (!v->is_number() || v->as_double() < lo || v->as_double() > hi)
         return bad(key, std::string{"'"} + key + "' must be a number in [" + json(lo).dump() + ", " + json(hi).dump() + "]");
-      out = v->get<double>();
+      out = v->as_double();
     }
     return std::nullopt;
   }
   std::optional<api_error> integer(const char* key, std::int64_t lo, std::int64_t hi, std::int64_t& out) const {
     if (const auto* v = find(key)) {
-      if (!v->is_number_integer() || v->get<std::int64_t>() < lo || v->get<std::int64_t>() > hi)
+      if (!v->is_int() || v->as_int() < lo || v->as_int() > hi)
         return bad(key, std::string{"'"} + key + "' must be an integer in [" + std::to_string(lo) + ", " +
                             std::to_string(hi) + "]");
-      out = v->get<std::int64_t>();
+      out = v->as_int();
     }
     return std::nullopt;
   }
   std::optional<api_error> boolean(const char* key, bool& out) const {
     if (const auto* v = find(key)) {
-      if (!v->is_boolean())
+      if (!v->is_bool())
         return bad(key, std::string{"'"} + key + "' must be true or false");
-      out = v->get<bool>();
+      out = v->as_bool();
     }
     return std::nullopt;
   }
 };
 
+bool is_text(const json_value* v, std::string_view text) { return v != nullptr && v->is_string() && v->as_string() == text; }
+
 // Parameters of OpenAI's API this engine does not implement: refused when set to anything but
 // their neutral value, never silently ignored.
 std::optional<api_error> unsupported(const fields& f) {
   for (const char* key : {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"})
-    if (const auto* v = f.find(key); v != nullptr && !(v->is_number() && v->get<double>() == (key[0] == 'r' ? 1.0 : 0.0)))
+    if (const auto* v = f.find(key); v != nullptr && !(v->is_number() && v->as_double() == (key[0] == 'r' ? 1.0 : 0.0)))
       return bad(key, std::string{"'"} + key + "' is not supported by crucible's engine; leave it out");
-  if (const auto* v = f.find("logit_bias"); v != nullptr && !(v->is_object() && v->empty()))
+  if (const auto* v = f.find("logit_bias"); v != nullptr && !(v->is_object() && v->as_object().empty()))
     return bad("logit_bias", "'logit_bias' is not supported by crucible's engine; leave it out");
   for (const char* key : {"tools", "functions"})
-    if (const auto* v = f.find(key); v != nullptr && !(v->is_array() && v->empty()))
+    if (const auto* v = f.find(key); v != nullptr && !(v->is_array() && v->as_array().empty()))
       return bad(key, std::string{"'"} + key + "' (tool calls) is not supported by crucible's engine");
-  if (const auto* v = f.find("tool_choice"); v != nullptr && *v != "none" && *v != "auto")
+  if (const auto* v = f.find("tool_choice"); v != nullptr && !is_text(v, "none") && !is_text(v, "auto"))
     return bad("tool_choice", "'tool_choice' (tool calls) is not supported by crucible's engine");
-  if (const auto* v = f.find("response_format"); v != nullptr && !(v->is_object() && v->value("type", "") == "text"))
+  if (const auto* v = f.find("response_format"); v != nullptr && !is_text(v->find("type"), "text"))
     return bad("response_format", "'response_format' other than {\"type\": \"text\"} is not supported by crucible's engine");
-  if (const auto* v = f.find("echo"); v != nullptr && *v != false)
+  if (const auto* v = f.find("echo"); v != nullptr && !(v->is_bool() && !v->as_bool()))
     return bad("echo", "'echo' is not supported by crucible's engine");
-  if (const auto* v = f.find("suffix"); v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
+  if (const auto* v = f.find("suffix"); v != nullptr && !is_text(v, ""))
     return bad("suffix", "'suffix' is not supported by crucible's engine");
   return std::nullopt;
 }
 
 // The prompts of /v1/completions: a string, strings, token ids, or lists of token ids.
-std::variant<std::vector<std::vector<std::int32_t>>, api_error> completion_prompts(const json& p, const served_model& m) {
+std::variant<std::vector<std::vector<std::int32_t>>, api_error> completion_prompts(const json_value& p, const served_model& m) {
   std::vector<std::vector<std::int32_t>> out;
-  auto ids_of = [&](const json& a) -> std::optional<std::vector<std::int32_t>> {
+  auto ids_of = [&](const json_value& a) -> std::optional<std::vector<std::int32_t>> {
     std::vector<std::int32_t> ids;
-    for (const auto& x : a) {
-      if (!x.is_number_integer() || x.get<std::int64_t>() < 0 || x.get<std::int64_t>() >= m.vocab)
+    for (const auto& x : a.as_array()) {
+      if (!x.is_int() || x.as_int() < 0 || x.as_int() >= m.vocab)
         return std::nullopt;
-      ids.push_back(static_cast<std::int32_t>(x.get<std::int64_t>()));
+      ids.push_back(static_cast<std::int32_t>(x.as_int()));
     }
     return ids;
   };
   const auto vocab_error = bad("prompt", "'prompt' holds a token id that is not an integer in [0, " + std::to_string(m.vocab) + ")");
+  const bool list = p.is_array() && !p.as_array().empty();
   if (p.is_string()) {
-    out.push_back(m.tok->encode(p.get<std::string>()));
-  } else if (p.is_array() && !p.empty() && p.front().is_string()) {
-    for (const auto& s : p) {
+    out.push_back(m.tok->encode(p.as_string()));
+  } else if (list && p.as_array().front().is_string()) {
+    for (const auto& s : p.as_array()) {
       if (!s.is_string())
         return bad("prompt", "'prompt' mixes strings with other values");
-      out.push_back(m.tok->encode(s.get<std::string>()));
+      out.push_back(m.tok->encode(s.as_string()));
     }
-  } else if (p.is_array() && !p.empty() && p.front().is_array()) {
-    for (const auto& a : p) {
+  } else if (list && p.as_array().front().is_array()) {
+    for (const auto& a : p.as_array()) {
       if (!a.is_array())
         return bad("prompt", "'prompt' mixes lists of token ids with other values");
       auto ids = ids_of(a);
@@ -195,7 +200,7 @@ std::variant<std::vector<std::vector<std::int32_t>>, api_error> completion_promp
         return vocab_error;
       out.push_back(std::move(*ids));
     }
-  } else if (p.is_array() && !p.empty()) {
+  } else if (list) {
     auto ids = ids_of(p);
     if (!ids)
       return vocab_error;
@@ -212,28 +217,30 @@ std::variant<std::vector<std::vector<std::int32_t>>, api_error> completion_promp
 }
 
 // The prompt of /v1/chat/completions: the messages through the model's chat template.
-std::variant<std::vector<std::int32_t>, api_error> chat_prompt(const json& messages, const served_model& m) {
+std::variant<std::vector<std::int32_t>, api_error> chat_prompt(const json_value& messages, const served_model& m) {
   if (!m.chat && !m.plain)
     return api_error{400, "the model " + m.name + " has no chat template (tokenizer_config.json chat_template); use "
                           "/v1/completions"};
-  if (!messages.is_array() || messages.empty())
+  if (!messages.is_array() || messages.as_array().empty())
     return bad("messages", "'messages' must be a non-empty list of {\"role\", \"content\"}");
   std::vector<jinja::chat_message> msgs;
-  for (std::size_t i = 0; i < messages.size(); ++i) {
-    const auto& x = messages[i];
+  for (std::size_t i = 0; i < messages.as_array().size(); ++i) {
+    const auto& x = messages.as_array()[i];
     const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!x.is_object() || !x.contains("role") || !x["role"].is_string())
+    const auto* role = x.find("role");
+    if (role == nullptr || !role->is_string())
       return bad(where, "'" + where + "' has no 'role' string");
-    jinja::chat_message msg{x["role"].get<std::string>(), {}};
-    const auto content = x.find("content");
-    if (content == x.end() || content->is_null()) {
+    jinja::chat_message msg{role->as_string(), {}};
+    const auto* content = x.find("content");
+    if (content == nullptr || content->is_null()) {
     } else if (content->is_string()) {
-      msg.content = content->get<std::string>();
+      msg.content = content->as_string();
     } else if (content->is_array()) { // [{"type": "text", "text": ...}, ...]
-      for (const auto& part : *content) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+      for (const auto& part : content->as_array()) {
+        const auto* text = part.find("text");
+        if (!is_text(part.find("type"), "text") || text == nullptr || !text->is_string())
           return bad(where, "'" + where + ".content' holds a part that is not {\"type\": \"text\", \"text\": ...}");
-        msg.content += part["text"].get<std::string>();
+        msg.content += text->as_string();
       }
     } else {
       return bad(where, "'" + where + ".content' must be a string or a list of text parts");
@@ -260,14 +267,14 @@ std::variant<std::vector<std::int32_t>, api_error> chat_prompt(const json& messa
   return ids;
 }
 
-std::variant<request_plan, api_error> plan_request(const json& body, api_kind kind, const served_model& m) {
+std::variant<request_plan, api_error> plan_request(const json_value& body, api_kind kind, const served_model& m) {
   if (!body.is_object())
     return bad("", "the body is not a JSON object");
   request_plan r;
   r.kind = kind;
   const fields f{body};
-  if (const auto* model = f.find("model"); model != nullptr && (!model->is_string() || *model != m.name))
-    return api_error{404, "The model '" + (model->is_string() ? model->get<std::string>() : model->dump()) +
+  if (const auto* model = f.find("model"); model != nullptr && !is_text(model, m.name))
+    return api_error{404, "The model '" + (model->is_string() ? model->as_string() : to_json_text(*model)) +
                               "' does not exist; this server serves '" + m.name + "' (GET /v1/models)",
                      "model", "invalid_request_error", "model_not_found"};
   if (auto e = unsupported(f))
@@ -276,7 +283,7 @@ std::variant<request_plan, api_error> plan_request(const json& body, api_kind ki
   if (auto e = f.integer("n", 1, 128, r.n))
     return *e;
   so.samples_per_prompt = r.n;
-  if (const auto* best = f.find("best_of"); best != nullptr && !(best->is_number_integer() && best->get<std::int64_t>() == r.n))
+  if (const auto* best = f.find("best_of"); best != nullptr && !(best->is_int() && best->as_int() == r.n))
     return bad("best_of", "'best_of' other than n is not supported by crucible's engine");
   if (auto e = f.number("temperature", 0, 2, so.temperature))
     return *e;
@@ -294,12 +301,12 @@ std::variant<request_plan, api_error> plan_request(const json& body, api_kind ki
     return *e;
   if (const auto* stop = f.find("stop")) {
     if (stop->is_string()) {
-      so.stop.push_back(stop->get<std::string>());
-    } else if (stop->is_array() && stop->size() <= 16) {
-      for (const auto& s : *stop) {
+      so.stop.push_back(stop->as_string());
+    } else if (stop->is_array() && stop->as_array().size() <= 16) {
+      for (const auto& s : stop->as_array()) {
         if (!s.is_string())
           return bad("stop", "'stop' must be a string or a list of at most 16 strings");
-        so.stop.push_back(s.get<std::string>());
+        so.stop.push_back(s.as_string());
       }
     } else {
       return bad("stop", "'stop' must be a string or a list of at most 16 strings");
@@ -308,9 +315,10 @@ std::variant<request_plan, api_error> plan_request(const json& body, api_kind ki
       return bad("stop", "'stop' holds an empty string");
   }
   if (const auto* seed = f.find("seed")) {
-    if (!seed->is_number_integer())
+    if (!seed->is_int() && !seed->is_uint())
       return bad("seed", "'seed' must be an integer");
-    so.seed = static_cast<std::uint64_t>(seed->get<std::int64_t>());
+    // A negative seed is taken modulo 2^64, as a 64-bit seed above 2^63 is taken as it is.
+    so.seed = seed->is_int() ? static_cast<std::uint64_t>(seed->as_int()) : seed->as_uint();
     r.job.seeded = true;
   }
   if (auto e = f.boolean("stream", r.stream))
@@ -543,10 +551,10 @@ api_error engine_failure(const crucible::error& e) {
 
 void handle_generation(service::policy_service& svc, const served_model& m, api_kind kind, const httplib::Request& req,
                        httplib::Response& res) {
-  const auto body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded())
+  const auto body = parse_json(req.body);
+  if (!body)
     return send_error(res, bad("", "the body is not JSON"));
-  auto planned = plan_request(body, kind, m);
+  auto planned = plan_request(*body, kind, m);
   if (auto* e = std::get_if<api_error>(&planned))
     return send_error(res, *e);
   auto plan = std::make_shared<request_plan>(std::move(std::get<request_plan>(planned)));
@@ -704,10 +712,11 @@ int run_serve_policy(const parsed_args& args) {
     format_from = "";
     if (fs::exists(model_dir / policy::prompt_format_file, ec)) {
       auto text = read_file(model_dir / policy::prompt_format_file);
-      auto j = text ? json::parse(*text, nullptr, false) : json{};
-      if (!text || j.is_discarded() || !j.is_object() || !j.contains("chat_template") || !j["chat_template"].is_string())
+      auto doc = text ? parse_json(*text) : result<json_value>{text.error()};
+      const json_value* chat_template = doc ? doc->find("chat_template") : nullptr;
+      if (chat_template == nullptr || !chat_template->is_string())
         return fail_usage((model_dir / policy::prompt_format_file).string() + ": not {\"chat_template\": \"auto\" | \"none\"}");
-      format = j["chat_template"].get<std::string>();
+      format = chat_template->as_string();
       format_from = (model_dir / policy::prompt_format_file).string();
     }
   }

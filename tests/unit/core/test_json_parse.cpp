@@ -70,6 +70,28 @@ TEST_CASE("integers use int64 while they fit, doubles beyond") {
   CHECK(parse_ok("-0").as_int() == 0);
 }
 
+TEST_CASE("integers beyond int64 read as doubles but keep their exact uint64 value") {
+  auto max = parse_ok("18446744073709551615");
+  CHECK(max.type() == json_value::kind::real);
+  CHECK_FALSE(max.is_int());
+  CHECK(max.is_number());
+  REQUIRE(max.is_uint());
+  CHECK(max.as_uint() == UINT64_MAX);
+  CHECK(max.as_double() == doctest::Approx(1.8446744073709552e19));
+  CHECK(to_json_text(max) == "18446744073709551615");
+  CHECK(parse_ok("9223372036854775808").as_uint() == 9223372036854775808ull);
+  CHECK(parse_ok("7").is_uint());
+  CHECK(parse_ok("7").as_uint() == 7);
+  CHECK(parse_ok("0").is_uint());
+  CHECK_FALSE(parse_ok("-1").is_uint());
+  CHECK_FALSE(parse_ok("1.0").is_uint());
+  CHECK_FALSE(parse_ok("1e19").is_uint());             // an exponent: a double
+  CHECK_FALSE(parse_ok("18446744073709551616").is_uint()); // beyond uint64: a double
+  CHECK_FALSE(parse_ok("\"7\"").is_uint());
+  CHECK(json_value{std::uint64_t{5}}.is_int());
+  CHECK(json_value{std::uint64_t{5}}.as_int() == 5);
+}
+
 TEST_CASE("string escapes, \\u escapes and surrogate pairs decode to UTF-8") {
   CHECK(parse_ok(R"("q\"b\\s\/\b\f\n\r\t")").as_string() == "q\"b\\s/\b\f\n\r\t");
   CHECK(parse_ok(R"("\u0041\u00e9\u20AC")").as_string() == "A\xc3\xa9\xe2\x82\xac");

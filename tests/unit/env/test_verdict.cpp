@@ -58,6 +58,44 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   CHECK_FALSE(verdict_from_json("not json").has_value());
 }
 
+TEST_CASE("a cached verdict that is not what to_json wrote reads as none") {
+  verdict v;
+  v.status = verdict_status::ok;
+  v.speedup = 1.5;
+  v.rounds = 3;
+  v.checks_failed = {"a"};
+  v.profile = {{"k", 1.0}};
+  v.precision_reference = {{"tf32", "False"}};
+  const auto good = to_json(v);
+  REQUIRE(verdict_from_json(good).has_value());
+  CHECK(verdict_from_json(good)->rounds == 3);
+  // `from` replaced by `to` in the good verdict's text.
+  auto edit = [&](const std::string& from, const std::string& to) {
+    auto out = good;
+    const auto at = out.find(from);
+    REQUIRE_MESSAGE(at != std::string::npos, from);
+    return out.replace(at, from.size(), to);
+  };
+  CHECK_FALSE(verdict_from_json(edit("\"status\":\"ok\",", "")).has_value());         // missing
+  CHECK_FALSE(verdict_from_json(edit("\"correct\":false", "\"correct\":0")).has_value()); // of another type
+  CHECK_FALSE(verdict_from_json(edit("\"speedup\":1.5", "\"speedup\":\"1.5\"")).has_value());
+  CHECK_FALSE(verdict_from_json(edit("\"rounds\":3", "\"rounds\":-3")).has_value());
+  CHECK_FALSE(verdict_from_json(edit("\"rounds\":3", "\"rounds\":4294967296")).has_value());
+  CHECK_FALSE(verdict_from_json(edit("[\"a\"]", "[1]")).has_value());
+  CHECK_FALSE(verdict_from_json(edit("\"share\":1", "\"share\":\"all\"")).has_value());
+  CHECK_FALSE(verdict_from_json(edit("\"tf32\":\"False\"", "\"tf32\":false")).has_value());
+  CHECK_FALSE(verdict_from_json(good.substr(0, good.size() - 1)).has_value()); // cut short
+  CHECK_FALSE(verdict_from_json("[]").has_value());
+  CHECK_FALSE(verdict_from_json("status: ok").has_value()); // YAML, not JSON
+  // A missing number is no value; a missing list is empty.
+  auto bare = verdict_from_json(edit("\"speedup\":1.5,", ""));
+  REQUIRE(bare.has_value());
+  CHECK_FALSE(bare->has_speedup());
+  auto no_checks = verdict_from_json(edit("\"checks_failed\":[\"a\"],", ""));
+  REQUIRE(no_checks.has_value());
+  CHECK(no_checks->checks_failed.empty());
+}
+
 TEST_CASE("reward shaping") {
   verdict ok;
   ok.status = verdict_status::ok;

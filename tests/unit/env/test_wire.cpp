@@ -2,6 +2,7 @@
 // a missing field told apart from one of the wrong type, errors that name the field.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -65,4 +66,58 @@ TEST_CASE("wire: text that is not strict JSON is refused with the parser's word"
   CHECK_THROWS_AS(wire::parse("{\"ms\": NaN}"), wire::error); // Python's json.dumps would write it; the harness does not
   CHECK_THROWS_AS(wire::parse("type: sampled"), wire::error); // YAML, not JSON
   CHECK_THROWS_WITH_AS(wire::parse("nope"), "not JSON: nope", wire::error);
+}
+
+// Read through core/json_parse's json_value: what nlohmann/json's own tree did, kept.
+TEST_CASE("wire: a key given twice means its last value, and fields() lists it once") {
+  auto n = wire::parse(R"({"b": 1, "a": 2, "b": 3})");
+  CHECK(n["b"].as<int>() == 3);
+  std::string seen;
+  for (const auto& [key, value] : n.fields())
+    seen += key + "=" + value.as<std::string>() + ";";
+  CHECK(seen == "a=2;b=3;");
+  CHECK(n["b"].where() == "the field .b");
+}
+
+TEST_CASE("wire: integers up to 2^64 - 1 read exactly, and numbers read as text keep nlohmann's layout") {
+  auto n = wire::parse(R"({"max": 18446744073709551615, "over": 18446744073709551616, "neg": -5, "x": [3.0, 0.25,
+                          1e-05, 0.0001, 100000.0, 1e15, 1e+16, -0.0, 1.5e300, 123456789.125]})");
+  CHECK(n["max"].as<std::uint64_t>() == UINT64_MAX);
+  CHECK(n["max"].as<std::string>() == "18446744073709551615");
+  CHECK_THROWS_WITH_AS(n["max"].as<std::int64_t>(), "the field .max is out of range", wire::error);
+  CHECK_THROWS_WITH_AS(n["over"].as<std::uint64_t>(), "the field .over is not an integer", wire::error);
+  CHECK(n["over"].as<double>() == 18446744073709551616.0);
+  CHECK(n["neg"].as<std::string>() == "-5");
+  CHECK(n["neg"].as<std::int8_t>() == -5);
+  std::string text;
+  for (const auto& x : n["x"])
+    text += x.as<std::string>() + " ";
+  CHECK(text == "3.0 0.25 1e-05 0.0001 100000.0 1e+15 1e+16 -0.0 1.5e+300 123456789.125 ");
+  CHECK(wire::parse("true").as<std::string>() == "true");
+  CHECK(wire::parse("[1]").is_list());
+  CHECK(wire::parse("\"s\"").is_scalar());
+  CHECK(wire::parse("{}").fields().empty());
+}
+
+TEST_CASE("wire: a large message is read in linear time") {
+  // 200,000 items of a list, each an object of a few fields: reading them all stays well under a
+  // second (an index into a list is constant time; fields are scanned, and objects are small).
+  std::string text = R"({"type": "outputs", "items": [)";
+  for (int i = 0; i < 200000; ++i)
+    text += (i ? "," : "") + std::string{R"({"dtype": "float32", "shape": [2, )"} + std::to_string(i) + "]}";
+  text += "]}";
+  const auto t0 = std::chrono::steady_clock::now();
+  auto n = wire::parse(text);
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < n["items"].size(); ++i)
+    sum += n["items"][i]["shape"][1].as<std::int64_t>();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(sum == 199999LL * 200000 / 2);
+  MESSAGE("read ", text.size() / 1e6, " MB in ", ms, " ms");
+  CHECK(ms < 3000);
+}
+
+TEST_CASE("wire: nesting deeper than 512 levels is not JSON to the evaluator") {
+  CHECK_THROWS_AS(wire::parse(std::string(600, '[') + std::string(600, ']')), wire::error);
+  CHECK(wire::parse(std::string(100, '[') + std::string(100, ']')).is_list());
 }

@@ -121,6 +121,16 @@ TEST_CASE("config.json: errors name the key at fault") {
   CHECK(error_of(edit(R"("tie_word_embeddings": true)", R"("tie_word_embeddings": 1)")).find("tie_word_embeddings") !=
         std::string::npos);
   CHECK(error_of("{not json").find("m/config.json") != std::string::npos);
+  // Strict JSON, read as core's json_value: the syntax error's line and column, and the value a
+  // key of the wrong type holds.
+  CHECK(error_of("{\n  \"vocab_size\": 1,,\n}").rfind("m/config.json:2:19: not valid JSON: ", 0) == 0);
+  CHECK(error_of("{\"model_type\": 'qwen2'}").find("not valid JSON") != std::string::npos);
+  CHECK(error_of(edit(R"("hidden_size": 896)", R"("hidden_size": 896.5)")).find("hidden_size: expected an integer, got '896.5'") !=
+        std::string::npos);
+  CHECK(error_of(edit(R"("rms_norm_eps": 1e-06)", R"("rms_norm_eps": [1])")).find("rms_norm_eps: expected a number, got '[1]'") !=
+        std::string::npos);
+  CHECK(error_of(edit(R"("hidden_size": 896)", R"("hidden_size": 896, "hidden_size": 897)")).find("hidden_size: given twice") !=
+        std::string::npos);
   CHECK(error_of(edit(R"("eos_token_id": 151643)", R"("eos_token_id": 999999)")).find("m/config.json: eos_token_id") !=
         std::string::npos);
 }
