@@ -240,4 +240,34 @@ std::string to_json_text(const json_value& v) {
   return std::move(w).take();
 }
 
+std::optional<std::int64_t> json_int(const json_value* n) {
+  if (n == nullptr || !n->is_int())
+    return std::nullopt;
+  return n->as_int();
+}
+
+std::optional<std::uint64_t> json_uint(const json_value* n) {
+  if (n == nullptr || !n->is_uint())
+    return std::nullopt;
+  return n->as_uint();
+}
+
+std::optional<double> json_double(const json_value* n) {
+  if (n == nullptr || !n->is_number())
+    return std::nullopt;
+  return n->as_double();
+}
+
+std::optional<bool> json_bool(const json_value* n) {
+  if (n == nullptr || !n->is_bool())
+    return std::nullopt;
+  return n->as_bool();
+}
+
+std::optional<std::string> json_string(const json_value* n) {
+  if (n == nullptr || !n->is_string())
+    return std::nullopt;
+  return n->as_string();
+}
+
 } // namespace crucible

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -87,6 +88,15 @@ struct json_member {
   std::string key;
   json_value value;
 };
+
+/// Typed reads of a value that may be missing (find's result): nullopt where it is (nullptr) or
+/// is of another kind (1.5 asked as an integer, a quoted "3" asked as a number, -1 asked as
+/// unsigned).
+std::optional<std::int64_t> json_int(const json_value* n);
+std::optional<std::uint64_t> json_uint(const json_value* n);
+std::optional<double> json_double(const json_value* n);
+std::optional<bool> json_bool(const json_value* n);
+std::optional<std::string> json_string(const json_value* n);
 
 /// Parses one JSON document with nlohmann/json (surrounding whitespace and a leading UTF-8
 /// byte-order mark allowed, nothing else). Strict: no comments, trailing commas, NaN, leading

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
@@ -104,24 +105,14 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
   if (!doc || !doc->is_object())
     return std::nullopt;
   const json_value& n = *doc;
-  // Each read is nullopt where the key is missing or of another type; `ok` turns false then.
+  // A key missing or of another type turns `ok` false.
   bool ok = true;
-  auto need = [&](const char* key, bool (json_value::*is)() const noexcept) -> const json_value* {
-    const auto* x = n.find(key);
-    if (x == nullptr || !(x->*is)()) {
-      ok = false;
-      return nullptr;
-    }
-    return x;
+  auto held = [&](const auto& x) {
+    ok = ok && x.has_value();
+    return x.value_or(typename std::decay_t<decltype(x)>::value_type{});
   };
-  auto text = [&](const char* key) {
-    const auto* x = need(key, &json_value::is_string);
-    return x ? x->as_string() : std::string{};
-  };
-  auto flag = [&](const char* key) {
-    const auto* x = need(key, &json_value::is_bool);
-    return x && x->as_bool();
-  };
+  auto text = [&](const char* key) { return held(json_string(n.find(key))); };
+  auto flag = [&](const char* key) { return held(json_bool(n.find(key))); };
   // Speedups and times: missing or null is NaN (no value).
   auto num = [&](const char* key) {
     const auto* x = n.find(key);
@@ -143,8 +134,7 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
   v.speedup_spread = num("speedup_spread");
   v.ref_ms = num("ref_ms");
   v.cand_ms = num("cand_ms");
-  if (const auto* r = need("reward", &json_value::is_number))
-    v.reward = r->as_double();
+  v.reward = held(json_double(n.find("reward")));
   if (const auto* c = n.find("checks_failed"); c != nullptr && !c->is_null()) {
     if (!c->is_array())
       return std::nullopt;
@@ -157,11 +147,10 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
   v.message = text("message");
   v.hardware = text("hardware");
   v.cache_hit = flag("cache_hit");
-  if (const auto* r = need("rounds", &json_value::is_uint)) {
-    if (r->as_uint() > std::numeric_limits<std::uint32_t>::max())
-      return std::nullopt;
-    v.rounds = static_cast<std::uint32_t>(r->as_uint());
-  }
+  const auto rounds = held(json_uint(n.find("rounds")));
+  if (rounds > std::numeric_limits<std::uint32_t>::max())
+    return std::nullopt;
+  v.rounds = static_cast<std::uint32_t>(rounds);
   v.wall_s = num("wall_s");
   v.baseline = text("baseline");
   // Absent in verdicts cached before they carried a profile.

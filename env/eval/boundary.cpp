@@ -112,17 +112,20 @@ bool evaluation::split_trials(std::uint64_t seed) {
         continue;
       }
       if (type == "inputs") {
-        trial_draw d;
+        trial_input t;
+        t.msg = std::move(msg);
+        msg = worker_message{};
         if (n["on_device"].as<bool>(false)) {
           if (!dev_.on) {
             set(verdict_status::runtime_error, "the reference's worker described a trial's inputs on a device the verdict does not use");
             return false;
           }
-          d = {true, n["seed"].as<std::uint64_t>(0), n["distribution"].as<int>(0), n["digest"].as<std::string>("")};
+          t.on_device = true;
+          t.seed = n["seed"].as<std::uint64_t>(0);
+          t.dist = n["distribution"].as<int>(0);
+          t.digest = n["digest"].as<std::string>("");
         }
-        facts_.trial_draws.push_back(d);
-        facts_.trial_inputs.push_back(std::move(msg));
-        msg = worker_message{};
+        facts_.trial_inputs.push_back(std::move(t));
         continue;
       }
       if (type == "reference") {
@@ -198,14 +201,10 @@ bool evaluation::split_trials(std::uint64_t seed) {
   // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
   std::optional<untimed_hold> device{std::in_place, ctx_.gate};
   phase("trials");
-  for (std::size_t t = 0; t < facts_.trial_inputs.size(); ++t) {
-    const auto& m = facts_.trial_inputs[t];
-    const auto& d = facts_.trial_draws[t];
-    if (d.on_device ? !pass_trial_inputs_on_device(cw, m, d) : !send(cw, m.json, &m.frames))
+  for (const auto& t : facts_.trial_inputs)
+    if (t.on_device ? !pass_trial_inputs_on_device(cw, t) : !send(cw, t.msg.json, &t.msg.frames))
       return false;
-  }
   facts_.trial_inputs.clear();
-  facts_.trial_draws.clear();
   if (!send(cw, worker_msg::command("run")))
     return false;
   if (!run_trials(cw, device))
@@ -267,20 +266,27 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
   return freeze(w);
 }
 
+bool evaluation::request_draw(std::int64_t calls, int dist, std::optional<std::uint64_t> seed, const char* phase,
+                              const char* what, wire::node& n, worker_message& msg) {
+  worker& rw = *w_.proc;
+  if (!thaw(rw) || !send(rw, worker_msg::draw(calls, dist, dev_.on, seed))
+      || !receive(rw, ctx_.opt.run_timeout_s, phase, n, msg) || !freeze(rw))
+    return false;
+  if (n["type"].as<std::string>() != "drawn" || !n["sets"].is_list()
+      || n["sets"].size() != static_cast<std::size_t>(calls)) {
+    set(verdict_status::runtime_error, std::string{"the reference's worker sent no inputs for "} + what);
+    return false;
+  }
+  return true;
+}
+
 bool evaluation::draw(int dist, sample_inputs& in) {
   worker& rw = *w_.proc;
   wire::node n;
   worker_message msg;
   const auto calls = static_cast<std::int64_t>(ref_side_.sets.size());
-  if (!thaw(rw)
-      || !send(rw, worker_msg::draw(calls, dist, dev_.on))
-      || !receive(rw, ctx_.opt.run_timeout_s, "drawing a timing round's inputs", n, msg) || !freeze(rw))
+  if (!request_draw(calls, dist, std::nullopt, "drawing a timing round's inputs", "a timing round", n, msg))
     return false;
-  if (n["type"].as<std::string>() != "drawn" || !n["sets"].is_list()
-      || n["sets"].size() != static_cast<std::size_t>(calls)) {
-    set(verdict_status::runtime_error, "the reference's worker sent no inputs for a timing round");
-    return false;
-  }
   in.clear();
   if (dev_.on)
     return draw_on_device(rw, n, in);

@@ -57,7 +57,7 @@ private:
 
 } // namespace
 
-bool evaluation::pass_trial_inputs_on_device(worker& cw, const worker_message& m, const trial_draw& d) {
+bool evaluation::pass_trial_inputs_on_device(worker& cw, const trial_input& t) {
   // The reference's worker draws the trial's inputs again, from the seed and distribution the
   // reference got them from, into its draw allocation; it stays stopped while they are copied
   // from there into the room the candidate's worker makes for them. No byte crosses a socket (a
@@ -66,8 +66,7 @@ bool evaluation::pass_trial_inputs_on_device(worker& cw, const worker_message& m
   worker& rw = *w_.proc;
   wire::node n;
   worker_message msg;
-  if (!thaw(rw) || !send(rw, worker_msg::draw(1, d.dist, true, d.seed))
-      || !receive(rw, ctx_.opt.run_timeout_s, "drawing a trial's inputs again", n, msg) || !freeze(rw))
+  if (!request_draw(1, t.dist, t.seed, "drawing a trial's inputs again", "a trial, drawn again", n, msg))
     return false;
   auto broke = [&](worker& w, const std::string& what) {
     if (&w == &rw)
@@ -75,14 +74,12 @@ bool evaluation::pass_trial_inputs_on_device(worker& cw, const worker_message& m
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
-  if (n["type"].as<std::string>() != "drawn" || !n["sets"].is_list() || n["sets"].size() != 1)
-    return broke(rw, "expected a trial's inputs, drawn again");
   const auto& drawn = n["sets"][0];
-  if (const auto again = n["digest"].as<std::string>(""); again != d.digest) {
+  if (const auto again = n["digest"].as<std::string>(""); again != t.digest) {
     // Not the candidate's doing, nor the evaluator's: a task whose inputs depend on more than the
     // seed cannot be judged across the boundary.
     set(verdict_status::runtime_error, "the task's get_inputs() gave other inputs from the same seed when drawn again for the "
-                                       "candidate (digest " + again + " against " + d.digest
+                                       "candidate (digest " + again + " against " + t.digest
                                        + "): its inputs depend on more than the seed");
     return false;
   }
@@ -90,7 +87,7 @@ bool evaluation::pass_trial_inputs_on_device(worker& cw, const worker_message& m
   // its room for the inputs.
   wire::node room;
   worker_message room_msg;
-  if (!send(cw, m.json) || !receive(cw, ctx_.opt.load_timeout_s, "making room for a trial's inputs", room, room_msg))
+  if (!send(cw, t.msg.json) || !receive(cw, ctx_.opt.load_timeout_s, "making room for a trial's inputs", room, room_msg))
     return false;
   if (room["type"].as<std::string>() != "staging" || !room["inputs"].is_list()
       || room["inputs"].size() != drawn.size())

@@ -158,9 +158,11 @@ private:
   /// One sample's inputs as the reference's worker drew them: per call, per input, the tensor's
   /// bytes (empty for a plain value, which the workers keep as the trials gave it).
   using sample_inputs = std::vector<std::vector<std::vector<std::byte>>>;
-  /// Where a trial's inputs come from on a CUDA device: its `inputs` message then only describes
-  /// them, and the reference's worker draws them again from `seed` and `dist`.
-  struct trial_draw {
+  /// One trial's inputs as the reference's worker sent them: its `inputs` message (JSON and
+  /// frames). On a CUDA device the message only describes them, and the reference's worker draws
+  /// them again from `seed` and `dist` for the candidate's worker (pass_trial_inputs_on_device).
+  struct trial_input {
+    worker_message msg;
     bool on_device = false;
     std::uint64_t seed = 0;
     int dist = 0;
@@ -170,9 +172,15 @@ private:
   bool make_buffers(side& s, std::int64_t calls);
   // Draws one sample's inputs in the reference's worker, from distribution `dist`.
   bool draw(int dist, sample_inputs& in);
-  // A trial's inputs on a CUDA device: drawn again by the reference's worker (`d`), copied from
-  // its memory into room the candidate's worker makes for them (its answer to `m`).
-  bool pass_trial_inputs_on_device(worker& cw, const worker_message& m, const trial_draw& d);
+  // The reference's worker's `drawn` answer (`n`, `msg`) to a draw of `calls` calls' inputs from
+  // distribution `dist` (from `seed` where given, else fresh seeds), on the device with dev_.on;
+  // `phase` names the wait, `what` what the inputs are for in the error. The worker is stopped
+  // again after it.
+  bool request_draw(std::int64_t calls, int dist, std::optional<std::uint64_t> seed, const char* phase,
+                    const char* what, wire::node& n, worker_message& msg);
+  // A trial's inputs on a CUDA device: drawn again by the reference's worker, copied from its
+  // memory into room the candidate's worker makes for them (its answer to `t.msg`).
+  bool pass_trial_inputs_on_device(worker& cw, const trial_input& t);
   // draw's second half on a CUDA device: the drawn tensors, which the reference's worker names
   // in its own memory (`n`, its `drawn` message), copied into dev_.staged.
   bool draw_on_device(worker& rw, const wire::node& n, sample_inputs& in);
@@ -295,10 +303,8 @@ private:
   /// What the reference's worker told of the task, for the candidate's worker and the rounds
   /// across the boundary.
   struct reference_facts {
-    /// Each trial's inputs (the `inputs` message as it came, with its frames) and the task's
-    /// data (`reference_info`).
-    std::vector<worker_message> trial_inputs;
-    std::vector<trial_draw> trial_draws; // per trial, as trial_inputs
+    /// Each trial's inputs and the task's data (`reference_info`).
+    std::vector<trial_input> trial_inputs;
     std::string info;
     std::vector<int> dists;     // the input distributions the reference allows, for the rounds
     std::vector<bool> aliased;  // which reference outputs alias an input

@@ -25,36 +25,6 @@ std::optional<std::string> duplicate_key(const json_value& n) {
   return std::nullopt;
 }
 
-std::optional<std::int64_t> as_int(const json_value* n) {
-  if (n == nullptr || !n->is_int())
-    return std::nullopt;
-  return n->as_int();
-}
-
-std::optional<std::uint64_t> as_uint(const json_value* n) {
-  if (n == nullptr || !n->is_uint())
-    return std::nullopt;
-  return n->as_uint();
-}
-
-std::optional<double> as_double(const json_value* n) {
-  if (n == nullptr || !n->is_number())
-    return std::nullopt;
-  return n->as_double();
-}
-
-std::optional<bool> as_bool(const json_value* n) {
-  if (n == nullptr || !n->is_bool())
-    return std::nullopt;
-  return n->as_bool();
-}
-
-std::optional<std::string> as_string(const json_value* n) {
-  if (n == nullptr || !n->is_string())
-    return std::nullopt;
-  return n->as_string();
-}
-
 std::string text_of(const json_value* n) {
   if (n == nullptr)
     return {};

@@ -1,6 +1,6 @@
 // policy/model/json_input.hpp: small JSON documents (safetensors headers, config.json, shard
-// indexes) read as core/json_parse's json_value, with reads that refuse a value of another
-// kind. Internal to policy/.
+// indexes) read as core/json_parse's json_value (its json_int, json_string, ... refuse a value of
+// another kind). Internal to policy/.
 #pragma once
 
 #include <cstdint>
@@ -19,14 +19,6 @@ result<json_value> parse(std::string_view text, std::string_view origin);
 
 /// The first key that occurs twice in object `n`, or nullopt (json_value keeps duplicates).
 std::optional<std::string> duplicate_key(const json_value& n);
-
-/// Converts a value, or nullopt where it is missing (nullptr) or of another kind (1.5 asked as
-/// an integer, a quoted "3" asked as a number, -1 asked as unsigned).
-std::optional<std::int64_t> as_int(const json_value* n);
-std::optional<std::uint64_t> as_uint(const json_value* n);
-std::optional<double> as_double(const json_value* n);
-std::optional<bool> as_bool(const json_value* n);
-std::optional<std::string> as_string(const json_value* n);
 
 /// `n` as an error message quotes it: a string's text, any other value as JSON, "" where missing.
 std::string text_of(const json_value* n);

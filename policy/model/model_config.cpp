@@ -43,7 +43,7 @@ public:
   result<double> double_or(const char* key, double fallback) const {
     if (!has(key))
       return fallback;
-    auto v = json_input::as_double(node_.find(key));
+    auto v = json_double(node_.find(key));
     if (!v || !std::isfinite(*v))
       return bad(key, "expected a number, got '" + json_input::text_of(node_.find(key)) + "'");
     return *v;
@@ -61,7 +61,7 @@ public:
   result<bool> bool_or(const char* key, bool fallback) const {
     if (!has(key))
       return fallback;
-    auto v = json_input::as_bool(node_.find(key));
+    auto v = json_bool(node_.find(key));
     if (!v)
       return bad(key, "expected true or false, got '" + json_input::text_of(node_.find(key)) + "'");
     return *v;
@@ -70,7 +70,7 @@ public:
   result<std::string> string_or(const char* key, std::string fallback) const {
     if (!has(key))
       return fallback;
-    auto v = json_input::as_string(node_.find(key));
+    auto v = json_string(node_.find(key));
     if (!v)
       return bad(key, "expected a string");
     return *v;
@@ -92,7 +92,7 @@ public:
     const auto* v = node_.find(key);
     if (v->is_array()) {
       for (const auto& e : v->as_array()) {
-        auto i = json_input::as_int(&e);
+        auto i = json_int(&e);
         if (!i)
           return bad(key, "expected integers");
         out.push_back(*i);
@@ -108,7 +108,7 @@ public:
 
 private:
   result<std::int64_t> int_at(const char* key) const {
-    auto v = json_input::as_int(node_.find(key));
+    auto v = json_int(node_.find(key));
     if (!v)
       return bad(key, "expected an integer, got '" + json_input::text_of(node_.find(key)) + "'");
     return *v;

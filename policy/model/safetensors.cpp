@@ -314,7 +314,7 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
       if (!v.is_object())
         return fail(errc::corrupt, where, ": __metadata__ is not an object");
       for (const auto& m : v.as_object()) {
-        auto s = json_input::as_string(&m.value);
+        auto s = json_string(&m.value);
         if (!s)
           return fail(errc::corrupt, where, ": __metadata__.", m.key, " is not a string");
         f.metadata_[m.key] = *s;
@@ -326,7 +326,7 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
     };
     if (!v.is_object())
       return bad("entry is not an object");
-    auto dtype_name = json_input::as_string(v.find("dtype"));
+    auto dtype_name = json_string(v.find("dtype"));
     if (!dtype_name)
       return bad("missing or non-string dtype");
     auto dtype = parse_st_dtype(*dtype_name);
@@ -339,7 +339,7 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
     if (shape == nullptr || !shape->is_array())
       return bad("missing shape");
     for (const auto& d : shape->as_array()) {
-      auto dim = json_input::as_uint(&d);
+      auto dim = json_uint(&d);
       if (!dim || *dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
         return bad("shape holds '" + json_input::text_of(&d) + "', not a non-negative integer");
       t.shape.push_back(static_cast<std::int64_t>(*dim));
@@ -347,8 +347,8 @@ result<safetensors_file> safetensors_file::open(const fs::path& path) {
     const json_value* offsets = v.find("data_offsets");
     if (offsets == nullptr || !offsets->is_array() || offsets->as_array().size() != 2)
       return bad("data_offsets is not a pair");
-    auto begin = json_input::as_uint(&offsets->as_array()[0]);
-    auto end = json_input::as_uint(&offsets->as_array()[1]);
+    auto begin = json_uint(&offsets->as_array()[0]);
+    auto end = json_uint(&offsets->as_array()[1]);
     if (!begin || !end || *begin > *end)
       return bad("data_offsets are not an ordered pair of non-negative integers");
     auto need = byte_size(t);
@@ -446,7 +446,7 @@ result<safetensors_checkpoint> safetensors_checkpoint::open(const fs::path& dir)
   std::vector<std::string> shard_files;
   std::map<std::string, std::string, std::less<>> shard_of; // tensor -> file, as the index says
   for (const auto& [tensor, value] : map->as_object()) {
-    auto file = json_input::as_string(&value);
+    auto file = json_string(&value);
     if (!file)
       return fail(errc::corrupt, where, ": weight_map.", tensor, " is not a file name");
     // Shards live beside the index: a path could read any file on the machine.

@@ -224,8 +224,7 @@ public:
       *flag_ = 0;
       e = cudaHostGetDevicePointer(reinterpret_cast<void**>(&flag_dev_), host, 0);
     }
-    if (e == cudaSuccess)
-      e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    // stream_ is made by each arm (renew_stream).
     if (e == cudaSuccess)
       e = cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking);
     if (e == cudaSuccess)

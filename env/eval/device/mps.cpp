@@ -479,8 +479,7 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
     return s.outcome;
   }
   mps_facts f;
-  for (const auto& d : devices)
-    f.cuda_device = f.cuda_device || d.rfind("cuda", 0) == 0;
+  f.cuda_device = any_cuda;
   if (opt.cuda_mps == cuda_mps_mode::off || !f.cuda_device)
     return {}; // nothing decided: a later call with CUDA devices may still start it
   s.tried = true;
@@ -491,10 +490,8 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
   if (d.refuse)
     return s.outcome = fail(errc::unsupported, "evaluator.cuda_mps is on, but ", d.why_not);
   if (!d.start && f.external_pipe.empty()) {
-    if (flattened)
-      log.warn("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)", cost);
-    else
-      log.info("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)");
+    log.log(flattened ? log_level::warn : log_level::info, "evaluator", "CUDA MPS not used: ", d.why_not,
+            " (evaluator.cuda_mps: auto)", cost);
     return s.outcome = result<void>{};
   }
   if (d.start) {

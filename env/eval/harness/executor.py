@@ -20,9 +20,8 @@ from .trusted import (
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
 from .outputs import (
-    _decode_inputs, _DTYPES, _encode_inputs, _inputs_digest, _from_wire, _kind_of, _os_threads, _output_items,
-    _plain, _py_threads,
-    _SUPPORTED_DTYPES
+    _decode_inputs, _described_tensor, _DTYPES, _encode_inputs, _inputs_digest, _from_wire, _kind_of, _os_threads,
+    _output_items, _plain, _py_threads, _SUPPORTED_DTYPES
 )
 from .reference import Reference, make_inputs
 from .trials import _param_descs, after_call
@@ -125,10 +124,7 @@ def receive_device_inputs(w, descs):
         if "value" in d:
             shapes.append(None)
             continue
-        dt = _DTYPES.get(d.get("dtype"))
-        if dt is None:
-            raise _Done("runtime_error", (), f"the evaluator sent an input of unknown dtype {d.get('dtype')!r}")
-        shape = [_int(s_) for s_ in d["shape"]]
+        dt, shape = _described_tensor(d)
         n = _torch_empty(0, dtype=dt).element_size()
         for s_ in shape:
             n *= s_

@@ -245,6 +245,14 @@ def _encode_inputs(inputs, frames, place=None):
     return descs
 
 
+def _described_tensor(d):
+    """The dtype and shape of a tensor input the evaluator describes ({"dtype", "shape", ...})."""
+    dt = _DTYPES.get(d.get("dtype"))
+    if dt is None:
+        raise _Done("runtime_error", (), f"the evaluator sent an input of unknown dtype {d.get('dtype')!r}")
+    return dt, [_int(s) for s in d["shape"]]
+
+
 def _decode_inputs(descs, frames, device):
     """The inverse of _encode_inputs: fresh, writable tensors on `device`."""
     out = []
@@ -252,10 +260,7 @@ def _decode_inputs(descs, frames, device):
         if "value" in d:
             out.append(_from_wire(d["value"]))
             continue
-        dt = _DTYPES.get(d.get("dtype"))
-        if dt is None:
-            raise _Done("runtime_error", (), f"the evaluator sent an input of unknown dtype {d.get('dtype')!r}")
-        shape = [_int(s) for s in d["shape"]]
+        dt, shape = _described_tensor(d)
         raw = frames[_int(d["frame"]) - 1]
         t = torch.frombuffer(bytearray(raw), dtype=dt) if _len(raw) else _torch_empty(0, dtype=dt)
         out.append(t.reshape(shape).to(device))

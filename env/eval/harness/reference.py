@@ -354,16 +354,14 @@ def reference_phase(w, job, task_src):
                 # carried three trials of a 6.4 GB input took 68 of a 143 s verdict (KernelBench
                 # level1/21_Sigmoid).
                 in_frames = []
-                if w.exports is not None and w.cuda:
-                    again = make_inputs(task, w.device, job.seed + t, dist)
-                    fresh = _encode_inputs(again, in_frames, lambda x: {})
-                    pending.append(({"type": "inputs", "trial": t, "inputs": fresh, "on_device": True,
-                                     "seed": job.seed + t, "distribution": dist,
-                                     "digest": _inputs_digest(again)}, in_frames))
-                    del again
-                else:
-                    fresh = _encode_inputs(make_inputs(task, w.device, job.seed + t, dist), in_frames)
-                    pending.append(({"type": "inputs", "trial": t, "inputs": fresh}, in_frames))
+                again = make_inputs(task, w.device, job.seed + t, dist)
+                on_device = w.exports is not None and w.cuda
+                in_msg = {"type": "inputs", "trial": t,
+                          "inputs": _encode_inputs(again, in_frames, (lambda x: {}) if on_device else None)}
+                if on_device:
+                    in_msg.update(on_device=True, seed=job.seed + t, distribution=dist, digest=_inputs_digest(again))
+                pending.append((in_msg, in_frames))
+                del again
                 if t == 0:
                     r.input_template = pending[-1][0]["inputs"]  # the timing's buffers (make_buffers)
             if rounding is not None:
