@@ -105,6 +105,18 @@ void check_candidate(const std::string& file) {
   auto v = ev.run(*t, path);
   INFO(file << ": " << describe(v));
   MESSAGE(file << ": " << describe(v));
+  if (e.status == "no-credit" && v.status == verdict_status::ok && v.speedup >= 1.25) {
+    // Two processes running the same code alternately on this 2-core VM measure apart by their
+    // memory's placement, fixed for each process's life: 0.93-1.15x between forked twins at worst
+    // (tools/bench/process_bias.py), identical code across the boundary 1.04-1.22x, and up to
+    // 1.36x with another test's load. A hack that pays does so in every pair of workers; noise
+    // does not: a second verdict, with workers of its own, must then stay below the bar.
+    cpu_evaluator again{0};
+    auto w = again.run(*t, path);
+    MESSAGE(file << " again: " << describe(w));
+    if (w.status != verdict_status::ok || w.speedup < v.speedup)
+      v = w;
+  }
   check_expected(e, v);
 }
 
