@@ -382,7 +382,7 @@ result<std::shared_ptr<const task_catalog>> keep_task_sources(const fs::path& ru
 
 result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_device> devices) {
   const auto& learners = cfg.learner.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.learner.devices;
-  if (!cfg.learner.memory_check || learners.front().rfind("cuda", 0) != 0)
+  if (!cfg.learner.memory_check || policy::cuda_index(learners.front()) < 0)
     return {};
   auto o = policy::memory_plan_options_of(cfg);
   if (!o)
@@ -427,7 +427,7 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
 namespace {
 // check_memory_plan against this machine's GPUs (probed only for a CUDA run).
 result<void> check_memory_here(const config& cfg) {
-  if (!cfg.learner.memory_check || cfg.model.device.rfind("cuda", 0) != 0)
+  if (!cfg.learner.memory_check || policy::cuda_index(cfg.model.device) < 0)
     return {};
   return check_memory_plan(cfg, policy::probe_runtime().devices);
 }

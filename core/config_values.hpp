@@ -421,7 +421,7 @@ inline constraint<double> between(double lo, double hi, const char* expected) {
 // "cpu" or "cuda:N" as core/device.hpp reads them (a config names the index: "cuda" alone is not
 // taken here).
 inline bool is_device_name(const std::string& s) {
-  return s != "cuda" && parse_device(s).has_value();
+  return s != "cuda" && parse_device(s).ok();
 }
 
 inline constraint<std::vector<std::string>> device_list() {

@@ -4,26 +4,32 @@
 
 namespace crucible {
 
-std::string device_id::name() const {
+std::string device_id::to_string() const {
   return cuda() ? "cuda:" + std::to_string(index) : std::string{"cpu"};
 }
 
-std::optional<device_id> parse_device(std::string_view text) {
+result<device_id> parse_device(std::string_view text) {
+  // Every error quotes the text as given, so the caller's message need only say where it came from.
+  auto bad = [&](std::string_view why) {
+    return fail(errc::invalid_arg, "\"", text, "\" is not a device", why, "; expected cpu, cuda or cuda:N");
+  };
   if (text == "cpu")
     return device_id{};
   if (text == "cuda")
     return device_id{device_id::kind::cuda, 0};
   if (text.substr(0, 5) != "cuda:")
-    return std::nullopt;
+    return bad("");
   const auto digits = text.substr(5);
-  if (digits.empty() || digits.size() > 4)
-    return std::nullopt;
+  if (digits.empty())
+    return bad(": it has no device number after the colon");
+  if (digits.find_first_not_of("0123456789") != std::string_view::npos)
+    return bad(": its device number is not made of the digits 0-9");
+  // Four digits are more devices than any machine has, and keep the index far from int's limit.
+  if (digits.size() > 4)
+    return bad(": its device number has more than 4 digits");
   int index = 0;
-  for (char c : digits) {
-    if (c < '0' || c > '9')
-      return std::nullopt;
+  for (char c : digits)
     index = index * 10 + (c - '0');
-  }
   return device_id{device_id::kind::cuda, index};
 }
 

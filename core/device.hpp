@@ -4,25 +4,29 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 
+#include "core/error.hpp"
+
 namespace crucible {
 
-/// The CPU, or CUDA device `index`.
+/// The CPU, or CUDA device `index`. Value type.
 struct device_id {
   enum class kind : std::uint8_t { cpu, cuda };
   kind type = kind::cpu;
   int index = 0; ///< N of cuda:N; 0 for the CPU
 
   bool cuda() const noexcept { return type == kind::cuda; }
-  /// "cpu" or "cuda:N".
-  std::string name() const;
+  /// "cpu" or "cuda:N": the name parse_device reads back to this device.
+  std::string to_string() const;
+
+  bool operator==(const device_id&) const = default;
 };
 
-/// "cpu", "cuda" (device 0) or "cuda:N" with N of one to four digits; nothing for anything else.
-std::optional<device_id> parse_device(std::string_view text);
+/// "cpu", "cuda" (device 0) or "cuda:N" with N of one to four digits. Anything else is an
+/// invalid_arg error whose message quotes `text` and says what is wrong with it.
+result<device_id> parse_device(std::string_view text);
 
 /// N when `text` names CUDA device N ("cuda" is 0), else -1 (the CPU and anything not a device).
 int cuda_index(std::string_view text);

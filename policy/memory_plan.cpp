@@ -3,6 +3,7 @@
 #include "policy/memory_plan.hpp"
 
 #include "core/config.hpp"
+#include "core/device.hpp"
 
 #include <algorithm>
 #include <array>
@@ -524,10 +525,10 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   o.group_size = cfg.rollout.group_size;
   // The largest call the engine makes: as many waiting requests as it batches, up to its cap.
   o.engine_rows = std::min(cfg.engine.max_batch_samples, cfg.engine.max_batch_prompts * cfg.rollout.group_size);
-  // An evaluator on the policy's GPU ("cuda" is cuda:0).
-  auto gpu = [](const std::string& d) { return d == "cuda" ? std::string{"cuda:0"} : d; };
+  // An evaluator on the policy's GPU.
+  const int policy_gpu = cuda_index(cfg.model.device);
   for (const auto& d : cfg.evaluator.devices)
-    if (gpu(d) == gpu(cfg.model.device) && d.rfind("cuda", 0) == 0) {
+    if (policy_gpu >= 0 && cuda_index(d) == policy_gpu) {
       o.evaluator_evaluations = static_cast<int>(cfg.evaluator.concurrency);
       o.evaluator_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
     }

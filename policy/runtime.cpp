@@ -242,11 +242,10 @@ result<std::vector<layer_kernel_time>> time_decode_kernels([[maybe_unused]] Caus
 }
 
 device_scope::device_scope(std::string_view device) {
-  if (device.substr(0, 5) != "cuda:")
-    return;
-  const int index = cuda_index(device);
-  if (index >= 0)
-    guard_ = std::make_shared<c10::OptionalDeviceGuard>(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+  // A bare "cuda" names no device of its own here: LibTorch's current device stays as it is.
+  const auto id = parse_device(device);
+  if (device != "cuda" && id && id->cuda())
+    guard_ = std::make_shared<c10::OptionalDeviceGuard>(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(id->index)));
 }
 
 device_scope::~device_scope() = default;

@@ -1,5 +1,6 @@
 // env/eval/device_gate.cpp: see device_gate.hpp.
 #include "env/eval/device_gate.hpp"
+#include "core/device.hpp"
 
 #include <algorithm>
 #include <functional>
@@ -323,7 +324,7 @@ double device_gate::age_seconds() const {
 
 std::shared_ptr<device_gate> shared_gate(const std::string& device, bool share_untimed, bool starts_beside_warmup,
                                          bool untimed_beside_warmup) {
-  if (device.rfind("cuda", 0) != 0)
+  if (cuda_index(device) < 0)
     return std::make_shared<device_gate>(share_untimed, starts_beside_warmup, untimed_beside_warmup);
   std::lock_guard lock{gates_mtx};
   auto& e = gates()[device];
@@ -342,7 +343,7 @@ std::shared_ptr<device_gate> existing_gate(const std::string& device) {
 }
 
 std::shared_ptr<device_gate> gate_for_host_work(const std::string& device) {
-  if (device.rfind("cuda", 0) != 0)
+  if (cuda_index(device) < 0)
     return nullptr;
   std::lock_guard lock{gates_mtx};
   auto& e = gates()[device];

@@ -187,12 +187,12 @@ std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_optio
     if (!device_bytes_available()) {
       log.info("evaluator", ev->device_, ": built without CUDA; outputs are compared on the host");
     } else {
-      const int index = cuda_index(ev->device_);
-      if (index < 0) {
-        log.warn("evaluator", ev->device_, ": not a cuda:N device; outputs are compared on the host");
-      } else if (auto name = device_name(index); name) {
-        ev->outputs_device_ = index;
-        if (auto kept = keep_freed_memory(index, ev->opt_.keep_freed_mb << 20); !kept)
+      const auto id = parse_device(ev->device_);
+      if (!id) {
+        log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", id.error().message);
+      } else if (auto name = device_name(id->index); name) {
+        ev->outputs_device_ = id->index;
+        if (auto kept = keep_freed_memory(id->index, ev->opt_.keep_freed_mb << 20); !kept)
           log.warn("evaluator", ev->device_, ": ", kept.error().message);
       } else {
         log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", name.error().message);

@@ -469,7 +469,7 @@ TEST_CASE("bad input: exit 2 naming the flag, file and line at fault, and nothin
   expect_usage({"--pairs", good, "--set-dir", tmp.path().string()}, "give one of --set-dir DIR and --pairs FILE");
   expect_usage({"--pairs", good, "--task", task}, "--task is for one pair");
   expect_usage({"--pairs", good, "--repeat", "3"}, "--repeat is for one pair");
-  expect_usage({"--pairs", good, "--device", "gpu"}, "--device gpu: expected cpu or cuda:N");
+  expect_usage({"--pairs", good, "--device", "gpu"}, "--device: \"gpu\" is not a device; expected cpu, cuda or cuda:N");
   expect_usage({"--pairs", good, "--device", "cpu,cpu"}, "--device cpu: given twice");
   expect_usage({"--task", task, "--candidate", cand, "--out", (tmp.path() / "o.jsonl").string()},
                "--out is for a set of pairs");

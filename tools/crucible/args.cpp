@@ -120,8 +120,8 @@ result<double> real_option(const parsed_args& args, const std::string& name, dou
 result<std::string> parse_device(const std::string& name, const std::string& device) {
   const auto id = crucible::parse_device(device);
   if (!id)
-    return fail(errc::invalid_arg, name, " ", device, ": expected cpu or cuda:N");
-  return id->name();
+    return fail(errc::invalid_arg, name, ": ", id.error().message);
+  return id->to_string();
 }
 
 result<std::string> device_option(const parsed_args& args, const std::string& name, const std::string& fallback) {

@@ -62,7 +62,8 @@ result<std::int64_t> int_option(const parsed_args& args, const std::string& name
 /// The value of option `name` as a finite real number in [min, max], or `fallback` when absent.
 result<double> real_option(const parsed_args& args, const std::string& name, double fallback, double min, double max);
 
-/// `device` checked as a device, "cpu" or "cuda:N"; errc::invalid_arg naming option `name`.
+/// `device` read as a device ("cpu", "cuda" or "cuda:N", core/device.hpp) and given back by its name,
+/// "cpu" or "cuda:N"; errc::invalid_arg naming option `name` and the text.
 result<std::string> parse_device(const std::string& name, const std::string& device);
 
 /// The value of option `name` as a device, "cpu" or "cuda:N", or `fallback` when absent.

@@ -77,7 +77,7 @@ result<std::vector<std::string>> parse_devices(const std::string& text) {
     const auto id = crucible::parse_device(bare ? "cuda:" + item : item);
     if (!id)
       return bad(item.empty() ? std::string{"an empty entry"} : "\"" + item + "\" is not a device");
-    const std::string device = id->name();
+    const std::string device = id->to_string();
     if (!seen.insert(device).second)
       return bad(device + " is listed twice");
     out.push_back(device);

@@ -467,7 +467,7 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
   const char* cost = flattened ? "; verdicts across the boundary (evaluator.cuda_boundary) then switch the device between "
                                  "processes inside every timed sample, which lowers their speedups (docs/evaluator.md, CUDA MPS)"
                                : "";
-  const bool any_cuda = std::any_of(devices.begin(), devices.end(), [](const std::string& d) { return d.rfind("cuda", 0) == 0; });
+  const bool any_cuda = std::any_of(devices.begin(), devices.end(), [](const std::string& d) { return cuda_index(d) >= 0; });
   if (opt.cuda_mps == cuda_mps_mode::off && any_cuda && flattened)
     log.warn("evaluator", "CUDA MPS not used: evaluator.cuda_mps is off", cost);
   auto& s = state();

@@ -2,29 +2,72 @@
 
 #include "core/device.hpp"
 
+#include <string>
+
 using namespace crucible;
 
 TEST_CASE("a device string is read in one place: cpu, cuda, cuda:N, and nothing else") {
   auto cpu = parse_device("cpu");
   REQUIRE(cpu);
   CHECK_FALSE(cpu->cuda());
-  CHECK(cpu->name() == "cpu");
+  CHECK(cpu->to_string() == "cpu");
   auto bare = parse_device("cuda");
   REQUIRE(bare);
   CHECK(bare->cuda());
   CHECK(bare->index == 0);
-  CHECK(bare->name() == "cuda:0");
+  CHECK(bare->to_string() == "cuda:0");
   auto third = parse_device("cuda:3");
   REQUIRE(third);
+  CHECK(third->cuda());
   CHECK(third->index == 3);
-  CHECK(parse_device("cuda:0007")->name() == "cuda:7");
+  CHECK(parse_device("cuda:0")->index == 0);
+  CHECK(parse_device("cuda:0007")->to_string() == "cuda:7");
   CHECK(parse_device("cuda:9999")->index == 9999);
-  for (const char* bad : {"", "gpu", "CPU", "cuda:", "cuda:-1", "cuda:1x", "cuda:12345", "cuda: 1", "cuda1", "3", "cpu:0"})
-    CHECK_MESSAGE(!parse_device(bad), bad);
   CHECK(cuda_index("cuda:2") == 2);
   CHECK(cuda_index("cuda") == 0);
   CHECK(cuda_index("cpu") == -1);
   CHECK(cuda_index("cuda:x") == -1);
+}
+
+TEST_CASE("a string that is not a device is an error that quotes it and says what is wrong") {
+  struct bad_case {
+    const char* text;
+    const char* why; // what the message says beyond quoting the text; empty: only that it is no device
+  };
+  for (const auto& c : {bad_case{"", ""}, bad_case{"gpu", ""}, bad_case{"CPU", ""}, bad_case{"cpu:0", ""},
+                        bad_case{"cuda1", ""}, bad_case{"3", ""}, bad_case{"cuda:", "no device number"},
+                        bad_case{"cuda:x", "not made of the digits"}, bad_case{"cuda:-1", "not made of the digits"},
+                        bad_case{"cuda:1x", "not made of the digits"}, bad_case{"cuda: 1", "not made of the digits"},
+                        bad_case{"cuda:12345", "more than 4 digits"}, bad_case{"cuda:99999999999", "more than 4 digits"}}) {
+    const std::string text = c.text;
+    CAPTURE(text);
+    const auto r = parse_device(text);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().code == errc::invalid_arg);
+    const auto& message = r.error().message;
+    CHECK_MESSAGE(message.find("\"" + text + "\" is not a device") == 0, message);
+    CHECK_MESSAGE(message.find(c.why) != std::string::npos, message);
+    CHECK_MESSAGE(message.find("expected cpu, cuda or cuda:N") != std::string::npos, message);
+    CHECK(cuda_index(text) == -1);
+  }
+}
+
+TEST_CASE("a device's name reads back to the same device") {
+  for (const auto& id : {device_id{}, device_id{device_id::kind::cuda, 0}, device_id{device_id::kind::cuda, 1},
+                         device_id{device_id::kind::cuda, 42}, device_id{device_id::kind::cuda, 9999}}) {
+    CAPTURE(id.to_string());
+    const auto back = parse_device(id.to_string());
+    REQUIRE(back);
+    CHECK(*back == id);
+  }
+  // Every accepted spelling has one name, and that name is a fixed point.
+  for (const char* text : {"cpu", "cuda", "cuda:0", "cuda:00", "cuda:5", "cuda:0123"}) {
+    CAPTURE(text);
+    const auto name = parse_device(text)->to_string();
+    CHECK(parse_device(name)->to_string() == name);
+  }
+  CHECK(device_id{device_id::kind::cuda, 2} != device_id{device_id::kind::cuda, 3});
+  CHECK(device_id{} != device_id{device_id::kind::cuda, 0});
 }
 
 TEST_CASE("the hardware kind is derived in one place: a run's own GPU and a joined node's of the same model share it") {
