@@ -1,14 +1,14 @@
-// The trust boundary (docs/evaluator.md, Trust boundary): an evaluation whose reference runs in one
-// sandboxed worker and whose candidate runs in another that never sees the task. The reference's
-// worker draws every input; this process hands the candidate's worker its inputs, keeps it stopped
-// outside its own calls, reads the clock around each timed sample, reads both workers' outputs out
-// of their memory while they are stopped, and compares them. Nothing the verdict depends on is in
-// the candidate's process. Methods of evaluation (env/eval/evaluation.hpp); the CUDA half (mapped
-// device memory, trial inputs on the device, the device clock's sample) is
-// env/eval/boundary_device.cpp's, the rest of its walk (statuses, the speedup, the recheck)
-// env/eval/evaluation.cpp's.
+// The trust boundary's part of a verdict (env/eval/boundary.hpp; docs/evaluator.md, Trust
+// boundary): the reference runs in one sandboxed worker and the candidate in another that never
+// sees the task. The reference's worker draws every input; this part hands the candidate's worker
+// its inputs, keeps it stopped outside its own calls, reads the clock around each timed sample,
+// reads both workers' outputs out of their memory while they are stopped, and compares them.
+// Nothing the verdict depends on is in the candidate's process. The CUDA half (mapped device
+// memory, trial inputs on the device, the device clock's sample) is env/eval/boundary_device.cpp's;
+// the phases before the rounds and the judging are the evaluation's (env/eval/evaluation.hpp).
 #include "env/eval/boundary_outputs.hpp"
-#include "env/eval/evaluation.hpp"
+#include "env/eval/timing.hpp"
+#include "env/eval/boundary.hpp"
 #include "env/eval/worker_messages.hpp"
 
 #include <unistd.h>
@@ -64,165 +64,29 @@ std::string describe_dist(int d) {
 
 } // namespace
 
-bool evaluation::freeze(worker& w, clock_type::time_point* stopped_at) {
-  if (auto r = w.freeze(stopped_at); !r) {
-    if (&w == w_.proc.get())
-      end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
-    set(verdict_status::runtime_error, std::string{who(w)} + " could not be stopped: " + r.error().message);
-    return false;
-  }
-  return true;
+boundary::boundary(walk& wk, bool on_device) : wk_(wk), ctx_(wk.ctx_) {
+  dev_.on = on_device;
 }
 
-bool evaluation::thaw(worker& w) {
-  if (auto r = w.thaw(); !r) {
-    if (w.ended(clock_type::now() + std::chrono::seconds(1))) {
-      ended(w, "during the timing");
-      return false;
-    }
-    if (&w == w_.proc.get())
-      end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
-    set(verdict_status::runtime_error, std::string{who(w)} + " could not be continued: " + r.error().message);
-    return false;
-  }
-  return true;
+boundary::~boundary() {
+  drop_outputs();
 }
 
-bool evaluation::split_trials(std::uint64_t seed) {
-  const auto& opt = ctx_.opt;
-  worker& rw = *w_.proc;
-  wire::node n;
-  worker_message msg;
-  {
-    // Phase 1: the reference's worker parses the candidate's source (the static screen; it never
-    // runs it), then computes the reference on each trial's inputs and sends both.
-    untimed_hold device{ctx_.gate};
-    phase("reference");
-    if (!send(rw, job_json(seed, "reference")))
-      return false;
-    for (;;) {
-      if (!receive(rw, opt.reference_timeout_s, "computing the reference", n, msg))
-        return false;
-      const auto type = n["type"].as<std::string>();
-      if (type == "device_done") {
-        // Outputs kept on the device are copied here (take_reference_copies), still holding it.
-        if (cuda_device_ < 0)
-          device.release();
-        phase("reference outputs");
-        continue;
-      }
-      if (type == "inputs") {
-        trial_input t;
-        t.msg = std::move(msg);
-        msg = worker_message{};
-        if (n["on_device"].as<bool>(false)) {
-          if (!dev_.on) {
-            set(verdict_status::runtime_error, "the reference's worker described a trial's inputs on a device the verdict does not use");
-            return false;
-          }
-          t.on_device = true;
-          t.seed = n["seed"].as<std::uint64_t>(0);
-          t.dist = n["distribution"].as<int>(0);
-          t.digest = n["digest"].as<std::string>("");
-        }
-        facts_.trial_inputs.push_back(std::move(t));
-        continue;
-      }
-      if (type == "reference") {
-        if (!keep_reference(n, msg))
-          return false;
-        // Each output's rounding slack by distribution: the largest of that distribution's trials.
-        auto& slack = facts_.slack[n["distribution"].as<int>(0)];
-        const auto& outs = reference_.back();
-        slack.resize(std::max(slack.size(), outs.size()), 0.0);
-        for (std::size_t i = 0; i < outs.size(); ++i)
-          slack[i] = std::max(slack[i], outs[i].slack);
-        if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
-          if (!take_reference_copies(rw))
-            return false;
-          device.release();
-        }
-        continue;
-      }
-      if (type == "reference_info")
-        break;
-      set(verdict_status::runtime_error, "unexpected message " + type + " from the reference's worker");
-      return false;
-    }
-    facts_.info = msg.json;
-    // The timed rounds draw from every distribution the reference allows but the task's own
-    // (0): the others scale each value by a fresh random factor, so no two timed calls see the
-    // same inputs, even where get_inputs() ignores the seed (a stored output then pays nothing).
-    for (const auto& a : n["ref_aliased"])
-      facts_.aliased.push_back(a.as<bool>(false));
-    // Rounds draw only distributions a trial measured the slack of (a timed call is held to the
-    // slack of its own inputs' distribution, which the trials alone measure).
-    for (const auto& d : n["dists"])
-      if (const int k = d.as<int>(0); k != 0 && facts_.slack.count(k) > 0)
-        facts_.dists.push_back(k);
-    if (facts_.dists.empty()) {
-      // Fewer trials than distributions (evaluator.trials 1): distribution 1 (the task's inputs,
-      // each value scaled by U(0.5, 2)), held to distribution 0's slack.
-      facts_.dists = {1};
-      if (facts_.slack.count(0) > 0)
-        facts_.slack[1] = facts_.slack[0];
-    }
-  }
-  const auto want = static_cast<std::size_t>(reported_.trials);
-  if (reference_.size() != want || facts_.trial_inputs.size() != want) {
-    set(verdict_status::runtime_error, "the reference's worker sent " + std::to_string(reference_.size())
-                                         + " reference trials and " + std::to_string(facts_.trial_inputs.size())
-                                         + " sets of inputs, expected " + std::to_string(want));
-    return false;
-  }
-  // Phase 2: the candidate's worker, which gets the task's data (constructor arguments, what the
-  // reference's profiled call ran) and never its module, loads the candidate without the device.
-  auto c = fresh_workers_ ? ctx_.pool.start_fresh() : ctx_.pool.take();
-  if (!c) {
-    set(verdict_status::runtime_error, "no worker could be started for the candidate: " + c.error().message);
-    return false;
-  }
-  cand_ = std::move(*c);
-  worker& cw = *cand_.proc;
-  phase("load");
-  if (!send(cw, job_json(seed, "candidate")) || !send(cw, facts_.info))
-    return false;
-  for (;;) {
-    if (!receive(cw, opt.load_timeout_s, "loading the candidate", n, msg))
-      return false;
-    const auto type = n["type"].as<std::string>();
-    if (type == "loaded")
-      break;
-    if (type != "phase") {
-      set(verdict_status::runtime_error, "unexpected message " + type + " while loading");
-      return false;
-    }
-  }
-  // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
-  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
-  phase("trials");
-  for (const auto& t : facts_.trial_inputs)
-    if (t.on_device ? !pass_trial_inputs_on_device(cw, t) : !send(cw, t.msg.json, &t.msg.frames))
-      return false;
-  facts_.trial_inputs.clear();
-  if (!send(cw, worker_msg::command("run")))
-    return false;
-  if (!run_trials(cw, device))
-    return false;
-  if (dev_.on)
-    // The trials are compared: the timed rounds compare with the reference's own samples and
-    // read only the dtypes and shapes from here, so the device copies go (a task's outputs may
-    // be gigabytes, one copy per trial).
-    for (auto& outs : reference_)
-      for (auto& b : outs)
-        b.device.reset();
-  // From here on the candidate's worker runs only while it is timed, and between a sample and the
-  // next command (its own checks); stopped, none of its processes can run while the reference is
-  // timed or while its inputs are written.
-  return freeze(cw);
+void boundary::drop_outputs() noexcept {
+  ref_side_.sets.clear();
+  cand_side_.sets.clear();
+  dev_.staged.clear();
+  dev_.last_ref_snaps.clear();
+  dev_.clock.reset(); // its queued work waited for before the words it waits on go
+  dev_.words.clear();
+  dev_.mapped.clear();
 }
 
-bool evaluation::make_buffers(side& s, std::int64_t calls) {
+bool boundary::pass_trial_input(worker& cw, const trial_input& t) {
+  return t.on_device ? pass_trial_inputs_on_device(cw, t) : send(cw, t.msg.json, &t.msg.frames);
+}
+
+bool boundary::make_buffers(side& s, std::int64_t calls) {
   worker& w = *s.proc;
   wire::node n;
   worker_message msg;
@@ -266,9 +130,9 @@ bool evaluation::make_buffers(side& s, std::int64_t calls) {
   return freeze(w);
 }
 
-bool evaluation::request_draw(std::int64_t calls, int dist, std::optional<std::uint64_t> seed, const char* phase,
+bool boundary::request_draw(std::int64_t calls, int dist, std::optional<std::uint64_t> seed, const char* phase,
                               const char* what, wire::node& n, worker_message& msg) {
-  worker& rw = *w_.proc;
+  worker& rw = *wk_.w_.proc;
   if (!thaw(rw) || !send(rw, worker_msg::draw(calls, dist, dev_.on, seed))
       || !receive(rw, ctx_.opt.run_timeout_s, phase, n, msg) || !freeze(rw))
     return false;
@@ -280,8 +144,8 @@ bool evaluation::request_draw(std::int64_t calls, int dist, std::optional<std::u
   return true;
 }
 
-bool evaluation::draw(int dist, sample_inputs& in) {
-  worker& rw = *w_.proc;
+bool boundary::draw(int dist, sample_inputs& in) {
+  worker& rw = *wk_.w_.proc;
   wire::node n;
   worker_message msg;
   const auto calls = static_cast<std::int64_t>(ref_side_.sets.size());
@@ -309,33 +173,33 @@ bool evaluation::draw(int dist, sample_inputs& in) {
   return true;
 }
 
-bool evaluation::refuse_unlike_trials(std::size_t k, const tensor_blob& b) {
+bool boundary::refuse_unlike_trials(std::size_t k, const tensor_blob& b) {
   // What the candidate's worker says is data: an output of another dtype or shape than the
   // reference's in the trials is not read at all (nor a size it made up to exhaust memory).
-  if (k < reference_.front().size() && reference_.front()[k].type == b.type && reference_.front()[k].shape == b.shape)
+  if (k < wk_.reference_.front().size() && wk_.reference_.front()[k].type == b.type && wk_.reference_.front()[k].shape == b.shape)
     return false;
-  v_.checks_failed.push_back("runtime:timing_outputs");
+  wk_.v_.checks_failed.push_back("runtime:timing_outputs");
   set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": the candidate's output "
                                   + std::to_string(k) + " has another dtype or shape than in the trials");
   return true;
 }
 
-bool evaluation::refuse_aliased(std::size_t k) {
-  v_.checks_failed.push_back("runtime:aliased_output");
+bool boundary::refuse_aliased(std::size_t k) {
+  wk_.v_.checks_failed.push_back("runtime:aliased_output");
   set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": output " + std::to_string(k)
                                   + " shares memory with an input, where the reference's output does not; "
                                     "returning an input or a view of one is not a computation");
   return false;
 }
 
-bool evaluation::refuse_input_mutation() {
-  v_.checks_failed.push_back("runtime:input_mutation");
+bool boundary::refuse_input_mutation() {
+  wk_.v_.checks_failed.push_back("runtime:input_mutation");
   set(verdict_status::rejected, "the candidate changed its inputs (timing round " + std::to_string(split_.round_no) + ")");
   return false;
 }
 
-bool evaluation::refuse_layout(std::size_t k) {
-  v_.checks_failed.push_back("runtime:output_layout");
+bool boundary::refuse_layout(std::size_t k) {
+  wk_.v_.checks_failed.push_back("runtime:output_layout");
   set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": output " + std::to_string(k)
                                   + " was handed back in another layout than row-major (strided, transposed or "
                                     "broadcast), which the harness makes dense inside the clock; reading it by its "
@@ -343,7 +207,7 @@ bool evaluation::refuse_layout(std::size_t k) {
   return false;
 }
 
-bool evaluation::write_inputs(const side& s, const sample_inputs& in, bool complement) {
+bool boundary::write_inputs(const side& s, const sample_inputs& in, bool complement) {
   worker& w = *s.proc;
   std::vector<std::byte> bytes;
   for (std::size_t c = 0; c < in.size(); ++c)
@@ -359,8 +223,8 @@ bool evaluation::write_inputs(const side& s, const sample_inputs& in, bool compl
         data = bytes.data();
       }
       if (auto r = w.write_memory(b.addr, data, b.bytes); !r) {
-        if (&w != cand_.proc.get())
-          end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
+        if (&w != wk_.cand_.proc.get())
+          wk_.end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
         set(verdict_status::runtime_error, std::string{"cannot write the inputs of "} + who(w) + ": " + r.error().message);
         return false;
       }
@@ -368,7 +232,7 @@ bool evaluation::write_inputs(const side& s, const sample_inputs& in, bool compl
   return true;
 }
 
-bool evaluation::prime(worker& w) {
+bool boundary::prime(worker& w) {
   wire::node n;
   worker_message msg;
   // Its untimed call on the last sample's inputs; then it is stopped.
@@ -382,7 +246,7 @@ bool evaluation::prime(worker& w) {
   return freeze(w);
 }
 
-double evaluation::cpu_charge_ms(std::uint64_t before_ns, std::uint64_t after_ns) const {
+double boundary::cpu_charge_ms(std::uint64_t before_ns, std::uint64_t after_ns) const {
   // The CPU time all the worker's processes and threads ran in it, over the cores a worker is
   // given (evaluator.cpu_threads). Not the wall time: on a machine with other work, runnable
   // threads get the cores in proportion to their number, so a candidate of several threads would
@@ -393,10 +257,10 @@ double evaluation::cpu_charge_ms(std::uint64_t before_ns, std::uint64_t after_ns
          / static_cast<double>(std::max<std::int64_t>(1, ctx_.opt.cpu_threads));
 }
 
-bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
+bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs, double& ms) {
   const auto& opt = ctx_.opt;
   worker& w = *s.proc;
-  const bool candidate = &w == cand_.proc.get();
+  const bool candidate = &w == wk_.cand_.proc.get();
   wire::node n;
   worker_message msg;
   auto broke = [&](const std::string& what) {
@@ -440,9 +304,9 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   if (!thaw(w))
     return false;
   const auto t0 = clock_type::now();
-  split_.clock_running = true;
+  wk_.clock_running_ = true;
   const bool answered = send(w, worker_msg::command("go")) && receive(w, opt.run_timeout_s, "timing", n, msg);
-  split_.clock_running = false;
+  wk_.clock_running_ = false;
   if (!answered)
     return false;
   clock_type::time_point t1;
@@ -507,7 +371,7 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
       if (span > 0)
         if (auto r = w.read_memory(addr, span, raw.data()); !r) {
           if (!candidate)
-            end_.evaluator_failed = true;
+            wk_.end_.evaluator_failed = true;
           set(verdict_status::runtime_error, std::string{"cannot read the outputs of "} + who(w) + ": " + r.error().message);
           return false;
         }
@@ -618,8 +482,8 @@ bool evaluation::time_sample(side& s, const sample_inputs& in, std::vector<std::
   return true;
 }
 
-bool evaluation::measure_null() {
-  worker& rw = *w_.proc;
+bool boundary::measure_null() {
+  worker& rw = *wk_.w_.proc;
   wire::node n;
   worker_message msg;
   double best = 0, worst = 0;
@@ -659,12 +523,12 @@ bool evaluation::measure_null() {
     char buf[120];
     std::snprintf(buf, sizeof buf, "empty samples of %lld calls' copies: fastest %.4f ms, slowest %.4f ms",
                   static_cast<long long>(split_.sample_calls), best, worst);
-    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
+    ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
   }
   return true;
 }
 
-double evaluation::net_ms(double ms) const {
+double boundary::net_ms(double ms) const {
   // On a device a sample's window holds, besides its calls, what the empty sample's holds: the
   // copy of every call's inputs in, the go and done words, the copy out taking hold of the device.
   // Both sides' samples have them alike; they are taken off each sample, the fastest of the empty
@@ -676,7 +540,7 @@ double evaluation::net_ms(double ms) const {
   return std::max(0.0, ms - split_.null_ms / static_cast<double>(split_.sample_calls));
 }
 
-bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted) {
+bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted) {
   const int dist = facts_.dists[static_cast<std::size_t>(split_.round_no) % facts_.dists.size()];
   ++split_.round_no;
   sample_inputs in;
@@ -694,7 +558,7 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
   if (split_.outputs_reused && split_.sample_calls > 1) {
     // Its earlier calls' outputs were overwritten by later ones: from now on one call per sample,
     // and this round is not counted.
-    split_.sample_calls = reported_.calls = 1;
+    split_.sample_calls = wk_.reported_.calls = 1;
     counted = false;
     // On a device the empty sample's round trip holds the copies of every call's inputs and
     // outputs: measured again for one call, or the floor would take a round trip of many calls
@@ -711,14 +575,14 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
   for (std::size_t c = 0; c < ref_outs.size(); ++c) {
     for (std::size_t i = 0; i < ref_outs[c].size() && i < slack.size(); ++i)
       ref_outs[c][i].slack = slack[i];
-    const auto cmp = compare_outputs(ref_outs[c], cand_outs[c], tol_);
+    const auto cmp = compare_outputs(ref_outs[c], cand_outs[c], wk_.tol_);
     if (!cmp.ok && cmp.evaluator_error) {
-      end_.evaluator_failed = true;
+      wk_.end_.evaluator_failed = true;
       set(verdict_status::runtime_error, "timing round " + std::to_string(k) + ": " + cmp.message);
       return false;
     }
     if (!cmp.ok) {
-      v_.checks_failed.push_back("runtime:timing_outputs");
+      wk_.v_.checks_failed.push_back("runtime:timing_outputs");
       set(verdict_status::rejected, "timing round " + std::to_string(k) + " (" + describe_dist(dist) + "), call "
                                       + std::to_string(c) + ": the candidate's output differs from the reference's on the "
                                         "same inputs (" + cmp.message + "); every timed call is checked like a correctness trial");
@@ -728,10 +592,10 @@ bool evaluation::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bo
   return true;
 }
 
-bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
+bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   const auto& opt = ctx_.opt;
-  ref_side_.proc = w_.proc.get();
-  cand_side_.proc = cand_.proc.get();
+  ref_side_.proc = wk_.w_.proc.get();
+  cand_side_.proc = wk_.cand_.proc.get();
   if (split_.sample_calls == 0) {
     split_.sample_calls = 1;
     if (!make_buffers(ref_side_, 1) || !make_buffers(cand_side_, 1))
@@ -740,7 +604,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
   if (dev_.on && (!setup_clock(ref_side_) || !setup_clock(cand_side_)))
     return false;
   double r = 0, c = 0;
-  if (!gate_.measured && !continuation) {
+  if (!wk_.gate_.measured && !continuation) {
     // Warm-up: at least 3 rounds and warmup_ms, then as many calls per sample as make a sample
     // last evaluator.sample_ms (each call on its own inputs), and one more round at that count.
     std::vector<double> wr, wc;
@@ -762,10 +626,10 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     std::int64_t calls = 1;
     if (opt.sample_ms > 0 && call_ms > 0)
       calls = std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.sample_ms / call_ms), 1, opt.max_calls);
-    if (reported_.input_bytes > 0)
-      calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / reported_.input_bytes)));
+    if (wk_.reported_.input_bytes > 0)
+      calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / wk_.reported_.input_bytes)));
     if (calls != split_.sample_calls) {
-      split_.sample_calls = reported_.calls = calls;
+      split_.sample_calls = wk_.reported_.calls = calls;
       if (!make_buffers(ref_side_, calls) || !make_buffers(cand_side_, calls) || !split_round(-1, r, c, counted))
         return false;
     }
@@ -774,14 +638,14 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     if (dev_.on && calls > 1 && !measure_null())
       return false;
   }
-  gate_.measured = true;
-  if (!gate_.measuring && ctx_.gate.warmup_shared()) {
+  wk_.gate_.measured = true;
+  if (!wk_.gate_.measuring && ctx_.gate.warmup_shared()) {
     // The warm-up may have had company (starting workers, other evaluations' untimed work); the
     // measured rounds wait until it is gone (device_gate).
     const auto wait0 = clock_type::now();
     ctx_.gate.begin_measure();
-    gate_.measuring = true;
-    log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
+    wk_.gate_.measuring = true;
+    wk_.log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
                   ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
   }
   for (std::int64_t k = 0; k < rounds;) {
@@ -812,7 +676,7 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
   // The round trip every sample pays besides its calls (continue, `go`, `sampled`, stop) is taken
   // off first: the fastest of five empty samples of the reference's worker.
   if (split_.floor_ms < 0) {
-    for (const auto& b : reference_.front())
+    for (const auto& b : wk_.reference_.front())
       if (b.kind.empty())
         split_.floor_bytes += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
     if (dev_.on) {
@@ -821,9 +685,9 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       // rate, not a launch. One fill of a small output's bytes took 5.4 us on an H200 (16 KB),
       // and its half refused a legitimate call of 1.5 us beside the round trip.
       const std::uint64_t big = std::max<std::uint64_t>(split_.floor_bytes, 256ull << 20);
-      auto fill = fastest_fill_ms(cuda_device_, big);
+      auto fill = fastest_fill_ms(wk_.cuda_device_, big);
       if (!fill) {
-        end_.evaluator_failed = true;
+        wk_.end_.evaluator_failed = true;
         set(verdict_status::runtime_error, "cannot measure the device's fill time: " + fill.error().message);
         return false;
       }
@@ -840,11 +704,11 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
     char buf[160];
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
                   split_.floor_ms, split_.null_ms, static_cast<long long>(split_.sample_calls), m);
-    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
+    ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
     if (!dev_.on) {
       std::snprintf(buf, sizeof buf, "samples' CPU time against their wall time (ms): reference %.3f of %.3f, candidate %.3f of %.3f",
                     ref_side_.charged_ms, ref_side_.wall_ms, cand_side_.charged_ms, cand_side_.wall_ms);
-      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", buf);
+      ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
     }
     if (dev_.on) {
       // Per side: the median host time from `launch` to `launched`, the median device window,
@@ -859,27 +723,27 @@ bool evaluation::measure_split(std::int64_t rounds, std::vector<double>& ref, st
       std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f; candidate launch %.4f device %.4f let go early %.2f",
                     median(dev_.laps[0][0]), median(dev_.laps[0][1]), share(dev_.laps[0][2]), median(dev_.laps[1][0]),
                     median(dev_.laps[1][1]), share(dev_.laps[1][2]));
-      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", laps);
+      ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", laps);
     }
   }
   if (m < split_.floor_ms) {
-    refuse_below_floor(m, split_.floor_ms, " besides the clock's round trip", split_.floor_bytes);
+    wk_.refuse_below_floor(m, split_.floor_ms, " besides the clock's round trip", split_.floor_bytes);
     return false;
   }
   return true;
 }
 
-bool evaluation::check_clean_reference(const std::vector<double>& ref) {
+bool boundary::check_clean_reference(const std::vector<double>& ref) {
   const auto& opt = ctx_.opt;
   if (ref.empty())
     return true;
   // The candidate's worker ends first: with it go its processes and anything it left running.
-  cand_.proc->kill();
+  wk_.cand_.proc->kill();
   if (split_.host_shared) {
     // Other evaluations were in flight during the rounds: a neighbour's compile on the same cores
     // would make the reference slower during the verdict than alone, whatever the candidate did.
     // The candidate's own processes were stopped while the reference ran (freeze) all the same.
-    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name,
+    ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name,
                    ": the reference is not timed alone: other evaluations shared the host during the rounds");
     return true;
   }
@@ -894,13 +758,13 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
     return during > median(alone) * (1 + opt.reference_band)
            && during_q25 > quantile(alone, 0.75) * (1 + opt.reference_band);
   };
-  const auto key = req_.target.sha256 + ";" + ctx_.protocol_key + ";calls=" + std::to_string(split_.sample_calls);
+  const auto key = wk_.req_.target.sha256 + ";" + ctx_.protocol_key + ";calls=" + std::to_string(split_.sample_calls);
   std::vector<double> alone = ctx_.baselines.find(key).value_or(std::vector<double>{});
   if (!alone.empty() && !slower(alone))
     return true;
   // No figure yet, or this verdict's reference was slower than it: the reference timed alone now,
   // in its own worker, which never loaded candidate code (twice as many samples before a refusal).
-  phase("reference alone");
+  wk_.phase("reference alone");
   auto time_alone = [&](std::vector<double>& into) {
     sample_inputs in;
     std::vector<std::vector<tensor_blob>> outs;
@@ -924,9 +788,9 @@ bool evaluation::check_clean_reference(const std::vector<double>& ref) {
                 "beyond the band of %.0f%%): something of the candidate's slowed it, and its speedup cannot be "
                 "believed",
                 100 * (during / median(alone) - 1), during, median(alone), 100 * opt.reference_band);
-  v_.checks_failed.push_back("runtime:slow_reference");
+  wk_.v_.checks_failed.push_back("runtime:slow_reference");
   set(verdict_status::rejected, buf);
-  v_.correct = true;
+  wk_.v_.correct = true;
   return false;
 }
 

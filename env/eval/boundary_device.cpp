@@ -4,7 +4,7 @@
 // inputs kept, and a timed sample closed by the device clock (env/eval/device/device_clock.cu).
 // Methods of evaluation (env/eval/evaluation.hpp), beside env/eval/boundary.cpp's.
 #include "env/eval/boundary_outputs.hpp"
-#include "env/eval/evaluation.hpp"
+#include "env/eval/boundary.hpp"
 #include "env/eval/worker_messages.hpp"
 
 #include <unistd.h>
@@ -57,20 +57,20 @@ private:
 
 } // namespace
 
-bool evaluation::pass_trial_inputs_on_device(worker& cw, const trial_input& t) {
+bool boundary::pass_trial_inputs_on_device(worker& cw, const trial_input& t) {
   // The reference's worker draws the trial's inputs again, from the seed and distribution the
   // reference got them from, into its draw allocation; it stays stopped while they are copied
   // from there into the room the candidate's worker makes for them. No byte crosses a socket (a
   // task's inputs may be gigabytes; the phases that carried three trials of 6.4 GB as host bytes
   // took 68 of a 143 s verdict).
-  worker& rw = *w_.proc;
+  worker& rw = *wk_.w_.proc;
   wire::node n;
   worker_message msg;
   if (!request_draw(1, t.dist, t.seed, "drawing a trial's inputs again", "a trial, drawn again", n, msg))
     return false;
   auto broke = [&](worker& w, const std::string& what) {
     if (&w == &rw)
-      end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
+      wk_.end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
@@ -125,14 +125,14 @@ bool evaluation::pass_trial_inputs_on_device(worker& cw, const trial_input& t) {
     spans.push_back(std::move(*b));
   }
   if (auto r = copy_all(copies); !r) {
-    end_.evaluator_failed = true;
+    wk_.end_.evaluator_failed = true;
     set(verdict_status::runtime_error, "cannot copy a trial's inputs: " + r.error().message);
     return false;
   }
   return send(cw, worker_msg::command("copied"));
 }
 
-bool evaluation::draw_on_device(worker& rw, const wire::node& n, sample_inputs& in) {
+bool boundary::draw_on_device(worker& rw, const wire::node& n, sample_inputs& in) {
   // On a CUDA device the reference's worker leaves the round's tensors in one allocation of its
   // own and names them: they are copied from there into this process's memory (dev_.staged),
   // and from there into each worker's buffers inside its clock (time_sample_device). `in` keeps
@@ -142,7 +142,7 @@ bool evaluation::draw_on_device(worker& rw, const wire::node& n, sample_inputs& 
     return false;
   };
   auto failed = [&](const error& e) {
-    end_.evaluator_failed = true;
+    wk_.end_.evaluator_failed = true;
     set(verdict_status::runtime_error, "cannot keep a timing round's inputs: " + e.message);
     return false;
   };
@@ -180,7 +180,7 @@ bool evaluation::draw_on_device(worker& rw, const wire::node& n, sample_inputs& 
         return broke("a drawn input: " + sp.error().message);
       if (!st || st->size() != bytes) {
         st.reset();
-        auto made = allocate_owned(cuda_device_, bytes);
+        auto made = allocate_owned(wk_.cuda_device_, bytes);
         if (!made)
           return failed(made.error());
         st = std::move(*made);
@@ -194,15 +194,15 @@ bool evaluation::draw_on_device(worker& rw, const wire::node& n, sample_inputs& 
   return true;
 }
 
-std::string evaluation::mapping_key(const worker& w, const std::string& handle) {
+std::string boundary::mapping_key(const worker& w, const std::string& handle) {
   return std::to_string(w.pid()) + ":" + handle;
 }
 
-result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const std::string& handle) {
+result<std::shared_ptr<device_bytes>> boundary::map_handle(worker& w, const std::string& handle) {
   const auto key = mapping_key(w, handle);
   if (auto it = dev_.mapped.find(key); it != dev_.mapped.end())
     return it->second;
-  auto m = map_allocation(cuda_device_, handle);
+  auto m = map_allocation(wk_.cuda_device_, handle);
   if (!m)
     return m.error();
   {
@@ -219,7 +219,7 @@ result<std::shared_ptr<device_bytes>> evaluation::map_handle(worker& w, const st
   return kept;
 }
 
-std::vector<device_copy> evaluation::input_copies(const side& s) const {
+std::vector<device_copy> boundary::input_copies(const side& s) const {
   std::vector<device_copy> copies;
   for (std::size_t c = 0; c < s.sets.size() && c < dev_.staged.size(); ++c)
     for (std::size_t i = 0; i < s.sets[c].size() && i < dev_.staged[c].size(); ++i)
@@ -228,11 +228,11 @@ std::vector<device_copy> evaluation::input_copies(const side& s) const {
   return copies;
 }
 
-bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs,
+bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<std::vector<tensor_blob>>& outs,
                                     double& ms, bool null) {
   const auto& opt = ctx_.opt;
   worker& w = *s.proc;
-  const bool candidate = &w == cand_.proc.get();
+  const bool candidate = &w == wk_.cand_.proc.get();
   wire::node n;
   worker_message msg;
   auto broke = [&](const std::string& what) {
@@ -240,7 +240,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     return false;
   };
   auto device_failed = [&](const std::string& what, const error& e) {
-    end_.evaluator_failed = true;
+    wk_.end_.evaluator_failed = true;
     set(verdict_status::runtime_error, what + ": " + e.message);
     return false;
   };
@@ -263,7 +263,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   const auto copies = input_copies(s);
   // The device's cache is flushed by this process (the worker's own flush would be the
   // candidate's to skip), before the clock starts.
-  if (auto r = flush_device_cache(cuda_device_, flush_bytes_of(opt.flush_bytes, true)); !r)
+  if (auto r = flush_device_cache(wk_.cuda_device_, flush_bytes_of(opt.flush_bytes, true)); !r)
     return device_failed("cannot flush the device's cache", r.error());
   // The clock (device_clock): queued here and held, the start event, this process's copies of the
   // sample's inputs into the worker's buffers and the write of the go word its stream waits for
@@ -297,9 +297,9 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
     released = true;
     dev_.clock->let_go();
   };
-  split_.clock_running = true;
+  wk_.clock_running_ = true;
   const bool answered = send(w, worker_msg::launch(seq, null)) && receive(w, opt.run_timeout_s, "timing", n, msg, 0.02, nudge);
-  split_.clock_running = false;
+  wk_.clock_running_ = false;
   if (!answered)
     return false;
   const auto t_call = clock_type::now();
@@ -370,7 +370,7 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
         if (!whole) {
           (void) freeze(w);
           if (candidate && whole.error().code == errc::protocol) {
-            v_.checks_failed.push_back("runtime:foreign_memory");
+            wk_.v_.checks_failed.push_back("runtime:foreign_memory");
             set(verdict_status::rejected, "timing round " + std::to_string(split_.round_no) + ": the candidate's output "
                                             + std::to_string(k) + " " + whole.error().message
                                             + ": its outputs must be memory of its own");
@@ -474,14 +474,14 @@ bool evaluation::time_sample_device(side& s, const sample_inputs& in, std::vecto
   return true;
 }
 
-bool evaluation::setup_clock(side& s) {
+bool boundary::setup_clock(side& s) {
   worker& w = *s.proc;
   if (dev_.words.count(w.pid()) != 0)
     return true;
   if (!dev_.clock) {
-    auto c = make_device_clock(cuda_device_);
+    auto c = make_device_clock(wk_.cuda_device_);
     if (!c) {
-      end_.evaluator_failed = true;
+      wk_.end_.evaluator_failed = true;
       set(verdict_status::runtime_error, "cannot make the device clock: " + c.error().message);
       return false;
     }

@@ -75,140 +75,6 @@ std::vector<double> as_doubles(const wire::node& n) {
 
 } // namespace
 
-void evaluation::ended(worker& who_ended, const std::string& when) {
-  end_.done = true;
-  end_.lost_worker = who_ended.died_by_signal() && who_ended.exit_signal() == SIGKILL;
-  const auto how = who_ended.exit_description();
-  set(verdict_status::runtime_error, std::string{who(who_ended)} + " " + (how.rfind("killed", 0) == 0 ? "was " : "") + how + " " + when);
-}
-
-bool evaluation::send(worker& to, const std::string& json, const std::vector<std::vector<std::byte>>* frames) {
-  if (auto r = frames ? to.send(json, *frames) : to.send(json); !r) {
-    // A worker killed from outside (an operator, the OOM killer) an instant before the message
-    // stops taking messages before its end is seen: that is a lost worker, retried on a fresh one
-    // as when it dies while answering, not a verdict on the candidate.
-    if (to.ended(std::chrono::steady_clock::now() + std::chrono::seconds(1))) {
-      ended(to, "before it took the job");
-      return false;
-    }
-    set(verdict_status::runtime_error, "worker stopped listening: " + r.error().message);
-    return false;
-  }
-  return true;
-}
-
-bool evaluation::receive(worker& from, double seconds, const char* phase, wire::node& header, worker_message& msg,
-                         double nudge_after, const std::function<void()>& nudge) {
-  auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
-  auto nudge_at = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(nudge_after));
-  bool nudged = !nudge;
-  for (;;) {
-    const auto outcome = from.receive(nudged ? deadline : std::min(deadline, nudge_at), msg);
-    if (outcome == receive_outcome::deadline && !nudged && clock_type::now() < deadline) {
-      nudged = true;
-      nudge();
-      continue;
-    }
-    switch (outcome) {
-      case receive_outcome::deadline: {
-        from.kill();
-        end_.done = true;
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "no progress within %.0f s while %s; the worker was killed", seconds, phase);
-        set(verdict_status::timeout, buf);
-        return false;
-      }
-      case receive_outcome::died:
-        ended(from, std::string{"while "} + phase);
-        return false;
-      case receive_outcome::message: break;
-    }
-    try {
-      header = wire::parse(msg.json);
-      if (!header.is_object() || !header["type"].defined())
-        throw wire::error("the message has no type");
-    } catch (const wire::error& e) {
-      from.kill();
-      end_.done = true;
-      set(verdict_status::runtime_error, std::string{who(from)} + " broke the protocol while " + phase + ": " + e.what());
-      return false;
-    }
-    const auto type = header["type"].as<std::string>();
-    if (type == "build" && split_.clock_running) {
-      // No service works for a worker while its clock runs: the builder's time is charged to no
-      // one (a timed sample on the CPU is charged the worker's own CPU time), and a "build" whose
-      // constructor computes in the builder hands back work done outside the clock. Every
-      // legitimate build is asked for before: in the module's load, ModelNew's constructor, the
-      // trials, or the untimed call that precedes each sample on the same code path.
-      from.kill();
-      end_.done = true;
-      v_.checks_failed.push_back("runtime:service_in_timing");
-      set(verdict_status::rejected, std::string{who(from)}
-                                      + " asked the build service for a build during a timed sample; no service "
-                                        "answers while a clock runs (work done outside the worker's processes is not "
-                                        "charged to it): build in the module, the constructor or the trials");
-      return false;
-    }
-    if (type == "build") {
-      // The build service, in any phase (Triton builds at a kernel's first launch), within the
-      // phase's deadline; then the message the phase waits for. A build asked for during the
-      // trials (a load_inline in ModelNew's constructor) runs without the trials' hold on the
-      // device, so that other evaluations time on it meanwhile instead of waiting for a compiler;
-      // the hold is taken again before the worker hears the reply and goes on.
-      const bool yield = trials_hold_ != nullptr && trials_hold_->has_value() && (*trials_hold_)->held();
-      if (yield)
-        trials_hold_->reset();
-      // A build may take evaluator.load_timeout_s wherever it is asked for, and the time it takes
-      // does not count against the phase's deadline (a constructor's build is no lack of progress
-      // in the trials); all builds of a verdict together extend its phases by that much at most.
-      const auto b0 = clock_type::now();
-      const double left = std::max(0.0, ctx_.opt.load_timeout_s - build_grace_s_);
-      auto reply = ctx_.builds.build(
-        msg.json, std::max(deadline, b0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(left))));
-      const double grant = std::min(left, std::chrono::duration<double>(clock_type::now() - b0).count());
-      build_grace_s_ += grant;
-      const auto more = std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(grant));
-      deadline += more;
-      nudge_at += more;
-      if (yield)
-        trials_hold_->emplace(ctx_.gate);
-      if (!send(from, reply))
-        return false;
-      continue;
-    }
-    if (type == "done") {
-      take_done(header);
-      end_.done = true;
-      return false;
-    }
-    return true;
-  }
-}
-
-void evaluation::take_done(const wire::node& n) {
-  if (n["host_ms"].is_object() && ctx_.log.enabled(log_level::debug)) {
-    // Where the worker's host time went, step by step (docs/evaluator.md, Timing).
-    std::string text;
-    for (const auto& [step, ms] : n["host_ms"].fields())
-      text += "; " + step + " " + ms.as<std::string>();
-    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": worker host ms", text);
-  }
-  auto status = parse_verdict_status(n["status"].as<std::string>("runtime_error"));
-  auto s = status.value_or(verdict_status::runtime_error);
-  if (s == verdict_status::ok) {
-    // The worker may only confirm; ok is decided here, from outputs and timings. A check of a
-    // task alone (check_task) ran no candidate code: the worker's word that the reference ran
-    // is the result.
-    if (req_.reference_only)
-      set(verdict_status::ok, n["message"].as<std::string>(""));
-    return;
-  }
-  set(s, n["message"].as<std::string>(""));
-  if (n["checks_failed"].is_list())
-    for (const auto& c : n["checks_failed"])
-      v_.checks_failed.push_back(c.as<std::string>());
-}
-
 evaluation::trial_outputs evaluation::decode_trial(const wire::node& n, worker_message& msg) {
   trial_outputs tr;
   tr.header = n; // shares the parsed message, which no later message changes
@@ -376,7 +242,7 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   time_spent timed{ctx_.counters.timing_ns};
   if (two_workers_)
-    return measure_split(rounds, ref, cand, continuation);
+    return b_->measure(rounds, ref, cand, continuation);
   // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
   // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
   // for a continuation of the same measurement).
@@ -526,90 +392,6 @@ bool evaluation::take_reference_copies(worker& w) {
   return true;
 }
 
-bool evaluation::one_process_trials(std::uint64_t seed) {
-  const auto& opt = ctx_.opt;
-  std::string job = job_json(seed, nullptr);
-  wire::node n;
-  worker_message msg;
-  {
-    // Phase 1: reference outputs, on the device, before any candidate code runs.
-    double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
-    untimed_hold device{ctx_.gate};
-    phase("reference");
-    if (!send(job))
-      return false;
-    for (;;) {
-      if (!receive(opt.reference_timeout_s, "computing the reference", n, msg))
-        return false;
-      auto type = n["type"].as<std::string>();
-      if (type == "phase")
-        break;
-      if (type == "device_done") {
-        // The reference outputs follow. As host bytes, receiving and keeping them needs no
-        // device; kept on the device, they are copied here, still holding it.
-        if (cuda_device_ < 0)
-          device.release();
-        phase("reference outputs");
-        continue;
-      }
-      if (type != "reference") {
-        set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
-        return false;
-      }
-      const auto m0 = clock_type::now();
-      if (!keep_reference(n, msg))
-        return false;
-      mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
-      // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
-      // ends after them without waiting for `taken`: sending it would race the worker's exit.
-      if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
-        const auto c0 = clock_type::now();
-        if (!take_reference_copies(*w_.proc))
-          return false;
-        copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
-      }
-    }
-    if (ctx_.log.enabled(log_level::debug)) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
-      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": reference outputs ", buf);
-    }
-    if (static_cast<std::int64_t>(reference_.size()) != reported_.trials) {
-      set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
-                                           + std::to_string(reported_.trials));
-      return false;
-    }
-  }
-  // Phase 2: the candidate imports and compiles without the device; the extensions its module
-  // builds are built by our build service (device_evaluator::build_extension, answered inside
-  // receive), not by it.
-  phase("load");
-  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
-    return false;
-  if (n["type"].as<std::string>() != "loaded") {
-    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
-    return false;
-  }
-  // Phase 3: trials, holding the device until the worker has computed every output; the
-  // outputs are then compared without it.
-  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
-  phase("trials");
-  if (!send(worker_msg::command("run")))
-    return false;
-  return run_trials(*w_.proc, device);
-}
-
-void evaluation::refuse_below_floor(double call_ms, double floor_ms, const char* besides, std::uint64_t bytes) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "the candidate's median timed call took %.2f us%s, below the floor of %.2f us (half the fastest fill "
-                "of its %llu output bytes on this device); no call produces its outputs faster than the hardware "
-                "writes them",
-                call_ms * 1e3, besides, floor_ms * 1e3, static_cast<unsigned long long>(bytes));
-  v_.checks_failed.push_back("runtime:below_floor");
-  set(verdict_status::rejected, buf);
-}
-
 bool evaluation::keep_reference(const wire::node& n, worker_message& msg) {
   take_precision(n["precision"], v_.precision_reference);
   auto outs = decode_outputs(n["outputs"], msg, cuda_device_);
@@ -724,7 +506,8 @@ verdict evaluation::judge() {
   // keeps one worker.
   const bool cuda_boundary = ctx_.device != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
   two_workers_ = opt.boundary == evaluator_boundary::process && (ctx_.device == "cpu" || cuda_boundary) && !req_.reference_only;
-  dev_.on = two_workers_ && cuda_boundary;
+  if (two_workers_)
+    b_.emplace(static_cast<walk&>(*this), cuda_boundary);
   if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
     // tolerance, so that the comparison judges them relative to their scale (env/eval/compare.hpp).
@@ -818,7 +601,7 @@ verdict evaluation::judge() {
   }
   if (end_.failed)
     return v_; // death, deadline, or a `done` that carried a failure (a runtime check after timing)
-  if (two_workers_ && !check_clean_reference(ref))
+  if (two_workers_ && !b_->check_clean_reference(ref))
     return v_;
   v_.status = verdict_status::ok;
   // A candidate whose forward ran the reference's own kernels (operators on the CPU), each as many

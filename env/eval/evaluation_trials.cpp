@@ -1,0 +1,225 @@
+// Phases 1-3 of a verdict, the reference's outputs and the candidate's trials on the same inputs
+// (docs/evaluator.md, The protocol): in one worker (the CUDA shared path), or across the trust
+// boundary in two, where the reference's worker computes the reference and draws every input, the
+// boundary's part keeps what it tells of the task and hands the candidate's worker its inputs, and
+// the candidate's worker loads the candidate without the device and runs the trials. Methods of
+// evaluation (env/eval/evaluation.hpp).
+#include "env/eval/evaluation.hpp"
+#include "env/eval/worker_messages.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace crucible::env {
+
+using clock_type = std::chrono::steady_clock;
+
+bool evaluation::one_process_trials(std::uint64_t seed) {
+  const auto& opt = ctx_.opt;
+  std::string job = job_json(seed, nullptr);
+  wire::node n;
+  worker_message msg;
+  {
+    // Phase 1: reference outputs, on the device, before any candidate code runs.
+    double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
+    untimed_hold device{ctx_.gate};
+    phase("reference");
+    if (!send(job))
+      return false;
+    for (;;) {
+      if (!receive(opt.reference_timeout_s, "computing the reference", n, msg))
+        return false;
+      auto type = n["type"].as<std::string>();
+      if (type == "phase")
+        break;
+      if (type == "device_done") {
+        // The reference outputs follow. As host bytes, receiving and keeping them needs no
+        // device; kept on the device, they are copied here, still holding it.
+        if (cuda_device_ < 0)
+          device.release();
+        phase("reference outputs");
+        continue;
+      }
+      if (type != "reference") {
+        set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
+        return false;
+      }
+      const auto m0 = clock_type::now();
+      if (!keep_reference(n, msg))
+        return false;
+      mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
+      // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
+      // ends after them without waiting for `taken`: sending it would race the worker's exit.
+      if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
+        const auto c0 = clock_type::now();
+        if (!take_reference_copies(*w_.proc))
+          return false;
+        copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
+      }
+    }
+    if (ctx_.log.enabled(log_level::debug)) {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
+      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": reference outputs ", buf);
+    }
+    if (static_cast<std::int64_t>(reference_.size()) != reported_.trials) {
+      set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
+                                           + std::to_string(reported_.trials));
+      return false;
+    }
+  }
+  // Phase 2: the candidate imports and compiles without the device; the extensions its module
+  // builds are built by our build service (device_evaluator::build_extension, answered inside
+  // receive), not by it.
+  phase("load");
+  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
+    return false;
+  if (n["type"].as<std::string>() != "loaded") {
+    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
+    return false;
+  }
+  // Phase 3: trials, holding the device until the worker has computed every output; the
+  // outputs are then compared without it.
+  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
+  phase("trials");
+  if (!send(worker_msg::command("run")))
+    return false;
+  return run_trials(*w_.proc, device);
+}
+
+bool evaluation::split_trials(std::uint64_t seed) {
+  const auto& opt = ctx_.opt;
+  auto& facts = b_->facts();
+  worker& rw = *w_.proc;
+  wire::node n;
+  worker_message msg;
+  {
+    // Phase 1: the reference's worker parses the candidate's source (the static screen; it never
+    // runs it), then computes the reference on each trial's inputs and sends both.
+    untimed_hold device{ctx_.gate};
+    phase("reference");
+    if (!send(rw, job_json(seed, "reference")))
+      return false;
+    for (;;) {
+      if (!receive(rw, opt.reference_timeout_s, "computing the reference", n, msg))
+        return false;
+      const auto type = n["type"].as<std::string>();
+      if (type == "device_done") {
+        // Outputs kept on the device are copied here (take_reference_copies), still holding it.
+        if (cuda_device_ < 0)
+          device.release();
+        phase("reference outputs");
+        continue;
+      }
+      if (type == "inputs") {
+        boundary::trial_input t;
+        t.msg = std::move(msg);
+        msg = worker_message{};
+        if (n["on_device"].as<bool>(false)) {
+          if (!b_->on_device()) {
+            set(verdict_status::runtime_error, "the reference's worker described a trial's inputs on a device the verdict does not use");
+            return false;
+          }
+          t.on_device = true;
+          t.seed = n["seed"].as<std::uint64_t>(0);
+          t.dist = n["distribution"].as<int>(0);
+          t.digest = n["digest"].as<std::string>("");
+        }
+        facts.trial_inputs.push_back(std::move(t));
+        continue;
+      }
+      if (type == "reference") {
+        if (!keep_reference(n, msg))
+          return false;
+        // Each output's rounding slack by distribution: the largest of that distribution's trials.
+        auto& slack = facts.slack[n["distribution"].as<int>(0)];
+        const auto& outs = reference_.back();
+        slack.resize(std::max(slack.size(), outs.size()), 0.0);
+        for (std::size_t i = 0; i < outs.size(); ++i)
+          slack[i] = std::max(slack[i], outs[i].slack);
+        if (cuda_device_ >= 0 && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
+          if (!take_reference_copies(rw))
+            return false;
+          device.release();
+        }
+        continue;
+      }
+      if (type == "reference_info")
+        break;
+      set(verdict_status::runtime_error, "unexpected message " + type + " from the reference's worker");
+      return false;
+    }
+    facts.info = msg.json;
+    // The timed rounds draw from every distribution the reference allows but the task's own
+    // (0): the others scale each value by a fresh random factor, so no two timed calls see the
+    // same inputs, even where get_inputs() ignores the seed (a stored output then pays nothing).
+    for (const auto& a : n["ref_aliased"])
+      facts.aliased.push_back(a.as<bool>(false));
+    // Rounds draw only distributions a trial measured the slack of (a timed call is held to the
+    // slack of its own inputs' distribution, which the trials alone measure).
+    for (const auto& d : n["dists"])
+      if (const int k = d.as<int>(0); k != 0 && facts.slack.count(k) > 0)
+        facts.dists.push_back(k);
+    if (facts.dists.empty()) {
+      // Fewer trials than distributions (evaluator.trials 1): distribution 1 (the task's inputs,
+      // each value scaled by U(0.5, 2)), held to distribution 0's slack.
+      facts.dists = {1};
+      if (facts.slack.count(0) > 0)
+        facts.slack[1] = facts.slack[0];
+    }
+  }
+  const auto want = static_cast<std::size_t>(reported_.trials);
+  if (reference_.size() != want || facts.trial_inputs.size() != want) {
+    set(verdict_status::runtime_error, "the reference's worker sent " + std::to_string(reference_.size())
+                                         + " reference trials and " + std::to_string(facts.trial_inputs.size())
+                                         + " sets of inputs, expected " + std::to_string(want));
+    return false;
+  }
+  // Phase 2: the candidate's worker, which gets the task's data (constructor arguments, what the
+  // reference's profiled call ran) and never its module, loads the candidate without the device.
+  auto c = fresh_workers_ ? ctx_.pool.start_fresh() : ctx_.pool.take();
+  if (!c) {
+    set(verdict_status::runtime_error, "no worker could be started for the candidate: " + c.error().message);
+    return false;
+  }
+  cand_ = std::move(*c);
+  worker& cw = *cand_.proc;
+  phase("load");
+  if (!send(cw, job_json(seed, "candidate")) || !send(cw, facts.info))
+    return false;
+  for (;;) {
+    if (!receive(cw, opt.load_timeout_s, "loading the candidate", n, msg))
+      return false;
+    const auto type = n["type"].as<std::string>();
+    if (type == "loaded")
+      break;
+    if (type != "phase") {
+      set(verdict_status::runtime_error, "unexpected message " + type + " while loading");
+      return false;
+    }
+  }
+  // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
+  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
+  phase("trials");
+  for (const auto& t : facts.trial_inputs)
+    if (!b_->pass_trial_input(cw, t))
+      return false;
+  facts.trial_inputs.clear();
+  if (!send(cw, worker_msg::command("run")))
+    return false;
+  if (!run_trials(cw, device))
+    return false;
+  if (b_->on_device())
+    // The trials are compared: the timed rounds compare with the reference's own samples and
+    // read only the dtypes and shapes from here, so the device copies go (a task's outputs may
+    // be gigabytes, one copy per trial).
+    for (auto& outs : reference_)
+      for (auto& b : outs)
+        b.device.reset();
+  // From here on the candidate's worker runs only while it is timed, and between a sample and the
+  // next command (its own checks); stopped, none of its processes can run while the reference is
+  // timed or while its inputs are written.
+  return freeze(cw);
+}
+
+} // namespace crucible::env
