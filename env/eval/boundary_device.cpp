@@ -263,7 +263,7 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   const auto copies = input_copies(s);
   // The device's cache is flushed by this process (the worker's own flush would be the
   // candidate's to skip), before the clock starts.
-  if (auto r = flush_device_cache(wk_.cuda_device_, flush_bytes_of(opt.flush_bytes, true)); !r)
+  if (auto r = flush_device_cache(wk_.cuda_device_, flush_bytes_of(opt.flush_bytes, kind_of(ctx_.device))); !r)
     return device_failed("cannot flush the device's cache", r.error());
   // The clock (device_clock): queued here and held, the start event, this process's copies of the
   // sample's inputs into the worker's buffers and the write of the go word its stream waits for

@@ -1,5 +1,6 @@
 // env/eval/device_gate.cpp: see device_gate.hpp.
 #include "env/eval/device_gate.hpp"
+#include "env/eval/device_kind.hpp"
 #include "core/device.hpp"
 
 #include <algorithm>
@@ -324,7 +325,7 @@ double device_gate::age_seconds() const {
 
 std::shared_ptr<device_gate> shared_gate(const std::string& device, bool share_untimed, bool starts_beside_warmup,
                                          bool untimed_beside_warmup) {
-  if (cuda_index(device) < 0)
+  if (!kind_of(device).process_wide_gate)
     return std::make_shared<device_gate>(share_untimed, starts_beside_warmup, untimed_beside_warmup);
   std::lock_guard lock{gates_mtx};
   auto& e = gates()[device];
@@ -343,7 +344,7 @@ std::shared_ptr<device_gate> existing_gate(const std::string& device) {
 }
 
 std::shared_ptr<device_gate> gate_for_host_work(const std::string& device) {
-  if (cuda_index(device) < 0)
+  if (!kind_of(device).process_wide_gate)
     return nullptr;
   std::lock_guard lock{gates_mtx};
   auto& e = gates()[device];

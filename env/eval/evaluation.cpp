@@ -3,6 +3,7 @@
 // on raw bytes or on the device, the timing rounds are asked for and the verdict is built.
 // device_evaluator::evaluate (env/eval/evaluator.cpp) runs it and owns the retries and the cache.
 #include "env/eval/evaluation.hpp"
+#include "env/eval/device_kind.hpp"
 #include "env/eval/worker_messages.hpp"
 
 #include <signal.h>
@@ -346,7 +347,7 @@ std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
   f.trials = req_.reference_only ? 1 : opt.trials;
   f.reference_only = req_.reference_only;
   f.baseline = to_string(opt.baseline);
-  f.flush_bytes = flush_bytes_of(opt.flush_bytes, ctx_.device != "cpu");
+  f.flush_bytes = flush_bytes_of(opt.flush_bytes, kind_of(ctx_.device));
   f.placement_jitter_bytes = opt.placement_jitter_bytes;
   f.sample_ms = opt.sample_ms;
   f.max_calls = opt.max_calls;
@@ -500,14 +501,15 @@ verdict evaluation::judge() {
       seed = 1;
   }
   reported_.trials = req_.reference_only ? 1 : opt.trials;
-  // The trust boundary (env/eval/boundary.cpp) on the CPU, and on a CUDA device with cuda_boundary; a
-  // check of a task alone runs no candidate. On a CUDA device the boundary needs this process's
-  // own view of the workers' device memory (outputs kept on the device); without it the verdict
-  // keeps one worker.
-  const bool cuda_boundary = ctx_.device != "cpu" && cuda_device_ >= 0 && opt.cuda_boundary;
-  two_workers_ = opt.boundary == evaluator_boundary::process && (ctx_.device == "cpu" || cuda_boundary) && !req_.reference_only;
+  // The trust boundary (env/eval/boundary.hpp) where the device's kind crosses it by default (the
+  // CPU), and on a CUDA device with cuda_boundary; a check of a task alone runs no candidate. Where
+  // samples run on the device the boundary needs this process's own view of the workers' device
+  // memory (outputs kept on the device); without it the verdict keeps one worker.
+  const auto& kind = kind_of(ctx_.device);
+  const bool on_device = kind.samples_on_device && cuda_device_ >= 0 && opt.cuda_boundary;
+  two_workers_ = opt.boundary == evaluator_boundary::process && (kind.boundary_by_default || on_device) && !req_.reference_only;
   if (two_workers_)
-    b_.emplace(static_cast<walk&>(*this), cuda_boundary);
+    b_.emplace(static_cast<walk&>(*this), kind.samples_on_device);
   if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {
     // A check of the task alone (crucible tasks import) says where the outputs sit within the
     // tolerance, so that the comparison judges them relative to their scale (env/eval/compare.hpp).

@@ -18,6 +18,7 @@
 
 #include "core/config.hpp"
 #include "core/log.hpp"
+#include "env/eval/device_kind.hpp"
 
 namespace crucible::env {
 
@@ -45,18 +46,12 @@ private:
   std::map<std::string, std::vector<double>> ms_;
 };
 
-/// The bytes written or read to flush a device's caches before a timed sample: evaluator.flush_bytes,
-/// or where that is 0, 256 MiB on a CUDA device and 64 MiB on the CPU.
-inline std::uint64_t flush_bytes_of(std::uint64_t configured, bool cuda) noexcept {
-  return configured != 0 ? configured : cuda ? (256ull << 20) : (64ull << 20);
-}
-
 /// Evicts the last-level cache by reading `bytes` of this process's own memory (flush_bytes_of):
 /// before each timed sample across the trust boundary on the CPU. Used under the timed gate only
 /// (one evaluation at a time), so it takes no lock.
 class host_cache_flush final {
 public:
-  explicit host_cache_flush(std::uint64_t bytes) : bytes_(flush_bytes_of(bytes, false)) {}
+  explicit host_cache_flush(std::uint64_t bytes) : bytes_(flush_bytes_of(bytes, kind_of("cpu"))) {}
   void run() {
     if (buf_.empty())
       buf_.assign(std::max<std::uint64_t>(bytes_, 8) / 8, 1);

@@ -2,6 +2,7 @@
 // zygote where it can) and keeps them warm, builds extensions for them, and runs one candidate's
 // evaluation (env/eval/evaluation.cpp) on a worker, with the retries and the verdict cache around it.
 #include "env/eval/evaluator.hpp"
+#include "env/eval/device_kind.hpp"
 #include "env/eval/device/mps.hpp"
 #include "env/eval/build_service.hpp"
 #include "env/eval/evaluation.hpp"
@@ -181,7 +182,7 @@ std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_optio
                                                            const harness_location& where, std::string device,
                                                            logger& log, std::shared_ptr<verdict_cache> cache) {
   std::unique_ptr<device_evaluator> ev{new device_evaluator(opt, reward, where, std::move(device), log, std::move(cache))};
-  if (opt.outputs_on_device && ev->device_.rfind("cuda:", 0) == 0) {
+  if (opt.outputs_on_device && kind_of(ev->device_).outputs_on_device) {
     // Outputs stay on the device: this process maps the workers' exports and compares them with
     // its own kernel. Its CUDA context is made now, not inside the first verdict.
     if (!device_bytes_available()) {
@@ -368,7 +369,7 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   };
   auto v = [&] {
     auto first = run_once(*w, false);
-    const bool out_of_memory = device_ != "cpu" && first.v.status == verdict_status::runtime_error
+    const bool out_of_memory = kind_of(device_).out_of_memory_alone && first.v.status == verdict_status::runtime_error
                                && out_of_device_memory(first.v.message);
     if (out_of_memory && (first.v.message.find("ModelNew") == std::string::npos || first.task_bytes >= retry_alone_bytes)) {
       // Out of device memory beside other evaluations (KernelBench's level 1 at concurrency 6 on

@@ -2,6 +2,7 @@
 // and exec is prepared before fork(): the evaluator is multithreaded, so the child may only
 // make async-signal-safe calls.
 #include "env/eval/sandbox.hpp"
+#include "env/eval/device_kind.hpp"
 #include "core/device.hpp"
 #include "env/eval/device/mps.hpp"
 #include "env/eval/wire.hpp"
@@ -73,10 +74,9 @@ const char* signal_name(int sig) {
   }
 }
 
-// CUDA_VISIBLE_DEVICES of a worker for `device`: N of cuda:N, nothing for the CPU.
+// CUDA_VISIBLE_DEVICES of a worker for `device`: N of cuda:N, nothing for a kind that names none.
 std::string visible_devices(const std::string& device) {
-  const int index = cuda_index(device);
-  return index >= 0 ? std::to_string(index) : std::string{};
+  return kind_of(device).visible_device ? std::to_string(cuda_index(device)) : std::string{};
 }
 
 } // namespace
@@ -218,7 +218,7 @@ result<pid_t> spawn(const worker_spec& spec, const std::filesystem::path& scratc
     envp.push_back(e.data());
   envp.push_back(nullptr);
   const auto scratch_text = scratch.string();
-  const rlim_t as_limit = spec.device == "cpu" && spec.memory_limit_mb > 0
+  const rlim_t as_limit = kind_of(spec.device).address_space_limit && spec.memory_limit_mb > 0
                             ? static_cast<rlim_t>(spec.memory_limit_mb) << 20
                             : RLIM_INFINITY;
   const rlim_t fsize_limit = static_cast<rlim_t>(std::max<std::uint64_t>(spec.scratch_mb, 64)) << 20;
@@ -303,8 +303,8 @@ result<pid_t> spawn(const worker_spec& spec, const std::filesystem::path& scratc
 
 std::vector<std::string> harness_args(const worker_spec& spec, const std::filesystem::path& scratch) {
   std::vector<std::string> args{spec.python, "-I", "-B", spec.harness.string(), "--device",
-                                spec.device == "cpu" ? "cpu" : "cuda", "--scratch", scratch.string()};
-  if (spec.device != "cpu" && !spec.kernels.empty()) {
+                                kind_of(spec.device).name, "--scratch", scratch.string()};
+  if (kind_of(spec.device).harness_kernels && !spec.kernels.empty()) {
     args.emplace_back("--kernels");
     args.push_back(spec.kernels.string());
   }

@@ -1,6 +1,7 @@
 // The warm workers of one device (env/eval/worker_pool.hpp): the zygote, a worker's start and
 // handshake, the refill threads and the retire thread.
 #include "env/eval/worker_pool.hpp"
+#include "env/eval/device_kind.hpp"
 #include "env/eval/worker_messages.hpp"
 
 #include <zmq.hpp>
@@ -362,7 +363,7 @@ result<ready_worker> worker_pool::handshake(std::unique_ptr<worker> proc) {
                ", ready in ", buf);
     // CUDA workers report whether they loaded the harness's own kernels; without them every
     // verdict pays the lazy loading of the torch operations used instead (docs/evaluator.md).
-    if (const auto k = n["kernels"]; k.is_scalar() && device_ != "cpu" && k.as<std::string>() != "module" &&
+    if (const auto k = n["kernels"]; k.is_scalar() && kind_of(device_).harness_kernels && k.as<std::string>() != "module" &&
                                       !kernels_warned_.exchange(true))
       log_.warn("evaluator", device_, ": workers use ", k.as<std::string>(),
                 " for the harness's own device work; each verdict then pays their first launches (about 0.2 s on "
