@@ -27,7 +27,7 @@ class device_gate;
 class worker_pool;
 
 /// The reference's samples timed alone in a process that never saw a candidate
-/// (evaluation::check_clean_reference), by task, protocol and calls a sample. Thread-safe.
+/// (boundary::check_clean_reference), by task, protocol and calls a sample. Thread-safe.
 class reference_baselines final {
 public:
   std::optional<std::vector<double>> find(const std::string& key) const {
