@@ -164,6 +164,8 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
       st.step.busy = true;
       st.step.began = std::chrono::steady_clock::now();
       st.step.wait_seconds = st.step.prep_seconds = 0;
+      st.step.staleness_max = 0;
+      st.step.staleness_mean = 0;
       st.step.pending = self->make_response_promise<stage_report>();
       auto rp = st.step.pending;
       run_step(self);

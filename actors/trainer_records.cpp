@@ -149,7 +149,9 @@ std::string train_record(trainer_state& st, const train_report& r, const sample_
       .field("format_error_share", tally->samples ? static_cast<double>(tally->format_errors) / tally->samples : 0.0)
       .field("mean_speedup", tally->mean_speedup())
       .field("best_speedup", st.p.best_speedup)
-      .field("dropped_stale", st.roll.dropped_now);
+      .field("dropped_stale", st.roll.dropped_now)
+      .field("staleness_max", st.step.staleness_max)
+      .field("staleness_mean", st.step.staleness_mean);
     if (!tally->turns.empty()) { // multi-turn episodes: the same by turn (from 0)
       w.key("turns").begin_array();
       for (std::size_t t = 0; t < tally->turns.size(); ++t) {

@@ -103,6 +103,10 @@ struct trainer_step {
   // the learner reports its own update time.
   std::chrono::steady_clock::time_point began; // the step request's arrival
   double wait_seconds = 0, prep_seconds = 0;
+  // Policy versions by which the batch's samples' sampling policy lags the learner's when the
+  // step takes them (take_batch): the most and the mean over its samples.
+  std::uint64_t staleness_max = 0;
+  double staleness_mean = 0;
 };
 
 // Warm start: the tasks' references checked, the exemplar store seeded.

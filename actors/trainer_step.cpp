@@ -534,6 +534,16 @@ void take_batch(self_pointer self) {
     batch.push_back(std::move(st.roll.groups.front()));
     st.roll.groups.pop_front();
   }
+  std::uint64_t lag_max = 0, lag_sum = 0, samples = 0;
+  for (const auto& g : batch)
+    for (const auto& c : g.completions) {
+      const auto lag = st.p.version > c.policy_version.value ? st.p.version - c.policy_version.value : 0;
+      lag_max = std::max(lag_max, lag);
+      lag_sum += lag;
+      ++samples;
+    }
+  st.step.staleness_max = lag_max;
+  st.step.staleness_mean = samples > 0 ? static_cast<double>(lag_sum) / static_cast<double>(samples) : 0.0;
   auto then = st.step.then_groups;
   then(std::move(batch));
 }

@@ -1,6 +1,7 @@
 // The pace plan (storage/pace.hpp).
 #include "storage/pace.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -13,6 +14,21 @@ std::optional<std::int64_t> pace_segment::evaluator_gpus_needed() const {
     return std::nullopt;
   const double per_gpu = verdicts_per_min() / evaluator_gpus;
   return static_cast<std::int64_t>(std::ceil(verdicts_needed_per_min() / per_gpu - 1e-9));
+}
+
+std::optional<pace_plan> plan_for(const pace_segment& s, std::int64_t gpus) {
+  if (gpus < 1 || s.evaluator_gpus <= 0 || s.verdicts <= 0 || s.steps <= 0 || s.policy_step_s() <= 0)
+    return std::nullopt;
+  const double per_gpu_s = s.verdicts_per_min() / 60.0 / s.evaluator_gpus; // verdicts a second per GPU
+  const double samples = static_cast<double>(s.samples) / static_cast<double>(s.steps);
+  pace_plan p;
+  p.gpus = gpus;
+  p.evaluation_s = samples / (per_gpu_s * static_cast<double>(gpus));
+  const double policy = s.policy_step_s();
+  p.async_step_s = std::max(policy, p.evaluation_s);
+  p.sync_step_s = policy + p.evaluation_s;
+  p.staleness = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil((policy + p.evaluation_s) / p.async_step_s - 1e-9)));
+  return p;
 }
 
 std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
@@ -55,6 +71,11 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
       cur.step_s += number(r, "step_seconds");
       cur.wait_s += number(r, "wait_seconds");
       cur.update_s += number(r, "seconds");
+      if (const auto* m = r.find("staleness_mean"); m != nullptr && m->is_number()) {
+        cur.staleness_sum += m->as_double();
+        ++cur.staleness_steps;
+        cur.staleness_max = std::max(cur.staleness_max, static_cast<std::int64_t>(number(r, "staleness_max")));
+      }
     } else if (event == "train_step") {
       cur.other_stages = true;
     } else if (event == "verdict" && stage == "rl") {
@@ -104,7 +125,25 @@ std::string to_string(const pace_segment& s) {
       std::snprintf(buf, sizeof buf, ": about %lld evaluator GPU%s at this rate", static_cast<long long>(*n),
                     *n == 1 ? "" : "s");
       out += buf;
+      if (const auto p = plan_for(s, *n)) {
+        std::snprintf(buf, sizeof buf,
+                      "; plan: on %lld evaluator GPU%s a step takes %.2f s asynchronous, up to %.2f s synchronous "
+                      "(%.2fx), max_staleness %lld keeps every group",
+                      static_cast<long long>(p->gpus), p->gpus == 1 ? "" : "s", p->async_step_s, p->sync_step_s,
+                      p->sync_step_s / p->async_step_s, static_cast<long long>(p->staleness));
+        out += buf;
+      }
+      if (const auto own = plan_for(s, s.evaluator_gpus)) {
+        std::snprintf(buf, sizeof buf, "; on this run's %d: %.2f s asynchronous, up to %.2f s synchronous, %.2f s measured",
+                      s.evaluator_gpus, own->async_step_s, own->sync_step_s, s.step_s / static_cast<double>(s.steps));
+        out += buf;
+      }
     }
+  }
+  if (s.staleness_steps > 0) {
+    std::snprintf(buf, sizeof buf, "; trained samples up to %lld version%s old (mean %.2f)",
+                  static_cast<long long>(s.staleness_max), s.staleness_max == 1 ? "" : "s", s.staleness_mean());
+    out += buf;
   }
   return out;
 }

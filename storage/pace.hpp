@@ -30,6 +30,11 @@ struct pace_segment {
   /// updates there too); nullopt otherwise, or on the CPU.
   std::optional<double> policy_s;
   bool other_stages = false; ///< the process also trained another stage
+  /// Policy versions by which the trained samples' sampling policy lagged the learner's
+  /// (train_step's staleness_max and staleness_mean, where the records carry them).
+  std::int64_t staleness_max = 0;
+  double staleness_sum = 0;        ///< staleness_mean summed over the steps that carry it
+  std::int64_t staleness_steps = 0; ///< those steps
 
   double wait_share() const { return step_s > 0 ? wait_s / step_s : 0; }
   /// Verdicts per minute of RL steps, over all evaluators.
@@ -47,7 +52,27 @@ struct pace_segment {
   /// Evaluator GPUs that would give verdicts_needed_per_min() at this segment's rate per GPU;
   /// nullopt without a rate per GPU.
   std::optional<std::int64_t> evaluator_gpus_needed() const;
+  double staleness_mean() const { return staleness_steps > 0 ? staleness_sum / static_cast<double>(staleness_steps) : 0; }
 };
+
+/// What a segment's rates say of a split with `gpus` evaluator GPUs, from its verdicts a minute per
+/// GPU, its policy's time a step and its samples a step: how long the evaluators take to judge a
+/// step's samples; a step's time in the asynchronous loop, where the policy and the evaluators work
+/// at once and the slower sets the pace, and in the synchronous loop, where a step's samples are
+/// judged after they are generated and trained after they are judged (an upper bound: the first
+/// verdicts begin while the last samples are generated); and the staleness bound under which the
+/// asynchronous loop drops no group: a sample spans its generation and its evaluation before the
+/// update that trains on it, in steps of the asynchronous loop. Plain value.
+struct pace_plan {
+  std::int64_t gpus = 0;
+  double evaluation_s = 0;
+  double async_step_s = 0, sync_step_s = 0;
+  std::int64_t staleness = 0;
+};
+
+/// The plan for `gpus` evaluator GPUs (at least 1); nullopt where the segment has no rate per
+/// GPU or no policy time (evaluator_gpus_needed's conditions).
+std::optional<pace_plan> plan_for(const pace_segment& s, std::int64_t gpus);
 
 /// The RL segments of a run's metrics.jsonl lines (records that do not parse are skipped: the
 /// report reads them strictly elsewhere). Segments without RL steps are left out.
@@ -56,7 +81,10 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines);
 /// One segment in a line: "RL steps 301-306: 6 steps, 18.5 s a step, 97% waiting for evaluated
 /// groups, 2.1% in updates; 21.0 verdicts/min on 2 evaluator GPUs (10.5 each); the policy
 /// (generation and updates, 1.2 s a step) would take 827 verdicts/min: about 79 evaluator GPUs at
-/// this rate".
+/// this rate", then the plan for those GPUs and for the segment's own ("plan: on 79 evaluator
+/// GPUs a step takes 1.20 s asynchronous, up to 2.40 s synchronous (2.00x), max_staleness 2 keeps
+/// every group; on this run's 2: 18.40 s asynchronous, up to 19.60 s synchronous, 18.50 s measured;
+/// trained samples up to 3 versions old (mean 1.40)").
 std::string to_string(const pace_segment& s);
 
 } // namespace crucible::storage

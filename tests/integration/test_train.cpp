@@ -169,10 +169,18 @@ TEST_CASE("the whole loop on the CPU: warm start, SFT and contrastive RL with re
       CHECK(parts <= span + 1e-6);
       REQUIRE(trip.count(step) == 1);
       CHECK(span <= trip[step] + 1e-6);
-      if (x.find("stage")->as_string() == "sft")
+      if (x.find("stage")->as_string() == "sft") {
         CHECK(x.find("prep_seconds")->as_double() > 0);
-      else
+      } else {
         CHECK(x.find("wait_seconds")->as_double() > 0);
+        // How stale the step's samples were when it took them: within stages.rl.max_staleness (2),
+        // which drops older groups first, and the mean within the most.
+        REQUIRE(x.find("staleness_max") != nullptr);
+        REQUIRE(x.find("staleness_mean") != nullptr);
+        CHECK(x.find("staleness_max")->as_int() <= 2);
+        CHECK(x.find("staleness_mean")->as_double() >= 0);
+        CHECK(x.find("staleness_mean")->as_double() <= x.find("staleness_max")->as_double() + 1e-9);
+      }
     }
   auto st = cli({"status", run.string(), "--json"});
   REQUIRE(st.exit_code == 0);

@@ -50,7 +50,10 @@ TEST_CASE("pace: RL steps of a resumed process, with the policy's time on its GP
   CHECK(s.evaluator_gpus_needed() == 10);
   CHECK(to_string(s) == "RL steps 2-4: 3 steps, 10.0 s a step, 90% waiting for evaluated groups, 5.0% in updates; "
                         "96.0 verdicts/min on 2 evaluator GPUs (48.0 each); the policy's generation and updates "
-                        "(2.00 s a step) would take 480 verdicts/min: about 10 evaluator GPUs at this rate");
+                        "(2.00 s a step) would take 480 verdicts/min: about 10 evaluator GPUs at this rate; plan: on "
+                        "10 evaluator GPUs a step takes 2.00 s asynchronous, up to 4.00 s synchronous (2.00x), "
+                        "max_staleness 2 keeps every group; on this run's 2: 10.00 s asynchronous, up to 12.00 s "
+                        "synchronous, 10.00 s measured");
 }
 
 TEST_CASE("pace: a process that also trained SFT counts the learner's updates alone, and a CPU run no GPUs") {
@@ -76,4 +79,52 @@ TEST_CASE("pace: a process that also trained SFT counts the learner's updates al
   CHECK_FALSE(segs[0].evaluator_gpus_needed().has_value());
   CHECK(to_string(segs[0]).find("evaluator GPU") == std::string::npos);
   CHECK(pace_segments({}).empty());
+}
+
+TEST_CASE("pace plan: the asynchronous and synchronous step on a split, and the staleness that keeps every group") {
+  // Two evaluator GPUs giving 48 verdicts a minute each (0.8 a second), 16 samples a step, the
+  // policy 2 s a step (the first case's run).
+  std::vector<std::string> lines{"{\"event\":\"run_started\"}"};
+  for (int i = 0; i < 3; ++i) {
+    for (int v = 0; v < 16; ++v)
+      lines.push_back(verdict("rl"));
+    auto rec = step(2 + i, "rl", 10, 9, 0.5, 16);
+    rec.pop_back();
+    rec += ",\"staleness_max\":" + std::to_string(i + 1) + ",\"staleness_mean\":" + std::to_string(0.5 * i) + "}";
+    lines.push_back(rec);
+  }
+  lines.push_back("{\"event\":\"run_finished\"," + devices + "}");
+  const auto segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  const auto& s = segs[0];
+  CHECK(s.staleness_max == 3);
+  CHECK(s.staleness_mean() == doctest::Approx(0.5)); // (0 + 0.5 + 1) / 3
+  // On its own 2 GPUs: 16 samples take 10 s to judge; the evaluators set the pace.
+  auto own = plan_for(s, 2);
+  REQUIRE(own);
+  CHECK(own->evaluation_s == doctest::Approx(10));
+  CHECK(own->async_step_s == doctest::Approx(10));
+  CHECK(own->sync_step_s == doctest::Approx(12));
+  CHECK(own->staleness == 2); // (2 + 10) / 10, up
+  // On 10 GPUs (evaluator_gpus_needed): 2 s of evaluation, balanced with the policy's 2 s.
+  auto balanced = plan_for(s, 10);
+  REQUIRE(balanced);
+  CHECK(balanced->evaluation_s == doctest::Approx(2));
+  CHECK(balanced->async_step_s == doctest::Approx(2));
+  CHECK(balanced->sync_step_s == doctest::Approx(4));
+  CHECK(balanced->staleness == 2);
+  // On 40: the policy sets the pace, and a sample is judged within the step after its own.
+  auto many = plan_for(s, 40);
+  REQUIRE(many);
+  CHECK(many->async_step_s == doctest::Approx(2));
+  CHECK(many->sync_step_s == doctest::Approx(2.5));
+  CHECK(many->staleness == 2); // (2 + 0.5) / 2, up
+  CHECK_FALSE(plan_for(s, 0));
+  CHECK(to_string(s).find("; plan: on 10 evaluator GPUs a step takes 2.00 s asynchronous, up to 4.00 s synchronous "
+                          "(2.00x), max_staleness 2 keeps every group; on this run's 2: 10.00 s asynchronous, up to "
+                          "12.00 s synchronous, 10.00 s measured; trained samples up to 3 versions old (mean 0.50)") !=
+        std::string::npos);
+  // No rate per GPU (a CPU run): no plan.
+  lines.pop_back();
+  CHECK_FALSE(plan_for(pace_segments(lines)[0], 2));
 }
