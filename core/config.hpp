@@ -178,6 +178,7 @@ struct evaluator_options {
   std::uint64_t memory_limit_mb = 16384;       ///< address-space limit of CPU workers; 0: none
   std::int64_t cpu_threads = 1;                ///< torch threads in a CPU worker
   std::int64_t cuda_max_connections = 2;       ///< CUDA_DEVICE_MAX_CONNECTIONS of GPU workers; 0: the driver's (8)
+  bool huge_pages = false;                      ///< torch's large CPU allocations in workers on transparent huge pages
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions (the build service's cache); "" : ~/.cache/crucible/extensions
   isolation_mode isolation = isolation_mode::strict; ///< a machine without every sandbox layer: refuse, or warn

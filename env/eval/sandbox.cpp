@@ -192,6 +192,8 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   // less avoids.
   envs.push_back("MALLOC_MMAP_THRESHOLD_=1073741824");
   envs.push_back("MALLOC_TRIM_THRESHOLD_=1073741824");
+  if (spec.huge_pages) // torch's CPU allocator madvises its allocations of 2 MiB or more (evaluator.huge_pages)
+    envs.push_back("THP_MEM_ALLOC_ENABLE=1");
   if (fs::exists("/usr/local/cuda"))
     envs.push_back("CUDA_HOME=/usr/local/cuda");
   pass("LD_LIBRARY_PATH"); // where the GPU machines keep their driver libraries

@@ -171,6 +171,7 @@ worker_spec worker_pool::spec() const {
   spec.memory_limit_mb = opt_.memory_limit_mb;
   spec.cpu_threads = opt_.cpu_threads;
   spec.cuda_max_connections = opt_.cuda_max_connections;
+  spec.huge_pages = opt_.huge_pages;
   return spec;
 }
 

@@ -6,7 +6,7 @@ measures it without the evaluator: PAIRS pairs of processes forked from one pare
 01_relu_scale's chain (four passes over 2M floats, one thread) alternately ROUNDS times, the cache
 flushed before each call; per pair the ratio of the two processes' median call times.
 
-  .venv/bin/python tools/bench/process_bias.py [--pairs 6] [--rounds 80]
+  .venv/bin/python tools/bench/process_bias.py [--pairs 6] [--rounds 80] [--huge-pages]
 
 Prints one line a pair and the spread of the ratios. On a host whose processes run alike the
 ratios stay within the paired rounds' own noise (a few percent). Measured on the 2-core CI VM (AMD
@@ -19,10 +19,16 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-# The workers' own allocator settings (env/eval/sandbox.cpp): large buffers reuse freed memory.
-os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "1073741824")
-os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", "1073741824")
+import sys
+
+# The workers' own settings (env/eval/sandbox.cpp): one thread, large buffers reusing freed memory
+# (glibc reads its MALLOC_ variables when the process starts, so the script starts itself again
+# with them), and with --huge-pages torch's large CPU allocations on transparent huge pages.
+_ENV = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}
+if "--huge-pages" in sys.argv:
+    _ENV["THP_MEM_ALLOC_ENABLE"] = "1"
+if any(os.environ.get(k) != v for k, v in _ENV.items()):
+    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **_ENV})
 
 import torch  # noqa: E402
 
@@ -57,6 +63,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=80)
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="the workers' large allocations on transparent huge pages (evaluator.huge_pages)")
     a = ap.parse_args()
     ratios = []
     for p in range(a.pairs):

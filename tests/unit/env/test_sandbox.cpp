@@ -103,6 +103,20 @@ TEST_CASE("cuda_max_connections reaches a worker as CUDA_DEVICE_MAX_CONNECTIONS"
   CHECK(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].as<std::string>() == "2");
 }
 
+TEST_CASE("evaluator.huge_pages reaches a worker as THP_MEM_ALLOC_ENABLE, and only when on") {
+  zmq::context_t ctx;
+  for (const bool on : {false, true}) {
+    auto spec = probe_spec();
+    spec.huge_pages = on;
+    auto w = worker::start(ctx, spec);
+    REQUIRE(w.ok());
+    auto r = expect_message(**w);
+    CHECK(r["env"]["THP_MEM_ALLOC_ENABLE"].defined() == on);
+    if (on)
+      CHECK(r["env"]["THP_MEM_ALLOC_ENABLE"].as<std::string>() == "1");
+  }
+}
+
 TEST_CASE("exit codes and signals are reported, final messages are not lost") {
   zmq::context_t ctx;
   {
