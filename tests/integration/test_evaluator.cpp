@@ -106,9 +106,9 @@ void check_candidate(const std::string& file) {
   INFO(file << ": " << describe(v));
   MESSAGE(file << ": " << describe(v));
   if (e.status == "no-credit" && v.status == verdict_status::ok && v.speedup >= 1.25) {
-    // Two processes running the same code alternately on this 2-core VM measure apart by their
-    // memory's placement, fixed for each process's life: 0.93-1.15x between forked twins at worst
-    // (tools/bench/process_bias.py), identical code across the boundary 1.04-1.22x, and up to
+    // Two processes running the same code alternately on this 2-core VM measure apart by an amount
+    // each keeps for its life: 0.95-1.16x between forked twins at worst
+    // (tools/bench/process_bias.py), identical code across the boundary 1.01-1.22x, and up to
     // 1.36x with another test's load. A hack that pays does so in every pair of workers; noise
     // does not: a second verdict, with workers of its own, must then stay below the bar.
     cpu_evaluator again{0};
@@ -339,7 +339,7 @@ class ModelNew(nn.Module):
   CHECK(v.rounds == 10);
   CHECK(v.message.find("clearly slower") != std::string::npos);
   // Identical code is not clearly slower: its measurement goes on. Two processes of one code can
-  // measure up to 15% apart for their whole life on the CI VM (tools/bench/process_bias.py), and
+  // measure up to 16% apart for their whole life on the CI VM (tools/bench/process_bias.py), and
   // another test's load adds to it: a first verdict that stopped is followed by one with workers
   // of its own, which must go on (code three times as slow stops in every pair of workers).
   auto same = ev.ev->evaluate(eval_request{*t, reference_as_candidate(*t), 0, false});

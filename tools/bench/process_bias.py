@@ -10,9 +10,9 @@ flushed before each call; per pair the ratio of the two processes' median call t
 
 Prints one line a pair and the spread of the ratios. On a host whose processes run alike the
 ratios stay within the paired rounds' own noise (a few percent). Measured on the 2-core CI VM (AMD
-EPYC, 2026-11-29), three runs within ten minutes: 0.925-1.151 (six pairs), 0.996-1.018 (four),
-0.955-1.040 (six): a bias of up to 15% that a process keeps for its life, and comes and goes with
-the host. Exit 0.
+EPYC, 2026-11-29), six pairs of 60 rounds a run: 0.962-1.082 and 0.946-1.158 (2.5-2.7 ms a call);
+with --huge-pages 1.010-1.094 and 0.956-1.064 (2.0-2.2 ms a call): a bias of up to 16% that a
+process keeps for its life, narrower on huge pages. Exit 0.
 """
 import argparse
 import os
