@@ -304,9 +304,10 @@ void describe(V& v, config& c) {
     v.field("huge_pages", e.huge_pages,
             "Workers put torch's large CPU allocations on transparent huge pages (THP_MEM_ALLOC_ENABLE; where the "
             "kernel's transparent_hugepage mode is madvise or always). Both sides of a verdict get it. On the 2-core "
-            "CI VM it made two processes of one code measure closer (the references against themselves within 4.7% "
-            "instead of 13.6%) and memory-bound references up to 23% faster, which lowers fused kernels' speedups "
-            "(2.84x to 2.23x on 01_relu_scale; docs/PERFORMANCE.md, Huge pages for the workers).");
+            "CI VM it made two processes of one code measure closer (the references against themselves within 3.0% "
+            "instead of 8.8%) and references of several passes over large tensors up to a third faster, which "
+            "lowers the speedups of the kernels that fuse those passes (4.10x to 2.70x on 04_layernorm_manual; "
+            "docs/PERFORMANCE.md, Huge pages for the workers).");
     v.field("boundary", e.boundary,
             "Where the reference runs (docs/evaluator.md, Trust boundary). `process`: every verdict has two "
             "sandboxed workers, one that runs only the task's reference and one that runs only the candidate; the "
