@@ -506,8 +506,9 @@ verdict evaluation::judge() {
   // samples run on the device the boundary needs this process's own view of the workers' device
   // memory (outputs kept on the device); without it the verdict keeps one worker.
   const auto& kind = kind_of(ctx_.device);
-  const bool on_device = kind.samples_on_device && cuda_device_ >= 0 && opt.cuda_boundary;
-  two_workers_ = opt.boundary == evaluator_boundary::process && (kind.boundary_by_default || on_device) && !req_.reference_only;
+  const bool crosses = kind.boundary_by_default || (kind.samples_on_device && opt.cuda_boundary);
+  const bool can_cross = !kind.samples_on_device || cuda_device_ >= 0;
+  two_workers_ = opt.boundary == evaluator_boundary::process && crosses && can_cross && !req_.reference_only;
   if (two_workers_)
     b_.emplace(static_cast<walk&>(*this), kind.samples_on_device);
   if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {
