@@ -108,7 +108,7 @@ void check_candidate(const std::string& file) {
   if (e.status == "no-credit" && v.status == verdict_status::ok && v.speedup >= 1.25) {
     // Two processes running the same code alternately on this 2-core VM measure apart by an amount
     // each keeps for its life: 0.95-1.16x between forked twins at worst
-    // (tools/bench/process_bias.py), identical code across the boundary 1.01-1.22x, and up to
+    // (tools/bench/process_bias.py), identical code across the boundary 0.99-1.22x, and up to
     // 1.36x with another test's load. A hack that pays does so in every pair of workers; noise
     // does not: a second verdict, with workers of its own, must then stay below the bar.
     cpu_evaluator again{0};
