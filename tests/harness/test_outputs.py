@@ -3,6 +3,7 @@
 _encode), and the checks on a call's outputs and inputs (aliasing, bytes written, inputs
 unchanged)."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,3 +237,41 @@ def test_inputs_unchanged(outputs):
     z.set_(torch.zeros(8)[4:])   # same values and shape, elsewhere in memory
     assert not outputs._inputs_unchanged([z], layout, pristine)
     assert outputs._same_input(-0.0, 0.0) and not outputs._same_input(torch.tensor([-0.0]), torch.tensor([0.0]))
+
+
+def test_the_inputs_digest_is_summed_a_chunk_at_a_time(outputs, monkeypatch):
+    # The same figures as one widened sum, for sizes below, at and across the chunk (a multiple of
+    # 7, so the every-seventh-byte sum keeps its place from chunk to chunk); and no widened copy of
+    # the whole input: the extra memory stays near one chunk's eight bytes a byte.
+    def naive(x):
+        b = x.contiguous().view(-1).view(torch.uint8)
+        return f"{b.numel()}:{int(b.sum(dtype=torch.int64))}:{int(b[3::7].sum(dtype=torch.int64))}"
+
+    monkeypatch.setattr(outputs, "_DIGEST_CHUNK", 7 * 5)
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 4, 34, 35, 36, 70, 71, 1000):
+        x = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+        assert outputs._inputs_digest([x]) == naive(x), n
+    f = torch.randn(6, 7, generator=g)
+    assert outputs._inputs_digest([f, 2, f.t()]) == naive(f) + ";" + naive(f.t())
+
+
+def test_the_inputs_digest_takes_no_widened_copy_of_an_input():
+    # In a fresh interpreter (its peak is this digest's alone): 256 MiB of bytes summed as int64
+    # at once would take 2 GiB more; a chunk at a time takes about 134 MiB.
+    import subprocess
+    import sys
+    code = (
+        "import resource, sys, torch\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from conftest import load_worker\n"
+        "outputs = load_worker()._OWN_MODULES['outputs']\n"
+        "torch.set_num_threads(1)\n"
+        "big = torch.randint(0, 256, (1 << 28,), dtype=torch.uint8)\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "outputs._inputs_digest([big])\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    grown_kib = int(out.stdout.split()[-1])
+    assert grown_kib < 512 * 1024, f"the digest of 256 MiB raised the peak by {grown_kib} KiB"

@@ -42,6 +42,27 @@ def _raw_bytes(t):
     return _nd_tobytes(_T_numpy(x))
 
 
+# The digest's chunk (bytes): a multiple of 7, so that every chunk starts at the same place of the
+# every-seventh-byte sum. A byte sum widened to int64 in one call copies its bytes as int64 first,
+# eight bytes of memory a byte where they lie: 69 GB of device memory for the 8.6 GB input of
+# KernelBench's level1/4, which ran the reference's worker out of memory on an H200.
+_DIGEST_CHUNK = 7 << 21
+
+
+def _byte_sums(b):
+    """The sum of the flat uint8 tensor b's bytes and of every seventh byte from the fourth,
+    computed where b lies, a chunk at a time (_DIGEST_CHUNK), read back once."""
+    n = _int(_T_numel(b))
+    k = _max(1, (n + _DIGEST_CHUNK - 1) // _DIGEST_CHUNK)
+    sums = _torch_empty((2, k), dtype=_int64, device=b.device)
+    for i in _range(k):
+        c = b[i * _DIGEST_CHUNK:(i + 1) * _DIGEST_CHUNK]
+        _torch_sum(c, 0, dtype=_int64, out=sums[0, i])
+        _torch_sum(c[3::7], 0, dtype=_int64, out=sums[1, i])
+    total = _torch_sum(sums, 1)
+    return _int(_T_item(total[0])), _int(_T_item(total[1]))
+
+
 def _inputs_digest(inputs):
     """A digest of one call's tensors, computed where they lie (each one's size, byte sum and the
     sum of every seventh byte): that a trial's inputs drawn again from its seed are the ones the
@@ -50,8 +71,8 @@ def _inputs_digest(inputs):
     for x in inputs:
         if _type(x) is _Tensor:
             b = _byte_view(x)
-            parts.append(f"{_int(_T_numel(b))}:{_int(_T_item(_torch_sum(b, dtype=_int64)))}:"
-                         f"{_int(_T_item(_torch_sum(b[3::7], dtype=_int64)))}")
+            whole, seventh = _byte_sums(b)
+            parts.append(f"{_int(_T_numel(b))}:{whole}:{seventh}")
     return ";".join(parts)
 
 
