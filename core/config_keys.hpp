@@ -336,6 +336,14 @@ void describe(V& v, config& c) {
             "contexts inside every timed sample, and speedups come out lower). `on`: refuses to start "
             "where it cannot, naming why. `off` (the default until a fault under MPS, which MPS reports to every "
             "client of the device, is measured to stay its candidate's): never.");
+    v.field("cuda_clock_poll", e.cuda_clock_poll,
+            "Across the CUDA boundary: how the device clock closes a timed sample's window. Off: a wait for the "
+            "worker's done word queued on the clock's stream, the copy out behind it. On: nothing of the "
+            "clock's process waits on the device during the worker's calls; its host reads the done word with "
+            "4-byte copies and queues the copy out once it has the sample's number. Under MPS the queued wait "
+            "slowed one of a verdict's two workers: the CPU suite's references against themselves measured "
+            "1.13-1.18x on an H200, 0.97-1.02x with the poll, one verdict each (docs/PERFORMANCE.md, The "
+            "clock's close under MPS). Off until measured at scale.");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

@@ -479,7 +479,7 @@ bool boundary::setup_clock(side& s) {
   if (dev_.words.count(w.pid()) != 0)
     return true;
   if (!dev_.clock) {
-    auto c = make_device_clock(wk_.cuda_device_);
+    auto c = make_device_clock(wk_.cuda_device_, ctx_.opt.cuda_clock_poll ? clock_close::poll : clock_close::wait);
     if (!c) {
       wk_.end_.evaluator_failed = true;
       set(verdict_status::runtime_error, "cannot make the device clock: " + c.error().message);

@@ -35,6 +35,35 @@ bool have_mps_control() {
 }
 } // namespace
 
+TEST_CASE("under CUDA MPS, with the clock closed by the host's poll, the CPU suite's references against themselves measure 1.00") {
+  // evaluator.cuda_clock_poll: a wait for the done word queued on the clock's stream slowed one of
+  // the two workers (1.13-1.18x on an H200, 0.80-0.93x in the case below).
+  if (!have_mps_control()) {
+    MESSAGE("nvidia-cuda-mps-control not found: skipped");
+    return;
+  }
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  auto ev = short_evaluator(true, log, {}, true, [](evaluator_options& opt) {
+    opt.cuda_mps = cuda_mps_mode::on;
+    opt.cuda_clock_poll = true;
+    opt.run_timeout_s = 30;
+  });
+  const auto& src = gpu_source_dir();
+  for (const char* name : {"01_relu_scale", "04_layernorm_manual", "09_diag_matmul", "03_softmax_rows"}) {
+    auto task = load_task(src / "env" / "tasks" / "cpu" / (std::string{name} + ".py"));
+    REQUIRE(task.ok());
+    const auto itself = std::regex_replace(read_text(src / "env" / "tasks" / "cpu" / (std::string{name} + ".py")),
+                                           std::regex{"\\bModel\\b"}, "ModelNew");
+    auto same = ev->evaluate(eval_request{*task, itself, 0, false});
+    const double ratio = same.ref_ms / same.cand_ms;
+    MESSAGE(name << ": the reference against itself " << to_string(same.status) << " " << ratio << " (" << same.message.substr(0, 100) << ")");
+    CHECK(same.status == verdict_status::ok);
+    CHECK(ratio > 0.95);
+    CHECK(ratio < 1.05);
+  }
+}
+
 TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, verdicts keep their speedups, and a fault stays its candidate's") {
   if (!have_mps_control()) {
     MESSAGE("nvidia-cuda-mps-control not found: skipped");

@@ -21,6 +21,8 @@
 #   own            the boundary with the evaluator's own MPS daemon (evaluator.cuda_mps=on), run as
 #                  root (the agent and the workers as nobody); own_shared and own_self: the shared
 #                  path, and SELF, so
+#   own_poll, own_self_poll  own and own_self with evaluator.cuda_clock_poll=true (the clock's window
+#                  closed by its host's reads of the done word, not a wait queued on the device)
 # Modes without MPS set evaluator.cuda_mps=off.
 # PAIRS (default OUT/pairs.jsonl, made from data/cuda-l1/3090.json, tools/bench/fetch_cuda_l1.sh):
 # CUDA-L1's kernels for KernelBench level 1 tasks 12, 40, 53 and level 2 task 14, and task 40's
@@ -105,6 +107,8 @@ for mode in "${modes[@]}"; do
     own) args=("${ON[@]}" "${B[@]}") ;;
     own_shared) args=("${ON[@]}") ;;
     own_self) args=("${ON[@]}" "${B[@]}"); pairs=$SELF ;;
+    own_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true) ;;
+    own_self_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true); pairs=$SELF ;;
     *) echo "mps_boundary: unknown mode '$mode' (--help)" >&2; exit 2 ;;
   esac
   # Pairs and records where user 65534 reaches them; the records are copied to OUT afterwards.

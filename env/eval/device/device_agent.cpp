@@ -598,8 +598,8 @@ result<void> flush_device_cache(link& l, int device, std::uint64_t bytes) {
   return ask_done(l, w::op::flush_cache, {}, std::int32_t{device}, bytes);
 }
 
-result<std::unique_ptr<device_clock>> make_device_clock(link& l, int device) {
-  auto r = ask(l, w::op::clock_make, {}, std::int32_t{device});
+result<std::unique_ptr<device_clock>> make_device_clock(link& l, int device, clock_close close) {
+  auto r = ask(l, w::op::clock_make, {}, std::int32_t{device}, static_cast<std::int32_t>(close));
   if (!r)
     return r.error();
   const auto id = r->get<std::uint64_t>();

@@ -92,7 +92,7 @@ result<void> copy_all(link& l, const std::vector<device_copy>& copies);
 result<void> fill_all(link& l, const std::vector<const device_bytes*>& spans, unsigned char value);
 result<double> fastest_fill_ms(link& l, int device, std::uint64_t bytes);
 result<void> flush_device_cache(link& l, int device, std::uint64_t bytes);
-result<std::unique_ptr<device_clock>> make_device_clock(link& l, int device);
+result<std::unique_ptr<device_clock>> make_device_clock(link& l, int device, clock_close close);
 result<std::shared_ptr<device_bytes>> copy_to_owned(link& l, const device_bytes& src);
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(link& l, const std::vector<const device_bytes*>& srcs);
 result<std::vector<std::byte>> download(link& l, const device_bytes& src);

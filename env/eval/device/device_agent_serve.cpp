@@ -232,9 +232,14 @@ void run(agent_state& s, w::op what, w::in& f, reply& r) {
     }
     case w::op::clock_make: {
       const auto device = f.get<std::int32_t>();
+      const auto close = f.get<std::int32_t>();
       if (f.broken())
         break;
-      auto c = make_device_clock(device);
+      if (close != static_cast<std::int32_t>(clock_close::wait) && close != static_cast<std::int32_t>(clock_close::poll)) {
+        bad = "a clock's close of kind " + std::to_string(close);
+        break;
+      }
+      auto c = make_device_clock(device, static_cast<clock_close>(close));
       if (!failed(r, c))
         r.f.put(s.objects.keep(std::shared_ptr<device_clock>{std::move(*c)}));
       break;

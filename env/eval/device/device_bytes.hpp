@@ -97,7 +97,13 @@ public:
   virtual void let_go() noexcept = 0;
   virtual result<double> finish(double timeout_s) = 0;
 };
-result<std::unique_ptr<device_clock>> make_device_clock(int device);
+/// How a clock closes a sample's window once the worker's calls are queued. `wait`: a wait for the
+/// worker's done word queued on the clock's stream, the copy out behind it. `poll`: nothing of this
+/// process's waits on the device during the worker's calls; its host reads the done word (4-byte
+/// copies on a second stream) and queues the copy out once it has the sample's number
+/// (evaluator.cuda_clock_poll; docs/PERFORMANCE.md, "The clock's close under MPS").
+enum class clock_close : std::uint8_t { wait, poll };
+result<std::unique_ptr<device_clock>> make_device_clock(int device, clock_close close = clock_close::wait);
 
 /// Writes `value` into every byte of each span (a worker's export included) and waits.
 result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value);

@@ -25,7 +25,7 @@ result<void> copy_all(const std::vector<device_copy>&) { return no_cuda(); }
 result<void> fill_all(const std::vector<const device_bytes*>&, unsigned char) { return no_cuda(); }
 result<double> fastest_fill_ms(int, std::uint64_t) { return no_cuda(); }
 result<void> flush_device_cache(int, std::uint64_t) { return no_cuda(); }
-result<std::unique_ptr<device_clock>> make_device_clock(int) { return no_cuda(); }
+result<std::unique_ptr<device_clock>> make_device_clock(int, clock_close) { return no_cuda(); }
 result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes&) { return no_cuda(); }
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>&) {
   return no_cuda();

@@ -188,7 +188,7 @@ constexpr double seal_deadline_s = 20.0;
 
 class cuda_clock final : public device_clock {
 public:
-  explicit cuda_clock(int device) : device_{device}, rng_{std::random_device{}()} {}
+  cuda_clock(int device, clock_close close) : device_{device}, rng_{std::random_device{}()}, poll_{close == clock_close::poll} {}
   ~cuda_clock() override {
     if (cudaSetDevice(device_) != cudaSuccess)
       return;
@@ -205,7 +205,8 @@ public:
     for (auto* p : {static_cast<void*>(states_), static_cast<void*>(jobs_dev_[0]), static_cast<void*>(jobs_dev_[1])})
       if (p != nullptr)
         (void) cudaFree(p);
-    for (auto* p : {static_cast<void*>(jobs_host_[0]), static_cast<void*>(jobs_host_[1]), static_cast<void*>(read_)})
+    for (auto* p : {static_cast<void*>(jobs_host_[0]), static_cast<void*>(jobs_host_[1]), static_cast<void*>(read_),
+                    static_cast<void*>(seen_)})
       if (p != nullptr)
         (void) cudaFreeHost(p);
   }
@@ -236,6 +237,8 @@ public:
     }
     if (e == cudaSuccess)
       e = cudaHostAlloc(reinterpret_cast<void**>(&read_), 2 * sizeof(seal_state), cudaHostAllocDefault);
+    if (e == cudaSuccess)
+      e = cudaHostAlloc(reinterpret_cast<void**>(&seen_), sizeof(std::uint32_t), cudaHostAllocDefault);
     // The grid that fills the device: every warp slot of every multiprocessor.
     int sms = 0, threads_per_sm = 0, per_sm = 0;
     if (e == cudaSuccess)
@@ -343,12 +346,14 @@ public:
       e = stage(1, spans);
     if (e != cudaSuccess)
       return fail(errc::device, "cannot close the device clock: ", cuda_text(e));
-    if (auto r = ops_.wait(reinterpret_cast<CUstream>(stream_), word_address(done), seq, CU_STREAM_WAIT_VALUE_GEQ);
-        r != CUDA_SUCCESS)
-      return fail(errc::device, "cannot close the device clock: cuStreamWaitValue32 failed (" + std::to_string(static_cast<int>(r)) + ") at " + CRUCIBLE_SITE());
     done_ = word_address(done);
     done_seq_ = seq;
     closed_ = true;
+    if (poll_)
+      return copies; // the copy out is queued by finish once this process has read `done`
+    if (auto r = ops_.wait(reinterpret_cast<CUstream>(stream_), word_address(done), seq, CU_STREAM_WAIT_VALUE_GEQ);
+        r != CUDA_SUCCESS)
+      return fail(errc::device, "cannot close the device clock: cuStreamWaitValue32 failed (" + std::to_string(static_cast<int>(r)) + ") at " + CRUCIBLE_SITE());
     // The window closes when the copy out holds the whole device (its rendezvous): from then on no
     // kernel of the worker's runs until the outputs are read, in an order it cannot know, so what
     // it had not written by then is copied unwritten, and a kernel of its still running holds the
@@ -393,9 +398,39 @@ public:
       return std::chrono::steady_clock::now()
              + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
     };
+    if (poll_ && closed_) {
+      // Nothing of this process's waits on the device through the worker's calls: the host reads
+      // `done` with small copies on the side stream until it has the sample's number, then
+      // queues the copy out.
+      const auto deadline = after(timeout_s);
+      bool seen = false;
+      while (!seen && std::chrono::steady_clock::now() < deadline) {
+        cudaError_t e = cudaMemcpyAsync(seen_, reinterpret_cast<const void*>(done_), sizeof(std::uint32_t), cudaMemcpyDeviceToHost, side_);
+        if (e == cudaSuccess)
+          e = cudaStreamSynchronize(side_);
+        if (e != cudaSuccess) {
+          (void) cudaGetLastError();
+          return fail(errc::device, "cannot read the done word: ", cuda_text(e));
+        }
+        seen = static_cast<std::int32_t>(*seen_ - done_seq_) >= 0;
+      }
+      cudaError_t e = seen ? launch(1) : cudaSuccess;
+      if (seen && e == cudaSuccess)
+        e = cudaMemcpyAsync(read_, states_, 2 * sizeof(seal_state), cudaMemcpyDeviceToHost, stream_);
+      if (e != cudaSuccess)
+        return fail(errc::device, "cannot close the device clock: ", cuda_text(e));
+      if (!seen) {
+        if (wait_until(after(2 * seal_deadline_s + 5.0)) == cudaErrorNotReady)
+          stuck_ = true;
+        (void) cudaGetLastError();
+        char buf[96];
+        std::snprintf(buf, sizeof buf, "the worker's stream did not finish its calls in %.1f s", timeout_s);
+        return fail(errc::timeout, buf);
+      }
+    }
     cudaError_t e = wait_until(after(timeout_s));
     bool late = false;
-    if (e == cudaErrorNotReady && closed_) {
+    if (e == cudaErrorNotReady && closed_ && !poll_) {
       late = true;
       (void) ops_.write(reinterpret_cast<CUstream>(side_), done_, done_seq_, 0);
       e = wait_until(after(2 * seal_deadline_s + 5.0));
@@ -481,6 +516,7 @@ private:
   };
   int device_;
   std::mt19937_64 rng_;
+  bool poll_; // clock_close::poll: closed by the host's reads of `done`, not a wait on the device
   cudaError_t renew_stream() {
     if (stream_ != nullptr) {
       cudaStream_t old = stream_;
@@ -502,6 +538,7 @@ private:
   int grid_ = 0;
   seal_state* states_ = nullptr; // [0] the copy in's, [1] the copy out's
   seal_state* read_ = nullptr;   // their copy in this process's pinned memory, read by finish
+  std::uint32_t* seen_ = nullptr; // the done word as the poll last read it
   seal_job* jobs_dev_[2] = {nullptr, nullptr};
   seal_job* jobs_host_[2] = {nullptr, nullptr};
   seal_plan plan_[2];
@@ -511,10 +548,10 @@ private:
 };
 } // namespace
 
-result<std::unique_ptr<device_clock>> make_device_clock(int device) {
+result<std::unique_ptr<device_clock>> make_device_clock(int device, clock_close close) {
   if (auto* l = agent::route(device))
-    return agent::make_device_clock(*l, device);
-  auto c = std::make_unique<cuda_clock>(device);
+    return agent::make_device_clock(*l, device, close);
+  auto c = std::make_unique<cuda_clock>(device, close);
   if (auto r = c->init(); !r)
     return r.error();
   return std::unique_ptr<device_clock>{std::move(c)};
