@@ -28,7 +28,7 @@ using crucible::testing::short_evaluator;
 namespace {
 bool have_mps_control() {
   for (const char* p : {"/usr/bin/nvidia-cuda-mps-control", "/usr/local/bin/nvidia-cuda-mps-control",
-                        "/usr/local/cuda/bin/nvidia-cuda-mps-control"})
+                        "/usr/local/cuda/bin/nvidia-cuda-mps-control", "/usr/local/nvidia/bin/nvidia-cuda-mps-control"})
     if (::access(p, X_OK) == 0)
       return true;
   return false;

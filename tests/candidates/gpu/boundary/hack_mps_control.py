@@ -34,7 +34,7 @@ std::string tamper() {
   if (pipe_dir == nullptr || *pipe_dir == '\0')
     return "no MPS pipe directory";
   const char* programs[] = {"/usr/bin/nvidia-cuda-mps-control", "/usr/local/bin/nvidia-cuda-mps-control",
-                            "/usr/local/cuda/bin/nvidia-cuda-mps-control"};
+                            "/usr/local/cuda/bin/nvidia-cuda-mps-control", "/usr/local/nvidia/bin/nvidia-cuda-mps-control"};
   const char* program = nullptr;
   for (const char* p : programs)
     if (access(p, X_OK) == 0) {
