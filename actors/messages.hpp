@@ -315,7 +315,7 @@ typename Inspector::result_type inspect(Inspector& f, verdict& x) {
   return f(caf::meta::type_name("verdict"), x.status, x.correct, exact{x.speedup}, exact{x.speedup_spread},
            exact{x.ref_ms}, exact{x.cand_ms}, exact{x.reward}, x.checks_failed, x.message, x.hardware,
            x.cache_hit, x.rounds, exact{x.wall_s}, x.baseline, x.profile, exact{x.own_share},
-           x.precision_reference, x.precision_candidate, crucible::detail::check_enum(x.status));
+           x.precision_reference, x.precision_candidate, x.judged, crucible::detail::check_enum(x.status));
 }
 
 } // namespace crucible::env

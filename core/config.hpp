@@ -119,7 +119,7 @@ const char* to_string(isolation_mode m) noexcept;
 
 /// Whether the evaluator runs its CUDA devices under a private CUDA MPS daemon (env/eval/device/mps.hpp).
 enum class cuda_mps_mode : std::uint8_t {
-  auto_, ///< where it can: not as root, the control program found, CUDA not yet started in the process
+  auto_, ///< where it can: the control program found, no daemon of the user's own, the agents started
   on,    ///< always; an evaluator that cannot refuses to start, naming why
   off,   ///< never
 };
@@ -193,8 +193,8 @@ struct evaluator_options {
   std::uint64_t keep_freed_mb = 16384;          ///< CUDA, outputs on the device: freed memory the evaluator's pool keeps
   bool zygote = true;                          ///< fork workers from a process that imported torch once
   evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
-  bool cuda_boundary = false;                  ///< boundary: process on CUDA devices too (slower and less precise today)
-  cuda_mps_mode cuda_mps = cuda_mps_mode::off; ///< CUDA devices under a private MPS daemon (one device context for every process)
+  bool cuda_boundary = true;                   ///< boundary: process on CUDA devices too; off: the shared path there (debugging only)
+  cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
   bool cuda_clock_poll = false;                ///< the device clock's window closed by the host's reads of the done word, not a wait on the device
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };

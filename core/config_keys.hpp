@@ -312,18 +312,17 @@ void describe(V& v, config& c) {
             "Where the reference runs (docs/evaluator.md, Trust boundary). `process`: every verdict has two "
             "sandboxed workers, one that runs only the task's reference and one that runs only the candidate; the "
             "evaluator hands the candidate's worker its inputs, keeps it stopped outside its own calls, reads the "
-            "clock around each timed sample and the outputs out of both workers' memory, and compares them itself. "
-            "CUDA devices use `shared` unless `cuda_boundary` is true. `shared`: one worker runs both (the "
-            "reference before the candidate's code is loaded), with the in-process defences only.");
+            "clock around each timed sample and the outputs out of both workers' memory, and checks every timed "
+            "call itself. `shared`: one worker runs both (the reference before the candidate's code is loaded), "
+            "with the in-process defences only: a debugging mode, whose verdicts say `\"judged\": \"shared\"`; "
+            "`crucible train`, `crucible evaluator` and `crucible serve` refuse it.");
     v.field("cuda_boundary", e.cuda_boundary,
-            "With `boundary: process`, CUDA devices too get two workers a verdict (outputs kept on the device, "
-            "`outputs_on_device`): this process copies each timed sample's inputs into the worker's buffers "
-            "and its outputs into its own memory, times the sample with its own device events around them "
-            "and the worker's calls, and compares on the device. The copies and the device's switches "
-            "between the two processes stay inside every sample, so speedups come out lower than with "
-            "`shared`. Off by default: on an H100 its verdicts took 3.2-3.7 times as long as `shared`'s, and it is "
-            "not yet measured on the GPU hack classes and KernelBench (docs/PERFORMANCE.md, The reward's "
-            "trust boundary).");
+            "With `boundary: process`, CUDA devices cross the boundary too (outputs kept on the device, "
+            "`outputs_on_device`): this process's device clock copies each timed sample's inputs into the worker's "
+            "buffers and its outputs into its own memory, and compares on the device. Off: CUDA devices take the "
+            "shared path, the debugging mode of `boundary: shared` (refused where verdicts are rewards). Across "
+            "the boundary without MPS (`cuda_mps`) the device switches between the processes' contexts inside every "
+            "timed sample and speedups come out lower (docs/PERFORMANCE.md, The CUDA boundary's context switches).");
     v.field("cuda_mps", e.cuda_mps,
             "CUDA devices under a CUDA MPS control daemon of this process's own (its own pipe directory, "
             "stopped when it exits), or the user's own where CUDA_MPS_PIPE_DIRECTORY is set: the evaluator's "
@@ -334,8 +333,9 @@ void describe(V& v, config& c) {
             "and the agents start, an info or warning line saying why not elsewhere (a warning wherever "
             "`cuda_boundary` is on, as with `off` beside it: across the boundary without MPS the device switches "
             "contexts inside every timed sample, and speedups come out lower). `on`: refuses to start "
-            "where it cannot, naming why. `off` (the default until a fault under MPS, which MPS reports to every "
-            "client of the device, is measured to stay its candidate's): never.");
+            "where it cannot, naming why. `off`: never. A fault under MPS, which MPS reports to every client of "
+            "the device, ends the device's agent; the evaluator clears the server's clients, starts the agent "
+            "again and judges the faulting candidate again alone (docs/evaluator.md, CUDA MPS).");
     v.field("cuda_clock_poll", e.cuda_clock_poll,
             "Across the CUDA boundary: how the device clock closes a timed sample's window. Off: a wait for the "
             "worker's done word queued on the clock's stream, the copy out behind it. On: nothing of the "

@@ -47,7 +47,7 @@ bool operator==(const verdict& x, const verdict& y) noexcept {
          && std::equal(x.profile.begin(), x.profile.end(), y.profile.begin(),
                        [](const kernel_share& a, const kernel_share& b) { return a.name == b.name && same_number(a.share, b.share); })
          && same_number(x.own_share, y.own_share) && x.precision_reference == y.precision_reference
-         && x.precision_candidate == y.precision_candidate;
+         && x.precision_candidate == y.precision_candidate && x.judged == y.judged;
 }
 
 std::vector<std::string> verdict::precision_changes() const {
@@ -78,6 +78,8 @@ std::string to_json(const verdict& v) {
     .field("rounds", static_cast<std::uint64_t>(v.rounds))
     .field("wall_s", v.wall_s)
     .field("baseline", v.baseline);
+  if (!v.judged.empty())
+    w.field("judged", v.judged);
   if (!v.profile.empty()) {
     w.key("profile").begin_array();
     for (const auto& k : v.profile)
@@ -153,6 +155,12 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
   v.rounds = static_cast<std::uint32_t>(rounds);
   v.wall_s = num("wall_s");
   v.baseline = text("baseline");
+  // Absent in verdicts cached before they carried it, and in a task's check alone.
+  if (const auto* j = n.find("judged"); j != nullptr && !j->is_null()) {
+    if (!j->is_string())
+      return std::nullopt;
+    v.judged = j->as_string();
+  }
   // Absent in verdicts cached before they carried a profile.
   if (const auto* p = n.find("profile"); p != nullptr && p->is_array())
     for (const auto& k : p->as_array()) {

@@ -71,6 +71,11 @@ struct verdict {
   /// same with any it chose for itself (its outputs are judged as they come out). Empty where the
   /// verdict ended before the side reported them, or in verdicts cached before they carried them.
   std::map<std::string, std::string> precision_reference, precision_candidate;
+  /// How the verdict was judged: "boundary" (the reference and the candidate in two workers, the
+  /// evaluator timing and checking every timed call), "shared" (one worker for both: a debugging
+  /// mode whose verdicts `crucible train`, `crucible evaluator` and `crucible serve` refuse to
+  /// produce), or "" (a task checked alone, or a verdict cached before verdicts carried it).
+  std::string judged;
   /// The candidate's settings that differ from the reference's: "name: candidate (reference X)".
   std::vector<std::string> precision_changes() const;
 

@@ -9,7 +9,6 @@ namespace {
 
 constexpr device_kind cpu_kind{
   .name = "cpu",
-  .boundary_by_default = true,
   .samples_on_device = false,
   .outputs_on_device = false,
   .process_wide_gate = false,
@@ -22,7 +21,6 @@ constexpr device_kind cpu_kind{
 
 constexpr device_kind cuda_kind{
   .name = "cuda",
-  .boundary_by_default = false, // evaluator.cuda_boundary (issue 85: the boundary by default once measured)
   .samples_on_device = true,
   .outputs_on_device = true,
   .process_wide_gate = true,

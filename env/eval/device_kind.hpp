@@ -13,11 +13,10 @@ namespace crucible::env {
 struct device_kind {
   /// The kind's name, and the worker's `--device` (env/eval/harness/worker.py, device.py).
   const char* name;
-  /// Verdicts cross the trust boundary (two workers) unless evaluator.boundary says `shared`;
-  /// false: only with evaluator.cuda_boundary (evaluation.cpp's judge).
-  bool boundary_by_default;
   /// Timed samples across the boundary run on the device, on its own clock, buffers and flush
   /// (boundary_device.cpp); false: on the host, charged the worker's CPU time (boundary.cpp).
+  /// Such a kind's verdicts cross the boundary unless evaluator.cuda_boundary is off, and only
+  /// where this process has the device's context (evaluation.cpp's judge).
   bool samples_on_device;
   /// Outputs stay in the worker's device memory, exported, and are compared on the device
   /// (evaluator.outputs_on_device; evaluator.cpp, evaluation.cpp's decode_outputs).

@@ -501,14 +501,24 @@ verdict evaluation::judge() {
       seed = 1;
   }
   reported_.trials = req_.reference_only ? 1 : opt.trials;
-  // The trust boundary (env/eval/boundary.hpp) where the device's kind crosses it by default (the
-  // CPU), and on a CUDA device with cuda_boundary; a check of a task alone runs no candidate. Where
+  // The trust boundary (env/eval/boundary.hpp), unless evaluator.boundary is `shared` or, on a
+  // CUDA device, evaluator.cuda_boundary is off (the shared path: a debugging mode, refused where
+  // verdicts are rewards, shared_path_reason); a check of a task alone runs no candidate. Where
   // samples run on the device the boundary needs this process's own view of the workers' device
-  // memory (outputs kept on the device); without it the verdict keeps one worker.
+  // memory (outputs kept on the device): without it the verdict is not judged at all.
   const auto& kind = kind_of(ctx_.device);
-  const bool crosses = kind.boundary_by_default || (kind.samples_on_device && opt.cuda_boundary);
-  const bool can_cross = !kind.samples_on_device || cuda_device_ >= 0;
-  two_workers_ = opt.boundary == evaluator_boundary::process && crosses && can_cross && !req_.reference_only;
+  const bool crosses = opt.boundary == evaluator_boundary::process && (!kind.samples_on_device || opt.cuda_boundary);
+  if (crosses && kind.samples_on_device && cuda_device_ < 0 && !req_.reference_only) {
+    end_.evaluator_failed = true;
+    set(verdict_status::runtime_error, "cannot judge across the trust boundary on " + ctx_.device
+                                         + ": this process has no view of the device's memory (evaluator.outputs_on_device "
+                                           "is off, or the device's context did not start); set evaluator.cuda_boundary: "
+                                           "false for the shared path, a debugging mode whose verdicts are not rewards");
+    return v_;
+  }
+  two_workers_ = crosses && !req_.reference_only;
+  if (!req_.reference_only)
+    v_.judged = two_workers_ ? "boundary" : "shared";
   if (two_workers_)
     b_.emplace(static_cast<walk&>(*this), kind.samples_on_device);
   if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {

@@ -112,6 +112,27 @@ result<harness_location> locate_harness(const evaluator_options& opt) {
   return loc;
 }
 
+std::string shared_path_reason(const evaluator_options& opt, const std::vector<std::string>& devices) {
+  if (opt.boundary == evaluator_boundary::shared)
+    return "evaluator.boundary is `shared`";
+  if (!opt.cuda_boundary)
+    for (const auto& d : devices)
+      if (kind_of(d).samples_on_device)
+        return "evaluator.cuda_boundary is off and " + d + " is a CUDA device";
+  return {};
+}
+
+std::string shared_path_message(const std::string& reason, bool rewards) {
+  const std::string what = reason + ": verdicts on the shared path (one worker runs the reference and the candidate, "
+                                    "with the in-process defences only) credit hacks that tamper with that process "
+                                    "(docs/evaluator.md, Trust boundary)";
+  if (rewards)
+    return what + "; verdicts that are rewards cross the boundary: remove the setting (crucible eval keeps the shared "
+                  "path as a debugging mode)";
+  return what + "; a debugging mode: its verdicts are marked \"judged\": \"shared\", and crucible train, evaluator "
+                "and serve refuse it";
+}
+
 result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(const evaluator_options& opt,
                                                                               const reward_options& reward,
                                                                               const std::vector<std::string>& devices,

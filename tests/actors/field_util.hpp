@@ -52,7 +52,7 @@ constexpr std::size_t field_count() {
 /// Calls f(index, x_field, y_field) for each field of the aggregate T, in order.
 template <class T, class F>
 void for_each_field_pair(const T& x, const T& y, F&& f) {
-  static_assert(field_count<T>() >= 1 && field_count<T>() <= 18, "extend the visitor");
+  static_assert(field_count<T>() >= 1 && field_count<T>() <= 19, "extend the visitor");
   CRUCIBLE_TEST_VISIT(1, a)
   CRUCIBLE_TEST_VISIT(2, a, b)
   CRUCIBLE_TEST_VISIT(3, a, b, c)
@@ -71,6 +71,7 @@ void for_each_field_pair(const T& x, const T& y, F&& f) {
   CRUCIBLE_TEST_VISIT(16, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q)
   CRUCIBLE_TEST_VISIT(17, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r)
   CRUCIBLE_TEST_VISIT(18, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s)
+  CRUCIBLE_TEST_VISIT(19, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t)
 }
 
 #undef CRUCIBLE_TEST_VISIT

@@ -35,6 +35,7 @@ inline std::unique_ptr<env::device_evaluator> short_evaluator(bool on_device, lo
   opt.devices = {"cuda:0"};
   opt.outputs_on_device = on_device;
   opt.cuda_boundary = cuda_boundary; // the reference and the candidate in two workers (env/eval/boundary.cpp)
+  opt.cuda_mps = cuda_mps_mode::off;  // MPS starts once a process: test_gpu_mps turns it on
   if (!extensions_dir.empty())
     opt.extensions_dir = extensions_dir.string();
   opt.rounds = 10;

@@ -139,6 +139,42 @@ TEST_CASE("a config with an unknown or mistyped key is refused naming file, line
   CHECK(r.err.find("log.levle") != std::string::npos);
 }
 
+TEST_CASE("the shared path is a debugging mode: train and serve refuse it naming the key, eval warns and marks its verdict") {
+  temp_dir tmp;
+  auto cfg = tmp.path() / "c.yaml";
+  std::ofstream(cfg) << "run:\n  name: r1\nevaluator:\n  warm_workers: 0\ntasks:\n  suite: " << CRUCIBLE_SOURCE_DIR
+                     << "/env/tasks/cpu\n  warm_start: false\n";
+  auto r = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path().string(), "--set", "evaluator.boundary=shared"});
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(r.err.find("evaluator.boundary is `shared`") != std::string::npos, r.err);
+  CHECK(r.err.find("verdicts that are rewards cross the boundary") != std::string::npos);
+  CHECK_FALSE(fs::exists(tmp.path() / "r1")); // nothing was created for a refused config
+  // A CUDA device with cuda_boundary off is the shared path too (refused before any device is touched).
+  r = cli({"train", cfg.string(), "--set", "run.dir=" + tmp.path().string(), "--set", "evaluator.cuda_boundary=false",
+           "--set", "evaluator.devices=[cuda:0]"});
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(r.err.find("evaluator.cuda_boundary is off and cuda:0 is a CUDA device") != std::string::npos, r.err);
+  std::ofstream(tmp.path() / "token") << "0123456789abcdef0123456789abcdef\n";
+  fs::permissions(tmp.path() / "token", fs::perms::owner_read | fs::perms::owner_write);
+  r = cli({"serve", "--listen", "127.0.0.1:0", "--token-file", (tmp.path() / "token").string(), "--device", "cpu",
+           "--no-cache", "--set", "evaluator.boundary=shared"});
+  CHECK(r.exit_code == 2);
+  CHECK_MESSAGE(r.err.find("crucible serve: evaluator.boundary is `shared`") != std::string::npos, r.err);
+  // crucible eval judges on it, says so, and the verdict says how it was judged.
+  const std::string task = std::string{CRUCIBLE_SOURCE_DIR} + "/env/tasks/cpu/01_relu_scale.py";
+  const std::string cand = std::string{CRUCIBLE_SOURCE_DIR} + "/env/tasks/cpu/variants/01_relu_scale/fast_inplace.py";
+  r = cli({"eval", "--task", task, "--candidate", cand, "--device", "cpu", "--json", "--no-cache", "--set",
+           "evaluator.boundary=shared"});
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("a debugging mode") != std::string::npos);
+  CHECK(r.out.find("\"judged\":\"shared\"") != std::string::npos);
+  r = cli({"eval", "--task", task, "--candidate", cand, "--device", "cpu", "--json", "--no-cache"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("a debugging mode") == std::string::npos);
+  CHECK(r.out.find("\"judged\":\"boundary\"") != std::string::npos);
+}
+
 TEST_CASE("crucible train creates the run directory, runs the lifecycle and status reports it") {
   temp_dir tmp;
   auto cfg = tmp.path() / "c.yaml";

@@ -178,7 +178,7 @@ void check_summary(const json_value& s, const std::vector<json_value>& records, 
 // Every field `crucible eval --json` prints is in the record.
 void check_verdict_fields(const json_value& r) {
   for (const char* key : {"status", "correct", "speedup", "speedup_spread", "ref_ms", "cand_ms", "reward",
-                          "checks_failed", "message", "hardware", "cache_hit", "rounds", "wall_s", "baseline"})
+                          "checks_failed", "message", "hardware", "cache_hit", "rounds", "wall_s", "baseline", "judged"})
     CHECK_MESSAGE(r.find(key) != nullptr, "record lacks " << key);
 }
 

@@ -95,6 +95,8 @@ int run_eval(const parsed_args& args) {
   // A single evaluation needs no spare worker; repeated ones keep the configured pool
   // (evaluator.warm_workers, at least one) so that each finds a started worker.
   opt.warm_workers = *repeat > 1 ? std::max<std::int64_t>(opt.warm_workers, 1) : 0;
+  if (auto why = env::shared_path_reason(opt, {*device}); !why.empty())
+    log.warn("eval", env::shared_path_message(why, false));
   auto made = env::make_device_evaluators(opt, cfg.reward, {*device}, log,
                                           args.has("--no-cache") ? env::verdict_cache_use::none
                                                                  : env::verdict_cache_use::configured);

@@ -24,7 +24,6 @@ TEST_CASE("kind_of: a CUDA device's row for cuda and cuda:N, the CPU's for cpu")
   CHECK(&kind_of("cuda:0") == &kind_of("cuda:7"));
   // What the CPU's verdicts rely on.
   const auto& cpu = kind_of("cpu");
-  CHECK(cpu.boundary_by_default);
   CHECK_FALSE(cpu.samples_on_device);
   CHECK_FALSE(cpu.outputs_on_device);
   CHECK_FALSE(cpu.process_wide_gate);

@@ -53,6 +53,13 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   CHECK(back->precision_reference == v.precision_reference);
   CHECK(back->precision_candidate == v.precision_candidate);
   CHECK(*back == v);
+  // How it was judged: absent where unknown (a task checked alone, a verdict cached before it).
+  CHECK(to_json(v).find("judged") == std::string::npos);
+  v.judged = "boundary";
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(back->judged == "boundary");
+  CHECK(*back == v);
   CHECK(v.precision_changes() == std::vector<std::string>{"cuda.matmul.allow_tf32: True (reference False)"});
   CHECK_FALSE(verdict_from_json("{\"status\": \"great\"}").has_value());
   CHECK_FALSE(verdict_from_json("not json").has_value());
