@@ -544,8 +544,11 @@ bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool
   const int dist = facts_.dists[static_cast<std::size_t>(split_.round_no) % facts_.dists.size()];
   ++split_.round_no;
   sample_inputs in;
+  auto t0 = clock_type::now();
   if (!draw(dist, in))
     return false;
+  auto t1 = clock_type::now();
+  split_.host_draw_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
   std::vector<std::vector<tensor_blob>> ref_outs, cand_outs;
   // Both samples of a round in random order, each right after its own untimed call.
   if (split_.rng() & 1) {
@@ -555,6 +558,13 @@ bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool
     if (!time_sample(ref_side_, in, ref_outs, ref_ms) || !time_sample(cand_side_, in, cand_outs, cand_ms))
       return false;
   }
+  t0 = clock_type::now();
+  split_.host_samples_ms += std::chrono::duration<double, std::milli>(t0 - t1).count();
+  struct compare_lap {
+    double& into;
+    clock_type::time_point from;
+    ~compare_lap() { into += std::chrono::duration<double, std::milli>(clock_type::now() - from).count(); }
+  } lap{split_.host_compare_ms, t0};
   if (split_.outputs_reused && split_.sample_calls > 1) {
     // Its earlier calls' outputs were overwritten by later ones: from now on one call per sample,
     // and this round is not counted.
@@ -653,8 +663,10 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     // New input buffers every round, at random places in both workers (make_buffers), as the
     // shared path places each round's inputs (placement_jitter_bytes): where buffers lie can move
     // a kernel's speed, and one placement for a whole verdict would fix that for its every round.
+    const auto b0 = clock_type::now();
     if (opt.placement_jitter_bytes >= 512 && (!make_buffers(ref_side_, split_.sample_calls) || !make_buffers(cand_side_, split_.sample_calls)))
       return false;
+    split_.host_buffers_ms += std::chrono::duration<double, std::milli>(clock_type::now() - b0).count();
     {
       // Another evaluation in flight (its candidate compiling, say) shares the host's cores with
       // these rounds, and not with the reference timed alone afterwards (check_clean_reference).
@@ -705,6 +717,10 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
                   split_.floor_ms, split_.null_ms, static_cast<long long>(split_.sample_calls), m);
     ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
+    std::snprintf(buf, sizeof buf, "rounds' host time (ms, %lld rounds): inputs drawn %.1f, buffers made %.1f, samples %.1f, "
+                  "outputs compared %.1f", static_cast<long long>(split_.round_no), split_.host_draw_ms, split_.host_buffers_ms,
+                  split_.host_samples_ms, split_.host_compare_ms);
+    ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
     if (!dev_.on) {
       std::snprintf(buf, sizeof buf, "samples' CPU time against their wall time (ms): reference %.3f of %.3f, candidate %.3f of %.3f",
                     ref_side_.charged_ms, ref_side_.wall_ms, cand_side_.charged_ms, cand_side_.wall_ms);
@@ -719,10 +735,12 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
           n += x;
         return v.empty() ? 0.0 : n / static_cast<double>(v.size());
       };
-      char laps[200];
-      std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f; candidate launch %.4f device %.4f let go early %.2f",
-                    median(dev_.laps[0][0]), median(dev_.laps[0][1]), share(dev_.laps[0][2]), median(dev_.laps[1][0]),
-                    median(dev_.laps[1][1]), share(dev_.laps[1][2]));
+      char laps[400];
+      std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f flush %.3f close %.3f checks %.3f; "
+                    "candidate launch %.4f device %.4f let go early %.2f flush %.3f close %.3f checks %.3f",
+                    median(dev_.laps[0][0]), median(dev_.laps[0][1]), share(dev_.laps[0][2]), median(dev_.laps[0][3]),
+                    median(dev_.laps[0][4]), median(dev_.laps[0][5]), median(dev_.laps[1][0]), median(dev_.laps[1][1]),
+                    share(dev_.laps[1][2]), median(dev_.laps[1][3]), median(dev_.laps[1][4]), median(dev_.laps[1][5]));
       ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", laps);
     }
   }

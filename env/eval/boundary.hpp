@@ -185,6 +185,9 @@ private:
     double null_ms = 0;            // the fastest round trip of an empty sample of the reference's worker
     std::uint64_t floor_bytes = 0; // the output bytes the floor is measured on
     std::mt19937_64 rng{std::random_device{}()}; // the order of each round's two samples
+    // The host's time in the rounds, in parts (debug log): the round's inputs drawn, its buffers
+    // made, its two samples, their outputs compared (ms, summed over the rounds played).
+    double host_draw_ms = 0, host_buffers_ms = 0, host_samples_ms = 0, host_compare_ms = 0;
   } split_;
   side ref_side_, cand_side_;
   /// On a CUDA device (on): each call's inputs of the sample being timed, in this process's memory
@@ -203,7 +206,10 @@ private:
     std::map<std::string, std::shared_ptr<device_bytes>> mapped;
     std::unique_ptr<device_clock> clock;
     std::map<pid_t, clock_words> words;
-    std::vector<double> laps[2][3]; // per side, a sample's clock in parts (debug log)
+    // Per side, a sample in parts (debug log): host ms from `launch` to `launched`, the device's
+    // window, let go early (1/0), host ms of the cache flush, of the close and finish, and of the
+    // checks after it (the inputs read back, the outputs overwritten).
+    std::vector<double> laps[2][6];
   } dev_;
 };
 

@@ -261,6 +261,7 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
     }
   }
   const auto copies = input_copies(s);
+  const auto t_flush = clock_type::now();
   // The device's cache is flushed by this process (the worker's own flush would be the
   // candidate's to skip), before the clock starts.
   if (auto r = flush_device_cache(wk_.cuda_device_, flush_bytes_of(opt.flush_bytes, kind_of(ctx_.device))); !r)
@@ -275,6 +276,7 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   // does to the other side's samples is the reference-alone check's to see. The host's round
   // trips are outside the clock; a call that waits for the device inside (the queue full, a
   // value read back) is let go after 20 ms, and then its launches from there on are inside.
+  const double flush_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t_flush).count();
   const auto words = dev_.words.find(w.pid());
   if (words == dev_.words.end())
     return broke("it has no clock words");
@@ -398,6 +400,7 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   std::vector<const device_bytes*> srcs;
   for (const auto& sp : spans)
     srcs.push_back(sp.get());
+  const auto t_close = clock_type::now();
   auto snaps = dev_.clock->close(*words->second.done, seq, srcs);
   if (!snaps)
     return device_failed(std::string{"cannot copy the outputs of "} + who(w), snaps.error());
@@ -409,12 +412,18 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   }
   if (!device_ms)
     return device_failed("cannot read the device clock", device_ms.error());
-  {
-    auto& l = dev_.laps[candidate ? 1 : 0];
-    l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
-    l[1].push_back(*device_ms);
-    l[2].push_back(released ? 1.0 : 0.0);
-  }
+  auto& l = dev_.laps[candidate ? 1 : 0];
+  const auto t_after = clock_type::now();
+  l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
+  l[1].push_back(*device_ms);
+  l[2].push_back(released ? 1.0 : 0.0);
+  l[3].push_back(flush_ms);
+  l[4].push_back(std::chrono::duration<double, std::milli>(t_after - t_close).count());
+  struct after_lap {
+    std::vector<double>& into;
+    clock_type::time_point from;
+    ~after_lap() { into.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - from).count()); }
+  } checks_lap{l[5], t_after};
   ms = *device_ms / static_cast<double>(in.size());
   // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
   // spans that overlap here are the same memory.
