@@ -121,6 +121,7 @@ TEST_CASE("evaluator.cuda_mps: off beside the CUDA boundary warns that speedups 
     REQUIRE(log.open_file(file, log_level::info).ok());
     evaluator_options opt;
     opt.cuda_mps = cuda_mps_mode::off;
+    opt.cuda_boundary = false;
     CHECK(prepare_cuda_mps(opt, {"cuda:0"}, log).ok());
   }
   CHECK(lines().find("lowers their speedups") == std::string::npos);
