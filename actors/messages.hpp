@@ -307,6 +307,13 @@ typename Inspector::result_type inspect(Inspector& f, kernel_share& x) {
   return f(caf::meta::type_name("kernel_share"), x.name, crucible::detail::exact{x.share});
 }
 
+/// A reference's counted work (env/verdict.hpp), inside a verdict.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_work& x) {
+  using crucible::detail::exact;
+  return f(caf::meta::type_name("task_work"), x.flops, exact{x.bytes_read}, exact{x.bytes_written});
+}
+
 /// The verdict (env/verdict.hpp) as a message: every field, numbers bit-exact (NaN speedups
 /// of failed verdicts included); a status outside the enum is rejected on load.
 template <class Inspector>
@@ -315,7 +322,7 @@ typename Inspector::result_type inspect(Inspector& f, verdict& x) {
   return f(caf::meta::type_name("verdict"), x.status, x.correct, exact{x.speedup}, exact{x.speedup_spread},
            exact{x.ref_ms}, exact{x.cand_ms}, exact{x.reward}, x.checks_failed, x.message, x.hardware,
            x.cache_hit, x.rounds, exact{x.wall_s}, x.baseline, x.profile, exact{x.own_share},
-           x.precision_reference, x.precision_candidate, x.judged, crucible::detail::check_enum(x.status));
+           x.precision_reference, x.precision_candidate, x.judged, x.work, crucible::detail::check_enum(x.status));
 }
 
 } // namespace crucible::env

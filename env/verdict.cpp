@@ -37,6 +37,10 @@ bool same_number(double x, double y) noexcept {
 
 } // namespace
 
+bool operator==(const task_work& x, const task_work& y) noexcept {
+  return x.flops == y.flops && same_number(x.bytes_read, y.bytes_read) && same_number(x.bytes_written, y.bytes_written);
+}
+
 bool operator==(const verdict& x, const verdict& y) noexcept {
   return x.status == y.status && x.correct == y.correct && same_number(x.speedup, y.speedup)
          && same_number(x.speedup_spread, y.speedup_spread) && same_number(x.ref_ms, y.ref_ms)
@@ -47,7 +51,7 @@ bool operator==(const verdict& x, const verdict& y) noexcept {
          && std::equal(x.profile.begin(), x.profile.end(), y.profile.begin(),
                        [](const kernel_share& a, const kernel_share& b) { return a.name == b.name && same_number(a.share, b.share); })
          && same_number(x.own_share, y.own_share) && x.precision_reference == y.precision_reference
-         && x.precision_candidate == y.precision_candidate && x.judged == y.judged;
+         && x.precision_candidate == y.precision_candidate && x.judged == y.judged && x.work == y.work;
 }
 
 std::vector<std::string> verdict::precision_changes() const {
@@ -80,6 +84,12 @@ std::string to_json(const verdict& v) {
     .field("baseline", v.baseline);
   if (!v.judged.empty())
     w.field("judged", v.judged);
+  if (v.work.counted()) {
+    w.key("work").begin_object().key("flops").begin_object();
+    for (const auto& [dtype, n] : v.work.flops)
+      w.field(dtype, n);
+    w.end_object().field("bytes_read", v.work.bytes_read).field("bytes_written", v.work.bytes_written).end_object();
+  }
   if (!v.profile.empty()) {
     w.key("profile").begin_array();
     for (const auto& k : v.profile)
@@ -155,6 +165,22 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
   v.rounds = static_cast<std::uint32_t>(rounds);
   v.wall_s = num("wall_s");
   v.baseline = text("baseline");
+  // Absent in verdicts cached before they carried it, or where the worker could not count it.
+  if (const auto* w = n.find("work"); w != nullptr && !w->is_null()) {
+    const auto* flops = w->find("flops");
+    const auto* read = w->find("bytes_read");
+    const auto* written = w->find("bytes_written");
+    if (!w->is_object() || flops == nullptr || !flops->is_object() || read == nullptr || !read->is_number()
+        || written == nullptr || !written->is_number())
+      return std::nullopt;
+    for (const auto& m : flops->as_object()) {
+      if (!m.value.is_number())
+        return std::nullopt;
+      v.work.flops[m.key] = m.value.as_double();
+    }
+    v.work.bytes_read = read->as_double();
+    v.work.bytes_written = written->as_double();
+  }
   // Absent in verdicts cached before they carried it, and in a task's check alone.
   if (const auto* j = n.find("judged"); j != nullptr && !j->is_null()) {
     if (!j->is_string())

@@ -40,6 +40,19 @@ struct kernel_share {
   friend bool operator==(const kernel_share&, const kernel_share&) = default;
 };
 
+/// What the task's reference does in one call (on trial 0's inputs), counted in the reference's
+/// worker before any candidate code exists: floating-point operations by the dtype of their
+/// inputs (the matrix products, convolutions and attention that torch's FLOP counter knows;
+/// elementwise work is not counted), and the bytes of its inputs and outputs, each of which a call
+/// reads or writes at least once. What a lower bound on a call's time on the device is made of.
+struct task_work {
+  std::map<std::string, double> flops; ///< dtype name ("float32", "bfloat16", ...) to operations
+  double bytes_read = NAN;             ///< the inputs' tensors' bytes; NaN: not counted
+  double bytes_written = NAN;          ///< the outputs' tensors' bytes
+  bool counted() const noexcept { return !std::isnan(bytes_read); }
+  friend bool operator==(const task_work&, const task_work&) noexcept;
+};
+
 /// Everything the evaluator says about one candidate. Plain value; it is also the verdict
 /// message the actors exchange (actors/messages.hpp holds its inspect()).
 struct verdict {
@@ -76,6 +89,9 @@ struct verdict {
   /// mode whose verdicts `crucible train`, `crucible evaluator` and `crucible serve` refuse to
   /// produce), or "" (a task checked alone, or a verdict cached before verdicts carried it).
   std::string judged;
+  /// The reference's work in one call (task_work); not counted in a task checked alone before
+  /// verdicts carried it, or where the worker could not count it.
+  task_work work;
   /// The candidate's settings that differ from the reference's: "name: candidate (reference X)".
   std::vector<std::string> precision_changes() const;
 

@@ -127,7 +127,8 @@ template <> struct sample<verdict> {
     return {verdict_status::ok, true, 1.75, 0.03, 2.5, 1.4285714285714286, 0.8,
             {"side_stream", "caching"}, "ok with caveats", "NVIDIA H100 80GB HBM3", true, 90, 12.5,
             "compile", {{"fused_kernel", 0.625}, {"aten::add", 0.25}}, 0.625,
-            {{"cuda.matmul.allow_tf32", "False"}}, {{"cuda.matmul.allow_tf32", "True"}}, "boundary"};
+            {{"cuda.matmul.allow_tf32", "False"}}, {{"cuda.matmul.allow_tf32", "True"}}, "boundary",
+            env::task_work{{{"float32", 2.5e9}}, 4096.0, 1024.0}};
   }
 };
 

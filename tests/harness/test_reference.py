@@ -178,3 +178,30 @@ def test_get_inputs_runs_under_the_workers_device(reference):
 
     draw(reference, task(make), 0, 0)
     assert seen == ["cpu"]
+
+
+def test_count_work_gives_the_matrix_products_flops_by_dtype_and_the_tensors_bytes(reference):
+    # x @ w.t() + b in float32 and a bfloat16 batched product: 2*M*N*K operations each; the GELU,
+    # the add and the plain value have no FLOP formula and count nothing; bytes are every input
+    # tensor's and every output tensor's.
+    def ref(x, w, b, k, p, q):
+        y = torch.nn.functional.gelu(x @ w.t() + b) * k
+        return y, torch.bmm(p, q)
+
+    x, w, b = torch.randn(64, 32), torch.randn(16, 32), torch.randn(16)
+    p, q = torch.randn(4, 8, 5, dtype=torch.bfloat16), torch.randn(4, 5, 3, dtype=torch.bfloat16)
+    work = reference.count_work(ref, [x, w, b, 2.0, p, q], set())
+    assert work["flops"] == {"float32": 2.0 * 64 * 16 * 32, "bfloat16": 2.0 * 4 * 8 * 3 * 5}
+    assert work["bytes_read"] == (64 * 32 + 16 * 32 + 16) * 4 + (4 * 8 * 5 + 4 * 5 * 3) * 2
+    assert work["bytes_written"] == 64 * 16 * 4 + 4 * 8 * 3 * 2
+
+
+def test_count_work_of_elementwise_work_counts_bytes_only_and_a_failing_call_counts_nothing(reference):
+    x = torch.randn(1000)
+    assert reference.count_work(lambda t: torch.relu(t) * 2, [x], set()) == {
+        "flops": {}, "bytes_read": 4000.0, "bytes_written": 4000.0}
+
+    def broken(t):
+        raise RuntimeError("no")
+
+    assert reference.count_work(broken, [x], set()) is None

@@ -173,6 +173,9 @@ TEST_CASE("the shared path is a debugging mode: train and serve refuse it naming
   CHECK(r.exit_code == 0);
   CHECK(r.err.find("a debugging mode") == std::string::npos);
   CHECK(r.out.find("\"judged\":\"boundary\"") != std::string::npos);
+  // The reference's work in one call: 01_relu_scale has no matrix product, and reads and writes
+  // one 1024 x 2048 float32 tensor.
+  CHECK_MESSAGE(r.out.find("\"work\":{\"flops\":{},\"bytes_read\":8388608") != std::string::npos, r.out);
 }
 
 TEST_CASE("crucible train creates the run directory, runs the lifecycle and status reports it") {

@@ -19,6 +19,11 @@ from .trusted import (
     _torch_isfinite, _torch_manual_seed, _torch_randint, _torch_where, _tuple, _type, _uint8
 )
 from .device import _HarnessKernels, _kernels
+try:  # torch's FLOP formulas (count_work); a torch without them counts no operations
+    from torch.utils.flop_counter import flop_registry as _flop_registry
+    from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
+except ImportError:  # pragma: no cover - torch 2.1 and later have both
+    _flop_registry, _TorchDispatchMode = None, None
 from .channel import _Done, _error_done, _exc_line
 from .outputs import (
     _aliased_outputs, _encode_inputs, _inputs_digest, _from_wire, _to_wire, _all_finite, _clone_inputs, _encode,
@@ -399,6 +404,13 @@ def reference_phase(w, job, task_src):
         for o in _output_items(out):
             poison_tensor(o, param_storages)
         del out
+        # The reference's work in one call (the verdict's `work`), with the first trial's message.
+        work = count_work(ref, inputs, param_storages)
+        if work is not None:
+            for msg, _ in pending:
+                if msg.get("type") == "reference":
+                    msg["work"] = work
+                    break
         if w.cuda:
             if counts["device"] > 0:
                 r.kernel_mode = "device"
@@ -443,6 +455,50 @@ def reference_phase(w, job, task_src):
     poison_free_pool(w.cuda)
     w.lap("reference: poison free pool", t0)
     return r, baseline
+
+
+def count_work(ref, inputs, param_storages):
+    """The reference's work in one call on `inputs` (env/verdict.hpp, task_work): its floating-point
+    operations by the dtype of each operation's first tensor input, as torch's FLOP counter's
+    formulas give them (matrix products, convolutions, attention; elementwise work has no formula
+    and is not counted), and the bytes of the inputs' and the outputs' tensors. The call's outputs
+    are poisoned as the trials' are. None where the call or a formula fails."""
+    if _flop_registry is None:
+        return None
+    flops = {}
+
+    class _Counting(_TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            result = func(*args, **kwargs)
+            formula = _flop_registry.get(func._overloadpacket)
+            if formula is not None:
+                first = None
+                for a in args:
+                    if _isinstance(a, _Tensor):
+                        first = a
+                        break
+                name = _DTYPE_NAMES.get(first.dtype, "other") if first is not None else "other"
+                flops[name] = flops.get(name, 0) + _int(formula(*args, **kwargs, out_val=result))
+            return result
+
+    try:
+        with _Counting():
+            out = ref(*inputs)
+        written = _sum(_int(_T_numel(o)) * o.element_size() for o in _output_items(out) if _type(o) is _Tensor)
+        for o in _output_items(out):
+            poison_tensor(o, param_storages)
+        del out
+    except _BaseException:
+        return None
+    read = _sum(_int(_T_numel(x)) * x.element_size() for x in _tensors_in(inputs))
+    return {"flops": {k: _float(v) for k, v in flops.items()}, "bytes_read": _float(read),
+            "bytes_written": _float(written)}
+
+
+_DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+                torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32", torch.int8: "int8",
+                torch.uint8: "uint8", torch.bool: "bool"}
 
 
 def fit_trials(w, r, inputs, out, ref64):

@@ -60,6 +60,18 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   REQUIRE(back.has_value());
   CHECK(back->judged == "boundary");
   CHECK(*back == v);
+  // The reference's work: absent until counted, then its operations by dtype and its bytes.
+  CHECK(to_json(v).find("work") == std::string::npos);
+  v.work.flops = {{"float32", 268435456.0}, {"bfloat16", 960.0}};
+  v.work.bytes_read = 1312768;
+  v.work.bytes_written = 4194304;
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(back->work == v.work);
+  CHECK(*back == v);
+  auto broken = to_json(v);
+  broken.replace(broken.find("\"bytes_read\":"), 13, "\"bytes_read\":\"x\",\"y\":");
+  CHECK_FALSE(verdict_from_json(broken).has_value());
   CHECK(v.precision_changes() == std::vector<std::string>{"cuda.matmul.allow_tf32: True (reference False)"});
   CHECK_FALSE(verdict_from_json("{\"status\": \"great\"}").has_value());
   CHECK_FALSE(verdict_from_json("not json").has_value());
