@@ -33,6 +33,16 @@ bool have_mps_control() {
       return true;
   return false;
 }
+// An evaluator on cuda:0 under MPS (evaluator.cuda_mps: on, the boundary, 30 s runs) with `poll`
+// as evaluator.cuda_clock_poll and `concurrency` verdicts at once.
+std::unique_ptr<device_evaluator> mps_evaluator(logger& log, bool poll, std::int64_t concurrency) {
+  return short_evaluator(true, log, {}, true, [&](evaluator_options& opt) {
+    opt.cuda_mps = cuda_mps_mode::on;
+    opt.cuda_clock_poll = poll;
+    opt.concurrency = concurrency;
+    opt.run_timeout_s = 30;
+  });
+}
 } // namespace
 
 TEST_CASE("under CUDA MPS, with the clock closed by the host's poll, the CPU suite's references against themselves measure 1.00") {
@@ -44,11 +54,7 @@ TEST_CASE("under CUDA MPS, with the clock closed by the host's poll, the CPU sui
   }
   system_clock clk;
   logger log{clk, log_level::warn};
-  auto ev = short_evaluator(true, log, {}, true, [](evaluator_options& opt) {
-    opt.cuda_mps = cuda_mps_mode::on;
-    opt.cuda_clock_poll = true;
-    opt.run_timeout_s = 30;
-  });
+  auto ev = mps_evaluator(log, true, 1);
   const auto& src = gpu_source_dir();
   for (const char* name : {"01_relu_scale", "04_layernorm_manual", "09_diag_matmul", "03_softmax_rows"}) {
     auto task = load_task(src / "env" / "tasks" / "cpu" / (std::string{name} + ".py"));
@@ -71,11 +77,7 @@ TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, ver
   }
   system_clock clk;
   logger log{clk, log_level::warn};
-  auto ev = short_evaluator(true, log, {}, true, [](evaluator_options& opt) {
-    opt.cuda_mps = cuda_mps_mode::on;
-    opt.concurrency = 2;
-    opt.run_timeout_s = 30;
-  });
+  auto ev = mps_evaluator(log, false, 2);
   REQUIRE(device_agent_running(0));
   CHECK(device_agent_pid(0) > 0);
   CHECK_FALSE(cuda_mps_pipe().empty());
