@@ -169,6 +169,10 @@ TEST_CASE("the shared path is a debugging mode: train and serve refuse it naming
   CHECK(r.exit_code == 0);
   CHECK(r.err.find("a debugging mode") != std::string::npos);
   CHECK(r.out.find("\"judged\":\"shared\"") != std::string::npos);
+  r = cli({"eval", "--task", task, "--candidate", cand, "--device", "cpu", "--no-cache"});
+  CHECK(r.exit_code == 0);
+  CHECK_MESSAGE(r.out.find("judged      boundary (the reference and the candidate in two workers)") != std::string::npos, r.out);
+  CHECK(r.out.find("work        no counted FLOPs; 8.39 MB read, 8.39 MB written (the reference's call)") != std::string::npos);
   r = cli({"eval", "--task", task, "--candidate", cand, "--device", "cpu", "--json", "--no-cache"});
   CHECK(r.exit_code == 0);
   CHECK(r.err.find("a debugging mode") == std::string::npos);

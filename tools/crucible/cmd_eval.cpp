@@ -41,6 +41,17 @@ void print_table(const env::task& t, const std::string& cand_path, const env::ve
   std::printf("reward      %.4g\n", v.reward);
   std::printf("checks      %s\n", checks.empty() ? "-" : checks.c_str());
   std::printf("message     %s\n", v.message.empty() ? "-" : v.message.c_str());
+  if (!v.judged.empty())
+    std::printf("judged      %s\n", v.judged == "shared" ? "shared (one worker: a debugging mode, not a reward)"
+                                                         : (v.judged + " (the reference and the candidate in two workers)").c_str());
+  if (v.work.counted()) {
+    std::string flops;
+    for (const auto& [dtype, n] : v.work.flops)
+      flops += (flops.empty() ? "" : ", ") + num(n / 1e9, "%.3g GFLOP ") + dtype;
+    std::printf("work        %s; %s read, %s written (the reference's call)\n",
+                flops.empty() ? "no counted FLOPs" : flops.c_str(), num(v.work.bytes_read / 1e6, "%.3g MB").c_str(),
+                num(v.work.bytes_written / 1e6, "%.3g MB").c_str());
+  }
   std::printf("wall        %.2f s%s\n", v.wall_s, v.cache_hit ? "   (cached verdict)" : "");
 }
 
