@@ -4,7 +4,7 @@
 // verdict). tools/bench/mps_probe.sh runs it. One JSON object a line on stdout, a human line on
 // stderr a run.
 //
-//   mps_probe run [--mode wait|host|event|spin] [--calls 100] [--elems 65536] [--samples 40]
+//   mps_probe run [--mode wait|host|event|spin|copy] [--calls 100] [--elems 65536] [--samples 40]
 //                 [--warmup 3] [--pairs 8] [--clock-streams-per-sample] [--worker-connections N]
 //                 [--worker-skip-streams 0] [--start-order ab|ba] [--timeout 5] [--device 0]
 //                 [--label TEXT]
@@ -22,7 +22,9 @@
 // a stop kernel, and only then releases the hold. Close modes: wait = cuStreamWaitValue32(done >=
 // seq) (crucible's: an acquire pending in the server all through the worker's calls); host =
 // nothing pending: the clock's host spins on the shared word, then launches the stop kernel; event
-// = cudaStreamWaitEvent on the worker's event; spin = a one-block kernel spinning on the done word.
+// = cudaStreamWaitEvent on the worker's event; spin = a one-block kernel spinning on the done word;
+// copy = nothing pending: the clock's host reads the done word with 4-byte copies on a second stream
+// (crucible's evaluator.cuda_clock_poll), then launches the stop kernel.
 // The window (stop - start) over --calls is the clock's time a call; the worker's stamps give its
 // own view. Samples alternate A, B, A, B. --clock-streams-per-sample: a fresh clock stream each
 // sample; --worker-skip-streams N: each worker makes N streams before its own (both: hypothesis B,
@@ -371,8 +373,8 @@ struct clock_slot {
 int clock_main(const options& o) {
   line_channel peer(static_cast<int>(o.integer("fd", -1, 0, 1 << 20)));
   const std::string mode = o.text("mode", "wait");
-  if (mode != "wait" && mode != "host" && mode != "event" && mode != "spin")
-    die("--mode " + mode + ": not wait, host, event or spin");
+  if (mode != "wait" && mode != "host" && mode != "event" && mode != "spin" && mode != "copy")
+    die("--mode " + mode + ": not wait, host, event, spin or copy");
   const bool fresh = o.flag("fresh-stream");
   const double timeout_s = static_cast<double>(o.integer("timeout", 5, 1, 600));
   const auto deadline_ns = static_cast<unsigned long long>(timeout_s * 1e9);
@@ -389,6 +391,12 @@ int clock_main(const options& o) {
   cudaStream_t stream = nullptr;
   if (!fresh)
     CRUCIBLE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // --mode copy: the done word read by 4-byte copies on a stream of their own (crucible's
+  // evaluator.cuda_clock_poll), into pinned memory.
+  cudaStream_t side = nullptr;
+  unsigned* seen = nullptr;
+  CRUCIBLE_CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  CRUCIBLE_CHECK_CUDA(cudaHostAlloc(&seen, sizeof(unsigned), cudaHostAllocDefault));
   stamp_kernel<<<1, 1>>>(stamps_dev);
   spin_kernel<<<1, 1>>>(flag_dev, 0, 0);
   CRUCIBLE_CHECK_CUDA(cudaGetLastError());
@@ -445,7 +453,7 @@ int clock_main(const options& o) {
         CRUCIBLE_CHECK_CUDA(cudaStreamWaitEvent(stream, slot.event, 0));
       else if (mode == "spin")
         spin_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<const unsigned*>(slot.words + 128), seq, deadline_ns);
-      if (mode != "host")
+      if (mode != "host" && mode != "copy")
         stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
       const cudaError_t queued = cudaGetLastError();
       __atomic_store_n(flag, generation, __ATOMIC_SEQ_CST); // released before any check can exit
@@ -456,6 +464,19 @@ int clock_main(const options& o) {
           if (seconds_since(t0) > timeout_s)
             die("the worker's host word did not reach " + w[2] + " within "
                 + std::to_string(static_cast<int>(timeout_s)) + " s");
+        stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
+        CRUCIBLE_CHECK_CUDA(cudaGetLastError());
+      }
+      if (mode == "copy") {
+        const auto t0 = clock_type::now();
+        for (;;) {
+          CRUCIBLE_CHECK_CUDA(cudaMemcpyAsync(seen, slot.words + 128, sizeof(unsigned), cudaMemcpyDeviceToHost, side));
+          CRUCIBLE_CHECK_CUDA(cudaStreamSynchronize(side));
+          if (static_cast<int>(*seen - seq) >= 0)
+            break;
+          if (seconds_since(t0) > timeout_s)
+            die("the worker's done word did not reach " + w[2] + " within " + std::to_string(static_cast<int>(timeout_s)) + " s");
+        }
         stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
         CRUCIBLE_CHECK_CUDA(cudaGetLastError());
       }
@@ -586,8 +607,8 @@ std::string list(const std::vector<double>& v) {
 
 int run_main(const options& o) {
   const std::string mode = o.text("mode", "wait");
-  if (mode != "wait" && mode != "host" && mode != "event" && mode != "spin")
-    die("--mode " + mode + ": not wait, host, event or spin");
+  if (mode != "wait" && mode != "host" && mode != "event" && mode != "spin" && mode != "copy")
+    die("--mode " + mode + ": not wait, host, event, spin or copy");
   const long calls = o.integer("calls", 100, 1, 1 << 20), elems = o.integer("elems", 1 << 16, 1, 1 << 30);
   const long samples = o.integer("samples", 40, 1, 100000), warmup = o.integer("warmup", 3, 0, 100000);
   const long pairs = o.integer("pairs", 8, 1, 10000), timeout = o.integer("timeout", 5, 1, 600);
@@ -709,13 +730,14 @@ int run_main(const options& o) {
 }
 
 const char* usage =
-  "usage: mps_probe run [--mode wait|host|event|spin] [--calls 100] [--elems 65536] [--samples 40]\n"
+  "usage: mps_probe run [--mode wait|host|event|spin|copy] [--calls 100] [--elems 65536] [--samples 40]\n"
   "                     [--warmup 3] [--pairs 8] [--clock-streams-per-sample] [--worker-connections N]\n"
   "                     [--worker-skip-streams 0] [--start-order ab|ba] [--timeout 5] [--device 0] [--label TEXT]\n"
   "One clock process, two fresh workers (A, B) a pair, samples A,B,A,B; a JSON line a pair and a summary\n"
   "line on stdout. Modes, how the clock's window closes: wait = cuStreamWaitValue32 on the done word\n"
   "(crucible's), host = its host polls a shared word, event = an interprocess event, spin = a one-block\n"
-  "kernel on the done word. The head of tools/bench/mps_probe.cu says more.\n";
+  "kernel on the done word, copy = its host reads the done word by 4-byte copies (evaluator.cuda_clock_poll).\n"
+  "The head of tools/bench/mps_probe.cu says more.\n";
 
 } // namespace
 

@@ -6,7 +6,8 @@
 # kernels of a millisecond, not). tools/bench/mps_probe.cu reproduces crucible's timed sample with
 # one kept clock process and two fresh workers a pair, and closes the window four ways: `wait`
 # (crucible's pending semaphore acquire), `host` (nothing pending: the clock's host polls a shared
-# host word), `event` (an interprocess event), `spin` (a one-block kernel on the done word). If the
+# host word), `event` (an interprocess event), `spin` (a one-block kernel on the done word), `copy`
+# (nothing pending: the clock's host reads the done word by 4-byte copies, evaluator.cuda_clock_poll). If the
 # alternating gap is there under `wait` and gone under `host`, the pending acquire is the cause
 # (hypothesis A); if it stays under `host` and moves with --clock-streams-per-sample or
 # --worker-skip-streams, the hardware queue is (hypothesis B). One GPU, run as root on a lent H200
@@ -16,7 +17,7 @@
 #
 # Builds BUILD/mps_probe (default /tmp/mps_probe_build) with nvcc, starts an MPS control daemon
 # (pipe /tmp/mps-probe/pipe, logs /tmp/mps-probe/log) and runs under it, in this order: wait, host,
-# event, wait_fresh (a fresh clock stream a sample), wait_skip (each worker's stream one hardware
+# copy, event, wait_fresh (a fresh clock stream a sample), wait_skip (each worker's stream one hardware
 # queue further on, --worker-skip-streams 1), spin, wait_ba (B started first), wait_50us (~50 µs
 # kernels: 24M floats, 20 calls); then stops the daemon (`quit`) and runs nomps_wait, wait without
 # MPS, the control. Each run at most 60 s; runs under MPS that would start past 160 s are skipped.
@@ -95,6 +96,7 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
     # In the order of their worth, should the time run short.
     run wait mps 170 --mode wait
     run host mps 170 --mode host
+    run copy mps 170 --mode copy
     run event mps 170 --mode event
     run wait_fresh mps 170 --mode wait --clock-streams-per-sample
     run wait_skip mps 170 --mode wait --worker-skip-streams 1
