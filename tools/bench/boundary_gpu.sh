@@ -18,6 +18,7 @@
 #   hacks     each hack of tests/candidates/boundary and tests/candidates/gpu/boundary (or the
 #             files of HACKS) on its task on cuda:0, cuda_boundary false then true (HACK_MODES):
 #             OUT/hacks.jsonl, one line a verdict (file, mode, status, speedup, checks, wall time)
+# Every step runs with evaluator.cuda_mps=off (the default was off when its figures were taken).
 # EVAL_ARGS: more `crucible eval` options for the identity, kb, pairs and hacks steps (e.g.
 # "--set evaluator.cuda_mps=on": the boundary under MPS with the evaluator's device agent).
 # CRUCIBLE and TEST_GPU_EVALUATOR: binaries built earlier (no build then); TEST_CASES: the test
@@ -52,7 +53,7 @@ for step in "${STEPS[@]}"; do
       for pair in level2/04_layernorm_manual_fp32:fast_functional level2/08_diag_matmul_fp32:fast_broadcast; do
         t=${pair%%:*}; v=${pair##*:}
         echo "== $t $v"
-        timeout 90 "$C" eval --task "env/tasks/gpu/$t.py" --candidate "env/tasks/gpu/variants/$t/$v.py" --device cuda:0 \
+        timeout 90 "$C" eval --task "env/tasks/gpu/$t.py" --candidate "env/tasks/gpu/variants/$t/$v.py" --device cuda:0 --set evaluator.cuda_mps=off \
           --json --no-cache --verbose --set evaluator.cuda_boundary=true 2> "$OUT/err_$v.log" | cut -c1-300
         grep -E "floor|laps|rror" "$OUT/err_$v.log" | tail -3 | cut -c1-300
       done ;;
@@ -65,7 +66,7 @@ for step in "${STEPS[@]}"; do
       for mode in ${IDENTITY_MODES:-true false}; do
         s=$(date +%s)
         rm -f "$OUT/selfc_$mode.jsonl"
-        timeout 200 "$C" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --no-cache --json \
+        timeout 200 "$C" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
           --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
         echo "identity cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfc_$mode.jsonl" --self 2>&1 | tail -4
@@ -80,7 +81,7 @@ for step in "${STEPS[@]}"; do
       for mode in ${KB_MODES:-true}; do
         s=$(date +%s)
         rm -f "$OUT/selfkb_$mode.jsonl"
-        timeout "${KB_TIMEOUT_S:-900}" "$C" eval --pairs /tmp/selfkb/first.tsv --device cuda:0 --no-cache --json \
+        timeout "${KB_TIMEOUT_S:-900}" "$C" eval --pairs /tmp/selfkb/first.tsv --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
           --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/selfkb_$mode.jsonl" > /dev/null 2> "$OUT/selfkb_$mode.err"
         echo "kb cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfkb_$mode.jsonl" --self 2>&1 | tail -8
@@ -89,7 +90,7 @@ for step in "${STEPS[@]}"; do
       for mode in ${PAIRS_MODES:-true false}; do
         s=$(date +%s)
         rm -f "$OUT/pairs_$mode.jsonl"
-        timeout "${PAIRS_TIMEOUT_S:-600}" "$C" eval --pairs "${PAIRS:-data/l1sub/pairs.tsv}" --device cuda:0 --no-cache --json \
+        timeout "${PAIRS_TIMEOUT_S:-600}" "$C" eval --pairs "${PAIRS:-data/l1sub/pairs.tsv}" --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
           --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/pairs_$mode.jsonl" > "$OUT/pairs_$mode.json" 2> "$OUT/pairs_$mode.err"
         echo "pairs cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" -c 'import json, sys
@@ -105,7 +106,7 @@ for line in open(sys.argv[1]):
       for f in ${HACKS:-tests/candidates/boundary/hack_*.py tests/candidates/gpu/boundary/hack_*.py}; do
         task="$(sed -n 's/^# task:[[:space:]]*//p' "$f" | head -1)"
         for mode in ${HACK_MODES:-false true}; do
-          timeout 300 "$C" eval --task "$task" --candidate "$f" --device cuda:0 --json --no-cache \
+          timeout 300 "$C" eval --task "$task" --candidate "$f" --device cuda:0 --set evaluator.cuda_mps=off --json --no-cache \
             --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} 2>>"$OUT/hacks.err" |
             "$PYTHON" -c 'import json, sys
 for line in sys.stdin:

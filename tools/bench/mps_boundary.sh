@@ -92,20 +92,21 @@ mps_stop() { # $1: where the daemon's logs go
 trap 'echo quit | CUDA_MPS_PIPE_DIRECTORY=$PIPE timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
 B=(--set evaluator.cuda_boundary=true)
+S=(--set evaluator.cuda_boundary=false) # the shared path (a debugging mode since the boundary became the default)
 OFF=(--set evaluator.cuda_mps=off)
 ON=(--set evaluator.cuda_mps=on)
 for mode in "${modes[@]}"; do
   pairs=$PAIRS args=("${OFF[@]}") user=0 mps=0
   case "$mode" in
-    shared) ;;
+    shared) args+=("${S[@]}") ;;
     boundary) args+=("${B[@]}") ;;
     user) args+=("${B[@]}"); user=1 ;;
     mps) args=("${ON[@]}" "${B[@]}"); mps=1 ;;
-    mps_shared) args=("${ON[@]}"); mps=1 ;;
+    mps_shared) args=("${ON[@]}" "${S[@]}"); mps=1 ;;
     mps_self) args=("${ON[@]}" "${B[@]}"); mps=1; pairs=$SELF ;;
     user_self) args+=("${B[@]}"); user=1; pairs=$SELF ;;
     own) args=("${ON[@]}" "${B[@]}") ;;
-    own_shared) args=("${ON[@]}") ;;
+    own_shared) args=("${ON[@]}" "${S[@]}") ;;
     own_self) args=("${ON[@]}" "${B[@]}"); pairs=$SELF ;;
     own_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true) ;;
     own_self_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true); pairs=$SELF ;;
