@@ -37,6 +37,24 @@ bool same_number(double x, double y) noexcept {
 
 } // namespace
 
+std::optional<task_work> task_work_from_json(const json_value& w) {
+  const auto* flops = w.find("flops");
+  const auto* read = w.find("bytes_read");
+  const auto* written = w.find("bytes_written");
+  auto count = [](const json_value* x) { return x != nullptr && x->is_number() && std::isfinite(x->as_double()) && x->as_double() >= 0; };
+  if (!w.is_object() || flops == nullptr || !flops->is_object() || !count(read) || !count(written))
+    return std::nullopt;
+  task_work work;
+  for (const auto& m : flops->as_object()) {
+    if (!count(&m.value) || m.key.empty() || m.key.size() >= 32)
+      return std::nullopt;
+    work.flops[m.key] = m.value.as_double();
+  }
+  work.bytes_read = read->as_double();
+  work.bytes_written = written->as_double();
+  return work;
+}
+
 bool operator==(const task_work& x, const task_work& y) noexcept {
   return x.flops == y.flops && same_number(x.bytes_read, y.bytes_read) && same_number(x.bytes_written, y.bytes_written);
 }
@@ -167,19 +185,10 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
   v.baseline = text("baseline");
   // Absent in verdicts cached before they carried it, or where the worker could not count it.
   if (const auto* w = n.find("work"); w != nullptr && !w->is_null()) {
-    const auto* flops = w->find("flops");
-    const auto* read = w->find("bytes_read");
-    const auto* written = w->find("bytes_written");
-    if (!w->is_object() || flops == nullptr || !flops->is_object() || read == nullptr || !read->is_number()
-        || written == nullptr || !written->is_number())
+    auto work = task_work_from_json(*w);
+    if (!work)
       return std::nullopt;
-    for (const auto& m : flops->as_object()) {
-      if (!m.value.is_number())
-        return std::nullopt;
-      v.work.flops[m.key] = m.value.as_double();
-    }
-    v.work.bytes_read = read->as_double();
-    v.work.bytes_written = written->as_double();
+    v.work = std::move(*work);
   }
   // Absent in verdicts cached before they carried it, and in a task's check alone.
   if (const auto* j = n.find("judged"); j != nullptr && !j->is_null()) {

@@ -9,6 +9,10 @@
 #include <string_view>
 #include <vector>
 
+namespace crucible {
+class json_value;
+}
+
 namespace crucible::env {
 
 /// Outcome classes of an evaluation. Values are part of the JSON contract.
@@ -52,6 +56,11 @@ struct task_work {
   bool counted() const noexcept { return !std::isnan(bytes_read); }
   friend bool operator==(const task_work&, const task_work&) noexcept;
 };
+
+/// A task_work from its JSON (`{"flops": {DTYPE: N}, "bytes_read": N, "bytes_written": N}`, as
+/// to_json writes it and the reference's worker sends it): none where a field is missing, a count
+/// is not a finite number of 0 or more, or a dtype's name is empty or 32 characters or longer.
+std::optional<task_work> task_work_from_json(const json_value& w);
 
 /// Everything the evaluator says about one candidate. Plain value; it is also the verdict
 /// message the actors exchange (actors/messages.hpp holds its inspect()).

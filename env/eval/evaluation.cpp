@@ -415,23 +415,11 @@ bool evaluation::keep_reference(const wire::node& n, worker_message& msg) {
   if (const auto b = n["input_bytes"]; b.is_scalar())
     reported_.input_bytes = std::max<std::uint64_t>(reported_.input_bytes, b.as<std::uint64_t>(0));
   // The reference's work in one call (reference.py's count_work), counted before any candidate
-  // code existed: carried by the verdict as the worker counted it, where each figure is a finite
-  // count (a worker that sends anything else has its count left out).
-  if (const auto w = n["work"]; w.is_object()) {
-    task_work work;
-    bool fine = w["flops"].is_object();
-    for (const auto& [dtype, count] : w["flops"].fields()) {
-      const double x = count.as<double>(NAN);
-      fine = fine && std::isfinite(x) && x >= 0 && !dtype.empty() && dtype.size() < 32;
-      work.flops[dtype] = x;
-    }
-    work.bytes_read = w["bytes_read"].as<double>(NAN);
-    work.bytes_written = w["bytes_written"].as<double>(NAN);
-    fine = fine && std::isfinite(work.bytes_read) && work.bytes_read >= 0 && std::isfinite(work.bytes_written)
-           && work.bytes_written >= 0;
-    if (fine)
-      v_.work = std::move(work);
-  }
+  // code existed: carried by the verdict as the worker counted it, where it reads as a verdict's
+  // `work` does (a worker that sends anything else has its count left out).
+  if (const auto w = n["work"]; w.is_object())
+    if (auto work = task_work_from_json(*w.value()))
+      v_.work = std::move(*work);
   return true;
 }
 

@@ -47,11 +47,6 @@ class device_evaluator;
 /// Which verdict cache a set of evaluators shares: evaluator.cache's, or none.
 enum class verdict_cache_use { configured, none };
 
-/// The device evaluators every caller makes (the run, `crucible eval`, `eval --pairs` and
-/// `--set`, `tasks import`, an evaluator node): the harness located once, one evaluator per
-/// device in order, all launched before any is waited for (the devices' warm pools start
-/// together), all sharing one verdict cache. Returns when each device has a started worker. An
-/// error names the device (evaluator.devices[i] where `devices` is evaluator.devices).
 /// Why evaluators with `opt` on `devices` would judge on the shared path (one worker for the
 /// reference and the candidate, the in-process defences only: docs/evaluator.md, Trust boundary),
 /// naming the key; "" where every verdict crosses the boundary. The shared path is a debugging
@@ -61,6 +56,11 @@ std::string shared_path_reason(const evaluator_options& opt, const std::vector<s
 /// (`rewards`: the command produces rewards and refuses it; otherwise a warning of `crucible eval`).
 std::string shared_path_message(const std::string& reason, bool rewards);
 
+/// The device evaluators every caller makes (the run, `crucible eval`, `eval --pairs` and
+/// `--set`, `tasks import`, an evaluator node): the harness located once, one evaluator per
+/// device in order, all launched before any is waited for (the devices' warm pools start
+/// together), all sharing one verdict cache. Returns when each device has a started worker. An
+/// error names the device (evaluator.devices[i] where `devices` is evaluator.devices).
 result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(const evaluator_options& opt,
                                                                               const reward_options& reward,
                                                                               const std::vector<std::string>& devices,

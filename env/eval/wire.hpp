@@ -213,6 +213,10 @@ public:
     }
   }
 
+  /// The value itself in the message's JSON tree (core/json_parse.hpp), for a reader written
+  /// against that tree (env/verdict.hpp's task_work_from_json); nullptr where it is undefined.
+  const json_value* value() const noexcept { return at_; }
+
   /// Where this value is in its message ("the field .outputs[0].dtype").
   std::string where() const { return "the " + path_name(); }
 

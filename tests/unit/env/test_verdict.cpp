@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "env/reward.hpp"
+#include "core/json_parse.hpp"
 #include "env/verdict.hpp"
 #include "env/eval/verdict_cache.hpp"
 
@@ -72,6 +73,15 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   auto broken = to_json(v);
   broken.replace(broken.find("\"bytes_read\":"), 13, "\"bytes_read\":\"x\",\"y\":");
   CHECK_FALSE(verdict_from_json(broken).has_value());
+  // One reader for a verdict's `work` and a reference worker's: counts finite and not negative,
+  // dtype names short.
+  auto work_of = [](const char* text) { return task_work_from_json(*parse_json(text)); };
+  CHECK(work_of(R"({"flops": {"float32": 2}, "bytes_read": 4, "bytes_written": 8})") == task_work{{{"float32", 2}}, 4, 8});
+  CHECK_FALSE(work_of(R"({"flops": {"float32": -2}, "bytes_read": 4, "bytes_written": 8})").has_value());
+  CHECK_FALSE(work_of(R"({"flops": {}, "bytes_read": -1, "bytes_written": 8})").has_value());
+  CHECK_FALSE(work_of(R"({"flops": {"": 1}, "bytes_read": 1, "bytes_written": 8})").has_value());
+  CHECK_FALSE(work_of(R"({"flops": [], "bytes_read": 1, "bytes_written": 8})").has_value());
+  CHECK_FALSE(work_of(R"({"flops": {}, "bytes_read": 1})").has_value());
   CHECK(v.precision_changes() == std::vector<std::string>{"cuda.matmul.allow_tf32: True (reference False)"});
   CHECK_FALSE(verdict_from_json("{\"status\": \"great\"}").has_value());
   CHECK_FALSE(verdict_from_json("not json").has_value());
