@@ -540,31 +540,32 @@ double boundary::net_ms(double ms) const {
   return std::max(0.0, ms - split_.null_ms / static_cast<double>(split_.sample_calls));
 }
 
+double boundary::ms_since(clock_type::time_point t0) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
 bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted) {
   const int dist = facts_.dists[static_cast<std::size_t>(split_.round_no) % facts_.dists.size()];
   ++split_.round_no;
   sample_inputs in;
-  auto t0 = clock_type::now();
-  if (!draw(dist, in))
-    return false;
-  auto t1 = clock_type::now();
-  split_.host_draw_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-  std::vector<std::vector<tensor_blob>> ref_outs, cand_outs;
-  // Both samples of a round in random order, each right after its own untimed call.
-  if (split_.rng() & 1) {
-    if (!time_sample(cand_side_, in, cand_outs, cand_ms) || !time_sample(ref_side_, in, ref_outs, ref_ms))
-      return false;
-  } else {
-    if (!time_sample(ref_side_, in, ref_outs, ref_ms) || !time_sample(cand_side_, in, cand_outs, cand_ms))
+  {
+    lap_into lap{split_.host_draw_ms};
+    if (!draw(dist, in))
       return false;
   }
-  t0 = clock_type::now();
-  split_.host_samples_ms += std::chrono::duration<double, std::milli>(t0 - t1).count();
-  struct compare_lap {
-    double& into;
-    clock_type::time_point from;
-    ~compare_lap() { into += std::chrono::duration<double, std::milli>(clock_type::now() - from).count(); }
-  } lap{split_.host_compare_ms, t0};
+  std::vector<std::vector<tensor_blob>> ref_outs, cand_outs;
+  {
+    lap_into lap{split_.host_samples_ms};
+    // Both samples of a round in random order, each right after its own untimed call.
+    if (split_.rng() & 1) {
+      if (!time_sample(cand_side_, in, cand_outs, cand_ms) || !time_sample(ref_side_, in, ref_outs, ref_ms))
+        return false;
+    } else {
+      if (!time_sample(ref_side_, in, ref_outs, ref_ms) || !time_sample(cand_side_, in, cand_outs, cand_ms))
+        return false;
+    }
+  }
+  lap_into compare_lap{split_.host_compare_ms};
   if (split_.outputs_reused && split_.sample_calls > 1) {
     // Its earlier calls' outputs were overwritten by later ones: from now on one call per sample,
     // and this round is not counted.
@@ -663,10 +664,9 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     // New input buffers every round, at random places in both workers (make_buffers), as the
     // shared path places each round's inputs (placement_jitter_bytes): where buffers lie can move
     // a kernel's speed, and one placement for a whole verdict would fix that for its every round.
-    const auto b0 = clock_type::now();
-    if (opt.placement_jitter_bytes >= 512 && (!make_buffers(ref_side_, split_.sample_calls) || !make_buffers(cand_side_, split_.sample_calls)))
+    if (lap_into lap{split_.host_buffers_ms}; opt.placement_jitter_bytes >= 512
+                                               && (!make_buffers(ref_side_, split_.sample_calls) || !make_buffers(cand_side_, split_.sample_calls)))
       return false;
-    split_.host_buffers_ms += std::chrono::duration<double, std::milli>(clock_type::now() - b0).count();
     {
       // Another evaluation in flight (its candidate compiling, say) shares the host's cores with
       // these rounds, and not with the reference timed alone afterwards (check_clean_reference).

@@ -163,6 +163,14 @@ private:
   result<std::shared_ptr<device_bytes>> map_handle(worker& w, const std::string& handle);
   // dev_.mapped's key of a worker's allocation: "pid:handle".
   static std::string mapping_key(const worker& w, const std::string& handle);
+  /// Milliseconds since `t0`, and a lap of a phase with many exits: what passed from its making to
+  /// its end is added to `into` (the rounds' and samples' parts in the debug log).
+  static double ms_since(std::chrono::steady_clock::time_point t0);
+  struct lap_into {
+    double& into;
+    std::chrono::steady_clock::time_point from = std::chrono::steady_clock::now();
+    ~lap_into() { into += ms_since(from); }
+  };
   // Gives `s`'s worker the device clock's event to wait for and takes its own (CUDA).
   bool setup_clock(side& s);
   // The empty sample's round trip across the boundary (ms), fastest of five.

@@ -276,7 +276,7 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   // does to the other side's samples is the reference-alone check's to see. The host's round
   // trips are outside the clock; a call that waits for the device inside (the queue full, a
   // value read back) is let go after 20 ms, and then its launches from there on are inside.
-  const double flush_ms = std::chrono::duration<double, std::milli>(clock_type::now() - t_flush).count();
+  const double flush_ms = ms_since(t_flush);
   const auto words = dev_.words.find(w.pid());
   if (words == dev_.words.end())
     return broke("it has no clock words");
@@ -413,17 +413,13 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   if (!device_ms)
     return device_failed("cannot read the device clock", device_ms.error());
   auto& l = dev_.laps[candidate ? 1 : 0];
-  const auto t_after = clock_type::now();
   l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
   l[1].push_back(*device_ms);
   l[2].push_back(released ? 1.0 : 0.0);
   l[3].push_back(flush_ms);
-  l[4].push_back(std::chrono::duration<double, std::milli>(t_after - t_close).count());
-  struct after_lap {
-    std::vector<double>& into;
-    clock_type::time_point from;
-    ~after_lap() { into.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - from).count()); }
-  } checks_lap{l[5], t_after};
+  l[4].push_back(ms_since(t_close));
+  l[5].push_back(0);
+  lap_into checks_lap{l[5].back()}; // the checks below, however they end
   ms = *device_ms / static_cast<double>(in.size());
   // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
   // spans that overlap here are the same memory.
