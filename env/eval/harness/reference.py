@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - torch 2.1 and later have both
 from .channel import _Done, _error_done, _exc_line
 from .outputs import (
     _aliased_outputs, _encode_inputs, _inputs_digest, _from_wire, _to_wire, _all_finite, _clone_inputs, _encode,
-    _map_tensors, _output_items, _output_sample,
+    _map_tensors, _output_items, _output_sample, _SUPPORTED_DTYPES,
     _same_sample, _tensors_in
 )
 
@@ -478,27 +478,27 @@ def count_work(ref, inputs, param_storages):
                     if _isinstance(a, _Tensor):
                         first = a
                         break
-                name = _DTYPE_NAMES.get(first.dtype, "other") if first is not None else "other"
+                name = _SUPPORTED_DTYPES.get(first.dtype, "other") if first is not None else "other"
                 flops[name] = flops.get(name, 0) + _int(formula(*args, **kwargs, out_val=result))
             return result
 
     try:
         with _Counting():
             out = ref(*inputs)
-        written = _sum(_int(_T_numel(o)) * o.element_size() for o in _output_items(out) if _type(o) is _Tensor)
+        written = _tensor_bytes(_output_items(out))
         for o in _output_items(out):
             poison_tensor(o, param_storages)
         del out
     except _BaseException:
         return None
-    read = _sum(_int(_T_numel(x)) * x.element_size() for x in _tensors_in(inputs))
+    read = _tensor_bytes(_tensors_in(inputs))
     return {"flops": {k: _float(v) for k, v in flops.items()}, "bytes_read": _float(read),
             "bytes_written": _float(written)}
 
 
-_DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
-                torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32", torch.int8: "int8",
-                torch.uint8: "uint8", torch.bool: "bool"}
+def _tensor_bytes(xs):
+    """The bytes of the tensors among xs (each counted as its elements, views included)."""
+    return _sum(_int(_T_numel(x)) * x.element_size() for x in xs if _type(x) is _Tensor)
 
 
 def fit_trials(w, r, inputs, out, ref64):
@@ -512,14 +512,14 @@ def fit_trials(w, r, inputs, out, ref64):
     where the float64 calls do not fit (the tolerances then stay fixed); the inputs' bytes, in
     every reference message: the evaluator's retry alone). The evaluator is told the number of
     trials in every reference message and says it in the verdict."""
-    in_bytes = _sum(_int(_T_numel(x)) * x.element_size() for x in _tensors_in(inputs))
+    in_bytes = _tensor_bytes(_tensors_in(inputs))
     if not w.cuda:
         return ref64, in_bytes
     try:
         total = torch.cuda.mem_get_info()[1]
     except _BaseException:
         return ref64, in_bytes
-    out_bytes = _sum(_int(_T_numel(o)) * o.element_size() for o in _output_items(out) if _type(o) is _Tensor)
+    out_bytes = _tensor_bytes(_output_items(out))
     fit = _max(1, _int((total // 2) // _max(3 * out_bytes, 1)))
     if fit < r.trials:
         w.laps["reference: trials the device holds"] = fit
