@@ -195,7 +195,7 @@ struct evaluator_options {
   evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
   bool cuda_boundary = true;                   ///< boundary: process on CUDA devices too; off: the shared path there (debugging only)
   cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
-  bool cuda_clock_poll = false;                ///< the device clock's window closed by the host's reads of the done word, not a wait on the device
+  bool cuda_clock_poll = true;                 ///< the device clock's window closed by the host's reads of the done word, not a wait on the device
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 

@@ -337,13 +337,13 @@ void describe(V& v, config& c) {
             "the device, ends the device's agent; the evaluator clears the server's clients, starts the agent "
             "again and judges the faulting candidate again alone (docs/evaluator.md, CUDA MPS).");
     v.field("cuda_clock_poll", e.cuda_clock_poll,
-            "Across the CUDA boundary: how the device clock closes a timed sample's window. Off: a wait for the "
-            "worker's done word queued on the clock's stream, the copy out behind it. On: nothing of the "
-            "clock's process waits on the device during the worker's calls; its host reads the done word with "
-            "4-byte copies and queues the copy out once it has the sample's number. Under MPS the queued wait "
-            "slowed one of a verdict's two workers: the CPU suite's references against themselves measured "
-            "1.13-1.18x on an H200, 0.97-1.02x with the poll, one verdict each (docs/PERFORMANCE.md, The "
-            "clock's close under MPS). Off until measured at scale.");
+            "Across the CUDA boundary: how the device clock closes a timed sample's window. On (the default): "
+            "nothing of the clock's process waits on the device during the worker's calls; its host reads the "
+            "done word with 4-byte copies and queues the copy out once it has the sample's number. Off: a wait "
+            "for the done word queued on the clock's stream, the copy out behind it. Under MPS the queued wait "
+            "slowed one of a verdict's two workers: the CPU suite's 18 references against themselves on an "
+            "H200, 7 of 18 within 1.00 +- 2% with the wait (up to 1.265x), 15 of 18 with the poll "
+            "(0.962-1.028x), run side by side (docs/PERFORMANCE.md, The clock's close at scale).");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

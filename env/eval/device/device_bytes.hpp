@@ -97,13 +97,14 @@ public:
   virtual void let_go() noexcept = 0;
   virtual result<double> finish(double timeout_s) = 0;
 };
-/// How a clock closes a sample's window once the worker's calls are queued. `wait`: a wait for the
-/// worker's done word queued on the clock's stream, the copy out behind it. `poll`: nothing of this
-/// process's waits on the device during the worker's calls; its host reads the done word (4-byte
-/// copies on a second stream) and queues the copy out once it has the sample's number
-/// (evaluator.cuda_clock_poll; docs/PERFORMANCE.md, "The clock's close under MPS").
+/// How a clock closes a sample's window once the worker's calls are queued. `poll` (the
+/// evaluator's default): nothing of this process's waits on the device during the worker's calls;
+/// its host reads the done word (4-byte copies on a second stream) and queues the copy out once it
+/// has the sample's number. `wait`: a wait for the worker's done word queued on the clock's stream,
+/// the copy out behind it (evaluator.cuda_clock_poll: false; docs/PERFORMANCE.md, "The clock's
+/// close at scale").
 enum class clock_close : std::uint8_t { wait, poll };
-result<std::unique_ptr<device_clock>> make_device_clock(int device, clock_close close = clock_close::wait);
+result<std::unique_ptr<device_clock>> make_device_clock(int device, clock_close close);
 
 /// Writes `value` into every byte of each span (a worker's export included) and waits.
 result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value);
