@@ -74,9 +74,9 @@ class Rounds:
     """What the timed outputs' check is given: a stand-in Worker on the CPU path (no harness
     kernels), the job's tolerances, the timing's state and its round checks."""
 
-    def __init__(self, timing):
+    def __init__(self, timing, kinds):
         self.timing = timing
-        self.w = types.SimpleNamespace(cuda=False)
+        self.w = types.SimpleNamespace(kind=kinds["cpu"])
         self.job = types.SimpleNamespace(tolerances={torch.float32: F32, torch.float16: (1e-2, 1e-2)})
         self.state = timing.TimingState(can_spin=False)
         self.checks = timing.RoundChecks(torch.Generator().manual_seed(0), random.Random(0).getrandbits)
@@ -92,8 +92,8 @@ class Rounds:
 
 
 @pytest.fixture
-def rounds(timing):
-    return Rounds(timing)
+def rounds(timing, harness):
+    return Rounds(timing, harness["device"].KINDS)
 
 
 def test_tolerance_per_dtype_and_output(rounds):

@@ -26,13 +26,18 @@ JOB = {"type": "job", "seed": 11, "tolerances": {"float32": [1e-4, 2e-4], "float
        "outputs": "host"}
 
 
+# The harness's kinds of device by name (device.py's KINDS), for parse_job.
+KIND = {}
+
+
 @pytest.fixture(scope="module")
 def job(harness):
+    KIND.update(harness["device"].KINDS)
     return harness["job"]
 
 
 def test_parse_job_reads_every_field(job):
-    j = job.parse_job(dict(JOB), "cpu")
+    j = job.parse_job(dict(JOB), KIND["cpu"])
     assert (j.seed, j.trials, j.rounding_factor, j.baseline, j.flush_bytes, j.jitter_bytes) == (11, 5, 8.0, "eager",
                                                                                                  1 << 20, 4096)
     assert j.tolerances == {torch.float32: (1e-4, 2e-4), torch.float16: (1e-2, 1e-2)}
@@ -40,26 +45,26 @@ def test_parse_job_reads_every_field(job):
     assert (j.role, j.candidate_source, j.task_source, j.reference_only, j.static) == (None, "C", "T", False, True)
     assert j.outputs_on_device is False and not j.candidate_side
     # Clamped as the worker always clamped them.
-    j = job.parse_job(dict(JOB, rounding_factor=-1, placement_jitter_bytes=-5, sample_ms=-1, max_calls=0), "cpu")
+    j = job.parse_job(dict(JOB, rounding_factor=-1, placement_jitter_bytes=-5, sample_ms=-1, max_calls=0), KIND["cpu"])
     assert (j.rounding_factor, j.jitter_bytes, j.sample_ms, j.max_calls) == (0.0, 0, 0.0, 1)
 
 
 def test_the_candidate_side_has_no_task_tolerances_or_rounding(job):
     msg = {k: v for k, v in JOB.items() if k not in ("tolerances", "rounding_factor", "task_source")}
-    j = job.parse_job(dict(msg, role="candidate"), "cpu")
+    j = job.parse_job(dict(msg, role="candidate"), KIND["cpu"])
     assert j.candidate_side and j.tolerances == {} and j.rounding_factor == 0.0 and j.task_source == ""
 
 
 def test_a_check_of_the_task_alone_runs_no_static_checks(job):
-    assert job.parse_job(dict(JOB, reference_only=True), "cpu").static is False
-    assert job.parse_job(dict(JOB, static_checks=False), "cpu").static is False
+    assert job.parse_job(dict(JOB, reference_only=True), KIND["cpu"]).static is False
+    assert job.parse_job(dict(JOB, static_checks=False), KIND["cpu"]).static is False
 
 
 def test_outputs_stay_on_the_device_only_on_cuda_and_when_asked(job):
     msg = {k: v for k, v in JOB.items() if k != "outputs"}
-    assert job.parse_job(msg, "cpu").outputs_on_device is False        # not read on the CPU
-    assert job.parse_job(dict(JOB, outputs="device"), "cuda").outputs_on_device is True
-    assert job.parse_job(dict(JOB, outputs="host"), "cuda").outputs_on_device is False
+    assert job.parse_job(msg, KIND["cpu"]).outputs_on_device is False        # not read on the CPU
+    assert job.parse_job(dict(JOB, outputs="device"), KIND["cuda"]).outputs_on_device is True
+    assert job.parse_job(dict(JOB, outputs="host"), KIND["cuda"]).outputs_on_device is False
 
 
 @pytest.mark.parametrize("key", [k for k in JOB if k != "type"])
@@ -67,20 +72,20 @@ def test_a_missing_field_ends_the_job_naming_it(job, channel, key):
     msg = {k: v for k, v in JOB.items() if k != key}
     if key == "outputs":
         with pytest.raises(channel._Done) as e:
-            job.parse_job(msg, "cuda")
+            job.parse_job(msg, KIND["cuda"])
     else:
         with pytest.raises(channel._Done) as e:
-            job.parse_job(msg, "cpu")
+            job.parse_job(msg, KIND["cpu"])
     assert e.value.status == "runtime_error"
     assert e.value.message == f"the evaluator's 'job' message lacks {key!r}"
 
 
 def test_the_first_missing_field_is_named_in_the_order_the_worker_reads(job, channel):
     with pytest.raises(channel._Done) as e:
-        job.parse_job({"type": "job"}, "cpu")
+        job.parse_job({"type": "job"}, KIND["cpu"])
     assert e.value.message == "the evaluator's 'job' message lacks 'seed'"
     with pytest.raises(channel._Done) as e:   # the baseline is checked before the role is read
-        job.parse_job(dict(JOB, baseline="fast", role="judge"), "cpu")
+        job.parse_job(dict(JOB, baseline="fast", role="judge"), KIND["cpu"])
     assert e.value.message == "unknown baseline 'fast'"
 
 
@@ -89,10 +94,10 @@ def test_baseline_and_role_are_checked(job, channel):
                                "the cuda-graph baseline needs a CUDA device; this worker runs on the CPU"),
                               (dict(JOB, role="judge"), "cpu", "unknown role 'judge'")]:
         with pytest.raises(channel._Done) as e:
-            job.parse_job(msg, device)
+            job.parse_job(msg, KIND[device])
         assert e.value.status == "runtime_error" and e.value.message == text
-    assert job.parse_job(dict(JOB, baseline="cuda-graph"), "cuda").baseline == "cuda-graph"
-    assert job.parse_job(dict(JOB, role="reference"), "cpu").role == "reference"
+    assert job.parse_job(dict(JOB, baseline="cuda-graph"), KIND["cuda"]).baseline == "cuda-graph"
+    assert job.parse_job(dict(JOB, role="reference"), KIND["cpu"]).role == "reference"
 
 
 def test_reference_info_crosses_the_boundary_and_back(reference):
@@ -137,7 +142,7 @@ def _data_classes(harness):
 
 def _instances(harness):
     t, r = harness["timing"], harness["reference"]
-    return [harness["job"].parse_job(dict(JOB), "cpu"), r.Reference(1), r.Baseline(), harness["trials"].Candidate(),
+    return [harness["job"].parse_job(dict(JOB), harness["device"].CPU), r.Reference(1), r.Baseline(), harness["trials"].Candidate(),
             t.TimingState(False), t.RoundChecks(None, None), t.ThreadWatch(), t.CacheFlush(64, "cpu"),
             harness["executor"].ExecutorState((1, 1))]
 

@@ -17,6 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import load_worker
+
 # A job message as the evaluator sends it (env/eval/worker_messages.cpp), parsed by the real
 # parse_job; tests override the fields they are about.
 JOB_MSG = {
@@ -31,12 +33,12 @@ MiB = 1 << 20
 
 
 def make_job(harness, device="cpu", **fields):
-    return harness["job"].parse_job({**JOB_MSG, **fields}, device)
+    return harness["job"].parse_job({**JOB_MSG, **fields}, harness["device"].kind_of(device))
 
 
 def cpu_worker(rng_random=None):
     """The Worker's attributes these functions read, on the CPU."""
-    return SimpleNamespace(cuda=False, device="cpu", laps={}, rng_random=rng_random or random.Random(1).random)
+    return SimpleNamespace(kind=load_worker()._OWN_MODULES["device"].CPU, device="cpu", laps={}, rng_random=rng_random or random.Random(1).random)
 
 
 def scripted(values):
@@ -128,7 +130,7 @@ def test_choose_calls_host_time_counts_on_cuda_only(timing, harness, monkeypatch
     # The CUDA branch asks the device for its free memory; these CPU-only tests have no device,
     # so torch.cuda.mem_get_info answers 8 GiB free of 16 here (the budget: a quarter, 2 GiB).
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (8 << 30, 16 << 30))
-    cuda = SimpleNamespace(cuda=True)
+    cuda = SimpleNamespace(kind=harness["device"].CUDA)
     many = dict(ref_ms=(0.001,) * 3, cand_ms=(0.001,) * 3)  # 2000 calls by time, max_calls 1000
     assert choose(timing, harness, **many, host_ms=0.5) == 1000  # the CPU's timing has no gate
     assert choose(timing, harness, **many, host_ms=0.5, w=cuda) == 20  # 10 ms of host time
@@ -143,7 +145,7 @@ def test_choose_calls_on_cuda_falls_back_to_a_gib_when_the_device_cannot_say(tim
         raise RuntimeError("Found no NVIDIA driver on your system")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", no_device)
-    many = dict(ref_ms=(0.001,) * 3, cand_ms=(0.001,) * 3, w=SimpleNamespace(cuda=True))
+    many = dict(ref_ms=(0.001,) * 3, cand_ms=(0.001,) * 3, w=SimpleNamespace(kind=harness["device"].CUDA))
     assert choose(timing, harness, **many, in_bytes=100 * MiB) == 5
 
 

@@ -416,9 +416,10 @@ def _prewarm_triton():
         pass
 
 
-def _prewarm(cuda):
+def _prewarm(kind):
     """The zygote's warm-ups, before it forks (a worker started as its own interpreter makes
-    them before it says `started`; in a forked one they are already done)."""
+    them before it says `started`; in a forked one they are already done); `kind`: device.py's
+    DeviceKind."""
     _prewarm_cpp_extension()
-    if cuda:
+    if kind.triton_prewarm:
         _prewarm_triton()

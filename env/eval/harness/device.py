@@ -1,14 +1,17 @@
-"""env/eval/harness/device.py: the harness's own CUDA kernels (harness_kernels.cu's fatbin, which
-worker.py's main reads at start-up) and the CUDA driver's IPC calls, loaded when a CUDA worker
-starts (Worker.start); the reference, trial and timing phases launch the kernels through
-_kernels(), and outputs.py's _encode exports device outputs to the evaluator through _export."""
+"""env/eval/harness/device.py: what differs between the kinds of device a worker runs on, in one
+table (DeviceKind, kind_of: the C++ side's is env/eval/device_kind.hpp), the harness's own CUDA
+kernels (harness_kernels.cu's fatbin, which worker.py's main reads at start-up) and the CUDA
+driver's IPC calls, loaded when a CUDA worker starts (Worker.start); the reference, trial and
+timing phases launch the kernels through _kernels(), and outputs.py's _encode exports device
+outputs to the evaluator through _export."""
+import collections
 import ctypes
 
 import torch
 
 from .trusted import (
     _bytes_hex, _c_byref, _c_cast, _c_char_p, _c_double, _c_int, _c_int64, _c_size_t, _c_uint64, _c_void_p,
-    _cuda_synchronize, _Exception, _getattr, _int, _int32, _len, _max, _min, _str, _string_buffer, _T_data_ptr,
+    _cuda_synchronize, _Exception, _ProfilerActivity, _getattr, _int, _int32, _len, _max, _min, _str, _string_buffer, _T_data_ptr,
     _T_item, _T_numel, _T_size, _T_view, _torch_empty, _tuple
 )
 
@@ -289,3 +292,67 @@ def _export_range(ptr, nbytes):
     if get_handle(handle, base.value) != 0:
         return None
     return {"ipc": _bytes_hex(handle.raw), "offset": ptr - base.value, "bytes": nbytes}
+
+
+# ------------------------------------------------------------------------------------------------
+# The kinds of device.
+
+DeviceKind = collections.namedtuple("DeviceKind", (
+    "name", "driver", "device_clock", "synchronize", "exports", "caching_allocator", "memory_info",
+    "harness_kernels", "profiler_activities", "device_kernels", "early_snapshots", "quiet_first_profile", "stream_in_flags",
+    "graphs", "triton_prewarm"))
+DeviceKind.__doc__ = """What the harness does differently on one kind of device: a row a kind, read by
+every phase that would otherwise ask "is this CUDA?" (a worker's `w.kind`, kind_of(--device)).
+A new kind of device adds a row here and the code its fields name; the C++ side's row is in
+env/eval/device_kind.hpp (docs/architecture.md, "Adding a kind of device"). A tuple: its fields
+cannot be set, and its class is in the integrity snapshot with the harness's other classes.
+
+    name                 the worker's --device and torch's device string
+    driver               a driver started at the evaluator's `init` step, its IPC calls opened (worker.py, start)
+    device_clock         the shared path's samples timed by events on the device's stream behind the
+                         device gate, the reference's profiled call by events (timing.py, reference.py);
+                         else by the host's clock
+    synchronize          waits for the device's queued work (the worker's sync; nothing on the CPU)
+    exports              memory handed to the evaluator by driver handles: the timing's buffers,
+                         outputs kept on the device, the trial inputs copied there (executor.py,
+                         reference.py, job.py's outputs_on_device)
+    caching_allocator    the allocator's free blocks poisoned between phases (reference.py, poison_free_pool)
+    memory_info          the device's free and total memory bound the trials' and timing's budgets
+                         (reference.py, timing.py)
+    harness_kernels      the harness's own kernels (flush, gate, spin, round checks) may be loaded
+                         (worker.py, timing.py)
+    profiler_activities  what the profiler records of a call (reference.py, profiled)
+    device_kernels       the profiler sees the device's kernels and launches: the reference's
+                         kernel_mode is "device" or "launches" by them (reference.py)
+    early_snapshots      the integrity snapshots made while waiting for the job (on the CPU that
+                         would compete with a neighbour's timed rounds for the cores)
+    quiet_first_profile  the profiler's first use runs with fd 2 on /dev/null (without a GPU it logs
+                         "gpuGetDeviceCount failed" to the user's terminal)
+    stream_in_flags      the current stream is one of the process-wide settings checked after a call
+    graphs               the cuda-graph baseline can run (job.py)
+    triton_prewarm       Triton's hooks installed in the zygote before it forks (builds.py, _prewarm)
+"""
+
+
+def _no_device_work():
+    """A CPU worker's synchronize: nothing is queued anywhere."""
+
+
+CPU = DeviceKind(name="cpu", driver=False, device_clock=False, synchronize=_no_device_work, exports=False,
+                 caching_allocator=False, memory_info=False, harness_kernels=False,
+                 profiler_activities=(_ProfilerActivity.CPU,), device_kernels=False, early_snapshots=False, quiet_first_profile=True,
+                 stream_in_flags=False, graphs=False, triton_prewarm=False)
+CUDA = DeviceKind(name="cuda", driver=True, device_clock=True, synchronize=_cuda_synchronize, exports=True,
+                  caching_allocator=True, memory_info=True, harness_kernels=True,
+                  profiler_activities=(_ProfilerActivity.CPU, _ProfilerActivity.CUDA), device_kernels=True,
+                  early_snapshots=True,
+                  quiet_first_profile=False, stream_in_flags=True, graphs=True, triton_prewarm=True)
+KINDS = {k.name: k for k in (CPU, CUDA)}
+
+
+def kind_of(device):
+    """The row of a worker's --device ("cpu" or "cuda"); ValueError naming it for any other."""
+    k = KINDS.get(device)
+    if k is None:
+        raise ValueError(f"unknown device kind {device!r}: the harness knows {', '.join(sorted(KINDS))}")
+    return k

@@ -116,7 +116,7 @@ def receive_device_inputs(w, descs):
     handle, each input's offset and size), the evaluator copies them there from the reference
     worker's draw and says `copied`; they are then kept in host memory like inputs sent as
     bytes, and the allocation freed."""
-    if not w.cuda:
+    if not w.kind.exports:
         raise _Done("runtime_error", (), "the evaluator sent inputs on a device to a worker without one")
     shapes = []
     need = 0
@@ -244,7 +244,7 @@ def describe_outputs(w, outs):
             shape, strides = [_int(s) for s in _T_size(o)], [_int(s) for s in _T_stride(o)]
             d_ = {"dtype": _SUPPORTED_DTYPES[o.dtype], "shape": shape, "strides": strides,
                   "addr": _T_data_ptr(o), "bytes": _int(_T_numel(o)) * o.element_size()}
-            if w.cuda and d_["bytes"] > 0:
+            if w.kind.exports and d_["bytes"] > 0:
                 # On a CUDA device: the allocation's handle, which the evaluator maps.
                 last = 0
                 for n_, st in zip(shape, strides):
@@ -341,7 +341,7 @@ def draw(w, job, ref, state, calls, dist, on_device, seed=None):
         drawn = [make_inputs(ref.task, w.device, _fresh_seed() if seed is None else seed, dist)
                  for _ in _range(calls)]
         place = None
-        if on_device and w.cuda:
+        if on_device and w.kind.exports:
             # On a CUDA device the round's tensors are copied into one allocation of this
             # worker's, kept from round to round, which the evaluator maps and copies into its
             # own memory: no bytes cross the socket (a task's inputs may be gigabytes).
@@ -396,7 +396,7 @@ def make_buffers(w, job, ref, state, calls):
         first = make_inputs(ref.task, w.device, job.seed, ref.trial_dists[0])
     steps = (job.jitter_bytes // _max(calls, 1)) // 512
     arena = None
-    if w.cuda:
+    if w.kind.exports:
         # On a CUDA device the buffers are cut from one arena, kept from round to round (grown
         # when a sample takes more calls): the evaluator maps it once, where an allocation per
         # buffer and round would cost it a mapping each, and the device holds one round's
@@ -440,7 +440,7 @@ def make_buffers(w, job, ref, state, calls):
             _T_copy_(t, x0)
             one.append(t)
             d_ = {"addr": _T_data_ptr(t), "bytes": n * size}
-            if w.cuda and n > 0:
+            if w.kind.exports and n > 0:
                 # On a CUDA device the evaluator maps the allocation and writes there.
                 ex = _export_range(_T_data_ptr(t), n * size)
                 if ex is None:

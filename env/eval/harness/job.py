@@ -61,8 +61,8 @@ class Job:
         return self.role == "candidate"
 
 
-def parse_job(msg, device):
-    """The job message `msg` for a worker on `device` ("cpu" or "cuda"), as a Job. Ends the job
+def parse_job(msg, kind):
+    """The job message `msg` for a worker on a device of `kind` (device.py's DeviceKind), as a Job. Ends the job
     (_Done, runtime_error) on a missing field, an unknown baseline or role, or the cuda-graph
     baseline on the CPU; fields are read, and checked, in the order the worker always read them."""
     candidate_side = msg.get("role") == "candidate"
@@ -81,8 +81,8 @@ def parse_job(msg, device):
     eval_mode = _need(msg, "eval_mode") is True
     if baseline not in _BASELINES:
         raise _Done("runtime_error", (), f"unknown baseline {baseline!r}")
-    if baseline == "cuda-graph" and device != "cuda":
-        raise _Done("runtime_error", (), "the cuda-graph baseline needs a CUDA device; this worker runs on the CPU")
+    if baseline == "cuda-graph" and not kind.graphs:
+        raise _Done("runtime_error", (), f"the cuda-graph baseline needs a CUDA device; this worker runs on the {kind.name.upper()}")
     role = msg.get("role")
     if role not in _ROLES:
         raise _Done("runtime_error", (), f"unknown role {role!r}")
@@ -90,7 +90,7 @@ def parse_job(msg, device):
     task_source = "" if candidate_side else _need(msg, "task_source")
     reference_only = _need(msg, "reference_only") is True
     static = _need(msg, "static_checks") is True and not reference_only
-    outputs_on_device = device == "cuda" and _need(msg, "outputs") == "device"
+    outputs_on_device = kind.exports and _need(msg, "outputs") == "device"
     return Job(seed=seed, tolerances=tolerances, trials=trials, rounding_factor=rounding_factor, baseline=baseline,
                flush_bytes=flush_bytes, jitter_bytes=jitter_bytes, timing_reserve=timing_reserve,
                sample_ms=sample_ms, max_calls=max_calls, quiet_gc=quiet_gc, eval_mode=eval_mode, role=role,

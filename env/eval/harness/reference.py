@@ -224,10 +224,11 @@ def poison_tensor(t, param_storages):
     _T_fill_(u8, 255)
 
 
-def poison_free_pool(cuda):
-    """CUDA (`cuda`): fill the caching allocator's free (reserved but unallocated) blocks with
-    0xFF, so that a candidate's torch.empty cannot return the reference's old values."""
-    if not cuda:
+def poison_free_pool(kind):
+    """A device with a caching allocator (`kind`, device.py's DeviceKind: CUDA): fill its free
+    (reserved but unallocated) blocks with 0xFF, so that a candidate's torch.empty cannot return
+    the reference's old values."""
+    if not kind.caching_allocator:
         return
     _cuda_synchronize()
     held = []
@@ -360,7 +361,7 @@ def reference_phase(w, job, task_src):
                 # level1/21_Sigmoid).
                 in_frames = []
                 again = make_inputs(task, w.device, job.seed + t, dist)
-                on_device = w.exports is not None and w.cuda
+                on_device = w.exports is not None and w.kind.exports
                 in_msg = {"type": "inputs", "trial": t,
                           "inputs": _encode_inputs(again, in_frames, (lambda x: {}) if on_device else None)}
                 if on_device:
@@ -411,7 +412,7 @@ def reference_phase(w, job, task_src):
                 if msg.get("type") == "reference":
                     msg["work"] = work
                     break
-        if w.cuda:
+        if w.kind.device_kernels:
             if counts["device"] > 0:
                 r.kernel_mode = "device"
             elif counts["launches"] > 0:
@@ -429,7 +430,7 @@ def reference_phase(w, job, task_src):
     w.sync()
     t0 = w.lap("reference: baseline", t0)
     if w.exports is None:
-        poison_free_pool(w.cuda)
+        poison_free_pool(w.kind)
         device_done(w, pending)
         w.lap("reference: outputs sent", t0)
         return r, baseline
@@ -438,7 +439,7 @@ def reference_phase(w, job, task_src):
     # First the pool's free blocks go back to the driver, poisoned: the float64 calls' and the
     # trials' buffers, which torch keeps cached, left no room for the evaluator's copies of
     # 4 GiB outputs on an 80 GB device (KernelBench level 1: 7, 84, 91-93), alone or not.
-    poison_free_pool(w.cuda)
+    poison_free_pool(w.kind)
     _cuda_empty_cache()
     device_done(w, pending)
     msg = w.chan.recv()
@@ -452,7 +453,7 @@ def reference_phase(w, job, task_src):
     # import could do) cannot return them to the driver.
     for x in w.exports:
         _T_fill_(x, 255)
-    poison_free_pool(w.cuda)
+    poison_free_pool(w.kind)
     w.lap("reference: poison free pool", t0)
     return r, baseline
 
@@ -513,7 +514,7 @@ def fit_trials(w, r, inputs, out, ref64):
     every reference message: the evaluator's retry alone). The evaluator is told the number of
     trials in every reference message and says it in the verdict."""
     in_bytes = _tensor_bytes(_tensors_in(inputs))
-    if not w.cuda:
+    if not w.kind.memory_info:
         return ref64, in_bytes
     try:
         total = torch.cuda.mem_get_info()[1]
@@ -596,9 +597,7 @@ def profiled(w, fn):
     launches, ops, ext, busy_ms, window_ms, kernels, operators, kernel_us, operator_us): the
     reference's calibration of kernel counting (reference_phase), the candidate's second call of
     trial 0 (trials.py, call_candidate), and the profiler's first use at start-up (worker.py)."""
-    acts = [_ProfilerActivity.CPU]
-    if w.cuda:
-        acts.append(_ProfilerActivity.CUDA)
+    acts = _list(w.kind.profiler_activities)
     modules = _sys_modules
     ext_calls = [0]
 
@@ -616,7 +615,7 @@ def profiled(w, fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the profiler warns about its event cycles
         with _profile(activities=acts) as prof:
-            if w.cuda:
+            if w.kind.device_clock:
                 _Ev_record(w.ev0, w.stream0)
             _setprofile(hook)
             try:
@@ -624,7 +623,7 @@ def profiled(w, fn):
             finally:
                 _setprofile(None)
             w.sync()
-            if w.cuda:
+            if w.kind.device_clock:
                 _Ev_record(w.ev1, w.stream0)
                 _Ev_synchronize(w.ev1)
                 window_ms = _Ev_elapsed(w.ev0, w.ev1)

@@ -167,11 +167,11 @@ def flush(w, state, cache, k, cover=True):
     _LAUNCH_COVER_CYCLES), and the caller records the start event and makes the call while
     the device works through both (a timed sample closes the gate instead: begin_sample)."""
     kernels = _kernels()
-    if kernels is not None and w.cuda:
+    if kernels is not None and w.kind.harness_kernels:
         kernels.flush(cache.buf)
     else:
         _torch_sum(cache.buf, 0, dtype=_int64, out=cache.total)
-    if cover and w.cuda and state.can_spin:
+    if cover and w.kind.device_clock and state.can_spin:
         spin(_LAUNCH_COVER_CYCLES)
 
 
@@ -261,7 +261,7 @@ def timed_reference(w, job, baseline, state, checks, cache, inputs, k, inside=Fa
             fn, inputs = graph.replay, [()]
         elif job.baseline == "compile-reduce-overhead" and baseline.mark_step is not None:
             baseline.mark_step()  # one call per sample with this baseline (choose_calls)
-        if w.cuda:
+        if w.kind.device_clock:
             outs, _, gated = gated_calls(w, state, cache, fn, inputs, inside, snap_in, k)
             ms = finish_sample(w, gated, n)
             return ms, ([static_out] if static_out is not None else outs)
@@ -312,7 +312,7 @@ def timed_candidate(w, ref, cand, state, checks, watch, cache, inputs, k, where,
     w.candidate_flags()
     foreign_mark(cand, state, watch, True)
     try:
-        if w.cuda:
+        if w.kind.device_clock:
             # The stream's stop comes before the harness's own bookkeeping (the thread watch):
             # its host time is no part of the candidate's calls (the reference has none).
             outs, inner, gated = gated_calls(w, state, cache, model, inputs, inside, snap_in, k)
@@ -552,7 +552,7 @@ def check_round_fracs(w, checks):
     counted = [m for _, _, _, m in fracs if _type(m) is not _int]
     matching = _T_tolist(_torch_stack(counted)) if counted else []
     kernels = _kernels()
-    used = checks.round_used if kernels is not None and w.cuda else 0
+    used = checks.round_used if kernels is not None and w.kind.harness_kernels else 0
     mismatches = _T_tolist(checks.round_bad[:used]) if used else []
     if used:
         kernels._zero(_T_data_ptr(checks.round_bad), used * 8)
@@ -695,7 +695,7 @@ def choose_calls(w, job, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms, host_m
     calls = _min(job.max_calls, _max(1, _int(-(-job.sample_ms // fastest))))
     per_call = _max(2 * (in_bytes + out_bytes), 1)
     budget = 1 << 30
-    if w.cuda:
+    if w.kind.memory_info:
         try:
             budget = torch.cuda.mem_get_info()[0] // 4
         except _BaseException:
@@ -703,7 +703,7 @@ def choose_calls(w, job, ref_ms, cand_ms, in_bytes, out_bytes, inputs_ms, host_m
     calls = _min(calls, _max(1, budget // per_call))
     if inputs_ms > 0:
         calls = _min(calls, _max(1, _int(_INPUTS_MS_PER_ROUND // inputs_ms)))
-    if w.cuda and host_ms > 0:  # the host queues a sample well within the gate's wait
+    if w.kind.device_clock and host_ms > 0:  # the host queues a sample well within the gate's wait
         calls = _min(calls, _max(1, _int(_GATE_HOST_MS // host_ms)))
     return calls
 
@@ -716,7 +716,7 @@ def clock_warmup(w, state, cap_ms):
     1.5-2.5% slower first verdicts of a 0.26 ms kernel on an H100, which it was tried for: the
     clock was already at 1938 of 1980 MHz there.) Settled: a batch no more than 0.5% faster
     than the fastest before it, after at least _CLOCK_MIN_MS of spinning."""
-    if not w.cuda or not state.can_spin:
+    if not w.kind.device_clock or not state.can_spin:
         return
     t0 = _perf_counter_ns()
     best = 0.0
@@ -747,7 +747,7 @@ def await_measure(w, state):
     Timing). On CUDA the device spins meanwhile, so that its clocks stay up."""
     t0 = _perf_counter_ns()
     w.chan.send({"type": "warmed"})
-    if w.cuda and state.can_spin:
+    if w.kind.device_clock and state.can_spin:
         msg = None
         while msg is None:
             for _ in _range(5):
@@ -808,7 +808,7 @@ def measure_floor(w, state, cache):
             _T_zero_(buf)
 
     for i in _range(5):
-        if w.cuda:
+        if w.kind.device_clock:
             # The fills behind the gate, back to back, as a sample's calls are.
             _, _, gated = gated_calls(w, state, cache, fill, [()] * n, False, None, -10 - i)
             _Ev_synchronize(w.ev_call)
@@ -860,7 +860,7 @@ def timing_rounds(w, job, ref, baseline, cand, state, checks, watch, cache, roun
         placed = _placed(inputs, job.jitter_bytes, w.rng_random)
         inputs_ms = (_perf_counter_ns() - t_in) / 1e6  # what one call's inputs cost to draw and place
         del placed
-        if w.cuda and job.timing_reserve:
+        if w.kind.memory_info and job.timing_reserve:
             reserve_for_rounds(w, job, inputs)
         ref_first, cand_first = [], []
         out_bytes = 0

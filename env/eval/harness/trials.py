@@ -297,7 +297,7 @@ def trial_inputs(w, job, ref, t):
     the device) or drawn here."""
     if job.role == "candidate":
         given = ref.given_inputs[t]
-        if not w.cuda:
+        if not w.kind.exports:  # the evaluator's bytes stay where they were received
             return given
         return [_T_to(x, w.device) if _type(x) is _Tensor else x for x in given]
     return make_inputs(ref.task, w.device, job.seed + t, ref.trial_dists[t])

@@ -147,7 +147,7 @@ from crucible_harness.trusted import (  # noqa: E402
     _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr, _T_fill_, _torch_empty, _type
 )
 from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
-from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image  # noqa: E402
+from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image, kind_of, KINDS  # noqa: E402
 from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
 from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE,
@@ -192,7 +192,7 @@ class Worker:
 
     def __init__(self, args):
         self.device = args.device
-        self.cuda = args.device == "cuda"
+        self.kind = kind_of(args.device)  # what differs on this kind of device (device.py, DeviceKind)
         self.scratch = args.scratch
         self.chan = Channel(args.endpoint)
         # Triton's builds go to the evaluator's build service from here on (set before the
@@ -249,7 +249,7 @@ class Worker:
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         torch.backends.cudnn.benchmark = False
-        _prewarm(self.cuda)
+        _prewarm(self.kind)
         # Device initialisation goes in three steps, each at the evaluator's word (the driver,
         # the context, the profiler's first use): it holds the device during those that must
         # not run beside another candidate's timed rounds (evaluator.init_hold).
@@ -259,19 +259,19 @@ class Worker:
         # torch asks NVML for the device count first; NVML cannot start inside the sandbox,
         # torch falls back to the CUDA runtime, and the warning it prints is noise.
         warnings.filterwarnings("ignore", message="Can't initialize NVML")
-        if self.cuda:
+        if self.kind.driver:
             _open_driver_ipc()
             torch.cuda.init()  # cuInit; the context is created on the first allocation
         t_cuinit = _perf_counter_ns()
         self.chan.send({"type": "driver"})
         self.await_step("context")
         t_context0 = _perf_counter_ns()
-        if self.cuda:
+        if self.kind.device_clock:
             self.stream0 = torch.cuda.current_stream()
             self.ev0 = torch.cuda.Event(enable_timing=True)
             self.ev_call = torch.cuda.Event(enable_timing=True)
             self.ev1 = torch.cuda.Event(enable_timing=True)
-            _torch_empty(1, device="cuda")
+            _torch_empty(1, device=self.device)
             _cuda_synchronize()
             hardware = torch.cuda.get_device_name(0)
             kernels = _load_kernels()
@@ -286,7 +286,7 @@ class Worker:
         # terminal: on the CPU it runs with fd 2 on /dev/null (no candidate code has run yet).
         quiet = saved = None
         try:
-            if not self.cuda:
+            if self.kind.quiet_first_profile:
                 quiet = os.open(os.devnull, os.O_WRONLY)
                 saved = os.dup(2)
                 os.dup2(quiet, 2)
@@ -332,8 +332,7 @@ class Worker:
         load_inline in ModelNew's constructor), so whatever the candidate queued on it ends
         first: none of its kernels runs beside other evaluations' measured rounds meanwhile (a
         thread of its own that queued more would fail the thread checks after the constructor)."""
-        if self.cuda:
-            _cuda_synchronize()
+        self.kind.synchronize()
         self.chan.send(req)
         reply = self.chan.recv()
         if reply.get("type") == "stop":
@@ -342,8 +341,7 @@ class Worker:
 
     # -- helpers, and the state checks after candidate code ran --------------------------------
     def sync(self):
-        if self.cuda:
-            _cuda_synchronize()
+        self.kind.synchronize()
 
     def flags(self):
         vals = {}
@@ -357,7 +355,7 @@ class Worker:
             vals[name] = v
         for name, d in _GLOBAL_HOOK_DICTS:
             vals["nn.Module hooks " + name] = (_MODULE_MODULE.__dict__.get(name) is d, _len(d))
-        if self.cuda:
+        if self.kind.stream_in_flags:
             try:
                 vals["current_stream"] = torch._C._cuda_getCurrentStream(0)
             except Exception:
@@ -427,7 +425,7 @@ class Worker:
 
     # -- the job -------------------------------------------------------------------------------
     def run(self):
-        if self.cuda:
+        if self.kind.early_snapshots:
             # Ready, waiting for a job: make the snapshots now (~0.1 s on an H100's host), and
             # only bring them up to date when the candidate loads. (Not on the CPU, where this
             # would compete with a neighbour's timed rounds for the cores.)
@@ -440,7 +438,7 @@ class Worker:
         self.t_job = _perf_counter_ns()
         # Every value comes from the evaluator (env/eval/worker_messages.cpp): a field the job lacks
         # ends it naming the field; the worker keeps no default of its own (job.py).
-        job = parse_job(msg, self.device)
+        job = parse_job(msg, self.kind)
         self.rng_random = _Random(_fresh_seed()).random
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
@@ -458,7 +456,7 @@ class Worker:
         # Positions compared in timing rounds; made here, before any candidate code exists.
         checks = RoundChecks(_Generator(device=self.device).manual_seed(_fresh_seed()),
                              _Random(_fresh_seed()).getrandbits)
-        if kernels is not None and self.cuda:
+        if kernels is not None and self.kind.harness_kernels:
             # Mismatch counters of the timing rounds' output checks (check_round_outputs).
             checks.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
             checks.round_used = 0
@@ -512,7 +510,7 @@ class Worker:
         t0 = _perf_counter_ns()
         construct_model(self, job, ref, cand)
         t0 = self.lap("trials: ModelNew", t0)
-        poison_free_pool(self.cuda)
+        poison_free_pool(self.kind)
         t0 = self.lap("trials: poison free pool", t0)
         trial_phase(self, job, ref, cand)
         self.lap("trials: calls and outputs", t0)
@@ -553,7 +551,7 @@ class Worker:
         t0 = _perf_counter_ns()
         construct_model(self, job, ref, cand)
         t0 = self.lap("trials: ModelNew", t0)
-        poison_free_pool(self.cuda)
+        poison_free_pool(self.kind)
         trial_phase(self, job, ref, cand)
         self.lap("trials: calls and outputs", t0)
         executor_loop(self, job, ref, None, cand)
@@ -703,7 +701,7 @@ def zygote_main(args):
     # Confined first, while the process has one thread: a CUDA zygote's warm-ups (Triton's) start
     # threads, and a multi-threaded process cannot make a mount namespace (unshare: EINVAL).
     isolation = _CONFINE.enter_zygote()
-    _prewarm(args.device == "cuda")
+    _prewarm(kind_of(args.device))
     reply({"type": "ready", "pid": zygote_pid, "isolation": isolation})
     buf = b""
     while True:
@@ -764,12 +762,12 @@ def zygote_main(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description="crucible evaluator worker (one candidate, then exit)")
     p.add_argument("--endpoint", default="")
-    p.add_argument("--device", choices=("cpu", "cuda"), required=True)
+    p.add_argument("--device", choices=tuple(KINDS), required=True)
     p.add_argument("--scratch", required=True)
     p.add_argument("--zygote", action="store_true", help="fork workers on request (stdin: control socket)")
     p.add_argument("--kernels", default="", help="fatbin of the harness's own kernels (env/eval/harness/harness_kernels.cu)")
     args = p.parse_args(argv)
-    if args.kernels and args.device == "cuda":
+    if args.kernels and kind_of(args.device).harness_kernels:
         # Read now, before any candidate runs (a zygote's workers inherit the bytes).
         _read_kernels_image(args.kernels)
     if args.zygote:
