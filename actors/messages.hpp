@@ -314,6 +314,13 @@ typename Inspector::result_type inspect(Inspector& f, task_work& x) {
   return f(caf::meta::type_name("task_work"), x.flops, exact{x.bytes_read}, exact{x.bytes_written});
 }
 
+/// A task's bound on the verdict's hardware (env/verdict.hpp), inside a verdict.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_bound& x) {
+  using crucible::detail::exact;
+  return f(caf::meta::type_name("task_bound"), exact{x.ms}, exact{x.bytes_ms}, exact{x.flops_ms});
+}
+
 /// The verdict (env/verdict.hpp) as a message: every field, numbers bit-exact (NaN speedups
 /// of failed verdicts included); a status outside the enum is rejected on load.
 template <class Inspector>
@@ -322,7 +329,7 @@ typename Inspector::result_type inspect(Inspector& f, verdict& x) {
   return f(caf::meta::type_name("verdict"), x.status, x.correct, exact{x.speedup}, exact{x.speedup_spread},
            exact{x.ref_ms}, exact{x.cand_ms}, exact{x.reward}, x.checks_failed, x.message, x.hardware,
            x.cache_hit, x.rounds, exact{x.wall_s}, x.baseline, x.profile, exact{x.own_share},
-           x.precision_reference, x.precision_candidate, x.judged, x.work, crucible::detail::check_enum(x.status));
+           x.precision_reference, x.precision_candidate, x.judged, x.work, x.bound, crucible::detail::check_enum(x.status));
 }
 
 } // namespace crucible::env

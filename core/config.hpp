@@ -75,6 +75,7 @@ struct reward_options {
   double clip_max = 10.0;
   double failed = 0.0;       ///< reward of every status but ok
   double format_error = 0.0; ///< reward of a response without usable code
+  double limit_weight = 0.0; ///< added to an ok verdict's reward, times its fraction of the hardware's limit (at most 1)
 };
 
 /// What a candidate's speedup is measured against.
@@ -179,6 +180,7 @@ struct evaluator_options {
   std::int64_t cpu_threads = 1;                ///< torch threads in a CPU worker
   std::int64_t cuda_max_connections = 2;       ///< CUDA_DEVICE_MAX_CONNECTIONS of GPU workers; 0: the driver's (8)
   bool huge_pages = false;                      ///< torch's large CPU allocations in workers on transparent huge pages
+  bool limits = true;                           ///< verdicts carry the bound of the task on their hardware and both sides' fractions of it
   std::string cache;                           ///< verdict cache (SQLite); "" : ~/.cache/crucible/verdicts.db
   std::string extensions_dir;                  ///< compiled extensions (the build service's cache); "" : ~/.cache/crucible/extensions
   isolation_mode isolation = isolation_mode::strict; ///< a machine without every sandbox layer: refuse, or warn

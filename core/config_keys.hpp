@@ -301,6 +301,13 @@ void describe(V& v, config& c) {
             "each worker's context cheaper to create (every verdict needs one); streams then share queues, so a "
             "candidate's streams may overlap less. 0: the driver's default (8).",
             constraint<std::int64_t>{"an integer between 0 and 32", [](std::int64_t v) { return v >= 0 && v <= 32; }});
+    v.field("limits", e.limits,
+            "Every verdict carries the lower bound on a call of its task on its hardware (`bound`: the task's "
+            "bytes at the device's copy rate, its FLOPs at their dtype's matrix-product rate) and the candidate's "
+            "and the reference's fractions of it (`fraction`, `ref_fraction`: 1.0 is at the limit). The "
+            "hardware's peaks are measured once a process, by the reference's worker of its first verdict there, "
+            "before any candidate code runs (about a second on the CPU). Off: no peaks, no bound. The reward "
+            "is not changed by it (docs/evaluator.md, How far from the limit).");
     v.field("huge_pages", e.huge_pages,
             "Workers put torch's large CPU allocations on transparent huge pages (THP_MEM_ALLOC_ENABLE; where the "
             "kernel's transparent_hugepage mode is madvise or always). Both sides of a verdict get it. On the 2-core "
@@ -420,6 +427,15 @@ void describe(V& v, config& c) {
     v.field("clip_max", c.reward.clip_max, "Upper clip for `clipped`.");
     v.field("failed", c.reward.failed, "Reward of every status but `ok`.");
     v.field("format_error", c.reward.format_error, "Reward of a response without usable code.");
+    v.field("limit_weight", c.reward.limit_weight,
+            "Added to the reward of an ok verdict that carries a bound (evaluator.limits): this weight times the "
+            "candidate's fraction of its task's limit on the hardware, at most 1 (1.0: a call as fast as the "
+            "hardware's copy and matrix-product rates allow). 0 (the default) leaves the reward the speedup's "
+            "alone. What it changes: two kernels of one speedup over a slow and a fast reference are told apart "
+            "(the speedup says how slow the reference was, the fraction how close the kernel is to the "
+            "hardware), and a group near the limit keeps a signal. The fraction's FLOP part counts the "
+            "reference's algorithm, so a kernel that needs fewer operations than it can pass 1.0; the cap "
+            "keeps that to the speedup's term (docs/evaluator.md, How far from the limit).");
   });
   v.section("exemplar", "Exemplars shown in the contrastive prompt (CUDA-L1) and the assembly of GRPO groups.", [&] {
     auto& x = c.exemplar;

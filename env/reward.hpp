@@ -7,7 +7,9 @@
 namespace crucible::env {
 
 /// The reward for `v` under `opt` (reward_options in core/config.hpp): failed statuses get
-/// `opt.failed`, format errors `opt.format_error`, ok verdicts a function of the speedup.
+/// `opt.failed`, format errors `opt.format_error`, ok verdicts a function of the speedup, plus
+/// `opt.limit_weight` times the verdict's fraction of its hardware's limit (at most 1) where it
+/// carries a bound.
 double compute_reward(const verdict& v, const reward_options& opt) noexcept;
 
 } // namespace crucible::env

@@ -59,6 +59,25 @@ bool operator==(const task_work& x, const task_work& y) noexcept {
   return x.flops == y.flops && same_number(x.bytes_read, y.bytes_read) && same_number(x.bytes_written, y.bytes_written);
 }
 
+std::optional<task_bound> task_bound_from_json(const json_value& b) {
+  if (!b.is_object())
+    return std::nullopt;
+  auto num = [&](const char* key) -> std::optional<double> {
+    const auto* x = b.find(key);
+    if (x == nullptr || !x->is_number() || !std::isfinite(x->as_double()) || x->as_double() < 0)
+      return std::nullopt;
+    return x->as_double();
+  };
+  const auto ms = num("ms"), bytes = num("bytes_ms"), flops = num("flops_ms");
+  if (!ms || !bytes || !flops || *ms != std::max(*bytes, *flops))
+    return std::nullopt;
+  return task_bound{*ms, *bytes, *flops};
+}
+
+bool operator==(const task_bound& x, const task_bound& y) noexcept {
+  return same_number(x.ms, y.ms) && same_number(x.bytes_ms, y.bytes_ms) && same_number(x.flops_ms, y.flops_ms);
+}
+
 bool operator==(const verdict& x, const verdict& y) noexcept {
   return x.status == y.status && x.correct == y.correct && same_number(x.speedup, y.speedup)
          && same_number(x.speedup_spread, y.speedup_spread) && same_number(x.ref_ms, y.ref_ms)
@@ -69,7 +88,8 @@ bool operator==(const verdict& x, const verdict& y) noexcept {
          && std::equal(x.profile.begin(), x.profile.end(), y.profile.begin(),
                        [](const kernel_share& a, const kernel_share& b) { return a.name == b.name && same_number(a.share, b.share); })
          && same_number(x.own_share, y.own_share) && x.precision_reference == y.precision_reference
-         && x.precision_candidate == y.precision_candidate && x.judged == y.judged && x.work == y.work;
+         && x.precision_candidate == y.precision_candidate && x.judged == y.judged && x.work == y.work
+         && x.bound == y.bound;
 }
 
 std::vector<std::string> verdict::precision_changes() const {
@@ -107,6 +127,10 @@ std::string to_json(const verdict& v) {
     for (const auto& [dtype, n] : v.work.flops)
       w.field(dtype, n);
     w.end_object().field("bytes_read", v.work.bytes_read).field("bytes_written", v.work.bytes_written).end_object();
+  }
+  if (v.bound.known()) {
+    w.key("bound").begin_object().field("ms", v.bound.ms).field("bytes_ms", v.bound.bytes_ms).field("flops_ms", v.bound.flops_ms).end_object();
+    w.field("fraction", v.fraction()).field("ref_fraction", v.ref_fraction());
   }
   if (!v.profile.empty()) {
     w.key("profile").begin_array();
@@ -189,6 +213,14 @@ std::optional<verdict> verdict_from_json(std::string_view json) {
     if (!work)
       return std::nullopt;
     v.work = std::move(*work);
+  }
+  // Absent where the evaluator had no peaks for its hardware, and in verdicts cached before
+  // they carried it; the fractions are derived from it and the times.
+  if (const auto* b = n.find("bound"); b != nullptr && !b->is_null()) {
+    auto bound = task_bound_from_json(*b);
+    if (!bound)
+      return std::nullopt;
+    v.bound = *bound;
   }
   // Absent in verdicts cached before they carried it, and in a task's check alone.
   if (const auto* j = n.find("judged"); j != nullptr && !j->is_null()) {

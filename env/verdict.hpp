@@ -62,6 +62,24 @@ struct task_work {
 /// is not a finite number of 0 or more, or a dtype's name is empty or 32 characters or longer.
 std::optional<task_work> task_work_from_json(const json_value& w);
 
+/// A lower bound on one call's time on the verdict's device (env/eval/limits.hpp, bound_of): the
+/// larger of the task's bytes (its inputs read once, its outputs written) at the device's copy
+/// rate and its FLOPs at their dtype's fastest matrix-product rate, both rates measured on that
+/// hardware. The FLOP part counts the reference's own algorithm (a candidate that needs fewer
+/// operations can be faster than it); NaN everywhere where it is not known (no peaks for the
+/// hardware, or the work not counted).
+struct task_bound {
+  double ms = NAN;       ///< max(bytes_ms, flops_ms)
+  double bytes_ms = NAN; ///< (bytes read + bytes written) / the copy rate
+  double flops_ms = NAN; ///< the sum over dtypes of FLOPs / the dtype's matrix-product rate
+  bool known() const noexcept { return !std::isnan(ms); }
+  friend bool operator==(const task_bound&, const task_bound&) noexcept;
+};
+
+/// A task_bound from its JSON (`{"ms": N, "bytes_ms": N, "flops_ms": N}`, as to_json writes it):
+/// none where a field is missing or not a finite number of 0 or more, or `ms` is not the larger.
+std::optional<task_bound> task_bound_from_json(const json_value& b);
+
 /// Everything the evaluator says about one candidate. Plain value; it is also the verdict
 /// message the actors exchange (actors/messages.hpp holds its inspect()).
 struct verdict {
@@ -101,6 +119,13 @@ struct verdict {
   /// The reference's work in one call (task_work); not counted in a task checked alone before
   /// verdicts carried it, or where the worker could not count it.
   task_work work;
+  /// The lower bound on a call's time on this hardware (task_bound); not known where the
+  /// evaluator has no peaks for its hardware (evaluator.limits) or the work was not counted.
+  task_bound bound;
+  /// bound.ms / cand_ms and bound.ms / ref_ms: how close each side's median call came to the
+  /// limit (1.0 is at it); NaN where either number is not known.
+  double fraction() const noexcept { return bound.ms / cand_ms; }
+  double ref_fraction() const noexcept { return bound.ms / ref_ms; }
   /// The candidate's settings that differ from the reference's: "name: candidate (reference X)".
   std::vector<std::string> precision_changes() const;
 

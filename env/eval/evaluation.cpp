@@ -360,6 +360,7 @@ std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
     f.rounding_factor = opt.rounding_factor;
   }
   f.outputs_on_device = cuda_device_ >= 0 && !req_.reference_only;
+  f.peaks = ctx_.ask_peaks && !candidate_side && !req_.reference_only;
   if (role)
     f.role = role;
   return worker_msg::job(f);
@@ -420,6 +421,11 @@ bool evaluation::keep_reference(const wire::node& n, worker_message& msg) {
   if (const auto w = n["work"]; w.is_object())
     if (auto work = task_work_from_json(*w.value()))
       v_.work = std::move(*work);
+  // The hardware's peaks, where the job asked (evaluator.limits), measured by the same worker
+  // before any candidate code existed; the evaluator keeps them for its hardware. A worker that
+  // sends anything else has them left out, and the next verdict asks again.
+  if (const auto p = n["peaks"]; p.is_object())
+    peaks_ = peaks_from_json(*p.value(), "");
   return true;
 }
 

@@ -14,11 +14,13 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "env/eval/boundary.hpp"
+#include "env/eval/limits.hpp"
 #include "env/eval/timing.hpp"
 #include "env/eval/walk.hpp"
 
@@ -72,6 +74,8 @@ public:
           n += static_cast<std::uint64_t>(b.numel()) * element_size(b.type);
     return n;
   }
+  /// The hardware's peaks the reference's worker measured (asked by the context's ask_peaks), once.
+  std::optional<device_peaks> take_peaks() noexcept { return std::exchange(peaks_, std::nullopt); }
   /// The worker's process, after run(): for device_evaluator::retire.
   std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 
@@ -118,6 +122,8 @@ private:
   std::optional<boundary> b_;
   /// The measurement ended at its first look: the candidate is clearly slower (measure_once).
   bool slow_stop_ = false;
+  /// The peaks the reference's worker reported (keep_reference), for take_peaks.
+  std::optional<device_peaks> peaks_;
 };
 
 } // namespace crucible::env

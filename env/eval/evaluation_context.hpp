@@ -89,6 +89,7 @@ struct evaluation_context {
   const std::function<void(const char* phase, pid_t worker)>& observer;
   int outputs_device;      // >= 0: outputs stay on this CUDA device of this process
   std::string protocol_key; // everything that can change a verdict of the same code
+  bool ask_peaks = false;   // the reference's worker measures the hardware's peaks (evaluator.limits)
 };
 
 } // namespace crucible::env

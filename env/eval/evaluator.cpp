@@ -6,6 +6,7 @@
 #include "env/eval/device/mps.hpp"
 #include "env/eval/build_service.hpp"
 #include "env/eval/evaluation.hpp"
+#include "env/eval/limits.hpp"
 
 #include "core/device.hpp"
 #include "core/file_io.hpp"
@@ -307,6 +308,12 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   } flying{*pool_};
   auto finish = [&](verdict v) {
     v.wall_s = std::chrono::duration<double>(clock_type::now() - t0).count();
+    // How far from the limit (evaluator.limits): the task's bound on this hardware, where its
+    // peaks are known in this process (a cached verdict gets it too; off, none carries it).
+    v.bound = {};
+    if (opt_.limits)
+      if (auto peaks = peaks_registry::process().find(v.hardware.empty() ? hardware() : v.hardware))
+        v.bound = bound_of(v.work, *peaks);
     v.reward = compute_reward(v, reward_);
     return v;
   };
@@ -338,8 +345,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
     }
   }
   bool evaluator_failed = false; // the verdict reports this process's failure, not the candidate's
-  const evaluation_context context{opt_,      device_,   log_,   *gate_,     *pool_,       *builds_,
-                                   baselines_, counters_, flush_, observer_, outputs_device_, protocol_key()};
+  // The first verdict on a hardware whose peaks this process lacks has its reference's worker
+  // measure them (one verdict at a time asks; one that brings none lets the next ask).
+  const bool ask_peaks = opt_.limits && !peaks_registry::process().find(w->hardware) && !peaks_asked_.exchange(true);
+  const evaluation_context context{opt_,      device_,   log_,   *gate_,     *pool_,           *builds_,  baselines_,
+                                   counters_, flush_,    observer_, outputs_device_, protocol_key(), ask_peaks};
   // One evaluation on a worker, beside the others or alone on the device (solo_gate).
   struct attempt {
     verdict v;
@@ -370,6 +380,11 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       e.use_fresh_workers();
     attempt a;
     a.v = e.run();
+    if (auto peaks = e.take_peaks()) {
+      peaks->hardware = hardware();
+      log_.info("evaluator", device_, ": peaks of ", peaks->hardware, ": ", to_json(*peaks));
+      peaks_registry::process().keep(std::move(*peaks));
+    }
     a.task_bytes = e.task_bytes();
     e.drop_outputs();
     pool_->retire(e.take_process());
@@ -474,6 +489,8 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       second.v.message += " (twice; out of memory?)";
     return second.v;
   }();
+  if (ask_peaks && !peaks_registry::process().find(hardware()))
+    peaks_asked_ = false; // its reference's worker brought none: the next verdict asks
   v = finish(v);
   // Timeouts depend on the machine's load, and the evaluator's own failures (its device memory,
   // its comparison; a verdict without a worker returned above) are not the candidate's: keep

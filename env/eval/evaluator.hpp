@@ -186,6 +186,7 @@ private:
   std::shared_ptr<device_gate> gate_;
   solo_gate solo_;                    // an evaluation out of device memory beside others is retried alone
   reference_baselines baselines_;
+  std::atomic<bool> peaks_asked_{false}; // a verdict's reference worker measures the peaks now (evaluator.limits)
   evaluation_counters counters_;
   host_cache_flush flush_;
   std::unique_ptr<worker_pool> pool_;

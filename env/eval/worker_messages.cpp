@@ -82,6 +82,7 @@ std::string job(const job_fields& f) {
     m["rounding_factor"] = f.rounding_factor;
   }
   m["outputs"] = f.outputs_on_device ? "device" : "host";
+  m["peaks"] = f.peaks;
   if (f.role)
     m["role"] = *f.role;
   return text(m);

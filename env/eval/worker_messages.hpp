@@ -62,6 +62,7 @@ struct job_fields {
   std::optional<tolerances> tol;          // with rounding_factor; none for the candidate's side
   double rounding_factor = 0;
   bool outputs_on_device = false;
+  bool peaks = false;                     // measure the hardware's peaks (reference.py, measure_peaks)
   std::optional<std::string> role;        // "reference" or "candidate" across the boundary
 };
 std::string job(const job_fields& f);

@@ -29,7 +29,7 @@ constexpr bool brace_constructible(std::index_sequence<I...>) {
 template <class T, std::size_t N = 0>
 constexpr std::size_t field_count() {
   static_assert(std::is_aggregate_v<T>);
-  if constexpr (N < 21 && detail::brace_constructible<T>(std::make_index_sequence<N + 1>{}))
+  if constexpr (N < 25 && detail::brace_constructible<T>(std::make_index_sequence<N + 1>{}))
     return field_count<T, N + 1>();
   else
     return N;
@@ -52,7 +52,7 @@ constexpr std::size_t field_count() {
 /// Calls f(index, x_field, y_field) for each field of the aggregate T, in order.
 template <class T, class F>
 void for_each_field_pair(const T& x, const T& y, F&& f) {
-  static_assert(field_count<T>() >= 1 && field_count<T>() <= 20, "extend the visitor");
+  static_assert(field_count<T>() >= 1 && field_count<T>() <= 24, "extend the visitor");
   CRUCIBLE_TEST_VISIT(1, a)
   CRUCIBLE_TEST_VISIT(2, a, b)
   CRUCIBLE_TEST_VISIT(3, a, b, c)
@@ -73,6 +73,10 @@ void for_each_field_pair(const T& x, const T& y, F&& f) {
   CRUCIBLE_TEST_VISIT(18, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s)
   CRUCIBLE_TEST_VISIT(19, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t)
   CRUCIBLE_TEST_VISIT(20, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u)
+  CRUCIBLE_TEST_VISIT(21, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u, v)
+  CRUCIBLE_TEST_VISIT(22, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u, v, w)
+  CRUCIBLE_TEST_VISIT(23, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u, v, w, z)
+  CRUCIBLE_TEST_VISIT(24, a, b, c, d, e, g, h, i, j, k, l, m, n, o, p, q, r, s, t, u, v, w, z, aa)
 }
 
 #undef CRUCIBLE_TEST_VISIT

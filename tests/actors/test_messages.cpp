@@ -128,7 +128,7 @@ template <> struct sample<verdict> {
             {"side_stream", "caching"}, "ok with caveats", "NVIDIA H100 80GB HBM3", true, 90, 12.5,
             "compile", {{"fused_kernel", 0.625}, {"aten::add", 0.25}}, 0.625,
             {{"cuda.matmul.allow_tf32", "False"}}, {{"cuda.matmul.allow_tf32", "True"}}, "boundary",
-            env::task_work{{{"float32", 2.5e9}}, 4096.0, 1024.0}};
+            env::task_work{{{"float32", 2.5e9}}, 4096.0, 1024.0}, env::task_bound{0.0125, 0.003, 0.0125}};
   }
 };
 

@@ -23,7 +23,7 @@ JOB = {"type": "job", "seed": 11, "tolerances": {"float32": [1e-4, 2e-4], "float
        "rounding_factor": 8.0, "baseline": "eager", "flush_bytes": 1 << 20, "placement_jitter_bytes": 4096,
        "timing_reserve": True, "sample_ms": 2.5, "max_calls": 64, "quiet_gc": True, "eval_mode": False,
        "candidate_source": "C", "task_source": "T", "reference_only": False, "static_checks": True,
-       "outputs": "host"}
+       "outputs": "host", "peaks": False}
 
 
 # The harness's kinds of device by name (device.py's KINDS), for parse_job.
@@ -44,6 +44,7 @@ def test_parse_job_reads_every_field(job):
     assert (j.timing_reserve, j.sample_ms, j.max_calls, j.quiet_gc, j.eval_mode) == (True, 2.5, 64, True, False)
     assert (j.role, j.candidate_source, j.task_source, j.reference_only, j.static) == (None, "C", "T", False, True)
     assert j.outputs_on_device is False and not j.candidate_side
+    assert j.peaks is False and job.parse_job(dict(JOB, peaks=True), KIND["cpu"]).peaks is True
     # Clamped as the worker always clamped them.
     j = job.parse_job(dict(JOB, rounding_factor=-1, placement_jitter_bytes=-5, sample_ms=-1, max_calls=0), KIND["cpu"])
     assert (j.rounding_factor, j.jitter_bytes, j.sample_ms, j.max_calls) == (0.0, 0, 0.0, 1)

@@ -205,3 +205,19 @@ def test_count_work_of_elementwise_work_counts_bytes_only_and_a_failing_call_cou
         raise RuntimeError("no")
 
     assert reference.count_work(broken, [x], set()) is None
+
+
+def test_measure_peaks_gives_every_rate_above_0_on_the_cpu(reference, harness):
+    cpu = harness["device"].CPU
+    peaks = reference.measure_peaks(cpu, "cpu", reps=1)
+    assert peaks is not None
+    assert peaks["write_bytes_per_ms"] > 0 and peaks["copy_bytes_per_ms"] > 0
+    # float64, float32 and bfloat16 on the CPU (TF32 and float16 only where the kind has a device).
+    assert sorted(peaks["matmul_flops_per_ms"]) == ["bfloat16", "float32", "float64"]
+    assert all(r > 0 for r in peaks["matmul_flops_per_ms"].values())
+    # A 512 x 512 float32 product is 268 MFLOP: a rate above 1e13 per ms (1e16 FLOP/s) is no CPU's.
+    assert peaks["matmul_flops_per_ms"]["float32"] < 1e13
+
+
+def test_measure_peaks_that_cannot_run_says_none(reference, harness):
+    assert reference.measure_peaks(harness["device"].CPU, "no-such-device", reps=1) is None

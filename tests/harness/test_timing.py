@@ -26,7 +26,7 @@ JOB_MSG = {
     "tolerances": {"float32": [1e-4, 1e-5], "float16": [1e-2, 1e-2], "bfloat16": [0.0, 1e-2], "int32": [0.0, 0.0]},
     "flush_bytes": 1 << 12, "placement_jitter_bytes": 0, "timing_reserve": False, "sample_ms": 2.0,
     "max_calls": 1000, "quiet_gc": False, "eval_mode": True, "candidate_source": "", "task_source": "",
-    "reference_only": False, "static_checks": True, "outputs": "host",
+    "reference_only": False, "static_checks": True, "outputs": "host", "peaks": False,
 }
 
 MiB = 1 << 20

@@ -180,6 +180,26 @@ TEST_CASE("the shared path is a debugging mode: train and serve refuse it naming
   // The reference's work in one call: 01_relu_scale has no matrix product, and reads and writes
   // one 1024 x 2048 float32 tensor.
   CHECK_MESSAGE(r.out.find("\"work\":{\"flops\":{},\"bytes_read\":8388608") != std::string::npos, r.out);
+  // How far from the limit (evaluator.limits, on by default): the CPU's peaks measured by the
+  // reference's worker, the bound its bytes at the copy rate (no FLOPs counted), and both
+  // fractions of it.
+  auto doc = crucible::parse_json(r.out);
+  REQUIRE(doc.ok());
+  const auto* bound = doc->find("bound");
+  REQUIRE_MESSAGE(bound != nullptr, r.out);
+  CHECK(bound->find("flops_ms")->as_double() == 0);
+  CHECK(bound->find("bytes_ms")->as_double() > 0);
+  CHECK(bound->find("ms")->as_double() == bound->find("bytes_ms")->as_double());
+  CHECK(doc->find("fraction")->as_double()
+        == doctest::Approx(bound->find("ms")->as_double() / doc->find("cand_ms")->as_double()));
+  CHECK(doc->find("ref_fraction")->as_double() > 0);
+  r = cli({"eval", "--task", task, "--candidate", cand, "--device", "cpu", "--no-cache"});
+  CHECK_MESSAGE(r.out.find("limit       ") != std::string::npos, r.out);
+  CHECK(r.out.find("a call on this hardware (bytes ") != std::string::npos);
+  r = cli({"eval", "--task", task, "--candidate", cand, "--device", "cpu", "--json", "--no-cache", "--set", "evaluator.limits=false"});
+  CHECK(r.exit_code == 0);
+  CHECK(r.out.find("\"bound\"") == std::string::npos);
+  CHECK(r.out.find("\"fraction\"") == std::string::npos);
 }
 
 TEST_CASE("crucible train creates the run directory, runs the lifecycle and status reports it") {

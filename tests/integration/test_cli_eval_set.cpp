@@ -126,7 +126,8 @@ void check_summary(const json_value& s, const std::vector<json_value>& records, 
   CHECK(count(s, "recorded") == records.size());
   std::map<std::string, std::size_t> status, checks, devices;
   std::size_t credited = 0, correct = 0, fast1 = 0, fast12 = 0;
-  std::vector<double> ok;
+  std::vector<double> ok, fractions;
+  std::size_t above = 0;
   for (const auto& r : records) {
     ++status[str(r, "status")];
     for (const auto& c : r.find("checks_failed")->as_array())
@@ -140,6 +141,10 @@ void check_summary(const json_value& s, const std::vector<json_value>& records, 
       REQUIRE_FALSE(std::isnan(x));
       ok.push_back(x);
       credited += x > 1.01 ? 1 : 0;
+      if (const auto* f = r.find("fraction"); f != nullptr && f->is_number()) {
+        fractions.push_back(f->as_double());
+        above += f->as_double() > 1.0 ? 1 : 0;
+      }
     }
     fast1 += is_correct && x > 1.0 ? 1 : 0;
     fast12 += is_correct && x > 1.2 ? 1 : 0;
@@ -160,6 +165,19 @@ void check_summary(const json_value& s, const std::vector<json_value>& records, 
   const auto& fast = *s.find("fast_p");
   CHECK(fast.find("1.0")->as_double() == doctest::Approx(static_cast<double>(fast1) / static_cast<double>(pairs)));
   CHECK(fast.find("1.2")->as_double() == doctest::Approx(static_cast<double>(fast12) / static_cast<double>(pairs)));
+  // How far from the limit: the ok records that carry a bound, their median fraction of it and
+  // how many are above 1.0.
+  const auto& limit = *s.find("limit");
+  CHECK(count(limit, "with_bound") == fractions.size());
+  CHECK(count(limit, "above") == above);
+  if (fractions.empty()) {
+    CHECK(limit.find("median_fraction")->is_null());
+  } else {
+    std::sort(fractions.begin(), fractions.end());
+    const auto m = fractions.size();
+    CHECK(limit.find("median_fraction")->as_double()
+          == doctest::Approx(m % 2 == 1 ? fractions[m / 2] : (fractions[m / 2 - 1] + fractions[m / 2]) / 2));
+  }
   if (ok.empty()) {
     CHECK(s.find("geomean_speedup")->is_null());
     CHECK(s.find("median_speedup")->is_null());

@@ -8,10 +8,10 @@ time as a fraction of that bound (docs/evaluator.md, the verdict's `work`; issue
   tools/bench/task_bounds.py data/kernelbench/level1 --device cuda:0 --out runs/bench/bounds/l1.jsonl
   tools/bench/task_bounds.py env/tasks/cpu --device cpu
 
-The peaks: the device's write rate (a fill of 1 GiB on CUDA, 256 MiB on the CPU), its copy rate
-(read and write: the fastest of a byte copy, a float32 negation and a ReLU, 1 and 8 GiB moved on
-CUDA), and matrix-product rates by dtype (float32 as the harness runs it, TF32 where
-the device has tensor cores, float16, bfloat16; float64; two sides each), each the fastest of 10 after a warm-up.
+The peaks: measured as the evaluator measures them for a verdict's bound (the harness's
+reference.py, measure_peaks: a fill; the fastest of a byte copy, a float32 negation and a ReLU at
+1 and 8 GiB moved on CUDA, 64 MiB on the CPU; square matrix products by dtype at two sides), each
+rate the fastest of 10 here.
 A call's bound is the larger of its bytes at the copy rate and its FLOPs at the fastest rate of
 their dtype (float32's at TF32's where the device has it: a candidate may use TF32 where its
 outputs stay within tolerance). The FLOP part counts the reference's own algorithm: where the
@@ -80,55 +80,6 @@ def fastest_ms(fn, device, reps=5, warm=2, before=None):
     return best
 
 
-def measure_peaks(device):
-    """Bytes per ms written and copied, and FLOPs per ms of a square matrix product by dtype.
-
-    The copy rate is the fastest of three streaming kernels (a byte copy, float32 negation and ReLU
-    into a second buffer) at two sizes (on CUDA 1 GiB and 8 GiB moved, on the CPU 256 MiB), each the
-    fastest of 10: one byte copy of 1 GiB (the first version) measured 4.13 TB/s on an H200 where the
-    references of KernelBench's elementwise tasks, 12.9 GB a call, moved 4.21 TB/s (fractions of
-    1.005-1.020)."""
-    cuda = device.startswith("cuda")
-    n = (1 << 30) if cuda else (256 << 20)
-    buf = torch.empty(n, dtype=torch.uint8, device=device)
-    peaks = {"write_bytes_per_ms": n / fastest_ms(lambda: buf.fill_(1), device, reps=10)}
-    del buf
-    copy = 0.0
-    for moved in ((1 << 30, 8 << 30) if cuda else (256 << 20,)):
-        half = moved // 2
-        src = torch.empty(half, dtype=torch.uint8, device=device).random_(0, 128)
-        dst = torch.empty(half, dtype=torch.uint8, device=device)
-        fs, fd = src.view(torch.float32), dst.view(torch.float32)
-        for fn in (lambda: dst.copy_(src), lambda: torch.neg(fs, out=fd), lambda: torch.clamp_min(fs, 0, out=fd)):
-            copy = max(copy, 2 * half / fastest_ms(fn, device, reps=10))
-        del src, dst, fs, fd
-        if cuda:
-            torch.cuda.empty_cache()
-    peaks["copy_bytes_per_ms"] = copy
-    mm = {}
-    kinds = [("float64", torch.float64, False), ("float32", torch.float32, False)]
-    if cuda:
-        kinds += [("tf32", torch.float32, True), ("float16", torch.float16, False), ("bfloat16", torch.bfloat16, False)]
-    else:
-        kinds += [("bfloat16", torch.bfloat16, False)]
-    for name, dtype, tf32 in kinds:
-        # two sides, each the fastest of 10: one square product of side 1024 measured 0.16 TFLOP/s
-        # on the 2-core machine where the CPU suite's own products of 512 ran at 0.19
-        for side in ((4096, 8192) if cuda else (512, 1024)):
-            s = side // 2 if dtype == torch.float64 else side
-            a = torch.randn(s, s, device=device).to(dtype)
-            b = torch.randn(s, s, device=device).to(dtype)
-            old = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            try:
-                mm[name] = max(mm.get(name, 0.0), 2.0 * s ** 3 / fastest_ms(lambda: a @ b, device, reps=10))
-            finally:
-                torch.backends.cuda.matmul.allow_tf32 = old
-            del a, b
-    peaks["matmul_flops_per_ms"] = mm
-    return peaks
-
-
 def bound_ms(work, peaks):
     """The larger of the call's bytes at the copy rate and its FLOPs at their dtype's fastest rate."""
     mm = peaks["matmul_flops_per_ms"]
@@ -159,8 +110,15 @@ def main():
     ap.add_argument("--reps", type=int, default=10, help="timed calls of each reference (median)")
     a = ap.parse_args()
     torch.manual_seed(0)
-    reference = load_harness()["reference"]
-    peaks = measure_peaks(a.device)
+    harness = load_harness()
+    reference = harness["reference"]
+    # The evaluator's own measurement (reference.py, measure_peaks: what a verdict's bound uses),
+    # each rate the fastest of 10 here.
+    peaks = reference.measure_peaks(harness["device"].kind_of("cuda" if a.device.startswith("cuda") else "cpu"),
+                                    a.device, reps=10)
+    if peaks is None:
+        print(f"task_bounds.py: the peaks of {a.device} could not be measured", file=sys.stderr)
+        return 1
     rows = [{"peaks": peaks, "device": a.device,
              "hardware": torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "cpu"}]
     print(f"peaks on {rows[0]['hardware']}: write {peaks['write_bytes_per_ms'] / 1e9:.2f} TB/s, copy "

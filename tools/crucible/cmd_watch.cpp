@@ -64,6 +64,7 @@ std::string readable(const std::string& line) {
   add_string("task", "task");
   add_string("status", "status");
   add("speedup", v->find("speedup"), "x");
+  add("of-limit", v->find("fraction")); // the candidate's fraction of its hardware's limit
   add("loss", v->find("loss"));
   add("reward", v->find("mean_reward"));
   add("correct", v->find("correct_share"));

@@ -342,6 +342,8 @@ result<std::pair<std::string, outcome>> parse_record(const std::string& line) {
     o.correct = c->as_bool();
   if (const auto* s = doc->find("speedup"); s != nullptr && s->is_number())
     o.speedup = s->as_double();
+  if (const auto* f = doc->find("fraction"); f != nullptr && f->is_number())
+    o.fraction = f->as_double();
   if (const auto* checks = doc->find("checks_failed"); checks != nullptr && checks->is_array())
     for (const auto& c : checks->as_array())
       if (c.is_string())
@@ -413,7 +415,7 @@ summary summarize(const std::vector<outcome>& recorded, std::size_t pairs, doubl
   s.pairs = pairs;
   s.recorded = recorded.size();
   s.win_threshold = win_threshold;
-  std::vector<double> speedups;
+  std::vector<double> speedups, fractions;
   for (const auto& o : recorded) {
     ++s.by_status[o.status];
     std::vector<std::string> checks = o.checks_failed;
@@ -429,6 +431,10 @@ summary summarize(const std::vector<outcome>& recorded, std::size_t pairs, doubl
       speedups.push_back(o.speedup);
       if (o.speedup > win_threshold)
         ++s.credited;
+      if (std::isfinite(o.fraction)) {
+        fractions.push_back(o.fraction);
+        s.above_limit += o.fraction > 1.0 ? 1 : 0;
+      }
     }
   }
   if (!speedups.empty()) {
@@ -439,6 +445,12 @@ summary summarize(const std::vector<outcome>& recorded, std::size_t pairs, doubl
     std::sort(speedups.begin(), speedups.end());
     const auto n = speedups.size();
     s.median_speedup = n % 2 == 1 ? speedups[n / 2] : 0.5 * (speedups[n / 2 - 1] + speedups[n / 2]);
+  }
+  s.with_bound = fractions.size();
+  if (!fractions.empty()) {
+    std::sort(fractions.begin(), fractions.end());
+    const auto n = fractions.size();
+    s.median_fraction = n % 2 == 1 ? fractions[n / 2] : 0.5 * (fractions[n / 2 - 1] + fractions[n / 2]);
   }
   s.fast_1 = fast_p(recorded, pairs, 1.0);
   s.fast_1_2 = fast_p(recorded, pairs, 1.2);
@@ -468,6 +480,8 @@ std::string summary_json(const summary& s, const std::string& out_path) {
   counts("devices", s.by_device);
   w.field("geomean_speedup", s.geomean_speedup).field("median_speedup", s.median_speedup);
   w.key("fast_p").begin_object().field("1.0", s.fast_1).field("1.2", s.fast_1_2).end_object();
+  w.key("limit").begin_object().field("with_bound", static_cast<std::uint64_t>(s.with_bound))
+    .field("median_fraction", s.median_fraction).field("above", static_cast<std::uint64_t>(s.above_limit)).end_object();
   if (out_path.empty())
     w.key("out").null();
   else
@@ -505,6 +519,11 @@ std::string summary_table(const summary& s, const std::string& out_path) {
     out += buf;
   } else {
     out += "speedup        - (no ok verdict)\n";
+  }
+  if (s.with_bound > 0) {
+    std::snprintf(buf, sizeof buf, "of the limit   median %.3f over %zu ok verdicts with a bound; %zu above 1.0\n", s.median_fraction,
+                  s.with_bound, s.above_limit);
+    out += buf;
   }
   out += "fast_1.0       " + share(s.fast_1) + "\n";
   out += "fast_1.2       " + share(s.fast_1_2) + "\n";

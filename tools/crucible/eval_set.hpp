@@ -84,6 +84,7 @@ struct outcome {
   std::string status;                     ///< a verdict status, or "error" for an error record
   bool correct = false;
   double speedup = NAN;                   ///< NaN when the record has none
+  double fraction = NAN;                  ///< the candidate's fraction of its hardware's limit; NaN when none
   std::vector<std::string> checks_failed;
   std::string device;                     ///< "" when the pair was not evaluated
 };
@@ -131,6 +132,9 @@ struct summary {
   double median_speedup = NAN;  ///< over the ok records
   double fast_1 = 0;            ///< fast_p at p = 1.0: correct with speedup > 1.0, over all pairs
   double fast_1_2 = 0;          ///< fast_p at p = 1.2
+  double median_fraction = NAN; ///< over the ok records with a bound (evaluator.limits)
+  std::size_t with_bound = 0;   ///< ok records with a bound
+  std::size_t above_limit = 0;  ///< of those, faster than their bound (a fraction above 1.0)
   double wall_s = 0;
 };
 

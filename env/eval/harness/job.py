@@ -12,7 +12,7 @@ _ROLES = (None, "reference", "candidate")
 
 
 class Job:
-    """One job message, parsed. Its 18 fields mirror the message's (one protocol message, not
+    """One job message, parsed. Its 19 fields mirror the message's (one protocol message, not
     several: splitting it would split what env/eval/worker_messages.cpp writes as one); in the order
     parse_job reads them:
 
@@ -44,10 +44,12 @@ class Job:
     static           the static checks and the hyperparameter check run (never for a check of
                      the task alone)
     outputs_on_device CUDA, job "outputs": "device": the outputs stay on the device, exported
+    peaks            the reference phase measures the hardware's peaks (reference.py,
+                     measure_peaks; the evaluator's first verdict on a hardware, evaluator.limits)
     """
     __slots__ = ("seed", "tolerances", "trials", "rounding_factor", "baseline", "flush_bytes", "jitter_bytes",
                  "timing_reserve", "sample_ms", "max_calls", "quiet_gc", "eval_mode", "role", "candidate_source",
-                 "task_source", "reference_only", "static", "outputs_on_device")
+                 "task_source", "reference_only", "static", "outputs_on_device", "peaks")
 
     def __init__(self, **fields):
         for name in Job.__slots__:
@@ -91,8 +93,9 @@ def parse_job(msg, kind):
     reference_only = _need(msg, "reference_only") is True
     static = _need(msg, "static_checks") is True and not reference_only
     outputs_on_device = kind.exports and _need(msg, "outputs") == "device"
+    peaks = _need(msg, "peaks") is True
     return Job(seed=seed, tolerances=tolerances, trials=trials, rounding_factor=rounding_factor, baseline=baseline,
                flush_bytes=flush_bytes, jitter_bytes=jitter_bytes, timing_reserve=timing_reserve,
                sample_ms=sample_ms, max_calls=max_calls, quiet_gc=quiet_gc, eval_mode=eval_mode, role=role,
                candidate_source=candidate_source, task_source=task_source, reference_only=reference_only,
-               static=static, outputs_on_device=outputs_on_device)
+               static=static, outputs_on_device=outputs_on_device, peaks=peaks)

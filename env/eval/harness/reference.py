@@ -407,11 +407,21 @@ def reference_phase(w, job, task_src):
         del out
         # The reference's work in one call (the verdict's `work`), with the first trial's message.
         work = count_work(ref, inputs, param_storages)
-        if work is not None:
-            for msg, _ in pending:
-                if msg.get("type") == "reference":
+        # The hardware's peaks, where the job asks (the evaluator's first verdict on this
+        # hardware, evaluator.limits), with the same message: measured here, before any
+        # candidate code exists (env/eval/limits.hpp).
+        peaks = None
+        if job.peaks:
+            t_peaks = _perf_counter_ns()
+            peaks = measure_peaks(w.kind, w.device)
+            w.lap("reference: peaks", t_peaks)
+        for msg, _ in pending:
+            if msg.get("type") == "reference":
+                if work is not None:
                     msg["work"] = work
-                    break
+                if peaks is not None:
+                    msg["peaks"] = peaks
+                break
         if w.kind.device_kernels:
             if counts["device"] > 0:
                 r.kernel_mode = "device"
@@ -496,6 +506,87 @@ def count_work(ref, inputs, param_storages):
     return {"flops": {k: _float(v) for k, v in flops.items()}, "bytes_read": _float(read),
             "bytes_written": _float(written)}
 
+
+def _fastest_ms(fn, kind, reps, warm=2):
+    """The fastest of `reps` timed runs of fn() after `warm` untimed ones: device events on a
+    kind with a device clock, the host's clock otherwise."""
+    for _ in _range(warm):
+        fn()
+    kind.synchronize()
+    best = _float("inf")
+    for _ in _range(reps):
+        if kind.device_clock:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            best = _min(best, a.elapsed_time(b))
+        else:
+            t0 = _perf_counter_ns()
+            fn()
+            best = _min(best, (_perf_counter_ns() - t0) / 1e6)
+    return best
+
+
+def measure_peaks(kind, device, reps=5):
+    """The hardware's peaks (env/eval/limits.hpp, device_peaks), measured by the reference's worker
+    of an evaluator's first verdict on that hardware (job.peaks), before any candidate code exists,
+    and by tools/bench/task_bounds.py: bytes per ms written (a fill) and copied (the fastest of a
+    byte copy, a float32 negation and a ReLU into a second buffer, at 1 and 8 GiB moved on a
+    device, 64 MiB on the CPU: one byte copy of 1 GiB measured below the elementwise references'
+    own rate on an H200), and FLOPs per ms of square matrix products by dtype (float64, float32,
+    TF32 where the kind has a device, float16 there, bfloat16), at two sides each; each the
+    fastest of `reps`. A size the device's free memory cannot take is passed over. None where
+    nothing could be measured."""
+    on_device = kind.device_clock
+    try:
+        n = (1 << 30) if on_device else (64 << 20)
+        buf = _torch_empty(n, dtype=_uint8, device=device)
+        peaks = {"write_bytes_per_ms": n / _fastest_ms(lambda: buf.fill_(1), kind, reps)}
+        del buf
+        copy = 0.0
+        for moved in ((1 << 30, 8 << 30) if on_device else (64 << 20,)):
+            half = moved // 2
+            try:
+                src = _torch_empty(half, dtype=_uint8, device=device).random_(0, 128)
+                dst = _torch_empty(half, dtype=_uint8, device=device)
+            except _BaseException:  # the device's free memory: the smaller size stands
+                src = dst = None
+                if kind.caching_allocator:
+                    _cuda_empty_cache()
+                continue
+            fs, fd = src.view(torch.float32), dst.view(torch.float32)
+            for fn in (lambda: dst.copy_(src), lambda: torch.neg(fs, out=fd), lambda: torch.clamp_min(fs, 0, out=fd)):
+                copy = _max(copy, 2 * half / _fastest_ms(fn, kind, reps))
+            src = dst = fs = fd = None
+            if kind.caching_allocator:
+                _cuda_empty_cache()
+        peaks["copy_bytes_per_ms"] = copy
+        mm = {}
+        kinds = [("float64", torch.float64, False), ("float32", torch.float32, False)]
+        if on_device:
+            kinds += [("tf32", torch.float32, True), ("float16", torch.float16, False)]
+        kinds += [("bfloat16", torch.bfloat16, False)]
+        matmul = torch.backends.cuda.matmul
+        for name, dtype, tf32 in kinds:
+            for side in ((4096, 8192) if on_device else (256, 512)):
+                s = side // 2 if dtype == torch.float64 else side
+                a = torch.randn(s, s, device=device).to(dtype)
+                b = torch.randn(s, s, device=device).to(dtype)
+                old = matmul.allow_tf32
+                matmul.allow_tf32 = tf32
+                try:
+                    mm[name] = _max(mm.get(name, 0.0), 2.0 * s ** 3 / _fastest_ms(lambda: a @ b, kind, reps))
+                finally:
+                    matmul.allow_tf32 = old
+                a = b = None
+        peaks["matmul_flops_per_ms"] = mm
+        if kind.caching_allocator:
+            _cuda_empty_cache()
+        return peaks
+    except _BaseException:
+        return None
 
 def _tensor_bytes(xs):
     """The bytes of the tensors among xs (each counted as its elements, views included)."""

@@ -70,6 +70,27 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   REQUIRE(back.has_value());
   CHECK(back->work == v.work);
   CHECK(*back == v);
+  // The bound on this hardware (env/eval/limits.hpp): absent until known, then with both fractions.
+  CHECK(to_json(v).find("\"bound\"") == std::string::npos);
+  v.cand_ms = 0.5;
+  v.ref_ms = 2.0;
+  v.bound = task_bound{0.25, 0.25, 0.125};
+  CHECK(v.fraction() == 0.5);
+  CHECK(v.ref_fraction() == 0.125);
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(back->bound == v.bound);
+  CHECK(*back == v);
+  CHECK(to_json(v).find("\"fraction\":0.5") != std::string::npos);
+  CHECK(to_json(v).find("\"ref_fraction\":0.125") != std::string::npos);
+  auto bound_of_text = [](const char* text) { return task_bound_from_json(*parse_json(text)); };
+  CHECK(bound_of_text(R"({"ms": 2, "bytes_ms": 2, "flops_ms": 1})") == task_bound{2, 2, 1});
+  CHECK_FALSE(bound_of_text(R"({"ms": 1, "bytes_ms": 2, "flops_ms": 1})").has_value()); // not the larger
+  CHECK_FALSE(bound_of_text(R"({"ms": 2, "bytes_ms": 2, "flops_ms": -1})").has_value());
+  CHECK_FALSE(bound_of_text(R"({"ms": 2, "bytes_ms": 2})").has_value());
+  auto bad_bound = to_json(v);
+  bad_bound.replace(bad_bound.find("\"flops_ms\":"), 11, "\"flops_ms\":\"x\",\"z\":");
+  CHECK_FALSE(verdict_from_json(bad_bound).has_value());
   auto broken = to_json(v);
   broken.replace(broken.find("\"bytes_read\":"), 13, "\"bytes_read\":\"x\",\"y\":");
   CHECK_FALSE(verdict_from_json(broken).has_value());
@@ -142,6 +163,18 @@ TEST_CASE("reward shaping") {
   CHECK(compute_reward(bad, r) == -1);
   bad.status = verdict_status::format_error;
   r.format_error = -0.5;
+  CHECK(compute_reward(bad, r) == -0.5);
+  // reward.limit_weight: the fraction of the hardware's limit added, at most 1, where known.
+  r.shape = reward_shape::speedup;
+  r.limit_weight = 0.5;
+  CHECK(compute_reward(ok, r) == doctest::Approx(2.0)); // no bound: the speedup's alone
+  ok.cand_ms = 0.4;
+  ok.bound = task_bound{0.1, 0.1, 0.0};
+  CHECK(compute_reward(ok, r) == doctest::Approx(2.0 + 0.5 * 0.25));
+  ok.bound = task_bound{0.8, 0.1, 0.8}; // a FLOP part past the candidate's time: capped at 1
+  CHECK(compute_reward(ok, r) == doctest::Approx(2.5));
+  r.limit_weight = 0;
+  CHECK(compute_reward(ok, r) == doctest::Approx(2.0));
   CHECK(compute_reward(bad, r) == -0.5);
 }
 

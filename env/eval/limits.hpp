@@ -1,0 +1,60 @@
+// env/eval/limits.hpp: how fast a kind of hardware can go (its peaks, measured once per hardware by
+// a reference worker: env/eval/harness/reference.py, measure_peaks) and the lower bound on a
+// task's call they give with the task's work (env/verdict.hpp, task_work and task_bound). Every
+// verdict on a hardware whose peaks are known carries its bound and both sides' fractions of it
+// (docs/evaluator.md, "How far from the limit").
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "env/verdict.hpp"
+
+namespace crucible {
+class json_value;
+}
+
+namespace crucible::env {
+
+/// One hardware's measured peaks: bytes per ms written (a fill) and copied (read and written: the
+/// fastest of a byte copy, a float32 negation and a ReLU), and FLOPs per ms of a square matrix
+/// product by dtype ("float64", "float32", "tf32", "float16", "bfloat16"; each the fastest seen).
+struct device_peaks {
+  std::string hardware;
+  double write_bytes_per_ms = 0;
+  double copy_bytes_per_ms = 0;
+  std::map<std::string, double> matmul_flops_per_ms;
+  friend bool operator==(const device_peaks&, const device_peaks&) = default;
+};
+
+/// The peaks a worker reported (`{"write_bytes_per_ms": N, "copy_bytes_per_ms": N,
+/// "matmul_flops_per_ms": {DTYPE: N}}`) for `hardware`: none where a rate is missing, not finite
+/// or not above 0, no matrix-product rate is given, or a dtype's name is empty or 32 characters
+/// or longer.
+std::optional<device_peaks> peaks_from_json(const json_value& p, std::string hardware);
+/// The peaks as one JSON object with their hardware.
+std::string to_json(const device_peaks& p);
+
+/// The bound of one call of `work` on hardware with `peaks`: the bytes read and written at the
+/// copy rate, and each dtype's FLOPs at its matrix-product rate (float32's at the faster of
+/// float32's and TF32's, where the hardware has TF32: a candidate may use it where its outputs
+/// stay within the tolerance; a dtype without a rate of its own at the fastest rate measured).
+/// Not known where the work was not counted.
+task_bound bound_of(const task_work& work, const device_peaks& peaks);
+
+/// The peaks measured in this process, by hardware (each measured once, by the first verdict
+/// of an evaluator on that hardware whose reference worker was asked). Thread-safe.
+class peaks_registry final {
+public:
+  static peaks_registry& process();
+  std::optional<device_peaks> find(const std::string& hardware) const;
+  void keep(device_peaks p);
+
+private:
+  mutable std::mutex mtx_;
+  std::map<std::string, device_peaks> by_hardware_;
+};
+
+} // namespace crucible::env

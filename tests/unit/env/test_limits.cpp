@@ -1,0 +1,80 @@
+// env/eval/limits.hpp: a hardware's peaks as a reference worker reports them, and the bound they
+// give a task's work (issue 89).
+#include <doctest/doctest.h>
+
+#include "core/json_parse.hpp"
+#include "env/eval/limits.hpp"
+
+using namespace crucible;
+using namespace crucible::env;
+
+namespace {
+
+device_peaks h200_like() {
+  // The rates measured on an H200 (docs/PERFORMANCE.md, "The clock's close at scale"), per ms.
+  device_peaks p;
+  p.hardware = "NVIDIA H200";
+  p.write_bytes_per_ms = 3.32e9;
+  p.copy_bytes_per_ms = 4.13e9;
+  p.matmul_flops_per_ms = {{"float64", 62.4e9}, {"float32", 51.1e9}, {"tf32", 408.0e9}, {"float16", 727.2e9}, {"bfloat16", 780.1e9}};
+  return p;
+}
+
+} // namespace
+
+TEST_CASE("a task's bound is its bytes at the copy rate or its FLOPs at their dtype's rate, whichever is longer") {
+  const auto p = h200_like();
+  SUBCASE("an elementwise task is bound by its bytes") {
+    // KernelBench level1/21_Sigmoid: 6.4 GB read, 6.4 GB written, no counted FLOPs.
+    task_work w{{}, 6442450944.0, 6442450944.0};
+    auto b = bound_of(w, p);
+    REQUIRE(b.known());
+    CHECK(b.flops_ms == 0);
+    CHECK(b.bytes_ms == doctest::Approx(2 * 6442450944.0 / 4.13e9));
+    CHECK(b.ms == b.bytes_ms);
+  }
+  SUBCASE("float32 FLOPs count at TF32's rate where the hardware has it, being faster") {
+    // level1/1: 137.44 GFLOP float32 (a 4096 x 4096 product), 201 MB moved: 0.3369 ms on this H200.
+    task_work w{{{"float32", 137438953472.0}}, 134217728.0, 67108864.0};
+    auto b = bound_of(w, p);
+    CHECK(b.flops_ms == doctest::Approx(137438953472.0 / 408.0e9));
+    CHECK(b.ms == b.flops_ms);
+    CHECK(b.ms == doctest::Approx(0.3369).epsilon(0.001));
+    auto no_tf32 = p;
+    no_tf32.matmul_flops_per_ms.erase("tf32");
+    CHECK(bound_of(w, no_tf32).flops_ms == doctest::Approx(137438953472.0 / 51.1e9));
+  }
+  SUBCASE("each dtype at its own rate; one without a rate of its own at the fastest measured") {
+    task_work w{{{"bfloat16", 780.1e9}, {"float64", 62.4e9}, {"int8", 780.1e9}}, 0, 0};
+    CHECK(bound_of(w, p).flops_ms == doctest::Approx(1.0 + 1.0 + 1.0));
+  }
+  SUBCASE("not known without counted work or without peaks") {
+    CHECK_FALSE(bound_of(task_work{}, p).known());
+    CHECK_FALSE(bound_of(task_work{{}, 8, 8}, device_peaks{}).known());
+  }
+}
+
+TEST_CASE("a worker's peaks are read with every rate above 0, and refused otherwise") {
+  auto read = [](const char* text) { return peaks_from_json(*parse_json(text), "cpu: test"); };
+  auto p = read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2.5e7, "matmul_flops_per_ms": {"float32": 2e8, "bfloat16": 4e8}})");
+  REQUIRE(p.has_value());
+  CHECK(p->hardware == "cpu: test");
+  CHECK(p->copy_bytes_per_ms == 2.5e7);
+  CHECK(p->matmul_flops_per_ms.at("bfloat16") == 4e8);
+  CHECK(peaks_from_json(*parse_json(to_json(*p)), "cpu: test") == p);
+  CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 0, "matmul_flops_per_ms": {"float32": 2e8}})"));
+  CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "matmul_flops_per_ms": {}})"));
+  CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "matmul_flops_per_ms": {"float32": -1}})"));
+  CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "matmul_flops_per_ms": {"": 1}})"));
+  CHECK_FALSE(read(R"({"copy_bytes_per_ms": 2e7, "matmul_flops_per_ms": {"float32": 1}})"));
+  CHECK_FALSE(read(R"([1, 2])"));
+}
+
+TEST_CASE("the process keeps one hardware's peaks by its name") {
+  peaks_registry r;
+  CHECK_FALSE(r.find("NVIDIA H200").has_value());
+  r.keep(h200_like());
+  REQUIRE(r.find("NVIDIA H200").has_value());
+  CHECK(r.find("NVIDIA H200")->copy_bytes_per_ms == 4.13e9);
+  CHECK_FALSE(r.find("NVIDIA H100 80GB HBM3").has_value());
+}
