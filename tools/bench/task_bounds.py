@@ -26,12 +26,10 @@ bound (bound / time: 1.0 is at the limit). No environment variables.
 import argparse
 import importlib.util
 import json
-import math
 import os
 import re
 import statistics
 import sys
-import time
 
 import torch
 
@@ -48,36 +46,6 @@ def load_harness():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod._OWN_MODULES
-
-
-def sync(device):
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def fastest_ms(fn, device, reps=5, warm=2, before=None):
-    """The fastest of `reps` timed runs of fn() after `warm` untimed ones (device events on CUDA,
-    the host clock on the CPU); `before()`, where given, runs untimed before each."""
-    for _ in range(warm):
-        fn()
-    sync(device)
-    best = math.inf
-    for _ in range(reps):
-        if before:
-            before()
-            sync(device)
-        if device.startswith("cuda"):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            best = min(best, a.elapsed_time(b))
-        else:
-            t = time.perf_counter()
-            fn()
-            best = min(best, (time.perf_counter() - t) * 1e3)
-    return best
 
 
 def bound_ms(work, peaks):
@@ -112,10 +80,10 @@ def main():
     torch.manual_seed(0)
     harness = load_harness()
     reference = harness["reference"]
+    kind = harness["device"].kind_of("cuda" if a.device.startswith("cuda") else "cpu")
     # The evaluator's own measurement (reference.py, measure_peaks: what a verdict's bound uses),
     # each rate the fastest of 10 here.
-    peaks = reference.measure_peaks(harness["device"].kind_of("cuda" if a.device.startswith("cuda") else "cpu"),
-                                    a.device, reps=10)
+    peaks = reference.measure_peaks(kind, a.device, reps=10)
     if peaks is None:
         print(f"task_bounds.py: the peaks of {a.device} could not be measured", file=sys.stderr)
         return 1
@@ -152,7 +120,7 @@ def main():
                 model(*inputs)
                 times = []
                 for _ in range(a.reps):
-                    times.append(fastest_ms(lambda: model(*inputs), a.device, reps=1, warm=0, before=flush))
+                    times.append(reference.fastest_ms(lambda: model(*inputs), kind, reps=1, warm=0, before=flush))
             ref_ms = statistics.median(times)
             b, moved, compute = bound_ms(work, peaks)
             row.update(work=work, bound_ms=b, bound_bytes_ms=moved, bound_flops_ms=compute, ref_ms=ref_ms,

@@ -507,14 +507,18 @@ def count_work(ref, inputs, param_storages):
             "bytes_written": _float(written)}
 
 
-def _fastest_ms(fn, kind, reps, warm=2):
+def fastest_ms(fn, kind, reps, warm=2, before=None):
     """The fastest of `reps` timed runs of fn() after `warm` untimed ones: device events on a
-    kind with a device clock, the host's clock otherwise."""
+    kind with a device clock, the host's clock otherwise; `before()`, where given, runs untimed
+    before each (tools/bench/task_bounds.py's cache flush)."""
     for _ in _range(warm):
         fn()
     kind.synchronize()
     best = _float("inf")
     for _ in _range(reps):
+        if before is not None:
+            before()
+            kind.synchronize()
         if kind.device_clock:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
@@ -543,7 +547,7 @@ def measure_peaks(kind, device, reps=5):
     try:
         n = (1 << 30) if on_device else (64 << 20)
         buf = _torch_empty(n, dtype=_uint8, device=device)
-        peaks = {"write_bytes_per_ms": n / _fastest_ms(lambda: buf.fill_(1), kind, reps)}
+        peaks = {"write_bytes_per_ms": n / fastest_ms(lambda: buf.fill_(1), kind, reps)}
         del buf
         copy = 0.0
         for moved in ((1 << 30, 8 << 30) if on_device else (64 << 20,)):
@@ -558,7 +562,7 @@ def measure_peaks(kind, device, reps=5):
                 continue
             fs, fd = src.view(torch.float32), dst.view(torch.float32)
             for fn in (lambda: dst.copy_(src), lambda: torch.neg(fs, out=fd), lambda: torch.clamp_min(fs, 0, out=fd)):
-                copy = _max(copy, 2 * half / _fastest_ms(fn, kind, reps))
+                copy = _max(copy, 2 * half / fastest_ms(fn, kind, reps))
             src = dst = fs = fd = None
             if kind.caching_allocator:
                 _cuda_empty_cache()
@@ -577,7 +581,7 @@ def measure_peaks(kind, device, reps=5):
                 old = matmul.allow_tf32
                 matmul.allow_tf32 = tf32
                 try:
-                    mm[name] = _max(mm.get(name, 0.0), 2.0 * s ** 3 / _fastest_ms(lambda: a @ b, kind, reps))
+                    mm[name] = _max(mm.get(name, 0.0), 2.0 * s ** 3 / fastest_ms(lambda: a @ b, kind, reps))
                 finally:
                     matmul.allow_tf32 = old
                 a = b = None
