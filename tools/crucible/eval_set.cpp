@@ -11,6 +11,7 @@
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
 #include "core/sha256.hpp"
+#include "env/eval/timing.hpp"
 
 namespace crucible::cli::eval_set {
 
@@ -442,16 +443,11 @@ summary summarize(const std::vector<outcome>& recorded, std::size_t pairs, doubl
     for (double x : speedups)
       log_sum += std::log(x);
     s.geomean_speedup = std::exp(log_sum / static_cast<double>(speedups.size()));
-    std::sort(speedups.begin(), speedups.end());
-    const auto n = speedups.size();
-    s.median_speedup = n % 2 == 1 ? speedups[n / 2] : 0.5 * (speedups[n / 2 - 1] + speedups[n / 2]);
+    s.median_speedup = env::median(speedups);
   }
   s.with_bound = fractions.size();
-  if (!fractions.empty()) {
-    std::sort(fractions.begin(), fractions.end());
-    const auto n = fractions.size();
-    s.median_fraction = n % 2 == 1 ? fractions[n / 2] : 0.5 * (fractions[n / 2 - 1] + fractions[n / 2]);
-  }
+  if (!fractions.empty())
+    s.median_fraction = env::median(fractions);
   s.fast_1 = fast_p(recorded, pairs, 1.0);
   s.fast_1_2 = fast_p(recorded, pairs, 1.2);
   return s;
