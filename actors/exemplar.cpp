@@ -98,6 +98,8 @@ storage::variant_record to_record(const scored_variant& x) {
   r.ref_ms = x.verdict.ref_ms;
   r.cand_ms = x.verdict.cand_ms;
   r.reward = x.verdict.reward;
+  if (const double f = x.verdict.fraction(); std::isfinite(f))
+    r.fraction = f;
   r.checks_failed = json_strings(x.verdict.checks_failed);
   r.message = x.verdict.message;
   r.policy_version = x.policy_version.value;

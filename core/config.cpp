@@ -29,6 +29,7 @@ const char* to_string(cuda_mps_mode v) noexcept { return name_in(cuda_mps_names,
 const char* to_string(evaluator_boundary v) noexcept { return name_in(boundary_names, v); }
 const char* to_string(exemplar_method v) noexcept { return name_in(exemplar_method_names, v); }
 const char* to_string(straggler_policy v) noexcept { return name_in(straggler_policy_names, v); }
+const char* to_string(exemplar_score v) noexcept { return name_in(exemplar_score_names, v); }
 const char* to_string(chat_template_mode v) noexcept { return name_in(chat_template_mode_names, v); }
 const char* to_string(task_sampling v) noexcept { return name_in(task_sampling_names, v); }
 const char* to_string(in_flight_policy v) noexcept { return name_in(in_flight_policy_names, v); }

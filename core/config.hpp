@@ -208,6 +208,12 @@ enum class exemplar_method : std::uint8_t {
   island,      ///< FunSearch-style islands, contrastive within one (ablation baseline)
 };
 
+/// What an exemplar's score bucket is made of (exemplar.score).
+enum class exemplar_score : std::uint8_t {
+  reward,   ///< the verdict's reward (CUDA-L1's)
+  fraction, ///< the candidate's fraction of its task's limit on the hardware (evaluator.limits)
+};
+
 /// What happens to a GRPO group whose last completions are still unscored at the timeout.
 enum class straggler_policy : std::uint8_t {
   drop, ///< the incomplete group is discarded
@@ -221,7 +227,8 @@ struct exemplar_config {
   exemplar_method method = exemplar_method::contrastive;
   std::int64_t n = 2;                 ///< exemplars per prompt (≥ 1)
   double tau = 1.0;                   ///< temperature of the bucket softmax (> 0)
-  double bucket_width = 0.5;          ///< width of a score bucket in reward units (> 0)
+  exemplar_score score = exemplar_score::reward; ///< what a variant's score is
+  double bucket_width = 0.5;          ///< width of a score bucket in the score's units (> 0)
   std::int64_t islands = 4;           ///< islands for `island` (≥ 1)
   bool seeds_only = false;            ///< exemplars drawn from the seed variants only, never from samples
   double straggler_timeout_s = 600;   ///< seconds a group waits for its last completions
@@ -238,6 +245,8 @@ enum class chat_template_mode : std::uint8_t {
 const char* to_string(exemplar_method m) noexcept;
 /// "drop", "fill".
 const char* to_string(straggler_policy p) noexcept;
+/// "reward", "fraction".
+const char* to_string(exemplar_score s) noexcept;
 /// "auto", "none".
 const char* to_string(chat_template_mode m) noexcept;
 

@@ -433,9 +433,9 @@ void describe(V& v, config& c) {
             "hardware's copy and matrix-product rates allow). 0 (the default) leaves the reward the speedup's "
             "alone. What it changes: two kernels of one speedup over a slow and a fast reference are told apart "
             "(the speedup says how slow the reference was, the fraction how close the kernel is to the "
-            "hardware), and a group near the limit keeps a signal. The fraction's FLOP part counts the "
-            "reference's algorithm, so a kernel that needs fewer operations than it can pass 1.0; the cap "
-            "keeps that to the speedup's term (docs/evaluator.md, How far from the limit).");
+            "hardware), and a group near the limit keeps a signal. The bound's FLOP part counts the "
+            "reference's algorithm, so a kernel faster than it is measured against the bytes part alone "
+            "(docs/evaluator.md, How far from the limit).");
   });
   v.section("exemplar", "Exemplars shown in the contrastive prompt (CUDA-L1) and the assembly of GRPO groups.", [&] {
     auto& x = c.exemplar;
@@ -444,7 +444,15 @@ void describe(V& v, config& c) {
             positive<std::int64_t>("a positive integer"));
     v.field("tau", x.tau, "Temperature τ of the bucket softmax exp((bucket mean − global mean)/τ).",
             positive<double>("a positive number"));
-    v.field("bucket_width", x.bucket_width, "Width of a score bucket, in reward units.", positive<double>("a positive number"));
+    v.field("score", x.score,
+            "What a variant's score bucket is made of: its `reward` (CUDA-L1's), or its `fraction` of its task's limit "
+            "on the hardware (evaluator.limits; docs/evaluator.md, How far from the limit), which means the same on "
+            "every task (0.9: near the hardware's limit) where a speedup says how slow the reference was. With "
+            "`fraction`, variants whose verdict carried no bound are left out where others of the task have one "
+            "(where none has, the reward decides), and `bucket_width` and `tau` are in fraction units: 0.1 and 0.1 "
+            "suit it.");
+    v.field("bucket_width", x.bucket_width, "Width of a score bucket, in the score's units (reward, or fraction).",
+            positive<double>("a positive number"));
     v.field("islands", x.islands, "Islands of the `island` method.", positive<std::int64_t>("a positive integer"));
     v.field("seeds_only", x.seeds_only,
             "Exemplars are drawn from the seed variants only (the warm start's), never from the policy's samples.");

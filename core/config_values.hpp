@@ -215,6 +215,18 @@ template <> struct value_traits<exemplar_method> {
   static std::string render(exemplar_method v) { return enum_traits<exemplar_method, 3>::render_from(exemplar_method_names, v); }
 };
 
+inline constexpr std::pair<exemplar_score, const char*> exemplar_score_names[] = {
+  {exemplar_score::reward, "reward"}, {exemplar_score::fraction, "fraction"}};
+
+template <> struct value_traits<exemplar_score> {
+  static constexpr const char* expected = "one of reward, fraction";
+  static constexpr const char* type_name = "`reward` or `fraction`";
+  static bool parse(const std::string& s, exemplar_score& out) {
+    return enum_traits<exemplar_score, 2>::parse_from(exemplar_score_names, s, out);
+  }
+  static std::string render(exemplar_score v) { return enum_traits<exemplar_score, 2>::render_from(exemplar_score_names, v); }
+};
+
 inline constexpr std::pair<straggler_policy, const char*> straggler_policy_names[] = {
   {straggler_policy::drop, "drop"}, {straggler_policy::fill, "fill"}};
 

@@ -39,11 +39,14 @@ std::vector<std::size_t> contrastive(std::span<const variant_record> cands,
                                      const std::vector<std::size_t>& pool,
                                      const exemplar_options& opts, std::mt19937_64& rng) {
   if (pool.empty()) return {};
+  // The pool holds variants with a fraction only where `by_fraction` found any (select_exemplars).
+  const bool fractions = opts.by_fraction && cands[pool.front()].fraction.has_value();
+  auto score = [&](std::size_t i) { return fractions ? *cands[i].fraction : cands[i].reward; };
   // std::map: buckets in ascending score order, so draws do not depend on input order of keys.
   std::map<std::int64_t, std::vector<std::size_t>> by_bucket;
   double total = 0.0;
   for (std::size_t i : pool) {
-    const double s = cands[i].reward;
+    const double s = score(i);
     total += s;
     by_bucket[static_cast<std::int64_t>(std::floor(s / opts.bucket_width))].push_back(i);
   }
@@ -56,7 +59,7 @@ std::vector<std::size_t> contrastive(std::span<const variant_record> cands,
   std::vector<bucket> buckets;
   for (auto& [key, members] : by_bucket) {
     double sum = 0.0;
-    for (std::size_t i : members) sum += cands[i].reward;
+    for (std::size_t i : members) sum += score(i);
     const double mean = sum / static_cast<double>(members.size());
     buckets.push_back({std::move(members), (mean - global_mean) / opts.tau});
   }
@@ -99,6 +102,7 @@ exemplar_options to_exemplar_options(const exemplar_config& cfg) noexcept {
   o.n = cfg.n > 0 ? static_cast<std::size_t>(cfg.n) : 0;
   o.tau = cfg.tau;
   o.bucket_width = cfg.bucket_width;
+  o.by_fraction = cfg.score == exemplar_score::fraction;
   o.islands = cfg.islands > 0 ? static_cast<std::size_t>(cfg.islands) : 0;
   return o;
 }
@@ -125,6 +129,13 @@ result<std::vector<std::size_t>> select_exemplars(std::span<const variant_record
   std::vector<std::size_t> pool;
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (is_successful(candidates[i])) pool.push_back(i);
+  if (opts.by_fraction) {
+    // Scored by the fraction of the limit: those whose verdict carried none are left out, unless
+    // none of the task's has one (then the reward decides, as without by_fraction).
+    auto has = [&](std::size_t i) { return candidates[i].fraction && std::isfinite(*candidates[i].fraction); };
+    if (std::any_of(pool.begin(), pool.end(), has))
+      std::erase_if(pool, [&](std::size_t i) { return !has(i); });
+  }
 
   switch (opts.method) {
   case selection_method::contrastive:

@@ -27,7 +27,9 @@ struct exemplar_options {
   selection_method method = selection_method::contrastive;
   std::size_t n = 2;           ///< exemplars wanted (≥ 1); fewer come back when fewer exist
   double tau = 1.0;            ///< temperature of the bucket softmax (> 0)
-  double bucket_width = 0.5;   ///< width of a score bucket, in reward units (> 0)
+  double bucket_width = 0.5;   ///< width of a score bucket, in the score's units (> 0)
+  /// Score by the variant's fraction of its task's limit instead of its reward (exemplar.score).
+  bool by_fraction = false;
   std::size_t islands = 4;     ///< island count for selection_method::island (≥ 1)
 };
 
@@ -45,7 +47,9 @@ bool is_successful(const variant_record& v) noexcept;
 
 /// Chooses exemplars among `candidates`, which the caller has already filtered to one task and
 /// one hardware kind. Unsuccessful candidates (see is_successful) are never chosen. The score of
-/// a variant is its `reward` field; its bucket is floor(reward / bucket_width).
+/// a variant is its `reward` field, or with `by_fraction` its `fraction` (the successful ones
+/// without a fraction are then left out, unless none has one: then the reward); its bucket is
+/// floor(score / bucket_width).
 ///
 /// contrastive: N distinct buckets are drawn without replacement, each draw over the remaining
 /// buckets with probability ∝ exp((bucket mean − global mean)/τ), where the global mean is the

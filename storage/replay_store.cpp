@@ -77,8 +77,10 @@ std::string to_json_line(const variant_record& v) {
   w.field("spread", v.spread)
     .field("ref_ms", v.ref_ms)
     .field("cand_ms", v.cand_ms)
-    .field("reward", v.reward)
-    .key("checks_failed").raw(v.checks_failed)  // canonical JSON array (checked by record)
+    .field("reward", v.reward);
+  if (v.fraction)
+    w.field("fraction", *v.fraction);
+  w.key("checks_failed").raw(v.checks_failed)  // canonical JSON array (checked by record)
     .field("message", v.message)
     .field("policy_version", v.policy_version)
     .field("prompt_id", v.prompt_id)
@@ -145,6 +147,11 @@ std::optional<std::string> from_json(const json_value& j, variant_record& v) {
       (e = integer("time_ms", v.time_ms)) || (e = integer("count", v.count)))
     return e;
   if (v.count < 1) return std::string("field \"count\" must be at least 1");
+  v.fraction.reset();
+  if (auto* f = get("fraction"); f && !f->is_null()) {  // absent in exports of schema 5 and before
+    if (!f->is_number()) return std::string("field \"fraction\" is not a number");
+    v.fraction = f->as_double();
+  }
   v.completion.clear();
   if (auto* f = get("completion")) {  // absent in exports of schema 0
     if (!f->is_string()) return std::string("field \"completion\" is not a string");
@@ -241,6 +248,10 @@ constexpr const char* migrate_to_v5 =
   "  system TEXT NOT NULL, user TEXT NOT NULL, prompt_id TEXT NOT NULL, exemplar_ids TEXT NOT NULL,"
   "  prompt_tokens BLOB NOT NULL, time_ms INTEGER NOT NULL);";
 
+// Schema 5 → 6: each variant's fraction of its task's limit on its hardware (evaluator.limits;
+// NULL where its verdict carried no bound), for exemplars bucketed by it (exemplar.score).
+constexpr const char* migrate_to_v6 = "ALTER TABLE variants ADD COLUMN fraction REAL;";
+
 // A repeat of (task_id, hardware, code_hash) adds its count and keeps the best verdict: the
 // verdict and provenance columns switch to the new record only when its reward is strictly
 // higher. All right-hand sides see the old row, so the CASEs agree with each other.
@@ -248,13 +259,13 @@ constexpr const char* migrate_to_v5 =
 constexpr const char* upsert_sql =
   "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status, correct,"
   " speedup, spread, ref_ms, cand_ms, reward, checks_failed, message, policy_version,"
-  " prompt_id, group_id, exemplar_ids, time_ms, count, completion, completion_code_at)"
+  " prompt_id, group_id, exemplar_ids, time_ms, count, completion, completion_code_at, fraction)"
   " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,"
-  " ?19, ?20, ?21, ?22, ?23)"
+  " ?19, ?20, ?21, ?22, ?23, ?24)"
   " ON CONFLICT (task_id, hardware, code_hash) DO UPDATE SET count = count + excluded.count, "
   CRUCIBLE_BEST("task_name") ", " CRUCIBLE_BEST("code") ", " CRUCIBLE_BEST("status") ", "
   CRUCIBLE_BEST("correct") ", " CRUCIBLE_BEST("speedup") ", " CRUCIBLE_BEST("spread") ", "
-  CRUCIBLE_BEST("ref_ms") ", " CRUCIBLE_BEST("cand_ms") ", " CRUCIBLE_BEST("checks_failed") ", "
+  CRUCIBLE_BEST("ref_ms") ", " CRUCIBLE_BEST("cand_ms") ", " CRUCIBLE_BEST("fraction") ", " CRUCIBLE_BEST("checks_failed") ", "
   CRUCIBLE_BEST("message") ", " CRUCIBLE_BEST("policy_version") ", " CRUCIBLE_BEST("prompt_id")
   ", " CRUCIBLE_BEST("group_id") ", " CRUCIBLE_BEST("exemplar_ids") ", "
   CRUCIBLE_BEST("time_ms") ", " CRUCIBLE_BEST("completion") ", "
@@ -336,13 +347,13 @@ std::string join_completion(std::string stored, std::string_view code, sqlite3_s
 const char* const select_columns =
   "SELECT id, task_id, task_name, hardware, code, code_hash, status, correct, speedup, spread,"
   " ref_ms, cand_ms, reward, checks_failed, message, policy_version, prompt_id, group_id,"
-  " exemplar_ids, time_ms, count, completion, completion_code_at FROM variants ";
+  " exemplar_ids, time_ms, count, completion, completion_code_at, fraction FROM variants ";
 
 const char* const select_columns_v =
   "SELECT v.id, v.task_id, v.task_name, v.hardware, v.code, v.code_hash, v.status, v.correct,"
   " v.speedup, v.spread, v.ref_ms, v.cand_ms, v.reward, v.checks_failed, v.message,"
   " v.policy_version, v.prompt_id, v.group_id, v.exemplar_ids, v.time_ms, v.count,"
-  " v.completion, v.completion_code_at FROM ";
+  " v.completion, v.completion_code_at, v.fraction FROM ";
 
 variant_record read_row(sqlite3_stmt* s) {
   variant_record v;
@@ -368,6 +379,7 @@ variant_record read_row(sqlite3_stmt* s) {
   v.time_ms = sqlite3_column_int64(s, 19);
   v.count = sqlite3_column_int64(s, 20);
   v.completion = join_completion(column_text(s, 21), v.code, s, 22);
+  if (sqlite3_column_type(s, 23) != SQLITE_NULL) v.fraction = sqlite3_column_double(s, 23);
   return v;
 }
 
@@ -542,6 +554,11 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
     if (step.ok() && *version == 4) {
       step = exec(db, path, migrate_to_v5, "migrate schema 4 to 5");
       if (step.ok()) step = exec(db, path, "PRAGMA user_version = 5", "set schema version");
+      if (step.ok()) *version = 5;
+    }
+    if (step.ok() && *version == 5) {
+      step = exec(db, path, migrate_to_v6, "migrate schema 5 to 6");
+      if (step.ok()) step = exec(db, path, "PRAGMA user_version = 6", "set schema version");
     }
     if (step.ok()) step = exec(db, path, "COMMIT", "commit migration");
     if (!step.ok()) {
@@ -589,7 +606,7 @@ result<replay_store> replay_store::open(const std::filesystem::path& path) {
     {&st->id_taken, "SELECT 1 FROM variants WHERE id = ?1"},
     {&st->find, find_sql.c_str()},
     {&st->success_summary,
-     "SELECT id, code_hash, speedup, reward FROM variants" CRUCIBLE_SUCCESS_WHERE},
+     "SELECT id, code_hash, speedup, reward, fraction FROM variants" CRUCIBLE_SUCCESS_WHERE},
     {&st->success_full, full_sql.c_str()},
     {&st->prompt_insert,
      "INSERT INTO prompts (prompt_id, text, created_ms) VALUES (?1, ?2, ?3)"
@@ -756,6 +773,7 @@ result<std::int64_t> replay_store::upsert(const variant_record& in, bool keep_id
     bind_text(s, 22, in.completion);
     sqlite3_bind_null(s, 23);
   }
+  real(24, in.fraction ? *in.fraction : nan_v);
   if (sqlite3_step(s) != SQLITE_ROW) return db_fail(db_, path_, "record");
   std::int64_t id = sqlite3_column_int64(s, 0);
   if (sqlite3_step(s) != SQLITE_DONE) return db_fail(db_, path_, "record");
@@ -805,6 +823,7 @@ result<std::vector<variant_record>> replay_store::successful_variants(std::strin
     v.correct = true;
     v.speedup = sqlite3_column_double(s, 2);
     v.reward = sqlite3_column_double(s, 3);
+    if (sqlite3_column_type(s, 4) != SQLITE_NULL) v.fraction = sqlite3_column_double(s, 4);
   }
   if (rc != SQLITE_DONE) return db_fail(db_, path_, "successful variants");
   return out;

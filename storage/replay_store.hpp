@@ -49,6 +49,10 @@ struct variant_record {
   double ref_ms = 0.0;
   double cand_ms = 0.0;
   double reward = 0.0;
+  /// The candidate's fraction of its task's limit on this hardware (verdict::fraction(),
+  /// evaluator.limits); absent where the verdict carried no bound, and in rows of schema 5 and
+  /// before (stored as NULL).
+  std::optional<double> fraction;
   std::string checks_failed = "[]";  ///< JSON array text, e.g. ["shape","nan"]
   std::string message;
   std::uint64_t policy_version = 0;
@@ -215,7 +219,7 @@ public:
   /// Schema version written to `PRAGMA user_version`. Version 0 is the first schema (variants
   /// only); open() upgrades older files in place. Version 3 added `samples`, 4 a sample's
   /// episode and turn, 5 what continues an episode (episode_groups, episode_turn_data).
-  static constexpr int schema_version = 5;
+  static constexpr int schema_version = 6;
 
   /// Opens or creates the database at `path` (WAL, synchronous=FULL) and upgrades an older
   /// schema in place, keeping its rows. errc::io names the file; errc::unsupported for a file

@@ -41,7 +41,8 @@ import matplotlib  # noqa: E402
 
 from report_draw import DPI, STYLE, Plot  # noqa: E402
 from report_records import STAGE_LABELS, BadInput, RunData, collect, learning_progress, read_records  # noqa: E402
-from report_run_plots import plot_best_per_task, plot_gpu_busy, plot_hardware, plot_status, plot_turns  # noqa: E402
+from report_run_plots import (plot_best_per_task, plot_gpu_busy, plot_hardware, plot_limit, plot_status,  # noqa: E402
+                              plot_turns)
 from report_stage_plots import (_ident, plot_learning, plot_loss_stage, plot_sampling_stage,  # noqa: E402
                                 plot_tasks, plot_turns_steps)
 
@@ -84,7 +85,7 @@ def make_plots(data: RunData) -> list[Plot]:
             t = plot_tasks(data, stage, label, q)
             if t:
                 plots.append(t)
-    for fn in (plot_turns, plot_best_per_task, plot_status, plot_hardware, plot_gpu_busy):
+    for fn in (plot_turns, plot_best_per_task, plot_limit, plot_status, plot_hardware, plot_gpu_busy):
         p = fn(data)
         if p:
             plots.append(p)

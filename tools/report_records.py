@@ -127,6 +127,10 @@ class Verdict:
     hardware: str | None
     turn: int | None
     segment: int  # the process that wrote it (run_started / run_resumed start a new one)
+    # How far from the hardware's limit (docs/evaluator.md, "How far from the limit"): the
+    # candidate's and the reference's fractions of the task's bound; None where the verdict had none.
+    fraction: float | None = None
+    ref_fraction: float | None = None
 
 
 @dataclass
@@ -220,7 +224,7 @@ def collect(records: Iterable[tuple[int, dict]], source: str = "metrics.jsonl") 
                 step = None
             correct = rec.get("correct") is True and speedup is not None and not math.isnan(speedup)
             verdicts.append(Verdict(f.string("stage") or "", step, task, status, correct, speedup, hardware, turn,
-                                    segment))
+                                    segment, f.number("fraction"), f.number("ref_fraction")))
     ordered = [steps[k] for k in sorted(steps)]
     segments: list[Segment] = []
     seen: Counter = Counter()

@@ -1,6 +1,6 @@
 """tools/report_run_plots.py: a run's data (report_records.py) -> the run-wide figures, drawn with
-report_draw.py's helpers: multi-turn episodes by turn, best speedup per task, verdicts by status, best
-speedup per hardware, GPU busy."""
+report_draw.py's helpers: multi-turn episodes by turn, best speedup per task, how far each task's
+kernels are from the hardware's limit, verdicts by status, best speedup per hardware, GPU busy."""
 from __future__ import annotations
 
 import math
@@ -190,6 +190,54 @@ def plot_hardware(data: RunData) -> Plot | None:
     ax.set_ylabel("hardware")
     caption = "The highest speedup of a correct verdict measured on each hardware kind (the verdicts' hardware)."
     return Plot("hardware", title, caption, fig)
+
+
+@_styled
+def plot_limit(data: RunData) -> Plot | None:
+    """Each task's correct verdicts as fractions of the hardware's limit (the verdicts' `fraction`,
+    evaluator.limits): the best and the median, beside the reference's median."""
+    vs = [v for v in data.verdicts if v.correct and v.status == "ok" and v.fraction is not None
+          and math.isfinite(v.fraction) and v.fraction > 0]
+    if not vs:
+        return None
+    by: dict[str, list[float]] = defaultdict(list)
+    ref: dict[str, list[float]] = defaultdict(list)
+    for v in vs:
+        by[v.task].append(v.fraction)
+        if v.ref_fraction is not None and math.isfinite(v.ref_fraction) and v.ref_fraction > 0:
+            ref[v.task].append(v.ref_fraction)
+    ranked = sorted(by, key=lambda t: (-max(by[t]), t))
+    shown = ranked[:MAX_BAR_TASKS]
+    n = len(shown)
+    rows = [("best of the correct verdicts", "#1f77b4", [max(by[t]) for t in shown]),
+            ("median of the correct verdicts", "#9ecae1", [statistics.median(by[t]) for t in shown]),
+            ("the reference (median)", "#bdbdbd", [statistics.median(ref[t]) if ref[t] else math.nan for t in shown])]
+    fig = _figure(height=max(HEIGHT, 1.5 + n * 0.5))
+    ax = fig.add_subplot()
+    title = "How far from the hardware's limit, per task"
+    ax.set_title(title, fontsize=STYLE["figure.titlesize"])
+    ys = np.arange(n)
+    h = 0.8 / len(rows)
+    for k, (label, colour, vals) in enumerate(rows):
+        r = ax.barh(ys + (k - 1) * h, [0 if math.isnan(x) else x for x in vals], h, color=colour, label=label,
+                    edgecolor="#333333", linewidth=0.5)
+        ax.bar_label(r, labels=["" if math.isnan(x) else f"{x:.2f}" for x in vals], padding=2, fontsize=9)
+    ax.set_yticks(ys, [_short(t, 40) for t in shown])
+    ax.invert_yaxis()
+    top = max(x for _, _, vals in rows for x in vals if not math.isnan(x))
+    ax.set_xlim(0, max(1.1, top * 1.15))
+    ax.axvline(1.0, color="#888888", linewidth=0.9, linestyle=":", zorder=0.5)
+    ax.grid(axis="y", visible=False)
+    ax.set_xlabel("fraction of the limit (the task's bound / the call's median time; 1.0 is at the limit)")
+    ax.set_ylabel("task")
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3)
+    above = sum(1 for v in vs if v.fraction > 1.0)
+    caption = ("Each task's correct verdicts as fractions of its bound on the verdict's hardware (the verdict "
+               "records' `fraction` and `ref_fraction`; docs/evaluator.md, How far from the limit): the best and "
+               "the median of the candidates, and the reference's median; tasks ordered by their best. "
+               f"{len(vs)} correct verdicts with a bound" +
+               (f"; {above} above 1.0, faster than the bound allows: worth a look" if above else "") + ".")
+    return Plot("limit", title, caption, fig)
 
 
 @_styled

@@ -199,6 +199,38 @@ private:
   device_gate* g_;
 };
 
+/// Holds the device for untimed work, or, `alone`, as a timing's measured rounds hold it: nothing
+/// else of the process's on the device beside it (a phase that measures without being a timing:
+/// the reference's worker measuring the hardware's peaks, env/eval/limits.hpp). release() ends
+/// either early.
+class phase_hold {
+public:
+  phase_hold(device_gate& g, bool alone) : g_(&g), alone_(alone) {
+    if (alone) {
+      g.lock_timed();
+      g.begin_measure();
+    } else {
+      g.lock_untimed();
+    }
+  }
+  ~phase_hold() { release(); }
+  phase_hold(const phase_hold&) = delete;
+  phase_hold& operator=(const phase_hold&) = delete;
+  void release() {
+    if (g_ == nullptr)
+      return;
+    auto* g = std::exchange(g_, nullptr);
+    if (alone_)
+      g->unlock_timed();
+    else
+      g->unlock_untimed();
+  }
+
+private:
+  device_gate* g_;
+  bool alone_;
+};
+
 /// Holds the device for a starting worker's held initialisation step(s).
 class start_hold {
 public:

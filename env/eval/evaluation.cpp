@@ -360,7 +360,7 @@ std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
     f.rounding_factor = opt.rounding_factor;
   }
   f.outputs_on_device = cuda_device_ >= 0 && !req_.reference_only;
-  f.peaks = ctx_.ask_peaks && !candidate_side && !req_.reference_only;
+  f.peaks = measures_peaks() && !candidate_side;
   if (role)
     f.role = role;
   return worker_msg::job(f);

@@ -76,6 +76,11 @@ public:
   }
   /// The hardware's peaks the reference's worker measured (asked by the context's ask_peaks), once.
   std::optional<device_peaks> take_peaks() noexcept { return std::exchange(peaks_, std::nullopt); }
+  /// The reference's worker measures the peaks in this verdict (the context's ask_peaks, a verdict
+  /// that is no check of its task alone): its reference phase holds the device alone, as measured
+  /// rounds do, so that no other verdict's work beside it lowers them (KernelBench's activations
+  /// measured 1.02-1.03 of their bound on an H200 with peaks taken beside another verdict).
+  bool measures_peaks() const noexcept { return ctx_.ask_peaks && !req_.reference_only; }
   /// The worker's process, after run(): for device_evaluator::retire.
   std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 

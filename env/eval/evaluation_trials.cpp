@@ -22,7 +22,7 @@ bool evaluation::one_process_trials(std::uint64_t seed) {
   {
     // Phase 1: reference outputs, on the device, before any candidate code runs.
     double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
-    untimed_hold device{ctx_.gate};
+    phase_hold device{ctx_.gate, measures_peaks()};
     phase("reference");
     if (!send(job))
       return false;
@@ -96,7 +96,7 @@ bool evaluation::split_trials(std::uint64_t seed) {
   {
     // Phase 1: the reference's worker parses the candidate's source (the static screen; it never
     // runs it), then computes the reference on each trial's inputs and sends both.
-    untimed_hold device{ctx_.gate};
+    phase_hold device{ctx_.gate, measures_peaks()};
     phase("reference");
     if (!send(rw, job_json(seed, "reference")))
       return false;

@@ -351,3 +351,34 @@ def test_not_a_directory(tmp_path):
     assert r.returncode == 2 and "not a directory" in r.stderr
     r = subprocess.run([sys.executable, "-B", str(SCRIPT)], capture_output=True, text=True, timeout=TIMEOUT_S)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_limit_per_task(tmp_path):
+    # Verdicts with fractions of the hardware's limit (evaluator.limits): the figure shows each
+    # task's best and median candidate fraction beside the reference's, and counts those above 1.0.
+    recs = sft_rl_records()
+    plots = plots_of(recs, tmp_path)
+    assert "limit" not in plots  # no verdict carries a bound
+    with_bound = []
+    for r in recs:
+        if r.get("event") == "verdict" and r["correct"]:
+            fast = r["task"] == TASKS[1]
+            r = dict(r, bound_ms=0.5, fraction=1.2 if fast else 0.1 * r["speedup"], ref_fraction=0.06 if fast else 0.05)
+        with_bound.append(r)
+    run = write_run(tmp_path, with_bound, name="bound")
+    r = call(run, tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    ids = [p["id"] for p in json.loads(r.stdout)["plots"]]
+    assert ids.index("limit") == ids.index("best_speedup_per_task") + 1
+    (tmp_path / "again").mkdir()
+    plots = plots_of(with_bound, tmp_path / "again")
+    p = plots["limit"]
+    check_readable(p)
+    ax = p.figure.get_axes()[0]
+    best, median, ref = (list(c.datavalues) for c in ax.containers)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [TASKS[1], TASKS[0]]  # ordered by their best
+    assert best == pytest.approx([1.2, 0.3])  # alpha's best: 3x at 0.1 a unit
+    assert median[0] == pytest.approx(1.2) and 0.15 < median[1] < 0.3
+    assert ref == pytest.approx([0.06, 0.05])
+    n_above = sum(1 for v in with_bound if v.get("event") == "verdict" and (v.get("fraction") or 0) > 1.0)
+    assert f"{n_above} above 1.0" in p.caption

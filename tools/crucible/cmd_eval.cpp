@@ -53,9 +53,11 @@ void print_table(const env::task& t, const std::string& cand_path, const env::ve
                 num(v.work.bytes_written / 1e6, "%.3g MB").c_str());
   }
   if (v.bound.known())
-    std::printf("limit       %s a call on this hardware (bytes %s, FLOPs %s); fraction of it: candidate %s, reference %s\n",
+    std::printf("limit       %s a call on this hardware (bytes %s, FLOPs %s); fraction of it: candidate %s%s, reference %s\n",
                 num(v.bound.ms, "%.4g ms").c_str(), num(v.bound.bytes_ms, "%.4g ms").c_str(),
-                num(v.bound.flops_ms, "%.4g ms").c_str(), num(v.fraction(), "%.3f").c_str(), num(v.ref_fraction(), "%.3f").c_str());
+                num(v.bound.flops_ms, "%.4g ms").c_str(), num(v.fraction(), "%.3f").c_str(),
+                v.beat_flops() ? " (of the bytes part: faster than the reference's FLOPs allow, it did fewer)" : "",
+                num(v.ref_fraction(), "%.3f").c_str());
   std::printf("wall        %.2f s%s\n", v.wall_s, v.cache_hit ? "   (cached verdict)" : "");
 }
 

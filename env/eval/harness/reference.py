@@ -533,7 +533,7 @@ def fastest_ms(fn, kind, reps, warm=2, before=None):
     return best
 
 
-def measure_peaks(kind, device, reps=5):
+def measure_peaks(kind, device, reps=10):
     """The hardware's peaks (env/eval/limits.hpp, device_peaks), measured by the reference's worker
     of an evaluator's first verdict on that hardware (job.peaks), before any candidate code exists,
     and by tools/bench/task_bounds.py: bytes per ms written (a fill) and copied (the fastest of a

@@ -12,6 +12,7 @@
 #include "env/eval/device_gate.hpp"
 
 using crucible::env::device_gate;
+using crucible::env::phase_hold;
 using crucible::env::start_hold;
 using crucible::env::timed_hold;
 using crucible::env::untimed_hold;
@@ -81,6 +82,38 @@ TEST_CASE("untimed users wait while a timed user holds the device") {
   gate.unlock_timed();
   worker.join();
   CHECK(entered.load());
+}
+
+TEST_CASE("a phase held alone has the device as measured rounds do; held shared, as untimed work") {
+  // Even where untimed work may stay beside a timing's warm-up: a phase that measures (the
+  // hardware's peaks) waits for the untimed users inside, and none enters until it leaves.
+  device_gate gate{true, true, true};
+  gate.lock_untimed();
+  std::atomic<int> step{0};
+  std::thread measurer{[&] {
+    phase_hold alone{gate, true};
+    step = 1;
+    await([&] { return step.load() == 2; });
+    alone.release();
+    step = 3;
+  }};
+  const auto wait0 = gate.measure_wait_ns();
+  await([&] { return gate.measure_wait_ns() > wait0; });
+  CHECK(step.load() == 0); // waiting for the untimed user inside
+  CHECK_FALSE(gate.try_lock_untimed());
+  CHECK_FALSE(gate.try_lock_start());
+  gate.unlock_untimed();
+  await([&] { return step.load() == 1; });
+  CHECK_FALSE(gate.try_lock_untimed()); // nothing beside it
+  step = 2;
+  await([&] { return step.load() == 3; });
+  measurer.join();
+  CHECK(gate.try_lock_untimed()); // released: untimed users enter again
+  {
+    phase_hold shared{gate, false}; // beside the untimed user, as untimed work
+    CHECK(gate.max_untimed() >= 2);
+  }
+  gate.unlock_untimed();
 }
 
 TEST_CASE("busy time is the union of the holds, timed time only the timed holds") {

@@ -83,6 +83,23 @@ TEST_CASE("verdict JSON carries every DESIGN field, nulls where a number is abse
   CHECK(*back == v);
   CHECK(to_json(v).find("\"fraction\":0.5") != std::string::npos);
   CHECK(to_json(v).find("\"ref_fraction\":0.125") != std::string::npos);
+  CHECK(to_json(v).find("\"fraction_of\":\"ms\"") != std::string::npos);
+  // A candidate faster than the FLOP part (fewer operations than the reference's algorithm) is
+  // measured against the bytes part alone: never above 1.0 for doing less work.
+  v.bound = task_bound{0.3, 0.03, 0.3};
+  v.cand_ms = 0.06;
+  CHECK(v.beat_flops());
+  CHECK(v.fraction() == doctest::Approx(0.5));
+  CHECK(v.ref_fraction() == doctest::Approx(0.15));
+  CHECK(to_json(v).find("\"fraction_of\":\"bytes_ms\"") != std::string::npos);
+  back = verdict_from_json(to_json(v));
+  REQUIRE(back.has_value());
+  CHECK(*back == v);
+  v.cand_ms = 0.3; // at the FLOP part: the whole bound
+  CHECK_FALSE(v.beat_flops());
+  CHECK(v.fraction() == doctest::Approx(1.0));
+  v.bound = task_bound{0.25, 0.25, 0.125};
+  v.cand_ms = 0.5;
   auto bound_of_text = [](const char* text) { return task_bound_from_json(*parse_json(text)); };
   CHECK(bound_of_text(R"({"ms": 2, "bytes_ms": 2, "flops_ms": 1})") == task_bound{2, 2, 1});
   CHECK_FALSE(bound_of_text(R"({"ms": 1, "bytes_ms": 2, "flops_ms": 1})").has_value()); // not the larger
@@ -171,7 +188,9 @@ TEST_CASE("reward shaping") {
   ok.cand_ms = 0.4;
   ok.bound = task_bound{0.1, 0.1, 0.0};
   CHECK(compute_reward(ok, r) == doctest::Approx(2.0 + 0.5 * 0.25));
-  ok.bound = task_bound{0.8, 0.1, 0.8}; // a FLOP part past the candidate's time: capped at 1
+  ok.bound = task_bound{0.8, 0.1, 0.8}; // a FLOP part past the candidate's time: the bytes part alone
+  CHECK(compute_reward(ok, r) == doctest::Approx(2.0 + 0.5 * 0.25));
+  ok.bound = task_bound{0.8, 0.8, 0.0}; // past even the bytes part: capped at 1
   CHECK(compute_reward(ok, r) == doctest::Approx(2.5));
   r.limit_weight = 0;
   CHECK(compute_reward(ok, r) == doctest::Approx(2.0));

@@ -2,6 +2,7 @@
 // contrastive bucket softmax and of random selection, fallbacks, filtering and option checks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -256,6 +257,44 @@ TEST_CASE("invalid options are refused with errc::config naming the field") {
   CHECK(validate(exemplar_options{}).ok());
 }
 
+TEST_CASE("scored by the fraction of the limit: buckets of fractions, variants without one left out") {
+  // Rewards and fractions disagree: by reward "r" and "s" share a bucket far above "t"; by
+  // fraction (width 0.1) "t" is alone at the top and "r", "s" in two buckets below.
+  auto r = ok_variant(5.0, "r"), s = ok_variant(5.2, "s"), t = ok_variant(0.3, "t"), u = ok_variant(9.0, "u");
+  r.fraction = 0.12;
+  s.fraction = 0.25;
+  t.fraction = 0.91; // u has none: left out where others have one
+  const std::vector<variant_record> cands{r, s, t, u};
+  exemplar_options o;
+  o.n = 3;
+  o.tau = 0.1;
+  o.bucket_width = 0.1;
+  o.by_fraction = true;
+  std::mt19937_64 rng(99);
+  std::map<std::size_t, int> first;
+  for (int i = 0; i < 2000; ++i) {
+    auto got = pick(cands, o, rng);
+    REQUIRE(got.size() == 3); // three buckets of fractions: each once, never u
+    CHECK(std::set<std::size_t>(got.begin(), got.end()) == std::set<std::size_t>{0, 1, 2});
+    ++first[got[0]];
+  }
+  // The softmax over bucket means: t (0.91) first far more often than r (0.12).
+  CHECK(first[2] > 1900);
+  // By reward, width 1: r and s share bucket 5, so at most one of them is drawn.
+  o.by_fraction = false;
+  o.bucket_width = 1.0;
+  o.tau = 1.0;
+  for (int i = 0; i < 200; ++i) {
+    auto got = pick(cands, o, rng);
+    CHECK(std::count_if(got.begin(), got.end(), [](std::size_t k) { return k <= 1; }) == 1);
+  }
+  // None with a fraction: the reward decides, every successful variant may be drawn.
+  o.by_fraction = true;
+  const std::vector<variant_record> none{ok_variant(0.2, "a"), ok_variant(1.5, "b")};
+  o.n = 2;
+  CHECK(pick(none, o, rng).size() == 2);
+}
+
 TEST_CASE("the exemplar config section converts field by field") {
   auto cfg = parse_config("exemplar:\n  method: island\n  n: 3\n  tau: 0.25\n  bucket_width: 0.1\n  islands: 7\n", "t.yaml");
   REQUIRE(cfg.ok());
@@ -265,7 +304,14 @@ TEST_CASE("the exemplar config section converts field by field") {
   CHECK(o.tau == 0.25);
   CHECK(o.bucket_width == 0.1);
   CHECK(o.islands == 7);
+  CHECK_FALSE(o.by_fraction);
   CHECK(validate(o).ok());
+  auto f = parse_config("exemplar:\n  score: fraction\n", "t.yaml");
+  REQUIRE(f.ok());
+  CHECK(to_exemplar_options(f->exemplar).by_fraction);
+  auto bad_score = parse_config("exemplar:\n  score: speedup\n", "t.yaml");
+  REQUIRE_FALSE(bad_score.ok());
+  CHECK(bad_score.error().message.find("exemplar.score") != std::string::npos);
   CHECK(to_exemplar_options(exemplar_config{}).method == selection_method::contrastive);
   exemplar_config r;
   r.method = exemplar_method::random;

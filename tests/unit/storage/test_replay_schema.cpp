@@ -100,7 +100,7 @@ TEST_CASE("a store of schema 1 is upgraded to 2 and keeps its whole completions"
     REQUIRE(store.ok());
     sqlite3* db = store->handle();
     exec_ok(db, "DROP TABLE samples; DROP TABLE episode_groups; ALTER TABLE variants DROP COLUMN completion_code_at;"
-                " PRAGMA user_version = 1");
+                " ALTER TABLE variants DROP COLUMN fraction; PRAGMA user_version = 1");
     exec_ok(db, "INSERT INTO variants (id, task_id, task_name, hardware, code, code_hash, status,"
                 " correct, speedup, spread, ref_ms, cand_ms, reward, checks_failed, message,"
                 " policy_version, prompt_id, group_id, exemplar_ids, time_ms, count, completion)"
@@ -129,7 +129,8 @@ TEST_CASE("a store of schema 2 is upgraded to the current schema with an empty s
     auto store = replay_store::open(db_path);
     REQUIRE(store.ok());
     REQUIRE(store->record(sample(1)).ok());
-    exec_ok(store->handle(), "DROP TABLE samples; DROP TABLE episode_groups; PRAGMA user_version = 2");
+    exec_ok(store->handle(), "DROP TABLE samples; DROP TABLE episode_groups; ALTER TABLE variants DROP COLUMN fraction;"
+                             " PRAGMA user_version = 2");
   }
   auto store = replay_store::open(db_path);
   REQUIRE(store.ok());
@@ -140,8 +141,14 @@ TEST_CASE("a store of schema 2 is upgraded to the current schema with an empty s
   CHECK(store->count_samples()->pending == 1);
 }
 
+// Takes a current store back to schema 5: without its variants' fractions of the limit.
+void back_to_schema_5(sqlite3* db) {
+  exec_ok(db, "ALTER TABLE variants DROP COLUMN fraction; PRAGMA user_version = 5");
+}
+
 // Takes a current store back to schema 4: without what continues an episode.
 void back_to_schema_4(sqlite3* db) {
+  back_to_schema_5(db);
   exec_ok(db, "ALTER TABLE samples DROP COLUMN context; ALTER TABLE samples DROP COLUMN tokens;"
               " ALTER TABLE samples DROP COLUMN logprobs; ALTER TABLE samples DROP COLUMN verdict;"
               " ALTER TABLE samples DROP COLUMN continues; DROP TABLE episode_groups; PRAGMA user_version = 4");
@@ -192,7 +199,7 @@ TEST_CASE("a store of schema 4 is upgraded to 5: its samples keep their rows and
   }
   auto store = replay_store::open(db_path);
   REQUIRE(store.ok());
-  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 5);
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == replay_store::schema_version);
   auto rows = store->samples(0);
   REQUIRE(rows->size() == 1);
   CHECK((*rows)[0].turn == std::optional<std::uint32_t>{0});
@@ -200,4 +207,46 @@ TEST_CASE("a store of schema 4 is upgraded to 5: its samples keep their rows and
   CHECK(store->reopen_episode_groups(0, 100, 100)->empty()); // no first prompt, no episode data
   REQUIRE(store->record_episode_group(episode_group(42)).ok());
   CHECK(store->reopen_episode_groups(0, 100, 100)->empty());
+}
+
+TEST_CASE("a store of schema 5 is upgraded to 6: its variants keep their rows, with no fraction of the limit") {
+  temp_dir tmp;
+  const auto db_path = tmp.path() / "replay.db";
+  std::int64_t first = 0;
+  {
+    auto store = replay_store::open(db_path);
+    REQUIRE(store.ok());
+    auto id = store->record(sample(1));
+    REQUIRE(id.ok());
+    first = *id;
+    back_to_schema_5(store->handle());
+  }
+  auto store = replay_store::open(db_path);
+  REQUIRE(store.ok());
+  CHECK(exec_int(store->handle(), "PRAGMA user_version") == 6);
+  auto old = store->find(first);
+  REQUIRE(old.ok());
+  CHECK_FALSE(old->fraction.has_value());
+  auto v = sample(2);
+  v.fraction = 0.42;
+  auto id = store->record(v);
+  REQUIRE(id.ok());
+  CHECK(store->find(*id)->fraction == std::optional<double>{0.42});
+  // The summary rows exemplars are drawn from carry it too.
+  auto rows = store->successful_variants(v.task_id, v.hardware, variant_fields::summary);
+  REQUIRE(rows.ok());
+  bool seen = false;
+  for (const auto& r : *rows)
+    if (r.id == *id) {
+      seen = true;
+      CHECK(r.fraction == std::optional<double>{0.42});
+    }
+  CHECK(seen);
+  // An export keeps it (and a row without one has no field), an import reads it back.
+  REQUIRE(store->export_jsonl(tmp.path() / "out.jsonl").ok());
+  auto copy = replay_store::open(tmp.path() / "copy.db");
+  REQUIRE(copy.ok());
+  REQUIRE(copy->import_jsonl(tmp.path() / "out.jsonl").ok());
+  CHECK(copy->find(*id)->fraction == std::optional<double>{0.42});
+  CHECK_FALSE(copy->find(first)->fraction.has_value());
 }
