@@ -748,6 +748,11 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     wk_.refuse_below_floor(m, split_.floor_ms, " besides the clock's round trip", split_.floor_bytes);
     return false;
   }
+  const double ref_m = dev_.on ? median(ref) : median(ref) - split_.null_ms / static_cast<double>(split_.sample_calls);
+  if (const double b = wk_.bound_floor_ms(ref_m); m < b) {
+    wk_.refuse_below_bound(m, b, " besides the clock's round trip");
+    return false;
+  }
   return true;
 }
 

@@ -320,6 +320,10 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       return false;
     }
   }
+  if (const double m = median(settled.cand_ms), b = bound_floor_ms(median(settled.ref_ms)); m < b) {
+    refuse_below_bound(m, b, "");
+    return false;
+  }
   if (const auto k = n["calls"]; k.is_scalar())
     reported_.calls = k.as<long>(1);
   r = std::move(settled.ref_ms);

@@ -127,8 +127,6 @@ private:
   std::optional<boundary> b_;
   /// The measurement ended at its first look: the candidate is clearly slower (measure_once).
   bool slow_stop_ = false;
-  /// The peaks the reference's worker reported (keep_reference), for take_peaks.
-  std::optional<device_peaks> peaks_;
 };
 
 } // namespace crucible::env

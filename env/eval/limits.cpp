@@ -25,6 +25,11 @@ std::optional<device_peaks> peaks_from_json(const json_value& p, std::string har
   if (!rate(write) || !rate(copy) || mm == nullptr || !mm->is_object() || mm->as_object().empty())
     return std::nullopt;
   device_peaks out;
+  if (const auto* n = p.find("copy_bytes"); n != nullptr) {
+    if (!rate(n))
+      return std::nullopt;
+    out.copy_bytes = n->as_double();
+  }
   out.hardware = std::move(hardware);
   out.write_bytes_per_ms = write->as_double();
   out.copy_bytes_per_ms = copy->as_double();
@@ -42,6 +47,8 @@ std::string to_json(const device_peaks& p) {
     .field("hardware", p.hardware)
     .field("write_bytes_per_ms", p.write_bytes_per_ms)
     .field("copy_bytes_per_ms", p.copy_bytes_per_ms);
+  if (p.copy_bytes > 0)
+    w.field("copy_bytes", p.copy_bytes);
   w.key("matmul_flops_per_ms").begin_object();
   for (const auto& [dtype, r] : p.matmul_flops_per_ms)
     w.field(dtype, r);
@@ -72,6 +79,13 @@ task_bound bound_of(const task_work& work, const device_peaks& peaks) {
   }
   b.ms = std::max(b.bytes_ms, b.flops_ms);
   return b;
+}
+
+double bound_floor_ms(const task_work& work, const device_peaks& peaks) {
+  if (!work.counted() || !(peaks.copy_bytes > 0) || !(peaks.copy_bytes_per_ms > 0))
+    return NAN;
+  const double bytes = work.bytes_read + work.bytes_written;
+  return bytes >= peaks.copy_bytes ? 0.5 * bytes / peaks.copy_bytes_per_ms : NAN;
 }
 
 peaks_registry& peaks_registry::process() {

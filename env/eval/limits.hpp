@@ -25,14 +25,17 @@ struct device_peaks {
   std::string hardware;
   double write_bytes_per_ms = 0;
   double copy_bytes_per_ms = 0;
+  /// The fewest bytes a call moved where the copy rate was measured (1 GiB on a GPU, 64 MiB on the
+  /// CPU); 0 where the worker did not say. A call that moves fewer may run from caches, faster.
+  double copy_bytes = 0;
   std::map<std::string, double> matmul_flops_per_ms;
   friend bool operator==(const device_peaks&, const device_peaks&) = default;
 };
 
-/// The peaks a worker reported (`{"write_bytes_per_ms": N, "copy_bytes_per_ms": N,
-/// "matmul_flops_per_ms": {DTYPE: N}}`) for `hardware`: none where a rate is missing, not finite
-/// or not above 0, no matrix-product rate is given, or a dtype's name is empty or 32 characters
-/// or longer.
+/// The peaks a worker reported (`{"write_bytes_per_ms": N, "copy_bytes_per_ms": N, "copy_bytes": N,
+/// "matmul_flops_per_ms": {DTYPE: N}}`; `copy_bytes` may be absent) for `hardware`: none where a
+/// rate is missing, not finite or not above 0, `copy_bytes` is given and not a finite number above
+/// 0, no matrix-product rate is given, or a dtype's name is empty or 32 characters or longer.
 std::optional<device_peaks> peaks_from_json(const json_value& p, std::string hardware);
 /// The peaks as one JSON object with their hardware.
 std::string to_json(const device_peaks& p);
@@ -43,6 +46,13 @@ std::string to_json(const device_peaks& p);
 /// stay within the tolerance; a dtype without a rate of its own at the fastest rate measured).
 /// Not known where the work was not counted.
 task_bound bound_of(const task_work& work, const device_peaks& peaks);
+
+/// The floor the bound sets on a candidate's median call (ms): half its bytes part, where the
+/// call moves at least the bytes the copy rate was measured at (fewer may come from caches at
+/// their own rate); NaN where that is not known. Under it, the call moved the bytes every
+/// candidate must (its inputs read once, its outputs written) at more than twice the fastest copy
+/// this hardware showed: its outputs were not computed from its inputs inside the window.
+double bound_floor_ms(const task_work& work, const device_peaks& peaks);
 
 /// The peaks measured in this process, by hardware (each measured once, by the first verdict
 /// of an evaluator on that hardware whose reference worker was asked). Thread-safe.

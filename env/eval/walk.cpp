@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 namespace crucible::env {
@@ -177,6 +178,29 @@ void walk::refuse_below_floor(double call_ms, double floor_ms, const char* besid
                 "of its %llu output bytes on this device); no call produces its outputs faster than the hardware "
                 "writes them",
                 call_ms * 1e3, besides, floor_ms * 1e3, static_cast<unsigned long long>(bytes));
+  v_.checks_failed.push_back("runtime:below_floor");
+  set(verdict_status::rejected, buf);
+}
+
+double walk::bound_floor_ms(double ref_call_ms) const {
+  if (!ctx_.opt.limits || !v_.work.counted())
+    return NAN;
+  double floor = NAN;
+  if (peaks_)
+    floor = env::bound_floor_ms(v_.work, *peaks_);
+  else if (const auto p = peaks_registry::process().find(v_.hardware))
+    floor = env::bound_floor_ms(v_.work, *p);
+  return ref_call_ms >= floor ? floor : NAN;
+}
+
+void walk::refuse_below_bound(double call_ms, double floor_ms, const char* besides) {
+  char buf[400];
+  std::snprintf(buf, sizeof buf,
+                "the candidate's median timed call took %.2f us%s, below the floor of %.2f us its task's bound sets "
+                "on this hardware (half of %.4g MB read and written at the fastest copy measured here, %.4g GB/s); "
+                "no call computes its outputs from its inputs faster than the hardware moves them",
+                call_ms * 1e3, besides, floor_ms * 1e3, (v_.work.bytes_read + v_.work.bytes_written) / 1e6,
+                (v_.work.bytes_read + v_.work.bytes_written) / (2 * floor_ms) / 1e6);
   v_.checks_failed.push_back("runtime:below_floor");
   set(verdict_status::rejected, buf);
 }

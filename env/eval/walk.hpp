@@ -20,6 +20,7 @@
 #include "env/eval/build_service.hpp"
 #include "env/eval/evaluation_context.hpp"
 #include "env/eval/eval_request.hpp"
+#include "env/eval/limits.hpp"
 #include "env/verdict.hpp"
 #include "env/eval/worker_pool.hpp"
 
@@ -73,6 +74,13 @@ struct walk {
   // runtime:below_floor: a median timed call of `call_ms` (`besides`: what it excludes) under
   // the floor of `floor_ms`, the fill of `bytes`.
   void refuse_below_floor(double call_ms, double floor_ms, const char* besides, std::uint64_t bytes);
+  /// The bound's floor on the candidate's median call on this hardware (limits.hpp,
+  /// bound_floor_ms), from this verdict's peaks or the process's for its hardware; NaN where it is
+  /// not known, evaluator.limits is off, or the reference's own median call (`ref_call_ms`) is
+  /// under it: that task's calls read fewer bytes than its inputs hold, and so may a candidate's.
+  double bound_floor_ms(double ref_call_ms) const;
+  /// The candidate's median call under it: rejected (runtime:below_floor), the bound named.
+  void refuse_below_bound(double call_ms, double floor_ms, const char* besides);
   void phase(const char* name) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
@@ -114,6 +122,9 @@ struct walk {
 
   // What it has found.
   verdict v_;
+  /// The hardware's peaks this verdict's reference worker measured (evaluator.limits: the first
+  /// verdict on its hardware in this process), kept by the evaluator after the verdict.
+  std::optional<device_peaks> peaks_;
   tolerances tol_;
   /// The reference's outputs, one list per trial.
   std::vector<std::vector<tensor_blob>> reference_;

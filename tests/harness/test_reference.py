@@ -212,6 +212,7 @@ def test_measure_peaks_gives_every_rate_above_0_on_the_cpu(reference, harness):
     peaks = reference.measure_peaks(cpu, "cpu", reps=1)
     assert peaks is not None
     assert peaks["write_bytes_per_ms"] > 0 and peaks["copy_bytes_per_ms"] > 0
+    assert peaks["copy_bytes"] == 64 << 20  # the size the copy rate was measured at (bound_floor_ms)
     # float64, float32 and bfloat16 on the CPU (TF32 and float16 only where the kind has a device).
     assert sorted(peaks["matmul_flops_per_ms"]) == ["bfloat16", "float32", "float64"]
     assert all(r > 0 for r in peaks["matmul_flops_per_ms"].values())

@@ -541,7 +541,8 @@ def measure_peaks(kind, device, reps=10):
     device, 64 MiB on the CPU: one byte copy of 1 GiB measured below the elementwise references'
     own rate on an H200), and FLOPs per ms of square matrix products by dtype (float64, float32,
     TF32 where the kind has a device, float16 there, bfloat16), at two sides each; each the
-    fastest of `reps`. A size the device's free memory cannot take is passed over. None where
+    fastest of `reps`; and `copy_bytes`, the fewest bytes moved at which the copy rate was
+    measured (a call moving fewer may run from caches). A size the device's free memory cannot take is passed over. None where
     nothing could be measured."""
     on_device = kind.device_clock
     try:
@@ -549,7 +550,7 @@ def measure_peaks(kind, device, reps=10):
         buf = _torch_empty(n, dtype=_uint8, device=device)
         peaks = {"write_bytes_per_ms": n / fastest_ms(lambda: buf.fill_(1), kind, reps)}
         del buf
-        copy = 0.0
+        copy, copy_bytes = 0.0, 0
         for moved in ((1 << 30, 8 << 30) if on_device else (64 << 20,)):
             half = moved // 2
             try:
@@ -563,10 +564,12 @@ def measure_peaks(kind, device, reps=10):
             fs, fd = src.view(torch.float32), dst.view(torch.float32)
             for fn in (lambda: dst.copy_(src), lambda: torch.neg(fs, out=fd), lambda: torch.clamp_min(fs, 0, out=fd)):
                 copy = _max(copy, 2 * half / fastest_ms(fn, kind, reps))
+            copy_bytes = copy_bytes or moved  # the fewest bytes moved at which it was measured
             src = dst = fs = fd = None
             if kind.caching_allocator:
                 _cuda_empty_cache()
         peaks["copy_bytes_per_ms"] = copy
+        peaks["copy_bytes"] = copy_bytes  # smaller calls may run from caches (limits.hpp, bound_floor_ms)
         mm = {}
         kinds = [("float64", torch.float64, False), ("float32", torch.float32, False)]
         if on_device:

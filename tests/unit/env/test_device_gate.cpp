@@ -84,7 +84,7 @@ TEST_CASE("untimed users wait while a timed user holds the device") {
   CHECK(entered.load());
 }
 
-TEST_CASE("a phase held alone has the device as measured rounds do; held shared, as untimed work") {
+TEST_CASE("a phase held alone has the device as measured rounds do, and held shared it is untimed work") {
   // Even where untimed work may stay beside a timing's warm-up: a phase that measures (the
   // hardware's peaks) waits for the untimed users inside, and none enters until it leaves.
   device_gate gate{true, true, true};

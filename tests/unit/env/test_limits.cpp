@@ -2,6 +2,8 @@
 // give a task's work (issue 89).
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 #include "core/json_parse.hpp"
 #include "env/eval/limits.hpp"
 
@@ -68,6 +70,27 @@ TEST_CASE("a worker's peaks are read with every rate above 0, and refused otherw
   CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "matmul_flops_per_ms": {"": 1}})"));
   CHECK_FALSE(read(R"({"copy_bytes_per_ms": 2e7, "matmul_flops_per_ms": {"float32": 1}})"));
   CHECK_FALSE(read(R"([1, 2])"));
+  // The size the copy rate was measured at: optional, and a number above 0 where given.
+  CHECK(p->copy_bytes == 0);
+  auto sized = read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "copy_bytes": 67108864, "matmul_flops_per_ms": {"float32": 1}})");
+  REQUIRE(sized.has_value());
+  CHECK(sized->copy_bytes == 67108864.0);
+  CHECK(peaks_from_json(*parse_json(to_json(*sized)), "cpu: test") == sized);
+  CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "copy_bytes": 0, "matmul_flops_per_ms": {"float32": 1}})"));
+  CHECK_FALSE(read(R"({"write_bytes_per_ms": 3e7, "copy_bytes_per_ms": 2e7, "copy_bytes": "1 GiB", "matmul_flops_per_ms": {"float32": 1}})"));
+}
+
+TEST_CASE("the bound's floor: half its bytes part, only for calls that move at least what the copy rate was measured at") {
+  auto p = h200_like();
+  // KernelBench level1/21_Sigmoid: 12.9 GB a call, at 4.13 TB/s 3.12 ms, so a floor of 1.56 ms.
+  const task_work sigmoid{{}, 6442450944.0, 6442450944.0};
+  CHECK(std::isnan(bound_floor_ms(sigmoid, p))); // the size the rate was measured at not said
+  p.copy_bytes = 1 << 30;
+  CHECK(bound_floor_ms(sigmoid, p) == doctest::Approx(0.5 * 2 * 6442450944.0 / 4.13e9));
+  // 201 MB: below the 1 GiB the copy rate was measured at, it may come from caches: no floor.
+  const task_work small{{{"float32", 137438953472.0}}, 134217728.0, 67108864.0};
+  CHECK(std::isnan(bound_floor_ms(small, p)));
+  CHECK(std::isnan(bound_floor_ms(task_work{}, p))); // not counted
 }
 
 TEST_CASE("the process keeps one hardware's peaks by its name") {
