@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# tools/bench/boundary_steps.sh start STEP...|wait SECONDS [STEP]|collect: the CUDA boundary's
+# figures of docs/PERFORMANCE.md (issues 85 and 89) as one background job on a lent GPU machine,
+# one step at a time on the device, across device calls (a call lasts at most 10 minutes; the
+# machine stays warm between calls that follow each other).
+#
+#   start STEP...    the lent set-up and a build (tools/bench/lent_machine.sh, BUILD default
+#                    /root/bg, kept out of the carried tree), then the steps in the order given, in
+#                    a job of its own; returns at once. Steps:
+#                      hacks       test_gpu_evaluator's hack suite across the boundary (its three
+#                                  parts, each its own case), HACKS_S seconds (900)
+#                      mps         test_gpu_mps, MPS_S seconds (300)
+#                      pairs       tools/bench/mps_boundary.sh own_poll: CUDA-L1's 3090 kernels for
+#                                  level1/12, 40, 53 and level2/14 and an identity, with their
+#                                  bounds (data/cuda-l1, fetch_cuda_l1.sh)
+#                      set         PAIRS=SET tools/bench/mps_boundary.sh own_poll own_shared: the
+#                                  pairs of SET across and shared (a file of tools/bench/rate_set.py,
+#                                  e.g. its set.jsonl from data/cuda-l1/h100.json; default
+#                                  data/cuda-l1/set.jsonl)
+#                      kbself      KernelBench level 1's references against themselves across,
+#                                  from task KB_FROM (default 1), KB_S seconds (450)
+#                                  (data/kernelbench, fetch_kernelbench.sh)
+#                      bounds      tools/bench/task_bounds.py over level 1 from task BOUNDS_FROM (1),
+#                                  BOUNDS_S seconds (420)
+#   wait SECONDS [STEP]  waits until STEP (default: every step) is done or SECONDS pass, then prints
+#                    the job's log; SECONDS at most about 560 to stay inside one device call.
+#   collect          packs the job's folder into $OUT/boundary_steps.tgz.
+#
+# The job's folder is JOB (default /root/boundary-steps): job.log marks each step's start and end
+# (`=== STEP done`); each step writes its own logs and records there. Carry data/cuda-l1,
+# data/kernelbench, .deps/debs and .whl on the `start` call.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT" || exit 2
+JOB="${JOB:-/root/boundary-steps}"
+export BUILD="${BUILD:-/root/bg}"
+
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+
+run_step() { # STEP: one step, its output in JOB
+  local s t
+  s=$(date +%s)
+  echo "=== $1 start $(date +%T)"
+  case "$1" in
+    hacks)
+      t=$(find "$BUILD" -name test_gpu_evaluator -type f -perm -u+x | head -1)
+      timeout "${HACKS_S:-900}" "$t" -s -tc="*hack suite on CUDA*" > "$JOB/hacks.log" 2>&1
+      echo "rc $?"
+      grep -E "hack_.*speedup|test cases|assertions|ERROR|CRASHED" "$JOB/hacks.log" | cut -c1-220 ;;
+    mps)
+      t=$(find "$BUILD" -name test_gpu_mps -type f -perm -u+x | head -1)
+      timeout "${MPS_S:-300}" "$t" -s > "$JOB/mps.log" 2>&1
+      echo "rc $?"
+      grep -E "MESSAGE|test cases|assertions|ERROR|CRASHED" "$JOB/mps.log" | cut -c1-220 ;;
+    pairs)
+      OUT="$JOB/pairs" timeout 300 tools/bench/mps_boundary.sh own_poll
+      echo "rc $?"
+      python3 - "$JOB/pairs/rec_own_poll.jsonl" <<'EOF'
+import json, sys
+for line in open(sys.argv[1]):
+    if line.strip():
+        r = json.loads(line)
+        print(" ", str((r.get("input") or {}).get("name") or r.get("pair", ""))[:44], r.get("status"), r.get("speedup"),
+              "fraction", r.get("fraction"), r.get("fraction_of"), "reference", r.get("ref_fraction"))
+EOF
+      ;;
+    set)
+      PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set" tools/bench/mps_boundary.sh own_poll own_shared
+      echo "rc $?" ;;
+    kbself)
+      rm -rf /tmp/kbself && mkdir -p /tmp/kbself
+      python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/kbself > /dev/null
+      { grep '^#' /tmp/kbself/pairs.tsv
+        grep -v '^#' /tmp/kbself/pairs.tsv | awk -F'\t' -v from="${KB_FROM:-1}" \
+          '{ n = $1; sub(/.*\//, "", n); split(n, a, "_"); if (a[1] + 0 >= from) print }'; } > /tmp/kbself/from.tsv
+      chmod -R a+rwX /tmp/kbself
+      timeout "${KB_S:-450}" "$BUILD/tools/crucible" eval --pairs /tmp/kbself/from.tsv --device cuda:0 --no-cache --json \
+        --out "$JOB/kbself.jsonl" --set evaluator.cuda_mps=on --set evaluator.extensions_dir=/tmp/kbself/ext \
+        > "$JOB/kbself_summary.json" 2> "$JOB/kbself.err"
+      echo "rc $?; $(wc -l < "$JOB/kbself.jsonl") verdicts"
+      python3 tools/bench/band_check.py "$JOB/kbself.jsonl" --self | tail -30 ;;
+    bounds)
+      rm -rf /tmp/bounds-tasks && mkdir -p /tmp/bounds-tasks
+      for f in data/kernelbench/level1/*.py; do
+        n=$(basename "$f"); ((${n%%_*} >= ${BOUNDS_FROM:-1})) && cp "$f" /tmp/bounds-tasks/
+      done
+      timeout "${BOUNDS_S:-420}" python3 tools/bench/task_bounds.py /tmp/bounds-tasks --device cuda:0 \
+        --out "$JOB/bounds.jsonl" > "$JOB/bounds.txt" 2>&1
+      echo "rc $?"; tail -30 "$JOB/bounds.txt" ;;
+    *) echo "boundary_steps: unknown step '$1'" ;;
+  esac
+  echo "=== $1 done $(date +%T) ($(( $(date +%s) - s )) s)"
+}
+
+case "${1:-}" in
+  -h | --help | "") usage; exit 0 ;;
+  start)
+    shift
+    (($#)) || { echo "boundary_steps: start needs at least one step (--help)" >&2; exit 2; }
+    rm -rf "$JOB" && mkdir -p "$JOB"
+    # shellcheck disable=SC2016 # expanded by the job's own shell
+    setsid nohup bash -c '
+      source tools/bench/lent_machine.sh
+      export OUT="$1"; shift
+      echo "=== build start $(date +%T)"
+      lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps || { echo "=== build failed"; echo "=== all done"; exit 1; }
+      # The device agent and the workers run as nobody: the build must be reachable.
+      chmod a+x /root 2>/dev/null; chmod -R a+rX "$BUILD"
+      echo "=== build done $(date +%T)"
+      for step in "$@"; do "$0" _step "$step"; done
+      echo "=== all done $(date +%T)"' "$0" "$JOB" "$@" > "$JOB/job.log" 2>&1 < /dev/null &
+    echo "boundary_steps: started ($*), log $JOB/job.log" ;;
+  _step) run_step "$2" ;;
+  wait)
+    end=$((SECONDS + ${2:-540}))
+    want="=== ${3:-all} done"
+    while ((SECONDS < end)); do grep -q -- "$want" "$JOB/job.log" 2>/dev/null && break; sleep 3; done
+    tail -80 "$JOB/job.log" ;;
+  collect)
+    mkdir -p "${OUT:-gpu-out}"
+    tar czf "${OUT:-gpu-out}/boundary_steps.tgz" -C "$(dirname "$JOB")" --exclude='*/self' "$(basename "$JOB")"
+    echo "boundary_steps: ${OUT:-gpu-out}/boundary_steps.tgz" ;;
+  *) echo "boundary_steps: unknown command '$1' (--help)" >&2; exit 2 ;;
+esac
