@@ -98,7 +98,10 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
     w.field("turn", static_cast<std::int64_t>(turn));
   // How far from the hardware's limit (evaluator.limits), where the verdict knows its bound.
   if (v.bound.known())
-    w.field("bound_ms", v.bound.ms).field("fraction", v.fraction()).field("ref_fraction", v.ref_fraction());
+    w.field("bound_ms", v.bound.ms)
+      .field("fraction", v.fraction())
+      .field("fraction_of", v.beat_flops() ? "bytes_ms" : "ms")
+      .field("ref_fraction", v.ref_fraction());
   w.end_object();
   st.step.records.push_back(std::move(w).take());
 }

@@ -131,6 +131,7 @@ class Verdict:
     # candidate's and the reference's fractions of the task's bound; None where the verdict had none.
     fraction: float | None = None
     ref_fraction: float | None = None
+    of_bytes: bool = False  # the candidate's fraction is of the bound's bytes part (`fraction_of`)
 
 
 @dataclass
@@ -224,7 +225,8 @@ def collect(records: Iterable[tuple[int, dict]], source: str = "metrics.jsonl") 
                 step = None
             correct = rec.get("correct") is True and speedup is not None and not math.isnan(speedup)
             verdicts.append(Verdict(f.string("stage") or "", step, task, status, correct, speedup, hardware, turn,
-                                    segment, f.number("fraction"), f.number("ref_fraction")))
+                                    segment, f.number("fraction"), f.number("ref_fraction"),
+                                    f.string("fraction_of") == "bytes_ms"))
     ordered = [steps[k] for k in sorted(steps)]
     segments: list[Segment] = []
     seen: Counter = Counter()

@@ -202,7 +202,10 @@ def plot_limit(data: RunData) -> Plot | None:
         return None
     by: dict[str, list[float]] = defaultdict(list)
     ref: dict[str, list[float]] = defaultdict(list)
+    of_bytes: dict[str, bool] = {}  # the task's best fraction is of the bound's bytes part
     for v in vs:
+        if not by[v.task] or v.fraction > max(by[v.task]):
+            of_bytes[v.task] = v.of_bytes
         by[v.task].append(v.fraction)
         if v.ref_fraction is not None and math.isfinite(v.ref_fraction) and v.ref_fraction > 0:
             ref[v.task].append(v.ref_fraction)
@@ -221,7 +224,9 @@ def plot_limit(data: RunData) -> Plot | None:
     for k, (label, colour, vals) in enumerate(rows):
         r = ax.barh(ys + (k - 1) * h, [0 if math.isnan(x) else x for x in vals], h, color=colour, label=label,
                     edgecolor="#333333", linewidth=0.5)
-        ax.bar_label(r, labels=["" if math.isnan(x) else f"{x:.2f}" for x in vals], padding=2, fontsize=9)
+        mark = [k == 0 and of_bytes.get(t, False) for t in shown]
+        ax.bar_label(r, labels=["" if math.isnan(x) else f"{x:.2f}" + (" (bytes)" if m else "") for x, m in zip(vals, mark)],
+                     padding=2, fontsize=9)
     ax.set_yticks(ys, [_short(t, 40) for t in shown])
     ax.invert_yaxis()
     top = max(x for _, _, vals in rows for x in vals if not math.isnan(x))
@@ -236,7 +241,10 @@ def plot_limit(data: RunData) -> Plot | None:
                "records' `fraction` and `ref_fraction`; docs/evaluator.md, How far from the limit): the best and "
                "the median of the candidates, and the reference's median; tasks ordered by their best. "
                f"{len(vs)} correct verdicts with a bound" +
-               (f"; {above} above 1.0, faster than the bound allows: worth a look" if above else "") + ".")
+               (f"; {above} above 1.0, faster than the bound allows: worth a look" if above else "") + ". " +
+               ("A best marked (bytes) beat the bound's FLOP part, which counts the reference's algorithm, and is "
+                "measured against its bytes part alone: it may sit below its reference's fraction of the whole "
+                "bound while being many times faster." if any(of_bytes.get(t, False) for t in shown) else ""))
     return Plot("limit", title, caption, fig)
 
 

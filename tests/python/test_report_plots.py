@@ -363,7 +363,8 @@ def test_limit_per_task(tmp_path):
     for r in recs:
         if r.get("event") == "verdict" and r["correct"]:
             fast = r["task"] == TASKS[1]
-            r = dict(r, bound_ms=0.5, fraction=1.2 if fast else 0.1 * r["speedup"], ref_fraction=0.06 if fast else 0.05)
+            r = dict(r, bound_ms=0.5, fraction=1.2 if fast else 0.1 * r["speedup"], ref_fraction=0.06 if fast else 0.05,
+                     fraction_of="ms" if fast else "bytes_ms")
         with_bound.append(r)
     run = write_run(tmp_path, with_bound, name="bound")
     r = call(run, tmp_path / "out")
@@ -382,3 +383,7 @@ def test_limit_per_task(tmp_path):
     assert ref == pytest.approx([0.06, 0.05])
     n_above = sum(1 for v in with_bound if v.get("event") == "verdict" and (v.get("fraction") or 0) > 1.0)
     assert f"{n_above} above 1.0" in p.caption
+    # alpha's best beat the FLOP part: marked, and the caption says what that means
+    labels = [t.get_text() for t in ax.texts]
+    assert "0.30 (bytes)" in labels and "1.20" in labels
+    assert "(bytes) beat the bound's FLOP part" in p.caption
