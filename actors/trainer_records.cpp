@@ -100,7 +100,7 @@ void count_verdict(trainer_state& st, const task_id& task, const verdict& v, std
   if (v.bound.known())
     w.field("bound_ms", v.bound.ms)
       .field("fraction", v.fraction())
-      .field("fraction_of", v.beat_flops() ? "bytes_ms" : "ms")
+      .field("fraction_of", v.fraction_of())
       .field("ref_fraction", v.ref_fraction());
   w.end_object();
   st.step.records.push_back(std::move(w).take());

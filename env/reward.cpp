@@ -11,8 +11,8 @@ double compute_reward(const verdict& v, const reward_options& opt) noexcept {
   if (v.status != verdict_status::ok || !v.has_speedup() || v.speedup <= 0)
     return opt.failed;
   // The fraction of the hardware's limit (evaluator.limits), where the weight asks for it and
-  // the verdict has one: at most 1, whatever a kernel that needs fewer FLOPs than the
-  // reference's algorithm reaches.
+  // the verdict has one: at most 1 (a candidate that needs less than the bytes the bound counts
+  // can pass it).
   const double fraction = v.fraction();
   const double limit = opt.limit_weight != 0 && std::isfinite(fraction) && fraction > 0 ? opt.limit_weight * std::min(fraction, 1.0) : 0.0;
   switch (opt.shape) {

@@ -130,7 +130,7 @@ std::string to_json(const verdict& v) {
   }
   if (v.bound.known()) {
     w.key("bound").begin_object().field("ms", v.bound.ms).field("bytes_ms", v.bound.bytes_ms).field("flops_ms", v.bound.flops_ms).end_object();
-    w.field("fraction", v.fraction()).field("fraction_of", v.beat_flops() ? "bytes_ms" : "ms").field("ref_fraction", v.ref_fraction());
+    w.field("fraction", v.fraction()).field("fraction_of", v.fraction_of()).field("ref_fraction", v.ref_fraction());
   }
   if (!v.profile.empty()) {
     w.key("profile").begin_array();

@@ -129,6 +129,8 @@ struct verdict {
   /// of the whole bound on an H200); the bytes part holds for any candidate that reads its inputs.
   bool beat_flops() const noexcept { return cand_ms < bound.flops_ms; }
   double cand_bound_ms() const noexcept { return beat_flops() ? bound.bytes_ms : bound.ms; }
+  /// Which part that is, as the verdict's JSON and the run's records name it: "bytes_ms" or "ms".
+  const char* fraction_of() const noexcept { return beat_flops() ? "bytes_ms" : "ms"; }
   /// cand_bound_ms() / cand_ms and bound.ms / ref_ms: how close each side's median call came to
   /// the limit (1.0 is at it); NaN where either number is not known.
   double fraction() const noexcept { return cand_bound_ms() / cand_ms; }

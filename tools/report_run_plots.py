@@ -202,17 +202,17 @@ def plot_limit(data: RunData) -> Plot | None:
         return None
     by: dict[str, list[float]] = defaultdict(list)
     ref: dict[str, list[float]] = defaultdict(list)
-    of_bytes: dict[str, bool] = {}  # the task's best fraction is of the bound's bytes part
+    best: dict[str, tuple[float, bool]] = {}  # the task's best fraction, and whether it is of the bytes part
     for v in vs:
-        if not by[v.task] or v.fraction > max(by[v.task]):
-            of_bytes[v.task] = v.of_bytes
+        if v.task not in best or v.fraction > best[v.task][0]:
+            best[v.task] = (v.fraction, v.of_bytes)
         by[v.task].append(v.fraction)
         if v.ref_fraction is not None and math.isfinite(v.ref_fraction) and v.ref_fraction > 0:
             ref[v.task].append(v.ref_fraction)
-    ranked = sorted(by, key=lambda t: (-max(by[t]), t))
+    ranked = sorted(by, key=lambda t: (-best[t][0], t))
     shown = ranked[:MAX_BAR_TASKS]
     n = len(shown)
-    rows = [("best of the correct verdicts", "#1f77b4", [max(by[t]) for t in shown]),
+    rows = [("best of the correct verdicts", "#1f77b4", [best[t][0] for t in shown]),
             ("median of the correct verdicts", "#9ecae1", [statistics.median(by[t]) for t in shown]),
             ("the reference (median)", "#bdbdbd", [statistics.median(ref[t]) if ref[t] else math.nan for t in shown])]
     fig = _figure(height=max(HEIGHT, 1.5 + n * 0.5))
@@ -224,7 +224,7 @@ def plot_limit(data: RunData) -> Plot | None:
     for k, (label, colour, vals) in enumerate(rows):
         r = ax.barh(ys + (k - 1) * h, [0 if math.isnan(x) else x for x in vals], h, color=colour, label=label,
                     edgecolor="#333333", linewidth=0.5)
-        mark = [k == 0 and of_bytes.get(t, False) for t in shown]
+        mark = [k == 0 and best[t][1] for t in shown]
         ax.bar_label(r, labels=["" if math.isnan(x) else f"{x:.2f}" + (" (bytes)" if m else "") for x, m in zip(vals, mark)],
                      padding=2, fontsize=9)
     ax.set_yticks(ys, [_short(t, 40) for t in shown])
@@ -244,7 +244,7 @@ def plot_limit(data: RunData) -> Plot | None:
                (f"; {above} above 1.0, faster than the bound allows: worth a look" if above else "") + ". " +
                ("A best marked (bytes) beat the bound's FLOP part, which counts the reference's algorithm, and is "
                 "measured against its bytes part alone: it may sit below its reference's fraction of the whole "
-                "bound while being many times faster." if any(of_bytes.get(t, False) for t in shown) else ""))
+                "bound while being many times faster." if any(best[t][1] for t in shown) else ""))
     return Plot("limit", title, caption, fig)
 
 

@@ -710,8 +710,11 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
         return false;
     }
   }
-  // A device's samples are already net of it (net_ms).
-  const double m = dev_.on ? median(cand) : median(cand) - split_.null_ms / static_cast<double>(split_.sample_calls);
+  // A side's median call: a device's samples are already net of it (net_ms).
+  const auto per_call = [&](const std::vector<double>& side) {
+    return dev_.on ? median(side) : median(side) - split_.null_ms / static_cast<double>(split_.sample_calls);
+  };
+  const double m = per_call(cand);
   if (ctx_.log.enabled(log_level::debug)) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "floor %.4f ms, round trip %.4f ms, calls %lld, candidate's median call %.4f ms besides it",
@@ -748,8 +751,7 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     wk_.refuse_below_floor(m, split_.floor_ms, " besides the clock's round trip", split_.floor_bytes);
     return false;
   }
-  const double ref_m = dev_.on ? median(ref) : median(ref) - split_.null_ms / static_cast<double>(split_.sample_calls);
-  if (const double b = wk_.bound_floor_ms(ref_m); m < b) {
+  if (const double b = wk_.bound_floor_ms(per_call(ref)); m < b) {
     wk_.refuse_below_bound(m, b, " besides the clock's round trip");
     return false;
   }

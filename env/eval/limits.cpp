@@ -82,10 +82,9 @@ task_bound bound_of(const task_work& work, const device_peaks& peaks) {
 }
 
 double bound_floor_ms(const task_work& work, const device_peaks& peaks) {
-  if (!work.counted() || !(peaks.copy_bytes > 0) || !(peaks.copy_bytes_per_ms > 0))
+  if (!work.counted() || !(peaks.copy_bytes > 0) || work.bytes_read + work.bytes_written < peaks.copy_bytes)
     return NAN;
-  const double bytes = work.bytes_read + work.bytes_written;
-  return bytes >= peaks.copy_bytes ? 0.5 * bytes / peaks.copy_bytes_per_ms : NAN;
+  return 0.5 * bound_of(work, peaks).bytes_ms; // NaN where bound_of knows none
 }
 
 peaks_registry& peaks_registry::process() {

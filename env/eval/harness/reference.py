@@ -542,8 +542,8 @@ def measure_peaks(kind, device, reps=10):
     own rate on an H200), and FLOPs per ms of square matrix products by dtype (float64, float32,
     TF32 where the kind has a device, float16 there, bfloat16), at two sides each; each the
     fastest of `reps`; and `copy_bytes`, the fewest bytes moved at which the copy rate was
-    measured (a call moving fewer may run from caches). A size the device's free memory cannot take is passed over. None where
-    nothing could be measured."""
+    measured (a call moving fewer may run from caches). A size the device's free memory cannot
+    take is passed over. None where nothing could be measured."""
     on_device = kind.device_clock
     try:
         n = (1 << 30) if on_device else (64 << 20)
