@@ -8,7 +8,9 @@
 #                    /root/bg, kept out of the carried tree), then the steps in the order given, in
 #                    a job of its own; returns at once. Steps:
 #                      hacks       test_gpu_evaluator's hack suite across the boundary (its three
-#                                  parts, each its own case), HACKS_S seconds (900)
+#                                  parts, each its own case), HACKS_S seconds (900); HACKS_TC:
+#                                  the parts to run (a doctest -tc pattern, default all three,
+#                                  "*hack suite on CUDA*"; e.g. "*part 2 of 3*,*part 3 of 3*")
 #                      mps         test_gpu_mps, MPS_S seconds (300)
 #                      pairs       tools/bench/mps_boundary.sh own_poll: CUDA-L1's 3090 kernels for
 #                                  level1/12, 40, 53 and level2/14 and an identity, with their
@@ -16,7 +18,8 @@
 #                      set         PAIRS=SET tools/bench/mps_boundary.sh own_poll own_shared: the
 #                                  pairs of SET across and shared (a file of tools/bench/rate_set.py,
 #                                  e.g. its set.jsonl from data/cuda-l1/h100.json; default
-#                                  data/cuda-l1/set.jsonl)
+#                                  data/cuda-l1/set.jsonl); SET_MODES: the modes in their
+#                                  order (default "own_poll own_shared")
 #                      kbself      KernelBench level 1's references against themselves across,
 #                                  from task KB_FROM (default 1), KB_S seconds (450)
 #                                  (data/kernelbench, fetch_kernelbench.sh)
@@ -44,7 +47,7 @@ run_step() { # STEP: one step, its output in JOB
   case "$1" in
     hacks)
       t=$(find "$BUILD" -name test_gpu_evaluator -type f -perm -u+x | head -1)
-      timeout "${HACKS_S:-900}" "$t" -s -tc="*hack suite on CUDA*" > "$JOB/hacks.log" 2>&1
+      timeout "${HACKS_S:-900}" "$t" -s -tc="${HACKS_TC:-*hack suite on CUDA*}" > "$JOB/hacks.log" 2>&1
       echo "rc $?"
       grep -E "hack_.*speedup|test cases|assertions|ERROR|CRASHED" "$JOB/hacks.log" | cut -c1-220 ;;
     mps)
@@ -65,7 +68,8 @@ for line in open(sys.argv[1]):
 EOF
       ;;
     set)
-      PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set" tools/bench/mps_boundary.sh own_poll own_shared
+      # shellcheck disable=SC2086 # SET_MODES is a list of modes
+      PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set" tools/bench/mps_boundary.sh ${SET_MODES:-own_poll own_shared}
       echo "rc $?" ;;
     kbself)
       rm -rf /tmp/kbself && mkdir -p /tmp/kbself

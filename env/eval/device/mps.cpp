@@ -472,6 +472,15 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
     log.warn("evaluator", "CUDA MPS not used: evaluator.cuda_mps is off", cost);
   auto& s = state();
   std::lock_guard lock{s.m};
+  if (opt.cuda_mps == cuda_mps_mode::off || !any_cuda) {
+    // Nothing to decide, whatever an earlier evaluator of this process asked for and got (its
+    // refusal is its own); a later call with CUDA devices may still start the daemon. Where one
+    // runs, this process's workers stay its clients (sandbox.cpp): said, not hidden.
+    if (any_cuda && s.outcome && !s.clients_pipe.empty())
+      log.info("evaluator", "evaluator.cuda_mps is off, but this process already uses CUDA MPS (pipe ", s.clients_pipe,
+               "): its workers stay clients of that daemon");
+    return {};
+  }
   if (s.tried) {
     // Devices added later (a second evaluator of this process) get their agents too.
     if (s.outcome && !s.clients_pipe.empty())
@@ -480,8 +489,6 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
   }
   mps_facts f;
   f.cuda_device = any_cuda;
-  if (opt.cuda_mps == cuda_mps_mode::off || !f.cuda_device)
-    return {}; // nothing decided: a later call with CUDA devices may still start it
   s.tried = true;
   if (const char* pipe = std::getenv("CUDA_MPS_PIPE_DIRECTORY"))
     f.external_pipe = pipe;

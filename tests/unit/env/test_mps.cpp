@@ -90,6 +90,12 @@ TEST_CASE("evaluator.cuda_mps: on, where the daemon cannot start, refuses and na
   // Decided once a process: the same answer again.
   auto again = prepare_cuda_mps(opt, {"cuda:0"}, log);
   CHECK_FALSE(again.ok());
+  // A later evaluator of the same process that does not ask for MPS is not handed that refusal.
+  opt.cuda_mps = cuda_mps_mode::off;
+  CHECK(prepare_cuda_mps(opt, {"cuda:0"}, log).ok());
+  CHECK(prepare_cuda_mps(opt, {"cpu"}, log).ok());
+  opt.cuda_mps = cuda_mps_mode::on;
+  CHECK_FALSE(prepare_cuda_mps(opt, {"cuda:0"}, log).ok());
 }
 
 TEST_CASE("evaluator.cuda_mps: off beside the CUDA boundary warns that speedups across it come out lower") {
