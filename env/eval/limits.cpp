@@ -49,6 +49,8 @@ std::string to_json(const device_peaks& p) {
     .field("copy_bytes_per_ms", p.copy_bytes_per_ms);
   if (p.copy_bytes > 0)
     w.field("copy_bytes", p.copy_bytes);
+  if (p.copy_measured > 0) // raised by a reference's own call (raise_copy_rate): what was measured
+    w.field("copy_measured_bytes_per_ms", p.copy_measured);
   w.key("matmul_flops_per_ms").begin_object();
   for (const auto& [dtype, r] : p.matmul_flops_per_ms)
     w.field(dtype, r);
@@ -87,6 +89,19 @@ double bound_floor_ms(const task_work& work, const device_peaks& peaks) {
   return 0.5 * bound_of(work, peaks).bytes_ms; // NaN where bound_of knows none
 }
 
+bool raise_copy_rate(device_peaks& peaks, const task_work& work, double ref_ms) {
+  const double bytes = work.bytes_read + work.bytes_written;
+  if (!work.counted() || !(ref_ms > 0) || !std::isfinite(ref_ms) || !(peaks.copy_bytes > 0) || bytes < peaks.copy_bytes)
+    return false;
+  const double rate = bytes / ref_ms;
+  const double measured = peaks.copy_measured > 0 ? peaks.copy_measured : peaks.copy_bytes_per_ms;
+  if (!(rate > peaks.copy_bytes_per_ms) || rate > raise_copy_limit * measured)
+    return false;
+  peaks.copy_measured = measured;
+  peaks.copy_bytes_per_ms = rate;
+  return true;
+}
+
 peaks_registry& peaks_registry::process() {
   static peaks_registry r;
   return r;
@@ -102,6 +117,14 @@ std::optional<device_peaks> peaks_registry::find(const std::string& hardware) co
 void peaks_registry::keep(device_peaks p) {
   std::lock_guard guard{mtx_};
   by_hardware_[p.hardware] = std::move(p);
+}
+
+double peaks_registry::observe(const std::string& hardware, const task_work& work, double ref_ms) {
+  std::lock_guard guard{mtx_};
+  auto it = by_hardware_.find(hardware);
+  if (it == by_hardware_.end() || !raise_copy_rate(it->second, work, ref_ms))
+    return NAN;
+  return it->second.copy_bytes_per_ms;
 }
 
 } // namespace crucible::env

@@ -29,6 +29,8 @@ struct device_peaks {
   /// CPU); 0 where the worker did not say. A call that moves fewer may run from caches, faster.
   double copy_bytes = 0;
   std::map<std::string, double> matmul_flops_per_ms;
+  /// The copy rate as the worker measured it, before any raise_copy_rate (0: never raised).
+  double copy_measured = 0;
   friend bool operator==(const device_peaks&, const device_peaks&) = default;
 };
 
@@ -54,6 +56,17 @@ task_bound bound_of(const task_work& work, const device_peaks& peaks);
 /// this hardware showed: its outputs were not computed from its inputs inside the window.
 double bound_floor_ms(const task_work& work, const device_peaks& peaks);
 
+/// A reference's own median call (ms) as evidence of the copy rate: where it moved its bytes
+/// (inputs read once, outputs written: fewer than it really moved) faster than `peaks` copy, and
+/// at least the bytes the rate was measured at (fewer may come from caches), the copy rate is
+/// raised to its rate and true returned. A bound is a time no call beats: a measured peak below
+/// what a reference shows (4.14 TB/s measured in a verdict's reference phase under MPS, KernelBench's
+/// ELU reference at 4.22 TB/s on an H200) would put honest calls above 1.0 of their bound. Never
+/// past raise_copy_limit times the measured rate: a reference that far ahead reads fewer bytes
+/// than its inputs hold (a task that uses part of an input), which says nothing of the device.
+bool raise_copy_rate(device_peaks& peaks, const task_work& work, double ref_ms);
+inline constexpr double raise_copy_limit = 1.10;
+
 /// The peaks measured in this process, by hardware (each measured once, by the first verdict
 /// of an evaluator on that hardware whose reference worker was asked). Thread-safe.
 class peaks_registry final {
@@ -61,6 +74,9 @@ public:
   static peaks_registry& process();
   std::optional<device_peaks> find(const std::string& hardware) const;
   void keep(device_peaks p);
+  /// raise_copy_rate on `hardware`'s peaks, where they are known: the raised copy rate (bytes per
+  /// ms) where it was raised, NaN otherwise.
+  double observe(const std::string& hardware, const task_work& work, double ref_ms);
 
 private:
   mutable std::mutex mtx_;

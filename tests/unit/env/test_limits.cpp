@@ -101,3 +101,41 @@ TEST_CASE("the process keeps one hardware's peaks by its name") {
   CHECK(r.find("NVIDIA H200")->copy_bytes_per_ms == 4.13e9);
   CHECK_FALSE(r.find("NVIDIA H100 80GB HBM3").has_value());
 }
+
+TEST_CASE("a reference's own call faster than the measured copy rate raises it, within a tenth, never from caches") {
+  auto p = h200_like();
+  p.copy_bytes = 1 << 30;
+  // KernelBench level1/31_ELU on an H200: 12.9 GB a call in 3.0497 ms (4.22 TB/s) against a copy
+  // rate of 4.14 TB/s measured in a verdict: its reference came out at 1.02 of its bound.
+  p.copy_bytes_per_ms = 4.14e9;
+  const task_work elu{{}, 6442450944.0, 6442450944.0};
+  CHECK(3.0497 < bound_of(elu, p).ms);
+  CHECK(raise_copy_rate(p, elu, 3.0497));
+  CHECK(p.copy_bytes_per_ms == doctest::Approx(2 * 6442450944.0 / 3.0497));
+  CHECK(p.copy_measured == 4.14e9);
+  CHECK(bound_of(elu, p).ms == doctest::Approx(3.0497)); // its reference at 1.0 of the bound
+  CHECK_FALSE(raise_copy_rate(p, elu, 3.1)); // slower: nothing to learn
+  // A reference more than a tenth ahead of the measured rate reads fewer bytes than counted.
+  CHECK_FALSE(raise_copy_rate(p, elu, 2 * 6442450944.0 / (1.2 * 4.14e9)));
+  CHECK(p.copy_bytes_per_ms == doctest::Approx(2 * 6442450944.0 / 3.0497));
+  // Fewer bytes than the rate was measured at may come from caches; no time or no count says nothing.
+  const task_work small{{}, 67108864.0, 67108864.0};
+  CHECK_FALSE(raise_copy_rate(p, small, 0.001));
+  CHECK_FALSE(raise_copy_rate(p, elu, NAN));
+  CHECK_FALSE(raise_copy_rate(p, task_work{}, 1.0));
+  auto unsized = h200_like(); // copy_bytes not said: no call is known to be beyond the caches
+  CHECK_FALSE(raise_copy_rate(unsized, elu, 1.0));
+}
+
+TEST_CASE("the process's peaks are raised by a reference's call on their own hardware only") {
+  peaks_registry r;
+  const task_work elu{{}, 6442450944.0, 6442450944.0};
+  CHECK(std::isnan(r.observe("NVIDIA H200", elu, 3.0))); // no peaks yet
+  auto p = h200_like();
+  p.copy_bytes = 1 << 30;
+  r.keep(p);
+  CHECK(std::isnan(r.observe("NVIDIA H100 80GB HBM3", elu, 3.0)));
+  CHECK(r.observe("NVIDIA H200", elu, 3.0) == doctest::Approx(2 * 6442450944.0 / 3.0));
+  CHECK(r.find("NVIDIA H200")->copy_bytes_per_ms == doctest::Approx(2 * 6442450944.0 / 3.0));
+  CHECK(to_json(*r.find("NVIDIA H200")).find("copy_measured_bytes_per_ms") != std::string::npos);
+}
