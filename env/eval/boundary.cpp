@@ -36,6 +36,9 @@ constexpr const char* input_dists[] = {"the task's inputs", "inputs scaled by U(
 // Input bytes of one sample at most, over all its calls: more calls would only make the sample
 // longer than evaluator.sample_ms asks while holding that much memory twice (both workers).
 constexpr std::uint64_t max_sample_input_bytes = 256ull << 20;
+// The most a sample of the slower side may last (ms) where the faster side's sets the calls: a
+// candidate 45x faster than its reference makes the reference's samples 45 times sample_ms.
+constexpr double slower_sample_ms(double sample_ms) { return 50.0 * sample_ms; }
 
 // Reference samples timed alone (check_clean_reference) when no figure is cached.
 constexpr std::int64_t alone_samples = 10;
@@ -628,15 +631,24 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
       wr.push_back(r);
       wc.push_back(c);
     }
-    // On a device the samples' round trip is measured now and taken off the warm-up's times, so
-    // that the calls a sample takes follow the calls' own time (the round trip is a millisecond).
-    const double trip = dev_.on ? (measure_null() ? split_.null_ms : -1.0) : 0.0;
+    // The samples' round trip is measured now and taken off the warm-up's times, so that the calls
+    // a sample takes follow the calls' own time: on a device it is a millisecond, on the CPU the
+    // CPU time an empty sample is charged (a 45x kernel's call on the CPU is about as long).
+    const double trip = measure_null() ? split_.null_ms : -1.0;
     if (trip < 0)
       return false;
-    const double call_ms = std::max(median(wr), median(wc)) - trip;
+    // As many calls as make the faster side's sample last sample_ms (evaluator.sample_ms, as on the
+    // shared path): taken from the slower side, a 45x kernel's sample was one call of 0.06 ms
+    // beside a 0.057 ms round trip (CUDA-L1's level1/12 across, 42.7x against 47.6x shared). The
+    // slower side's sample is kept within slower_sample_ms of its own.
+    const double fast_ms = std::min(median(wr), median(wc)) - trip, slow_ms = std::max(median(wr), median(wc)) - trip;
     std::int64_t calls = 1;
-    if (opt.sample_ms > 0 && call_ms > 0)
-      calls = std::clamp<std::int64_t>(static_cast<std::int64_t>(opt.sample_ms / call_ms), 1, opt.max_calls);
+    if (opt.sample_ms > 0) {
+      calls = fast_ms > 0 ? static_cast<std::int64_t>(std::ceil(opt.sample_ms / fast_ms)) : opt.max_calls;
+      if (slow_ms > 0)
+        calls = std::min<std::int64_t>(calls, static_cast<std::int64_t>(slower_sample_ms(opt.sample_ms) / slow_ms));
+      calls = std::clamp<std::int64_t>(calls, 1, opt.max_calls);
+    }
     if (wk_.reported_.input_bytes > 0)
       calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / wk_.reported_.input_bytes)));
     if (calls != split_.sample_calls) {

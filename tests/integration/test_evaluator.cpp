@@ -258,6 +258,9 @@ TEST_CASE("a reference slower during a verdict than alone in its own worker refu
   opt.rounds = opt.min_rounds = opt.max_rounds = 10;
   opt.warmup_ms = 0;
   opt.recheck_above = 1e9;
+  // One call a sample: the calls per sample follow the faster side (the candidate, here), and more
+  // of them would spend the reference's 30 slow calls before the verdict's rounds end.
+  opt.sample_ms = 0;
   cpu_evaluator ev{opt};
   const std::string cand = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
                            "    def __init__(self):\n        super().__init__()\n\n"
