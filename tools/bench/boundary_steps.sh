@@ -18,7 +18,9 @@
 #                      set         PAIRS=SET tools/bench/mps_boundary.sh own_poll own_shared: the
 #                                  pairs of SET across and shared (a file of tools/bench/rate_set.py,
 #                                  e.g. its set.jsonl from data/cuda-l1/h100.json; default
-#                                  data/cuda-l1/set.jsonl); SET_MODES: the modes in their
+#                                  data/cuda-l1/set.jsonl, made where missing: rate_set.py's
+#                                  h100.json --torch 18 --inline 6 --self 6 and the 3090
+#                                  release's level1/12 and 40); SET_MODES: the modes in their
 #                                  order (default "own_poll own_shared")
 #                      kbself      KernelBench level 1's references against themselves across,
 #                                  from task KB_FROM (default 1), KB_S seconds (450)
@@ -68,6 +70,11 @@ for line in open(sys.argv[1]):
 EOF
       ;;
     set)
+      if [[ -z ${SET:-} && ! -f data/cuda-l1/set.jsonl ]]; then # the 32-pair set of docs/PERFORMANCE.md
+        python3 tools/bench/rate_set.py data/cuda-l1/h100.json "$JOB/set-pairs" --torch 18 --inline 6 --self 6 \
+          --copies 1 --also data/cuda-l1/3090.json:1/12 --also data/cuda-l1/3090.json:1/40 &&
+          cp "$JOB/set-pairs/set.jsonl" data/cuda-l1/set.jsonl
+      fi
       # shellcheck disable=SC2086 # SET_MODES is a list of modes
       PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set" tools/bench/mps_boundary.sh ${SET_MODES:-own_poll own_shared}
       echo "rc $?" ;;

@@ -5,6 +5,8 @@ PyTorch-only candidates, `load_inline` candidates and identical code (the task's
 tools/bench/kernelbench_timing.py read.
 
   tools/bench/rate_set.py data/cuda-l1/h100.json OUT --torch 8 --inline 4 --self 4 --copies 4
+  tools/bench/rate_set.py data/cuda-l1/h100.json OUT --torch 18 --inline 6 --self 6 --copies 1 \
+      --also data/cuda-l1/3090.json:1/12 --also data/cuda-l1/3090.json:1/40   (the 32-pair set)
 
 Takes levels 1 and 2 only. Candidates are picked evenly spread over the release's lines of each
 kind (the first, then every k-th), so a run of the same arguments picks the same pairs. Identical
@@ -40,6 +42,33 @@ def spread(rows, n):
     return [rows[int(i * step)] for i in range(n)]
 
 
+def also_pair(spec):
+    """(kind, row) of RELEASE:LEVEL/TASK, its `name` saying where it came from."""
+    m = re.fullmatch(r"(.+):(\d+)/(\d+)", spec)
+    if not m:
+        sys.exit(f"rate_set.py: --also {spec}: expected RELEASE:LEVEL/TASK, e.g. data/cuda-l1/3090.json:1/12")
+    path, level, task = m.group(1), int(m.group(2)), int(m.group(3))
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except OSError as e:
+        sys.exit(f"rate_set.py: --also {spec}: {path}: {e.strerror}")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            sys.exit(f"rate_set.py: {path}:{n}: not JSON ({e.msg})")
+        if row.get("level_id") == level and row.get("task_id") == task:
+            code = row.get("custom_code")
+            if not isinstance(code, str) or code in ("", "None"):
+                sys.exit(f"rate_set.py: --also {spec}: that pair has no candidate")
+            name = f"L{level}_T{task} (CUDA-L1 {os.path.splitext(os.path.basename(path))[0]} release)"
+            return kind_of(code), dict(row, name=name)
+    sys.exit(f"rate_set.py: --also {spec}: no pair of level {level}, task {task} in {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  epilog="Reproduces (docs/PERFORMANCE.md, goals table): verdicts per "
@@ -51,6 +80,9 @@ def main():
     ap.add_argument("--inline", type=int, default=4, help="load_inline candidates (4)")
     ap.add_argument("--self", type=int, default=4, dest="self_", help="identical-code pairs (4)")
     ap.add_argument("--copies", type=int, default=4, help="copies of the set in copies.jsonl (4)")
+    ap.add_argument("--also", action="append", default=[], metavar="RELEASE:LEVEL/TASK",
+                    help="a pair of another release added at the end, by level and task (e.g. "
+                         "data/cuda-l1/3090.json:1/12); repeatable; its kind as the pairs' above")
     args = ap.parse_args()
     if min(args.torch, args.inline, args.self_) < 0 or args.copies < 1:
         sys.exit("rate_set.py: --torch, --inline and --self must be at least 0, --copies at least 1")
@@ -85,6 +117,8 @@ def main():
         s = dict(r)
         s["custom_code"] = re.sub(r"\bModel\b", "ModelNew", r["ref_code"])
         picked.append(("self", s))
+    for spec in args.also:
+        picked.append(also_pair(spec))
     os.makedirs(args.out, exist_ok=True)
     kinds = {"set.jsonl": [], "copies.jsonl": []}
     with open(os.path.join(args.out, "set.jsonl"), "w", encoding="utf-8") as f:
