@@ -22,6 +22,13 @@
 #                                  h100.json --torch 18 --inline 6 --self 6 and the 3090
 #                                  release's level1/12 and 40); SET_MODES: the modes in their
 #                                  order (default "own_poll own_shared")
+#                      setold      the same set across (SETOLD_MODES, default "own_poll") with an older
+#                                  tree's build, for a timing change's honest figures old and new side
+#                                  by side in one job: OLD_TREE (default .old-tree, made here with
+#                                  `mkdir .old-tree && git archive REV | tar -x -C .old-tree`, ignored
+#                                  through .git/info/exclude, and carried) is copied to /root/old-tree
+#                                  and built there (crucible, crucible-device; about 90 s); its
+#                                  records in JOB/set-old
 #                      kbself      KernelBench level 1's references against themselves across,
 #                                  from task KB_FROM (default 1), KB_S seconds (450)
 #                                  (data/kernelbench, fetch_kernelbench.sh)
@@ -41,6 +48,29 @@ JOB="${JOB:-/root/boundary-steps}"
 export BUILD="${BUILD:-/root/bg}"
 
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+
+setold_step() { # the set across with an older tree's build (the setold step)
+  local old=/root/old-tree
+  rm -rf "$old"
+  if ! cp -r "${OLD_TREE:-.old-tree}" "$old"; then
+    echo "setold: no older tree in ${OLD_TREE:-.old-tree}"
+    return
+  fi
+  ln -sfn "$ROOT/.deps" "$old/.deps" && ln -sfn "$ROOT/.whl" "$old/.whl"
+  # The older tree's own set-up and build, in a shell of its own.
+  # shellcheck disable=SC2016 # expanded by that shell
+  if ! OUT="$JOB/old" BUILD="$old/build" bash -c 'source "$1/tools/bench/lent_machine.sh" && mkdir -p "$OUT" &&
+    lent_build crucible crucible-device' _ "$old" > "$JOB/setold-build.log" 2>&1; then
+    echo "setold: the older tree's build failed"
+    tail -20 "$JOB/setold-build.log"
+    return
+  fi
+  chmod -R a+rX "$old"
+  # shellcheck disable=SC2086 # SETOLD_MODES is a list of modes
+  CRUCIBLE="$old/build/tools/crucible" PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set-old" \
+    tools/bench/mps_boundary.sh ${SETOLD_MODES:-own_poll}
+  echo "rc $?"
+}
 
 run_step() { # STEP: one step, its output in JOB
   local s t
@@ -78,6 +108,7 @@ EOF
       # shellcheck disable=SC2086 # SET_MODES is a list of modes
       PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set" tools/bench/mps_boundary.sh ${SET_MODES:-own_poll own_shared}
       echo "rc $?" ;;
+    setold) setold_step ;;
     kbself)
       rm -rf /tmp/kbself && mkdir -p /tmp/kbself
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/kbself > /dev/null
