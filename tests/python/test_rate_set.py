@@ -56,3 +56,11 @@ def test_also_names_what_is_wrong(tmp_path):
         r = run(h100, tmp_path / "set", "--torch", 1, "--inline", 1, "--self", 0, "--also", spec)
         assert r.returncode != 0
         assert says in r.stderr, r.stderr
+
+
+def test_a_release_line_that_is_not_an_object_is_named(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(row(1, 1, TORCH)) + "\n[1, 2]\n", encoding="utf-8")
+    r = run(bad, tmp_path / "set", "--torch", 1, "--inline", 0, "--self", 0)
+    assert r.returncode != 0
+    assert f"{bad}:2: a JSON list, expected one object a line" in r.stderr, r.stderr

@@ -42,17 +42,14 @@ def spread(rows, n):
     return [rows[int(i * step)] for i in range(n)]
 
 
-def also_pair(spec):
-    """(kind, row) of RELEASE:LEVEL/TASK, its `name` saying where it came from."""
-    m = re.fullmatch(r"(.+):(\d+)/(\d+)", spec)
-    if not m:
-        sys.exit(f"rate_set.py: --also {spec}: expected RELEASE:LEVEL/TASK, e.g. data/cuda-l1/3090.json:1/12")
-    path, level, task = m.group(1), int(m.group(2)), int(m.group(3))
+def release_rows(path, where=""):
+    """The JSON objects of a release file, one a line; exits naming the file (after `where`) and
+    the line where it cannot be read."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")
     except OSError as e:
-        sys.exit(f"rate_set.py: --also {spec}: {path}: {e.strerror}")
+        sys.exit(f"rate_set.py: {where}{path}: {e.strerror}")
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -60,6 +57,18 @@ def also_pair(spec):
             row = json.loads(line)
         except json.JSONDecodeError as e:
             sys.exit(f"rate_set.py: {path}:{n}: not JSON ({e.msg})")
+        if not isinstance(row, dict):
+            sys.exit(f"rate_set.py: {path}:{n}: a JSON {type(row).__name__}, expected one object a line")
+        yield row
+
+
+def also_pair(spec):
+    """(kind, row) of RELEASE:LEVEL/TASK, its `name` saying where it came from."""
+    m = re.fullmatch(r"(.+):(\d+)/(\d+)", spec)
+    if not m:
+        sys.exit(f"rate_set.py: --also {spec}: expected RELEASE:LEVEL/TASK, e.g. data/cuda-l1/3090.json:1/12")
+    path, level, task = m.group(1), int(m.group(2)), int(m.group(3))
+    for row in release_rows(path, f"--also {spec}: "):
         if row.get("level_id") == level and row.get("task_id") == task:
             code = row.get("custom_code")
             if not isinstance(code, str) or code in ("", "None"):
@@ -88,19 +97,8 @@ def main():
         sys.exit("rate_set.py: --torch, --inline and --self must be at least 0, --copies at least 1")
     if args.self_ > args.torch:
         sys.exit("rate_set.py: --self takes the tasks of PyTorch-only picks, so it may not exceed --torch")
-    try:
-        with open(args.release, encoding="utf-8") as f:
-            lines = f.read().split("\n")
-    except OSError as e:
-        sys.exit(f"rate_set.py: {args.release}: {e.strerror}")
     by_kind = {"torch": [], "inline": []}
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            sys.exit(f"rate_set.py: {args.release}:{n}: not JSON ({e.msg})")
+    for row in release_rows(args.release):
         code = row.get("custom_code")
         if row.get("level_id") not in (1, 2) or not isinstance(code, str) or code in ("", "None"):
             continue
