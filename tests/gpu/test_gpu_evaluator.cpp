@@ -537,8 +537,9 @@ namespace {
 // (written for the CPU; each runs on CUDA as it is, the C++ ones on tensors of the CPU may fail
 // instead) and tests/candidates/gpu/boundary/ (classes of the device alone), in name order, the
 // `part`-th of `parts`, each judged with evaluator.cuda_boundary on: whatever its verdict, no speed
-// credit (`no-credit`). The shared path (a debugging mode, where the hacks are written to pay) is
-// not judged here: tools/bench/boundary_gpu.sh hacks measures both side by side.
+// credit (`no-credit`, held here to 1.05 at most: the device's noise, not the CPU's 1.25). The
+// shared path (a debugging mode, where the hacks are written to pay) is not judged here:
+// tools/bench/boundary_gpu.sh hacks measures both side by side.
 void hack_suite_across(std::size_t part, std::size_t parts) {
   system_clock clk;
   logger log{clk, log_level::warn};
@@ -566,7 +567,10 @@ void hack_suite_across(std::size_t part, std::size_t parts) {
     const std::string label = path.filename().string() + ": " + to_string(v.status);
     INFO(label << " " << v.message);
     MESSAGE(label << " speedup " << v.speedup << " " << v.message.substr(0, 160));
-    CHECK((v.status != verdict_status::ok || v.speedup < 1.25));
+    // No credit beyond the device's noise: identical code across measures within 1.00 +- 2% here
+    // (the CPU suite's bar of 1.25 is that 2-core machine's process bias). On an H200 on
+    // 2026-11-30 every `ok` among the 37 came out at 1.00 or below (capped or slower).
+    CHECK((v.status != verdict_status::ok || v.speedup <= 1.05));
   }
 }
 } // namespace
