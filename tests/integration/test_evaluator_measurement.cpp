@@ -48,6 +48,28 @@ TEST_CASE("a speedup above recheck_above is measured again with recheck_rounds, 
   CHECK(v.message.find("15 paired rounds") != std::string::npos);
 }
 
+TEST_CASE("across the boundary the calls a sample follow the faster side, the slower side's sample kept within 50 sample_ms") {
+  // 13_sort_range's fast_amax_amin is 30-80x its reference on the CPU: taken from the slower side
+  // (the reference's sort, milliseconds a call) its samples held one call each, where the shared
+  // path's held many, and its speedup came out at about half the shared path's.
+  auto root = source_dir / "env" / "tasks" / "cpu";
+  auto t = load_task(root / "13_sort_range.py");
+  REQUIRE(t.ok());
+  evaluator_options opt;
+  opt.warm_workers = 0;
+  opt.flush_bytes = 16ull << 20;
+  opt.min_rounds = opt.rounds = opt.max_rounds = 10;
+  opt.sample_ms = 5; // a margin: the candidate's call would have to take 5 ms for a sample of one
+  auto v = cpu_evaluator{opt}.run(*t, root / "variants" / "13_sort_range" / "fast_amax_amin.py");
+  INFO(describe(v));
+  REQUIRE(v.status == verdict_status::ok);
+  std::smatch m;
+  REQUIRE(std::regex_search(v.message, m, std::regex{R"(of (\d+) calls)"}));
+  const auto calls = std::stoll(m[1].str());
+  CHECK(calls >= 2);
+  CHECK(static_cast<double>(calls) * v.ref_ms <= 1.5 * 50 * opt.sample_ms); // the reference's sample
+}
+
 TEST_CASE("a measurement stops at min_rounds when its band is tight, and goes on to rounds otherwise") {
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
