@@ -641,7 +641,8 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     // shared path): taken from the slower side, a 45x kernel's sample was one call of 0.06 ms
     // beside a 0.057 ms round trip (CUDA-L1's level1/12 across, 42.7x against 47.6x shared). The
     // slower side's sample is kept within slower_sample_ms of its own.
-    const double fast_ms = std::min(median(wr), median(wc)) - trip, slow_ms = std::max(median(wr), median(wc)) - trip;
+    const double mr = median(wr), mc = median(wc);
+    const double fast_ms = std::min(mr, mc) - trip, slow_ms = std::max(mr, mc) - trip;
     std::int64_t calls = 1;
     if (opt.sample_ms > 0) {
       calls = fast_ms > 0 ? static_cast<std::int64_t>(std::ceil(opt.sample_ms / fast_ms)) : opt.max_calls;
