@@ -12,7 +12,6 @@
 #include <fstream>
 #include <regex>
 
-#include <nlohmann/json.hpp>
 
 #include "core/json.hpp"
 #include "core/json_parse.hpp"
@@ -217,29 +216,43 @@ std::string normalised_source(std::string_view src) {
 }
 
 std::string build_key_material(const std::string& request) {
-  auto j = nlohmann::json::parse(request, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("args") || !j["args"].is_object())
+  const auto parsed = parse_json(request, "a build request");
+  const json_value* args = parsed ? parsed->find("args") : nullptr;
+  if (args == nullptr || !args->is_object())
     return request;
   // C++ and CUDA sources only: Triton's requests (Python, IR) are keyed as they are.
-  const auto fn = j.contains("fn") && j["fn"].is_string() ? j["fn"].get<std::string>() : std::string{};
+  const auto fn = json_string(parsed->find("fn")).value_or("");
   if (fn != "load_inline" && fn != "load")
     return request;
-  auto& args = j["args"];
-  auto normalise = [](nlohmann::json& v) {
+  auto normalised = [](const json_value& v) {
     if (v.is_string())
-      v = normalised_source(v.get<std::string>());
-    else if (v.is_array())
-      for (auto& x : v) {
-        if (x.is_string())
-          x = normalised_source(x.get<std::string>());
-        else if (x.is_object() && x.contains("text") && x["text"].is_string()) // `load`'s files
-          x["text"] = normalised_source(x["text"].get<std::string>());
+      return json_value{normalised_source(v.as_string())};
+    if (!v.is_array())
+      return v;
+    json_array out;
+    for (const auto& x : v.as_array()) {
+      if (x.is_string()) {
+        out.emplace_back(normalised_source(x.as_string()));
+      } else if (const auto* text = x.find("text"); x.is_object() && text != nullptr && text->is_string()) {
+        json_object file; // `load`'s files: their text normalised, the rest as it was
+        for (const auto& m : x.as_object())
+          file.push_back({m.key, m.key == "text" ? json_value{normalised_source(m.value.as_string())} : m.value});
+        out.emplace_back(std::move(file));
+      } else {
+        out.push_back(x);
       }
+    }
+    return json_value{std::move(out)};
   };
-  for (const char* key : {"cpp_sources", "cuda_sources", "sources"})
-    if (args.contains(key))
-      normalise(args[key]);
-  return j.dump();
+  json_object a;
+  for (const auto& m : args->as_object()) {
+    const bool source = m.key == "cpp_sources" || m.key == "cuda_sources" || m.key == "sources";
+    a.push_back({m.key, source ? normalised(m.value) : m.value});
+  }
+  json_object top;
+  for (const auto& m : parsed->as_object())
+    top.push_back({m.key, m.key == "args" && &m.value == args ? json_value{std::move(a)} : m.value});
+  return to_json_text(json_value{std::move(top)});
 }
 
 bool precompilable_flag(const std::string& f) {

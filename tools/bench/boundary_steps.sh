@@ -30,10 +30,15 @@
 #                                  and built there (crucible, crucible-device; about 90 s); its
 #                                  records in JOB/set-old
 #                      kbself      KernelBench level 1's references against themselves across,
-#                                  from task KB_FROM (default 1), KB_S seconds (450)
-#                                  (data/kernelbench, fetch_kernelbench.sh)
+#                                  tasks KB_FROM (default 1) to KB_TO (100), KB_S seconds (450),
+#                                  with EVAL_ARGS (e.g. --verbose: each verdict's laps in
+#                                  JOB/kbself.err) (data/kernelbench, fetch_kernelbench.sh)
 #                      bounds      tools/bench/task_bounds.py over level 1 from task BOUNDS_FROM (1),
 #                                  BOUNDS_S seconds (420)
+#                  The job runs from a copy of the tree (SNAP, default /root/tree, made afresh by each
+#                  start): the device tool copies the working tree in again at every call, and a
+#                  step must not read sources edited after its build. NOBUILD=1: no build (a second
+#                  job beside a first that built).
 #   wait SECONDS [STEP]  waits until STEP (default: every step) is done or SECONDS pass, then prints
 #                    the job's log; SECONDS at most about 560 to stay inside one device call.
 #   collect          packs the job's folder into $OUT/boundary_steps.tgz.
@@ -113,12 +118,13 @@ EOF
       rm -rf /tmp/kbself && mkdir -p /tmp/kbself
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/kbself > /dev/null
       { grep '^#' /tmp/kbself/pairs.tsv
-        grep -v '^#' /tmp/kbself/pairs.tsv | awk -F'\t' -v from="${KB_FROM:-1}" \
-          '{ n = $1; sub(/.*\//, "", n); split(n, a, "_"); if (a[1] + 0 >= from) print }'; } > /tmp/kbself/from.tsv
+        grep -v '^#' /tmp/kbself/pairs.tsv | awk -F'\t' -v from="${KB_FROM:-1}" -v to="${KB_TO:-100}" \
+          '{ n = $1; sub(/.*\//, "", n); split(n, a, "_"); if (a[1] + 0 >= from && a[1] + 0 <= to) print }'; } > /tmp/kbself/from.tsv
       chmod -R a+rwX /tmp/kbself
+      # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
       timeout "${KB_S:-450}" "$BUILD/tools/crucible" eval --pairs /tmp/kbself/from.tsv --device cuda:0 --no-cache --json \
         --out "$JOB/kbself.jsonl" --set evaluator.cuda_mps=on --set evaluator.extensions_dir=/tmp/kbself/ext \
-        > "$JOB/kbself_summary.json" 2> "$JOB/kbself.err"
+        ${EVAL_ARGS:-} > "$JOB/kbself_summary.json" 2> "$JOB/kbself.err"
       echo "rc $?; $(wc -l < "$JOB/kbself.jsonl") verdicts"
       python3 tools/bench/band_check.py "$JOB/kbself.jsonl" --self | tail -30 ;;
     bounds)
@@ -139,13 +145,23 @@ case "${1:-}" in
   start)
     shift
     (($#)) || { echo "boundary_steps: start needs at least one step (--help)" >&2; exit 2; }
+    snap="${SNAP:-/root/tree}"
+    if [[ $ROOT != "$snap" ]]; then # the job runs from a copy: the tree here is replaced at every device call
+      rm -rf "$snap" && mkdir -p "$snap"
+      if ! tar -C "$ROOT" --exclude=./build --exclude=./gpu-out -cf - . | tar -C "$snap" -xf -; then
+        echo "boundary_steps: cannot copy the tree to $snap" >&2; exit 2
+      fi
+      exec "$snap/tools/bench/boundary_steps.sh" start "$@"
+    fi
     rm -rf "$JOB" && mkdir -p "$JOB"
     # shellcheck disable=SC2016 # expanded by the job's own shell
     setsid nohup bash -c '
       source tools/bench/lent_machine.sh
       export OUT="$1"; shift
       echo "=== build start $(date +%T)"
-      lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps || { echo "=== build failed"; echo "=== all done"; exit 1; }
+      if [[ -z ${NOBUILD:-} ]]; then
+        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps || { echo "=== build failed"; echo "=== all done"; exit 1; }
+      fi
       # The device agent and the workers run as nobody: the build must be reachable.
       chmod a+x /root 2>/dev/null; chmod -R a+rX "$BUILD"
       echo "=== build done $(date +%T)"

@@ -189,7 +189,35 @@ result<clock_type::time_point> deadline_of(const json_value& body, const serve_l
   return clock_type::now() + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
 }
 
-json verdict_json(const env::verdict& v) { return json::parse(env::to_json(v)); }
+// A json_value (the one tree JSON is read into) as the writer's value, for a reply to carry.
+json writer_value(const json_value& v) {
+  switch (v.type()) {
+  case json_value::kind::null: return nullptr;
+  case json_value::kind::boolean: return v.as_bool();
+  case json_value::kind::integer: return v.as_int();
+  case json_value::kind::real: return v.is_uint() ? json(v.as_uint()) : json(v.as_double());
+  case json_value::kind::string: return v.as_string();
+  case json_value::kind::array: {
+    json out = json::array();
+    for (const auto& x : v.as_array())
+      out.push_back(writer_value(x));
+    return out;
+  }
+  case json_value::kind::object: {
+    json out = json::object();
+    for (const auto& m : v.as_object())
+      if (!out.contains(m.key)) // the first of a repeated key, as json_value::find reads it
+        out[m.key] = writer_value(m.value);
+    return out;
+  }
+  }
+  return nullptr;
+}
+
+json verdict_json(const env::verdict& v) {
+  auto parsed = parse_json(env::to_json(v), "a verdict");
+  return parsed ? writer_value(*parsed) : json{{"error", parsed.error().message}};
+}
 
 // The answer to one admitted request: its verdict, or "pending" when it is not judged by `until`.
 json answer(service::verdict_service& svc, const service::verdict_service::ticket& t, clock_type::time_point until) {

@@ -65,6 +65,11 @@ TEST_CASE("build keys: a request's sources are normalised, everything else is ke
   const std::string load1 = R"({"fn": "load", "args": {"name": "e", "sources": [{"name": "a.cpp", "text": "int f(); // x"}]}})";
   const std::string load2 = R"({"fn": "load", "args": {"name": "e", "sources": [{"name": "a.cpp", "text": "int  f();"}]}})";
   CHECK(build_key_material(load1) == build_key_material(load2));
+  CHECK(build_key_material(load1) != build_key_material(R"({"fn": "load", "args": {"name": "e", "sources": [{"name": "b.cpp", "text": "int f();"}]}})"));
+  // Every other field kept as it was, in its place.
+  const auto key = build_key_material(req("ext", "int f();"));
+  CHECK(key.find(R"("extra_cflags":["-O3"]},"env":{})") != std::string::npos);
+  CHECK(key.rfind(R"({"type":"build","fn":"load_inline","args":{"name":"ext",)", 0) == 0);
   // Triton's builds (Python and IR, where spaces are the program's): the request itself.
   const std::string triton = R"({"fn": "triton_cc", "args": {"name": "m", "source": "int  f();  // x"}})";
   CHECK(build_key_material(triton) == triton);
