@@ -7,7 +7,7 @@
 //   mps_probe run [--mode wait|host|event|spin|copy] [--calls 100] [--elems 65536] [--samples 40]
 //                 [--warmup 3] [--pairs 8] [--clock-streams-per-sample] [--worker-connections N]
 //                 [--worker-skip-streams 0] [--start-order ab|ba] [--timeout 5] [--device 0]
-//                 [--label TEXT]
+//                 [--per-call | --copy-out] [--label TEXT]
 //
 // The driver (`run`, no CUDA of its own) starts one clock process, kept for the whole run like the
 // evaluator's device agent, and for each pair two fresh workers A and B, like a verdict's reference
@@ -25,6 +25,15 @@
 // = cudaStreamWaitEvent on the worker's event; spin = a one-block kernel spinning on the done word;
 // copy = nothing pending: the clock's host reads the done word with 4-byte copies on a second stream
 // (crucible's evaluator.cuda_clock_poll), then launches the stop kernel.
+// --per-call: each call its own handshake, as a candidate that hands back one output buffer call
+// after call needs (each call's output copied out before the next call may overwrite it): the
+// worker's stream waits for go to reach the call's number before each call and writes done (and the
+// host word) after it; the clock, after seeing done reach a call's number (by the mode's means),
+// copies the worker's buffer (--elems floats, opened by IPC) into its own memory and only then
+// writes go for the next call: the next call's start depends on the clock's copy, as the next call's
+// inputs copied in after the last call's outputs were out would make it. --copy-out: one handshake
+// a sample as without flags, then the same --calls copies of that buffer after done (the bytes the
+// per-call copies move, the batch's way): the two side by side say what the handshakes cost a call.
 // The window (stop - start) over --calls is the clock's time a call; the worker's stamps give its
 // own view. Samples alternate A, B, A, B. --clock-streams-per-sample: a fresh clock stream each
 // sample; --worker-skip-streams N: each worker makes N streams before its own (both: hypothesis B,
@@ -264,7 +273,7 @@ struct options {
   bool flag(const char* key) const { return values.count(key) != 0; }
 };
 options parse_options(int argc, char** argv) {
-  const std::string bare = " clock-streams-per-sample fresh-stream ";
+  const std::string bare = " clock-streams-per-sample fresh-stream per-call copy-out ";
   const std::string valued = " mode calls elems samples warmup pairs worker-connections worker-skip-streams start-order"
                              " timeout device label fd shm ";
   options o;
@@ -301,6 +310,9 @@ int worker_main(const options& o) {
   float* x = nullptr;
   CRUCIBLE_CHECK_CUDA(cudaMalloc(&x, sizeof(float) * static_cast<size_t>(elems)));
   CRUCIBLE_CHECK_CUDA(cudaMemset(x, 0, sizeof(float) * static_cast<size_t>(elems)));
+  cudaIpcMemHandle_t x_handle; // the buffer the calls write, which the clock copies out (--per-call, --copy-out)
+  CRUCIBLE_CHECK_CUDA(cudaIpcGetMemHandle(&x_handle, x));
+  const bool per_call = o.flag("per-call");
   // The interprocess event (--mode event) and the registered host word (--mode host).
   cudaEvent_t event = nullptr;
   cudaIpcEventHandle_t event_handle{};
@@ -325,7 +337,8 @@ int worker_main(const options& o) {
   CRUCIBLE_CHECK_CUDA(cudaGetLastError());
   CRUCIBLE_CHECK_CUDA(cudaStreamSynchronize(stream));
   peer.send("ready " + to_hex(&mem_handle, sizeof mem_handle) + " "
-            + (has_event ? to_hex(&event_handle, sizeof event_handle) : "none") + (has_host_word ? " host" : " none"));
+            + (has_event ? to_hex(&event_handle, sizeof event_handle) : "none") + (has_host_word ? " host" : " none") + " "
+            + to_hex(&x_handle, sizeof x_handle));
   std::string line;
   while (peer.receive(line, -1) == line_channel::got::line) {
     const auto w = words_of(line);
@@ -334,7 +347,22 @@ int worker_main(const options& o) {
     if (w.size() != 2)
       die("unknown command '" + line + "'");
     const auto seq = static_cast<cuuint32_t>(std::stoul(w[1]));
-    if (w[0] == "queue") {
+    if (w[0] == "queue" && per_call) {
+      // Call i (1-based) of sample seq is number (seq - 1) * calls + i on both words.
+      const auto base = static_cast<cuuint32_t>((seq - 1) * static_cast<cuuint32_t>(calls));
+      for (int i = 1; i <= calls; ++i) {
+        CRUCIBLE_CHECK_CU(ops.wait(reinterpret_cast<CUstream>(stream), dev_addr(words), base + i, CU_STREAM_WAIT_VALUE_GEQ));
+        if (i == 1)
+          stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev);
+        task_kernel<<<blocks, 256, 0, stream>>>(x, elems);
+        CRUCIBLE_CHECK_CU(ops.write(reinterpret_cast<CUstream>(stream), dev_addr(words + 128), base + i, 0));
+        if (has_host_word)
+          CRUCIBLE_CHECK_CU(ops.write(reinterpret_cast<CUstream>(stream), dev_addr(host_word_dev), base + i, 0));
+      }
+      stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
+      CRUCIBLE_CHECK_CUDA(cudaGetLastError());
+      peer.send("queued");
+    } else if (w[0] == "queue") {
       CRUCIBLE_CHECK_CU(ops.wait(reinterpret_cast<CUstream>(stream), dev_addr(words), seq, CU_STREAM_WAIT_VALUE_GEQ));
       stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev);
       for (int i = 0; i < calls; ++i)
@@ -368,6 +396,7 @@ struct clock_slot {
   char* words = nullptr;  // the worker's go (byte 0) and done (byte 128) words, opened by IPC
   cudaEvent_t event = nullptr;
   const unsigned* host_word = nullptr;
+  float* x = nullptr; // the worker's buffer, opened by IPC
 };
 
 int clock_main(const options& o) {
@@ -376,6 +405,11 @@ int clock_main(const options& o) {
   if (mode != "wait" && mode != "host" && mode != "event" && mode != "spin" && mode != "copy")
     die("--mode " + mode + ": not wait, host, event, spin or copy");
   const bool fresh = o.flag("fresh-stream");
+  const bool per_call = o.flag("per-call"), copy_out = o.flag("copy-out");
+  const int calls = static_cast<int>(o.integer("calls", 100, 1, 1 << 20));
+  const size_t x_bytes = sizeof(float) * static_cast<size_t>(o.integer("elems", 1 << 16, 1, 1 << 30));
+  if (per_call && mode == "event")
+    die("--per-call with --mode event: an event a call is not written");
   const double timeout_s = static_cast<double>(o.integer("timeout", 5, 1, 600));
   const auto deadline_ns = static_cast<unsigned long long>(timeout_s * 1e9);
   const int device = static_cast<int>(o.integer("device", 0, 0, 63));
@@ -397,6 +431,9 @@ int clock_main(const options& o) {
   unsigned* seen = nullptr;
   CRUCIBLE_CHECK_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   CRUCIBLE_CHECK_CUDA(cudaHostAlloc(&seen, sizeof(unsigned), cudaHostAllocDefault));
+  float* kept = nullptr; // this process's copy of the worker's buffer (--per-call, --copy-out)
+  if (per_call || copy_out)
+    CRUCIBLE_CHECK_CUDA(cudaMalloc(&kept, x_bytes));
   stamp_kernel<<<1, 1>>>(stamps_dev);
   spin_kernel<<<1, 1>>>(flag_dev, 0, 0);
   CRUCIBLE_CHECK_CUDA(cudaGetLastError());
@@ -412,7 +449,7 @@ int clock_main(const options& o) {
     if (w.size() < 2 || (w[1] != "0" && w[1] != "1"))
       die("unknown command '" + line + "'");
     clock_slot& slot = slots[w[1] == "1" ? 1 : 0];
-    if (w[0] == "open" && w.size() == 6) { // open K MEM_HANDLE EVENT_HANDLE|none host|none SHM_PATH
+    if (w[0] == "open" && w.size() == 7) { // open K MEM_HANDLE EVENT_HANDLE|none host|none X_HANDLE SHM_PATH
       cudaIpcMemHandle_t mh;
       from_hex(w[2], &mh, sizeof mh);
       CRUCIBLE_CHECK_CUDA(
@@ -424,17 +461,26 @@ int clock_main(const options& o) {
         from_hex(w[3], &eh, sizeof eh);
         CRUCIBLE_CHECK_CUDA(cudaIpcOpenEventHandle(&slot.event, eh));
       }
-      slot.host_word = map_shm(w[5]);
+      if (per_call || copy_out) {
+        cudaIpcMemHandle_t xh;
+        from_hex(w[5], &xh, sizeof xh);
+        CRUCIBLE_CHECK_CUDA(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&slot.x), xh, cudaIpcMemLazyEnablePeerAccess));
+      }
+      slot.host_word = map_shm(w[6]);
       peer.send("ok");
     } else if (w[0] == "close" && w.size() == 2) {
       CRUCIBLE_CHECK_CUDA(cudaIpcCloseMemHandle(slot.words));
+      if (slot.x != nullptr)
+        CRUCIBLE_CHECK_CUDA(cudaIpcCloseMemHandle(slot.x));
       if (slot.event != nullptr)
         CRUCIBLE_CHECK_CUDA(cudaEventDestroy(slot.event));
       munmap(const_cast<unsigned*>(slot.host_word), page);
       slot = clock_slot{};
       peer.send("ok");
     } else if (w[0] == "arm" && w.size() == 3) {
-      const auto seq = static_cast<cuuint32_t>(std::stoul(w[2]));
+      const auto number = static_cast<cuuint32_t>(std::stoul(w[2]));
+      // --per-call: go opens the sample's first call, number (seq - 1) * calls + 1.
+      const auto seq = per_call ? (number - 1) * static_cast<cuuint32_t>(calls) + 1 : number;
       if (fresh)
         CRUCIBLE_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       ++generation;
@@ -443,8 +489,62 @@ int clock_main(const options& o) {
       CRUCIBLE_CHECK_CUDA(cudaGetLastError());
       CRUCIBLE_CHECK_CU(ops.write(reinterpret_cast<CUstream>(stream), dev_addr(slot.words), seq, 0));
       peer.send("armed");
+    } else if (w[0] == "release" && w.size() == 3 && per_call) {
+      const auto base = (static_cast<cuuint32_t>(std::stoul(w[2])) - 1) * static_cast<cuuint32_t>(calls);
+      const auto stream_u = reinterpret_cast<CUstream>(stream);
+      // After call i is seen done: its buffer copied out, then go for call i + 1.
+      auto after = [&](int i) {
+        CRUCIBLE_CHECK_CUDA(cudaMemcpyAsync(kept, slot.x, x_bytes, cudaMemcpyDeviceToDevice, stream));
+        if (i < calls)
+          CRUCIBLE_CHECK_CU(ops.write(stream_u, dev_addr(slot.words), base + i + 1, 0));
+      };
+      const bool on_device = mode == "wait" || mode == "spin";
+      if (on_device) // every call's close queued before the release, as the batch's wait is
+        for (int i = 1; i <= calls; ++i) {
+          if (mode == "wait")
+            CRUCIBLE_CHECK_CU(ops.wait(stream_u, dev_addr(slot.words + 128), base + i, CU_STREAM_WAIT_VALUE_GEQ));
+          else
+            spin_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<const unsigned*>(slot.words + 128), base + i, deadline_ns);
+          after(i);
+        }
+      const cudaError_t queued = cudaGetLastError();
+      __atomic_store_n(flag, generation, __ATOMIC_SEQ_CST);
+      CRUCIBLE_CHECK_CUDA(queued);
+      const auto t0 = clock_type::now();
+      for (int i = 1; i <= calls && !on_device; ++i) { // host and copy: the host sees each call done
+        const auto want = base + i;
+        for (;;) {
+          unsigned now = 0;
+          if (mode == "host") {
+            now = __atomic_load_n(slot.host_word, __ATOMIC_ACQUIRE);
+          } else {
+            CRUCIBLE_CHECK_CUDA(cudaMemcpyAsync(seen, slot.words + 128, sizeof(unsigned), cudaMemcpyDeviceToHost, side));
+            CRUCIBLE_CHECK_CUDA(cudaStreamSynchronize(side));
+            now = *seen;
+          }
+          if (static_cast<int>(now - want) >= 0)
+            break;
+          if (seconds_since(t0) > timeout_s)
+            die("the worker's call " + std::to_string(i) + " of sample " + w[2] + " was not seen done within "
+                + std::to_string(static_cast<int>(timeout_s)) + " s");
+        }
+        after(i);
+      }
+      stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
+      CRUCIBLE_CHECK_CUDA(cudaGetLastError());
+      sync_within(stream, timeout_s, "the clock's stream");
+      unsigned long long st[2];
+      CRUCIBLE_CHECK_CUDA(cudaMemcpy(st, stamps_dev, sizeof st, cudaMemcpyDeviceToHost));
+      peer.send("window " + std::to_string(st[1] - st[0]));
+      if (fresh)
+        CRUCIBLE_CHECK_CUDA(cudaStreamDestroy(stream));
     } else if (w[0] == "release" && w.size() == 3) {
       const auto seq = static_cast<cuuint32_t>(std::stoul(w[2]));
+      // --copy-out: the calls' copies after the close, as many bytes as --per-call moves.
+      auto copies = [&] {
+        for (int i = 0; i < calls && copy_out; ++i)
+          CRUCIBLE_CHECK_CUDA(cudaMemcpyAsync(kept, slot.x, x_bytes, cudaMemcpyDeviceToDevice, stream));
+      };
       // The close is queued before the release, as crucible's close() precedes let_go().
       if (mode == "wait")
         CRUCIBLE_CHECK_CU(
@@ -453,8 +553,10 @@ int clock_main(const options& o) {
         CRUCIBLE_CHECK_CUDA(cudaStreamWaitEvent(stream, slot.event, 0));
       else if (mode == "spin")
         spin_kernel<<<1, 1, 0, stream>>>(reinterpret_cast<const unsigned*>(slot.words + 128), seq, deadline_ns);
-      if (mode != "host" && mode != "copy")
+      if (mode != "host" && mode != "copy") {
+        copies();
         stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
+      }
       const cudaError_t queued = cudaGetLastError();
       __atomic_store_n(flag, generation, __ATOMIC_SEQ_CST); // released before any check can exit
       CRUCIBLE_CHECK_CUDA(queued);
@@ -464,6 +566,7 @@ int clock_main(const options& o) {
           if (seconds_since(t0) > timeout_s)
             die("the worker's host word did not reach " + w[2] + " within "
                 + std::to_string(static_cast<int>(timeout_s)) + " s");
+        copies();
         stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
         CRUCIBLE_CHECK_CUDA(cudaGetLastError());
       }
@@ -477,6 +580,7 @@ int clock_main(const options& o) {
           if (seconds_since(t0) > timeout_s)
             die("the worker's done word did not reach " + w[2] + " within " + std::to_string(static_cast<int>(timeout_s)) + " s");
         }
+        copies();
         stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
         CRUCIBLE_CHECK_CUDA(cudaGetLastError());
       }
@@ -616,6 +720,9 @@ int run_main(const options& o) {
   const long skip = o.integer("worker-skip-streams", 0, 0, 256);
   const long device = o.integer("device", 0, 0, 63);
   const bool fresh = o.flag("clock-streams-per-sample");
+  const bool per_call = o.flag("per-call"), copy_out = o.flag("copy-out");
+  if (per_call && copy_out)
+    die("--per-call and --copy-out: one or the other (--per-call copies out after every call)");
   const std::string order = o.text("start-order", "ab"), label = o.text("label", "");
   if (order != "ab" && order != "ba")
     die("--start-order " + order + ": not ab or ba");
@@ -629,13 +736,18 @@ int run_main(const options& o) {
   const double startup_s = 90.0; // a first MPS client also starts the server
   const std::string common = "{\"label\":\"" + label + "\",\"mode\":\"" + mode + "\",\"fresh_clock_stream\":"
                              + (fresh ? "true" : "false") + ",\"worker_connections\":" + std::to_string(connections)
-                             + ",\"worker_skip_streams\":" + std::to_string(skip) + ",\"start_order\":\"" + order
+                             + ",\"worker_skip_streams\":" + std::to_string(skip) + ",\"per_call\":"
+                             + (per_call ? "true" : "false") + ",\"copy_out\":" + (copy_out ? "true" : "false") + ",\"start_order\":\"" + order
                              + "\",\"calls\":" + std::to_string(calls) + ",\"elems\":" + std::to_string(elems)
                              + ",\"samples\":" + std::to_string(samples);
   const std::vector<std::string> shared{"--device", std::to_string(device), "--timeout", std::to_string(timeout)};
-  std::vector<std::string> clock_args{"--mode", mode};
+  std::vector<std::string> clock_args{"--mode", mode, "--calls", std::to_string(calls), "--elems", std::to_string(elems)};
   if (fresh)
     clock_args.push_back("--fresh-stream");
+  if (per_call)
+    clock_args.push_back("--per-call");
+  if (copy_out)
+    clock_args.push_back("--copy-out");
   clock_args.insert(clock_args.end(), shared.begin(), shared.end());
   child clock = spawn("clock", "clock", clock_args, 0);
   expect(clock, "ready", startup_s);
@@ -655,6 +767,8 @@ int run_main(const options& o) {
       std::vector<std::string> args{"--shm", page_path[k], "--calls", std::to_string(calls), "--elems",
                                     std::to_string(elems), "--worker-skip-streams", std::to_string(skip)};
       args.insert(args.end(), shared.begin(), shared.end());
+      if (per_call)
+        args.push_back("--per-call");
       worker[k] = spawn("worker", k == 0 ? "worker A" : "worker B", args, static_cast<int>(connections));
       handles[k] = expect(worker[k], "ready", startup_s); // started one after the other, not together
     }
@@ -715,7 +829,8 @@ int run_main(const options& o) {
   std::printf("%s,\"summary\":true,\"pairs\":%ld,\"ratios\":%s,\"view_ratios\":%s,\"pairs_off_5pct\":%d,"
               "\"side_changes\":%d}\n",
               common.c_str(), pairs, list(ratios).c_str(), list(view_ratios).c_str(), off, changes);
-  std::string human = "# " + label + " " + mode + (fresh ? " fresh-clock-stream" : "")
+  std::string human = "# " + label + " " + mode + (fresh ? " fresh-clock-stream" : "") + (per_call ? " per-call" : "")
+                      + (copy_out ? " copy-out" : "")
                       + (skip ? " skip-streams=" + std::to_string(skip) : "") + (order == "ba" ? " start-order=ba" : "")
                       + (connections ? " connections=" + std::to_string(connections) : "") + " calls="
                       + std::to_string(calls) + " elems=" + std::to_string(elems) + ": b/a by pair (clock)";
@@ -732,11 +847,14 @@ int run_main(const options& o) {
 const char* usage =
   "usage: mps_probe run [--mode wait|host|event|spin|copy] [--calls 100] [--elems 65536] [--samples 40]\n"
   "                     [--warmup 3] [--pairs 8] [--clock-streams-per-sample] [--worker-connections N]\n"
-  "                     [--worker-skip-streams 0] [--start-order ab|ba] [--timeout 5] [--device 0] [--label TEXT]\n"
+  "                     [--worker-skip-streams 0] [--start-order ab|ba] [--timeout 5] [--device 0]\n"
+  "                     [--per-call | --copy-out] [--label TEXT]\n"
   "One clock process, two fresh workers (A, B) a pair, samples A,B,A,B; a JSON line a pair and a summary\n"
   "line on stdout. Modes, how the clock's window closes: wait = cuStreamWaitValue32 on the done word\n"
   "(crucible's), host = its host polls a shared word, event = an interprocess event, spin = a one-block\n"
   "kernel on the done word, copy = its host reads the done word by 4-byte copies (evaluator.cuda_clock_poll).\n"
+  "--per-call: a handshake a call, the worker's buffer copied out by the clock before the next call's go;\n"
+  "--copy-out: one handshake, then the same copies after done.\n"
   "The head of tools/bench/mps_probe.cu says more.\n";
 
 } // namespace

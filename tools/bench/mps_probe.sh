@@ -20,7 +20,15 @@
 # copy, event, wait_fresh (a fresh clock stream a sample), wait_skip (each worker's stream one hardware
 # queue further on, --worker-skip-streams 1), spin, wait_ba (B started first), wait_50us (~50 µs
 # kernels: 24M floats, 20 calls); then stops the daemon (`quit`) and runs nomps_wait, wait without
-# MPS, the control. Each run at most 60 s; runs under MPS that would start past 160 s are skipped.
+# MPS, the control. Each run at most 60 s; runs under MPS that would start past MPS_UNTIL - 10 s
+# (default 170) are skipped.
+# RUNS: the runs under MPS to make, in their order (default the nine above); beside them, a
+# handshake a call (--per-call: each call's buffer copied out by the clock before the next call's go,
+# as a candidate that hands back one output buffer needs) against one a sample with the same copies
+# after done (--copy-out): percall_wait, percall_spin, percall_copy, percall_host and copyout_wait,
+# copyout_copy, copyout_host on the short kernels, and percall_copy_10us, percall_host_10us,
+# percall_wait_10us, copyout_copy_10us (2M floats, ~10 µs kernels), e.g.
+# RUNS="percall_wait percall_copy percall_host copyout_copy copyout_host".
 # PAIRS (default 8), SAMPLES (40), CALLS (100) a run; WORKER_CONNECTIONS:
 # CUDA_DEVICE_MAX_CONNECTIONS for the workers; PROBE_ARGS: more `mps_probe run` options, every run.
 # Outputs: OUT/probe.jsonl (default /tmp/mps_probe_out): a JSON line a pair and a summary line a
@@ -94,15 +102,20 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
   if nvidia-cuda-mps-control -d; then
     mps_started=1
     # In the order of their worth, should the time run short.
-    run wait mps 170 --mode wait
-    run host mps 170 --mode host
-    run copy mps 170 --mode copy
-    run event mps 170 --mode event
-    run wait_fresh mps 170 --mode wait --clock-streams-per-sample
-    run wait_skip mps 170 --mode wait --worker-skip-streams 1
-    run spin mps 170 --mode spin
-    run wait_ba mps 170 --mode wait --start-order ba
-    run wait_50us mps 170 --mode wait --elems 25165824 --calls 20
+    for r in ${RUNS:-wait host copy event wait_fresh wait_skip spin wait_ba wait_50us}; do
+      case "$r" in
+        wait | host | copy | event | spin) run "$r" mps "${MPS_UNTIL:-170}" --mode "$r" ;;
+        wait_fresh) run wait_fresh mps "${MPS_UNTIL:-170}" --mode wait --clock-streams-per-sample ;;
+        wait_skip) run wait_skip mps "${MPS_UNTIL:-170}" --mode wait --worker-skip-streams 1 ;;
+        wait_ba) run wait_ba mps "${MPS_UNTIL:-170}" --mode wait --start-order ba ;;
+        wait_50us) run wait_50us mps "${MPS_UNTIL:-170}" --mode wait --elems 25165824 --calls 20 ;;
+        percall_wait | percall_spin | percall_copy | percall_host) run "$r" mps "${MPS_UNTIL:-170}" --mode "${r#percall_}" --per-call ;;
+        copyout_wait | copyout_copy | copyout_host) run "$r" mps "${MPS_UNTIL:-170}" --mode "${r#copyout_}" --copy-out ;;
+        percall_*_10us) m=${r#percall_}; run "$r" mps "${MPS_UNTIL:-170}" --mode "${m%_10us}" --per-call --elems 2097152 ;;
+        copyout_*_10us) m=${r#copyout_}; run "$r" mps "${MPS_UNTIL:-170}" --mode "${m%_10us}" --copy-out --elems 2097152 ;;
+        *) echo "mps_probe.sh: unknown run '$r'" >&2; failed=1 ;;
+      esac
+    done
     stop_mps
   else
     echo "mps_probe.sh: nvidia-cuda-mps-control -d failed; only the control runs" >&2
@@ -114,6 +127,6 @@ else
   failed=1
 fi
 [[ -e /tmp/nvidia-mps/control ]] && echo "mps_probe.sh: a daemon at /tmp/nvidia-mps may serve the control run too" >&2
-run nomps_wait nomps 235 --mode wait
+run nomps_wait nomps $((${MPS_UNTIL:-170} + 65)) --mode wait
 echo "mps_probe.sh: $((SECONDS - START)) s; JSON lines in $OUT/probe.jsonl"
 exit "$failed"
