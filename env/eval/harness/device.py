@@ -317,6 +317,7 @@ cannot be set, and its class is in the integrity snapshot with the harness's oth
                          outputs kept on the device, the trial inputs copied there (executor.py,
                          reference.py, job.py's outputs_on_device)
     caching_allocator    the allocator's free blocks poisoned between phases (reference.py, poison_free_pool)
+                         and given back to the device before the timing's buffers (executor.py, make_buffers)
     memory_info          the device's free and total memory bound the trials' and timing's budgets
                          (reference.py, timing.py)
     harness_kernels      the harness's own kernels (flush, gate, spin, round checks) may be loaded

@@ -15,7 +15,7 @@ import torch
 from .trusted import (
     _BaseException, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _str, _T_copy_,
     _T_contiguous, _T_data_ptr, _T_fill_, _T_is_contiguous, _T_numel, _T_size, _T_stride, _T_view, _Tensor,
-    _T_to, _torch_empty, _type, _uint8, _int32
+    _T_to, _torch_empty, _type, _uint8, _int32, _cuda_empty_cache
 )
 from .channel import _Done, _error_done, _need
 from .device import _export_range, _stream_wait_value, _stream_write_value
@@ -413,6 +413,14 @@ def make_buffers(w, job, ref, state, calls):
         need *= calls
         if state.arena is None or _T_numel(state.arena) < need:
             state.arena = None  # the old one is freed before the new one is made
+            if w.kind.caching_allocator:
+                # Given back to the device first, with what the trials left cached here: the
+                # timing's memory (both workers' buffers and outputs, the evaluator's copies of
+                # them) is several times a task's inputs and outputs, and the trials' cached
+                # blocks of a task of gigabytes left no room for them (KernelBench level 1's
+                # 38_L1Norm_, 8.6 GB in and out: out of memory at the first timed sample's copy
+                # out on a 141 GB H200).
+                _cuda_empty_cache()
             state.arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
         arena = state.arena
     pos = 0
