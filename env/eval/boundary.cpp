@@ -667,6 +667,7 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     // The warm-up may have had company (starting workers, other evaluations' untimed work); the
     // measured rounds wait until it is gone (device_gate).
     const auto wait0 = clock_type::now();
+    wk_.log_gate_inside("measured rounds");
     ctx_.gate.begin_measure();
     wk_.gate_.measuring = true;
     wk_.log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",

@@ -285,6 +285,19 @@ int device_gate::starts() const {
   return starts_;
 }
 
+std::string device_gate::inside() const {
+  std::lock_guard lock{mtx_};
+  std::string out;
+  auto add = [&](int n, const char* one, const char* many) {
+    if (n > 0)
+      out += (out.empty() ? "" : ", ") + std::to_string(n) + " " + (n == 1 ? one : many);
+  };
+  add(starts_, "worker start", "worker starts");
+  add(untimed_, "untimed user", "untimed users");
+  add(host_, "host job", "host jobs");
+  return out;
+}
+
 int device_gate::timed_waiting() const {
   std::lock_guard lock{mtx_};
   return timed_waiting_;

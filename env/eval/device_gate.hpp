@@ -91,6 +91,9 @@ public:
   int max_untimed() const;
   /// Starts inside now (for tests).
   int starts() const;
+  /// What is inside now that measured rounds would wait for ("1 worker start, 2 untimed users"), or
+  /// "" where nothing is: said before such a wait, so that a wait that never ends names its cause.
+  std::string inside() const;
   /// Timed users waiting to enter (for tests).
   int timed_waiting() const;
   /// Host work waiting to enter (for tests).

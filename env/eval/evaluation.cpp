@@ -266,6 +266,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       return false;
     }
     const auto wait0 = clock_type::now();
+    log_gate_inside("measured rounds");
     ctx_.gate.begin_measure();
     gate_.measuring = true;
     log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",

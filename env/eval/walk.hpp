@@ -88,6 +88,13 @@ struct walk {
     if (ctx_.observer) // from the load on, across the boundary: the candidate's worker
       ctx_.observer(name, two_workers_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
   }
+  // At debug level, before the measured rounds wait at the device gate: what is inside there.
+  void log_gate_inside(const char* who) {
+    if (!ctx_.log.enabled(log_level::debug))
+      return;
+    if (const auto in = ctx_.gate.inside(); !in.empty())
+      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", who, " wait for ", in);
+  }
   // At debug level, a wait at the device gate since `since` longer than a millisecond:
   // "<who> waited S s for <why...> to finish".
   template <class... Why>

@@ -186,8 +186,10 @@ TEST_CASE("a recording gate keeps each step, in order, with its thread, none bef
 TEST_CASE("starts beside warm-up: a timing enters beside a start, and its measured rounds wait for it") {
   device_gate gate{true, true};
   REQUIRE(gate.starts_beside_warmup());
+  CHECK(gate.inside().empty());
   gate.lock_start();
   gate.lock_untimed();
+  CHECK(gate.inside() == "1 worker start, 1 untimed user");
   std::atomic<int> step{0};
   std::thread timer{[&] {
     timed_hold hold{gate}; // waits for the untimed user, not for the start
@@ -213,6 +215,7 @@ TEST_CASE("starts beside warm-up: a timing enters beside a start, and its measur
   CHECK(step.load() == 10); // still waiting
   CHECK_FALSE(gate.try_lock_start());
   CHECK(gate.starts() == 1);
+  CHECK(gate.inside() == "1 worker start"); // what the wait names before it waits
   const auto beside = gate.beside_ns();
   CHECK(beside > 0);
   gate.unlock_start();
