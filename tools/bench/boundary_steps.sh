@@ -31,8 +31,10 @@
 #                                  records in JOB/set-old
 #                      kbself      KernelBench level 1's references against themselves across,
 #                                  tasks KB_FROM (default 1) to KB_TO (100), KB_S seconds (450),
-#                                  with EVAL_ARGS (e.g. --verbose: each verdict's laps in
-#                                  JOB/kbself.err) (data/kernelbench, fetch_kernelbench.sh)
+#                                  on KB_DEVICES (default cuda:0; on two GPUs cuda:0,cuda:1: one
+#                                  process, a verdict a device at a time), with EVAL_ARGS (e.g.
+#                                  --verbose: each verdict's laps in JOB/kbself.err)
+#                                  (data/kernelbench, fetch_kernelbench.sh)
 #                      bounds      tools/bench/task_bounds.py over level 1 from task BOUNDS_FROM (1),
 #                                  BOUNDS_S seconds (420)
 #                  The job runs from a copy of the tree (SNAP, default /root/tree, made afresh by each
@@ -122,7 +124,7 @@ EOF
           '{ n = $1; sub(/.*\//, "", n); split(n, a, "_"); if (a[1] + 0 >= from && a[1] + 0 <= to) print }'; } > /tmp/kbself/from.tsv
       chmod -R a+rwX /tmp/kbself
       # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
-      timeout "${KB_S:-450}" "$BUILD/tools/crucible" eval --pairs /tmp/kbself/from.tsv --device cuda:0 --no-cache --json \
+      timeout "${KB_S:-450}" "$BUILD/tools/crucible" eval --pairs /tmp/kbself/from.tsv --device "${KB_DEVICES:-cuda:0}" --no-cache --json \
         --out "$JOB/kbself.jsonl" --set evaluator.cuda_mps=on --set evaluator.extensions_dir=/tmp/kbself/ext \
         ${EVAL_ARGS:-} > "$JOB/kbself_summary.json" 2> "$JOB/kbself.err"
       echo "rc $?; $(wc -l < "$JOB/kbself.jsonl") verdicts"
