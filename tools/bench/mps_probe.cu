@@ -441,6 +441,15 @@ int clock_main(const options& o) {
   peer.send("ready");
   std::array<clock_slot, 2> slots{};
   unsigned generation = 0;
+  // A sample's end: its stream waited for, the window (stop - start) sent to the driver.
+  auto report_window = [&] {
+    sync_within(stream, timeout_s, "the clock's stream");
+    unsigned long long st[2];
+    CRUCIBLE_CHECK_CUDA(cudaMemcpy(st, stamps_dev, sizeof st, cudaMemcpyDeviceToHost));
+    peer.send("window " + std::to_string(st[1] - st[0]));
+    if (fresh)
+      CRUCIBLE_CHECK_CUDA(cudaStreamDestroy(stream));
+  };
   std::string line;
   while (peer.receive(line, -1) == line_channel::got::line) {
     const auto w = words_of(line);
@@ -532,12 +541,7 @@ int clock_main(const options& o) {
       }
       stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
       CRUCIBLE_CHECK_CUDA(cudaGetLastError());
-      sync_within(stream, timeout_s, "the clock's stream");
-      unsigned long long st[2];
-      CRUCIBLE_CHECK_CUDA(cudaMemcpy(st, stamps_dev, sizeof st, cudaMemcpyDeviceToHost));
-      peer.send("window " + std::to_string(st[1] - st[0]));
-      if (fresh)
-        CRUCIBLE_CHECK_CUDA(cudaStreamDestroy(stream));
+      report_window();
     } else if (w[0] == "release" && w.size() == 3) {
       const auto seq = static_cast<cuuint32_t>(std::stoul(w[2]));
       // --copy-out: the calls' copies after the close, as many bytes as --per-call moves.
@@ -584,12 +588,7 @@ int clock_main(const options& o) {
         stamp_kernel<<<1, 1, 0, stream>>>(stamps_dev + 1);
         CRUCIBLE_CHECK_CUDA(cudaGetLastError());
       }
-      sync_within(stream, timeout_s, "the clock's stream");
-      unsigned long long st[2];
-      CRUCIBLE_CHECK_CUDA(cudaMemcpy(st, stamps_dev, sizeof st, cudaMemcpyDeviceToHost));
-      peer.send("window " + std::to_string(st[1] - st[0]));
-      if (fresh)
-        CRUCIBLE_CHECK_CUDA(cudaStreamDestroy(stream));
+      report_window();
     } else {
       die("unknown command '" + line + "'");
     }
