@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -123,8 +124,40 @@ std::string within_tolerance_of(std::string_view message);
 /// One element at `p` (native byte order) as a double.
 double element_value(const std::byte* p, dtype t) noexcept;
 
-/// Decodes IEEE half and bfloat16 values.
-float half_to_float(std::uint16_t h) noexcept;
-float bfloat16_to_float(std::uint16_t b) noexcept;
+/// Decodes IEEE half and bfloat16 values (inline: the host comparison's loops call them an element
+/// at a time).
+inline float half_to_float(std::uint16_t h) noexcept {
+  std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000) << 16;
+  std::uint32_t exp = (h >> 10) & 0x1f;
+  std::uint32_t mant = h & 0x3ff;
+  std::uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else { // subnormal: normalise
+      exp = 127 - 15 + 1;
+      while ((mant & 0x400) == 0) {
+        mant <<= 1;
+        --exp;
+      }
+      mant &= 0x3ff;
+      bits = sign | (exp << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float bfloat16_to_float(std::uint16_t b) noexcept {
+  std::uint32_t bits = static_cast<std::uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 } // namespace crucible::env
