@@ -752,12 +752,15 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
           n += x;
         return v.empty() ? 0.0 : n / static_cast<double>(v.size());
       };
-      char laps[400];
-      std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f device %.4f let go early %.2f flush %.3f close %.3f checks %.3f; "
-                    "candidate launch %.4f device %.4f let go early %.2f flush %.3f close %.3f checks %.3f",
-                    median(dev_.laps[0][0]), median(dev_.laps[0][1]), share(dev_.laps[0][2]), median(dev_.laps[0][3]),
-                    median(dev_.laps[0][4]), median(dev_.laps[0][5]), median(dev_.laps[1][0]), median(dev_.laps[1][1]),
-                    share(dev_.laps[1][2]), median(dev_.laps[1][3]), median(dev_.laps[1][4]), median(dev_.laps[1][5]));
+      auto said = [](const std::vector<double>& v) { return v.empty() ? -1.0 : median(v); }; // -1: not said
+      char laps[480];
+      std::snprintf(laps, sizeof laps, "sample laps (ms): reference launch %.4f (queuing the calls %.4f) device %.4f let go early %.2f flush %.3f "
+                    "close %.3f checks %.3f; candidate launch %.4f (queuing the calls %.4f) device %.4f let go early %.2f flush %.3f "
+                    "close %.3f checks %.3f",
+                    median(dev_.laps[0][0]), said(dev_.laps[0][6]), median(dev_.laps[0][1]), share(dev_.laps[0][2]),
+                    median(dev_.laps[0][3]), median(dev_.laps[0][4]), median(dev_.laps[0][5]), median(dev_.laps[1][0]),
+                    said(dev_.laps[1][6]), median(dev_.laps[1][1]), share(dev_.laps[1][2]), median(dev_.laps[1][3]),
+                    median(dev_.laps[1][4]), median(dev_.laps[1][5]));
       ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", laps);
     }
   }

@@ -215,9 +215,10 @@ private:
     std::unique_ptr<device_clock> clock;
     std::map<pid_t, clock_words> words;
     // Per side, a sample in parts (debug log): host ms from `launch` to `launched`, the device's
-    // window, let go early (1/0), host ms of the cache flush, of the close and finish, and of the
-    // checks after it (the inputs read back, the outputs overwritten).
-    std::vector<double> laps[2][6];
+    // window, let go early (1/0), host ms of the cache flush, of the close and finish, of the
+    // checks after it (the inputs read back, the outputs overwritten), and the ms the worker says
+    // its host took to queue the calls (`queued_us`: its word, for the log alone).
+    std::vector<double> laps[2][7];
   } dev_;
 };
 

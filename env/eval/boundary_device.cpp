@@ -418,6 +418,8 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   l[2].push_back(released ? 1.0 : 0.0);
   l[3].push_back(flush_ms);
   l[4].push_back(ms_since(t_close));
+  if (const auto q = n["queued_us"].as<double>(-1); q >= 0 && std::isfinite(q))
+    l[6].push_back(q / 1e3);
   l[5].push_back(0);
   lap_into checks_lap{l[5].back()}; // the checks below, however they end
   ms = *device_ms / static_cast<double>(in.size());
