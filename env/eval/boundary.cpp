@@ -272,7 +272,8 @@ bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::ve
   };
   if (dev_.on)
     return time_sample_device(s, in, outs, ms);
-  if (!prime(w))
+  auto& parts = split_.cpu_parts[candidate ? 1 : 0];
+  if (lap_into lap{parts[0]}; !prime(w))
     return false;
   // The sample's inputs, written while no process of the worker runs: it cannot see them before
   // its clock starts.
@@ -285,11 +286,14 @@ bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::ve
       if (const auto& b = s.sets[c][i]; !b.value && b.bytes != in[c][i].size())
         return broke("an input buffer of " + std::to_string(b.bytes) + " bytes for an input of " + std::to_string(in[c][i].size()));
   }
-  if (!write_inputs(s, in, false))
+  if (lap_into lap{parts[1]}; !write_inputs(s, in, false))
     return false;
   // The cache flush, here: the last-level cache is the machine's, and the worker's own flush would
   // be the candidate's to skip (its weights kept warm while the reference's are evicted).
-  ctx_.flush.run();
+  {
+    lap_into lap{parts[2]};
+    ctx_.flush.run();
+  }
   // The clock: from the worker's continuation until it is stopped again after it said `sampled`.
   // Work it left running when it said so (a thread finishing the outputs) is inside the clock up to
   // the stop. It is continued right before the clock starts, not after: waking a stopped process
@@ -327,6 +331,8 @@ bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::ve
   const double charged = cpu_charge_ms(*cpu0, *cpu1);
   ++s.samples;
   s.wall_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  parts[3] += std::chrono::duration<double, std::milli>(t1 - t0).count();
+  const auto t_read = clock_type::now();
   s.charged_ms += charged;
   ms = charged / static_cast<double>(in.size());
   // Its outputs, read out of its memory while it is stopped.
@@ -394,7 +400,9 @@ bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::ve
         split_.outputs_reused = true;
         break;
       }
+  parts[4] += ms_since(t_read);
   if (candidate) {
+    lap_into checks_lap{parts[5]};
     // Its inputs, read back: a candidate that writes into them (its output in an input's memory)
     // is refused, as in the trials (runtime:input_mutation).
     std::vector<std::byte> now;
@@ -742,6 +750,13 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
       std::snprintf(buf, sizeof buf, "samples' CPU time against their wall time (ms): reference %.3f of %.3f, candidate %.3f of %.3f",
                     ref_side_.charged_ms, ref_side_.wall_ms, cand_side_.charged_ms, cand_side_.wall_ms);
       ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
+      const auto& c = split_.cpu_parts;
+      char parts[400];
+      std::snprintf(parts, sizeof parts, "samples' host time in parts (ms): reference untimed call %.1f, inputs written %.1f, flush %.1f, "
+                    "clock %.1f, outputs read %.1f; candidate untimed call %.1f, inputs written %.1f, flush %.1f, clock %.1f, "
+                    "outputs read %.1f, checks %.1f",
+                    c[0][0], c[0][1], c[0][2], c[0][3], c[0][4], c[1][0], c[1][1], c[1][2], c[1][3], c[1][4], c[1][5]);
+      ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", parts);
     }
     if (dev_.on) {
       // Per side: the median host time from `launch` to `launched`, the median device window,
