@@ -332,8 +332,8 @@ def launch(w, job, baseline, cand, state, null, seq):
         who = "ModelNew.forward" if job.role == "candidate" else "the reference"
         raise _error_done(e, f"in {who} (timing)") from None
     # How long the host took to queue the calls (outside the device's window, which opens once
-    # they are all queued): said for the evaluator's laps, where the shared path's clock would
-    # have held it (docs/PERFORMANCE.md, level2/22). Data, never a time the verdict uses.
+    # they are all queued): said for the evaluator's laps, beside the device's time of them (the
+    # launch lap also holds the outputs' exports). Data, never a time the verdict uses.
     reply_sample(w, job, state, outs, "launched", not null, {"queued_us": queued_us})
 
 
