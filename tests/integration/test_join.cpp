@@ -27,6 +27,7 @@
 #include "core/file_io.hpp"
 #include "core/token.hpp"
 #include "env/task.hpp"
+#include "join_host.hpp"
 #include "process.hpp"
 #include "tests/test_util/temp_dir.hpp"
 
@@ -35,97 +36,16 @@ using namespace crucible;
 using namespace std::chrono_literals;
 using crucible::testing::run_process;
 using crucible::testing::running_process;
+using crucible::testing::has;
+using crucible::testing::host;
 using crucible::testing::temp_dir;
 
 namespace {
 
 const fs::path suite = fs::path{CRUCIBLE_SOURCE_DIR} / "env/tasks/cpu";
 
-// The run's evaluator settings, which the nodes receive: few trials and rounds, no warm-up, so
-// that a CPU verdict takes seconds; no recheck, whose rounds a noisy speedup on a loaded machine
-// would add to the 4 (a verdict of 14 rounds failed the check of the settings so).
-config run_config() {
-  auto cfg = parse_config("evaluator:\n  trials: 2\n  rounds: 4\n  buckets: 2\n  max_rounds: 4\n  warmup_ms: 0\n"
-                          "  recheck_above: 1000\n",
-                          "run_config");
-  REQUIRE(cfg);
-  return *cfg;
-}
-
-// The coordinator's side: an evaluator pool with no evaluator of its own and the membership
-// actor, published on 127.0.0.1 at a free port, in this test's process.
-struct host {
-  temp_dir tmp{"crucible-join"};
-  actor_config cfg{[] {
-    actor_config c;
-    c.load<caf::io::middleman>();
-    c.set("logger.file-verbosity", caf::atom("quiet"));
-    return c;
-  }()};
-  caf::actor_system sys{cfg};
-  evaluator_pool_actor pool;
-  membership_handle members;
-  fs::path token_file = tmp.path() / "token";
-
-  explicit host(caf::timespan heartbeat = 500ms, caf::timespan timeout = 3s) {
-    auto tasks = std::make_shared<task_catalog>();
-    auto indexed = env::index_tasks(suite);
-    REQUIRE(indexed);
-    for (auto& t : *indexed)
-      (*tasks)[task_id{t.name}] = t;
-    auto token = create_token_file(token_file);
-    REQUIRE(token);
-    pool = spawn_evaluator_pool(sys, {}, evaluator_pool_options{1, 16});
-    membership_options opt;
-    opt.token = *token;
-    opt.run = "join-test";
-    opt.heartbeat = heartbeat;
-    opt.timeout = timeout;
-    opt.config_yaml = to_yaml(run_config());
-    auto started = start_membership(sys, membership_deps{pool, tasks, nullptr}, opt);
-    REQUIRE_MESSAGE(started, started.error().to_string());
-    members = *started;
-    REQUIRE(members.port != 0);
-  }
-
-  ~host() {
-    stop_membership(sys, members);
-    caf::anon_send_exit(pool, caf::exit_reason::user_shutdown);
-  }
-
-  std::vector<std::string> node_args(const fs::path& token) const {
-    // This machine's own setting on top of the run's: one idle worker, not two.
-    return {CRUCIBLE_CLI, "evaluator", "--join", members.endpoint(), "--token-file", token.string(), "--devices",
-            "cpu", "--no-cache", "--verbose", "--set", "evaluator.warm_workers=1"};
-  }
-
-  std::vector<node_announce> nodes() {
-    caf::scoped_actor self{sys};
-    std::vector<node_announce> out;
-    self->request(members.actor, 10s, caf::get_atom_v)
-      .receive([&](std::vector<node_announce>& xs) { out = std::move(xs); },
-               [&](caf::error& e) { FAIL(to_error(e).to_string()); });
-    return out;
-  }
-
-  std::vector<device_info> devices() {
-    caf::scoped_actor self{sys};
-    std::vector<device_info> out;
-    self->request(pool, 10s, caf::get_atom_v)
-      .receive([&](std::vector<device_info>& xs) { out = std::move(xs); },
-               [&](caf::error& e) { FAIL(to_error(e).to_string()); });
-    return out;
-  }
-};
-
 candidate variant(std::uint64_t id, const std::string& task, const std::string& file) {
-  auto code = read_file(suite / "variants" / task / file);
-  REQUIRE(code);
-  return candidate{variant_id{id}, task_id{task}, *code, ""};
-}
-
-bool has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
+  return crucible::testing::variant(suite, id, task, file);
 }
 
 // A loopback port that nothing listens on (bound, then closed again).
