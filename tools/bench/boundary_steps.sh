@@ -12,6 +12,7 @@
 #                                  the parts to run (a doctest -tc pattern, default all three,
 #                                  "*hack suite on CUDA*"; e.g. "*part 2 of 3*,*part 3 of 3*")
 #                      mps         test_gpu_mps, MPS_S seconds (300)
+#                      join        test_gpu_join (a node with cuda:0 joining a run), JOIN_S seconds (300)
 #                      pairs       tools/bench/mps_boundary.sh own_poll: CUDA-L1's 3090 kernels for
 #                                  level1/12, 40, 53 and level2/14 and an identity, with their
 #                                  bounds (data/cuda-l1, fetch_cuda_l1.sh)
@@ -89,6 +90,11 @@ run_step() { # STEP: one step, its output in JOB
       timeout "${HACKS_S:-900}" "$t" -s -tc="${HACKS_TC:-*hack suite on CUDA*}" > "$JOB/hacks.log" 2>&1
       echo "rc $?"
       grep -E "hack_.*speedup|test cases|assertions|ERROR|CRASHED" "$JOB/hacks.log" | cut -c1-220 ;;
+    join)
+      t=$(find "$BUILD" -name test_gpu_join -type f -perm -u+x | head -1)
+      timeout "${JOIN_S:-300}" "$t" -s > "$JOB/join.log" 2>&1
+      echo "rc $?"
+      grep -E "test cases|assertions|ERROR|CRASHED|FAILED" "$JOB/join.log" | cut -c1-220 ;;
     mps)
       t=$(find "$BUILD" -name test_gpu_mps -type f -perm -u+x | head -1)
       timeout "${MPS_S:-300}" "$t" -s > "$JOB/mps.log" 2>&1
@@ -162,7 +168,7 @@ case "${1:-}" in
       export OUT="$1"; shift
       echo "=== build start $(date +%T)"
       if [[ -z ${NOBUILD:-} ]]; then
-        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps || { echo "=== build failed"; echo "=== all done"; exit 1; }
+        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps test_gpu_join || { echo "=== build failed"; echo "=== all done"; exit 1; }
       fi
       # The device agent and the workers run as nobody: the build must be reachable.
       chmod a+x /root 2>/dev/null; chmod -R a+rX "$BUILD"
