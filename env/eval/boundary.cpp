@@ -331,7 +331,6 @@ bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::ve
   const double charged = cpu_charge_ms(*cpu0, *cpu1);
   ++s.samples;
   s.wall_ms += std::chrono::duration<double, std::milli>(t1 - t0).count();
-  parts[3] += std::chrono::duration<double, std::milli>(t1 - t0).count();
   const auto t_read = clock_type::now();
   s.charged_ms += charged;
   ms = charged / static_cast<double>(in.size());
@@ -400,9 +399,9 @@ bool boundary::time_sample(side& s, const sample_inputs& in, std::vector<std::ve
         split_.outputs_reused = true;
         break;
       }
-  parts[4] += ms_since(t_read);
+  parts[3] += ms_since(t_read);
   if (candidate) {
-    lap_into checks_lap{parts[5]};
+    lap_into checks_lap{parts[4]};
     // Its inputs, read back: a candidate that writes into them (its output in an input's memory)
     // is refused, as in the trials (runtime:input_mutation).
     std::vector<std::byte> now;
@@ -674,12 +673,7 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
   if (!wk_.gate_.measuring && ctx_.gate.warmup_shared()) {
     // The warm-up may have had company (starting workers, other evaluations' untimed work); the
     // measured rounds wait until it is gone (device_gate).
-    const auto wait0 = clock_type::now();
-    wk_.log_gate_inside("measured rounds");
-    ctx_.gate.begin_measure();
-    wk_.gate_.measuring = true;
-    wk_.log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
-                  ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
+    wk_.begin_measured_rounds();
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
@@ -752,10 +746,10 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
       ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
       const auto& c = split_.cpu_parts;
       char parts[400];
-      std::snprintf(parts, sizeof parts, "samples' host time in parts (ms): reference untimed call %.1f, inputs written %.1f, flush %.1f, "
-                    "clock %.1f, outputs read %.1f; candidate untimed call %.1f, inputs written %.1f, flush %.1f, clock %.1f, "
-                    "outputs read %.1f, checks %.1f",
-                    c[0][0], c[0][1], c[0][2], c[0][3], c[0][4], c[1][0], c[1][1], c[1][2], c[1][3], c[1][4], c[1][5]);
+      std::snprintf(parts, sizeof parts, "samples' host time besides their wall time, in parts (ms): reference untimed call %.1f, "
+                    "inputs written %.1f, flush %.1f, outputs read %.1f; candidate untimed call %.1f, inputs written %.1f, "
+                    "flush %.1f, outputs read %.1f, checks %.1f",
+                    c[0][0], c[0][1], c[0][2], c[0][3], c[1][0], c[1][1], c[1][2], c[1][3], c[1][4]);
       ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", parts);
     }
     if (dev_.on) {

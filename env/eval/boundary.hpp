@@ -196,10 +196,11 @@ private:
     // The host's time in the rounds, in parts (debug log): the round's inputs drawn, its buffers
     // made, its two samples, their outputs compared (ms, summed over the rounds played).
     double host_draw_ms = 0, host_buffers_ms = 0, host_samples_ms = 0, host_compare_ms = 0;
-    // A CPU sample's host time in parts, per side (reference, candidate; ms summed, debug log):
-    // the untimed call, the inputs written, the cache flush, the clock's wall, the outputs read,
-    // the candidate's checks after it (its inputs read back, aliasing, its outputs overwritten).
-    double cpu_parts[2][6] = {};
+    // A CPU sample's host time besides its wall time (side::wall_ms), in parts, per side
+    // (reference, candidate; ms summed, debug log): the untimed call, the inputs written, the
+    // cache flush, the outputs read, the candidate's checks after it (its inputs read back,
+    // aliasing, its outputs overwritten).
+    double cpu_parts[2][5] = {};
   } split_;
   side ref_side_, cand_side_;
   /// On a CUDA device (on): each call's inputs of the sample being timed, in this process's memory

@@ -56,21 +56,6 @@ tolerance tolerances::for_dtype(dtype t) const noexcept {
   }
 }
 
-double element_value(const std::byte* p, dtype t) noexcept {
-  switch (t) {
-    case dtype::f64: { double v; std::memcpy(&v, p, 8); return v; }
-    case dtype::f32: { float v; std::memcpy(&v, p, 4); return v; }
-    case dtype::f16: { std::uint16_t v; std::memcpy(&v, p, 2); return half_to_float(v); }
-    case dtype::bf16: { std::uint16_t v; std::memcpy(&v, p, 2); return bfloat16_to_float(v); }
-    case dtype::i64: { std::int64_t v; std::memcpy(&v, p, 8); return static_cast<double>(v); }
-    case dtype::i32: { std::int32_t v; std::memcpy(&v, p, 4); return v; }
-    case dtype::i16: { std::int16_t v; std::memcpy(&v, p, 2); return v; }
-    case dtype::i8: { std::int8_t v; std::memcpy(&v, p, 1); return v; }
-    case dtype::u8: case dtype::boolean: { std::uint8_t v; std::memcpy(&v, p, 1); return v; }
-  }
-  return 0;
-}
-
 namespace {
 
 std::string shape_str(const std::vector<std::int64_t>& s) {
@@ -87,7 +72,7 @@ struct host_scale {
   std::uint64_t finite = 0, under = 0;
   double rms = 0;
 };
-// One dtype's element as a double, the value element_value gives: the loops below are written once
+// One dtype's element as a double (element_value is this too): the loops below are written once
 // and made for each dtype, so that the dtype is decided once a tensor, not once an element (on the
 // 2-core machine the per-element switch left the comparison of a CPU verdict's outputs at several
 // times a pass over their bytes: tools/bench/bench_compare.cpp).
@@ -127,6 +112,14 @@ decltype(auto) with_element(dtype t, F&& f) {
   }
   return f(element_of<std::uint8_t, as_is>{});
 }
+
+} // namespace
+
+double element_value(const std::byte* p, dtype t) noexcept {
+  return with_element(t, [&](auto e) { return decltype(e)::at(p, 0); });
+}
+
+namespace {
 
 template <class E>
 host_scale measure_host_as(const std::byte* p, size_t n, double atol) {

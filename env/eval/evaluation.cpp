@@ -265,12 +265,7 @@ bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vec
       set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of warmed");
       return false;
     }
-    const auto wait0 = clock_type::now();
-    log_gate_inside("measured rounds");
-    ctx_.gate.begin_measure();
-    gate_.measuring = true;
-    log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
-                  ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
+    begin_measured_rounds();
     if (!send(worker_msg::command("measure")) || !receive(ctx_.opt.run_timeout_s, "timing", n, msg))
       return false;
   }

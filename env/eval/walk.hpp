@@ -88,12 +88,18 @@ struct walk {
     if (ctx_.observer) // from the load on, across the boundary: the candidate's worker
       ctx_.observer(name, two_workers_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
   }
-  // At debug level, before the measured rounds wait at the device gate: what is inside there.
-  void log_gate_inside(const char* who) {
-    if (!ctx_.log.enabled(log_level::debug))
-      return;
-    if (const auto in = ctx_.gate.inside(); !in.empty())
-      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", who, " wait for ", in);
+  // A timing's measured rounds begin at the device gate (device_gate::begin_measure), on either
+  // path: at debug level what is inside there is said before the wait, so that a wait that never
+  // ends names its cause, and the wait itself after it.
+  void begin_measured_rounds() {
+    const auto wait0 = std::chrono::steady_clock::now();
+    if (ctx_.log.enabled(log_level::debug))
+      if (const auto in = ctx_.gate.inside(); !in.empty())
+        ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": measured rounds wait for ", in);
+    ctx_.gate.begin_measure();
+    gate_.measuring = true;
+    log_gate_wait(wait0, "measured rounds", "starting workers' initialisation",
+                  ctx_.gate.untimed_beside_warmup() ? " and other evaluations' untimed work" : "");
   }
   // At debug level, a wait at the device gate since `since` longer than a millisecond:
   // "<who> waited S s for <why...> to finish".
