@@ -41,7 +41,9 @@
 #                  The job runs from a copy of the tree (SNAP, default /root/tree, made afresh by each
 #                  start): the device tool copies the working tree in again at every call, and a
 #                  step must not read sources edited after its build. NOBUILD=1: no build (a second
-#                  job beside a first that built).
+#                  job beside a first that built, started once the first's log says `build done`;
+#                  give it a JOB and a SNAP of its own, and CUDA_VISIBLE_DEVICES to keep the two
+#                  jobs, their MPS daemons included, on devices of their own).
 #   wait SECONDS [STEP]  waits until STEP (default: every step) is done or SECONDS pass, then prints
 #                    the job's log; SECONDS at most about 560 to stay inside one device call.
 #   collect          packs the job's folder into $OUT/boundary_steps.tgz.
@@ -169,6 +171,8 @@ case "${1:-}" in
       echo "=== build start $(date +%T)"
       if [[ -z ${NOBUILD:-} ]]; then
         lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps test_gpu_join || { echo "=== build failed"; echo "=== all done"; exit 1; }
+      else
+        lent_setup # the libraries its LD_LIBRARY_PATH names, under this copy of the tree
       fi
       # The device agent and the workers run as nobody: the build must be reachable.
       chmod a+x /root 2>/dev/null; chmod -R a+rX "$BUILD"
