@@ -36,6 +36,11 @@
 #                                  process, a verdict a device at a time), with EVAL_ARGS (e.g.
 #                                  --verbose: each verdict's laps in JOB/kbself.err)
 #                                  (data/kernelbench, fetch_kernelbench.sh)
+#                      rate        tools/bench/verdict_rate.sh: verdicts per GPU-minute, crucible (as
+#                                  configured by default) against KernelBench's harness on
+#                                  CUDA-L1's H100 pairs, RATE_STEPS (default "kb cold"), RATE_SET_ARGS
+#                                  (default "--torch 8 --inline 4 --self 4 --copies 3"), RATE_S
+#                                  seconds (900); records in JOB/rate
 #                      bounds      tools/bench/task_bounds.py over level 1 from task BOUNDS_FROM (1),
 #                                  BOUNDS_S seconds (420)
 #                  The job runs from a copy of the tree (SNAP, default /root/tree, made afresh by each
@@ -137,6 +142,14 @@ EOF
         ${EVAL_ARGS:-} > "$JOB/kbself_summary.json" 2> "$JOB/kbself.err"
       echo "rc $?; $(wc -l < "$JOB/kbself.jsonl") verdicts"
       python3 tools/bench/band_check.py "$JOB/kbself.jsonl" --self | tail -30 ;;
+    rate)
+      # Under /tmp: the workers (nobody) load the extensions built into the step's caches.
+      rm -rf /tmp/rate && mkdir -p /tmp/rate && chmod a+rwx /tmp/rate
+      OUT=/tmp/rate STEPS="${RATE_STEPS:-kb cold}" SET_ARGS="${RATE_SET_ARGS:---torch 8 --inline 4 --self 4 --copies 3}" \
+        PYTHON=python3 timeout "${RATE_S:-900}" tools/bench/verdict_rate.sh > "$JOB/rate.log" 2>&1
+      echo "rc $?"
+      tar -C /tmp --exclude=rate/xdg_cold --exclude=rate/xdg_cold2 --exclude=rate/kb_build -cf - rate | tar -C "$JOB" -xf -
+      tail -25 "$JOB/rate.log" ;;
     bounds)
       rm -rf /tmp/bounds-tasks && mkdir -p /tmp/bounds-tasks
       for f in data/kernelbench/level1/*.py; do
