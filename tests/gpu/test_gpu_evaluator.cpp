@@ -536,7 +536,8 @@ namespace {
 // time, and a part that runs out leaves the others' results): tests/candidates/boundary/hack_*.py
 // (written for the CPU; each runs on CUDA as it is, the C++ ones on tensors of the CPU may fail
 // instead) and tests/candidates/gpu/boundary/ (classes of the device alone), in name order, the
-// `part`-th of `parts`, each judged with evaluator.cuda_boundary on: whatever its verdict, no speed
+// `part`-th of `parts`, each judged as configured by default (evaluator.cuda_boundary on, cuda_mps
+// auto): whatever its verdict, no speed
 // credit (`no-credit`, held here to 1.05 at most: the device's noise, not the CPU's 1.25). The
 // shared path (a debugging mode, where the hacks are written to pay) is not judged here:
 // tools/bench/boundary_gpu.sh hacks measures both side by side.
@@ -547,7 +548,13 @@ void hack_suite_across(std::size_t part, std::size_t parts) {
   // (hack_account_beyond_walk's computing process faults on a device pointer and its forward waits
   // for it), which is a timeout, no credit; at the default 300 s a run kept the case past 450 s on
   // its second candidate.
-  const auto short_runs = [](evaluator_options& opt) { opt.run_timeout_s = 30; };
+  // CUDA MPS as configured by default (`auto`: where nvidia-cuda-mps-control is found), so that the
+  // attacks on the MPS set-up (hack_mps_control, hack_ipc_guess) meet it: each case is a process of
+  // its own under ctest, and MPS starts once a process.
+  const auto short_runs = [](evaluator_options& opt) {
+    opt.run_timeout_s = 30;
+    opt.cuda_mps = cuda_mps_mode::auto_;
+  };
   auto across = short_evaluator(true, log, {}, true, short_runs);
   std::vector<fs::path> files;
   for (const auto& dir : {source_dir / "tests" / "candidates" / "boundary", source_dir / "tests" / "candidates" / "gpu" / "boundary"})

@@ -11,7 +11,9 @@
 #                                  parts, each its own case), HACKS_S seconds (900); HACKS_TC:
 #                                  the parts to run (a doctest -tc pattern, default all three,
 #                                  "*hack suite on CUDA*"; e.g. "*part 2 of 3*,*part 3 of 3*")
-#                      mps         test_gpu_mps, MPS_S seconds (300)
+#                      mps         test_gpu_mps, MPS_S seconds (300); MPS_TC: its cases (a doctest -tc
+#                                  pattern, default all; "*device agent*": the faults and the
+#                                  attacks on the MPS set-up alone)
 #                      join        test_gpu_join (a node with cuda:0 joining a run), JOIN_S seconds (300)
 #                      pairs       tools/bench/mps_boundary.sh own_poll: CUDA-L1's 3090 kernels for
 #                                  level1/12, 40, 53 and level2/14 and an identity, with their
@@ -104,7 +106,7 @@ run_step() { # STEP: one step, its output in JOB
       grep -E "test cases|assertions|ERROR|CRASHED|FAILED" "$JOB/join.log" | cut -c1-220 ;;
     mps)
       t=$(find "$BUILD" -name test_gpu_mps -type f -perm -u+x | head -1)
-      timeout "${MPS_S:-300}" "$t" -s > "$JOB/mps.log" 2>&1
+      timeout "${MPS_S:-300}" "$t" -s -tc="${MPS_TC:-*}" > "$JOB/mps.log" 2>&1
       echo "rc $?"
       grep -E "MESSAGE|test cases|assertions|ERROR|CRASHED" "$JOB/mps.log" | cut -c1-220 ;;
     pairs)
