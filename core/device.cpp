@@ -38,6 +38,25 @@ int cuda_index(std::string_view text) {
   return d && d->cuda() ? d->index : -1;
 }
 
+std::string child_visible_device(const char* visible, int index) {
+  if (visible == nullptr || index < 0)
+    return std::to_string(index);
+  std::string_view list{visible};
+  for (int i = 0;; ++i) {
+    const auto comma = list.find(',');
+    auto entry = list.substr(0, comma);
+    while (!entry.empty() && entry.front() == ' ')
+      entry.remove_prefix(1);
+    while (!entry.empty() && entry.back() == ' ')
+      entry.remove_suffix(1);
+    if (i == index)
+      return entry.empty() ? std::to_string(index) : std::string{entry};
+    if (comma == std::string_view::npos)
+      return std::to_string(index);
+    list.remove_prefix(comma + 1);
+  }
+}
+
 std::string hardware_kind_of(std::string_view device, std::string_view model) {
   if (device == "cpu")
     return "cpu";

@@ -31,6 +31,13 @@ result<device_id> parse_device(std::string_view text);
 /// N when `text` names CUDA device N ("cuda" is 0), else -1 (the CPU and anything not a device).
 int cuda_index(std::string_view text);
 
+/// What a child process's CUDA_VISIBLE_DEVICES must say for it to see this process's CUDA device
+/// `index` as its only one: the index-th entry of this process's own CUDA_VISIBLE_DEVICES
+/// (`visible`, null where unset; entries may be indices, UUIDs or MIG names, passed as written),
+/// or `index` itself where that is unset or has no such entry. Under a CUDA MPS server the server
+/// numbers the devices it sees from 0, so a client names `index` itself (not this).
+std::string child_visible_device(const char* visible, int index);
+
 /// The hardware kind of a device whose model is `model` ("NVIDIA H100 80GB HBM3" -> "h100"): "cpu"
 /// for the CPU, else the model's first word after its vendor, lower-cased ("gpu" where there is
 /// none). Verdicts, exemplars and the evaluator pool match on it.

@@ -74,9 +74,16 @@ const char* signal_name(int sig) {
   }
 }
 
-// CUDA_VISIBLE_DEVICES of a worker for `device`: N of cuda:N, nothing for a kind that names none.
+// CUDA_VISIBLE_DEVICES of a worker for `device`, nothing for a kind that names none: the device
+// this process calls cuda:N. Under CUDA MPS that is N (the server, started with this process's
+// environment, numbers what it sees from 0); otherwise the N-th entry of this process's own
+// CUDA_VISIBLE_DEVICES where that is set (cuda:0 of a process run with CUDA_VISIBLE_DEVICES=1 is
+// the machine's device 1, which a worker told "0" would not be).
 std::string visible_devices(const std::string& device) {
-  return kind_of(device).visible_device ? std::to_string(cuda_index(device)) : std::string{};
+  if (!kind_of(device).visible_device)
+    return {};
+  const int n = cuda_index(device);
+  return cuda_mps_pipe().empty() ? child_visible_device(std::getenv("CUDA_VISIBLE_DEVICES"), n) : std::to_string(n);
 }
 
 } // namespace

@@ -15,6 +15,8 @@
 #                                  pattern, default all; "*device agent*": the faults and the
 #                                  attacks on the MPS set-up alone)
 #                      join        test_gpu_join (a node with cuda:0 joining a run), JOIN_S seconds (300)
+#                      visible     test_gpu_visible (a run under CUDA_VISIBLE_DEVICES naming the last
+#                                  GPU judges there; two GPUs), JOIN_S seconds (300)
 #                      pairs       tools/bench/mps_boundary.sh own_poll: CUDA-L1's 3090 kernels for
 #                                  level1/12, 40, 53 and level2/14 and an identity, with their
 #                                  bounds (data/cuda-l1, fetch_cuda_l1.sh)
@@ -99,11 +101,11 @@ run_step() { # STEP: one step, its output in JOB
       timeout "${HACKS_S:-900}" "$t" -s -tc="${HACKS_TC:-*hack suite on CUDA*}" > "$JOB/hacks.log" 2>&1
       echo "rc $?"
       grep -E "hack_.*speedup|test cases|assertions|ERROR|CRASHED" "$JOB/hacks.log" | cut -c1-220 ;;
-    join)
-      t=$(find "$BUILD" -name test_gpu_join -type f -perm -u+x | head -1)
-      timeout "${JOIN_S:-300}" "$t" -s > "$JOB/join.log" 2>&1
+    join | visible)
+      t=$(find "$BUILD" -name "test_gpu_$1" -type f -perm -u+x | head -1)
+      timeout "${JOIN_S:-300}" "$t" -s > "$JOB/$1.log" 2>&1
       echo "rc $?"
-      grep -E "test cases|assertions|ERROR|CRASHED|FAILED" "$JOB/join.log" | cut -c1-220 ;;
+      grep -E "test cases|assertions|ERROR|CRASHED|FAILED" "$JOB/$1.log" | cut -c1-220 ;;
     mps)
       t=$(find "$BUILD" -name test_gpu_mps -type f -perm -u+x | head -1)
       timeout "${MPS_S:-300}" "$t" -s -tc="${MPS_TC:-*}" > "$JOB/mps.log" 2>&1
@@ -185,7 +187,7 @@ case "${1:-}" in
       export OUT="$1"; shift
       echo "=== build start $(date +%T)"
       if [[ -z ${NOBUILD:-} ]]; then
-        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps test_gpu_join || { echo "=== build failed"; echo "=== all done"; exit 1; }
+        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps test_gpu_join test_gpu_visible || { echo "=== build failed"; echo "=== all done"; exit 1; }
       else
         lent_setup # the libraries its LD_LIBRARY_PATH names, under this copy of the tree
       fi

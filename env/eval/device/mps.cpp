@@ -435,9 +435,13 @@ result<void> start_agents(const std::vector<std::string>& devices, const std::st
     return program.error();
   device_agent_spec spec;
   spec.program = *program;
+  // Without this process's CUDA_VISIBLE_DEVICES: the server applied it already and numbers the
+  // devices it sees from 0 (cuda:0 of a process run with CUDA_VISIBLE_DEVICES=1 is the server's
+  // device 0, and an agent still told "1" found no device).
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view v{*e};
-    if (v.rfind("CUDA_MPS_PIPE_DIRECTORY=", 0) != 0 && v.rfind("CUDA_MPS_LOG_DIRECTORY=", 0) != 0)
+    if (v.rfind("CUDA_MPS_PIPE_DIRECTORY=", 0) != 0 && v.rfind("CUDA_MPS_LOG_DIRECTORY=", 0) != 0
+        && v.rfind("CUDA_VISIBLE_DEVICES=", 0) != 0)
       spec.environment.emplace_back(v);
   }
   spec.environment.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe);

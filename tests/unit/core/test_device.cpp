@@ -78,3 +78,19 @@ TEST_CASE("the hardware kind is derived in one place: a run's own GPU and a join
   CHECK(hardware_kind_of("cuda:1", "AMD Instinct MI300X") == "instinct");
   CHECK(hardware_kind_of("cuda:0", "") == "gpu");
 }
+
+TEST_CASE("a child process sees this process's cuda:N through this process's own CUDA_VISIBLE_DEVICES") {
+  // Unset: the machine's numbering is this process's.
+  CHECK(child_visible_device(nullptr, 0) == "0");
+  CHECK(child_visible_device(nullptr, 3) == "3");
+  // Set: cuda:N is its N-th entry, as written (indices, UUIDs, MIG names), spaces around it cut.
+  CHECK(child_visible_device("1", 0) == "1");
+  CHECK(child_visible_device("2,0", 0) == "2");
+  CHECK(child_visible_device("2,0", 1) == "0");
+  CHECK(child_visible_device("GPU-8e5f2c1a, GPU-77aa01bc", 1) == "GPU-77aa01bc");
+  CHECK(child_visible_device("MIG-GPU-8e5f2c1a/1/0", 0) == "MIG-GPU-8e5f2c1a/1/0");
+  // No such entry, or an empty one: the index itself (this process could not have opened it).
+  CHECK(child_visible_device("1", 1) == "1");
+  CHECK(child_visible_device("1,,3", 1) == "1");
+  CHECK(child_visible_device("", 0) == "0");
+}

@@ -1,0 +1,37 @@
+// A `crucible eval` run with CUDA_VISIBLE_DEVICES naming another GPU of the machine judges on that
+// GPU, under CUDA MPS and without: its workers and its device agent are told the device in the
+// numbering they see (core/device.hpp, child_visible_device; env/eval/sandbox.cpp). Before, under
+// MPS the agent, still told CUDA_VISIBLE_DEVICES=1, found no device, and without MPS a worker told
+// "0" ran on the machine's first GPU. Needs two GPUs; skipped with one.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "tests/integration/process.hpp"
+
+using crucible::testing::run_process;
+
+TEST_CASE("a process run with CUDA_VISIBLE_DEVICES naming the machine's last GPU judges there, under CUDA MPS and without") {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) {
+    MESSAGE("fewer than two CUDA devices: skipped");
+    return;
+  }
+  const std::string src = CRUCIBLE_SOURCE_DIR;
+  for (const char* mps : {"off", "on"}) {
+    if (std::string{mps} == "on" && run_process({"/bin/sh", "-c", "command -v nvidia-cuda-mps-control"}).exit_code != 0) {
+      MESSAGE("nvidia-cuda-mps-control not found: the MPS half skipped");
+      continue;
+    }
+    const auto r = run_process({"/usr/bin/env", "CUDA_VISIBLE_DEVICES=" + std::to_string(count - 1), CRUCIBLE_CLI, "eval",
+                                "--task", src + "/env/tasks/cpu/01_relu_scale.py", "--candidate",
+                                src + "/env/tasks/cpu/variants/01_relu_scale/fast_inplace.py", "--device", "cuda:0",
+                                "--no-cache", "--json", "--set", std::string{"evaluator.cuda_mps="} + mps, "--set",
+                                "evaluator.rounds=10", "--set", "evaluator.max_rounds=10"});
+    INFO("cuda_mps " << mps << ": exit " << r.exit_code << "\n" << r.out << "\n" << r.err.substr(r.err.size() > 3000 ? r.err.size() - 3000 : 0));
+    CHECK(r.exit_code == 0);
+    CHECK(r.out.find("\"status\":\"ok\"") != std::string::npos);
+  }
+}
