@@ -89,12 +89,24 @@ bool boundary::pass_trial_input(worker& cw, const trial_input& t) {
   return t.on_device ? pass_trial_inputs_on_device(cw, t) : send(cw, t.msg.json, &t.msg.frames);
 }
 
-bool boundary::make_buffers(side& s, std::int64_t calls) {
+bool boundary::make_both_buffers(std::int64_t calls) {
+  // Both workers at once: no clock runs, and each makes its own (the reference's draws nothing the
+  // candidate's could see). One after the other, the two took most of a round's host time beside
+  // its samples (8.2 ms a round of level1/1's 3 calls on an H200, docs/PERFORMANCE.md).
+  return ask_buffers(ref_side_, calls) && ask_buffers(cand_side_, calls) && take_buffers(ref_side_, calls)
+         && take_buffers(cand_side_, calls);
+}
+
+bool boundary::ask_buffers(side& s, std::int64_t calls) {
+  worker& w = *s.proc;
+  return thaw(w) && send(w, worker_msg::buffers(calls));
+}
+
+bool boundary::take_buffers(side& s, std::int64_t calls) {
   worker& w = *s.proc;
   wire::node n;
   worker_message msg;
-  if (!thaw(w) || !send(w, worker_msg::buffers(calls))
-      || !receive(w, ctx_.opt.run_timeout_s, "allocating the timing's input buffers", n, msg))
+  if (!receive(w, ctx_.opt.run_timeout_s, "allocating the timing's input buffers", n, msg))
     return false;
   auto broke = [&](const std::string& what) {
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
@@ -585,7 +597,7 @@ bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool
     // outputs: measured again for one call, or the floor would take a round trip of many calls
     // off a sample of one (a candidate that reuses its output, computing as the reference does,
     // was refused below the floor so: its median call -194 us on 01_relu_scale, an H200).
-    return make_buffers(ref_side_, 1) && make_buffers(cand_side_, 1) && (!dev_.on || measure_null());
+    return make_both_buffers(1) && (!dev_.on || measure_null());
   }
   counted = true;
   // Every timed call is held to the correctness tolerance, here, against the reference's outputs
@@ -619,7 +631,7 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
   cand_side_.proc = wk_.cand_.proc.get();
   if (split_.sample_calls == 0) {
     split_.sample_calls = 1;
-    if (!make_buffers(ref_side_, 1) || !make_buffers(cand_side_, 1))
+    if (!make_both_buffers(1))
       return false;
   }
   if (dev_.on && (!setup_clock(ref_side_) || !setup_clock(cand_side_)))
@@ -661,7 +673,7 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
       calls = std::min<std::int64_t>(calls, std::max<std::int64_t>(1, static_cast<std::int64_t>(max_sample_input_bytes / wk_.reported_.input_bytes)));
     if (calls != split_.sample_calls) {
       split_.sample_calls = wk_.reported_.calls = calls;
-      if (!make_buffers(ref_side_, calls) || !make_buffers(cand_side_, calls) || !split_round(-1, r, c, counted))
+      if (!make_both_buffers(calls) || !split_round(-1, r, c, counted))
         return false;
     }
     // On a device the empty sample's round trip (its copies in and out included) is measured
@@ -677,11 +689,11 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
-    // New input buffers every round, at random places in both workers (make_buffers), as the
+    // New input buffers every round, at random places in both workers (make_both_buffers), as the
     // shared path places each round's inputs (placement_jitter_bytes): where buffers lie can move
     // a kernel's speed, and one placement for a whole verdict would fix that for its every round.
     if (lap_into lap{split_.host_buffers_ms}; opt.placement_jitter_bytes >= 512
-                                               && (!make_buffers(ref_side_, split_.sample_calls) || !make_buffers(cand_side_, split_.sample_calls)))
+                                               && !make_both_buffers(split_.sample_calls))
       return false;
     {
       // Another evaluation in flight (its candidate compiling, say) shares the host's cores with

@@ -108,8 +108,11 @@ private:
   bool freeze(worker& w, clock_type::time_point* stopped_at = nullptr) { return wk_.freeze(w, stopped_at); }
   bool thaw(worker& w) { return wk_.thaw(w); }
 
-  // Gives `s` input buffers for `calls` calls per sample.
-  bool make_buffers(side& s, std::int64_t calls);
+  // Gives both sides input buffers for `calls` calls per sample, at once: each side's asked for
+  // (its worker thawed), then taken (its worker stopped again).
+  bool make_both_buffers(std::int64_t calls);
+  bool ask_buffers(side& s, std::int64_t calls);
+  bool take_buffers(side& s, std::int64_t calls);
   // Draws one sample's inputs in the reference's worker, from distribution `dist`.
   bool draw(int dist, sample_inputs& in);
   // The reference's worker's `drawn` answer (`n`, `msg`) to a draw of `calls` calls' inputs from
