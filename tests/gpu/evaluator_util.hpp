@@ -76,9 +76,9 @@ inline void check_faults_stay_their_own(env::device_evaluator& ev) {
     auto v = ev.evaluate(eval_request{*task, read_text(path), 0, false});
     auto other = beside.get();
     const auto name = path.filename().string();
-    INFO(name << ": " << to_string(v.status) << " " << v.message);
-    INFO("beside it: " << to_string(other.status) << " " << other.message);
-    MESSAGE(name << ": " << to_string(v.status) << " (" << v.message.substr(0, 160) << "); beside it " << to_string(other.status));
+    INFO(name << ": " << std::string{to_string(v.status)} << " " << v.message);
+    INFO("beside it: " << std::string{to_string(other.status)} << " " << other.message);
+    MESSAGE(name << ": " << std::string{to_string(v.status)} << " (" << v.message.substr(0, 160) << "); beside it " << std::string{to_string(other.status)});
     CHECK((v.status == verdict_status::runtime_error || v.status == verdict_status::timeout));
     CHECK(other.status == verdict_status::ok);
   }

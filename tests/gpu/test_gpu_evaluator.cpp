@@ -283,7 +283,7 @@ TEST_CASE("CPU-suite tasks on CUDA: verdicts with outputs on the device match th
     auto recycled = load_task(root / "01_relu_scale.py");
     REQUIRE(recycled.ok());
     auto v = ev->evaluate(eval_request{*recycled, read_text(source_dir / "tests" / "candidates" / "hack_recycled_memory.py"), 0, false});
-    INFO("recycled memory: " << to_string(v.status) << " " << v.message);
+    INFO("recycled memory: " << std::string{to_string(v.status)} << " " << v.message);
     CHECK(v.status != verdict_status::ok);
   }
 }
@@ -300,7 +300,7 @@ TEST_CASE("a task checked alone on CUDA (the run's reference check) is ok, with 
       if (!t)
         FAIL(t.error().message);
       auto v = ev->check_task(*t);
-      INFO(name << (on_device ? " (device)" : " (host)") << ": " << to_string(v.status) << " " << v.message);
+      INFO(name << (on_device ? " (device)" : " (host)") << ": " << std::string{to_string(v.status)} << " " << v.message);
       CHECK(v.status == verdict_status::ok);
     }
   }
@@ -356,10 +356,10 @@ class ModelNew(nn.Module):
   for (bool on_device : {true, false}) {
     auto ev = short_evaluator(on_device, log);
     auto ok = ev->evaluate(eval_request{*t, good, 0, false});
-    INFO((on_device ? "device: " : "host: ") << to_string(ok.status) << " " << ok.message);
+    INFO((on_device ? "device: " : "host: ") << std::string{to_string(ok.status)} << " " << ok.message);
     CHECK(ok.status == verdict_status::ok);
     auto bad = ev->evaluate(eval_request{*t, wrong_last, 0, false});
-    INFO((on_device ? "device: " : "host: ") << to_string(bad.status) << " " << bad.message);
+    INFO((on_device ? "device: " : "host: ") << std::string{to_string(bad.status)} << " " << bad.message);
     CHECK(bad.status == verdict_status::incorrect);
     CHECK(bad.message.find("output 2") != std::string::npos);
   }
@@ -484,12 +484,12 @@ TEST_CASE("a Triton kernel is built by the evaluator's build service once, and l
     return n;
   };
   auto first = ev.evaluate(eval_request{*t, cand, 0, false});
-  INFO("first: " << to_string(first.status) << " " << first.message);
+  INFO("first: " << std::string{to_string(first.status)} << " " << first.message);
   CHECK(first.status == verdict_status::ok);
   CHECK(ev.extension_builds() == 3);
   CHECK(kernels() == 1);
   auto again = ev.evaluate(eval_request{*t, cand + "\n# the same kernel, another candidate\n", 0, false});
-  INFO("again: " << to_string(again.status) << " " << again.message);
+  INFO("again: " << std::string{to_string(again.status)} << " " << again.message);
   CHECK(again.status == verdict_status::ok);
   CHECK(ev.extension_builds() == 3);
   std::string other = cand;
@@ -497,7 +497,7 @@ TEST_CASE("a Triton kernel is built by the evaluator's build service once, and l
   REQUIRE(other.find(line) != std::string::npos);
   other.replace(other.find(line), line.size(), "g = x * (0.5 + 0.5 * t)");
   auto changed = ev.evaluate(eval_request{*t, other, 0, false});
-  INFO("another kernel: " << to_string(changed.status) << " " << changed.message);
+  INFO("another kernel: " << std::string{to_string(changed.status)} << " " << changed.message);
   CHECK(changed.status == verdict_status::ok);
   CHECK(ev.extension_builds() == 4);
   CHECK(kernels() == 2);
@@ -608,7 +608,7 @@ TEST_CASE("a legitimate candidate that reuses its output buffer is ok across the
     if (!t)
       FAIL(t.error().message);
     auto v = across->evaluate(eval_request{*t, read_text(source_dir / candidate), 0, false});
-    INFO(task_file << ": " << to_string(v.status) << " " << v.message);
+    INFO(task_file << ": " << std::string{to_string(v.status)} << " " << v.message);
     CHECK(v.status == verdict_status::ok);
     CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:below_floor") == v.checks_failed.end());
   }

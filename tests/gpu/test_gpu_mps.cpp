@@ -63,7 +63,7 @@ TEST_CASE("under CUDA MPS, with the clock closed by the host's poll, the CPU sui
                                            std::regex{"\\bModel\\b"}, "ModelNew");
     auto same = ev->evaluate(eval_request{*task, itself, 0, false});
     const double ratio = same.ref_ms / same.cand_ms;
-    MESSAGE(name << ": the reference against itself " << to_string(same.status) << " " << ratio << " (" << same.message.substr(0, 100) << ")");
+    MESSAGE(std::string{name} << ": the reference against itself " << std::string{to_string(same.status)} << " " << ratio << " (" << same.message.substr(0, 100) << ")");
     CHECK(same.status == verdict_status::ok);
     CHECK(ratio > 0.95);
     CHECK(ratio < 1.05);
@@ -96,8 +96,8 @@ TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, ver
     // The task's reference as its own candidate (as tools/bench/reference_as_candidate.py makes it).
     const auto itself = std::regex_replace(read_text(src / "env" / "tasks" / "cpu" / (name + ".py")), std::regex{"\\bModel\\b"}, "ModelNew");
     auto same = ev->evaluate(eval_request{*task, itself, 0, false});
-    MESSAGE(name << ": " << variant << " " << to_string(fast.status) << " " << fast.speedup << "x; the reference against itself "
-                 << to_string(same.status) << " " << same.speedup << "x (" << same.message.substr(0, 100) << ")");
+    MESSAGE(name << ": " << variant << " " << std::string{to_string(fast.status)} << " " << fast.speedup << "x; the reference against itself "
+                 << std::string{to_string(same.status)} << " " << same.speedup << "x (" << same.message.substr(0, 100) << ")");
     CHECK(fast.status == verdict_status::ok);
     CHECK(fast.speedup > 1.0);
     CHECK(same.status == verdict_status::ok);
@@ -117,10 +117,10 @@ TEST_CASE("under CUDA MPS the device agent does the evaluator's device work, ver
   auto before = ev->evaluate(eval_request{*task, legit, 0, false});
   for (const char* hack : {"hack_ipc_guess.py", "hack_mps_control.py"}) {
     auto v = ev->evaluate(eval_request{*task, read_text(src / "tests" / "candidates" / "gpu" / "boundary" / hack), 0, false});
-    MESSAGE(hack << ": " << to_string(v.status) << " " << v.speedup << "x " << v.message.substr(0, 160));
+    MESSAGE(std::string{hack} << ": " << std::string{to_string(v.status)} << " " << v.speedup << "x " << v.message.substr(0, 160));
     CHECK((v.status != verdict_status::ok || v.speedup < 1.05));
     auto after = ev->evaluate(eval_request{*task, legit, 0, false});
-    MESSAGE("  a legitimate verdict after it: " << to_string(after.status) << " " << after.speedup << "x (before: " << before.speedup
+    MESSAGE("  a legitimate verdict after it: " << std::string{to_string(after.status)} << " " << after.speedup << "x (before: " << before.speedup
                                                  << "x) " << after.message.substr(0, 120));
     CHECK(after.status == verdict_status::ok);
     CHECK(after.speedup > 0.9 * before.speedup);

@@ -30,7 +30,7 @@ TEST_CASE("a process run with CUDA_VISIBLE_DEVICES naming the machine's last GPU
                                 src + "/env/tasks/cpu/variants/01_relu_scale/fast_inplace.py", "--device", "cuda:0",
                                 "--no-cache", "--json", "--set", std::string{"evaluator.cuda_mps="} + mps, "--set",
                                 "evaluator.rounds=10", "--set", "evaluator.max_rounds=10"});
-    INFO("cuda_mps " << mps << ": exit " << r.exit_code << "\n" << r.out << "\n" << r.err.substr(r.err.size() > 3000 ? r.err.size() - 3000 : 0));
+    INFO("cuda_mps " << std::string{mps} << ": exit " << r.exit_code << "\n" << r.out << "\n" << r.err.substr(r.err.size() > 3000 ? r.err.size() - 3000 : 0));
     CHECK(r.exit_code == 0);
     CHECK(r.out.find("\"status\":\"ok\"") != std::string::npos);
   }
