@@ -300,7 +300,7 @@ TEST_CASE("a task checked alone on CUDA (the run's reference check) is ok, with 
       if (!t)
         FAIL(t.error().message);
       auto v = ev->check_task(*t);
-      INFO(name << (on_device ? " (device)" : " (host)") << ": " << std::string{to_string(v.status)} << " " << v.message);
+      INFO(std::string{name} << (on_device ? " (device)" : " (host)") << ": " << std::string{to_string(v.status)} << " " << v.message);
       CHECK(v.status == verdict_status::ok);
     }
   }
