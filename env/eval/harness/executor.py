@@ -92,6 +92,7 @@ def receive_trial_inputs(w, ref):
     trial's inputs at a time (a task's inputs may be gigabytes)."""
     ref.given_inputs = []
     ref.input_template = []
+    t0 = _perf_counter_ns()
     while True:
         msg, frames = w.chan.recv_frames()
         kind = msg.get("type")
@@ -104,18 +105,21 @@ def receive_trial_inputs(w, ref):
         if not ref.given_inputs:
             ref.input_template = msg.get("inputs") or []
         if msg.get("on_device") is True:
-            ref.given_inputs.append(receive_device_inputs(w, msg.get("inputs") or []))
+            # The first trial's are pinned: every timing round copies them into its buffers.
+            ref.given_inputs.append(receive_device_inputs(w, msg.get("inputs") or [], not ref.given_inputs))
         else:
             ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
     ref.trials = _len(ref.given_inputs)
+    w.lap("trials: inputs received", t0)
 
 
-def receive_device_inputs(w, descs):
+def receive_device_inputs(w, descs, pinned=False):
     """One trial's inputs on a CUDA device (an `inputs` message with on_device): this worker
     makes room for them in one allocation of its own, exported (`staging`: the allocation's
     handle, each input's offset and size), the evaluator copies them there from the reference
     worker's draw and says `copied`; they are then kept in host memory like inputs sent as
-    bytes, and the allocation freed."""
+    bytes (`pinned`: in page-locked memory, which the device copies from at its own rate, where
+    the driver gives it), and the allocation freed."""
     if not w.kind.exports:
         raise _Done("runtime_error", (), "the evaluator sent inputs on a device to a worker without one")
     shapes = []
@@ -142,14 +146,24 @@ def receive_device_inputs(w, descs):
         _os_exit(0)
     if reply.get("type") != "copied":
         raise _Done("runtime_error", (), f"expected copied, got {reply.get('type')!r}")
+    t0 = _perf_counter_ns()
     out = []
     for d, sh in zip(descs, shapes):
         if sh is None:
             out.append(_from_wire(d["value"]))
             continue
         dt, shape, n, at = sh
-        out.append(_T_to(_T_view(_T_view(arena[at:at + n], dt), shape), "cpu"))
+        x = _T_view(_T_view(arena[at:at + n], dt), shape)
+        host = None
+        if pinned:
+            try:
+                host = _T_copy_(_torch_empty(shape, dtype=dt, pin_memory=True), x)
+            except _BaseException:
+                host = None  # no page-locked memory to be had: pageable, as the other trials'
+        out.append(_T_to(x, "cpu") if host is None else host)
     del arena
+    w.sync()
+    w.lap("trials: inputs to host memory", t0)
     return out
 
 
@@ -394,6 +408,7 @@ def make_buffers(w, job, ref, state, calls):
     starts with what the last buffers held (the first time: the first trial's inputs), on a
     CUDA device with the first trial's inputs, so that the untimed call before a sample runs
     on real inputs (a task's may be indices that garbage would not be)."""
+    t0 = _perf_counter_ns()
     state.sample_outs = None
     old = state.buf_sets
     state.buf_sets = []
@@ -402,6 +417,7 @@ def make_buffers(w, job, ref, state, calls):
         first = ref.given_inputs[0]
     else:
         first = make_inputs(ref.task, w.device, job.seed, ref.trial_dists[0])
+        t0 = w.lap("timing: the buffers' first inputs", t0)
     steps = (job.jitter_bytes // _max(calls, 1)) // 512
     arena = None
     if w.kind.exports:
@@ -466,6 +482,8 @@ def make_buffers(w, job, ref, state, calls):
         state.buf_sets.append(one)
         descs.append(desc)
     del old
+    w.sync()
+    w.lap("timing: the buffers filled and exported", t0)
     w.chan.send({"type": "buffers", "sets": descs})
 
 
