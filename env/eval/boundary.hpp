@@ -125,7 +125,7 @@ private:
   // memory into room the candidate's worker makes for them (its answer to `t.msg`).
   bool pass_trial_inputs_on_device(worker& cw, const trial_input& t);
   // draw's second half on a CUDA device: the drawn tensors, which the reference's worker names
-  // in its own memory (`n`, its `drawn` message), copied into dev_.staged.
+  // in its own memory (`n`, its `drawn` message), mapped here as dev_.staged.
   bool draw_on_device(worker& rw, const wire::node& n, sample_inputs& in);
   // Times one sample of `s` on `in`: its untimed call, its inputs written while it is stopped,
   // the clock around `go` ... `sampled`, its outputs read while it is stopped again (per call).
