@@ -56,7 +56,8 @@ task_bound bound_of(const task_work& work, const device_peaks& peaks);
 /// this hardware showed: its outputs were not computed from its inputs inside the window.
 double bound_floor_ms(const task_work& work, const device_peaks& peaks);
 
-/// A reference's own median call (ms) as evidence of the copy rate: where it moved its bytes
+/// A reference's own call (ms; the evaluator passes its median at the fast edge of the verdict's
+/// band, where the same code measures too) as evidence of the copy rate: where it moved its bytes
 /// (inputs read once, outputs written: fewer than it really moved) faster than `peaks` copy, and
 /// at least the bytes the rate was measured at (fewer may come from caches), the copy rate is
 /// raised to its rate and true returned. A bound is a time no call beats: a measured peak below
