@@ -93,11 +93,26 @@ def _is_oom(e):
     return nvml or "out of memory" in s or "can't allocate memory" in s or "CUDA_ERROR_OUT_OF_MEMORY" in s
 
 
+# Set by the worker where its device reports its memory (device.py, memory_info): a line saying
+# how much of the device is free and how much this process holds, for an out-of-memory message.
+_OOM_CENSUS = [None]
+
+
+def _oom_census():
+    f = _OOM_CENSUS[0]
+    if f is None:
+        return ""
+    try:
+        return f"; {f()}"
+    except _BaseException:
+        return ""
+
+
 def _error_done(e, where):
     if _isinstance(e, _Done):
         return e
     if _is_oom(e):
-        return _Done("runtime_error", (), f"out of memory {where}: {_exc_line(e)}")
+        return _Done("runtime_error", (), f"out of memory {where}: {_exc_line(e)}{_oom_census()}")
     return _Done("runtime_error", (), f"exception {where}:\n{_exc_text(e)}")
 
 

@@ -278,6 +278,15 @@ def _export(x):
     return _export_range(_T_data_ptr(x), _int(_T_numel(x)))
 
 
+def memory_census():
+    """What the device has free and what this process holds there, as one line for an
+    out-of-memory message (channel.py, _OOM_CENSUS): torch's own report of who holds the device
+    needs NVML, which the sandbox does not reach."""
+    free, total = torch.cuda.mem_get_info()
+    return (f"the device has {free / 2**30:.1f} GiB free of {total / 2**30:.1f}; this process holds "
+            f"{torch.cuda.memory_reserved() / 2**30:.1f} GiB ({torch.cuda.memory_allocated() / 2**30:.1f} GiB in tensors)")
+
+
 def _export_range(ptr, nbytes):
     """CUDA IPC description of the `nbytes` device bytes at address ptr (kept alive by the
     caller): the handle of the allocation holding them, their offset there and their size. None

@@ -147,13 +147,14 @@ from crucible_harness.trusted import (  # noqa: E402
     _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr, _T_fill_, _torch_empty, _type
 )
 from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
-from crucible_harness.device import _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image, kind_of, KINDS  # noqa: E402
+from crucible_harness.device import (  # noqa: E402
+    _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image, kind_of, KINDS, memory_census)
 from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
 from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE,
     PRECISION_SETTINGS
 )
-from crucible_harness.channel import Channel, _Done, _build_log, _error_done, _exc_text, _is_oom, _need, _tail  # noqa: E402
+from crucible_harness.channel import Channel, _Done, _build_log, _error_done, _exc_text, _is_oom, _need, _OOM_CENSUS, _tail  # noqa: E402
 from crucible_harness.job import parse_job  # noqa: E402
 from crucible_harness.reference import poison_free_pool, profiled, reference_phase  # noqa: E402
 from crucible_harness.trials import construct_model, load_phase, trial_phase  # noqa: E402
@@ -193,6 +194,8 @@ class Worker:
     def __init__(self, args):
         self.device = args.device
         self.kind = kind_of(args.device)  # what differs on this kind of device (device.py, DeviceKind)
+        if self.kind.memory_info:  # an out-of-memory message says what the device had free
+            _OOM_CENSUS[0] = memory_census
         self.scratch = args.scratch
         self.chan = Channel(args.endpoint)
         # Triton's builds go to the evaluator's build service from here on (set before the
