@@ -193,6 +193,7 @@ _DeviceType = torch.autograd.DeviceType
 
 _cuda_synchronize = torch._C._cuda_synchronize
 _cuda_empty_cache = torch.cuda.empty_cache
+_cuda_mem_get_info = torch.cuda.mem_get_info
 _cuda_sleep = getattr(torch._C, "_cuda_sleep", None)
 
 _EventBase = torch._C._CudaEventBase

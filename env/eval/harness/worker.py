@@ -143,7 +143,7 @@ _CONFINE = _PACKAGE.confine
 _OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
 from crucible_harness.trusted import (  # noqa: E402
     _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
-    _dict, _Generator, _int, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _ModuleType, _os_exit,
+    _dict, _Generator, _int, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _ModuleType, _os_exit, _range,
     _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr, _T_fill_, _torch_empty, _type
 )
 from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
@@ -557,6 +557,10 @@ class Worker:
         poison_free_pool(self.kind)
         trial_phase(self, job, ref, cand)
         self.lap("trials: calls and outputs", t0)
+        # Only the first trial's inputs are used from here on (each timing round's buffers start
+        # with them): the others' memory, the device's where they stayed there, goes.
+        for t in _range(1, _len(ref.given_inputs)):
+            ref.given_inputs[t] = None
         executor_loop(self, job, ref, None, cand)
 
     def redirect_output(self):
