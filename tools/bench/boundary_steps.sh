@@ -35,7 +35,8 @@
 #                                  and built there (crucible, crucible-device; about 90 s); its
 #                                  records in JOB/set-old
 #                      kbself      KernelBench level 1's references against themselves across,
-#                                  tasks KB_FROM (default 1) to KB_TO (100), KB_S seconds (450),
+#                                  tasks KB_FROM (default 1) to KB_TO (100), or KB_RANGES (e.g.
+#                                  "45-100,1-20": those ranges' tasks, in that order), KB_S seconds (450),
 #                                  on KB_DEVICES (default cuda:0; on two GPUs cuda:0,cuda:1: one
 #                                  process, a verdict a device at a time), with EVAL_ARGS (e.g.
 #                                  --verbose: each verdict's laps in JOB/kbself.err)
@@ -137,8 +138,12 @@ EOF
       rm -rf /tmp/kbself && mkdir -p /tmp/kbself
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/kbself > /dev/null
       { grep '^#' /tmp/kbself/pairs.tsv
-        grep -v '^#' /tmp/kbself/pairs.tsv | awk -F'\t' -v from="${KB_FROM:-1}" -v to="${KB_TO:-100}" \
-          '{ n = $1; sub(/.*\//, "", n); split(n, a, "_"); if (a[1] + 0 >= from && a[1] + 0 <= to) print }'; } > /tmp/kbself/from.tsv
+        grep -v '^#' /tmp/kbself/pairs.tsv | awk -F'\t' -v ranges="${KB_RANGES:-${KB_FROM:-1}-${KB_TO:-100}}" \
+          '{ n = $1; sub(/.*\//, "", n); split(n, a, "_"); task[NR] = a[1] + 0; line[NR] = $0 }
+           END { k = split(ranges, r, ",")
+                 for (i = 1; i <= k; ++i) { split(r[i], b, "-"); if (b[2] == "") b[2] = b[1]
+                   for (j = 1; j <= NR; ++j)
+                     if (!(j in done) && task[j] >= b[1] + 0 && task[j] <= b[2] + 0) { print line[j]; done[j] = 1 } } }'; } > /tmp/kbself/from.tsv
       chmod -R a+rwX /tmp/kbself
       # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
       timeout "${KB_S:-450}" "$BUILD/tools/crucible" eval --pairs /tmp/kbself/from.tsv --device "${KB_DEVICES:-cuda:0}" --no-cache --json \
