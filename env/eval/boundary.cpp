@@ -508,7 +508,7 @@ bool boundary::measure_null() {
   worker& rw = *wk_.w_.proc;
   wire::node n;
   worker_message msg;
-  double best = 0, worst = 0;
+  double best = 0, worst = 0, best_host = 0;
   for (int k = 0; k < 5; ++k) {
     double ms = 0;
     if (dev_.on) {
@@ -519,6 +519,7 @@ bool boundary::measure_null() {
       std::vector<std::vector<tensor_blob>> none;
       if (!time_sample_device(ref_side_, {}, none, ms, true))
         return false;
+      best_host = k == 0 ? dev_.last_host_ms : std::min(best_host, dev_.last_host_ms);
     } else {
       const auto cpu0 = rw.cpu_ns();
       if (!cpu0) {
@@ -541,10 +542,11 @@ bool boundary::measure_null() {
     worst = k == 0 ? ms : std::max(worst, ms);
   }
   split_.null_ms = best;
+  split_.null_host_ms = best_host;
   if (ctx_.log.enabled(log_level::debug)) {
-    char buf[120];
-    std::snprintf(buf, sizeof buf, "empty samples of %lld calls' copies: fastest %.4f ms, slowest %.4f ms",
-                  static_cast<long long>(split_.sample_calls), best, worst);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "empty samples of %lld calls' copies: fastest %.4f ms, slowest %.4f ms (host %.4f ms)",
+                  static_cast<long long>(split_.sample_calls), best, worst, best_host);
     ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": ", buf);
   }
   return true;

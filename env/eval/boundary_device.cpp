@@ -290,6 +290,9 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   if (!answered)
     return false;
   const auto t_call = clock_type::now();
+  // The host's time of the sample, this process's own reading up to `launched` (which holds the
+  // outputs' descriptions): a worker that says it early is stopped before the rest is queued.
+  dev_.last_host_ms = std::chrono::duration<double, std::milli>(t_call - t_in).count();
   if (n["type"].as<std::string>() != "launched") {
     (void) freeze(w);
     return broke("expected launched, got " + n["type"].as<std::string>());
@@ -407,7 +410,14 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
     l[6].push_back(q / 1e3);
   l[5].push_back(0);
   lap_into checks_lap{l[5].back()}; // the checks below, however they end
-  ms = *device_ms / static_cast<double>(in.size());
+  // evaluator.cuda_host_bound: where the host took longer from `launch` to `launched` than the
+  // device to run the calls (its empty sample's host time and round trip taken off each), the
+  // sample lasts as long as the host, as it would in one process. Only ever longer than the
+  // device's time: a worker that says `launched` early is stopped before the rest is queued.
+  double sample_ms = *device_ms;
+  if (opt.cuda_host_bound && split_.null_host_ms > 0)
+    sample_ms = std::max(sample_ms, dev_.last_host_ms - split_.null_host_ms + split_.null_ms);
+  ms = sample_ms / static_cast<double>(in.size());
   // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
   // spans that overlap here are the same memory.
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;
