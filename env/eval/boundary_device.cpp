@@ -401,7 +401,7 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
   if (!device_ms)
     return device_failed("cannot read the device clock", device_ms.error());
   auto& l = dev_.laps[candidate ? 1 : 0];
-  l[0].push_back(std::chrono::duration<double, std::milli>(t_call - t_in).count());
+  l[0].push_back(dev_.last_host_ms);
   l[1].push_back(*device_ms);
   l[2].push_back(released ? 1.0 : 0.0);
   l[3].push_back(flush_ms);

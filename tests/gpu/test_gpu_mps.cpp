@@ -4,7 +4,6 @@
 // client of the device, stays its own. Skipped where nvidia-cuda-mps-control is missing.
 #include <doctest/doctest.h>
 
-#include <unistd.h>
 
 #include <regex>
 #include <string>
@@ -26,13 +25,8 @@ using crucible::testing::read_text;
 using crucible::testing::short_evaluator;
 
 namespace {
-bool have_mps_control() {
-  for (const char* p : {"/usr/bin/nvidia-cuda-mps-control", "/usr/local/bin/nvidia-cuda-mps-control",
-                        "/usr/local/cuda/bin/nvidia-cuda-mps-control", "/usr/local/nvidia/bin/nvidia-cuda-mps-control"})
-    if (::access(p, X_OK) == 0)
-      return true;
-  return false;
-}
+// Where the evaluator finds the control program (its own lookup), the MPS cases run.
+bool have_mps_control() { return !cuda_mps_control_program().empty(); }
 // An evaluator on cuda:0 under MPS (evaluator.cuda_mps: on, the boundary, 30 s runs) with `poll`
 // as evaluator.cuda_clock_poll and `concurrency` verdicts at once.
 std::unique_ptr<device_evaluator> mps_evaluator(logger& log, bool poll, std::int64_t concurrency) {

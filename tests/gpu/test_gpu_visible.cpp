@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "env/eval/device/mps.hpp"
 #include "tests/integration/process.hpp"
 
 using crucible::testing::run_process;
@@ -21,7 +22,7 @@ TEST_CASE("a process run with CUDA_VISIBLE_DEVICES naming the machine's last GPU
   }
   const std::string src = CRUCIBLE_SOURCE_DIR;
   for (const char* mps : {"off", "on"}) {
-    if (std::string{mps} == "on" && run_process({"/bin/sh", "-c", "command -v nvidia-cuda-mps-control"}).exit_code != 0) {
+    if (std::string{mps} == "on" && crucible::env::cuda_mps_control_program().empty()) {
       MESSAGE("nvidia-cuda-mps-control not found: the MPS half skipped");
       continue;
     }

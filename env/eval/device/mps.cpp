@@ -525,6 +525,8 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
   return s.outcome;
 }
 
+std::string cuda_mps_control_program() { return find_program(); }
+
 std::string cuda_mps_pipe() {
   auto& s = state();
   std::lock_guard lock{s.m};

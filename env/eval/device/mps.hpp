@@ -67,6 +67,10 @@ std::string check_cuda_mps(logger& log);
 /// the daemon was changed (by itself or by a verdict beside it).
 std::uint64_t cuda_mps_restarts();
 
+/// The MPS control program as prepare_cuda_mps finds it (on PATH, or where the driver's packages
+/// put it); empty where there is none.
+std::string cuda_mps_control_program();
+
 /// The pipe directory the workers and agents connect to (this process's daemon's or the user's);
 /// empty where MPS is not used.
 std::string cuda_mps_pipe();
