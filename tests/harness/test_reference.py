@@ -196,6 +196,53 @@ def test_count_work_gives_the_matrix_products_flops_by_dtype_and_the_tensors_byt
     assert work["bytes_written"] == 64 * 16 * 4 + 4 * 8 * 3 * 2
 
 
+@pytest.mark.parametrize("dist", [0, 1, 2, 3, 4, 5])
+def test_inputs_drawn_into_given_room_are_those_drawn_without_it(reference, dist):
+    # executor.py's draw writes each input straight into a slot of its arena (`into`): the same
+    # values as make_inputs gives without it, bit for bit (the candidate's trial inputs drawn so
+    # are checked by digest against the reference's), in the room given, and plain values as
+    # they were.
+    tsk = task(lambda: torch.randn(64, 32), lambda: torch.arange(10), lambda: 7, lambda: torch.randn(48, 64).t())
+    plain = reference.make_inputs(tsk, "cpu", 99, dist)
+    room = []
+
+    def into(i, x):
+        room.append((i, x.dtype, tuple(x.shape)))
+        t = torch.full(tuple(x.shape), -1, dtype=x.dtype)
+        room[-1] += (t,)
+        return t
+
+    got = reference.make_inputs(tsk, "cpu", 99, dist, into)
+    assert [r[:3] for r in room] == [(0, torch.float32, (64, 32)), (1, torch.int64, (10,)), (3, torch.float32, (64, 48))]
+    assert got[2] == 7
+    for i, t in ((0, room[0][3]), (1, room[1][3]), (3, room[2][3])):
+        assert got[i].data_ptr() == t.data_ptr()
+        assert torch.equal(got[i], plain[i])
+
+
+def test_inputs_drawn_into_given_room_let_get_inputs_own_tensors_go(reference):
+    import weakref
+    made = []
+
+    def make():
+        t = torch.randn(N)
+        made.append(weakref.ref(t))
+        return t
+
+    tsk = task(make, make)
+    seen = []
+
+    def into(i, x):
+        # By the second input, the first one get_inputs() made is gone: only its slot holds it.
+        seen.append([r() is None for r in made])
+        return torch.empty(tuple(x.shape), dtype=x.dtype)
+
+    out = reference.make_inputs(tsk, "cpu", 5, 2, into)
+    assert seen == [[False, False], [True, False]]
+    assert all(r() is None for r in made)
+    assert len(out) == 2
+
+
 def test_count_work_of_elementwise_work_counts_bytes_only_and_a_failing_call_counts_nothing(reference):
     x = torch.randn(1000)
     assert reference.count_work(lambda t: torch.relu(t) * 2, [x], set()) == {

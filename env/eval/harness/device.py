@@ -176,10 +176,11 @@ class _HarnessKernels:
             self._go("crucible_round_check_" + self._BITS[ref.element_size()], count, *common,
                      _c_void_p(counter_ptr))
 
-    def scale_uniform(self, x, seed, signed=False):
-        """A new tensor like the contiguous floating `x`, each element times U(0.5, 2) drawn from
-        seed, with `signed` also a random sign (reference.py, make_inputs, distribution 2)."""
-        y = _torch_empty(_tuple(_T_size(x)), dtype=x.dtype, device=x.device)
+    def scale_uniform(self, x, seed, signed=False, out=None):
+        """A new tensor like the contiguous floating `x` (or `out`, contiguous, of x's dtype and
+        size), each element times U(0.5, 2) drawn from seed, with `signed` also a random sign
+        (reference.py, make_inputs, distribution 2)."""
+        y = _torch_empty(_tuple(_T_size(x)), dtype=x.dtype, device=x.device) if out is None else out
         n = _T_numel(x)
         kind = "crucible_scale_signed_" if signed else "crucible_scale_uniform_"
         self._go(kind + self._FLOAT[x.dtype], n, _c_void_p(_T_data_ptr(x)),

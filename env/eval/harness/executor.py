@@ -88,16 +88,18 @@ def receive_trial_inputs(w, ref):
     """The candidate worker's trial inputs, drawn by the reference worker: one `inputs`
     message per trial (the reference worker's own, passed on by the evaluator), then `run`.
     They go into its Reference (given_inputs, input_template, trials). On a CUDA device they
-    stay where the evaluator copied them while all the trials' together fit in a quarter of the
+    stay where the evaluator copied them while all the trials' together fit in an eighth of the
     device's free memory; past that they are kept in host memory and each trial's copied to the
     device when that trial runs, so that the device holds one trial's inputs at a time (a task's
     inputs may be gigabytes). With every trial's through host memory, the trials of KernelBench's
     1 GB inputs took 37-44 s of a verdict on an H200 (how much of it the host copies took was not
-    measured)."""
+    measured). The eighth leaves the rest to what the reference's fit_trials plans for (the
+    trials' outputs, three times over, may take half the device): at a quarter, level1/76's
+    trials (8.6 GB in, 5.7 GB out) ran out of an H200's memory."""
     ref.given_inputs = []
     ref.input_template = []
     t0 = _perf_counter_ns()
-    budget = _cuda_mem_get_info()[0] // 4 if w.kind.memory_info else 0
+    budget = _cuda_mem_get_info()[0] // 8 if w.kind.memory_info else 0
     kept = 0
     while True:
         msg, frames = w.chan.recv_frames()
@@ -383,34 +385,55 @@ def draw(w, job, ref, state, calls, dist, on_device, seed=None):
     sets = []
     msg = {"type": "drawn", "sets": sets}
     try:
-        drawn = [make_inputs(ref.task, w.device, _fresh_seed() if seed is None else seed, dist)
-                 for _ in _range(calls)]
-        place = None
+        place = into = None
         if on_device and w.kind.exports:
-            # On a CUDA device the round's tensors are copied into one allocation of this
+            # On a CUDA device the round's tensors are written into one allocation of this
             # worker's, kept from round to round, which the evaluator maps and copies into its
-            # own memory: no bytes cross the socket (a task's inputs may be gigabytes).
-            need = 0
-            for inputs in drawn:
-                for x in inputs:
-                    if _type(x) is _Tensor:
-                        need += ((_int(_T_numel(x)) * x.element_size() + 511) // 512) * 512
+            # own memory: no bytes cross the socket (a task's inputs may be gigabytes). Each
+            # input is drawn straight into its slot (make_inputs' `into`), shaped as the first
+            # trial's (input_template, as the timing's buffers are), so that the device holds
+            # the arena and get_inputs()' own tensors, not a scaled copy of them as well.
+            slots = []
+            per_call = 0
+            for d in ref.input_template:
+                if "value" in d:
+                    slots.append(None)
+                    continue
+                dt, shape = _described_tensor(d)
+                n = _torch_empty(0, dtype=dt).element_size()
+                for s_ in shape:
+                    n *= s_
+                slots.append((dt, shape, n, per_call))
+                per_call += ((n + 511) // 512) * 512
+            need = per_call * calls
             if state.draw_arena is None or _T_numel(state.draw_arena) < need:
                 state.draw_arena = None
+                _cuda_empty_cache()  # what this worker cached goes back to the device first
                 state.draw_arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
             arena = state.draw_arena
             ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
             if ex is None:
                 raise _Done("runtime_error", (), "the CUDA driver cannot export the drawn inputs")
             msg["ipc"] = ex["ipc"]
-            pos = [0]
+            base = _T_data_ptr(arena)
+            call = [0]
+
+            def into(i, x):
+                slot = slots[i] if i < _len(slots) else None
+                if slot is None or x.dtype != slot[0] or [_int(s_) for s_ in _T_size(x)] != slot[1]:
+                    raise _Done("runtime_error", (),
+                                f"the task's get_inputs() gave input {i} of another kind, shape or dtype than on its "
+                                "first trial; every call's inputs must be alike")
+                at = call[0] * per_call + slot[3]
+                return _T_view(_T_view(arena[at:at + slot[2]], slot[0]), slot[1])
 
             def place(x):
-                n = _int(_T_numel(x)) * x.element_size()
-                at = pos[0]
-                pos[0] += ((n + 511) // 512) * 512
-                _T_copy_(_T_view(_T_view(arena[at:at + n], x.dtype), _T_size(x)), x)
-                return {"offset": ex["offset"] + at, "bytes": n}
+                return {"offset": ex["offset"] + (_T_data_ptr(x) - base), "bytes": _int(_T_numel(x)) * x.element_size()}
+        drawn = []
+        for c in _range(calls):
+            if into is not None:
+                call[0] = c
+            drawn.append(make_inputs(ref.task, w.device, _fresh_seed() if seed is None else seed, dist, into))
         if seed is not None:
             msg["digest"] = _inputs_digest(drawn[0])
         for inputs in drawn:

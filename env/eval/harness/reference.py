@@ -14,7 +14,7 @@ from .trusted import (
     _bool, _BaseException, _cuda_empty_cache, _cuda_synchronize, _DeviceType, _enumerate, _Ev_elapsed, _Ev_record,
     _Ev_synchronize, _float, _Generator, _getattr, _hasattr, _int, _isinstance, _len, _list, _max, _min, _os_exit,
     _perf_counter_ns, _profile, _ProfilerActivity, _range, _S_data_ptr, _setprofile, _sorted, _sum, _sys_modules,
-    _T_contiguous, _T_fill_, _T_index_put_, _T_is_contiguous, _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_numel, _T_set_, _T_size, _T_to,
+    _T_contiguous, _T_fill_, _T_index_put_, _T_is_contiguous, _T_copy_, _T_is_floating_point, _T_lt, _T_mul, _T_mul_, _T_numel, _T_set_, _T_size, _T_to,
     _T_uniform_, _T_untyped_storage, _T_view, _Tensor, _torch_abs, _torch_device, _torch_empty, _torch_index_select,
     _torch_isfinite, _torch_manual_seed, _torch_randint, _torch_where, _tuple, _type, _uint8
 )
@@ -147,7 +147,7 @@ class Baseline:
         self.mark_step = mark_step
 
 
-def make_inputs(task, device, seed, dist):
+def make_inputs(task, device, seed, dist, into=None):
     """get_inputs() of `task` under `seed`, on `device`. Distribution 1 scales every floating
     input elementwise by U(0.5, 2) (signs and domains kept); distribution 2 by U(0.5, 2) with a
     random sign, which a task whose get_inputs() keeps a sign never makes; distribution 3 as 2,
@@ -165,21 +165,36 @@ def make_inputs(task, device, seed, dist):
     Contiguous CUDA tensors go through _HarnessKernels.scale_uniform, others through torch
     operations. Factory calls without a device create their tensors on the worker's device
     directly: generating tens of millions of values on the host and copying them over took
-    most of a GPU evaluation's time."""
+    most of a GPU evaluation's time.
+
+    `into(i, x)`, where given, is where tensor input i (x, as get_inputs() made it) goes: a
+    contiguous tensor of x's dtype and size that the caller owns (executor.py's draw: a slot of
+    its arena). The input is written there, scaled straight from get_inputs()' tensor, and the
+    distributions' later steps work there in place; get_inputs()' own tensor is let go at once.
+    Without it a scaled input is a second tensor beside get_inputs()' own: a task of one 16 GiB
+    input (KernelBench level1/45) held 32 GiB here while the arena held 16 more, and ran out of
+    an H200's memory."""
     _torch_manual_seed(seed)
     with _torch_device(device):
-        raw = task.get_inputs()
+        raw = _list(task.get_inputs())
     out = []
     gen = None
     kernels = _kernels()
-    for i, x in _enumerate(raw):
+    for i in _range(_len(raw)):
+        x = raw[i]
         if _isinstance(x, _Tensor):
             x = _T_to(x, device)
+            dest = into(i, x) if into is not None else None
+            if dest is not None:
+                raw[i] = None
             if dist == 0 or not _T_is_floating_point(x):
-                pass
+                if dest is not None:
+                    _T_copy_(dest, x)
+                    x = dest
             elif kernels is not None and x.device.type == "cuda" and x.dtype in _HarnessKernels._FLOAT \
                     and _T_is_contiguous(x):
-                x = kernels.scale_uniform(x, (seed * 7919 + 17 + 1_000_003 * i) % (1 << 64), signed=dist in (2, 3))
+                x = kernels.scale_uniform(x, (seed * 7919 + 17 + 1_000_003 * i) % (1 << 64), signed=dist in (2, 3),
+                                          out=dest)
             else:
                 if gen is None:
                     gen = _Generator(device=device).manual_seed((seed * 7919 + 17) % (1 << 63))
@@ -191,8 +206,12 @@ def make_inputs(task, device, seed, dist):
                     # In x's dtype: a float32 factor would promote a half-precision input.
                     f = _T_mul(f, _T_to(_torch_where(_T_lt(sign, 0.5), -1.0, 1.0), x.dtype))
                 x = _T_mul(x, f)
+                del f
+                if dest is not None:
+                    _T_copy_(dest, x)
+                    x = dest
             if dist == 3 and _T_is_floating_point(x):
-                x = _T_mul(x, _DIST3_FACTOR)
+                x = _T_mul_(x, _DIST3_FACTOR) if dest is not None else _T_mul(x, _DIST3_FACTOR)
             if dist == 4 and _T_is_floating_point(x) and _T_numel(x) > 1:
                 start, length = _block_of(seed, i, _T_numel(x))
                 if _T_is_contiguous(x):  # in place: a task's inputs may fill most of the device

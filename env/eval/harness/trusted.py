@@ -152,6 +152,7 @@ _T_stride = torch.Tensor.stride
 _T_storage_offset = torch.Tensor.storage_offset
 _T_size = torch.Tensor.size
 _T_mul = torch.Tensor.mul
+_T_mul_ = torch.Tensor.mul_
 _T_index_put_ = torch.Tensor.index_put_
 _T_lt = torch.Tensor.lt
 _torch_where = torch.where
