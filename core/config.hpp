@@ -198,7 +198,6 @@ struct evaluator_options {
   bool cuda_boundary = true;                   ///< boundary: process on CUDA devices too; off: the shared path there (debugging only)
   cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
   bool cuda_clock_poll = true;                 ///< the device clock's window closed by the host's reads of the done word, not a wait on the device
-  bool cuda_host_bound = false;                ///< across the CUDA boundary a sample counts its host's queuing of the calls where that is longer than the device's time
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 

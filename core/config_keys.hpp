@@ -351,16 +351,6 @@ void describe(V& v, config& c) {
             "slowed one of a verdict's two workers: the CPU suite's 18 references against themselves on an "
             "H200, 7 of 18 within 1.00 +- 2% with the wait (up to 1.265x), 15 of 18 with the poll "
             "(0.962-1.028x), run side by side (docs/PERFORMANCE.md, The clock's close at scale).");
-    v.field("cuda_host_bound", e.cuda_host_bound,
-            "Across the CUDA boundary, an experiment (off by default): a timed sample counts its host's time, "
-            "from the worker's `launch` to its `launched` as the evaluator reads it, less an empty sample's, where "
-            "that is longer than the device's time of the calls, as a run in one process waits for its launches. "
-            "Off: the device's time alone, the calls queued before the window opens, so host work that outlasts "
-            "small kernels is not timed (level2/22 of CUDA-L1's set on an H200: 0.0600 and 0.0544 ms a call on the "
-            "shared path, 1.102x; 0.0534 and 0.0524 across, 1.018x). A side's time only grows by it, and a "
-            "worker that says `launched` early is stopped before the rest of its calls is queued. The host's time also holds the "
-            "outputs' descriptions, which an empty sample does not. Not yet measured on a GPU (docs/PERFORMANCE.md, "
-            "tenth measurement).");
     v.field("reference_band", e.reference_band,
             "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

@@ -542,7 +542,6 @@ bool boundary::measure_null() {
     worst = k == 0 ? ms : std::max(worst, ms);
   }
   split_.null_ms = best;
-  split_.null_host_ms = best_host;
   if (ctx_.log.enabled(log_level::debug)) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "empty samples of %lld calls' copies: fastest %.4f ms, slowest %.4f ms (host %.4f ms)",

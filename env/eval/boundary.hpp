@@ -194,7 +194,6 @@ private:
     bool host_shared = false;      // another evaluation was in flight during the measured rounds
     double floor_ms = -1;          // the physics floor of a timed call, once measured
     double null_ms = 0;            // the fastest round trip of an empty sample of the reference's worker
-    double null_host_ms = 0;       // on a device: the fastest host time of an empty sample, `launch` to `launched`
     std::uint64_t floor_bytes = 0; // the output bytes the floor is measured on
     std::mt19937_64 rng{std::random_device{}()}; // the order of each round's two samples
     // The host's time in the rounds, in parts (debug log): the round's inputs drawn, its buffers

@@ -410,14 +410,11 @@ bool boundary::time_sample_device(side& s, const sample_inputs& in, std::vector<
     l[6].push_back(q / 1e3);
   l[5].push_back(0);
   lap_into checks_lap{l[5].back()}; // the checks below, however they end
-  // evaluator.cuda_host_bound: where the host took longer from `launch` to `launched` than the
-  // device to run the calls (its empty sample's host time and round trip taken off each), the
-  // sample lasts as long as the host, as it would in one process. Only ever longer than the
-  // device's time: a worker that says `launched` early is stopped before the rest is queued.
-  double sample_ms = *device_ms;
-  if (opt.cuda_host_bound && split_.null_host_ms > 0)
-    sample_ms = std::max(sample_ms, dev_.last_host_ms - split_.null_host_ms + split_.null_ms);
-  ms = sample_ms / static_cast<double>(in.size());
+  // The device's time alone: the calls are queued before the window opens. Counting the host's
+  // `launch` to `launched` where it was longer (less an empty sample's) widened the bands of
+  // CUDA-L1's level 2 pairs about tenfold on an H200 and was withdrawn (docs/PERFORMANCE.md,
+  // eleventh measurement).
+  ms = *device_ms / static_cast<double>(in.size());
   // Where the outputs lie, in this process's mappings: one allocation is mapped once, so two
   // spans that overlap here are the same memory.
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> ranges;

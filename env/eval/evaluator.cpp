@@ -254,7 +254,7 @@ std::string device_evaluator::protocol_key() const {
   std::snprintf(buf, sizeof buf,
                 "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;slow=%lld/%g;warmup=%g;buckets=%lld;spread=%g/%g;disagree=%g;win=%g;"
                 "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;sample=%g/%lld;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
-                "mode=%s;boundary=%s/%g/%d/%d/%d;huge_pages=%d",
+                "mode=%s;boundary=%s/%g/%d/%d;huge_pages=%d",
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
                 static_cast<long long>(opt_.slow_stop_rounds), opt_.slow_stop_below, opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread, opt_.band_floor,
@@ -266,7 +266,7 @@ std::string device_evaluator::protocol_key() const {
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads),
                 static_cast<long long>(opt_.cuda_max_connections), opt_.eval_mode ? "eval" : "train",
                 to_string(opt_.boundary), opt_.reference_band, opt_.cuda_boundary ? 1 : 0,
-                opt_.cuda_clock_poll ? 1 : 0, opt_.cuda_host_bound ? 1 : 0, opt_.huge_pages ? 1 : 0);
+                opt_.cuda_clock_poll ? 1 : 0, opt_.huge_pages ? 1 : 0);
   return buf;
 }
 

@@ -23,8 +23,6 @@
 #                  path, and SELF, so
 #   own_poll, own_self_poll  own and own_self with evaluator.cuda_clock_poll=true (the clock's window
 #                  closed by its host's reads of the done word, not a wait queued on the device)
-#   own_host       own_poll with evaluator.cuda_host_bound=true (a sample lasts as long as its host's
-#                  `launch` to `launched` where that is longer than the device's time)
 # Modes without MPS set evaluator.cuda_mps=off.
 # PAIRS (default OUT/pairs.jsonl, made from data/cuda-l1/3090.json, tools/bench/fetch_cuda_l1.sh):
 # CUDA-L1's kernels for KernelBench level 1 tasks 12, 40, 53 and level 2 task 14, and task 40's
@@ -111,7 +109,6 @@ for mode in "${modes[@]}"; do
     own_shared) args=("${ON[@]}" "${S[@]}") ;;
     own_self) args=("${ON[@]}" "${B[@]}"); pairs=$SELF ;;
     own_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true) ;;
-    own_host) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true --set evaluator.cuda_host_bound=true) ;;
     own_self_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true); pairs=$SELF ;;
     *) echo "mps_boundary: unknown mode '$mode' (--help)" >&2; exit 2 ;;
   esac
