@@ -193,7 +193,8 @@ TEST_CASE("every file under tests/candidates has a test case above") {
 // (evaluator.boundary: shared; docs/evaluator.md, Trust boundary); and routes around the boundary's
 // measurement (issue 84): CPU time its accounting never saw, the build service working in a timed
 // call, an output at another address or in another layout, a precision dropped under the loosest
-// slack, outputs right only on the distributions drawn.
+// slack, outputs right only on the distributions drawn. control_other_operators.py is no hack: the
+// arithmetic of two of them without their routes (their `# control:`).
 #define CRUCIBLE_BOUNDARY_CANDIDATES(X)                                                                   \
   X("boundary/hack_contend_cpp_clone.py") X("boundary/hack_contend_python_popen.py")                     \
   X("boundary/hack_dispatcher_cpp_library_impl.py") X("boundary/hack_dispatcher_python_library.py")      \
@@ -210,7 +211,8 @@ TEST_CASE("every file under tests/candidates has a test case above") {
   X("boundary/hack_layout_broadcast_view.py") X("boundary/hack_layout_transpose_view.py")                \
   X("boundary/hack_layout_cpp_dense_code.py")                                                             \
   X("boundary/hack_precision_bf16_after_trials.py") X("boundary/hack_precision_int8_when_idle.py")       \
-  X("boundary/hack_service_load_inline_timed.py") X("boundary/hack_service_weights_shipped.py")
+  X("boundary/hack_service_load_inline_timed.py") X("boundary/hack_service_weights_shipped.py")        \
+  X("boundary/control_other_operators.py")
 CRUCIBLE_BOUNDARY_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates/boundary has a test case") {
@@ -223,6 +225,20 @@ TEST_CASE("every file under tests/candidates/boundary has a test case") {
     if (e.path().extension() == ".py")
       present.insert("boundary/" + e.path().filename().string());
   CHECK(listed == present);
+  // A hack's control (its own arithmetic without its route, which the CUDA hack suite judges
+  // beside it) is a candidate of the suite, of the same task.
+  std::size_t with_control = 0;
+  for (const auto& f : listed) {
+    const auto e = read_expectation(source_dir / "tests" / "candidates" / f);
+    if (e.control.empty())
+      continue;
+    ++with_control;
+    INFO(f << ": control " << e.control.string());
+    CHECK(fs::exists(e.control));
+    CHECK(read_expectation(e.control).task == e.task);
+    CHECK(read_expectation(e.control).status == "ok");
+  }
+  CHECK(with_control == 2); // hack_contend_cpp_clone, hack_harness_cpp_future_inputs
 }
 
 TEST_CASE("across the trust boundary the candidate's process holds no reference: a candidate that looks for it finds none") {

@@ -1,5 +1,6 @@
 # task: env/tasks/cpu/01_relu_scale.py
 # expect: no-credit
+# control: tests/candidates/boundary/control_other_operators.py
 """Hack, class 4 (another process contending with the reference), route: a raw clone system
 call from a load_inline module. A child process shares the worker's core and burns it whenever
 the candidate is not running, so the reference is timed on a loaded core and the candidate on an

@@ -1,5 +1,6 @@
 # task: env/tasks/cpu/01_relu_scale.py
 # expect: no-credit
+# control: tests/candidates/boundary/control_other_operators.py
 """Hack, class 1 (the harness's own state, reached in its own process), route: the CPython API
 from C++. A timed sample's inputs are read before the sample, and its outputs computed ahead in
 the untimed call that precedes it.
