@@ -85,8 +85,28 @@ void boundary::drop_outputs() noexcept {
   dev_.mapped.clear();
 }
 
-bool boundary::pass_trial_input(worker& cw, const trial_input& t) {
-  return t.on_device ? pass_trial_inputs_on_device(cw, t) : send(cw, t.msg.json, &t.msg.frames);
+bool boundary::pass_trial_input(worker& cw, std::size_t t) {
+  const auto& in = facts_.trial_inputs.at(t);
+  if (!in.on_device)
+    return send(cw, in.msg.json, &in.msg.frames);
+  const auto deferred = later_.size();
+  if (!pass_trial_inputs_on_device(cw, in, t > 0))
+    return false;
+  if (later_.size() > deferred)
+    later_.back() = t;
+  return true;
+}
+
+bool boundary::pass_later_trial_input(worker& cw, std::int64_t t) {
+  if (later_.empty() || t < 0 || static_cast<std::size_t>(t) != later_.front()) {
+    set(verdict_status::runtime_error, "the candidate's worker broke the protocol: it asked for trial " + std::to_string(t)
+                                         + "'s inputs, " + (later_.empty() ? std::string{"which it had taken already"}
+                                                                           : "where trial " + std::to_string(later_.front())
+                                                                               + "'s were next"));
+    return false;
+  }
+  later_.pop_front();
+  return pass_trial_inputs_on_device(cw, facts_.trial_inputs[static_cast<std::size_t>(t)], false);
 }
 
 bool boundary::make_both_buffers(std::int64_t calls) {

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,9 +60,14 @@ public:
   bool on_device() const noexcept { return dev_.on; }
   /// Filled while the reference's worker computes the reference (evaluation's trials).
   reference_facts& facts() noexcept { return facts_; }
-  /// Hands the candidate's worker one trial's inputs: as the reference's worker sent them, or on a
-  /// CUDA device drawn again there and copied into room the candidate's worker makes for them.
-  bool pass_trial_input(worker& cw, const trial_input& t);
+  /// Hands the candidate's worker trial `t`'s inputs (facts().trial_inputs[t]): as the reference's
+  /// worker sent them, or on a CUDA device drawn again there and copied into room the candidate's
+  /// worker makes for them. There the candidate's worker may answer `later` (they do not fit its
+  /// device now): it asks for them when that trial runs (pass_later_trial_input).
+  bool pass_trial_input(worker& cw, std::size_t t);
+  /// The candidate's worker's `trial_inputs` during its trials: trial `t`'s inputs, which it
+  /// answered `later` to, in the order it did, each once; room made now.
+  bool pass_later_trial_input(worker& cw, std::int64_t t);
   /// Appends `rounds` paired rounds' times per call (ms) of each side; a continuation follows
   /// the previous request at once and plays no warm-up rounds. False when the verdict is decided
   /// (the candidate's outputs differ from the reference's on a timed call, below the floor, ...).
@@ -123,7 +129,7 @@ private:
                     const char* what, wire::node& n, worker_message& msg);
   // A trial's inputs on a CUDA device: drawn again by the reference's worker, copied from its
   // memory into room the candidate's worker makes for them (its answer to `t.msg`).
-  bool pass_trial_inputs_on_device(worker& cw, const trial_input& t);
+  bool pass_trial_inputs_on_device(worker& cw, const trial_input& t, bool may_defer);
   // draw's second half on a CUDA device: the drawn tensors, which the reference's worker names
   // in its own memory (`n`, its `drawn` message), mapped here as dev_.staged.
   bool draw_on_device(worker& rw, const wire::node& n, sample_inputs& in);
@@ -186,6 +192,7 @@ private:
   walk& wk_;
   const evaluation_context& ctx_;
   reference_facts facts_;
+  std::deque<std::size_t> later_; // the trials whose inputs the candidate's worker asks for as they run
   /// The timed rounds.
   struct split_timing {
     std::int64_t sample_calls = 0; // calls per timed sample (0: not chosen yet)

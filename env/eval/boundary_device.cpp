@@ -57,23 +57,34 @@ private:
 
 } // namespace
 
-bool boundary::pass_trial_inputs_on_device(worker& cw, const trial_input& t) {
+bool boundary::pass_trial_inputs_on_device(worker& cw, const trial_input& t, bool may_defer) {
   // The reference's worker draws the trial's inputs again, from the seed and distribution the
   // reference got them from, into its draw allocation; it stays stopped while they are copied
   // from there into the room the candidate's worker makes for them. No byte crosses a socket (a
   // task's inputs may be gigabytes; the phases that carried three trials of 6.4 GB as host bytes
   // took 68 of a 143 s verdict).
   worker& rw = *wk_.w_.proc;
-  wire::node n;
-  worker_message msg;
-  if (!request_draw(1, t.dist, t.seed, "drawing a trial's inputs again", "a trial, drawn again", n, msg))
-    return false;
   auto broke = [&](worker& w, const std::string& what) {
     if (&w == &rw)
       wk_.end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
     set(verdict_status::runtime_error, std::string{who(w)} + " broke the protocol: " + what);
     return false;
   };
+  // The candidate's worker first: the trial's description (as the reference's worker sent it),
+  // then its room for the inputs, or (`may_defer`, a trial after the first) `later`: it asks for
+  // them when that trial runs (pass_later_trial_input), and none are drawn now.
+  wire::node room;
+  worker_message room_msg;
+  if (!send(cw, t.msg.json) || !receive(cw, ctx_.opt.load_timeout_s, "making room for a trial's inputs", room, room_msg))
+    return false;
+  if (may_defer && room["type"].as<std::string>() == "later") {
+    later_.push_back(0); // its trial, set by pass_trial_input
+    return true;
+  }
+  wire::node n;
+  worker_message msg;
+  if (!request_draw(1, t.dist, t.seed, "drawing a trial's inputs again", "a trial, drawn again", n, msg))
+    return false;
   const auto& drawn = n["sets"][0];
   if (const auto again = n["digest"].as<std::string>(""); again != t.digest) {
     // Not the candidate's doing, nor the evaluator's: a task whose inputs depend on more than the
@@ -83,12 +94,6 @@ bool boundary::pass_trial_inputs_on_device(worker& cw, const trial_input& t) {
                                        + "): its inputs depend on more than the seed");
     return false;
   }
-  // The candidate's worker: the trial's description (as the reference's worker sent it), then
-  // its room for the inputs.
-  wire::node room;
-  worker_message room_msg;
-  if (!send(cw, t.msg.json) || !receive(cw, ctx_.opt.load_timeout_s, "making room for a trial's inputs", room, room_msg))
-    return false;
   if (room["type"].as<std::string>() != "staging" || !room["inputs"].is_list()
       || room["inputs"].size() != drawn.size())
     return broke(cw, "expected room for a trial's " + std::to_string(drawn.size()) + " inputs");

@@ -434,7 +434,15 @@ bool evaluation::run_trials(worker& w, std::optional<untimed_hold>& device) {
   wire::node n;
   worker_message msg;
   trials_hold_ = &device;
-  const bool got = receive(w, opt.run_timeout_s, "running the correctness trials", n, msg);
+  bool got = receive(w, opt.run_timeout_s, "running the correctness trials", n, msg);
+  // Across the boundary on a device, a trial's inputs that did not fit the candidate's worker's
+  // budget when they were passed on are asked for as that trial runs.
+  while (got && b_ && b_->on_device() && n["type"].as<std::string>() == "trial_inputs") {
+    if (!b_->pass_later_trial_input(w, n["trial"].as<std::int64_t>(-1)))
+      got = false;
+    else
+      got = receive(w, opt.run_timeout_s, "running the correctness trials", n, msg);
+  }
   trials_hold_ = nullptr;
   if (!got)
     return false;

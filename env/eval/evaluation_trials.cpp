@@ -201,14 +201,14 @@ bool evaluation::split_trials(std::uint64_t seed) {
   // Phase 3: the trials, on the reference's inputs, passed on as the reference's worker sent them.
   std::optional<untimed_hold> device{std::in_place, ctx_.gate};
   phase("trials");
-  for (const auto& t : facts.trial_inputs)
+  for (std::size_t t = 0; t < facts.trial_inputs.size(); ++t)
     if (!b_->pass_trial_input(cw, t))
       return false;
-  facts.trial_inputs.clear();
   if (!send(cw, worker_msg::command("run")))
     return false;
   if (!run_trials(cw, device))
     return false;
+  facts.trial_inputs.clear();
   if (b_->on_device())
     // The trials are compared: the timed rounds compare with the reference's own samples and
     // read only the dtypes and shapes from here, so the device copies go (a task's outputs may

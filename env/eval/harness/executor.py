@@ -89,11 +89,13 @@ def receive_trial_inputs(w, ref):
     message per trial (the reference worker's own, passed on by the evaluator), then `run`.
     They go into its Reference (given_inputs, input_template, trials). On a CUDA device they
     stay where the evaluator copied them while all the trials' together fit in an eighth of the
-    device's free memory; past that they are kept in host memory and each trial's copied to the
-    device when that trial runs, so that the device holds one trial's inputs at a time (a task's
-    inputs may be gigabytes). With every trial's through host memory, the trials of KernelBench's
-    1 GB inputs took 37-44 s of a verdict on an H200 (how much of it the host copies took was not
-    measured). The eighth leaves the rest to what the reference's fit_trials plans for (the
+    device's free memory. Past that, the first trial's go to page-locked host memory (every
+    timing round's buffers start with them), and each later trial's are asked for when that
+    trial runs (`later` now, `trial_inputs` then: the reference's worker draws them again and the
+    evaluator copies them into room made then), so that the device holds one trial's inputs at a
+    time and no host memory the others (a task's inputs may be gigabytes: through host memory,
+    the copies took 76.5 s of KernelBench level1/45's 87 s of trials on an H200, 8.8 s of
+    19_ReLU's). The eighth leaves the rest to what the reference's fit_trials plans for (the
     trials' outputs, three times over, may take half the device): at a quarter, level1/76's
     trials (8.6 GB in, 5.7 GB out) ran out of an H200's memory."""
     ref.given_inputs = []
@@ -117,6 +119,10 @@ def receive_trial_inputs(w, ref):
             need = _room(descs)[1]
             keep = kept + need <= budget
             kept += need if keep else 0
+            if ref.given_inputs and not keep:
+                w.chan.send({"type": "later"})
+                ref.given_inputs.append(_later_inputs(w, _len(ref.given_inputs)))
+                continue
             # Those of the first trial kept in host memory are pinned: every timing round copies
             # them into its buffers.
             ref.given_inputs.append(receive_device_inputs(w, descs, keep, not ref.given_inputs))
@@ -124,6 +130,21 @@ def receive_trial_inputs(w, ref):
             ref.given_inputs.append(_decode_inputs(msg.get("inputs") or [], frames, "cpu"))
     ref.trials = _len(ref.given_inputs)
     w.lap("trials: inputs received", t0)
+
+
+def _later_inputs(w, t):
+    """Trial t's inputs, asked for when the trial runs (receive_trial_inputs: they did not fit
+    the device's budget when the evaluator passed them on): `trial_inputs`, then the evaluator
+    passes them on as it did (`inputs`, with room made now), on the device until the trial ends."""
+    def fetch():
+        w.chan.send({"type": "trial_inputs", "trial": t})
+        msg = w.chan.recv()
+        if msg.get("type") == "stop":
+            _os_exit(0)
+        if msg.get("type") != "inputs" or msg.get("on_device") is not True:
+            raise _Done("runtime_error", (), f"expected trial {t}'s inputs on the device, got {msg.get('type')!r}")
+        return receive_device_inputs(w, msg.get("inputs") or [], True)
+    return fetch
 
 
 def _room(descs):
@@ -393,18 +414,7 @@ def draw(w, job, ref, state, calls, dist, on_device, seed=None):
             # input is drawn straight into its slot (make_inputs' `into`), shaped as the first
             # trial's (input_template, as the timing's buffers are), so that the device holds
             # the arena and get_inputs()' own tensors, not a scaled copy of them as well.
-            slots = []
-            per_call = 0
-            for d in ref.input_template:
-                if "value" in d:
-                    slots.append(None)
-                    continue
-                dt, shape = _described_tensor(d)
-                n = _torch_empty(0, dtype=dt).element_size()
-                for s_ in shape:
-                    n *= s_
-                slots.append((dt, shape, n, per_call))
-                per_call += ((n + 511) // 512) * 512
+            slots, per_call = _room(ref.input_template)
             need = per_call * calls
             if state.draw_arena is None or _T_numel(state.draw_arena) < need:
                 state.draw_arena = None
