@@ -100,7 +100,7 @@ bool boundary::pass_trial_input(worker& cw, std::size_t t) {
 bool boundary::pass_later_trial_input(worker& cw, std::int64_t t) {
   if (later_.empty() || t < 0 || static_cast<std::size_t>(t) != later_.front()) {
     set(verdict_status::runtime_error, "the candidate's worker broke the protocol: it asked for trial " + std::to_string(t)
-                                         + "'s inputs, " + (later_.empty() ? std::string{"which it had taken already"}
+                                         + "'s inputs, " + (later_.empty() ? std::string{"where none of its trials' inputs were left to ask for"}
                                                                            : "where trial " + std::to_string(later_.front())
                                                                                + "'s were next"));
     return false;
