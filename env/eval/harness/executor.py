@@ -38,19 +38,23 @@ class ExecutorState:
     arena           (CUDA) the allocation the input buffers are cut from, kept from round to
                     round (make_buffers)
     draw_arena      (CUDA) the allocation drawn inputs are copied into for the evaluator (draw)
+    arena_ex, draw_arena_ex  (CUDA) each arena's CUDA IPC description (_export_range), taken once
+                    an arena: every round's buffers and draw are parts of the same two allocations,
+                    where an export a buffer cost two driver calls each, every round
     null_out        (CUDA) the output of `launch` with null: one tiny kernel
     clock_words     (CUDA) this worker's go and done words (setup_clock)
     check_due       (Python threads, OS threads) before the last timed sample, whose checks are
                     made when the next command arrives (reply_sample); None when none is due
     threads_before  (Python threads, OS threads) before the next timed sample (prime)
     """
-    __slots__ = ("buf_sets", "sample_outs", "arena", "draw_arena", "null_out", "clock_words", "check_due",
-                 "threads_before")
+    __slots__ = ("buf_sets", "sample_outs", "arena", "draw_arena", "arena_ex", "draw_arena_ex", "null_out",
+                 "clock_words", "check_due", "threads_before")
 
     def __init__(self, threads_before):
         self.buf_sets = []
         self.sample_outs = None
         self.arena, self.draw_arena, self.null_out = None, None, None
+        self.arena_ex, self.draw_arena_ex = None, None
         self.clock_words = None
         self.check_due = None  # the checks after a timed sample, made with the next command
         self.threads_before = threads_before
@@ -417,13 +421,15 @@ def draw(w, job, ref, state, calls, dist, on_device, seed=None):
             slots, per_call = _room(ref.input_template)
             need = per_call * calls
             if state.draw_arena is None or _T_numel(state.draw_arena) < need:
-                state.draw_arena = None
+                state.draw_arena = state.draw_arena_ex = None
                 _cuda_empty_cache()  # what this worker cached goes back to the device first
                 state.draw_arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
             arena = state.draw_arena
-            ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
-            if ex is None:
-                raise _Done("runtime_error", (), "the CUDA driver cannot export the drawn inputs")
+            if state.draw_arena_ex is None:
+                state.draw_arena_ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
+                if state.draw_arena_ex is None:
+                    raise _Done("runtime_error", (), "the CUDA driver cannot export the drawn inputs")
+            ex = state.draw_arena_ex
             msg["ipc"] = ex["ipc"]
             base = _T_data_ptr(arena)
             call = [0]
@@ -492,7 +498,7 @@ def make_buffers(w, job, ref, state, calls):
                 need += ((n + 511) // 512 + steps) * 512
         need *= calls
         if state.arena is None or _T_numel(state.arena) < need:
-            state.arena = None  # the old one is freed before the new one is made
+            state.arena = state.arena_ex = None  # the old one is freed before the new one is made
             if w.kind.caching_allocator:
                 # Given back to the device first, with what the trials left cached here: the
                 # timing's memory (both workers' buffers and outputs, the evaluator's copies of
@@ -503,6 +509,10 @@ def make_buffers(w, job, ref, state, calls):
                 _cuda_empty_cache()
             state.arena = _torch_empty(_max(need, 512), dtype=_uint8, device=w.device)
         arena = state.arena
+        if state.arena_ex is None:
+            state.arena_ex = _export_range(_T_data_ptr(arena), _int(_T_numel(arena)))
+            if state.arena_ex is None:
+                raise _Done("runtime_error", (), "the CUDA driver cannot export an input buffer of the timing")
     pos = 0
     for c in _range(calls):
         prev = old[c] if c < _len(old) else first
@@ -529,11 +539,9 @@ def make_buffers(w, job, ref, state, calls):
             one.append(t)
             d_ = {"addr": _T_data_ptr(t), "bytes": n * size}
             if w.kind.exports and n > 0:
-                # On a CUDA device the evaluator maps the allocation and writes there.
-                ex = _export_range(_T_data_ptr(t), n * size)
-                if ex is None:
-                    raise _Done("runtime_error", (), "the CUDA driver cannot export an input buffer of the timing")
-                d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"]
+                # On a CUDA device the evaluator maps the allocation (the arena's) and writes there.
+                ex = state.arena_ex
+                d_["ipc"], d_["offset"] = ex["ipc"], ex["offset"] + (_T_data_ptr(t) - _T_data_ptr(arena))
             desc.append(d_)
         state.buf_sets.append(one)
         descs.append(desc)
