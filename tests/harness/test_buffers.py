@@ -58,3 +58,35 @@ def test_the_arena_is_exported_once_and_each_buffer_described_by_its_offset_in_i
     assert len(exports) == 1
     sets(5)  # a larger arena: exported once more
     assert len(exports) == 2 and exports[-1] == (state.arena.data_ptr(), state.arena.numel())
+
+
+def test_the_reference_workers_buffers_start_with_its_last_draw_where_its_draw_arena_holds_one(executor,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(executor, "_export_range", lambda ptr, nbytes: {"ipc": "h", "offset": 0, "bytes": nbytes})
+    made = []
+
+    def make_inputs(task, device, seed, dist):
+        made.append((seed, dist))
+        return [torch.full((64, 8), 7.0), 3, torch.arange(5)]
+
+    monkeypatch.setattr(executor, "make_inputs", make_inputs)
+    w = worker()
+    job = types.SimpleNamespace(role="reference", seed=11, jitter_bytes=0)
+    template = [{"dtype": "float32", "shape": [64, 8]}, {"value": 3}, {"dtype": "int64", "shape": [5]}]
+    ref = types.SimpleNamespace(input_template=template, task=None, trial_dists=[0])
+    state = executor.ExecutorState((0, 0))
+    # No draw yet: the first trial's inputs, made again.
+    executor.make_buffers(w, job, ref, state, 2)
+    assert made == [(11, 0)]
+    assert all(torch.equal(one[0], torch.full((64, 8), 7.0)) for one in state.buf_sets)
+    # A draw in the arena, laid out as draw lays out a call (_room: each input at a 512-byte step).
+    slots, per_call = executor._room(template)
+    state.draw_arena = torch.zeros(per_call * 3, dtype=torch.uint8)
+    x, idx = torch.randn(64, 8), torch.tensor([4, 3, 2, 1, 0])
+    for t, sl in ((x, slots[0]), (idx, slots[2])):
+        state.draw_arena[sl[3]:sl[3] + sl[2]].view(t.dtype).copy_(t.reshape(-1))
+    executor.make_buffers(w, job, ref, state, 2)
+    assert made == [(11, 0)]  # nothing made again
+    for one in state.buf_sets:
+        assert torch.equal(one[0], x) and one[1] == 3 and torch.equal(one[2], idx)
+        assert one[0].data_ptr() != state.draw_arena.data_ptr()  # copies in the buffers' own arena

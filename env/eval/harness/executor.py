@@ -468,8 +468,9 @@ def make_buffers(w, job, ref, state, calls):
     evaluator asks for new ones every round, so a verdict averages over placements, as
     outputs.py's _placed does for the shared path); plain values as they were. On the CPU each buffer
     starts with what the last buffers held (the first time: the first trial's inputs), on a
-    CUDA device with the first trial's inputs, so that the untimed call before a sample runs
-    on real inputs (a task's may be indices that garbage would not be)."""
+    CUDA device with the first trial's inputs (the reference's worker: the inputs it drew last,
+    which its draw arena still holds), so that the untimed call before a sample runs on real
+    inputs (a task's may be indices that garbage would not be)."""
     t0 = _perf_counter_ns()
     state.sample_outs = None
     old = state.buf_sets
@@ -477,6 +478,12 @@ def make_buffers(w, job, ref, state, calls):
     descs = []
     if job.role == "candidate":
         first = ref.given_inputs[0]
+    elif w.kind.exports and state.draw_arena is not None:
+        # The last draw's first call, where it lies (draw): no inputs made again every round.
+        slots, _ = _room(ref.input_template)
+        first = [_from_wire(d["value"]) if sl is None else
+                 _T_view(_T_view(state.draw_arena[sl[3]:sl[3] + sl[2]], sl[0]), sl[1])
+                 for d, sl in zip(ref.input_template, slots)]
     else:
         first = make_inputs(ref.task, w.device, job.seed, ref.trial_dists[0])
         t0 = w.lap("timing: the buffers' first inputs", t0)
