@@ -87,14 +87,7 @@ void boundary::drop_outputs() noexcept {
 
 bool boundary::pass_trial_input(worker& cw, std::size_t t) {
   const auto& in = facts_.trial_inputs.at(t);
-  if (!in.on_device)
-    return send(cw, in.msg.json, &in.msg.frames);
-  const auto deferred = later_.size();
-  if (!pass_trial_inputs_on_device(cw, in, t > 0))
-    return false;
-  if (later_.size() > deferred)
-    later_.back() = t;
-  return true;
+  return in.on_device ? pass_trial_inputs_on_device(cw, t, t > 0) : send(cw, in.msg.json, &in.msg.frames);
 }
 
 bool boundary::pass_later_trial_input(worker& cw, std::int64_t t) {
@@ -106,7 +99,7 @@ bool boundary::pass_later_trial_input(worker& cw, std::int64_t t) {
     return false;
   }
   later_.pop_front();
-  return pass_trial_inputs_on_device(cw, facts_.trial_inputs[static_cast<std::size_t>(t)], false);
+  return pass_trial_inputs_on_device(cw, static_cast<std::size_t>(t), false);
 }
 
 bool boundary::make_both_buffers(std::int64_t calls) {

@@ -127,9 +127,10 @@ private:
   // again after it.
   bool request_draw(std::int64_t calls, int dist, std::optional<std::uint64_t> seed, const char* phase,
                     const char* what, wire::node& n, worker_message& msg);
-  // A trial's inputs on a CUDA device: drawn again by the reference's worker, copied from its
-  // memory into room the candidate's worker makes for them (its answer to `t.msg`).
-  bool pass_trial_inputs_on_device(worker& cw, const trial_input& t, bool may_defer);
+  // Trial `trial`'s inputs on a CUDA device: drawn again by the reference's worker, copied from
+  // its memory into room the candidate's worker makes for them (its answer to the trial's
+  // message), or with `may_defer` its answer `later` kept in later_.
+  bool pass_trial_inputs_on_device(worker& cw, std::size_t trial, bool may_defer);
   // draw's second half on a CUDA device: the drawn tensors, which the reference's worker names
   // in its own memory (`n`, its `drawn` message), mapped here as dev_.staged.
   bool draw_on_device(worker& rw, const wire::node& n, sample_inputs& in);

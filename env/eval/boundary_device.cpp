@@ -57,13 +57,14 @@ private:
 
 } // namespace
 
-bool boundary::pass_trial_inputs_on_device(worker& cw, const trial_input& t, bool may_defer) {
+bool boundary::pass_trial_inputs_on_device(worker& cw, std::size_t trial, bool may_defer) {
   // The reference's worker draws the trial's inputs again, from the seed and distribution the
   // reference got them from, into its draw allocation; it stays stopped while they are copied
   // from there into the room the candidate's worker makes for them. No byte crosses a socket (a
   // task's inputs may be gigabytes; the phases that carried three trials of 6.4 GB as host bytes
   // took 68 of a 143 s verdict).
   worker& rw = *wk_.w_.proc;
+  const auto& t = facts_.trial_inputs.at(trial);
   auto broke = [&](worker& w, const std::string& what) {
     if (&w == &rw)
       wk_.end_.evaluator_failed = true; // the reference's worker: not the candidate's doing
@@ -78,7 +79,7 @@ bool boundary::pass_trial_inputs_on_device(worker& cw, const trial_input& t, boo
   if (!send(cw, t.msg.json) || !receive(cw, ctx_.opt.load_timeout_s, "making room for a trial's inputs", room, room_msg))
     return false;
   if (may_defer && room["type"].as<std::string>() == "later") {
-    later_.push_back(0); // its trial, set by pass_trial_input
+    later_.push_back(trial);
     return true;
   }
   wire::node n;

@@ -169,6 +169,13 @@ def _room(descs):
     return shapes, need
 
 
+def _in_room(arena, slot, base=0):
+    """The tensor in `arena` (uint8) at one of _room's slots (dtype, shape, bytes, offset), the
+    layout starting `base` bytes in."""
+    dt, shape, n, at = slot
+    return _T_view(_T_view(arena[base + at:base + at + n], dt), shape)
+
+
 def receive_device_inputs(w, descs, keep=False, pinned=False):
     """One trial's inputs on a CUDA device (an `inputs` message with on_device): this worker
     makes room for them in one allocation of its own, exported (`staging`: the allocation's
@@ -198,15 +205,14 @@ def receive_device_inputs(w, descs, keep=False, pinned=False):
         if sh is None:
             out.append(_from_wire(d["value"]))
             continue
-        dt, shape, n, at = sh
-        x = _T_view(_T_view(arena[at:at + n], dt), shape)
+        x = _in_room(arena, sh)
         if keep:
             out.append(x)
             continue
         host = None
         if pinned:
             try:
-                host = _T_copy_(_torch_empty(shape, dtype=dt, pin_memory=True), x)
+                host = _T_copy_(_torch_empty(_T_size(x), dtype=x.dtype, pin_memory=True), x)
             except _BaseException:
                 host = None  # no page-locked memory to be had: pageable, as the other trials'
         out.append(_T_to(x, "cpu") if host is None else host)
@@ -440,8 +446,7 @@ def draw(w, job, ref, state, calls, dist, on_device, seed=None):
                     raise _Done("runtime_error", (),
                                 f"the task's get_inputs() gave input {i} of another kind, shape or dtype than on its "
                                 "first trial; every call's inputs must be alike")
-                at = call[0] * per_call + slot[3]
-                return _T_view(_T_view(arena[at:at + slot[2]], slot[0]), slot[1])
+                return _in_room(arena, slot, call[0] * per_call)
 
             def place(x):
                 return {"offset": ex["offset"] + (_T_data_ptr(x) - base), "bytes": _int(_T_numel(x)) * x.element_size()}
@@ -481,8 +486,7 @@ def make_buffers(w, job, ref, state, calls):
     elif w.kind.exports and state.draw_arena is not None:
         # The last draw's first call, where it lies (draw): no inputs made again every round.
         slots, _ = _room(ref.input_template)
-        first = [_from_wire(d["value"]) if sl is None else
-                 _T_view(_T_view(state.draw_arena[sl[3]:sl[3] + sl[2]], sl[0]), sl[1])
+        first = [_from_wire(d["value"]) if sl is None else _in_room(state.draw_arena, sl)
                  for d, sl in zip(ref.input_template, slots)]
     else:
         first = make_inputs(ref.task, w.device, job.seed, ref.trial_dists[0])
