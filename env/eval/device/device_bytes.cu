@@ -56,6 +56,7 @@ public:
   mapped(int device, void* base, const std::byte* data, std::uint64_t size)
       : device_{device}, base_{base}, data_{data}, size_{size} {}
   ~mapped() override {
+    const std::lock_guard work{device_work_mutex(device_)};
     lap timed{close_laps};
     if (cudaSetDevice(device_) == cudaSuccess)
       (void) cudaIpcCloseMemHandle(base_);
@@ -223,6 +224,12 @@ constexpr bool floating(dtype t) {
 
 bool device_bytes_available() noexcept { return true; }
 
+std::recursive_mutex& device_work_mutex(int device) noexcept {
+  // Never destroyed: device memory of static lifetime is released at exit through it.
+  static auto* per_device = new std::recursive_mutex[64];
+  return per_device[static_cast<unsigned>(device) % 64];
+}
+
 namespace {
 // Opens `handle_hex` on `device`: the mapping's base in this process and the bytes from it to
 // the end of the allocation (as this process's driver has them: the worker's word is not enough).
@@ -290,6 +297,7 @@ private:
 
 result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view handle_hex, std::uint64_t offset,
                                                    std::uint64_t bytes, std::uint64_t align) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::map_exported(*l, device, handle_hex, offset, bytes, align);
   if (align == 0 || offset % align != 0)
@@ -308,6 +316,7 @@ result<std::shared_ptr<device_bytes>> map_exported(int device, std::string_view 
 }
 
 result<std::shared_ptr<device_bytes>> map_allocation(int device, std::string_view handle_hex) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::map_allocation(*l, device, handle_hex);
   auto o = open_handle(device, handle_hex);
@@ -349,6 +358,7 @@ result<void> wait_queued(cudaError_t e, const char* what) {
 } // namespace
 
 result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t bytes) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::allocate_owned(*l, device, bytes);
   if (auto r = select(device); !r)
@@ -364,6 +374,7 @@ result<std::shared_ptr<device_bytes>> allocate_owned(int device, std::uint64_t b
 }
 
 result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t bytes) {
+  const std::lock_guard work{device_work_mutex(dst.device())};
   if (auto* l = agent::route(dst))
     return agent::upload(*l, dst, src, bytes);
   if (bytes > dst.size())
@@ -380,6 +391,7 @@ result<void> upload(const device_bytes& dst, const std::byte* src, std::uint64_t
 result<void> copy_all(const std::vector<device_copy>& copies) {
   if (copies.empty())
     return {};
+  const std::lock_guard work{device_work_mutex(copies.front().dst->device())};
   if (auto* l = agent::route(*copies.front().dst))
     return agent::copy_all(*l, copies);
   for (const auto& c : copies)
@@ -402,6 +414,7 @@ result<void> copy_all(const std::vector<device_copy>& copies) {
 result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned char value) {
   if (spans.empty())
     return {};
+  const std::lock_guard work{device_work_mutex(spans.front()->device())};
   if (auto* l = agent::route(*spans.front()))
     return agent::fill_all(*l, spans, value);
   if (auto r = select(spans.front()->device()); !r)
@@ -418,6 +431,7 @@ result<void> fill_all(const std::vector<const device_bytes*>& spans, unsigned ch
 }
 
 result<double> fastest_fill_ms(int device, std::uint64_t bytes) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::fastest_fill_ms(*l, device, bytes);
   if (bytes == 0)
@@ -456,6 +470,7 @@ result<double> fastest_fill_ms(int device, std::uint64_t bytes) {
 }
 
 result<void> flush_device_cache(int device, std::uint64_t bytes) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::flush_device_cache(*l, device, bytes);
   static std::mutex mtx;
@@ -493,6 +508,7 @@ result<cudaMemPool_t> default_pool(int device) {
 } // namespace
 
 result<void> keep_freed_memory(int device, std::uint64_t bytes) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::keep_freed_memory(*l, device, bytes);
   auto pool = default_pool(device);
@@ -505,6 +521,7 @@ result<void> keep_freed_memory(int device, std::uint64_t bytes) {
 }
 
 result<void> release_freed_memory(int device) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::release_freed_memory(*l, device);
   auto pool = default_pool(device);
@@ -520,13 +537,13 @@ result<void> release_freed_memory(int device) {
 }
 
 result<std::vector<std::shared_ptr<device_bytes>>> copy_all_to_owned(const std::vector<const device_bytes*>& srcs) {
-  if (!srcs.empty())
-    if (auto* l = agent::route(*srcs.front()))
-      return agent::copy_all_to_owned(*l, srcs);
+  if (srcs.empty())
+    return std::vector<std::shared_ptr<device_bytes>>{};
+  const std::lock_guard work{device_work_mutex(srcs.front()->device())};
+  if (auto* l = agent::route(*srcs.front()))
+    return agent::copy_all_to_owned(*l, srcs);
   std::vector<std::shared_ptr<device_bytes>> out;
   out.reserve(srcs.size());
-  if (srcs.empty())
-    return out;
   const int device = srcs.front()->device();
   for (const auto* src : srcs)
     if (src->device() != device)
@@ -573,6 +590,7 @@ result<std::shared_ptr<device_bytes>> copy_to_owned(const device_bytes& src) {
 }
 
 result<std::vector<std::byte>> download(const device_bytes& src) {
+  const std::lock_guard work{device_work_mutex(src.device())};
   if (auto* l = agent::route(src))
     return agent::download(*l, src);
   if (auto r = select(src.device()); !r)
@@ -692,9 +710,11 @@ result<std::vector<device_difference>> run_batch(const std::vector<device_compar
 } // namespace
 
 result<std::vector<device_difference>> device_compare_all(const std::vector<device_comparison>& pairs) {
-  if (!pairs.empty())
-    if (auto* l = agent::route(*pairs.front().want))
-      return agent::compare_all(*l, pairs, true);
+  if (pairs.empty())
+    return std::vector<device_difference>{};
+  const std::lock_guard work{device_work_mutex(pairs.front().want->device())};
+  if (auto* l = agent::route(*pairs.front().want))
+    return agent::compare_all(*l, pairs, true);
   return run_batch(pairs, true);
 }
 
@@ -707,6 +727,7 @@ result<device_difference> device_compare(const device_bytes& want, const device_
 }
 
 result<device_difference> device_scale(const device_bytes& want, dtype t, std::uint64_t n, double atol) {
+  const std::lock_guard work{device_work_mutex(want.device())};
   if (auto* l = agent::route(want)) {
     auto one = agent::compare_all(*l, {device_comparison{&want, nullptr, t, n, tolerance{atol, 0}, 0}}, false);
     if (!one)
@@ -736,6 +757,7 @@ device_bytes_times device_bytes_time() noexcept {
 }
 
 result<std::string> device_name(int device) {
+  const std::lock_guard work{device_work_mutex(device)};
   if (auto* l = agent::route(device))
     return agent::device_name(*l, device);
   cudaDeviceProp prop{};

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,16 @@ public:
 
 /// Whether this build can keep outputs on the device.
 bool device_bytes_available() noexcept;
+
+/// This process's device work on `device`, one thread at a time: every function here takes it for
+/// its call (and the objects' release for theirs), and a device clock holds it from arm() to
+/// finish(). A clock holds the device with a kernel from arm() until it is let go, and a call of
+/// another thread's that waits for the device meanwhile (an IPC mapping opened or closed, memory
+/// freed) held the driver where the clock's own thread needed it before letting go: verdicts in
+/// flight together on a device stopped for good (KernelBench's level1/1 beside level1/46, two
+/// evaluations at once on an H200). Recursive: the clock's thread works on the device inside its
+/// window. Under a device agent it is taken in both processes.
+std::recursive_mutex& device_work_mutex(int device) noexcept;
 
 /// Maps `bytes` bytes at `offset` inside the allocation named by `handle_hex` (a CUDA IPC memory
 /// handle, 128 hex digits) on CUDA device `device` of this process. Refuses a handle that does

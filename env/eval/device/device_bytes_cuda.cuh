@@ -33,7 +33,10 @@ public:
   owned(int device, void* data, std::uint64_t size, bool unpooled = false)
       : device_{device}, data_{data}, size_{size}, unpooled_{unpooled} {}
   ~owned() override {
-    if (data_ == nullptr || cudaSetDevice(device_) != cudaSuccess)
+    if (data_ == nullptr)
+      return;
+    const std::lock_guard work{device_work_mutex(device_)};
+    if (cudaSetDevice(device_) != cudaSuccess)
       return;
     if (unpooled_)
       (void) cudaFree(data_);

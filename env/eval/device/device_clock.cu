@@ -548,13 +548,55 @@ private:
 };
 } // namespace
 
+// A clock that holds its device's work (device_work_mutex) from arm() until finish() returns or it
+// is destroyed, so that no other thread of this process works on the device while the clock holds
+// it: arm, close, let go and finish on the one thread that armed it.
+class held_clock final : public device_clock {
+public:
+  held_clock(int device, std::unique_ptr<device_clock> c) : device_{device}, c_{std::move(c)} {}
+  ~held_clock() override {
+    c_.reset(); // lets go and waits, the device still held
+  }
+  result<void> arm(const std::vector<device_copy>& copies_in, const device_bytes& go, std::uint32_t seq) override {
+    held_ = std::unique_lock{device_work_mutex(device_)};
+    auto r = c_->arm(copies_in, go, seq);
+    if (!r) {
+      c_->let_go();
+      held_ = {};
+    }
+    return r;
+  }
+  result<std::vector<std::shared_ptr<device_bytes>>> close(const device_bytes& done, std::uint32_t seq,
+                                                           const std::vector<const device_bytes*>& outs) override {
+    return c_->close(done, seq, outs);
+  }
+  void let_go() noexcept override { c_->let_go(); }
+  result<double> finish(double timeout_s) override {
+    auto r = c_->finish(timeout_s);
+    held_ = {};
+    return r;
+  }
+
+private:
+  int device_;
+  std::unique_ptr<device_clock> c_;
+  std::unique_lock<std::recursive_mutex> held_;
+};
+
 result<std::unique_ptr<device_clock>> make_device_clock(int device, clock_close close) {
-  if (auto* l = agent::route(device))
-    return agent::make_device_clock(*l, device, close);
-  auto c = std::make_unique<cuda_clock>(device, close);
-  if (auto r = c->init(); !r)
-    return r.error();
-  return std::unique_ptr<device_clock>{std::move(c)};
+  std::unique_ptr<device_clock> c;
+  if (auto* l = agent::route(device)) {
+    auto made = agent::make_device_clock(*l, device, close);
+    if (!made)
+      return made.error();
+    c = std::move(*made);
+  } else {
+    auto own = std::make_unique<cuda_clock>(device, close);
+    if (auto r = own->init(); !r)
+      return r.error();
+    c = std::move(own);
+  }
+  return std::unique_ptr<device_clock>{std::make_unique<held_clock>(device, std::move(c))};
 }
 
 } // namespace crucible::env
