@@ -434,8 +434,6 @@ result<void> check_memory_here(const config& cfg) {
 } // namespace
 
 result<void> check_run_inputs(const config& cfg) {
-  if (auto why = env::shared_path_reason(cfg.evaluator, cfg.evaluator.devices); !why.empty())
-    return fail(errc::config, env::shared_path_message(why, true));
   if (auto r = check_memory_here(cfg); !r)
     return r;
   auto tasks = load_task_catalog(cfg);

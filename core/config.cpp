@@ -26,7 +26,6 @@ const char* to_string(device_init_hold v) noexcept { return name_in(init_hold_na
 const char* to_string(worker_refill v) noexcept { return name_in(refill_names, v); }
 const char* to_string(isolation_mode v) noexcept { return name_in(isolation_names, v); }
 const char* to_string(cuda_mps_mode v) noexcept { return name_in(cuda_mps_names, v); }
-const char* to_string(evaluator_boundary v) noexcept { return name_in(boundary_names, v); }
 const char* to_string(exemplar_method v) noexcept { return name_in(exemplar_method_names, v); }
 const char* to_string(straggler_policy v) noexcept { return name_in(straggler_policy_names, v); }
 const char* to_string(exemplar_score v) noexcept { return name_in(exemplar_score_names, v); }
@@ -119,9 +118,51 @@ private:
       if (!seen.insert(key).second) {
         report(path, it->first, "duplicate key");
       } else if (top.declared.count(key) == 0) {
-        report(path, it->first, "unknown key" + suggestion(key, top.declared, top.prefix));
+        if (const auto* w = withdrawn(path)) {
+          if (!keeps(*w, it->second))
+            report(path, it->second, std::string{"withdrawn: "} + w->why + "; only `" + w->kept +
+                                       "` is accepted, for configurations written before (remove the key)");
+        } else {
+          report(path, it->first, "unknown key" + suggestion(key, top.declared, top.prefix));
+        }
       }
     }
+  }
+
+  // Keys that once existed. A value that asks for what is now always so is accepted, so that a
+  // run's config.yaml written before the key went still loads (a resumed run); any other value
+  // is refused, naming why the key went.
+  struct withdrawn_key {
+    const char* path;
+    const char* kept;
+    const char* why;
+  };
+  static const withdrawn_key* withdrawn(const std::string& path) {
+    static constexpr const char* one_path = "every verdict crosses the trust boundary, its reference and its candidate in two workers "
+                                            "(the shared path, one worker for both, was removed: docs/evaluator.md, Trust boundary)";
+    static constexpr withdrawn_key keys[] = {
+      {"evaluator.boundary", "process", one_path},
+      {"evaluator.cuda_boundary", "true", one_path},
+      {"evaluator.outputs_on_device", "true",
+       "CUDA verdicts cross the trust boundary, which keeps every output on the device and compares it there"},
+      {"evaluator.timing_reserve", "true",
+       "the timing's buffers are the workers' arenas, made to the timed samples' size (docs/evaluator.md, Timing)"},
+      {"evaluator.cuda_host_bound", "false",
+       "the experiment widened the bands about tenfold and was removed (docs/PERFORMANCE.md, eleventh measurement)"},
+    };
+    for (const auto& k : keys)
+      if (path == k.path)
+        return &k;
+    return nullptr;
+  }
+  static bool keeps(const withdrawn_key& k, const YAML::Node& v) {
+    if (!v.IsScalar())
+      return false;
+    if (std::string_view{k.kept} == "true" || std::string_view{k.kept} == "false") {
+      bool b = false;
+      return YAML::convert<bool>::decode(v, b) && b == (std::string_view{k.kept} == "true");
+    }
+    return v.Scalar() == k.kept;
   }
 
   // " (did you mean run.seed?)" for a key within edit distance 2 of a declared one.

@@ -128,15 +128,6 @@ enum class cuda_mps_mode : std::uint8_t {
 /// "auto", "on", "off": the names config files use.
 const char* to_string(cuda_mps_mode m) noexcept;
 
-/// Where the reference runs relative to the candidate's code (docs/evaluator.md, Trust boundary).
-enum class evaluator_boundary : std::uint8_t {
-  process, ///< two workers per verdict: the reference's never loads candidate code; the evaluator reads the clock and the outputs
-  shared,  ///< one worker runs the reference and the candidate (the path CUDA devices take until the boundary reaches them)
-};
-
-/// "process", "shared": the names config files use.
-const char* to_string(evaluator_boundary b) noexcept;
-
 /// `evaluator:` — sandboxed workers, correctness trials and the timing protocol.
 struct evaluator_options {
   std::string python;                          ///< "" : .venv/bin/python of the checkout, else python3
@@ -151,7 +142,7 @@ struct evaluator_options {
   double early_stop_spread = 0.005;            ///< ... namely within this; 0: always `rounds`
   std::int64_t slow_stop_rounds = 10;          ///< a first look after this many rounds; 0: none
   double slow_stop_below = 0.9;                ///< ... stops a candidate whose whole band is below this
-  double warmup_ms = 300;                      ///< untimed rounds before each measurement, at least this long
+  double warmup_ms = 300;                      ///< untimed rounds before a verdict's first measurement, at least this long
   std::int64_t buckets = 5;
   double max_spread = 0.02;
   double band_floor = 0.015;                   ///< repeat-to-repeat variation added to each verdict's band
@@ -165,7 +156,6 @@ struct evaluator_options {
   double sample_ms = 1.0;                      ///< a timed sample lasts about this long: calls back to back, each on fresh inputs; 0: one call
   std::int64_t max_calls = 100;                ///< most calls in one timed sample
   std::uint64_t placement_jitter_bytes = 64ull << 20; ///< each round's inputs start 0..this many bytes into their allocations; 0: off
-  bool timing_reserve = true;                  ///< CUDA: one block for the timing rounds' buffers, reserved before the first calls
   bool quiet_gc = true;                        ///< workers freeze Python's collector's objects at the job and collect nothing while timing
   bool eval_mode = false;                      ///< Model and ModelNew put in eval mode (.eval()) after construction; false: training mode
   double fp32_atol = 1e-4, fp32_rtol = 1e-4;
@@ -191,11 +181,8 @@ struct evaluator_options {
   bool starts_beside_warmup = true;            ///< starting workers' held initialisation may run beside a timing's warm-up rounds
   bool untimed_beside_warmup = true;           ///< other evaluations' references and trials may run beside a timing's warm-up rounds
   bool teardown_hold = true;                   ///< a finished worker's exit (its context's teardown) holds the device as untimed work
-  bool outputs_on_device = true;               ///< CUDA: compare outputs where they are (IPC), not on the host
   std::uint64_t keep_freed_mb = 16384;          ///< CUDA, outputs on the device: freed memory the evaluator's pool keeps
   bool zygote = true;                          ///< fork workers from a process that imported torch once
-  evaluator_boundary boundary = evaluator_boundary::process; ///< the reference in a worker of its own (CPU devices)
-  bool cuda_boundary = true;                   ///< boundary: process on CUDA devices too; off: the shared path there (debugging only)
   cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
   bool cuda_clock_poll = true;                 ///< the device clock's window closed by the host's reads of the done word, not a wait on the device
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it

@@ -218,9 +218,9 @@ void describe(V& v, config& c) {
             "to end its measurement.",
             between(0.01, 1, "a number between 0.01 and 1"));
     v.field("warmup_ms", e.warmup_ms,
-            "Most milliseconds of untimed paired rounds before a verdict's first measurement: at least 3 rounds, "
-            "then more until both models' times have settled (after idle seconds a GPU's clocks are low and the "
-            "first rounds run slower) or this much time has passed; 0: 3 rounds.",
+            "Untimed paired rounds before a verdict's first measurement (after idle seconds a GPU's clocks are "
+            "low and the first rounds run slower): at least 3 rounds, and more until this many milliseconds have "
+            "passed; 0: 3 rounds. Later measurements of the verdict (more rounds, a recheck) follow at once.",
             non_negative_number());
     v.field("buckets", e.buckets, "Buckets of consecutive rounds; the speedup is the median of their mean ratios.",
             at_least(2, "an integer ≥ 2"));
@@ -250,8 +250,8 @@ void describe(V& v, config& c) {
             "A timed sample lasts about this long: each model is called several times back to back between one "
             "start and one stop, each call on its own fresh inputs, as many calls as make the faster model's "
             "sample last this long by the first calls' times (at most `max_calls`, fewer where the inputs would not "
-            "fit a quarter of the free memory; across the trust boundary, `boundary: process`, at most 256 MiB of "
-            "inputs a sample, and one call a sample once two calls hand back the same memory). A single call of a "
+            "hold more than 256 MiB of inputs a sample, and one call a sample once two calls hand back the same "
+            "memory). A single call of a "
             "10 us kernel is as short as the clock's jitter; 0: one call per sample. The times are per call "
             "(docs/evaluator.md, Timing).",
             non_negative_number());
@@ -259,20 +259,12 @@ void describe(V& v, config& c) {
     v.field("placement_jitter_bytes", e.placement_jitter_bytes,
             "Each timing round copies its inputs into allocations with a random lead of up to this many bytes, so a "
             "verdict averages over many buffer placements (a kernel's speed can depend on where its buffers lie); "
-            "0: off. With `boundary: process` both workers allocate the timed samples' input buffers anew every "
-            "round, each at such a lead.");
-    v.field("timing_reserve", e.timing_reserve,
-            "CUDA: before its timing's first calls the worker allocates, and hands back to torch's caching "
-            "allocator, one block of 8 times the inputs' bytes plus 4 times placement_jitter_bytes (at most half of "
-            "the device's free memory), so that the rounds' inputs at random places and the models' outputs are "
-            "cut from it instead of each new size asking the driver for memory. It changes time per verdict, not "
-            "what is measured.");
+            "0: off. Both workers allocate the timed samples' input buffers anew every round, each at such a lead.");
     v.field("quiet_gc", e.quiet_gc,
             "When a job arrives, the worker moves every object alive (torch, the harness and its snapshots) out of "
-            "the reach of Python's cyclic garbage collector, and turns the collector off during timing, as timeit "
-            "does: a full collection over those objects took 162-170 ms on an H100's host, and one may run inside a "
-            "timed call. The job's own objects are still collected outside timing. With `boundary: process` both "
-            "workers turn the collector off for the timing whatever this says.");
+            "the reach of Python's cyclic garbage collector: a full collection over those objects took 162-170 ms "
+            "on an H100's host. The job's own objects are still collected outside timing; during the timing both "
+            "workers turn the collector off, as timeit does, whatever this says.");
     v.field("eval_mode", e.eval_mode,
             "false: Model and ModelNew run in training mode, as modules are built and as KernelBench's harness runs "
             "them (BatchNorm normalises with the batch's statistics, Dropout drops). true: both are put in eval mode "
@@ -315,21 +307,6 @@ void describe(V& v, config& c) {
             "instead of 8.8%) and references of several passes over large tensors up to a third faster, which "
             "lowers the speedups of the kernels that fuse those passes (4.10x to 2.70x on 04_layernorm_manual; "
             "docs/PERFORMANCE.md, Huge pages for the workers).");
-    v.field("boundary", e.boundary,
-            "Where the reference runs (docs/evaluator.md, Trust boundary). `process`: every verdict has two "
-            "sandboxed workers, one that runs only the task's reference and one that runs only the candidate; the "
-            "evaluator hands the candidate's worker its inputs, keeps it stopped outside its own calls, reads the "
-            "clock around each timed sample and the outputs out of both workers' memory, and checks every timed "
-            "call itself. `shared`: one worker runs both (the reference before the candidate's code is loaded), "
-            "with the in-process defences only: a debugging mode, whose verdicts say `\"judged\": \"shared\"`; "
-            "`crucible train`, `crucible evaluator` and `crucible serve` refuse it.");
-    v.field("cuda_boundary", e.cuda_boundary,
-            "With `boundary: process`, CUDA devices cross the boundary too (outputs kept on the device, "
-            "`outputs_on_device`): this process's device clock copies each timed sample's inputs into the worker's "
-            "buffers and its outputs into its own memory, and compares on the device. Off: CUDA devices take the "
-            "shared path, the debugging mode of `boundary: shared` (refused where verdicts are rewards). Across "
-            "the boundary without MPS (`cuda_mps`) the device switches between the processes' contexts inside every "
-            "timed sample and speedups come out lower (docs/PERFORMANCE.md, The CUDA boundary's context switches).");
     v.field("cuda_mps", e.cuda_mps,
             "CUDA devices under a CUDA MPS control daemon of this process's own (its own pipe directory, "
             "stopped when it exits), or the user's own where CUDA_MPS_PIPE_DIRECTORY is set: the evaluator's "
@@ -337,9 +314,8 @@ void describe(V& v, config& c) {
             "user: nobody where crucible runs as root), and the agents and every worker are clients of one MPS "
             "server a device, so the device does not switch between their contexts inside a timed sample across "
             "the boundary (docs/evaluator.md, Trust boundary). `auto`: where `nvidia-cuda-mps-control` is found "
-            "and the agents start, an info or warning line saying why not elsewhere (a warning wherever "
-            "`cuda_boundary` is on, as with `off` beside it: across the boundary without MPS the device switches "
-            "contexts inside every timed sample, and speedups come out lower). `on`: refuses to start "
+            "and the agents start, a warning saying why not elsewhere, as with `off` (across the boundary without "
+            "MPS the device switches contexts inside every timed sample, and speedups come out lower). `on`: refuses to start "
             "where it cannot, naming why. `off`: never. A fault under MPS, which MPS reports to every client of "
             "the device, ends the device's agent; the evaluator clears the server's clients, starts the agent "
             "again and judges the faulting candidate again alone (docs/evaluator.md, CUDA MPS).");
@@ -352,7 +328,7 @@ void describe(V& v, config& c) {
             "H200, 7 of 18 within 1.00 +- 2% with the wait (up to 1.265x), 15 of 18 with the poll "
             "(0.962-1.028x), run side by side (docs/PERFORMANCE.md, The clock's close at scale).");
     v.field("reference_band", e.reference_band,
-            "With `boundary: process`: after the timing, the candidate's worker ends and the reference is timed "
+            "After the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "
             "with 10 more samples before a refusal, when the verdict's reference was slower than the kept "
             "figure). The verdict is refused (`runtime:slow_reference`: something of the candidate's slowed "
@@ -407,10 +383,6 @@ void describe(V& v, config& c) {
             "device as untimed work: it runs beside references, trials and (with untimed_beside_warmup) warm-ups, "
             "never beside measured rounds. False: workers end at any time. It changes throughput and what may "
             "disturb measured rounds, not what is measured.");
-    v.field("outputs_on_device", e.outputs_on_device,
-            "On CUDA devices, keep outputs where they are: workers export them over CUDA IPC and the evaluator "
-            "compares them with its own kernel. False: outputs are copied to the host and compared there. "
-            "Ignored on the CPU and in builds without CUDA.");
     v.field("keep_freed_mb", e.keep_freed_mb,
             "With outputs on a CUDA device: how much freed memory (MiB) the evaluator's own memory pool keeps "
             "for the next verdicts' reference copies instead of returning it to the driver. Memory it returns must "

@@ -166,15 +166,6 @@ template <> struct value_traits<worker_refill> {
   static std::string render(worker_refill v) { return enum_traits<worker_refill, 2>::render_from(refill_names, v); }
 };
 
-inline constexpr std::pair<evaluator_boundary, const char*> boundary_names[] = {
-  {evaluator_boundary::process, "process"}, {evaluator_boundary::shared, "shared"}};
-template <> struct value_traits<evaluator_boundary> {
-  static constexpr const char* expected = "one of process, shared";
-  static constexpr const char* type_name = "`process` or `shared`";
-  static bool parse(const std::string& s, evaluator_boundary& out) { return enum_traits<evaluator_boundary, 2>::parse_from(boundary_names, s, out); }
-  static std::string render(evaluator_boundary v) { return enum_traits<evaluator_boundary, 2>::render_from(boundary_names, v); }
-};
-
 inline constexpr std::pair<cuda_mps_mode, const char*> cuda_mps_names[] = {
   {cuda_mps_mode::auto_, "auto"}, {cuda_mps_mode::on, "on"}, {cuda_mps_mode::off, "off"}};
 template <> struct value_traits<cuda_mps_mode> {

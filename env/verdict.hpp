@@ -112,9 +112,9 @@ struct verdict {
   /// verdict ended before the side reported them, or in verdicts cached before they carried them.
   std::map<std::string, std::string> precision_reference, precision_candidate;
   /// How the verdict was judged: "boundary" (the reference and the candidate in two workers, the
-  /// evaluator timing and checking every timed call), "shared" (one worker for both: a debugging
-  /// mode whose verdicts `crucible train`, `crucible evaluator` and `crucible serve` refuse to
-  /// produce), or "" (a task checked alone, or a verdict cached before verdicts carried it).
+  /// evaluator timing and checking every timed call: every verdict now), "shared" (one worker for
+  /// both: a debugging mode, removed; in verdicts cached or stored before), or "" (a task checked
+  /// alone, or a verdict cached before verdicts carried it).
   std::string judged;
   /// The reference's work in one call (task_work); not counted in a task checked alone before
   /// verdicts carried it, or where the worker could not count it.

@@ -375,15 +375,16 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
 
   // ---- an evaluator on this GPU ---------------------------------------------------------------
   // Every worker (idle warm ones and those evaluating) holds a CUDA context; an evaluation also
-  // holds its task's inputs and outputs and its timing's reserve (at most half of the free memory
-  // when it begins: docs/evaluator.md), so the figure per evaluation is an allowance.
+  // holds its task's inputs and outputs and its timing's buffers (both workers' inputs and outputs
+  // of a sample, the evaluator's copies of them: docs/evaluator.md), so the figure per evaluation
+  // is an allowance.
   if (o.evaluator_evaluations > 0) {
     const int workers = o.evaluator_evaluations + o.evaluator_warm_workers;
     add(memory_part::evaluator, "workers' CUDA contexts (" + std::to_string(workers) + ")",
         workers * o.evaluator_context_gb * 1e9,
         "(concurrency + warm workers) x " + fmt("%g", o.evaluator_context_gb) + " GB");
     add(memory_part::evaluator,
-        "evaluations in flight (" + std::to_string(o.evaluator_evaluations) + "): tensors and timing reserve",
+        "evaluations in flight (" + std::to_string(o.evaluator_evaluations) + "): tensors and timing buffers",
         o.evaluator_evaluations * o.evaluator_evaluation_gb * 1e9,
         "concurrency x " + fmt("%g", o.evaluator_evaluation_gb) + " GB allowance");
   }

@@ -58,7 +58,7 @@ struct memory_plan_options {
   /// An evaluator on this GPU (evaluator.devices lists the policy's GPU): its evaluations in
   /// flight (evaluator.concurrency; 0: no evaluator here) and its idle warm workers
   /// (evaluator.warm_workers). Each worker holds a CUDA context (evaluator_context_gb); each
-  /// evaluation also holds its task's tensors and its timing's reserve (evaluator_evaluation_gb,
+  /// evaluation also holds its task's tensors and its timing's buffers (evaluator_evaluation_gb,
   /// task-dependent: the default is the GPU suite's, measured on an H200).
   int evaluator_evaluations = 0;
   int evaluator_warm_workers = 0;

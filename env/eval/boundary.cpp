@@ -580,6 +580,9 @@ double boundary::ms_since(clock_type::time_point t0) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
+// A round as a message names it: a measured round by its number, a warm-up round (k < 0) as such.
+static std::string round_name(std::int64_t k) { return k < 0 ? std::string{"a warm-up round"} : "timing round " + std::to_string(k); }
+
 bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool& counted) {
   const int dist = facts_.dists[static_cast<std::size_t>(split_.round_no) % facts_.dists.size()];
   ++split_.round_no;
@@ -625,12 +628,12 @@ bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool
     const auto cmp = compare_outputs(ref_outs[c], cand_outs[c], wk_.tol_);
     if (!cmp.ok && cmp.evaluator_error) {
       wk_.end_.evaluator_failed = true;
-      set(verdict_status::runtime_error, "timing round " + std::to_string(k) + ": " + cmp.message);
+      set(verdict_status::runtime_error, round_name(k) + ": " + cmp.message);
       return false;
     }
     if (!cmp.ok) {
       wk_.v_.checks_failed.push_back("runtime:timing_outputs");
-      set(verdict_status::rejected, "timing round " + std::to_string(k) + " (" + describe_dist(dist) + "), call "
+      set(verdict_status::rejected, round_name(k) + " (" + describe_dist(dist) + "), call "
                                       + std::to_string(c) + ": the candidate's output differs from the reference's on the "
                                         "same inputs (" + cmp.message + "); every timed call is checked like a correctness trial");
       return false;
@@ -670,14 +673,18 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     const double trip = measure_null() ? split_.null_ms : -1.0;
     if (trip < 0)
       return false;
-    // As many calls as make the faster side's sample last sample_ms (evaluator.sample_ms, as on the
-    // shared path): taken from the slower side, a 45x kernel's sample was one call of 0.06 ms
-    // beside a 0.057 ms round trip (CUDA-L1's level1/12 across, 42.7x against 47.6x shared). The
-    // slower side's sample is kept within slower_sample_ms of its own.
+    // As many calls as make the faster side's sample last sample_ms (evaluator.sample_ms): taken
+    // from the slower side, a 45x kernel's sample was one call of 0.06 ms beside a 0.057 ms round
+    // trip (CUDA-L1's level1/12 across, 42.7x against 47.6x in one process). The slower side's
+    // sample is kept within slower_sample_ms of its own.
     const double mr = median(wr), mc = median(wc);
     const double fast_ms = std::min(mr, mc) - trip, slow_ms = std::max(mr, mc) - trip;
     std::int64_t calls = 1;
-    if (opt.sample_ms > 0) {
+    // The graph baselines take one call a sample: cuda-graph replays a graph captured on each
+    // sample's input buffers, compile-reduce-overhead's graphs overwrite their outputs at the
+    // next step (executor.py, executor_fn).
+    const bool graphs = opt.baseline == timing_baseline::cuda_graph || opt.baseline == timing_baseline::compile_reduce_overhead;
+    if (opt.sample_ms > 0 && !graphs) {
       calls = fast_ms > 0 ? static_cast<std::int64_t>(std::ceil(opt.sample_ms / fast_ms)) : opt.max_calls;
       if (slow_ms > 0)
         calls = std::min<std::int64_t>(calls, static_cast<std::int64_t>(slower_sample_ms(opt.sample_ms) / slow_ms));
@@ -703,9 +710,9 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
-    // New input buffers every round, at random places in both workers (make_both_buffers), as the
-    // shared path places each round's inputs (placement_jitter_bytes): where buffers lie can move
-    // a kernel's speed, and one placement for a whole verdict would fix that for its every round.
+    // New input buffers every round, at random places in both workers (make_both_buffers,
+    // placement_jitter_bytes): where buffers lie can move a kernel's speed, and one placement for a
+    // whole verdict would fix that for its every round.
     if (lap_into lap{split_.host_buffers_ms}; opt.placement_jitter_bytes >= 512
                                                && !make_both_buffers(split_.sample_calls))
       return false;

@@ -15,11 +15,11 @@ struct device_kind {
   const char* name;
   /// Timed samples across the boundary run on the device, on its own clock, buffers and flush
   /// (boundary_device.cpp); false: on the host, charged the worker's CPU time (boundary.cpp).
-  /// Such a kind's verdicts cross the boundary unless evaluator.cuda_boundary is off, and only
-  /// where this process has the device's context (evaluation.cpp's judge).
+  /// Such a kind's verdicts are judged only where this process has the device's context
+  /// (evaluation.cpp's judge).
   bool samples_on_device;
   /// Outputs stay in the worker's device memory, exported, and are compared on the device
-  /// (evaluator.outputs_on_device; evaluator.cpp, evaluation.cpp's decode_outputs).
+  /// (evaluator.cpp, evaluation.cpp's decode_outputs; a check of a task alone sends host bytes).
   bool outputs_on_device;
   /// One device gate for the whole process, shared with the policy's host work on the device
   /// (device_gate.cpp's shared_gate, gate_for_host_work); false: a gate of each evaluator's own.

@@ -66,14 +66,6 @@ result<std::vector<tensor_blob>> decode_outputs(const wire::node& list, worker_m
   return out;
 }
 
-std::vector<double> as_doubles(const wire::node& n) {
-  std::vector<double> out;
-  if (n.is_list())
-    for (const auto& x : n)
-      out.push_back(x.as<double>());
-  return out;
-}
-
 } // namespace
 
 evaluation::trial_outputs evaluation::decode_trial(const wire::node& n, worker_message& msg) {
@@ -242,95 +234,7 @@ bool evaluation::measure_once(const timing_policy& policy, std::vector<double>& 
 
 bool evaluation::measure(std::int64_t rounds, std::vector<double>& ref, std::vector<double>& cand, bool continuation) {
   time_spent timed{ctx_.counters.timing_ns};
-  if (two_workers_)
-    return b_->measure(rounds, ref, cand, continuation);
-  // Warm-up rounds before the first measurement only: later ones (more rounds, a recheck)
-  // follow at once, with the device's clocks still up (the worker still plays 3 rounds, none
-  // for a continuation of the same measurement).
-  const double warmup_ms = gate_.measured ? 0.0 : ctx_.opt.warmup_ms;
-  gate_.measured = true;
-  // Company beside warm-up (starts, untimed work): the worker says when its warm-up is over
-  // ("warmed") and begins its measured rounds at our word ("measure"), once the starting
-  // workers' held steps and other evaluations' untimed phases inside are done. Without either
-  // the gate lets nothing beside any part of a timing.
-  const bool announce = !gate_.measuring && ctx_.gate.warmup_shared();
-  if (!send(worker_msg::time(rounds, warmup_ms, continuation ? 0 : 3, announce)))
-    return false;
-  wire::node n;
-  worker_message msg;
-  if (!receive(ctx_.opt.run_timeout_s, "timing", n, msg))
-    return false;
-  if (announce) {
-    if (n["type"].as<std::string>() != "warmed") {
-      set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of warmed");
-      return false;
-    }
-    begin_measured_rounds();
-    if (!send(worker_msg::command("measure")) || !receive(ctx_.opt.run_timeout_s, "timing", n, msg))
-      return false;
-  }
-  if (n["type"].as<std::string>() != "timing") {
-    set(verdict_status::runtime_error, "the worker sent " + n["type"].as<std::string>() + " instead of timing");
-    return false;
-  }
-  auto r = as_doubles(n["ref_ms"]);
-  auto c = as_doubles(n["cand_ms"]);
-  auto rs = as_doubles(n["ref_stream_ms"]);
-  auto cs = as_doubles(n["cand_stream_ms"]);
-  if (r.size() != static_cast<size_t>(rounds) || c.size() != r.size() || rs.size() != r.size()
-      || cs.size() != r.size()) {
-    set(verdict_status::runtime_error, "the worker returned a wrong number of timed rounds");
-    return false;
-  }
-  for (size_t i = 0; i < r.size(); ++i) {
-    const bool finite = std::isfinite(r[i]) && std::isfinite(c[i]) && std::isfinite(rs[i]) && std::isfinite(cs[i]);
-    // Both times of a call share its start event, and the synchronised stop event comes after
-    // the stream's own one: anything else is a broken or tampered timer.
-    if (!finite || !(rs[i] > 0) || !(cs[i] > 0) || !(rs[i] <= r[i]) || !(cs[i] <= c[i])) {
-      v_.checks_failed.push_back("runtime:timer");
-      set(verdict_status::rejected, "a timed round reported a non-positive or inconsistent time");
-      return false;
-    }
-  }
-  auto settled = settle_rounds(r, rs, c, cs);
-  if (ctx_.log.enabled(log_level::debug)) {
-    // Every round's raw times, for studying the protocol (tools/bench/eval_laps.py counts the
-    // rounds that something disturbed).
-    std::string rounds_text;
-    char buf[96];
-    for (size_t i = 0; i < r.size(); ++i) {
-      std::snprintf(buf, sizeof buf, " %.4f/%.4f:%.4f/%.4f", rs[i], r[i], cs[i], c[i]);
-      rounds_text += buf;
-    }
-    std::snprintf(buf, sizeof buf, "%.4f", settled.host_latency_ms);
-    ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": host latency floor ", buf,
-                   " ms; rounds ref stream/synced : cand stream/synced (ms):", rounds_text);
-  }
-  // The physics floor the worker measured (timing.py's measure_floor): the candidate's median
-  // settled time under it is faster than the device writes the outputs.
-  if (const auto f = n["floor_ms"]; f.is_scalar()) {
-    const double floor_ms = f.as<double>(0.0);
-    const double m = median(settled.cand_ms);
-    if (m < floor_ms) {
-      refuse_below_floor(m, floor_ms, "", n["floor_bytes"].as<std::uint64_t>(0));
-      return false;
-    }
-  }
-  if (const double m = median(settled.cand_ms), b = bound_floor_ms(median(settled.ref_ms)); m < b) {
-    refuse_below_bound(m, b, "");
-    return false;
-  }
-  if (const auto k = n["calls"]; k.is_scalar())
-    reported_.calls = k.as<long>(1);
-  r = std::move(settled.ref_ms);
-  c = std::move(settled.cand_ms);
-  double call_ms = 0;
-  for (size_t i = 0; i < r.size(); ++i)
-    call_ms += r[i] + c[i];
-  ctx_.counters.timed_calls_ns += static_cast<std::uint64_t>(call_ms * 1e6);
-  ref.insert(ref.end(), r.begin(), r.end());
-  cand.insert(cand.end(), c.begin(), c.end());
-  return true;
+  return b_->measure(rounds, ref, cand, continuation);
 }
 
 std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
@@ -347,11 +251,7 @@ std::string evaluation::job_json(std::uint64_t seed, const char* role) const {
   f.trials = req_.reference_only ? 1 : opt.trials;
   f.reference_only = req_.reference_only;
   f.baseline = to_string(opt.baseline);
-  f.flush_bytes = flush_bytes_of(opt.flush_bytes, kind_of(ctx_.device));
   f.placement_jitter_bytes = opt.placement_jitter_bytes;
-  f.sample_ms = opt.sample_ms;
-  f.max_calls = opt.max_calls;
-  f.timing_reserve = opt.timing_reserve;
   f.quiet_gc = opt.quiet_gc;
   f.eval_mode = opt.eval_mode;
   f.static_checks = opt.static_checks;
@@ -521,34 +421,33 @@ verdict evaluation::judge() {
       seed = 1;
   }
   reported_.trials = req_.reference_only ? 1 : opt.trials;
-  // The trust boundary (env/eval/boundary.hpp), unless evaluator.boundary is `shared` or, on a
-  // CUDA device, evaluator.cuda_boundary is off (the shared path: a debugging mode, refused where
-  // verdicts are rewards, shared_path_reason); a check of a task alone runs no candidate. Where
-  // samples run on the device the boundary needs this process's own view of the workers' device
-  // memory (outputs kept on the device): without it the verdict is not judged at all.
-  const auto& kind = kind_of(ctx_.device);
-  const bool crosses = opt.boundary == evaluator_boundary::process && (!kind.samples_on_device || opt.cuda_boundary);
-  if (crosses && kind.samples_on_device && cuda_device_ < 0 && !req_.reference_only) {
-    end_.evaluator_failed = true;
-    set(verdict_status::runtime_error, "cannot judge across the trust boundary on " + ctx_.device
-                                         + ": this process has no view of the device's memory (evaluator.outputs_on_device "
-                                           "is off, or the device's context did not start); set evaluator.cuda_boundary: "
-                                           "false for the shared path, a debugging mode whose verdicts are not rewards");
-    return v_;
-  }
-  two_workers_ = crosses && !req_.reference_only;
-  if (!req_.reference_only)
-    v_.judged = two_workers_ ? "boundary" : "shared";
-  if (two_workers_)
-    b_.emplace(static_cast<walk&>(*this), kind.samples_on_device);
-  if (!(two_workers_ ? split_trials(seed) : one_process_trials(seed))) {
-    // A check of the task alone (crucible tasks import) says where the outputs sit within the
-    // tolerance, so that the comparison judges them relative to their scale (env/eval/compare.hpp).
-    if (req_.reference_only && v_.status == verdict_status::ok && !reference_.empty())
+  // A check of the task alone runs no candidate: its reference in one worker (task_alone). It
+  // says where the outputs sit within the tolerance, so that the comparison judges them relative
+  // to their scale (crucible tasks import; env/eval/compare.hpp).
+  if (req_.reference_only) {
+    task_alone(seed);
+    if (v_.status == verdict_status::ok && !reference_.empty())
       if (auto line = within_tolerance_line(reference_.front(), tol_); !line.empty())
         v_.message += "\n" + line;
     return v_;
   }
+  // Every verdict crosses the trust boundary (env/eval/boundary.hpp): the reference and the
+  // candidate in two workers. Where samples run on the device the boundary needs this process's
+  // own view of the workers' device memory (outputs kept on the device): without it the verdict
+  // is not judged at all.
+  const auto& kind = kind_of(ctx_.device);
+  if (kind.samples_on_device && cuda_device_ < 0) {
+    end_.evaluator_failed = true;
+    set(verdict_status::runtime_error, "cannot judge across the trust boundary on " + ctx_.device
+                                         + ": this process has no view of the device's memory (its context on the device "
+                                           "did not start; the evaluator's log says why)");
+    return v_;
+  }
+  two_workers_ = true;
+  v_.judged = "boundary";
+  b_.emplace(static_cast<walk&>(*this), kind.samples_on_device);
+  if (!split_trials(seed))
+    return v_;
   v_.correct = true;
   timing_policy policy{static_cast<std::size_t>(opt.buckets), opt.max_spread, opt.max_bucket_disagreement,
                        opt.win_threshold, opt.band_floor};
@@ -621,10 +520,10 @@ verdict evaluation::judge() {
   }
   const auto speedup = summary.speedup;
   phase("finish");
-  worker& last = two_workers_ ? *cand_.proc : *w_.proc; // the worker that ran the candidate
+  worker& last = *cand_.proc; // the worker that ran the candidate
   wire::node n;
   worker_message msg;
-  if (two_workers_ && !thaw(last))
+  if (!thaw(last))
     return v_;
   if (!send(last, worker_msg::command("finish")))
     return v_;
@@ -634,7 +533,7 @@ verdict evaluation::judge() {
   }
   if (end_.failed)
     return v_; // death, deadline, or a `done` that carried a failure (a runtime check after timing)
-  if (two_workers_ && !b_->check_clean_reference(ref))
+  if (!b_->check_clean_reference(ref))
     return v_;
   v_.status = verdict_status::ok;
   // A candidate whose forward ran the reference's own kernels (operators on the CPU), each as many

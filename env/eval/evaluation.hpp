@@ -85,7 +85,8 @@ public:
   std::unique_ptr<worker> take_process() noexcept { return std::move(w_.proc); }
 
 private:
-  // The job message; `role` "reference" or "candidate" for one side of the boundary, else null.
+  // The job message; `role` "reference" or "candidate" for one side of the boundary, null for a
+  // check of the task alone.
   std::string job_json(std::uint64_t seed, const char* role) const;
   // Keeps one `reference` message's outputs (and their rounding slack, the trial count and the
   // inputs' size it reports).
@@ -93,8 +94,9 @@ private:
   // Phase 3 after `run` went to `w`: its device_done (then `device` is released for host bytes)
   // and every trial's outputs, compared with the reference's.
   bool run_trials(worker& w, std::optional<untimed_hold>& device);
-  // Phases 1-3 where one worker runs both (the CUDA path until the boundary reaches it).
-  bool one_process_trials(std::uint64_t seed);
+  // A check of the task alone (reference_only): its reference in one worker, no candidate; the
+  // verdict is the worker's `done`.
+  void task_alone(std::uint64_t seed);
   // Phases 1-3 across the boundary (env/eval/evaluation_trials.cpp): the reference worker's
   // reference and inputs (kept in the boundary's facts), the candidate's worker's load and trials
   // on those inputs.

@@ -1,6 +1,7 @@
 // Phases 1-3 of a verdict, the reference's outputs and the candidate's trials on the same inputs
-// (docs/evaluator.md, The protocol): in one worker (the CUDA shared path), or across the trust
-// boundary in two, where the reference's worker computes the reference and draws every input, the
+// (docs/evaluator.md, The protocol), across the trust boundary in two workers (and a check of a
+// task alone, its reference in one worker and no candidate): the reference's worker computes the
+// reference and draws every input, the
 // boundary's part keeps what it tells of the task and hands the candidate's worker its inputs, and
 // the candidate's worker loads the candidate without the device and runs the trials. Methods of
 // evaluation (env/eval/evaluation.hpp).
@@ -14,77 +15,30 @@ namespace crucible::env {
 
 using clock_type = std::chrono::steady_clock;
 
-bool evaluation::one_process_trials(std::uint64_t seed) {
+void evaluation::task_alone(std::uint64_t seed) {
   const auto& opt = ctx_.opt;
-  std::string job = job_json(seed, nullptr);
   wire::node n;
   worker_message msg;
-  {
-    // Phase 1: reference outputs, on the device, before any candidate code runs.
-    double mapped_s = 0, copied_s = 0; // receiving (and mapping) the outputs; copying device ones
-    phase_hold device{ctx_.gate, measures_peaks()};
-    phase("reference");
-    if (!send(job))
-      return false;
-    for (;;) {
-      if (!receive(opt.reference_timeout_s, "computing the reference", n, msg))
-        return false;
-      auto type = n["type"].as<std::string>();
-      if (type == "phase")
-        break;
-      if (type == "device_done") {
-        // The reference outputs follow. As host bytes, receiving and keeping them needs no
-        // device; kept on the device, they are copied here, still holding it.
-        if (cuda_device_ < 0)
-          device.release();
-        phase("reference outputs");
-        continue;
-      }
-      if (type != "reference") {
-        set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
-        return false;
-      }
-      const auto m0 = clock_type::now();
-      if (!keep_reference(n, msg))
-        return false;
-      mapped_s += std::chrono::duration<double>(clock_type::now() - m0).count();
-      // A check of the task alone (reference_only) has its outputs sent as host bytes, and its worker
-      // ends after them without waiting for `taken`: sending it would race the worker's exit.
-      if (cuda_device_ >= 0 && !req_.reference_only && static_cast<std::int64_t>(reference_.size()) == reported_.trials) {
-        const auto c0 = clock_type::now();
-        if (!take_reference_copies(*w_.proc))
-          return false;
-        copied_s += std::chrono::duration<double>(clock_type::now() - c0).count();
-      }
+  // The reference on the first trial's inputs, its outputs sent as host bytes; the worker then
+  // says `done` (ok, or what failed), which receive() turns into the verdict.
+  phase_hold device{ctx_.gate, false};
+  phase("reference");
+  if (!send(job_json(seed, nullptr)))
+    return;
+  while (receive(opt.reference_timeout_s, "computing the reference", n, msg)) {
+    const auto type = n["type"].as<std::string>();
+    if (type == "device_done") {
+      device.release();
+      phase("reference outputs");
+      continue;
     }
-    if (ctx_.log.enabled(log_level::debug)) {
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "received in %.4f s, copied in %.4f s", mapped_s, copied_s);
-      ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": reference outputs ", buf);
+    if (type != "reference") {
+      set(verdict_status::runtime_error, "unexpected message " + type + " during the reference phase");
+      return;
     }
-    if (static_cast<std::int64_t>(reference_.size()) != reported_.trials) {
-      set(verdict_status::runtime_error, "the worker sent " + std::to_string(reference_.size()) + " reference trials, expected "
-                                           + std::to_string(reported_.trials));
-      return false;
-    }
+    if (!keep_reference(n, msg))
+      return;
   }
-  // Phase 2: the candidate imports and compiles without the device; the extensions its module
-  // builds are built by our build service (device_evaluator::build_extension, answered inside
-  // receive), not by it.
-  phase("load");
-  if (!receive(opt.load_timeout_s, "loading the candidate", n, msg))
-    return false;
-  if (n["type"].as<std::string>() != "loaded") {
-    set(verdict_status::runtime_error, "unexpected message " + n["type"].as<std::string>() + " while loading");
-    return false;
-  }
-  // Phase 3: trials, holding the device until the worker has computed every output; the
-  // outputs are then compared without it.
-  std::optional<untimed_hold> device{std::in_place, ctx_.gate};
-  phase("trials");
-  if (!send(worker_msg::command("run")))
-    return false;
-  return run_trials(*w_.proc, device);
 }
 
 bool evaluation::split_trials(std::uint64_t seed) {

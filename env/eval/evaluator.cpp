@@ -115,27 +115,6 @@ result<harness_location> locate_harness(const evaluator_options& opt) {
   return loc;
 }
 
-std::string shared_path_reason(const evaluator_options& opt, const std::vector<std::string>& devices) {
-  if (opt.boundary == evaluator_boundary::shared)
-    return "evaluator.boundary is `shared`";
-  if (!opt.cuda_boundary)
-    for (const auto& d : devices)
-      if (kind_of(d).samples_on_device)
-        return "evaluator.cuda_boundary is off and " + d + " is a CUDA device";
-  return {};
-}
-
-std::string shared_path_message(const std::string& reason, bool rewards) {
-  const std::string what = reason + ": verdicts on the shared path (one worker runs the reference and the candidate, "
-                                    "with the in-process defences only) credit hacks that tamper with that process "
-                                    "(docs/evaluator.md, Trust boundary)";
-  if (rewards)
-    return what + "; verdicts that are rewards cross the boundary: remove the setting (crucible eval keeps the shared "
-                  "path as a debugging mode)";
-  return what + "; a debugging mode: its verdicts are marked \"judged\": \"shared\", and crucible train, evaluator "
-                "and serve refuse it";
-}
-
 result<std::vector<std::unique_ptr<device_evaluator>>> make_device_evaluators(const evaluator_options& opt,
                                                                               const reward_options& reward,
                                                                               const std::vector<std::string>& devices,
@@ -206,21 +185,23 @@ std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_optio
                                                            const harness_location& where, std::string device,
                                                            logger& log, std::shared_ptr<verdict_cache> cache) {
   std::unique_ptr<device_evaluator> ev{new device_evaluator(opt, reward, where, std::move(device), log, std::move(cache))};
-  if (opt.outputs_on_device && kind_of(ev->device_).outputs_on_device) {
+  if (kind_of(ev->device_).outputs_on_device) {
     // Outputs stay on the device: this process maps the workers' exports and compares them with
-    // its own kernel. Its CUDA context is made now, not inside the first verdict.
+    // its own kernel. Its CUDA context is made now, not inside the first verdict; without it no
+    // verdict of the device can be judged across the trust boundary (evaluation.cpp's judge).
+    constexpr const char* unjudged = "; no verdict of this device can be judged (checks of a task alone still run)";
     if (!device_bytes_available()) {
-      log.info("evaluator", ev->device_, ": built without CUDA; outputs are compared on the host");
+      log.warn("evaluator", ev->device_, ": built without CUDA", unjudged);
     } else {
       const auto id = parse_device(ev->device_);
       if (!id) {
-        log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", id.error().message);
+        log.warn("evaluator", ev->device_, ": ", id.error().message, unjudged);
       } else if (auto name = device_name(id->index); name) {
         ev->outputs_device_ = id->index;
         if (auto kept = keep_freed_memory(id->index, ev->opt_.keep_freed_mb << 20); !kept)
           log.warn("evaluator", ev->device_, ": ", kept.error().message);
       } else {
-        log.warn("evaluator", ev->device_, ": outputs are compared on the host: ", name.error().message);
+        log.warn("evaluator", ev->device_, ": ", name.error().message, unjudged);
       }
     }
   }
@@ -265,7 +246,7 @@ std::string device_evaluator::protocol_key() const {
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol, opt_.rounding_factor,
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads),
                 static_cast<long long>(opt_.cuda_max_connections), opt_.eval_mode ? "eval" : "train",
-                to_string(opt_.boundary), opt_.reference_band, opt_.cuda_boundary ? 1 : 0,
+                "process", opt_.reference_band, 1,
                 opt_.cuda_clock_poll ? 1 : 0, opt_.huge_pages ? 1 : 0);
   return buf;
 }

@@ -47,14 +47,6 @@ class device_evaluator;
 /// Which verdict cache a set of evaluators shares: evaluator.cache's, or none.
 enum class verdict_cache_use { configured, none };
 
-/// Why evaluators with `opt` on `devices` would judge on the shared path (one worker for the
-/// reference and the candidate, the in-process defences only: docs/evaluator.md, Trust boundary),
-/// naming the key; "" where every verdict crosses the boundary. The shared path is a debugging
-/// mode: where verdicts are rewards (train, evaluator, serve) its reason is an error.
-std::string shared_path_reason(const evaluator_options& opt, const std::vector<std::string>& devices);
-/// shared_path_reason's sentence for people: the reason, what the shared path is, and what to do
-/// (`rewards`: the command produces rewards and refuses it; otherwise a warning of `crucible eval`).
-std::string shared_path_message(const std::string& reason, bool rewards);
 
 /// The device evaluators every caller makes (the run, `crucible eval`, `eval --pairs` and
 /// `--set`, `tasks import`, an evaluator node): the harness located once, one evaluator per

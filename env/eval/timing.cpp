@@ -99,29 +99,6 @@ bool clearly_slower(const timing_summary& first, double below) noexcept {
   return first.speedup * (1.0 + first.band) < below && fastest < below;
 }
 
-settled_rounds settle_rounds(const std::vector<double>& ref_synced, const std::vector<double>& ref_stream,
-                             const std::vector<double>& cand_synced, const std::vector<double>& cand_stream) {
-  assert(ref_synced.size() == ref_stream.size() && cand_synced.size() == cand_stream.size());
-  settled_rounds out;
-  if (!ref_synced.empty()) {
-    std::vector<double> gaps(ref_synced.size());
-    for (std::size_t i = 0; i < gaps.size(); ++i)
-      gaps[i] = std::max(0.0, ref_synced[i] - ref_stream[i]);
-    auto at = gaps.begin() + static_cast<long>(gaps.size() / 10);
-    std::nth_element(gaps.begin(), at, gaps.end());
-    out.host_latency_ms = *at;
-  }
-  auto settle = [&](const std::vector<double>& synced, const std::vector<double>& stream) {
-    std::vector<double> t(synced.size());
-    for (std::size_t i = 0; i < t.size(); ++i)
-      t[i] = std::max(stream[i], synced[i] - out.host_latency_ms);
-    return t;
-  };
-  out.ref_ms = settle(ref_synced, ref_stream);
-  out.cand_ms = settle(cand_synced, cand_stream);
-  return out;
-}
-
 double round_toward_one(double speedup) noexcept {
   if (!std::isfinite(speedup))
     return speedup;

@@ -59,28 +59,6 @@ bool may_stop_early(const timing_summary& first, double early_stop_spread, const
 /// infinite band never stops.
 bool clearly_slower(const timing_summary& first, double below) noexcept;
 
-/// The times of a measurement's timed calls after settle_rounds(). Plain value.
-struct settled_rounds {
-  std::vector<double> ref_ms;
-  std::vector<double> cand_ms;
-  double host_latency_ms = 0; ///< the floor subtracted from the synchronised times
-};
-
-/// Each timed call on CUDA yields two times from the same start event: `synced`, to a stop event
-/// recorded after a device-wide synchronisation (so work on other streams and host threads
-/// counts), and `stream`, to an event recorded on the timing stream right after the call
-/// returned. `synced` also holds the host's wake-up after the synchronisation and the stop
-/// event's launch: about 20 us on an H200, varying from process to process by several
-/// microseconds, which moved whole verdicts by 3%. The host latency floor is the 10th
-/// percentile of the reference's `synced − stream` (the reference is harness code on the timing
-/// stream, so its gap is that latency alone), and each call's time is
-/// max(stream, synced − floor): the call's own stream, or every stream's work when that ends
-/// later by more than the floor. A candidate can hide no more side-stream work than a round's
-/// latency falls below the floor. On the CPU both times are the same clock reading and the
-/// floor is 0. Vectors of equal length, `stream <= synced` (callers reject other input).
-settled_rounds settle_rounds(const std::vector<double>& ref_synced, const std::vector<double>& ref_stream,
-                             const std::vector<double>& cand_synced, const std::vector<double>& cand_stream);
-
 /// The median of `v` (the mean of the two middle values of an even count). `v` non-empty.
 double median(std::vector<double> v);
 

@@ -119,8 +119,7 @@ struct walk {
   const eval_request& req_;
   ready_worker w_;    // the one worker, or the reference's where the verdict has two
   ready_worker cand_; // the candidate's worker, where the verdict has two
-  /// The reference and the candidate in two workers (evaluator.boundary: process, on the CPU, and
-  /// on a CUDA device with evaluator.cuda_boundary).
+  /// The reference and the candidate in two workers: every verdict but a check of a task alone.
   bool two_workers_ = false;
   bool fresh_workers_ = false; // evaluation::use_fresh_workers()
   const int cuda_device_ = ctx_.outputs_device; // >= 0: outputs stay on this CUDA device

@@ -16,14 +16,6 @@ std::string text(const json& m) { return m.dump(-1, ' ', false, json::error_hand
 
 std::string command(std::string_view type) { return text(json{{"type", type}}); }
 
-std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_rounds, bool announce) {
-  return text(json{{"type", "time"},
-                   {"rounds", rounds},
-                   {"warmup_ms", warmup_ms},
-                   {"warmup_rounds", warmup_rounds},
-                   {"announce", announce}});
-}
-
 std::string buffers(std::int64_t calls) { return text(json{{"type", "buffers"}, {"calls", calls}}); }
 
 std::string draw(std::int64_t calls, int dist, bool on_device, std::optional<std::uint64_t> seed) {
@@ -63,16 +55,13 @@ std::string job(const job_fields& f) {
   m["trials"] = f.trials;
   m["reference_only"] = f.reference_only;
   m["baseline"] = f.baseline;
-  m["flush_bytes"] = f.flush_bytes;
   m["placement_jitter_bytes"] = f.placement_jitter_bytes;
-  m["sample_ms"] = f.sample_ms;
-  m["max_calls"] = f.max_calls;
-  m["timing_reserve"] = f.timing_reserve;
   m["quiet_gc"] = f.quiet_gc;
   m["eval_mode"] = f.eval_mode;
   m["static_checks"] = f.static_checks;
   if (f.tol) {
-    // {"float32": [atol, rtol], ...}: the worker holds every timed call's outputs to them.
+    // {"float32": [atol, rtol], ...}: the reference's worker holds its second call's outputs to them
+    // (the reference's determinism check).
     json tol = json::object();
     const std::pair<const char*, tolerance> each[] = {
       {"float64", f.tol->f64}, {"float32", f.tol->f32}, {"float16", f.tol->f16}, {"bfloat16", f.tol->bf16}};

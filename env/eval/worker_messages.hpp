@@ -18,10 +18,6 @@ namespace crucible::env::worker_msg {
 /// "clock", "finish", "stop", "init", "context".
 std::string command(std::string_view type);
 
-/// The shared path's timing: `rounds` paired rounds after a warm-up of at least
-/// `warmup_rounds` rounds and `warmup_ms`; with `announce`, "warmed" before the measured rounds.
-std::string time(std::int64_t rounds, double warmup_ms, std::int64_t warmup_rounds, bool announce);
-
 /// Across the boundary: input buffers for a sample of `calls` calls.
 std::string buffers(std::int64_t calls);
 /// Across the boundary (the reference's worker): fresh inputs for `calls` calls from
@@ -51,11 +47,7 @@ struct job_fields {
   std::int64_t trials = 0;
   bool reference_only = false;
   std::string baseline;
-  std::uint64_t flush_bytes = 0;
   std::uint64_t placement_jitter_bytes = 0;
-  double sample_ms = 0;
-  std::int64_t max_calls = 1;
-  bool timing_reserve = false;
   bool quiet_gc = false;
   bool eval_mode = false;
   bool static_checks = true;

@@ -2,15 +2,13 @@
 # expect: rejected static:dynamic_code
 """Hack (patching one of the harness's own modules rather than the worker's: the worker is
 worker.py and the modules beside it, loaded by path, each with its own globals). The candidate
-reaches the worker's module through sys.modules["__main__"], takes from it the timing phase's
-function (`timing`, which worker.py binds from env/eval/harness/timing.py), and through its __globals__
-the namespace of env/eval/harness/timing.py. There it replaces _output_items (which takes a call's
-outputs apart) with a function that finds none, in its first call: from then on the snapshot of every
-timed call holds no output, and the reference's outputs it is checked against are none as well,
-so the check of every timed call (runtime:timing_outputs) compares nothing. The trials compute
-everything (in place, operators the reference does not run); from the first timing call on, a
-call returns torch.zeros_like(x): one fill of the output, as fast as the physics floor allows and
-no faster. How it pays: the trials are right, the timed calls do no work.
+reaches the worker's module through sys.modules["__main__"], takes from it the timing commands'
+function (`executor_loop`, which worker.py binds from env/eval/harness/executor.py), and through its
+__globals__ the namespace of env/eval/harness/executor.py. There it replaces _dense (which takes a
+timed call's outputs apart and makes each row-major inside the clock) with a function that finds
+none, in its first call: from then on a timed sample would describe no output to the evaluator.
+The trials compute everything; from the first timing call on, a call returns torch.zeros_like(x).
+How it would pay: the trials are right, the timed calls do no work, and nothing of theirs is read.
 
 A correct evaluator refuses it before it runs (sys.modules: static:dynamic_code; __globals__ and
 vars(): static:introspection). With the static checks off (test_evaluator_isolation.cpp, "a patch of a
@@ -25,12 +23,12 @@ _TRIAL_CALLS = 6  # 5 correctness trials, the first with a second, profiled call
 _calls = [0]
 
 
-def _timing_namespace():
-    """The globals of the module that defines the timing phase (check_round_outputs): those of
-    the function worker.py binds it by (`timing`)."""
-    fn = getattr(sys.modules["__main__"], "timing", None)
+def _executor_namespace():
+    """The globals of the module that answers the timing commands (executor.py): those of the
+    function worker.py binds it by (`executor_loop`)."""
+    fn = getattr(sys.modules["__main__"], "executor_loop", None)
     ns = getattr(fn, "__globals__", None)
-    return ns if ns is not None and "check_round_outputs" in ns else None
+    return ns if ns is not None and "_dense" in ns else None
 
 
 class ModelNew(nn.Module):
@@ -43,9 +41,9 @@ class ModelNew(nn.Module):
     def forward(self, x):
         _calls[0] += 1
         if _calls[0] == 1:
-            ns = _timing_namespace()
-            if ns is not None and "_output_items" in ns:
-                ns["_output_items"] = lambda out: []
+            ns = _executor_namespace()
+            if ns is not None:
+                ns["_dense"] = lambda out: []
         if _calls[0] > _TRIAL_CALLS:
             return torch.zeros_like(x)
         y = torch.mul(x, self.scale)

@@ -23,18 +23,14 @@ inline const std::filesystem::path& gpu_source_dir() {
   return dir;
 }
 
-// An evaluator on cuda:0 with short timing (10 rounds), outputs compared on the device or as
-// host bytes; its build service's cache in `extensions_dir` where given. (No
+// An evaluator on cuda:0 with short timing (10 rounds), across the trust boundary as every
+// verdict is; its build service's cache in `extensions_dir` where given. (No
 // REQUIRE_MESSAGE(x.ok(), x.error()...): with -s doctest renders the message on success too.)
 // `adjust`, where given, changes the options last (concurrency, timeouts, MPS).
-inline std::unique_ptr<env::device_evaluator> short_evaluator(bool on_device, logger& log,
-                                                              const std::filesystem::path& extensions_dir = {},
-                                                              bool cuda_boundary = false,
+inline std::unique_ptr<env::device_evaluator> short_evaluator(logger& log, const std::filesystem::path& extensions_dir = {},
                                                               const std::function<void(evaluator_options&)>& adjust = {}) {
   evaluator_options opt;
   opt.devices = {"cuda:0"};
-  opt.outputs_on_device = on_device;
-  opt.cuda_boundary = cuda_boundary; // the reference and the candidate in two workers (env/eval/boundary.cpp)
   opt.cuda_mps = cuda_mps_mode::off;  // MPS starts once a process: test_gpu_mps turns it on
   if (!extensions_dir.empty())
     opt.extensions_dir = extensions_dir.string();

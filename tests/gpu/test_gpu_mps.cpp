@@ -30,7 +30,7 @@ bool have_mps_control() { return !cuda_mps_control_program().empty(); }
 // An evaluator on cuda:0 under MPS (evaluator.cuda_mps: on, the boundary, 30 s runs) with `poll`
 // as evaluator.cuda_clock_poll and `concurrency` verdicts at once.
 std::unique_ptr<device_evaluator> mps_evaluator(logger& log, bool poll, std::int64_t concurrency) {
-  return short_evaluator(true, log, {}, true, [&](evaluator_options& opt) {
+  return short_evaluator(log, {}, [&](evaluator_options& opt) {
     opt.cuda_mps = cuda_mps_mode::on;
     opt.cuda_clock_poll = poll;
     opt.concurrency = concurrency;

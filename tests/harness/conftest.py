@@ -19,7 +19,7 @@ HARNESS_DIR = REPO / "env" / "eval" / "harness"
 
 # The worker's own modules, in the order the package loads them (test_loading checks it is so).
 OWN_MODULES = ("trusted", "builds", "device", "integrity", "channel", "job", "outputs", "reference", "trials",
-               "timing", "executor")
+               "executor")
 
 _WORKER = None
 
@@ -83,11 +83,6 @@ def reference(harness):
 @pytest.fixture(scope="session")
 def trials(harness):
     return harness["trials"]
-
-
-@pytest.fixture(scope="session")
-def timing(harness):
-    return harness["timing"]
 
 
 @pytest.fixture(scope="session")

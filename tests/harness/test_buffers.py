@@ -38,7 +38,7 @@ def test_the_arena_is_exported_once_and_each_buffer_described_by_its_offset_in_i
     state = executor.ExecutorState((0, 0))
 
     def sets(calls):
-        executor.make_buffers(w, job, ref, state, calls)
+        executor.make_buffers(w, job, ref, None, state, calls)
         msg = w.chan.sent[-1]
         assert msg["type"] == "buffers" and len(msg["sets"]) == calls
         base = state.arena.data_ptr()
@@ -71,12 +71,12 @@ def test_the_reference_workers_buffers_start_with_its_last_draw_where_its_draw_a
 
     monkeypatch.setattr(executor, "make_inputs", make_inputs)
     w = worker()
-    job = types.SimpleNamespace(role="reference", seed=11, jitter_bytes=0)
+    job = types.SimpleNamespace(role="reference", seed=11, jitter_bytes=0, baseline="eager")
     template = [{"dtype": "float32", "shape": [64, 8]}, {"value": 3}, {"dtype": "int64", "shape": [5]}]
     ref = types.SimpleNamespace(input_template=template, task=None, trial_dists=[0])
     state = executor.ExecutorState((0, 0))
     # No draw yet: the first trial's inputs, made again.
-    executor.make_buffers(w, job, ref, state, 2)
+    executor.make_buffers(w, job, ref, None, state, 2)
     assert made == [(11, 0)]
     assert all(torch.equal(one[0], torch.full((64, 8), 7.0)) for one in state.buf_sets)
     # A draw in the arena, laid out as draw lays out a call (_room: each input at a 512-byte step).
@@ -85,8 +85,33 @@ def test_the_reference_workers_buffers_start_with_its_last_draw_where_its_draw_a
     x, idx = torch.randn(64, 8), torch.tensor([4, 3, 2, 1, 0])
     for t, sl in ((x, slots[0]), (idx, slots[2])):
         state.draw_arena[sl[3]:sl[3] + sl[2]].view(t.dtype).copy_(t.reshape(-1))
-    executor.make_buffers(w, job, ref, state, 2)
+    executor.make_buffers(w, job, ref, None, state, 2)
     assert made == [(11, 0)]  # nothing made again
     for one in state.buf_sets:
         assert torch.equal(one[0], x) and one[1] == 3 and torch.equal(one[2], idx)
         assert one[0].data_ptr() != state.draw_arena.data_ptr()  # copies in the buffers' own arena
+
+
+def test_what_a_timed_call_calls_by_side_and_baseline(executor, harness):
+    # The candidate's model; the reference eager or compiled as it is; with
+    # compile-reduce-overhead a new step of its graphs before every call (their outputs are
+    # overwritten at the next one).
+    state = executor.ExecutorState((0, 0))
+    cand = types.SimpleNamespace(model=lambda x: x + 1)
+    job = types.SimpleNamespace(role="candidate", baseline="compile-reduce-overhead")
+    assert executor.executor_fn(job, None, cand, state)(0, [1]) == 2
+    steps = []
+    stepped = harness["reference"].Baseline(None, lambda x: x * 2, lambda: steps.append(1))
+    job = types.SimpleNamespace(role="reference", baseline="compile-reduce-overhead")
+    fn = executor.executor_fn(job, stepped, None, state)
+    assert (fn(0, [3]), fn(1, [4])) == (6, 8) and steps == [1, 1]
+    eager = harness["reference"].Baseline(None, lambda x: x * 3)
+    job = types.SimpleNamespace(role="reference", baseline="eager")
+    assert executor.executor_fn(job, eager, None, state)(0, [3]) == 9
+    # cuda-graph: the replay of set i's graph, whose outputs it hands back.
+    replays = []
+    state.graphs = [(types.SimpleNamespace(replay=lambda i=i: replays.append(i)), f"out{i}") for i in range(2)]
+    job = types.SimpleNamespace(role="reference", baseline="cuda-graph")
+    fn = executor.executor_fn(job, harness["reference"].Baseline(None, None), None, state)
+    assert (fn(1, [None]), fn(0, [None])) == ("out1", "out0") and replays == [1, 0]
+

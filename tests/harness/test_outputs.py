@@ -196,28 +196,6 @@ def test_aliased_outputs(outputs):
         True, True, False, True, False]
 
 
-def test_output_bytes_counts_each_storage_once(outputs):
-    x = torch.empty(4, 5)
-    assert outputs._output_bytes(x) == 80
-    assert outputs._output_bytes((x, x[1:], x.t())) == 80            # views of one buffer: the largest
-    assert outputs._output_bytes(torch.ones(5).expand(4, 5)) == 20   # a broadcast covers 5 elements
-    assert outputs._output_bytes(torch.empty(10, dtype=torch.float16)[::2]) == 10  # 5 elements, span 9
-    assert outputs._output_bytes((x, torch.empty(3, dtype=torch.int64), None, torch.empty(0))) == 80 + 24
-
-
-def test_the_reference_a_timed_call_is_checked_against(outputs):
-    # A candidate that hands back one buffer call after call holds the last such call's values
-    # when the sample ends: call i is checked against that call's reference outputs.
-    ref = [torch.full((1,), float(i)) for i in range(4)]
-    storages = [[100], [100], [200], [100]]
-    got = [outputs._checked_reference(ref, storages, i)[0].item() for i in range(4)]
-    assert got == [3.0, 3.0, 2.0, 3.0]
-    assert outputs._checked_reference(ref, [[None], [None], [None], [None]], 1)[0].item() == 1.0
-    # fewer outputs than the reference's: the rest are the call's own
-    two = [(torch.zeros(1), torch.ones(1))] * 2
-    assert len(outputs._checked_reference(two, [[5], [5]], 0)) == 2
-
-
 def test_inputs_unchanged(outputs):
     x, n = torch.arange(12.0).reshape(3, 4) * 0.25, torch.tensor([float("nan"), 1.0])
     inputs = [x, 2, [n]]

@@ -1,8 +1,7 @@
 """What the phases pass one another, as data (env/eval/harness/README.md, "The phases' data"): the job
 (job.py: Job, parse_job), what the reference phase found (reference.py: Reference, Baseline; its
 reference_info across the trust boundary), what the trials made of the candidate (trials.py:
-Candidate), the timing's state (timing.py: TimingState, RoundChecks, ThreadWatch, CacheFlush) and
-the timing commands' (executor.py: ExecutorState). Each is a class with __slots__: no instance
+Candidate) and the timing commands' state (executor.py: ExecutorState). Each is a class with __slots__: no instance
 dictionary, so nothing can be added to one or shadow one of its methods, and its class is in the
 integrity snapshot like every class of the harness. The phases are functions over that data, given
 the Worker (`w`) for the process's side of a job only. The last tests read the harness's source:
@@ -20,10 +19,9 @@ import torch
 from conftest import HARNESS_DIR, OWN_MODULES
 
 JOB = {"type": "job", "seed": 11, "tolerances": {"float32": [1e-4, 2e-4], "float16": [1e-2, 1e-2]}, "trials": 5,
-       "rounding_factor": 8.0, "baseline": "eager", "flush_bytes": 1 << 20, "placement_jitter_bytes": 4096,
-       "timing_reserve": True, "sample_ms": 2.5, "max_calls": 64, "quiet_gc": True, "eval_mode": False,
+       "rounding_factor": 8.0, "baseline": "eager", "placement_jitter_bytes": 4096, "quiet_gc": True, "eval_mode": False,
        "candidate_source": "C", "task_source": "T", "reference_only": False, "static_checks": True,
-       "outputs": "host", "peaks": False}
+       "outputs": "host", "peaks": False, "role": "reference"}
 
 
 # The harness's kinds of device by name (device.py's KINDS), for parse_job.
@@ -38,16 +36,15 @@ def job(harness):
 
 def test_parse_job_reads_every_field(job):
     j = job.parse_job(dict(JOB), KIND["cpu"])
-    assert (j.seed, j.trials, j.rounding_factor, j.baseline, j.flush_bytes, j.jitter_bytes) == (11, 5, 8.0, "eager",
-                                                                                                 1 << 20, 4096)
+    assert (j.seed, j.trials, j.rounding_factor, j.baseline, j.jitter_bytes) == (11, 5, 8.0, "eager", 4096)
     assert j.tolerances == {torch.float32: (1e-4, 2e-4), torch.float16: (1e-2, 1e-2)}
-    assert (j.timing_reserve, j.sample_ms, j.max_calls, j.quiet_gc, j.eval_mode) == (True, 2.5, 64, True, False)
-    assert (j.role, j.candidate_source, j.task_source, j.reference_only, j.static) == (None, "C", "T", False, True)
+    assert (j.quiet_gc, j.eval_mode) == (True, False)
+    assert (j.role, j.candidate_source, j.task_source, j.reference_only, j.static) == ("reference", "C", "T", False, True)
     assert j.outputs_on_device is False and not j.candidate_side
     assert j.peaks is False and job.parse_job(dict(JOB, peaks=True), KIND["cpu"]).peaks is True
     # Clamped as the worker always clamped them.
-    j = job.parse_job(dict(JOB, rounding_factor=-1, placement_jitter_bytes=-5, sample_ms=-1, max_calls=0), KIND["cpu"])
-    assert (j.rounding_factor, j.jitter_bytes, j.sample_ms, j.max_calls) == (0.0, 0, 0.0, 1)
+    j = job.parse_job(dict(JOB, rounding_factor=-1, placement_jitter_bytes=-5), KIND["cpu"])
+    assert (j.rounding_factor, j.jitter_bytes) == (0.0, 0)
 
 
 def test_the_candidate_side_has_no_task_tolerances_or_rounding(job):
@@ -57,7 +54,8 @@ def test_the_candidate_side_has_no_task_tolerances_or_rounding(job):
 
 
 def test_a_check_of_the_task_alone_runs_no_static_checks(job):
-    assert job.parse_job(dict(JOB, reference_only=True), KIND["cpu"]).static is False
+    alone = {k: v for k, v in JOB.items() if k != "role"}
+    assert job.parse_job(dict(alone, reference_only=True), KIND["cpu"]).static is False
     assert job.parse_job(dict(JOB, static_checks=False), KIND["cpu"]).static is False
 
 
@@ -68,7 +66,8 @@ def test_outputs_stay_on_the_device_only_on_cuda_and_when_asked(job):
     assert job.parse_job(dict(JOB, outputs="host"), KIND["cuda"]).outputs_on_device is False
 
 
-@pytest.mark.parametrize("key", [k for k in JOB if k != "type"])
+# (A job without `role` is a check of the task alone: test_a_job_without_a_role_is_only_...)
+@pytest.mark.parametrize("key", [k for k in JOB if k not in ("type", "role")])
 def test_a_missing_field_ends_the_job_naming_it(job, channel, key):
     msg = {k: v for k, v in JOB.items() if k != key}
     if key == "outputs":
@@ -88,6 +87,16 @@ def test_the_first_missing_field_is_named_in_the_order_the_worker_reads(job, cha
     with pytest.raises(channel._Done) as e:   # the baseline is checked before the role is read
         job.parse_job(dict(JOB, baseline="fast", role="judge"), KIND["cpu"])
     assert e.value.message == "unknown baseline 'fast'"
+
+
+def test_a_job_without_a_role_is_only_a_check_of_the_task_alone(job, channel):
+    # One process never runs both the reference and a candidate (docs/evaluator.md, Trust boundary).
+    alone = {k: v for k, v in JOB.items() if k != "role"}
+    assert job.parse_job(dict(alone, reference_only=True), KIND["cpu"]).role is None
+    with pytest.raises(channel._Done) as e:
+        job.parse_job(alone, KIND["cpu"])
+    assert e.value.status == "runtime_error"
+    assert e.value.message == "a job without a role must be a check of the task alone (reference_only)"
 
 
 def test_baseline_and_role_are_checked(job, channel):
@@ -130,21 +139,18 @@ def test_a_reference_info_without_optional_fields(reference):
 def test_prepare_baseline_eager_is_the_model(reference):
     m = torch.nn.Identity()
     b = reference.prepare_baseline(types.SimpleNamespace(), types.SimpleNamespace(baseline="eager"), m, [])
-    assert (b.model, b.fn, b.graph, b.mark_step) == (m, m, None, None)
+    assert (b.model, b.fn, b.mark_step) == (m, m, None)
 
 
 def _data_classes(harness):
     return {"Job": harness["job"].Job, "Reference": harness["reference"].Reference,
             "Baseline": harness["reference"].Baseline, "Candidate": harness["trials"].Candidate,
-            "TimingState": harness["timing"].TimingState, "RoundChecks": harness["timing"].RoundChecks,
-            "ThreadWatch": harness["timing"].ThreadWatch, "CacheFlush": harness["timing"].CacheFlush,
             "ExecutorState": harness["executor"].ExecutorState}
 
 
 def _instances(harness):
-    t, r = harness["timing"], harness["reference"]
+    r = harness["reference"]
     return [harness["job"].parse_job(dict(JOB), harness["device"].CPU), r.Reference(1), r.Baseline(), harness["trials"].Candidate(),
-            t.TimingState(False), t.RoundChecks(None, None), t.ThreadWatch(), t.CacheFlush(64, "cpu"),
             harness["executor"].ExecutorState((1, 1))]
 
 
@@ -156,13 +162,6 @@ def test_the_data_objects_take_no_new_attributes(harness):
     j = _instances(harness)[0]
     with pytest.raises(AttributeError):
         j.candidate_side = True                   # a property: not to be shadowed either
-
-
-def test_the_cache_flush_is_the_buffer_it_always_was(timing):
-    c = timing.CacheFlush(1 << 10, "cpu")
-    assert c.buf.dtype == torch.int32 and c.buf.shape == (256,) and bool((c.buf == 1).all())
-    assert c.total.dtype == torch.int64 and c.total.shape == ()
-    assert timing.CacheFlush(2, "cpu").buf.shape == (1,)
 
 
 def test_the_data_classes_are_in_the_integrity_snapshot(worker, harness):
@@ -178,8 +177,7 @@ def test_the_worker_takes_no_phase_from_a_class(worker):
     assert worker.Worker.__bases__ == (object,)
     assert worker.Worker.__mro__ == (worker.Worker, object)
     assert worker._WORKER_METHODS == {k for k, v in vars(worker.Worker).items() if callable(v)}
-    for name in ("load_phase", "trial_phase", "timing", "executor_loop", "profiled", "call_candidate",
-                 "check_round_outputs", "snapshot", "placed", "flush"):
+    for name in ("load_phase", "trial_phase", "executor_loop", "profiled", "call_candidate", "placed"):
         assert not hasattr(worker.Worker, name), name
 
 
@@ -189,12 +187,9 @@ def test_the_worker_takes_no_phase_from_a_class(worker):
 # The names the phases give the data objects (parameters and locals), by module; `job` is the Job
 # in every module. In reference.py `ref` is the task's Model and `r` the Reference.
 _NAMES = {
-    "worker": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate", "state": "TimingState",
-               "checks": "RoundChecks", "watch": "ThreadWatch", "cache": "CacheFlush"},
+    "worker": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate"},
     "reference": {"r": "Reference"},
     "trials": {"ref": "Reference", "cand": "Candidate"},
-    "timing": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate", "state": "TimingState",
-               "checks": "RoundChecks", "watch": "ThreadWatch", "cache": "CacheFlush"},
     "executor": {"ref": "Reference", "baseline": "Baseline", "cand": "Candidate", "state": "ExecutorState"},
 }
 # Where the Worker once held the phases' data, and state of one phase only: none of it is an
@@ -271,7 +266,7 @@ def test_every_field_a_phase_reads_is_one(harness):
 
 def test_every_worker_attribute_a_phase_reads_is_set(worker):
     trees = _sources()
-    assert sum(len(_phase_functions(t)) for t in trees.values()) > 40   # the phases are functions on `w`
+    assert sum(len(_phase_functions(t)) for t in trees.values()) > 20   # the phases are functions on `w`
     assert not _worker_attr_problems(trees, {k for k in vars(worker.Worker)})
 
 
@@ -280,17 +275,17 @@ def test_the_source_checks_find_what_they_look_for(worker, harness):
     # read of a field no data object has, of a Worker attribute nobody sets, a phase's state kept
     # on the Worker, and the job reached through it.
     trees = _sources()
-    trees["timing"].body.append(ast.parse(
-        "def bad(w, job, state, cand):\n"
-        "    w.laps['x'] = state.round_no + cand.model + job.seed\n"
-        "    return state.rounds, cand.modle, job.sead, w.not_set\n").body[0])
+    trees["trials"].body.append(ast.parse(
+        "def bad(w, job, ref, cand):\n"
+        "    w.laps['x'] = ref.trials + cand.model + job.seed\n"
+        "    return ref.trails, cand.modle, job.sead, w.not_set\n").body[0])
     trees["executor"].body.append(ast.parse(
         "def worse(w, state):\n"
         "    w.buffers = state.buf_sets\n"
         "    return w.job.seed, w.buffers\n").body[0])
     fields = _field_problems(trees, _data_classes(harness))
     assert sorted(p.split(": ", 1)[1] for p in fields) == [
-        "Candidate has no field 'modle'", "Job has no field 'sead'", "TimingState has no field 'rounds'"]
+        "Candidate has no field 'modle'", "Job has no field 'sead'", "Reference has no field 'trails'"]
     attrs = _worker_attr_problems(trees, {k for k in vars(worker.Worker)})
     assert sorted(p.split(": ", 1)[1] for p in attrs) == [
         "Worker.buffers is set by a phase, not by the Worker", "Worker.job holds a phase's data",
@@ -336,7 +331,7 @@ def test_every_data_object_is_passed_under_its_own_name():
         for k in n.keywords:
             if k.arg in params and not (isinstance(k.value, ast.Name) and k.value.id == k.arg):
                 bad.append(f"{mod}.py line {n.lineno}: {n.func.id}() is given {ast.unparse(k.value)} as {k.arg}")
-    assert checked > 150 and not bad
+    assert checked > 90 and not bad
 
 
 def test_every_call_of_a_harness_function_fits_its_parameters():

@@ -189,8 +189,8 @@ TEST_CASE("every file under tests/candidates has a test case above") {
 
 // The hack suite of the trust boundary (tests/candidates/boundary/): routes to the harness's own
 // state, the operator dispatcher, process-wide library state, processes of the candidate's and the
-// worker's own socket, which paid while the reference shared the candidate's process
-// (evaluator.boundary: shared; docs/evaluator.md, Trust boundary); and routes around the boundary's
+// worker's own socket, which paid while the reference shared the candidate's process (the shared
+// path, since removed; docs/evaluator.md, Trust boundary); and routes around the boundary's
 // measurement (issue 84): CPU time its accounting never saw, the build service working in a timed
 // call, an output at another address or in another layout, a precision dropped under the loosest
 // slack, outputs right only on the distributions drawn. control_other_operators.py is no hack: the
@@ -248,19 +248,14 @@ TEST_CASE("across the trust boundary the candidate's process holds no reference:
   const auto path = source_dir / "tests" / "candidates" / "boundary" / "probe_find_reference.py";
   auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
   REQUIRE(t.ok());
+  // (Where one worker ran both, before the shared path was removed, the probe found the reference
+  // and its verdict was ok.)
   auto opt = cpu_evaluator::suite_options(0);
   opt.static_checks = false;
-  {
-    cpu_evaluator ev{opt};
-    auto v = ev.run(*t, path);
-    INFO(describe(v));
-    CHECK(v.status == verdict_status::incorrect);
-  }
-  opt.boundary = evaluator_boundary::shared; // one worker: the probe finds the reference there
   cpu_evaluator ev{opt};
   auto v = ev.run(*t, path);
   INFO(describe(v));
-  CHECK(v.status == verdict_status::ok);
+  CHECK(v.status == verdict_status::incorrect);
 }
 
 TEST_CASE("a reference slower during a verdict than alone in its own worker refuses the verdict") {

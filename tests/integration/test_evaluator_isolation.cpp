@@ -391,11 +391,10 @@ class ModelNew(nn.Module):
 
 TEST_CASE("a patch a candidate makes while it is timed is caught by the check after that call") {
   // Static checks off, so the patch is made at run time, on the forward's ninth call: after the
-  // trials (six calls), inside timing's first calls. The per-call check looks only at namespaces
+  // trials (six calls), inside the timing's first calls (the candidate's worker's untimed call
+  // before a sample). The per-call check looks only at namespaces
   // whose dict version tag moved; a module's and a class's namespace must both be caught.
   evaluator_options opt;
-  // The in-process timing of the shared path (CUDA devices take it; docs/evaluator.md, Trust boundary).
-  opt.boundary = evaluator_boundary::shared;
   opt.warm_workers = 0;
   opt.flush_bytes = 16ull << 20;
   opt.rounds = 10;
@@ -432,15 +431,15 @@ class ModelNew(nn.Module):
     CHECK(v.status == verdict_status::rejected);
     CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:patched") != v.checks_failed.end());
     CHECK(v.message.find(name) != std::string::npos);
-    CHECK(v.message.find("warm-up call") != std::string::npos);
+    CHECK(v.message.find("timing, untimed call") != std::string::npos); // the ninth: the priming call before a sample
   }
 }
 
 TEST_CASE("a patch of a function in one of the harness's own modules is caught by the check after that call") {
   // tests/candidates/hack_patch_harness_module.py with the static checks off: in its first call it
-  // rebinds _output_items in env/eval/harness/timing.py's globals (reached from sys.modules["__main__"]
-  // through the timing function worker.py binds), which would leave every timed call's outputs unchecked while it
-  // returns zeros there. worker.py loads its modules by path beside itself; each one's globals are
+  // rebinds _dense in env/eval/harness/executor.py's globals (reached from sys.modules["__main__"]
+  // through the executor_loop function worker.py binds), which would describe no output of a timed
+  // call to the evaluator while it returns zeros there. worker.py loads its modules by path beside itself; each one's globals are
   // in the integrity snapshot as worker.py's own are.
   auto opt = cpu_evaluator::suite_options(0);
   opt.static_checks = false;
@@ -453,7 +452,7 @@ TEST_CASE("a patch of a function in one of the harness's own modules is caught b
   INFO(describe(v));
   CHECK(v.status == verdict_status::rejected);
   CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:patched") != v.checks_failed.end());
-  CHECK(v.message.find("timing._output_items") != std::string::npos);
+  CHECK(v.message.find("executor._dense") != std::string::npos);
   CHECK(v.message.find("trial 0") != std::string::npos);
   CHECK_FALSE(v.has_speedup());
 }

@@ -3,9 +3,9 @@
 # (docs/PERFORMANCE.md, "The reward's trust boundary"), from crucible and test_gpu_evaluator in
 # BUILD (default build) to logs and records in OUT (default runs/bench/boundary_gpu). Steps
 # (default: all, in this order):
-#   fast      two fast GPU-suite variants with evaluator.cuda_boundary=true, --verbose: the
+#   fast      two fast GPU-suite variants across the boundary, --verbose: the
 #             verdicts and their sample laps (OUT/err_VARIANT.log)
-#   test      test_gpu_evaluator's case that runs the CPU suite's tasks on CUDA in every mode
+#   test      test_gpu_evaluator's case that runs the CPU suite's tasks on CUDA
 #   identity  the CPU suite's references against themselves on cuda:0 (reference_as_candidate.py),
 #             cuda_boundary true then false (IDENTITY_MODES): OUT/selfc_MODE.jsonl, one line a
 #             verdict, each mode's wall time, then band_check.py --self
@@ -19,6 +19,9 @@
 #             files of HACKS) on its task on cuda:0, cuda_boundary false then true (HACK_MODES):
 #             OUT/hacks.jsonl, one line a verdict (file, mode, status, speedup, checks, wall time)
 # Every step runs with evaluator.cuda_mps=off (the default was off when its figures were taken).
+# A mode `false` (cuda_boundary false: the shared path, one worker for the reference and the
+# candidate) runs SHARED_CRUCIBLE, a crucible built from a tree before the shared path was removed
+# (its last commit 288dd5a; tools/bench/mps_boundary.sh --help), and is passed over without it.
 # EVAL_ARGS: more `crucible eval` options for the identity, kb, pairs and hacks steps (e.g.
 # "--set evaluator.cuda_mps=on": the boundary under MPS with the evaluator's device agent).
 # CRUCIBLE and TEST_GPU_EVALUATOR: binaries built earlier (no build then); TEST_CASES: the test
@@ -45,6 +48,14 @@ if [[ -z ${CRUCIBLE:-} ]]; then
 fi
 echo "boundary_gpu: $(nvidia-smi --query-gpu=name --format=csv,noheader)"
 C="${CRUCIBLE:-$BUILD/tools/crucible}"
+crucible_for() { # MODE: the binary of a cuda_boundary mode, or nothing (the shared path without SHARED_CRUCIBLE)
+  if [[ $1 == false ]]; then
+    [[ -x ${SHARED_CRUCIBLE:-} ]] && echo "$SHARED_CRUCIBLE"
+  else
+    echo "$C"
+  fi
+}
+passed_over() { echo "cuda_boundary=$1: passed over: the shared path needs SHARED_CRUCIBLE (--help)"; }
 T="${TEST_GPU_EVALUATOR:-$BUILD/tests/gpu/test_gpu_evaluator}"
 for step in "${STEPS[@]}"; do
   start=$(date +%s)
@@ -54,7 +65,7 @@ for step in "${STEPS[@]}"; do
         t=${pair%%:*}; v=${pair##*:}
         echo "== $t $v"
         timeout 90 "$C" eval --task "env/tasks/gpu/$t.py" --candidate "env/tasks/gpu/variants/$t/$v.py" --device cuda:0 --set evaluator.cuda_mps=off \
-          --json --no-cache --verbose --set evaluator.cuda_boundary=true 2> "$OUT/err_$v.log" | cut -c1-300
+          --json --no-cache --verbose 2> "$OUT/err_$v.log" | cut -c1-300
         grep -E "floor|laps|rror" "$OUT/err_$v.log" | tail -3 | cut -c1-300
       done ;;
     test)
@@ -65,8 +76,9 @@ for step in "${STEPS[@]}"; do
       "$PYTHON" tools/bench/reference_as_candidate.py env/tasks/cpu /tmp/selfc 2>/dev/null
       for mode in ${IDENTITY_MODES:-true false}; do
         s=$(date +%s)
+        bin=$(crucible_for "$mode") || { passed_over "$mode"; continue; }
         rm -f "$OUT/selfc_$mode.jsonl"
-        timeout 200 "$C" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
+        timeout 200 "$bin" eval --pairs /tmp/selfc/pairs.tsv --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
           --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/selfc_$mode.jsonl" > /dev/null 2> "$OUT/selfc_$mode.err"
         echo "identity cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfc_$mode.jsonl" --self 2>&1 | tail -4
@@ -80,8 +92,9 @@ for step in "${STEPS[@]}"; do
       fi
       for mode in ${KB_MODES:-true}; do
         s=$(date +%s)
+        bin=$(crucible_for "$mode") || { passed_over "$mode"; continue; }
         rm -f "$OUT/selfkb_$mode.jsonl"
-        timeout "${KB_TIMEOUT_S:-900}" "$C" eval --pairs /tmp/selfkb/first.tsv --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
+        timeout "${KB_TIMEOUT_S:-900}" "$bin" eval --pairs /tmp/selfkb/first.tsv --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
           --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/selfkb_$mode.jsonl" > /dev/null 2> "$OUT/selfkb_$mode.err"
         echo "kb cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" tools/bench/band_check.py "$OUT/selfkb_$mode.jsonl" --self 2>&1 | tail -8
@@ -89,8 +102,9 @@ for step in "${STEPS[@]}"; do
     pairs)
       for mode in ${PAIRS_MODES:-true false}; do
         s=$(date +%s)
+        bin=$(crucible_for "$mode") || { passed_over "$mode"; continue; }
         rm -f "$OUT/pairs_$mode.jsonl"
-        timeout "${PAIRS_TIMEOUT_S:-600}" "$C" eval --pairs "${PAIRS:-data/l1sub/pairs.tsv}" --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
+        timeout "${PAIRS_TIMEOUT_S:-600}" "$bin" eval --pairs "${PAIRS:-data/l1sub/pairs.tsv}" --device cuda:0 --set evaluator.cuda_mps=off --no-cache --json \
           --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} --out "$OUT/pairs_$mode.jsonl" > "$OUT/pairs_$mode.json" 2> "$OUT/pairs_$mode.err"
         echo "pairs cuda_boundary=$mode rc=$? $(( $(date +%s) - s )) s"
         "$PYTHON" -c 'import json, sys
@@ -106,7 +120,8 @@ for line in open(sys.argv[1]):
       for f in ${HACKS:-tests/candidates/boundary/hack_*.py tests/candidates/gpu/boundary/hack_*.py}; do
         task="$(sed -n 's/^# task:[[:space:]]*//p' "$f" | head -1)"
         for mode in ${HACK_MODES:-false true}; do
-          timeout 300 "$C" eval --task "$task" --candidate "$f" --device cuda:0 --set evaluator.cuda_mps=off --json --no-cache \
+          bin=$(crucible_for "$mode") || { passed_over "$mode"; continue; }
+          timeout 300 "$bin" eval --task "$task" --candidate "$f" --device cuda:0 --set evaluator.cuda_mps=off --json --no-cache \
             --set evaluator.cuda_boundary="$mode" ${EVAL_ARGS:-} 2>>"$OUT/hacks.err" |
             "$PYTHON" -c 'import json, sys
 for line in sys.stdin:

@@ -11,6 +11,8 @@
 #                                  parts, each its own case), HACKS_S seconds (900); HACKS_TC:
 #                                  the parts to run (a doctest -tc pattern, default all three,
 #                                  "*hack suite on CUDA*"; e.g. "*part 2 of 3*,*part 3 of 3*")
+#                      evaluator   test_gpu_evaluator's other cases (all but the hack suite's parts), EV_S
+#                                  seconds (600); EV_TC: which (a doctest -tc pattern, default all)
 #                      mps         test_gpu_mps, MPS_S seconds (300); MPS_TC: its cases (a doctest -tc
 #                                  pattern, default all; "*device agent*": the faults and the
 #                                  attacks on the MPS set-up alone)
@@ -26,7 +28,10 @@
 #                                  data/cuda-l1/set.jsonl, made where missing: rate_set.py's
 #                                  h100.json --torch 18 --inline 6 --self 6 and the 3090
 #                                  release's level1/12 and 40); SET_MODES: the modes in their
-#                                  order (default "own_poll own_shared")
+#                                  order (default "own_poll own_shared"; the shared path's modes
+#                                  with SHARED_CRUCIBLE, default the setold step's build: run
+#                                  `setold set` with .old-tree at 288dd5a, the shared path's last
+#                                  commit)
 #                      setold      the same set across (SETOLD_MODES, default "own_poll") with an older
 #                                  tree's build, for a timing change's honest figures old and new side
 #                                  by side in one job: OLD_TREE (default .old-tree, made here with
@@ -102,6 +107,11 @@ run_step() { # STEP: one step, its output in JOB
       timeout "${HACKS_S:-900}" "$t" -s -tc="${HACKS_TC:-*hack suite on CUDA*}" > "$JOB/hacks.log" 2>&1
       echo "rc $?"
       grep -E "hack_.*speedup|test cases|assertions|ERROR|CRASHED" "$JOB/hacks.log" | cut -c1-220 ;;
+    evaluator)
+      t=$(find "$BUILD" -name test_gpu_evaluator -type f -perm -u+x | head -1)
+      timeout "${EV_S:-600}" "$t" -s -tc="${EV_TC:-*}" -tce="*hack suite on CUDA*" > "$JOB/evaluator.log" 2>&1
+      echo "rc $?"
+      grep -E "MESSAGE|test cases|assertions|ERROR|CRASHED|FAILED" "$JOB/evaluator.log" | cut -c1-220 | tail -60 ;;
     join | visible)
       t=$(find "$BUILD" -name "test_gpu_$1" -type f -perm -u+x | head -1)
       timeout "${JOIN_S:-300}" "$t" -s > "$JOB/$1.log" 2>&1
@@ -131,7 +141,9 @@ EOF
           cp "$JOB/set-pairs/set.jsonl" data/cuda-l1/set.jsonl
       fi
       # shellcheck disable=SC2086 # SET_MODES is a list of modes
-      PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set" tools/bench/mps_boundary.sh ${SET_MODES:-own_poll own_shared}
+      # The shared path's modes run an older tree's build (the setold step's, where it ran first).
+      SHARED_CRUCIBLE="${SHARED_CRUCIBLE:-/root/old-tree/build/tools/crucible}" PAIRS="${SET:-data/cuda-l1/set.jsonl}" \
+        OUT="$JOB/set" tools/bench/mps_boundary.sh ${SET_MODES:-own_poll own_shared}
       echo "rc $?" ;;
     setold) setold_step ;;
     kbself)

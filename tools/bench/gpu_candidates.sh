@@ -12,7 +12,7 @@
 # message), once from each side of SIDES (default "new"): new is this checkout, old the checkout
 # OLD_SRC (default old-src), built in OLD_SRC/build (configured here when it is not yet), the two
 # alternated candidate by candidate. Each side's stderr goes to OUT/eval-sides-stderr-SIDE.log.
-# EVAL_ARGS: more options of crucible eval for both sides (`--set evaluator.cuda_boundary=true`).
+# EVAL_ARGS: more options of crucible eval for both sides (`--set evaluator.cuda_mps=on`).
 # PYTHON: the interpreter (default .venv/bin/python, else python3).
 set -uo pipefail
 case "${1:-}" in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac

@@ -6,21 +6,25 @@
 # lent machine after its set-up (tools/bench/lent_machine.sh; a build in BUILD, default build-gpu).
 # Modes, each one `crucible eval --pairs PAIRS --device cuda:0 --no-cache` into OUT/rec_MODE.jsonl
 # (default: all, in this order):
-#   shared         the shared path
-#   boundary       evaluator.cuda_boundary=true
+#   shared         the shared path (one worker for the reference and the candidate), with
+#                  SHARED_CRUCIBLE: a crucible built from a tree before the path was removed (its
+#                  last commit 288dd5a: `mkdir .old-tree && git archive 288dd5a | tar -x -C .old-tree`,
+#                  built as boundary_steps.sh's setold step builds it); a mode of the shared path
+#                  without it is passed over, saying so
+#   boundary       across the trust boundary, as every verdict is
 #   user           the same, the whole evaluator run as user 65534 (the control for mps)
 #   mps            the same with an MPS control daemon of the script's (root's, its pipe directory
 #                  /tmp/nvidia-mps open to every user) given to crucible as CUDA_MPS_PIPE_DIRECTORY
 #                  with evaluator.cuda_mps=on: the evaluator's device agent (env/eval/device/device_agent.hpp)
 #                  and the workers, both as nobody, are its clients; OUT/mps_MODE/ keeps the
 #                  daemon's logs
-#   mps_shared     the shared path under the same MPS set-up
+#   mps_shared     the shared path under the same MPS set-up (SHARED_CRUCIBLE)
 #   mps_self       mps on SELF (the CPU suite's references against themselves,
 #                  tools/bench/reference_as_candidate.py)
 #   user_self      user on SELF
 #   own            the boundary with the evaluator's own MPS daemon (evaluator.cuda_mps=on), run as
 #                  root (the agent and the workers as nobody); own_shared and own_self: the shared
-#                  path, and SELF, so
+#                  path (SHARED_CRUCIBLE), and SELF, so
 #   own_poll, own_self_poll  own and own_self with evaluator.cuda_clock_poll=true (the clock's window
 #                  closed by its host's reads of the done word, not a wait queued on the device)
 # Modes without MPS set evaluator.cuda_mps=off.
@@ -91,12 +95,12 @@ mps_stop() { # $1: where the daemon's logs go
 }
 trap 'echo quit | CUDA_MPS_PIPE_DIRECTORY=$PIPE timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1' EXIT
 
-B=(--set evaluator.cuda_boundary=true)
-S=(--set evaluator.cuda_boundary=false) # the shared path (a debugging mode since the boundary became the default)
+B=()
+S=(--set evaluator.cuda_boundary=false) # the shared path, in SHARED_CRUCIBLE's older build
 OFF=(--set evaluator.cuda_mps=off)
 ON=(--set evaluator.cuda_mps=on)
 for mode in "${modes[@]}"; do
-  pairs=$PAIRS args=("${OFF[@]}") user=0 mps=0
+  pairs=$PAIRS args=("${OFF[@]}") user=0 mps=0 cr=$CR
   case "$mode" in
     shared) args+=("${S[@]}") ;;
     boundary) args+=("${B[@]}") ;;
@@ -112,13 +116,20 @@ for mode in "${modes[@]}"; do
     own_self_poll) args=("${ON[@]}" "${B[@]}" --set evaluator.cuda_clock_poll=true); pairs=$SELF ;;
     *) echo "mps_boundary: unknown mode '$mode' (--help)" >&2; exit 2 ;;
   esac
+  if [[ $mode == *shared ]]; then
+    cr=${SHARED_CRUCIBLE:-}
+    if [[ ! -x $cr ]]; then
+      echo "mode $mode: passed over: the shared path needs SHARED_CRUCIBLE, a crucible built from a tree before its removal (--help)"
+      continue
+    fi
+  fi
   # Pairs and records where user 65534 reaches them; the records are copied to OUT afterwards.
   mkdir -p /tmp/mps-home/run && cp "$pairs" /tmp/mps-home/run/pairs.${pairs##*.} && chmod -R a+rwX /tmp/mps-home
   [[ $pairs == "$SELF" ]] && cp -r "$(dirname "$SELF")/candidates" /tmp/mps-home/run/
   if [[ $pairs == "$SELF" && ${SELF_ORDER:-} == reverse ]]; then
     { grep '^#' "$SELF"; grep -v '^#' "$SELF" | tac; } > /tmp/mps-home/run/pairs.tsv
   fi
-  cmd=("$CR" eval --pairs /tmp/mps-home/run/pairs.${pairs##*.} --device cuda:0 --no-cache --json
+  cmd=("$cr" eval --pairs /tmp/mps-home/run/pairs.${pairs##*.} --device cuda:0 --no-cache --json
        --set evaluator.extensions_dir=/tmp/mps-home/extensions --out /tmp/mps-home/run/rec.jsonl "${args[@]}")
   # shellcheck disable=SC2206 # EVAL_ARGS is a list of options
   [[ -n ${EVAL_ARGS:-} ]] && cmd+=(${EVAL_ARGS})

@@ -4,7 +4,6 @@
 # the pairs under data/ to records in OUT (default runs/bench/timing). Each step runs once: a mark
 # file OUT/STEP.done says it is done (remove it to run the step again). Steps (default: all, in
 # this order):
-#   gate         tools/bench/gate_probe.py: calls behind the device gate (OUT/gate.json)
 #   smoke        one verdict of KernelBench's 19_ReLU against itself, its timing laps shown
 #   dev6         data/dev6/pairs.tsv: six released CUDA-L1 kernels, 10 verdicts each
 #   self-l1      KernelBench level 1, each task against itself (reference_as_candidate.py)
@@ -14,7 +13,7 @@
 #   before-dev6  the same pairs with one call a sample (evaluator.sample_ms=0)
 #   kb-self      KernelBench's own timing of the first 25 level 1 tasks against themselves
 #   before-self  the same with one call a sample
-# Every step but the first two logs to OUT/STEP.log, its stdout to OUT/STEP.out, its rc and time
+# Every step but the first logs to OUT/STEP.log, its stdout to OUT/STEP.out, its rc and time
 # to OUT/pipeline.log; dev6 and self-l1 then print tools/bench/band_check.py's reading of their
 # records. CONC, WARM: the evaluator's concurrency and warm workers (6, 12). Needs
 # data/kernelbench (tools/bench/fetch_kernelbench.sh) and data/dev6 (tools/bench/pick_pairs.py
@@ -31,7 +30,7 @@ OUT="$(realpath -m "${OUT:-$ROOT/runs/bench/timing}")"
 PYTHON="${PYTHON:-$([[ -x .venv/bin/python ]] && echo .venv/bin/python || echo python3)}"
 CRUCIBLE="$BUILD/tools/crucible"
 SETARGS=(--device cuda:0 --json --set evaluator.concurrency="${CONC:-6}" --set evaluator.warm_workers="${WARM:-12}")
-ALL=(gate smoke dev6 self-l1 t51-solo hacks kb-dev6 before-dev6 kb-self before-self)
+ALL=(smoke dev6 self-l1 t51-solo hacks kb-dev6 before-dev6 kb-self before-self)
 
 step() { # NAME COMMAND...: COMMAND once, logging to OUT/NAME.log
   local name="$1" t0
@@ -65,12 +64,8 @@ CRUCIBLE_BUILD_DIR="$BUILD" tools/build.sh crucible >>"$OUT/build.log" 2>&1 || {
 prepared=0
 for s in "${steps[@]}"; do
   [[ -f "$OUT/$s.done" ]] && continue
-  if [[ $s != gate && $s != smoke && $prepared == 0 ]]; then prepare; prepared=1; fi
+  if [[ $s != smoke && $prepared == 0 ]]; then prepare; prepared=1; fi
   case "$s" in
-    gate) # the gate itself, in the open
-      timeout 120 "$PYTHON" tools/bench/gate_probe.py --kernels "$BUILD/env/harness_kernels.fatbin" --json \
-        >"$OUT/gate.json" 2>"$OUT/gate.log"
-      echo "gate_probe: rc $?"; cat "$OUT/gate.json"; tail -5 "$OUT/gate.log" ;;
     smoke) # one verdict first, in the open: a broken build shows here
       "$PYTHON" tools/bench/reference_as_candidate.py data/kernelbench/level1 data/self-l1 >/dev/null
       timeout 120 "$CRUCIBLE" eval --task data/kernelbench/level1/19_ReLU.py --candidate data/self-l1/candidates/19_ReLU.py \

@@ -42,8 +42,7 @@ void print_table(const env::task& t, const std::string& cand_path, const env::ve
   std::printf("checks      %s\n", checks.empty() ? "-" : checks.c_str());
   std::printf("message     %s\n", v.message.empty() ? "-" : v.message.c_str());
   if (!v.judged.empty())
-    std::printf("judged      %s\n", v.judged == "shared" ? "shared (one worker: a debugging mode, not a reward)"
-                                                         : (v.judged + " (the reference and the candidate in two workers)").c_str());
+    std::printf("judged      %s (the reference and the candidate in two workers)\n", v.judged.c_str());
   if (v.work.counted()) {
     std::string flops;
     for (const auto& [dtype, n] : v.work.flops)
@@ -112,8 +111,6 @@ int run_eval(const parsed_args& args) {
   // A single evaluation needs no spare worker; repeated ones keep the configured pool
   // (evaluator.warm_workers, at least one) so that each finds a started worker.
   opt.warm_workers = *repeat > 1 ? std::max<std::int64_t>(opt.warm_workers, 1) : 0;
-  if (auto why = env::shared_path_reason(opt, {*device}); !why.empty())
-    log.warn("eval", env::shared_path_message(why, false));
   auto made = env::make_device_evaluators(opt, cfg.reward, {*device}, log,
                                           args.has("--no-cache") ? env::verdict_cache_use::none
                                                                  : env::verdict_cache_use::configured);

@@ -403,8 +403,6 @@ result<std::size_t> evaluate(const config& cfg, const set_options& o, const std:
   std::string names;
   // The devices' warm pools start together; each pool starts its zygote on a thread of its own
   // that lives as long as the pool (PR_SET_PDEATHSIG is per thread).
-  if (auto why = env::shared_path_reason(cfg.evaluator, o.devices); !why.empty())
-    log.warn("eval", env::shared_path_message(why, false));
   auto evaluators = env::make_device_evaluators(cfg.evaluator, cfg.reward, o.devices, log,
                                                 o.use_cache ? env::verdict_cache_use::configured
                                                             : env::verdict_cache_use::none);

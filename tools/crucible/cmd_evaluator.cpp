@@ -265,10 +265,6 @@ int run_evaluator(const parsed_args& args) {
   }
 
   // 3. One evaluator per device; its verdicts are the run's rewards.
-  if (auto why = env::shared_path_reason(cfg.evaluator, *devices); !why.empty()) {
-    std::fprintf(stderr, "crucible evaluator: %s\n", env::shared_path_message(why, true).c_str());
-    return exit_usage;
-  }
   auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, *devices, log,
                                           args.has("--no-cache") ? env::verdict_cache_use::none
                                                                  : env::verdict_cache_use::configured);

@@ -633,11 +633,6 @@ int run_serve(const parsed_args& args) {
     return exit_usage;
   }
 
-  // The service's verdicts are other trainers' rewards.
-  if (auto why = env::shared_path_reason(cfg.evaluator, devices); !why.empty()) {
-    std::fprintf(stderr, "crucible serve: %s\n", env::shared_path_message(why, true).c_str());
-    return exit_usage;
-  }
   system_clock clk;
   logger log{clk, args.has("--verbose") ? log_level::debug : log_level::warn};
   auto made = env::make_device_evaluators(cfg.evaluator, cfg.reward, devices, log,

@@ -465,14 +465,12 @@ result<void> start_agents(const std::vector<std::string>& devices, const std::st
 
 result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<std::string>& devices, logger& log) {
   // Across the boundary without MPS the device switches between the processes' contexts inside
-  // every timed sample: speedups come out lower (CUDA-L1's level1/12: 8.87x against 48.3x on the
-  // shared path, docs/PERFORMANCE.md), which a user of the boundary must hear of.
-  const bool flattened = opt.cuda_boundary && opt.boundary == evaluator_boundary::process;
-  const char* cost = flattened ? "; verdicts across the boundary (evaluator.cuda_boundary) then switch the device between "
-                                 "processes inside every timed sample, which lowers their speedups (docs/evaluator.md, CUDA MPS)"
-                               : "";
+  // every timed sample: speedups come out lower (CUDA-L1's level1/12: 8.87x against 48.3x in one
+  // process, docs/PERFORMANCE.md), which a user must hear of.
+  const char* cost = "; verdicts across the boundary then switch the device between processes inside every timed "
+                     "sample, which lowers their speedups (docs/evaluator.md, CUDA MPS)";
   const bool any_cuda = std::any_of(devices.begin(), devices.end(), [](const std::string& d) { return cuda_index(d) >= 0; });
-  if (opt.cuda_mps == cuda_mps_mode::off && any_cuda && flattened)
+  if (opt.cuda_mps == cuda_mps_mode::off && any_cuda)
     log.warn("evaluator", "CUDA MPS not used: evaluator.cuda_mps is off", cost);
   auto& s = state();
   std::lock_guard lock{s.m};
@@ -501,8 +499,7 @@ result<void> prepare_cuda_mps(const evaluator_options& opt, const std::vector<st
   if (d.refuse)
     return s.outcome = fail(errc::unsupported, "evaluator.cuda_mps is on, but ", d.why_not);
   if (!d.start && f.external_pipe.empty()) {
-    log.log(flattened ? log_level::warn : log_level::info, "evaluator", "CUDA MPS not used: ", d.why_not,
-            " (evaluator.cuda_mps: auto)", cost);
+    log.warn("evaluator", "CUDA MPS not used: ", d.why_not, " (evaluator.cuda_mps: auto)", cost);
     return s.outcome = result<void>{};
   }
   if (d.start) {

@@ -16,7 +16,7 @@ from . import static_checks, confine  # noqa: F401
 # The worker's own modules, in the order they import one another (tests/harness/test_loading.py
 # checks that each imports only from those before it).
 from . import trusted, builds, device, integrity, channel, job, outputs  # noqa: F401
-from . import reference, trials, timing, executor  # noqa: F401
+from . import reference, trials, executor  # noqa: F401
 
 MODULES = ("trusted", "builds", "device", "integrity", "channel", "job", "outputs", "reference", "trials",
-           "timing", "executor")
+           "executor")

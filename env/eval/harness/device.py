@@ -1,16 +1,16 @@
 """env/eval/harness/device.py: what differs between the kinds of device a worker runs on, in one
 table (DeviceKind, kind_of: the C++ side's is env/eval/device_kind.hpp), the harness's own CUDA
 kernels (harness_kernels.cu's fatbin, which worker.py's main reads at start-up) and the CUDA
-driver's IPC calls, loaded when a CUDA worker starts (Worker.start); the reference, trial and
-timing phases launch the kernels through _kernels(), and outputs.py's _encode exports device
-outputs to the evaluator through _export."""
+driver's IPC calls, loaded when a CUDA worker starts (Worker.start); the reference phase's input
+distributions and the input-unchanged check (outputs.py) launch the kernels through _kernels(),
+and outputs.py's _encode exports device outputs to the evaluator through _export."""
 import collections
 import ctypes
 
 import torch
 
 from .trusted import (
-    _bytes_hex, _c_byref, _c_cast, _c_char_p, _c_double, _c_int, _c_int64, _c_size_t, _c_uint64, _c_void_p,
+    _bytes_hex, _c_byref, _c_cast, _c_char_p, _c_int, _c_int64, _c_size_t, _c_uint64, _c_void_p,
     _cuda_synchronize, _Exception, _ProfilerActivity, _getattr, _int, _int32, _len, _max, _min, _str, _string_buffer, _T_data_ptr,
     _T_item, _T_numel, _T_size, _T_view, _torch_empty, _tuple
 )
@@ -34,14 +34,14 @@ def _load_driver_ipc():
 class _HarnessKernels:
     """The harness's own device operations (env/eval/harness/harness_kernels.cu), from the fatbin the
     build makes, loaded with cuModuleLoadData and launched with cuLaunchKernel on torch's current
-    stream. torch's operations for the same work (the flush's sum, the spin, randint,
-    index_select, isclose, equal, the float64 scale, uniform_ and mul) load lazily at their first
-    launch in each worker: 156-180 ms in all on an H100 against 0.4-0.7 ms for this module
+    stream: the input-unchanged check (bytes_differ) and the scaling of the input distributions
+    (scale_uniform). torch's operations for the same work (equal, the float64 scale, uniform_ and
+    mul) load lazily at their first launch in each worker: 156-180 ms in all on an H100, with the
+    operations of the timing in one process since removed, against 0.4-0.7 ms for this module
     (docs/performance-history.md, "The harness's own kernels"). Without the fatbin the worker
     uses those torch operations."""
 
     _FLOAT = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16"}
-    _BITS = {1: "b1", 2: "b2", 4: "b4", 8: "b8"}
     _THREADS = 256
 
     def __init__(self, image):
@@ -61,33 +61,16 @@ class _HarnessKernels:
         self._check(lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(image)), "loading the harness kernels")
         self._module = module
         self._fn = {}
-        names = ["crucible_flush", "crucible_spin", "crucible_gate", "crucible_bytes_differ"]
-        names += [f"crucible_{k}_{s}" for s in self._FLOAT.values()
-                  for k in ("round_check", "scale_uniform", "scale_signed")]
-        names += [f"crucible_{k}_{s}" for s in self._BITS.values() for k in ("round_check", "gather")]
+        names = ["crucible_bytes_differ"]
+        names += [f"crucible_{k}_{s}" for s in self._FLOAT.values() for k in ("scale_uniform", "scale_signed")]
         for name in names:
             fn = ctypes.c_void_p()
             self._check(lib.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding {name}")
             self._fn[name] = fn
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         self._blocks = 8 * props.multi_processor_count
-        # The gate (gate_close): 1024-thread blocks enough to fill every SM's thread slots.
-        per_sm = _int(_getattr(props, "max_threads_per_multi_processor", 2048) or 2048)
-        self._gate_blocks = props.multi_processor_count * _max(1, per_sm // 1024)
-        # Its two words in mapped host memory: [0] open, written by the host; [1] timed out,
-        # written by the gate. CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP.
-        host = _c_void_p()
-        self._check(lib.cuMemHostAlloc(_c_byref(host), ctypes.c_size_t(8), ctypes.c_uint(0x01 | 0x02)),
-                    "cuMemHostAlloc (the gate's flags)")
-        dev = ctypes.c_uint64()
-        self._check(lib.cuMemHostGetDevicePointer_v2(_c_byref(dev), host, ctypes.c_uint(0)),
-                    "cuMemHostGetDevicePointer (the gate's flags)")
-        self._gate_words = (ctypes.c_uint32 * 2).from_address(host.value)
-        self._gate_words[0] = 1
-        self._gate_words[1] = 0
-        self._gate_dev = dev.value
         self._stream = torch.cuda.current_stream
-        # Small results: [0] the flush's sink, [1] the bytes-differ flag (int32), [2] a float64 sum.
+        # Small results: [0] unused, [1] the bytes-differ flag (int32), [2] unused.
         self._scratch = torch.empty(3, dtype=torch.int64, device="cuda")
         self._scratch_ptr = self._scratch.data_ptr()
         self._zero(self._scratch_ptr, 24)
@@ -110,32 +93,6 @@ class _HarnessKernels:
     def _zero(self, ptr, nbytes):
         self._check(self._memset(ptr, 0, nbytes, _c_void_p(self._stream().cuda_stream)), "cuMemsetD8Async")
 
-    def flush(self, buf):
-        """Reads the flush buffer (an int32 tensor) once."""
-        n16 = _T_numel(buf) * 4 // 16
-        self._go("crucible_flush", n16, _c_void_p(_T_data_ptr(buf)), _c_int64(n16),
-                 _c_void_p(self._scratch_ptr))
-
-    def spin(self, cycles):
-        """One thread spinning for `cycles` SM clock cycles."""
-        self._start("crucible_spin", 1, 1, (_c_int64(cycles),))
-
-    def gate_close(self, max_cycles):
-        """Queues the gate (harness_kernels.cu, crucible_gate): from when it starts until
-        gate_open() or `max_cycles` SM cycles later, no other kernel of this context runs, on
-        any stream. The previous gate must have ended (the caller waited for the device)."""
-        self._gate_words[0] = 0
-        self._gate_words[1] = 0
-        self._start("crucible_gate", self._gate_blocks, 1024,
-                    (_c_void_p(self._gate_dev), _c_int64(_int(max_cycles)), _c_void_p(self._gate_dev + 4)))
-
-    def gate_open(self):
-        self._gate_words[0] = 1
-
-    def gate_timed_out(self):
-        """Whether the last gate stopped waiting before gate_open() (read after the device is waited for)."""
-        return self._gate_words[1] != 0
-
     def bytes_differ(self, a, b):
         """True when two contiguous uint8 tensors of one size differ anywhere (waits for the device)."""
         n = _T_numel(a)
@@ -145,36 +102,6 @@ class _HarnessKernels:
         self._go("crucible_bytes_differ", _max(n // 16, 1), _c_void_p(pa), _c_void_p(pb), _c_int64(n),
                  _c_int(1 if (pa % 16 == 0 and pb % 16 == 0) else 0), _c_void_p(flag))
         return _int(_T_item(_T_view(self._scratch[1:2], _int32)[0])) != 0
-
-    def supports(self, t):
-        return t.dtype in self._FLOAT or t.element_size() in self._BITS
-
-    def gather(self, src, seed, samples):
-        """A new 1-D tensor of src's dtype: src's elements at `samples` positions drawn from
-        `seed` (all of them, in order, when src is smaller). src: contiguous."""
-        n = _T_numel(src)
-        taken = _torch_empty(_min(n, samples), dtype=src.dtype, device=src.device)
-        self._go("crucible_gather_" + self._BITS[src.element_size()], _min(n, samples),
-                 _c_void_p(_T_data_ptr(src)), _c_int64(n), _c_uint64(seed), _c_int64(samples),
-                 _c_void_p(_T_data_ptr(taken)))
-        return taken
-
-    def round_check(self, ref, taken, seed, samples, atol, rtol, counter_ptr):
-        """Adds to the uint64 at counter_ptr how many of `samples` positions drawn from `seed`
-        (all of them when the output is smaller) differ: beyond atol + rtol * |ref| for floating
-        outputs, in any bit otherwise. ref: contiguous; taken: the candidate's values at those
-        positions (gather with the same seed), of ref's dtype."""
-        n = _T_numel(ref)
-        common = (_c_void_p(_T_data_ptr(ref)), _c_void_p(_T_data_ptr(taken)), _c_int64(n),
-                  _c_uint64(seed), _c_int64(samples))
-        suffix = self._FLOAT.get(ref.dtype)
-        count = _min(n, samples)
-        if suffix is not None:
-            self._go("crucible_round_check_" + suffix, count, *common, _c_double(atol), _c_double(rtol),
-                     _c_void_p(counter_ptr))
-        else:
-            self._go("crucible_round_check_" + self._BITS[ref.element_size()], count, *common,
-                     _c_void_p(counter_ptr))
 
     def scale_uniform(self, x, seed, signed=False, out=None):
         """A new tensor like the contiguous floating `x` (or `out`, contiguous, of x's dtype and
@@ -319,9 +246,8 @@ cannot be set, and its class is in the integrity snapshot with the harness's oth
 
     name                 the worker's --device and torch's device string
     driver               a driver started at the evaluator's `init` step, its IPC calls opened (worker.py, start)
-    device_clock         the shared path's samples timed by events on the device's stream behind the
-                         device gate, the reference's profiled call by events (timing.py, reference.py);
-                         else by the host's clock
+    device_clock         the reference's profiled call timed by events on the device's stream
+                         (reference.py); else by the host's clock
     synchronize          waits for the device's queued work (the worker's sync; nothing on the CPU)
     exports              memory handed to the evaluator by driver handles: the timing's buffers,
                          outputs kept on the device, the trial inputs copied there (executor.py,
@@ -329,9 +255,8 @@ cannot be set, and its class is in the integrity snapshot with the harness's oth
     caching_allocator    the allocator's free blocks poisoned between phases (reference.py, poison_free_pool)
                          and given back to the device before the timing's buffers (executor.py, make_buffers)
     memory_info          the device's free and total memory bound the trials' and timing's budgets
-                         (reference.py, timing.py)
-    harness_kernels      the harness's own kernels (flush, gate, spin, round checks) may be loaded
-                         (worker.py, timing.py)
+                         (reference.py, executor.py)
+    harness_kernels      the harness's own kernels may be loaded (worker.py; reference.py, executor.py)
     profiler_activities  what the profiler records of a call (reference.py, profiled)
     device_kernels       the profiler sees the device's kernels and launches: the reference's
                          kernel_mode is "device" or "launches" by them (reference.py)

@@ -3,7 +3,8 @@ boundary). With the job's `role`, a verdict has two workers: the reference worke
 "reference": the task's Model, never any candidate code) and the candidate worker (role
 "candidate": ModelNew, never the task's module). Both answer the same commands (executor_loop):
 the evaluator writes each timed sample's inputs into buffers the worker allocated, reads the
-clock itself around `go` ... `sampled`, keeps the worker stopped (SIGSTOP) outside its own calls,
+clock itself around `go` ... `sampled`, keeps the worker stopped (its control group frozen, or
+SIGSTOP where there is none) outside its own calls,
 and reads the outputs out of the worker's memory while it is stopped; the comparison and every
 number of the verdict are the evaluator's. Nothing this module does in the candidate's process is
 trusted: what it reports is data the evaluator checks, and its own checks (after_call) are
@@ -13,8 +14,8 @@ commands' own state is an ExecutorState."""
 import torch
 
 from .trusted import (
-    _BaseException, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _str, _T_copy_,
-    _T_contiguous, _T_data_ptr, _T_fill_, _T_is_contiguous, _T_numel, _T_size, _T_stride, _T_view, _Tensor,
+    _BaseException, _enumerate, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _set, _str,
+    _T_copy_, _T_contiguous, _T_data_ptr, _T_fill_, _T_is_contiguous, _T_numel, _T_size, _T_stride, _T_view, _Tensor,
     _T_to, _torch_empty, _type, _uint8, _int32, _cuda_empty_cache, _cuda_mem_get_info, _perf_counter_ns
 )
 from .channel import _Done, _error_done, _need
@@ -41,14 +42,18 @@ class ExecutorState:
     arena_ex, draw_arena_ex  (CUDA) each arena's CUDA IPC description (_export_range), taken once
                     an arena: every round's buffers and draw are parts of the same two allocations,
                     where an export a buffer cost two driver calls each, every round
-    null_out        (CUDA) the output of `launch` with null: one tiny kernel
+    null_out        (CUDA) the output of `launch` with null: 128 bytes of its own, no kernel
     clock_words     (CUDA) this worker's go and done words (setup_clock)
     check_due       (Python threads, OS threads) before the last timed sample, whose checks are
                     made when the next command arrives (reply_sample); None when none is due
     threads_before  (Python threads, OS threads) before the next timed sample (prime)
+    placements      the addresses the first input of the samples' first calls had (make_buffers):
+                    their count goes to the laps at `finish` ("timing: distinct input addresses")
+    graphs          (reference worker, cuda-graph baseline) (graph, outputs) captured on each set of
+                    buf_sets (make_buffers)
     """
     __slots__ = ("buf_sets", "sample_outs", "arena", "draw_arena", "arena_ex", "draw_arena_ex", "null_out",
-                 "clock_words", "check_due", "threads_before")
+                 "clock_words", "check_due", "threads_before", "placements", "graphs")
 
     def __init__(self, threads_before):
         self.buf_sets = []
@@ -58,6 +63,8 @@ class ExecutorState:
         self.clock_words = None
         self.check_due = None  # the checks after a timed sample, made with the next command
         self.threads_before = threads_before
+        self.placements = _set()
+        self.graphs = None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -226,10 +233,47 @@ def receive_device_inputs(w, descs, keep=False, pinned=False):
 # ------------------------------------------------------------------------------------------------
 # Both: the timing commands.
 
-def executor_fn(job, baseline, cand):
-    """What a timed call calls: the reference as the timing calls it (reference worker) or the
-    candidate's model."""
-    return baseline.fn if job.role == "reference" else cand.model
+def executor_fn(job, baseline, cand, state):
+    """What timed call i on `inputs` calls, as fn(i, inputs): the candidate's model, or the
+    reference as the timing calls it (job.baseline): eager or compiled as it is; with
+    compile-reduce-overhead a new step of its graphs first (their outputs are overwritten at the
+    next one); with cuda-graph the replay of the graph captured on set i's input buffers
+    (make_buffers), whose outputs are the graph's own. The graph baselines take one call a
+    sample (the evaluator, boundary.cpp)."""
+    if job.role != "reference":
+        model = cand.model
+        return lambda i, inputs: model(*inputs)
+    if job.baseline == "cuda-graph":
+        graphs = state.graphs
+
+        def replay(i, inputs):
+            graph, out = graphs[i]
+            graph.replay()
+            return out
+        return replay
+    fn, step = baseline.fn, baseline.mark_step
+    if step is not None:
+        def stepped(i, inputs):
+            step()
+            return fn(*inputs)
+        return stepped
+    return lambda i, inputs: fn(*inputs)
+
+
+def capture_graph(w, model, inputs):
+    """The reference captured in a CUDA graph on `inputs` (one set of a sample's input buffers), after
+    one call on a side stream: (graph, its outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(_current_stream())
+    with torch.cuda.stream(side):
+        model(*inputs)
+    _current_stream().wait_stream(side)
+    w.sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(*inputs)
+    w.sync()
+    return graph, out
 
 
 def executor_loop(w, job, ref, baseline, cand):
@@ -249,14 +293,15 @@ def executor_loop(w, job, ref, baseline, cand):
     launch {seq, null}      (CUDA) the sample queued behind the go word's reaching seq,
                             followed by seq written into the done word, never waited for:
                             `launched` with each output's handle, dtype and shape (null:
-                            one tiny kernel instead of the calls)
+                            no calls, 128 bytes of its own described as the output)
     finish / stop           the end of the job
-    Between commands the evaluator keeps this process stopped (SIGSTOP) while it writes the
+    Between commands the evaluator keeps this process stopped (frozen) while it writes the
     next inputs and while the other side runs. Never returns."""
     state = ExecutorState((_py_threads(), _os_threads()))
     # No cyclic collection inside a timed call (as timeit does): the candidate's worker holds
     # more objects than the reference's, and a collection there would be its time alone.
     _gc_disable()
+    w.timing_now = True
     while True:
         msg = w.chan.recv()
         if w.exports:
@@ -269,6 +314,7 @@ def executor_loop(w, job, ref, baseline, cand):
             state.check_due = None
             after_call(w, py0, os0, "timing", False)
         if kind == "finish":
+            w.laps["timing: distinct input addresses"] = _len(state.placements)
             if job.role == "candidate":
                 w.check_full("at the end")
                 w.check_state("at the end")
@@ -277,7 +323,7 @@ def executor_loop(w, job, ref, baseline, cand):
             draw(w, job, ref, state, _int(_need(msg, "calls")), _int(_need(msg, "dist")),
                  msg.get("on_device") is True, None if msg.get("seed") is None else _int(msg["seed"]))
         elif kind == "buffers":
-            make_buffers(w, job, ref, state, _int(_need(msg, "calls")))
+            make_buffers(w, job, ref, baseline, state, _int(_need(msg, "calls")))
         elif kind == "prime":
             prime(w, job, baseline, cand, state)
         elif kind == "go":
@@ -380,7 +426,7 @@ def launch(w, job, baseline, cand, state, null, seq):
     waits for the done word, copies the outputs and stops (nothing here reads a time or
     waits)."""
     outs = []
-    fn = executor_fn(job, baseline, cand)
+    fn = executor_fn(job, baseline, cand, state)
     if state.clock_words is None:
         raise _Done("runtime_error", (), "launch before the device clock was set up")
     go = _T_data_ptr(state.clock_words)
@@ -394,8 +440,8 @@ def launch(w, job, baseline, cand, state, null, seq):
                 t = state.null_out = _torch_empty(128, dtype=_uint8, device=w.device)
             outs.append(t)
         else:
-            for inputs in state.buf_sets:
-                outs.append(_dense(fn(*inputs)))
+            for i, inputs in _enumerate(state.buf_sets):
+                outs.append(_dense(fn(i, inputs)))
         _stream_write_value(stream, go + 128, seq)
         queued_us = (_perf_counter_ns() - t0) / 1000.0
     except _BaseException as e:
@@ -466,12 +512,12 @@ def draw(w, job, ref, state, calls, dist, on_device, seed=None):
     w.chan.send(msg, frames)
 
 
-def make_buffers(w, job, ref, state, calls):
+def make_buffers(w, job, ref, baseline, state, calls):
     """`calls` sets of input buffers shaped as the trials' inputs (input_template), contiguous,
     on the worker's device, each at a random lead of up to placement_jitter_bytes / calls
     into an allocation of its own (a kernel's speed can depend on where its buffers lie: the
-    evaluator asks for new ones every round, so a verdict averages over placements, as
-    outputs.py's _placed does for the shared path); plain values as they were. On the CPU each buffer
+    evaluator asks for new ones every round, so a verdict averages over placements, as the
+    trials' inputs are placed: outputs.py, _placed); plain values as they were. On the CPU each buffer
     starts with what the last buffers held (the first time: the first trial's inputs), on a
     CUDA device with the first trial's inputs (the reference's worker: the inputs it drew last,
     which its draw arena still holds), so that the untimed call before a sample runs on real
@@ -528,6 +574,7 @@ def make_buffers(w, job, ref, state, calls):
     for c in _range(calls):
         prev = old[c] if c < _len(old) else first
         one, desc = [], []
+        first_tensor = c == 0
         for d, x0 in zip(ref.input_template, prev):
             if "value" in d:
                 one.append(_from_wire(d["value"]))
@@ -547,6 +594,9 @@ def make_buffers(w, job, ref, state, calls):
             else:
                 t = _torch_empty(lead + n, dtype=dt, device=w.device)[lead:].view(shape)
             _T_copy_(t, x0)
+            if first_tensor:
+                state.placements.add(_T_data_ptr(t))
+                first_tensor = False
             one.append(t)
             d_ = {"addr": _T_data_ptr(t), "bytes": n * size}
             if w.kind.exports and n > 0:
@@ -558,15 +608,20 @@ def make_buffers(w, job, ref, state, calls):
         descs.append(desc)
     del old
     w.sync()
+    if job.role == "reference" and job.baseline == "cuda-graph":
+        # One graph a set of buffers, captured on them, which the timed calls replay (executor_fn);
+        # the old sets' graphs and their memory go first.
+        state.graphs = None
+        state.graphs = [capture_graph(w, baseline.model, one) for one in state.buf_sets]
     w.lap("timing: the buffers filled and exported", t0)
     w.chan.send({"type": "buffers", "sets": descs})
 
 
-def call_once(w, job, baseline, cand, inputs):
+def call_once(w, job, baseline, cand, state, i):
     if job.role == "candidate":
         _reseed_visible()
         w.candidate_flags()
-    return executor_fn(job, baseline, cand)(*inputs)
+    return executor_fn(job, baseline, cand, state)(i, state.buf_sets[i])
 
 
 def prime(w, job, baseline, cand, state):
@@ -576,7 +631,7 @@ def prime(w, job, baseline, cand, state):
     py0, os0 = _py_threads(), _os_threads()
     try:
         if state.buf_sets:
-            out = call_once(w, job, baseline, cand, state.buf_sets[0])
+            out = call_once(w, job, baseline, cand, state, 0)
             del out
         w.sync()
     except _BaseException as e:
@@ -597,10 +652,10 @@ def go(w, job, baseline, cand, state):
     """One timed sample. The clock is the evaluator's: it starts before `go` is sent and stops
     when `sampled` arrives; nothing here reads a time."""
     outs = []
-    fn = executor_fn(job, baseline, cand)
+    fn = executor_fn(job, baseline, cand, state)
     try:
-        for inputs in state.buf_sets:
-            outs.append(_dense(fn(*inputs)))
+        for i, inputs in _enumerate(state.buf_sets):
+            outs.append(_dense(fn(i, inputs)))
         w.sync()
     except _BaseException as e:
         who = "ModelNew.forward" if job.role == "candidate" else "the reference"

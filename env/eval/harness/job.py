@@ -12,7 +12,7 @@ _ROLES = (None, "reference", "candidate")
 
 
 class Job:
-    """One job message, parsed. Its 19 fields mirror the message's (one protocol message, not
+    """One job message, parsed. Its 15 fields mirror the message's (one protocol message, not
     several: splitting it would split what env/eval/worker_messages.cpp writes as one); in the order
     parse_job reads them:
 
@@ -27,17 +27,13 @@ class Job:
                      0 in the candidate worker)
     baseline         how the reference is timed: eager, compile, compile-reduce-overhead,
                      cuda-graph (reference.py, prepare_baseline)
-    flush_bytes      the cache flush's buffer size
     jitter_bytes     each timing round's inputs start 0 to this many bytes into their own
                      allocation (docs/evaluator.md, Timing: placement)
-    timing_reserve   CUDA: one allocation for the rounds' buffers before the first (timing.py)
-    sample_ms        a timed sample lasts about this long (choose_calls; 0: one call a sample)
-    max_calls        the most calls of a timed sample
     quiet_gc         evaluator.quiet_gc: what is alive at the job's start leaves the cyclic
-                     collector's reach, and the collector is off while timing
+                     collector's reach
     eval_mode        both models in eval mode once constructed
-    role             the job's side of the trust boundary: "reference" (the task only),
-                     "candidate" (ModelNew only), or None (both in this process)
+    role             the job's side of the trust boundary: "reference" (the task only) or
+                     "candidate" (ModelNew only); None only for a check of the task alone
     candidate_source the candidate's source
     task_source      the task's source ("" in the candidate worker, which never has it)
     reference_only   a check of the task alone (device_evaluator::check_task)
@@ -47,8 +43,8 @@ class Job:
     peaks            the reference phase measures the hardware's peaks (reference.py,
                      measure_peaks; the evaluator's first verdict on a hardware, evaluator.limits)
     """
-    __slots__ = ("seed", "tolerances", "trials", "rounding_factor", "baseline", "flush_bytes", "jitter_bytes",
-                 "timing_reserve", "sample_ms", "max_calls", "quiet_gc", "eval_mode", "role", "candidate_source",
+    __slots__ = ("seed", "tolerances", "trials", "rounding_factor", "baseline", "jitter_bytes", "quiet_gc",
+                 "eval_mode", "role", "candidate_source",
                  "task_source", "reference_only", "static", "outputs_on_device", "peaks")
 
     def __init__(self, **fields):
@@ -65,8 +61,8 @@ class Job:
 
 def parse_job(msg, kind):
     """The job message `msg` for a worker on a device of `kind` (device.py's DeviceKind), as a Job. Ends the job
-    (_Done, runtime_error) on a missing field, an unknown baseline or role, or the cuda-graph
-    baseline on the CPU; fields are read, and checked, in the order the worker always read them."""
+    (_Done, runtime_error) on a missing field, an unknown baseline or role, a job with no role
+    that is not a check of the task alone, or the cuda-graph baseline on the CPU; fields are read, and checked, in the order the worker always read them."""
     candidate_side = msg.get("role") == "candidate"
     seed = _int(_need(msg, "seed"))
     tol = {} if candidate_side else _need(msg, "tolerances")
@@ -74,11 +70,7 @@ def parse_job(msg, kind):
     trials = _int(_need(msg, "trials"))
     rounding_factor = 0.0 if candidate_side else _max(_float(_need(msg, "rounding_factor")), 0.0)
     baseline = _need(msg, "baseline")
-    flush_bytes = _int(_need(msg, "flush_bytes"))
     jitter_bytes = _max(_int(_need(msg, "placement_jitter_bytes")), 0)
-    timing_reserve = _need(msg, "timing_reserve") is True
-    sample_ms = _max(_float(_need(msg, "sample_ms")), 0.0)
-    max_calls = _max(_int(_need(msg, "max_calls")), 1)
     quiet_gc = _need(msg, "quiet_gc") is True
     eval_mode = _need(msg, "eval_mode") is True
     if baseline not in _BASELINES:
@@ -91,11 +83,14 @@ def parse_job(msg, kind):
     candidate_source = _need(msg, "candidate_source")
     task_source = "" if candidate_side else _need(msg, "task_source")
     reference_only = _need(msg, "reference_only") is True
+    if role is None and not reference_only:
+        # Every verdict has two workers (docs/evaluator.md, Trust boundary): one process never
+        # runs both the reference and a candidate.
+        raise _Done("runtime_error", (), "a job without a role must be a check of the task alone (reference_only)")
     static = _need(msg, "static_checks") is True and not reference_only
     outputs_on_device = kind.exports and _need(msg, "outputs") == "device"
     peaks = _need(msg, "peaks") is True
     return Job(seed=seed, tolerances=tolerances, trials=trials, rounding_factor=rounding_factor, baseline=baseline,
-               flush_bytes=flush_bytes, jitter_bytes=jitter_bytes, timing_reserve=timing_reserve,
-               sample_ms=sample_ms, max_calls=max_calls, quiet_gc=quiet_gc, eval_mode=eval_mode, role=role,
+               jitter_bytes=jitter_bytes, quiet_gc=quiet_gc, eval_mode=eval_mode, role=role,
                candidate_source=candidate_source, task_source=task_source, reference_only=reference_only,
                static=static, outputs_on_device=outputs_on_device, peaks=peaks)

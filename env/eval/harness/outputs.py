@@ -8,12 +8,12 @@ import torch
 
 from .trusted import (
     _torch_isclose,
-    _abs, _active_count, _bool, _clock_gettime_ns, _current_frames, _enumerate, _enumerate_threads, _float,
+    _active_count, _bool, _current_frames, _enumerate, _enumerate_threads, _float,
     _int, _int64, _isinstance, _len, _max, _min, _nd_tobytes, _os_listdir, _OSError, _range, _repr, _S_data_ptr,
-    _str, _strided, _sum, _T_all, _T_clone, _T_contiguous, _T_copy_, _T_cpu, _T_data_ptr, _T_detach,
+    _str, _strided, _T_all, _T_clone, _T_contiguous, _T_copy_, _T_cpu, _T_data_ptr, _T_detach,
     _T_is_contiguous, _T_is_floating_point, _T_item, _T_numel, _T_numpy, _T_reshape, _T_set_, _T_size,
     _T_storage_offset, _T_stride, _T_to, _T_untyped_storage,
-    _T_view, _Tensor, _torch_abs, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
+    _T_view, _Tensor, _torch_arange, _torch_equal, _torch_index_select, _torch_isfinite,
     _torch_empty, _torch_sum, _tuple, _type, _uint8, _list, _dict
 )
 from .channel import _Done
@@ -296,78 +296,6 @@ def _map_tensors(x, fn):
     return x
 
 
-def _call_all(fn, inputs, inside, snapshot):
-    """The calls of one timed sample, back to back: fn on each entry of `inputs` (a list of
-    input lists). Returns (the outputs in order, [(i, snapshot(outputs of call i))] taken right
-    after each call but the last returned, where `inside`, else []); the reference's sample and
-    the candidate's run this same code, so both hold the same work."""
-    outs = []
-    snaps = []
-    last = _len(inputs) - 1
-    for i, x in _enumerate(inputs):
-        outs.append(fn(*x))
-        if inside and i < last:
-            snaps.append((i, snapshot(outs[i])))
-    return outs, snaps
-
-
-def _output_storages(out):
-    """For each output (see _output_items), where its data starts (a slice of a larger buffer
-    starts where it starts); None for one that is not a plain tensor."""
-    return [_T_data_ptr(o) if _type(o) is _Tensor else None for o in _output_items(out)]
-
-
-def _checked_reference(ref_outs, storages, i):
-    """The reference's outputs that call `i` of a timed sample is checked against, output by
-    output: those of the last call of the sample whose same output used the same storage (a
-    candidate may hand back one buffer call after call; the buffer then holds the last such
-    call's values when the sample ends), else call i's own. `storages`: the candidate's
-    _output_storages per call."""
-    mine = storages[i]
-    items = _output_items(ref_outs[i])
-    got = []
-    for m, ptr in _enumerate(mine):
-        j = i
-        if ptr is not None and ptr != 0:
-            for later in _range(_len(storages) - 1, i, -1):
-                if m < _len(storages[later]) and storages[later][m] == ptr:
-                    j = later
-                    break
-        src = _output_items(ref_outs[j]) if j != i else items
-        got.append(src[m] if m < _len(src) else None)
-    if _len(items) > _len(mine):
-        got.extend(items[_len(mine):])  # a different number of outputs: check_round_outputs says so
-    return got
-
-
-def _output_bytes(out):
-    """The bytes a call must have written to produce `out`: for each storage its tensor outputs
-    use, the largest span of memory one of them covers there (a broadcast or strided view
-    covers less than its numel; two views of one buffer count once)."""
-    spans = {}
-    for o in _output_items(out):
-        if _type(o) is not _Tensor or _T_numel(o) == 0:
-            continue
-        span = 1 + _sum((n - 1) * _abs(st) for n, st in zip(_T_size(o), _T_stride(o)))
-        nbytes = _min(_int(_T_numel(o)), span) * o.element_size()
-        key = _S_data_ptr(_T_untyped_storage(o))
-        spans[key] = _max(spans.get(key, 0), nbytes)
-    return _sum(spans.values())
-
-
-class _Taken:
-    """A snapshot of one tensor output of a timed call (timing.py, snapshot): its values at the
-    positions `where` (a seed of the harness kernels' positions, an index tensor, or None for
-    all, in order), its size and dtype."""
-    __slots__ = ("values", "where", "size", "dtype")
-
-    def __init__(self, values, where, size, dtype):
-        self.values = values
-        self.where = where
-        self.size = size
-        self.dtype = dtype
-
-
 def _clone_inputs(inputs):
     return [_map_tensors(x, lambda t: _T_clone(t)) for x in inputs]
 
@@ -379,7 +307,7 @@ def _placed(inputs, jitter, rand):
     blocks of the sizes a round frees, so new allocations alone land at the same few addresses
     round after round (4 over 33 rounds on an H100); the random lead moves every round's inputs.
     The trials' inputs (trials.py, with the job's jitter_bytes) are placed as the timing rounds'
-    are (timing.py)."""
+    buffers are (executor.py, make_buffers)."""
     if jitter < 512:
         return _clone_inputs(inputs)
     steps = jitter // 512
@@ -446,24 +374,6 @@ def _os_threads():
         return _len(_os_listdir("/proc/self/task"))
     except _OSError:
         return -1
-
-
-def _tids():
-    """The ids of this process's OS threads, or None where /proc cannot say."""
-    try:
-        return {_int(n) for n in _os_listdir("/proc/self/task")}
-    except (_OSError, ValueError):
-        return None
-
-
-def _thread_cpu_ns(tid):
-    """CPU time of thread `tid` of this process in nanoseconds (its per-thread CPU clock, as
-    pthread_getcpuclockid gives: ((~tid) << 3) | CPUCLOCK_PERTHREAD | CPUCLOCK_SCHED), or None
-    once the thread has ended. A thread blocked in a wait gains none."""
-    try:
-        return _clock_gettime_ns(((~tid) << 3) | 6)
-    except _OSError:
-        return None
 
 
 def _py_threads():

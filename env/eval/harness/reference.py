@@ -134,16 +134,15 @@ class Baseline:
 
     model      the task's Model, built and on the device
     fn         what a timed call of the reference calls: the model (eager) or its compiled form;
-               None for cuda-graph
-    graph      cuda-graph: (the CUDA graph, its static inputs, its static outputs); else None
+               None for cuda-graph (the timing replays graphs captured on its input buffers:
+               executor.py, make_buffers)
     mark_step  compile-reduce-overhead: torch.compiler.cudagraph_mark_step_begin; else None
     """
-    __slots__ = ("model", "fn", "graph", "mark_step")
+    __slots__ = ("model", "fn", "mark_step")
 
-    def __init__(self, model=None, fn=None, graph=None, mark_step=None):
+    def __init__(self, model=None, fn=None, mark_step=None):
         self.model = model
         self.fn = fn
-        self.graph = graph
         self.mark_step = mark_step
 
 
@@ -302,8 +301,8 @@ def reference_phase(w, job, task_src):
         for n in ("Model", "get_inputs", "get_init_inputs"):
             if not _hasattr(task, n):
                 raise _Done("runtime_error", (), f"the task defines no {n}")
-        # torch's intra-op thread pool, started here if the reference does not start it,
-        # so that its threads are the harness's (timing.py, foreign_mark), not the candidate's.
+        # torch's intra-op thread pool, started here if the reference does not start it, so
+        # that no timed call of the reference's starts it.
         torch.ones(1 << 18).sum()
         _torch_manual_seed(job.seed)
         init = _list(task.get_init_inputs())
@@ -784,8 +783,8 @@ def profiled(w, fn):
 
 def prepare_baseline(w, job, ref, inputs):
     """The reference `ref` as the timing calls it, by job.baseline (a Baseline): eager as it
-    is, compiled with 3 warm-up calls on `inputs`, or captured in a CUDA graph on static copies
-    of them."""
+    is, or compiled with 3 warm-up calls on `inputs`; for cuda-graph the model alone (the timing
+    captures it on its own buffers)."""
     if job.baseline == "eager":
         return Baseline(ref, ref)
     if job.baseline in ("compile", "compile-reduce-overhead"):
@@ -798,18 +797,6 @@ def prepare_baseline(w, job, ref, inputs):
             out = compiled(*inputs)
             del out
         w.sync()
-        return Baseline(ref, compiled, None, mark_step)
-    # cuda-graph: capture the reference on static input buffers.
-    static = _clone_inputs(inputs)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in _range(3):
-            ref(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    w.sync()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = ref(*static)
-    w.sync()
-    return Baseline(ref, None, (graph, static, static_out))
+        return Baseline(ref, compiled, mark_step)
+    # cuda-graph: captured by the timing on each sample's input buffers (executor.py, make_buffers).
+    return Baseline(ref, None)

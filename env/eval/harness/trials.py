@@ -4,23 +4,22 @@ each trial's outputs sent to the evaluator with the runtime checks after every c
 patched state, aliasing, inputs unchanged), and the profiled call that counts its kernels against
 the reference's. Functions over the phases' data, on the Worker `w` (worker.py: its device,
 channel, laps, snapshots and state checks); what they make of the candidate is data, a Candidate.
-The candidate-call checks here (call_candidate, after_call, check_aliasing) are the timing's and
-executor.py's too."""
+The candidate-call checks here (call_candidate, after_call, check_aliasing) are executor.py's
+too."""
 import warnings
 
 from .trusted import (
-    _abs, _active_count, _BaseException, _bool, _callable, _enumerate, _format_exception_only, _get_native_id, _getattr,
-    _isinstance, _json_dumps, _json_loads, _len, _list, _param_empty, _param_positional_only,
-    _param_positional_or_keyword, _perf_counter_ns, _range, _repr, _reseed_visible, _set, _signature, _sorted, _str,
-    _sum, _T_to, _Tensor, _torch_manual_seed, _type
+    _abs, _active_count, _BaseException, _callable, _enumerate, _format_exception_only, _getattr, _isinstance,
+    _json_dumps, _json_loads, _len, _list, _param_empty, _perf_counter_ns, _range, _repr, _reseed_visible, _set,
+    _signature, _sorted, _str, _sum, _T_to, _Tensor, _torch_manual_seed, _type
 )
 from .builds import _use_build_service
 from .integrity import _snapshots
 from .channel import _Done, _error_done, _exc_line, _exc_text, _is_oom, _tail
-from .reference import device_done, make_inputs, profiled
+from .reference import device_done, profiled
 from .outputs import (
     _aliased_outputs, _clone_inputs, _encode, _input_layout, _inputs_unchanged, _os_threads, _placed, _plain,
-    _py_threads, _thread_cpu_ns, _thread_names, _tids
+    _py_threads, _thread_names
 )
 
 
@@ -35,19 +34,15 @@ _NO_KERNEL_OPS = frozenset("aten::" + n for n in (
 
 
 class Candidate:
-    """What the load and trial phases make of the candidate, for the phases after them (the
-    timing, executor.py's commands). Made by load_phase before the candidate's module executes.
+    """What the load and trial phases make of the candidate, for executor.py's timing commands. Made by load_phase before the candidate's module executes.
 
     module      the candidate's module (crucible_candidate)
     cls         its ModelNew
     model       ModelNew(*get_init_inputs()) on the device (construct_model)
     load_py0    (Python threads, thread states) before the module executed (_py_threads)
     load_os0    the process's OS threads before the module executed (_os_threads; -1: unknown)
-    thread_base the OS threads before the candidate's first call (trial_phase), or None where
-                they cannot be watched: any other thread is watched in the timing rounds
-                (timing.py, ThreadWatch)
     """
-    __slots__ = ("module", "cls", "model", "load_py0", "load_os0", "thread_base")
+    __slots__ = ("module", "cls", "model", "load_py0", "load_os0")
 
     def __init__(self):
         self.module = None
@@ -55,7 +50,6 @@ class Candidate:
         self.model = None
         self.load_py0 = None
         self.load_os0 = -1
-        self.thread_base = None
 
 
 
@@ -72,11 +66,6 @@ def load_phase(w, job, ref, src):
         warnings.simplefilter("ignore")  # reading deprecated module attributes warns
         w.core, w.full = _snapshots(w.harness, w.early_snapshots)
         w.early_snapshots = None
-        # The task's module and class: the reference is timed after the candidate ran (in
-        # this process only where the verdict has one worker).
-        if ref.task is not None:
-            w.core.add_module("task", ref.task, "callables")
-            w.core.add_class(ref.task.Model)
     w.flags0 = w.flags()
     cand = Candidate()
     py0 = _py_threads()
@@ -110,13 +99,11 @@ def load_phase(w, job, ref, src):
     cls = _getattr(cand.module, "ModelNew", None)
     if not _isinstance(cls, type):
         raise _Done("compile_error", (), "the candidate defines no class ModelNew")
-    if job.static and job.role == "candidate":
+    if job.static:
         wrong = signature_mismatch(ref, cls)
         if wrong:
             raise _Done("rejected", ["static:hyperparameters"],
                         wrong + ": constructor arguments and defaults must not change")
-    elif job.static:
-        check_signature(ref, cls)
     cand.cls = cls
     cand.load_py0 = py0
     return cand
@@ -128,7 +115,7 @@ def construct_model(w, job, ref, cand):
     py0 = cand.load_py0
     try:
         _torch_manual_seed(job.seed)
-        init = _list(ref.init_inputs if job.role == "candidate" else ref.task.get_init_inputs())
+        init = _list(ref.init_inputs)
         w.candidate_flags()
         # load_inline and load calls of the constructor go to the evaluator's build service as
         # the module's do: built once for every worker, and without the device (the evaluator
@@ -170,41 +157,6 @@ def check_threads_load(cand, before, where):
                         f"the candidate left {os1 - os0} new OS thread(s) running {where}")
 
 
-def check_signature(ref, cls):
-    """static:hyperparameters in the worker that has the task: ModelNew.__init__ (`cls`) against
-    the task's Model.__init__ (ref.task)."""
-    def params(c):
-        sig = _signature(c.__init__)
-        return _list(sig.parameters.values())[1:]  # without self
-
-    try:
-        want = params(ref.task.Model)
-        got = params(cls)
-    except (TypeError, ValueError) as e:
-        raise _Done("rejected", ["static:hyperparameters"], f"cannot read ModelNew.__init__'s signature: {e}")
-
-    def same_default(a, b):
-        if a is _param_empty or b is _param_empty:
-            return a is b
-        try:
-            return _bool(a == b)
-        except Exception:
-            return _repr(a) == _repr(b)
-
-    # get_init_inputs() binds by position: a positional parameter may be renamed
-    # (input_size -> in_features), its position, kind and default may not change.
-    positional = (_param_positional_only, _param_positional_or_keyword)
-    ok = _len(want) == _len(got) and all(
-        (w.name == g.name or w.kind in positional)
-        and w.kind == g.kind and same_default(w.default, g.default)
-        for w, g in zip(want, got))
-    if not ok:
-        fmt = lambda ps: "(" + ", ".join(_str(p) for p in ps) + ")"  # noqa: E731
-        raise _Done("rejected", ["static:hyperparameters"],
-                    f"ModelNew.__init__{fmt(got)} differs from Model.__init__{fmt(want)}: "
-                    "constructor arguments and defaults must not change")
-
-
 def _param_descs(cls):
     """ModelNew's or Model's constructor parameters without self, as data: [name, kind, default]
     (default: {"value": JSON} or {"repr": text}, or null where there is none). The reference
@@ -224,8 +176,7 @@ def _param_descs(cls):
 
 def signature_mismatch(ref, cls):
     """The candidate worker's hyperparameter check against the reference's parameters
-    (ref.signature), as data (check_signature compares the classes themselves): None where they
-    agree, else the text that says how they differ."""
+    (ref.signature), as data: None where they agree, else the text that says how they differ."""
     want = ref.signature
     if want is None:
         return None
@@ -247,25 +198,20 @@ def signature_mismatch(ref, cls):
 # ------------------------------------------------------------------------------------------------
 # Candidate calls.
 
-def call_candidate(w, cand, inputs, where, check_os_threads=True, profile=False, mark=None):
+def call_candidate(w, cand, inputs, where, check_os_threads=True, profile=False):
     """One call of the candidate's model on `inputs`, with the checks after it (after_call);
-    with `profile`, under the profiler (profiled). `mark`: in the timing rounds (w.timing_now),
-    the thread watch's mark (timing.py, foreign_mark), made as the call starts (True) and as its
-    forward returns (False). Returns (outputs, the profiler's counts or None)."""
+    with `profile`, under the profiler (profiled). Returns (outputs, the profiler's counts or
+    None)."""
     py0 = _py_threads()
     os0 = _os_threads()
     counts = None
     _reseed_visible()
     w.candidate_flags()
-    if w.timing_now and mark is not None:
-        mark(True)
     try:
         if profile:
             out, counts = profiled(w, lambda: cand.model(*inputs))
         else:
             out = cand.model(*inputs)
-            if w.timing_now and mark is not None:
-                mark(False)
             w.sync()
     except _BaseException as e:
         raise _error_done(e, f"in ModelNew.forward ({where})") from None
@@ -292,34 +238,23 @@ def after_call(w, py0, os0, where, check_os_threads):
 # ------------------------------------------------------------------------------------------------
 # The trial phase.
 
-def trial_inputs(w, job, ref, t):
-    """Trial t's inputs: given by the evaluator (candidate worker: ref.given_inputs, copied to
-    the device) or drawn here."""
-    if job.role == "candidate":
-        given = ref.given_inputs[t]
-        if _callable(given):  # asked for now (executor.py, receive_trial_inputs)
-            return given()
-        if not w.kind.exports:  # the evaluator's bytes stay where they were received
-            return given
-        return [_T_to(x, w.device) if _type(x) is _Tensor else x for x in given]
-    return make_inputs(ref.task, w.device, job.seed + t, ref.trial_dists[t])
+def trial_inputs(w, ref, t):
+    """Trial t's inputs, as the evaluator gave them (ref.given_inputs, copied to the device)."""
+    given = ref.given_inputs[t]
+    if _callable(given):  # asked for now (executor.py, receive_trial_inputs)
+        return given()
+    if not w.kind.exports:  # the evaluator's bytes stay where they were received
+        return given
+    return [_T_to(x, w.device) if _type(x) is _Tensor else x for x in given]
 
 
 def trial_phase(w, job, ref, cand):
     """The correctness trials: the candidate on each trial's inputs, its outputs sent (after the
     phase's device work, device_done) with what the checks found; trial 0 with a second, profiled
-    call. Sets cand.thread_base."""
+    call."""
     pending = []
-    # The OS threads before the candidate's first call, which may start threads (the
-    # runtimes start theirs lazily there); any other thread is watched in the timing rounds.
-    base = _tids()
-    me = _get_native_id()
-    if base is not None and me in base and _thread_cpu_ns(me) is not None:
-        cand.thread_base = base
-    else:
-        w.laps["timing: foreign threads check unavailable"] = 1
     for t in _range(ref.trials):
-        inputs = trial_inputs(w, job, ref, t)
+        inputs = trial_inputs(w, ref, t)
         if job.jitter_bytes >= 512:  # placed as the timed calls' inputs are: nothing tells them apart
             inputs = _placed(inputs, job.jitter_bytes, w.rng_random)
         pristine = _clone_inputs(inputs)

@@ -60,7 +60,6 @@ _ModuleType = types.ModuleType
 
 _perf_counter_ns = time.perf_counter_ns
 _clock_gettime_ns = time.clock_gettime_ns
-_get_native_id = threading.get_native_id
 _strict_dumps = json.JSONEncoder(allow_nan=False).encode
 _isfinite = math.isfinite
 
@@ -104,8 +103,6 @@ _TracebackException = traceback.TracebackException
 _StackSummary = traceback.StackSummary
 _signature = inspect.signature
 _param_empty = inspect.Parameter.empty
-_param_positional_only = inspect.Parameter.POSITIONAL_ONLY
-_param_positional_or_keyword = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _Random = random.Random
 _random_seed = random.seed
 _np_seed = numpy.random.seed
@@ -130,8 +127,6 @@ def _reseed_visible():
 
 _gc_freeze = gc.freeze
 _gc_disable = gc.disable
-_gc_enable = gc.enable
-_gc_isenabled = gc.isenabled
 
 _Tensor = torch.Tensor
 _T_detach = torch.Tensor.detach
@@ -141,7 +136,6 @@ _T_reshape = torch.Tensor.reshape
 _T_view = torch.Tensor.view
 _T_numpy = torch.Tensor.numpy
 _T_clone = torch.Tensor.clone
-_T_zero_ = torch.Tensor.zero_
 _T_is_contiguous = torch.Tensor.is_contiguous
 _T_copy_ = torch.Tensor.copy_
 _T_fill_ = torch.Tensor.fill_
@@ -174,11 +168,7 @@ _torch_sum = torch.sum
 _torch_device = torch.device
 _torch_randint = torch.randint
 _torch_index_select = torch.index_select
-_torch_stack = torch.stack
 _torch_isclose = torch.isclose
-_torch_eq = torch.eq
-_torch_count_nonzero = torch.count_nonzero
-_T_tolist = torch.Tensor.tolist
 _T_item = torch.Tensor.item
 _Generator = torch.Generator
 _uint8 = torch.uint8
@@ -195,7 +185,6 @@ _DeviceType = torch.autograd.DeviceType
 _cuda_synchronize = torch._C._cuda_synchronize
 _cuda_empty_cache = torch.cuda.empty_cache
 _cuda_mem_get_info = torch.cuda.mem_get_info
-_cuda_sleep = getattr(torch._C, "_cuda_sleep", None)
 
 _EventBase = torch._C._CudaEventBase
 _Ev_record = torch._C._CudaEventBase.record
@@ -220,7 +209,6 @@ _SNDTIMEO = zmq.SNDTIMEO
 _c_uint64 = ctypes.c_uint64
 _c_int64 = ctypes.c_int64
 _c_int = ctypes.c_int
-_c_double = ctypes.c_double
 _c_void_p = ctypes.c_void_p
 _c_char_p = ctypes.c_char_p
 _c_cast = ctypes.cast

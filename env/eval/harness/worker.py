@@ -36,8 +36,8 @@ build services), device.py (the harness's own CUDA kernels), integrity.py (backe
 integrity snapshots), channel.py (the socket and the `done` outcomes), job.py (the job as data),
 outputs.py (outputs, inputs and threads of a call), and the phases, each functions over the
 phases' data on the Worker (its process's side of the job) and returning what they found as data:
-reference.py (the reference), trials.py (load and trials), timing.py (the shared path's timing)
-and executor.py (the two sides of the trust boundary); static_checks.py and confine.py are
+reference.py (the reference), trials.py (load and trials) and executor.py (the two sides of the
+trust boundary: the timing commands); static_checks.py and confine.py are
 modules of it too. This module starts the worker (or the zygote that forks workers) and drives a
 job from start to finish, handing each phase's data to the next (Worker.run).
 """
@@ -142,25 +142,21 @@ _CONFINE = _PACKAGE.confine
 # In the order they import one another: each imports only from those before it (__init__.py).
 _OWN_MODULES = {name: getattr(_PACKAGE, name) for name in _PACKAGE.MODULES}
 from crucible_harness.trusted import (  # noqa: E402
-    _BaseException, _bool, _cuda_sleep, _cuda_synchronize, _Exception, _float, _fresh_seed, _gc_freeze,
-    _dict, _Generator, _int, _int64, _isinstance, _json_dumps, _json_loads, _len, _list, _ModuleType, _os_exit, _range,
-    _os_getpid, _perf_counter_ns, _Random, _set_grad_enabled, _str, _T_data_ptr, _T_fill_, _torch_empty, _type
+    _BaseException, _cuda_synchronize, _Exception, _fresh_seed, _gc_freeze, _dict, _int, _isinstance, _json_dumps,
+    _json_loads, _len, _list, _ModuleType, _os_exit, _range, _os_getpid, _perf_counter_ns, _Random,
+    _set_grad_enabled, _str, _T_fill_, _torch_empty, _type
 )
 from crucible_harness.builds import build_extension, build_triton, _prewarm, _use_triton_service  # noqa: E402
 from crucible_harness.device import (  # noqa: E402
     _kernels, _load_kernels, _open_driver_ipc, _read_kernels_image, kind_of, KINDS, memory_census)
-from crucible_harness.device import _HarnessKernels  # noqa: E402,F401  (tools/bench/gate_probe.py uses it)
 from crucible_harness.integrity import (  # noqa: E402
     _CANDIDATE_FLAG_SETTERS, _core_snapshot, _FLAG_GETTERS, _full_snapshot, _GLOBAL_HOOK_DICTS, _MODULE_MODULE,
     PRECISION_SETTINGS
 )
-from crucible_harness.channel import Channel, _Done, _build_log, _error_done, _exc_text, _is_oom, _need, _OOM_CENSUS, _tail  # noqa: E402
+from crucible_harness.channel import Channel, _Done, _build_log, _error_done, _exc_text, _is_oom, _OOM_CENSUS  # noqa: E402
 from crucible_harness.job import parse_job  # noqa: E402
 from crucible_harness.reference import poison_free_pool, profiled, reference_phase  # noqa: E402
 from crucible_harness.trials import construct_model, load_phase, trial_phase  # noqa: E402
-from crucible_harness.timing import (  # noqa: E402
-    _ROUND_SLOTS, CacheFlush, RoundChecks, ThreadWatch, TimingState, timing
-)
 from crucible_harness.executor import (  # noqa: E402
     executor_loop, receive_trial_inputs, reference_info, take_reference_info
 )
@@ -186,9 +182,8 @@ class Worker:
     its streams and events, the laps, the integrity snapshots and backend flags, the exports,
     the harness's generator and the state checks), start-up, and the job's course (run), which
     hands each phase's result to the next as data: the Job (job.py), the Reference and Baseline
-    that reference_phase returns (reference.py), the Candidate that load_phase makes (trials.py)
-    and the timing's TimingState, RoundChecks, ThreadWatch and CacheFlush (timing.py). The phases
-    are functions over that data (reference.py, trials.py, timing.py, executor.py), each given
+    that reference_phase returns (reference.py) and the Candidate that load_phase makes
+    (trials.py). The phases are functions over that data (reference.py, trials.py, executor.py), each given
     this Worker for the process's side (env/eval/harness/README.md, "The phases' data")."""
 
     def __init__(self, args):
@@ -213,7 +208,7 @@ class Worker:
         # Python's cyclic garbage collections, by generation, and their milliseconds (laps
         # "gc: ..."; see quiet_gc in run()).
         self.gc_t0 = 0
-        self.timing_now = False  # inside timing(): collections then are also counted apart
+        self.timing_now = False  # inside the timing commands (executor_loop): collections are also counted apart
         gc.callbacks.append(self.gc_lap)
         self.early_snapshots = None  # (core, full), made while waiting for the job (CUDA)
         self.isolation = None  # the sandbox's layers (confine.py), for the `started` message
@@ -445,25 +440,12 @@ class Worker:
         self.rng_random = _Random(_fresh_seed()).random
         # evaluator.quiet_gc: everything alive now (torch, the harness, its snapshots: some
         # 260,000 objects) leaves the cyclic collector's reach, so a collection scans only what
-        # the job allocates; and timing() turns the collector off (as timeit does), so no
-        # collection runs inside a timed call. A full collection over those objects took
+        # the job allocates; and the timing commands turn the collector off (executor_loop, as
+        # timeit does), so no collection runs inside a timed call. A full collection over those objects took
         # 162-170 ms on an H100's host (docs/performance-history.md, "Where a sequential
         # verdict's time goes").
         if job.quiet_gc:
             _gc_freeze()
-        kernels = _kernels()
-        # The timing's state across `time` messages (timing.py): its rounds, the watch over the
-        # candidate's threads, the checks of the rounds' outputs.
-        state = TimingState(can_spin=kernels is not None or _cuda_sleep is not None)
-        watch = ThreadWatch()
-        # Positions compared in timing rounds; made here, before any candidate code exists.
-        checks = RoundChecks(_Generator(device=self.device).manual_seed(_fresh_seed()),
-                             _Random(_fresh_seed()).getrandbits)
-        if kernels is not None and self.kind.harness_kernels:
-            # Mismatch counters of the timing rounds' output checks (check_round_outputs).
-            checks.round_bad = _torch_empty(_ROUND_SLOTS, dtype=_int64, device=self.device)
-            checks.round_used = 0
-            kernels._zero(_T_data_ptr(checks.round_bad), _ROUND_SLOTS * 8)
         # 3. Static checks, before any candidate code runs (by the reference worker where the
         # verdict has two: it parses the candidate's source and never runs it). A check of the
         # task alone (job.reference_only) builds and runs its reference on the first trial's
@@ -484,7 +466,6 @@ class Worker:
                 raise _Done("rejected", names, text)
 
         self.redirect_output()
-        cache = CacheFlush(job.flush_bytes, self.device)  # the timing's cache flush (timing.py)
 
         if job.role == "candidate":
             self.candidate_job(job, src)
@@ -493,54 +474,9 @@ class Worker:
         if job.role == "reference":
             self.chan.send(reference_info(ref))
             executor_loop(self, job, ref, baseline, None)
-        if job.reference_only:
-            raise _Done("ok", (), f"the task's reference ran on {ref.trials} trial input(s) and gave the "
-                                  "same outputs when called again")
-
-        # 5. Load the candidate without the device.
-        self.chan.send({"type": "phase", "name": "load"})
-        cand = load_phase(self, job, ref, src)
-        self.chan.send({"type": "loaded"})
-        msg = self.chan.recv()
-        if msg.get("type") == "stop":
-            _os_exit(0)
-        if msg.get("type") != "run":
-            raise _Done("runtime_error", (), f"expected run, got {msg.get('type')!r}")
-        if self.exports:
-            self.exports = []  # the reference's exports: the evaluator has closed its mappings
-
-        # 7. Trials.
-        t0 = _perf_counter_ns()
-        construct_model(self, job, ref, cand)
-        t0 = self.lap("trials: ModelNew", t0)
-        poison_free_pool(self.kind)
-        t0 = self.lap("trials: poison free pool", t0)
-        trial_phase(self, job, ref, cand)
-        self.lap("trials: calls and outputs", t0)
-
-        # 8-10. Timing on request.
-        while True:
-            msg = self.chan.recv()
-            if self.exports:
-                self.exports = []  # the evaluator has compared the trials' outputs
-            kind = msg.get("type")
-            if kind == "stop":
-                _os_exit(0)
-            if kind == "time":
-                rounds = _int(_need(msg, "rounds"))
-                msg = timing(self, job, ref, baseline, cand, state, checks, watch, cache, rounds,
-                             _float(_need(msg, "warmup_ms")), _int(_need(msg, "warmup_rounds")),
-                             _need(msg, "announce") is True)
-                msg["type"] = "timing"
-                self.chan.send(msg)
-                continue
-            if kind == "finish":
-                t0 = _perf_counter_ns()
-                self.check_full("at the end")
-                self.check_state("at the end")
-                self.lap("finish: snapshot checks", t0)
-                raise _Done("ok", (), "", self.laps)
-            raise _Done("runtime_error", (), f"unexpected message {kind!r}")
+        # A job without a role is a check of the task alone (job.py, parse_job).
+        raise _Done("ok", (), f"the task's reference ran on {ref.trials} trial input(s) and gave the "
+                              "same outputs when called again")
 
     def candidate_job(self, job, src):
         """The candidate worker's job (role "candidate"): ModelNew loaded, built and run on the

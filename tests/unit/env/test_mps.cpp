@@ -98,7 +98,7 @@ TEST_CASE("evaluator.cuda_mps: on, where the daemon cannot start, refuses and na
   CHECK_FALSE(prepare_cuda_mps(opt, {"cuda:0"}, log).ok());
 }
 
-TEST_CASE("evaluator.cuda_mps: off beside the CUDA boundary warns that speedups across it come out lower") {
+TEST_CASE("evaluator.cuda_mps: off on a CUDA device warns that speedups across the boundary come out lower") {
   system_clock clk;
   const auto file = std::filesystem::temp_directory_path() / ("crucible-mps-warn-" + std::to_string(::getpid()) + ".log");
   std::filesystem::remove(file);
@@ -111,7 +111,6 @@ TEST_CASE("evaluator.cuda_mps: off beside the CUDA boundary warns that speedups 
     REQUIRE(log.open_file(file, log_level::info).ok());
     evaluator_options opt;
     opt.cuda_mps = cuda_mps_mode::off;
-    opt.cuda_boundary = true;
     CHECK(prepare_cuda_mps(opt, {"cuda:0"}, log).ok());
     CHECK(prepare_cuda_mps(opt, {"cpu"}, log).ok()); // no CUDA device: nothing to say
   }
@@ -120,16 +119,5 @@ TEST_CASE("evaluator.cuda_mps: off beside the CUDA boundary warns that speedups 
   CHECK(text.find("evaluator.cuda_mps is off") != std::string::npos);
   CHECK(text.find("lowers their speedups") != std::string::npos);
   CHECK(text.find("lowers their speedups") == text.rfind("lowers their speedups")); // once: the CPU call said nothing
-  std::filesystem::remove(file);
-  {
-    // The shared path on CUDA (cuda_boundary false) has no context switch inside a sample to warn of.
-    logger log{clk, log_level::off};
-    REQUIRE(log.open_file(file, log_level::info).ok());
-    evaluator_options opt;
-    opt.cuda_mps = cuda_mps_mode::off;
-    opt.cuda_boundary = false;
-    CHECK(prepare_cuda_mps(opt, {"cuda:0"}, log).ok());
-  }
-  CHECK(lines().find("lowers their speedups") == std::string::npos);
   std::filesystem::remove(file);
 }
