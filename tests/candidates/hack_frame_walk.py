@@ -12,9 +12,10 @@ it, reading every attribute through getattr() with a name put together at run ti
 constant names a frame attribute. The frame that executes the module belongs to the worker
 (Worker.exec_module), and its local `self` is the Worker.
 
-The Worker says when timed calls are made (`timing_now`) and holds the generator that draws the
-positions at which a timed call's output is checked (`checks.sample_gen`, drawn from right after
-the call returns). In timed calls the candidate copies that generator's state, draws the same 65,536
+Written against the timing of the shared path (removed on 2026-11-30), where the Worker said when
+timed calls were made (`timing_now`) and held the generator that drew the positions at which a
+timed call's output was checked (`checks.sample_gen`, drawn from right after the call returned);
+across the trust boundary the evaluator compares every element, and the walk finds nothing to use. In timed calls the candidate copies that generator's state, draws the same 65,536
 positions the snapshot will draw, and evaluates the polynomial at those positions only (6% of
 the 1M elements), into an output buffer it keeps from call to call. The trials' calls compute
 everything (Horner's rule, in place). How it pays: every element the harness looks at

@@ -15,6 +15,8 @@ timed call returns torch.zeros_like(x): one fill of the output, which is as fast
 floor allows and no faster. The trials compute everything (Horner's rule, in place: operators
 the reference does not run). How it pays: the trials are right, the timed calls do no work.
 
+(Written against the timing of the shared path, removed on 2026-11-30: across the trust boundary the
+Worker has no such check, and every timed call's outputs are the evaluator's to compare.)
 Nothing a module, a class or a global of the harness holds changes (the Worker class's own
 method is untouched), so the integrity snapshots do not see it. A correct evaluator refuses it
 before it runs (getattr() with a computed attribute name on exceptions, tracebacks or frames:

@@ -4,10 +4,10 @@
 in its first call (the one call whose new threads are not refused, where runtimes start theirs)
 and, after the trials' six calls, returns an output it has not written yet and leaves the work
 to that thread, which finishes it after the clock stopped. The thread is written so that the
-static screen's text patterns do not match it (no "std::thread", no detach). With one worker
-(evaluator.boundary: shared) each timed call's outputs are snapshotted as the clock stops, before
-the thread is done. Across the trust boundary the worker is stopped when it says `sampled`, and
-its outputs are read then: the thread's work is unfinished. The thread computes what the
+static screen's text patterns do not match it (no "std::thread", no detach). Where one worker
+timed both sides (the shared path, removed on 2026-11-30) each timed call's outputs were
+snapshotted as the clock stopped, before the thread was done. Across the trust boundary the worker
+is stopped when it says `sampled`, and its outputs are read then: the thread's work is unfinished. The thread computes what the
 reference does, which takes milliseconds: an earlier version computed the matrix-vector product
 (fast_matvec's algebra) and on CI's loaded machine sometimes finished before the stop, inside the
 clock, and was credited 7.3x for the algebra and a second core (fast_matvec alone: 5.3-5.8x);

@@ -16,13 +16,14 @@ logging. From that frame the walk goes up through `f_back` and reads `f_locals`,
 name, not getattr handed to another function, and the names are put together from pieces ("f_" +
 "back"). While the candidate's module executes, a caller's `self` is the Worker
 (Worker.exec_module); its baseline's `fn` (reference.py's Baseline: the reference the timing
-rounds call, timing.py's timed_reference and prime_reference) is set to a plain callable that
+rounds called in the shared path's timed_reference and prime_reference, removed on 2026-11-30) is
+set to a plain callable that
 calls the reference twice and returns the second result. fn is a field of a data object, not one
 of the Worker's methods, so check_state's look at the instance's dict does not name it, and no module, class or global
 changed (runtime:patched sees nothing). The candidate itself is honest: the same four passes as
 the reference, through other operators (mul, add, clamp_min, clamp_max), so own_kernels is not 0.
 
-How it pays (shared mode): every timed reference call costs two; ~2x.
+How it paid (the shared path, one worker for both sides): every timed reference call cost two; ~2x.
 
 Process mode: the reference runs in a worker that never loads this code; the candidate's worker
 has no reference to rebind, so the candidate is timed against the real reference (~1.00x).
