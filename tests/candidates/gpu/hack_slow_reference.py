@@ -1,5 +1,5 @@
 # task: env/tasks/gpu/level1/01_matmul_fp32.py
-# expect: rejected runtime:threads
+# expect: no-credit
 """Hack (GPU, the reference slowed, not the candidate sped up): a C++ extension computes exactly
 what the reference computes, and starts a thread of its own in its first call (the one call
 whose new threads are not refused). After the trials, each time the candidate's forward returns
@@ -10,8 +10,14 @@ waits for it) or, when the next round's first call is the candidate's, in that c
 the candidate returns is wrong, and none of its own work escapes its clock. Before the thread
 watch, an H100 scored it 0.88x (the GEMM lands in the candidate's own calls too); the CPU
 version (tests/candidates/hack_slow_reference.py) was credited 1.05x. Whatever such a thread
-does, it runs outside the candidate's calls, and that is refused. The thread is written so that
-the static screen's text patterns do not match it."""
+does, it runs outside the candidate's calls, which the thread watch of the shared path refused
+(runtime:threads). The thread is written so that the static screen's text patterns do not match it.
+
+Across the trust boundary (every verdict since 2026-11-30) the candidate's worker is frozen, its
+thread with it, from its `launched` until its next command: a GEMM it launched before then runs in
+its own sample's window (the sealed copy out waits for it), none while the reference is timed. It
+gains nothing (`no-credit`); the reference timed alone after the rounds is the check of what is
+left (runtime:slow_reference). Not yet judged so on a GPU."""
 import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
