@@ -14,7 +14,7 @@
 
 namespace crucible::env::worker_msg {
 
-/// A command with no field but its type: "run", "measure", "taken", "prime", "go", "null",
+/// A command with no field but its type: "run", "taken", "copied", "prime", "go", "null",
 /// "clock", "finish", "stop", "init", "context".
 std::string command(std::string_view type);
 
