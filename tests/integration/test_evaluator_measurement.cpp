@@ -127,8 +127,9 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
   auto t = load_task(read_expectation(cand).task);
   REQUIRE(t.ok());
-  // Each worker reports, in its host-time log line, how many distinct addresses the first input of
-  // its samples' first calls had over the verdict's rounds (executor.py, make_buffers).
+  // The candidate's worker reports, in its host-time log line, how many distinct addresses the
+  // first input of its samples' first calls had over the verdict's rounds (executor.py,
+  // make_buffers; the reference's worker places its buffers alike and reports no laps).
   auto placements = [&](std::uint64_t jitter) {
     auto log_path = fs::temp_directory_path() / ("crucible-placement-" + std::to_string(::getpid()) + "-"
                                                  + std::to_string(jitter) + ".log");
@@ -169,8 +170,9 @@ TEST_CASE("no cyclic garbage collection runs while a worker times, with quiet_gc
     evaluator_options opt = twenty_rounds(0);
     opt.quiet_gc = quiet;
     auto text = logged_verdict(opt, *t, read_text(cand), log_path).second;
-    // Each worker's host-time line names every collection; those while it answers the timing
-    // commands apart (executor.py, executor_loop: the collector is off there).
+    // The candidate worker's host-time line names every collection; those while it answers the
+    // timing commands apart (executor.py, executor_loop: the collector is off there, in both
+    // workers).
     REQUIRE_MESSAGE(text.find("worker host ms") != std::string::npos, text);
     REQUIRE_MESSAGE(text.find("gc: generation 0 collections") != std::string::npos, text);
     std::smatch m;
