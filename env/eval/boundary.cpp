@@ -682,7 +682,7 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     std::int64_t calls = 1;
     // The graph baselines take one call a sample: cuda-graph replays a graph captured on each
     // sample's input buffers, compile-reduce-overhead's graphs overwrite their outputs at the
-    // next step (executor.py, executor_fn).
+    // next step (executor.py, executor_call).
     const bool graphs = opt.baseline == timing_baseline::cuda_graph || opt.baseline == timing_baseline::compile_reduce_overhead;
     if (opt.sample_ms > 0 && !graphs) {
       calls = fast_ms > 0 ? static_cast<std::int64_t>(std::ceil(opt.sample_ms / fast_ms)) : opt.max_calls;

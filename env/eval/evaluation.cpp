@@ -443,7 +443,6 @@ verdict evaluation::judge() {
                                            "did not start; the evaluator's log says why)");
     return v_;
   }
-  two_workers_ = true;
   v_.judged = "boundary";
   b_.emplace(static_cast<walk&>(*this), kind.samples_on_device);
   if (!split_trials(seed))

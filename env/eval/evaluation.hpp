@@ -50,7 +50,7 @@ public:
   /// idle ones (a retry after a worker was killed from outside: what killed it may have killed
   /// the idle ones too). Before run().
   void use_fresh_workers() noexcept { fresh_workers_ = true; }
-  /// The candidate's worker where the verdict has two (the trust boundary): for retire().
+  /// The candidate's worker (none in a check of a task alone): for retire().
   std::unique_ptr<worker> take_candidate_process() noexcept { return std::move(cand_.proc); }
   /// The worker was SIGKILLed by someone else (the OOM killer, an operator): worth one retry.
   bool lost_worker() const noexcept { return end_.lost_worker; }
@@ -125,7 +125,7 @@ private:
   // already within evaluator.early_stop_spread.
   bool measure_once(const timing_policy& policy, std::vector<double>& ref, std::vector<double>& cand);
 
-  /// The trust boundary's part, where the verdict has two workers (made by judge()).
+  /// The trust boundary's part, made by judge() for every verdict but a check of a task alone.
   std::optional<boundary> b_;
   /// The measurement ended at its first look: the candidate is clearly slower (measure_once).
   bool slow_stop_ = false;

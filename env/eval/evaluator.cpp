@@ -235,7 +235,7 @@ std::string device_evaluator::protocol_key() const {
   std::snprintf(buf, sizeof buf,
                 "%s;trials=%lld;rounds=%lld;max_rounds=%lld;min_rounds=%lld/%g;slow=%lld/%g;warmup=%g;buckets=%lld;spread=%g/%g;disagree=%g;win=%g;"
                 "recheck=%g/%g/%lld;baseline=%s;flush=%llu;jitter=%llu;sample=%g/%lld;tol=%g/%g/%g/%g/%g/%g/%g;static=%d;threads=%lld;connections=%lld;"
-                "mode=%s;boundary=%s/%g/%d/%d;huge_pages=%d",
+                "mode=%s;boundary=process/%g/1/%d;huge_pages=%d", // boundary: as when a verdict could take another path, so that kept keys still match
                 protocol_version, static_cast<long long>(opt_.trials), static_cast<long long>(opt_.rounds),
                 static_cast<long long>(opt_.max_rounds), static_cast<long long>(opt_.min_rounds), opt_.early_stop_spread,
                 static_cast<long long>(opt_.slow_stop_rounds), opt_.slow_stop_below, opt_.warmup_ms, static_cast<long long>(opt_.buckets), opt_.max_spread, opt_.band_floor,
@@ -246,8 +246,7 @@ std::string device_evaluator::protocol_key() const {
                 opt_.fp32_rtol, opt_.fp16_atol, opt_.fp16_rtol, opt_.bf16_atol, opt_.bf16_rtol, opt_.rounding_factor,
                 opt_.static_checks ? 1 : 0, static_cast<long long>(opt_.cpu_threads),
                 static_cast<long long>(opt_.cuda_max_connections), opt_.eval_mode ? "eval" : "train",
-                "process", opt_.reference_band, 1,
-                opt_.cuda_clock_poll ? 1 : 0, opt_.huge_pages ? 1 : 0);
+                opt_.reference_band, opt_.cuda_clock_poll ? 1 : 0, opt_.huge_pages ? 1 : 0);
   return buf;
 }
 

@@ -58,7 +58,7 @@ struct walk {
   void ended(worker& who, const std::string& when);
   // "the worker", "the reference's worker" or "the candidate's worker": who a message names.
   const char* who(const worker& w) const noexcept {
-    return !two_workers_ ? "the worker" : &w == w_.proc.get() ? "the reference's worker" : "the candidate's worker";
+    return req_.reference_only ? "the worker" : &w == w_.proc.get() ? "the reference's worker" : "the candidate's worker";
   }
   // A worker stopped or continued (worker::freeze/thaw); a failure decides the verdict
   // (runtime_error, not the candidate's).
@@ -86,7 +86,7 @@ struct walk {
     std::snprintf(buf, sizeof buf, "%.2f", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
     ctx_.log.debug("evaluator", ctx_.device, " ", req_.target.name, ": ", name, " at +", buf, " s");
     if (ctx_.observer) // from the load on, across the boundary: the candidate's worker
-      ctx_.observer(name, two_workers_ && cand_.proc ? cand_.proc->pid() : w_.proc->pid());
+      ctx_.observer(name, cand_.proc ? cand_.proc->pid() : w_.proc->pid());
   }
   // A timing's measured rounds begin at the device gate (device_gate::begin_measure), on either
   // path: at debug level what is inside there is said before the wait, so that a wait that never
@@ -117,10 +117,8 @@ struct walk {
   // What it was given and its workers.
   const evaluation_context& ctx_;
   const eval_request& req_;
-  ready_worker w_;    // the one worker, or the reference's where the verdict has two
-  ready_worker cand_; // the candidate's worker, where the verdict has two
-  /// The reference and the candidate in two workers: every verdict but a check of a task alone.
-  bool two_workers_ = false;
+  ready_worker w_;    // the reference's worker (a check of a task alone: its one worker)
+  ready_worker cand_; // the candidate's worker, once taken
   bool fresh_workers_ = false; // evaluation::use_fresh_workers()
   const int cuda_device_ = ctx_.outputs_device; // >= 0: outputs stay on this CUDA device
   /// A timed sample's clock runs: no service answers the worker (receive).

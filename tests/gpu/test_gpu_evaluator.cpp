@@ -653,7 +653,7 @@ TEST_CASE("verdicts in flight together on one device all end: no thread works on
 TEST_CASE("the reference's graph baselines are timed across the boundary: one call a sample, a correct candidate ok") {
   // cuda-graph: the reference's worker captures a graph on each sample's input buffers and replays
   // it; compile-reduce-overhead: a new step of its graphs before every call (executor.py,
-  // executor_fn). Both hand back memory of their own every call: one call a sample.
+  // executor_call). Both hand back memory of their own every call: one call a sample.
   system_clock clk;
   logger log{clk, log_level::warn};
   auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");

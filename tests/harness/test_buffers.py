@@ -93,25 +93,31 @@ def test_the_reference_workers_buffers_start_with_its_last_draw_where_its_draw_a
 
 
 def test_what_a_timed_call_calls_by_side_and_baseline(executor, harness):
-    # The candidate's model; the reference eager or compiled as it is; with
+    # The candidate's model and the eager or compiled reference, called directly; with
     # compile-reduce-overhead a new step of its graphs before every call (their outputs are
     # overwritten at the next one).
     state = executor.ExecutorState((0, 0))
-    cand = types.SimpleNamespace(model=lambda x: x + 1)
+    state.buf_sets = [[1], [3], [4]]
+
+    def call(job, baseline, cand, i):
+        fn, args = executor.executor_call(job, baseline, cand, state, i)
+        return fn(*args)
+
+    model = lambda x: x + 1  # noqa: E731
+    cand = types.SimpleNamespace(model=model)
     job = types.SimpleNamespace(role="candidate", baseline="compile-reduce-overhead")
-    assert executor.executor_fn(job, None, cand, state)(0, [1]) == 2
+    assert call(job, None, cand, 0) == 2
+    assert executor.executor_call(job, None, cand, state, 0) == (model, [1])  # no frame between
     steps = []
     stepped = harness["reference"].Baseline(None, lambda x: x * 2, lambda: steps.append(1))
     job = types.SimpleNamespace(role="reference", baseline="compile-reduce-overhead")
-    fn = executor.executor_fn(job, stepped, None, state)
-    assert (fn(0, [3]), fn(1, [4])) == (6, 8) and steps == [1, 1]
+    assert (call(job, stepped, None, 1), call(job, stepped, None, 2)) == (6, 8) and steps == [1, 1]
     eager = harness["reference"].Baseline(None, lambda x: x * 3)
     job = types.SimpleNamespace(role="reference", baseline="eager")
-    assert executor.executor_fn(job, eager, None, state)(0, [3]) == 9
+    assert call(job, eager, None, 1) == 9
     # cuda-graph: the replay of set i's graph, whose outputs it hands back.
     replays = []
     state.graphs = [(types.SimpleNamespace(replay=lambda i=i: replays.append(i)), f"out{i}") for i in range(2)]
     job = types.SimpleNamespace(role="reference", baseline="cuda-graph")
-    fn = executor.executor_fn(job, harness["reference"].Baseline(None, None), None, state)
-    assert (fn(1, [None]), fn(0, [None])) == ("out1", "out0") and replays == [1, 0]
-
+    graph = harness["reference"].Baseline(None, None)
+    assert (call(job, graph, None, 1), call(job, graph, None, 0)) == ("out1", "out0") and replays == [1, 0]

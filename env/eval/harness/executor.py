@@ -14,7 +14,7 @@ commands' own state is an ExecutorState."""
 import torch
 
 from .trusted import (
-    _BaseException, _enumerate, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _set, _str,
+    _BaseException, _fresh_seed, _gc_disable, _int, _len, _max, _os_exit, _range, _reseed_visible, _set, _str,
     _T_copy_, _T_contiguous, _T_data_ptr, _T_fill_, _T_is_contiguous, _T_numel, _T_size, _T_stride, _T_view, _Tensor,
     _T_to, _torch_empty, _type, _uint8, _int32, _cuda_empty_cache, _cuda_mem_get_info, _perf_counter_ns
 )
@@ -233,31 +233,33 @@ def receive_device_inputs(w, descs, keep=False, pinned=False):
 # ------------------------------------------------------------------------------------------------
 # Both: the timing commands.
 
-def executor_fn(job, baseline, cand, state):
-    """What timed call i on `inputs` calls, as fn(i, inputs): the candidate's model, or the
-    reference as the timing calls it (job.baseline): eager or compiled as it is; with
-    compile-reduce-overhead a new step of its graphs first (their outputs are overwritten at the
-    next one); with cuda-graph the replay of the graph captured on set i's input buffers
-    (make_buffers), whose outputs are the graph's own. The graph baselines take one call a
-    sample (the evaluator, boundary.cpp)."""
-    if job.role != "reference":
-        model = cand.model
-        return lambda i, inputs: model(*inputs)
-    if job.baseline == "cuda-graph":
-        graphs = state.graphs
+def _replay(graph, out):
+    """A cuda-graph baseline's timed call: the graph replayed, its outputs its own."""
+    graph.replay()
+    return out
 
-        def replay(i, inputs):
-            graph, out = graphs[i]
-            graph.replay()
-            return out
-        return replay
-    fn, step = baseline.fn, baseline.mark_step
-    if step is not None:
-        def stepped(i, inputs):
-            step()
-            return fn(*inputs)
-        return stepped
-    return lambda i, inputs: fn(*inputs)
+
+def _stepped(step, fn, inputs):
+    """A compile-reduce-overhead baseline's timed call: a new step of its graphs first (their
+    outputs are overwritten at the next one)."""
+    step()
+    return fn(*inputs)
+
+
+def executor_call(job, baseline, cand, state, i):
+    """Timed call i of a sample, on set i of buf_sets, as (fn, args): the candidate's model, or
+    the reference as the timing calls it (job.baseline): eager or compiled as it is, called
+    directly (no frame of the harness's between a call and its model); compile-reduce-overhead
+    through _stepped; cuda-graph the replay of the graph captured on set i's buffers
+    (make_buffers). The graph baselines take one call a sample (the evaluator, boundary.cpp)."""
+    inputs = state.buf_sets[i]
+    if job.role != "reference":
+        return cand.model, inputs
+    if job.baseline == "cuda-graph":
+        return _replay, state.graphs[i]
+    if baseline.mark_step is not None:
+        return _stepped, (baseline.mark_step, baseline.fn, inputs)
+    return baseline.fn, inputs
 
 
 def capture_graph(w, model, inputs):
@@ -426,7 +428,7 @@ def launch(w, job, baseline, cand, state, null, seq):
     waits for the done word, copies the outputs and stops (nothing here reads a time or
     waits)."""
     outs = []
-    fn = executor_fn(job, baseline, cand, state)
+    calls = [executor_call(job, baseline, cand, state, i) for i in _range(_len(state.buf_sets))]
     if state.clock_words is None:
         raise _Done("runtime_error", (), "launch before the device clock was set up")
     go = _T_data_ptr(state.clock_words)
@@ -440,8 +442,8 @@ def launch(w, job, baseline, cand, state, null, seq):
                 t = state.null_out = _torch_empty(128, dtype=_uint8, device=w.device)
             outs.append(t)
         else:
-            for i, inputs in _enumerate(state.buf_sets):
-                outs.append(_dense(fn(i, inputs)))
+            for fn, args in calls:
+                outs.append(_dense(fn(*args)))
         _stream_write_value(stream, go + 128, seq)
         queued_us = (_perf_counter_ns() - t0) / 1000.0
     except _BaseException as e:
@@ -609,7 +611,7 @@ def make_buffers(w, job, ref, baseline, state, calls):
     del old
     w.sync()
     if job.role == "reference" and job.baseline == "cuda-graph":
-        # One graph a set of buffers, captured on them, which the timed calls replay (executor_fn);
+        # One graph a set of buffers, captured on them, which the timed calls replay (executor_call);
         # the old sets' graphs and their memory go first.
         state.graphs = None
         state.graphs = [capture_graph(w, baseline.model, one) for one in state.buf_sets]
@@ -621,7 +623,8 @@ def call_once(w, job, baseline, cand, state, i):
     if job.role == "candidate":
         _reseed_visible()
         w.candidate_flags()
-    return executor_fn(job, baseline, cand, state)(i, state.buf_sets[i])
+    fn, args = executor_call(job, baseline, cand, state, i)
+    return fn(*args)
 
 
 def prime(w, job, baseline, cand, state):
@@ -652,10 +655,10 @@ def go(w, job, baseline, cand, state):
     """One timed sample. The clock is the evaluator's: it starts before `go` is sent and stops
     when `sampled` arrives; nothing here reads a time."""
     outs = []
-    fn = executor_fn(job, baseline, cand, state)
+    calls = [executor_call(job, baseline, cand, state, i) for i in _range(_len(state.buf_sets))]
     try:
-        for i, inputs in _enumerate(state.buf_sets):
-            outs.append(_dense(fn(i, inputs)))
+        for fn, args in calls:
+            outs.append(_dense(fn(*args)))
         w.sync()
     except _BaseException as e:
         who = "ModelNew.forward" if job.role == "candidate" else "the reference"
