@@ -281,6 +281,8 @@ TEST_CASE("a reference slower during a verdict than alone in its own worker refu
   CHECK(v.status == verdict_status::rejected);
   CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:slow_reference") != v.checks_failed.end());
   CHECK(v.message.find("slower during this verdict than alone") != std::string::npos);
+  // Judged twice (a load change on the host does this once): refused in both.
+  CHECK(v.message.find("(in two verdicts)") != std::string::npos);
 }
 
 TEST_CASE("evaluator.eval_mode: a BatchNorm folded for inference is incorrect in training mode, ok in eval mode") {
