@@ -593,10 +593,22 @@ bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool
       return false;
   }
   std::vector<std::vector<tensor_blob>> ref_outs, cand_outs;
+  bool cand_first;
   {
     lap_into lap{split_.host_samples_ms};
-    // Both samples of a round in random order, each right after its own untimed call.
-    if (split_.rng() & 1) {
+    // Both samples of a round, each right after its own untimed call, in an order balanced over
+    // each two rounds: a random one for the first, the other for the second. A second sample that
+    // is faster or slower for coming second (caches, the clock's state) then weighs on both sides
+    // alike; drawn per round, ten rounds could give seven of one order. The pairs are counted in
+    // the measured rounds (k, from 0; a round played again, not counted, keeps its k); a warm-up
+    // round draws its own.
+    if (k < 0)
+      cand_first = split_.rng() & 1;
+    else if (k % 2 == 0)
+      cand_first = split_.pair_cand_first = split_.rng() & 1;
+    else
+      cand_first = !split_.pair_cand_first;
+    if (cand_first) {
       if (!time_sample(cand_side_, in, cand_outs, cand_ms) || !time_sample(ref_side_, in, ref_outs, ref_ms))
         return false;
     } else {
@@ -617,6 +629,10 @@ bool boundary::split_round(std::int64_t k, double& ref_ms, double& cand_ms, bool
     return make_both_buffers(1) && (!dev_.on || measure_null());
   }
   counted = true;
+  if (k >= 0) {
+    ++split_.measured_rounds;
+    split_.measured_cand_first += cand_first ? 1 : 0;
+  }
   // Every timed call is held to the correctness tolerance, here, against the reference's outputs
   // on the same inputs (runtime:timing_outputs), with the rounding slack the trials measured on
   // inputs of the same distribution: a loosest-trial slack would hide a precision dropped only
@@ -819,6 +835,10 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
 
 bool boundary::check_clean_reference(const std::vector<double>& ref) {
   const auto& opt = ctx_.opt;
+  // Every round is played now: their order, for the debug log.
+  if (ctx_.log.enabled(log_level::debug))
+    ctx_.log.debug("evaluator", ctx_.device, " ", wk_.req_.target.name, ": the candidate's sample first in ",
+                   split_.measured_cand_first, " of ", split_.measured_rounds, " measured rounds");
   if (ref.empty())
     return true;
   // The candidate's worker ends first: with it go its processes and anything it left running.

@@ -204,6 +204,8 @@ private:
     double null_ms = 0;            // the fastest round trip of an empty sample of the reference's worker
     std::uint64_t floor_bytes = 0; // the output bytes the floor is measured on
     std::mt19937_64 rng{std::random_device{}()}; // the order of each round's two samples
+    bool pair_cand_first = false;                // the order of the first round of the pair being played
+    std::int64_t measured_rounds = 0, measured_cand_first = 0; // counted rounds, and those with the candidate first (debug log)
     // The host's time in the rounds, in parts (debug log): the round's inputs drawn, its buffers
     // made, its two samples, their outputs compared (ms, summed over the rounds played).
     double host_draw_ms = 0, host_buffers_ms = 0, host_samples_ms = 0, host_compare_ms = 0;

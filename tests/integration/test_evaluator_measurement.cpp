@@ -148,6 +148,23 @@ TEST_CASE("timing rounds put their inputs at many placements unless placement_ji
   CHECK(on > off);
 }
 
+TEST_CASE("the measured rounds play both orders alike: the candidate's sample first in half of them") {
+  // Each two measured rounds take a random order and its other (boundary.cpp, split_round): a
+  // sample that is faster or slower for coming second weighs on both sides alike. Drawn per round,
+  // 20 rounds would split 10-10 in about one verdict of six.
+  auto cand = source_dir / "tests" / "candidates" / "legit_algebra.py";
+  auto t = load_task(read_expectation(cand).task);
+  REQUIRE(t.ok());
+  auto log_path = fs::temp_directory_path() / ("crucible-order-" + std::to_string(::getpid()) + ".log");
+  auto [v, text] = logged_verdict(twenty_rounds(0), *t, read_text(cand), log_path);
+  std::smatch m;
+  static const std::regex re{"the candidate's sample first in ([0-9]+) of ([0-9]+) measured rounds"};
+  REQUIRE_MESSAGE(std::regex_search(text, m, re), text);
+  CHECK(std::stoi(m[2].str()) == 20);
+  CHECK(v.rounds == 20);
+  CHECK(std::stoi(m[1].str()) == 10);
+}
+
 TEST_CASE("no cyclic garbage collection runs while a worker times, with quiet_gc or without") {
   // A correct candidate whose forward leaves cyclic garbage behind (lists that hold themselves):
   // enough allocations in 20 rounds for the collector to run when it may.

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # tools/bench/boundary_cpu.sh [identity|hacks [CANDIDATE...]]: the trust boundary's CPU figures
 # (docs/PERFORMANCE.md, "The reward's trust boundary"), from crucible in BUILD (default build) to
-# records in OUT (default runs/bench/boundary_cpu), in both modes of evaluator.boundary (MODES,
-# default "process shared"; process is the default, shared the single worker of before).
+# records in OUT (default runs/bench/boundary_cpu), for each value of evaluator.boundary in MODES
+# (default "process", the one path; "shared", the single worker of before, only with CRUCIBLE
+# naming a tree from before 0df72da, which removed it).
 #   identity  the CPU suite's references against themselves (reference_as_candidate.py), one
 #             verdict each in each mode: OUT/self_MODE.jsonl, each mode's wall time, then
 #             band_check.py --self (within 1.00 ± 2%, bands, wall time a verdict)
 #   hacks     one verdict of each CANDIDATE (default: the two hacks of tests/candidates/boundary
-#             measured in both modes, hack_harness_logging_refwrap.py and
+#             measured in both modes before, hack_harness_logging_refwrap.py and
 #             hack_dispatcher_cpp_library_impl.py) on the task its '# task:' line names, in each
 #             mode: OUT/hacks.jsonl (candidate, mode, status, speedup, band, message)
 # Without a step, both. The whole set of boundary hacks, with the verdict each must get:
@@ -35,7 +36,7 @@ for step in "${steps[@]}"; do
   case "$step" in
     identity)
       "$PYTHON" tools/bench/reference_as_candidate.py env/tasks/cpu "$OUT/self" 2>/dev/null
-      for mode in ${MODES:-process shared}; do
+      for mode in ${MODES:-process}; do
         s=$(date +%s)
         rm -f "$OUT/self_$mode.jsonl"
         "$C" eval --pairs "$OUT/self/pairs.tsv" --device cpu --no-cache --json --set evaluator.boundary="$mode" \
@@ -49,7 +50,7 @@ for step in "${steps[@]}"; do
         tests/candidates/boundary/hack_dispatcher_cpp_library_impl.py)
       for f in "${files[@]}"; do
         task="$(sed -n 's/^# task:[[:space:]]*//p' "$f" | head -1)"
-        for mode in ${MODES:-process shared}; do
+        for mode in ${MODES:-process}; do
           "$C" eval --task "$task" --candidate "$f" --device cpu --no-cache --json --set evaluator.boundary="$mode" \
             2>>"$OUT/hacks.err" | "$PYTHON" -c 'import json, sys
 for line in sys.stdin:

@@ -11,7 +11,7 @@ gpu-mode/pygpubench PR #22 (the harness's state found by a call stack walk); Ker
 "inputs predicted" family (tests/candidates/hack_predict_inputs.py: predicting them from the
 random state, which fresh OS seeds defeat; here they are simply read).
 
-How: every timing round (timing.py, one_round) draws its inputs, copies them for the candidate
+How: every timing round (the shared path's timing.py, removed in 0df72da: one_round) draws its inputs, copies them for the candidate
 (`cand_in`, one input list per call of the sample), and only then makes an untimed priming call of
 the candidate on the previous round's inputs, followed by the timed sample on `cand_in`. A
 load_inline module walks the stack from C++ (PyThreadState_GetFrame, PyFrame_GetBack,

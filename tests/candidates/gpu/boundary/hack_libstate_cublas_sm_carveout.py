@@ -17,7 +17,7 @@ every call.
 How it pays (shared mode): the timed reference's GEMM runs on 8 SMs instead of all of them: a
 large speedup, whatever the band.
 
-Across the boundary (evaluator.cuda_boundary: true): the reference runs in a worker that never
+Across the boundary (every verdict since 0df72da): the reference runs in a worker that never
 loads this module; the carve-out is the candidate's process's own (~1.00x).
 """
 import torch
