@@ -403,6 +403,14 @@ verdict device_evaluator::evaluate(const eval_request& req) {
   };
   auto v = [&] {
     auto first = run_once(*w, false);
+    // Once more on a worker from the pool (alone on the device or beside others), `how` in the log.
+    auto judge_again = [&](const char* how, bool alone) -> std::optional<attempt> {
+      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.v.message.substr(0, 200), "; ", how);
+      auto again = pool_->take();
+      if (!again)
+        return std::nullopt;
+      return run_once(*again, alone);
+    };
     const bool out_of_memory = kind_of(device_).out_of_memory_alone && first.v.status == verdict_status::runtime_error
                                && out_of_device_memory(first.v.message);
     if (out_of_memory && (first.v.message.find("ModelNew") == std::string::npos || first.task_bytes >= retry_alone_bytes)) {
@@ -412,15 +420,12 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       // candidate's own call out of memory is retried so only where the task's inputs and outputs are large
       // (retry_alone_bytes): else a policy writing allocations that fail would hold up the
       // evaluator's other verdicts each time.
-      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.v.message.substr(0, 200),
-                "; retrying alone on the device");
-      auto again = pool_->take();
-      if (!again)
+      auto second = judge_again("retrying alone on the device", true);
+      if (!second)
         return first.v;
-      auto second = run_once(*again, true);
-      if (second.v.status == verdict_status::runtime_error && out_of_device_memory(second.v.message))
-        second.v.message += " (alone on the device as well)";
-      return second.v;
+      if (second->v.status == verdict_status::runtime_error && out_of_device_memory(second->v.message))
+        second->v.message += " (alone on the device as well)";
+      return second->v;
     }
     // Under MPS, after a fault or a change to the daemon while this verdict ran: judged again alone
     // on the device, on new workers, once the agent has started again (its restart first ends
@@ -473,17 +478,14 @@ verdict device_evaluator::evaluate(const eval_request& req) {
       // a neighbour test ending: the honest in-place relu of 01_relu_scale refused so). Judged
       // once more on other workers; a candidate that slows the reference does it again, and a
       // load change that falls just so twice is rare. The first verdict is in the log only.
-      log_.warn("evaluator", device_, " ", req.target.name, ": ", first.v.message.substr(0, 200),
-                "; judging it again on other workers");
-      auto again = pool_->take();
-      if (!again)
+      auto second = judge_again("judging it again on other workers", false);
+      if (!second)
         return first.v;
-      auto second = run_once(*again, false);
-      if (second.v.status == verdict_status::rejected
-          && std::find(second.v.checks_failed.begin(), second.v.checks_failed.end(), "runtime:slow_reference")
-               != second.v.checks_failed.end())
-        second.v.message += " (in two verdicts)";
-      return second.v;
+      if (second->v.status == verdict_status::rejected
+          && std::find(second->v.checks_failed.begin(), second->v.checks_failed.end(), "runtime:slow_reference")
+               != second->v.checks_failed.end())
+        second->v.message += " (in two verdicts)";
+      return second->v;
     }
     if (!first.lost_worker && !evaluator_failed)
       return first.v;
