@@ -72,8 +72,8 @@ void check_task(const std::string& prefix) {
       // On a loaded 2-core machine (CI's tests two at a time) one verdict's band can reach below
       // the win threshold (±22-25% seen), and the other test's load can fall in the verdict's
       // rounds and not in the reference's samples alone (runtime:slow_reference, 16_pairwise_sqdist
-      // 43-77% slower; docs/evaluator.md, Not covered yet): a faster variant must then be credited
-      // by a second verdict.
+      // 43-77% slower; docs/evaluator.md, Not covered yet; the evaluator has judged such a verdict
+      // twice already): a faster variant must then be credited by another verdict.
       v = ev.run(*t, f);
       MESSAGE(file.stem().string() << "/" << name << " again: " << describe(v));
     }
