@@ -38,7 +38,8 @@
 #                                  `mkdir .old-tree && git archive REV | tar -x -C .old-tree`, ignored
 #                                  through .git/info/exclude, and carried) is copied to /root/old-tree
 #                                  and built there (crucible, crucible-device; about 90 s); its
-#                                  records in JOB/set-old
+#                                  records in JOB/set-old. Another OLD_TREE, .old-tree-X, is built
+#                                  in /root/old-tree-X (a second job's beside the first's)
 #                      kbself      KernelBench level 1's references against themselves across,
 #                                  tasks KB_FROM (default 1) to KB_TO (100), or KB_RANGES (e.g.
 #                                  "45-100,1-20": those ranges' tasks, in that order), KB_S seconds (450),
@@ -75,7 +76,11 @@ export BUILD="${BUILD:-/root/bg}"
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 
 setold_step() { # the set across with an older tree's build (the setold step)
-  local old=/root/old-tree
+  # /root/old-tree for .old-tree (the shared path's SHARED_CRUCIBLE), /root/old-tree-X for .old-tree-X:
+  # two jobs beside each other can each build an older tree of their own.
+  local name
+  name=$(basename "${OLD_TREE:-.old-tree}")
+  local old="/root/${name#.}"
   rm -rf "$old"
   if ! cp -r "${OLD_TREE:-.old-tree}" "$old"; then
     echo "setold: no older tree in ${OLD_TREE:-.old-tree}"
