@@ -284,6 +284,33 @@ TEST_CASE("CPU-suite tasks on CUDA across the trust boundary: every variant ok, 
   CHECK(v.status != verdict_status::ok);
 }
 
+TEST_CASE("a CPU verdict on a GPU host reaches no GPU: a candidate that makes it visible again finds none") {
+  // tests/candidates/escape/gpu_from_cpu_worker.py raises "ESCAPED" if it opens a GPU's device
+  // file or computes on a GPU after undoing the worker's empty CUDA_VISIBLE_DEVICES: a CPU sample
+  // is charged its processes' CPU time, and a GPU's work is not that. Static checks off: the
+  // sandbox alone must hold (confine.py, DeviceKind.device_nodes).
+  REQUIRE(fs::exists("/dev/nvidiactl")); // the host has what the candidate reaches for
+  system_clock clk;
+  logger log{clk, log_level::warn};
+  evaluator_options opt;
+  opt.devices = {"cpu"};
+  opt.static_checks = false;
+  opt.rounds = 10;
+  opt.max_rounds = 10;
+  opt.recheck_above = 1e9;
+  auto where = locate_harness(opt);
+  REQUIRE(where.ok());
+  auto ev = device_evaluator::create(opt, reward_options{}, *where, "cpu", log, nullptr);
+  REQUIRE(ev.ok());
+  auto t = load_task(source_dir / "env" / "tasks" / "cpu" / "01_relu_scale.py");
+  REQUIRE(t.ok());
+  auto v = (*ev)->evaluate(eval_request{*t, read_text(source_dir / "tests" / "candidates" / "escape" / "gpu_from_cpu_worker.py"), 0, false});
+  INFO(std::string{to_string(v.status)} << " " << v.message);
+  MESSAGE("gpu_from_cpu_worker.py on cpu: " << std::string{to_string(v.status)} << " " << v.message.substr(0, 200));
+  CHECK(v.message.find("ESCAPED") == std::string::npos);
+  CHECK(v.status == verdict_status::ok);
+}
+
 TEST_CASE("a task checked alone on CUDA (the run's reference check) is ok") {
   system_clock clk;
   logger log{clk, log_level::warn};

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -136,6 +137,19 @@ void check_escape(const std::string& file) {
                                         (source_dir / "env" / "eval" / "harness" / "worker.py").string()};
   const std::vector<std::string> victims{(run / "victim.txt").string(), (run / "token").string()};
   const std::vector<std::string> secrets{(run / "token").string(), home_secret.string()};
+  // Device files any user may open but the plain ones a CPU worker keeps (confine.py,
+  // _PLAIN_DEVICES): /dev/ptmx here, a GPU's /dev/nvidia* on a GPU host.
+  std::vector<std::string> devices;
+  for (const char* dir : {"/dev", "/dev/dri", "/dev/net", "/dev/nvidia-caps"}) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      struct stat st {};
+      const auto p = e.path().string();
+      if (::lstat(p.c_str(), &st) == 0 && S_ISCHR(st.st_mode) && (st.st_mode & S_IWOTH) && p != "/dev/null"
+          && p != "/dev/zero" && p != "/dev/full" && p != "/dev/random" && p != "/dev/urandom" && p != "/dev/tty")
+        devices.push_back(p);
+    }
+  }
   std::map<std::string, std::string> before;
   std::map<std::string, fs::perms> modes;
   for (const auto& p : append) {
@@ -153,6 +167,7 @@ void check_escape(const std::string& file) {
   creates.insert(creates.end(), private_paths.begin(), private_paths.end());
   const std::string targets = "{\"create\": " + json_list(create) + ", \"append\": " + json_list(append)
                               + ", \"victims\": " + json_list(victims) + ", \"secrets\": " + json_list(secrets)
+                              + ", \"devices\": " + json_list(devices)
                               + ", \"pids\": " + pid_list + ", \"leftover_name\": \"" + leftover
                               + "\", \"fill_limit\": " + std::to_string(1ll << 30) + "}";
   std::string src = read_text(source_dir / "tests" / "candidates" / "escape" / file);

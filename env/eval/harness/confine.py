@@ -618,8 +618,14 @@ def _wanted(layers):
     return [x for x in layers if not (x == "user-namespace" and os.geteuid() == 0)]
 
 
-def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
-    """Confines this process for a candidate, as the module docstring says. Where a PID
+# The device files a worker without its kind's device_nodes may open (device.py, DeviceKind).
+_PLAIN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+
+
+def enter_worker(scratch, socket_path, harness_dir, scratch_mb, device_nodes=True):
+    """Confines this process for a candidate, as the module docstring says. `device_nodes`:
+    the worker may open every device file under /dev (its kind's DeviceKind.device_nodes);
+    without it Landlock lets it open only _PLAIN_DEVICES there. Where a PID
     namespace can be made, this forks: the caller's process becomes the keeper and never
     returns; the child (PID 1 of the new namespace) goes on. Returns the report's dict (what is
     in force and what is missing, with the reasons), for the `started` message; the evaluator
@@ -662,7 +668,7 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb):
         os.close(keeper)
     _no_new_privs(report)
     writable = ["/tmp", "/dev/shm", scratch]
-    _landlock(report, readable, writable, ["/dev", "/proc"])
+    _landlock(report, readable, writable, (["/dev"] if device_nodes else list(_PLAIN_DEVICES)) + ["/proc"])
     _seccomp(report)
     return report.as_dict()
 

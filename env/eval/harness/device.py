@@ -237,7 +237,7 @@ def _export_range(ptr, nbytes):
 DeviceKind = collections.namedtuple("DeviceKind", (
     "name", "driver", "device_clock", "synchronize", "exports", "caching_allocator", "memory_info",
     "harness_kernels", "profiler_activities", "device_kernels", "early_snapshots", "quiet_first_profile", "stream_in_flags",
-    "graphs", "triton_prewarm"))
+    "graphs", "triton_prewarm", "device_nodes"))
 DeviceKind.__doc__ = """What the harness does differently on one kind of device: a row a kind, read by
 every phase that would otherwise ask "is this CUDA?" (a worker's `w.kind`, kind_of(--device)).
 A new kind of device adds a row here and the code its fields name; the C++ side's row is in
@@ -267,6 +267,11 @@ cannot be set, and its class is in the integrity snapshot with the harness's oth
     stream_in_flags      the current stream is one of the process-wide settings checked after a call
     graphs               the cuda-graph baseline can run (job.py)
     triton_prewarm       Triton's hooks installed in the zygote before it forks (builds.py, _prewarm)
+    device_nodes         the worker may open every device file under /dev (its driver opens several);
+                         without it only /dev/null, /dev/zero, /dev/full, /dev/random and /dev/urandom
+                         (Landlock, confine.py): on most hosts a GPU's nodes are open to every user,
+                         and a CPU worker that reached one could compute on the GPU while its samples
+                         are charged only the CPU time of its processes
 """
 
 
@@ -277,12 +282,12 @@ def _no_device_work():
 CPU = DeviceKind(name="cpu", driver=False, device_clock=False, synchronize=_no_device_work, exports=False,
                  caching_allocator=False, memory_info=False, harness_kernels=False,
                  profiler_activities=(_ProfilerActivity.CPU,), device_kernels=False, early_snapshots=False, quiet_first_profile=True,
-                 stream_in_flags=False, graphs=False, triton_prewarm=False)
+                 stream_in_flags=False, graphs=False, triton_prewarm=False, device_nodes=False)
 CUDA = DeviceKind(name="cuda", driver=True, device_clock=True, synchronize=_cuda_synchronize, exports=True,
                   caching_allocator=True, memory_info=True, harness_kernels=True,
                   profiler_activities=(_ProfilerActivity.CPU, _ProfilerActivity.CUDA), device_kernels=True,
                   early_snapshots=True,
-                  quiet_first_profile=False, stream_in_flags=True, graphs=True, triton_prewarm=True)
+                  quiet_first_profile=False, stream_in_flags=True, graphs=True, triton_prewarm=True, device_nodes=True)
 KINDS = {k.name: k for k in (CPU, CUDA)}
 
 

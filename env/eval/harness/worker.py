@@ -542,12 +542,14 @@ def _cpu_model():
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _confine_worker(scratch, endpoint):
-    """Enters the worker's sandbox (confine.py); forks where a PID namespace can be made, and
-    only the child returns. Returns what is in force, for the `started` message."""
+def _confine_worker(scratch, endpoint, kind):
+    """Enters the worker's sandbox (confine.py) for a worker of `kind` (device.py, DeviceKind);
+    forks where a PID namespace can be made, and only the child returns. Returns what is in
+    force, for the `started` message."""
     socket_path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
     mb = os.environ.get("CRUCIBLE_SCRATCH_MB", "")
-    return _CONFINE.enter_worker(scratch, socket_path, _HARNESS_DIR, _int(mb) if mb.isdigit() else 2048)
+    return _CONFINE.enter_worker(scratch, socket_path, _HARNESS_DIR, _int(mb) if mb.isdigit() else 2048,
+                                 kind.device_nodes)
 
 
 def _run_worker(args, isolation):
@@ -584,7 +586,7 @@ def _run_worker(args, isolation):
 # The zygote reaps a worker only when asked, so a worker's pid cannot be reused while the
 # evaluator may still signal its process group.
 
-def _child_setup(req, zygote_pid, report_fd):
+def _child_setup(req, zygote_pid, report_fd, kind):
     """In a freshly forked worker: the session, environment and descriptors a worker the
     evaluator executes itself gets (env/eval/sandbox.cpp), then the worker's sandbox (confine.py),
     which forks once more: only the worker itself returns, with what is in force."""
@@ -607,7 +609,7 @@ def _child_setup(req, zygote_pid, report_fd):
     os.close(devnull)
     os.closerange(3, report_fd)
     os.closerange(report_fd + 1, 65536)
-    isolation = _confine_worker(req["scratch"], req["endpoint"])
+    isolation = _confine_worker(req["scratch"], req["endpoint"], kind)
     # Fresh seeds for the global generators, as a new process would have.
     random.seed()
     numpy.random.seed()
@@ -676,7 +678,7 @@ def zygote_main(args):
         if pid == 0:
             try:
                 os.close(r)
-                isolation = _child_setup(req, zygote_pid, w)
+                isolation = _child_setup(req, zygote_pid, w, kind_of(args.device))
                 os.write(w, b"+")
                 os.close(w)
                 _run_worker(argparse.Namespace(endpoint=req["endpoint"], device=args.device, scratch=req["scratch"]),
@@ -718,7 +720,7 @@ def main(argv=None):
         _os_exit(0)
     if not args.endpoint:
         p.error("--endpoint is required")
-    _run_worker(args, _confine_worker(args.scratch, args.endpoint))
+    _run_worker(args, _confine_worker(args.scratch, args.endpoint, kind_of(args.device)))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 # task: env/tasks/cpu/01_relu_scale.py
 """Escape attempts through Python, made once when the model is built; then it computes the
 task honestly. The test (tests/integration/test_evaluator_isolation.cpp, "escape attempts ...") fills in
-TARGETS: files to create, files to append to, files to delete and rename, files to read, and the
-pids of the evaluator, the zygote and a sibling worker. Any attempt that succeeds is raised as
+TARGETS: files to create, files to append to, files to delete and rename, files to read, the
+device files under /dev open to every user but the plain ones (a GPU's nodes on a GPU host: a CPU
+worker that opened one could compute on the GPU, uncharged), and the pids of the evaluator, the
+zygote and a sibling worker. Any attempt that succeeds is raised as
 an error, so the verdict names it; the test also checks every target from outside."""
 import ctypes
 import errno
@@ -43,6 +45,9 @@ def _attempts():
         tried("delete " + path, lambda p=path: os.remove(p))
     for path in TARGETS["secrets"]:
         tried("read " + path, lambda p=path: open(p, "rb").read())
+    for path in TARGETS["devices"]:
+        tried("open " + path + " to write", lambda p=path: os.close(os.open(p, os.O_WRONLY | os.O_NOCTTY)))
+        tried("open " + path + " to read", lambda p=path: os.close(os.open(p, os.O_RDONLY | os.O_NOCTTY)))
     buf = ctypes.create_string_buffer(64)
 
     class IoVec(ctypes.Structure):
