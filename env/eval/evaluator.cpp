@@ -200,6 +200,11 @@ std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_optio
         ev->outputs_device_ = id->index;
         if (auto kept = keep_freed_memory(id->index, ev->opt_.keep_freed_mb << 20); !kept)
           log.warn("evaluator", ev->device_, ": ", kept.error().message);
+      } else if (name.error().code == errc::not_found) {
+        // No such device here: no worker could start on it either, and each would say so with a
+        // traceback of torch's. The evaluator does not start (wait_started says why).
+        ev->start_error_ = name.error();
+        return ev;
       } else {
         log.warn("evaluator", ev->device_, ": ", name.error().message, unjudged);
       }
@@ -210,6 +215,8 @@ std::unique_ptr<device_evaluator> device_evaluator::launch(const evaluator_optio
 }
 
 result<void> device_evaluator::wait_started() {
+  if (start_error_)
+    return *start_error_;
   if (auto started = pool_->wait_started(); !started)
     return started.error();
   log_.info("evaluator", device_, ": ", hardware(), " (", where_.python, ")");

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -172,6 +173,7 @@ private:
   std::shared_ptr<verdict_cache> cache_;
   std::function<void(const char*, pid_t)> observer_;
   int outputs_device_ = -1;          // >= 0: outputs stay on this CUDA device of this process
+  std::optional<error> start_error_; // why it did not start its warm pool (no such device here)
   /// Measured rounds alone; untimed work shared (evaluator.share_untimed, *_beside_warmup). On a
   /// CUDA device, the process's one gate of that device (shared_gate), which the policy's work on
   /// the same GPU takes too (host_hold): no timed round overlaps a generation or an update.

@@ -89,6 +89,20 @@ TEST_CASE("crucible eval refuses a task or candidate that is not a readable text
   }
 }
 
+TEST_CASE("crucible eval on a CUDA device this machine lacks says so in one line, and judges nothing") {
+  // cuda:99: no machine here has it (without a GPU the driver is missing; with one, the number is
+  // past the visible devices). Without MPS, whose daemon would be started for it first.
+  const std::string src = CRUCIBLE_SOURCE_DIR;
+  auto r = cli({"eval", "--task", src + "/env/tasks/cpu/01_relu_scale.py", "--candidate",
+                src + "/env/tasks/cpu/variants/01_relu_scale/fast_inplace.py", "--device", "cuda:99", "--set",
+                "evaluator.cuda_mps=off", "--json"});
+  CAPTURE(r.err);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("crucible eval: cuda:99: no CUDA device") != std::string::npos);
+  CHECK(r.err.find("Traceback") == std::string::npos); // not a worker's failure to start
+  CHECK(r.out.empty());
+}
+
 TEST_CASE("crucible tasks import runs every reference once and names a task that does not run, with its line") {
   temp_dir tmp;
   const auto kb = tmp.path() / "kb" / "level1";

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -763,6 +764,20 @@ result<std::string> device_name(int device) {
   cudaDeviceProp prop{};
   if (auto e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
     (void) cudaGetLastError();
+    // No such device here at all (errc::not_found): no driver, one older than this build's
+    // runtime, no GPU, or a number past the visible ones.
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+      return fail(errc::not_found, "no CUDA device on this machine (", cuda_text(e),
+                  "; no NVIDIA driver, or one older than this build's CUDA runtime)");
+    if (e == cudaErrorInvalidDevice) {
+      int visible = 0;
+      (void) cudaGetDeviceCount(&visible);
+      (void) cudaGetLastError();
+      return fail(errc::not_found, "no CUDA device ", std::to_string(device), ": this process sees ",
+                  std::to_string(visible), visible == 1 ? " device" : " devices",
+                  std::getenv("CUDA_VISIBLE_DEVICES") ? std::string{" (CUDA_VISIBLE_DEVICES="} + std::getenv("CUDA_VISIBLE_DEVICES") + ")"
+                                                      : std::string{});
+    }
     return fail(errc::device, "CUDA device ", std::to_string(device), ": ", cuda_text(e));
   }
   return std::string{prop.name};

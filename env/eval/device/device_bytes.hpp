@@ -228,7 +228,9 @@ struct device_bytes_times {
 };
 device_bytes_times device_bytes_time() noexcept;
 
-/// The CUDA device's name for `device` (for logs and tests); an error without a device.
+/// The CUDA device's name for `device` (for logs and tests); an error without a device:
+/// errc::not_found where this machine has no such device (no driver or GPU, or a number past the
+/// visible ones), errc::device for another failure of the driver.
 result<std::string> device_name(int device);
 
 } // namespace crucible::env
