@@ -294,6 +294,7 @@ TEST_CASE("a CPU verdict on a GPU host reaches no GPU: a candidate that makes it
   logger log{clk, log_level::warn};
   evaluator_options opt;
   opt.devices = {"cpu"};
+  opt.cuda_mps = cuda_mps_mode::off; // as short_evaluator: MPS starts once a process (test_gpu_mps)
   opt.static_checks = false;
   opt.rounds = 10;
   opt.max_rounds = 10;
