@@ -36,7 +36,7 @@ namespace crucible::env {
 class build_service;
 
 /// Version of the measurement protocol; part of every cache key.
-inline constexpr const char* protocol_version = "crucible-eval-12"; // 12: the CUDA boundary's device clock; 11: input distribution 4; 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
+inline constexpr const char* protocol_version = "crucible-eval-13"; // 13: each two rounds in both orders, a slowed reference judged twice, a CPU worker reaching no device file but the plain ones; 12: the CUDA boundary's device clock; 11: input distribution 4; 10: the trust boundary (evaluator.boundary); 9: bands with the repeat floor
 
 /// Finds env/eval/harness/worker.py (next to the executable's source tree, or CRUCIBLE_HARNESS),
 /// the harness kernels' fatbin (CRUCIBLE_HARNESS_KERNELS, else the one this build made) and
