@@ -225,12 +225,6 @@ constexpr bool floating(dtype t) {
 
 bool device_bytes_available() noexcept { return true; }
 
-std::recursive_mutex& device_work_mutex(int device) noexcept {
-  // Never destroyed: device memory of static lifetime is released at exit through it.
-  static auto* per_device = new std::recursive_mutex[64];
-  return per_device[static_cast<unsigned>(device) % 64];
-}
-
 namespace {
 // Opens `handle_hex` on `device`: the mapping's base in this process and the bytes from it to
 // the end of the allocation (as this process's driver has them: the worker's word is not enough).

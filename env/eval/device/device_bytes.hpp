@@ -42,8 +42,13 @@ bool device_bytes_available() noexcept;
 /// freed) held the driver where the clock's own thread needed it before letting go: verdicts in
 /// flight together on a device stopped for good (KernelBench's level1/1 beside level1/46, two
 /// evaluations at once on an H200). Recursive: the clock's thread works on the device inside its
-/// window. Under a device agent it is taken in both processes.
-std::recursive_mutex& device_work_mutex(int device) noexcept;
+/// window. Under a device agent it is taken in both processes. One definition for the CUDA
+/// build and the one without (device_bytes.cu, device_bytes_host.cpp).
+inline std::recursive_mutex& device_work_mutex(int device) noexcept {
+  // Never destroyed: device memory of static lifetime is released at exit through it.
+  static auto* per_device = new std::recursive_mutex[64];
+  return per_device[static_cast<unsigned>(device) % 64];
+}
 
 /// Maps `bytes` bytes at `offset` inside the allocation named by `handle_hex` (a CUDA IPC memory
 /// handle, 128 hex digits) on CUDA device `device` of this process. Refuses a handle that does

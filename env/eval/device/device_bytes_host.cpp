@@ -12,12 +12,6 @@ crucible::error no_cuda() {
 
 bool device_bytes_available() noexcept { return false; }
 
-std::recursive_mutex& device_work_mutex(int device) noexcept {
-  // Never destroyed: device memory of static lifetime is released at exit through it.
-  static auto* per_device = new std::recursive_mutex[64];
-  return per_device[static_cast<unsigned>(device) % 64];
-}
-
 result<std::shared_ptr<device_bytes>> map_exported(int, std::string_view, std::uint64_t, std::uint64_t, std::uint64_t) {
   return no_cuda();
 }
