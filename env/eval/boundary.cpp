@@ -723,6 +723,12 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
     // The warm-up may have had company (starting workers, other evaluations' untimed work); the
     // measured rounds wait until it is gone (device_gate).
     wk_.begin_measured_rounds();
+    // On a device the empty samples are measured again, alone as the rounds are: taken beside
+    // another verdict's work (a kernel that never ended, time-sliced with this verdict's
+    // processes), their round trip was longer than any measured sample's overhead, and an honest
+    // kernel beside it came out 0.00 us a call, refused below the floor (H200, 2026-11-30).
+    if (dev_.on && !measure_null())
+      return false;
   }
   for (std::int64_t k = 0; k < rounds;) {
     bool counted = true;
