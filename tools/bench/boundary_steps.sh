@@ -54,6 +54,18 @@
 #                                  seconds (900); records in JOB/rate
 #                      bounds      tools/bench/task_bounds.py over level 1 from task BOUNDS_FROM (1),
 #                                  BOUNDS_S seconds (420)
+#                      balance     issue 88: asynchronous against synchronous at the split the pace
+#                                  plan gives. BAL_CONFIG (configs/gpu-1.5b-balance.yaml) through its
+#                                  warm start and SFT, paused; a probe of BAL_PROBE_STEPS (4) RL steps
+#                                  on BAL_PROBE_DEVICES (cuda:1); `crucible report`'s pace line of
+#                                  the probe: "about N evaluator GPUs"; then tools/bench/train_modes.sh,
+#                                  BAL_STEPS (12) RL steps each way from the paused run on
+#                                  BAL_EVAL_DEVICES (default cuda:1 to cuda:N, at most every GPU but
+#                                  cuda:0), and each run's report (its GPU busy table and pace lines,
+#                                  the plan against the measured step). BAL_ARGS: more KEY=VALUE
+#                                  settings for every run; BAL_S seconds in all (3000). Records in
+#                                  JOB/balance. Verdicts per minute on one, two and three GPUs: the
+#                                  rate step with RATE_STEPS="cold warm1 warm2 warm3"
 #                  The job runs from a copy of the tree (SNAP, default /root/tree, made afresh by each
 #                  start): the device tool copies the working tree in again at every call, and a
 #                  step must not read sources edited after its build. NOBUILD=1: no build (a second
@@ -100,6 +112,61 @@ setold_step() { # the set across with an older tree's build (the setold step)
   CRUCIBLE="$old/build/tools/crucible" PAIRS="${SET:-data/cuda-l1/set.jsonl}" OUT="$JOB/set-old" \
     tools/bench/mps_boundary.sh ${SETOLD_MODES:-own_poll}
   echo "rc $?"
+}
+
+balance_step() { # issue 88's runs (the balance step)
+  local out="$JOB/balance" cli="$BUILD/tools/crucible" cfg="${BAL_CONFIG:-configs/gpu-1.5b-balance.yaml}"
+  local runs="$JOB/balance/runs" gpus n devices a
+  local -a args sets=()
+  read -r -a args <<< "${BAL_ARGS:-}"
+  for a in "${args[@]}"; do sets+=(--set "$a"); done
+  mkdir -p "$runs"
+  # The warm start and SFT, paused at SFT's end (train_modes.sh with no mode: the paused run only).
+  if ! MODES=" " BASE=base RUNS="$runs" OUT="$out" CLI="$cli" \
+    tools/bench/train_modes.sh "$cfg" "${BAL_PROBE_STEPS:-4}" "${sets[@]}"; then
+    echo "balance: the paused run failed"
+    return
+  fi
+  python3 tools/bench/balance_lines.py sft "$runs/base/metrics.jsonl"
+  # The probe: a copy of the paused run, a few RL steps on one evaluator GPU, and its pace line.
+  rm -rf "$runs/probe" && cp -r "$runs/base" "$runs/probe" && rm -f "$runs/probe/run.lock"
+  sed -i '0,/^  name: .*/s//  name: "probe"/' "$runs/probe/config.yaml"
+  if ! "$cli" resume "$runs/probe" --set "stages.rl.steps=${BAL_PROBE_STEPS:-4}" \
+    --set "evaluator.devices=[${BAL_PROBE_DEVICES:-cuda:1}]" --set "evaluator.cache=$runs/probe/verdicts.db" "${sets[@]}" \
+    > "$out/probe.log" 2>&1; then
+    echo "balance: the probe failed"
+    tail -20 "$out/probe.log"
+    return
+  fi
+  "$cli" report "$runs/probe" > "$out/probe_report.txt" 2>&1
+  grep -E "^(pace|learning)" "$out/probe_report.txt"
+  n=$(grep -oE "about [0-9]+ evaluator GPU" "$out/probe_report.txt" | head -1 | grep -oE "[0-9]+")
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if [[ -n ${BAL_EVAL_DEVICES:-} ]]; then
+    devices=$BAL_EVAL_DEVICES
+  else
+    if ((gpus < 2)); then
+      echo "balance: no GPU for the evaluators besides cuda:0 (set BAL_EVAL_DEVICES)"
+      return
+    fi
+    n=${n:-1}
+    ((n > gpus - 1)) && n=$((gpus - 1))
+    ((n < 1)) && n=1
+    devices=$(seq -s, -f 'cuda:%g' 1 "$n")
+  fi
+  echo "balance: the plan asks for ${n:-?} evaluator GPUs; the runs judge on [$devices]"
+  rm -rf "$runs/base-async" "$runs/base-sync"
+  BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" "${BAL_STEPS:-12}" \
+    --set "evaluator.devices=[$devices]" "${sets[@]}" > "$out/modes.txt" 2>&1
+  echo "modes rc $?"
+  tail -30 "$out/modes.txt"
+  for a in async sync; do
+    [[ -d $runs/base-$a ]] || continue
+    "$cli" report "$runs/base-$a" > "$out/report_$a.txt" 2>&1
+    echo "-- $a"
+    grep -E "^(pace|learning)" "$out/report_$a.txt"
+    python3 tools/bench/balance_lines.py busy "$runs/base-$a/status.json"
+  done
 }
 
 run_step() { # STEP: one step, its output in JOB
@@ -151,6 +218,7 @@ EOF
         OUT="$JOB/set" tools/bench/mps_boundary.sh ${SET_MODES:-own_poll own_shared}
       echo "rc $?" ;;
     setold) setold_step ;;
+    balance) timeout "${BAL_S:-3000}" "$0" _balance ;;
     kbself)
       rm -rf /tmp/kbself && mkdir -p /tmp/kbself
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/kbself > /dev/null
@@ -220,6 +288,7 @@ case "${1:-}" in
       echo "=== all done $(date +%T)"' "$0" "$JOB" "$@" > "$JOB/job.log" 2>&1 < /dev/null &
     echo "boundary_steps: started ($*), log $JOB/job.log" ;;
   _step) run_step "$2" ;;
+  _balance) balance_step ;;
   wait)
     end=$((SECONDS + ${2:-540}))
     want="=== ${3:-all} done"
@@ -227,7 +296,10 @@ case "${1:-}" in
     tail -80 "$JOB/job.log" ;;
   collect)
     mkdir -p "${OUT:-gpu-out}"
-    tar czf "${OUT:-gpu-out}/boundary_steps.tgz" -C "$(dirname "$JOB")" --exclude='*/self' "$(basename "$JOB")"
+    # Without the balance step's checkpoints and weights (21 GB a 1.5B checkpoint): its runs' records,
+    # logs and reports come back.
+    tar czf "${OUT:-gpu-out}/boundary_steps.tgz" -C "$(dirname "$JOB")" --exclude='*/self' --exclude='*/checkpoints' \
+      --exclude='*.safetensors' --exclude='*.bin' --exclude='*.pt' --exclude='verdicts.db*' "$(basename "$JOB")"
     echo "boundary_steps: ${OUT:-gpu-out}/boundary_steps.tgz" ;;
   *) echo "boundary_steps: unknown command '$1' (--help)" >&2; exit 2 ;;
 esac

@@ -127,11 +127,17 @@ def main():
         for name in ("cold", "cold2"):
             if name in steps and steps[name]["per_gpu_min"]:
                 ratios[f"{name}/kb per GPU-minute"] = steps[name]["per_gpu_min"] / steps["kb"]["per_gpu_min"]
-    for a, b in (("warm2", "warm1"), ("cold2", "cold")):
+    warms = sorted((n for n in steps if re.fullmatch(r"warm[2-8]", n)), key=lambda n: int(n[4:]))
+    for a, b in [(w, "warm1") for w in warms] + [("cold2", "cold")]:
         if a in steps and b in steps and steps[b]["per_min"]:
             ratios[f"{a}/{b} per minute"] = steps[a]["per_min"] / steps[b]["per_min"]
         if a in steps and b in steps and steps[a].get("steady_per_min") and steps[b].get("steady_per_min"):
             ratios[f"{a}/{b} steady per minute"] = steps[a]["steady_per_min"] / steps[b]["steady_per_min"]
+    # Against linear: the rate on N GPUs over N times the rate on one (issue 88: at least 0.9).
+    for w in warms:
+        for kind in ("per minute", "steady per minute"):
+            if f"{w}/warm1 {kind}" in ratios:
+                ratios[f"{w}/warm1 {kind}, of linear"] = ratios[f"{w}/warm1 {kind}"] / int(w[4:])
     disagree = []
     if "kb" in steps and "cold" in steps:
         kb = {r.get("line"): r for r in records(os.path.join(args.out, "kb.jsonl"))}

@@ -27,7 +27,8 @@ shift 2
 mkdir -p "$OUT"
 runs="${RUNS:-$OUT/runs}"
 base="${BASE:-modes-$(date +%Y%m%d-%H%M%S)}"
-sft=$("$CLI" config show --file "$cfg" "$@" | awk '/^stages:/{s=1} s&&/^  sft:/{t=1} t&&/^    steps:/{print $2; exit}')
+# awk reads to the end: leaving early would end `config show` by SIGPIPE, and pipefail this script.
+sft=$("$CLI" config show --file "$cfg" "$@" | awk '/^stages:/{s=1} s&&/^  sft:/{t=1} t&&!n&&/^    steps:/{print $2; n=1}')
 [[ -n "$sft" && "$sft" -gt 0 ]] || { echo "$0: $cfg has no SFT steps (stages.sft.steps); nothing to start RL from" >&2; exit 2; }
 if [[ ! -d "$runs/$base" ]]; then
   echo "== warm start and $sft SFT steps ($cfg): $runs/$base"

@@ -8,7 +8,8 @@
 #          (KernelBench's run_and_check.py a pair, one after another)
 #   cold   crucible eval --pairs set.jsonl on cuda:0, a fresh extension cache (XDG_CACHE_HOME)
 #   warm1  crucible eval --pairs copies.jsonl on cuda:0, the extension cache cold left (builds made)
-#   warm2  the same on cuda:0,cuda:1
+#   warm2  the same on cuda:0,cuda:1; warmN (N up to 8) on cuda:0 to cuda:N-1 (issue 88: verdicts per
+#          minute with one, two and three evaluator GPUs, STEPS="cold warm1 warm2 warm3")
 #   cold2  set.jsonl on cuda:0,cuda:1 with a fresh extension cache
 # crucible runs with --no-cache (no verdict cache), evaluator.concurrency CONC (6) and
 # evaluator.warm_workers WARM (12) a device; EVAL_ARGS: more crucible eval options; LAPS=1: with
@@ -62,10 +63,13 @@ for step in ${STEPS:-kb cold warm1 warm2}; do
       rc=$?
       echo "kb $s $(now) 1 $rc" >> "$OUT/walls.txt" ;;
     cold) rm -rf "$OUT/xdg_cold"; crucible_step cold "$OUT/set/set.jsonl" cuda:0 "$OUT/xdg_cold" ;;
-    warm1) crucible_step warm1 "$OUT/set/copies.jsonl" cuda:0 "$OUT/xdg_cold" ;;
-    warm2) crucible_step warm2 "$OUT/set/copies.jsonl" cuda:0,cuda:1 "$OUT/xdg_cold" ;;
+    warm[1-8]) # warmN: the copies on cuda:0 to cuda:N-1
+      n=${step#warm}
+      (( n <= $(nvidia-smi -L 2>/dev/null | grep -c '^GPU') )) ||
+        { echo "verdict_rate.sh: $step needs $n GPUs; this machine has fewer" >&2; exit 2; }
+      crucible_step "$step" "$OUT/set/copies.jsonl" "$(seq -s, -f 'cuda:%g' 0 $((n - 1)))" "$OUT/xdg_cold" ;;
     cold2) rm -rf "$OUT/xdg_cold2"; crucible_step cold2 "$OUT/set/set.jsonl" cuda:0,cuda:1 "$OUT/xdg_cold2" ;;
-    *) echo "verdict_rate.sh: unknown step $step (kb, cold, warm1, warm2, cold2)" >&2; exit 2 ;;
+    *) echo "verdict_rate.sh: unknown step $step (kb, cold, warm1 to warm8, cold2)" >&2; exit 2 ;;
   esac
 done
 "$PYTHON" tools/bench/rate_summary.py "$OUT" | tee "$OUT/summary.txt"
