@@ -185,6 +185,7 @@ struct evaluator_options {
   bool zygote = true;                          ///< fork workers from a process that imported torch once
   cuda_mps_mode cuda_mps = cuda_mps_mode::auto_; ///< CUDA devices under a private MPS daemon (one device context for every process)
   bool cuda_clock_poll = true;                 ///< the device clock's window closed by the host's reads of the done word, not a wait on the device
+  bool cuda_own_device_only = true;            ///< a CUDA worker opens no other GPU's device file once its context exists
   double reference_band = 0.10;                ///< a reference slower during a verdict than alone by more than this refuses it
 };
 

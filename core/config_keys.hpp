@@ -327,6 +327,14 @@ void describe(V& v, config& c) {
             "slowed one of a verdict's two workers: the CPU suite's 18 references against themselves on an "
             "H200, 7 of 18 within 1.00 +- 2% with the wait (up to 1.265x), 15 of 18 with the poll "
             "(0.962-1.028x), run side by side (docs/PERFORMANCE.md, The clock's close at scale).");
+    v.field("cuda_own_device_only", e.cuda_own_device_only,
+            "A CUDA worker, once its device's context exists and before any candidate code loads, may open no "
+            "device file of the host's other GPUs (/dev/nvidiaN but its own GPU's, found by its PCI address in "
+            "/proc/driver/nvidia/gpus): a second Landlock layer, which its child processes keep, so that no "
+            "process of the candidate's computes on a second GPU inside its sample's window (docs/evaluator.md, "
+            "Trust boundary). Off: every device file under /dev, as before 2026-11-30; for a host whose driver "
+            "needs a file this leaves out, or that has no /proc/driver/nvidia (a worker then fails to start, "
+            "saying so).");
     v.field("reference_band", e.reference_band,
             "After the timing, the candidate's worker ends and the reference is timed "
             "alone in its own worker (10 samples, kept per task, protocol and calls per sample; timed again, "

@@ -201,6 +201,8 @@ std::vector<std::string> sandbox_env(const worker_spec& spec, const std::filesys
   envs.push_back("MALLOC_TRIM_THRESHOLD_=1073741824");
   if (spec.huge_pages) // torch's CPU allocator madvises its allocations of 2 MiB or more (evaluator.huge_pages)
     envs.push_back("THP_MEM_ALLOC_ENABLE=1");
+  if (spec.own_device_only) // no other GPU's device file once the context exists (evaluator.cuda_own_device_only)
+    envs.push_back("CRUCIBLE_OWN_DEVICE_ONLY=1");
   if (fs::exists("/usr/local/cuda"))
     envs.push_back("CUDA_HOME=/usr/local/cuda");
   pass("LD_LIBRARY_PATH"); // where the GPU machines keep their driver libraries

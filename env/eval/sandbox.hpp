@@ -36,6 +36,7 @@ struct worker_spec {
   std::int64_t cpu_threads = 1;
   std::int64_t cuda_max_connections = 0; ///< CUDA_DEVICE_MAX_CONNECTIONS; 0: the driver's default
   bool huge_pages = false;               ///< THP_MEM_ALLOC_ENABLE=1 (evaluator.huge_pages)
+  bool own_device_only = false;          ///< CRUCIBLE_OWN_DEVICE_ONLY=1 (evaluator.cuda_own_device_only; CUDA workers)
   std::uint64_t scratch_mb = 2048;       ///< size of the worker's private tmpfs (its scratch directory and /tmp)
 };
 

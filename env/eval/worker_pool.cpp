@@ -172,6 +172,7 @@ worker_spec worker_pool::spec() const {
   spec.cpu_threads = opt_.cpu_threads;
   spec.cuda_max_connections = opt_.cuda_max_connections;
   spec.huge_pages = opt_.huge_pages;
+  spec.own_device_only = opt_.cuda_own_device_only;
   return spec;
 }
 

@@ -35,6 +35,7 @@ import pwd
 import resource
 import select
 import signal
+import stat
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -426,7 +427,7 @@ def readable_paths(harness_dir):
     return out
 
 
-def _landlock(report, readable, writable, files_writable):
+def _landlock(report, readable, writable, files_writable, listable=()):
     abi = landlock_abi()
     report.landlock_abi = abi
     if abi <= 0:
@@ -468,6 +469,8 @@ def _landlock(report, readable, writable, files_writable):
             allow(p, read | write)
         for p in files_writable:  # CUDA opens /proc/self/task/TID/comm to write, truncating
             allow(p, read | LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0))
+        for p in listable:  # its entries listed, none of them opened by this rule
+            allow(p, LL_READ_DIR)
         if _libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
             raise OSError(ctypes.get_errno(), _err("landlock_restrict_self"))
         report.ok("landlock")
@@ -621,6 +624,39 @@ def _wanted(layers):
 # The device files a worker without its kind's device_nodes may open (device.py, DeviceKind).
 _PLAIN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
+# The worker's Landlock rules once they are in force, (readable, writable), for narrow_devices.
+_WORKER_RULES = []
+
+
+def _device_entry(path):
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISDIR(mode) or stat.S_ISREG(mode)
+
+
+def narrow_devices(drop):
+    """A second Landlock layer on this worker, stacked on enter_worker's (a layer can only take
+    away): the same rules, with the device files in `drop` left out of /dev's (each other entry of
+    /dev kept, and /dev itself listable). Its child processes keep it. A CUDA worker drops the
+    host's other GPUs' files once its own context exists (device.py, DeviceKind.other_device_files).
+    Returns False where no Landlock layer is in force on the worker (nothing to narrow); OSError
+    where the new layer cannot be put in force."""
+    if not _WORKER_RULES:
+        return False
+    readable, writable = _WORKER_RULES[0]
+    drop = set(drop)
+    # Device files and folders only: links (/dev/stderr, /dev/fd) lead where /proc's and /dev's
+    # own rules reach, and a socket or pipe takes no rule.
+    kept = [p for p in (os.path.join("/dev", n) for n in sorted(os.listdir("/dev")))
+            if p not in drop and _device_entry(p)]
+    report = Report(("landlock",))
+    _landlock(report, readable, writable, kept + ["/proc"], listable=("/dev",))
+    if "landlock" not in report.layers:
+        raise OSError(errno.EPERM, "narrowing the worker's device files: " + report.missing.get("landlock", "failed"))
+    return True
+
 
 def enter_worker(scratch, socket_path, harness_dir, scratch_mb, device_nodes=True):
     """Confines this process for a candidate, as the module docstring says. `device_nodes`:
@@ -669,6 +705,8 @@ def enter_worker(scratch, socket_path, harness_dir, scratch_mb, device_nodes=Tru
     _no_new_privs(report)
     writable = ["/tmp", "/dev/shm", scratch]
     _landlock(report, readable, writable, (["/dev"] if device_nodes else list(_PLAIN_DEVICES)) + ["/proc"])
+    if "landlock" in report.layers:
+        _WORKER_RULES[:] = [(readable, writable)]
     _seccomp(report)
     return report.as_dict()
 

@@ -6,6 +6,7 @@ distributions and the input-unchanged check (outputs.py) launch the kernels thro
 and outputs.py's _encode exports device outputs to the evaluator through _export."""
 import collections
 import ctypes
+import os
 
 import torch
 
@@ -237,7 +238,7 @@ def _export_range(ptr, nbytes):
 DeviceKind = collections.namedtuple("DeviceKind", (
     "name", "driver", "device_clock", "synchronize", "exports", "caching_allocator", "memory_info",
     "harness_kernels", "profiler_activities", "device_kernels", "early_snapshots", "quiet_first_profile", "stream_in_flags",
-    "graphs", "triton_prewarm", "device_nodes"))
+    "graphs", "triton_prewarm", "device_nodes", "other_device_files"))
 DeviceKind.__doc__ = """What the harness does differently on one kind of device: a row a kind, read by
 every phase that would otherwise ask "is this CUDA?" (a worker's `w.kind`, kind_of(--device)).
 A new kind of device adds a row here and the code its fields name; the C++ side's row is in
@@ -272,6 +273,11 @@ cannot be set, and its class is in the integrity snapshot with the harness's oth
                          (Landlock, confine.py): on most hosts a GPU's nodes are open to every user,
                          and a CPU worker that reached one could compute on the GPU while its samples
                          are charged only the CPU time of its processes
+    other_device_files   the device files of the host's other devices, which the worker gives up
+                         once its own device's context exists and before any candidate code loads
+                         (confine.py, narrow_devices: a second Landlock layer its child processes
+                         keep; evaluator.cuda_own_device_only): no process of the candidate's
+                         computes on a second GPU inside its sample's window
 """
 
 
@@ -279,15 +285,46 @@ def _no_device_work():
     """A CPU worker's synchronize: nothing is queued anywhere."""
 
 
+def other_gpu_files(bus, gpus="/proc/driver/nvidia/gpus", dev="/dev"):
+    """The device files of the GPUs other than the one at PCI address `bus` ("0000:18:00.0"):
+    every /dev/nvidiaN but the one whose N is that GPU's minor, which the driver's file
+    GPUS/BUS/information names ("Device Minor: N"). RuntimeError naming the file where it cannot
+    be read."""
+    info = os.path.join(gpus, bus, "information")
+    try:
+        with open(info, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise RuntimeError(f"{info}: {e.strerror}: the GPU's device file is not known (a host without "
+                           "/proc/driver/nvidia runs with evaluator.cuda_own_device_only: false)") from None
+    own = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Device Minor" and value.strip().isdigit():
+            own = int(value)
+    if own is None:
+        raise RuntimeError(f"{info}: no \"Device Minor\" line: the GPU's device file is not known")
+    return sorted(os.path.join(dev, n) for n in os.listdir(dev)
+                  if n.startswith("nvidia") and n[6:].isdigit() and int(n[6:]) != own)
+
+
+def _cuda_other_device_files():
+    """other_gpu_files of the GPU this worker's context runs on (its PCI address from torch)."""
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return other_gpu_files(f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0")
+
+
 CPU = DeviceKind(name="cpu", driver=False, device_clock=False, synchronize=_no_device_work, exports=False,
                  caching_allocator=False, memory_info=False, harness_kernels=False,
                  profiler_activities=(_ProfilerActivity.CPU,), device_kernels=False, early_snapshots=False, quiet_first_profile=True,
-                 stream_in_flags=False, graphs=False, triton_prewarm=False, device_nodes=False)
+                 stream_in_flags=False, graphs=False, triton_prewarm=False, device_nodes=False,
+                 other_device_files=None)
 CUDA = DeviceKind(name="cuda", driver=True, device_clock=True, synchronize=_cuda_synchronize, exports=True,
                   caching_allocator=True, memory_info=True, harness_kernels=True,
                   profiler_activities=(_ProfilerActivity.CPU, _ProfilerActivity.CUDA), device_kernels=True,
                   early_snapshots=True,
-                  quiet_first_profile=False, stream_in_flags=True, graphs=True, triton_prewarm=True, device_nodes=True)
+                  quiet_first_profile=False, stream_in_flags=True, graphs=True, triton_prewarm=True, device_nodes=True,
+                  other_device_files=_cuda_other_device_files)
 KINDS = {k.name: k for k in (CPU, CUDA)}
 
 

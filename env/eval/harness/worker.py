@@ -297,6 +297,11 @@ class Worker:
                 os.close(saved)
             if quiet is not None:
                 os.close(quiet)
+        # The host's other GPUs' device files are given up now, before any candidate code loads:
+        # the driver, the context and the profiler have opened what they need (device.py,
+        # DeviceKind.other_device_files; evaluator.cuda_own_device_only).
+        if self.kind.other_device_files and os.environ.get("CRUCIBLE_OWN_DEVICE_ONLY") == "1":
+            _CONFINE.narrow_devices(self.kind.other_device_files())
         t_profiler = _perf_counter_ns()
         self.chan.send({"type": "ready", "pid": _os_getpid(), "python": platform.python_version(),
                         "torch": torch.__version__.split("+")[0], "device": self.device,

@@ -103,17 +103,18 @@ TEST_CASE("cuda_max_connections reaches a worker as CUDA_DEVICE_MAX_CONNECTIONS"
   CHECK(r["env"]["CUDA_DEVICE_MAX_CONNECTIONS"].as<std::string>() == "2");
 }
 
-TEST_CASE("evaluator.huge_pages reaches a worker as THP_MEM_ALLOC_ENABLE, and only when on") {
+TEST_CASE("evaluator.huge_pages and cuda_own_device_only reach a worker as THP_MEM_ALLOC_ENABLE and CRUCIBLE_OWN_DEVICE_ONLY, each only when on") {
   zmq::context_t ctx;
   for (const bool on : {false, true}) {
     auto spec = probe_spec();
     spec.huge_pages = on;
+    spec.own_device_only = !on; // each alone
     auto w = worker::start(ctx, spec);
     REQUIRE(w.ok());
     auto r = expect_message(**w);
     CHECK(r["env"]["THP_MEM_ALLOC_ENABLE"].defined() == on);
-    if (on)
-      CHECK(r["env"]["THP_MEM_ALLOC_ENABLE"].as<std::string>() == "1");
+    CHECK(r["env"]["CRUCIBLE_OWN_DEVICE_ONLY"].defined() == !on);
+    CHECK(r["env"][on ? "THP_MEM_ALLOC_ENABLE" : "CRUCIBLE_OWN_DEVICE_ONLY"].as<std::string>() == "1");
   }
 }
 
