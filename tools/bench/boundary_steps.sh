@@ -139,6 +139,7 @@ balance_step() { # issue 88's runs (the balance step)
     return
   fi
   "$cli" report "$runs/probe" > "$out/probe_report.txt" 2>&1
+  rm -rf "$runs/probe/checkpoints" # a 1.5B's is about 21 GB, and the machine's disk holds four runs
   grep -E "^(pace|learning)" "$out/probe_report.txt"
   n=$(grep -oE "about [0-9]+ evaluator GPU" "$out/probe_report.txt" | head -1 | grep -oE "[0-9]+")
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
