@@ -121,25 +121,18 @@ balance_step() { # issue 88's runs (the balance step)
   read -r -a args <<< "${BAL_ARGS:-}"
   for a in "${args[@]}"; do sets+=(--set "$a"); done
   mkdir -p "$runs"
-  # The warm start and SFT, paused at SFT's end (train_modes.sh with no mode: the paused run only).
-  if ! MODES=" " BASE=base RUNS="$runs" OUT="$out" CLI="$cli" \
-    tools/bench/train_modes.sh "$cfg" "${BAL_PROBE_STEPS:-4}" "${sets[@]}"; then
-    echo "balance: the paused run failed"
+  # The warm start and SFT, paused at SFT's end; then the probe: train_modes.sh's asynchronous copy
+  # of the paused run, a few RL steps on one evaluator GPU, and its pace line. The runs at the
+  # split below replace that copy.
+  if ! MODES=async BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" \
+    "${BAL_PROBE_STEPS:-4}" "${sets[@]}" --set "evaluator.devices=[${BAL_PROBE_DEVICES:-cuda:1}]" > "$out/probe.txt" 2>&1; then
+    echo "balance: the paused run or the probe failed"
+    tail -20 "$out/probe.txt"
     return
   fi
   python3 tools/bench/balance_lines.py sft "$runs/base/metrics.jsonl"
-  # The probe: a copy of the paused run, a few RL steps on one evaluator GPU, and its pace line.
-  rm -rf "$runs/probe" && cp -r "$runs/base" "$runs/probe" && rm -f "$runs/probe/run.lock"
-  sed -i '0,/^  name: .*/s//  name: "probe"/' "$runs/probe/config.yaml"
-  if ! "$cli" resume "$runs/probe" --set "stages.rl.steps=${BAL_PROBE_STEPS:-4}" \
-    --set "evaluator.devices=[${BAL_PROBE_DEVICES:-cuda:1}]" --set "evaluator.cache=$runs/probe/verdicts.db" "${sets[@]}" \
-    > "$out/probe.log" 2>&1; then
-    echo "balance: the probe failed"
-    tail -20 "$out/probe.log"
-    return
-  fi
-  "$cli" report "$runs/probe" > "$out/probe_report.txt" 2>&1
-  rm -rf "$runs/probe/checkpoints" # a 1.5B's is about 21 GB, and the machine's disk holds four runs
+  "$cli" report "$runs/base-async" > "$out/probe_report.txt" 2>&1
+  rm -rf "$runs/base-async/checkpoints" # a 1.5B's is about 21 GB, and the machine's disk holds four runs
   grep -E "^(pace|learning)" "$out/probe_report.txt"
   n=$(grep -oE "about [0-9]+ evaluator GPU" "$out/probe_report.txt" | head -1 | grep -oE "[0-9]+")
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -156,9 +149,8 @@ balance_step() { # issue 88's runs (the balance step)
     devices=$(seq -s, -f 'cuda:%g' 1 "$n")
   fi
   echo "balance: the plan asks for ${n:-?} evaluator GPUs; the runs judge on [$devices]"
-  rm -rf "$runs/base-async" "$runs/base-sync"
   BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" "${BAL_STEPS:-12}" \
-    --set "evaluator.devices=[$devices]" "${sets[@]}" > "$out/modes.txt" 2>&1
+    "${sets[@]}" --set "evaluator.devices=[$devices]" > "$out/modes.txt" 2>&1
   echo "modes rc $?"
   tail -30 "$out/modes.txt"
   for a in async sync; do

@@ -11,13 +11,14 @@
 #    ratios.
 # Results: $OUT/train_modes.json (OUT defaults to ./bench-out), logs beside it.
 # To split the work over several calls: BASE=NAME reuses the paused run RUNS/NAME (RUNS defaults
-# to $OUT/runs) instead of starting one, MODES="async" (or "sync") runs only those modes; the
-# summary is written once both modes' runs exist. CLI names the crucible binary (default
+# to $OUT/runs) instead of starting one (each resume takes this call's --set options),
+# MODES="async" (or "sync") runs only those modes; the summary is written once both modes' runs
+# exist. CLI names the crucible binary (default
 # build/tools/crucible). Reproduces the goals table's row "asynchronous RL against synchronous"
 # (docs/PERFORMANCE.md), and the runs that tools/bench/actor_overhead.py reads for the
 # actor-system overhead.
 set -euo pipefail
-[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0; }
+[[ "${1:-}" == "-h" || "${1:-}" == "--help" ]] && { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0; }
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CLI="${CLI:-$ROOT/build/tools/crucible}"
 OUT="${OUT:-$ROOT/bench-out}"
@@ -46,7 +47,9 @@ for mode in ${MODES:-async sync}; do
   sed -i "0,/^  name: .*/s//  name: \"$base-$mode\"/" "$run/config.yaml"
   echo "== $mode: $steps RL steps"
   start=$(date +%s)
-  "$CLI" resume "$run" --set "run.mode=$mode" --set "stages.rl.steps=$steps" --set "evaluator.cache=$run/verdicts.db" \
+  # The --set options again: the paused run may have been made by an earlier call with others
+  # (BASE), and this call's (evaluator.devices, say) are the ones its resumes run with.
+  "$CLI" resume "$run" "$@" --set "run.mode=$mode" --set "stages.rl.steps=$steps" --set "evaluator.cache=$run/verdicts.db" \
     > "$OUT/$base-$mode.log" 2>&1 || { tail -30 "$OUT/$base-$mode.log"; exit 1; }
   echo "   $(( $(date +%s) - start )) s"
   python3 "$ROOT/tools/bench/actor_overhead.py" "$run" | tee "$OUT/$base-$mode-overhead.txt"
