@@ -670,6 +670,10 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
   if (dev_.on && (!setup_clock(ref_side_) || !setup_clock(cand_side_)))
     return false;
   double r = 0, c = 0;
+  // A warm-up that may have company (starting workers, other evaluations' untimed work): its
+  // measured rounds begin at the gate below, and on a device the empty samples whose round trip
+  // comes off every measured sample are taken there, alone as the rounds are, once.
+  const bool warmup_company = !wk_.gate_.measuring && ctx_.gate.warmup_shared();
   if (!wk_.gate_.measured && !continuation) {
     // Warm-up: at least 3 rounds and warmup_ms, then as many calls per sample as make a sample
     // last evaluator.sample_ms (each call on its own inputs), and one more round at that count.
@@ -714,19 +718,19 @@ bool boundary::measure(std::int64_t rounds, std::vector<double>& ref, std::vecto
         return false;
     }
     // On a device the empty sample's round trip (its copies in and out included) is measured
-    // again for the sample's final count of calls.
-    if (dev_.on && calls > 1 && !measure_null())
+    // again for the sample's final count of calls: here where the warm-up had the device alone,
+    // else below.
+    if (dev_.on && calls > 1 && !warmup_company && !measure_null())
       return false;
   }
   wk_.gate_.measured = true;
-  if (!wk_.gate_.measuring && ctx_.gate.warmup_shared()) {
-    // The warm-up may have had company (starting workers, other evaluations' untimed work); the
-    // measured rounds wait until it is gone (device_gate).
+  if (warmup_company) {
+    // The measured rounds wait until the warm-up's company is gone (device_gate).
     wk_.begin_measured_rounds();
-    // On a device the empty samples are measured again, alone as the rounds are: taken beside
-    // another verdict's work (a kernel that never ended, time-sliced with this verdict's
-    // processes), their round trip was longer than any measured sample's overhead, and an honest
-    // kernel beside it came out 0.00 us a call, refused below the floor (H200, 2026-11-30).
+    // Then the empty samples: taken beside another verdict's work (a kernel that never ended,
+    // time-sliced with this verdict's processes), their round trip was longer than any measured
+    // sample's overhead, and an honest kernel beside it came out 0.00 us a call, refused below
+    // the floor (H200, 2026-11-30).
     if (dev_.on && !measure_null())
       return false;
   }
