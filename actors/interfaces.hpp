@@ -60,6 +60,9 @@ using rollout_actor = caf::typed_actor<
   // engine drop this actor's requests still waiting (cancel_atom): for a stop whose groups
   // would be discarded anyway (a stage change, run.on_pause: drop).
   caf::replies_to<stop_atom, cancel_atom>::with<rollout_stats, sampler_state>,
+  // Admits `n` more groups (async RL's staleness-aware admission: the trainer admits one for each
+  // group that leaves its queue); ignored by an actor spawned without an admission limit.
+  caf::reacts_to<admit_atom, std::uint64_t>,
   // The counters.
   caf::replies_to<caf::get_atom>::with<rollout_stats>,
   // Its task sampler's state now, for a checkpoint taken while it runs.

@@ -959,5 +959,6 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_ATOM(crucible, crucible, settle_atom, "settle")
   CAF_ADD_ATOM(crucible, crucible, cancel_atom, "cancel")
   CAF_ADD_ATOM(crucible, crucible, reopen_atom, "reopen")
+  CAF_ADD_ATOM(crucible, crucible, admit_atom, "admit")
 
 CAF_END_TYPE_ID_BLOCK(crucible)

@@ -38,6 +38,7 @@ rollout_actor_options rollout_actor_options::from(const config& cfg, std::uint64
   o.hardware = r.hardware;
   o.retry_s = r.retry_s;
   o.on_stop = r.on_stop;
+  o.lost_member_drops_group = cfg.exemplar.straggler == straggler_policy::drop;
   o.index = index;
   o.seed = cfg.run.seed;
   return o;
@@ -52,6 +53,9 @@ result<void> rollout_actor_options::validate() const {
     return fail(errc::config, "rollout.turn_stop_speedup: must be a number >= 0");
   if (max_groups_in_flight < 1)
     return fail(errc::config, "rollout.max_groups_in_flight: must be at least 1");
+  if (admitted < -1)
+    return fail(errc::invalid_arg, "rollout actor: admitted must be -1 (no limit) or at least 0, got ",
+                std::to_string(admitted));
   if (!(sampler_mix >= 0 && sampler_mix <= 1))
     return fail(errc::config, "rollout.sampler_mix: must be in [0, 1]");
   // At most a day: the delay travels as a caf::timespan (int64 nanoseconds).
@@ -149,6 +153,7 @@ struct group_work {
   group_announce announce;              // kept for a retry; cleared once accepted
   std::vector<member> members;
   std::size_t open = 0;                 // members not done
+  bool holds_admission = false;         // it took one of the actor's admissions and has not given it back
 };
 
 struct rollout_state {
@@ -168,6 +173,7 @@ struct rollout_state {
   bool stopping = false, advance_pending = false;
   bool resumed = false;  // the reopened groups of opt.resume are under way
   std::uint64_t next_group = 0, next_variant = 0;
+  std::int64_t admitted = -1;  // groups it may still start (opt.admitted, admit_atom); -1: no limit
   std::vector<caf::typed_response_promise<rollout_stats, sampler_state>> stop_waiting;
   static inline const char* name = "crucible.rollout";
 };
@@ -202,6 +208,14 @@ bool is_busy(const caf::error& e) {
 }
 
 void fill(rollout_pointer self);
+
+// Takes one admission for a group it starts: true when it held one (none is taken without a limit).
+bool take_admission(rollout_state& st) {
+  if (st.admitted <= 0)
+    return false;
+  --st.admitted;
+  return true;
+}
 
 // Answers the stops waiting once nothing is in flight, and quits.
 void check_stopped(rollout_pointer self) {
@@ -258,8 +272,12 @@ void finish(rollout_pointer self, group_id id) {
 // collaborator is not hammered.
 void abandon(rollout_pointer self, group_id id) {
   auto& st = self->state;
-  if (st.groups.erase(id.value) == 0)
+  const auto it = st.groups.find(id.value);
+  if (it == st.groups.end())
     return;
+  if (it->second.holds_admission)
+    ++st.admitted; // it never reaches the trainer's queue: its admission comes back here
+  st.groups.erase(it);
   ++st.stats.groups_abandoned;
   check_stopped(self);
   schedule_advance(self);
@@ -375,7 +393,10 @@ void lose(rollout_pointer self, group_id id, std::size_t slot) {
   auto* g = find(self, id);
   if (g == nullptr || g->members[slot].done)
     return;
-  ++self->state.stats.eval_errors;
+  auto& st = self->state;
+  if (st.opt.lost_member_drops_group && std::exchange(g->holds_admission, false))
+    ++st.admitted; // the exemplar actor drops the group at its straggler timeout: the trainer never sees it
+  ++st.stats.eval_errors;
   end_member(self, id, slot);
 }
 
@@ -601,6 +622,7 @@ void launch(rollout_pointer self) {
   g.id = group_id{(st.opt.index << rollout_id_shift) | ++st.next_group};
   g.task = task_id{name};
   g.turns = st.opt.turns;
+  g.holds_admission = take_admission(st);
   auto id = g.id;
   st.groups.emplace(id.value, std::move(g));
   ++st.stats.groups_started;
@@ -672,6 +694,7 @@ void resume_groups(rollout_pointer self) {
     const auto points = episode_points(r);
     ++st.stats.groups_started;
     ++st.stats.groups_resumed;
+    g.holds_admission = take_admission(st); // a reopened group is ahead of the learner as a new one is
     // A task no longer in the pool (tasks.include changed at the resume) takes no more turns: its
     // held places are released and the group goes on with what is stored.
     const bool known = st.deps.tasks->find(g.task) != st.deps.tasks->end();
@@ -726,9 +749,10 @@ void fill(rollout_pointer self) {
   }
   if (!st.resumed)
     resume_groups(self);
-  while (st.groups.size() < st.opt.max_groups_in_flight
-         && (st.opt.max_groups == 0 || st.stats.groups_started < st.opt.max_groups))
+  while (st.groups.size() < st.opt.max_groups_in_flight && st.admitted != 0
+         && (st.opt.max_groups == 0 || st.stats.groups_started < st.opt.max_groups)) {
     launch(self);
+  }
 }
 
 rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps deps, rollout_actor_options opt,
@@ -736,6 +760,7 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
   auto& st = self->state;
   st.deps = std::move(deps);
   st.opt = std::move(opt);
+  st.admitted = st.opt.admitted < 0 ? -1 : st.opt.admitted;
   st.sampler.emplace(std::move(*sampler));
   st.seed = splitmix64(st.opt.seed ^ splitmix64(st.opt.index + 1));
   for (const auto& peer : {caf::actor_cast<caf::actor>(st.deps.engine), caf::actor_cast<caf::actor>(st.deps.evaluators),
@@ -765,6 +790,13 @@ rollout_impl_actor::behavior_type rollout(rollout_pointer self, rollout_deps dep
       return stop(self, self->state.opt.on_stop == in_flight_policy::drop);
     },
     [=](stop_atom, cancel_atom) -> caf::result<rollout_stats, sampler_state> { return stop(self, true); },
+    [=](admit_atom, std::uint64_t n) {
+      auto& st = self->state;
+      if (st.admitted < 0)
+        return; // no limit
+      st.admitted += static_cast<std::int64_t>(std::min<std::uint64_t>(n, std::numeric_limits<std::int32_t>::max()));
+      fill(self);
+    },
     [=](caf::get_atom) -> rollout_stats { return snapshot(self); },
     [=](save_atom) -> sampler_state { return saved(self); },
     [=](advance_atom) {

@@ -45,6 +45,14 @@ struct rollout_actor_options {
   double retry_s = 1.0;                    ///< delay before a refused request is sent again (> 0)
   in_flight_policy on_stop = in_flight_policy::finish;
   std::uint64_t max_groups = 0;            ///< tasks taken at most (0: until stopped)
+  /// Async RL's staleness-aware admission (stages.rl.admission): the groups it may start before
+  /// the trainer admits more (admit_atom), each group started (a reopened one included) taking
+  /// one; a group it gives up on before it reaches the exemplar actor gives its admission back.
+  /// -1: no limit.
+  std::int64_t admitted = -1;
+  /// A member lost to an evaluator's error keeps its group from ever reaching the trainer
+  /// (exemplar.straggler_policy: drop): the group's admission is given back then.
+  bool lost_member_drops_group = false;
   /// This actor's number among the run's rollout actors (< 2^23): the high bits of its group and
   /// variant ids (index * 2^40 + n, n = 1, 2, ...), so ids are unique across actors, and part of
   /// its seeds.
@@ -128,6 +136,11 @@ struct rollout_deps {
 /// is evaluated. An episode waits only for its own verdicts; the group finishes with its last
 /// episode. A next turn that cannot be generated ends its episode (a group_extend without a
 /// variant releases its place).
+///
+/// Admission: with `admitted` at 0 or more, a group starts only while the actor holds an
+/// admission (admitted, plus each admit_atom's count, less the groups it started); the trainer
+/// admits one for each group that leaves its queue, so the groups ahead of the learner stay
+/// within what its staleness bound trains (docs/training.md, "Staleness-aware admission").
 ///
 /// Backpressure: at most max_groups_in_flight groups at once, so at most that many requests at
 /// the engine and that many times G candidates at the evaluators; a request refused with

@@ -215,6 +215,7 @@ result<trainer_actor> spawn_trainer(caf::actor_system& sys, trainer_deps deps) {
   if ((!deps.tokenizer && !endpoint) || !deps.prompts.builder || deps.clk == nullptr || deps.log == nullptr)
     return fail(errc::invalid_arg, "trainer: a tokenizer, a prompt builder, a clock and a logger are needed");
   auto xopt = exemplar_actor_options::from(deps.cfg, deps.run_dir / "replay.db");
+  xopt.detached = deps.exemplar_detached;
   auto shared = std::make_shared<trainer_shared>();
   shared->deps = std::move(deps);
   auto handle = sys.spawn(trainer, shared);

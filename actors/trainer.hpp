@@ -120,6 +120,9 @@ struct trainer_deps {
   /// The task sampler state each rollout place continues (load_sampler_states); a place without
   /// one (or with "") starts a fresh sampler.
   std::vector<std::string> samplers;
+  /// The exemplar actor on a thread of its own (its store calls block); false: on the actor
+  /// system's scheduler, for tests on CAF's deterministic one.
+  bool exemplar_detached = true;
 };
 
 /// Spawns the trainer. It opens the exemplar actor over RUN/replay.db with itself as the sink of

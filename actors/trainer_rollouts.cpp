@@ -26,9 +26,20 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
                   st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward,
                   st.deps->prompts.feedback};
   st.roll.quota.clear();
+  st.roll.index.clear();
   auto resume = std::move(st.roll.resume);
   st.roll.resume.clear();
   const std::size_t active = total_groups > 0 ? static_cast<std::size_t>(std::min(n, total_groups)) : n;
+  // Async RL's staleness-aware admission: at most max(1, max_staleness) steps' groups ahead of the
+  // learner. A group started while an update runs is trained at the earliest one version later,
+  // and one more for each step's worth of groups ahead of it: past that many it would arrive stale.
+  st.roll.admission = total_groups == 0 && st.p.stage == stage_rl && cfg.run.mode == run_mode::async
+                      && cfg.stages.rl.admission == "staleness";
+  std::uint64_t admit = 0;
+  if (st.roll.admission) {
+    const auto ahead = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.stages.rl.max_staleness)) * st.step.want;
+    admit = ahead > st.roll.groups.size() ? ahead - st.roll.groups.size() : 0;
+  }
   std::size_t spawned = 0;
   for (std::uint64_t i = 0; i < n; ++i) {
     std::uint64_t quota = 0;
@@ -40,6 +51,8 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
     auto opt = rollout_actor_options::from(cfg, 1 + st.p.generation++);
     opt.add_special_tokens = st.deps->prompts.add_special_tokens;
     opt.max_groups = quota;
+    if (st.roll.admission)
+      opt.admitted = static_cast<std::int64_t>(admit / n + (i < admit % n ? 1 : 0));
     if (!st.kind.empty() && opt.hardware.empty())
       opt.hardware = st.kind;
     if (i < st.roll.samplers.size())
@@ -55,6 +68,7 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
     st.roll.rollouts.push_back(*r);
     st.roll.quota.push_back(quota);
     st.roll.place.push_back(static_cast<std::size_t>(i));
+    st.roll.index.push_back(opt.index);
   }
   return {};
 }
@@ -140,6 +154,7 @@ void stop_rollouts(self_pointer self, in_flight_policy how, std::function<void()
   st.roll.rollouts.clear();
   st.roll.quota.clear();
   st.roll.place.clear();
+  st.roll.index.clear();
   if (rollouts.empty()) {
     then();
     return;
@@ -224,6 +239,7 @@ void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bo
   st.roll.groups.erase(std::remove_if(st.roll.groups.begin(), st.roll.groups.end(), stale), st.roll.groups.end());
   st.p.dropped_stale += dropped;
   st.roll.dropped_now += dropped;
+  readmit(self, ids);
   send_fates(self, std::move(ids), storage::sample_fate::stale, st.p.step);
   drop_oldest(self, bound);
 }
@@ -239,6 +255,7 @@ void drop_oldest(self_pointer self, std::size_t bound) {
     st.p.dropped_stale += n;
     st.roll.dropped_now += n;
   }
+  readmit(self, ids);
   send_fates(self, std::move(ids), storage::sample_fate::stale, st.p.step);
 }
 
@@ -250,6 +267,23 @@ void discard_groups(self_pointer self) {
     st.p.discarded += g.completions.size();
   send_fates(self, group_ids(st.roll.groups), storage::sample_fate::discarded, st.p.step);
   st.roll.groups.clear();
+}
+
+void readmit(self_pointer self, const std::vector<group_id>& ids) {
+  auto& st = self->state;
+  if (!st.roll.admission || st.roll.rollouts.empty())
+    return;
+  for (const auto& id : ids) {
+    // To the actor that sampled it while it runs (its share stays its own); else round the others.
+    const auto at = std::find(st.roll.index.begin(), st.roll.index.end(), id.value >> rollout_id_shift);
+    std::size_t i = 0;
+    if (at != st.roll.index.end()) {
+      i = static_cast<std::size_t>(at - st.roll.index.begin());
+    } else {
+      i = st.roll.next_admit++ % st.roll.rollouts.size();
+    }
+    self->send(st.roll.rollouts[i], admit_atom_v, std::uint64_t{1});
+  }
 }
 
 } // namespace crucible::trainer_detail

@@ -72,6 +72,9 @@ struct trainer_rollouts {
   std::vector<rollout_actor> rollouts;
   std::vector<std::uint64_t> quota;  // sync: groups each rollout takes
   std::vector<std::size_t> place;    // the place each rollout holds (an index into samplers)
+  std::vector<std::uint64_t> index;  // each rollout's number: the high bits of its group ids
+  bool admission = false;            // async RL's staleness-aware admission (stages.rl.admission)
+  std::size_t next_admit = 0;        // the rollout that takes an admission whose group's actor is gone
   // Per rollout place, the task sampler state its next rollout actor continues ("": fresh); a
   // place's state is taken back when its rollout actor stops, or asked for at a checkpoint.
   std::vector<std::string> samplers;
@@ -276,5 +279,7 @@ void collect_samplers(self_pointer self, std::function<void()> then);
 void drop_stale(self_pointer self, std::uint64_t max_staleness, std::uint64_t bound);
 void drop_oldest(self_pointer self, std::size_t bound);
 void discard_groups(self_pointer self);
+// Admission: the groups that left the queue (trained, dropped) let as many more start.
+void readmit(self_pointer self, const std::vector<group_id>& ids);
 
 } // namespace crucible::trainer_detail

@@ -530,10 +530,13 @@ void take_batch(self_pointer self) {
   st.step.wait_seconds = seconds_since(st.step.began);
   std::vector<rollout_group> batch;
   const auto want = st.step.want;
+  std::vector<group_id> taken;
   while (!st.roll.groups.empty() && batch.size() < want) {
+    taken.push_back(st.roll.groups.front().group);
     batch.push_back(std::move(st.roll.groups.front()));
     st.roll.groups.pop_front();
   }
+  readmit(self, taken); // the groups of the next steps start while this one trains
   std::uint64_t lag_max = 0, lag_sum = 0, samples = 0;
   for (const auto& g : batch)
     for (const auto& c : g.completions) {

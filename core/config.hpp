@@ -334,6 +334,10 @@ struct rl_stage_config {
   std::int64_t steps = 0;                ///< updates; 0: the stage is skipped
   std::int64_t groups = 4;               ///< complete groups per update
   std::int64_t max_staleness = 2;        ///< groups sampled this many versions before the learner's are dropped
+  /// Async: `staleness`, a group starts only while fewer than max(1, max_staleness) x groups are
+  /// ahead of the learner (queued or under way), so none is sampled only to be dropped; `open`:
+  /// every rollout actor keeps rollout.max_groups_in_flight under way whatever the queue holds.
+  std::string admission = "staleness";
   double stop_mean_speedup = 0.0;        ///< ends early when a step's mean speedup of correct samples reaches this; 0: never
   double max_minutes = 0.0;
 };

@@ -589,6 +589,15 @@ void describe(V& v, config& c) {
       v.field("max_staleness", g.rl.max_staleness,
               "Groups sampled more than this many policy versions before the learner's are dropped (and counted).",
               at_least(0, "a non-negative integer"));
+      v.field("admission", g.rl.admission,
+              "Asynchronous runs: `staleness`, a group starts only while fewer than max(1, max_staleness) x `groups` "
+              "groups are ahead of the learner (in its queue or under way at the rollout actors), so that none is "
+              "sampled, evaluated and then dropped as stale (the engine's and the evaluators' time goes to groups that "
+              "are trained on); `open`, each rollout actor keeps rollout.max_groups_in_flight groups under way whatever "
+              "the queue holds, and groups past the bound are dropped when they arrive (docs/training.md, "
+              "\"Staleness-aware admission\").",
+              constraint<std::string>{"\"staleness\" or \"open\"",
+                                      [](const std::string& x) { return x == "staleness" || x == "open"; }});
       v.field("stop_mean_speedup", g.rl.stop_mean_speedup,
               "The stage ends early after a step whose mean speedup over its correct samples is at least this; 0: never.",
               non_negative_number());

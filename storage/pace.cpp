@@ -9,21 +9,33 @@
 
 namespace crucible::storage {
 
+double pace_segment::evaluation_gpu_s_per_step() const {
+  if (evaluator_gpus <= 0 || steps <= 0)
+    return 0;
+  if (evaluation_s > 0)
+    return evaluation_s / static_cast<double>(steps);
+  // Without the evaluations' own time: a step's samples at the verdicts a second per GPU seen,
+  // which is what they cost only where the evaluators never waited for samples.
+  if (verdicts <= 0 || step_s <= 0)
+    return 0;
+  const double per_gpu_s = verdicts_per_min() / 60.0 / evaluator_gpus;
+  return static_cast<double>(samples) / static_cast<double>(steps) / per_gpu_s;
+}
+
 std::optional<std::int64_t> pace_segment::evaluator_gpus_needed() const {
-  if (evaluator_gpus <= 0 || verdicts <= 0 || step_s <= 0 || policy_step_s() <= 0)
+  const double e = evaluation_gpu_s_per_step();
+  if (e <= 0 || policy_step_s() <= 0)
     return std::nullopt;
-  const double per_gpu = verdicts_per_min() / evaluator_gpus;
-  return static_cast<std::int64_t>(std::ceil(verdicts_needed_per_min() / per_gpu - 1e-9));
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(e / policy_step_s() - 1e-9)));
 }
 
 std::optional<pace_plan> plan_for(const pace_segment& s, std::int64_t gpus) {
-  if (gpus < 1 || s.evaluator_gpus <= 0 || s.verdicts <= 0 || s.steps <= 0 || s.policy_step_s() <= 0)
+  const double e = s.evaluation_gpu_s_per_step();
+  if (gpus < 1 || e <= 0 || s.policy_step_s() <= 0)
     return std::nullopt;
-  const double per_gpu_s = s.verdicts_per_min() / 60.0 / s.evaluator_gpus; // verdicts a second per GPU
-  const double samples = static_cast<double>(s.samples) / static_cast<double>(s.steps);
   pace_plan p;
   p.gpus = gpus;
-  p.evaluation_s = samples / (per_gpu_s * static_cast<double>(gpus));
+  p.evaluation_s = e / static_cast<double>(gpus);
   const double policy = s.policy_step_s();
   p.async_step_s = std::max(policy, p.evaluation_s);
   p.sync_step_s = policy + p.evaluation_s;
@@ -92,12 +104,18 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
       }
       cur.evaluator_gpus = gpus;
       cur.policy_s = policy;
+      cur.evaluation_s = 0;
+      for (const auto& dev : d->as_array())
+        if (dev.is_object() && flag(dev, "evaluator"))
+          cur.evaluation_s += number(dev, "evaluation_s");
     }
   }
   close();
   for (auto& seg : out)
-    if (seg.other_stages)
+    if (seg.other_stages) {
       seg.policy_s.reset();
+      seg.evaluation_s = 0; // the other stage's evaluations (the warm start's seeds) are in it too
+    }
   return out;
 }
 

@@ -29,6 +29,13 @@ struct pace_segment {
   /// where the segment's process ran RL steps only (a process that also ran SFT counts its SFT
   /// updates there too); nullopt otherwise, or on the CPU.
   std::optional<double> policy_s;
+  /// The time evaluations held the process's evaluator GPUs (`evaluation_s` of the same record,
+  /// summed over them: references, trials, timed rounds, worker starts); 0: not known. It says
+  /// what judging a step's samples costs where the evaluators wait for samples: the verdicts a
+  /// minute of such a run say only how fast samples came. Like policy_s, not known (0) where the
+  /// process also trained another stage; the check of the tasks' references when a process
+  /// begins is counted in it.
+  double evaluation_s = 0;
   bool other_stages = false; ///< the process also trained another stage
   /// Policy versions by which the trained samples' sampling policy lagged the learner's
   /// (train_step's staleness_max and staleness_mean, where the records carry them).
@@ -49,14 +56,18 @@ struct pace_segment {
     const double t = policy_step_s();
     return t > 0 ? 60.0 * static_cast<double>(samples) / static_cast<double>(steps) / t : 0;
   }
-  /// Evaluator GPUs that would give verdicts_needed_per_min() at this segment's rate per GPU;
-  /// nullopt without a rate per GPU.
+  /// GPU-seconds of evaluation a step: evaluation_s over the steps where it is known; else, from
+  /// the verdicts a minute per evaluator GPU (which counts their idle time as work); 0 where
+  /// neither is.
+  double evaluation_gpu_s_per_step() const;
+  /// Evaluator GPUs that would judge a step's samples within the policy's time a step
+  /// (evaluation_gpu_s_per_step() against policy_step_s()); nullopt where either is unknown.
   std::optional<std::int64_t> evaluator_gpus_needed() const;
   double staleness_mean() const { return staleness_steps > 0 ? staleness_sum / static_cast<double>(staleness_steps) : 0; }
 };
 
-/// What a segment's rates say of a split with `gpus` evaluator GPUs, from its verdicts a minute per
-/// GPU, its policy's time a step and its samples a step: how long the evaluators take to judge a
+/// What a segment's rates say of a split with `gpus` evaluator GPUs, from its evaluation time a step
+/// (evaluation_gpu_s_per_step) and its policy's time a step: how long the evaluators take to judge a
 /// step's samples; a step's time in the asynchronous loop, where the policy and the evaluators work
 /// at once and the slower sets the pace, and in the synchronous loop, where a step's samples are
 /// judged after they are generated and trained after they are judged (an upper bound: the first

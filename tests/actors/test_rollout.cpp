@@ -135,6 +135,67 @@ TEST_CASE_FIXTURE(fixture, "at most max_groups_in_flight groups are under way, t
   CHECK(s.groups_started == 13);
 }
 
+TEST_CASE_FIXTURE(fixture, "with an admission limit a group starts only on an admission; admit_atom lets more start") {
+  table->hold = true;
+  collaborators(distribution(0.5, 0.5, 0));
+  auto o = options(3, 4);
+  o.admitted = 1;
+  auto r = spawn(o);
+  start(r);
+  // One admission: one group, though four may be under way.
+  CHECK(stats(r).groups_started == 1);
+  release();
+  auto s = stats(r);
+  CHECK(s.groups_finished == 1);
+  CHECK(s.groups_started == 1); // finishing a group admits none: the trainer does, when it leaves its queue
+  advance(std::chrono::seconds(60));
+  CHECK(stats(r).groups_started == 1);
+  self->send(r, admit_atom_v, std::uint64_t{2});
+  sched.run();
+  s = stats(r);
+  CHECK(s.groups_started == 3);
+  CHECK(s.in_flight == 2);
+  // Admissions past the in-flight bound wait for room.
+  self->send(r, admit_atom_v, std::uint64_t{5});
+  sched.run();
+  CHECK(stats(r).in_flight == 4);
+  CHECK(stats(r).groups_started == 5);
+  release();
+  s = stats(r);
+  CHECK(s.groups_finished == 5);
+  CHECK(s.groups_started == 8); // the three admissions left
+  CHECK(s.in_flight == 3);
+}
+
+TEST_CASE_FIXTURE(fixture, "a group abandoned before it reaches the trainer gives its admission back") {
+  cfg.prompt.max_tokens = 50; // smaller than any task's reference code: every group is abandoned
+  auto small = make_prompt_setup(cfg, tok);
+  REQUIRE(small.ok());
+  prompts = std::move(*small);
+  collaborators(distribution(1, 0, 0));
+  auto o = options(2, 1, 3);
+  o.admitted = 1;
+  auto r = spawn(o);
+  start(r);
+  CHECK(stats(r).groups_abandoned == 1);
+  // The admission came back: the next task follows after retry_s, as without a limit.
+  advance(std::chrono::seconds(1));
+  advance(std::chrono::seconds(1));
+  auto s = stats(r);
+  CHECK(s.groups_started == 3);
+  CHECK(s.groups_abandoned == 3);
+}
+
+TEST_CASE_FIXTURE(fixture, "an admission limit below -1 is refused at spawn") {
+  collaborators(distribution(1, 0, 0));
+  auto o = options(2, 1);
+  o.admitted = -2;
+  rollout_deps deps{engine, pool, exemplars, tasks, prompts.builder, prompts.parse, cfg.reward};
+  auto r = spawn_rollout_actor(sys, deps, o);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().message.find("admitted must be -1 (no limit) or at least 0, got -2") != std::string::npos);
+}
+
 TEST_CASE_FIXTURE(fixture, "requests refused as busy are sent again after retry_s, holding their slot") {
   SUBCASE("the engine's queue") {
     engine_actor_options eopt;
@@ -682,6 +743,163 @@ TEST_CASE_FIXTURE(fixture, "a step that waits for groups and gets none stops aft
   INFO(*failed);
   CHECK(failed->find("no rollout group arrived in 60 s (run.stall_timeout_s) while rl step 1 waited for them (0 of 1 in")
         != std::string::npos);
+  self->send_exit(trainer, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
+namespace {
+
+// RL updates a learner holds until it is sent put_atom; each answer first has the engine serve
+// the next version (the scripted model's weights again), as a real learner's publication does.
+struct held_updates {
+  std::vector<caf::typed_response_promise<train_report>> answers;
+  std::uint64_t version = 0;
+};
+
+using holding_learner_actor = learner_actor::extend<caf::reacts_to<caf::put_atom>>;
+
+holding_learner_actor::behavior_type holding_learner(holding_learner_actor::pointer self,
+                                                     std::shared_ptr<held_updates> h, engine_actor engine,
+                                                     std::string model_dir) {
+  auto none = [] { return caf::make_error(caf::sec::unexpected_message); };
+  return {
+    [=](caf::put_atom) {
+      auto answers = std::move(h->answers);
+      h->answers.clear();
+      for (auto& rp : answers) {
+        const auto v = ++h->version;
+        self->request(engine, caf::infinite, weight_update{model_dir, policy_version{v}})
+          .then(
+            [rp, v](policy_version) mutable {
+              train_report r;
+              r.policy_version = policy_version{v};
+              r.step = v;
+              rp.deliver(r);
+            },
+            [](caf::error& e) { FAIL(caf::to_string(e)); });
+      }
+    },
+    [](rollout_group&) {},
+    [none](train_atom) -> caf::result<train_report> { return none(); },
+    [=](learner_batch&) -> caf::result<train_report> {
+      auto rp = self->make_response_promise<train_report>();
+      h->answers.push_back(rp);
+      return rp;
+    },
+    [none](sft_batch&) -> caf::result<train_report> { return none(); },
+    [](reset_atom) {},
+    [h](save_atom, std::string& dir) -> caf::result<policy_version> {
+      std::filesystem::create_directories(dir);
+      return policy_version{h->version};
+    },
+  };
+}
+
+} // namespace
+
+TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead of the learner: none is sampled to be dropped") {
+  // Three RL steps of one group with max_staleness 1, two rollout actors of three groups in flight
+  // each, the evaluators answering when told and the learner holding each update until told.
+  table->hold = true;
+  collaborators(distribution(0.5, 0.25, 0.25));
+  auto h = std::make_shared<held_updates>();
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  auto c = cfg;
+  c.run.mode = run_mode::async;
+  c.tasks.warm_start = false;
+  c.tasks.check_references = false;
+  c.stages.rl.steps = 3;
+  c.stages.rl.groups = 1;
+  c.stages.rl.max_staleness = 1;
+  c.rollout.actors = 2;
+  c.rollout.max_groups_in_flight = 3;
+  c.rollout.group_size = 2;
+  c.rollout.max_new_tokens = 1;
+  std::string admission = "staleness";
+  SUBCASE("staleness") {}
+  SUBCASE("open") { admission = "open"; }
+  CAPTURE(admission);
+  c.stages.rl.admission = admission;
+  const bool open = admission == "open";
+  auto learner = sys.spawn(holding_learner, h, engine, (dir.path() / "model").string());
+  keep(learner);
+  trainer_deps deps;
+  deps.cfg = c;
+  deps.run_dir = dir.path() / "run";
+  std::filesystem::create_directories(deps.run_dir);
+  deps.learner = caf::actor_cast<learner_actor>(learner);
+  deps.engine = engine;
+  deps.evaluators = caf::actor_cast<evaluator_pool_actor>(pool);
+  deps.tasks = tasks;
+  deps.prompts = prompts;
+  deps.tokenizer = tok;
+  deps.clk = &clk;
+  deps.log = &log;
+  deps.exemplar_detached = false;
+  auto spawned_trainer = spawn_trainer(sys, std::move(deps));
+  REQUIRE_MESSAGE(spawned_trainer.ok(), (spawned_trainer.ok() ? "" : spawned_trainer.error().message));
+  auto trainer = *spawned_trainer;
+  keep(trainer);
+  sched.run();
+
+  // A step's report, once the learner is told to answer its update (and the evaluators theirs,
+  // `rounds` times, while the step waits for a group that is not stale).
+  auto finish = [&](auto& step) {
+    for (int i = 0; i < 4 && h->answers.empty(); ++i)
+      release();
+    REQUIRE(h->answers.size() == 1);
+    self->send(learner, caf::put_atom_v);
+    sched.run();
+    std::optional<stage_report> got;
+    step.receive([&](stage_report& r) { got = r; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+    REQUIRE(got.has_value());
+    return *got;
+  };
+
+  auto step1 = self->request(trainer, caf::infinite, advance_atom_v);
+  sched.run();
+  if (!self->mailbox().empty())
+    step1.receive([&](stage_report& r) { FAIL("a report before any group: " << r.stage); },
+                  [&](caf::error& e) { FAIL(caf::to_string(e)); });
+  // One group admitted (1 x 1); open, every slot of both actors (six, and one more for a group
+  // whose completions were all format errors: it finished without the evaluators).
+  if (open)
+    CHECK(estats().requests >= 6u);
+  else
+    CHECK(estats().requests == 1u);
+  release();
+  // The first group went to the learner, and its leaving the queue admitted one more.
+  REQUIRE(h->answers.size() == 1);
+  if (!open) {
+    CHECK(estats().requests == 2u);
+    release();
+    CHECK(estats().requests == 2u); // the queue holds one step's group: none more starts
+  } else {
+    const auto before = estats().requests;
+    release();
+    CHECK(estats().requests > before); // groups go on starting whatever the queue holds
+  }
+  auto r1 = finish(step1);
+  if (!open)
+    CHECK(r1.dropped_stale == 0);
+
+  auto step2 = self->request(trainer, caf::infinite, advance_atom_v);
+  sched.run();
+  auto r2 = finish(step2);
+  auto step3 = self->request(trainer, caf::infinite, advance_atom_v);
+  sched.run();
+  auto r3 = finish(step3);
+  CHECK(r3.stage_step == 3);
+  if (open) {
+    // Groups past the queue's bound, or sampled at version 0 and waiting past version 1: dropped,
+    // samples and all (sampled and evaluated for nothing).
+    CHECK(r3.dropped_stale > 0);
+  } else {
+    CHECK(r2.dropped_stale == 0);
+    CHECK(r3.dropped_stale == 0);
+    CHECK(estats().requests <= 4u); // three trained, one admitted ahead
+  }
   self->send_exit(trainer, caf::exit_reason::user_shutdown);
   sched.run();
 }

@@ -172,7 +172,7 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_zero_inputs.py") X("hack_fake_benchmark_emit.py") X("hack_cache_ptr_cpp.py")                 \
   X("legit_renamed_locals.py") X("legit_reused_output.py") X("hack_timed_burst.py")                 \
   X("hack_sample_last_call.py") X("hack_skip_after_snapshot.py") X("hack_patch_harness_module.py")   \
-  X("hack_extra_cores.py")
+  X("hack_extra_cores.py") X("hack_memoized_reduction.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
 TEST_CASE("every file under tests/candidates has a test case above") {

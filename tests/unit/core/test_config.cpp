@@ -59,6 +59,8 @@ TEST_CASE("a mistyped value names what was expected and what was given") {
   CHECK(problems_of("actors:\n  threads: [1, 2]\n")
         == "configs/x.yaml:2: actors.threads: expected a non-negative integer, got a list");
   CHECK(problems_of("run: 5\n") == "configs/x.yaml:1: run: expected a map of settings, got 5");
+  CHECK(problems_of("stages:\n  rl:\n    admission: eager\n")
+        == "configs/x.yaml:3: stages.rl.admission: expected \"staleness\" or \"open\", got \"eager\"");
   CHECK(problems_of("run:\n  name: ../escape\n")
         == "configs/x.yaml:2: run.name: expected a name of letters, digits, '.', '-' and '_', got \"../escape\"");
 }

@@ -15,8 +15,10 @@ std::string step(int n, const char* stage, double step_s, double wait_s, double 
          ",\"seconds\":" + std::to_string(update_s) + ",\"samples\":" + std::to_string(samples) + "}";
 }
 std::string verdict(const char* stage) { return "{\"event\":\"verdict\",\"stage\":\"" + std::string{stage} + "\"}"; }
+// Two evaluator GPUs held by evaluations 60 s in all: in the cases below, 3 steps of 10 s, so every
+// second of both (what 48 verdicts a minute on them cost where they never waited for samples).
 const std::string devices = "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":60,\"evaluation_s\":20,\"policy_s\":6,"
-                            "\"evaluator\":true},{\"device\":\"cuda:1\",\"seconds\":60,\"evaluation_s\":50,"
+                            "\"evaluator\":true},{\"device\":\"cuda:1\",\"seconds\":60,\"evaluation_s\":40,"
                             "\"policy_s\":0,\"evaluator\":true}]";
 } // namespace
 
@@ -47,6 +49,8 @@ TEST_CASE("pace: RL steps of a resumed process, with the policy's time on its GP
   // The policy takes 2 s a step for 16 samples: 480 verdicts a minute; 48 a GPU-minute here.
   CHECK(s.policy_step_s() == doctest::Approx(2));
   CHECK(s.verdicts_needed_per_min() == doctest::Approx(480));
+  CHECK(s.evaluation_s == doctest::Approx(60));
+  CHECK(s.evaluation_gpu_s_per_step() == doctest::Approx(20));
   CHECK(s.evaluator_gpus_needed() == 10);
   CHECK(to_string(s) == "RL steps 2-4: 3 steps, 10.0 s a step, 90% waiting for evaluated groups, 5.0% in updates; "
                         "96.0 verdicts/min on 2 evaluator GPUs (48.0 each); the policy's generation and updates "
@@ -68,6 +72,7 @@ TEST_CASE("pace: a process that also trained SFT counts the learner's updates al
   CHECK(segs[0].verdicts == 1);
   CHECK(segs[0].policy_step_s() == doctest::Approx(1));
   CHECK(segs[0].verdicts_needed_per_min() == doctest::Approx(240));
+  CHECK(segs[0].evaluation_s == 0); // the SFT process's evaluations are in the record's too
   CHECK(segs[0].evaluator_gpus_needed() == 48); // 10 a minute on 2 GPUs: 5 each
   CHECK(to_string(segs[0]).find("the learner's updates alone (1.00 s a step) would take 240 verdicts/min") !=
         std::string::npos);
@@ -127,4 +132,39 @@ TEST_CASE("pace plan: the asynchronous and synchronous step on a split, and the 
   // No rate per GPU (a CPU run): no plan.
   lines.pop_back();
   CHECK_FALSE(plan_for(pace_segments(lines)[0], 2));
+}
+
+TEST_CASE("pace plan: evaluators that wait for samples are planned by their evaluations' time, not by the verdicts a minute seen") {
+  // A synchronous run on two H200s (docs/PERFORMANCE.md, issue 88's first measurement): 6 RL steps
+  // of 16 samples, 16.15 s a step, the policy's GPU held 82.09 s (13.68 s a step), the one
+  // evaluator GPU held by evaluations 13.54 s of its 129 s (most samples were format errors, which
+  // no evaluator judges). 105 verdicts in 96.9 s: 65 a minute, which says how fast samples came.
+  std::vector<std::string> lines{"{\"event\":\"run_resumed\"}"};
+  for (int i = 0; i < 6; ++i) {
+    for (int v = 0; v < (i < 3 ? 17 : 18); ++v)
+      lines.push_back(verdict("rl"));
+    lines.push_back(step(161 + i, "rl", 16.15, 13.8, 1.3, 16));
+  }
+  lines.push_back("{\"event\":\"run_finished\",\"devices\":[{\"device\":\"cuda:0\",\"seconds\":92.4,"
+                  "\"evaluation_s\":0,\"policy_s\":82.09,\"evaluator\":false},{\"device\":\"cuda:1\","
+                  "\"seconds\":129.2,\"evaluation_s\":13.54,\"policy_s\":0,\"evaluator\":true}]}");
+  const auto segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  const auto& s = segs[0];
+  CHECK(s.evaluator_gpus == 1);
+  CHECK(s.evaluation_gpu_s_per_step() == doctest::Approx(13.54 / 6));
+  CHECK(s.evaluator_gpus_needed() == 1); // 2.26 s of evaluation a step against the policy's 13.68 s
+  const auto one = plan_for(s, 1);
+  REQUIRE(one);
+  CHECK(one->evaluation_s == doctest::Approx(2.2567).epsilon(0.001));
+  CHECK(one->async_step_s == doctest::Approx(82.09 / 6));
+  CHECK(one->sync_step_s == doctest::Approx(15.94).epsilon(0.001)); // 16.15 s measured: within 1.3%
+  // By the verdicts a minute alone (the plan before the evaluations' time was read), a step's 16
+  // samples would have taken 14.8 s to judge, and the synchronous step 28.5 s.
+  auto unread = s;
+  unread.evaluation_s = 0;
+  const auto by_rate = plan_for(unread, 1);
+  REQUIRE(by_rate);
+  CHECK(by_rate->evaluation_s == doctest::Approx(16.0 / (105.0 / (6 * 16.15))).epsilon(0.001));
+  CHECK(unread.evaluator_gpus_needed() == 2);
 }
