@@ -61,7 +61,9 @@
 #                                  the probe: "about N evaluator GPUs"; then tools/bench/train_modes.sh,
 #                                  BAL_STEPS (12) RL steps each way from the paused run on
 #                                  BAL_EVAL_DEVICES (default cuda:1 to cuda:N, at most every GPU but
-#                                  cuda:0), and each run's report (its GPU busy table and pace lines,
+#                                  cuda:0), BAL_MODES (default "async async-open sync": async-open
+#                                  is the asynchronous loop without staleness-aware admission), and
+#                                  each run's report (its GPU busy table and pace lines,
 #                                  the plan against the measured step). BAL_ARGS: more KEY=VALUE
 #                                  settings for every run; BAL_S seconds in all (3000). Records in
 #                                  JOB/balance. Verdicts per minute on one, two and three GPUs: the
@@ -149,11 +151,11 @@ balance_step() { # issue 88's runs (the balance step)
     devices=$(seq -s, -f 'cuda:%g' 1 "$n")
   fi
   echo "balance: the plan asks for ${n:-?} evaluator GPUs; the runs judge on [$devices]"
-  BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" "${BAL_STEPS:-12}" \
+  MODES="${BAL_MODES:-async async-open sync}" BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" "${BAL_STEPS:-12}" \
     "${sets[@]}" --set "evaluator.devices=[$devices]" > "$out/modes.txt" 2>&1
   echo "modes rc $?"
   tail -30 "$out/modes.txt"
-  for a in async sync; do
+  for a in async async-open sync; do
     [[ -d $runs/base-$a ]] || continue
     "$cli" report "$runs/base-$a" > "$out/report_$a.txt" 2>&1
     echo "-- $a"

@@ -12,8 +12,10 @@
 # Results: $OUT/train_modes.json (OUT defaults to ./bench-out), logs beside it.
 # To split the work over several calls: BASE=NAME reuses the paused run RUNS/NAME (RUNS defaults
 # to $OUT/runs) instead of starting one (each resume takes this call's --set options),
-# MODES="async" (or "sync") runs only those modes; the summary is written once both modes' runs
-# exist. CLI names the crucible binary (default
+# MODES="async" (or "sync") runs only those modes; MODES may also name async-open, the asynchronous
+# loop with stages.rl.admission=open (every rollout actor keeps its groups under way whatever the
+# learner's queue holds), for the staleness-aware admission's figures side by side; the summary is
+# written once the async and sync runs exist, with every other mode's run beside them. CLI names the crucible binary (default
 # build/tools/crucible). Reproduces the goals table's row "asynchronous RL against synchronous"
 # (docs/PERFORMANCE.md), and the runs that tools/bench/actor_overhead.py reads for the
 # actor-system overhead.
@@ -40,6 +42,11 @@ if [[ ! -d "$runs/$base" ]]; then
 fi
 grep -q '"state":"paused"' "$runs/$base/status.json" || { echo "$0: $runs/$base is not paused" >&2; exit 2; }
 for mode in ${MODES:-async sync}; do
+  case "$mode" in
+    async | sync) how=(--set "run.mode=$mode") ;;
+    async-open) how=(--set run.mode=async --set stages.rl.admission=open) ;;
+    *) echo "$0: unknown mode '$mode' (async, sync, async-open)" >&2; exit 2 ;;
+  esac
   run="$runs/$base-$mode"
   rm -rf "$run"
   cp -r "$runs/$base" "$run"
@@ -49,19 +56,21 @@ for mode in ${MODES:-async sync}; do
   start=$(date +%s)
   # The --set options again: the paused run may have been made by an earlier call with others
   # (BASE), and this call's (evaluator.devices, say) are the ones its resumes run with.
-  "$CLI" resume "$run" "$@" --set "run.mode=$mode" --set "stages.rl.steps=$steps" --set "evaluator.cache=$run/verdicts.db" \
+  "$CLI" resume "$run" "$@" "${how[@]}" --set "stages.rl.steps=$steps" --set "evaluator.cache=$run/verdicts.db" \
     > "$OUT/$base-$mode.log" 2>&1 || { tail -30 "$OUT/$base-$mode.log"; exit 1; }
   echo "   $(( $(date +%s) - start )) s"
   python3 "$ROOT/tools/bench/actor_overhead.py" "$run" | tee "$OUT/$base-$mode-overhead.txt"
 done
 [[ -f "$runs/$base-async/metrics.jsonl" && -f "$runs/$base-sync/metrics.jsonl" ]] || exit 0
 python3 - "$runs/$base" "$OUT/train_modes.json" <<'PY'
-import json, sys
+import json, os, sys
 from datetime import datetime
 base, out = sys.argv[1], sys.argv[2]
 def t(s): return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 res = {}
-for mode in ("async", "sync"):
+for mode in ("async", "sync", "async-open"):
+    if mode == "async-open" and not os.path.exists(f"{base}-{mode}/metrics.jsonl"):
+        continue
     recs = [json.loads(l) for l in open(f"{base}-{mode}/metrics.jsonl")]
     resumed = max(i for i, r in enumerate(recs) if r["event"] == "run_resumed")
     after = recs[resumed:]
@@ -79,6 +88,8 @@ for mode in ("async", "sync"):
                  "dropped_stale": sum(r.get("dropped_stale", 0) for r in steps)}
 res["sync_over_async_wall"] = res["sync"]["wall_s"] / res["async"]["wall_s"]
 res["sync_over_async_to_last_update"] = res["sync"]["to_last_update_s"] / res["async"]["to_last_update_s"]
+if "async-open" in res:
+    res["async_open_over_async_to_last_update"] = res["async-open"]["to_last_update_s"] / res["async"]["to_last_update_s"]
 json.dump(res, open(out, "w"), indent=1)
 print(json.dumps(res, indent=1))
 PY
