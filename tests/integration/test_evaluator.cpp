@@ -175,6 +175,31 @@ TEST_CASE("every task of the CPU suite has a test case above") {
   X("hack_extra_cores.py") X("hack_memoized_reduction.py")
 CRUCIBLE_CANDIDATES(CRUCIBLE_CANDIDATE_CASE)
 
+TEST_CASE("the floor of a task's bound refuses a call that moves its bytes faster than the hardware copies, naming the bound") {
+  // The reference reads all 68 MB of its input; its output needs one row. A candidate that reads
+  // that row is honest and under half the bound's bytes part: the case docs/evaluator.md names
+  // as one the floor refuses wrongly. Here it shows the refusal, which no hack of the suite
+  // reaches (their timed inputs are drawn afresh: hack_memoized_reduction.py). On an H200, the same
+  // at 1.14 GB (tests/tasks/unneeded_input_gpu.py): 13.26 us against a floor of 134 us.
+  auto t = load_task(source_dir / "tests" / "tasks" / "unneeded_input.py");
+  REQUIRE_MESSAGE(t.ok(), (t.ok() ? "" : t.error().message));
+  const auto dir = std::filesystem::temp_directory_path() / ("crucible-floor-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "first_row.py";
+  std::ofstream(path) << "import torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                         "    def __init__(self):\n        super().__init__()\n\n"
+                         "    def forward(self, x):\n        return x[0].clone()\n";
+  cpu_evaluator ev{0};
+  auto v = ev.run(*t, path);
+  std::filesystem::remove_all(dir);
+  INFO(describe(v));
+  CHECK(v.status == verdict_status::rejected);
+  CHECK(std::find(v.checks_failed.begin(), v.checks_failed.end(), "runtime:below_floor") != v.checks_failed.end());
+  CHECK(v.message.find("below the floor of") != std::string::npos);
+  CHECK(v.message.find("its task's bound sets on this hardware (half of 71.32 MB read and written") != std::string::npos);
+  CHECK_FALSE(v.has_speedup());
+}
+
 TEST_CASE("every file under tests/candidates has a test case above") {
   std::set<std::string> listed;
 #define CRUCIBLE_LIST(f) listed.insert(f);
