@@ -64,3 +64,52 @@ def test_a_release_line_that_is_not_an_object_is_named(tmp_path):
     r = run(bad, tmp_path / "set", "--torch", 1, "--inline", 0, "--self", 0)
     assert r.returncode != 0
     assert f"{bad}:2: a JSON list, expected one object a line" in r.stderr, r.stderr
+
+
+def test_level_takes_every_pair_of_that_level_with_a_candidate_in_task_order(tmp_path):
+    h100 = release(tmp_path / "h100.json", [row(1, 3, INLINE), row(1, 1, TORCH), row(2, 2, TORCH),
+                                            row(1, 2, "None"), row(1, 4, "import triton\n")])
+    out = tmp_path / "l1"
+    r = run(h100, out, "--level", 1, "--copies", 1)
+    assert r.returncode == 0, r.stderr
+    pairs = read(out / "set.jsonl")
+    assert [(p["task_id"], p["kind"]) for p in pairs] == [(1, "torch"), (3, "inline"), (4, "triton")]
+    assert "3 pairs (1 torch, 1 inline, 1 triton, 0 self)" in r.stdout
+    r = run(h100, tmp_path / "l3", "--level", 3)
+    assert r.returncode != 0
+    assert "has no pair of level 3 with a candidate" in r.stderr
+
+
+BOUNDS = """# a bounds table
+
+| task | GFLOP | MB moved | bound (ms) | reference (ms) | fraction |
+|---|---:|---:|---:|---:|---:|
+| 1_Square | 137.44 | 201.3 | 0.3317 | 2.7301 | 0.122 |
+| 12_Diag | 0.00 | 134.2 | 0.0314 | 0.0651 | 0.482 |
+| 40_Norm | 0.00 | 100.0 | 0.0300 | 0.0400 | 0.750 |
+
+After the table.
+"""
+
+
+def test_bounds_table_puts_each_kernel_beside_its_task_and_names_any_above_the_bound(tmp_path):
+    script = SCRIPT.parent / "bounds_table.py"
+    table = tmp_path / "bounds.md"
+    table.write_text(BOUNDS, encoding="utf-8")
+    recs = tmp_path / "rec.jsonl"
+    recs.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"level_id": 1, "task_id": 1, "status": "ok", "speedup": 1.5, "fraction": 0.2, "fraction_of": "ms",
+         "input": {"score_default": 1.2}},
+        {"level_id": 1, "task_id": 12, "status": "ok", "speedup": 45.0, "fraction": 1.02, "fraction_of": "bytes_ms"},
+        {"task": "level1/40", "status": "incorrect", "speedup": None, "fraction": None}]), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script), str(table), str(recs)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[2].endswith("| fraction | CUDA-L1 kernel here | its speedup | its fraction | CUDA-L1's figure |")
+    assert lines[4].endswith("| 0.122 | ok | 1.50x | 0.200 | 1.20x |")
+    assert lines[5].endswith("| 0.482 | ok | 45.00x | 1.020 (bytes part) | - |")
+    assert lines[6].endswith("| 0.750 | incorrect | - | - | - |")
+    assert lines[-1] == "After the table."
+    assert "3 of 3 tasks with a record, 2 ok; highest fraction of an ok kernel 1.020; above 1.0: 12 (1.020)" in r.stderr
+    bad = subprocess.run([sys.executable, str(script), str(recs), str(recs)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "no task rows" in bad.stderr

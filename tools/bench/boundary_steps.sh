@@ -47,6 +47,11 @@
 #                                  process, a verdict a device at a time), with EVAL_ARGS (e.g.
 #                                  --verbose: each verdict's laps in JOB/kbself.err)
 #                                  (data/kernelbench, fetch_kernelbench.sh)
+#                      l1set       CUDA-L1's kernels for KernelBench level 1 (L1_RELEASE, default
+#                                  data/cuda-l1/h100.json: every task with one, rate_set.py --level 1)
+#                                  across on KB_DEVICES, L1_S seconds (900), each beside its task's
+#                                  bound (tools/bench/bounds_table.py over docs/bounds-kernelbench-l1.md:
+#                                  JOB/l1set/bounds.md); records in JOB/l1set
 #                      rate        tools/bench/verdict_rate.sh: verdicts per GPU-minute, crucible (as
 #                                  configured by default) against KernelBench's harness on
 #                                  CUDA-L1's H100 pairs, RATE_STEPS (default "kb cold"), RATE_SET_ARGS
@@ -231,6 +236,16 @@ EOF
         ${EVAL_ARGS:-} > "$JOB/kbself_summary.json" 2> "$JOB/kbself.err"
       echo "rc $?; $(wc -l < "$JOB/kbself.jsonl") verdicts"
       python3 tools/bench/band_check.py "$JOB/kbself.jsonl" --self | tail -30 ;;
+    l1set)
+      rm -rf /tmp/l1set "$JOB/l1set" && mkdir -p /tmp/l1set "$JOB/l1set" && chmod a+rwx /tmp/l1set
+      python3 tools/bench/rate_set.py "${L1_RELEASE:-data/cuda-l1/h100.json}" "$JOB/l1set" --level 1 --copies 1
+      # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
+      timeout "${L1_S:-900}" "$BUILD/tools/crucible" eval --pairs "$JOB/l1set/set.jsonl" --device "${KB_DEVICES:-cuda:0}" \
+        --no-cache --json --out "$JOB/l1set/rec.jsonl" --set evaluator.cuda_mps=on --set evaluator.extensions_dir=/tmp/l1set/ext \
+        ${EVAL_ARGS:-} > "$JOB/l1set/summary.json" 2> "$JOB/l1set/eval.err"
+      echo "rc $?; $(wc -l < "$JOB/l1set/rec.jsonl") verdicts"
+      python3 tools/bench/bounds_table.py docs/bounds-kernelbench-l1.md "$JOB/l1set/rec.jsonl" > "$JOB/l1set/bounds.md"
+      tail -c 600 "$JOB/l1set/summary.json" ;;
     rate)
       # Under /tmp: the workers (nobody) load the extensions built into the step's caches.
       rm -rf /tmp/rate && mkdir -p /tmp/rate && chmod a+rwx /tmp/rate

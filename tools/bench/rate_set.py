@@ -8,7 +8,11 @@ tools/bench/kernelbench_timing.py read.
   tools/bench/rate_set.py data/cuda-l1/h100.json OUT --torch 18 --inline 6 --self 6 --copies 1 \
       --also data/cuda-l1/3090.json:1/12 --also data/cuda-l1/3090.json:1/40   (the 32-pair set)
 
-Takes levels 1 and 2 only. Candidates are picked evenly spread over the release's lines of each
+  tools/bench/rate_set.py data/cuda-l1/h100.json OUT --level 1 --copies 1
+      (every pair of level 1 with a candidate, in task order: the kernels beside their tasks'
+      bounds, tools/bench/bounds_table.py)
+
+Takes levels 1 and 2 only (with --level, that level alone). Candidates are picked evenly spread over the release's lines of each
 kind (the first, then every k-th), so a run of the same arguments picks the same pairs. Identical
 code comes from the tasks of the first --self PyTorch-only picks. Writes:
   OUT/set.jsonl     each pair once (the release's fields; custom_code replaced for identical code,
@@ -89,6 +93,9 @@ def main():
     ap.add_argument("--inline", type=int, default=4, help="load_inline candidates (4)")
     ap.add_argument("--self", type=int, default=4, dest="self_", help="identical-code pairs (4)")
     ap.add_argument("--copies", type=int, default=4, help="copies of the set in copies.jsonl (4)")
+    ap.add_argument("--level", type=int, default=0,
+                    help="every pair of this level with a candidate, in task order, instead of the picks "
+                         "(--torch, --inline and --self are then left aside)")
     ap.add_argument("--also", action="append", default=[], metavar="RELEASE:LEVEL/TASK",
                     help="a pair of another release added at the end, by level and task (e.g. "
                          "data/cuda-l1/3090.json:1/12); repeatable; its kind as the pairs' above")
@@ -97,6 +104,14 @@ def main():
         sys.exit("rate_set.py: --torch, --inline and --self must be at least 0, --copies at least 1")
     if args.self_ > args.torch:
         sys.exit("rate_set.py: --self takes the tasks of PyTorch-only picks, so it may not exceed --torch")
+    if args.level:
+        rows = [r for r in release_rows(args.release) if r.get("level_id") == args.level
+                and isinstance(r.get("custom_code"), str) and r["custom_code"] not in ("", "None")]
+        if not rows:
+            sys.exit(f"rate_set.py: {args.release} has no pair of level {args.level} with a candidate")
+        rows.sort(key=lambda r: r.get("task_id") if isinstance(r.get("task_id"), int) else 0)
+        write_set(args, [(kind_of(r["custom_code"]), r) for r in rows] + [also_pair(a) for a in args.also])
+        return
     by_kind = {"torch": [], "inline": []}
     for row in release_rows(args.release):
         code = row.get("custom_code")
@@ -117,6 +132,11 @@ def main():
         picked.append(("self", s))
     for spec in args.also:
         picked.append(also_pair(spec))
+    write_set(args, picked)
+
+
+def write_set(args, picked):
+    """set.jsonl, copies.jsonl and kinds.json of the (kind, row) pairs `picked` in args.out."""
     os.makedirs(args.out, exist_ok=True)
     kinds = {"set.jsonl": [], "copies.jsonl": []}
     with open(os.path.join(args.out, "set.jsonl"), "w", encoding="utf-8") as f:
@@ -130,9 +150,10 @@ def main():
                 kinds["copies.jsonl"].append(kind)
     with open(os.path.join(args.out, "kinds.json"), "w", encoding="utf-8") as f:
         json.dump(kinds, f)
-    counts = {k: sum(1 for x, _ in picked if x == k) for k in ("torch", "inline", "self")}
+    counts = {k: sum(1 for x, _ in picked if x == k) for k in ("torch", "inline", "triton", "self")}
     print(f"rate_set.py: {len(picked)} pairs ({counts['torch']} torch, {counts['inline']} inline, "
-          f"{counts['self']} self), {len(picked) * args.copies} in copies.jsonl, in {args.out}")
+          + (f"{counts['triton']} triton, " if counts["triton"] else "")
+          + f"{counts['self']} self), {len(picked) * args.copies} in copies.jsonl, in {args.out}")
 
 
 if __name__ == "__main__":

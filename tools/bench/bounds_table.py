@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""KernelBench level 1's bounds table (docs/bounds-kernelbench-l1.md) with CUDA-L1's kernels beside
+it: for each task, the verdict its kernel got here (`crucible eval --pairs` records of
+`tools/bench/rate_set.py RELEASE OUT --level 1`), its speedup, its fraction of the task's bound on
+this hardware, and the speedup the release gives for it (CUDA-L1's own figure on its hardware).
+
+  tools/bench/bounds_table.py docs/bounds-kernelbench-l1.md RECORDS.jsonl > bounds.md
+
+Prints the table's Markdown with four columns added to its task rows (a task without a record gets
+"-"), then, to standard error, a summary: records matched, ok verdicts, the highest fraction among
+them, and every kernel above 1.0 of its bound (none is expected: docs/evaluator.md, How far from the
+limit). Exit 2 for a file that cannot be read or a table without task rows.
+"""
+import json
+import re
+import sys
+
+ADDED = ["CUDA-L1 kernel here", "its speedup", "its fraction", "CUDA-L1's figure"]
+
+
+def records(path):
+    """Task number -> record, from one JSON record a line (the last record of a task wins)."""
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"bounds_table.py: {path}:{n}: not JSON ({e.msg})")
+            task = r.get("task_id")
+            if not isinstance(task, int):
+                m = re.search(r"(\d+)$", str(r.get("task", "")))
+                task = int(m.group(1)) if m else None
+            if task is not None and r.get("level_id", 1) == 1:
+                out[task] = r
+    return out
+
+
+def cell(x, fmt):
+    return fmt.format(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        sys.exit(0 if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help") else 2)
+    table, recs_path = sys.argv[1], sys.argv[2]
+    try:
+        lines = open(table, encoding="utf-8").read().split("\n")
+        recs = records(recs_path)
+    except OSError as e:
+        sys.exit(f"bounds_table.py: {e.filename}: {e.strerror}")
+    out, rows, matched, ok, above, best = [], 0, 0, 0, [], None
+    for line in lines:
+        m = re.match(r"\| (\d+)_", line)
+        if line.startswith("| task |"):
+            line += " " + " | ".join(ADDED) + " |"
+        elif line.startswith("|---"):
+            line += "---|---:|---:|---:|"
+        elif m:
+            rows += 1
+            r = recs.get(int(m.group(1)))
+            if r is None:
+                line += " - | - | - | - |"
+            else:
+                matched += 1
+                status = r.get("status", "-")
+                frac = r.get("fraction") if status == "ok" else None
+                if status == "ok":
+                    ok += 1
+                    if isinstance(frac, (int, float)):
+                        best = frac if best is None else max(best, frac)
+                        if frac > 1.0:
+                            above.append(f"{m.group(1)} ({frac:.3f})")
+                claimed = (r.get("input") or {}).get("score_default")
+                # A bound whose FLOP part counts the reference's own algorithm gives the fraction of
+                # its bytes part (docs/evaluator.md, How far from the limit).
+                of = " (bytes part)" if frac is not None and r.get("fraction_of") == "bytes_ms" else ""
+                line += (f" {status} | {cell(r.get('speedup') if status == 'ok' else None, '{:.2f}x')} | "
+                         f"{cell(frac, '{:.3f}')}{of} | {cell(claimed, '{:.2f}x')} |")
+        out.append(line)
+    if rows == 0:
+        sys.exit(f"bounds_table.py: {table}: no task rows ('| N_name | ...')")
+    sys.stdout.write("\n".join(out).rstrip("\n") + "\n")
+    print(f"bounds_table.py: {matched} of {rows} tasks with a record, {ok} ok; highest fraction of an ok "
+          f"kernel {cell(best, '{:.3f}')}; above 1.0: {', '.join(above) if above else 'none'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
