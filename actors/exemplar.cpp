@@ -417,6 +417,8 @@ exemplar_impl_actor::behavior_type exemplar(exemplar_pointer self, std::shared_p
         ++st.stats.groups_dropped;
         if (!st.store->set_group_fate(id.value, storage::sample_fate::straggler, 0).ok())
           ++st.stats.record_errors;
+        for (const auto& sink : st.learners)
+          self->send(sink, group_dropped{id});
         return;
       }
       verdict v;

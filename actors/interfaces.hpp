@@ -175,11 +175,12 @@ using exemplar_impl_actor = exemplar_actor::extend<
   // The straggler timeout of group `group` (announce number `seq`) has passed.
   caf::reacts_to<expire_atom, group_id, std::uint64_t>>;
 
-/// Where complete GRPO groups go: any actor that takes a rollout_group (a learner_actor
-/// converts to it).
+/// Where complete GRPO groups go (the trainer; tests' stand-ins).
 using group_sink_actor = caf::typed_actor<
   // Takes one complete group.
-  caf::reacts_to<rollout_group>>;
+  caf::reacts_to<rollout_group>,
+  // A group dropped at its straggler timeout, which will never come.
+  caf::reacts_to<group_dropped>>;
 
 /// One data-parallel rank of GRPO/SFT training on one device, gradients all-reduced over its
 /// communicator (DESIGN §1.4, §5; actors/learner.hpp). Runs detached. Every rank of a group must
@@ -218,7 +219,9 @@ using trainer_actor = caf::typed_actor<
   // waited run.pause_grace_s for it); replies with what it did, or why the step goes on.
   caf::replies_to<drain_atom>::with<std::string>,
   // A complete group from the exemplar actor.
-  caf::reacts_to<rollout_group>>;
+  caf::reacts_to<rollout_group>,
+  // A group the exemplar actor dropped at its straggler timeout: another is admitted in its place.
+  caf::reacts_to<group_dropped>>;
 
 /// The trainer as implemented: its interface plus the timer it sends itself while a step waits
 /// (for groups, or for warm-start candidates refused as busy). Internal to actors/trainer.cpp.

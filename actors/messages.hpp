@@ -563,6 +563,20 @@ typename Inspector::result_type inspect(Inspector& f, exemplar_stats& x) {
 }
 
 /// Trainer -> exemplar actor: the fate of every sample of `groups` (a storage::sample_fate),
+/// Exemplar actor -> its group sinks: group `group`, dropped at its straggler timeout
+/// (exemplar.straggler_policy: drop), will never come. The trainer admits another group in its
+/// place (stages.rl.admission: staleness).
+struct group_dropped {
+  crucible::group_id group;
+
+  friend bool operator==(const group_dropped&, const group_dropped&) = default;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, group_dropped& x) {
+  return f(caf::meta::type_name("group_dropped"), x.group);
+}
+
 /// decided at update `step` (trained) or when `step` updates were done (the others); `seq` is
 /// the trainer's count of such decisions (trainer_progress::fates), kept in the store so that a
 /// resumed run can tell the decisions its checkpoint counted from those it did not.
@@ -940,6 +954,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(crucible, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(crucible, (crucible::stored_turn))
   CAF_ADD_TYPE_ID(crucible, (crucible::episode_resume))
   CAF_ADD_TYPE_ID(crucible, (crucible::episode_reopening))
+  CAF_ADD_TYPE_ID(crucible, (crucible::group_dropped))
 
   // Verbs of the typed interfaces (actors/interfaces.hpp). On 0.17 atoms take no type ID.
   CAF_ADD_ATOM(crucible, crucible, start_atom, "start")

@@ -38,7 +38,6 @@ rollout_actor_options rollout_actor_options::from(const config& cfg, std::uint64
   o.hardware = r.hardware;
   o.retry_s = r.retry_s;
   o.on_stop = r.on_stop;
-  o.lost_member_drops_group = cfg.exemplar.straggler == straggler_policy::drop;
   o.index = index;
   o.seed = cfg.run.seed;
   return o;
@@ -393,10 +392,7 @@ void lose(rollout_pointer self, group_id id, std::size_t slot) {
   auto* g = find(self, id);
   if (g == nullptr || g->members[slot].done)
     return;
-  auto& st = self->state;
-  if (st.opt.lost_member_drops_group && std::exchange(g->holds_admission, false))
-    ++st.admitted; // the exemplar actor drops the group at its straggler timeout: the trainer never sees it
-  ++st.stats.eval_errors;
+  ++self->state.stats.eval_errors;
   end_member(self, id, slot);
 }
 

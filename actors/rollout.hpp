@@ -47,12 +47,10 @@ struct rollout_actor_options {
   std::uint64_t max_groups = 0;            ///< tasks taken at most (0: until stopped)
   /// Async RL's staleness-aware admission (stages.rl.admission): the groups it may start before
   /// the trainer admits more (admit_atom), each group started (a reopened one included) taking
-  /// one; a group it gives up on before it reaches the exemplar actor gives its admission back.
+  /// one; a group it gives up on before it reaches the exemplar actor gives its admission back (one
+  /// the exemplar actor drops at its straggler timeout is admitted again by the trainer).
   /// -1: no limit.
   std::int64_t admitted = -1;
-  /// A member lost to an evaluator's error keeps its group from ever reaching the trainer
-  /// (exemplar.straggler_policy: drop): the group's admission is given back then.
-  bool lost_member_drops_group = false;
   /// This actor's number among the run's rollout actors (< 2^23): the high bits of its group and
   /// variant ids (index * 2^40 + n, n = 1, 2, ...), so ids are unique across actors, and part of
   /// its seeds.

@@ -192,6 +192,7 @@ trainer_impl_actor::behavior_type trainer(self_pointer self, std::shared_ptr<tra
     [self](save_atom) -> caf::result<std::string> { return save(self); },
     [self](drain_atom) -> std::string { return drain_step(self); },
     [self](rollout_group& g) { group_arrived(self, std::move(g)); },
+    [self](group_dropped& d) { readmit(self, {d.group}); },
     [self](stall_atom, std::uint64_t wait, std::uint64_t seen) { stall_check(self, wait, seen); },
     [self](collect_atom) { retry_waiting(self); },
   };

@@ -143,7 +143,7 @@ inline table_pool_actor::behavior_type table_evaluator_pool(table_pool_actor::st
 using groups_seen = std::vector<rollout_group>;
 
 inline group_sink_actor::behavior_type sink(group_sink_actor::pointer, std::shared_ptr<groups_seen> got) {
-  return {[=](rollout_group& g) { got->push_back(std::move(g)); }};
+  return {[=](rollout_group& g) { got->push_back(std::move(g)); }, [](group_dropped&) {}};
 }
 
 // -- fixture --------------------------------------------------------------------------------

@@ -400,6 +400,7 @@ trainer_impl_actor::behavior_type fake_trainer(trainer_impl_actor::stateful_poin
       return "ended without training";
     },
     [](rollout_group&) {},
+    [](group_dropped&) {},
     [self](collect_atom) {
       auto& st = self->state;
       auto held = std::move(st.held);

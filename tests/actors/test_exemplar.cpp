@@ -39,11 +39,12 @@ using crucible::testing::deterministic;
 
 using groups_seen = std::vector<rollout_group>;
 
-// A group sink (the part of learner_actor the exemplar actor uses) that keeps the groups it
-// receives.
-group_sink_actor::behavior_type fake_learner(group_sink_actor::pointer, std::shared_ptr<groups_seen> got) {
+// A group sink that keeps the groups it receives, and the ids of those dropped (in `dropped`).
+group_sink_actor::behavior_type fake_learner(group_sink_actor::pointer, std::shared_ptr<groups_seen> got,
+                                             std::shared_ptr<std::vector<group_id>> dropped) {
   return {
     [=](rollout_group& g) { got->push_back(std::move(g)); },
+    [=](group_dropped& d) { dropped->push_back(d.group); },
   };
 }
 
@@ -124,7 +125,8 @@ struct fixture {
   caf::scoped_actor self{sys, true};
   caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
   std::shared_ptr<groups_seen> got = std::make_shared<groups_seen>();
-  group_sink_actor learner = sys.spawn(fake_learner, got);
+  std::shared_ptr<std::vector<group_id>> dropped = std::make_shared<std::vector<group_id>>();
+  group_sink_actor learner = sys.spawn(fake_learner, got, dropped);
   std::vector<exemplar_actor> spawned;
 
   ~fixture() {
@@ -395,7 +397,7 @@ TEST_CASE_FIXTURE(fixture, "a complete group reaches the learner with verdicts i
 
 TEST_CASE_FIXTURE(fixture, "complete groups go to the learners in turn") {
   auto got2 = std::make_shared<groups_seen>();
-  group_sink_actor second = sys.spawn(fake_learner, got2);
+  group_sink_actor second = sys.spawn(fake_learner, got2, dropped);
   auto a = spawn(options(), {learner, second});
   for (std::uint64_t g = 1; g <= 3; ++g) {
     REQUIRE(announce(a, announce_of(g, {10 * g})) == errc::none);
@@ -424,6 +426,9 @@ TEST_CASE_FIXTURE(fixture, "a straggler group is dropped after the timeout") {
   CHECK(s.open_groups == 0);
   CHECK(s.groups_dropped == 1);
   CHECK(got->empty());
+  // Its sink is told the group will never come (the trainer admits another in its place).
+  REQUIRE(dropped->size() == 1);
+  CHECK(dropped->front() == group_id{5});
   // The straggler arrives late: recorded (a real measurement), counted, no group.
   tell(a, member(5, 13, ok_verdict(3.5)));
   s = stats(a);
@@ -454,6 +459,7 @@ TEST_CASE_FIXTURE(fixture, "a straggler group is filled after the timeout") {
   CHECK(g.verdicts[1].reward == -0.5);
   CHECK(g.verdicts[1].message.find("straggler timeout of 30 s") != std::string::npos);
   CHECK(g.completions == announce_of(5, {11, 12, 13}).completions);
+  CHECK(dropped->empty()); // a filled group is no dropped one
   auto s = stats(a);
   CHECK(s.groups_filled == 1);
   CHECK(s.groups_completed == 0);

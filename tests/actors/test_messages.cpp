@@ -207,6 +207,10 @@ template <> struct sample<episode_reopening> {
   static episode_reopening make() { return {{sample<episode_resume>::make()}, 2, std::uint64_t{1} << 41}; }
 };
 
+template <> struct sample<group_dropped> {
+  static group_dropped make() { return {group_id{(2ULL << 40) | 5}}; }
+};
+
 template <> struct sample<exemplar_stats> {
   static exemplar_stats make() { return {100, 1, 9, 2, 3, 4, 5, 6, 7}; }
 };
@@ -433,7 +437,7 @@ void check_all(caf::actor_system& sys, std::integer_sequence<caf::type_id_t, Ids
 TEST_CASE_FIXTURE(fixture, "every type of the crucible type-ID block round-trips") {
   constexpr auto count = caf::id_block::crucible::end - caf::id_block::crucible::begin;
   static_assert(caf::id_block::crucible::begin == caf::first_custom_type_id);
-  static_assert(count == 44, "a new type needs a sample<> above (and this count updated)");
+  static_assert(count == 45, "a new type needs a sample<> above (and this count updated)");
   check_all(sys, std::make_integer_sequence<caf::type_id_t, count>{});
 }
 

@@ -629,9 +629,11 @@ saving_learner_actor::behavior_type saving_learner(saving_learner_actor::pointer
   };
 }
 
-// A trainer over the fixture's collaborators and `learner`, its run folder in the test's.
-trainer_actor saving_trainer(fixture& f, const saving_learner_actor& learner, const config& cfg, manual_clock& clk,
-                             logger& log) {
+// A trainer over the fixture's collaborators and `learner`, its run folder in the test's; with
+// `on_scheduler`, its exemplar actor runs on the test's deterministic scheduler.
+template <class Learner>
+trainer_actor saving_trainer(fixture& f, const Learner& learner, const config& cfg, manual_clock& clk, logger& log,
+                             bool on_scheduler = false) {
   trainer_deps deps;
   deps.cfg = cfg;
   deps.run_dir = f.dir.path() / "run";
@@ -644,6 +646,7 @@ trainer_actor saving_trainer(fixture& f, const saving_learner_actor& learner, co
   deps.tokenizer = f.tok;
   deps.clk = &clk;
   deps.log = &log;
+  deps.exemplar_detached = !on_scheduler;
   auto trainer = spawn_trainer(f.sys, std::move(deps));
   REQUIRE_MESSAGE(trainer.ok(), (trainer.ok() ? "" : trainer.error().message));
   f.keep(*trainer);
@@ -824,24 +827,7 @@ TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead
   const bool open = admission == "open";
   auto learner = sys.spawn(holding_learner, h, engine, (dir.path() / "model").string());
   keep(learner);
-  trainer_deps deps;
-  deps.cfg = c;
-  deps.run_dir = dir.path() / "run";
-  std::filesystem::create_directories(deps.run_dir);
-  deps.learner = caf::actor_cast<learner_actor>(learner);
-  deps.engine = engine;
-  deps.evaluators = caf::actor_cast<evaluator_pool_actor>(pool);
-  deps.tasks = tasks;
-  deps.prompts = prompts;
-  deps.tokenizer = tok;
-  deps.clk = &clk;
-  deps.log = &log;
-  deps.exemplar_detached = false;
-  auto spawned_trainer = spawn_trainer(sys, std::move(deps));
-  REQUIRE_MESSAGE(spawned_trainer.ok(), (spawned_trainer.ok() ? "" : spawned_trainer.error().message));
-  auto trainer = *spawned_trainer;
-  keep(trainer);
-  sched.run();
+  auto trainer = saving_trainer(*this, learner, c, clk, log, true);
 
   // A step's report, once the learner is told to answer its update (and the evaluators theirs,
   // `rounds` times, while the step waits for a group that is not stale).
@@ -900,6 +886,44 @@ TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead
     CHECK(r3.dropped_stale == 0);
     CHECK(estats().requests <= 4u); // three trained, one admitted ahead
   }
+  self->send_exit(trainer, caf::exit_reason::user_shutdown);
+  sched.run();
+}
+
+TEST_CASE_FIXTURE(fixture, "a group the exemplar actor drops at its straggler timeout is admitted again in its place") {
+  // One group admitted (max_staleness 1, one group a step); the evaluators never answer it.
+  table->hold = true;
+  collaborators(distribution(0.5, 0.25, 0.25));
+  auto h = std::make_shared<held_updates>();
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  auto c = cfg;
+  c.run.mode = run_mode::async;
+  c.tasks.warm_start = false;
+  c.tasks.check_references = false;
+  c.stages.rl.steps = 1;
+  c.stages.rl.groups = 1;
+  c.stages.rl.max_staleness = 1;
+  c.rollout.actors = 2;
+  c.rollout.max_groups_in_flight = 3;
+  c.rollout.group_size = 2;
+  c.rollout.max_new_tokens = 1;
+  c.exemplar.straggler_timeout_s = 30;
+  c.exemplar.straggler = straggler_policy::drop;
+  c.run.stall_timeout_s = 3600;
+  auto learner = sys.spawn(holding_learner, h, engine, (dir.path() / "model").string());
+  keep(learner);
+  auto trainer = saving_trainer(*this, learner, c, clk, log, true);
+  auto step = self->request(trainer, caf::infinite, advance_atom_v);
+  sched.run();
+  const auto first = estats().requests;
+  CHECK(first >= 1u);
+  advance(std::chrono::seconds(20));
+  CHECK(estats().requests == first); // nothing left the queue: no admission
+  // Past the timeout the exemplar actor drops the group(s) waiting on the evaluators and tells
+  // the trainer, which admits as many again.
+  advance(std::chrono::seconds(15));
+  CHECK(estats().requests > first);
   self->send_exit(trainer, caf::exit_reason::user_shutdown);
   sched.run();
 }

@@ -62,7 +62,7 @@ struct stopper {
 
 // Forwards every group to `to` (the test's scoped actor).
 group_sink_actor::behavior_type forwarder(group_sink_actor::pointer self, caf::actor to) {
-  return {[=](rollout_group& g) { caf::anon_send(to, std::move(g)); }};
+  return {[=](rollout_group& g) { caf::anon_send(to, std::move(g)); }, [](group_dropped&) {}};
 }
 
 } // namespace
