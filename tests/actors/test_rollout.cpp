@@ -798,6 +798,23 @@ holding_learner_actor::behavior_type holding_learner(holding_learner_actor::poin
   };
 }
 
+// `base` for `steps` asynchronous RL steps of one group with max_staleness 1 (one group admitted
+// ahead of the learner), two rollout actors of three groups in flight each, no warm start.
+config admission_config(const config& base, std::int64_t steps) {
+  auto c = base;
+  c.run.mode = run_mode::async;
+  c.tasks.warm_start = false;
+  c.tasks.check_references = false;
+  c.stages.rl.steps = steps;
+  c.stages.rl.groups = 1;
+  c.stages.rl.max_staleness = 1;
+  c.rollout.actors = 2;
+  c.rollout.max_groups_in_flight = 3;
+  c.rollout.group_size = 2;
+  c.rollout.max_new_tokens = 1;
+  return c;
+}
+
 } // namespace
 
 TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead of the learner: none is sampled to be dropped") {
@@ -808,17 +825,7 @@ TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead
   auto h = std::make_shared<held_updates>();
   manual_clock clk;
   logger log{clk, log_level::off};
-  auto c = cfg;
-  c.run.mode = run_mode::async;
-  c.tasks.warm_start = false;
-  c.tasks.check_references = false;
-  c.stages.rl.steps = 3;
-  c.stages.rl.groups = 1;
-  c.stages.rl.max_staleness = 1;
-  c.rollout.actors = 2;
-  c.rollout.max_groups_in_flight = 3;
-  c.rollout.group_size = 2;
-  c.rollout.max_new_tokens = 1;
+  auto c = admission_config(cfg, 3);
   std::string admission = "staleness";
   SUBCASE("staleness") {}
   SUBCASE("open") { admission = "open"; }
@@ -897,17 +904,7 @@ TEST_CASE_FIXTURE(fixture, "a group the exemplar actor drops at its straggler ti
   auto h = std::make_shared<held_updates>();
   manual_clock clk;
   logger log{clk, log_level::off};
-  auto c = cfg;
-  c.run.mode = run_mode::async;
-  c.tasks.warm_start = false;
-  c.tasks.check_references = false;
-  c.stages.rl.steps = 1;
-  c.stages.rl.groups = 1;
-  c.stages.rl.max_staleness = 1;
-  c.rollout.actors = 2;
-  c.rollout.max_groups_in_flight = 3;
-  c.rollout.group_size = 2;
-  c.rollout.max_new_tokens = 1;
+  auto c = admission_config(cfg, 1);
   c.exemplar.straggler_timeout_s = 30;
   c.exemplar.straggler = straggler_policy::drop;
   c.run.stall_timeout_s = 3600;
