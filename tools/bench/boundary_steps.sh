@@ -61,8 +61,8 @@
 #                                  BOUNDS_S seconds (420)
 #                      balance     issue 88: asynchronous against synchronous at the split the pace
 #                                  plan gives. BAL_CONFIG (configs/gpu-1.5b-balance.yaml) through its
-#                                  warm start and SFT, paused; a probe of BAL_PROBE_STEPS (4) RL steps
-#                                  on BAL_PROBE_DEVICES (cuda:1); `crucible report`'s pace line of
+#                                  warm start and SFT, paused; a probe of BAL_PROBE_STEPS (4; 0: none,
+#                                  where the split is fixed) RL steps on BAL_PROBE_DEVICES (cuda:1); `crucible report`'s pace line of
 #                                  the probe: "about N evaluator GPUs"; then tools/bench/train_modes.sh,
 #                                  BAL_STEPS (12) RL steps each way from the paused run on
 #                                  BAL_EVAL_DEVICES (default cuda:1 to cuda:N, at most every GPU but
@@ -131,17 +131,23 @@ balance_step() { # issue 88's runs (the balance step)
   # The warm start and SFT, paused at SFT's end; then the probe: train_modes.sh's asynchronous copy
   # of the paused run, a few RL steps on one evaluator GPU, and its pace line. The runs at the
   # split below replace that copy.
-  if ! MODES=async BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" \
-    "${BAL_PROBE_STEPS:-4}" "${sets[@]}" --set "evaluator.devices=[${BAL_PROBE_DEVICES:-cuda:1}]" > "$out/probe.txt" 2>&1; then
+  # BAL_PROBE_STEPS=0: no probe (where the split is fixed, two GPUs or BAL_EVAL_DEVICES): the
+  # paused run alone; the runs at the split print their own plans.
+  local probe="${BAL_PROBE_STEPS:-4}" modes=async
+  ((probe > 0)) || { modes=none; probe=1; }
+  if ! MODES=$modes BASE=base RUNS="$runs" OUT="$out" CLI="$cli" tools/bench/train_modes.sh "$cfg" \
+    "$probe" "${sets[@]}" --set "evaluator.devices=[${BAL_PROBE_DEVICES:-cuda:1}]" > "$out/probe.txt" 2>&1; then
     echo "balance: the paused run or the probe failed"
     tail -20 "$out/probe.txt"
     return
   fi
   python3 tools/bench/balance_lines.py sft "$runs/base/metrics.jsonl"
-  "$cli" report "$runs/base-async" > "$out/probe_report.txt" 2>&1
-  rm -rf "$runs/base-async/checkpoints" # a 1.5B's is about 21 GB, and the machine's disk holds four runs
-  grep -E "^(pace|learning)" "$out/probe_report.txt"
-  n=$(grep -oE "about [0-9]+ evaluator GPU" "$out/probe_report.txt" | head -1 | grep -oE "[0-9]+")
+  if [[ $modes == async ]]; then
+    "$cli" report "$runs/base-async" > "$out/probe_report.txt" 2>&1
+    rm -rf "$runs/base-async/checkpoints" # a 1.5B's is about 21 GB, and the machine's disk holds four runs
+    grep -E "^(pace|learning)" "$out/probe_report.txt"
+    n=$(grep -oE "about [0-9]+ evaluator GPU" "$out/probe_report.txt" | head -1 | grep -oE "[0-9]+")
+  fi
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   if [[ -n ${BAL_EVAL_DEVICES:-} ]]; then
     devices=$BAL_EVAL_DEVICES

@@ -15,7 +15,8 @@
 # MODES="async" (or "sync") runs only those modes; MODES may also name async-open, the asynchronous
 # loop with stages.rl.admission=open (every rollout actor keeps its groups under way whatever the
 # learner's queue holds), for the staleness-aware admission's figures side by side; the summary is
-# written once the async and sync runs exist, with every other mode's run beside them. CLI names the crucible binary (default
+# written once the async and sync runs exist, with every other mode's run beside them; MODES=none
+# only makes the paused run. CLI names the crucible binary (default
 # build/tools/crucible). Reproduces the goals table's row "asynchronous RL against synchronous"
 # (docs/PERFORMANCE.md), and the runs that tools/bench/actor_overhead.py reads for the
 # actor-system overhead.
@@ -41,7 +42,9 @@ if [[ ! -d "$runs/$base" ]]; then
   echo "   $(( $(date +%s) - start )) s"
 fi
 grep -q '"state":"paused"' "$runs/$base/status.json" || { echo "$0: $runs/$base is not paused" >&2; exit 2; }
-for mode in ${MODES:-async sync}; do
+modes="${MODES:-async sync}"
+[[ $modes == none ]] && modes=""
+for mode in $modes; do
   case "$mode" in
     async | sync) how=(--set "run.mode=$mode") ;;
     async-open) how=(--set run.mode=async --set stages.rl.admission=open) ;;
