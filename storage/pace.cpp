@@ -95,19 +95,19 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
     }
     if (const auto* d = r.find("devices"); d != nullptr && d->is_array()) {
       int gpus = 0;
-      double policy = 0;
+      double policy = 0, evaluation = 0;
       for (const auto& dev : d->as_array()) {
         if (!dev.is_object())
           continue;
-        gpus += flag(dev, "evaluator") ? 1 : 0;
+        if (flag(dev, "evaluator")) {
+          ++gpus;
+          evaluation += number(dev, "evaluation_s");
+        }
         policy += number(dev, "policy_s");
       }
       cur.evaluator_gpus = gpus;
       cur.policy_s = policy;
-      cur.evaluation_s = 0;
-      for (const auto& dev : d->as_array())
-        if (dev.is_object() && flag(dev, "evaluator"))
-          cur.evaluation_s += number(dev, "evaluation_s");
+      cur.evaluation_s = evaluation;
     }
   }
   close();
