@@ -99,16 +99,18 @@ def test_bounds_table_puts_each_kernel_beside_its_task_and_names_any_above_the_b
     recs = tmp_path / "rec.jsonl"
     recs.write_text("".join(json.dumps(r) + "\n" for r in [
         {"level_id": 1, "task_id": 1, "status": "ok", "speedup": 1.5, "fraction": 0.2, "fraction_of": "ms",
-         "input": {"score_default": 1.2}},
-        {"level_id": 1, "task_id": 12, "status": "ok", "speedup": 45.0, "fraction": 1.02, "fraction_of": "bytes_ms"},
+         "bound": {"ms": 0.04133}, "ref_fraction": 0.133, "input": {"score_default": 1.2}},
+        {"level_id": 1, "task_id": 12, "status": "ok", "speedup": 45.0, "fraction": 1.02, "fraction_of": "bytes_ms",
+         "bound": {"ms": 0.336, "bytes_ms": 0.0314}},
         {"task": "level1/40", "status": "incorrect", "speedup": None, "fraction": None}]), encoding="utf-8")
     r = subprocess.run([sys.executable, str(script), str(table), str(recs)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[2].endswith("| fraction | CUDA-L1 kernel here | its speedup | its fraction | CUDA-L1's figure |")
-    assert lines[4].endswith("| 0.122 | ok | 1.50x | 0.200 | 1.20x |")
-    assert lines[5].endswith("| 0.482 | ok | 45.00x | 1.020 (bytes part) | - |")
-    assert lines[6].endswith("| 0.750 | incorrect | - | - | - |")
+    assert lines[2].endswith("| fraction | CUDA-L1 kernel here | its speedup | its bound (ms) | its fraction | "
+                             "its reference's fraction | CUDA-L1's figure |")
+    assert lines[4].endswith("| 0.122 | ok | 1.50x | 0.0413 | 0.200 | 0.133 | 1.20x |")
+    assert lines[5].endswith("| 0.482 | ok | 45.00x | 0.0314 | 1.020 (bytes part) | - | - |")
+    assert lines[6].endswith("| 0.750 | incorrect | - | - | - | - | - |")
     assert lines[-1] == "After the table."
     assert "3 of 3 tasks with a record, 2 ok; highest fraction of an ok kernel 1.020; above 1.0: 12 (1.020)" in r.stderr
     bad = subprocess.run([sys.executable, str(script), str(recs), str(recs)], capture_output=True, text=True, timeout=60)

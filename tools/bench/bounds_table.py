@@ -2,11 +2,14 @@
 """KernelBench level 1's bounds table (docs/bounds-kernelbench-l1.md) with CUDA-L1's kernels beside
 it: for each task, the verdict its kernel got here (`crucible eval --pairs` records of
 `tools/bench/rate_set.py RELEASE OUT --level 1`), its speedup, its fraction of the task's bound on
-this hardware, and the speedup the release gives for it (CUDA-L1's own figure on its hardware).
+this hardware, its reference's fraction in the same verdict, and the speedup the release gives for
+it (CUDA-L1's own figure on its hardware). CUDA-L1's tasks are KernelBench's earlier versions, most
+with smaller inputs than the table's: a verdict's bound is its own task's, shown beside the table's,
+and the kernel's fraction is to be read against its own reference's, not the table's.
 
   tools/bench/bounds_table.py docs/bounds-kernelbench-l1.md RECORDS.jsonl > bounds.md
 
-Prints the table's Markdown with four columns added to its task rows (a task without a record gets
+Prints the table's Markdown with six columns added to its task rows (a task without a record gets
 "-"), then, to standard error, a summary: records matched, ok verdicts, the highest fraction among
 them, and every kernel above 1.0 of its bound (none is expected: docs/evaluator.md, How far from the
 limit). Exit 2 for a file that cannot be read or a table without task rows.
@@ -15,7 +18,8 @@ import json
 import re
 import sys
 
-ADDED = ["CUDA-L1 kernel here", "its speedup", "its fraction", "CUDA-L1's figure"]
+ADDED = ["CUDA-L1 kernel here", "its speedup", "its bound (ms)", "its fraction", "its reference's fraction",
+         "CUDA-L1's figure"]
 
 
 def records(path):
@@ -58,12 +62,12 @@ def main():
         if line.startswith("| task |"):
             line += " " + " | ".join(ADDED) + " |"
         elif line.startswith("|---"):
-            line += "---|---:|---:|---:|"
+            line += "---|---:|---:|---:|---:|---:|"
         elif m:
             rows += 1
             r = recs.get(int(m.group(1)))
             if r is None:
-                line += " - | - | - | - |"
+                line += " - | - | - | - | - | - |"
             else:
                 matched += 1
                 status = r.get("status", "-")
@@ -78,8 +82,12 @@ def main():
                 # A bound whose FLOP part counts the reference's own algorithm gives the fraction of
                 # its bytes part (docs/evaluator.md, How far from the limit).
                 of = " (bytes part)" if frac is not None and r.get("fraction_of") == "bytes_ms" else ""
+                # The bound the fraction is of: its bytes part where the fraction is of that part.
+                bound = (r.get("bound") or {}).get(r.get("fraction_of") or "ms") if status == "ok" else None
+                ref = r.get("ref_fraction") if status == "ok" else None
                 line += (f" {status} | {cell(r.get('speedup') if status == 'ok' else None, '{:.2f}x')} | "
-                         f"{cell(frac, '{:.3f}')}{of} | {cell(claimed, '{:.2f}x')} |")
+                         f"{cell(bound, '{:.3g}')} | {cell(frac, '{:.3f}')}{of} | {cell(ref, '{:.3f}')} | "
+                         f"{cell(claimed, '{:.2f}x')} |")
         out.append(line)
     if rows == 0:
         sys.exit(f"bounds_table.py: {table}: no task rows ('| N_name | ...')")
