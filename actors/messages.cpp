@@ -102,6 +102,8 @@ void write_fields(json_writer& w, const run_status& x) {
         .field("evaluation_s", d.evaluation_s)
         .field("policy_s", d.policy_s)
         .field("evaluator", d.evaluator)
+        .field("engine", d.engine)
+        .field("learner", d.learner)
         .end_object();
     w.end_array();
   }
@@ -205,6 +207,10 @@ result<run_status> run_status_from_json(std::string_view json) {
         b.policy_s = policy != nullptr ? double_at(*policy, "devices") : 0.0;
         const auto* evaluator = d.find("evaluator");
         b.evaluator = evaluator != nullptr && bool_at(*evaluator, "devices");
+        const auto* engine = d.find("engine");
+        b.engine = engine != nullptr && bool_at(*engine, "devices");
+        const auto* learner = d.find("learner");
+        b.learner = learner != nullptr && bool_at(*learner, "devices");
         st.devices.push_back(std::move(b));
       }
     }

@@ -702,6 +702,8 @@ struct device_busy {
   double evaluation_s = 0;  ///< an evaluation held it (references, trials, timed rounds, worker starts)
   double policy_s = 0;      ///< the policy's generation and updates held it
   bool evaluator = false;   ///< an evaluator of the process times verdicts on it
+  bool engine = false;      ///< the policy's engine generates on it (engine.device, else model.device)
+  bool learner = false;     ///< a learner rank updates on it (learner.devices, else model.device)
 
   friend bool operator==(const device_busy&, const device_busy&) = default;
 };
@@ -709,7 +711,7 @@ struct device_busy {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_busy& x) {
   return f(caf::meta::type_name("device_busy"), x.device, detail::exact{x.seconds}, detail::exact{x.evaluation_s},
-           detail::exact{x.policy_s}, x.evaluator);
+           detail::exact{x.policy_s}, x.evaluator, x.engine, x.learner);
 }
 
 /// Trainer -> coordinator: what one step of the stage schedule did (actors/trainer.hpp).

@@ -400,13 +400,24 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
     return {}; // a device that is not there is named when the learner loads
   o->gpu_gb = static_cast<double>(smallest->memory_bytes) / 1e9;
   auto plan = policy::plan_memory(*o);
-  if (!plan || plan->fits)
+  if (!plan)
     return {};
   auto gb = [](double bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
     return std::string{buf};
   };
+  if (o->engine_elsewhere) // the engine's own GPU holds its weights, KV cache and working set
+    for (const auto& d : devices)
+      if (d.index == policy::cuda_index(engine_device(cfg)) && d.memory_bytes > 0 &&
+          plan->engine_gpu > static_cast<double>(d.memory_bytes))
+        return fail(errc::config, "learner.memory_check: the engine's memory plan needs ", gb(plan->engine_gpu),
+                    " on engine.device ", engine_device(cfg), " (", d.name, "), which has ",
+                    gb(static_cast<double>(d.memory_bytes)),
+                    " (`crucible memory-plan --config FILE` itemises it). To fit: fewer engine.max_batch_samples, or "
+                    "shorter prompt.max_tokens or rollout.max_new_tokens; learner.memory_check: false starts anyway");
+  if (plan->fits)
+    return {};
   return fail(errc::config, "learner.memory_check: this configuration's memory plan needs ", gb(plan->total),
               " on each learner GPU (learner ", gb(plan->learner_state + plan->learner_peak), ", engine ",
               gb(plan->engine), ", runtime ", gb(plan->runtime),
@@ -644,16 +655,25 @@ struct engine_parts {
 result<engine_parts> make_engine(const config& cfg, policy::learner& first, const fs::path& model_source,
                                  std::uint64_t version, logger& log) {
   engine_parts out;
-  out.options.device = cfg.model.device;
+  const std::string& device = engine_device(cfg);
+  if (device != cfg.model.device) {
+    const auto index = policy::cuda_index(device);
+    if (index < 0 && device != "cpu")
+      return fail(errc::config, "engine.device: '", device, "' is not a device (cpu, cuda:N)");
+    if (index >= 0 && index >= static_cast<int>(torch::cuda::device_count()))
+      return fail(errc::config, "engine.device: ", device, ": this machine has ",
+                  std::to_string(torch::cuda::device_count()), " CUDA devices");
+  }
+  out.options.device = device;
   out.options.dtype = cfg.model.engine_dtype;
   if (cfg.model.handoff == "memory") {
-    auto h = policy::weight_handoff::create(first.model(), cfg.model.engine_dtype, version);
+    auto h = policy::weight_handoff::create(first.model(), cfg.model.engine_dtype, version, device);
     if (!h.ok())
       return fail(h.error().code, "engine: ", h.error().message);
     out.handoff = std::move(*h);
     out.engine = std::make_unique<policy::engine>(out.handoff->engine_model(), out.options);
     const auto& hs = out.handoff->stats();
-    log.info(component, "engine on ", cfg.model.device, ": ", hs.tensors_shared, " tensors (",
+    log.info(component, "engine on ", device, ": ", hs.tensors_shared, " tensors (",
              static_cast<double>(hs.shared_bytes) / 1e9, " GB) shared with the learner, ", hs.tensors_own, " its own (",
              static_cast<double>(hs.own_bytes) / 1e9, " GB), ", static_cast<double>(hs.staged_bytes) / 1e9,
              " GB handed over per version");

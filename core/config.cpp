@@ -423,6 +423,12 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
                  "must be 0 with policy.backend openai: a model behind an endpoint is not trained here; use "
                  "stages.search (contrastive search without updates)");
     }
+    // engine.device: of model.device's kind (an engine on the CPU beside a learner on a GPU, or
+    // the other way round, would copy every version through the host for nothing).
+    if (!cfg.engine.device.empty())
+      relation((cfg.engine.device == "cpu") == (cfg.model.device == "cpu"), "engine.device",
+               cfg.engine.device + " is not of model.device's kind (" + cfg.model.device +
+                 "): the engine and the learner are both on the CPU or both on GPUs");
     // learner.devices against itself and model.device; each rank needs a share of every batch.
     if (!l.devices.empty()) {
       std::set<std::string> seen;

@@ -287,6 +287,8 @@ struct engine_config {
   std::int64_t max_batch_prompts = 8;  ///< requests sampled together in one engine call
   std::int64_t max_batch_samples = 64; ///< completions (sum of G) per engine call
   std::int64_t max_prompt_tokens = 0;  ///< longer prompts are refused; 0: no limit
+  /// The engine's GPU, when not the learner's: "" (model.device) or a device of model.device's kind.
+  std::string device;
 };
 
 /// `model:` — the policy: an existing Hugging Face model directory, or a fresh one made at the
@@ -410,6 +412,11 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
 /// Reads and decodes a file; errc::not_found / errc::io name the path.
 result<config> load_config(const std::filesystem::path& file,
                            const std::vector<std::string>& overrides = {});
+
+/// The engine's device: engine.device, or model.device where it is empty.
+inline const std::string& engine_device(const config& cfg) {
+  return cfg.engine.device.empty() ? cfg.model.device : cfg.engine.device;
+}
 
 /// The configuration with every key, defaults included, as YAML that parse_config accepts.
 std::string to_yaml(const config& cfg);

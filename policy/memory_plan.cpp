@@ -210,9 +210,10 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   if (o.runtime_gb < 0 || o.nccl_gb < 0)
     return fail(errc::config, "runtime_gb, nccl_gb: must not be negative");
   if (o.evaluator_evaluations < 0 || o.evaluator_warm_workers < 0 || o.evaluator_context_gb < 0
-      || o.evaluator_evaluation_gb < 0)
+      || o.evaluator_evaluation_gb < 0 || o.engine_gpu_evaluations < 0 || o.engine_gpu_warm_workers < 0)
     return fail(errc::config, "evaluator_evaluations, evaluator_warm_workers, evaluator_context_gb, "
-                              "evaluator_evaluation_gb: must not be negative");
+                              "evaluator_evaluation_gb, engine_gpu_evaluations, engine_gpu_warm_workers: must not be "
+                              "negative");
   for (auto [key, v] : {std::pair{"learner_bytes", o.learner_bytes}, std::pair{"engine_bytes", o.engine_bytes}})
     if (v != 2 && v != 4)
       return fail(errc::config, key, ": 2 (bfloat16, float16) or 4 (float32), got ", std::to_string(v));
@@ -335,26 +336,30 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   add(memory_part::learner_peak, "update peak", peak, std::string{"the largest phase: "} + which);
 
   // ---- engine ---------------------------------------------------------------------------------
-  const bool shared = o.lora && o.engine_shares_base && o.engine_bytes == o.learner_bytes;
+  // On a GPU of its own (engine.device) the engine shares nothing and its items are that GPU's.
+  const bool here = !o.engine_elsewhere;
+  const std::string there = here ? "" : " on the engine's GPU";
+  const bool shared = here && o.lora && o.engine_shares_base && o.engine_bytes == o.learner_bytes;
   if (shared)
     add(memory_part::engine, "engine weights (merged adapted projections; base shared)", adapted_weights * e,
         "L x (in x out + bias) of the targets x " + fmt("%.0f", e));
   else
-    add(memory_part::engine, "engine weights", P * e, "P x " + fmt("%.0f", e));
+    add(memory_part::engine, "engine weights" + there, P * e, "P x " + fmt("%.0f", e), here);
   if (o.handoff_staging) {
     if (o.lora)
-      add(memory_part::engine, "handoff staging (merged adapted projections)", adapted_weights * e,
-          "what changes a version, in the engine's dtype (model.handoff: memory)");
+      add(memory_part::engine, "handoff staging (merged adapted projections)" + there, adapted_weights * e,
+          "what changes a version, in the engine's dtype (model.handoff: memory)", here);
     else
-      add(memory_part::engine, "handoff staging (every weight)", P * e,
-          "what changes a version, in the engine's dtype (model.handoff: memory)");
+      add(memory_part::engine, "handoff staging (every weight)" + there, P * e,
+          "what changes a version, in the engine's dtype (model.handoff: memory)", here);
   }
   const std::int64_t slots = o.engine_slots > 0 ? o.engine_slots : o.prompt_tokens + o.completion_tokens;
   const double R = static_cast<double>(o.engine_rows);
   const double kv_token = L * 2 * kv * e; // bytes of one token's keys and values, all layers
-  add(memory_part::engine, "KV cache", R * static_cast<double>(slots) * kv_token,
+  add(memory_part::engine, "KV cache" + there, R * static_cast<double>(slots) * kv_token,
       "rows x slots x L x 2 x kv x e = " + std::to_string(o.engine_rows) + " x " + std::to_string(slots) + " x " +
-        fmt("%.0f", kv_token) + " B");
+        fmt("%.0f", kv_token) + " B",
+      here);
   const std::int64_t prompts = (o.engine_rows + o.group_size - 1) / o.group_size;
   const std::int64_t per_prefill =
     std::clamp<std::int64_t>(o.max_prefill_tokens / o.prompt_tokens, 1, std::max<std::int64_t>(prompts, 1));
@@ -363,10 +368,12 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   const double prefill = prefill_tokens * kv_token + prefill_rows * static_cast<double>(o.prompt_tokens) * kv * e +
                          prefill_tokens * (4 * h + 4 * I) * e;
   const double decode = 3 * R * V * 4;
-  add(memory_part::engine, prefill >= decode ? "engine working set (prefill)" : "engine working set (decoding)",
+  add(memory_part::engine,
+      (prefill >= decode ? "engine working set (prefill)" : "engine working set (decoding)") + there,
       std::max(prefill, decode),
       prefill >= decode ? "scratch cache + one layer's copy + " + fmt("%.0f", prefill_tokens) + " x (4 h + 4 I) x e"
-                        : "3 x rows x V x 4");
+                        : "3 x rows x V x 4",
+      here);
 
   // ---- runtime --------------------------------------------------------------------------------
   add(memory_part::runtime, "CUDA context, cuBLAS/cuDNN workspaces, graph pools", o.runtime_gb * 1e9, "allowance");
@@ -401,6 +408,21 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
     }
   }
   plan.total = plan.learner_state + plan.learner_peak + plan.engine + plan.runtime + plan.evaluator;
+  if (o.engine_elsewhere) {
+    for (const auto& item : plan.items)
+      if (item.part == memory_part::engine && item.name.ends_with(there))
+        plan.engine_gpu += item.bytes;
+    plan.engine_gpu += o.runtime_gb * 1e9;
+    if (o.engine_gpu_evaluations > 0) {
+      const int workers = o.engine_gpu_evaluations + o.engine_gpu_warm_workers;
+      add(memory_part::evaluator, "an evaluator on the engine's GPU (" + std::to_string(workers) + " workers)",
+          workers * o.evaluator_context_gb * 1e9 + o.engine_gpu_evaluations * o.evaluator_evaluation_gb * 1e9,
+          "(concurrency + warm workers) x " + fmt("%g", o.evaluator_context_gb) + " GB + concurrency x " +
+            fmt("%g", o.evaluator_evaluation_gb) + " GB",
+          false);
+      plan.engine_gpu += plan.items.back().bytes;
+    }
+  }
   plan.capacity = o.gpu_gb * 1e9;
   plan.fits = plan.total <= plan.capacity;
   return plan;
@@ -428,6 +450,9 @@ std::string memory_plan_markdown(const memory_plan& p) {
          (p.evaluator > 0 ? " + evaluator " + gb(p.evaluator) : std::string{}) + " |\n\n";
   out += std::string{p.fits ? "Fits" : "Does not fit"} + " in " + fmt("%g", o.gpu_gb) + " GB (" +
          (p.fits ? gb(p.capacity - p.total) + " GB free" : gb(p.total - p.capacity) + " GB over") + ").\n";
+  if (o.engine_elsewhere)
+    out += "The engine's GPU (engine.device): " + gb(p.engine_gpu) + " GB (its weights, staging, KV cache and "
+           "working set, and the runtime allowance).\n";
   return out;
 }
 
@@ -520,6 +545,7 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
   o.engine_shares_base = cfg.model.handoff == "memory";
   o.handoff_staging = cfg.model.handoff == "memory";
+  o.engine_elsewhere = engine_device(cfg) != cfg.model.device;
   o.bucket_mb = l.bucket_mb;
   o.prompt_tokens = cfg.prompt.max_tokens;
   o.completion_tokens = cfg.rollout.max_new_tokens;
@@ -528,11 +554,17 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   o.engine_rows = std::min(cfg.engine.max_batch_samples, cfg.engine.max_batch_prompts * cfg.rollout.group_size);
   // An evaluator on the policy's GPU.
   const int policy_gpu = cuda_index(cfg.model.device);
-  for (const auto& d : cfg.evaluator.devices)
+  const int engine_gpu = o.engine_elsewhere ? cuda_index(engine_device(cfg)) : -1;
+  for (const auto& d : cfg.evaluator.devices) {
     if (policy_gpu >= 0 && cuda_index(d) == policy_gpu) {
       o.evaluator_evaluations = static_cast<int>(cfg.evaluator.concurrency);
       o.evaluator_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
     }
+    if (engine_gpu >= 0 && cuda_index(d) == engine_gpu) {
+      o.engine_gpu_evaluations = static_cast<int>(cfg.evaluator.concurrency);
+      o.engine_gpu_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
+    }
+  }
   return o;
 }
 

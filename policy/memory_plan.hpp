@@ -49,6 +49,13 @@ struct memory_plan_options {
   /// a copy of what changes (every weight under full fine-tuning, the merged adapted projections
   /// under LoRA) in the engine's dtype; false (disk): no staging.
   bool handoff_staging = true;
+  /// engine.device names another GPU than the learner's: the engine's weights, its handoff
+  /// staging, KV cache and working set are there (engine_gpu), not on this GPU.
+  bool engine_elsewhere = false;
+  /// engine_elsewhere, and evaluator.devices lists the engine's GPU: the workers there (as
+  /// evaluator_evaluations and evaluator_warm_workers are for this GPU), counted in engine_gpu.
+  int engine_gpu_evaluations = 0;
+  int engine_gpu_warm_workers = 0;
   std::int64_t max_prefill_tokens = 16384; ///< engine_options::max_prefill_tokens
   std::int64_t log_prob_chunk = 1024;  ///< CausalLMImpl::token_log_probs' chunk_tokens
   double bucket_mb = 25.0;             ///< learner.bucket_mb (MiB of float32 gradient per bucket)
@@ -101,6 +108,9 @@ struct memory_plan {
   double total = 0.0;
   double capacity = 0.0;               ///< gpu_gb x 10^9
   bool fits = false;                   ///< total <= capacity
+  /// engine_elsewhere: what the engine's own GPU holds (its weights, staging, KV cache and working
+  /// set, and the runtime allowance); those items are listed here but not summed into `total`.
+  double engine_gpu = 0.0;
 };
 
 /// The options of a run configuration: the model (model.dir's config.json, or the preset

@@ -38,7 +38,7 @@ std::optional<pace_plan> plan_for(const pace_segment& s, std::int64_t gpus) {
   p.evaluation_s = e / static_cast<double>(gpus);
   const double policy = s.policy_step_s();
   p.async_step_s = std::max(policy, p.evaluation_s);
-  p.sync_step_s = policy + p.evaluation_s;
+  p.sync_step_s = s.policy_serial_step_s() + p.evaluation_s;
   p.staleness = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil((policy + p.evaluation_s) / p.async_step_s - 1e-9)));
   return p;
 }
@@ -95,7 +95,8 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
     }
     if (const auto* d = r.find("devices"); d != nullptr && d->is_array()) {
       int gpus = 0;
-      double policy = 0, evaluation = 0;
+      double busiest = 0, evaluation = 0, engine_alone = 0, learner = 0;
+      bool separate = false; // an engine on a GPU without a learner rank
       for (const auto& dev : d->as_array()) {
         if (!dev.is_object())
           continue;
@@ -103,10 +104,18 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
           ++gpus;
           evaluation += number(dev, "evaluation_s");
         }
-        policy += number(dev, "policy_s");
+        const double p = number(dev, "policy_s");
+        busiest = std::max(busiest, p);
+        if (flag(dev, "engine") && !flag(dev, "learner")) {
+          separate = true;
+          engine_alone += p;
+        } else if (flag(dev, "learner")) {
+          learner = std::max(learner, p);
+        }
       }
       cur.evaluator_gpus = gpus;
-      cur.policy_s = policy;
+      cur.policy_s = busiest;
+      cur.policy_serial_s = separate ? engine_alone + learner : busiest;
       cur.evaluation_s = evaluation;
     }
   }
@@ -114,6 +123,7 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
   for (auto& seg : out)
     if (seg.other_stages) {
       seg.policy_s.reset();
+      seg.policy_serial_s.reset();
       seg.evaluation_s = 0; // the other stage's evaluations (the warm start's seeds) are in it too
     }
   return out;
@@ -135,10 +145,15 @@ std::string to_string(const pace_segment& s) {
   }
   if (s.policy_step_s() > 0) {
     const bool policy = s.policy_s && *s.policy_s > 0;
-    std::snprintf(buf, sizeof buf, "; the %s (%.2f s a step) would take %.0f verdicts/min",
+    std::snprintf(buf, sizeof buf, "; the %s (%.2f s a step%s) would take %.0f verdicts/min",
                   policy ? "policy's generation and updates" : "learner's updates alone", s.policy_step_s(),
-                  s.verdicts_needed_per_min());
+                  s.policy_serial_step_s() > s.policy_step_s() ? " on its busiest GPU" : "", s.verdicts_needed_per_min());
     out += buf;
+    if (s.policy_serial_step_s() > s.policy_step_s()) {
+      std::snprintf(buf, sizeof buf, " (the engine's GPU and the learner's: %.2f s one after the other)",
+                    s.policy_serial_step_s());
+      out += buf;
+    }
     if (const auto n = s.evaluator_gpus_needed()) {
       std::snprintf(buf, sizeof buf, ": about %lld evaluator GPU%s at this rate", static_cast<long long>(*n),
                     *n == 1 ? "" : "s");

@@ -25,10 +25,16 @@ struct pace_segment {
   /// Evaluator GPUs of the trainer's process (the `devices` entries with `evaluator` of the
   /// segment's last lifecycle record; evaluator nodes that join are not counted); 0: none known.
   int evaluator_gpus = 0;
-  /// The policy's own time on its GPUs (generation and updates: `policy_s` of the same record),
-  /// where the segment's process ran RL steps only (a process that also ran SFT counts its SFT
-  /// updates there too); nullopt otherwise, or on the CPU.
+  /// The policy's own time on its busiest GPU (generation and updates: the largest `policy_s` of
+  /// the same record's devices; on one GPU, that GPU's), where the segment's process ran RL steps
+  /// only (a process that also ran SFT counts its SFT updates there too); nullopt otherwise, or on
+  /// the CPU. The asynchronous loop's policy works at this pace.
   std::optional<double> policy_s;
+  /// The policy's time one part after the other, as the synchronous loop spends it: where the
+  /// engine has a GPU without a learner rank (`engine` and not `learner` in the record), that
+  /// GPU's time plus the busiest learner GPU's; else as policy_s (the ranks update at once, rank
+  /// 0 beside the engine).
+  std::optional<double> policy_serial_s;
   /// The time evaluations held the process's evaluator GPUs (`evaluation_s` of the same record,
   /// summed over them: references, trials, timed rounds, worker starts); 0: not known. It says
   /// what judging a step's samples costs where the evaluators wait for samples: the verdicts a
@@ -49,6 +55,12 @@ struct pace_segment {
   /// The policy's time a step: policy_s where known, else the learner's updates alone.
   double policy_step_s() const {
     return steps > 0 ? (policy_s && *policy_s > 0 ? *policy_s : update_s) / static_cast<double>(steps) : 0;
+  }
+  /// The policy's time a step one part after the other (policy_serial_s where known, else
+  /// policy_step_s()).
+  double policy_serial_step_s() const {
+    return steps > 0 && policy_serial_s && *policy_serial_s > 0 ? *policy_serial_s / static_cast<double>(steps)
+                                                                : policy_step_s();
   }
   /// Verdicts a minute that would keep the policy from waiting: a step's samples every
   /// policy_step_s(), in verdicts per minute.

@@ -94,7 +94,8 @@ struct staged_tensor {
 
 struct weight_handoff::state {
   std::shared_ptr<CausalLMImpl> engine;
-  torch::Device device = torch::kCPU;
+  torch::Device device = torch::kCPU;        // the learner's
+  torch::Device engine_device = torch::kCPU; // the engine's, and the staging area's
   std::vector<staged_tensor> staged;
   handoff_stats stats;
   mutable std::mutex mutex;
@@ -106,7 +107,8 @@ weight_handoff::~weight_handoff() = default;
 
 result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& learner_model,
                                                                 const std::string& engine_dtype,
-                                                                std::uint64_t version) {
+                                                                std::uint64_t version,
+                                                                const std::string& engine_device) {
   auto dtype = parse_torch_dtype(engine_dtype);
   if (!dtype.ok())
     return fail(errc::config, "model.engine_dtype: ", dtype.error().message);
@@ -116,6 +118,16 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
   torch::NoGradGuard no_grad;
   auto s = std::make_unique<state>();
   s->device = learner_params.begin()->value().device();
+  s->engine_device = s->device;
+  if (!engine_device.empty()) {
+    try {
+      s->engine_device = torch::Device(engine_device);
+    } catch (const std::exception&) {
+      return fail(errc::config, "engine.device: '", engine_device, "' is not a device (cpu, cuda:N)");
+    }
+  }
+  // On another device nothing can be shared: every tensor is the engine's own.
+  const bool same_device = s->engine_device == s->device;
   // The architecture; its parameters are replaced one by one below (the constructor's are
   // uninitialised host memory, never touched).
   s->engine = std::make_shared<CausalLMImpl>(learner_model.config());
@@ -143,7 +155,7 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
     auto proj = projection_of(name, projections);
     if (proj.empty())
       continue;
-    if (changes(name, item.value()) || item.value().scalar_type() != *dtype)
+    if (!same_device || changes(name, item.value()) || item.value().scalar_type() != *dtype)
       owned_groups.insert(group_of(proj));
   }
 
@@ -161,7 +173,7 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
     auto proj = projection_of(name, projections);
     const bool in_owned_group = !proj.empty() && owned_groups.count(group_of(proj)) != 0;
     const bool changing = changes(name, from);
-    if (!changing && !in_owned_group && from.scalar_type() == *dtype) {
+    if (same_device && !changing && !in_owned_group && from.scalar_type() == *dtype) {
       param.set_data(from.detach());
       s->stats.shared_bytes += bytes_of(from);
       ++s->stats.tensors_shared;
@@ -175,7 +187,7 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
       auto t = from.detach();
       source = [t] { return t; };
     }
-    param.set_data(source().to(*dtype, /*non_blocking=*/false, /*copy=*/true));
+    param.set_data(source().to(s->engine_device, *dtype, /*non_blocking=*/false, /*copy=*/true));
     s->stats.own_bytes += bytes_of(param);
     ++s->stats.tensors_own;
     if (changing)
@@ -196,13 +208,14 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
     staged_tensor st;
     st.source = std::move(it->second);
     st.target = item.value().detach();
-    st.staging = torch::empty_like(st.target);
+    st.staging = torch::empty_like(st.target); // on the engine's device: a stage copies across
     st.staging.copy_(st.target);
     s->stats.staged_bytes += bytes_of(st.target);
     ++s->stats.tensors_staged;
     s->staged.push_back(std::move(st));
   }
   wait_for_copies(s->device);
+  wait_for_copies(s->engine_device);
   s->staged_version = s->installed_version = version;
   return std::unique_ptr<weight_handoff>(new weight_handoff(std::move(s)));
 }
@@ -215,9 +228,12 @@ result<void> weight_handoff::stage(std::uint64_t version) {
     return fail(errc::invalid_arg, "weight handoff: version ", std::to_string(version), " is older than the version staged (",
                 std::to_string(s_->staged_version), ")");
   torch::NoGradGuard no_grad;
+  // Across devices the copy runs on the learner's stream, after its update, and is complete on the
+  // engine's device before the mutex is let go.
   for (auto& t : s_->staged)
     t.staging.copy_(t.source());
   wait_for_copies(s_->device);
+  wait_for_copies(s_->engine_device);
   s_->staged_version = version;
   return {};
 }
@@ -227,9 +243,10 @@ result<std::uint64_t> weight_handoff::install() {
   if (s_->installed_version == s_->staged_version)
     return s_->installed_version;
   torch::NoGradGuard no_grad;
+  // On the engine's device alone: an install never waits for the learner's GPU.
   for (auto& t : s_->staged)
     t.target.copy_(t.staging);
-  wait_for_copies(s_->device);
+  wait_for_copies(s_->engine_device);
   s_->installed_version = s_->staged_version;
   return s_->installed_version;
 }

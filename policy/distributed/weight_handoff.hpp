@@ -1,9 +1,11 @@
 // policy/distributed/weight_handoff.hpp: a learner's new weights to an engine of the same process
-// on the same device through memory, instead of a directory written and read back per version (at
-// 7B a published version is 15 GB of files). The engine's model is built from the learner's:
+// through memory, instead of a directory written and read back per version (at 7B a published
+// version is 15 GB of files). The engine's model is built from the learner's: on the same device,
 // tensors that never change are shared, not copied (under LoRA the frozen base: embeddings, norms
 // and every projection without an adapter); the rest are the engine's own, refreshed in place after
-// each update (so the engine's CUDA graphs stay valid).
+// each update (so the engine's CUDA graphs stay valid). On another device (engine.device) every
+// tensor is the engine's own; a version is staged across, onto the engine's device (the learner's
+// thread copies it after its update), and installed there.
 //
 // Two threads use it: the learner's stages a version right after its update (a device copy of
 // what changed into a staging area), the engine's installs the staged version between its calls
@@ -35,13 +37,17 @@ struct handoff_stats {
 class weight_handoff final {
 public:
   /// Builds the engine's model from `learner_model` (its parameters on their device) in
-  /// `engine_dtype` ("bfloat16", "float16", "float32"), serving `version`.
-  /// A tensor is shared when it cannot change (it does not train) and has the engine's dtype, and
-  /// the projections it is joined with (q/k/v, gate/up: one GEMM in decoding) are shared too.
+  /// `engine_dtype` ("bfloat16", "float16", "float32") on `engine_device` ("cpu", "cuda:N"; empty:
+  /// the learner's device), serving `version`.
+  /// On the learner's device a tensor is shared when it cannot change (it does not train) and has
+  /// the engine's dtype, and the projections it is joined with (q/k/v, gate/up: one GEMM in
+  /// decoding) are shared too; on another device none is. The staging area is on the engine's
+  /// device (a stage copies across; an install is a copy on the engine's device alone).
   /// A projection with a LoRA adapter is the engine's own and holds the merged weight
-  /// (W + scale · B A), as a published directory would. errc::config for an unknown dtype.
+  /// (W + scale · B A), as a published directory would. errc::config for an unknown dtype or a
+  /// device that is not one.
   static result<std::unique_ptr<weight_handoff>> create(CausalLMImpl& learner_model, const std::string& engine_dtype,
-                                                        std::uint64_t version);
+                                                        std::uint64_t version, const std::string& engine_device = {});
   ~weight_handoff();
   weight_handoff(const weight_handoff&) = delete;
   weight_handoff& operator=(const weight_handoff&) = delete;

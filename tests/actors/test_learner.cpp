@@ -20,6 +20,7 @@
 #include "actors/learner.hpp"
 #include "actors/learner_group.hpp"
 #include "actors/run_roles.hpp"
+#include "policy/memory_plan.hpp"
 #include "policy/training/checkpoint.hpp"
 #include "policy/distributed/collective.hpp"
 #include "policy/model/engine.hpp"
@@ -531,6 +532,28 @@ TEST_CASE("a CUDA run whose memory plan exceeds a learner GPU is refused before 
   auto small = load_config(src / "configs/gpu-1.5b.yaml");
   REQUIRE(small.ok());
   CHECK(check_memory_plan(*small, h100).ok());
+  // The engine on a GPU of its own (engine.device) takes its part off the learner's GPU and is
+  // checked against its own: a 0.2 GB fourth GPU cannot hold it, and the refusal names it.
+  auto split = *small;
+  split.engine.device = "cuda:3";
+  auto tiny = h100;
+  tiny[3] = {3, "a small GPU", 200'000'000ull, 9, 0};
+  auto short_engine = check_memory_plan(split, tiny);
+  REQUIRE_FALSE(short_engine.ok());
+  CHECK_MESSAGE(contains(short_engine.error().message, "the engine's memory plan needs "), short_engine.error().message);
+  CHECK_MESSAGE(contains(short_engine.error().message, " on engine.device cuda:3 (a small GPU), which has 0.2 GB"),
+                short_engine.error().message);
+  CHECK(check_memory_plan(split, h100).ok());
+  // With the engine away the learner's GPU needs less: a GPU just short of the whole plan holds it.
+  auto o = policy::memory_plan_options_of(*small);
+  REQUIRE(o.ok());
+  o->gpu_gb = 1000;
+  auto whole = policy::plan_memory(*o);
+  REQUIRE(whole.ok());
+  auto learner_only = h100;
+  learner_only[0].memory_bytes = static_cast<std::uint64_t>(whole->total - 1e9);
+  CHECK_FALSE(check_memory_plan(*small, learner_only).ok());
+  CHECK(check_memory_plan(split, learner_only).ok());
   auto quick = load_config(src / "configs/quickstart.yaml");
   REQUIRE(quick.ok());
   CHECK(check_memory_plan(*quick, {}).ok());

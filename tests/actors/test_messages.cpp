@@ -313,7 +313,7 @@ template <> struct sample<sampler_state> {
 template <> struct sample<run_status> {
   static run_status make() {
     return {run_state::paused, "contrastive_rl", 120, policy_version{119}, 3456, 3.25, 1.125, 9, 16, 5, {"03_broken"},
-            {{"cuda:0", 812.5, 301.25, 402.0, true}, {"cuda:1", 800.0, 0.0, 710.5, false}}};
+            {{"cuda:0", 812.5, 301.25, 402.0, true, false, true}, {"cuda:1", 800.0, 0.0, 710.5, false, true, false}}};
   }
 };
 
@@ -545,6 +545,7 @@ TEST_CASE("run_status JSON round-trips with null for speedups that have no value
   CHECK(json.find("\"best_speedup\":3.25") != std::string::npos);
   CHECK(json.find("\"skipped_tasks\":[\"03_broken\"]") != std::string::npos);
   CHECK(json.find("\"devices\":[{\"device\":\"cuda:0\",\"seconds\":812.5,\"evaluation_s\":301.25,\"policy_s\":402") != std::string::npos);
+  CHECK(json.find("\"evaluator\":false,\"engine\":true,\"learner\":false}") != std::string::npos);
   auto back = run_status_from_json(json);
   REQUIRE_MESSAGE(back.ok(), back.error().to_string());
   check_same("run_status", s, *back);

@@ -7,9 +7,11 @@
 
 #include <torch/torch.h>
 
+#include "policy/distributed/weight_handoff.hpp"
 #include "policy/model/engine.hpp"
 #include "policy/model/model.hpp"
 #include "policy/runtime.hpp"
+#include "policy/training/learner.hpp"
 #include "../unit/policy/policy_test_util.hpp"
 
 using namespace crucible;
@@ -210,6 +212,69 @@ TEST_CASE("sampled log-probs on CUDA equal a teacher-forced forward") {
   }
   MESSAGE("CUDA float32: max |engine log-prob - teacher-forced| = " << worst);
   CHECK(worst <= 1e-3);
+}
+
+TEST_CASE("weight handoff across two GPUs: the engine on cuda:1 gets each version the learner on cuda:0 stages") {
+  if (torch::cuda::device_count() < 2) {
+    MESSAGE("skipped: one CUDA device (engine.device needs a second)");
+    return;
+  }
+  for (const bool lora : {false, true}) {
+    CAPTURE(lora);
+    learner_options o;
+    o.lr = 1e-2;
+    o.lora = lora;
+    o.lora_rank = 4;
+    auto model = small_qwen2_model(21);
+    model->to(torch::Device(torch::kCUDA, 0));
+    auto l = learner::create(model, CausalLM{nullptr}, o, 5);
+    REQUIRE(l.ok());
+    auto& lm = (*l)->model();
+    auto h = weight_handoff::create(lm, "float32", 0, "cuda:1");
+    REQUIRE(h.ok());
+    auto& em = *(*h)->engine_model();
+    CHECK((*h)->stats().tensors_shared == 0); // nothing is shared across devices, LoRA's base included
+    for (const auto& item : em.named_parameters(true))
+      CHECK(item.value().device() == torch::Device(torch::kCUDA, 1));
+    engine_options eo;
+    eo.device = "cuda:1";
+    engine across((*h)->engine_model(), eo);
+    auto ex = sft_example{{5, 6, 7, 8}, {9, 10, 11}};
+    for (int step = 1; step <= 2; ++step) {
+      REQUIRE((*l)->sft_step(std::span<const sft_example>(&ex, 1)).ok());
+      REQUIRE((*h)->stage(static_cast<std::uint64_t>(step)).ok());
+    }
+    REQUIRE(*(*h)->install() == 2);
+    // The engine's weights are the learner's, bit for bit (adapters merged).
+    torch::NoGradGuard g;
+    auto exported = lm.export_tensors();
+    std::map<std::string, torch::Tensor> published;
+    for (auto& [name, t] : exported)
+      published[name] = t.detach().to(torch::kCPU);
+    for (const auto& item : em.named_parameters(true)) {
+      auto it = published.find(item.key());
+      REQUIRE_MESSAGE(it != published.end(), item.key());
+      CHECK(max_abs_diff(item.value().to(torch::kCPU), it->second) == 0.0);
+    }
+    // And the engine on cuda:1 samples what one beside the learner on cuda:0 samples.
+    auto beside = weight_handoff::create(lm, "float32", 2);
+    REQUIRE(beside.ok());
+    engine_options eo0;
+    eo0.device = "cuda:0";
+    engine here((*beside)->engine_model(), eo0);
+    sampling_options s;
+    s.temperature = 0; // greedy
+    s.max_new_tokens = 16;
+    s.samples_per_prompt = 2;
+    std::vector<std::vector<std::int32_t>> prompts{{3, 4, 5, 6}, {7, 8}};
+    auto a = across.generate(prompts, s);
+    auto b = here.generate(prompts, s);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    REQUIRE(a->size() == b->size());
+    for (std::size_t i = 0; i < a->size(); ++i)
+      CHECK((*a)[i].tokens == (*b)[i].tokens);
+  }
 }
 
 TEST_CASE("benchmark: 0.5b preset, bf16, 8 prompts x 8 samples, 256 new tokens, graphs on and off") {

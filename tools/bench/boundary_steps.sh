@@ -67,7 +67,10 @@
 #                                  BAL_STEPS (12) RL steps each way from the paused run on
 #                                  BAL_EVAL_DEVICES (default cuda:1 to cuda:N, at most every GPU but
 #                                  cuda:0), BAL_MODES (default "async async-open sync": async-open
-#                                  is the asynchronous loop without staleness-aware admission), and
+#                                  is the asynchronous loop without staleness-aware admission;
+#                                  async-engine and sync-engine put the engine on cuda:0 alone and
+#                                  the learner on cuda:1, train_modes.sh's ENGINE_DEVICE and
+#                                  LEARNER_DEVICE), and
 #                                  each run's report (its GPU busy table and pace lines,
 #                                  the plan against the measured step). BAL_ARGS: more KEY=VALUE
 #                                  settings for every run; BAL_S seconds in all (3000). Records in
@@ -166,7 +169,7 @@ balance_step() { # issue 88's runs (the balance step)
     "${sets[@]}" --set "evaluator.devices=[$devices]" > "$out/modes.txt" 2>&1
   echo "modes rc $?"
   tail -30 "$out/modes.txt"
-  for a in async async-open sync; do
+  for a in async async-open sync async-engine sync-engine; do
     [[ -d $runs/base-$a ]] || continue
     "$cli" report "$runs/base-$a" > "$out/report_$a.txt" 2>&1
     echo "-- $a"

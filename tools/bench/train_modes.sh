@@ -14,7 +14,9 @@
 # to $OUT/runs) instead of starting one (each resume takes this call's --set options),
 # MODES="async" (or "sync") runs only those modes; MODES may also name async-open, the asynchronous
 # loop with stages.rl.admission=open (every rollout actor keeps its groups under way whatever the
-# learner's queue holds), for the staleness-aware admission's figures side by side; the summary is
+# learner's queue holds), for the staleness-aware admission's figures side by side; async-engine
+# and sync-engine, each mode with the engine on a GPU of its own (engine.device=ENGINE_DEVICE,
+# default cuda:0) and the learner on LEARNER_DEVICE (model.device, default cuda:1); the summary is
 # written once the async and sync runs exist, with every other mode's run beside them; MODES=none
 # only makes the paused run. CLI names the crucible binary (default
 # build/tools/crucible). Reproduces the goals table's row "asynchronous RL against synchronous"
@@ -48,7 +50,10 @@ for mode in $modes; do
   case "$mode" in
     async | sync) how=(--set "run.mode=$mode") ;;
     async-open) how=(--set run.mode=async --set stages.rl.admission=open) ;;
-    *) echo "$0: unknown mode '$mode' (async, sync, async-open)" >&2; exit 2 ;;
+    async-engine | sync-engine)
+      how=(--set "run.mode=${mode%-engine}" --set "engine.device=${ENGINE_DEVICE:-cuda:0}"
+        --set "model.device=${LEARNER_DEVICE:-cuda:1}") ;;
+    *) echo "$0: unknown mode '$mode' (async, sync, async-open, async-engine, sync-engine)" >&2; exit 2 ;;
   esac
   run="$runs/$base-$mode"
   rm -rf "$run"
@@ -71,8 +76,8 @@ from datetime import datetime
 base, out = sys.argv[1], sys.argv[2]
 def t(s): return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 res = {}
-for mode in ("async", "sync", "async-open"):
-    if mode == "async-open" and not os.path.exists(f"{base}-{mode}/metrics.jsonl"):
+for mode in ("async", "sync", "async-open", "async-engine", "sync-engine"):
+    if mode not in ("async", "sync") and not os.path.exists(f"{base}-{mode}/metrics.jsonl"):
         continue
     recs = [json.loads(l) for l in open(f"{base}-{mode}/metrics.jsonl")]
     resumed = max(i for i, r in enumerate(recs) if r["event"] == "run_resumed")
@@ -93,6 +98,11 @@ res["sync_over_async_wall"] = res["sync"]["wall_s"] / res["async"]["wall_s"]
 res["sync_over_async_to_last_update"] = res["sync"]["to_last_update_s"] / res["async"]["to_last_update_s"]
 if "async-open" in res:
     res["async_open_over_async_to_last_update"] = res["async-open"]["to_last_update_s"] / res["async"]["to_last_update_s"]
+if "async-engine" in res:  # the engine on a GPU of its own, against the synchronous loop on one
+    res["sync_over_async_engine_to_last_update"] = res["sync"]["to_last_update_s"] / res["async-engine"]["to_last_update_s"]
+    if "sync-engine" in res:
+        res["sync_engine_over_async_engine_to_last_update"] = (res["sync-engine"]["to_last_update_s"]
+                                                               / res["async-engine"]["to_last_update_s"])
 json.dump(res, open(out, "w"), indent=1)
 print(json.dumps(res, indent=1))
 PY

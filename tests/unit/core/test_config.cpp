@@ -365,6 +365,26 @@ TEST_CASE("learner.devices: one rank per device, checked against itself and mode
                      "  self_supervised: {steps: 0, groups: 1}\n", "a.yaml").ok());
 }
 
+TEST_CASE("engine.device: the engine on a GPU of its own, of model.device's kind") {
+  auto defaults = parse_config("", "a.yaml");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->engine.device.empty());
+  CHECK(engine_device(*defaults) == "cpu"); // model.device
+  auto split = parse_config("model:\n  device: cuda:1\nengine:\n  device: cuda:0\n", "a.yaml");
+  REQUIRE_MESSAGE(split.ok(), (split.ok() ? "" : split.error().message));
+  CHECK(engine_device(*split) == "cuda:0");
+  auto again = parse_config(to_yaml(*split), "resolved.yaml");
+  REQUIRE(again.ok());
+  CHECK(again->engine.device == "cuda:0");
+  CHECK(problems_of("model:\n  device: cuda:0\nengine:\n  device: cpu\n")
+        == "configs/x.yaml: engine.device: cpu is not of model.device's kind (cuda:0): the engine and the learner are "
+           "both on the CPU or both on GPUs");
+  CHECK(problems_of("engine:\n  device: cuda:2\n").find("engine.device: cuda:2 is not of model.device's kind (cpu)")
+        != std::string::npos);
+  CHECK(problems_of("engine:\n  device: gpu0\n").find("configs/x.yaml:2: engine.device: expected empty or \"cpu\" or "
+                                                        "\"cuda:N\"") != std::string::npos);
+}
+
 TEST_CASE("membership keys decode and are validated with the key named") {
   auto cfg = parse_config("membership:\n  listen: \"0.0.0.0:7460\"\n  token_file: /etc/crucible/token\n"
                           "  heartbeat_s: 0.5\n  timeout_s: 3\n",

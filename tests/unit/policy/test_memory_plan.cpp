@@ -138,6 +138,47 @@ TEST_CASE("memory plan: an evaluator on the policy's GPU adds its workers' conte
   CHECK(bad.error().message.find("evaluator_warm_workers") != std::string::npos);
 }
 
+TEST_CASE("memory plan: an engine on a GPU of its own is planned apart, its staging with it") {
+  auto o = tiny_options();
+  o.engine_elsewhere = true;
+  o.runtime_gb = 0.001; // the engine's GPU is charged a runtime allowance of its own
+  auto p = plan_memory(o);
+  REQUIRE(p.ok());
+  // Listed, not summed: the engine's weights, KV cache and working set are on its GPU.
+  CHECK(item(*p, "engine weights on the engine's GPU") == 404608);
+  CHECK(item(*p, "KV cache on the engine's GPU") == 10240);
+  CHECK(item(*p, "engine working set (decoding) on the engine's GPU") == 48000);
+  CHECK(item(*p, "handoff staging (every weight) on the engine's GPU") == 404608);
+  CHECK(p->engine == 0);
+  CHECK(p->total == doctest::Approx(3641472 + 512000 + 1e6));
+  CHECK(p->engine_gpu == doctest::Approx(2 * 404608 + 10240 + 48000 + 1e6));
+  const auto md = memory_plan_markdown(*p);
+  CHECK(md.find("*engine weights on the engine's GPU* (not summed)") != std::string::npos);
+  CHECK(md.find("The engine's GPU (engine.device): ") != std::string::npos);
+  // An evaluator listed on the engine's GPU counts there, not here.
+  auto shared = o;
+  shared.engine_gpu_evaluations = 2;
+  shared.engine_gpu_warm_workers = 1;
+  shared.evaluator_context_gb = 0.5;
+  shared.evaluator_evaluation_gb = 4;
+  auto with_eval = plan_memory(shared);
+  REQUIRE(with_eval.ok());
+  CHECK(item(*with_eval, "an evaluator on the engine's GPU (3 workers)") == doctest::Approx(1.5e9 + 8e9));
+  CHECK(with_eval->engine_gpu == doctest::Approx(p->engine_gpu + 9.5e9));
+  CHECK(with_eval->total == doctest::Approx(p->total));
+  // Under LoRA on another GPU the engine cannot read the learner's base: it holds every weight.
+  auto lora = o;
+  lora.lora = true;
+  auto l = plan_memory(lora);
+  REQUIRE(l.ok());
+  CHECK(item(*l, "engine weights on the engine's GPU") == 404608);
+  o.engine_elsewhere = false;
+  auto here = plan_memory(o);
+  REQUIRE(here.ok());
+  CHECK(here->engine_gpu == 0);
+  CHECK(here->engine == 404608 + 404608 + 10240 + 48000);
+}
+
 TEST_CASE("memory plan: activation checkpointing keeps each layer's input") {
   auto o = tiny_options();
   o.activation_checkpointing = true;

@@ -206,6 +206,26 @@ TEST_CASE("an engine over the handoff samples what an engine loaded from the pub
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("weight handoff on a named device: the learner's own shares as before; a name that is no device is refused") {
+  learner_options o;
+  o.lora = true;
+  o.lora_rank = 4;
+  auto l = learner::create(small_qwen2_model(15), CausalLM{nullptr}, o, 3);
+  REQUIRE(l.ok());
+  auto& lm = (*l)->model();
+  auto implicit = weight_handoff::create(lm, "float32", 0);
+  auto named = weight_handoff::create(lm, "float32", 0, "cpu");
+  REQUIRE(implicit.ok());
+  REQUIRE(named.ok());
+  CHECK((*named)->stats().tensors_shared == (*implicit)->stats().tensors_shared);
+  CHECK((*named)->stats().tensors_shared > 0); // the frozen base, as on the learner's device
+  CHECK(ptr(*(*named)->engine_model(), "model.embed_tokens.weight") == ptr(lm, "model.embed_tokens.weight"));
+  auto bad = weight_handoff::create(lm, "float32", 0, "gpu0");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code == errc::config);
+  CHECK(bad.error().message == "engine.device: 'gpu0' is not a device (cpu, cuda:N)");
+}
+
 TEST_CASE("weight handoff: stages and installs from two threads never mix versions") {
   learner_options o;
   o.lr = 1e-2;

@@ -168,3 +168,50 @@ TEST_CASE("pace plan: evaluators that wait for samples are planned by their eval
   CHECK(by_rate->evaluation_s == doctest::Approx(16.0 / (105.0 / (6 * 16.15))).epsilon(0.001));
   CHECK(unread.evaluator_gpus_needed() == 2);
 }
+
+TEST_CASE("pace: the engine on a GPU of its own: its GPU and the learner's at once, one after the other synchronous") {
+  // engine.device cuda:0 generates 12 s a step; the learner (model.device cuda:1, which an
+  // evaluator shares) updates 3 s a step; 2 s of evaluation a step on cuda:1.
+  const std::string split =
+    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
+    "\"engine\":true,\"learner\":false},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":6,\"policy_s\":9,"
+    "\"evaluator\":true,\"engine\":false,\"learner\":true}]";
+  std::vector<std::string> lines{"{\"event\":\"run_resumed\"}"};
+  for (int i = 0; i < 3; ++i) {
+    for (int v = 0; v < 16; ++v)
+      lines.push_back(verdict("rl"));
+    lines.push_back(step(2 + i, "rl", 12.5, 0, 3, 16));
+  }
+  lines.push_back("{\"event\":\"run_finished\"," + split + "}");
+  auto segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  const auto& s = segs[0];
+  REQUIRE(s.policy_s.has_value());
+  CHECK(*s.policy_s == doctest::Approx(36)); // the busiest GPU: the engine's
+  REQUIRE(s.policy_serial_s.has_value());
+  CHECK(*s.policy_serial_s == doctest::Approx(45)); // 36 + 9
+  CHECK(s.policy_step_s() == doctest::Approx(12));
+  CHECK(s.policy_serial_step_s() == doctest::Approx(15));
+  CHECK(s.evaluator_gpus_needed() == 1);
+  auto p = plan_for(s, 1);
+  REQUIRE(p.has_value());
+  CHECK(p->async_step_s == doctest::Approx(12)); // generation, with updates and evaluation beside it
+  CHECK(p->sync_step_s == doctest::Approx(17));  // 12 + 3 + 2
+  CHECK(to_string(s).find("the policy's generation and updates (12.00 s a step on its busiest GPU) would take 80 "
+                          "verdicts/min (the engine's GPU and the learner's: 15.00 s one after the other): about 1 "
+                          "evaluator GPU at this rate; plan: on 1 evaluator GPU a step takes 12.00 s asynchronous, up "
+                          "to 17.00 s synchronous (1.42x)") != std::string::npos);
+
+  // Data-parallel ranks, the engine beside rank 0: the ranks update at once, so the busiest GPU is
+  // the policy's time both ways (records before the flags read the same).
+  const std::string ranks =
+    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
+    "\"engine\":true,\"learner\":true},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":9,"
+    "\"evaluator\":false,\"engine\":false,\"learner\":true}]";
+  lines.back() = "{\"event\":\"run_finished\"," + ranks + "}";
+  segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  CHECK(*segs[0].policy_s == doctest::Approx(36));
+  CHECK(*segs[0].policy_serial_s == doctest::Approx(36));
+  CHECK(segs[0].policy_serial_step_s() == doctest::Approx(12));
+}
