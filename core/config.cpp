@@ -425,10 +425,19 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
     }
     // engine.device: of model.device's kind (an engine on the CPU beside a learner on a GPU, or
     // the other way round, would copy every version through the host for nothing).
-    if (!cfg.engine.device.empty())
+    if (!cfg.engine.device.empty()) {
       relation((cfg.engine.device == "cpu") == (cfg.model.device == "cpu"), "engine.device",
                cfg.engine.device + " is not of model.device's kind (" + cfg.model.device +
                  "): the engine and the learner are both on the CPU or both on GPUs");
+      // Beside another rank than rank 0 the engine would take turns with it, and the memory plan
+      // would count neither beside the other.
+      const auto& ranks = cfg.learner.devices;
+      relation(cfg.engine.device == cfg.model.device ||
+                 std::find(ranks.begin(), ranks.end(), cfg.engine.device) == ranks.end(),
+               "engine.device",
+               cfg.engine.device + " is a learner rank's GPU (learner.devices): give the engine a GPU without a "
+                                   "rank, or leave it empty for model.device");
+    }
     // learner.devices against itself and model.device; each rank needs a share of every batch.
     if (!l.devices.empty()) {
       std::set<std::string> seen;

@@ -381,6 +381,11 @@ TEST_CASE("engine.device: the engine on a GPU of its own, of model.device's kind
            "both on the CPU or both on GPUs");
   CHECK(problems_of("engine:\n  device: cuda:2\n").find("engine.device: cuda:2 is not of model.device's kind (cpu)")
         != std::string::npos);
+  CHECK(problems_of("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1]\nengine:\n  device: cuda:1\n")
+        == "configs/x.yaml: engine.device: cuda:1 is a learner rank's GPU (learner.devices): give the engine a GPU "
+           "without a rank, or leave it empty for model.device");
+  CHECK(parse_config("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1]\nengine:\n  device: cuda:2\n",
+                     "a.yaml").ok());
   CHECK(problems_of("engine:\n  device: gpu0\n").find("configs/x.yaml:2: engine.device: expected empty or \"cpu\" or "
                                                         "\"cuda:N\"") != std::string::npos);
 }
