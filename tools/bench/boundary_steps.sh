@@ -17,6 +17,8 @@
 #                                  pattern, default all; "*device agent*": the faults and the
 #                                  attacks on the MPS set-up alone)
 #                      join        test_gpu_join (a node with cuda:0 joining a run), JOIN_S seconds (300)
+#                      handoff     test_gpu_engine's weight handoff across two GPUs (engine.device:
+#                                  a learner on cuda:0, its engine on cuda:1), 300 s
 #                      visible     test_gpu_visible (a run under CUDA_VISIBLE_DEVICES naming the last
 #                                  GPU judges there; two GPUs), JOIN_S seconds (300)
 #                      pairs       tools/bench/mps_boundary.sh own_poll: CUDA-L1's 3090 kernels for
@@ -51,7 +53,9 @@
 #                                  data/cuda-l1/h100.json: every task with one, rate_set.py --level 1)
 #                                  across on KB_DEVICES, L1_S seconds (900), each beside its task's
 #                                  bound (tools/bench/bounds_table.py over docs/bounds-kernelbench-l1.md:
-#                                  JOB/l1set/bounds.md); records in JOB/l1set
+#                                  JOB/l1set/bounds.md); records in JOB/l1set. L1_TASKS (e.g.
+#                                  "93,97,99,100"): only those tasks' kernels; L1_PRIOR: an earlier
+#                                  step's rec.jsonl (carried) that the table reads first
 #                      rate        tools/bench/verdict_rate.sh: verdicts per GPU-minute, crucible (as
 #                                  configured by default) against KernelBench's harness on
 #                                  CUDA-L1's H100 pairs, RATE_STEPS (default "kb cold"), RATE_SET_ARGS
@@ -228,6 +232,9 @@ EOF
       echo "rc $?" ;;
     setold) setold_step ;;
     balance) timeout "${BAL_S:-3000}" "$0" _balance ;;
+    handoff)
+      timeout 300 "$BUILD/tests/gpu/test_gpu_engine" -s -tc="*weight handoff across two GPUs*" > "$JOB/handoff.log" 2>&1
+      echo "rc $?"; tail -15 "$JOB/handoff.log" ;;
     kbself)
       rm -rf /tmp/kbself && mkdir -p /tmp/kbself
       python3 tools/bench/reference_as_candidate.py data/kernelbench/level1 /tmp/kbself > /dev/null
@@ -248,12 +255,21 @@ EOF
     l1set)
       rm -rf /tmp/l1set "$JOB/l1set" && mkdir -p /tmp/l1set "$JOB/l1set" && chmod a+rwx /tmp/l1set
       python3 tools/bench/rate_set.py "${L1_RELEASE:-data/cuda-l1/h100.json}" "$JOB/l1set" --level 1 --copies 1
+      if [[ -n ${L1_TASKS:-} ]]; then # only these tasks' kernels (e.g. the ones an earlier step did not reach)
+        python3 -c 'import json, sys
+keep = {int(t) for t in sys.argv[2].split(",")}
+lines = [l for l in open(sys.argv[1]) if json.loads(l).get("task_id") in keep]
+open(sys.argv[1], "w").writelines(lines)
+print(f"l1set: {len(lines)} kernels of tasks {sys.argv[2]}")' "$JOB/l1set/set.jsonl" "$L1_TASKS"
+      fi
       # shellcheck disable=SC2086 # EVAL_ARGS is a list of options
       timeout "${L1_S:-900}" "$BUILD/tools/crucible" eval --pairs "$JOB/l1set/set.jsonl" --device "${KB_DEVICES:-cuda:0}" \
         --no-cache --json --out "$JOB/l1set/rec.jsonl" --set evaluator.cuda_mps=on --set evaluator.extensions_dir=/tmp/l1set/ext \
         ${EVAL_ARGS:-} > "$JOB/l1set/summary.json" 2> "$JOB/l1set/eval.err"
       echo "rc $?; $(wc -l < "$JOB/l1set/rec.jsonl") verdicts"
-      python3 tools/bench/bounds_table.py docs/bounds-kernelbench-l1.md "$JOB/l1set/rec.jsonl" > "$JOB/l1set/bounds.md"
+      # L1_PRIOR: an earlier step's records (carried), the table over both (a task's last record wins).
+      cat ${L1_PRIOR:+"$L1_PRIOR"} "$JOB/l1set/rec.jsonl" > "$JOB/l1set/all.jsonl"
+      python3 tools/bench/bounds_table.py docs/bounds-kernelbench-l1.md "$JOB/l1set/all.jsonl" > "$JOB/l1set/bounds.md"
       tail -c 600 "$JOB/l1set/summary.json" ;;
     rate)
       # Under /tmp: the workers (nobody) load the extensions built into the step's caches.
@@ -296,7 +312,7 @@ case "${1:-}" in
       export OUT="$1"; shift
       echo "=== build start $(date +%T)"
       if [[ -z ${NOBUILD:-} ]]; then
-        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps test_gpu_join test_gpu_visible || { echo "=== build failed"; echo "=== all done"; exit 1; }
+        lent_build crucible crucible-device test_gpu_evaluator test_gpu_mps test_gpu_join test_gpu_visible test_gpu_engine || { echo "=== build failed"; echo "=== all done"; exit 1; }
       else
         lent_setup # the libraries its LD_LIBRARY_PATH names, under this copy of the tree
       fi
