@@ -306,6 +306,21 @@ TEST_CASE("crucible status shows the share of time each GPU of the run is busy, 
   auto doc = YAML::Load(json.out);
   REQUIRE(doc["devices"].IsSequence());
   CHECK(doc["devices"][0]["policy_s"].as<double>() == 120);
+  // A record that says what runs on each GPU (engine.device cuda:0, the learner and an evaluator on cuda:1).
+  std::ofstream(run / "status.json")
+    << "{\"state\":\"paused\",\"stage\":\"rl\",\"step\":3,\"policy_version\":3,\"variants\":9,"
+       "\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"devices\":["
+       "{\"device\":\"cuda:0\",\"seconds\":200,\"evaluation_s\":0,\"policy_s\":180,\"evaluator\":false,"
+       "\"engine\":true,\"learner\":false},"
+       "{\"device\":\"cuda:1\",\"seconds\":200,\"evaluation_s\":40,\"policy_s\":30,\"evaluator\":true,"
+       "\"engine\":false,\"learner\":true}]}\n";
+  auto roles = cli({"status", run.string()});
+  REQUIRE(roles.exit_code == 0);
+  CHECK_MESSAGE(roles.out.find("gpu cuda:0     evaluation   0.0%, policy  90.0% of 200 s (engine)\n") != std::string::npos,
+                roles.out);
+  CHECK_MESSAGE(roles.out.find("gpu cuda:1     evaluation  20.0%, policy  15.0% of 200 s (learner, evaluator)\n")
+                  != std::string::npos,
+                roles.out);
   // A bad devices entry is named.
   std::ofstream(run / "status.json")
     << "{\"state\":\"paused\",\"stage\":\"rl\",\"step\":3,\"policy_version\":3,\"variants\":9,"

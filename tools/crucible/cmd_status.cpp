@@ -99,8 +99,19 @@ int run_status_cmd(const parsed_args& args) {
   // (generation, updates), as shares of the time since the process began using it.
   for (const auto& d : st->devices) {
     auto share = [&](double s) { return d.seconds > 0 ? 100.0 * s / d.seconds : 0.0; };
+    // What runs on it, where the record says (the engine and learner flags; older records have none).
+    std::string roles;
+    if (d.engine || d.learner) {
+      const std::pair<bool, const char*> all[] = {{d.engine, "engine"}, {d.learner, "learner"}, {d.evaluator, "evaluator"}};
+      for (const auto& [on, name] : all)
+        if (on)
+          roles += (roles.empty() ? " (" : ", ") + std::string{name};
+      roles += ")";
+    } else if (!d.evaluator) {
+      roles = " (no evaluator on it)";
+    }
     std::printf("gpu %-10s evaluation %5.1f%%, policy %5.1f%% of %.0f s%s\n", d.device.c_str(), share(d.evaluation_s),
-                share(d.policy_s), d.seconds, d.evaluator ? "" : " (no evaluator on it)");
+                share(d.policy_s), d.seconds, roles.c_str());
   }
   if (!join.empty())
     std::printf("nodes join at  %s\n", join.c_str());

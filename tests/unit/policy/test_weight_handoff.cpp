@@ -206,7 +206,7 @@ TEST_CASE("an engine over the handoff samples what an engine loaded from the pub
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("weight handoff on a named device: the learner's own shares as before; a name that is no device is refused") {
+TEST_CASE("weight handoff on a named device: the learner's own shares as before, a name that is no device is refused") {
   learner_options o;
   o.lora = true;
   o.lora_rank = 4;

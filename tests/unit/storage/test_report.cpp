@@ -105,6 +105,17 @@ TEST_CASE("the report shows the share of time each GPU was held by evaluations a
   CHECK(contains(html, "<tr><td>cuda:0</td><td>25.0%</td><td>60.0%</td><td>200</td></tr>"));
   CHECK(contains(html, "<tr><td>cuda:1</td><td>75.2%</td><td>0.0%</td><td>200</td></tr>"));
   CHECK_FALSE(contains(html, "<td>devices</td>")); // not repeated as raw JSON in the status table
+  // A record that says what runs on each GPU names it beside the GPU.
+  write(run / "status.json",
+        R"({"state":"paused","stage":"rl","step":3,"devices":[)"
+        R"({"device":"cuda:0","seconds":200,"evaluation_s":0,"policy_s":180,"evaluator":false,"engine":true,"learner":false},)"
+        R"({"device":"cuda:1","seconds":200,"evaluation_s":40,"policy_s":30,"evaluator":true,"engine":false,"learner":true}]})"
+        "\n");
+  files = write_report(run, run / "report", {});
+  REQUIRE(files.ok());
+  html = slurp(files->html);
+  CHECK(contains(html, "<tr><td>cuda:0 (engine)</td><td>0.0%</td><td>90.0%</td><td>200</td></tr>"));
+  CHECK(contains(html, "<tr><td>cuda:1 (learner, evaluator)</td><td>20.0%</td><td>15.0%</td><td>200</td></tr>"));
   // A run without GPUs (the CPU) has no such table.
   write(run / "status.json", R"({"state":"finished","stage":"","step":3})" "\n");
   files = write_report(run, run / "report", {});
