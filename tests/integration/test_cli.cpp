@@ -383,6 +383,14 @@ TEST_CASE("crucible memory-plan prints the grid, one configuration item by item,
   REQUIRE(from_devices.exit_code == 0);
   CHECK(from_devices.out.find("full fine-tuning, 4 GPUs with ZeRO-1 of 141 GB") != std::string::npos);
   CHECK(from_devices.out.find("Fits in 141 GB") != std::string::npos);
+  // The engine on a GPU of its own: its items are listed apart and planned for that GPU.
+  const std::string balance = std::string{CRUCIBLE_SOURCE_DIR} + "/configs/gpu-1.5b-balance.yaml";
+  auto split = cli({"memory-plan", "--config", balance, "--set", "engine.device=cuda:0", "--set", "model.device=cuda:1",
+                    "--set", "evaluator.devices=[cuda:1]"});
+  REQUIRE_MESSAGE(split.exit_code == 0, split.err);
+  CHECK(split.out.find("| engine | *engine weights on the engine's GPU* (not summed) | 3.09 |") != std::string::npos);
+  CHECK(split.out.find("+ engine 0.00 +") != std::string::npos);
+  CHECK(split.out.find("The engine's GPU (engine.device): ") != std::string::npos);
   for (const auto& [args, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
          {{"memory-plan", "--model", "70b"}, "--model: model '70b'"},
          {{"memory-plan", "--model", "7b", "--zero1"}, "zero1"},
