@@ -115,3 +115,39 @@ def test_bounds_table_puts_each_kernel_beside_its_task_and_names_any_above_the_b
     assert "3 of 3 tasks with a record, 2 ok; highest fraction of an ok kernel 1.020; above 1.0: 12 (1.020)" in r.stderr
     bad = subprocess.run([sys.executable, str(script), str(recs), str(recs)], capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "no task rows" in bad.stderr
+
+
+def test_bounds_table_fills_a_filled_table_where_records_are_and_keeps_its_other_rows(tmp_path):
+    script = SCRIPT.parent / "bounds_table.py"
+    table = tmp_path / "bounds.md"
+    table.write_text(BOUNDS, encoding="utf-8")
+    first = tmp_path / "first.jsonl"
+    first.write_text(json.dumps({"level_id": 1, "task_id": 12, "status": "ok", "speedup": 45.0, "fraction": 0.57,
+                                 "fraction_of": "bytes_ms", "bound": {"ms": 0.336, "bytes_ms": 0.0314},
+                                 "ref_fraction": 0.12}) + "\n", encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script), str(table), str(first)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    filled = tmp_path / "filled.md"
+    filled.write_text(r.stdout, encoding="utf-8")
+    # A second run's records: task 40 (not reached before) and task 1; task 12's cells stay.
+    second = tmp_path / "second.jsonl"
+    second.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"level_id": 1, "task_id": 40, "status": "ok", "speedup": 11.7, "fraction": 1.2, "fraction_of": "ms",
+         "bound": {"ms": 0.002}, "ref_fraction": 0.015},
+        {"level_id": 1, "task_id": 1, "status": "incorrect"}]), encoding="utf-8")
+    r2 = subprocess.run([sys.executable, str(script), str(filled), str(second)], capture_output=True, text=True,
+                        timeout=60)
+    assert r2.returncode == 0, r2.stderr
+    lines = r2.stdout.splitlines()
+    assert lines[2] == r.stdout.splitlines()[2] and lines[3] == r.stdout.splitlines()[3]  # header and rule once
+    assert lines[4].endswith("| 0.122 | incorrect | - | - | - | - | - |")
+    assert lines[5] == r.stdout.splitlines()[5]  # task 12 kept
+    assert lines[6].endswith("| 0.750 | ok | 11.70x | 0.002 | 1.200 | 0.015 | - |")
+    assert "3 of 3 tasks with a record, 2 ok; highest fraction of an ok kernel 1.200; above 1.0: 40 (1.200)" in r2.stderr
+    # Filling it again with nothing new changes nothing.
+    again = tmp_path / "again.md"
+    again.write_text(r2.stdout, encoding="utf-8")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    r3 = subprocess.run([sys.executable, str(script), str(again), str(empty)], capture_output=True, text=True, timeout=60)
+    assert r3.returncode == 0 and r3.stdout == r2.stdout

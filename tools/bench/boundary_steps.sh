@@ -53,9 +53,11 @@
 #                                  data/cuda-l1/h100.json: every task with one, rate_set.py --level 1)
 #                                  across on KB_DEVICES, L1_S seconds (900), each beside its task's
 #                                  bound (tools/bench/bounds_table.py over docs/bounds-kernelbench-l1.md:
-#                                  JOB/l1set/bounds.md); records in JOB/l1set. L1_TASKS (e.g.
-#                                  "93,97,99,100"): only those tasks' kernels; L1_PRIOR: an earlier
-#                                  step's rec.jsonl (carried) that the table reads first
+#                                  JOB/l1set/bounds.md; the table's rows filled already keep their
+#                                  cells unless this step judged their kernel); records in
+#                                  JOB/l1set. L1_TASKS (e.g. "93,97,99,100"): only those tasks'
+#                                  kernels; L1_PRIOR: an earlier step's rec.jsonl (carried) that
+#                                  the table reads first
 #                      rate        tools/bench/verdict_rate.sh: verdicts per GPU-minute, crucible (as
 #                                  configured by default) against KernelBench's harness on
 #                                  CUDA-L1's H100 pairs, RATE_STEPS (default "kb cold"), RATE_SET_ARGS

@@ -10,7 +10,9 @@ and the kernel's fraction is to be read against its own reference's, not the tab
   tools/bench/bounds_table.py docs/bounds-kernelbench-l1.md RECORDS.jsonl > bounds.md
 
 Prints the table's Markdown with six columns added to its task rows (a task without a record gets
-"-"), then, to standard error, a summary: records matched, ok verdicts, the highest fraction among
+"-"); a table that has them already (this script's own output) keeps a row's cells where RECORDS
+has no record of its task and fills them where it has (the records of a second run, of the tasks a
+first did not reach), then, to standard error, a summary: records matched, ok verdicts, the highest fraction among
 them, and every kernel above 1.0 of its bound (none is expected: docs/evaluator.md, How far from the
 limit). Exit 2 for a file that cannot be read or a table without task rows.
 """
@@ -57,15 +59,39 @@ def main():
     except OSError as e:
         sys.exit(f"bounds_table.py: {e.filename}: {e.strerror}")
     out, rows, matched, ok, above, best = [], 0, 0, 0, [], None
+    # A table with the columns already: each task row's own six last cells, replaced where a record is.
+    filled = any(line.startswith("| task |") and ADDED[0] in line for line in lines)
     for line in lines:
         m = re.match(r"\| (\d+)_", line)
         if line.startswith("| task |"):
-            line += " " + " | ".join(ADDED) + " |"
+            if not filled:
+                line += " " + " | ".join(ADDED) + " |"
         elif line.startswith("|---"):
-            line += "---|---:|---:|---:|---:|---:|"
+            if not filled:
+                line += "---|---:|---:|---:|---:|---:|"
         elif m:
             rows += 1
             r = recs.get(int(m.group(1)))
+            if filled:
+                cells = line.split(" | ")
+                if len(cells) < 7 + len(ADDED) - 1:
+                    sys.exit(f"bounds_table.py: {table}: task {m.group(1)}'s row has fewer cells than its header")
+                kept = [c.strip(" |") for c in cells[-len(ADDED):]]
+                line = " | ".join(cells[:-len(ADDED)]) + " |"
+                if r is None:
+                    line += " " + " | ".join(kept) + " |"
+                    if kept[0] != "-":
+                        matched += 1
+                    if kept[0] == "ok":
+                        ok += 1
+                        fm = re.match(r"([0-9.]+)", kept[3])
+                        if fm:
+                            frac = float(fm.group(1))
+                            best = frac if best is None else max(best, frac)
+                            if frac > 1.0:
+                                above.append(f"{m.group(1)} ({frac:.3f})")
+                    out.append(line)
+                    continue
             if r is None:
                 line += " - | - | - | - | - | - |"
             else:
