@@ -562,7 +562,6 @@ typename Inspector::result_type inspect(Inspector& f, exemplar_stats& x) {
            x.duplicates, x.unknown, x.open_groups);
 }
 
-/// Trainer -> exemplar actor: the fate of every sample of `groups` (a storage::sample_fate),
 /// Exemplar actor -> its group sinks: group `group`, dropped at its straggler timeout
 /// (exemplar.straggler_policy: drop), will never come. The trainer admits another group in its
 /// place (stages.rl.admission: staleness).
@@ -577,6 +576,7 @@ typename Inspector::result_type inspect(Inspector& f, group_dropped& x) {
   return f(caf::meta::type_name("group_dropped"), x.group);
 }
 
+/// Trainer -> exemplar actor: the fate of every sample of `groups` (a storage::sample_fate),
 /// decided at update `step` (trained) or when `step` updates were done (the others); `seq` is
 /// the trainer's count of such decisions (trainer_progress::fates), kept in the store so that a
 /// resumed run can tell the decisions its checkpoint counted from those it did not.
