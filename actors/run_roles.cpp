@@ -381,7 +381,7 @@ result<std::shared_ptr<const task_catalog>> keep_task_sources(const fs::path& ru
 }
 
 result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_device> devices) {
-  const auto& learners = cfg.learner.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.learner.devices;
+  const auto learners = learner_devices(cfg);
   if (!cfg.learner.memory_check || policy::cuda_index(learners.front()) < 0)
     return {};
   auto o = policy::memory_plan_options_of(cfg);
@@ -656,14 +656,11 @@ result<engine_parts> make_engine(const config& cfg, policy::learner& first, cons
                                  std::uint64_t version, logger& log) {
   engine_parts out;
   const std::string& device = engine_device(cfg);
-  if (device != cfg.model.device) {
-    const auto index = policy::cuda_index(device);
-    if (index < 0 && device != "cpu")
-      return fail(errc::config, "engine.device: '", device, "' is not a device (cpu, cuda:N)");
-    if (index >= 0 && index >= static_cast<int>(torch::cuda::device_count()))
-      return fail(errc::config, "engine.device: ", device, ": this machine has ",
-                  std::to_string(torch::cuda::device_count()), " CUDA devices");
-  }
+  // The name was checked with the configuration; whether the device is here, only now.
+  if (const auto index = policy::cuda_index(device);
+      device != cfg.model.device && index >= static_cast<int>(torch::cuda::device_count()))
+    return fail(errc::config, "engine.device: ", device, ": this machine has ",
+                std::to_string(torch::cuda::device_count()), " CUDA devices");
   out.options.device = device;
   out.options.dtype = cfg.model.engine_dtype;
   if (cfg.model.handoff == "memory") {

@@ -44,7 +44,7 @@ stage_report report_of(trainer_state& st, bool done) {
   r.unfinished = st.p.unfinished;
   r.skipped_tasks = st.warm.skipped;
   const auto& cfg = st.deps->cfg;
-  const auto& learners = cfg.learner.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.learner.devices;
+  const auto learners = learner_devices(cfg);
   for (const auto& u : env::device_uses())
     r.devices.push_back({u.device, u.seconds, u.evaluation_s, u.policy_s, u.evaluator, u.device == engine_device(cfg),
                          std::find(learners.begin(), learners.end(), u.device) != learners.end()});

@@ -418,6 +418,11 @@ inline const std::string& engine_device(const config& cfg) {
   return cfg.engine.device.empty() ? cfg.model.device : cfg.engine.device;
 }
 
+/// The learner ranks' devices: learner.devices, or model.device alone where it is empty.
+inline std::vector<std::string> learner_devices(const config& cfg) {
+  return cfg.learner.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.learner.devices;
+}
+
 /// The configuration with every key, defaults included, as YAML that parse_config accepts.
 std::string to_yaml(const config& cfg);
 
