@@ -409,8 +409,9 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   }
   plan.total = plan.learner_state + plan.learner_peak + plan.engine + plan.runtime + plan.evaluator;
   if (o.engine_elsewhere) {
+    // The engine's items not summed here are exactly those on its GPU.
     for (const auto& item : plan.items)
-      if (item.part == memory_part::engine && item.name.ends_with(there))
+      if (item.part == memory_part::engine && !item.counted)
         plan.engine_gpu += item.bytes;
     plan.engine_gpu += o.runtime_gb * 1e9;
     if (o.engine_gpu_evaluations > 0) {

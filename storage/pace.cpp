@@ -145,11 +145,12 @@ std::string to_string(const pace_segment& s) {
   }
   if (s.policy_step_s() > 0) {
     const bool policy = s.policy_s && *s.policy_s > 0;
+    const bool apart = s.policy_serial_step_s() > s.policy_step_s(); // the engine on a GPU of its own
     std::snprintf(buf, sizeof buf, "; the %s (%.2f s a step%s) would take %.0f verdicts/min",
                   policy ? "policy's generation and updates" : "learner's updates alone", s.policy_step_s(),
-                  s.policy_serial_step_s() > s.policy_step_s() ? " on its busiest GPU" : "", s.verdicts_needed_per_min());
+                  apart ? " on its busiest GPU" : "", s.verdicts_needed_per_min());
     out += buf;
-    if (s.policy_serial_step_s() > s.policy_step_s()) {
+    if (apart) {
       std::snprintf(buf, sizeof buf, " (the engine's GPU and the learner's: %.2f s one after the other)",
                     s.policy_serial_step_s());
       out += buf;

@@ -508,15 +508,18 @@ result<report_files> write_report(const fs::path& run, const fs::path& out, cons
         char total[32];
         std::snprintf(total, sizeof total, "%.0f", secs->as_double());
         // What runs on it, where the record says (the engine and learner flags; older records have none).
+        auto flag = [&](const char* key) {
+          const auto* f = d.find(key);
+          return f != nullptr && f->is_bool() && f->as_bool();
+        };
         std::string roles;
-        for (const char* role : {"engine", "learner", "evaluator"})
-          if (const auto* f = d.find(role); f != nullptr && f->is_bool() && f->as_bool())
-            roles += (roles.empty() ? " (" : ", ") + std::string{role};
-        const auto* engine = d.find("engine");
-        const auto* learner = d.find("learner");
-        const bool flagged = (engine != nullptr && engine->is_bool() && engine->as_bool()) ||
-                             (learner != nullptr && learner->is_bool() && learner->as_bool());
-        html += "<tr><td>" + xml_escape(name->as_string()) + (flagged ? xml_escape(roles + ")") : std::string{}) +
+        if (flag("engine") || flag("learner")) {
+          for (const char* role : {"engine", "learner", "evaluator"})
+            if (flag(role))
+              roles += (roles.empty() ? " (" : ", ") + std::string{role};
+          roles += ")";
+        }
+        html += "<tr><td>" + xml_escape(name->as_string() + roles) +
                 "</td><td>" + share("evaluation_s") + "</td><td>" + share("policy_s") + "</td><td>" + total +
                 "</td></tr>\n";
       }
