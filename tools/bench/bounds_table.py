@@ -59,6 +59,18 @@ def main():
     except OSError as e:
         sys.exit(f"bounds_table.py: {e.filename}: {e.strerror}")
     out, rows, matched, ok, above, best = [], 0, 0, 0, [], None
+
+    def tally(task, status, frac):
+        """Counts one row that has a verdict (a record's, or the cells a filled table kept)."""
+        nonlocal matched, ok, best
+        matched += 1
+        if status == "ok":
+            ok += 1
+            if isinstance(frac, (int, float)):
+                best = frac if best is None else max(best, frac)
+                if frac > 1.0:
+                    above.append(f"{task} ({frac:.3f})")
+
     # A table with the columns already: each task row's own six last cells, replaced where a record is.
     filled = any(line.startswith("| task |") and ADDED[0] in line for line in lines)
     for line in lines:
@@ -81,29 +93,16 @@ def main():
                 if r is None:
                     line += " " + " | ".join(kept) + " |"
                     if kept[0] != "-":
-                        matched += 1
-                    if kept[0] == "ok":
-                        ok += 1
                         fm = re.match(r"([0-9.]+)", kept[3])
-                        if fm:
-                            frac = float(fm.group(1))
-                            best = frac if best is None else max(best, frac)
-                            if frac > 1.0:
-                                above.append(f"{m.group(1)} ({frac:.3f})")
+                        tally(m.group(1), kept[0], float(fm.group(1)) if fm else None)
                     out.append(line)
                     continue
             if r is None:
                 line += " - | - | - | - | - | - |"
             else:
-                matched += 1
                 status = r.get("status", "-")
                 frac = r.get("fraction") if status == "ok" else None
-                if status == "ok":
-                    ok += 1
-                    if isinstance(frac, (int, float)):
-                        best = frac if best is None else max(best, frac)
-                        if frac > 1.0:
-                            above.append(f"{m.group(1)} ({frac:.3f})")
+                tally(m.group(1), status, frac)
                 claimed = (r.get("input") or {}).get("score_default")
                 # A bound whose FLOP part counts the reference's own algorithm gives the fraction of
                 # its bytes part (docs/evaluator.md, How far from the limit).
