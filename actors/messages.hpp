@@ -702,7 +702,7 @@ struct device_busy {
   double evaluation_s = 0;  ///< an evaluation held it (references, trials, timed rounds, worker starts)
   double policy_s = 0;      ///< the policy's generation and updates held it
   bool evaluator = false;   ///< an evaluator of the process times verdicts on it
-  bool engine = false;      ///< the policy's engine generates on it (engine.device, else model.device)
+  bool engine = false;      ///< one of the policy's engines generates on it (engine.devices, else model.device)
   bool learner = false;     ///< a learner rank updates on it (learner.devices, else model.device)
 
   friend bool operator==(const device_busy&, const device_busy&) = default;

@@ -407,12 +407,13 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
     std::snprintf(buf, sizeof buf, "%.1f GB", bytes / 1e9);
     return std::string{buf};
   };
-  if (o->engine_elsewhere) // the engine's own GPU holds its weights, KV cache and working set
+  // An engine's own GPU holds its weights, staging, KV cache and working set.
+  for (const auto& engine : engine_devices(cfg))
     for (const auto& d : devices)
-      if (d.index == policy::cuda_index(engine_device(cfg)) && d.memory_bytes > 0 &&
+      if (engine != cfg.model.device && d.index == policy::cuda_index(engine) && d.memory_bytes > 0 &&
           plan->engine_gpu > static_cast<double>(d.memory_bytes))
         return fail(errc::config, "learner.memory_check: the engine's memory plan needs ", gb(plan->engine_gpu),
-                    " on engine.device ", engine_device(cfg), " (", d.name, "), which has ",
+                    " on ", engine, " of engine.devices (", d.name, "), which has ",
                     gb(static_cast<double>(d.memory_bytes)),
                     " (`crucible memory-plan --config FILE` itemises it). To fit: fewer engine.max_batch_samples, or "
                     "shorter prompt.max_tokens or rollout.max_new_tokens; learner.memory_check: false starts anyway");
@@ -643,23 +644,22 @@ result<learner_set> make_learners(const config& cfg, const fs::path& model_dir, 
   return out;
 }
 
-// The engine: with model.handoff `memory` built from the first learner's weights
-// (policy/distributed/weight_handoff.hpp), else loaded from `model_source`. It serves policy
-// `version`.
+// The engine on `device` (one of engine.devices): with model.handoff `memory` built from the
+// first learner's weights (policy/distributed/weight_handoff.hpp), else loaded from
+// `model_source`. It serves policy `version`.
 struct engine_parts {
   std::unique_ptr<policy::engine> engine;
   std::shared_ptr<policy::weight_handoff> handoff; // model.handoff `memory`
   policy::engine_options options;
 };
 
-result<engine_parts> make_engine(const config& cfg, policy::learner& first, const fs::path& model_source,
-                                 std::uint64_t version, logger& log) {
+result<engine_parts> make_engine(const config& cfg, const std::string& device, policy::learner& first,
+                                 const fs::path& model_source, std::uint64_t version, logger& log) {
   engine_parts out;
-  const std::string& device = engine_device(cfg);
   // The name was checked with the configuration; whether the device is here, only now.
   if (const auto index = policy::cuda_index(device);
       device != cfg.model.device && index >= static_cast<int>(torch::cuda::device_count()))
-    return fail(errc::config, "engine.device: ", device, ": this machine has ",
+    return fail(errc::config, "engine.devices: ", device, ": this machine has ",
                 std::to_string(torch::cuda::device_count()), " CUDA devices");
   out.options.device = device;
   out.options.dtype = cfg.model.engine_dtype;
@@ -689,11 +689,11 @@ result<engine_parts> make_engine(const config& cfg, policy::learner& first, cons
 // The learner's actors: one, or one per rank (rank 0 publishes to the engine) behind a group
 // actor, the trainer's one handle. Each is added to `actors`.
 result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, learner_set& learners,
-                                     engine_actor engine, const learner_actor_spec& spec,
+                                     const std::vector<engine_actor>& engines, const learner_actor_spec& spec,
                                      std::function<result<void>(std::uint64_t)> stage, std::vector<caf::actor>& actors,
                                      logger& log) {
   if (learners.ranks.empty()) {
-    learner_actor_deps deps{std::shared_ptr<policy::learner>(std::move(learners.single)), {engine}, std::move(stage),
+    learner_actor_deps deps{std::shared_ptr<policy::learner>(std::move(learners.single)), engines, std::move(stage),
                             &log};
     auto one = spec;
     one.device_name = cfg.model.device;
@@ -717,7 +717,7 @@ result<learner_actor> spawn_learners(caf::actor_system& sys, const config& cfg, 
     rspec.device_name = cfg.learner.devices[r];
     learner_actor_deps deps{learners.ranks[r], {}, {}};
     if (r == 0) {
-      deps.engines = {engine};
+      deps.engines = engines;
       deps.stage_weights = stage;
       deps.log = &log; // rank 0 writes the model and manifest: its progress is the save's
     } else {
@@ -751,44 +751,65 @@ run_status initial_status(const trainer_progress& progress) {
   return s;
 }
 
-// The local policy's engine and learner actors (each added to out.actors).
-result<std::pair<engine_actor, learner_actor>> spawn_local_policy(caf::actor_system& sys, const config& cfg,
-                                                                  const fs::path& run_dir, const fs::path& model_dir,
-                                                                  start_point& start,
-                                                                  std::shared_ptr<const policy::tokenizer> tokenizer,
-                                                                  run_roles& out, logger& log) {
+// The local policy's engines (one per engine.devices entry) and learner actors (each added to
+// out.actors).
+result<std::pair<std::vector<engine_actor>, learner_actor>>
+spawn_local_policy(caf::actor_system& sys, const config& cfg, const fs::path& run_dir, const fs::path& model_dir,
+                   start_point& start, std::shared_ptr<const policy::tokenizer> tokenizer, run_roles& out,
+                   logger& log) {
   trainer_progress& progress = start.progress; // make_learners sets the restored version
-  // The learners first (restored on resume): with model.handoff `memory` the engine's model is
+  // The learners first (restored on resume): with model.handoff `memory` each engine's model is
   // built from their weights (policy/distributed/weight_handoff.hpp).
   auto learners = make_learners(cfg, model_dir, out.checkpoint, progress.version, log);
   if (!learners.ok())
     return learners.error();
-  auto parts = make_engine(cfg, learners->first(), start.model_source, progress.version, log);
-  if (!parts.ok())
-    return parts.error();
-  auto handoff = parts->handoff;
-  auto engine_opts = engine_actor_options::from(cfg);
-  engine_opts.load = parts->options;
-  weight_receiver receive;
+  std::vector<engine_actor> engines;
+  std::vector<std::shared_ptr<policy::weight_handoff>> handoffs;
+  for (const auto& device : engine_devices(cfg)) {
+    auto parts = make_engine(cfg, device, learners->first(), start.model_source, progress.version, log);
+    if (!parts.ok())
+      return parts.error();
+    auto handoff = parts->handoff;
+    auto engine_opts = engine_actor_options::from(cfg);
+    engine_opts.load = parts->options;
+    weight_receiver receive;
+    if (handoff) {
+      // Rank 0 stages a version for every engine before it announces it, so an install older
+      // than the announcement means this engine's copy was left out: refused, not served under
+      // the announced version's number.
+      receive = [handoff, device](policy::engine& e, const weights_published& w) -> result<void> {
+        auto v = handoff->install();
+        if (!v.ok())
+          return v.error();
+        if (*v < w.policy_version.value)
+          return fail(errc::protocol, "the engine on ", device, " installed version ", std::to_string(*v),
+                      " but version ", std::to_string(w.policy_version.value), " was announced: it was not staged "
+                      "for this engine");
+        e.set_policy_version(*v);
+        return {};
+      };
+      handoffs.push_back(handoff);
+    }
+    auto engine = spawn_engine_actor(
+      sys, engine_deps{std::shared_ptr<policy::engine>(std::move(parts->engine)), tokenizer, receive}, engine_opts);
+    if (!engine.ok())
+      return engine.error();
+    out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
+    engines.push_back(*engine);
+  }
+  // With model.handoff `memory` the learner's rank 0 stages each version for every engine, right
+  // after its update; each engine installs its own between its calls.
   std::function<result<void>(std::uint64_t)> stage;
-  if (handoff) {
-    receive = [handoff](policy::engine& e, const weights_published&) -> result<void> {
-      auto v = handoff->install();
-      if (!v.ok())
-        return v.error();
-      e.set_policy_version(*v);
+  if (!handoffs.empty())
+    stage = [handoffs](std::uint64_t version) -> result<void> {
+      for (const auto& h : handoffs)
+        if (auto r = h->stage(version); !r)
+          return r;
       return {};
     };
-    stage = [handoff](std::uint64_t version) { return handoff->stage(version); };
-  }
-  auto engine = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(parts->engine)), tokenizer, receive},
-                                   engine_opts);
-  if (!engine.ok())
-    return engine.error();
-  out.actors.push_back(caf::actor_cast<caf::actor>(*engine));
 
   learner_actor_spec spec;
-  if (!handoff)
+  if (handoffs.empty())
     spec.publish_dir = run_dir / "policy";
   // What goes beside every checkpoint's and published version's weights: the model's tokenizer
   // files and how this run writes its prompts (policy::prompt_format_file), from RUN/tokenizer/.
@@ -807,11 +828,11 @@ result<std::pair<engine_actor, learner_actor>> spawn_local_policy(caf::actor_sys
   }
   spec.keep_published = 4;
   spec.temperature = cfg.rollout.temperature;
-  auto learner = spawn_learners(sys, cfg, *learners, *engine, spec, std::move(stage), out.actors, log);
+  auto learner = spawn_learners(sys, cfg, *learners, engines, spec, std::move(stage), out.actors, log);
   if (!learner.ok())
     return learner.error();
 
-  return std::pair{*engine, *learner};
+  return std::pair{std::move(engines), *learner};
 }
 
 // The composition root: each part made by the functions above, then wired. A failure after the
@@ -860,7 +881,7 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   out.actors.push_back(caf::actor_cast<caf::actor>(out.pool));
 
   // Behind an endpoint: its engine actor, no learner (the config allows only the search stage).
-  engine_actor engine;
+  std::vector<engine_actor> engines;
   learner_actor learner;
   if (endpoint) {
     auto eopt = endpoint_options::from(cfg);
@@ -869,15 +890,15 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
     auto e = spawn_endpoint_engine(sys, *eopt, log);
     if (!e.ok())
       return guard(e.error());
-    engine = *e;
-    out.actors.push_back(caf::actor_cast<caf::actor>(engine));
+    engines = {*e};
+    out.actors.push_back(caf::actor_cast<caf::actor>(*e));
     log.info(component, "policy: ", cfg.policy.model, " at ", cfg.policy.base_url, " (", cfg.policy.concurrency,
              " requests at a time; no learner)");
   } else {
     auto spawned = spawn_local_policy(sys, cfg, run_dir, model_dir, *start, tokenizer, out, log);
     if (!spawned.ok())
       return guard(spawned.error());
-    engine = spawned->first;
+    engines = std::move(spawned->first);
     learner = spawned->second;
   }
 
@@ -889,7 +910,7 @@ result<run_roles> spawn_run_roles_into(run_roles& out, caf::actor_system& sys, c
   td.cfg = cfg;
   td.run_dir = run_dir;
   td.learner = learner;
-  td.engine = engine;
+  td.engines = std::move(engines);
   td.evaluators = out.pool;
   td.tasks = *tasks;
   td.seeds = std::move(*seeds);

@@ -206,7 +206,9 @@ result<trainer_actor> spawn_trainer(caf::actor_system& sys, trainer_deps deps) {
   // Behind an endpoint (policy.backend openai) nothing trains: no learner, and the configuration
   // allows no stage that updates.
   const bool endpoint = deps.cfg.policy.backend == "openai";
-  if ((!deps.learner && !endpoint) || !deps.engine || !deps.evaluators)
+  const bool engines = !deps.engines.empty() && std::all_of(deps.engines.begin(), deps.engines.end(),
+                                                             [](const engine_actor& e) { return bool(e); });
+  if ((!deps.learner && !endpoint) || !engines || !deps.evaluators)
     return fail(errc::invalid_arg, "trainer: a learner, an engine and an evaluator pool are needed");
   const auto& g = deps.cfg.stages;
   if (!deps.learner && (g.sft.steps > 0 || g.self_supervised.steps > 0 || g.rl.steps > 0))

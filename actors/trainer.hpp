@@ -108,7 +108,9 @@ struct trainer_deps {
   config cfg;
   std::filesystem::path run_dir;
   learner_actor learner;
-  engine_actor engine;
+  /// The policy's engines (engine.devices; behind an endpoint its one engine actor): rollout
+  /// actor i samples from engines[i mod N].
+  std::vector<engine_actor> engines;
   evaluator_pool_actor evaluators;
   std::shared_ptr<const task_catalog> tasks;
   std::vector<seed_variant> seeds;

@@ -45,9 +45,13 @@ stage_report report_of(trainer_state& st, bool done) {
   r.skipped_tasks = st.warm.skipped;
   const auto& cfg = st.deps->cfg;
   const auto learners = learner_devices(cfg);
+  const auto engines = engine_devices(cfg);
+  auto listed = [](const std::vector<std::string>& in, const std::string& device) {
+    return std::find(in.begin(), in.end(), device) != in.end();
+  };
   for (const auto& u : env::device_uses())
-    r.devices.push_back({u.device, u.seconds, u.evaluation_s, u.policy_s, u.evaluator, u.device == engine_device(cfg),
-                         std::find(learners.begin(), learners.end(), u.device) != learners.end()});
+    r.devices.push_back(
+      {u.device, u.seconds, u.evaluation_s, u.policy_s, u.evaluator, listed(engines, u.device), listed(learners, u.device)});
   r.records = std::move(st.step.records);
   st.step.records.clear();
   return r;

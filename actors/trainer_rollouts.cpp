@@ -22,7 +22,7 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
   auto& st = self->state;
   const auto& cfg = st.deps->cfg;
   const auto n = static_cast<std::uint64_t>(std::max<std::int64_t>(1, cfg.rollout.actors));
-  rollout_deps rd{st.deps->engine,           st.deps->evaluators,       st.exemplars,      tasks_of(st),
+  rollout_deps rd{{},                       st.deps->evaluators,       st.exemplars,      tasks_of(st),
                   st.deps->prompts.builder, st.deps->prompts.parse,    cfg.reward,
                   st.deps->prompts.feedback};
   st.roll.quota.clear();
@@ -61,6 +61,8 @@ result<void> spawn_rollouts(self_pointer self, std::uint64_t total_groups) {
     // exemplar actor reopened at most the step's groups).
     for (std::size_t j = spawned++; j < resume.size(); j += active)
       opt.resume.push_back(std::move(resume[j]));
+    // Each rollout place samples from one engine, the same one across pauses and resumes.
+    rd.engine = st.deps->engines[i % st.deps->engines.size()];
     auto r = spawn_rollout_actor(self->system(), rd, opt);
     if (!r.ok())
       return r.error();

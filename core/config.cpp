@@ -423,20 +423,30 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
                  "must be 0 with policy.backend openai: a model behind an endpoint is not trained here; use "
                  "stages.search (contrastive search without updates)");
     }
-    // engine.device: of model.device's kind (an engine on the CPU beside a learner on a GPU, or
-    // the other way round, would copy every version through the host for nothing).
-    if (!cfg.engine.device.empty()) {
-      relation((cfg.engine.device == "cpu") == (cfg.model.device == "cpu"), "engine.device",
-               cfg.engine.device + " is not of model.device's kind (" + cfg.model.device +
-                 "): the engine and the learner are both on the CPU or both on GPUs");
-      // Beside another rank than rank 0 the engine would take turns with it, and the memory plan
-      // would count neither beside the other.
+    // engine.devices: each of model.device's kind (an engine on the CPU beside a learner on a GPU,
+    // or the other way round, would copy every version through the host for nothing), no GPU
+    // twice, none beside a rank other than rank 0 (it would take turns with that rank, and the
+    // memory plan would count neither beside the other), and a rollout actor for each engine.
+    if (!cfg.engine.devices.empty()) {
       const auto& ranks = cfg.learner.devices;
-      relation(cfg.engine.device == cfg.model.device ||
-                 std::find(ranks.begin(), ranks.end(), cfg.engine.device) == ranks.end(),
-               "engine.device",
-               cfg.engine.device + " is a learner rank's GPU (learner.devices): give the engine a GPU without a "
-                                   "rank, or leave it empty for model.device");
+      std::set<std::string> seen;
+      for (const auto& d : cfg.engine.devices) {
+        relation((d == "cpu") == (cfg.model.device == "cpu"), "engine.devices",
+                 d + " is not of model.device's kind (" + cfg.model.device +
+                   "): the engines and the learner are all on the CPU or all on GPUs");
+        relation(d == "cpu" || seen.insert(d).second, "engine.devices",
+                 "names " + d + " twice: one engine per GPU (only `cpu` may repeat, as threads)");
+        relation(d == cfg.model.device || std::find(ranks.begin(), ranks.end(), d) == ranks.end(), "engine.devices",
+                 d + " is a learner rank's GPU (learner.devices): give each engine a GPU without a rank, or "
+                     "model.device (rank 0's)");
+      }
+      const auto engines = static_cast<std::int64_t>(cfg.engine.devices.size());
+      relation(cfg.rollout.actors >= engines, "rollout.actors",
+               "is " + std::to_string(cfg.rollout.actors) + ", fewer than the " + std::to_string(engines) +
+                 " engines of engine.devices: each engine samples for its own rollout actors (actor i uses engine "
+                 "i mod " + std::to_string(engines) + ")");
+      relation(cfg.policy.backend != "openai", "engine.devices",
+               "must be empty with policy.backend openai: the endpoint generates, no engine runs here");
     }
     // learner.devices against itself and model.device; each rank needs a share of every batch.
     if (!l.devices.empty()) {

@@ -287,8 +287,8 @@ struct engine_config {
   std::int64_t max_batch_prompts = 8;  ///< requests sampled together in one engine call
   std::int64_t max_batch_samples = 64; ///< completions (sum of G) per engine call
   std::int64_t max_prompt_tokens = 0;  ///< longer prompts are refused; 0: no limit
-  /// The engine's GPU, when not the learner's: "" (model.device) or a device of model.device's kind.
-  std::string device;
+  /// One engine per entry, each a device of model.device's kind; empty: one engine on model.device.
+  std::vector<std::string> devices;
 };
 
 /// `model:` — the policy: an existing Hugging Face model directory, or a fresh one made at the
@@ -413,9 +413,9 @@ result<config> parse_config(std::string_view yaml_text, const std::string& origi
 result<config> load_config(const std::filesystem::path& file,
                            const std::vector<std::string>& overrides = {});
 
-/// The engine's device: engine.device, or model.device where it is empty.
-inline const std::string& engine_device(const config& cfg) {
-  return cfg.engine.device.empty() ? cfg.model.device : cfg.engine.device;
+/// The engines' devices: engine.devices, or model.device alone where it is empty.
+inline std::vector<std::string> engine_devices(const config& cfg) {
+  return cfg.engine.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.engine.devices;
 }
 
 /// The learner ranks' devices: learner.devices, or model.device alone where it is empty.

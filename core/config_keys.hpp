@@ -89,8 +89,8 @@ void describe_learner(V& v, learner_options& l) {
     v.field("lora_targets", l.lora_targets, "Projections that get an adapter.", lora_target_list());
     v.field("devices", l.devices,
             "Data parallel: one learner rank per device, `cpu` or `cuda:N` (all CPU or all CUDA, no GPU twice); the "
-            "first must be `model.device`, where rank 0 trains (beside the engine, unless `engine.device` names another "
-            "GPU) and hands the engine each version. Each rank "
+            "first must be `model.device`, where rank 0 trains (beside the engine, unless `engine.devices` names other "
+            "GPUs) and hands the engine each version. Each rank "
             "loads the model onto its device and trains on its share of every batch (groups r, r + N, ...), so "
             "`stages.*.groups` and `stages.sft.batch` must be at least the number of ranks. On the CPU the ranks are "
             "threads (`cpu` repeated); on GPUs they reduce over NCCL. Empty: one learner on `model.device` "
@@ -178,7 +178,7 @@ void describe(V& v, config& c) {
   auto& e = c.evaluator;
   v.section("evaluator", "Sandboxed workers, correctness trials and the timing protocol (docs/evaluator.md).", [&] {
     v.field("python", e.python, "Python interpreter of the workers; empty: `.venv/bin/python` of the checkout, else `python3`.");
-    v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`. The policy's own GPU (model.device, engine.device, learner.devices) may be one of them: its evaluator then times verdicts between the policy's generations and updates, never beside them (docs/evaluator.md, Evaluators on every GPU).", device_list());
+    v.field("devices", e.devices, "Devices with one evaluator each: `cpu` or `cuda:N`. The policy's own GPU (model.device, engine.devices, learner.devices) may be one of them: its evaluator then times verdicts between the policy's generations and updates, never beside them (docs/evaluator.md, Evaluators on every GPU).", device_list());
     v.field("concurrency", e.concurrency, "Evaluations in flight per device; candidates compile while another is timed.",
             positive<std::int64_t>("a positive integer"));
     v.field("warm_workers", e.warm_workers, "Idle pre-started workers per device (torch imported, device initialised). A worker forked "
@@ -530,7 +530,7 @@ void describe(V& v, config& c) {
             at_least(300, "an integer ≥ 300"));
     v.field("tokenizer_corpus", m.tokenizer_corpus, "Files or directories the fresh model's tokenizer is trained on; empty: "
             "the task suite and its seed variants.");
-    v.field("device", m.device, "Device of the learner (its rank 0) and the engine (unless `engine.device` names another): `cpu` or `cuda:N`.",
+    v.field("device", m.device, "Device of the learner (its rank 0) and the engine (unless `engine.devices` names others): `cpu` or `cuda:N`.",
             constraint<std::string>{"\"cpu\" or \"cuda:N\"", is_device_name});
     v.field("engine_dtype", m.engine_dtype, "Dtype the engine samples in: `float32`, `bfloat16` or `float16`.",
             constraint<std::string>{"one of float32, bfloat16, float16", [](const std::string& x) {
@@ -652,17 +652,16 @@ void describe(V& v, config& c) {
             positive<std::int64_t>("a positive integer"));
     v.field("max_prompt_tokens", e.max_prompt_tokens, "Longer prompts are refused; 0: no limit.",
             at_least(0, "an integer ≥ 0"));
-    v.field("device", e.device,
-            "The engine's device when it is not the learner's: `cuda:N` (with a CUDA `model.device`), or empty: "
-            "`model.device`, beside the learner's rank 0. On a GPU of its own the engine generates while the "
+    v.field("devices", e.devices,
+            "One engine per entry, each generating for its own rollout actors (actor i samples from engine i mod "
+            "N): `cuda:N` devices of `model.device`'s kind (`cpu` may repeat, as threads), or empty: one engine on "
+            "`model.device`, beside the learner's rank 0. On a GPU of its own an engine generates while the "
             "learner updates, instead of taking turns with it on one GPU; with `model.handoff: memory` the learner "
-            "copies each version across to a staging area on the engine's GPU, which the engine installs (nothing is "
-            "shared). An evaluator may "
-            "list the engine's GPU too: it times between generations (docs/scaling.md, Splitting GPUs between the "
-            "policy and the evaluators).",
-            constraint<std::string>{"empty or \"cpu\" or \"cuda:N\"", [](const std::string& x) {
-                                      return x.empty() || is_device_name(x);
-                                    }});
+            "copies each version across to a staging area on each such GPU, which that engine installs (nothing is "
+            "shared). `model.device` may be one of them (an engine beside rank 0); another learner rank's GPU may "
+            "not. An evaluator may list an engine's GPU too: it times between that engine's generations "
+            "(docs/scaling.md, Splitting GPUs between the policy and the evaluators).",
+            learner_device_list());
   });
   v.section("membership", "Evaluator nodes that join a running experiment with `crucible evaluator --join` (docs/scaling.md).", [&] {
     auto& m = c.membership;

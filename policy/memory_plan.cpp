@@ -336,10 +336,13 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
   add(memory_part::learner_peak, "update peak", peak, std::string{"the largest phase: "} + which);
 
   // ---- engine ---------------------------------------------------------------------------------
-  // On a GPU of its own (engine.device) the engine shares nothing and its items are that GPU's.
-  const bool here = !o.engine_elsewhere;
+  // On a GPU of its own (engine.devices) an engine shares nothing; without an engine here its
+  // items are listed for that GPU and not summed.
+  const bool here = o.engine_here;
   const std::string there = here ? "" : " on the engine's GPU";
   const bool shared = here && o.lora && o.engine_shares_base && o.engine_bytes == o.learner_bytes;
+  // What an engine on a GPU of its own holds, whether or not one is here too.
+  double apart = P * e;
   if (shared)
     add(memory_part::engine, "engine weights (merged adapted projections; base shared)", adapted_weights * e,
         "L x (in x out + bias) of the targets x " + fmt("%.0f", e));
@@ -352,6 +355,7 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
     else
       add(memory_part::engine, "handoff staging (every weight)" + there, P * e,
           "what changes a version, in the engine's dtype (model.handoff: memory)", here);
+    apart += plan.items.back().bytes;
   }
   const std::int64_t slots = o.engine_slots > 0 ? o.engine_slots : o.prompt_tokens + o.completion_tokens;
   const double R = static_cast<double>(o.engine_rows);
@@ -360,6 +364,7 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
       "rows x slots x L x 2 x kv x e = " + std::to_string(o.engine_rows) + " x " + std::to_string(slots) + " x " +
         fmt("%.0f", kv_token) + " B",
       here);
+  apart += plan.items.back().bytes;
   const std::int64_t prompts = (o.engine_rows + o.group_size - 1) / o.group_size;
   const std::int64_t per_prefill =
     std::clamp<std::int64_t>(o.max_prefill_tokens / o.prompt_tokens, 1, std::max<std::int64_t>(prompts, 1));
@@ -374,6 +379,7 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
       prefill >= decode ? "scratch cache + one layer's copy + " + fmt("%.0f", prefill_tokens) + " x (4 h + 4 I) x e"
                         : "3 x rows x V x 4",
       here);
+  apart += plan.items.back().bytes;
 
   // ---- runtime --------------------------------------------------------------------------------
   add(memory_part::runtime, "CUDA context, cuBLAS/cuDNN workspaces, graph pools", o.runtime_gb * 1e9, "allowance");
@@ -408,15 +414,11 @@ result<memory_plan> plan_memory(const memory_plan_options& o) {
     }
   }
   plan.total = plan.learner_state + plan.learner_peak + plan.engine + plan.runtime + plan.evaluator;
-  if (o.engine_elsewhere) {
-    // The engine's items not summed here are exactly those on its GPU.
-    for (const auto& item : plan.items)
-      if (item.part == memory_part::engine && !item.counted)
-        plan.engine_gpu += item.bytes;
-    plan.engine_gpu += o.runtime_gb * 1e9;
+  if (o.engine_gpus > 0) {
+    plan.engine_gpu = apart + o.runtime_gb * 1e9;
     if (o.engine_gpu_evaluations > 0) {
       const int workers = o.engine_gpu_evaluations + o.engine_gpu_warm_workers;
-      add(memory_part::evaluator, "an evaluator on the engine's GPU (" + std::to_string(workers) + " workers)",
+      add(memory_part::evaluator, "an evaluator on an engine's GPU (" + std::to_string(workers) + " workers)",
           workers * o.evaluator_context_gb * 1e9 + o.engine_gpu_evaluations * o.evaluator_evaluation_gb * 1e9,
           "(concurrency + warm workers) x " + fmt("%g", o.evaluator_context_gb) + " GB + concurrency x " +
             fmt("%g", o.evaluator_evaluation_gb) + " GB",
@@ -451,9 +453,12 @@ std::string memory_plan_markdown(const memory_plan& p) {
          (p.evaluator > 0 ? " + evaluator " + gb(p.evaluator) : std::string{}) + " |\n\n";
   out += std::string{p.fits ? "Fits" : "Does not fit"} + " in " + fmt("%g", o.gpu_gb) + " GB (" +
          (p.fits ? gb(p.capacity - p.total) + " GB free" : gb(p.total - p.capacity) + " GB over") + ").\n";
-  if (o.engine_elsewhere)
-    out += "The engine's GPU (engine.device): " + gb(p.engine_gpu) + " GB (its weights, staging, KV cache and "
-           "working set, and the runtime allowance).\n";
+  if (o.engine_gpus > 0)
+    out += std::string{o.engine_gpus == 1 ? "The engine's GPU" : "Each engine's GPU"} + " (engine.devices, " +
+           std::to_string(o.engine_gpus) + " apart from the learner's): " + gb(p.engine_gpu) +
+           " GB (its weights, staging, KV cache and working set, and the runtime allowance" +
+           (o.engine_gpu_evaluations > 0 ? "; with an evaluator's workers where evaluator.devices lists it" : "") +
+           ").\n";
   return out;
 }
 
@@ -546,7 +551,10 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   // model.handoff memory: under LoRA the engine reads the learner's frozen base; disk: its own copy.
   o.engine_shares_base = cfg.model.handoff == "memory";
   o.handoff_staging = cfg.model.handoff == "memory";
-  o.engine_elsewhere = engine_device(cfg) != cfg.model.device;
+  const auto engines = engine_devices(cfg);
+  o.engine_here = std::find(engines.begin(), engines.end(), cfg.model.device) != engines.end();
+  o.engine_gpus = static_cast<int>(std::count_if(engines.begin(), engines.end(),
+                                                 [&](const std::string& d) { return d != cfg.model.device; }));
   o.bucket_mb = l.bucket_mb;
   o.prompt_tokens = cfg.prompt.max_tokens;
   o.completion_tokens = cfg.rollout.max_new_tokens;
@@ -555,13 +563,12 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   o.engine_rows = std::min(cfg.engine.max_batch_samples, cfg.engine.max_batch_prompts * cfg.rollout.group_size);
   // An evaluator on the policy's GPU.
   const int policy_gpu = cuda_index(cfg.model.device);
-  const int engine_gpu = o.engine_elsewhere ? cuda_index(engine_device(cfg)) : -1;
   for (const auto& d : cfg.evaluator.devices) {
     if (policy_gpu >= 0 && cuda_index(d) == policy_gpu) {
       o.evaluator_evaluations = static_cast<int>(cfg.evaluator.concurrency);
       o.evaluator_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
     }
-    if (engine_gpu >= 0 && cuda_index(d) == engine_gpu) {
+    if (d != cfg.model.device && std::find(engines.begin(), engines.end(), d) != engines.end()) {
       o.engine_gpu_evaluations = static_cast<int>(cfg.evaluator.concurrency);
       o.engine_gpu_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
     }

@@ -49,11 +49,14 @@ struct memory_plan_options {
   /// a copy of what changes (every weight under full fine-tuning, the merged adapted projections
   /// under LoRA) in the engine's dtype; false (disk): no staging.
   bool handoff_staging = true;
-  /// engine.device names another GPU than the learner's: the engine's weights, its handoff
-  /// staging, KV cache and working set are there (engine_gpu), not on this GPU.
-  bool engine_elsewhere = false;
-  /// engine_elsewhere, and evaluator.devices lists the engine's GPU: the workers there (as
-  /// evaluator_evaluations and evaluator_warm_workers are for this GPU), counted in engine_gpu.
+  /// An engine on this GPU, beside the learner (engine.devices empty or listing model.device);
+  /// false: the engine's items are listed for its own GPU and not summed here.
+  bool engine_here = true;
+  /// Engines on GPUs of their own (engine.devices other than model.device): each holds its
+  /// weights (nothing shared), handoff staging, KV cache and working set (engine_gpu).
+  int engine_gpus = 0;
+  /// evaluator.devices lists an engine's own GPU: the workers there (as evaluator_evaluations and
+  /// evaluator_warm_workers are for this GPU), counted in engine_gpu (the fullest engine GPU).
   int engine_gpu_evaluations = 0;
   int engine_gpu_warm_workers = 0;
   std::int64_t max_prefill_tokens = 16384; ///< engine_options::max_prefill_tokens
@@ -108,8 +111,8 @@ struct memory_plan {
   double total = 0.0;
   double capacity = 0.0;               ///< gpu_gb x 10^9
   bool fits = false;                   ///< total <= capacity
-  /// engine_elsewhere: what the engine's own GPU holds (its weights, staging, KV cache and working
-  /// set, and the runtime allowance); those items are listed here but not summed into `total`.
+  /// engine_gpus > 0: what an engine's own GPU holds (its weights, staging, KV cache and working
+  /// set, the runtime allowance, and an evaluator's workers where one is listed there).
   double engine_gpu = 0.0;
 };
 

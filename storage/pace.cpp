@@ -95,8 +95,9 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
     }
     if (const auto* d = r.find("devices"); d != nullptr && d->is_array()) {
       int gpus = 0;
-      double busiest = 0, evaluation = 0, engine_alone = 0, learner = 0;
-      bool separate = false; // an engine on a GPU without a learner rank
+      // Engines on GPUs without a learner rank generate at once, as the ranks update at once; a
+      // GPU with both does its two parts one after the other already.
+      double busiest = 0, evaluation = 0, engine_alone = 0, learner_alone = 0;
       for (const auto& dev : d->as_array()) {
         if (!dev.is_object())
           continue;
@@ -106,16 +107,15 @@ std::vector<pace_segment> pace_segments(const std::vector<std::string>& lines) {
         }
         const double p = number(dev, "policy_s");
         busiest = std::max(busiest, p);
-        if (flag(dev, "engine") && !flag(dev, "learner")) {
-          separate = true;
-          engine_alone += p;
-        } else if (flag(dev, "learner")) {
-          learner = std::max(learner, p);
-        }
+        const bool engine = flag(dev, "engine"), learner = flag(dev, "learner");
+        if (engine && !learner)
+          engine_alone = std::max(engine_alone, p);
+        else if (learner && !engine)
+          learner_alone = std::max(learner_alone, p);
       }
       cur.evaluator_gpus = gpus;
       cur.policy_s = busiest;
-      cur.policy_serial_s = separate ? engine_alone + learner : busiest;
+      cur.policy_serial_s = std::max(busiest, engine_alone + learner_alone);
       cur.evaluation_s = evaluation;
     }
   }
@@ -151,7 +151,7 @@ std::string to_string(const pace_segment& s) {
                   apart ? " on its busiest GPU" : "", s.verdicts_needed_per_min());
     out += buf;
     if (apart) {
-      std::snprintf(buf, sizeof buf, " (the engine's GPU and the learner's: %.2f s one after the other)",
+      std::snprintf(buf, sizeof buf, " (generation and updates one after the other: %.2f s)",
                     s.policy_serial_step_s());
       out += buf;
     }

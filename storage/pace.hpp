@@ -30,10 +30,12 @@ struct pace_segment {
   /// only (a process that also ran SFT counts its SFT updates there too); nullopt otherwise, or on
   /// the CPU. The asynchronous loop's policy works at this pace.
   std::optional<double> policy_s;
-  /// The policy's time one part after the other, as the synchronous loop spends it: where the
-  /// engine has a GPU without a learner rank (`engine` and not `learner` in the record), that
-  /// GPU's time plus the busiest learner GPU's; else as policy_s (the ranks update at once, rank
-  /// 0 beside the engine).
+  /// The policy's time one part after the other, as the synchronous loop spends it: where an
+  /// engine has a GPU without a learner rank (`engine` and not `learner` in the record), the
+  /// busiest such GPU's time plus the busiest GPU's with a learner rank and no engine (engines
+  /// generate at once, ranks update at once), or the busiest GPU's where that is more (a GPU with
+  /// both does its parts one after the other); else as policy_s. With engines both beside a rank
+  /// and apart it is a lower bound: a GPU's time is not split into generation and updates.
   std::optional<double> policy_serial_s;
   /// The time evaluations held the process's evaluator GPUs (`evaluation_s` of the same record,
   /// summed over them: references, trials, timed rounds, worker starts); 0: not known. It says

@@ -123,7 +123,7 @@ result<std::unique_ptr<weight_handoff>> weight_handoff::create(CausalLMImpl& lea
     try {
       s->engine_device = torch::Device(engine_device);
     } catch (const std::exception&) {
-      return fail(errc::config, "engine.device: '", engine_device, "' is not a device (cpu, cuda:N)");
+      return fail(errc::config, "engine.devices: '", engine_device, "' is not a device (cpu, cuda:N)");
     }
   }
   // On another device nothing can be shared: every tensor is the engine's own.

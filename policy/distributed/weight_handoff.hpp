@@ -3,7 +3,7 @@
 // version is 15 GB of files). The engine's model is built from the learner's: on the same device,
 // tensors that never change are shared, not copied (under LoRA the frozen base: embeddings, norms
 // and every projection without an adapter); the rest are the engine's own, refreshed in place after
-// each update (so the engine's CUDA graphs stay valid). On another device (engine.device) every
+// each update (so the engine's CUDA graphs stay valid). On another device (one of engine.devices) every
 // tensor is the engine's own; a version is staged across, onto the engine's device (the learner's
 // thread copies it after its update), and installed there.
 //

@@ -327,10 +327,10 @@ result<std::unique_ptr<engine>> engine::load(const std::filesystem::path& model_
   try {
     device = torch::Device(options.device);
   } catch (const c10::Error&) {
-    return fail(errc::config, "engine.device: '", options.device, "' is not a device (cpu, cuda:N)");
+    return fail(errc::config, "engine.devices: '", options.device, "' is not a device (cpu, cuda:N)");
   }
   if (device.is_cuda() && !torch::cuda::is_available())
-    return fail(errc::device, "engine.device: ", options.device, " requested but no CUDA device is available");
+    return fail(errc::device, "engine.devices: ", options.device, " requested but no CUDA device is available");
   load_options lo;
   lo.device = device;
   if (!options.dtype.empty()) {

@@ -532,16 +532,18 @@ TEST_CASE("a CUDA run whose memory plan exceeds a learner GPU is refused before 
   auto small = load_config(src / "configs/gpu-1.5b.yaml");
   REQUIRE(small.ok());
   CHECK(check_memory_plan(*small, h100).ok());
-  // The engine on a GPU of its own (engine.device) takes its part off the learner's GPU and is
-  // checked against its own: a 0.2 GB fourth GPU cannot hold it, and the refusal names it.
+  // An engine on a GPU of its own (engine.devices) takes its part off the learner's GPU and is
+  // checked against its own: a 0.2 GB fourth GPU cannot hold it, and the refusal names it, also
+  // where another engine (on cuda:2) fits.
   auto split = *small;
-  split.engine.device = "cuda:3";
+  split.engine.devices = {"cuda:2", "cuda:3"};
+  split.rollout.actors = 2;
   auto tiny = h100;
   tiny[3] = {3, "a small GPU", 200'000'000ull, 9, 0};
   auto short_engine = check_memory_plan(split, tiny);
   REQUIRE_FALSE(short_engine.ok());
   CHECK_MESSAGE(contains(short_engine.error().message, "the engine's memory plan needs "), short_engine.error().message);
-  CHECK_MESSAGE(contains(short_engine.error().message, " on engine.device cuda:3 (a small GPU), which has 0.2 GB"),
+  CHECK_MESSAGE(contains(short_engine.error().message, " on cuda:3 of engine.devices (a small GPU), which has 0.2 GB"),
                 short_engine.error().message);
   CHECK(check_memory_plan(split, h100).ok());
   // With the engine away the learner's GPU needs less: a GPU just short of the whole plan holds it.

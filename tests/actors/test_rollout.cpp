@@ -630,16 +630,17 @@ saving_learner_actor::behavior_type saving_learner(saving_learner_actor::pointer
 }
 
 // A trainer over the fixture's collaborators and `learner`, its run folder in the test's; with
-// `on_scheduler`, its exemplar actor runs on the test's deterministic scheduler.
+// `on_scheduler`, its exemplar actor runs on the test's deterministic scheduler; `engines` in
+// place of the fixture's one.
 template <class Learner>
 trainer_actor saving_trainer(fixture& f, const Learner& learner, const config& cfg, manual_clock& clk, logger& log,
-                             bool on_scheduler = false) {
+                             bool on_scheduler = false, std::vector<engine_actor> engines = {}) {
   trainer_deps deps;
   deps.cfg = cfg;
   deps.run_dir = f.dir.path() / "run";
   std::filesystem::create_directories(deps.run_dir);
   deps.learner = caf::actor_cast<learner_actor>(learner);
-  deps.engine = f.engine;
+  deps.engines = engines.empty() ? std::vector<engine_actor>{f.engine} : std::move(engines);
   deps.evaluators = caf::actor_cast<evaluator_pool_actor>(f.pool);
   deps.tasks = f.tasks;
   deps.prompts = f.prompts;
@@ -895,6 +896,56 @@ TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead
   }
   self->send_exit(trainer, caf::exit_reason::user_shutdown);
   sched.run();
+}
+
+TEST_CASE_FIXTURE(fixture, "with two engines (engine.devices) rollout actor i samples from engine i mod 2") {
+  table->hold = true;
+  collaborators(distribution(0.5, 0.25, 0.25));
+  // A second engine over the same scripted model, as a second entry of engine.devices makes.
+  auto loaded = policy::engine::load(dir.path() / "model", {});
+  REQUIRE(loaded.ok());
+  engine_actor_options eopt;
+  eopt.detached = false;
+  auto second = spawn_engine_actor(sys, engine_deps{std::shared_ptr<policy::engine>(std::move(*loaded)), tok, {}}, eopt);
+  REQUIRE(second.ok());
+  keep(*second);
+  auto h = std::make_shared<held_updates>();
+  manual_clock clk;
+  logger log{clk, log_level::off};
+  auto c = admission_config(cfg, 1);
+  c.run.mode = run_mode::sync;
+  c.stages.rl.groups = 4; // two a rollout actor
+  c.engine.devices = {"cpu", "cpu"};
+  auto learner = sys.spawn(holding_learner, h, engine, (dir.path() / "model").string());
+  keep(learner);
+  auto trainer = saving_trainer(*this, learner, c, clk, log, true, {engine, *second});
+  auto step = self->request(trainer, caf::infinite, advance_atom_v);
+  sched.run();
+  // Each rollout actor's two groups went to its own engine.
+  CHECK(estats().requests == 2u);
+  CHECK(ask<engine_status>(*second, caf::get_atom_v).requests == 2u);
+  for (int i = 0; i < 4 && h->answers.empty(); ++i)
+    release();
+  REQUIRE(h->answers.size() == 1);
+  self->send(learner, caf::put_atom_v);
+  sched.run();
+  std::optional<stage_report> got;
+  step.receive([&](stage_report& r) { got = r; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+  REQUIRE(got.has_value());
+  CHECK(got->stage_step == 1);
+  self->send_exit(trainer, caf::exit_reason::user_shutdown);
+  sched.run();
+
+  // A trainer without an engine is refused.
+  trainer_deps none;
+  none.cfg = c;
+  none.learner = caf::actor_cast<learner_actor>(learner);
+  none.engines = {engine, engine_actor{}};
+  none.evaluators = caf::actor_cast<evaluator_pool_actor>(pool);
+  none.tasks = tasks;
+  auto refused = spawn_trainer(sys, std::move(none));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message == "trainer: a learner, an engine and an evaluator pool are needed");
 }
 
 TEST_CASE_FIXTURE(fixture, "a group the exemplar actor drops at its straggler timeout is admitted again in its place") {

@@ -216,7 +216,7 @@ TEST_CASE("sampled log-probs on CUDA equal a teacher-forced forward") {
 
 TEST_CASE("weight handoff across two GPUs: the engine on cuda:1 gets each version the learner on cuda:0 stages") {
   if (torch::cuda::device_count() < 2) {
-    MESSAGE("skipped: one CUDA device (engine.device needs a second)");
+    MESSAGE("skipped: one CUDA device (an engine apart needs a second)");
     return;
   }
   for (const bool lora : {false, true}) {

@@ -306,7 +306,7 @@ TEST_CASE("crucible status shows the share of time each GPU of the run is busy, 
   auto doc = YAML::Load(json.out);
   REQUIRE(doc["devices"].IsSequence());
   CHECK(doc["devices"][0]["policy_s"].as<double>() == 120);
-  // A record that says what runs on each GPU (engine.device cuda:0, the learner and an evaluator on cuda:1).
+  // A record that says what runs on each GPU (engine.devices [cuda:0], the learner and an evaluator on cuda:1).
   std::ofstream(run / "status.json")
     << "{\"state\":\"paused\",\"stage\":\"rl\",\"step\":3,\"policy_version\":3,\"variants\":9,"
        "\"best_speedup\":null,\"mean_speedup\":null,\"dropped_stale\":0,\"devices\":["
@@ -385,12 +385,12 @@ TEST_CASE("crucible memory-plan prints the grid, one configuration item by item,
   CHECK(from_devices.out.find("Fits in 141 GB") != std::string::npos);
   // The engine on a GPU of its own: its items are listed apart and planned for that GPU.
   const std::string balance = std::string{CRUCIBLE_SOURCE_DIR} + "/configs/gpu-1.5b-balance.yaml";
-  auto split = cli({"memory-plan", "--config", balance, "--set", "engine.device=cuda:0", "--set", "model.device=cuda:1",
+  auto split = cli({"memory-plan", "--config", balance, "--set", "engine.devices=[cuda:0]", "--set", "model.device=cuda:1",
                     "--set", "evaluator.devices=[cuda:1]"});
   REQUIRE_MESSAGE(split.exit_code == 0, split.err);
   CHECK(split.out.find("| engine | *engine weights on the engine's GPU* (not summed) | 3.09 |") != std::string::npos);
   CHECK(split.out.find("+ engine 0.00 +") != std::string::npos);
-  CHECK(split.out.find("The engine's GPU (engine.device): ") != std::string::npos);
+  CHECK(split.out.find("The engine's GPU (engine.devices, 1 apart from the learner's): ") != std::string::npos);
   for (const auto& [args, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
          {{"memory-plan", "--model", "70b"}, "--model: model '70b'"},
          {{"memory-plan", "--model", "7b", "--zero1"}, "zero1"},

@@ -437,7 +437,7 @@ double max_weight_diff(const fs::path& a, const fs::path& b) {
   return crucible::testing::max_float_diff(final_weights(a), final_weights(b));
 }
 
-TEST_CASE("two learner ranks on the CPU (learner.devices [cpu, cpu]) update as one learner, and a run with them goes through SFT and contrastive RL") {
+TEST_CASE("two learner ranks on the CPU (learner.devices [cpu, cpu]) update as one learner, and a run with them and two engines goes through SFT and contrastive RL") {
   temp_dir tmp;
   // SFT alone is deterministic: each rank takes one example of two, and their summed gradient is
   // the whole batch's, so the weights are one learner's up to the order of the sums.
@@ -466,17 +466,32 @@ TEST_CASE("two learner ranks on the CPU (learner.devices [cpu, cpu]) update as o
   for (std::size_t i = 0; i < 2; ++i)
     CHECK(losses[1][i] == doctest::Approx(losses[0][i]).epsilon(1e-4));
 
-  // The whole loop with two ranks: warm start, SFT, RL steps of two groups with real verdicts.
-  auto loop_cfg = write_config(tmp.path(), with_ranks(test_config(tmp.path(), "loop2",
-                                                                  "  sft: {steps: 1, batch: 2}\n  rl: {steps: 2, groups: 2}\n"), 2));
+  // The whole loop with two ranks and two engines (engine.devices [cpu, cpu], a rollout actor
+  // each): warm start, SFT, RL steps of two groups with real verdicts. Synchronous: rank 0 hands
+  // both engines each version before the next step samples, so every RL step trains on samples
+  // of the learner's version (staleness 0); an engine left without a version refuses it and
+  // samples at its old one.
+  auto loop_text = with_ranks(test_config(tmp.path(), "loop2", "  sft: {steps: 1, batch: 2}\n  rl: {steps: 2, groups: 2}\n"), 2);
+  loop_text.insert(loop_text.find("rollout:\n") + 9, "  actors: 2\n");
+  loop_text.insert(loop_text.find("run:\n") + 5, "  mode: sync\n");
+  loop_text += "engine:\n  devices: [cpu, cpu]\n";
+  auto loop_cfg = write_config(tmp.path(), loop_text);
   auto loop = cli({"train", loop_cfg.string()});
   INFO(loop.err);
   REQUIRE(loop.exit_code == 0);
   CHECK(loop.out.find("finished at step 3") != std::string::npos);
+  const auto events = slurp(tmp.path() / "loop2" / "events.log");
+  std::size_t engines = 0;
+  for (auto at = events.find("engine on cpu: "); at != std::string::npos; at = events.find("engine on cpu: ", at + 1))
+    ++engines;
+  CHECK(engines == 2);
+  CHECK((loop.out + loop.err).find("refused weights") == std::string::npos);
   std::vector<std::string> stages;
   for (const auto& r : records(tmp.path() / "loop2"))
     if (event_of(r) == "train_step") {
       stages.push_back(r.find("stage")->as_string());
+      if (stages.back() == "rl")
+        CHECK(r.find("staleness_max")->as_int() == 0);
       CHECK(std::isfinite(r.find("loss")->as_double()));
       CHECK(std::isfinite(r.find("grad_norm")->as_double()));
     }

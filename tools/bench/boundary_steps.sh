@@ -17,7 +17,7 @@
 #                                  pattern, default all; "*device agent*": the faults and the
 #                                  attacks on the MPS set-up alone)
 #                      join        test_gpu_join (a node with cuda:0 joining a run), JOIN_S seconds (300)
-#                      handoff     test_gpu_engine's weight handoff across two GPUs (engine.device:
+#                      handoff     test_gpu_engine's weight handoff across two GPUs (engine.devices:
 #                                  a learner on cuda:0, its engine on cuda:1), 300 s
 #                      visible     test_gpu_visible (a run under CUDA_VISIBLE_DEVICES naming the last
 #                                  GPU judges there; two GPUs), JOIN_S seconds (300)
@@ -74,9 +74,9 @@
 #                                  BAL_EVAL_DEVICES (default cuda:1 to cuda:N, at most every GPU but
 #                                  cuda:0), BAL_MODES (default "async async-open sync": async-open
 #                                  is the asynchronous loop without staleness-aware admission;
-#                                  async-engine and sync-engine put the engine on cuda:0 alone and
-#                                  the learner on cuda:1, train_modes.sh's ENGINE_DEVICE and
-#                                  LEARNER_DEVICE), and
+#                                  async-engine and sync-engine put the engines on GPUs of their own
+#                                  (default cuda:0) and the learner on cuda:1, train_modes.sh's
+#                                  ENGINE_DEVICES and LEARNER_DEVICE), and
 #                                  each run's report (its GPU busy table and pace lines,
 #                                  the plan against the measured step). BAL_ARGS: more KEY=VALUE
 #                                  settings for every run; BAL_S seconds in all (3000). Records in

@@ -15,8 +15,9 @@
 # MODES="async" (or "sync") runs only those modes; MODES may also name async-open, the asynchronous
 # loop with stages.rl.admission=open (every rollout actor keeps its groups under way whatever the
 # learner's queue holds), for the staleness-aware admission's figures side by side; async-engine
-# and sync-engine, each mode with the engine on a GPU of its own (engine.device=ENGINE_DEVICE,
-# default cuda:0) and the learner on LEARNER_DEVICE (model.device, default cuda:1); the summary is
+# and sync-engine, each mode with the engines on GPUs of their own (engine.devices=[ENGINE_DEVICES],
+# default cuda:0; e.g. "cuda:0,cuda:2" for two engines) and the learner on LEARNER_DEVICE
+# (model.device, default cuda:1); the summary is
 # written once the async and sync runs exist, with every other mode's run beside them; MODES=none
 # only makes the paused run. CLI names the crucible binary (default
 # build/tools/crucible). Reproduces the goals table's row "asynchronous RL against synchronous"
@@ -51,7 +52,7 @@ for mode in $modes; do
     async | sync) how=(--set "run.mode=$mode") ;;
     async-open) how=(--set run.mode=async --set stages.rl.admission=open) ;;
     async-engine | sync-engine)
-      how=(--set "run.mode=${mode%-engine}" --set "engine.device=${ENGINE_DEVICE:-cuda:0}"
+      how=(--set "run.mode=${mode%-engine}" --set "engine.devices=[${ENGINE_DEVICES:-cuda:0}]"
         --set "model.device=${LEARNER_DEVICE:-cuda:1}") ;;
     *) echo "$0: unknown mode '$mode' (async, sync, async-open, async-engine, sync-engine)" >&2; exit 2 ;;
   esac

@@ -365,29 +365,43 @@ TEST_CASE("learner.devices: one rank per device, checked against itself and mode
                      "  self_supervised: {steps: 0, groups: 1}\n", "a.yaml").ok());
 }
 
-TEST_CASE("engine.device: the engine on a GPU of its own, of model.device's kind") {
+TEST_CASE("engine.devices: engines on GPUs of their own, of model.device's kind, each with a rollout actor") {
   auto defaults = parse_config("", "a.yaml");
   REQUIRE(defaults.ok());
-  CHECK(defaults->engine.device.empty());
-  CHECK(engine_device(*defaults) == "cpu"); // model.device
-  auto split = parse_config("model:\n  device: cuda:1\nengine:\n  device: cuda:0\n", "a.yaml");
+  CHECK(defaults->engine.devices.empty());
+  CHECK(engine_devices(*defaults) == std::vector<std::string>{"cpu"}); // model.device
+  auto split = parse_config("model:\n  device: cuda:1\nengine:\n  devices: [cuda:0]\n", "a.yaml");
   REQUIRE_MESSAGE(split.ok(), (split.ok() ? "" : split.error().message));
-  CHECK(engine_device(*split) == "cuda:0");
+  CHECK(engine_devices(*split) == std::vector<std::string>{"cuda:0"});
   auto again = parse_config(to_yaml(*split), "resolved.yaml");
   REQUIRE(again.ok());
-  CHECK(again->engine.device == "cuda:0");
-  CHECK(problems_of("model:\n  device: cuda:0\nengine:\n  device: cpu\n")
-        == "configs/x.yaml: engine.device: cpu is not of model.device's kind (cuda:0): the engine and the learner are "
-           "both on the CPU or both on GPUs");
-  CHECK(problems_of("engine:\n  device: cuda:2\n").find("engine.device: cuda:2 is not of model.device's kind (cpu)")
+  CHECK(again->engine.devices == std::vector<std::string>{"cuda:0"});
+  // Two engines, one beside rank 0 and one apart; on the CPU as threads.
+  CHECK(parse_config("model:\n  device: cuda:0\nengine:\n  devices: [cuda:0, cuda:2]\nrollout:\n  actors: 2\n",
+                     "a.yaml")
+          .ok());
+  CHECK(parse_config("engine:\n  devices: [cpu, cpu]\nrollout:\n  actors: 3\n", "a.yaml").ok());
+  CHECK(problems_of("model:\n  device: cuda:0\nengine:\n  devices: [cpu]\n")
+        == "configs/x.yaml: engine.devices: cpu is not of model.device's kind (cuda:0): the engines and the learner "
+           "are all on the CPU or all on GPUs");
+  CHECK(problems_of("engine:\n  devices: [cuda:2]\n").find("engine.devices: cuda:2 is not of model.device's kind (cpu)")
         != std::string::npos);
-  CHECK(problems_of("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1]\nengine:\n  device: cuda:1\n")
-        == "configs/x.yaml: engine.device: cuda:1 is a learner rank's GPU (learner.devices): give the engine a GPU "
-           "without a rank, or leave it empty for model.device");
-  CHECK(parse_config("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1]\nengine:\n  device: cuda:2\n",
-                     "a.yaml").ok());
-  CHECK(problems_of("engine:\n  device: gpu0\n").find("configs/x.yaml:2: engine.device: expected empty or \"cpu\" or "
-                                                        "\"cuda:N\"") != std::string::npos);
+  CHECK(problems_of("model:\n  device: cuda:0\nengine:\n  devices: [cuda:1, cuda:1]\nrollout:\n  actors: 2\n")
+        == "configs/x.yaml: engine.devices: names cuda:1 twice: one engine per GPU (only `cpu` may repeat, as threads)");
+  CHECK(problems_of("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1]\nengine:\n  devices: [cuda:1]\n")
+        == "configs/x.yaml: engine.devices: cuda:1 is a learner rank's GPU (learner.devices): give each engine a GPU "
+           "without a rank, or model.device (rank 0's)");
+  CHECK(parse_config("model:\n  device: cuda:0\nlearner:\n  devices: [cuda:0, cuda:1]\nengine:\n  devices: [cuda:2]\n",
+                     "a.yaml")
+          .ok());
+  CHECK(problems_of("model:\n  device: cuda:0\nengine:\n  devices: [cuda:1, cuda:2]\nrollout:\n  actors: 1\n")
+        == "configs/x.yaml: rollout.actors: is 1, fewer than the 2 engines of engine.devices: each engine samples for "
+           "its own rollout actors (actor i uses engine i mod 2)");
+  CHECK(problems_of("engine:\n  devices: [gpu0]\n").find("configs/x.yaml:2: engine.devices: expected a list of devices") !=
+        std::string::npos);
+  // The key of one engine's device is gone; its name points to the list.
+  CHECK(problems_of("engine:\n  device: cuda:0\n").find("engine.device: unknown key (did you mean engine.devices?)") !=
+        std::string::npos);
 }
 
 TEST_CASE("membership keys decode and are validated with the key named") {

@@ -140,7 +140,8 @@ TEST_CASE("memory plan: an evaluator on the policy's GPU adds its workers' conte
 
 TEST_CASE("memory plan: an engine on a GPU of its own is planned apart, its staging with it") {
   auto o = tiny_options();
-  o.engine_elsewhere = true;
+  o.engine_here = false;
+  o.engine_gpus = 1;
   o.runtime_gb = 0.001; // the engine's GPU is charged a runtime allowance of its own
   auto p = plan_memory(o);
   REQUIRE(p.ok());
@@ -154,7 +155,7 @@ TEST_CASE("memory plan: an engine on a GPU of its own is planned apart, its stag
   CHECK(p->engine_gpu == doctest::Approx(2 * 404608 + 10240 + 48000 + 1e6));
   const auto md = memory_plan_markdown(*p);
   CHECK(md.find("*engine weights on the engine's GPU* (not summed)") != std::string::npos);
-  CHECK(md.find("The engine's GPU (engine.device): ") != std::string::npos);
+  CHECK(md.find("The engine's GPU (engine.devices, 1 apart from the learner's): ") != std::string::npos);
   // An evaluator listed on the engine's GPU counts there, not here.
   auto shared = o;
   shared.engine_gpu_evaluations = 2;
@@ -163,7 +164,7 @@ TEST_CASE("memory plan: an engine on a GPU of its own is planned apart, its stag
   shared.evaluator_evaluation_gb = 4;
   auto with_eval = plan_memory(shared);
   REQUIRE(with_eval.ok());
-  CHECK(item(*with_eval, "an evaluator on the engine's GPU (3 workers)") == doctest::Approx(1.5e9 + 8e9));
+  CHECK(item(*with_eval, "an evaluator on an engine's GPU (3 workers)") == doctest::Approx(1.5e9 + 8e9));
   CHECK(with_eval->engine_gpu == doctest::Approx(p->engine_gpu + 9.5e9));
   CHECK(with_eval->total == doctest::Approx(p->total));
   // Under LoRA on another GPU the engine cannot read the learner's base: it holds every weight.
@@ -172,11 +173,30 @@ TEST_CASE("memory plan: an engine on a GPU of its own is planned apart, its stag
   auto l = plan_memory(lora);
   REQUIRE(l.ok());
   CHECK(item(*l, "engine weights on the engine's GPU") == 404608);
-  o.engine_elsewhere = false;
+  CHECK(l->engine_gpu == doctest::Approx(p->engine_gpu - 404608 + item(*l, "handoff staging (merged adapted projections) on the engine's GPU")));
+  o.engine_here = true;
+  o.engine_gpus = 0;
   auto here = plan_memory(o);
   REQUIRE(here.ok());
   CHECK(here->engine_gpu == 0);
   CHECK(here->engine == 404608 + 404608 + 10240 + 48000);
+  // An engine beside the learner and two apart: this GPU sums its engine, each other GPU holds
+  // the same items again (no runtime or evaluator of this GPU's).
+  o.engine_gpus = 2;
+  auto both = plan_memory(o);
+  REQUIRE(both.ok());
+  CHECK(both->engine == here->engine);
+  CHECK(both->total == doctest::Approx(here->total));
+  CHECK(both->engine_gpu == doctest::Approx(p->engine_gpu));
+  CHECK(memory_plan_markdown(*both).find("Each engine's GPU (engine.devices, 2 apart from the learner's): ") !=
+        std::string::npos);
+  // Under LoRA the engine beside the learner reads its base; the ones apart hold every weight.
+  o.lora = true;
+  auto lora_both = plan_memory(o);
+  REQUIRE(lora_both.ok());
+  CHECK(lora_both->engine_gpu - lora_both->engine ==
+        doctest::Approx(404608 - item(*lora_both, "engine weights (merged adapted projections; base shared)") + 1e6));
+  CHECK(lora_both->engine_gpu == doctest::Approx(l->engine_gpu));
 }
 
 TEST_CASE("memory plan: activation checkpointing keeps each layer's input") {

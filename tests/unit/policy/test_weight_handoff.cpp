@@ -223,7 +223,7 @@ TEST_CASE("weight handoff on a named device: the learner's own shares as before,
   auto bad = weight_handoff::create(lm, "float32", 0, "gpu0");
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().code == errc::config);
-  CHECK(bad.error().message == "engine.device: 'gpu0' is not a device (cpu, cuda:N)");
+  CHECK(bad.error().message == "engine.devices: 'gpu0' is not a device (cpu, cuda:N)");
 }
 
 TEST_CASE("weight handoff: stages and installs from two threads never mix versions") {

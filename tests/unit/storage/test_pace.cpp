@@ -170,7 +170,7 @@ TEST_CASE("pace plan: evaluators that wait for samples are planned by their eval
 }
 
 TEST_CASE("pace: the engine on a GPU of its own: its GPU and the learner's at once, one after the other synchronous") {
-  // engine.device cuda:0 generates 12 s a step; the learner (model.device cuda:1, which an
+  // engine.devices [cuda:0] generates 12 s a step; the learner (model.device cuda:1, which an
   // evaluator shares) updates 3 s a step; 2 s of evaluation a step on cuda:1.
   const std::string split =
     "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
@@ -198,7 +198,7 @@ TEST_CASE("pace: the engine on a GPU of its own: its GPU and the learner's at on
   CHECK(p->async_step_s == doctest::Approx(12)); // generation, with updates and evaluation beside it
   CHECK(p->sync_step_s == doctest::Approx(17));  // 12 + 3 + 2
   CHECK(to_string(s).find("the policy's generation and updates (12.00 s a step on its busiest GPU) would take 80 "
-                          "verdicts/min (the engine's GPU and the learner's: 15.00 s one after the other): about 1 "
+                          "verdicts/min (generation and updates one after the other: 15.00 s): about 1 "
                           "evaluator GPU at this rate; plan: on 1 evaluator GPU a step takes 12.00 s asynchronous, up "
                           "to 17.00 s synchronous (1.42x)") != std::string::npos);
 
@@ -214,4 +214,31 @@ TEST_CASE("pace: the engine on a GPU of its own: its GPU and the learner's at on
   CHECK(*segs[0].policy_s == doctest::Approx(36));
   CHECK(*segs[0].policy_serial_s == doctest::Approx(36));
   CHECK(segs[0].policy_serial_step_s() == doctest::Approx(12));
+
+  // Two engines apart (cuda:0, cuda:2) generate at once: the busier one's time, then the
+  // learner's (cuda:1), not the two engines' summed.
+  const std::string two_apart =
+    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
+    "\"engine\":true,\"learner\":false},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":6,\"policy_s\":9,"
+    "\"evaluator\":true,\"engine\":false,\"learner\":true},{\"device\":\"cuda:2\",\"seconds\":40,\"evaluation_s\":0,"
+    "\"policy_s\":33,\"evaluator\":false,\"engine\":true,\"learner\":false}]";
+  lines.back() = "{\"event\":\"run_finished\"," + two_apart + "}";
+  segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  CHECK(*segs[0].policy_s == doctest::Approx(36));
+  CHECK(*segs[0].policy_serial_s == doctest::Approx(45)); // 36 + 9
+
+  // One engine beside the learner (cuda:0: 27 s of generation and 9 of updates), one apart
+  // (cuda:1, 30 s): the record does not split cuda:0's time into its parts, so the synchronous
+  // time is the busiest GPU's, a lower bound (the apart engine's 30 s and the updates' 9 would be
+  // 39).
+  const std::string beside_and_apart =
+    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
+    "\"engine\":true,\"learner\":true},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":30,"
+    "\"evaluator\":false,\"engine\":true,\"learner\":false}]";
+  lines.back() = "{\"event\":\"run_finished\"," + beside_and_apart + "}";
+  segs = pace_segments(lines);
+  REQUIRE(segs.size() == 1);
+  CHECK(*segs[0].policy_s == doctest::Approx(36));
+  CHECK(*segs[0].policy_serial_s == doctest::Approx(36));
 }
