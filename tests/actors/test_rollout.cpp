@@ -816,6 +816,21 @@ config admission_config(const config& base, std::int64_t steps) {
   return c;
 }
 
+// A step's report, once the learner is told to answer its update (and the evaluators theirs, up
+// to four times, while the step waits for a group that is not stale).
+template <class Step>
+stage_report finish_step(fixture& f, held_updates& h, const holding_learner_actor& learner, Step& step) {
+  for (int i = 0; i < 4 && h.answers.empty(); ++i)
+    f.release();
+  REQUIRE(h.answers.size() == 1);
+  f.self->send(learner, caf::put_atom_v);
+  f.sched.run();
+  std::optional<stage_report> got;
+  step.receive([&](stage_report& r) { got = r; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
+  REQUIRE(got.has_value());
+  return *got;
+}
+
 } // namespace
 
 TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead of the learner: none is sampled to be dropped") {
@@ -837,19 +852,7 @@ TEST_CASE_FIXTURE(fixture, "async RL admits max(1, max_staleness) x groups ahead
   keep(learner);
   auto trainer = saving_trainer(*this, learner, c, clk, log, true);
 
-  // A step's report, once the learner is told to answer its update (and the evaluators theirs,
-  // `rounds` times, while the step waits for a group that is not stale).
-  auto finish = [&](auto& step) {
-    for (int i = 0; i < 4 && h->answers.empty(); ++i)
-      release();
-    REQUIRE(h->answers.size() == 1);
-    self->send(learner, caf::put_atom_v);
-    sched.run();
-    std::optional<stage_report> got;
-    step.receive([&](stage_report& r) { got = r; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
-    REQUIRE(got.has_value());
-    return *got;
-  };
+  auto finish = [&](auto& step) { return finish_step(*this, *h, learner, step); };
 
   auto step1 = self->request(trainer, caf::infinite, advance_atom_v);
   sched.run();
@@ -924,15 +927,7 @@ TEST_CASE_FIXTURE(fixture, "with two engines (engine.devices) rollout actor i sa
   // Each rollout actor's two groups went to its own engine.
   CHECK(estats().requests == 2u);
   CHECK(ask<engine_status>(*second, caf::get_atom_v).requests == 2u);
-  for (int i = 0; i < 4 && h->answers.empty(); ++i)
-    release();
-  REQUIRE(h->answers.size() == 1);
-  self->send(learner, caf::put_atom_v);
-  sched.run();
-  std::optional<stage_report> got;
-  step.receive([&](stage_report& r) { got = r; }, [&](caf::error& e) { FAIL(caf::to_string(e)); });
-  REQUIRE(got.has_value());
-  CHECK(got->stage_step == 1);
+  CHECK(finish_step(*this, *h, learner, step).stage_step == 1);
   self->send_exit(trainer, caf::exit_reason::user_shutdown);
   sched.run();
 

@@ -202,43 +202,41 @@ TEST_CASE("pace: the engine on a GPU of its own: its GPU and the learner's at on
                           "evaluator GPU at this rate; plan: on 1 evaluator GPU a step takes 12.00 s asynchronous, up "
                           "to 17.00 s synchronous (1.42x)") != std::string::npos);
 
+  // The same steps closed by a record of other devices: its one segment.
+  auto gpu = [](int index, double policy_s, bool engine, bool learner) {
+    return "{\"device\":\"cuda:" + std::to_string(index) + "\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":" +
+           std::to_string(policy_s) + ",\"evaluator\":false,\"engine\":" + (engine ? "true" : "false") +
+           ",\"learner\":" + (learner ? "true" : "false") + "}";
+  };
+  auto closed_by = [&](const std::vector<std::string>& devices) {
+    std::string list;
+    for (const auto& d : devices)
+      list += (list.empty() ? "" : ",") + d;
+    lines.back() = "{\"event\":\"run_finished\",\"devices\":[" + list + "]}";
+    auto got = pace_segments(lines);
+    REQUIRE(got.size() == 1);
+    REQUIRE(got[0].policy_serial_s.has_value());
+    return got[0];
+  };
+
   // Data-parallel ranks, the engine beside rank 0: the ranks update at once, so the busiest GPU is
   // the policy's time both ways (records before the flags read the same).
-  const std::string ranks =
-    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
-    "\"engine\":true,\"learner\":true},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":9,"
-    "\"evaluator\":false,\"engine\":false,\"learner\":true}]";
-  lines.back() = "{\"event\":\"run_finished\"," + ranks + "}";
-  segs = pace_segments(lines);
-  REQUIRE(segs.size() == 1);
-  CHECK(*segs[0].policy_s == doctest::Approx(36));
-  CHECK(*segs[0].policy_serial_s == doctest::Approx(36));
-  CHECK(segs[0].policy_serial_step_s() == doctest::Approx(12));
+  auto ranks = closed_by({gpu(0, 36, true, true), gpu(1, 9, false, true)});
+  CHECK(*ranks.policy_s == doctest::Approx(36));
+  CHECK(*ranks.policy_serial_s == doctest::Approx(36));
+  CHECK(ranks.policy_serial_step_s() == doctest::Approx(12));
 
   // Two engines apart (cuda:0, cuda:2) generate at once: the busier one's time, then the
   // learner's (cuda:1), not the two engines' summed.
-  const std::string two_apart =
-    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
-    "\"engine\":true,\"learner\":false},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":6,\"policy_s\":9,"
-    "\"evaluator\":true,\"engine\":false,\"learner\":true},{\"device\":\"cuda:2\",\"seconds\":40,\"evaluation_s\":0,"
-    "\"policy_s\":33,\"evaluator\":false,\"engine\":true,\"learner\":false}]";
-  lines.back() = "{\"event\":\"run_finished\"," + two_apart + "}";
-  segs = pace_segments(lines);
-  REQUIRE(segs.size() == 1);
-  CHECK(*segs[0].policy_s == doctest::Approx(36));
-  CHECK(*segs[0].policy_serial_s == doctest::Approx(45)); // 36 + 9
+  auto two_apart = closed_by({gpu(0, 36, true, false), gpu(1, 9, false, true), gpu(2, 33, true, false)});
+  CHECK(*two_apart.policy_s == doctest::Approx(36));
+  CHECK(*two_apart.policy_serial_s == doctest::Approx(45)); // 36 + 9
 
   // One engine beside the learner (cuda:0: 27 s of generation and 9 of updates), one apart
   // (cuda:1, 30 s): the record does not split cuda:0's time into its parts, so the synchronous
   // time is the busiest GPU's, a lower bound (the apart engine's 30 s and the updates' 9 would be
   // 39).
-  const std::string beside_and_apart =
-    "\"devices\":[{\"device\":\"cuda:0\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":36,\"evaluator\":false,"
-    "\"engine\":true,\"learner\":true},{\"device\":\"cuda:1\",\"seconds\":40,\"evaluation_s\":0,\"policy_s\":30,"
-    "\"evaluator\":false,\"engine\":true,\"learner\":false}]";
-  lines.back() = "{\"event\":\"run_finished\"," + beside_and_apart + "}";
-  segs = pace_segments(lines);
-  REQUIRE(segs.size() == 1);
-  CHECK(*segs[0].policy_s == doctest::Approx(36));
-  CHECK(*segs[0].policy_serial_s == doctest::Approx(36));
+  auto beside_and_apart = closed_by({gpu(0, 36, true, true), gpu(1, 30, true, false)});
+  CHECK(*beside_and_apart.policy_s == doctest::Approx(36));
+  CHECK(*beside_and_apart.policy_serial_s == doctest::Approx(36));
 }
