@@ -408,9 +408,9 @@ result<void> check_memory_plan(const config& cfg, std::span<const policy::cuda_d
     return std::string{buf};
   };
   // An engine's own GPU holds its weights, staging, KV cache and working set.
-  for (const auto& engine : engine_devices(cfg))
+  for (const auto& engine : engine_devices_apart(cfg))
     for (const auto& d : devices)
-      if (engine != cfg.model.device && d.index == policy::cuda_index(engine) && d.memory_bytes > 0 &&
+      if (d.index == policy::cuda_index(engine) && d.memory_bytes > 0 &&
           plan->engine_gpu > static_cast<double>(d.memory_bytes))
         return fail(errc::config, "learner.memory_check: the engine's memory plan needs ", gb(plan->engine_gpu),
                     " on ", engine, " of engine.devices (", d.name, "), which has ",

@@ -418,6 +418,15 @@ inline std::vector<std::string> engine_devices(const config& cfg) {
   return cfg.engine.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.engine.devices;
 }
 
+/// The engines' devices other than model.device: the GPUs an engine has to itself.
+inline std::vector<std::string> engine_devices_apart(const config& cfg) {
+  std::vector<std::string> out;
+  for (const auto& d : cfg.engine.devices)
+    if (d != cfg.model.device)
+      out.push_back(d);
+  return out;
+}
+
 /// The learner ranks' devices: learner.devices, or model.device alone where it is empty.
 inline std::vector<std::string> learner_devices(const config& cfg) {
   return cfg.learner.devices.empty() ? std::vector<std::string>{cfg.model.device} : cfg.learner.devices;

@@ -552,9 +552,9 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
   o.engine_shares_base = cfg.model.handoff == "memory";
   o.handoff_staging = cfg.model.handoff == "memory";
   const auto engines = engine_devices(cfg);
+  const auto apart = engine_devices_apart(cfg);
   o.engine_here = std::find(engines.begin(), engines.end(), cfg.model.device) != engines.end();
-  o.engine_gpus = static_cast<int>(std::count_if(engines.begin(), engines.end(),
-                                                 [&](const std::string& d) { return d != cfg.model.device; }));
+  o.engine_gpus = static_cast<int>(apart.size());
   o.bucket_mb = l.bucket_mb;
   o.prompt_tokens = cfg.prompt.max_tokens;
   o.completion_tokens = cfg.rollout.max_new_tokens;
@@ -568,7 +568,7 @@ result<memory_plan_options> memory_plan_options_of(const config& cfg) {
       o.evaluator_evaluations = static_cast<int>(cfg.evaluator.concurrency);
       o.evaluator_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
     }
-    if (d != cfg.model.device && std::find(engines.begin(), engines.end(), d) != engines.end()) {
+    if (std::find(apart.begin(), apart.end(), d) != apart.end()) {
       o.engine_gpu_evaluations = static_cast<int>(cfg.evaluator.concurrency);
       o.engine_gpu_warm_workers = static_cast<int>(cfg.evaluator.warm_workers);
     }

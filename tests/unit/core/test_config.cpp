@@ -377,9 +377,12 @@ TEST_CASE("engine.devices: engines on GPUs of their own, of model.device's kind,
   REQUIRE(again.ok());
   CHECK(again->engine.devices == std::vector<std::string>{"cuda:0"});
   // Two engines, one beside rank 0 and one apart; on the CPU as threads.
-  CHECK(parse_config("model:\n  device: cuda:0\nengine:\n  devices: [cuda:0, cuda:2]\nrollout:\n  actors: 2\n",
-                     "a.yaml")
-          .ok());
+  auto beside_and_apart =
+    parse_config("model:\n  device: cuda:0\nengine:\n  devices: [cuda:0, cuda:2]\nrollout:\n  actors: 2\n", "a.yaml");
+  REQUIRE(beside_and_apart.ok());
+  CHECK(engine_devices_apart(*beside_and_apart) == std::vector<std::string>{"cuda:2"});
+  CHECK(engine_devices_apart(*split) == std::vector<std::string>{"cuda:0"});
+  CHECK(engine_devices_apart(*defaults).empty());
   CHECK(parse_config("engine:\n  devices: [cpu, cpu]\nrollout:\n  actors: 3\n", "a.yaml").ok());
   CHECK(problems_of("model:\n  device: cuda:0\nengine:\n  devices: [cpu]\n")
         == "configs/x.yaml: engine.devices: cpu is not of model.device's kind (cuda:0): the engines and the learner "
